@@ -1,0 +1,139 @@
+"""Queue definitions for the emulator, read from a file shaped like the
+official Service Bus emulator's Config.json.
+
+One file serves both emulators: `UserConfig.Namespaces[].Queues[]` with `Name`
+and `Properties`. Properties the official emulator knows are honoured with its
+defaults; two extensions exist only here, because the official emulator has no
+size limit worth testing against:
+
+- `MaxSizeInMegabytes` (Azure's own queue property): total encoded size of all
+  messages held by the queue, its scheduled and deferred messages and its
+  dead-letter queue. A send that would pass it fails with a quota error.
+- `MaxMessageCount` (emulator-only): the same limit counted in messages; handy
+  for tests because it does not need megabytes of payload.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+DEFAULT_LOCK_DURATION_S = 60.0
+DEFAULT_MAX_DELIVERY_COUNT = 10
+DEFAULT_TTL_S = 14 * 24 * 3600.0  # the official emulator's ceiling for a message's TTL
+DEFAULT_DUPLICATE_WINDOW_S = 600.0
+DEFAULT_MAX_SIZE_MB = 1024
+
+_DURATION = re.compile(
+    r"^P(?:(?P<days>\d+(?:\.\d+)?)D)?"
+    r"(?:T(?:(?P<hours>\d+(?:\.\d+)?)H)?(?:(?P<minutes>\d+(?:\.\d+)?)M)?(?:(?P<seconds>\d+(?:\.\d+)?)S)?)?$"
+)
+
+
+class ConfigError(ValueError):
+    """The config file is missing, malformed or names a queue twice."""
+
+
+def parse_duration(text: str) -> float:
+    """Seconds in an ISO 8601 duration such as `PT1M`, `P1D` or `PT0.5S`.
+
+    Args:
+        text: The duration as written in Config.json.
+
+    Returns:
+        The duration in seconds.
+    """
+    match = _DURATION.match(text.strip())
+    if not match or text.strip() in ("P", "PT"):
+        raise ConfigError(f"not an ISO 8601 duration: {text!r}")
+    parts = {k: float(v) for k, v in match.groupdict().items() if v}
+    return (
+        parts.get("days", 0.0) * 86400
+        + parts.get("hours", 0.0) * 3600
+        + parts.get("minutes", 0.0) * 60
+        + parts.get("seconds", 0.0)
+    )
+
+
+@dataclass(frozen=True)
+class QueueSettings:
+    """The behaviour of one queue, in seconds and counts.
+
+    Attributes:
+        name: The queue's name as configured (matching is case-insensitive).
+        lock_duration: How long a peek-lock holds a message.
+        max_delivery_count: Deliveries after which a message is dead-lettered.
+        default_ttl: Time to live of a message that does not set a shorter one.
+        dead_letter_on_expiration: Expired messages go to the dead-letter queue.
+        requires_duplicate_detection: Drop a send whose MessageId was seen within the window.
+        duplicate_window: The duplicate-detection history window.
+        max_size_bytes: Limit on the total size of held messages.
+        max_message_count: Limit on the number of held messages, or None.
+    """
+
+    name: str
+    lock_duration: float = DEFAULT_LOCK_DURATION_S
+    max_delivery_count: int = DEFAULT_MAX_DELIVERY_COUNT
+    default_ttl: float = DEFAULT_TTL_S
+    dead_letter_on_expiration: bool = False
+    requires_duplicate_detection: bool = False
+    duplicate_window: float = DEFAULT_DUPLICATE_WINDOW_S
+    max_size_bytes: int = DEFAULT_MAX_SIZE_MB * 1024 * 1024
+    max_message_count: int | None = None
+
+
+def _queue_settings(entry: dict[str, Any]) -> QueueSettings:
+    name = entry.get("Name")
+    if not isinstance(name, str) or not name:
+        raise ConfigError(f"queue without a Name: {entry!r}")
+    props = entry.get("Properties") or {}
+    if props.get("RequiresSession"):
+        raise ConfigError(f"queue {name!r}: sessions are not supported by this emulator")
+
+    def duration(key: str, default: float) -> float:
+        value = props.get(key)
+        return parse_duration(value) if value else default
+
+    max_count = props.get("MaxMessageCount")
+    return QueueSettings(
+        name=name,
+        lock_duration=duration("LockDuration", DEFAULT_LOCK_DURATION_S),
+        max_delivery_count=int(props.get("MaxDeliveryCount", DEFAULT_MAX_DELIVERY_COUNT)),
+        default_ttl=duration("DefaultMessageTimeToLive", DEFAULT_TTL_S),
+        dead_letter_on_expiration=bool(props.get("DeadLetteringOnMessageExpiration", False)),
+        requires_duplicate_detection=bool(props.get("RequiresDuplicateDetection", False)),
+        duplicate_window=duration("DuplicateDetectionHistoryTimeWindow", DEFAULT_DUPLICATE_WINDOW_S),
+        max_size_bytes=int(props.get("MaxSizeInMegabytes", DEFAULT_MAX_SIZE_MB)) * 1024 * 1024,
+        max_message_count=int(max_count) if max_count is not None else None,
+    )
+
+
+def parse_config(document: dict[str, Any]) -> list[QueueSettings]:
+    """The queues of every namespace in a Config.json document."""
+    try:
+        namespaces = document["UserConfig"]["Namespaces"]
+    except (KeyError, TypeError) as exc:
+        raise ConfigError("expected UserConfig.Namespaces[]") from exc
+    queues: list[QueueSettings] = []
+    seen: set[str] = set()
+    for namespace in namespaces:
+        for entry in namespace.get("Queues") or []:
+            settings = _queue_settings(entry)
+            key = settings.name.lower()
+            if key in seen:
+                raise ConfigError(f"queue {settings.name!r} is declared twice")
+            seen.add(key)
+            queues.append(settings)
+    return queues
+
+
+def load_config(path: str | Path) -> list[QueueSettings]:
+    """Read and parse a Config.json file."""
+    try:
+        document = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"cannot read {path}: {exc}") from exc
+    return parse_config(document)

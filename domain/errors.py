@@ -1,0 +1,54 @@
+"""The error vocabulary. Adapters translate SDK exceptions into these at their
+boundary, so callers decide on meaning (retry? give up? someone else owns it?)
+rather than on HTTP status codes."""
+
+from __future__ import annotations
+
+
+class DomainError(Exception):
+    """Base of every error the domain names."""
+
+
+class TransientError(DomainError):
+    """Worth retrying later: throttling, timeouts, a dependency briefly down.
+
+    Attributes:
+        retry_after: seconds the source asked us to wait, if it said.
+    """
+
+    def __init__(self, message: str, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class PermanentError(DomainError):
+    """Retrying cannot help: the request itself is wrong or refused for good."""
+
+
+class StaleError(DomainError):
+    """A conditional write lost: the record changed (etag) or another attempt
+    owns it (LockedBy). Never retried blindly; the caller re-reads or stops."""
+
+
+class ConflictError(DomainError):
+    """An item with this id exists with different immutable data.
+
+    Attributes:
+        fields: names of the fields that differ.
+    """
+
+    def __init__(self, message: str, fields: list[str] | None = None) -> None:
+        super().__init__(message)
+        self.fields = fields or []
+
+
+class NotFoundError(DomainError):
+    """The item does not exist."""
+
+
+class ValidationFailed(PermanentError):
+    """Input did not match its contract; `reason` is for humans."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason

@@ -1,0 +1,302 @@
+"""Pydantic models for the state record and every message (DESIGN.md §3, §5).
+
+One model per contract, each carrying `SchemaVersion`. Unknown fields are
+rejected, types are not coerced from strings on the wire, and sizes are bounded,
+so a malformed message fails with a reason a human can read (see domain.codec).
+Field names are PascalCase on the wire to match the design's vocabulary."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from decimal import Decimal
+from enum import StrEnum
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    AfterValidator,
+    AwareDatetime,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    field_validator,
+    model_validator,
+)
+
+from domain.ids import check_order_id
+
+SCHEMA_VERSION = 1
+MAX_LINES = 100
+MAX_PAYLOAD_KEYS = 50
+
+OrderId = Annotated[str, AfterValidator(check_order_id)]
+ShortText = Annotated[str, StringConstraints(min_length=1, max_length=200)]
+QueueName = Annotated[
+    str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9._-]{0,259}$", max_length=260)
+]
+StepName = Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9-]{0,31}$")]
+
+
+class Contract(BaseModel):
+    """Base of every wire and store contract: closed, validated on assignment."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False)
+
+    SchemaVersion: Literal[1] = SCHEMA_VERSION
+
+
+class ProcessState(StrEnum):
+    PENDING = "Pending"
+    PROCESSING = "Processing"
+    PROCESSED = "Processed"
+    ERROR = "Error"
+    COMPENSATING = "Compensating"
+    COMPENSATED = "Compensated"
+    COMPENSATION_FAILED = "CompensationFailed"
+    REJECTED = "Rejected"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in TERMINAL_STATES
+
+
+TERMINAL_STATES = frozenset(
+    {
+        ProcessState.PROCESSED,
+        ProcessState.ERROR,
+        ProcessState.COMPENSATED,
+        ProcessState.COMPENSATION_FAILED,
+        ProcessState.REJECTED,
+    }
+)
+
+
+class StepStatus(StrEnum):
+    NOT_STARTED = "NotStarted"
+    RUNNING = "Running"
+    COMPLETED = "Completed"
+    FAILED = "Failed"
+    COMPENSATED = "Compensated"
+
+
+class StatusKind(StrEnum):
+    RECEIVED = "Received"
+    PROCESSING = "Processing"
+    STEP_COMPLETED = "StepCompleted"
+    PROCESSED = "Processed"
+    FAILED = "Failed"
+    REJECTED = "Rejected"
+    COMPENSATING = "Compensating"
+    COMPENSATED = "Compensated"
+    COMPENSATION_FAILED = "CompensationFailed"
+
+
+class ReplyOutcome(StrEnum):
+    OK = "ok"
+    TRANSIENT = "transient"
+    PERMANENT = "permanent"
+
+
+# Aliases so that fields named like their types (the design's vocabulary) resolve.
+_ProcessState = ProcessState
+_ReplyOutcome = ReplyOutcome
+
+# --- the order -----------------------------------------------------------------
+
+
+class CustomerInfo(Contract):
+    """Who ordered. No payment instrument data: only a reference to it."""
+
+    SchemaVersion: Literal[1] = Field(default=SCHEMA_VERSION, exclude=True)
+    CustomerId: ShortText
+    Name: ShortText | None = None
+
+
+class OrderLine(Contract):
+    SchemaVersion: Literal[1] = Field(default=SCHEMA_VERSION, exclude=True)
+    Sku: ShortText
+    Quantity: Annotated[int, Field(strict=True, gt=0, le=10_000)]
+    UnitPrice: Annotated[Decimal, Field(ge=0, max_digits=12, decimal_places=2)]
+
+
+class OrderSubmitted(Contract):
+    """What a client posts to the `orders` queue."""
+
+    OrderID: OrderId
+    AppId: Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9-]{0,63}$")]
+    ReplyTo: QueueName
+    Customer: CustomerInfo
+    Lines: Annotated[list[OrderLine], Field(min_length=1, max_length=MAX_LINES)]
+    Total: Annotated[Decimal, Field(ge=0, max_digits=14, decimal_places=2)]
+    Currency: Annotated[str, StringConstraints(pattern=r"^[A-Z]{3}$")] = "EUR"
+    PaymentReference: Annotated[str, StringConstraints(min_length=1, max_length=64)] | None = None
+
+    @field_validator("PaymentReference")
+    @classmethod
+    def _no_card_numbers(cls, value: str | None) -> str | None:
+        # The order (and so the compensation log) must carry a reference to a
+        # payment instrument, never the instrument itself.
+        if value is not None and sum(ch.isdigit() for ch in value) >= 12:
+            raise ValueError("looks like a card number; send a payment reference instead")
+        return value
+
+    @model_validator(mode="after")
+    def _total_matches_lines(self) -> OrderSubmitted:
+        expected = sum((line.UnitPrice * line.Quantity for line in self.Lines), Decimal(0))
+        if expected != self.Total:
+            raise ValueError(f"Total {self.Total} does not equal the sum of the lines {expected}")
+        return self
+
+    def immutable_fields(self) -> dict[str, Any]:
+        """The fields a redelivery must match exactly (all of them: an order
+        does not change after submission), in a canonical form so that 1.5 and
+        "1.50" compare equal."""
+        data = self.model_dump(mode="python")
+        return json.loads(json.dumps(data, default=_canonical, sort_keys=True))
+
+    def digest(self) -> str:
+        """Fingerprint of the immutable fields, kept on the state record so a
+        redelivery can be compared without reading the orders DB."""
+        canonical = json.dumps(self.immutable_fields(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+
+def _canonical(value: Any) -> Any:
+    if isinstance(value, Decimal):
+        return f"{value:.2f}"
+    raise TypeError(f"cannot canonicalise {type(value).__name__}")
+
+
+# --- the state record -------------------------------------------------------------
+
+
+class StepState(Contract):
+    SchemaVersion: Literal[1] = Field(default=SCHEMA_VERSION, exclude=True)
+    Status: StepStatus = StepStatus.NOT_STARTED
+    Attempt: int = 0
+    StartedAt: AwareDatetime | None = None
+    CompleteBy: AwareDatetime | None = None
+    CompletedAt: AwareDatetime | None = None
+    Reference: Annotated[str, StringConstraints(max_length=200)] | None = None
+
+
+class CompensationEntry(Contract):
+    """One line of the ordered compensation log: what to undo and how it went.
+    Holds references only (the order data's classification)."""
+
+    SchemaVersion: Literal[1] = Field(default=SCHEMA_VERSION, exclude=True)
+    Step: StepName
+    Reference: Annotated[str, StringConstraints(max_length=200)] | None = None
+    Outcome: Literal["Pending", "Done", "Failed"] = "Pending"
+    At: AwareDatetime | None = None
+    Error: Annotated[str, StringConstraints(max_length=500)] | None = None
+
+
+class HistoryEntry(Contract):
+    SchemaVersion: Literal[1] = Field(default=SCHEMA_VERSION, exclude=True)
+    At: AwareDatetime
+    From: _ProcessState | None
+    To: _ProcessState
+    By: Annotated[str, StringConstraints(max_length=100)]
+    Reason: Annotated[str, StringConstraints(max_length=300)] | None = None
+
+
+class OrderState(Contract):
+    """The state record in Cosmos container `orderState` (partition key /id).
+
+    `_etag` and the other system properties are not part of the model: the
+    store adapter strips them on read and hands the etag back separately."""
+
+    id: OrderId
+    ProcessState: _ProcessState = _ProcessState.PENDING
+    LockedBy: str | None = None
+    CompleteBy: AwareDatetime | None = None
+    NotBefore: AwareDatetime | None = None
+    FailureCount: int = 0
+    LongRetries: int = 0
+    Attempt: int = 0
+    AppId: str
+    ReplyTo: QueueName
+    OrderDigest: str
+    ReceivedSent: bool = False
+    Steps: dict[StepName, StepState] = Field(default_factory=dict)
+    Compensation: list[CompensationEntry] = Field(default_factory=list)
+    LastError: Annotated[str, StringConstraints(max_length=500)] | None = None
+    History: list[HistoryEntry] = Field(default_factory=list)
+    CreatedAt: AwareDatetime
+    UpdatedAt: AwareDatetime
+    ttl: int | None = None
+
+    @property
+    def order_id(self) -> str:
+        return self.id
+
+
+# --- messages between Scheduler and Agents ------------------------------------------
+
+
+def _bounded_payload(value: dict[str, Any]) -> dict[str, Any]:
+    if len(value) > MAX_PAYLOAD_KEYS:
+        raise ValueError(f"payload has {len(value)} keys; at most {MAX_PAYLOAD_KEYS}")
+    return value
+
+
+PayloadDict = Annotated[dict[str, Any], AfterValidator(_bounded_payload)]
+
+
+class AgentRequest(Contract):
+    InstanceId: Annotated[str, StringConstraints(max_length=100)]
+    OrderID: OrderId
+    Step: StepName
+    Action: Literal["do", "undo"] = "do"
+    Attempt: Annotated[int, Field(strict=True, ge=1)]
+    IdempotencyKey: Annotated[str, StringConstraints(max_length=120)]
+    FencingToken: Annotated[int, Field(strict=True, ge=1)]
+    Deadline: AwareDatetime
+    ReplyEvent: Annotated[str, StringConstraints(max_length=100)]
+    Payload: PayloadDict = Field(default_factory=dict)
+
+
+class AgentReply(Contract):
+    InstanceId: Annotated[str, StringConstraints(max_length=100)]
+    OrderID: OrderId
+    Step: StepName
+    Action: Literal["do", "undo"] = "do"
+    Attempt: Annotated[int, Field(strict=True, ge=1)]
+    EventName: Annotated[str, StringConstraints(max_length=100)]
+    EventId: Annotated[str, StringConstraints(max_length=100)]
+    Outcome: _ReplyOutcome
+    Result: PayloadDict | None = None
+    Error: Annotated[str, StringConstraints(max_length=500)] | None = None
+
+    @model_validator(mode="after")
+    def _error_when_not_ok(self) -> AgentReply:
+        if self.Outcome is not ReplyOutcome.OK and not self.Error:
+            raise ValueError("a transient or permanent reply must say why in Error")
+        return self
+
+
+# --- messages to people and programs outside ---------------------------------------
+
+
+class StatusUpdate(Contract):
+    OrderID: OrderId
+    Status: StatusKind
+    Detail: Annotated[str, StringConstraints(max_length=500)] | None = None
+    Step: StepName | None = None
+    Timestamp: AwareDatetime
+
+
+class OperatorAlert(Contract):
+    Kind: Literal[
+        "OrderConflict",
+        "InvalidMessage",
+        "ReplyQueueNotAllowed",
+        "OrderError",
+        "CompensationFailed",
+        "AgentFailure",
+    ]
+    OrderID: str | None = None
+    Reason: Annotated[str, StringConstraints(max_length=2000)]
+    Timestamp: AwareDatetime
