@@ -1,0 +1,190 @@
+"""One settings object, read from the environment.
+
+Names are the ones the Functions host, `local.settings.json` and the Bicep
+templates use, with local defaults that point at the emulators. Connections
+follow the host's convention: `<Name>` holds a connection string (local), or
+`<Name>__accountEndpoint` / `<Name>__fullyQualifiedNamespace` select
+identity-based access (Azure), with no key anywhere in settings."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import timedelta
+from functools import lru_cache
+
+from domain.state_machine import RetryPolicy
+
+SERVICEBUS_CONNECTION = "ServiceBusConnection"
+COSMOS_CONNECTION = "CosmosDbConnection"
+ORDERS_DB_CONNECTION = "OrdersDbConnection"
+
+LOCAL_COSMOS_KEY = (
+    "C2y6yDjf5/R+ob0N8A7Cgv30VRDJIWEHLM+4QDU5DE2nQ9nDuVTqobD4b8mGGyPMbIZnqyMsEcaGQy67XIw/Jw=="
+)
+
+
+class SettingsError(ValueError):
+    """A setting is missing or malformed; the message names it."""
+
+
+@dataclass(frozen=True)
+class CosmosAccount:
+    """Where a Cosmos DB account is and how to authenticate to it.
+
+    `key` None means identity-based access (DefaultAzureCredential)."""
+
+    endpoint: str
+    key: str | None
+    verify_tls: bool = True
+
+
+@dataclass(frozen=True)
+class ServiceBusAccess:
+    """A connection string (local emulator, or a key where a user insists) or
+    a fully qualified namespace for identity-based access."""
+
+    connection_string: str | None = None
+    fully_qualified_namespace: str | None = None
+
+
+@dataclass(frozen=True)
+class Settings:
+    state_account: CosmosAccount
+    orders_account: CosmosAccount
+    servicebus: ServiceBusAccess
+    state_database: str = "orderprocessing"
+    state_container: str = "orderState"
+    recovery_index_container: str = "recoveryIndex"
+    orders_database: str = "orders"
+    orders_container: str = "orders"
+    reply_queues: Mapping[str, str] = field(default_factory=dict)
+    pending_backlog_limit: int = 5000
+    backlog_gauge_max_age: timedelta = timedelta(seconds=30)
+    max_order_bytes: int = 64 * 1024
+    max_processing: int = 500
+    step_timeout: timedelta = timedelta(seconds=60)
+    starter_batch_size: int = 50
+    supervisor_page_size: int = 100
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+
+
+def _int(env: Mapping[str, str], name: str, default: int, minimum: int = 0) -> int:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise SettingsError(f"setting {name} must be a whole number, got {raw!r}") from None
+    if value < minimum:
+        raise SettingsError(f"setting {name} must be at least {minimum}, got {value}")
+    return value
+
+
+def _bool(env: Mapping[str, str], name: str, default: bool) -> bool:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    if raw.lower() in ("1", "true", "yes"):
+        return True
+    if raw.lower() in ("0", "false", "no"):
+        return False
+    raise SettingsError(f"setting {name} must be true or false, got {raw!r}")
+
+
+def parse_connection_string(value: str) -> dict[str, str]:
+    parts = {}
+    for item in value.split(";"):
+        if not item.strip():
+            continue
+        key, sep, val = item.partition("=")
+        if not sep:
+            raise SettingsError(f"connection string part {item!r} is not Key=Value")
+        parts[key.strip()] = val.strip()
+    return parts
+
+
+def _cosmos_account(env: Mapping[str, str], name: str, verify_tls: bool) -> CosmosAccount | None:
+    if env.get(name):
+        parts = parse_connection_string(env[name])
+        endpoint = parts.get("AccountEndpoint")
+        if not endpoint:
+            raise SettingsError(f"setting {name} has no AccountEndpoint")
+        return CosmosAccount(endpoint, parts.get("AccountKey"), verify_tls)
+    endpoint = env.get(f"{name}__accountEndpoint")
+    if endpoint:
+        return CosmosAccount(endpoint, None, verify_tls)
+    return None
+
+
+def _reply_queues(env: Mapping[str, str]) -> dict[str, str]:
+    raw = env.get("REPLY_QUEUE_REGISTRY", "")
+    if not raw:
+        return {}
+    try:
+        registry = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise SettingsError(f"setting REPLY_QUEUE_REGISTRY is not JSON: {exc}") from None
+    if not isinstance(registry, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in registry.items()
+    ):
+        raise SettingsError('setting REPLY_QUEUE_REGISTRY must map app ids to queue names: {"app": "queue"}')
+    return registry
+
+
+def load_settings(env: Mapping[str, str] | None = None) -> Settings:
+    """Read every setting; raise SettingsError naming the first bad one."""
+    env = os.environ if env is None else env
+    verify_tls = _bool(env, "COSMOS_VERIFY_TLS", True)
+    state = _cosmos_account(env, COSMOS_CONNECTION, verify_tls)
+    if state is None:
+        raise SettingsError(
+            f"set {COSMOS_CONNECTION} (a connection string) or {COSMOS_CONNECTION}__accountEndpoint"
+        )
+    orders = _cosmos_account(env, ORDERS_DB_CONNECTION, verify_tls) or state
+    if env.get(SERVICEBUS_CONNECTION):
+        servicebus = ServiceBusAccess(connection_string=env[SERVICEBUS_CONNECTION])
+    elif env.get(f"{SERVICEBUS_CONNECTION}__fullyQualifiedNamespace"):
+        servicebus = ServiceBusAccess(
+            fully_qualified_namespace=env[f"{SERVICEBUS_CONNECTION}__fullyQualifiedNamespace"]
+        )
+    else:
+        raise SettingsError(
+            f"set {SERVICEBUS_CONNECTION} (a connection string) or "
+            f"{SERVICEBUS_CONNECTION}__fullyQualifiedNamespace"
+        )
+    retry = RetryPolicy(
+        threshold=_int(env, "FAILURE_THRESHOLD", 10, 1),
+        long_retries=_int(env, "LONG_RETRIES", 1, 0),
+        long_delay=timedelta(seconds=_int(env, "LONG_RETRY_DELAY_SECONDS", 3600, 0)),
+        claim_timeout=timedelta(seconds=_int(env, "CLAIM_TIMEOUT_SECONDS", 60, 1)),
+    )
+    return Settings(
+        state_account=state,
+        orders_account=orders,
+        servicebus=servicebus,
+        state_database=env.get("STATE_DATABASE_NAME") or "orderprocessing",
+        state_container=env.get("STATE_CONTAINER_NAME") or "orderState",
+        recovery_index_container=env.get("RECOVERY_INDEX_CONTAINER_NAME") or "recoveryIndex",
+        orders_database=env.get("ORDERS_DATABASE_NAME") or "orders",
+        orders_container=env.get("ORDERS_CONTAINER_NAME") or "orders",
+        reply_queues=_reply_queues(env),
+        pending_backlog_limit=_int(env, "PENDING_BACKLOG_LIMIT", 5000, 0),
+        backlog_gauge_max_age=timedelta(seconds=_int(env, "BACKLOG_GAUGE_MAX_AGE_SECONDS", 30, 0)),
+        max_order_bytes=_int(env, "MAX_ORDER_BYTES", 64 * 1024, 1024),
+        max_processing=_int(env, "MAX_PROCESSING", 500, 1),
+        step_timeout=timedelta(seconds=_int(env, "STEP_TIMEOUT_SECONDS", 60, 1)),
+        starter_batch_size=_int(env, "STARTER_BATCH_SIZE", 50, 1),
+        supervisor_page_size=_int(env, "SUPERVISOR_PAGE_SIZE", 100, 1),
+        retry=retry,
+    )
+
+
+@lru_cache(maxsize=1)
+def settings() -> Settings:
+    """The process's settings, read once (functions call this, tests call
+    load_settings with their own mapping)."""
+    return load_settings()
