@@ -1,0 +1,158 @@
+"""Load the app object and read its functions, the way the Python worker indexes them.
+
+The only list of functions is the one the app registers on its `FunctionApp`/`DFApp`
+(blueprints included): `app.get_functions()` gives each function's name, trigger and
+bindings exactly as the worker would send them to the host.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import azure.functions as func
+
+from .errors import HostError
+
+ORCHESTRATION_TRIGGER = "orchestrationTrigger"
+ACTIVITY_TRIGGER = "activityTrigger"
+ENTITY_TRIGGER = "entityTrigger"
+SERVICE_BUS_TRIGGER = "serviceBusTrigger"
+TIMER_TRIGGER = "timerTrigger"
+DURABLE_CLIENT = "durableClient"
+
+SUPPORTED_TRIGGERS = {
+    ORCHESTRATION_TRIGGER,
+    ACTIVITY_TRIGGER,
+    SERVICE_BUS_TRIGGER,
+    TIMER_TRIGGER,
+}
+
+
+@dataclass
+class FunctionSpec:
+    """One registered function, as the host sees it.
+
+    Attributes:
+        name: the function name (``function_name`` setting or the Python name).
+        trigger_type: binding type of the trigger (``serviceBusTrigger``, ...).
+        trigger: the trigger binding's JSON form (``queueName``, ``schedule``, ...).
+        bindings: every binding's JSON form, trigger included.
+        func: the callable the worker would invoke (DF middleware included).
+        is_async: whether ``func`` is a coroutine function.
+        params: the callable's parameters, name -> annotation.
+    """
+
+    name: str
+    trigger_type: str
+    trigger: dict[str, Any]
+    bindings: list[dict[str, Any]]
+    func: Callable[..., Any]
+    is_async: bool
+    params: dict[str, Any] = field(default_factory=dict)
+
+    def binding_of(self, binding_type: str) -> dict[str, Any] | None:
+        for b in self.bindings:
+            if b.get("type") == binding_type:
+                return b
+        return None
+
+    @property
+    def durable_client_param(self) -> str | None:
+        b = self.binding_of(DURABLE_CLIENT)
+        return b["name"] if b else None
+
+    @property
+    def activity_name(self) -> str:
+        return self.trigger.get("activity") or self.name
+
+    @property
+    def orchestration_name(self) -> str:
+        return self.trigger.get("orchestration") or self.name
+
+
+@dataclass
+class AppCatalog:
+    """The functions of one app, indexed by what the host needs to find them by."""
+
+    functions: list[FunctionSpec]
+
+    def of_type(self, trigger_type: str) -> list[FunctionSpec]:
+        return [f for f in self.functions if f.trigger_type == trigger_type]
+
+    def orchestrator(self, name: str) -> FunctionSpec | None:
+        for f in self.of_type(ORCHESTRATION_TRIGGER):
+            if f.orchestration_name == name or f.name == name:
+                return f
+        return None
+
+    def activity(self, name: str) -> FunctionSpec | None:
+        for f in self.of_type(ACTIVITY_TRIGGER):
+            if f.activity_name == name or f.name == name:
+                return f
+        return None
+
+
+def _binding_json(binding: Any) -> dict[str, Any]:
+    import json
+
+    from azure.functions.decorators.utils import StringifyEnumJsonEncoder
+
+    return json.loads(json.dumps(binding.get_dict_repr(), cls=StringifyEnumJsonEncoder))
+
+
+def load_app(spec: str, app_dir: str | None = None) -> Any:
+    """Import ``module:attribute`` (default attribute ``app``) and return the app object."""
+    module_name, _, attr = spec.partition(":")
+    attr = attr or "app"
+    if app_dir:
+        sys.path.insert(0, str(Path(app_dir).resolve()))
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # the app's own import error, reported in one line
+        raise HostError(f"cannot import app module {module_name!r}: {type(exc).__name__}: {exc}") from exc
+    try:
+        app = getattr(module, attr)
+    except AttributeError:
+        raise HostError(f"module {module_name!r} has no attribute {attr!r}") from None
+    if not isinstance(app, func.FunctionRegister):
+        raise HostError(f"{spec} is a {type(app).__name__}, not an azure.functions FunctionApp/DFApp")
+    return app
+
+
+def index_app(app: Any) -> AppCatalog:
+    """Read the registered functions and their bindings from the app object."""
+    functions: list[FunctionSpec] = []
+    seen: set[str] = set()
+    for fn in app.get_functions():
+        trigger = fn.get_trigger()
+        if trigger is None:
+            raise HostError(f"function {fn.get_function_name()} has no trigger")
+        bindings = [_binding_json(b) for b in fn.get_bindings()]
+        trigger_json = _binding_json(trigger)
+        name = fn.get_function_name()
+        if name in seen:
+            raise HostError(f"function name {name!r} is registered twice")
+        seen.add(name)
+        user_fn = fn.get_user_function()
+        try:
+            sig = inspect.signature(user_fn)
+            params = {p.name: p.annotation for p in sig.parameters.values()}
+        except (TypeError, ValueError):
+            params = {}
+        functions.append(
+            FunctionSpec(
+                name=name,
+                trigger_type=trigger_json["type"],
+                trigger=trigger_json,
+                bindings=bindings,
+                func=user_fn,
+                is_async=inspect.iscoroutinefunction(user_fn),
+                params=params,
+            )
+        )
+    return AppCatalog(functions)

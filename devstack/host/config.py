@@ -1,0 +1,124 @@
+"""Settings and host.json, read the way `func start` reads them.
+
+`local.settings.json` ``Values`` become environment variables unless the environment
+already has them (as Core Tools does). host.json gives the Service Bus and Durable
+settings the host honours.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .errors import HostError
+
+
+def load_local_settings(path: str | None) -> dict[str, str]:
+    """Export local.settings.json Values into os.environ (environment wins) and return them."""
+    if not path:
+        return {}
+    p = Path(path)
+    if not p.exists():
+        raise HostError(f"settings file {path} not found")
+    try:
+        data = json.loads(p.read_text(encoding="utf-8-sig"))
+    except json.JSONDecodeError as exc:
+        raise HostError(f"settings file {path} is not valid JSON: {exc}") from None
+    values = data.get("Values") or {}
+    for key, value in values.items():
+        if key not in os.environ and value is not None:
+            os.environ[key] = str(value)
+    return {k: str(v) for k, v in values.items()}
+
+
+def setting(name: str, *, purpose: str) -> str:
+    """Return an app setting or raise a one-line HostError naming it and why it is needed."""
+    value = os.environ.get(name)
+    if value is None or value == "":
+        raise HostError(f"missing app setting {name!r} ({purpose}); set it in local.settings.json or the environment")
+    return value
+
+
+_EXPR = re.compile(r"%([^%]+)%")
+
+
+def resolve_binding_expression(value: str, *, purpose: str) -> str:
+    """Resolve ``%Setting%`` app-setting expressions, as the host does for queue names and schedules."""
+    return _EXPR.sub(lambda m: setting(m.group(1), purpose=purpose), value)
+
+
+def _timespan_seconds(value: Any, default: float) -> float:
+    """Parse a .NET TimeSpan string (``[d.]hh:mm:ss[.fff]``) into seconds."""
+    if value is None:
+        return default
+    if isinstance(value, (int, float)):
+        return float(value)
+    text = str(value)
+    days = 0
+    if "." in text.split(":")[0]:
+        d, text = text.split(".", 1)
+        days = int(d)
+    parts = text.split(":")
+    if len(parts) != 3:
+        raise HostError(f"host.json: {value!r} is not a TimeSpan (hh:mm:ss)")
+    h, m, s = parts
+    return days * 86400 + int(h) * 3600 + int(m) * 60 + float(s)
+
+
+@dataclass
+class ServiceBusOptions:
+    max_concurrent_calls: int = 16
+    prefetch_count: int = 0
+    auto_complete_messages: bool = True
+    max_auto_lock_renewal_seconds: float = 300.0
+
+
+@dataclass
+class DurableOptions:
+    hub_name: str = "TestHubName"
+    default_version: str = ""
+    max_concurrent_activities: int = 10
+    max_concurrent_orchestrators: int = 10
+
+
+@dataclass
+class HostConfig:
+    service_bus: ServiceBusOptions
+    durable: DurableOptions
+    raw: dict[str, Any]
+
+
+def load_host_json(path: str | None) -> HostConfig:
+    data: dict[str, Any] = {}
+    if path:
+        p = Path(path)
+        if p.exists():
+            try:
+                data = json.loads(p.read_text(encoding="utf-8-sig"))
+            except json.JSONDecodeError as exc:
+                raise HostError(f"host.json {path} is not valid JSON: {exc}") from None
+    ext = data.get("extensions") or {}
+    sb = ext.get("serviceBus") or {}
+    mh = sb.get("messageHandlerOptions") or {}  # v4 extension shape
+    sbo = ServiceBusOptions(
+        max_concurrent_calls=int(sb.get("maxConcurrentCalls", mh.get("maxConcurrentCalls", 16))),
+        prefetch_count=int(sb.get("prefetchCount", 0)),
+        auto_complete_messages=bool(sb.get("autoCompleteMessages", mh.get("autoComplete", True))),
+        max_auto_lock_renewal_seconds=_timespan_seconds(
+            sb.get("maxAutoLockRenewalDuration", mh.get("maxAutoRenewDuration")), 300.0
+        ),
+    )
+    dt = ext.get("durableTask") or {}
+    dto = DurableOptions(
+        hub_name=str(dt.get("hubName") or "TestHubName"),
+        default_version=str(dt.get("defaultVersion") or ""),
+        max_concurrent_activities=int(dt.get("maxConcurrentActivityFunctions", 10)),
+        max_concurrent_orchestrators=int(dt.get("maxConcurrentOrchestratorFunctions", 10)),
+    )
+    if "%" in dto.hub_name:
+        dto.hub_name = resolve_binding_expression(dto.hub_name, purpose="durableTask.hubName in host.json")
+    return HostConfig(service_bus=sbo, durable=dto, raw=data)

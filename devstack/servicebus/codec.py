@@ -1,0 +1,356 @@
+"""The AMQP 1.0 wire codec of the emulator: frames, performatives and the
+sections of a message.
+
+We reuse the pure-Python codec that ships inside azure-servicebus
+(`azure.servicebus._pyamqp`) rather than python-qpid-proton. Reasons:
+
+- It is, by construction, the codec the SDK itself uses, so every performative
+  and section we emit decodes exactly as the SDK expects (proton omits the
+  message header when delivery-count is 0, omits trailing fields, and needs a
+  C build).
+- It is a pure function library (bytes in, tuples out) with no event loop of
+  its own, so it fits an asyncio server with many connections.
+- azure-servicebus is already a runtime dependency of the app.
+
+It is a private module of the SDK, so everything we take from it is imported
+here and nowhere else; an SDK upgrade that moves it breaks one file.
+
+A stored message keeps its bare message (properties, application properties,
+body, footer) as the exact bytes the sender produced. Only the header and the
+message annotations, which the broker owns, are re-encoded on each delivery;
+application properties are extended in place (raw map items plus new items)
+when the broker adds dead-letter reasons. Nothing the sender wrote is
+re-typed by a decode/encode round trip.
+"""
+
+from __future__ import annotations
+
+import struct
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from azure.servicebus._pyamqp import performatives
+from azure.servicebus._pyamqp._decode import _DECODE_BY_CONSTRUCTOR, decode_frame, decode_payload
+from azure.servicebus._pyamqp._encode import encode_frame, encode_payload, encode_value
+from azure.servicebus._pyamqp.endpoints import Source, Target
+from azure.servicebus._pyamqp.error import AMQPError
+from azure.servicebus._pyamqp.message import Header, Message, Properties
+from azure.servicebus._pyamqp.outcomes import Accepted, Modified, Rejected, Released
+from azure.servicebus._pyamqp.types import TYPE, VALUE, AMQPTypes
+
+__all__ = [
+    "AMQP_HEADER",
+    "SASL_HEADER",
+    "BATCH_FORMAT",
+    "AMQPError",
+    "AMQPTypes",
+    "Accepted",
+    "Modified",
+    "Properties",
+    "Rejected",
+    "Released",
+    "Message",
+    "Source",
+    "Target",
+    "TYPE",
+    "VALUE",
+    "performatives",
+    "decode_frame",
+    "decode_payload",
+    "encode_amqp_frame",
+    "encode_message",
+    "ParsedMessage",
+    "parse_message",
+    "typed",
+]
+
+AMQP_HEADER = b"AMQP\x00\x01\x00\x00"
+SASL_HEADER = b"AMQP\x03\x01\x00\x00"
+#: Message format of a Service Bus batch: one delivery whose Data sections are whole messages.
+BATCH_FORMAT = 0x80013700
+
+# Section descriptors (AMQP 1.0 part 3.2).
+_HEADER, _DELIVERY_ANN, _MESSAGE_ANN, _PROPERTIES, _APP_PROPS = 0x70, 0x71, 0x72, 0x73, 0x74
+_SYMBOLIC_DESCRIPTORS = {
+    b"amqp:header:list": _HEADER,
+    b"amqp:delivery-annotations:map": _DELIVERY_ANN,
+    b"amqp:message-annotations:map": _MESSAGE_ANN,
+    b"amqp:properties:list": _PROPERTIES,
+    b"amqp:application-properties:map": _APP_PROPS,
+}
+
+
+def typed(amqp_type: str, value: Any) -> dict[str, Any]:
+    """A value with an explicit AMQP type, for the SDK's encoder."""
+    return {TYPE: amqp_type, VALUE: value}
+
+
+def encode_amqp_frame(channel: int, performative: Any, frame_type: int = 0) -> bytes:
+    """One frame on the wire: size, data offset, type, channel, performative (+ payload)."""
+    header, body = encode_frame(performative, frame_type=bytes([frame_type]))
+    return header + struct.pack(">H", channel) + (body or b"")
+
+
+def _skip_value(buffer: memoryview) -> memoryview:
+    rest, _ = _DECODE_BY_CONSTRUCTOR[buffer[0]](buffer[1:])
+    return rest
+
+
+def _map_items(buffer: memoryview) -> tuple[memoryview, int]:
+    """The raw encoded key/value items of a map (or null) and their element count."""
+    constructor = buffer[0]
+    if constructor == 0x40:  # null: an absent map
+        return buffer[1:1], 0
+    if constructor == 0xC1:
+        size, count = buffer[1], buffer[2]
+        return buffer[3 : 2 + size], count
+    if constructor == 0xD1:
+        size, count = struct.unpack(">II", buffer[1:9])
+        return buffer[9 : 5 + size], count
+    raise ValueError(f"expected a map, found constructor 0x{constructor:02x}")
+
+
+def _filtered_items(items: memoryview, count: int, drop: frozenset[bytes]) -> tuple[bytes, int]:
+    """Map items without the keys in `drop`, as raw bytes and element count."""
+    if not drop or not count:
+        return bytes(items), count
+    kept = bytearray()
+    kept_count = 0
+    cursor = items
+    for _ in range(count // 2):
+        after_key, key = _DECODE_BY_CONSTRUCTOR[cursor[0]](cursor[1:])
+        after_value = _skip_value(after_key)
+        if key not in drop:
+            kept += cursor[: len(cursor) - len(after_value)]
+            kept_count += 2
+        cursor = after_value
+    return bytes(kept), kept_count
+
+
+def _map_section(code: int, items: bytes, count: int) -> bytes:
+    return b"\x00\x53" + bytes([code]) + b"\xd1" + struct.pack(">II", len(items) + 4, count) + items
+
+
+def encode_map_items(pairs: list[tuple[dict[str, Any], dict[str, Any]]]) -> tuple[bytes, int]:
+    """Encode typed key/value pairs as raw map items."""
+    out = bytearray()
+    for key, value in pairs:
+        encode_value(out, key)
+        encode_value(out, value)
+    return bytes(out), 2 * len(pairs)
+
+
+#: Annotations the broker sets on every delivery; a sender's own values for them are dropped.
+BROKER_ANNOTATIONS = frozenset(
+    {
+        b"x-opt-sequence-number",
+        b"x-opt-enqueued-time",
+        b"x-opt-locked-until",
+        b"x-opt-enqueue-sequence-number",
+        b"x-opt-deadletter-source",
+        b"x-opt-lock-token",
+    }
+)
+#: Application properties the broker sets when it dead-letters a message.
+DEAD_LETTER_PROPERTIES = frozenset({b"DeadLetterReason", b"DeadLetterErrorDescription"})
+
+
+@dataclass
+class ParsedMessage:
+    """A message as the broker keeps it: owned sections decoded, the bare message raw.
+
+    Attributes:
+        header: durable, priority, ttl (ms) and first-acquirer from the sender's header.
+        annotations: The sender's message annotations, decoded (to read scheduled time).
+        annotation_items: The same annotations as raw map items, broker keys removed.
+        annotation_count: Element count of `annotation_items`.
+        properties: The decoded properties section, or None.
+        properties_raw: The properties section exactly as sent.
+        app_items: The application properties as raw map items.
+        app_count: Element count of `app_items`.
+        body_raw: Body sections and footer exactly as sent.
+    """
+
+    header: tuple[Any, Any, Any, Any] = (None, None, None, None)
+    annotations: dict[bytes, Any] = field(default_factory=dict)
+    annotation_items: bytes = b""
+    annotation_count: int = 0
+    properties: Any = None
+    properties_raw: bytes = b""
+    app_items: bytes = b""
+    app_count: int = 0
+    body_raw: bytes = b""
+
+    @property
+    def message_id(self) -> str | None:
+        """The MessageId as text (the key of duplicate detection)."""
+        if self.properties is None or self.properties.message_id is None:
+            return None
+        value = self.properties.message_id
+        return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+    @property
+    def ttl_ms(self) -> int | None:
+        """The sender's time to live in milliseconds, if set."""
+        return self.header[2]
+
+    @property
+    def size(self) -> int:
+        """Encoded size used for the queue's size limit."""
+        return (
+            len(self.annotation_items) + len(self.properties_raw) + len(self.app_items) + len(self.body_raw) + 32
+        )
+
+    def with_app_properties(self, pairs: list[tuple[dict[str, Any], dict[str, Any]]]) -> ParsedMessage:
+        """A copy whose application properties also carry `pairs` (replacing same-named keys)."""
+        drop = frozenset(
+            p[0][VALUE].encode() if isinstance(p[0][VALUE], str) else p[0][VALUE] for p in pairs
+        )
+        kept, kept_count = _filtered_items(memoryview(self.app_items), self.app_count, drop)
+        extra, extra_count = encode_map_items(pairs)
+        return ParsedMessage(
+            header=self.header,
+            annotations=self.annotations,
+            annotation_items=self.annotation_items,
+            annotation_count=self.annotation_count,
+            properties=self.properties,
+            properties_raw=self.properties_raw,
+            app_items=kept + extra,
+            app_count=kept_count + extra_count,
+            body_raw=self.body_raw,
+        )
+
+
+def _section_code(buffer: memoryview) -> tuple[int, memoryview]:
+    """The descriptor code of the section at `buffer` and the buffer at its value."""
+    if buffer[0] != 0x00:
+        raise ValueError("a message section must be a described type")
+    constructor = buffer[1]
+    if constructor == 0x53:
+        return buffer[2], buffer[3:]
+    rest, descriptor = _DECODE_BY_CONSTRUCTOR[constructor](buffer[2:])
+    if isinstance(descriptor, bytes):
+        return _SYMBOLIC_DESCRIPTORS.get(descriptor, 0x75), rest
+    return int(descriptor), rest
+
+
+def parse_message(data: bytes | memoryview) -> ParsedMessage:
+    """Split an encoded message into the parts the broker keeps.
+
+    Args:
+        data: One complete encoded message, as in a transfer's payload.
+
+    Returns:
+        The parsed message; its bare sections keep the sender's bytes.
+    """
+    buffer = memoryview(bytes(data))
+    parsed = ParsedMessage()
+    body = bytearray()
+    while buffer:
+        start = buffer
+        code, value = _section_code(buffer)
+        rest = _skip_value(value)
+        if code == _HEADER:
+            _, fields = _DECODE_BY_CONSTRUCTOR[value[0]](value[1:])
+            fields = list(fields) + [None] * 5
+            parsed.header = (fields[0], fields[1], fields[2], fields[3])
+        elif code == _DELIVERY_ANN:
+            pass  # hop-by-hop: not kept
+        elif code == _MESSAGE_ANN:
+            _, decoded = _DECODE_BY_CONSTRUCTOR[value[0]](value[1:])
+            parsed.annotations = dict(decoded or {})
+            items, count = _map_items(value)
+            parsed.annotation_items, parsed.annotation_count = _filtered_items(
+                items, count, BROKER_ANNOTATIONS
+            )
+        elif code == _PROPERTIES:
+            _, fields = _DECODE_BY_CONSTRUCTOR[value[0]](value[1:])
+            fields = list(fields) + [None] * (13 - len(fields))
+            parsed.properties = Properties(*fields[:13])
+            parsed.properties_raw = bytes(start[: len(start) - len(rest)])
+        elif code == _APP_PROPS:
+            items, count = _map_items(value)
+            parsed.app_items, parsed.app_count = bytes(items), count
+        else:
+            body += start[: len(start) - len(rest)]
+        buffer = rest
+    parsed.body_raw = bytes(body)
+    return parsed
+
+
+def encode_message(
+    message: ParsedMessage,
+    delivery_count: int,
+    annotations: list[tuple[dict[str, Any], dict[str, Any]]],
+) -> bytes:
+    """Encode a stored message for delivery.
+
+    Args:
+        message: The stored message.
+        delivery_count: Prior delivery attempts (the AMQP header's field, always encoded).
+        annotations: Broker annotations for this delivery (sequence number, lock, ...).
+
+    Returns:
+        The message bytes for a transfer payload or a management response.
+    """
+    out = bytearray()
+    durable, priority, ttl, first_acquirer = message.header
+    # Always encode the header: the SDK reads delivery_count from it, and 0 is meaningful.
+    header_value = {
+        TYPE: AMQPTypes.described,
+        VALUE: (
+            typed(AMQPTypes.ulong, _HEADER),
+            typed(
+                AMQPTypes.list,
+                [
+                    typed(AMQPTypes.boolean, bool(durable)),
+                    typed(AMQPTypes.ubyte, priority if priority is not None else 4),
+                    typed(AMQPTypes.uint, ttl) if ttl is not None else typed(AMQPTypes.null, None),
+                    typed(AMQPTypes.boolean, bool(first_acquirer)) if first_acquirer is not None
+                    else typed(AMQPTypes.null, None),
+                    typed(AMQPTypes.uint, delivery_count),
+                ],
+            ),
+        ),
+    }
+    encode_value(out, header_value)
+    extra, extra_count = encode_map_items(annotations)
+    out += _map_section(
+        _MESSAGE_ANN, message.annotation_items + extra, message.annotation_count + extra_count
+    )
+    out += message.properties_raw
+    if message.app_count:
+        out += _map_section(_APP_PROPS, message.app_items, message.app_count)
+    out += message.body_raw
+    return bytes(out)
+
+
+def encode_response(
+    correlation_id: Any,
+    application_properties: dict[str, Any],
+    value: Any = None,
+) -> bytes:
+    """Encode a request/response reply ($cbs or $management).
+
+    Args:
+        correlation_id: The request's message_id, echoed so the SDK can match the reply.
+        application_properties: Status fields (status code as int).
+        value: The AmqpValue body, or None.
+
+    Returns:
+        The encoded reply message.
+    """
+    out = bytearray()
+    message = Message(
+        properties=Properties(correlation_id=correlation_id),
+        application_properties=application_properties,
+        value=value,
+    )
+    encode_payload(out, message)
+    return bytes(out)
+
+
+def new_lock_token() -> uuid.UUID:
+    """A fresh lock token; its `bytes_le` is the 16-byte delivery tag the SDK reads back."""
+    return uuid.uuid4()

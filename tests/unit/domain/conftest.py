@@ -1,0 +1,53 @@
+"""Builders for domain tests: a valid order, and records in each state."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from domain import state_machine as sm
+from domain.models import OrderSubmitted
+
+NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
+STEPS = ["reserve-inventory", "charge-payment", "arrange-shipment"]
+
+
+def order_payload(**overrides) -> dict:
+    payload = {
+        "OrderID": "ORD-1",
+        "AppId": "webshop",
+        "ReplyTo": "replies-webshop",
+        "Customer": {"CustomerId": "C-7", "Name": "Ada"},
+        "Lines": [
+            {"Sku": "SKU-1", "Quantity": 2, "UnitPrice": "10.00"},
+            {"Sku": "SKU-2", "Quantity": 1, "UnitPrice": "5.50"},
+        ],
+        "Total": "25.50",
+        "Currency": "EUR",
+        "PaymentReference": "pay-ref-42",
+    }
+    payload.update(overrides)
+    return payload
+
+
+@pytest.fixture
+def order() -> OrderSubmitted:
+    return OrderSubmitted.model_validate(order_payload())
+
+
+@pytest.fixture
+def policy() -> sm.RetryPolicy:
+    return sm.RetryPolicy(
+        threshold=3, long_retries=1, long_delay=timedelta(hours=1), claim_timeout=timedelta(seconds=60)
+    )
+
+
+@pytest.fixture
+def pending(order):
+    return sm.new_record(order, NOW, STEPS)
+
+
+@pytest.fixture
+def processing(pending, policy):
+    return sm.claim(pending, NOW, policy)

@@ -1,0 +1,284 @@
+"""Every row of DESIGN.md §3's transition table, and the edges it forbids."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+from domain import state_machine as sm
+from domain.errors import StaleError
+from domain.models import ProcessState, StepStatus
+from tests.unit.domain.conftest import NOW, STEPS
+
+LATER = NOW + timedelta(minutes=5)
+
+
+def run_all_steps(record):
+    for step in STEPS:
+        record = sm.start_step(record, record.LockedBy, step, NOW, NOW + timedelta(seconds=60))
+        record = sm.complete_step(record, record.LockedBy, step, NOW, reference=f"ref-{step}")
+    return record
+
+
+# --- (none) -> Pending ---------------------------------------------------------------
+
+
+def test_new_record_is_pending_unlocked_with_no_deadline(order):
+    record = sm.new_record(order, NOW, STEPS)
+    assert record.ProcessState is ProcessState.PENDING
+    assert record.LockedBy is None and record.CompleteBy is None
+    assert record.FailureCount == 0 and record.Attempt == 0
+    assert record.ReplyTo == "replies-webshop" and record.id == "ORD-1"
+    assert record.OrderDigest == order.digest()
+    assert set(record.Steps) == set(STEPS)
+    assert all(s.Status is StepStatus.NOT_STARTED for s in record.Steps.values())
+
+
+def test_rejected_record_is_terminal_with_reason(order):
+    record = sm.rejected_record(order, NOW, "backlog above 10")
+    assert record.ProcessState is ProcessState.REJECTED
+    assert record.LastError == "backlog above 10"
+    assert record.ttl is not None
+
+
+# --- Pending -> Processing (Starter) ---------------------------------------------------
+
+
+def test_claim_sets_lock_attempt_and_deadline(pending, policy):
+    record = sm.claim(pending, NOW, policy)
+    assert record.ProcessState is ProcessState.PROCESSING
+    assert record.LockedBy == "ORD-1:1"
+    assert record.Attempt == 1
+    # set at claim time so a starter crash before the start is still recovered
+    assert record.CompleteBy == NOW + policy.claim_timeout
+
+
+@pytest.mark.parametrize(
+    "state",
+    [s for s in ProcessState if s is not ProcessState.PENDING],
+)
+def test_claim_refused_outside_pending(pending, policy, state):
+    record = pending.model_copy(update={"ProcessState": state})
+    with pytest.raises(sm.IllegalTransition):
+        sm.claim(record, NOW, policy)
+
+
+def test_claim_refused_when_locked(pending, policy):
+    with pytest.raises(sm.IllegalTransition):
+        sm.claim(pending.model_copy(update={"LockedBy": "ORD-1:9"}), NOW, policy)
+
+
+def test_claim_refused_during_long_retry_wait(pending, policy):
+    waiting = pending.model_copy(update={"NotBefore": LATER})
+    assert not sm.is_claimable(waiting, NOW)
+    with pytest.raises(sm.IllegalTransition):
+        sm.claim(waiting, NOW, policy)
+    assert sm.claim(waiting, LATER, policy).ProcessState is ProcessState.PROCESSING
+
+
+def test_second_attempt_gets_a_new_instance_id(pending, policy):
+    first = sm.claim(pending, NOW, policy)
+    back = sm.recover_expired(first, first.LockedBy, LATER, policy)
+    second = sm.claim(back, LATER, policy)
+    assert second.LockedBy == "ORD-1:2" and second.Attempt == 2
+
+
+# --- Processing -> Processing (orchestration progress) -----------------------------------
+
+
+def test_start_and_complete_step_by_owner(processing):
+    deadline = NOW + timedelta(seconds=30)
+    record = sm.start_step(processing, "ORD-1:1", STEPS[0], NOW, deadline)
+    assert record.Steps[STEPS[0]].Status is StepStatus.RUNNING
+    assert record.CompleteBy == deadline
+    record = sm.complete_step(record, "ORD-1:1", STEPS[0], NOW, reference="res-1")
+    assert record.Steps[STEPS[0]].Status is StepStatus.COMPLETED
+    assert [e.Step for e in record.Compensation] == [STEPS[0]]
+
+
+def test_complete_step_twice_is_idempotent(processing):
+    record = sm.complete_step(processing, "ORD-1:1", STEPS[0], NOW)
+    assert sm.complete_step(record, "ORD-1:1", STEPS[0], NOW) == record
+
+
+def test_completed_step_cannot_restart(processing):
+    record = sm.complete_step(processing, "ORD-1:1", STEPS[0], NOW)
+    with pytest.raises(sm.IllegalTransition):
+        sm.start_step(record, "ORD-1:1", STEPS[0], NOW, LATER)
+
+
+@pytest.mark.parametrize(
+    "write",
+    [
+        lambda r: sm.start_step(r, "ORD-1:0", STEPS[0], NOW, LATER),
+        lambda r: sm.complete_step(r, "ORD-1:0", STEPS[0], NOW),
+        lambda r: sm.mark_processed(r, "ORD-1:0", NOW),
+        lambda r: sm.mark_failed(r, "ORD-1:0", STEPS[0], "boom", NOW),
+        lambda r: sm.begin_compensation(r, "ORD-1:0", "boom", NOW),
+    ],
+    ids=["start_step", "complete_step", "processed", "failed", "compensate"],
+)
+def test_stale_attempt_never_writes(processing, write):
+    """Invariant 3: a write without the lock is refused as stale."""
+    with pytest.raises(StaleError):
+        write(processing)
+
+
+# --- Processing -> Processed / Error ----------------------------------------------------
+
+
+def test_processed_when_all_steps_completed(processing):
+    record = sm.mark_processed(run_all_steps(processing), "ORD-1:1", NOW)
+    assert record.ProcessState is ProcessState.PROCESSED
+    assert record.LockedBy is None and record.CompleteBy is None
+    assert record.ttl == sm.FINISHED_RECORD_TTL_SECONDS
+
+
+def test_processed_refused_with_unfinished_steps(processing):
+    with pytest.raises(sm.IllegalTransition, match="unfinished"):
+        sm.mark_processed(processing, "ORD-1:1", NOW)
+
+
+def test_error_on_permanent_agent_failure(processing):
+    record = sm.mark_failed(processing, "ORD-1:1", STEPS[0], "card declined", NOW)
+    assert record.ProcessState is ProcessState.ERROR
+    assert record.LastError == "card declined"
+    assert record.Steps[STEPS[0]].Status is StepStatus.FAILED
+
+
+@pytest.mark.parametrize(
+    "state", [ProcessState.PENDING, ProcessState.PROCESSED, ProcessState.ERROR, ProcessState.REJECTED]
+)
+def test_orchestration_writes_need_processing(processing, state):
+    record = processing.model_copy(update={"ProcessState": state})
+    with pytest.raises(sm.IllegalTransition):
+        sm.mark_failed(record, "ORD-1:1", None, "x", NOW)
+    with pytest.raises(sm.IllegalTransition):
+        sm.start_step(record, "ORD-1:1", STEPS[0], NOW, LATER)
+
+
+# --- Supervisor ---------------------------------------------------------------------------
+
+
+def test_recover_expired_below_threshold_returns_to_pending(processing, policy):
+    record = sm.recover_expired(processing, "ORD-1:1", LATER, policy)
+    assert record.ProcessState is ProcessState.PENDING
+    assert record.LockedBy is None and record.CompleteBy is None
+    assert record.FailureCount == 1
+    assert "missed its deadline" in record.LastError
+
+
+def test_recover_refuses_unexpired(processing, policy):
+    with pytest.raises(sm.IllegalTransition):
+        sm.recover_expired(processing, "ORD-1:1", NOW, policy)
+
+
+def test_recover_refuses_when_owner_changed(processing, policy):
+    with pytest.raises(StaleError):
+        sm.recover_expired(processing, "ORD-1:0", LATER, policy)
+
+
+def test_clock_skew_slack_protects_a_live_attempt(processing, policy):
+    just_after = processing.CompleteBy + timedelta(seconds=5)
+    assert sm.is_expired(processing, just_after)
+    assert not sm.is_expired(processing, just_after, slack=timedelta(seconds=10))
+    with pytest.raises(sm.IllegalTransition):
+        sm.recover_expired(processing, "ORD-1:1", just_after, policy, slack=timedelta(seconds=10))
+
+
+def test_budget_quick_then_long_retry_then_error(pending, policy):
+    """Invariant 5: FailureCount never exceeds threshold + long retries."""
+    record, now, outcomes = pending, NOW, []
+    for _ in range(20):
+        if record.ProcessState is ProcessState.ERROR:
+            break
+        now = max(now, record.NotBefore or now)
+        record = sm.claim(record, now, policy)
+        now = record.CompleteBy + timedelta(seconds=1)
+        record = sm.recover_expired(record, record.LockedBy, now, policy)
+        outcomes.append((record.ProcessState, record.NotBefore is not None))
+    assert outcomes == [
+        (ProcessState.PENDING, False),
+        (ProcessState.PENDING, False),
+        (ProcessState.PENDING, True),  # threshold reached: wait long_delay
+        (ProcessState.ERROR, False),
+    ]
+    assert record.FailureCount == policy.max_failures == 4
+    assert record.LongRetries == 1
+
+
+def test_recover_refused_outside_processing(pending, policy):
+    with pytest.raises(sm.IllegalTransition):
+        sm.recover_expired(pending.model_copy(update={"CompleteBy": NOW}), None, LATER, policy)
+
+
+# --- Compensation ---------------------------------------------------------------------------
+
+
+def test_compensation_in_reverse_order_to_compensated(processing):
+    record = processing
+    for step in STEPS[:2]:
+        record = sm.complete_step(record, "ORD-1:1", step, NOW, reference=f"ref-{step}")
+    record = sm.begin_compensation(record, "ORD-1:1", "shipping refused", NOW)
+    assert record.ProcessState is ProcessState.COMPENSATING
+    assert [e.Step for e in record.Compensation] == STEPS[:2]
+    for entry in reversed(record.Compensation):
+        record = sm.record_undo(record, "ORD-1:1", entry.Step, True, NOW)
+    record = sm.finish_compensation(record, "ORD-1:1", NOW)
+    assert record.ProcessState is ProcessState.COMPENSATED
+    assert record.Steps[STEPS[0]].Status is StepStatus.COMPENSATED
+
+
+def test_compensation_failure_names_the_step(processing):
+    record = sm.complete_step(processing, "ORD-1:1", STEPS[0], NOW)
+    record = sm.begin_compensation(record, "ORD-1:1", "later step refused", NOW)
+    record = sm.record_undo(record, "ORD-1:1", STEPS[0], False, NOW, error="refund refused")
+    record = sm.finish_compensation(record, "ORD-1:1", NOW)
+    assert record.ProcessState is ProcessState.COMPENSATION_FAILED
+    assert STEPS[0] in record.LastError
+
+
+def test_operator_compensation_takes_a_new_lock(processing, policy):
+    record = sm.complete_step(processing, "ORD-1:1", STEPS[0], NOW)
+    record = sm.mark_failed(record, "ORD-1:1", STEPS[1], "declined", NOW)
+    record = sm.claim_compensation(record, LATER, policy)
+    assert record.ProcessState is ProcessState.COMPENSATING
+    assert record.LockedBy == "ORD-1:2"
+    with pytest.raises(StaleError):
+        sm.record_undo(record, "ORD-1:1", STEPS[0], True, LATER)
+
+
+@pytest.mark.parametrize(
+    "state", [ProcessState.PENDING, ProcessState.PROCESSING, ProcessState.PROCESSED, ProcessState.REJECTED]
+)
+def test_operator_compensation_only_from_error_states(processing, policy, state):
+    with pytest.raises(sm.IllegalTransition):
+        sm.claim_compensation(processing.model_copy(update={"ProcessState": state}), NOW, policy)
+
+
+# --- Operator resubmit --------------------------------------------------------------------
+
+
+def test_resubmit_error_to_pending_keeps_completed_steps(processing):
+    record = sm.complete_step(processing, "ORD-1:1", STEPS[0], NOW)
+    record = sm.mark_failed(record, "ORD-1:1", STEPS[1], "declined", NOW)
+    record = sm.resubmit(record, LATER)
+    assert record.ProcessState is ProcessState.PENDING
+    assert record.LockedBy is None and record.FailureCount == 0
+    assert record.Steps[STEPS[0]].Status is StepStatus.COMPLETED
+
+
+@pytest.mark.parametrize("state", [s for s in ProcessState if s is not ProcessState.ERROR])
+def test_resubmit_only_from_error(processing, state):
+    with pytest.raises(sm.IllegalTransition):
+        sm.resubmit(processing.model_copy(update={"ProcessState": state}), NOW)
+
+
+def test_history_is_bounded(pending, policy):
+    record, now = pending, NOW
+    for _ in range(30):
+        record = sm.claim(record, now, policy)
+        now = record.CompleteBy + timedelta(seconds=1)
+        record = sm.recover_expired(record, record.LockedBy, now, sm.RetryPolicy(threshold=1000))
+    assert len(record.History) == sm.HISTORY_LIMIT
