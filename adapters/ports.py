@@ -1,0 +1,60 @@
+"""The interfaces the application code depends on. Real adapters (Cosmos,
+Service Bus) and the fakes used by fast unit tests both satisfy them."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any, Protocol
+
+from domain.models import OrderState, OrderSubmitted
+from domain.state_machine import RetryPolicy
+
+ANY_OWNER: Any = object()
+"""Pass as `expected_locked_by` when a write does not depend on the owner."""
+
+
+class StateStore(Protocol):
+    async def create_if_absent(self, record: OrderState) -> tuple[OrderState, str, bool]: ...
+
+    async def read(self, order_id: str) -> tuple[OrderState, str]: ...
+
+    async def replace(self, record: OrderState, etag: str) -> str: ...
+
+    async def update(
+        self,
+        order_id: str,
+        mutate: Callable[[OrderState], OrderState],
+        expected_locked_by: Any,
+    ) -> tuple[OrderState, str]: ...
+
+    async def claim(self, order_id: str, now: datetime, policy: RetryPolicy) -> OrderState | None: ...
+
+    async def query_pending(self, max_items: int, now: datetime) -> list[OrderState]: ...
+
+    async def query_expired(
+        self, now: datetime, window_start: datetime, max_items: int, continuation: str | None
+    ) -> tuple[list[tuple[OrderState, str]], str | None]: ...
+
+    async def read_backlog_gauge(self) -> tuple[int, datetime] | None: ...
+
+    async def write_backlog_gauge(self, pending: int, measured_at: datetime) -> None: ...
+
+
+class OrdersRepository(Protocol):
+    async def create_if_absent(self, order: OrderSubmitted) -> bool: ...
+
+    async def get(self, order_id: str) -> OrderSubmitted: ...
+
+
+class MessagePublisher(Protocol):
+    """Sends one message to a queue. `message_id` is stable for a logical
+    message so the queue's duplicate detection drops a re-send."""
+
+    async def send(
+        self,
+        queue: str,
+        body: bytes,
+        message_id: str,
+        application_properties: dict[str, str] | None = None,
+    ) -> None: ...

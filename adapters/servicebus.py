@@ -1,0 +1,98 @@
+"""Service Bus publishing through azure.servicebus.aio.
+
+One client per process, one sender per queue, created on first use. Errors are
+translated at this boundary: a missing queue or an oversize message is
+permanent; a busy, full or unreachable namespace is transient."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from azure.servicebus import ServiceBusMessage
+from azure.servicebus.aio import ServiceBusClient, ServiceBusSender
+from azure.servicebus.exceptions import (
+    MessageSizeExceededError,
+    MessagingEntityDisabledError,
+    MessagingEntityNotFoundError,
+    ServiceBusAuthenticationError,
+    ServiceBusAuthorizationError,
+    ServiceBusError,
+)
+
+from adapters.settings import ServiceBusAccess
+from domain.errors import PermanentError, TransientError
+
+log = logging.getLogger(__name__)
+
+_PERMANENT = (
+    MessagingEntityNotFoundError,
+    MessagingEntityDisabledError,
+    MessageSizeExceededError,
+    ServiceBusAuthenticationError,
+    ServiceBusAuthorizationError,
+)
+
+
+def servicebus_client(access: ServiceBusAccess) -> ServiceBusClient:
+    if access.connection_string:
+        return ServiceBusClient.from_connection_string(access.connection_string)
+    from azure.identity.aio import DefaultAzureCredential
+
+    return ServiceBusClient(access.fully_qualified_namespace, DefaultAzureCredential())
+
+
+class ServiceBusPublisher:
+    """Implements adapters.ports.MessagePublisher."""
+
+    def __init__(self, client: ServiceBusClient) -> None:
+        self._client = client
+        self._senders: dict[str, ServiceBusSender] = {}
+        self._lock = asyncio.Lock()
+
+    async def _sender(self, queue: str) -> ServiceBusSender:
+        async with self._lock:
+            sender = self._senders.get(queue)
+            if sender is None:
+                sender = self._client.get_queue_sender(queue)
+                self._senders[queue] = sender
+            return sender
+
+    async def send(
+        self,
+        queue: str,
+        body: bytes,
+        message_id: str,
+        application_properties: dict[str, str] | None = None,
+    ) -> None:
+        message = ServiceBusMessage(
+            body,
+            message_id=message_id,
+            content_type="application/json",
+            application_properties=application_properties,
+        )
+        sender = await self._sender(queue)
+        try:
+            await sender.send_messages(message)
+        except _PERMANENT as exc:
+            await self._forget(queue)
+            raise PermanentError(f"cannot send to queue {queue!r}: {exc}") from exc
+        except ServiceBusError as exc:
+            await self._forget(queue)
+            raise TransientError(f"sending to queue {queue!r} failed: {exc}") from exc
+        log.debug("sent %s to %s", message_id, queue)
+
+    async def _forget(self, queue: str) -> None:
+        # A sender whose link failed may be unusable; the next send opens a new one.
+        async with self._lock:
+            sender = self._senders.pop(queue, None)
+        if sender is not None:
+            try:
+                await sender.close()
+            except Exception:  # noqa: BLE001 - closing a broken link may itself fail
+                log.debug("closing sender for %s failed", queue, exc_info=True)
+
+    async def close(self) -> None:
+        for queue in list(self._senders):
+            await self._forget(queue)
+        await self._client.close()

@@ -1,0 +1,7 @@
+"""Status reporting and operator alerts (DESIGN.md §2.8, §4 'Operational
+visibility'): what the submitting application and the operators are told."""
+
+from reporting.alerts import ALERTS_QUEUE, Alerts
+from reporting.status import StatusReporter
+
+__all__ = ["ALERTS_QUEUE", "Alerts", "StatusReporter"]

@@ -1,0 +1,215 @@
+"""The Submit use case, independent of the trigger that delivers the message.
+
+`SubmitHandler.handle` returns what to do with the message (`Settle`), and the
+trigger function carries it out. The two writes share no transaction: each is
+create-if-absent on OrderID followed by a comparison of the immutable data, so a
+redelivered message finishes whichever half is missing (DESIGN.md §4).
+
+Order of effects, and why:
+1. validate, check the reply queue belongs to the sender — nothing written yet;
+2. read the state record: an existing one is compared by digest (cheap) first;
+3. admission control for new orders, from a gauge the starter refreshes (one
+   point read, cached; never a cross-partition COUNT per message);
+4. orders DB, then state record — a crash between them is healed on redelivery;
+5. `Received` status, then `ReceivedSent` on the record — a crash between them
+   re-sends with the same message id, which the reply queue's duplicate
+   detection drops.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from enum import StrEnum
+
+from adapters.ports import ANY_OWNER, OrdersRepository, StateStore
+from adapters.settings import Settings
+from domain import state_machine as sm
+from domain.codec import decode
+from domain.errors import (
+    ConflictError,
+    NotFoundError,
+    PermanentError,
+    TransientError,
+    ValidationFailed,
+)
+from domain.models import OrderState, OrderSubmitted, ProcessState, StatusKind
+from reporting import Alerts, StatusReporter
+
+log = logging.getLogger(__name__)
+
+
+class SettleKind(StrEnum):
+    COMPLETE = "complete"
+    ABANDON = "abandon"
+    DEADLETTER = "deadletter"
+
+
+@dataclass(frozen=True)
+class Settle:
+    kind: SettleKind
+    reason: str | None = None
+    description: str | None = None
+    order_id: str | None = None
+
+    @classmethod
+    def complete(cls, order_id: str | None = None) -> Settle:
+        return cls(SettleKind.COMPLETE, order_id=order_id)
+
+    @classmethod
+    def abandon(cls, description: str, order_id: str | None = None) -> Settle:
+        return cls(SettleKind.ABANDON, description=description, order_id=order_id)
+
+    @classmethod
+    def deadletter(cls, reason: str, description: str, order_id: str | None = None) -> Settle:
+        return cls(SettleKind.DEADLETTER, reason, description[:1024], order_id)
+
+
+class BacklogGauge:
+    """The Pending backlog as last measured by the starter, cached in-process
+    for `max_age` so Submit pays at most one point read per interval."""
+
+    def __init__(self, store: StateStore, max_age_seconds: float, clock=time.monotonic) -> None:
+        self._store = store
+        self._max_age = max_age_seconds
+        self._clock = clock
+        self._cached: tuple[float, int] | None = None
+
+    async def pending(self) -> int:
+        now = self._clock()
+        if self._cached and now - self._cached[0] < self._max_age:
+            return self._cached[1]
+        gauge = await self._store.read_backlog_gauge()
+        value = gauge[0] if gauge else 0
+        self._cached = (now, value)
+        return value
+
+
+class SubmitHandler:
+    def __init__(
+        self,
+        settings: Settings,
+        store: StateStore,
+        orders: OrdersRepository,
+        status: StatusReporter,
+        alerts: Alerts,
+        steps: list[str],
+        backlog: BacklogGauge | None = None,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        self._settings = settings
+        self._store = store
+        self._orders = orders
+        self._status = status
+        self._alerts = alerts
+        self._steps = steps
+        self._backlog = backlog or BacklogGauge(
+            store, settings.backlog_gauge_max_age.total_seconds()
+        )
+        self._clock = clock
+
+    async def handle(self, body: bytes) -> Settle:
+        try:
+            return await self._handle(body)
+        except TransientError as exc:
+            # The store or the bus is briefly unavailable: let Service Bus
+            # redeliver (bounded by the queue's max delivery count).
+            log.warning("transient failure, message abandoned: %s", exc)
+            return Settle.abandon(str(exc))
+
+    async def _handle(self, body: bytes) -> Settle:
+        now = self._clock()
+        try:
+            order = decode(OrderSubmitted, body, self._settings.max_order_bytes)
+        except ValidationFailed as exc:
+            await self._alerts.raise_alert("InvalidMessage", exc.reason, now)
+            return Settle.deadletter("InvalidMessage", exc.reason)
+
+        allowed = self._settings.reply_queues.get(order.AppId)
+        if allowed != order.ReplyTo:
+            reason = (
+                f"application {order.AppId!r} may not use reply queue {order.ReplyTo!r}"
+                + (f" (its queue is {allowed!r})" if allowed else " (application not registered)")
+            )
+            await self._alerts.raise_alert("ReplyQueueNotAllowed", reason, now, order.OrderID)
+            return Settle.deadletter("ReplyQueueNotAllowed", reason, order.OrderID)
+
+        existing = await self._read(order.OrderID)
+        if existing is not None and existing.OrderDigest != order.digest():
+            return await self._conflict(order, now)
+
+        if existing is None and await self._over_backlog():
+            return await self._reject(order, now)
+
+        try:
+            await self._orders.create_if_absent(order)
+        except ConflictError as exc:
+            return await self._conflict(order, now, exc.fields)
+
+        record, _, created = await self._store.create_if_absent(
+            sm.new_record(order, now, self._steps)
+        )
+        if not created and record.OrderDigest != order.digest():
+            return await self._conflict(order, now)
+        if created:
+            log.info("order accepted", extra={"order_id": order.OrderID})
+
+        if record.ProcessState is ProcessState.REJECTED:
+            return Settle.complete(order.OrderID)  # its Rejected status already went out
+        if not record.ReceivedSent:
+            await self._status.send(order.ReplyTo, order.OrderID, StatusKind.RECEIVED, now)
+            await self._store.update(
+                order.OrderID, lambda r: sm.mark_received_sent(r, now), ANY_OWNER
+            )
+        return Settle.complete(order.OrderID)
+
+    async def _read(self, order_id: str) -> OrderState | None:
+        try:
+            record, _ = await self._store.read(order_id)
+            return record
+        except NotFoundError:
+            return None
+
+    async def _over_backlog(self) -> bool:
+        return await self._backlog.pending() > self._settings.pending_backlog_limit
+
+    async def _reject(self, order: OrderSubmitted, now: datetime) -> Settle:
+        reason = f"backlog above {self._settings.pending_backlog_limit} pending orders; try later"
+        record, _, created = await self._store.create_if_absent(sm.rejected_record(order, now, reason))
+        if record.ProcessState is not ProcessState.REJECTED:
+            # Lost a race with a delivery that was admitted: treat as that.
+            return await self._handle_existing_after_race(order, now)
+        await self._status.send(
+            order.ReplyTo, order.OrderID, StatusKind.REJECTED, now, detail=reason
+        )
+        log.warning("order rejected: %s", reason, extra={"order_id": order.OrderID})
+        return Settle.complete(order.OrderID)
+
+    async def _handle_existing_after_race(self, order: OrderSubmitted, now: datetime) -> Settle:
+        record = await self._read(order.OrderID)
+        if record is None or record.OrderDigest != order.digest():
+            return await self._conflict(order, now)
+        return Settle.complete(order.OrderID)
+
+    async def _conflict(
+        self, order: OrderSubmitted, now: datetime, fields: list[str] | None = None
+    ) -> Settle:
+        if fields is None:
+            fields = await self._differing_fields(order)
+        description = (
+            f"order {order.OrderID} exists with different data in: {', '.join(fields) or 'unknown'}; "
+            "nothing was overwritten"
+        )
+        await self._alerts.raise_alert("OrderConflict", description, now, order.OrderID)
+        return Settle.deadletter("OrderConflict", description, order.OrderID)
+
+    async def _differing_fields(self, order: OrderSubmitted) -> list[str]:
+        try:
+            stored = await self._orders.get(order.OrderID)
+        except (NotFoundError, PermanentError):
+            return []
+        mine, theirs = order.immutable_fields(), stored.immutable_fields()
+        return sorted(k for k in mine.keys() | theirs.keys() if mine.get(k) != theirs.get(k))

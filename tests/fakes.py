@@ -1,0 +1,137 @@
+"""In-memory fakes of the project's own ports (adapters.ports), for fast unit
+tests of application logic. They keep the contract that matters: etags change
+on every write and a stale etag is refused. Integration tests use the real
+adapters against the real local servers instead."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+
+from adapters.ports import ANY_OWNER
+from domain import state_machine as sm
+from domain.errors import ConflictError, NotFoundError, StaleError
+from domain.models import OrderState, OrderSubmitted, ProcessState
+
+
+class FakeStateStore:
+    def __init__(self) -> None:
+        self.docs: dict[str, tuple[dict, str]] = {}
+        self.gauge: tuple[int, datetime] | None = None
+        self.writes = 0
+        self._etags = itertools.count(1)
+
+    def _etag(self) -> str:
+        return f'"{next(self._etags)}"'
+
+    async def create_if_absent(self, record: OrderState) -> tuple[OrderState, str, bool]:
+        if record.id in self.docs:
+            doc, etag = self.docs[record.id]
+            return OrderState.model_validate(doc), etag, False
+        etag = self._etag()
+        self.docs[record.id] = (record.model_dump(mode="json"), etag)
+        self.writes += 1
+        return record, etag, True
+
+    async def read(self, order_id: str) -> tuple[OrderState, str]:
+        if order_id not in self.docs:
+            raise NotFoundError(order_id)
+        doc, etag = self.docs[order_id]
+        return OrderState.model_validate(doc), etag
+
+    async def replace(self, record: OrderState, etag: str) -> str:
+        current = self.docs.get(record.id)
+        if current is None or current[1] != etag:
+            raise StaleError(f"etag mismatch for {record.id}")
+        new = self._etag()
+        self.docs[record.id] = (record.model_dump(mode="json"), new)
+        self.writes += 1
+        return new
+
+    async def update(
+        self, order_id: str, mutate: Callable[[OrderState], OrderState], expected_locked_by: Any
+    ) -> tuple[OrderState, str]:
+        record, etag = await self.read(order_id)
+        if expected_locked_by is not ANY_OWNER and record.LockedBy != expected_locked_by:
+            raise StaleError(f"{order_id} locked by {record.LockedBy}")
+        new = mutate(record)
+        return new, await self.replace(new, etag)
+
+    async def claim(self, order_id: str, now: datetime, policy: sm.RetryPolicy) -> OrderState | None:
+        record, etag = await self.read(order_id)
+        if not sm.is_claimable(record, now):
+            return None
+        claimed = sm.claim(record, now, policy)
+        try:
+            await self.replace(claimed, etag)
+        except StaleError:
+            return None
+        return claimed
+
+    async def query_pending(self, max_items: int, now: datetime) -> list[OrderState]:
+        records = [OrderState.model_validate(d) for d, _ in self.docs.values()]
+        return [r for r in records if sm.is_claimable(r, now)][:max_items]
+
+    async def query_expired(self, now, window_start, max_items, continuation):
+        records = sorted(
+            (
+                (OrderState.model_validate(d), e)
+                for d, e in self.docs.values()
+                if d["ProcessState"] == ProcessState.PROCESSING.value
+            ),
+            key=lambda pair: pair[0].CompleteBy,
+        )
+        hits = [p for p in records if window_start <= p[0].CompleteBy < now]
+        start = int(continuation or 0)
+        page = hits[start : start + max_items]
+        nxt = str(start + max_items) if start + max_items < len(hits) else None
+        return page, nxt
+
+    async def read_backlog_gauge(self) -> tuple[int, datetime] | None:
+        return self.gauge
+
+    async def write_backlog_gauge(self, pending: int, measured_at: datetime) -> None:
+        self.gauge = (pending, measured_at)
+
+
+class FakeOrders:
+    def __init__(self) -> None:
+        self.orders: dict[str, OrderSubmitted] = {}
+
+    async def create_if_absent(self, order: OrderSubmitted) -> bool:
+        existing = self.orders.get(order.OrderID)
+        if existing is None:
+            self.orders[order.OrderID] = order
+            return True
+        mine, theirs = order.immutable_fields(), existing.immutable_fields()
+        fields = sorted(k for k in mine if mine[k] != theirs.get(k))
+        if fields:
+            raise ConflictError(f"order {order.OrderID} differs", fields)
+        return False
+
+    async def get(self, order_id: str) -> OrderSubmitted:
+        if order_id not in self.orders:
+            raise NotFoundError(order_id)
+        return self.orders[order_id]
+
+
+class RecordingPublisher:
+    """Keeps what was sent, and drops a message whose id was already sent to
+    that queue, as Service Bus duplicate detection does."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, bytes, str, dict | None]] = []
+        self.fail_next: Exception | None = None
+
+    async def send(self, queue, body, message_id, application_properties=None) -> None:
+        if self.fail_next is not None:
+            exc, self.fail_next = self.fail_next, None
+            raise exc
+        if any(q == queue and mid == message_id for q, _, mid, _ in self.sent):
+            return
+        self.sent.append((queue, body, message_id, application_properties))
+
+    def to(self, queue: str) -> list[bytes]:
+        return [body for q, body, _, _ in self.sent if q == queue]
