@@ -13,25 +13,12 @@ import azure.functions as func
 import azurefunctions.extensions.bindings.servicebus as servicebus
 import bootstrap
 
-from submit.handler import Settle, SettleKind
+from adapters.settlement import message_body, settle
 
 ORDERS_QUEUE = "orders"
 
 bp = func.Blueprint()
 log = logging.getLogger(__name__)
-
-
-def settle(message, actions, outcome: Settle) -> None:
-    if outcome.kind is SettleKind.COMPLETE:
-        actions.complete(message)
-    elif outcome.kind is SettleKind.DEADLETTER:
-        actions.deadletter(
-            message,
-            deadletter_reason=outcome.reason,
-            deadletter_error_description=outcome.description,
-        )
-    else:
-        actions.abandon(message)
 
 
 @bp.function_name("submit_order")
@@ -45,7 +32,7 @@ async def submit_order(
     message: servicebus.ServiceBusReceivedMessage,
     message_actions: servicebus.ServiceBusMessageActions,
 ) -> None:
-    body = b"".join(message.body) if not isinstance(message.body, bytes) else message.body
+    body = message_body(message)
     handler = await bootstrap.submit_handler()
     outcome = await handler.handle(body)
     log.info(

@@ -21,12 +21,11 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import UTC, datetime
-from enum import StrEnum
 
 from adapters.ports import ANY_OWNER, OrdersRepository, StateStore
 from adapters.settings import Settings
+from adapters.settlement import Settle
 from domain import state_machine as sm
 from domain.codec import decode
 from domain.errors import (
@@ -40,32 +39,6 @@ from domain.models import OrderState, OrderSubmitted, ProcessState, StatusKind
 from reporting import Alerts, StatusReporter
 
 log = logging.getLogger(__name__)
-
-
-class SettleKind(StrEnum):
-    COMPLETE = "complete"
-    ABANDON = "abandon"
-    DEADLETTER = "deadletter"
-
-
-@dataclass(frozen=True)
-class Settle:
-    kind: SettleKind
-    reason: str | None = None
-    description: str | None = None
-    order_id: str | None = None
-
-    @classmethod
-    def complete(cls, order_id: str | None = None) -> Settle:
-        return cls(SettleKind.COMPLETE, order_id=order_id)
-
-    @classmethod
-    def abandon(cls, description: str, order_id: str | None = None) -> Settle:
-        return cls(SettleKind.ABANDON, description=description, order_id=order_id)
-
-    @classmethod
-    def deadletter(cls, reason: str, description: str, order_id: str | None = None) -> Settle:
-        return cls(SettleKind.DEADLETTER, reason, description[:1024], order_id)
 
 
 class BacklogGauge:

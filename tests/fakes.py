@@ -89,6 +89,9 @@ class FakeStateStore:
         nxt = str(start + max_items) if start + max_items < len(hits) else None
         return page, nxt
 
+    async def count_in_state(self, state) -> int:
+        return sum(1 for d, _ in self.docs.values() if d["ProcessState"] == str(state))
+
     async def read_backlog_gauge(self) -> tuple[int, datetime] | None:
         return self.gauge
 

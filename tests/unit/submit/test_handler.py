@@ -10,10 +10,11 @@ from datetime import UTC, datetime
 import pytest
 
 from adapters.settings import load_settings
+from adapters.settlement import SettleKind
 from domain.errors import TransientError
 from domain.models import ProcessState
 from reporting import Alerts, StatusReporter
-from submit.handler import BacklogGauge, SettleKind, SubmitHandler
+from submit.handler import BacklogGauge, SubmitHandler
 from tests.fakes import FakeOrders, FakeStateStore, RecordingPublisher
 from tests.unit.domain.conftest import STEPS, order_payload
 

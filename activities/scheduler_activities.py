@@ -1,0 +1,208 @@
+"""`SchedulerActivities` receives its clients (state store, orders DB,
+publisher, agent) so tests can build it with fakes or real adapters alike; the
+Durable activity triggers in activities/functions.py only decode, call, encode.
+
+Idempotency under at-least-once delivery:
+- state writes: each transition is re-checked against the record as read; a
+  re-run after the write landed is recognised (the record already shows this
+  instance's transition) and answered as success rather than stale;
+- agent requests: stable MessageId per (instance, step, action/try), so the
+  request queue's duplicate detection drops a re-send;
+- status updates: stable MessageId per (order, status, qualifier)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from datetime import UTC, datetime
+
+from adapters.ports import MessagePublisher, OrdersRepository, StateStore
+from adapters.settings import Settings
+from domain import state_machine as sm
+from domain.codec import encode
+from domain.errors import NotFoundError, StaleError
+from domain.ids import (
+    agent_request_message_id,
+    fencing_token,
+    idempotency_key,
+    parse_attempt_instance_id,
+    reply_event_name,
+)
+from domain.models import AgentReply, AgentRequest, OrderState, ProcessState, StepStatus
+from orchestrators.contracts import (
+    AlertNote,
+    LoadPlanInput,
+    Plan,
+    SendRequest,
+    StateWrite,
+    StatusNote,
+    StepPlan,
+    WriteResult,
+)
+from reporting import Alerts, StatusReporter
+
+log = logging.getLogger(__name__)
+
+AGENT_REQUESTS_QUEUE = "agent-requests"
+
+# The state each write leaves the record in, to recognise a re-run whose write
+# already landed (the LockedBy guard would otherwise call it stale).
+_TARGET_STATE = {
+    "processed": ProcessState.PROCESSED,
+    "failed": ProcessState.ERROR,
+    "begin_compensation": ProcessState.COMPENSATING,
+    "finish_compensation": (ProcessState.COMPENSATED, ProcessState.COMPENSATION_FAILED),
+}
+
+
+class SchedulerActivities:
+    def __init__(
+        self,
+        settings: Settings,
+        store: StateStore,
+        orders: OrdersRepository,
+        publisher: MessagePublisher,
+        step_names: list[str] | tuple[str, ...],
+        inline_agent=None,
+        step_modes: dict[str, str] | None = None,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        self._settings = settings
+        self._store = store
+        self._orders = orders
+        self._publisher = publisher
+        self._status = StatusReporter(publisher)
+        self._alerts = Alerts(publisher)
+        self._step_names = list(step_names)
+        self._inline_agent = inline_agent
+        self._step_modes = step_modes or {}
+        self._clock = clock
+
+    # --- reading ------------------------------------------------------------------------
+
+    async def load_plan(self, data: LoadPlanInput) -> Plan:
+        order_id, attempt = parse_attempt_instance_id(data.InstanceId)
+        try:
+            record, _ = await self._store.read(order_id)
+        except NotFoundError:
+            return Plan(Stale=True, Reason=f"order {order_id} has no state record")
+        if record.LockedBy != data.InstanceId:
+            return Plan(Stale=True, Reason=f"order {order_id} is locked by {record.LockedBy!r}")
+        order = await self._orders.get(order_id)
+        steps = [
+            StepPlan(
+                Name=name,
+                Mode=self._step_modes.get(name, "remote"),
+                Completed=record.Steps.get(name) is not None
+                and record.Steps[name].Status is StepStatus.COMPLETED,
+            )
+            for name in self._step_names
+        ]
+        return Plan(
+            OrderID=order_id,
+            Attempt=attempt,
+            ReplyTo=record.ReplyTo,
+            State=record.ProcessState,
+            Steps=steps,
+            StepTimeoutSeconds=int(self._settings.step_timeout.total_seconds()),
+            Payload={
+                "CustomerId": order.Customer.CustomerId,
+                "Lines": [line.model_dump(mode="json") for line in order.Lines],
+                "Total": str(order.Total),
+                "Currency": order.Currency,
+                "PaymentReference": order.PaymentReference,
+            },
+        )
+
+    # --- writing the record ---------------------------------------------------------------
+
+    def _transition(self, write: StateWrite, now: datetime) -> Callable[[OrderState], OrderState]:
+        instance = write.InstanceId
+        kinds: dict[str, Callable[[OrderState], OrderState]] = {
+            "start_step": lambda r: sm.start_step(r, instance, write.Step, now, write.Deadline),
+            "complete_step": lambda r: sm.complete_step(r, instance, write.Step, now, write.Reference),
+            "processed": lambda r: sm.mark_processed(r, instance, now),
+            "failed": lambda r: sm.mark_failed(r, instance, write.Step, write.Reason or "failed", now),
+            "begin_compensation": lambda r: sm.begin_compensation(
+                r, instance, write.Reason or "compensation", now
+            ),
+            "undo_done": lambda r: sm.record_undo(r, instance, write.Step, True, now),
+            "undo_failed": lambda r: sm.record_undo(r, instance, write.Step, False, now, write.Reason),
+            "finish_compensation": lambda r: sm.finish_compensation(r, instance, now),
+        }
+        return kinds[write.Kind]
+
+    async def write_state(self, write: StateWrite) -> WriteResult:
+        order_id, _ = parse_attempt_instance_id(write.InstanceId)
+        now = self._clock()
+        try:
+            record, _ = await self._store.update(
+                order_id, self._transition(write, now), write.InstanceId
+            )
+            return WriteResult(State=record.ProcessState)
+        except (StaleError, sm.IllegalTransition) as exc:
+            landed = await self._already_landed(order_id, write)
+            if landed is not None:
+                return WriteResult(State=landed)
+            log.info(
+                "stale write %s by %s: %s", write.Kind, write.InstanceId, exc,
+                extra={"order_id": order_id},
+            )
+            return WriteResult(Stale=True, Reason=str(exc))
+
+    async def _already_landed(self, order_id: str, write: StateWrite) -> ProcessState | None:
+        target = _TARGET_STATE.get(write.Kind)
+        if target is None:
+            return None
+        record, _ = await self._store.read(order_id)
+        targets = target if isinstance(target, tuple) else (target,)
+        last = record.History[-1] if record.History else None
+        if record.ProcessState in targets and last is not None and last.By == write.InstanceId:
+            return record.ProcessState
+        return None
+
+    # --- talking to agents ----------------------------------------------------------------
+
+    def _request(self, send: SendRequest) -> AgentRequest:
+        order_id, attempt = parse_attempt_instance_id(send.InstanceId)
+        return AgentRequest(
+            InstanceId=send.InstanceId,
+            OrderID=order_id,
+            Step=send.Step,
+            Action=send.Action,
+            Attempt=attempt,
+            IdempotencyKey=idempotency_key(order_id, send.Step),
+            FencingToken=fencing_token(attempt),
+            Deadline=send.Deadline,
+            ReplyEvent=reply_event_name(send.Step, attempt, send.label),
+            Payload=send.Payload,
+        )
+
+    async def send_agent_request(self, send: SendRequest) -> str:
+        request = self._request(send)
+        message_id = agent_request_message_id(send.InstanceId, send.Step, send.label)
+        await self._publisher.send(
+            AGENT_REQUESTS_QUEUE,
+            encode(request),
+            message_id,
+            {"OrderID": request.OrderID, "Step": request.Step, "Action": request.Action},
+        )
+        return message_id
+
+    async def run_inline_step(self, send: SendRequest) -> AgentReply:
+        """The in-app agent path: the same Agent library, run in an activity."""
+        if self._inline_agent is None:
+            raise RuntimeError("no inline agent configured")
+        return await self._inline_agent.handle(self._request(send))
+
+    # --- telling people -------------------------------------------------------------------
+
+    async def report_status(self, note: StatusNote) -> None:
+        order_id, attempt = parse_attempt_instance_id(note.InstanceId)
+        qualifier = f"{attempt}/{note.Step}" if note.Step else str(attempt)
+        await self._status.send(
+            note.ReplyTo, order_id, note.Status, self._clock(), note.Detail, note.Step, qualifier
+        )
+
+    async def raise_alert(self, note: AlertNote) -> None:
+        await self._alerts.raise_alert(note.Kind, note.Reason, self._clock(), note.OrderID)

@@ -1,0 +1,115 @@
+"""Inputs and results of the Scheduler's activities: one pydantic model each,
+passed through Durable as plain JSON (`model_dump(mode="json")`) and validated
+again on the other side, so a history written by an older version fails loudly
+rather than silently."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+
+from domain.models import AgentReply, ProcessState, StatusKind
+
+
+class ActivityContract(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    def dump(self) -> dict:
+        return self.model_dump(mode="json")
+
+
+class StepPlan(ActivityContract):
+    Name: str
+    Mode: Literal["remote", "inline"] = "remote"
+    Completed: bool = False
+
+
+class LoadPlanInput(ActivityContract):
+    InstanceId: str
+
+
+class Plan(ActivityContract):
+    """What the orchestration needs to run an attempt, read once through an
+    activity (so the orchestrator itself never does I/O)."""
+
+    Stale: bool = False
+    Reason: str | None = None
+    OrderID: str = ""
+    Attempt: int = 0
+    ReplyTo: str = ""
+    State: ProcessState | None = None
+    Steps: list[StepPlan] = Field(default_factory=list)
+    StepTimeoutSeconds: int = 60
+    UndoTries: int = 3
+    Payload: dict = Field(default_factory=dict)
+
+
+class StateWrite(ActivityContract):
+    """One guarded write to the record by the attempt `InstanceId`."""
+
+    InstanceId: str
+    Kind: Literal[
+        "start_step",
+        "complete_step",
+        "processed",
+        "failed",
+        "begin_compensation",
+        "undo_done",
+        "undo_failed",
+        "finish_compensation",
+    ]
+    Step: str | None = None
+    Deadline: AwareDatetime | None = None
+    Reference: str | None = None
+    Reason: str | None = None
+
+
+class WriteResult(ActivityContract):
+    Stale: bool = False
+    Reason: str | None = None
+    State: ProcessState | None = None
+
+
+class SendRequest(ActivityContract):
+    """A request for a step (or its undo) within one attempt. `Try` numbers
+    the undo retries inside one attempt: each try gets its own message id and
+    reply event, so duplicate detection drops only true re-sends."""
+
+    InstanceId: str
+    Step: str
+    Action: Literal["do", "undo"] = "do"
+    Try: int = 0
+    Deadline: AwareDatetime
+    Payload: dict = Field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        return "do" if self.Action == "do" else f"undo-{self.Try}"
+
+
+class StatusNote(ActivityContract):
+    InstanceId: str
+    ReplyTo: str
+    Status: StatusKind
+    Step: str | None = None
+    Detail: str | None = None
+
+
+class AlertNote(ActivityContract):
+    Kind: str
+    OrderID: str
+    Reason: str
+
+
+class WorkflowResult(ActivityContract):
+    Outcome: Literal["processed", "failed", "compensated", "compensation_failed", "timed_out", "stale"]
+    Step: str | None = None
+    Detail: str | None = None
+
+
+def reply_from_event(value) -> AgentReply:
+    """External event payloads arrive as a dict or as its JSON string."""
+    if isinstance(value, str):
+        return AgentReply.model_validate_json(value)
+    return AgentReply.model_validate(value)

@@ -1,0 +1,51 @@
+"""Durable and trigger wiring of the Scheduler: the orchestration, the starter
+timer and the reply bridge. Each function is thin: decode, call, settle."""
+
+from __future__ import annotations
+
+import logging
+
+import azure.durable_functions as df
+import azure.functions as func
+import azurefunctions.extensions.bindings.servicebus as servicebus
+
+import bootstrap
+from adapters.settlement import message_body, settle
+from orchestrators.order_workflow import WORKFLOW_NAME, order_workflow
+from orchestrators.reply_bridge import bridge_reply
+
+AGENT_RESPONSES_QUEUE = "agent-responses"
+
+bp = df.Blueprint()
+log = logging.getLogger(__name__)
+
+
+@bp.function_name(WORKFLOW_NAME)
+@bp.orchestration_trigger(context_name="context")
+def order_workflow_orchestrator(context: df.DurableOrchestrationContext):
+    return (yield from order_workflow(context))
+
+
+@bp.function_name("starter")
+@bp.timer_trigger(arg_name="timer", schedule="%STARTER_SCHEDULE%", run_on_startup=False)
+@bp.durable_client_input(client_name="client")
+async def starter(timer: func.TimerRequest, client: df.DurableOrchestrationClient) -> None:
+    start = await bootstrap.starter()
+    await start.run(client)
+
+
+@bp.function_name("reply_bridge")
+@bp.service_bus_queue_trigger(
+    arg_name="message",
+    queue_name=AGENT_RESPONSES_QUEUE,
+    connection="ServiceBusConnection",
+    auto_complete_messages=False,
+)
+@bp.durable_client_input(client_name="client")
+async def reply_bridge(
+    message: servicebus.ServiceBusReceivedMessage,
+    message_actions: servicebus.ServiceBusMessageActions,
+    client: df.DurableOrchestrationClient,
+) -> None:
+    outcome = await bridge_reply(message_body(message), client, await bootstrap.alerts())
+    settle(message, message_actions, outcome)
