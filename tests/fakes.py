@@ -75,19 +75,26 @@ class FakeStateStore:
         return [r for r in records if sm.is_claimable(r, now)][:max_items]
 
     async def query_expired(self, now, window_start, max_items, continuation):
+        """Like Cosmos' ORDER BY continuation: resumes after the last sort key
+        returned, so records changed since then simply drop out."""
         records = sorted(
             (
                 (OrderState.model_validate(d), e)
                 for d, e in self.docs.values()
                 if d["ProcessState"] == ProcessState.PROCESSING.value
             ),
-            key=lambda pair: pair[0].CompleteBy,
+            key=lambda pair: (pair[0].CompleteBy, pair[0].id),
         )
         hits = [p for p in records if window_start <= p[0].CompleteBy < now]
-        start = int(continuation or 0)
-        page = hits[start : start + max_items]
-        nxt = str(start + max_items) if start + max_items < len(hits) else None
-        return page, nxt
+        if continuation:
+            at, _, last_id = continuation.partition("|")
+            after = (datetime.fromisoformat(at), last_id)
+            hits = [p for p in hits if (p[0].CompleteBy, p[0].id) > after]
+        page = hits[:max_items]
+        if len(hits) <= max_items:
+            return page, None
+        last = page[-1][0]
+        return page, f"{last.CompleteBy.isoformat()}|{last.id}"
 
     async def count_in_state(self, state) -> int:
         return sum(1 for d, _ in self.docs.values() if d["ProcessState"] == str(state))

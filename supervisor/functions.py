@@ -1,0 +1,15 @@
+"""The Supervisor's timer trigger (a singleton across hosts, like every timer)."""
+
+from __future__ import annotations
+
+import azure.functions as func
+import bootstrap
+
+bp = func.Blueprint()
+
+
+@bp.function_name("supervisor")
+@bp.timer_trigger(arg_name="timer", schedule="%SUPERVISOR_SCHEDULE%", run_on_startup=False)
+async def supervisor(timer: func.TimerRequest) -> None:
+    run = await bootstrap.supervisor()
+    await run.run()

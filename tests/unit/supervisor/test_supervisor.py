@@ -1,0 +1,120 @@
+"""Supervisor decisions with fakes behind the project's ports; the same runs
+against the real Cosmos server are in tests/integration/supervisor."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from domain import state_machine as sm
+from domain.errors import StaleError
+from domain.models import OrderSubmitted, ProcessState
+from reporting import Alerts, StatusReporter
+from supervisor.supervisor import Supervisor
+from tests.fakes import FakeStateStore, RecordingPublisher
+from tests.unit.domain.conftest import STEPS, order_payload
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+POLICY = sm.RetryPolicy(threshold=2, long_retries=1, long_delay=timedelta(hours=1),
+                        claim_timeout=timedelta(seconds=60))
+
+
+class MemoryCheckpoints:
+    def __init__(self):
+        self.value = None
+
+    async def load(self):
+        return self.value
+
+    async def save(self, checkpoint):
+        self.value = checkpoint
+
+
+class Rig:
+    def __init__(self, page_size=10, slack=timedelta(seconds=5)):
+        self.now = T0
+        self.store, self.bus, self.checkpoints = FakeStateStore(), RecordingPublisher(), MemoryCheckpoints()
+        self.sup = Supervisor(self.store, self.checkpoints, StatusReporter(self.bus), Alerts(self.bus),
+                              POLICY, page_size, slack=slack, clock=lambda: self.now)
+
+    async def add(self, order_id: str, claimed_at: datetime) -> None:
+        order = OrderSubmitted.model_validate(order_payload(OrderID=order_id))
+        record = sm.claim(sm.new_record(order, claimed_at, STEPS), claimed_at, POLICY)
+        await self.store.create_if_absent(record)
+
+    async def state(self, order_id):
+        return (await self.store.read(order_id))[0]
+
+
+async def test_expired_record_goes_back_to_pending():
+    rig = Rig()
+    await rig.add("A", T0)
+    rig.now = T0 + timedelta(minutes=5)
+    report = await rig.sup.run()
+    assert (report.examined, report.recovered) == (1, 1)
+    record = await rig.state("A")
+    assert record.ProcessState is ProcessState.PENDING and record.FailureCount == 1
+
+
+async def test_live_attempt_is_left_alone_within_slack():
+    rig = Rig(slack=timedelta(seconds=30))
+    await rig.add("A", T0)
+    rig.now = T0 + timedelta(seconds=80)  # 20 s past CompleteBy, inside the slack
+    report = await rig.sup.run()
+    assert report.examined == 0
+    assert (await rig.state("A")).ProcessState is ProcessState.PROCESSING
+
+
+async def test_budget_ends_in_error_with_alert_and_failed_status():
+    rig = Rig()
+    await rig.add("A", T0)
+    outcomes = []
+    for _ in range(5):
+        record = await rig.state("A")
+        if record.ProcessState is ProcessState.ERROR:
+            break
+        rig.now = max(rig.now, record.NotBefore or rig.now) + timedelta(seconds=1)
+        if record.ProcessState is ProcessState.PENDING:
+            assert await rig.store.claim("A", rig.now, POLICY) is not None
+        rig.now += timedelta(minutes=5)
+        report = await rig.sup.run()
+        outcomes.append((report.recovered, report.long_retry, report.failed))
+    assert outcomes == [(1, 0, 0), (0, 1, 0), (0, 0, 1)]
+    record = await rig.state("A")
+    assert record.FailureCount == POLICY.max_failures
+    assert [json.loads(b)["Kind"] for b in rig.bus.to("alerts")] == ["OrderError"]
+    assert [json.loads(b)["Status"] for b in rig.bus.to("replies-webshop")] == ["Failed"]
+
+
+async def test_pages_resume_with_checkpoint_and_cost_is_bounded():
+    rig = Rig(page_size=3)
+    for i in range(8):
+        await rig.add(f"O{i}", T0 + timedelta(seconds=i))
+    rig.now = T0 + timedelta(minutes=10)
+    seen = []
+    for _ in range(3):
+        report = await rig.sup.run()
+        assert report.examined <= 3
+        seen.append(report.examined)
+    assert seen == [3, 3, 2]
+    states = [(await rig.state(f"O{i}")).ProcessState for i in range(8)]
+    assert states == [ProcessState.PENDING] * 8
+    assert rig.checkpoints.value is None  # pass finished
+
+
+async def test_record_recovered_by_another_supervisor_is_skipped():
+    rig = Rig()
+    await rig.add("A", T0)
+    rig.now = T0 + timedelta(minutes=5)
+    other = Supervisor(rig.store, MemoryCheckpoints(), StatusReporter(rig.bus), Alerts(rig.bus),
+                       POLICY, 10, clock=lambda: rig.now)
+    page, _ = await rig.store.query_expired(rig.now, T0 - timedelta(days=1), 10, None)
+    await other.run()
+    # acting on what was read before the other supervisor wrote is refused
+    record, _ = page[0]
+    with pytest.raises(StaleError):
+        await rig.store.update("A", lambda r: sm.recover_expired(r, record.LockedBy, rig.now, POLICY),
+                               record.LockedBy)
+    assert (await rig.state("A")).FailureCount == 1
