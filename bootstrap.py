@@ -1,0 +1,154 @@
+"""The composition root: builds the real adapters from settings, once per
+process and event loop, and hands them to the use cases the triggers call.
+
+Async SDK clients are bound to the event loop that created them, so the
+container is cached per running loop (the Functions worker has one; tests
+have one per test)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import weakref
+from dataclasses import dataclass
+
+import aiohttp
+
+from adapters.checkpoints import CosmosCheckpointStore
+from adapters.cosmos_client import (
+    RequestCharges,
+    build_client,
+    ensure_orders_container,
+    ensure_state_container,
+)
+from adapters.orders_db import CosmosOrdersRepository
+from adapters.servicebus import ServiceBusPublisher, servicebus_client
+from adapters.settings import Settings, settings
+from adapters.state_store import CosmosStateStore
+from agents.agent import Agent
+from agents.ports import SystemClock
+from agents.remote_client import HttpRemoteService
+from agents.steps import STEP_NAMES
+from reporting import Alerts, StatusReporter
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Container:
+    settings: Settings
+    store: CosmosStateStore
+    orders: CosmosOrdersRepository
+    publisher: ServiceBusPublisher
+    agent: Agent
+    charges: RequestCharges
+    state_container: object
+
+
+_containers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Future] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _step_modes() -> dict[str, str]:
+    """INLINE_STEPS names the steps run as in-app activities instead of
+    through the agent-requests queue (both agent paths exist; the article
+    allows either)."""
+    names = [n.strip() for n in os.environ.get("INLINE_STEPS", "").split(",") if n.strip()]
+    unknown = set(names) - set(STEP_NAMES)
+    if unknown:
+        raise ValueError(f"INLINE_STEPS names unknown steps: {sorted(unknown)}")
+    return {name: "inline" for name in names}
+
+
+async def _build() -> Container:
+    cfg = settings()
+    charges = RequestCharges()
+    state_client = build_client(cfg.state_account)
+    orders_client = (
+        state_client if cfg.orders_account == cfg.state_account else build_client(cfg.orders_account)
+    )
+    if os.environ.get("COSMOS_CREATE_CONTAINERS", "false").lower() == "true":
+        # Local stack only; in Azure the Bicep templates create them.
+        state = await ensure_state_container(state_client, cfg.state_database, cfg.state_container)
+        orders = await ensure_orders_container(orders_client, cfg.orders_database, cfg.orders_container)
+    else:
+        state = state_client.get_database_client(cfg.state_database).get_container_client(
+            cfg.state_container
+        )
+        orders = orders_client.get_database_client(cfg.orders_database).get_container_client(
+            cfg.orders_container
+        )
+    session = aiohttp.ClientSession()
+    agent = Agent(
+        HttpRemoteService(session, os.environ.get("REMOTE_SERVICE_URL", "http://127.0.0.1:7081")),
+        SystemClock(),
+    )
+    return Container(
+        settings=cfg,
+        store=CosmosStateStore(state, charges),
+        orders=CosmosOrdersRepository(orders, charges),
+        publisher=ServiceBusPublisher(servicebus_client(cfg.servicebus)),
+        agent=agent,
+        charges=charges,
+        state_container=state,
+    )
+
+
+async def container() -> Container:
+    loop = asyncio.get_running_loop()
+    future = _containers.get(loop)
+    if future is None:
+        future = loop.create_future()
+        _containers[loop] = future
+        try:
+            future.set_result(await _build())
+        except BaseException as exc:
+            _containers.pop(loop, None)
+            future.set_exception(exc)
+            raise
+    return await future
+
+
+async def submit_handler():
+    from submit.handler import SubmitHandler
+
+    c = await container()
+    return SubmitHandler(
+        c.settings, c.store, c.orders, StatusReporter(c.publisher), Alerts(c.publisher), list(STEP_NAMES)
+    )
+
+
+async def scheduler_activities():
+    from activities.scheduler_activities import SchedulerActivities
+
+    c = await container()
+    return SchedulerActivities(
+        c.settings, c.store, c.orders, c.publisher, STEP_NAMES, c.agent, _step_modes()
+    )
+
+
+async def starter():
+    from orchestrators.starter import Starter
+
+    c = await container()
+    return Starter(c.settings, c.store)
+
+
+async def alerts() -> Alerts:
+    return Alerts((await container()).publisher)
+
+
+async def supervisor():
+    from supervisor.supervisor import Supervisor
+
+    c = await container()
+    return Supervisor(
+        c.store,
+        CosmosCheckpointStore(c.state_container, c.charges),
+        StatusReporter(c.publisher),
+        Alerts(c.publisher),
+        c.settings.retry,
+        c.settings.supervisor_page_size,
+    )
