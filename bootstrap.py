@@ -23,6 +23,8 @@ from adapters.cosmos_client import (
     ensure_state_container,
 )
 from adapters.orders_db import CosmosOrdersRepository
+from adapters.ports import NoIndex
+from adapters.recovery_index import CosmosRecoveryIndex, ensure_index_container
 from adapters.servicebus import ServiceBusPublisher, servicebus_client
 from adapters.settings import Settings, settings
 from adapters.state_store import CosmosStateStore
@@ -44,6 +46,7 @@ class Container:
     agent: Agent
     charges: RequestCharges
     state_container: object
+    index: object
 
 
 _containers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Future] = (
@@ -80,6 +83,16 @@ async def _build() -> Container:
         orders = orders_client.get_database_client(cfg.orders_database).get_container_client(
             cfg.orders_container
         )
+    index = NoIndex()
+    if cfg.supervisor_scan == "index":
+        index_container = (
+            await ensure_index_container(state_client, cfg.state_database, cfg.recovery_index_container)
+            if os.environ.get("COSMOS_CREATE_CONTAINERS", "false").lower() == "true"
+            else state_client.get_database_client(cfg.state_database).get_container_client(
+                cfg.recovery_index_container
+            )
+        )
+        index = CosmosRecoveryIndex(index_container, charges)
     session = aiohttp.ClientSession()
     agent = Agent(
         HttpRemoteService(session, os.environ.get("REMOTE_SERVICE_URL", "http://127.0.0.1:7081")),
@@ -93,6 +106,7 @@ async def _build() -> Container:
         agent=agent,
         charges=charges,
         state_container=state,
+        index=index,
     )
 
 
@@ -125,7 +139,7 @@ async def scheduler_activities():
 
     c = await container()
     return SchedulerActivities(
-        c.settings, c.store, c.orders, c.publisher, STEP_NAMES, c.agent, _step_modes()
+        c.settings, c.store, c.orders, c.publisher, STEP_NAMES, c.agent, _step_modes(), c.index
     )
 
 
@@ -133,7 +147,7 @@ async def starter():
     from orchestrators.starter import Starter
 
     c = await container()
-    return Starter(c.settings, c.store)
+    return Starter(c.settings, c.store, c.index)
 
 
 async def alerts() -> Alerts:
@@ -141,12 +155,17 @@ async def alerts() -> Alerts:
 
 
 async def supervisor():
+    from supervisor.sources import IndexSource, QuerySource
     from supervisor.supervisor import Supervisor
 
     c = await container()
+    source = (
+        IndexSource(c.index, c.store) if c.settings.supervisor_scan == "index" else QuerySource(c.store)
+    )
     return Supervisor(
         c.store,
-        CosmosCheckpointStore(c.state_container, c.charges),
+        source,
+        CosmosCheckpointStore(c.state_container, c.charges, f"supervisor-{c.settings.supervisor_scan}"),
         StatusReporter(c.publisher),
         Alerts(c.publisher),
         c.settings.retry,

@@ -16,7 +16,7 @@ import logging
 from collections.abc import Callable
 from datetime import UTC, datetime
 
-from adapters.ports import MessagePublisher, OrdersRepository, StateStore
+from adapters.ports import DeadlineIndex, MessagePublisher, NoIndex, OrdersRepository, StateStore
 from adapters.settings import Settings
 from domain import state_machine as sm
 from domain.codec import encode
@@ -65,6 +65,7 @@ class SchedulerActivities:
         step_names: list[str] | tuple[str, ...],
         inline_agent=None,
         step_modes: dict[str, str] | None = None,
+        index: DeadlineIndex | None = None,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
         self._settings = settings
@@ -76,6 +77,7 @@ class SchedulerActivities:
         self._step_names = list(step_names)
         self._inline_agent = inline_agent
         self._step_modes = step_modes or {}
+        self._index = index or NoIndex()
         self._clock = clock
 
     # --- reading ------------------------------------------------------------------------
@@ -133,8 +135,10 @@ class SchedulerActivities:
         return kinds[write.Kind]
 
     async def write_state(self, write: StateWrite) -> WriteResult:
-        order_id, _ = parse_attempt_instance_id(write.InstanceId)
+        order_id, attempt = parse_attempt_instance_id(write.InstanceId)
         now = self._clock()
+        if write.Kind == "start_step" and write.Deadline is not None:
+            await self._index.add(order_id, write.Deadline, attempt)
         try:
             record, _ = await self._store.update(
                 order_id, self._transition(write, now), write.InstanceId

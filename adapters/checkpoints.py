@@ -6,13 +6,10 @@ re-scan a page, which the conditional recovery makes harmless."""
 
 from __future__ import annotations
 
-from datetime import datetime
-
 from azure.cosmos.aio import ContainerProxy
 
 from adapters.cosmos_client import SDK_ERRORS, RequestCharges, translate_error
 from domain.errors import NotFoundError
-from supervisor.supervisor import Checkpoint
 
 
 class CosmosCheckpointStore:
@@ -21,7 +18,7 @@ class CosmosCheckpointStore:
         self._charges = charges
         self._id = f"_checkpoint-{name}"
 
-    async def load(self) -> Checkpoint | None:
+    async def load(self) -> str | None:
         try:
             doc = await self._container.read_item(
                 self._id, partition_key=self._id, response_hook=self._charges.hook("checkpoint_read")
@@ -31,22 +28,10 @@ class CosmosCheckpointStore:
             if isinstance(error, NotFoundError):
                 return None
             raise error from exc
-        if not doc.get("Upper"):
-            return None
-        return Checkpoint(
-            upper=datetime.fromisoformat(doc["Upper"]),
-            window_start=datetime.fromisoformat(doc["WindowStart"]),
-            continuation=doc.get("Continuation"),
-        )
+        return doc.get("Cursor")
 
-    async def save(self, checkpoint: Checkpoint | None) -> None:
-        body = {"id": self._id, "Upper": None, "WindowStart": None, "Continuation": None}
-        if checkpoint is not None:
-            body.update(
-                Upper=checkpoint.upper.isoformat(),
-                WindowStart=checkpoint.window_start.isoformat(),
-                Continuation=checkpoint.continuation,
-            )
+    async def save(self, cursor: str | None) -> None:
+        body = {"id": self._id, "Cursor": cursor}
         try:
             await self._container.upsert_item(body, response_hook=self._charges.hook("checkpoint_write"))
         except SDK_ERRORS as exc:

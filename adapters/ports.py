@@ -60,3 +60,16 @@ class MessagePublisher(Protocol):
         message_id: str,
         application_properties: dict[str, str] | None = None,
     ) -> None: ...
+
+
+class DeadlineIndex(Protocol):
+    """Told about every CompleteBy before the record gets it (the recovery
+    index, adapters.recovery_index); `NoIndex` when the Supervisor uses the
+    state container's own query."""
+
+    async def add(self, order_id: str, complete_by: datetime, attempt: int) -> None: ...
+
+
+class NoIndex:
+    async def add(self, order_id: str, complete_by: datetime, attempt: int) -> None:
+        return None

@@ -68,6 +68,7 @@ class Settings:
     step_timeout: timedelta = timedelta(seconds=60)
     starter_batch_size: int = 50
     supervisor_page_size: int = 100
+    supervisor_scan: str = "query"
     retry: RetryPolicy = field(default_factory=RetryPolicy)
 
 
@@ -93,6 +94,13 @@ def _bool(env: Mapping[str, str], name: str, default: bool) -> bool:
     if raw.lower() in ("0", "false", "no"):
         return False
     raise SettingsError(f"setting {name} must be true or false, got {raw!r}")
+
+
+def _choice(env: Mapping[str, str], name: str, allowed: tuple[str, ...], default: str) -> str:
+    value = env.get(name) or default
+    if value not in allowed:
+        raise SettingsError(f"setting {name} must be one of {', '.join(allowed)}, got {value!r}")
+    return value
 
 
 def parse_connection_string(value: str) -> dict[str, str]:
@@ -179,6 +187,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         step_timeout=timedelta(seconds=_int(env, "STEP_TIMEOUT_SECONDS", 60, 1)),
         starter_batch_size=_int(env, "STARTER_BATCH_SIZE", 50, 1),
         supervisor_page_size=_int(env, "SUPERVISOR_PAGE_SIZE", 100, 1),
+        supervisor_scan=_choice(env, "SUPERVISOR_SCAN", ("query", "index"), "query"),
         retry=retry,
     )
 

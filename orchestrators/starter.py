@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from adapters.ports import StateStore
+from adapters.ports import DeadlineIndex, NoIndex, StateStore
 from adapters.settings import Settings
 from domain.models import ProcessState
 from orchestrators.order_workflow import WORKFLOW_NAME
@@ -53,10 +53,12 @@ class Starter:
         self,
         settings: Settings,
         store: StateStore,
+        index: DeadlineIndex | None = None,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
         self._settings = settings
         self._store = store
+        self._index = index or NoIndex()
         self._clock = clock
 
     async def run(self, client) -> StarterReport:
@@ -73,6 +75,11 @@ class Starter:
             return report
         for record in await self._store.query_pending(batch, now):
             report.examined += 1
+            # The deadline is indexed before the record carries it (see
+            # adapters.recovery_index): a lost claim leaves a harmless extra entry.
+            await self._index.add(
+                record.id, now + self._settings.retry.claim_timeout, record.Attempt + 1
+            )
             claimed = await self._store.claim(record.id, now, self._settings.retry)
             if claimed is None:
                 report.lost += 1  # another starter (or the fast path) won the etag

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import azure.functions as func
+
 import bootstrap
 
 bp = func.Blueprint()

@@ -1,11 +1,9 @@
 """One Supervisor run: a bounded page of expired Processing records.
 
-Bounded cost (invariant 6): each run reads at most `page_size` records. A scan
-pass fixes its upper bound (`now - slack`) and window start when it begins and
-keeps them in the checkpoint with the continuation token, because a Cosmos
-continuation token is only valid for the exact query that produced it; the
-next run resumes the pass, possibly in another process, and a new pass starts
-when the token runs out.
+Bounded cost (invariant 6): each run reads at most `page_size` candidates from
+its source (supervisor.sources: the state container's query, or the recovery
+index) and saves the source's cursor as its checkpoint, so the next run —
+possibly in another process — resumes where this one stopped.
 
 Safe with several supervisors at once: each recovery is a conditional update
 that requires the LockedBy value read (and the etag), so one expiry is
@@ -29,25 +27,26 @@ from domain import state_machine as sm
 from domain.errors import NotFoundError, StaleError
 from domain.models import ProcessState, StatusKind
 from reporting import Alerts, StatusReporter
+from supervisor.sources import Candidate
 
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class Checkpoint:
-    upper: datetime
-    window_start: datetime
-    continuation: str | None
-
-
 class CheckpointStore(Protocol):
-    async def load(self) -> Checkpoint | None: ...
+    async def load(self) -> str | None: ...
 
-    async def save(self, checkpoint: Checkpoint | None) -> None: ...
+    async def save(self, cursor: str | None) -> None: ...
+
+
+class ExpiredSource(Protocol):
+    async def page(
+        self, upper: datetime, max_items: int, cursor: str | None
+    ) -> tuple[list[Candidate], str | None, int]: ...
 
 
 @dataclass
 class SupervisorReport:
+    read: int = 0
     examined: int = 0
     recovered: int = 0
     long_retry: int = 0
@@ -61,46 +60,39 @@ class Supervisor:
     def __init__(
         self,
         store: StateStore,
+        source: ExpiredSource,
         checkpoints: CheckpointStore,
         status: StatusReporter,
         alerts: Alerts,
         policy: sm.RetryPolicy,
         page_size: int,
-        window: timedelta = timedelta(days=7),
         slack: timedelta = timedelta(seconds=5),
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
         self._store = store
+        self._source = source
         self._checkpoints = checkpoints
         self._status = status
         self._alerts = alerts
         self._policy = policy
         self._page_size = page_size
-        self._window = window
         self._slack = slack
         self._clock = clock
 
     async def run(self) -> SupervisorReport:
         now = self._clock()
-        checkpoint = await self._checkpoints.load()
-        if checkpoint is None:
-            upper = now - self._slack
-            checkpoint = Checkpoint(upper, upper - self._window, None)
-        page, continuation = await self._store.query_expired(
-            checkpoint.upper, checkpoint.window_start, self._page_size, checkpoint.continuation
-        )
-        report = SupervisorReport()
-        for record, _etag in page:
+        cursor = await self._checkpoints.load()
+        candidates, cursor, read = await self._source.page(now - self._slack, self._page_size, cursor)
+        report = SupervisorReport(read=read)
+        for candidate in candidates:
             report.examined += 1
-            await self._recover(record.id, record.LockedBy, now, report)
-        if continuation is None:
-            report.pass_finished = True
-            await self._checkpoints.save(None)
-        else:
-            await self._checkpoints.save(Checkpoint(checkpoint.upper, checkpoint.window_start, continuation))
+            await self._recover(candidate.record.id, candidate.record.LockedBy, now, report)
+            await candidate.done()
+        report.pass_finished = cursor is None
+        await self._checkpoints.save(cursor)
         log.info(
-            "supervisor: examined=%d recovered=%d long_retry=%d failed=%d skipped=%d",
-            report.examined, report.recovered, report.long_retry, report.failed, report.skipped,
+            "supervisor: read=%d examined=%d recovered=%d long_retry=%d failed=%d skipped=%d",
+            report.read, report.examined, report.recovered, report.long_retry, report.failed, report.skipped,
             extra={"custom_dimensions": {k: v for k, v in report.__dict__.items() if k != "failed_orders"}},
         )
         return report

@@ -12,6 +12,7 @@ from domain import state_machine as sm
 from domain.errors import StaleError
 from domain.models import OrderSubmitted, ProcessState
 from reporting import Alerts, StatusReporter
+from supervisor.sources import QuerySource
 from supervisor.supervisor import Supervisor
 from tests.fakes import FakeStateStore, RecordingPublisher
 from tests.unit.domain.conftest import STEPS, order_payload
@@ -36,8 +37,8 @@ class Rig:
     def __init__(self, page_size=10, slack=timedelta(seconds=5)):
         self.now = T0
         self.store, self.bus, self.checkpoints = FakeStateStore(), RecordingPublisher(), MemoryCheckpoints()
-        self.sup = Supervisor(self.store, self.checkpoints, StatusReporter(self.bus), Alerts(self.bus),
-                              POLICY, page_size, slack=slack, clock=lambda: self.now)
+        self.sup = Supervisor(self.store, QuerySource(self.store), self.checkpoints, StatusReporter(self.bus),
+                              Alerts(self.bus), POLICY, page_size, slack=slack, clock=lambda: self.now)
 
     async def add(self, order_id: str, claimed_at: datetime) -> None:
         order = OrderSubmitted.model_validate(order_payload(OrderID=order_id))
@@ -108,8 +109,8 @@ async def test_record_recovered_by_another_supervisor_is_skipped():
     rig = Rig()
     await rig.add("A", T0)
     rig.now = T0 + timedelta(minutes=5)
-    other = Supervisor(rig.store, MemoryCheckpoints(), StatusReporter(rig.bus), Alerts(rig.bus),
-                       POLICY, 10, clock=lambda: rig.now)
+    other = Supervisor(rig.store, QuerySource(rig.store), MemoryCheckpoints(), StatusReporter(rig.bus),
+                       Alerts(rig.bus), POLICY, 10, clock=lambda: rig.now)
     page, _ = await rig.store.query_expired(rig.now, T0 - timedelta(days=1), 10, None)
     await other.run()
     # acting on what was read before the other supervisor wrote is refused

@@ -1,0 +1,151 @@
+"""The recovery index: where the Supervisor finds expired attempts without a
+cross-partition scan of the state container.
+
+Why: the state container is partitioned by OrderID, so "Processing and
+CompleteBy < now" fans out to every physical partition and its cost grows with
+the number of records, however small the page. The index is a second container
+(`recoveryIndex`) partitioned by deadline bucket (`/bucket`, CompleteBy floored
+to BUCKET_SECONDS): the Supervisor reads the buckets that have passed, one
+single-partition query each, so a run reads about as many documents as there
+are deadlines that passed in its window — flat as the number of records grows.
+
+Kept in step by the writers, not the change feed: whoever sets a CompleteBy
+(the Starter's claim, the orchestration's start_step) adds the entry *before*
+the record write. A crash between the two leaves an entry with no matching
+deadline, which the Supervisor discards when it visits it; never a deadline
+with no entry. Entries for deadlines that were met (or replaced by the next
+step's) are discarded the same way, so the index costs one upsert per deadline
+and one delete per visit.
+
+Entry: {"id": "<OrderID>|<CompleteBy>", "bucket": "<yyyy-mm-ddThh:mm>",
+"OrderID", "CompleteBy", "Attempt"}. The cursor the Supervisor saves is the
+(bucket, last id) it reached: opaque, and valid in any process."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+from azure.cosmos import PartitionKey
+from azure.cosmos.aio import ContainerProxy, CosmosClient
+
+from adapters.cosmos_client import SDK_ERRORS, RequestCharges, translate_error
+from domain.errors import NotFoundError
+
+BUCKET_SECONDS = 60
+MAX_BUCKETS_PER_PAGE = 120
+PARTITION_KEY_PATH = "/bucket"
+
+
+def bucket_of(moment: datetime) -> str:
+    moment = moment.astimezone(UTC)
+    floored = moment - timedelta(seconds=moment.second % BUCKET_SECONDS, microseconds=moment.microsecond)
+    return floored.strftime("%Y-%m-%dT%H:%M:%S")
+
+
+def _next_bucket(bucket: str) -> str:
+    start = datetime.strptime(bucket, "%Y-%m-%dT%H:%M:%S").replace(tzinfo=UTC)
+    return bucket_of(start + timedelta(seconds=BUCKET_SECONDS))
+
+
+@dataclass(frozen=True)
+class IndexEntry:
+    id: str
+    bucket: str
+    order_id: str
+    complete_by: datetime
+    attempt: int
+
+
+async def ensure_index_container(client: CosmosClient, database: str, container: str) -> ContainerProxy:
+    """Local/dev only; in Azure the Bicep templates create it."""
+    db = await client.create_database_if_not_exists(database)
+    return await db.create_container_if_not_exists(id=container, partition_key=PartitionKey(path=PARTITION_KEY_PATH))
+
+
+class CosmosRecoveryIndex:
+    def __init__(self, container: ContainerProxy, charges: RequestCharges | None = None) -> None:
+        self._container = container
+        self.charges = charges if charges is not None else RequestCharges()
+
+    async def add(self, order_id: str, complete_by: datetime, attempt: int) -> None:
+        at = complete_by.astimezone(UTC).isoformat()
+        body = {
+            "id": f"{order_id}|{at}",
+            "bucket": bucket_of(complete_by),
+            "OrderID": order_id,
+            "CompleteBy": at,
+            "Attempt": attempt,
+        }
+        try:
+            await self._container.upsert_item(body, response_hook=self.charges.hook("index_add"))
+        except SDK_ERRORS as exc:
+            raise translate_error(exc, f"index deadline of {order_id}", self.charges, "index_add") from exc
+
+    async def remove(self, entry: IndexEntry) -> None:
+        try:
+            await self._container.delete_item(
+                entry.id, partition_key=entry.bucket, response_hook=self.charges.hook("index_remove")
+            )
+        except SDK_ERRORS as exc:
+            error = translate_error(exc, f"remove index entry {entry.id}", self.charges, "index_remove")
+            if not isinstance(error, NotFoundError):
+                raise error from exc
+
+    async def earliest_bucket(self) -> str | None:
+        """Where a first scan starts. Cross-partition, but over live deadlines
+        only (entries are removed as they are visited), and once per
+        supervisor lifetime, when it has no checkpoint yet."""
+        try:
+            values = [
+                v
+                async for v in self._container.query_items(
+                    "SELECT VALUE MIN(c.bucket) FROM c",
+                    enable_cross_partition_query=True,
+                    response_hook=self.charges.hook("index_query"),
+                )
+            ]
+        except SDK_ERRORS as exc:
+            raise translate_error(exc, "find the earliest index bucket", self.charges, "index_query") from exc
+        values = [v for v in values if v]
+        return min(values) if values else None
+
+    async def page(
+        self, upper: datetime, bucket: str, after: str, max_items: int
+    ) -> tuple[list[IndexEntry], str, str, bool]:
+        """Entries from (bucket, after) on, in bucket then id order, up to the
+        bucket of `upper`; at most `max_items` entries and MAX_BUCKETS_PER_PAGE
+        buckets. Returns (entries, bucket, after) to resume from, and whether
+        the bucket of `upper` was read to its end."""
+        last = bucket_of(upper)
+        out: list[IndexEntry] = []
+        visited = 0
+        while len(out) < max_items and visited < MAX_BUCKETS_PER_PAGE:
+            visited += 1
+            want = max_items - len(out)
+            try:
+                docs = [
+                    doc
+                    async for doc in self._container.query_items(
+                        "SELECT TOP @n * FROM c WHERE c.bucket = @b AND c.id > @after ORDER BY c.id",
+                        parameters=[
+                            {"name": "@n", "value": want},
+                            {"name": "@b", "value": bucket},
+                            {"name": "@after", "value": after},
+                        ],
+                        partition_key=bucket,
+                        response_hook=self.charges.hook("index_query"),
+                    )
+                ]
+            except SDK_ERRORS as exc:
+                raise translate_error(exc, f"read index bucket {bucket}", self.charges, "index_query") from exc
+            out.extend(
+                IndexEntry(d["id"], d["bucket"], d["OrderID"], datetime.fromisoformat(d["CompleteBy"]), d["Attempt"])
+                for d in docs
+            )
+            if len(docs) == want:
+                return out, bucket, docs[-1]["id"], False
+            if bucket >= last:
+                return out, bucket, "", True
+            bucket, after = _next_bucket(bucket), ""
+        return out, bucket, after, False

@@ -1,0 +1,97 @@
+"""Where a Supervisor run gets its page of expired attempts.
+
+- `QuerySource`: the state container's own query (ProcessState = Processing
+  AND CompleteBy in a window, keyset-paged). Simple; its cost grows with the
+  container because the query fans out to every partition. For small
+  deployments (SUPERVISOR_SCAN=query, the default).
+- `IndexSource`: the recovery index (adapters.recovery_index), read bucket by
+  bucket with single-partition queries; flat cost as records grow
+  (SUPERVISOR_SCAN=index).
+
+Both return `Candidate`s: a record as read, with the etag and what to do once
+it has been handled (`done`, which removes an index entry)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from adapters.ports import StateStore
+from adapters.recovery_index import CosmosRecoveryIndex, IndexEntry, bucket_of
+from domain.errors import NotFoundError
+from domain.models import OrderState, ProcessState
+
+
+async def _nothing() -> None:
+    return None
+
+
+@dataclass
+class Candidate:
+    record: OrderState
+    etag: str
+    done: Callable[[], Awaitable[None]] = _nothing
+
+
+class QuerySource:
+    """Pages the state container; the cursor is the store's keyset token plus
+    the pass's fixed bounds (a pass keeps its bounds until it ends)."""
+
+    def __init__(self, store: StateStore, window: timedelta = timedelta(days=7)) -> None:
+        self._store = store
+        self._window = window
+
+    async def page(self, upper: datetime, max_items: int, cursor: str | None):
+        state = json.loads(cursor) if cursor else {"upper": upper.isoformat(), "token": None}
+        pass_upper = datetime.fromisoformat(state["upper"])
+        page, token = await self._store.query_expired(
+            pass_upper, pass_upper - self._window, max_items, state["token"]
+        )
+        candidates = [Candidate(record, etag) for record, etag in page]
+        next_cursor = None if token is None else json.dumps({"upper": state["upper"], "token": token})
+        return candidates, next_cursor, len(page)
+
+
+class IndexSource:
+    """Reads the recovery index up to `upper` and checks each entry against
+    its record: entries whose deadline is no longer the record's (met, or
+    replaced by a later step's) are discarded; entries not yet due stay."""
+
+    def __init__(self, index: CosmosRecoveryIndex, store: StateStore) -> None:
+        self._index = index
+        self._store = store
+
+    async def page(self, upper: datetime, max_items: int, cursor: str | None):
+        if cursor:
+            bucket, after = json.loads(cursor)
+        else:
+            bucket, after = (await self._index.earliest_bucket()) or bucket_of(upper), ""
+        entries, bucket, after, reached_end = await self._index.page(upper, bucket, after, max_items)
+        candidates: list[Candidate] = []
+        for entry in entries:
+            candidate = await self._check(entry, upper)
+            if candidate is not None:
+                candidates.append(candidate)
+        # A finished pass restarts at the current bucket, which may still fill
+        # up and holds entries not yet due.
+        return candidates, json.dumps([bucket, "" if reached_end else after]), len(entries)
+
+    async def _check(self, entry: IndexEntry, upper: datetime) -> Candidate | None:
+        try:
+            record, etag = await self._store.read(entry.order_id)
+        except NotFoundError:
+            await self._index.remove(entry)
+            return None
+        same_deadline = (
+            record.ProcessState is ProcessState.PROCESSING
+            and record.CompleteBy is not None
+            and record.CompleteBy == entry.complete_by
+        )
+        if not same_deadline:
+            await self._index.remove(entry)
+            return None
+        if record.CompleteBy >= upper:
+            return None  # not due yet: stays for the next pass
+        return Candidate(record, etag, lambda: self._index.remove(entry))
