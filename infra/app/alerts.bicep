@@ -1,0 +1,173 @@
+metadata description = 'Alert rules operators need: orders that ended in Error or CompensationFailed, dead-lettered messages, pending operator alerts, and a growing Pending backlog.'
+
+param location string = resourceGroup().location
+param tags object = {}
+param applicationInsightsId string
+param serviceBusNamespaceId string
+param actionGroupId string
+@description('Alert when the Pending backlog the app reports exceeds this (below PENDING_BACKLOG_LIMIT, where Submit starts rejecting).')
+param pendingBacklogThreshold int
+@description('Alert when more than this many messages wait in the orders queue.')
+param ordersQueueBacklogThreshold int = 1000
+param namePrefix string
+
+// What the queries read (see infra/README.md, "What the alerts read"): the
+// message text of the app's log records, which reaches Application Insights
+// whether or not the worker forwards structured fields.
+//   reporting/alerts.py:     "operator alert <Kind> for order <OrderID>: <reason>"
+//   orchestrators/starter.py: "starter: pending=<n> processing=<n> ..."
+var operatorAlerts = '''traces
+| where message startswith "operator alert "
+| parse message with "operator alert " AlertKind:string " for order " OrderID:string ": " *'''
+var pendingGauge = '''traces
+| where message startswith "starter: pending="
+| parse message with "starter: pending=" Pending:long " processing=" *'''
+
+var logAlerts = [
+  {
+    name: 'order-error'
+    displayName: 'Orders ended in Error'
+    description: 'An order reached Error (a permanent agent failure, or the Supervisor gave up after the retry budget): an OrderError operator alert. List errored orders and resubmit or compensate.'
+    severity: 1
+    query: '${operatorAlerts}\n| where AlertKind == "OrderError"\n| summarize Orders = dcount(OrderID)'
+    measure: 'Orders'
+    threshold: 0
+  }
+  {
+    name: 'order-compensation-failed'
+    displayName: 'Order compensation failed'
+    description: 'An order reached CompensationFailed: a completed step could not be undone and needs an operator.'
+    severity: 0
+    query: '${operatorAlerts}\n| where AlertKind == "CompensationFailed"\n| summarize Orders = dcount(OrderID)'
+    measure: 'Orders'
+    threshold: 0
+  }
+  {
+    name: 'pending-backlog'
+    displayName: 'Pending backlog is high'
+    description: 'The Pending backlog the Starter measures is above the alert threshold; past PENDING_BACKLOG_LIMIT Submit answers Rejected.'
+    severity: 2
+    query: '${pendingGauge}\n| summarize PendingBacklog = max(Pending)'
+    measure: 'PendingBacklog'
+    threshold: pendingBacklogThreshold
+  }
+]
+
+resource logAlertRules 'Microsoft.Insights/scheduledQueryRules@2023-12-01' = [for alert in logAlerts: {
+  name: '${namePrefix}-${alert.name}'
+  location: location
+  tags: tags
+  kind: 'LogAlert'
+  properties: {
+    displayName: alert.displayName
+    description: alert.description
+    severity: alert.severity
+    enabled: true
+    scopes: [
+      applicationInsightsId
+    ]
+    evaluationFrequency: 'PT5M'
+    windowSize: 'PT5M'
+    // The traces table exists only after the app's first log record.
+    skipQueryValidation: true
+    autoMitigate: true
+    criteria: {
+      allOf: [
+        {
+          query: alert.query
+          timeAggregation: 'Maximum'
+          metricMeasureColumn: alert.measure
+          operator: 'GreaterThan'
+          threshold: alert.threshold
+          failingPeriods: {
+            numberOfEvaluationPeriods: 1
+            minFailingPeriodsToAlert: 1
+          }
+        }
+      ]
+    }
+    actions: {
+      actionGroups: [
+        actionGroupId
+      ]
+    }
+  }
+}]
+
+var queueAlerts = [
+  {
+    // One time series per queue (EntityName *): any dead-lettered message is
+    // a malformed or conflicting order, or a poison agent message.
+    name: 'dead-lettered-messages'
+    description: 'Messages are sitting in a dead-letter queue. Inspect the reason and description on each message.'
+    severity: 1
+    metricName: 'DeadletteredMessages'
+    entities: [
+      '*'
+    ]
+    threshold: 0
+  }
+  {
+    name: 'operator-alerts-pending'
+    description: 'OperatorAlert messages wait on the alerts queue.'
+    severity: 2
+    metricName: 'ActiveMessages'
+    entities: [
+      'alerts'
+    ]
+    threshold: 0
+  }
+  {
+    name: 'orders-queue-backlog'
+    description: 'Orders are arriving faster than Submit accepts them.'
+    severity: 2
+    metricName: 'ActiveMessages'
+    entities: [
+      'orders'
+    ]
+    threshold: ordersQueueBacklogThreshold
+  }
+]
+
+resource queueAlertRules 'Microsoft.Insights/metricAlerts@2018-03-01' = [for alert in queueAlerts: {
+  name: '${namePrefix}-${alert.name}'
+  location: 'global'
+  tags: tags
+  properties: {
+    description: alert.description
+    severity: alert.severity
+    enabled: true
+    scopes: [
+      serviceBusNamespaceId
+    ]
+    evaluationFrequency: 'PT5M'
+    windowSize: 'PT5M'
+    autoMitigate: true
+    criteria: {
+      'odata.type': 'Microsoft.Azure.Monitor.SingleResourceMultipleMetricCriteria'
+      allOf: [
+        {
+          criterionType: 'StaticThresholdCriterion'
+          name: alert.name
+          metricNamespace: 'Microsoft.ServiceBus/namespaces'
+          metricName: alert.metricName
+          dimensions: [
+            {
+              name: 'EntityName'
+              operator: 'Include'
+              values: alert.entities
+            }
+          ]
+          operator: 'GreaterThan'
+          threshold: alert.threshold
+          timeAggregation: 'Maximum'
+        }
+      ]
+    }
+    actions: [
+      {
+        actionGroupId: actionGroupId
+      }
+    ]
+  }
+}]

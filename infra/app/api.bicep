@@ -1,0 +1,142 @@
+metadata description = 'The order-processing function app (Python 3.11, Flex Consumption) and its app settings. Every connection is identity-based: no key, SAS or connection string is set.'
+
+import { clientApplication } from '../types.bicep'
+
+param name string
+param planName string
+param location string = resourceGroup().location
+param tags object = {}
+@allowed([512, 2048, 4096])
+param instanceMemoryMB int = 2048
+@minValue(40)
+@maxValue(1000)
+param maximumInstanceCount int = 40
+
+param storageAccountName string
+param deploymentContainerName string
+param applicationInsightsName string
+param serviceBusFullyQualifiedNamespace string
+param cosmosEndpoint string
+@description('Endpoint of the account holding the orders database; equal to cosmosEndpoint when both share one account.')
+param ordersCosmosEndpoint string
+param clientApplications clientApplication[]
+@description('Base URL of the remote service the agents call.')
+param remoteServiceUrl string
+
+param taskHubName string
+param stateDatabaseName string
+param stateContainerName string
+param recoveryIndexContainerName string
+param ordersDatabaseName string
+param ordersContainerName string
+
+param pendingBacklogLimit int
+param backlogGaugeMaxAgeSeconds int
+param maxOrderBytes int
+param maxProcessing int
+param claimTimeoutSeconds int
+param stepTimeoutSeconds int
+param failureThreshold int
+param longRetryDelaySeconds int
+param longRetries int
+param starterIntervalSeconds int
+param starterBatchSize int
+param supervisorIntervalSeconds int
+param supervisorPageSize int
+@allowed(['query', 'index'])
+param supervisorScan string
+param inlineSteps string
+
+resource storage 'Microsoft.Storage/storageAccounts@2023-05-01' existing = {
+  name: storageAccountName
+}
+
+resource appInsights 'Microsoft.Insights/components@2020-02-02' existing = {
+  name: applicationInsightsName
+}
+
+// {appId: replyQueueName}: the only reply queues the app will send to.
+var replyQueueRegistry = toObject(clientApplications, app => app.appId, app => app.replyQueueName)
+
+var appSettings = {
+  // Host storage (AzureWebJobsStorage and the Durable task hub) through the
+  // system-assigned identity; one URI per service the host and Durable use.
+  AzureWebJobsStorage__blobServiceUri: storage.properties.primaryEndpoints.blob
+  AzureWebJobsStorage__queueServiceUri: storage.properties.primaryEndpoints.queue
+  AzureWebJobsStorage__tableServiceUri: storage.properties.primaryEndpoints.table
+  AzureWebJobsStorage__credential: 'managedidentity'
+  TASKHUB_NAME: taskHubName
+
+  // The connection string only locates the component; ingestion is
+  // authenticated with the app's identity (local auth is disabled on it).
+  APPLICATIONINSIGHTS_CONNECTION_STRING: appInsights.properties.ConnectionString
+  APPLICATIONINSIGHTS_AUTHENTICATION_STRING: 'Authorization=AAD'
+
+  ServiceBusConnection__fullyQualifiedNamespace: serviceBusFullyQualifiedNamespace
+  ServiceBusConnection__credential: 'managedidentity'
+  CosmosDbConnection__accountEndpoint: cosmosEndpoint
+  CosmosDbConnection__credential: 'managedidentity'
+  OrdersDbConnection__accountEndpoint: ordersCosmosEndpoint
+  OrdersDbConnection__credential: 'managedidentity'
+  COSMOS_VERIFY_TLS: 'true'
+
+  STATE_DATABASE_NAME: stateDatabaseName
+  STATE_CONTAINER_NAME: stateContainerName
+  RECOVERY_INDEX_CONTAINER_NAME: recoveryIndexContainerName
+  ORDERS_DATABASE_NAME: ordersDatabaseName
+  ORDERS_CONTAINER_NAME: ordersContainerName
+
+  REPLY_QUEUE_REGISTRY: string(replyQueueRegistry)
+  REMOTE_SERVICE_URL: remoteServiceUrl
+  PENDING_BACKLOG_LIMIT: string(pendingBacklogLimit)
+  BACKLOG_GAUGE_MAX_AGE_SECONDS: string(backlogGaugeMaxAgeSeconds)
+  MAX_ORDER_BYTES: string(maxOrderBytes)
+  MAX_PROCESSING: string(maxProcessing)
+  CLAIM_TIMEOUT_SECONDS: string(claimTimeoutSeconds)
+  STEP_TIMEOUT_SECONDS: string(stepTimeoutSeconds)
+  FAILURE_THRESHOLD: string(failureThreshold)
+  LONG_RETRY_DELAY_SECONDS: string(longRetryDelaySeconds)
+  LONG_RETRIES: string(longRetries)
+  // NCRONTAB with seconds: every N seconds (N divides 60, see main.bicep).
+  STARTER_SCHEDULE: '*/${starterIntervalSeconds} * * * * *'
+  STARTER_BATCH_SIZE: string(starterBatchSize)
+  SUPERVISOR_SCHEDULE: '*/${supervisorIntervalSeconds} * * * * *'
+  SUPERVISOR_PAGE_SIZE: string(supervisorPageSize)
+  SUPERVISOR_SCAN: supervisorScan
+  INLINE_STEPS: inlineSteps
+  // COSMOS_CREATE_CONTAINERS stays unset (false): these templates create the
+  // databases and containers, and the app's data-plane role could not.
+}
+
+module plan '../core/host/flex-plan.bicep' = {
+  name: 'flex-plan'
+  params: {
+    name: planName
+    location: location
+    tags: tags
+  }
+}
+
+module functionApp '../core/host/flex-function.bicep' = {
+  name: 'function-app'
+  params: {
+    name: name
+    location: location
+    // azd finds the app to deploy to by this tag.
+    tags: union(tags, {
+      'azd-service-name': 'api'
+    })
+    planId: plan.outputs.id
+    storageAccountName: storageAccountName
+    deploymentContainerName: deploymentContainerName
+    runtimeName: 'python'
+    runtimeVersion: '3.11'
+    instanceMemoryMB: instanceMemoryMB
+    maximumInstanceCount: maximumInstanceCount
+    appSettings: appSettings
+  }
+}
+
+output name string = functionApp.outputs.name
+output principalId string = functionApp.outputs.principalId
+output defaultHostName string = functionApp.outputs.defaultHostName

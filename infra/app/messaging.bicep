@@ -1,0 +1,143 @@
+metadata description = 'The order-processing queues: their names are fixed by the app and by devstack/servicebus/Config.json; their timing follows host.json and the retry budget (see infra/README.md, "Queue timing").'
+
+import { clientApplication } from '../types.bicep'
+
+param namespaceName string
+param location string = resourceGroup().location
+param tags object = {}
+@allowed(['Standard', 'Premium'])
+param skuName string = 'Standard'
+
+@description('Client applications; each gets its own reply queue.')
+param clientApplications clientApplication[]
+
+@description('Upper bound of the orders queue: admission control, the queue cannot grow without limit.')
+@allowed([1024, 2048, 3072, 4096, 5120])
+param ordersQueueMaxSizeInMegabytes int = 1024
+
+// The retry budget. Same values as the app settings of the same meaning.
+param claimTimeoutSeconds int
+param stepTimeoutSeconds int
+param failureThreshold int
+param longRetries int
+param longRetryDelaySeconds int
+param starterIntervalSeconds int
+param supervisorIntervalSeconds int
+@description('Most remote (agent) steps one attempt runs; each may wait a full step timeout.')
+param maxRemoteStepsPerAttempt int
+
+// One attempt, worst case: the claim timeout (the orchestration never started),
+// then every remote step waiting out its deadline, then one Supervisor tick to
+// notice and one Starter tick to claim again.
+var attemptSeconds = claimTimeoutSeconds + (maxRemoteStepsPerAttempt * stepTimeoutSeconds) + supervisorIntervalSeconds + starterIntervalSeconds
+// FAILURE_THRESHOLD attempts, then LONG_RETRIES waits of LONG_RETRY_DELAY_SECONDS, each followed by one more attempt.
+var retryBudgetSeconds = (failureThreshold * attemptSeconds) + (longRetries * (longRetryDelaySeconds + attemptSeconds))
+// Whole minutes, rounded up, plus a margin for clock skew and queueing delay;
+// Service Bus allows at most 7 days (10080 minutes).
+var duplicateDetectionMarginMinutes = 30
+var duplicateDetectionWindowMinutes = min(10080, ((retryBudgetSeconds + 59) / 60) + duplicateDetectionMarginMinutes)
+var duplicateDetectionWindow = 'PT${duplicateDetectionWindowMinutes}M'
+
+// The agent runs until the step deadline, then posts its reply and settles
+// (a minute of margin): its lock must outlast that, in whole minutes, and
+// 5 minutes is the Service Bus maximum. The host also renews locks
+// (host.json maxAutoLockRenewalDuration), so this is the floor, not the cap.
+var agentRequestLockMinutes = min(5, (stepTimeoutSeconds + 60 + 59) / 60)
+
+var fixedQueues = [
+  {
+    // Submit (PeekLock, manual settlement). Redelivery retries transient
+    // failures; a poison order is dead-lettered after 5 tries.
+    name: 'orders'
+    properties: {
+      lockDuration: 'PT1M'
+      maxDeliveryCount: 5
+      maxSizeInMegabytes: ordersQueueMaxSizeInMegabytes
+      requiresDuplicateDetection: true
+      duplicateDetectionHistoryTimeWindow: 'PT10M'
+      defaultMessageTimeToLive: 'P1D'
+      deadLetteringOnMessageExpiration: true
+      requiresSession: false
+      enableBatchedOperations: true
+    }
+  }
+  {
+    // Scheduler -> Agent. MessageId {instance id}/{step} is stable across
+    // resends, so duplicate detection drops a resent request.
+    name: 'agent-requests'
+    properties: {
+      lockDuration: 'PT${agentRequestLockMinutes}M'
+      maxDeliveryCount: 5
+      maxSizeInMegabytes: 1024
+      requiresDuplicateDetection: true
+      duplicateDetectionHistoryTimeWindow: duplicateDetectionWindow
+      defaultMessageTimeToLive: 'PT1H'
+      deadLetteringOnMessageExpiration: true
+      requiresSession: false
+      enableBatchedOperations: true
+    }
+  }
+  {
+    // Agent -> reply bridge -> orchestration event.
+    name: 'agent-responses'
+    properties: {
+      lockDuration: 'PT1M'
+      maxDeliveryCount: 5
+      maxSizeInMegabytes: 1024
+      requiresDuplicateDetection: true
+      duplicateDetectionHistoryTimeWindow: duplicateDetectionWindow
+      defaultMessageTimeToLive: 'PT1H'
+      deadLetteringOnMessageExpiration: true
+      requiresSession: false
+      enableBatchedOperations: true
+    }
+  }
+  {
+    // Operator alerts: read by people and tools, kept a week, never expire into the dead-letter queue.
+    name: 'alerts'
+    properties: {
+      lockDuration: 'PT1M'
+      maxDeliveryCount: 10
+      maxSizeInMegabytes: 1024
+      requiresDuplicateDetection: false
+      defaultMessageTimeToLive: 'P7D'
+      deadLetteringOnMessageExpiration: false
+      requiresSession: false
+      enableBatchedOperations: true
+    }
+  }
+]
+
+// One reply queue per client application; status updates carry OrderID and a
+// stable MessageId, so a resent update is dropped.
+var replyQueues = [for app in clientApplications: {
+  name: app.replyQueueName
+  properties: {
+    lockDuration: 'PT1M'
+    maxDeliveryCount: 10
+    maxSizeInMegabytes: 1024
+    requiresDuplicateDetection: true
+    duplicateDetectionHistoryTimeWindow: 'PT10M'
+    defaultMessageTimeToLive: 'P7D'
+    deadLetteringOnMessageExpiration: true
+    requiresSession: false
+    enableBatchedOperations: true
+  }
+}]
+
+module namespace '../core/messaging/servicebus.bicep' = {
+  name: 'servicebus-namespace'
+  params: {
+    name: namespaceName
+    location: location
+    tags: tags
+    skuName: skuName
+    queues: concat(fixedQueues, replyQueues)
+  }
+}
+
+output namespaceId string = namespace.outputs.id
+output namespaceName string = namespace.outputs.name
+output fullyQualifiedNamespace string = namespace.outputs.fullyQualifiedNamespace
+output retryBudgetSeconds int = retryBudgetSeconds
+output duplicateDetectionWindow string = duplicateDetectionWindow

@@ -1,0 +1,41 @@
+metadata description = 'A Service Bus namespace with local (SAS) authentication disabled, and its queues.'
+
+param name string
+param location string = resourceGroup().location
+param tags object = {}
+@description('Standard or Premium: Basic has no duplicate detection, which the agent queues need.')
+@allowed(['Standard', 'Premium'])
+param skuName string = 'Standard'
+@description('Messaging units, Premium only.')
+@allowed([1, 2, 4, 8, 16])
+param premiumCapacity int = 1
+
+@description('Queues: { name: string, properties: object } with properties in the Microsoft.ServiceBus/namespaces/queues shape.')
+param queues array
+
+resource namespace 'Microsoft.ServiceBus/namespaces@2024-01-01' = {
+  name: name
+  location: location
+  tags: tags
+  sku: {
+    name: skuName
+    tier: skuName
+    capacity: (skuName == 'Premium') ? premiumCapacity : null
+  }
+  properties: {
+    disableLocalAuth: true
+    minimumTlsVersion: '1.2'
+    publicNetworkAccess: 'Enabled'
+  }
+}
+
+resource queueResources 'Microsoft.ServiceBus/namespaces/queues@2024-01-01' = [for queue in queues: {
+  parent: namespace
+  name: queue.name
+  properties: queue.properties
+}]
+
+output id string = namespace.id
+output name string = namespace.name
+output fullyQualifiedNamespace string = '${namespace.name}.servicebus.windows.net'
+output queueNames string[] = [for (queue, i) in queues: queueResources[i].name]

@@ -1,0 +1,49 @@
+metadata description = 'The function host storage account (AzureWebJobsStorage, the Durable task hub, the Flex deployment package). Shared-key access is off: every client uses Microsoft Entra ID.'
+
+param name string
+param location string = resourceGroup().location
+param tags object = {}
+@allowed(['Standard_LRS', 'Standard_ZRS', 'Standard_GRS', 'Standard_RAGRS'])
+param skuName string = 'Standard_LRS'
+@description('Blob containers to create (the Flex deployment package container).')
+param containerNames string[] = []
+
+resource storage 'Microsoft.Storage/storageAccounts@2023-05-01' = {
+  name: name
+  location: location
+  tags: tags
+  kind: 'StorageV2'
+  sku: {
+    name: skuName
+  }
+  properties: {
+    accessTier: 'Hot'
+    allowBlobPublicAccess: false
+    allowSharedKeyAccess: false
+    defaultToOAuthAuthentication: true
+    minimumTlsVersion: 'TLS1_2'
+    supportsHttpsTrafficOnly: true
+    publicNetworkAccess: 'Enabled'
+    networkAcls: {
+      bypass: 'AzureServices'
+      defaultAction: 'Allow'
+    }
+  }
+
+  resource blobs 'blobServices' = {
+    name: 'default'
+
+    resource containers 'containers' = [for containerName in containerNames: {
+      name: containerName
+      properties: {
+        publicAccess: 'None'
+      }
+    }]
+  }
+}
+
+output id string = storage.id
+output name string = storage.name
+output blobEndpoint string = storage.properties.primaryEndpoints.blob
+output queueEndpoint string = storage.properties.primaryEndpoints.queue
+output tableEndpoint string = storage.properties.primaryEndpoints.table

@@ -1,0 +1,285 @@
+metadata description = 'Order processing with the Scheduler Agent Supervisor pattern: a Python 3.11 function app on Flex Consumption with Durable Functions, Service Bus queues, Cosmos DB state, and monitoring. Every connection is identity-based; no output carries a secret.'
+
+// Resource-group scope: works with `az deployment group create` and with
+// `azd up` (azd deploys into AZURE_RESOURCE_GROUP).
+targetScope = 'resourceGroup'
+
+import { clientApplication } from 'types.bicep'
+
+@minLength(1)
+@maxLength(64)
+@description('Environment name (azd: AZURE_ENV_NAME); seeds the unique resource names.')
+param environmentName string
+
+@description('Region for every resource; it must offer Flex Consumption.')
+@metadata({
+  azd: {
+    type: 'location'
+  }
+})
+param location string = resourceGroup().location
+
+// Names: empty means a generated, unique name.
+param functionAppName string = ''
+param appServicePlanName string = ''
+param storageAccountName string = ''
+param serviceBusNamespaceName string = ''
+param cosmosAccountName string = ''
+param ordersCosmosAccountName string = ''
+param logAnalyticsName string = ''
+param applicationInsightsName string = ''
+
+// SKUs and sizes.
+@description('Standard or Premium: Basic has no duplicate detection.')
+@allowed(['Standard', 'Premium'])
+param serviceBusSku string = 'Standard'
+@allowed(['Standard_LRS', 'Standard_ZRS', 'Standard_GRS', 'Standard_RAGRS'])
+param storageSku string = 'Standard_LRS'
+@description('Serverless (default) bills per request; Provisioned gives each database shared autoscale throughput.')
+@allowed(['Serverless', 'Provisioned'])
+param cosmosCapacityMode string = 'Serverless'
+@minValue(1000)
+param cosmosAutoscaleMaxThroughput int = 1000
+@description('Put the orders database in an account of its own (OrdersDbConnection__accountEndpoint).')
+param ordersInSeparateAccount bool = false
+@allowed([512, 2048, 4096])
+param instanceMemoryMB int = 2048
+@minValue(40)
+@maxValue(1000)
+param maximumInstanceCount int = 40
+@allowed([1024, 2048, 3072, 4096, 5120])
+param ordersQueueMaxSizeInMegabytes int = 1024
+@minValue(30)
+@maxValue(730)
+param logRetentionInDays int = 30
+
+@description('Client applications: app id, reply queue name, and the object (principal) id of the identity the application uses; empty principalId grants nothing yet.')
+param clientApplications clientApplication[] = [
+  {
+    appId: 'webshop'
+    replyQueueName: 'replies-webshop'
+    principalId: ''
+  }
+  {
+    appId: 'partner-portal'
+    replyQueueName: 'replies-partner-portal'
+    principalId: ''
+  }
+]
+
+@description('Base URL of the remote service the agents call (REMOTE_SERVICE_URL); the local default points at the devstack fake, so Azure needs a real one.')
+param remoteServiceUrl string
+
+// Data names (app settings of the same meaning).
+param taskHubName string = 'OrderProcessing'
+param stateDatabaseName string = 'orderprocessing'
+param stateContainerName string = 'orderState'
+param recoveryIndexContainerName string = 'recoveryIndex'
+param ordersDatabaseName string = 'orders'
+param ordersContainerName string = 'orders'
+
+// Behaviour (app settings of the same meaning; defaults equal
+// local.settings.template.json).
+param pendingBacklogLimit int = 5000
+param backlogGaugeMaxAgeSeconds int = 300
+param maxOrderBytes int = 65536
+param maxProcessing int = 500
+param claimTimeoutSeconds int = 60
+param stepTimeoutSeconds int = 60
+param failureThreshold int = 10
+param longRetryDelaySeconds int = 3600
+param longRetries int = 1
+@description('STARTER_SCHEDULE runs every this many seconds.')
+@allowed([1, 2, 3, 4, 5, 6, 10, 12, 15, 20, 30])
+param starterIntervalSeconds int = 5
+param starterBatchSize int = 50
+@description('SUPERVISOR_SCHEDULE runs every this many seconds.')
+@allowed([1, 2, 3, 4, 5, 6, 10, 12, 15, 20, 30])
+param supervisorIntervalSeconds int = 10
+param supervisorPageSize int = 100
+@description('How the Supervisor finds expired records: a bounded cross-partition query, or the deadline-bucket recovery index.')
+@allowed(['query', 'index'])
+param supervisorScan string = 'query'
+@description('Comma-separated steps run as in-app activities instead of through the agent queues (empty: all through agents).')
+param inlineSteps string = ''
+@description('Most remote (agent) calls one attempt can wait on: the workflow\'s 3 steps (agents/steps.py) and, when it compensates, their 3 undo calls. Sizes the duplicate detection window.')
+@minValue(1)
+param maxRemoteStepsPerAttempt int = 6
+
+// Alerting.
+param alertEmailAddresses string[] = []
+@description('Pending backlog that raises an alert; defaults to 80% of pendingBacklogLimit.')
+param pendingBacklogAlertThreshold int = (pendingBacklogLimit * 8) / 10
+
+var resourceToken = toLower(uniqueString(subscription().id, resourceGroup().id, environmentName))
+var tags = {
+  'azd-env-name': environmentName
+  workload: 'order-processing'
+}
+var names = {
+  functionApp: (!empty(functionAppName)) ? functionAppName : 'func-orders-${resourceToken}'
+  plan: (!empty(appServicePlanName)) ? appServicePlanName : 'plan-orders-${resourceToken}'
+  storage: (!empty(storageAccountName)) ? storageAccountName : 'storders${resourceToken}'
+  serviceBus: (!empty(serviceBusNamespaceName)) ? serviceBusNamespaceName : 'sb-orders-${resourceToken}'
+  cosmos: (!empty(cosmosAccountName)) ? cosmosAccountName : 'cosmos-orders-${resourceToken}'
+  ordersCosmos: (!empty(ordersCosmosAccountName)) ? ordersCosmosAccountName : 'cosmos-ordersdb-${resourceToken}'
+  logAnalytics: (!empty(logAnalyticsName)) ? logAnalyticsName : 'log-orders-${resourceToken}'
+  appInsights: (!empty(applicationInsightsName)) ? applicationInsightsName : 'appi-orders-${resourceToken}'
+  actionGroup: 'ag-orders-${resourceToken}'
+}
+// Flex Consumption reads the deployment package from this blob container.
+var deploymentContainerName = 'app-package-${take(resourceToken, 7)}'
+
+module monitoring 'core/monitor/monitoring.bicep' = {
+  name: 'monitoring'
+  params: {
+    logAnalyticsName: names.logAnalytics
+    applicationInsightsName: names.appInsights
+    location: location
+    tags: tags
+    retentionInDays: logRetentionInDays
+  }
+}
+
+module storage 'core/storage/storage-account.bicep' = {
+  name: 'storage'
+  params: {
+    name: names.storage
+    location: location
+    tags: tags
+    skuName: storageSku
+    containerNames: [
+      deploymentContainerName
+    ]
+  }
+}
+
+module messaging 'app/messaging.bicep' = {
+  name: 'messaging'
+  params: {
+    namespaceName: names.serviceBus
+    location: location
+    tags: tags
+    skuName: serviceBusSku
+    clientApplications: clientApplications
+    ordersQueueMaxSizeInMegabytes: ordersQueueMaxSizeInMegabytes
+    claimTimeoutSeconds: claimTimeoutSeconds
+    stepTimeoutSeconds: stepTimeoutSeconds
+    failureThreshold: failureThreshold
+    longRetries: longRetries
+    longRetryDelaySeconds: longRetryDelaySeconds
+    starterIntervalSeconds: starterIntervalSeconds
+    supervisorIntervalSeconds: supervisorIntervalSeconds
+    maxRemoteStepsPerAttempt: maxRemoteStepsPerAttempt
+  }
+}
+
+module stateStore 'app/state-store.bicep' = {
+  name: 'state-store'
+  params: {
+    accountName: names.cosmos
+    ordersAccountName: names.ordersCosmos
+    ordersInSeparateAccount: ordersInSeparateAccount
+    location: location
+    tags: tags
+    capacityMode: cosmosCapacityMode
+    autoscaleMaxThroughput: cosmosAutoscaleMaxThroughput
+    stateDatabaseName: stateDatabaseName
+    stateContainerName: stateContainerName
+    recoveryIndexContainerName: recoveryIndexContainerName
+    ordersDatabaseName: ordersDatabaseName
+    ordersContainerName: ordersContainerName
+  }
+}
+
+module api 'app/api.bicep' = {
+  name: 'api'
+  params: {
+    name: names.functionApp
+    planName: names.plan
+    location: location
+    tags: tags
+    instanceMemoryMB: instanceMemoryMB
+    maximumInstanceCount: maximumInstanceCount
+    storageAccountName: storage.outputs.name
+    deploymentContainerName: deploymentContainerName
+    applicationInsightsName: monitoring.outputs.applicationInsightsName
+    serviceBusFullyQualifiedNamespace: messaging.outputs.fullyQualifiedNamespace
+    cosmosEndpoint: stateStore.outputs.endpoint
+    ordersCosmosEndpoint: stateStore.outputs.ordersEndpoint
+    clientApplications: clientApplications
+    remoteServiceUrl: remoteServiceUrl
+    taskHubName: taskHubName
+    stateDatabaseName: stateDatabaseName
+    stateContainerName: stateContainerName
+    recoveryIndexContainerName: recoveryIndexContainerName
+    ordersDatabaseName: ordersDatabaseName
+    ordersContainerName: ordersContainerName
+    pendingBacklogLimit: pendingBacklogLimit
+    backlogGaugeMaxAgeSeconds: backlogGaugeMaxAgeSeconds
+    maxOrderBytes: maxOrderBytes
+    maxProcessing: maxProcessing
+    claimTimeoutSeconds: claimTimeoutSeconds
+    stepTimeoutSeconds: stepTimeoutSeconds
+    failureThreshold: failureThreshold
+    longRetryDelaySeconds: longRetryDelaySeconds
+    longRetries: longRetries
+    starterIntervalSeconds: starterIntervalSeconds
+    starterBatchSize: starterBatchSize
+    supervisorIntervalSeconds: supervisorIntervalSeconds
+    supervisorPageSize: supervisorPageSize
+    supervisorScan: supervisorScan
+    inlineSteps: inlineSteps
+  }
+}
+
+module rbac 'app/rbac.bicep' = {
+  name: 'rbac'
+  params: {
+    functionAppPrincipalId: api.outputs.principalId
+    clientApplications: clientApplications
+    serviceBusNamespaceName: messaging.outputs.namespaceName
+    storageAccountName: storage.outputs.name
+    applicationInsightsName: monitoring.outputs.applicationInsightsName
+    cosmosAccountName: stateStore.outputs.accountName
+    ordersCosmosAccountName: stateStore.outputs.ordersAccountName
+    stateDatabaseName: stateDatabaseName
+    ordersDatabaseName: ordersDatabaseName
+  }
+}
+
+module actionGroup 'core/monitor/action-group.bicep' = {
+  name: 'action-group'
+  params: {
+    name: names.actionGroup
+    shortName: 'orders-ops'
+    tags: tags
+    emailAddresses: alertEmailAddresses
+  }
+}
+
+module alerts 'app/alerts.bicep' = {
+  name: 'alerts'
+  params: {
+    location: location
+    tags: tags
+    namePrefix: 'orders-${resourceToken}'
+    applicationInsightsId: monitoring.outputs.applicationInsightsId
+    serviceBusNamespaceId: messaging.outputs.namespaceId
+    actionGroupId: actionGroup.outputs.id
+    pendingBacklogThreshold: pendingBacklogAlertThreshold
+  }
+}
+
+// Names and endpoints only; nothing here grants access.
+output AZURE_LOCATION string = location
+output AZURE_TENANT_ID string = tenant().tenantId
+output AZURE_RESOURCE_GROUP string = resourceGroup().name
+output AZURE_FUNCTION_APP_NAME string = api.outputs.name
+output SERVICE_API_NAME string = api.outputs.name
+output SERVICEBUS_FULLY_QUALIFIED_NAMESPACE string = messaging.outputs.fullyQualifiedNamespace
+output COSMOS_ACCOUNT_ENDPOINT string = stateStore.outputs.endpoint
+output ORDERS_COSMOS_ACCOUNT_ENDPOINT string = stateStore.outputs.ordersEndpoint
+output STORAGE_ACCOUNT_NAME string = storage.outputs.name
+output AGENT_QUEUES_DUPLICATE_DETECTION_WINDOW string = messaging.outputs.duplicateDetectionWindow
+output RETRY_BUDGET_SECONDS int = messaging.outputs.retryBudgetSeconds

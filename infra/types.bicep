@@ -1,0 +1,9 @@
+metadata description = 'Types shared by main.bicep and its modules.'
+
+@export()
+@description('A client application that submits orders and reads status updates from its own reply queue.')
+type clientApplication = {
+  appId: string
+  replyQueueName: string
+  principalId: string
+}

@@ -1,0 +1,199 @@
+"""The function app's settings in Azure cover every setting the app reads
+locally, in identity-based form, with the same defaults.
+
+The list of settings is local.settings.template.json. Each name maps to what
+the Function App sets (app/api.bicep, `appSettings`):
+
+| local (template)             | Azure (Flex Consumption, managed identity)                  |
+|------------------------------|-------------------------------------------------------------|
+| AzureWebJobsFeatureFlags     | local only: worker indexing is the default in Azure         |
+| PYTHON_ENABLE_INIT_INDEXING  | local only                                                  |
+| COSMOS_CREATE_CONTAINERS     | local only: never "true" in Azure (the templates create)    |
+| FUNCTIONS_WORKER_RUNTIME     | not a setting on Flex: functionAppConfig.runtime python/3.11|
+| AzureWebJobsStorage          | AzureWebJobsStorage__blobServiceUri/__queueServiceUri/      |
+|                              | __tableServiceUri (blob: host; queue + table: Durable)      |
+| ServiceBusConnection         | ServiceBusConnection__fullyQualifiedNamespace               |
+| CosmosDbConnection           | CosmosDbConnection__accountEndpoint                         |
+| COSMOS_VERIFY_TLS            | same name, and it must be "true"                            |
+| REMOTE_SERVICE_URL           | same name, from a required parameter (local value is local) |
+| every other name             | same name, default equal to the template's value            |
+
+On top of those: TASKHUB_NAME (host.json reads it), RECOVERY_INDEX_CONTAINER_NAME,
+OrdersDbConnection__accountEndpoint, and the Application Insights pair."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from tests.infra.bicep_model import (
+    HOST_JSON,
+    INFRA,
+    MAIN,
+    accessor,
+    function_call,
+    main_defaults,
+    module_params,
+    parse,
+    template_settings,
+    variable,
+)
+
+API = INFRA / "app" / "api.bicep"
+FLEX = INFRA / "core" / "host" / "flex-function.bicep"
+
+# COSMOS_CREATE_CONTAINERS: locally the app creates its containers; in Azure
+# these templates do, and the app's Cosmos data-plane role could not.
+LOCAL_ONLY = {"AzureWebJobsFeatureFlags", "PYTHON_ENABLE_INIT_INDEXING", "COSMOS_CREATE_CONTAINERS"}
+RUNTIME = {"FUNCTIONS_WORKER_RUNTIME"}
+IDENTITY_FORMS = {
+    "AzureWebJobsStorage": {
+        "AzureWebJobsStorage__blobServiceUri",
+        "AzureWebJobsStorage__queueServiceUri",
+        "AzureWebJobsStorage__tableServiceUri",
+    },
+    "ServiceBusConnection": {"ServiceBusConnection__fullyQualifiedNamespace"},
+    "CosmosDbConnection": {"CosmosDbConnection__accountEndpoint"},
+}
+# Settings whose local value means nothing in Azure: set from a required
+# main.bicep parameter (no default), which azd asks for.
+DEPLOYMENT_SPECIFIC = {"REMOTE_SERVICE_URL": "remoteServiceUrl"}
+# Parameter names that are not the camelCase of the setting.
+PARAM_NAMES = {"TASKHUB_NAME": "taskHubName"}
+# Names whose Azure value is a schedule built from an interval parameter.
+SCHEDULES = {"STARTER_SCHEDULE": "starterIntervalSeconds", "SUPERVISOR_SCHEDULE": "supervisorIntervalSeconds"}
+# Forms that would put a key or connection string in settings, or that Flex
+# Consumption refuses.
+FORBIDDEN = {
+    "AzureWebJobsStorage",
+    "ServiceBusConnection",
+    "CosmosDbConnection",
+    "OrdersDbConnection",
+    "FUNCTIONS_WORKER_RUNTIME",
+    "FUNCTIONS_EXTENSION_VERSION",
+    "WEBSITE_CONTENTAZUREFILECONNECTIONSTRING",
+    "APPINSIGHTS_INSTRUMENTATIONKEY",
+}
+
+
+def app_settings() -> dict:
+    return variable(parse(API), "appSettings")
+
+
+def camel(name: str) -> str:
+    if name in PARAM_NAMES:
+        return PARAM_NAMES[name]
+    head, *rest = name.lower().split("_")
+    return head + "".join(part.capitalize() for part in rest)
+
+
+PLAIN = sorted(
+    set(template_settings()) - LOCAL_ONLY - RUNTIME - set(IDENTITY_FORMS) - {"COSMOS_VERIFY_TLS"}
+)
+
+
+def test_every_template_setting_is_mapped():
+    """A new setting in the template must be placed in one of the groups above."""
+    assert set(template_settings()) <= LOCAL_ONLY | RUNTIME | set(IDENTITY_FORMS) | {"COSMOS_VERIFY_TLS"} | set(PLAIN)
+    assert PLAIN, "the template has plain settings"
+
+
+@pytest.mark.parametrize("name", sorted(IDENTITY_FORMS))
+def test_connections_are_identity_based(name: str):
+    settings = app_settings()
+    assert IDENTITY_FORMS[name] <= set(settings), f"{name}: Azure sets none of {IDENTITY_FORMS[name]}"
+    assert name not in settings
+
+
+@pytest.mark.parametrize("name", PLAIN)
+def test_plain_setting_is_set(name: str):
+    assert name in app_settings(), f"the app reads {name}; the function app does not set it"
+
+
+@pytest.mark.parametrize("name", PLAIN)
+def test_plain_setting_default_equals_template(name: str):
+    """Azure behaves like the local stack unless a parameter says otherwise:
+    the setting comes from the main.bicep parameter of the same meaning, whose
+    default is the template's value."""
+    template = template_settings()[name]
+    value = app_settings()[name]
+    defaults = main_defaults()
+    if name in SCHEDULES:
+        param = SCHEDULES[name]
+        assert value == f"*/${{{param}}} * * * * *"
+        assert f"*/{defaults[param]} * * * * *" == template
+        return
+    if name == "REPLY_QUEUE_REGISTRY":
+        return  # built from clientApplications: test_reply_queue_registry
+    call = function_call(value)
+    param = call[1]["value_to_convert"] if call and call[0] == "string" else value
+    assert param == camel(name), f"{name} is set from {param!r}, expected parameter {camel(name)}"
+    # main.bicep passes its own parameter of the same name to app/api.bicep.
+    assert module_params(parse(MAIN), "api")[param] == param
+    if name in DEPLOYMENT_SPECIFIC:
+        assert parse(MAIN)["parameters"][param]["default"] is None, f"{param} must be given per deployment"
+        return
+    assert str(defaults[param]) == template, f"{name}: Bicep default {defaults[param]!r}, template {template!r}"
+
+
+def test_forbidden_setting_names_are_absent():
+    assert not FORBIDDEN & set(app_settings())
+
+
+def test_local_only_settings_are_not_enabled_in_azure():
+    settings = app_settings()
+    for name in LOCAL_ONLY:
+        assert settings.get(name, "false") in ("false", "0", ""), name
+
+
+def test_runtime_is_python_311_on_flex():
+    params = module_params(parse(API), "functionApp")
+    assert (params["runtimeName"], params["runtimeVersion"]) == ("python", "3.11")
+    assert template_settings()["FUNCTIONS_WORKER_RUNTIME"] == "python"
+    site = parse(FLEX)["resources"]["site"]["config"]
+    runtime = site["properties"]["functionAppConfig"]["runtime"]
+    assert runtime == {"name": "runtimeName", "version": "runtimeVersion"}
+    assert site["identity"]["type"] == "SystemAssigned"
+    assert site["kind"] == "functionapp,linux"
+
+
+def test_flex_plan_sku():
+    plan = parse(INFRA / "core" / "host" / "flex-plan.bicep")["resources"]["plan"]["config"]
+    assert plan["sku"] == {"name": "FC1", "tier": "FlexConsumption"}
+
+
+def test_cosmos_tls_is_verified_in_azure():
+    assert app_settings()["COSMOS_VERIFY_TLS"] == "true"
+
+
+def test_settings_the_design_adds():
+    settings = app_settings()
+    assert settings["TASKHUB_NAME"] == "taskHubName"
+    assert main_defaults()["taskHubName"] == "OrderProcessing"
+    assert settings["RECOVERY_INDEX_CONTAINER_NAME"] == "recoveryIndexContainerName"
+    assert main_defaults()["recoveryIndexContainerName"] == "recoveryIndex"
+    assert "OrdersDbConnection__accountEndpoint" in settings
+    assert settings["APPLICATIONINSIGHTS_AUTHENTICATION_STRING"] == "Authorization=AAD"
+    assert accessor(settings["APPLICATIONINSIGHTS_CONNECTION_STRING"]) is not None
+
+
+def test_host_json_setting_references_are_set():
+    """host.json's %NAME% placeholders resolve from app settings."""
+    referenced = set(re.findall(r"%(\w+)%", HOST_JSON.read_text()))
+    assert referenced <= set(app_settings()), referenced - set(app_settings())
+
+
+def test_reply_queue_registry_is_built_from_client_applications():
+    settings = app_settings()
+    call = function_call(settings["REPLY_QUEUE_REGISTRY"])
+    assert call == ("string", {"value_to_convert": "replyQueueRegistry"})
+    fn, args = function_call(variable(parse(API), "replyQueueRegistry"))
+    assert fn == "toObject" and args["arg_1"] == "clientApplications"
+    key, value = (args[k]["detail"] for k in ("arg_2", "arg_3"))
+    assert accessor(key["expression"]) == (key["var_1"], "appId")
+    assert accessor(value["expression"]) == (value["var_1"], "replyQueueName")
+    # With main.bicep's default client applications, the registry equals the template's.
+    registry = {app["appId"]: app["replyQueueName"] for app in main_defaults()["clientApplications"]}
+    assert registry == json.loads(template_settings()["REPLY_QUEUE_REGISTRY"])

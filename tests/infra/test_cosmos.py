@@ -1,0 +1,112 @@
+"""The Cosmos DB layout the state store and the Supervisor rely on:
+orderState (partition key /id, composite index ProcessState + CompleteBy, TTL
+on for finished records), the recoveryIndex container (partition key /bucket),
+and the orders database, with names equal to the app's settings' defaults."""
+
+from __future__ import annotations
+
+from tests.infra.bicep_model import (
+    INFRA,
+    MAIN,
+    literal_int,
+    main_defaults,
+    module_params,
+    parse,
+    passthrough_defaults,
+    template_settings,
+    variable,
+)
+
+STATE_STORE = INFRA / "app" / "state-store.bicep"
+ACCOUNT = INFRA / "core" / "database" / "cosmos-account.bicep"
+DATABASE = INFRA / "core" / "database" / "cosmos-sql-database.bicep"
+
+
+def containers(var: str) -> dict[str, dict]:
+    """Container name (resolved with main.bicep's defaults) -> its definition."""
+    names = passthrough_defaults("stateStore")
+    return {names[c["name"]]: c for c in variable(parse(STATE_STORE), var)}
+
+
+def test_names_equal_the_app_settings_defaults():
+    settings = template_settings()
+    names = passthrough_defaults("stateStore")
+    assert names["stateDatabaseName"] == settings["STATE_DATABASE_NAME"] == "orderprocessing"
+    assert names["stateContainerName"] == settings["STATE_CONTAINER_NAME"] == "orderState"
+    assert names["recoveryIndexContainerName"] == "recoveryIndex"
+    assert names["ordersDatabaseName"] == settings["ORDERS_DATABASE_NAME"] == "orders"
+    assert names["ordersContainerName"] == settings["ORDERS_CONTAINER_NAME"] == "orders"
+
+
+def test_state_container_partition_key_index_and_ttl():
+    state = containers("stateContainers")["orderState"]
+    assert state["partitionKeyPath"] == "/id"
+    assert literal_int(state["defaultTtl"]) == -1  # TTL on; only records that set `ttl` expire
+    composite = state["indexingPolicy"]["compositeIndexes"]
+    assert [
+        {"path": "/ProcessState", "order": "ascending"},
+        {"path": "/CompleteBy", "order": "ascending"},
+    ] in composite
+    policy = state["indexingPolicy"]
+    assert policy["indexingMode"] == "consistent"
+    excluded = {p["path"] for p in policy["excludedPaths"]}
+    # The fields the Starter and Supervisor filter on stay indexed.
+    for field in ("ProcessState", "CompleteBy", "LockedBy", "FailureCount"):
+        assert not any(path.startswith(f"/{field}") for path in excluded), field
+
+
+def test_recovery_index_container():
+    recovery = containers("stateContainers")["recoveryIndex"]
+    assert recovery["partitionKeyPath"] == "/bucket"
+
+
+def test_orders_container():
+    orders = containers("ordersContainers")["orders"]
+    assert orders["partitionKeyPath"] == "/id"
+
+
+def test_databases_get_their_containers():
+    doc = parse(STATE_STORE)
+    state = module_params(doc, "stateDatabase")
+    orders = module_params(doc, "ordersDatabase")
+    assert (state["databaseName"], state["containers"]) == ("stateDatabaseName", "stateContainers")
+    assert (orders["databaseName"], orders["containers"]) == ("ordersDatabaseName", "ordersContainers")
+    container = parse(DATABASE)["resources"]["containerResources"]["config"]
+    assert container["loop_type"]["detail"]["array_name"] == "containers"
+
+
+def test_serverless_by_default_provisioned_as_an_option():
+    params = parse(MAIN)["parameters"]["cosmosCapacityMode"]
+    assert params["default"] == "Serverless"
+    allowed = next(d["argument"] for d in params["decorators"] if d["type"] == "allowed")
+    assert sorted(allowed) == ["Provisioned", "Serverless"]
+    account = parse(ACCOUNT)["resources"]["account"]["config"]["properties"]
+    capabilities = account["capabilities"]["operator"]["operands"]
+    assert capabilities["true_value"] == [{"name": "EnableServerless"}]
+    assert capabilities["false_value"] == []
+
+
+def test_account_refuses_keys():
+    account = parse(ACCOUNT)["resources"]["account"]["config"]["properties"]
+    assert account["disableLocalAuth"] is True
+    assert account["disableKeyBasedMetadataWriteAccess"] is True
+
+
+def test_orders_database_may_live_in_its_own_account():
+    assert main_defaults()["cosmosCapacityMode"] == "Serverless"
+    assert parse(MAIN)["parameters"]["ordersInSeparateAccount"]["default"] is False
+    doc = parse(STATE_STORE)
+    assert doc["modules"]["ordersAccount"]["config"]["condition"] == "ordersInSeparateAccount"
+
+
+def test_azure_containers_match_what_the_app_creates_locally():
+    """The local stack's containers (created by the app's adapters when
+    COSMOS_CREATE_CONTAINERS=true) and Azure's (created here) are the same."""
+    from adapters import cosmos_client, recovery_index
+
+    state = containers("stateContainers")["orderState"]
+    assert state["indexingPolicy"] == cosmos_client.STATE_INDEXING_POLICY
+    assert literal_int(state["defaultTtl"]) == cosmos_client.STATE_DEFAULT_TTL
+    assert state["partitionKeyPath"] == cosmos_client.PARTITION_KEY_PATH
+    assert containers("ordersContainers")["orders"]["partitionKeyPath"] == cosmos_client.PARTITION_KEY_PATH
+    assert containers("stateContainers")["recoveryIndex"]["partitionKeyPath"] == recovery_index.PARTITION_KEY_PATH

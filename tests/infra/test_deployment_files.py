@@ -1,0 +1,42 @@
+"""azd's files: azure.yaml points at the templates and the app, and
+main.parameters.json gives main.bicep every parameter it requires and no
+parameter it does not declare."""
+
+from __future__ import annotations
+
+import json
+import re
+
+from tests.infra.bicep_model import INFRA, MAIN, ROOT, parse
+
+PARAMETERS = INFRA / "main.parameters.json"
+
+
+def test_parameters_file_matches_main_bicep():
+    given = json.loads(PARAMETERS.read_text())["parameters"]
+    declared = parse(MAIN)["parameters"]
+    assert set(given) <= set(declared), set(given) - set(declared)
+    required = {name for name, spec in declared.items() if spec.get("default") is None}
+    assert required <= set(given), required - set(given)
+    assert given["environmentName"]["value"] == "${AZURE_ENV_NAME}"
+    assert given["location"]["value"] == "${AZURE_LOCATION}"
+
+
+def test_parameters_file_client_list_matches_the_default_queues():
+    given = json.loads(PARAMETERS.read_text())["parameters"]["clientApplications"]["value"]
+    default = parse(MAIN)["parameters"]["clientApplications"]["default"]
+    strip = [{k: v for k, v in app.items() if k != "principalId"} for app in given]
+    assert strip == [{k: v for k, v in app.items() if k != "principalId"} for app in default]
+    assert all(re.fullmatch(r"\$\{[A-Z_]+\}", app["principalId"]) for app in given)
+
+
+def test_azure_yaml_deploys_the_function_app_from_the_root():
+    text = (ROOT / "azure.yaml").read_text()
+    assert re.search(r"^infra:\n  provider: bicep\n  path: infra\n  module: main$", text, re.MULTILINE)
+    assert re.search(r"^  api:\n    project: \.\n    language: python\n    host: function$", text, re.MULTILINE)
+    # azd finds the app by this tag.
+    assert "'azd-service-name': 'api'" in (INFRA / "app" / "api.bicep").read_text()
+
+
+def test_template_is_resource_group_scoped():
+    assert parse(MAIN)["globals"]["scope"]["value"] == "resourceGroup"

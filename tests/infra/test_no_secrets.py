@@ -1,0 +1,74 @@
+"""No key, SAS or connection string is read, output or set anywhere, and every
+service refuses key-based access, so none could be used even if leaked.
+
+The Application Insights connection string is the one exception the app
+settings carry: it only locates the component (its instrumentation key is an
+identifier, not a credential), and the component has local auth disabled, so
+telemetry is accepted only with the app's Entra token
+(APPLICATIONINSIGHTS_AUTHENTICATION_STRING=Authorization=AAD)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from tests.infra.bicep_model import INFRA, bicep_files, parse, variable
+
+FILES = bicep_files()
+IDS = [str(p.relative_to(INFRA)) for p in FILES]
+
+SECRET_SOURCES = re.compile(
+    r"\blist\w*\(|listKeys|listConnectionStrings|listAccountSas|listServiceSas"
+    r"|AccountKey|SharedAccessKey|primaryKey|secondaryKey|primaryMasterKey|connectionStrings"
+    r"|InstrumentationKey",
+    re.IGNORECASE,
+)
+SECRET_WORDS = re.compile(r"key|secret|password|sas|connection_?string|token", re.IGNORECASE)
+
+
+@pytest.mark.parametrize("path", FILES, ids=IDS)
+def test_no_secret_is_read(path: Path):
+    # Comments may explain; code may not read.
+    code = "\n".join(line.split("//", 1)[0] for line in path.read_text().splitlines())
+    assert not SECRET_SOURCES.findall(code), f"{path.name}: {SECRET_SOURCES.findall(code)}"
+
+
+@pytest.mark.parametrize("path", FILES, ids=IDS)
+def test_no_output_carries_a_secret(path: Path):
+    for name, output in parse(path).get("outputs", {}).items():
+        assert not SECRET_WORDS.search(name), f"{path.name}: output {name}"
+        assert "secure" not in {d["type"] for d in output.get("decorators", [])}
+        assert not SECRET_SOURCES.search(json.dumps(output["value"])), f"{path.name}: output {name}"
+
+
+def test_app_settings_carry_no_key():
+    settings = variable(parse(INFRA / "app" / "api.bicep"), "appSettings")
+    for name, value in settings.items():
+        text = json.dumps(value)
+        assert not re.search(r"AccountKey=|SharedAccessKey=|SharedAccessSignature|sig=", text), name
+        if SECRET_WORDS.search(name):
+            # Only the Application Insights pair, explained in the module docstring.
+            assert name in {"APPLICATIONINSIGHTS_CONNECTION_STRING", "APPLICATIONINSIGHTS_AUTHENTICATION_STRING"}
+
+
+def _properties(file: str, resource: str) -> dict:
+    return parse(INFRA / file)["resources"][resource]["config"]["properties"]
+
+
+def test_every_service_refuses_key_based_access():
+    storage = _properties("core/storage/storage-account.bicep", "storage")
+    assert storage["allowSharedKeyAccess"] is False
+    assert storage["allowBlobPublicAccess"] is False
+    assert _properties("core/messaging/servicebus.bicep", "namespace")["disableLocalAuth"] is True
+    assert _properties("core/database/cosmos-account.bicep", "account")["disableLocalAuth"] is True
+    assert _properties("core/monitor/monitoring.bicep", "appInsights")["DisableLocalAuth"] is True
+
+
+def test_deployment_package_is_read_with_the_identity():
+    site = _properties("core/host/flex-function.bicep", "site")
+    storage = site["functionAppConfig"]["deployment"]["storage"]
+    assert storage["authentication"] == {"type": "SystemAssignedIdentity"}
+    assert site["httpsOnly"] is True
