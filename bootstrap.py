@@ -39,11 +39,14 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class Container:
+    """Everything built once per process and loop; `close` releases it."""
+
     settings: Settings
     store: CosmosStateStore
     orders: CosmosOrdersRepository
     publisher: ServiceBusPublisher
     agent: Agent
+    closers: list
     charges: RequestCharges
     state_container: object
     index: object
@@ -104,6 +107,8 @@ async def _build() -> Container:
         orders=CosmosOrdersRepository(orders, charges),
         publisher=ServiceBusPublisher(servicebus_client(cfg.servicebus)),
         agent=agent,
+        closers=[state_client.close, session.close]
+        + ([orders_client.close] if orders_client is not state_client else []),
         charges=charges,
         state_container=state,
         index=index,
@@ -123,6 +128,18 @@ async def container() -> Container:
             future.set_exception(exc)
             raise
     return await future
+
+
+async def close() -> None:
+    """Close this loop's clients (tests; the host process just exits)."""
+    loop = asyncio.get_running_loop()
+    future = _containers.pop(loop, None)
+    if future is None or not future.done() or future.exception() is not None:
+        return
+    c = future.result()
+    await c.publisher.close()
+    for closer in c.closers:
+        await closer()
 
 
 async def submit_handler():

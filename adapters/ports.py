@@ -3,15 +3,34 @@ Service Bus) and the fakes used by fast unit tests both satisfy them."""
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any, Final, NamedTuple, Protocol
 
 from domain.models import OrderState, OrderSubmitted
 from domain.state_machine import RetryPolicy
 
-ANY_OWNER: Any = object()
-"""Pass as `expected_locked_by` when a write does not depend on the owner."""
+
+class AnyOwner(enum.Enum):
+    ANY = "ANY"
+
+    def __repr__(self) -> str:
+        return "ANY"
+
+
+ANY_OWNER: Final = AnyOwner.ANY
+"""Pass as `expected_locked_by` when a write does not depend on the owner
+(the Starter's claim, Submit's bookkeeping, an operator's resubmit): the etag
+guard alone applies."""
+
+
+class BacklogGauge(NamedTuple):
+    """The last measurement of the Pending backlog, written by the Starter once
+    per run and point-read by Submit's admission control."""
+
+    pending: int
+    measured_at: datetime
 
 
 class StateStore(Protocol):
@@ -38,7 +57,7 @@ class StateStore(Protocol):
 
     async def count_in_state(self, state: str) -> int: ...
 
-    async def read_backlog_gauge(self) -> tuple[int, datetime] | None: ...
+    async def read_backlog_gauge(self) -> BacklogGauge | None: ...
 
     async def write_backlog_gauge(self, pending: int, measured_at: datetime) -> None: ...
 

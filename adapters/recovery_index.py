@@ -101,7 +101,6 @@ class CosmosRecoveryIndex:
                 v
                 async for v in self._container.query_items(
                     "SELECT VALUE MIN(c.bucket) FROM c",
-                    enable_cross_partition_query=True,
                     response_hook=self.charges.hook("index_query"),
                 )
             ]

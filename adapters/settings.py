@@ -62,7 +62,7 @@ class Settings:
     orders_container: str = "orders"
     reply_queues: Mapping[str, str] = field(default_factory=dict)
     pending_backlog_limit: int = 5000
-    backlog_gauge_max_age: timedelta = timedelta(seconds=30)
+    backlog_gauge_max_age: timedelta = timedelta(seconds=300)
     max_order_bytes: int = 64 * 1024
     max_processing: int = 500
     step_timeout: timedelta = timedelta(seconds=60)
@@ -181,7 +181,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         orders_container=env.get("ORDERS_CONTAINER_NAME") or "orders",
         reply_queues=_reply_queues(env),
         pending_backlog_limit=_int(env, "PENDING_BACKLOG_LIMIT", 5000, 0),
-        backlog_gauge_max_age=timedelta(seconds=_int(env, "BACKLOG_GAUGE_MAX_AGE_SECONDS", 30, 0)),
+        backlog_gauge_max_age=timedelta(seconds=_int(env, "BACKLOG_GAUGE_MAX_AGE_SECONDS", 300, 0)),
         max_order_bytes=_int(env, "MAX_ORDER_BYTES", 64 * 1024, 1024),
         max_processing=_int(env, "MAX_PROCESSING", 500, 1),
         step_timeout=timedelta(seconds=_int(env, "STEP_TIMEOUT_SECONDS", 60, 1)),

@@ -11,8 +11,8 @@ import logging
 
 import azure.functions as func
 import azurefunctions.extensions.bindings.servicebus as servicebus
-import bootstrap
 
+import bootstrap
 from adapters.settlement import message_body, settle
 
 ORDERS_QUEUE = "orders"

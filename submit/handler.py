@@ -41,22 +41,41 @@ from reporting import Alerts, StatusReporter
 log = logging.getLogger(__name__)
 
 
-class BacklogGauge:
-    """The Pending backlog as last measured by the starter, cached in-process
-    for `max_age` so Submit pays at most one point read per interval."""
+class BacklogReader:
+    """The Pending backlog as last measured by the Starter.
 
-    def __init__(self, store: StateStore, max_age_seconds: float, clock=time.monotonic) -> None:
+    One point read per `cache_seconds` per process. A measurement older than
+    `max_age` means the Starter is not running: the backlog is then unknown
+    and orders are admitted (and the staleness logged), because refusing all
+    orders while the Starter is down would turn one fault into two."""
+
+    def __init__(
+        self,
+        store: StateStore,
+        max_age_seconds: float,
+        cache_seconds: float = 5.0,
+        clock=time.monotonic,
+        wall_clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
         self._store = store
         self._max_age = max_age_seconds
+        self._cache_seconds = cache_seconds
         self._clock = clock
-        self._cached: tuple[float, int] | None = None
+        self._wall_clock = wall_clock
+        self._cached: tuple[float, int | None] | None = None
 
-    async def pending(self) -> int:
+    async def pending(self) -> int | None:
         now = self._clock()
-        if self._cached and now - self._cached[0] < self._max_age:
+        if self._cached and now - self._cached[0] < self._cache_seconds:
             return self._cached[1]
         gauge = await self._store.read_backlog_gauge()
-        value = gauge[0] if gauge else 0
+        value: int | None = None
+        if gauge is not None:
+            age = (self._wall_clock() - gauge.measured_at).total_seconds()
+            if age <= self._max_age:
+                value = gauge.pending
+            else:
+                log.warning("backlog gauge is %.0fs old: admitting without a backlog check", age)
         self._cached = (now, value)
         return value
 
@@ -70,7 +89,7 @@ class SubmitHandler:
         status: StatusReporter,
         alerts: Alerts,
         steps: list[str],
-        backlog: BacklogGauge | None = None,
+        backlog: BacklogReader | None = None,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
         self._settings = settings
@@ -79,9 +98,7 @@ class SubmitHandler:
         self._status = status
         self._alerts = alerts
         self._steps = steps
-        self._backlog = backlog or BacklogGauge(
-            store, settings.backlog_gauge_max_age.total_seconds()
-        )
+        self._backlog = backlog or BacklogReader(store, settings.backlog_gauge_max_age.total_seconds())
         self._clock = clock
 
     async def handle(self, body: bytes) -> Settle:
@@ -147,7 +164,8 @@ class SubmitHandler:
             return None
 
     async def _over_backlog(self) -> bool:
-        return await self._backlog.pending() > self._settings.pending_backlog_limit
+        pending = await self._backlog.pending()
+        return pending is not None and pending > self._settings.pending_backlog_limit
 
     async def _reject(self, order: OrderSubmitted, now: datetime) -> Settle:
         reason = f"backlog above {self._settings.pending_backlog_limit} pending orders; try later"

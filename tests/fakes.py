@@ -10,7 +10,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from adapters.ports import ANY_OWNER
+from adapters.ports import ANY_OWNER, BacklogGauge
 from domain import state_machine as sm
 from domain.errors import ConflictError, NotFoundError, StaleError
 from domain.models import OrderState, OrderSubmitted, ProcessState
@@ -19,7 +19,7 @@ from domain.models import OrderState, OrderSubmitted, ProcessState
 class FakeStateStore:
     def __init__(self) -> None:
         self.docs: dict[str, tuple[dict, str]] = {}
-        self.gauge: tuple[int, datetime] | None = None
+        self.gauge: BacklogGauge | None = None
         self.writes = 0
         self._etags = itertools.count(1)
 
@@ -99,11 +99,11 @@ class FakeStateStore:
     async def count_in_state(self, state) -> int:
         return sum(1 for d, _ in self.docs.values() if d["ProcessState"] == str(state))
 
-    async def read_backlog_gauge(self) -> tuple[int, datetime] | None:
+    async def read_backlog_gauge(self) -> BacklogGauge | None:
         return self.gauge
 
     async def write_backlog_gauge(self, pending: int, measured_at: datetime) -> None:
-        self.gauge = (pending, measured_at)
+        self.gauge = BacklogGauge(pending, measured_at)
 
 
 class FakeOrders:

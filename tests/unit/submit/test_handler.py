@@ -5,7 +5,7 @@ tests/integration/submit."""
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -14,7 +14,7 @@ from adapters.settlement import SettleKind
 from domain.errors import TransientError
 from domain.models import ProcessState
 from reporting import Alerts, StatusReporter
-from submit.handler import BacklogGauge, SubmitHandler
+from submit.handler import BacklogReader, SubmitHandler
 from tests.fakes import FakeOrders, FakeStateStore, RecordingPublisher
 from tests.unit.domain.conftest import STEPS, order_payload
 
@@ -38,7 +38,7 @@ class Rig:
             StatusReporter(self.bus),
             Alerts(self.bus),
             STEPS,
-            backlog=BacklogGauge(self.store, 0),
+            backlog=BacklogReader(self.store, 60, cache_seconds=0, wall_clock=lambda: NOW),
             clock=lambda: NOW,
         )
 
@@ -172,6 +172,12 @@ async def test_backlog_above_threshold_rejects_visibly(rig):
 async def test_backlog_does_not_reject_a_redelivery_of_an_accepted_order(rig):
     await rig.submit()
     await rig.store.write_backlog_gauge(100, NOW)
+    assert (await rig.submit()).kind is SettleKind.COMPLETE
+    assert rig.statuses() == ["Received"]
+
+
+async def test_stale_gauge_admits(rig):
+    await rig.store.write_backlog_gauge(100, NOW - timedelta(minutes=5))
     assert (await rig.submit()).kind is SettleKind.COMPLETE
     assert rig.statuses() == ["Received"]
 

@@ -1,0 +1,326 @@
+"""Cosmos DB plumbing shared by the state store and the orders DB adapters.
+
+- `build_client` / `open_client`: an `azure.cosmos.aio.CosmosClient` for a
+  `CosmosAccount` (key, or `DefaultAzureCredential` when the account has none;
+  TLS verification off only when the settings say so, for the local server).
+- `ensure_state_container` / `ensure_orders_container`: create database and
+  containers if they do not exist. For local and dev stacks only, called
+  explicitly by tools and tests; in Azure, Bicep (infra/) owns them and the app
+  never creates resources (its identity has data-plane rights only).
+- `RequestCharges`: records the request charge (`x-ms-request-charge`) of every
+  call, successful or not, counted by operation kind, so the Supervisor can log
+  what a scan cost and tests can check cost is bounded by page size.
+- `translate_error`: SDK exceptions to the domain's error vocabulary.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from azure.core.exceptions import (
+    AzureError,
+    ServiceRequestError,
+    ServiceRequestTimeoutError,
+    ServiceResponseError,
+    ServiceResponseTimeoutError,
+)
+from azure.cosmos import PartitionKey
+from azure.cosmos.aio import ContainerProxy, CosmosClient
+from azure.cosmos.documents import ConnectionPolicy, RetryOptions
+from azure.cosmos.exceptions import CosmosClientTimeoutError, CosmosHttpResponseError
+
+from adapters.settings import CosmosAccount
+from domain.errors import (
+    ConflictError,
+    DomainError,
+    NotFoundError,
+    PermanentError,
+    StaleError,
+    TransientError,
+)
+
+log = logging.getLogger(__name__)
+
+REQUEST_CHARGE = "x-ms-request-charge"
+RETRY_AFTER_MS = "x-ms-retry-after-ms"
+
+# The SDK retries throttled requests itself (default: 9 times, up to 30 s).
+# That budget sits inside ours (DESIGN.md §4 "one retry budget"): a few quick
+# retries absorb a burst; past them the caller gets TransientError and the
+# message/timer is retried by the Functions host or the next run.
+DEFAULT_THROTTLE_RETRIES = 3
+DEFAULT_THROTTLE_MAX_WAIT_SECONDS = 5
+
+# Partition key /id (= OrderID) for both containers: every point operation
+# targets one logical partition, and an order's record never moves.
+PARTITION_KEY_PATH = "/id"
+
+# The Supervisor's scan: ProcessState = 'Processing' AND CompleteBy in a window,
+# ordered by (CompleteBy, id) for keyset paging. Cosmos needs a composite index
+# matching the ORDER BY exactly; the filter's equality property goes first.
+STATE_COMPOSITE_INDEXES: list[list[dict[str, str]]] = [
+    [
+        {"path": "/ProcessState", "order": "ascending"},
+        {"path": "/CompleteBy", "order": "ascending"},
+    ],
+    [
+        {"path": "/ProcessState", "order": "ascending"},
+        {"path": "/CompleteBy", "order": "ascending"},
+        {"path": "/id", "order": "ascending"},
+    ],
+]
+STATE_INDEXING_POLICY: dict[str, Any] = {
+    "indexingMode": "consistent",
+    "automatic": True,
+    "includedPaths": [{"path": "/*"}],
+    "excludedPaths": [{"path": '/"_etag"/?'}, {"path": "/History/*"}, {"path": "/Steps/*"}],
+    "compositeIndexes": STATE_COMPOSITE_INDEXES,
+}
+# TTL on, no default expiry: only records that set `ttl` (terminal ones) expire.
+STATE_DEFAULT_TTL = -1
+
+
+# --- client -------------------------------------------------------------------------
+
+
+def build_client(
+    account: CosmosAccount,
+    *,
+    credential: Any | None = None,
+    throttle_retries: int = DEFAULT_THROTTLE_RETRIES,
+    throttle_max_wait_seconds: int = DEFAULT_THROTTLE_MAX_WAIT_SECONDS,
+    **client_kwargs: Any,
+) -> CosmosClient:
+    """A CosmosClient for `account`. Keep one per process and close it at exit.
+
+    Args:
+        account: endpoint and key; `key` None selects identity-based access.
+        credential: an async token credential to use when the account has no
+            key (share one per process). None: a `DefaultAzureCredential` is
+            created, which the caller then owns (prefer `open_client`).
+        throttle_retries: how often the SDK itself retries a 429 before we see
+            TransientError (0: never).
+        throttle_max_wait_seconds: the SDK's cap on time spent in those retries.
+    """
+    if account.key:
+        auth: Any = account.key
+    elif credential is not None:
+        auth = credential
+    else:
+        from azure.identity.aio import DefaultAzureCredential
+
+        auth = DefaultAzureCredential()
+    policy = ConnectionPolicy()
+    # Set through the policy: the `retry_throttle_total` keyword treats 0 as unset.
+    policy.RetryOptions = RetryOptions(
+        max_retry_attempt_count=throttle_retries,
+        max_wait_time_in_seconds=throttle_max_wait_seconds,
+    )
+    kwargs: dict[str, Any] = {"connection_policy": policy, **client_kwargs}
+    if not account.verify_tls:
+        kwargs["connection_verify"] = False
+    return CosmosClient(account.endpoint, credential=auth, **kwargs)
+
+
+@asynccontextmanager
+async def open_client(account: CosmosAccount, **kwargs: Any) -> AsyncIterator[CosmosClient]:
+    """`build_client` as a context manager that also closes a credential it made."""
+    credential = None
+    if not account.key and kwargs.get("credential") is None:
+        from azure.identity.aio import DefaultAzureCredential
+
+        credential = DefaultAzureCredential()
+        kwargs["credential"] = credential
+    client = build_client(account, **kwargs)
+    try:
+        yield client
+    finally:
+        await client.close()
+        if credential is not None:
+            await credential.close()
+
+
+async def ensure_state_container(
+    client: CosmosClient, database: str, container: str
+) -> ContainerProxy:
+    """Create the state store's database and container if absent (local/dev only)."""
+    db = await client.create_database_if_not_exists(database)
+    return await db.create_container_if_not_exists(
+        id=container,
+        partition_key=PartitionKey(path=PARTITION_KEY_PATH),
+        indexing_policy=STATE_INDEXING_POLICY,
+        default_ttl=STATE_DEFAULT_TTL,
+    )
+
+
+async def ensure_orders_container(
+    client: CosmosClient, database: str, container: str
+) -> ContainerProxy:
+    """Create the orders DB's database and container if absent (local/dev only)."""
+    db = await client.create_database_if_not_exists(database)
+    return await db.create_container_if_not_exists(
+        id=container, partition_key=PartitionKey(path=PARTITION_KEY_PATH)
+    )
+
+
+# --- request charges -----------------------------------------------------------------
+
+
+@dataclass
+class KindCharges:
+    """What one kind of operation (read, replace, query, ...) has cost so far."""
+
+    calls: int = 0
+    request_units: float = 0.0
+    failures: int = 0
+
+
+@dataclass(frozen=True)
+class Charge:
+    kind: str
+    request_units: float
+    status: int | None = None
+
+
+@dataclass
+class RequestCharges:
+    """Records the request charge of every call, by operation kind.
+
+    Each adapter call passes `hook(kind)` as the SDK's `response_hook` (called
+    once per response; a query calls it once per page), and failed calls are
+    recorded from the error's headers by `translate_error`: a 412 or a 429
+    costs request units too. The last `keep` charges are kept in order for
+    tests and debugging; totals are kept for ever."""
+
+    keep: int = 1000
+    by_kind: dict[str, KindCharges] = field(default_factory=dict)
+    recent: deque[Charge] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.recent = deque(maxlen=self.keep)
+
+    @property
+    def total(self) -> float:
+        return sum(k.request_units for k in self.by_kind.values())
+
+    @property
+    def calls(self) -> int:
+        return sum(k.calls for k in self.by_kind.values())
+
+    def record(
+        self, kind: str, headers: Mapping[str, Any] | None, status: int | None = None
+    ) -> float:
+        charge = _charge_from(headers)
+        stats = self.by_kind.setdefault(kind, KindCharges())
+        stats.calls += 1
+        stats.request_units += charge
+        if status is not None and status >= 400:
+            stats.failures += 1
+        self.recent.append(Charge(kind, charge, status))
+        return charge
+
+    def hook(self, kind: str) -> Callable[[Mapping[str, Any], Any], None]:
+        def _hook(headers: Mapping[str, Any], _result: Any) -> None:
+            self.record(kind, headers)
+
+        return _hook
+
+    def snapshot(self) -> dict[str, dict[str, float]]:
+        """For structured logs: {kind: {calls, request_units, failures}}."""
+        return {
+            kind: {"calls": s.calls, "request_units": s.request_units, "failures": s.failures}
+            for kind, s in self.by_kind.items()
+        }
+
+    def reset(self) -> None:
+        self.by_kind.clear()
+        self.recent.clear()
+
+
+def _charge_from(headers: Mapping[str, Any] | None) -> float:
+    if not headers:
+        return 0.0
+    raw = headers.get(REQUEST_CHARGE)
+    if raw is None:  # a plain dict of headers is case-sensitive
+        raw = next((v for k, v in headers.items() if k.lower() == REQUEST_CHARGE), None)
+    try:
+        return float(raw) if raw is not None else 0.0
+    except (TypeError, ValueError):
+        return 0.0
+
+
+# --- errors --------------------------------------------------------------------------
+
+TRANSIENT_STATUSES = frozenset({408, 429, 449, 500, 502, 503, 504})
+
+
+def _retry_after(headers: Mapping[str, Any] | None) -> float | None:
+    if not headers:
+        return None
+    raw = headers.get(RETRY_AFTER_MS)
+    try:
+        return float(raw) / 1000.0 if raw is not None else None
+    except (TypeError, ValueError):
+        return None
+
+
+def translate_error(
+    exc: BaseException,
+    what: str,
+    charges: RequestCharges | None = None,
+    kind: str | None = None,
+) -> DomainError:
+    """The domain error for an SDK exception (caller raises it `from exc`).
+
+    404 NotFound, 409 Conflict, 412 Stale, 408/429/449/5xx and timeouts
+    Transient (with the service's retry-after), any other status Permanent.
+    A 500 is transient here because the service documents it as retryable;
+    the local server's old 500-for-missing bug is patched in its launcher."""
+    if isinstance(exc, CosmosHttpResponseError):
+        status = exc.status_code
+        if charges is not None and kind is not None:
+            charges.record(kind, exc.headers, status)
+        if status == 404:
+            return NotFoundError(f"{what}: not found")
+        if status == 409:
+            return ConflictError(f"{what}: already exists")
+        if status == 412:
+            return StaleError(f"{what}: changed since it was read (etag mismatch)")
+        if status in TRANSIENT_STATUSES or not status:  # 0: no HTTP answer at all
+            return TransientError(
+                f"{what}: Cosmos DB answered {status} ({_reason(exc)})",
+                retry_after=_retry_after(exc.headers),
+            )
+        return PermanentError(f"{what}: Cosmos DB answered {status} ({_reason(exc)})")
+    if isinstance(
+        exc,
+        CosmosClientTimeoutError
+        | ServiceRequestTimeoutError
+        | ServiceResponseTimeoutError
+        | ServiceRequestError
+        | ServiceResponseError
+        | asyncio.TimeoutError
+        | ConnectionError,
+    ):
+        return TransientError(f"{what}: {type(exc).__name__}: {exc}")
+    if isinstance(exc, AzureError):
+        return PermanentError(f"{what}: {type(exc).__name__}: {exc}")
+    raise TypeError(f"not an SDK error: {exc!r}") from exc
+
+
+def _reason(exc: CosmosHttpResponseError) -> str:
+    message = (exc.message or str(exc)).strip().splitlines()
+    return message[0][:200] if message else "no message"
+
+
+SDK_ERRORS: tuple[type[BaseException], ...] = (
+    AzureError,
+    asyncio.TimeoutError,
+    ConnectionError,
+)

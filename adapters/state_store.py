@@ -1,0 +1,430 @@
+"""The state store: the Cosmos container `orderState` (DESIGN.md §3), one
+document per order, partition key /id = OrderID.
+
+Every write is conditional. `replace` carries the etag the record was read
+with (412 -> StaleError); `update` re-checks the `LockedBy` guard on the very
+version it is about to replace, so no write ever lands without the guard
+holding; `claim` is the Starter's etag race (one winner, the rest get None).
+The transitions themselves are the pure functions of domain.state_machine:
+this module only reads, guards and writes.
+
+Timestamps are stored as fixed-width UTC strings
+(`2026-11-30T08:00:00.000000Z`), not pydantic's JSON form, which drops the
+fraction when it is zero and keeps non-UTC offsets: Cosmos compares strings,
+and `CompleteBy` range scans must order the way time does.
+
+Supervisor scans (`query_expired`) page by keyset, not by the SDK's
+continuation token: the query is ORDER BY (ProcessState, CompleteBy, id) with
+TOP n, and the token we hand back is the (CompleteBy, id) of the last record
+returned. It is an opaque string the caller can save and use in a fresh
+process, it stays exact while the scanned records change (recovering a record
+removes it from the result set, which would shift a position-based cursor),
+and it does not depend on the Python SDK resuming cross-partition ORDER BY
+queries, which it cannot do against a multi-partition Azure container (the
+SDK's query-plan path has no continuation support; azure-sdk-for-python
+#37230, #41434). Each page costs one TOP n query: bounded by the page size,
+not by the number of records (invariant 6).
+
+Backlog gauge (admission control). Submit must know roughly how many orders
+are Pending without paying a cross-partition COUNT per message, which fans
+out to every physical partition and grows with the container. Instead the
+Starter, once per run, measures with one COUNT query and writes the result to
+a small document `{"id": "_backlog", "PendingCount": n, "MeasuredAt": t}` in
+this container; Submit reads it with a point read (1 RU), and may cache it
+for `backlog_gauge_max_age`. `read_backlog_gauge` returns the measurement
+time too, so the caller decides what a stale gauge means. The id cannot
+collide with an order: OrderIDs start with a letter or digit. The gauge has
+no ProcessState, so no state query ever returns it.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import enum
+import json
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from datetime import UTC, datetime
+from typing import Any, Final, Literal, NamedTuple
+
+from azure.core import MatchConditions
+from azure.cosmos.aio import ContainerProxy
+from pydantic import ValidationError
+
+from adapters.cosmos_client import SDK_ERRORS, RequestCharges, translate_error
+from adapters.ports import AnyOwner
+from domain.errors import (
+    ConflictError,
+    NotFoundError,
+    PermanentError,
+    StaleError,
+)
+from domain.models import OrderState, ProcessState
+from domain.state_machine import RetryPolicy, is_claimable
+from domain.state_machine import claim as claim_transition
+
+log = logging.getLogger(__name__)
+
+SYSTEM_PROPERTIES: Final = frozenset({"_rid", "_self", "_etag", "_attachments", "_ts", "_lsn"})
+BACKLOG_GAUGE_ID: Final = "_backlog"
+DEFAULT_UPDATE_ATTEMPTS: Final = 5
+
+
+_Any = AnyOwner  # one sentinel for every StateStore (adapters.ports)
+ANY: Final = _Any.ANY
+"""`update(..., expected_locked_by=ANY)`: no LockedBy guard, etag only (the
+Starter's claim, an operator's resubmit)."""
+
+ExpectedLock = str | None | Literal[_Any.ANY]
+
+
+class BacklogGauge(NamedTuple):
+    """The last measurement of the Pending backlog (see the module docstring);
+    a plain (pending, measured_at) pair for the StateStore port."""
+
+    pending: int
+    measured_at: datetime
+
+
+# --- serialisation --------------------------------------------------------------------
+
+
+def cosmos_time(value: datetime) -> str:
+    """Fixed-width UTC: lexicographic order is time order."""
+    if value.tzinfo is None:
+        raise ValueError("naive datetimes are not stored; use timezone-aware UTC")
+    return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return cosmos_time(value)
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+def to_document(record: OrderState) -> dict[str, Any]:
+    # model_dump(mode="python") then our own datetime form; everything else in
+    # OrderState is already plain JSON (str, int, bool, None, lists, dicts).
+    doc = _jsonable(record.model_dump(mode="python"))
+    if doc.get("ttl") is None:
+        doc.pop("ttl", None)  # absent = container default (never expire)
+    return doc
+
+
+def strip_system(doc: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in doc.items() if k not in SYSTEM_PROPERTIES}
+
+
+def from_document(doc: Mapping[str, Any]) -> OrderState:
+    try:
+        return OrderState.model_validate(strip_system(doc))
+    except ValidationError as exc:
+        raise PermanentError(
+            f"state record {doc.get('id')!r} does not match OrderState: {exc}"
+        ) from exc
+
+
+def _etag_of(doc: Mapping[str, Any] | None, headers: Mapping[str, Any] | None = None) -> str:
+    etag = (doc or {}).get("_etag") or (headers or {}).get("etag")
+    if not etag:
+        raise PermanentError("Cosmos DB returned no etag")
+    return str(etag)
+
+
+def encode_cursor(complete_by: str, order_id: str) -> str:
+    raw = json.dumps({"v": 1, "cb": complete_by, "id": order_id}, separators=(",", ":"))
+    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+
+
+def decode_cursor(token: str) -> tuple[str, str]:
+    try:
+        padded = token + "=" * (-len(token) % 4)
+        data = json.loads(base64.urlsafe_b64decode(padded.encode()))
+        if data.get("v") != 1 or not isinstance(data["cb"], str) or not isinstance(data["id"], str):
+            raise ValueError("unknown cursor version")
+        return data["cb"], data["id"]
+    except (ValueError, KeyError, TypeError, binascii.Error) as exc:
+        raise PermanentError(f"invalid continuation token: {exc}") from exc
+
+
+# --- queries --------------------------------------------------------------------------
+
+_PENDING_QUERY: Final = (
+    "SELECT TOP @max * FROM c WHERE c.ProcessState = @pending AND IS_NULL(c.LockedBy)"
+    " AND (NOT IS_DEFINED(c.NotBefore) OR IS_NULL(c.NotBefore) OR c.NotBefore <= @now)"
+)
+_EXPIRED_FILTER: Final = (
+    "c.ProcessState = @processing AND c.CompleteBy >= @start AND c.CompleteBy < @now"
+)
+_EXPIRED_ORDER: Final = " ORDER BY c.ProcessState ASC, c.CompleteBy ASC, c.id ASC"
+_EXPIRED_FIRST: Final = f"SELECT TOP @max * FROM c WHERE {_EXPIRED_FILTER}{_EXPIRED_ORDER}"
+_EXPIRED_AFTER: Final = (
+    f"SELECT TOP @max * FROM c WHERE {_EXPIRED_FILTER}"
+    " AND (c.CompleteBy > @after_cb OR (c.CompleteBy = @after_cb AND c.id > @after_id))"
+    f"{_EXPIRED_ORDER}"
+)
+_COUNT_QUERY: Final = "SELECT VALUE COUNT(1) FROM c WHERE c.ProcessState = @state"
+
+
+def _valid(docs: list[dict[str, Any]]) -> list[tuple[OrderState, str]]:
+    """Records and etags of a query's documents. A document that is not a
+    valid record is logged and left out, so one bad document cannot stop
+    every Starter and Supervisor run (an operator must look at it)."""
+    valid = []
+    for doc in docs:
+        try:
+            valid.append((from_document(doc), _etag_of(doc)))
+        except PermanentError as exc:
+            log.error("skipping invalid state document %r: %s", doc.get("id"), exc)
+    return valid
+
+
+def _params(**values: Any) -> list[dict[str, Any]]:
+    return [{"name": f"@{k}", "value": v} for k, v in values.items()]
+
+
+class CosmosStateStore:
+    """Conditional reads and writes of state records (see the module docstring).
+
+    Args:
+        container: the `orderState` container (a ContainerProxy of the aio client).
+        charges: where request charges are recorded (one per store by default).
+        update_attempts: how many times `update` re-reads after losing an etag
+            race while its guard still holds, before it reports StaleError.
+    """
+
+    def __init__(
+        self,
+        container: ContainerProxy,
+        charges: RequestCharges | None = None,
+        update_attempts: int = DEFAULT_UPDATE_ATTEMPTS,
+    ) -> None:
+        self._container = container
+        self.charges = charges if charges is not None else RequestCharges()
+        self._update_attempts = update_attempts
+
+    # --- point operations ---------------------------------------------------------
+
+    async def create_if_absent(self, record: OrderState) -> tuple[OrderState, str, bool]:
+        """Create the record unless one with its id exists.
+
+        Returns (stored record, its etag, created). When the record existed, the
+        stored one is returned unchanged: comparing it with the order (digest)
+        is the caller's decision."""
+        for _ in range(3):
+            try:
+                doc = await self._container.create_item(
+                    body=to_document(record), response_hook=self.charges.hook("create")
+                )
+                return from_document(doc), _etag_of(doc), True
+            except SDK_ERRORS as exc:
+                error = translate_error(exc, f"create state {record.id}", self.charges, "create")
+                if not isinstance(error, ConflictError):
+                    raise error from exc
+            try:
+                stored, etag = await self.read(record.id)
+                return stored, etag, False
+            except NotFoundError:
+                continue  # deleted (TTL) between the two calls: create again
+        raise StaleError(f"state record {record.id} keeps appearing and disappearing")
+
+    async def read(self, order_id: str) -> tuple[OrderState, str]:
+        """The record and its etag; NotFoundError if there is none."""
+        doc = await self._read_doc(order_id, f"read state {order_id}")
+        return from_document(doc), _etag_of(doc)
+
+    async def replace(self, record: OrderState, etag: str) -> str:
+        """Replace the record if it is still at `etag`; the new etag.
+        StaleError if it changed since; NotFoundError if it is gone."""
+        try:
+            doc = await self._container.replace_item(
+                item=record.id,
+                body=to_document(record),
+                etag=etag,
+                match_condition=MatchConditions.IfNotModified,
+                response_hook=self.charges.hook("replace"),
+            )
+        except SDK_ERRORS as exc:
+            raise translate_error(
+                exc, f"replace state {record.id}", self.charges, "replace"
+            ) from exc
+        return _etag_of(doc)
+
+    async def update(
+        self,
+        order_id: str,
+        mutate: Callable[[OrderState], OrderState],
+        expected_locked_by: ExpectedLock,
+    ) -> tuple[OrderState, str]:
+        """Read, check `LockedBy == expected_locked_by`, apply `mutate`, and
+        replace on the etag read. Losing the etag race re-reads and re-checks
+        the guard (at most `update_attempts` times): a write never lands
+        unless the guard held on the version it replaced.
+
+        `mutate` is a domain transition; its errors (IllegalTransition,
+        StaleError) propagate unchanged. A transition that changes nothing is
+        not written. Raises StaleError when the guard fails or the record
+        keeps changing, NotFoundError when there is no record."""
+        for _ in range(self._update_attempts):
+            record, etag = await self.read(order_id)
+            if expected_locked_by is not ANY and record.LockedBy != expected_locked_by:
+                raise StaleError(
+                    f"order {order_id} is locked by {record.LockedBy!r}, "
+                    f"not by {expected_locked_by!r}"
+                )
+            updated = mutate(record)
+            if updated.id != record.id:
+                raise PermanentError(f"a transition of {order_id} changed its id to {updated.id}")
+            if updated == record:
+                return record, etag
+            try:
+                new_etag = await self.replace(updated, etag)
+            except StaleError:
+                log.info("order %s changed while updating; re-reading", order_id)
+                continue
+            return updated, new_etag
+        raise StaleError(
+            f"order {order_id} changed {self._update_attempts} times while updating; giving up"
+        )
+
+    async def claim(self, order_id: str, now: datetime, policy: RetryPolicy) -> OrderState | None:
+        """The Starter's claim: Pending and unlocked -> Processing, locked by the
+        next attempt, CompleteBy set. None when the record is not claimable or
+        another claimer won the etag race (the loser moves on, never retries)."""
+        try:
+            record, etag = await self.read(order_id)
+        except NotFoundError:
+            return None
+        if not is_claimable(record, now):
+            return None
+        claimed = claim_transition(record, now, policy)
+        try:
+            await self.replace(claimed, etag)
+        except (StaleError, NotFoundError):
+            return None
+        return claimed
+
+    # --- queries --------------------------------------------------------------------
+
+    async def query_pending(self, max_items: int, now: datetime) -> list[OrderState]:
+        """Up to `max_items` claimable records: Pending, unlocked, not waiting
+        for a long retry. Cross-partition; order unspecified."""
+        docs = await self._query(
+            _PENDING_QUERY,
+            _params(max=max_items, pending=ProcessState.PENDING.value, now=cosmos_time(now)),
+            max_items,
+            "query_pending",
+        )
+        return [record for record, _ in _valid(docs) if is_claimable(record, now)]
+
+    async def query_expired(
+        self,
+        now: datetime,
+        window_start: datetime,
+        max_items: int,
+        continuation: str | None = None,
+    ) -> tuple[list[tuple[OrderState, str]], str | None]:
+        """One page of Processing records whose CompleteBy is in
+        [window_start, now), oldest deadline first, with their etags.
+
+        Returns (page, next continuation). The continuation is None when the
+        page came back short (nothing more to scan); otherwise pass it back,
+        from this process or another, to get the records after the last one
+        returned (the page after a full last page may be empty)."""
+        if max_items < 1:
+            raise ValueError("max_items must be at least 1")
+        params = _params(
+            max=max_items,
+            processing=ProcessState.PROCESSING.value,
+            start=cosmos_time(window_start),
+            now=cosmos_time(now),
+        )
+        query = _EXPIRED_FIRST
+        if continuation is not None:
+            after_cb, after_id = decode_cursor(continuation)
+            params += _params(after_cb=after_cb, after_id=after_id)
+            query = _EXPIRED_AFTER
+        docs = await self._query(query, params, max_items, "query_expired")
+        page = _valid(docs)
+        if len(docs) < max_items:
+            return page, None
+        last = docs[-1]
+        return page, encode_cursor(last["CompleteBy"], last["id"])
+
+    async def count_in_state(self, state: ProcessState | str) -> int:
+        """One cross-partition COUNT: for the Starter's once-per-run gauge, not
+        for per-message use (its cost grows with the container)."""
+        value = ProcessState(state).value
+        result = await self._query(_COUNT_QUERY, _params(state=value), None, "count")
+        return int(result[0]) if result else 0
+
+    # --- backlog gauge --------------------------------------------------------------
+
+    async def write_backlog_gauge(self, pending: int, measured_at: datetime) -> None:
+        """Store the Starter's measurement (an upsert of one small document)."""
+        doc = {
+            "id": BACKLOG_GAUGE_ID,
+            "PendingCount": pending,
+            "MeasuredAt": cosmos_time(measured_at),
+        }
+        try:
+            await self._container.upsert_item(
+                body=doc, response_hook=self.charges.hook("gauge_write")
+            )
+        except SDK_ERRORS as exc:
+            raise translate_error(exc, "write backlog gauge", self.charges, "gauge_write") from exc
+
+    async def refresh_backlog_gauge(self, now: datetime) -> BacklogGauge:
+        """Measure with one COUNT and store the gauge: once per Starter run."""
+        pending = await self.count_in_state(ProcessState.PENDING)
+        await self.write_backlog_gauge(pending, now)
+        return BacklogGauge(pending, now)
+
+    async def read_backlog_gauge(self) -> BacklogGauge | None:
+        """(pending, measured_at) by a point read; None if never measured.
+        How old a gauge may be before it is ignored is the caller's policy."""
+        try:
+            doc = await self._read_doc(BACKLOG_GAUGE_ID, "read backlog gauge", kind="gauge_read")
+        except NotFoundError:
+            return None
+        try:
+            measured_at = datetime.fromisoformat(doc["MeasuredAt"])
+            return BacklogGauge(int(doc["PendingCount"]), measured_at)
+        except (KeyError, TypeError, ValueError) as exc:
+            log.error("ignoring an invalid backlog gauge: %s", exc)
+            return None
+
+    # --- plumbing -------------------------------------------------------------------
+
+    async def _read_doc(self, item_id: str, what: str, kind: str = "read") -> dict[str, Any]:
+        try:
+            return await self._container.read_item(
+                item=item_id, partition_key=item_id, response_hook=self.charges.hook(kind)
+            )
+        except SDK_ERRORS as exc:
+            raise translate_error(exc, what, self.charges, kind) from exc
+
+    async def _query(
+        self,
+        query: str,
+        parameters: Iterable[dict[str, Any]],
+        max_items: int | None,
+        kind: str,
+    ) -> list[Any]:
+        try:
+            pages = self._container.query_items(
+                query=query,
+                parameters=list(parameters),
+                max_item_count=max_items,
+                response_hook=self.charges.hook(kind),
+            )
+            return [item async for item in pages]
+        except SDK_ERRORS as exc:
+            raise translate_error(exc, f"{kind} query", self.charges, kind) from exc

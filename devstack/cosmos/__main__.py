@@ -1,0 +1,34 @@
+"""`python -m devstack.cosmos --port PORT`: run the patched local Cosmos DB
+server in the foreground until interrupted. Prints one ready line:
+`cosmosdb-server ready at https://127.0.0.1:PORT/ ...`."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+
+from devstack.cosmos.server import REPO_ROOT, ServerStartError, launcher_command
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m devstack.cosmos", description=__doc__)
+    parser.add_argument("--port", type=int, default=8081, help="0 picks a free port (default 8081)")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--faults", help="JSON list of fault rules to start with (see faults.py)")
+    args = parser.parse_args(argv)
+    try:
+        command = launcher_command(args.port, args.host, args.faults)
+    except ServerStartError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    os.chdir(REPO_ROOT)  # node resolves @vercel/cosmosdb-server from here
+    if os.name == "posix":
+        # Replace this process: signals sent to our pid reach node directly.
+        os.execv(command[0], command)
+    return subprocess.call(command)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

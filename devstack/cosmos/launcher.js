@@ -1,0 +1,320 @@
+#!/usr/bin/env node
+// Local Cosmos DB server for tests and the dev stack: @vercel/cosmosdb-server,
+// pinned to 1.0.1, with the bugs that matter to us patched at start-up and a
+// fault-injection switch ("throttle the store"). See docs/cosmos-server.md.
+//
+// The patches reach into the package's compiled handlers, so the version is
+// checked first: a different version must be re-validated, not silently used.
+//
+// Usage: node launcher.js [--port N] [--host 127.0.0.1] [--faults JSON]
+//   --port 0 (the default) picks a free port; the ready line names it:
+//   "cosmosdb-server ready at https://127.0.0.1:PORT/ ..."
+"use strict";
+
+const PINNED_VERSION = "1.0.1";
+const PKG = "@vercel/cosmosdb-server";
+
+function fail(message) {
+  process.stderr.write(`cosmosdb launcher: ${message}\n`);
+  process.exit(2);
+}
+
+let pkgJson;
+try {
+  pkgJson = require(`${PKG}/package.json`);
+} catch (err) {
+  fail(`cannot load ${PKG} (run npm ci in the repository root): ${err.message}`);
+}
+if (pkgJson.version !== PINNED_VERSION) {
+  fail(`${PKG} is ${pkgJson.version}; the patches are written for ${PINNED_VERSION}`);
+}
+const lib = name => require(`${PKG}/lib/${name}`);
+
+// --- arguments ----------------------------------------------------------------------
+
+function parseArgs(argv) {
+  const args = { port: 0, host: "127.0.0.1", faults: [] };
+  for (let i = 0; i < argv.length; i += 1) {
+    const key = argv[i];
+    const value = argv[i + 1];
+    if (key === "--port") {
+      args.port = parseInt(value, 10);
+      i += 1;
+    } else if (key === "--host") {
+      args.host = value;
+      i += 1;
+    } else if (key === "--faults") {
+      args.faults = JSON.parse(value);
+      i += 1;
+    } else {
+      fail(`unknown argument ${key}`);
+    }
+  }
+  if (!Number.isInteger(args.port) || args.port < 0 || args.port > 65535) {
+    fail("--port must be 0..65535");
+  }
+  return args;
+}
+
+// --- patches (before lib/routes is loaded: it captures the handlers) -----------------
+
+const applied = [];
+
+// Bug 1: reading a missing document throws a TypeError in the handler
+// (`data[path]` on undefined) and answers 500; Cosmos answers 404 NotFound.
+{
+  const readDocument = lib("handler/read-document");
+  const pk = lib("utils/get-partition-from-header");
+  const original = readDocument.default;
+  readDocument.default = (account, req, res, params) => {
+    const collection = account.database(params.dbId).collection(params.collId);
+    const header = pk.default(req);
+    if (collection.read() && header !== undefined) {
+      let partition;
+      try {
+        partition = pk.parsePartitionKey(header, params.docId);
+      } catch (err) {
+        return original(account, req, res, params);
+      }
+      if (!collection.document(params.docId, partition).read()) {
+        res.statusCode = 404;
+        return {
+          code: "NotFound",
+          message: "Entity with the specified id does not exist in the system."
+        };
+      }
+    }
+    return original(account, req, res, params);
+  };
+  applied.push("read-missing-404");
+}
+
+// Bug 3: a patch's filter predicate is lowercased before it is evaluated, so a
+// predicate naming a property or value with capitals never matches (412).
+// Evaluate the predicate here, case intact, then run the patch without it.
+{
+  const patchOps = lib("handler/_patch-operations");
+  const pk = lib("utils/get-partition-from-header");
+  const original = patchOps.patchOperation;
+  const conditionQuery = condition => {
+    const text = condition.trim();
+    if (/^select\s/i.test(text)) {
+      return text;
+    }
+    const where = text.match(/^(?:from\s+\w+\s+)?where\s+([\s\S]*)$/i);
+    if (where) {
+      return `SELECT * FROM c WHERE c.id = @id AND (${where[1]})`;
+    }
+    return `SELECT * ${text} AND c.id = @id`;
+  };
+  patchOps.patchOperation = (collection, input) => {
+    if (!input.condition) {
+      return original(collection, input);
+    }
+    let data;
+    try {
+      data = collection
+        .document(input.id, pk.parsePartitionKey(input.partitionKey, input.id))
+        .read();
+    } catch (err) {
+      return original(collection, input);
+    }
+    if (!data || (input.ifMatch && input.ifMatch !== data._etag)) {
+      return original(collection, { ...input, condition: undefined }); // 404 / 412
+    }
+    let matched;
+    try {
+      matched = collection.documents.query(
+        { query: conditionQuery(input.condition), parameters: [{ name: "@id", value: input.id }] },
+        {}
+      ).result.length > 0;
+    } catch (err) {
+      return {
+        statusCode: 400,
+        body: { code: "BadRequest", message: `Invalid condition in patch request: ${err.message}` }
+      };
+    }
+    if (!matched) {
+      return {
+        statusCode: 412,
+        body: {
+          code: "PreconditionFailed",
+          message: "Condition specified in the patch request is not satisfied."
+        }
+      };
+    }
+    return original(collection, { ...input, condition: undefined });
+  };
+  applied.push("patch-condition-case");
+}
+
+// --- fault injection -----------------------------------------------------------------
+//
+// Rules answer matching requests with an error instead of serving them, the way
+// the service does under load. Set at start with --faults, or at run time with
+//   PUT    /_devstack/faults   body [rule, ...]   (replaces the rules)
+//   GET    /_devstack/faults   the rules and how often each fired
+//   DELETE /_devstack/faults   no rules
+// A rule: {"db": "name"?, "coll": "name"?, "docsOnly": bool?, "method": "GET"?,
+//          "status": 429|503|408|..., "retryAfterMs": 100?, "fraction": 0..1?,
+//          "count": N?}   (count: fire N times, then the rule is spent)
+// The path /_devstack/ is not part of the Cosmos REST API, so the control
+// endpoint can never be mistaken for a real one.
+
+const FAULT_CODES = {
+  408: ["RequestTimeout", 0],
+  429: ["TooManyRequests", 3200],
+  449: ["RetryWith", 0],
+  500: ["InternalServerError", 0],
+  503: ["ServiceUnavailable", 0]
+};
+
+let faultRules = [];
+
+function setFaults(rules) {
+  if (!Array.isArray(rules)) {
+    throw new Error("faults must be a JSON array of rules");
+  }
+  faultRules = rules.map(rule => {
+    if (typeof rule !== "object" || rule === null || !Number.isInteger(rule.status)) {
+      throw new Error("each fault rule needs an integer status");
+    }
+    return { ...rule, fired: 0 };
+  });
+}
+
+function pathParts(url) {
+  let pathname = url.split("?")[0];
+  while (pathname.startsWith("//")) {
+    pathname = pathname.slice(1);
+  }
+  const parts = pathname.split("/").filter(Boolean).map(decodeURIComponent);
+  const named = {};
+  for (let i = 0; i + 1 < parts.length; i += 2) {
+    named[parts[i]] = parts[i + 1];
+  }
+  return { named, parts };
+}
+
+function matchingFault(req) {
+  const { named, parts } = pathParts(req.url);
+  for (const rule of faultRules) {
+    if (rule.count !== undefined && rule.count !== null && rule.fired >= rule.count) continue;
+    if (rule.db && named.dbs !== rule.db) continue;
+    if (rule.coll && named.colls !== rule.coll) continue;
+    if (rule.docsOnly && !parts.includes("docs")) continue;
+    if (rule.method && rule.method.toUpperCase() !== req.method) continue;
+    if (rule.fraction !== undefined && Math.random() >= rule.fraction) continue;
+    rule.fired += 1;
+    return rule;
+  }
+  return null;
+}
+
+function sendJson(res, status, body, headers = {}) {
+  res.statusCode = status;
+  res.setHeader("content-type", "application/json");
+  res.setHeader("x-ms-request-charge", "0");
+  res.setHeader("x-ms-activity-id", require("crypto").randomUUID());
+  for (const [name, value] of Object.entries(headers)) {
+    res.setHeader(name, value);
+  }
+  res.end(JSON.stringify(body));
+}
+
+function controlFaults(req, res) {
+  if (req.method === "GET") {
+    sendJson(res, 200, { rules: faultRules });
+    return;
+  }
+  if (req.method === "DELETE") {
+    faultRules = [];
+    sendJson(res, 200, { rules: [] });
+    return;
+  }
+  if (req.method === "PUT" || req.method === "POST") {
+    const chunks = [];
+    req.on("data", chunk => chunks.push(chunk));
+    req.on("end", () => {
+      try {
+        setFaults(JSON.parse(Buffer.concat(chunks).toString() || "[]"));
+        sendJson(res, 200, { rules: faultRules });
+      } catch (err) {
+        sendJson(res, 400, { message: err.message });
+      }
+    });
+    return;
+  }
+  sendJson(res, 405, { message: "use GET, PUT or DELETE" });
+}
+
+function injectFault(req, res, rule) {
+  // Drain the body first so the client sees a clean response, as from the service.
+  req.resume();
+  req.on("end", () => {
+    const [code, substatus] = FAULT_CODES[rule.status] || ["InjectedFault", 0];
+    const headers = { "x-ms-substatus": String(substatus) };
+    if (rule.retryAfterMs !== undefined) {
+      headers["x-ms-retry-after-ms"] = String(rule.retryAfterMs);
+    }
+    sendJson(
+      res,
+      rule.status,
+      { code, message: `fault injected by the dev stack (${code})` },
+      headers
+    );
+  });
+}
+
+// --- server --------------------------------------------------------------------------
+
+const args = parseArgs(process.argv.slice(2));
+try {
+  setFaults(args.faults);
+} catch (err) {
+  fail(`--faults: ${err.message}`);
+}
+
+const { createHttpsServer } = lib("index");
+// keepAlive: the package closes every connection by default, which costs each
+// request a TLS handshake (~45 ms with the sync client).
+const server = createHttpsServer({ keepAlive: true });
+// Outlive the clients' idle pools (aiohttp keeps idle connections 15 s) so a
+// client never reuses a connection the server is closing at that instant.
+server.keepAliveTimeout = 120000;
+server.headersTimeout = 121000;
+const [serveCosmos] = server.listeners("request");
+server.removeAllListeners("request");
+server.on("request", (req, res) => {
+  if (req.url.split("?")[0].replace(/^\/+/, "/") === "/_devstack/faults") {
+    controlFaults(req, res);
+    return;
+  }
+  const rule = faultRules.length ? matchingFault(req) : null;
+  if (rule) {
+    injectFault(req, res, rule);
+    return;
+  }
+  serveCosmos(req, res);
+});
+
+server.on("error", err => fail(err.message));
+server.listen(args.port, args.host, () => {
+  const { port } = server.address();
+  const host = args.host.includes(":") ? `[${args.host}]` : args.host;
+  process.stdout.write(
+    `cosmosdb-server ready at https://${host}:${port}/ ` +
+      `(${PKG} ${pkgJson.version}, pid ${process.pid}, patches: ${applied.join(", ")})\n`
+  );
+});
+
+// Memory only: nothing to flush, and idle keep-alive connections would hold close().
+const stop = () => process.exit(0);
+process.on("SIGTERM", stop);
+process.on("SIGINT", stop);
+
+// A test run that is killed outright cannot stop us: leave with our parent.
+const parent = process.ppid;
+setInterval(() => {
+  if (process.ppid !== parent) stop();
+}, 1000).unref();

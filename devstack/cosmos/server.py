@@ -1,0 +1,121 @@
+"""Start and stop the patched local Cosmos DB server (launcher.js)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from adapters.settings import LOCAL_COSMOS_KEY
+
+LAUNCHER = Path(__file__).with_name("launcher.js")
+REPO_ROOT = Path(__file__).resolve().parents[2]
+# The server accepts any key; use the emulator's well-known one so that the
+# same connection string works against the official emulator.
+LOCAL_KEY = LOCAL_COSMOS_KEY
+_READY = re.compile(r"cosmosdb-server ready at (https://\S+/)")
+
+
+class ServerStartError(RuntimeError):
+    """The server did not print its ready line; the message carries its output."""
+
+
+def launcher_command(
+    port: int = 0, host: str = "127.0.0.1", faults: str | None = None
+) -> list[str]:
+    node = shutil.which("node")
+    if node is None:
+        raise ServerStartError("node is not on PATH; the local Cosmos DB server needs Node.js 18+")
+    command = [node, str(LAUNCHER), "--port", str(port), "--host", host]
+    if faults:
+        command += ["--faults", faults]
+    return command
+
+
+@dataclass
+class CosmosServer:
+    """A running server. `endpoint` ends with '/'; TLS is self-signed (and
+    expired), so clients connect with verify_tls=False."""
+
+    endpoint: str
+    process: subprocess.Popen[str]
+    key: str = LOCAL_KEY
+    output: deque[str] = field(default_factory=lambda: deque(maxlen=200))
+
+    @property
+    def connection_string(self) -> str:
+        return f"AccountEndpoint={self.endpoint};AccountKey={self.key};"
+
+    @property
+    def port(self) -> int:
+        return int(self.endpoint.rstrip("/").rsplit(":", 1)[1])
+
+    def stop(self, timeout: float = 10) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout)
+
+    def __enter__(self) -> CosmosServer:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+
+def start_server(
+    port: int = 0, host: str = "127.0.0.1", timeout: float = 30, faults: str | None = None
+) -> CosmosServer:
+    """Start the launcher and wait for its ready line. Port 0 lets the OS pick a
+    free port (no race between choosing a port and binding it)."""
+    launcher_command(port, host, faults)  # fail early and clearly without node
+    command = [sys.executable, "-m", "devstack.cosmos", "--port", str(port), "--host", host]
+    if faults:
+        command += ["--faults", faults]
+    process = subprocess.Popen(
+        command,
+        cwd=REPO_ROOT,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "NODE_NO_WARNINGS": "1"},
+    )
+    output: deque[str] = deque(maxlen=200)
+    ready = threading.Event()
+    found: list[str] = []
+
+    def pump() -> None:
+        # Keep reading after the ready line so the pipe never fills up and
+        # blocks the server; the tail is kept for error reports.
+        assert process.stdout is not None
+        for line in process.stdout:
+            output.append(line.rstrip())
+            match = _READY.search(line)
+            if match and not found:
+                found.append(match.group(1))
+                ready.set()
+        ready.set()
+
+    threading.Thread(target=pump, name="cosmosdb-server-output", daemon=True).start()
+    deadline = time.monotonic() + timeout
+    while not ready.wait(0.05):
+        if time.monotonic() > deadline:
+            break
+    if not found:
+        process.kill()
+        process.wait()
+        tail = "\n".join(output) or "(no output)"
+        raise ServerStartError(f"the local Cosmos DB server did not start:\n{tail}")
+    return CosmosServer(endpoint=found[0], process=process, output=output)

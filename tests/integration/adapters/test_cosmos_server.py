@@ -1,0 +1,101 @@
+"""The local Cosmos DB server behaves as the service does where we rely on it
+(docs/cosmos-server.md): each test here fails on the unpatched package."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from azure.cosmos import PartitionKey
+from azure.cosmos.aio import ContainerProxy
+from azure.cosmos.exceptions import CosmosHttpResponseError, CosmosResourceNotFoundError
+
+from adapters.cosmos_client import build_client
+from adapters.settings import CosmosAccount
+from devstack.cosmos import (
+    CosmosServer,
+    FaultRule,
+    clear_faults,
+    get_faults,
+    set_faults,
+    start_server,
+)
+
+
+async def test_reading_a_missing_item_is_404_not_500(state_container: ContainerProxy) -> None:
+    # Bug 1: the package answers 500 (TypeError in its read handler).
+    await state_container.create_item({"id": "present"})
+    with pytest.raises(CosmosResourceNotFoundError) as caught:
+        await state_container.read_item("absent", partition_key="absent")
+    assert caught.value.status_code == 404
+
+
+async def test_patch_filter_predicate_keeps_its_case(state_container: ContainerProxy) -> None:
+    # Bug 3: the package lowercases the predicate, so capitals never match.
+    await state_container.create_item({"id": "p1", "ProcessState": "Pending", "N": 0})
+    patched = await state_container.patch_item(
+        "p1",
+        partition_key="p1",
+        patch_operations=[{"op": "set", "path": "/N", "value": 1}],
+        filter_predicate="FROM c WHERE c.ProcessState = 'Pending'",
+    )
+    assert patched["N"] == 1
+    with pytest.raises(CosmosHttpResponseError) as caught:
+        await state_container.patch_item(
+            "p1",
+            partition_key="p1",
+            patch_operations=[{"op": "set", "path": "/N", "value": 2}],
+            filter_predicate="FROM c WHERE c.ProcessState = 'Processing'",
+        )
+    assert caught.value.status_code == 412
+    assert (await state_container.read_item("p1", partition_key="p1"))["N"] == 1
+
+
+async def test_fault_rules_throttle_only_their_database(
+    cosmos_server: CosmosServer,
+    cosmos_account: CosmosAccount,
+    cosmos_database: str,
+    state_container: ContainerProxy,
+) -> None:
+    await state_container.create_item({"id": "x"})
+    set_faults(
+        cosmos_server.endpoint,
+        FaultRule(status=429, db=cosmos_database, retry_after_ms=40, count=3),
+    )
+    client = build_client(cosmos_account, throttle_retries=0)
+    try:
+        container = client.get_database_client(cosmos_database).get_container_client(
+            state_container.id
+        )
+        with pytest.raises(CosmosHttpResponseError) as caught:
+            await container.read_item("x", partition_key="x")
+        assert caught.value.status_code == 429
+        assert caught.value.headers["x-ms-retry-after-ms"] == "40"
+        # Another database is not affected by the rule.
+        other = await client.create_database_if_not_exists(f"{cosmos_database}-other")
+        try:
+            await other.create_container_if_not_exists("c", partition_key=PartitionKey(path="/id"))
+            await other.get_container_client("c").create_item({"id": "y"})
+        finally:
+            await client.delete_database(f"{cosmos_database}-other")
+    finally:
+        await client.close()
+    (rule,) = get_faults(cosmos_server.endpoint)
+    assert rule["fired"] == 1
+
+
+def test_faults_can_be_set_at_start_and_bad_rules_are_refused() -> None:
+    rules = [{"status": 503, "db": "any-db", "count": 1}]
+    with start_server(faults=json.dumps(rules)) as server:
+        (rule,) = get_faults(server.endpoint)
+        assert (rule["status"], rule["db"], rule["fired"]) == (503, "any-db", 0)
+        with pytest.raises(RuntimeError, match="400"):
+            set_faults(server.endpoint, FaultRule(status="429"))  # type: ignore[arg-type]
+        clear_faults(server.endpoint)
+        assert get_faults(server.endpoint) == []
+    assert server.process.poll() is not None  # stopped on leaving the block
+
+
+def test_fault_control_refuses_a_remote_endpoint() -> None:
+    with pytest.raises(ValueError, match="local server only"):
+        set_faults("https://myaccount.documents.azure.com:443/", FaultRule())

@@ -1,0 +1,98 @@
+"""CosmosOrdersRepository: create-if-absent on OrderID, and a conflict naming
+every immutable field that differs when a different order reuses an id."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from adapters.orders_db import CosmosOrdersRepository
+from domain.errors import ConflictError, NotFoundError
+from domain.models import OrderSubmitted
+from tests.integration.adapters.builders import make_order, order_payload
+
+
+async def test_an_order_is_stored_once_and_read_back(
+    orders_repository: CosmosOrdersRepository,
+) -> None:
+    order = make_order("ORD-1")
+    assert await orders_repository.create_if_absent(order) is True
+    assert await orders_repository.create_if_absent(order) is False
+    assert await orders_repository.get("ORD-1") == order
+
+
+async def test_a_redelivery_in_another_canonical_form_is_the_same_order(
+    orders_repository: CosmosOrdersRepository,
+) -> None:
+    await orders_repository.create_if_absent(make_order("ORD-2"))
+    same = make_order(
+        "ORD-2",
+        Total="25.5",
+        Lines=[
+            {"Sku": "SKU-1", "Quantity": 2, "UnitPrice": "10"},
+            {"Sku": "SKU-2", "Quantity": 1, "UnitPrice": "5.5"},
+        ],
+    )
+    assert await orders_repository.create_if_absent(same) is False
+
+
+async def test_get_of_a_missing_order_is_not_found(
+    orders_repository: CosmosOrdersRepository,
+) -> None:
+    with pytest.raises(NotFoundError):
+        await orders_repository.get("NOPE-1")
+
+
+def _lines(price: str) -> dict[str, Any]:
+    return {
+        "Lines": [
+            {"Sku": "SKU-1", "Quantity": 2, "UnitPrice": price},
+            {"Sku": "SKU-2", "Quantity": 1, "UnitPrice": "5.50"},
+        ],
+        "Total": f"{2 * float(price) + 5.5:.2f}",
+    }
+
+
+# One change per immutable field; the fields a change touches (Lines and Total
+# are tied by a validator, so changing one changes the other).
+CHANGES: dict[str, tuple[Callable[[], dict[str, Any]], list[str]]] = {
+    "AppId": (lambda: {"AppId": "partner-portal"}, ["AppId"]),
+    "ReplyTo": (lambda: {"ReplyTo": "replies-other"}, ["ReplyTo"]),
+    "Customer": (lambda: {"Customer": {"CustomerId": "C-8", "Name": "Ada"}}, ["Customer"]),
+    "Lines": (
+        lambda: {
+            "Lines": [
+                {"Sku": "SKU-1", "Quantity": 2, "UnitPrice": "10.00"},
+                {"Sku": "SKU-3", "Quantity": 1, "UnitPrice": "5.50"},
+            ]
+        },
+        ["Lines"],
+    ),
+    "Total": (lambda: _lines("11.00"), ["Lines", "Total"]),
+    "Currency": (lambda: {"Currency": "USD"}, ["Currency"]),
+    "PaymentReference": (lambda: {"PaymentReference": "pay-ref-43"}, ["PaymentReference"]),
+}
+# OrderID names the order (another id is another order); SchemaVersion is a
+# Literal with one value today.
+NOT_CHANGEABLE = {"OrderID", "SchemaVersion"}
+
+
+def test_every_immutable_field_has_a_conflict_case() -> None:
+    assert set(CHANGES) | NOT_CHANGEABLE == set(OrderSubmitted.model_fields)
+
+
+@pytest.mark.parametrize("field", sorted(CHANGES))
+async def test_a_different_order_under_an_existing_id_is_a_conflict_naming_the_field(
+    field: str, orders_repository: CosmosOrdersRepository
+) -> None:
+    original = make_order("ORD-C")
+    await orders_repository.create_if_absent(original)
+    change, differing = CHANGES[field]
+    different = OrderSubmitted.model_validate(order_payload("ORD-C", **change()))
+
+    with pytest.raises(ConflictError) as caught:
+        await orders_repository.create_if_absent(different)
+    assert caught.value.fields == differing
+    assert await orders_repository.get("ORD-C") == original  # never overwritten

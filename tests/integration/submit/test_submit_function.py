@@ -1,0 +1,153 @@
+"""Submit through the function as registered, against the real Cosmos server
+and the Service Bus emulator: each outcome of DESIGN.md §2.2 and §4."""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+import pytest
+
+import bootstrap
+from adapters.state_store import CosmosStateStore
+from devstack.cosmos.faults import FaultRule, clear_faults, set_faults
+from domain.models import ProcessState
+from submit.functions import bp as submit_blueprint
+from tests.integration.app_env import Bus, app_env, registered  # noqa: F401
+from tests.unit.domain.conftest import order_payload
+
+pytestmark = pytest.mark.timeout(120)
+SUBMIT = registered(submit_blueprint, "submit_order")
+
+
+@pytest.fixture
+async def rig(app_env, servicebus_emulator):  # noqa: F811
+    rig = Rig(Bus(servicebus_emulator.connection_string))
+    for queue in ("orders", "replies-webshop", "replies-partner-portal", "alerts", "orders/$deadletterqueue"):
+        await rig.bus.drain(queue, wait=0.1)
+    yield rig
+    await rig.bus.close()
+    await bootstrap.close()
+
+
+class Rig:
+    def __init__(self, bus: Bus) -> None:
+        self.bus = bus
+        self.order_id = f"IT-{uuid.uuid4().hex[:10]}"
+
+    def body(self, **overrides) -> bytes:
+        return json.dumps(order_payload(OrderID=self.order_id, **overrides)).encode()
+
+    async def submit(self, body: bytes) -> tuple:
+        await self.bus.send("orders", body)
+        return await self.bus.deliver("orders", SUBMIT)
+
+    async def replies(self, queue="replies-webshop") -> list[str]:
+        return [m["Status"] for m in await self.bus.drain(queue, wait=0.3) if m.get("OrderID") == self.order_id]
+
+    async def alerts(self) -> list[str]:
+        return [m["Kind"] for m in await self.bus.drain("alerts", wait=0.3)]
+
+    async def record(self):
+        c = await bootstrap.container()
+        return (await c.store.read(self.order_id))[0]
+
+
+async def test_new_order_written_and_received_sent(rig):
+    assert await rig.submit(rig.body()) == ("complete",)
+    record = await rig.record()
+    assert record.ProcessState is ProcessState.PENDING and record.LockedBy is None
+    assert record.CompleteBy is None and record.FailureCount == 0 and record.ReceivedSent
+    c = await bootstrap.container()
+    assert (await c.orders.get(rig.order_id)).OrderID == rig.order_id
+    assert await rig.replies() == ["Received"]
+
+
+async def test_redelivered_identical_order_sends_no_second_received(rig):
+    await rig.submit(rig.body())
+    assert await rig.submit(rig.body()) == ("complete",)
+    assert await rig.replies() == ["Received"]
+
+
+async def test_crash_between_the_two_writes_is_healed_by_redelivery(rig, monkeypatch):
+    real = CosmosStateStore.create_if_absent
+
+    async def crash(self, record):
+        raise RuntimeError("process killed between the orders DB and the state store")
+
+    monkeypatch.setattr(CosmosStateStore, "create_if_absent", crash)
+    with pytest.raises(RuntimeError):
+        await rig.submit(rig.body())
+    monkeypatch.setattr(CosmosStateStore, "create_if_absent", real)
+    # the abandoned message comes back: the host redelivers it
+    assert await rig.bus.deliver("orders", SUBMIT) == ("complete",)
+    record = await rig.record()
+    assert record.ProcessState is ProcessState.PENDING
+    c = await bootstrap.container()
+    items = [i async for i in c.state_container.query_items(
+        "SELECT VALUE COUNT(1) FROM c WHERE c.id = @id", parameters=[{"name": "@id", "value": rig.order_id}],
+        partition_key=rig.order_id)]
+    assert items == [1]
+    assert await rig.replies() == ["Received"]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field"),
+    [
+        ({"Customer": {"CustomerId": "C-999"}}, "Customer"),
+        ({"Currency": "USD"}, "Currency"),
+        ({"PaymentReference": "another-ref"}, "PaymentReference"),
+        ({"Lines": [{"Sku": "SKU-9", "Quantity": 1, "UnitPrice": "25.50"}]}, "Lines"),
+    ],
+)
+async def test_conflicting_order_is_deadlettered_alerted_and_nothing_overwritten(rig, overrides, field):
+    await rig.submit(rig.body())
+    before = await rig.record()
+    call = await rig.submit(rig.body(**overrides))
+    assert call[0] == "deadletter" and call[1] == "OrderConflict" and field in call[2]
+    assert await rig.record() == before
+    dead = [m for m in await rig.bus.drain("orders/$deadletterqueue", wait=0.3) if m.get("OrderID") == rig.order_id]
+    assert [m["_dead_letter_reason"] for m in dead] == ["OrderConflict"]
+    assert "OrderConflict" in await rig.alerts()
+
+
+async def test_malformed_message_is_deadlettered_with_the_validation_error(rig):
+    call = await rig.submit(b'{"OrderID": 42, "Lines": "many"}')
+    assert call[0] == "deadletter" and call[1] == "InvalidMessage"
+    assert "OrderSubmitted" in call[2]
+    assert "InvalidMessage" in await rig.alerts()
+
+
+async def test_oversize_message_is_deadlettered(rig, app_env):  # noqa: F811
+    app_env(MAX_ORDER_BYTES="2048")
+    lines = [{"Sku": f"SKU-{i:04d}", "Quantity": 1, "UnitPrice": "1.00"} for i in range(80)]
+    call = await rig.submit(rig.body(Lines=lines, Total="80.00"))
+    assert call[:2] == ("deadletter", "InvalidMessage") and "limit is 2048 bytes" in call[2]
+
+
+async def test_reply_queue_of_another_application_is_refused(rig):
+    call = await rig.submit(rig.body(ReplyTo="replies-partner-portal"))
+    assert call[:2] == ("deadletter", "ReplyQueueNotAllowed")
+    assert await rig.replies("replies-partner-portal") == []
+    assert "ReplyQueueNotAllowed" in await rig.alerts()
+
+
+async def test_backlog_above_threshold_answers_rejected(rig, app_env):  # noqa: F811
+    app_env(PENDING_BACKLOG_LIMIT="5")
+    c = await bootstrap.container()
+    from datetime import UTC, datetime
+
+    await c.store.write_backlog_gauge(6, datetime.now(UTC))
+    assert await rig.submit(rig.body()) == ("complete",)
+    assert await rig.replies() == ["Rejected"]
+    assert (await rig.record()).ProcessState is ProcessState.REJECTED
+
+
+async def test_throttled_store_abandons_for_redelivery(rig, cosmos_server, cosmos_database):
+    set_faults(cosmos_server.endpoint, FaultRule(status=429, db=cosmos_database, retry_after_ms=10))
+    try:
+        assert await rig.submit(rig.body()) == ("abandon",)
+    finally:
+        clear_faults(cosmos_server.endpoint)
+    assert await rig.bus.deliver("orders", SUBMIT) == ("complete",)
+    assert await rig.replies() == ["Received"]

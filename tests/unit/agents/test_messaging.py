@@ -1,0 +1,115 @@
+"""RequestProcessor's settlement decisions, with fakes behind our own ports."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from agents.agent import Agent
+from agents.messaging import Disposition, RequestProcessor
+from domain.codec import decode, encode
+from domain.errors import TransientError
+from domain.models import AgentReply, ReplyOutcome
+from tests.unit.agents.conftest import POLICY, request
+from tests.unit.agents.fakes import FakeClock, FakeRemote, Outcome
+
+
+@dataclass
+class FakeSettlement:
+    actions: list[tuple[str, ...]] = field(default_factory=list)
+
+    async def complete(self) -> None:
+        self.actions.append(("complete",))
+
+    async def abandon(self) -> None:
+        self.actions.append(("abandon",))
+
+    async def dead_letter(self, reason: str, description: str) -> None:
+        self.actions.append(("dead_letter", reason, description))
+
+
+@dataclass
+class FakeReplies:
+    sent: list[tuple[str, bytes]] = field(default_factory=list)
+    fail_with: Exception | None = None
+
+    async def send(self, reply: AgentReply, message_id: str) -> None:
+        if self.fail_with is not None:
+            raise self.fail_with
+        self.sent.append((message_id, encode(reply)))
+
+
+def make(clock: FakeClock | None = None):
+    clock = clock or FakeClock()
+    remote = FakeRemote(clock)
+    replies = FakeReplies()
+    return RequestProcessor(Agent(remote, clock, POLICY), replies), remote, replies
+
+
+async def test_a_handled_request_is_replied_to_with_a_stable_id_then_completed():
+    processor, remote, replies = make()
+    settlement = FakeSettlement()
+
+    disposition = await processor.process(encode(request()), settlement)
+
+    assert disposition is Disposition.COMPLETED
+    assert settlement.actions == [("complete",)]
+    [(message_id, body)] = replies.sent
+    assert message_id == "o-1:2/charge-payment/reply"
+    reply = decode(AgentReply, body)
+    assert reply.Outcome is ReplyOutcome.OK and reply.EventId == message_id
+
+
+async def test_error_replies_are_sent_and_the_request_completed_too():
+    processor, remote, replies = make()
+    remote.default = Outcome(error=TransientError("down"))
+    settlement = FakeSettlement()
+
+    disposition = await processor.process(encode(request(deadline_in=5)), settlement)
+
+    assert disposition is Disposition.COMPLETED
+    assert decode(AgentReply, replies.sent[0][1]).Outcome is ReplyOutcome.TRANSIENT
+
+
+async def test_a_malformed_request_is_dead_lettered_with_the_reason_and_nothing_called():
+    processor, remote, replies = make()
+    settlement = FakeSettlement()
+    body = encode(request()).replace(b'"Attempt":2', b'"Attempt":"two"')
+
+    disposition = await processor.process(body, settlement)
+
+    assert disposition is Disposition.DEAD_LETTERED
+    [(action, reason, description)] = settlement.actions
+    assert (action, reason) == ("dead_letter", "InvalidMessage")
+    assert "Attempt" in description
+    assert remote.calls == [] and replies.sent == []
+
+
+async def test_not_json_at_all_is_dead_lettered():
+    processor, _, _ = make()
+    settlement = FakeSettlement()
+
+    await processor.process(b"\xff not json", settlement)
+
+    assert settlement.actions[0][:2] == ("dead_letter", "InvalidMessage")
+
+
+async def test_a_reply_that_cannot_be_sent_abandons_the_request_for_redelivery():
+    processor, remote, replies = make()
+    replies.fail_with = TransientError("link detached")
+    settlement = FakeSettlement()
+
+    disposition = await processor.process(encode(request()), settlement)
+
+    assert disposition is Disposition.ABANDONED
+    assert settlement.actions == [("abandon",)]
+
+
+async def test_an_unexpected_failure_abandons_rather_than_completes():
+    processor, _, replies = make()
+    replies.fail_with = RuntimeError("bug")
+    settlement = FakeSettlement()
+
+    disposition = await processor.process(encode(request()), settlement)
+
+    assert disposition is Disposition.ABANDONED
+    assert settlement.actions == [("abandon",)]
