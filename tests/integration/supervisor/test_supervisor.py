@@ -1,0 +1,187 @@
+"""The Supervisor against the real Cosmos server, with both sources (the state
+container's query and the recovery index): every branch, two supervisors at
+once, a supervisor that dies mid-page, clock skew, and bounded reads."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from datetime import timedelta
+
+import pytest
+
+from adapters.checkpoints import CosmosCheckpointStore
+from adapters.recovery_index import CosmosRecoveryIndex, ensure_index_container
+from domain import state_machine as sm
+from domain.models import ProcessState
+from reporting import Alerts, StatusReporter
+from supervisor.sources import IndexSource, QuerySource
+from supervisor.supervisor import Supervisor
+from tests.fakes import RecordingPublisher
+from tests.integration.adapters.builders import NOW, POLICY, make_record
+
+pytestmark = pytest.mark.timeout(120)
+
+LATER = NOW + timedelta(minutes=10)
+
+
+class Crash(Exception):
+    pass
+
+
+@pytest.fixture(params=["query", "index"])
+async def rig(request, state_store, state_container, cosmos_client, cosmos_database, request_charges):
+    index = None
+    if request.param == "index":
+        container = await ensure_index_container(cosmos_client, cosmos_database, "recoveryIndex")
+        index = CosmosRecoveryIndex(container, request_charges)
+    return Rig(request.param, state_store, state_container, index, request_charges)
+
+
+class Rig:
+    def __init__(self, scan, store, state_container, index, charges):
+        self.scan, self.store, self.index = scan, store, index
+        self.state_container, self.charges = state_container, charges
+        self.bus = RecordingPublisher()
+        self.now = LATER
+
+    def supervisor(self, page_size=10, slack=timedelta(seconds=5), clock=None, name="supervisor", store=None):
+        store = store or self.store
+        source = IndexSource(self.index, store) if self.scan == "index" else QuerySource(store)
+        return Supervisor(
+            store, source, CosmosCheckpointStore(self.state_container, self.charges, name),
+            StatusReporter(self.bus), Alerts(self.bus), POLICY, page_size, slack=slack,
+            clock=clock or (lambda: self.now),
+        )
+
+    async def add_claimed(self, order_id: str, claimed_at=NOW):
+        """A record claimed at `claimed_at` (deadline one claim timeout later),
+        indexed as the Starter would."""
+        record = make_record(order_id, claimed_at)
+        await self.store.create_if_absent(record)
+        if self.index is not None:
+            await self.index.add(order_id, claimed_at + POLICY.claim_timeout, record.Attempt + 1)
+        claimed = await self.store.claim(order_id, claimed_at, POLICY)
+        assert claimed is not None
+        return claimed
+
+    async def state(self, order_id):
+        return (await self.store.read(order_id))[0]
+
+
+async def test_expired_attempt_returns_to_pending(rig):
+    await rig.add_claimed("A")
+    report = await rig.supervisor().run()
+    assert (report.examined, report.recovered) == (1, 1)
+    record = await rig.state("A")
+    assert record.ProcessState is ProcessState.PENDING and record.FailureCount == 1 and record.LockedBy is None
+
+
+async def test_attempt_that_met_its_deadline_is_left_alone(rig):
+    claimed = await rig.add_claimed("A")
+    await rig.store.update("A", lambda r: r.model_copy(update={"ProcessState": ProcessState.PROCESSED,
+                                                               "LockedBy": None, "CompleteBy": None}),
+                           claimed.LockedBy)
+    report = await rig.supervisor().run()
+    assert report.recovered == 0
+    assert (await rig.state("A")).ProcessState is ProcessState.PROCESSED
+
+
+async def test_budget_then_long_retry_then_error_with_alert(rig):
+    await rig.add_claimed("A")
+    seen = []
+    t = NOW
+    for _ in range(6):
+        record = await rig.state("A")
+        if record.ProcessState is ProcessState.ERROR:
+            break
+        if record.ProcessState is ProcessState.PENDING:
+            t = max(t, record.NotBefore or t) + timedelta(seconds=1)
+            if rig.index is not None:
+                await rig.index.add("A", t + POLICY.claim_timeout, record.Attempt + 1)
+            assert await rig.store.claim("A", t, POLICY) is not None
+        t += timedelta(minutes=5)
+        rig.now = t
+        report = await rig.supervisor().run()
+        seen.append((report.recovered, report.long_retry, report.failed))
+    assert seen == [(1, 0, 0), (1, 0, 0), (0, 1, 0), (0, 0, 1)]
+    record = await rig.state("A")
+    assert record.FailureCount == POLICY.max_failures  # invariant 5
+    kinds = [json.loads(body)["Kind"] for body in rig.bus.to("alerts")]
+    assert kinds == ["OrderError"]
+
+
+async def test_two_supervisors_never_recover_one_expiry_twice(rig):
+    for i in range(30):
+        await rig.add_claimed(f"O{i:02d}")
+    first, second = rig.supervisor(page_size=50, name="s1"), rig.supervisor(page_size=50, name="s2")
+    reports = await asyncio.gather(first.run(), second.run())
+    assert sum(r.recovered for r in reports) == 30
+    records = [await rig.state(f"O{i:02d}") for i in range(30)]
+    assert {r.FailureCount for r in records} == {1}
+    assert {r.ProcessState for r in records} == {ProcessState.PENDING}
+
+
+async def test_supervisor_killed_mid_page_resumes_without_skipping_or_double_counting(rig):
+    for i in range(12):
+        await rig.add_claimed(f"K{i:02d}", NOW + timedelta(seconds=i))
+    real_update = rig.store.update
+    calls = 0
+
+    async def dying_update(*args, **kwargs):
+        nonlocal calls
+        calls += 1
+        if calls == 3:
+            raise Crash("killed mid-page")
+        return await real_update(*args, **kwargs)
+
+    rig.store.update = dying_update
+    with pytest.raises(Crash):
+        await rig.supervisor(page_size=5).run()
+    rig.store.update = real_update
+    for _ in range(6):
+        report = await rig.supervisor(page_size=5).run()
+        if report.read == 0:
+            break
+    records = [await rig.state(f"K{i:02d}") for i in range(12)]
+    assert [r.ProcessState for r in records] == [ProcessState.PENDING] * 12
+    assert [r.FailureCount for r in records] == [1] * 12
+
+
+async def test_clock_running_ahead_within_slack_does_not_steal_a_live_attempt(rig):
+    claimed = await rig.add_claimed("A", NOW)
+    # The supervisor's clock is 20 s ahead of the attempt's deadline; slack is 30 s.
+    rig.now = claimed.CompleteBy + timedelta(seconds=20)
+    report = await rig.supervisor(slack=timedelta(seconds=30)).run()
+    assert report.recovered == 0
+    assert (await rig.state("A")).ProcessState is ProcessState.PROCESSING
+    rig.now = claimed.CompleteBy + timedelta(seconds=31)
+    assert (await rig.supervisor(slack=timedelta(seconds=30)).run()).recovered == 1
+
+
+async def test_reads_per_run_are_bounded_by_the_page_size(rig):
+    for i in range(25):
+        await rig.add_claimed(f"P{i:02d}", NOW + timedelta(seconds=i))
+    reads = []
+    for _ in range(8):
+        report = await rig.supervisor(page_size=7).run()
+        reads.append(report.read)
+        if report.read == 0:
+            break
+    assert max(reads) <= 7
+    assert sum(r.FailureCount for r in [await rig.state(f"P{i:02d}") for i in range(25)]) == 25
+
+
+@pytest.mark.parametrize("rig", ["index"], indirect=True)
+async def test_index_entries_for_met_or_replaced_deadlines_are_discarded(rig):
+    claimed = await rig.add_claimed("A")
+    # the attempt moves on to a step with a later deadline: a second entry, the first now stale
+    step_deadline = NOW + timedelta(minutes=30)
+    await rig.index.add("A", step_deadline, claimed.Attempt)
+    await rig.store.update("A", lambda r: sm.start_step(r, claimed.LockedBy, "reserve-inventory", NOW, step_deadline),
+                           claimed.LockedBy)
+    report = await rig.supervisor().run()  # now = NOW + 10 min: only the claim's entry is due
+    assert report.recovered == 0 and report.read == 1
+    assert (await rig.state("A")).ProcessState is ProcessState.PROCESSING
+    rig.now = step_deadline + timedelta(minutes=1)
+    assert (await rig.supervisor().run()).recovered == 1
