@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 PIP_STAMP := $(VENV)/.installed
 NPM_STAMP := node_modules/.installed
 
-.PHONY: install demo test test-unit lint bench bench-servicebus up clean
+.PHONY: install demo test test-unit lint bench bench-servicebus bench-supervisor up clean
 
 install: $(PIP_STAMP) $(NPM_STAMP)
 
@@ -41,6 +41,10 @@ up: install
 
 bench-servicebus: install
 	$(BIN)/python bench/servicebus_bench.py
+
+## bench-supervisor: scan cost of the two Supervisor sources at 1k, 10k and 100k records
+bench-supervisor: install
+	$(BIN)/python bench/supervisor_bench.py
 
 clean:
 	rm -rf $(VENV) node_modules .devstack
