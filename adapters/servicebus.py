@@ -51,10 +51,19 @@ class ServiceBusPublisher:
         self._lock = asyncio.Lock()
 
     async def _sender(self, queue: str) -> ServiceBusSender:
+        # Open each link under the lock: concurrent first sends on one unopened
+        # sender race inside the SDK ("'NoneType' object has no attribute
+        # 'create_sender_link'"), and so do concurrent opens on one connection.
         async with self._lock:
             sender = self._senders.get(queue)
             if sender is None:
                 sender = self._client.get_queue_sender(queue)
+                try:
+                    await sender.__aenter__()
+                except _PERMANENT as exc:
+                    raise PermanentError(f"cannot open a sender to queue {queue!r}: {exc}") from exc
+                except ServiceBusError as exc:
+                    raise TransientError(f"cannot open a sender to queue {queue!r}: {exc}") from exc
                 self._senders[queue] = sender
             return sender
 

@@ -35,7 +35,7 @@ from azure.servicebus._pyamqp._decode import _DECODE_BY_CONSTRUCTOR, decode_fram
 from azure.servicebus._pyamqp._encode import encode_frame, encode_payload, encode_value
 from azure.servicebus._pyamqp.endpoints import Source, Target
 from azure.servicebus._pyamqp.error import AMQPError
-from azure.servicebus._pyamqp.message import Header, Message, Properties
+from azure.servicebus._pyamqp.message import Message, Properties
 from azure.servicebus._pyamqp.outcomes import Accepted, Modified, Rejected, Released
 from azure.servicebus._pyamqp.types import TYPE, VALUE, AMQPTypes
 
@@ -199,10 +199,16 @@ class ParsedMessage:
     def size(self) -> int:
         """Encoded size used for the queue's size limit."""
         return (
-            len(self.annotation_items) + len(self.properties_raw) + len(self.app_items) + len(self.body_raw) + 32
+            len(self.annotation_items)
+            + len(self.properties_raw)
+            + len(self.app_items)
+            + len(self.body_raw)
+            + 32
         )
 
-    def with_app_properties(self, pairs: list[tuple[dict[str, Any], dict[str, Any]]]) -> ParsedMessage:
+    def with_app_properties(
+        self, pairs: list[tuple[dict[str, Any], dict[str, Any]]]
+    ) -> ParsedMessage:
         """A copy whose application properties also carry `pairs` (replacing same-named keys)."""
         drop = frozenset(
             p[0][VALUE].encode() if isinstance(p[0][VALUE], str) else p[0][VALUE] for p in pairs
@@ -307,7 +313,8 @@ def encode_message(
                     typed(AMQPTypes.boolean, bool(durable)),
                     typed(AMQPTypes.ubyte, priority if priority is not None else 4),
                     typed(AMQPTypes.uint, ttl) if ttl is not None else typed(AMQPTypes.null, None),
-                    typed(AMQPTypes.boolean, bool(first_acquirer)) if first_acquirer is not None
+                    typed(AMQPTypes.boolean, bool(first_acquirer))
+                    if first_acquirer is not None
                     else typed(AMQPTypes.null, None),
                     typed(AMQPTypes.uint, delivery_count),
                 ],

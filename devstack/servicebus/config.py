@@ -105,7 +105,9 @@ def _queue_settings(entry: dict[str, Any]) -> QueueSettings:
         default_ttl=duration("DefaultMessageTimeToLive", DEFAULT_TTL_S),
         dead_letter_on_expiration=bool(props.get("DeadLetteringOnMessageExpiration", False)),
         requires_duplicate_detection=bool(props.get("RequiresDuplicateDetection", False)),
-        duplicate_window=duration("DuplicateDetectionHistoryTimeWindow", DEFAULT_DUPLICATE_WINDOW_S),
+        duplicate_window=duration(
+            "DuplicateDetectionHistoryTimeWindow", DEFAULT_DUPLICATE_WINDOW_S
+        ),
         max_size_bytes=int(props.get("MaxSizeInMegabytes", DEFAULT_MAX_SIZE_MB)) * 1024 * 1024,
         max_message_count=int(max_count) if max_count is not None else None,
     )

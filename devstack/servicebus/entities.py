@@ -1,0 +1,722 @@
+"""The broker's own job, which the SDK leaves entirely to the service: queues,
+sequence numbers, peek-locks and their expiry, delivery counts, the
+dead-letter queue, duplicate detection, time to live, scheduled and deferred
+messages, and size limits.
+
+This module knows nothing about AMQP framing. The protocol layer hands it
+parsed messages and lock tokens, and registers consumers (its sender links)
+that it calls back with deliveries. Time comes from an injectable clock in
+milliseconds so the rules can be reasoned about apart from the wall clock.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from .codec import AMQPTypes, ParsedMessage, encode_message, new_lock_token, typed
+from .config import QueueSettings
+
+_LOG = logging.getLogger("devstack.servicebus")
+
+DEAD_LETTER_SUFFIX = "/$deadletterqueue"
+MAX_MESSAGE_SIZE = 256 * 1024  # Service Bus Standard tier
+
+AVAILABLE, LOCKED, DEFERRED, SCHEDULED = "available", "locked", "deferred", "scheduled"
+
+REASON_MAX_DELIVERY = "MaxDeliveryCountExceeded"
+REASON_TTL = "TTLExpiredException"
+
+
+class BrokerError(Exception):
+    """An operation the service would refuse; `condition` is the AMQP error symbol."""
+
+    condition = b"amqp:internal-error"
+
+    def __init__(self, description: str) -> None:
+        super().__init__(description)
+        self.description = description
+
+
+class LockLost(BrokerError):
+    """The lock token is unknown: expired, already settled, or never issued."""
+
+    condition = b"com.microsoft:message-lock-lost"
+
+
+class QuotaExceeded(BrokerError):
+    """The queue is at its size or message-count limit."""
+
+    condition = b"amqp:resource-limit-exceeded"
+
+
+class MessageTooLarge(BrokerError):
+    """A single message exceeds the tier's maximum message size."""
+
+    condition = b"amqp:link:message-size-exceeded"
+
+
+class MessageNotFound(BrokerError):
+    """No deferred message has the requested sequence number."""
+
+    condition = b"com.microsoft:message-not-found"
+
+
+class Consumer(Protocol):
+    """What the protocol layer's sender link offers a queue."""
+
+    peek_lock: bool
+
+    def has_credit(self) -> bool: ...
+
+    def deliver(self, message: StoredMessage, payload: bytes, lock: Lock | None) -> None: ...
+
+
+class Journal(Protocol):
+    """Where state changes go when --data-dir is set (see journal.py)."""
+
+    def put(self, queue: str, message: StoredMessage) -> None: ...
+
+    def delete(self, queue: str, sequence_number: int) -> None: ...
+
+    def put_sequence(self, queue: str, next_sequence_number: int) -> None: ...
+
+    def put_duplicate(self, queue: str, message_id: str, seen_ms: int) -> None: ...
+
+    def flush(self) -> None: ...
+
+
+class NullJournal:
+    """Memory only: every change is forgotten at exit."""
+
+    def put(self, queue: str, message: StoredMessage) -> None:
+        pass
+
+    def delete(self, queue: str, sequence_number: int) -> None:
+        pass
+
+    def put_sequence(self, queue: str, next_sequence_number: int) -> None:
+        pass
+
+    def put_duplicate(self, queue: str, message_id: str, seen_ms: int) -> None:
+        pass
+
+    def flush(self) -> None:
+        pass
+
+
+def wall_clock_ms() -> int:
+    return int(time.time() * 1000)
+
+
+@dataclass(eq=False)
+class StoredMessage:
+    """One message held by a queue.
+
+    Attributes:
+        sequence_number: Unique and increasing within the queue (kept in its dead-letter queue).
+        body: The parsed message.
+        enqueued_ms: When it was accepted (or became active, if scheduled).
+        expires_ms: When its time to live ends, or None.
+        scheduled_ms: When a scheduled message becomes active, or None.
+        state: available, locked, deferred or scheduled.
+        delivery_count: Deliveries that ended without settlement.
+        deferred: Returns to deferred rather than available when its lock ends.
+        dead_letter_source: The queue it was dead-lettered from.
+        lock: The current peek-lock, if any.
+    """
+
+    sequence_number: int
+    body: ParsedMessage
+    enqueued_ms: int
+    expires_ms: int | None
+    scheduled_ms: int | None = None
+    state: str = AVAILABLE
+    delivery_count: int = 0
+    deferred: bool = False
+    dead_letter_source: str | None = None
+    lock: Lock | None = None
+
+    @property
+    def message_id(self) -> str | None:
+        return self.body.message_id
+
+
+@dataclass(eq=False)
+class Lock:
+    """A peek-lock: the message is invisible to other receivers until it ends.
+
+    Attributes:
+        token: The lock token (the delivery tag, as `bytes_le`).
+        queue: The queue that holds the message.
+        message: The locked message.
+        locked_until_ms: When the lock expires unless renewed.
+        on_end: Called once when the lock ends for any reason (lets the link forget the delivery).
+    """
+
+    token: uuid.UUID
+    queue: Queue
+    message: StoredMessage
+    locked_until_ms: int
+    on_end: Callable[[], None] | None = None
+
+
+@dataclass(order=True)
+class _Timer:
+    due_ms: int
+    order: int
+    kind: str = field(compare=False)
+    target: object = field(compare=False)
+
+
+class Queue:
+    """A queue or a dead-letter sub-queue and the messages it holds."""
+
+    def __init__(
+        self, broker: Broker, settings: QueueSettings, path: str, parent: Queue | None = None
+    ):
+        self.broker = broker
+        self.settings = settings
+        self.path = path  # display name, e.g. "orders" or "orders/$DeadLetterQueue"
+        self.parent = parent
+        self.is_dead_letter = parent is not None
+        self.messages: dict[int, StoredMessage] = {}
+        self._available: list[int] = []
+        self.consumers: list[Consumer] = []
+        self._next_consumer = 0
+        self.next_sequence_number = 1
+        self.size_bytes = 0
+        self.duplicates: OrderedDict[str, int] = OrderedDict()
+        self.dead_letter: Queue | None = None
+
+    # -- bookkeeping -----------------------------------------------------
+
+    @property
+    def journal_name(self) -> str:
+        return self.path.lower()
+
+    def _root(self) -> Queue:
+        return self.parent or self
+
+    def total_held(self) -> tuple[int, int]:
+        """Messages and bytes held by the queue and its dead-letter queue (the quota's scope)."""
+        root = self._root()
+        count, size = len(root.messages), root.size_bytes
+        if root.dead_letter is not None:
+            count += len(root.dead_letter.messages)
+            size += root.dead_letter.size_bytes
+        return count, size
+
+    def _add(self, message: StoredMessage) -> None:
+        self.messages[message.sequence_number] = message
+        self.size_bytes += message.body.size
+        if message.state == AVAILABLE:
+            heapq.heappush(self._available, message.sequence_number)
+        self.broker.journal.put(self.journal_name, message)
+
+    def restore(self, message: StoredMessage) -> None:
+        """Hold a message loaded from the journal (no journal write)."""
+        self.messages[message.sequence_number] = message
+        self.size_bytes += message.body.size
+        if message.state == AVAILABLE:
+            heapq.heappush(self._available, message.sequence_number)
+
+    def _remove(self, message: StoredMessage) -> None:
+        if self.messages.pop(message.sequence_number, None) is not None:
+            self.size_bytes -= message.body.size
+            self.broker.journal.delete(self.journal_name, message.sequence_number)
+
+    def make_available(self, message: StoredMessage) -> None:
+        message.state = DEFERRED if message.deferred else AVAILABLE
+        if message.state == AVAILABLE:
+            heapq.heappush(self._available, message.sequence_number)
+        # Its time to live may have ended while it was locked; expire it even if nobody receives.
+        self.broker.add_timer(message.expires_ms, "expiry", (self, message))
+        self.broker.journal.put(self.journal_name, message)
+
+    # -- sending -------------------------------------------------------
+
+    def accept(
+        self, body: ParsedMessage, now_ms: int, scheduled_ms: int | None = None
+    ) -> int | None:
+        """Take a sent message.
+
+        Args:
+            body: The parsed message.
+            now_ms: The current time.
+            scheduled_ms: Enqueue time of a scheduled message (also read from its annotation).
+
+        Returns:
+            Its sequence number, or None when it was dropped as a duplicate.
+        """
+        if body.size > MAX_MESSAGE_SIZE:
+            raise MessageTooLarge(f"The message is larger than {MAX_MESSAGE_SIZE} bytes.")
+        if self._is_duplicate(body.message_id, now_ms):
+            _LOG.debug(
+                "entity=%s message_id=%s outcome=duplicate-dropped", self.path, body.message_id
+            )
+            return None
+        count, size = self.total_held()
+        limit = self.settings.max_message_count
+        if (
+            limit is not None and count + 1 > limit
+        ) or size + body.size > self.settings.max_size_bytes:
+            raise QuotaExceeded(
+                f"The maximum entity size has been reached or exceeded for queue '{self.path}'. "
+                f"Size of entity in bytes:{size}, Max entity size in bytes:{self.settings.max_size_bytes}. "
+                f"Messages:{count}, Max messages:{limit}."
+            )
+        if scheduled_ms is None:
+            annotated = body.annotations.get(b"x-opt-scheduled-enqueue-time")
+            if isinstance(annotated, int):
+                scheduled_ms = annotated
+        sequence_number = self.next_sequence_number
+        self.next_sequence_number += 1
+        self.broker.journal.put_sequence(self.journal_name, self.next_sequence_number)
+        self._remember_duplicate(body.message_id, now_ms)
+        active_at = scheduled_ms if scheduled_ms is not None and scheduled_ms > now_ms else now_ms
+        message = StoredMessage(
+            sequence_number=sequence_number,
+            body=body,
+            enqueued_ms=active_at,
+            expires_ms=active_at + self._ttl_ms(body),
+            scheduled_ms=scheduled_ms if active_at > now_ms else None,
+            state=SCHEDULED if active_at > now_ms else AVAILABLE,
+        )
+        self._add(message)
+        if message.state == SCHEDULED:
+            self.broker.add_timer(active_at, "scheduled", (self, message))
+        else:
+            self.broker.add_timer(message.expires_ms, "expiry", (self, message))
+        _LOG.debug(
+            "entity=%s message_id=%s sequence=%s outcome=%s",
+            self.path,
+            body.message_id,
+            sequence_number,
+            message.state,
+        )
+        return sequence_number
+
+    def _ttl_ms(self, body: ParsedMessage) -> int:
+        default = int(self.settings.default_ttl * 1000)
+        requested = body.ttl_ms
+        return min(default, requested) if requested else default
+
+    def _is_duplicate(self, message_id: str | None, now_ms: int) -> bool:
+        if not self.settings.requires_duplicate_detection or message_id is None:
+            return False
+        self._forget_old_duplicates(now_ms)
+        return message_id in self.duplicates
+
+    def _remember_duplicate(self, message_id: str | None, now_ms: int) -> None:
+        if not self.settings.requires_duplicate_detection or message_id is None:
+            return
+        self.duplicates[message_id] = now_ms
+        self.duplicates.move_to_end(message_id)
+        self.broker.journal.put_duplicate(self.journal_name, message_id, now_ms)
+
+    def _forget_old_duplicates(self, now_ms: int) -> None:
+        horizon = now_ms - int(self.settings.duplicate_window * 1000)
+        while self.duplicates:
+            _, seen = next(iter(self.duplicates.items()))
+            if seen >= horizon:
+                break
+            self.duplicates.popitem(last=False)
+
+    def cancel_scheduled(self, sequence_numbers: Iterable[int]) -> None:
+        for sequence_number in sequence_numbers:
+            message = self.messages.get(sequence_number)
+            if message is not None and message.state == SCHEDULED:
+                self._remove(message)
+                _LOG.debug(
+                    "entity=%s sequence=%s outcome=schedule-cancelled", self.path, sequence_number
+                )
+
+    # -- receiving -----------------------------------------------------
+
+    def add_consumer(self, consumer: Consumer) -> None:
+        self.consumers.append(consumer)
+
+    def remove_consumer(self, consumer: Consumer) -> None:
+        if consumer in self.consumers:
+            self.consumers.remove(consumer)
+
+    def _pick_consumer(self) -> Consumer | None:
+        """Round-robin over consumers with credit, so competing receivers share the load."""
+        n = len(self.consumers)
+        for i in range(n):
+            consumer = self.consumers[(self._next_consumer + i) % n]
+            if consumer.has_credit():
+                self._next_consumer = (self._next_consumer + i + 1) % n
+                return consumer
+        return None
+
+    def _pop_available(self, now_ms: int) -> StoredMessage | None:
+        while self._available:
+            sequence_number = heapq.heappop(self._available)
+            message = self.messages.get(sequence_number)
+            if message is None or message.state != AVAILABLE:
+                continue  # a stale heap entry: the message moved on since it was pushed
+            if message.expires_ms is not None and message.expires_ms <= now_ms:
+                self.expire(message)
+                continue
+            return message
+        return None
+
+    def pump(self) -> None:
+        """Hand available messages to consumers while both exist."""
+        now_ms = self.broker.clock()
+        while self._available and self.consumers:
+            consumer = self._pick_consumer()
+            if consumer is None:
+                return
+            message = self._pop_available(now_ms)
+            if message is None:
+                return
+            if consumer.peek_lock:
+                lock = self.broker.lock(self, message, now_ms)
+                consumer.deliver(message, self.encode(message, lock), lock)
+            else:
+                payload = self.encode(message, None)
+                self._remove(message)
+                consumer.deliver(message, payload, None)
+            _LOG.debug(
+                "entity=%s message_id=%s sequence=%s delivery_count=%s outcome=%s",
+                self.path,
+                message.message_id,
+                message.sequence_number,
+                message.delivery_count,
+                "locked" if consumer.peek_lock else "received-and-deleted",
+            )
+
+    def encode(self, message: StoredMessage, lock: Lock | None) -> bytes:
+        """The message as the SDK receives it, with the broker's annotations."""
+        annotations = [
+            (
+                typed(AMQPTypes.symbol, b"x-opt-sequence-number"),
+                typed(AMQPTypes.long, message.sequence_number),
+            ),
+            (
+                typed(AMQPTypes.symbol, b"x-opt-enqueued-time"),
+                typed(AMQPTypes.timestamp, message.enqueued_ms),
+            ),
+        ]
+        if lock is not None:
+            annotations.append(
+                (
+                    typed(AMQPTypes.symbol, b"x-opt-locked-until"),
+                    typed(AMQPTypes.timestamp, lock.locked_until_ms),
+                )
+            )
+        if message.dead_letter_source:
+            annotations.append(
+                (
+                    typed(AMQPTypes.symbol, b"x-opt-deadletter-source"),
+                    typed(AMQPTypes.string, message.dead_letter_source),
+                )
+            )
+        return encode_message(message.body, message.delivery_count, annotations)
+
+    def peek(self, from_sequence_number: int, count: int) -> list[StoredMessage]:
+        """Up to `count` messages from a sequence number on, without locking them."""
+        found = [m for s, m in self.messages.items() if s >= from_sequence_number]
+        found.sort(key=lambda m: m.sequence_number)
+        return found[:count]
+
+    def take_deferred(
+        self, sequence_numbers: Iterable[int], peek_lock: bool
+    ) -> list[tuple[StoredMessage, bytes, Lock | None]]:
+        """Receive deferred messages by sequence number (locked, or removed in receive-and-delete)."""
+        now_ms = self.broker.clock()
+        taken = []
+        for sequence_number in sequence_numbers:
+            message = self.messages.get(sequence_number)
+            if message is None or message.state != DEFERRED:
+                raise MessageNotFound(
+                    f"Failed to retrieve deferred message with sequence number {sequence_number}."
+                )
+            if peek_lock:
+                lock = self.broker.lock(self, message, now_ms)
+                taken.append((message, self.encode(message, lock), lock))
+            else:
+                payload = self.encode(message, None)
+                self._remove(message)
+                taken.append((message, payload, None))
+        return taken
+
+    # -- settlement ----------------------------------------------------
+
+    def complete(self, message: StoredMessage) -> None:
+        self._remove(message)
+
+    def abandon(self, message: StoredMessage, count_delivery: bool = True) -> None:
+        """Return a message whose lock ended; dead-letter it once it used up its deliveries."""
+        if count_delivery:
+            message.delivery_count += 1
+        if not self.is_dead_letter and message.delivery_count >= self.settings.max_delivery_count:
+            self.move_to_dead_letter(
+                message,
+                REASON_MAX_DELIVERY,
+                f"Message could not be consumed after {self.settings.max_delivery_count} delivery attempts.",
+            )
+            return
+        self.make_available(message)
+        self.pump()
+
+    def defer(self, message: StoredMessage) -> None:
+        message.deferred = True
+        message.state = DEFERRED
+        self.broker.journal.put(self.journal_name, message)
+
+    def move_to_dead_letter(
+        self, message: StoredMessage, reason: str | None, description: str | None
+    ) -> None:
+        """Move a message to the dead-letter queue with a reason, as the service does."""
+        if self.is_dead_letter or self.dead_letter is None:
+            self.complete(message)  # a dead-lettered dead letter is removed, as in the service
+            return
+        self._remove(message)
+        pairs = []
+        if reason is not None:
+            pairs.append(
+                (typed(AMQPTypes.string, "DeadLetterReason"), typed(AMQPTypes.string, reason))
+            )
+        if description is not None:
+            pairs.append(
+                (
+                    typed(AMQPTypes.string, "DeadLetterErrorDescription"),
+                    typed(AMQPTypes.string, description),
+                )
+            )
+        dead = StoredMessage(
+            sequence_number=message.sequence_number,
+            body=message.body.with_app_properties(pairs) if pairs else message.body,
+            enqueued_ms=message.enqueued_ms,
+            expires_ms=None,  # dead letters do not expire
+            delivery_count=message.delivery_count,
+            dead_letter_source=self.path,
+        )
+        self.dead_letter._add(dead)
+        _LOG.debug(
+            "entity=%s message_id=%s sequence=%s delivery_count=%s outcome=dead-lettered reason=%s",
+            self.path,
+            message.message_id,
+            message.sequence_number,
+            message.delivery_count,
+            reason,
+        )
+        self.dead_letter.pump()
+
+    def expire(self, message: StoredMessage) -> None:
+        """End a message's time to live: dead-letter it where configured, else drop it."""
+        _LOG.debug(
+            "entity=%s message_id=%s sequence=%s outcome=expired",
+            self.path,
+            message.message_id,
+            message.sequence_number,
+        )
+        if self.settings.dead_letter_on_expiration:
+            self.move_to_dead_letter(
+                message, REASON_TTL, "The message expired and was dead lettered."
+            )
+        else:
+            self._remove(message)
+
+
+class Broker:
+    """All queues of the emulated namespace, the lock table and the timers."""
+
+    def __init__(
+        self,
+        settings: Iterable[QueueSettings],
+        journal: Journal | None = None,
+        clock: Callable[[], int] = wall_clock_ms,
+    ) -> None:
+        self.clock = clock
+        self.journal: Journal = journal or NullJournal()
+        self.queues: dict[str, Queue] = {}
+        self.locks: dict[uuid.UUID, Lock] = {}
+        self._timers: list[_Timer] = []
+        self._timer_order = itertools.count()
+        for queue_settings in settings:
+            queue = Queue(self, queue_settings, queue_settings.name)
+            dead_letter = Queue(
+                self, queue_settings, f"{queue_settings.name}/$DeadLetterQueue", parent=queue
+            )
+            queue.dead_letter = dead_letter
+            self.queues[queue.journal_name] = queue
+            self.queues[dead_letter.journal_name] = dead_letter
+
+    @property
+    def queue_count(self) -> int:
+        return sum(1 for q in self.queues.values() if not q.is_dead_letter)
+
+    def resolve(self, address: str | bytes | None) -> Queue | None:
+        """The queue an AMQP address names (`amqps://host/orders`, `orders/$DeadLetterQueue`, ...)."""
+        if address is None:
+            return None
+        if isinstance(address, bytes):
+            address = address.decode("utf-8", "replace")
+        path = address
+        if "://" in path:
+            path = path.split("://", 1)[1]
+            path = path.split("/", 1)[1] if "/" in path else ""
+        path = path.strip("/").lower()
+        return self.queues.get(path)
+
+    # -- locks -----------------------------------------------------------
+
+    def lock(self, queue: Queue, message: StoredMessage, now_ms: int) -> Lock:
+        lock = Lock(
+            token=new_lock_token(),
+            queue=queue,
+            message=message,
+            locked_until_ms=now_ms + int(queue.settings.lock_duration * 1000),
+        )
+        message.state = LOCKED
+        message.lock = lock
+        self.locks[lock.token] = lock
+        self.add_timer(lock.locked_until_ms, "lock", lock)
+        return lock
+
+    def _end_lock(self, token: uuid.UUID) -> Lock:
+        lock = self.locks.pop(token, None)
+        if lock is None:
+            raise LockLost(
+                "The lock supplied is invalid. Either the lock expired, or the message has already been "
+                "removed from the queue."
+            )
+        lock.message.lock = None
+        if lock.on_end is not None:
+            lock.on_end()
+        return lock
+
+    def renew(self, token: uuid.UUID) -> int:
+        lock = self.locks.get(token)
+        if lock is None:
+            raise LockLost(
+                "The lock supplied is invalid. Either the lock expired, or the message has already been removed."
+            )
+        lock.locked_until_ms = self.clock() + int(lock.queue.settings.lock_duration * 1000)
+        self.add_timer(lock.locked_until_ms, "lock", lock)
+        return lock.locked_until_ms
+
+    def settle(
+        self,
+        token: uuid.UUID,
+        outcome: str,
+        reason: str | None = None,
+        description: str | None = None,
+    ) -> None:
+        """Apply a receiver's outcome to a locked message.
+
+        Args:
+            token: The lock token.
+            outcome: complete, abandon, defer, dead-letter or release.
+            reason: Dead-letter reason.
+            description: Dead-letter description.
+        """
+        lock = self._end_lock(token)
+        queue, message = lock.queue, lock.message
+        _LOG.debug(
+            "entity=%s message_id=%s sequence=%s delivery_count=%s outcome=%s",
+            queue.path,
+            message.message_id,
+            message.sequence_number,
+            message.delivery_count,
+            outcome,
+        )
+        if outcome == "complete":
+            queue.complete(message)
+        elif outcome == "abandon":
+            queue.abandon(message)
+        elif outcome == "release":
+            queue.abandon(message, count_delivery=False)
+        elif outcome == "defer":
+            queue.defer(message)
+        elif outcome == "dead-letter":
+            queue.move_to_dead_letter(message, reason, description)
+        else:
+            raise ValueError(f"unknown outcome {outcome!r}")
+
+    # -- timers ----------------------------------------------------------
+
+    def add_timer(self, due_ms: int | None, kind: str, target: object) -> None:
+        if due_ms is None:
+            return
+        heapq.heappush(self._timers, _Timer(due_ms, next(self._timer_order), kind, target))
+        if len(self._timers) > 10_000 and len(self._timers) > 4 * self._live_objects():
+            self._compact_timers()
+
+    def _live_objects(self) -> int:
+        return len(self.locks) + sum(len(q.messages) for q in self.queues.values())
+
+    def _timer_alive(self, timer: _Timer) -> bool:
+        if timer.kind == "lock":
+            return self.locks.get(timer.target.token) is timer.target  # type: ignore[attr-defined]
+        queue, message = timer.target  # type: ignore[misc]
+        return queue.messages.get(message.sequence_number) is message
+
+    def _compact_timers(self) -> None:
+        """Drop timers of settled messages and ended locks.
+
+        A completed message's expiry timer would otherwise sit in the heap until its
+        time to live (days by default), so memory would grow with every message ever sent.
+        """
+        self._timers = [t for t in self._timers if self._timer_alive(t)]
+        heapq.heapify(self._timers)
+
+    def next_timer_ms(self) -> int | None:
+        return self._timers[0].due_ms if self._timers else None
+
+    def run_timers(self) -> None:
+        """Fire every timer that is due: lock expiry, scheduled enqueue, time to live."""
+        now_ms = self.clock()
+        touched: set[Queue] = set()
+        while self._timers and self._timers[0].due_ms <= now_ms:
+            timer = heapq.heappop(self._timers)
+            if timer.kind == "lock":
+                self._lock_timer(timer.target, now_ms, touched)  # type: ignore[arg-type]
+            elif timer.kind == "scheduled":
+                queue, message = timer.target  # type: ignore[misc]
+                if (
+                    queue.messages.get(message.sequence_number) is message
+                    and message.state == SCHEDULED
+                ):
+                    message.state = AVAILABLE
+                    message.scheduled_ms = None
+                    queue.make_available(message)
+                    self.add_timer(message.expires_ms, "expiry", (queue, message))
+                    touched.add(queue)
+            elif timer.kind == "expiry":
+                queue, message = timer.target  # type: ignore[misc]
+                if queue.messages.get(message.sequence_number) is message and message.state in (
+                    AVAILABLE,
+                    DEFERRED,
+                ):
+                    queue.expire(message)
+        for queue in touched:
+            queue.pump()
+
+    def _lock_timer(self, lock: Lock, now_ms: int, touched: set[Queue]) -> None:
+        if self.locks.get(lock.token) is not lock:
+            return  # settled already
+        if lock.locked_until_ms > now_ms:
+            return  # renewed: a later timer exists
+        _LOG.debug(
+            "entity=%s message_id=%s sequence=%s delivery_count=%s outcome=lock-expired",
+            lock.queue.path,
+            lock.message.message_id,
+            lock.message.sequence_number,
+            lock.message.delivery_count,
+        )
+        self._end_lock(lock.token)
+        lock.queue.abandon(lock.message)
+        touched.add(lock.queue)

@@ -1,0 +1,166 @@
+"""The `<entity>/$management` request/response operations the SDK uses.
+
+Each request is an AMQP message whose application property `operation` names
+the operation and whose AmqpValue body is a map of arguments; the reply
+carries `statusCode`/`statusDescription` (camelCase, unlike CBS) and, on
+failure, `errorCondition`, which the SDK maps to its exception types.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from .codec import AMQPTypes, parse_message, typed
+from .entities import BrokerError, Queue
+
+if TYPE_CHECKING:
+    from .protocol import Connection
+
+_LOG = logging.getLogger("devstack.servicebus")
+
+#: disposition-status values of update-disposition ("defered" is the SDK's spelling).
+_DISPOSITIONS = {
+    b"completed": "complete",
+    b"abandoned": "abandon",
+    b"suspended": "dead-letter",
+    b"defered": "defer",
+    b"deferred": "defer",
+}
+
+
+@dataclass
+class Response:
+    """A management reply: status application properties and an optional body."""
+
+    status: dict[str, Any]
+    value: Any = None
+
+
+def _ok(value: Any = None) -> Response:
+    return Response({"statusCode": 200, "statusDescription": "OK"}, value)
+
+
+def _fail(code: int, condition: bytes, description: str) -> Response:
+    return Response(
+        {
+            "statusCode": code,
+            "statusDescription": description,
+            "errorCondition": typed(AMQPTypes.symbol, condition),
+        }
+    )
+
+
+def _text(value: Any) -> str | None:
+    if value is None:
+        return None
+    return value.decode("utf-8", "replace") if isinstance(value, (bytes, bytearray)) else str(value)
+
+
+def renew_lock(conn: Connection, queue: Queue, body: dict) -> Response:
+    expirations = [conn.broker.renew(token) for token in body.get(b"lock-tokens") or []]
+    return _ok(
+        {
+            "expirations": typed(
+                AMQPTypes.array, [typed(AMQPTypes.timestamp, ms) for ms in expirations]
+            )
+        }
+    )
+
+
+def peek_message(conn: Connection, queue: Queue, body: dict) -> Response:
+    start = int(body.get(b"from-sequence-number") or 0)
+    count = int(body.get(b"message-count") or 1)
+    found = queue.peek(start, count)
+    if not found:
+        return Response({"statusCode": 204, "statusDescription": "No messages to peek"})
+    return _ok(
+        {"messages": [{"message": typed(AMQPTypes.binary, queue.encode(m, m.lock))} for m in found]}
+    )
+
+
+def schedule_message(conn: Connection, queue: Queue, body: dict) -> Response:
+    now_ms = conn.broker.clock()
+    numbers = []
+    for entry in body.get(b"messages") or []:
+        parsed = parse_message(entry[b"message"])
+        scheduled = parsed.annotations.get(b"x-opt-scheduled-enqueue-time")
+        number = queue.accept(
+            parsed, now_ms, scheduled_ms=scheduled if isinstance(scheduled, int) else now_ms
+        )
+        # A duplicate is dropped, as on send; the service still answers with a number.
+        numbers.append(number if number is not None else 0)
+    queue.pump()
+    return _ok(
+        {"sequence-numbers": typed(AMQPTypes.array, [typed(AMQPTypes.long, n) for n in numbers])}
+    )
+
+
+def cancel_scheduled_message(conn: Connection, queue: Queue, body: dict) -> Response:
+    queue.cancel_scheduled(int(n) for n in body.get(b"sequence-numbers") or [])
+    return _ok()
+
+
+def receive_by_sequence_number(conn: Connection, queue: Queue, body: dict) -> Response:
+    numbers = [int(n) for n in body.get(b"sequence-numbers") or []]
+    # The SDK sends its link settle mode: 1 (second) for PEEK_LOCK, 0 (first) for RECEIVE_AND_DELETE.
+    peek_lock = int(body.get(b"receiver-settle-mode") or 0) == 1
+    taken = queue.take_deferred(numbers, peek_lock)
+    messages = []
+    for _, payload, lock in taken:
+        entry: dict[str, Any] = {"message": typed(AMQPTypes.binary, payload)}
+        if lock is not None:
+            entry["lock-token"] = typed(AMQPTypes.uuid, lock.token)
+        messages.append(entry)
+    return _ok({"messages": messages})
+
+
+def update_disposition(conn: Connection, queue: Queue, body: dict) -> Response:
+    outcome = _DISPOSITIONS.get(body.get(b"disposition-status") or b"")
+    if outcome is None:
+        return _fail(400, b"com.microsoft:argument-error", "unknown disposition-status")
+    for token in body.get(b"lock-tokens") or []:
+        conn.broker.settle(
+            token,
+            outcome,
+            _text(body.get(b"deadletter-reason")),
+            _text(body.get(b"deadletter-description")),
+        )
+    return _ok()
+
+
+_OPERATIONS: dict[bytes, Callable[[Connection, Queue, dict], Response]] = {
+    b"com.microsoft:renew-lock": renew_lock,
+    b"com.microsoft:peek-message": peek_message,
+    b"com.microsoft:schedule-message": schedule_message,
+    b"com.microsoft:cancel-scheduled-message": cancel_scheduled_message,
+    b"com.microsoft:receive-by-sequence-number": receive_by_sequence_number,
+    b"com.microsoft:update-disposition": update_disposition,
+}
+
+
+def handle(conn: Connection, queue: Queue, request: Any) -> Response:
+    """Run one management request against `queue` and build its reply."""
+    operation = (request.application_properties or {}).get(b"operation")
+    handler = _OPERATIONS.get(operation)
+    if handler is None:
+        return _fail(
+            501, b"amqp:not-implemented", f"operation {_text(operation)!r} is not supported"
+        )
+    body = request.value if isinstance(request.value, dict) else {}
+    try:
+        return handler(conn, queue, body)
+    except BrokerError as exc:
+        code = (
+            410
+            if exc.condition.endswith(b"lock-lost")
+            else 404
+            if exc.condition.endswith(b"not-found")
+            else 403
+        )
+        return _fail(code, exc.condition, exc.description)
+    except Exception as exc:  # a malformed request gets an error reply, not a dead connection
+        _LOG.exception("management operation %r failed", operation)
+        return _fail(500, b"amqp:internal-error", str(exc))

@@ -1,0 +1,709 @@
+"""One AMQP 1.0 connection, in the Service Bus dialect the SDK speaks.
+
+Layers, as the SDK uses them: SASL ANONYMOUS, then open, sessions (begin),
+links (attach). Three kinds of link exist on the broker side:
+
+- entity links: a client sender's messages go into a queue; a client
+  receiver becomes a consumer of a queue or its dead-letter sub-queue;
+- `$cbs`: put-token requests, always accepted (the emulator has no auth);
+- `<entity>/$management`: request/response operations (management.py).
+
+Requests arrive on a link the client sends on and are answered on the
+broker's sending link on the same connection whose source address is the
+request link's target (that is how the SDK pairs them; CBS requests carry no
+reply-to).
+
+Flow control follows AMQP: a consumer gets messages only while it has link
+credit and the session's incoming window is open. Settlement follows the
+notes in docs/servicebus-emulator.md: in PEEK_LOCK the client's disposition
+is unsettled and the broker echoes a settled one with the outcome it applied.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import struct
+import uuid
+from typing import TYPE_CHECKING, Any
+
+from . import management
+from .codec import (
+    AMQP_HEADER,
+    BATCH_FORMAT,
+    SASL_HEADER,
+    Accepted,
+    AMQPError,
+    Modified,
+    Rejected,
+    Released,
+    Source,
+    Target,
+    decode_frame,
+    decode_payload,
+    encode_amqp_frame,
+    encode_response,
+    parse_message,
+)
+from .codec import (
+    performatives as pf,
+)
+from .entities import (
+    MAX_MESSAGE_SIZE,
+    BrokerError,
+    Lock,
+    LockLost,
+    Queue,
+    QuotaExceeded,
+    StoredMessage,
+)
+
+if TYPE_CHECKING:
+    from .server import EmulatorServer
+
+_LOG = logging.getLogger("devstack.servicebus")
+
+OPEN, BEGIN, ATTACH, FLOW, TRANSFER, DISPOSITION, DETACH, END, CLOSE = range(0x10, 0x19)
+SASL_INIT = 0x41
+
+MAX_FRAME_SIZE = 256 * 1024
+SESSION_WINDOW = 5000
+LINK_CREDIT = 1000
+NOT_FOUND = b"amqp:not-found"
+ROLE_SENDER, ROLE_RECEIVER = False, True
+SETTLE_MODE_SETTLED = 1
+
+
+def _text(value: Any) -> str | None:
+    if value is None:
+        return None
+    return value.decode("utf-8", "replace") if isinstance(value, (bytes, bytearray)) else str(value)
+
+
+def _address(terminus: Any) -> str | None:
+    if not terminus:
+        return None
+    return _text(terminus[0])
+
+
+def _normalise(address: str | None) -> str:
+    """Compare addresses without scheme and host: the SDK mixes `amqps://host/x` and `x`."""
+    if not address:
+        return ""
+    if "://" in address:
+        rest = address.split("://", 1)[1]
+        address = rest.split("/", 1)[1] if "/" in rest else ""
+    return address.strip("/").lower()
+
+
+class Link:
+    """A link as the broker sees it.
+
+    Attributes:
+        session: The owning session.
+        name: The link name.
+        handle: The client's handle, also used as ours (handles are per-session and unique).
+        role: The broker's role (ROLE_SENDER when the client receives).
+        address: The entity-side address (source if we send, target if we receive).
+        kind: "queue", "cbs" or "management".
+        queue: The queue of a queue link, or of a management link.
+    """
+
+    def __init__(
+        self,
+        session: Session,
+        name: Any,
+        handle: int,
+        role: bool,
+        address: str | None,
+        kind: str,
+        queue: Queue | None,
+        peek_lock: bool = True,
+    ) -> None:
+        self.session = session
+        self.name = name
+        self.handle = handle
+        self.role = role
+        self.address = address
+        self.kind = kind
+        self.queue = queue
+        self.peek_lock = peek_lock
+        self.detached = False
+        # Sender side (we send): AMQP link credit bookkeeping.
+        self.delivery_count = 0
+        self.credit = 0
+        self.drain = False
+        # Receiver side (we receive): the credit we granted and a partial transfer.
+        self.received = 0
+        self.granted = 0
+        self.partial: bytearray | None = None
+        self.partial_first: list[Any] | None = None
+
+    # -- the Consumer protocol of entities.Queue --------------------------
+
+    def has_credit(self) -> bool:
+        return (
+            not self.detached
+            and self.credit > 0
+            and self.session.remote_incoming_window > 0
+            and not self.session.connection.closed
+        )
+
+    def deliver(self, message: StoredMessage, payload: bytes, lock: Lock | None) -> None:
+        tag = lock.token.bytes_le if lock else uuid.uuid4().bytes_le
+        delivery_id = self.session.send_transfer(self, payload, tag, settled=lock is None)
+        self.delivery_count += 1
+        self.credit -= 1
+        if lock is not None:
+            self.session.unsettled[delivery_id] = lock.token
+
+
+class Session:
+    """An AMQP session: links, transfer ids and windows."""
+
+    def __init__(
+        self,
+        connection: Connection,
+        channel: int,
+        remote_next_outgoing_id: int,
+        remote_incoming_window: int,
+    ) -> None:
+        self.connection = connection
+        self.channel = channel
+        self.links: dict[int, Link] = {}
+        self.next_outgoing_id = 0
+        self.next_incoming_id = remote_next_outgoing_id
+        self.incoming_window = SESSION_WINDOW
+        self.remote_incoming_window = remote_incoming_window
+        self.unsettled: dict[int, uuid.UUID] = {}
+
+    def send(self, performative: Any) -> None:
+        self.connection.send(self.channel, performative)
+
+    def send_transfer(
+        self, link: Link, payload: bytes, tag: bytes, settled: bool, message_format: int = 0
+    ) -> int:
+        """Send one delivery, split into frames that fit the client's max frame size."""
+        delivery_id = self.next_outgoing_id
+        self.next_outgoing_id += 1
+        self.remote_incoming_window -= 1
+        limit = self.connection.remote_max_frame_size - 256
+        offset = 0
+        first = True
+        while True:
+            chunk = payload[offset : offset + limit]
+            offset += len(chunk)
+            more = offset < len(payload)
+            self.send(
+                pf.TransferFrame(
+                    handle=link.handle,
+                    delivery_id=delivery_id if first else None,
+                    delivery_tag=tag if first else None,
+                    message_format=message_format if first else None,
+                    settled=settled,
+                    more=more,
+                    payload=chunk,
+                )
+            )
+            first = False
+            if not more:
+                return delivery_id
+
+    def send_flow(self, link: Link | None = None, echo: bool = False) -> None:
+        fields: dict[str, Any] = {
+            "next_incoming_id": self.next_incoming_id,
+            "incoming_window": self.incoming_window,
+            "next_outgoing_id": self.next_outgoing_id,
+            "outgoing_window": SESSION_WINDOW,
+        }
+        if link is not None:
+            fields["handle"] = link.handle
+            if link.role == ROLE_SENDER:
+                fields.update(
+                    delivery_count=link.delivery_count,
+                    link_credit=link.credit,
+                    available=len(link.queue.messages) if link.queue else 0,
+                    drain=link.drain,
+                )
+            else:
+                fields.update(
+                    delivery_count=link.received, link_credit=link.granted - link.received
+                )
+        fields["echo"] = echo
+        self.send(pf.FlowFrame(**fields))
+
+    def reply_link(self, address: str | None) -> Link | None:
+        """The broker's sending link, anywhere on the connection, whose source is `address`."""
+        wanted = _normalise(address)
+        for session in [self, *self.connection.sessions.values()]:
+            for link in session.links.values():
+                if (
+                    link.role == ROLE_SENDER
+                    and link.kind != "queue"
+                    and _normalise(link.address) == wanted
+                ):
+                    return link
+        return None
+
+
+class Connection:
+    """One client connection: reads frames, dispatches them, writes replies."""
+
+    def __init__(
+        self, server: EmulatorServer, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ):
+        self.server = server
+        self.broker = server.broker
+        self.reader = reader
+        self.writer = writer
+        self.sessions: dict[int, Session] = {}
+        self.remote_max_frame_size = 512
+        self.closed = False
+        self._out = bytearray()
+        self._flush_scheduled = False
+        self._heartbeat: asyncio.Task | None = None
+
+    # -- output -------------------------------------------------------------
+
+    def send(self, channel: int, performative: Any, frame_type: int = 0) -> None:
+        if self.closed:
+            return
+        self._out += encode_amqp_frame(channel, performative, frame_type)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        """Write buffered frames once the current batch of work is journaled."""
+        self._flush_scheduled = False
+        # Acknowledge nothing before it is durable: the journal commits first.
+        self.broker.journal.flush()
+        if self._out and not self.closed:
+            self.writer.write(bytes(self._out))
+        self._out.clear()
+
+    # -- input --------------------------------------------------------------
+
+    async def _read_frame(self) -> tuple[int, int, int | None, list[Any] | None]:
+        head = await self.reader.readexactly(8)
+        size, doff, frame_type, channel = struct.unpack(">IBBH", head)
+        body = await self.reader.readexactly(size - 8) if size > 8 else b""
+        body = body[doff * 4 - 8 :]
+        if not body:
+            return frame_type, channel, None, None  # heartbeat
+        code, fields = decode_frame(memoryview(body))
+        return frame_type, channel, code, fields
+
+    async def _handshake(self) -> bool:
+        header = await self.reader.readexactly(8)
+        if header == SASL_HEADER:
+            self.writer.write(SASL_HEADER)
+            # ANONYMOUS is what the SDK uses with a development-emulator connection string.
+            mechanisms = pf.SASLMechanism(
+                sasl_server_mechanisms=[b"ANONYMOUS", b"MSSBCBS", b"PLAIN", b"EXTERNAL"]
+            )
+            self.writer.write(encode_amqp_frame(0, mechanisms, frame_type=1))
+            _, _, code, _ = await self._read_frame()
+            if code != SASL_INIT:
+                return False
+            self.writer.write(
+                encode_amqp_frame(0, pf.SASLOutcome(code=0, additional_data=None), frame_type=1)
+            )
+            header = await self.reader.readexactly(8)
+        self.writer.write(AMQP_HEADER)
+        return header == AMQP_HEADER
+
+    async def run(self) -> None:
+        try:
+            if not await self._handshake():
+                return
+            while not self.closed:
+                _, channel, code, fields = await self._read_frame()
+                if code is None:
+                    continue
+                self._dispatch(channel, code, fields)
+                if len(self._out) > 1 << 20:
+                    self._flush()
+                    await self.writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError, OSError):
+            pass
+        except Exception:  # a bug here must not take the broker down: drop this connection only
+            _LOG.exception("connection failed")
+        finally:
+            self._teardown()
+
+    def _teardown(self) -> None:
+        if self._out and not self.closed:
+            self._flush()
+        self.closed = True
+        if self._heartbeat:
+            self._heartbeat.cancel()
+        for session in list(self.sessions.values()):
+            self._drop_session(session)
+        self.sessions.clear()
+        try:
+            self.writer.close()
+        except Exception:  # noqa: BLE001 - the socket may already be gone
+            pass
+        self.server.forget(self)
+
+    def _drop_session(self, session: Session) -> None:
+        # Locks outlive the link: an abruptly closed client's messages return at lock expiry.
+        for link in session.links.values():
+            link.detached = True
+            if link.queue is not None and link.kind == "queue" and link.role == ROLE_SENDER:
+                link.queue.remove_consumer(link)
+
+    def _dispatch(self, channel: int, code: int, fields: list[Any]) -> None:
+        if code == OPEN:
+            self._on_open(fields)
+        elif code == BEGIN:
+            self._on_begin(channel, fields)
+        elif code == CLOSE:
+            self.send(0, pf.CloseFrame(error=None))
+            self._flush()
+            self.closed = True
+        else:
+            session = self.sessions.get(channel)
+            if session is None:
+                return
+            if code == ATTACH:
+                self._on_attach(session, fields)
+            elif code == FLOW:
+                self._on_flow(session, fields)
+            elif code == TRANSFER:
+                self._on_transfer(session, fields)
+            elif code == DISPOSITION:
+                self._on_disposition(session, fields)
+            elif code == DETACH:
+                self._on_detach(session, fields)
+            elif code == END:
+                self._drop_session(session)
+                del self.sessions[channel]
+                session.send(pf.EndFrame(error=None))
+
+    # -- connection and session ----------------------------------------------
+
+    def _on_open(self, fields: list[Any]) -> None:
+        self.remote_max_frame_size = min(fields[2] or MAX_FRAME_SIZE, 1 << 24)
+        self.send(
+            0,
+            pf.OpenFrame(
+                container_id="devstack-servicebus",
+                hostname=None,
+                max_frame_size=MAX_FRAME_SIZE,
+                channel_max=65535,
+                idle_timeout=None,
+                outgoing_locales=None,
+                incoming_locales=None,
+                offered_capabilities=None,
+                desired_capabilities=None,
+                properties=None,
+            ),
+        )
+        idle_ms = fields[4]
+        if idle_ms:
+            self._heartbeat = asyncio.get_running_loop().create_task(self._beat(idle_ms / 2000))
+
+    async def _beat(self, interval: float) -> None:
+        """Empty frames keep a client with an idle timeout from closing the connection."""
+        while not self.closed:
+            await asyncio.sleep(interval)
+            if not self.closed:
+                self.writer.write(b"\x00\x00\x00\x08\x02\x00\x00\x00")
+
+    def _on_begin(self, channel: int, fields: list[Any]) -> None:
+        session = Session(self, channel, fields[1] or 0, fields[2] or 0)
+        self.sessions[channel] = session
+        session.send(
+            pf.BeginFrame(
+                remote_channel=channel,
+                next_outgoing_id=0,
+                incoming_window=SESSION_WINDOW,
+                outgoing_window=SESSION_WINDOW,
+                handle_max=65535,
+                offered_capabilities=None,
+                desired_capabilities=None,
+                properties=None,
+            )
+        )
+
+    # -- links ------------------------------------------------------------------
+
+    def _on_attach(self, session: Session, fields: list[Any]) -> None:
+        name, handle, client_role = fields[0], fields[1], fields[2]
+        snd_mode, rcv_mode = fields[3], fields[4]
+        source, target = _address(fields[5]), _address(fields[6])
+        role = not client_role  # the broker takes the opposite role
+        address = source if role == ROLE_SENDER else target
+        kind, queue = self._classify(address)
+        peek_lock = snd_mode != SETTLE_MODE_SETTLED
+        link = Link(session, name, handle, role, address, kind, queue, peek_lock=peek_lock)
+        session.links[handle] = link
+        missing = kind == "missing"
+        session.send(
+            pf.AttachFrame(
+                name=name,
+                handle=handle,
+                role=role,
+                send_settle_mode=snd_mode,
+                rcv_settle_mode=rcv_mode,
+                # The SDK detaches (and waits for an error) unless both termini come back; for a
+                # missing entity the broker's own terminus is null, as the service does.
+                source=None
+                if missing and role == ROLE_SENDER
+                else Source(source or "", *([None] * 10)),
+                target=None
+                if missing and role == ROLE_RECEIVER
+                else Target(target or "", *([None] * 6)),
+                unsettled=None,
+                incomplete_unsettled=None,
+                initial_delivery_count=0 if role == ROLE_SENDER else None,
+                max_message_size=MAX_MESSAGE_SIZE if role == ROLE_RECEIVER else None,
+                offered_capabilities=None,
+                desired_capabilities=None,
+                properties=None,
+            )
+        )
+        if missing:
+            # Answer quickly with not-found so the SDK raises instead of waiting for a timeout.
+            link.detached = True
+            del session.links[handle]
+            session.send(
+                pf.DetachFrame(
+                    handle=handle,
+                    closed=True,
+                    error=AMQPError(
+                        condition=NOT_FOUND,
+                        description=f"The messaging entity '{address}' could not be found.",
+                        info=None,
+                    ),
+                )
+            )
+            return
+        if role == ROLE_RECEIVER:
+            link.granted = LINK_CREDIT
+            session.send_flow(link)
+        elif kind == "queue" and queue is not None:
+            queue.add_consumer(link)
+
+    def _classify(self, address: str | None) -> tuple[str, Queue | None]:
+        path = _normalise(address)
+        if path == "$cbs":
+            return "cbs", None
+        if path.endswith("/$management"):
+            queue = self.broker.resolve(path[: -len("/$management")])
+            return ("management", queue) if queue is not None else ("missing", None)
+        queue = self.broker.resolve(path)
+        return ("queue", queue) if queue is not None else ("missing", None)
+
+    def _on_detach(self, session: Session, fields: list[Any]) -> None:
+        link = session.links.pop(fields[0], None)
+        if link is None:
+            return
+        link.detached = True
+        if link.queue is not None and link.kind == "queue" and link.role == ROLE_SENDER:
+            link.queue.remove_consumer(link)
+        session.send(pf.DetachFrame(handle=link.handle, closed=True, error=None))
+
+    def _on_flow(self, session: Session, fields: list[Any]) -> None:
+        next_incoming_id, incoming_window = fields[0], fields[1]
+        base = next_incoming_id if next_incoming_id is not None else 0
+        session.remote_incoming_window = base + (incoming_window or 0) - session.next_outgoing_id
+        handle = fields[4]
+        if handle is None:
+            self._pump_session(session)
+            return
+        link = session.links.get(handle)
+        if link is None:
+            return
+        if link.role == ROLE_SENDER:
+            delivery_count, link_credit = fields[5], fields[6]
+            if link_credit is not None:
+                base_count = delivery_count if delivery_count is not None else link.delivery_count
+                link.credit = max(0, base_count + link_credit - link.delivery_count)
+            link.drain = bool(fields[8])
+            if link.queue is not None and link.kind == "queue":
+                link.queue.pump()
+            if link.drain and link.credit > 0:
+                # Nothing more to send: use up the credit, as drain requires.
+                link.delivery_count += link.credit
+                link.credit = 0
+                session.send_flow(link)
+            elif fields[9]:
+                session.send_flow(link)
+        elif fields[9]:
+            session.send_flow(link)
+
+    def _pump_session(self, session: Session) -> None:
+        for link in list(session.links.values()):
+            if link.kind == "queue" and link.role == ROLE_SENDER and link.queue is not None:
+                link.queue.pump()
+
+    # -- incoming transfers -------------------------------------------------
+
+    def _on_transfer(self, session: Session, fields: list[Any]) -> None:
+        session.next_incoming_id += 1
+        session.incoming_window -= 1
+        if session.incoming_window < SESSION_WINDOW // 2:
+            session.incoming_window = SESSION_WINDOW
+            session.send_flow()
+        link = session.links.get(fields[0])
+        if link is None or link.role != ROLE_RECEIVER:
+            return
+        more, payload = fields[5], fields[11]
+        if fields[9]:  # aborted
+            link.partial = link.partial_first = None
+            return
+        if link.partial is None:
+            link.partial_first = fields
+            link.partial = bytearray()
+        link.partial += payload
+        if more:
+            return
+        first, data = link.partial_first, bytes(link.partial)
+        link.partial = link.partial_first = None
+        link.received += 1
+        if link.granted - link.received < LINK_CREDIT // 2:
+            link.granted = link.received + LINK_CREDIT
+            session.send_flow(link)
+        self._on_delivery(session, link, first, data)
+
+    def _on_delivery(self, session: Session, link: Link, first: list[Any], data: bytes) -> None:
+        delivery_id, message_format, settled = first[1], first[3], first[4]
+        if link.kind == "queue":
+            state = self._accept_messages(link.queue, data, message_format)
+        else:
+            state = Accepted()
+            self._answer_request(session, link, data)
+        if not settled:
+            session.send(
+                pf.DispositionFrame(
+                    role=ROLE_RECEIVER,
+                    first=delivery_id,
+                    last=None,
+                    settled=True,
+                    state=state,
+                    batchable=None,
+                )
+            )
+
+    def _accept_messages(self, queue: Queue | None, data: bytes, message_format: int | None) -> Any:
+        assert queue is not None
+        now_ms = self.broker.clock()
+        try:
+            if message_format == BATCH_FORMAT:
+                # A batch: every Data section is one complete message, accepted or refused together.
+                parts = [
+                    parse_message(section)
+                    for section in decode_payload(memoryview(data)).data or []
+                ]
+                count, size = queue.total_held()
+                limit = queue.settings.max_message_count
+                if (limit is not None and count + len(parts) > limit) or (
+                    size + sum(p.size for p in parts) > queue.settings.max_size_bytes
+                ):
+                    raise QuotaExceeded(
+                        f"The maximum entity size has been reached or exceeded for queue '{queue.path}'."
+                    )
+            else:
+                parts = [parse_message(data)]
+            for part in parts:
+                queue.accept(part, now_ms)
+        except BrokerError as exc:
+            return Rejected(
+                error=AMQPError(condition=exc.condition, description=exc.description, info=None)
+            )
+        except Exception as exc:  # malformed input: refuse it, keep the connection
+            _LOG.warning("rejected a malformed message on %s: %r", queue.path, exc)
+            return Rejected(
+                error=AMQPError(condition=b"amqp:decode-error", description=str(exc), info=None)
+            )
+        queue.pump()
+        return Accepted()
+
+    def _answer_request(self, session: Session, link: Link, data: bytes) -> None:
+        request = decode_payload(memoryview(data))
+        properties = request.properties
+        message_id = properties.message_id if properties else None
+        reply_to = _text(properties.reply_to) if properties and properties.reply_to else None
+        if link.kind == "cbs":
+            status = {"status-code": 202, "status-description": "Accepted"}
+            payload = encode_response(message_id, status)
+        else:
+            payload = management.handle(self, link.queue, request)  # type: ignore[arg-type]
+            payload = encode_response(message_id, payload.status, payload.value)
+        reply = session.reply_link(link.address) or session.reply_link(reply_to)
+        if reply is None:
+            _LOG.warning("no reply link for request on %s", link.address)
+            return
+        reply.session.send_transfer(reply, payload, uuid.uuid4().bytes_le, settled=True)
+        reply.delivery_count += 1
+        reply.credit = max(0, reply.credit - 1)
+
+    # -- settlement -------------------------------------------------------------
+
+    def _on_disposition(self, session: Session, fields: list[Any]) -> None:
+        role, first, last, settled, state = fields[0], fields[1], fields[2], fields[3], fields[4]
+        if role != ROLE_RECEIVER or state is None:
+            return
+        last = first if last is None else last
+        for delivery_id in range(first, last + 1):
+            token = session.unsettled.pop(delivery_id, None)
+            if token is None:
+                if settled:
+                    continue
+                # Settled twice, or never locked: answer rather than let the SDK wait for an echo.
+                echo = Rejected(
+                    error=AMQPError(
+                        condition=LockLost.condition,
+                        description="The lock supplied is invalid.",
+                        info=None,
+                    )
+                )
+            else:
+                echo = self._settle(token, state)
+            if not settled:
+                session.send(
+                    pf.DispositionFrame(
+                        role=ROLE_SENDER,
+                        first=delivery_id,
+                        last=None,
+                        settled=True,
+                        state=echo,
+                        batchable=None,
+                    )
+                )
+
+    def _settle(self, token: uuid.UUID, state: dict[str, Any]) -> Any:
+        """Apply a disposition's outcome; return the outcome to echo to the client."""
+        try:
+            if "accepted" in state:
+                self.broker.settle(token, "complete")
+                return Accepted()
+            if "modified" in state:
+                values = list(state["modified"] or []) + [None, None, None]
+                if values[1]:  # undeliverable-here: the SDK's defer
+                    self.broker.settle(token, "defer")
+                else:
+                    self.broker.settle(token, "abandon")
+                return Modified(
+                    delivery_failed=values[0],
+                    undeliverable_here=values[1],
+                    message_annotations=None,
+                )
+            if "rejected" in state:
+                error = (state["rejected"] or [None])[0] or []
+                info = (error[2] if len(error) > 2 else None) or {}
+                reason = _text(info.get(b"DeadLetterReason"))
+                description = _text(info.get(b"DeadLetterErrorDescription"))
+                self.broker.settle(token, "dead-letter", reason, description)
+                return Rejected(error=None)  # an echoed rejection with an error means "failed"
+            if "released" in state:
+                self.broker.settle(token, "release")
+                return Released()
+        except BrokerError as exc:
+            return Rejected(
+                error=AMQPError(condition=exc.condition, description=exc.description, info=None)
+            )
+        return Accepted()

@@ -1,0 +1,89 @@
+"""Config.json parsing: the official emulator's vocabulary, durations, defaults."""
+
+from __future__ import annotations
+
+import pytest
+
+from devstack.servicebus.config import ConfigError, load_config, parse_config, parse_duration
+from tests.fixtures.servicebus import PROJECT_CONFIG
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [
+        ("PT1M", 60),
+        ("PT2S", 2),
+        ("PT0.5S", 0.5),
+        ("P1D", 86400),
+        ("PT1H", 3600),
+        ("P7D", 604800),
+        ("P1DT1H1M1S", 90061),
+    ],
+)
+def test_parses_iso8601_durations(text: str, seconds: float) -> None:
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["", "P", "PT", "1M", "PT1X", "soon"])
+def test_rejects_malformed_durations(text: str) -> None:
+    with pytest.raises(ConfigError):
+        parse_duration(text)
+
+
+def test_reads_the_project_config_with_its_queue_names() -> None:
+    queues = {q.name: q for q in load_config(PROJECT_CONFIG)}
+    assert set(queues) == {
+        "orders",
+        "agent-requests",
+        "agent-responses",
+        "alerts",
+        "replies-webshop",
+        "replies-partner-portal",
+    }
+    orders = queues["orders"]
+    assert orders.lock_duration == 60
+    assert orders.max_delivery_count == 5
+    assert orders.requires_duplicate_detection
+    assert orders.duplicate_window == 600
+    assert orders.dead_letter_on_expiration
+    assert orders.default_ttl == 86400
+    assert not queues["alerts"].requires_duplicate_detection
+
+
+def test_applies_defaults_and_limits() -> None:
+    document = {
+        "UserConfig": {
+            "Namespaces": [
+                {
+                    "Queues": [
+                        {"Name": "a"},
+                        {
+                            "Name": "b",
+                            "Properties": {"MaxSizeInMegabytes": 2, "MaxMessageCount": 7},
+                        },
+                    ]
+                }
+            ]
+        }
+    }
+    a, b = parse_config(document)
+    assert (a.lock_duration, a.max_delivery_count, a.max_message_count) == (60, 10, None)
+    assert (b.max_size_bytes, b.max_message_count) == (2 * 1024 * 1024, 7)
+
+
+@pytest.mark.parametrize(
+    "document",
+    [
+        {},
+        {"UserConfig": {"Namespaces": [{"Queues": [{"Name": "a"}, {"Name": "A"}]}]}},
+        {"UserConfig": {"Namespaces": [{"Queues": [{"Properties": {}}]}]}},
+        {
+            "UserConfig": {
+                "Namespaces": [{"Queues": [{"Name": "s", "Properties": {"RequiresSession": True}}]}]
+            }
+        },
+    ],
+)
+def test_rejects_bad_configs(document: dict) -> None:
+    with pytest.raises(ConfigError):
+        parse_config(document)
