@@ -171,6 +171,7 @@ _EXPIRED_AFTER: Final = (
     f"{_EXPIRED_ORDER}"
 )
 _COUNT_QUERY: Final = "SELECT VALUE COUNT(1) FROM c WHERE c.ProcessState = @state"
+_IN_STATE_QUERY: Final = "SELECT TOP @max * FROM c WHERE c.ProcessState = @state"
 
 
 def _valid(docs: list[dict[str, Any]]) -> list[tuple[OrderState, str]]:
@@ -357,6 +358,14 @@ class CosmosStateStore:
             return page, None
         last = docs[-1]
         return page, encode_cursor(last["CompleteBy"], last["id"])
+
+    async def query_in_state(self, state: ProcessState | str, max_items: int) -> list[OrderState]:
+        """Up to `max_items` records in `state`, for operators (cross-partition;
+        not for per-message use)."""
+        docs = await self._query(
+            _IN_STATE_QUERY, _params(max=max_items, state=str(state)), max_items, "query_in_state"
+        )
+        return [from_document(doc) for doc in docs]
 
     async def count_in_state(self, state: ProcessState | str) -> int:
         """One cross-partition COUNT: for the Starter's once-per-run gauge, not

@@ -35,7 +35,11 @@ from domain import state_machine as sm
 from domain.codec import encode
 from domain.models import ProcessState
 
-app = typer.Typer(help="Post orders, watch their status, and operate the order pipeline.", no_args_is_help=True)
+app = typer.Typer(
+    help="Post orders, watch their status, and operate the order pipeline.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
 console = Console()
 
 TERMINAL_STATUSES = {"Processed", "Failed", "Rejected", "Compensated", "CompensationFailed"}
@@ -239,5 +243,19 @@ def deadletters(queue: str, limit: int = typer.Option(50)) -> None:
     _tail(f"{queue}/$deadletterqueue", True, limit)
 
 
+def main() -> int:
+    """Known failures (bad settings, unreachable servers, domain refusals) end
+    with one line, not a traceback."""
+    from adapters.settings import SettingsError
+    from domain.errors import DomainError
+
+    try:
+        app()
+    except (SettingsError, DomainError, sm.IllegalTransition) as exc:
+        console.print(f"[red]error:[/] {exc}")
+        return 1
+    return 0
+
+
 if __name__ == "__main__":
-    app()
+    raise SystemExit(main())
