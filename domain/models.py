@@ -137,7 +137,7 @@ class OrderSubmitted(Contract):
     def _no_card_numbers(cls, value: str | None) -> str | None:
         # The order (and so the compensation log) must carry a reference to a
         # payment instrument, never the instrument itself.
-        if value is not None and sum(ch.isdigit() for ch in value) >= 12:
+        if value is not None and _looks_like_card_number(value):
             raise ValueError("looks like a card number; send a payment reference instead")
         return value
 
@@ -160,6 +160,18 @@ class OrderSubmitted(Contract):
         redelivery can be compared without reading the orders DB."""
         canonical = json.dumps(self.immutable_fields(), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+
+def _looks_like_card_number(value: str) -> bool:
+    """13-19 digits (spaces and dashes allowed) that pass the Luhn check."""
+    digits = value.replace(" ", "").replace("-", "")
+    if not digits.isdigit() or not 13 <= len(digits) <= 19:
+        return False
+    total = 0
+    for i, ch in enumerate(reversed(digits)):
+        d = int(ch) * (2 if i % 2 else 1)
+        total += d - 9 if d > 9 else d
+    return total % 10 == 0
 
 
 def _canonical(value: Any) -> Any:

@@ -33,6 +33,7 @@ def test_round_trip():
         ({"OrderID": "a/b"}, "OrderID"),
         ({"ReplyTo": "Bad Queue"}, "ReplyTo"),
         ({"PaymentReference": "4111 1111 1111 1111"}, "card number"),
+        ({"PaymentReference": "5500-0000-0000-0004"}, "card number"),
         ({"SchemaVersion": 2}, "SchemaVersion"),
     ],
 )
@@ -41,6 +42,11 @@ def test_invalid_orders_are_refused_with_a_reason(overrides, expected):
         decode(OrderSubmitted, body(**overrides))
     assert expected in info.value.reason
     assert info.value.reason.startswith("OrderSubmitted: ")
+
+
+@pytest.mark.parametrize("reference", ["pay-348934981143", "4111111111111112", "ref-12345678901234567"])
+def test_payment_references_that_are_not_card_numbers_pass(reference):
+    assert decode(OrderSubmitted, body(PaymentReference=reference)).PaymentReference == reference
 
 
 def test_oversize_body_refused_before_parsing():
