@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+from azure.durable_functions import RetryOptions
+
 from domain.ids import reply_event_name
 from domain.models import ProcessState, ReplyOutcome, StatusKind
 from orchestrators.contracts import (
@@ -38,6 +40,15 @@ from orchestrators.deadline import race
 
 WORKFLOW_NAME = "order_workflow"
 CURRENT_VERSION = "1.0"
+
+# Activities are idempotent, so a brief store or bus hiccup is retried here
+# rather than failing the attempt (which the Supervisor would then retry as a
+# whole). Three tries inside a few seconds stay well inside a step deadline.
+ACTIVITY_RETRY = RetryOptions(first_retry_interval_in_milliseconds=500, max_number_of_attempts=3)
+
+
+def _call(context, name: str, data: dict):
+    return context.call_activity_with_retry(name, ACTIVITY_RETRY, data)
 
 
 class UnknownWorkflowVersion(Exception):
@@ -59,14 +70,15 @@ def order_workflow(context):
 
 
 def _write(context, plan: Plan, kind: str, **fields):
-    result = yield context.call_activity(
-        "write_state", StateWrite(InstanceId=context.instance_id, Kind=kind, **fields).dump()
+    result = yield _call(
+        context, "write_state", StateWrite(InstanceId=context.instance_id, Kind=kind, **fields).dump()
     )
     return WriteResult.model_validate(result)
 
 
 def _status(context, plan: Plan, status: StatusKind, step: str | None = None, detail: str | None = None):
-    yield context.call_activity(
+    yield _call(
+        context,
         "report_status",
         StatusNote(
             InstanceId=context.instance_id, ReplyTo=plan.ReplyTo, Status=status, Step=step, Detail=detail
@@ -75,8 +87,8 @@ def _status(context, plan: Plan, status: StatusKind, step: str | None = None, de
 
 
 def _alert(context, plan: Plan, kind: str, reason: str):
-    yield context.call_activity(
-        "raise_alert", AlertNote(Kind=kind, OrderID=plan.OrderID, Reason=reason).dump()
+    yield _call(
+        context, "raise_alert", AlertNote(Kind=kind, OrderID=plan.OrderID, Reason=reason).dump()
     )
 
 
@@ -94,7 +106,7 @@ def _run_step(context, plan: Plan, step: StepPlan, action: str, attempt_try: int
     if step.Mode == "inline":
         task = context.call_activity("run_inline_step", request.dump())
     else:
-        yield context.call_activity("send_agent_request", request.dump())
+        yield _call(context, "send_agent_request", request.dump())
         task = context.wait_for_external_event(
             reply_event_name(step.Name, plan.Attempt, request.label)
         )
@@ -108,7 +120,7 @@ def _finish(outcome: str, step: str | None = None, detail: str | None = None) ->
 
 def run_v1(context):
     plan = Plan.model_validate(
-        (yield context.call_activity("load_plan", LoadPlanInput(InstanceId=context.instance_id).dump()))
+        (yield _call(context, "load_plan", LoadPlanInput(InstanceId=context.instance_id).dump()))
     )
     if plan.Stale:
         return _finish("stale", detail=plan.Reason)

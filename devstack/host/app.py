@@ -10,9 +10,11 @@ from __future__ import annotations
 import importlib
 import inspect
 import sys
+import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import azure.functions as func
 
@@ -105,6 +107,20 @@ def _binding_json(binding: Any) -> dict[str, Any]:
     return json.loads(json.dumps(binding.get_dict_repr(), cls=StringifyEnumJsonEncoder))
 
 
+def _parameters(fn: Callable[..., Any]) -> dict[str, Any]:
+    """Parameter name -> annotation, resolving string annotations (``from __future__ import
+    annotations``) the way the worker does; an unresolvable one stays a string."""
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return {}
+    try:
+        hints = typing.get_type_hints(fn)
+    except Exception:
+        hints = {}
+    return {p.name: hints.get(p.name, p.annotation) for p in sig.parameters.values()}
+
+
 def load_app(spec: str, app_dir: str | None = None) -> Any:
     """Import ``module:attribute`` (default attribute ``app``) and return the app object."""
     module_name, _, attr = spec.partition(":")
@@ -139,11 +155,7 @@ def index_app(app: Any) -> AppCatalog:
             raise HostError(f"function name {name!r} is registered twice")
         seen.add(name)
         user_fn = fn.get_user_function()
-        try:
-            sig = inspect.signature(user_fn)
-            params = {p.name: p.annotation for p in sig.parameters.values()}
-        except (TypeError, ValueError):
-            params = {}
+        params = _parameters(user_fn)
         functions.append(
             FunctionSpec(
                 name=name,

@@ -62,6 +62,7 @@ class ControllableClock(Clock):
     async def wait(self, deadline: datetime | None, *, max_wait: float) -> None:
         # Never sleep toward a deadline in real time: only an advance (or new work) ends the wait.
         if deadline is not None and deadline <= self._now:
+            await asyncio.sleep(0)
             return
         await self._sleep(max_wait)
 

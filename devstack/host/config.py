@@ -83,6 +83,8 @@ class DurableOptions:
     default_version: str = ""
     max_concurrent_activities: int = 10
     max_concurrent_orchestrators: int = 10
+    version_match: str = "None"  # None | Strict | CurrentOrOlder
+    version_failure: str = "Reject"  # Reject | Fail
 
 
 @dataclass
@@ -118,7 +120,14 @@ def load_host_json(path: str | None) -> HostConfig:
         default_version=str(dt.get("defaultVersion") or ""),
         max_concurrent_activities=int(dt.get("maxConcurrentActivityFunctions", 10)),
         max_concurrent_orchestrators=int(dt.get("maxConcurrentOrchestratorFunctions", 10)),
+        version_match=str(dt.get("versionMatchStrategy") or "None"),
+        version_failure=str(dt.get("versionFailureStrategy") or "Reject"),
     )
+    if dto.version_match not in ("None", "Strict", "CurrentOrOlder"):
+        raise HostError(f"host.json: durableTask.versionMatchStrategy {dto.version_match!r} is not None, Strict "
+                        "or CurrentOrOlder")
+    if dto.version_failure not in ("Reject", "Fail"):
+        raise HostError(f"host.json: durableTask.versionFailureStrategy {dto.version_failure!r} is not Reject or Fail")
     if "%" in dto.hub_name:
         dto.hub_name = resolve_binding_expression(dto.hub_name, purpose="durableTask.hubName in host.json")
     return HostConfig(service_bus=sbo, durable=dto, raw=data)

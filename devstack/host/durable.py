@@ -1,0 +1,416 @@
+"""The Durable extension's work: orchestration episodes, activities, and the client operations.
+
+Two dispatchers run on the host's loop:
+
+* orchestrations: claim an instance that has visible control messages, replay it with
+  the past history plus the new events (`replay.run_episode`), and commit the new
+  history, the activities and timers it scheduled, its status and the consumed
+  messages in one transaction;
+* activities: claim a work item, run the activity, and in one transaction delete the
+  item and enqueue its TaskCompleted/TaskFailed. A host killed mid-activity leaves the
+  item to be claimed again: activities run at least once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import traceback
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from azure.functions import meta
+from azure.functions.durable_functions import ActivityTriggerConverter
+
+from .app import AppCatalog
+from .clock import Clock
+from .config import DurableOptions
+from .errors import NonDeterminismError
+from .invoke import call_function
+from .replay import SCHEDULING_EVENTS, run_episode
+from .store import Instance, Store
+
+log = logging.getLogger("devstack.host.durable")
+
+EXECUTION_STARTED = 0
+EXECUTION_COMPLETED = 1
+EXECUTION_TERMINATED = 3
+TASK_SCHEDULED = 4
+TASK_COMPLETED = 5
+TASK_FAILED = 6
+SUB_ORCHESTRATION_CREATED = 7
+SUB_ORCHESTRATION_COMPLETED = 8
+SUB_ORCHESTRATION_FAILED = 9
+TIMER_CREATED = 10
+TIMER_FIRED = 11
+ORCHESTRATOR_STARTED = 12
+ORCHESTRATOR_COMPLETED = 13
+EVENT_RAISED = 15
+
+
+def iso(dt: datetime) -> str:
+    return dt.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _version_key(version: str) -> tuple[Any, ...]:
+    """Compare versions numerically when they look like 1.2.3, else as text."""
+    parts = version.split(".")
+    if all(p.isdigit() for p in parts if p) and version:
+        return (0, *[int(p) for p in parts])
+    return (1, version)
+
+
+def _event(event_type: int, when: datetime, **fields: Any) -> dict[str, Any]:
+    return {"EventType": event_type, "EventId": fields.pop("EventId", -1), "IsPlayed": False,
+            "Timestamp": iso(when), **fields}
+
+
+@dataclass
+class StartResult:
+    ok: bool
+    instance_id: str
+    error: str | None = None
+    not_found: bool = False
+
+
+class DurableEngine:
+    def __init__(self, store: Store, catalog: AppCatalog, clock: Clock, options: DurableOptions,
+                 client_binding: dict[str, Any] | None = None) -> None:
+        self.store = store
+        self.catalog = catalog
+        self.clock = clock
+        self.options = options
+        self.client_binding = client_binding or {}
+        self._busy: set[str] = set()
+        self._activity_tasks: set[asyncio.Task[None]] = set()
+        self._orch_tasks: set[asyncio.Task[None]] = set()
+        self._stopping = False
+        self._rejected_until: dict[str, float] = {}
+
+    # ---- client operations -------------------------------------------------------------
+
+    def start_new(self, name: str, instance_id: str | None, input_json: str | None,
+                  version: str | None) -> StartResult:
+        if self.catalog.orchestrator(name) is None:
+            return StartResult(False, instance_id or "", not_found=True, error=(
+                f"The function '{name}' doesn't exist, is disabled, or is not an orchestrator function. "
+                f"Additional info: the app's orchestrator functions are: "
+                f"{', '.join(f.orchestration_name for f in self.catalog.of_type('orchestrationTrigger'))}"
+            ))
+        iid = instance_id or uuid.uuid4().hex
+        version = version if version is not None else self.options.default_version
+        now = self.clock.now()
+        execution_id = uuid.uuid4().hex
+        started = _event(EXECUTION_STARTED, now, Name=name, Version=version or "", Input=input_json,
+                         OrchestrationInstance={"InstanceId": iid, "ExecutionId": execution_id})
+        blocking = self.store.create_or_restart_instance(
+            instance_id=iid, name=name, version=version, execution_id=execution_id,
+            input_json=input_json, started_event=started, now_iso=iso(now), now_epoch=now.timestamp(),
+        )
+        if blocking is not None:
+            return StartResult(False, iid, error=f"An Orchestration instance with the status {blocking} already exists.")
+        self.clock.poke()
+        return StartResult(True, iid)
+
+    def raise_event(self, instance_id: str, name: str, data_json: str | None) -> None:
+        self.store.enqueue(instance_id, None, _event(EVENT_RAISED, self.clock.now(), Name=name, Input=data_json))
+        self.clock.poke()
+
+    def terminate(self, instance_id: str, reason: str | None) -> None:
+        self.store.enqueue(instance_id, None, _event(EXECUTION_TERMINATED, self.clock.now(), Input=json.dumps(reason)))
+        self.clock.poke()
+
+    # ---- dispatch loops ----------------------------------------------------------------
+
+    async def run(self) -> None:
+        await asyncio.gather(self._orchestration_loop(), self._activity_loop())
+
+    def stop(self) -> None:
+        self._stopping = True
+        self.clock.poke()
+
+    async def drain(self, timeout: float) -> None:
+        """Let running episodes and activities finish (a host stopping cleanly does)."""
+        pending = [*self._orch_tasks, *self._activity_tasks]
+        if pending:
+            await asyncio.wait(pending, timeout=timeout)
+
+    async def _orchestration_loop(self) -> None:
+        while not self._stopping:
+            now = self.clock.now()
+            free = self.options.max_concurrent_orchestrators - len(self._busy)
+            real_now = time.monotonic()
+            skip = self._busy | {i for i, t in self._rejected_until.items() if t > real_now}
+            claimed = self.store.claim_instances(now.timestamp(), free, skip) if free > 0 else []
+            for iid in claimed:
+                self._busy.add(iid)
+                task = asyncio.create_task(self._run_instance(iid))
+                self._orch_tasks.add(task)
+                task.add_done_callback(self._orch_tasks.discard)
+            if claimed:
+                await asyncio.sleep(0)
+                continue
+            next_due = self.store.next_due()
+            # Work already visible but not claimable (locked by another host, rejected) must not spin.
+            future_due = next_due is not None and next_due > now.timestamp()
+            deadline = datetime.fromtimestamp(next_due, UTC) if future_due else None
+            # Poll as well: another host process may have written work into the shared hub.
+            await self.clock.wait(deadline, max_wait=0.25)
+
+    async def _run_instance(self, instance_id: str) -> None:
+        try:
+            self._episode(instance_id)
+        except Exception:
+            log.exception("orchestration episode for %s failed inside the host; retrying in 5 s", instance_id)
+            self._rejected_until[instance_id] = time.monotonic() + 5.0
+            self.store.unlock_instance(instance_id)
+        finally:
+            self._busy.discard(instance_id)
+            self.clock.poke()
+
+    def _episode(self, instance_id: str) -> None:
+        inst = self.store.get_instance(instance_id)
+        if inst is None:
+            return
+        now = self.clock.now()
+        messages = self.store.visible_messages(instance_id, now.timestamp())
+        history = self.store.history(instance_id)
+        new_events: list[dict[str, Any]] = []
+        consumed: list[int] = []
+        terminate: dict[str, Any] | None = None
+        has_start = bool(history)
+        for mid, execution_id, event in messages:
+            et = event["EventType"]
+            if et == EXECUTION_STARTED:
+                if history or execution_id != inst.execution_id or inst.is_terminal:
+                    consumed.append(mid)  # a duplicate or stale start
+                    continue
+                has_start = True
+            elif et == EXECUTION_TERMINATED:
+                consumed.append(mid)
+                if not inst.is_terminal and terminate is None:
+                    terminate = event
+                continue
+            elif inst.is_terminal or (execution_id is not None and execution_id != inst.execution_id):
+                consumed.append(mid)  # late news for a finished or replaced execution: dropped, as DTFx does
+                continue
+            consumed.append(mid)
+            new_events.append(event)
+
+        if inst.is_terminal or (not has_start and terminate is None):
+            if inst.is_terminal:
+                self.store.drop_messages(instance_id, consumed)
+            else:
+                self.store.unlock_instance(instance_id)  # events before the start stay queued
+            return
+
+        started_marker = _event(ORCHESTRATOR_STARTED, now)
+        if terminate is not None:
+            reason = terminate.get("Input")
+            episode = [started_marker, _event(EXECUTION_TERMINATED, now, Input=reason),
+                       _event(ORCHESTRATOR_COMPLETED, now)]
+            self._commit(inst, episode, consumed, [], [], [], "Terminated", reason, inst.custom_status, now)
+            log.info("orchestration %s terminated", instance_id)
+            return
+
+        refusal = self._version_refusal(inst.version)
+        if refusal is not None:
+            if self.options.version_failure == "Fail":
+                self._fail(inst, started_marker, new_events, consumed, now, refusal)
+            else:  # Reject: leave the work queued for a worker whose version matches
+                log.warning("orchestration %s rejected: %s", instance_id, refusal)
+                self._rejected_until[instance_id] = time.monotonic() + 5.0
+                self.store.unlock_instance(instance_id)
+            return
+
+        spec = self.catalog.orchestrator(inst.name)
+        past = [dict(e, IsPlayed=True) for e in history]
+        replay_history = past + [started_marker] + new_events
+        scheduled_before = {e["EventId"]: e for e in history if e["EventType"] in SCHEDULING_EVENTS}
+        if spec is None:
+            self._fail(inst, started_marker, new_events, consumed, now,
+                       f"The function '{inst.name}' doesn't exist, is disabled, or is not an orchestrator function.")
+            return
+        try:
+            result = run_episode(spec.func, instance_id=instance_id, history=replay_history,
+                                 input_json=inst.input, scheduled_before=scheduled_before)
+        except NonDeterminismError as exc:
+            log.error("orchestration %s (%s): %s", instance_id, inst.name, exc)
+            self._fail(inst, started_marker, new_events, consumed, now, str(exc))
+            return
+        except NotImplementedError as exc:
+            log.error("orchestration %s (%s): %s", instance_id, inst.name, exc)
+            self._fail(inst, started_marker, new_events, consumed, now, str(exc))
+            return
+
+        scheduled_events: list[dict[str, Any]] = []
+        activities: list[tuple[int, str, str | None]] = []
+        timers: list[tuple[dict[str, Any], float]] = []
+        messages_out: list[tuple[str, str | None, dict[str, Any]]] = []
+        children: list[dict[str, Any]] = []
+        for task in result.new_tasks:
+            if task.kind == "activity":
+                scheduled_events.append(_event(TASK_SCHEDULED, now, EventId=task.task_id, Name=task.name, Input=task.input))
+                activities.append((task.task_id, task.name or "", task.input))
+            elif task.kind == "timer":
+                fire_at = task.fire_at or now
+                if fire_at.tzinfo is None:
+                    fire_at = fire_at.replace(tzinfo=UTC)
+                scheduled_events.append(_event(TIMER_CREATED, now, EventId=task.task_id, FireAt=iso(fire_at)))
+                timers.append((_event(TIMER_FIRED, fire_at, TimerId=task.task_id, FireAt=iso(fire_at)),
+                               fire_at.timestamp()))
+            elif task.kind == "suborchestration":
+                child_id = task.instance_id or f"{instance_id}:{task.task_id:04d}"
+                scheduled_events.append(_event(SUB_ORCHESTRATION_CREATED, now, EventId=task.task_id,
+                                               Name=task.name, InstanceId=child_id, Input=task.input))
+                children.append(self._child(child_id, task, instance_id, inst.execution_id))
+
+        episode = [started_marker, *new_events, *scheduled_events]
+        if result.outcome == "completed":
+            episode += [_event(ORCHESTRATOR_COMPLETED, now),
+                        _event(EXECUTION_COMPLETED, now, OrchestrationStatus="Completed", Result=result.output_json)]
+            messages_out += self._parent_notice(instance_id, True, result.output_json, None)
+            self._commit(inst, episode, consumed, activities, timers, messages_out, "Completed",
+                         result.output_json, result.custom_status_json, now, children)
+            log.info("orchestration %s (%s) completed", instance_id, inst.name)
+        elif result.outcome == "failed":
+            message = f"Orchestrator function '{inst.name}' failed: {result.error}"
+            episode += [_event(ORCHESTRATOR_COMPLETED, now),
+                        _event(EXECUTION_COMPLETED, now, OrchestrationStatus="Failed", Result=json.dumps(message))]
+            messages_out += self._parent_notice(instance_id, False, None, message)
+            self._commit(inst, episode, consumed, activities, timers, messages_out, "Failed",
+                         json.dumps(message), result.custom_status_json, now, children)
+            log.warning("orchestration %s (%s) failed: %s", instance_id, inst.name, result.error)
+        elif result.outcome == "continued_as_new":
+            new_execution = uuid.uuid4().hex
+            new_input = json.dumps(result.continue_input) if result.continue_input is not None else None
+            restart = _event(EXECUTION_STARTED, now, Name=inst.name, Version=inst.version or "",
+                             Input=new_input,
+                             OrchestrationInstance={"InstanceId": instance_id, "ExecutionId": new_execution})
+            ok = self.store.commit_episode(
+                instance_id=instance_id, execution_id=new_execution, reset_history=True, new_history=[],
+                consumed=consumed, activities=[], timers=[],
+                messages=[(instance_id, new_execution, restart)], status="Running", output=None,
+                custom_status=result.custom_status_json, input_json=new_input, now_iso=iso(now),
+            )
+            if not ok:
+                log.warning("lost the lock on %s; its episode will run again", instance_id)
+        else:
+            episode.append(_event(ORCHESTRATOR_COMPLETED, now))
+            self._commit(inst, episode, consumed, activities, timers, messages_out, "Running",
+                         None, result.custom_status_json, now, children)
+
+    def _version_refusal(self, version: str | None) -> str | None:
+        """host.json versionMatchStrategy against defaultVersion, as the Durable extension applies it."""
+        current = self.options.default_version
+        strategy = self.options.version_match
+        if strategy == "None" or not current:
+            return None
+        version = version or ""
+        if strategy == "Strict" and version != current:
+            return f"the orchestration version '{version}' does not match the worker version '{current}'"
+        if strategy == "CurrentOrOlder" and _version_key(version) > _version_key(current):
+            return f"the orchestration version '{version}' is newer than the worker version '{current}'"
+        return None
+
+    def _commit(self, inst: Instance, episode: list[dict[str, Any]], consumed: list[int],
+                activities: list[tuple[int, str, str | None]], timers: list[tuple[dict[str, Any], float]],
+                messages: list[tuple[str, str | None, dict[str, Any]]], status: str, output: str | None,
+                custom_status: str | None, now: datetime, children: list[dict[str, Any]] | None = None) -> None:
+        ok = self.store.commit_episode(
+            new_instances=children,
+            instance_id=inst.instance_id, execution_id=inst.execution_id, reset_history=False,
+            new_history=episode, consumed=consumed, activities=activities, timers=timers, messages=messages,
+            status=status, output=output, custom_status=custom_status, input_json=inst.input, now_iso=iso(now),
+        )
+        if not ok:
+            log.warning("lost the lock on %s; its episode will run again", inst.instance_id)
+
+    def _fail(self, inst: Instance, started_marker: dict[str, Any], new_events: list[dict[str, Any]],
+              consumed: list[int], now: datetime, message: str) -> None:
+        episode = [started_marker, *new_events, _event(ORCHESTRATOR_COMPLETED, now),
+                   _event(EXECUTION_COMPLETED, now, OrchestrationStatus="Failed", Result=json.dumps(message))]
+        self._commit(inst, episode, consumed, [], [], self._parent_notice(inst.instance_id, False, None, message),
+                     "Failed", json.dumps(message), inst.custom_status, now)
+
+    # ---- sub-orchestrations ------------------------------------------------------------
+
+    def _child(self, child_id: str, task: Any, parent_id: str, parent_execution: str) -> dict[str, Any]:
+        """A sub-orchestration to create in the parent's episode transaction. The link to the
+        parent is kept in the child's ExecutionStarted (ParentInstance), as in DTFx."""
+        now = self.clock.now()
+        execution_id = uuid.uuid4().hex
+        version = task.version if task.version is not None else self.options.default_version
+        child_input = json.dumps(task.input) if task.input is not None else None
+        started = _event(EXECUTION_STARTED, now, Name=task.name, Version=version or "", Input=child_input,
+                         OrchestrationInstance={"InstanceId": child_id, "ExecutionId": execution_id},
+                         ParentInstance={"TaskScheduleId": task.task_id,
+                                         "OrchestrationInstance": {"InstanceId": parent_id,
+                                                                   "ExecutionId": parent_execution}})
+        return dict(instance_id=child_id, name=task.name, version=version, execution_id=execution_id,
+                    input_json=child_input, started_event=started, now_iso=iso(now), now_epoch=now.timestamp())
+
+    def _parent_notice(self, instance_id: str, ok: bool, output_json: str | None,
+                       error: str | None) -> list[tuple[str, str | None, dict[str, Any]]]:
+        history = self.store.history(instance_id)
+        parent = None
+        for e in history[:3]:
+            if e["EventType"] == EXECUTION_STARTED:
+                parent = e.get("ParentInstance")
+        if not parent:
+            return []
+        now = self.clock.now()
+        pinst = parent["OrchestrationInstance"]
+        if ok:
+            ev = _event(SUB_ORCHESTRATION_COMPLETED, now, TaskScheduledId=parent["TaskScheduleId"], Result=output_json)
+        else:
+            ev = _event(SUB_ORCHESTRATION_FAILED, now, TaskScheduledId=parent["TaskScheduleId"],
+                        Reason=error, Details=None)
+        return [(pinst["InstanceId"], pinst["ExecutionId"], ev)]
+
+    # ---- activities --------------------------------------------------------------------
+
+    async def _activity_loop(self) -> None:
+        while not self._stopping:
+            free = self.options.max_concurrent_activities - len(self._activity_tasks)
+            rows = self.store.claim_activities(free)
+            for row in rows:
+                task = asyncio.create_task(self._run_activity(dict(row)))
+                self._activity_tasks.add(task)
+                task.add_done_callback(self._activity_tasks.discard)
+            if not rows:
+                await self.clock.wait(None, max_wait=0.25)
+            else:
+                await asyncio.sleep(0)
+
+    async def _run_activity(self, row: dict[str, Any]) -> None:
+        name = row["name"]
+        spec = self.catalog.activity(name)
+        now = self.clock.now()
+        if spec is None:
+            event = _event(TASK_FAILED, now, TaskScheduledId=row["task_id"],
+                           Reason=f"The function '{name}' doesn't exist, is disabled, or is not an activity function.",
+                           Details=None)
+        else:
+            try:
+                arg = ActivityTriggerConverter.decode(meta.Datum(type="json", value=row["input"] or "null"),
+                                                      trigger_metadata=None)
+                kwargs: dict[str, Any] = {spec.trigger["name"]: arg}
+                if spec.durable_client_param:
+                    kwargs[spec.durable_client_param] = json.dumps(self.client_binding)
+                value = await call_function(spec, kwargs)
+                result = ActivityTriggerConverter.encode(value, expected_type=None).value
+                event = _event(TASK_COMPLETED, self.clock.now(), TaskScheduledId=row["task_id"], Result=result)
+            except Exception as exc:
+                log.warning("activity %s for %s failed: %s", name, row["instance_id"], exc)
+                event = _event(TASK_FAILED, self.clock.now(), TaskScheduledId=row["task_id"],
+                               Reason=str(exc) or type(exc).__name__,
+                               Details="".join(traceback.format_exception(exc)))
+        if not self.store.complete_activity(row["id"], row["instance_id"], row["execution_id"], event):
+            log.warning("activity %s for %s finished after its lock was lost; the other run's result wins",
+                        name, row["instance_id"])
+        self.clock.poke()

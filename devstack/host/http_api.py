@@ -1,0 +1,253 @@
+"""The Durable extension's HTTP API on loopback, so `DurableOrchestrationClient` runs unchanged.
+
+Routes, status codes and payloads follow the extension's HttpApiHandler: the client
+binding JSON handed to functions points `rpcBaseUrl` here. `/admin/*` is ours: health
+and the controllable clock.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+from aiohttp import web
+
+from .clock import Clock, ControllableClock
+from .durable import DurableEngine
+from .store import TERMINAL, Instance
+
+RPC_PREFIX = "/durabletask/"
+WEBHOOK_PREFIX = "/runtime/webhooks/durabletask/"
+
+
+def client_binding(base: str, hub: str) -> dict[str, Any]:
+    """The JSON the host passes for a `durable_client_input` parameter."""
+    webhook = base + WEBHOOK_PREFIX
+    q = f"taskHub={hub}&connection=Storage"
+    inst = webhook + "instances/INSTANCEID"
+    return {
+        "taskHubName": hub,
+        "creationUrls": {
+            "createNewInstancePostUri": webhook + "orchestrators/{functionName}[/{instanceId}]?code=",
+            "createAndWaitOnNewInstancePostUri": webhook
+            + "orchestrators/{functionName}[/{instanceId}]?timeout={timeoutInSeconds}&pollingInterval={intervalInSeconds}",
+        },
+        "managementUrls": {
+            "id": "INSTANCEID",
+            "statusQueryGetUri": f"{inst}?{q}",
+            "sendEventPostUri": f"{inst}/raiseEvent/{{eventName}}?{q}",
+            "terminatePostUri": f"{inst}/terminate?reason={{text}}&{q}",
+            "rewindPostUri": f"{inst}/rewind?reason={{text}}&{q}",
+            "purgeHistoryDeleteUri": f"{inst}?{q}",
+            "restartPostUri": f"{inst}/restart?{q}",
+            "suspendPostUri": f"{inst}/suspend?reason={{text}}&{q}",
+            "resumePostUri": f"{inst}/resume?reason={{text}}&{q}",
+        },
+        "baseUrl": base + WEBHOOK_PREFIX.rstrip("/"),
+        "requiredQueryStringParameters": "",
+        "rpcBaseUrl": base + RPC_PREFIX,
+        "httpBaseUrl": "",
+        "grpcBaseUrl": "",
+    }
+
+
+def _loads(text: str | None) -> Any:
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def _short(ts: str) -> str:
+    return ts[:19] + "Z"
+
+
+def status_payload(inst: Instance, *, show_input: bool = True, history: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "name": inst.name,
+        "instanceId": inst.instance_id,
+        "runtimeStatus": inst.status,
+        "input": _loads(inst.input) if show_input else None,
+        "customStatus": _loads(inst.custom_status),
+        "output": _loads(inst.output),
+        "createdTime": _short(inst.created_time),
+        "lastUpdatedTime": _short(inst.last_updated_time),
+    }
+    if history is not None:
+        body["historyEvents"] = history
+    return body
+
+
+def _bool(value: str | None, default: bool) -> bool:
+    if value is None:
+        return default
+    return value.lower() == "true"
+
+
+def _time(value: str | None) -> float | None:
+    if not value:
+        return None
+    text = value.replace("Z", "+00:00")
+    dt = datetime.fromisoformat(text)
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=UTC)
+    return dt.timestamp()
+
+
+def _error(status: int, message: str, exception_message: str, exception_type: str) -> web.Response:
+    return web.json_response(
+        {"Message": message, "ExceptionMessage": exception_message, "ExceptionType": exception_type,
+         "StackTrace": ""},
+        status=status,
+    )
+
+
+class DurableHttpApi:
+    def __init__(self, engine: DurableEngine, clock: Clock, base_url_ref: list[str],
+                 timers: Callable[[], list[dict[str, Any]]] = list) -> None:
+        self.timers = timers
+        self.engine = engine
+        self.clock = clock
+        self._base = base_url_ref  # filled once the port is known
+
+    def routes(self) -> list[web.RouteDef]:
+        out: list[web.RouteDef] = []
+        for prefix in (RPC_PREFIX, WEBHOOK_PREFIX):
+            out += [
+                web.post(prefix + "orchestrators/{name}", self.start),
+                web.post(prefix + "orchestrators/{name}/{instance_id}", self.start),
+                web.get(prefix + "instances/", self.query),
+                web.get(prefix + "instances", self.query),
+                web.delete(prefix + "instances/", self.purge_by),
+                web.delete(prefix + "instances", self.purge_by),
+                web.get(prefix + "instances/{instance_id}", self.get_status),
+                web.delete(prefix + "instances/{instance_id}", self.purge),
+                web.post(prefix + "instances/{instance_id}/terminate", self.terminate),
+                web.post(prefix + "instances/{instance_id}/raiseEvent/{event}", self.raise_event),
+            ]
+        out += [
+            web.get("/admin/health", self.health),
+            web.get("/admin/clock", self.get_clock),
+            web.get("/admin/timers", self.get_timers),
+            web.post("/admin/clock/advance", self.advance_clock),
+        ]
+        return out
+
+    def _management(self, instance_id: str) -> dict[str, str]:
+        binding = client_binding(self._base[0], self.engine.options.hub_name)
+        return {k: v.replace("INSTANCEID", instance_id) for k, v in binding["managementUrls"].items()}
+
+    async def start(self, request: web.Request) -> web.Response:
+        name = request.match_info["name"]
+        instance_id = request.match_info.get("instance_id")
+        raw = await request.text()
+        input_json = raw if raw.strip() else None
+        if input_json is not None:
+            try:
+                json.loads(input_json)
+            except json.JSONDecodeError as exc:
+                return _error(400, "Invalid JSON content", str(exc), "Newtonsoft.Json.JsonReaderException")
+        result = self.engine.start_new(name, instance_id, input_json, request.query.get("version"))
+        if result.not_found:
+            return _error(400, "One or more of the arguments submitted is incorrect", result.error or "",
+                          "System.ArgumentException")
+        if not result.ok:
+            return _error(500, "Something went wrong while processing your request", result.error or "",
+                          "System.InvalidOperationException")
+        payload = self._management(result.instance_id)
+        return web.json_response(payload, status=202, headers={"Location": payload["statusQueryGetUri"],
+                                                               "Retry-After": "10"})
+
+    async def get_status(self, request: web.Request) -> web.Response:
+        instance_id = request.match_info["instance_id"]
+        inst = self.engine.store.get_instance(instance_id)
+        if inst is None:
+            return web.Response(status=404)
+        show_history = _bool(request.query.get("showHistory"), False)
+        history = self.engine.store.history(instance_id) if show_history else None
+        body = status_payload(inst, show_input=_bool(request.query.get("showInput"), True), history=history)
+        if inst.status in ("Running", "Pending", "ContinuedAsNew", "Suspended"):
+            return web.json_response(body, status=202, headers={"Retry-After": "5"})
+        if inst.status == "Failed" and _bool(request.query.get("returnInternalServerErrorOnFailure"), False):
+            return web.json_response(body, status=500)
+        return web.json_response(body, status=200)
+
+    def _filters(self, request: web.Request) -> dict[str, Any]:
+        statuses = [s for s in request.query.get("runtimeStatus", "").split(",") if s]
+        return {
+            "created_from": _time(request.query.get("createdTimeFrom")),
+            "created_to": _time(request.query.get("createdTimeTo")),
+            "statuses": statuses or None,
+        }
+
+    async def query(self, request: web.Request) -> web.Response:
+        rows = self.engine.store.query_instances(prefix=request.query.get("instanceIdPrefix"), **self._filters(request))
+        show_input = _bool(request.query.get("showInput"), False)
+        return web.json_response([status_payload(r, show_input=show_input) for r in rows],
+                                 headers={"x-ms-continuation-token": ""})
+
+    async def purge(self, request: web.Request) -> web.Response:
+        instance_id = request.match_info["instance_id"]
+        if self.engine.store.get_instance(instance_id) is None:
+            return web.Response(status=404)
+        return web.json_response({"instancesDeleted": self.engine.store.purge(instance_id)})
+
+    async def purge_by(self, request: web.Request) -> web.Response:
+        filters = self._filters(request)
+        if filters["created_from"] is None:
+            return web.json_response("Please provide value for 'createdTimeFrom' parameter.", status=400)
+        deleted = 0
+        for inst in self.engine.store.query_instances(**filters):
+            if inst.status in TERMINAL:
+                deleted += self.engine.store.purge(inst.instance_id)
+        if deleted == 0:
+            return web.Response(status=404)
+        return web.json_response({"instancesDeleted": deleted})
+
+    async def terminate(self, request: web.Request) -> web.Response:
+        instance_id = request.match_info["instance_id"]
+        inst = self.engine.store.get_instance(instance_id)
+        if inst is None:
+            return web.Response(status=404)
+        if inst.status in TERMINAL:
+            return web.Response(status=410)
+        self.engine.terminate(instance_id, request.query.get("reason"))
+        return web.Response(status=202)
+
+    async def raise_event(self, request: web.Request) -> web.Response:
+        instance_id = request.match_info["instance_id"]
+        inst = self.engine.store.get_instance(instance_id)
+        if inst is None:
+            return web.Response(status=404)
+        if inst.status in TERMINAL:
+            return web.Response(status=410)
+        if request.content_type.lower() != "application/json":
+            return _error(400, "Only application/json request content is supported", "", "")
+        raw = await request.text()
+        try:
+            json.loads(raw)
+        except json.JSONDecodeError:
+            return _error(400, "Invalid JSON content", "", "")
+        self.engine.raise_event(instance_id, request.match_info["event"], raw)
+        return web.Response(status=202)
+
+    async def health(self, request: web.Request) -> web.Response:
+        return web.json_response({"ready": True})
+
+    async def get_timers(self, request: web.Request) -> web.Response:
+        return web.json_response(self.timers())
+
+    async def get_clock(self, request: web.Request) -> web.Response:
+        return web.json_response({"now": self.clock.now().isoformat(), "controllable": self.clock.controllable})
+
+    async def advance_clock(self, request: web.Request) -> web.Response:
+        if not isinstance(self.clock, ControllableClock):
+            return web.json_response({"error": "the host runs on real time (start it with --clock controllable)"},
+                                     status=409)
+        body = await request.json()
+        now = self.clock.advance(float(body.get("seconds", 0)))
+        return web.json_response({"now": now.isoformat()})

@@ -1,0 +1,246 @@
+"""One orchestrator episode through the Durable SDK's own replay engine.
+
+The host builds the context JSON a real host sends (history, instanceId, input,
+upperSchemaVersion), the SDK's `Orchestrator` replays the generator against it and
+returns its state JSON. Like DTFx, the host then matches what the orchestrator
+scheduled against what the history says was scheduled, task id by task id: a
+different name or kind at the same id, or a recorded task the replay no longer
+schedules, is a non-deterministic orchestrator and fails the instance instead of
+running on. What is scheduled beyond the history is the episode's new work.
+
+Task ids are the SDK's own sequence numbers (the same ones DTFx gives TaskScheduled
+and TimerCreated events); the host reads them as the SDK assigns them rather than
+re-deriving them from the action list, which would miss the timers and re-schedules
+that `call_*_with_retry` adds without an action.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from azure.durable_functions import DurableOrchestrationContext, Orchestrator
+from azure.durable_functions.models.actions.CallActivityAction import CallActivityAction
+from azure.durable_functions.models.actions.CallActivityWithRetryAction import (
+    CallActivityWithRetryAction,
+)
+from azure.durable_functions.models.actions.CallSubOrchestratorAction import (
+    CallSubOrchestratorAction,
+)
+from azure.durable_functions.models.actions.CallSubOrchestratorWithRetryAction import (
+    CallSubOrchestratorWithRetryAction,
+)
+from azure.durable_functions.models.actions.CreateTimerAction import CreateTimerAction
+from azure.durable_functions.models.actions.NoOpAction import NoOpAction
+from azure.durable_functions.models.Task import AtomicTask, RetryAbleTask
+
+from .errors import NonDeterminismError
+
+UPPER_SCHEMA_VERSION = 2  # ReplaySchema.V3: task_any/task_all as compound actions
+
+TASK_SCHEDULED = 4
+SUB_ORCHESTRATION_CREATED = 7
+TIMER_CREATED = 10
+SCHEDULING_EVENTS = (TASK_SCHEDULED, SUB_ORCHESTRATION_CREATED, TIMER_CREATED)
+_KIND_OF_EVENT = {TASK_SCHEDULED: "activity", SUB_ORCHESTRATION_CREATED: "suborchestration", TIMER_CREATED: "timer"}
+
+
+@dataclass
+class NewTask:
+    """Work the orchestrator scheduled in this episode."""
+
+    task_id: int
+    kind: str  # activity | timer | suborchestration
+    name: str | None = None
+    input: str | None = None
+    fire_at: datetime | None = None
+    instance_id: str | None = None
+    version: str | None = None
+
+
+@dataclass
+class EpisodeResult:
+    """What one replay decided.
+
+    Attributes:
+        outcome: ``running``, ``completed``, ``failed`` or ``continued_as_new``.
+        output_json: the orchestrator's return value as JSON (completed), or None.
+        error: the exception message (failed).
+        custom_status_json: the custom status as JSON, or None.
+        new_tasks: work scheduled beyond the history.
+        continue_input: the new input (continued_as_new).
+        state: the raw state JSON the SDK returned (what a real host receives).
+    """
+
+    outcome: str
+    output_json: str | None = None
+    error: str | None = None
+    custom_status_json: str | None = None
+    new_tasks: list[NewTask] = field(default_factory=list)
+    continue_input: str | None = None
+    state: dict[str, Any] | None = None
+
+
+def build_context(
+    *, instance_id: str, history: list[dict[str, Any]], input_json: str | None, is_replaying: bool
+) -> dict[str, Any]:
+    return {
+        "history": history,
+        "instanceId": instance_id,
+        "isReplaying": is_replaying,
+        "parentInstanceId": None,
+        # As the real host: the deserialized start payload. The SDK client posts its input
+        # JSON-encoded a second time, so this is usually the JSON text get_input() decodes.
+        "input": json.loads(input_json) if input_json is not None else None,
+        "upperSchemaVersion": UPPER_SCHEMA_VERSION,
+    }
+
+
+def _action_of(task: AtomicTask) -> Any:
+    action = task.action_repr
+    if isinstance(action, list):
+        action = action[0] if action else None
+    return action
+
+
+def _describe(task: AtomicTask, now: datetime) -> NewTask:
+    action = _action_of(task)
+    tid = task.id
+    if isinstance(action, (CallActivityAction, CallActivityWithRetryAction)):
+        return NewTask(tid, "activity", name=action.function_name, input=action.input_)
+    if isinstance(action, CreateTimerAction):
+        return NewTask(tid, "timer", fire_at=action.fire_at)
+    if isinstance(action, (CallSubOrchestratorAction, CallSubOrchestratorWithRetryAction)):
+        return NewTask(
+            tid, "suborchestration", name=action.function_name, input=action._input,
+            instance_id=action.instance_id, version=action.version,
+        )
+    if isinstance(action, NoOpAction):
+        parent = task.parent
+        if isinstance(parent, RetryAbleTask):
+            if action.metadata == "-WithRetry timer":
+                # DTFx RetryInterceptor: wait FirstRetryInterval (backoff 1) after each failure.
+                delay = timedelta(milliseconds=parent.retry_options.first_retry_interval_in_milliseconds)
+                return NewTask(tid, "timer", fire_at=now + delay)
+            original = parent.actions[0] if isinstance(parent.actions, list) else parent.actions
+            rescheduled = _describe_action(tid, original)
+            if rescheduled is not None:
+                return rescheduled
+    raise NotImplementedError(
+        f"devstack.host does not run {type(action).__name__} (task {tid}); "
+        "supported: activities (with retry), timers, external events, sub-orchestrations"
+    )
+
+
+def _describe_action(tid: int, action: Any) -> NewTask | None:
+    if isinstance(action, (CallActivityAction, CallActivityWithRetryAction)):
+        return NewTask(tid, "activity", name=action.function_name, input=action.input_)
+    if isinstance(action, (CallSubOrchestratorAction, CallSubOrchestratorWithRetryAction)):
+        return NewTask(tid, "suborchestration", name=action.function_name, input=action._input,
+                       instance_id=action.instance_id, version=action.version)
+    return None
+
+
+def _parse_failure(exc: Exception) -> tuple[str, dict[str, Any] | None]:
+    text = str(exc)
+    marker = "\n\n$OutOfProcData$:"
+    if marker in text:
+        message, _, data = text.partition(marker)
+        try:
+            return message, json.loads(data)
+        except json.JSONDecodeError:
+            return message, None
+    return text, None
+
+
+def run_episode(
+    handle: Callable[..., Any],
+    *,
+    instance_id: str,
+    history: list[dict[str, Any]],
+    input_json: str | None,
+    scheduled_before: dict[int, dict[str, Any]],
+) -> EpisodeResult:
+    """Replay `history` through the SDK and classify the result.
+
+    Args:
+        handle: the registered orchestrator (``get_user_function()`` of an
+            orchestration trigger: the SDK's ``Orchestrator.create`` handle).
+        history: past events (IsPlayed true) + OrchestratorStarted + the new events.
+        scheduled_before: history events that scheduled work, by EventId.
+
+    Raises:
+        NonDeterminismError: the replay does not match `scheduled_before`.
+    """
+    body = build_context(instance_id=instance_id, history=history, input_json=input_json,
+                         is_replaying=bool(scheduled_before))
+    ctx = DurableOrchestrationContext.from_json(json.dumps(body))
+    ctx._input_expected_type = getattr(handle, "_df_input_type", None)
+
+    recorded: dict[int, AtomicTask] = {}
+    original = ctx._add_to_open_tasks
+
+    def recording_add(task: Any) -> None:
+        original(task)
+        if isinstance(task, AtomicTask) and isinstance(task.id, int) and task.id >= 0:
+            recorded.setdefault(task.id, task)
+
+    ctx._add_to_open_tasks = recording_add  # type: ignore[method-assign]
+    user_fn = getattr(handle, "orchestrator_function", handle)
+
+    try:
+        state = json.loads(Orchestrator(user_fn).handle(ctx))
+        failure = None
+    except Exception as exc:  # the orchestrator raised: the SDK wraps its state in the message
+        message, state = _parse_failure(exc)
+        failure = message
+
+    now = ctx.current_utc_datetime
+    # Match the replay against what the history says was scheduled (DTFx's determinism check).
+    for event_id, event in sorted(scheduled_before.items()):
+        task = recorded.get(event_id)
+        expected_kind = _KIND_OF_EVENT[event["EventType"]]
+        expected_name = event.get("Name")
+        if task is None:
+            if failure is not None or (state and state.get("isDone")):
+                continue
+            raise NonDeterminismError(
+                f"Non-Deterministic workflow detected: the history has {expected_kind} "
+                f"{expected_name or ''} with id {event_id}, which the orchestrator no longer schedules"
+            )
+        try:
+            got = _describe(task, now)
+        except NotImplementedError:
+            got = NewTask(event_id, "unsupported")
+        if got.kind != expected_kind or (expected_name is not None and got.name != expected_name):
+            raise NonDeterminismError(
+                f"Non-Deterministic workflow detected: the history has {expected_kind} "
+                f"{expected_name or ''} with id {event_id}, the replay scheduled {got.kind} {got.name or ''}"
+            )
+
+    new_tasks = [_describe(recorded[i], now) for i in sorted(recorded) if i not in scheduled_before]
+    custom = (state or {}).get("customStatus")
+    custom_json = json.dumps(custom) if custom is not None else None
+
+    if failure is not None:
+        return EpisodeResult("failed", error=failure, custom_status_json=custom_json, state=state)
+    assert state is not None
+    if ctx.will_continue_as_new:
+        cont = None
+        for action in (state.get("actions") or [[]])[-1]:
+            if action.get("actionType") == 4:
+                cont = action.get("input")
+        return EpisodeResult("continued_as_new", continue_input=cont, custom_status_json=custom_json, state=state)
+    if state.get("isDone"):
+        output = state.get("output")
+        return EpisodeResult(
+            "completed",
+            output_json=json.dumps(output) if output is not None else None,
+            custom_status_json=custom_json,
+            new_tasks=new_tasks,
+            state=state,
+        )
+    return EpisodeResult("running", custom_status_json=custom_json, new_tasks=new_tasks, state=state)

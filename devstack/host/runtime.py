@@ -1,0 +1,183 @@
+"""The host process: wires the app's functions to their triggers and runs until stopped."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import re
+import socket
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from aiohttp import web
+
+from .app import (
+    DURABLE_CLIENT,
+    SERVICE_BUS_TRIGGER,
+    SUPPORTED_TRIGGERS,
+    TIMER_TRIGGER,
+    index_app,
+    load_app,
+)
+from .clock import Clock, ControllableClock
+from .config import load_host_json, load_local_settings
+from .durable import DurableEngine
+from .errors import HostError
+from .http_api import DurableHttpApi, client_binding
+from .servicebus import ServiceBusTriggers
+from .store import Store
+from .timers import TimerTriggers
+
+log = logging.getLogger("devstack.host")
+
+HEARTBEAT_EVERY = 1.0
+
+
+@dataclass
+class HostOptions:
+    app: str
+    app_dir: str | None = None
+    settings: str | None = None
+    host_json: str | None = None
+    data_dir: str = ".devstack/host"
+    port: int = 0
+    clock: str = "real"
+    clock_start: str | None = None
+    lease_seconds: float = 5.0
+    host_id: str | None = None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Host:
+    def __init__(self, options: HostOptions) -> None:
+        self.options = options
+        self.clock: Clock = Clock()
+        if options.clock == "controllable":
+            start = None
+            if options.clock_start:
+                try:
+                    start = datetime.fromisoformat(options.clock_start.replace("Z", "+00:00"))
+                except ValueError:
+                    raise HostError(f"--clock-start {options.clock_start!r} is not an ISO-8601 time") from None
+                start = start if start.tzinfo else start.replace(tzinfo=UTC)
+            self.clock = ControllableClock(start)
+        self._stop = asyncio.Event()
+
+    async def run(self) -> None:
+        o = self.options
+        app_dir = Path(o.app_dir or os.getcwd())
+        settings = o.settings
+        if settings is None and (app_dir / "local.settings.json").exists():
+            settings = str(app_dir / "local.settings.json")  # what `func start` reads
+        load_local_settings(settings)
+        host_json = o.host_json or str(app_dir / "host.json")
+        config = load_host_json(host_json)
+        app = load_app(o.app, str(app_dir))
+        catalog = index_app(app)
+        for f in catalog.functions:
+            if f.trigger_type not in SUPPORTED_TRIGGERS:
+                raise HostError(f"function {f.name}: trigger {f.trigger_type!r} is not supported by devstack.host")
+            for b in f.bindings:
+                if b is not f.trigger and b != f.trigger and b.get("type") != DURABLE_CLIENT:
+                    raise HostError(f"function {f.name}: binding {b.get('type')!r} ({b.get('name')}) "
+                                    "is not supported by devstack.host")
+
+        host_id = o.host_id or os.environ.get("AzureFunctionsWebHost__hostid") or _default_host_id(o.app)
+        storage = os.environ.get("AzureWebJobsStorage")
+        if catalog.of_type(TIMER_TRIGGER) and not storage:
+            raise HostError("missing app setting 'AzureWebJobsStorage' (timer triggers keep their singleton lease "
+                            "and schedule status there); set it in local.settings.json or the environment")
+
+        Path(o.data_dir).mkdir(parents=True, exist_ok=True)
+        process_id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        store = Store(str(Path(o.data_dir) / f"{config.durable.hub_name}.sqlite"), process_id, o.lease_seconds)
+        store.heartbeat()
+
+        port = o.port or _free_port()
+        base = f"http://127.0.0.1:{port}"
+        binding = client_binding(base, config.durable.hub_name)
+        binding_json = json.dumps(binding)
+        engine = DurableEngine(store, catalog, self.clock, config.durable, binding)
+        timer_view: list[TimerTriggers] = []
+        api = DurableHttpApi(engine, self.clock, [base],
+                             timers=lambda: timer_view[0].describe() if timer_view else [])
+        web_app = web.Application()
+        web_app.add_routes(api.routes())
+        runner = web.AppRunner(web_app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", port)
+        try:
+            await site.start()
+        except OSError as exc:
+            raise HostError(f"cannot listen on 127.0.0.1:{port}: {exc.strerror}") from None
+
+        timers = TimerTriggers(catalog.of_type(TIMER_TRIGGER), self.clock, storage, host_id, lambda: binding_json)
+        timer_view.append(timers)
+        sb = ServiceBusTriggers(catalog.of_type(SERVICE_BUS_TRIGGER), config.service_bus, lambda: binding_json)
+        loop = asyncio.get_running_loop()
+        tasks: list[asyncio.Task[None]] = []
+        try:
+            sb.start(loop)
+            await sb.check_reachable()
+            await timers.start()
+            tasks.append(asyncio.create_task(engine.run(), name="durable"))
+            tasks.append(asyncio.create_task(self._heartbeat(store), name="heartbeat"))
+            counts = {kind: len(catalog.of_type(kind)) for kind in sorted({f.trigger_type for f in catalog.functions})}
+            print(
+                f"devstack.host ready: app={o.app} functions={len(catalog.functions)} "
+                f"({', '.join(f'{k}={v}' for k, v in counts.items())}) durable={base}/durabletask/ "
+                f"hub={config.durable.hub_name} clock={o.clock} pid={os.getpid()}",
+                flush=True,
+            )
+            stop_wait = asyncio.create_task(self._stop.wait())
+            done, _ = await asyncio.wait([stop_wait, *tasks], return_when=asyncio.FIRST_COMPLETED)
+            for t in done:
+                if t is not stop_wait and t.exception() is not None:
+                    raise t.exception()  # type: ignore[misc]
+        finally:
+            engine.stop()
+            await timers.stop()
+            await sb.stop()
+            await engine.drain(timeout=20)
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await runner.cleanup()
+            await _close_durable_client_session()
+            try:
+                store.release_host()
+            except Exception:
+                pass
+            store.close()
+            # Apps keep their aio clients (Cosmos, aiohttp) for the process's life and never close
+            # them; a worker exits without complaining about it, and so does this host.
+            logging.getLogger("asyncio").setLevel(logging.CRITICAL)
+
+    async def _heartbeat(self, store: Store) -> None:
+        while True:
+            await asyncio.sleep(HEARTBEAT_EVERY)
+            store.heartbeat()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+async def _close_durable_client_session() -> None:
+    """The SDK client keeps one aiohttp session per process; close it as the worker's exit would."""
+    from azure.durable_functions.models.utils import http_utils
+
+    if http_utils._client_session is not None and not http_utils._client_session.closed:
+        await http_utils._client_session.close()
+
+
+def _default_host_id(app_spec: str) -> str:
+    return ("devstack-" + re.sub(r"[^a-z0-9-]", "-", app_spec.lower()))[:32].rstrip("-")

@@ -1,0 +1,389 @@
+"""The task hub: instances, histories and work queues in one SQLite file.
+
+Like the Azure Storage provider, the hub has an instance table, a history table, a
+control queue per orchestration (`inbox`: ExecutionStarted, TaskCompleted, TimerFired,
+EventRaised, ExecutionTerminated messages, timers being messages that become visible
+at their fire time) and a work-item queue for activities. Every change an episode
+makes (history rows, new activities and timers, status, consumed messages) is written
+in one transaction, so a process killed at any moment leaves either the state before
+the episode or the state after it.
+
+Work is owned through host leases: a host writes a heartbeat; a lock whose owner's
+heartbeat is older than `lease_seconds` (real time) is free again. Several host
+processes may share one file (SQLite WAL).
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS instances(
+    instance_id TEXT PRIMARY KEY,
+    name TEXT NOT NULL,
+    version TEXT,
+    execution_id TEXT NOT NULL,
+    status TEXT NOT NULL,
+    input TEXT,
+    output TEXT,
+    custom_status TEXT,
+    created_time TEXT NOT NULL,
+    last_updated_time TEXT NOT NULL,
+    created_epoch REAL NOT NULL,
+    lock_owner TEXT
+);
+CREATE TABLE IF NOT EXISTS history(
+    instance_id TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    execution_id TEXT NOT NULL,
+    event TEXT NOT NULL,
+    PRIMARY KEY(instance_id, seq)
+);
+CREATE TABLE IF NOT EXISTS inbox(
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    instance_id TEXT NOT NULL,
+    execution_id TEXT,
+    event TEXT NOT NULL,
+    visible_at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS inbox_visible ON inbox(visible_at);
+CREATE INDEX IF NOT EXISTS inbox_instance ON inbox(instance_id);
+CREATE TABLE IF NOT EXISTS activities(
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    instance_id TEXT NOT NULL,
+    execution_id TEXT NOT NULL,
+    task_id INTEGER NOT NULL,
+    name TEXT NOT NULL,
+    input TEXT,
+    lock_owner TEXT,
+    dequeue_count INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS hosts(
+    host_id TEXT PRIMARY KEY,
+    heartbeat REAL NOT NULL
+);
+"""
+
+TERMINAL = ("Completed", "Failed", "Terminated", "Canceled")
+
+
+@dataclass
+class Instance:
+    instance_id: str
+    name: str
+    version: str | None
+    execution_id: str
+    status: str
+    input: str | None
+    output: str | None
+    custom_status: str | None
+    created_time: str
+    last_updated_time: str
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.status in TERMINAL
+
+
+class Store:
+    """Thin, synchronous access to the hub file. Calls are short; the loop may make them."""
+
+    def __init__(self, path: str, host_id: str, lease_seconds: float) -> None:
+        self.path = path
+        self.host_id = host_id
+        self.lease_seconds = lease_seconds
+        self.db = sqlite3.connect(path, isolation_level=None, timeout=30, check_same_thread=False)
+        self.db.row_factory = sqlite3.Row
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("PRAGMA synchronous=NORMAL")
+        self.db.executescript(SCHEMA)
+
+    def close(self) -> None:
+        self.db.close()
+
+    @contextmanager
+    def tx(self) -> Iterator[sqlite3.Connection]:
+        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            yield self.db
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
+        else:
+            self.db.execute("COMMIT")
+
+    # ---- host leases -------------------------------------------------------------------
+
+    def heartbeat(self) -> None:
+        with self.tx() as db:
+            db.execute(
+                "INSERT INTO hosts(host_id, heartbeat) VALUES(?, ?) "
+                "ON CONFLICT(host_id) DO UPDATE SET heartbeat=excluded.heartbeat",
+                (self.host_id, time.time()),
+            )
+
+    def release_host(self) -> None:
+        with self.tx() as db:
+            db.execute("DELETE FROM hosts WHERE host_id=?", (self.host_id,))
+            db.execute("UPDATE instances SET lock_owner=NULL WHERE lock_owner=?", (self.host_id,))
+            db.execute("UPDATE activities SET lock_owner=NULL WHERE lock_owner=?", (self.host_id,))
+
+    def _free_owner_sql(self) -> tuple[str, tuple[Any, ...]]:
+        return (
+            "(lock_owner IS NULL OR lock_owner NOT IN (SELECT host_id FROM hosts WHERE heartbeat > ?))",
+            (time.time() - self.lease_seconds,),
+        )
+
+    # ---- instances ---------------------------------------------------------------------
+
+    def get_instance(self, instance_id: str) -> Instance | None:
+        row = self.db.execute(
+            "SELECT instance_id, name, version, execution_id, status, input, output, custom_status, "
+            "created_time, last_updated_time FROM instances WHERE instance_id=?",
+            (instance_id,),
+        ).fetchone()
+        return Instance(**dict(row)) if row else None
+
+    def query_instances(
+        self,
+        *,
+        created_from: float | None = None,
+        created_to: float | None = None,
+        statuses: list[str] | None = None,
+        prefix: str | None = None,
+    ) -> list[Instance]:
+        sql = (
+            "SELECT instance_id, name, version, execution_id, status, input, output, custom_status, "
+            "created_time, last_updated_time FROM instances WHERE 1=1"
+        )
+        args: list[Any] = []
+        if created_from is not None:
+            sql += " AND created_epoch >= ?"
+            args.append(created_from)
+        if created_to is not None:
+            sql += " AND created_epoch <= ?"
+            args.append(created_to)
+        if statuses:
+            sql += f" AND status IN ({','.join('?' * len(statuses))})"
+            args.extend(statuses)
+        if prefix:
+            sql += " AND substr(instance_id, 1, ?) = ?"
+            args.extend([len(prefix), prefix])
+        sql += " ORDER BY created_epoch"
+        return [Instance(**dict(r)) for r in self.db.execute(sql, args).fetchall()]
+
+    def history(self, instance_id: str) -> list[dict[str, Any]]:
+        rows = self.db.execute(
+            "SELECT event FROM history WHERE instance_id=? ORDER BY seq", (instance_id,)
+        ).fetchall()
+        return [json.loads(r["event"]) for r in rows]
+
+    def create_or_restart_instance(
+        self,
+        *,
+        instance_id: str,
+        name: str,
+        version: str | None,
+        execution_id: str,
+        input_json: str | None,
+        started_event: dict[str, Any],
+        now_iso: str,
+        now_epoch: float,
+    ) -> str | None:
+        """Create the instance (status Pending) and enqueue its ExecutionStarted.
+
+        Returns the status that blocks the start (Running/Pending), or None on success.
+        A finished instance is replaced: its history and queued messages are dropped.
+        """
+        with self.tx() as db:
+            return self._create_in_tx(db, instance_id=instance_id, name=name, version=version,
+                                      execution_id=execution_id, input_json=input_json,
+                                      started_event=started_event, now_iso=now_iso, now_epoch=now_epoch)
+
+    @staticmethod
+    def _create_in_tx(db: sqlite3.Connection, *, instance_id: str, name: str, version: str | None,
+                      execution_id: str, input_json: str | None, started_event: dict[str, Any],
+                      now_iso: str, now_epoch: float) -> str | None:
+        row = db.execute("SELECT status FROM instances WHERE instance_id=?", (instance_id,)).fetchone()
+        if row is not None and row["status"] not in TERMINAL:
+            return row["status"]
+        if row is not None:
+            for table in ("history", "inbox", "activities", "instances"):
+                db.execute(f"DELETE FROM {table} WHERE instance_id=?", (instance_id,))
+        db.execute(
+            "INSERT INTO instances(instance_id, name, version, execution_id, status, input, output, "
+            "custom_status, created_time, last_updated_time, created_epoch, lock_owner) "
+            "VALUES(?, ?, ?, ?, 'Pending', ?, NULL, NULL, ?, ?, ?, NULL)",
+            (instance_id, name, version, execution_id, input_json, now_iso, now_iso, now_epoch),
+        )
+        db.execute(
+            "INSERT INTO inbox(instance_id, execution_id, event, visible_at) VALUES(?, ?, ?, ?)",
+            (instance_id, execution_id, json.dumps(started_event), 0.0),
+        )
+        return None
+
+    def enqueue(self, instance_id: str, execution_id: str | None, event: dict[str, Any], visible_at: float = 0.0) -> None:
+        with self.tx() as db:
+            db.execute(
+                "INSERT INTO inbox(instance_id, execution_id, event, visible_at) VALUES(?, ?, ?, ?)",
+                (instance_id, execution_id, json.dumps(event), visible_at),
+            )
+
+    def purge(self, instance_id: str) -> int:
+        with self.tx() as db:
+            row = db.execute("SELECT status FROM instances WHERE instance_id=?", (instance_id,)).fetchone()
+            if row is None or row["status"] not in TERMINAL:
+                return 0
+            for table in ("history", "inbox", "activities", "instances"):
+                db.execute(f"DELETE FROM {table} WHERE instance_id=?", (instance_id,))
+            return 1
+
+    # ---- orchestration work ------------------------------------------------------------
+
+    def next_due(self) -> float | None:
+        row = self.db.execute("SELECT MIN(visible_at) AS t FROM inbox").fetchone()
+        return row["t"] if row and row["t"] is not None else None
+
+    def claim_instances(self, now_epoch: float, limit: int, busy: set[str]) -> list[str]:
+        """Lock up to `limit` instances that have visible messages and no live owner."""
+        rows = self.db.execute(
+            "SELECT instance_id, MIN(id) AS first FROM inbox WHERE visible_at <= ? "
+            "GROUP BY instance_id ORDER BY first LIMIT ?",
+            (now_epoch, limit + len(busy)),
+        ).fetchall()
+        claimed: list[str] = []
+        free_sql, free_args = self._free_owner_sql()
+        for r in rows:
+            iid = r["instance_id"]
+            if iid in busy or len(claimed) >= limit:
+                continue
+            with self.tx() as db:
+                cur = db.execute(
+                    f"UPDATE instances SET lock_owner=? WHERE instance_id=? AND {free_sql}",
+                    (self.host_id, iid, *free_args),
+                )
+                if cur.rowcount == 0:
+                    exists = db.execute("SELECT 1 FROM instances WHERE instance_id=?", (iid,)).fetchone()
+                    if exists is None:
+                        # Messages for an instance that no longer exists (purged): drop them.
+                        db.execute("DELETE FROM inbox WHERE instance_id=?", (iid,))
+                    continue
+            claimed.append(iid)
+        return claimed
+
+    def visible_messages(self, instance_id: str, now_epoch: float) -> list[tuple[int, str | None, dict[str, Any]]]:
+        rows = self.db.execute(
+            "SELECT id, execution_id, event FROM inbox WHERE instance_id=? AND visible_at <= ? ORDER BY id",
+            (instance_id, now_epoch),
+        ).fetchall()
+        return [(r["id"], r["execution_id"], json.loads(r["event"])) for r in rows]
+
+    def commit_episode(
+        self,
+        *,
+        instance_id: str,
+        execution_id: str,
+        reset_history: bool,
+        new_history: list[dict[str, Any]],
+        consumed: list[int],
+        activities: list[tuple[int, str, str | None]],
+        timers: list[tuple[dict[str, Any], float]],
+        messages: list[tuple[str, str | None, dict[str, Any]]],
+        status: str,
+        output: str | None,
+        custom_status: str | None,
+        input_json: str | None,
+        now_iso: str,
+        new_instances: list[dict[str, Any]] | None = None,
+    ) -> bool:
+        """Write everything one episode produced, atomically. False if the lock was lost.
+
+        `new_instances` are sub-orchestrations to create (keyword arguments of
+        `create_or_restart_instance`); an existing running one is left alone."""
+        with self.tx() as db:
+            owner = db.execute("SELECT lock_owner FROM instances WHERE instance_id=?", (instance_id,)).fetchone()
+            if owner is None or owner["lock_owner"] != self.host_id:
+                return False
+            if reset_history:
+                db.execute("DELETE FROM history WHERE instance_id=?", (instance_id,))
+                start = 0
+            else:
+                row = db.execute("SELECT MAX(seq) AS m FROM history WHERE instance_id=?", (instance_id,)).fetchone()
+                start = (row["m"] + 1) if row["m"] is not None else 0
+            db.executemany(
+                "INSERT INTO history(instance_id, seq, execution_id, event) VALUES(?, ?, ?, ?)",
+                [(instance_id, start + i, execution_id, json.dumps(e)) for i, e in enumerate(new_history)],
+            )
+            if consumed:
+                db.executemany("DELETE FROM inbox WHERE id=?", [(i,) for i in consumed])
+            db.executemany(
+                "INSERT INTO activities(instance_id, execution_id, task_id, name, input) VALUES(?, ?, ?, ?, ?)",
+                [(instance_id, execution_id, tid, name, inp) for tid, name, inp in activities],
+            )
+            db.executemany(
+                "INSERT INTO inbox(instance_id, execution_id, event, visible_at) VALUES(?, ?, ?, ?)",
+                [(instance_id, execution_id, json.dumps(ev), at) for ev, at in timers],
+            )
+            db.executemany(
+                "INSERT INTO inbox(instance_id, execution_id, event, visible_at) VALUES(?, ?, ?, 0)",
+                [(iid, eid, json.dumps(ev)) for iid, eid, ev in messages],
+            )
+            for child in new_instances or []:
+                self._create_in_tx(db, **child)
+            db.execute(
+                "UPDATE instances SET execution_id=?, status=?, output=?, custom_status=?, input=?, "
+                "last_updated_time=?, lock_owner=NULL WHERE instance_id=?",
+                (execution_id, status, output, custom_status, input_json, now_iso, instance_id),
+            )
+        return True
+
+    def drop_messages(self, instance_id: str, ids: list[int]) -> None:
+        with self.tx() as db:
+            db.executemany("DELETE FROM inbox WHERE id=?", [(i,) for i in ids])
+            db.execute(
+                "UPDATE instances SET lock_owner=NULL WHERE instance_id=? AND lock_owner=?",
+                (instance_id, self.host_id),
+            )
+
+    def unlock_instance(self, instance_id: str) -> None:
+        with self.tx() as db:
+            db.execute(
+                "UPDATE instances SET lock_owner=NULL WHERE instance_id=? AND lock_owner=?",
+                (instance_id, self.host_id),
+            )
+
+    # ---- activity work -----------------------------------------------------------------
+
+    def claim_activities(self, limit: int) -> list[sqlite3.Row]:
+        if limit <= 0:
+            return []
+        free_sql, free_args = self._free_owner_sql()
+        with self.tx() as db:
+            rows = db.execute(
+                f"SELECT id, instance_id, execution_id, task_id, name, input, dequeue_count FROM activities "
+                f"WHERE {free_sql} ORDER BY id LIMIT ?",
+                (*free_args, limit),
+            ).fetchall()
+            db.executemany(
+                "UPDATE activities SET lock_owner=?, dequeue_count=dequeue_count+1 WHERE id=?",
+                [(self.host_id, r["id"]) for r in rows],
+            )
+        return rows
+
+    def complete_activity(self, activity_id: int, instance_id: str, execution_id: str, event: dict[str, Any]) -> bool:
+        """Delete the work item and enqueue its result in one transaction (at-least-once)."""
+        with self.tx() as db:
+            cur = db.execute("DELETE FROM activities WHERE id=? AND lock_owner=?", (activity_id, self.host_id))
+            if cur.rowcount == 0:
+                return False
+            db.execute(
+                "INSERT INTO inbox(instance_id, execution_id, event, visible_at) VALUES(?, ?, ?, 0)",
+                (instance_id, execution_id, json.dumps(event)),
+            )
+        return True

@@ -1,0 +1,1 @@
+"""Tests of devstack.host, the local stand-in for the Functions host."""
