@@ -14,6 +14,7 @@ from domain.errors import (
     ValidationFailed,
 )
 from domain.ids import (
+    agent_reply_message_id,
     agent_request_message_id,
     attempt_instance_id,
     fencing_token,
@@ -63,6 +64,7 @@ __all__ = [
     "StepStatus",
     "TransientError",
     "ValidationFailed",
+    "agent_reply_message_id",
     "agent_request_message_id",
     "attempt_instance_id",
     "fencing_token",

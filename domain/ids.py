@@ -9,10 +9,12 @@
 - request message id   `{instance id}/{step}` stable across re-sends of one
   request, so Service Bus duplicate detection drops repeats.
 - reply event name     unique per step and attempt (SDK issue #507: two buffered
-  events with one name lose the first)."""
+  events with one name lose the first).
+- reply message id     `{instance id}/{reply event}/reply`."""
 
 from __future__ import annotations
 
+import hashlib
 import re
 
 _ORDER_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -65,6 +67,16 @@ def agent_request_message_id(instance_id: str, step: str, action: str = "do") ->
     parse_attempt_instance_id(instance_id)
     suffix = "" if action == "do" else f"/{action}"
     return f"{instance_id}/{_check_step(step)}{suffix}"
+
+
+def agent_reply_message_id(instance_id: str, reply_event: str) -> str:
+    """The reply to one request: keyed by the reply event, which is unique per
+    step, attempt and undo try, so a second undo try's reply is not taken for
+    a re-send of the first. Hashed when long, to stay within the contract."""
+    reply_id = f"{instance_id}/{reply_event}/reply"
+    if len(reply_id) > 100:
+        reply_id = "reply-" + hashlib.sha256(reply_id.encode()).hexdigest()[:48]
+    return reply_id
 
 
 def reply_event_name(step: str, attempt: int, action: str = "do") -> str:

@@ -1,8 +1,9 @@
-"""The real remote service as a process, started once per session on a free
-loopback port and reset before each test."""
+"""The real remote service as a process, started once per test module on a
+free loopback port and reset before each test."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -12,8 +13,10 @@ import pytest
 from devstack.remote_service.process import RemoteServiceProcess, start_remote_service
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def remote_service_process() -> Iterator[RemoteServiceProcess]:
+    # One per test module: a module's workers and hosts are pointed at it,
+    # and a module cannot see another's effects.
     service = start_remote_service(seed=1)
     try:
         yield service
@@ -49,6 +52,16 @@ class RemoteAdmin:
                 return row["count"]
         return 0
 
+    async def wait_until_idle(self) -> None:
+        """Until no call is being handled (a slow call the client gave up on
+        is still running on the service); bounded."""
+        for _ in range(200):
+            async with self.session.get(f"{self.url}/_admin/requests") as response:
+                if (await response.json())["in_flight"] == 0:
+                    return
+            await asyncio.sleep(0.05)
+        pytest.fail("the remote service kept handling calls")
+
     async def requests(self, order_id: str) -> int:
         params = {"order_id": order_id}
         async with self.session.get(f"{self.url}/_admin/requests", params=params) as response:
@@ -63,8 +76,10 @@ async def http() -> AsyncIterator[aiohttp.ClientSession]:
 
 @pytest.fixture
 async def remote_admin(remote_service_process, http) -> RemoteAdmin:
-    if remote_service_process.process.poll() is not None:
-        pytest.fail("the remote service process died:\n" + remote_service_process.log_tail())
+    if (code := remote_service_process.process.poll()) is not None:
+        pytest.fail(
+            f"the remote service process exited with {code}:\n" + remote_service_process.log_tail()
+        )
     admin = RemoteAdmin(http, remote_service_process.url)
     await admin.reset()
     return admin

@@ -5,6 +5,7 @@ request is dead-lettered. (Stopping: test_worker_shutdown.py.)"""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import select
 import signal
@@ -142,6 +143,20 @@ async def replies_until(client: ServiceBusClient, last_order: str) -> list[tuple
     pytest.fail(f"no reply for {last_order}; got {[r.OrderID for _, r in received]}")
 
 
+async def pending_requests(client: ServiceBusClient, within: float = 10) -> list:
+    """The messages still in agent-requests, locked or not (peek ignores
+    locks), after giving the worker up to `within` seconds to settle."""
+    deadline = time.monotonic() + within
+    async with client.get_queue_receiver("agent-requests") as receiver:
+        while True:
+            # From the first sequence number every time: by default the SDK
+            # peeks on from the last message it has seen.
+            left = await receiver.peek_messages(max_message_count=10, sequence_number=1)
+            if not left or time.monotonic() > deadline:
+                return left
+            await asyncio.sleep(0.2)
+
+
 async def test_a_request_in_gives_a_reply_out_with_its_stable_id(
     worker, private_servicebus, remote_admin
 ):
@@ -153,9 +168,11 @@ async def test_a_request_in_gives_a_reply_out_with_its_stable_id(
             client, encode(request), agent_request_message_id(request.InstanceId, request.Step)
         )
         replies = await replies_until(client, "w-1")
+        left = await pending_requests(client)
 
     [(message_id, reply)] = replies
     assert reply.Outcome is ReplyOutcome.OK, worker.log_tail()
+    assert left == []  # completed
     assert message_id == reply.EventId == reply_event_id(request)
     assert reply.EventName == request.ReplyEvent
     assert await remote_admin.effect_count("w-1", "reserve-inventory", "inventory/reserve") == 1

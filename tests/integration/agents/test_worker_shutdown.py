@@ -15,6 +15,7 @@ from tests.fixtures.servicebus import PROJECT_CONFIG
 from tests.integration.agents.test_worker_servicebus import (
     WorkerProcess,
     make_request,
+    pending_requests,
     replies_until,
     send,
 )
@@ -50,8 +51,7 @@ async def test_a_request_in_flight_at_sigterm_is_finished_and_replied_to(
 
         exit_code = worker.stop()
         [(_, reply)] = await replies_until(client, "d-1")
-        async with client.get_queue_receiver("agent-requests") as receiver:
-            left = await receiver.receive_messages(max_message_count=5, max_wait_time=1)
+        left = await pending_requests(client)
 
     assert exit_code == 0, worker.log_tail()
     assert reply.Outcome is ReplyOutcome.OK

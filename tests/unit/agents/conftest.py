@@ -34,6 +34,7 @@ POLICY = AgentPolicy(
     reply_margin=2.0,
     breaker_fail_max=100,
     breaker_reset_timeout=60.0,
+    min_call_time=0.5,
 )
 
 

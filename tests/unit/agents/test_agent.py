@@ -37,7 +37,7 @@ async def test_ok_reply_carries_the_result_and_names_the_waiting_event(agent, re
         2,
     )
     assert reply.EventName == req.ReplyEvent
-    assert reply.EventId == reply_event_id(req) == "o-1:2/charge-payment/reply"
+    assert reply.EventId == reply_event_id(req) == f"o-1:2/{req.ReplyEvent}/reply"
     [made] = remote.calls
     assert (made.call.service, made.call.operation) == ("payment", "charge")
     assert made.call.idempotency_key == "o-1/charge-payment"
@@ -52,7 +52,7 @@ async def test_undo_calls_the_compensating_operation_with_the_same_key(agent, re
 
     assert reply.Outcome is ReplyOutcome.OK
     assert reply.Action == "undo"
-    assert reply.EventId == "o-1:2/reserve-inventory/undo/reply"
+    assert reply.EventId == f"o-1:2/{req.ReplyEvent}/reply"  # unique per undo try
     [made] = remote.calls
     assert (made.call.service, made.call.operation) == ("inventory", "release")
     assert made.call.idempotency_key == "o-1/reserve-inventory"
@@ -163,6 +163,25 @@ async def test_inside_the_reply_margin_no_call_is_started(agent, remote, clock):
     assert remote.calls == []
 
 
+async def test_no_call_starts_with_less_than_the_minimum_call_time_left(make_agent, remote, clock):
+    agent = make_agent(min_call_time=1.0)
+    clock.advance(57.5)  # 2.5 s left: 0.5 s to the margin, less than a call needs
+
+    reply = await agent.handle(request(deadline_in=60))
+
+    assert reply.Outcome is ReplyOutcome.TRANSIENT
+    assert remote.calls == []
+
+
+async def test_the_deadline_reply_names_the_last_error(agent, remote, clock):
+    clock.overshoot = 100.0
+    remote.default = transient("HTTP 503: outage")
+
+    reply = await agent.handle(request(deadline_in=60))
+
+    assert "last error: HTTP 503: outage" in reply.Error
+
+
 async def test_max_attempts_caps_calls_even_with_time_left(make_agent, remote):
     agent = make_agent(max_attempts=3)
     remote.default = transient()
@@ -221,6 +240,15 @@ async def test_an_unknown_step_replies_permanent_without_calling(agent, remote):
     assert reply.Outcome is ReplyOutcome.PERMANENT
     assert "unknown step 'polish-shoes'" in reply.Error
     assert remote.calls == []
+
+
+async def test_a_result_the_reply_cannot_carry_is_a_permanent_reply(agent, remote):
+    remote.script = [Outcome(result={f"k{n}": n for n in range(60)})]
+
+    reply = await agent.handle(request())
+
+    assert reply.Outcome is ReplyOutcome.PERMANENT
+    assert "/payment/charge answered a result the reply cannot carry" in reply.Error
 
 
 # --- circuit breaker ----------------------------------------------------------------------

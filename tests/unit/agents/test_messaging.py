@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import azure.functions as func
+from azure.servicebus import ServiceBusMessage
+
 from agents.agent import Agent
-from agents.messaging import Disposition, RequestProcessor
+from agents.messaging import Disposition, RequestProcessor, message_body
 from domain.codec import decode, encode
 from domain.errors import TransientError
 from domain.models import AgentReply, ReplyOutcome
@@ -54,7 +57,7 @@ async def test_a_handled_request_is_replied_to_with_a_stable_id_then_completed()
     assert disposition is Disposition.COMPLETED
     assert settlement.actions == [("complete",)]
     [(message_id, body)] = replies.sent
-    assert message_id == "o-1:2/charge-payment/reply"
+    assert message_id == "o-1:2/reply-charge-payment-2/reply"
     reply = decode(AgentReply, body)
     assert reply.Outcome is ReplyOutcome.OK and reply.EventId == message_id
 
@@ -113,3 +116,8 @@ async def test_an_unexpected_failure_abandons_rather_than_completes():
 
     assert disposition is Disposition.ABANDONED
     assert settlement.actions == [("abandon",)]
+
+
+def test_the_body_is_read_from_either_runners_message_type():
+    assert message_body(func.ServiceBusMessage(body=b'{"a": 1}')) == b'{"a": 1}'
+    assert message_body(ServiceBusMessage(b"abc")) == b"abc"  # body: an iterable of chunks

@@ -1,0 +1,38 @@
+"""The Agents: one library that makes the workflow's remote calls, used by two
+runners (the Functions trigger in agents.functions, the standalone worker in
+agents.worker). See docs/agents.md.
+
+The Scheduler reads the step list from here: `STEP_NAMES` (in order) and
+`compensation_for(step)`."""
+
+from agents.agent import Agent, AgentPolicy, Breakers, reply_event_id
+from agents.ports import Clock, RemoteCall, RemoteService, SystemClock
+from agents.steps import (
+    STEP_NAMES,
+    STEPS,
+    RemoteOperation,
+    RemoteStep,
+    UnknownStep,
+    compensation_for,
+    compensation_order,
+    step_named,
+)
+
+__all__ = [
+    "STEPS",
+    "STEP_NAMES",
+    "Agent",
+    "AgentPolicy",
+    "Breakers",
+    "Clock",
+    "RemoteCall",
+    "RemoteOperation",
+    "RemoteService",
+    "RemoteStep",
+    "SystemClock",
+    "UnknownStep",
+    "compensation_for",
+    "compensation_order",
+    "reply_event_id",
+    "step_named",
+]

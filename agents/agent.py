@@ -1,0 +1,316 @@
+"""The Agent: calls one remote operation for one AgentRequest and answers
+with one AgentReply. It never decides anything about the workflow; it makes
+the call as well as it can inside the request's deadline and says how it went.
+
+The one retry budget (DESIGN.md §4)
+-----------------------------------
+The Scheduler owns the end-to-end budget: each attempt has a step deadline
+(AgentRequest.Deadline = the step's CompleteBy), and the Supervisor bounds the
+number of attempts (FailureCount). Inside one attempt the Agent spends at
+most the time up to `Deadline - reply_margin`:
+
+- retries (exponential backoff with jitter, tenacity) stop as soon as the
+  next wait would end too close to that point to make a call
+  (`min_call_time`), and after `max_attempts` calls;
+- each call's HTTP timeout is cut to the time left, so no call outlives it;
+- no call (and so no new side effect) starts past it, including for a
+  request redelivered by Service Bus after the deadline: that one is
+  answered `transient` without calling anything;
+- `reply_margin` leaves time for the reply to reach the orchestrator before
+  its durable timer fires, so the Scheduler learns *why* a step failed;
+- the HTTP client does not retry on its own, and Service Bus redelivery only
+  happens when sending the reply or settling fails (the Agent always answers),
+  so nothing multiplies these calls: the calls one order can cause are at
+  most max_attempts x (threshold + long retries) per step, bounded in time by
+  the step deadline x the Supervisor's attempts.
+
+Every call carries the request's idempotency key (stable across retries and
+attempts) and fencing token (the attempt), so a retry after a lost answer,
+or a late duplicate attempt, cannot apply a side effect twice.
+
+Circuit breaker
+---------------
+One breaker per dependency (remote service), shared by every request the
+Agent handles, so a service that keeps failing is not called by each new
+request in turn. pybreaker (already a dependency, maintained, small) provides
+the state machine; its `calling()` context manager is synchronous but does
+not hold its lock while the body runs, so it wraps an awaited call safely on
+one event loop (its own `call_async` needs Tornado). Permanent errors do not
+count as failures: a service that answers 4xx is up. When the breaker is
+open the Agent answers `transient` at once without calling: waiting for the
+breaker inside the deadline would only hold the request, and the Supervisor's
+next attempt is the retry that the budget allows."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+import pybreaker
+from pydantic import ValidationError
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt
+from tenacity.stop import stop_base
+from tenacity.wait import wait_base
+
+from agents.ports import Clock, RemoteCall, RemoteService
+from agents.steps import RemoteStep, UnknownStep, step_named
+from domain.codec import describe
+from domain.errors import PermanentError, TransientError
+from domain.ids import agent_reply_message_id
+from domain.models import AgentReply, AgentRequest, ReplyOutcome
+
+log = logging.getLogger(__name__)
+
+MAX_ERROR_TEXT = 500
+MAX_EVENT_ID = 100  # AgentReply.EventId
+
+
+@dataclass(frozen=True)
+class AgentPolicy:
+    """How an Agent spends its share of the retry budget.
+
+    Attributes:
+        call_timeout: seconds one HTTP call may take (cut to the time left).
+        initial_backoff: ceiling of the first wait; doubles per retry.
+        max_backoff: largest ceiling of one wait.
+        max_attempts: calls per request at most, whatever the deadline allows.
+        reply_margin: seconds before the Deadline after which no call starts,
+            kept for the reply to reach the Scheduler before its timer fires.
+        breaker_fail_max: consecutive transient failures that open a breaker.
+        breaker_reset_timeout: seconds an open breaker waits before letting a
+            trial call through.
+        min_call_time: no call starts with less time than this left before
+            the agent's stop point: it could only time out.
+    """
+
+    call_timeout: float = 10.0
+    initial_backoff: float = 0.5
+    max_backoff: float = 8.0
+    max_attempts: int = 8
+    reply_margin: float = 2.0
+    breaker_fail_max: int = 5
+    breaker_reset_timeout: float = 30.0
+    min_call_time: float = 0.5
+
+
+class DeadlineReached(Exception):
+    """No time is left to start a call; never retried."""
+
+
+class Breakers:
+    """One circuit breaker per dependency, created on first use."""
+
+    def __init__(self, fail_max: int, reset_timeout: float) -> None:
+        self._fail_max = fail_max
+        self._reset_timeout = reset_timeout
+        self._breakers: dict[str, pybreaker.CircuitBreaker] = {}
+
+    def for_service(self, service: str) -> pybreaker.CircuitBreaker:
+        breaker = self._breakers.get(service)
+        if breaker is None:
+            breaker = pybreaker.CircuitBreaker(
+                fail_max=self._fail_max,
+                reset_timeout=self._reset_timeout,
+                # A 4xx means the dependency is up; a cancelled call (shutdown)
+                # says nothing about it.
+                exclude=[PermanentError, lambda exc: isinstance(exc, asyncio.CancelledError)],
+                name=service,
+                # Let the call that trips the breaker surface its own error;
+                # later calls get CircuitBreakerError without being made.
+                throw_new_error_on_trip=False,
+            )
+            self._breakers[service] = breaker
+        return breaker
+
+    def state(self, service: str) -> str:
+        return self.for_service(service).current_state
+
+
+class _BackoffWithJitter(wait_base):
+    """Exponential backoff with "equal jitter": a wait between half and all
+    of the current ceiling. Jitter spreads agents that failed together; the
+    floor keeps them from hammering a struggling service with near-zero waits.
+    A Retry-After the service sent is honoured when longer."""
+
+    def __init__(self, initial: float, maximum: float, rng: random.Random) -> None:
+        self._initial = initial
+        self._maximum = maximum
+        self._rng = rng
+
+    def __call__(self, retry_state: RetryCallState) -> float:
+        ceiling = min(self._maximum, self._initial * 2 ** (retry_state.attempt_number - 1))
+        wait = self._rng.uniform(ceiling / 2, ceiling)
+        exc = retry_state.outcome.exception() if retry_state.outcome else None
+        if isinstance(exc, TransientError) and exc.retry_after:
+            wait = max(wait, exc.retry_after)
+        return wait
+
+
+class _StopBeforeDeadline(stop_base):
+    """Stop when the next wait would end too close to `stop_at` to make a call
+    (`last_start`): tenacity computes the upcoming wait before asking `stop`."""
+
+    def __init__(self, clock: Clock, last_start: datetime) -> None:
+        self._clock = clock
+        self._last_start = last_start
+
+    def __call__(self, retry_state: RetryCallState) -> bool:
+        wake = self._clock.now() + timedelta(seconds=retry_state.upcoming_sleep)
+        return wake > self._last_start
+
+
+def reply_event_id(request: AgentRequest) -> str:
+    """Stable id of the reply to one request (domain.ids.agent_reply_message_id):
+    its Service Bus MessageId, so a re-sent reply is dropped by duplicate
+    detection, and the EventId the Scheduler de-duplicates on."""
+    return agent_reply_message_id(request.InstanceId, request.ReplyEvent)
+
+
+class Agent:
+    """Handles AgentRequests against the remote service.
+
+    Receives its dependencies: the remote service port, a clock, the policy,
+    and (optionally) shared breakers and a random source for the jitter."""
+
+    def __init__(
+        self,
+        remote: RemoteService,
+        clock: Clock,
+        policy: AgentPolicy | None = None,
+        breakers: Breakers | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        self._remote = remote
+        self._clock = clock
+        self._policy = policy or AgentPolicy()
+        self._breakers = breakers or Breakers(
+            self._policy.breaker_fail_max, self._policy.breaker_reset_timeout
+        )
+        self._wait = _BackoffWithJitter(
+            self._policy.initial_backoff, self._policy.max_backoff, rng or random.Random()
+        )
+
+    @property
+    def breakers(self) -> Breakers:
+        return self._breakers
+
+    async def handle(self, request: AgentRequest) -> AgentReply:
+        try:
+            step = step_named(request.Step)
+        except UnknownStep as exc:
+            return self._reply(request, ReplyOutcome.PERMANENT, error=str(exc))
+        operation = step.operation(request.Action)
+        stop_at = request.Deadline - timedelta(seconds=self._policy.reply_margin)
+        last_start = stop_at - timedelta(seconds=self._policy.min_call_time)
+        if self._clock.now() > last_start:
+            return self._reply(
+                request,
+                ReplyOutcome.TRANSIENT,
+                error=f"too little time left before the deadline {request.Deadline.isoformat()}: "
+                f"no call made to {operation.path}",
+            )
+        call = RemoteCall(
+            service=operation.service,
+            operation=operation.operation,
+            idempotency_key=request.IdempotencyKey,
+            fencing_token=request.FencingToken,
+            body=_body(request, step),
+        )
+        calls = 0
+        last_error: TransientError | None = None
+        try:
+            result: dict[str, Any] = {}
+            async for attempt in AsyncRetrying(
+                retry=retry_if_exception_type(TransientError),
+                wait=self._wait,
+                stop=stop_after_attempt(self._policy.max_attempts)
+                | _StopBeforeDeadline(self._clock, last_start),
+                sleep=self._clock.sleep,
+                reraise=True,
+            ):
+                with attempt:
+                    # A sleep can wake late on a loaded machine: check again.
+                    if self._clock.now() > last_start:
+                        raise DeadlineReached()
+                    remaining = (stop_at - self._clock.now()).total_seconds()
+                    with self._breakers.for_service(operation.service).calling():
+                        calls += 1
+                        try:
+                            result = await self._remote.call(
+                                call, timeout=min(self._policy.call_timeout, remaining)
+                            )
+                        except TransientError as exc:
+                            last_error = exc
+                            raise
+        except pybreaker.CircuitBreakerError:
+            error = f"circuit open for {operation.service}: {operation.path} not called"
+            if last_error is not None:
+                error += f" again after {calls} calls; last error: {last_error}"
+            return self._reply(request, ReplyOutcome.TRANSIENT, error=error)
+        except DeadlineReached:
+            error = f"deadline reached after {calls} calls to {operation.path}"
+            if last_error is not None:
+                error += f"; last error: {last_error}"
+            return self._reply(request, ReplyOutcome.TRANSIENT, error=error)
+        except TransientError as exc:
+            return self._reply(
+                request,
+                ReplyOutcome.TRANSIENT,
+                error=f"gave up after {calls} calls within the deadline: {exc}",
+            )
+        except PermanentError as exc:
+            return self._reply(request, ReplyOutcome.PERMANENT, error=str(exc))
+        try:
+            return self._reply(request, ReplyOutcome.OK, result=result)
+        except ValidationError as exc:
+            # The effect happened but its answer does not fit the reply
+            # contract: an operator must look, retrying cannot fix it.
+            return self._reply(
+                request,
+                ReplyOutcome.PERMANENT,
+                error=f"{operation.path} answered a result the reply cannot carry: "
+                f"{describe(AgentReply, exc)}",
+            )
+
+    def _reply(
+        self,
+        request: AgentRequest,
+        outcome: ReplyOutcome,
+        *,
+        result: dict[str, Any] | None = None,
+        error: str | None = None,
+    ) -> AgentReply:
+        log.info(
+            "agent reply order=%s step=%s action=%s attempt=%s outcome=%s error=%s",
+            request.OrderID,
+            request.Step,
+            request.Action,
+            request.Attempt,
+            outcome.value,
+            error,
+        )
+        return AgentReply(
+            InstanceId=request.InstanceId,
+            OrderID=request.OrderID,
+            Step=request.Step,
+            Action=request.Action,
+            Attempt=request.Attempt,
+            EventName=request.ReplyEvent,
+            EventId=reply_event_id(request),
+            Outcome=outcome,
+            Result=result,
+            Error=error[:MAX_ERROR_TEXT] if error else None,
+        )
+
+
+def _body(request: AgentRequest, step: RemoteStep) -> dict[str, Any]:
+    return {
+        "OrderID": request.OrderID,
+        "Step": step.name,
+        "Action": request.Action,
+        "Payload": request.Payload,
+    }

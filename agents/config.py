@@ -1,0 +1,111 @@
+"""The Agents' settings, read from the environment with local defaults.
+
+Agents read their own few settings rather than adapters.settings.load_settings:
+the standalone worker runs in its own trust boundary and has no business
+needing (or holding) the state store's connection, which load_settings
+requires. The names follow the host's conventions and are the ones in
+local.settings.template.json and the Bicep app settings."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from adapters.settings import SERVICEBUS_CONNECTION, ServiceBusAccess, SettingsError
+from agents.agent import AgentPolicy
+
+AGENT_REQUESTS_QUEUE = "agent-requests"
+AGENT_RESPONSES_QUEUE = "agent-responses"
+DEFAULT_REMOTE_SERVICE_URL = "http://127.0.0.1:7081"
+
+
+@dataclass(frozen=True)
+class AgentSettings:
+    """Attributes:
+    remote_service_url: base URL of the downstream systems (REMOTE_SERVICE_URL).
+    servicebus: where the request/response queues are (ServiceBusConnection,
+        or ServiceBusConnection__fullyQualifiedNamespace for identity access).
+    policy: the Agent's retry budget and breaker (AGENT_* settings).
+    max_concurrency: requests one worker handles at once (AGENT_MAX_CONCURRENCY).
+    lock_renewal_slack: seconds of lock renewal past a request's deadline, for
+        sending the reply and settling (AGENT_LOCK_RENEWAL_SLACK_SECONDS).
+    shutdown_grace: seconds a stopping worker lets in-flight requests finish
+        before abandoning them (AGENT_SHUTDOWN_GRACE_SECONDS).
+    """
+
+    remote_service_url: str = DEFAULT_REMOTE_SERVICE_URL
+    servicebus: ServiceBusAccess | None = None
+    policy: AgentPolicy = field(default_factory=AgentPolicy)
+    requests_queue: str = AGENT_REQUESTS_QUEUE
+    responses_queue: str = AGENT_RESPONSES_QUEUE
+    max_concurrency: int = 8
+    lock_renewal_slack: float = 60.0
+    shutdown_grace: float = 30.0
+
+
+def _float(env: Mapping[str, str], name: str, default: float, minimum: float = 0.0) -> float:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise SettingsError(f"setting {name} must be a number, got {raw!r}") from None
+    if value < minimum:
+        raise SettingsError(f"setting {name} must be at least {minimum:g}, got {raw}")
+    return value
+
+
+def _int(env: Mapping[str, str], name: str, default: int, minimum: int = 1) -> int:
+    value = _float(env, name, default, minimum)
+    if value != int(value):
+        raise SettingsError(f"setting {name} must be a whole number, got {env.get(name)!r}")
+    return int(value)
+
+
+def load_agent_settings(env: Mapping[str, str] | None = None) -> AgentSettings:
+    env = os.environ if env is None else env
+    if env.get(SERVICEBUS_CONNECTION):
+        servicebus: ServiceBusAccess | None = ServiceBusAccess(
+            connection_string=env[SERVICEBUS_CONNECTION]
+        )
+    elif env.get(f"{SERVICEBUS_CONNECTION}__fullyQualifiedNamespace"):
+        servicebus = ServiceBusAccess(
+            fully_qualified_namespace=env[f"{SERVICEBUS_CONNECTION}__fullyQualifiedNamespace"]
+        )
+    else:
+        servicebus = None  # only the runners need it; they say so when it is missing
+    defaults = AgentPolicy()
+    policy = AgentPolicy(
+        call_timeout=_float(env, "AGENT_CALL_TIMEOUT_SECONDS", defaults.call_timeout, 0.001),
+        initial_backoff=_float(env, "AGENT_RETRY_INITIAL_SECONDS", defaults.initial_backoff),
+        max_backoff=_float(env, "AGENT_RETRY_MAX_SECONDS", defaults.max_backoff),
+        max_attempts=_int(env, "AGENT_RETRY_MAX_ATTEMPTS", defaults.max_attempts),
+        reply_margin=_float(env, "AGENT_REPLY_MARGIN_SECONDS", defaults.reply_margin),
+        breaker_fail_max=_int(env, "AGENT_BREAKER_FAIL_MAX", defaults.breaker_fail_max),
+        breaker_reset_timeout=_float(
+            env, "AGENT_BREAKER_RESET_SECONDS", defaults.breaker_reset_timeout
+        ),
+        min_call_time=_float(env, "AGENT_MIN_CALL_SECONDS", defaults.min_call_time),
+    )
+    url = env.get("REMOTE_SERVICE_URL") or DEFAULT_REMOTE_SERVICE_URL
+    if not url.startswith(("http://", "https://")):
+        raise SettingsError(f"setting REMOTE_SERVICE_URL must be an http(s) URL, got {url!r}")
+    return AgentSettings(
+        remote_service_url=url,
+        servicebus=servicebus,
+        policy=policy,
+        max_concurrency=_int(env, "AGENT_MAX_CONCURRENCY", 8),
+        lock_renewal_slack=_float(env, "AGENT_LOCK_RENEWAL_SLACK_SECONDS", 60.0, 1.0),
+        shutdown_grace=_float(env, "AGENT_SHUTDOWN_GRACE_SECONDS", 30.0),
+    )
+
+
+def require_servicebus(settings: AgentSettings) -> ServiceBusAccess:
+    if settings.servicebus is None:
+        raise SettingsError(
+            f"set {SERVICEBUS_CONNECTION} (a connection string) or "
+            f"{SERVICEBUS_CONNECTION}__fullyQualifiedNamespace"
+        )
+    return settings.servicebus

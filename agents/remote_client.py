@@ -1,0 +1,133 @@
+"""HTTP adapter for the remote service: translates HTTP outcomes into the
+domain's error vocabulary at this boundary, so the Agent decides on meaning
+(retry? give up?) and never looks at a status code.
+
+| what happened                                  | raised                      |
+|------------------------------------------------|-----------------------------|
+| 2xx with a JSON object                          | (returned)                  |
+| 5xx, 408, 429, timeout, connection refused/lost | TransientError(retry_after) |
+| 409 with code FencingTokenRejected              | FencingRejected             |
+| any other 4xx                                   | PermanentError              |
+
+A fencing rejection is a `PermanentError` subclass, not `StaleError`:
+`StaleError` names a lost conditional write on our own state record, which the
+caller handles by re-reading; a fencing rejection is the remote service
+refusing this attempt for good (a newer attempt exists), and the only reply
+the Scheduler can receive for it is a non-transient one. Being a
+`PermanentError` also keeps it out of the retry loop and out of the circuit
+breaker's failure count (the dependency is healthy: it said no)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import aiohttp
+
+from agents.ports import RemoteCall
+from domain.errors import PermanentError, TransientError
+
+IDEMPOTENCY_KEY_HEADER = "Idempotency-Key"
+FENCING_TOKEN_HEADER = "Fencing-Token"
+FENCING_REJECTED_CODE = "FencingTokenRejected"
+
+_TRANSIENT_4XX = {408, 429}
+_MAX_ERROR_TEXT = 300
+
+
+class FencingRejected(PermanentError):
+    """The remote service has seen a higher fencing token for this order: a
+    newer attempt owns the work, so this one must stop.
+
+    Attributes:
+        token: the token we sent.
+        highest: the highest token the service has seen, when it said.
+    """
+
+    def __init__(self, message: str, token: int, highest: int | None = None) -> None:
+        super().__init__(message)
+        self.token = token
+        self.highest = highest
+
+
+class HttpRemoteService:
+    """The RemoteService port over aiohttp.
+
+    Receives its session (one per process: connection pooling, and the
+    runner owns its lifetime) and the service's base URL. It does not retry:
+    the Agent owns the one retry loop, inside the request's deadline."""
+
+    def __init__(self, session: aiohttp.ClientSession, base_url: str) -> None:
+        self._session = session
+        self._base_url = base_url.rstrip("/")
+
+    async def call(self, call: RemoteCall, *, timeout: float) -> dict[str, Any]:
+        url = f"{self._base_url}/{call.service}/{call.operation}"
+        headers = {
+            IDEMPOTENCY_KEY_HEADER: call.idempotency_key,
+            FENCING_TOKEN_HEADER: str(call.fencing_token),
+        }
+        what = f"{call.service}/{call.operation} for {call.idempotency_key}"
+        try:
+            async with self._session.post(
+                url,
+                json=call.body,
+                headers=headers,
+                timeout=aiohttp.ClientTimeout(total=max(timeout, 0.001)),
+            ) as response:
+                text = await response.text()
+                status = response.status
+                retry_after = _retry_after(response.headers.get("Retry-After"))
+        except TimeoutError:
+            # The request may have reached the service; the next try carries
+            # the same idempotency key, so it cannot apply the effect twice.
+            raise TransientError(f"{what}: no answer within {timeout:.3g}s") from None
+        except aiohttp.ClientError as exc:
+            raise TransientError(f"{what}: {type(exc).__name__}: {exc}") from exc
+        return _interpret(what, status, text, retry_after, call.fencing_token)
+
+
+def _interpret(
+    what: str, status: int, text: str, retry_after: float | None, token: int
+) -> dict[str, Any]:
+    body = _json_or_none(text)
+    if 200 <= status < 300:
+        if not isinstance(body, dict):
+            # The effect may have been applied: ask again with the same key.
+            raise TransientError(f"{what}: HTTP {status} with a body that is not a JSON object")
+        return body
+    reason = _reason(body, text)
+    if status >= 500 or status in _TRANSIENT_4XX:
+        raise TransientError(f"{what}: HTTP {status}: {reason}", retry_after=retry_after)
+    if status == 409 and isinstance(body, dict) and body.get("code") == FENCING_REJECTED_CODE:
+        highest = body.get("highest")
+        raise FencingRejected(
+            f"{what}: fencing token {token} rejected: {reason}",
+            token=token,
+            highest=highest if isinstance(highest, int) else None,
+        )
+    raise PermanentError(f"{what}: HTTP {status}: {reason}")
+
+
+def _json_or_none(text: str) -> Any:
+    try:
+        return json.loads(text) if text else None
+    except ValueError:
+        return None
+
+
+def _reason(body: Any, text: str) -> str:
+    if isinstance(body, dict) and isinstance(body.get("error"), str):
+        return body["error"][:_MAX_ERROR_TEXT]
+    return (text.strip() or "(no body)")[:_MAX_ERROR_TEXT]
+
+
+def _retry_after(value: str | None) -> float | None:
+    """Seconds form only; the HTTP-date form is rare from services like these."""
+    if not value:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        return None
+    return seconds if seconds >= 0 else None

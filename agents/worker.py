@@ -1,0 +1,193 @@
+"""The standalone agent worker: the Agent in its own process, for the case
+where it runs in a separate runtime or trust boundary from the Functions app.
+
+    python -m agents.worker
+
+Receives from `agent-requests` in PEEK_LOCK, keeps each message's lock
+renewed while handling it (AutoLockRenewer, bounded by the request's deadline
+plus a slack for replying), sends the reply to `agent-responses`, then
+completes. At most AGENT_MAX_CONCURRENCY requests are handled at once. On
+SIGTERM/SIGINT it stops receiving, lets in-flight requests finish for
+AGENT_SHUTDOWN_GRACE_SECONDS, abandons the rest (so they are redelivered at
+once, not after their lock expires) and exits 0."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+import aiohttp
+from azure.servicebus import ServiceBusReceiveMode
+from azure.servicebus.aio import AutoLockRenewer, ServiceBusClient, ServiceBusReceiver
+from azure.servicebus.exceptions import ServiceBusError
+
+from agents.agent import Agent
+from agents.config import AgentSettings, load_agent_settings, require_servicebus
+from agents.messaging import (
+    ReceiverSettlement,
+    RequestProcessor,
+    ServiceBusReplySender,
+    message_body,
+    servicebus_client,
+)
+from agents.ports import SystemClock
+from agents.remote_client import HttpRemoteService
+from domain.codec import decode
+from domain.errors import ValidationFailed
+from domain.models import AgentRequest
+
+log = logging.getLogger("agents.worker")
+
+READY_LINE = "agent-worker ready"
+RECEIVE_WAIT_SECONDS = 1.0  # how quickly a stop request is noticed while idle
+RECEIVE_RETRY_SECONDS = 2.0
+
+
+class AgentWorker:
+    """Receives requests and hands each to the processor, `max_concurrency`
+    at a time. Receives its client, processor and settings."""
+
+    def __init__(
+        self, client: ServiceBusClient, processor: RequestProcessor, settings: AgentSettings
+    ) -> None:
+        self._client = client
+        self._processor = processor
+        self._settings = settings
+        self._in_flight: set[asyncio.Task[None]] = set()
+
+    async def run(self, stop: asyncio.Event, on_ready: Callable[[], Any] | None = None) -> None:
+        receiver = self._client.get_queue_receiver(
+            self._settings.requests_queue,
+            receive_mode=ServiceBusReceiveMode.PEEK_LOCK,
+            # No prefetch: a prefetched message's lock runs while it waits in
+            # our buffer, unrenewed.
+            prefetch_count=0,
+        )
+        renewer = AutoLockRenewer(on_lock_renew_failure=_lock_renew_failed)
+        async with receiver:
+            if on_ready is not None:
+                on_ready()
+            try:
+                await self._receive_until(stop, receiver, renewer)
+            finally:
+                # Also when receiving failed for good: settle what is in
+                # flight while the receiver (its link) is still open.
+                await self._drain()
+                await renewer.close()
+
+    async def _receive_until(
+        self, stop: asyncio.Event, receiver: ServiceBusReceiver, renewer: AutoLockRenewer
+    ) -> None:
+        limit = self._settings.max_concurrency
+        while not stop.is_set():
+            free = limit - len(self._in_flight)
+            if free <= 0:
+                stopping = asyncio.create_task(stop.wait())
+                await asyncio.wait(
+                    {*self._in_flight, stopping}, return_when=asyncio.FIRST_COMPLETED
+                )
+                stopping.cancel()
+                continue
+            # Not cancelled on stop: a receive cut short could leave messages
+            # locked to us that nobody handles until their lock expires.
+            try:
+                messages = await receiver.receive_messages(
+                    max_message_count=free, max_wait_time=RECEIVE_WAIT_SECONDS
+                )
+            except ServiceBusError as exc:
+                # The SDK reopens its link on the next receive; pause so a
+                # namespace that is down is not polled in a tight loop.
+                log.warning("receiving from %s failed: %s", self._settings.requests_queue, exc)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), RECEIVE_RETRY_SECONDS)
+                continue
+            for message in messages:
+                renewer.register(
+                    receiver, message, max_lock_renewal_duration=self._renewal_for(message)
+                )
+                task = asyncio.create_task(self._handle(receiver, message))
+                self._in_flight.add(task)
+                task.add_done_callback(self._in_flight.discard)
+
+    async def _handle(self, receiver: ServiceBusReceiver, message: Any) -> None:
+        settlement = ReceiverSettlement(receiver, message)
+        try:
+            disposition = await self._processor.process(
+                message_body(message), settlement, message_id=message.message_id
+            )
+            log.info("request %s %s", message.message_id, disposition.value)
+        except asyncio.CancelledError:
+            # Shutting down past the grace period: give the message back now.
+            with contextlib.suppress(Exception):
+                await asyncio.shield(settlement.abandon())
+            raise
+        except Exception:
+            # Settling failed (lock lost, connection dropped): the message
+            # comes back after its lock expires; the reply's stable id makes
+            # a re-sent reply a duplicate.
+            log.exception("could not settle request %s", message.message_id)
+
+    async def _drain(self) -> None:
+        if not self._in_flight:
+            return
+        log.info("stopping: waiting for %d requests in flight", len(self._in_flight))
+        _, pending = await asyncio.wait(set(self._in_flight), timeout=self._settings.shutdown_grace)
+        for task in pending:
+            task.cancel()
+        if pending:
+            await asyncio.wait(pending)
+
+    def _renewal_for(self, message: Any) -> float:
+        """Renew until the request's deadline plus the slack for replying and
+        settling, never forever: a handler stuck past that loses the lock and
+        the message is redelivered (then answered without a call)."""
+        slack = self._settings.lock_renewal_slack
+        try:
+            request = decode(AgentRequest, message_body(message))
+        except ValidationFailed:
+            return slack  # dead-lettered at once by the processor
+        left = (request.Deadline - datetime.now(UTC)).total_seconds()
+        return max(left, 0.0) + slack
+
+
+async def _lock_renew_failed(renewable: Any, error: Exception | None) -> None:
+    log.warning("lock renewal failed for %s: %s", getattr(renewable, "message_id", "?"), error)
+
+
+async def serve(settings: AgentSettings, stop: asyncio.Event, on_ready: Callable[[], Any]) -> None:
+    access = require_servicebus(settings)
+    async with aiohttp.ClientSession() as session, servicebus_client(access) as client:
+        agent = Agent(
+            HttpRemoteService(session, settings.remote_service_url), SystemClock(), settings.policy
+        )
+        replies = ServiceBusReplySender(client, settings.responses_queue)
+        try:
+            await AgentWorker(client, RequestProcessor(agent, replies), settings).run(
+                stop, on_ready
+            )
+        finally:
+            await replies.close()
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    logging.getLogger("azure").setLevel(logging.WARNING)
+    settings = load_agent_settings()
+
+    async def run() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await serve(settings, stop, lambda: print(READY_LINE, flush=True))
+
+    asyncio.run(run())
+
+
+if __name__ == "__main__":
+    main()
