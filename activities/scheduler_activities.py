@@ -16,6 +16,7 @@ import logging
 from collections.abc import Callable
 from datetime import UTC, datetime
 
+from adapters.crashpoints import crash_point
 from adapters.ports import DeadlineIndex, MessagePublisher, NoIndex, OrdersRepository, StateStore
 from adapters.settings import Settings
 from domain import state_machine as sm
@@ -191,6 +192,7 @@ class SchedulerActivities:
             message_id,
             {"OrderID": request.OrderID, "Step": request.Step, "Action": request.Action},
         )
+        crash_point("workflow.after_send")
         return message_id
 
     async def run_inline_step(self, send: SendRequest) -> AgentReply:

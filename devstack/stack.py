@@ -209,6 +209,19 @@ class Stack:
         server.start()
         server.wait_ready(timeout)
 
+    def replace_host(self, extra_env: dict[str, str] | None = None, timeout: float = 60) -> Server:
+        """Stop the host (if running) and start a new one with `extra_env` on
+        top of the stack's settings (fault tests pass crash points this way)."""
+        old = self.servers.get("host")
+        if old is not None:
+            old.stop()
+        server = self.host_server()
+        server.env = {**self._env(), **(extra_env or {})}
+        server.start()
+        self.servers["host"] = server
+        server.wait_ready(timeout)
+        return server
+
     def dead(self) -> list[str]:
         return [name for name, s in self.servers.items() if not s.alive()]
 

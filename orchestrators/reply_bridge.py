@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 from datetime import UTC, datetime
 
+from adapters.crashpoints import crash_point
 from adapters.settlement import Settle
 from domain.codec import decode
 from domain.errors import ValidationFailed
@@ -41,6 +42,7 @@ async def bridge_reply(body: bytes, client, alerts: Alerts | None = None) -> Set
             return Settle.complete(reply.OrderID)
         log.warning("raising %s on %s failed: %s", reply.EventName, reply.InstanceId, exc)
         return Settle.abandon(str(exc), reply.OrderID)
+    crash_point("bridge.after_raise")
     log.info(
         "reply %s raised on %s (%s)", reply.EventName, reply.InstanceId, reply.Outcome.value,
         extra={"order_id": reply.OrderID},

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
+from adapters.crashpoints import crash_point
 from adapters.ports import DeadlineIndex, NoIndex, StateStore
 from adapters.settings import Settings
 from domain.models import ProcessState
@@ -85,6 +86,7 @@ class Starter:
                 report.lost += 1  # another starter (or the fast path) won the etag
                 continue
             report.claimed += 1
+            crash_point("starter.after_claim")
             await start_attempt(client, claimed.LockedBy)
             report.started.append(claimed.LockedBy)
         log.info(
