@@ -172,6 +172,10 @@ _EXPIRED_AFTER: Final = (
 )
 _COUNT_QUERY: Final = "SELECT VALUE COUNT(1) FROM c WHERE c.ProcessState = @state"
 _IN_STATE_QUERY: Final = "SELECT TOP @max * FROM c WHERE c.ProcessState = @state"
+_COMPENSATION_QUERY: Final = (
+    "SELECT TOP @max * FROM c WHERE c.CompensationRequested = true"
+    " AND (c.ProcessState = @error OR c.ProcessState = @failed)"
+)
 
 
 def _valid(docs: list[dict[str, Any]]) -> list[tuple[OrderState, str]]:
@@ -364,6 +368,18 @@ class CosmosStateStore:
         not for per-message use)."""
         docs = await self._query(
             _IN_STATE_QUERY, _params(max=max_items, state=str(state)), max_items, "query_in_state"
+        )
+        return [from_document(doc) for doc in docs]
+
+    async def query_compensation_requests(self, max_items: int) -> list[OrderState]:
+        """Error / CompensationFailed records an operator asked to compensate
+        (few; the Starter reads them once per run)."""
+        docs = await self._query(
+            _COMPENSATION_QUERY,
+            _params(max=max_items, error=ProcessState.ERROR.value,
+                    failed=ProcessState.COMPENSATION_FAILED.value),
+            max_items,
+            "query_compensation",
         )
         return [from_document(doc) for doc in docs]
 

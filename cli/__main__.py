@@ -208,6 +208,22 @@ def resubmit(order_id: str) -> None:
     console.print(f"{order_id}: {record.ProcessState.value}; the starter will pick it up")
 
 
+@app.command()
+def compensate(order_id: str) -> None:
+    """Undo an Error or CompensationFailed order's completed steps (again)."""
+    cfg = _settings()
+
+    async def write():
+        client, store = await _store(cfg)
+        async with client:
+            return await store.update(
+                order_id, lambda r: sm.request_compensation(r, datetime.now(UTC)), ANY_OWNER
+            )
+
+    record, _ = _run(write())
+    console.print(f"{order_id}: compensation requested; the starter will run it")
+
+
 def _tail(queue: str, peek: bool, limit: int) -> None:
     cfg = _settings()
 

@@ -232,6 +232,7 @@ class OrderState(Contract):
     ReplyTo: QueueName
     OrderDigest: str
     ReceivedSent: bool = False
+    CompensationRequested: bool = False
     Steps: dict[StepName, StepState] = Field(default_factory=dict)
     Compensation: list[CompensationEntry] = Field(default_factory=list)
     LastError: Annotated[str, StringConstraints(max_length=500)] | None = None

@@ -262,6 +262,27 @@ def begin_compensation(
     )
 
 
+def request_compensation(record: OrderState, now: datetime, by: str = "operator") -> OrderState:
+    """Error / CompensationFailed: an operator asks for the completed steps to
+    be undone (again). The Starter picks the request up with claim_compensation."""
+    _require(
+        record,
+        ProcessState.ERROR,
+        ProcessState.COMPENSATION_FAILED,
+        action="request compensation of",
+    )
+    entry = HistoryEntry(At=now, From=record.ProcessState, To=record.ProcessState, By=by,
+                         Reason="compensation requested")
+    return record.model_copy(
+        update={
+            "CompensationRequested": True,
+            "History": [*record.History, entry][-HISTORY_LIMIT:],
+            "UpdatedAt": now,
+        },
+        deep=True,
+    )
+
+
 def claim_compensation(record: OrderState, now: datetime, policy: RetryPolicy) -> OrderState:
     """Error / CompensationFailed -> Compensating, on an operator's request: a
     new attempt takes the lock (guarded by the etag, like a claim)."""
@@ -282,8 +303,9 @@ def claim_compensation(record: OrderState, now: datetime, policy: RetryPolicy) -
         reason="compensation requested",
         LockedBy=attempt_instance_id(record.id, attempt),
         Attempt=attempt,
-        CompleteBy=now + policy.claim_timeout,
+        CompleteBy=None,
         Compensation=log,
+        CompensationRequested=False,
     )
 
 

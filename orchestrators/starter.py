@@ -20,9 +20,11 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from adapters.crashpoints import crash_point
-from adapters.ports import DeadlineIndex, NoIndex, StateStore
+from adapters.ports import ANY_OWNER, DeadlineIndex, NoIndex, StateStore
 from adapters.settings import Settings
+from domain.errors import StaleError
 from domain.models import ProcessState
+from domain.state_machine import IllegalTransition, claim_compensation
 from orchestrators.order_workflow import WORKFLOW_NAME
 
 log = logging.getLogger(__name__)
@@ -36,6 +38,7 @@ class StarterReport:
     claimed: int = 0
     started: list[str] = field(default_factory=list)
     lost: int = 0
+    compensations: int = 0
 
 
 async def start_attempt(client, instance_id: str) -> None:
@@ -62,6 +65,37 @@ class Starter:
         self._index = index or NoIndex()
         self._clock = clock
 
+    async def _compensation_requests(self, client, now: datetime, report: StarterReport) -> None:
+        """Operators ask for compensation by flagging an Error or
+        CompensationFailed record; a new attempt claims it (etag: one winner)
+        and its orchestration undoes the completed steps."""
+        for record in await self._store.query_compensation_requests(self._settings.starter_batch_size):
+            try:
+                claimed, _ = await self._store.update(
+                    record.id, lambda r: claim_compensation(r, now, self._settings.retry), ANY_OWNER
+                )
+            except (StaleError, IllegalTransition):
+                report.lost += 1
+                continue
+            report.compensations += 1
+            await start_attempt(client, claimed.LockedBy)
+            report.started.append(claimed.LockedBy)
+
+    async def _resume_compensations(self, client, report: StarterReport) -> None:
+        """A starter that died between claiming a compensation and starting it
+        leaves a Compensating record with no live instance: start it (again;
+        undos are idempotent). Running instances are left alone."""
+        for record in await self._store.query_in_state(
+            ProcessState.COMPENSATING, self._settings.starter_batch_size
+        ):
+            if record.LockedBy is None:
+                continue
+            status = await client.get_status(record.LockedBy)
+            runtime = getattr(getattr(status, "runtime_status", None), "name", None)
+            if runtime in (None, "Failed", "Terminated", "Canceled"):
+                await start_attempt(client, record.LockedBy)
+                report.started.append(record.LockedBy)
+
     async def run(self, client) -> StarterReport:
         now = self._clock()
         report = StarterReport()
@@ -69,6 +103,8 @@ class Starter:
         report.processing = await self._store.count_in_state(ProcessState.PROCESSING)
         await self._store.write_backlog_gauge(report.pending, now)
 
+        await self._compensation_requests(client, now, report)
+        await self._resume_compensations(client, report)
         room = self._settings.max_processing - report.processing
         batch = min(self._settings.starter_batch_size, room)
         if batch <= 0:

@@ -96,6 +96,15 @@ class FakeStateStore:
         last = page[-1][0]
         return page, f"{last.CompleteBy.isoformat()}|{last.id}"
 
+    async def query_in_state(self, state, max_items: int) -> list[OrderState]:
+        records = [OrderState.model_validate(d) for d, _ in self.docs.values()]
+        return [r for r in records if r.ProcessState == state][:max_items]
+
+    async def query_compensation_requests(self, max_items: int) -> list[OrderState]:
+        records = [OrderState.model_validate(d) for d, _ in self.docs.values()]
+        wanted = (ProcessState.ERROR, ProcessState.COMPENSATION_FAILED)
+        return [r for r in records if r.CompensationRequested and r.ProcessState in wanted][:max_items]
+
     async def count_in_state(self, state) -> int:
         return sum(1 for d, _ in self.docs.values() if d["ProcessState"] == str(state))
 

@@ -282,3 +282,20 @@ def test_history_is_bounded(pending, policy):
         now = record.CompleteBy + timedelta(seconds=1)
         record = sm.recover_expired(record, record.LockedBy, now, sm.RetryPolicy(threshold=1000))
     assert len(record.History) == sm.HISTORY_LIMIT
+
+
+def test_operator_requests_compensation_then_starter_claims_it(processing, policy):
+    record = sm.complete_step(processing, "ORD-1:1", STEPS[0], NOW)
+    record = sm.mark_failed(record, "ORD-1:1", STEPS[1], "declined", NOW)
+    record = sm.request_compensation(record, LATER)
+    assert record.CompensationRequested and record.ProcessState is ProcessState.ERROR
+    claimed = sm.claim_compensation(record, LATER, policy)
+    assert claimed.ProcessState is ProcessState.COMPENSATING and not claimed.CompensationRequested
+    with pytest.raises(sm.IllegalTransition):
+        sm.claim_compensation(claimed, LATER, policy)
+
+
+@pytest.mark.parametrize("state", [ProcessState.PENDING, ProcessState.PROCESSING, ProcessState.PROCESSED])
+def test_compensation_can_only_be_requested_for_failed_orders(processing, state):
+    with pytest.raises(sm.IllegalTransition):
+        sm.request_compensation(processing.model_copy(update={"ProcessState": state}), NOW)
