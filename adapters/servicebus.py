@@ -45,10 +45,12 @@ def servicebus_client(access: ServiceBusAccess) -> ServiceBusClient:
 class ServiceBusPublisher:
     """Implements adapters.ports.MessagePublisher."""
 
-    def __init__(self, client: ServiceBusClient) -> None:
+    def __init__(self, client: ServiceBusClient, send_timeout: float = 30.0) -> None:
         self._client = client
         self._senders: dict[str, ServiceBusSender] = {}
+        self._send_locks: dict[str, asyncio.Lock] = {}
         self._lock = asyncio.Lock()
+        self._send_timeout = send_timeout
 
     async def _sender(self, queue: str) -> ServiceBusSender:
         # Open each link under the lock: concurrent first sends on one unopened
@@ -81,8 +83,19 @@ class ServiceBusPublisher:
             application_properties=application_properties,
         )
         sender = await self._sender(queue)
+        # One send at a time per link: concurrent sends on one aio sender can
+        # hang inside the SDK (seen as activities that never return), and a
+        # send that does not finish in time is a transient failure, not a hang.
+        lock = self._send_locks.setdefault(queue, asyncio.Lock())
         try:
-            await sender.send_messages(message)
+            async with lock:
+                await asyncio.wait_for(
+                    sender.send_messages(message, timeout=self._send_timeout),
+                    self._send_timeout + 5,
+                )
+        except TimeoutError as exc:
+            await self._forget(queue)
+            raise TransientError(f"sending to queue {queue!r} timed out") from exc
         except _PERMANENT as exc:
             await self._forget(queue)
             raise PermanentError(f"cannot send to queue {queue!r}: {exc}") from exc

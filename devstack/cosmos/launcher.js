@@ -285,11 +285,38 @@ server.keepAliveTimeout = 120000;
 server.headersTimeout = 121000;
 const [serveCosmos] = server.listeners("request");
 server.removeAllListeners("request");
+
+// Request counts by kind, for benchmarks: GET /_devstack/stats (DELETE resets).
+// Kinds: read, create, replace, upsert, delete, query (item operations), other.
+let stats = {};
+function countRequest(req) {
+  const path = req.url.split("?")[0];
+  let kind = "other";
+  if (/\/docs(\/|$)/.test(path)) {
+    const isQuery = String(req.headers["x-ms-documentdb-isquery"] || "").toLowerCase() === "true" ||
+      String(req.headers["content-type"] || "").startsWith("application/query+json");
+    const upsert = String(req.headers["x-ms-documentdb-is-upsert"] || "").toLowerCase() === "true";
+    kind = { GET: "read", PUT: "replace", DELETE: "delete", PATCH: "patch" }[req.method] ||
+      (isQuery ? "query" : upsert ? "upsert" : "create");
+  }
+  stats[kind] = (stats[kind] || 0) + 1;
+}
+function controlStats(req, res) {
+  if (req.method === "DELETE") stats = {};
+  sendJson(res, 200, stats);
+}
+
 server.on("request", (req, res) => {
-  if (req.url.split("?")[0].replace(/^\/+/, "/") === "/_devstack/faults") {
+  const route = req.url.split("?")[0].replace(/^\/+/, "/");
+  if (route === "/_devstack/faults") {
     controlFaults(req, res);
     return;
   }
+  if (route === "/_devstack/stats") {
+    controlStats(req, res);
+    return;
+  }
+  countRequest(req);
   const rule = faultRules.length ? matchingFault(req) : null;
   if (rule) {
     injectFault(req, res, rule);
