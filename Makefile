@@ -39,6 +39,10 @@ lint: install
 up: install
 	$(BIN)/python -m devstack up
 
+## bench: per-order costs, throughput and latency of the whole pipeline on the local stack
+bench: install
+	$(BIN)/python bench/pipeline_bench.py
+
 bench-servicebus: install
 	$(BIN)/python bench/servicebus_bench.py
 
