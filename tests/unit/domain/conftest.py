@@ -8,27 +8,10 @@ import pytest
 
 from domain import state_machine as sm
 from domain.models import OrderSubmitted
+from tests.builders import order_payload  # noqa: F401 - re-exported for tests
 
 NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 STEPS = ["reserve-inventory", "charge-payment", "arrange-shipment"]
-
-
-def order_payload(**overrides) -> dict:
-    payload = {
-        "OrderID": "ORD-1",
-        "AppId": "webshop",
-        "ReplyTo": "replies-webshop",
-        "Customer": {"CustomerId": "C-7", "Name": "Ada"},
-        "Lines": [
-            {"Sku": "SKU-1", "Quantity": 2, "UnitPrice": "10.00"},
-            {"Sku": "SKU-2", "Quantity": 1, "UnitPrice": "5.50"},
-        ],
-        "Total": "25.50",
-        "Currency": "EUR",
-        "PaymentReference": "pay-ref-42",
-    }
-    payload.update(overrides)
-    return payload
 
 
 @pytest.fixture
