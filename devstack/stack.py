@@ -191,13 +191,22 @@ class Stack:
     def start(self, timeout: float = 60) -> Stack:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         try:
-            for server in self._servers():
+            # The servers start together; the host only once they all answer,
+            # because it refuses to start against an unreachable dependency.
+            servers = self._servers()
+            for server in servers:
                 if server.env is None:
                     server.env = self._env()
-                server.start()
-                self.servers[server.name] = server
+                if server.name != "host":
+                    server.start()
+                    self.servers[server.name] = server
             for server in self.servers.values():
                 server.wait_ready(timeout)
+            for server in servers:
+                if server.name == "host":
+                    server.start()
+                    self.servers[server.name] = server
+                    server.wait_ready(timeout)
         except BaseException:
             self.stop()
             raise
