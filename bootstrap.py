@@ -50,6 +50,7 @@ class Container:
     charges: RequestCharges
     state_container: object
     index: object
+    index_container: object | None
 
 
 _containers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Future] = (
@@ -87,6 +88,7 @@ async def _build() -> Container:
             cfg.orders_container
         )
     index = NoIndex()
+    index_container = None
     if cfg.supervisor_scan == "index":
         index_container = (
             await ensure_index_container(state_client, cfg.state_database, cfg.recovery_index_container)
@@ -112,6 +114,7 @@ async def _build() -> Container:
         charges=charges,
         state_container=state,
         index=index,
+        index_container=index_container,
     )
 
 
@@ -176,15 +179,21 @@ async def supervisor():
     from supervisor.supervisor import Supervisor
 
     c = await container()
+    # Adapters of its own, sharing the clients, so each run's request charge is its own.
+    charges = RequestCharges()
+    store = CosmosStateStore(c.state_container, charges)
     source = (
-        IndexSource(c.index, c.store) if c.settings.supervisor_scan == "index" else QuerySource(c.store)
+        IndexSource(CosmosRecoveryIndex(c.index_container, charges), store)
+        if c.index_container is not None
+        else QuerySource(store)
     )
     return Supervisor(
-        c.store,
+        store,
         source,
-        CosmosCheckpointStore(c.state_container, c.charges, f"supervisor-{c.settings.supervisor_scan}"),
+        CosmosCheckpointStore(c.state_container, charges, f"supervisor-{c.settings.supervisor_scan}"),
         StatusReporter(c.publisher),
         Alerts(c.publisher),
         c.settings.retry,
         c.settings.supervisor_page_size,
+        charges=charges,
     )

@@ -53,6 +53,8 @@ class SupervisorReport:
     failed: int = 0
     skipped: int = 0
     pass_finished: bool = False
+    requests: int = 0
+    request_charge: float = 0.0
     failed_orders: list[str] = field(default_factory=list)
 
 
@@ -68,7 +70,11 @@ class Supervisor:
         page_size: int,
         slack: timedelta = timedelta(seconds=5),
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        charges=None,
     ) -> None:
+        """`charges`: the request-charge recorder of the adapters this run uses
+        (its own, so the figures are this run's), or None."""
+        self._charges = charges
         self._store = store
         self._source = source
         self._checkpoints = checkpoints
@@ -90,9 +96,13 @@ class Supervisor:
             await candidate.done()
         report.pass_finished = cursor is None
         await self._checkpoints.save(cursor)
+        if self._charges is not None:
+            report.requests, report.request_charge = self._charges.calls, self._charges.total
         log.info(
-            "supervisor: read=%d examined=%d recovered=%d long_retry=%d failed=%d skipped=%d",
+            "supervisor: read=%d examined=%d recovered=%d long_retry=%d failed=%d skipped=%d "
+            "requests=%d request_charge=%.1f",
             report.read, report.examined, report.recovered, report.long_retry, report.failed, report.skipped,
+            report.requests, report.request_charge,
             extra={"custom_dimensions": {k: v for k, v in report.__dict__.items() if k != "failed_orders"}},
         )
         return report
