@@ -10,8 +10,8 @@ write to the record anyway (LockedBy)."""
 from __future__ import annotations
 
 import logging
-from datetime import UTC, datetime
 
+from adapters.clock import utc_now
 from adapters.crashpoints import crash_point
 from adapters.settlement import Settle
 from domain.codec import decode
@@ -29,7 +29,7 @@ async def bridge_reply(body: bytes, client, alerts: Alerts | None = None) -> Set
         reply = decode(AgentReply, body)
     except ValidationFailed as exc:
         if alerts is not None:
-            await alerts.raise_alert("InvalidMessage", exc.reason, datetime.now(UTC))
+            await alerts.raise_alert("InvalidMessage", exc.reason, utc_now())
         return Settle.deadletter("InvalidMessage", exc.reason)
     try:
         await client.raise_event(reply.InstanceId, reply.EventName, reply.model_dump(mode="json"))

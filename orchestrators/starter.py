@@ -17,8 +17,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 
+from adapters.clock import utc_now
 from adapters.crashpoints import crash_point
 from adapters.ports import ANY_OWNER, DeadlineIndex, NoIndex, StateStore
 from adapters.settings import Settings
@@ -58,7 +59,7 @@ class Starter:
         settings: Settings,
         store: StateStore,
         index: DeadlineIndex | None = None,
-        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        clock: Callable[[], datetime] = utc_now,
     ) -> None:
         self._settings = settings
         self._store = store
