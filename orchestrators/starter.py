@@ -91,7 +91,10 @@ class Starter:
         ):
             if record.LockedBy is None:
                 continue
-            status = await client.get_status(record.LockedBy)
+            try:
+                status = await client.get_status(record.LockedBy)
+            except Exception:  # the client raises bare Exception for an unknown instance
+                status = None
             runtime = getattr(getattr(status, "runtime_status", None), "name", None)
             if runtime in (None, "Failed", "Terminated", "Canceled"):
                 await start_attempt(client, record.LockedBy)
