@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
+
+from domain.ids import attempt_instance_id, fencing_token, idempotency_key, reply_event_name
+from domain.models import AgentRequest
 
 
 def order_payload(order_id: str = "ORD-1", **overrides: Any) -> dict[str, Any]:
@@ -21,3 +25,27 @@ def order_payload(order_id: str = "ORD-1", **overrides: Any) -> dict[str, Any]:
     }
     payload.update(overrides)
     return payload
+
+
+def agent_request(
+    order_id: str,
+    step: str,
+    attempt: int,
+    action: str,
+    deadline: datetime,
+    payload: dict[str, Any] | None = None,
+) -> AgentRequest:
+    """An AgentRequest with every identity built by domain.ids, as the
+    Scheduler's send activity builds it."""
+    return AgentRequest(
+        InstanceId=attempt_instance_id(order_id, attempt),
+        OrderID=order_id,
+        Step=step,
+        Action=action,
+        Attempt=attempt,
+        IdempotencyKey=idempotency_key(order_id, step),
+        FencingToken=fencing_token(attempt),
+        Deadline=deadline,
+        ReplyEvent=reply_event_name(step, attempt, action),
+        Payload=payload or {},
+    )

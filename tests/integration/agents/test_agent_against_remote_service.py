@@ -14,8 +14,9 @@ from agents.agent import Agent, AgentPolicy
 from agents.ports import RemoteCall, SystemClock
 from agents.remote_client import FencingRejected, HttpRemoteService
 from domain.errors import PermanentError, TransientError
-from domain.ids import attempt_instance_id, idempotency_key, reply_event_name
+from domain.ids import idempotency_key
 from domain.models import AgentRequest, ReplyOutcome
+from tests.builders import agent_request
 
 pytestmark = pytest.mark.integration
 
@@ -39,18 +40,8 @@ def make_request(
     action: str = "do",
     deadline_in: float = 10.0,
 ) -> AgentRequest:
-    return AgentRequest(
-        InstanceId=attempt_instance_id(order_id, attempt),
-        OrderID=order_id,
-        Step=step,
-        Action=action,
-        Attempt=attempt,
-        IdempotencyKey=idempotency_key(order_id, step),
-        FencingToken=attempt,
-        Deadline=datetime.now(UTC) + timedelta(seconds=deadline_in),
-        ReplyEvent=reply_event_name(step, attempt, action),
-        Payload={"Amount": "10.00"},
-    )
+    return agent_request(order_id, step, attempt, action,
+                         datetime.now(UTC) + timedelta(seconds=deadline_in), {"Amount": "10.00"})
 
 
 @pytest.fixture

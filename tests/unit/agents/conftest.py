@@ -9,10 +9,9 @@ from agents.agent import Agent, AgentPolicy
 from domain.ids import (
     agent_request_message_id,
     attempt_instance_id,
-    idempotency_key,
-    reply_event_name,
 )
 from domain.models import AgentRequest
+from tests.builders import agent_request
 from tests.unit.agents.fakes import T0, FakeClock, FakeRemote
 
 
@@ -62,15 +61,5 @@ def request(
 ) -> AgentRequest:
     instance = attempt_instance_id(order_id, attempt)
     assert agent_request_message_id(instance, step, action)  # the names must be valid
-    return AgentRequest(
-        InstanceId=instance,
-        OrderID=order_id,
-        Step=step,
-        Action=action,
-        Attempt=attempt,
-        IdempotencyKey=idempotency_key(order_id, step),
-        FencingToken=attempt,
-        Deadline=T0 + timedelta(seconds=deadline_in),
-        ReplyEvent=reply_event_name(step, attempt, action),
-        Payload={"Amount": "12.50", "Currency": "EUR"},
-    )
+    return agent_request(order_id, step, attempt, action, T0 + timedelta(seconds=deadline_in),
+                         {"Amount": "12.50", "Currency": "EUR"})
