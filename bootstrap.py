@@ -51,6 +51,7 @@ class Container:
     state_container: object
     index: object
     index_container: object | None
+    submit: object | None = None
 
 
 _containers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Future] = (
@@ -146,12 +147,16 @@ async def close() -> None:
 
 
 async def submit_handler():
+    """One handler per process and loop: its backlog reader caches the gauge
+    between messages (a handler per message would read it for every order)."""
     from submit.handler import SubmitHandler
 
     c = await container()
-    return SubmitHandler(
-        c.settings, c.store, c.orders, StatusReporter(c.publisher), Alerts(c.publisher), list(STEP_NAMES)
-    )
+    if c.submit is None:
+        c.submit = SubmitHandler(
+            c.settings, c.store, c.orders, StatusReporter(c.publisher), Alerts(c.publisher), list(STEP_NAMES)
+        )
+    return c.submit
 
 
 async def scheduler_activities():
