@@ -197,3 +197,21 @@ async def test_transient_bus_error_abandons_and_redelivery_finishes(rig):
     assert (await rig.submit()).kind is SettleKind.ABANDON
     assert (await rig.submit()).kind is SettleKind.COMPLETE
     assert rig.statuses() == ["Received"]
+
+
+async def test_backlog_gauge_is_read_once_per_cache_interval():
+    store = FakeStateStore()
+    await store.write_backlog_gauge(3, NOW)
+    reads = 0
+    real = store.read_backlog_gauge
+
+    async def counting():
+        nonlocal reads
+        reads += 1
+        return await real()
+
+    store.read_backlog_gauge = counting
+    ticks = iter([0.0, 1.0, 6.0])
+    reader = BacklogReader(store, 60, cache_seconds=5, clock=lambda: next(ticks), wall_clock=lambda: NOW)
+    assert [await reader.pending() for _ in range(3)] == [3, 3, 3]
+    assert reads == 2  # at 0 s and again at 6 s, not at 1 s
