@@ -172,7 +172,7 @@ async def starter():
     from orchestrators.starter import Starter
 
     c = await container()
-    return Starter(c.settings, c.store, c.index)
+    return Starter(c.settings, c.store, c.index, publisher=c.publisher)
 
 
 async def alerts() -> Alerts:

@@ -8,13 +8,15 @@ Idempotency under at-least-once delivery:
   instance's transition) and answered as success rather than stale;
 - agent requests: stable MessageId per (instance, step, action/try), so the
   request queue's duplicate detection drops a re-send;
-- status updates: stable MessageId per (order, status, qualifier)."""
+- status updates: stable MessageId per (order, status, qualifier); a terminal
+  status is sent from the record's outbox with the id fixed there, and the
+  outbox entry is cleared after the send (docs/adr/001-status-outbox.md)."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from adapters.crashpoints import crash_point
 from adapters.ports import DeadlineIndex, MessagePublisher, NoIndex, OrdersRepository, StateStore
@@ -29,7 +31,14 @@ from domain.ids import (
     parse_attempt_instance_id,
     reply_event_name,
 )
-from domain.models import AgentReply, AgentRequest, OrderState, ProcessState, StepStatus
+from domain.models import (
+    AgentReply,
+    AgentRequest,
+    OrderState,
+    ProcessState,
+    StatusKind,
+    StepStatus,
+)
 from orchestrators.contracts import (
     AlertNote,
     LoadPlanInput,
@@ -40,7 +49,7 @@ from orchestrators.contracts import (
     StepPlan,
     WriteResult,
 )
-from reporting import Alerts, StatusReporter
+from reporting import Alerts, StatusOutbox, StatusReporter
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +63,11 @@ _TARGET_STATE = {
     "begin_compensation": ProcessState.COMPENSATING,
     "finish_compensation": (ProcessState.COMPENSATED, ProcessState.COMPENSATION_FAILED),
 }
+
+# Statuses that end an order: sent from the record's outbox, never lost.
+_TERMINAL_STATUSES = frozenset(
+    {StatusKind.PROCESSED, StatusKind.FAILED, StatusKind.COMPENSATED, StatusKind.COMPENSATION_FAILED}
+)
 
 
 class SchedulerActivities:
@@ -74,6 +88,7 @@ class SchedulerActivities:
         self._orders = orders
         self._publisher = publisher
         self._status = StatusReporter(publisher)
+        self._outbox = StatusOutbox(store, self._status, clock)
         self._alerts = Alerts(publisher)
         self._step_names = list(step_names)
         self._inline_agent = inline_agent
@@ -101,6 +116,7 @@ class SchedulerActivities:
             )
             for name in self._step_names
         ]
+        undo = [e.Step for e in reversed(record.Compensation) if e.Outcome != "Done"]
         return Plan(
             OrderID=order_id,
             Attempt=attempt,
@@ -115,6 +131,7 @@ class SchedulerActivities:
                 "Currency": order.Currency,
                 "PaymentReference": order.PaymentReference,
             },
+            Undo=undo if record.ProcessState is ProcessState.COMPENSATING else [],
         )
 
     # --- writing the record ---------------------------------------------------------------
@@ -123,11 +140,16 @@ class SchedulerActivities:
         instance = write.InstanceId
         kinds: dict[str, Callable[[OrderState], OrderState]] = {
             "start_step": lambda r: sm.start_step(r, instance, write.Step, now, write.Deadline),
-            "complete_step": lambda r: sm.complete_step(r, instance, write.Step, now, write.Reference),
+            "complete_step": lambda r: sm.complete_step(
+                r, instance, write.Step, now, write.Reference, self._next_deadline(write, now)
+            ),
             "processed": lambda r: sm.mark_processed(r, instance, now),
             "failed": lambda r: sm.mark_failed(r, instance, write.Step, write.Reason or "failed", now),
             "begin_compensation": lambda r: sm.begin_compensation(
-                r, instance, write.Reason or "compensation", now
+                r, instance, write.Reason or "compensation", now, write.Step
+            ),
+            "transient": lambda r: sm.record_transient(
+                r, instance, write.Step, write.Reason or "transient failure", now
             ),
             "undo_done": lambda r: sm.record_undo(r, instance, write.Step, True, now),
             "undo_failed": lambda r: sm.record_undo(r, instance, write.Step, False, now, write.Reason),
@@ -135,11 +157,19 @@ class SchedulerActivities:
         }
         return kinds[write.Kind]
 
+    def _next_deadline(self, write: StateWrite, now: datetime) -> datetime:
+        """complete_step's new CompleteBy: the orchestration's (1.1), or for
+        1.0 instances, which send none, one step timeout from now."""
+        if write.Deadline is not None:
+            return write.Deadline
+        return now + timedelta(seconds=self._settings.step_timeout.total_seconds())
+
     async def write_state(self, write: StateWrite) -> WriteResult:
         order_id, attempt = parse_attempt_instance_id(write.InstanceId)
         now = self._clock()
-        if write.Kind == "start_step" and write.Deadline is not None:
-            await self._index.add(order_id, write.Deadline, attempt)
+        if write.Kind in ("start_step", "complete_step"):
+            # Indexed before the record carries it (adapters.recovery_index).
+            await self._index.add(order_id, self._next_deadline(write, now), attempt)
         try:
             record, _ = await self._store.update(
                 order_id, self._transition(write, now), write.InstanceId
@@ -204,11 +234,28 @@ class SchedulerActivities:
     # --- telling people -------------------------------------------------------------------
 
     async def report_status(self, note: StatusNote) -> None:
+        """Progress statuses are sent as they come. A terminal one is sent
+        from the record's outbox (same message id as any later retry) and
+        cleared; a failed send raises, so Durable retries it, and the entry
+        stays for the Starter if every try fails."""
         order_id, attempt = parse_attempt_instance_id(note.InstanceId)
+        if note.Status in _TERMINAL_STATUSES:
+            try:
+                record, etag = await self._store.read(order_id)
+            except NotFoundError:
+                record = None
+            if record is not None and record.PendingStatus is not None:
+                if record.PendingStatus.Status is note.Status:
+                    if not await self._outbox.deliver(record, etag):
+                        raise RuntimeError(f"status {note.Status.value} of order {order_id} not sent")
+                return
+            if record is not None and record.ProcessState.is_terminal:
+                return  # already delivered from the outbox (by a retry or the Starter)
         qualifier = f"{attempt}/{note.Step}" if note.Step else str(attempt)
         await self._status.send(
             note.ReplyTo, order_id, note.Status, self._clock(), note.Detail, note.Step, qualifier
         )
 
     async def raise_alert(self, note: AlertNote) -> None:
-        await self._alerts.raise_alert(note.Kind, note.Reason, self._clock(), note.OrderID)
+        reason = sm.short_text(note.Reason, 2000) or note.Kind
+        await self._alerts.raise_alert(note.Kind, reason, self._clock(), note.OrderID)

@@ -172,6 +172,10 @@ _EXPIRED_AFTER: Final = (
 )
 _COUNT_QUERY: Final = "SELECT VALUE COUNT(1) FROM c WHERE c.ProcessState = @state"
 _IN_STATE_QUERY: Final = "SELECT TOP @max * FROM c WHERE c.ProcessState = @state"
+_UNSENT_STATUS_QUERY: Final = (
+    "SELECT TOP @max * FROM c WHERE IS_DEFINED(c.PendingStatus) AND NOT IS_NULL(c.PendingStatus)"
+    " AND c.PendingStatus.At < @before"
+)
 _COMPENSATION_QUERY: Final = (
     "SELECT TOP @max * FROM c WHERE c.CompensationRequested = true"
     " AND (c.ProcessState = @error OR c.ProcessState = @failed)"
@@ -370,6 +374,20 @@ class CosmosStateStore:
             _IN_STATE_QUERY, _params(max=max_items, state=str(state)), max_items, "query_in_state"
         )
         return [from_document(doc) for doc in docs]
+
+    async def query_unsent_statuses(
+        self, max_items: int, before: datetime
+    ) -> list[tuple[OrderState, str]]:
+        """Up to `max_items` records whose terminal status is still in the
+        outbox since before `before`, with their etags (the Starter delivers
+        them; cross-partition, few: most statuses go out at once)."""
+        docs = await self._query(
+            _UNSENT_STATUS_QUERY,
+            _params(max=max_items, before=cosmos_time(before)),
+            max_items,
+            "query_unsent_statuses",
+        )
+        return _valid(docs)
 
     async def query_compensation_requests(self, max_items: int) -> list[OrderState]:
         """Error / CompensationFailed records an operator asked to compensate

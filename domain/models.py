@@ -191,6 +191,9 @@ class StepState(Contract):
     CompleteBy: AwareDatetime | None = None
     CompletedAt: AwareDatetime | None = None
     Reference: Annotated[str, StringConstraints(max_length=200)] | None = None
+    # The last transient reason an agent gave for this step (bounded, sanitised
+    # by domain.state_machine.short_text), so the Supervisor can name it.
+    Error: Annotated[str, StringConstraints(max_length=300)] | None = None
 
 
 class CompensationEntry(Contract):
@@ -214,6 +217,24 @@ class HistoryEntry(Contract):
     Reason: Annotated[str, StringConstraints(max_length=300)] | None = None
 
 
+class PendingStatus(Contract):
+    """A terminal status not yet known to be on the reply queue (the outbox,
+    docs/adr/001-status-outbox.md). Written by the same guarded write that makes
+    the record terminal; cleared once sent. `MessageId` is fixed when the entry
+    is written, so every retry sends the same id (duplicate detection)."""
+
+    SchemaVersion: Literal[1] = Field(default=SCHEMA_VERSION, exclude=True)
+    Status: StatusKind
+    MessageId: Annotated[str, StringConstraints(max_length=200)]
+    Detail: Annotated[str, StringConstraints(max_length=500)] | None = None
+    Step: StepName | None = None
+    At: AwareDatetime
+    Tries: int = 0
+
+
+_PendingStatus = PendingStatus
+
+
 class OrderState(Contract):
     """The state record in Cosmos container `orderState` (partition key /id).
 
@@ -233,6 +254,8 @@ class OrderState(Contract):
     OrderDigest: str
     ReceivedSent: bool = False
     CompensationRequested: bool = False
+    CompensationRestarts: int = 0
+    PendingStatus: _PendingStatus | None = None
     Steps: dict[StepName, StepState] = Field(default_factory=dict)
     Compensation: list[CompensationEntry] = Field(default_factory=list)
     LastError: Annotated[str, StringConstraints(max_length=500)] | None = None

@@ -12,24 +12,70 @@ record was read with, and (for orchestration writes) the `LockedBy` guard that
 
 from __future__ import annotations
 
+import unicodedata
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from domain.errors import DomainError, StaleError
-from domain.ids import attempt_instance_id
+from domain.ids import attempt_instance_id, status_message_id
 from domain.models import (
     TERMINAL_STATES,
     CompensationEntry,
     HistoryEntry,
     OrderState,
     OrderSubmitted,
+    PendingStatus,
     ProcessState,
+    StatusKind,
     StepState,
     StepStatus,
 )
 
 HISTORY_LIMIT = 20
 FINISHED_RECORD_TTL_SECONDS = 90 * 24 * 3600
+REASON_LIMIT = 300  # HistoryEntry.Reason, StepState.Error
+ERROR_LIMIT = 500  # LastError, CompensationEntry.Error, PendingStatus.Detail
+MAX_COMPENSATION_RESTARTS = 3
+# Steps whose request may have reached the remote service: compensation undoes
+# them all (undo of what never happened is a no-op by the agent contract).
+SENT_STEP_STATES = frozenset({StepStatus.RUNNING, StepStatus.FAILED, StepStatus.COMPLETED})
+
+
+def short_text(text: str | None, limit: int) -> str | None:
+    """Text from outside (a provider's error message) made safe for a bounded
+    record field: any length, any code points in, at most `limit` characters
+    out, keeping the start (where the useful part of an error usually is).
+
+    Control and format characters become spaces, runs of whitespace collapse,
+    and lone surrogates (which cannot be encoded as UTF-8, so no store could
+    write them) are replaced."""
+    if text is None:
+        return None
+    text = text.encode("utf-8", "replace").decode("utf-8")
+    text = "".join(" " if unicodedata.category(ch)[0] == "C" else ch for ch in text)
+    text = " ".join(text.split())
+    if len(text) > limit:
+        text = text[: limit - 1].rstrip() + "…"
+    return text
+
+
+def pending_status(
+    record: OrderState,
+    status: StatusKind,
+    now: datetime,
+    qualifier: str,
+    detail: str | None = None,
+    step: str | None = None,
+) -> PendingStatus:
+    """The outbox entry for a terminal status (docs/adr/001-status-outbox.md).
+    The message id is fixed here, once, so every later send repeats it."""
+    return PendingStatus(
+        Status=status,
+        MessageId=status_message_id(record.id, status.value, qualifier),
+        Detail=short_text(detail, ERROR_LIMIT),
+        Step=step,
+        At=now,
+    )
 
 
 class IllegalTransition(DomainError):
@@ -57,7 +103,9 @@ class RetryPolicy:
 def _with_history(
     record: OrderState, to: ProcessState, by: str, now: datetime, reason: str | None = None
 ) -> list[HistoryEntry]:
-    entry = HistoryEntry(At=now, From=record.ProcessState, To=to, By=by, Reason=reason)
+    entry = HistoryEntry(
+        At=now, From=record.ProcessState, To=to, By=by, Reason=short_text(reason, REASON_LIMIT)
+    )
     return [*record.History, entry][-HISTORY_LIMIT:]
 
 
@@ -114,7 +162,10 @@ def new_record(order: OrderSubmitted, now: datetime, steps: list[str]) -> OrderS
 def rejected_record(order: OrderSubmitted, now: datetime, reason: str) -> OrderState:
     """(none) -> Rejected: admission control refused the order (backlog)."""
     record = new_record(order, now, steps=[])
-    return _finish(record, ProcessState.REJECTED, "submit", now, reason=reason, LastError=reason)
+    return _finish(
+        record, ProcessState.REJECTED, "submit", now, reason=reason,
+        LastError=short_text(reason, ERROR_LIMIT),
+    )
 
 
 def mark_received_sent(record: OrderState, now: datetime) -> OrderState:
@@ -179,6 +230,7 @@ def start_step(
             "Attempt": record.Attempt,
             "StartedAt": now,
             "CompleteBy": deadline,
+            "Error": None,
         }
     )
     return record.model_copy(
@@ -187,10 +239,20 @@ def start_step(
 
 
 def complete_step(
-    record: OrderState, instance_id: str, step: str, now: datetime, reference: str | None = None
+    record: OrderState,
+    instance_id: str,
+    step: str,
+    now: datetime,
+    reference: str | None = None,
+    deadline: datetime | None = None,
 ) -> OrderState:
     """Processing -> Processing: the step is Completed and enters the
-    compensation log (what to undo, should a later step fail for good)."""
+    compensation log (what to undo, should a later step fail for good).
+
+    `deadline` becomes the record's CompleteBy: the time the attempt has to
+    reach its next write (the next step's start, or Processed). Keeping the
+    finished step's deadline would let the Supervisor take a live attempt
+    that completed its step just before that deadline."""
     require_owner(record, instance_id)
     _require(record, ProcessState.PROCESSING, action="complete a step of")
     steps = dict(record.Steps)
@@ -198,11 +260,31 @@ def complete_step(
     if current.Status is StepStatus.COMPLETED:
         return record  # idempotent: a replayed activity completes nothing twice
     steps[step] = current.model_copy(
-        update={"Status": StepStatus.COMPLETED, "CompletedAt": now, "Reference": reference}
+        update={"Status": StepStatus.COMPLETED, "CompletedAt": now, "Reference": reference,
+                "Error": None}
     )
-    log = [*record.Compensation, CompensationEntry(Step=step, Reference=reference)]
+    log = [e for e in record.Compensation if e.Step != step]
+    log.append(CompensationEntry(Step=step, Reference=reference))
+    update = {"Steps": steps, "Compensation": log, "UpdatedAt": now}
+    if deadline is not None:
+        update["CompleteBy"] = deadline
+    return record.model_copy(update=update, deep=True)
+
+
+def record_transient(
+    record: OrderState, instance_id: str, step: str, reason: str, now: datetime
+) -> OrderState:
+    """Processing -> Processing: the agent gave up on `step` for now (a
+    transient reply). The reason is kept on the step and in LastError so the
+    Supervisor's retry or Error names it; the record stays for the Supervisor."""
+    require_owner(record, instance_id)
+    _require(record, ProcessState.PROCESSING, action="note a transient failure of")
+    steps = dict(record.Steps)
+    current = steps.get(step, StepState())
+    steps[step] = current.model_copy(update={"Error": short_text(reason, REASON_LIMIT)})
     return record.model_copy(
-        update={"Steps": steps, "Compensation": log, "UpdatedAt": now}, deep=True
+        update={"Steps": steps, "LastError": short_text(reason, ERROR_LIMIT), "UpdatedAt": now},
+        deep=True,
     )
 
 
@@ -214,7 +296,8 @@ def mark_processed(record: OrderState, instance_id: str, now: datetime) -> Order
     if unfinished:
         raise IllegalTransition(f"order {record.id} has unfinished steps: {', '.join(unfinished)}")
     return _finish(
-        record, ProcessState.PROCESSED, instance_id, now, CompleteBy=None, LockedBy=None
+        record, ProcessState.PROCESSED, instance_id, now, CompleteBy=None, LockedBy=None,
+        PendingStatus=pending_status(record, StatusKind.PROCESSED, now, str(record.Attempt)),
     )
 
 
@@ -228,37 +311,64 @@ def mark_failed(
     steps = dict(record.Steps)
     if step is not None and step in steps:
         steps[step] = steps[step].model_copy(update={"Status": StepStatus.FAILED})
+    reason = short_text(reason, ERROR_LIMIT)
     return _finish(
         record,
         ProcessState.ERROR,
         instance_id,
         now,
         reason=reason,
-        LastError=reason[:500],
+        LastError=reason,
         CompleteBy=None,
         LockedBy=None,
         Steps=steps,
+        PendingStatus=pending_status(
+            record, StatusKind.FAILED, now, str(record.Attempt), reason, step
+        ),
     )
 
 
 # --- Compensation ---------------------------------------------------------------------
 
 
+def undo_log(record: OrderState, steps: dict[str, StepState] | None = None) -> list[CompensationEntry]:
+    """The compensation log extended with every step whose request was sent
+    (Running, Failed, Completed) and that has no entry yet: undoing too much is
+    safe (undo of nothing is a no-op), undoing too little leaves a side effect
+    behind. Entries keep their order (completion order); new ones follow in
+    step order, so the undo (in reverse) starts with the latest step."""
+    steps = record.Steps if steps is None else steps
+    logged = {e.Step for e in record.Compensation}
+    extra = [
+        CompensationEntry(Step=name, Reference=state.Reference)
+        for name, state in steps.items()
+        if state.Status in SENT_STEP_STATES and name not in logged
+    ]
+    return [*record.Compensation, *extra]
+
+
 def begin_compensation(
-    record: OrderState, instance_id: str, reason: str, now: datetime
+    record: OrderState, instance_id: str, reason: str, now: datetime, step: str | None = None
 ) -> OrderState:
-    """Processing -> Compensating: a step failed for good after earlier steps
-    completed; the attempt that owns the record undoes them."""
+    """Processing -> Compensating: step `step` failed for good after earlier
+    steps completed; the attempt that owns the record undoes every step whose
+    request was sent, the failed one included."""
     require_owner(record, instance_id)
     _require(record, ProcessState.PROCESSING, action="compensate")
+    steps = dict(record.Steps)
+    if step is not None and step in steps and steps[step].Status is not StepStatus.COMPLETED:
+        steps[step] = steps[step].model_copy(update={"Status": StepStatus.FAILED})
+    reason = short_text(reason, ERROR_LIMIT)
     return _finish(
         record,
         ProcessState.COMPENSATING,
         instance_id,
         now,
         reason=reason,
-        LastError=reason[:500],
+        LastError=reason,
         CompleteBy=None,
+        Steps=steps,
+        Compensation=undo_log(record, steps),
     )
 
 
@@ -294,7 +404,7 @@ def claim_compensation(record: OrderState, now: datetime, policy: RetryPolicy) -
     )
     attempt = record.Attempt + 1
     log = [e.model_copy(update={"Outcome": "Pending", "Error": None}) if e.Outcome == "Failed" else e
-           for e in record.Compensation]
+           for e in undo_log(record)]
     return _finish(
         record,
         ProcessState.COMPENSATING,
@@ -306,6 +416,55 @@ def claim_compensation(record: OrderState, now: datetime, policy: RetryPolicy) -
         CompleteBy=None,
         Compensation=log,
         CompensationRequested=False,
+        CompensationRestarts=0,
+        PendingStatus=None,
+    )
+
+
+def restart_compensation(
+    record: OrderState, expected_locked_by: str, now: datetime,
+    max_restarts: int = MAX_COMPENSATION_RESTARTS,
+) -> OrderState:
+    """Compensating, its instance gone (failed, terminated, never started) ->
+    Compensating under a new attempt, or CompensationFailed once
+    `max_restarts` restarts are spent (the caller raises the alert).
+
+    A new attempt, not the same instance started again: its instance id, and
+    so every undo request's message id and reply event, is new, so duplicate
+    detection cannot drop the restarted requests (it would, for the old ids,
+    and each undo try would then wait out its deadline). The attempt number
+    is also the fencing token the remote service expects to grow."""
+    if record.LockedBy != expected_locked_by:
+        raise StaleError(f"order {record.id} changed owner since it was read")
+    _require(record, ProcessState.COMPENSATING, action="restart compensating")
+    if record.CompensationRestarts >= max_restarts:
+        reason = (
+            f"compensation restarted {record.CompensationRestarts} times without finishing; "
+            "giving up"
+        )
+        return _finish(
+            record,
+            ProcessState.COMPENSATION_FAILED,
+            "starter",
+            now,
+            reason=reason,
+            LastError=reason,
+            LockedBy=None,
+            CompleteBy=None,
+            PendingStatus=pending_status(
+                record, StatusKind.COMPENSATION_FAILED, now, f"restarts/{record.Attempt}", reason
+            ),
+        )
+    attempt = record.Attempt + 1
+    return _finish(
+        record,
+        ProcessState.COMPENSATING,
+        "starter",
+        now,
+        reason=f"compensation restarted ({record.CompensationRestarts + 1} of {max_restarts})",
+        LockedBy=attempt_instance_id(record.id, attempt),
+        Attempt=attempt,
+        CompensationRestarts=record.CompensationRestarts + 1,
     )
 
 
@@ -318,7 +477,8 @@ def record_undo(
     for entry in record.Compensation:
         if entry.Step == step:
             entry = entry.model_copy(
-                update={"Outcome": "Done" if ok else "Failed", "At": now, "Error": error}
+                update={"Outcome": "Done" if ok else "Failed", "At": now,
+                        "Error": short_text(error, ERROR_LIMIT)}
             )
         log.append(entry)
     steps = dict(record.Steps)
@@ -334,6 +494,7 @@ def finish_compensation(record: OrderState, instance_id: str, now: datetime) -> 
     require_owner(record, instance_id)
     _require(record, ProcessState.COMPENSATING, action="finish compensating")
     failed = [e.Step for e in record.Compensation if e.Outcome != "Done"]
+    qualifier = str(record.Attempt)
     if failed:
         reason = f"undo failed for step {failed[0]}"
         return _finish(
@@ -344,8 +505,14 @@ def finish_compensation(record: OrderState, instance_id: str, now: datetime) -> 
             reason=reason,
             LastError=reason,
             LockedBy=None,
+            PendingStatus=pending_status(
+                record, StatusKind.COMPENSATION_FAILED, now, qualifier, reason
+            ),
         )
-    return _finish(record, ProcessState.COMPENSATED, instance_id, now, LockedBy=None)
+    return _finish(
+        record, ProcessState.COMPENSATED, instance_id, now, LockedBy=None,
+        PendingStatus=pending_status(record, StatusKind.COMPENSATED, now, qualifier),
+    )
 
 
 # --- Supervisor ---------------------------------------------------------------------
@@ -378,6 +545,14 @@ def recover_expired(
         raise IllegalTransition(f"order {record.id} has not expired")
     failures = record.FailureCount + 1
     reason = f"attempt {record.Attempt} missed its deadline {record.CompleteBy.isoformat()}"
+    # A transient reason the agent gave during this attempt says why.
+    said = [
+        f"step {name}: {state.Error}"
+        for name, state in record.Steps.items()
+        if state.Error and state.Attempt == record.Attempt and state.Status is StepStatus.RUNNING
+    ]
+    if said:
+        reason = short_text(f"{reason} ({'; '.join(said)})", ERROR_LIMIT)
     if failures < policy.threshold:
         return _finish(
             record,
@@ -406,7 +581,7 @@ def recover_expired(
             CompleteBy=None,
             NotBefore=wake,
         )
-    final = f"{reason}; gave up after {failures} failed attempts"
+    final = short_text(f"{reason}; gave up after {failures} failed attempts", ERROR_LIMIT)
     return _finish(
         record,
         ProcessState.ERROR,
@@ -417,7 +592,29 @@ def recover_expired(
         FailureCount=failures,
         LockedBy=None,
         CompleteBy=None,
+        PendingStatus=pending_status(
+            record, StatusKind.FAILED, now, f"supervisor/{record.Attempt}", final
+        ),
     )
+
+
+# --- Status outbox --------------------------------------------------------------------
+
+
+def mark_status_sent(record: OrderState, message_id: str, now: datetime) -> OrderState:
+    """Clear the outbox entry `message_id` once its status is on the reply
+    queue. Another entry (a later terminal status) is left alone."""
+    if record.PendingStatus is None or record.PendingStatus.MessageId != message_id:
+        return record
+    return record.model_copy(update={"PendingStatus": None, "UpdatedAt": now}, deep=True)
+
+
+def status_send_failed(record: OrderState, message_id: str) -> OrderState:
+    """Count a failed delivery of outbox entry `message_id` (for operators)."""
+    if record.PendingStatus is None or record.PendingStatus.MessageId != message_id:
+        return record
+    pending = record.PendingStatus.model_copy(update={"Tries": record.PendingStatus.Tries + 1})
+    return record.model_copy(update={"PendingStatus": pending}, deep=True)
 
 
 # --- Operator ------------------------------------------------------------------------

@@ -43,6 +43,9 @@ class Plan(ActivityContract):
     StepTimeoutSeconds: int = 60
     UndoTries: int = 3
     Payload: dict = Field(default_factory=dict)
+    # Compensating only: the steps to undo, in the order to undo them (every
+    # step whose request was sent and is not undone yet; the record's log).
+    Undo: list[str] = Field(default_factory=list)
 
 
 class StateWrite(ActivityContract):
@@ -58,6 +61,7 @@ class StateWrite(ActivityContract):
         "undo_done",
         "undo_failed",
         "finish_compensation",
+        "transient",
     ]
     Step: str | None = None
     Deadline: AwareDatetime | None = None

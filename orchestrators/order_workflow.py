@@ -5,16 +5,26 @@ Deterministic by construction: it only yields Durable context calls, reads time
 from `context.current_utc_datetime`, and gets everything else (the record, the
 order, the step plan) from activities, whose results the history replays.
 
-Per remote step: record the step Running with its deadline (which is also the
-record's CompleteBy, the Supervisor's view), send the request, race the reply
-against the durable timer. Timer first, or an agent that gave up transiently:
-stop and leave the record to the Supervisor. Permanent failure: compensate the
-completed steps in reverse order, or fail outright if none completed. Every
-write is guarded by LockedBy = this instance: a stale write ends the attempt
-quietly, because another attempt owns the order now.
+Per remote step: compute the step's deadline once, here, and carry that one
+value to the record (start_step: the step's CompleteBy, which is also the
+record's, the Supervisor's view), to the durable timer and to the agent
+request (docs/adr/002-one-deadline.md). Timer first: stop and leave the record
+to the Supervisor. An agent that gave up transiently: note its reason on the
+record, then stop the same way. Permanent failure: compensate every step whose
+request was sent (the failed one included: undo of what never happened is a
+no-op), or fail outright if no earlier step completed. Every write is guarded
+by LockedBy = this instance: a stale write ends the attempt quietly, because
+another attempt owns the order now.
+
+Terminal statuses are written into the record's outbox by the same write that
+makes it terminal; the orchestration then sends them, and if that send fails
+for good the Starter sends them later (docs/adr/001-status-outbox.md), so the
+orchestration finishes either way.
 
 Versions: `context.version` (host.json `defaultVersion`) selects the code path.
-Old paths stay until no running instance needs them."""
+An instance without a version was started before versions existed: it runs
+1.0, never the newest. Old paths stay until no running instance needs them
+(1.0: orchestrators.workflow_v1_0)."""
 
 from __future__ import annotations
 
@@ -24,6 +34,7 @@ from azure.durable_functions import RetryOptions
 
 from domain.ids import reply_event_name
 from domain.models import ProcessState, ReplyOutcome, StatusKind
+from orchestrators import workflow_v1_0
 from orchestrators.contracts import (
     AlertNote,
     LoadPlanInput,
@@ -39,7 +50,9 @@ from orchestrators.contracts import (
 from orchestrators.deadline import race
 
 WORKFLOW_NAME = "order_workflow"
-CURRENT_VERSION = "1.0"
+CURRENT_VERSION = "1.1"
+# What an instance without a version runs: the code of its time, not the newest.
+UNVERSIONED = "1.0"
 
 # Activities are idempotent, so a brief store or bus hiccup is retried here
 # rather than failing the attempt (which the Supervisor would then retry as a
@@ -56,7 +69,7 @@ class UnknownWorkflowVersion(Exception):
 
 
 def order_workflow(context):
-    version = context.version or CURRENT_VERSION
+    version = context.version or UNVERSIONED
     runner = VERSIONS.get(version)
     if runner is None:
         raise UnknownWorkflowVersion(
@@ -66,10 +79,10 @@ def order_workflow(context):
     return (yield from runner(context))
 
 
-# --- version 1.0 ---------------------------------------------------------------------
+# --- version 1.1 ---------------------------------------------------------------------
 
 
-def _write(context, plan: Plan, kind: str, **fields):
+def _write(context, kind: str, **fields):
     result = yield _call(
         context, "write_state", StateWrite(InstanceId=context.instance_id, Kind=kind, **fields).dump()
     )
@@ -86,15 +99,32 @@ def _status(context, plan: Plan, status: StatusKind, step: str | None = None, de
     )
 
 
+def _terminal_status(context, plan: Plan, status: StatusKind, step: str | None = None,
+                     detail: str | None = None):
+    """Send the terminal status from the record's outbox. If every try fails,
+    the entry stays in the outbox and the Starter delivers it: the
+    orchestration still finishes with its outcome."""
+    try:
+        yield from _status(context, plan, status, step, detail)
+    except Exception:  # the SDK raises the activity's failure here after its retries
+        return False
+    return True
+
+
 def _alert(context, plan: Plan, kind: str, reason: str):
     yield _call(
         context, "raise_alert", AlertNote(Kind=kind, OrderID=plan.OrderID, Reason=reason).dump()
     )
 
 
-def _run_step(context, plan: Plan, step: StepPlan, action: str, attempt_try: int = 0):
-    """Send one request (or run the inline step) and race it against its deadline."""
-    deadline = context.current_utc_datetime + timedelta(seconds=plan.StepTimeoutSeconds)
+def _deadline(context, plan: Plan):
+    """The one deadline of what comes next, computed once from replayed time."""
+    return context.current_utc_datetime + timedelta(seconds=plan.StepTimeoutSeconds)
+
+
+def _run_step(context, plan: Plan, step: StepPlan, action: str, deadline, attempt_try: int = 0):
+    """Send one request (or run the inline step) and race it against `deadline`,
+    the same value the record and the agent got."""
     request = SendRequest(
         InstanceId=context.instance_id,
         Step=step.Name,
@@ -118,71 +148,89 @@ def _finish(outcome: str, step: str | None = None, detail: str | None = None) ->
     return WorkflowResult(Outcome=outcome, Step=step, Detail=detail).dump()
 
 
-def run_v1(context):
+def run_v1_1(context):
     plan = Plan.model_validate(
         (yield _call(context, "load_plan", LoadPlanInput(InstanceId=context.instance_id).dump()))
     )
     if plan.Stale:
         return _finish("stale", detail=plan.Reason)
     if plan.State is ProcessState.COMPENSATING:
-        # An operator asked for compensation and this attempt claimed it.
-        done = [s for s in plan.Steps if s.Completed]
-        return (yield from _compensate(context, plan, done))
+        # An operator asked for compensation, or a compensation is restarted:
+        # the record's log says what is still to undo.
+        return (yield from _compensate(context, plan, plan.Undo))
 
     yield from _status(context, plan, StatusKind.PROCESSING, detail=f"attempt {plan.Attempt}")
-    completed = [s for s in plan.Steps if s.Completed]
+    completed = [s.Name for s in plan.Steps if s.Completed]
     for step in plan.Steps:
         if step.Completed:
             continue  # resume: a previous attempt finished it
-        deadline = context.current_utc_datetime + timedelta(seconds=plan.StepTimeoutSeconds)
-        written = yield from _write(context, plan, "start_step", Step=step.Name, Deadline=deadline)
+        deadline = _deadline(context, plan)
+        written = yield from _write(context, "start_step", Step=step.Name, Deadline=deadline)
         if written.Stale:
             return _finish("stale", step.Name, written.Reason)
 
-        reply = yield from _run_step(context, plan, step, "do")
-        if reply is None or reply.Outcome is ReplyOutcome.TRANSIENT:
+        reply = yield from _run_step(context, plan, step, "do", deadline)
+        if reply is None:
             # The step failed for this attempt. The record keeps CompleteBy =
             # the step's deadline; the Supervisor retries or gives up.
-            detail = "deadline passed" if reply is None else reply.Error
-            return _finish("timed_out", step.Name, detail)
+            return _finish("timed_out", step.Name, "deadline passed")
+        if reply.Outcome is ReplyOutcome.TRANSIENT:
+            # Same, but keep the agent's reason for the Supervisor and operators.
+            written = yield from _write(context, "transient", Step=step.Name, Reason=reply.Error)
+            if written.Stale:
+                return _finish("stale", step.Name, written.Reason)
+            return _finish("timed_out", step.Name, reply.Error)
 
         if reply.Outcome is ReplyOutcome.PERMANENT:
             reason = f"step {step.Name} failed: {reply.Error}"
             if completed:
-                written = yield from _write(context, plan, "begin_compensation", Reason=reason)
+                written = yield from _write(
+                    context, "begin_compensation", Step=step.Name, Reason=reason
+                )
                 if written.Stale:
                     return _finish("stale", step.Name, written.Reason)
-                return (yield from _compensate(context, plan, completed))
-            written = yield from _write(context, plan, "failed", Step=step.Name, Reason=reason)
+                # The failed step's request was sent: undo it too, first.
+                return (yield from _compensate(context, plan, [step.Name, *reversed(completed)]))
+            written = yield from _write(context, "failed", Step=step.Name, Reason=reason)
             if written.Stale:
                 return _finish("stale", step.Name, written.Reason)
             yield from _alert(context, plan, "OrderError", reason)
-            yield from _status(context, plan, StatusKind.FAILED, step.Name, reason)
+            yield from _terminal_status(context, plan, StatusKind.FAILED, step.Name, reason)
             return _finish("failed", step.Name, reason)
 
         reference = (reply.Result or {}).get("Reference")
+        # The attempt's next deadline: reach the next write (next step or
+        # Processed) by then. Not the finished step's deadline, which may be
+        # about to pass.
         written = yield from _write(
-            context, plan, "complete_step", Step=step.Name, Reference=reference
+            context, "complete_step", Step=step.Name, Reference=reference,
+            Deadline=_deadline(context, plan),
         )
         if written.Stale:
             return _finish("stale", step.Name, written.Reason)
-        completed.append(step)
+        completed.append(step.Name)
         yield from _status(context, plan, StatusKind.STEP_COMPLETED, step.Name)
 
-    written = yield from _write(context, plan, "processed")
+    written = yield from _write(context, "processed")
     if written.Stale:
         return _finish("stale", detail=written.Reason)
-    yield from _status(context, plan, StatusKind.PROCESSED)
+    yield from _terminal_status(context, plan, StatusKind.PROCESSED)
     return _finish("processed")
 
 
-def _compensate(context, plan: Plan, completed: list[StepPlan]):
-    """Undo completed steps in reverse order, each within its own try budget."""
+def _compensate(context, plan: Plan, undo: list[str]):
+    """Undo `undo` (step names, in that order), each within its own try budget.
+    Each try has its own message id and reply event (SendRequest.label), and
+    a restarted compensation is a new attempt, so no try is ever taken for a
+    re-send of another."""
     yield from _status(context, plan, StatusKind.COMPENSATING)
-    for step in reversed(completed):
+    steps = {s.Name: s for s in plan.Steps}
+    for name in undo:
+        step = steps.get(name) or StepPlan(Name=name)
         ok, error = False, "no reply before the deadline"
         for attempt_try in range(plan.UndoTries):
-            reply = yield from _run_step(context, plan, step, "undo", attempt_try)
+            deadline = _deadline(context, plan)
+            reply = yield from _run_step(context, plan, step, "undo", deadline, attempt_try)
             if reply is not None and reply.Outcome is ReplyOutcome.OK:
                 ok = True
                 break
@@ -191,21 +239,21 @@ def _compensate(context, plan: Plan, completed: list[StepPlan]):
                 if reply.Outcome is ReplyOutcome.PERMANENT:
                     break
         written = yield from _write(
-            context, plan, "undo_done" if ok else "undo_failed", Step=step.Name, Reason=None if ok else error
+            context, "undo_done" if ok else "undo_failed", Step=name, Reason=None if ok else error
         )
         if written.Stale:
-            return _finish("stale", step.Name, written.Reason)
+            return _finish("stale", name, written.Reason)
 
-    written = yield from _write(context, plan, "finish_compensation")
+    written = yield from _write(context, "finish_compensation")
     if written.Stale:
         return _finish("stale", detail=written.Reason)
     if written.State is ProcessState.COMPENSATED:
-        yield from _status(context, plan, StatusKind.COMPENSATED)
+        yield from _terminal_status(context, plan, StatusKind.COMPENSATED)
         return _finish("compensated")
     reason = f"compensation of order {plan.OrderID} failed"
     yield from _alert(context, plan, "CompensationFailed", reason)
-    yield from _status(context, plan, StatusKind.COMPENSATION_FAILED, detail=reason)
+    yield from _terminal_status(context, plan, StatusKind.COMPENSATION_FAILED, detail=reason)
     return _finish("compensation_failed", detail=reason)
 
 
-VERSIONS = {"1.0": run_v1}
+VERSIONS = {"1.0": workflow_v1_0.run_v1, "1.1": run_v1_1}

@@ -10,6 +10,14 @@ Each run (timer trigger, a singleton across hosts):
    CompleteBy, so a starter that dies between claim and start leaves a record
    the Supervisor recovers; starting an instance id that already exists (a
    re-run after a crash) is not an error.
+
+Before claiming it also: starts compensations operators asked for; restarts a
+compensation whose instance died, as a new attempt (new instance id, so new
+message ids that duplicate detection cannot drop), at most
+`max_compensation_restarts` times, then CompensationFailed with an alert; and
+delivers terminal statuses still in a record's outbox after `status_grace`
+(docs/adr/001-status-outbox.md). One failing start or send is logged and
+counted; it never ends the run. Every run ends with its `starter:` metric line.
 """
 
 from __future__ import annotations
@@ -17,16 +25,22 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from adapters.clock import utc_now
 from adapters.crashpoints import crash_point
-from adapters.ports import ANY_OWNER, DeadlineIndex, NoIndex, StateStore
+from adapters.ports import ANY_OWNER, DeadlineIndex, MessagePublisher, NoIndex, StateStore
 from adapters.settings import Settings
-from domain.errors import StaleError
+from domain.errors import NotFoundError, StaleError
 from domain.models import ProcessState
-from domain.state_machine import IllegalTransition, claim_compensation
+from domain.state_machine import (
+    MAX_COMPENSATION_RESTARTS,
+    IllegalTransition,
+    claim_compensation,
+    restart_compensation,
+)
 from orchestrators.order_workflow import WORKFLOW_NAME
+from reporting import Alerts, StatusOutbox, StatusReporter
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +54,11 @@ class StarterReport:
     started: list[str] = field(default_factory=list)
     lost: int = 0
     compensations: int = 0
+    compensation_restarts: int = 0
+    compensations_given_up: int = 0
+    start_failures: int = 0
+    statuses_delivered: int = 0
+    statuses_unsent: int = 0
 
 
 async def start_attempt(client, instance_id: str) -> None:
@@ -60,11 +79,36 @@ class Starter:
         store: StateStore,
         index: DeadlineIndex | None = None,
         clock: Callable[[], datetime] = utc_now,
+        publisher: MessagePublisher | None = None,
+        max_compensation_restarts: int = MAX_COMPENSATION_RESTARTS,
+        status_grace: timedelta = timedelta(seconds=30),
     ) -> None:
+        """`publisher`: for alerts and outbox deliveries (without one, the
+        Starter neither delivers statuses nor restarts compensations).
+        `status_grace`: how old an outbox entry must be before the Starter
+        sends it (the writer normally sends it itself at once)."""
         self._settings = settings
         self._store = store
         self._index = index or NoIndex()
         self._clock = clock
+        self._alerts = Alerts(publisher) if publisher is not None else None
+        self._outbox = (
+            StatusOutbox(store, StatusReporter(publisher), clock) if publisher is not None else None
+        )
+        self._max_restarts = max_compensation_restarts
+        self._status_grace = status_grace
+
+    async def _start(self, client, instance_id: str, report: StarterReport) -> bool:
+        """Start one attempt; a failure is counted and logged, never raised:
+        the record keeps what it needs for a later run (or the Supervisor)."""
+        try:
+            await start_attempt(client, instance_id)
+        except Exception:
+            report.start_failures += 1
+            log.exception("starter: could not start %s", instance_id)
+            return False
+        report.started.append(instance_id)
+        return True
 
     async def _compensation_requests(self, client, now: datetime, report: StarterReport) -> None:
         """Operators ask for compensation by flagging an Error or
@@ -79,13 +123,14 @@ class Starter:
                 report.lost += 1
                 continue
             report.compensations += 1
-            await start_attempt(client, claimed.LockedBy)
-            report.started.append(claimed.LockedBy)
+            await self._start(client, claimed.LockedBy, report)
 
-    async def _resume_compensations(self, client, report: StarterReport) -> None:
-        """A starter that died between claiming a compensation and starting it
-        leaves a Compensating record with no live instance: start it (again;
-        undos are idempotent). Running instances are left alone."""
+    async def _resume_compensations(self, client, now: datetime, report: StarterReport) -> None:
+        """A Compensating record whose instance is gone (never started: the
+        starter died after the claim; or failed, terminated, finished without
+        its last write) is restarted as a new attempt (undos are idempotent),
+        within a budget: past it, CompensationFailed and an alert. Running
+        instances are left alone."""
         for record in await self._store.query_in_state(
             ProcessState.COMPENSATING, self._settings.starter_batch_size
         ):
@@ -96,9 +141,55 @@ class Starter:
             except Exception:  # the client raises bare Exception for an unknown instance
                 status = None
             runtime = getattr(getattr(status, "runtime_status", None), "name", None)
-            if runtime in (None, "Failed", "Terminated", "Canceled"):
-                await start_attempt(client, record.LockedBy)
-                report.started.append(record.LockedBy)
+            if runtime not in (None, "Failed", "Terminated", "Canceled", "Completed"):
+                continue
+            dead = record.LockedBy
+            try:
+                restarted, etag = await self._store.update(
+                    record.id,
+                    lambda r, dead=dead: restart_compensation(r, dead, now, self._max_restarts),
+                    dead,
+                )
+            except (StaleError, IllegalTransition, NotFoundError):
+                continue  # it moved on since the query: nothing to restart
+            if restarted.ProcessState is ProcessState.COMPENSATING:
+                report.compensation_restarts += 1
+                await self._start(client, restarted.LockedBy, report)
+                continue
+            report.compensations_given_up += 1
+            await self._raise_alert("CompensationFailed", restarted.LastError or "", now, record.id)
+            await self._deliver(restarted, etag, report)
+
+    async def _raise_alert(self, kind: str, reason: str, now: datetime, order_id: str) -> None:
+        if self._alerts is None:
+            log.error("starter: %s for order %s (no alert channel): %s", kind, order_id, reason)
+            return
+        try:
+            await self._alerts.raise_alert(kind, reason, now, order_id)
+        except Exception:
+            log.exception("starter: alert %s for order %s not sent", kind, order_id)
+
+    async def _deliver(self, record, etag: str | None, report: StarterReport) -> None:
+        if self._outbox is None:
+            return
+        try:
+            sent = await self._outbox.deliver(record, etag)
+        except Exception:  # the send went out; clearing failed: re-sent (same id) next run
+            log.exception("starter: clearing the outbox of order %s failed", record.id)
+            sent = False
+        if sent:
+            report.statuses_delivered += 1
+        else:
+            report.statuses_unsent += 1
+
+    async def _deliver_statuses(self, now: datetime, report: StarterReport) -> None:
+        """Terminal statuses whose first send failed (or whose sender died)."""
+        if self._outbox is None:
+            return
+        for record, etag in await self._store.query_unsent_statuses(
+            self._settings.starter_batch_size, now - self._status_grace
+        ):
+            await self._deliver(record, etag, report)
 
     async def run(self, client) -> StarterReport:
         now = self._clock()
@@ -108,12 +199,22 @@ class Starter:
         await self._store.write_backlog_gauge(report.pending, now)
 
         await self._compensation_requests(client, now, report)
-        await self._resume_compensations(client, report)
+        await self._resume_compensations(client, now, report)
+        await self._deliver_statuses(now, report)
         room = self._settings.max_processing - report.processing
         batch = min(self._settings.starter_batch_size, room)
         if batch <= 0:
             log.info("starter: %d processing, at the cap; nothing claimed", report.processing)
-            return report
+        else:
+            await self._claim_and_start(client, now, batch, report)
+        log.info(
+            "starter: pending=%d processing=%d claimed=%d lost=%d",
+            report.pending, report.processing, report.claimed, report.lost,
+            extra={"custom_dimensions": {k: v for k, v in report.__dict__.items() if k != "started"}},
+        )
+        return report
+
+    async def _claim_and_start(self, client, now: datetime, batch: int, report: StarterReport) -> None:
         for record in await self._store.query_pending(batch, now):
             report.examined += 1
             # The deadline is indexed before the record carries it (see
@@ -127,11 +228,4 @@ class Starter:
                 continue
             report.claimed += 1
             crash_point("starter.after_claim")
-            await start_attempt(client, claimed.LockedBy)
-            report.started.append(claimed.LockedBy)
-        log.info(
-            "starter: pending=%d processing=%d claimed=%d lost=%d",
-            report.pending, report.processing, report.claimed, report.lost,
-            extra={"custom_dimensions": {k: v for k, v in report.__dict__.items() if k != "started"}},
-        )
-        return report
+            await self._start(client, claimed.LockedBy, report)

@@ -2,6 +2,6 @@
 visibility'): what the submitting application and the operators are told."""
 
 from reporting.alerts import ALERTS_QUEUE, Alerts
-from reporting.status import StatusReporter
+from reporting.status import StatusOutbox, StatusReporter
 
-__all__ = ["ALERTS_QUEUE", "Alerts", "StatusReporter"]
+__all__ = ["ALERTS_QUEUE", "Alerts", "StatusOutbox", "StatusReporter"]

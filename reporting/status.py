@@ -1,14 +1,19 @@
-"""Status updates to each submitting application's own reply queue."""
+"""Status updates to each submitting application's own reply queue, and the
+outbox that makes terminal statuses survive a failed send
+(docs/adr/001-status-outbox.md)."""
 
 from __future__ import annotations
 
 import logging
-from datetime import datetime
+from collections.abc import Callable
+from datetime import UTC, datetime
 
-from adapters.ports import MessagePublisher
+from adapters.ports import ANY_OWNER, MessagePublisher, StateStore
+from domain import state_machine as sm
 from domain.codec import encode
+from domain.errors import NotFoundError, StaleError
 from domain.ids import status_message_id
-from domain.models import StatusKind, StatusUpdate
+from domain.models import OrderState, PendingStatus, StatusKind, StatusUpdate
 
 log = logging.getLogger(__name__)
 
@@ -29,8 +34,22 @@ class StatusReporter:
     ) -> None:
         """`qualifier` separates repeated statuses of one kind (a step, an
         attempt) so that duplicate detection drops only true re-sends."""
-        update = StatusUpdate(OrderID=order_id, Status=status, Detail=detail, Step=step, Timestamp=now)
         message_id = status_message_id(order_id, status.value, qualifier or (step or ""))
+        await self._send(reply_to, order_id, status, now, detail, step, message_id)
+
+    async def send_pending(self, reply_to: str, order_id: str, pending: PendingStatus) -> None:
+        """Send an outbox entry as it was written: same message id, same
+        timestamp, so every retry is the same message."""
+        await self._send(
+            reply_to, order_id, pending.Status, pending.At, pending.Detail, pending.Step,
+            pending.MessageId,
+        )
+
+    async def _send(self, reply_to, order_id, status, now, detail, step, message_id) -> None:
+        update = StatusUpdate(
+            OrderID=order_id, Status=status, Detail=sm.short_text(detail, sm.ERROR_LIMIT),
+            Step=step, Timestamp=now,
+        )
         await self._publisher.send(
             reply_to, encode(update), message_id, {"OrderID": order_id, "Status": status.value}
         )
@@ -38,3 +57,70 @@ class StatusReporter:
             "status sent",
             extra={"order_id": order_id, "status": status.value, "queue": reply_to, "step": step},
         )
+
+
+class StatusOutbox:
+    """Delivers a record's pending terminal status and clears it once sent.
+
+    Called right after the write that made the record terminal (by the
+    orchestration's report_status activity, or the Supervisor), and again by
+    the Starter for entries still there after a grace period; all of them
+    send the entry's own message id, so a status sent twice is dropped by the
+    reply queue's duplicate detection. A failed send leaves the entry (with
+    one more try counted) for the next caller."""
+
+    def __init__(
+        self,
+        store: StateStore,
+        reporter: StatusReporter,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        self._store = store
+        self._reporter = reporter
+        self._clock = clock
+
+    async def deliver(self, record: OrderState, etag: str | None = None) -> bool:
+        """Send `record`'s pending status, then clear it. True when there is
+        nothing left to send; False when the send failed (the entry stays).
+        With the etag the record was read at, clearing costs one replace."""
+        pending = record.PendingStatus
+        if pending is None:
+            return True
+        try:
+            await self._reporter.send_pending(record.ReplyTo, record.id, pending)
+        except Exception as exc:  # any send failure: the entry stays for the next try
+            log.warning(
+                "status %s of order %s not sent (%s); it stays in the outbox",
+                pending.Status.value, record.id, exc, extra={"order_id": record.id},
+            )
+            try:
+                await self._store.update(
+                    record.id, lambda r: sm.status_send_failed(r, pending.MessageId), ANY_OWNER
+                )
+            except (StaleError, NotFoundError):
+                pass
+            return False
+        await self._clear(record, pending.MessageId, etag)
+        return True
+
+    async def deliver_order(self, order_id: str) -> bool:
+        try:
+            record, etag = await self._store.read(order_id)
+        except NotFoundError:
+            return True
+        return await self.deliver(record, etag)
+
+    async def _clear(self, record: OrderState, message_id: str, etag: str | None) -> None:
+        now = self._clock()
+        if etag is not None:
+            try:
+                await self._store.replace(sm.mark_status_sent(record, message_id, now), etag)
+                return
+            except StaleError:
+                pass  # changed since read: clear on the current version below
+        try:
+            await self._store.update(
+                record.id, lambda r: sm.mark_status_sent(r, message_id, now), ANY_OWNER
+            )
+        except NotFoundError:
+            pass

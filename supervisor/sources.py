@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 from adapters.ports import StateStore
 from adapters.recovery_index import CosmosRecoveryIndex, IndexEntry, bucket_of
@@ -28,6 +28,9 @@ async def _nothing() -> None:
     return None
 
 
+_NOT_DUE = object()  # IndexSource._check: the entry is live but its deadline is ahead
+
+
 @dataclass
 class Candidate:
     record: OrderState
@@ -35,20 +38,29 @@ class Candidate:
     done: Callable[[], Awaitable[None]] = _nothing
 
 
+# No lower bound by default: a Processing record whose deadline passed long
+# ago (an outage longer than any window) is still the Supervisor's to recover.
+# The page stays bounded by `max_items` (TOP n on the composite index), so the
+# open window costs nothing per run.
+EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
+
+
 class QuerySource:
     """Pages the state container; the cursor is the store's keyset token plus
-    the pass's fixed bounds (a pass keeps its bounds until it ends)."""
+    the pass's fixed bounds (a pass keeps its bounds until it ends).
 
-    def __init__(self, store: StateStore, window: timedelta = timedelta(days=7)) -> None:
+    `window`: only look back this far (None, the default: no limit). A
+    window loses every record whose deadline is older than it."""
+
+    def __init__(self, store: StateStore, window: timedelta | None = None) -> None:
         self._store = store
         self._window = window
 
     async def page(self, upper: datetime, max_items: int, cursor: str | None):
         state = json.loads(cursor) if cursor else {"upper": upper.isoformat(), "token": None}
         pass_upper = datetime.fromisoformat(state["upper"])
-        page, token = await self._store.query_expired(
-            pass_upper, pass_upper - self._window, max_items, state["token"]
-        )
+        start = EARLIEST if self._window is None else pass_upper - self._window
+        page, token = await self._store.query_expired(pass_upper, start, max_items, state["token"])
         candidates = [Candidate(record, etag) for record, etag in page]
         next_cursor = None if token is None else json.dumps({"upper": state["upper"], "token": token})
         return candidates, next_cursor, len(page)
@@ -70,15 +82,28 @@ class IndexSource:
             bucket, after = (await self._index.earliest_bucket()) or bucket_of(upper), ""
         entries, bucket, after, reached_end = await self._index.page(upper, bucket, after, max_items)
         candidates: list[Candidate] = []
+        resume: tuple[str, str] | None = None
+        previous: IndexEntry | None = None
         for entry in entries:
             candidate = await self._check(entry, upper)
-            if candidate is not None:
+            if candidate is _NOT_DUE:
+                # The cursor must not pass an entry that stays: resume just
+                # before the first one (ids are read in order, `after` is
+                # exclusive). Only the bucket of `upper` can hold such entries,
+                # so the next run re-reads at most that one bucket.
+                if resume is None:
+                    same = previous is not None and previous.bucket == entry.bucket
+                    resume = (entry.bucket, previous.id if same else "")
+            elif candidate is not None:
                 candidates.append(candidate)
+            previous = entry
+        if resume is not None:
+            return candidates, json.dumps(list(resume)), len(entries)
         # A finished pass restarts at the current bucket, which may still fill
         # up and holds entries not yet due.
         return candidates, json.dumps([bucket, "" if reached_end else after]), len(entries)
 
-    async def _check(self, entry: IndexEntry, upper: datetime) -> Candidate | None:
+    async def _check(self, entry: IndexEntry, upper: datetime):
         try:
             record, etag = await self._store.read(entry.order_id)
         except NotFoundError:
@@ -93,5 +118,5 @@ class IndexSource:
             await self._index.remove(entry)
             return None
         if record.CompleteBy >= upper:
-            return None  # not due yet: stays for the next pass
+            return _NOT_DUE  # stays for a later run
         return Candidate(record, etag, lambda: self._index.remove(entry))

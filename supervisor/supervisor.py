@@ -25,8 +25,8 @@ from typing import Protocol
 from adapters.ports import StateStore
 from domain import state_machine as sm
 from domain.errors import NotFoundError, StaleError
-from domain.models import ProcessState, StatusKind
-from reporting import Alerts, StatusReporter
+from domain.models import ProcessState
+from reporting import Alerts, StatusOutbox, StatusReporter
 from supervisor.sources import Candidate
 
 log = logging.getLogger(__name__)
@@ -52,6 +52,7 @@ class SupervisorReport:
     long_retry: int = 0
     failed: int = 0
     skipped: int = 0
+    status_unsent: int = 0
     pass_finished: bool = False
     requests: int = 0
     request_charge: float = 0.0
@@ -84,6 +85,7 @@ class Supervisor:
         self._page_size = page_size
         self._slack = slack
         self._clock = clock
+        self._outbox = StatusOutbox(store, status, clock)
 
     async def run(self) -> SupervisorReport:
         now = self._clock()
@@ -121,11 +123,16 @@ class Supervisor:
         if record.ProcessState is ProcessState.ERROR:
             report.failed += 1
             report.failed_orders.append(order_id)
-            await self._alerts.raise_alert("OrderError", record.LastError or "gave up", now, order_id)
-            await self._status.send(
-                record.ReplyTo, order_id, StatusKind.FAILED, now, detail=record.LastError,
-                qualifier=f"supervisor/{record.Attempt}",
-            )
+            # The Failed status is in the record's outbox (written with Error):
+            # a failed send here is retried by the Starter, never lost.
+            if not await self._outbox.deliver(record):
+                report.status_unsent += 1
+            try:
+                await self._alerts.raise_alert(
+                    "OrderError", record.LastError or "gave up", now, order_id
+                )
+            except Exception:  # one failed alert must not stop the run's other recoveries
+                log.exception("supervisor: alert for order %s not sent", order_id)
         elif record.NotBefore is not None:
             report.long_retry += 1
         else:

@@ -100,6 +100,14 @@ class FakeStateStore:
         records = [OrderState.model_validate(d) for d, _ in self.docs.values()]
         return [r for r in records if r.ProcessState == state][:max_items]
 
+    async def query_unsent_statuses(self, max_items: int, before: datetime):
+        out = []
+        for doc, etag in self.docs.values():
+            record = OrderState.model_validate(doc)
+            if record.PendingStatus is not None and record.PendingStatus.At < before:
+                out.append((record, etag))
+        return out[:max_items]
+
     async def query_compensation_requests(self, max_items: int) -> list[OrderState]:
         records = [OrderState.model_validate(d) for d, _ in self.docs.values()]
         wanted = (ProcessState.ERROR, ProcessState.COMPENSATION_FAILED)
