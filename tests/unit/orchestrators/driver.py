@@ -1,0 +1,221 @@
+"""Drives `order_workflow` through the Durable SDK's own replay path
+(devstack.host.replay.run_episode, the local host's engine) with the real
+SchedulerActivities over in-memory fakes, a scripted agent and a virtual
+clock: each episode replays the whole history plus what happened since, as a
+Functions host would. Failures are scripted per activity call."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from activities.scheduler_activities import SchedulerActivities
+from adapters.settings import Settings
+from devstack.host.replay import SCHEDULING_EVENTS, run_episode
+from domain import state_machine as sm
+from domain.ids import parse_attempt_instance_id
+from domain.models import AgentReply, OrderSubmitted
+from orchestrators.contracts import AlertNote, LoadPlanInput, SendRequest, StateWrite, StatusNote
+from orchestrators.order_workflow import CURRENT_VERSION, order_workflow
+from tests.builders import order_payload
+from tests.fakes import FakeOrders, FakeStateStore, RecordingPublisher
+
+T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
+STEPS = ["reserve-inventory", "charge-payment", "arrange-shipment"]
+POLICY = sm.RetryPolicy(threshold=3, long_retries=1, long_delay=timedelta(hours=1),
+                        claim_timeout=timedelta(seconds=60))
+SETTINGS = Settings(state_account=None, orders_account=None, servicebus=None,  # type: ignore[arg-type]
+                    step_timeout=timedelta(seconds=60), retry=POLICY)
+
+EXECUTION_STARTED, TASK_SCHEDULED, TASK_COMPLETED, TASK_FAILED = 0, 4, 5, 6
+TIMER_CREATED, TIMER_FIRED, ORCHESTRATOR_STARTED, ORCHESTRATOR_COMPLETED, EVENT_RAISED = 10, 11, 12, 13, 15
+
+# What the scripted agent answers: ("ok", result) / ("transient", error) /
+# ("permanent", error), or None for no reply at all.
+Answer = tuple[str, Any] | None
+
+
+def _iso(moment: datetime) -> str:
+    return moment.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
+def _event(event_type: int, when: datetime, **fields: Any) -> dict[str, Any]:
+    return {"EventType": event_type, "EventId": fields.pop("EventId", -1), "IsPlayed": False,
+            "Timestamp": _iso(when), **fields}
+
+
+class ActivityFailure(Exception):
+    pass
+
+
+@dataclass
+class World:
+    store: FakeStateStore = field(default_factory=FakeStateStore)
+    orders: FakeOrders = field(default_factory=FakeOrders)
+    bus: RecordingPublisher = field(default_factory=RecordingPublisher)
+    now: datetime = T0
+
+    def activities(self) -> SchedulerActivities:
+        return SchedulerActivities(SETTINGS, self.store, self.orders, self.bus, STEPS,
+                                   clock=lambda: self.now)
+
+    async def claimed(self, order_id: str = "A1") -> str:
+        """A Pending record claimed by the Starter: its attempt's instance id."""
+        order = OrderSubmitted.model_validate(order_payload(OrderID=order_id))
+        await self.orders.create_if_absent(order)
+        await self.store.create_if_absent(sm.new_record(order, self.now, STEPS))
+        claimed = await self.store.claim(order_id, self.now, POLICY)
+        return claimed.LockedBy
+
+    async def record(self, order_id: str = "A1"):
+        return (await self.store.read(order_id))[0]
+
+    def statuses(self, queue: str = "replies-webshop") -> list[dict]:
+        return [json.loads(body) for body in self.bus.to(queue)]
+
+    def sent(self, queue: str) -> list[tuple[bytes, str]]:
+        return [(body, mid) for q, body, mid, _ in self.bus.sent if q == queue]
+
+
+class Driver:
+    """One orchestration instance, episode by episode.
+
+    `agent(send)` answers each agent request (see Answer). `fail(name, call)`
+    says whether this call of activity `name` (counted from 0 per name)
+    raises. `before_activity(name, data)` runs first (to change the world at
+    exactly that point, e.g. a stale write)."""
+
+    def __init__(
+        self,
+        world: World,
+        instance_id: str,
+        agent: Callable[[SendRequest], Answer],
+        version: str = CURRENT_VERSION,
+        fail: Callable[[str, int], bool] = lambda name, call: False,
+        before_activity: Callable[[str, dict], Any] | None = None,
+        reply_delay: timedelta = timedelta(seconds=1),
+    ) -> None:
+        self.world, self.instance_id, self.agent = world, instance_id, agent
+        self.fail, self.before_activity, self.reply_delay = fail, before_activity, reply_delay
+        self.history: list[dict] = [
+            _event(ORCHESTRATOR_STARTED, world.now),
+            _event(EXECUTION_STARTED, world.now, Name="order_workflow", Version=version, Input=None),
+            _event(ORCHESTRATOR_COMPLETED, world.now),
+        ]
+        self.calls: list[tuple[str, dict]] = []
+        self._counts: dict[str, int] = {}
+        self._timers: dict[int, datetime] = {}
+        self._events: list[tuple[datetime, dict]] = []  # (arrives at, EventRaised)
+        self.episodes = 0
+        self.outcome: str | None = None
+        self.output: dict | None = None
+        self.error: str | None = None
+
+    async def _activity(self, name: str, data: dict) -> Any:
+        call = self._counts.get(name, 0)
+        self._counts[name] = call + 1
+        self.calls.append((name, data))
+        if self.before_activity is not None:
+            result = self.before_activity(name, data)
+            if hasattr(result, "__await__"):
+                await result
+        if self.fail(name, call):
+            raise ActivityFailure(f"scripted failure of {name} call {call}")
+        acts = self.world.activities()
+        if name == "load_plan":
+            return (await acts.load_plan(LoadPlanInput.model_validate(data))).dump()
+        if name == "write_state":
+            return (await acts.write_state(StateWrite.model_validate(data))).dump()
+        if name == "send_agent_request":
+            send = SendRequest.model_validate(data)
+            before = len(self.world.bus.sent)
+            message_id = await acts.send_agent_request(send)
+            if len(self.world.bus.sent) > before:  # duplicate detection drops a repeated id
+                self._answer(send)
+            return message_id
+        if name == "report_status":
+            return await acts.report_status(StatusNote.model_validate(data))
+        if name == "raise_alert":
+            return await acts.raise_alert(AlertNote.model_validate(data))
+        raise AssertionError(f"unexpected activity {name}")
+
+    def _answer(self, send: SendRequest) -> None:
+        answer = self.agent(send)
+        if answer is None:
+            return
+        outcome, detail = answer
+        order_id, attempt = parse_attempt_instance_id(send.InstanceId)
+        from domain.ids import reply_event_name
+
+        event_name = reply_event_name(send.Step, attempt, send.label)
+        reply = AgentReply(
+            InstanceId=send.InstanceId, OrderID=order_id, Step=send.Step, Action=send.Action,
+            Attempt=attempt, EventName=event_name, EventId=f"{event_name}/1", Outcome=outcome,
+            Result=detail if outcome == "ok" else None, Error=None if outcome == "ok" else detail,
+        )
+        arrives = self.world.now + self.reply_delay
+        self._events.append((arrives, _event(EVENT_RAISED, arrives, Name=event_name,
+                                             Input=reply.model_dump_json())))
+
+    async def run(self, max_episodes: int = 200) -> str:
+        new_events: list[dict] = []
+        while self.episodes < max_episodes:
+            self.episodes += 1
+            scheduled_before = {e["EventId"]: e for e in self.history
+                                if e["EventType"] in SCHEDULING_EVENTS}
+            started = _event(ORCHESTRATOR_STARTED, self.world.now)
+            replay = [dict(e, IsPlayed=True) for e in self.history] + [started] + new_events
+            result = run_episode(order_workflow, instance_id=self.instance_id, history=replay,
+                                 input_json=None, scheduled_before=scheduled_before)
+            scheduled = []
+            activities = []
+            for task in result.new_tasks:
+                if task.kind == "activity":
+                    scheduled.append(_event(TASK_SCHEDULED, self.world.now, EventId=task.task_id,
+                                            Name=task.name, Input=task.input))
+                    activities.append(task)
+                elif task.kind == "timer":
+                    fire_at = task.fire_at if task.fire_at.tzinfo else task.fire_at.replace(tzinfo=UTC)
+                    scheduled.append(_event(TIMER_CREATED, self.world.now, EventId=task.task_id,
+                                            FireAt=_iso(fire_at)))
+                    self._timers[task.task_id] = fire_at
+            self.history += [started, *new_events, *scheduled, _event(ORCHESTRATOR_COMPLETED, self.world.now)]
+            if result.outcome in ("completed", "failed"):
+                self.outcome = result.outcome
+                self.output = json.loads(result.output_json) if result.output_json else None
+                self.error = result.error
+                return result.outcome
+            new_events = []
+            for task in activities:
+                data = json.loads(task.input) if task.input else None
+                try:
+                    value = await self._activity(task.name, data)
+                    new_events.append(_event(TASK_COMPLETED, self.world.now, TaskScheduledId=task.task_id,
+                                             Result=json.dumps(value)))
+                except Exception as exc:
+                    new_events.append(_event(TASK_FAILED, self.world.now, TaskScheduledId=task.task_id,
+                                             Reason=str(exc), Details=None))
+            if new_events:
+                continue
+            # Nothing ran: the next thing to happen is a reply or a timer, whichever is first.
+            upcoming = [(at, "event", i) for i, (at, _) in enumerate(self._events)]
+            upcoming += [(at, "timer", tid) for tid, at in self._timers.items()]
+            if not upcoming:
+                raise AssertionError("the orchestration waits for nothing that will happen")
+            at, kind, key = min(upcoming, key=lambda u: (u[0], u[1] != "event"))
+            self.world.now = max(self.world.now, at)
+            if kind == "event":
+                new_events.append(self._events.pop(key)[1])
+            else:
+                fire_at = self._timers.pop(key)
+                new_events.append(_event(TIMER_FIRED, fire_at, TimerId=key, FireAt=_iso(fire_at)))
+        raise AssertionError(f"no end after {max_episodes} episodes")
+
+    def activity_calls(self, name: str) -> list[dict]:
+        return [data for n, data in self.calls if n == name]
+
+    def writes(self) -> list[str]:
+        return [d["Kind"] for d in self.activity_calls("write_state")]
