@@ -8,7 +8,7 @@ import pytest
 
 from domain import state_machine as sm
 from domain.errors import StaleError
-from domain.models import ProcessState, StepStatus
+from domain.models import OrderState, ProcessState, StepStatus
 from tests.unit.domain.conftest import NOW, STEPS
 
 LATER = NOW + timedelta(minutes=5)
@@ -299,3 +299,55 @@ def test_operator_requests_compensation_then_starter_claims_it(processing, polic
 def test_compensation_can_only_be_requested_for_failed_orders(processing, state):
     with pytest.raises(sm.IllegalTransition):
         sm.request_compensation(processing.model_copy(update={"ProcessState": state}), NOW)
+
+
+# --- provider text (issue 11, defect 3) ----------------------------------------------
+
+_AWKWARD = ["", "x" * 221, "\u00e9" * 4096, "\ud800bad surrogate", "tab\tnew\nline\x00nul",
+            "\U0001f4b3" * 600, "\u202eright-to-left " * 100]
+
+
+@pytest.mark.parametrize("text", _AWKWARD)
+def test_any_provider_text_fits_every_record_field(processing, text):
+    """A provider message of any length or content never makes a write fail
+    validation: LastError, the history reason and the compensation log."""
+    iid = processing.LockedBy
+    t = NOW + timedelta(seconds=1)
+    failed = sm.mark_failed(processing, iid, "reserve-inventory", f"step failed: {text}", t)
+    OrderState.model_validate(failed.model_dump())
+    started = sm.complete_step(sm.start_step(processing, iid, "reserve-inventory", t, t), iid,
+                               "reserve-inventory", t, "ref", t)
+    comp = sm.begin_compensation(sm.start_step(started, iid, "charge-payment", t, t), iid, text, t,
+                                 "charge-payment")
+    undone = sm.record_undo(comp, iid, "charge-payment", False, t, text)
+    transient = sm.record_transient(started, iid, "charge-payment", text, t)
+    for record in (comp, undone, transient):
+        OrderState.model_validate(record.model_dump())
+        record.model_dump_json()  # encodable: no lone surrogates left
+
+
+def test_short_text_keeps_the_useful_start():
+    text = "card declined: insufficient funds " + "detail " * 200
+    short = sm.short_text(text, 100)
+    assert short.startswith("card declined: insufficient funds") and len(short) == 100
+
+
+def test_begin_compensation_logs_every_sent_step(processing):
+    """Defect 2: Running and Failed steps enter the undo log, not only Completed ones."""
+    iid = processing.LockedBy
+    t = NOW
+    record = sm.complete_step(sm.start_step(processing, iid, "reserve-inventory", t, t), iid,
+                              "reserve-inventory", t, "ref", t)
+    record = sm.begin_compensation(sm.start_step(record, iid, "charge-payment", t, t), iid, "declined", t,
+                                   "charge-payment")
+    assert [e.Step for e in record.Compensation] == ["reserve-inventory", "charge-payment"]
+    assert record.Steps["charge-payment"].Status.value == "Failed"
+
+
+def test_complete_step_replaces_complete_by(processing):
+    """Defect 7: the finished step's deadline is not kept as CompleteBy."""
+    iid = processing.LockedBy
+    step_deadline, next_deadline = NOW + timedelta(seconds=60), NOW + timedelta(seconds=119)
+    record = sm.start_step(processing, iid, "reserve-inventory", NOW, step_deadline)
+    record = sm.complete_step(record, iid, "reserve-inventory", NOW + timedelta(seconds=59), "r", next_deadline)
+    assert record.CompleteBy == next_deadline

@@ -119,3 +119,57 @@ async def test_record_recovered_by_another_supervisor_is_skipped():
         await rig.store.update("A", lambda r: sm.recover_expired(r, record.LockedBy, rig.now, POLICY),
                                record.LockedBy)
     assert (await rig.state("A")).FailureCount == 1
+
+
+async def _gave_up(rig):
+    """A record one failure short of Error, its deadline passed."""
+    await rig.add("A", T0)
+    await rig.store.update("A", lambda r: r.model_copy(update={"FailureCount": POLICY.max_failures - 1}), "A:1")
+    rig.now = T0 + timedelta(minutes=5)
+
+
+async def test_failed_status_send_after_error_is_delivered_later():
+    """Defect 6: the Supervisor writes Error, then the Failed send raises;
+    the run goes on, and the Starter delivers the status later with the
+    same message id."""
+    from orchestrators.starter import Starter
+    from tests.unit.orchestrators.driver import SETTINGS
+
+    rig = Rig()
+    await _gave_up(rig)
+    real_send = rig.bus.send
+
+    async def reply_queue_down(queue, body, message_id, props=None):
+        if queue == "replies-webshop":
+            raise ConnectionError("reply queue unavailable")
+        await real_send(queue, body, message_id, props)
+
+    rig.bus.send = reply_queue_down
+    report = await rig.sup.run()
+    assert (report.failed, report.status_unsent) == (1, 1)
+    record = await rig.state("A")
+    assert record.ProcessState is ProcessState.ERROR and record.PendingStatus is not None
+    assert any(q == "alerts" for q, *_ in rig.bus.sent)  # the alert still went out
+
+    rig.bus.send = real_send
+    rig.now += timedelta(minutes=1)
+
+    class NoClient:
+        async def get_status(self, instance_id):
+            return None
+
+    starter = Starter(SETTINGS, rig.store, clock=lambda: rig.now, publisher=rig.bus)
+    assert (await starter.run(NoClient())).statuses_delivered == 1
+    sent = [(json.loads(body), mid) for q, body, mid, _ in rig.bus.sent if q == "replies-webshop"]
+    assert [(b["Status"], mid) for b, mid in sent] == [("Failed", record.PendingStatus.MessageId)]
+    assert (await rig.state("A")).PendingStatus is None
+
+
+async def test_query_source_recovers_records_older_than_seven_days():
+    """Defect 9: after a long outage, old Processing records are still found."""
+    rig = Rig()
+    await rig.add("A", T0)
+    rig.now = T0 + timedelta(days=30)
+    report = await rig.sup.run()
+    assert report.recovered == 1
+    assert (await rig.state("A")).ProcessState is ProcessState.PENDING

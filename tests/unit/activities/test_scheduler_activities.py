@@ -1,0 +1,92 @@
+"""Write-idempotency of the Scheduler's activities under at-least-once
+delivery: each activity run twice has the effect of running once."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+from domain.models import ProcessState, StatusKind
+from orchestrators.contracts import SendRequest, StateWrite, StatusNote
+from tests.unit.orchestrators.driver import World
+
+
+async def _write(acts, iid, kind, **fields):
+    return await acts.write_state(StateWrite(InstanceId=iid, Kind=kind, **fields))
+
+
+@pytest.mark.parametrize("final", ["processed", "failed", "compensate"])
+async def test_every_write_run_twice_is_one_write_and_never_stale(final):
+    world = World()
+    iid = await world.claimed()
+    acts = world.activities()
+    deadline = world.now + timedelta(minutes=1)
+    steps = ["reserve-inventory", "charge-payment", "arrange-shipment"]
+    writes = []
+    for step in steps if final == "processed" else steps[:1]:
+        writes += [("start_step", {"Step": step, "Deadline": deadline}),
+                   ("complete_step", {"Step": step, "Reference": f"r-{step}", "Deadline": deadline})]
+    if final == "processed":
+        writes.append(("processed", {}))
+    elif final == "failed":
+        writes.append(("failed", {"Step": "charge-payment", "Reason": "declined"}))
+    else:
+        writes += [("start_step", {"Step": "charge-payment", "Deadline": deadline}),
+                   ("begin_compensation", {"Step": "charge-payment", "Reason": "declined"}),
+                   ("undo_done", {"Step": "charge-payment"}),
+                   ("undo_done", {"Step": "reserve-inventory"}),
+                   ("finish_compensation", {})]
+    for kind, fields in writes:
+        first = await _write(acts, iid, kind, **fields)
+        after_first = world.store.docs["A1"][0]
+        again = await _write(acts, iid, kind, **fields)
+        assert not first.Stale and not again.Stale, (kind, again.Reason)
+        assert first.State == again.State
+        record = world.store.docs["A1"][0]
+        assert record["ProcessState"] == after_first["ProcessState"]
+        assert record["Compensation"] == after_first["Compensation"]
+    expected = {"processed": ProcessState.PROCESSED, "failed": ProcessState.ERROR,
+                "compensate": ProcessState.COMPENSATED}[final]
+    assert (await world.record()).ProcessState is expected
+
+
+async def test_a_write_by_another_attempt_is_stale():
+    world = World()
+    iid = await world.claimed()
+    result = await _write(world.activities(), "A1:7", "start_step", Step="reserve-inventory",
+                          Deadline=world.now + timedelta(minutes=1))
+    assert result.Stale and iid != "A1:7"
+
+
+async def test_agent_request_sent_twice_is_one_message():
+    world = World()
+    iid = await world.claimed()
+    acts = world.activities()
+    send = SendRequest(InstanceId=iid, Step="reserve-inventory", Deadline=world.now + timedelta(minutes=1))
+    assert await acts.send_agent_request(send) == await acts.send_agent_request(send)
+    assert len(world.sent("agent-requests")) == 1
+
+
+async def test_terminal_status_run_twice_is_one_message_from_the_outbox():
+    world = World()
+    iid = await world.claimed()
+    acts = world.activities()
+    await _write(acts, iid, "failed", Step="reserve-inventory", Reason="declined")
+    note = StatusNote(InstanceId=iid, ReplyTo="replies-webshop", Status=StatusKind.FAILED, Detail="declined")
+    await acts.report_status(note)
+    await acts.report_status(note)
+    assert len(world.sent("replies-webshop")) == 1
+    assert (await world.record()).PendingStatus is None
+
+
+async def test_terminal_status_that_cannot_be_sent_raises_and_stays_in_the_outbox():
+    world = World()
+    iid = await world.claimed()
+    acts = world.activities()
+    await _write(acts, iid, "failed", Step="reserve-inventory", Reason="declined")
+    world.bus.fail_next = ConnectionError("down")
+    with pytest.raises(RuntimeError):
+        await acts.report_status(StatusNote(InstanceId=iid, ReplyTo="replies-webshop", Status=StatusKind.FAILED))
+    pending = (await world.record()).PendingStatus
+    assert pending is not None and pending.Tries == 1
