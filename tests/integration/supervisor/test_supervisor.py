@@ -185,3 +185,32 @@ async def test_index_entries_for_met_or_replaced_deadlines_are_discarded(rig):
     assert (await rig.state("A")).ProcessState is ProcessState.PROCESSING
     rig.now = step_deadline + timedelta(minutes=1)
     assert (await rig.supervisor().run()).recovered == 1
+
+
+@pytest.mark.parametrize("rig", ["index"], indirect=True)
+async def test_index_cursor_never_passes_an_entry_not_yet_due(rig):
+    """Issue 11 defect 1: a full page ends inside the current minute's bucket
+    with an entry not yet due; after the minute rolls over that entry must
+    still be recovered."""
+    from datetime import datetime
+
+    from adapters.recovery_index import bucket_of
+
+    minute = datetime.fromisoformat(bucket_of(NOW + timedelta(minutes=2))).replace(tzinfo=NOW.tzinfo)
+    # ids sort A < B < C; deadlines: A late in the minute, B and C early.
+    for order_id, second in (("A", 50), ("B", 10), ("C", 15)):
+        await rig.add_claimed(order_id, minute + timedelta(seconds=second) - POLICY.claim_timeout)
+    rig.now = minute + timedelta(seconds=35)  # upper = minute + 30 s: B, C due; A not
+    await rig.supervisor(page_size=2).run()
+    for _ in range(4):
+        rig.now += timedelta(minutes=1)
+        await rig.supervisor(page_size=2).run()
+    assert [(await rig.state(o)).ProcessState for o in "ABC"] == [ProcessState.PENDING] * 3
+
+
+async def test_records_whose_deadline_passed_long_ago_are_recovered(rig):
+    """Issue 11 defect 9: an outage longer than seven days loses nothing."""
+    await rig.add_claimed("A")
+    rig.now = NOW + timedelta(days=9)
+    assert (await rig.supervisor().run()).recovered == 1
+    assert (await rig.state("A")).ProcessState is ProcessState.PENDING
