@@ -352,12 +352,16 @@ def begin_compensation(
 ) -> OrderState:
     """Processing -> Compensating: step `step` failed for good after earlier
     steps completed; the attempt that owns the record undoes every step whose
-    request was sent, the failed one included."""
+    request was sent, the failed one included.
+
+    Without `step` (workflow 1.0, which undoes only Completed steps) the log
+    is left as it is, so 1.0 instances finish as they were written."""
     require_owner(record, instance_id)
     _require(record, ProcessState.PROCESSING, action="compensate")
     steps = dict(record.Steps)
     if step is not None and step in steps and steps[step].Status is not StepStatus.COMPLETED:
         steps[step] = steps[step].model_copy(update={"Status": StepStatus.FAILED})
+    log = undo_log(record, steps) if step is not None else list(record.Compensation)
     reason = short_text(reason, ERROR_LIMIT)
     return _finish(
         record,
@@ -368,7 +372,7 @@ def begin_compensation(
         LastError=reason,
         CompleteBy=None,
         Steps=steps,
-        Compensation=undo_log(record, steps),
+        Compensation=log,
     )
 
 

@@ -114,7 +114,7 @@ class Supervisor:
             return sm.recover_expired(record, locked_by, now, self._policy, self._slack)
 
         try:
-            record, _ = await self._store.update(order_id, recover, locked_by)
+            record, etag = await self._store.update(order_id, recover, locked_by)
         except (StaleError, sm.IllegalTransition, NotFoundError) as exc:
             # Another supervisor got there first, or the attempt finished in time.
             report.skipped += 1
@@ -125,7 +125,7 @@ class Supervisor:
             report.failed_orders.append(order_id)
             # The Failed status is in the record's outbox (written with Error):
             # a failed send here is retried by the Starter, never lost.
-            if not await self._outbox.deliver(record):
+            if not await self._outbox.deliver(record, etag):
                 report.status_unsent += 1
             try:
                 await self._alerts.raise_alert(

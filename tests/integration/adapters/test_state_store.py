@@ -385,3 +385,26 @@ async def test_queries_skip_a_document_that_is_not_a_valid_record(
     assert [r.id for r in await state_store.query_pending(10, NOW)] == ["GOOD-1"]
     with pytest.raises(PermanentError):
         await state_store.read("BAD-1")
+
+
+async def test_unsent_statuses_are_found_after_their_grace_and_not_once_cleared(
+    state_store: CosmosStateStore,
+) -> None:
+    """The outbox query (docs/adr/001-status-outbox.md) on the real server:
+    terminal records with a pending status older than `before`, nothing else."""
+    for order_id in ("OUT-1", "OUT-2", "OUT-3"):
+        await state_store.create_if_absent(make_record(order_id))
+        claimed = await state_store.claim(order_id, NOW, POLICY)
+        assert claimed is not None
+    await state_store.update("OUT-1", lambda r: sm.mark_failed(r, "OUT-1:1", None, "declined", NOW), "OUT-1:1")
+    later = NOW + timedelta(minutes=5)
+    await state_store.update("OUT-2", lambda r: sm.mark_failed(r, "OUT-2:1", None, "declined", later), "OUT-2:1")
+
+    found = await state_store.query_unsent_statuses(10, NOW + timedelta(minutes=1))
+    assert [record.id for record, _ in found] == ["OUT-1"]
+    record, etag = found[0]
+    assert record.PendingStatus is not None and record.PendingStatus.Status.value == "Failed"
+
+    await state_store.replace(sm.mark_status_sent(record, record.PendingStatus.MessageId, NOW), etag)
+    assert await state_store.query_unsent_statuses(10, NOW + timedelta(minutes=1)) == []
+    assert [r.id for r, _ in await state_store.query_unsent_statuses(10, later + timedelta(seconds=1))] == ["OUT-2"]

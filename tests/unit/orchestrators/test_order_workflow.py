@@ -384,3 +384,13 @@ async def test_unversioned_instance_runs_version_1_0_not_the_newest(monkeypatch)
     await Driver(world, await world.claimed(), ok, version="").run()
     await Driver(world, "A1:1", ok, version="9.9").run()
     assert ran == ["1.0", "9.9"]
+
+
+async def test_version_1_0_instances_still_finish_their_compensation():
+    """The 1.0 code undoes only Completed steps and names no step when it
+    begins compensating; its instances must still end Compensated."""
+    world = World()
+    driver = Driver(world, await world.claimed(), fail_step("charge-payment"), version="1.0")
+    await driver.run()
+    assert driver.output["Outcome"] == "compensated"
+    assert [r["Step"] for r in requests(world) if r["Action"] == "undo"] == ["reserve-inventory"]
