@@ -332,10 +332,13 @@ async def test_terminal_status_send_failure_is_delivered_later_by_the_starter():
     assert world.statuses()[-1]["Status"] == "Processed"
 
 
-@pytest.mark.parametrize("at_write", range(7))
-async def test_a_stale_write_at_any_point_ends_the_attempt_quietly(at_write):
-    """Another attempt takes the record just before write number `at_write`:
-    that write and everything after it change nothing."""
+@pytest.mark.parametrize(("scenario", "at_write"),
+                         [("processed", n) for n in range(7)] + [("compensated", n) for n in range(7)])
+async def test_a_stale_write_at_any_point_ends_the_attempt_quietly(scenario, at_write):
+    """Another attempt takes the record just before write number `at_write`
+    (of the happy path, or of a path through compensation): that write and
+    everything after it change nothing."""
+    agent = ok if scenario == "processed" else fail_step("charge-payment")
     world = World()
     iid = await world.claimed()
     count = {"n": 0}
@@ -351,9 +354,10 @@ async def test_a_stale_write_at_any_point_ends_the_attempt_quietly(at_write):
             snapshot["doc"] = doc
         count["n"] += 1
 
-    driver = Driver(world, iid, ok, before_activity=steal)
+    driver = Driver(world, iid, agent, before_activity=steal)
     await driver.run()
     assert driver.output["Outcome"] == "stale"
+    assert count["n"] == at_write + 1  # nothing written after the stale one
     assert world.store.docs["A1"][0] == snapshot["doc"]
     assert world.store.docs["A1"][1] == '"stolen"'
 
