@@ -1,5 +1,6 @@
 """Compensation through the local host: a step fails for good after earlier
-steps completed, and the completed steps are undone in reverse order — with an
+steps completed, and every step whose request was sent (the failed one
+included) is undone in reverse order — with an
 undo that fails transiently then succeeds, and one that fails for good and is
 retried by an operator."""
 
@@ -29,7 +30,11 @@ async def test_undo_that_fails_transiently_then_succeeds(stack):
         record = records[oid]
         assert record.ProcessState is ProcessState.COMPENSATED
         assert record.Steps["reserve-inventory"].Status is StepStatus.COMPENSATED
-        assert [(e.Step, e.Outcome) for e in record.Compensation] == [("reserve-inventory", "Done")]
+        # The declined charge's request was sent, so it is undone too (first): a
+        # refund of nothing, which the remote service answers without an effect.
+        assert record.Steps["charge-payment"].Status is StepStatus.COMPENSATED
+        assert [(e.Step, e.Outcome) for e in record.Compensation] == [
+            ("reserve-inventory", "Done"), ("charge-payment", "Done")]
         assert await e2e.check({oid}) == []
         assert e2e.observed.replies[oid][-2:] == ["Compensating", "Compensated"]
         effects = {(r["step"], r["operation"]): r["count"] for r in e2e.observed.side_effects["effects"]
