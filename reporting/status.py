@@ -100,7 +100,10 @@ class StatusOutbox:
             except (StaleError, NotFoundError):
                 pass
             return False
-        await self._clear(record, pending.MessageId, etag)
+        try:
+            await self._clear(record, pending.MessageId, etag)
+        except Exception:  # sent; a later delivery re-sends the same id, which is dropped
+            log.exception("status of order %s sent but not cleared from the outbox", record.id)
         return True
 
     async def deliver_order(self, order_id: str) -> bool:

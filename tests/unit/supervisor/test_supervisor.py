@@ -173,3 +173,36 @@ async def test_query_source_recovers_records_older_than_seven_days():
     report = await rig.sup.run()
     assert report.recovered == 1
     assert (await rig.state("A")).ProcessState is ProcessState.PENDING
+
+
+async def test_a_store_failure_while_clearing_the_outbox_does_not_stop_the_run():
+    from domain.errors import TransientError
+
+    rig = Rig()
+    await _gave_up(rig)
+    await rig.add("B", T0)
+    real_replace = rig.store.replace
+
+    async def throttled_clear(record, etag):
+        if record.ProcessState is ProcessState.ERROR and record.PendingStatus is None:
+            raise TransientError("429")
+        return await real_replace(record, etag)
+
+    rig.store.replace = throttled_clear
+    rig.store.update = _update_via(rig.store)
+    report = await rig.sup.run()
+    assert (report.failed, report.recovered) == (1, 1)
+    assert [json.loads(b)["Status"] for q, b, *_ in rig.bus.sent if q == "replies-webshop"] == ["Failed"]
+
+
+def _update_via(store):
+    """FakeStateStore.update, but through `store.replace` (so a patched
+    replace applies to updates too)."""
+    async def update(order_id, mutate, expected_locked_by):
+        from adapters.ports import ANY_OWNER
+        record, etag = await store.read(order_id)
+        if expected_locked_by is not ANY_OWNER and record.LockedBy != expected_locked_by:
+            raise StaleError(order_id)
+        new = mutate(record)
+        return new, await store.replace(new, etag)
+    return update
