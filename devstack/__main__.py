@@ -40,7 +40,12 @@ def _run_dirs(run_dir: str | None) -> list[Path]:
 
 
 def up(args: argparse.Namespace) -> int:
-    ports = Ports.free() if args.free_ports else Ports()
+    if args.free_ports:
+        ports = Ports.free()
+    elif args.base_port:
+        ports = Ports(*range(args.base_port, args.base_port + 7))
+    else:
+        ports = Ports()
     if not args.free_ports:
         taken = ports.taken()
         if taken:
@@ -105,6 +110,9 @@ def main(argv: list[str] | None = None) -> int:
     p_up.add_argument("--no-host", action="store_true", help="servers only (run `func start` yourself)")
     p_up.add_argument("--free-ports", action="store_true",
                       help="free ports instead of the template's fixed ones (printed when ready)")
+    p_up.add_argument("--base-port", type=int, default=0,
+                      help="seven consecutive ports from this one instead of the template's "
+                           "(blob, queue, table, cosmos, servicebus, remote, host)")
     p_status = sub.add_parser("status", help="show stacks found in run directories")
     p_status.add_argument("--run-dir", default=None, help="one run directory (default: all under .devstack/)")
     p_down = sub.add_parser("down", help="stop stacks found in run directories, left by earlier runs too")
