@@ -3,7 +3,7 @@ server, and to pick and inspect loopback ports.
 
 Used by devstack.stack (`make up`, `make demo`, the benches), the Cosmos and
 remote-service launchers and the test fixtures. See
-docs/adr/0001-stack-process-lifecycle.md for why it works this way:
+docs/adr/stack-process-lifecycle.md for why it works this way:
 
 - every child runs in a process group of its own, so a stop reaches its
   children too (node, a shell wrapper) and a terminal's Ctrl-C reaches only
