@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 PIP_STAMP := $(VENV)/.installed
 NPM_STAMP := node_modules/.installed
 
-.PHONY: install demo test test-unit lint bench bench-servicebus bench-supervisor up clean
+.PHONY: install demo test test-unit lint bench bench-servicebus bench-supervisor up down status clean
 
 install: $(PIP_STAMP) $(NPM_STAMP)
 
@@ -38,6 +38,14 @@ lint: install
 ## up: the whole local stack in the foreground (Ctrl-C stops it)
 up: install
 	$(BIN)/python -m devstack up
+
+## down: stop every stack under .devstack/, also one left by a crashed or killed run
+down:
+	$(BIN)/python -m devstack down
+
+## status: stacks found under .devstack/, their processes and ports
+status:
+	$(BIN)/python -m devstack status
 
 ## bench: per-order costs, throughput and latency of the whole pipeline on the local stack
 bench: install

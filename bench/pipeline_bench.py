@@ -42,6 +42,7 @@ from azure.servicebus import ServiceBusMessage, ServiceBusReceiveMode  # noqa: E
 from azure.servicebus.aio import ServiceBusClient  # noqa: E402
 
 from cli.orders import generate  # noqa: E402
+from devstack.process import exit_on_signals  # noqa: E402
 from devstack.stack import Stack  # noqa: E402
 from domain.codec import encode  # noqa: E402
 
@@ -92,7 +93,7 @@ def durable_counts(run_dir: Path) -> tuple[int, int]:
 async def run_once(orders: int, transient: int) -> dict:
     run_dir = Path(tempfile.mkdtemp(prefix="bench-"))
     stack = Stack(run_dir, overrides=BENCH_SETTINGS)
-    stack.start()
+    stack.start()  # stops what it started if a server fails
     try:
         remote = stack.settings["REMOTE_SERVICE_URL"]
         prefix = f"BENCH-{uuid.uuid4().hex[:4]}"
@@ -148,6 +149,7 @@ def main() -> int:
     parser.add_argument("--orders", type=int, default=1000)
     parser.add_argument("--runs", default="0,10", help="transient failure percentages, one run each")
     args = parser.parse_args()
+    exit_on_signals()  # SIGTERM/SIGHUP run the `finally` that stops the stack
     results = [asyncio.run(run_once(args.orders, int(p))) for p in args.runs.split(",")]
     print(f"{'':34}" + "".join(f"{r['transient']:>3}% transient  " for r in results))
     rows = [("orders processed", lambda r: f"{r['processed']}/{r['orders']}"),

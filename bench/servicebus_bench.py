@@ -21,15 +21,19 @@ import tempfile
 import time
 from pathlib import Path
 
-from azure.servicebus import ServiceBusClient, ServiceBusMessage
-from azure.servicebus.aio import ServiceBusClient as AsyncServiceBusClient
-
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from azure.servicebus import ServiceBusClient, ServiceBusMessage  # noqa: E402
+from azure.servicebus.aio import ServiceBusClient as AsyncServiceBusClient  # noqa: E402
+
+from devstack.process import Child, exit_on_signals, read_line  # noqa: E402
+
 QUEUE = "bench"
 BODY = "x" * 256  # a small order-sized message
 
 
-def start_emulator(workdir: Path, data_dir: str | None) -> tuple[subprocess.Popen[str], str]:
+def start_emulator(workdir: Path, data_dir: str | None) -> tuple[Child, str]:
     config = workdir / "Config.json"
     config.write_text(
         json.dumps(
@@ -53,14 +57,13 @@ def start_emulator(workdir: Path, data_dir: str | None) -> tuple[subprocess.Pope
     command = [sys.executable, "-m", "devstack.servicebus", "--port", "0", "--config", str(config)]
     if data_dir:
         command += ["--data-dir", data_dir]
-    process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, text=True)
-    assert process.stdout is not None
-    line = process.stdout.readline()
+    process = Child.start("servicebus", command, cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    assert process.process.stdout is not None
+    line = read_line(process.process.stdout, 30)
     match = re.search(r"port=(\d+)", line)
     if not match:
         process.kill()
         raise SystemExit(f"emulator did not start: {line!r}")
-    # Spelled out rather than imported: this script runs as a file, without the repo on sys.path.
     connection_string = (
         f"Endpoint=sb://127.0.0.1:{match[1]};SharedAccessKeyName=RootManageSharedAccessKey;"
         "SharedAccessKey=SAS_KEY_VALUE;UseDevelopmentEmulator=true"
@@ -140,6 +143,7 @@ def main() -> None:
         "--data-dir", default=None, help="run the emulator with SQLite persistence here"
     )
     args = parser.parse_args()
+    exit_on_signals()  # SIGTERM/SIGHUP run the `finally` that stops the emulator
     with tempfile.TemporaryDirectory() as workdir:
         process, connection_string = start_emulator(Path(workdir), args.data_dir)
         try:
@@ -150,8 +154,7 @@ def main() -> None:
             peak = peak_memory_mb(process.pid)
             cpu = cpu_seconds(process.pid)
         finally:
-            process.terminate()
-            process.wait(10)
+            process.stop()
     mode = f"data-dir={args.data_dir}" if args.data_dir else "memory only"
     print(
         f"{args.count} messages of {len(BODY)} B, batches of {args.batch}, PEEK_LOCK + complete, {mode}"

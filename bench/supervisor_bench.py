@@ -37,6 +37,7 @@ from adapters.recovery_index import CosmosRecoveryIndex, ensure_index_container 
 from adapters.settings import CosmosAccount  # noqa: E402
 from adapters.state_store import CosmosStateStore, to_document  # noqa: E402
 from devstack.cosmos import start_server  # noqa: E402
+from devstack.process import exit_on_signals  # noqa: E402
 from domain import state_machine as sm  # noqa: E402
 from domain.models import OrderSubmitted, ProcessState  # noqa: E402
 from reporting import Alerts, StatusReporter  # noqa: E402
@@ -140,6 +141,7 @@ def main() -> int:
     parser.add_argument("--sizes", default="1000,10000,100000")
     parser.add_argument("--page-size", type=int, default=100)
     args = parser.parse_args()
+    exit_on_signals()  # SIGTERM/SIGHUP run the `finally` that stops the server
     server = start_server(port=0)
     try:
         asyncio.run(bench(server.endpoint, server.key, [int(s) for s in args.sizes.split(",")], args.page_size))

@@ -1,56 +1,124 @@
-"""`python -m devstack up`: the whole local stack in the foreground.
+"""`python -m devstack up | status | down`: the local stack from the command line.
 
-Starts Azurite, the Cosmos DB server, the Service Bus emulator, the remote
-service and the local host on the ports local.settings.template.json names,
-waits until each is ready, prints where they are, and stops them all on Ctrl-C
-or as soon as one of them dies."""
+`up` starts Azurite, the Cosmos DB server, the Service Bus emulator, the
+remote service and the local host on the ports local.settings.template.json
+names, waits until each is ready, prints where they are, and stops them all on
+Ctrl-C, SIGTERM, SIGHUP, or as soon as one of them dies. A port already taken
+is named, with the process that holds it, before anything starts.
+
+`status` shows the stacks whose state file (stack.json) is in a run directory
+under .devstack/ (or --run-dir), and `down` stops them: the process that
+started the stack first, then any process still tagged with the run directory
+(a stack left by a crashed or killed run)."""
 
 from __future__ import annotations
 
 import argparse
-import signal
+import os
 import sys
 import time
 from pathlib import Path
 
-from devstack.stack import Ports, Stack, StackError
+from devstack.process import exit_on_signals, request_shutdown, shutting_down
+from devstack.stack import (
+    REPO,
+    Ports,
+    Stack,
+    StackError,
+    find_stacks,
+    stack_status,
+    stop_left_stack,
+)
+
+RUNS = REPO / ".devstack"
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m devstack")
-    sub = parser.add_subparsers(dest="command", required=True)
-    up = sub.add_parser("up", help="start the whole local stack in the foreground")
-    up.add_argument("--run-dir", default=".devstack/up", help="data and logs (kept between runs)")
-    up.add_argument("--no-host", action="store_true", help="servers only (run `func start` yourself)")
-    args = parser.parse_args(argv)
+def _run_dirs(run_dir: str | None) -> list[Path]:
+    if run_dir:
+        return [Path(run_dir)]
+    return sorted(p for p in RUNS.glob("*") if p.is_dir()) if RUNS.is_dir() else []
 
-    stack = Stack(Path(args.run_dir), ports=Ports(), with_host=not args.no_host)
-    stopping = False
 
-    def stop(*_):
-        nonlocal stopping
-        stopping = True
-
-    signal.signal(signal.SIGINT, stop)
-    signal.signal(signal.SIGTERM, stop)
+def up(args: argparse.Namespace) -> int:
+    if args.free_ports:
+        ports = Ports.free()
+    elif args.base_port:
+        ports = Ports(*range(args.base_port, args.base_port + 7))
+    else:
+        ports = Ports()
+    if not args.free_ports:
+        taken = ports.taken()
+        if taken:
+            for port, owner in taken.items():
+                print(f"devstack: port {port} is taken by {owner}", file=sys.stderr)
+            print("devstack: stop it (`python -m devstack down` stops a stack left by an earlier run)"
+                  " or run with --free-ports", file=sys.stderr)
+            return 1
+    stack = Stack(Path(args.run_dir), ports=ports, with_host=not args.no_host)
+    exit_on_signals()
     try:
-        stack.start()
-    except StackError as exc:
-        print(f"devstack: {exc}", file=sys.stderr)
-        return 1
-    for name, server in stack.servers.items():
-        print(f"devstack: {name:<10} ready on 127.0.0.1:{server.port}  (log: {server.log})")
-    print("devstack: up; Ctrl-C stops everything")
-    try:
-        while not stopping:
+        try:
+            stack.start()
+        except StackError as exc:
+            print(f"devstack: {exc}", file=sys.stderr)
+            return 1
+        for name, server in stack.servers.items():
+            print(f"devstack: {name:<10} ready on 127.0.0.1:{server.port}  (log: {server.log})")
+        print(f"devstack: up (pid {os.getpid()}); Ctrl-C or `python -m devstack down` "
+              "stops everything", flush=True)
+        while not shutting_down():
             dead = stack.dead()
             if dead:
                 print(f"devstack: {', '.join(dead)} stopped; stopping the rest", file=sys.stderr)
                 return 1
             time.sleep(0.5)
+        return 0
+    except KeyboardInterrupt:
+        request_shutdown()
+        return 130
     finally:
+        started = time.monotonic()
         stack.stop()
+        print(f"devstack: stopped in {time.monotonic() - started:.1f}s", file=sys.stderr, flush=True)
+
+
+def status(args: argparse.Namespace) -> int:
+    stacks = find_stacks(_run_dirs(args.run_dir))
+    if not stacks:
+        print("devstack: no stack state found" + (f" in {args.run_dir}" if args.run_dir else f" under {RUNS}"))
+    for left in stacks:
+        print("\n".join(stack_status(left)))
     return 0
+
+
+def down(args: argparse.Namespace) -> int:
+    stacks = find_stacks(_run_dirs(args.run_dir))
+    for left in stacks:
+        for line in stop_left_stack(left):
+            print(f"devstack: {left.run_dir}: {line}")
+        print(f"devstack: {left.run_dir}: down")
+    if not stacks:
+        print("devstack: nothing to stop")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m devstack")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p_up = sub.add_parser("up", help="start the whole local stack in the foreground")
+    p_up.add_argument("--run-dir", default=str(RUNS / "up"), help="data and logs (kept between runs)")
+    p_up.add_argument("--no-host", action="store_true", help="servers only (run `func start` yourself)")
+    p_up.add_argument("--free-ports", action="store_true",
+                      help="free ports instead of the template's fixed ones (printed when ready)")
+    p_up.add_argument("--base-port", type=int, default=0,
+                      help="seven consecutive ports from this one instead of the template's "
+                           "(blob, queue, table, cosmos, servicebus, remote, host)")
+    p_status = sub.add_parser("status", help="show stacks found in run directories")
+    p_status.add_argument("--run-dir", default=None, help="one run directory (default: all under .devstack/)")
+    p_down = sub.add_parser("down", help="stop stacks found in run directories, left by earlier runs too")
+    p_down.add_argument("--run-dir", default=None, help="one run directory (default: all under .devstack/)")
+    args = parser.parse_args(argv)
+    return {"up": up, "status": status, "down": down}[args.command](args)
 
 
 if __name__ == "__main__":

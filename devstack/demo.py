@@ -38,6 +38,7 @@ from adapters.settings import load_settings
 from adapters.state_store import CosmosStateStore
 from cli.orders import generate
 from devstack.invariants import observe, records_with_prefix, violations
+from devstack.process import exit_on_signals
 from devstack.stack import REPO, Stack
 from domain.codec import encode
 from domain.models import TERMINAL_STATES, OrderState, ProcessState
@@ -225,11 +226,18 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     run_dir = Path(args.run_dir or REPO / ".devstack" / f"demo-{datetime.now(UTC):%Y%m%d-%H%M%S}")
     stack = Stack(run_dir, overrides=DEMO_SETTINGS)
+    # SIGTERM (a CI timeout, a process manager) and SIGHUP (a closed terminal)
+    # stop the stack as Ctrl-C does; a SIGKILL is left to the reaper.
+    exit_on_signals()
     console.print(f"demo: starting the local stack in {run_dir}")
     try:
         stack.start()
         return asyncio.run(Demo(stack, args.orders, args.timeout).run())
+    except KeyboardInterrupt:
+        console.print("demo: interrupted")
+        return 130
     finally:
+        console.print("demo: stopping the local stack")
         stack.stop()
         console.print(f"demo: logs in {run_dir / 'logs'}")
 

@@ -6,20 +6,39 @@ Used by `python -m devstack up`, `make demo` and the end-to-end tests. Each
 server gets a port (fixed for `up`, free ones for tests), its output goes to a
 log file in the run directory, and it counts as ready when its port accepts a
 connection. `Stack.settings` is the environment the app and the tools need to
-reach them, with the same names as local.settings.json."""
+reach them, with the same names as local.settings.json.
+
+Processes are started through devstack.process, so they die with the process
+that started the stack however it ends; a running stack keeps a state file
+(stack.json) in its run directory, which `python -m devstack status` and
+`down` read to find and stop a stack left by an earlier run."""
 
 from __future__ import annotations
 
 import json
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+from devstack.process import (
+    STOP_TIMEOUT,
+    TAG_ENV,
+    Child,
+    ChildStartError,
+    describe,
+    free_ports,
+    port_open,
+    port_owner,
+    processes_with,
+    reaper_pid,
+    shutting_down,
+    terminate,
+    wait_listening,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 SERVICEBUS_CONFIG = REPO / "devstack" / "servicebus" / "Config.json"
@@ -33,16 +52,8 @@ class StackError(RuntimeError):
     """A server could not start; the message names it and its log file."""
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def port_open(port: int) -> bool:
-    with socket.socket() as s:
-        s.settimeout(0.2)
-        return s.connect_ex(("127.0.0.1", port)) == 0
+# The state file a running stack keeps in its run directory, for `down` and `status`.
+STATE_FILE = "stack.json"
 
 
 @dataclass
@@ -57,7 +68,17 @@ class Ports:
 
     @classmethod
     def free(cls) -> Ports:
-        return cls(*(free_port() for _ in range(7)))
+        return cls(*free_ports(7))
+
+    def named(self) -> dict[str, int]:
+        """What each port is for, e.g. {'azurite blob': 10000, ...}."""
+        return {("azurite " + k if k in ("blob", "queue", "table") else k): v
+                for k, v in asdict(self).items()}
+
+    def taken(self) -> dict[str, str]:
+        """Ports something already listens on: {'cosmos 8081': 'pid 12 (node ...)'}."""
+        return {f"{name} {port}": port_owner(port)
+                for name, port in self.named().items() if port_open(port)}
 
 
 @dataclass
@@ -67,45 +88,36 @@ class Server:
     port: int
     log: Path
     env: dict[str, str] | None = None
-    process: subprocess.Popen | None = None
+    tag: str | None = None
+    child: Child | None = None
+
+    @property
+    def process(self) -> subprocess.Popen | None:
+        return self.child.process if self.child else None
 
     def start(self) -> None:
         self.log.parent.mkdir(parents=True, exist_ok=True)
-        out = open(self.log, "ab")  # noqa: SIM115 - owned by the child for its lifetime
-        self.process = subprocess.Popen(
-            self.argv, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, env=self.env,
-            start_new_session=True,
-        )
+        with open(self.log, "ab") as out:  # the child keeps its own copy of the descriptor
+            self.child = Child.start(self.name, self.argv, env=self.env, tag=self.tag,
+                                     stdout=out, stderr=subprocess.STDOUT)
 
     def wait_ready(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise StackError(f"{self.name} exited with {self.process.returncode}; see {self.log}")
-            if port_open(self.port):
-                return
-            time.sleep(0.1)
-        raise StackError(f"{self.name} not ready on port {self.port} after {timeout:.0f}s; see {self.log}")
+        try:
+            wait_listening(self.child, self.port, timeout, self.log)
+        except ChildStartError as exc:
+            raise StackError(str(exc)) from None
 
     def alive(self) -> bool:
-        return self.process is not None and self.process.poll() is None
+        return self.child is not None and self.child.alive()
 
-    def stop(self, sig: int = signal.SIGTERM, timeout: float = 10) -> None:
-        if not self.alive():
-            return
-        try:
-            os.killpg(self.process.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            self.process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait()
+    def stop(self, timeout: float = STOP_TIMEOUT) -> None:
+        if self.child is not None:
+            self.child.stop(timeout)
 
     def kill(self) -> None:
         """kill -9: the crash the fault tests and the demo inject."""
-        self.stop(signal.SIGKILL)
+        if self.child is not None:
+            self.child.kill()
 
 
 def app_settings(ports: Ports, overrides: dict[str, str] | None = None) -> dict[str, str]:
@@ -148,6 +160,11 @@ class Stack:
     def settings(self) -> dict[str, str]:
         return app_settings(self.ports, self.overrides)
 
+    @property
+    def tag(self) -> str:
+        """What every server of this stack carries in DEVSTACK_TAG: the run directory."""
+        return str(self.run_dir.resolve())
+
     def _env(self) -> dict[str, str]:
         return {**os.environ, **self.settings, "PYTHONUNBUFFERED": "1"}
 
@@ -188,24 +205,32 @@ class Stack:
             env=self._env(),
         )
 
+    def _launch(self, server: Server) -> None:
+        server.tag = self.tag
+        if server.env is None:
+            server.env = self._env()
+        server.start()
+        self.servers[server.name] = server
+        self._write_state()
+
     def start(self, timeout: float = 60) -> Stack:
+        """Start every server and wait until each answers. If one fails (or a
+        stop signal comes) those already started are stopped before raising."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
         try:
             # The servers start together; the host only once they all answer,
             # because it refuses to start against an unreachable dependency.
             servers = self._servers()
             for server in servers:
-                if server.env is None:
-                    server.env = self._env()
                 if server.name != "host":
-                    server.start()
-                    self.servers[server.name] = server
-            for server in self.servers.values():
+                    if shutting_down():
+                        raise StackError("start abandoned, stopping")
+                    self._launch(server)
+            for server in list(self.servers.values()):
                 server.wait_ready(timeout)
             for server in servers:
                 if server.name == "host":
-                    server.start()
-                    self.servers[server.name] = server
+                    self._launch(server)
                     server.wait_ready(timeout)
         except BaseException:
             self.stop()
@@ -216,6 +241,7 @@ class Stack:
         server = self.servers[name]
         server.stop()
         server.start()
+        self._write_state()
         server.wait_ready(timeout)
 
     def replace_host(self, extra_env: dict[str, str] | None = None, timeout: float = 60) -> Server:
@@ -226,8 +252,7 @@ class Stack:
             old.stop()
         server = self.host_server()
         server.env = {**self._env(), **(extra_env or {})}
-        server.start()
-        self.servers["host"] = server
+        self._launch(server)
         server.wait_ready(timeout)
         return server
 
@@ -235,8 +260,37 @@ class Stack:
         return [name for name, s in self.servers.items() if not s.alive()]
 
     def stop(self) -> None:
-        for server in reversed(list(self.servers.values())):
-            server.stop()
+        """The host first (it drains its in-flight work against live
+        dependencies), then the other servers together."""
+        host = self.servers.get("host")
+        if host is not None:
+            host.stop()
+        others = [s.child for name, s in reversed(self.servers.items())
+                  if name != "host" and s.child is not None]
+        for child in others:
+            child.terminate()
+        deadline = time.monotonic() + STOP_TIMEOUT
+        for child in others:
+            child.stop(max(0.1, deadline - time.monotonic()))
+        if not any(s.alive() for s in self.servers.values()):
+            (self.run_dir / STATE_FILE).unlink(missing_ok=True)
+
+    def _write_state(self) -> None:
+        """Who runs this stack, for `python -m devstack down` after a crash."""
+        import psutil
+
+        state = {
+            "owner": os.getpid(),
+            "owner_started": psutil.Process().create_time(),
+            "reaper": reaper_pid(),
+            "tag": self.tag,
+            "servers": {name: {"pid": s.child.pid if s.child else None, "port": s.port, "log": str(s.log)}
+                        for name, s in self.servers.items()},
+        }
+        path = self.run_dir / STATE_FILE
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(state, indent=2))
+        tmp.replace(path)
 
     def clean(self) -> None:
         shutil.rmtree(self.run_dir, ignore_errors=True)
@@ -246,3 +300,75 @@ class Stack:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+# --- stacks left behind: `python -m devstack status` and `down` ---------------------------
+
+
+@dataclass
+class LeftStack:
+    """A run directory with a state file: what `status` shows and `down` stops."""
+
+    run_dir: Path
+    state: dict
+    owner_alive: bool
+    processes: list  # psutil.Process of every live process tagged with the run dir
+
+    @property
+    def running(self) -> bool:
+        return self.owner_alive or bool(self.processes)
+
+
+def _owner_alive(state: dict) -> bool:
+    import psutil
+
+    try:
+        p = psutil.Process(state["owner"])
+        # pids are reused: only the process that wrote the file counts
+        return abs(p.create_time() - state.get("owner_started", 0)) < 1 and p.status() != psutil.STATUS_ZOMBIE
+    except (psutil.Error, KeyError, TypeError):
+        return False
+
+
+def find_stacks(run_dirs: list[Path]) -> list[LeftStack]:
+    found = []
+    for run_dir in run_dirs:
+        path = run_dir / STATE_FILE
+        try:
+            state = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        tag = state.get("tag") or str(run_dir.resolve())
+        found.append(LeftStack(run_dir, state, _owner_alive(state), processes_with(TAG_ENV, tag)))
+    return found
+
+
+def stack_status(left: LeftStack) -> list[str]:
+    state = left.state
+    lines = [f"{left.run_dir}: {'running' if left.running else 'stopped'}; owner pid {state.get('owner')} "
+             f"{'alive' if left.owner_alive else 'gone'}"]
+    for name, s in state.get("servers", {}).items():
+        listening = port_open(s["port"])
+        who = port_owner(s["port"]) if listening else "nothing"
+        lines.append(f"  {name:<10} port {s['port']:<5} {'listening: ' + who if listening else 'free'}")
+    for p in left.processes:
+        lines.append(f"  process    {describe(p.pid)}")
+    return lines
+
+
+def stop_left_stack(left: LeftStack, timeout: float = 20) -> list[str]:
+    """Stop a stack found in a run directory: its owner first (it stops its
+    servers in order), then every process still tagged with the run dir."""
+    import psutil
+
+    said = []
+    if left.owner_alive:
+        owner = psutil.Process(left.state["owner"])
+        said.append(f"stopping owner {describe(owner.pid)}")
+        terminate([owner], timeout=timeout)
+    leftovers = processes_with(TAG_ENV, left.state.get("tag") or str(left.run_dir.resolve()))
+    if leftovers:
+        said.append("stopping " + ", ".join(describe(p.pid) for p in leftovers))
+        terminate(leftovers)
+    (left.run_dir / STATE_FILE).unlink(missing_ok=True)
+    return said

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import threading
@@ -15,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from adapters.settings import LOCAL_COSMOS_KEY
+from devstack.process import Child
 
 LAUNCHER = Path(__file__).with_name("launcher.js")
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -46,7 +46,7 @@ class CosmosServer:
     expired), so clients connect with verify_tls=False."""
 
     endpoint: str
-    process: subprocess.Popen[str]
+    child: Child
     key: str = LOCAL_KEY
     output: deque[str] = field(default_factory=lambda: deque(maxlen=200))
 
@@ -58,14 +58,12 @@ class CosmosServer:
     def port(self) -> int:
         return int(self.endpoint.rstrip("/").rsplit(":", 1)[1])
 
+    @property
+    def process(self) -> subprocess.Popen[str]:
+        return self.child.process
+
     def stop(self, timeout: float = 10) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout)
+        self.child.stop(timeout)
 
     def __enter__(self) -> CosmosServer:
         return self
@@ -83,15 +81,16 @@ def start_server(
     command = [sys.executable, "-m", "devstack.cosmos", "--port", str(port), "--host", host]
     if faults:
         command += ["--faults", faults]
-    process = subprocess.Popen(
+    child = Child.start(
+        "cosmos",
         command,
         cwd=REPO_ROOT,
-        stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
         env={**os.environ, "NODE_NO_WARNINGS": "1"},
     )
+    process = child.process
     output: deque[str] = deque(maxlen=200)
     ready = threading.Event()
     found: list[str] = []
@@ -100,12 +99,15 @@ def start_server(
         # Keep reading after the ready line so the pipe never fills up and
         # blocks the server; the tail is kept for error reports.
         assert process.stdout is not None
-        for line in process.stdout:
-            output.append(line.rstrip())
-            match = _READY.search(line)
-            if match and not found:
-                found.append(match.group(1))
-                ready.set()
+        try:
+            for line in process.stdout:
+                output.append(line.rstrip())
+                match = _READY.search(line)
+                if match and not found:
+                    found.append(match.group(1))
+                    ready.set()
+        except (OSError, ValueError):
+            pass  # the pipe was closed by stop()
         ready.set()
 
     threading.Thread(target=pump, name="cosmosdb-server-output", daemon=True).start()
@@ -114,8 +116,7 @@ def start_server(
         if time.monotonic() > deadline:
             break
     if not found:
-        process.kill()
-        process.wait()
+        child.kill()
         tail = "\n".join(output) or "(no output)"
         raise ServerStartError(f"the local Cosmos DB server did not start:\n{tail}")
-    return CosmosServer(endpoint=found[0], process=process, output=output)
+    return CosmosServer(endpoint=found[0], child=child, output=output)

@@ -8,6 +8,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 
 from .errors import HostError
 from .runtime import Host, HostOptions
@@ -31,7 +32,11 @@ def parse_args(argv: list[str] | None = None) -> HostOptions:
                    help="a dead host's orchestrations and activities are taken over after this long")
     p.add_argument("--host-id", default=None, help="host id for timer singleton leases (default: from --app)")
     p.add_argument("--log-level", default=os.environ.get("DEVSTACK_HOST_LOG", "INFO"))
+    p.add_argument("--drain-seconds", type=float, default=DRAIN_SECONDS,
+                   help="after SIGTERM/SIGINT, how long in-flight work may take before the process exits anyway")
     a = p.parse_args(argv)
+    global _drain_seconds
+    _drain_seconds = a.drain_seconds
     logging.basicConfig(level=a.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for noisy in ("azure", "uamqp", "aiohttp.access"):
@@ -41,11 +46,41 @@ def parse_args(argv: list[str] | None = None) -> HostOptions:
                        host_id=a.host_id)
 
 
+# A stop drains in-flight work (Service Bus invocations finish and settle,
+# running orchestration episodes and activities finish, timer functions
+# return) for at most this long; then the process exits without waiting
+# further. Anything cut short is what a crash leaves, which the host recovers
+# from by design (message locks expire, orchestration leases are taken over).
+DRAIN_SECONDS = 5.0
+_drain_seconds = DRAIN_SECONDS
+log = logging.getLogger("devstack.host")
+
+
+def _hard_exit(reason: str, code: int) -> None:
+    log.warning("%s; exiting now", reason)
+    logging.shutdown()
+    os._exit(code)
+
+
 async def _main(options: HostOptions) -> None:
     host = Host(options)
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, host.stop)
+
+    def on_signal(sig: signal.Signals) -> None:
+        if host_stopping.is_set():
+            _hard_exit(f"second {sig.name} while draining", 128 + sig)
+        host_stopping.set()
+        log.info("%s: draining in-flight work for up to %.0fs", sig.name, _drain_seconds)
+        host.stop()
+        # A thread, not the loop: a drain stuck in a blocking call must not hold the exit.
+        timer = threading.Timer(_drain_seconds, _hard_exit,
+                                (f"drain not finished after {_drain_seconds:.0f}s", 128 + sig))
+        timer.daemon = True
+        timer.start()
+
+    host_stopping = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        loop.add_signal_handler(sig, on_signal, sig)
     await host.run()
 
 

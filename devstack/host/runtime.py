@@ -52,9 +52,9 @@ class HostOptions:
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    from devstack.process import free_port  # the stack's one port helper
+
+    return free_port()
 
 
 class Host:

@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import os
-import select
-import signal
 import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
+from devstack.process import Child, read_line
 from devstack.remote_service.__main__ import READY_PREFIX
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -27,39 +25,34 @@ class RemoteServiceProcess:
         port: the port it listens on (reuse it to restart at the same URL).
     """
 
-    process: subprocess.Popen[str]
+    child: Child
     url: str
     port: int
     log_path: Path
     state_file: Path | None = None
     _log_file: TextIO | None = field(default=None, repr=False)
 
+    @property
+    def process(self) -> subprocess.Popen[str]:
+        return self.child.process
+
     def stop(self, timeout: float = 10.0) -> int:
         """SIGTERM, then SIGKILL if it does not stop in time; returns the exit
         code. The log is removed when we stopped it; one that ended on its own
         keeps its log for whoever wants to know why."""
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout)
-            self._close_files()
-            self.log_path.unlink(missing_ok=True)
+        ran = self.child.alive()
+        code = self.child.stop(timeout)
         self._close_files()
-        return self.process.returncode
+        if ran:
+            self.log_path.unlink(missing_ok=True)
+        return code
 
     def kill(self) -> None:
         """Die at once, like a crashed host."""
-        if self.process.poll() is None:
-            self.process.kill()
-        self.process.wait(10)
+        self.child.kill()
         self._close_files()
 
     def _close_files(self) -> None:
-        if self.process.stdout and not self.process.stdout.closed:
-            self.process.stdout.close()
         if self._log_file is not None and not self._log_file.closed:
             self._log_file.close()
 
@@ -88,28 +81,21 @@ def start_remote_service(
     fd, log_name = tempfile.mkstemp(prefix="remote-service-", suffix=".log")
     log_file = os.fdopen(fd, "w")
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    process = subprocess.Popen(
-        args, cwd=ROOT, stdout=subprocess.PIPE, stderr=log_file, text=True, env=env
+    child = Child.start(
+        "remote-service", args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=log_file, text=True
     )
-    deadline = time.monotonic() + ready_timeout
-    assert process.stdout is not None
-    line = ""
-    while time.monotonic() < deadline and process.poll() is None:
-        ready, _, _ = select.select([process.stdout], [], [], 0.1)
-        if ready:
-            line = process.stdout.readline()
-            break
+    assert child.process.stdout is not None
+    line = read_line(child.process.stdout, ready_timeout)
     if not line.startswith(READY_PREFIX):
-        process.kill()
-        process.wait(10)
+        child.kill()
         log_file.close()
         raise RuntimeError(
-            f"remote service did not start (exit {process.returncode}, said {line!r}):\n"
+            f"remote service did not start (exit {child.returncode}, said {line!r}):\n"
             + Path(log_name).read_text()[-2000:]
         )
     url = line[len(READY_PREFIX) :].strip()
     return RemoteServiceProcess(
-        process=process,
+        child=child,
         url=url,
         port=int(url.rsplit(":", 1)[1]),
         log_path=Path(log_name),

@@ -42,10 +42,9 @@ E2E_SETTINGS = {
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory) -> Stack:
     run_dir = tmp_path_factory.mktemp("stack")
-    stack = Stack(Path(run_dir), overrides=E2E_SETTINGS)
-    stack.start()
-    yield stack
-    stack.stop()
+    # start() stops what it started if a server fails; the block stops the rest.
+    with Stack(Path(run_dir), overrides=E2E_SETTINGS) as stack:
+        yield stack
 
 
 class E2E:

@@ -27,6 +27,7 @@ import pytest
 from azure.durable_functions.models.utils import http_utils
 
 from devstack.host.http_api import client_binding
+from devstack.process import Child
 
 ROOT = Path(__file__).resolve().parents[3]
 SAMPLE_APP = Path(__file__).resolve().parent / "sample_app"
@@ -46,6 +47,7 @@ class HostProcess:
         self.clock = clock
         self.log_path = log_path
         self.base = ""
+        self.child: Child | None = None
         self.proc: subprocess.Popen[str] | None = None
 
     def start(self) -> HostProcess:
@@ -57,9 +59,9 @@ class HostProcess:
                 env.pop(key, None)
             else:
                 env[key] = value
-        log = open(self.log_path, "a", encoding="utf-8")  # noqa: SIM115 - owned by the child
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=log, text=True)
-        log.close()
+        with open(self.log_path, "a", encoding="utf-8") as log:  # the child keeps its own copy
+            self.child = Child.start("host", cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=log, text=True)
+        self.proc = self.child.process
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
         assert self.proc.stdout is not None
         while time.monotonic() < deadline:
@@ -81,17 +83,13 @@ class HostProcess:
 
     def kill(self) -> None:
         """SIGKILL: no shutdown code runs."""
-        if self.proc and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(10)
+        if self.child is not None:
+            self.child.kill()
 
     def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.kill()
+        if self.child is not None and self.child.alive():
+            self.child.signal(signal.SIGINT)  # Ctrl-C, as a developer stops it
+            self.child.stop(15)
 
     @property
     def client(self) -> df.DurableOrchestrationClient:
