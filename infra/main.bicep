@@ -370,6 +370,7 @@ module alerts 'app/alerts.bicep' = {
     serviceBusNamespaceId: messaging.outputs.namespaceId
     actionGroupId: actionGroup.outputs.id
     pendingBacklogThreshold: pendingBacklogAlertThreshold
+    ingressQueueNames: messaging.outputs.ingressQueueNames
   }
 }
 

@@ -152,6 +152,7 @@ module namespace '../core/messaging/servicebus.bicep' = {
 }
 
 output ingressQueueRegistry object = toObject(clientApplications, app => app.appId, app => 'orders-${app.appId}')
+output ingressQueueNames string[] = [for app in clientApplications: 'orders-${app.appId}']
 output namespaceId string = namespace.outputs.id
 output namespaceName string = namespace.outputs.name
 output fullyQualifiedNamespace string = namespace.outputs.fullyQualifiedNamespace
