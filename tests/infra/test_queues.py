@@ -275,3 +275,14 @@ def test_readme_states_the_computed_numbers():
     lock = bicep_queues()["agent-requests"]["lockDuration"]
     assert lock in readme
 
+
+
+def test_namespace_module_deploys_every_queue_list():
+    """bicep_queues() reads the three lists; this checks all three reach the namespace."""
+    queues = parse(MESSAGING)["modules"]["namespace"]["config"]["params"]["queues"]
+    assert queues == {
+        "function": {
+            "type": "concat",
+            "parameters": {"arg_1": "fixedQueues", "arg_2": "ingressQueues", "arg_3": "replyQueues"},
+        }
+    }
