@@ -234,7 +234,8 @@ module operatorStateData '../core/security/cosmos-sql-role.bicep' = [for operato
 }]
 
 module operatorQueueRoles '../core/security/servicebus-queue-role.bicep' = [for grant in operatorQueueGrants: {
-  name: take('rbac-op-${grant.queue}-${grant.role}-${uniqueString(grant.principalId)}', 64)
+  // The hash first: take() must not cut what tells two grants apart.
+  name: take('rbac-op-${uniqueString(grant.principalId, grant.queue, grant.role)}-${grant.queue}', 64)
   params: {
     namespaceName: serviceBusNamespaceName
     queueName: grant.queue

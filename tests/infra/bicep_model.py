@@ -17,6 +17,7 @@ shape the helpers below:
 from __future__ import annotations
 
 import ast
+import hashlib
 import json
 import re
 from functools import cache
@@ -267,6 +268,11 @@ def evaluate(value: Any, env: dict[str, Any], doc: dict[str, Any]) -> Any:
         raise ValueError(f"cannot evaluate {v!r}")
 
     def _path(expr: str, scope: dict[str, Any]) -> Any:
+        call = re.fullmatch(r"\s*uniqueString\((.*)\)\s*", expr)
+        if call:
+            # Deterministic like ARM's (not the same hash): equal inputs, equal output.
+            parts = [str(_path(arg, scope)) for arg in call.group(1).split(",")]
+            return hashlib.sha256("|".join(parts).encode()).hexdigest()[:13]
         head, *rest = expr.strip().split(".")
         value = ev(head, scope)
         for part in rest:

@@ -302,3 +302,26 @@ def test_cosmos_role_is_scoped_to_one_database():
     text = (SECURITY / "cosmos-sql-role.bicep").read_text()
     assert "scope: '${account.id}/dbs/${databaseName}'" in text
     assert "roleDefinitionId: '${account.id}/sqlRoleDefinitions/${sqlRoleDefinitionId}'" in text
+
+
+def test_deployment_names_stay_unique_within_64_characters():
+    """Module deployment names are cut to 64 characters; two grants must never
+    end up with one name (the second would overwrite the first)."""
+    doc = parse(RBAC)
+    clients = [
+        dict(c, appId=f"{c['appId']}-with-a-long-suffix", replyQueueName=f"replies-{c['appId']}-with-a-long-suffix",
+             principalId=f"principal-{i}")
+        for i, c in enumerate(_clients_with_identity())
+    ]
+    env = _env(clients, ["11111111-1111-1111-1111-111111111111", "22222222-2222-2222-2222-222222222222"], True)
+    names = []
+    for module in doc["modules"].values():
+        config = module["config"]
+        if "loop_type" in config:
+            detail = config["loop_type"]["detail"]
+            for item in evaluate(detail["array_name"], env, doc):
+                names.append(evaluate(config["config"]["name"], {**env, detail["item_name"]: item}, doc))
+        else:
+            names.append(evaluate((config.get("config") or config)["name"], env, doc))
+    assert all(len(n) <= 64 for n in names)
+    assert len(names) == len(set(names)), sorted(n for n in names if names.count(n) > 1)
