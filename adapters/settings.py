@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from functools import lru_cache
+from typing import Any
 
 from domain.state_machine import RetryPolicy
 
@@ -70,6 +71,9 @@ class Settings:
     supervisor_page_size: int = 100
     supervisor_scan: str = "query"
     retry: RetryPolicy = field(default_factory=RetryPolicy)
+    # Client id of the user-assigned identity the app runs as in Azure
+    # (AZURE_CLIENT_ID, set by infra/app/api.bicep); None elsewhere.
+    managed_identity_client_id: str | None = None
 
 
 def _int(env: Mapping[str, str], name: str, default: int, minimum: int = 0) -> int:
@@ -189,7 +193,32 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         supervisor_page_size=_int(env, "SUPERVISOR_PAGE_SIZE", 100, 1),
         supervisor_scan=_choice(env, "SUPERVISOR_SCAN", ("query", "index"), "query"),
         retry=retry,
+        managed_identity_client_id=env.get("AZURE_CLIENT_ID") or None,
     )
+
+
+# Set by App Service and Functions wherever a managed identity can be used.
+MANAGED_IDENTITY_ENDPOINTS = ("IDENTITY_ENDPOINT", "MSI_ENDPOINT")
+
+
+def azure_credential(client_id: str | None, env: Mapping[str, str] | None = None) -> Any:
+    """The async token credential for identity-based connections.
+
+    In Azure, with the app's user-assigned identity named: a
+    ManagedIdentityCredential for exactly that identity. No chain is probed, so
+    a wrong setting fails with that identity's error instead of quietly using
+    another one (and no time is spent trying the chain's other members).
+    Elsewhere (an operator running the CLI against Azure, a developer's
+    machine): DefaultAzureCredential, which finds `az login` and the like.
+    The caller closes it (`await credential.close()`)."""
+    env = os.environ if env is None else env
+    if client_id and any(env.get(name) for name in MANAGED_IDENTITY_ENDPOINTS):
+        from azure.identity.aio import ManagedIdentityCredential
+
+        return ManagedIdentityCredential(client_id=client_id)
+    from azure.identity.aio import DefaultAzureCredential
+
+    return DefaultAzureCredential()
 
 
 @lru_cache(maxsize=1)

@@ -28,6 +28,8 @@ param cosmosAccountName string = ''
 param ordersCosmosAccountName string = ''
 param logAnalyticsName string = ''
 param applicationInsightsName string = ''
+param identityName string = ''
+param durableTaskSchedulerName string = ''
 
 // SKUs and sizes.
 @description('Standard or Premium: Basic has no duplicate detection.')
@@ -106,8 +108,43 @@ param inlineSteps string = ''
 @minValue(1)
 param maxRemoteStepsPerAttempt int = 6
 
+// Durable Functions backend.
+@description('azureStorage: the task hub lives in the host storage account (host.json as written). durableTaskScheduler: a Durable Task Scheduler and task hub are deployed and app settings switch the provider to it. Switching strands in-flight orchestrations (infra/README.md, "Choosing the Durable backend").')
+@allowed(['azureStorage', 'durableTaskScheduler'])
+param durableBackend string = 'azureStorage'
+@allowed(['Consumption', 'Dedicated'])
+param durableTaskSchedulerSku string = 'Consumption'
+@description('CIDR ranges admitted to the scheduler (see core/durable/durable-task-scheduler.bicep).')
+param durableTaskSchedulerIpAllowlist string[] = [
+  '0.0.0.0/0'
+]
+
+// Timing on Flex Consumption (infra/README.md, "Timing on Flex").
+@description('Always-ready instances of the durable group (orchestrators and activities). At least 1: an orchestration the Starter starts must not wait for the group to scale from zero.')
+@minValue(1)
+param durableAlwaysReadyInstances int = 1
+@description('Seconds a function group takes to go from zero instances to running the first message: scale decision, instance start, Python worker and host start-up. An assumption to measure (infra/README.md shows the query); it sizes the deadlines below.')
+@minValue(1)
+param flexStartupSeconds int = 20
+@description('Seconds the Agent needs for its remote work of one step, one retry included (AGENT_CALL_TIMEOUT_SECONDS is 10).')
+@minValue(1)
+param agentWorkSeconds int = 20
+@description('Margin on each deadline for store calls, clock skew and queueing.')
+@minValue(0)
+param deadlineMarginSeconds int = 10
+
+// Operators (python -m cli, Data Explorer).
+@description('Object id of the identity running azd (azd sets AZURE_PRINCIPAL_ID); it gets the operator grants. Empty grants nothing.')
+param principalId string = ''
+@description('Comma-separated object ids of further operators (azd: OPERATOR_PRINCIPAL_IDS).')
+param operatorPrincipalIds string = ''
+@description('Type of every operator principal (azd: AZURE_PRINCIPAL_TYPE; a CI service principal is ServicePrincipal).')
+@allowed(['User', 'Group', 'ServicePrincipal'])
+param operatorPrincipalType string = 'User'
+
 // Alerting.
-param alertEmailAddresses string[] = []
+@description('Comma-separated e-mail addresses that receive the alerts (azd: ALERT_EMAIL_ADDRESSES). Empty: the alerts fire and reach nobody.')
+param alertEmailAddresses string = ''
 @description('Pending backlog that raises an alert; defaults to 80% of pendingBacklogLimit.')
 param pendingBacklogAlertThreshold int = (pendingBacklogLimit * 8) / 10
 
@@ -126,6 +163,39 @@ var names = {
   logAnalytics: (!empty(logAnalyticsName)) ? logAnalyticsName : 'log-orders-${resourceToken}'
   appInsights: (!empty(applicationInsightsName)) ? applicationInsightsName : 'appi-orders-${resourceToken}'
   actionGroup: 'ag-orders-${resourceToken}'
+  identity: (!empty(identityName)) ? identityName : 'id-orders-${resourceToken}'
+  durableTaskScheduler: (!empty(durableTaskSchedulerName)) ? durableTaskSchedulerName : 'dts-orders-${resourceToken}'
+}
+var useScheduler = durableBackend == 'durableTaskScheduler'
+
+// host.json: extensions.durableTask.storageProvider.maxQueuePollingInterval
+// (tests/infra check the two agree).
+var durableQueuePollingSeconds = 2
+// The deadlines deployed to Azure: the parameters above, raised to what Flex
+// needs. A claim waits for the orchestration's start to be picked up (one
+// control-queue poll, one work-item poll) and, beyond the always-ready
+// instance, for one scale-out. A step waits for the Agent's function to scale
+// from zero, the remote work, the reply bridge's function to scale from zero,
+// and one control-queue poll for the raised event.
+var claimFloorSeconds = flexStartupSeconds + (2 * durableQueuePollingSeconds) + deadlineMarginSeconds
+var stepFloorSeconds = (2 * flexStartupSeconds) + agentWorkSeconds + durableQueuePollingSeconds + deadlineMarginSeconds
+var azureClaimTimeoutSeconds = max(claimTimeoutSeconds, claimFloorSeconds)
+var azureStepTimeoutSeconds = max(stepTimeoutSeconds, stepFloorSeconds)
+
+var alertEmails = filter(map(split(alertEmailAddresses, ','), address => trim(address)), address => !empty(address))
+var operatorIdsGiven = filter(map(split('${principalId},${operatorPrincipalIds}', ','), id => trim(id)), id => !empty(id))
+// Each once (azd's own principal is often also listed among the operators):
+// union() of arrays keeps one copy of each value, within an array too.
+var operators = union(operatorIdsGiven, [])
+
+// Created before everything that grants it access, and before the app.
+module identity 'core/identity/user-assigned-identity.bicep' = {
+  name: 'identity'
+  params: {
+    name: names.identity
+    location: location
+    tags: tags
+  }
 }
 // Flex Consumption reads the deployment package from this blob container.
 var deploymentContainerName = 'app-package-${take(resourceToken, 7)}'
@@ -162,9 +232,10 @@ module messaging 'app/messaging.bicep' = {
     tags: tags
     skuName: serviceBusSku
     clientApplications: clientApplications
+    logAnalyticsWorkspaceId: monitoring.outputs.logAnalyticsWorkspaceId
     ordersQueueMaxSizeInMegabytes: ordersQueueMaxSizeInMegabytes
-    claimTimeoutSeconds: claimTimeoutSeconds
-    stepTimeoutSeconds: stepTimeoutSeconds
+    claimTimeoutSeconds: azureClaimTimeoutSeconds
+    stepTimeoutSeconds: azureStepTimeoutSeconds
     failureThreshold: failureThreshold
     longRetries: longRetries
     longRetryDelaySeconds: longRetryDelaySeconds
@@ -182,6 +253,7 @@ module stateStore 'app/state-store.bicep' = {
     ordersInSeparateAccount: ordersInSeparateAccount
     location: location
     tags: tags
+    logAnalyticsWorkspaceId: monitoring.outputs.logAnalyticsWorkspaceId
     capacityMode: cosmosCapacityMode
     autoscaleMaxThroughput: cosmosAutoscaleMaxThroughput
     stateDatabaseName: stateDatabaseName
@@ -189,6 +261,18 @@ module stateStore 'app/state-store.bicep' = {
     recoveryIndexContainerName: recoveryIndexContainerName
     ordersDatabaseName: ordersDatabaseName
     ordersContainerName: ordersContainerName
+  }
+}
+
+module durableTaskScheduler 'core/durable/durable-task-scheduler.bicep' = if (useScheduler) {
+  name: 'durable-task-scheduler'
+  params: {
+    name: names.durableTaskScheduler
+    location: location
+    tags: tags
+    taskHubName: taskHubName
+    skuName: durableTaskSchedulerSku
+    ipAllowlist: durableTaskSchedulerIpAllowlist
   }
 }
 
@@ -201,6 +285,14 @@ module api 'app/api.bicep' = {
     tags: tags
     instanceMemoryMB: instanceMemoryMB
     maximumInstanceCount: maximumInstanceCount
+    identityId: identity.outputs.id
+    identityClientId: identity.outputs.clientId
+    alwaysReady: [
+      {
+        name: 'durable'
+        instanceCount: durableAlwaysReadyInstances
+      }
+    ]
     storageAccountName: storage.outputs.name
     deploymentContainerName: deploymentContainerName
     applicationInsightsName: monitoring.outputs.applicationInsightsName
@@ -210,6 +302,9 @@ module api 'app/api.bicep' = {
     clientApplications: clientApplications
     remoteServiceUrl: remoteServiceUrl
     taskHubName: taskHubName
+    durableBackend: durableBackend
+    durableTaskSchedulerEndpoint: useScheduler ? durableTaskScheduler.outputs.endpoint : ''
+    ingressQueueRegistry: messaging.outputs.ingressQueueRegistry
     stateDatabaseName: stateDatabaseName
     stateContainerName: stateContainerName
     recoveryIndexContainerName: recoveryIndexContainerName
@@ -219,8 +314,8 @@ module api 'app/api.bicep' = {
     backlogGaugeMaxAgeSeconds: backlogGaugeMaxAgeSeconds
     maxOrderBytes: maxOrderBytes
     maxProcessing: maxProcessing
-    claimTimeoutSeconds: claimTimeoutSeconds
-    stepTimeoutSeconds: stepTimeoutSeconds
+    claimTimeoutSeconds: azureClaimTimeoutSeconds
+    stepTimeoutSeconds: azureStepTimeoutSeconds
     failureThreshold: failureThreshold
     longRetryDelaySeconds: longRetryDelaySeconds
     longRetries: longRetries
@@ -231,12 +326,16 @@ module api 'app/api.bicep' = {
     supervisorScan: supervisorScan
     inlineSteps: inlineSteps
   }
+  // The app starts (and Flex reads its package) with its grants in place.
+  dependsOn: [
+    rbac
+  ]
 }
 
 module rbac 'app/rbac.bicep' = {
   name: 'rbac'
   params: {
-    functionAppPrincipalId: api.outputs.principalId
+    functionAppPrincipalId: identity.outputs.principalId
     clientApplications: clientApplications
     serviceBusNamespaceName: messaging.outputs.namespaceName
     storageAccountName: storage.outputs.name
@@ -245,6 +344,9 @@ module rbac 'app/rbac.bicep' = {
     ordersCosmosAccountName: stateStore.outputs.ordersAccountName
     stateDatabaseName: stateDatabaseName
     ordersDatabaseName: ordersDatabaseName
+    durableTaskSchedulerName: useScheduler ? durableTaskScheduler.outputs.name : ''
+    operatorPrincipalIds: operators
+    operatorPrincipalType: operatorPrincipalType
   }
 }
 
@@ -254,7 +356,7 @@ module actionGroup 'core/monitor/action-group.bicep' = {
     name: names.actionGroup
     shortName: 'orders-ops'
     tags: tags
-    emailAddresses: alertEmailAddresses
+    emailAddresses: alertEmails
   }
 }
 
@@ -268,6 +370,7 @@ module alerts 'app/alerts.bicep' = {
     serviceBusNamespaceId: messaging.outputs.namespaceId
     actionGroupId: actionGroup.outputs.id
     pendingBacklogThreshold: pendingBacklogAlertThreshold
+    ingressQueueNames: messaging.outputs.ingressQueueNames
   }
 }
 
@@ -283,3 +386,9 @@ output ORDERS_COSMOS_ACCOUNT_ENDPOINT string = stateStore.outputs.ordersEndpoint
 output STORAGE_ACCOUNT_NAME string = storage.outputs.name
 output AGENT_QUEUES_DUPLICATE_DETECTION_WINDOW string = messaging.outputs.duplicateDetectionWindow
 output RETRY_BUDGET_SECONDS int = messaging.outputs.retryBudgetSeconds
+output CLAIM_TIMEOUT_SECONDS int = azureClaimTimeoutSeconds
+output STEP_TIMEOUT_SECONDS int = azureStepTimeoutSeconds
+output AZURE_FUNCTION_APP_CLIENT_ID string = identity.outputs.clientId
+output ORDER_INGRESS_QUEUES object = messaging.outputs.ingressQueueRegistry
+output DURABLE_BACKEND string = durableBackend
+output DURABLE_TASK_SCHEDULER_ENDPOINT string = useScheduler ? durableTaskScheduler.outputs.endpoint : ''

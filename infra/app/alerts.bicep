@@ -9,6 +9,8 @@ param actionGroupId string
 param pendingBacklogThreshold int
 @description('Alert when more than this many messages wait in the orders queue.')
 param ordersQueueBacklogThreshold int = 1000
+@description('The per-application ingress queues (orders-<appId>), watched like orders.')
+param ingressQueueNames string[] = []
 param namePrefix string
 
 // What the queries read (see infra/README.md, "What the alerts read"): the
@@ -39,6 +41,17 @@ var logAlerts = [
     description: 'An order reached CompensationFailed: a completed step could not be undone and needs an operator.'
     severity: 0
     query: '${operatorAlerts}\n| where AlertKind == "CompensationFailed"\n| summarize Orders = dcount(OrderID)'
+    measure: 'Orders'
+    threshold: 0
+  }
+  {
+    // A client posed as another: its body named another AppId than the
+    // ingress queue it arrived on, or a reply queue that is not its own.
+    name: 'client-impersonation'
+    displayName: 'A client application sent an order in another application\'s name'
+    description: 'Submit dead-lettered an order whose AppId or ReplyTo does not belong to the application whose ingress queue it came in on (AppIdMismatch, ReplyQueueNotAllowed). Find the sender in the Service Bus runtime audit logs.'
+    severity: 1
+    query: '${operatorAlerts}\n| where AlertKind in ("AppIdMismatch", "ReplyQueueNotAllowed")\n| summarize Orders = count()'
     measure: 'Orders'
     threshold: 0
   }
@@ -119,12 +132,12 @@ var queueAlerts = [
   }
   {
     name: 'orders-queue-backlog'
-    description: 'Orders are arriving faster than Submit accepts them.'
+    description: 'Orders are arriving faster than Submit accepts them (one time series per ingress queue).'
     severity: 2
     metricName: 'ActiveMessages'
-    entities: [
+    entities: concat([
       'orders'
-    ]
+    ], ingressQueueNames)
     threshold: ordersQueueBacklogThreshold
   }
 ]

@@ -1,4 +1,4 @@
-metadata description = 'The order-processing function app (Python 3.11, Flex Consumption) and its app settings. Every connection is identity-based: no key, SAS or connection string is set.'
+metadata description = 'The order-processing function app (Python 3.11, Flex Consumption) and its app settings. Every connection is identity-based, through the user-assigned identity named by clientId: no key, SAS or connection string is set.'
 
 import { clientApplication } from '../types.bicep'
 
@@ -12,6 +12,13 @@ param instanceMemoryMB int = 2048
 @maxValue(1000)
 param maximumInstanceCount int = 40
 
+@description('Resource id of the user-assigned identity the app runs as.')
+param identityId string
+@description('Client (application) id of that identity: every connection names it, so the host and the SDKs pick it and no other.')
+param identityClientId string
+@description('Always-ready instances ({ name, instanceCount }); the durable group needs one (see infra/README.md, "Timing on Flex").')
+param alwaysReady array
+
 param storageAccountName string
 param deploymentContainerName string
 param applicationInsightsName string
@@ -24,6 +31,13 @@ param clientApplications clientApplication[]
 param remoteServiceUrl string
 
 param taskHubName string
+@description('azureStorage: the task hub lives in the host storage account (host.json). durableTaskScheduler: the app settings below switch the provider to the scheduler.')
+@allowed(['azureStorage', 'durableTaskScheduler'])
+param durableBackend string = 'azureStorage'
+@description('The scheduler endpoint (durableTaskScheduler only).')
+param durableTaskSchedulerEndpoint string = ''
+@description('Client applications\' ingress queues: {appId: queue}. Submit listens on each; the AppId of an order is the queue it came from.')
+param ingressQueueRegistry object
 param stateDatabaseName string
 param stateContainerName string
 param recoveryIndexContainerName string
@@ -58,26 +72,42 @@ resource appInsights 'Microsoft.Insights/components@2020-02-02' existing = {
 // {appId: replyQueueName}: the only reply queues the app will send to.
 var replyQueueRegistry = toObject(clientApplications, app => app.appId, app => app.replyQueueName)
 
-var appSettings = {
-  // Host storage (AzureWebJobsStorage and the Durable task hub) through the
-  // system-assigned identity; one URI per service the host and Durable use.
+var appSettings = union(baseSettings, durableBackendSettings)
+
+var baseSettings = {
+  // Host storage (AzureWebJobsStorage and, with the azureStorage backend, the
+  // Durable task hub) through the user-assigned identity; one URI per service.
   AzureWebJobsStorage__blobServiceUri: storage.properties.primaryEndpoints.blob
   AzureWebJobsStorage__queueServiceUri: storage.properties.primaryEndpoints.queue
   AzureWebJobsStorage__tableServiceUri: storage.properties.primaryEndpoints.table
   AzureWebJobsStorage__credential: 'managedidentity'
+  AzureWebJobsStorage__clientId: identityClientId
   TASKHUB_NAME: taskHubName
+  // The SDK clients the app builds itself (azure-identity) take the identity
+  // from here: ManagedIdentityCredential(client_id=AZURE_CLIENT_ID), and
+  // DefaultAzureCredential honours it too.
+  AZURE_CLIENT_ID: identityClientId
 
   // The connection string only locates the component; ingestion is
   // authenticated with the app's identity (local auth is disabled on it).
   APPLICATIONINSIGHTS_CONNECTION_STRING: appInsights.properties.ConnectionString
-  APPLICATIONINSIGHTS_AUTHENTICATION_STRING: 'Authorization=AAD'
+  APPLICATIONINSIGHTS_AUTHENTICATION_STRING: 'ClientId=${identityClientId};Authorization=AAD'
+  // OpenTelemetry: the host emits OTel (not the classic SDK), and the Python
+  // worker forwards its logs and spans through the Azure Monitor distro, so
+  // custom dimensions and the W3C trace context reach Application Insights.
+  AzureFunctionsJobHost__telemetryMode: 'OpenTelemetry'
+  PYTHON_APPLICATIONINSIGHTS_ENABLE_TELEMETRY: 'true'
+  OTEL_SERVICE_NAME: 'order-processing'
 
   ServiceBusConnection__fullyQualifiedNamespace: serviceBusFullyQualifiedNamespace
   ServiceBusConnection__credential: 'managedidentity'
+  ServiceBusConnection__clientId: identityClientId
   CosmosDbConnection__accountEndpoint: cosmosEndpoint
   CosmosDbConnection__credential: 'managedidentity'
+  CosmosDbConnection__clientId: identityClientId
   OrdersDbConnection__accountEndpoint: ordersCosmosEndpoint
   OrdersDbConnection__credential: 'managedidentity'
+  OrdersDbConnection__clientId: identityClientId
   COSMOS_VERIFY_TLS: 'true'
 
   STATE_DATABASE_NAME: stateDatabaseName
@@ -87,6 +117,7 @@ var appSettings = {
   ORDERS_CONTAINER_NAME: ordersContainerName
 
   REPLY_QUEUE_REGISTRY: string(replyQueueRegistry)
+  ORDER_INGRESS_QUEUES: string(ingressQueueRegistry)
   REMOTE_SERVICE_URL: remoteServiceUrl
   PENDING_BACKLOG_LIMIT: string(pendingBacklogLimit)
   BACKLOG_GAUGE_MAX_AGE_SECONDS: string(backlogGaugeMaxAgeSeconds)
@@ -107,6 +138,16 @@ var appSettings = {
   // COSMOS_CREATE_CONTAINERS stays unset (false): these templates create the
   // databases and containers, and the app's data-plane role could not.
 }
+
+// host.json names the Azure Storage provider; an app setting of the form
+// AzureFunctionsJobHost__<path> overrides the host.json value at that path,
+// so the scheduler is selected here and host.json stays as it is.
+var durableBackendSettings = (durableBackend == 'durableTaskScheduler') ? {
+  AzureFunctionsJobHost__extensions__durableTask__storageProvider__type: 'azureManaged'
+  AzureFunctionsJobHost__extensions__durableTask__storageProvider__connectionStringName: 'DURABLE_TASK_SCHEDULER_CONNECTION_STRING'
+  // Not a secret: an endpoint and the identity to authenticate as.
+  DURABLE_TASK_SCHEDULER_CONNECTION_STRING: 'Endpoint=${durableTaskSchedulerEndpoint};Authentication=ManagedIdentity;ClientID=${identityClientId}'
+} : {}
 
 module plan '../core/host/flex-plan.bicep' = {
   name: 'flex-plan'
@@ -129,6 +170,8 @@ module functionApp '../core/host/flex-function.bicep' = {
     planId: plan.outputs.id
     storageAccountName: storageAccountName
     deploymentContainerName: deploymentContainerName
+    identityId: identityId
+    alwaysReady: alwaysReady
     runtimeName: 'python'
     runtimeVersion: '3.11'
     instanceMemoryMB: instanceMemoryMB
@@ -138,5 +181,4 @@ module functionApp '../core/host/flex-function.bicep' = {
 }
 
 output name string = functionApp.outputs.name
-output principalId string = functionApp.outputs.principalId
 output defaultHostName string = functionApp.outputs.defaultHostName

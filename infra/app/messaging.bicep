@@ -8,8 +8,10 @@ param tags object = {}
 @allowed(['Standard', 'Premium'])
 param skuName string = 'Standard'
 
-@description('Client applications; each gets its own reply queue.')
+@description('Client applications; each gets its own ingress queue (orders-<appId>) and its own reply queue.')
 param clientApplications clientApplication[]
+@description('Log Analytics workspace for the namespace\'s diagnostic logs.')
+param logAnalyticsWorkspaceId string
 
 @description('Upper bound of the orders queue: admission control, the queue cannot grow without limit.')
 @allowed([1024, 2048, 3072, 4096, 5120])
@@ -44,22 +46,27 @@ var duplicateDetectionWindow = 'PT${duplicateDetectionWindowMinutes}M'
 // (host.json maxAutoLockRenewalDuration), so this is the floor, not the cap.
 var agentRequestLockMinutes = min(5, (stepTimeoutSeconds + 60 + 59) / 60)
 
+// Submit (PeekLock, manual settlement). Redelivery retries transient
+// failures; a poison order is dead-lettered after 5 tries.
+var ingressQueueProperties = {
+  lockDuration: 'PT1M'
+  maxDeliveryCount: 5
+  maxSizeInMegabytes: ordersQueueMaxSizeInMegabytes
+  requiresDuplicateDetection: true
+  duplicateDetectionHistoryTimeWindow: 'PT10M'
+  defaultMessageTimeToLive: 'P1D'
+  deadLetteringOnMessageExpiration: true
+  requiresSession: false
+  enableBatchedOperations: true
+}
+
 var fixedQueues = [
   {
-    // Submit (PeekLock, manual settlement). Redelivery retries transient
-    // failures; a poison order is dead-lettered after 5 tries.
+    // The shared ingress Submit listens on until it is registered per
+    // application (infra/README.md, "Who can send and read what"). No client
+    // is granted Sender on it: clients send to their own orders-<appId>.
     name: 'orders'
-    properties: {
-      lockDuration: 'PT1M'
-      maxDeliveryCount: 5
-      maxSizeInMegabytes: ordersQueueMaxSizeInMegabytes
-      requiresDuplicateDetection: true
-      duplicateDetectionHistoryTimeWindow: 'PT10M'
-      defaultMessageTimeToLive: 'P1D'
-      deadLetteringOnMessageExpiration: true
-      requiresSession: false
-      enableBatchedOperations: true
-    }
+    properties: ingressQueueProperties
   }
   {
     // Scheduler -> Agent. MessageId {instance id}/{step} is stable across
@@ -125,6 +132,13 @@ var replyQueues = [for app in clientApplications: {
   }
 }]
 
+// One ingress queue per client application: only that application may send
+// to it (app/rbac.bicep), so the queue a message arrived on names its sender.
+var ingressQueues = [for app in clientApplications: {
+  name: 'orders-${app.appId}'
+  properties: ingressQueueProperties
+}]
+
 module namespace '../core/messaging/servicebus.bicep' = {
   name: 'servicebus-namespace'
   params: {
@@ -132,10 +146,13 @@ module namespace '../core/messaging/servicebus.bicep' = {
     location: location
     tags: tags
     skuName: skuName
-    queues: concat(fixedQueues, replyQueues)
+    queues: concat(fixedQueues, ingressQueues, replyQueues)
+    logAnalyticsWorkspaceId: logAnalyticsWorkspaceId
   }
 }
 
+output ingressQueueRegistry object = toObject(clientApplications, app => app.appId, app => 'orders-${app.appId}')
+output ingressQueueNames string[] = [for app in clientApplications: 'orders-${app.appId}']
 output namespaceId string = namespace.outputs.id
 output namespaceName string = namespace.outputs.name
 output fullyQualifiedNamespace string = namespace.outputs.fullyQualifiedNamespace

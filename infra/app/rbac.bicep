@@ -1,7 +1,8 @@
-metadata description = 'Every role assignment of the deployment: what each identity uses, and no more. The function app reaches only the queues it triggers on or sends to; each client application sends orders and reads its own reply queue only.'
+metadata description = 'Every role assignment of the deployment: what each identity uses, and no more. The function app reaches only the queues it triggers on or sends to; each client application sends to its own ingress queue and reads its own reply queue only; operators get what `python -m cli` needs.'
 
 import { clientApplication } from '../types.bicep'
 
+@description('Principal (object) id of the app\'s user-assigned identity; it exists before the app, so these grants can be in place before the first deploy.')
 param functionAppPrincipalId string
 param clientApplications clientApplication[]
 param serviceBusNamespaceName string
@@ -11,6 +12,12 @@ param cosmosAccountName string
 param ordersCosmosAccountName string
 param stateDatabaseName string
 param ordersDatabaseName string
+@description('Durable Task Scheduler name; empty when the task hub lives in the storage account.')
+param durableTaskSchedulerName string = ''
+@description('Principal ids of operators (people or groups running `python -m cli` and the portal\'s Data Explorer).')
+param operatorPrincipalIds string[] = []
+@allowed(['ServicePrincipal', 'Group', 'User'])
+param operatorPrincipalType string = 'User'
 
 // Built-in role definitions (ids are the same in every tenant).
 var roles = {
@@ -20,15 +27,19 @@ var roles = {
   storageQueueDataContributor: '974c5e8b-45b9-4653-ba55-5f855dd0fb88'
   storageTableDataContributor: '0a9a7e1f-b9d0-4cc4-a60d-0319b160aaa3'
   monitoringMetricsPublisher: '3913510d-42f4-4e42-8a64-420c390055eb'
+  durableTaskDataContributor: '0ad04412-c4d5-4796-b79c-f76d14c8d402'
 }
 // Cosmos DB data-plane role (sqlRoleDefinitions of the account).
 var cosmosBuiltInDataContributor = '00000000-0000-0000-0000-000000000002'
+
+var ingressQueueNames = [for app in clientApplications: 'orders-${app.appId}']
+var replyQueueNames = [for app in clientApplications: app.replyQueueName]
 
 // The function app on the fixed queues: receive where a trigger reads, send
 // where the app posts.
 var appQueueGrants = [
   {
-    // Submit's trigger; settling (complete, dead-letter) is part of receiving.
+    // Submit's shared trigger, until Submit listens per application.
     queue: 'orders'
     role: 'serviceBusDataReceiver'
   }
@@ -60,12 +71,33 @@ var appQueueGrants = [
 ]
 
 // The host's storage: blobs (leases, timers, deployment package), queues and
-// tables (the Durable task hub).
+// tables (the Durable task hub with the azureStorage backend).
 var appStorageRoles = [
   'storageBlobDataOwner'
   'storageQueueDataContributor'
   'storageTableDataContributor'
 ]
+
+// What `python -m cli` does, and the role each command needs:
+//   alerts                 receive (peek or settle) on alerts
+//   deadletters QUEUE      peek QUEUE/$deadletterqueue: receive on every queue
+//   watch APP              receive on APP's reply queue (any queue: every queue)
+//   post APP               send on APP's ingress queue
+//   show/list/stuck/resubmit/compensate
+//                          read and write the state database (Cosmos, below)
+var allQueueNames = concat(['orders', 'agent-requests', 'agent-responses', 'alerts'], ingressQueueNames, replyQueueNames)
+var operatorQueueGrants = flatten(map(operatorPrincipalIds, operator => concat(
+  map(allQueueNames, queue => {
+    principalId: operator
+    queue: queue
+    role: 'serviceBusDataReceiver'
+  }),
+  map(ingressQueueNames, queue => {
+    principalId: operator
+    queue: queue
+    role: 'serviceBusDataSender'
+  })
+)))
 
 // Deployment names are at most 64 characters, hence take().
 // Client applications whose identity is known; the others get no access
@@ -78,6 +110,17 @@ module appQueueRoles '../core/security/servicebus-queue-role.bicep' = [for grant
     namespaceName: serviceBusNamespaceName
     queueName: grant.queue
     roleDefinitionId: roles[grant.role]
+    principalId: functionAppPrincipalId
+  }
+}]
+
+// Submit receives from every application's ingress queue.
+module appIngressReceive '../core/security/servicebus-queue-role.bicep' = [for app in clientApplications: {
+  name: take('rbac-app-receive-orders-${app.appId}', 64)
+  params: {
+    namespaceName: serviceBusNamespaceName
+    queueName: 'orders-${app.appId}'
+    roleDefinitionId: roles.serviceBusDataReceiver
     principalId: functionAppPrincipalId
   }
 }]
@@ -104,12 +147,13 @@ module clientReplyQueueReceive '../core/security/servicebus-queue-role.bicep' = 
   }
 }]
 
-// A client submits orders.
+// A client submits orders to its own ingress queue and no other, so the
+// queue an order arrives on says which application sent it.
 module clientOrdersSend '../core/security/servicebus-queue-role.bicep' = [for app in clientsWithIdentity: {
   name: take('rbac-client-send-orders-${app.appId}', 64)
   params: {
     namespaceName: serviceBusNamespaceName
-    queueName: 'orders'
+    queueName: 'orders-${app.appId}'
     roleDefinitionId: roles.serviceBusDataSender
     principalId: app.principalId
   }
@@ -133,9 +177,23 @@ module appTelemetry '../core/security/appinsights-role.bicep' = {
   }
 }
 
+module appDurableTask '../core/security/durabletask-role.bicep' = if (!empty(durableTaskSchedulerName)) {
+  name: 'rbac-app-durabletask'
+  params: {
+    schedulerName: durableTaskSchedulerName
+    roleDefinitionId: roles.durableTaskDataContributor
+    principalId: functionAppPrincipalId
+  }
+}
+
 // Read and write items in the two databases the app uses; no account-wide
 // grant, and no control-plane rights (databases and containers come from
 // this template, not from the app).
+//
+// Cosmos DB runs one control-plane operation per account at a time and
+// answers a concurrent one with 412 ("another operation in progress"), so
+// the SQL role assignments run one after another: each depends on the one
+// before, and the operators' loop runs with a batch size of one.
 module appStateData '../core/security/cosmos-sql-role.bicep' = {
   name: 'rbac-app-cosmos-state'
   params: {
@@ -154,4 +212,35 @@ module appOrdersData '../core/security/cosmos-sql-role.bicep' = {
     sqlRoleDefinitionId: cosmosBuiltInDataContributor
     principalId: functionAppPrincipalId
   }
+  dependsOn: [
+    appStateData
+  ]
 }
+
+// Operators: resubmit and compensate write state records; nothing in the
+// orders database (the CLI does not read it).
+@batchSize(1)
+module operatorStateData '../core/security/cosmos-sql-role.bicep' = [for operator in operatorPrincipalIds: {
+  name: take('rbac-operator-cosmos-state-${uniqueString(operator)}', 64)
+  params: {
+    accountName: cosmosAccountName
+    databaseName: stateDatabaseName
+    sqlRoleDefinitionId: cosmosBuiltInDataContributor
+    principalId: operator
+  }
+  dependsOn: [
+    appOrdersData
+  ]
+}]
+
+module operatorQueueRoles '../core/security/servicebus-queue-role.bicep' = [for grant in operatorQueueGrants: {
+  // The hash first: take() must not cut what tells two grants apart.
+  name: take('rbac-op-${uniqueString(grant.principalId, grant.queue, grant.role)}-${grant.queue}', 64)
+  params: {
+    namespaceName: serviceBusNamespaceName
+    queueName: grant.queue
+    roleDefinitionId: roles[grant.role]
+    principalId: grant.principalId
+    principalType: operatorPrincipalType
+  }
+}]

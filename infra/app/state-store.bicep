@@ -6,6 +6,8 @@ param ordersAccountName string
 param ordersInSeparateAccount bool = false
 param location string = resourceGroup().location
 param tags object = {}
+@description('Log Analytics workspace for the accounts\' diagnostic logs.')
+param logAnalyticsWorkspaceId string
 @allowed(['Serverless', 'Provisioned'])
 param capacityMode string = 'Serverless'
 @description('Provisioned mode only: autoscale maximum RU/s shared by each database.')
@@ -105,6 +107,7 @@ module account '../core/database/cosmos-account.bicep' = {
     location: location
     tags: tags
     capacityMode: capacityMode
+    logAnalyticsWorkspaceId: logAnalyticsWorkspaceId
   }
 }
 
@@ -115,6 +118,7 @@ module ordersAccount '../core/database/cosmos-account.bicep' = if (ordersInSepar
     location: location
     tags: tags
     capacityMode: capacityMode
+    logAnalyticsWorkspaceId: logAnalyticsWorkspaceId
   }
 }
 

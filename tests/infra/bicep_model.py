@@ -17,6 +17,7 @@ shape the helpers below:
 from __future__ import annotations
 
 import ast
+import hashlib
 import json
 import re
 from functools import cache
@@ -153,10 +154,31 @@ def module_params(doc: dict[str, Any], module: str) -> dict[str, Any]:
     return config.get("params", {})
 
 
+# main.bicep's integer variables for the deadlines deployed to Azure
+# (infra/README.md, "Timing on Flex"), in the order they depend on each other.
+TIMING_VARS = (
+    "durableQueuePollingSeconds",
+    "claimFloorSeconds",
+    "stepFloorSeconds",
+    "azureClaimTimeoutSeconds",
+    "azureStepTimeoutSeconds",
+)
+
+
+def main_timing(overrides: dict[str, int] | None = None) -> dict[str, int]:
+    """main.bicep's integer parameters (defaults, or overrides) and its timing variables, evaluated."""
+    names = {k: v for k, v in main_defaults().items() if isinstance(v, int)}
+    names.update(overrides or {})
+    for var in TIMING_VARS:
+        names[var] = eval_int(var_source(MAIN, var), names)
+    return names
+
+
 def passthrough_defaults(module: str) -> dict[str, Any]:
     """Values main.bicep gives a module, for the params it passes straight
-    through from a main.bicep parameter with a literal default."""
-    defaults = main_defaults()
+    through from a main.bicep parameter with a literal default or from one of
+    its timing variables."""
+    defaults = {**main_defaults(), **main_timing()}
     params = module_params(parse(MAIN), module)
     return {name: defaults[value] for name, value in params.items() if isinstance(value, str) and value in defaults}
 
@@ -164,3 +186,97 @@ def passthrough_defaults(module: str) -> dict[str, Any]:
 def interpolate(template: str, names: dict[str, int]) -> str:
     """'PT${expr}M' -> 'PT42M', evaluating each ${expr} as an integer expression."""
     return re.sub(r"\$\{([^}]*)\}", lambda m: str(eval_int(m.group(1), names)), template)
+
+
+def evaluate(value: Any, env: dict[str, Any], doc: dict[str, Any]) -> Any:
+    """Evaluate the subset of Bicep expressions the role and queue lists use.
+
+    Names resolve to `env` (parameters given by the test, loop items, lambda
+    variables) before the document's variables; `${a.b}` interpolation, `a.b`,
+    `a[b]`, `!empty(x)`, `==`, `?:`, array comprehensions (`[for x in xs: ...]`),
+    and the functions map, filter, flatten, concat, union, split, trim, empty
+    and take are understood. Anything else raises, so a test never silently
+    reads an expression it does not understand as a literal."""
+
+    def ev(v: Any, scope: dict[str, Any]) -> Any:
+        if isinstance(v, bool) or isinstance(v, int) or v is None:
+            return v
+        if isinstance(v, str):
+            if v in scope:
+                return scope[v]
+            if v in doc.get("variables", {}):
+                return ev(variable(doc, v), scope)
+            if "${" in v:
+                return re.sub(r"\$\{([^}]*)\}", lambda m: str(_path(m.group(1), scope)), v)
+            return v
+        if isinstance(v, list):
+            return [ev(x, scope) for x in v]
+        if isinstance(v, dict) and "loop_type" in v:
+            detail = v["loop_type"]["detail"]
+            return [ev(v["config"], {**scope, detail["item_name"]: item}) for item in ev(detail["array_name"], scope)]
+        if isinstance(v, dict) and "operator" in v:
+            op, ops = v["operator"]["type"], v["operator"]["operands"]
+            if op == "property_accessor":
+                return ev(ops["operand_1"], scope)[ops["operand_2"]]
+            if op == "index_accessor":
+                return ev(ops["operand_1"], scope)[ev(ops["operand_2"], scope)]
+            if op == "not":
+                return not ev(ops["bool_value"], scope)
+            if op == "equals":
+                return ev(ops["operand_1"], scope) == ev(ops["operand_2"], scope)
+            if op == "conditional":
+                branch = "true_value" if ev(ops["condition"], scope) else "false_value"
+                return ev(ops[branch], scope)
+            raise ValueError(f"unsupported operator {op}")
+        if isinstance(v, dict) and "function" in v:
+            name, args = v["function"]["type"], v["function"]["parameters"]
+            values = list(args.values())
+
+            def lam(index: int):
+                detail = values[index]["detail"]
+                return lambda item: ev(detail["expression"], {**scope, detail["var_1"]: item})
+
+            if name == "map":
+                return [lam(1)(x) for x in ev(values[0], scope)]
+            if name == "filter":
+                return [x for x in ev(values[0], scope) if lam(1)(x)]
+            if name == "flatten":
+                return [x for inner in ev(values[0], scope) for x in inner]
+            if name == "concat":
+                return [x for a in values for x in ev(a, scope)]
+            if name == "union":
+                out: list[Any] = []
+                for a in values:
+                    for x in ev(a, scope):
+                        if x not in out:  # ARM keeps one copy of each value, within an array too
+                            out.append(x)
+                return out
+            if name == "split":
+                return ev(values[0], scope).split(ev(values[1], scope))
+            if name == "trim":
+                return ev(values[0], scope).strip()
+            if name == "empty":
+                return not ev(values[0], scope)
+            if name == "take":
+                return ev(values[0], scope)[: ev(values[1], scope)]
+            if name == "toObject":
+                key, val = lam(1), lam(2)
+                return {key(x): val(x) for x in ev(values[0], scope)}
+            raise ValueError(f"unsupported function {name}")
+        if isinstance(v, dict):
+            return {k: ev(x, scope) for k, x in v.items()}
+        raise ValueError(f"cannot evaluate {v!r}")
+
+    def _path(expr: str, scope: dict[str, Any]) -> Any:
+        call = re.fullmatch(r"\s*uniqueString\((.*)\)\s*", expr)
+        if call:
+            # Deterministic like ARM's (not the same hash): equal inputs, equal output.
+            parts = [str(_path(arg, scope)) for arg in call.group(1).split(",")]
+            return hashlib.sha256("|".join(parts).encode()).hexdigest()[:13]
+        head, *rest = expr.strip().split(".")
+        value = ev(head, scope)
+        for part in rest:
+            value = value[part]
+        return value
+
+    return ev(value, env)

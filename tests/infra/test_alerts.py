@@ -18,7 +18,8 @@ def _by_name(var: str) -> dict[str, dict]:
 
 def test_log_alerts_for_error_compensation_failed_and_backlog():
     alerts = _by_name("logAlerts")
-    assert set(alerts) == {"order-error", "order-compensation-failed", "pending-backlog"}
+    assert set(alerts) == {"order-error", "order-compensation-failed", "pending-backlog", "client-impersonation"}
+    assert 'AlertKind in ("AppIdMismatch", "ReplyQueueNotAllowed")' in alerts["client-impersonation"]["query"]
     assert 'AlertKind == "OrderError"' in alerts["order-error"]["query"]
     assert 'AlertKind == "CompensationFailed"' in alerts["order-compensation-failed"]["query"]
     assert alerts["pending-backlog"]["threshold"] == "pendingBacklogThreshold"
@@ -29,7 +30,9 @@ def test_queue_metric_alerts_for_dead_letters_and_pending_work():
     dead = alerts["dead-lettered-messages"]
     assert (dead["metricName"], dead["entities"], dead["threshold"]) == ("DeadletteredMessages", ["*"], 0)
     assert alerts["operator-alerts-pending"]["entities"] == ["alerts"]
-    assert alerts["orders-queue-backlog"]["entities"] == ["orders"]
+    entities = alerts["orders-queue-backlog"]["entities"]["function"]
+    assert entities == {"type": "concat", "parameters": {"arg_1": ["orders"], "arg_2": "ingressQueueNames"}}
+    assert module_params(parse(MAIN), "alerts")["ingressQueueNames"] is not None
 
 
 def test_backlog_alert_fires_before_admission_control_rejects():

@@ -19,7 +19,13 @@ the Function App sets (app/api.bicep, `appSettings`):
 | every other name             | same name, default equal to the template's value            |
 
 On top of those: TASKHUB_NAME (host.json reads it), RECOVERY_INDEX_CONTAINER_NAME,
-OrdersDbConnection__accountEndpoint, and the Application Insights pair."""
+OrdersDbConnection__accountEndpoint, the Application Insights pair, the
+user-assigned identity's client id on every connection, OpenTelemetry, and
+(durableTaskScheduler backend only) the settings that switch Durable's provider.
+
+CLAIM_TIMEOUT_SECONDS and STEP_TIMEOUT_SECONDS are the exception to "same
+default": main.bicep raises them to what Flex's start-up latency needs
+(test_timing.py)."""
 
 from __future__ import annotations
 
@@ -62,6 +68,9 @@ IDENTITY_FORMS = {
 DEPLOYMENT_SPECIFIC = {"REMOTE_SERVICE_URL": "remoteServiceUrl"}
 # Parameter names that are not the camelCase of the setting.
 PARAM_NAMES = {"TASKHUB_NAME": "taskHubName"}
+# Settings main.bicep derives from its parameter of the same meaning (raised
+# to the Flex floor) before passing it on: main.bicep variable per parameter.
+DERIVED = {"claimTimeoutSeconds": "azureClaimTimeoutSeconds", "stepTimeoutSeconds": "azureStepTimeoutSeconds"}
 # Names whose Azure value is a schedule built from an interval parameter.
 SCHEDULES = {"STARTER_SCHEDULE": "starterIntervalSeconds", "SUPERVISOR_SCHEDULE": "supervisorIntervalSeconds"}
 # Forms that would put a key or connection string in settings, or that Flex
@@ -79,7 +88,10 @@ FORBIDDEN = {
 
 
 def app_settings() -> dict:
-    return variable(parse(API), "appSettings")
+    """The settings every deployment gets (appSettings = union(baseSettings, durableBackendSettings))."""
+    call = function_call(variable(parse(API), "appSettings"))
+    assert call == ("union", {"arg_1": "baseSettings", "arg_2": "durableBackendSettings"}), call
+    return variable(parse(API), "baseSettings")
 
 
 def camel(name: str) -> str:
@@ -130,8 +142,9 @@ def test_plain_setting_default_equals_template(name: str):
     call = function_call(value)
     param = call[1]["value_to_convert"] if call and call[0] == "string" else value
     assert param == camel(name), f"{name} is set from {param!r}, expected parameter {camel(name)}"
-    # main.bicep passes its own parameter of the same name to app/api.bicep.
-    assert module_params(parse(MAIN), "api")[param] == param
+    # main.bicep passes its own parameter of the same name to app/api.bicep
+    # (or the Flex-adjusted value derived from it).
+    assert module_params(parse(MAIN), "api")[param] == DERIVED.get(param, param)
     if name in DEPLOYMENT_SPECIFIC:
         assert parse(MAIN)["parameters"][param]["default"] is None, f"{param} must be given per deployment"
         return
@@ -155,7 +168,7 @@ def test_runtime_is_python_311_on_flex():
     site = parse(FLEX)["resources"]["site"]["config"]
     runtime = site["properties"]["functionAppConfig"]["runtime"]
     assert runtime == {"name": "runtimeName", "version": "runtimeVersion"}
-    assert site["identity"]["type"] == "SystemAssigned"
+    assert site["identity"]["type"] == "UserAssigned"
     assert site["kind"] == "functionapp,linux"
 
 
@@ -175,8 +188,82 @@ def test_settings_the_design_adds():
     assert settings["RECOVERY_INDEX_CONTAINER_NAME"] == "recoveryIndexContainerName"
     assert main_defaults()["recoveryIndexContainerName"] == "recoveryIndex"
     assert "OrdersDbConnection__accountEndpoint" in settings
-    assert settings["APPLICATIONINSIGHTS_AUTHENTICATION_STRING"] == "Authorization=AAD"
+    assert settings["APPLICATIONINSIGHTS_AUTHENTICATION_STRING"] == "ClientId=${identityClientId};Authorization=AAD"
     assert accessor(settings["APPLICATIONINSIGHTS_CONNECTION_STRING"]) is not None
+
+
+@pytest.mark.parametrize("connection", ["AzureWebJobsStorage", "ServiceBusConnection", "CosmosDbConnection", "OrdersDbConnection"])
+def test_every_connection_names_the_user_assigned_identity(connection: str):
+    """With a user-assigned identity the host needs <connection>__clientId, or it
+    looks for a system-assigned identity the app does not have."""
+    settings = app_settings()
+    assert settings[f"{connection}__credential"] == "managedidentity"
+    assert settings[f"{connection}__clientId"] == "identityClientId"
+
+
+def test_sdk_clients_use_the_user_assigned_identity():
+    settings = app_settings()
+    assert settings["AZURE_CLIENT_ID"] == "identityClientId"
+    main = module_params(parse(MAIN), "api")
+    assert main["identityClientId"]["operator"]["operands"]["operand_1"] == "identity"
+    site = parse(FLEX)["resources"]["site"]["config"]
+    assert site["identity"] == {"type": "UserAssigned", "userAssignedIdentities": {"'${identityId}'": {}}}
+
+
+def test_opentelemetry_reaches_application_insights():
+    settings = app_settings()
+    assert settings["AzureFunctionsJobHost__telemetryMode"] == "OpenTelemetry"
+    assert settings["PYTHON_APPLICATIONINSIGHTS_ENABLE_TELEMETRY"] == "true"
+    assert settings["OTEL_SERVICE_NAME"]
+
+
+def _backend_settings() -> dict:
+    ops = variable(parse(API), "durableBackendSettings")["operator"]["operands"]
+    assert ops["condition"] == {"operator": {"type": "equals", "operands": {"operand_1": "durableBackend", "operand_2": "durableTaskScheduler"}}}
+    return ops
+
+
+def test_azure_storage_backend_adds_nothing_to_host_json():
+    assert _backend_settings()["false_value"] == {}
+    provider = json.loads(HOST_JSON.read_text())["extensions"]["durableTask"]["storageProvider"]
+    assert provider["type"] == "AzureStorage"
+    assert main_defaults()["durableBackend"] == "azureStorage"
+
+
+def test_scheduler_backend_overrides_the_provider_by_app_setting():
+    """AzureFunctionsJobHost__<path> overrides host.json's value at <path>, so
+    the scheduler is selected without a second host.json."""
+    chosen = _backend_settings()["true_value"]
+    prefix = "AzureFunctionsJobHost__extensions__durableTask__storageProvider__"
+    assert chosen[prefix + "type"] == "azureManaged"
+    assert chosen[prefix + "connectionStringName"] == "DURABLE_TASK_SCHEDULER_CONNECTION_STRING"
+    assert chosen["DURABLE_TASK_SCHEDULER_CONNECTION_STRING"] == (
+        "Endpoint=${durableTaskSchedulerEndpoint};Authentication=ManagedIdentity;ClientID=${identityClientId}"
+    )
+    # The hub name comes from the same TASKHUB_NAME host.json reads.
+    assert "%TASKHUB_NAME%" in HOST_JSON.read_text()
+
+
+def test_scheduler_resources_exist_only_for_that_backend():
+    main = parse(MAIN)
+    dts = main["modules"]["durableTaskScheduler"]
+    assert dts["config"]["condition"] == "useScheduler"
+    assert variable(main, "useScheduler") == {"operator": {"type": "equals", "operands": {"operand_1": "durableBackend", "operand_2": "durableTaskScheduler"}}}
+    params = dts["config"]["config"]["params"]
+    assert params["taskHubName"] == "taskHubName"
+    assert params["ipAllowlist"] == "durableTaskSchedulerIpAllowlist"
+    scheduler = parse(INFRA / "core" / "durable" / "durable-task-scheduler.bicep")
+    assert scheduler["resources"]["scheduler"]["config"]["properties"]["ipAllowlist"] == "ipAllowlist"
+    allow = scheduler["parameters"]["ipAllowlist"]
+    assert {"type": "min_length", "argument": 1} in allow["decorators"] or any(
+        d["type"] in ("minLength", "min_length") and d["argument"] == 1 for d in allow["decorators"]
+    ), "an empty allow-list admits nobody"
+    assert scheduler["resources"]["taskHub"]["config"] == {"parent": "scheduler", "name": "taskHubName"}
+
+
+def test_ingress_registry_is_set():
+    settings = app_settings()
+    assert function_call(settings["ORDER_INGRESS_QUEUES"]) == ("string", {"value_to_convert": "ingressQueueRegistry"})
 
 
 def test_host_json_setting_references_are_set():

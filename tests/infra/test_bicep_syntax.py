@@ -41,6 +41,11 @@ KNOWN_API_VERSIONS = {
     ("Microsoft.Insights/scheduledQueryRules", "2023-12-01"),
     ("Microsoft.Insights/metricAlerts", "2018-03-01"),
     ("Microsoft.Authorization/roleAssignments", "2022-04-01"),
+    ("Microsoft.ManagedIdentity/userAssignedIdentities", "2023-01-31"),
+    ("Microsoft.Web/sites/basicPublishingCredentialsPolicies", "2024-04-01"),
+    ("Microsoft.Insights/diagnosticSettings", "2021-05-01-preview"),
+    ("Microsoft.DurableTask/schedulers", "2025-11-01"),
+    ("Microsoft.DurableTask/schedulers/taskHubs", "2025-11-01"),
 }
 
 

@@ -40,3 +40,47 @@ def test_azure_yaml_deploys_the_function_app_from_the_root():
 
 def test_template_is_resource_group_scoped():
     assert parse(MAIN)["globals"]["scope"]["value"] == "resourceGroup"
+
+
+FUNCIGNORE = ROOT / ".funcignore"
+
+
+def _ignored() -> set[str]:
+    lines = (line.strip() for line in FUNCIGNORE.read_text().splitlines())
+    return {line for line in lines if line and not line.startswith("#")}
+
+
+def test_funcignore_keeps_tooling_state_and_caches_out_of_the_package():
+    ignored = _ignored()
+    for entry in (".azure/", ".venv/", ".python_packages/", "__pycache__/", ".pytest_cache/",
+                  ".ruff_cache/", "cli/", "tests/", "devstack/", "bench/", "infra/", "local.settings.json"):
+        assert entry in ignored, entry
+
+
+def _top_level_imports(path) -> set[str]:
+    import ast
+
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def test_funcignore_keeps_everything_the_app_imports():
+    """Follow function_app.py's imports through the project's own packages: none may be ignored."""
+    ignored = {entry.rstrip("/") for entry in _ignored()}
+    assert not {"function_app.py", "host.json", "requirements.txt"} & ignored
+    seen, todo = set(), ["function_app"]
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        files = [ROOT / f"{name}.py"] if (ROOT / f"{name}.py").exists() else sorted((ROOT / name).rglob("*.py"))
+        for file in files:
+            todo += [n for n in _top_level_imports(file) if (ROOT / n).is_dir() or (ROOT / f"{n}.py").exists()]
+    assert "domain" in seen and "submit" in seen
+    assert not seen & ignored, seen & ignored

@@ -11,7 +11,7 @@ import re
 from urllib.parse import urlparse
 
 from tests.infra.bicep_model import COMPOSE, ROOT, SERVICEBUS_CONFIG, template_settings
-from tests.infra.test_queues import bicep_queues, config_json_queues
+from tests.infra.test_queues import config_json_queues, local_queue_names
 
 DOCS = ROOT / "docs" / "local-with-docker.md"
 EMULATOR_CONFIG_PATH = "/ServiceBus_Emulator/ConfigFiles/Config.json"
@@ -29,16 +29,19 @@ def _connection(name: str) -> dict[str, str]:
     return dict(part.split("=", 1) for part in template_settings()[name].split(";") if part)
 
 
-def test_service_bus_emulator_reads_the_projects_config():
-    mount = f'"./{SERVICEBUS_CONFIG.relative_to(ROOT).as_posix()}:{EMULATOR_CONFIG_PATH}:ro"'
+def test_service_bus_emulator_reads_the_generated_config():
+    """Not the project's file itself: its TTLs and windows are beyond the
+    official emulator's limits (test_emulator_config.py)."""
+    mount = f'"./devstack/docker/servicebus-config.json:{EMULATOR_CONFIG_PATH}:ro"'
     assert mount in compose()
+    assert SERVICEBUS_CONFIG.relative_to(ROOT).as_posix() in compose()  # named as the source
     assert "image: mcr.microsoft.com/azure-messaging/servicebus-emulator" in compose()
 
 
 def test_compose_config_and_bicep_name_the_same_queues():
-    """Compose serves exactly Config.json's queues; Config.json's are Bicep's
-    fixed queues plus one per default client application."""
-    assert sorted(config_json_queues()) == sorted(bicep_queues())
+    """Config.json's queues are Bicep's fixed queues plus one reply queue per
+    default client application (the ingress queues join when Submit uses them)."""
+    assert sorted(config_json_queues()) == local_queue_names()
 
 
 def test_official_images():
@@ -47,6 +50,7 @@ def test_official_images():
         "mcr.microsoft.com/azure-messaging/servicebus-emulator",
         "mcr.microsoft.com/cosmosdb/linux/azure-cosmos-emulator",
         "mcr.microsoft.com/mssql/server",
+        "mcr.microsoft.com/dts/dts-emulator",
     ):
         assert f"image: {image}" in compose(), image
 
@@ -61,6 +65,10 @@ def test_ports_match_the_local_settings():
     assert cosmos.port in ports
     assert cosmos.scheme == "https"
     assert "PROTOCOL: https" in compose()  # the vNext emulator speaks HTTP unless told otherwise
+
+
+def test_dts_emulator_ports_are_published():
+    assert {8080, 8082} <= published_ports()
 
 
 def test_azurite_accepts_current_sdks():
@@ -80,5 +88,7 @@ def test_docs_walk_through_func_start():
         "func start",
         "COSMOS_CREATE_CONTAINERS",
         "devstack/servicebus/Config.json",
+        "python -m devstack.docker.servicebus_config",
+        "DURABLE_TASK_SCHEDULER_CONNECTION_STRING",
     ):
         assert needle in docs, needle

@@ -44,14 +44,34 @@ def test_no_output_carries_a_secret(path: Path):
         assert not SECRET_SOURCES.search(json.dumps(output["value"])), f"{path.name}: output {name}"
 
 
+# Settings whose names sound secret but whose values are not: the Application
+# Insights pair (module docstring), and the scheduler's connection string,
+# which is an endpoint plus "Authentication=ManagedIdentity" and the identity's
+# client id, and the host.json override that names that setting.
+NAMED_LIKE_SECRETS = {
+    "APPLICATIONINSIGHTS_CONNECTION_STRING",
+    "APPLICATIONINSIGHTS_AUTHENTICATION_STRING",
+    "DURABLE_TASK_SCHEDULER_CONNECTION_STRING",
+    "AzureFunctionsJobHost__extensions__durableTask__storageProvider__connectionStringName",
+}
+
+
+def _all_app_settings() -> dict:
+    api = parse(INFRA / "app" / "api.bicep")
+    backend = variable(api, "durableBackendSettings")["operator"]["operands"]
+    # (durableBackend == 'durableTaskScheduler') ? {...} : {}
+    return {**variable(api, "baseSettings"), **backend["true_value"], **backend["false_value"]}
+
+
 def test_app_settings_carry_no_key():
-    settings = variable(parse(INFRA / "app" / "api.bicep"), "appSettings")
+    settings = _all_app_settings()
+    assert "DURABLE_TASK_SCHEDULER_CONNECTION_STRING" in settings
     for name, value in settings.items():
         text = json.dumps(value)
         assert not re.search(r"AccountKey=|SharedAccessKey=|SharedAccessSignature|sig=", text), name
         if SECRET_WORDS.search(name):
-            # Only the Application Insights pair, explained in the module docstring.
-            assert name in {"APPLICATIONINSIGHTS_CONNECTION_STRING", "APPLICATIONINSIGHTS_AUTHENTICATION_STRING"}
+            assert name in NAMED_LIKE_SECRETS, name
+    assert "Authentication=ManagedIdentity;" in settings["DURABLE_TASK_SCHEDULER_CONNECTION_STRING"]
 
 
 def _properties(file: str, resource: str) -> dict:
@@ -70,5 +90,8 @@ def test_every_service_refuses_key_based_access():
 def test_deployment_package_is_read_with_the_identity():
     site = _properties("core/host/flex-function.bicep", "site")
     storage = site["functionAppConfig"]["deployment"]["storage"]
-    assert storage["authentication"] == {"type": "SystemAssignedIdentity"}
+    assert storage["authentication"] == {
+        "type": "UserAssignedIdentity",
+        "userAssignedIdentityResourceId": "identityId",
+    }
     assert site["httpsOnly"] is True

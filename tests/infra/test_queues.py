@@ -16,6 +16,9 @@ Queue timing (infra/README.md, "Queue timing", has the same arithmetic):
 - A poison message is dead-lettered after maxDeliveryCount deliveries, each at
   most one lock long: that must end inside the retry budget, so nothing is
   retried forever (design invariant 5).
+
+The claim and step timeouts are the ones deployed to Azure (raised to the Flex
+floor, test_timing.py), not the local template's.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from tests.infra.bicep_model import (
     eval_int,
     interpolate,
     main_defaults,
+    main_timing,
     parse,
     passthrough_defaults,
     template_settings,
@@ -45,6 +49,9 @@ from tests.infra.bicep_model import (
 MESSAGING = INFRA / "app" / "messaging.bicep"
 NAMESPACE = INFRA / "core" / "messaging" / "servicebus.bicep"
 FIXED = ["orders", "agent-requests", "agent-responses", "alerts"]
+CLIENTS = main_defaults()["clientApplications"]
+INGRESS = [f"orders-{c['appId']}" for c in CLIENTS]
+REPLIES = [c["replyQueueName"] for c in CLIENTS]
 CONSUMED = ["orders", "agent-requests", "agent-responses"]  # queues the app triggers on
 DEDUPLICATED = ["agent-requests", "agent-responses"]
 SHORT_RUN_SECONDS = 30
@@ -83,7 +90,14 @@ def bicep_queues() -> dict[str, dict]:
     names = _messaging_names()
     queues = {}
     for queue in variable(doc, "fixedQueues"):
-        queues[queue["name"]] = {k: _resolve(v, names, doc) for k, v in queue["properties"].items()}
+        queues[queue["name"]] = {k: _resolve(v, names, doc) for k, v in _resolve(queue["properties"], names, doc).items()}
+    ingress = variable(doc, "ingressQueues")
+    assert ingress["loop_type"]["detail"]["array_name"] == "clientApplications"
+    item = ingress["loop_type"]["detail"]["item_name"]
+    assert ingress["config"]["name"] == f"orders-${{{item}.appId}}"
+    for app in passthrough_defaults("messaging")["clientApplications"]:
+        props = _resolve(ingress["config"]["properties"], names, doc)
+        queues[f"orders-{app['appId']}"] = {k: _resolve(v, names, doc) for k, v in props.items()}
     reply_template = variable(doc, "replyQueues")
     # `[for app in clientApplications: {...}]`: one queue per default client application.
     for app in passthrough_defaults("messaging")["clientApplications"]:
@@ -102,6 +116,12 @@ def _reply_properties(reply_template) -> dict:
     return item["properties"]
 
 
+def local_queue_names() -> list[str]:
+    """The queues the local emulators must serve: Bicep's, less the per-application
+    ingress queues, which Config.json gains when Submit listens on them."""
+    return sorted(set(bicep_queues()) - set(INGRESS))
+
+
 def config_json_queues() -> dict[str, dict]:
     config = json.loads(SERVICEBUS_CONFIG.read_text())
     (namespace,) = config["UserConfig"]["Namespaces"]
@@ -113,8 +133,8 @@ def retry_budget_seconds() -> int:
     independently of the Bicep's formula."""
     s = {k: v for k, v in template_settings().items()}
     attempt = (
-        int(s["CLAIM_TIMEOUT_SECONDS"])
-        + main_defaults()["maxRemoteStepsPerAttempt"] * int(s["STEP_TIMEOUT_SECONDS"])
+        azure_claim_timeout()
+        + main_defaults()["maxRemoteStepsPerAttempt"] * azure_step_timeout()
         + int(s["SUPERVISOR_SCHEDULE"].split()[0].removeprefix("*/"))
         + int(s["STARTER_SCHEDULE"].split()[0].removeprefix("*/"))
     )
@@ -123,20 +143,37 @@ def retry_budget_seconds() -> int:
     )
 
 
+def azure_claim_timeout() -> int:
+    """Independently of main.bicep's formula: the template's value, or the Flex floor if higher."""
+    from tests.infra.test_timing import expected_azure_timeouts
+
+    return expected_azure_timeouts()[0]
+
+
+def azure_step_timeout() -> int:
+    from tests.infra.test_timing import expected_azure_timeouts
+
+    return expected_azure_timeouts()[1]
+
+
 def longest_run_seconds(queue: str) -> int:
     if queue == "agent-requests":
-        return int(template_settings()["STEP_TIMEOUT_SECONDS"]) + SETTLE_SECONDS
+        return azure_step_timeout() + SETTLE_SECONDS
     return SHORT_RUN_SECONDS
 
 
-def test_bicep_declares_the_fixed_queues_and_one_reply_queue_per_client():
+def test_bicep_declares_the_fixed_queues_and_ingress_and_reply_queue_per_client():
+    assert sorted(bicep_queues()) == sorted(FIXED + INGRESS + REPLIES)
+
+
+def test_ingress_queues_behave_like_orders():
     queues = bicep_queues()
-    replies = [a["replyQueueName"] for a in main_defaults()["clientApplications"]]
-    assert sorted(queues) == sorted(FIXED + replies)
+    for name in INGRESS:
+        assert queues[name] == queues["orders"], name
 
 
 def test_local_servicebus_config_names_the_same_queues():
-    assert sorted(config_json_queues()) == sorted(bicep_queues())
+    assert sorted(config_json_queues()) == local_queue_names()
 
 
 def test_reply_queue_registry_of_the_template_names_bicep_queues():
@@ -177,6 +214,7 @@ def test_duplicate_window_follows_a_longer_budget():
     """The window is computed from the parameters, not fixed: a longer long-retry delay widens it."""
     names = {k: v for k, v in passthrough_defaults("messaging").items() if isinstance(v, int)}
     names["longRetryDelaySeconds"] = 6 * 3600
+    assert names["stepTimeoutSeconds"] == main_timing()["azureStepTimeoutSeconds"]
 
     for var in ("attemptSeconds", "retryBudgetSeconds", "duplicateDetectionMarginMinutes"):
         names[var] = eval_int(var_source(MESSAGING, var), names)
@@ -213,7 +251,7 @@ def test_orders_queue_is_bounded():
     assert {"type": "allowed", "argument": [1024, 2048, 3072, 4096, 5120]} in allowed
 
 
-@pytest.mark.parametrize("queue", ["orders"] + [a["replyQueueName"] for a in main_defaults()["clientApplications"]])
+@pytest.mark.parametrize("queue", ["orders"] + INGRESS + REPLIES)
 def test_client_facing_queues_deduplicate_resends(queue: str):
     assert bicep_queues()[queue]["requiresDuplicateDetection"] is True
 
@@ -237,3 +275,14 @@ def test_readme_states_the_computed_numbers():
     lock = bicep_queues()["agent-requests"]["lockDuration"]
     assert lock in readme
 
+
+
+def test_namespace_module_deploys_every_queue_list():
+    """bicep_queues() reads the three lists; this checks all three reach the namespace."""
+    queues = parse(MESSAGING)["modules"]["namespace"]["config"]["params"]["queues"]
+    assert queues == {
+        "function": {
+            "type": "concat",
+            "parameters": {"arg_1": "fixedQueues", "arg_2": "ingressQueues", "arg_3": "replyQueues"},
+        }
+    }

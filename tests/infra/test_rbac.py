@@ -13,14 +13,34 @@ with the access the design calls for:
 - Application Insights: Monitoring Metrics Publisher (Entra-authenticated telemetry);
 - Cosmos DB: the built-in Data Contributor on the state and orders databases
   only (not the account; no control-plane rights);
-- a client application sends to `orders` and receives from its own reply queue.
+- the Durable Task Scheduler (durableTaskScheduler backend only): Durable Task
+  Data Contributor;
+- a client application sends to its own ingress queue `orders-<appId>` and
+  receives from its own reply queue, nothing else;
+- operators (AZURE_PRINCIPAL_ID and OPERATOR_PRINCIPAL_IDS) get what
+  `python -m cli` needs: receive on every queue (alerts, dead letters, watch),
+  send on the ingress queues (post), and the state database (resubmit, compensate).
+
+The grants go to the user-assigned identity, which exists before the app.
 """
 
 from __future__ import annotations
 
+import json
 import re
 
-from tests.infra.bicep_model import INFRA, accessor, bicep_files, main_defaults, parse, variable
+import pytest
+
+from tests.infra.bicep_model import (
+    INFRA,
+    MAIN,
+    bicep_files,
+    evaluate,
+    main_defaults,
+    module_params,
+    parse,
+    variable,
+)
 
 RBAC = INFRA / "app" / "rbac.bicep"
 SECURITY = INFRA / "core" / "security"
@@ -34,6 +54,7 @@ BUILT_IN = {
     "0a9a7e1f-b9d0-4cc4-a60d-0319b160aaa3": "Storage Table Data Contributor",
     "3913510d-42f4-4e42-8a64-420c390055eb": "Monitoring Metrics Publisher",
     "00000000-0000-0000-0000-000000000002": "Cosmos DB Built-in Data Contributor",
+    "0ad04412-c4d5-4796-b79c-f76d14c8d402": "Durable Task Data Contributor",
 }
 # Roles that would give more than data access to what the app uses.
 TOO_BROAD = {
@@ -48,12 +69,17 @@ SCOPE_BY_MODULE = {
     "storage-role.bicep": "storage",
     "appinsights-role.bicep": "appinsights",
     "cosmos-sql-role.bicep": "cosmos-database",
+    "durabletask-role.bicep": "durabletask",
 }
 
 SENDER, RECEIVER = "Azure Service Bus Data Sender", "Azure Service Bus Data Receiver"
 
 
-def expected_grants(clients: list[dict]) -> set[tuple[str, str, str]]:
+DATA_CONTRIBUTOR = "Cosmos DB Built-in Data Contributor"
+OPERATORS = ["operator-1", "operator-2"]
+
+
+def expected_grants(clients: list[dict], operators: list[str] = (), scheduler: bool = False) -> set[tuple[str, str, str]]:
     app = {
         ("app", "queue:orders", RECEIVER),
         ("app", "queue:agent-requests", SENDER),
@@ -65,13 +91,27 @@ def expected_grants(clients: list[dict]) -> set[tuple[str, str, str]]:
         ("app", "storage", "Storage Queue Data Contributor"),
         ("app", "storage", "Storage Table Data Contributor"),
         ("app", "appinsights", "Monitoring Metrics Publisher"),
-        ("app", "cosmos-database:stateDatabaseName", "Cosmos DB Built-in Data Contributor"),
-        ("app", "cosmos-database:ordersDatabaseName", "Cosmos DB Built-in Data Contributor"),
+        ("app", "cosmos-database:stateDatabaseName", DATA_CONTRIBUTOR),
+        ("app", "cosmos-database:ordersDatabaseName", DATA_CONTRIBUTOR),
     }
+    if scheduler:
+        app.add(("app", "durabletask", "Durable Task Data Contributor"))
+    queues = ["orders", "agent-requests", "agent-responses", "alerts"]
     for c in clients:
+        ingress = f"orders-{c['appId']}"
+        queues += [ingress, c["replyQueueName"]]
+        app.add(("app", f"queue:{ingress}", RECEIVER))
         app.add(("app", f"queue:{c['replyQueueName']}", SENDER))
-        app.add((f"client:{c['appId']}", f"queue:{c['replyQueueName']}", RECEIVER))
-        app.add((f"client:{c['appId']}", "queue:orders", SENDER))
+        if c["principalId"]:
+            # Its own ingress queue and its own reply queue, nothing else.
+            app.add((f"client:{c['appId']}", f"queue:{c['replyQueueName']}", RECEIVER))
+            app.add((f"client:{c['appId']}", f"queue:{ingress}", SENDER))
+    for op in operators:
+        # python -m cli: alerts, deadletters (any queue), watch (reply queues),
+        # post (ingress queues), show/list/stuck/resubmit/compensate (state database).
+        app |= {(f"operator:{op}", f"queue:{q}", RECEIVER) for q in queues}
+        app |= {(f"operator:{op}", f"queue:orders-{c['appId']}", SENDER) for c in clients}
+        app.add((f"operator:{op}", "cosmos-database:stateDatabaseName", DATA_CONTRIBUTOR))
     return app
 
 
@@ -79,71 +119,135 @@ def _clients_with_identity() -> list[dict]:
     return [dict(c, principalId=f"principal-of-{c['appId']}") for c in main_defaults()["clientApplications"]]
 
 
-def _value(value, env: dict, doc: dict):
-    """Resolve a module parameter value within one loop iteration."""
-    pair = accessor(value)
-    if pair:
-        base, field = pair
-        base = env[base] if isinstance(base, str) and base in env else _value(base, env, doc)
-        return base[field]
-    if isinstance(value, dict) and value.get("operator", {}).get("type") == "index_accessor":
-        ops = value["operator"]["operands"]
-        return _value(ops["operand_1"], env, doc)[_value(ops["operand_2"], env, doc)]
-    if isinstance(value, str) and value in env:
-        return env[value]
-    if isinstance(value, str) and value in doc["variables"]:
-        return variable(doc, value)
-    return value
+def _env(clients: list[dict], operators: list[str], scheduler: bool) -> dict:
+    return {
+        "functionAppPrincipalId": "app",
+        "clientApplications": clients,
+        "operatorPrincipalIds": list(operators),
+        "durableTaskSchedulerName": "dts" if scheduler else "",
+        # Names of the scope, kept symbolic.
+        "stateDatabaseName": "stateDatabaseName",
+        "ordersDatabaseName": "ordersDatabaseName",
+    }
 
 
-def _iterations(config: dict, doc: dict, clients: list[dict]):
-    if "loop_type" not in config:
-        yield {}, config
-        return
-    detail = config["loop_type"]["detail"]
-    array = detail["array_name"]
-    if array == "clientApplications":
-        items = clients
-    elif array == "clientsWithIdentity":
-        items = [c for c in clients if c["principalId"]]
-    else:
-        items = variable(doc, array)
-    for item in items:
-        yield {detail["item_name"]: item}, config["config"]
-
-
-def actual_grants(clients: list[dict]) -> set[tuple[str, str, str]]:
+def actual_grants(clients: list[dict], operators: list[str] = (), scheduler: bool = False) -> set[tuple[str, str, str]]:
+    """Expand every role module of rbac.bicep (loops and conditions included)."""
     doc = parse(RBAC)
+    env = _env(clients, operators, scheduler)
     grants = set()
     for module in doc["modules"].values():
         kind = SCOPE_BY_MODULE[module["detail"]["path"].rsplit("/", 1)[-1]]
-        for env, config in _iterations(module["config"], doc, clients):
-            env = dict(env, functionAppPrincipalId="app")
-            params = {k: _value(v, env, doc) for k, v in config["params"].items()}
+        config = module["config"]
+        if config.get("condition") is not None and not evaluate(config["condition"], env, doc):
+            continue
+        iterations = [(env, config)]
+        if "loop_type" in config:
+            detail = config["loop_type"]["detail"]
+            items = evaluate(detail["array_name"], env, doc)
+            iterations = [({**env, detail["item_name"]: item}, config["config"]) for item in items]
+        elif "condition" in config:
+            iterations = [(env, config["config"])]
+        for scope_env, body in iterations:
+            params = {k: evaluate(v, scope_env, doc) for k, v in body["params"].items()}
             principal = params["principalId"]
-            if principal != "app":
-                principal = next(f"client:{c['appId']}" for c in clients if c["principalId"] == principal)
+            if principal == "app":
+                who = "app"
+            elif principal in operators:
+                who = f"operator:{principal}"
+            else:
+                who = next(f"client:{c['appId']}" for c in clients if c["principalId"] == principal)
             role = BUILT_IN[params.get("roleDefinitionId") or params["sqlRoleDefinitionId"]]
             scope = kind
             if kind == "queue":
                 scope = f"queue:{params['queueName']}"
             elif kind == "cosmos-database":
                 scope = f"cosmos-database:{params['databaseName']}"
-            grants.add((principal, scope, role))
+            grants.add((who, scope, role))
     return grants
 
 
-def test_grants_are_exactly_what_each_identity_uses():
+@pytest.mark.parametrize("scheduler", [False, True], ids=["azureStorage", "durableTaskScheduler"])
+@pytest.mark.parametrize("operators", [[], OPERATORS], ids=["no-operators", "operators"])
+def test_grants_are_exactly_what_each_identity_uses(operators, scheduler):
     clients = _clients_with_identity()
-    actual, expected = actual_grants(clients), expected_grants(clients)
+    actual = actual_grants(clients, operators, scheduler)
+    expected = expected_grants(clients, operators, scheduler)
     assert actual - expected == set(), "more access than the design uses"
     assert expected - actual == set(), "access the app needs is missing"
+
+
+def test_a_client_can_send_only_to_its_own_ingress_and_read_only_its_own_replies():
+    clients = _clients_with_identity()
+    grants = actual_grants(clients)
+    for c in clients:
+        mine = {g for g in grants if g[0] == f"client:{c['appId']}"}
+        assert mine == {
+            (f"client:{c['appId']}", f"queue:orders-{c['appId']}", SENDER),
+            (f"client:{c['appId']}", f"queue:{c['replyQueueName']}", RECEIVER),
+        }
+    # Nobody but operators may send to an ingress queue they do not own; the shared queue takes no client.
+    assert not {g for g in grants if g[1] == "queue:orders" and g[2] == SENDER}
+
+
+def test_app_identity_is_the_user_assigned_one():
+    """The grants go to the identity created before the app, not to the site."""
+    params = module_params(parse(MAIN), "rbac")
+    # pycep reads identity.outputs.principalId as identity . (outputs . principalId)
+    assert json.dumps(params["functionAppPrincipalId"], sort_keys=True) == json.dumps(
+        {"operator": {"type": "property_accessor", "operands": {
+            "operand_1": "identity",
+            "operand_2": {"operator": {"type": "property_accessor", "operands": {
+                "operand_1": "outputs", "operand_2": "principalId"}}},
+        }}},
+        sort_keys=True,
+    )
+    assert parse(MAIN)["modules"]["identity"]["detail"]["path"] == "core/identity/user-assigned-identity.bicep"
+    assert "api" not in str(params), "rbac must not wait for (or depend on) the site"
+    api = parse(MAIN)["modules"]["api"]["config"]
+    assert "rbac" in api.get("dependsOn", []), "the app should start with its grants in place"
+
+
+def test_cosmos_sql_role_assignments_run_one_at_a_time():
+    """Cosmos DB answers a concurrent control-plane operation on the same
+    account with 412: every SQL role assignment waits for the one before."""
+    modules = parse(RBAC)["modules"]
+    cosmos = [name for name, m in modules.items() if m["detail"]["path"].endswith("cosmos-sql-role.bicep")]
+    assert len(cosmos) >= 3
+    deps = {}
+    for name in cosmos:
+        config = modules[name]["config"]
+        body = config["config"] if "loop_type" in config else config
+        deps[name] = body.get("dependsOn", [])
+        if "loop_type" in config:
+            assert {"type": "batchSize", "argument": 1} in modules[name]["decorators"], f"{name}: loop without @batchSize(1)"
+    # A single chain: one root, and each other assignment depends on exactly one earlier one.
+    roots = [n for n in cosmos if not deps[n]]
+    assert len(roots) == 1, roots
+    order = [roots[0]]
+    while len(order) < len(cosmos):
+        nxt = [n for n in cosmos if deps[n] == [order[-1]]]
+        assert len(nxt) == 1, f"after {order[-1]}: {nxt}"
+        order.append(nxt[0])
+
+
+def test_operators_come_from_azd_and_the_operator_list():
+    main = parse(MAIN)
+    env = {"principalId": "me", "operatorPrincipalIds": " ops-group , me,"}
+    assert evaluate("operators", env, main) == ["me", "ops-group"]
+    assert evaluate("operators", {"principalId": "", "operatorPrincipalIds": ""}, main) == []
+    assert module_params(main, "rbac")["operatorPrincipalIds"] == "operators"
+    given = json.loads((INFRA / "main.parameters.json").read_text())["parameters"]
+    assert given["principalId"]["value"] == "${AZURE_PRINCIPAL_ID}"
+    assert given["operatorPrincipalIds"]["value"] == "${OPERATOR_PRINCIPAL_IDS}"
+    assert given["operatorPrincipalType"]["value"].startswith("${AZURE_PRINCIPAL_TYPE")
 
 
 def test_clients_without_identity_get_nothing():
     clients = main_defaults()["clientApplications"]
     assert all(c["principalId"] == "" for c in clients)
     assert {g for g in actual_grants(clients) if g[0] != "app"} == set()
+    assert actual_grants(clients) == expected_grants(clients)
     fn = variable(parse(RBAC), "clientsWithIdentity")["function"]
     assert fn["type"] == "filter" and fn["parameters"]["input_array"] == "clientApplications"
 
@@ -151,9 +255,7 @@ def test_clients_without_identity_get_nothing():
 def test_role_ids_are_the_built_in_ones():
     doc = parse(RBAC)
     roles = variable(doc, "roles")
-    assert {BUILT_IN[guid] for guid in roles.values()} == set(BUILT_IN.values()) - {
-        "Cosmos DB Built-in Data Contributor"
-    }
+    assert {BUILT_IN[guid] for guid in roles.values()} == set(BUILT_IN.values()) - {DATA_CONTRIBUTOR}
     assert variable(doc, "cosmosBuiltInDataContributor") == "00000000-0000-0000-0000-000000000002"
 
 
@@ -183,7 +285,11 @@ def test_service_bus_roles_are_scoped_to_one_queue():
 
 
 def test_data_roles_are_scoped_to_their_resource():
-    for file, target in (("storage-role.bicep", "storage"), ("appinsights-role.bicep", "appInsights")):
+    for file, target in (
+        ("storage-role.bicep", "storage"),
+        ("appinsights-role.bicep", "appInsights"),
+        ("durabletask-role.bicep", "scheduler"),
+    ):
         doc = parse(SECURITY / file)
         assert doc["resources"][target]["existing"] is True
         assert doc["resources"]["assignment"]["config"]["scope"] == target
@@ -196,3 +302,26 @@ def test_cosmos_role_is_scoped_to_one_database():
     text = (SECURITY / "cosmos-sql-role.bicep").read_text()
     assert "scope: '${account.id}/dbs/${databaseName}'" in text
     assert "roleDefinitionId: '${account.id}/sqlRoleDefinitions/${sqlRoleDefinitionId}'" in text
+
+
+def test_deployment_names_stay_unique_within_64_characters():
+    """Module deployment names are cut to 64 characters; two grants must never
+    end up with one name (the second would overwrite the first)."""
+    doc = parse(RBAC)
+    clients = [
+        dict(c, appId=f"{c['appId']}-with-a-long-suffix", replyQueueName=f"replies-{c['appId']}-with-a-long-suffix",
+             principalId=f"principal-{i}")
+        for i, c in enumerate(_clients_with_identity())
+    ]
+    env = _env(clients, ["11111111-1111-1111-1111-111111111111", "22222222-2222-2222-2222-222222222222"], True)
+    names = []
+    for module in doc["modules"].values():
+        config = module["config"]
+        if "loop_type" in config:
+            detail = config["loop_type"]["detail"]
+            for item in evaluate(detail["array_name"], env, doc):
+                names.append(evaluate(config["config"]["name"], {**env, detail["item_name"]: item}, doc))
+        else:
+            names.append(evaluate((config.get("config") or config)["name"], env, doc))
+    assert all(len(n) <= 64 for n in names)
+    assert len(names) == len(set(names)), sorted(n for n in names if names.count(n) > 1)

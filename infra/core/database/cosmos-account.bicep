@@ -7,6 +7,11 @@ param tags object = {}
 param capacityMode string = 'Serverless'
 @allowed(['Session', 'BoundedStaleness', 'Strong', 'ConsistentPrefix', 'Eventual'])
 param consistencyLevel string = 'Session'
+@description('Point-in-time restore window: continuous backup keeps every change for 7 or 30 days.')
+@allowed(['Continuous7Days', 'Continuous30Days'])
+param continuousBackupTier string = 'Continuous7Days'
+@description('Log Analytics workspace that receives the account\'s logs and request metrics; empty sends none.')
+param logAnalyticsWorkspaceId string = ''
 
 resource account 'Microsoft.DocumentDB/databaseAccounts@2024-11-15' = {
   name: name
@@ -30,10 +35,39 @@ resource account 'Microsoft.DocumentDB/databaseAccounts@2024-11-15' = {
         name: 'EnableServerless'
       }
     ] : []
+    // A bad write (or a bad deploy of the app) can be undone to the second.
+    backupPolicy: {
+      type: 'Continuous'
+      continuousModeProperties: {
+        tier: continuousBackupTier
+      }
+    }
     disableLocalAuth: true
     disableKeyBasedMetadataWriteAccess: true
     minimalTlsVersion: 'Tls12'
     publicNetworkAccess: 'Enabled'
+  }
+}
+
+resource diagnostics 'Microsoft.Insights/diagnosticSettings@2021-05-01-preview' = if (!empty(logAnalyticsWorkspaceId)) {
+  name: 'to-log-analytics'
+  scope: account
+  properties: {
+    workspaceId: logAnalyticsWorkspaceId
+    // Resource-specific tables (CDBDataPlaneRequests, ...), not AzureDiagnostics.
+    logAnalyticsDestinationType: 'Dedicated'
+    logs: [
+      {
+        categoryGroup: 'allLogs'
+        enabled: true
+      }
+    ]
+    metrics: [
+      {
+        category: 'Requests'
+        enabled: true
+      }
+    ]
   }
 }
 

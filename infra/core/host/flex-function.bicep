@@ -1,4 +1,4 @@
-metadata description = 'A function app on a Flex Consumption plan with a system-assigned identity. The deployment package container is read with that identity, so no storage key is involved.'
+metadata description = 'A function app on a Flex Consumption plan running as a user-assigned identity. The deployment package container is read with that identity, so no storage key is involved; basic (SCM and FTP) publishing credentials are off.'
 
 param name string
 param location string = resourceGroup().location
@@ -8,6 +8,9 @@ param planId string
 @description('Storage account that holds the deployment package container (the host storage account).')
 param storageAccountName string
 param deploymentContainerName string
+
+@description('Resource id of the user-assigned identity the app runs as (created before the app, see core/identity).')
+param identityId string
 
 @allowed(['python'])
 param runtimeName string
@@ -19,6 +22,8 @@ param instanceMemoryMB int = 2048
 @minValue(40)
 @maxValue(1000)
 param maximumInstanceCount int = 40
+@description('Always-ready instances per function group or function ({ name, instanceCount }), e.g. the durable group.')
+param alwaysReady array = []
 
 @description('App settings. Flex Consumption rejects FUNCTIONS_WORKER_RUNTIME and FUNCTIONS_EXTENSION_VERSION: the runtime is set in functionAppConfig instead.')
 param appSettings object
@@ -33,7 +38,10 @@ resource site 'Microsoft.Web/sites@2024-04-01' = {
   tags: tags
   kind: 'functionapp,linux'
   identity: {
-    type: 'SystemAssigned'
+    type: 'UserAssigned'
+    userAssignedIdentities: {
+      '${identityId}': {}
+    }
   }
   properties: {
     serverFarmId: planId
@@ -48,13 +56,15 @@ resource site 'Microsoft.Web/sites@2024-04-01' = {
           type: 'blobContainer'
           value: '${storage.properties.primaryEndpoints.blob}${deploymentContainerName}'
           authentication: {
-            type: 'SystemAssignedIdentity'
+            type: 'UserAssignedIdentity'
+            userAssignedIdentityResourceId: identityId
           }
         }
       }
       scaleAndConcurrency: {
         instanceMemoryMB: instanceMemoryMB
         maximumInstanceCount: maximumInstanceCount
+        alwaysReady: alwaysReady
       }
       runtime: {
         name: runtimeName
@@ -69,7 +79,24 @@ resource site 'Microsoft.Web/sites@2024-04-01' = {
   }
 }
 
+// azd and `func azure functionapp publish` deploy with Entra ID (the
+// deployer's token), so the user-name/password publishing endpoints stay off.
+resource ftpPublishing 'Microsoft.Web/sites/basicPublishingCredentialsPolicies@2024-04-01' = {
+  parent: site
+  name: 'ftp'
+  properties: {
+    allow: false
+  }
+}
+
+resource scmPublishing 'Microsoft.Web/sites/basicPublishingCredentialsPolicies@2024-04-01' = {
+  parent: site
+  name: 'scm'
+  properties: {
+    allow: false
+  }
+}
+
 output id string = site.id
 output name string = site.name
 output defaultHostName string = site.properties.defaultHostName
-output principalId string = site.identity.principalId

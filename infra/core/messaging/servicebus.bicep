@@ -10,6 +10,9 @@ param skuName string = 'Standard'
 @allowed([1, 2, 4, 8, 16])
 param premiumCapacity int = 1
 
+@description('Log Analytics workspace that receives the namespace\'s logs and metrics; empty sends none.')
+param logAnalyticsWorkspaceId string = ''
+
 @description('Queues: { name: string, properties: object } with properties in the Microsoft.ServiceBus/namespaces/queues shape.')
 param queues array
 
@@ -34,6 +37,27 @@ resource queueResources 'Microsoft.ServiceBus/namespaces/queues@2024-01-01' = [f
   name: queue.name
   properties: queue.properties
 }]
+
+resource diagnostics 'Microsoft.Insights/diagnosticSettings@2021-05-01-preview' = if (!empty(logAnalyticsWorkspaceId)) {
+  name: 'to-log-analytics'
+  scope: namespace
+  properties: {
+    workspaceId: logAnalyticsWorkspaceId
+    logs: [
+      {
+        // Operational logs and runtime audit logs (who sent or received with which identity).
+        categoryGroup: 'allLogs'
+        enabled: true
+      }
+    ]
+    metrics: [
+      {
+        category: 'AllMetrics'
+        enabled: true
+      }
+    ]
+  }
+}
 
 output id string = namespace.id
 output name string = namespace.name

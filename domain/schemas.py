@@ -1,0 +1,151 @@
+"""JSON Schemas of the messages on the wire, generated from the pydantic models.
+
+Clients in any language validate against docs/contracts/<Message>.schema.json
+(see docs/client-guide.md). The files are generated, never edited:
+
+    python -m domain.schemas           # write docs/contracts/
+    python -m domain.schemas --check   # exit 1 if any file is stale
+
+tests/contracts fails when a model changes and the files were not regenerated.
+
+A message the app receives is described as the app validates it
+(pydantic's "validation" mode: what is accepted); a message the app only sends
+is described as it is written ("serialization" mode: what comes out). Two
+rules the models check in code are added to the schemas here, so a client's
+validator catches them too: the OrderID alphabet (domain.ids) and the SchemaVersion
+constant. Rules only code can check (Total equals the sum of the lines, no
+card number in PaymentReference) are listed in each schema's description."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel
+
+from domain import ids
+from domain.models import AgentReply, AgentRequest, OperatorAlert, OrderSubmitted, StatusUpdate
+
+ROOT = Path(__file__).resolve().parents[1]
+CONTRACTS_DIR = ROOT / "docs" / "contracts"
+JSON_SCHEMA_DIALECT = "https://json-schema.org/draft/2020-12/schema"
+
+
+@dataclass(frozen=True)
+class Contract:
+    model: type[BaseModel]
+    mode: Literal["validation", "serialization"]
+    route: str
+    notes: str = ""
+
+
+CONTRACTS: dict[str, Contract] = {
+    "OrderSubmitted": Contract(
+        OrderSubmitted,
+        "validation",
+        "client application -> its ingress queue (orders-<AppId>)",
+        "Also checked in code: Total equals the sum of Quantity x UnitPrice over Lines; "
+        "PaymentReference must not look like a card number (13-19 digits passing the Luhn check); "
+        "AppId must be the sending application and ReplyTo its registered reply queue.",
+    ),
+    "StatusUpdate": Contract(
+        StatusUpdate,
+        "serialization",
+        "order processing -> the client application's reply queue",
+    ),
+    "OperatorAlert": Contract(
+        OperatorAlert,
+        "serialization",
+        "order processing -> alerts (operators)",
+    ),
+    "AgentRequest": Contract(
+        AgentRequest,
+        "validation",
+        "Scheduler -> agent-requests (internal)",
+    ),
+    "AgentReply": Contract(
+        AgentReply,
+        "validation",
+        "Agent -> agent-responses (internal)",
+        "Also checked in code: Error is required when Outcome is transient or permanent.",
+    ),
+}
+
+
+def _tighten(node: Any) -> None:
+    """Add the rules pydantic cannot see (AfterValidator) to every OrderID property."""
+    if isinstance(node, dict):
+        props = node.get("properties")
+        if isinstance(props, dict):
+            for name, spec in props.items():
+                if name == "OrderID" and spec.get("type") == "string" and "pattern" not in spec:
+                    # The same expression domain.ids.check_order_id applies.
+                    spec["pattern"] = ids._ORDER_ID.pattern
+                    spec["minLength"], spec["maxLength"] = 1, 64
+        for value in node.values():
+            _tighten(value)
+    elif isinstance(node, list):
+        for value in node:
+            _tighten(value)
+
+
+def schema_for(name: str) -> dict[str, Any]:
+    contract = CONTRACTS[name]
+    body = contract.model.model_json_schema(mode=contract.mode)
+    _tighten(body)
+    description = " ".join(filter(None, [body.pop("description", ""), f"Route: {contract.route}.", contract.notes]))
+    return {
+        "$schema": JSON_SCHEMA_DIALECT,
+        "$id": f"{name}.schema.json",
+        **body,
+        "description": description,
+    }
+
+
+def render_all() -> dict[str, str]:
+    """{file name: text} for every contract."""
+    return {
+        f"{name}.schema.json": json.dumps(schema_for(name), indent=2, sort_keys=True) + "\n"
+        for name in CONTRACTS
+    }
+
+
+def stale_files(directory: Path = CONTRACTS_DIR) -> list[str]:
+    """Files missing, different, or no longer generated."""
+    wanted = render_all()
+    present = {p.name for p in directory.glob("*.schema.json")} if directory.exists() else set()
+    stale = [n for n, text in wanted.items() if not (directory / n).exists() or (directory / n).read_text() != text]
+    return sorted(stale + sorted(present - set(wanted)))
+
+
+def write_all(directory: Path = CONTRACTS_DIR) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    wanted = render_all()
+    for old in directory.glob("*.schema.json"):
+        if old.name not in wanted:
+            old.unlink()
+    for name, text in wanted.items():
+        (directory / name).write_text(text, encoding="utf-8")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Write or check docs/contracts/*.schema.json.")
+    parser.add_argument("--check", action="store_true", help="exit 1 if any file is stale")
+    args = parser.parse_args(argv)
+    if args.check:
+        stale = stale_files()
+        if stale:
+            print("stale contract schemas: " + ", ".join(stale) + " (run python -m domain.schemas)")
+            return 1
+        return 0
+    write_all()
+    print(f"wrote {len(CONTRACTS)} schemas to {CONTRACTS_DIR.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

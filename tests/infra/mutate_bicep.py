@@ -1,0 +1,72 @@
+"""Break the deployment files one way at a time and check that tests/infra fails.
+
+Each mutation is a realistic regression of one point of issue 17. Run:
+
+    .venv/bin/python -m tests.infra.mutate_bicep
+
+It restores every file after each run and prints CAUGHT or MISSED per
+mutation, with the first failing test."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# (label, file, text to replace, replacement)
+MUTATIONS = [
+    ("identity: system-assigned", "infra/core/host/flex-function.bicep", "type: 'UserAssigned'\n", "type: 'SystemAssigned'\n"),
+    ("package read w/o identity id", "infra/core/host/flex-function.bicep", "            userAssignedIdentityResourceId: identityId\n", ""),
+    ("storage clientId dropped", "infra/app/api.bicep", "  AzureWebJobsStorage__clientId: identityClientId\n", ""),
+    ("AI auth string w/o client", "infra/app/api.bicep", "'ClientId=${identityClientId};Authorization=AAD'", "'Authorization=AAD'"),
+    ("cosmos chain broken", "infra/app/rbac.bicep", "  dependsOn: [\n    appStateData\n  ]\n", ""),
+    ("operator batchSize dropped", "infra/app/rbac.bicep", "@batchSize(1)\n", ""),
+    ("rbac from site", "infra/main.bicep", "functionAppPrincipalId: identity.outputs.principalId", "functionAppPrincipalId: identity.outputs.clientId"),
+    ("always-ready removed", "infra/main.bicep", "        name: 'durable'\n", "        name: 'http'\n"),
+    ("step not raised (api)", "infra/main.bicep", "    maxProcessing: maxProcessing\n    claimTimeoutSeconds: azureClaimTimeoutSeconds\n    stepTimeoutSeconds: azureStepTimeoutSeconds", "    maxProcessing: maxProcessing\n    claimTimeoutSeconds: azureClaimTimeoutSeconds\n    stepTimeoutSeconds: stepTimeoutSeconds"),
+    ("step floor w/o bridge cold start", "infra/main.bicep", "var stepFloorSeconds = (2 * flexStartupSeconds)", "var stepFloorSeconds = (1 * flexStartupSeconds)"),
+    ("client sends to shared orders", "infra/app/rbac.bicep", "    queueName: 'orders-${app.appId}'\n    roleDefinitionId: roles.serviceBusDataSender\n    principalId: app.principalId", "    queueName: 'orders'\n    roleDefinitionId: roles.serviceBusDataSender\n    principalId: app.principalId"),
+    ("operators get orders db", "infra/app/rbac.bicep", "    databaseName: stateDatabaseName\n    sqlRoleDefinitionId: cosmosBuiltInDataContributor\n    principalId: operator", "    databaseName: ordersDatabaseName\n    sqlRoleDefinitionId: cosmosBuiltInDataContributor\n    principalId: operator"),
+    ("DTS role missing", "infra/app/rbac.bicep", "roleDefinitionId: roles.durableTaskDataContributor", "roleDefinitionId: roles.serviceBusDataReceiver"),
+    ("DTS provider not switched", "infra/app/api.bicep", "storageProvider__type: 'azureManaged'", "storageProvider__type: 'AzureStorage'"),
+    ("empty DTS allow-list allowed", "infra/core/durable/durable-task-scheduler.bicep", "@minLength(1)\nparam ipAllowlist", "param ipAllowlist"),
+    ("scm publishing on", "infra/core/host/flex-function.bicep", "  name: 'scm'\n  properties: {\n    allow: false", "  name: 'scm'\n  properties: {\n    allow: true"),
+    ("no cosmos diagnostics", "infra/core/database/cosmos-account.bicep", "        categoryGroup: 'allLogs'", "        categoryGroup: 'audit'"),
+    ("periodic backup", "infra/core/database/cosmos-account.bicep", "      type: 'Continuous'", "      type: 'Periodic'"),
+    ("alert emails ignored", "infra/main.bicep", "    emailAddresses: alertEmails", "    emailAddresses: []"),
+    ("ingress queues dropped", "infra/app/messaging.bicep", "concat(fixedQueues, ingressQueues, replyQueues)", "concat(fixedQueues, replyQueues)"),
+    ("bundle floor lowered", "host.json", "[4.26.0, 5.0.0)", "[4.*, 5.0.0)"),
+    ("slow durable polling", "host.json", '"maxQueuePollingInterval": "00:00:02"', '"maxQueuePollingInterval": "00:00:30"'),
+    ("docker config stale", "devstack/docker/servicebus-config.json", '"DefaultMessageTimeToLive": "PT1H"', '"DefaultMessageTimeToLive": "P1D"'),
+]
+
+
+def main() -> int:
+    missed = 0
+    for label, file, old, new in MUTATIONS:
+        path = ROOT / file
+        original = path.read_text()
+        if old not in original:
+            print(f"STALE  {label}: the text to mutate is gone from {file}")
+            missed += 1
+            continue
+        path.write_text(original.replace(old, new, 1))
+        try:
+            run = subprocess.run(
+                [sys.executable, "-m", "pytest", "tests/infra", "-q", "-x", "-p", "no:cacheprovider"],
+                cwd=ROOT, capture_output=True, text=True,
+            )
+        finally:
+            path.write_text(original)
+        first = next((line for line in run.stdout.splitlines() if line.startswith("FAILED")), "")
+        caught = run.returncode != 0
+        missed += not caught
+        print(f"{'CAUGHT' if caught else 'MISSED'} {label} | {first[:110]}")
+    print(f"{len(MUTATIONS) - missed}/{len(MUTATIONS)} mutations caught")
+    return 1 if missed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
