@@ -25,6 +25,8 @@ ACTIVITY_TRIGGER = "activityTrigger"
 ENTITY_TRIGGER = "entityTrigger"
 SERVICE_BUS_TRIGGER = "serviceBusTrigger"
 TIMER_TRIGGER = "timerTrigger"
+HTTP_TRIGGER = "httpTrigger"
+HTTP_OUTPUT = "http"
 DURABLE_CLIENT = "durableClient"
 
 SUPPORTED_TRIGGERS = {
@@ -32,6 +34,7 @@ SUPPORTED_TRIGGERS = {
     ACTIVITY_TRIGGER,
     SERVICE_BUS_TRIGGER,
     TIMER_TRIGGER,
+    HTTP_TRIGGER,
 }
 
 

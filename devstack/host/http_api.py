@@ -128,6 +128,8 @@ class DurableHttpApi:
                 web.delete(prefix + "instances/{instance_id}", self.purge),
                 web.post(prefix + "instances/{instance_id}/terminate", self.terminate),
                 web.post(prefix + "instances/{instance_id}/raiseEvent/{event}", self.raise_event),
+                *[web.post(prefix + "instances/{instance_id}/" + op, self.not_supported)
+                  for op in ("rewind", "restart", "suspend", "resume")],
             ]
         out += [
             web.get("/admin/health", self.health),
@@ -234,6 +236,13 @@ class DurableHttpApi:
             return _error(400, "Invalid JSON content", "", "")
         self.engine.raise_event(instance_id, request.match_info["event"], raw)
         return web.Response(status=202)
+
+    async def not_supported(self, request: web.Request) -> web.Response:
+        """Refused by name rather than answered with a bare 404 the client would misread."""
+        operation = request.path.rstrip("/").rsplit("/", 1)[-1]
+        return _error(501, f"devstack.host does not implement the '{operation}' operation",
+                      f"{operation} is not supported by devstack.host (see docs/local-host.md)",
+                      "System.NotImplementedException")
 
     async def health(self, request: web.Request) -> web.Response:
         return web.json_response({"ready": True})

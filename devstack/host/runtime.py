@@ -17,6 +17,8 @@ from aiohttp import web
 
 from .app import (
     DURABLE_CLIENT,
+    HTTP_OUTPUT,
+    HTTP_TRIGGER,
     SERVICE_BUS_TRIGGER,
     SUPPORTED_TRIGGERS,
     TIMER_TRIGGER,
@@ -28,6 +30,7 @@ from .config import load_host_json, load_local_settings
 from .durable import DurableEngine
 from .errors import HostError
 from .http_api import DurableHttpApi, client_binding
+from .http_triggers import HttpTriggers, route_prefix
 from .servicebus import ServiceBusTriggers
 from .store import Store
 from .timers import TimerTriggers
@@ -87,9 +90,12 @@ class Host:
             if f.trigger_type not in SUPPORTED_TRIGGERS:
                 raise HostError(f"function {f.name}: trigger {f.trigger_type!r} is not supported by devstack.host")
             for b in f.bindings:
-                if b is not f.trigger and b != f.trigger and b.get("type") != DURABLE_CLIENT:
-                    raise HostError(f"function {f.name}: binding {b.get('type')!r} ({b.get('name')}) "
-                                    "is not supported by devstack.host")
+                if b == f.trigger or b.get("type") == DURABLE_CLIENT:
+                    continue
+                if f.trigger_type == HTTP_TRIGGER and b.get("type") == HTTP_OUTPUT:
+                    continue
+                raise HostError(f"function {f.name}: binding {b.get('type')!r} ({b.get('name')}) "
+                                "is not supported by devstack.host")
 
         host_id = o.host_id or os.environ.get("AzureFunctionsWebHost__hostid") or _default_host_id(o.app)
         storage = os.environ.get("AzureWebJobsStorage")
@@ -110,8 +116,12 @@ class Host:
         timer_view: list[TimerTriggers] = []
         api = DurableHttpApi(engine, self.clock, [base],
                              timers=lambda: timer_view[0].describe() if timer_view else [])
-        web_app = web.Application()
+        http = HttpTriggers(catalog.of_type(HTTP_TRIGGER), route_prefix(config.raw), lambda: binding_json)
+        web_app = web.Application(client_max_size=100 * 1024 * 1024)  # the host's default request limit
         web_app.add_routes(api.routes())
+        if http.routes:
+            # After the durable and admin routes, as the real host puts its own routes first.
+            web_app.router.add_route("*", "/{tail:.*}", http.handle)
         runner = web.AppRunner(web_app, access_log=None)
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", port)
@@ -135,6 +145,7 @@ class Host:
             print(
                 f"devstack.host ready: app={o.app} functions={len(catalog.functions)} "
                 f"({', '.join(f'{k}={v}' for k, v in counts.items())}) durable={base}/durabletask/ "
+                + (f"http={base}/{http.prefix + '/' if http.prefix else ''} " if http.routes else "") +
                 f"hub={config.durable.hub_name} clock={o.clock} pid={os.getpid()}",
                 flush=True,
             )

@@ -1,0 +1,121 @@
+"""An app written the way the official Durable Functions Python samples are (not the product).
+
+The HTTP starter, the hello-cities chain and the human-interaction (approval) pattern
+follow the samples in Azure/azure-functions-durable-python and the Microsoft Learn
+quickstart: `client.create_check_status_response(req, instance_id)` answers the HTTP
+call, and callers poll the returned URLs. Nothing here knows about devstack.host.
+The other HTTP functions exercise routing: route parameters and constraints, a
+catch-all, methods, and what a function may return.
+"""
+
+import json
+from datetime import timedelta
+
+import azure.durable_functions as df
+import azure.functions as func
+
+myApp = df.DFApp(http_auth_level=func.AuthLevel.FUNCTION)
+
+
+# ---- the quickstart: HTTP starter, orchestrator, activity ------------------------------
+
+@myApp.route(route="orchestrators/{functionName}", methods=["POST"])
+@myApp.durable_client_input(client_name="client")
+async def http_start(req: func.HttpRequest, client):
+    function_name = req.route_params.get("functionName")
+    payload = req.get_body()
+    instance_id = await client.start_new(function_name, None, json.loads(payload) if payload else None)
+    response = client.create_check_status_response(req, instance_id)
+    return response
+
+
+@myApp.orchestration_trigger(context_name="context")
+def hello_orchestrator(context):
+    result1 = yield context.call_activity("hello", "Seattle")
+    result2 = yield context.call_activity("hello", "Tokyo")
+    result3 = yield context.call_activity("hello", "London")
+    return [result1, result2, result3]
+
+
+@myApp.activity_trigger(input_name="city")
+def hello(city: str):
+    return f"Hello {city}"
+
+
+# ---- human interaction: wait for an approval event or a deadline -----------------------
+
+@myApp.orchestration_trigger(context_name="context")
+def approval_orchestrator(context: df.DurableOrchestrationContext):
+    hours = (context.get_input() or {}).get("hours", 72)
+    deadline = context.current_utc_datetime + timedelta(hours=hours)
+    approval = context.wait_for_external_event("Approval")
+    timeout = context.create_timer(deadline)
+    winner = yield context.task_any([approval, timeout])
+    if winner == approval:
+        timeout.cancel()
+        return {"approved": approval.result}
+    return {"approved": None, "escalated": True}
+
+
+# ---- sub-orchestrations that finish in their first episode -----------------------------
+
+@myApp.orchestration_trigger(context_name="context")
+def family(context: df.DurableOrchestrationContext):
+    """Calls the child named in its input; reports what the child returned or raised."""
+    child = context.get_input()["child"]
+    try:
+        value = yield context.call_sub_orchestrator(child, {"n": 20}, instance_id=f"{context.instance_id}-kid")
+    except Exception as exc:  # the child's failure, as the SDK raises it in the parent
+        return {"failed": str(exc)}
+    return {"value": value}
+
+
+@myApp.orchestration_trigger(context_name="context")
+def child_returns_at_once(context: df.DurableOrchestrationContext):
+    return context.get_input()["n"] + 1
+
+
+@myApp.orchestration_trigger(context_name="context")
+def child_returns_before_yield(context: df.DurableOrchestrationContext):
+    n = context.get_input()["n"]
+    if n > 0:
+        return n * 2
+    yield context.call_activity("hello", "never")
+
+
+@myApp.orchestration_trigger(context_name="context")
+def child_raises_at_once(context: df.DurableOrchestrationContext):
+    n = context.get_input()["n"]
+    if n > 0:
+        raise ValueError(f"child refused {n}")
+    yield context.call_activity("hello", "never")
+
+
+# ---- routing -----------------------------------------------------------------------------
+
+@myApp.route(route="items/{id:int}", methods=["GET"])
+def get_item(req: func.HttpRequest) -> func.HttpResponse:
+    return func.HttpResponse(json.dumps({"id": int(req.route_params["id"]), "q": req.params.get("q")}),
+                             mimetype="application/json", headers={"X-Item": req.route_params["id"]})
+
+
+@myApp.route(route="items/{name}", methods=["GET", "PUT"])
+def named_item(req: func.HttpRequest) -> func.HttpResponse:
+    body = req.get_json() if req.method == "PUT" else None
+    return func.HttpResponse(json.dumps({"name": req.route_params["name"], "method": req.method, "body": body}),
+                             status_code=201 if req.method == "PUT" else 200, mimetype="application/json")
+
+
+@myApp.route(route="files/{*path}")
+def files(req: func.HttpRequest) -> str:
+    return f"path={req.route_params.get('path', '')}"
+
+
+@myApp.route(route="admin-only", auth_level=func.AuthLevel.ADMIN)
+def admin_only(req: func.HttpRequest) -> str:
+    return "admin ok"
+
+
+@myApp.route()
+def broken(req: func.HttpRequest) -> func.HttpResponse:
+    raise RuntimeError("boom")
