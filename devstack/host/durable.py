@@ -273,7 +273,7 @@ class DurableEngine:
         if result.outcome == "completed":
             episode += [_event(ORCHESTRATOR_COMPLETED, now),
                         _event(EXECUTION_COMPLETED, now, OrchestrationStatus="Completed", Result=result.output_json)]
-            messages_out += self._parent_notice(instance_id, True, result.output_json, None)
+            messages_out += self._parent_notice(instance_id, True, result.output_json, None, new_events)
             self._commit(inst, episode, consumed, activities, timers, messages_out, "Completed",
                          result.output_json, result.custom_status_json, now, children)
             log.info("orchestration %s (%s) completed", instance_id, inst.name)
@@ -281,7 +281,7 @@ class DurableEngine:
             message = f"Orchestrator function '{inst.name}' failed: {result.error}"
             episode += [_event(ORCHESTRATOR_COMPLETED, now),
                         _event(EXECUTION_COMPLETED, now, OrchestrationStatus="Failed", Result=json.dumps(message))]
-            messages_out += self._parent_notice(instance_id, False, None, message)
+            messages_out += self._parent_notice(instance_id, False, None, message, new_events)
             self._commit(inst, episode, consumed, activities, timers, messages_out, "Failed",
                          json.dumps(message), result.custom_status_json, now, children)
             log.warning("orchestration %s (%s) failed: %s", instance_id, inst.name, result.error)
@@ -334,8 +334,8 @@ class DurableEngine:
               consumed: list[int], now: datetime, message: str) -> None:
         episode = [started_marker, *new_events, _event(ORCHESTRATOR_COMPLETED, now),
                    _event(EXECUTION_COMPLETED, now, OrchestrationStatus="Failed", Result=json.dumps(message))]
-        self._commit(inst, episode, consumed, [], [], self._parent_notice(inst.instance_id, False, None, message),
-                     "Failed", json.dumps(message), inst.custom_status, now)
+        notice = self._parent_notice(inst.instance_id, False, None, message, new_events)
+        self._commit(inst, episode, consumed, [], [], notice, "Failed", json.dumps(message), inst.custom_status, now)
 
     # ---- sub-orchestrations ------------------------------------------------------------
 
@@ -354,11 +354,15 @@ class DurableEngine:
         return dict(instance_id=child_id, name=task.name, version=version, execution_id=execution_id,
                     input_json=child_input, started_event=started, now_iso=iso(now), now_epoch=now.timestamp())
 
-    def _parent_notice(self, instance_id: str, ok: bool, output_json: str | None,
-                       error: str | None) -> list[tuple[str, str | None, dict[str, Any]]]:
+    def _parent_notice(self, instance_id: str, ok: bool, output_json: str | None, error: str | None,
+                       new_events: list[dict[str, Any]]) -> list[tuple[str, str | None, dict[str, Any]]]:
+        """The parent's SubOrchestrationInstanceCompleted/Failed, if this instance has a parent.
+
+        The ExecutionStarted that names the parent is in the stored history, or, when the
+        child finishes in its first episode, among this episode's new events."""
         history = self.store.history(instance_id)
         parent = None
-        for e in history[:3]:
+        for e in [*history[:3], *new_events]:
             if e["EventType"] == EXECUTION_STARTED:
                 parent = e.get("ParentInstance")
         if not parent:

@@ -148,3 +148,28 @@ async def test_route_prefix_comes_from_host_json(host_factory: Any, tmp_path: Pa
         async with s.post(f"{host.base}/orchestrators/hello_orchestrator") as r:
             links = await r.json()
         assert (await poll_until_done(s, links["statusQueryGetUri"]))["runtimeStatus"] == "Completed"
+
+
+@pytest.mark.parametrize(("child", "expected"), [
+    ("child_returns_at_once", {"value": 21}),
+    ("child_returns_before_yield", {"value": 40}),
+])
+async def test_a_child_that_returns_in_its_first_episode_reports_to_its_parent(
+        host: HostProcess, child: str, expected: dict[str, Any]) -> None:
+    async with aiohttp.ClientSession() as session:
+        links = await start(session, host, "family", {"child": child})
+        status = await poll_until_done(session, links["statusQueryGetUri"])
+    assert status["runtimeStatus"] == "Completed"
+    assert status["output"] == expected
+    kid = await host.client.get_status(f"{links['id']}-kid")
+    assert kid.runtime_status.value == "Completed"
+
+
+async def test_a_child_that_raises_before_yielding_fails_its_parents_task(host: HostProcess) -> None:
+    async with aiohttp.ClientSession() as session:
+        links = await start(session, host, "family", {"child": "child_raises_at_once"})
+        status = await poll_until_done(session, links["statusQueryGetUri"])
+    assert status["runtimeStatus"] == "Completed"
+    assert "child refused 20" in status["output"]["failed"]
+    kid = await host.client.get_status(f"{links['id']}-kid")
+    assert kid.runtime_status.value == "Failed"
