@@ -83,7 +83,8 @@ class DurableOptions:
     default_version: str = ""
     max_concurrent_activities: int = 10
     max_concurrent_orchestrators: int = 10
-    version_match: str = "None"  # None | Strict | CurrentOrOlder
+    # The documented defaults (durable-functions-orchestration-versioning): CurrentOrOlder, Reject.
+    version_match: str = "CurrentOrOlder"  # None | Strict | CurrentOrOlder
     version_failure: str = "Reject"  # Reject | Fail
 
 
@@ -120,7 +121,7 @@ def load_host_json(path: str | None) -> HostConfig:
         default_version=str(dt.get("defaultVersion") or ""),
         max_concurrent_activities=int(dt.get("maxConcurrentActivityFunctions", 10)),
         max_concurrent_orchestrators=int(dt.get("maxConcurrentOrchestratorFunctions", 10)),
-        version_match=str(dt.get("versionMatchStrategy") or "None"),
+        version_match=str(dt.get("versionMatchStrategy") or "CurrentOrOlder"),
         version_failure=str(dt.get("versionFailureStrategy") or "Reject"),
     )
     if dto.version_match not in ("None", "Strict", "CurrentOrOlder"):

@@ -211,8 +211,10 @@ class DurableEngine:
         started_marker = _event(ORCHESTRATOR_STARTED, now)
         if terminate is not None:
             reason = terminate.get("Input")
+            # As DTFx records it: the termination, then the execution's end with status Terminated.
             episode = [started_marker, _event(EXECUTION_TERMINATED, now, Input=reason),
-                       _event(ORCHESTRATOR_COMPLETED, now)]
+                       _event(ORCHESTRATOR_COMPLETED, now),
+                       _event(EXECUTION_COMPLETED, now, OrchestrationStatus="Terminated", Result=reason)]
             self._commit(inst, episode, consumed, [], [], [], "Terminated", reason, inst.custom_status, now)
             log.info("orchestration %s terminated", instance_id)
             return

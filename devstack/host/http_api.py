@@ -82,6 +82,77 @@ def status_payload(inst: Instance, *, show_input: bool = True, history: list[dic
     return body
 
 
+# DTFx's EventType enum, by value: the extension writes the name into the status JSON.
+EVENT_TYPE_NAMES = [
+    "ExecutionStarted", "ExecutionCompleted", "ExecutionFailed", "ExecutionTerminated", "TaskScheduled",
+    "TaskCompleted", "TaskFailed", "SubOrchestrationInstanceCreated", "SubOrchestrationInstanceCompleted",
+    "SubOrchestrationInstanceFailed", "TimerCreated", "TimerFired", "OrchestratorStarted",
+    "OrchestratorCompleted", "EventSent", "EventRaised", "ContinueAsNew", "GenericEvent", "HistoryState",
+    "ExecutionSuspended", "ExecutionResumed",
+]
+
+
+def public_history(events: list[dict[str, Any]], *, show_output: bool, show_input: bool) -> list[dict[str, Any]]:
+    """The history as the extension's status API shows it (DurableClient.GetDurableOrchestrationStatusAsync).
+
+    EventType becomes its name; each TaskScheduled/SubOrchestrationInstanceCreated is folded
+    into its TaskCompleted/TaskFailed/SubOrchestrationInstance{Completed,Failed}, which gains
+    FunctionName and ScheduledTime (and the Input, if shown); ExecutionStarted's Name becomes
+    FunctionName; OrchestratorStarted/Completed are dropped; Result is shown, as JSON, only
+    with showHistoryOutput; EventId and IsPlayed are dropped.
+    """
+    out: list[dict[str, Any]] = []
+    scheduled: dict[str, tuple[int, dict[str, Any]]] = {}  # "<kind>_<EventId>" -> (index, event)
+    drop: set[int] = set()
+    for i, raw in enumerate(events):
+        item = dict(raw)
+        et = item.get("EventType")
+        if not isinstance(et, int) or not 0 <= et < len(EVENT_TYPE_NAMES):
+            out.append(item)
+            continue
+        name = EVENT_TYPE_NAMES[et]
+        item["EventType"] = name
+        if name in ("TaskScheduled", "SubOrchestrationInstanceCreated"):
+            scheduled[f"{name}_{item.get('EventId')}"] = (i, item)
+            item.pop("Version", None)
+        elif name in ("TaskCompleted", "TaskFailed", "SubOrchestrationInstanceCompleted",
+                      "SubOrchestrationInstanceFailed"):
+            kind = "TaskScheduled" if name.startswith("Task") else "SubOrchestrationInstanceCreated"
+            found = scheduled.get(f"{kind}_{item.get('TaskScheduledId')}")
+            if found is not None:
+                index, sched = found
+                item["ScheduledTime"] = sched.get("Timestamp")
+                item["FunctionName"] = sched.get("Name")
+                if show_input:
+                    item["Input"] = sched.get("Input")
+                drop.add(index)
+            item.pop("TaskScheduledId", None)
+            _history_result(item, show_output and name.endswith("Completed"))
+        elif name == "ExecutionStarted":
+            item["FunctionName"] = item.pop("Name", None)
+            for key in ("OrchestrationInstance", "ParentInstance", "Version", "Tags"):
+                item.pop(key, None)
+        elif name == "ExecutionCompleted":
+            _history_result(item, show_output)
+        elif name == "TimerFired":
+            item.pop("TimerId", None)
+        elif name in ("OrchestratorStarted", "OrchestratorCompleted"):
+            drop.add(i)
+        if not show_input:
+            item.pop("Input", None)
+        item.pop("EventId", None)
+        item.pop("IsPlayed", None)
+        out.append(item)
+    return [e for i, e in enumerate(out) if i not in drop]
+
+
+def _history_result(item: dict[str, Any], show: bool) -> None:
+    if not show:
+        item.pop("Result", None)
+    elif "Result" in item:
+        item["Result"] = _loads(item["Result"])
+
+
 def _bool(value: str | None, default: bool) -> bool:
     if value is None:
         return default
@@ -170,8 +241,12 @@ class DurableHttpApi:
         if inst is None:
             return web.Response(status=404)
         show_history = _bool(request.query.get("showHistory"), False)
-        history = self.engine.store.history(instance_id) if show_history else None
-        body = status_payload(inst, show_input=_bool(request.query.get("showInput"), True), history=history)
+        show_input = _bool(request.query.get("showInput"), True)
+        history = None
+        if show_history and inst.status != "Pending":
+            history = public_history(self.engine.store.history(instance_id), show_input=show_input,
+                                     show_output=_bool(request.query.get("showHistoryOutput"), False))
+        body = status_payload(inst, show_input=show_input, history=history)
         if inst.status in ("Running", "Pending", "ContinuedAsNew", "Suspended"):
             return web.json_response(body, status=202, headers={"Retry-After": "5"})
         if inst.status == "Failed" and _bool(request.query.get("returnInternalServerErrorOnFailure"), False):

@@ -64,11 +64,32 @@ async def test_the_quickstart_starter_answers_with_working_status_urls(host: Hos
         assert status["runtimeStatus"] == "Completed"
         assert status["output"] == ["Hello Seattle", "Hello Tokyo", "Hello London"]
         assert status["instanceId"] == links["id"]
+        await check_history_shape(session, links["statusQueryGetUri"])
         async with session.delete(links["purgeHistoryDeleteUri"]) as r:
             assert r.status == 200
             assert (await r.json())["instancesDeleted"] == 1
         async with session.get(links["statusQueryGetUri"]) as r:
             assert r.status == 404
+
+
+async def check_history_shape(session: aiohttp.ClientSession, status_url: str) -> None:
+    """showHistory gives the shape the extension documents and builds (DurableClient.cs)."""
+    async with session.get(status_url + "&showHistory=true&showHistoryOutput=true") as r:
+        events = (await r.json())["historyEvents"]
+    assert [e["EventType"] for e in events] == ["ExecutionStarted", "TaskCompleted", "TaskCompleted",
+                                                "TaskCompleted", "ExecutionCompleted"]
+    assert events[0]["FunctionName"] == "hello_orchestrator"
+    tasks = events[1:4]
+    assert [t["FunctionName"] for t in tasks] == ["hello"] * 3
+    assert [t["Result"] for t in tasks] == ["Hello Seattle", "Hello Tokyo", "Hello London"]
+    assert [t["Input"] for t in tasks] == ['"Seattle"', '"Tokyo"', '"London"']
+    assert all(t["ScheduledTime"] <= t["Timestamp"] for t in tasks)
+    assert events[-1]["OrchestrationStatus"] == "Completed"
+    assert events[-1]["Result"] == ["Hello Seattle", "Hello Tokyo", "Hello London"]
+    assert not any("EventId" in e or "IsPlayed" in e or "TaskScheduledId" in e for e in events)
+    async with session.get(status_url + "&showHistory=true&showInput=false") as r:
+        events = (await r.json())["historyEvents"]
+    assert not any("Result" in e or "Input" in e for e in events)
 
 
 async def test_send_event_and_terminate_urls_reach_the_instance(host: HostProcess) -> None:
