@@ -29,6 +29,7 @@ from azure.functions.durable_functions import ActivityTriggerConverter
 from .app import AppCatalog
 from .clock import Clock
 from .config import DurableOptions
+from .entities import EntityEngine
 from .errors import NonDeterminismError
 from .invoke import call_function
 from .replay import SCHEDULING_EVENTS, run_episode
@@ -49,6 +50,7 @@ TIMER_CREATED = 10
 TIMER_FIRED = 11
 ORCHESTRATOR_STARTED = 12
 ORCHESTRATOR_COMPLETED = 13
+EVENT_SENT = 14
 EVENT_RAISED = 15
 
 
@@ -90,6 +92,7 @@ class DurableEngine:
         self._orch_tasks: set[asyncio.Task[None]] = set()
         self._stopping = False
         self._rejected_until: dict[str, float] = {}
+        self.entities = EntityEngine(store, catalog, clock, options.max_concurrent_orchestrators)
 
     # ---- client operations -------------------------------------------------------------
 
@@ -127,15 +130,16 @@ class DurableEngine:
     # ---- dispatch loops ----------------------------------------------------------------
 
     async def run(self) -> None:
-        await asyncio.gather(self._orchestration_loop(), self._activity_loop())
+        await asyncio.gather(self._orchestration_loop(), self._activity_loop(), self.entities.run())
 
     def stop(self) -> None:
         self._stopping = True
+        self.entities.stop()
         self.clock.poke()
 
     async def drain(self, timeout: float) -> None:
         """Let running episodes and activities finish (a host stopping cleanly does)."""
-        pending = [*self._orch_tasks, *self._activity_tasks]
+        pending = [*self._orch_tasks, *self._activity_tasks, *self.entities.tasks]
         if pending:
             await asyncio.wait(pending, timeout=timeout)
 
@@ -254,6 +258,7 @@ class DurableEngine:
         timers: list[tuple[dict[str, Any], float]] = []
         messages_out: list[tuple[str, str | None, dict[str, Any]]] = []
         children: list[dict[str, Any]] = []
+        entity_ops: list[dict[str, Any]] = []
         for task in result.new_tasks:
             if task.kind == "activity":
                 scheduled_events.append(_event(TASK_SCHEDULED, now, EventId=task.task_id, Name=task.name, Input=task.input))
@@ -270,6 +275,18 @@ class DurableEngine:
                 scheduled_events.append(_event(SUB_ORCHESTRATION_CREATED, now, EventId=task.task_id,
                                                Name=task.name, InstanceId=child_id, Input=task.input))
                 children.append(self._child(child_id, task, instance_id, inst.execution_id))
+            elif task.kind == "entity":
+                # As the extension records it: EventSent to the entity, carrying the request id
+                # the SDK then waits for as the name of the response's EventRaised.
+                request_id = str(uuid.uuid4())
+                scheduled_events.append(_event(EVENT_SENT, now, EventId=task.task_id, InstanceId=task.name, Name="op",
+                                               Input=json.dumps({"id": request_id, "op": task.operation,
+                                                                 "signal": task.signal})))
+                entity_ops.append(dict(entity_id=task.name, operation=task.operation,
+                                       input_json=json.dumps(task.input) if task.input is not None else None,
+                                       request_id=None if task.signal else request_id,
+                                       reply_instance=None if task.signal else instance_id,
+                                       reply_execution=None if task.signal else inst.execution_id))
 
         episode = [started_marker, *new_events, *scheduled_events]
         if result.outcome == "completed":
@@ -277,7 +294,7 @@ class DurableEngine:
                         _event(EXECUTION_COMPLETED, now, OrchestrationStatus="Completed", Result=result.output_json)]
             messages_out += self._parent_notice(instance_id, True, result.output_json, None, new_events)
             self._commit(inst, episode, consumed, activities, timers, messages_out, "Completed",
-                         result.output_json, result.custom_status_json, now, children)
+                         result.output_json, result.custom_status_json, now, children, entity_ops)
             log.info("orchestration %s (%s) completed", instance_id, inst.name)
         elif result.outcome == "failed":
             message = f"Orchestrator function '{inst.name}' failed: {result.error}"
@@ -285,7 +302,7 @@ class DurableEngine:
                         _event(EXECUTION_COMPLETED, now, OrchestrationStatus="Failed", Result=json.dumps(message))]
             messages_out += self._parent_notice(instance_id, False, None, message, new_events)
             self._commit(inst, episode, consumed, activities, timers, messages_out, "Failed",
-                         json.dumps(message), result.custom_status_json, now, children)
+                         json.dumps(message), result.custom_status_json, now, children, entity_ops)
             log.warning("orchestration %s (%s) failed: %s", instance_id, inst.name, result.error)
         elif result.outcome == "continued_as_new":
             new_execution = uuid.uuid4().hex
@@ -304,7 +321,7 @@ class DurableEngine:
         else:
             episode.append(_event(ORCHESTRATOR_COMPLETED, now))
             self._commit(inst, episode, consumed, activities, timers, messages_out, "Running",
-                         None, result.custom_status_json, now, children)
+                         None, result.custom_status_json, now, children, entity_ops)
 
     def _version_refusal(self, version: str | None) -> str | None:
         """host.json versionMatchStrategy against defaultVersion, as the Durable extension applies it."""
@@ -322,9 +339,10 @@ class DurableEngine:
     def _commit(self, inst: Instance, episode: list[dict[str, Any]], consumed: list[int],
                 activities: list[tuple[int, str, str | None]], timers: list[tuple[dict[str, Any], float]],
                 messages: list[tuple[str, str | None, dict[str, Any]]], status: str, output: str | None,
-                custom_status: str | None, now: datetime, children: list[dict[str, Any]] | None = None) -> None:
+                custom_status: str | None, now: datetime, children: list[dict[str, Any]] | None = None,
+                entity_ops: list[dict[str, Any]] | None = None) -> None:
         ok = self.store.commit_episode(
-            new_instances=children,
+            new_instances=children, entity_ops=entity_ops,
             instance_id=inst.instance_id, execution_id=inst.execution_id, reset_history=False,
             new_history=episode, consumed=consumed, activities=activities, timers=timers, messages=messages,
             status=status, output=output, custom_status=custom_status, input_json=inst.input, now_iso=iso(now),

@@ -16,6 +16,7 @@ from aiohttp import web
 
 from .clock import Clock, ControllableClock
 from .durable import DurableEngine
+from .entities import scheduler_id
 from .store import TERMINAL, Instance
 
 RPC_PREFIX = "/durabletask/"
@@ -199,6 +200,8 @@ class DurableHttpApi:
                 web.delete(prefix + "instances/{instance_id}", self.purge),
                 web.post(prefix + "instances/{instance_id}/terminate", self.terminate),
                 web.post(prefix + "instances/{instance_id}/raiseEvent/{event}", self.raise_event),
+                web.get(prefix + "entities/{name}/{key}", self.read_entity),
+                web.post(prefix + "entities/{name}/{key}", self.signal_entity),
                 *[web.post(prefix + "instances/{instance_id}/" + op, self.not_supported)
                   for op in ("rewind", "restart", "suspend", "resume")],
             ]
@@ -310,6 +313,35 @@ class DurableHttpApi:
         except json.JSONDecodeError:
             return _error(400, "Invalid JSON content", "", "")
         self.engine.raise_event(instance_id, request.match_info["event"], raw)
+        return web.Response(status=202)
+
+    async def read_entity(self, request: web.Request) -> web.Response:
+        entity = self.engine.store.get_entity(scheduler_id(request.match_info["name"], request.match_info["key"]))
+        if entity is None or not entity[0]:
+            return web.Response(status=404)
+        return web.Response(status=200, text=entity[1] or "null", content_type="application/json")
+
+    async def signal_entity(self, request: web.Request) -> web.Response:
+        operation = request.query.get("op")
+        if not operation:
+            return _error(400, "One or more of the arguments submitted is incorrect",
+                          "The 'op' query parameter is required", "System.ArgumentException")
+        name = request.match_info["name"]
+        if name.lower() not in self.engine.entities.functions:
+            return _error(400, "One or more of the arguments submitted is incorrect",
+                          f"The function '{name}' doesn't exist, is disabled, or is not an entity function.",
+                          "System.ArgumentException")
+        raw = await request.text()
+        input_json = None
+        if raw.strip():
+            try:
+                # The extension parses the body into a JToken and serializes that as the input.
+                input_json = json.dumps(json.loads(raw))
+            except json.JSONDecodeError:
+                input_json = json.dumps(raw)  # non-JSON content is a string input
+        self.engine.store.enqueue_entity_op(entity_id=scheduler_id(name, request.match_info["key"]),
+                                            operation=operation, input_json=input_json)
+        self.clock.poke()
         return web.Response(status=202)
 
     async def not_supported(self, request: web.Request) -> web.Response:

@@ -119,3 +119,49 @@ def admin_only(req: func.HttpRequest) -> str:
 @myApp.route()
 def broken(req: func.HttpRequest) -> func.HttpResponse:
     raise RuntimeError("boom")
+
+
+# ---- a durable entity (the samples' counter), used from an orchestration and from clients -
+
+@myApp.entity_trigger(context_name="context")
+def Counter(context: df.DurableEntityContext):
+    current_value = context.get_state(lambda: 0)
+    operation = context.operation_name
+    if operation == "add":
+        amount = context.get_input()
+        current_value += amount
+    elif operation == "reset":
+        current_value = 0
+    elif operation == "get":
+        pass
+    elif operation == "fail":
+        raise ValueError(f"counter cannot fail at {current_value}")
+    context.set_state(current_value)
+    context.set_result(current_value)
+
+
+@myApp.orchestration_trigger(context_name="context")
+def counter_orchestrator(context: df.DurableOrchestrationContext):
+    entity_id = df.EntityId("Counter", context.get_input()["key"])
+    context.signal_entity(entity_id, "add", 1)
+    after_add = yield context.call_entity(entity_id, "add", 5)
+    try:
+        yield context.call_entity(entity_id, "fail")
+        error = None
+    except Exception as exc:
+        error = str(exc)
+    value = yield context.call_entity(entity_id, "get")
+    return {"after_add": after_add, "error": error, "get": value}
+
+
+@myApp.route(route="counters/{key}", methods=["GET", "POST"])
+@myApp.durable_client_input(client_name="client")
+async def counter_http(req: func.HttpRequest, client):
+    entity_id = df.EntityId("Counter", req.route_params["key"])
+    if req.method == "POST":
+        await client.signal_entity(entity_id, "add", req.get_json())
+        return func.HttpResponse(status_code=202)
+    state = await client.read_entity_state(entity_id)
+    if not state.entity_exists:
+        return func.HttpResponse(status_code=404)
+    return func.HttpResponse(json.dumps(state.entity_state), mimetype="application/json")
