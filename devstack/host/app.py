@@ -26,6 +26,7 @@ ENTITY_TRIGGER = "entityTrigger"
 SERVICE_BUS_TRIGGER = "serviceBusTrigger"
 TIMER_TRIGGER = "timerTrigger"
 HTTP_TRIGGER = "httpTrigger"
+QUEUE_TRIGGER = "queueTrigger"
 HTTP_OUTPUT = "http"
 DURABLE_CLIENT = "durableClient"
 
@@ -36,6 +37,7 @@ SUPPORTED_TRIGGERS = {
     TIMER_TRIGGER,
     HTTP_TRIGGER,
     ENTITY_TRIGGER,
+    QUEUE_TRIGGER,
 }
 
 

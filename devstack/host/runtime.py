@@ -19,6 +19,7 @@ from .app import (
     DURABLE_CLIENT,
     HTTP_OUTPUT,
     HTTP_TRIGGER,
+    QUEUE_TRIGGER,
     SERVICE_BUS_TRIGGER,
     SUPPORTED_TRIGGERS,
     TIMER_TRIGGER,
@@ -31,6 +32,7 @@ from .durable import DurableEngine
 from .errors import HostError
 from .http_api import DurableHttpApi, client_binding
 from .http_triggers import HttpTriggers, route_prefix
+from .queues import QueueTriggers
 from .servicebus import ServiceBusTriggers
 from .store import Store
 from .timers import TimerTriggers
@@ -133,11 +135,13 @@ class Host:
         timers = TimerTriggers(catalog.of_type(TIMER_TRIGGER), self.clock, storage, host_id, lambda: binding_json)
         timer_view.append(timers)
         sb = ServiceBusTriggers(catalog.of_type(SERVICE_BUS_TRIGGER), config.service_bus, lambda: binding_json)
+        queues = QueueTriggers(catalog.of_type(QUEUE_TRIGGER), config.queues, lambda: binding_json)
         loop = asyncio.get_running_loop()
         tasks: list[asyncio.Task[None]] = []
         try:
             sb.start(loop)
             await sb.check_reachable()
+            await queues.start()
             await timers.start()
             tasks.append(asyncio.create_task(engine.run(), name="durable"))
             tasks.append(asyncio.create_task(self._heartbeat(store), name="heartbeat"))
@@ -158,6 +162,7 @@ class Host:
             engine.stop()
             await timers.stop()
             await sb.stop()
+            await queues.stop()
             await engine.drain(timeout=20)
             for t in tasks:
                 t.cancel()

@@ -9,6 +9,7 @@ catch-all, methods, and what a function may return.
 """
 
 import json
+import os
 from datetime import timedelta
 
 import azure.durable_functions as df
@@ -165,3 +166,9 @@ async def counter_http(req: func.HttpRequest, client):
     if not state.entity_exists:
         return func.HttpResponse(status_code=404)
     return func.HttpResponse(json.dumps(state.entity_state), mimetype="application/json")
+
+
+if os.environ.get("OFFICIAL_QUEUES"):
+    from queue_functions import queue_bp
+
+    myApp.register_functions(queue_bp)
