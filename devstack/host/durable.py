@@ -52,6 +52,8 @@ ORCHESTRATOR_STARTED = 12
 ORCHESTRATOR_COMPLETED = 13
 EVENT_SENT = 14
 EVENT_RAISED = 15
+EXECUTION_SUSPENDED = 19
+EXECUTION_RESUMED = 20
 
 
 def iso(dt: datetime) -> str:
@@ -123,6 +125,22 @@ class DurableEngine:
         self.store.enqueue(instance_id, None, _event(EVENT_RAISED, self.clock.now(), Name=name, Input=data_json))
         self.clock.poke()
 
+    def restart(self, instance_id: str, new_instance_id: bool) -> StartResult | None:
+        """Start the instance's orchestration again with its original input (RestartAsync)."""
+        inst = self.store.get_instance(instance_id)
+        if inst is None:
+            return None
+        target = uuid.uuid4().hex if new_instance_id else instance_id
+        return self.start_new(inst.name, target, inst.input, inst.version)
+
+    def suspend(self, instance_id: str, reason: str | None) -> None:
+        self.store.enqueue(instance_id, None, _event(EXECUTION_SUSPENDED, self.clock.now(), Reason=reason))
+        self.clock.poke()
+
+    def resume(self, instance_id: str, reason: str | None) -> None:
+        self.store.enqueue(instance_id, None, _event(EXECUTION_RESUMED, self.clock.now(), Reason=reason))
+        self.clock.poke()
+
     def terminate(self, instance_id: str, reason: str | None) -> None:
         self.store.enqueue(instance_id, None, _event(EXECUTION_TERMINATED, self.clock.now(), Input=json.dumps(reason)))
         self.clock.poke()
@@ -187,6 +205,9 @@ class DurableEngine:
         consumed: list[int] = []
         terminate: dict[str, Any] | None = None
         has_start = bool(history)
+        suspended = inst.status == "Suspended"
+        control: list[dict[str, Any]] = []  # ExecutionSuspended/Resumed that changed the state
+        control_mids: list[int] = []
         for mid, execution_id, event in messages:
             et = event["EventType"]
             if et == EXECUTION_STARTED:
@@ -202,6 +223,15 @@ class DurableEngine:
             elif inst.is_terminal or (execution_id is not None and execution_id != inst.execution_id):
                 consumed.append(mid)  # late news for a finished or replaced execution: dropped, as DTFx does
                 continue
+            elif et in (EXECUTION_SUSPENDED, EXECUTION_RESUMED):
+                consumed.append(mid)
+                control_mids.append(mid)
+                if (et == EXECUTION_SUSPENDED) != suspended:
+                    suspended = et == EXECUTION_SUSPENDED
+                    control.append(event)
+                continue
+            elif suspended:
+                continue  # held while suspended, as DTFx does: stays queued until a resume
             consumed.append(mid)
             new_events.append(event)
 
@@ -222,6 +252,14 @@ class DurableEngine:
             self._commit(inst, episode, consumed, [], [], [], "Terminated", reason, inst.custom_status, now)
             log.info("orchestration %s terminated", instance_id)
             return
+
+        if suspended:
+            # Only the suspension is recorded; every other message stays queued for the resume.
+            self._commit(inst, control, control_mids, [], [], [], "Suspended", inst.output, inst.custom_status, now)
+            if control:
+                log.info("orchestration %s suspended", instance_id)
+            return
+        new_events = control + new_events
 
         refusal = self._version_refusal(inst.version)
         if refusal is not None:

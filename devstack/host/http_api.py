@@ -202,8 +202,10 @@ class DurableHttpApi:
                 web.post(prefix + "instances/{instance_id}/raiseEvent/{event}", self.raise_event),
                 web.get(prefix + "entities/{name}/{key}", self.read_entity),
                 web.post(prefix + "entities/{name}/{key}", self.signal_entity),
-                *[web.post(prefix + "instances/{instance_id}/" + op, self.not_supported)
-                  for op in ("rewind", "restart", "suspend", "resume")],
+                web.post(prefix + "instances/{instance_id}/suspend", self.suspend),
+                web.post(prefix + "instances/{instance_id}/resume", self.resume),
+                web.post(prefix + "instances/{instance_id}/restart", self.restart),
+                web.post(prefix + "instances/{instance_id}/rewind", self.not_supported),
             ]
         out += [
             web.get("/admin/health", self.health),
@@ -297,6 +299,36 @@ class DurableHttpApi:
             return web.Response(status=410)
         self.engine.terminate(instance_id, request.query.get("reason"))
         return web.Response(status=202)
+
+    async def suspend(self, request: web.Request) -> web.Response:
+        return self._suspend_or_resume(request, self.engine.suspend)
+
+    async def resume(self, request: web.Request) -> web.Response:
+        return self._suspend_or_resume(request, self.engine.resume)
+
+    def _suspend_or_resume(self, request: web.Request, action: Callable[[str, str | None], None]) -> web.Response:
+        instance_id = request.match_info["instance_id"]
+        inst = self.engine.store.get_instance(instance_id)
+        if inst is None:
+            return web.Response(status=404)
+        if inst.status in TERMINAL:
+            return web.Response(status=410)
+        action(instance_id, request.query.get("reason"))
+        return web.Response(status=202)
+
+    async def restart(self, request: web.Request) -> web.Response:
+        new_id = _bool(request.query.get("restartWithNewInstanceId"), True)
+        result = self.engine.restart(request.match_info["instance_id"], new_id)
+        if result is None:
+            return _error(400, "InstanceId does not match a valid orchestration instance.",
+                          f"An orchestration with the instanceId {request.match_info['instance_id']} was not found.",
+                          "System.ArgumentException")
+        if not result.ok:
+            return _error(500, "Something went wrong while processing your request", result.error or "",
+                          "System.InvalidOperationException")
+        payload = self._management(result.instance_id)
+        return web.json_response(payload, status=202, headers={"Location": payload["statusQueryGetUri"],
+                                                               "Retry-After": "10"})
 
     async def raise_event(self, request: web.Request) -> web.Response:
         instance_id = request.match_info["instance_id"]

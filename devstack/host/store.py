@@ -270,9 +270,12 @@ class Store:
 
     def claim_instances(self, now_epoch: float, limit: int, busy: set[str]) -> list[str]:
         """Lock up to `limit` instances that have visible messages and no live owner."""
+        # A suspended instance is claimed only for what can change it: resume, suspend, terminate.
         rows = self.db.execute(
-            "SELECT instance_id, MIN(id) AS first FROM inbox WHERE visible_at <= ? "
-            "GROUP BY instance_id ORDER BY first LIMIT ?",
+            "SELECT m.instance_id, MIN(m.id) AS first FROM inbox m "
+            "LEFT JOIN instances i ON i.instance_id = m.instance_id WHERE m.visible_at <= ? "
+            "AND (i.status IS NULL OR i.status != 'Suspended' OR json_extract(m.event, '$.EventType') IN (3, 19, 20)) "
+            "GROUP BY m.instance_id ORDER BY first LIMIT ?",
             (now_epoch, limit + len(busy)),
         ).fetchall()
         claimed: list[str] = []

@@ -1,0 +1,71 @@
+"""Instance management through the SDK client: suspend, resume, restart (and rewind, refused by name)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from .conftest import OFFICIAL_APP, HostProcess, wait_status
+
+pytestmark = [pytest.mark.integration, pytest.mark.e2e]
+
+
+@pytest.fixture
+def host(host_factory: Any) -> HostProcess:
+    return host_factory(app_dir=OFFICIAL_APP, hub="OfficialHub", app="function_app:myApp")
+
+
+async def test_a_suspended_instance_holds_its_events_until_resumed(host: HostProcess) -> None:
+    client = host.client
+    iid = await client.start_new("approval_orchestrator", None, {"hours": 1})
+    await wait_status(client, iid, "Running")
+    await client.suspend(iid, "waiting for audit")
+    await wait_status(client, iid, "Suspended")
+    await client.raise_event(iid, "Approval", "yes")
+    await asyncio.sleep(1.5)  # the event must not be processed while suspended
+    assert (await client.get_status(iid)).runtime_status.value == "Suspended"
+    await client.resume(iid, "audit done")
+    status = await wait_status(client, iid, "Completed", "Failed")
+    assert status.output == {"approved": '"yes"'}  # the SDK client double-encodes event data (see docs)
+    types = [e["EventType"] for e in status.historyEvents]
+    assert types.index("ExecutionSuspended") < types.index("ExecutionResumed") < types.index("EventRaised")
+    await client.suspend(iid, "too late")  # 410 Gone: the client treats it as done
+    with pytest.raises(Exception, match="No instance with ID 'nope' found"):
+        await client.suspend("nope", "x")
+
+
+async def test_terminating_a_suspended_instance(host: HostProcess) -> None:
+    client = host.client
+    iid = await client.start_new("approval_orchestrator", None, {"hours": 1})
+    await wait_status(client, iid, "Running")
+    await client.suspend(iid, "hold")
+    await wait_status(client, iid, "Suspended")
+    await client.terminate(iid, "cancelled while held")
+    status = await wait_status(client, iid, "Terminated")
+    assert status.output == "cancelled while held"
+
+
+async def test_restart_runs_the_orchestration_again_with_its_input(host: HostProcess) -> None:
+    client = host.client
+    iid = await client.start_new("hello_orchestrator")
+    first = await wait_status(client, iid, "Completed")
+    # The SDK returns the extension's check-status payload here (its body), not a bare id.
+    again = await client.restart(iid, restart_with_new_instance_id=False)
+    assert again["id"] == iid
+    second = await wait_status(client, iid, "Completed")
+    assert second.output == first.output
+    fresh = await client.restart(iid)
+    assert fresh["id"] != iid
+    assert (await wait_status(client, fresh["id"], "Completed")).output == first.output
+    with pytest.raises(Exception, match="unexpected status code 400"):
+        await client.restart("nope")
+
+
+async def test_rewind_is_refused_by_name(host: HostProcess) -> None:
+    client = host.client
+    iid = await client.start_new("family", None, {"child": "child_raises_at_once"})
+    await wait_status(client, iid, "Completed")
+    with pytest.raises(Exception, match="rewind"):
+        await client.rewind(iid, "try again")
