@@ -29,10 +29,11 @@ from azure.functions.durable_functions import ActivityTriggerConverter
 from .app import AppCatalog
 from .clock import Clock
 from .config import DurableOptions
+from .durable_http import run_http_activity
 from .entities import EntityEngine
 from .errors import NonDeterminismError
 from .invoke import call_function
-from .replay import SCHEDULING_EVENTS, run_episode
+from .replay import HTTP_ACTIVITY, SCHEDULING_EVENTS, run_episode
 from .store import Instance, Store
 
 log = logging.getLogger("devstack.host.durable")
@@ -453,7 +454,15 @@ class DurableEngine:
         name = row["name"]
         spec = self.catalog.activity(name)
         now = self.clock.now()
-        if spec is None:
+        if name == HTTP_ACTIVITY:
+            try:
+                result = await run_http_activity(row["input"])
+                event = _event(TASK_COMPLETED, self.clock.now(), TaskScheduledId=row["task_id"], Result=result)
+            except Exception as exc:
+                log.warning("call_http for %s failed: %s", row["instance_id"], exc)
+                event = _event(TASK_FAILED, self.clock.now(), TaskScheduledId=row["task_id"],
+                               Reason=str(exc) or type(exc).__name__, Details="".join(traceback.format_exception(exc)))
+        elif spec is None:
             event = _event(TASK_FAILED, now, TaskScheduledId=row["task_id"],
                            Reason=f"The function '{name}' doesn't exist, is disabled, or is not an activity function.",
                            Details=None)

@@ -28,6 +28,7 @@ from azure.durable_functions.models.actions.CallActivityWithRetryAction import (
     CallActivityWithRetryAction,
 )
 from azure.durable_functions.models.actions.CallEntityAction import CallEntityAction
+from azure.durable_functions.models.actions.CallHttpAction import CallHttpAction
 from azure.durable_functions.models.actions.CallSubOrchestratorAction import (
     CallSubOrchestratorAction,
 )
@@ -41,6 +42,7 @@ from azure.durable_functions.models.Task import AtomicTask, RetryAbleTask
 
 from .errors import NonDeterminismError
 
+HTTP_ACTIVITY = "BuiltIn::HttpActivity"  # the extension runs call_http as this built-in activity
 UPPER_SCHEMA_VERSION = 2  # ReplaySchema.V3: task_any/task_all as compound actions
 
 TASK_SCHEDULED = 4
@@ -119,6 +121,8 @@ def _describe(task: AtomicTask, now: datetime) -> NewTask:
         return NewTask(tid, "activity", name=action.function_name, input=action.input_)
     if isinstance(action, CreateTimerAction):
         return NewTask(tid, "timer", fire_at=action.fire_at)
+    if isinstance(action, CallHttpAction):
+        return NewTask(tid, "activity", name=HTTP_ACTIVITY, input=json.dumps(action.http_request.to_json()))
     if isinstance(action, (CallEntityAction, SignalEntityAction)):
         return NewTask(tid, "entity", name=action.instance_id, input=action.input_, operation=action.operation,
                        signal=isinstance(action, SignalEntityAction))
@@ -140,7 +144,8 @@ def _describe(task: AtomicTask, now: datetime) -> NewTask:
                 return rescheduled
     raise NotImplementedError(
         f"devstack.host does not run {type(action).__name__} (task {tid}); "
-        "supported: activities (with retry), timers, external events, sub-orchestrations, entity calls and signals"
+        "supported: activities (with retry), timers, external events, sub-orchestrations, entity calls and signals, "
+        "call_http"
     )
 
 

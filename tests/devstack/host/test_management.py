@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 import pytest
@@ -69,3 +70,23 @@ async def test_rewind_is_refused_by_name(host: HostProcess) -> None:
     await wait_status(client, iid, "Completed")
     with pytest.raises(Exception, match="rewind"):
         await client.rewind(iid, "try again")
+
+
+async def test_call_http_returns_the_response_and_does_not_follow_202(host: HostProcess) -> None:
+    client = host.client
+    iid = await client.start_new("http_caller", None, {"base": host.base})
+    status = await wait_status(client, iid, "Completed", "Failed")
+    assert status.runtime_status.value == "Completed", status.output
+    item = status.output["item"]
+    assert item["statusCode"] == 200
+    assert json.loads(item["content"]) == {"id": 9, "q": "x"}
+    assert item["headers"]["X-Item"] == "9"
+    accepted = status.output["accepted"]
+    # The Python SDK 1.x does not ask the extension to poll (azure-functions-durable-python#380):
+    # the 202 itself is the result, with its Location for the orchestrator to follow.
+    assert accepted["statusCode"] == 202
+    assert accepted["headers"]["Location"].endswith("/api/items/1")
+    assert json.loads(accepted["content"])["body"] == {"size": 3}
+    assert json.loads(accepted["content"])["trace"] == "t1"
+    functions = [e.get("FunctionName") for e in status.historyEvents if e["EventType"] == "TaskCompleted"]
+    assert functions == ["BuiltIn::HttpActivity", "BuiltIn::HttpActivity"]

@@ -168,6 +168,24 @@ async def counter_http(req: func.HttpRequest, client):
     return func.HttpResponse(json.dumps(state.entity_state), mimetype="application/json")
 
 
+# ---- call_http --------------------------------------------------------------------------
+
+@myApp.orchestration_trigger(context_name="context")
+def http_caller(context: df.DurableOrchestrationContext):
+    base = context.get_input()["base"]
+    item = yield context.call_http("GET", f"{base}/api/items/9?q=x")
+    accepted = yield context.call_http("POST", f"{base}/api/jobs", {"size": 3}, headers={"X-Trace": "t1"})
+    return {"item": item, "accepted": accepted}
+
+
+@myApp.route(route="jobs", methods=["POST"])
+def start_job(req: func.HttpRequest) -> func.HttpResponse:
+    """A long-running-operation endpoint: 202 with where to poll."""
+    echo = {"body": req.get_json(), "trace": req.headers.get("X-Trace"), "type": req.headers.get("Content-Type")}
+    return func.HttpResponse(json.dumps(echo), status_code=202, mimetype="application/json",
+                             headers={"Location": req.url.replace("/jobs", "/items/1"), "Retry-After": "1"})
+
+
 if os.environ.get("OFFICIAL_QUEUES"):
     from queue_functions import queue_bp
 
