@@ -53,6 +53,7 @@ ORCHESTRATOR_STARTED = 12
 ORCHESTRATOR_COMPLETED = 13
 EVENT_SENT = 14
 EVENT_RAISED = 15
+GENERIC_EVENT = 17
 EXECUTION_SUSPENDED = 19
 EXECUTION_RESUMED = 20
 
@@ -133,6 +134,12 @@ class DurableEngine:
             return None
         target = uuid.uuid4().hex if new_instance_id else instance_id
         return self.start_new(inst.name, target, inst.input, inst.version)
+
+    def rewind(self, instance_id: str, reason: str | None) -> str | None:
+        now = self.clock.now()
+        blocking = self.store.rewind(instance_id, _event(GENERIC_EVENT, now, Data=f"Rewound: {reason or ''}"), iso(now))
+        self.clock.poke()
+        return blocking
 
     def suspend(self, instance_id: str, reason: str | None) -> None:
         self.store.enqueue(instance_id, None, _event(EXECUTION_SUSPENDED, self.clock.now(), Reason=reason))

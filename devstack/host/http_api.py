@@ -205,7 +205,7 @@ class DurableHttpApi:
                 web.post(prefix + "instances/{instance_id}/suspend", self.suspend),
                 web.post(prefix + "instances/{instance_id}/resume", self.resume),
                 web.post(prefix + "instances/{instance_id}/restart", self.restart),
-                web.post(prefix + "instances/{instance_id}/rewind", self.not_supported),
+                web.post(prefix + "instances/{instance_id}/rewind", self.rewind),
             ]
         out += [
             web.get("/admin/health", self.health),
@@ -316,6 +316,19 @@ class DurableHttpApi:
         action(instance_id, request.query.get("reason"))
         return web.Response(status=202)
 
+    async def rewind(self, request: web.Request) -> web.Response:
+        instance_id = request.match_info["instance_id"]
+        inst = self.engine.store.get_instance(instance_id)
+        if inst is None:
+            return web.Response(status=404)
+        if inst.status in ("Completed", "Terminated", "Canceled"):
+            return web.Response(status=410)
+        blocking = self.engine.rewind(instance_id, request.query.get("reason"))
+        if blocking is not None:  # the extension's InvalidOperationException, unhandled: a 500
+            return web.json_response("The rewind operation is only supported on failed orchestration instances.",
+                                     status=500)
+        return web.Response(status=202)
+
     async def restart(self, request: web.Request) -> web.Response:
         new_id = _bool(request.query.get("restartWithNewInstanceId"), True)
         result = self.engine.restart(request.match_info["instance_id"], new_id)
@@ -375,13 +388,6 @@ class DurableHttpApi:
                                             operation=operation, input_json=input_json)
         self.clock.poke()
         return web.Response(status=202)
-
-    async def not_supported(self, request: web.Request) -> web.Response:
-        """Refused by name rather than answered with a bare 404 the client would misread."""
-        operation = request.path.rstrip("/").rsplit("/", 1)[-1]
-        return _error(501, f"devstack.host does not implement the '{operation}' operation",
-                      f"{operation} is not supported by devstack.host (see docs/local-host.md)",
-                      "System.NotImplementedException")
 
     async def health(self, request: web.Request) -> web.Response:
         return web.json_response({"ready": True})

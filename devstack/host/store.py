@@ -412,6 +412,31 @@ class Store:
             )
         return True
 
+    def rewind(self, instance_id: str, rewind_event: dict[str, Any], now_iso: str) -> str | None:
+        """Undo a Failed instance's failures: the history loses each failed activity and
+        sub-orchestration (the scheduling event and its failure) and the execution's end, the
+        instance is Running again, and a GenericEvent wakes it, so the replay schedules the
+        failed work anew. Returns the status that prevents it, or None."""
+        with self.tx() as db:
+            row = db.execute("SELECT status, execution_id FROM instances WHERE instance_id=?",
+                             (instance_id,)).fetchone()
+            if row is None or row["status"] != "Failed":
+                return row["status"] if row else "missing"
+            rows = db.execute("SELECT seq, event FROM history WHERE instance_id=? ORDER BY seq",
+                              (instance_id,)).fetchall()
+            events = [(r["seq"], json.loads(r["event"])) for r in rows]
+            failed = {(4 if e["EventType"] == 6 else 7, e.get("TaskScheduledId"))
+                      for _, e in events if e["EventType"] in (6, 9)}  # TaskFailed, SubOrchestrationInstanceFailed
+            drop = [seq for seq, e in events
+                    if e["EventType"] in (1, 6, 9)  # ExecutionCompleted and the failures
+                    or (e["EventType"], e.get("EventId")) in failed]
+            db.executemany("DELETE FROM history WHERE instance_id=? AND seq=?", [(instance_id, q) for q in drop])
+            db.execute("INSERT INTO inbox(instance_id, execution_id, event, visible_at) VALUES(?, ?, ?, 0)",
+                       (instance_id, row["execution_id"], json.dumps(rewind_event)))
+            db.execute("UPDATE instances SET status='Running', output=NULL, last_updated_time=? WHERE instance_id=?",
+                       (now_iso, instance_id))
+        return None
+
     # ---- entities ----------------------------------------------------------------------
 
     @staticmethod

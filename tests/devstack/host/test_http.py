@@ -109,12 +109,18 @@ async def test_send_event_and_terminate_urls_reach_the_instance(host: HostProces
         assert status["output"] == "no longer needed"
 
 
-async def test_unimplemented_management_urls_are_refused_by_name(host: HostProcess) -> None:
+async def test_management_urls_answer_as_the_extension_does(host: HostProcess) -> None:
     async with aiohttp.ClientSession() as session:
         links = await start(session, host, "approval_orchestrator", {"hours": 1})
-        async with session.post(links["rewindPostUri"].replace("{text}", "x")) as r:
-            assert r.status == 501
-            assert "rewind" in (await r.json())["ExceptionMessage"]
+        async with session.post(links["rewindPostUri"].replace("{text}", "x")) as r:  # not Failed
+            assert r.status == 500
+            assert "only supported on failed" in await r.json()
+        async with session.post(links["suspendPostUri"].replace("{text}", "hold")) as r:
+            assert r.status == 202
+        async with session.get(links["statusQueryGetUri"]) as r:
+            assert r.status == 202
+        async with session.post(links["resumePostUri"].replace("{text}", "go")) as r:
+            assert r.status == 202
 
 
 async def test_routes_parameters_methods_and_results(host: HostProcess) -> None:

@@ -64,12 +64,24 @@ async def test_restart_runs_the_orchestration_again_with_its_input(host: HostPro
         await client.restart("nope")
 
 
-async def test_rewind_is_refused_by_name(host: HostProcess) -> None:
+async def test_rewind_reruns_the_failed_activity_of_a_failed_instance(host: HostProcess) -> None:
     client = host.client
-    iid = await client.start_new("family", None, {"child": "child_raises_at_once"})
-    await wait_status(client, iid, "Completed")
-    with pytest.raises(Exception, match="rewind"):
-        await client.rewind(iid, "try again")
+    iid = await client.start_new("rewindable")
+    failed = await wait_status(client, iid, "Completed", "Failed")
+    assert failed.runtime_status.value == "Failed"
+    assert "first attempt fails" in failed.output
+    await client.rewind(iid, "the dependency is back")
+    status = await wait_status(client, iid, "Completed", "Failed")
+    assert status.runtime_status.value == "Completed", status.output
+    assert status.output == ["Hello Oslo", "second attempt works"]
+    types = [e["EventType"] for e in status.historyEvents]
+    assert types.count("TaskFailed") == 0 and types.count("TaskCompleted") == 2
+    with pytest.raises(Exception, match="only supported on failed orchestration instances"):
+        await client.rewind(iid, "again")  # Completed: 410 Gone
+    running = await client.start_new("approval_orchestrator", None, {"hours": 1})
+    await wait_status(client, running, "Running")
+    with pytest.raises(Exception, match="only supported on failed orchestration instances"):
+        await client.rewind(running, "not failed")
 
 
 async def test_call_http_returns_the_response_and_does_not_follow_202(host: HostProcess) -> None:

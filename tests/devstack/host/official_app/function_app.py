@@ -168,6 +168,24 @@ async def counter_http(req: func.HttpRequest, client):
     return func.HttpResponse(json.dumps(state.entity_state), mimetype="application/json")
 
 
+# ---- rewind: an activity that fails the first time ---------------------------------------
+
+@myApp.orchestration_trigger(context_name="context")
+def rewindable(context: df.DurableOrchestrationContext):
+    greeting = yield context.call_activity("hello", "Oslo")
+    second = yield context.call_activity("fails_first_time", context.instance_id)
+    return [greeting, second]
+
+
+@myApp.activity_trigger(input_name="key")
+def fails_first_time(key: str) -> str:
+    marker = os.path.join(os.environ["SAMPLE_OUT_DIR"], f"failed-once-{key}")
+    if not os.path.exists(marker):
+        open(marker, "w").close()
+        raise RuntimeError("first attempt fails")
+    return "second attempt works"
+
+
 # ---- call_http --------------------------------------------------------------------------
 
 @myApp.orchestration_trigger(context_name="context")
