@@ -72,6 +72,19 @@ async def test_the_quickstart_starter_answers_with_working_status_urls(host: Hos
             assert r.status == 404
 
 
+async def test_a_starter_that_waits_for_completion(host: HostProcess) -> None:
+    async with aiohttp.ClientSession() as session:
+        async with session.post(f"{host.base}/api/orchestrators-wait/hello_orchestrator") as r:
+            assert r.status == 200
+            assert await r.json() == ["Hello Seattle", "Hello Tokyo", "Hello London"]
+        # Too short a wait: the check-status payload instead, with working URLs.
+        async with session.post(f"{host.base}/api/orchestrators-wait/approval_orchestrator?timeout=1500") as r:
+            assert r.status == 202
+            links = await r.json()
+        async with session.get(links["statusQueryGetUri"]) as r:
+            assert (await r.json())["runtimeStatus"] in ("Pending", "Running")
+
+
 async def check_history_shape(session: aiohttp.ClientSession, status_url: str) -> None:
     """showHistory gives the shape the extension documents and builds (DurableClient.cs)."""
     async with session.get(status_url + "&showHistory=true&showHistoryOutput=true") as r:

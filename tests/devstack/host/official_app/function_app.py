@@ -30,6 +30,14 @@ async def http_start(req: func.HttpRequest, client):
     return response
 
 
+@myApp.route(route="orchestrators-wait/{functionName}", methods=["POST"])
+@myApp.durable_client_input(client_name="client")
+async def http_start_and_wait(req: func.HttpRequest, client):
+    instance_id = await client.start_new(req.route_params["functionName"])
+    return await client.wait_for_completion_or_create_check_status_response(
+        req, instance_id, timeout_in_milliseconds=int(req.params.get("timeout", "20000")))
+
+
 @myApp.orchestration_trigger(context_name="context")
 def hello_orchestrator(context):
     result1 = yield context.call_activity("hello", "Seattle")
