@@ -25,6 +25,7 @@ from typing import Any
 import azure.functions as func
 from aiohttp import web
 from azure.functions.http import HttpResponseConverter
+from multidict import CIMultiDict
 
 from .app import FunctionSpec
 from .errors import HostError
@@ -189,18 +190,23 @@ class HttpTriggers:
 
 def to_response(function_name: str, value: Any) -> web.Response:
     """The function's return value as the host would send it (through the worker's converter)."""
-    if value is None:
-        return web.Response(status=204)
     try:
+        if value is None:
+            # The worker cannot encode None for an http output (azure-functions-python-worker#683):
+            # the invocation fails, and the caller gets a 500.
+            raise NotImplementedError
         datum = HttpResponseConverter.encode(value, expected_type=None)
     except NotImplementedError:
-        log.error("HTTP function %s returned a %s, not a func.HttpResponse or str", function_name,
-                  type(value).__name__)
+        log.error("HTTP function %s returned %s, not a func.HttpResponse or str: the invocation fails",
+                  function_name, type(value).__name__)
         return web.Response(status=500)
     if datum.type == "string":
         return web.Response(status=200, body=str(datum.value).encode(), content_type="text/plain", charset="utf-8")
     payload = datum.value
-    headers = {k: d.value for k, d in payload["headers"].items()}
+    headers = CIMultiDict((k, d.value) for k, d in payload["headers"].items())
+    for cookie in payload.get("cookies") or []:  # the converter lifts Set-Cookie headers out as cookies
+        for morsel in cookie.values():
+            headers.add("Set-Cookie", morsel.OutputString())
     return web.Response(status=int(payload["status_code"].value), body=payload["body"].value, headers=headers)
 
 

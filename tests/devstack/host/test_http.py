@@ -160,6 +160,11 @@ async def test_routes_parameters_methods_and_results(host: HostProcess) -> None:
             assert await r.text() == "path="
         async with s.get(f"{base}/broken") as r:
             assert r.status == 500
+        async with s.get(f"{base}/nothing") as r:  # the worker cannot encode None for an http output
+            assert r.status == 500
+        async with s.get(f"{base}/cookies") as r:
+            assert sorted(r.headers.getall("Set-Cookie")) == ["a=1; Path=/", "b=2; Path=/"]
+            assert await r.text() == "two cookies"
         async with s.get(f"{base}/no-such-route") as r:
             assert r.status == 404
         async with s.get(f"{host.base}/items/42") as r:  # outside the route prefix

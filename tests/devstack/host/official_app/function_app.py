@@ -130,6 +130,19 @@ def broken(req: func.HttpRequest) -> func.HttpResponse:
     raise RuntimeError("boom")
 
 
+@myApp.route(route="nothing")
+def returns_none(req: func.HttpRequest) -> None:
+    return None
+
+
+@myApp.route(route="cookies")
+def cookies(req: func.HttpRequest) -> func.HttpResponse:
+    response = func.HttpResponse("two cookies")
+    response.headers.add("Set-Cookie", "a=1; Path=/")
+    response.headers.add("Set-Cookie", "b=2; Path=/")
+    return response
+
+
 # ---- a durable entity (the samples' counter), used from an orchestration and from clients -
 
 @myApp.entity_trigger(context_name="context")
