@@ -32,6 +32,8 @@ from .durable import DurableEngine
 from .errors import HostError
 from .http_api import DurableHttpApi, client_binding
 from .http_triggers import HttpTriggers, route_prefix
+from .invoke import set_output_sender
+from .outputs import QUEUE_OUTPUT, QueueOutputSender
 from .queues import QueueTriggers
 from .servicebus import ServiceBusTriggers
 from .store import Store
@@ -96,8 +98,15 @@ class Host:
                     continue
                 if f.trigger_type == HTTP_TRIGGER and b.get("type") == HTTP_OUTPUT:
                     continue
+                if b.get("type") == QUEUE_OUTPUT and str(b.get("direction")).upper() == "OUT":
+                    continue
                 raise HostError(f"function {f.name}: binding {b.get('type')!r} ({b.get('name')}) "
                                 "is not supported by devstack.host")
+
+        outputs = QueueOutputSender(config.queues.message_encoding)
+        for f in catalog.functions:
+            outputs.check(f)
+        set_output_sender(outputs)
 
         host_id = o.host_id or os.environ.get("AzureFunctionsWebHost__hostid") or _default_host_id(o.app)
         storage = os.environ.get("AzureWebJobsStorage")

@@ -6,9 +6,14 @@ import json
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 from azure.core.exceptions import ResourceNotFoundError
-from azure.storage.queue import BinaryBase64EncodePolicy, TextBase64EncodePolicy
+from azure.storage.queue import (
+    BinaryBase64EncodePolicy,
+    TextBase64DecodePolicy,
+    TextBase64EncodePolicy,
+)
 from azure.storage.queue.aio import QueueClient
 
 from .conftest import OFFICIAL_APP, HostProcess, wait_for, wait_status
@@ -19,7 +24,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.e2e]
 @pytest.fixture
 def queues(tmp_path: Path) -> dict[str, str]:
     suffix = tmp_path.name.lower().replace("_", "-")[-20:].strip("-")
-    return {"ORDERS_QUEUE": f"orders-{suffix}", "FLAKY_QUEUE": f"flaky-{suffix}"}
+    return {"ORDERS_QUEUE": f"orders-{suffix}", "FLAKY_QUEUE": f"flaky-{suffix}", "FANOUT_QUEUE": f"fan-{suffix}"}
 
 
 @pytest.fixture
@@ -88,3 +93,34 @@ async def test_a_message_that_is_not_base64_ends_in_the_poison_queue(host: HostP
                     return []
 
             assert await wait_for(poisoned, timeout=30, what="the poison queue") == ["{not base64}"]
+
+
+async def test_an_http_function_enqueues_through_an_output_binding(host: HostProcess) -> None:
+    async with aiohttp.ClientSession() as s:
+        async with s.post(f"{host.base}/api/orders", data=json.dumps({"id": 23})) as r:
+            assert r.status == 202
+    # The output binding's message (base64, as the extension writes it) starts the orchestration.
+    status = await wait_status(host.client, "order-23", "Completed", "Failed")
+    assert status.runtime_status.value == "Completed"
+
+
+async def test_a_returned_list_is_sent_as_several_messages(host: HostProcess, azurite: str,
+                                                           queues: dict[str, str]) -> None:
+    name = queues["FANOUT_QUEUE"]
+    async with queue(azurite, name, message_encode_policy=TextBase64EncodePolicy()) as q:
+        await q.create_queue()
+        await q.send_message("3")
+    async with queue(azurite, name + "-out", message_decode_policy=TextBase64DecodePolicy()) as out:
+        async def three() -> list[str]:
+            try:
+                return sorted(m.content for m in await out.peek_messages(max_messages=10))
+            except ResourceNotFoundError:
+                return []
+
+        parts = await wait_for(lambda: _at_least(three, 3), what="three messages")
+    assert parts == ["part 0 of 3", "part 1 of 3", "part 2 of 3"]
+
+
+async def _at_least(fetch: Any, n: int) -> list[str] | None:
+    got = await fetch()
+    return got if len(got) >= n else None

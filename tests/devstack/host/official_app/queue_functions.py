@@ -22,3 +22,17 @@ def always_fails(msg: func.QueueMessage) -> None:
     with open(os.path.join(os.environ["SAMPLE_OUT_DIR"], "flaky.jsonl"), "a") as f:
         f.write(line)
     raise RuntimeError("this function never succeeds")
+
+
+@queue_bp.route(route="orders", methods=["POST"])
+@queue_bp.queue_output(arg_name="msg", queue_name="%ORDERS_QUEUE%", connection="AzureWebJobsStorage")
+def accept_order(req: func.HttpRequest, msg: func.Out[str]) -> func.HttpResponse:
+    msg.set(req.get_body().decode())
+    return func.HttpResponse(status_code=202)
+
+
+@queue_bp.queue_trigger(arg_name="msg", queue_name="%FANOUT_QUEUE%", connection="AzureWebJobsStorage")
+@queue_bp.queue_output(arg_name="$return", queue_name="%FANOUT_QUEUE%-out", connection="AzureWebJobsStorage")
+def fan_out(msg: func.QueueMessage) -> list[str]:
+    n = int(msg.get_body())
+    return [f"part {i} of {n}" for i in range(n)]
