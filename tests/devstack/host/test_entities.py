@@ -48,6 +48,14 @@ async def test_the_client_signals_and_reads_a_counter(host: HostProcess) -> None
     assert await wait_for(total, what="the three signals") == 42
     await client.signal_entity(entity, "reset")
     await wait_for(lambda: _state_is(client, entity, 0), what="the reset")
+    await client.signal_entity(entity, "delete")  # destruct_on_exit: the entity no longer exists
+
+    async def gone() -> bool:
+        return not (await client.read_entity_state(entity)).entity_exists
+
+    await wait_for(gone, what="the deletion")
+    await client.signal_entity(entity, "add", 2)  # and starts afresh
+    await wait_for(lambda: _state_is(client, entity, 2), what="a new counter")
 
 
 async def _state_is(client: Any, entity: Any, value: int) -> bool:

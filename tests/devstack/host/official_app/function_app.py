@@ -158,6 +158,9 @@ def Counter(context: df.DurableEntityContext):
         pass
     elif operation == "fail":
         raise ValueError(f"counter cannot fail at {current_value}")
+    elif operation == "delete":
+        context.destruct_on_exit()
+        return
     context.set_state(current_value)
     context.set_result(current_value)
 
