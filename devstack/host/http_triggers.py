@@ -28,6 +28,7 @@ from azure.functions.http import HttpResponseConverter
 from multidict import CIMultiDict
 
 from .app import FunctionSpec
+from .config import resolve_binding_expression
 from .errors import HostError
 from .invoke import call_function
 
@@ -92,6 +93,8 @@ def _param_regex(body: str, defaults: dict[str, str]) -> tuple[str, str, bool, b
 
 def compile_route(spec: FunctionSpec, prefix: str) -> HttpRoute:
     template = spec.trigger.get("route") or spec.name
+    if "%" in template:  # app-setting expressions, resolved as the host resolves them
+        template = resolve_binding_expression(template, purpose=f"route of function {spec.name}")
     segments = [s for s in template.strip("/").split("/") if s]
     defaults: dict[str, str] = {}
     parts = [re.escape(p) for p in prefix.strip("/").split("/") if p]

@@ -39,6 +39,14 @@ def test_route_templates(template: str | None, path: str, expected: dict[str, st
     assert compile_route(spec(template), "api").match(path) == expected
 
 
+def test_app_settings_in_routes_are_resolved(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ORDERS_ROUTE", "orders")
+    assert compile_route(spec("%ORDERS_ROUTE%/{id}"), "api").match("/api/orders/4") == {"id": "4"}
+    monkeypatch.delenv("ORDERS_ROUTE")
+    with pytest.raises(HostError, match="ORDERS_ROUTE"):
+        compile_route(spec("%ORDERS_ROUTE%/{id}"), "api")
+
+
 def test_an_empty_prefix_and_a_catch_all_in_the_middle() -> None:
     assert compile_route(spec("x/{id}"), "").match("/x/1") == {"id": "1"}
     with pytest.raises(HostError, match="catch-all"):
