@@ -25,6 +25,9 @@ ACTIVITY_TRIGGER = "activityTrigger"
 ENTITY_TRIGGER = "entityTrigger"
 SERVICE_BUS_TRIGGER = "serviceBusTrigger"
 TIMER_TRIGGER = "timerTrigger"
+HTTP_TRIGGER = "httpTrigger"
+QUEUE_TRIGGER = "queueTrigger"
+HTTP_OUTPUT = "http"
 DURABLE_CLIENT = "durableClient"
 
 SUPPORTED_TRIGGERS = {
@@ -32,6 +35,9 @@ SUPPORTED_TRIGGERS = {
     ACTIVITY_TRIGGER,
     SERVICE_BUS_TRIGGER,
     TIMER_TRIGGER,
+    HTTP_TRIGGER,
+    ENTITY_TRIGGER,
+    QUEUE_TRIGGER,
 }
 
 

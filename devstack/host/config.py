@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -83,8 +83,21 @@ class DurableOptions:
     default_version: str = ""
     max_concurrent_activities: int = 10
     max_concurrent_orchestrators: int = 10
-    version_match: str = "None"  # None | Strict | CurrentOrOlder
+    # The documented defaults (durable-functions-orchestration-versioning): CurrentOrOlder, Reject.
+    version_match: str = "CurrentOrOlder"  # None | Strict | CurrentOrOlder
     version_failure: str = "Reject"  # Reject | Fail
+
+
+@dataclass
+class QueueOptions:
+    """host.json `extensions.queues`, with the Storage extension's documented defaults."""
+
+    max_polling_seconds: float = 60.0
+    visibility_timeout_seconds: float = 0.0
+    batch_size: int = 16
+    max_dequeue_count: int = 5
+    new_batch_threshold: int | None = None  # default batch_size / 2
+    message_encoding: str = "base64"  # base64 | none
 
 
 @dataclass
@@ -92,6 +105,7 @@ class HostConfig:
     service_bus: ServiceBusOptions
     durable: DurableOptions
     raw: dict[str, Any]
+    queues: QueueOptions = field(default_factory=QueueOptions)
 
 
 def load_host_json(path: str | None) -> HostConfig:
@@ -120,7 +134,7 @@ def load_host_json(path: str | None) -> HostConfig:
         default_version=str(dt.get("defaultVersion") or ""),
         max_concurrent_activities=int(dt.get("maxConcurrentActivityFunctions", 10)),
         max_concurrent_orchestrators=int(dt.get("maxConcurrentOrchestratorFunctions", 10)),
-        version_match=str(dt.get("versionMatchStrategy") or "None"),
+        version_match=str(dt.get("versionMatchStrategy") or "CurrentOrOlder"),
         version_failure=str(dt.get("versionFailureStrategy") or "Reject"),
     )
     if dto.version_match not in ("None", "Strict", "CurrentOrOlder"):
@@ -130,4 +144,17 @@ def load_host_json(path: str | None) -> HostConfig:
         raise HostError(f"host.json: durableTask.versionFailureStrategy {dto.version_failure!r} is not Reject or Fail")
     if "%" in dto.hub_name:
         dto.hub_name = resolve_binding_expression(dto.hub_name, purpose="durableTask.hubName in host.json")
-    return HostConfig(service_bus=sbo, durable=dto, raw=data)
+    q = ext.get("queues") or {}
+    qo = QueueOptions(
+        max_polling_seconds=_timespan_seconds(q.get("maxPollingInterval"), 60.0),
+        visibility_timeout_seconds=_timespan_seconds(q.get("visibilityTimeout"), 0.0),
+        batch_size=int(q.get("batchSize", 16)),
+        max_dequeue_count=int(q.get("maxDequeueCount", 5)),
+        new_batch_threshold=int(q["newBatchThreshold"]) if q.get("newBatchThreshold") is not None else None,
+        message_encoding=str(q.get("messageEncoding", "base64")).lower(),
+    )
+    if qo.message_encoding not in ("base64", "none"):
+        raise HostError(f"host.json: queues.messageEncoding {qo.message_encoding!r} is not base64 or none")
+    if not 1 <= qo.batch_size <= 32:
+        raise HostError(f"host.json: queues.batchSize {qo.batch_size} is not between 1 and 32")
+    return HostConfig(service_bus=sbo, durable=dto, raw=data, queues=qo)

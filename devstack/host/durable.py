@@ -29,9 +29,11 @@ from azure.functions.durable_functions import ActivityTriggerConverter
 from .app import AppCatalog
 from .clock import Clock
 from .config import DurableOptions
+from .durable_http import run_http_activity
+from .entities import EntityEngine
 from .errors import NonDeterminismError
 from .invoke import call_function
-from .replay import SCHEDULING_EVENTS, run_episode
+from .replay import HTTP_ACTIVITY, SCHEDULING_EVENTS, run_episode
 from .store import Instance, Store
 
 log = logging.getLogger("devstack.host.durable")
@@ -49,7 +51,11 @@ TIMER_CREATED = 10
 TIMER_FIRED = 11
 ORCHESTRATOR_STARTED = 12
 ORCHESTRATOR_COMPLETED = 13
+EVENT_SENT = 14
 EVENT_RAISED = 15
+GENERIC_EVENT = 17
+EXECUTION_SUSPENDED = 19
+EXECUTION_RESUMED = 20
 
 
 def iso(dt: datetime) -> str:
@@ -90,6 +96,7 @@ class DurableEngine:
         self._orch_tasks: set[asyncio.Task[None]] = set()
         self._stopping = False
         self._rejected_until: dict[str, float] = {}
+        self.entities = EntityEngine(store, catalog, clock, options.max_concurrent_orchestrators)
 
     # ---- client operations -------------------------------------------------------------
 
@@ -120,6 +127,28 @@ class DurableEngine:
         self.store.enqueue(instance_id, None, _event(EVENT_RAISED, self.clock.now(), Name=name, Input=data_json))
         self.clock.poke()
 
+    def restart(self, instance_id: str, new_instance_id: bool) -> StartResult | None:
+        """Start the instance's orchestration again with its original input (RestartAsync)."""
+        inst = self.store.get_instance(instance_id)
+        if inst is None:
+            return None
+        target = uuid.uuid4().hex if new_instance_id else instance_id
+        return self.start_new(inst.name, target, inst.input, inst.version)
+
+    def rewind(self, instance_id: str, reason: str | None) -> str | None:
+        now = self.clock.now()
+        blocking = self.store.rewind(instance_id, _event(GENERIC_EVENT, now, Data=f"Rewound: {reason or ''}"), iso(now))
+        self.clock.poke()
+        return blocking
+
+    def suspend(self, instance_id: str, reason: str | None) -> None:
+        self.store.enqueue(instance_id, None, _event(EXECUTION_SUSPENDED, self.clock.now(), Reason=reason))
+        self.clock.poke()
+
+    def resume(self, instance_id: str, reason: str | None) -> None:
+        self.store.enqueue(instance_id, None, _event(EXECUTION_RESUMED, self.clock.now(), Reason=reason))
+        self.clock.poke()
+
     def terminate(self, instance_id: str, reason: str | None) -> None:
         self.store.enqueue(instance_id, None, _event(EXECUTION_TERMINATED, self.clock.now(), Input=json.dumps(reason)))
         self.clock.poke()
@@ -127,15 +156,16 @@ class DurableEngine:
     # ---- dispatch loops ----------------------------------------------------------------
 
     async def run(self) -> None:
-        await asyncio.gather(self._orchestration_loop(), self._activity_loop())
+        await asyncio.gather(self._orchestration_loop(), self._activity_loop(), self.entities.run())
 
     def stop(self) -> None:
         self._stopping = True
+        self.entities.stop()
         self.clock.poke()
 
     async def drain(self, timeout: float) -> None:
         """Let running episodes and activities finish (a host stopping cleanly does)."""
-        pending = [*self._orch_tasks, *self._activity_tasks]
+        pending = [*self._orch_tasks, *self._activity_tasks, *self.entities.tasks]
         if pending:
             await asyncio.wait(pending, timeout=timeout)
 
@@ -183,6 +213,9 @@ class DurableEngine:
         consumed: list[int] = []
         terminate: dict[str, Any] | None = None
         has_start = bool(history)
+        suspended = inst.status == "Suspended"
+        control: list[dict[str, Any]] = []  # ExecutionSuspended/Resumed that changed the state
+        control_mids: list[int] = []
         for mid, execution_id, event in messages:
             et = event["EventType"]
             if et == EXECUTION_STARTED:
@@ -198,6 +231,15 @@ class DurableEngine:
             elif inst.is_terminal or (execution_id is not None and execution_id != inst.execution_id):
                 consumed.append(mid)  # late news for a finished or replaced execution: dropped, as DTFx does
                 continue
+            elif et in (EXECUTION_SUSPENDED, EXECUTION_RESUMED):
+                consumed.append(mid)
+                control_mids.append(mid)
+                if (et == EXECUTION_SUSPENDED) != suspended:
+                    suspended = et == EXECUTION_SUSPENDED
+                    control.append(event)
+                continue
+            elif suspended:
+                continue  # held while suspended, as DTFx does: stays queued until a resume
             consumed.append(mid)
             new_events.append(event)
 
@@ -211,11 +253,21 @@ class DurableEngine:
         started_marker = _event(ORCHESTRATOR_STARTED, now)
         if terminate is not None:
             reason = terminate.get("Input")
+            # As DTFx records it: the termination, then the execution's end with status Terminated.
             episode = [started_marker, _event(EXECUTION_TERMINATED, now, Input=reason),
-                       _event(ORCHESTRATOR_COMPLETED, now)]
+                       _event(ORCHESTRATOR_COMPLETED, now),
+                       _event(EXECUTION_COMPLETED, now, OrchestrationStatus="Terminated", Result=reason)]
             self._commit(inst, episode, consumed, [], [], [], "Terminated", reason, inst.custom_status, now)
             log.info("orchestration %s terminated", instance_id)
             return
+
+        if suspended:
+            # Only the suspension is recorded; every other message stays queued for the resume.
+            self._commit(inst, control, control_mids, [], [], [], "Suspended", inst.output, inst.custom_status, now)
+            if control:
+                log.info("orchestration %s suspended", instance_id)
+            return
+        new_events = control + new_events
 
         refusal = self._version_refusal(inst.version)
         if refusal is not None:
@@ -252,6 +304,7 @@ class DurableEngine:
         timers: list[tuple[dict[str, Any], float]] = []
         messages_out: list[tuple[str, str | None, dict[str, Any]]] = []
         children: list[dict[str, Any]] = []
+        entity_ops: list[dict[str, Any]] = []
         for task in result.new_tasks:
             if task.kind == "activity":
                 scheduled_events.append(_event(TASK_SCHEDULED, now, EventId=task.task_id, Name=task.name, Input=task.input))
@@ -268,22 +321,34 @@ class DurableEngine:
                 scheduled_events.append(_event(SUB_ORCHESTRATION_CREATED, now, EventId=task.task_id,
                                                Name=task.name, InstanceId=child_id, Input=task.input))
                 children.append(self._child(child_id, task, instance_id, inst.execution_id))
+            elif task.kind == "entity":
+                # As the extension records it: EventSent to the entity, carrying the request id
+                # the SDK then waits for as the name of the response's EventRaised.
+                request_id = str(uuid.uuid4())
+                scheduled_events.append(_event(EVENT_SENT, now, EventId=task.task_id, InstanceId=task.name, Name="op",
+                                               Input=json.dumps({"id": request_id, "op": task.operation,
+                                                                 "signal": task.signal})))
+                entity_ops.append(dict(entity_id=task.name, operation=task.operation,
+                                       input_json=json.dumps(task.input) if task.input is not None else None,
+                                       request_id=None if task.signal else request_id,
+                                       reply_instance=None if task.signal else instance_id,
+                                       reply_execution=None if task.signal else inst.execution_id))
 
         episode = [started_marker, *new_events, *scheduled_events]
         if result.outcome == "completed":
             episode += [_event(ORCHESTRATOR_COMPLETED, now),
                         _event(EXECUTION_COMPLETED, now, OrchestrationStatus="Completed", Result=result.output_json)]
-            messages_out += self._parent_notice(instance_id, True, result.output_json, None)
+            messages_out += self._parent_notice(instance_id, True, result.output_json, None, new_events)
             self._commit(inst, episode, consumed, activities, timers, messages_out, "Completed",
-                         result.output_json, result.custom_status_json, now, children)
+                         result.output_json, result.custom_status_json, now, children, entity_ops)
             log.info("orchestration %s (%s) completed", instance_id, inst.name)
         elif result.outcome == "failed":
             message = f"Orchestrator function '{inst.name}' failed: {result.error}"
             episode += [_event(ORCHESTRATOR_COMPLETED, now),
                         _event(EXECUTION_COMPLETED, now, OrchestrationStatus="Failed", Result=json.dumps(message))]
-            messages_out += self._parent_notice(instance_id, False, None, message)
+            messages_out += self._parent_notice(instance_id, False, None, message, new_events)
             self._commit(inst, episode, consumed, activities, timers, messages_out, "Failed",
-                         json.dumps(message), result.custom_status_json, now, children)
+                         json.dumps(message), result.custom_status_json, now, children, entity_ops)
             log.warning("orchestration %s (%s) failed: %s", instance_id, inst.name, result.error)
         elif result.outcome == "continued_as_new":
             new_execution = uuid.uuid4().hex
@@ -302,7 +367,7 @@ class DurableEngine:
         else:
             episode.append(_event(ORCHESTRATOR_COMPLETED, now))
             self._commit(inst, episode, consumed, activities, timers, messages_out, "Running",
-                         None, result.custom_status_json, now, children)
+                         None, result.custom_status_json, now, children, entity_ops)
 
     def _version_refusal(self, version: str | None) -> str | None:
         """host.json versionMatchStrategy against defaultVersion, as the Durable extension applies it."""
@@ -320,9 +385,10 @@ class DurableEngine:
     def _commit(self, inst: Instance, episode: list[dict[str, Any]], consumed: list[int],
                 activities: list[tuple[int, str, str | None]], timers: list[tuple[dict[str, Any], float]],
                 messages: list[tuple[str, str | None, dict[str, Any]]], status: str, output: str | None,
-                custom_status: str | None, now: datetime, children: list[dict[str, Any]] | None = None) -> None:
+                custom_status: str | None, now: datetime, children: list[dict[str, Any]] | None = None,
+                entity_ops: list[dict[str, Any]] | None = None) -> None:
         ok = self.store.commit_episode(
-            new_instances=children,
+            new_instances=children, entity_ops=entity_ops,
             instance_id=inst.instance_id, execution_id=inst.execution_id, reset_history=False,
             new_history=episode, consumed=consumed, activities=activities, timers=timers, messages=messages,
             status=status, output=output, custom_status=custom_status, input_json=inst.input, now_iso=iso(now),
@@ -334,8 +400,8 @@ class DurableEngine:
               consumed: list[int], now: datetime, message: str) -> None:
         episode = [started_marker, *new_events, _event(ORCHESTRATOR_COMPLETED, now),
                    _event(EXECUTION_COMPLETED, now, OrchestrationStatus="Failed", Result=json.dumps(message))]
-        self._commit(inst, episode, consumed, [], [], self._parent_notice(inst.instance_id, False, None, message),
-                     "Failed", json.dumps(message), inst.custom_status, now)
+        notice = self._parent_notice(inst.instance_id, False, None, message, new_events)
+        self._commit(inst, episode, consumed, [], [], notice, "Failed", json.dumps(message), inst.custom_status, now)
 
     # ---- sub-orchestrations ------------------------------------------------------------
 
@@ -354,11 +420,15 @@ class DurableEngine:
         return dict(instance_id=child_id, name=task.name, version=version, execution_id=execution_id,
                     input_json=child_input, started_event=started, now_iso=iso(now), now_epoch=now.timestamp())
 
-    def _parent_notice(self, instance_id: str, ok: bool, output_json: str | None,
-                       error: str | None) -> list[tuple[str, str | None, dict[str, Any]]]:
+    def _parent_notice(self, instance_id: str, ok: bool, output_json: str | None, error: str | None,
+                       new_events: list[dict[str, Any]]) -> list[tuple[str, str | None, dict[str, Any]]]:
+        """The parent's SubOrchestrationInstanceCompleted/Failed, if this instance has a parent.
+
+        The ExecutionStarted that names the parent is in the stored history, or, when the
+        child finishes in its first episode, among this episode's new events."""
         history = self.store.history(instance_id)
         parent = None
-        for e in history[:3]:
+        for e in [*history[:3], *new_events]:
             if e["EventType"] == EXECUTION_STARTED:
                 parent = e.get("ParentInstance")
         if not parent:
@@ -391,7 +461,15 @@ class DurableEngine:
         name = row["name"]
         spec = self.catalog.activity(name)
         now = self.clock.now()
-        if spec is None:
+        if name == HTTP_ACTIVITY:
+            try:
+                result = await run_http_activity(row["input"])
+                event = _event(TASK_COMPLETED, self.clock.now(), TaskScheduledId=row["task_id"], Result=result)
+            except Exception as exc:
+                log.warning("call_http for %s failed: %s", row["instance_id"], exc)
+                event = _event(TASK_FAILED, self.clock.now(), TaskScheduledId=row["task_id"],
+                               Reason=str(exc) or type(exc).__name__, Details="".join(traceback.format_exception(exc)))
+        elif spec is None:
             event = _event(TASK_FAILED, now, TaskScheduledId=row["task_id"],
                            Reason=f"The function '{name}' doesn't exist, is disabled, or is not an activity function.",
                            Details=None)

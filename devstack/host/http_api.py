@@ -16,6 +16,7 @@ from aiohttp import web
 
 from .clock import Clock, ControllableClock
 from .durable import DurableEngine
+from .entities import scheduler_id
 from .store import TERMINAL, Instance
 
 RPC_PREFIX = "/durabletask/"
@@ -82,6 +83,77 @@ def status_payload(inst: Instance, *, show_input: bool = True, history: list[dic
     return body
 
 
+# DTFx's EventType enum, by value: the extension writes the name into the status JSON.
+EVENT_TYPE_NAMES = [
+    "ExecutionStarted", "ExecutionCompleted", "ExecutionFailed", "ExecutionTerminated", "TaskScheduled",
+    "TaskCompleted", "TaskFailed", "SubOrchestrationInstanceCreated", "SubOrchestrationInstanceCompleted",
+    "SubOrchestrationInstanceFailed", "TimerCreated", "TimerFired", "OrchestratorStarted",
+    "OrchestratorCompleted", "EventSent", "EventRaised", "ContinueAsNew", "GenericEvent", "HistoryState",
+    "ExecutionSuspended", "ExecutionResumed",
+]
+
+
+def public_history(events: list[dict[str, Any]], *, show_output: bool, show_input: bool) -> list[dict[str, Any]]:
+    """The history as the extension's status API shows it (DurableClient.GetDurableOrchestrationStatusAsync).
+
+    EventType becomes its name; each TaskScheduled/SubOrchestrationInstanceCreated is folded
+    into its TaskCompleted/TaskFailed/SubOrchestrationInstance{Completed,Failed}, which gains
+    FunctionName and ScheduledTime (and the Input, if shown); ExecutionStarted's Name becomes
+    FunctionName; OrchestratorStarted/Completed are dropped; Result is shown, as JSON, only
+    with showHistoryOutput; EventId and IsPlayed are dropped.
+    """
+    out: list[dict[str, Any]] = []
+    scheduled: dict[str, tuple[int, dict[str, Any]]] = {}  # "<kind>_<EventId>" -> (index, event)
+    drop: set[int] = set()
+    for i, raw in enumerate(events):
+        item = dict(raw)
+        et = item.get("EventType")
+        if not isinstance(et, int) or not 0 <= et < len(EVENT_TYPE_NAMES):
+            out.append(item)
+            continue
+        name = EVENT_TYPE_NAMES[et]
+        item["EventType"] = name
+        if name in ("TaskScheduled", "SubOrchestrationInstanceCreated"):
+            scheduled[f"{name}_{item.get('EventId')}"] = (i, item)
+            item.pop("Version", None)
+        elif name in ("TaskCompleted", "TaskFailed", "SubOrchestrationInstanceCompleted",
+                      "SubOrchestrationInstanceFailed"):
+            kind = "TaskScheduled" if name.startswith("Task") else "SubOrchestrationInstanceCreated"
+            found = scheduled.get(f"{kind}_{item.get('TaskScheduledId')}")
+            if found is not None:
+                index, sched = found
+                item["ScheduledTime"] = sched.get("Timestamp")
+                item["FunctionName"] = sched.get("Name")
+                if show_input:
+                    item["Input"] = sched.get("Input")
+                drop.add(index)
+            item.pop("TaskScheduledId", None)
+            _history_result(item, show_output and name.endswith("Completed"))
+        elif name == "ExecutionStarted":
+            item["FunctionName"] = item.pop("Name", None)
+            for key in ("OrchestrationInstance", "ParentInstance", "Version", "Tags"):
+                item.pop(key, None)
+        elif name == "ExecutionCompleted":
+            _history_result(item, show_output)
+        elif name == "TimerFired":
+            item.pop("TimerId", None)
+        elif name in ("OrchestratorStarted", "OrchestratorCompleted"):
+            drop.add(i)
+        if not show_input:
+            item.pop("Input", None)
+        item.pop("EventId", None)
+        item.pop("IsPlayed", None)
+        out.append(item)
+    return [e for i, e in enumerate(out) if i not in drop]
+
+
+def _history_result(item: dict[str, Any], show: bool) -> None:
+    if not show:
+        item.pop("Result", None)
+    elif "Result" in item:
+        item["Result"] = _loads(item["Result"])
+
+
 def _bool(value: str | None, default: bool) -> bool:
     if value is None:
         return default
@@ -128,6 +200,12 @@ class DurableHttpApi:
                 web.delete(prefix + "instances/{instance_id}", self.purge),
                 web.post(prefix + "instances/{instance_id}/terminate", self.terminate),
                 web.post(prefix + "instances/{instance_id}/raiseEvent/{event}", self.raise_event),
+                web.get(prefix + "entities/{name}/{key}", self.read_entity),
+                web.post(prefix + "entities/{name}/{key}", self.signal_entity),
+                web.post(prefix + "instances/{instance_id}/suspend", self.suspend),
+                web.post(prefix + "instances/{instance_id}/resume", self.resume),
+                web.post(prefix + "instances/{instance_id}/restart", self.restart),
+                web.post(prefix + "instances/{instance_id}/rewind", self.rewind),
             ]
         out += [
             web.get("/admin/health", self.health),
@@ -168,8 +246,12 @@ class DurableHttpApi:
         if inst is None:
             return web.Response(status=404)
         show_history = _bool(request.query.get("showHistory"), False)
-        history = self.engine.store.history(instance_id) if show_history else None
-        body = status_payload(inst, show_input=_bool(request.query.get("showInput"), True), history=history)
+        show_input = _bool(request.query.get("showInput"), True)
+        history = None
+        if show_history and inst.status != "Pending":
+            history = public_history(self.engine.store.history(instance_id), show_input=show_input,
+                                     show_output=_bool(request.query.get("showHistoryOutput"), False))
+        body = status_payload(inst, show_input=show_input, history=history)
         if inst.status in ("Running", "Pending", "ContinuedAsNew", "Suspended"):
             return web.json_response(body, status=202, headers={"Retry-After": "5"})
         if inst.status == "Failed" and _bool(request.query.get("returnInternalServerErrorOnFailure"), False):
@@ -218,6 +300,49 @@ class DurableHttpApi:
         self.engine.terminate(instance_id, request.query.get("reason"))
         return web.Response(status=202)
 
+    async def suspend(self, request: web.Request) -> web.Response:
+        return self._suspend_or_resume(request, self.engine.suspend)
+
+    async def resume(self, request: web.Request) -> web.Response:
+        return self._suspend_or_resume(request, self.engine.resume)
+
+    def _suspend_or_resume(self, request: web.Request, action: Callable[[str, str | None], None]) -> web.Response:
+        instance_id = request.match_info["instance_id"]
+        inst = self.engine.store.get_instance(instance_id)
+        if inst is None:
+            return web.Response(status=404)
+        if inst.status in TERMINAL:
+            return web.Response(status=410)
+        action(instance_id, request.query.get("reason"))
+        return web.Response(status=202)
+
+    async def rewind(self, request: web.Request) -> web.Response:
+        instance_id = request.match_info["instance_id"]
+        inst = self.engine.store.get_instance(instance_id)
+        if inst is None:
+            return web.Response(status=404)
+        if inst.status in ("Completed", "Terminated", "Canceled"):
+            return web.Response(status=410)
+        blocking = self.engine.rewind(instance_id, request.query.get("reason"))
+        if blocking is not None:  # the extension's InvalidOperationException, unhandled: a 500
+            return web.json_response("The rewind operation is only supported on failed orchestration instances.",
+                                     status=500)
+        return web.Response(status=202)
+
+    async def restart(self, request: web.Request) -> web.Response:
+        new_id = _bool(request.query.get("restartWithNewInstanceId"), True)
+        result = self.engine.restart(request.match_info["instance_id"], new_id)
+        if result is None:
+            return _error(400, "InstanceId does not match a valid orchestration instance.",
+                          f"An orchestration with the instanceId {request.match_info['instance_id']} was not found.",
+                          "System.ArgumentException")
+        if not result.ok:
+            return _error(500, "Something went wrong while processing your request", result.error or "",
+                          "System.InvalidOperationException")
+        payload = self._management(result.instance_id)
+        return web.json_response(payload, status=202, headers={"Location": payload["statusQueryGetUri"],
+                                                               "Retry-After": "10"})
+
     async def raise_event(self, request: web.Request) -> web.Response:
         instance_id = request.match_info["instance_id"]
         inst = self.engine.store.get_instance(instance_id)
@@ -233,6 +358,35 @@ class DurableHttpApi:
         except json.JSONDecodeError:
             return _error(400, "Invalid JSON content", "", "")
         self.engine.raise_event(instance_id, request.match_info["event"], raw)
+        return web.Response(status=202)
+
+    async def read_entity(self, request: web.Request) -> web.Response:
+        entity = self.engine.store.get_entity(scheduler_id(request.match_info["name"], request.match_info["key"]))
+        if entity is None or not entity[0]:
+            return web.Response(status=404)
+        return web.Response(status=200, text=entity[1] or "null", content_type="application/json")
+
+    async def signal_entity(self, request: web.Request) -> web.Response:
+        operation = request.query.get("op")
+        if not operation:
+            return _error(400, "One or more of the arguments submitted is incorrect",
+                          "The 'op' query parameter is required", "System.ArgumentException")
+        name = request.match_info["name"]
+        if name.lower() not in self.engine.entities.functions:
+            return _error(400, "One or more of the arguments submitted is incorrect",
+                          f"The function '{name}' doesn't exist, is disabled, or is not an entity function.",
+                          "System.ArgumentException")
+        raw = await request.text()
+        input_json = None
+        if raw.strip():
+            try:
+                # The extension parses the body into a JToken and serializes that as the input.
+                input_json = json.dumps(json.loads(raw))
+            except json.JSONDecodeError:
+                input_json = json.dumps(raw)  # non-JSON content is a string input
+        self.engine.store.enqueue_entity_op(entity_id=scheduler_id(name, request.match_info["key"]),
+                                            operation=operation, input_json=input_json)
+        self.clock.poke()
         return web.Response(status=202)
 
     async def health(self, request: web.Request) -> web.Response:

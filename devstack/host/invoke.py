@@ -45,11 +45,27 @@ class InvocationContext(func.Context):
         return None
 
 
+_output_sender: Any = None
+
+
+def set_output_sender(sender: Any) -> None:
+    """The host's queue-output sender (outputs.QueueOutputSender), used by every invocation."""
+    global _output_sender
+    _output_sender = sender
+
+
 async def call_function(spec: FunctionSpec, kwargs: dict[str, Any]) -> Any:
-    """Invoke `spec` with `kwargs` plus the `context` parameter if it declares one."""
+    """Invoke `spec` with `kwargs` plus the `context` parameter if it declares one, and
+    its output-binding parameters; after success, send what it output."""
     if "context" in spec.params and "context" not in kwargs:
         kwargs["context"] = InvocationContext(spec.name)
+    outs = _output_sender.prepare(spec) if _output_sender is not None else {}
+    kwargs.update(outs)
     if spec.is_async:
-        return await spec.func(**kwargs)
-    loop = asyncio.get_running_loop()
-    return await loop.run_in_executor(None, functools.partial(spec.func, **kwargs))
+        result = await spec.func(**kwargs)
+    else:
+        loop = asyncio.get_running_loop()
+        result = await loop.run_in_executor(None, functools.partial(spec.func, **kwargs))
+    if _output_sender is not None:
+        await _output_sender.send(spec, outs, result)
+    return result

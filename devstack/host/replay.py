@@ -27,6 +27,8 @@ from azure.durable_functions.models.actions.CallActivityAction import CallActivi
 from azure.durable_functions.models.actions.CallActivityWithRetryAction import (
     CallActivityWithRetryAction,
 )
+from azure.durable_functions.models.actions.CallEntityAction import CallEntityAction
+from azure.durable_functions.models.actions.CallHttpAction import CallHttpAction
 from azure.durable_functions.models.actions.CallSubOrchestratorAction import (
     CallSubOrchestratorAction,
 )
@@ -35,17 +37,21 @@ from azure.durable_functions.models.actions.CallSubOrchestratorWithRetryAction i
 )
 from azure.durable_functions.models.actions.CreateTimerAction import CreateTimerAction
 from azure.durable_functions.models.actions.NoOpAction import NoOpAction
+from azure.durable_functions.models.actions.SignalEntityAction import SignalEntityAction
 from azure.durable_functions.models.Task import AtomicTask, RetryAbleTask
 
 from .errors import NonDeterminismError
 
+HTTP_ACTIVITY = "BuiltIn::HttpActivity"  # the extension runs call_http as this built-in activity
 UPPER_SCHEMA_VERSION = 2  # ReplaySchema.V3: task_any/task_all as compound actions
 
 TASK_SCHEDULED = 4
 SUB_ORCHESTRATION_CREATED = 7
 TIMER_CREATED = 10
-SCHEDULING_EVENTS = (TASK_SCHEDULED, SUB_ORCHESTRATION_CREATED, TIMER_CREATED)
-_KIND_OF_EVENT = {TASK_SCHEDULED: "activity", SUB_ORCHESTRATION_CREATED: "suborchestration", TIMER_CREATED: "timer"}
+EVENT_SENT = 14  # an entity call or signal, as the extension records it
+SCHEDULING_EVENTS = (TASK_SCHEDULED, SUB_ORCHESTRATION_CREATED, TIMER_CREATED, EVENT_SENT)
+_KIND_OF_EVENT = {TASK_SCHEDULED: "activity", SUB_ORCHESTRATION_CREATED: "suborchestration", TIMER_CREATED: "timer",
+                  EVENT_SENT: "entity"}
 
 
 @dataclass
@@ -53,12 +59,14 @@ class NewTask:
     """Work the orchestrator scheduled in this episode."""
 
     task_id: int
-    kind: str  # activity | timer | suborchestration
-    name: str | None = None
+    kind: str  # activity | timer | suborchestration | entity
+    name: str | None = None  # for an entity: its scheduler id, "@name@key"
     input: str | None = None
     fire_at: datetime | None = None
     instance_id: str | None = None
     version: str | None = None
+    operation: str | None = None  # entity operation
+    signal: bool = False  # entity signal (no response) rather than call
 
 
 @dataclass
@@ -113,6 +121,11 @@ def _describe(task: AtomicTask, now: datetime) -> NewTask:
         return NewTask(tid, "activity", name=action.function_name, input=action.input_)
     if isinstance(action, CreateTimerAction):
         return NewTask(tid, "timer", fire_at=action.fire_at)
+    if isinstance(action, CallHttpAction):
+        return NewTask(tid, "activity", name=HTTP_ACTIVITY, input=json.dumps(action.http_request.to_json()))
+    if isinstance(action, (CallEntityAction, SignalEntityAction)):
+        return NewTask(tid, "entity", name=action.instance_id, input=action.input_, operation=action.operation,
+                       signal=isinstance(action, SignalEntityAction))
     if isinstance(action, (CallSubOrchestratorAction, CallSubOrchestratorWithRetryAction)):
         return NewTask(
             tid, "suborchestration", name=action.function_name, input=action._input,
@@ -131,7 +144,8 @@ def _describe(task: AtomicTask, now: datetime) -> NewTask:
                 return rescheduled
     raise NotImplementedError(
         f"devstack.host does not run {type(action).__name__} (task {tid}); "
-        "supported: activities (with retry), timers, external events, sub-orchestrations"
+        "supported: activities (with retry), timers, external events, sub-orchestrations, entity calls and signals, "
+        "call_http"
     )
 
 
@@ -189,6 +203,20 @@ def run_episode(
             recorded.setdefault(task.id, task)
 
     ctx._add_to_open_tasks = recording_add  # type: ignore[method-assign]
+
+    # signal_entity never opens a task: it records its action and takes a sequence number,
+    # which is the EventId the host gives its EventSent.
+    signals: dict[int, NewTask] = {}
+    original_fire = ctx._record_fire_and_forget_action
+
+    def recording_fire(action: Any) -> None:
+        seq = ctx._sequence_number
+        original_fire(action)
+        if isinstance(action, SignalEntityAction):
+            signals.setdefault(seq, NewTask(seq, "entity", name=action.instance_id, input=action.input_,
+                                            operation=action.operation, signal=True))
+
+    ctx._record_fire_and_forget_action = recording_fire  # type: ignore[method-assign]
     user_fn = getattr(handle, "orchestrator_function", handle)
 
     try:
@@ -203,18 +231,21 @@ def run_episode(
     for event_id, event in sorted(scheduled_before.items()):
         task = recorded.get(event_id)
         expected_kind = _KIND_OF_EVENT[event["EventType"]]
-        expected_name = event.get("Name")
-        if task is None:
+        expected_name = event.get("InstanceId") if event["EventType"] == EVENT_SENT else event.get("Name")
+        if task is None and event_id in signals:
+            got = signals[event_id]
+        elif task is None:
             if failure is not None or (state and state.get("isDone")):
                 continue
             raise NonDeterminismError(
                 f"Non-Deterministic workflow detected: the history has {expected_kind} "
                 f"{expected_name or ''} with id {event_id}, which the orchestrator no longer schedules"
             )
-        try:
-            got = _describe(task, now)
-        except NotImplementedError:
-            got = NewTask(event_id, "unsupported")
+        else:
+            try:
+                got = _describe(task, now)
+            except NotImplementedError:
+                got = NewTask(event_id, "unsupported")
         if got.kind != expected_kind or (expected_name is not None and got.name != expected_name):
             raise NonDeterminismError(
                 f"Non-Deterministic workflow detected: the history has {expected_kind} "
@@ -222,6 +253,8 @@ def run_episode(
             )
 
     new_tasks = [_describe(recorded[i], now) for i in sorted(recorded) if i not in scheduled_before]
+    new_tasks += [signals[i] for i in sorted(signals) if i not in scheduled_before and i not in recorded]
+    new_tasks.sort(key=lambda t: t.task_id)
     custom = (state or {}).get("customStatus")
     custom_json = json.dumps(custom) if custom is not None else None
 

@@ -17,6 +17,9 @@ from aiohttp import web
 
 from .app import (
     DURABLE_CLIENT,
+    HTTP_OUTPUT,
+    HTTP_TRIGGER,
+    QUEUE_TRIGGER,
     SERVICE_BUS_TRIGGER,
     SUPPORTED_TRIGGERS,
     TIMER_TRIGGER,
@@ -28,6 +31,10 @@ from .config import load_host_json, load_local_settings
 from .durable import DurableEngine
 from .errors import HostError
 from .http_api import DurableHttpApi, client_binding
+from .http_triggers import HttpTriggers, route_prefix
+from .invoke import set_output_sender
+from .outputs import QUEUE_OUTPUT, QueueOutputSender
+from .queues import QueueTriggers
 from .servicebus import ServiceBusTriggers
 from .store import Store
 from .timers import TimerTriggers
@@ -87,9 +94,19 @@ class Host:
             if f.trigger_type not in SUPPORTED_TRIGGERS:
                 raise HostError(f"function {f.name}: trigger {f.trigger_type!r} is not supported by devstack.host")
             for b in f.bindings:
-                if b is not f.trigger and b != f.trigger and b.get("type") != DURABLE_CLIENT:
-                    raise HostError(f"function {f.name}: binding {b.get('type')!r} ({b.get('name')}) "
-                                    "is not supported by devstack.host")
+                if b == f.trigger or b.get("type") == DURABLE_CLIENT:
+                    continue
+                if f.trigger_type == HTTP_TRIGGER and b.get("type") == HTTP_OUTPUT:
+                    continue
+                if b.get("type") == QUEUE_OUTPUT and str(b.get("direction")).upper() == "OUT":
+                    continue
+                raise HostError(f"function {f.name}: binding {b.get('type')!r} ({b.get('name')}) "
+                                "is not supported by devstack.host")
+
+        outputs = QueueOutputSender(config.queues.message_encoding)
+        for f in catalog.functions:
+            outputs.check(f)
+        set_output_sender(outputs)
 
         host_id = o.host_id or os.environ.get("AzureFunctionsWebHost__hostid") or _default_host_id(o.app)
         storage = os.environ.get("AzureWebJobsStorage")
@@ -110,8 +127,12 @@ class Host:
         timer_view: list[TimerTriggers] = []
         api = DurableHttpApi(engine, self.clock, [base],
                              timers=lambda: timer_view[0].describe() if timer_view else [])
-        web_app = web.Application()
+        http = HttpTriggers(catalog.of_type(HTTP_TRIGGER), route_prefix(config.raw), lambda: binding_json)
+        web_app = web.Application(client_max_size=100 * 1024 * 1024)  # the host's default request limit
         web_app.add_routes(api.routes())
+        if http.routes:
+            # After the durable and admin routes, as the real host puts its own routes first.
+            web_app.router.add_route("*", "/{tail:.*}", http.handle)
         runner = web.AppRunner(web_app, access_log=None)
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", port)
@@ -123,11 +144,13 @@ class Host:
         timers = TimerTriggers(catalog.of_type(TIMER_TRIGGER), self.clock, storage, host_id, lambda: binding_json)
         timer_view.append(timers)
         sb = ServiceBusTriggers(catalog.of_type(SERVICE_BUS_TRIGGER), config.service_bus, lambda: binding_json)
+        queues = QueueTriggers(catalog.of_type(QUEUE_TRIGGER), config.queues, lambda: binding_json)
         loop = asyncio.get_running_loop()
         tasks: list[asyncio.Task[None]] = []
         try:
             sb.start(loop)
             await sb.check_reachable()
+            await queues.start()
             await timers.start()
             tasks.append(asyncio.create_task(engine.run(), name="durable"))
             tasks.append(asyncio.create_task(self._heartbeat(store), name="heartbeat"))
@@ -135,6 +158,7 @@ class Host:
             print(
                 f"devstack.host ready: app={o.app} functions={len(catalog.functions)} "
                 f"({', '.join(f'{k}={v}' for k, v in counts.items())}) durable={base}/durabletask/ "
+                + (f"http={base}/{http.prefix + '/' if http.prefix else ''} " if http.routes else "") +
                 f"hub={config.durable.hub_name} clock={o.clock} pid={os.getpid()}",
                 flush=True,
             )
@@ -147,6 +171,7 @@ class Host:
             engine.stop()
             await timers.stop()
             await sb.stop()
+            await queues.stop()
             await engine.drain(timeout=20)
             for t in tasks:
                 t.cancel()

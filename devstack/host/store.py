@@ -64,6 +64,23 @@ CREATE TABLE IF NOT EXISTS activities(
     lock_owner TEXT,
     dequeue_count INTEGER NOT NULL DEFAULT 0
 );
+CREATE TABLE IF NOT EXISTS entities(
+    entity_id TEXT PRIMARY KEY,
+    state TEXT,
+    exists_ INTEGER NOT NULL DEFAULT 0,
+    last_updated_time TEXT,
+    lock_owner TEXT
+);
+CREATE TABLE IF NOT EXISTS entity_ops(
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    entity_id TEXT NOT NULL,
+    operation TEXT NOT NULL,
+    input TEXT,
+    request_id TEXT,
+    reply_instance TEXT,
+    reply_execution TEXT
+);
+CREATE INDEX IF NOT EXISTS entity_ops_entity ON entity_ops(entity_id);
 CREATE TABLE IF NOT EXISTS hosts(
     host_id TEXT PRIMARY KEY,
     heartbeat REAL NOT NULL
@@ -133,6 +150,7 @@ class Store:
             db.execute("DELETE FROM hosts WHERE host_id=?", (self.host_id,))
             db.execute("UPDATE instances SET lock_owner=NULL WHERE lock_owner=?", (self.host_id,))
             db.execute("UPDATE activities SET lock_owner=NULL WHERE lock_owner=?", (self.host_id,))
+            db.execute("UPDATE entities SET lock_owner=NULL WHERE lock_owner=?", (self.host_id,))
 
     def _free_owner_sql(self) -> tuple[str, tuple[Any, ...]]:
         return (
@@ -252,9 +270,12 @@ class Store:
 
     def claim_instances(self, now_epoch: float, limit: int, busy: set[str]) -> list[str]:
         """Lock up to `limit` instances that have visible messages and no live owner."""
+        # A suspended instance is claimed only for what can change it: resume, suspend, terminate.
         rows = self.db.execute(
-            "SELECT instance_id, MIN(id) AS first FROM inbox WHERE visible_at <= ? "
-            "GROUP BY instance_id ORDER BY first LIMIT ?",
+            "SELECT m.instance_id, MIN(m.id) AS first FROM inbox m "
+            "LEFT JOIN instances i ON i.instance_id = m.instance_id WHERE m.visible_at <= ? "
+            "AND (i.status IS NULL OR i.status != 'Suspended' OR json_extract(m.event, '$.EventType') IN (3, 19, 20)) "
+            "GROUP BY m.instance_id ORDER BY first LIMIT ?",
             (now_epoch, limit + len(busy)),
         ).fetchall()
         claimed: list[str] = []
@@ -301,6 +322,7 @@ class Store:
         input_json: str | None,
         now_iso: str,
         new_instances: list[dict[str, Any]] | None = None,
+        entity_ops: list[dict[str, Any]] | None = None,
     ) -> bool:
         """Write everything one episode produced, atomically. False if the lock was lost.
 
@@ -336,6 +358,8 @@ class Store:
             )
             for child in new_instances or []:
                 self._create_in_tx(db, **child)
+            for op in entity_ops or []:
+                self._enqueue_entity_op_in_tx(db, **op)
             db.execute(
                 "UPDATE instances SET execution_id=?, status=?, output=?, custom_status=?, input=?, "
                 "last_updated_time=?, lock_owner=NULL WHERE instance_id=?",
@@ -387,3 +411,101 @@ class Store:
                 (instance_id, execution_id, json.dumps(event)),
             )
         return True
+
+    def rewind(self, instance_id: str, rewind_event: dict[str, Any], now_iso: str) -> str | None:
+        """Undo a Failed instance's failures: the history loses each failed activity and
+        sub-orchestration (the scheduling event and its failure) and the execution's end, the
+        instance is Running again, and a GenericEvent wakes it, so the replay schedules the
+        failed work anew. Returns the status that prevents it, or None."""
+        with self.tx() as db:
+            row = db.execute("SELECT status, execution_id FROM instances WHERE instance_id=?",
+                             (instance_id,)).fetchone()
+            if row is None or row["status"] != "Failed":
+                return row["status"] if row else "missing"
+            rows = db.execute("SELECT seq, event FROM history WHERE instance_id=? ORDER BY seq",
+                              (instance_id,)).fetchall()
+            events = [(r["seq"], json.loads(r["event"])) for r in rows]
+            failed = {(4 if e["EventType"] == 6 else 7, e.get("TaskScheduledId"))
+                      for _, e in events if e["EventType"] in (6, 9)}  # TaskFailed, SubOrchestrationInstanceFailed
+            drop = [seq for seq, e in events
+                    if e["EventType"] in (1, 6, 9)  # ExecutionCompleted and the failures
+                    or (e["EventType"], e.get("EventId")) in failed]
+            db.executemany("DELETE FROM history WHERE instance_id=? AND seq=?", [(instance_id, q) for q in drop])
+            db.execute("INSERT INTO inbox(instance_id, execution_id, event, visible_at) VALUES(?, ?, ?, 0)",
+                       (instance_id, row["execution_id"], json.dumps(rewind_event)))
+            db.execute("UPDATE instances SET status='Running', output=NULL, last_updated_time=? WHERE instance_id=?",
+                       (now_iso, instance_id))
+        return None
+
+    # ---- entities ----------------------------------------------------------------------
+
+    @staticmethod
+    def _enqueue_entity_op_in_tx(db: sqlite3.Connection, *, entity_id: str, operation: str, input_json: str | None,
+                                 request_id: str | None = None, reply_instance: str | None = None,
+                                 reply_execution: str | None = None) -> None:
+        db.execute("INSERT OR IGNORE INTO entities(entity_id, state, exists_) VALUES(?, NULL, 0)", (entity_id,))
+        db.execute(
+            "INSERT INTO entity_ops(entity_id, operation, input, request_id, reply_instance, reply_execution) "
+            "VALUES(?, ?, ?, ?, ?, ?)",
+            (entity_id, operation, input_json, request_id, reply_instance, reply_execution),
+        )
+
+    def enqueue_entity_op(self, **op: Any) -> None:
+        """A signal from a client (keyword arguments of `_enqueue_entity_op_in_tx`)."""
+        with self.tx() as db:
+            self._enqueue_entity_op_in_tx(db, **op)
+
+    def get_entity(self, entity_id: str) -> tuple[bool, str | None] | None:
+        """(exists, serialized state) of an entity, or None if it was never addressed."""
+        row = self.db.execute("SELECT state, exists_ FROM entities WHERE entity_id=?", (entity_id,)).fetchone()
+        return (bool(row["exists_"]), row["state"]) if row else None
+
+    def claim_entities(self, limit: int, busy: set[str]) -> list[str]:
+        """Lock up to `limit` entities that have queued operations and no live owner."""
+        if limit <= 0:
+            return []
+        rows = self.db.execute(
+            "SELECT entity_id, MIN(id) AS first FROM entity_ops GROUP BY entity_id ORDER BY first LIMIT ?",
+            (limit + len(busy),),
+        ).fetchall()
+        free_sql, free_args = self._free_owner_sql()
+        claimed: list[str] = []
+        for r in rows:
+            eid = r["entity_id"]
+            if eid in busy or len(claimed) >= limit:
+                continue
+            with self.tx() as db:
+                cur = db.execute(f"UPDATE entities SET lock_owner=? WHERE entity_id=? AND {free_sql}",
+                                 (self.host_id, eid, *free_args))
+            if cur.rowcount:
+                claimed.append(eid)
+        return claimed
+
+    def entity_batch(self, entity_id: str, limit: int) -> tuple[bool, str | None, list[sqlite3.Row]]:
+        row = self.db.execute("SELECT state, exists_ FROM entities WHERE entity_id=?", (entity_id,)).fetchone()
+        ops = self.db.execute(
+            "SELECT id, operation, input, request_id, reply_instance, reply_execution FROM entity_ops "
+            "WHERE entity_id=? ORDER BY id LIMIT ?", (entity_id, limit),
+        ).fetchall()
+        return bool(row["exists_"]) if row else False, row["state"] if row else None, ops
+
+    def commit_entity_batch(self, entity_id: str, *, exists: bool, state: str | None, consumed: list[int],
+                            responses: list[tuple[str, str | None, dict[str, Any]]], now_iso: str) -> bool:
+        """New state, consumed operations and the callers' responses, in one transaction."""
+        with self.tx() as db:
+            owner = db.execute("SELECT lock_owner FROM entities WHERE entity_id=?", (entity_id,)).fetchone()
+            if owner is None or owner["lock_owner"] != self.host_id:
+                return False
+            db.executemany("DELETE FROM entity_ops WHERE id=?", [(i,) for i in consumed])
+            db.executemany(
+                "INSERT INTO inbox(instance_id, execution_id, event, visible_at) VALUES(?, ?, ?, 0)",
+                [(iid, eid, json.dumps(ev)) for iid, eid, ev in responses],
+            )
+            db.execute("UPDATE entities SET state=?, exists_=?, last_updated_time=?, lock_owner=NULL "
+                       "WHERE entity_id=?", (state if exists else None, int(exists), now_iso, entity_id))
+        return True
+
+    def unlock_entity(self, entity_id: str) -> None:
+        with self.tx() as db:
+            db.execute("UPDATE entities SET lock_owner=NULL WHERE entity_id=? AND lock_owner=?",
+                       (entity_id, self.host_id))

@@ -31,6 +31,7 @@ from devstack.process import Child
 
 ROOT = Path(__file__).resolve().parents[3]
 SAMPLE_APP = Path(__file__).resolve().parent / "sample_app"
+OFFICIAL_APP = Path(__file__).resolve().parent / "official_app"
 READY = re.compile(r"devstack\.host ready: .* durable=(?P<base>http://127\.0\.0\.1:\d+)/durabletask/")
 STARTUP_TIMEOUT_S = 30
 
@@ -39,8 +40,12 @@ class HostProcess:
     """One `python -m devstack.host` process on the sample app."""
 
     def __init__(self, data_dir: Path, out_dir: Path, env: dict[str, str | None], clock: str, log_path: Path,
-                 args: list[str] | None = None) -> None:
+                 args: list[str] | None = None, app_dir: Path = SAMPLE_APP, hub: str = "SampleHub",
+                 app: str = "function_app:app") -> None:
+        self.app = app
         self.args = args or []
+        self.app_dir = app_dir
+        self.hub = hub
         self.data_dir = data_dir
         self.out_dir = out_dir
         self.env = env
@@ -51,7 +56,7 @@ class HostProcess:
         self.proc: subprocess.Popen[str] | None = None
 
     def start(self) -> HostProcess:
-        cmd = [sys.executable, "-m", "devstack.host", "--app", "function_app:app", "--app-dir", str(SAMPLE_APP),
+        cmd = [sys.executable, "-m", "devstack.host", "--app", self.app, "--app-dir", str(self.app_dir),
                "--data-dir", str(self.data_dir), "--clock", self.clock, "--lease-seconds", "2", *self.args]
         env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", "SAMPLE_OUT_DIR": str(self.out_dir)}
         for key, value in self.env.items():  # None removes a variable
@@ -93,7 +98,7 @@ class HostProcess:
 
     @property
     def client(self) -> df.DurableOrchestrationClient:
-        return df.DurableOrchestrationClient(json.dumps(client_binding(self.base, "SampleHub")))
+        return df.DurableOrchestrationClient(json.dumps(client_binding(self.base, self.hub)))
 
     def now(self) -> datetime:
         with urllib.request.urlopen(f"{self.base}/admin/clock", timeout=10) as r:
@@ -164,8 +169,10 @@ def host_factory(tmp_path: Path) -> Iterator[Callable[..., HostProcess]]:
     out.mkdir()
 
     def make(*, env: dict[str, str | None] | None = None, clock: str = "real", data_dir: Path | None = None,
-             args: list[str] | None = None) -> HostProcess:
-        h = HostProcess(data_dir or tmp_path / "hub", out, env or {}, clock, tmp_path / f"host{len(started)}.log", args)
+             args: list[str] | None = None, app_dir: Path = SAMPLE_APP, hub: str = "SampleHub",
+             app: str = "function_app:app") -> HostProcess:
+        h = HostProcess(data_dir or tmp_path / "hub", out, env or {}, clock, tmp_path / f"host{len(started)}.log", args,
+                        app_dir=app_dir, hub=hub, app=app)
         started.append(h)
         return h.start()
 

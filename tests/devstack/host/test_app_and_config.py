@@ -113,3 +113,19 @@ def test_ncrontab_has_six_fields_with_seconds_first() -> None:
     assert Schedule("00:05:00").next_after(start) == datetime(2026, 1, 1, 10, 5, 7, tzinfo=UTC)
     with pytest.raises(HostError, match="six-field"):
         Schedule("*/5 * * * *")
+
+
+def test_version_strategies_default_to_the_documented_ones(tmp_path: Path) -> None:
+    path = tmp_path / "host.json"
+    path.write_text(json.dumps({"version": "2.0", "extensions": {"durableTask": {"defaultVersion": "1.0"}}}))
+    config = load_host_json(str(path))
+    assert (config.durable.version_match, config.durable.version_failure) == ("CurrentOrOlder", "Reject")
+    assert load_host_json(None).durable.version_match == "CurrentOrOlder"
+
+
+def test_route_prefix_defaults_to_api_and_may_be_empty() -> None:
+    from devstack.host.http_triggers import route_prefix
+
+    assert route_prefix({}) == "api"
+    assert route_prefix({"extensions": {"http": {"routePrefix": ""}}}) == ""
+    assert route_prefix({"extensions": {"http": {"routePrefix": "v1/orders"}}}) == "v1/orders"
