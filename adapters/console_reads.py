@@ -178,13 +178,17 @@ class ConsoleReads:
 
     async def supervisor_decisions(self, since: datetime, limit: int = 200) -> tuple[list[SupervisorDecision], bool]:
         """The Supervisor's decisions since `since`, read from the History of
-        records it has touched (FailureCount > 0) and that changed since then:
-        at most `limit` records, one query. Returns (decisions newest first,
-        whether the limit cut the answer short)."""
+        records that changed since then and that it may have touched (a
+        failure counted, a second attempt, or Error; an order resubmitted
+        after a single failed attempt is the one case this misses): at most
+        `limit` records, one query. Returns (decisions newest first, whether
+        the limit cut the answer short)."""
         query = (
-            "SELECT TOP @max c.id, c.History FROM c WHERE c.UpdatedAt >= @since AND c.FailureCount > 0"
+            "SELECT TOP @max c.id, c.History FROM c WHERE c.UpdatedAt >= @since"
+            " AND (c.FailureCount > 0 OR c.Attempt > 1 OR c.ProcessState = @error)"
         )
-        docs = await self._query(query, _params(max=limit, since=cosmos_time(since)), limit, "console_supervisor")
+        params = _params(max=limit, since=cosmos_time(since), error=ProcessState.ERROR.value)
+        docs = await self._query(query, params, limit, "console_supervisor")
         decisions = []
         for d in docs:
             for h in d.get("History") or []:

@@ -183,14 +183,12 @@ async def console_action(req: func.HttpRequest) -> func.HttpResponse:
     except NotFoundError:
         return _error(req, 404, f"No order {order_id}", deps)
     if req.method == "GET":
-        token = security.cookie_token(req.headers) or security.new_token()
         title, explanation = views.ACTIONS[action]
         return _render(req, "confirm.html", deps, page="orders", record=record, action=action, title=title,
-                       explanation=explanation, csrf=token, who=who,
-                       headers={"Set-Cookie": security.csrf_cookie(token, req.url.startswith("https:"))})
+                       explanation=explanation, csrf=security.form_token(who, order_id, action), who=who)
     form = dict(parse_qsl(req.get_body().decode("utf-8", "replace")))
     try:
-        security.check_csrf(req.headers, form, req.url)
+        security.check_csrf(req.headers, form, req.url, who, order_id, action)
     except security.Forbidden as exc:
         return _error(req, 403, str(exc), deps)
     try:

@@ -7,12 +7,16 @@ history. In Azure (WEBSITE_SITE_NAME is set) a request without it is refused,
 so a console deployed without authentication cannot act. Locally the operator
 is "local".
 
-CSRF. Double-submit token: the form page sets a random token in a cookie
-(HttpOnly, SameSite=Strict, Secure on https) and in a hidden field; a POST
-must carry both, equal. A cross-site page can neither read the cookie nor make
-the browser send it (SameSite=Strict), and a browser's `Sec-Fetch-Site` /
-`Origin` naming another site is refused outright. It is stateless, so any
-instance of the app can check any form.
+CSRF. The confirmation form carries a signed token: an HMAC, under the
+app setting CONSOLE_CSRF_SECRET, of (operator, order, action, expiry). The
+POST must bring it back unexpired and for exactly that operator, order and
+action; a cross-site page cannot read our form to learn it, and a browser's
+`Sec-Fetch-Site` / `Origin` naming another site is refused outright. It needs
+no session or cookie, so any instance of the app can check any form as long
+as they share the secret (without the setting each process makes its own,
+which is right for one local host and wrong for a scaled-out app). Cookies
+are avoided also because the local host drops Set-Cookie headers (it ignores
+the cookies the worker's converter extracts; see docs/console.md).
 
 Redaction. No payment data is shown: keys that name payment data are dropped
 from anything displayed, and any digit run that looks like a card number
@@ -21,18 +25,21 @@ one where it should not."""
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import os
 import re
 import secrets
+import time
 from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
 PRINCIPAL_HEADER = "x-ms-client-principal-name"
-CSRF_COOKIE = "console_csrf"
 CSRF_FIELD = "csrf"
 LOCAL_OPERATOR = "local"
+TOKEN_LIFETIME = 15 * 60  # seconds a confirmation form stays valid
+_PROCESS_SECRET = secrets.token_bytes(32)
 
 _PAYMENT_KEY = re.compile(r"payment|card|pan$|cvv|cvc|iban|account.?number|expiry", re.IGNORECASE)
 _DIGIT_RUN = re.compile(r"(?<!\d)(?:\d[ -]?){12,18}\d(?!\d)")
@@ -56,26 +63,27 @@ def operator(headers: Mapping[str, str], env: Mapping[str, str] | None = None) -
     return LOCAL_OPERATOR
 
 
-def new_token() -> str:
-    return secrets.token_urlsafe(32)
+def _secret(env: Mapping[str, str] | None = None) -> bytes:
+    configured = (env if env is not None else os.environ).get("CONSOLE_CSRF_SECRET")
+    return configured.encode() if configured else _PROCESS_SECRET
 
 
-def csrf_cookie(token: str, secure: bool) -> str:
-    return (f"{CSRF_COOKIE}={token}; Path=/; HttpOnly; SameSite=Strict"
-            + ("; Secure" if secure else ""))
+def form_token(who: str, order_id: str, action: str, now: float | None = None,
+               env: Mapping[str, str] | None = None) -> str:
+    expiry = int((now if now is not None else time.time()) + TOKEN_LIFETIME)
+    return f"{expiry}.{_sign(who, order_id, action, expiry, env)}"
 
 
-def cookie_token(headers: Mapping[str, str]) -> str | None:
-    raw = _header(headers, "cookie") or ""
-    for part in raw.split(";"):
-        name, _, value = part.strip().partition("=")
-        if name == CSRF_COOKIE and value:
-            return value
-    return None
+def _sign(who: str, order_id: str, action: str, expiry: int, env: Mapping[str, str] | None) -> str:
+    message = "\x1f".join((who, order_id, action, str(expiry))).encode()
+    return hmac.new(_secret(env), message, hashlib.sha256).hexdigest()
 
 
-def check_csrf(headers: Mapping[str, str], form: Mapping[str, str], request_url: str) -> None:
-    """Raise Forbidden unless the POST came from our own form."""
+def check_csrf(headers: Mapping[str, str], form: Mapping[str, str], request_url: str, who: str,
+               order_id: str, action: str, now: float | None = None,
+               env: Mapping[str, str] | None = None) -> None:
+    """Raise Forbidden unless the POST came from our own, fresh confirmation form
+    for this operator, order and action."""
     site = (_header(headers, "sec-fetch-site") or "").lower()
     if site and site not in ("same-origin", "none"):
         raise Forbidden("cross-site request refused")
@@ -85,10 +93,15 @@ def check_csrf(headers: Mapping[str, str], form: Mapping[str, str], request_url:
         theirs = urlsplit(origin)
         if (theirs.scheme, theirs.netloc) != (ours.scheme, ours.netloc):
             raise Forbidden("request from another origin refused")
-    cookie = cookie_token(headers)
-    field = form.get(CSRF_FIELD)
-    if not cookie or not field or not hmac.compare_digest(cookie, field):
-        raise Forbidden("missing or wrong form token; reload the page and confirm again")
+    expiry_raw, _, signature = (form.get(CSRF_FIELD) or "").partition(".")
+    if not expiry_raw.isdigit() or not signature:
+        raise Forbidden("missing form token; open the confirmation page again")
+    expiry = int(expiry_raw)
+    expected = _sign(who, order_id, action, expiry, env)
+    if not hmac.compare_digest(expected, signature):
+        raise Forbidden("wrong form token; open the confirmation page again")
+    if expiry < (now if now is not None else time.time()):
+        raise Forbidden("the confirmation expired; open it again")
 
 
 def redact(value: Any) -> Any:
