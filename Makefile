@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 PIP_STAMP := $(VENV)/.installed
 NPM_STAMP := node_modules/.installed
 
-.PHONY: install demo test test-unit lint bench bench-servicebus bench-supervisor up clean
+.PHONY: install demo test test-unit lint bench bench-servicebus bench-supervisor up clean browser
 
 install: $(PIP_STAMP) $(NPM_STAMP)
 
@@ -37,7 +37,17 @@ lint: install
 
 ## up: the whole local stack in the foreground (Ctrl-C stops it)
 up: install
+	@echo "console: http://127.0.0.1:7071/api/console (once the host is ready)"
 	$(BIN)/python -m devstack up
+
+## browser: Debian's Chromium and its WebDriver for the console's browser test
+## (tests/e2e/test_console_browser.py); apt-get needs root, as CI runs
+browser:
+	@if command -v chromium >/dev/null && command -v chromedriver >/dev/null; then \
+		echo "browser: $$(chromium --version 2>/dev/null | head -1), $$(chromedriver --version | head -1)"; \
+	else \
+		apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium chromium-driver; \
+	fi
 
 ## bench: per-order costs, throughput and latency of the whole pipeline on the local stack
 bench: install
