@@ -60,10 +60,10 @@ class Deps:
 
 
 async def overview(deps: Deps) -> dict[str, Any]:
-    counts = {s: await deps.store.count_in_state(s) for s in STATES}
+    counts = dict(zip(STATES, await asyncio.gather(*(deps.store.count_in_state(s) for s in STATES)), strict=True))
     gauge = await deps.store.read_backlog_gauge()
     cfg = deps.settings
-    since = deps.now - timedelta(hours=1)
+    since = _floor(deps.now - timedelta(hours=1), BUCKET)
     finished, finished_cut = await deps.reads.finished_since(since)
     decisions, decisions_cut = await deps.reads.supervisor_decisions(since)
     alerts = await peek(deps, ALERTS_QUEUE, limit=10)
@@ -81,6 +81,12 @@ async def overview(deps: Deps) -> dict[str, Any]:
         "decisions_cut": decisions_cut,
         "alerts": alerts["messages"],
     }
+
+
+def _floor(at: datetime, step: timedelta) -> datetime:
+    """`at` rounded down to a multiple of `step` (buckets start on the clock's 5 minutes)."""
+    seconds = int(step.total_seconds())
+    return at.replace(second=0, microsecond=0) - timedelta(minutes=at.minute % (seconds // 60))
 
 
 def _bars(counts: dict[str, int]) -> list[dict[str, Any]]:
@@ -103,7 +109,7 @@ def _admission(cfg: Settings, counts: dict[str, int], gauge, now: datetime) -> d
 
 
 def _throughput(finished: list[tuple[str, datetime]], since: datetime, now: datetime) -> dict[str, Any]:
-    n = int((now - since) / BUCKET)
+    n = -(-(now - since) // BUCKET)  # the last bucket is the current, partial one
     buckets = [{"start": since + i * BUCKET, "Processed": 0, "Error": 0} for i in range(n)]
     for state, at in finished:
         i = int((at - since) / BUCKET)
@@ -120,7 +126,7 @@ def _throughput(finished: list[tuple[str, datetime]], since: datetime, now: date
         b["label"] = b["start"].strftime("%H:%M")
     return {"buckets": buckets, "top": top, "total": {
         "Processed": sum(b["Processed"] for b in buckets), "Error": sum(b["Error"] for b in buckets)},
-        "bar_width": width, "svg_width": 30 + n * (width + 4)}
+        "bar_width": width, "svg_width": 30 + n * (width + 4) + 24}
 
 
 def _decision_totals(decisions) -> dict[str, int]:

@@ -58,7 +58,8 @@ def browser():
 def _screenshot(driver, name: str) -> None:
     """The whole page: grow the window to the document's height first."""
     height = driver.execute_script("return document.documentElement.scrollHeight")
-    driver.set_window_size(1280, min(max(height, 600), 4000))
+    # the window's outer size includes what headless Chromium keeps for its frame
+    driver.set_window_size(1280, min(max(height + 200, 600), 4200))
     IMAGES.mkdir(parents=True, exist_ok=True)
     assert driver.save_screenshot(str(IMAGES / name))
     driver.set_window_size(1280, 1000)
