@@ -31,6 +31,7 @@ from adapters.cosmos_client import RequestCharges
 from adapters.servicebus import servicebus_client
 from adapters.state_store import CosmosStateStore
 from console import security, views
+from console.peek import QueuePeeker
 from domain import state_machine as sm
 from domain.errors import DomainError, NotFoundError, StaleError
 
@@ -69,7 +70,7 @@ async def _deps(durable: Any | None = None) -> views.Deps:
     loop = asyncio.get_running_loop()
     bus = _buses.get(loop)
     if bus is None:
-        bus = _buses[loop] = servicebus_client(c.settings.servicebus)
+        bus = _buses[loop] = QueuePeeker(servicebus_client(c.settings.servicebus))
     return views.Deps(
         settings=c.settings,
         store=CosmosStateStore(c.state_container, charges),

@@ -14,13 +14,11 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from azure.servicebus import ServiceBusSubQueue
-from azure.servicebus.aio import ServiceBusClient
-
 from adapters.console_reads import ConsoleReads, OrderRow
 from adapters.ports import ANY_OWNER
 from adapters.settings import Settings
 from adapters.state_store import CosmosStateStore
+from console.peek import QueuePeeker
 from console.security import redact
 from domain import state_machine as sm
 from domain.errors import DomainError, NotFoundError
@@ -48,7 +46,7 @@ class Deps:
     store: CosmosStateStore
     reads: ConsoleReads
     orders: Any  # adapters.ports.OrdersRepository
-    servicebus: ServiceBusClient | None
+    servicebus: QueuePeeker | None
     durable: Any | None = None  # a DurableOrchestrationClient, for the order detail
     now: datetime = field(default_factory=lambda: datetime.now(UTC))
 
@@ -414,13 +412,8 @@ async def peek(deps: Deps, queue: str, limit: int = PEEK_LIMIT, dead_letter: boo
     receiving them: nothing is locked, consumed or counted as a delivery."""
     if deps.servicebus is None:
         return {"messages": [], "error": "Service Bus not configured", "next": None}
-    kwargs: dict[str, Any] = {"sub_queue": ServiceBusSubQueue.DEAD_LETTER} if dead_letter else {}
     try:
-        async with deps.servicebus.get_queue_receiver(queue, **kwargs) as receiver:
-            peek_args: dict[str, Any] = {"max_message_count": limit}
-            if from_sequence is not None:
-                peek_args["sequence_number"] = from_sequence
-            messages = await receiver.peek_messages(**peek_args)
+        messages = await deps.servicebus.peek(queue, limit, dead_letter=dead_letter, from_sequence=from_sequence)
     except Exception as exc:  # noqa: BLE001 - one unreachable queue must not break the page
         log.warning("console: peek %s failed: %s", queue, exc)
         return {"messages": [], "error": f"could not peek {queue}: {type(exc).__name__}", "next": None}
