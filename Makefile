@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 PIP_STAMP := $(VENV)/.installed
 NPM_STAMP := node_modules/.installed
 
-.PHONY: install demo test test-unit lint bench bench-servicebus bench-supervisor up down status clean
+.PHONY: install demo test test-unit lint bench bench-servicebus bench-supervisor up down status clean browser
 
 install: $(PIP_STAMP) $(NPM_STAMP)
 
@@ -26,7 +26,7 @@ demo: install
 	$(BIN)/python -m devstack.demo
 
 ## test: every test; local servers are started by the test fixtures and stopped after
-test: install lint
+test: install browser lint
 	REQUIRE_NO_SKIPS=1 $(BIN)/python -m pytest -q -rs
 
 test-unit: install
@@ -37,6 +37,7 @@ lint: install
 
 ## up: the whole local stack in the foreground (Ctrl-C stops it)
 up: install
+	@echo "console: http://127.0.0.1:7071/api/console (once the host is ready)"
 	$(BIN)/python -m devstack up
 
 ## down: stop every stack under .devstack/, also one left by a crashed or killed run
@@ -46,6 +47,16 @@ down:
 ## status: stacks found under .devstack/, their processes and ports
 status:
 	$(BIN)/python -m devstack status
+
+## browser: Debian's Chromium and its WebDriver for the console's browser test
+## (tests/e2e/test_console_browser.py); installed with apt-get (through sudo when not root)
+browser:
+	@if command -v chromium >/dev/null && command -v chromedriver >/dev/null; then \
+		echo "browser: $$(chromium --version 2>/dev/null | head -1), $$(chromedriver --version | head -1)"; \
+	else \
+		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+		$$SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q --no-install-recommends chromium chromium-driver; \
+	fi
 
 ## bench: per-order costs, throughput and latency of the whole pipeline on the local stack
 bench: install

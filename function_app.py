@@ -6,6 +6,7 @@ blueprint; the code lives in the folders named after the part.
 - activities/     the Scheduler's side effects (guarded state writes, messages)
 - agents/         the Agents: the `agent-requests` queue to the remote services
 - supervisor/     the Supervisor: recovers expired attempts
+- console/        the operator console: HTTP pages under /api/console
 """
 
 import azure.durable_functions as df
@@ -13,11 +14,12 @@ import azure.functions as func
 
 from activities.functions import bp as activities
 from agents.functions import bp as agents
+from console.functions import bp as console
 from orchestrators.functions import bp as scheduler
 from submit.functions import bp as submit
 from supervisor.functions import bp as supervisor
 
 app = df.DFApp(http_auth_level=func.AuthLevel.FUNCTION)
 
-for blueprint in (submit, scheduler, activities, agents, supervisor):
+for blueprint in (submit, scheduler, activities, agents, supervisor, console):
     app.register_functions(blueprint)

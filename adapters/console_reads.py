@@ -1,0 +1,209 @@
+"""Bounded read queries of the operator console (console/), on the state
+container `orderState`.
+
+The console reuses the state store's own public reads wherever one exists
+(`read`, `count_in_state`, `query_expired`, `read_backlog_gauge`); this module
+holds only the queries the store has no method for. Every query here is a
+`TOP n` query, so one page costs one request whose size is bounded by n, not
+by the number of records. Listing pages by keyset (`ORDER BY c.id`, the token
+is the last id returned, opaque to the caller), for the reason
+adapters.state_store gives: the Python SDK cannot resume a cross-partition
+ORDER BY query from its own continuation token in Azure. A single-property
+ORDER BY needs only the default range index, no composite one.
+
+Projections keep each result small: the list and the throughput chart read a
+few fields per record, never the History or Steps (which are not indexed
+either)."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Final
+
+from azure.cosmos.aio import ContainerProxy
+
+from adapters.cosmos_client import SDK_ERRORS, RequestCharges, translate_error
+from adapters.state_store import cosmos_time
+from domain.errors import PermanentError
+from domain.models import ProcessState
+
+MAX_PAGE: Final = 200
+MAX_RECENT: Final = 1000
+
+_LIST_FIELDS: Final = (
+    "c.id, c.ProcessState, c.AppId, c.Attempt, c.FailureCount, c.LongRetries, c.CreatedAt,"
+    " c.UpdatedAt, c.CompleteBy, c.NotBefore, c.LastError, c.CompensationRequested"
+)
+
+
+@dataclass(frozen=True)
+class OrderRow:
+    """One line of the orders list (no History, Steps or order data)."""
+
+    id: str
+    state: str
+    app_id: str
+    attempt: int
+    failures: int
+    long_retries: int
+    created_at: datetime | None
+    updated_at: datetime | None
+    complete_by: datetime | None
+    not_before: datetime | None
+    last_error: str | None
+    compensation_requested: bool
+
+
+@dataclass(frozen=True)
+class SupervisorDecision:
+    order_id: str
+    at: datetime
+    to: str
+    reason: str | None
+
+    @property
+    def kind(self) -> str:
+        """recovered (back to Pending), long-retry (Pending after a wait), failed (Error)."""
+        if self.to == ProcessState.ERROR.value:
+            return "failed"
+        if self.reason and "long retry" in self.reason:
+            return "long-retry"
+        return "recovered"
+
+
+def _time(value: Any) -> datetime | None:
+    if not isinstance(value, str):
+        return None
+    try:
+        return datetime.fromisoformat(value)
+    except ValueError:
+        return None
+
+
+def _row(doc: dict[str, Any]) -> OrderRow:
+    return OrderRow(
+        id=str(doc.get("id")),
+        state=str(doc.get("ProcessState")),
+        app_id=str(doc.get("AppId") or ""),
+        attempt=int(doc.get("Attempt") or 0),
+        failures=int(doc.get("FailureCount") or 0),
+        long_retries=int(doc.get("LongRetries") or 0),
+        created_at=_time(doc.get("CreatedAt")),
+        updated_at=_time(doc.get("UpdatedAt")),
+        complete_by=_time(doc.get("CompleteBy")),
+        not_before=_time(doc.get("NotBefore")),
+        last_error=doc.get("LastError"),
+        compensation_requested=bool(doc.get("CompensationRequested")),
+    )
+
+
+def encode_page_token(last_id: str) -> str:
+    raw = json.dumps({"v": 1, "id": last_id}, separators=(",", ":"))
+    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+
+
+def decode_page_token(token: str) -> str:
+    try:
+        data = json.loads(base64.urlsafe_b64decode((token + "=" * (-len(token) % 4)).encode()))
+        if data.get("v") != 1 or not isinstance(data["id"], str):
+            raise ValueError("unknown token version")
+        return data["id"]
+    except (ValueError, KeyError, TypeError, binascii.Error) as exc:
+        raise PermanentError(f"invalid page token: {exc}") from exc
+
+
+def _params(**values: Any) -> list[dict[str, Any]]:
+    return [{"name": f"@{k}", "value": v} for k, v in values.items()]
+
+
+class ConsoleReads:
+    """The console's own bounded queries (see the module docstring)."""
+
+    def __init__(self, container: ContainerProxy, charges: RequestCharges | None = None) -> None:
+        self._container = container
+        self.charges = charges if charges is not None else RequestCharges()
+
+    async def list_orders(
+        self,
+        state: ProcessState | str,
+        page_size: int,
+        app_id: str | None = None,
+        created_before: datetime | None = None,
+        page_token: str | None = None,
+    ) -> tuple[list[OrderRow], str | None]:
+        """One page of the records in `state` (optionally of one application,
+        optionally created before a time), by OrderID. Returns (rows, token of
+        the next page or None when this page came back short). One query."""
+        if not 1 <= page_size <= MAX_PAGE:
+            raise ValueError(f"page_size must be 1..{MAX_PAGE}")
+        where = ["c.ProcessState = @state"]
+        params = _params(max=page_size, state=ProcessState(state).value)
+        if app_id:
+            where.append("c.AppId = @app")
+            params += _params(app=app_id)
+        if created_before is not None:
+            where.append("c.CreatedAt < @before")
+            params += _params(before=cosmos_time(created_before))
+        if page_token:
+            where.append("c.id > @after")
+            params += _params(after=decode_page_token(page_token))
+        query = f"SELECT TOP @max {_LIST_FIELDS} FROM c WHERE {' AND '.join(where)} ORDER BY c.id ASC"
+        docs = await self._query(query, params, page_size, "console_list")
+        rows = [_row(d) for d in docs]
+        token = encode_page_token(rows[-1].id) if len(rows) == page_size else None
+        return rows, token
+
+    async def finished_since(self, since: datetime, limit: int = MAX_RECENT) -> tuple[list[tuple[str, datetime]], bool]:
+        """(state, UpdatedAt) of records that reached Processed or Error since
+        `since` (for the throughput chart), at most `limit`; and whether the
+        limit cut the answer short. One query of two small fields per record."""
+        query = (
+            "SELECT TOP @max c.ProcessState, c.UpdatedAt FROM c WHERE c.UpdatedAt >= @since"
+            " AND (c.ProcessState = @processed OR c.ProcessState = @error)"
+        )
+        params = _params(max=limit, since=cosmos_time(since), processed=ProcessState.PROCESSED.value,
+                         error=ProcessState.ERROR.value)
+        docs = await self._query(query, params, limit, "console_throughput")
+        out = []
+        for d in docs:
+            at = _time(d.get("UpdatedAt"))
+            if at is not None:
+                out.append((str(d.get("ProcessState")), at))
+        return out, len(docs) >= limit
+
+    async def supervisor_decisions(self, since: datetime, limit: int = 200) -> tuple[list[SupervisorDecision], bool]:
+        """The Supervisor's decisions since `since`, read from the History of
+        records that changed since then and that it may have touched (a
+        failure counted, a second attempt, or Error; an order resubmitted
+        after a single failed attempt is the one case this misses): at most
+        `limit` records, one query. Returns (decisions newest first, whether
+        the limit cut the answer short)."""
+        query = (
+            "SELECT TOP @max c.id, c.History FROM c WHERE c.UpdatedAt >= @since"
+            " AND (c.FailureCount > 0 OR c.Attempt > 1 OR c.ProcessState = @error)"
+        )
+        params = _params(max=limit, since=cosmos_time(since), error=ProcessState.ERROR.value)
+        docs = await self._query(query, params, limit, "console_supervisor")
+        decisions = []
+        for d in docs:
+            for h in d.get("History") or []:
+                at = _time(h.get("At"))
+                if h.get("By") == "supervisor" and at is not None and at >= since:
+                    decisions.append(SupervisorDecision(str(d.get("id")), at, str(h.get("To")), h.get("Reason")))
+        decisions.sort(key=lambda x: x.at, reverse=True)
+        return decisions, len(docs) >= limit
+
+    async def _query(self, query: str, parameters: Iterable[dict[str, Any]], max_items: int, kind: str) -> list[Any]:
+        try:
+            pages = self._container.query_items(
+                query=query, parameters=list(parameters), max_item_count=max_items,
+                response_hook=self.charges.hook(kind),
+            )
+            return [item async for item in pages]
+        except SDK_ERRORS as exc:
+            raise translate_error(exc, f"{kind} query", self.charges, kind) from exc

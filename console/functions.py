@@ -1,0 +1,219 @@
+"""The console's HTTP functions: one blueprint, registered by function_app.py.
+
+Pages are rendered on the server with Jinja2 (autoescaping on for every
+template), so reading needs no JavaScript and there is no front-end build:
+charts are inline SVG drawn by the templates. Actions (resubmit, compensate)
+are a GET that shows a confirmation form and a POST that checks the form's
+CSRF token and acts (console.security).
+
+Anonymous at the Functions level on purpose: a browser cannot send function
+keys. In Azure the console must sit behind App Service authentication, whose
+principal header console.security requires before any action."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import weakref
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qsl, urlencode
+
+import azure.durable_functions as df
+import azure.functions as func
+from jinja2 import Environment, FileSystemLoader, select_autoescape
+
+import bootstrap
+from adapters.console_reads import ConsoleReads
+from adapters.cosmos_client import RequestCharges
+from adapters.servicebus import servicebus_client
+from adapters.state_store import CosmosStateStore
+from console import security, views
+from console.peek import QueuePeeker
+from domain import state_machine as sm
+from domain.errors import DomainError, NotFoundError, StaleError
+
+log = logging.getLogger(__name__)
+
+bp = df.Blueprint()
+HERE = Path(__file__).parent
+ANON = func.AuthLevel.ANONYMOUS
+
+_env = Environment(
+    loader=FileSystemLoader(HERE / "templates"),
+    autoescape=select_autoescape(default=True, default_for_string=True),
+    trim_blocks=True,
+    lstrip_blocks=True,
+)
+_env.filters["t"] = lambda v: v.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S") if v else ""
+_env.filters["hm"] = lambda v: v.astimezone(UTC).strftime("%H:%M:%S") if v else ""
+_env.filters["js"] = lambda v: json.dumps(v, ensure_ascii=False, default=str)
+_env.globals["qs"] = lambda **kw: urlencode({k: v for k, v in kw.items() if v not in (None, "")})
+
+_buses: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = weakref.WeakKeyDictionary()
+
+_SECURITY_HEADERS = {
+    # Nothing but our own stylesheet: no script runs on these pages at all.
+    "Content-Security-Policy": "default-src 'none'; style-src 'self'; img-src 'self' data:; "
+    "form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "same-origin",
+    "Cache-Control": "no-store",
+}
+
+
+async def _deps(durable: Any | None = None) -> views.Deps:
+    c = await bootstrap.container()
+    charges = RequestCharges()  # per request: the page footer shows what it cost
+    loop = asyncio.get_running_loop()
+    bus = _buses.get(loop)
+    if bus is None:
+        bus = _buses[loop] = QueuePeeker(servicebus_client(c.settings.servicebus))
+    return views.Deps(
+        settings=c.settings,
+        store=CosmosStateStore(c.state_container, charges),
+        reads=ConsoleReads(c.state_container, charges),
+        orders=c.orders,
+        servicebus=bus,
+        durable=durable,
+    )
+
+
+def _base(req: func.HttpRequest) -> str:
+    """The console's own path prefix as the browser sees it (host routePrefix included)."""
+    path = req.url.split("?", 1)[0]
+    marker = "/console"
+    i = path.find(marker)
+    return path[: i + len(marker)] if i >= 0 else marker
+
+
+def _render(req: func.HttpRequest, template: str, deps: views.Deps | None, status: int = 200,
+            headers: dict[str, str] | None = None, **context: Any) -> func.HttpResponse:
+    charges = deps.store.charges if deps is not None else None
+    html = _env.get_template(template).render(
+        base=_base(req), now=datetime.now(UTC), cost=charges, **context)
+    return func.HttpResponse(html, status_code=status, mimetype="text/html", charset="utf-8",
+                             headers={**_SECURITY_HEADERS, **(headers or {})})
+
+
+def _error(req: func.HttpRequest, status: int, message: str, deps: views.Deps | None = None) -> func.HttpResponse:
+    return _render(req, "error.html", deps, status=status, message=message, status_code=status)
+
+
+def _page(params: dict[str, str]) -> int | None:
+    raw = params.get("from")
+    return int(raw) if raw and raw.isdigit() else None
+
+
+@bp.function_name("console_overview")
+@bp.route(route="console", methods=["GET"], auth_level=ANON)
+async def console_overview(req: func.HttpRequest) -> func.HttpResponse:
+    deps = await _deps()
+    return _render(req, "overview.html", deps, page="overview", **await views.overview(deps))
+
+
+@bp.function_name("console_orders")
+@bp.route(route="console/orders", methods=["GET"], auth_level=ANON)
+async def console_orders(req: func.HttpRequest) -> func.HttpResponse:
+    deps = await _deps()
+    try:
+        filters = views.parse_filters(dict(req.params))
+        data = await views.orders(deps, filters)
+    except views.BadRequest as exc:
+        return _error(req, 400, str(exc), deps)
+    return _render(req, "orders.html", deps, page="orders", **data)
+
+
+@bp.function_name("console_stuck")
+@bp.route(route="console/stuck", methods=["GET"], auth_level=ANON)
+async def console_stuck(req: func.HttpRequest) -> func.HttpResponse:
+    deps = await _deps()
+    try:
+        data = await views.stuck(deps, req.params.get("page") or None)
+    except views.BadRequest as exc:
+        return _error(req, 400, str(exc), deps)
+    return _render(req, "stuck.html", deps, page="stuck", **data)
+
+
+@bp.function_name("console_alerts")
+@bp.route(route="console/alerts", methods=["GET"], auth_level=ANON)
+async def console_alerts(req: func.HttpRequest) -> func.HttpResponse:
+    deps = await _deps()
+    return _render(req, "alerts.html", deps, page="alerts", **await views.alerts(deps, _page(dict(req.params))))
+
+
+@bp.function_name("console_deadletters")
+@bp.route(route="console/deadletters/{queue?}", methods=["GET"], auth_level=ANON)
+async def console_deadletters(req: func.HttpRequest) -> func.HttpResponse:
+    deps = await _deps()
+    try:
+        data = await views.dead_letters(deps, req.route_params.get("queue") or None, _page(dict(req.params)))
+    except views.BadRequest as exc:
+        return _error(req, 404, str(exc), deps)
+    return _render(req, "deadletters.html", deps, page="deadletters", **data)
+
+
+@bp.function_name("console_order")
+@bp.route(route="console/orders/{order_id}", methods=["GET"], auth_level=ANON)
+@bp.durable_client_input(client_name="client")
+async def console_order(req: func.HttpRequest, client: df.DurableOrchestrationClient) -> func.HttpResponse:
+    order_id = req.route_params.get("order_id", "")
+    deps = await _deps(durable=client)
+    data = await views.order_detail(deps, order_id)
+    if data is None:
+        return _error(req, 404, f"No order {order_id}", deps)
+    return _render(req, "order.html", deps, page="orders", done=req.params.get("done"), **data)
+
+
+@bp.function_name("console_action")
+@bp.route(route="console/orders/{order_id}/{action:alpha}", methods=["GET", "POST"], auth_level=ANON)
+async def console_action(req: func.HttpRequest) -> func.HttpResponse:
+    order_id = req.route_params.get("order_id", "")
+    action = req.route_params.get("action", "")
+    if action not in views.ACTIONS or not views.valid_order_id(order_id):
+        return _error(req, 404, f"No action {action} for order {order_id}")
+    try:
+        who = security.operator(req.headers)
+    except security.Forbidden as exc:
+        return _error(req, 403, str(exc))
+    deps = await _deps()
+    try:
+        record, _ = await deps.store.read(order_id)
+    except NotFoundError:
+        return _error(req, 404, f"No order {order_id}", deps)
+    if req.method == "GET":
+        title, explanation = views.ACTIONS[action]
+        return _render(req, "confirm.html", deps, page="orders", record=record, action=action, title=title,
+                       explanation=explanation, csrf=security.form_token(who, order_id, action), who=who)
+    form = dict(parse_qsl(req.get_body().decode("utf-8", "replace")))
+    try:
+        security.check_csrf(req.headers, form, req.url, who, order_id, action)
+    except security.Forbidden as exc:
+        return _error(req, 403, str(exc), deps)
+    try:
+        await views.act(deps, order_id, action, who)
+    except (sm.IllegalTransition, StaleError) as exc:
+        return _error(req, 409, f"{action} refused: {exc}", deps)
+    except DomainError as exc:
+        return _error(req, 503, f"{action} failed: {exc}", deps)
+    # Post/Redirect/Get: reloading the order page does not repeat the action.
+    location = f"{_base(req)}/orders/{order_id}?{urlencode({'done': action})}"
+    return func.HttpResponse(status_code=303, headers={"Location": location, **_SECURITY_HEADERS})
+
+
+@bp.function_name("console_static")
+@bp.route(route="console/static/console.css", methods=["GET"], auth_level=ANON)
+async def console_static(req: func.HttpRequest) -> func.HttpResponse:
+    return func.HttpResponse((HERE / "static" / "console.css").read_bytes(), mimetype="text/css",
+                             headers={"Cache-Control": "max-age=300", "X-Content-Type-Options": "nosniff"})
+
+
+@bp.function_name("console_find")
+@bp.route(route="console/find", methods=["GET"], auth_level=ANON)
+async def console_find(req: func.HttpRequest) -> func.HttpResponse:
+    order_id = (req.params.get("id") or "").strip()
+    if not views.valid_order_id(order_id):
+        return _error(req, 404, f"No order {order_id}")
+    return func.HttpResponse(status_code=303, headers={"Location": f"{_base(req)}/orders/{order_id}"})

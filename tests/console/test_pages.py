@@ -1,0 +1,131 @@
+"""Pages rendered from records in the real Cosmos server: the timeline of an
+order's attempts, escaping of everything a client or provider sent, and no
+payment data. The durable client is a fake behind the SDK's own status type
+(the host's answer is tested in tests/e2e/test_console_browser.py)."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+
+import azure.functions as func
+from azure.durable_functions.models.DurableOrchestrationStatus import DurableOrchestrationStatus
+
+from console import views
+from console.functions import _render
+from domain import state_machine as sm
+from domain.models import ProcessState
+from tests.console.conftest import POLICY, STEPS, instance, order, pending
+
+HOSTILE = '<img src=x onerror="alert(1)">'
+
+
+class FakeDurableClient:
+    def __init__(self, statuses: dict[str, dict]) -> None:
+        self.statuses = statuses
+        self.asked: list[tuple[str, bool]] = []
+
+    async def get_status(self, instance_id: str, show_history: bool = False, **_):
+        self.asked.append((instance_id, show_history))
+        return DurableOrchestrationStatus.from_json(self.statuses.get(instance_id, {}))
+
+
+def _status(instance_id: str, at: str, events: list[dict]) -> dict:
+    return {"name": "order_workflow", "instanceId": instance_id, "runtimeStatus": "Completed",
+            "createdTime": at, "lastUpdatedTime": at,
+            "output": {"Outcome": "timed_out", "Detail": f"provider said {HOSTILE}"},
+            "historyEvents": events}
+
+
+def _request(path: str) -> func.HttpRequest:
+    return func.HttpRequest(method="GET", url=f"http://127.0.0.1:7071/api/console{path}", headers={},
+                            params={}, route_params={}, body=b"")
+
+
+def _two_attempts_then_failed(now):
+    record = pending("T-1", now)
+    record = sm.claim(record, now, POLICY)
+    t1 = record.CompleteBy + timedelta(seconds=1)
+    record = sm.recover_expired(record, record.LockedBy, t1, POLICY)
+    record = sm.claim(record, t1, POLICY)
+    owner = record.LockedBy
+    record = sm.start_step(record, owner, STEPS[0], t1, t1 + timedelta(seconds=30))
+    return sm.mark_failed(record, owner, STEPS[0], f"provider refused: {HOSTILE}", t1 + timedelta(seconds=2))
+
+
+async def test_order_timeline_shows_each_attempt_and_escapes_what_providers_sent(deps, now):
+    record = _two_attempts_then_failed(now)
+    await deps.store.create_if_absent(record)
+    await deps.orders.create_if_absent(order("T-1"))
+    reply = json.dumps(json.dumps({"Step": STEPS[0], "Outcome": "permanent", "Error": HOSTILE,
+                                   "Result": {"PaymentReference": "pay-ref-42"}}))
+    deps.durable = FakeDurableClient({
+        instance("T-1", 1): _status(instance("T-1", 1), now.isoformat(), [
+            {"EventType": "ExecutionStarted", "Timestamp": now.isoformat()},
+            {"EventType": "TimerCreated", "Timestamp": now.isoformat(), "FireAt": "2026-01-01T00:00:00Z"},
+            {"EventType": "TimerFired", "Timestamp": (now + timedelta(seconds=60)).isoformat()},
+        ]),
+        instance("T-1", 2): _status(instance("T-1", 2), now.isoformat(), [
+            {"EventType": "TaskCompleted", "Timestamp": (now + timedelta(seconds=62)).isoformat(),
+             "FunctionName": "send_agent_request",
+             "Input": json.dumps({"Step": STEPS[0], "Payload": {"PaymentReference": "pay-ref-42"}})},
+            {"EventType": "EventRaised", "Timestamp": (now + timedelta(seconds=63)).isoformat(),
+             "Name": "reply-reserve-inventory-2", "Input": reply},
+        ]),
+    })
+    data = await views.order_detail(deps, "T-1")
+    assert [a["attempt"] for a in data["attempts"]] == [0, 1, 2]
+    assert deps.durable.asked == [(instance("T-1", 1), True), (instance("T-1", 2), True)]
+    first = [e["text"] for e in data["attempts"][1]["events"]]
+    assert any("missed its deadline" in t for t in first)
+    assert any("deadline timer fired" in t for t in first)
+    second = [e["text"] for e in data["attempts"][2]["events"]]
+    assert any(t.startswith("reply reply-reserve-inventory-2") and "permanent" in t for t in second)
+    assert data["can_resubmit"] and data["can_compensate"]
+
+    html = _render(_request("/orders/T-1"), "order.html", deps, page="orders", done=None,
+                   **data).get_body().decode()
+    assert HOSTILE not in html
+    assert "&lt;img src=x onerror=&#34;alert(1)&#34;&gt;" in html
+    assert "pay-ref-42" not in html and "PaymentReference" not in html
+    assert 'id="attempt-2"' in html and "Resubmit" in html
+
+
+async def test_unknown_and_malformed_ids_are_not_found(deps):
+    assert await views.order_detail(deps, "NOPE-1") is None
+    assert await views.order_detail(deps, HOSTILE) is None
+    html = _render(_request("/orders/x"), "error.html", None, status=404, message=f"No order {HOSTILE}",
+                   status_code=404).get_body().decode()
+    assert HOSTILE not in html and "No order &lt;img" in html
+
+
+async def test_compensate_is_recorded_with_who_asked(deps, now):
+    record = _two_attempts_then_failed(now)
+    await deps.store.create_if_absent(record)
+    updated = await views.act(deps, "T-1", "compensate", "local")
+    assert updated.CompensationRequested and updated.ProcessState is ProcessState.ERROR
+    assert updated.History[-1].By == "operator:local"
+    data = await views.order_detail(deps, "T-1")
+    assert not data["can_compensate"]  # asked already: the Starter will run it
+
+
+async def test_resubmit_refuses_an_order_not_in_error(deps, now):
+    await deps.store.create_if_absent(pending("T-2", now))
+    try:
+        await views.act(deps, "T-2", "resubmit", "local")
+    except sm.IllegalTransition:
+        pass
+    else:
+        raise AssertionError("resubmitting a Pending order must be refused")
+    stored, _ = await deps.store.read("T-2")
+    assert stored.ProcessState is ProcessState.PENDING and len(stored.History) == 1
+
+
+def test_throughput_buckets_the_last_hour(now):
+    since = now - timedelta(hours=1)
+    data = views._throughput([("Processed", now - timedelta(minutes=1)), ("Error", now - timedelta(minutes=1)),
+                              ("Processed", since + timedelta(minutes=2)), ("Processed", since - timedelta(1))],
+                             since, now)
+    assert len(data["buckets"]) == 12
+    assert data["total"] == {"Processed": 2, "Error": 1}
+    assert (data["buckets"][0]["Processed"], data["buckets"][-1]["Error"]) == (1, 1)
