@@ -35,9 +35,8 @@ test-unit: install
 lint: install
 	$(BIN)/ruff check .
 
-## up: the whole local stack in the foreground (Ctrl-C stops it)
+## up: the whole local stack in the foreground, printing the console's URL (Ctrl-C stops it)
 up: install
-	@echo "console: http://127.0.0.1:7071/api/console (once the host is ready)"
 	$(BIN)/python -m devstack up
 
 ## down: stop every stack under .devstack/, also one left by a crashed or killed run

@@ -64,6 +64,8 @@ def up(args: argparse.Namespace) -> int:
             return 1
         for name, server in stack.servers.items():
             print(f"devstack: {name:<10} ready on 127.0.0.1:{server.port}  (log: {server.log})")
+        if "host" in stack.servers:
+            print(f"devstack: console    http://127.0.0.1:{stack.servers['host'].port}/api/console")
         print(f"devstack: up (pid {os.getpid()}); Ctrl-C or `python -m devstack down` "
               "stops everything", flush=True)
         while not shutting_down():
