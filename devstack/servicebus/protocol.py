@@ -70,6 +70,10 @@ MAX_FRAME_SIZE = 256 * 1024
 SESSION_WINDOW = 5000
 LINK_CREDIT = 1000
 NOT_FOUND = b"amqp:not-found"
+NOT_ALLOWED = b"amqp:not-allowed"
+NOT_IMPLEMENTED = b"amqp:not-implemented"
+SESSION_FILTER = b"com.microsoft:session-filter"
+TRANSFER_DESTINATION = b"com.microsoft:transfer-destination-address"
 ROLE_SENDER, ROLE_RECEIVER = False, True
 SETTLE_MODE_SETTLED = 1
 
@@ -440,7 +444,14 @@ class Connection:
         peek_lock = snd_mode != SETTLE_MODE_SETTLED
         link = Link(session, name, handle, role, address, kind, queue, peek_lock=peek_lock)
         session.links[handle] = link
-        missing = kind == "missing"
+        if kind == "missing":
+            refusal: tuple[bytes, str] | None = (
+                NOT_FOUND,
+                f"The messaging entity '{address}' could not be found.",
+            )
+        else:
+            refusal = self._refusal(link, fields)
+        missing = refusal is not None
         session.send(
             pf.AttachFrame(
                 name=name,
@@ -465,19 +476,18 @@ class Connection:
                 properties=None,
             )
         )
-        if missing:
-            # Answer quickly with not-found so the SDK raises instead of waiting for a timeout.
+        if refusal is not None:
+            # Answer at once with the error so the SDK raises it instead of waiting for a
+            # timeout or, worse, working on a link that does not do what it asked for.
             link.detached = True
             del session.links[handle]
+            condition, description = refusal
+            _LOG.info("refused link %r to %s: %s", _text(name), address, description)
             session.send(
                 pf.DetachFrame(
                     handle=handle,
                     closed=True,
-                    error=AMQPError(
-                        condition=NOT_FOUND,
-                        description=f"The messaging entity '{address}' could not be found.",
-                        info=None,
-                    ),
+                    error=AMQPError(condition=condition, description=description, info=None),
                 )
             )
             return
@@ -486,6 +496,45 @@ class Connection:
             session.send_flow(link)
         elif kind == "queue" and queue is not None:
             queue.add_consumer(link)
+
+    def _refusal(self, link: Link, fields: list[Any]) -> tuple[bytes, str] | None:
+        """Why an attach asks for something this emulator does not do, or None.
+
+        Refusing at attach, with a description naming the feature, makes the SDK raise a
+        clear error when the sender or receiver opens, rather than fail later in a way
+        that never mentions the feature.
+        """
+        source = fields[5] if isinstance(fields[5], (list, tuple)) else None
+        filters = source[7] if source is not None and len(source) > 7 else None
+        properties = fields[13] if len(fields) > 13 and isinstance(fields[13], dict) else {}
+        if link.kind == "queue" and link.role == ROLE_SENDER:
+            for key in filters or {}:
+                if key != SESSION_FILTER:
+                    return (
+                        NOT_IMPLEMENTED,
+                        f"The link filter '{_text(key)}' is not supported by this emulator; "
+                        "only the Service Bus session filter is.",
+                    )
+            if filters and SESSION_FILTER in filters:
+                return (
+                    NOT_ALLOWED,
+                    f"A sessionful message receiver cannot be created on the entity "
+                    f"'{link.queue.path if link.queue else link.address}' because it does not require sessions "
+                    "(set RequiresSession in Config.json).",
+                )
+        if link.kind == "queue" and link.role == ROLE_RECEIVER:
+            if link.queue is not None and link.queue.is_dead_letter:
+                return (
+                    NOT_ALLOWED,
+                    f"Cannot send to the dead-letter queue '{link.queue.path}'.",
+                )
+            if TRANSFER_DESTINATION in properties:
+                return (
+                    NOT_IMPLEMENTED,
+                    "Send-via (transfer destination, used by cross-entity transactions) "
+                    "is not supported by this emulator.",
+                )
+        return None
 
     def _classify(self, address: str | None) -> tuple[str, Queue | None]:
         path = _normalise(address)

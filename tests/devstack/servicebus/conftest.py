@@ -65,6 +65,8 @@ TEST_QUEUES: dict[str, dict[str, Any]] = {
     },
     "limited-count": {**LONG_LOCK, "MaxMessageCount": 3},
     "limited-size": {**LONG_LOCK, "MaxSizeInMegabytes": 1},
+    "refusals": LONG_LOCK,
+    "annotations": LONG_LOCK,
 }
 
 
