@@ -162,6 +162,8 @@ class ParsedMessage:
 
     Attributes:
         header: durable, priority, ttl (ms) and first-acquirer from the sender's header.
+        delivery_items: The sender's delivery annotations as raw map items, broker keys removed.
+        delivery_count_items: Element count of `delivery_items`.
         annotations: The sender's message annotations, decoded (to read scheduled time).
         annotation_items: The same annotations as raw map items, broker keys removed.
         annotation_count: Element count of `annotation_items`.
@@ -173,6 +175,8 @@ class ParsedMessage:
     """
 
     header: tuple[Any, Any, Any, Any] = (None, None, None, None)
+    delivery_items: bytes = b""
+    delivery_count_items: int = 0
     annotations: dict[bytes, Any] = field(default_factory=dict)
     annotation_items: bytes = b""
     annotation_count: int = 0
@@ -199,7 +203,8 @@ class ParsedMessage:
     def size(self) -> int:
         """Encoded size used for the queue's size limit."""
         return (
-            len(self.annotation_items)
+            len(self.delivery_items)
+            + len(self.annotation_items)
             + len(self.properties_raw)
             + len(self.app_items)
             + len(self.body_raw)
@@ -217,6 +222,8 @@ class ParsedMessage:
         extra, extra_count = encode_map_items(pairs)
         return ParsedMessage(
             header=self.header,
+            delivery_items=self.delivery_items,
+            delivery_count_items=self.delivery_count_items,
             annotations=self.annotations,
             annotation_items=self.annotation_items,
             annotation_count=self.annotation_count,
@@ -262,7 +269,12 @@ def parse_message(data: bytes | memoryview) -> ParsedMessage:
             fields = list(fields) + [None] * 5
             parsed.header = (fields[0], fields[1], fields[2], fields[3])
         elif code == _DELIVERY_ANN:
-            pass  # hop-by-hop: not kept
+            # AMQP calls these hop-by-hop, but Service Bus hands a sender's delivery
+            # annotations to the receiver; only the broker's lock token is its own.
+            items, count = _map_items(value)
+            parsed.delivery_items, parsed.delivery_count_items = _filtered_items(
+                items, count, BROKER_ANNOTATIONS
+            )
         elif code == _MESSAGE_ANN:
             _, decoded = _DECODE_BY_CONSTRUCTOR[value[0]](value[1:])
             parsed.annotations = dict(decoded or {})
@@ -322,6 +334,8 @@ def encode_message(
         ),
     }
     encode_value(out, header_value)
+    if message.delivery_count_items:
+        out += _map_section(_DELIVERY_ANN, message.delivery_items, message.delivery_count_items)
     extra, extra_count = encode_map_items(annotations)
     out += _map_section(
         _MESSAGE_ANN, message.annotation_items + extra, message.annotation_count + extra_count
