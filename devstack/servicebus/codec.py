@@ -195,6 +195,14 @@ class ParsedMessage:
         return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
     @property
+    def session_id(self) -> str | None:
+        """The SessionId (the AMQP group-id) as text."""
+        if self.properties is None or self.properties.group_id is None:
+            return None
+        value = self.properties.group_id
+        return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+    @property
     def ttl_ms(self) -> int | None:
         """The sender's time to live in milliseconds, if set."""
         return self.header[2]

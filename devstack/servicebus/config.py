@@ -72,6 +72,11 @@ class QueueSettings:
         duplicate_window: The duplicate-detection history window.
         max_size_bytes: Limit on the total size of held messages.
         max_message_count: Limit on the number of held messages, or None.
+        requires_session: Messages need a SessionId and are received through session receivers.
+        forward_to: Entity that every accepted message is forwarded to, or None.
+        forward_dead_lettered_to: Entity that dead-lettered messages go to instead of the DLQ.
+        dead_letter_on_filter_exceptions: A subscription dead-letters a message whose rule
+            evaluation fails (else the failing rule does not match).
     """
 
     name: str
@@ -83,6 +88,10 @@ class QueueSettings:
     duplicate_window: float = DEFAULT_DUPLICATE_WINDOW_S
     max_size_bytes: int = DEFAULT_MAX_SIZE_MB * 1024 * 1024
     max_message_count: int | None = None
+    requires_session: bool = False
+    forward_to: str | None = None
+    forward_dead_lettered_to: str | None = None
+    dead_letter_on_filter_exceptions: bool = True
 
 
 def _queue_settings(entry: dict[str, Any]) -> QueueSettings:
@@ -90,8 +99,6 @@ def _queue_settings(entry: dict[str, Any]) -> QueueSettings:
     if not isinstance(name, str) or not name:
         raise ConfigError(f"queue without a Name: {entry!r}")
     props = entry.get("Properties") or {}
-    if props.get("RequiresSession"):
-        raise ConfigError(f"queue {name!r}: sessions are not supported by this emulator")
 
     def duration(key: str, default: float) -> float:
         value = props.get(key)
@@ -110,6 +117,13 @@ def _queue_settings(entry: dict[str, Any]) -> QueueSettings:
         ),
         max_size_bytes=int(props.get("MaxSizeInMegabytes", DEFAULT_MAX_SIZE_MB)) * 1024 * 1024,
         max_message_count=int(max_count) if max_count is not None else None,
+        requires_session=bool(props.get("RequiresSession", False)),
+        # The official emulator writes "" for "no forwarding".
+        forward_to=props.get("ForwardTo") or None,
+        forward_dead_lettered_to=props.get("ForwardDeadLetteredMessagesTo") or None,
+        dead_letter_on_filter_exceptions=bool(
+            props.get("DeadLetteringOnFilterEvaluationExceptions", True)
+        ),
     )
 
 
