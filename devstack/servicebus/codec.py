@@ -32,7 +32,12 @@ from typing import Any
 
 from azure.servicebus._pyamqp import performatives
 from azure.servicebus._pyamqp._decode import _DECODE_BY_CONSTRUCTOR, decode_frame, decode_payload
-from azure.servicebus._pyamqp._encode import encode_frame, encode_payload, encode_value
+from azure.servicebus._pyamqp._encode import (
+    describe_performative,
+    encode_frame,
+    encode_payload,
+    encode_value,
+)
 from azure.servicebus._pyamqp.endpoints import Source, Target
 from azure.servicebus._pyamqp.error import AMQPError
 from azure.servicebus._pyamqp.message import Message, Properties
@@ -241,6 +246,103 @@ class ParsedMessage:
             app_count=kept_count + extra_count,
             body_raw=self.body_raw,
         )
+
+
+def _text(value: Any) -> Any:
+    return value.decode("utf-8", "replace") if isinstance(value, (bytes, bytearray)) else value
+
+
+#: Properties fields by index, for system properties a rule action may set.
+PROPERTY_INDEX = {
+    "message_id": 0,
+    "to": 2,
+    "subject": 3,
+    "reply_to": 4,
+    "correlation_id": 5,
+    "content_type": 6,
+    "group_id": 10,
+    "reply_to_group_id": 12,
+}
+
+
+def system_properties(message: ParsedMessage) -> dict[str, Any]:
+    """A message's properties-section fields by name (text as str), for rule evaluation."""
+    props = message.properties
+    if props is None:
+        return {}
+    return {name: _text(props[index]) for name, index in PROPERTY_INDEX.items()}
+
+
+def app_properties(message: ParsedMessage) -> dict[str, Any]:
+    """A message's application properties, decoded (strings as str)."""
+    if not message.app_count:
+        return {}
+    items = message.app_items
+    raw = b"\xd1" + struct.pack(">II", len(items) + 4, message.app_count) + items
+    _, decoded = _DECODE_BY_CONSTRUCTOR[raw[0]](memoryview(raw)[1:])
+    return {_text(k): _text(v) for k, v in decoded.items()}
+
+
+def _typed_value(value: Any) -> dict[str, Any]:
+    if value is None:
+        return typed(AMQPTypes.null, None)
+    if isinstance(value, bool):
+        return typed(AMQPTypes.boolean, value)
+    if isinstance(value, int):
+        return typed(AMQPTypes.long, value)
+    if isinstance(value, float):
+        return typed(AMQPTypes.double, value)
+    return typed(AMQPTypes.string, str(value))
+
+
+def with_changes(
+    message: ParsedMessage,
+    set_system: dict[str, Any],
+    set_user: dict[str, Any],
+    removed_user: set[str],
+) -> ParsedMessage:
+    """A copy with properties and application properties changed, as a rule action does.
+
+    Args:
+        message: The message to copy.
+        set_system: New values of properties fields (names of PROPERTY_INDEX).
+        set_user: New application property values (SQL types: str, int, float, bool).
+        removed_user: Application properties to remove.
+
+    Returns:
+        The changed copy; untouched application properties keep their encoded bytes.
+    """
+    drop = frozenset(k.encode() for k in set(set_user) | removed_user)
+    kept, kept_count = _filtered_items(memoryview(message.app_items), message.app_count, drop)
+    extra, extra_count = encode_map_items(
+        [(typed(AMQPTypes.string, k), _typed_value(v)) for k, v in set_user.items()]
+    )
+    properties, properties_raw = message.properties, message.properties_raw
+    if set_system:
+        fields = list(properties or Properties())
+        for name, value in set_system.items():
+            fields[PROPERTY_INDEX[name]] = None if value is None else str(value)
+        # Text the SDK sent as strings must go back as strings, not binary.
+        for index in (0, 5):
+            if isinstance(fields[index], bytes):
+                fields[index] = fields[index].decode("utf-8", "replace")
+        properties = Properties(*fields)
+        out = bytearray()
+        encode_value(out, describe_performative(properties))
+        properties_raw = bytes(out)
+    return ParsedMessage(
+        header=message.header,
+        delivery_items=message.delivery_items,
+        delivery_count_items=message.delivery_count_items,
+        annotations=message.annotations,
+        annotation_items=message.annotation_items,
+        annotation_count=message.annotation_count,
+        properties=properties,
+        properties_raw=properties_raw,
+        app_items=kept + extra,
+        app_count=kept_count + extra_count,
+        body_raw=message.body_raw,
+    )
 
 
 def _section_code(buffer: memoryview) -> tuple[int, memoryview]:

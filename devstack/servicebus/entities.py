@@ -19,10 +19,25 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
-from .codec import AMQPTypes, ParsedMessage, encode_message, new_lock_token, typed
-from .config import QueueSettings
+from .codec import (
+    AMQPTypes,
+    ParsedMessage,
+    app_properties,
+    encode_message,
+    new_lock_token,
+    system_properties,
+    typed,
+    with_changes,
+)
+from .config import QueueSettings, TopicSettings
+from .filters import (
+    SYSTEM_PROPERTIES,
+    FilterEvaluationError,
+    MessageView,
+    evaluate_rules,
+)
 
 _LOG = logging.getLogger("devstack.servicebus")
 
@@ -33,6 +48,10 @@ AVAILABLE, LOCKED, DEFERRED, SCHEDULED = "available", "locked", "deferred", "sch
 
 REASON_MAX_DELIVERY = "MaxDeliveryCountExceeded"
 REASON_TTL = "TTLExpiredException"
+REASON_FILTER = "FilterEvaluationException"
+REASON_HOPS = "MaxTransferHopCountExceeded"
+#: Service Bus forwards a message through at most this many entities.
+MAX_FORWARD_HOPS = 4
 
 
 class BrokerError(Exception):
@@ -243,6 +262,7 @@ class Queue:
         self.path = path  # display name, e.g. "orders" or "orders/$DeadLetterQueue"
         self.parent = parent
         self.is_dead_letter = parent is not None
+        self.is_subscription = "/subscriptions/" in path.lower()
         self.messages: dict[int, StoredMessage] = {}
         self._available: list[int] = []
         self.consumers: list[Consumer] = []
@@ -322,19 +342,44 @@ class Queue:
     # -- sending -------------------------------------------------------
 
     def accept(
-        self, body: ParsedMessage, now_ms: int, scheduled_ms: int | None = None
+        self,
+        body: ParsedMessage,
+        now_ms: int,
+        scheduled_ms: int | None = None,
+        hops: int = 0,
     ) -> int | None:
-        """Take a sent message.
+        """Take a sent message (or pass it on, with ForwardTo).
 
         Args:
             body: The parsed message.
             now_ms: The current time.
             scheduled_ms: Enqueue time of a scheduled message (also read from its annotation).
+            hops: Entities the message was forwarded through to get here.
 
         Returns:
             Its sequence number, or None when it was dropped as a duplicate.
         """
         self.check(body)
+        forward = self.broker.forward_target(self.settings.forward_to)
+        if forward is not None and not self.is_dead_letter:
+            if hops < MAX_FORWARD_HOPS:
+                # Auto-forwarding: the message never rests here.
+                number = forward.accept(body, now_ms, scheduled_ms, hops + 1)
+                forward.pump()
+                return number
+            number = self._store(body, now_ms, scheduled_ms)
+            message = self.messages.get(number) if number is not None else None
+            if message is not None:
+                self.move_to_dead_letter(
+                    message,
+                    REASON_HOPS,
+                    f"The message was forwarded more than {MAX_FORWARD_HOPS} times.",
+                    forward=False,
+                )
+            return number
+        return self._store(body, now_ms, scheduled_ms)
+
+    def _store(self, body: ParsedMessage, now_ms: int, scheduled_ms: int | None) -> int | None:
         if self._is_duplicate(body.message_id, now_ms):
             _LOG.debug(
                 "entity=%s message_id=%s outcome=duplicate-dropped", self.path, body.message_id
@@ -726,9 +771,14 @@ class Queue:
         self.broker.journal.put(self.journal_name, message)
 
     def move_to_dead_letter(
-        self, message: StoredMessage, reason: str | None, description: str | None
+        self,
+        message: StoredMessage,
+        reason: str | None,
+        description: str | None,
+        forward: bool = True,
     ) -> None:
-        """Move a message to the dead-letter queue with a reason, as the service does."""
+        """Move a message to the dead-letter queue with a reason, as the service does
+        (or to the entity named by ForwardDeadLetteredMessagesTo)."""
         if self.is_dead_letter or self.dead_letter is None:
             self.complete(message)  # a dead-lettered dead letter is removed, as in the service
             return
@@ -745,9 +795,25 @@ class Queue:
                     typed(AMQPTypes.string, description),
                 )
             )
+        body = message.body.with_app_properties(pairs) if pairs else message.body
+        target = self.broker.forward_target(self.settings.forward_dead_lettered_to)
+        if forward and target is not None:
+            _LOG.debug(
+                "entity=%s message_id=%s sequence=%s outcome=dead-letter-forwarded to=%s",
+                self.path,
+                message.message_id,
+                message.sequence_number,
+                target.path,
+            )
+            try:
+                target.accept(body, self.broker.clock(), hops=1)
+                target.pump()
+                return
+            except BrokerError as exc:  # the target refuses it: keep it in our own DLQ
+                _LOG.warning("cannot forward a dead letter to %s: %s", target.path, exc)
         dead = StoredMessage(
             sequence_number=message.sequence_number,
-            body=message.body.with_app_properties(pairs) if pairs else message.body,
+            body=body,
             enqueued_ms=message.enqueued_ms,
             expires_ms=None,  # dead letters do not expire
             delivery_count=message.delivery_count,
@@ -780,36 +846,212 @@ class Queue:
             self._remove(message)
 
 
+class Topic:
+    """A topic: it holds nothing itself, and gives each subscription a copy of every
+    message its rules match (one copy for the rules without action, one more per
+    matching rule with an action, as Service Bus does)."""
+
+    is_dead_letter = False
+    is_subscription = False
+    sessionful = False
+
+    def __init__(self, broker: Broker, settings: TopicSettings) -> None:
+        self.broker = broker
+        self.settings = settings
+        self.path = settings.name
+        self.subscriptions: list[Queue] = []
+        self.next_sequence_number = 1
+        self.duplicates: OrderedDict[str, int] = OrderedDict()
+        # Topic sequence number of a scheduled message -> its copies, so it can be cancelled.
+        self.scheduled: dict[int, list[tuple[Queue, int]]] = {}
+        self.messages: dict[int, StoredMessage] = {}  # always empty: for flow's "available"
+
+    @property
+    def journal_name(self) -> str:
+        return self.path.lower()
+
+    def check(self, body: ParsedMessage) -> None:
+        if body.size > MAX_MESSAGE_SIZE:
+            raise MessageTooLarge(f"The message is larger than {MAX_MESSAGE_SIZE} bytes.")
+
+    def _copies(self, body: ParsedMessage, sequence_number: int) -> list[tuple[Queue, Any]]:
+        """(subscription, copy or FilterEvaluationError) for every copy the rules make."""
+        system = system_properties(body)
+        user = app_properties(body)
+
+        def view() -> MessageView:
+            values = {sql: system.get(name) for sql, name in SYSTEM_PROPERTIES.items()}
+            values.update(sequencenumber=sequence_number, deliverycount=0, size=body.size)
+            return MessageView(values, dict(user))
+
+        copies: list[tuple[Queue, Any]] = []
+        for subscription in self.subscriptions:
+            try:
+                views = evaluate_rules(list(subscription.settings.rules), view)
+            except FilterEvaluationError as exc:
+                if subscription.settings.dead_letter_on_filter_exceptions:
+                    copies.append((subscription, exc))
+                continue
+            for matched in views or []:
+                if not (matched.set_system or matched.set_user or matched.removed_user):
+                    copy = body
+                else:
+                    copy = with_changes(
+                        body,
+                        {SYSTEM_PROPERTIES[k]: v for k, v in matched.set_system.items()},
+                        matched.set_user,
+                        matched.removed_user,
+                    )
+                subscription.check(copy)
+                copies.append((subscription, copy))
+        return copies
+
+    def accept_batch(self, bodies: list[ParsedMessage], now_ms: int) -> None:
+        for body in bodies:
+            self.check(body)
+        planned = []
+        for body in bodies:
+            if self._is_duplicate(body.message_id, now_ms):
+                planned.append((body, None))
+                continue
+            # Evaluate every subscription first: a copy a subscription refuses (no SessionId
+            # for a session subscription) fails the whole send, before anything is stored.
+            planned.append((body, self._copies(body, self.next_sequence_number + len(planned))))
+        for body, copies in planned:
+            self._fan_out(body, copies, now_ms, None)
+        self.pump()
+
+    def accept(
+        self,
+        body: ParsedMessage,
+        now_ms: int,
+        scheduled_ms: int | None = None,
+        hops: int = 0,
+    ) -> int | None:
+        """Take one message (sent, scheduled, or forwarded here); return its sequence number."""
+        self.check(body)
+        if self._is_duplicate(body.message_id, now_ms):
+            return None
+        return self._fan_out(
+            body, self._copies(body, self.next_sequence_number), now_ms, scheduled_ms, hops
+        )
+
+    def _fan_out(
+        self,
+        body: ParsedMessage,
+        copies: list[tuple[Queue, Any]] | None,
+        now_ms: int,
+        scheduled_ms: int | None,
+        hops: int = 0,
+    ) -> int | None:
+        if copies is None:
+            _LOG.debug(
+                "entity=%s message_id=%s outcome=duplicate-dropped", self.path, body.message_id
+            )
+            return None
+        sequence_number = self.next_sequence_number
+        self.next_sequence_number += 1
+        self.broker.journal.put_sequence(self.journal_name, self.next_sequence_number)
+        self._remember_duplicate(body.message_id, now_ms)
+        stored: list[tuple[Queue, int]] = []
+        for subscription, copy in copies:
+            if isinstance(copy, FilterEvaluationError):
+                number = subscription._store(body, now_ms, None)
+                message = subscription.messages.get(number) if number is not None else None
+                if message is not None:
+                    subscription.move_to_dead_letter(message, REASON_FILTER, str(copy))
+                continue
+            number = subscription.accept(copy, now_ms, scheduled_ms, hops)
+            if number is not None:
+                stored.append((subscription, number))
+        if scheduled_ms is not None and scheduled_ms > now_ms:
+            self.scheduled[sequence_number] = stored
+        _LOG.debug(
+            "entity=%s message_id=%s sequence=%s outcome=fanned-out copies=%s",
+            self.path,
+            body.message_id,
+            sequence_number,
+            ",".join(s.path for s, _ in stored) or "none",
+        )
+        return sequence_number
+
+    def cancel_scheduled(self, sequence_numbers: Iterable[int]) -> None:
+        for sequence_number in sequence_numbers:
+            for subscription, number in self.scheduled.pop(sequence_number, []):
+                subscription.cancel_scheduled([number])
+
+    def pump(self) -> None:
+        for subscription in self.subscriptions:
+            subscription.pump()
+
+    def _is_duplicate(self, message_id: str | None, now_ms: int) -> bool:
+        if not self.settings.requires_duplicate_detection or message_id is None:
+            return False
+        horizon = now_ms - int(self.settings.duplicate_window * 1000)
+        while self.duplicates and next(iter(self.duplicates.values())) < horizon:
+            self.duplicates.popitem(last=False)
+        return message_id in self.duplicates
+
+    def _remember_duplicate(self, message_id: str | None, now_ms: int) -> None:
+        if not self.settings.requires_duplicate_detection or message_id is None:
+            return
+        self.duplicates[message_id] = now_ms
+        self.duplicates.move_to_end(message_id)
+        self.broker.journal.put_duplicate(self.journal_name, message_id, now_ms)
+
+
+Entity = Queue | Topic
+
+
 class Broker:
-    """All queues of the emulated namespace, the lock table and the timers."""
+    """All queues and topics of the emulated namespace, the lock table and the timers."""
 
     def __init__(
         self,
-        settings: Iterable[QueueSettings],
+        settings: Iterable[QueueSettings | TopicSettings],
         journal: Journal | None = None,
         clock: Callable[[], int] = wall_clock_ms,
     ) -> None:
         self.clock = clock
         self.journal: Journal = journal or NullJournal()
         self.queues: dict[str, Queue] = {}
+        self.topics: dict[str, Topic] = {}
         self.locks: dict[uuid.UUID, Lock] = {}
         # Tokens of message locks that ended with their session lock: settling one is
         # a session-lock-lost error, as on Service Bus, not a message-lock-lost one.
         self.lost_session_tokens: OrderedDict[uuid.UUID, None] = OrderedDict()
         self._timers: list[_Timer] = []
         self._timer_order = itertools.count()
-        for queue_settings in settings:
-            queue = Queue(self, queue_settings, queue_settings.name)
-            dead_letter = Queue(
-                self, queue_settings, f"{queue_settings.name}/$DeadLetterQueue", parent=queue
-            )
-            queue.dead_letter = dead_letter
-            self.queues[queue.journal_name] = queue
-            self.queues[dead_letter.journal_name] = dead_letter
+        for entity_settings in settings:
+            if isinstance(entity_settings, TopicSettings):
+                topic = Topic(self, entity_settings)
+                self.topics[topic.journal_name] = topic
+                topic.subscriptions = [self._add_queue(s) for s in entity_settings.subscriptions]
+            else:
+                self._add_queue(entity_settings)
+
+    def _add_queue(self, queue_settings: QueueSettings) -> Queue:
+        queue = Queue(self, queue_settings, queue_settings.name)
+        dead_letter = Queue(
+            self, queue_settings, f"{queue_settings.name}/$DeadLetterQueue", parent=queue
+        )
+        queue.dead_letter = dead_letter
+        self.queues[queue.journal_name] = queue
+        self.queues[dead_letter.journal_name] = dead_letter
+        return queue
 
     @property
     def queue_count(self) -> int:
-        return sum(1 for q in self.queues.values() if not q.is_dead_letter)
+        return sum(
+            1 for q in self.queues.values() if not q.is_dead_letter and not q.is_subscription
+        )
+
+    def entity(self, journal_name: str) -> Entity | None:
+        return self.queues.get(journal_name) or self.topics.get(journal_name)
+
+    def forward_target(self, name: str | None) -> Entity | None:
+        """The queue or topic a ForwardTo / ForwardDeadLetteredMessagesTo names."""
+        return self.entity(name.lower()) if name else None
 
     def resolve(self, address: str | bytes | None) -> Queue | None:
         """The queue an AMQP address names (`amqps://host/orders`, `orders/$DeadLetterQueue`, ...)."""
@@ -823,6 +1065,18 @@ class Broker:
             path = path.split("/", 1)[1] if "/" in path else ""
         path = path.strip("/").lower()
         return self.queues.get(path)
+
+    def resolve_entity(self, address: str | bytes | None) -> Entity | None:
+        """The queue, subscription or topic an AMQP address names."""
+        queue = self.resolve(address)
+        if queue is not None or address is None:
+            return queue
+        if isinstance(address, bytes):
+            address = address.decode("utf-8", "replace")
+        if "://" in address:
+            address = address.split("://", 1)[1]
+            address = address.split("/", 1)[1] if "/" in address else ""
+        return self.topics.get(address.strip("/").lower())
 
     # -- locks -----------------------------------------------------------
 

@@ -142,14 +142,14 @@ class SqliteJournal:
     def restore(self, broker: Broker) -> int:
         """Load the saved state into `broker`; return the number of messages restored."""
         for queue_name, next_seq in self._db.execute("SELECT queue, next FROM sequences"):
-            queue = broker.queues.get(queue_name)
+            queue = broker.entity(queue_name)
             if queue is not None:
                 queue.next_sequence_number = max(queue.next_sequence_number, next_seq)
         now_ms = broker.clock()
         for queue_name, message_id, seen_ms in self._db.execute(
             "SELECT queue, message_id, seen_ms FROM duplicates ORDER BY seen_ms"
         ):
-            queue = broker.queues.get(queue_name)
+            queue = broker.entity(queue_name)
             if queue is not None and seen_ms >= now_ms - int(
                 queue.settings.duplicate_window * 1000
             ):

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .codec import AMQPTypes, parse_message, typed
-from .entities import BrokerError, Queue
+from .entities import BrokerError, Queue, Topic
 
 if TYPE_CHECKING:
     from .protocol import Connection
@@ -169,6 +169,13 @@ _OPERATIONS: dict[bytes, Callable[[Connection, Queue, dict], Response]] = {
 }
 
 
+#: What a topic's $management link offers (a topic sender schedules and cancels).
+_TOPIC_OPERATIONS = {
+    b"com.microsoft:schedule-message",
+    b"com.microsoft:cancel-scheduled-message",
+}
+
+
 def handle(conn: Connection, queue: Queue, request: Any) -> Response:
     """Run one management request against `queue` and build its reply."""
     operation = (request.application_properties or {}).get(b"operation")
@@ -178,6 +185,12 @@ def handle(conn: Connection, queue: Queue, request: Any) -> Response:
             501, b"amqp:not-implemented", f"operation {_text(operation)!r} is not supported"
         )
     body = request.value if isinstance(request.value, dict) else {}
+    if isinstance(queue, Topic) and operation not in _TOPIC_OPERATIONS:
+        return _fail(
+            400,
+            b"amqp:not-allowed",
+            f"operation {_text(operation)!r} is not available on a topic; use a subscription",
+        )
     try:
         return handler(conn, queue, body)
     except BrokerError as exc:

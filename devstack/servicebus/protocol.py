@@ -53,12 +53,14 @@ from .codec import (
 from .entities import (
     MAX_MESSAGE_SIZE,
     BrokerError,
+    Entity,
     Lock,
     LockLost,
     MessageSession,
     Queue,
     SessionLockLost,
     StoredMessage,
+    Topic,
 )
 
 if TYPE_CHECKING:
@@ -129,7 +131,7 @@ class Link:
         role: bool,
         address: str | None,
         kind: str,
-        queue: Queue | None,
+        queue: Entity | None,
         peek_lock: bool = True,
     ) -> None:
         self.session = session
@@ -617,6 +619,18 @@ class Connection:
         source = fields[5] if isinstance(fields[5], (list, tuple)) else None
         filters = source[7] if source is not None and len(source) > 7 else None
         properties = fields[13] if len(fields) > 13 and isinstance(fields[13], dict) else {}
+        if link.kind == "queue" and link.role == ROLE_SENDER and isinstance(link.queue, Topic):
+            return (
+                NOT_ALLOWED,
+                f"Cannot receive from the topic '{link.queue.path}': receive from one of its "
+                f"subscriptions, '{link.queue.path}/Subscriptions/<name>'.",
+            )
+        if link.kind == "queue" and link.role == ROLE_RECEIVER and link.queue is not None:
+            if link.queue.is_subscription and not link.queue.is_dead_letter:
+                return (
+                    NOT_ALLOWED,
+                    f"Cannot send to the subscription '{link.queue.path}': send to its topic.",
+                )
         if link.kind == "queue" and link.role == ROLE_SENDER:
             for key in filters or {}:
                 if key != SESSION_FILTER:
@@ -654,15 +668,15 @@ class Connection:
                 )
         return None
 
-    def _classify(self, address: str | None) -> tuple[str, Queue | None]:
+    def _classify(self, address: str | None) -> tuple[str, Entity | None]:
         path = _normalise(address)
         if path == "$cbs":
             return "cbs", None
         if path.endswith("/$management"):
-            queue = self.broker.resolve(path[: -len("/$management")])
-            return ("management", queue) if queue is not None else ("missing", None)
-        queue = self.broker.resolve(path)
-        return ("queue", queue) if queue is not None else ("missing", None)
+            entity = self.broker.resolve_entity(path[: -len("/$management")])
+            return ("management", entity) if entity is not None else ("missing", None)
+        entity = self.broker.resolve_entity(path)
+        return ("queue", entity) if entity is not None else ("missing", None)
 
     def _on_detach(self, session: Session, fields: list[Any]) -> None:
         link = session.links.pop(fields[0], None)
@@ -753,7 +767,9 @@ class Connection:
                 )
             )
 
-    def _accept_messages(self, queue: Queue | None, data: bytes, message_format: int | None) -> Any:
+    def _accept_messages(
+        self, queue: Entity | None, data: bytes, message_format: int | None
+    ) -> Any:
         assert queue is not None
         try:
             if message_format == BATCH_FORMAT:

@@ -85,7 +85,7 @@ def test_rejects_bad_configs(document: dict) -> None:
 
 
 def test_reads_sessions_and_forwarding() -> None:
-    [queue] = parse_config(
+    queue, _ = parse_config(
         {
             "UserConfig": {
                 "Namespaces": [
@@ -98,7 +98,8 @@ def test_reads_sessions_and_forwarding() -> None:
                                     "ForwardTo": "",
                                     "ForwardDeadLetteredMessagesTo": "dead-ends",
                                 },
-                            }
+                            },
+                            {"Name": "dead-ends"},
                         ]
                     }
                 ]
