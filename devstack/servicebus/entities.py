@@ -1,7 +1,8 @@
 """The broker's own job, which the SDK leaves entirely to the service: queues,
-sequence numbers, peek-locks and their expiry, delivery counts, the
-dead-letter queue, duplicate detection, time to live, scheduled and deferred
-messages, and size limits.
+topics and their subscriptions, sessions (session locks, state, in-order
+delivery to one receiver), sequence numbers, peek-locks and their expiry,
+delivery counts, the dead-letter queue, auto-forwarding, duplicate detection,
+time to live, scheduled and deferred messages, and size limits.
 
 This module knows nothing about AMQP framing. The protocol layer hands it
 parsed messages and lock tokens, and registers consumers (its sender links)
