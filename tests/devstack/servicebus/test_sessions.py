@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from azure.servicebus import (
     NEXT_AVAILABLE_SESSION,
+    AutoLockRenewer,
     ServiceBusClient,
     ServiceBusMessage,
     ServiceBusReceiveMode,
@@ -177,6 +178,22 @@ def test_renewing_the_session_lock_moves_its_expiry(client: ServiceBusClient) ->
         receiver.session.renew_lock()
         assert receiver.session.locked_until_utc > before
         receiver.complete_message(message)
+
+
+@pytest.mark.slow
+def test_auto_lock_renewer_keeps_a_session(client: ServiceBusClient) -> None:
+    _send(client, "session-expiry", ("auto", "a0"))
+    renewer = AutoLockRenewer()
+    try:
+        with client.get_queue_receiver(
+            "session-expiry", session_id="auto", auto_lock_renewer=renewer
+        ) as receiver:
+            [message] = receive_all(receiver, 1)
+            time.sleep(3.5)  # LockDuration PT2S: only renewal keeps the session
+            assert receiver.session.auto_renew_error is None
+            receiver.complete_message(message)
+    finally:
+        renewer.close()
 
 
 @pytest.mark.slow

@@ -266,3 +266,26 @@ async def test_topics_through_the_async_client(topics: EmulatorProcess) -> None:
                 [message] = await receiver.receive_messages(max_wait_time=5)
                 assert str(message) == "async-high"
                 await receiver.complete_message(message)
+
+
+@pytest.mark.slow
+def test_subscription_messages_and_topic_numbering_survive_a_restart(
+    servicebus_emulator: ServiceBusEmulator, tmp_path: Path
+) -> None:
+    emulator = servicebus_emulator.start(CONFIG, data_dir=tmp_path / "data")
+    with ServiceBusClient.from_connection_string(emulator.connection_string) as client:
+        with client.get_topic_sender("schedule-topic") as sender:
+            sender.send_messages(ServiceBusMessage("before", message_id="b"))
+    emulator.kill()
+    emulator.restart()
+    with ServiceBusClient.from_connection_string(emulator.connection_string) as client:
+        with client.get_topic_sender("schedule-topic") as sender:
+            sender.send_messages(ServiceBusMessage("after", message_id="a"))
+        for subscription in ("one", "two"):
+            with client.get_subscription_receiver("schedule-topic", subscription) as receiver:
+                received = receive_all(receiver, 2)
+                assert [body_text(m) for m in received] == ["before", "after"]
+                assert received[0].sequence_number < received[1].sequence_number
+                for message in received:
+                    receiver.complete_message(message)
+    emulator.stop()
