@@ -68,6 +68,9 @@ def test_a_session_receiver_gets_its_session_only_in_order(client: ServiceBusCli
     )
     with client.get_queue_receiver("session-order", session_id="a") as receiver:
         assert receiver.session.session_id == "a"
+        # Peeking through a session receiver shows that session's messages only.
+        peeked = receiver.peek_messages(max_message_count=10, sequence_number=1)
+        assert [body_text(m) for m in peeked] == ["a0", "a1", "a2", "a3"]
         assert receiver.session.locked_until_utc is not None
         received = receive_all(receiver, 4)
         assert [body_text(m) for m in received] == ["a0", "a1", "a2", "a3"]
