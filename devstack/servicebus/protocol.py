@@ -100,6 +100,19 @@ def _address(terminus: Any) -> str | None:
     return _text(terminus[0])
 
 
+def is_coordinator(terminus: Any) -> bool:
+    """Whether an attach's target is a transaction coordinator, not a node address.
+
+    The codec drops descriptors: a target's first field is its address (a string), a
+    coordinator's is its capabilities (an array of symbols).
+    """
+    return (
+        isinstance(terminus, (list, tuple))
+        and bool(terminus)
+        and isinstance(terminus[0], (list, tuple))
+    )
+
+
 def _normalise(address: str | None) -> str:
     """Compare addresses without scheme and host: the SDK mixes `amqps://host/x` and `x`."""
     if not address:
@@ -472,6 +485,14 @@ class Connection:
         link = Link(session, name, handle, role, address, kind, queue, peek_lock=peek_lock)
         link.attach_fields = fields
         session.links[handle] = link
+        if role == ROLE_RECEIVER and is_coordinator(fields[6]):
+            self._refuse(
+                link,
+                NOT_IMPLEMENTED,
+                "Transactions (a link to the AMQP transaction coordinator) are not supported "
+                "by this emulator.",
+            )
+            return
         if kind == "missing":
             self._refuse(link, NOT_FOUND, f"The messaging entity '{address}' could not be found.")
             return

@@ -51,3 +51,13 @@ def test_the_queue_still_works_after_refusals(client: ServiceBusClient) -> None:
         [message] = receiver.receive_messages(max_wait_time=5)
         assert b"".join(message.body) == b"after"
         receiver.complete_message(message)
+
+
+def test_a_transaction_coordinator_target_is_recognised() -> None:
+    # No public Python SDK API opens a coordinator link (it has no transactions), so the
+    # decision is checked on the decoded attach target the codec produces.
+    from devstack.servicebus.protocol import is_coordinator
+
+    assert is_coordinator([[b"amqp:local-transactions"]])
+    assert not is_coordinator([b"amqps://127.0.0.1/orders", None, None])
+    assert not is_coordinator(None)
