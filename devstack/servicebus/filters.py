@@ -316,6 +316,15 @@ def evaluate(node: Tree | Token, view: MessageView) -> Any:
     raise FilterEvaluationError(f"unsupported expression {node!r}")
 
 
+def _check_system_properties(tree: Tree) -> None:
+    """Refuse, when the config is read, a system property this emulator cannot evaluate."""
+    for node in tree.find_data("property"):
+        scope, name = _property(node)
+        key = name.lower()
+        if scope == "sys" and key not in SYSTEM_PROPERTIES and key not in BROKER_PROPERTIES:
+            raise FilterSyntaxError(f"system property sys.{name} is not supported")
+
+
 def _parse(parser: Lark, text: str, what: str) -> Tree:
     try:
         return parser.parse(text)
@@ -332,7 +341,9 @@ class SqlFilter:
 
     @classmethod
     def parse(cls, expression: str) -> SqlFilter:
-        return cls(expression, _parse(_FILTER_PARSER, expression, "SQL filter"))
+        tree = _parse(_FILTER_PARSER, expression, "SQL filter")
+        _check_system_properties(tree)
+        return cls(expression, tree)
 
     def matches(self, view: MessageView) -> bool:
         return evaluate(self.tree, view) is True
@@ -378,6 +389,7 @@ class SqlAction:
     @classmethod
     def parse(cls, expression: str) -> SqlAction:
         tree = _parse(_ACTION_PARSER, expression, "SQL rule action")
+        _check_system_properties(tree)
         for statement in tree.children:
             scope, name = _property(statement.children[0])
             if scope == "sys" and (

@@ -10,6 +10,7 @@ from azure.servicebus import NEXT_AVAILABLE_SESSION, ServiceBusClient, ServiceBu
 from azure.servicebus.aio import ServiceBusClient as AsyncServiceBusClient
 from azure.servicebus.exceptions import ServiceBusError
 
+from devstack.servicebus.protocol import is_coordinator
 from tests.fixtures.servicebus import EmulatorProcess
 
 pytestmark = pytest.mark.integration
@@ -56,8 +57,6 @@ def test_the_queue_still_works_after_refusals(client: ServiceBusClient) -> None:
 def test_a_transaction_coordinator_target_is_recognised() -> None:
     # No public Python SDK API opens a coordinator link (it has no transactions), so the
     # decision is checked on the decoded attach target the codec produces.
-    from devstack.servicebus.protocol import is_coordinator
-
     assert is_coordinator([[b"amqp:local-transactions"]])
     assert not is_coordinator([b"amqps://127.0.0.1/orders", None, None])
     assert not is_coordinator(None)
