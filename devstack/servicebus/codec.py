@@ -32,7 +32,12 @@ from typing import Any
 
 from azure.servicebus._pyamqp import performatives
 from azure.servicebus._pyamqp._decode import _DECODE_BY_CONSTRUCTOR, decode_frame, decode_payload
-from azure.servicebus._pyamqp._encode import encode_frame, encode_payload, encode_value
+from azure.servicebus._pyamqp._encode import (
+    describe_performative,
+    encode_frame,
+    encode_payload,
+    encode_value,
+)
 from azure.servicebus._pyamqp.endpoints import Source, Target
 from azure.servicebus._pyamqp.error import AMQPError
 from azure.servicebus._pyamqp.message import Message, Properties
@@ -162,6 +167,8 @@ class ParsedMessage:
 
     Attributes:
         header: durable, priority, ttl (ms) and first-acquirer from the sender's header.
+        delivery_items: The sender's delivery annotations as raw map items, broker keys removed.
+        delivery_count_items: Element count of `delivery_items`.
         annotations: The sender's message annotations, decoded (to read scheduled time).
         annotation_items: The same annotations as raw map items, broker keys removed.
         annotation_count: Element count of `annotation_items`.
@@ -173,6 +180,8 @@ class ParsedMessage:
     """
 
     header: tuple[Any, Any, Any, Any] = (None, None, None, None)
+    delivery_items: bytes = b""
+    delivery_count_items: int = 0
     annotations: dict[bytes, Any] = field(default_factory=dict)
     annotation_items: bytes = b""
     annotation_count: int = 0
@@ -191,6 +200,14 @@ class ParsedMessage:
         return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
     @property
+    def session_id(self) -> str | None:
+        """The SessionId (the AMQP group-id) as text."""
+        if self.properties is None or self.properties.group_id is None:
+            return None
+        value = self.properties.group_id
+        return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+    @property
     def ttl_ms(self) -> int | None:
         """The sender's time to live in milliseconds, if set."""
         return self.header[2]
@@ -199,7 +216,8 @@ class ParsedMessage:
     def size(self) -> int:
         """Encoded size used for the queue's size limit."""
         return (
-            len(self.annotation_items)
+            len(self.delivery_items)
+            + len(self.annotation_items)
             + len(self.properties_raw)
             + len(self.app_items)
             + len(self.body_raw)
@@ -217,6 +235,8 @@ class ParsedMessage:
         extra, extra_count = encode_map_items(pairs)
         return ParsedMessage(
             header=self.header,
+            delivery_items=self.delivery_items,
+            delivery_count_items=self.delivery_count_items,
             annotations=self.annotations,
             annotation_items=self.annotation_items,
             annotation_count=self.annotation_count,
@@ -226,6 +246,103 @@ class ParsedMessage:
             app_count=kept_count + extra_count,
             body_raw=self.body_raw,
         )
+
+
+def _text(value: Any) -> Any:
+    return value.decode("utf-8", "replace") if isinstance(value, (bytes, bytearray)) else value
+
+
+#: Properties fields by index, for system properties a rule action may set.
+PROPERTY_INDEX = {
+    "message_id": 0,
+    "to": 2,
+    "subject": 3,
+    "reply_to": 4,
+    "correlation_id": 5,
+    "content_type": 6,
+    "group_id": 10,
+    "reply_to_group_id": 12,
+}
+
+
+def system_properties(message: ParsedMessage) -> dict[str, Any]:
+    """A message's properties-section fields by name (text as str), for rule evaluation."""
+    props = message.properties
+    if props is None:
+        return {}
+    return {name: _text(props[index]) for name, index in PROPERTY_INDEX.items()}
+
+
+def app_properties(message: ParsedMessage) -> dict[str, Any]:
+    """A message's application properties, decoded (strings as str)."""
+    if not message.app_count:
+        return {}
+    items = message.app_items
+    raw = b"\xd1" + struct.pack(">II", len(items) + 4, message.app_count) + items
+    _, decoded = _DECODE_BY_CONSTRUCTOR[raw[0]](memoryview(raw)[1:])
+    return {_text(k): _text(v) for k, v in decoded.items()}
+
+
+def _typed_value(value: Any) -> dict[str, Any]:
+    if value is None:
+        return typed(AMQPTypes.null, None)
+    if isinstance(value, bool):
+        return typed(AMQPTypes.boolean, value)
+    if isinstance(value, int):
+        return typed(AMQPTypes.long, value)
+    if isinstance(value, float):
+        return typed(AMQPTypes.double, value)
+    return typed(AMQPTypes.string, str(value))
+
+
+def with_changes(
+    message: ParsedMessage,
+    set_system: dict[str, Any],
+    set_user: dict[str, Any],
+    removed_user: set[str],
+) -> ParsedMessage:
+    """A copy with properties and application properties changed, as a rule action does.
+
+    Args:
+        message: The message to copy.
+        set_system: New values of properties fields (names of PROPERTY_INDEX).
+        set_user: New application property values (SQL types: str, int, float, bool).
+        removed_user: Application properties to remove.
+
+    Returns:
+        The changed copy; untouched application properties keep their encoded bytes.
+    """
+    drop = frozenset(k.encode() for k in set(set_user) | removed_user)
+    kept, kept_count = _filtered_items(memoryview(message.app_items), message.app_count, drop)
+    extra, extra_count = encode_map_items(
+        [(typed(AMQPTypes.string, k), _typed_value(v)) for k, v in set_user.items()]
+    )
+    properties, properties_raw = message.properties, message.properties_raw
+    if set_system:
+        fields = list(properties or Properties())
+        for name, value in set_system.items():
+            fields[PROPERTY_INDEX[name]] = None if value is None else str(value)
+        # Text the SDK sent as strings must go back as strings, not binary.
+        for index in (0, 5):
+            if isinstance(fields[index], bytes):
+                fields[index] = fields[index].decode("utf-8", "replace")
+        properties = Properties(*fields)
+        out = bytearray()
+        encode_value(out, describe_performative(properties))
+        properties_raw = bytes(out)
+    return ParsedMessage(
+        header=message.header,
+        delivery_items=message.delivery_items,
+        delivery_count_items=message.delivery_count_items,
+        annotations=message.annotations,
+        annotation_items=message.annotation_items,
+        annotation_count=message.annotation_count,
+        properties=properties,
+        properties_raw=properties_raw,
+        app_items=kept + extra,
+        app_count=kept_count + extra_count,
+        body_raw=message.body_raw,
+    )
 
 
 def _section_code(buffer: memoryview) -> tuple[int, memoryview]:
@@ -262,7 +379,12 @@ def parse_message(data: bytes | memoryview) -> ParsedMessage:
             fields = list(fields) + [None] * 5
             parsed.header = (fields[0], fields[1], fields[2], fields[3])
         elif code == _DELIVERY_ANN:
-            pass  # hop-by-hop: not kept
+            # AMQP calls these hop-by-hop, but Service Bus hands a sender's delivery
+            # annotations to the receiver; only the broker's lock token is its own.
+            items, count = _map_items(value)
+            parsed.delivery_items, parsed.delivery_count_items = _filtered_items(
+                items, count, BROKER_ANNOTATIONS
+            )
         elif code == _MESSAGE_ANN:
             _, decoded = _DECODE_BY_CONSTRUCTOR[value[0]](value[1:])
             parsed.annotations = dict(decoded or {})
@@ -322,6 +444,8 @@ def encode_message(
         ),
     }
     encode_value(out, header_value)
+    if message.delivery_count_items:
+        out += _map_section(_DELIVERY_ANN, message.delivery_items, message.delivery_count_items)
     extra, extra_count = encode_map_items(annotations)
     out += _map_section(
         _MESSAGE_ANN, message.annotation_items + extra, message.annotation_count + extra_count

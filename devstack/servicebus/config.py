@@ -1,10 +1,12 @@
-"""Queue definitions for the emulator, read from a file shaped like the
+"""Entity definitions for the emulator, read from a file shaped like the
 official Service Bus emulator's Config.json.
 
-One file serves both emulators: `UserConfig.Namespaces[].Queues[]` with `Name`
-and `Properties`. Properties the official emulator knows are honoured with its
-defaults; two extensions exist only here, because the official emulator has no
-size limit worth testing against:
+One file serves both emulators: `UserConfig.Namespaces[].Queues[]` and
+`Topics[]` (with `Subscriptions[]` and their `Rules[]`), each with `Name` and
+`Properties`, in the official emulator's schema (its installer's
+`Config-schema.json`). Properties the official emulator knows are honoured;
+two extensions exist only here, because the official emulator has no size
+limit worth testing against:
 
 - `MaxSizeInMegabytes` (Azure's own queue property): total encoded size of all
   messages held by the queue, its scheduled and deferred messages and its
@@ -17,9 +19,18 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
+
+from .filters import (
+    CorrelationFilter,
+    FilterSyntaxError,
+    Rule,
+    SqlAction,
+    SqlFilter,
+    TrueFilter,
+)
 
 DEFAULT_LOCK_DURATION_S = 60.0
 DEFAULT_MAX_DELIVERY_COUNT = 10
@@ -72,6 +83,12 @@ class QueueSettings:
         duplicate_window: The duplicate-detection history window.
         max_size_bytes: Limit on the total size of held messages.
         max_message_count: Limit on the number of held messages, or None.
+        requires_session: Messages need a SessionId and are received through session receivers.
+        forward_to: Entity that every accepted message is forwarded to, or None.
+        forward_dead_lettered_to: Entity that dead-lettered messages go to instead of the DLQ.
+        dead_letter_on_filter_exceptions: A subscription dead-letters a message whose rule
+            evaluation fails (else the failing rule does not match).
+        rules: A subscription's rules (empty for a queue).
     """
 
     name: str
@@ -83,6 +100,117 @@ class QueueSettings:
     duplicate_window: float = DEFAULT_DUPLICATE_WINDOW_S
     max_size_bytes: int = DEFAULT_MAX_SIZE_MB * 1024 * 1024
     max_message_count: int | None = None
+    requires_session: bool = False
+    forward_to: str | None = None
+    forward_dead_lettered_to: str | None = None
+    dead_letter_on_filter_exceptions: bool = True
+    rules: tuple[Rule, ...] = ()
+
+
+@dataclass(frozen=True)
+class TopicSettings:
+    """A topic and its subscriptions.
+
+    Attributes:
+        name: The topic's name.
+        default_ttl: Time to live of a message that does not set a shorter one.
+        requires_duplicate_detection: Drop a send whose MessageId was seen within the window.
+        duplicate_window: The duplicate-detection history window.
+        subscriptions: Each subscription as queue settings named `topic/Subscriptions/name`.
+    """
+
+    name: str
+    default_ttl: float = DEFAULT_TTL_S
+    requires_duplicate_detection: bool = False
+    duplicate_window: float = DEFAULT_DUPLICATE_WINDOW_S
+    subscriptions: tuple[QueueSettings, ...] = ()
+
+
+#: CorrelationFilter keys of Config.json -> SQL system property names (lower case).
+_CORRELATION_KEYS = {
+    "ContentType": "contenttype",
+    "CorrelationId": "correlationid",
+    "Label": "label",
+    "Subject": "label",
+    "MessageId": "messageid",
+    "ReplyTo": "replyto",
+    "ReplyToSessionId": "replytosessionid",
+    "SessionId": "sessionid",
+    "To": "to",
+}
+
+
+def _rule(owner: str, entry: dict[str, Any]) -> Rule:
+    name = entry.get("Name")
+    if not isinstance(name, str) or not name:
+        raise ConfigError(f"{owner}: rule without a Name: {entry!r}")
+    props = entry.get("Properties") or {}
+    kind = props.get("FilterType")
+    where = f"{owner} rule {name!r}"
+    try:
+        if kind == "Sql":
+            expression = (props.get("SqlFilter") or {}).get("SqlExpression")
+            if not isinstance(expression, str):
+                raise ConfigError(f"{where}: FilterType Sql needs SqlFilter.SqlExpression")
+            rule_filter: Any = SqlFilter.parse(expression)
+        elif kind == "Correlation":
+            spec = props.get("CorrelationFilter") or {}
+            unknown = set(spec) - set(_CORRELATION_KEYS) - {"Properties"}
+            if unknown or not spec:
+                raise ConfigError(
+                    f"{where}: CorrelationFilter needs one of {sorted(_CORRELATION_KEYS)} "
+                    f"or Properties (unknown: {sorted(unknown)})"
+                )
+            system = {_CORRELATION_KEYS[k]: v for k, v in spec.items() if k in _CORRELATION_KEYS}
+            if "label" in system:
+                system["subject"] = system["label"]
+            rule_filter = CorrelationFilter(system, dict(spec.get("Properties") or {}))
+        else:
+            raise ConfigError(f"{where}: FilterType must be Sql or Correlation, not {kind!r}")
+        action_text = (props.get("Action") or {}).get("SqlExpression")
+        action = SqlAction.parse(action_text) if action_text else None
+    except FilterSyntaxError as exc:
+        raise ConfigError(f"{where}: {exc}") from exc
+    return Rule(name, rule_filter, action)
+
+
+def _topic_settings(entry: dict[str, Any]) -> TopicSettings:
+    name = entry.get("Name")
+    if not isinstance(name, str) or not name:
+        raise ConfigError(f"topic without a Name: {entry!r}")
+    props = entry.get("Properties") or {}
+    ttl = (
+        parse_duration(props["DefaultMessageTimeToLive"])
+        if props.get("DefaultMessageTimeToLive")
+        else DEFAULT_TTL_S
+    )
+    subscriptions = []
+    seen: set[str] = set()
+    for sub in entry.get("Subscriptions") or []:
+        base = _queue_settings(sub)
+        if base.name.lower() in seen:
+            raise ConfigError(f"topic {name!r}: subscription {base.name!r} is declared twice")
+        seen.add(base.name.lower())
+        owner = f"subscription {name}/{base.name}"
+        rules = tuple(_rule(owner, r) for r in sub.get("Rules") or [])
+        subscriptions.append(
+            replace(
+                base,
+                name=f"{name}/Subscriptions/{base.name}",
+                # A message lives no longer than the topic's default allows either.
+                default_ttl=min(base.default_ttl, ttl),
+                rules=rules or (Rule("$Default", TrueFilter()),),
+            )
+        )
+    return TopicSettings(
+        name=name,
+        default_ttl=ttl,
+        requires_duplicate_detection=bool(props.get("RequiresDuplicateDetection", False)),
+        duplicate_window=parse_duration(props["DuplicateDetectionHistoryTimeWindow"])
+        if props.get("DuplicateDetectionHistoryTimeWindow")
+        else DEFAULT_DUPLICATE_WINDOW_S,
+        subscriptions=tuple(subscriptions),
+    )
 
 
 def _queue_settings(entry: dict[str, Any]) -> QueueSettings:
@@ -90,8 +218,6 @@ def _queue_settings(entry: dict[str, Any]) -> QueueSettings:
     if not isinstance(name, str) or not name:
         raise ConfigError(f"queue without a Name: {entry!r}")
     props = entry.get("Properties") or {}
-    if props.get("RequiresSession"):
-        raise ConfigError(f"queue {name!r}: sessions are not supported by this emulator")
 
     def duration(key: str, default: float) -> float:
         value = props.get(key)
@@ -110,29 +236,61 @@ def _queue_settings(entry: dict[str, Any]) -> QueueSettings:
         ),
         max_size_bytes=int(props.get("MaxSizeInMegabytes", DEFAULT_MAX_SIZE_MB)) * 1024 * 1024,
         max_message_count=int(max_count) if max_count is not None else None,
+        requires_session=bool(props.get("RequiresSession", False)),
+        # The official emulator writes "" for "no forwarding".
+        forward_to=props.get("ForwardTo") or None,
+        forward_dead_lettered_to=props.get("ForwardDeadLetteredMessagesTo") or None,
+        dead_letter_on_filter_exceptions=bool(
+            props.get("DeadLetteringOnFilterEvaluationExceptions", True)
+        ),
     )
 
 
-def parse_config(document: dict[str, Any]) -> list[QueueSettings]:
-    """The queues of every namespace in a Config.json document."""
+def parse_config(document: dict[str, Any]) -> list[QueueSettings | TopicSettings]:
+    """The queues and topics of every namespace in a Config.json document."""
     try:
         namespaces = document["UserConfig"]["Namespaces"]
     except (KeyError, TypeError) as exc:
         raise ConfigError("expected UserConfig.Namespaces[]") from exc
-    queues: list[QueueSettings] = []
+    entities: list[QueueSettings | TopicSettings] = []
     seen: set[str] = set()
     for namespace in namespaces:
-        for entry in namespace.get("Queues") or []:
-            settings = _queue_settings(entry)
+        declared: list[QueueSettings | TopicSettings] = [
+            _queue_settings(entry) for entry in namespace.get("Queues") or []
+        ]
+        declared += [_topic_settings(entry) for entry in namespace.get("Topics") or []]
+        for settings in declared:
             key = settings.name.lower()
             if key in seen:
-                raise ConfigError(f"queue {settings.name!r} is declared twice")
+                raise ConfigError(f"entity {settings.name!r} is declared twice")
             seen.add(key)
+            entities.append(settings)
+    _check_forwarding(entities, seen)
+    return entities
+
+
+def _check_forwarding(entities: list[QueueSettings | TopicSettings], names: set[str]) -> None:
+    """Forwarding targets must be queues or topics of the file, never the entity itself."""
+    queues: list[QueueSettings] = []
+    for settings in entities:
+        if isinstance(settings, TopicSettings):
+            queues.extend(settings.subscriptions)
+        else:
             queues.append(settings)
-    return queues
+    for queue in queues:
+        for key, target in (
+            ("ForwardTo", queue.forward_to),
+            ("ForwardDeadLetteredMessagesTo", queue.forward_dead_lettered_to),
+        ):
+            if target is None:
+                continue
+            if target.lower() not in names:
+                raise ConfigError(f"{queue.name!r}: {key} names no queue or topic: {target!r}")
+            if target.lower() == queue.name.lower():
+                raise ConfigError(f"{queue.name!r}: {key} cannot name the entity itself")
 
 
-def load_config(path: str | Path) -> list[QueueSettings]:
+def load_config(path: str | Path) -> list[QueueSettings | TopicSettings]:
     """Read and parse a Config.json file."""
     try:
         document = json.loads(Path(path).read_text(encoding="utf-8"))

@@ -7,7 +7,7 @@ safety and no compaction code to write. It is in the standard library.
 
 What survives a restart: every message that was not settled (active,
 deferred, scheduled, dead-lettered) with its delivery count, each queue's
-next sequence number, and the duplicate-detection history. Locks do not: a
+next sequence number, the duplicate-detection history and session states. Locks do not: a
 message locked when the emulator stopped is available again after restart,
 exactly as if its lock had expired, except that the restart itself is not
 counted as a delivery.
@@ -47,6 +47,10 @@ CREATE TABLE IF NOT EXISTS duplicates (
     queue TEXT NOT NULL, message_id TEXT NOT NULL, seen_ms INTEGER NOT NULL,
     PRIMARY KEY (queue, message_id)
 );
+CREATE TABLE IF NOT EXISTS session_states (
+    queue TEXT NOT NULL, session_id TEXT NOT NULL, state BLOB,
+    PRIMARY KEY (queue, session_id)
+);
 """
 
 
@@ -63,6 +67,7 @@ class SqliteJournal:
         self._messages: dict[tuple[str, int], StoredMessage | None] = {}
         self._sequences: dict[str, int] = {}
         self._duplicates: dict[tuple[str, str], int] = {}
+        self._session_states: dict[tuple[str, str], bytes | None] = {}
         self._closed = False
 
     # -- the entities.Journal protocol ---------------------------------------
@@ -79,8 +84,13 @@ class SqliteJournal:
     def put_duplicate(self, queue: str, message_id: str, seen_ms: int) -> None:
         self._duplicates[(queue, message_id)] = seen_ms
 
+    def put_session_state(self, queue: str, session_id: str, state: bytes | None) -> None:
+        self._session_states[(queue, session_id)] = state
+
     def flush(self) -> None:
-        if self._closed or not (self._messages or self._sequences or self._duplicates):
+        if self._closed or not (
+            self._messages or self._sequences or self._duplicates or self._session_states
+        ):
             return
         upserts: list[tuple[Any, ...]] = []
         deletes: list[tuple[str, int]] = []
@@ -107,6 +117,17 @@ class SqliteJournal:
                     "INSERT OR REPLACE INTO duplicates VALUES (?, ?, ?)",
                     [(q, m, s) for (q, m), s in self._duplicates.items()],
                 )
+            for (queue, session_id), state in self._session_states.items():
+                if state is None:
+                    db.execute(
+                        "DELETE FROM session_states WHERE queue = ? AND session_id = ?",
+                        (queue, session_id),
+                    )
+                else:
+                    db.execute(
+                        "INSERT OR REPLACE INTO session_states VALUES (?, ?, ?)",
+                        (queue, session_id, state),
+                    )
             db.execute("COMMIT")
         except BaseException:
             db.execute("ROLLBACK")
@@ -114,24 +135,31 @@ class SqliteJournal:
         self._messages.clear()
         self._sequences.clear()
         self._duplicates.clear()
+        self._session_states.clear()
 
     # -- restart ----------------------------------------------------------------
 
     def restore(self, broker: Broker) -> int:
         """Load the saved state into `broker`; return the number of messages restored."""
         for queue_name, next_seq in self._db.execute("SELECT queue, next FROM sequences"):
-            queue = broker.queues.get(queue_name)
+            queue = broker.entity(queue_name)
             if queue is not None:
                 queue.next_sequence_number = max(queue.next_sequence_number, next_seq)
         now_ms = broker.clock()
         for queue_name, message_id, seen_ms in self._db.execute(
             "SELECT queue, message_id, seen_ms FROM duplicates ORDER BY seen_ms"
         ):
-            queue = broker.queues.get(queue_name)
+            queue = broker.entity(queue_name)
             if queue is not None and seen_ms >= now_ms - int(
                 queue.settings.duplicate_window * 1000
             ):
                 queue.duplicates[message_id] = seen_ms
+        for queue_name, session_id, state in self._db.execute(
+            "SELECT queue, session_id, state FROM session_states"
+        ):
+            queue = broker.queues.get(queue_name)
+            if queue is not None:
+                queue.session(session_id).state = bytes(state)
         restored = 0
         for row in self._db.execute("SELECT * FROM messages ORDER BY queue, seq"):
             queue = broker.queues.get(row[0])

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .codec import AMQPTypes, parse_message, typed
-from .entities import BrokerError, Queue
+from .entities import BrokerError, Queue, Topic
 
 if TYPE_CHECKING:
     from .protocol import Connection
@@ -73,7 +73,7 @@ def renew_lock(conn: Connection, queue: Queue, body: dict) -> Response:
 def peek_message(conn: Connection, queue: Queue, body: dict) -> Response:
     start = int(body.get(b"from-sequence-number") or 0)
     count = int(body.get(b"message-count") or 1)
-    found = queue.peek(start, count)
+    found = queue.peek(start, count, _text(body.get(b"session-id")))
     if not found:
         return Response({"statusCode": 204, "statusDescription": "No messages to peek"})
     return _ok(
@@ -107,7 +107,7 @@ def receive_by_sequence_number(conn: Connection, queue: Queue, body: dict) -> Re
     numbers = [int(n) for n in body.get(b"sequence-numbers") or []]
     # The SDK sends its link settle mode: 1 (second) for PEEK_LOCK, 0 (first) for RECEIVE_AND_DELETE.
     peek_lock = int(body.get(b"receiver-settle-mode") or 0) == 1
-    taken = queue.take_deferred(numbers, peek_lock)
+    taken = queue.take_deferred(numbers, peek_lock, _text(body.get(b"session-id")))
     messages = []
     for _, payload, lock in taken:
         entry: dict[str, Any] = {"message": typed(AMQPTypes.binary, payload)}
@@ -131,6 +131,31 @@ def update_disposition(conn: Connection, queue: Queue, body: dict) -> Response:
     return _ok()
 
 
+def renew_session_lock(conn: Connection, queue: Queue, body: dict) -> Response:
+    expiration = conn.broker.renew_session(queue, _text(body.get(b"session-id")))
+    return _ok({"expiration": typed(AMQPTypes.timestamp, expiration)})
+
+
+def get_session_state(conn: Connection, queue: Queue, body: dict) -> Response:
+    session = queue.held_session(_text(body.get(b"session-id")))
+    state = session.state
+    return _ok(
+        {
+            "session-state": typed(AMQPTypes.binary, state)
+            if state is not None
+            else typed(AMQPTypes.null, None)
+        }
+    )
+
+
+def set_session_state(conn: Connection, queue: Queue, body: dict) -> Response:
+    state = body.get(b"session-state")
+    queue.set_session_state(
+        _text(body.get(b"session-id")), bytes(state) if state is not None else None
+    )
+    return _ok()
+
+
 _OPERATIONS: dict[bytes, Callable[[Connection, Queue, dict], Response]] = {
     b"com.microsoft:renew-lock": renew_lock,
     b"com.microsoft:peek-message": peek_message,
@@ -138,6 +163,16 @@ _OPERATIONS: dict[bytes, Callable[[Connection, Queue, dict], Response]] = {
     b"com.microsoft:cancel-scheduled-message": cancel_scheduled_message,
     b"com.microsoft:receive-by-sequence-number": receive_by_sequence_number,
     b"com.microsoft:update-disposition": update_disposition,
+    b"com.microsoft:renew-session-lock": renew_session_lock,
+    b"com.microsoft:get-session-state": get_session_state,
+    b"com.microsoft:set-session-state": set_session_state,
+}
+
+
+#: What a topic's $management link offers (a topic sender schedules and cancels).
+_TOPIC_OPERATIONS = {
+    b"com.microsoft:schedule-message",
+    b"com.microsoft:cancel-scheduled-message",
 }
 
 
@@ -150,6 +185,12 @@ def handle(conn: Connection, queue: Queue, request: Any) -> Response:
             501, b"amqp:not-implemented", f"operation {_text(operation)!r} is not supported"
         )
     body = request.value if isinstance(request.value, dict) else {}
+    if isinstance(queue, Topic) and operation not in _TOPIC_OPERATIONS:
+        return _fail(
+            400,
+            b"amqp:not-allowed",
+            f"operation {_text(operation)!r} is not available on a topic; use a subscription",
+        )
     try:
         return handler(conn, queue, body)
     except BrokerError as exc:

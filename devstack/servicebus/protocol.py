@@ -34,6 +34,7 @@ from .codec import (
     SASL_HEADER,
     Accepted,
     AMQPError,
+    AMQPTypes,
     Modified,
     Rejected,
     Released,
@@ -44,6 +45,7 @@ from .codec import (
     encode_amqp_frame,
     encode_response,
     parse_message,
+    typed,
 )
 from .codec import (
     performatives as pf,
@@ -51,11 +53,14 @@ from .codec import (
 from .entities import (
     MAX_MESSAGE_SIZE,
     BrokerError,
+    Entity,
     Lock,
     LockLost,
+    MessageSession,
     Queue,
-    QuotaExceeded,
+    SessionLockLost,
     StoredMessage,
+    Topic,
 )
 
 if TYPE_CHECKING:
@@ -70,6 +75,15 @@ MAX_FRAME_SIZE = 256 * 1024
 SESSION_WINDOW = 5000
 LINK_CREDIT = 1000
 NOT_FOUND = b"amqp:not-found"
+NOT_ALLOWED = b"amqp:not-allowed"
+NOT_IMPLEMENTED = b"amqp:not-implemented"
+SESSION_FILTER = b"com.microsoft:session-filter"
+SESSION_LOCKED_UNTIL = b"com.microsoft:locked-until-utc"
+OPERATION_TIMEOUT = b"com.microsoft:timeout"  # link property: how long to wait for a session
+TIMEOUT = b"com.microsoft:timeout"
+DATETIMEOFFSET_EPOCH = 621355968000000000  # .NET ticks at the Unix epoch
+DEFAULT_SESSION_WAIT_MS = 60_000  # the service's wait for a next-available session
+TRANSFER_DESTINATION = b"com.microsoft:transfer-destination-address"
 ROLE_SENDER, ROLE_RECEIVER = False, True
 SETTLE_MODE_SETTLED = 1
 
@@ -84,6 +98,19 @@ def _address(terminus: Any) -> str | None:
     if not terminus:
         return None
     return _text(terminus[0])
+
+
+def is_coordinator(terminus: Any) -> bool:
+    """Whether an attach's target is a transaction coordinator, not a node address.
+
+    The codec drops descriptors: a target's first field is its address (a string), a
+    coordinator's is its capabilities (an array of symbols).
+    """
+    return (
+        isinstance(terminus, (list, tuple))
+        and bool(terminus)
+        and isinstance(terminus[0], (list, tuple))
+    )
 
 
 def _normalise(address: str | None) -> str:
@@ -117,7 +144,7 @@ class Link:
         role: bool,
         address: str | None,
         kind: str,
-        queue: Queue | None,
+        queue: Entity | None,
         peek_lock: bool = True,
     ) -> None:
         self.session = session
@@ -138,6 +165,10 @@ class Link:
         self.granted = 0
         self.partial: bytearray | None = None
         self.partial_first: list[Any] | None = None
+        self.attach_fields: list[Any] = []
+        # Session receivers: the session this link holds, and its wait for one.
+        self.message_session: MessageSession | None = None
+        self.session_wait: asyncio.TimerHandle | None = None
 
     # -- the Consumer protocol of entities.Queue --------------------------
 
@@ -156,6 +187,21 @@ class Link:
         self.credit -= 1
         if lock is not None:
             self.session.unsettled[delivery_id] = lock.token
+
+    def session_granted(self, session: MessageSession) -> None:
+        self.session.connection.session_granted(self, session)
+
+    def session_lost(self) -> None:
+        self.session.connection.session_lost(self)
+
+    def forget(self) -> None:
+        """The link is gone: stop consuming, give back its session, stop waiting for one."""
+        self.detached = True
+        if self.session_wait is not None:
+            self.session_wait.cancel()
+            self.session_wait = None
+        if self.queue is not None and self.kind == "queue" and self.role == ROLE_SENDER:
+            self.queue.remove_consumer(self)
 
 
 class Session:
@@ -349,10 +395,8 @@ class Connection:
 
     def _drop_session(self, session: Session) -> None:
         # Locks outlive the link: an abruptly closed client's messages return at lock expiry.
-        for link in session.links.values():
-            link.detached = True
-            if link.queue is not None and link.kind == "queue" and link.role == ROLE_SENDER:
-                link.queue.remove_consumer(link)
+        for link in list(session.links.values()):
+            link.forget()
 
     def _dispatch(self, channel: int, code: int, fields: list[Any]) -> None:
         if code == OPEN:
@@ -432,78 +476,234 @@ class Connection:
 
     def _on_attach(self, session: Session, fields: list[Any]) -> None:
         name, handle, client_role = fields[0], fields[1], fields[2]
-        snd_mode, rcv_mode = fields[3], fields[4]
+        snd_mode = fields[3]
         source, target = _address(fields[5]), _address(fields[6])
         role = not client_role  # the broker takes the opposite role
         address = source if role == ROLE_SENDER else target
         kind, queue = self._classify(address)
         peek_lock = snd_mode != SETTLE_MODE_SETTLED
         link = Link(session, name, handle, role, address, kind, queue, peek_lock=peek_lock)
+        link.attach_fields = fields
         session.links[handle] = link
-        missing = kind == "missing"
-        session.send(
-            pf.AttachFrame(
-                name=name,
-                handle=handle,
-                role=role,
-                send_settle_mode=snd_mode,
-                rcv_settle_mode=rcv_mode,
-                # The SDK detaches (and waits for an error) unless both termini come back; for a
-                # missing entity the broker's own terminus is null, as the service does.
-                source=None
-                if missing and role == ROLE_SENDER
-                else Source(source or "", *([None] * 10)),
-                target=None
-                if missing and role == ROLE_RECEIVER
-                else Target(target or "", *([None] * 6)),
-                unsettled=None,
-                incomplete_unsettled=None,
-                initial_delivery_count=0 if role == ROLE_SENDER else None,
-                max_message_size=MAX_MESSAGE_SIZE if role == ROLE_RECEIVER else None,
-                offered_capabilities=None,
-                desired_capabilities=None,
-                properties=None,
-            )
-        )
-        if missing:
-            # Answer quickly with not-found so the SDK raises instead of waiting for a timeout.
-            link.detached = True
-            del session.links[handle]
-            session.send(
-                pf.DetachFrame(
-                    handle=handle,
-                    closed=True,
-                    error=AMQPError(
-                        condition=NOT_FOUND,
-                        description=f"The messaging entity '{address}' could not be found.",
-                        info=None,
-                    ),
-                )
+        if role == ROLE_RECEIVER and is_coordinator(fields[6]):
+            self._refuse(
+                link,
+                NOT_IMPLEMENTED,
+                "Transactions (a link to the AMQP transaction coordinator) are not supported "
+                "by this emulator.",
             )
             return
+        if kind == "missing":
+            self._refuse(link, NOT_FOUND, f"The messaging entity '{address}' could not be found.")
+            return
+        refusal = self._refusal(link, fields)
+        if refusal is not None:
+            self._refuse(link, *refusal)
+            return
+        if kind == "queue" and role == ROLE_SENDER and queue is not None and queue.sessionful:
+            self._attach_session_receiver(link, queue, fields)
+            return
+        self._send_attach(link)
         if role == ROLE_RECEIVER:
             link.granted = LINK_CREDIT
             session.send_flow(link)
         elif kind == "queue" and queue is not None:
             queue.add_consumer(link)
 
-    def _classify(self, address: str | None) -> tuple[str, Queue | None]:
+    def _send_attach(
+        self,
+        link: Link,
+        refused: bool = False,
+        filters: dict[bytes, Any] | None = None,
+        properties: dict[bytes, Any] | None = None,
+    ) -> None:
+        fields = link.attach_fields
+        source, target = _address(fields[5]), _address(fields[6])
+        link.session.send(
+            pf.AttachFrame(
+                name=link.name,
+                handle=link.handle,
+                role=link.role,
+                send_settle_mode=fields[3],
+                rcv_settle_mode=fields[4],
+                # The SDK detaches (and waits for an error) unless both termini come back; for a
+                # refused link the broker's own terminus is null, as the service does.
+                source=None
+                if refused and link.role == ROLE_SENDER
+                else Source(source or "", *([None] * 6), filters, None, None, None),
+                target=None
+                if refused and link.role == ROLE_RECEIVER
+                else Target(target or "", *([None] * 6)),
+                unsettled=None,
+                incomplete_unsettled=None,
+                initial_delivery_count=0 if link.role == ROLE_SENDER else None,
+                max_message_size=MAX_MESSAGE_SIZE if link.role == ROLE_RECEIVER else None,
+                offered_capabilities=None,
+                desired_capabilities=None,
+                properties=properties,
+            )
+        )
+
+    def _refuse(
+        self, link: Link, condition: bytes, description: str, attached: bool = False
+    ) -> None:
+        """Answer an attach with an error at once, so the SDK raises it instead of waiting for a
+        timeout or, worse, working on a link that does not do what it asked for."""
+        link.detached = True
+        link.session.links.pop(link.handle, None)
+        if not attached:
+            self._send_attach(link, refused=True)
+        _LOG.info("refused link %r to %s: %s", _text(link.name), link.address, description)
+        link.session.send(
+            pf.DetachFrame(
+                handle=link.handle,
+                closed=True,
+                error=AMQPError(condition=condition, description=description, info=None),
+            )
+        )
+
+    # -- session receivers ------------------------------------------------------
+
+    def _attach_session_receiver(self, link: Link, queue: Queue, fields: list[Any]) -> None:
+        """Lock the asked-for session (or the next one with messages) before answering the attach."""
+        wanted = fields[5][7][SESSION_FILTER]
+        session_id = _text(wanted)
+        try:
+            granted = queue.acquire_session(session_id, link)
+        except BrokerError as exc:
+            self._refuse(link, exc.condition, exc.description)
+            return
+        if granted is not None:
+            self.session_granted(link, granted)
+            return
+        # No session has messages: wait, as the service does, up to the client's operation
+        # timeout (the SDK sends it when max_wait_time is set) or the service's default.
+        properties = fields[13] if len(fields) > 13 and isinstance(fields[13], dict) else {}
+        timeout_ms = properties.get(OPERATION_TIMEOUT) or DEFAULT_SESSION_WAIT_MS
+        queue.wait_for_session(link)
+        link.session_wait = asyncio.get_running_loop().call_later(
+            timeout_ms / 1000, self._session_wait_ended, link, queue
+        )
+
+    def session_granted(self, link: Link, granted: MessageSession) -> None:
+        if link.session_wait is not None:
+            link.session_wait.cancel()
+            link.session_wait = None
+        if link.detached or self.closed:
+            # The client gave up while we looked: give the session back.
+            link.queue.remove_consumer(link)  # type: ignore[union-attr]
+            return
+        self._send_attach(
+            link,
+            filters={SESSION_FILTER: granted.session_id},
+            properties={
+                SESSION_LOCKED_UNTIL: typed(
+                    AMQPTypes.long, granted.locked_until_ms * 10_000 + DATETIMEOFFSET_EPOCH
+                )
+            },
+        )
+        link.queue.add_consumer(link)  # type: ignore[union-attr]
+        link.queue.pump()  # type: ignore[union-attr]
+
+    def _session_wait_ended(self, link: Link, queue: Queue) -> None:
+        link.session_wait = None
+        if link in queue.session_waiters:
+            queue.session_waiters.remove(link)
+            self._refuse(
+                link,
+                TIMEOUT,
+                f"No session with messages became available on '{queue.path}' in time "
+                "(next-available session receiver).",
+            )
+            self._flush()
+
+    def session_lost(self, link: Link) -> None:
+        """The session lock expired: close the link with session-lock-lost, as the service does."""
+        if link.detached:
+            return
+        link.queue.remove_consumer(link)  # type: ignore[union-attr]
+        self._refuse(
+            link,
+            SessionLockLost.condition,
+            "The session lock has expired on the session. Accept a new session.",
+            attached=True,
+        )
+        self._flush()
+
+    def _refusal(self, link: Link, fields: list[Any]) -> tuple[bytes, str] | None:
+        """Why an attach asks for something this emulator does not do, or None.
+
+        Refusing at attach, with a description naming the feature, makes the SDK raise a
+        clear error when the sender or receiver opens, rather than fail later in a way
+        that never mentions the feature.
+        """
+        source = fields[5] if isinstance(fields[5], (list, tuple)) else None
+        filters = source[7] if source is not None and len(source) > 7 else None
+        properties = fields[13] if len(fields) > 13 and isinstance(fields[13], dict) else {}
+        if link.kind == "queue" and link.role == ROLE_SENDER and isinstance(link.queue, Topic):
+            return (
+                NOT_ALLOWED,
+                f"Cannot receive from the topic '{link.queue.path}': receive from one of its "
+                f"subscriptions, '{link.queue.path}/Subscriptions/<name>'.",
+            )
+        if link.kind == "queue" and link.role == ROLE_RECEIVER and link.queue is not None:
+            if link.queue.is_subscription and not link.queue.is_dead_letter:
+                return (
+                    NOT_ALLOWED,
+                    f"Cannot send to the subscription '{link.queue.path}': send to its topic.",
+                )
+        if link.kind == "queue" and link.role == ROLE_SENDER:
+            for key in filters or {}:
+                if key != SESSION_FILTER:
+                    return (
+                        NOT_IMPLEMENTED,
+                        f"The link filter '{_text(key)}' is not supported by this emulator; "
+                        "only the Service Bus session filter is.",
+                    )
+            sessionful = link.queue is not None and link.queue.sessionful
+            if sessionful and not (filters and SESSION_FILTER in filters):
+                return (
+                    NOT_ALLOWED,
+                    f"It is not possible for the entity '{link.queue.path}', which requires "  # type: ignore[union-attr]
+                    "sessions, to create a non-sessionful message receiver; open a session "
+                    "receiver (session_id=...).",
+                )
+            if not sessionful and filters and SESSION_FILTER in filters:
+                return (
+                    NOT_ALLOWED,
+                    f"A sessionful message receiver cannot be created on the entity "
+                    f"'{link.queue.path if link.queue else link.address}' because it does not require sessions "
+                    "(set RequiresSession in Config.json).",
+                )
+        if link.kind == "queue" and link.role == ROLE_RECEIVER:
+            if link.queue is not None and link.queue.is_dead_letter:
+                return (
+                    NOT_ALLOWED,
+                    f"Cannot send to the dead-letter queue '{link.queue.path}'.",
+                )
+            if TRANSFER_DESTINATION in properties:
+                return (
+                    NOT_IMPLEMENTED,
+                    "Send-via (transfer destination, used by cross-entity transactions) "
+                    "is not supported by this emulator.",
+                )
+        return None
+
+    def _classify(self, address: str | None) -> tuple[str, Entity | None]:
         path = _normalise(address)
         if path == "$cbs":
             return "cbs", None
         if path.endswith("/$management"):
-            queue = self.broker.resolve(path[: -len("/$management")])
-            return ("management", queue) if queue is not None else ("missing", None)
-        queue = self.broker.resolve(path)
-        return ("queue", queue) if queue is not None else ("missing", None)
+            entity = self.broker.resolve_entity(path[: -len("/$management")])
+            return ("management", entity) if entity is not None else ("missing", None)
+        entity = self.broker.resolve_entity(path)
+        return ("queue", entity) if entity is not None else ("missing", None)
 
     def _on_detach(self, session: Session, fields: list[Any]) -> None:
         link = session.links.pop(fields[0], None)
         if link is None:
             return
-        link.detached = True
-        if link.queue is not None and link.kind == "queue" and link.role == ROLE_SENDER:
-            link.queue.remove_consumer(link)
+        link.forget()
         session.send(pf.DetachFrame(handle=link.handle, closed=True, error=None))
 
     def _on_flow(self, session: Session, fields: list[Any]) -> None:
@@ -588,9 +788,10 @@ class Connection:
                 )
             )
 
-    def _accept_messages(self, queue: Queue | None, data: bytes, message_format: int | None) -> Any:
+    def _accept_messages(
+        self, queue: Entity | None, data: bytes, message_format: int | None
+    ) -> Any:
         assert queue is not None
-        now_ms = self.broker.clock()
         try:
             if message_format == BATCH_FORMAT:
                 # A batch: every Data section is one complete message, accepted or refused together.
@@ -598,28 +799,19 @@ class Connection:
                     parse_message(section)
                     for section in decode_payload(memoryview(data)).data or []
                 ]
-                count, size = queue.total_held()
-                limit = queue.settings.max_message_count
-                if (limit is not None and count + len(parts) > limit) or (
-                    size + sum(p.size for p in parts) > queue.settings.max_size_bytes
-                ):
-                    raise QuotaExceeded(
-                        f"The maximum entity size has been reached or exceeded for queue '{queue.path}'."
-                    )
             else:
                 parts = [parse_message(data)]
-            for part in parts:
-                queue.accept(part, now_ms)
-        except BrokerError as exc:
-            return Rejected(
-                error=AMQPError(condition=exc.condition, description=exc.description, info=None)
-            )
         except Exception as exc:  # malformed input: refuse it, keep the connection
             _LOG.warning("rejected a malformed message on %s: %r", queue.path, exc)
             return Rejected(
                 error=AMQPError(condition=b"amqp:decode-error", description=str(exc), info=None)
             )
-        queue.pump()
+        try:
+            queue.accept_batch(parts, self.broker.clock())
+        except BrokerError as exc:
+            return Rejected(
+                error=AMQPError(condition=exc.condition, description=exc.description, info=None)
+            )
         return Accepted()
 
     def _answer_request(self, session: Session, link: Link, data: bytes) -> None:

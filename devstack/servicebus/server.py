@@ -7,7 +7,7 @@ import asyncio
 import logging
 from pathlib import Path
 
-from .config import QueueSettings
+from .config import QueueSettings, TopicSettings
 from .entities import Broker
 from .journal import SqliteJournal
 from .protocol import Connection
@@ -21,9 +21,11 @@ TIMER_TICK_S = 0.05
 class EmulatorServer:
     """Owns the broker, the listening socket and every client connection."""
 
-    def __init__(self, queues: list[QueueSettings], data_dir: str | Path | None = None) -> None:
+    def __init__(
+        self, entities: list[QueueSettings | TopicSettings], data_dir: str | Path | None = None
+    ) -> None:
         self.journal = SqliteJournal(data_dir) if data_dir else None
-        self.broker = Broker(queues, journal=self.journal)
+        self.broker = Broker(entities, journal=self.journal)
         self.restored = self.journal.restore(self.broker) if self.journal else 0
         self.connections: set[Connection] = set()
         self._server: asyncio.base_events.Server | None = None

@@ -65,6 +65,25 @@ TEST_QUEUES: dict[str, dict[str, Any]] = {
     },
     "limited-count": {**LONG_LOCK, "MaxMessageCount": 3},
     "limited-size": {**LONG_LOCK, "MaxSizeInMegabytes": 1},
+    "refusals": LONG_LOCK,
+    # Session queues: one per test, so no test sees another's sessions.
+    **{
+        name: {**LONG_LOCK, "RequiresSession": True}
+        for name in (
+            "session-send",
+            "session-order",
+            "session-next",
+            "session-exclusive",
+            "session-state",
+            "session-renew",
+            "session-abandon",
+            "session-defer",
+            "session-async",
+            "session-delete",
+        )
+    },
+    "session-expiry": {"LockDuration": "PT2S", "MaxDeliveryCount": 10, "RequiresSession": True},
+    "annotations": LONG_LOCK,
 }
 
 

@@ -77,13 +77,35 @@ def test_applies_defaults_and_limits() -> None:
         {},
         {"UserConfig": {"Namespaces": [{"Queues": [{"Name": "a"}, {"Name": "A"}]}]}},
         {"UserConfig": {"Namespaces": [{"Queues": [{"Properties": {}}]}]}},
-        {
-            "UserConfig": {
-                "Namespaces": [{"Queues": [{"Name": "s", "Properties": {"RequiresSession": True}}]}]
-            }
-        },
     ],
 )
 def test_rejects_bad_configs(document: dict) -> None:
     with pytest.raises(ConfigError):
         parse_config(document)
+
+
+def test_reads_sessions_and_forwarding() -> None:
+    queue, _ = parse_config(
+        {
+            "UserConfig": {
+                "Namespaces": [
+                    {
+                        "Queues": [
+                            {
+                                "Name": "s",
+                                "Properties": {
+                                    "RequiresSession": True,
+                                    "ForwardTo": "",
+                                    "ForwardDeadLetteredMessagesTo": "dead-ends",
+                                },
+                            },
+                            {"Name": "dead-ends"},
+                        ]
+                    }
+                ]
+            }
+        }
+    )
+    assert queue.requires_session
+    assert queue.forward_to is None  # the official emulator writes "" for "none"
+    assert queue.forward_dead_lettered_to == "dead-ends"
