@@ -48,6 +48,10 @@ def _next_bucket(bucket: str) -> str:
     return bucket_of(start + timedelta(seconds=BUCKET_SECONDS))
 
 
+def entry_id(order_id: str, complete_by: datetime) -> str:
+    return f"{order_id}|{complete_by.astimezone(UTC).isoformat()}"
+
+
 @dataclass(frozen=True)
 class IndexEntry:
     id: str
@@ -71,7 +75,7 @@ class CosmosRecoveryIndex:
     async def add(self, order_id: str, complete_by: datetime, attempt: int) -> None:
         at = complete_by.astimezone(UTC).isoformat()
         body = {
-            "id": f"{order_id}|{at}",
+            "id": entry_id(order_id, complete_by),
             "bucket": bucket_of(complete_by),
             "OrderID": order_id,
             "CompleteBy": at,
@@ -81,6 +85,13 @@ class CosmosRecoveryIndex:
             await self._container.upsert_item(body, response_hook=self.charges.hook("index_add"))
         except SDK_ERRORS as exc:
             raise translate_error(exc, f"index deadline of {order_id}", self.charges, "index_add") from exc
+
+    async def discard(self, order_id: str, complete_by: datetime) -> None:
+        """Remove the entry `add(order_id, complete_by, ...)` made; gone
+        already (moved or visited by the Supervisor) is fine."""
+        at = complete_by.astimezone(UTC).isoformat()
+        await self.remove(IndexEntry(entry_id(order_id, complete_by), bucket_of(complete_by), order_id,
+                                     datetime.fromisoformat(at), 0))
 
     async def remove(self, entry: IndexEntry) -> None:
         try:

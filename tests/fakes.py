@@ -70,6 +70,19 @@ class FakeStateStore:
             return None
         return claimed
 
+    async def claim_known(self, record: OrderState, etag: str, now: datetime, policy: sm.RetryPolicy):
+        if not sm.is_claimable(record, now):
+            return None
+        claimed = sm.claim(record, now, policy)
+        try:
+            return claimed, await self.replace(claimed, etag)
+        except (StaleError, NotFoundError):
+            return None
+
+    async def query_claimable(self, max_items: int, now: datetime):
+        pairs = [(OrderState.model_validate(d), e) for d, e in self.docs.values()]
+        return [(r, e) for r, e in pairs if sm.is_claimable(r, now)][:max_items]
+
     async def query_pending(self, max_items: int, now: datetime) -> list[OrderState]:
         records = [OrderState.model_validate(d) for d, _ in self.docs.values()]
         return [r for r in records if sm.is_claimable(r, now)][:max_items]
