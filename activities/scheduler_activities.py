@@ -50,6 +50,7 @@ from orchestrators.contracts import (
     StatusNote,
     StepPlan,
     WriteResult,
+    step_payload,
 )
 from reporting import Alerts, StatusOutbox, StatusReporter
 
@@ -114,8 +115,9 @@ class SchedulerActivities:
             return Plan(Stale=True, Reason=f"order {order_id} is locked by {record.LockedBy!r}")
         return await self._plan(record, attempt)
 
-    async def _plan(self, record: OrderState, attempt: int) -> Plan:
-        order = await self._orders.get(record.id)
+    async def _plan(self, record: OrderState, attempt: int, payload: dict | None = None) -> Plan:
+        if not payload:
+            payload = step_payload(await self._orders.get(record.id))
         steps = [
             StepPlan(
                 Name=name,
@@ -133,13 +135,7 @@ class SchedulerActivities:
             State=record.ProcessState,
             Steps=steps,
             StepTimeoutSeconds=int(self._settings.step_timeout.total_seconds()),
-            Payload={
-                "CustomerId": order.Customer.CustomerId,
-                "Lines": [line.model_dump(mode="json") for line in order.Lines],
-                "Total": str(order.Total),
-                "Currency": order.Currency,
-                "PaymentReference": order.PaymentReference,
-            },
+            Payload=payload,
             Undo=undo if record.ProcessState is ProcessState.COMPENSATING else [],
             Progress=record.AppId in self._settings.progress_apps,
         )
@@ -222,7 +218,7 @@ class SchedulerActivities:
                 return Advanced(Stale=True, Reason=f"order {order_id} has no state record")
         if record.LockedBy != data.InstanceId:
             return Advanced(Stale=True, Reason=f"order {order_id} is locked by {record.LockedBy!r}")
-        plan = await self._plan(record, attempt)
+        plan = await self._plan(record, attempt, data.Payload)
         start = next((s for s in plan.Steps if not s.Completed), None)
         if record.ProcessState is not ProcessState.PROCESSING or start is None or data.Deadline is None:
             # Compensating, or nothing left to start (finish next), or an

@@ -9,7 +9,7 @@ from typing import Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
-from domain.models import AgentReply, ProcessState, StatusKind
+from domain.models import AgentReply, OrderSubmitted, ProcessState, StatusKind
 
 
 class ActivityContract(BaseModel):
@@ -17,6 +17,18 @@ class ActivityContract(BaseModel):
 
     def dump(self) -> dict:
         return self.model_dump(mode="json")
+
+
+def step_payload(order: OrderSubmitted) -> dict:
+    """What every agent request of an order carries (the order's data the
+    remote services need), built in one place for the Scheduler and the fast path."""
+    return {
+        "CustomerId": order.Customer.CustomerId,
+        "Lines": [line.model_dump(mode="json") for line in order.Lines],
+        "Total": str(order.Total),
+        "Currency": order.Currency,
+        "PaymentReference": order.PaymentReference,
+    }
 
 
 class StepPlan(ActivityContract):
@@ -133,13 +145,16 @@ class AttemptInput(ActivityContract):
     etag, so the first guarded write needs no read; the step timeout, so the
     orchestration computes the first deadline before its first activity; and
     where the claim put the attempt's recovery-index entry, so the last write
-    can retire it. Everything is optional: an instance started without input
+    can retire it; and, from Submit's fast path, the order's step payload. Everything is optional: an instance started without input
     reads what it needs (one more activity)."""
 
     Record: dict | None = None
     Etag: str | None = None
     StepTimeoutSeconds: int | None = None
     IndexedAt: AwareDatetime | None = None
+    # Submit's fast path has the order in hand: its step payload spares the
+    # attempt the orders-DB read (the timer Starter leaves it out).
+    Payload: dict | None = None
 
 
 class Advance(ActivityContract):
@@ -168,7 +183,8 @@ class Advance(ActivityContract):
     Finish: bool = False
     IndexedAt: AwareDatetime | None = None
     # Carried from the begin's plan (not re-read): the request payload, and
-    # whether this application opted in to progress statuses.
+    # whether this application opted in to progress statuses. Given to begin
+    # (from the fast path's input), the payload spares the orders-DB read.
     Payload: dict = Field(default_factory=dict)
     Progress: bool = False
 

@@ -313,7 +313,7 @@ def run_v2_0(context):
     deadline = context.current_utc_datetime + step_timeout
     begun = yield from _advance(context, "begin_attempt", Advance(
         InstanceId=context.instance_id, Begin=True, Record=given.Record, Etag=given.Etag,
-        Deadline=deadline, IndexedAt=given.IndexedAt,
+        Deadline=deadline, IndexedAt=given.IndexedAt, Payload=given.Payload or {},
     ))
     if begun.Stale:
         return _finish("stale", detail=begun.Reason)

@@ -32,14 +32,14 @@ from adapters.crashpoints import crash_point
 from adapters.ports import ANY_OWNER, DeadlineIndex, MessagePublisher, NoIndex, StateStore
 from adapters.settings import Settings
 from domain.errors import NotFoundError, StaleError
-from domain.models import OrderState, ProcessState
+from domain.models import OrderState, OrderSubmitted, ProcessState
 from domain.state_machine import (
     MAX_COMPENSATION_RESTARTS,
     IllegalTransition,
     claim_compensation,
     restart_compensation,
 )
-from orchestrators.contracts import AttemptInput
+from orchestrators.contracts import AttemptInput, step_payload
 from orchestrators.order_workflow import WORKFLOW_NAME
 from reporting import Alerts, StatusOutbox, StatusReporter
 
@@ -237,7 +237,7 @@ class Starter:
 
     async def claim_and_start(
         self, client, record: OrderState, etag: str, now: datetime | None = None,
-        report: StarterReport | None = None,
+        report: StarterReport | None = None, order: OrderSubmitted | None = None,
     ) -> str | None:
         """Claim `record` (as read at `etag`) with one conditional replace and
         start its attempt; the attempt's instance id, or None if it was not
@@ -260,11 +260,14 @@ class Starter:
             Etag=claimed_etag,
             StepTimeoutSeconds=int(self._settings.step_timeout.total_seconds()),
             IndexedAt=indexed_at,
+            Payload=step_payload(order) if order is not None else None,
         ).dump()
         await self._start(client, claimed.LockedBy, report, attempt_input)
         return claimed.LockedBy
 
-    async def start_submitted(self, client, record: OrderState, etag: str) -> str | None:
+    async def start_submitted(
+        self, client, record: OrderState, etag: str, order: OrderSubmitted | None = None
+    ) -> str | None:
         """Submit's fast path: claim and start an order Submit has just
         written, without waiting for the next timer run. The claim is the same
         etag race as the timer's, so the two never both win. Skipped (None;
@@ -273,17 +276,20 @@ class Starter:
         if self._last_processing is not None and self._last_processing >= self._settings.max_processing:
             return None
         try:
-            return await self.claim_and_start(client, record, etag)
+            return await self.claim_and_start(client, record, etag, order=order)
         except Exception:  # the timer run picks the record up; Submit must not fail for this
             log.exception("fast start of order %s failed; the starter's timer will claim it", record.id)
             return None
 
 
-async def start_submitted(client, record: OrderState, etag: str) -> str | None:
+async def start_submitted(
+    client, record: OrderState, etag: str, order: OrderSubmitted | None = None
+) -> str | None:
     """The call Submit makes after it has created the Pending record (with the
-    etag that create returned), given a Durable client binding:
-    `await orchestrators.starter.start_submitted(client, record, etag)`.
-    Never raises; None means the timer Starter will claim the order."""
+    etag of its last write of it), given a Durable client binding:
+    `await orchestrators.starter.start_submitted(client, record, etag, order)`.
+    `order` (the validated OrderSubmitted) spares the attempt its orders-DB
+    read. Never raises; None means the timer Starter will claim the order."""
     import bootstrap
 
     try:
@@ -291,4 +297,4 @@ async def start_submitted(client, record: OrderState, etag: str) -> str | None:
     except Exception:
         log.exception("fast start of order %s: no starter; the timer will claim it", record.id)
         return None
-    return await starter.start_submitted(client, record, etag)
+    return await starter.start_submitted(client, record, etag, order)

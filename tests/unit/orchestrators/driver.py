@@ -91,18 +91,22 @@ class World:
 
     async def submitted(self, order_id: str = "A1", **fields) -> tuple[Any, str]:
         """What Submit leaves: the order and a Pending record (two creates)."""
+        record, etag, _ = await self._submit(order_id, **fields)
+        return record, etag
+
+    async def _submit(self, order_id: str, **fields):
         order = OrderSubmitted.model_validate(order_payload(OrderID=order_id, **fields))
         await self.orders.create_if_absent(order)
         record, etag, _ = await self.store.create_if_absent(sm.new_record(order, self.now, STEPS))
-        return record, etag
+        return record, etag, order
 
     async def fast_started(self, order_id: str = "A1", **fields) -> tuple[str, dict]:
         """Submitted, then claimed and started through Submit's fast path, as
         the real Starter does it: the attempt's instance id and the input the
         orchestration was started with."""
-        record, etag = await self.submitted(order_id, **fields)
+        record, etag, order = await self._submit(order_id, **fields)
         client = StartingClient()
-        instance_id = await self.starter().start_submitted(client, record, etag)
+        instance_id = await self.starter().start_submitted(client, record, etag, order)
         assert instance_id is not None
         return instance_id, client.started[instance_id]
 
