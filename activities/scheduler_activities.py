@@ -2,6 +2,11 @@
 publisher, agent) so tests can build it with fakes or real adapters alike; the
 Durable activity triggers in activities/functions.py only decode, call, encode.
 
+Workflow 2.0's `begin` and `advance` are each one guarded write (carrying
+the etag of the previous write; re-read and decide on a precondition
+failure) followed by the message it must be followed by; a retry recognises
+its own write and sends again (docs/adr/004-lean-workflow.md).
+
 Idempotency under at-least-once delivery:
 - state writes: each transition is re-checked against the record as read; a
   re-run after the write landed is recognised (the record already shows this

@@ -24,7 +24,10 @@ orchestration finishes either way.
 Versions: `context.version` (host.json `defaultVersion`) selects the code path.
 An instance without a version was started before versions existed: it runs
 1.0, never the newest. Old paths stay until no running instance needs them
-(1.0: orchestrators.workflow_v1_0)."""
+(1.0: orchestrators.workflow_v1_0; 1.1 below). 2.0, the default, keeps every
+guarantee above at a fraction of the cost: each happy-path activity is one
+guarded write carrying the previous write's etag, followed by the message it
+must be followed by (docs/adr/004-lean-workflow.md)."""
 
 from __future__ import annotations
 

@@ -4,12 +4,17 @@ Each run (timer trigger, a singleton across hosts):
 1. measures the backlog once — a COUNT of Pending and of Processing records —
    and saves the Pending figure as the gauge Submit's admission control reads;
 2. claims up to min(batch size, MAX_PROCESSING - Processing) claimable records,
-   each with a conditional update (etag): Processing, LockedBy = the attempt's
-   instance id, Attempt + 1, CompleteBy = now + claim timeout;
-3. starts that attempt's orchestration. The claim comes first and sets
-   CompleteBy, so a starter that dies between claim and start leaves a record
-   the Supervisor recovers; starting an instance id that already exists (a
-   re-run after a crash) is not an error.
+   each with one conditional replace on the etag its query returned:
+   Processing, LockedBy = the attempt's instance id, Attempt + 1, CompleteBy =
+   now + claim timeout (the attempt's recovery-index entry is added first);
+3. starts that attempt's orchestration, with the claimed record and its etag
+   as input (workflow 2.0's first write needs no read). The claim comes first
+   and sets CompleteBy, so a starter that dies between claim and start leaves a
+   record the Supervisor recovers; starting an instance id that already exists
+   (a re-run after a crash) is not an error.
+
+Submit's fast path (`start_submitted`) does 2-3 for one order it has just
+written, at once; the claim's etag race keeps it safe with the timer.
 
 Before claiming it also: starts compensations operators asked for; restarts a
 compensation whose instance died, as a new attempt (new instance id, so new
