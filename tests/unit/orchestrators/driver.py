@@ -69,7 +69,10 @@ class StartingClient:
         self.started[instance_id] = data
 
     async def get_status(self, instance_id):
-        return None
+        """Started instances are Running (the driver runs them later)."""
+        if instance_id not in self.started:
+            return None
+        return type("Status", (), {"runtime_status": type("R", (), {"name": "Running"})()})()
 
 
 @dataclass

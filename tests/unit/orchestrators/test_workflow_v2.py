@@ -10,6 +10,7 @@ from datetime import datetime, timedelta
 
 import pytest
 
+from adapters.ports import ANY_OWNER
 from domain import state_machine as sm
 from domain.models import OperatorAlert, ProcessState, StepStatus
 from orchestrators import order_workflow as wf
@@ -412,3 +413,29 @@ async def test_a_version_1_1_instance_in_flight_finishes_on_1_1():
     assert "load_plan" in names and "write_state" in names
     assert not names & {"begin_attempt", "advance_attempt"}
     assert (await world.record()).ProcessState is ProcessState.PROCESSED
+
+
+async def test_an_operator_compensation_runs_on_2_0_from_the_record_log():
+    """The Starter starts compensations without input: 2.0 reads the record,
+    finds it Compensating and undoes every step whose request was sent."""
+    world = World()
+    instance_id, attempt_input = await started(world)
+    driver = Driver(world, instance_id, lambda send: None if send.Step == STEPS[1] else ok(send),
+                    input=attempt_input)
+    assert await driver.run() == "completed"  # step 2 timed out: Running, request sent
+    t = world.now + timedelta(minutes=5)
+    policy = sm.RetryPolicy(threshold=1, long_retries=0)
+    await world.store.update("A1", lambda r: sm.recover_expired(r, instance_id, t, policy), instance_id)
+    await world.store.update("A1", lambda r: sm.request_compensation(r, t), ANY_OWNER)
+    world.now = t
+    client = StartingClient()
+    report = await world.starter().run(client)
+    assert report.compensations == 1
+    [(compensating, data)] = client.started.items()
+    assert data is None
+    world.bus.sent.clear()
+    driver = Driver(world, compensating, ok)
+    assert await driver.run() == "completed"
+    assert driver.output["Outcome"] == "compensated"
+    assert [r["Step"] for r in requests(world) if r["Action"] == "undo"] == [STEPS[1], STEPS[0]]
+    assert (await world.record()).ProcessState is ProcessState.COMPENSATED
