@@ -7,7 +7,14 @@ from __future__ import annotations
 import azure.durable_functions as df
 
 import bootstrap
-from orchestrators.contracts import AlertNote, LoadPlanInput, SendRequest, StateWrite, StatusNote
+from orchestrators.contracts import (
+    Advance,
+    AlertNote,
+    LoadPlanInput,
+    SendRequest,
+    StateWrite,
+    StatusNote,
+)
 
 bp = df.Blueprint()
 
@@ -52,3 +59,20 @@ async def report_status(data: dict) -> None:
 async def raise_alert(data: dict) -> None:
     acts = await bootstrap.scheduler_activities()
     await acts.raise_alert(AlertNote.model_validate(data))
+
+
+# --- workflow 2.0 ------------------------------------------------------------------------
+
+
+@bp.function_name("begin_attempt")
+@bp.activity_trigger(input_name="data")
+async def begin_attempt(data: dict) -> dict:
+    acts = await bootstrap.scheduler_activities()
+    return (await acts.begin(Advance.model_validate(data))).dump()
+
+
+@bp.function_name("advance_attempt")
+@bp.activity_trigger(input_name="data")
+async def advance_attempt(data: dict) -> dict:
+    acts = await bootstrap.scheduler_activities()
+    return (await acts.advance(Advance.model_validate(data))).dump()

@@ -2,6 +2,11 @@
 publisher, agent) so tests can build it with fakes or real adapters alike; the
 Durable activity triggers in activities/functions.py only decode, call, encode.
 
+Workflow 2.0's `begin` and `advance` are each one guarded write (carrying
+the etag of the previous write; re-read and decide on a precondition
+failure) followed by the message it must be followed by; a retry recognises
+its own write and sends again (docs/adr/004-lean-workflow.md).
+
 Idempotency under at-least-once delivery:
 - state writes: each transition is re-checked against the record as read; a
   re-run after the write landed is recognised (the record already shows this
@@ -40,6 +45,8 @@ from domain.models import (
     StepStatus,
 )
 from orchestrators.contracts import (
+    Advance,
+    Advanced,
     AlertNote,
     LoadPlanInput,
     Plan,
@@ -48,6 +55,7 @@ from orchestrators.contracts import (
     StatusNote,
     StepPlan,
     WriteResult,
+    step_payload,
 )
 from reporting import Alerts, StatusOutbox, StatusReporter
 
@@ -68,6 +76,10 @@ _TARGET_STATE = {
 _TERMINAL_STATUSES = frozenset(
     {StatusKind.PROCESSED, StatusKind.FAILED, StatusKind.COMPENSATED, StatusKind.COMPENSATION_FAILED}
 )
+
+
+def _dump(record: OrderState) -> dict:
+    return record.model_dump(mode="json")
 
 
 class SchedulerActivities:
@@ -106,7 +118,11 @@ class SchedulerActivities:
             return Plan(Stale=True, Reason=f"order {order_id} has no state record")
         if record.LockedBy != data.InstanceId:
             return Plan(Stale=True, Reason=f"order {order_id} is locked by {record.LockedBy!r}")
-        order = await self._orders.get(order_id)
+        return await self._plan(record, attempt)
+
+    async def _plan(self, record: OrderState, attempt: int, payload: dict | None = None) -> Plan:
+        if not payload:
+            payload = step_payload(await self._orders.get(record.id))
         steps = [
             StepPlan(
                 Name=name,
@@ -118,20 +134,15 @@ class SchedulerActivities:
         ]
         undo = [e.Step for e in reversed(record.Compensation) if e.Outcome != "Done"]
         return Plan(
-            OrderID=order_id,
+            OrderID=record.id,
             Attempt=attempt,
             ReplyTo=record.ReplyTo,
             State=record.ProcessState,
             Steps=steps,
             StepTimeoutSeconds=int(self._settings.step_timeout.total_seconds()),
-            Payload={
-                "CustomerId": order.Customer.CustomerId,
-                "Lines": [line.model_dump(mode="json") for line in order.Lines],
-                "Total": str(order.Total),
-                "Currency": order.Currency,
-                "PaymentReference": order.PaymentReference,
-            },
+            Payload=payload,
             Undo=undo if record.ProcessState is ProcessState.COMPENSATING else [],
+            Progress=record.AppId in self._settings.progress_apps,
         )
 
     # --- writing the record ---------------------------------------------------------------
@@ -195,6 +206,154 @@ class SchedulerActivities:
         if record.ProcessState in targets and last is not None and last.By == write.InstanceId:
             return record.ProcessState
         return None
+
+    # --- version 2.0: one write and the message after it, per activity ---------------------
+
+    async def begin(self, data: Advance) -> Advanced:
+        """Plan the attempt and start its first unfinished step: one guarded
+        write (on the claim's etag when the orchestration got it), then that
+        step's request, then Processing if the application opted in."""
+        order_id, attempt = parse_attempt_instance_id(data.InstanceId)
+        if data.Record is not None and data.Etag is not None:
+            record, etag = OrderState.model_validate(data.Record), data.Etag
+        else:
+            try:
+                record, etag = await self._store.read(order_id)
+            except NotFoundError:
+                return Advanced(Stale=True, Reason=f"order {order_id} has no state record")
+        if record.LockedBy != data.InstanceId:
+            return Advanced(Stale=True, Reason=f"order {order_id} is locked by {record.LockedBy!r}")
+        plan = await self._plan(record, attempt, data.Payload)
+        start = next((s for s in plan.Steps if not s.Completed), None)
+        if record.ProcessState is not ProcessState.PROCESSING or start is None or data.Deadline is None:
+            # Compensating, or nothing left to start (finish next), or an
+            # instance without input that must first learn its step timeout.
+            return Advanced(State=record.ProcessState, Record=_dump(record), Etag=etag, Plan=plan)
+        step = data.model_copy(update={"Start": start.Name, "Payload": plan.Payload,
+                                       "Progress": plan.Progress})
+        written = await self._write_v2(step, record, etag)
+        if written.Stale:
+            return written
+        await self._send_v2(step, start.Mode)
+        if plan.Progress:
+            await self._status.send(
+                plan.ReplyTo, order_id, StatusKind.PROCESSING, self._clock(), f"attempt {attempt}",
+                None, str(attempt),
+            )
+        return written.model_copy(update={"Plan": plan, "Started": start.Name})
+
+    async def advance(self, data: Advance) -> Advanced:
+        """Complete a step and start the next one (one write, then the next
+        request), or complete the last and finish (one write that fills the
+        status outbox, then Processed is sent and the outbox cleared)."""
+        order_id, attempt = parse_attempt_instance_id(data.InstanceId)
+        record = OrderState.model_validate(data.Record) if data.Record is not None else None
+        written = await self._write_v2(data, record, data.Etag)
+        if written.Stale:
+            return written
+        if data.Complete is not None and data.Progress:
+            current = OrderState.model_validate(written.Record)
+            await self._status.send(
+                current.ReplyTo, order_id, StatusKind.STEP_COMPLETED, self._clock(), None,
+                data.Complete, f"{attempt}/{data.Complete}",
+            )
+        if data.Start is not None:
+            await self._send_v2(data, self._step_modes.get(data.Start, "remote"))
+        if data.Finish:
+            current = OrderState.model_validate(written.Record)
+            sent = await self._outbox.deliver(current, written.Etag)
+            if not sent:
+                # Durable retries this activity: the retry recognises its
+                # write and sends again (same message id). If every try
+                # fails, the entry stays for the Starter.
+                raise RuntimeError(f"status Processed of order {order_id} not sent")
+            if data.IndexedAt is not None:
+                # The attempt is over: retire its recovery-index entry so the
+                # Supervisor never has to visit it. Best effort: an entry left
+                # behind is discarded by the Supervisor when it gets there.
+                try:
+                    await self._index.discard(order_id, data.IndexedAt)
+                except Exception:
+                    log.warning("index entry of %s not discarded", data.InstanceId, exc_info=True)
+        return written
+
+    def _v2_transition(self, data: Advance, now: datetime) -> Callable[[OrderState], OrderState]:
+        instance = data.InstanceId
+
+        def mutate(record: OrderState) -> OrderState:
+            sm.require_owner(record, instance)
+            if data.Complete is not None:
+                record = sm.complete_step(record, instance, data.Complete, now, data.Reference)
+            if data.Start is not None:
+                if data.Deadline is None:
+                    raise ValueError("a step is started with its deadline")
+                record = sm.start_step(record, instance, data.Start, now, data.Deadline)
+            if data.Finish:
+                record = sm.mark_processed(record, instance, now)
+            return record
+
+        return mutate
+
+    @staticmethod
+    def _v2_landed(data: Advance, record: OrderState, attempt: int) -> bool:
+        """Whether `record` already shows this write (a retried activity whose
+        first try wrote and then failed to send)."""
+        if data.Finish:
+            last = record.History[-1] if record.History else None
+            return (
+                record.ProcessState is ProcessState.PROCESSED
+                and last is not None and last.By == data.InstanceId
+            )
+        if data.Start is not None:
+            step = record.Steps.get(data.Start)
+            return (
+                record.LockedBy == data.InstanceId
+                and step is not None
+                and step.Status is StepStatus.RUNNING
+                and step.Attempt == attempt
+                and step.CompleteBy == data.Deadline
+            )
+        return False
+
+    async def _write_v2(self, data: Advance, record: OrderState | None, etag: str | None) -> Advanced:
+        """The guarded write, carrying the etag of the record as the previous
+        write left it: no read first. On a precondition failure (or without
+        a record to carry), re-read and decide: another owner -> stale; this
+        write already there -> done; otherwise apply it to the fresh record
+        (store.update re-checks LockedBy on every version it replaces)."""
+        order_id, attempt = parse_attempt_instance_id(data.InstanceId)
+        now = self._clock()
+        mutate = self._v2_transition(data, now)
+        if record is not None and etag is not None:
+            try:
+                updated = mutate(record)
+                return Advanced(State=updated.ProcessState, Record=_dump(updated),
+                                Etag=await self._store.replace(updated, etag))
+            except (StaleError, sm.IllegalTransition, NotFoundError) as exc:
+                log.info("write by %s: %s; re-reading", data.InstanceId, exc,
+                         extra={"order_id": order_id})
+        try:
+            fresh, fresh_etag = await self._store.read(order_id)
+        except NotFoundError:
+            return Advanced(Stale=True, Reason=f"order {order_id} has no state record")
+        if self._v2_landed(data, fresh, attempt):
+            return Advanced(State=fresh.ProcessState, Record=_dump(fresh), Etag=fresh_etag)
+        try:
+            updated, new_etag = await self._store.update(order_id, mutate, data.InstanceId)
+        except (StaleError, sm.IllegalTransition, NotFoundError) as exc:
+            log.info("stale write by %s: %s", data.InstanceId, exc, extra={"order_id": order_id})
+            return Advanced(Stale=True, Reason=str(exc))
+        return Advanced(State=updated.ProcessState, Record=_dump(updated), Etag=new_etag)
+
+    async def _send_v2(self, data: Advance, mode: str) -> None:
+        """The request for the step just started (an inline step runs in its
+        own activity instead). Stable message id: a retry's re-send is dropped."""
+        if mode == "inline":
+            return
+        await self.send_agent_request(
+            SendRequest(InstanceId=data.InstanceId, Step=data.Start, Deadline=data.Deadline,
+                        Payload=data.Payload)
+        )
 
     # --- talking to agents ----------------------------------------------------------------
 

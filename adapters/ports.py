@@ -49,7 +49,13 @@ class StateStore(Protocol):
 
     async def claim(self, order_id: str, now: datetime, policy: RetryPolicy) -> OrderState | None: ...
 
+    async def claim_known(
+        self, record: OrderState, etag: str, now: datetime, policy: RetryPolicy
+    ) -> tuple[OrderState, str] | None: ...
+
     async def query_pending(self, max_items: int, now: datetime) -> list[OrderState]: ...
+
+    async def query_claimable(self, max_items: int, now: datetime) -> list[tuple[OrderState, str]]: ...
 
     async def query_expired(
         self, now: datetime, window_start: datetime, max_items: int, continuation: str | None
@@ -90,13 +96,22 @@ class MessagePublisher(Protocol):
 
 
 class DeadlineIndex(Protocol):
-    """Told about every CompleteBy before the record gets it (the recovery
-    index, adapters.recovery_index); `NoIndex` when the Supervisor uses the
-    state container's own query."""
+    """Told about a deadline no later than the record's CompleteBy before the
+    record gets it (the recovery index, adapters.recovery_index): workflow
+    1.x adds one entry per deadline, 2.0 one per attempt (at its claim);
+    `NoIndex` when the Supervisor uses the state container's own query."""
 
     async def add(self, order_id: str, complete_by: datetime, attempt: int) -> None: ...
+
+    async def discard(self, order_id: str, complete_by: datetime) -> None:
+        """Remove the entry `add(order_id, complete_by, ...)` made, if it is
+        still there (a 2.0 attempt retires its own entry when it ends)."""
+        ...
 
 
 class NoIndex:
     async def add(self, order_id: str, complete_by: datetime, attempt: int) -> None:
+        return None
+
+    async def discard(self, order_id: str, complete_by: datetime) -> None:
         return None

@@ -9,13 +9,17 @@ to BUCKET_SECONDS): the Supervisor reads the buckets that have passed, one
 single-partition query each, so a run reads about as many documents as there
 are deadlines that passed in its window — flat as the number of records grows.
 
-Kept in step by the writers, not the change feed: whoever sets a CompleteBy
-(the Starter's claim, the orchestration's start_step) adds the entry *before*
-the record write. A crash between the two leaves an entry with no matching
-deadline, which the Supervisor discards when it visits it; never a deadline
-with no entry. Entries for deadlines that were met (or replaced by the next
-step's) are discarded the same way, so the index costs one upsert per deadline
-and one delete per visit.
+Kept in step by the writers, not the change feed: an entry is added *before*
+the record gets a deadline no earlier than the entry's, so a crash between the
+two leaves an extra entry (discarded when visited), never a deadline with no
+entry. Workflow 2.0 adds one entry per attempt, at its claim, at the earliest
+deadline the attempt can have (claim time + the smaller of claim and step
+timeout), and retires it itself when it finishes (`discard`). The Supervisor
+recovers an attempt whose record's CompleteBy has passed, discards entries of
+attempts that ended or were replaced, and moves the entry of a live attempt
+whose deadline moved on to that deadline: only slow attempts pay for a move
+(docs/adr/004-lean-workflow.md). Workflow 1.x adds an entry for every deadline
+it sets, which the same rules handle.
 
 Entry: {"id": "<OrderID>|<CompleteBy>", "bucket": "<yyyy-mm-ddThh:mm>",
 "OrderID", "CompleteBy", "Attempt"}. The cursor the Supervisor saves is the
@@ -48,6 +52,10 @@ def _next_bucket(bucket: str) -> str:
     return bucket_of(start + timedelta(seconds=BUCKET_SECONDS))
 
 
+def entry_id(order_id: str, complete_by: datetime) -> str:
+    return f"{order_id}|{complete_by.astimezone(UTC).isoformat()}"
+
+
 @dataclass(frozen=True)
 class IndexEntry:
     id: str
@@ -71,7 +79,7 @@ class CosmosRecoveryIndex:
     async def add(self, order_id: str, complete_by: datetime, attempt: int) -> None:
         at = complete_by.astimezone(UTC).isoformat()
         body = {
-            "id": f"{order_id}|{at}",
+            "id": entry_id(order_id, complete_by),
             "bucket": bucket_of(complete_by),
             "OrderID": order_id,
             "CompleteBy": at,
@@ -81,6 +89,13 @@ class CosmosRecoveryIndex:
             await self._container.upsert_item(body, response_hook=self.charges.hook("index_add"))
         except SDK_ERRORS as exc:
             raise translate_error(exc, f"index deadline of {order_id}", self.charges, "index_add") from exc
+
+    async def discard(self, order_id: str, complete_by: datetime) -> None:
+        """Remove the entry `add(order_id, complete_by, ...)` made; gone
+        already (moved or visited by the Supervisor) is fine."""
+        at = complete_by.astimezone(UTC).isoformat()
+        await self.remove(IndexEntry(entry_id(order_id, complete_by), bucket_of(complete_by), order_id,
+                                     datetime.fromisoformat(at), 0))
 
     async def remove(self, entry: IndexEntry) -> None:
         try:

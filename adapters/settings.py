@@ -62,6 +62,9 @@ class Settings:
     orders_database: str = "orders"
     orders_container: str = "orders"
     reply_queues: Mapping[str, str] = field(default_factory=dict)
+    # Applications that opted in to progress statuses (Processing,
+    # StepCompleted) in the registry; the others get Received and terminal ones.
+    progress_apps: frozenset[str] = frozenset()
     pending_backlog_limit: int = 5000
     backlog_gauge_max_age: timedelta = timedelta(seconds=300)
     max_order_bytes: int = 64 * 1024
@@ -132,7 +135,7 @@ def _cosmos_account(env: Mapping[str, str], name: str, verify_tls: bool) -> Cosm
     return None
 
 
-def _reply_queues(env: Mapping[str, str]) -> dict[str, str]:
+def _registry(env: Mapping[str, str]) -> dict[str, Any]:
     raw = env.get("REPLY_QUEUE_REGISTRY", "")
     if not raw:
         return {}
@@ -140,11 +143,37 @@ def _reply_queues(env: Mapping[str, str]) -> dict[str, str]:
         registry = json.loads(raw)
     except json.JSONDecodeError as exc:
         raise SettingsError(f"setting REPLY_QUEUE_REGISTRY is not JSON: {exc}") from None
-    if not isinstance(registry, dict) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in registry.items()
-    ):
-        raise SettingsError('setting REPLY_QUEUE_REGISTRY must map app ids to queue names: {"app": "queue"}')
+    shape = (
+        'setting REPLY_QUEUE_REGISTRY must map app ids to queue names: {"app": "queue"}, '
+        'or to {"queue": "queue", "progress": true} to opt in to progress statuses'
+    )
+    if not isinstance(registry, dict):
+        raise SettingsError(shape)
+    for app, entry in registry.items():
+        if isinstance(entry, str):
+            continue
+        if (
+            not isinstance(entry, dict)
+            or not isinstance(entry.get("queue"), str)
+            or not isinstance(entry.get("progress", False), bool)
+            or set(entry) - {"queue", "progress"}
+        ):
+            raise SettingsError(f"{shape} (entry {app!r})")
     return registry
+
+
+def _reply_queues(env: Mapping[str, str]) -> dict[str, str]:
+    return {
+        app: entry if isinstance(entry, str) else entry["queue"]
+        for app, entry in _registry(env).items()
+    }
+
+
+def _progress_apps(env: Mapping[str, str]) -> frozenset[str]:
+    return frozenset(
+        app for app, entry in _registry(env).items()
+        if isinstance(entry, dict) and entry.get("progress", False)
+    )
 
 
 def load_settings(env: Mapping[str, str] | None = None) -> Settings:
@@ -184,6 +213,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         orders_database=env.get("ORDERS_DATABASE_NAME") or "orders",
         orders_container=env.get("ORDERS_CONTAINER_NAME") or "orders",
         reply_queues=_reply_queues(env),
+        progress_apps=_progress_apps(env),
         pending_backlog_limit=_int(env, "PENDING_BACKLOG_LIMIT", 5000, 0),
         backlog_gauge_max_age=timedelta(seconds=_int(env, "BACKLOG_GAUGE_MAX_AGE_SECONDS", 300, 0)),
         max_order_bytes=_int(env, "MAX_ORDER_BYTES", 64 * 1024, 1024),

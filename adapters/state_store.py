@@ -320,7 +320,35 @@ class CosmosStateStore:
             return None
         return claimed
 
+    async def claim_known(
+        self, record: OrderState, etag: str, now: datetime, policy: RetryPolicy
+    ) -> tuple[OrderState, str] | None:
+        """The claim of a record the caller already holds with its etag (the
+        Starter's query result, Submit's create): one replace, no read. None
+        when it is not claimable or changed since (another claimer won)."""
+        if not is_claimable(record, now):
+            return None
+        claimed = claim_transition(record, now, policy)
+        try:
+            new_etag = await self.replace(claimed, etag)
+        except (StaleError, NotFoundError):
+            return None
+        return claimed, new_etag
+
     # --- queries --------------------------------------------------------------------
+
+    async def query_claimable(
+        self, max_items: int, now: datetime
+    ) -> list[tuple[OrderState, str]]:
+        """`query_pending` with each record's etag, so each claim is one
+        conditional replace (claim_known) instead of a read and a replace."""
+        docs = await self._query(
+            _PENDING_QUERY,
+            _params(max=max_items, pending=ProcessState.PENDING.value, now=cosmos_time(now)),
+            max_items,
+            "query_pending",
+        )
+        return [(record, etag) for record, etag in _valid(docs) if is_claimable(record, now)]
 
     async def query_pending(self, max_items: int, now: datetime) -> list[OrderState]:
         """Up to `max_items` claimable records: Pending, unlocked, not waiting

@@ -9,7 +9,7 @@ from typing import Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
-from domain.models import AgentReply, ProcessState, StatusKind
+from domain.models import AgentReply, OrderSubmitted, ProcessState, StatusKind
 
 
 class ActivityContract(BaseModel):
@@ -17,6 +17,18 @@ class ActivityContract(BaseModel):
 
     def dump(self) -> dict:
         return self.model_dump(mode="json")
+
+
+def step_payload(order: OrderSubmitted) -> dict:
+    """What every agent request of an order carries (the order's data the
+    remote services need), built in one place for the Scheduler and the fast path."""
+    return {
+        "CustomerId": order.Customer.CustomerId,
+        "Lines": [line.model_dump(mode="json") for line in order.Lines],
+        "Total": str(order.Total),
+        "Currency": order.Currency,
+        "PaymentReference": order.PaymentReference,
+    }
 
 
 class StepPlan(ActivityContract):
@@ -46,6 +58,9 @@ class Plan(ActivityContract):
     # Compensating only: the steps to undo, in the order to undo them (every
     # step whose request was sent and is not undone yet; the record's log).
     Undo: list[str] = Field(default_factory=list)
+    # 2.0: the application opted in to progress statuses (Processing,
+    # StepCompleted) in the reply-queue registry; otherwise only terminal ones.
+    Progress: bool = False
 
 
 class StateWrite(ActivityContract):
@@ -107,7 +122,9 @@ class AlertNote(ActivityContract):
 
 
 class WorkflowResult(ActivityContract):
-    Outcome: Literal["processed", "failed", "compensated", "compensation_failed", "timed_out", "stale"]
+    Outcome: Literal[
+        "processed", "failed", "compensated", "compensation_failed", "timed_out", "stale", "unconfirmed"
+    ]
     Step: str | None = None
     Detail: str | None = None
 
@@ -117,3 +134,74 @@ def reply_from_event(value) -> AgentReply:
     if isinstance(value, str):
         return AgentReply.model_validate_json(value)
     return AgentReply.model_validate(value)
+
+
+# --- version 2.0 ---------------------------------------------------------------------
+
+
+class AttemptInput(ActivityContract):
+    """The orchestration input the claimer (Starter or Submit's fast path)
+    gives a 2.0 attempt: the record as its claim wrote it and that write's
+    etag, so the first guarded write needs no read; the step timeout, so the
+    orchestration computes the first deadline before its first activity; and
+    where the claim put the attempt's recovery-index entry, so the last write
+    can retire it; and, from Submit's fast path, the order's step payload. Everything is optional: an instance started without input
+    reads what it needs (one more activity)."""
+
+    Record: dict | None = None
+    Etag: str | None = None
+    StepTimeoutSeconds: int | None = None
+    IndexedAt: AwareDatetime | None = None
+    # Submit's fast path has the order in hand: its step payload spares the
+    # attempt the orders-DB read (the timer Starter leaves it out).
+    Payload: dict | None = None
+
+
+class Advance(ActivityContract):
+    """One guarded write by the attempt `InstanceId` and the message that must
+    follow it, in one idempotent activity (write first, then send with a
+    stable message id; a retry re-reads on the stale etag, recognises its own
+    write and sends again, which duplicate detection drops):
+
+    - begin (`Begin`): read the order, plan the attempt, and start `Start`;
+    - advance: complete `Complete` (with `Reference`) and start `Start`, one write;
+    - finish (`Finish`): complete `Complete` and mark the order Processed, one
+      write that also fills the status outbox; then send Processed and clear it.
+
+    `Record`/`Etag` are the record as the previous write left it: the write
+    replaces on that etag; on a precondition failure it re-reads, re-checks
+    LockedBy and decides (stale, already landed, or apply on the fresh one)."""
+
+    InstanceId: str
+    Begin: bool = False
+    Record: dict | None = None
+    Etag: str | None = None
+    Complete: str | None = None
+    Reference: str | None = None
+    Start: str | None = None
+    Deadline: AwareDatetime | None = None
+    Finish: bool = False
+    IndexedAt: AwareDatetime | None = None
+    # Carried from the begin's plan (not re-read): the request payload, and
+    # whether this application opted in to progress statuses. Given to begin
+    # (from the fast path's input), the payload spares the orders-DB read.
+    Payload: dict = Field(default_factory=dict)
+    Progress: bool = False
+
+
+_Plan = Plan  # the field below is named Plan too
+
+
+class Advanced(ActivityContract):
+    Stale: bool = False
+    Reason: str | None = None
+    State: ProcessState | None = None
+    Record: dict | None = None
+    Etag: str | None = None
+    # Finish only: False when the status could not be sent yet (it stays in
+    # the record's outbox for the Starter).
+    StatusSent: bool = True
+    # Begin only: the plan of the attempt, and the step it started (None when
+    # there is nothing to start: compensating, or every step already done).
+    Plan: _Plan | None = None
+    Started: str | None = None

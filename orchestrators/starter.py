@@ -4,12 +4,17 @@ Each run (timer trigger, a singleton across hosts):
 1. measures the backlog once — a COUNT of Pending and of Processing records —
    and saves the Pending figure as the gauge Submit's admission control reads;
 2. claims up to min(batch size, MAX_PROCESSING - Processing) claimable records,
-   each with a conditional update (etag): Processing, LockedBy = the attempt's
-   instance id, Attempt + 1, CompleteBy = now + claim timeout;
-3. starts that attempt's orchestration. The claim comes first and sets
-   CompleteBy, so a starter that dies between claim and start leaves a record
-   the Supervisor recovers; starting an instance id that already exists (a
-   re-run after a crash) is not an error.
+   each with one conditional replace on the etag its query returned:
+   Processing, LockedBy = the attempt's instance id, Attempt + 1, CompleteBy =
+   now + claim timeout (the attempt's recovery-index entry is added first);
+3. starts that attempt's orchestration, with the claimed record and its etag
+   as input (workflow 2.0's first write needs no read). The claim comes first
+   and sets CompleteBy, so a starter that dies between claim and start leaves a
+   record the Supervisor recovers; starting an instance id that already exists
+   (a re-run after a crash) is not an error.
+
+Submit's fast path (`start_submitted`) does 2-3 for one order it has just
+written, at once; the claim's etag race keeps it safe with the timer.
 
 Before claiming it also: starts compensations operators asked for; restarts a
 compensation whose instance died, as a new attempt (new instance id, so new
@@ -32,13 +37,14 @@ from adapters.crashpoints import crash_point
 from adapters.ports import ANY_OWNER, DeadlineIndex, MessagePublisher, NoIndex, StateStore
 from adapters.settings import Settings
 from domain.errors import NotFoundError, StaleError
-from domain.models import ProcessState
+from domain.models import OrderState, OrderSubmitted, ProcessState
 from domain.state_machine import (
     MAX_COMPENSATION_RESTARTS,
     IllegalTransition,
     claim_compensation,
     restart_compensation,
 )
+from orchestrators.contracts import AttemptInput, step_payload
 from orchestrators.order_workflow import WORKFLOW_NAME
 from reporting import Alerts, StatusOutbox, StatusReporter
 
@@ -61,10 +67,12 @@ class StarterReport:
     statuses_unsent: int = 0
 
 
-async def start_attempt(client, instance_id: str) -> None:
-    """Start the attempt's orchestration; an existing instance is fine."""
+async def start_attempt(client, instance_id: str, attempt_input: dict | None = None) -> None:
+    """Start the attempt's orchestration; an existing instance is fine.
+    `attempt_input` (orchestrators.contracts.AttemptInput) spares a 2.0
+    attempt its first read; older versions ignore it."""
     try:
-        await client.start_new(WORKFLOW_NAME, instance_id, None)
+        await client.start_new(WORKFLOW_NAME, instance_id, attempt_input)
     except Exception:
         status = await client.get_status(instance_id)
         if status is None or getattr(status, "runtime_status", None) is None:
@@ -96,13 +104,18 @@ class Starter:
             StatusOutbox(store, StatusReporter(publisher), clock) if publisher is not None else None
         )
         self._max_restarts = max_compensation_restarts
+        # The Processing count this process last measured (run); the fast path
+        # respects the cap with it rather than counting per order.
+        self._last_processing: int | None = None
         self._status_grace = status_grace
 
-    async def _start(self, client, instance_id: str, report: StarterReport) -> bool:
+    async def _start(
+        self, client, instance_id: str, report: StarterReport, attempt_input: dict | None = None
+    ) -> bool:
         """Start one attempt; a failure is counted and logged, never raised:
         the record keeps what it needs for a later run (or the Supervisor)."""
         try:
-            await start_attempt(client, instance_id)
+            await start_attempt(client, instance_id, attempt_input)
         except Exception:
             report.start_failures += 1
             log.exception("starter: could not start %s", instance_id)
@@ -196,6 +209,7 @@ class Starter:
         report = StarterReport()
         report.pending = await self._store.count_in_state(ProcessState.PENDING)
         report.processing = await self._store.count_in_state(ProcessState.PROCESSING)
+        self._last_processing = report.processing
         await self._store.write_backlog_gauge(report.pending, now)
 
         await self._compensation_requests(client, now, report)
@@ -215,17 +229,77 @@ class Starter:
         return report
 
     async def _claim_and_start(self, client, now: datetime, batch: int, report: StarterReport) -> None:
-        for record in await self._store.query_pending(batch, now):
+        for record, etag in await self._store.query_claimable(batch, now):
             report.examined += 1
-            # The deadline is indexed before the record carries it (see
-            # adapters.recovery_index): a lost claim leaves a harmless extra entry.
-            await self._index.add(
-                record.id, now + self._settings.retry.claim_timeout, record.Attempt + 1
-            )
-            claimed = await self._store.claim(record.id, now, self._settings.retry)
-            if claimed is None:
+            if await self.claim_and_start(client, record, etag, now, report) is None:
                 report.lost += 1  # another starter (or the fast path) won the etag
-                continue
-            report.claimed += 1
-            crash_point("starter.after_claim")
-            await self._start(client, claimed.LockedBy, report)
+
+    def _index_deadline(self, now: datetime) -> datetime:
+        """Where the attempt's one recovery-index entry goes: no later than
+        any deadline the attempt will have (its claim's, and each step's,
+        which starts after the claim), so the Supervisor never visits it late."""
+        return now + min(self._settings.retry.claim_timeout, self._settings.step_timeout)
+
+    async def claim_and_start(
+        self, client, record: OrderState, etag: str, now: datetime | None = None,
+        report: StarterReport | None = None, order: OrderSubmitted | None = None,
+    ) -> str | None:
+        """Claim `record` (as read at `etag`) with one conditional replace and
+        start its attempt; the attempt's instance id, or None if it was not
+        claimable or another claimer won. The orchestration gets the claimed
+        record and its etag, so its first write needs no read."""
+        now = now or self._clock()
+        report = report or StarterReport()
+        indexed_at = self._index_deadline(now)
+        # The deadline is indexed before the record carries it (see
+        # adapters.recovery_index): a lost claim leaves a harmless extra entry.
+        await self._index.add(record.id, indexed_at, record.Attempt + 1)
+        won = await self._store.claim_known(record, etag, now, self._settings.retry)
+        if won is None:
+            return None
+        claimed, claimed_etag = won
+        report.claimed += 1
+        crash_point("starter.after_claim")
+        attempt_input = AttemptInput(
+            Record=claimed.model_dump(mode="json"),
+            Etag=claimed_etag,
+            StepTimeoutSeconds=int(self._settings.step_timeout.total_seconds()),
+            IndexedAt=indexed_at,
+            Payload=step_payload(order) if order is not None else None,
+        ).dump()
+        await self._start(client, claimed.LockedBy, report, attempt_input)
+        return claimed.LockedBy
+
+    async def start_submitted(
+        self, client, record: OrderState, etag: str, order: OrderSubmitted | None = None
+    ) -> str | None:
+        """Submit's fast path: claim and start an order Submit has just
+        written, without waiting for the next timer run. The claim is the same
+        etag race as the timer's, so the two never both win. Skipped (None;
+        the timer claims it later) when this process's last run saw the
+        Processing cap reached, or when the record is not claimable."""
+        if self._last_processing is not None and self._last_processing >= self._settings.max_processing:
+            return None
+        try:
+            return await self.claim_and_start(client, record, etag, order=order)
+        except Exception:  # the timer run picks the record up; Submit must not fail for this
+            log.exception("fast start of order %s failed; the starter's timer will claim it", record.id)
+            return None
+
+
+async def start_submitted(
+    client, record: OrderState, etag: str, order: OrderSubmitted | None = None
+) -> str | None:
+    """The call Submit makes after it has created the Pending record (with the
+    etag of its last write of it), given a Durable client binding:
+    `await orchestrators.starter.start_submitted(client, record, etag, order)`.
+    `order` (the validated OrderSubmitted) spares the attempt its orders-DB
+    read. Never raises; None means the timer Starter will claim the order."""
+    import bootstrap
+
+    try:
+        starter = await bootstrap.starter()
+    except Exception:
+        log.exception("fast start of order %s: no starter; the timer will claim it", record.id)
+        return None
+    return await starter.start_submitted(client, record, etag, order)

@@ -68,8 +68,9 @@ class QuerySource:
 
 class IndexSource:
     """Reads the recovery index up to `upper` and checks each entry against
-    its record: entries whose deadline is no longer the record's (met, or
-    replaced by a later step's) are discarded; entries not yet due stay."""
+    its record: entries of an attempt that ended (or was replaced by a newer
+    one) are discarded; an entry of a live attempt whose deadline moved on is
+    moved to that deadline; entries not yet due stay."""
 
     def __init__(self, index: CosmosRecoveryIndex, store: StateStore) -> None:
         self._index = index
@@ -109,14 +110,24 @@ class IndexSource:
         except NotFoundError:
             await self._index.remove(entry)
             return None
-        same_deadline = (
+        live = (
             record.ProcessState is ProcessState.PROCESSING
             and record.CompleteBy is not None
-            and record.CompleteBy == entry.complete_by
+            and record.Attempt == entry.attempt
         )
-        if not same_deadline:
+        if not live:
+            # Met (the attempt ended) or replaced (a newer attempt has its own entry).
             await self._index.remove(entry)
             return None
-        if record.CompleteBy >= upper:
+        if record.CompleteBy < upper:
+            return Candidate(record, etag, lambda: self._index.remove(entry))
+        if entry.complete_by >= upper:
             return _NOT_DUE  # stays for a later run
-        return Candidate(record, etag, lambda: self._index.remove(entry))
+        # The attempt lives on past this entry: workflow 2.0 indexes an
+        # attempt once, at its earliest possible deadline, and the record's
+        # CompleteBy has moved on with its steps. Move the entry there (added
+        # before removed, so the attempt is never without one); only slow
+        # attempts pay for this.
+        await self._index.add(record.id, record.CompleteBy, record.Attempt)
+        await self._index.remove(entry)
+        return None

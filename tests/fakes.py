@@ -70,6 +70,19 @@ class FakeStateStore:
             return None
         return claimed
 
+    async def claim_known(self, record: OrderState, etag: str, now: datetime, policy: sm.RetryPolicy):
+        if not sm.is_claimable(record, now):
+            return None
+        claimed = sm.claim(record, now, policy)
+        try:
+            return claimed, await self.replace(claimed, etag)
+        except (StaleError, NotFoundError):
+            return None
+
+    async def query_claimable(self, max_items: int, now: datetime):
+        pairs = [(OrderState.model_validate(d), e) for d, e in self.docs.values()]
+        return [(r, e) for r, e in pairs if sm.is_claimable(r, now)][:max_items]
+
     async def query_pending(self, max_items: int, now: datetime) -> list[OrderState]:
         records = [OrderState.model_validate(d) for d, _ in self.docs.values()]
         return [r for r in records if sm.is_claimable(r, now)][:max_items]
@@ -162,3 +175,88 @@ class RecordingPublisher:
 
     def to(self, queue: str) -> list[bytes]:
         return [body for q, body, _, _ in self.sent if q == queue]
+
+
+class CountingStateStore(FakeStateStore):
+    """FakeStateStore that counts what would be Cosmos requests: every point
+    operation and every query page is one request (a failed conditional
+    replace too); `update` and `claim` count as the reads and replaces they
+    are made of. For cost-per-order tests (counts, not timings)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.requests: dict[str, int] = {}
+
+    def _count(self, kind: str) -> None:
+        self.requests[kind] = self.requests.get(kind, 0) + 1
+
+    @property
+    def total(self) -> int:
+        return sum(self.requests.values())
+
+    async def create_if_absent(self, record):
+        self._count("create")
+        existed = record.id in self.docs
+        result = await super().create_if_absent(record)
+        if existed:
+            self._count("read")  # the real adapter reads the existing record after the 409
+        return result
+
+    async def read(self, order_id):
+        self._count("read")
+        return await super().read(order_id)
+
+    async def replace(self, record, etag):
+        self._count("replace")
+        return await super().replace(record, etag)
+
+    async def query_claimable(self, max_items, now):
+        self._count("query")
+        return await super().query_claimable(max_items, now)
+
+    async def query_pending(self, max_items, now):
+        self._count("query")
+        return await super().query_pending(max_items, now)
+
+    async def query_unsent_statuses(self, max_items, before):
+        self._count("query")
+        return await super().query_unsent_statuses(max_items, before)
+
+
+class CountingOrders(FakeOrders):
+    def __init__(self) -> None:
+        super().__init__()
+        self.requests: dict[str, int] = {}
+
+    @property
+    def total(self) -> int:
+        return sum(self.requests.values())
+
+    async def create_if_absent(self, order):
+        self.requests["create"] = self.requests.get("create", 0) + 1
+        return await super().create_if_absent(order)
+
+    async def get(self, order_id):
+        self.requests["read"] = self.requests.get("read", 0) + 1
+        return await super().get(order_id)
+
+
+class FakeIndex:
+    """The recovery index's writer side (adapters.ports.DeadlineIndex), in
+    memory: entries by (order, deadline), and how many requests were made."""
+
+    def __init__(self) -> None:
+        self.entries: dict[tuple[str, datetime], int] = {}
+        self.requests: dict[str, int] = {}
+
+    @property
+    def total(self) -> int:
+        return sum(self.requests.values())
+
+    async def add(self, order_id: str, complete_by: datetime, attempt: int) -> None:
+        self.requests["add"] = self.requests.get("add", 0) + 1
+        self.entries[(order_id, complete_by)] = attempt
+
+    async def discard(self, order_id: str, complete_by: datetime) -> None:
+        self.requests["discard"] = self.requests.get("discard", 0) + 1
+        self.entries.pop((order_id, complete_by), None)

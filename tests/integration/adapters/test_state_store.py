@@ -408,3 +408,27 @@ async def test_unsent_statuses_are_found_after_their_grace_and_not_once_cleared(
     await state_store.replace(sm.mark_status_sent(record, record.PendingStatus.MessageId, NOW), etag)
     assert await state_store.query_unsent_statuses(10, NOW + timedelta(minutes=1)) == []
     assert [r.id for r, _ in await state_store.query_unsent_statuses(10, later + timedelta(seconds=1))] == ["OUT-2"]
+
+
+async def test_claims_on_a_known_etag_have_one_winner_and_cost_one_request_each(
+    state_store: CosmosStateStore,
+) -> None:
+    """The Starter's query result (or Submit's create) and a fast-path claim
+    racing on one etag: one replace each, one winner, nothing read."""
+    _, etag, _ = await state_store.create_if_absent(make_record("ORD-K"))
+    [(record, queried_etag)] = [p for p in await state_store.query_claimable(50, NOW) if p[0].id == "ORD-K"]
+    assert queried_etag == etag
+    calls = state_store.charges.calls
+    results = await asyncio.gather(*(state_store.claim_known(record, etag, NOW, POLICY) for _ in range(10)))
+    assert state_store.charges.calls - calls == 10  # one replace each (412s are recorded too)
+    assert "read" not in {c.kind for c in list(state_store.charges.recent)[-10:]}
+    winners = [r for r in results if r is not None]
+    assert len(winners) == 1
+    claimed, claimed_etag = winners[0]
+    current, current_etag = await state_store.read("ORD-K")
+    assert current == claimed and current_etag == claimed_etag
+    assert current.LockedBy == "ORD-K:1" and current.CompleteBy == NOW + POLICY.claim_timeout
+    # a stale etag, or a record no longer claimable, never writes
+    assert await state_store.claim_known(record, etag, NOW, POLICY) is None
+    assert await state_store.claim_known(current, current_etag, NOW, POLICY) is None
+    assert (await state_store.read("ORD-K"))[1] == current_etag

@@ -214,3 +214,33 @@ async def test_records_whose_deadline_passed_long_ago_are_recovered(rig):
     rig.now = NOW + timedelta(days=9)
     assert (await rig.supervisor().run()).recovered == 1
     assert (await rig.state("A")).ProcessState is ProcessState.PENDING
+
+
+@pytest.mark.parametrize("rig", ["index"], indirect=True)
+async def test_one_index_entry_per_attempt_follows_a_live_attempt_to_its_deadline(rig):
+    """Workflow 2.0 indexes an attempt once, at its claim: a later step
+    deadline gets no entry of its own. The Supervisor moves the entry of a
+    live attempt to the record's deadline, and recovers it when that passes."""
+    claimed = await rig.add_claimed("A")
+    step_deadline = NOW + timedelta(minutes=30)
+    await rig.store.update("A", lambda r: sm.start_step(r, claimed.LockedBy, "reserve-inventory", NOW, step_deadline),
+                           claimed.LockedBy)
+    report = await rig.supervisor().run()  # now = NOW + 10 min: the claim's entry is due, the attempt is not
+    assert report.recovered == 0
+    assert (await rig.state("A")).ProcessState is ProcessState.PROCESSING
+    rig.now = NOW + timedelta(minutes=20)
+    assert (await rig.supervisor().run()).recovered == 0
+    rig.now = step_deadline + timedelta(minutes=1)
+    assert (await rig.supervisor().run()).recovered == 1
+    assert (await rig.state("A")).ProcessState is ProcessState.PENDING
+
+
+@pytest.mark.parametrize("rig", ["index"], indirect=True)
+async def test_an_attempt_that_retired_its_entry_costs_the_supervisor_nothing(rig):
+    """A 2.0 attempt that ends removes its own entry (discard): no read later."""
+    claimed = await rig.add_claimed("A")
+    await rig.index.discard("A", NOW + POLICY.claim_timeout)
+    t = NOW
+    await rig.store.update("A", lambda r: sm.mark_failed(r, claimed.LockedBy, None, "x", t), claimed.LockedBy)
+    report = await rig.supervisor().run()
+    assert report.read == 0 and report.recovered == 0

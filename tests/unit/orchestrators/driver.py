@@ -17,9 +17,17 @@ from adapters.settings import Settings
 from devstack.host.replay import SCHEDULING_EVENTS, run_episode
 from domain import state_machine as sm
 from domain.ids import parse_attempt_instance_id
-from domain.models import AgentReply, OrderSubmitted
-from orchestrators.contracts import AlertNote, LoadPlanInput, SendRequest, StateWrite, StatusNote
+from domain.models import AgentReply, AgentRequest, OrderSubmitted
+from orchestrators.contracts import (
+    Advance,
+    AlertNote,
+    LoadPlanInput,
+    SendRequest,
+    StateWrite,
+    StatusNote,
+)
 from orchestrators.order_workflow import CURRENT_VERSION, order_workflow
+from orchestrators.starter import Starter
 from tests.builders import order_payload
 from tests.fakes import FakeOrders, FakeStateStore, RecordingPublisher
 
@@ -51,16 +59,59 @@ class ActivityFailure(Exception):
     pass
 
 
+class StartingClient:
+    """A Durable client for the Starter: keeps what it was asked to start."""
+
+    def __init__(self) -> None:
+        self.started: dict[str, Any] = {}
+
+    async def start_new(self, name, instance_id, data):
+        self.started[instance_id] = data
+
+    async def get_status(self, instance_id):
+        """Started instances are Running (the driver runs them later)."""
+        if instance_id not in self.started:
+            return None
+        return type("Status", (), {"runtime_status": type("R", (), {"name": "Running"})()})()
+
+
 @dataclass
 class World:
     store: FakeStateStore = field(default_factory=FakeStateStore)
     orders: FakeOrders = field(default_factory=FakeOrders)
     bus: RecordingPublisher = field(default_factory=RecordingPublisher)
+    index: Any = None
+    settings: Settings = SETTINGS
     now: datetime = T0
 
     def activities(self) -> SchedulerActivities:
-        return SchedulerActivities(SETTINGS, self.store, self.orders, self.bus, STEPS,
-                                   clock=lambda: self.now)
+        return SchedulerActivities(self.settings, self.store, self.orders, self.bus, STEPS,
+                                   index=self.index, clock=lambda: self.now)
+
+    def starter(self) -> Starter:
+        return Starter(self.settings, self.store, self.index, clock=lambda: self.now,
+                       publisher=self.bus)
+
+    async def submitted(self, order_id: str = "A1", **fields) -> tuple[Any, str]:
+        """What Submit leaves: the order and a Pending record (two creates)."""
+        record, etag, _ = await self._submit(order_id, **fields)
+        return record, etag
+
+    async def _submit(self, order_id: str, **fields):
+        order = OrderSubmitted.model_validate(order_payload(OrderID=order_id, **fields))
+        await self.orders.create_if_absent(order)
+        record, etag, _ = await self.store.create_if_absent(sm.new_record(order, self.now, STEPS))
+        return record, etag, order
+
+    async def fast_started(self, order_id: str = "A1", **fields) -> tuple[str, dict]:
+        """Submitted, then claimed and started through Submit's fast path, as
+        the real Starter does it: the attempt's instance id and the input the
+        orchestration was started with."""
+        record, etag, order = await self._submit(order_id, **fields)
+        client = StartingClient()
+        instance_id = await self.starter().start_submitted(client, record, etag, order)
+        assert instance_id is not None
+        return instance_id, client.started[instance_id]
 
     async def claimed(self, order_id: str = "A1") -> str:
         """A Pending record claimed by the Starter: its attempt's instance id."""
@@ -97,14 +148,17 @@ class Driver:
         fail: Callable[[str, int], bool] = lambda name, call: False,
         before_activity: Callable[[str, dict], Any] | None = None,
         reply_delay: timedelta = timedelta(seconds=1),
+        input: dict | None = None,
     ) -> None:
         self.world, self.instance_id, self.agent = world, instance_id, agent
         self.fail, self.before_activity, self.reply_delay = fail, before_activity, reply_delay
         self.history: list[dict] = [
             _event(ORCHESTRATOR_STARTED, world.now),
-            _event(EXECUTION_STARTED, world.now, Name="order_workflow", Version=version, Input=None),
+            _event(EXECUTION_STARTED, world.now, Name="order_workflow", Version=version,
+                   Input=None if input is None else json.dumps(input)),
             _event(ORCHESTRATOR_COMPLETED, world.now),
         ]
+        self.input = input
         self.calls: list[tuple[str, dict]] = []
         self._counts: dict[str, int] = {}
         self._timers: dict[int, datetime] = {}
@@ -136,6 +190,19 @@ class Driver:
             if len(self.world.bus.sent) > before:  # duplicate detection drops a repeated id
                 self._answer(send)
             return message_id
+        if name in ("begin_attempt", "advance_attempt"):
+            before = len(self.world.bus.sent)
+            call = acts.begin if name == "begin_attempt" else acts.advance
+            result = (await call(Advance.model_validate(data))).dump()
+            # Answer the request the activity sent (a re-send dropped by
+            # duplicate detection gets no second answer).
+            for queue, body, _, _ in self.world.bus.sent[before:]:
+                if queue == "agent-requests":
+                    request = AgentRequest.model_validate_json(body)
+                    self._answer(SendRequest(InstanceId=request.InstanceId, Step=request.Step,
+                                             Action=request.Action, Deadline=request.Deadline,
+                                             Payload=request.Payload))
+            return result
         if name == "report_status":
             return await acts.report_status(StatusNote.model_validate(data))
         if name == "raise_alert":
@@ -169,7 +236,8 @@ class Driver:
             started = _event(ORCHESTRATOR_STARTED, self.world.now)
             replay = [dict(e, IsPlayed=True) for e in self.history] + [started] + new_events
             result = run_episode(order_workflow, instance_id=self.instance_id, history=replay,
-                                 input_json=None, scheduled_before=scheduled_before)
+                                 input_json=None if self.input is None else json.dumps(self.input),
+                                 scheduled_before=scheduled_before)
             scheduled = []
             activities = []
             for task in result.new_tasks:

@@ -1,5 +1,7 @@
-"""`order_workflow` through the Durable SDK's replay, every branch, with the
-real activities over fakes (tests/unit/orchestrators/driver.py)."""
+"""`order_workflow` version 1.1 through the Durable SDK's replay, every
+branch, with the real activities over fakes (tests/unit/orchestrators/driver.py).
+1.1 stays for instances in flight when 2.0 became the default; 2.0 has its
+own tests (test_workflow_v2.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +14,12 @@ from domain import state_machine as sm
 from domain.models import OperatorAlert, ProcessState, StepStatus
 from orchestrators import order_workflow as wf
 from orchestrators.starter import Starter
-from tests.unit.orchestrators.driver import POLICY, SETTINGS, Driver, World
+from tests.unit.orchestrators.driver import POLICY, SETTINGS, World
+from tests.unit.orchestrators.driver import Driver as _Driver
+
+
+def Driver(*args, version="1.1", **kwargs):  # noqa: N802 - stands in for the class
+    return _Driver(*args, version=version, **kwargs)
 
 # What an agent can put in a reply (JSON: no lone surrogates); the state
 # machine tests cover those.

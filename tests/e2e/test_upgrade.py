@@ -1,0 +1,67 @@
+"""The upgrade to workflow 2.0 through the local host: an order whose 1.1
+attempt is in flight when the host is replaced by one whose host.json says
+`defaultVersion: 2.0` finishes on 1.1 (its history says 1.1, and 1.1's code
+is still registered), while an order posted after the upgrade runs 2.0.
+
+Which code ran is visible from outside: 1.1 sends every progress status, 2.0
+only those the application opted in to (webshop did not)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+
+from devstack.stack import Stack
+from domain.models import ProcessState, StepStatus
+from tests.e2e.conftest import E2E, E2E_SETTINGS
+
+pytestmark = [pytest.mark.timeout(300)]
+
+REPO = Path(__file__).resolve().parents[2]
+# Longer deadlines than the fault tests: the in-flight step must outlive a
+# host replacement, so that the attempt that finishes is the one in flight.
+SETTINGS = {**E2E_SETTINGS, "STEP_TIMEOUT_SECONDS": "40", "CLAIM_TIMEOUT_SECONDS": "40"}
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("stack-upgrade")
+    host = json.loads((REPO / "host.json").read_text())
+    assert host["extensions"]["durableTask"]["defaultVersion"] == "2.0"
+    host["extensions"]["durableTask"]["defaultVersion"] = "1.1"
+    old_host_json = run_dir / "host-1.1.json"
+    old_host_json.write_text(json.dumps(host))
+    with Stack(Path(run_dir), overrides=SETTINGS, host_args=["--host-json", str(old_host_json)]) as stack:
+        yield stack
+
+
+async def test_an_attempt_in_flight_on_1_1_finishes_on_1_1_after_the_upgrade(stack):
+    async with E2E(stack) as e2e:
+        old, new = e2e.orders(2)
+        # The old order's payment is slow, so its 1.1 attempt is in flight
+        # (charge-payment Running, its request with the agent) at the upgrade.
+        await e2e.fault(kind="latency", service="payment", operation="charge", order_id=old.OrderID,
+                        seconds=4, count=1)
+        await e2e.post([old])
+        await e2e.wait_for(
+            lambda rs: old.OrderID in rs
+            and rs[old.OrderID].Steps["charge-payment"].Status is StepStatus.RUNNING,
+            what="the 1.1 attempt to be in flight")
+
+        stack.host_args = []  # the repo's host.json: defaultVersion 2.0
+        await asyncio.to_thread(stack.replace_host)
+        await e2e.post([new])
+
+        ids = {old.OrderID, new.OrderID}
+        records = await e2e.wait_terminal(ids, revive=False)
+        assert {oid: r.ProcessState for oid, r in records.items()} == dict.fromkeys(ids, ProcessState.PROCESSED)
+        # The attempt in flight finished the order: no retry by a 2.0 attempt.
+        assert records[old.OrderID].Attempt == 1
+        assert records[old.OrderID].History[-1].By == f"{old.OrderID}:1"
+        assert await e2e.check(ids) == []
+        assert e2e.observed.replies[old.OrderID] == [
+            "Received", "Processing", "StepCompleted", "StepCompleted", "StepCompleted", "Processed"]
+        assert e2e.observed.replies[new.OrderID] == ["Received", "Processed"]
