@@ -58,7 +58,7 @@ DOCUMENTED_REASONS = {
     "RetriesExhausted",
     "ProcessingFailed",
 }
-EXAMPLES = int(os.environ.get("HOSTILE_EXAMPLES", "25"))
+EXAMPLES = int(os.environ.get("HOSTILE_EXAMPLES", "15"))
 SETTINGS = settings(
     max_examples=EXAMPLES,
     deadline=None,
