@@ -179,7 +179,7 @@ def exact_json(raw: bytes, max_bytes: int, max_depth: int = MAX_DEPTH) -> Any:
         elif ch in "]}":
             depth -= 1
     try:
-        return json.loads(
+        value = json.loads(
             text, object_pairs_hook=_no_duplicates, parse_constant=_no_constants, parse_float=_finite
         )
     except BoundaryError:
@@ -188,3 +188,20 @@ def exact_json(raw: bytes, max_bytes: int, max_depth: int = MAX_DEPTH) -> Any:
         raise BoundaryError(f"invalid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
     except RecursionError:
         raise BoundaryError(f"JSON is nested more than {max_depth} levels deep") from None
+    _no_lone_surrogates(value, "")
+    return value
+
+
+def _no_lone_surrogates(value: Any, where: str) -> None:
+    r"""A "\ud800" escape decodes to a character no UTF-8 text can hold."""
+    if isinstance(value, str):
+        if any("\ud800" <= ch <= "\udfff" for ch in value):
+            raise BoundaryError(f"{where or '(body)'}: string holds a lone surrogate escape")
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            path = f"{where}.{key}" if where else str(key)
+            _no_lone_surrogates(key, path)
+            _no_lone_surrogates(item, path)
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            _no_lone_surrogates(item, f"{where}.{i}" if where else str(i))
