@@ -79,7 +79,15 @@ class Settle:
 
     @classmethod
     def deadletter(cls, reason: str, description: str, order_id: str | None = None) -> Settle:
-        return cls(SettleKind.DEADLETTER, reason, description[:MAX_DESCRIPTION], order_id)
+        return cls(SettleKind.DEADLETTER, reason, dead_letter_text(description), order_id)
+
+
+def dead_letter_text(text: str, limit: int = MAX_DESCRIPTION) -> str:
+    """A dead-letter description as ASCII (non-ASCII as \\u escapes): the SDK's
+    AMQP disposition refuses other text, and a description that cannot be
+    written would turn a dead letter into a silent redelivery. The alert
+    keeps the text as it was."""
+    return text.encode("ascii", "backslashreplace").decode("ascii")[:limit]
 
 
 # --- bodies ------------------------------------------------------------------------------
@@ -281,6 +289,7 @@ class MessageGate:
         return outcome
 
     async def alert(self, message: Any, outcome: Settle) -> None:
+        # The description as dead-lettered (ASCII), so the two match exactly.
         await self._alerts.raise_alert(
             outcome.reason or PROCESSING_FAILED,
             outcome.description or "",
@@ -335,8 +344,39 @@ def _name(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}"[:600] if text else type(exc).__name__
 
 
+_TRACE_HEADERS = frozenset({"traceparent", "tracestate", "Diagnostic-Id"})
+
+
+def defuse_trace_headers(message: Any) -> None:
+    """Drop client-set trace headers the SDK cannot read from our copy of the
+    message. With tracing enabled, azure-servicebus decodes `traceparent`,
+    `tracestate` and `Diagnostic-Id` as ASCII on every settlement, so a client
+    that sends "\u202e" there makes complete, abandon and dead-letter raise
+    (seen as messages that could never be settled). Only the local object is
+    changed; settlement sends no properties."""
+    props = getattr(message, "application_properties", None)
+    if not isinstance(props, dict):
+        return
+    for key in list(props):
+        name = key.decode("utf-8", "replace") if isinstance(key, bytes | bytearray) else key
+        if name not in _TRACE_HEADERS:
+            continue
+        value = props[key]
+        try:
+            if isinstance(value, bytes | bytearray):
+                value.decode("ascii")
+            elif isinstance(value, str):
+                value.encode("ascii")
+            else:
+                raise TypeError
+        except (UnicodeError, TypeError):
+            log.warning("dropping an unreadable %s header from message %s", name, message_label(message))
+            del props[key]
+
+
 async def settle(message: Any, actions: Any, outcome: Settle) -> None:
     """Carry out `outcome` through the binding's (synchronous) actions, off the loop."""
+    defuse_trace_headers(message)
     if outcome.kind is SettleKind.COMPLETE:
         await asyncio.to_thread(actions.complete, message)
     elif outcome.kind is SettleKind.DEADLETTER:

@@ -23,6 +23,7 @@ import azurefunctions.extensions.bindings.servicebus as servicebus
 
 from adapters.servicebus import ServiceBusPublisher
 from adapters.settings import SERVICEBUS_CONNECTION
+from adapters.settlement import defuse_trace_headers
 from agents.agent import Agent
 from agents.config import AGENT_REQUESTS_QUEUE, load_agent_settings, require_servicebus
 from agents.messaging import (
@@ -44,6 +45,7 @@ class FunctionsSettlement:
     def __init__(self, actions: Any, message: Any) -> None:
         self._actions = actions
         self._message = message
+        defuse_trace_headers(message)  # else settling raises with SDK tracing on
 
     async def complete(self) -> None:
         await asyncio.to_thread(self._actions.complete, self._message)

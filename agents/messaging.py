@@ -44,6 +44,8 @@ from adapters.settlement import (
     AlertSink,
     BackoffPolicy,
     BodyRefused,
+    dead_letter_text,
+    defuse_trace_headers,
     message_label,
     read_body,
 )
@@ -163,7 +165,7 @@ class RequestProcessor:
         message_id: str | None,
         order_id: str | None,
     ) -> None:
-        description = description[:MAX_DEAD_LETTER_DESCRIPTION]
+        description = dead_letter_text(description, MAX_DEAD_LETTER_DESCRIPTION)
         log.error("agent request %s dead-lettered %s: %s", message_id, reason, description)
         if self._alerts is not None:
             await self._alerts.raise_alert(
@@ -227,6 +229,7 @@ class ReceiverSettlement:
     def __init__(self, receiver: ServiceBusReceiver, message: Any) -> None:
         self._receiver = receiver
         self._message = message
+        defuse_trace_headers(message)  # else settling raises with tracing on
 
     async def complete(self) -> None:
         await self._receiver.complete_message(self._message)
