@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from datetime import datetime
+from typing import Any
 
 from azure.servicebus import ServiceBusMessage
 from azure.servicebus.aio import ServiceBusClient, ServiceBusSender
@@ -82,6 +84,29 @@ class ServiceBusPublisher:
             content_type="application/json",
             application_properties=application_properties,
         )
+        await self._send(queue, message)
+
+    async def schedule(
+        self,
+        queue: str,
+        body: bytes,
+        message_id: str,
+        enqueue_at: datetime,
+        application_properties: dict[str, Any] | None = None,
+    ) -> None:
+        """Send a message that becomes visible at `enqueue_at` (a back-off
+        retry of a received message: see adapters.settlement.MessageGate)."""
+        message = ServiceBusMessage(
+            body,
+            message_id=message_id,
+            content_type="application/json",
+            application_properties=application_properties,
+            scheduled_enqueue_time_utc=enqueue_at,
+        )
+        await self._send(queue, message)
+
+    async def _send(self, queue: str, message: ServiceBusMessage) -> None:
+        message_id = message.message_id
         sender = await self._sender(queue)
         # One send at a time per link: concurrent sends on one aio sender can
         # hang inside the SDK (seen as activities that never return), and a

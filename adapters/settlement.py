@@ -1,18 +1,61 @@
 """What to do with a received Service Bus message, decided by a handler and
 carried out by its trigger through the message-actions object (the SDK-type
 binding's `ServiceBusMessageActions` under the Functions host, the local host's
-implementation of the same methods under devstack.host)."""
+implementation of the same methods under devstack.host).
+
+`MessageGate.run` is the one path every consumed message takes, so that no
+message can end silently:
+
+- the body is read whatever its AMQP kind (data, value or sequence) and
+  refused with a precise reason when it is not JSON text;
+- any exception the handler raises outside its known outcomes becomes a
+  dead letter `ProcessingFailed` naming the exception;
+- a transient failure is retried later, not at once: a copy is scheduled on
+  the same queue after a back-off delay (the binding's actions cannot delay an
+  abandon), carrying the retry number, and the original is completed. When the
+  back-off schedule is used up, or the copy cannot be scheduled on the last
+  delivery the queue allows, the message is dead-lettered `RetriesExhausted`;
+- every dead letter raises one operator alert carrying the message id, the
+  queue, the OrderID when one could be read, the reason and the description.
+
+Settlement calls on the binding's actions are synchronous (gRPC under the
+real host, a cross-thread call under the local host): they run in a worker
+thread so the event loop keeps serving other invocations."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import asyncio
+import hashlib
+import logging
+import os
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime, timedelta
 from enum import StrEnum
+from typing import Any, Protocol
+
+from domain.boundary import readable_order_id
+
+log = logging.getLogger(__name__)
+
+INVALID_MESSAGE = "InvalidMessage"
+PROCESSING_FAILED = "ProcessingFailed"
+RETRIES_EXHAUSTED = "RetriesExhausted"
+
+# Application property on a rescheduled copy: how many back-off retries came
+# before it. Set only by us; a client that sets it only shortens its own budget.
+RETRY_PROPERTY = "x-retry-count"
+ORIGINAL_ID_PROPERTY = "x-original-message-id"
+
+MAX_DESCRIPTION = 1024
+MAX_MESSAGE_ID = 128  # Service Bus's limit
 
 
 class SettleKind(StrEnum):
     COMPLETE = "complete"
     ABANDON = "abandon"
     DEADLETTER = "deadletter"
+    RETRY = "retry"  # transient: try again after a back-off delay
 
 
 @dataclass(frozen=True)
@@ -31,23 +74,322 @@ class Settle:
         return cls(SettleKind.ABANDON, description=description, order_id=order_id)
 
     @classmethod
+    def retry(cls, description: str, order_id: str | None = None) -> Settle:
+        return cls(SettleKind.RETRY, description=description[:MAX_DESCRIPTION], order_id=order_id)
+
+    @classmethod
     def deadletter(cls, reason: str, description: str, order_id: str | None = None) -> Settle:
-        return cls(SettleKind.DEADLETTER, reason, description[:1024], order_id)
+        return cls(SettleKind.DEADLETTER, reason, dead_letter_text(description), order_id)
 
 
-def message_body(message) -> bytes:
+def dead_letter_text(text: str, limit: int = MAX_DESCRIPTION) -> str:
+    """A dead-letter description as ASCII (non-ASCII as \\u escapes): the SDK's
+    AMQP disposition refuses other text, and a description that cannot be
+    written would turn a dead letter into a silent redelivery. The alert
+    keeps the text as it was."""
+    return text.encode("ascii", "backslashreplace").decode("ascii")[:limit]
+
+
+# --- bodies ------------------------------------------------------------------------------
+
+
+class BodyRefused(ValueError):
+    """The message's body cannot carry contract JSON; `reason` says why."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def _kind(message: Any) -> str:
+    body_type = getattr(message, "body_type", None)
+    return str(getattr(body_type, "value", body_type) or "data").lower()
+
+
+def _text_chunk(chunk: Any, where: str) -> bytes:
+    if isinstance(chunk, bytes | bytearray | memoryview):
+        return bytes(chunk)
+    if isinstance(chunk, str):
+        return chunk.encode("utf-8", "surrogatepass")
+    raise BodyRefused(
+        f"{where} holds an AMQP {type(chunk).__name__}, not JSON text; "
+        "send the contract as JSON in a data body (or a string value)"
+    )
+
+
+def read_body(message: Any, max_bytes: int = 1024 * 1024) -> bytes:
+    """The JSON text a received message carries, from any AMQP body kind:
+
+    - data: the sections' bytes, joined;
+    - value: a binary or string value;
+    - sequence: sections whose items are all binary or strings, joined.
+
+    Anything else (a map, a list of numbers, null) is refused with a reason
+    naming what was found. Works on the SDK's ServiceBusReceivedMessage and
+    on azure.functions.ServiceBusMessage (get_body())."""
+    if hasattr(message, "get_body") and not hasattr(message, "body_type"):
+        return bytes(message.get_body())
+    kind = _kind(message)
     body = message.body
-    return body if isinstance(body, bytes | bytearray) else b"".join(body)
+    if kind == "value":
+        if body is None:
+            raise BodyRefused("AMQP value body is null, not JSON text")
+        return _text_chunk(body, "AMQP value body")
+    out = bytearray()
+    if isinstance(body, bytes | bytearray | memoryview | str):
+        body = [body]
+    for section in body if isinstance(body, Iterable) else [body]:
+        if kind == "sequence":
+            if not isinstance(section, list | tuple):
+                raise BodyRefused(f"AMQP sequence section is a {type(section).__name__}, not a list")
+            for item in section:
+                out += _text_chunk(item, "AMQP sequence body")
+        else:
+            out += _text_chunk(section, "AMQP data body")
+        if len(out) > max_bytes:
+            raise BodyRefused(f"body is over {max_bytes} bytes")
+    return bytes(out)
 
 
-def settle(message, actions, outcome: Settle) -> None:
+# --- message facts ---------------------------------------------------------------------
+
+
+def _prop(message: Any, name: str) -> Any:
+    props = getattr(message, "application_properties", None) or {}
+    for key, value in props.items():
+        if (key.decode("utf-8", "replace") if isinstance(key, bytes) else key) == name:
+            return value
+    return None
+
+
+def retry_count(message: Any) -> int:
+    value = _prop(message, RETRY_PROPERTY)
+    return value if type(value) is int and value >= 0 else 0
+
+
+def message_label(message: Any) -> str:
+    """The message id, or (a message may be sent without one) its sequence number."""
+    mid = getattr(message, "message_id", None)
+    if mid:
+        return str(mid)
+    return f"sequence-number:{getattr(message, 'sequence_number', '?')}"
+
+
+def _retry_message_id(message: Any, attempt: int) -> str:
+    original = _prop(message, ORIGINAL_ID_PROPERTY)
+    base = original.decode() if isinstance(original, bytes) else original or message_label(message)
+    mid = f"{base}/retry-{attempt}"
+    if len(mid) > MAX_MESSAGE_ID:
+        mid = f"retry-{attempt}-" + hashlib.sha256(str(base).encode()).hexdigest()[:48]
+    return mid
+
+
+# --- the gate ------------------------------------------------------------------------
+
+
+class AlertSink(Protocol):
+    async def raise_alert(
+        self, kind: str, reason: str, now: datetime, order_id: str | None = None, **where: Any
+    ) -> Any: ...
+
+
+class Scheduler(Protocol):
+    async def schedule(
+        self,
+        queue: str,
+        body: bytes,
+        message_id: str,
+        enqueue_at: datetime,
+        application_properties: dict[str, Any] | None = None,
+    ) -> None: ...
+
+
+@dataclass(frozen=True)
+class BackoffPolicy:
+    """`delays[n]` seconds before retry n+1. `max_delivery_count` is the
+    queue's MaxDeliveryCount: a delivery whose count reaches it - 1 is the
+    last (the count is 0-based on the wire; a 1-based runtime makes us stop
+    one delivery early, never late)."""
+
+    delays: tuple[float, ...] = (5.0, 15.0, 30.0, 60.0, 120.0, 300.0)
+    max_delivery_count: int = 5
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None) -> BackoffPolicy:
+        env = dict(os.environ if env is None else env)
+        delays = cls.delays
+        raw = env.get("REDELIVERY_DELAYS_SECONDS", "").strip()
+        if raw:
+            delays = tuple(float(x) for x in raw.split(","))
+        return cls(delays, int(env.get("MAX_DELIVERY_COUNT", cls.max_delivery_count)))
+
+    def is_last_delivery(self, message: Any) -> bool:
+        count = getattr(message, "delivery_count", None) or 0
+        return count >= self.max_delivery_count - 1
+
+
+Handler = Callable[[bytes], Awaitable[Settle]]
+
+
+class MessageGate:
+    """Runs one handler on one queue's messages and settles each exactly once."""
+
+    def __init__(
+        self,
+        queue: str,
+        alerts: AlertSink,
+        scheduler: Scheduler | None,
+        policy: BackoffPolicy | None = None,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        self.queue = queue
+        self._alerts = alerts
+        self._scheduler = scheduler
+        self._policy = policy or BackoffPolicy()
+        self._clock = clock
+
+    async def decide(self, message: Any, handle: Handler) -> tuple[Settle, bytes | None]:
+        """The final outcome for `message` (never RETRY), without settling."""
+        body: bytes | None = None
+        try:
+            body = read_body(message)
+        except BodyRefused as exc:
+            return Settle.deadletter(INVALID_MESSAGE, exc.reason), None
+        except Exception as exc:  # noqa: BLE001 - an SDK body we do not understand
+            return Settle.deadletter(INVALID_MESSAGE, f"body unreadable: {_name(exc)}"), None
+        try:
+            outcome = await handle(body)
+        except Exception as exc:  # noqa: BLE001 - the point: nothing ends silently
+            log.exception("%s message %s: handler failed", self.queue, message_label(message))
+            outcome = Settle.deadletter(
+                PROCESSING_FAILED, f"handler raised {_name(exc)}", readable_order_id(body)
+            )
+        if outcome.kind is SettleKind.ABANDON:
+            outcome = Settle.retry(outcome.description or "abandoned", outcome.order_id)
+        if outcome.kind is SettleKind.RETRY:
+            outcome = await self._retry(message, body, outcome)
+        if outcome.kind is SettleKind.DEADLETTER and outcome.order_id is None:
+            outcome = replace(outcome, order_id=readable_order_id(body))
+        return outcome, body
+
+    async def run(self, message: Any, actions: Any, handle: Handler) -> Settle:
+        outcome, _ = await self.decide(message, handle)
+        if outcome.kind is SettleKind.DEADLETTER:
+            await self.alert(message, outcome)
+        log.info(
+            "%s message %s (delivery %s): %s %s",
+            self.queue,
+            message_label(message),
+            getattr(message, "delivery_count", None),
+            outcome.kind.value,
+            outcome.reason or "",
+            extra={"order_id": outcome.order_id},
+        )
+        await settle(message, actions, outcome)
+        return outcome
+
+    async def alert(self, message: Any, outcome: Settle) -> None:
+        # The description as dead-lettered (ASCII), so the two match exactly.
+        await self._alerts.raise_alert(
+            outcome.reason or PROCESSING_FAILED,
+            outcome.description or "",
+            self._clock(),
+            outcome.order_id,
+            message_id=message_label(message),
+            queue=self.queue,
+        )
+
+    async def _retry(self, message: Any, body: bytes | None, outcome: Settle) -> Settle:
+        done = retry_count(message)
+        delays = self._policy.delays
+        if done >= len(delays):
+            return Settle.deadletter(
+                RETRIES_EXHAUSTED,
+                f"still failing after {done} retries over {sum(delays):.0f}s: {outcome.description}",
+                outcome.order_id,
+            )
+        if self._scheduler is not None and body is not None:
+            enqueue_at = self._clock() + timedelta(seconds=delays[done])
+            try:
+                await self._scheduler.schedule(
+                    self.queue,
+                    body,
+                    _retry_message_id(message, done + 1),
+                    enqueue_at,
+                    {
+                        RETRY_PROPERTY: done + 1,
+                        ORIGINAL_ID_PROPERTY: str(
+                            _prop(message, ORIGINAL_ID_PROPERTY) or message_label(message)
+                        ),
+                    },
+                )
+                log.warning(
+                    "%s message %s: %s; retry %d scheduled in %.1fs",
+                    self.queue, message_label(message), outcome.description, done + 1, delays[done],
+                )
+                return Settle.complete(outcome.order_id)
+            except Exception as exc:  # noqa: BLE001 - fall back to the queue's own redelivery
+                log.warning("scheduling a retry of %s failed: %s", message_label(message), _name(exc))
+        if self._policy.is_last_delivery(message):
+            return Settle.deadletter(
+                RETRIES_EXHAUSTED,
+                f"last delivery and no retry could be scheduled: {outcome.description}",
+                outcome.order_id,
+            )
+        return Settle.abandon(outcome.description or "", outcome.order_id)
+
+
+def _name(exc: BaseException) -> str:
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}"[:600] if text else type(exc).__name__
+
+
+_TRACE_HEADERS = frozenset({"traceparent", "tracestate", "Diagnostic-Id"})
+
+
+def defuse_trace_headers(message: Any) -> None:
+    """Drop client-set trace headers the SDK cannot read from our copy of the
+    message. With tracing enabled, azure-servicebus decodes `traceparent`,
+    `tracestate` and `Diagnostic-Id` as ASCII on every settlement, so a client
+    that sends "\u202e" there makes complete, abandon and dead-letter raise
+    (seen as messages that could never be settled). Only the local object is
+    changed; settlement sends no properties."""
+    props = getattr(message, "application_properties", None)
+    if not isinstance(props, dict):
+        return
+    for key in list(props):
+        name = key.decode("utf-8", "replace") if isinstance(key, bytes | bytearray) else key
+        if name not in _TRACE_HEADERS:
+            continue
+        value = props[key]
+        try:
+            if isinstance(value, bytes | bytearray):
+                value.decode("ascii")
+            elif isinstance(value, str):
+                value.encode("ascii")
+            else:
+                raise TypeError
+        except (UnicodeError, TypeError):
+            log.warning("dropping an unreadable %s header from message %s", name, message_label(message))
+            del props[key]
+
+
+async def settle(message: Any, actions: Any, outcome: Settle) -> None:
+    """Carry out `outcome` through the binding's (synchronous) actions, off the loop."""
+    defuse_trace_headers(message)
     if outcome.kind is SettleKind.COMPLETE:
-        actions.complete(message)
+        await asyncio.to_thread(actions.complete, message)
     elif outcome.kind is SettleKind.DEADLETTER:
-        actions.deadletter(
+        await asyncio.to_thread(
+            actions.deadletter,
             message,
             deadletter_reason=outcome.reason,
             deadletter_error_description=outcome.description,
         )
     else:
-        actions.abandon(message)
+        await asyncio.to_thread(actions.abandon, message)
+
+
+def message_body(message: Any) -> bytes:
+    """Kept for callers that only need the bytes; raises BodyRefused."""
+    return read_body(message)

@@ -2,8 +2,10 @@
 
 Thin on purpose: take the message, hand it to the same RequestProcessor the
 standalone worker uses, settle it by hand (auto_complete_messages=False) so a
-malformed request is dead-lettered with reason InvalidMessage instead of being
-retried to exhaustion, and a reply that could not be sent is abandoned.
+malformed request (any AMQP body kind) is dead-lettered with reason
+InvalidMessage and alerted instead of being retried to exhaustion, an
+unexpected failure is dead-lettered ProcessingFailed, and a reply that could
+not be sent is abandoned (dead-lettered RetriesExhausted on the last delivery).
 
 The host renews the message lock while the function runs (host.json
 `extensions.serviceBus.maxAutoLockRenewalDuration` must cover the step
@@ -19,17 +21,19 @@ import aiohttp
 import azure.functions as func
 import azurefunctions.extensions.bindings.servicebus as servicebus
 
+from adapters.servicebus import ServiceBusPublisher
 from adapters.settings import SERVICEBUS_CONNECTION
+from adapters.settlement import defuse_trace_headers
 from agents.agent import Agent
 from agents.config import AGENT_REQUESTS_QUEUE, load_agent_settings, require_servicebus
 from agents.messaging import (
     RequestProcessor,
     ServiceBusReplySender,
-    message_body,
     servicebus_client,
 )
 from agents.ports import SystemClock
 from agents.remote_client import HttpRemoteService
+from reporting import Alerts
 
 bp = func.Blueprint()
 
@@ -41,6 +45,7 @@ class FunctionsSettlement:
     def __init__(self, actions: Any, message: Any) -> None:
         self._actions = actions
         self._message = message
+        defuse_trace_headers(message)  # else settling raises with SDK tracing on
 
     async def complete(self) -> None:
         await asyncio.to_thread(self._actions.complete, self._message)
@@ -74,7 +79,8 @@ class _Runtime:
                 remote = HttpRemoteService(aiohttp.ClientSession(), settings.remote_service_url)
                 agent = Agent(remote, SystemClock(), settings.policy)
                 replies = ServiceBusReplySender(client, settings.responses_queue)
-                self._processor = RequestProcessor(agent, replies)
+                alerts = Alerts(ServiceBusPublisher(client))
+                self._processor = RequestProcessor(agent, replies, alerts)
             return self._processor
 
 
@@ -93,8 +99,4 @@ async def agent_requests(
     message_actions: servicebus.ServiceBusMessageActions,
 ) -> None:
     processor = await _runtime.processor()
-    await processor.process(
-        message_body(message),
-        FunctionsSettlement(message_actions, message),
-        message_id=getattr(message, "message_id", None),
-    )
+    await processor.process_message(message, FunctionsSettlement(message_actions, message))

@@ -7,14 +7,21 @@ the decisions are made once, here, and tested without a broker:
 | what happened                         | settlement                          |
 |---------------------------------------|-------------------------------------|
 | body is not a valid AgentRequest      | dead-letter, reason InvalidMessage  |
+| (any AMQP body kind; domain.boundary) | + alert                             |
 | reply sent (ok, transient, permanent) | complete                            |
 | reply could not be sent               | abandon: redelivered; the retry     |
 |                                       | re-calls with the same key (a       |
 |                                       | replay) or, past the deadline, not  |
 |                                       | at all; the reply's stable id makes |
-|                                       | a second copy a duplicate           |
-| unexpected error                      | abandon (dead-lettered by the queue |
-|                                       | after MaxDeliveryCount)             |
+|                                       | a second copy a duplicate. On the   |
+|                                       | queue's last delivery: dead-letter  |
+|                                       | RetriesExhausted + alert            |
+| unexpected error                      | dead-letter ProcessingFailed naming |
+|                                       | the exception + alert               |
+
+The reply could not be sent because the bus is unreachable, so a delayed
+copy could not be scheduled either: this queue relies on the lock and the
+delivery count, and never lets the count run out silently.
 """
 
 from __future__ import annotations
@@ -28,15 +35,29 @@ from azure.servicebus import ServiceBusMessage
 from azure.servicebus.aio import ServiceBusClient, ServiceBusReceiver, ServiceBusSender
 from azure.servicebus.exceptions import ServiceBusError
 
+from adapters.clock import utc_now
 from adapters.settings import ServiceBusAccess
+from adapters.settlement import (
+    INVALID_MESSAGE,
+    PROCESSING_FAILED,
+    RETRIES_EXHAUSTED,
+    AlertSink,
+    BackoffPolicy,
+    BodyRefused,
+    dead_letter_text,
+    defuse_trace_headers,
+    message_label,
+    read_body,
+)
 from agents.agent import Agent, reply_event_id
+from domain.boundary import readable_order_id
 from domain.codec import decode, encode
 from domain.errors import TransientError, ValidationFailed
 from domain.models import AgentReply, AgentRequest
 
 log = logging.getLogger(__name__)
 
-INVALID_MESSAGE = "InvalidMessage"
+AGENT_REQUESTS = "agent-requests"
 MAX_DEAD_LETTER_DESCRIPTION = 1000
 
 
@@ -65,32 +86,92 @@ class ReplySender(Protocol):
 class RequestProcessor:
     """Decode, handle, reply, settle. Receives the Agent and the reply sender."""
 
-    def __init__(self, agent: Agent, replies: ReplySender) -> None:
+    def __init__(
+        self,
+        agent: Agent,
+        replies: ReplySender,
+        alerts: AlertSink | None = None,
+        policy: BackoffPolicy | None = None,
+    ) -> None:
         self._agent = agent
         self._replies = replies
+        self._alerts = alerts
+        self._policy = policy or BackoffPolicy()
+
+    async def process_message(self, message: Any, settlement: Settlement) -> Disposition:
+        """A received message of any AMQP body kind."""
+        label = message_label(message)
+        try:
+            body = read_body(message)
+        except BodyRefused as exc:
+            await self._dead_letter(settlement, INVALID_MESSAGE, exc.reason, label, None)
+            return Disposition.DEAD_LETTERED
+        return await self.process(
+            body,
+            settlement,
+            message_id=label,
+            last_delivery=self._policy.is_last_delivery(message),
+        )
 
     async def process(
-        self, body: bytes | str, settlement: Settlement, *, message_id: str | None = None
+        self,
+        body: bytes | str,
+        settlement: Settlement,
+        *,
+        message_id: str | None = None,
+        last_delivery: bool = False,
     ) -> Disposition:
         try:
             request = decode(AgentRequest, body)
         except ValidationFailed as exc:
-            log.error("agent request %s is invalid, dead-lettering: %s", message_id, exc.reason)
-            await settlement.dead_letter(INVALID_MESSAGE, exc.reason[:MAX_DEAD_LETTER_DESCRIPTION])
+            await self._dead_letter(
+                settlement, INVALID_MESSAGE, exc.reason, message_id, readable_order_id(body)
+            )
             return Disposition.DEAD_LETTERED
         try:
             reply = await self._agent.handle(request)
             await self._replies.send(reply, reply_event_id(request))
         except TransientError as exc:
+            if last_delivery:
+                await self._dead_letter(
+                    settlement,
+                    RETRIES_EXHAUSTED,
+                    f"last delivery and the reply still could not be sent: {exc}",
+                    message_id,
+                    request.OrderID,
+                )
+                return Disposition.DEAD_LETTERED
             log.warning("could not send the reply to %s, abandoning: %s", message_id, exc)
             await settlement.abandon()
             return Disposition.ABANDONED
-        except Exception:
-            log.exception("unexpected failure handling agent request %s, abandoning", message_id)
-            await settlement.abandon()
-            return Disposition.ABANDONED
+        except Exception as exc:  # noqa: BLE001 - nothing ends silently
+            log.exception("unexpected failure handling agent request %s", message_id)
+            await self._dead_letter(
+                settlement,
+                PROCESSING_FAILED,
+                f"handler raised {type(exc).__name__}: {exc}",
+                message_id,
+                request.OrderID,
+            )
+            return Disposition.DEAD_LETTERED
         await settlement.complete()
         return Disposition.COMPLETED
+
+    async def _dead_letter(
+        self,
+        settlement: Settlement,
+        reason: str,
+        description: str,
+        message_id: str | None,
+        order_id: str | None,
+    ) -> None:
+        description = dead_letter_text(description, MAX_DEAD_LETTER_DESCRIPTION)
+        log.error("agent request %s dead-lettered %s: %s", message_id, reason, description)
+        if self._alerts is not None:
+            await self._alerts.raise_alert(
+                reason, description, utc_now(), order_id, message_id=message_id, queue=AGENT_REQUESTS
+            )
+        await settlement.dead_letter(reason, description)
 
 
 class ServiceBusReplySender:
@@ -148,6 +229,7 @@ class ReceiverSettlement:
     def __init__(self, receiver: ServiceBusReceiver, message: Any) -> None:
         self._receiver = receiver
         self._message = message
+        defuse_trace_headers(message)  # else settling raises with tracing on
 
     async def complete(self) -> None:
         await self._receiver.complete_message(self._message)
@@ -173,19 +255,7 @@ def servicebus_client(access: ServiceBusAccess) -> ServiceBusClient:
 
 
 def message_body(message: Any) -> bytes:
-    """The body of a received message as bytes, from the SDK's
-    ServiceBusReceivedMessage (a data body is an iterable of byte chunks) or
-    azure.functions.ServiceBusMessage (get_body())."""
-    if hasattr(message, "get_body"):
-        return bytes(message.get_body())
-    body = message.body
-    if isinstance(body, bytes | bytearray | memoryview):
-        return bytes(body)
-    if isinstance(body, str):
-        return body.encode("utf-8")
-    try:
-        return b"".join(bytes(chunk) for chunk in body)
-    except TypeError:
-        # An AMQP value or sequence body, not data: not an AgentRequest. An
-        # empty body fails decoding and is dead-lettered as InvalidMessage.
-        return b""
+    """The body of a received message as bytes (any AMQP body kind; see
+    adapters.settlement.read_body). Raises BodyRefused for a body that cannot
+    carry JSON text."""
+    return read_body(message)

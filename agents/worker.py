@@ -26,6 +26,8 @@ from azure.servicebus import ServiceBusReceiveMode
 from azure.servicebus.aio import AutoLockRenewer, ServiceBusClient, ServiceBusReceiver
 from azure.servicebus.exceptions import ServiceBusError
 
+from adapters.servicebus import ServiceBusPublisher
+from adapters.settlement import BodyRefused
 from agents.agent import Agent
 from agents.config import AgentSettings, load_agent_settings, require_servicebus
 from agents.messaging import (
@@ -40,6 +42,7 @@ from agents.remote_client import HttpRemoteService
 from domain.codec import decode
 from domain.errors import ValidationFailed
 from domain.models import AgentRequest
+from reporting import Alerts
 
 log = logging.getLogger("agents.worker")
 
@@ -117,9 +120,7 @@ class AgentWorker:
     async def _handle(self, receiver: ServiceBusReceiver, message: Any) -> None:
         settlement = ReceiverSettlement(receiver, message)
         try:
-            disposition = await self._processor.process(
-                message_body(message), settlement, message_id=message.message_id
-            )
+            disposition = await self._processor.process_message(message, settlement)
             log.info("request %s %s", message.message_id, disposition.value)
         except asyncio.CancelledError:
             # Shutting down past the grace period: give the message back now.
@@ -149,7 +150,7 @@ class AgentWorker:
         slack = self._settings.lock_renewal_slack
         try:
             request = decode(AgentRequest, message_body(message))
-        except ValidationFailed:
+        except (ValidationFailed, BodyRefused):
             return slack  # dead-lettered at once by the processor
         left = (request.Deadline - datetime.now(UTC)).total_seconds()
         return max(left, 0.0) + slack
@@ -166,8 +167,9 @@ async def serve(settings: AgentSettings, stop: asyncio.Event, on_ready: Callable
             HttpRemoteService(session, settings.remote_service_url), SystemClock(), settings.policy
         )
         replies = ServiceBusReplySender(client, settings.responses_queue)
+        alerts = Alerts(ServiceBusPublisher(client))
         try:
-            await AgentWorker(client, RequestProcessor(agent, replies), settings).run(
+            await AgentWorker(client, RequestProcessor(agent, replies, alerts), settings).run(
                 stop, on_ready
             )
         finally:

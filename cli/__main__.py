@@ -1,28 +1,34 @@
 """The client and operator tool.
 
     python -m cli post --app webshop --count 20
-    python -m cli watch --app webshop --expect 20
+    python -m cli watch --app webshop --expect 20     (peeks; --consume to remove)
     python -m cli show ORDER_ID
     python -m cli list --state Error
     python -m cli stuck
     python -m cli resubmit ORDER_ID
-    python -m cli alerts
+    python -m cli alerts                 (newest first; --oldest-first)
     python -m cli deadletters orders
+
+Text that clients wrote (OrderIDs, names, bodies, reasons quoting them) is
+printed literally through cli.render: no console markup, invisible and
+terminal-active characters shown as escapes.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 from datetime import UTC, datetime
 from pathlib import Path
 
 import typer
 from azure.servicebus import ServiceBusMessage, ServiceBusReceiveMode
+from azure.servicebus.exceptions import MessagingEntityNotFoundError
 from rich.console import Console
 from rich.live import Live
-from rich.table import Table
+from rich.text import Text
 
 from adapters.cosmos_client import build_client
 from adapters.ports import ANY_OWNER
@@ -30,8 +36,10 @@ from adapters.servicebus import servicebus_client
 from adapters.settings import Settings
 from adapters.state_store import CosmosStateStore
 from cli import orders as order_source
+from cli import render
 from cli.config import tool_settings
 from domain import state_machine as sm
+from domain.boundary import check_order_id
 from domain.codec import encode
 from domain.models import ProcessState
 
@@ -74,7 +82,10 @@ def post(
     if queue is None:
         raise typer.BadParameter(f"application {app_id!r} has no registered reply queue; pass --reply-to")
     if file is not None:
-        bodies = [(o.get("OrderID", "?"), json.dumps(o).encode()) for o in order_source.from_file(file)]
+        bodies = [
+            (str(o.get("OrderID", "?")) if isinstance(o, dict) else "?", json.dumps(o).encode())
+            for o in order_source.from_file(file)
+        ]
     else:
         bodies = [(o.OrderID, encode(o)) for o in order_source.generate(app_id, queue, count, prefix, seed)]
 
@@ -83,16 +94,27 @@ def post(
             for start in range(0, len(bodies), 100):
                 chunk = bodies[start : start + 100]
                 await sender.send_messages(
-                    [ServiceBusMessage(body, message_id=f"submit/{oid}", content_type="application/json")
+                    [ServiceBusMessage(body, message_id=_submit_message_id(oid), content_type="application/json")
                      for oid, body in chunk]
                 )
 
     _run(send())
     for oid, _ in bodies[:5]:
-        console.print(f"posted {oid}")
+        console.print(Text.assemble("posted ", render.literal(oid, 80)))
     if len(bodies) > 5:
         console.print(f"... and {len(bodies) - 5} more")
-    console.print(f"[bold]{len(bodies)}[/] orders posted to [bold]orders[/] as {app_id} (replies to {queue})")
+    console.print(
+        Text(f"{len(bodies)} orders posted to orders as {render.visible(app_id)} (replies to {render.visible(queue)})")
+    )
+
+
+def _submit_message_id(order_id: str) -> str:
+    mid = f"submit/{order_id}"
+    if len(mid) <= 128:
+        return mid
+    import hashlib
+
+    return "submit/" + hashlib.sha256(order_id.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 @app.command()
@@ -100,37 +122,42 @@ def watch(
     app_id: str = typer.Option("webshop", "--app"),
     expect: int = typer.Option(0, help="stop when this many orders reached a final status"),
     timeout: float = typer.Option(300, help="seconds to watch"),
+    consume: bool = typer.Option(
+        False, help="receive and delete the statuses (the client's job); default: peek, leave them"
+    ),
 ) -> None:
-    """Watch the app's reply queue with a live view per order."""
+    """Watch the app's reply queue with a live view per order. Peeks by
+    default, so the statuses stay for the application; --consume removes them."""
     cfg = _settings()
     queue = cfg.reply_queues.get(app_id)
     if queue is None:
         raise typer.BadParameter(f"application {app_id!r} has no registered reply queue")
     latest: dict[str, str] = {}
 
-    def table() -> Table:
-        t = Table(title=f"{queue}: {len(latest)} orders")
-        t.add_column("OrderID")
-        t.add_column("status")
-        for oid, status in sorted(latest.items())[-30:]:
-            t.add_row(oid, status)
-        counts = {}
-        for status in latest.values():
-            counts[status] = counts.get(status, 0) + 1
-        t.caption = "  ".join(f"{k}: {v}" for k, v in sorted(counts.items()))
-        return t
-
     async def receive():
         deadline = time.monotonic() + timeout
+        next_sequence = 0
         async with servicebus_client(cfg.servicebus) as client:
-            receiver = client.get_queue_receiver(queue, receive_mode=ServiceBusReceiveMode.RECEIVE_AND_DELETE)
+            mode = ServiceBusReceiveMode.RECEIVE_AND_DELETE if consume else ServiceBusReceiveMode.PEEK_LOCK
+            receiver = client.get_queue_receiver(queue, receive_mode=mode)
             async with receiver:
-                with Live(table(), console=console, refresh_per_second=4) as live:
+                with Live(render.status_table(queue, latest), console=console, refresh_per_second=4) as live:
                     while time.monotonic() < deadline:
-                        for message in await receiver.receive_messages(max_message_count=50, max_wait_time=1):
-                            update = json.loads(b"".join(message.body))
-                            latest[update["OrderID"]] = update["Status"]
-                        live.update(table())
+                        if consume:
+                            batch = await receiver.receive_messages(max_message_count=50, max_wait_time=1)
+                        else:
+                            batch = await receiver.peek_messages(
+                                max_message_count=50, sequence_number=next_sequence
+                            )
+                            if batch:
+                                next_sequence = max(m.sequence_number for m in batch) + 1
+                            else:
+                                await asyncio.sleep(1)
+                        for message in batch:
+                            status = render.read_status(message)
+                            if status is not None:
+                                latest[status[0]] = status[1]
+                        live.update(render.status_table(queue, latest))
                         final = sum(1 for s in latest.values() if s in TERMINAL_STATUSES)
                         if expect and final >= expect:
                             return
@@ -138,9 +165,21 @@ def watch(
     _run(receive())
 
 
+def _order_id(order_id: str) -> str:
+    try:
+        return check_order_id(order_id)
+    except ValueError as exc:
+        raise ToolError(str(exc)) from None
+
+
+class ToolError(Exception):
+    """A refusal the tool explains in one line."""
+
+
 @app.command()
 def show(order_id: str) -> None:
     """An order's state record and its history."""
+    order_id = _order_id(order_id)
     cfg = _settings()
 
     async def read():
@@ -149,13 +188,7 @@ def show(order_id: str) -> None:
             return await store.read(order_id)
 
     record, etag = _run(read())
-    console.print_json(record.model_dump_json(exclude={"History"}))
-    t = Table(title="history")
-    for col in ("at", "from", "to", "by", "reason"):
-        t.add_column(col)
-    for h in record.History:
-        t.add_row(h.At.isoformat(), h.From or "", h.To, h.By, h.Reason or "")
-    console.print(t)
+    render.print_record(console, record)
 
 
 def _list(state: ProcessState, stuck_only: bool = False, limit: int = 100) -> None:
@@ -170,13 +203,9 @@ def _list(state: ProcessState, stuck_only: bool = False, limit: int = 100) -> No
     records = _run(query())
     if stuck_only:
         records = [r for r in records if r.CompleteBy and r.CompleteBy < now]
-    t = Table(title=f"{len(records)} {'stuck ' if stuck_only else ''}{state.value} orders")
-    for col in ("OrderID", "attempt", "failures", "CompleteBy", "LockedBy", "LastError"):
-        t.add_column(col)
-    for r in records:
-        t.add_row(r.id, str(r.Attempt), str(r.FailureCount), r.CompleteBy.isoformat() if r.CompleteBy else "",
-                  r.LockedBy or "", (r.LastError or "")[:60])
-    console.print(t)
+    console.print(
+        render.records_table(f"{len(records)} {'stuck ' if stuck_only else ''}{state.value} orders", records)
+    )
 
 
 @app.command(name="list")
@@ -197,6 +226,7 @@ def stuck(limit: int = typer.Option(100)) -> None:
 @app.command()
 def resubmit(order_id: str) -> None:
     """Put an Error order back to Pending with a fresh retry budget."""
+    order_id = _order_id(order_id)
     cfg = _settings()
 
     async def write():
@@ -211,6 +241,7 @@ def resubmit(order_id: str) -> None:
 @app.command()
 def compensate(order_id: str) -> None:
     """Undo an Error or CompensationFailed order's completed steps (again)."""
+    order_id = _order_id(order_id)
     cfg = _settings()
 
     async def write():
@@ -224,7 +255,13 @@ def compensate(order_id: str) -> None:
     console.print(f"{order_id}: compensation requested; the starter will run it")
 
 
-def _tail(queue: str, peek: bool, limit: int) -> None:
+_QUEUE_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,259}")
+PEEK_PAGE = 250
+PEEK_CAP = 10_000
+
+
+def _read_queue(queue: str, peek: bool, limit: int | None) -> list:
+    """Peek (up to PEEK_CAP, page by page) or receive-and-complete `limit`."""
     cfg = _settings()
 
     async def read():
@@ -232,45 +269,77 @@ def _tail(queue: str, peek: bool, limit: int) -> None:
             receiver = client.get_queue_receiver(queue)
             async with receiver:
                 if peek:
-                    return [(m, None) for m in await receiver.peek_messages(max_message_count=limit)]
+                    out: list = []
+                    next_sequence = 0
+                    while len(out) < PEEK_CAP:
+                        page = await receiver.peek_messages(
+                            max_message_count=PEEK_PAGE, sequence_number=next_sequence
+                        )
+                        if not page:
+                            break
+                        out.extend(page)
+                        next_sequence = max(m.sequence_number for m in page) + 1
+                    return out
                 out = []
-                for m in await receiver.receive_messages(max_message_count=limit, max_wait_time=2):
-                    out.append((m, None))
+                for m in await receiver.receive_messages(max_message_count=limit or 50, max_wait_time=2):
+                    out.append(m)
                     await receiver.complete_message(m)
                 return out
 
-    for message, _ in _run(read()):
-        body = b"".join(message.body).decode("utf-8", "replace")
-        reason = message.dead_letter_reason or ""
-        console.print(f"[bold]{message.message_id}[/] {reason} {message.dead_letter_error_description or ''}")
-        console.print(f"  {body[:300]}")
+    try:
+        return _run(read())
+    except MessagingEntityNotFoundError:
+        raise ToolError(f"no queue named {queue.split('/')[0]!r}") from None
 
 
 @app.command()
-def alerts(peek: bool = typer.Option(True, help="peek (leave them) or receive and complete"),
-           limit: int = typer.Option(50)) -> None:
-    """Operator alerts from the `alerts` queue."""
-    _tail("alerts", peek, limit)
+def alerts(
+    peek: bool = typer.Option(True, help="peek (leave them) or receive and complete"),
+    limit: int = typer.Option(50, help="how many to show"),
+    oldest_first: bool = typer.Option(False, help="oldest first (default: newest first)"),
+) -> None:
+    """Operator alerts from the `alerts` queue, newest first."""
+    messages = _read_queue("alerts", peek, None if peek else limit)
+    render.print_alerts(console, messages, newest_first=not oldest_first, limit=limit)
 
 
 @app.command()
 def deadletters(queue: str, limit: int = typer.Option(50)) -> None:
     """Peek the dead-letter queue of QUEUE with reasons."""
-    _tail(f"{queue}/$deadletterqueue", True, limit)
+    if not _QUEUE_NAME.fullmatch(queue):
+        raise ToolError(f"{queue!r} is not a queue name (lowercase letters, digits, '.', '_', '-')")
+    messages = _read_queue(f"{queue}/$deadletterqueue", True, None)[:limit]
+    render.print_dead_letters(console, queue, messages)
 
 
 def main() -> int:
     """Known failures (bad settings, unreachable servers, domain refusals) end
     with one line, not a traceback."""
+    from azure.servicebus.exceptions import ServiceBusError
+
     from adapters.settings import SettingsError
     from domain.errors import DomainError
 
     try:
         app()
-    except (SettingsError, DomainError, sm.IllegalTransition) as exc:
-        console.print(f"[red]error:[/] {exc}")
-        return 1
+    except MessagingEntityNotFoundError as exc:
+        return _error(f"no such queue: {str(exc).splitlines()[0]}")
+    except (SettingsError, DomainError, sm.IllegalTransition, ToolError) as exc:
+        return _error(str(exc))
+    except FileNotFoundError as exc:
+        return _error(f"no such file: {exc.filename}")
+    except json.JSONDecodeError as exc:
+        return _error(f"not valid JSON: {exc}")
+    except ServiceBusError as exc:
+        return _error(f"Service Bus: {exc}".splitlines()[0])
+    except OSError as exc:
+        return _error(f"{type(exc).__name__}: {exc}")
     return 0
+
+
+def _error(text: str) -> int:
+    console.print(Text.assemble(("error: ", "red"), render.literal(text, 500)))
+    return 1
 
 
 if __name__ == "__main__":

@@ -23,4 +23,13 @@ def local_settings(path: Path) -> dict[str, str]:
 def tool_settings(path: Path | None = None) -> Settings:
     path = path or Path(os.environ.get("LOCAL_SETTINGS", "local.settings.json"))
     env = {**local_settings(path), **os.environ}
-    return load_settings(env)
+    try:
+        return load_settings(env)
+    except SettingsError as exc:
+        if path.exists():
+            raise
+        raise SettingsError(
+            f"{path} not found, and the environment does not have the settings ({exc}). "
+            "Make it from the template: cp local.settings.template.json local.settings.json "
+            "(or point LOCAL_SETTINGS at yours)"
+        ) from None

@@ -1,7 +1,9 @@
 """The one codec for everything on the wire: JSON bytes <-> contract models.
 
-Decoding checks size first (an oversize body is refused before parsing), then
-validates strictly and turns pydantic's errors into one readable line."""
+Decoding applies the client boundary (domain.boundary): size first (an
+oversize body is refused before parsing), exact JSON (no duplicate keys, no
+NaN or Infinity, bounded depth), then strict validation with the text policy,
+and turns pydantic's errors into one readable line."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ from typing import TypeVar
 
 from pydantic import BaseModel, ValidationError
 
+from domain.boundary import WIRE, BoundaryError, exact_json
 from domain.errors import ValidationFailed
 
 M = TypeVar("M", bound=BaseModel)
@@ -21,13 +24,13 @@ def encode(model: BaseModel) -> bytes:
 
 
 def decode(model_type: type[M], body: bytes | str, max_bytes: int = DEFAULT_MAX_BYTES) -> M:
-    raw = body.encode("utf-8") if isinstance(body, str) else bytes(body)
-    if len(raw) > max_bytes:
-        raise ValidationFailed(
-            f"{model_type.__name__} is {len(raw)} bytes; the limit is {max_bytes} bytes"
-        )
+    raw = body.encode("utf-8", "surrogatepass") if isinstance(body, str) else bytes(body)
     try:
-        return model_type.model_validate_json(raw, strict=True)
+        exact_json(raw, max_bytes)
+    except BoundaryError as exc:
+        raise ValidationFailed(f"{model_type.__name__}: {exc}") from None
+    try:
+        return model_type.model_validate_json(raw, strict=True, context=WIRE)
     except ValidationError as exc:
         raise ValidationFailed(describe(model_type, exc)) from exc
 

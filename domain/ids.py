@@ -24,7 +24,7 @@ _STEP = re.compile(r"^[a-z][a-z0-9-]{0,31}$")
 def check_order_id(order_id: str) -> str:
     """Order ids become parts of instance ids, keys and message ids: keep them
     to a safe alphabet (no ':' or '/', which those use as separators)."""
-    if not _ORDER_ID.match(order_id):
+    if not _ORDER_ID.fullmatch(order_id):
         raise ValueError(
             f"OrderID {order_id!r} must be 1-64 characters of letters, digits, '.', '_' or '-', "
             "starting with a letter or digit"

@@ -1,9 +1,40 @@
 """Pydantic models for the state record and every message (DESIGN.md §3, §5).
 
 One model per contract, each carrying `SchemaVersion`. Unknown fields are
-rejected, types are not coerced from strings on the wire, and sizes are bounded,
-so a malformed message fails with a reason a human can read (see domain.codec).
-Field names are PascalCase on the wire to match the design's vocabulary."""
+rejected, types are not coerced (`SchemaVersion` 1.0, "1" or true is not 1; a
+count is a JSON integer), and sizes are bounded, so a malformed message fails
+with a reason a human can read (see domain.codec). Field names are PascalCase
+on the wire to match the design's vocabulary.
+
+Text policy (domain.boundary), for every string field of every message: not
+empty; no leading or trailing whitespace; no control characters (NUL, newline,
+tab, ESC...), bidirectional overrides or isolates, zero-width or other Unicode
+format characters, or line/paragraph separators. Received messages that break
+it are refused; text our own code fills from outside text (a provider's error,
+a refusal quoting the input) is cleaned to fit instead. Identifiers keep their
+grammars, matched in full (OrderID: 1-64 of letters, digits, '.', '_', '-',
+starting with a letter or digit).
+
+Dead-letter reasons (every message the app consumes ends in exactly one of
+these or is completed; each dead letter raises one OperatorAlert whose Kind is
+the reason, with the message id, the OrderID when one could be read, and the
+description):
+
+- InvalidMessage: the body is not a valid contract (not JSON, duplicate keys,
+  NaN, too deep, too large, a wrong type, a field breaking the text policy, an
+  AMQP map or list body instead of JSON text...). The description says which
+  rule and where. Resending the same body cannot succeed.
+- ReplyQueueNotAllowed: the order names a reply queue not registered to its
+  AppId. Nothing was written or sent.
+- OrderConflict: an order with this OrderID exists with different data; the
+  description names the fields. Nothing was overwritten.
+- RetriesExhausted: a transient failure (store throttled, bus or host
+  unavailable) outlasted the back-off schedule or the delivery budget. The
+  message itself may be fine: resend it once the dependency is healthy.
+- ProcessingFailed: the handler failed in a way it does not know (a bug or an
+  input it did not foresee); the description names the exception. Nothing was
+  lost silently: fix the cause, then resend.
+"""
 
 from __future__ import annotations
 
@@ -17,6 +48,7 @@ from pydantic import (
     AfterValidator,
     AwareDatetime,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     StringConstraints,
@@ -24,14 +56,30 @@ from pydantic import (
     model_validator,
 )
 
-from domain.ids import check_order_id
+from domain.boundary import check_order_id, check_text, produced_text
 
 SCHEMA_VERSION = 1
 MAX_LINES = 100
 MAX_PAYLOAD_KEYS = 50
 
 OrderId = Annotated[str, AfterValidator(check_order_id)]
-ShortText = Annotated[str, StringConstraints(min_length=1, max_length=200)]
+# Client text: refused unless it satisfies the text policy.
+Text = Annotated[str, AfterValidator(check_text)]
+ShortText = Annotated[str, StringConstraints(min_length=1, max_length=200), AfterValidator(check_text)]
+
+
+def ProducedText(max_length: int):  # noqa: N802 - a type factory, named like a type
+    """Text our code fills from outside text: cleaned when built, checked when received."""
+    return Annotated[
+        str,
+        BeforeValidator(produced_text(max_length)),
+        StringConstraints(max_length=max_length),
+        AfterValidator(check_text),
+    ]
+
+
+def BoundedText(max_length: int):  # noqa: N802 - a type factory, named like a type
+    return Annotated[str, StringConstraints(min_length=1, max_length=max_length), AfterValidator(check_text)]
 QueueName = Annotated[
     str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9._-]{0,259}$", max_length=260)
 ]
@@ -44,6 +92,14 @@ class Contract(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False)
 
     SchemaVersion: Literal[1] = SCHEMA_VERSION
+
+    @field_validator("SchemaVersion", mode="before")
+    @classmethod
+    def _exactly_one(cls, value: Any) -> Any:
+        # Literal[1] alone accepts 1.0 and true (they compare equal to 1).
+        if type(value) is not int:
+            raise ValueError(f"must be the integer {SCHEMA_VERSION}, not {type(value).__name__}")
+        return value
 
 
 class ProcessState(StrEnum):
@@ -130,7 +186,7 @@ class OrderSubmitted(Contract):
     Lines: Annotated[list[OrderLine], Field(min_length=1, max_length=MAX_LINES)]
     Total: Annotated[Decimal, Field(ge=0, max_digits=14, decimal_places=2)]
     Currency: Annotated[str, StringConstraints(pattern=r"^[A-Z]{3}$")] = "EUR"
-    PaymentReference: Annotated[str, StringConstraints(min_length=1, max_length=64)] | None = None
+    PaymentReference: BoundedText(64) | None = None
 
     @field_validator("PaymentReference")
     @classmethod
@@ -275,6 +331,11 @@ class OrderState(Contract):
 def _bounded_payload(value: dict[str, Any]) -> dict[str, Any]:
     if len(value) > MAX_PAYLOAD_KEYS:
         raise ValueError(f"payload has {len(value)} keys; at most {MAX_PAYLOAD_KEYS}")
+    for key in value:
+        try:
+            check_text(key)
+        except ValueError as exc:
+            raise ValueError(f"key {key[:40]!r}: {exc}") from None
     return value
 
 
@@ -282,29 +343,30 @@ PayloadDict = Annotated[dict[str, Any], AfterValidator(_bounded_payload)]
 
 
 class AgentRequest(Contract):
-    InstanceId: Annotated[str, StringConstraints(max_length=100)]
+    InstanceId: BoundedText(100)
     OrderID: OrderId
     Step: StepName
     Action: Literal["do", "undo"] = "do"
     Attempt: Annotated[int, Field(strict=True, ge=1)]
-    IdempotencyKey: Annotated[str, StringConstraints(max_length=120)]
+    IdempotencyKey: BoundedText(120)
     FencingToken: Annotated[int, Field(strict=True, ge=1)]
     Deadline: AwareDatetime
-    ReplyEvent: Annotated[str, StringConstraints(max_length=100)]
+    ReplyEvent: BoundedText(100)
     Payload: PayloadDict = Field(default_factory=dict)
 
 
 class AgentReply(Contract):
-    InstanceId: Annotated[str, StringConstraints(max_length=100)]
+    InstanceId: BoundedText(100)
     OrderID: OrderId
     Step: StepName
     Action: Literal["do", "undo"] = "do"
     Attempt: Annotated[int, Field(strict=True, ge=1)]
-    EventName: Annotated[str, StringConstraints(max_length=100)]
-    EventId: Annotated[str, StringConstraints(max_length=100)]
+    EventName: BoundedText(100)
+    EventId: BoundedText(100)
     Outcome: _ReplyOutcome
     Result: PayloadDict | None = None
-    Error: Annotated[str, StringConstraints(max_length=500)] | None = None
+    # A provider's words: cleaned when the agent builds the reply.
+    Error: ProducedText(500) | None = None
 
     @model_validator(mode="after")
     def _error_when_not_ok(self) -> AgentReply:
@@ -319,20 +381,29 @@ class AgentReply(Contract):
 class StatusUpdate(Contract):
     OrderID: OrderId
     Status: StatusKind
-    Detail: Annotated[str, StringConstraints(max_length=500)] | None = None
+    Detail: ProducedText(500) | None = None
     Step: StepName | None = None
     Timestamp: AwareDatetime
 
 
 class OperatorAlert(Contract):
+    """For a dead letter, `Kind` is its dead-letter reason, `Reason` its
+    description, and `MessageId` + `Queue` name the dead letter, so an alert
+    and its dead letter can be joined. Every text field here may quote what a
+    client sent: tools print it literally."""
+
     Kind: Literal[
         "OrderConflict",
         "InvalidMessage",
         "ReplyQueueNotAllowed",
+        "RetriesExhausted",
+        "ProcessingFailed",
         "OrderError",
         "CompensationFailed",
         "AgentFailure",
     ]
-    OrderID: str | None = None
-    Reason: Annotated[str, StringConstraints(max_length=2000)]
+    OrderID: ProducedText(200) | None = None
+    Reason: ProducedText(2000)
     Timestamp: AwareDatetime
+    MessageId: ProducedText(200) | None = None
+    Queue: ProducedText(260) | None = None

@@ -10,9 +10,8 @@ import azure.functions as func
 import azurefunctions.extensions.bindings.servicebus as servicebus
 
 import bootstrap
-from adapters.settlement import message_body, settle
 from orchestrators.order_workflow import WORKFLOW_NAME, order_workflow
-from orchestrators.reply_bridge import bridge_reply
+from orchestrators.reply_bridge import on_reply_message
 
 AGENT_RESPONSES_QUEUE = "agent-responses"
 
@@ -47,5 +46,4 @@ async def reply_bridge(
     message_actions: servicebus.ServiceBusMessageActions,
     client: df.DurableOrchestrationClient,
 ) -> None:
-    outcome = await bridge_reply(message_body(message), client, await bootstrap.alerts())
-    settle(message, message_actions, outcome)
+    await on_reply_message(message, message_actions, client)

@@ -5,31 +5,54 @@ Duplicate and late replies change nothing: a duplicate raises an event name the
 instance has already consumed (each step and attempt has its own name), and a
 reply to an instance that has finished, or to an old attempt, finds no waiter
 (the host answers 404/410 and we complete the message). Stale attempts cannot
-write to the record anyway (LockedBy)."""
+write to the record anyway (LockedBy).
+
+A hostile or malformed reply never reaches the workflow: it is refused at the
+boundary (domain.codec) and dead-lettered `InvalidMessage`; a reply whose
+InstanceId is not an attempt of its OrderID is refused the same way. A
+failure to raise the event is retried after a back-off delay; anything
+unexpected is dead-lettered `ProcessingFailed` (adapters.settlement.MessageGate
+does both, and alerts)."""
 
 from __future__ import annotations
 
 import logging
+from typing import Any
 
-from adapters.clock import utc_now
 from adapters.crashpoints import crash_point
-from adapters.settlement import Settle
+from adapters.settlement import BackoffPolicy, MessageGate, Settle
 from domain.codec import decode
 from domain.errors import ValidationFailed
+from domain.ids import parse_attempt_instance_id
 from domain.models import AgentReply
-from reporting import Alerts
 
 log = logging.getLogger(__name__)
+
+AGENT_RESPONSES_QUEUE = "agent-responses"
 
 _GONE = ("is gone", "No instance with ID")
 
 
-async def bridge_reply(body: bytes, client, alerts: Alerts | None = None) -> Settle:
+def _check_reply(body: bytes) -> AgentReply:
+    reply = decode(AgentReply, body)
     try:
-        reply = decode(AgentReply, body)
+        order_id, _ = parse_attempt_instance_id(reply.InstanceId)
+    except ValueError as exc:
+        raise ValidationFailed(f"AgentReply: InstanceId: {exc}") from None
+    if order_id != reply.OrderID:
+        # Would raise an event on another order's instance.
+        raise ValidationFailed(
+            f"AgentReply: InstanceId {reply.InstanceId!r} is not an instance of order {reply.OrderID!r}"
+        )
+    return reply
+
+
+async def bridge_reply(body: bytes, client, alerts: Any = None) -> Settle:
+    """What to do with one reply. `alerts` is unused (the gate alerts) and
+    kept for callers of the old signature."""
+    try:
+        reply = _check_reply(body)
     except ValidationFailed as exc:
-        if alerts is not None:
-            await alerts.raise_alert("InvalidMessage", exc.reason, utc_now())
         return Settle.deadletter("InvalidMessage", exc.reason)
     try:
         await client.raise_event(reply.InstanceId, reply.EventName, reply.model_dump(mode="json"))
@@ -41,10 +64,21 @@ async def bridge_reply(body: bytes, client, alerts: Alerts | None = None) -> Set
             )
             return Settle.complete(reply.OrderID)
         log.warning("raising %s on %s failed: %s", reply.EventName, reply.InstanceId, exc)
-        return Settle.abandon(str(exc), reply.OrderID)
+        return Settle.retry(f"raising {reply.EventName} failed: {exc}", reply.OrderID)
     crash_point("bridge.after_raise")
     log.info(
         "reply %s raised on %s (%s)", reply.EventName, reply.InstanceId, reply.Outcome.value,
         extra={"order_id": reply.OrderID},
     )
     return Settle.complete(reply.OrderID)
+
+
+async def on_reply_message(message: Any, actions: Any, client: Any) -> Settle:
+    """The trigger's whole body: gate, bridge, settle."""
+    import bootstrap
+
+    c = await bootstrap.container()
+    gate = MessageGate(
+        AGENT_RESPONSES_QUEUE, await bootstrap.alerts(), c.publisher, BackoffPolicy.from_env()
+    )
+    return await gate.run(message, actions, lambda body: bridge_reply(body, client))

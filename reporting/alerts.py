@@ -25,15 +25,37 @@ class Alerts:
         self._publisher = publisher
 
     async def raise_alert(
-        self, kind: str, reason: str, now: datetime, order_id: str | None = None
+        self,
+        kind: str,
+        reason: str,
+        now: datetime,
+        order_id: str | None = None,
+        *,
+        message_id: str | None = None,
+        queue: str | None = None,
     ) -> OperatorAlert:
-        alert = OperatorAlert(Kind=kind, OrderID=order_id, Reason=reason[:2000], Timestamp=now)
+        """`reason` is the description; for a dead letter `kind` is its reason
+        and `message_id`/`queue` name it. Text is cleaned to the contracts'
+        text policy (it may quote a client), never refused."""
+        alert = OperatorAlert(
+            Kind=kind,
+            OrderID=order_id,
+            Reason=reason or "(no description)",
+            Timestamp=now,
+            MessageId=message_id,
+            Queue=queue,
+        )
         log.error(
-            "operator alert %s for order %s: %s",
+            "operator alert %s for %s: %s",
             kind,
-            order_id,
-            reason,
-            extra={"alert_kind": kind, "order_id": order_id, "custom_dimensions": {"AlertKind": kind}},
+            f"order {alert.OrderID}" if alert.OrderID else f"message {alert.MessageId or '?'}",
+            alert.Reason,
+            extra={
+                "alert_kind": kind,
+                "order_id": alert.OrderID,
+                "message_id": alert.MessageId,
+                "custom_dimensions": {"AlertKind": kind},
+            },
         )
         try:
             await self._publisher.send(

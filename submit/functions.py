@@ -1,24 +1,33 @@
 """The Submit trigger: Service Bus queue `orders`, PeekLock, manual settlement.
 
-Thin on purpose: read the body, ask the handler what to do, settle. The
-message-actions object is the SDK-type binding's `ServiceBusMessageActions`
-under the real host, and the local host's implementation of the same methods
-under devstack.host."""
+Thin on purpose: the gate (adapters.settlement.MessageGate) reads the body of
+any AMQP kind, runs the handler, turns transient failures into delayed
+retries and anything unexpected into a `ProcessingFailed` dead letter, alerts
+on every dead letter, and settles off the event loop. The message-actions
+object is the SDK-type binding's `ServiceBusMessageActions` under the real
+host, and the local host's implementation of the same methods under
+devstack.host."""
 
-from __future__ import annotations
-
+# No `from __future__ import annotations`: the Functions worker reads the
+# trigger's parameter annotations to decide what to bind.
 import logging
 
 import azure.functions as func
 import azurefunctions.extensions.bindings.servicebus as servicebus
 
 import bootstrap
-from adapters.settlement import message_body, settle
+from adapters.settlement import BackoffPolicy, MessageGate
 
 ORDERS_QUEUE = "orders"
 
 bp = func.Blueprint()
 log = logging.getLogger(__name__)
+
+
+async def orders_gate() -> MessageGate:
+    c = await bootstrap.container()
+    handler = await bootstrap.submit_handler()
+    return MessageGate(ORDERS_QUEUE, handler.alerts, c.publisher, BackoffPolicy.from_env())
 
 
 @bp.function_name("submit_order")
@@ -32,15 +41,6 @@ async def submit_order(
     message: servicebus.ServiceBusReceivedMessage,
     message_actions: servicebus.ServiceBusMessageActions,
 ) -> None:
-    body = message_body(message)
     handler = await bootstrap.submit_handler()
-    outcome = await handler.handle(body)
-    log.info(
-        "orders message %s (delivery %s): %s %s",
-        message.message_id,
-        message.delivery_count,
-        outcome.kind.value,
-        outcome.reason or "",
-        extra={"order_id": outcome.order_id},
-    )
-    settle(message, message_actions, outcome)
+    gate = await orders_gate()
+    await gate.run(message, message_actions, handler.handle)

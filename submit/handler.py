@@ -6,14 +6,23 @@ create-if-absent on OrderID followed by a comparison of the immutable data, so a
 redelivered message finishes whichever half is missing (DESIGN.md §4).
 
 Order of effects, and why:
-1. validate, check the reply queue belongs to the sender — nothing written yet;
+1. validate (the client boundary: domain.codec / domain.boundary), check the
+   reply queue belongs to the sender — nothing written yet;
 2. read the state record: an existing one is compared by digest (cheap) first;
+   a Rejected one gets its Rejected status again (its first send may have
+   failed; the stable message id makes a repeat a duplicate) and nothing is
+   written: a rejected order never reaches the orders DB;
 3. admission control for new orders, from a gauge the starter refreshes (one
    point read, cached; never a cross-partition COUNT per message);
 4. orders DB, then state record — a crash between them is healed on redelivery;
 5. `Received` status, then `ReceivedSent` on the record — a crash between them
    re-sends with the same message id, which the reply queue's duplicate
    detection drops.
+
+The handler decides; it does not alert or settle. submit.functions runs it
+through adapters.settlement.MessageGate, which raises one alert per dead
+letter (with the message id), turns a transient failure into a delayed retry,
+and an unexpected exception into a `ProcessingFailed` dead letter.
 """
 
 from __future__ import annotations
@@ -27,6 +36,7 @@ from adapters.ports import ANY_OWNER, OrdersRepository, StateStore
 from adapters.settings import Settings
 from adapters.settlement import Settle
 from domain import state_machine as sm
+from domain.boundary import readable_order_id
 from domain.codec import decode
 from domain.errors import (
     ConflictError,
@@ -96,7 +106,9 @@ class SubmitHandler:
         self._store = store
         self._orders = orders
         self._status = status
-        self._alerts = alerts
+        # Alerts are raised by the gate that runs this handler (with the
+        # message id); kept here so the gate can use the same sink.
+        self.alerts = alerts
         self._steps = steps
         self._backlog = backlog or BacklogReader(store, settings.backlog_gauge_max_age.total_seconds())
         self._clock = clock
@@ -105,18 +117,17 @@ class SubmitHandler:
         try:
             return await self._handle(body)
         except TransientError as exc:
-            # The store or the bus is briefly unavailable: let Service Bus
-            # redeliver (bounded by the queue's max delivery count).
-            log.warning("transient failure, message abandoned: %s", exc)
-            return Settle.abandon(str(exc))
+            # The store or the bus is briefly unavailable: retry after a
+            # back-off delay (the gate schedules it), not at once.
+            log.warning("transient failure, retrying later: %s", exc)
+            return Settle.retry(str(exc), readable_order_id(body))
 
     async def _handle(self, body: bytes) -> Settle:
         now = self._clock()
         try:
             order = decode(OrderSubmitted, body, self._settings.max_order_bytes)
         except ValidationFailed as exc:
-            await self._alerts.raise_alert("InvalidMessage", exc.reason, now)
-            return Settle.deadletter("InvalidMessage", exc.reason)
+            return Settle.deadletter("InvalidMessage", exc.reason, readable_order_id(body))
 
         allowed = self._settings.reply_queues.get(order.AppId)
         if allowed != order.ReplyTo:
@@ -124,12 +135,13 @@ class SubmitHandler:
                 f"application {order.AppId!r} may not use reply queue {order.ReplyTo!r}"
                 + (f" (its queue is {allowed!r})" if allowed else " (application not registered)")
             )
-            await self._alerts.raise_alert("ReplyQueueNotAllowed", reason, now, order.OrderID)
             return Settle.deadletter("ReplyQueueNotAllowed", reason, order.OrderID)
 
         existing = await self._read(order.OrderID)
         if existing is not None and existing.OrderDigest != order.digest():
             return await self._conflict(order, now)
+        if existing is not None and existing.ProcessState is ProcessState.REJECTED:
+            return await self._send_rejected(order, existing, now)
 
         if existing is None and await self._over_backlog():
             return await self._reject(order, now)
@@ -148,7 +160,8 @@ class SubmitHandler:
             log.info("order accepted", extra={"order_id": order.OrderID})
 
         if record.ProcessState is ProcessState.REJECTED:
-            return Settle.complete(order.OrderID)  # its Rejected status already went out
+            # Rejected by a delivery racing this one, after our orders write.
+            return await self._send_rejected(order, record, now)
         if not record.ReceivedSent:
             await self._status.send(order.ReplyTo, order.OrderID, StatusKind.RECEIVED, now)
             await self._store.update(
@@ -173,10 +186,16 @@ class SubmitHandler:
         if record.ProcessState is not ProcessState.REJECTED:
             # Lost a race with a delivery that was admitted: treat as that.
             return await self._handle_existing_after_race(order, now)
-        await self._status.send(
-            order.ReplyTo, order.OrderID, StatusKind.REJECTED, now, detail=reason
-        )
         log.warning("order rejected: %s", reason, extra={"order_id": order.OrderID})
+        return await self._send_rejected(order, record, now)
+
+    async def _send_rejected(self, order: OrderSubmitted, record: OrderState, now: datetime) -> Settle:
+        """(Re)send Rejected. Every delivery of a rejected order sends it: the
+        first send may have failed, and its stable message id makes a repeat
+        within the duplicate window a duplicate the reply queue drops."""
+        await self._status.send(
+            order.ReplyTo, order.OrderID, StatusKind.REJECTED, now, detail=record.LastError
+        )
         return Settle.complete(order.OrderID)
 
     async def _handle_existing_after_race(self, order: OrderSubmitted, now: datetime) -> Settle:
@@ -194,7 +213,6 @@ class SubmitHandler:
             f"order {order.OrderID} exists with different data in: {', '.join(fields) or 'unknown'}; "
             "nothing was overwritten"
         )
-        await self._alerts.raise_alert("OrderConflict", description, now, order.OrderID)
         return Settle.deadletter("OrderConflict", description, order.OrderID)
 
     async def _differing_fields(self, order: OrderSubmitted) -> list[str]:

@@ -4,6 +4,7 @@ and the Service Bus emulator: each outcome of DESIGN.md §2.2 and §4."""
 from __future__ import annotations
 
 import json
+import time
 import uuid
 
 import pytest
@@ -30,6 +31,23 @@ async def rig(app_env, servicebus_emulator):  # noqa: F811
     await bootstrap.close()
 
 
+def _dies_like_a_process(function):
+    """A crash (Killed) leaves the message unsettled; the lock would expire
+    and the queue redeliver. Here: abandon, so the test need not wait a minute."""
+
+    async def run(message, message_actions, **extra):
+        try:
+            await function(message=message, message_actions=message_actions, **extra)
+        except Killed as exc:
+            raise _Died() from exc
+
+    return run
+
+
+class _Died(Exception):
+    pass
+
+
 class Rig:
     def __init__(self, bus: Bus) -> None:
         self.bus = bus
@@ -40,7 +58,7 @@ class Rig:
 
     async def submit(self, body: bytes) -> tuple:
         await self.bus.send("orders", body)
-        return await self.bus.deliver("orders", SUBMIT)
+        return await self.bus.deliver("orders", _dies_like_a_process(SUBMIT))
 
     async def replies(self, queue="replies-webshop") -> list[str]:
         return [m["Status"] for m in await self.bus.drain(queue, wait=0.3) if m.get("OrderID") == self.order_id]
@@ -69,14 +87,18 @@ async def test_redelivered_identical_order_sends_no_second_received(rig):
     assert await rig.replies() == ["Received"]
 
 
+class Killed(BaseException):
+    """The process dying mid-handler (no exception the gate could catch)."""
+
+
 async def test_crash_between_the_two_writes_is_healed_by_redelivery(rig, monkeypatch):
     real = CosmosStateStore.create_if_absent
 
     async def crash(self, record):
-        raise RuntimeError("process killed between the orders DB and the state store")
+        raise Killed("process killed between the orders DB and the state store")
 
     monkeypatch.setattr(CosmosStateStore, "create_if_absent", crash)
-    with pytest.raises(RuntimeError):
+    with pytest.raises(_Died):
         await rig.submit(rig.body())
     monkeypatch.setattr(CosmosStateStore, "create_if_absent", real)
     # the abandoned message comes back: the host redelivers it
@@ -143,11 +165,73 @@ async def test_backlog_above_threshold_answers_rejected(rig, app_env):  # noqa: 
     assert (await rig.record()).ProcessState is ProcessState.REJECTED
 
 
-async def test_throttled_store_abandons_for_redelivery(rig, cosmos_server, cosmos_database):
+async def test_throttled_store_retries_after_a_delay_not_at_once(rig, app_env, cosmos_server, cosmos_database):  # noqa: F811
+    app_env(REDELIVERY_DELAYS_SECONDS="2")
     set_faults(cosmos_server.endpoint, FaultRule(status=429, db=cosmos_database, retry_after_ms=10))
     try:
-        assert await rig.submit(rig.body()) == ("abandon",)
+        # completed: a copy is scheduled on the queue instead of an abandon
+        assert await rig.submit(rig.body()) == ("complete",)
     finally:
         clear_faults(cosmos_server.endpoint)
-    assert await rig.bus.deliver("orders", SUBMIT) == ("complete",)
+    started = time.monotonic()
+    assert await rig.bus.deliver("orders", SUBMIT, wait=15) == ("complete",)
+    # Not a timing assertion on speed: the copy must not come back before its delay.
+    assert time.monotonic() - started > 1.0
     assert await rig.replies() == ["Received"]
+    assert await rig.alerts() == []
+
+
+async def test_throttling_that_outlasts_the_back_off_dead_letters_with_a_reason_and_an_alert(
+    rig, app_env, cosmos_server, cosmos_database  # noqa: F811
+):
+    app_env(REDELIVERY_DELAYS_SECONDS="0.2")
+    set_faults(cosmos_server.endpoint, FaultRule(status=429, db=cosmos_database, retry_after_ms=10))
+    try:
+        assert await rig.submit(rig.body()) == ("complete",)
+        call = await rig.bus.deliver("orders", SUBMIT, wait=15)
+    finally:
+        clear_faults(cosmos_server.endpoint)
+    assert call[:2] == ("deadletter", "RetriesExhausted")
+    alerts = [m for m in await rig.bus.drain("alerts", wait=0.3)]
+    assert [(a["Kind"], a["OrderID"]) for a in alerts] == [("RetriesExhausted", rig.order_id)]
+    [dead] = await rig.bus.drain("orders/$deadletterqueue", wait=0.3)
+    assert dead["_message_id"] == alerts[0]["MessageId"]
+
+
+async def test_an_unexpected_exception_is_dead_lettered_processing_failed(rig, monkeypatch):
+    async def broken(self, record):
+        raise ZeroDivisionError("surprise")
+
+    monkeypatch.setattr(CosmosStateStore, "create_if_absent", broken)
+    call = await rig.submit(rig.body())
+    assert call[:2] == ("deadletter", "ProcessingFailed") and "ZeroDivisionError" in call[2]
+    [alert] = await rig.bus.drain("alerts", wait=0.3)
+    assert alert["Kind"] == "ProcessingFailed" and alert["OrderID"] == rig.order_id
+
+
+async def test_a_rejected_order_whose_status_send_failed_hears_rejected_on_redelivery(rig, app_env, monkeypatch):  # noqa: F811
+    app_env(PENDING_BACKLOG_LIMIT="5", REDELIVERY_DELAYS_SECONDS="0.2")
+    c = await bootstrap.container()
+    from datetime import UTC, datetime
+
+    from adapters.servicebus import ServiceBusPublisher
+    from domain.errors import TransientError
+
+    await c.store.write_backlog_gauge(6, datetime.now(UTC))
+    real = ServiceBusPublisher.send
+
+    async def fail_replies(self, queue, *args, **kwargs):
+        if queue == "replies-webshop":
+            raise TransientError("reply queue unreachable")
+        return await real(self, queue, *args, **kwargs)
+
+    monkeypatch.setattr(ServiceBusPublisher, "send", fail_replies)
+    assert await rig.submit(rig.body()) == ("complete",)
+    monkeypatch.setattr(ServiceBusPublisher, "send", real)
+    assert await rig.bus.deliver("orders", SUBMIT, wait=15) == ("complete",)
+    assert await rig.replies() == ["Rejected"]
+    assert (await rig.record()).ProcessState is ProcessState.REJECTED
+    from domain.errors import NotFoundError
+
+    with pytest.raises(NotFoundError):
+        await c.orders.get(rig.order_id)

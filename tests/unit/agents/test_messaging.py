@@ -5,7 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import azure.functions as func
+import pytest
 from azure.servicebus import ServiceBusMessage
+from azure.servicebus.amqp import AmqpMessageBodyType
 
 from agents.agent import Agent
 from agents.messaging import Disposition, RequestProcessor, message_body
@@ -41,11 +43,19 @@ class FakeReplies:
         self.sent.append((message_id, encode(reply)))
 
 
-def make(clock: FakeClock | None = None):
+@dataclass
+class FakeAlerts:
+    raised: list[tuple] = field(default_factory=list)
+
+    async def raise_alert(self, kind, reason, now, order_id=None, *, message_id=None, queue=None):
+        self.raised.append((kind, reason, order_id, message_id, queue))
+
+
+def make(clock: FakeClock | None = None, alerts: FakeAlerts | None = None):
     clock = clock or FakeClock()
     remote = FakeRemote(clock)
     replies = FakeReplies()
-    return RequestProcessor(Agent(remote, clock, POLICY), replies), remote, replies
+    return RequestProcessor(Agent(remote, clock, POLICY), replies, alerts), remote, replies
 
 
 async def test_a_handled_request_is_replied_to_with_a_stable_id_then_completed():
@@ -107,15 +117,91 @@ async def test_a_reply_that_cannot_be_sent_abandons_the_request_for_redelivery()
     assert settlement.actions == [("abandon",)]
 
 
-async def test_an_unexpected_failure_abandons_rather_than_completes():
-    processor, _, replies = make()
+async def test_an_unexpected_failure_is_dead_lettered_naming_the_exception_and_alerted():
+    alerts = FakeAlerts()
+    processor, _, replies = make(alerts=alerts)
     replies.fail_with = RuntimeError("bug")
     settlement = FakeSettlement()
 
-    disposition = await processor.process(encode(request()), settlement)
+    disposition = await processor.process(encode(request()), settlement, message_id="m-1")
 
-    assert disposition is Disposition.ABANDONED
-    assert settlement.actions == [("abandon",)]
+    assert disposition is Disposition.DEAD_LETTERED
+    [(action, reason, description)] = settlement.actions
+    assert (action, reason) == ("dead_letter", "ProcessingFailed")
+    assert "RuntimeError: bug" in description
+    assert alerts.raised == [("ProcessingFailed", description, "o-1", "m-1", "agent-requests")]
+
+
+async def test_a_reply_that_cannot_be_sent_on_the_last_delivery_is_dead_lettered_not_dropped():
+    alerts = FakeAlerts()
+    processor, _, replies = make(alerts=alerts)
+    replies.fail_with = TransientError("link detached")
+    settlement = FakeSettlement()
+
+    disposition = await processor.process(
+        encode(request()), settlement, message_id="m-2", last_delivery=True
+    )
+
+    assert disposition is Disposition.DEAD_LETTERED
+    assert settlement.actions[0][:2] == ("dead_letter", "RetriesExhausted")
+    assert [a[0] for a in alerts.raised] == ["RetriesExhausted"]
+
+
+class _Received:
+    """The attributes of azure.servicebus.ServiceBusReceivedMessage the processor reads."""
+
+    def __init__(self, body, body_type, delivery_count=0, message_id="m-9"):
+        self.body, self.body_type = body, body_type
+        self.delivery_count, self.message_id = delivery_count, message_id
+        self.application_properties = None
+
+
+@pytest.mark.parametrize(
+    ("body", "kind", "expected"),
+    [
+        ({b"OrderID": b"o-1"}, AmqpMessageBodyType.VALUE, "AMQP value body holds an AMQP dict"),
+        (None, AmqpMessageBodyType.VALUE, "null"),
+        (iter([[1, 2]]), AmqpMessageBodyType.SEQUENCE, "AMQP sequence body holds an AMQP int"),
+        (b"[]", AmqpMessageBodyType.VALUE, "AgentRequest"),
+    ],
+)
+async def test_bodies_of_every_kind_that_carry_no_request_are_dead_lettered_with_a_reason(body, kind, expected):
+    alerts = FakeAlerts()
+    processor, _, _ = make(alerts=alerts)
+    settlement = FakeSettlement()
+
+    disposition = await processor.process_message(_Received(body, kind), settlement)
+
+    assert disposition is Disposition.DEAD_LETTERED
+    [(action, reason, description)] = settlement.actions
+    assert reason == "InvalidMessage" and expected in description
+    assert alerts.raised[0][0] == "InvalidMessage" and alerts.raised[0][3] == "m-9"
+
+
+@pytest.mark.parametrize(
+    ("body", "kind"),
+    [
+        (iter([b"{", b"}"]), AmqpMessageBodyType.DATA),
+        (b"{}", AmqpMessageBodyType.VALUE),
+        (iter([[b"{", b"}"]]), AmqpMessageBodyType.SEQUENCE),
+    ],
+)
+async def test_json_text_in_any_body_kind_reaches_the_contract_check(body, kind):
+    processor, _, _ = make()
+    settlement = FakeSettlement()
+    await processor.process_message(_Received(body, kind), settlement)
+    # The JSON was read: it is refused by the contract, not by the body reader.
+    assert settlement.actions[0][2].startswith("AgentRequest: ")
+
+
+async def test_the_last_delivery_is_known_from_the_delivery_count():
+    processor, _, replies = make(alerts=FakeAlerts())
+    replies.fail_with = TransientError("down")
+    first, last = FakeSettlement(), FakeSettlement()
+    await processor.process_message(_Received(encode(request()), AmqpMessageBodyType.VALUE, 0), first)
+    await processor.process_message(_Received(encode(request()), AmqpMessageBodyType.VALUE, 4), last)
+    assert first.actions == [("abandon",)]
+    assert last.actions[0][:2] == ("dead_letter", "RetriesExhausted")
 
 
 def test_the_body_is_read_from_either_runners_message_type():

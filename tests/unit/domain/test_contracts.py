@@ -10,7 +10,7 @@ import pytest
 from domain import ids
 from domain.codec import decode, encode
 from domain.errors import ValidationFailed
-from domain.models import AgentReply, AgentRequest, OrderSubmitted, StatusUpdate
+from domain.models import AgentReply, AgentRequest, OperatorAlert, OrderSubmitted, StatusUpdate
 from tests.unit.domain.conftest import order_payload
 
 
@@ -121,3 +121,125 @@ def test_attempts_start_at_one():
         ids.attempt_instance_id("A", 0)
     with pytest.raises(ValueError):
         ids.parse_attempt_instance_id("A:x")
+
+
+# --- the client boundary (domain.boundary) ---------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        (b'{"OrderID": "A", "OrderID": "B"}', "duplicate key 'OrderID'"),
+        (b'{"Total": NaN}', "NaN is not a JSON number"),
+        (b'{"Total": -Infinity}', "-Infinity is not a JSON number"),
+        (b'{"Total": 1e400}', "out of range"),
+        (b"[" * 40 + b"]" * 40, "nested more than 32 levels"),
+        (b"\xef\xbb\xbf{}", "byte order mark"),
+        (b'{"a": "\xff"}', "not UTF-8"),
+        (b'{} {}', "invalid JSON: Extra data"),
+    ],
+)
+def test_inexact_json_is_refused_naming_the_rule(raw, expected):
+    with pytest.raises(ValidationFailed) as info:
+        decode(OrderSubmitted, raw)
+    assert expected in info.value.reason and info.value.reason.startswith("OrderSubmitted: ")
+
+
+def test_a_duplicate_key_anywhere_is_refused_even_when_both_values_agree():
+    text = json.dumps(order_payload())
+    with pytest.raises(ValidationFailed, match="duplicate key 'Total'"):
+        decode(OrderSubmitted, '{"Total": "25.50", ' + text[1:])
+
+
+@pytest.mark.parametrize("version", [1.0, True, "1", None, 2])
+def test_schema_version_is_exactly_the_integer_one(version):
+    with pytest.raises(ValidationFailed, match="SchemaVersion"):
+        decode(OrderSubmitted, body(SchemaVersion=version))
+
+
+@pytest.mark.parametrize("version", [1.0, True])
+def test_nested_schema_versions_are_not_coerced_either(version):
+    with pytest.raises(ValidationFailed, match="Customer.SchemaVersion"):
+        decode(OrderSubmitted, body(Customer={"CustomerId": "C-1", "SchemaVersion": version}))
+
+
+TEXT_FIELDS = {
+    "Customer.CustomerId": lambda v: {"Customer": {"CustomerId": v}},
+    "Customer.Name": lambda v: {"Customer": {"CustomerId": "C-1", "Name": v}},
+    "Lines.0.Sku": lambda v: {"Lines": [{"Sku": v, "Quantity": 1, "UnitPrice": "25.50"}]},
+    "PaymentReference": lambda v: {"PaymentReference": v},
+}
+BAD_TEXT = {
+    "NUL": "a\x00b",
+    "newline": "ab\n",
+    "tab": "a\tb",
+    "escape": "a\x1b[31m",
+    "bidi override": "a\u202eb",
+    "bidi isolate": "a\u2066b",
+    "zero-width space": "a\u200bb",
+    "zero-width joiner": "a\u200db",
+    "BOM": "\ufeffab",
+    "line separator": "a\u2028b",
+    "lone surrogate": "a\ud800b",
+    "leading space": " ab",
+    "trailing space": "ab ",
+    "whitespace only": "   ",
+    "empty": "",
+}
+
+
+@pytest.mark.parametrize("field", sorted(TEXT_FIELDS))
+@pytest.mark.parametrize("kind", sorted(BAD_TEXT))
+def test_every_client_text_field_obeys_the_text_policy(field, kind):
+    with pytest.raises(ValidationFailed) as info:
+        decode(OrderSubmitted, body(**TEXT_FIELDS[field](BAD_TEXT[kind])))
+    assert field in info.value.reason
+
+
+@pytest.mark.parametrize("text", ["Ada Lovelace", "Zoë", "漢字", "O'Brien", "a b", "🙂"])
+def test_ordinary_text_passes_the_policy(text):
+    assert decode(OrderSubmitted, body(Customer={"CustomerId": "C-1", "Name": text})).Customer.Name == text
+
+
+@pytest.mark.parametrize("order_id", ["ORD-1\n", "ORD-1\r\n", " ORD-1", "ORD-1 ", "ORD\u200b1", "ORD-1\x00"])
+def test_order_ids_are_matched_in_full(order_id):
+    with pytest.raises(ValidationFailed, match="OrderID"):
+        decode(OrderSubmitted, body(OrderID=order_id))
+    with pytest.raises(ValueError):
+        ids.attempt_instance_id(order_id, 1)
+
+
+def test_agent_messages_obey_the_text_policy_on_the_wire():
+    base = {"InstanceId": "A:1", "OrderID": "A", "Step": "charge-payment", "Attempt": 1,
+            "EventName": "reply-charge-payment-1", "EventId": "e1", "Outcome": "permanent", "Error": "no"}
+    for key, value in [("EventName", "x\u202e"), ("EventId", " e1"), ("Error", "declined\n"),
+                       ("InstanceId", "")]:
+        with pytest.raises(ValidationFailed, match=key):
+            decode(AgentReply, json.dumps({**base, key: value}))
+    with pytest.raises(ValidationFailed, match="key"):
+        decode(AgentReply, json.dumps({**base, "Outcome": "ok", "Error": None, "Result": {"a\u200b": 1}}))
+
+
+def test_text_our_code_produces_from_outside_text_is_cleaned_not_refused():
+    reply = AgentReply(InstanceId="A:1", OrderID="A", Step="charge-payment", Attempt=1,
+                       EventName="reply-charge-payment-1", EventId="e1", Outcome="permanent",
+                       Error="  card\ndeclined\u202e " + "x" * 600)
+    assert "\n" not in reply.Error and "\u202e" not in reply.Error and len(reply.Error) == 500
+    assert decode(AgentReply, encode(reply)) == reply  # and what we send passes our own boundary
+    alert = OperatorAlert(Kind="InvalidMessage", Reason="OrderID 'x\u202e' bad\n", OrderID=None,
+                          MessageId="m\x00", Timestamp=datetime(2026, 1, 1, tzinfo=UTC))
+    assert decode(OperatorAlert, encode(alert)) == alert
+    status = StatusUpdate(OrderID="A", Status="Failed", Detail="\x1b[2Jboom", Timestamp=datetime(2026, 1, 1, tzinfo=UTC))
+    assert status.Detail == "\ufffd[2Jboom"
+
+
+def test_the_contracts_document_the_text_policy_and_every_dead_letter_reason():
+    import domain.models as models
+    from adapters import settlement
+
+    doc = models.__doc__
+    assert "Text policy" in doc
+    for reason in ("InvalidMessage", "ReplyQueueNotAllowed", "OrderConflict", "RetriesExhausted",
+                   "ProcessingFailed", settlement.INVALID_MESSAGE, settlement.PROCESSING_FAILED,
+                   settlement.RETRIES_EXHAUSTED):
+        assert f"- {reason}:" in doc

@@ -1,6 +1,7 @@
-"""Submit's decisions, with fakes behind the project's own ports. The same
-outcomes are checked against the real Cosmos server and Service Bus emulator in
-tests/integration/submit."""
+"""Submit's decisions, run through the gate the trigger uses
+(adapters.settlement.MessageGate), with fakes behind the project's own ports.
+The same outcomes are checked against the real Cosmos server and Service Bus
+emulator in tests/integration/submit."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from adapters.settings import load_settings
-from adapters.settlement import SettleKind
+from adapters.settlement import BackoffPolicy, MessageGate, SettleKind
 from domain.errors import TransientError
 from domain.models import ProcessState
 from reporting import Alerts, StatusReporter
@@ -27,6 +28,46 @@ ENV = {
 }
 
 
+class Killed(BaseException):
+    """The process dying mid-handler: not an exception the gate may catch."""
+
+
+class FakeMessage:
+    """The attributes of a received message the gate reads."""
+
+    def __init__(self, body: bytes, delivery_count=0, message_id="msg-1", properties=None):
+        self.body = iter([body])
+        self.body_type = "data"
+        self.delivery_count = delivery_count
+        self.message_id = message_id
+        self.application_properties = properties
+
+
+class FakeActions:
+    def __init__(self):
+        self.calls = []
+
+    def complete(self, message):
+        self.calls.append(("complete",))
+
+    def abandon(self, message):
+        self.calls.append(("abandon",))
+
+    def deadletter(self, message, deadletter_reason=None, deadletter_error_description=None):
+        self.calls.append(("deadletter", deadletter_reason, deadletter_error_description))
+
+
+class FakeScheduler:
+    def __init__(self):
+        self.scheduled = []
+        self.fail = False
+
+    async def schedule(self, queue, body, message_id, enqueue_at, application_properties=None):
+        if self.fail:
+            raise TransientError("bus down")
+        self.scheduled.append((queue, body, message_id, enqueue_at, application_properties))
+
+
 class Rig:
     def __init__(self, **env):
         self.store, self.orders, self.bus = FakeStateStore(), FakeOrders(), RecordingPublisher()
@@ -41,15 +82,26 @@ class Rig:
             backlog=BacklogReader(self.store, 60, cache_seconds=0, wall_clock=lambda: NOW),
             clock=lambda: NOW,
         )
+        self.scheduler = FakeScheduler()
+        self.gate = MessageGate(
+            "orders", Alerts(self.bus), self.scheduler, BackoffPolicy((5.0, 15.0), 5), clock=lambda: NOW
+        )
+        self.actions = FakeActions()
 
     async def submit(self, **overrides):
-        return await self.handler.handle(json.dumps(order_payload(**overrides)).encode())
+        return await self.deliver(json.dumps(order_payload(**overrides)).encode())
+
+    async def deliver(self, body: bytes, **message):
+        return await self.gate.run(FakeMessage(body, **message), self.actions, self.handler.handle)
 
     def statuses(self, queue="replies-webshop"):
         return [json.loads(b)["Status"] for b in self.bus.to(queue)]
 
     def alerts(self):
         return [json.loads(b)["Kind"] for b in self.bus.to("alerts")]
+
+    def alert_bodies(self):
+        return [json.loads(b) for b in self.bus.to("alerts")]
 
 
 @pytest.fixture
@@ -76,16 +128,13 @@ async def test_redelivery_sends_no_second_received(rig):
 
 
 async def test_crash_between_orders_and_state_is_healed_by_redelivery(rig):
-    class Crash(Exception):
-        pass
-
     real = rig.store.create_if_absent
 
     async def crash(record):
-        raise Crash()
+        raise Killed()
 
     rig.store.create_if_absent = crash
-    with pytest.raises(Crash):
+    with pytest.raises(Killed):
         await rig.submit()
     assert "ORD-1" in rig.orders.orders and not rig.store.docs
     rig.store.create_if_absent = real
@@ -97,10 +146,10 @@ async def test_crash_after_status_before_mark_resends_same_message_id(rig):
     real = rig.store.update
 
     async def crash(*a, **k):
-        raise RuntimeError("killed")
+        raise Killed()
 
     rig.store.update = crash
-    with pytest.raises(RuntimeError):
+    with pytest.raises(Killed):
         await rig.submit()
     rig.store.update = real
     await rig.submit()
@@ -132,10 +181,40 @@ async def test_conflicting_redelivery_is_deadlettered_and_alerted(rig, overrides
 
 
 async def test_malformed_message_is_deadlettered_with_the_validation_error(rig):
-    outcome = await rig.handler.handle(b'{"OrderID": 5}')
+    outcome = await rig.deliver(b'{"OrderID": 5}')
     assert outcome.kind is SettleKind.DEADLETTER and outcome.reason == "InvalidMessage"
     assert "OrderSubmitted" in outcome.description
     assert rig.alerts() == ["InvalidMessage"] and not rig.store.docs
+    assert rig.actions.calls == [("deadletter", "InvalidMessage", outcome.description)]
+
+
+async def test_an_alert_names_the_message_and_the_order_when_readable(rig):
+    body = json.dumps(order_payload(Total="1.00")).encode()
+    outcome = await rig.deliver(body, message_id="client-msg-7")
+    [alert] = rig.alert_bodies()
+    assert alert["Kind"] == "InvalidMessage" and alert["MessageId"] == "client-msg-7"
+    assert alert["OrderID"] == "ORD-1" and alert["Queue"] == "orders"
+    assert alert["Reason"] == outcome.description
+
+
+async def test_a_malformed_order_id_is_not_echoed_as_the_alerts_order(rig):
+    await rig.deliver(json.dumps(order_payload(order_id="ORD-1\n")).encode())
+    [alert] = rig.alert_bodies()
+    assert alert["OrderID"] is None and "OrderID" in alert["Reason"]
+    assert not rig.store.docs and not rig.orders.orders
+
+
+async def test_an_unexpected_exception_is_dead_lettered_processing_failed_and_alerted(rig):
+    async def broken(order):
+        raise KeyError("surprise")
+
+    rig.orders.create_if_absent = broken
+    outcome = await rig.submit()
+    assert outcome.kind is SettleKind.DEADLETTER and outcome.reason == "ProcessingFailed"
+    assert "KeyError" in outcome.description and "surprise" in outcome.description
+    [alert] = rig.alert_bodies()
+    assert alert["Kind"] == "ProcessingFailed" and alert["OrderID"] == "ORD-1"
+    assert alert["MessageId"] == "msg-1"
 
 
 async def test_oversize_message_is_deadlettered():
@@ -165,8 +244,24 @@ async def test_backlog_above_threshold_rejects_visibly(rig):
     assert record.ProcessState is ProcessState.REJECTED
     assert "ORD-1" not in rig.orders.orders
     # a redelivery of the rejected order changes nothing and sends nothing new
+    # (the re-send has the same message id: duplicate detection drops it)
     await rig.submit()
     assert rig.statuses() == ["Rejected"]
+    assert "ORD-1" not in rig.orders.orders
+
+
+async def test_a_rejected_status_lost_on_send_is_sent_by_the_redelivery(rig):
+    await rig.store.write_backlog_gauge(3, NOW)
+    rig.bus.fail_next = TransientError("reply queue busy")
+    first = await rig.submit()
+    assert first.kind is SettleKind.COMPLETE and len(rig.scheduler.scheduled) == 1
+    assert rig.statuses() == []
+    # the backlog has drained meanwhile: the order stays Rejected, never admitted
+    await rig.store.write_backlog_gauge(0, NOW)
+    assert (await rig.submit()).kind is SettleKind.COMPLETE
+    assert rig.statuses() == ["Rejected"]
+    assert (await rig.store.read("ORD-1"))[0].ProcessState is ProcessState.REJECTED
+    assert "ORD-1" not in rig.orders.orders
 
 
 async def test_backlog_does_not_reject_a_redelivery_of_an_accepted_order(rig):
@@ -182,20 +277,69 @@ async def test_stale_gauge_admits(rig):
     assert rig.statuses() == ["Received"]
 
 
-async def test_transient_store_error_abandons(rig):
+async def test_transient_store_error_schedules_a_delayed_copy_and_completes(rig):
     async def throttled(order_id):
         raise TransientError("429", retry_after=0.5)
 
     rig.store.read = throttled
     outcome = await rig.submit()
-    assert outcome.kind is SettleKind.ABANDON
+    assert outcome.kind is SettleKind.COMPLETE and rig.actions.calls == [("complete",)]
+    [(queue, body, message_id, at, props)] = rig.scheduler.scheduled
+    assert queue == "orders" and json.loads(body)["OrderID"] == "ORD-1"
+    assert at == NOW + timedelta(seconds=5) and message_id == "msg-1/retry-1"
+    assert props == {"x-retry-count": 1, "x-original-message-id": "msg-1"}
     assert not rig.bus.sent
 
 
-async def test_transient_bus_error_abandons_and_redelivery_finishes(rig):
+async def test_the_back_off_grows_and_then_dead_letters_with_a_reason_and_an_alert(rig):
+    async def throttled(order_id):
+        raise TransientError("429")
+
+    rig.store.read = throttled
+    body = json.dumps(order_payload()).encode()
+    await rig.deliver(body, message_id="msg-1/retry-1",
+                      properties={"x-retry-count": 1, "x-original-message-id": "msg-1"})
+    [(_, _, message_id, at, props)] = rig.scheduler.scheduled
+    assert at == NOW + timedelta(seconds=15) and message_id == "msg-1/retry-2"
+    assert props["x-retry-count"] == 2
+    outcome = await rig.deliver(body, message_id="msg-1/retry-2", properties={b"x-retry-count": 2})
+    assert outcome.kind is SettleKind.DEADLETTER and outcome.reason == "RetriesExhausted"
+    assert "429" in outcome.description
+    [alert] = rig.alert_bodies()
+    assert alert["Kind"] == "RetriesExhausted" and alert["MessageId"] == "msg-1/retry-2"
+    assert alert["OrderID"] == "ORD-1"
+
+
+async def test_when_no_retry_can_be_scheduled_abandon_until_the_last_delivery(rig):
+    rig.scheduler.fail = True
+
+    async def throttled(order_id):
+        raise TransientError("429")
+
+    rig.store.read = throttled
+    body = json.dumps(order_payload()).encode()
+    assert (await rig.deliver(body, delivery_count=0)).kind is SettleKind.ABANDON
+    last = await rig.deliver(body, delivery_count=4)
+    assert last.kind is SettleKind.DEADLETTER and last.reason == "RetriesExhausted"
+    assert rig.alerts() == ["RetriesExhausted"]
+
+
+async def test_a_client_set_retry_count_of_the_wrong_type_counts_as_none(rig):
+    async def throttled(order_id):
+        raise TransientError("429")
+
+    rig.store.read = throttled
+    body = json.dumps(order_payload()).encode()
+    await rig.deliver(body, properties={"x-retry-count": True})
+    await rig.deliver(body, properties={"x-retry-count": "9"})
+    assert [p["x-retry-count"] for *_, p in rig.scheduler.scheduled] == [1, 1]
+
+
+async def test_transient_bus_error_retries_later_and_the_copy_finishes(rig):
     rig.bus.fail_next = TransientError("bus busy")
-    assert (await rig.submit()).kind is SettleKind.ABANDON
     assert (await rig.submit()).kind is SettleKind.COMPLETE
+    [(_, body, message_id, _, props)] = rig.scheduler.scheduled
+    assert (await rig.deliver(body, message_id=message_id, properties=props)).kind is SettleKind.COMPLETE
     assert rig.statuses() == ["Received"]
 
 

@@ -1,0 +1,206 @@
+"""Printing what clients wrote, safely: the operator tools show alerts, dead
+letters, statuses and records whose text a client chose (an OrderID, a name,
+a whole body). Everything here
+
+- prints that text literally: never through console markup (a client's
+  "[/]" must not crash the tool, a "[link=...]" must not become a link), as
+  `rich.text.Text`, whose content is not parsed;
+- makes invisible or terminal-active characters visible: control characters
+  (ESC sequences included), bidirectional overrides, zero-width and other
+  format characters are shown as `\\u202e`-style escapes;
+- never fails on a message it cannot parse: a body of any AMQP kind, not
+  JSON, or JSON without the expected fields is shown as what it is.
+
+Kept apart from cli.__main__ so it is tested without servers."""
+
+from __future__ import annotations
+
+import json
+import unicodedata
+from collections.abc import Iterable
+from datetime import datetime
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from adapters.settlement import BodyRefused, read_body
+
+_ESCAPED = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp", "Co", "Cn"})
+
+
+def visible(value: Any, limit: int | None = None) -> str:
+    """`value` as a plain string with every invisible or terminal-active
+    character escaped (and cut to `limit` characters, marked with …)."""
+    text = value if isinstance(value, str) else ("" if value is None else str(value))
+    out = []
+    for ch in text:
+        if unicodedata.category(ch) in _ESCAPED:
+            code = ord(ch)
+            out.append(f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}")
+        else:
+            out.append(ch)
+    result = "".join(out)
+    if limit is not None and len(result) > limit:
+        result = result[: limit - 1] + "…"
+    return result
+
+
+def literal(value: Any, limit: int | None = None, style: str = "") -> Text:
+    """A rich Text that prints `value` exactly as escaped by `visible`."""
+    return Text(visible(value, limit), style=style)
+
+
+def body_text(message: Any) -> str:
+    """A received message's body as text, whatever its AMQP kind."""
+    try:
+        raw = read_body(message)
+    except BodyRefused as exc:
+        try:
+            body = message.body
+            if not isinstance(body, bytes | str | dict | int | float | type(None)):
+                body = list(body)
+            return f"<{exc.reason}: {body!r}>"
+        except Exception:  # noqa: BLE001 - a body that cannot even be shown
+            return f"<{exc.reason}>"
+    except Exception as exc:  # noqa: BLE001
+        return f"<body unreadable: {type(exc).__name__}>"
+    return raw.decode("utf-8", "replace")
+
+
+def body_json(message: Any) -> dict[str, Any] | None:
+    try:
+        data = json.loads(body_text(message))
+    except (ValueError, RecursionError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _when(message: Any) -> datetime | None:
+    value = getattr(message, "enqueued_time_utc", None)
+    return value if isinstance(value, datetime) else None
+
+
+def print_alerts(console: Console, messages: Iterable[Any], newest_first: bool = True, limit: int = 50) -> int:
+    """One block per alert: kind, time, OrderID, message id and queue of the
+    dead letter it is about, and the reason. Returns how many were shown."""
+    items = list(messages)
+    items.sort(key=lambda m: (_when(m) is not None, _when(m) or datetime.min), reverse=newest_first)
+    shown = items[:limit]
+    if not shown:
+        console.print(Text("0 alerts"))
+        return 0
+    order = "newest first" if newest_first else "oldest first"
+    console.print(Text(f"{len(shown)} of {len(items)} alerts, {order}", style="bold"))
+    for message in shown:
+        data = body_json(message)
+        if data is None:
+            console.print(
+                Text.assemble(
+                    ("(unreadable alert) ", "red"),
+                    literal(getattr(message, "message_id", None) or "(no message id)", 140),
+                )
+            )
+            console.print(Text.assemble("  ", literal(body_text(message), 300)))
+            continue
+        head = Text.assemble(
+            literal(data.get("Kind", "?"), 40, "bold red"),
+            " ",
+            literal(data.get("Timestamp", ""), 40),
+            " order ",
+            literal(data.get("OrderID") or "-", 80, "bold"),
+        )
+        if data.get("MessageId") or data.get("Queue"):
+            head.append_text(
+                Text.assemble(
+                    " message ", literal(data.get("MessageId") or "-", 140), " on ", literal(data.get("Queue") or "-", 60)
+                )
+            )
+        console.print(head)
+        console.print(Text.assemble("  ", literal(data.get("Reason", ""), 2000)))
+    return len(shown)
+
+
+def print_dead_letters(console: Console, queue: str, messages: Iterable[Any]) -> int:
+    items = list(messages)
+    if not items:
+        console.print(Text.assemble("no dead letters on ", literal(queue)))
+        return 0
+    console.print(Text.assemble(f"{len(items)} dead letters on ", literal(queue), style="bold"))
+    for message in items:
+        console.print(
+            Text.assemble(
+                literal(getattr(message, "message_id", None) or "(no message id)", 140, "bold"),
+                " ",
+                literal(getattr(message, "dead_letter_reason", None) or "(no reason)", 100, "red"),
+                " ",
+                literal(getattr(message, "dead_letter_error_description", None) or "", 1024),
+            )
+        )
+        console.print(Text.assemble("  ", literal(body_text(message), 300)))
+    return len(items)
+
+
+def status_table(queue: str, latest: dict[str, str]) -> Table:
+    """The watch view: the last 30 orders by OrderID, with counts per status."""
+    table = Table(title=Text(f"{visible(queue)}: {len(latest)} orders"))
+    table.add_column("OrderID")
+    table.add_column("status")
+    for oid, status in sorted(latest.items())[-30:]:
+        table.add_row(literal(oid, 80), literal(status, 40))
+    counts: dict[str, int] = {}
+    for status in latest.values():
+        counts[status] = counts.get(status, 0) + 1
+    table.caption = Text("  ".join(f"{visible(k, 40)}: {v}" for k, v in sorted(counts.items())))
+    return table
+
+
+def read_status(message: Any) -> tuple[str, str] | None:
+    """(OrderID, Status) from a status message, or None when it has neither."""
+    data = body_json(message)
+    if data is None:
+        return None
+    oid, status = data.get("OrderID"), data.get("Status")
+    if not isinstance(oid, str) or not isinstance(status, str):
+        return None
+    return oid, status
+
+
+def records_table(title: str, records: Iterable[Any]) -> Table:
+    table = Table(title=Text(title))
+    for col in ("OrderID", "attempt", "failures", "CompleteBy", "LockedBy", "LastError"):
+        table.add_column(col)
+    for r in records:
+        table.add_row(
+            literal(r.id, 80),
+            Text(str(r.Attempt)),
+            Text(str(r.FailureCount)),
+            Text(r.CompleteBy.isoformat() if r.CompleteBy else ""),
+            literal(r.LockedBy or "", 90),
+            literal(r.LastError or "", 60),
+        )
+    return table
+
+
+def history_table(record: Any) -> Table:
+    table = Table(title="history")
+    for col in ("at", "from", "to", "by", "reason"):
+        table.add_column(col)
+    for h in record.History:
+        table.add_row(
+            Text(h.At.isoformat()),
+            literal(h.From or ""),
+            literal(h.To),
+            literal(h.By, 100),
+            literal(h.Reason or "", 300),
+        )
+    return table
+
+
+def print_record(console: Console, record: Any) -> None:
+    """The record without its history, as indented JSON, escaped."""
+    data = json.loads(record.model_dump_json(exclude={"History"}))
+    lines = json.dumps(data, indent=2, ensure_ascii=False).splitlines()
+    console.print(Text("\n".join(visible(line) for line in lines)))
+    console.print(history_table(record))

@@ -1,0 +1,127 @@
+"""The message gate's own rules (adapters.settlement), apart from Submit."""
+
+from __future__ import annotations
+
+import pytest
+from azure.servicebus.amqp import AmqpMessageBodyType
+
+from adapters.settlement import (
+    BackoffPolicy,
+    BodyRefused,
+    MessageGate,
+    Settle,
+    SettleKind,
+    defuse_trace_headers,
+    read_body,
+)
+
+
+class Msg:
+    def __init__(self, body, kind=AmqpMessageBodyType.DATA, props=None, delivery_count=0, message_id="m"):
+        self.body, self.body_type, self.application_properties = body, kind, props
+        self.delivery_count, self.message_id, self.sequence_number = delivery_count, message_id, 7
+
+
+@pytest.mark.parametrize(
+    ("body", "kind", "expected"),
+    [
+        (iter([b'{"a"', b": 1}"]), AmqpMessageBodyType.DATA, b'{"a": 1}'),
+        (b'{"a": 1}', AmqpMessageBodyType.VALUE, b'{"a": 1}'),
+        ('{"a": 1}', AmqpMessageBodyType.VALUE, b'{"a": 1}'),
+        (iter([[b'{"a"', ": 1}"]]), AmqpMessageBodyType.SEQUENCE, b'{"a": 1}'),
+    ],
+)
+def test_json_text_is_read_from_every_body_kind(body, kind, expected):
+    assert read_body(Msg(body, kind)) == expected
+
+
+@pytest.mark.parametrize(
+    ("body", "kind", "expected"),
+    [
+        ({b"a": 1}, AmqpMessageBodyType.VALUE, "AMQP value body holds an AMQP dict"),
+        ([1, 2], AmqpMessageBodyType.VALUE, "AMQP value body holds an AMQP list"),
+        (None, AmqpMessageBodyType.VALUE, "null"),
+        (7, AmqpMessageBodyType.VALUE, "AMQP int"),
+        (iter([[1]]), AmqpMessageBodyType.SEQUENCE, "AMQP sequence body holds an AMQP int"),
+        (iter([b"x"]), AmqpMessageBodyType.SEQUENCE, "not a list"),
+        (iter([5]), AmqpMessageBodyType.DATA, "AMQP data body holds an AMQP int"),
+    ],
+)
+def test_bodies_that_cannot_carry_json_text_are_refused_with_what_was_found(body, kind, expected):
+    with pytest.raises(BodyRefused, match=expected):
+        read_body(Msg(body, kind))
+
+
+def test_dead_letter_descriptions_are_ascii_and_bounded():
+    outcome = Settle.deadletter("InvalidMessage", "Zoë \u202e " + "x" * 2000)
+    assert outcome.description.isascii() and len(outcome.description) == 1024
+    assert outcome.description.startswith("Zo\\xeb \\u202e ")
+
+
+def test_unreadable_trace_headers_are_dropped_before_settling_and_others_kept():
+    props = {b"traceparent": "\u202e".encode(), b"tracestate": 5, b"Diagnostic-Id": b"00-ok",
+             b"OrderID": "\u202e".encode()}
+    defuse_trace_headers(Msg(b"", props=props))
+    assert props == {b"Diagnostic-Id": b"00-ok", b"OrderID": "\u202e".encode()}
+
+
+class Alerts:
+    def __init__(self):
+        self.raised = []
+
+    async def raise_alert(self, kind, reason, now, order_id=None, *, message_id=None, queue=None):
+        self.raised.append((kind, order_id, message_id, queue))
+
+
+class Actions:
+    def __init__(self):
+        self.calls = []
+
+    def complete(self, m):
+        self.calls.append("complete")
+
+    def abandon(self, m):
+        self.calls.append("abandon")
+
+    def deadletter(self, m, deadletter_reason=None, deadletter_error_description=None):
+        self.calls.append(("deadletter", deadletter_reason))
+
+
+async def test_a_handler_exception_is_dead_lettered_with_its_name_and_the_order_if_readable():
+    alerts, actions = Alerts(), Actions()
+    gate = MessageGate("orders", alerts, None, BackoffPolicy((1.0,), 5))
+
+    async def handler(body):
+        raise AttributeError("'NoneType' object has no attribute 'x'")
+
+    outcome = await gate.run(Msg(iter([b'{"OrderID": "ORD-9"}'])), actions, handler)
+    assert outcome.reason == "ProcessingFailed" and "AttributeError" in outcome.description
+    assert actions.calls == [("deadletter", "ProcessingFailed")]
+    assert alerts.raised == [("ProcessingFailed", "ORD-9", "m", "orders")]
+
+
+async def test_a_message_without_an_id_is_named_by_its_sequence_number():
+    alerts, actions = Alerts(), Actions()
+    gate = MessageGate("orders", alerts, None)
+    await gate.run(Msg({b"a": 1}, AmqpMessageBodyType.VALUE, message_id=None), actions, None)
+    assert alerts.raised == [("InvalidMessage", None, "sequence-number:7", "orders")]
+
+
+async def test_an_abandon_becomes_a_delayed_retry_never_an_immediate_one():
+    alerts, actions = Alerts(), Actions()
+
+    class Scheduler:
+        scheduled = []
+
+        async def schedule(self, queue, body, message_id, enqueue_at, application_properties=None):
+            self.scheduled.append(message_id)
+
+    gate = MessageGate("agent-responses", alerts, Scheduler(), BackoffPolicy((1.0,), 5))
+
+    async def handler(body):
+        return Settle.abandon("host busy")
+
+    outcome = await gate.run(Msg(iter([b"{}"]), message_id="x" * 128), actions, handler)
+    assert outcome.kind is SettleKind.COMPLETE and actions.calls == ["complete"]
+    [mid] = Scheduler.scheduled
+    assert len(mid) <= 128 and mid.startswith("retry-1-")
