@@ -16,11 +16,13 @@ param namePrefix string
 // What the queries read (see infra/README.md, "What the alerts read"): the
 // message text of the app's log records, which reaches Application Insights
 // whether or not the worker forwards structured fields.
-//   reporting/alerts.py:     "operator alert <Kind> for order <OrderID>: <reason>"
+//   reporting/alerts.py:     "operator alert <Kind> for order <OrderID>: <reason>", or
+//                            "operator alert <Kind> for message <MessageId>: <reason>" when no OrderID could be read
 //   orchestrators/starter.py: "starter: pending=<n> processing=<n> ..."
 var operatorAlerts = '''traces
 | where message startswith "operator alert "
-| parse message with "operator alert " AlertKind:string " for order " OrderID:string ": " *'''
+| parse message with "operator alert " AlertKind:string " for " Subject:string ": " *
+| extend OrderID = iff(Subject startswith "order ", substring(Subject, 6), "")'''
 var pendingGauge = '''traces
 | where message startswith "starter: pending="
 | parse message with "starter: pending=" Pending:long " processing=" *'''

@@ -44,10 +44,12 @@ def test_backlog_alert_fires_before_admission_control_rejects():
 def test_queries_match_the_apps_log_messages():
     queries = variable(parse(ALERTS), "operatorAlerts") + variable(parse(ALERTS), "pendingGauge")
     assert 'startswith "operator alert "' in queries
-    assert '" for order "' in queries
+    assert '" for " Subject:string' in queries
+    assert 'Subject startswith "order "' in queries
     assert 'startswith "starter: pending="' in queries
     alerts_source = (ROOT / "reporting" / "alerts.py").read_text()
-    assert '"operator alert %s for order %s: %s"' in alerts_source
+    assert '"operator alert %s for %s: %s"' in alerts_source
+    assert 'f"order {alert.OrderID}"' in alerts_source
     assert '"CompensationFailed"' in (ROOT / "orchestrators" / "order_workflow.py").read_text()
     assert '"OrderError"' in (ROOT / "supervisor" / "supervisor.py").read_text()
     assert '"starter: pending=%d processing=%d' in (ROOT / "orchestrators" / "starter.py").read_text()
