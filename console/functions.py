@@ -7,8 +7,12 @@ are a GET that shows a confirmation form and a POST that checks the form's
 CSRF token and acts (console.security).
 
 Anonymous at the Functions level on purpose: a browser cannot send function
-keys. In Azure the console must sit behind App Service authentication, whose
-principal header console.security requires before any action."""
+keys. In Azure the console sits behind App Service authentication (infra/),
+and every route, reads included, answers 401 unless the platform's principal
+header is there (console.security.operator): a deployment whose
+authentication is off or not enforced shows nothing. Every string a template
+renders passes console.security.mask_for_display (the environment's
+finalize), so a card number in provider text is never shown."""
 
 from __future__ import annotations
 
@@ -24,6 +28,7 @@ from urllib.parse import parse_qsl, urlencode
 import azure.durable_functions as df
 import azure.functions as func
 from jinja2 import Environment, FileSystemLoader, select_autoescape
+from jinja2.filters import do_urlencode
 
 import bootstrap
 from adapters.console_reads import ConsoleReads
@@ -46,11 +51,17 @@ _env = Environment(
     autoescape=select_autoescape(default=True, default_for_string=True),
     trim_blocks=True,
     lstrip_blocks=True,
+    finalize=security.mask_for_display,
 )
 _env.filters["t"] = lambda v: v.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S") if v else ""
 _env.filters["hm"] = lambda v: v.astimezone(UTC).strftime("%H:%M:%S") if v else ""
 _env.filters["js"] = lambda v: json.dumps(v, ensure_ascii=False, default=str)
-_env.globals["qs"] = lambda **kw: urlencode({k: v for k, v in kw.items() if v not in (None, "")})
+# URL parts the console builds are links, not text: an order id that happens
+# to look like a card number is masked where shown, never in its own link.
+_env.globals["qs"] = lambda **kw: security.Unmasked(urlencode({k: v for k, v in kw.items() if v not in (None, "")}))
+_env.filters["urlencode"] = lambda v: security.Unmasked(do_urlencode(v))
+# Read once: a file read in the async handler would block the event loop.
+_CSS = (HERE / "static" / "console.css").read_bytes()
 
 _buses: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = weakref.WeakKeyDictionary()
 
@@ -102,6 +113,14 @@ def _error(req: func.HttpRequest, status: int, message: str, deps: views.Deps | 
     return _render(req, "error.html", deps, status=status, message=message, status_code=status)
 
 
+def _signed_in(req: func.HttpRequest) -> tuple[str | None, func.HttpResponse | None]:
+    """The operator, or the 401 answer when in Azure nobody is signed in."""
+    try:
+        return security.operator(req.headers), None
+    except security.Unauthenticated as exc:
+        return None, _error(req, 401, str(exc))
+
+
 def _page(params: dict[str, str]) -> int | None:
     raw = params.get("from")
     return int(raw) if raw and raw.isdigit() else None
@@ -110,6 +129,9 @@ def _page(params: dict[str, str]) -> int | None:
 @bp.function_name("console_overview")
 @bp.route(route="console", methods=["GET"], auth_level=ANON)
 async def console_overview(req: func.HttpRequest) -> func.HttpResponse:
+    who, refused = _signed_in(req)
+    if refused is not None:
+        return refused
     deps = await _deps()
     return _render(req, "overview.html", deps, page="overview", **await views.overview(deps))
 
@@ -117,6 +139,9 @@ async def console_overview(req: func.HttpRequest) -> func.HttpResponse:
 @bp.function_name("console_orders")
 @bp.route(route="console/orders", methods=["GET"], auth_level=ANON)
 async def console_orders(req: func.HttpRequest) -> func.HttpResponse:
+    who, refused = _signed_in(req)
+    if refused is not None:
+        return refused
     deps = await _deps()
     try:
         filters = views.parse_filters(dict(req.params))
@@ -129,6 +154,9 @@ async def console_orders(req: func.HttpRequest) -> func.HttpResponse:
 @bp.function_name("console_stuck")
 @bp.route(route="console/stuck", methods=["GET"], auth_level=ANON)
 async def console_stuck(req: func.HttpRequest) -> func.HttpResponse:
+    who, refused = _signed_in(req)
+    if refused is not None:
+        return refused
     deps = await _deps()
     try:
         data = await views.stuck(deps, req.params.get("page") or None)
@@ -140,6 +168,9 @@ async def console_stuck(req: func.HttpRequest) -> func.HttpResponse:
 @bp.function_name("console_alerts")
 @bp.route(route="console/alerts", methods=["GET"], auth_level=ANON)
 async def console_alerts(req: func.HttpRequest) -> func.HttpResponse:
+    who, refused = _signed_in(req)
+    if refused is not None:
+        return refused
     deps = await _deps()
     return _render(req, "alerts.html", deps, page="alerts", **await views.alerts(deps, _page(dict(req.params))))
 
@@ -147,6 +178,9 @@ async def console_alerts(req: func.HttpRequest) -> func.HttpResponse:
 @bp.function_name("console_deadletters")
 @bp.route(route="console/deadletters/{queue?}", methods=["GET"], auth_level=ANON)
 async def console_deadletters(req: func.HttpRequest) -> func.HttpResponse:
+    who, refused = _signed_in(req)
+    if refused is not None:
+        return refused
     deps = await _deps()
     try:
         data = await views.dead_letters(deps, req.route_params.get("queue") or None, _page(dict(req.params)))
@@ -159,6 +193,9 @@ async def console_deadletters(req: func.HttpRequest) -> func.HttpResponse:
 @bp.route(route="console/orders/{order_id}", methods=["GET"], auth_level=ANON)
 @bp.durable_client_input(client_name="client")
 async def console_order(req: func.HttpRequest, client: df.DurableOrchestrationClient) -> func.HttpResponse:
+    who, refused = _signed_in(req)
+    if refused is not None:
+        return refused
     order_id = req.route_params.get("order_id", "")
     deps = await _deps(durable=client)
     data = await views.order_detail(deps, order_id)
@@ -170,14 +207,13 @@ async def console_order(req: func.HttpRequest, client: df.DurableOrchestrationCl
 @bp.function_name("console_action")
 @bp.route(route="console/orders/{order_id}/{action:alpha}", methods=["GET", "POST"], auth_level=ANON)
 async def console_action(req: func.HttpRequest) -> func.HttpResponse:
+    who, refused = _signed_in(req)
+    if refused is not None:
+        return refused
     order_id = req.route_params.get("order_id", "")
     action = req.route_params.get("action", "")
     if action not in views.ACTIONS or not views.valid_order_id(order_id):
         return _error(req, 404, f"No action {action} for order {order_id}")
-    try:
-        who = security.operator(req.headers)
-    except security.Forbidden as exc:
-        return _error(req, 403, str(exc))
     deps = await _deps()
     try:
         record, _ = await deps.store.read(order_id)
@@ -186,7 +222,8 @@ async def console_action(req: func.HttpRequest) -> func.HttpResponse:
     if req.method == "GET":
         title, explanation = views.ACTIONS[action]
         return _render(req, "confirm.html", deps, page="orders", record=record, action=action, title=title,
-                       explanation=explanation, csrf=security.form_token(who, order_id, action), who=who)
+                       explanation=explanation, csrf=security.Unmasked(security.form_token(who, order_id, action)),
+                       who=who)
     form = dict(parse_qsl(req.get_body().decode("utf-8", "replace")))
     try:
         security.check_csrf(req.headers, form, req.url, who, order_id, action)
@@ -206,13 +243,19 @@ async def console_action(req: func.HttpRequest) -> func.HttpResponse:
 @bp.function_name("console_static")
 @bp.route(route="console/static/console.css", methods=["GET"], auth_level=ANON)
 async def console_static(req: func.HttpRequest) -> func.HttpResponse:
-    return func.HttpResponse((HERE / "static" / "console.css").read_bytes(), mimetype="text/css",
+    who, refused = _signed_in(req)
+    if refused is not None:
+        return refused
+    return func.HttpResponse(_CSS, mimetype="text/css",
                              headers={"Cache-Control": "max-age=300", "X-Content-Type-Options": "nosniff"})
 
 
 @bp.function_name("console_find")
 @bp.route(route="console/find", methods=["GET"], auth_level=ANON)
 async def console_find(req: func.HttpRequest) -> func.HttpResponse:
+    who, refused = _signed_in(req)
+    if refused is not None:
+        return refused
     order_id = (req.params.get("id") or "").strip()
     if not views.valid_order_id(order_id):
         return _error(req, 404, f"No order {order_id}")

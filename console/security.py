@@ -1,11 +1,15 @@
 """Who is acting, cross-site request forgery protection, and redaction.
 
-Identity. In Azure the console runs behind App Service authentication, which
-strips any client-sent `x-ms-client-principal-*` header and sets its own for a
-signed-in user: the principal's name is the operator recorded in the order's
-history. In Azure (WEBSITE_SITE_NAME is set) a request without it is refused,
-so a console deployed without authentication cannot act. Locally the operator
-is "local".
+Identity. In Azure the console runs behind App Service authentication
+(infra/core/host/flex-function.bicep), which strips any client-sent
+`x-ms-client-principal-*` header and sets its own for a signed-in user: the
+principal's name is the operator recorded in the order's history. In Azure
+every console request without it, a read as much as an action, is refused
+with 401 (console.functions), so a console deployed without authentication
+shows nothing. "In Azure" is decided as adapters.settings decides where a
+managed identity can be used, plus WEBSITE_SITE_NAME, and any one of them is
+enough: a missing hint must not turn the check off. Locally the operator is
+"local".
 
 CSRF. The confirmation form carries a signed token: an HMAC, under the
 app setting CONSOLE_CSRF_SECRET, of (operator, order, action, expiry). The
@@ -20,8 +24,11 @@ the cookies the worker's converter extracts; see docs/console.md).
 
 Redaction. No payment data is shown: keys that name payment data are dropped
 from anything displayed, and any digit run that looks like a card number
-(13-19 digits passing Luhn) is masked, in case a malformed message carries
-one where it should not."""
+(12-19 digits, single spaces or dashes between them, passing Luhn) is masked
+in every text the templates render (`mask_for_display`, the Jinja
+environment's finalize), since provider messages reach LastError, History
+reasons and the compensation log as free text. Only values the console marks
+`Unmasked` (URL parts it built, the form token) are left as they are."""
 
 from __future__ import annotations
 
@@ -35,6 +42,8 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
+from adapters.settings import MANAGED_IDENTITY_ENDPOINTS
+
 PRINCIPAL_HEADER = "x-ms-client-principal-name"
 CSRF_FIELD = "csrf"
 LOCAL_OPERATOR = "local"
@@ -42,24 +51,36 @@ TOKEN_LIFETIME = 15 * 60  # seconds a confirmation form stays valid
 _PROCESS_SECRET = secrets.token_bytes(32)
 
 _PAYMENT_KEY = re.compile(r"payment|card|pan$|cvv|cvc|iban|account.?number|expiry", re.IGNORECASE)
-_DIGIT_RUN = re.compile(r"(?<!\d)(?:\d[ -]?){12,18}\d(?!\d)")
+_DIGIT_RUN = re.compile(r"(?<!\d)(?:\d[ -]?){11,18}\d(?!\d)")
+AZURE_HINTS = ("WEBSITE_SITE_NAME", *MANAGED_IDENTITY_ENDPOINTS)
 
 
 class Forbidden(Exception):
     """The request may not do what it asks; the message is shown to the operator."""
 
 
+class Unauthenticated(Forbidden):
+    """No authenticated principal where one is required (answered with 401)."""
+
+
+class Unmasked(str):
+    """Text the console built itself (a URL part, a form token): rendered as
+    is, never taken for a card number. A str subclass, so it is still escaped."""
+
+
 def in_azure(env: Mapping[str, str] | None = None) -> bool:
-    return bool((env if env is not None else os.environ).get("WEBSITE_SITE_NAME"))
+    env = env if env is not None else os.environ
+    return any(env.get(name) for name in AZURE_HINTS)
 
 
 def operator(headers: Mapping[str, str], env: Mapping[str, str] | None = None) -> str:
-    """The acting operator's name (see the module docstring)."""
-    name = _header(headers, PRINCIPAL_HEADER)
+    """The signed-in operator's name (see the module docstring); raises
+    Unauthenticated in Azure when App Service authentication sent none."""
+    name = (_header(headers, PRINCIPAL_HEADER) or "").strip()
     if in_azure(env):
         if not name:
-            raise Forbidden("no authenticated principal: enable App Service authentication for the console")
-        return name.strip()[:80]
+            raise Unauthenticated("no authenticated principal: sign in (App Service authentication)")
+        return name[:80]
     return LOCAL_OPERATOR
 
 
@@ -113,6 +134,18 @@ def redact(value: Any) -> Any:
     if isinstance(value, str):
         return mask_card_numbers(value)
     return value
+
+
+def mask_for_display(value: Any) -> Any:
+    """The templates' finalize: every rendered string with card numbers masked.
+    Markup (already escaped) stays Markup: masking only swaps digits for text
+    without markup characters."""
+    if isinstance(value, Unmasked) or not isinstance(value, str):
+        return value
+    masked = mask_card_numbers(value)
+    if masked == value:
+        return value
+    return masked if type(value) is str else type(value)(masked)
 
 
 def mask_card_numbers(text: str) -> str:

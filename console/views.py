@@ -19,7 +19,7 @@ from adapters.ports import ANY_OWNER
 from adapters.settings import Settings
 from adapters.state_store import CosmosStateStore
 from console.peek import QueuePeeker
-from console.security import redact
+from console.security import in_azure, redact
 from domain import state_machine as sm
 from domain.errors import DomainError, NotFoundError
 from domain.ids import attempt_instance_id, check_order_id, parse_attempt_instance_id
@@ -49,9 +49,16 @@ class Deps:
     servicebus: QueuePeeker | None
     durable: Any | None = None  # a DurableOrchestrationClient, for the order detail
     now: datetime = field(default_factory=lambda: datetime.now(UTC))
+    # In Azure the app's identity may not read reply queues (only the client
+    # application may: DESIGN §2, infra/app/rbac.bicep), so the console does
+    # not peek them there; locally it does, and says the list is local only.
+    azure: bool = field(default_factory=in_azure)
 
     def queues(self) -> list[str]:
-        return list(dict.fromkeys([*WORK_QUEUES, *sorted(self.settings.reply_queues.values())]))
+        """The queues whose dead letters the console shows: the ones the app
+        may read, plus the reply queues when not in Azure."""
+        replies = [] if self.azure else sorted(self.settings.reply_queues.values())
+        return list(dict.fromkeys([*WORK_QUEUES, *replies]))
 
 
 # --- overview ---------------------------------------------------------------------------
@@ -397,10 +404,13 @@ def _attempt_of(by: str) -> int | None:
 
 async def status_messages(deps: Deps, record: OrderState) -> dict[str, Any]:
     """Status messages for this order still on its reply queue (peeked: the
-    application may already have received the earlier ones)."""
+    application may already have received the earlier ones). Not in Azure,
+    where the reply queue is the client application's alone to read."""
+    if deps.azure:
+        return {"queue": record.ReplyTo, "messages": [], "error": None, "local_only": False}
     peeked = await peek(deps, record.ReplyTo, limit=STATUS_PEEK_LIMIT, body_limit=600)
     mine = [m for m in peeked["messages"] if m["properties"].get("OrderID") == record.id]
-    return {"queue": record.ReplyTo, "messages": mine, "error": peeked["error"]}
+    return {"queue": record.ReplyTo, "messages": mine, "error": peeked["error"], "local_only": True}
 
 
 # --- Service Bus: peek, never receive ---------------------------------------------------

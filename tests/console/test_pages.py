@@ -129,3 +129,52 @@ def test_throughput_buckets_the_last_hour(now):
     assert len(data["buckets"]) == 12
     assert data["total"] == {"Processed": 2, "Error": 1}
     assert (data["buckets"][0]["Processed"], data["buckets"][-1]["Error"]) == (1, 1)
+
+
+PANS = ["4111 1111 1111 1111", "5500-0000-0000-0004", "378282246310005", "6759649826438453",
+        "5019 7170 1010 3742"]
+
+
+async def test_card_numbers_in_provider_text_are_masked_on_every_page_field(deps, now):
+    """LastError, History reasons, compensation errors and orchestration
+    events carry provider text: a card number in them is masked wherever the
+    order page shows them, alongside hostile markup."""
+    from domain.models import CompensationEntry
+
+    said = f"provider said: card {PANS[0]} declined {HOSTILE} (retry with {PANS[1]})"
+    record = pending("PAN-1", now)
+    record = sm.claim(record, now, POLICY)
+    owner = record.LockedBy
+    record = sm.start_step(record, owner, STEPS[0], now, now + timedelta(seconds=30))
+    record = sm.mark_failed(record, owner, STEPS[0], said, now + timedelta(seconds=1))
+    assert PANS[0] in record.LastError and any(PANS[0] in (h.Reason or "") for h in record.History)
+    record = record.model_copy(update={"Compensation": [
+        CompensationEntry(Step=STEPS[0], Outcome="Failed", At=now + timedelta(seconds=2),
+                          Error=f"refund refused for {PANS[2]}; contact {PANS[3]}"),
+        CompensationEntry(Step=STEPS[1], Outcome="Failed", At=now + timedelta(seconds=3), Error=PANS[4]),
+    ]})
+    await deps.store.create_if_absent(record)
+    deps.durable = FakeDurableClient({instance("PAN-1", 1): _status(instance("PAN-1", 1), now.isoformat(), [
+        {"EventType": "TaskFailed", "Timestamp": now.isoformat(), "FunctionName": "run_step",
+         "Reason": f"card {PANS[0]}"}])})
+    data = await views.order_detail(deps, "PAN-1")
+    html = _render(_request("/orders/PAN-1"), "order.html", deps, page="orders", done=None,
+                   **data).get_body().decode()
+    digits = "".join(ch for ch in html if ch.isdigit() or ch in " -\n<>")
+    for pan in PANS:
+        assert pan not in html, pan
+        assert pan.replace(" ", "").replace("-", "") not in digits.replace(" ", "").replace("-", ""), pan
+    assert html.count("[redacted]") >= 7
+    assert 'id="last-error">provider said: card [redacted] declined' in html
+    assert "&lt;img src=x" in html and HOSTILE not in html
+    assert 'id="order-id">PAN-1<' in html
+
+
+async def test_an_order_id_that_looks_like_a_card_is_masked_as_text_but_still_links(deps, now):
+    stored = pending("4111111111111111", now)
+    html = _render(_request("/orders/4111111111111111"), "order.html", deps, page="orders", done=None,
+                   record=stored, order=None, attempts=[], steps={}, compensation=[],
+                   status_messages={"queue": "replies-webshop", "messages": [], "error": None, "local_only": True},
+                   can_resubmit=True, can_compensate=False).get_body().decode()
+    assert 'id="order-id">[redacted]<' in html
+    assert '/api/console/orders/4111111111111111/resubmit"' in html

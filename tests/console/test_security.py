@@ -69,3 +69,31 @@ def test_redact_drops_payment_fields_and_masks_card_numbers():
     assert security.redact(value) == {"OrderID": "O-1", "Customer": {"Name": "Ada"},
                                       "Note": "card [redacted] please", "Phone": "0049 30 1234567"}
     assert security.mask_card_numbers("4111111111111112") == "4111111111111112"  # fails Luhn: not a card
+
+
+def test_azure_is_any_of_its_hints_and_a_blank_principal_is_none():
+    for hint in security.AZURE_HINTS:
+        assert security.in_azure({hint: "x"})
+        with pytest.raises(security.Unauthenticated):
+            security.operator({"x-ms-client-principal-name": " "}, env={hint: "x"})
+    assert not security.in_azure({})
+
+
+@pytest.mark.parametrize("text", [
+    "card 4111 1111 1111 1111 declined", "pan=5500-0000-0000-0004;", "378282246310005",
+    "maestro 6759 6498 2643 8453 ok", "twelve 123456789015 end",
+])
+def test_luhn_valid_runs_of_12_to_19_digits_are_masked(text):
+    masked = security.mask_card_numbers(text)
+    assert "[redacted]" in masked and not any(ch.isdigit() for ch in masked.replace("[redacted]", ""))
+
+
+def test_display_masking_leaves_marked_and_non_text_values_alone():
+    from markupsafe import Markup
+
+    assert security.mask_for_display("card 4111111111111111") == "card [redacted]"
+    assert security.mask_for_display(security.Unmasked("4111111111111111")) == "4111111111111111"
+    assert security.mask_for_display(4111111111111111) == 4111111111111111
+    masked = security.mask_for_display(Markup("<b>4111111111111111</b>"))
+    assert isinstance(masked, Markup) and masked == Markup("<b>[redacted]</b>")
+    assert security.mask_for_display("11 digits 12345678903") == "11 digits 12345678903"

@@ -1,0 +1,93 @@
+"""In Azure every console route refuses a request without App Service
+authentication's principal header (401), reads as much as actions; the
+reply-queue peek and the reply queues' dead letters are left out there,
+since the app may not read a client's reply queue."""
+
+from __future__ import annotations
+
+import inspect
+import json
+
+import azure.functions as func
+import pytest
+
+import console.functions as console_functions
+from console import views
+from console.security import AZURE_HINTS, PRINCIPAL_HEADER
+from tests.console.conftest import pending
+
+ROUTES = [b._function for b in console_functions.bp._function_builders]
+
+
+def _request(route: str, headers: dict[str, str]) -> func.HttpRequest:
+    path = "/api/" + route.replace("{queue?}", "orders").replace("{order_id}", "O-1").replace(
+        "{action:alpha}", "resubmit")
+    return func.HttpRequest(method="GET", url=f"https://orders.example.net{path}", headers=headers, params={},
+                            route_params={"order_id": "O-1", "action": "resubmit", "queue": "orders"}, body=b"")
+
+
+def _route_from_json(fn) -> str:
+    return next(b["route"] for b in json.loads(fn.get_function_json())["bindings"] if b["type"] == "httpTrigger")
+
+
+async def _call(fn, req: func.HttpRequest) -> func.HttpResponse:
+    # The durable client input wraps the function; the guard runs before the client is used.
+    user = inspect.unwrap(fn.get_user_function())
+    extra = {name: None for name in inspect.signature(user).parameters if name != "req"}
+    return await user(req, **extra)
+
+
+def test_every_console_route_is_covered():
+    assert len(ROUTES) == 9
+    assert all(_route_from_json(fn).startswith("console") for fn in ROUTES)
+
+
+@pytest.mark.parametrize("hint", AZURE_HINTS)
+@pytest.mark.parametrize("fn", ROUTES, ids=lambda fn: fn.get_function_name())
+async def test_in_azure_every_route_refuses_a_request_without_a_principal(fn, hint, monkeypatch):
+    for name in AZURE_HINTS:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv(hint, "set-by-the-platform")
+    # A header with nothing in it is no principal either.
+    for headers in ({}, {PRINCIPAL_HEADER: "  "}):
+        response = await _call(fn, _request(_route_from_json(fn), headers))
+        assert response.status_code == 401, (fn.get_function_name(), headers)
+        body = response.get_body().decode()
+        assert "sign in" in body
+        # Refused before anything was read: no cost footer, no data.
+        assert "O-1" not in body or fn.get_function_name() in ("console_action", "console_order", "console_find")
+
+
+async def test_locally_the_stylesheet_is_served_from_memory(monkeypatch, tmp_path):
+    for name in AZURE_HINTS:
+        monkeypatch.delenv(name, raising=False)
+    fn = next(f for f in ROUTES if f.get_function_name() == "console_static")
+    # The file is not read per request: moving the package's directory away changes nothing.
+    monkeypatch.setattr(console_functions, "HERE", tmp_path)
+    response = await _call(fn, _request("console/static/console.css", {}))
+    assert response.status_code == 200 and response.mimetype == "text/css"
+    assert response.get_body() == (console_functions.Path(console_functions.__file__).parent / "static"
+                                   / "console.css").read_bytes()
+
+
+async def test_in_azure_the_order_page_peeks_no_reply_queue(deps, now):
+    class Peeker:
+        asked: list[str] = []
+
+        async def peek(self, queue, limit, dead_letter=False, from_sequence=None):
+            self.asked.append(queue)
+            return []
+
+    record = pending("AZ-1", now)
+    await deps.store.create_if_absent(record)
+    deps.servicebus = Peeker()
+    deps.azure = True
+    data = await views.order_detail(deps, "AZ-1")
+    assert Peeker.asked == [] and data["status_messages"]["messages"] == []
+    assert not data["status_messages"]["local_only"]
+    assert "replies-webshop" not in deps.queues() and "alerts" in deps.queues()
+
+    deps.azure = False
+    data = await views.order_detail(deps, "AZ-1")
+    assert Peeker.asked == ["replies-webshop"] and data["status_messages"]["local_only"]
+    assert "replies-webshop" in deps.queues()
