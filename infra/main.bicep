@@ -142,6 +142,13 @@ param operatorPrincipalIds string = ''
 @allowed(['User', 'Group', 'ServicePrincipal'])
 param operatorPrincipalType string = 'User'
 
+// The operator console (docs/console.md).
+@description('Client (application) id of the Entra ID app registration operators sign in to the console with (azd: CONSOLE_AUTH_CLIENT_ID). Empty: authentication is still required, with no way to sign in, so the console answers 401 to everyone.')
+param consoleAuthClientId string = ''
+@description('Key of the console\'s form tokens. A new value on every deployment (newGuid() may only be a parameter default): forms open during a deployment must be opened again; it is never stored outside the app\'s settings.')
+@secure()
+param consoleCsrfSecret string = newGuid()
+
 // Alerting.
 @description('Comma-separated e-mail addresses that receive the alerts (azd: ALERT_EMAIL_ADDRESSES). Empty: the alerts fire and reach nobody.')
 param alertEmailAddresses string = ''
@@ -325,6 +332,11 @@ module api 'app/api.bicep' = {
     supervisorPageSize: supervisorPageSize
     supervisorScan: supervisorScan
     inlineSteps: inlineSteps
+    consoleCsrfSecret: consoleCsrfSecret
+    consoleAuthClientId: consoleAuthClientId
+    // Only the operators may sign in to the console, when any are named.
+    consoleAllowedIdentities: (operatorPrincipalType == 'Group') ? [] : operators
+    consoleAllowedGroups: (operatorPrincipalType == 'Group') ? operators : []
   }
   // The app starts (and Flex reads its package) with its grants in place.
   dependsOn: [

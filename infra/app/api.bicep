@@ -61,6 +61,22 @@ param supervisorPageSize int
 param supervisorScan string
 param inlineSteps string
 
+@description('Key of the console\'s confirmation-form tokens (CONSOLE_CSRF_SECRET): one value for every instance, so a form minted on one is accepted by another.')
+@secure()
+param consoleCsrfSecret string
+@description('Entra ID app registration operators sign in to the console with (see core/host/flex-function.bicep).')
+param consoleAuthClientId string
+param consoleAllowedIdentities string[]
+param consoleAllowedGroups string[]
+
+// HTTP endpoints that keep the host's own key-based authorization instead of
+// the console's Entra sign-in: the durable extension's webhooks (system key)
+// and the host's admin API (master key). The app has no other HTTP function.
+var authExcludedPaths = [
+  '/runtime/webhooks/durabletask/*'
+  '/admin/*'
+]
+
 resource storage 'Microsoft.Storage/storageAccounts@2023-05-01' existing = {
   name: storageAccountName
 }
@@ -135,6 +151,7 @@ var baseSettings = {
   SUPERVISOR_PAGE_SIZE: string(supervisorPageSize)
   SUPERVISOR_SCAN: supervisorScan
   INLINE_STEPS: inlineSteps
+  CONSOLE_CSRF_SECRET: consoleCsrfSecret
   // COSMOS_CREATE_CONTAINERS stays unset (false): these templates create the
   // databases and containers, and the app's data-plane role could not.
 }
@@ -177,6 +194,10 @@ module functionApp '../core/host/flex-function.bicep' = {
     instanceMemoryMB: instanceMemoryMB
     maximumInstanceCount: maximumInstanceCount
     appSettings: appSettings
+    authClientId: consoleAuthClientId
+    authAllowedIdentities: consoleAllowedIdentities
+    authAllowedGroups: consoleAllowedGroups
+    authExcludedPaths: authExcludedPaths
   }
 }
 

@@ -68,6 +68,16 @@ var appQueueGrants = [
     queue: 'alerts'
     role: 'serviceBusDataSender'
   }
+  {
+    // The console peeks alerts and alerts' dead letters. Service Bus roles
+    // are scoped to a queue at the finest, and a queue's dead-letter queue is
+    // no resource of its own: Receiver on a queue covers both. It would also
+    // let the app receive (consume) alerts; only the console's peek uses it.
+    // The console's other dead-letter lists are of queues the app already
+    // receives from. Reply queues get no Receiver: only the client reads them.
+    queue: 'alerts'
+    role: 'serviceBusDataReceiver'
+  }
 ]
 
 // The host's storage: blobs (leases, timers, deployment package), queues and

@@ -39,6 +39,17 @@ MUTATIONS = [
     ("ingress queues dropped", "infra/app/messaging.bicep", "concat(fixedQueues, ingressQueues, replyQueues)", "concat(fixedQueues, replyQueues)"),
     ("bundle floor lowered", "host.json", "[4.26.0, 5.0.0)", "[4.*, 5.0.0)"),
     ("slow durable polling", "host.json", '"maxQueuePollingInterval": "00:00:02"', '"maxQueuePollingInterval": "00:00:30"'),
+    ("console auth not required", "infra/core/host/flex-function.bicep", "      requireAuthentication: true\n", "      requireAuthentication: false\n"),
+    ("console anonymous w/o client id", "infra/core/host/flex-function.bicep", "empty(authClientId) ? 'Return401'", "empty(authClientId) ? 'AllowAnonymous'"),
+    ("console auth resource dropped", "infra/core/host/flex-function.bicep", "  name: 'authsettingsV2'\n", "  name: 'authsettings'\n"),
+    ("all of /api excluded", "infra/app/api.bicep", "  '/admin/*'\n", "  '/admin/*'\n  '/api/*'\n"),
+    ("durable webhooks need sign-in", "infra/app/api.bicep", "  '/runtime/webhooks/durabletask/*'\n", ""),
+    ("console open to the tenant", "infra/main.bicep", "(operatorPrincipalType == 'Group') ? [] : operators", "[]"),
+    ("csrf secret from names", "infra/main.bicep", "param consoleCsrfSecret string = newGuid()", "param consoleCsrfSecret string = uniqueString(resourceGroup().id)"),
+    ("csrf secret not set", "infra/app/api.bicep", "  CONSOLE_CSRF_SECRET: consoleCsrfSecret\n", ""),
+    ("settings not secure", "infra/core/host/flex-function.bicep", "@secure()\nparam appSettings object", "param appSettings object"),
+    ("no alerts receiver", "infra/app/rbac.bicep", "    queue: 'alerts'\n    role: 'serviceBusDataReceiver'", "    queue: 'alerts'\n    role: 'serviceBusDataSender'"),
+    ("app reads reply queues", "infra/app/rbac.bicep", "    queueName: app.replyQueueName\n    roleDefinitionId: roles.serviceBusDataSender\n    principalId: functionAppPrincipalId", "    queueName: app.replyQueueName\n    roleDefinitionId: roles.serviceBusDataReceiver\n    principalId: functionAppPrincipalId"),
     ("docker config stale", "devstack/docker/servicebus-config.json", '"DefaultMessageTimeToLive": "PT1H"', '"DefaultMessageTimeToLive": "P1D"'),
 ]
 

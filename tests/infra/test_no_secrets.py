@@ -63,12 +63,24 @@ def _all_app_settings() -> dict:
     return {**variable(api, "baseSettings"), **backend["true_value"], **backend["false_value"]}
 
 
+# The app's own secrets (no access to any Azure service): each comes from a
+# @secure() parameter of api.bicep (test_console_auth.py checks where its value
+# comes from).
+APP_OWN_SECRETS = {"CONSOLE_CSRF_SECRET": "consoleCsrfSecret"}
+
+
 def test_app_settings_carry_no_key():
     settings = _all_app_settings()
     assert "DURABLE_TASK_SCHEDULER_CONNECTION_STRING" in settings
+    api = parse(INFRA / "app" / "api.bicep")
     for name, value in settings.items():
         text = json.dumps(value)
         assert not re.search(r"AccountKey=|SharedAccessKey=|SharedAccessSignature|sig=", text), name
+        if name in APP_OWN_SECRETS:
+            assert value == APP_OWN_SECRETS[name], name
+            decorators = api["parameters"][value].get("decorators", [])
+            assert {"type": "secure"} in decorators or "secure" in json.dumps(decorators), name
+            continue
         if SECRET_WORDS.search(name):
             assert name in NAMED_LIKE_SECRETS, name
     assert "Authentication=ManagedIdentity;" in settings["DURABLE_TASK_SCHEDULER_CONNECTION_STRING"]

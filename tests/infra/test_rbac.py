@@ -6,8 +6,10 @@ default client applications (each given an identity) and compares the result
 with the access the design calls for:
 
 - the function app receives from the queues it triggers on (orders,
-  agent-requests, agent-responses) and sends to the queues it posts to
-  (agent-requests, agent-responses, alerts, every reply queue); it owns nothing;
+  agent-requests, agent-responses) and from alerts (the console peeks it and
+  its dead letters), and sends to the queues it posts to (agent-requests,
+  agent-responses, alerts, every reply queue); it owns nothing, and never
+  receives from a reply queue (only the client application may);
 - the host's storage: Blob Data Owner, Queue and Table Data Contributor
   (AzureWebJobsStorage, the Durable task hub, the Flex deployment package);
 - Application Insights: Monitoring Metrics Publisher (Entra-authenticated telemetry);
@@ -87,6 +89,9 @@ def expected_grants(clients: list[dict], operators: list[str] = (), scheduler: b
         ("app", "queue:agent-responses", SENDER),
         ("app", "queue:agent-responses", RECEIVER),
         ("app", "queue:alerts", SENDER),
+        # The console peeks alerts and alerts/$deadletterqueue (a queue's
+        # Receiver covers its dead-letter queue: no finer scope exists).
+        ("app", "queue:alerts", RECEIVER),
         ("app", "storage", "Storage Blob Data Owner"),
         ("app", "storage", "Storage Queue Data Contributor"),
         ("app", "storage", "Storage Table Data Contributor"),
@@ -188,6 +193,19 @@ def test_a_client_can_send_only_to_its_own_ingress_and_read_only_its_own_replies
         }
     # Nobody but operators may send to an ingress queue they do not own; the shared queue takes no client.
     assert not {g for g in grants if g[1] == "queue:orders" and g[2] == SENDER}
+
+
+def test_the_app_never_reads_a_reply_queue():
+    """DESIGN §2: only the client application may read its reply queue, so the
+    console shows no reply queue in Azure rather than the app being granted it."""
+    clients = _clients_with_identity()
+    grants = actual_grants(clients, OPERATORS, True)
+    replies = {f"queue:{c['replyQueueName']}" for c in clients}
+    assert not {g for g in grants if g[0] == "app" and g[1] in replies and g[2] == RECEIVER}
+    # Every queue whose dead letters the console lists in Azure is one the app may read.
+    from console.views import WORK_QUEUES
+    readable = {g[1].removeprefix("queue:") for g in grants if g[0] == "app" and g[2] == RECEIVER}
+    assert set(WORK_QUEUES) <= readable, set(WORK_QUEUES) - readable
 
 
 def test_app_identity_is_the_user_assigned_one():

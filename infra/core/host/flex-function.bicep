@@ -25,8 +25,19 @@ param maximumInstanceCount int = 40
 @description('Always-ready instances per function group or function ({ name, instanceCount }), e.g. the durable group.')
 param alwaysReady array = []
 
-@description('App settings. Flex Consumption rejects FUNCTIONS_WORKER_RUNTIME and FUNCTIONS_EXTENSION_VERSION: the runtime is set in functionAppConfig instead.')
+@description('App settings. Flex Consumption rejects FUNCTIONS_WORKER_RUNTIME and FUNCTIONS_EXTENSION_VERSION: the runtime is set in functionAppConfig instead. Secure because one of them (CONSOLE_CSRF_SECRET) is a secret: a secure object is kept out of the deployment history.')
+@secure()
 param appSettings object
+
+// App Service authentication (Easy Auth) in front of the console.
+@description('Client (application) id of the Entra ID app registration operators sign in to the console with (azd: CONSOLE_AUTH_CLIENT_ID). Empty: no identity provider, so every request outside authExcludedPaths is answered 401.')
+param authClientId string = ''
+@description('Object ids of the users or service principals allowed to sign in (the operators); empty: whoever the app registration admits.')
+param authAllowedIdentities string[] = []
+@description('Object ids of the groups allowed to sign in (operators given as a group).')
+param authAllowedGroups string[] = []
+@description('Paths that keep the host\'s own key-based authorization instead of Entra sign-in: every HTTP endpoint that is not the console.')
+param authExcludedPaths string[]
 
 resource storage 'Microsoft.Storage/storageAccounts@2023-05-01' existing = {
   name: storageAccountName
@@ -76,6 +87,50 @@ resource site 'Microsoft.Web/sites@2024-04-01' = {
   resource settings 'config' = {
     name: 'appsettings'
     properties: appSettings
+  }
+}
+
+// Authentication is required for every path but the excluded ones (the
+// durable webhooks and the admin API keep their system and master keys), so
+// the console's routes, and any HTTP function added later, need a signed-in
+// operator. The platform then removes a client-sent x-ms-client-principal-*
+// header and sets its own, which console.security takes as the operator.
+// Service Bus and timer triggers are not HTTP requests and are not affected.
+// No client secret: the login flow asks Entra ID for an ID token only (the
+// registration must allow ID tokens), so no secret is stored anywhere.
+resource authSettings 'Microsoft.Web/sites/config@2024-04-01' = {
+  parent: site
+  name: 'authsettingsV2'
+  properties: {
+    platform: {
+      enabled: true
+    }
+    globalValidation: {
+      requireAuthentication: true
+      unauthenticatedClientAction: empty(authClientId) ? 'Return401' : 'RedirectToLoginPage'
+      redirectToProvider: 'azureactivedirectory'
+      excludedPaths: authExcludedPaths
+    }
+    httpSettings: {
+      requireHttps: true
+    }
+    identityProviders: {
+      azureActiveDirectory: {
+        enabled: !empty(authClientId)
+        registration: {
+          clientId: authClientId
+          openIdIssuer: '${environment().authentication.loginEndpoint}${tenant().tenantId}/v2.0'
+        }
+        validation: {
+          defaultAuthorizationPolicy: {
+            allowedPrincipals: {
+              identities: authAllowedIdentities
+              groups: authAllowedGroups
+            }
+          }
+        }
+      }
+    }
   }
 }
 
