@@ -465,11 +465,13 @@ async def dead_letters(deps: Deps, queue: str | None, from_sequence: int | None)
     queues = deps.queues()
     if queue is not None and queue not in queues:
         raise BadRequest(f"no queue {queue!r} here")
+    replies_left_out = deps.azure and bool(deps.settings.reply_queues)
     if queue is None:
         # the summary: a few of each queue's dead letters
         peeked = await asyncio.gather(*(peek(deps, q, limit=5, dead_letter=True) for q in queues))
-        return {"queues": queues, "per_queue": dict(zip(queues, peeked, strict=True)), "queue": None}
-    return {"queues": queues, "queue": queue,
+        return {"queues": queues, "per_queue": dict(zip(queues, peeked, strict=True)), "queue": None,
+                "replies_left_out": replies_left_out}
+    return {"queues": queues, "queue": queue, "replies_left_out": replies_left_out,
             "peeked": await peek(deps, queue, dead_letter=True, from_sequence=from_sequence)}
 
 

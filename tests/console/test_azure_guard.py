@@ -53,7 +53,7 @@ async def test_in_azure_every_route_refuses_a_request_without_a_principal(fn, hi
         response = await _call(fn, _request(_route_from_json(fn), headers))
         assert response.status_code == 401, (fn.get_function_name(), headers)
         body = response.get_body().decode()
-        assert "sign in" in body
+        assert "sign in" in body and 'href="/.auth/login/aad?post_login_redirect_uri=https' in body
         # Refused before anything was read: no cost footer, no data.
         assert "O-1" not in body or fn.get_function_name() in ("console_action", "console_order", "console_find")
 
@@ -87,7 +87,23 @@ async def test_in_azure_the_order_page_peeks_no_reply_queue(deps, now):
     assert not data["status_messages"]["local_only"]
     assert "replies-webshop" not in deps.queues() and "alerts" in deps.queues()
 
+    html = console_functions._render(_request("console/orders/{order_id}", {}), "order.html", deps,
+                                     page="orders", done=None, **data).get_body().decode()
+    assert "only the application may read" in html and "local only" not in html
+    dead = await views.dead_letters(deps, None, None)
+    assert list(dead["per_queue"]) == list(views.WORK_QUEUES) and dead["replies_left_out"]
+    html = console_functions._render(_request("console/deadletters", {}), "deadletters.html", deps,
+                                     page="deadletters", **dead).get_body().decode()
+    assert 'id="replies-left-out"' in html and "replies-webshop" not in html
+    with pytest.raises(views.BadRequest):
+        await views.dead_letters(deps, "replies-webshop", None)
+    assert Peeker.asked.count("replies-webshop") == 0
+
     deps.azure = False
+    Peeker.asked.clear()
     data = await views.order_detail(deps, "AZ-1")
     assert Peeker.asked == ["replies-webshop"] and data["status_messages"]["local_only"]
     assert "replies-webshop" in deps.queues()
+    html = console_functions._render(_request("console/orders/{order_id}", {}), "order.html", deps,
+                                     page="orders", done=None, **data).get_body().decode()
+    assert "local only" in html
