@@ -38,11 +38,13 @@ def command(seed: int, orders: int, drop: frozenset[int]) -> str:
     return f"python -m sim --seed {seed} --orders {orders}{extra}"
 
 
-def record(seed: int, orders: int, check: str, detail: str) -> None:
+def record(seed: int, orders: int, violations: list[tuple[str, str]]) -> None:
     entries = json.loads(REGRESSIONS.read_text()) if REGRESSIONS.exists() else []
     if any(e["seed"] == seed and e["orders"] == orders for e in entries):
         return
-    entries.append({"seed": seed, "orders": orders, "check": check, "detail": detail[:300], "defect": None})
+    check, detail = violations[0]
+    entries.append({"seed": seed, "orders": orders, "check": check, "detail": detail[:300],
+                    "checks": sorted({c for c, _ in violations})})
     REGRESSIONS.write_text(json.dumps(entries, indent=1, ensure_ascii=False) + "\n")
 
 
@@ -79,8 +81,10 @@ def main(argv: list[str] | None = None) -> int:
             continue
         violations += 1
         check, detail = result.violations[0]
-        checks[check] += 1
-        print(f"VIOLATION seed {seed}: {check}: {detail}")
+        checks.update({c for c, _ in result.violations})
+        print(f"VIOLATION seed {seed}: {check}: {detail[:400]}")
+        for other, text in result.violations[1:4]:
+            print(f"  also: {other}: {text[:200]}")
         shrunk, best = (drop, result) if args.no_shrink or args.seed is not None else shrink(result, args.orders)
         print("  fault trace (shrunk):" if shrunk != drop else "  fault trace:")
         kept = [f for f in best.faults]
@@ -90,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"    ... {len(kept) - 30} more")
         print(f"  replay: {command(seed, args.orders, shrunk)}")
         if args.record:
-            record(seed, args.orders, check, detail)
+            record(seed, args.orders, result.violations)
     elapsed = time.perf_counter() - started
     print(f"{n / elapsed:.1f} schedules/s ({n} in {elapsed:.1f} s)")
     print("faults injected: " + (", ".join(f"{k}={v}" for k, v in sorted(faults.items())) or "none"))
