@@ -513,7 +513,7 @@ class Simulation:
             w.at(START + timedelta(seconds=at), "client",
                  lambda oid=oid: (self.submitted.add(oid), self.bus.send("orders", self._order_body(oid), oid)))
             if w.faults.draw(f.operator, "operator", oid):
-                when = START + timedelta(seconds=w.data_rng.uniform(0, o.fault_window))
+                when = START + timedelta(seconds=w.data_rng.uniform(0, 2.5 * o.fault_window))
                 action = w.data_rng.choice(("resubmit", "compensate"))
                 self.operator_pending += 1
                 w.at(when, "operator", lambda oid=oid, a=action: w.spawn(f"operator:{oid}",
@@ -624,13 +624,13 @@ class Simulation:
         # a permanent answer is never asked again by a later attempt (defect 3)
         permanent = {}
         for key, op, token, outcome in self.remote.calls:
-            if outcome == "permanent" and not op.endswith(("release", "refund", "cancel")):
-                permanent.setdefault((key, op), token)
-            elif (key, op) in permanent and token > permanent[(key, op)]:
+            if (key, op) in permanent and token > permanent[(key, op)]:
                 self.fail("permanent failure not retried",
                           f"{op} {key} answered permanently to attempt {permanent[(key, op)]}, "
                           f"called again by attempt {token}")
                 permanent[(key, op)] = 10**9
+            if outcome == "permanent" and not op.endswith(("release", "refund", "cancel")):
+                permanent.setdefault((key, op), token)
         for detail in self.deadline_mismatch[:1]:
             self.fail("one deadline travels everywhere", detail)
         # false CompensationFailed: every undo the log calls failed did succeed remotely
