@@ -67,6 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     faults: Counter[str] = Counter()
     rows: Counter[str] = Counter()
     checks: Counter[str] = Counter()
+    first_seed: dict[str, int] = {}
     violations = 0
     started = time.perf_counter()
     n = 0
@@ -81,6 +82,9 @@ def main(argv: list[str] | None = None) -> int:
             continue
         violations += 1
         check, detail = result.violations[0]
+        for c, _ in result.violations:
+            if c not in checks:
+                first_seed[c] = seed
         checks.update({c for c, _ in result.violations})
         print(f"VIOLATION seed {seed}: {check}: {detail[:400]}")
         for other, text in result.violations[1:4]:
@@ -102,7 +106,9 @@ def main(argv: list[str] | None = None) -> int:
     for row, text, by in ROWS:
         print(f"  row {row:<3} {text:<46} by {by:<13} {'hit ' + str(rows[row]) if rows[row] else 'NOT HIT'}")
     if checks:
-        print("broken checks: " + ", ".join(f"{k}={v}" for k, v in checks.most_common()))
+        print("broken checks (schedules; first seed):")
+        for k, v in checks.most_common():
+            print(f"  {k}: {v}; seed {first_seed[k]}")
     print(f"simulate: {n} schedules, {violations} violations")
     return 1 if violations else 0
 

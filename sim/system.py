@@ -130,13 +130,15 @@ def options_for(seed: int, orders: int) -> Options:
             operator=rng.choice((0.0, 0.3, 0.7)),
             skew=rng.choice((0.0, 1.0, 2.0)),
             minute_edges=rng.random() < 0.3,
+            burst=rng.random() < 0.3,
+            bad_messages=rng.choice((0.0, 0.0, 0.2)),
         )
     scan = rng.choice(("query", "index"))
     return Options(
         orders=orders,
         scan=scan,
         page_size=rng.choice((1, 2, 3, 100)),
-        backlog_limit=rng.choice((5000, 5000, 5000, 1)),
+        backlog_limit=rng.choice((5000, 5000, 5000, 0)),
         faults=f,
     )
 
@@ -160,7 +162,7 @@ class SimRemote:
     idempotency and fencing, answers interpreted by the product's own HTTP
     client rules, and the seed's faults (outage, permanent decline)."""
 
-    def __init__(self, world: World, declines: dict[str, str]) -> None:
+    def __init__(self, world: World, declines: dict[str, tuple[str, str]]) -> None:
         self.world = world
         self.ledger = Ledger()
         self.declines = declines
@@ -172,14 +174,20 @@ class SimRemote:
         op = f"{call.service}/{call.operation}"
         outage = self.world.faults.outage
         order_id = call.idempotency_key.partition("/")[0]
-        if outage and outage[0] <= self.world.clock.now < outage[1] and outage[2] == call.service:
+        down = bool(outage) and outage[0] <= self.world.clock.now < outage[1] and outage[2] == call.service
+        # A partial outage: most calls fail outright; some are applied and
+        # their answer is lost on the way back (a gateway timeout).
+        lost = down and self.world.rng.random() < 0.3
+        if down and not lost:
             status, text = 503, json.dumps({"code": "Unavailable", "error": "service unavailable"})
-        elif op == "payment/charge" and order_id in self.declines:
-            status, text = 402, json.dumps({"code": "Declined", "error": self.declines[order_id]})
+        elif self.declines.get(order_id, ("",))[0] == op:
+            status, text = 402, json.dumps({"code": "Declined", "error": self.declines[order_id][1]})
         else:
             answer = self.ledger.apply(call.service, call.operation, call.idempotency_key,
                                        str(call.fencing_token), call.body)
             status, text = answer.status, json.dumps(answer.body)
+            if lost:
+                status, text = 504, json.dumps({"code": "GatewayTimeout", "error": "no answer from upstream"})
         outcome = "ok" if status < 300 else "transient" if status >= 500 else "permanent"
         self.calls.append((call.idempotency_key, op, call.fencing_token, outcome))
         self.world.log(f"remote {op} {call.idempotency_key} token {call.fencing_token} -> {status}")
@@ -273,6 +281,8 @@ class Simulation:
         self.supervisor_costs: list[int] = []
         self.deadline_mismatch: list[str] = []
         self.state_c.on_write = self._on_state_write
+        self.overwritten: list[str] = []
+        self.orders_c.on_write = lambda old, new: self.overwritten.append(new["id"]) if old else None
         account = CosmosAccount("https://sim.invalid", None)
         self.settings = Settings(
             state_account=account, orders_account=account, servicebus=ServiceBusAccess(connection_string="sim"),
@@ -289,7 +299,10 @@ class Simulation:
         declines = {}
         for oid in self.order_ids:
             if w.faults.draw(self.o.faults.decline, "decline", oid):
-                declines[oid] = _random_text(rng)
+                # Mostly the payment; sometimes another step, or a refund that is refused.
+                op = rng.choice(("payment/charge", "payment/charge", "inventory/reserve",
+                                 "shipping/arrange", "payment/refund"))
+                declines[oid] = (op, _random_text(rng))
         self.remote = SimRemote(w, declines)
         self.agent = Agent(self.remote, AgentClock(w), AgentPolicy(), rng=random.Random(f"agent/{seed}"))
         self.processor = RequestProcessor(self.agent, SimReplySender(w, self.bus))
@@ -310,6 +323,7 @@ class Simulation:
         self.functions = {spec.trigger.get("queueName"): spec for spec in catalog().of_type(SERVICE_BUS_TRIGGER)}
         self._sup_n = 0
         self.submitted: set[str] = set()
+        self.bad: dict[str, str] = {}
         self.operator_pending = 0
 
     # --- the supervisor, as bootstrap builds it (its own charges per run)
@@ -379,14 +393,27 @@ class Simulation:
         return name.split(":")[0].rstrip("0123456789")
 
     # --- actors
-    def _order_body(self, oid: str) -> bytes:
+    def _order_body(self, oid: str, total: str = "20.00") -> bytes:
         payload = {
             "OrderID": oid, "AppId": APP, "ReplyTo": REPLY_QUEUE,
             "Customer": {"CustomerId": "C-7", "Name": "Ada"},
-            "Lines": [{"Sku": "SKU-1", "Quantity": 2, "UnitPrice": "10.00"}],
-            "Total": "20.00", "Currency": "EUR", "PaymentReference": "pay-ref-42",
+            "Lines": [{"Sku": "SKU-1", "Quantity": 2, "UnitPrice": str(int(float(total)) // 2) + ".00"}],
+            "Total": total, "Currency": "EUR", "PaymentReference": "pay-ref-42",
         }
         return json.dumps(payload).encode()
+
+    def _bad_message(self, oid: str) -> None:
+        """A conflicting copy of an order, a malformed body, or a body sent as
+        an AMQP value instead of data sections: each must be dead-lettered with
+        a reason and alerted, and never overwrite anything."""
+        kind = self.world.data_rng.choice(("conflict", "malformed", "amqp-value"))
+        self.bad[f"{oid}/{kind}"] = kind
+        if kind == "conflict":
+            self.bus.send("orders", self._order_body(oid, "40.00"), f"{oid}/{kind}")
+        elif kind == "malformed":
+            self.bus.send("orders", b'{"OrderID": "' + oid.encode() + b'", "Lines": "x"', f"{oid}/{kind}")
+        else:
+            self.bus.send("orders", json.loads(self._order_body(f"{oid}-V")), f"{oid}/{kind}")
 
     def _pump(self, queue: str) -> None:
         while True:
@@ -507,11 +534,14 @@ class Simulation:
         self.bound = liveness_bound(o)
         end = fault_end + self.bound
         for i, oid in enumerate(self.order_ids):
-            at = w.data_rng.uniform(0, 60)
+            at = w.data_rng.uniform(0, 3 if f.burst else 60)
             if f.minute_edges:
                 at = 60 * (i % 3 + 1) - w.data_rng.uniform(0.001, 1.0) - o.step_timeout.total_seconds() % 60
             w.at(START + timedelta(seconds=at), "client",
                  lambda oid=oid: (self.submitted.add(oid), self.bus.send("orders", self._order_body(oid), oid)))
+            if w.faults.draw(f.bad_messages, "bad_message", oid):
+                w.at(START + timedelta(seconds=at + w.data_rng.uniform(0, 30)), "client",
+                     lambda oid=oid: self._bad_message(oid))
             if w.faults.draw(f.operator, "operator", oid):
                 when = START + timedelta(seconds=w.data_rng.uniform(0, 2.5 * o.fault_window))
                 action = w.data_rng.choice(("resubmit", "compensate"))
@@ -519,7 +549,7 @@ class Simulation:
                 w.at(when, "operator", lambda oid=oid, a=action: w.spawn(f"operator:{oid}",
                                                                          lambda: self._operator(oid, a)))
         if f.throttle_storm and w.faults.draw(1.0, "throttle_storm"):
-            s = START + timedelta(seconds=w.data_rng.uniform(0, 60))
+            s = START + timedelta(seconds=w.data_rng.uniform(0, o.fault_window - 90))
             w.faults.storm = (s, s + timedelta(seconds=w.data_rng.uniform(30, 90)))
         if f.outage and w.faults.draw(1.0, "outage"):
             s = START + timedelta(seconds=w.data_rng.uniform(0, 30))
@@ -652,11 +682,27 @@ class Simulation:
             if cost > limit:
                 self.fail("6 supervisor cost bounded by page size", f"a run made {cost} requests > {limit}")
                 break
-        # 4 every dead-lettered message has a reason
+        # 4 every dead-lettered message has a reason; a bad submission is alerted, nothing overwritten
+        kinds = Counter(json.loads(m.body).get("Kind") for m in self.bus.queue("alerts").sent)
         for q in self.bus.queues.values():
             for m in q.dead:
                 if not m.dead_letter_reason:
                     self.fail("4 dead-lettered with a reason", f"{q.name} {m.message_id}")
+        for mid, kind in sorted(self.bad.items()):
+            oid = mid.split("/")[0]
+            dead = [m for m in self.bus.queue("orders").dead if m.message_id == mid]
+            if not dead:
+                if any(m.message_id == mid for m in self.bus.queue("orders").messages):
+                    self.fail("4 bad submission dead-lettered", f"{mid} ({kind}) still on the queue")
+                continue
+            reason = dead[0].dead_letter_reason
+            if reason == "MaxDeliveryCountExceeded":
+                self.fail("4 bad submission dead-lettered with a reason",
+                          f"{mid} ({kind}) dead-lettered only by the delivery count, not by its handler")
+            elif kind == "conflict" and oid not in alerted or kind != "conflict" and not kinds["InvalidMessage"]:
+                self.fail("4 bad submission alerted", f"{mid} ({kind}) dead-lettered with {reason}, no alert")
+        for oid in self.overwritten[:1]:
+            self.fail("4 nothing overwritten", f"the orders DB document of {oid} was written twice")
 
 
 def _cosmos(iso_text: str) -> str:

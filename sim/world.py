@@ -52,6 +52,8 @@ class FaultConfig:
     operator: float = 0.0  # per order: an operator action at a random moment
     skew: float = 0.0  # max per-actor clock skew, seconds
     minute_edges: bool = False  # orders submitted just before minute boundaries
+    burst: bool = False  # every order submitted within 3 s (admission control)
+    bad_messages: float = 0.0  # per order: a conflicting copy, a malformed body or an AMQP value body
 
 
 @dataclass
