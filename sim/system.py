@@ -345,6 +345,9 @@ class Simulation:
         async def measured():
             report = await run()
             self.supervisor_costs.append(report.requests)
+            self.world.log(f"supervisor read={report.read} examined={report.examined} recovered={report.recovered} "
+                           f"long_retry={report.long_retry} failed={report.failed} skipped={report.skipped} "
+                           f"requests={report.requests}")
             return report
 
         sup.run = measured

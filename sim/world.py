@@ -132,6 +132,7 @@ class World:
         self.skews: dict[str, float] = {}
         self._crash_ok: dict[asyncio.Task, bool] = {}
         self._new: list[asyncio.Task] = []
+        self._parked_tasks: set[asyncio.Task] = set()
 
     # --- time and trace
     def stamp(self) -> str:
@@ -187,11 +188,12 @@ class World:
         fut = asyncio.get_running_loop().create_future()
         self._seq += 1
         self._parked.append(_Parked(self.clock.now + timedelta(seconds=delay), self._seq, name, label, fut, task))
+        self._parked_tasks.add(task)
         await fut
 
     async def _settle(self, task: asyncio.Task) -> None:
         for _ in range(10_000):
-            if task.done() or any(p.task is task for p in self._parked):
+            if task.done() or task in self._parked_tasks:
                 return
             await asyncio.sleep(0)
         raise RuntimeError(f"actor {self._names.get(task)} neither parked nor finished")
@@ -203,11 +205,14 @@ class World:
             while self._new:
                 task = self._new.pop(0)
                 await self._settle(task)
-            ready = [p for p in self._parked if p.ready_at <= self.clock.now]
+            now = self.clock.now
+            ready = [p for p in self._parked if p.ready_at <= now]
             if ready:
-                ready.sort()
+                if len(ready) > 1:
+                    ready.sort()
                 chosen = ready[self.rng.randrange(len(ready))] if len(ready) > 1 else ready[0]
                 self._parked.remove(chosen)
+                self._parked_tasks.discard(chosen.task)
                 if self._crash_ok.get(chosen.task) and self.faults.draw(
                     self.faults.config.crash, "crash", f"{chosen.name} at {chosen.label}"
                 ):
