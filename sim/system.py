@@ -135,6 +135,8 @@ def options_for(seed: int, orders: int) -> Options:
         )
     scan = rng.choice(("query", "index"))
     return Options(
+        # An outage must outlast the whole retry budget: the faults run long enough for that.
+        fault_window=450.0 if f.outage else 240.0,
         orders=orders,
         scan=scan,
         page_size=rng.choice((1, 2, 3, 100)),
@@ -493,8 +495,9 @@ class Simulation:
         spec = next(s for s in catalog().of_type("timerTrigger") if s.name == "supervisor")
         await call_function(spec, {spec.trigger["name"]: None})
 
-    async def _operator(self, oid: str, action: str) -> None:
-        self.operator_pending -= 1
+    async def _operator(self, oid: str, action: str, tries: int = 12) -> None:
+        """An operator acts at a random moment; one who is refused (the order
+        is not in a state the action applies to yet) looks again a minute later."""
         now = self.world.now_for("operator")()
         transition = {"resubmit": lambda r: sm.resubmit(r, now),
                       "compensate": lambda r: sm.request_compensation(r, now)}[action]
@@ -503,6 +506,13 @@ class Simulation:
             self.world.log(f"operator {action} {oid}")
         except (sm.IllegalTransition, DomainError) as exc:
             self.world.log(f"operator {action} {oid} refused: {type(exc).__name__}")
+            if tries > 1:
+                self.operator_pending += 1
+                self.world.at(self.world.clock.now + timedelta(seconds=60), "operator",
+                              lambda: self.world.spawn(f"operator:{oid}",
+                                                       lambda: self._operator(oid, action, tries - 1)))
+        finally:
+            self.operator_pending -= 1
 
     def _ticks(self, name: str, period: float, fn, until: datetime, copies: int = 1) -> None:
         offset = self.world.data_rng.uniform(0, period)
@@ -546,7 +556,7 @@ class Simulation:
                 w.at(START + timedelta(seconds=at + w.data_rng.uniform(0, 30)), "client",
                      lambda oid=oid: self._bad_message(oid))
             if w.faults.draw(f.operator, "operator", oid):
-                when = START + timedelta(seconds=w.data_rng.uniform(0, 2.5 * o.fault_window))
+                when = START + timedelta(seconds=w.data_rng.uniform(0, o.fault_window))
                 action = w.data_rng.choice(("resubmit", "compensate"))
                 self.operator_pending += 1
                 w.at(when, "operator", lambda oid=oid, a=action: w.spawn(f"operator:{oid}",
