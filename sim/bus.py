@@ -68,14 +68,15 @@ class Bus:
         return self.queues[name]
 
     def send(self, queue: str, body: bytes, message_id: str, props: dict | None = None,
-             fault_free: bool = False) -> None:
+             fault_free: bool = False) -> bool:
+        """False when duplicate detection dropped it."""
         q = self.queue(queue)
         now = self.world.clock.now
         seen = q.seen.get(message_id)
         if seen is not None and now - seen < DUPLICATE_WINDOW:
             self.world.log(f"bus {queue} drop duplicate {message_id}")
             self.world.counters["duplicate_dropped"] += 1
-            return
+            return False
         q.seen[message_id] = now
         delay = 0.0
         faults = self.world.faults
@@ -95,6 +96,7 @@ class Bus:
             q.messages.append(copy)
             if self.after_send is not None:
                 self.after_send(queue, copy.visible_at)
+        return True
 
     # --- receiving
     def receivable(self, queue: str) -> Msg | None:
@@ -216,7 +218,11 @@ class SimPublisher:
         faults = self.world.faults
         if kind and faults.draw(faults.config.send_fail, f"{kind}_send_fail", message_id):
             raise TransientError(f"sending to queue {queue!r} failed: simulated ServiceBusError")
-        self.bus.send(queue, body, message_id, application_properties)
+        accepted = self.bus.send(queue, body, message_id, application_properties)
+        if self.on_sent is not None:
+            self.on_sent(queue, message_id, accepted)
+
+    on_sent = None  # (queue, message id, accepted): the simulation's bookkeeping
 
     async def close(self) -> None:
         return None

@@ -17,6 +17,7 @@ import importlib
 import json
 import logging
 import random
+import warnings
 from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
@@ -121,6 +122,7 @@ def options_for(seed: int, orders: int) -> Options:
             delay=rng.choice((0.0, 0.05, 0.2)),
             lock_expiry=rng.choice((0.0, 0.05, 0.2)),
             throttle_storm=rng.random() < 0.2,
+            throttle_bursts=rng.choice((0, 0, 3, 8)),
             send_fail=rng.choice((0.0, 0.05, 0.3)),
             decline=rng.choice((0.0, 0.2, 0.5)),
             outage=rng.random() < 0.15,
@@ -293,6 +295,9 @@ class Simulation:
             supervisor_scan=self.o.scan, retry=self.o.retry,
         )
         self.publisher = SimPublisher(w, self.bus, {REPLY_QUEUE})
+        self.publisher.on_sent = self._on_sent
+        self.request_sender: dict[str, tuple[str, int]] = {}
+        self.lost_requests: list[str] = []
         self.store = CosmosStateStore(self.state_c)
         self.orders_repo = CosmosOrdersRepository(self.orders_c)
         self.index = CosmosRecoveryIndex(self.index_c) if self.o.scan == "index" else NoIndex()
@@ -385,6 +390,19 @@ class Simulation:
             if writer and old.get("LockedBy") != writer:
                 self.violations.append(("3 stale attempt wrote", f"{writer} changed {new['id']} locked by "
                                                                   f"{old.get('LockedBy')}"))
+
+    def _on_sent(self, queue: str, message_id: str, accepted: bool) -> None:
+        """An agent request of a restarted orchestration that duplicate detection
+        drops was never answered to that execution: it can only wait out its deadline."""
+        iid = self._instance()
+        if queue != "agent-requests" or iid is None or iid not in self.durable.instances:
+            return
+        execution = self.durable.instances[iid].execution
+        if accepted:
+            self.request_sender[message_id] = (iid, execution)
+        elif self.request_sender.get(message_id, (iid, execution))[1] != execution:
+            self.lost_requests.append(f"{message_id}: sent again by execution {execution} of {iid}, "
+                                      f"dropped as a duplicate of execution {self.request_sender[message_id][1]}'s")
 
     def _instance(self) -> str | None:
         name = self.world._names.get(asyncio.current_task(), "")
@@ -563,7 +581,11 @@ class Simulation:
                                                                          lambda: self._operator(oid, a)))
         if f.throttle_storm and w.faults.draw(1.0, "throttle_storm"):
             s = START + timedelta(seconds=w.data_rng.uniform(0, o.fault_window - 90))
-            w.faults.storm = (s, s + timedelta(seconds=w.data_rng.uniform(30, 90)))
+            w.faults.storms.append((s, s + timedelta(seconds=w.data_rng.uniform(30, 90))))
+        for _ in range(f.throttle_bursts):
+            if w.faults.draw(1.0, "throttle_burst"):
+                s = START + timedelta(seconds=w.data_rng.uniform(0, o.fault_window))
+                w.faults.storms.append((s, s + timedelta(seconds=w.data_rng.uniform(2, 6))))
         if f.outage and w.faults.draw(1.0, "outage"):
             s = START + timedelta(seconds=w.data_rng.uniform(0, 30))
             length = o.fault_window - 31
@@ -674,6 +696,8 @@ class Simulation:
                 permanent[(key, op)] = 10**9
             if outcome == "permanent" and not op.endswith(("release", "refund", "cancel")):
                 permanent.setdefault((key, op), token)
+        for detail in self.lost_requests[:1]:
+            self.fail("a restarted orchestration's requests are delivered", detail)
         for detail in self.deadline_mismatch[:1]:
             self.fail("one deadline travels everywhere", detail)
         # false CompensationFailed: every undo the log calls failed did succeed remotely
@@ -738,6 +762,7 @@ class Result:
 
 def run_schedule(seed: int, orders: int = 3, drop: frozenset[int] = frozenset()) -> Result:
     logging.disable(logging.CRITICAL)
+    warnings.filterwarnings("ignore", message="Potential duplicate Task completion")
     sim = Simulation(seed, orders, drop)
     loop = asyncio.new_event_loop()
     try:

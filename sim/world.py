@@ -43,6 +43,7 @@ class FaultConfig:
     delay: float = 0.0  # per message sent: delivered up to 20 s late (reorders)
     lock_expiry: float = 0.0  # per delivery: lock lost while the handler runs
     throttle_storm: bool = False  # one 30-90 s storm of 429s on the stores
+    throttle_bursts: int = 0  # short bursts (2-6 s) of 429s at random moments
     send_fail: float = 0.0  # per status / alert / reply send
     decline: float = 0.0  # per order: payment declined permanently, message 0-4 KB
     outage: bool = False  # one downstream outage longer than the retry budget
@@ -80,7 +81,7 @@ class Faults:
         self.injected: list[Fault] = []
         self.count = 0
         self.active = True
-        self.storm: tuple[datetime, datetime] | None = None
+        self.storms: list[tuple[datetime, datetime]] = []
         self.outage: tuple[datetime, datetime, str] | None = None
 
     def draw(self, probability: float, kind: str, detail: str = "") -> bool:
@@ -97,7 +98,8 @@ class Faults:
         return True
 
     def cosmos_throttle(self, container: str) -> int | None:
-        if self.storm and self.storm[0] <= self.world.clock.now < self.storm[1] and self.active:
+        now = self.world.clock.now
+        if self.active and any(a <= now < b for a, b in self.storms):
             self.world.counters["throttled"] += 1
             return 1000
         return None

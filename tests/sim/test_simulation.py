@@ -25,9 +25,13 @@ DEFECT_OF_CHECK = {
     "rejected order not kept": "defect 4: a rejected order is written to the orders DB",
     "dead-lettered silently": "defect 5: a throttling storm dead-letters orders silently",
     "terminal status reaches the reply queue": "defect 4/6: a terminal status is lost when its send fails",
+    "7 side effect named on the record with an alert": "defect 6: a failed alert send is only logged",
+    "4 bad submission alerted": "defect 6: a failed alert send is only logged",
     "one deadline travels everywhere": "defect 7: CompleteBy differs from the timer and agent deadline",
     "no false CompensationFailed": "defect 8: a restarted compensation reuses its message ids",
-    "liveness": "defects 1/5/6: an order never reaches a terminal state",
+    "a restarted orchestration's requests are delivered": "defect 8: a restarted compensation reuses its message ids",
+    "4 bad submission dead-lettered with a reason": "defect 10: an AMQP value body raises instead of being dead-lettered",
+    "liveness": "defects 1/5/6 and a lagging read in the index source: an order never reaches a terminal state",
 }
 
 
