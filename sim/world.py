@@ -44,6 +44,7 @@ class FaultConfig:
     lock_expiry: float = 0.0  # per delivery: lock lost while the handler runs
     throttle_storm: bool = False  # one 30-90 s storm of 429s on the stores
     throttle_bursts: int = 0  # short bursts (2-6 s) of 429s at random moments
+    host_outage: bool = False  # the whole app down for 8 days (longer than the query's look-back)
     send_fail: float = 0.0  # per status / alert / reply send
     decline: float = 0.0  # per order: payment declined permanently, message 0-4 KB
     outage: bool = False  # one downstream outage longer than the retry budget
