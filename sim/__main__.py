@@ -89,7 +89,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"VIOLATION seed {seed}: {check}: {detail[:400]}")
         for other, text in result.violations[1:4]:
             print(f"  also: {other}: {text[:200]}")
-        shrunk, best = (drop, result) if args.no_shrink or args.seed is not None else shrink(result, args.orders)
+        # Shrink the first schedule of each broken check (shrinking re-runs the
+        # schedule once per fault); later ones print their replay command only.
+        again = check in first_seed and first_seed[check] != seed
+        quick = args.no_shrink or args.seed is not None or again
+        shrunk, best = (drop, result) if quick else shrink(result, args.orders)
         print("  fault trace (shrunk):" if shrunk != drop else "  fault trace:")
         kept = [f for f in best.faults]
         for fault in kept[:30]:
