@@ -339,7 +339,7 @@ class SimContainer:
                 docs = [d for (pk, _), d in sorted(container.docs.items())
                         if partition_key is None or pk == str(partition_key)]
                 items = parsed.run(docs, params)
-                if container.name == "index":
+                if container.name == "index" and items:
                     container.world.log(f"cosmos index query {params} -> {[d.get('id', d) for d in items]}")
                 for item in items:
                     yield item
