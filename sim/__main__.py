@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  row {row:<3} {text:<46} by {by:<13} {'hit ' + str(rows[row]) if rows[row] else 'NOT HIT'}")
     if checks:
         print("broken checks (schedules; first seed):")
-        for k, v in checks.most_common():
+        for k, v in sorted(checks.items(), key=lambda kv: (-kv[1], kv[0])):
             print(f"  {k}: {v}; seed {first_seed[k]}")
     print(f"simulate: {n} schedules, {violations} violations")
     return 1 if violations else 0

@@ -17,11 +17,13 @@ import importlib
 import json
 import logging
 import random
+import uuid
 import warnings
 from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
+from types import SimpleNamespace
 from typing import Any
 
 import pybreaker
@@ -57,6 +59,7 @@ from .durable import SimDurable
 from .world import START, Crash, FaultConfig, World
 
 _history_event = importlib.import_module("azure.durable_functions.models.history.HistoryEvent")
+_alerts_module = importlib.import_module("reporting.alerts")
 
 APP = "webshop"
 REPLY_QUEUE = "replies-webshop"
@@ -253,6 +256,10 @@ def _patched(sim: Simulation):
     for n in names:
         setattr(bootstrap, n, locals()[n])
     pybreaker.datetime = _VirtualDatetime
+    # Alerts get a random message id (uuid4); draw it from the seed instead.
+    ids = random.Random(f"uuid/{sim.seed}")
+    saved_uuid = _alerts_module.uuid
+    _alerts_module.uuid = SimpleNamespace(uuid4=lambda: uuid.UUID(int=ids.getrandbits(128), version=4))
     saved_parse = _history_event.dt_parse
     # Replaying re-parses every history timestamp with dateutil on every
     # episode (three quarters of a schedule's time); the same strings come
@@ -264,6 +271,7 @@ def _patched(sim: Simulation):
         for n, v in saved.items():
             setattr(bootstrap, n, v)
         pybreaker.datetime = saved_dt
+        _alerts_module.uuid = saved_uuid
         _history_event.dt_parse = saved_parse
 
 
