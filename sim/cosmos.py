@@ -340,7 +340,7 @@ class SimContainer:
                         if partition_key is None or pk == str(partition_key)]
                 items = parsed.run(docs, params)
                 if container.name == "index" and items:
-                    container.world.log(f"cosmos index query {params} -> {[d.get('id', d) for d in items]}")
+                    container.world.log(f"cosmos index query {params} -> {[d.get('id', d) if isinstance(d, dict) else d for d in items]}")
                 for item in items:
                     yield item
 

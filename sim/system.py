@@ -350,6 +350,7 @@ class Simulation:
         self._sup_n = 0
         self.submitted: set[str] = set()
         self.bad: dict[str, str] = {}
+        self.operator_done: set[tuple[str, str]] = set()
         self.operator_pending = 0
 
     # --- the supervisor, as bootstrap builds it (its own charges per run)
@@ -542,6 +543,7 @@ class Simulation:
         try:
             await self.store.update(oid, transition, ANY_OWNER)
             self.world.log(f"operator {action} {oid}")
+            self.operator_done.add((oid, action))
         except (sm.IllegalTransition, DomainError) as exc:
             self.world.log(f"operator {action} {oid} refused: {type(exc).__name__}")
             if tries > 1:
@@ -745,7 +747,8 @@ class Simulation:
         # a permanent answer is never asked again by a later attempt (defect 3)
         permanent = {}
         for key, op, token, outcome in self.remote.calls:
-            if (key, op) in permanent and token > permanent[(key, op)]:
+            resubmitted = (key.partition("/")[0], "resubmit") in self.operator_done
+            if (key, op) in permanent and token > permanent[(key, op)] and not resubmitted:
                 self.fail("permanent failure not retried",
                           f"{op} {key} answered permanently to attempt {permanent[(key, op)]}, "
                           f"called again by attempt {token}")

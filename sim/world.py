@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import heapq
+import os
 import random
 from collections import Counter
 from collections.abc import Awaitable, Callable
@@ -21,6 +22,29 @@ from datetime import UTC, datetime, timedelta
 
 class Crash(BaseException):
     """The actor's process died at this await point."""
+
+
+class SimulatorError(Exception):
+    """A bug in the simulator, not in the product: the run stops."""
+
+
+_SIM_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+def _raised_in_simulator(exc: BaseException) -> bool:
+    """The innermost frame of the traceback is simulator code (a fake's own
+    bug), not product code that the fake made fail on purpose: fakes raise
+    their faults as the real SDK exceptions from a raise statement inside sim/,
+    so only errors other than the ones a fake raises on purpose count."""
+    tb = exc.__traceback__
+    last = None
+    while tb is not None:
+        last = tb
+        tb = tb.tb_next
+    if last is None:
+        return False
+    in_sim = os.path.dirname(os.path.abspath(last.tb_frame.f_code.co_filename)) == _SIM_DIR
+    return in_sim and isinstance(exc, AttributeError | TypeError | KeyError | NameError | IndexError | ValueError)
 
 
 START = datetime(2026, 11, 30, 8, 0, 0, tzinfo=UTC)
@@ -136,6 +160,7 @@ class World:
         self._crash_ok: dict[asyncio.Task, bool] = {}
         self._new: list[asyncio.Task] = []
         self._parked_tasks: set[asyncio.Task] = set()
+        self.error: SimulatorError | None = None
 
     # --- time and trace
     def stamp(self) -> str:
@@ -171,6 +196,10 @@ class World:
                 if on_crash is not None:
                     on_crash()
             except Exception as exc:  # the host logs a function's exception and goes on
+                if _raised_in_simulator(exc):
+                    self.error = SimulatorError(f"{name}: the simulator itself raised {exc!r}")
+                    self.error.__cause__ = exc
+                    return
                 self.log(f"{name} raised {type(exc).__name__}: {str(exc)[:120]}")
                 self.counters["raised"] += 1
                 if on_crash is not None:
@@ -196,7 +225,11 @@ class World:
 
     async def _settle(self, task: asyncio.Task) -> None:
         for _ in range(10_000):
+            if self.error is not None:
+                raise self.error
             if task.done() or task in self._parked_tasks:
+                if self.error is not None:
+                    raise self.error
                 return
             await asyncio.sleep(0)
         raise RuntimeError(f"actor {self._names.get(task)} neither parked nor finished")
