@@ -246,6 +246,7 @@ class SimContainer:
         self.previous: dict[tuple[str, str], dict] = {}
         self._etag = 0
         self.on_write = None  # (old doc or None, new doc): the simulation's bookkeeping
+        self.on_delete = None  # (doc)
 
     def _key_of(self, body: dict) -> tuple[str, str]:
         return (str(body[self._pk]), str(body["id"]))
@@ -318,6 +319,8 @@ class SimContainer:
         key = (str(partition_key), str(item))
         if key not in self.docs:
             raise _error(CosmosResourceNotFoundError, 404, "Entity with the specified id does not exist")
+        if self.on_delete is not None:
+            self.on_delete(self.docs[key])
         del self.docs[key]
         self.previous.pop(key, None)
         self.world.log(f"cosmos {self.name} delete {item}")

@@ -305,6 +305,8 @@ class Simulation:
         self.state_c.on_write = self._on_state_write
         self.overwritten: list[str] = []
         self.last_write: datetime | None = None
+        self.live_entry_deleted: list[str] = []
+        self.index_c.on_delete = self._on_index_delete
         self.orders_c.on_write = lambda old, new: self.overwritten.append(new["id"]) if old else None
         account = CosmosAccount("https://sim.invalid", None)
         self.settings = Settings(
@@ -411,6 +413,15 @@ class Simulation:
             if writer and old.get("LockedBy") != writer:
                 self.violations.append(("3 stale attempt wrote", f"{writer} changed {new['id']} locked by "
                                                                   f"{old.get('LockedBy')}"))
+
+    def _on_index_delete(self, entry: dict) -> None:
+        """An index entry removed while its attempt is still live (the record is
+        Processing with exactly that deadline) leaves the attempt with no entry:
+        nothing will ever recover it."""
+        doc = self.state_c.docs.get((entry["OrderID"], entry["OrderID"]))
+        if doc and doc.get("ProcessState") == "Processing" and doc.get("CompleteBy") == _cosmos(entry["CompleteBy"]):
+            self.live_entry_deleted.append(f"{entry['id']} removed at {self.world.stamp()} while "
+                                           f"{doc.get('LockedBy')} still has that deadline")
 
     def _on_sent(self, queue: str, message_id: str, accepted: bool) -> None:
         """An agent request of a restarted orchestration that duplicate detection
@@ -688,6 +699,8 @@ class Simulation:
                         self.end - timedelta(seconds=3 * SUPERVISOR_PERIOD) - SLACK:
                     self.fail("index entry outlived its attempt unseen",
                               f"{entry['id']} (bucket {entry['bucket']}) never recovered")
+        for detail in self.live_entry_deleted[:1]:
+            self.fail("index entry of a live attempt kept", detail)
         # 8 liveness
         for oid, doc in docs.items():
             if doc is None:
