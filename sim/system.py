@@ -721,6 +721,9 @@ class Simulation:
                 continue
             want = TERMINAL_STATUS[state]
             got = [s for s in statuses.get(oid, []) if s["Status"] == want]
+            ids = sorted({s["id"] for s in got})
+            if len(ids) > 1 and not any(o == oid for o, _ in self.operator_done):
+                self.fail("terminal status sent once (one message id)", f"{oid}: {want} sent as {ids}")
             if not got:
                 self.fail("terminal status reaches the reply queue",
                           f"{oid} is {state} but no {want} status was sent "
