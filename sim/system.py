@@ -172,7 +172,7 @@ class SimRemote:
     idempotency and fencing, answers interpreted by the product's own HTTP
     client rules, and the seed's faults (outage, permanent decline)."""
 
-    def __init__(self, world: World, declines: dict[str, tuple[str, str]]) -> None:
+    def __init__(self, world: World, declines: dict[str, tuple[tuple[str, ...], str]]) -> None:
         self.world = world
         self.ledger = Ledger()
         self.declines = declines
@@ -190,7 +190,7 @@ class SimRemote:
         lost = down and self.world.rng.random() < 0.3
         if down and not lost:
             status, text = 503, json.dumps({"code": "Unavailable", "error": "service unavailable"})
-        elif self.declines.get(order_id, ("",))[0] == op:
+        elif op in self.declines.get(order_id, ((),))[0]:
             status, text = 402, json.dumps({"code": "Declined", "error": self.declines[order_id][1]})
         else:
             answer = self.ledger.apply(call.service, call.operation, call.idempotency_key,
@@ -327,10 +327,11 @@ class Simulation:
         declines = {}
         for oid in self.order_ids:
             if w.faults.draw(self.o.faults.decline, "decline", oid):
-                # Mostly the payment; sometimes another step, or a refund that is refused.
-                op = rng.choice(("payment/charge", "payment/charge", "inventory/reserve",
-                                 "shipping/arrange", "payment/refund"))
-                declines[oid] = (op, _random_text(rng))
+                # Mostly the payment; sometimes another step; sometimes the
+                # shipment fails and then the refund is refused (CompensationFailed).
+                ops = rng.choice((("payment/charge",), ("payment/charge",), ("inventory/reserve",),
+                                  ("shipping/arrange",), ("shipping/arrange", "payment/refund")))
+                declines[oid] = (ops, _random_text(rng))
         self.remote = SimRemote(w, declines)
         self.agent = Agent(self.remote, AgentClock(w), AgentPolicy(), rng=random.Random(f"agent/{seed}"))
         self.processor = RequestProcessor(self.agent, SimReplySender(w, self.bus))
