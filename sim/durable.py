@@ -54,15 +54,31 @@ class Instance:
     busy: bool = False
     output: Any = None
     done_tasks: set[int] = field(default_factory=set)
+    input: str | None = None
+
+
+def default_version() -> str:
+    """host.json's durableTask defaultVersion: what a new instance runs, as
+    the Durable extension stamps it when the client names no version."""
+    from pathlib import Path
+
+    host = json.loads((Path(__file__).parents[1] / "host.json").read_text(encoding="utf-8-sig"))
+    return str(((host.get("extensions") or {}).get("durableTask") or {}).get("defaultVersion") or "")
 
 
 class SimDurable:
-    def __init__(self, world: World, catalog, version: str = "1.0") -> None:
+    def __init__(self, world: World, catalog, version: str | None = None) -> None:
         self.world = world
         self.catalog = catalog
-        self.version = version
+        self.version = version if version is not None else default_version()
         self.instances: dict[str, Instance] = {}
         self.starts: list[str] = []
+        # (instance id, event name) of every external event an episode handed
+        # to the orchestrator; and each finished execution's outcome, with the
+        # record's owner at that moment (set by the simulation's hook).
+        self.heard: set[tuple[str, str]] = set()
+        self.finished: dict[str, tuple[str, Any, str | None]] = {}
+        self.owner_of: Any = lambda instance_id: None
 
     # --- the durable client (the methods the Starter and the bridge call)
     async def start_new(self, orchestration_function_name: str, instance_id: str | None = None,
@@ -72,9 +88,13 @@ class SimDurable:
         if inst is not None and inst.status not in _TERMINAL:
             raise Exception(f"An Orchestration instance with the status {inst.status} already exists.")
         execution = (inst.execution + 1) if inst else 1
-        new = Instance(instance_id, orchestration_function_name, version or self.version, execution)
+        # The client sends its input as JSON (DurableOrchestrationClient.start_new);
+        # the host hands that text to every episode.
+        input_json = json.dumps(client_input) if client_input is not None else None
+        new = Instance(instance_id, orchestration_function_name, version or self.version, execution,
+                       input=input_json)
         new.inbox.append(_event(EXECUTION_STARTED, self.world.clock.now, Name=orchestration_function_name,
-                                Version=new.version, Input=json.dumps(client_input),
+                                Version=new.version, Input=input_json,
                                 OrchestrationInstance={"InstanceId": instance_id, "ExecutionId": str(execution)}))
         self.instances[instance_id] = new
         self.starts.append(instance_id)
@@ -128,6 +148,7 @@ class SimDurable:
             inst.inbox.clear()
             return
         new_events, inst.inbox = inst.inbox, []
+        self.heard.update((inst.instance_id, e.get("Name")) for e in new_events if e["EventType"] == EVENT_RAISED)
         if not inst.history and not any(e["EventType"] == EXECUTION_STARTED for e in new_events):
             inst.inbox = new_events
             return
@@ -138,7 +159,7 @@ class SimDurable:
         spec = self.catalog.orchestrator(inst.name)
         try:
             result = run_episode(spec.func, instance_id=inst.instance_id, history=past + [marker] + new_events,
-                                 input_json=json.dumps(None), scheduled_before=scheduled_before)
+                                 input_json=inst.input, scheduled_before=scheduled_before)
         except NonDeterminismError as exc:
             inst.status, inst.output = "Failed", str(exc)
             self.world.log(f"durable {inst.instance_id} NONDETERMINISTIC {exc}")
@@ -158,9 +179,11 @@ class SimDurable:
                              _event(EXECUTION_COMPLETED, now, OrchestrationStatus="Completed",
                                     Result=result.output_json)]
             inst.status, inst.output = "Completed", json.loads(result.output_json or "null")
+            self.finished[inst.instance_id] = (inst.status, inst.output, self.owner_of(inst.instance_id))
             self.world.log(f"durable {inst.instance_id} completed {result.output_json}")
         elif result.outcome == "failed":
             inst.status, inst.output = "Failed", result.error
+            self.finished[inst.instance_id] = (inst.status, inst.output, self.owner_of(inst.instance_id))
             self.world.log(f"durable {inst.instance_id} FAILED {str(result.error)[:200]}")
             self.world.counters["orchestration_failed"] += 1
         else:

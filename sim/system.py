@@ -49,6 +49,7 @@ from devstack.host.invoke import call_function
 from devstack.remote_service.ledger import Ledger
 from domain import state_machine as sm
 from domain.errors import DomainError
+from domain.ids import reply_event_name
 from orchestrators.reply_bridge import bridge_reply
 from orchestrators.starter import Starter
 from reporting import Alerts, StatusReporter
@@ -113,9 +114,12 @@ class Options:
     step_timeout: timedelta = timedelta(seconds=20)
     faults: FaultConfig = field(default_factory=FaultConfig)
     fault_window: float = 240.0
+    # The workflow version new instances run: host.json's defaultVersion
+    # (None) or one named (e.g. "1.1", still registered for attempts in flight).
+    version: str | None = None
 
 
-def options_for(seed: int, orders: int) -> Options:
+def options_for(seed: int, orders: int, version: str | None = None) -> Options:
     """Everything about a schedule, drawn from its seed."""
     rng = random.Random(f"options/{seed}")
     quiet = rng.random() < 0.15
@@ -150,6 +154,7 @@ def options_for(seed: int, orders: int) -> Options:
         page_size=rng.choice((1, 2, 3, 100)),
         backlog_limit=rng.choice((5000, 5000, 5000, 0)),
         faults=f,
+        version=version,
     )
 
 
@@ -289,9 +294,9 @@ def _cached_parse(text: str) -> datetime:
 
 class Simulation:
     def __init__(self, seed: int, orders: int = 3, drop: frozenset[int] = frozenset(),
-                 options: Options | None = None) -> None:
+                 options: Options | None = None, version: str | None = None) -> None:
         self.seed = seed
-        self.o = options or options_for(seed, orders)
+        self.o = options or options_for(seed, orders, version)
         self.world = World(seed, self.o.faults, drop)
         w = self.world
         self.bus = Bus(w)
@@ -347,8 +352,10 @@ class Simulation:
             backlog=BacklogReader(self.store, self.settings.backlog_gauge_max_age.total_seconds(),
                                   clock=lambda: w.clock.now.timestamp(), wall_clock=w.now_for("submit")),
             clock=w.now_for("submit"))
-        self.starter = Starter(self.settings, self.store, self.index, clock=w.now_for("starter"))
-        self.durable = SimDurable(w, catalog())
+        self.starter = Starter(self.settings, self.store, self.index, clock=w.now_for("starter"),
+                               publisher=self.publisher)
+        self.durable = SimDurable(w, catalog(), self.o.version)
+        self.durable.owner_of = self._owner_of
         self.functions = {spec.trigger.get("queueName"): spec for spec in catalog().of_type(SERVICE_BUS_TRIGGER)}
         self._sup_n = 0
         self.submitted: set[str] = set()
@@ -411,7 +418,7 @@ class Simulation:
             self.rows[row] += 1
         if old and actor == "orchestration":
             writer = self._instance()
-            if writer and old.get("LockedBy") != writer:
+            if writer and old.get("LockedBy") != writer and not _outbox_only(old, new):
                 self.violations.append(("3 stale attempt wrote", f"{writer} changed {new['id']} locked by "
                                                                   f"{old.get('LockedBy')}"))
 
@@ -436,6 +443,31 @@ class Simulation:
         elif self.request_sender.get(message_id, (iid, execution))[1] != execution:
             self.lost_requests.append(f"{message_id}: sent again by execution {execution} of {iid}, "
                                       f"dropped as a duplicate of execution {self.request_sender[message_id][1]}'s")
+
+    def _owner_of(self, instance_id: str) -> str | None:
+        """The attempt that owns the record now (the latest write, not a lagged read)."""
+        oid = instance_id.rpartition(":")[0]
+        doc = self.state_c.docs.get((oid, oid))
+        return doc.get("LockedBy") if doc else None
+
+    def _acted_on(self, order_id: str, step: str, token: int) -> bool:
+        """Did attempt `token` own the permanent answer for `step`: its
+        orchestration was handed the reply, and it neither lost the race to
+        its deadline timer nor had already lost the record to a later attempt.
+        Only then must no later attempt ask again; an answer that arrived too
+        late (or never) leaves the step failed for that attempt, and a retry
+        with the same idempotency key is the protocol."""
+        iid = f"{order_id}:{token}"
+        if (iid, reply_event_name(step, token)) not in self.durable.heard:
+            return False
+        status, output, owner = self.durable.finished.get(iid, (None, None, None))
+        if status == "Completed" and isinstance(output, dict):
+            if output.get("Outcome") == "timed_out" and output.get("Step") == step \
+                    and output.get("Detail") == "deadline passed":
+                return False
+            if output.get("Outcome") == "stale" and owner != iid:
+                return False
+        return True
 
     def _instance(self) -> str | None:
         name = self.world._names.get(asyncio.current_task(), "")
@@ -770,7 +802,8 @@ class Simulation:
                           f"{op} {key} answered permanently to attempt {permanent[(key, op)]}, "
                           f"called again by attempt {token}")
                 permanent[(key, op)] = 10**9
-            if outcome == "permanent" and not op.endswith(("release", "refund", "cancel")):
+            if outcome == "permanent" and not op.endswith(("release", "refund", "cancel")) \
+                    and self._acted_on(key.partition("/")[0], key.partition("/")[2], token):
                 permanent.setdefault((key, op), token)
         for detail in self.lost_requests[:1]:
             self.fail("a restarted orchestration's requests are delivered", detail)
@@ -818,6 +851,20 @@ class Simulation:
             self.fail("4 nothing overwritten", f"the orders DB document of {oid} was written twice")
 
 
+_BOOKKEEPING = frozenset({"PendingStatus", "UpdatedAt", "_etag", "_ts", "_rid", "_self", "_attachments"})
+
+
+def _outbox_only(old: dict, new: dict) -> bool:
+    """A write that only clears (or counts a failed send of) the status
+    outbox: anyone who sent the status may make it (ADR 001), owner or not,
+    and it changes nothing an attempt owns."""
+    keys = (set(old) | set(new)) - _BOOKKEEPING
+    if any(old.get(k) != new.get(k) for k in keys):
+        return False
+    was, now = old.get("PendingStatus"), new.get("PendingStatus")
+    return now is None or (was is not None and now.get("MessageId") == was.get("MessageId"))
+
+
 def _cosmos(iso_text: str) -> str:
     from adapters.state_store import cosmos_time
 
@@ -836,10 +883,11 @@ class Result:
     options: Options
 
 
-def run_schedule(seed: int, orders: int = 3, drop: frozenset[int] = frozenset()) -> Result:
+def run_schedule(seed: int, orders: int = 3, drop: frozenset[int] = frozenset(),
+                 version: str | None = None) -> Result:
     logging.disable(logging.CRITICAL)
     warnings.filterwarnings("ignore", message="Potential duplicate Task completion")
-    sim = Simulation(seed, orders, drop)
+    sim = Simulation(seed, orders, drop, version=version)
     loop = asyncio.new_event_loop()
     try:
         loop.run_until_complete(sim.run())
