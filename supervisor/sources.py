@@ -30,6 +30,9 @@ async def _nothing() -> None:
 
 _NOT_DUE = object()  # IndexSource._check: the entry is live but its deadline is ahead
 
+# States a record never leaves: no later attempt can be claimed from them.
+_FINAL = frozenset({ProcessState.PROCESSED, ProcessState.COMPENSATED, ProcessState.REJECTED})
+
 
 @dataclass
 class Candidate:
@@ -110,13 +113,30 @@ class IndexSource:
         except NotFoundError:
             await self._index.remove(entry)
             return None
+        if record.Attempt < entry.attempt:
+            # A version from before the entry's attempt was claimed. The
+            # read may lag the latest write (Session consistency across
+            # clients), so this says nothing about whether that attempt is
+            # live now; removing the entry could orphan a live attempt, whose
+            # deadline would then never be seen. Keep it, unless the record
+            # can never be claimed again (a lost claim's extra entry). A kept
+            # entry holds the cursor (as one not yet due does): the next run
+            # reads it again, and the record soon shows that attempt (or, after
+            # a lost claim, the next claim takes that attempt number).
+            if record.ProcessState in _FINAL:
+                await self._index.remove(entry)
+                return None
+            return _NOT_DUE
         live = (
             record.ProcessState is ProcessState.PROCESSING
             and record.CompleteBy is not None
             and record.Attempt == entry.attempt
         )
         if not live:
-            # Met (the attempt ended) or replaced (a newer attempt has its own entry).
+            # Met (the attempt ended) or replaced (a newer attempt has its own
+            # entry). A lagging read only ever shows an older version, and
+            # versions only move forward from the entry's attempt, so this is
+            # certain.
             await self._index.remove(entry)
             return None
         if record.CompleteBy < upper:

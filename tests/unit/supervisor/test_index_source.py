@@ -1,0 +1,106 @@
+"""IndexSource (supervisor/sources.py) against reads that lag the latest write.
+
+Under Session consistency another client's read may return an older version of
+a record. The Supervisor's index source must never remove the index entry of a
+live attempt on such a read: that attempt would then never be recovered
+(found by the seeded simulation, seed 157 --orders 3; earlier seed 65). The
+index and the state store are the real adapters over the simulation's
+in-memory container."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime, timedelta
+
+from adapters.recovery_index import CosmosRecoveryIndex
+from adapters.state_store import CosmosStateStore
+from domain import state_machine as sm
+from domain.models import OrderState, OrderSubmitted, ProcessState
+from sim.cosmos import SimContainer
+from sim.world import FaultConfig, World
+from supervisor.sources import IndexSource
+
+T0 = datetime(2026, 11, 30, 8, 0, tzinfo=UTC)
+POLICY = sm.RetryPolicy(threshold=2, long_retries=0, claim_timeout=timedelta(seconds=30))
+
+
+def _order(oid: str) -> OrderSubmitted:
+    return OrderSubmitted.model_validate({
+        "OrderID": oid, "AppId": "webshop", "ReplyTo": "replies-webshop",
+        "Customer": {"CustomerId": "C-7"}, "Lines": [{"Sku": "S", "Quantity": 1, "UnitPrice": "1.00"}],
+        "Total": "1.00"})
+
+
+class LaggingStore:
+    """The state store, except that `read` returns a version captured earlier
+    (what a read by another session may see)."""
+
+    def __init__(self, store: CosmosStateStore) -> None:
+        self._store = store
+        self.old: tuple[OrderState, str] | None = None
+
+    def __getattr__(self, name):
+        return getattr(self._store, name)
+
+    async def read(self, order_id: str) -> tuple[OrderState, str]:
+        return self.old if self.old is not None else await self._store.read(order_id)
+
+
+async def _claimed_with_index():
+    world = World(1, FaultConfig())
+    state = SimContainer(world, "state", "/id")
+    index_c = SimContainer(world, "index", "/bucket")
+    store = CosmosStateStore(state)
+    index = CosmosRecoveryIndex(index_c)
+    lagging = LaggingStore(store)
+    await store.create_if_absent(sm.new_record(_order("A"), T0, []))
+    lagging.old = await store.read("A")  # Pending, Attempt 0: the version before the claim
+    # As the Starter does: index the attempt's deadline, then claim.
+    await index.add("A", T0 + timedelta(seconds=20), 1)
+    claimed = await store.claim("A", T0, POLICY)
+    assert claimed.ProcessState is ProcessState.PROCESSING and claimed.Attempt == 1
+    return index_c, index, store, lagging
+
+
+def test_a_lagging_read_from_before_the_claim_keeps_the_live_attempts_entry():
+    async def go():
+        index_c, index, _, lagging = await _claimed_with_index()
+        source = IndexSource(index, lagging)
+        for upper in (T0 + timedelta(seconds=10), T0 + timedelta(seconds=40)):  # not yet due; due
+            candidates, cursor, _ = await source.page(upper, 10, None)
+            assert candidates == []
+            assert [d["OrderID"] for d in index_c.docs.values()] == ["A"], upper
+            # The cursor does not pass the kept entry: the next run reads it again.
+            again, _, read = await source.page(upper, 10, cursor)
+            assert read == 1 and again == []
+
+    asyncio.new_event_loop().run_until_complete(go())
+
+
+def test_once_the_read_catches_up_the_expired_attempt_is_recovered():
+    async def go():
+        index_c, index, _, lagging = await _claimed_with_index()
+        source = IndexSource(index, lagging)
+        upper = T0 + timedelta(seconds=40)
+        _, cursor, _ = await source.page(upper, 10, None)
+        lagging.old = None
+        candidates, _, _ = await source.page(upper, 10, cursor)
+        assert [(c.record.id, c.record.Attempt) for c in candidates] == [("A", 1)]
+
+    asyncio.new_event_loop().run_until_complete(go())
+
+
+def test_entries_of_ended_or_replaced_attempts_are_still_removed():
+    async def go():
+        index_c, index, store, lagging = await _claimed_with_index()
+        source = IndexSource(index, lagging)
+        await store.update("A", lambda r: sm.mark_processed(r, "A:1", T0), "A:1")
+        lagging.old = None
+        await source.page(T0 + timedelta(seconds=10), 10, None)
+        assert index_c.docs == {}
+        # A lost claim's extra entry on a record that can never be claimed again.
+        await index.add("A", T0 + timedelta(seconds=20), 2)
+        await source.page(T0 + timedelta(seconds=10), 10, None)
+        assert index_c.docs == {}
+
+    asyncio.new_event_loop().run_until_complete(go())
