@@ -34,11 +34,20 @@ _NOT_DUE = object()  # IndexSource._check: the entry is live but its deadline is
 _FINAL = frozenset({ProcessState.PROCESSED, ProcessState.COMPENSATED, ProcessState.REJECTED})
 
 
+async def _nowhere(at: datetime) -> None:
+    return None
+
+
 @dataclass
 class Candidate:
+    """`done`: the candidate was handled (recovered, or its attempt ended).
+    `later(at)`: it was not (the record read here lagged, or the attempt is
+    not expired after all): look at it again from `at`."""
+
     record: OrderState
     etag: str
     done: Callable[[], Awaitable[None]] = _nothing
+    later: Callable[[datetime], Awaitable[None]] = _nowhere
 
 
 # No lower bound by default: a Processing record whose deadline passed long
@@ -140,7 +149,8 @@ class IndexSource:
             await self._index.remove(entry)
             return None
         if record.CompleteBy < upper:
-            return Candidate(record, etag, lambda: self._index.remove(entry))
+            return Candidate(record, etag, lambda: self._index.remove(entry),
+                             lambda at: self._move(entry, at))
         if entry.complete_by >= upper:
             return _NOT_DUE  # stays for a later run
         # The attempt lives on past this entry: workflow 2.0 indexes an
@@ -148,6 +158,12 @@ class IndexSource:
         # CompleteBy has moved on with its steps. Move the entry there (added
         # before removed, so the attempt is never without one); only slow
         # attempts pay for this.
-        await self._index.add(record.id, record.CompleteBy, record.Attempt)
-        await self._index.remove(entry)
+        await self._move(entry, record.CompleteBy)
         return None
+
+    async def _move(self, entry: IndexEntry, at: datetime) -> None:
+        """Added before removed, so the attempt is never without an entry;
+        `at` is not before this run's upper bound, so the cursor (which only
+        moves up to the bucket of the upper bound) still reaches it."""
+        await self._index.add(entry.order_id, at, entry.attempt)
+        await self._index.remove(entry)

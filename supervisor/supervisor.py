@@ -94,8 +94,13 @@ class Supervisor:
         report = SupervisorReport(read=read)
         for candidate in candidates:
             report.examined += 1
-            await self._recover(candidate.record.id, candidate.record.LockedBy, now, report)
-            await candidate.done()
+            if await self._recover(candidate.record.id, candidate.record.LockedBy, now, report):
+                await candidate.done()
+            else:
+                # Not recovered here: the source's read may have lagged a
+                # newer deadline of a live attempt, so forgetting the
+                # candidate could lose that attempt; it is looked at again.
+                await candidate.later(now)
         report.pass_finished = cursor is None
         await self._checkpoints.save(cursor)
         if self._charges is not None:
@@ -109,7 +114,8 @@ class Supervisor:
         )
         return report
 
-    async def _recover(self, order_id: str, locked_by: str | None, now: datetime, report) -> None:
+    async def _recover(self, order_id: str, locked_by: str | None, now: datetime, report) -> bool:
+        """Recover one expired attempt; False if it was skipped."""
         def recover(record):
             return sm.recover_expired(record, locked_by, now, self._policy, self._slack)
 
@@ -119,7 +125,7 @@ class Supervisor:
             # Another supervisor got there first, or the attempt finished in time.
             report.skipped += 1
             log.debug("supervisor skipped %s: %s", order_id, exc)
-            return
+            return False
         if record.ProcessState is ProcessState.ERROR:
             report.failed += 1
             report.failed_orders.append(order_id)
@@ -137,3 +143,4 @@ class Supervisor:
             report.long_retry += 1
         else:
             report.recovered += 1
+        return True

@@ -104,3 +104,34 @@ def test_entries_of_ended_or_replaced_attempts_are_still_removed():
         assert index_c.docs == {}
 
     asyncio.new_event_loop().run_until_complete(go())
+
+
+def test_a_skipped_candidate_read_from_a_lagging_version_keeps_its_entry():
+    """Seed 200 --orders 3: the source's read showed the claim's deadline (due),
+    the Supervisor's guarded update then read the live attempt's later step
+    deadline and skipped it; the entry was removed all the same, and the attempt
+    was never recovered."""
+    from reporting import Alerts, StatusReporter
+    from supervisor.supervisor import Supervisor
+    from tests.fakes import RecordingPublisher
+    from tests.unit.supervisor.test_supervisor import MemoryCheckpoints
+
+    async def go():
+        index_c, index, store, lagging = await _claimed_with_index()
+        lagging.old = await store.read("A")  # the claim's version: CompleteBy T0 + 30 s
+        step_deadline = T0 + timedelta(seconds=50)
+        await store.update("A", lambda r: r.model_copy(update={"CompleteBy": step_deadline}), "A:1")
+        now = T0 + timedelta(seconds=40)
+        bus = RecordingPublisher()
+        sup = Supervisor(store, IndexSource(index, lagging), MemoryCheckpoints(), StatusReporter(bus), Alerts(bus),
+                         POLICY, 10, slack=timedelta(seconds=5), clock=lambda: now)
+        report = await sup.run()
+        assert (report.examined, report.skipped) == (1, 1)
+        assert [d["OrderID"] for d in index_c.docs.values()] == ["A"]  # looked at again later
+        lagging.old = None
+        now = step_deadline + timedelta(seconds=10)
+        report = await sup.run()
+        assert report.recovered == 1
+        assert (await store.read("A"))[0].ProcessState is ProcessState.PENDING
+
+    asyncio.new_event_loop().run_until_complete(go())
