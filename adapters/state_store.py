@@ -61,7 +61,7 @@ from domain.errors import (
     StaleError,
 )
 from domain.models import OrderState, ProcessState
-from domain.state_machine import RetryPolicy, is_claimable
+from domain.state_machine import IllegalTransition, RetryPolicy, is_claimable
 from domain.state_machine import claim as claim_transition
 
 log = logging.getLogger(__name__)
@@ -283,12 +283,27 @@ class CosmosStateStore:
         keeps changing, NotFoundError when there is no record."""
         for _ in range(self._update_attempts):
             record, etag = await self.read(order_id)
-            if expected_locked_by is not ANY and record.LockedBy != expected_locked_by:
-                raise StaleError(
-                    f"order {order_id} is locked by {record.LockedBy!r}, "
-                    f"not by {expected_locked_by!r}"
-                )
-            updated = mutate(record)
+            try:
+                if expected_locked_by is not ANY and record.LockedBy != expected_locked_by:
+                    raise StaleError(
+                        f"order {order_id} is locked by {record.LockedBy!r}, "
+                        f"not by {expected_locked_by!r}"
+                    )
+                updated = mutate(record)
+            except (StaleError, IllegalTransition):
+                # A refusal is only as good as the version it was read from,
+                # and a read may lag the latest write (Session consistency
+                # across clients): an owner would be told it is stale, or a
+                # transition illegal, on a version already replaced. Confirm
+                # the version is current with a replace of it unchanged on
+                # its etag (content and UpdatedAt stay as they are); 412
+                # means it lagged: read again. Only refusals pay this write.
+                try:
+                    await self.replace(record, etag)
+                except StaleError:
+                    log.info("order %s: refusal read from a lagging version; re-reading", order_id)
+                    continue
+                raise
             if updated.id != record.id:
                 raise PermanentError(f"a transition of {order_id} changed its id to {updated.id}")
             if updated == record:

@@ -117,3 +117,37 @@ def test_throttling_raises_the_sdk_error_the_adapter_turns_transient():
             await CosmosStateStore(container).read("A")
 
     _run(go())
+
+
+def test_an_owner_is_not_refused_on_a_read_that_lags_its_claim():
+    """Seed 49 --orders 3: a read inside a guarded update returned the version
+    before the claim; the owner's write was refused as stale and its
+    compensation ended "stale", leaving the record Compensating for good.
+    A refusal now stands only once the version it was read from is current."""
+    class LagOnce(SimContainer):
+        lag = 0
+
+        async def read_item(self, item, partition_key, response_hook=None, **kw):
+            key = (str(partition_key), str(item))
+            if self.lag and key in self.previous:
+                self.lag -= 1
+                await self._op("read", response_hook)
+                return dict(self.previous[key])
+            return await super().read_item(item, partition_key, response_hook, **kw)
+
+    async def go():
+        world = World(1, FaultConfig())
+        container = LagOnce(world, "state", "/id")
+        store = CosmosStateStore(container)
+        await store.create_if_absent(sm.new_record(_order("A"), T0, []))
+        await store.claim("A", T0, POLICY)  # the previous version is Pending, unlocked
+        container.lag = 1
+        done, _ = await store.update("A", lambda r: sm.mark_processed(r, "A:1", T0), "A:1")
+        assert done.ProcessState is ProcessState.PROCESSED
+        # A refusal read from the current version still stands, and writes nothing new.
+        _, etag = await store.read("A")
+        with pytest.raises(StaleError):
+            await store.update("A", lambda r: r, "A:2")
+        assert (await store.read("A"))[0].ProcessState is ProcessState.PROCESSED
+
+    _run(go())
