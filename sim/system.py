@@ -67,6 +67,7 @@ REPLY_QUEUE = "replies-webshop"
 STARTER_PERIOD = 10.0
 SUPERVISOR_PERIOD = 10.0
 SLACK = timedelta(seconds=5)
+STATUS_GRACE = timedelta(seconds=30)  # the Starter's default: outbox entries older than this are its to send
 HOST_OUTAGE = timedelta(days=8)
 
 TERMINAL_STATUS = {
@@ -624,6 +625,8 @@ class Simulation:
             if doc["ProcessState"] not in TERMINAL_STATUS or doc.get("CompensationRequested") and \
                     doc["ProcessState"] in ("Error", "CompensationFailed"):
                 return False
+            if doc.get("PendingStatus"):
+                return False  # a terminal status still in the outbox: the Starter delivers it
         return self._quiet()
 
     def _quiet(self) -> bool:
@@ -648,6 +651,9 @@ class Simulation:
             for name in ("CompleteBy", "NotBefore"):
                 if doc.get(name) and datetime.fromisoformat(doc[name]) + settle > now:
                     return False
+            pending = doc.get("PendingStatus")
+            if pending and datetime.fromisoformat(pending["At"]) + STATUS_GRACE + settle > now:
+                return False
         return True
 
     async def run(self) -> None:
