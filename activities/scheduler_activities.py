@@ -182,8 +182,9 @@ class SchedulerActivities:
             # Indexed before the record carries it (adapters.recovery_index).
             await self._index.add(order_id, self._next_deadline(write, now), attempt)
         try:
+            # The owner's own write: a refusal must not come from a lagging read.
             record, _ = await self._store.update(
-                order_id, self._transition(write, now), write.InstanceId
+                order_id, self._transition(write, now), write.InstanceId, confirm_refusal=True
             )
             return WriteResult(State=record.ProcessState)
         except (StaleError, sm.IllegalTransition) as exc:
@@ -339,7 +340,8 @@ class SchedulerActivities:
         if self._v2_landed(data, fresh, attempt):
             return Advanced(State=fresh.ProcessState, Record=_dump(fresh), Etag=fresh_etag)
         try:
-            updated, new_etag = await self._store.update(order_id, mutate, data.InstanceId)
+            updated, new_etag = await self._store.update(order_id, mutate, data.InstanceId,
+                                                         confirm_refusal=True)
         except (StaleError, sm.IllegalTransition, NotFoundError) as exc:
             log.info("stale write by %s: %s", data.InstanceId, exc, extra={"order_id": order_id})
             return Advanced(Stale=True, Reason=str(exc))

@@ -271,6 +271,8 @@ class CosmosStateStore:
         order_id: str,
         mutate: Callable[[OrderState], OrderState],
         expected_locked_by: ExpectedLock,
+        *,
+        confirm_refusal: bool = False,
     ) -> tuple[OrderState, str]:
         """Read, check `LockedBy == expected_locked_by`, apply `mutate`, and
         replace on the etag read. Losing the etag race re-reads and re-checks
@@ -280,7 +282,15 @@ class CosmosStateStore:
         `mutate` is a domain transition; its errors (IllegalTransition,
         StaleError) propagate unchanged. A transition that changes nothing is
         not written. Raises StaleError when the guard fails or the record
-        keeps changing, NotFoundError when there is no record."""
+        keeps changing, NotFoundError when there is no record.
+
+        `confirm_refusal` (an attempt writing its own record): a read may lag
+        the latest write (Session consistency across clients), so a refusal
+        read from a replaced version would wrongly tell the owner it is stale.
+        Before refusing, the version read is confirmed current by replacing
+        it unchanged on its etag (content and UpdatedAt stay; only the etag
+        moves); a 412 means the read lagged, and it reads again. Without it a
+        refusal writes nothing."""
         for _ in range(self._update_attempts):
             record, etag = await self.read(order_id)
             try:
@@ -291,13 +301,10 @@ class CosmosStateStore:
                     )
                 updated = mutate(record)
             except (StaleError, IllegalTransition):
-                # A refusal is only as good as the version it was read from,
-                # and a read may lag the latest write (Session consistency
-                # across clients): an owner would be told it is stale, or a
-                # transition illegal, on a version already replaced. Confirm
-                # the version is current with a replace of it unchanged on
-                # its etag (content and UpdatedAt stay as they are); 412
-                # means it lagged: read again. Only refusals pay this write.
+                if not confirm_refusal:
+                    raise
+                # A refusal is only as good as the version it was read from
+                # (see the docstring); only refusals pay this write.
                 try:
                     await self.replace(record, etag)
                 except StaleError:

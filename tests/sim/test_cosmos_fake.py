@@ -142,12 +142,13 @@ def test_an_owner_is_not_refused_on_a_read_that_lags_its_claim():
         await store.create_if_absent(sm.new_record(_order("A"), T0, []))
         await store.claim("A", T0, POLICY)  # the previous version is Pending, unlocked
         container.lag = 1
-        done, _ = await store.update("A", lambda r: sm.mark_processed(r, "A:1", T0), "A:1")
+        done, _ = await store.update("A", lambda r: sm.mark_processed(r, "A:1", T0), "A:1",
+                                     confirm_refusal=True)
         assert done.ProcessState is ProcessState.PROCESSED
         # A refusal read from the current version still stands, and writes nothing new.
         _, etag = await store.read("A")
         with pytest.raises(StaleError):
-            await store.update("A", lambda r: r, "A:2")
+            await store.update("A", lambda r: r, "A:2", confirm_refusal=True)
         assert (await store.read("A"))[0].ProcessState is ProcessState.PROCESSED
 
     _run(go())
