@@ -22,6 +22,8 @@ from azure.cosmos.exceptions import (
     CosmosResourceNotFoundError,
 )
 
+from adapters.cosmos_client import DEFAULT_THROTTLE_MAX_WAIT_SECONDS, DEFAULT_THROTTLE_RETRIES
+
 _TOKEN = re.compile(
     r"\s*(?:(?P<num>\d+)|(?P<param>@\w+)|(?P<str>'[^']*')|(?P<op>>=|<=|!=|<>|=|<|>|\(|\)|,|\*)"
     r"|(?P<name>[A-Za-z_][\w.]*))"
@@ -260,10 +262,21 @@ class SimContainer:
 
     async def _op(self, op: str, hook) -> None:
         await self.world.point(f"cosmos.{self.name}.{op}")
-        retry_ms = self.world.faults.cosmos_throttle(self.name)
-        if retry_ms is not None:
-            raise _error(CosmosHttpResponseError, 429, "Request rate is large",
-                         {"x-ms-retry-after-ms": str(retry_ms)})
+        # The SDK below ContainerProxy retries a 429 itself, as the product
+        # configures it (adapters.cosmos_client: a few retries within a few
+        # seconds, each after the service's retry-after); only then does the
+        # caller see the 429.
+        waited = 0.0
+        for retry in range(DEFAULT_THROTTLE_RETRIES + 1):
+            retry_ms = self.world.faults.cosmos_throttle(self.name)
+            if retry_ms is None:
+                break
+            wait = retry_ms / 1000
+            if retry == DEFAULT_THROTTLE_RETRIES or waited + wait > DEFAULT_THROTTLE_MAX_WAIT_SECONDS:
+                raise _error(CosmosHttpResponseError, 429, "Request rate is large",
+                             {"x-ms-retry-after-ms": str(retry_ms)})
+            waited += wait
+            await self.world.point(f"cosmos.{self.name}.{op} throttled", delay=wait)
         if hook is not None:
             hook({"x-ms-request-charge": "1"}, {})
 

@@ -462,6 +462,12 @@ class Simulation:
         if (iid, reply_event_name(step, token)) not in self.durable.heard:
             return False
         status, output, owner = self.durable.finished.get(iid, (None, None, None))
+        if status == "Failed" and "answered 429" in str(output):
+            # The store refused every write for longer than the activity
+            # retries (a throttling storm past the SDK's own retries): nothing
+            # could record the answer, and the next attempt asks again under
+            # the same idempotency key. Any other failure still counts.
+            return False
         if status == "Completed" and isinstance(output, dict):
             if output.get("Outcome") == "timed_out" and output.get("Step") == step \
                     and output.get("Detail") == "deadline passed":
