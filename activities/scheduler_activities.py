@@ -58,6 +58,7 @@ from orchestrators.contracts import (
     step_payload,
 )
 from reporting import Alerts, StatusOutbox, StatusReporter
+from reporting.status import ALERT_OF_STATUS
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +74,8 @@ _TARGET_STATE = {
 }
 
 # Statuses that end an order: sent from the record's outbox, never lost.
+# Records whose alert rides with their terminal status in the outbox.
+_ALERTING_STATES = frozenset({ProcessState.ERROR, ProcessState.COMPENSATION_FAILED})
 _TERMINAL_STATUSES = frozenset(
     {StatusKind.PROCESSED, StatusKind.FAILED, StatusKind.COMPENSATED, StatusKind.COMPENSATION_FAILED}
 )
@@ -100,8 +103,8 @@ class SchedulerActivities:
         self._orders = orders
         self._publisher = publisher
         self._status = StatusReporter(publisher)
-        self._outbox = StatusOutbox(store, self._status, clock)
         self._alerts = Alerts(publisher)
+        self._outbox = StatusOutbox(store, self._status, clock, self._alerts)
         self._step_names = list(step_names)
         self._inline_agent = inline_agent
         self._step_modes = step_modes or {}
@@ -418,5 +421,17 @@ class SchedulerActivities:
         )
 
     async def raise_alert(self, note: AlertNote) -> None:
+        """An alert whose record is Error or CompensationFailed goes out with
+        that terminal status from the record's outbox (reporting.StatusOutbox),
+        which retries it until sent; only other alerts are sent here."""
+        order_id = note.OrderID
+        try:
+            record, _ = await self._store.read(order_id) if order_id else (None, None)
+        except NotFoundError:
+            record = None
+        if record is not None and record.ProcessState in _ALERTING_STATES:
+            pending = record.PendingStatus
+            if pending is None or ALERT_OF_STATUS.get(pending.Status) == note.Kind:
+                return  # sent with the status (or already sent from the outbox)
         reason = sm.short_text(note.Reason, 2000) or note.Kind
         await self._alerts.raise_alert(note.Kind, reason, self._clock(), note.OrderID)

@@ -59,6 +59,10 @@ class StatusReporter:
         )
 
 
+# The operator alert a terminal status's outbox entry carries.
+ALERT_OF_STATUS = {StatusKind.FAILED: "OrderError", StatusKind.COMPENSATION_FAILED: "CompensationFailed"}
+
+
 class StatusOutbox:
     """Delivers a record's pending terminal status and clears it once sent.
 
@@ -74,19 +78,31 @@ class StatusOutbox:
         store: StateStore,
         reporter: StatusReporter,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        alerts=None,
     ) -> None:
+        """`alerts` (reporting.Alerts): the operators' channel. A Failed or
+        CompensationFailed entry carries its operator alert: the alert goes
+        first and the entry is cleared only once both are sent, so a failed
+        alert send is retried like a failed status send (never only logged).
+        Alerts are at least once: a retry after the alert went out and the
+        status did not repeats it."""
         self._store = store
         self._reporter = reporter
         self._clock = clock
+        self._alerts = alerts
 
     async def deliver(self, record: OrderState, etag: str | None = None) -> bool:
-        """Send `record`'s pending status, then clear it. True when there is
-        nothing left to send; False when the send failed (the entry stays).
-        With the etag the record was read at, clearing costs one replace."""
+        """Send `record`'s pending status (and its alert), then clear it. True
+        when there is nothing left to send; False when a send failed (the
+        entry stays). With the etag the record was read at, clearing costs
+        one replace."""
         pending = record.PendingStatus
         if pending is None:
             return True
         try:
+            kind = ALERT_OF_STATUS.get(pending.Status)
+            if kind is not None and self._alerts is not None:
+                await self._alerts.raise_alert(kind, pending.Detail or kind, self._clock(), record.id)
             await self._reporter.send_pending(record.ReplyTo, record.id, pending)
         except Exception as exc:  # any send failure: the entry stays for the next try
             log.warning(

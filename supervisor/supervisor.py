@@ -85,7 +85,7 @@ class Supervisor:
         self._page_size = page_size
         self._slack = slack
         self._clock = clock
-        self._outbox = StatusOutbox(store, status, clock)
+        self._outbox = StatusOutbox(store, status, clock, alerts)
 
     async def run(self) -> SupervisorReport:
         now = self._clock()
@@ -129,16 +129,11 @@ class Supervisor:
         if record.ProcessState is ProcessState.ERROR:
             report.failed += 1
             report.failed_orders.append(order_id)
-            # The Failed status is in the record's outbox (written with Error):
-            # a failed send here is retried by the Starter, never lost.
+            # The Failed status and its OrderError alert are in the record's
+            # outbox (written with Error): a failed send here is retried by
+            # the Starter, never lost or only logged.
             if not await self._outbox.deliver(record, etag):
                 report.status_unsent += 1
-            try:
-                await self._alerts.raise_alert(
-                    "OrderError", record.LastError or "gave up", now, order_id
-                )
-            except Exception:  # one failed alert must not stop the run's other recoveries
-                log.exception("supervisor: alert for order %s not sent", order_id)
         elif record.NotBefore is not None:
             report.long_retry += 1
         else:
