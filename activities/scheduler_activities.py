@@ -104,7 +104,7 @@ class SchedulerActivities:
         self._publisher = publisher
         self._status = StatusReporter(publisher)
         self._alerts = Alerts(publisher)
-        self._outbox = StatusOutbox(store, self._status, clock, self._alerts)
+        self._outbox = StatusOutbox(store, self._status, clock)
         self._step_names = list(step_names)
         self._inline_agent = inline_agent
         self._step_modes = step_modes or {}

@@ -101,7 +101,7 @@ class Starter:
         self._clock = clock
         self._alerts = Alerts(publisher) if publisher is not None else None
         self._outbox = (
-            StatusOutbox(store, StatusReporter(publisher), clock, self._alerts)
+            StatusOutbox(store, StatusReporter(publisher), clock)
             if publisher is not None
             else None
         )

@@ -85,7 +85,7 @@ class Supervisor:
         self._page_size = page_size
         self._slack = slack
         self._clock = clock
-        self._outbox = StatusOutbox(store, status, clock, alerts)
+        self._outbox = StatusOutbox(store, status, clock)
 
     async def run(self) -> SupervisorReport:
         now = self._clock()
