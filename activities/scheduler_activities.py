@@ -415,7 +415,12 @@ class SchedulerActivities:
                 return
             if record is not None and record.ProcessState.is_terminal:
                 return  # already delivered from the outbox (by a retry or the Starter)
-        qualifier = f"{attempt}/{note.Step}" if note.Step else str(attempt)
+        # A terminal status sent here (the record read showed no outbox entry
+        # yet: a 1.0 record, or a read lagging the terminal write) takes the id
+        # its outbox entry has (domain.state_machine: the attempt), so the two
+        # can never both reach the reply queue.
+        terminal = note.Status in _TERMINAL_STATUSES
+        qualifier = f"{attempt}/{note.Step}" if note.Step and not terminal else str(attempt)
         await self._status.send(
             note.ReplyTo, order_id, note.Status, self._clock(), note.Detail, note.Step, qualifier
         )

@@ -114,3 +114,33 @@ async def test_an_error_records_alert_goes_with_its_status_and_survives_a_failed
     await acts.report_status(note)
     assert len(world.sent("alerts")) == 1 and len(world.sent("replies-webshop")) == 1
     assert (await world.record()).PendingStatus is None
+
+
+async def test_a_terminal_status_sent_without_its_outbox_entry_uses_the_entrys_id():
+    """Simulation seed 42 --orders 3 --version 1.1: report_status read a version
+    lagging the Failed write (no outbox entry yet) and sent Failed under its own
+    id ".../Failed/1/reserve-inventory"; the outbox then sent ".../Failed/1":
+    one terminal status, two message ids, both delivered."""
+    from domain.models import OrderState
+
+    world = World()
+    iid = await world.claimed()
+    acts = world.activities()
+    before = await world.record()
+    await _write(acts, iid, "failed", Step="reserve-inventory", Reason="declined")
+    real_read = world.store.read
+    lagging = {"left": 1}
+
+    async def read(order_id):
+        if lagging["left"]:
+            lagging["left"] -= 1
+            return OrderState.model_validate(before.model_dump(mode="json")), '"old"'
+        return await real_read(order_id)
+
+    world.store.read = read
+    note = StatusNote(InstanceId=iid, ReplyTo="replies-webshop", Status=StatusKind.FAILED,
+                      Step="reserve-inventory", Detail="declined")
+    await acts.report_status(note)  # lagging: sent directly
+    await acts.report_status(note)  # from the outbox: the same id, dropped as a duplicate
+    assert len(world.sent("replies-webshop")) == 1
+    assert (await world.record()).PendingStatus is None
