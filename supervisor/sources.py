@@ -34,20 +34,17 @@ _NOT_DUE = object()  # IndexSource._check: the entry is live but its deadline is
 _FINAL = frozenset({ProcessState.PROCESSED, ProcessState.COMPENSATED, ProcessState.REJECTED})
 
 
-async def _nowhere(at: datetime) -> None:
-    return None
-
-
 @dataclass
 class Candidate:
-    """`done`: the candidate was handled (recovered, or its attempt ended).
-    `later(at)`: it was not (the record read here lagged, or the attempt is
-    not expired after all): look at it again from `at`."""
+    """`done`: call once the candidate was handled (recovered, or its
+    attempt ended). `position`: a cursor at this candidate, for a Supervisor
+    that did not handle it (the record read here lagged a live attempt's newer
+    deadline) to resume at, so the source reads it again."""
 
     record: OrderState
     etag: str
     done: Callable[[], Awaitable[None]] = _nothing
-    later: Callable[[datetime], Awaitable[None]] = _nowhere
+    position: str | None = None
 
 
 # No lower bound by default: a Processing record whose deadline passed long
@@ -97,26 +94,35 @@ class IndexSource:
         candidates: list[Candidate] = []
         resume: tuple[str, str] | None = None
         previous: IndexEntry | None = None
+        moved: list[str] = []  # buckets entries were moved into
         for entry in entries:
-            candidate = await self._check(entry, upper)
+            same = previous is not None and previous.bucket == entry.bucket
+            position = json.dumps([entry.bucket, previous.id if same else ""])
+            candidate = await self._check(entry, upper, moved)
+            if isinstance(candidate, Candidate):
+                candidate.position = position
             if candidate is _NOT_DUE:
                 # The cursor must not pass an entry that stays: resume just
                 # before the first one (ids are read in order, `after` is
                 # exclusive). Only the bucket of `upper` can hold such entries,
                 # so the next run re-reads at most that one bucket.
                 if resume is None:
-                    same = previous is not None and previous.bucket == entry.bucket
-                    resume = (entry.bucket, previous.id if same else "")
+                    resume = tuple(json.loads(position))
             elif candidate is not None:
                 candidates.append(candidate)
             previous = entry
-        if resume is not None:
-            return candidates, json.dumps(list(resume)), len(entries)
         # A finished pass restarts at the current bucket, which may still fill
         # up and holds entries not yet due.
-        return candidates, json.dumps([bucket, "" if reached_end else after]), len(entries)
+        at = resume if resume is not None else (bucket, "" if reached_end else after)
+        if at[0] in moved:
+            # An entry moved into the bucket the cursor stays in may sort
+            # before the cursor's id (ids sort by order id, not deadline):
+            # re-read that bucket from its start, or the cursor could leave
+            # the bucket without ever reaching the moved entry.
+            at = (at[0], "")
+        return candidates, json.dumps(list(at)), len(entries)
 
-    async def _check(self, entry: IndexEntry, upper: datetime):
+    async def _check(self, entry: IndexEntry, upper: datetime, moved: list[str]):
         try:
             record, etag = await self._store.read(entry.order_id)
         except NotFoundError:
@@ -149,8 +155,7 @@ class IndexSource:
             await self._index.remove(entry)
             return None
         if record.CompleteBy < upper:
-            return Candidate(record, etag, lambda: self._index.remove(entry),
-                             lambda at: self._move(entry, at))
+            return Candidate(record, etag, lambda: self._index.remove(entry))
         if entry.complete_by >= upper:
             return _NOT_DUE  # stays for a later run
         # The attempt lives on past this entry: workflow 2.0 indexes an
@@ -158,12 +163,9 @@ class IndexSource:
         # CompleteBy has moved on with its steps. Move the entry there (added
         # before removed, so the attempt is never without one); only slow
         # attempts pay for this.
-        await self._move(entry, record.CompleteBy)
-        return None
-
-    async def _move(self, entry: IndexEntry, at: datetime) -> None:
-        """Added before removed, so the attempt is never without an entry;
-        `at` is not before this run's upper bound, so the cursor (which only
-        moves up to the bucket of the upper bound) still reaches it."""
-        await self._index.add(entry.order_id, at, entry.attempt)
+        await self._index.add(record.id, record.CompleteBy, record.Attempt)
         await self._index.remove(entry)
+        # Not before this run's upper bound, so in the cursor's bucket or a
+        # later one; page() makes sure the cursor does not pass it there.
+        moved.append(bucket_of(record.CompleteBy))
+        return None

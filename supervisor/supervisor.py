@@ -92,15 +92,18 @@ class Supervisor:
         cursor = await self._checkpoints.load()
         candidates, cursor, read = await self._source.page(now - self._slack, self._page_size, cursor)
         report = SupervisorReport(read=read)
+        rewind: str | None = None
         for candidate in candidates:
             report.examined += 1
             if await self._recover(candidate.record.id, candidate.record.LockedBy, now, report):
                 await candidate.done()
-            else:
+            elif rewind is None and candidate.position is not None:
                 # Not recovered here: the source's read may have lagged a
-                # newer deadline of a live attempt, so forgetting the
-                # candidate could lose that attempt; it is looked at again.
-                await candidate.later(now)
+                # newer deadline of a live attempt, so passing the candidate
+                # could lose that attempt; the next run reads it again.
+                rewind = candidate.position
+        if rewind is not None:
+            cursor = rewind
         report.pass_finished = cursor is None
         await self._checkpoints.save(cursor)
         if self._charges is not None:

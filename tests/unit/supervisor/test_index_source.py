@@ -135,3 +135,31 @@ def test_a_skipped_candidate_read_from_a_lagging_version_keeps_its_entry():
         assert (await store.read("A"))[0].ProcessState is ProcessState.PENDING
 
     asyncio.new_event_loop().run_until_complete(go())
+
+
+def test_an_entry_moved_behind_the_cursor_in_its_bucket_is_still_reached():
+    """Simulation seed 65 --orders 3 --version 1.1: an entry moved to its
+    attempt's later deadline landed in the cursor's bucket but sorted before
+    the cursor's id (ids sort by order id); the cursor then left the bucket and
+    the attempt was never recovered."""
+    async def go():
+        world = World(1, FaultConfig())
+        state, index_c = SimContainer(world, "state", "/id"), SimContainer(world, "index", "/bucket")
+        store, index = CosmosStateStore(state), CosmosRecoveryIndex(index_c)
+        for oid in ("A", "B", "C"):
+            await store.create_if_absent(sm.new_record(_order(oid), T0, []))
+            await index.add(oid, T0 + timedelta(seconds=20), 1)
+            await store.claim(oid, T0, POLICY)
+        # A's attempt lives on to a later deadline in the same minute; B and C ended.
+        await store.update("A", lambda r: r.model_copy(update={"CompleteBy": T0 + timedelta(seconds=50)}), "A:1")
+        for oid in ("B", "C"):
+            await store.update(oid, lambda r, oid=oid: sm.mark_processed(r, f"{oid}:1", T0), f"{oid}:1")
+        source = IndexSource(index, store)
+        _, cursor, _ = await source.page(T0 + timedelta(seconds=30), 2, None)  # moves A, removes B
+        found = []
+        for _ in range(3):  # the next minute: A's new deadline has passed
+            candidates, cursor, _ = await source.page(T0 + timedelta(seconds=70), 2, cursor)
+            found += [c.record.id for c in candidates]
+        assert found == ["A"]
+
+    asyncio.new_event_loop().run_until_complete(go())
