@@ -660,6 +660,13 @@ class Simulation:
             pending = doc.get("PendingStatus")
             if pending and datetime.fromisoformat(pending["At"]) + STATUS_GRACE + settle > now:
                 return False
+        # The index Supervisor works through its entries a page per run: while
+        # one of a Processing record is left, it still has work (a small page
+        # and many entries can take longer than the settle time).
+        for entry in self.index_c.docs.values():
+            doc = self.state_c.docs.get((entry["OrderID"], entry["OrderID"]))
+            if doc and doc.get("ProcessState") == "Processing":
+                return False
         return True
 
     async def run(self) -> None:

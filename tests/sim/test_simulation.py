@@ -1,9 +1,11 @@
 """The seeded simulation (sim/): determinism, the happy path, the regression
 seeds of every schedule that ever failed, and a bulk run of 1,000 schedules.
 
-Regression seeds that fail on the current code are strict xfails naming the
-defect of issue 11 they show; when its fix merges the xfail turns into an
-unexpected pass and the lead removes the mark (sim/regressions.json keeps the seed)."""
+Regression seeds whose defect is fixed (`"fixed": true` in sim/regressions.json)
+run as plain cases and must stay clean; the others are strict xfails naming
+the defect they show, so its fix turns them into an unexpected pass (then set
+`"fixed": true`). An entry may name the workflow `version` it runs (default:
+host.json's defaultVersion)."""
 
 from __future__ import annotations
 
@@ -34,6 +36,28 @@ DEFECT_OF_CHECK = {
     "index entry of a live attempt kept": "new: the index source discards a live entry after a lagging read",
     "liveness": "defects 1/5/6 and a lagging read in the index source: an order never reaches a terminal state",
 }
+
+# Checks still broken on this branch by defects whose fix lies in files another
+# developer owns (issue 11 defects 4, 5, 10 and Submit's alerts: submit/ and
+# adapters/settlement.py, on branch wt-hostile). Every other check must hold.
+PENDING_ELSEWHERE = {
+    "dead-lettered silently",
+    "rejected order not kept",
+    "4 bad submission dead-lettered with a reason",
+    "4 bad submission alerted",
+}
+
+
+def _pending_elsewhere(violations) -> bool:
+    """Only Submit's pending defects: every broken check is one of those, and
+    a lost terminal status is only ever a Rejected one (Submit's)."""
+    for check, detail in violations:
+        if check in PENDING_ELSEWHERE:
+            continue
+        if check == "terminal status reaches the reply queue" and " is Rejected " in detail:
+            continue
+        return False
+    return True
 
 
 def _run(seed: int, orders: int, options: Options | None = None) -> Simulation:
@@ -102,14 +126,29 @@ def test_happy_path_processes_every_order_and_reports_it():
     assert sim.rows["1"] == 3 and sim.rows["2"] == 3 and sim.rows["4"] == 3
     # Every step applied once on the remote service, none undone.
     assert sum(sim.remote.ledger.effects.values()) == 3 * 3
-    other = [v for v in sim.violations if v[0] != "one deadline travels everywhere"]
-    assert other == []
-
-
-@pytest.mark.xfail(strict=True, reason=DEFECT_OF_CHECK["one deadline travels everywhere"])
-def test_happy_path_one_deadline():
-    sim = _run(1, 3, Options(orders=3, faults=FaultConfig()))
     assert sim.violations == []
+
+
+@pytest.mark.parametrize("version", ["2.0", "1.1"])
+def test_happy_path_one_deadline(version):
+    sim = _run(1, 3, Options(orders=3, faults=FaultConfig(), version=version))
+    assert {i.version for i in sim.durable.instances.values()} == {version}
+    assert sim.violations == []
+
+
+def test_new_attempts_run_host_json_default_version_with_the_starters_input():
+    from sim.durable import default_version
+
+    sim = _run(1, 1, Options(orders=1, faults=FaultConfig()))
+    (instance,) = sim.durable.instances.values()
+    assert instance.version == default_version() == "2.0"
+    given = json.loads(instance.input)
+    assert given["Record"]["LockedBy"] == instance.instance_id and given["Etag"]
+    # 2.0's happy path: begin + one advance per further step + finish.
+    from devstack.host.durable import TASK_SCHEDULED
+
+    scheduled = [e["Name"] for e in instance.history if e["EventType"] == TASK_SCHEDULED]
+    assert scheduled == ["begin_attempt", "advance_attempt", "advance_attempt", "advance_attempt"]
 
 
 def test_checks_can_fail():
@@ -132,35 +171,53 @@ def _regression_params():
     for entry in REGRESSIONS:
         reason = "; ".join(sorted({DEFECT_OF_CHECK.get(c, c) for c in entry["checks"]}))
         marks = [] if entry.get("fixed") else [pytest.mark.xfail(strict=True, reason=reason)]
-        yield pytest.param(entry["seed"], entry["orders"], id=f"seed{entry['seed']}-{entry['check'][:30]}",
-                           marks=marks)
+        version = entry.get("version")
+        tag = f"-v{version}" if version else ""
+        yield pytest.param(entry["seed"], entry["orders"], version,
+                           id=f"seed{entry['seed']}{tag}-{entry['check'][:30]}", marks=marks)
 
 
-@pytest.mark.parametrize(("seed", "orders"), list(_regression_params()))
-def test_regression_seed(seed, orders):
-    result = run_schedule(seed, orders)
+@pytest.mark.parametrize(("seed", "orders", "version"), list(_regression_params()))
+def test_regression_seed(seed, orders, version):
+    result = run_schedule(seed, orders, version=version)
     assert result.violations == []
 
 
-def test_thousand_schedules():
-    """1,000 seeded schedules (one order each). A broken check that is not one
-    of the known defects of issue 11 fails the test; while known defects
-    remain it is reported as xfail with their counts and first seeds, and once
-    every fix has merged it must pass with no violation at all."""
+def _bulk(seeds, orders: int, version: str | None = None):
     import time
     from collections import Counter
 
     started = time.perf_counter()
     broken: Counter[str] = Counter()
     first: dict[str, int] = {}
-    for seed in range(100_001, 101_001):
-        for check in {c for c, _ in run_schedule(seed, 1).violations}:
+    elsewhere: Counter[str] = Counter()
+    for seed in seeds:
+        violations = run_schedule(seed, orders, version=version).violations
+        if violations and _pending_elsewhere(violations):
+            for check in {c for c, _ in violations}:
+                elsewhere[check] += 1
+                first.setdefault(check, seed)
+            continue
+        for check in {c for c, _ in violations}:
             broken[check] += 1
             first.setdefault(check, seed)
     elapsed = time.perf_counter() - started
-    print(f"1000 schedules in {elapsed:.1f} s ({1000 / elapsed:.1f} schedules/s)")
-    unknown = {c: first[c] for c in broken if c not in DEFECT_OF_CHECK}
-    assert unknown == {}, f"broken checks with no known defect (check: first seed): {unknown}"
-    if broken:
-        pytest.xfail("known defects: " + "; ".join(
-            f"{DEFECT_OF_CHECK[c]} ({n} schedules, first seed {first[c]} --orders 1)" for c, n in broken.most_common()))
+    n = len(seeds)
+    print(f"{n} schedules (version {version or 'default'}) in {elapsed:.1f} s ({n / elapsed:.1f} schedules/s)")
+    assert broken == {}, "broken checks (check: schedules, first seed): " + "; ".join(
+        f"{c}: {k}, seed {first[c]} --orders {orders}" for c, k in broken.most_common())
+    if elsewhere:
+        pytest.xfail("only Submit's defects pending on wt-hostile: " + "; ".join(
+            f"{c} ({k} schedules, first seed {first[c]} --orders {orders})" for c, k in elsewhere.most_common()))
+
+
+def test_thousand_schedules():
+    """1,000 seeded one-order schedules on the default version (2.0): no check
+    may break. A schedule broken only by Submit's defects whose fix is on
+    another branch is counted and reported (xfail) instead."""
+    _bulk(range(100_001, 101_001), 1)
+
+
+def test_schedules_on_version_1_1():
+    """Attempts already in flight on 1.1 keep its guarantees: 200 schedules."""
+    _bulk(range(200_001, 200_201), 1, "1.1")
