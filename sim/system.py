@@ -428,7 +428,11 @@ class Simulation:
         Processing with exactly that deadline) leaves the attempt with no entry:
         nothing will ever recover it."""
         doc = self.state_c.docs.get((entry["OrderID"], entry["OrderID"]))
-        if doc and doc.get("ProcessState") == "Processing" and doc.get("CompleteBy") == _cosmos(entry["CompleteBy"]):
+        # Another entry of the order (a move adds the new one before removing
+        # the old) still brings the Supervisor back to it.
+        others = [e for e in self.index_c.docs.values() if e["OrderID"] == entry["OrderID"] and e["id"] != entry["id"]]
+        if doc and doc.get("ProcessState") == "Processing" and doc.get("CompleteBy") == _cosmos(entry["CompleteBy"]) \
+                and not others:
             self.live_entry_deleted.append(f"{entry['id']} removed at {self.world.stamp()} while "
                                            f"{doc.get('LockedBy')} still has that deadline")
 
