@@ -76,7 +76,7 @@ class SimDurable:
         # (instance id, event name) of every external event an episode handed
         # to the orchestrator; and each finished execution's outcome, with the
         # record's owner at that moment (set by the simulation's hook).
-        self.heard: set[tuple[str, str]] = set()
+        self.heard: dict[tuple[str, str], list[str | None]] = {}
         self.finished: dict[str, tuple[str, Any, str | None]] = {}
         self.owner_of: Any = lambda instance_id: None
 
@@ -148,7 +148,9 @@ class SimDurable:
             inst.inbox.clear()
             return
         new_events, inst.inbox = inst.inbox, []
-        self.heard.update((inst.instance_id, e.get("Name")) for e in new_events if e["EventType"] == EVENT_RAISED)
+        for e in new_events:
+            if e["EventType"] == EVENT_RAISED:
+                self.heard.setdefault((inst.instance_id, e.get("Name")), []).append(e.get("Input"))
         if not inst.history and not any(e["EventType"] == EXECUTION_STARTED for e in new_events):
             inst.inbox = new_events
             return

@@ -463,7 +463,12 @@ class Simulation:
         late (or never) leaves the step failed for that attempt, and a retry
         with the same idempotency key is the protocol."""
         iid = f"{order_id}:{token}"
-        if (iid, reply_event_name(step, token)) not in self.durable.heard:
+        heard = self.durable.heard.get((iid, reply_event_name(step, token)), [])
+        # The first copy of the reply event is the one the orchestrator takes;
+        # it must be the permanent answer (a redelivered request may have been
+        # answered differently, e.g. transiently during an outage, and that
+        # answer may be the one that reached the attempt).
+        if not heard or _outcome_of(heard[0]) != "permanent":
             return False
         status, output, owner = self.durable.finished.get(iid, (None, None, None))
         if status == "Failed" and "answered 429" in str(output):
@@ -886,6 +891,16 @@ def _outbox_only(old: dict, new: dict) -> bool:
         return False
     was, now = old.get("PendingStatus"), new.get("PendingStatus")
     return now is None or (was is not None and now.get("MessageId") == was.get("MessageId"))
+
+
+def _outcome_of(event_input: str | None) -> str | None:
+    try:
+        value = json.loads(event_input or "null")
+        if isinstance(value, str):
+            value = json.loads(value)
+        return value.get("Outcome") if isinstance(value, dict) else None
+    except ValueError:
+        return None
 
 
 def _cosmos(iso_text: str) -> str:
