@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 PIP_STAMP := $(VENV)/.installed
 NPM_STAMP := node_modules/.installed
 
-.PHONY: install demo test test-unit lint bench bench-servicebus bench-supervisor up down status clean browser
+.PHONY: install demo test test-unit lint bench bench-servicebus bench-supervisor up down status clean browser simulate
 
 install: $(PIP_STAMP) $(NPM_STAMP)
 
@@ -70,3 +70,9 @@ bench-supervisor: install
 
 clean:
 	rm -rf $(VENV) node_modules .devstack
+
+## simulate: the seeded simulation of the whole system (SEEDS schedules; failing seeds join sim/regressions.json)
+SEEDS ?= 1000
+ORDERS ?= 3
+simulate: install
+	$(BIN)/python -m sim --seeds $(SEEDS) --orders $(ORDERS) --record

@@ -58,6 +58,7 @@ from orchestrators.contracts import (
     step_payload,
 )
 from reporting import Alerts, StatusOutbox, StatusReporter
+from reporting.status import ALERT_OF_STATUS
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +74,8 @@ _TARGET_STATE = {
 }
 
 # Statuses that end an order: sent from the record's outbox, never lost.
+# Records whose alert rides with their terminal status in the outbox.
+_ALERTING_STATES = frozenset({ProcessState.ERROR, ProcessState.COMPENSATION_FAILED})
 _TERMINAL_STATUSES = frozenset(
     {StatusKind.PROCESSED, StatusKind.FAILED, StatusKind.COMPENSATED, StatusKind.COMPENSATION_FAILED}
 )
@@ -100,8 +103,8 @@ class SchedulerActivities:
         self._orders = orders
         self._publisher = publisher
         self._status = StatusReporter(publisher)
-        self._outbox = StatusOutbox(store, self._status, clock)
         self._alerts = Alerts(publisher)
+        self._outbox = StatusOutbox(store, self._status, clock)
         self._step_names = list(step_names)
         self._inline_agent = inline_agent
         self._step_modes = step_modes or {}
@@ -182,8 +185,9 @@ class SchedulerActivities:
             # Indexed before the record carries it (adapters.recovery_index).
             await self._index.add(order_id, self._next_deadline(write, now), attempt)
         try:
+            # The owner's own write: a refusal must not come from a lagging read.
             record, _ = await self._store.update(
-                order_id, self._transition(write, now), write.InstanceId
+                order_id, self._transition(write, now), write.InstanceId, confirm_refusal=True
             )
             return WriteResult(State=record.ProcessState)
         except (StaleError, sm.IllegalTransition) as exc:
@@ -339,7 +343,8 @@ class SchedulerActivities:
         if self._v2_landed(data, fresh, attempt):
             return Advanced(State=fresh.ProcessState, Record=_dump(fresh), Etag=fresh_etag)
         try:
-            updated, new_etag = await self._store.update(order_id, mutate, data.InstanceId)
+            updated, new_etag = await self._store.update(order_id, mutate, data.InstanceId,
+                                                         confirm_refusal=True)
         except (StaleError, sm.IllegalTransition, NotFoundError) as exc:
             log.info("stale write by %s: %s", data.InstanceId, exc, extra={"order_id": order_id})
             return Advanced(Stale=True, Reason=str(exc))
@@ -410,11 +415,28 @@ class SchedulerActivities:
                 return
             if record is not None and record.ProcessState.is_terminal:
                 return  # already delivered from the outbox (by a retry or the Starter)
-        qualifier = f"{attempt}/{note.Step}" if note.Step else str(attempt)
+        # A terminal status sent here (the record read showed no outbox entry
+        # yet: a 1.0 record, or a read lagging the terminal write) takes the id
+        # its outbox entry has (domain.state_machine: the attempt), so the two
+        # can never both reach the reply queue.
+        terminal = note.Status in _TERMINAL_STATUSES
+        qualifier = f"{attempt}/{note.Step}" if note.Step and not terminal else str(attempt)
         await self._status.send(
             note.ReplyTo, order_id, note.Status, self._clock(), note.Detail, note.Step, qualifier
         )
 
     async def raise_alert(self, note: AlertNote) -> None:
+        """An alert whose record is Error or CompensationFailed goes out with
+        that terminal status from the record's outbox (reporting.StatusOutbox),
+        which retries it until sent; only other alerts are sent here."""
+        order_id = note.OrderID
+        try:
+            record, _ = await self._store.read(order_id) if order_id else (None, None)
+        except NotFoundError:
+            record = None
+        if record is not None and record.ProcessState in _ALERTING_STATES:
+            pending = record.PendingStatus
+            if pending is None or ALERT_OF_STATUS.get(pending.Status) == note.Kind:
+                return  # sent with the status (or already sent from the outbox)
         reason = sm.short_text(note.Reason, 2000) or note.Kind
         await self._alerts.raise_alert(note.Kind, reason, self._clock(), note.OrderID)

@@ -45,6 +45,8 @@ class StateStore(Protocol):
         order_id: str,
         mutate: Callable[[OrderState], OrderState],
         expected_locked_by: Any,
+        *,
+        confirm_refusal: bool = False,
     ) -> tuple[OrderState, str]: ...
 
     async def claim(self, order_id: str, now: datetime, policy: RetryPolicy) -> OrderState | None: ...

@@ -61,7 +61,7 @@ from domain.errors import (
     StaleError,
 )
 from domain.models import OrderState, ProcessState
-from domain.state_machine import RetryPolicy, is_claimable
+from domain.state_machine import IllegalTransition, RetryPolicy, is_claimable
 from domain.state_machine import claim as claim_transition
 
 log = logging.getLogger(__name__)
@@ -271,6 +271,8 @@ class CosmosStateStore:
         order_id: str,
         mutate: Callable[[OrderState], OrderState],
         expected_locked_by: ExpectedLock,
+        *,
+        confirm_refusal: bool = False,
     ) -> tuple[OrderState, str]:
         """Read, check `LockedBy == expected_locked_by`, apply `mutate`, and
         replace on the etag read. Losing the etag race re-reads and re-checks
@@ -280,15 +282,35 @@ class CosmosStateStore:
         `mutate` is a domain transition; its errors (IllegalTransition,
         StaleError) propagate unchanged. A transition that changes nothing is
         not written. Raises StaleError when the guard fails or the record
-        keeps changing, NotFoundError when there is no record."""
+        keeps changing, NotFoundError when there is no record.
+
+        `confirm_refusal` (an attempt writing its own record): a read may lag
+        the latest write (Session consistency across clients), so a refusal
+        read from a replaced version would wrongly tell the owner it is stale.
+        Before refusing, the version read is confirmed current by replacing
+        it unchanged on its etag (content and UpdatedAt stay; only the etag
+        moves); a 412 means the read lagged, and it reads again. Without it a
+        refusal writes nothing."""
         for _ in range(self._update_attempts):
             record, etag = await self.read(order_id)
-            if expected_locked_by is not ANY and record.LockedBy != expected_locked_by:
-                raise StaleError(
-                    f"order {order_id} is locked by {record.LockedBy!r}, "
-                    f"not by {expected_locked_by!r}"
-                )
-            updated = mutate(record)
+            try:
+                if expected_locked_by is not ANY and record.LockedBy != expected_locked_by:
+                    raise StaleError(
+                        f"order {order_id} is locked by {record.LockedBy!r}, "
+                        f"not by {expected_locked_by!r}"
+                    )
+                updated = mutate(record)
+            except (StaleError, IllegalTransition):
+                if not confirm_refusal:
+                    raise
+                # A refusal is only as good as the version it was read from
+                # (see the docstring); only refusals pay this write.
+                try:
+                    await self.replace(record, etag)
+                except StaleError:
+                    log.info("order %s: refusal read from a lagging version; re-reading", order_id)
+                    continue
+                raise
             if updated.id != record.id:
                 raise PermanentError(f"a transition of {order_id} changed its id to {updated.id}")
             if updated == record:

@@ -101,7 +101,9 @@ class Starter:
         self._clock = clock
         self._alerts = Alerts(publisher) if publisher is not None else None
         self._outbox = (
-            StatusOutbox(store, StatusReporter(publisher), clock) if publisher is not None else None
+            StatusOutbox(store, StatusReporter(publisher), clock)
+            if publisher is not None
+            else None
         )
         self._max_restarts = max_compensation_restarts
         # The Processing count this process last measured (run); the fast path
@@ -170,7 +172,9 @@ class Starter:
                 await self._start(client, restarted.LockedBy, report)
                 continue
             report.compensations_given_up += 1
-            await self._raise_alert("CompensationFailed", restarted.LastError or "", now, record.id)
+            if self._outbox is None:
+                await self._raise_alert("CompensationFailed", restarted.LastError or "", now, record.id)
+            # Its CompensationFailed status and alert are in the outbox.
             await self._deliver(restarted, etag, report)
 
     async def _raise_alert(self, kind: str, reason: str, now: datetime, order_id: str) -> None:

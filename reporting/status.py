@@ -4,6 +4,7 @@ outbox that makes terminal statuses survive a failed send
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -13,7 +14,8 @@ from domain import state_machine as sm
 from domain.codec import encode
 from domain.errors import NotFoundError, StaleError
 from domain.ids import status_message_id
-from domain.models import OrderState, PendingStatus, StatusKind, StatusUpdate
+from domain.models import OperatorAlert, OrderState, PendingStatus, StatusKind, StatusUpdate
+from reporting.alerts import ALERTS_QUEUE
 
 log = logging.getLogger(__name__)
 
@@ -21,6 +23,10 @@ log = logging.getLogger(__name__)
 class StatusReporter:
     def __init__(self, publisher: MessagePublisher) -> None:
         self._publisher = publisher
+
+    async def send_alert(self, alert: OperatorAlert, message_id: str) -> None:
+        """An operator alert from a status outbox entry; raises if not sent."""
+        await self._publisher.send(ALERTS_QUEUE, encode(alert), message_id, {"Kind": alert.Kind})
 
     async def send(
         self,
@@ -59,6 +65,10 @@ class StatusReporter:
         )
 
 
+# The operator alert a terminal status's outbox entry carries.
+ALERT_OF_STATUS = {StatusKind.FAILED: "OrderError", StatusKind.COMPENSATION_FAILED: "CompensationFailed"}
+
+
 class StatusOutbox:
     """Delivers a record's pending terminal status and clears it once sent.
 
@@ -75,18 +85,26 @@ class StatusOutbox:
         reporter: StatusReporter,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
+        """A Failed or CompensationFailed entry carries its operator alert:
+        the alert goes first and the entry is cleared only once both are
+        sent, so a failed alert send is retried like a failed status send
+        (never only logged). The alert's message id is derived from the
+        entry's, so a repeat (the alert went out, the status did not) is
+        dropped by duplicate detection."""
         self._store = store
         self._reporter = reporter
         self._clock = clock
 
     async def deliver(self, record: OrderState, etag: str | None = None) -> bool:
-        """Send `record`'s pending status, then clear it. True when there is
-        nothing left to send; False when the send failed (the entry stays).
-        With the etag the record was read at, clearing costs one replace."""
+        """Send `record`'s pending status (and its alert), then clear it. True
+        when there is nothing left to send; False when a send failed (the
+        entry stays). With the etag the record was read at, clearing costs
+        one replace."""
         pending = record.PendingStatus
         if pending is None:
             return True
         try:
+            await self._send_alert(record, pending)
             await self._reporter.send_pending(record.ReplyTo, record.id, pending)
         except Exception as exc:  # any send failure: the entry stays for the next try
             log.warning(
@@ -105,6 +123,21 @@ class StatusOutbox:
         except Exception:  # sent; a later delivery re-sends the same id, which is dropped
             log.exception("status of order %s sent but not cleared from the outbox", record.id)
         return True
+
+    async def _send_alert(self, record: OrderState, pending: PendingStatus) -> None:
+        """The entry's operator alert; raises when the send fails (unlike
+        reporting.Alerts, which only logs), so the entry stays."""
+        kind = ALERT_OF_STATUS.get(pending.Status)
+        if kind is None:
+            return
+        reason = pending.Detail or kind
+        alert = OperatorAlert(Kind=kind, OrderID=record.id, Reason=reason, Timestamp=pending.At)
+        log.error("operator alert %s for order %s: %s", kind, record.id, reason,
+                  extra={"alert_kind": kind, "order_id": record.id, "custom_dimensions": {"AlertKind": kind}})
+        message_id = f"alert/{pending.MessageId}"
+        if len(message_id) > 128:  # Service Bus's limit on a message id
+            message_id = "alert/" + hashlib.sha256(pending.MessageId.encode()).hexdigest()[:64]
+        await self._reporter.send_alert(alert, message_id)
 
     async def deliver_order(self, order_id: str) -> bool:
         try:

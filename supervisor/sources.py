@@ -30,12 +30,21 @@ async def _nothing() -> None:
 
 _NOT_DUE = object()  # IndexSource._check: the entry is live but its deadline is ahead
 
+# States a record never leaves: no later attempt can be claimed from them.
+_FINAL = frozenset({ProcessState.PROCESSED, ProcessState.COMPENSATED, ProcessState.REJECTED})
+
 
 @dataclass
 class Candidate:
+    """`done`: call once the candidate was handled (recovered, or its
+    attempt ended). `position`: a cursor at this candidate, for a Supervisor
+    that did not handle it (the record read here lagged a live attempt's newer
+    deadline) to resume at, so the source reads it again."""
+
     record: OrderState
     etag: str
     done: Callable[[], Awaitable[None]] = _nothing
+    position: str | None = None
 
 
 # No lower bound by default: a Processing record whose deadline passed long
@@ -85,38 +94,64 @@ class IndexSource:
         candidates: list[Candidate] = []
         resume: tuple[str, str] | None = None
         previous: IndexEntry | None = None
+        moved: list[str] = []  # buckets entries were moved into
         for entry in entries:
-            candidate = await self._check(entry, upper)
+            same = previous is not None and previous.bucket == entry.bucket
+            position = json.dumps([entry.bucket, previous.id if same else ""])
+            candidate = await self._check(entry, upper, moved)
+            if isinstance(candidate, Candidate):
+                candidate.position = position
             if candidate is _NOT_DUE:
                 # The cursor must not pass an entry that stays: resume just
                 # before the first one (ids are read in order, `after` is
                 # exclusive). Only the bucket of `upper` can hold such entries,
                 # so the next run re-reads at most that one bucket.
                 if resume is None:
-                    same = previous is not None and previous.bucket == entry.bucket
-                    resume = (entry.bucket, previous.id if same else "")
+                    resume = tuple(json.loads(position))
             elif candidate is not None:
                 candidates.append(candidate)
             previous = entry
-        if resume is not None:
-            return candidates, json.dumps(list(resume)), len(entries)
         # A finished pass restarts at the current bucket, which may still fill
         # up and holds entries not yet due.
-        return candidates, json.dumps([bucket, "" if reached_end else after]), len(entries)
+        at = resume if resume is not None else (bucket, "" if reached_end else after)
+        if at[0] in moved:
+            # An entry moved into the bucket the cursor stays in may sort
+            # before the cursor's id (ids sort by order id, not deadline):
+            # re-read that bucket from its start, or the cursor could leave
+            # the bucket without ever reaching the moved entry.
+            at = (at[0], "")
+        return candidates, json.dumps(list(at)), len(entries)
 
-    async def _check(self, entry: IndexEntry, upper: datetime):
+    async def _check(self, entry: IndexEntry, upper: datetime, moved: list[str]):
         try:
             record, etag = await self._store.read(entry.order_id)
         except NotFoundError:
             await self._index.remove(entry)
             return None
+        if record.Attempt < entry.attempt:
+            # A version from before the entry's attempt was claimed. The
+            # read may lag the latest write (Session consistency across
+            # clients), so this says nothing about whether that attempt is
+            # live now; removing the entry could orphan a live attempt, whose
+            # deadline would then never be seen. Keep it, unless the record
+            # can never be claimed again (a lost claim's extra entry). A kept
+            # entry holds the cursor (as one not yet due does): the next run
+            # reads it again, and the record soon shows that attempt (or, after
+            # a lost claim, the next claim takes that attempt number).
+            if record.ProcessState in _FINAL:
+                await self._index.remove(entry)
+                return None
+            return _NOT_DUE
         live = (
             record.ProcessState is ProcessState.PROCESSING
             and record.CompleteBy is not None
             and record.Attempt == entry.attempt
         )
         if not live:
-            # Met (the attempt ended) or replaced (a newer attempt has its own entry).
+            # Met (the attempt ended) or replaced (a newer attempt has its own
+            # entry). A lagging read only ever shows an older version, and
+            # versions only move forward from the entry's attempt, so this is
+            # certain.
             await self._index.remove(entry)
             return None
         if record.CompleteBy < upper:
@@ -130,4 +165,7 @@ class IndexSource:
         # attempts pay for this.
         await self._index.add(record.id, record.CompleteBy, record.Attempt)
         await self._index.remove(entry)
+        # Not before this run's upper bound, so in the cursor's bucket or a
+        # later one; page() makes sure the cursor does not pass it there.
+        moved.append(bucket_of(record.CompleteBy))
         return None

@@ -92,10 +92,18 @@ class Supervisor:
         cursor = await self._checkpoints.load()
         candidates, cursor, read = await self._source.page(now - self._slack, self._page_size, cursor)
         report = SupervisorReport(read=read)
+        rewind: str | None = None
         for candidate in candidates:
             report.examined += 1
-            await self._recover(candidate.record.id, candidate.record.LockedBy, now, report)
-            await candidate.done()
+            if await self._recover(candidate.record.id, candidate.record.LockedBy, now, report):
+                await candidate.done()
+            elif rewind is None and candidate.position is not None:
+                # Not recovered here: the source's read may have lagged a
+                # newer deadline of a live attempt, so passing the candidate
+                # could lose that attempt; the next run reads it again.
+                rewind = candidate.position
+        if rewind is not None:
+            cursor = rewind
         report.pass_finished = cursor is None
         await self._checkpoints.save(cursor)
         if self._charges is not None:
@@ -109,7 +117,8 @@ class Supervisor:
         )
         return report
 
-    async def _recover(self, order_id: str, locked_by: str | None, now: datetime, report) -> None:
+    async def _recover(self, order_id: str, locked_by: str | None, now: datetime, report) -> bool:
+        """Recover one expired attempt; False if it was skipped."""
         def recover(record):
             return sm.recover_expired(record, locked_by, now, self._policy, self._slack)
 
@@ -119,21 +128,17 @@ class Supervisor:
             # Another supervisor got there first, or the attempt finished in time.
             report.skipped += 1
             log.debug("supervisor skipped %s: %s", order_id, exc)
-            return
+            return False
         if record.ProcessState is ProcessState.ERROR:
             report.failed += 1
             report.failed_orders.append(order_id)
-            # The Failed status is in the record's outbox (written with Error):
-            # a failed send here is retried by the Starter, never lost.
+            # The Failed status and its OrderError alert are in the record's
+            # outbox (written with Error): a failed send here is retried by
+            # the Starter, never lost or only logged.
             if not await self._outbox.deliver(record, etag):
                 report.status_unsent += 1
-            try:
-                await self._alerts.raise_alert(
-                    "OrderError", record.LastError or "gave up", now, order_id
-                )
-            except Exception:  # one failed alert must not stop the run's other recoveries
-                log.exception("supervisor: alert for order %s not sent", order_id)
         elif record.NotBefore is not None:
             report.long_retry += 1
         else:
             report.recovered += 1
+        return True

@@ -51,7 +51,8 @@ class FakeStateStore:
         return new
 
     async def update(
-        self, order_id: str, mutate: Callable[[OrderState], OrderState], expected_locked_by: Any
+        self, order_id: str, mutate: Callable[[OrderState], OrderState], expected_locked_by: Any,
+        *, confirm_refusal: bool = False,  # this fake's reads never lag: nothing to confirm
     ) -> tuple[OrderState, str]:
         record, etag = await self.read(order_id)
         if expected_locked_by is not ANY_OWNER and record.LockedBy != expected_locked_by:

@@ -90,3 +90,57 @@ async def test_terminal_status_that_cannot_be_sent_raises_and_stays_in_the_outbo
         await acts.report_status(StatusNote(InstanceId=iid, ReplyTo="replies-webshop", Status=StatusKind.FAILED))
     pending = (await world.record()).PendingStatus
     assert pending is not None and pending.Tries == 1
+
+
+async def test_an_error_records_alert_goes_with_its_status_and_survives_a_failed_send():
+    """Defect 6 (alerts): the OrderError alert of a Failed order is sent from
+    the record's outbox with the Failed status (the raise_alert activity
+    leaves it to the outbox), so a failed alert send is retried, once, with a
+    stable id; it is not only logged."""
+    from orchestrators.contracts import AlertNote
+
+    world = World()
+    iid = await world.claimed()
+    acts = world.activities()
+    await _write(acts, iid, "failed", Step="reserve-inventory", Reason="declined")
+    await acts.raise_alert(AlertNote(Kind="OrderError", OrderID="A1", Reason="declined"))
+    assert world.sent("alerts") == []
+    note = StatusNote(InstanceId=iid, ReplyTo="replies-webshop", Status=StatusKind.FAILED, Detail="declined")
+    world.bus.fail_next = ConnectionError("alerts queue down")
+    with pytest.raises(RuntimeError):
+        await acts.report_status(note)
+    assert world.sent("alerts") == [] and world.sent("replies-webshop") == []
+    await acts.report_status(note)
+    await acts.report_status(note)
+    assert len(world.sent("alerts")) == 1 and len(world.sent("replies-webshop")) == 1
+    assert (await world.record()).PendingStatus is None
+
+
+async def test_a_terminal_status_sent_without_its_outbox_entry_uses_the_entrys_id():
+    """Simulation seed 42 --orders 3 --version 1.1: report_status read a version
+    lagging the Failed write (no outbox entry yet) and sent Failed under its own
+    id ".../Failed/1/reserve-inventory"; the outbox then sent ".../Failed/1":
+    one terminal status, two message ids, both delivered."""
+    from domain.models import OrderState
+
+    world = World()
+    iid = await world.claimed()
+    acts = world.activities()
+    before = await world.record()
+    await _write(acts, iid, "failed", Step="reserve-inventory", Reason="declined")
+    real_read = world.store.read
+    lagging = {"left": 1}
+
+    async def read(order_id):
+        if lagging["left"]:
+            lagging["left"] -= 1
+            return OrderState.model_validate(before.model_dump(mode="json")), '"old"'
+        return await real_read(order_id)
+
+    world.store.read = read
+    note = StatusNote(InstanceId=iid, ReplyTo="replies-webshop", Status=StatusKind.FAILED,
+                      Step="reserve-inventory", Detail="declined")
+    await acts.report_status(note)  # lagging: sent directly
+    await acts.report_status(note)  # from the outbox: the same id, dropped as a duplicate
+    assert len(world.sent("replies-webshop")) == 1
+    assert (await world.record()).PendingStatus is None

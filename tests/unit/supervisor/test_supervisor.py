@@ -165,6 +165,43 @@ async def test_failed_status_send_after_error_is_delivered_later():
     assert (await rig.state("A")).PendingStatus is None
 
 
+async def test_failed_alert_send_after_error_is_retried_not_only_logged():
+    """Defect 6 (alerts; simulation seed 239 --orders 3): the Supervisor writes
+    Error and the OrderError alert send fails. The alert rides in the record's
+    outbox with the Failed status, so the Starter sends both later."""
+    from orchestrators.starter import Starter
+    from tests.unit.orchestrators.driver import SETTINGS
+
+    rig = Rig()
+    await _gave_up(rig)
+    real_send = rig.bus.send
+
+    async def alerts_down(queue, body, message_id, props=None):
+        if queue == "alerts":
+            raise ConnectionError("alerts queue unavailable")
+        await real_send(queue, body, message_id, props)
+
+    rig.bus.send = alerts_down
+    report = await rig.sup.run()
+    assert (report.failed, report.status_unsent) == (1, 1)
+    assert rig.bus.sent == []
+    assert (await rig.state("A")).PendingStatus is not None
+
+    rig.bus.send = real_send
+    rig.now += timedelta(minutes=1)
+
+    class NoClient:
+        async def get_status(self, instance_id):
+            return None
+
+    starter = Starter(SETTINGS, rig.store, clock=lambda: rig.now, publisher=rig.bus)
+    assert (await starter.run(NoClient())).statuses_delivered == 1
+    alerts = [json.loads(body) for body in rig.bus.to("alerts")]
+    assert [(a["Kind"], a["OrderID"]) for a in alerts] == [("OrderError", "A")]
+    assert [json.loads(b)["Status"] for b in rig.bus.to("replies-webshop")] == ["Failed"]
+    assert (await rig.state("A")).PendingStatus is None
+
+
 async def test_query_source_recovers_records_older_than_seven_days():
     """Defect 9: after a long outage, old Processing records are still found."""
     rig = Rig()

@@ -1,0 +1,129 @@
+"""`python -m sim --seeds N --orders K [--seed S] [--drop 1,4]`: run schedules and
+check them. On a violation: the seed, the first broken check, a shrunk fault
+trace and the one command that replays it. Last line:
+`simulate: N schedules, M violations`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+from .durable import default_version
+from .system import ROWS, Result, liveness_bound, options_for, run_schedule
+
+REGRESSIONS = Path(__file__).with_name("regressions.json")
+
+
+def shrink(result: Result, orders: int, budget: int = 40, version: str | None = None) -> tuple[frozenset[int], Result]:
+    """Drop faults one at a time while the same check still fails."""
+    check = result.violations[0][0]
+    drop: frozenset[int] = frozenset()
+    best = result
+    for fault in list(result.faults):
+        if budget <= 0:
+            break
+        budget -= 1
+        trial = drop | {fault.index}
+        again = run_schedule(result.seed, orders, trial, version)
+        if again.violations and again.violations[0][0] == check:
+            drop, best = trial, again
+    return drop, best
+
+
+def command(seed: int, orders: int, drop: frozenset[int], version: str | None = None) -> str:
+    extra = f" --drop {','.join(map(str, sorted(drop)))}" if drop else ""
+    extra += f" --version {version}" if version else ""
+    return f"python -m sim --seed {seed} --orders {orders}{extra}"
+
+
+def record(seed: int, orders: int, violations: list[tuple[str, str]], version: str | None = None) -> None:
+    entries = json.loads(REGRESSIONS.read_text()) if REGRESSIONS.exists() else []
+    if any(e["seed"] == seed and e["orders"] == orders and e.get("version") == version for e in entries):
+        return
+    check, detail = violations[0]
+    entry = {"seed": seed, "orders": orders, "check": check, "detail": detail[:300],
+             "checks": sorted({c for c, _ in violations})}
+    if version:
+        entry["version"] = version
+    entries.append(entry)
+    REGRESSIONS.write_text(json.dumps(entries, indent=1, ensure_ascii=False) + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m sim", description=__doc__)
+    p.add_argument("--seeds", type=int, default=100, help="how many schedules (seeds start..start+N-1)")
+    p.add_argument("--start", type=int, default=1, help="first seed")
+    p.add_argument("--orders", type=int, default=3, help="orders per schedule")
+    p.add_argument("--seed", type=int, help="run this one seed (with its trace)")
+    p.add_argument("--drop", default="", help="fault indices to leave out (a shrunk replay)")
+    p.add_argument("--record", action="store_true", help="add failing seeds to sim/regressions.json")
+    p.add_argument("--no-shrink", action="store_true")
+    p.add_argument("--trace", action="store_true", help="print every schedule's trace")
+    p.add_argument("--version", default=None,
+                   help="workflow version new attempts run (default: host.json's defaultVersion)")
+    args = p.parse_args(argv)
+
+    seeds = [args.seed] if args.seed is not None else range(args.start, args.start + args.seeds)
+    drop = frozenset(int(x) for x in args.drop.split(",") if x)
+    print(f"workflow version: {args.version or default_version()}; liveness bound after faults stop: "
+          f"{liveness_bound(options_for(0, args.orders))} "
+          "(from the settings: (max_failures+1) x attempt + long retries + compensation)")
+    faults: Counter[str] = Counter()
+    rows: Counter[str] = Counter()
+    checks: Counter[str] = Counter()
+    first_seed: dict[str, int] = {}
+    violations = 0
+    started = time.perf_counter()
+    n = 0
+    for seed in seeds:
+        result = run_schedule(seed, args.orders, drop, args.version)
+        n += 1
+        faults.update(f.kind for f in result.faults)
+        rows.update(result.rows)
+        if args.trace or args.seed is not None:
+            print("\n".join(result.trace))
+        if not result.violations:
+            continue
+        violations += 1
+        check, detail = result.violations[0]
+        for c, _ in result.violations:
+            if c not in checks:
+                first_seed[c] = seed
+        checks.update({c for c, _ in result.violations})
+        print(f"VIOLATION seed {seed}: {check}: {detail[:400]}")
+        for other, text in result.violations[1:4]:
+            print(f"  also: {other}: {text[:200]}")
+        # Shrink the first schedule of each broken check (shrinking re-runs the
+        # schedule once per fault); later ones print their replay command only.
+        again = check in first_seed and first_seed[check] != seed
+        quick = args.no_shrink or args.seed is not None or again
+        shrunk, best = (drop, result) if quick else shrink(result, args.orders, version=args.version)
+        print("  fault trace (shrunk):" if shrunk != drop else "  fault trace:")
+        kept = [f for f in best.faults]
+        for fault in kept[:30]:
+            print(f"    {fault.line()[:160]}")
+        if len(kept) > 30:
+            print(f"    ... {len(kept) - 30} more")
+        print(f"  replay: {command(seed, args.orders, shrunk, args.version)}")
+        if args.record:
+            record(seed, args.orders, result.violations, args.version)
+    elapsed = time.perf_counter() - started
+    print(f"{n / elapsed:.1f} schedules/s ({n} in {elapsed:.1f} s)")
+    print("faults injected: " + (", ".join(f"{k}={v}" for k, v in sorted(faults.items())) or "none"))
+    print("transition rows (DESIGN.md section 3):")
+    for row, text, by in ROWS:
+        print(f"  row {row:<3} {text:<46} by {by:<13} {'hit ' + str(rows[row]) if rows[row] else 'NOT HIT'}")
+    if checks:
+        print("broken checks (schedules; first seed):")
+        for k, v in sorted(checks.items(), key=lambda kv: (-kv[1], kv[0])):
+            print(f"  {k}: {v}; seed {first_seed[k]}")
+    print(f"simulate: {n} schedules, {violations} violations")
+    return 1 if violations else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,242 @@
+"""In-memory Service Bus queues with the rules the product depends on: peek-lock
+with a lock that the host renews while the handler runs (and that a fault can
+expire), abandon with immediate redelivery, delivery count up to max delivery
+then the dead-letter queue with a reason, duplicate detection on MessageId
+within a window, and scheduled (delayed) delivery.
+
+Behind the project's own ports: `SimPublisher` is the `MessagePublisher` the
+use cases receive, `SimReplySender` the agents' `ReplySender`, and
+`SimActions` the message-actions object the Service Bus triggers settle with."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from azure.servicebus.exceptions import MessageLockLostError
+
+from domain.codec import encode
+from domain.errors import TransientError
+
+from .world import World
+
+DUPLICATE_WINDOW = timedelta(minutes=10)
+LOCK_DURATION = timedelta(seconds=30)
+MAX_DELIVERY = 10
+
+
+@dataclass
+class Msg:
+    message_id: str
+    body: bytes
+    props: dict[str, Any]
+    seq: int
+    visible_at: datetime
+    delivery_count: int = 0
+    lock_token: int | None = None
+    dead_letter_reason: str | None = None
+    dead_letter_description: str | None = None
+
+    # what a ServiceBusReceivedMessage offers the triggers
+    @property
+    def application_properties(self) -> dict[str, Any]:
+        return self.props
+
+
+@dataclass
+class Queue:
+    name: str
+    messages: list[Msg] = field(default_factory=list)
+    dead: list[Msg] = field(default_factory=list)
+    seen: dict[str, datetime] = field(default_factory=dict)
+    sent: list[Msg] = field(default_factory=list)  # every accepted send, for the checks
+
+
+class Bus:
+    def __init__(self, world: World) -> None:
+        self.world = world
+        self.queues: dict[str, Queue] = {}
+        self._seq = itertools.count(1)
+        self._tokens = itertools.count(1)
+        self.after_send = None  # (queue, visible_at): lets the simulation deliver it
+
+    def queue(self, name: str) -> Queue:
+        if name not in self.queues:
+            self.queues[name] = Queue(name)
+        return self.queues[name]
+
+    def send(self, queue: str, body: bytes, message_id: str, props: dict | None = None,
+             fault_free: bool = False) -> bool:
+        """False when duplicate detection dropped it."""
+        q = self.queue(queue)
+        now = self.world.clock.now
+        seen = q.seen.get(message_id)
+        if seen is not None and now - seen < DUPLICATE_WINDOW:
+            self.world.log(f"bus {queue} drop duplicate {message_id}")
+            self.world.counters["duplicate_dropped"] += 1
+            return False
+        q.seen[message_id] = now
+        delay = 0.0
+        faults = self.world.faults
+        if not fault_free and faults.draw(faults.config.delay, "message_delay", f"{queue} {message_id}"):
+            delay = round(self.world.rng.uniform(1, 20), 3)
+        msg = Msg(message_id, body, dict(props or {}), next(self._seq), now + timedelta(seconds=delay))
+        q.messages.append(msg)
+        q.sent.append(msg)
+        if self.after_send is not None:
+            self.after_send(queue, msg.visible_at)
+        self.world.log(f"bus {queue} +{message_id}" + (f" delay {delay}" if delay else ""))
+        if not fault_free and faults.draw(faults.config.duplicate, "message_duplicate", f"{queue} {message_id}"):
+            # A copy that slipped past detection (sent after the window, or by a
+            # producer outside it): handlers must be idempotent anyway.
+            copy = Msg(message_id, body, dict(props or {}), next(self._seq),
+                       now + timedelta(seconds=round(self.world.rng.uniform(0, 30), 3)))
+            q.messages.append(copy)
+            if self.after_send is not None:
+                self.after_send(queue, copy.visible_at)
+        return True
+
+    # --- receiving
+    def receivable(self, queue: str) -> Msg | None:
+        q = self.queue(queue)
+        now = self.world.clock.now
+        ready = [m for m in q.messages if m.lock_token is None and m.visible_at <= now]
+        if not ready:
+            return None
+        msg = min(ready, key=lambda m: (m.visible_at, m.seq))
+        msg.delivery_count += 1
+        msg.lock_token = next(self._tokens)
+        return msg
+
+    def next_visible(self, queue: str) -> datetime | None:
+        times = [m.visible_at for m in self.queue(queue).messages if m.lock_token is None]
+        return min(times) if times else None
+
+    def release(self, queue: str, msg: Msg, token: int, why: str) -> None:
+        """The lock ended without a settlement (crash, expiry): visible again,
+        or dead-lettered once the delivery count is used up."""
+        if msg.lock_token != token or msg not in self.queue(queue).messages:
+            return
+        msg.lock_token = None
+        self.world.log(f"bus {queue} {why} {msg.message_id} (delivery {msg.delivery_count})")
+        if msg.delivery_count >= MAX_DELIVERY:
+            self._dead_letter(queue, msg, "MaxDeliveryCountExceeded",
+                              f"delivered {msg.delivery_count} times")
+        else:
+            msg.visible_at = self.world.clock.now
+
+    def _dead_letter(self, queue: str, msg: Msg, reason: str | None, description: str | None) -> None:
+        q = self.queue(queue)
+        q.messages.remove(msg)
+        msg.lock_token = None
+        msg.dead_letter_reason = reason
+        msg.dead_letter_description = description
+        q.dead.append(msg)
+        self.world.log(f"bus {queue} DLQ {msg.message_id} {reason}")
+
+    def settle(self, queue: str, msg: Msg, token: int, kind: str, reason: str | None = None,
+               description: str | None = None) -> None:
+        if msg.lock_token != token or msg not in self.queue(queue).messages:
+            raise MessageLockLostError(message=f"the lock on {msg.message_id} was lost")
+        if kind == "complete":
+            self.queue(queue).messages.remove(msg)
+            msg.lock_token = None
+            self.world.log(f"bus {queue} complete {msg.message_id}")
+        elif kind == "deadletter":
+            self._dead_letter(queue, msg, reason, description)
+        else:
+            self.release(queue, msg, token, "abandon")
+
+
+class Delivery:
+    """One delivery: the received message (as the trigger sees it) and the
+    lock token it holds."""
+
+    def __init__(self, bus: Bus, queue: str, msg: Msg) -> None:
+        self.bus = bus
+        self.queue = queue
+        self.msg = msg
+        self.token = msg.lock_token
+        self.message_id = msg.message_id
+        self.delivery_count = msg.delivery_count
+        self.body = msg.body
+        self.application_properties = msg.props
+
+
+class SimActions:
+    """The ServiceBusMessageActions the triggers settle with (sync, like the
+    SDK-type binding's)."""
+
+    def __init__(self, delivery: Delivery) -> None:
+        self.d = delivery
+
+    def complete(self, message) -> None:
+        self.d.bus.settle(self.d.queue, self.d.msg, self.d.token, "complete")
+
+    def abandon(self, message) -> None:
+        self.d.bus.settle(self.d.queue, self.d.msg, self.d.token, "abandon")
+
+    def deadletter(self, message, deadletter_reason=None, deadletter_error_description=None) -> None:
+        self.d.bus.settle(self.d.queue, self.d.msg, self.d.token, "deadletter",
+                          deadletter_reason, deadletter_error_description)
+
+
+class SimSettlement:
+    """The agents' Settlement port over one delivery."""
+
+    def __init__(self, delivery: Delivery) -> None:
+        self._a = SimActions(delivery)
+
+    async def complete(self) -> None:
+        self._a.complete(None)
+
+    async def abandon(self) -> None:
+        self._a.abandon(None)
+
+    async def dead_letter(self, reason: str, description: str) -> None:
+        self._a.deadletter(None, reason, description)
+
+
+FAILABLE_SENDS = ("status", "alert", "reply")
+
+
+class SimPublisher:
+    """The MessagePublisher port. Sends to reply queues (statuses) and to the
+    alerts queue can fail (a fault), as can the agents' reply sends."""
+
+    def __init__(self, world: World, bus: Bus, reply_queues: set[str]) -> None:
+        self.world = world
+        self.bus = bus
+        self.reply_queues = reply_queues
+
+    async def send(self, queue: str, body: bytes, message_id: str,
+                   application_properties: dict[str, str] | None = None) -> None:
+        await self.world.point(f"bus.send.{queue}")
+        kind = "status" if queue in self.reply_queues else "alert" if queue == "alerts" else None
+        faults = self.world.faults
+        if kind and faults.draw(faults.config.send_fail, f"{kind}_send_fail", message_id):
+            raise TransientError(f"sending to queue {queue!r} failed: simulated ServiceBusError")
+        accepted = self.bus.send(queue, body, message_id, application_properties)
+        if self.on_sent is not None:
+            self.on_sent(queue, message_id, accepted)
+
+    on_sent = None  # (queue, message id, accepted): the simulation's bookkeeping
+
+    async def close(self) -> None:
+        return None
+
+
+class SimReplySender:
+    def __init__(self, world: World, bus: Bus, queue: str = "agent-responses") -> None:
+        self.world = world
+        self.bus = bus
+        self.queue = queue
+
+    async def send(self, reply, message_id: str) -> None:
+        await self.world.point("bus.send.reply")
+        faults = self.world.faults
+        if faults.draw(faults.config.send_fail, "reply_send_fail", message_id):
+            raise TransientError(f"sending reply {message_id}: simulated ServiceBusError")
+        self.bus.send(self.queue, encode(reply), message_id, {"SchemaVersion": reply.SchemaVersion})

@@ -1,0 +1,363 @@
+"""An in-memory Cosmos DB container: the subset of `azure.cosmos.aio.ContainerProxy`
+the project's adapters call (create/read/replace/upsert/delete_item, query_items),
+raising the real azure.cosmos exception types, so the adapters' own code (state
+store, recovery index, orders DB, checkpoints) runs unchanged in the simulation.
+
+Queries are evaluated by a small interpreter of the SQL subset the adapters use
+(SELECT [TOP n] * | VALUE COUNT(1) | VALUE MIN(c.f) FROM c [WHERE ...] [ORDER BY ...]),
+not matched by their text, so a changed filter keeps working.
+
+Faults (drawn by the world's seed): 429 with retry-after, and a read that returns
+the previous version of a document (session-consistency lag across clients)."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from azure.cosmos.exceptions import (
+    CosmosAccessConditionFailedError,
+    CosmosHttpResponseError,
+    CosmosResourceExistsError,
+    CosmosResourceNotFoundError,
+)
+
+from adapters.cosmos_client import DEFAULT_THROTTLE_MAX_WAIT_SECONDS, DEFAULT_THROTTLE_RETRIES
+
+_TOKEN = re.compile(
+    r"\s*(?:(?P<num>\d+)|(?P<param>@\w+)|(?P<str>'[^']*')|(?P<op>>=|<=|!=|<>|=|<|>|\(|\)|,|\*)"
+    r"|(?P<name>[A-Za-z_][\w.]*))"
+)
+
+
+def _tokens(text: str) -> list[tuple[str, str]]:
+    out, pos = [], 0
+    text = text.strip()
+    while pos < len(text):
+        m = _TOKEN.match(text, pos)
+        if not m or m.end() == pos:
+            raise ValueError(f"cannot parse query near {text[pos:pos + 20]!r}")
+        pos = m.end()
+        kind = m.lastgroup
+        out.append((kind, m.group(kind)))
+    return out
+
+
+_MISSING = object()
+
+
+def _field(doc: dict, path: str) -> Any:
+    value: Any = doc
+    for part in path.split(".")[1:]:
+        if not isinstance(value, dict) or part not in value:
+            return _MISSING
+        value = value[part]
+    return value
+
+
+def _cmp(op: str, a: Any, b: Any) -> bool:
+    if a is _MISSING or b is _MISSING:
+        return False
+    if op == "=":
+        return a == b
+    if op in ("!=", "<>"):
+        return a != b
+    if type(a) is not type(b) and not (isinstance(a, int | float) and isinstance(b, int | float)):
+        return False  # Cosmos: comparing different types is undefined -> no match
+    if a is None:
+        return False
+    return {"<": a < b, "<=": a <= b, ">": a > b, ">=": a >= b}[op]
+
+
+class _Query:
+    """Parses once; `run(docs, params)` returns the result list."""
+
+    def __init__(self, text: str) -> None:
+        self.toks = _tokens(text)
+        self.i = 0
+        self._expect_word("SELECT")
+        self.top: Any = None
+        if self._word("TOP"):
+            self.top = self._value_token()
+        self.select: tuple[str, str | None]
+        if self._word("VALUE"):
+            fn = self._next()[1].upper()
+            self._expect("(")
+            arg = self._next()[1]
+            self._expect(")")
+            self.select = (fn, arg)
+        else:
+            self._expect("*")
+            self.select = ("*", None)
+        self._expect_word("FROM")
+        self._next()
+        self.where = self._or() if self._word("WHERE") else (lambda d, p: True)
+        self.order: list[tuple[str, bool]] = []
+        if self._word("ORDER"):
+            self._expect_word("BY")
+            while True:
+                name = self._next()[1]
+                desc = False
+                if self._word("DESC"):
+                    desc = True
+                else:
+                    self._word("ASC")
+                self.order.append((name, desc))
+                if not self._peek(","):
+                    break
+                self.i += 1
+
+    # --- token helpers
+    def _next(self) -> tuple[str, str]:
+        tok = self.toks[self.i]
+        self.i += 1
+        return tok
+
+    def _peek(self, value: str) -> bool:
+        return self.i < len(self.toks) and self.toks[self.i][1].upper() == value.upper()
+
+    def _word(self, value: str) -> bool:
+        if self._peek(value):
+            self.i += 1
+            return True
+        return False
+
+    def _expect(self, value: str) -> None:
+        if not self._word(value):
+            raise ValueError(f"expected {value} at token {self.i}")
+
+    _expect_word = _expect
+
+    def _value_token(self):
+        kind, text = self._next()
+        if kind == "num":
+            return int(text)
+        if kind == "param":
+            return ("param", text)
+        raise ValueError(f"unexpected {text}")
+
+    # --- expressions
+    def _or(self):
+        left = self._and()
+        while self._word("OR"):
+            right = self._and()
+            left = (lambda a, b: lambda d, p: a(d, p) or b(d, p))(left, right)
+        return left
+
+    def _and(self):
+        left = self._not()
+        while self._word("AND"):
+            right = self._not()
+            left = (lambda a, b: lambda d, p: a(d, p) and b(d, p))(left, right)
+        return left
+
+    def _not(self):
+        if self._word("NOT"):
+            inner = self._not()
+            return lambda d, p: not inner(d, p)
+        return self._atom()
+
+    def _atom(self):
+        if self._word("("):
+            inner = self._or()
+            self._expect(")")
+            return inner
+        kind, text = self._next()
+        if kind == "name" and text.upper() in ("IS_NULL", "IS_DEFINED"):
+            self._expect("(")
+            path = self._next()[1]
+            self._expect(")")
+            if text.upper() == "IS_NULL":
+                return lambda d, p: _field(d, path) is None
+            return lambda d, p: _field(d, path) is not _MISSING
+        left = self._operand(kind, text)
+        op = self._next()[1]
+        right = self._operand(*self._next())
+        return lambda d, p: _cmp(op, left(d, p), right(d, p))
+
+    def _operand(self, kind: str, text: str):
+        if kind == "param":
+            return lambda d, p: p.get(text, _MISSING)
+        if kind == "num":
+            return lambda d, p: int(text)
+        if kind == "str":
+            return lambda d, p: text[1:-1]
+        if text.lower() in ("true", "false"):
+            return lambda d, p: text.lower() == "true"
+        if text.lower() == "null":
+            return lambda d, p: None
+        return lambda d, p: _field(d, text)
+
+    def run(self, docs: list[dict], params: dict[str, Any]) -> list[Any]:
+        hits = [d for d in docs if self.where(d, params)]
+        for name, desc in reversed(self.order):
+            hits.sort(key=lambda d, n=name: (_field(d, n) is _MISSING, _field(d, n)), reverse=desc)
+        fn, arg = self.select
+        if fn == "COUNT":
+            return [len(hits)]
+        if fn == "MIN":
+            values = [_field(d, arg) for d in hits if _field(d, arg) not in (_MISSING, None)]
+            return [min(values)] if values else []
+        top = self.top
+        if isinstance(top, tuple):
+            top = params[top[1]]
+        if top is not None:
+            hits = hits[:top]
+        return [_copy(d) for d in hits]
+
+
+_PARSED: dict[str, _Query] = {}
+
+
+def _copy(value: Any) -> Any:
+    """A copy of a JSON document (dicts, lists, scalars): what a round trip
+    through the service gives, several times faster than copy.deepcopy."""
+    if isinstance(value, dict):
+        return {k: _copy(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_copy(v) for v in value]
+    return value
+
+
+def _error(cls, status: int, message: str, headers: dict | None = None):
+    exc = cls(status_code=status, message=message)
+    exc.headers = headers or {}
+    return exc
+
+
+class _Pages:
+    def __init__(self, items: list[Any]) -> None:
+        self._items = items
+
+    def __aiter__(self):
+        return self._gen()
+
+    async def _gen(self):
+        for item in self._items:
+            yield item
+
+
+class SimContainer:
+    """One container; `world` gives await points, faults and the trace."""
+
+    def __init__(self, world, name: str, pk_path: str) -> None:
+        self.world = world
+        self.name = name
+        self._pk = pk_path.strip("/")
+        self.docs: dict[tuple[str, str], dict] = {}
+        self.previous: dict[tuple[str, str], dict] = {}
+        self._etag = 0
+        self.on_write = None  # (old doc or None, new doc): the simulation's bookkeeping
+        self.on_delete = None  # (doc)
+
+    def _key_of(self, body: dict) -> tuple[str, str]:
+        return (str(body[self._pk]), str(body["id"]))
+
+    def _stamp(self, body: dict) -> dict:
+        self._etag += 1
+        doc = _copy(body)
+        doc["_etag"] = f'"{self.name}-{self._etag}"'
+        doc["_ts"] = int(self.world.clock.now.timestamp())
+        return doc
+
+    async def _op(self, op: str, hook) -> None:
+        await self.world.point(f"cosmos.{self.name}.{op}")
+        # The SDK below ContainerProxy retries a 429 itself, as the product
+        # configures it (adapters.cosmos_client: a few retries within a few
+        # seconds, each after the service's retry-after); only then does the
+        # caller see the 429.
+        waited = 0.0
+        for retry in range(DEFAULT_THROTTLE_RETRIES + 1):
+            retry_ms = self.world.faults.cosmos_throttle(self.name)
+            if retry_ms is None:
+                break
+            wait = retry_ms / 1000
+            if retry == DEFAULT_THROTTLE_RETRIES or waited + wait > DEFAULT_THROTTLE_MAX_WAIT_SECONDS:
+                raise _error(CosmosHttpResponseError, 429, "Request rate is large",
+                             {"x-ms-retry-after-ms": str(retry_ms)})
+            waited += wait
+            await self.world.point(f"cosmos.{self.name}.{op} throttled", delay=wait)
+        if hook is not None:
+            hook({"x-ms-request-charge": "1"}, {})
+
+    async def create_item(self, body: dict, response_hook=None, **_: Any) -> dict:
+        await self._op("create", response_hook)
+        key = self._key_of(body)
+        if key in self.docs:
+            raise _error(CosmosResourceExistsError, 409, "Entity with the specified id already exists")
+        self.docs[key] = self._stamp(body)
+        self._wrote(None, self.docs[key])
+        return _copy(self.docs[key])
+
+    def _wrote(self, old, new) -> None:
+        if self.on_write is not None:
+            self.on_write(old, new)
+
+    async def upsert_item(self, body: dict, response_hook=None, **_: Any) -> dict:
+        await self._op("upsert", response_hook)
+        key = self._key_of(body)
+        old = self.docs.get(key)
+        if old is not None:
+            self.previous[key] = old
+        self.docs[key] = self._stamp(body)
+        self._wrote(old, self.docs[key])
+        return _copy(self.docs[key])
+
+    async def read_item(self, item: str, partition_key: Any, response_hook=None, **_: Any) -> dict:
+        await self._op("read", response_hook)
+        key = (str(partition_key), str(item))
+        if key not in self.docs:
+            raise _error(CosmosResourceNotFoundError, 404, "Entity with the specified id does not exist")
+        if key in self.previous and self.world.faults.session_lag(f"{self.name} {item}"):
+            self.world.log(f"cosmos {self.name} stale read of {item}")
+            return _copy(self.previous[key])
+        return _copy(self.docs[key])
+
+    async def replace_item(self, item: str, body: dict, etag: str | None = None,
+                           match_condition: Any = None, response_hook=None, **_: Any) -> dict:
+        await self._op("replace", response_hook)
+        key = self._key_of(body)
+        current = self.docs.get(key)
+        if current is None:
+            raise _error(CosmosResourceNotFoundError, 404, "Entity with the specified id does not exist")
+        if etag is not None and current["_etag"] != etag:
+            raise _error(CosmosAccessConditionFailedError, 412, "Precondition failed")
+        self.previous[key] = current
+        self.docs[key] = self._stamp(body)
+        self._wrote(current, self.docs[key])
+        return _copy(self.docs[key])
+
+    async def delete_item(self, item: str, partition_key: Any, response_hook=None, **_: Any) -> None:
+        await self._op("delete", response_hook)
+        key = (str(partition_key), str(item))
+        if key not in self.docs:
+            raise _error(CosmosResourceNotFoundError, 404, "Entity with the specified id does not exist")
+        if self.on_delete is not None:
+            self.on_delete(self.docs[key])
+        del self.docs[key]
+        self.previous.pop(key, None)
+        self.world.log(f"cosmos {self.name} delete {item}")
+
+    def query_items(self, query: str, parameters: list | None = None, partition_key: Any = None,
+                    response_hook=None, **_: Any):
+        container = self
+
+        class _Async:
+            def __aiter__(self):
+                return self._gen()
+
+            async def _gen(self):
+                await container._op("query", response_hook)
+                parsed = _PARSED.get(query)
+                if parsed is None:
+                    parsed = _PARSED[query] = _Query(query)
+                params = {p["name"]: p["value"] for p in (parameters or [])}
+                docs = [d for (pk, _), d in sorted(container.docs.items())
+                        if partition_key is None or pk == str(partition_key)]
+                items = parsed.run(docs, params)
+                if container.name == "index" and items:
+                    container.world.log(f"cosmos index query {params} -> {[d.get('id', d) if isinstance(d, dict) else d for d in items]}")
+                for item in items:
+                    yield item
+
+        return _Async()

@@ -1,0 +1,938 @@
+"""One schedule: the product's own code wired to the simulated worlds, run from
+a seed, then checked.
+
+The product is driven through its registered functions (function_app's
+Submit trigger, the orchestrator and activities through the Durable SDK's
+replay, the Supervisor's timer) and, where a function takes a durable client
+binding the simulator cannot hand in, through the use case that function calls
+(`Starter.run`, `bridge_reply`) and the agents' `RequestProcessor`. The
+composition root (`bootstrap`) is given the simulated adapters, so the use cases
+are built as in production, with the simulation's clocks."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import importlib
+import json
+import logging
+import random
+import uuid
+import warnings
+from collections import Counter
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
+from types import SimpleNamespace
+from typing import Any
+
+import pybreaker
+from dateutil import tz as _tz
+from dateutil.parser import parse as _dateutil_parse
+
+import bootstrap
+from adapters.checkpoints import CosmosCheckpointStore
+from adapters.cosmos_client import RequestCharges
+from adapters.orders_db import CosmosOrdersRepository
+from adapters.ports import ANY_OWNER, NoIndex
+from adapters.recovery_index import MAX_BUCKETS_PER_PAGE, CosmosRecoveryIndex
+from adapters.settings import CosmosAccount, ServiceBusAccess, Settings
+from adapters.settlement import settle
+from adapters.state_store import CosmosStateStore
+from agents.agent import Agent, AgentPolicy
+from agents.messaging import RequestProcessor
+from agents.ports import RemoteCall
+from agents.remote_client import _interpret
+from agents.steps import STEP_NAMES
+from devstack.host.app import SERVICE_BUS_TRIGGER, index_app
+from devstack.host.invoke import call_function
+from devstack.remote_service.ledger import Ledger
+from domain import state_machine as sm
+from domain.errors import DomainError
+from domain.ids import reply_event_name
+from orchestrators.reply_bridge import bridge_reply
+from orchestrators.starter import Starter
+from reporting import Alerts, StatusReporter
+
+from .bus import Bus, Delivery, SimActions, SimPublisher, SimReplySender, SimSettlement
+from .cosmos import SimContainer
+from .durable import SimDurable
+from .world import START, Crash, FaultConfig, World
+
+_history_event = importlib.import_module("azure.durable_functions.models.history.HistoryEvent")
+_alerts_module = importlib.import_module("reporting.alerts")
+
+APP = "webshop"
+REPLY_QUEUE = "replies-webshop"
+STARTER_PERIOD = 10.0
+SUPERVISOR_PERIOD = 10.0
+SLACK = timedelta(seconds=5)
+STATUS_GRACE = timedelta(seconds=30)  # the Starter's default: outbox entries older than this are its to send
+HOST_OUTAGE = timedelta(days=8)
+
+TERMINAL_STATUS = {
+    "Processed": "Processed",
+    "Error": "Failed",
+    "Compensated": "Compensated",
+    "CompensationFailed": "CompensationFailed",
+    "Rejected": "Rejected",
+}
+
+ROWS = [
+    ("1", "(none) -> Pending", "submit"),
+    ("2", "Pending -> Processing", "starter"),
+    ("3", "Processing -> Processing (CompleteBy, Steps)", "orchestration"),
+    ("4", "Processing -> Processed", "orchestration"),
+    ("5", "Processing -> Error", "orchestration"),
+    ("6", "Processing -> Pending (FailureCount+1)", "supervisor"),
+    ("7", "Processing -> Error or long-retry wait", "supervisor"),
+    ("8a", "Processing/Error -> Compensating", "orchestration"),
+    ("8b", "Compensating -> Compensated", "orchestration"),
+    ("8c", "Compensating -> CompensationFailed", "orchestration"),
+    ("9", "Error -> Pending (resubmit)", "operator"),
+]
+
+_APP_CATALOG = None
+
+
+def catalog():
+    global _APP_CATALOG
+    if _APP_CATALOG is None:
+        import function_app
+
+        _APP_CATALOG = index_app(function_app.app)
+    return _APP_CATALOG
+
+
+@dataclass
+class Options:
+    orders: int = 3
+    scan: str = "query"  # or "index"
+    page_size: int = 100
+    backlog_limit: int = 5000
+    retry: sm.RetryPolicy = field(default_factory=lambda: sm.RetryPolicy(
+        threshold=3, long_retries=1, long_delay=timedelta(seconds=120), claim_timeout=timedelta(seconds=30)))
+    step_timeout: timedelta = timedelta(seconds=20)
+    faults: FaultConfig = field(default_factory=FaultConfig)
+    fault_window: float = 240.0
+    # The workflow version new instances run: host.json's defaultVersion
+    # (None) or one named (e.g. "1.1", still registered for attempts in flight).
+    version: str | None = None
+
+
+def options_for(seed: int, orders: int, version: str | None = None) -> Options:
+    """Everything about a schedule, drawn from its seed."""
+    rng = random.Random(f"options/{seed}")
+    quiet = rng.random() < 0.15
+    f = FaultConfig()
+    if not quiet:
+        f = FaultConfig(
+            crash=rng.choice((0.0, 0.01, 0.03)),
+            duplicate=rng.choice((0.0, 0.05, 0.2)),
+            delay=rng.choice((0.0, 0.05, 0.2)),
+            lock_expiry=rng.choice((0.0, 0.05, 0.2)),
+            throttle_storm=rng.random() < 0.2,
+            throttle_bursts=rng.choice((0, 0, 3, 8)),
+            host_outage=rng.random() < 0.02,
+            send_fail=rng.choice((0.0, 0.05, 0.3)),
+            decline=rng.choice((0.0, 0.2, 0.5)),
+            outage=rng.random() < 0.15,
+            lag=rng.choice((0.0, 0.05)),
+            duplicate_activity=rng.choice((0.0, 0.05)),
+            two_supervisors=rng.random() < 0.3,
+            operator=rng.choice((0.0, 0.3, 0.7)),
+            skew=rng.choice((0.0, 1.0, 2.0)),
+            minute_edges=rng.random() < 0.3,
+            burst=rng.random() < 0.3,
+            bad_messages=rng.choice((0.0, 0.0, 0.2)),
+        )
+    scan = rng.choice(("query", "index"))
+    return Options(
+        # An outage must outlast the whole retry budget: the faults run long enough for that.
+        fault_window=450.0 if f.outage else 240.0,
+        orders=orders,
+        scan=scan,
+        page_size=rng.choice((1, 2, 3, 100)),
+        backlog_limit=rng.choice((5000, 5000, 5000, 0)),
+        faults=f,
+        version=version,
+    )
+
+
+def liveness_bound(o: Options) -> timedelta:
+    """Once faults stop, every order is terminal within this (from the
+    settings): each of the max_failures + 1 attempts waits for the starter,
+    runs every step to its deadline and is found by the supervisor past its
+    slack; then the long-retry delays; then a compensation that lets every
+    undo try run to its deadline."""
+    steps = len(STEP_NAMES)
+    attempt = (STARTER_PERIOD + o.retry.claim_timeout.total_seconds() + steps * o.step_timeout.total_seconds()
+               + 2 * SUPERVISOR_PERIOD + SLACK.total_seconds())
+    compensation = STARTER_PERIOD + steps * 3 * o.step_timeout.total_seconds()
+    return timedelta(seconds=(o.retry.max_failures + 1) * attempt
+                     + o.retry.long_retries * o.retry.long_delay.total_seconds() + compensation + 60)
+
+
+class SimRemote:
+    """The remote services (the RemoteService port): the devstack ledger's
+    idempotency and fencing, answers interpreted by the product's own HTTP
+    client rules, and the seed's faults (outage, permanent decline)."""
+
+    def __init__(self, world: World, declines: dict[str, tuple[tuple[str, ...], str]]) -> None:
+        self.world = world
+        self.ledger = Ledger()
+        self.declines = declines
+        self.calls: list[tuple[str, str, int, str]] = []  # (key, op, token, outcome)
+
+    async def call(self, call: RemoteCall, *, timeout: float) -> dict[str, Any]:
+        await self.world.point(f"remote.{call.service}.{call.operation}", delay=self.world.rng.choice((0.05, 0.2, 1.0)))
+        what = f"{call.service}/{call.operation} for {call.idempotency_key}"
+        op = f"{call.service}/{call.operation}"
+        outage = self.world.faults.outage
+        order_id = call.idempotency_key.partition("/")[0]
+        down = bool(outage) and outage[0] <= self.world.clock.now < outage[1] and outage[2] == call.service
+        # A partial outage: most calls fail outright; some are applied and
+        # their answer is lost on the way back (a gateway timeout).
+        lost = down and self.world.rng.random() < 0.3
+        if down and not lost:
+            status, text = 503, json.dumps({"code": "Unavailable", "error": "service unavailable"})
+        elif op in self.declines.get(order_id, ((),))[0]:
+            status, text = 402, json.dumps({"code": "Declined", "error": self.declines[order_id][1]})
+        else:
+            answer = self.ledger.apply(call.service, call.operation, call.idempotency_key,
+                                       str(call.fencing_token), call.body)
+            status, text = answer.status, json.dumps(answer.body)
+            if lost:
+                status, text = 504, json.dumps({"code": "GatewayTimeout", "error": "no answer from upstream"})
+        outcome = "ok" if status < 300 else "transient" if status >= 500 else "permanent"
+        self.calls.append((call.idempotency_key, op, call.fencing_token, outcome))
+        self.world.log(f"remote {op} {call.idempotency_key} token {call.fencing_token} -> {status}")
+        return _interpret(what, status, text, None, call.fencing_token)
+
+
+class AgentClock:
+    def __init__(self, world: World) -> None:
+        self.world = world
+
+    def now(self) -> datetime:
+        return self.world.clock.at(self.world.skew("agent"))
+
+    async def sleep(self, seconds: float) -> None:
+        await self.world.point("agent.sleep", delay=seconds)
+
+
+def _random_text(rng: random.Random) -> str:
+    length = rng.choice((0, 10, 200, 230, 600, 4096))
+    if length == 0:
+        return ""
+    alphabets = [(0x20, 0x7E), (0xA0, 0x2FF), (0x3040, 0x30FF), (0x1F300, 0x1F64F), (0x4E00, 0x9FFF)]
+    out = []
+    for _ in range(length):
+        lo, hi = rng.choice(alphabets)
+        out.append(chr(rng.randint(lo, hi)))
+    return "".join(out)
+
+
+@contextmanager
+def _patched(sim: Simulation):
+    names = ("submit_handler", "scheduler_activities", "starter", "alerts", "supervisor")
+    saved = {n: getattr(bootstrap, n) for n in names}
+    saved_dt = pybreaker.datetime
+
+    class _VirtualDatetime(datetime):  # pybreaker's open timeout runs on the virtual clock
+        @classmethod
+        def now(cls, tz=None):
+            return sim.world.clock.now
+
+    async def submit_handler():
+        return sim.submit
+
+    async def scheduler_activities():
+        return sim.activities
+
+    async def starter():
+        return sim.starter
+
+    async def alerts():
+        return Alerts(sim.publisher)
+
+    async def supervisor():
+        return sim.new_supervisor()
+
+    for n in names:
+        setattr(bootstrap, n, locals()[n])
+    pybreaker.datetime = _VirtualDatetime
+    # Alerts get a random message id (uuid4); draw it from the seed instead.
+    ids = random.Random(f"uuid/{sim.seed}")
+    saved_uuid = _alerts_module.uuid
+    _alerts_module.uuid = SimpleNamespace(uuid4=lambda: uuid.UUID(int=ids.getrandbits(128), version=4))
+    saved_parse = _history_event.dt_parse
+    # Replaying re-parses every history timestamp with dateutil on every
+    # episode (three quarters of a schedule's time); the same strings come
+    # back each replay, so remember the (immutable) results.
+    _history_event.dt_parse = _cached_parse
+    try:
+        yield
+    finally:
+        for n, v in saved.items():
+            setattr(bootstrap, n, v)
+        pybreaker.datetime = saved_dt
+        _alerts_module.uuid = saved_uuid
+        _history_event.dt_parse = saved_parse
+
+
+_TZUTC = _tz.tzutc()
+
+
+@functools.lru_cache(maxsize=200_000)
+def _cached_parse(text: str) -> datetime:
+    # The host writes every history timestamp as YYYY-MM-DDTHH:MM:SS.ffffffZ;
+    # for that form dateutil's answer is the same instant with tzutc().
+    if len(text) == 27 and text[-1] == "Z" and text[10] == "T":
+        return datetime.fromisoformat(text[:-1]).replace(tzinfo=_TZUTC)
+    return _dateutil_parse(text)
+
+
+class Simulation:
+    def __init__(self, seed: int, orders: int = 3, drop: frozenset[int] = frozenset(),
+                 options: Options | None = None, version: str | None = None) -> None:
+        self.seed = seed
+        self.o = options or options_for(seed, orders, version)
+        self.world = World(seed, self.o.faults, drop)
+        w = self.world
+        self.bus = Bus(w)
+        self.state_c = SimContainer(w, "state", "/id")
+        self.orders_c = SimContainer(w, "orders", "/id")
+        self.index_c = SimContainer(w, "index", "/bucket")
+        self.rows: Counter[str] = Counter()
+        self.violations: list[tuple[str, str]] = []
+        self.supervisor_costs: list[int] = []
+        self.deadline_mismatch: list[str] = []
+        self.state_c.on_write = self._on_state_write
+        self.overwritten: list[str] = []
+        self.last_write: datetime | None = None
+        self.live_entry_deleted: list[str] = []
+        self.index_c.on_delete = self._on_index_delete
+        self.orders_c.on_write = lambda old, new: self.overwritten.append(new["id"]) if old else None
+        account = CosmosAccount("https://sim.invalid", None)
+        self.settings = Settings(
+            state_account=account, orders_account=account, servicebus=ServiceBusAccess(connection_string="sim"),
+            reply_queues={APP: REPLY_QUEUE}, pending_backlog_limit=self.o.backlog_limit,
+            step_timeout=self.o.step_timeout, supervisor_page_size=self.o.page_size,
+            supervisor_scan=self.o.scan, retry=self.o.retry,
+        )
+        self.publisher = SimPublisher(w, self.bus, {REPLY_QUEUE})
+        self.publisher.on_sent = self._on_sent
+        self.request_sender: dict[str, tuple[str, int]] = {}
+        self.lost_requests: list[str] = []
+        self.store = CosmosStateStore(self.state_c)
+        self.orders_repo = CosmosOrdersRepository(self.orders_c)
+        self.index = CosmosRecoveryIndex(self.index_c) if self.o.scan == "index" else NoIndex()
+        rng = w.data_rng
+        self.order_ids = [f"ORD-{seed}-{i}" for i in range(self.o.orders)]
+        declines = {}
+        for oid in self.order_ids:
+            if w.faults.draw(self.o.faults.decline, "decline", oid):
+                # Mostly the payment; sometimes another step; sometimes the
+                # shipment fails and then the refund is refused (CompensationFailed).
+                ops = rng.choice((("payment/charge",), ("payment/charge",), ("inventory/reserve",),
+                                  ("shipping/arrange",), ("shipping/arrange", "payment/refund")))
+                declines[oid] = (ops, _random_text(rng))
+        self.remote = SimRemote(w, declines)
+        self.agent = Agent(self.remote, AgentClock(w), AgentPolicy(), rng=random.Random(f"agent/{seed}"))
+        self.processor = RequestProcessor(self.agent, SimReplySender(w, self.bus))
+        from activities.scheduler_activities import SchedulerActivities
+        from submit.handler import BacklogReader, SubmitHandler
+
+        self.activities = SchedulerActivities(
+            self.settings, self.store, self.orders_repo, self.publisher, STEP_NAMES, self.agent, {},
+            self.index, clock=w.now_for("activities"))
+        self.submit = SubmitHandler(
+            self.settings, self.store, self.orders_repo, StatusReporter(self.publisher), Alerts(self.publisher),
+            list(STEP_NAMES),
+            backlog=BacklogReader(self.store, self.settings.backlog_gauge_max_age.total_seconds(),
+                                  clock=lambda: w.clock.now.timestamp(), wall_clock=w.now_for("submit")),
+            clock=w.now_for("submit"))
+        self.starter = Starter(self.settings, self.store, self.index, clock=w.now_for("starter"),
+                               publisher=self.publisher)
+        self.durable = SimDurable(w, catalog(), self.o.version)
+        self.durable.owner_of = self._owner_of
+        self.functions = {spec.trigger.get("queueName"): spec for spec in catalog().of_type(SERVICE_BUS_TRIGGER)}
+        self._sup_n = 0
+        self.submitted: set[str] = set()
+        self.bad: dict[str, str] = {}
+        self.operator_done: set[tuple[str, str]] = set()
+        self.operator_pending = 0
+
+    # --- the supervisor, as bootstrap builds it (its own charges per run)
+    def new_supervisor(self):
+        from supervisor.sources import IndexSource, QuerySource
+        from supervisor.supervisor import Supervisor
+
+        self._sup_n += 1
+        charges = RequestCharges()
+        store = CosmosStateStore(self.state_c, charges)
+        source = IndexSource(CosmosRecoveryIndex(self.index_c, charges), store) if self.o.scan == "index" \
+            else QuerySource(store)
+        sup = Supervisor(store, source, CosmosCheckpointStore(self.state_c, charges, f"supervisor-{self.o.scan}"),
+                         StatusReporter(self.publisher), Alerts(self.publisher), self.settings.retry,
+                         self.settings.supervisor_page_size, slack=SLACK,
+                         clock=self.world.now_for(f"supervisor{self._sup_n % 2}"), charges=charges)
+        run = sup.run
+
+        async def measured():
+            report = await run()
+            self.supervisor_costs.append(report.requests)
+            self.world.log(f"supervisor read={report.read} examined={report.examined} recovered={report.recovered} "
+                           f"long_retry={report.long_retry} failed={report.failed} skipped={report.skipped} "
+                           f"requests={report.requests}")
+            return report
+
+        sup.run = measured
+        return sup
+
+    # --- bookkeeping of writes: transition rows and the stale-write check
+    def _on_state_write(self, old: dict | None, new: dict) -> None:
+        if "ProcessState" not in new:
+            return
+        self.last_write = self.world.clock.now
+        actor = self._actor()
+        before = old.get("ProcessState") if old else None
+        after = new["ProcessState"]
+        row = None
+        if before is None and after == "Pending":
+            row = "1"
+        elif actor == "starter" and before == "Pending" and after == "Processing":
+            row = "2"
+        elif actor == "orchestration":
+            row = {("Processing", "Processing"): "3", ("Processing", "Processed"): "4",
+                   ("Processing", "Error"): "5", ("Processing", "Compensating"): "8a",
+                   ("Error", "Compensating"): "8a", ("Compensating", "Compensated"): "8b",
+                   ("Compensating", "CompensationFailed"): "8c"}.get((before, after))
+        elif actor == "supervisor" and before == "Processing":
+            row = "6" if after == "Pending" and not new.get("NotBefore") else "7"
+        elif actor == "operator" and before == "Error" and after == "Pending":
+            row = "9"
+        elif actor == "starter" and after == "Compensating":
+            row = "8a"
+        if row:
+            self.rows[row] += 1
+        if old and actor == "orchestration":
+            writer = self._instance()
+            if writer and old.get("LockedBy") != writer and not _outbox_only(old, new):
+                self.violations.append(("3 stale attempt wrote", f"{writer} changed {new['id']} locked by "
+                                                                  f"{old.get('LockedBy')}"))
+
+    def _on_index_delete(self, entry: dict) -> None:
+        """An index entry removed while its attempt is still live (the record is
+        Processing with exactly that deadline) leaves the attempt with no entry:
+        nothing will ever recover it."""
+        doc = self.state_c.docs.get((entry["OrderID"], entry["OrderID"]))
+        # Another entry of the order (a move adds the new one before removing
+        # the old) still brings the Supervisor back to it.
+        others = [e for e in self.index_c.docs.values() if e["OrderID"] == entry["OrderID"] and e["id"] != entry["id"]]
+        if doc and doc.get("ProcessState") == "Processing" and doc.get("CompleteBy") == _cosmos(entry["CompleteBy"]) \
+                and not others:
+            self.live_entry_deleted.append(f"{entry['id']} removed at {self.world.stamp()} while "
+                                           f"{doc.get('LockedBy')} still has that deadline")
+
+    def _on_sent(self, queue: str, message_id: str, accepted: bool) -> None:
+        """An agent request of a restarted orchestration that duplicate detection
+        drops was never answered to that execution: it can only wait out its deadline."""
+        iid = self._instance()
+        if queue != "agent-requests" or iid is None or iid not in self.durable.instances:
+            return
+        execution = self.durable.instances[iid].execution
+        if accepted:
+            self.request_sender[message_id] = (iid, execution)
+        elif self.request_sender.get(message_id, (iid, execution))[1] != execution:
+            self.lost_requests.append(f"{message_id}: sent again by execution {execution} of {iid}, "
+                                      f"dropped as a duplicate of execution {self.request_sender[message_id][1]}'s")
+
+    def _owner_of(self, instance_id: str) -> str | None:
+        """The attempt that owns the record now (the latest write, not a lagged read)."""
+        oid = instance_id.rpartition(":")[0]
+        doc = self.state_c.docs.get((oid, oid))
+        return doc.get("LockedBy") if doc else None
+
+    def _acted_on(self, order_id: str, step: str, token: int) -> bool:
+        """Did attempt `token` own the permanent answer for `step`: its
+        orchestration was handed the reply, and it neither lost the race to
+        its deadline timer nor had already lost the record to a later attempt.
+        Only then must no later attempt ask again; an answer that arrived too
+        late (or never) leaves the step failed for that attempt, and a retry
+        with the same idempotency key is the protocol."""
+        iid = f"{order_id}:{token}"
+        heard = self.durable.heard.get((iid, reply_event_name(step, token)), [])
+        # The first copy of the reply event is the one the orchestrator takes;
+        # it must be the permanent answer (a redelivered request may have been
+        # answered differently, e.g. transiently during an outage, and that
+        # answer may be the one that reached the attempt).
+        if not heard or _outcome_of(heard[0]) != "permanent":
+            return False
+        status, output, owner = self.durable.finished.get(iid, (None, None, None))
+        if status == "Failed" and "answered 429" in str(output):
+            # The store refused every write for longer than the activity
+            # retries (a throttling storm past the SDK's own retries): nothing
+            # could record the answer, and the next attempt asks again under
+            # the same idempotency key. Any other failure still counts.
+            return False
+        if status == "Completed" and isinstance(output, dict):
+            if output.get("Outcome") == "timed_out" and output.get("Step") == step \
+                    and output.get("Detail") == "deadline passed":
+                return False
+            if output.get("Outcome") == "stale" and owner != iid:
+                return False
+        return True
+
+    def _instance(self) -> str | None:
+        name = self.world._names.get(asyncio.current_task(), "")
+        return name.split(":", 2)[2] if name.startswith("act:") else None
+
+    def _actor(self) -> str:
+        task = asyncio.current_task()
+        name = self.world._names.get(task, "")
+        if name.startswith("act:"):
+            return "orchestration"
+        return name.split(":")[0].rstrip("0123456789")
+
+    # --- actors
+    def _order_body(self, oid: str, total: str = "20.00") -> bytes:
+        payload = {
+            "OrderID": oid, "AppId": APP, "ReplyTo": REPLY_QUEUE,
+            "Customer": {"CustomerId": "C-7", "Name": "Ada"},
+            "Lines": [{"Sku": "SKU-1", "Quantity": 2, "UnitPrice": str(int(float(total)) // 2) + ".00"}],
+            "Total": total, "Currency": "EUR", "PaymentReference": "pay-ref-42",
+        }
+        return json.dumps(payload).encode()
+
+    def _bad_message(self, oid: str) -> None:
+        """A conflicting copy of an order, a malformed body, or a body sent as
+        an AMQP value instead of data sections: each must be dead-lettered with
+        a reason and alerted, and never overwrite anything."""
+        kind = self.world.data_rng.choice(("conflict", "malformed", "amqp-value"))
+        self.bad[f"{oid}/{kind}"] = kind
+        if kind == "conflict":
+            self.bus.send("orders", self._order_body(oid, "40.00"), f"{oid}/{kind}")
+        elif kind == "malformed":
+            self.bus.send("orders", b'{"OrderID": "' + oid.encode() + b'", "Lines": "x"', f"{oid}/{kind}")
+        else:
+            self.bus.send("orders", json.loads(self._order_body(f"{oid}-V")), f"{oid}/{kind}")
+
+    def _pump(self, queue: str) -> None:
+        while True:
+            msg = self.bus.receivable(queue)
+            if msg is None:
+                break
+            delivery = Delivery(self.bus, queue, msg)
+            self.world.log(f"deliver {queue} {msg.message_id} #{msg.delivery_count}")
+            faults = self.world.faults
+            if faults.draw(self.o.faults.lock_expiry, "lock_expiry", f"{queue} {msg.message_id}"):
+                token = msg.lock_token
+                self.world.at(self.world.clock.now + timedelta(seconds=round(self.world.rng.uniform(0.01, 1.0), 3)),
+                              "lock expiry", lambda m=msg, t=token, q=queue: (self.bus.release(q, m, t, "lock expired"),
+                                                                            self._pump(q)))
+
+            def lost(m=msg, t=msg.lock_token, q=queue) -> None:
+                when = self.world.clock.now + timedelta(seconds=30)
+                self.world.at(when, "lock timeout", lambda: (self.bus.release(q, m, t, "lock timed out"), self._pump(q)))
+
+            self.world.spawn(f"{self._consumer_name(queue)}:{msg.message_id}",
+                             lambda d=delivery: self._handle(d), on_crash=lost)
+
+    def _consumer_name(self, queue: str) -> str:
+        return {"orders": "submit", "agent-requests": "agent", "agent-responses": "bridge"}[queue]
+
+    async def _handle(self, d: Delivery) -> None:
+        try:
+            if d.queue == "agent-requests":
+                self._check_deadline(d)
+                await self.processor.process(d.body, SimSettlement(d), message_id=d.message_id)
+            elif d.queue == "agent-responses":
+                outcome = await bridge_reply(d.body, self.durable, Alerts(self.publisher))
+                settle(d, SimActions(d), outcome)
+            else:
+                spec = self.functions[d.queue]
+                kwargs = {spec.trigger["name"]: d}
+                for name, annotation in spec.params.items():
+                    if "MessageActions" in str(annotation):
+                        kwargs[name] = SimActions(d)
+                await call_function(spec, kwargs)
+        except Crash:
+            raise
+        except Exception:
+            # The host: a function that raised leaves the message to its lock
+            # (abandon); a settlement on a lost lock raised on its own.
+            self.bus.release(d.queue, d.msg, d.token, "function raised")
+            raise
+        finally:
+            self.world.at(self.world.clock.now, "pump", lambda: self._pump(d.queue))
+
+    def _check_deadline(self, d: Delivery) -> None:
+        """Defect-7 check: the agent's deadline is the record's CompleteBy for that step."""
+        try:
+            req = json.loads(d.body)
+        except ValueError:
+            return
+        if req.get("Action") != "do":
+            return
+        doc = self.state_c.docs.get((req["OrderID"], req["OrderID"]))
+        if not doc or doc.get("LockedBy") != req["InstanceId"] or doc.get("ProcessState") != "Processing":
+            return
+        step = (doc.get("Steps") or {}).get(req["Step"]) or {}
+        deadline = datetime.fromisoformat(req["Deadline"])
+        complete_by = doc.get("CompleteBy")
+        if complete_by and step.get("Status") == "Running" and datetime.fromisoformat(complete_by) != deadline:
+            self.deadline_mismatch.append(
+                f"{req['InstanceId']} {req['Step']}: request deadline {deadline.isoformat()} but record "
+                f"CompleteBy {complete_by}")
+
+    async def _starter_run(self) -> None:
+        await self.starter.run(self.durable)
+
+    async def _supervisor_run(self) -> None:
+        spec = next(s for s in catalog().of_type("timerTrigger") if s.name == "supervisor")
+        await call_function(spec, {spec.trigger["name"]: None})
+
+    async def _operator(self, oid: str, action: str, tries: int = 6) -> None:
+        """An operator acts at a random moment; one who is refused (the order
+        is not in a state the action applies to yet) looks again a minute later."""
+        now = self.world.now_for("operator")()
+        transition = {"resubmit": lambda r: sm.resubmit(r, now),
+                      "compensate": lambda r: sm.request_compensation(r, now)}[action]
+        try:
+            await self.store.update(oid, transition, ANY_OWNER)
+            self.world.log(f"operator {action} {oid}")
+            self.operator_done.add((oid, action))
+        except (sm.IllegalTransition, DomainError) as exc:
+            self.world.log(f"operator {action} {oid} refused: {type(exc).__name__}")
+            if tries > 1:
+                self.operator_pending += 1
+                self.world.at(self.world.clock.now + timedelta(seconds=60), "operator",
+                              lambda: self.world.spawn(f"operator:{oid}",
+                                                       lambda: self._operator(oid, action, tries - 1)))
+        finally:
+            self.operator_pending -= 1
+
+    def _ticks(self, name: str, period: float, fn, until: datetime, copies: int = 1) -> None:
+        """A timer trigger: every `period`; after the host was down, it fires
+        once on return and goes on from there (as a missed timer does)."""
+        def tick(t: datetime) -> None:
+            for c in range(copies):
+                self.world.spawn(f"{name}{c}", fn)
+            nxt = max(t + timedelta(seconds=period), self.world.clock.now)
+            if nxt <= self.until:
+                self.world.at(nxt, name, lambda: tick(nxt))
+
+        first = START + timedelta(seconds=self.world.data_rng.uniform(0, period))
+        self.world.at(first, name, lambda: tick(first))
+
+    # --- the schedule
+    def idle(self) -> bool:
+        if len(self.submitted) < len(self.order_ids) or self.operator_pending:
+            return False
+        for oid in self.order_ids:
+            doc = self.state_c.docs.get((oid, oid))
+            if doc is None:
+                if any(m.message_id.endswith(oid) or oid.encode() in m.body for m in self.bus.queue("orders").messages):
+                    return False
+                continue
+            if doc["ProcessState"] not in TERMINAL_STATUS or doc.get("CompensationRequested") and \
+                    doc["ProcessState"] in ("Error", "CompensationFailed"):
+                return False
+            if doc.get("PendingStatus"):
+                return False  # a terminal status still in the outbox: the Starter delivers it
+        return self._quiet()
+
+    def _quiet(self) -> bool:
+        for q in ("orders", "agent-requests", "agent-responses"):
+            if self.bus.queue(q).messages:
+                return False
+        return not any(i.status in ("Pending", "Running") for i in self.durable.instances.values())
+
+    def fixed_point(self) -> bool:
+        """Nothing can change any more: no message, instance or operator is
+        pending, no write happened for three Supervisor periods, and every
+        deadline in the store (CompleteBy, NotBefore) passed long enough ago for
+        the Starter and the Supervisor to have acted on it. Then waiting out the
+        rest of the liveness bound would only repeat the same empty runs."""
+        if len(self.submitted) < len(self.order_ids) or self.operator_pending or not self._quiet():
+            return False
+        now = self.world.clock.now
+        settle = timedelta(seconds=3 * SUPERVISOR_PERIOD + STARTER_PERIOD) + SLACK
+        if self.last_write is not None and now - self.last_write < settle:
+            return False
+        for doc in self.state_c.docs.values():
+            for name in ("CompleteBy", "NotBefore"):
+                if doc.get(name) and datetime.fromisoformat(doc[name]) + settle > now:
+                    return False
+            pending = doc.get("PendingStatus")
+            if pending and datetime.fromisoformat(pending["At"]) + STATUS_GRACE + settle > now:
+                return False
+        # The index Supervisor works through its entries a page per run: while
+        # one of a Processing record is left, it still has work (a small page
+        # and many entries can take longer than the settle time).
+        for entry in self.index_c.docs.values():
+            doc = self.state_c.docs.get((entry["OrderID"], entry["OrderID"]))
+            if doc and doc.get("ProcessState") == "Processing":
+                return False
+        return True
+
+    async def run(self) -> None:
+        w, o = self.world, self.o
+        f = o.faults
+        fault_end = START + timedelta(seconds=o.fault_window)
+        self.bound = liveness_bound(o)
+        end = fault_end + self.bound
+        if f.host_outage and w.faults.draw(1.0, "host_outage"):
+            # The whole app is down for 8 days (a region outage, a lost
+            # deployment): nothing runs, then everything resumes at once.
+            at = START + timedelta(seconds=w.data_rng.uniform(30, 120))
+            w.at(at, "host outage", lambda: (setattr(w.clock, "now", w.clock.now + HOST_OUTAGE),
+                                             w.log(f"host back after {HOST_OUTAGE}")))
+            end += HOST_OUTAGE
+        self.until = end
+        for i, oid in enumerate(self.order_ids):
+            at = w.data_rng.uniform(0, 3 if f.burst else 60)
+            if f.minute_edges:
+                at = 60 * (i % 3 + 1) - w.data_rng.uniform(0.001, 1.0) - o.step_timeout.total_seconds() % 60
+            w.at(START + timedelta(seconds=at), "client",
+                 lambda oid=oid: (self.submitted.add(oid), self.bus.send("orders", self._order_body(oid), oid)))
+            if w.faults.draw(f.bad_messages, "bad_message", oid):
+                w.at(START + timedelta(seconds=at + w.data_rng.uniform(0, 30)), "client",
+                     lambda oid=oid: self._bad_message(oid))
+            if w.faults.draw(f.operator, "operator", oid):
+                when = START + timedelta(seconds=w.data_rng.uniform(0, o.fault_window))
+                action = w.data_rng.choice(("resubmit", "compensate"))
+                self.operator_pending += 1
+                w.at(when, "operator", lambda oid=oid, a=action: w.spawn(f"operator:{oid}",
+                                                                         lambda: self._operator(oid, a)))
+        if f.throttle_storm and w.faults.draw(1.0, "throttle_storm"):
+            s = START + timedelta(seconds=w.data_rng.uniform(0, o.fault_window - 90))
+            w.faults.storms.append((s, s + timedelta(seconds=w.data_rng.uniform(30, 90))))
+        for _ in range(f.throttle_bursts):
+            if w.faults.draw(1.0, "throttle_burst"):
+                s = START + timedelta(seconds=w.data_rng.uniform(0, o.fault_window))
+                w.faults.storms.append((s, s + timedelta(seconds=w.data_rng.uniform(2, 6))))
+        if f.outage and w.faults.draw(1.0, "outage"):
+            s = START + timedelta(seconds=w.data_rng.uniform(0, 30))
+            length = o.fault_window - 31
+            w.faults.outage = (s, s + timedelta(seconds=length), w.data_rng.choice(("inventory", "payment", "shipping")))
+        self._ticks("starter", STARTER_PERIOD, self._starter_run, end)
+        self._ticks("supervisor", SUPERVISOR_PERIOD, self._supervisor_run, end,
+                    copies=2 if f.two_supervisors and w.faults.draw(1.0, "two_supervisors") else 1)
+        consumed = ("orders", "agent-requests", "agent-responses")
+        self.bus.after_send = lambda q, when: w.at(when, "pump", lambda: self._pump(q)) if q in consumed else None
+        with _patched(self):
+            await w.run(fault_end, idle=self.idle)
+            # Faults stop here; from now on the world may also stop early at a fixed point.
+            w.faults.active = False
+            w.log("faults stop")
+            await w.run(end, idle=lambda: self.idle() or self.fixed_point())
+            # let actors still parked finish (no new ticks matter past the end)
+            self.end = w.clock.now
+        self.check()
+
+    # --- checks
+    def _statuses(self) -> dict[str, list[dict]]:
+        out: dict[str, list[dict]] = {}
+        for m in self.bus.queue(REPLY_QUEUE).sent:
+            body = json.loads(m.body)
+            out.setdefault(body["OrderID"], []).append({"Status": body["Status"], "id": m.message_id})
+        return out
+
+    def _alerted(self) -> set[str | None]:
+        return {json.loads(m.body).get("OrderID") for m in self.bus.queue("alerts").sent}
+
+    def fail(self, check: str, detail: str) -> None:
+        self.violations.append((check, detail))
+
+    def check(self) -> None:
+        statuses = self._statuses()
+        alerted = self._alerted()
+        docs = {oid: self.state_c.docs.get((oid, oid)) for oid in self.order_ids}
+        # index entries that outlive their attempt unseen
+        if self.o.scan == "index":
+            for (_, _), entry in sorted(self.index_c.docs.items()):
+                doc = docs.get(entry["OrderID"])
+                if doc and doc["ProcessState"] == "Processing" and doc.get("CompleteBy") == \
+                        _cosmos(entry["CompleteBy"]) and datetime.fromisoformat(entry["CompleteBy"]) < \
+                        self.end - timedelta(seconds=3 * SUPERVISOR_PERIOD) - SLACK:
+                    self.fail("index entry outlived its attempt unseen",
+                              f"{entry['id']} (bucket {entry['bucket']}) never recovered")
+        for detail in self.live_entry_deleted[:1]:
+            self.fail("index entry of a live attempt kept", detail)
+        # 8 liveness
+        for oid, doc in docs.items():
+            if doc is None:
+                dead = [m for m in self.bus.queue("orders").dead if m.message_id == oid]
+                if dead:
+                    if oid not in alerted or not statuses.get(oid):
+                        self.fail("dead-lettered silently",
+                                  f"{oid}: {dead[0].dead_letter_reason}, alert={oid in alerted}, "
+                                  f"statuses={[s['Status'] for s in statuses.get(oid, [])]}")
+                elif any(m.message_id == oid for m in self.bus.queue("orders").sent):
+                    self.fail("liveness", f"{oid}: submitted but no record after the bound {self.bound}")
+                continue
+            state = doc["ProcessState"]
+            if state not in TERMINAL_STATUS:
+                self.fail("liveness", f"{oid} still {state} (FailureCount {doc.get('FailureCount')}) at "
+                                      f"{self.world.stamp()}: nothing changes any more, and the bound is "
+                                      f"{self.bound} after faults stop")
+                continue
+            want = TERMINAL_STATUS[state]
+            got = [s for s in statuses.get(oid, []) if s["Status"] == want]
+            ids = sorted({s["id"] for s in got})
+            if len(ids) > 1 and not any(o == oid for o, _ in self.operator_done):
+                self.fail("terminal status sent once (one message id)", f"{oid}: {want} sent as {ids}")
+            if not got:
+                self.fail("terminal status reaches the reply queue",
+                          f"{oid} is {state} but no {want} status was sent "
+                          f"(sent: {[s['Status'] for s in statuses.get(oid, [])]})")
+        # 5 bounded retries
+        for oid, doc in docs.items():
+            if doc and doc.get("FailureCount", 0) > self.o.retry.max_failures:
+                self.fail("5 FailureCount bounded", f"{oid}: {doc['FailureCount']} > {self.o.retry.max_failures}")
+        # 2 no side effect twice
+        for key, count in sorted(self.remote.ledger.effects.items()):
+            if count > 1:
+                self.fail("2 side effect applied once", f"{key} applied {count} times")
+        # 7 side effects kept / undone / named with an alert
+        net: Counter[tuple[str, str]] = Counter()
+        for key, count in self.remote.ledger.effects.items():
+            order, step, op = key.split("|")
+            forward = op.split("/")[1] in ("reserve", "charge", "arrange")
+            net[(order, step)] += count if forward else -count
+        for (order, step), n in sorted(net.items()):
+            if n <= 0:
+                continue
+            doc = docs.get(order)
+            state = doc["ProcessState"] if doc else None
+            if state == "Processed" or state not in TERMINAL_STATUS:
+                continue
+            if state == "Compensated":
+                self.fail("7 side effects undone by compensation", f"{order}: {step} still applied on a "
+                                                                   f"Compensated order")
+            elif state in ("Error", "CompensationFailed"):
+                named = step in (doc.get("Steps") or {}) and (doc["Steps"][step].get("Status") != "NotStarted") \
+                    or any(c.get("Step") == step for c in doc.get("Compensation") or [])
+                if not named or order not in alerted:
+                    self.fail("7 side effect named on the record with an alert",
+                              f"{order}: {step} applied; named={named} alerted={order in alerted}")
+            else:
+                self.fail("7 side effects kept only by Processed", f"{order}: {step} applied, order {state}")
+        # a permanent answer is never asked again by a later attempt (defect 3)
+        permanent = {}
+        for key, op, token, outcome in self.remote.calls:
+            resubmitted = (key.partition("/")[0], "resubmit") in self.operator_done
+            if (key, op) in permanent and token > permanent[(key, op)] and not resubmitted:
+                self.fail("permanent failure not retried",
+                          f"{op} {key} answered permanently to attempt {permanent[(key, op)]}, "
+                          f"called again by attempt {token}")
+                permanent[(key, op)] = 10**9
+            if outcome == "permanent" and not op.endswith(("release", "refund", "cancel")) \
+                    and self._acted_on(key.partition("/")[0], key.partition("/")[2], token):
+                permanent.setdefault((key, op), token)
+        for detail in self.lost_requests[:1]:
+            self.fail("a restarted orchestration's requests are delivered", detail)
+        for detail in self.deadline_mismatch[:1]:
+            self.fail("one deadline travels everywhere", detail)
+        # false CompensationFailed: every undo the log calls failed did succeed remotely
+        for oid, doc in docs.items():
+            if doc and doc["ProcessState"] == "CompensationFailed":
+                failed = [c["Step"] for c in doc.get("Compensation") or [] if c.get("Outcome") == "Failed"]
+                answered = {k.split("/", 1)[1] for k, op, _, out in self.remote.calls
+                            if k.startswith(oid + "/") and out == "ok" and op.endswith(("release", "refund", "cancel"))}
+                if failed and all(s in answered for s in failed):
+                    self.fail("no false CompensationFailed",
+                              f"{oid}: undo of {failed} succeeded remotely, record says CompensationFailed")
+        # rejected orders are not written to the orders DB
+        for oid, doc in docs.items():
+            if doc and doc["ProcessState"] == "Rejected" and (oid, oid) in self.orders_c.docs:
+                self.fail("rejected order not kept", f"{oid} is Rejected but in the orders DB")
+        # 6 supervisor cost bounded by its page size
+        limit = 4 * self.o.page_size + MAX_BUCKETS_PER_PAGE + 12  # the index walks empty buckets too
+        for cost in self.supervisor_costs:
+            if cost > limit:
+                self.fail("6 supervisor cost bounded by page size", f"a run made {cost} requests > {limit}")
+                break
+        # 4 every dead-lettered message has a reason; a bad submission is alerted, nothing overwritten
+        kinds = Counter(json.loads(m.body).get("Kind") for m in self.bus.queue("alerts").sent)
+        for q in self.bus.queues.values():
+            for m in q.dead:
+                if not m.dead_letter_reason:
+                    self.fail("4 dead-lettered with a reason", f"{q.name} {m.message_id}")
+        for mid, kind in sorted(self.bad.items()):
+            oid = mid.split("/")[0]
+            dead = [m for m in self.bus.queue("orders").dead if m.message_id == mid]
+            if not dead:
+                if any(m.message_id == mid for m in self.bus.queue("orders").messages):
+                    self.fail("4 bad submission dead-lettered", f"{mid} ({kind}) still on the queue")
+                continue
+            reason = dead[0].dead_letter_reason
+            if reason == "MaxDeliveryCountExceeded":
+                self.fail("4 bad submission dead-lettered with a reason",
+                          f"{mid} ({kind}) dead-lettered only by the delivery count, not by its handler")
+            elif kind == "conflict" and oid not in alerted or kind != "conflict" and not kinds["InvalidMessage"]:
+                self.fail("4 bad submission alerted", f"{mid} ({kind}) dead-lettered with {reason}, no alert")
+        for oid in self.overwritten[:1]:
+            self.fail("4 nothing overwritten", f"the orders DB document of {oid} was written twice")
+
+
+_BOOKKEEPING = frozenset({"PendingStatus", "UpdatedAt", "_etag", "_ts", "_rid", "_self", "_attachments"})
+
+
+def _outbox_only(old: dict, new: dict) -> bool:
+    """A write that only clears (or counts a failed send of) the status
+    outbox: anyone who sent the status may make it (ADR 001), owner or not,
+    and it changes nothing an attempt owns."""
+    keys = (set(old) | set(new)) - _BOOKKEEPING
+    if any(old.get(k) != new.get(k) for k in keys):
+        return False
+    was, now = old.get("PendingStatus"), new.get("PendingStatus")
+    return now is None or (was is not None and now.get("MessageId") == was.get("MessageId"))
+
+
+def _outcome_of(event_input: str | None) -> str | None:
+    try:
+        value = json.loads(event_input or "null")
+        if isinstance(value, str):
+            value = json.loads(value)
+        return value.get("Outcome") if isinstance(value, dict) else None
+    except ValueError:
+        return None
+
+
+def _cosmos(iso_text: str) -> str:
+    from adapters.state_store import cosmos_time
+
+    return cosmos_time(datetime.fromisoformat(iso_text))
+
+
+@dataclass
+class Result:
+    seed: int
+    violations: list[tuple[str, str]]
+    faults: list
+    trace: list[str]
+    rows: Counter
+    counters: Counter
+    bound: timedelta
+    options: Options
+
+
+def run_schedule(seed: int, orders: int = 3, drop: frozenset[int] = frozenset(),
+                 version: str | None = None) -> Result:
+    logging.disable(logging.CRITICAL)
+    warnings.filterwarnings("ignore", message="Potential duplicate Task completion")
+    sim = Simulation(seed, orders, drop, version=version)
+    loop = asyncio.new_event_loop()
+    try:
+        loop.run_until_complete(sim.run())
+    finally:
+        loop.close()
+    return Result(seed, sim.violations, sim.world.faults.injected, sim.world.trace, sim.rows,
+                  sim.world.counters, sim.bound, sim.o)
+
+
+__all__ = ["ROWS", "Options", "Result", "Simulation", "liveness_bound", "options_for", "run_schedule", "replace"]

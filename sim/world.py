@@ -1,0 +1,288 @@
+"""The simulated world: one virtual clock, a deterministic scheduler of actor
+tasks, the fault plan drawn from the seed, and the trace.
+
+Every call the product makes into a simulated world (a Cosmos operation, a
+Service Bus send, a remote call, an agent's sleep) is an await point: the actor
+parks there and the scheduler, using the seed's random stream, picks which
+parked actor runs next, when virtual time moves, and whether the actor crashes
+at that point instead (`Crash`, a BaseException, so product code cannot catch it
+as it could not catch a `kill -9`)."""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import os
+import random
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+
+
+class Crash(BaseException):
+    """The actor's process died at this await point."""
+
+
+class SimulatorError(Exception):
+    """A bug in the simulator, not in the product: the run stops."""
+
+
+_SIM_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+def _raised_in_simulator(exc: BaseException) -> bool:
+    """The innermost frame of the traceback is simulator code (a fake's own
+    bug), not product code that the fake made fail on purpose: fakes raise
+    their faults as the real SDK exceptions from a raise statement inside sim/,
+    so only errors other than the ones a fake raises on purpose count."""
+    tb = exc.__traceback__
+    last = None
+    while tb is not None:
+        last = tb
+        tb = tb.tb_next
+    if last is None:
+        return False
+    in_sim = os.path.dirname(os.path.abspath(last.tb_frame.f_code.co_filename)) == _SIM_DIR
+    return in_sim and isinstance(exc, AttributeError | TypeError | KeyError | NameError | IndexError | ValueError)
+
+
+START = datetime(2026, 11, 30, 8, 0, 0, tzinfo=UTC)
+
+
+class Clock:
+    def __init__(self, start: datetime) -> None:
+        self.now = start
+
+    def at(self, skew: float) -> datetime:
+        return self.now + timedelta(seconds=skew)
+
+
+@dataclass
+class FaultConfig:
+    """Which faults a schedule draws, and how often (all from the seed)."""
+
+    crash: float = 0.0  # per await point
+    duplicate: float = 0.0  # per message sent
+    delay: float = 0.0  # per message sent: delivered up to 20 s late (reorders)
+    lock_expiry: float = 0.0  # per delivery: lock lost while the handler runs
+    throttle_storm: bool = False  # one 30-90 s storm of 429s on the stores
+    throttle_bursts: int = 0  # short bursts (2-6 s) of 429s at random moments
+    host_outage: bool = False  # the whole app down for 8 days (longer than the query's look-back)
+    send_fail: float = 0.0  # per status / alert / reply send
+    decline: float = 0.0  # per order: payment declined permanently, message 0-4 KB
+    outage: bool = False  # one downstream outage longer than the retry budget
+    lag: float = 0.0  # per read of a document with a previous version
+    duplicate_activity: float = 0.0  # per activity: delivered twice
+    two_supervisors: bool = False
+    operator: float = 0.0  # per order: an operator action at a random moment
+    skew: float = 0.0  # max per-actor clock skew, seconds
+    minute_edges: bool = False  # orders submitted just before minute boundaries
+    burst: bool = False  # every order submitted within 3 s (admission control)
+    bad_messages: float = 0.0  # per order: a conflicting copy, a malformed body or an AMQP value body
+
+
+@dataclass
+class Fault:
+    index: int
+    kind: str
+    at: str
+    detail: str = ""
+
+    def line(self) -> str:
+        return f"#{self.index} {self.at} {self.kind} {self.detail}".rstrip()
+
+
+class Faults:
+    """Every fault decision goes through `draw`, which consumes the fault RNG
+    the same way whether or not the fault is dropped (shrinking), so dropping
+    one fault leaves the others where they were."""
+
+    def __init__(self, world: World, rng: random.Random, config: FaultConfig, drop: frozenset[int]) -> None:
+        self.world = world
+        self.rng = rng
+        self.config = config
+        self.drop = drop
+        self.injected: list[Fault] = []
+        self.count = 0
+        self.active = True
+        self.storms: list[tuple[datetime, datetime]] = []
+        self.outage: tuple[datetime, datetime, str] | None = None
+
+    def draw(self, probability: float, kind: str, detail: str = "") -> bool:
+        if probability <= 0:
+            return False
+        hit = self.rng.random() < probability
+        if not hit or not self.active:
+            return False
+        index = self.count
+        self.count += 1
+        if index in self.drop:
+            return False
+        self.injected.append(Fault(index, kind, self.world.stamp(), detail))
+        return True
+
+    def cosmos_throttle(self, container: str) -> int | None:
+        now = self.world.clock.now
+        if self.active and any(a <= now < b for a, b in self.storms):
+            self.world.counters["throttled"] += 1
+            return 1000
+        return None
+
+    def session_lag(self, container: str) -> bool:
+        return self.draw(self.config.lag, "session_lag", container)
+
+
+@dataclass(order=True)
+class _Parked:
+    ready_at: datetime
+    seq: int
+    name: str = field(compare=False)
+    label: str = field(compare=False)
+    future: asyncio.Future = field(compare=False)
+    task: asyncio.Task = field(compare=False)
+
+
+class World:
+    def __init__(self, seed: int, config: FaultConfig, drop: frozenset[int] = frozenset()) -> None:
+        self.seed = seed
+        self.rng = random.Random(f"sched/{seed}")
+        self.data_rng = random.Random(f"data/{seed}")
+        self.clock = Clock(START)
+        self.faults = Faults(self, random.Random(f"faults/{seed}"), config, drop)
+        self.trace: list[str] = []
+        self.counters: Counter[str] = Counter()
+        self._parked: list[_Parked] = []
+        self._names: dict[asyncio.Task, str] = {}
+        self._events: list[tuple[datetime, int, str, Callable[[], None]]] = []
+        self._seq = 0
+        self.skews: dict[str, float] = {}
+        self._crash_ok: dict[asyncio.Task, bool] = {}
+        self._new: list[asyncio.Task] = []
+        self._parked_tasks: set[asyncio.Task] = set()
+        self.error: SimulatorError | None = None
+
+    # --- time and trace
+    def stamp(self) -> str:
+        return f"t+{(self.clock.now - START).total_seconds():.3f}"
+
+    def log(self, text: str) -> None:
+        self.trace.append(f"{self.stamp()} {text}")
+
+    def skew(self, actor: str) -> float:
+        if actor not in self.skews:
+            bound = self.faults.config.skew
+            self.skews[actor] = round(self.data_rng.uniform(-bound, bound), 3) if bound else 0.0
+        return self.skews[actor]
+
+    def now_for(self, actor: str) -> Callable[[], datetime]:
+        return lambda: self.clock.at(self.skew(actor))
+
+    # --- events (timers of the world)
+    def at(self, when: datetime, label: str, fn: Callable[[], None]) -> None:
+        self._seq += 1
+        heapq.heappush(self._events, (when, self._seq, label, fn))
+
+    # --- actors
+    def spawn(self, name: str, make: Callable[[], Awaitable[None]], on_crash: Callable[[], None] | None = None,
+              crashable: bool = True) -> None:
+        async def actor() -> None:
+            await asyncio.sleep(0)
+            try:
+                await make()
+            except Crash:
+                self.log(f"CRASH {name}")
+                self.counters["crash"] += 1
+                if on_crash is not None:
+                    on_crash()
+            except Exception as exc:  # the host logs a function's exception and goes on
+                if _raised_in_simulator(exc):
+                    self.error = SimulatorError(f"{name}: the simulator itself raised {exc!r}")
+                    self.error.__cause__ = exc
+                    return
+                self.log(f"{name} raised {type(exc).__name__}: {str(exc)[:120]}")
+                self.counters["raised"] += 1
+                if on_crash is not None:
+                    on_crash()
+
+        task = asyncio.get_running_loop().create_task(actor())
+        self._names[task] = name
+        self._crash_ok[task] = crashable
+        self._new.append(task)
+
+    async def point(self, label: str, delay: float | None = None) -> None:
+        task = asyncio.current_task()
+        name = self._names.get(task)
+        if name is None:
+            return  # setup and checks run outside the actors
+        if delay is None:
+            delay = self.rng.choice((0.0, 0.0, 0.005, 0.02, 0.1))
+        fut = asyncio.get_running_loop().create_future()
+        self._seq += 1
+        self._parked.append(_Parked(self.clock.now + timedelta(seconds=delay), self._seq, name, label, fut, task))
+        self._parked_tasks.add(task)
+        await fut
+
+    async def _settle(self, task: asyncio.Task) -> None:
+        for _ in range(10_000):
+            if self.error is not None:
+                raise self.error
+            if task.done() or task in self._parked_tasks:
+                if self.error is not None:
+                    raise self.error
+                return
+            await asyncio.sleep(0)
+        raise RuntimeError(f"actor {self._names.get(task)} neither parked nor finished")
+
+    async def run(self, until: datetime, idle: Callable[[], bool] | None = None) -> None:
+        """Run actors and events until `until`, or until nothing is left to do
+        and `idle()` says the world is quiet."""
+        while True:
+            while self._new:
+                task = self._new.pop(0)
+                await self._settle(task)
+            now = self.clock.now
+            ready = [p for p in self._parked if p.ready_at <= now]
+            if ready:
+                if len(ready) > 1:
+                    ready.sort()
+                chosen = ready[self.rng.randrange(len(ready))] if len(ready) > 1 else ready[0]
+                self._parked.remove(chosen)
+                self._parked_tasks.discard(chosen.task)
+                if self._crash_ok.get(chosen.task) and self.faults.draw(
+                    self.faults.config.crash, "crash", f"{chosen.name} at {chosen.label}"
+                ):
+                    chosen.future.set_exception(Crash())
+                else:
+                    chosen.future.set_result(None)
+                await self._settle(chosen.task)
+                if chosen.task.done():
+                    self._names.pop(chosen.task, None)
+                    self._crash_ok.pop(chosen.task, None)
+                continue
+            if self._events and self._events[0][0] <= self.clock.now:
+                _, _, label, fn = heapq.heappop(self._events)
+                fn()
+                continue
+            nexts = [p.ready_at for p in self._parked]
+            if self._events:
+                nexts.append(self._events[0][0])
+            if not nexts:
+                return
+            upcoming = min(nexts)
+            if upcoming > until:
+                self.clock.now = max(self.clock.now, until)
+                return
+            if not self._parked and idle is not None and idle():
+                return
+            self.clock.now = max(self.clock.now, upcoming)
+
+    def pending_actors(self) -> int:
+        return len(self._parked)
+
+
+def utc(ts: datetime) -> datetime:
+    return ts.astimezone(UTC)
+
+
+__all__ = ["Clock", "Crash", "Fault", "FaultConfig", "Faults", "START", "World", "utc"]

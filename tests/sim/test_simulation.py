@@ -1,0 +1,225 @@
+"""The seeded simulation (sim/): determinism, the happy path, the regression
+seeds of every schedule that ever failed, and a bulk run of 1,000 schedules.
+
+Regression seeds whose defect is fixed (`"fixed": true` in sim/regressions.json)
+run as plain cases and must stay clean; the others are strict xfails naming
+the defect they show, so its fix turns them into an unexpected pass (then set
+`"fixed": true`). An entry may name the workflow `version` it runs (default:
+host.json's defaultVersion)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from sim.system import Options, Simulation, run_schedule
+from sim.world import FaultConfig
+
+REGRESSIONS = json.loads((Path(__file__).parents[2] / "sim" / "regressions.json").read_text())
+
+# The check each defect of issue 11 breaks first (sim/system.py, Simulation.check).
+DEFECT_OF_CHECK = {
+    "index entry outlived its attempt unseen": "defect 1: recovery-index cursor passes entries at a minute rollover",
+    "7 side effects undone by compensation": "defect 2: compensation skips Running/Failed steps",
+    "permanent failure not retried": "defect 3: a long provider message fails the Failed write",
+    "rejected order not kept": "defect 4: a rejected order is written to the orders DB",
+    "dead-lettered silently": "defect 5: a throttling storm dead-letters orders silently",
+    "terminal status reaches the reply queue": "defect 4/6: a terminal status is lost when its send fails",
+    "7 side effect named on the record with an alert": "defect 6: a failed alert send is only logged",
+    "4 bad submission alerted": "defect 6: a failed alert send is only logged",
+    "one deadline travels everywhere": "defect 7: CompleteBy differs from the timer and agent deadline",
+    "no false CompensationFailed": "defect 8 (restarted compensation reused message ids), and new: a late success "
+                                   "of an earlier undo try is ignored (seeds 1377, 1594)",
+    "a restarted orchestration's requests are delivered": "defect 8: a restarted compensation reuses its message ids",
+    "4 bad submission dead-lettered with a reason": "defect 10: an AMQP value body raises instead of being dead-lettered",
+    "index entry of a live attempt kept": "new: the index source discards a live entry after a lagging read",
+    "liveness": "defects 1/5/6 and a lagging read in the index source: an order never reaches a terminal state",
+}
+
+# Checks still broken on this branch by defects whose fix lies in files another
+# developer owns (issue 11 defects 4, 5, 10 and Submit's alerts: submit/ and
+# adapters/settlement.py, on branch wt-hostile). Every other check must hold.
+PENDING_ELSEWHERE = {
+    "dead-lettered silently",
+    "rejected order not kept",
+    "4 bad submission dead-lettered with a reason",
+    "4 bad submission alerted",
+}
+
+
+def _pending_elsewhere(violations) -> bool:
+    """Only Submit's pending defects: every broken check is one of those, and
+    a lost terminal status is only ever a Rejected one (Submit's)."""
+    for check, detail in violations:
+        if check in PENDING_ELSEWHERE:
+            continue
+        if check == "terminal status reaches the reply queue" and " is Rejected " in detail:
+            continue
+        return False
+    return True
+
+
+def _run(seed: int, orders: int, options: Options | None = None) -> Simulation:
+    import asyncio
+    import logging
+
+    logging.disable(logging.CRITICAL)
+    sim = Simulation(seed, orders, options=options)
+    loop = asyncio.new_event_loop()
+    try:
+        loop.run_until_complete(sim.run())
+    finally:
+        loop.close()
+    return sim
+
+
+def test_same_seed_same_trace_byte_for_byte():
+    # A seed with crashes, duplicates, delays and lock expiries in it.
+    first = run_schedule(7, 2)
+    second = run_schedule(7, 2)
+    assert len(first.faults) > 0
+    assert "\n".join(first.trace).encode() == "\n".join(second.trace).encode()
+    assert [f.line() for f in first.faults] == [f.line() for f in second.faults]
+    assert first.violations == second.violations
+    assert "\n".join(run_schedule(8, 2).trace) != "\n".join(first.trace)
+
+
+def test_same_seed_same_output_across_processes():
+    """Byte for byte, in fresh processes with different hash seeds (set and
+    dict orders, uuids and wall-clock time must not leak into a schedule)."""
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).parents[2]
+    outputs = []
+    for hash_seed in ("1", "2"):
+        env = dict(os.environ, PYTHONHASHSEED=hash_seed)
+        done = subprocess.run([sys.executable, "-m", "sim", "--seed", "42", "--orders", "3"], cwd=root, env=env,
+                              capture_output=True, timeout=300)
+        # The one line that is a measurement of this machine, not of the schedule.
+        outputs.append(b"\n".join(line for line in done.stdout.splitlines() if b"schedules/s" not in line))
+    assert b"bus alerts +alert/" in outputs[0]  # random ids of the product are drawn from the seed too
+    assert outputs[0] == outputs[1]
+
+
+def test_dropping_a_fault_keeps_the_schedule_before_it():
+    """Shrinking relies on this: leaving a fault out changes nothing before it."""
+    full = run_schedule(7, 2)
+    middle = full.faults[len(full.faults) // 2]
+    dropped = run_schedule(7, 2, frozenset({middle.index}))
+    assert middle.index not in {f.index for f in dropped.faults}
+    before = [f.line() for f in full.faults if f.index < middle.index]
+    assert [f.line() for f in dropped.faults if f.index < middle.index] == before
+    cut = next(i for i, line in enumerate(full.trace) if line.startswith(middle.at + " "))
+    assert dropped.trace[:cut] == full.trace[:cut]
+
+
+def test_happy_path_processes_every_order_and_reports_it():
+    sim = _run(1, 3, Options(orders=3, faults=FaultConfig()))
+    states = {oid: sim.state_c.docs[(oid, oid)]["ProcessState"] for oid in sim.order_ids}
+    assert set(states.values()) == {"Processed"}
+    statuses = sim._statuses()
+    for oid in sim.order_ids:
+        assert "Processed" in [s["Status"] for s in statuses[oid]]
+    assert sim.rows["1"] == 3 and sim.rows["2"] == 3 and sim.rows["4"] == 3
+    # Every step applied once on the remote service, none undone.
+    assert sum(sim.remote.ledger.effects.values()) == 3 * 3
+    assert sim.violations == []
+
+
+@pytest.mark.parametrize("version", ["2.0", "1.1"])
+def test_happy_path_one_deadline(version):
+    sim = _run(1, 3, Options(orders=3, faults=FaultConfig(), version=version))
+    assert {i.version for i in sim.durable.instances.values()} == {version}
+    assert sim.violations == []
+
+
+def test_new_attempts_run_host_json_default_version_with_the_starters_input():
+    from sim.durable import default_version
+
+    sim = _run(1, 1, Options(orders=1, faults=FaultConfig()))
+    (instance,) = sim.durable.instances.values()
+    assert instance.version == default_version() == "2.0"
+    given = json.loads(instance.input)
+    assert given["Record"]["LockedBy"] == instance.instance_id and given["Etag"]
+    # 2.0's happy path: begin + one advance per further step + finish.
+    from devstack.host.durable import TASK_SCHEDULED
+
+    scheduled = [e["Name"] for e in instance.history if e["EventType"] == TASK_SCHEDULED]
+    assert scheduled == ["begin_attempt", "advance_attempt", "advance_attempt", "advance_attempt"]
+
+
+def test_checks_can_fail():
+    """A check that cannot fail is no check: break the world and see it fire."""
+    sim = _run(1, 1, Options(orders=1, faults=FaultConfig()))
+    doc = sim.state_c.docs[(sim.order_ids[0], sim.order_ids[0])]
+    doc["ProcessState"] = "Processing"
+    sim.deadline_mismatch.clear()  # defect 7 shows on every schedule until it is fixed
+    sim.violations.clear()
+    sim.check()
+    assert [c for c, _ in sim.violations] == ["liveness"]
+    sim.remote.ledger.effects[f"{sim.order_ids[0]}|charge-payment|payment/charge"] += 1
+    doc["ProcessState"] = "Processed"
+    sim.violations.clear()
+    sim.check()
+    assert ("2 side effect applied once" in [c for c, _ in sim.violations])
+
+
+def _regression_params():
+    for entry in REGRESSIONS:
+        checks = entry.get("checks_now") or entry["checks"]  # what still breaks on this branch
+        reason = "; ".join(sorted({DEFECT_OF_CHECK.get(c, c) for c in checks}))
+        marks = [] if entry.get("fixed") else [pytest.mark.xfail(strict=True, reason=reason)]
+        version = entry.get("version")
+        tag = f"-v{version}" if version else ""
+        yield pytest.param(entry["seed"], entry["orders"], version,
+                           id=f"seed{entry['seed']}{tag}-{entry['check'][:30]}", marks=marks)
+
+
+@pytest.mark.parametrize(("seed", "orders", "version"), list(_regression_params()))
+def test_regression_seed(seed, orders, version):
+    result = run_schedule(seed, orders, version=version)
+    assert result.violations == []
+
+
+def _bulk(seeds, orders: int, version: str | None = None):
+    import time
+    from collections import Counter
+
+    started = time.perf_counter()
+    broken: Counter[str] = Counter()
+    first: dict[str, int] = {}
+    elsewhere: Counter[str] = Counter()
+    for seed in seeds:
+        violations = run_schedule(seed, orders, version=version).violations
+        if violations and _pending_elsewhere(violations):
+            for check in {c for c, _ in violations}:
+                elsewhere[check] += 1
+                first.setdefault(check, seed)
+            continue
+        for check in {c for c, _ in violations}:
+            broken[check] += 1
+            first.setdefault(check, seed)
+    elapsed = time.perf_counter() - started
+    n = len(seeds)
+    print(f"{n} schedules (version {version or 'default'}) in {elapsed:.1f} s ({n / elapsed:.1f} schedules/s)")
+    assert broken == {}, "broken checks (check: schedules, first seed): " + "; ".join(
+        f"{c}: {k}, seed {first[c]} --orders {orders}" for c, k in broken.most_common())
+    if elsewhere:
+        pytest.xfail("only Submit's defects pending on wt-hostile: " + "; ".join(
+            f"{c} ({k} schedules, first seed {first[c]} --orders {orders})" for c, k in elsewhere.most_common()))
+
+
+def test_thousand_schedules():
+    """1,000 seeded one-order schedules on the default version (2.0): no check
+    may break. A schedule broken only by Submit's defects whose fix is on
+    another branch is counted and reported (xfail) instead."""
+    _bulk(range(100_001, 101_001), 1)
+
+
+def test_schedules_on_version_1_1():
+    """Attempts already in flight on 1.1 keep its guarantees: 200 schedules."""
+    _bulk(range(200_001, 200_201), 1, "1.1")

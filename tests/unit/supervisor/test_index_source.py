@@ -1,0 +1,165 @@
+"""IndexSource (supervisor/sources.py) against reads that lag the latest write.
+
+Under Session consistency another client's read may return an older version of
+a record. The Supervisor's index source must never remove the index entry of a
+live attempt on such a read: that attempt would then never be recovered
+(found by the seeded simulation, seed 157 --orders 3; earlier seed 65). The
+index and the state store are the real adapters over the simulation's
+in-memory container."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime, timedelta
+
+from adapters.recovery_index import CosmosRecoveryIndex
+from adapters.state_store import CosmosStateStore
+from domain import state_machine as sm
+from domain.models import OrderState, OrderSubmitted, ProcessState
+from sim.cosmos import SimContainer
+from sim.world import FaultConfig, World
+from supervisor.sources import IndexSource
+
+T0 = datetime(2026, 11, 30, 8, 0, tzinfo=UTC)
+POLICY = sm.RetryPolicy(threshold=2, long_retries=0, claim_timeout=timedelta(seconds=30))
+
+
+def _order(oid: str) -> OrderSubmitted:
+    return OrderSubmitted.model_validate({
+        "OrderID": oid, "AppId": "webshop", "ReplyTo": "replies-webshop",
+        "Customer": {"CustomerId": "C-7"}, "Lines": [{"Sku": "S", "Quantity": 1, "UnitPrice": "1.00"}],
+        "Total": "1.00"})
+
+
+class LaggingStore:
+    """The state store, except that `read` returns a version captured earlier
+    (what a read by another session may see)."""
+
+    def __init__(self, store: CosmosStateStore) -> None:
+        self._store = store
+        self.old: tuple[OrderState, str] | None = None
+
+    def __getattr__(self, name):
+        return getattr(self._store, name)
+
+    async def read(self, order_id: str) -> tuple[OrderState, str]:
+        return self.old if self.old is not None else await self._store.read(order_id)
+
+
+async def _claimed_with_index():
+    world = World(1, FaultConfig())
+    state = SimContainer(world, "state", "/id")
+    index_c = SimContainer(world, "index", "/bucket")
+    store = CosmosStateStore(state)
+    index = CosmosRecoveryIndex(index_c)
+    lagging = LaggingStore(store)
+    await store.create_if_absent(sm.new_record(_order("A"), T0, []))
+    lagging.old = await store.read("A")  # Pending, Attempt 0: the version before the claim
+    # As the Starter does: index the attempt's deadline, then claim.
+    await index.add("A", T0 + timedelta(seconds=20), 1)
+    claimed = await store.claim("A", T0, POLICY)
+    assert claimed.ProcessState is ProcessState.PROCESSING and claimed.Attempt == 1
+    return index_c, index, store, lagging
+
+
+def test_a_lagging_read_from_before_the_claim_keeps_the_live_attempts_entry():
+    async def go():
+        index_c, index, _, lagging = await _claimed_with_index()
+        source = IndexSource(index, lagging)
+        for upper in (T0 + timedelta(seconds=10), T0 + timedelta(seconds=40)):  # not yet due; due
+            candidates, cursor, _ = await source.page(upper, 10, None)
+            assert candidates == []
+            assert [d["OrderID"] for d in index_c.docs.values()] == ["A"], upper
+            # The cursor does not pass the kept entry: the next run reads it again.
+            again, _, read = await source.page(upper, 10, cursor)
+            assert read == 1 and again == []
+
+    asyncio.new_event_loop().run_until_complete(go())
+
+
+def test_once_the_read_catches_up_the_expired_attempt_is_recovered():
+    async def go():
+        index_c, index, _, lagging = await _claimed_with_index()
+        source = IndexSource(index, lagging)
+        upper = T0 + timedelta(seconds=40)
+        _, cursor, _ = await source.page(upper, 10, None)
+        lagging.old = None
+        candidates, _, _ = await source.page(upper, 10, cursor)
+        assert [(c.record.id, c.record.Attempt) for c in candidates] == [("A", 1)]
+
+    asyncio.new_event_loop().run_until_complete(go())
+
+
+def test_entries_of_ended_or_replaced_attempts_are_still_removed():
+    async def go():
+        index_c, index, store, lagging = await _claimed_with_index()
+        source = IndexSource(index, lagging)
+        await store.update("A", lambda r: sm.mark_processed(r, "A:1", T0), "A:1")
+        lagging.old = None
+        await source.page(T0 + timedelta(seconds=10), 10, None)
+        assert index_c.docs == {}
+        # A lost claim's extra entry on a record that can never be claimed again.
+        await index.add("A", T0 + timedelta(seconds=20), 2)
+        await source.page(T0 + timedelta(seconds=10), 10, None)
+        assert index_c.docs == {}
+
+    asyncio.new_event_loop().run_until_complete(go())
+
+
+def test_a_skipped_candidate_read_from_a_lagging_version_keeps_its_entry():
+    """Seed 200 --orders 3: the source's read showed the claim's deadline (due),
+    the Supervisor's guarded update then read the live attempt's later step
+    deadline and skipped it; the entry was removed all the same, and the attempt
+    was never recovered."""
+    from reporting import Alerts, StatusReporter
+    from supervisor.supervisor import Supervisor
+    from tests.fakes import RecordingPublisher
+    from tests.unit.supervisor.test_supervisor import MemoryCheckpoints
+
+    async def go():
+        index_c, index, store, lagging = await _claimed_with_index()
+        lagging.old = await store.read("A")  # the claim's version: CompleteBy T0 + 30 s
+        step_deadline = T0 + timedelta(seconds=50)
+        await store.update("A", lambda r: r.model_copy(update={"CompleteBy": step_deadline}), "A:1")
+        now = T0 + timedelta(seconds=40)
+        bus = RecordingPublisher()
+        sup = Supervisor(store, IndexSource(index, lagging), MemoryCheckpoints(), StatusReporter(bus), Alerts(bus),
+                         POLICY, 10, slack=timedelta(seconds=5), clock=lambda: now)
+        report = await sup.run()
+        assert (report.examined, report.skipped) == (1, 1)
+        assert [d["OrderID"] for d in index_c.docs.values()] == ["A"]  # looked at again later
+        lagging.old = None
+        now = step_deadline + timedelta(seconds=10)
+        report = await sup.run()
+        assert report.recovered == 1
+        assert (await store.read("A"))[0].ProcessState is ProcessState.PENDING
+
+    asyncio.new_event_loop().run_until_complete(go())
+
+
+def test_an_entry_moved_behind_the_cursor_in_its_bucket_is_still_reached():
+    """Simulation seed 65 --orders 3 --version 1.1: an entry moved to its
+    attempt's later deadline landed in the cursor's bucket but sorted before
+    the cursor's id (ids sort by order id); the cursor then left the bucket and
+    the attempt was never recovered."""
+    async def go():
+        world = World(1, FaultConfig())
+        state, index_c = SimContainer(world, "state", "/id"), SimContainer(world, "index", "/bucket")
+        store, index = CosmosStateStore(state), CosmosRecoveryIndex(index_c)
+        for oid in ("A", "B", "C"):
+            await store.create_if_absent(sm.new_record(_order(oid), T0, []))
+            await index.add(oid, T0 + timedelta(seconds=20), 1)
+            await store.claim(oid, T0, POLICY)
+        # A's attempt lives on to a later deadline in the same minute; B and C ended.
+        await store.update("A", lambda r: r.model_copy(update={"CompleteBy": T0 + timedelta(seconds=50)}), "A:1")
+        for oid in ("B", "C"):
+            await store.update(oid, lambda r, oid=oid: sm.mark_processed(r, f"{oid}:1", T0), f"{oid}:1")
+        source = IndexSource(index, store)
+        _, cursor, _ = await source.page(T0 + timedelta(seconds=30), 2, None)  # moves A, removes B
+        found = []
+        for _ in range(3):  # the next minute: A's new deadline has passed
+            candidates, cursor, _ = await source.page(T0 + timedelta(seconds=70), 2, cursor)
+            found += [c.record.id for c in candidates]
+        assert found == ["A"]
+
+    asyncio.new_event_loop().run_until_complete(go())
