@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -39,6 +40,23 @@ from .invoke import call_function
 log = logging.getLogger("devstack.host.servicebus")
 
 SETTLE_TIMEOUT = 30.0
+
+# The SDK's async AMQP transport holds one lock for a socket read and for a write, and an
+# idle receiver reads with the connection's socket timeout (0.2 s by default). A settlement
+# (a disposition frame written on the receiving link, the only link that may settle the
+# message) therefore waits up to that long for the receive loop's read to time out, while
+# the function that asked for it waits too. A short read timeout bounds that wait; the cost
+# is an idle receiver waking this often, a few hundred microseconds of CPU per second.
+# DEVSTACK_HOST_SB_SOCKET_TIMEOUT overrides it (seconds).
+RECEIVE_SOCKET_TIMEOUT = 0.01
+
+
+def receive_socket_timeout() -> float:
+    raw = os.environ.get("DEVSTACK_HOST_SB_SOCKET_TIMEOUT")
+    try:
+        return max(0.001, float(raw)) if raw else RECEIVE_SOCKET_TIMEOUT
+    except ValueError:
+        return RECEIVE_SOCKET_TIMEOUT
 
 
 class MessageActions(SdkMessageActions):
@@ -175,7 +193,8 @@ class QueueListener:
         backoff = 1.0
         while not self._stopping:
             try:
-                async with ServiceBusClient.from_connection_string(self.connection_string) as client:
+                async with ServiceBusClient.from_connection_string(
+                        self.connection_string, socket_timeout=receive_socket_timeout()) as client:
                     receiver = client.get_queue_receiver(
                         self.queue, receive_mode=ServiceBusReceiveMode.PEEK_LOCK,
                         prefetch_count=self.options.prefetch_count,
