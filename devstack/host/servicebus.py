@@ -51,6 +51,47 @@ SETTLE_TIMEOUT = 30.0
 RECEIVE_SOCKET_TIMEOUT = 0.01
 
 
+def split_transport_locks(receiver: Any) -> bool:
+    """Let the receiver's settlements write while its receive loop waits to read.
+
+    The SDK's async AMQP transport serializes reads and writes with one lock, so a
+    disposition frame waits for the idle read in progress to time out. asyncio's stream
+    reader and writer need no such exclusion between one reader and one writer (the Service
+    Bus .NET client and the uAMQP C stack read and write a connection independently), so
+    the plain-TCP transport gets a lock of its own for writes. Writes stay serialized among
+    themselves. Returns whether the transport is (now) split; a transport of another kind,
+    or an SDK whose internals moved, is left alone and then settles after the short read
+    timeout above instead. Checked before each receive: a reconnect makes a new transport.
+    """
+    try:
+        from azure.servicebus._pyamqp._transport import _UNAVAIL, get_errno
+        from azure.servicebus._pyamqp.aio._transport_async import AsyncTransport
+
+        transport = receiver._handler._connection._transport
+    except (ImportError, AttributeError):
+        return False
+    if not isinstance(transport, AsyncTransport) or not hasattr(transport, "_write"):
+        return False
+    if getattr(transport, "_devstack_split", False):
+        return True
+    write_lock = asyncio.Lock()
+
+    async def write(data: bytes) -> None:  # AsyncTransportMixin.write, with its own lock
+        async with write_lock:
+            try:
+                await transport._write(data)
+            except TimeoutError:
+                raise
+            except OSError as exc:
+                if get_errno(exc) not in _UNAVAIL:
+                    transport.connected = False
+                raise
+
+    transport.write = write
+    transport._devstack_split = True
+    return True
+
+
 def receive_socket_timeout() -> float:
     raw = os.environ.get("DEVSTACK_HOST_SB_SOCKET_TIMEOUT")
     try:
@@ -193,11 +234,12 @@ class QueueListener:
         backoff = 1.0
         while not self._stopping:
             try:
-                async with ServiceBusClient.from_connection_string(
-                        self.connection_string, socket_timeout=receive_socket_timeout()) as client:
+                async with ServiceBusClient.from_connection_string(self.connection_string) as client:
+                    # On the receiver: the client's own socket_timeout does not reach the
+                    # receivers it makes (they fall back to the SDK's 0.2 s).
                     receiver = client.get_queue_receiver(
                         self.queue, receive_mode=ServiceBusReceiveMode.PEEK_LOCK,
-                        prefetch_count=self.options.prefetch_count,
+                        prefetch_count=self.options.prefetch_count, socket_timeout=receive_socket_timeout(),
                     )
                     async with receiver:
                         self.receiver = receiver
@@ -225,6 +267,7 @@ class QueueListener:
         while not self._stopping:
             await self.sem.acquire()
             try:
+                split_transport_locks(receiver)
                 batch = await receiver.receive_messages(max_message_count=1, max_wait_time=1)
             except BaseException:
                 self.sem.release()
