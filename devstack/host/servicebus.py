@@ -41,40 +41,49 @@ log = logging.getLogger("devstack.host.servicebus")
 
 SETTLE_TIMEOUT = 30.0
 
-# The SDK's async AMQP transport holds one lock for a socket read and for a write, and an
-# idle receiver reads with the connection's socket timeout (0.2 s by default). A settlement
-# (a disposition frame written on the receiving link, the only link that may settle the
-# message) therefore waits up to that long for the receive loop's read to time out, while
-# the function that asked for it waits too. A short read timeout bounds that wait; the cost
-# is an idle receiver waking this often, a few hundred microseconds of CPU per second.
+# How long an idle receiver's socket read lasts. The SDK's default (0.2 s) is what a
+# settlement waited for before `split_transport_locks`; with the split it no longer matters
+# for settlements, and this shorter value bounds the wait where the split cannot be applied.
 # DEVSTACK_HOST_SB_SOCKET_TIMEOUT overrides it (seconds).
-RECEIVE_SOCKET_TIMEOUT = 0.01
+RECEIVE_SOCKET_TIMEOUT = 0.05
 
 
 def split_transport_locks(receiver: Any) -> bool:
-    """Let the receiver's settlements write while its receive loop waits to read.
+    """Let the receiver's settlements go out while its receive loop waits to read.
 
     The SDK's async AMQP transport serializes reads and writes with one lock, so a
-    disposition frame waits for the idle read in progress to time out. asyncio's stream
-    reader and writer need no such exclusion between one reader and one writer (the Service
-    Bus .NET client and the uAMQP C stack read and write a connection independently), so
-    the plain-TCP transport gets a lock of its own for writes. Writes stay serialized among
-    themselves. Returns whether the transport is (now) split; a transport of another kind,
-    or an SDK whose internals moved, is left alone and then settles after the short read
-    timeout above instead. Checked before each receive: a reconnect makes a new transport.
+    disposition frame waits for the idle read in progress to time out; the settlement then
+    reads itself until the service's outcome arrives (PEEK_LOCK settles in rcv-settle-mode
+    Second). Two changes to this receiver's connection, no other:
+
+    * the plain-TCP transport gets a lock of its own for writes (asyncio's stream reader
+      and writer need no exclusion between one reader and one writer; writes stay
+      serialized among themselves);
+    * a frame read asked for while another coroutine is already reading (the receive loop)
+      waits for that read *and its dispatch* to end and reports no frame, instead of reading
+      for a whole socket timeout itself: the outcome the settlement waits for is dispatched
+      by the read in progress, and every caller re-checks its condition after an empty read,
+      as after a timeout.
+
+    Returns whether the connection is (now) split; a transport of another kind, or an SDK
+    whose internals moved, is left alone and settles within the short read timeout below.
+    Checked before each receive: a reconnect makes a new connection.
     """
     try:
         from azure.servicebus._pyamqp._transport import _UNAVAIL, get_errno
         from azure.servicebus._pyamqp.aio._transport_async import AsyncTransport
 
-        transport = receiver._handler._connection._transport
+        connection = receiver._handler._connection
+        transport = connection._transport
+        sdk_read_frame = connection._read_frame
     except (ImportError, AttributeError):
         return False
+    if getattr(connection, "_devstack_split", False):
+        return True
     if not isinstance(transport, AsyncTransport) or not hasattr(transport, "_write"):
         return False
-    if getattr(transport, "_devstack_split", False):
-        return True
     write_lock = asyncio.Lock()
+    reading: list[asyncio.Future[None]] = []
 
     async def write(data: bytes) -> None:  # AsyncTransportMixin.write, with its own lock
         async with write_lock:
@@ -87,8 +96,21 @@ def split_transport_locks(receiver: Any) -> bool:
                     transport.connected = False
                 raise
 
+    async def read_frame(wait: Any = True, **kwargs: Any) -> bool:
+        if reading:
+            await asyncio.shield(reading[0])
+            return False
+        done = asyncio.get_running_loop().create_future()
+        reading.append(done)
+        try:
+            return bool(await sdk_read_frame(wait=wait, **kwargs))
+        finally:
+            reading.remove(done)
+            done.set_result(None)
+
     transport.write = write
-    transport._devstack_split = True
+    connection._read_frame = read_frame
+    connection._devstack_split = True
     return True
 
 
