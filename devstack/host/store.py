@@ -196,9 +196,10 @@ class Store:
         sql += " ORDER BY created_epoch"
         return [Instance(**dict(r)) for r in self.db.execute(sql, args).fetchall()]
 
-    def history(self, instance_id: str) -> list[dict[str, Any]]:
+    def history(self, instance_id: str, limit: int = -1) -> list[dict[str, Any]]:
+        """The instance's history events in order (the first `limit` of them, if given)."""
         rows = self.db.execute(
-            "SELECT event FROM history WHERE instance_id=? ORDER BY seq", (instance_id,)
+            "SELECT event FROM history WHERE instance_id=? ORDER BY seq LIMIT ?", (instance_id, limit)
         ).fetchall()
         return [json.loads(r["event"]) for r in rows]
 
@@ -388,6 +389,10 @@ class Store:
         if limit <= 0:
             return []
         free_sql, free_args = self._free_owner_sql()
+        # A read first: an idle poll must not take the hub's write lock, which every other
+        # host's commit then waits for (and SQLite waits by sleeping, on the caller's loop).
+        if self.db.execute(f"SELECT 1 FROM activities WHERE {free_sql} LIMIT 1", free_args).fetchone() is None:
+            return []
         with self.tx() as db:
             rows = db.execute(
                 f"SELECT id, instance_id, execution_id, task_id, name, input, dequeue_count FROM activities "
