@@ -16,9 +16,11 @@ processes may share one file (SQLite WAL).
 from __future__ import annotations
 
 import json
+import logging
 import sqlite3
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -89,6 +91,8 @@ CREATE TABLE IF NOT EXISTS hosts(
 
 TERMINAL = ("Completed", "Failed", "Terminated", "Canceled")
 
+log = logging.getLogger("devstack.host.store")
+
 
 @dataclass
 class Instance:
@@ -144,6 +148,35 @@ class Store:
                 "ON CONFLICT(host_id) DO UPDATE SET heartbeat=excluded.heartbeat",
                 (self.host_id, time.time()),
             )
+
+    def start_heartbeats(self, every: float) -> Callable[[], None]:
+        """Write this host's heartbeat every `every` seconds from a thread with its own
+        connection (one autocommitted statement each). Returns the function that stops it."""
+        stop = threading.Event()
+
+        def beat() -> None:
+            db = sqlite3.connect(self.path, isolation_level=None, timeout=30)
+            try:
+                while not stop.wait(every):
+                    try:
+                        db.execute(
+                            "INSERT INTO hosts(host_id, heartbeat) VALUES(?, ?) "
+                            "ON CONFLICT(host_id) DO UPDATE SET heartbeat=excluded.heartbeat",
+                            (self.host_id, time.time()),
+                        )
+                    except sqlite3.Error as exc:  # busy past the timeout: the next beat tries again
+                        log.warning("heartbeat of host %s not written: %s", self.host_id, exc)
+            finally:
+                db.close()
+
+        thread = threading.Thread(target=beat, name="hub-heartbeat", daemon=True)
+        thread.start()
+
+        def stop_beating() -> None:
+            stop.set()
+            thread.join(5)
+
+        return stop_beating
 
     def release_host(self) -> None:
         with self.tx() as db:
