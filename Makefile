@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 PIP_STAMP := $(VENV)/.installed
 NPM_STAMP := node_modules/.installed
 
-.PHONY: install demo test test-unit lint bench bench-servicebus bench-supervisor up down status clean browser simulate
+.PHONY: install demo test test-unit lint bench bench-latency bench-servicebus bench-supervisor up down status clean browser simulate
 
 install: $(PIP_STAMP) $(NPM_STAMP)
 
@@ -57,9 +57,13 @@ browser:
 		$$SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q --no-install-recommends chromium chromium-driver; \
 	fi
 
-## bench: per-order costs, throughput and latency of the whole pipeline on the local stack
+## bench: per-order costs, throughput and latency of the whole pipeline on the local stack (1 and 2 hosts)
 bench: install
 	$(BIN)/python bench/pipeline_bench.py
+
+## bench-latency: submit-to-Processed latency of lone orders and of 20 posted together
+bench-latency: install
+	$(BIN)/python bench/latency_bench.py
 
 bench-servicebus: install
 	$(BIN)/python bench/servicebus_bench.py

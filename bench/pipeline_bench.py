@@ -1,23 +1,29 @@
 """What one happy-path order costs on the local stack, and how fast orders go.
 
 Starts the whole local stack (as `make demo` does, without the faults and the
-host kill), posts N orders, and waits for each one's `Processed` status on
-the reply queue. Run once with no faults and once with 10% transient errors
-from the remote service. Prints one table:
+host kill) with one or more host processes on one task hub, keeps K orders in
+flight (a new order is posted as each one's `Processed` status arrives on the
+reply queue) until N orders are done, and prints per run:
 
-- Cosmos requests per order by kind (counted by the local Cosmos server; this
-  includes the starter's and the Supervisor's periodic queries, spread over
-  the orders). The local server reports a request charge of 1 for everything,
-  so RU are not printed.
-- Service Bus messages sent per order, per queue (the emulator's sequence
-  numbers), and received (deliveries, including redeliveries).
-- Durable history events and orchestrator episodes (replays) per order, from
-  the host's task hub.
-- Host CPU seconds per order (the host process's user + system time).
-- Throughput (orders/s from the first post to the last Processed) and p50/p95
-  submit-to-Processed latency.
+- throughput (orders/s from the first post to the last Processed) and p50/p95
+  submit-to-Processed latency;
+- Cosmos requests per order (counted by the local Cosmos server; this includes
+  the starter's and the Supervisor's periodic queries, spread over the orders);
+- Service Bus messages sent per order (all queues, the emulator's sequence
+  numbers);
+- Durable activities (TaskScheduled), history events and orchestrator episodes
+  per order, from the task hub;
+- host CPU seconds per order (user + system time of every host process);
+- first_attempt: the share of orders whose record ended Processed in attempt 1.
 
-    python bench/pipeline_bench.py [--orders 1000] [--runs 0,10]
+The last line is the headline run (the first configuration) in one line, with
+the throughput of every configuration appended:
+
+    bench: orders=N in_flight=K throughput=X/s p50=Y s p95=Z s cosmos_requests_per_order=A
+           sb_messages_per_order=B activities_per_order=C history_events_per_order=D
+           host_cpu_s_per_order=E first_attempt=F% hosts=H throughput_1host=.. throughput_2hosts=..
+
+    python bench/pipeline_bench.py [--orders 300] [--configs 1x50,2x50,1x200] [--transient 0]
 """
 
 from __future__ import annotations
@@ -32,8 +38,10 @@ import sys
 import tempfile
 import time
 import uuid
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -42,7 +50,7 @@ from azure.servicebus import ServiceBusMessage, ServiceBusReceiveMode  # noqa: E
 from azure.servicebus.aio import ServiceBusClient  # noqa: E402
 
 from cli.orders import generate  # noqa: E402
-from devstack.process import exit_on_signals  # noqa: E402
+from devstack.process import exit_on_signals, free_port  # noqa: E402
 from devstack.stack import Stack  # noqa: E402
 from domain.codec import encode  # noqa: E402
 
@@ -51,7 +59,7 @@ BENCH_SETTINGS = {
     "CLAIM_TIMEOUT_SECONDS": "60",
     "STARTER_SCHEDULE": "*/2 * * * * *",
     "STARTER_BATCH_SIZE": "100",
-    "MAX_PROCESSING": "50",
+    "MAX_PROCESSING": "500",
     "SUPERVISOR_SCHEDULE": "*/10 * * * * *",
     "SUPERVISOR_SCAN": "index",
     "PENDING_BACKLOG_LIMIT": "100000",
@@ -82,89 +90,209 @@ def servicebus_sent(run_dir: Path) -> dict[str, int]:
         return {q: n - 1 for q, n in db.execute("SELECT queue, next FROM sequences")}
 
 
-def durable_counts(run_dir: Path) -> tuple[int, int]:
+def durable_counts(run_dir: Path) -> dict[str, int]:
+    """History events, episodes (OrchestratorStarted) and activities (TaskScheduled) in the hub."""
     db_path = next((run_dir / "host").glob("*.sqlite"))
     with sqlite3.connect(db_path) as db:
         events = db.execute("SELECT COUNT(*) FROM history").fetchone()[0]
-        episodes = sum(1 for (e,) in db.execute("SELECT event FROM history") if json.loads(e).get("EventType") == 12)
-    return events, episodes
+        kinds = dict(db.execute("SELECT json_extract(event, '$.EventType'), COUNT(*) FROM history GROUP BY 1"))
+    return {"events": events, "episodes": kinds.get(12, 0), "activities": kinds.get(4, 0)}
 
 
-async def run_once(orders: int, transient: int) -> dict:
-    run_dir = Path(tempfile.mkdtemp(prefix="bench-"))
-    stack = Stack(run_dir, overrides=BENCH_SETTINGS)
+async def first_attempt_share(stack: Stack, prefix: str) -> tuple[int, int] | None:
+    """(orders Processed in attempt 1, orders recorded), read from the state container, or
+    None if the product's store API could not be used (the figure is then not printed)."""
+    try:
+        from adapters.cosmos_client import build_client
+        from adapters.settings import load_settings
+        from adapters.state_store import CosmosStateStore
+        from devstack.invariants import records_with_prefix
+
+        cfg = load_settings(stack.settings)
+        cosmos = build_client(cfg.state_account)
+        async with cosmos:
+            store = CosmosStateStore(
+                cosmos.get_database_client(cfg.state_database).get_container_client(cfg.state_container))
+            records = await records_with_prefix(store, prefix)
+        first = sum(1 for r in records.values() if r.ProcessState.value == "Processed" and r.Attempt == 1)
+        return first, len(records)
+    except Exception as exc:  # a figure we cannot read is reported as missing, never guessed
+        print(f"bench: could not read the order records ({type(exc).__name__}: {exc})", file=sys.stderr)
+        return None
+
+
+@dataclass
+class Run:
+    hosts: int
+    in_flight: int
+    orders: int
+    processed: int = 0
+    throughput: float = float("nan")
+    p50: float = float("nan")
+    p95: float = float("nan")
+    cpu: float = float("nan")
+    cosmos: dict[str, float] = field(default_factory=dict)
+    servicebus: dict[str, float] = field(default_factory=dict)
+    durable: dict[str, float] = field(default_factory=dict)
+    first_attempt: float | None = None
+    per_host_cpu: list[float] = field(default_factory=list)
+
+    def line(self) -> str:
+        first = f"{self.first_attempt:.1f}%" if self.first_attempt is not None else "n/a"
+        return (f"orders={self.processed} in_flight={self.in_flight} throughput={self.throughput:.2f}/s "
+                f"p50={self.p50:.2f} s p95={self.p95:.2f} s "
+                f"cosmos_requests_per_order={sum(self.cosmos.values()):.1f} "
+                f"sb_messages_per_order={sum(self.servicebus.values()):.1f} "
+                f"activities_per_order={self.durable.get('activities', 0):.1f} "
+                f"history_events_per_order={self.durable.get('events', 0):.1f} "
+                f"host_cpu_s_per_order={self.cpu:.3f} first_attempt={first} hosts={self.hosts}")
+
+
+def start_stack(run_dir: Path, hosts: int, overrides: dict[str, str]) -> Stack:
+    """The stack with `hosts` host processes on one task hub (one data dir)."""
+    stack = Stack(run_dir, overrides=overrides)
     stack.start()  # stops what it started if a server fails
+    try:
+        for i in range(2, hosts + 1):
+            server = stack.host_server(f"host{i}", free_port())
+            stack._launch(server)
+            server.wait_ready(60)
+    except BaseException:
+        stop_stack(stack)
+        raise
+    return stack
+
+
+def stop_stack(stack: Stack) -> None:
+    # Extra hosts first, so that they drain against live dependencies as the first one does.
+    for name, server in list(stack.servers.items()):
+        if name.startswith("host") and name != "host":
+            server.stop()
+    stack.stop()
+
+
+def host_pids(stack: Stack) -> list[int]:
+    return [s.child.process.pid for name, s in stack.servers.items() if name.startswith("host") and s.child]
+
+
+async def closed_loop(stack: Stack, batch: list[Any], in_flight: int, timeout: float
+                      ) -> tuple[dict[str, float], dict[str, float], float]:
+    """Keep `in_flight` orders posted and not yet Processed until every order is done.
+
+    Returns (posted time, Processed time, start) by OrderID; the Processed time is the
+    status message's own timestamp (when the product sent it)."""
+    posted: dict[str, float] = {}
+    done: dict[str, float] = {}
+    queue = list(batch)
+    async with ServiceBusClient.from_connection_string(stack.settings["ServiceBusConnection"]) as bus:
+        sender = bus.get_queue_sender("orders")
+        receiver = bus.get_queue_receiver("replies-webshop", receive_mode=ServiceBusReceiveMode.RECEIVE_AND_DELETE)
+        async with sender, receiver:
+            async def post(n: int) -> None:
+                chunk, queue[:] = queue[:n], queue[n:]
+                for i in range(0, len(chunk), 100):
+                    part = chunk[i:i + 100]
+                    await sender.send_messages(
+                        [ServiceBusMessage(encode(o), message_id=f"submit/{o.OrderID}") for o in part])
+                    now = time.time()
+                    posted.update({o.OrderID: now for o in part})
+
+            start = time.time()
+            await post(in_flight)
+            deadline = start + timeout
+            while len(done) < len(batch) and time.time() < deadline:
+                for m in await receiver.receive_messages(max_message_count=200, max_wait_time=1):
+                    update = json.loads(b"".join(m.body))
+                    oid = update["OrderID"]
+                    if update["Status"] == "Processed" and oid in posted and oid not in done:
+                        done[oid] = datetime.fromisoformat(update["Timestamp"]).timestamp()
+                free = in_flight - (len(posted) - len(done))
+                if free > 0 and queue:
+                    await post(free)
+    return posted, done, start
+
+
+async def run_once(orders: int, in_flight: int, hosts: int, transient: int) -> Run:
+    run_dir = Path(tempfile.mkdtemp(prefix="bench-"))
+    stack = start_stack(run_dir, hosts, BENCH_SETTINGS)
+    result = Run(hosts=hosts, in_flight=in_flight, orders=orders)
     try:
         remote = stack.settings["REMOTE_SERVICE_URL"]
         prefix = f"BENCH-{uuid.uuid4().hex[:4]}"
         batch = list(generate("webshop", "replies-webshop", orders, prefix, seed=1))
-        async with aiohttp.ClientSession() as http:
-            if transient:
+        if transient:
+            async with aiohttp.ClientSession() as http:
                 await http.post(f"{remote}/_admin/faults",
                                 json={"kind": "transient", "service": "*", "rate": transient / 100})
-        await asyncio.sleep(3)  # let the host create containers and settle
-        host_pid = stack.servers["host"].process.pid
-        cpu0 = cpu_seconds(host_pid)
-        posted: dict[str, float] = {}
-        done: dict[str, float] = {}
-        received = 0
-        async with ServiceBusClient.from_connection_string(stack.settings["ServiceBusConnection"]) as bus:
-            async with bus.get_queue_sender("orders") as sender:
-                start = time.time()
-                for i in range(0, len(batch), 100):
-                    chunk = batch[i:i + 100]
-                    await sender.send_messages(
-                        [ServiceBusMessage(encode(o), message_id=f"submit/{o.OrderID}") for o in chunk])
-                    now = time.time()
-                    posted.update({o.OrderID: now for o in chunk})
-            receiver = bus.get_queue_receiver("replies-webshop", receive_mode=ServiceBusReceiveMode.RECEIVE_AND_DELETE)
-            async with receiver:
-                deadline = time.time() + max(600, orders * 3)
-                while len(done) < orders and time.time() < deadline:
-                    for m in await receiver.receive_messages(max_message_count=200, max_wait_time=2):
-                        received += 1
-                        update = json.loads(b"".join(m.body))
-                        if update["Status"] == "Processed":
-                            done[update["OrderID"]] = datetime.fromisoformat(update["Timestamp"]).timestamp()
-        cpu = cpu_seconds(host_pid) - cpu0
+        await asyncio.sleep(3)  # let the hosts create containers and settle
+        pids = host_pids(stack)
+        cpu0 = [cpu_seconds(p) for p in pids]
+        cosmos0 = cosmos_stats(stack.ports.cosmos)
+        posted, done, start = await closed_loop(stack, batch, in_flight, timeout=max(600, orders * 3))
+        cpu = [cpu_seconds(p) - c for p, c in zip(pids, cpu0, strict=True)]
         stats = cosmos_stats(stack.ports.cosmos)
         sent = servicebus_sent(run_dir)
-        events, episodes = durable_counts(run_dir)
+        counts = durable_counts(run_dir)
+        n = max(1, len(done))
         latencies = sorted(done[o] - posted[o] for o in done)
-        elapsed = max(done.values()) - start if done else float("nan")
-        return {
-            "transient": transient, "orders": orders, "processed": len(done),
-            "throughput": len(done) / elapsed, "p50": statistics.median(latencies),
-            "p95": latencies[int(0.95 * (len(latencies) - 1))],
-            "cosmos": {k: v / orders for k, v in sorted(stats.items())},
-            "servicebus": {k: v / orders for k, v in sorted(sent.items())},
-            "events": events / orders, "episodes": episodes / orders, "cpu": cpu / orders,
-        }
+        result.processed = len(done)
+        if done:
+            result.throughput = len(done) / (max(done.values()) - start)
+            result.p50 = statistics.median(latencies)
+            result.p95 = latencies[int(0.95 * (len(latencies) - 1))]
+        result.per_host_cpu = [c / n for c in cpu]
+        result.cpu = sum(cpu) / n
+        result.cosmos = {k: (v - cosmos0.get(k, 0)) / n for k, v in sorted(stats.items())}
+        result.servicebus = {k: v / n for k, v in sorted(sent.items())}
+        result.durable = {k: v / n for k, v in counts.items()}
+        share = await first_attempt_share(stack, prefix)
+        if share is not None and share[1]:
+            result.first_attempt = 100.0 * share[0] / orders
+        return result
     finally:
-        stack.stop()
+        stop_stack(stack)
+
+
+def print_table(results: list[Run]) -> None:
+    print(f"{'':34}" + "".join(f"{f'{r.hosts} host(s), {r.in_flight} in flight':>28}" for r in results))
+    rows: list[tuple[str, Any]] = [
+        ("orders processed", lambda r: f"{r.processed}/{r.orders}"),
+        ("throughput (orders/s)", lambda r: f"{r.throughput:.2f}"),
+        ("p50 submit->Processed (s)", lambda r: f"{r.p50:.2f}"),
+        ("p95 submit->Processed (s)", lambda r: f"{r.p95:.2f}"),
+        ("host CPU s per order (all hosts)", lambda r: f"{r.cpu:.3f}"),
+        ("host CPU s per order, each host", lambda r: " ".join(f"{c:.3f}" for c in r.per_host_cpu)),
+        ("activities / order", lambda r: f"{r.durable.get('activities', 0):.1f}"),
+        ("history events / order", lambda r: f"{r.durable.get('events', 0):.1f}"),
+        ("orchestrator episodes / order", lambda r: f"{r.durable.get('episodes', 0):.1f}"),
+        ("first attempt", lambda r: f"{r.first_attempt:.1f}%" if r.first_attempt is not None else "n/a"),
+    ]
+    kinds = sorted({k for r in results for k in r.cosmos})
+    rows += [(f"cosmos {k} / order", lambda r, k=k: f"{r.cosmos.get(k, 0):.2f}") for k in kinds]
+    queues = sorted({q for r in results for q in r.servicebus})
+    rows += [(f"sb sent to {q} / order", lambda r, q=q: f"{r.servicebus.get(q, 0):.2f}") for q in queues]
+    for name, value in rows:
+        print(f"{name:34}" + "".join(f"{value(r):>28}" for r in results))
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--orders", type=int, default=1000)
-    parser.add_argument("--runs", default="0,10", help="transient failure percentages, one run each")
+    parser.add_argument("--orders", type=int, default=300)
+    parser.add_argument("--configs", default="1x50,2x50,1x200",
+                        help="runs as HOSTSxIN_FLIGHT, comma-separated; the first is the headline")
+    parser.add_argument("--transient", type=int, default=0, help="percent of remote calls failing transiently")
     args = parser.parse_args()
     exit_on_signals()  # SIGTERM/SIGHUP run the `finally` that stops the stack
-    results = [asyncio.run(run_once(args.orders, int(p))) for p in args.runs.split(",")]
-    print(f"{'':34}" + "".join(f"{r['transient']:>3}% transient  " for r in results))
-    rows = [("orders processed", lambda r: f"{r['processed']}/{r['orders']}"),
-            ("throughput (orders/s)", lambda r: f"{r['throughput']:.2f}"),
-            ("p50 submit->Processed (s)", lambda r: f"{r['p50']:.1f}"),
-            ("p95 submit->Processed (s)", lambda r: f"{r['p95']:.1f}"),
-            ("host CPU s per order", lambda r: f"{r['cpu']:.3f}"),
-            ("durable history events / order", lambda r: f"{r['events']:.1f}"),
-            ("orchestrator replays / order", lambda r: f"{r['episodes']:.1f}")]
-    kinds = sorted({k for r in results for k in r["cosmos"]})
-    rows += [(f"cosmos {k} / order", lambda r, k=k: f"{r['cosmos'].get(k, 0):.2f}") for k in kinds]
-    queues = sorted({q for r in results for q in r["servicebus"]})
-    rows += [(f"sb sent to {q} / order", lambda r, q=q: f"{r['servicebus'].get(q, 0):.2f}") for q in queues]
-    for name, value in rows:
-        print(f"{name:34}" + "".join(f"{value(r):>15}" for r in results))
+    configs = [tuple(int(x) for x in c.split("x")) for c in args.configs.split(",")]
+    results = []
+    for hosts, in_flight in configs:
+        r = asyncio.run(run_once(args.orders, in_flight, hosts, args.transient))
+        print(f"bench-run: {r.line()}", flush=True)
+        results.append(r)
+    print_table(results)
+    extra = " ".join(f"throughput_{r.hosts}host{'s' if r.hosts > 1 else ''}_{r.in_flight}={r.throughput:.2f}/s"
+                     for r in results)
+    print(f"bench: {results[0].line()} {extra}")
     return 0
 
 

@@ -426,9 +426,9 @@ class DurableEngine:
 
         The ExecutionStarted that names the parent is in the stored history, or, when the
         child finishes in its first episode, among this episode's new events."""
-        history = self.store.history(instance_id)
+        history = self.store.history(instance_id, limit=3)
         parent = None
-        for e in [*history[:3], *new_events]:
+        for e in [*history, *new_events]:
             if e["EventType"] == EXECUTION_STARTED:
                 parent = e.get("ParentInstance")
         if not parent:

@@ -17,6 +17,7 @@ that `call_*_with_retry` adds without an action.
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -39,8 +40,40 @@ from azure.durable_functions.models.actions.CreateTimerAction import CreateTimer
 from azure.durable_functions.models.actions.NoOpAction import NoOpAction
 from azure.durable_functions.models.actions.SignalEntityAction import SignalEntityAction
 from azure.durable_functions.models.Task import AtomicTask, RetryAbleTask
+from dateutil.parser import parse as _dateutil_parse
+from dateutil.tz import tzutc
 
 from .errors import NonDeterminismError
+
+_TZUTC = tzutc()
+
+
+def parse_timestamp(value: str) -> datetime:
+    """What `dateutil.parser.parse` returns for a history timestamp, about 30 times faster.
+
+    The SDK parses every history event's timestamp with dateutil on every replay, which was
+    half of an episode's CPU time. The host writes ISO-8601 UTC timestamps, which
+    `datetime.fromisoformat` reads; the zone is dateutil's `tzutc()` (what dateutil gives a
+    'Z' on a machine whose local zone is not UTC). Anything else still goes to dateutil."""
+    try:
+        parsed = datetime.fromisoformat(value)
+    except (TypeError, ValueError):
+        return _dateutil_parse(value)
+    offset = parsed.utcoffset()
+    if offset is not None and not offset:
+        return parsed.replace(tzinfo=_TZUTC)
+    return _dateutil_parse(value)  # naive or another offset: rare, and dateutil decides its zone
+
+
+def install_fast_timestamps() -> None:
+    """Point the SDK's HistoryEvent at `parse_timestamp` (its module imports dateutil's parse
+    as `dt_parse`). Idempotent; called when this module is imported."""
+    module = sys.modules.get("azure.durable_functions.models.history.HistoryEvent")
+    if module is not None and getattr(module, "dt_parse", None) is not parse_timestamp:
+        module.dt_parse = parse_timestamp  # type: ignore[attr-defined]
+
+
+install_fast_timestamps()
 
 HTTP_ACTIVITY = "BuiltIn::HttpActivity"  # the extension runs call_http as this built-in activity
 UPPER_SCHEMA_VERSION = 2  # ReplaySchema.V3: task_any/task_all as compound actions
@@ -191,7 +224,9 @@ def run_episode(
     """
     body = build_context(instance_id=instance_id, history=history, input_json=input_json,
                          is_replaying=bool(scheduled_before))
-    ctx = DurableOrchestrationContext.from_json(json.dumps(body))
+    # The constructor from_json would call after decoding the text: the context is built from the
+    # dict directly, which saves encoding and decoding the whole history on every episode.
+    ctx = DurableOrchestrationContext(**body)
     ctx._input_expected_type = getattr(handle, "_df_input_type", None)
 
     recorded: dict[int, AtomicTask] = {}

@@ -9,6 +9,7 @@ import os
 import re
 import socket
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -147,13 +148,17 @@ class Host:
         queues = QueueTriggers(catalog.of_type(QUEUE_TRIGGER), config.queues, lambda: binding_json)
         loop = asyncio.get_running_loop()
         tasks: list[asyncio.Task[None]] = []
+        heartbeats: list[Callable[[], None]] = []
         try:
             sb.start(loop)
             await sb.check_reachable()
             await queues.start()
             await timers.start()
             tasks.append(asyncio.create_task(engine.run(), name="durable"))
-            tasks.append(asyncio.create_task(self._heartbeat(store), name="heartbeat"))
+            # On a thread with its own connection: a loop busy with a long episode, or waiting
+            # for another host's write lock, must not let this host's locks lapse (another host
+            # would then run its activities a second time).
+            heartbeats.append(store.start_heartbeats(HEARTBEAT_EVERY))
             counts = {kind: len(catalog.of_type(kind)) for kind in sorted({f.trigger_type for f in catalog.functions})}
             print(
                 f"devstack.host ready: app={o.app} functions={len(catalog.functions)} "
@@ -178,6 +183,8 @@ class Host:
             await asyncio.gather(*tasks, return_exceptions=True)
             await runner.cleanup()
             await _close_durable_client_session()
+            for stop_beating in heartbeats:
+                stop_beating()  # before the release, which deletes the heartbeat row
             try:
                 store.release_host()
             except Exception:
@@ -186,11 +193,6 @@ class Host:
             # Apps keep their aio clients (Cosmos, aiohttp) for the process's life and never close
             # them; a worker exits without complaining about it, and so does this host.
             logging.getLogger("asyncio").setLevel(logging.CRITICAL)
-
-    async def _heartbeat(self, store: Store) -> None:
-        while True:
-            await asyncio.sleep(HEARTBEAT_EVERY)
-            store.heartbeat()
 
     def stop(self) -> None:
         self._stop.set()

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -39,6 +40,86 @@ from .invoke import call_function
 log = logging.getLogger("devstack.host.servicebus")
 
 SETTLE_TIMEOUT = 30.0
+
+# How long an idle receiver's socket read lasts. The SDK's default (0.2 s) is what a
+# settlement waited for before `split_transport_locks`; with the split it no longer matters
+# for settlements, and this shorter value bounds the wait where the split cannot be applied.
+# DEVSTACK_HOST_SB_SOCKET_TIMEOUT overrides it (seconds).
+RECEIVE_SOCKET_TIMEOUT = 0.05
+
+
+def split_transport_locks(receiver: Any) -> bool:
+    """Let the receiver's settlements go out while its receive loop waits to read.
+
+    The SDK's async AMQP transport serializes reads and writes with one lock, so a
+    disposition frame waits for the idle read in progress to time out; the settlement then
+    reads itself until the service's outcome arrives (PEEK_LOCK settles in rcv-settle-mode
+    Second). Two changes to this receiver's connection, no other:
+
+    * the plain-TCP transport gets a lock of its own for writes (asyncio's stream reader
+      and writer need no exclusion between one reader and one writer; writes stay
+      serialized among themselves);
+    * a frame read asked for while another coroutine is already reading (the receive loop)
+      waits for that read *and its dispatch* to end and reports no frame, instead of reading
+      for a whole socket timeout itself: the outcome the settlement waits for is dispatched
+      by the read in progress, and every caller re-checks its condition after an empty read,
+      as after a timeout.
+
+    Returns whether the connection is (now) split; a transport of another kind, or an SDK
+    whose internals moved, is left alone and settles within the short read timeout below.
+    Checked before each receive: a reconnect makes a new connection.
+    """
+    try:
+        from azure.servicebus._pyamqp._transport import _UNAVAIL, get_errno
+        from azure.servicebus._pyamqp.aio._transport_async import AsyncTransport
+
+        connection = receiver._handler._connection
+        transport = connection._transport
+        sdk_read_frame = connection._read_frame
+    except (ImportError, AttributeError):
+        return False
+    if getattr(connection, "_devstack_split", False):
+        return True
+    if not isinstance(transport, AsyncTransport) or not hasattr(transport, "_write"):
+        return False
+    write_lock = asyncio.Lock()
+    reading: list[asyncio.Future[None]] = []
+
+    async def write(data: bytes) -> None:  # AsyncTransportMixin.write, with its own lock
+        async with write_lock:
+            try:
+                await transport._write(data)
+            except TimeoutError:
+                raise
+            except OSError as exc:
+                if get_errno(exc) not in _UNAVAIL:
+                    transport.connected = False
+                raise
+
+    async def read_frame(wait: Any = True, **kwargs: Any) -> bool:
+        if reading:
+            await asyncio.shield(reading[0])
+            return False
+        done = asyncio.get_running_loop().create_future()
+        reading.append(done)
+        try:
+            return bool(await sdk_read_frame(wait=wait, **kwargs))
+        finally:
+            reading.remove(done)
+            done.set_result(None)
+
+    transport.write = write
+    connection._read_frame = read_frame
+    connection._devstack_split = True
+    return True
+
+
+def receive_socket_timeout() -> float:
+    raw = os.environ.get("DEVSTACK_HOST_SB_SOCKET_TIMEOUT")
+    try:
+        return max(0.001, float(raw)) if raw else RECEIVE_SOCKET_TIMEOUT
+    except ValueError:
+        return RECEIVE_SOCKET_TIMEOUT
 
 
 class MessageActions(SdkMessageActions):
@@ -176,9 +257,11 @@ class QueueListener:
         while not self._stopping:
             try:
                 async with ServiceBusClient.from_connection_string(self.connection_string) as client:
+                    # On the receiver: the client's own socket_timeout does not reach the
+                    # receivers it makes (they fall back to the SDK's 0.2 s).
                     receiver = client.get_queue_receiver(
                         self.queue, receive_mode=ServiceBusReceiveMode.PEEK_LOCK,
-                        prefetch_count=self.options.prefetch_count,
+                        prefetch_count=self.options.prefetch_count, socket_timeout=receive_socket_timeout(),
                     )
                     async with receiver:
                         self.receiver = receiver
@@ -206,6 +289,7 @@ class QueueListener:
         while not self._stopping:
             await self.sem.acquire()
             try:
+                split_transport_locks(receiver)
                 batch = await receiver.receive_messages(max_message_count=1, max_wait_time=1)
             except BaseException:
                 self.sem.release()

@@ -16,9 +16,11 @@ processes may share one file (SQLite WAL).
 from __future__ import annotations
 
 import json
+import logging
 import sqlite3
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -89,6 +91,8 @@ CREATE TABLE IF NOT EXISTS hosts(
 
 TERMINAL = ("Completed", "Failed", "Terminated", "Canceled")
 
+log = logging.getLogger("devstack.host.store")
+
 
 @dataclass
 class Instance:
@@ -145,6 +149,35 @@ class Store:
                 (self.host_id, time.time()),
             )
 
+    def start_heartbeats(self, every: float) -> Callable[[], None]:
+        """Write this host's heartbeat every `every` seconds from a thread with its own
+        connection (one autocommitted statement each). Returns the function that stops it."""
+        stop = threading.Event()
+
+        def beat() -> None:
+            db = sqlite3.connect(self.path, isolation_level=None, timeout=30)
+            try:
+                while not stop.wait(every):
+                    try:
+                        db.execute(
+                            "INSERT INTO hosts(host_id, heartbeat) VALUES(?, ?) "
+                            "ON CONFLICT(host_id) DO UPDATE SET heartbeat=excluded.heartbeat",
+                            (self.host_id, time.time()),
+                        )
+                    except sqlite3.Error as exc:  # busy past the timeout: the next beat tries again
+                        log.warning("heartbeat of host %s not written: %s", self.host_id, exc)
+            finally:
+                db.close()
+
+        thread = threading.Thread(target=beat, name="hub-heartbeat", daemon=True)
+        thread.start()
+
+        def stop_beating() -> None:
+            stop.set()
+            thread.join(5)
+
+        return stop_beating
+
     def release_host(self) -> None:
         with self.tx() as db:
             db.execute("DELETE FROM hosts WHERE host_id=?", (self.host_id,))
@@ -196,9 +229,10 @@ class Store:
         sql += " ORDER BY created_epoch"
         return [Instance(**dict(r)) for r in self.db.execute(sql, args).fetchall()]
 
-    def history(self, instance_id: str) -> list[dict[str, Any]]:
+    def history(self, instance_id: str, limit: int = -1) -> list[dict[str, Any]]:
+        """The instance's history events in order (the first `limit` of them, if given)."""
         rows = self.db.execute(
-            "SELECT event FROM history WHERE instance_id=? ORDER BY seq", (instance_id,)
+            "SELECT event FROM history WHERE instance_id=? ORDER BY seq LIMIT ?", (instance_id, limit)
         ).fetchall()
         return [json.loads(r["event"]) for r in rows]
 
@@ -388,6 +422,10 @@ class Store:
         if limit <= 0:
             return []
         free_sql, free_args = self._free_owner_sql()
+        # A read first: an idle poll must not take the hub's write lock, which every other
+        # host's commit then waits for (and SQLite waits by sleeping, on the caller's loop).
+        if self.db.execute(f"SELECT 1 FROM activities WHERE {free_sql} LIMIT 1", free_args).fetchone() is None:
+            return []
         with self.tx() as db:
             rows = db.execute(
                 f"SELECT id, instance_id, execution_id, task_id, name, input, dequeue_count FROM activities "
