@@ -184,6 +184,16 @@ async def alerts() -> Alerts:
     return Alerts((await container()).publisher)
 
 
+async def message_gate(queue: str):
+    """The gate a queue trigger runs its handler through: reads any body kind,
+    turns transient failures into delayed retries on the same queue, dead-letters
+    the rest with a reason and one alert (adapters.settlement.MessageGate)."""
+    from adapters.settlement import BackoffPolicy, MessageGate
+
+    c = await container()
+    return MessageGate(queue, Alerts(c.publisher), c.publisher, BackoffPolicy.from_env())
+
+
 async def supervisor():
     from supervisor.sources import IndexSource, QuerySource
     from supervisor.supervisor import Supervisor

@@ -20,7 +20,7 @@ import logging
 from typing import Any
 
 from adapters.crashpoints import crash_point
-from adapters.settlement import BackoffPolicy, MessageGate, Settle
+from adapters.settlement import Settle
 from domain.codec import decode
 from domain.errors import ValidationFailed
 from domain.ids import parse_attempt_instance_id
@@ -77,8 +77,5 @@ async def on_reply_message(message: Any, actions: Any, client: Any) -> Settle:
     """The trigger's whole body: gate, bridge, settle."""
     import bootstrap
 
-    c = await bootstrap.container()
-    gate = MessageGate(
-        AGENT_RESPONSES_QUEUE, await bootstrap.alerts(), c.publisher, BackoffPolicy.from_env()
-    )
+    gate = await bootstrap.message_gate(AGENT_RESPONSES_QUEUE)
     return await gate.run(message, actions, lambda body: bridge_reply(body, client))

@@ -68,7 +68,7 @@ class Bus:
         return self.queues[name]
 
     def send(self, queue: str, body: bytes, message_id: str, props: dict | None = None,
-             fault_free: bool = False) -> bool:
+             fault_free: bool = False, enqueue_at: datetime | None = None) -> bool:
         """False when duplicate detection dropped it."""
         q = self.queue(queue)
         now = self.world.clock.now
@@ -82,7 +82,8 @@ class Bus:
         faults = self.world.faults
         if not fault_free and faults.draw(faults.config.delay, "message_delay", f"{queue} {message_id}"):
             delay = round(self.world.rng.uniform(1, 20), 3)
-        msg = Msg(message_id, body, dict(props or {}), next(self._seq), now + timedelta(seconds=delay))
+        visible = max(now, enqueue_at) if enqueue_at is not None else now  # a scheduled message
+        msg = Msg(message_id, body, dict(props or {}), next(self._seq), visible + timedelta(seconds=delay))
         q.messages.append(msg)
         q.sent.append(msg)
         if self.after_send is not None:
@@ -223,6 +224,12 @@ class SimPublisher:
             self.on_sent(queue, message_id, accepted)
 
     on_sent = None  # (queue, message id, accepted): the simulation's bookkeeping
+
+    async def schedule(self, queue: str, body: bytes, message_id: str, enqueue_at: datetime,
+                       application_properties: dict | None = None) -> None:
+        """The gate's delayed retry: a copy on the same queue, visible at `enqueue_at`."""
+        await self.world.point(f"bus.schedule.{queue}")
+        self.bus.send(queue, body, message_id, application_properties, enqueue_at=enqueue_at)
 
     async def close(self) -> None:
         return None

@@ -37,7 +37,7 @@ from adapters.orders_db import CosmosOrdersRepository
 from adapters.ports import ANY_OWNER, NoIndex
 from adapters.recovery_index import MAX_BUCKETS_PER_PAGE, CosmosRecoveryIndex
 from adapters.settings import CosmosAccount, ServiceBusAccess, Settings
-from adapters.settlement import settle
+from adapters.settlement import BackoffPolicy, MessageGate
 from adapters.state_store import CosmosStateStore
 from agents.agent import Agent, AgentPolicy
 from agents.messaging import RequestProcessor
@@ -50,17 +50,26 @@ from devstack.remote_service.ledger import Ledger
 from domain import state_machine as sm
 from domain.errors import DomainError
 from domain.ids import reply_event_name
-from orchestrators.reply_bridge import bridge_reply
+from orchestrators.reply_bridge import on_reply_message
 from orchestrators.starter import Starter
 from reporting import Alerts, StatusReporter
 
-from .bus import Bus, Delivery, SimActions, SimPublisher, SimReplySender, SimSettlement
+from .bus import (
+    MAX_DELIVERY,
+    Bus,
+    Delivery,
+    SimActions,
+    SimPublisher,
+    SimReplySender,
+    SimSettlement,
+)
 from .cosmos import SimContainer
 from .durable import SimDurable
 from .world import START, Crash, FaultConfig, World
 
 _history_event = importlib.import_module("azure.durable_functions.models.history.HistoryEvent")
 _alerts_module = importlib.import_module("reporting.alerts")
+_settlement_module = importlib.import_module("adapters.settlement")
 
 APP = "webshop"
 REPLY_QUEUE = "replies-webshop"
@@ -235,7 +244,7 @@ def _random_text(rng: random.Random) -> str:
 
 @contextmanager
 def _patched(sim: Simulation):
-    names = ("submit_handler", "scheduler_activities", "starter", "alerts", "supervisor")
+    names = ("submit_handler", "scheduler_activities", "starter", "alerts", "supervisor", "message_gate")
     saved = {n: getattr(bootstrap, n) for n in names}
     saved_dt = pybreaker.datetime
 
@@ -259,9 +268,23 @@ def _patched(sim: Simulation):
     async def supervisor():
         return sim.new_supervisor()
 
+    async def message_gate(queue: str):
+        consumer = {"orders": "submit", "agent-responses": "bridge"}.get(queue, queue)
+        return MessageGate(queue, Alerts(sim.publisher), sim.publisher,
+                           BackoffPolicy(max_delivery_count=MAX_DELIVERY),
+                           clock=sim.world.now_for(consumer))
+
+    async def inline(fn, /, *args, **kwargs):
+        # The gate settles through the binding's synchronous actions in a worker
+        # thread; the simulation's actions are in memory, and a thread would make
+        # the schedule depend on the OS, so they run inline.
+        return fn(*args, **kwargs)
+
     for n in names:
         setattr(bootstrap, n, locals()[n])
     pybreaker.datetime = _VirtualDatetime
+    saved_asyncio = _settlement_module.asyncio
+    _settlement_module.asyncio = SimpleNamespace(to_thread=inline)
     # Alerts get a random message id (uuid4); draw it from the seed instead.
     ids = random.Random(f"uuid/{sim.seed}")
     saved_uuid = _alerts_module.uuid
@@ -277,6 +300,7 @@ def _patched(sim: Simulation):
         for n, v in saved.items():
             setattr(bootstrap, n, v)
         pybreaker.datetime = saved_dt
+        _settlement_module.asyncio = saved_asyncio
         _alerts_module.uuid = saved_uuid
         _history_event.dt_parse = saved_parse
 
@@ -549,8 +573,7 @@ class Simulation:
                 self._check_deadline(d)
                 await self.processor.process(d.body, SimSettlement(d), message_id=d.message_id)
             elif d.queue == "agent-responses":
-                outcome = await bridge_reply(d.body, self.durable, Alerts(self.publisher))
-                settle(d, SimActions(d), outcome)
+                await on_reply_message(d, SimActions(d), self.durable)
             else:
                 spec = self.functions[d.queue]
                 kwargs = {spec.trigger["name"]: d}

@@ -16,18 +16,11 @@ import azure.functions as func
 import azurefunctions.extensions.bindings.servicebus as servicebus
 
 import bootstrap
-from adapters.settlement import BackoffPolicy, MessageGate
 
 ORDERS_QUEUE = "orders"
 
 bp = func.Blueprint()
 log = logging.getLogger(__name__)
-
-
-async def orders_gate() -> MessageGate:
-    c = await bootstrap.container()
-    handler = await bootstrap.submit_handler()
-    return MessageGate(ORDERS_QUEUE, handler.alerts, c.publisher, BackoffPolicy.from_env())
 
 
 @bp.function_name("submit_order")
@@ -42,5 +35,5 @@ async def submit_order(
     message_actions: servicebus.ServiceBusMessageActions,
 ) -> None:
     handler = await bootstrap.submit_handler()
-    gate = await orders_gate()
+    gate = await bootstrap.message_gate(ORDERS_QUEUE)
     await gate.run(message, message_actions, handler.handle)
