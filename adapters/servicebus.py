@@ -76,13 +76,15 @@ class ServiceBusPublisher:
         queue: str,
         body: bytes,
         message_id: str,
-        application_properties: dict[str, str] | None = None,
+        application_properties: dict[str, Any] | None = None,
+        subject: str | None = None,
     ) -> None:
         message = ServiceBusMessage(
             body,
             message_id=message_id,
             content_type="application/json",
             application_properties=application_properties,
+            subject=subject,
         )
         await self._send(queue, message)
 

@@ -26,16 +26,14 @@ delivery count, and never lets the count run out silently.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from enum import StrEnum
 from typing import Any, Protocol
 
-from azure.servicebus import ServiceBusMessage
-from azure.servicebus.aio import ServiceBusClient, ServiceBusReceiver, ServiceBusSender
-from azure.servicebus.exceptions import ServiceBusError
+from azure.servicebus.aio import ServiceBusClient, ServiceBusReceiver
 
 from adapters.clock import utc_now
+from adapters.servicebus import ServiceBusPublisher
 from adapters.settings import ServiceBusAccess
 from adapters.settlement import (
     INVALID_MESSAGE,
@@ -177,50 +175,26 @@ class RequestProcessor:
 class ServiceBusReplySender:
     """Sends replies to the responses queue with a stable MessageId, so the
     queue's duplicate detection drops a reply re-sent after a crash between
-    sending and settling. Receives its (aio) client; opens one sender lazily
-    and keeps it (links are expensive to open per message)."""
+    sending and settling. Sends through the app's one Service Bus publisher
+    (adapters.servicebus): one link kept open, one send at a time per link and
+    a timeout, because the agent's invocations run concurrently and concurrent
+    sends on one aio sender hang inside the SDK."""
 
-    def __init__(self, client: ServiceBusClient, queue_name: str) -> None:
-        self._client = client
+    def __init__(self, client: ServiceBusClient, queue_name: str, send_timeout: float = 30.0) -> None:
+        self._publisher = ServiceBusPublisher(client, send_timeout)
         self._queue_name = queue_name
-        self._sender: ServiceBusSender | None = None
-        self._lock = asyncio.Lock()
 
     async def send(self, reply: AgentReply, message_id: str) -> None:
-        message = ServiceBusMessage(
+        await self._publisher.send(
+            self._queue_name,
             encode(reply),
-            message_id=message_id,
-            content_type="application/json",
+            message_id,
+            {"SchemaVersion": reply.SchemaVersion},
             subject=reply.EventName,
-            application_properties={"SchemaVersion": reply.SchemaVersion},
         )
-        try:
-            sender = await self._open()
-            await sender.send_messages(message)
-        except ServiceBusError as exc:
-            await self._reset()
-            raise TransientError(f"sending reply {message_id}: {exc}") from exc
-
-    async def _open(self) -> ServiceBusSender:
-        async with self._lock:
-            if self._sender is None:
-                sender = self._client.get_queue_sender(self._queue_name)
-                await sender.__aenter__()
-                self._sender = sender
-            return self._sender
-
-    async def _reset(self) -> None:
-        # A failed link is not reused: the next send opens a fresh one.
-        async with self._lock:
-            sender, self._sender = self._sender, None
-        if sender is not None:
-            try:
-                await sender.close()
-            except Exception:  # noqa: BLE001 - closing a broken link may fail too
-                log.debug("closing a failed reply sender", exc_info=True)
 
     async def close(self) -> None:
-        await self._reset()
+        await self._publisher.close()
 
 
 class ReceiverSettlement:
