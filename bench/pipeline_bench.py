@@ -109,7 +109,7 @@ async def run_once(orders: int, transient: int) -> dict:
         done: dict[str, float] = {}
         received = 0
         async with ServiceBusClient.from_connection_string(stack.settings["ServiceBusConnection"]) as bus:
-            async with bus.get_queue_sender("orders") as sender:
+            async with bus.get_queue_sender("orders-webshop") as sender:  # the webshop's ingress
                 start = time.time()
                 for i in range(0, len(batch), 100):
                     chunk = batch[i:i + 100]
