@@ -175,6 +175,10 @@ class SubmitHandler:
             sm.new_record(order, now, self._steps)
         )
         if not created and record.OrderDigest != order.digest():
+            if record.ProcessState is ProcessState.REJECTED:
+                # A rejected order never wrote the orders DB, so the document
+                # there is the one this delivery just wrote: take it back.
+                await self._orders.discard(order.OrderID)
             return await self._conflict(order, now)
         if created:
             log.info("order accepted", extra={"order_id": order.OrderID})

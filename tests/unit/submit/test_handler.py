@@ -517,3 +517,14 @@ async def test_no_fast_path_without_a_client_or_for_a_rejected_order(monkeypatch
     await rig.store.write_backlog_gauge(3, NOW)
     await rig.submit(OrderID="ORD-2")
     assert fast.calls == []
+
+
+async def test_a_different_order_reusing_a_rejected_orders_id_is_a_conflict_and_leaves_no_order():
+    rig = counting_rig()
+    await rig.store.write_backlog_gauge(3, NOW)
+    await rig.submit()
+    await rig.store.write_backlog_gauge(0, NOW)
+    outcome = await rig.submit(Currency="USD")
+    assert outcome.kind is SettleKind.DEADLETTER and outcome.reason == "OrderConflict"
+    assert "ORD-1" not in rig.orders.orders
+    assert (await rig.store.read("ORD-1"))[0].ProcessState is ProcessState.REJECTED
