@@ -30,7 +30,7 @@ from tests.e2e.conftest import E2E
 
 pytestmark = [pytest.mark.timeout(900)]
 
-DOCUMENTED_REASONS = {"InvalidMessage", "ReplyQueueNotAllowed", "OrderConflict", "RetriesExhausted",
+DOCUMENTED_REASONS = {"InvalidMessage", "ReplyQueueNotAllowed", "AppIdMismatch", "OrderConflict", "RetriesExhausted",
                       "ProcessingFailed"}
 HOSTILE = int(os.environ.get("HOSTILE_E2E_MESSAGES", "300"))
 VALID = int(os.environ.get("HOSTILE_E2E_VALID", "100"))
