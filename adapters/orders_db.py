@@ -19,7 +19,7 @@ from pydantic import ValidationError
 
 from adapters.cosmos_client import SDK_ERRORS, RequestCharges, translate_error
 from adapters.state_store import strip_system
-from domain.errors import ConflictError, PermanentError
+from domain.errors import ConflictError, NotFoundError, PermanentError
 from domain.models import OrderSubmitted
 
 
@@ -72,6 +72,19 @@ class CosmosOrdersRepository:
                 f"order {order.OrderID} exists with different {', '.join(fields)}", fields=fields
             )
         return False
+
+    async def discard(self, order_id: str) -> None:
+        """Delete the order if it is there. Only for an order whose state
+        record is Rejected: Submit writes the orders DB before it learns that
+        (it does not read first), and a rejected order must not stay."""
+        try:
+            await self._container.delete_item(
+                item=order_id, partition_key=order_id, response_hook=self.charges.hook("order_delete")
+            )
+        except SDK_ERRORS as exc:
+            error = translate_error(exc, f"delete order {order_id}", self.charges, "order_delete")
+            if not isinstance(error, NotFoundError):
+                raise error from exc
 
     async def get(self, order_id: str) -> OrderSubmitted:
         """The stored order; NotFoundError if there is none."""

@@ -83,6 +83,8 @@ class OrdersRepository(Protocol):
 
     async def get(self, order_id: str) -> OrderSubmitted: ...
 
+    async def discard(self, order_id: str) -> None: ...
+
 
 class MessagePublisher(Protocol):
     """Sends one message to a queue. `message_id` is stable for a logical

@@ -65,6 +65,9 @@ class Settings:
     # Applications that opted in to progress statuses (Processing,
     # StepCompleted) in the registry; the others get Received and terminal ones.
     progress_apps: frozenset[str] = frozenset()
+    # appId -> the queue Submit reads that application's orders from; the
+    # AppId of an order is the one its queue belongs to, never the body's.
+    ingress_queues: Mapping[str, str] = field(default_factory=dict)
     pending_backlog_limit: int = 5000
     backlog_gauge_max_age: timedelta = timedelta(seconds=300)
     max_order_bytes: int = 64 * 1024
@@ -176,6 +179,31 @@ def _progress_apps(env: Mapping[str, str]) -> frozenset[str]:
     )
 
 
+def ingress_queues(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """ORDER_INGRESS_QUEUES (`{"appId": "queue"}`): one ingress queue per
+    client application. Unset, it is `orders-<appId>` for every application
+    in REPLY_QUEUE_REGISTRY, the name the Bicep templates give those queues.
+
+    Read on its own (not only through `settings()`) because function_app.py
+    registers one Submit function per entry when it loads, before anything
+    else is configured."""
+    env = os.environ if env is None else env
+    raw = env.get("ORDER_INGRESS_QUEUES", "")
+    if not raw:
+        return {app: f"orders-{app}" for app in _registry(env)}
+    try:
+        queues = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise SettingsError(f"setting ORDER_INGRESS_QUEUES is not JSON: {exc}") from None
+    if not isinstance(queues, dict) or not all(
+        isinstance(app, str) and app and isinstance(queue, str) and queue for app, queue in queues.items()
+    ):
+        raise SettingsError('setting ORDER_INGRESS_QUEUES must map app ids to queue names: {"app": "queue"}')
+    if len(set(queues.values())) != len(queues):
+        raise SettingsError("setting ORDER_INGRESS_QUEUES gives two applications the same queue")
+    return queues
+
+
 def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     """Read every setting; raise SettingsError naming the first bad one."""
     env = os.environ if env is None else env
@@ -214,6 +242,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         orders_container=env.get("ORDERS_CONTAINER_NAME") or "orders",
         reply_queues=_reply_queues(env),
         progress_apps=_progress_apps(env),
+        ingress_queues=ingress_queues(env),
         pending_backlog_limit=_int(env, "PENDING_BACKLOG_LIMIT", 5000, 0),
         backlog_gauge_max_age=timedelta(seconds=_int(env, "BACKLOG_GAUGE_MAX_AGE_SECONDS", 300, 0)),
         max_order_bytes=_int(env, "MAX_ORDER_BYTES", 64 * 1024, 1024),

@@ -70,7 +70,7 @@ async def run(singles: int, burst: int, overrides: dict[str, str], pause: float)
         rng = random.Random(7)
         await asyncio.sleep(3)  # let the host create containers and settle
         async with ServiceBusClient.from_connection_string(stack.settings["ServiceBusConnection"]) as bus:
-            sender = bus.get_queue_sender("orders")
+            sender = bus.get_queue_sender("orders-webshop")  # the webshop's ingress queue
             receiver = bus.get_queue_receiver("replies-webshop",
                                               receive_mode=ServiceBusReceiveMode.RECEIVE_AND_DELETE)
             async with sender, receiver:

@@ -185,7 +185,7 @@ async def closed_loop(stack: Stack, batch: list[Any], in_flight: int, timeout: f
     done: dict[str, float] = {}
     queue = list(batch)
     async with ServiceBusClient.from_connection_string(stack.settings["ServiceBusConnection"]) as bus:
-        sender = bus.get_queue_sender("orders")
+        sender = bus.get_queue_sender("orders-webshop")  # the webshop's ingress queue
         receiver = bus.get_queue_receiver("replies-webshop", receive_mode=ServiceBusReceiveMode.RECEIVE_AND_DELETE)
         async with sender, receiver:
             async def post(n: int) -> None:

@@ -76,11 +76,16 @@ def post(
     prefix: str | None = typer.Option(None, help="OrderID prefix for generated orders"),
     seed: int | None = typer.Option(None, help="random seed for generated orders"),
 ) -> None:
-    """Post orders to the `orders` queue as application APP."""
+    """Post orders to application APP's ingress queue (`orders-APP` by default)."""
     cfg = _settings()
     queue = reply_to or cfg.reply_queues.get(app_id)
     if queue is None:
         raise typer.BadParameter(f"application {app_id!r} has no registered reply queue; pass --reply-to")
+    # Submit takes the AppId from the queue an order arrives on: post to the
+    # application's own ingress queue.
+    ingress = cfg.ingress_queues.get(app_id)
+    if ingress is None:
+        raise typer.BadParameter(f"application {app_id!r} has no ingress queue (ORDER_INGRESS_QUEUES)")
     if file is not None:
         bodies = [
             (str(o.get("OrderID", "?")) if isinstance(o, dict) else "?", json.dumps(o).encode())
@@ -90,7 +95,7 @@ def post(
         bodies = [(o.OrderID, encode(o)) for o in order_source.generate(app_id, queue, count, prefix, seed)]
 
     async def send():
-        async with servicebus_client(cfg.servicebus) as client, client.get_queue_sender("orders") as sender:
+        async with servicebus_client(cfg.servicebus) as client, client.get_queue_sender(ingress) as sender:
             for start in range(0, len(bodies), 100):
                 chunk = bodies[start : start + 100]
                 await sender.send_messages(

@@ -37,7 +37,7 @@ from adapters.cosmos_client import build_client
 from adapters.settings import load_settings
 from adapters.state_store import CosmosStateStore
 from cli.orders import generate
-from devstack.invariants import observe, records_with_prefix, violations
+from devstack.invariants import INGRESS_QUEUE, observe, records_with_prefix, violations
 from devstack.process import exit_on_signals
 from devstack.stack import REPO, Stack
 from domain.codec import encode
@@ -109,7 +109,7 @@ class Demo:
             ("malformed", b'{"OrderID": "x", "Lines": "lots"}'),
             ("notowned", json.dumps(not_owned).encode()),
         ]
-        async with client.get_queue_sender("orders") as sender:
+        async with client.get_queue_sender(INGRESS_QUEUE) as sender:
             for start in range(0, len(bodies), 100):
                 await sender.send_messages(
                     [ServiceBusMessage(b, message_id=m) for m, b in bodies[start:start + 100]])

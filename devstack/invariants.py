@@ -1,5 +1,5 @@
 """The invariants of DESIGN.md §7, checked from the outside: the state store,
-the reply queue, the orders dead-letter queue, the alerts queue, the remote
+the reply queue, the ingress queue's dead-letter queue, the alerts queue, the remote
 service's side-effect counts and the host's Supervisor log lines. Used by
 `make demo` and the end-to-end fault tests."""
 
@@ -56,15 +56,21 @@ async def drain(client: ServiceBusClient, queue: str, wait: float = 2) -> list:
     return out
 
 
+# The webshop's ingress queue: the demo and the end-to-end tests post as the
+# webshop (Submit takes the AppId from the queue).
+INGRESS_QUEUE = "orders-webshop"
+
+
 async def observe(
     store: CosmosStateStore, bus: ServiceBusClient, remote_url: str, prefix: str, log_dir: Path,
     reply_queue: str = "replies-webshop",
+    ingress_queue: str = INGRESS_QUEUE,
 ) -> Observed:
     observed = Observed(records=await records_with_prefix(store, prefix))
     for message in await drain(bus, reply_queue):
         update = json.loads(b"".join(message.body))
         observed.replies.setdefault(update["OrderID"], []).append(update["Status"])
-    for message in await drain(bus, "orders/$deadletterqueue"):
+    for message in await drain(bus, f"{ingress_queue}/$deadletterqueue"):
         observed.dead_letter_reasons[message.dead_letter_reason] += 1
     for message in await drain(bus, "alerts"):
         observed.alerts[json.loads(b"".join(message.body))["Kind"]] += 1

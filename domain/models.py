@@ -396,6 +396,7 @@ class OperatorAlert(Contract):
         "OrderConflict",
         "InvalidMessage",
         "ReplyQueueNotAllowed",
+        "AppIdMismatch",
         "RetriesExhausted",
         "ProcessingFailed",
         "OrderError",

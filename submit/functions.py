@@ -1,4 +1,14 @@
-"""The Submit trigger: Service Bus queue `orders`, PeekLock, manual settlement.
+"""The Submit triggers: one Service Bus queue trigger per client application,
+on that application's ingress queue (ORDER_INGRESS_QUEUES, read when this
+module is imported, i.e. when function_app.py loads), PeekLock, manual
+settlement.
+
+The queue an order arrives on is the sender's identity: in Azure each
+application holds the Sender role on its own ingress queue only, so the
+AppId is taken from the queue, and a body naming another application is
+dead-lettered `AppIdMismatch` (and alerted) by the handler. There is no
+trigger on the old shared `orders` queue: any path that believed the body's
+AppId would reopen the impersonation hole (issue 17 item 7).
 
 Thin on purpose: the gate (adapters.settlement.MessageGate) reads the body of
 any AMQP kind, runs the handler, turns transient failures into delayed
@@ -6,34 +16,74 @@ retries and anything unexpected into a `ProcessingFailed` dead letter, alerts
 on every dead letter, and settles off the event loop. The message-actions
 object is the SDK-type binding's `ServiceBusMessageActions` under the real
 host, and the local host's implementation of the same methods under
-devstack.host."""
+devstack.host. The Durable client binding feeds Submit's fast path (the
+order is started at once, not at the Starter's next tick)."""
 
 # No `from __future__ import annotations`: the Functions worker reads the
 # trigger's parameter annotations to decide what to bind.
+import hashlib
 import logging
+import re
 
-import azure.functions as func
+import azure.durable_functions as df
 import azurefunctions.extensions.bindings.servicebus as servicebus
 
 import bootstrap
+from adapters.settings import SettingsError, ingress_queues
 
-ORDERS_QUEUE = "orders"
-
-bp = func.Blueprint()
+bp = df.Blueprint()
 log = logging.getLogger(__name__)
 
+# Function names the host accepts: a letter, then letters, digits, _ and -.
+_UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
 
-@bp.function_name("submit_order")
-@bp.service_bus_queue_trigger(
-    arg_name="message",
-    queue_name=ORDERS_QUEUE,
-    connection="ServiceBusConnection",
-    auto_complete_messages=False,
-)
-async def submit_order(
-    message: servicebus.ServiceBusReceivedMessage,
-    message_actions: servicebus.ServiceBusMessageActions,
-) -> None:
-    handler = await bootstrap.submit_handler()
-    gate = await bootstrap.message_gate(ORDERS_QUEUE)
-    await gate.run(message, message_actions, handler.handle)
+
+def function_name(app_id: str) -> str:
+    """The Submit function of `app_id`: stable across restarts and deploys
+    (it names the function's logs and metrics), unique per application. An
+    app id the host would not accept as part of a name is spelled safely
+    and suffixed with a hash of the real id, so two never collide."""
+    safe = _UNSAFE.sub("_", app_id)
+    if safe != app_id or not app_id:
+        safe = f"{safe}_{hashlib.sha256(app_id.encode()).hexdigest()[:8]}"
+    return f"submit_order_{safe}"[:128]
+
+
+def _submit_function(app_id: str, queue: str):
+    async def submit_order(
+        message: servicebus.ServiceBusReceivedMessage,
+        message_actions: servicebus.ServiceBusMessageActions,
+        client: df.DurableOrchestrationClient,
+    ) -> None:
+        handler = await bootstrap.submit_handler()
+        gate = await bootstrap.message_gate(queue)
+        await gate.run(message, message_actions, lambda body: handler.handle(body, app_id, client))
+
+    name = function_name(app_id)
+    submit_order.__name__ = submit_order.__qualname__ = name
+    return name, submit_order
+
+
+def register(blueprint: df.Blueprint, queues: dict[str, str]) -> dict[str, str]:
+    """Register one Submit function per application on `blueprint`;
+    function name -> queue."""
+    registered: dict[str, str] = {}
+    for app_id, queue in sorted(queues.items()):
+        name, function = _submit_function(app_id, queue)
+        if name in registered:
+            raise SettingsError(f"ORDER_INGRESS_QUEUES: two applications map to function {name}")
+        blueprint.function_name(name)(
+            blueprint.service_bus_queue_trigger(
+                arg_name="message",
+                queue_name=queue,
+                connection="ServiceBusConnection",
+                auto_complete_messages=False,
+            )(blueprint.durable_client_input(client_name="client")(function))
+        )
+        registered[name] = queue
+    return registered
+
+
+SUBMIT_FUNCTIONS = register(bp, ingress_queues())
+if not SUBMIT_FUNCTIONS:
+    log.warning("no client applications configured (ORDER_INGRESS_QUEUES, REPLY_QUEUE_REGISTRY): no Submit trigger")

@@ -7,17 +7,29 @@ redelivered message finishes whichever half is missing (DESIGN.md §4).
 
 Order of effects, and why:
 1. validate (the client boundary: domain.codec / domain.boundary), check the
-   reply queue belongs to the sender — nothing written yet;
-2. read the state record: an existing one is compared by digest (cheap) first;
-   a Rejected one gets its Rejected status again (its first send may have
-   failed; the stable message id makes a repeat a duplicate) and nothing is
-   written: a rejected order never reaches the orders DB;
-3. admission control for new orders, from a gauge the starter refreshes (one
-   point read, cached; never a cross-partition COUNT per message);
-4. orders DB, then state record — a crash between them is healed on redelivery;
-5. `Received` status, then `ReceivedSent` on the record — a crash between them
-   re-sends with the same message id, which the reply queue's duplicate
-   detection drops.
+   body's AppId is the application whose ingress queue it arrived on (the
+   queue is the sender's identity: only that application may send to it) and
+   that the reply queue is that application's — nothing written yet;
+2. admission control, from a gauge the starter refreshes (one point read,
+   cached; never a cross-partition COUNT per message). Over the limit, a
+   Rejected record is created if absent; if an admitted record is found
+   instead, this is a redelivery of an accepted order and it carries on;
+3. orders DB, then state record, both create-if-absent with no read first: a
+   409 returns what is stored, compared by digest (a different order is a
+   conflict; a Rejected record gets its Rejected status again). A crash
+   between them is healed on redelivery;
+4. `Received` status, then `ReceivedSent` on the record by a replace on the
+   etag of the create — a crash between them re-sends with the same message
+   id, which the reply queue's duplicate detection drops;
+5. the fast path: the order is claimed and started at once
+   (orchestrators.starter.start_submitted) instead of at the Starter's next
+   tick; it never raises, and the timer Starter stays the safety net.
+
+A new order costs two Cosmos creates and one replace here. The price of not
+reading first falls on a rare path: a Rejected order re-sent after the
+backlog has fallen writes its orders-DB document before the Rejected record
+is seen, and deletes it again (a rejected order never stays in the orders
+DB); it is answered Rejected and never runs.
 
 The handler decides; it does not alert or settle. submit.functions runs it
 through adapters.settlement.MessageGate, which raises one alert per dead
@@ -42,6 +54,7 @@ from domain.errors import (
     ConflictError,
     NotFoundError,
     PermanentError,
+    StaleError,
     TransientError,
     ValidationFailed,
 )
@@ -113,80 +126,104 @@ class SubmitHandler:
         self._backlog = backlog or BacklogReader(store, settings.backlog_gauge_max_age.total_seconds())
         self._clock = clock
 
-    async def handle(self, body: bytes) -> Settle:
+    async def handle(self, body: bytes, app_id: str, client: object | None = None) -> Settle:
+        """Decide what becomes of one order that arrived on `app_id`'s ingress
+        queue. `client` is the Durable client of the trigger, for the fast
+        path; without one the timer Starter starts the order."""
         try:
-            return await self._handle(body)
+            return await self._handle(body, app_id, client)
         except TransientError as exc:
             # The store or the bus is briefly unavailable: retry after a
             # back-off delay (the gate schedules it), not at once.
             log.warning("transient failure, retrying later: %s", exc)
             return Settle.retry(str(exc), readable_order_id(body))
 
-    async def _handle(self, body: bytes) -> Settle:
+    async def _handle(self, body: bytes, app_id: str, client: object | None) -> Settle:
         now = self._clock()
         try:
             order = decode(OrderSubmitted, body, self._settings.max_order_bytes)
         except ValidationFailed as exc:
             return Settle.deadletter("InvalidMessage", exc.reason, readable_order_id(body))
 
-        allowed = self._settings.reply_queues.get(order.AppId)
+        if order.AppId != app_id:
+            # Only `app_id` can send to this queue: a body naming another
+            # application is an attempt to use that one's reply queue or ids.
+            reason = f"order arrived on the ingress queue of {app_id!r} but names AppId {order.AppId!r}"
+            return Settle.deadletter("AppIdMismatch", reason, order.OrderID)
+
+        allowed = self._settings.reply_queues.get(app_id)
         if allowed != order.ReplyTo:
             reason = (
-                f"application {order.AppId!r} may not use reply queue {order.ReplyTo!r}"
+                f"application {app_id!r} may not use reply queue {order.ReplyTo!r}"
                 + (f" (its queue is {allowed!r})" if allowed else " (application not registered)")
             )
             return Settle.deadletter("ReplyQueueNotAllowed", reason, order.OrderID)
 
-        existing = await self._read(order.OrderID)
-        if existing is not None and existing.OrderDigest != order.digest():
-            return await self._conflict(order, now)
-        if existing is not None and existing.ProcessState is ProcessState.REJECTED:
-            return await self._send_rejected(order, existing, now)
+        if await self._over_backlog():
+            rejected = await self._reject(order, now)
+            if rejected is not None:
+                return rejected
+        return await self._admit(order, now, client)
 
-        if existing is None and await self._over_backlog():
-            return await self._reject(order, now)
-
+    async def _admit(self, order: OrderSubmitted, now: datetime, client: object | None) -> Settle:
         try:
             await self._orders.create_if_absent(order)
         except ConflictError as exc:
             return await self._conflict(order, now, exc.fields)
 
-        record, _, created = await self._store.create_if_absent(
+        record, etag, created = await self._store.create_if_absent(
             sm.new_record(order, now, self._steps)
         )
         if not created and record.OrderDigest != order.digest():
+            if record.ProcessState is ProcessState.REJECTED:
+                # A rejected order never wrote the orders DB, so the document
+                # there is the one this delivery just wrote: take it back.
+                await self._orders.discard(order.OrderID)
             return await self._conflict(order, now)
         if created:
             log.info("order accepted", extra={"order_id": order.OrderID})
 
         if record.ProcessState is ProcessState.REJECTED:
-            # Rejected by a delivery racing this one, after our orders write.
+            # Rejected earlier (or by a delivery racing this one), and the
+            # orders write above did not know: a rejected order must not stay
+            # in the orders DB (a crash before this delete is healed by the
+            # next delivery, which gets here again).
+            await self._orders.discard(order.OrderID)
             return await self._send_rejected(order, record, now)
         if not record.ReceivedSent:
             await self._status.send(order.ReplyTo, order.OrderID, StatusKind.RECEIVED, now)
-            await self._store.update(
-                order.OrderID, lambda r: sm.mark_received_sent(r, now), ANY_OWNER
-            )
-        return Settle.complete(order.OrderID)
+            record = sm.mark_received_sent(record, now)
+            try:
+                etag = await self._store.replace(record, etag)
+            except StaleError:
+                # Someone wrote it since our create (the timer Starter claimed
+                # it, or a racing delivery marked it): mark on what is there.
+                record, etag = await self._store.update(
+                    order.OrderID, lambda r: sm.mark_received_sent(r, now), ANY_OWNER
+                )
+        if client is not None and record.ProcessState is ProcessState.PENDING and record.LockedBy is None:
+            # Before settling: a redelivery then finds the record claimed,
+            # which is harmless. Never raises; None leaves it to the timer.
+            from orchestrators.starter import start_submitted
 
-    async def _read(self, order_id: str) -> OrderState | None:
-        try:
-            record, _ = await self._store.read(order_id)
-            return record
-        except NotFoundError:
-            return None
+            await start_submitted(client, record, etag, order)
+        return Settle.complete(order.OrderID)
 
     async def _over_backlog(self) -> bool:
         pending = await self._backlog.pending()
         return pending is not None and pending > self._settings.pending_backlog_limit
 
-    async def _reject(self, order: OrderSubmitted, now: datetime) -> Settle:
+    async def _reject(self, order: OrderSubmitted, now: datetime) -> Settle | None:
+        """Reject a new order; None if the order was admitted before (a
+        redelivery, or a delivery racing this one): the caller carries on."""
         reason = f"backlog above {self._settings.pending_backlog_limit} pending orders; try later"
         record, _, created = await self._store.create_if_absent(sm.rejected_record(order, now, reason))
+        if record.OrderDigest != order.digest():
+            return await self._conflict(order, now)
         if record.ProcessState is not ProcessState.REJECTED:
-            # Lost a race with a delivery that was admitted: treat as that.
-            return await self._handle_existing_after_race(order, now)
-        log.warning("order rejected: %s", reason, extra={"order_id": order.OrderID})
+            return None
+        if created:
+            log.warning("order rejected: %s", reason, extra={"order_id": order.OrderID})
         return await self._send_rejected(order, record, now)
 
     async def _send_rejected(self, order: OrderSubmitted, record: OrderState, now: datetime) -> Settle:
@@ -196,12 +233,6 @@ class SubmitHandler:
         await self._status.send(
             order.ReplyTo, order.OrderID, StatusKind.REJECTED, now, detail=record.LastError
         )
-        return Settle.complete(order.OrderID)
-
-    async def _handle_existing_after_race(self, order: OrderSubmitted, now: datetime) -> Settle:
-        record = await self._read(order.OrderID)
-        if record is None or record.OrderDigest != order.digest():
-            return await self._conflict(order, now)
         return Settle.complete(order.OrderID)
 
     async def _conflict(

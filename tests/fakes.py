@@ -157,6 +157,9 @@ class FakeOrders:
             raise NotFoundError(order_id)
         return self.orders[order_id]
 
+    async def discard(self, order_id: str) -> None:
+        self.orders.pop(order_id, None)
+
 
 class RecordingPublisher:
     """Keeps what was sent, and drops a message whose id was already sent to

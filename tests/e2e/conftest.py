@@ -18,7 +18,7 @@ from adapters.cosmos_client import build_client
 from adapters.settings import load_settings
 from adapters.state_store import CosmosStateStore
 from cli.orders import generate
-from devstack.invariants import observe, records_with_prefix, violations
+from devstack.invariants import INGRESS_QUEUE, observe, records_with_prefix, violations
 from devstack.stack import Stack
 from domain.codec import encode
 from domain.models import TERMINAL_STATES
@@ -91,7 +91,7 @@ class E2E:
         return list(generate("webshop", "replies-webshop", count, self.prefix))
 
     async def post(self, orders) -> None:
-        async with self.bus.get_queue_sender("orders") as sender:
+        async with self.bus.get_queue_sender(INGRESS_QUEUE) as sender:
             await sender.send_messages(
                 [ServiceBusMessage(encode(o), message_id=f"submit/{o.OrderID}") for o in orders])
 

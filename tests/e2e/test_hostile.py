@@ -22,6 +22,7 @@ from azure.servicebus import ServiceBusMessage, ServiceBusReceiveMode
 from azure.servicebus.amqp import AmqpAnnotatedMessage
 
 from adapters.settlement import BodyRefused, read_body
+from devstack.invariants import INGRESS_QUEUE
 from domain.codec import decode, encode
 from domain.errors import ValidationFailed
 from domain.models import OrderSubmitted, ProcessState
@@ -29,7 +30,7 @@ from tests.e2e.conftest import E2E
 
 pytestmark = [pytest.mark.timeout(900)]
 
-DOCUMENTED_REASONS = {"InvalidMessage", "ReplyQueueNotAllowed", "OrderConflict", "RetriesExhausted",
+DOCUMENTED_REASONS = {"InvalidMessage", "ReplyQueueNotAllowed", "AppIdMismatch", "OrderConflict", "RetriesExhausted",
                       "ProcessingFailed"}
 HOSTILE = int(os.environ.get("HOSTILE_E2E_MESSAGES", "300"))
 VALID = int(os.environ.get("HOSTILE_E2E_VALID", "100"))
@@ -124,7 +125,7 @@ async def test_hostile_messages_mixed_with_valid_orders(stack):
     print(f"hostile e2e seed {seed} (HOSTILE_SEED={seed} replays it)")
     rng = random.Random(seed)
     async with E2E(stack) as e2e:
-        for queue in ("alerts", "orders/$deadletterqueue"):
+        for queue in ("alerts", f"{INGRESS_QUEUE}/$deadletterqueue"):
             await drain(e2e, queue, idle=0.5)
         valid_orders = e2e.orders(VALID)
         outgoing = []  # (message id, amqp message, expected OrderSubmitted or None)
@@ -141,11 +142,11 @@ async def test_hostile_messages_mixed_with_valid_orders(stack):
             mapped = rng.random() < 0.05
             amqp, kind = message(rng, body, mid, mapped=mapped)
             order = None if mapped else accepted_by_contract(body)
-            if order is not None and order.ReplyTo != "replies-webshop":
-                order = None  # valid JSON, but the reply queue is not the app's: refused
+            if order is not None and (order.AppId != "webshop" or order.ReplyTo != "replies-webshop"):
+                order = None  # valid JSON, but another app's id or reply queue: refused
             outgoing.append((mid, amqp, order))
         rng.shuffle(outgoing)
-        async with e2e.bus.get_queue_sender("orders") as sender:
+        async with e2e.bus.get_queue_sender(INGRESS_QUEUE) as sender:
             for start in range(0, len(outgoing), 50):
                 for _, amqp, _ in outgoing[start : start + 50]:
                     await sender.send_messages(amqp)
@@ -161,7 +162,7 @@ async def test_hostile_messages_mixed_with_valid_orders(stack):
         deadline = time.monotonic() + 180
         while not refused <= set(dead) and time.monotonic() < deadline:
             # refused messages may still be in flight when the valid ones are done
-            for m in await drain(e2e, "orders/$deadletterqueue"):
+            for m in await drain(e2e, f"{INGRESS_QUEUE}/$deadletterqueue"):
                 dead[m.message_id] = (m.dead_letter_reason, m.dead_letter_error_description)
         alerts: dict[str, list[str]] = {}
         for m in await drain(e2e, "alerts"):

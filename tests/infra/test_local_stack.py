@@ -40,7 +40,7 @@ def test_service_bus_emulator_reads_the_generated_config():
 
 def test_compose_config_and_bicep_name_the_same_queues():
     """Config.json's queues are Bicep's fixed queues plus one reply queue per
-    default client application (the ingress queues join when Submit uses them)."""
+    default client application, and that application's ingress queue."""
     assert sorted(config_json_queues()) == local_queue_names()
 
 

@@ -117,9 +117,9 @@ def _reply_properties(reply_template) -> dict:
 
 
 def local_queue_names() -> list[str]:
-    """The queues the local emulators must serve: Bicep's, less the per-application
-    ingress queues, which Config.json gains when Submit listens on them."""
-    return sorted(set(bicep_queues()) - set(INGRESS))
+    """The queues the local emulators must serve: Bicep's, the per-application
+    ingress queues included (Submit listens on them)."""
+    return sorted(bicep_queues())
 
 
 def config_json_queues() -> dict[str, dict]:

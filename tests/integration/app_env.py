@@ -16,6 +16,8 @@ from azure.servicebus.aio import ServiceBusClient
 import adapters.settings
 
 REGISTRY = {"webshop": "replies-webshop", "partner-portal": "replies-partner-portal"}
+# Each application's ingress queue (devstack/servicebus/Config.json).
+INGRESS = {"webshop": "orders-webshop", "partner-portal": "orders-partner-portal"}
 
 
 def app_environment(cosmos_server, servicebus_emulator, database: str, **extra: str) -> dict[str, str]:
@@ -27,6 +29,7 @@ def app_environment(cosmos_server, servicebus_emulator, database: str, **extra: 
         "ORDERS_DATABASE_NAME": f"{database}-orders",
         "ServiceBusConnection": servicebus_emulator.connection_string,
         "REPLY_QUEUE_REGISTRY": json.dumps(REGISTRY),
+        "ORDER_INGRESS_QUEUES": json.dumps(INGRESS),
         **extra,
     }
 

@@ -36,9 +36,9 @@ from domain.errors import NotFoundError, ValidationFailed
 from domain.models import AgentReply, AgentRequest, OrderSubmitted
 from orchestrators.functions import bp as orchestrator_blueprint
 from reporting import Alerts
-from submit.functions import bp as submit_blueprint
+from submit.functions import function_name, register
 from tests.builders import agent_request, order_payload
-from tests.integration.app_env import Bus, RecordingActions, app_env, registered  # noqa: F401
+from tests.integration.app_env import INGRESS, Bus, RecordingActions, app_env, registered  # noqa: F401
 from tests.property.strategies import (
     application_properties,
     hostile_text,
@@ -54,6 +54,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(1200)]
 DOCUMENTED_REASONS = {
     "InvalidMessage",
     "ReplyQueueNotAllowed",
+    "AppIdMismatch",
     "OrderConflict",
     "RetriesExhausted",
     "ProcessingFailed",
@@ -69,7 +70,19 @@ SETTINGS = settings(
     ],
 )
 
-SUBMIT = registered(submit_blueprint, "submit_order")
+ORDERS = INGRESS["webshop"]  # the property's messages arrive as the webshop's
+
+
+def _submit_function():
+    import azure.durable_functions as df
+
+    blueprint = df.Blueprint()
+    register(blueprint, INGRESS)
+    # past the Durable middleware: run without a client (no fast path)
+    return registered(blueprint, function_name("webshop")).__wrapped__
+
+
+SUBMIT = _submit_function()
 AGENT = registered(agent_functions.bp, "agent_requests")
 # The durable-client middleware builds the client from the host's JSON; the
 # function it wraps is what runs after that, so it gets a recording client.
@@ -221,8 +234,8 @@ def check_dead_letters_alerted(dead: dict[str, str], alerts: dict[str, list[dict
 @pytest.fixture
 async def bus(app_env, servicebus_emulator):  # noqa: F811
     bus = Bus(servicebus_emulator.connection_string)
-    for queue in ("orders", "agent-requests", "agent-responses", "alerts", "replies-webshop",
-                  "orders/$deadletterqueue", "agent-requests/$deadletterqueue",
+    for queue in (ORDERS, "agent-requests", "agent-responses", "alerts", "replies-webshop",
+                  f"{ORDERS}/$deadletterqueue", "agent-requests/$deadletterqueue",
                   "agent-responses/$deadletterqueue"):
         await drain(bus, queue)
     yield bus
@@ -267,16 +280,17 @@ def order_bodies(order_id: str):
 async def test_every_order_message_is_accepted_valid_or_dead_lettered_with_a_reason(bus, data):
     c = await bootstrap.container()
     dead: dict[str, str] = {}
-    async with Queue(bus, "orders") as orders:
+    async with Queue(bus, ORDERS) as orders:
         order_id = f"P-{uuid.uuid4().hex[:12]}"
         body = data.draw(order_bodies(order_id), label="body")
         kind = data.draw(st.sampled_from(BODY_KINDS), label="kind")
         props = data.draw(application_properties, label="properties")
         message_id = f"prop-{uuid.uuid4().hex}"
-        call = await orders.deliver(amqp_message(body, kind, message_id, props), SUBMIT)
+        call = await orders.deliver(amqp_message(body, kind, message_id, props), SUBMIT, client=None)
         if call[0] == "complete":
             assert kind not in ("value-map", "sequence-ints")
             order = decode(OrderSubmitted, body)  # accepted only as a valid contract
+            assert order.AppId == "webshop"  # the queue's application, whatever else the body says
             assert oracle_accepts_text(body)
             record, _ = await c.store.read(order.OrderID)
             assert record.OrderDigest == order.digest()

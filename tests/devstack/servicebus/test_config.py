@@ -34,6 +34,8 @@ def test_reads_the_project_config_with_its_queue_names() -> None:
     queues = {q.name: q for q in load_config(PROJECT_CONFIG)}
     assert set(queues) == {
         "orders",
+        "orders-webshop",
+        "orders-partner-portal",
         "agent-requests",
         "agent-responses",
         "alerts",
@@ -48,6 +50,24 @@ def test_reads_the_project_config_with_its_queue_names() -> None:
     assert orders.dead_letter_on_expiration
     assert orders.default_ttl == 86400
     assert not queues["alerts"].requires_duplicate_detection
+
+
+def test_every_registered_application_has_an_ingress_queue_like_orders() -> None:
+    """Submit takes an order's AppId from its ingress queue: each application
+    of the template's REPLY_QUEUE_REGISTRY needs the queue Submit reads
+    (ORDER_INGRESS_QUEUES's default), with the properties of `orders`."""
+    import dataclasses
+    import json
+
+    from adapters.settings import ingress_queues
+    from devstack.stack import TEMPLATE
+
+    values = json.loads(TEMPLATE.read_text())["Values"]
+    wanted = ingress_queues(values)
+    assert set(wanted) == set(json.loads(values["REPLY_QUEUE_REGISTRY"]))
+    queues = {q.name: q for q in load_config(PROJECT_CONFIG)}
+    for queue in wanted.values():
+        assert dataclasses.replace(queues[queue], name="orders") == queues["orders"], queue
 
 
 def test_applies_defaults_and_limits() -> None:

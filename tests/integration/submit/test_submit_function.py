@@ -1,5 +1,7 @@
-"""Submit through the function as registered, against the real Cosmos server
-and the Service Bus emulator: each outcome of DESIGN.md §2.2 and §4."""
+"""Submit through the function as registered (one per application ingress
+queue), against the real Cosmos server and the Service Bus emulator: each
+outcome of DESIGN.md §2.2 and §4, the AppId taken from the queue, and the
+Cosmos requests a new order costs."""
 
 from __future__ import annotations
 
@@ -7,24 +9,45 @@ import json
 import time
 import uuid
 
+import azure.durable_functions as df
 import pytest
 
 import bootstrap
 from adapters.state_store import CosmosStateStore
 from devstack.cosmos.faults import FaultRule, clear_faults, set_faults
+from domain.errors import NotFoundError
 from domain.models import ProcessState
-from submit.functions import bp as submit_blueprint
-from tests.integration.app_env import Bus, app_env, registered  # noqa: F401
+from submit.functions import function_name, register
+from tests.integration.app_env import INGRESS, Bus, app_env, registered  # noqa: F401
 from tests.unit.domain.conftest import order_payload
 
 pytestmark = pytest.mark.timeout(120)
-SUBMIT = registered(submit_blueprint, "submit_order")
+ORDERS = INGRESS["webshop"]
+
+
+def _submit_of(app_id: str):
+    """The app's Submit function as the host sees it, without a Durable
+    client (no fast path: these tests look at Submit alone)."""
+    blueprint = df.Blueprint()
+    register(blueprint, INGRESS)
+    # __wrapped__: past the Durable middleware, which would build a client
+    # from the host's binding JSON.
+    function = registered(blueprint, function_name(app_id)).__wrapped__
+
+    async def run(message, message_actions, client=None):
+        await function(message=message, message_actions=message_actions, client=client)
+
+    return run
+
+
+SUBMIT = _submit_of("webshop")
 
 
 @pytest.fixture
 async def rig(app_env, servicebus_emulator):  # noqa: F811
     rig = Rig(Bus(servicebus_emulator.connection_string))
-    for queue in ("orders", "replies-webshop", "replies-partner-portal", "alerts", "orders/$deadletterqueue"):
+    for queue in (*INGRESS.values(), "replies-webshop", "replies-partner-portal", "alerts",
+                  *(f"{q}/$deadletterqueue" for q in INGRESS.values())):
         await rig.bus.drain(queue, wait=0.1)
     yield rig
     await rig.bus.close()
@@ -57,8 +80,8 @@ class Rig:
         return json.dumps(order_payload(OrderID=self.order_id, **overrides)).encode()
 
     async def submit(self, body: bytes) -> tuple:
-        await self.bus.send("orders", body)
-        return await self.bus.deliver("orders", _dies_like_a_process(SUBMIT))
+        await self.bus.send(ORDERS, body)
+        return await self.bus.deliver(ORDERS, _dies_like_a_process(SUBMIT))
 
     async def replies(self, queue="replies-webshop") -> list[str]:
         return [m["Status"] for m in await self.bus.drain(queue, wait=0.3) if m.get("OrderID") == self.order_id]
@@ -102,7 +125,7 @@ async def test_crash_between_the_two_writes_is_healed_by_redelivery(rig, monkeyp
         await rig.submit(rig.body())
     monkeypatch.setattr(CosmosStateStore, "create_if_absent", real)
     # the abandoned message comes back: the host redelivers it
-    assert await rig.bus.deliver("orders", SUBMIT) == ("complete",)
+    assert await rig.bus.deliver(ORDERS, SUBMIT) == ("complete",)
     record = await rig.record()
     assert record.ProcessState is ProcessState.PENDING
     c = await bootstrap.container()
@@ -128,7 +151,7 @@ async def test_conflicting_order_is_deadlettered_alerted_and_nothing_overwritten
     call = await rig.submit(rig.body(**overrides))
     assert call[0] == "deadletter" and call[1] == "OrderConflict" and field in call[2]
     assert await rig.record() == before
-    dead = [m for m in await rig.bus.drain("orders/$deadletterqueue", wait=0.3) if m.get("OrderID") == rig.order_id]
+    dead = [m for m in await rig.bus.drain(f"{ORDERS}/$deadletterqueue", wait=0.3) if m.get("OrderID") == rig.order_id]
     assert [m["_dead_letter_reason"] for m in dead] == ["OrderConflict"]
     assert "OrderConflict" in await rig.alerts()
 
@@ -174,7 +197,7 @@ async def test_throttled_store_retries_after_a_delay_not_at_once(rig, app_env, c
     finally:
         clear_faults(cosmos_server.endpoint)
     started = time.monotonic()
-    assert await rig.bus.deliver("orders", SUBMIT, wait=15) == ("complete",)
+    assert await rig.bus.deliver(ORDERS, SUBMIT, wait=15) == ("complete",)
     # Not a timing assertion on speed: the copy must not come back before its delay.
     assert time.monotonic() - started > 1.0
     assert await rig.replies() == ["Received"]
@@ -188,13 +211,13 @@ async def test_throttling_that_outlasts_the_back_off_dead_letters_with_a_reason_
     set_faults(cosmos_server.endpoint, FaultRule(status=429, db=cosmos_database, retry_after_ms=10))
     try:
         assert await rig.submit(rig.body()) == ("complete",)
-        call = await rig.bus.deliver("orders", SUBMIT, wait=15)
+        call = await rig.bus.deliver(ORDERS, SUBMIT, wait=15)
     finally:
         clear_faults(cosmos_server.endpoint)
     assert call[:2] == ("deadletter", "RetriesExhausted")
     alerts = [m for m in await rig.bus.drain("alerts", wait=0.3)]
     assert [(a["Kind"], a["OrderID"]) for a in alerts] == [("RetriesExhausted", rig.order_id)]
-    [dead] = await rig.bus.drain("orders/$deadletterqueue", wait=0.3)
+    [dead] = await rig.bus.drain(f"{ORDERS}/$deadletterqueue", wait=0.3)
     assert dead["_message_id"] == alerts[0]["MessageId"]
 
 
@@ -228,10 +251,62 @@ async def test_a_rejected_order_whose_status_send_failed_hears_rejected_on_redel
     monkeypatch.setattr(ServiceBusPublisher, "send", fail_replies)
     assert await rig.submit(rig.body()) == ("complete",)
     monkeypatch.setattr(ServiceBusPublisher, "send", real)
-    assert await rig.bus.deliver("orders", SUBMIT, wait=15) == ("complete",)
+    assert await rig.bus.deliver(ORDERS, SUBMIT, wait=15) == ("complete",)
     assert await rig.replies() == ["Rejected"]
     assert (await rig.record()).ProcessState is ProcessState.REJECTED
     from domain.errors import NotFoundError
 
     with pytest.raises(NotFoundError):
         await c.orders.get(rig.order_id)
+
+
+async def test_an_order_on_the_webshop_ingress_becomes_a_webshop_order(rig):
+    assert await rig.submit(rig.body()) == ("complete",)
+    assert (await rig.record()).AppId == "webshop"
+    assert await rig.replies() == ["Received"]
+
+
+async def test_each_application_has_its_own_submit_function_and_queue(rig):
+    body = rig.body(AppId="partner-portal", ReplyTo="replies-partner-portal")
+    await rig.bus.send(INGRESS["partner-portal"], body)
+    assert await rig.bus.deliver(INGRESS["partner-portal"], _submit_of("partner-portal")) == ("complete",)
+    assert (await rig.record()).AppId == "partner-portal"
+    assert await rig.replies("replies-partner-portal") == ["Received"]
+
+
+async def test_a_body_naming_partner_portal_on_the_webshop_ingress_is_dead_lettered_app_id_mismatch(rig):
+    call = await rig.submit(rig.body(AppId="partner-portal", ReplyTo="replies-partner-portal"))
+    assert call[:2] == ("deadletter", "AppIdMismatch")
+    [dead] = await rig.bus.drain(f"{ORDERS}/$deadletterqueue", wait=0.3)
+    assert dead["_dead_letter_reason"] == "AppIdMismatch" and dead["OrderID"] == rig.order_id
+    alerts = await rig.bus.drain("alerts", wait=0.3)
+    assert [(a["Kind"], a["OrderID"], a["Queue"]) for a in alerts] == [("AppIdMismatch", rig.order_id, ORDERS)]
+    with pytest.raises(NotFoundError):
+        await rig.record()
+    c = await bootstrap.container()
+    with pytest.raises(NotFoundError):
+        await c.orders.get(rig.order_id)
+    assert await rig.replies("replies-partner-portal") == [] and await rig.replies() == []
+
+
+def _calls(*charges) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for ledger in {id(c): c for c in charges}.values():
+        for kind, stats in ledger.by_kind.items():
+            out[kind] = out.get(kind, 0) + stats.calls
+    return out
+
+
+async def test_a_new_order_costs_two_creates_and_one_replace_on_the_real_server(rig):
+    """Counted from the Cosmos server's responses (each adapter call records
+    its response's charge), not timed."""
+    c = await bootstrap.container()
+    # The backlog gauge's point read is per process (cached 5 s), not per
+    # order: counted apart.
+    before = _calls(c.store.charges, c.orders.charges)
+    assert await rig.submit(rig.body()) == ("complete",)
+    after = _calls(c.store.charges, c.orders.charges)
+    spent = {k: after[k] - before.get(k, 0) for k in after if after[k] != before.get(k, 0)}
+    backlog = {k: v for k, v in spent.items() if "gauge" in k or "backlog" in k}
+    assert {k: v for k, v in spent.items() if k not in backlog} == {"order_create": 1, "create": 1, "replace": 1}
+    print(f"\nsubmit, new order: cosmos requests={sum(spent.values()) - sum(backlog.values())} {spent}")

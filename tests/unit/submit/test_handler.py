@@ -71,6 +71,8 @@ class FakeScheduler:
 class Rig:
     def __init__(self, **env):
         self.store, self.orders, self.bus = FakeStateStore(), FakeOrders(), RecordingPublisher()
+        self.app_id = "webshop"  # the application whose ingress queue the messages arrive on
+        self.client = None
         settings = load_settings({**ENV, **env})
         self.handler = SubmitHandler(
             settings,
@@ -84,7 +86,7 @@ class Rig:
         )
         self.scheduler = FakeScheduler()
         self.gate = MessageGate(
-            "orders", Alerts(self.bus), self.scheduler, BackoffPolicy((5.0, 15.0), 5), clock=lambda: NOW
+            "orders-webshop", Alerts(self.bus), self.scheduler, BackoffPolicy((5.0, 15.0), 5), clock=lambda: NOW
         )
         self.actions = FakeActions()
 
@@ -92,7 +94,9 @@ class Rig:
         return await self.deliver(json.dumps(order_payload(**overrides)).encode())
 
     async def deliver(self, body: bytes, **message):
-        return await self.gate.run(FakeMessage(body, **message), self.actions, self.handler.handle)
+        return await self.gate.run(
+            FakeMessage(body, **message), self.actions, lambda b: self.handler.handle(b, self.app_id, self.client)
+        )
 
     def statuses(self, queue="replies-webshop"):
         return [json.loads(b)["Status"] for b in self.bus.to(queue)]
@@ -143,15 +147,15 @@ async def test_crash_between_orders_and_state_is_healed_by_redelivery(rig):
 
 
 async def test_crash_after_status_before_mark_resends_same_message_id(rig):
-    real = rig.store.update
+    real = rig.store.replace
 
     async def crash(*a, **k):
         raise Killed()
 
-    rig.store.update = crash
+    rig.store.replace = crash
     with pytest.raises(Killed):
         await rig.submit()
-    rig.store.update = real
+    rig.store.replace = real
     await rig.submit()
     # the publisher (like the reply queue's duplicate detection) dropped the re-send
     assert rig.statuses() == ["Received"]
@@ -193,7 +197,7 @@ async def test_an_alert_names_the_message_and_the_order_when_readable(rig):
     outcome = await rig.deliver(body, message_id="client-msg-7")
     [alert] = rig.alert_bodies()
     assert alert["Kind"] == "InvalidMessage" and alert["MessageId"] == "client-msg-7"
-    assert alert["OrderID"] == "ORD-1" and alert["Queue"] == "orders"
+    assert alert["OrderID"] == "ORD-1" and alert["Queue"] == "orders-webshop"
     assert alert["Reason"] == outcome.description
 
 
@@ -229,6 +233,7 @@ async def test_oversize_message_is_deadlettered():
     [("webshop", "replies-partner"), ("unknown-app", "replies-webshop")],
 )
 async def test_reply_queue_not_registered_to_sender(rig, app, queue):
+    rig.app_id = app
     outcome = await rig.submit(AppId=app, ReplyTo=queue)
     assert outcome.kind is SettleKind.DEADLETTER and outcome.reason == "ReplyQueueNotAllowed"
     assert rig.bus.to(queue) == [] and not rig.store.docs
@@ -278,24 +283,24 @@ async def test_stale_gauge_admits(rig):
 
 
 async def test_transient_store_error_schedules_a_delayed_copy_and_completes(rig):
-    async def throttled(order_id):
+    async def throttled(*_):
         raise TransientError("429", retry_after=0.5)
 
-    rig.store.read = throttled
+    rig.store.create_if_absent = throttled
     outcome = await rig.submit()
     assert outcome.kind is SettleKind.COMPLETE and rig.actions.calls == [("complete",)]
     [(queue, body, message_id, at, props)] = rig.scheduler.scheduled
-    assert queue == "orders" and json.loads(body)["OrderID"] == "ORD-1"
+    assert queue == "orders-webshop" and json.loads(body)["OrderID"] == "ORD-1"
     assert at == NOW + timedelta(seconds=5) and message_id == "msg-1/retry-1"
     assert props == {"x-retry-count": 1, "x-original-message-id": "msg-1"}
     assert not rig.bus.sent
 
 
 async def test_the_back_off_grows_and_then_dead_letters_with_a_reason_and_an_alert(rig):
-    async def throttled(order_id):
+    async def throttled(*_):
         raise TransientError("429")
 
-    rig.store.read = throttled
+    rig.store.create_if_absent = throttled
     body = json.dumps(order_payload()).encode()
     await rig.deliver(body, message_id="msg-1/retry-1",
                       properties={"x-retry-count": 1, "x-original-message-id": "msg-1"})
@@ -313,10 +318,10 @@ async def test_the_back_off_grows_and_then_dead_letters_with_a_reason_and_an_ale
 async def test_when_no_retry_can_be_scheduled_abandon_until_the_last_delivery(rig):
     rig.scheduler.fail = True
 
-    async def throttled(order_id):
+    async def throttled(*_):
         raise TransientError("429")
 
-    rig.store.read = throttled
+    rig.store.create_if_absent = throttled
     body = json.dumps(order_payload()).encode()
     assert (await rig.deliver(body, delivery_count=0)).kind is SettleKind.ABANDON
     last = await rig.deliver(body, delivery_count=4)
@@ -325,10 +330,10 @@ async def test_when_no_retry_can_be_scheduled_abandon_until_the_last_delivery(ri
 
 
 async def test_a_client_set_retry_count_of_the_wrong_type_counts_as_none(rig):
-    async def throttled(order_id):
+    async def throttled(*_):
         raise TransientError("429")
 
-    rig.store.read = throttled
+    rig.store.create_if_absent = throttled
     body = json.dumps(order_payload()).encode()
     await rig.deliver(body, properties={"x-retry-count": True})
     await rig.deliver(body, properties={"x-retry-count": "9"})
@@ -359,3 +364,167 @@ async def test_backlog_gauge_is_read_once_per_cache_interval():
     reader = BacklogReader(store, 60, cache_seconds=5, clock=lambda: next(ticks), wall_clock=lambda: NOW)
     assert [await reader.pending() for _ in range(3)] == [3, 3, 3]
     assert reads == 2  # at 0 s and again at 6 s, not at 1 s
+
+
+@pytest.mark.parametrize("named", ["partner", "unknown-app"])
+async def test_a_body_naming_another_application_is_deadlettered_app_id_mismatch(rig, named):
+    """The queue says who sent it: a body on the webshop's ingress naming
+    another AppId (and that one's reply queue) is refused before any write."""
+    outcome = await rig.submit(AppId=named, ReplyTo="replies-partner")
+    assert outcome.kind is SettleKind.DEADLETTER and outcome.reason == "AppIdMismatch"
+    assert "'webshop'" in outcome.description and repr(named) in outcome.description
+    assert rig.actions.calls == [("deadletter", "AppIdMismatch", outcome.description)]
+    assert not rig.store.docs and not rig.orders.orders
+    assert rig.bus.to("replies-partner") == [] and rig.bus.to("replies-webshop") == []
+    alerts = rig.alert_bodies()
+    assert [a["Kind"] for a in alerts] == ["AppIdMismatch"] and alerts[0]["OrderID"] == "ORD-1"
+
+
+async def test_the_app_id_comes_from_the_queue_not_the_body(rig):
+    rig.app_id = "partner"
+    outcome = await rig.submit(AppId="partner", ReplyTo="replies-partner")
+    assert outcome.kind is SettleKind.COMPLETE
+    assert (await rig.store.read("ORD-1"))[0].AppId == "partner"
+    assert rig.statuses("replies-partner") == ["Received"]
+
+
+class Cosmos(FakeStateStore):
+    """Counts the requests the real adapter would make for each call."""
+
+    def __init__(self):
+        super().__init__()
+        self.requests: list[str] = []
+
+    async def create_if_absent(self, record):
+        self.requests.append("create")
+        existed = record.id in self.docs
+        if existed:
+            self.requests.append("read")  # the real adapter reads after the 409
+        return await super().create_if_absent(record)
+
+    async def read(self, order_id):
+        self.requests.append("read")
+        return await super().read(order_id)
+
+    async def replace(self, record, etag):
+        self.requests.append("replace")
+        return await super().replace(record, etag)
+
+    async def update(self, order_id, mutate, expected_locked_by):
+        self.requests.append("update")
+        return await super().update(order_id, mutate, expected_locked_by)
+
+
+class CountingOrders(FakeOrders):
+    def __init__(self):
+        super().__init__()
+        self.requests: list[str] = []
+
+    async def create_if_absent(self, order):
+        self.requests.append("order_create")
+        return await super().create_if_absent(order)
+
+    async def get(self, order_id):
+        self.requests.append("order_read")
+        return await super().get(order_id)
+
+    async def discard(self, order_id):
+        self.requests.append("order_delete")
+        return await super().discard(order_id)
+
+
+def counting_rig() -> Rig:
+    rig = Rig()
+    rig.store, rig.orders = Cosmos(), CountingOrders()
+    rig.handler._store, rig.handler._orders = rig.store, rig.orders
+    rig.handler._backlog = BacklogReader(rig.store, 60, cache_seconds=0, wall_clock=lambda: NOW)
+    return rig
+
+
+async def test_a_new_order_costs_two_creates_and_one_conditional_replace():
+    rig = counting_rig()
+    await rig.submit()
+    assert rig.orders.requests == ["order_create"]
+    # no read before the creates, no read+replace for ReceivedSent
+    assert rig.store.requests == ["create", "replace"]
+
+
+async def test_received_sent_after_a_concurrent_write_falls_back_to_a_guarded_update():
+    rig = counting_rig()
+    real = rig.store.replace
+    raced = []
+
+    async def someone_wrote_first(record, etag):
+        if not raced:
+            raced.append(etag)
+            stored, current = await rig.store.read(record.id)
+            await real(stored, current)  # another writer bumps the etag
+        return await real(record, etag)
+
+    rig.store.replace = someone_wrote_first
+    assert (await rig.submit()).kind is SettleKind.COMPLETE
+    assert (await rig.store.read("ORD-1"))[0].ReceivedSent
+    assert rig.statuses() == ["Received"]
+
+
+async def test_a_rejected_order_resent_after_the_backlog_fell_leaves_no_order_behind():
+    rig = counting_rig()
+    await rig.store.write_backlog_gauge(3, NOW)
+    await rig.submit()
+    await rig.store.write_backlog_gauge(0, NOW)
+    rig.orders.requests.clear()
+    assert (await rig.submit()).kind is SettleKind.COMPLETE
+    assert rig.orders.requests == ["order_create", "order_delete"]
+    assert "ORD-1" not in rig.orders.orders
+    assert (await rig.store.read("ORD-1"))[0].ProcessState is ProcessState.REJECTED
+
+
+class FastStart:
+    """Stands in for orchestrators.starter.start_submitted (the Starter's own
+    tests cover the claim): records what Submit hands it."""
+
+    def __init__(self, store):
+        self.store = store
+        self.calls = []
+
+    async def __call__(self, client, record, etag, order):
+        # the etag must be the one of Submit's last write: the claim races on it
+        assert (await self.store.read(record.id))[1] == etag
+        self.calls.append((client, record.id, record.ReceivedSent, order.OrderID))
+        return f"{record.id}:1"
+
+
+async def test_the_fast_path_starts_the_order_with_the_etag_of_the_last_write(monkeypatch):
+    import orchestrators.starter
+
+    rig = counting_rig()
+    fast = FastStart(rig.store)
+    monkeypatch.setattr(orchestrators.starter, "start_submitted", fast)
+    rig.client = client = object()
+    assert (await rig.submit()).kind is SettleKind.COMPLETE
+    assert fast.calls == [(client, "ORD-1", True, "ORD-1")]
+    assert rig.actions.calls == [("complete",)]  # settled after the start
+
+
+async def test_no_fast_path_without_a_client_or_for_a_rejected_order(monkeypatch):
+    import orchestrators.starter
+
+    rig = counting_rig()
+    fast = FastStart(rig.store)
+    monkeypatch.setattr(orchestrators.starter, "start_submitted", fast)
+    await rig.submit()  # no client: the timer Starter starts it
+    rig.client = object()
+    await rig.store.write_backlog_gauge(3, NOW)
+    await rig.submit(OrderID="ORD-2")
+    assert fast.calls == []
+
+
+async def test_a_different_order_reusing_a_rejected_orders_id_is_a_conflict_and_leaves_no_order():
+    rig = counting_rig()
+    await rig.store.write_backlog_gauge(3, NOW)
+    await rig.submit()
+    await rig.store.write_backlog_gauge(0, NOW)
+    outcome = await rig.submit(Currency="USD")
+    assert outcome.kind is SettleKind.DEADLETTER and outcome.reason == "OrderConflict"
+    assert "ORD-1" not in rig.orders.orders
+    assert (await rig.store.read("ORD-1"))[0].ProcessState is ProcessState.REJECTED
