@@ -35,6 +35,7 @@ from enum import StrEnum
 from typing import Any, Protocol
 
 from domain.boundary import readable_order_id
+from domain.errors import TransientError
 
 log = logging.getLogger(__name__)
 
@@ -275,7 +276,14 @@ class MessageGate:
     async def run(self, message: Any, actions: Any, handle: Handler) -> Settle:
         outcome, _ = await self.decide(message, handle)
         if outcome.kind is SettleKind.DEADLETTER:
-            await self.alert(message, outcome)
+            try:
+                await self.alert(message, outcome)
+            except TransientError as exc:
+                # A dead letter goes with its alert: while the alert cannot be
+                # queued, keep the message (its next delivery alerts again under
+                # the same alert id); on the last delivery the log event stands.
+                if not self._policy.is_last_delivery(message):
+                    outcome = Settle.abandon(f"alert not queued: {exc}", outcome.order_id)
         log.info(
             "%s message %s (delivery %s): %s %s",
             self.queue,
@@ -290,13 +298,17 @@ class MessageGate:
 
     async def alert(self, message: Any, outcome: Settle) -> None:
         # The description as dead-lettered (ASCII), so the two match exactly.
+        reason = outcome.reason or PROCESSING_FAILED
+        original = str(_prop(message, ORIGINAL_ID_PROPERTY) or message_label(message))
         await self._alerts.raise_alert(
-            outcome.reason or PROCESSING_FAILED,
+            reason,
             outcome.description or "",
             self._clock(),
             outcome.order_id,
             message_id=message_label(message),
             queue=self.queue,
+            alert_id=_alert_id(self.queue, original, reason),
+            required=True,
         )
 
     async def _retry(self, message: Any, body: bytes | None, outcome: Settle) -> Settle:
@@ -337,6 +349,15 @@ class MessageGate:
                 outcome.order_id,
             )
         return Settle.abandon(outcome.description or "", outcome.order_id)
+
+
+def _alert_id(queue: str, original_id: str, reason: str) -> str:
+    """One stable alert id per dead-lettered message (a message id is at most
+    128 characters, so a long one is hashed)."""
+    alert_id = f"alert/{queue}/{original_id}/{reason}"
+    if len(alert_id) <= 128:
+        return alert_id
+    return f"alert/{queue}/{hashlib.sha256(alert_id.encode('utf-8', 'surrogatepass')).hexdigest()}"
 
 
 def _name(exc: BaseException) -> str:

@@ -12,7 +12,7 @@ from datetime import datetime
 
 from adapters.ports import MessagePublisher
 from domain.codec import encode
-from domain.errors import DomainError
+from domain.errors import DomainError, TransientError
 from domain.models import OperatorAlert
 
 ALERTS_QUEUE = "alerts"
@@ -33,10 +33,18 @@ class Alerts:
         *,
         message_id: str | None = None,
         queue: str | None = None,
+        alert_id: str | None = None,
+        required: bool = False,
     ) -> OperatorAlert:
         """`reason` is the description; for a dead letter `kind` is its reason
         and `message_id`/`queue` name it. Text is cleaned to the contracts'
-        text policy (it may quote a client), never refused."""
+        text policy (it may quote a client), never refused.
+
+        `alert_id` makes the queued alert's message id stable, so raising the
+        same alert again (after a failed send) is dropped as a duplicate by the
+        alerts queue. With `required`, a failed send raises TransientError after
+        the log event instead of being swallowed: the caller (the message gate)
+        then keeps the message so that its next delivery alerts again."""
         alert = OperatorAlert(
             Kind=kind,
             OrderID=order_id,
@@ -59,8 +67,10 @@ class Alerts:
         )
         try:
             await self._publisher.send(
-                ALERTS_QUEUE, encode(alert), f"alert/{uuid.uuid4()}", {"Kind": kind}
+                ALERTS_QUEUE, encode(alert), alert_id or f"alert/{uuid.uuid4()}", {"Kind": kind}
             )
-        except DomainError:
+        except DomainError as exc:
             log.exception("alert %s for order %s could not be queued", kind, order_id)
+            if required:
+                raise TransientError(f"alert {kind} could not be queued: {exc}") from exc
         return alert

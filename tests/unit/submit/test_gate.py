@@ -14,6 +14,7 @@ from adapters.settlement import (
     defuse_trace_headers,
     read_body,
 )
+from domain.errors import TransientError
 
 
 class Msg:
@@ -66,11 +67,17 @@ def test_unreadable_trace_headers_are_dropped_before_settling_and_others_kept():
 
 
 class Alerts:
-    def __init__(self):
+    def __init__(self, fail_queueing: bool = False):
         self.raised = []
+        self.ids = []
+        self.fail_queueing = fail_queueing
 
-    async def raise_alert(self, kind, reason, now, order_id=None, *, message_id=None, queue=None):
+    async def raise_alert(self, kind, reason, now, order_id=None, *, message_id=None, queue=None,
+                          alert_id=None, required=False):
         self.raised.append((kind, order_id, message_id, queue))
+        self.ids.append(alert_id)
+        if self.fail_queueing and required:
+            raise TransientError("alerts queue unavailable")
 
 
 class Actions:
@@ -125,3 +132,32 @@ async def test_an_abandon_becomes_a_delayed_retry_never_an_immediate_one():
     assert outcome.kind is SettleKind.COMPLETE and actions.calls == ["complete"]
     [mid] = Scheduler.scheduled
     assert len(mid) <= 128 and mid.startswith("retry-1-")
+
+
+async def _refuse(body):
+    return Settle.deadletter("InvalidMessage", "Lines: not a list")
+
+
+async def test_a_dead_letter_waits_for_its_alert_then_alerts_again_under_the_same_id():
+    # Invariant 4: a malformed submission is dead-lettered *and* alerted. While
+    # the alert cannot be queued the message is kept (abandoned), and its next
+    # delivery raises the alert again under the same id, so the alerts queue's
+    # duplicate detection drops a repeat of one that did go out.
+    down, actions = Alerts(fail_queueing=True), Actions()
+    gate = MessageGate("orders-webshop", down, None, BackoffPolicy((1.0,), 5))
+    bad = b'{"OrderID": "ORD-9", "Lines": "x"'
+    outcome = await gate.run(Msg(iter([bad]), delivery_count=0), actions, _refuse)
+    assert outcome.kind is SettleKind.ABANDON and actions.calls == ["abandon"]
+
+    up, actions = Alerts(), Actions()
+    gate = MessageGate("orders-webshop", up, None, BackoffPolicy((1.0,), 5))
+    outcome = await gate.run(Msg(iter([bad]), delivery_count=1), actions, _refuse)
+    assert actions.calls == [("deadletter", "InvalidMessage")]
+    assert up.ids == down.ids == ["alert/orders-webshop/m/InvalidMessage"]
+
+
+async def test_on_the_last_delivery_the_dead_letter_stands_without_a_queued_alert():
+    down, actions = Alerts(fail_queueing=True), Actions()
+    gate = MessageGate("orders-webshop", down, None, BackoffPolicy((1.0,), 5))
+    await gate.run(Msg(iter([b"not json"]), delivery_count=4), actions, _refuse)
+    assert actions.calls == [("deadletter", "InvalidMessage")]  # the alert's log event stands
