@@ -73,6 +73,7 @@ _settlement_module = importlib.import_module("adapters.settlement")
 
 APP = "webshop"
 REPLY_QUEUE = "replies-webshop"
+INGRESS = "orders-webshop"  # the webshop's own ingress queue: Submit takes the AppId from it
 STARTER_PERIOD = 10.0
 SUPERVISOR_PERIOD = 10.0
 SLACK = timedelta(seconds=5)
@@ -269,7 +270,7 @@ def _patched(sim: Simulation):
         return sim.new_supervisor()
 
     async def message_gate(queue: str):
-        consumer = {"orders": "submit", "agent-responses": "bridge"}.get(queue, queue)
+        consumer = {INGRESS: "submit", "agent-responses": "bridge"}.get(queue, queue)
         return MessageGate(queue, Alerts(sim.publisher), sim.publisher,
                            BackoffPolicy(max_delivery_count=MAX_DELIVERY),
                            clock=sim.world.now_for(consumer))
@@ -426,8 +427,8 @@ class Simulation:
         row = None
         if before is None and after == "Pending":
             row = "1"
-        elif actor == "starter" and before == "Pending" and after == "Processing":
-            row = "2"
+        elif actor in ("starter", "submit") and before == "Pending" and after == "Processing":
+            row = "2"  # the Starter's claim, by its timer or by Submit's fast path
         elif actor == "orchestration":
             row = {("Processing", "Processing"): "3", ("Processing", "Processed"): "4",
                    ("Processing", "Error"): "5", ("Processing", "Compensating"): "8a",
@@ -537,11 +538,11 @@ class Simulation:
         kind = self.world.data_rng.choice(("conflict", "malformed", "amqp-value"))
         self.bad[f"{oid}/{kind}"] = kind
         if kind == "conflict":
-            self.bus.send("orders", self._order_body(oid, "40.00"), f"{oid}/{kind}")
+            self.bus.send(INGRESS, self._order_body(oid, "40.00"), f"{oid}/{kind}")
         elif kind == "malformed":
-            self.bus.send("orders", b'{"OrderID": "' + oid.encode() + b'", "Lines": "x"', f"{oid}/{kind}")
+            self.bus.send(INGRESS, b'{"OrderID": "' + oid.encode() + b'", "Lines": "x"', f"{oid}/{kind}")
         else:
-            self.bus.send("orders", json.loads(self._order_body(f"{oid}-V")), f"{oid}/{kind}")
+            self.bus.send(INGRESS, json.loads(self._order_body(f"{oid}-V")), f"{oid}/{kind}")
 
     def _pump(self, queue: str) -> None:
         while True:
@@ -565,7 +566,7 @@ class Simulation:
                              lambda d=delivery: self._handle(d), on_crash=lost)
 
     def _consumer_name(self, queue: str) -> str:
-        return {"orders": "submit", "agent-requests": "agent", "agent-responses": "bridge"}[queue]
+        return {INGRESS: "submit", "agent-requests": "agent", "agent-responses": "bridge"}[queue]
 
     async def _handle(self, d: Delivery) -> None:
         try:
@@ -574,6 +575,13 @@ class Simulation:
                 await self.processor.process(d.body, SimSettlement(d), message_id=d.message_id)
             elif d.queue == "agent-responses":
                 await on_reply_message(d, SimActions(d), self.durable)
+            elif d.queue == INGRESS:
+                # Submit's function body (submit.functions): its durable client
+                # binding cannot be passed in-process, so the use case runs with
+                # the simulation's Durable as the client (the fast path).
+                handler = await bootstrap.submit_handler()
+                gate = await bootstrap.message_gate(d.queue)
+                await gate.run(d, SimActions(d), lambda body: handler.handle(body, APP, self.durable))
             else:
                 spec = self.functions[d.queue]
                 kwargs = {spec.trigger["name"]: d}
@@ -657,7 +665,7 @@ class Simulation:
         for oid in self.order_ids:
             doc = self.state_c.docs.get((oid, oid))
             if doc is None:
-                if any(m.message_id.endswith(oid) or oid.encode() in m.body for m in self.bus.queue("orders").messages):
+                if any(m.message_id.endswith(oid) or oid.encode() in m.body for m in self.bus.queue(INGRESS).messages):
                     return False
                 continue
             if doc["ProcessState"] not in TERMINAL_STATUS or doc.get("CompensationRequested") and \
@@ -668,7 +676,7 @@ class Simulation:
         return self._quiet()
 
     def _quiet(self) -> bool:
-        for q in ("orders", "agent-requests", "agent-responses"):
+        for q in (INGRESS, "agent-requests", "agent-responses"):
             if self.bus.queue(q).messages:
                 return False
         return not any(i.status in ("Pending", "Running") for i in self.durable.instances.values())
@@ -720,7 +728,7 @@ class Simulation:
             if f.minute_edges:
                 at = 60 * (i % 3 + 1) - w.data_rng.uniform(0.001, 1.0) - o.step_timeout.total_seconds() % 60
             w.at(START + timedelta(seconds=at), "client",
-                 lambda oid=oid: (self.submitted.add(oid), self.bus.send("orders", self._order_body(oid), oid)))
+                 lambda oid=oid: (self.submitted.add(oid), self.bus.send(INGRESS, self._order_body(oid), oid)))
             if w.faults.draw(f.bad_messages, "bad_message", oid):
                 w.at(START + timedelta(seconds=at + w.data_rng.uniform(0, 30)), "client",
                      lambda oid=oid: self._bad_message(oid))
@@ -744,7 +752,7 @@ class Simulation:
         self._ticks("starter", STARTER_PERIOD, self._starter_run, end)
         self._ticks("supervisor", SUPERVISOR_PERIOD, self._supervisor_run, end,
                     copies=2 if f.two_supervisors and w.faults.draw(1.0, "two_supervisors") else 1)
-        consumed = ("orders", "agent-requests", "agent-responses")
+        consumed = (INGRESS, "agent-requests", "agent-responses")
         self.bus.after_send = lambda q, when: w.at(when, "pump", lambda: self._pump(q)) if q in consumed else None
         with _patched(self):
             await w.run(fault_end, idle=self.idle)
@@ -788,13 +796,13 @@ class Simulation:
         # 8 liveness
         for oid, doc in docs.items():
             if doc is None:
-                dead = [m for m in self.bus.queue("orders").dead if m.message_id == oid]
+                dead = [m for m in self.bus.queue(INGRESS).dead if m.message_id == oid]
                 if dead:
                     if oid not in alerted or not statuses.get(oid):
                         self.fail("dead-lettered silently",
                                   f"{oid}: {dead[0].dead_letter_reason}, alert={oid in alerted}, "
                                   f"statuses={[s['Status'] for s in statuses.get(oid, [])]}")
-                elif any(m.message_id == oid for m in self.bus.queue("orders").sent):
+                elif any(m.message_id == oid for m in self.bus.queue(INGRESS).sent):
                     self.fail("liveness", f"{oid}: submitted but no record after the bound {self.bound}")
                 continue
             state = doc["ProcessState"]
@@ -887,9 +895,9 @@ class Simulation:
                     self.fail("4 dead-lettered with a reason", f"{q.name} {m.message_id}")
         for mid, kind in sorted(self.bad.items()):
             oid = mid.split("/")[0]
-            dead = [m for m in self.bus.queue("orders").dead if m.message_id == mid]
+            dead = [m for m in self.bus.queue(INGRESS).dead if m.message_id == mid]
             if not dead:
-                if any(m.message_id == mid for m in self.bus.queue("orders").messages):
+                if any(m.message_id == mid for m in self.bus.queue(INGRESS).messages):
                     self.fail("4 bad submission dead-lettered", f"{mid} ({kind}) still on the queue")
                 continue
             reason = dead[0].dead_letter_reason
