@@ -33,7 +33,7 @@ PEEK_LIMIT = 50
 STATUS_PEEK_LIMIT = 250
 DETAIL_ATTEMPTS = 5  # orchestration statuses read per order (the latest attempts)
 BUCKET = timedelta(minutes=5)
-WORK_QUEUES = ("orders", "agent-requests", "agent-responses", ALERTS_QUEUE)
+WORK_QUEUES = ("agent-requests", "agent-responses", ALERTS_QUEUE)
 STATES = [s.value for s in ProcessState]
 _EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
 
@@ -56,9 +56,11 @@ class Deps:
 
     def queues(self) -> list[str]:
         """The queues whose dead letters the console shows: the ones the app
-        may read, plus the reply queues when not in Azure."""
+        may read (each application's ingress queue, where Submit dead-letters,
+        and the Scheduler's own), plus the reply queues when not in Azure."""
+        ingress = sorted(self.settings.ingress_queues.values())
         replies = [] if self.azure else sorted(self.settings.reply_queues.values())
-        return list(dict.fromkeys([*WORK_QUEUES, *replies]))
+        return list(dict.fromkeys([*ingress, *WORK_QUEUES, *replies]))
 
 
 # --- overview ---------------------------------------------------------------------------

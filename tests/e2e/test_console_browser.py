@@ -75,7 +75,7 @@ def _no_markup_from(driver, text: str) -> None:
 
 async def _post_hostile(bus: ServiceBusClient) -> None:
     body = {"OrderID": HOSTILE, "AppId": "webshop", "ReplyTo": "replies-webshop", "Lines": []}
-    async with bus.get_queue_sender("orders") as sender:
+    async with bus.get_queue_sender("orders-webshop") as sender:  # the webshop's ingress
         await sender.send_messages(ServiceBusMessage(json.dumps(body), message_id="submit/console-hostile"))
 
 
@@ -152,7 +152,7 @@ async def test_operator_reads_and_acts_in_the_browser(stack, browser):
         assert sum(1 for h in record_after.History if h.By == "operator:local") == 1
 
         # --- a hostile OrderID renders as text --------------------------------------------
-        await asyncio.to_thread(browser.get, f"{base}/deadletters/orders")
+        await asyncio.to_thread(browser.get, f"{base}/deadletters/orders-webshop")
         wait.until(ec.presence_of_element_located((By.TAG_NAME, "table")))
         _no_markup_from(browser, HOSTILE)
         await asyncio.to_thread(browser.get, f"{base}/alerts")

@@ -51,7 +51,10 @@ def test_queries_match_the_apps_log_messages():
     assert '"operator alert %s for %s: %s"' in alerts_source
     assert 'f"order {alert.OrderID}"' in alerts_source
     assert '"CompensationFailed"' in (ROOT / "orchestrators" / "order_workflow.py").read_text()
-    assert '"OrderError"' in (ROOT / "supervisor" / "supervisor.py").read_text()
+    # The Supervisor's Error and the workflow's Failed/CompensationFailed send
+    # their alert from the record's outbox, with these kinds.
+    outbox = (ROOT / "reporting" / "status.py").read_text()
+    assert '"OrderError"' in outbox and '"CompensationFailed"' in outbox
     assert '"starter: pending=%d processing=%d' in (ROOT / "orchestrators" / "starter.py").read_text()
 
 
