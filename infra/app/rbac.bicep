@@ -39,11 +39,6 @@ var replyQueueNames = [for app in clientApplications: app.replyQueueName]
 // where the app posts.
 var appQueueGrants = [
   {
-    // Submit's shared trigger, until Submit listens per application.
-    queue: 'orders'
-    role: 'serviceBusDataReceiver'
-  }
-  {
     // The Scheduler posts step requests.
     queue: 'agent-requests'
     role: 'serviceBusDataSender'
@@ -131,6 +126,19 @@ module appIngressReceive '../core/security/servicebus-queue-role.bicep' = [for a
     namespaceName: serviceBusNamespaceName
     queueName: 'orders-${app.appId}'
     roleDefinitionId: roles.serviceBusDataReceiver
+    principalId: functionAppPrincipalId
+  }
+}]
+
+// Submit's transient failures are retried later, as a scheduled copy on the
+// same ingress queue (adapters/settlement.py, MessageGate): the app sends there
+// too. No client can, except the application that owns the queue.
+module appIngressRetrySend '../core/security/servicebus-queue-role.bicep' = [for app in clientApplications: {
+  name: take('rbac-app-retry-orders-${app.appId}', 64)
+  params: {
+    namespaceName: serviceBusNamespaceName
+    queueName: 'orders-${app.appId}'
+    roleDefinitionId: roles.serviceBusDataSender
     principalId: functionAppPrincipalId
   }
 }]

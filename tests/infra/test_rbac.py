@@ -5,10 +5,11 @@ core/security/. The test expands rbac.bicep's module loops with main.bicep's
 default client applications (each given an identity) and compares the result
 with the access the design calls for:
 
-- the function app receives from the queues it triggers on (orders,
-  agent-requests, agent-responses) and from alerts (the console peeks it and
-  its dead letters), and sends to the queues it posts to (agent-requests,
-  agent-responses, alerts, every reply queue); it owns nothing, and never
+- the function app receives from the queues it triggers on (each
+  application's ingress queue, agent-requests, agent-responses) and from
+  alerts (the console peeks it and its dead letters), and sends to the queues
+  it posts to (agent-requests, agent-responses, alerts, every reply queue, and
+  the ingress queues for Submit's delayed retries); it owns nothing, and never
   receives from a reply queue (only the client application may);
 - the host's storage: Blob Data Owner, Queue and Table Data Contributor
   (AzureWebJobsStorage, the Durable task hub, the Flex deployment package);
@@ -83,7 +84,6 @@ OPERATORS = ["operator-1", "operator-2"]
 
 def expected_grants(clients: list[dict], operators: list[str] = (), scheduler: bool = False) -> set[tuple[str, str, str]]:
     app = {
-        ("app", "queue:orders", RECEIVER),
         ("app", "queue:agent-requests", SENDER),
         ("app", "queue:agent-requests", RECEIVER),
         ("app", "queue:agent-responses", SENDER),
@@ -106,6 +106,7 @@ def expected_grants(clients: list[dict], operators: list[str] = (), scheduler: b
         ingress = f"orders-{c['appId']}"
         queues += [ingress, c["replyQueueName"]]
         app.add(("app", f"queue:{ingress}", RECEIVER))
+        app.add(("app", f"queue:{ingress}", SENDER))  # Submit's delayed retries
         app.add(("app", f"queue:{c['replyQueueName']}", SENDER))
         if c["principalId"]:
             # Its own ingress queue and its own reply queue, nothing else.
