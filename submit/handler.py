@@ -224,6 +224,10 @@ class SubmitHandler:
             return None
         if created:
             log.warning("order rejected: %s", reason, extra={"order_id": order.OrderID})
+        # An earlier delivery may have been admitted and written the orders DB,
+        # then died before the state record existed (the simulation found it,
+        # seed 922): the order is rejected now, so that document must go too.
+        await self._orders.discard(order.OrderID)
         return await self._send_rejected(order, record, now)
 
     async def _send_rejected(self, order: OrderSubmitted, record: OrderState, now: datetime) -> Settle:

@@ -528,3 +528,19 @@ async def test_a_different_order_reusing_a_rejected_orders_id_is_a_conflict_and_
     assert outcome.kind is SettleKind.DEADLETTER and outcome.reason == "OrderConflict"
     assert "ORD-1" not in rig.orders.orders
     assert (await rig.store.read("ORD-1"))[0].ProcessState is ProcessState.REJECTED
+
+
+async def test_an_order_written_by_a_delivery_that_died_is_taken_back_when_the_next_is_rejected(rig):
+    # Delivery 1 was admitted and wrote the orders DB, then its process died
+    # before the state record existed; by delivery 2 the backlog is over the
+    # limit, so the order is rejected, and the document must not stay
+    # (simulation seed 922).
+    from domain.models import OrderSubmitted
+
+    await rig.orders.create_if_absent(OrderSubmitted.model_validate(order_payload()))
+    assert "ORD-1" in rig.orders.orders and not rig.store.docs
+    await rig.store.write_backlog_gauge(3, NOW)
+    assert (await rig.submit()).kind is SettleKind.COMPLETE
+    assert rig.statuses() == ["Rejected"]
+    assert (await rig.store.read("ORD-1"))[0].ProcessState is ProcessState.REJECTED
+    assert "ORD-1" not in rig.orders.orders
