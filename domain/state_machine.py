@@ -497,10 +497,14 @@ def finish_compensation(record: OrderState, instance_id: str, now: datetime) -> 
     """Compensating -> Compensated, or CompensationFailed naming the failed step."""
     require_owner(record, instance_id)
     _require(record, ProcessState.COMPENSATING, action="finish compensating")
-    failed = [e.Step for e in record.Compensation if e.Outcome != "Done"]
+    failed = [e for e in record.Compensation if e.Outcome != "Done"]
     qualifier = str(record.Attempt)
     if failed:
-        reason = f"undo failed for step {failed[0]}"
+        # Name the step and the cause: the operator's alert and the client's
+        # status both carry this text.
+        first = failed[0]
+        cause = f": {first.Error}" if first.Error else ""
+        reason = short_text(f"undo failed for step {first.Step}{cause}", ERROR_LIMIT)
         return _finish(
             record,
             ProcessState.COMPENSATION_FAILED,
@@ -515,6 +519,8 @@ def finish_compensation(record: OrderState, instance_id: str, now: datetime) -> 
         )
     return _finish(
         record, ProcessState.COMPENSATED, instance_id, now, LockedBy=None,
+        # Every undo is done: an earlier undo failure no longer describes the order.
+        LastError=None,
         PendingStatus=pending_status(record, StatusKind.COMPENSATED, now, qualifier),
     )
 

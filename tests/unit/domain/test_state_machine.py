@@ -237,6 +237,20 @@ def test_compensation_failure_names_the_step(processing):
     record = sm.finish_compensation(record, "ORD-1:1", NOW)
     assert record.ProcessState is ProcessState.COMPENSATION_FAILED
     assert STEPS[0] in record.LastError
+    # ... and the cause, which the alert and the client's status carry too
+    assert "refund refused" in record.LastError
+    assert "refund refused" in record.PendingStatus.Detail
+
+
+def test_a_compensation_that_succeeds_clears_the_old_undo_failure(processing):
+    record = sm.complete_step(processing, "ORD-1:1", STEPS[0], NOW)
+    record = sm.begin_compensation(record, "ORD-1:1", "later step refused", NOW)
+    record = sm.record_undo(record, "ORD-1:1", STEPS[0], False, NOW, error="refund refused")
+    assert record.LastError is not None
+    record = sm.record_undo(record, "ORD-1:1", STEPS[0], True, NOW)  # the operator's retry
+    record = sm.finish_compensation(record, "ORD-1:1", NOW)
+    assert record.ProcessState is ProcessState.COMPENSATED
+    assert record.LastError is None
 
 
 def test_operator_compensation_takes_a_new_lock(processing, policy):
