@@ -3,6 +3,7 @@ entities, a bad config, and the project's own Config.json."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -62,11 +63,16 @@ def test_the_project_config_serves_the_project_queues(
     servicebus_emulator: ServiceBusEmulator,
 ) -> None:
 
-    assert "queues=6" in servicebus_emulator.default.ready_line
+    # Every queue of the project's Config.json (the app's and each client
+    # application's ingress queue), counted from the file itself.
+    config = json.loads((ROOT / "devstack" / "servicebus" / "Config.json").read_text())
+    queues = [q["Name"] for ns in config["UserConfig"]["Namespaces"] for q in ns["Queues"]]
+    assert "orders-webshop" in queues
+    assert f"queues={len(queues)}" in servicebus_emulator.default.ready_line
     with ServiceBusClient.from_connection_string(servicebus_emulator.connection_string) as client:
-        with client.get_queue_sender("orders") as sender:
+        with client.get_queue_sender("orders-webshop") as sender:
             sender.send_messages(ServiceBusMessage("order", message_id="project-config-check"))
-        with client.get_queue_receiver("orders") as receiver:
+        with client.get_queue_receiver("orders-webshop") as receiver:
             [message] = receive_all(receiver, 1)
             assert message.message_id == "project-config-check"
             receiver.complete_message(message)
