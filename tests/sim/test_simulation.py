@@ -38,20 +38,6 @@ DEFECT_OF_CHECK = {
     "liveness": "defects 1/5/6 and a lagging read in the index source: an order never reaches a terminal state",
 }
 
-# Checks allowed to break in the bulk run because their fix lies elsewhere:
-# none now (Submit's defects 4, 5, 10 and its alerts are fixed on main).
-PENDING_ELSEWHERE: set[str] = set()
-
-
-def _pending_elsewhere(violations) -> bool:
-    """Every broken check is one whose fix is pending elsewhere."""
-    for check, _detail in violations:
-        if check in PENDING_ELSEWHERE:
-            continue
-        return False
-    return True
-
-
 def _run(seed: int, orders: int, options: Options | None = None) -> Simulation:
     import asyncio
     import logging
@@ -183,14 +169,8 @@ def _bulk(seeds, orders: int, version: str | None = None):
     started = time.perf_counter()
     broken: Counter[str] = Counter()
     first: dict[str, int] = {}
-    elsewhere: Counter[str] = Counter()
     for seed in seeds:
         violations = run_schedule(seed, orders, version=version).violations
-        if violations and _pending_elsewhere(violations):
-            for check in {c for c, _ in violations}:
-                elsewhere[check] += 1
-                first.setdefault(check, seed)
-            continue
         for check in {c for c, _ in violations}:
             broken[check] += 1
             first.setdefault(check, seed)
@@ -199,15 +179,10 @@ def _bulk(seeds, orders: int, version: str | None = None):
     print(f"{n} schedules (version {version or 'default'}) in {elapsed:.1f} s ({n / elapsed:.1f} schedules/s)")
     assert broken == {}, "broken checks (check: schedules, first seed): " + "; ".join(
         f"{c}: {k}, seed {first[c]} --orders {orders}" for c, k in broken.most_common())
-    if elsewhere:
-        pytest.xfail("only Submit's defects pending on wt-hostile: " + "; ".join(
-            f"{c} ({k} schedules, first seed {first[c]} --orders {orders})" for c, k in elsewhere.most_common()))
 
 
 def test_thousand_schedules():
-    """1,000 seeded one-order schedules on the default version (2.0): no check
-    may break. A schedule broken only by Submit's defects whose fix is on
-    another branch is counted and reported (xfail) instead."""
+    """1,000 seeded one-order schedules on the default version (2.0): no check may break."""
     _bulk(range(100_001, 101_001), 1)
 
 
