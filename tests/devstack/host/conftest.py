@@ -9,6 +9,7 @@ client binding the host gives functions.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import re
@@ -92,9 +93,14 @@ class HostProcess:
             self.child.kill()
 
     def stop(self) -> None:
+        """Ctrl-C once, as a developer stops it, and wait for the drain to end. A second
+        signal while the host drains means "exit now" (as a second Ctrl-C does), so the
+        SIGTERM of `Child.stop` only follows once the drain has had its time."""
         if self.child is not None and self.child.alive():
-            self.child.signal(signal.SIGINT)  # Ctrl-C, as a developer stops it
-            self.child.stop(15)
+            self.child.signal(signal.SIGINT)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.child.process.wait(15)
+            self.child.stop(5)
 
     @property
     def client(self) -> df.DurableOrchestrationClient:
