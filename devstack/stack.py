@@ -24,6 +24,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from devstack.cosmos.server import LOCAL_KEY as COSMOS_LOCAL_KEY
 from devstack.process import (
     STOP_TIMEOUT,
     TAG_ENV,
@@ -43,9 +44,6 @@ from devstack.process import (
 REPO = Path(__file__).resolve().parent.parent
 SERVICEBUS_CONFIG = REPO / "devstack" / "servicebus" / "Config.json"
 TEMPLATE = REPO / "local.settings.template.json"
-LOCAL_COSMOS_KEY = (
-    "C2y6yDjf5/R+ob0N8A7Cgv30VRDJIWEHLM+4QDU5DE2nQ9nDuVTqobD4b8mGGyPMbIZnqyMsEcaGQy67XIw/Jw=="
-)
 
 
 class StackError(RuntimeError):
@@ -136,7 +134,7 @@ def app_settings(ports: Ports, overrides: dict[str, str] | None = None) -> dict[
                 f"Endpoint=sb://127.0.0.1:{ports.servicebus};SharedAccessKeyName=RootManageSharedAccessKey;"
                 "SharedAccessKey=SAS_KEY_VALUE;UseDevelopmentEmulator=true"
             ),
-            "CosmosDbConnection": f"AccountEndpoint=https://127.0.0.1:{ports.cosmos}/;AccountKey={LOCAL_COSMOS_KEY}",
+            "CosmosDbConnection": f"AccountEndpoint=https://127.0.0.1:{ports.cosmos}/;AccountKey={COSMOS_LOCAL_KEY}",
             "COSMOS_VERIFY_TLS": "false",
             "COSMOS_CREATE_CONTAINERS": "true",
             "REMOTE_SERVICE_URL": f"http://127.0.0.1:{ports.remote}",
