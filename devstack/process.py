@@ -254,6 +254,7 @@ class Child:
     argv: list[str] = field(default_factory=list)
     token: str = ""  # CHILD_ENV of its processes ("" for a Child built around a foreign Popen)
     _done: bool = field(default=False, init=False, repr=False)  # stopped or killed, and reaped: nothing left to signal
+    _reaped_elsewhere: bool = field(default=False, init=False, repr=False)  # by a waitpid not Popen's
 
     @classmethod
     def start(
@@ -296,7 +297,7 @@ class Child:
 
     def _reaped(self) -> bool:
         """Its exit status was collected: from then on its pid and group id may be reused."""
-        return self.process.returncode is not None
+        return self.process.returncode is not None or self._reaped_elsewhere
 
     def _exited(self) -> bool:
         """The leader has exited; it is left unreaped (a zombie) where the platform allows,
@@ -308,6 +309,7 @@ class Child:
         try:
             return os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
         except ChildProcessError:  # reaped behind Popen's back
+            self._reaped_elsewhere = True
             return True
 
     def _wait_exit(self, timeout: float | None) -> bool:
