@@ -328,6 +328,8 @@ class Child:
         the leader is reaped: the group id is then no proof the group is ours."""
         if self._reaped():
             return
+        # A reap by another thread between the check above and this call would reopen the
+        # window; Popen offers no hook to close it, and our own stop/kill do not race so.
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.process.pid, sig)
 
