@@ -42,6 +42,10 @@ OWNER_ENV = "DEVSTACK_OWNER"
 # Set by whoever wants to find a group of processes later (the stack puts its
 # run directory here, so `python -m devstack down` finds a stack by it).
 TAG_ENV = "DEVSTACK_TAG"
+# A token of one Child, inherited by its own children: once the Child's leader is
+# reaped its pid, and so its group id, may be reused, and only this proves that a
+# process still in "its" group is ours.
+CHILD_ENV = "DEVSTACK_CHILD"
 # SIGTERM, then this long for a graceful stop, then SIGKILL. The host's own
 # drain budget (devstack.host --drain-seconds, 5 s) fits inside it.
 STOP_TIMEOUT = 8.0
@@ -248,6 +252,9 @@ class Child:
     name: str
     process: subprocess.Popen[Any]
     argv: list[str] = field(default_factory=list)
+    token: str = ""  # CHILD_ENV of its processes ("" for a Child built around a foreign Popen)
+    _done: bool = field(default=False, init=False, repr=False)  # stopped or killed, and reaped: nothing left to signal
+    _reaped_elsewhere: bool = field(default=False, init=False, repr=False)  # by a waitpid not Popen's
 
     @classmethod
     def start(
@@ -268,13 +275,14 @@ class Child:
         ensure_reaper()
         child_env = dict(os.environ if env is None else env)
         child_env[OWNER_ENV] = owner_token()
+        child_env[CHILD_ENV] = token = uuid.uuid4().hex
         if tag is not None:
             child_env[TAG_ENV] = tag
         process = subprocess.Popen(
             list(argv), cwd=cwd, env=child_env, stdin=stdin, stdout=stdout, stderr=stderr,
             text=text, start_new_session=True,
         )
-        return cls(name, process, list(argv))
+        return cls(name, process, list(argv), token)
 
     @property
     def pid(self) -> int:
@@ -285,10 +293,43 @@ class Child:
         return self.process.poll()
 
     def alive(self) -> bool:
-        return self.process.poll() is None
+        return not self._exited()
+
+    def _reaped(self) -> bool:
+        """Its exit status was collected: from then on its pid and group id may be reused."""
+        return self.process.returncode is not None or self._reaped_elsewhere
+
+    def _exited(self) -> bool:
+        """The leader has exited; it is left unreaped (a zombie) where the platform allows,
+        so that its group id stays ours until stop() or kill() has swept the group."""
+        if self._reaped():
+            return True
+        if not hasattr(os, "waitid"):
+            return self.process.poll() is not None
+        try:
+            return os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+        except ChildProcessError:  # reaped behind Popen's back
+            self._reaped_elsewhere = True
+            return True
+
+    def _wait_exit(self, timeout: float | None) -> bool:
+        """Wait up to `timeout` (None: for ever) for the leader to exit, without reaping it."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        delay = 0.001
+        while not self._exited():
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
+            time.sleep(delay)
+            delay = min(delay * 2, 0.05)
+        return True
 
     def signal(self, sig: int) -> None:
-        """Send `sig` to the whole group (the server and any children of it)."""
+        """Send `sig` to the whole group (the server and any children of it). A no-op once
+        the leader is reaped: the group id is then no proof the group is ours."""
+        if self._reaped():
+            return
+        # A reap by another thread between the check above and this call would reopen the
+        # window; Popen offers no hook to close it, and our own stop/kill do not race so.
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.process.pid, sig)
 
@@ -299,24 +340,54 @@ class Child:
 
     def stop(self, timeout: float = STOP_TIMEOUT) -> int | None:
         """SIGTERM the group, wait up to `timeout`, then SIGKILL it; returns
-        the exit code. Whatever else is left in the group is killed too."""
-        if self.alive():
-            self.signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout)
-            except subprocess.TimeoutExpired:
+        the exit code. Whatever else is left in the group is killed too.
+        A no-op for a child already stopped."""
+        if not self._done:
+            swept = False
+            if not self._reaped():
+                self.signal(signal.SIGTERM)
+                if not self._wait_exit(timeout):
+                    self.signal(signal.SIGKILL)
+                    self._wait_exit(None)
+                # The leader has exited but is not reaped, so the group id is still ours:
+                # a child of it that ignored SIGTERM is killed with the group.
+                swept = not self._reaped()
                 self.signal(signal.SIGKILL)
                 self.process.wait()
-        # The leader is gone; a child of it that ignored SIGTERM is not.
-        self.signal(signal.SIGKILL)
+            if not swept:
+                # Reaped before we could sweep (someone polled it after it exited on its
+                # own): kill only what carries this child's token, never the group id.
+                self._kill_leftovers()
+            self._done = True
         self._close_pipes()
         return self.process.returncode
 
     def kill(self) -> None:
-        """kill -9 of the group: the crash the fault tests and the demo inject."""
-        self.signal(signal.SIGKILL)
-        self.process.wait()
+        """kill -9 of the group: the crash the fault tests and the demo inject.
+        A no-op for a child already stopped."""
+        if not self._done:
+            swept = not self._reaped()
+            self.signal(signal.SIGKILL)
+            self.process.wait()
+            if not swept:
+                self._kill_leftovers()
+            self._done = True
         self._close_pipes()
+
+    def _kill_leftovers(self) -> None:
+        """SIGKILL the live processes of this child's group that carry its token."""
+        if not self.token:
+            return
+        import psutil
+
+        for p in psutil.process_iter():
+            try:
+                if os.getpgid(p.pid) != self.pid or p.status() == psutil.STATUS_ZOMBIE:
+                    continue
+                if p.environ().get(CHILD_ENV) == self.token:
+                    p.kill()  # psutil refuses if the pid was reused since process_iter saw it
+            except (psutil.Error, OSError):
+                continue
 
     def _close_pipes(self) -> None:
         for stream in (self.process.stdin, self.process.stdout, self.process.stderr):

@@ -21,6 +21,7 @@ import logging
 import re
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import unquote
 
 import azure.functions as func
 from aiohttp import web
@@ -47,6 +48,21 @@ _CONSTRAINTS = {
     "datetime": r"[^/]+",
 }
 _PARAM = re.compile(r"\{([^{}]+)\}")
+_ENCODED_SLASH = re.compile(r"(%2[Ff])")
+
+
+def routing_path(raw_path: str) -> str:
+    """The request path as the host routes on it: percent-escapes decoded, except `%2F`.
+
+    Core Tools serves on Kestrel, which decodes the path before routing but leaves an
+    encoded slash as written (aspnet/KestrelHttpServer#124), so `%2F` never separates
+    segments: `/api/orders/a%2Fb` matches `orders/{id}`, and ASP.NET routing does not
+    decode route values, so `id` is `a%2Fb` (aspnet/Mvc#6388, dotnet/aspnetcore#4718).
+    Locally such a request works; deployed, the front end decodes `%2F` first and the same
+    request gets a 404 (azure-functions-host#3998, #9290, Azure/Azure-Functions#1468).
+    """
+    return "".join(part if _ENCODED_SLASH.fullmatch(part) else unquote(part)
+                   for part in _ENCODED_SLASH.split(raw_path))
 
 
 @dataclass
@@ -166,7 +182,8 @@ class HttpTriggers:
         return None
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
-        found = self.find(request.method, request.path)
+        # Not request.path: aiohttp decodes %2F there, which would split a segment in two.
+        found = self.find(request.method, routing_path(request.rel_url.raw_path))
         if found is None:
             return web.Response(status=404)
         route, values = found

@@ -20,7 +20,7 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeAlias
 
 from .codec import (
     AMQPTypes,
@@ -53,6 +53,10 @@ REASON_FILTER = "FilterEvaluationException"
 REASON_HOPS = "MaxTransferHopCountExceeded"
 #: Service Bus forwards a message through at most this many entities.
 MAX_FORWARD_HOPS = 4
+
+#: Messages and bytes a send would add, per quota scope (a queue or subscription with its
+#: dead-letter queue), so that a send that fans out can be refused before anything is stored.
+Demand: TypeAlias = "dict[Queue, list[int]]"
 
 
 class BrokerError(Exception):
@@ -386,16 +390,7 @@ class Queue:
                 "entity=%s message_id=%s outcome=duplicate-dropped", self.path, body.message_id
             )
             return None
-        count, size = self.total_held()
-        limit = self.settings.max_message_count
-        if (
-            limit is not None and count + 1 > limit
-        ) or size + body.size > self.settings.max_size_bytes:
-            raise QuotaExceeded(
-                f"The maximum entity size has been reached or exceeded for queue '{self.path}'. "
-                f"Size of entity in bytes:{size}, Max entity size in bytes:{self.settings.max_size_bytes}. "
-                f"Messages:{count}, Max messages:{limit}."
-            )
+        self.check_room(1, body.size)
         if scheduled_ms is None:
             annotated = body.annotations.get(b"x-opt-scheduled-enqueue-time")
             if isinstance(annotated, int):
@@ -426,6 +421,37 @@ class Queue:
             message.state,
         )
         return sequence_number
+
+    def check_room(self, count: int, size: int) -> None:
+        """Refuse `count` more messages of `size` bytes in all if they would exceed the quota."""
+        held, held_size = self.total_held()
+        limit = self.settings.max_message_count
+        if (
+            limit is not None and held + count > limit
+        ) or held_size + size > self.settings.max_size_bytes:
+            raise QuotaExceeded(
+                f"The maximum entity size has been reached or exceeded for queue '{self.path}'. "
+                f"Size of entity in bytes:{held_size}, Max entity size in bytes:{self.settings.max_size_bytes}. "
+                f"Messages:{held}, Max messages:{limit}."
+            )
+
+    def add_demand(self, body: ParsedMessage, now_ms: int, hops: int, demand: Demand) -> None:
+        """Add to `demand` what `accept(body, now_ms, hops=hops)` would store, per quota scope,
+        and raise what it would raise for the message itself; nothing is stored."""
+        self.check(body)
+        forward = self.broker.forward_target(self.settings.forward_to)
+        if forward is not None and not self.is_dead_letter and hops < MAX_FORWARD_HOPS:
+            forward.add_demand(body, now_ms, hops + 1, demand)
+            return
+        self.add_own_demand(body, now_ms, demand)
+
+    def add_own_demand(self, body: ParsedMessage, now_ms: int, demand: Demand) -> None:
+        """Add what `_store(body, now_ms, ...)` would hold here (nothing for a duplicate)."""
+        if self._is_duplicate(body.message_id, now_ms):
+            return
+        slot = demand.setdefault(self._root(), [0, 0])
+        slot[0] += 1
+        slot[1] += body.size
 
     def check(self, body: ParsedMessage) -> None:
         """Refuse a message this entity can never take, whatever its fill level."""
@@ -907,17 +933,49 @@ class Topic:
                 copies.append((subscription, copy))
         return copies
 
+    def add_demand(self, body: ParsedMessage, now_ms: int, hops: int, demand: Demand) -> None:
+        """Add to `demand` what `accept(body, now_ms, hops=hops)` would store in the
+        subscriptions (and where they forward to); nothing is stored."""
+        self.check(body)
+        if self._is_duplicate(body.message_id, now_ms):
+            return
+        self._add_copies_demand(
+            body, self._copies(body, self.next_sequence_number), now_ms, hops, demand
+        )
+
+    @staticmethod
+    def _add_copies_demand(
+        body: ParsedMessage, copies: list[tuple[Queue, Any]], now_ms: int, hops: int, demand: Demand
+    ) -> None:
+        for subscription, copy in copies:
+            if isinstance(copy, FilterEvaluationError):
+                subscription.add_own_demand(body, now_ms, demand)  # stored, then dead-lettered
+            else:
+                subscription.add_demand(copy, now_ms, hops, demand)
+
+    @staticmethod
+    def _check_demand(demand: Demand) -> None:
+        """Refuse the whole send if any subscription (or forwarding target) lacks room:
+        a send to a topic is atomic in Service Bus, every subscription gets its copy or
+        the sender gets the error and nothing is kept, so its retry is not a duplicate."""
+        for queue, (count, size) in demand.items():
+            queue.check_room(count, size)
+
     def accept_batch(self, bodies: list[ParsedMessage], now_ms: int) -> None:
         for body in bodies:
             self.check(body)
         planned = []
+        demand: Demand = {}
         for body in bodies:
             if self._is_duplicate(body.message_id, now_ms):
                 planned.append((body, None))
                 continue
             # Evaluate every subscription first: a copy a subscription refuses (no SessionId
-            # for a session subscription) fails the whole send, before anything is stored.
-            planned.append((body, self._copies(body, self.next_sequence_number + len(planned))))
+            # for a session subscription, no room) fails the whole send, before anything is stored.
+            copies = self._copies(body, self.next_sequence_number + len(planned))
+            self._add_copies_demand(body, copies, now_ms, 0, demand)
+            planned.append((body, copies))
+        self._check_demand(demand)
         for body, copies in planned:
             self._fan_out(body, copies, now_ms, None)
         self.pump()
@@ -933,9 +991,11 @@ class Topic:
         self.check(body)
         if self._is_duplicate(body.message_id, now_ms):
             return None
-        return self._fan_out(
-            body, self._copies(body, self.next_sequence_number), now_ms, scheduled_ms, hops
-        )
+        copies = self._copies(body, self.next_sequence_number)
+        demand: Demand = {}
+        self._add_copies_demand(body, copies, now_ms, hops, demand)
+        self._check_demand(demand)
+        return self._fan_out(body, copies, now_ms, scheduled_ms, hops)
 
     def _fan_out(
         self,
@@ -953,7 +1013,6 @@ class Topic:
         sequence_number = self.next_sequence_number
         self.next_sequence_number += 1
         self.broker.journal.put_sequence(self.journal_name, self.next_sequence_number)
-        self._remember_duplicate(body.message_id, now_ms)
         stored: list[tuple[Queue, int]] = []
         for subscription, copy in copies:
             if isinstance(copy, FilterEvaluationError):
@@ -965,6 +1024,9 @@ class Topic:
             number = subscription.accept(copy, now_ms, scheduled_ms, hops)
             if number is not None:
                 stored.append((subscription, number))
+        # Only a send that reached every subscription counts for duplicate detection
+        # (the caller checked their room first), so a refused send can be retried.
+        self._remember_duplicate(body.message_id, now_ms)
         if scheduled_ms is not None and scheduled_ms > now_ms:
             self.scheduled[sequence_number] = stored
         _LOG.debug(

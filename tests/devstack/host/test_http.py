@@ -16,6 +16,7 @@ from urllib.parse import urlparse
 
 import aiohttp
 import pytest
+from yarl import URL
 
 from .conftest import OFFICIAL_APP, HostProcess
 
@@ -169,6 +170,25 @@ async def test_routes_parameters_methods_and_results(host: HostProcess) -> None:
             assert r.status == 404
         async with s.get(f"{host.base}/items/42") as r:  # outside the route prefix
             assert r.status == 404
+
+
+async def test_an_encoded_slash_stays_inside_its_segment(host: HostProcess) -> None:
+    """As on Core Tools (Kestrel): routes match the path with `%2F` left encoded, other
+    escapes decoded, and the route value keeps the `%2F` (see routing_path)."""
+    base = host.base + "/api"
+
+    async def get(path: str) -> tuple[int, str]:
+        async with s.get(URL(base + path, encoded=True)) as r:
+            return r.status, await r.text()
+
+    async with aiohttp.ClientSession() as s:
+        assert await get("/orders/a%2Fb") == (200, "order a%2Fb")
+        assert await get("/orders/a%2fb") == (200, "order a%2fb")
+        assert await get("/orders/a/b") == (200, "order a part b")
+        assert await get("/orders/caf%C3%A9%20x%252F") == (200, "order café x%2F")
+        assert await get("/files/a%2Fb/c") == (200, "path=a%2Fb/c")
+        status, body = await get("/items/a%2Fb")
+        assert (status, json.loads(body)["name"]) == (200, "a%2Fb")
 
 
 async def test_keys_are_not_checked_locally_as_core_tools_does_not(host: HostProcess) -> None:

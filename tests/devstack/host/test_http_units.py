@@ -9,7 +9,7 @@ import pytest
 from devstack.host import HostError
 from devstack.host.app import FunctionSpec
 from devstack.host.http_api import public_history
-from devstack.host.http_triggers import compile_route
+from devstack.host.http_triggers import compile_route, routing_path
 
 
 def spec(route: str | None, name: str = "f", methods: list[str] | None = None) -> FunctionSpec:
@@ -37,6 +37,22 @@ def spec(route: str | None, name: str = "f", methods: list[str] | None = None) -
 ])
 def test_route_templates(template: str | None, path: str, expected: dict[str, str] | None) -> None:
     assert compile_route(spec(template), "api").match(path) == expected
+
+
+@pytest.mark.parametrize(("raw", "expected"), [
+    ("/api/orders/a%2Fb", "/api/orders/a%2Fb"),
+    ("/api/orders/a%2fb", "/api/orders/a%2fb"),
+    ("/api/caf%C3%A9/a%20b", "/api/café/a b"),
+    ("/api/x%252F", "/api/x%2F"),  # decoded once: the %25 only
+    ("/api/%2F%2F/%41", "/api/%2F%2F/A"),
+])
+def test_the_routing_path_keeps_encoded_slashes(raw: str, expected: str) -> None:
+    assert routing_path(raw) == expected
+
+
+def test_an_encoded_slash_does_not_separate_segments() -> None:
+    assert compile_route(spec("orders/{id}"), "api").match(routing_path("/api/orders/a%2Fb")) == {"id": "a%2Fb"}
+    assert compile_route(spec("orders/{id}/{part}"), "api").match(routing_path("/api/orders/a%2Fb")) is None
 
 
 def test_app_settings_in_routes_are_resolved(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -19,7 +19,7 @@ from azure.servicebus import (
     ServiceBusSubQueue,
 )
 from azure.servicebus.aio import ServiceBusClient as AsyncServiceBusClient
-from azure.servicebus.exceptions import ServiceBusError
+from azure.servicebus.exceptions import ServiceBusError, ServiceBusQuotaExceededError
 
 from tests.fixtures.servicebus import EmulatorProcess, ServiceBusEmulator
 
@@ -229,6 +229,40 @@ def test_session_subscriptions(client: ServiceBusClient) -> None:
         assert _drain(r, 2) == ["s0", "s1"]
     with client.get_subscription_receiver("session-topic", "plain") as receiver:
         assert _drain(receiver, 2) == ["s0", "s1"]  # the refused send left nothing behind
+
+
+def test_a_send_a_subscription_has_no_room_for_is_refused_whole_and_can_be_retried(
+    topics: EmulatorProcess,
+) -> None:
+    """A send to a topic is atomic: every subscription gets its copy, or the sender gets
+    the quota error, nothing is kept and the id is not recorded, so the retry is taken."""
+    with ServiceBusClient.from_connection_string(topics.connection_string, retry_total=0) as client:
+        for topic, tight_receiver in (
+            ("quota-topic", lambda: client.get_subscription_receiver("quota-topic", "tight")),
+            ("quota-fwd-topic", lambda: client.get_queue_receiver("quota-tight-queue")),
+        ):
+            with client.get_topic_sender(topic) as sender:
+                sender.send_messages(ServiceBusMessage("first", message_id=f"{topic}-1"))
+                with pytest.raises(ServiceBusQuotaExceededError):  # the tight one holds one
+                    sender.send_messages(ServiceBusMessage("second", message_id=f"{topic}-2"))
+                with pytest.raises(ServiceBusQuotaExceededError):  # a batch: all or nothing
+                    sender.send_messages(
+                        [ServiceBusMessage(f"b{i}", message_id=f"{topic}-b{i}") for i in range(2)]
+                    )
+            with client.get_subscription_receiver(topic, "roomy") as receiver:
+                assert _drain(receiver, 1) == ["first"]  # nothing of the refused sends
+            with tight_receiver() as receiver:
+                assert _drain(receiver, 1) == ["first"]
+            with client.get_topic_sender(topic) as sender:  # the sender's retry, same id
+                sender.send_messages(ServiceBusMessage("second", message_id=f"{topic}-2"))
+            with client.get_subscription_receiver(topic, "roomy") as receiver:
+                assert _drain(receiver, 1) == ["second"]
+            with tight_receiver() as receiver:
+                assert _drain(receiver, 1) == ["second"]
+            with client.get_topic_sender(topic) as sender:  # and now it is a duplicate
+                sender.send_messages(ServiceBusMessage("again", message_id=f"{topic}-2"))
+            with client.get_subscription_receiver(topic, "roomy") as receiver:
+                assert receiver.receive_messages(max_wait_time=0.5) == []
 
 
 def test_scheduling_and_cancelling_on_a_topic(client: ServiceBusClient) -> None:

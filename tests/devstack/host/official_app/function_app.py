@@ -120,6 +120,16 @@ def files(req: func.HttpRequest) -> str:
     return f"path={req.route_params.get('path', '')}"
 
 
+@myApp.route(route="orders/{id}")
+def order(req: func.HttpRequest) -> str:
+    return f"order {req.route_params['id']}"
+
+
+@myApp.route(route="orders/{id}/{part}")
+def order_part(req: func.HttpRequest) -> str:
+    return f"order {req.route_params['id']} part {req.route_params['part']}"
+
+
 @myApp.route(route="admin-only", auth_level=func.AuthLevel.ADMIN)
 def admin_only(req: func.HttpRequest) -> str:
     return "admin ok"
