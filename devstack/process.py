@@ -323,6 +323,11 @@ class Child:
             delay = min(delay * 2, 0.05)
         return True
 
+    def wait(self, timeout: float | None) -> bool:
+        """Wait up to `timeout` for the child to exit (True if it did), leaving it to `stop`
+        to sweep its group and reap it."""
+        return self._wait_exit(timeout)
+
     def signal(self, sig: int) -> None:
         """Send `sig` to the whole group (the server and any children of it). A no-op once
         the leader is reaped: the group id is then no proof the group is ours."""

@@ -9,7 +9,6 @@ client binding the host gives functions.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import re
@@ -98,8 +97,7 @@ class HostProcess:
         SIGTERM of `Child.stop` only follows once the drain has had its time."""
         if self.child is not None and self.child.alive():
             self.child.signal(signal.SIGINT)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.child.process.wait(15)
+            self.child.wait(15)
             self.child.stop(5)
 
     @property
