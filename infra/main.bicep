@@ -55,7 +55,8 @@ param ordersQueueMaxSizeInMegabytes int = 1024
 @maxValue(730)
 param logRetentionInDays int = 30
 
-@description('Client applications: app id, reply queue name, and the object (principal) id of the identity the application uses; empty principalId grants nothing yet.')
+@description('Client applications: app id, reply queue name, and the object (principal) id of the identity the application uses; empty principalId grants nothing yet. At least one: each gets the ingress queue orders-<appId>, and there is no other way in.')
+@minLength(1)
 param clientApplications clientApplication[] = [
   {
     appId: 'webshop'
