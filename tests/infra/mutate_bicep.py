@@ -53,6 +53,8 @@ MUTATIONS = [
     ("shared orders queue back", "infra/app/messaging.bicep", "var fixedQueues = [\n", "var fixedQueues = [\n  {\n    name: 'orders'\n    properties: ingressQueueProperties\n  }\n"),
     ("operators read shared orders", "infra/app/rbac.bicep", "concat(['agent-requests',", "concat(['orders', 'agent-requests',"),
     ("backlog alert on shared orders", "infra/app/alerts.bicep", "    entities: ingressQueueNames", "    entities: concat(['orders'], ingressQueueNames)"),
+    ("ingress registry not set", "infra/app/api.bicep", "  ORDER_INGRESS_QUEUES: string(ingressQueueRegistry)\n", ""),
+    ("app reads a setting Bicep lacks", "adapters/settings.py", 'env.get("ORDERS_CONTAINER_NAME")', 'env.get("ORDERS_CONTAINER")'),
     ("docker config stale", "devstack/docker/servicebus-config.json", '"DefaultMessageTimeToLive": "PT1H"', '"DefaultMessageTimeToLive": "P1D"'),
 ]
 
