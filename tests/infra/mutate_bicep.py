@@ -55,6 +55,8 @@ MUTATIONS = [
     ("backlog alert on shared orders", "infra/app/alerts.bicep", "    entities: ingressQueueNames", "    entities: concat(['orders'], ingressQueueNames)"),
     ("ingress registry not set", "infra/app/api.bicep", "  ORDER_INGRESS_QUEUES: string(ingressQueueRegistry)\n", ""),
     ("app reads a setting Bicep lacks", "adapters/settings.py", 'env.get("ORDERS_CONTAINER_NAME")', 'env.get("ORDERS_CONTAINER")'),
+    ("console on by default in Azure", "infra/main.bicep", "param consoleAuthConfirmed string = 'false'", "param consoleAuthConfirmed string = 'true'"),
+    ("console switch not set", "infra/app/api.bicep", "  CONSOLE_AUTH_CONFIRMED: consoleAuthConfirmed\n", ""),
     ("docker config stale", "devstack/docker/servicebus-config.json", '"DefaultMessageTimeToLive": "PT1H"', '"DefaultMessageTimeToLive": "P1D"'),
 ]
 
