@@ -7,7 +7,7 @@
     python -m cli stuck
     python -m cli resubmit ORDER_ID
     python -m cli alerts                 (newest first; --oldest-first)
-    python -m cli deadletters orders
+    python -m cli deadletters orders-webshop
 
 Text that clients wrote (OrderIDs, names, bodies, reasons quoting them) is
 printed literally through cli.render: no console markup, invisible and
@@ -109,7 +109,8 @@ def post(
     if len(bodies) > 5:
         console.print(f"... and {len(bodies) - 5} more")
     console.print(
-        Text(f"{len(bodies)} orders posted to orders as {render.visible(app_id)} (replies to {render.visible(queue)})")
+        Text(f"{len(bodies)} orders posted to {render.visible(ingress)} as {render.visible(app_id)} "
+             f"(replies to {render.visible(queue)})")
     )
 
 

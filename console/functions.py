@@ -10,7 +10,10 @@ Anonymous at the Functions level on purpose: a browser cannot send function
 keys. In Azure the console sits behind App Service authentication (infra/),
 and every route, reads included, answers 401 unless the platform's principal
 header is there (console.security.operator): a deployment whose
-authentication is off or not enforced shows nothing. Every string a template
+authentication is off shows nothing. Since a platform that does not enforce
+authentication would not strip a forged principal header either, in Azure
+every route first answers 404 unless CONSOLE_AUTH_CONFIRMED says that
+enforcement was checked on this deployment (console.security.console_enabled). Every string a template
 renders passes console.security.mask_for_display (the environment's
 finalize), so a card number in provider text is never shown."""
 
@@ -114,7 +117,12 @@ def _error(req: func.HttpRequest, status: int, message: str, deps: views.Deps | 
 
 
 def _signed_in(req: func.HttpRequest) -> tuple[str | None, func.HttpResponse | None]:
-    """The operator, or the 401 answer when in Azure nobody is signed in."""
+    """The operator, or the answer that refuses the request: 404 while the
+    console is disabled in Azure, 401 when in Azure nobody is signed in.
+    Every route calls this before anything else."""
+    if not security.console_enabled():
+        return None, func.HttpResponse(security.DISABLED_MESSAGE, status_code=404, mimetype="text/plain",
+                                       charset="utf-8", headers=_SECURITY_HEADERS)
     try:
         return security.operator(req.headers), None
     except security.Unauthenticated as exc:

@@ -1,5 +1,16 @@
 """Who is acting, cross-site request forgery protection, and redaction.
 
+Enabled. Locally always. In Azure only when the app setting
+CONSOLE_AUTH_CONFIRMED is "true", set by whoever deployed it after checking
+that App Service authentication is enforced in front of it on that
+deployment: Flex Consumption's documentation said during its preview that
+Easy Auth was not supported there and did not block unauthenticated callers,
+and its later documentation neither repeats nor retracts that
+(infra/README.md, "The console in Azure"). If authentication is not enforced,
+the principal header below could be sent by anyone, so until it is confirmed
+every console route answers 404 and reads nothing. Anything but a clear
+"true" (unset, "false", a typo) keeps it off.
+
 Identity. In Azure the console runs behind App Service authentication
 (infra/core/host/flex-function.bicep), which strips any client-sent
 `x-ms-client-principal-*` header and sets its own for a signed-in user: the
@@ -53,6 +64,11 @@ _PROCESS_SECRET = secrets.token_bytes(32)
 _PAYMENT_KEY = re.compile(r"payment|card|pan$|cvv|cvc|iban|account.?number|expiry", re.IGNORECASE)
 _DIGIT_RUN = re.compile(r"(?<!\d)(?:\d[ -]?){11,18}\d(?!\d)")
 AZURE_HINTS = ("WEBSITE_SITE_NAME", *MANAGED_IDENTITY_ENDPOINTS)
+AUTH_CONFIRMED_SETTING = "CONSOLE_AUTH_CONFIRMED"
+DISABLED_MESSAGE = (
+    "The operator console is disabled in this deployment: App Service authentication has not been "
+    f"confirmed to protect it ({AUTH_CONFIRMED_SETTING}). See infra/README.md, \"The console in Azure\".\n"
+)
 
 
 class Forbidden(Exception):
@@ -71,6 +87,14 @@ class Unmasked(str):
 def in_azure(env: Mapping[str, str] | None = None) -> bool:
     env = env if env is not None else os.environ
     return any(env.get(name) for name in AZURE_HINTS)
+
+
+def console_enabled(env: Mapping[str, str] | None = None) -> bool:
+    """Whether the console may answer at all (see the module docstring)."""
+    env = env if env is not None else os.environ
+    if not in_azure(env):
+        return True
+    return (env.get(AUTH_CONFIRMED_SETTING) or "").strip().lower() == "true"
 
 
 def operator(headers: Mapping[str, str], env: Mapping[str, str] | None = None) -> str:

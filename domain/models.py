@@ -177,7 +177,7 @@ class OrderLine(Contract):
 
 
 class OrderSubmitted(Contract):
-    """What a client posts to the `orders` queue."""
+    """What a client posts to its own ingress queue."""
 
     OrderID: OrderId
     AppId: Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9-]{0,63}$")]

@@ -55,7 +55,8 @@ param ordersQueueMaxSizeInMegabytes int = 1024
 @maxValue(730)
 param logRetentionInDays int = 30
 
-@description('Client applications: app id, reply queue name, and the object (principal) id of the identity the application uses; empty principalId grants nothing yet.')
+@description('Client applications: app id, reply queue name, and the object (principal) id of the identity the application uses; empty principalId grants nothing yet. At least one: each gets the ingress queue orders-<appId>, and there is no other way in.')
+@minLength(1)
 param clientApplications clientApplication[] = [
   {
     appId: 'webshop'
@@ -148,6 +149,9 @@ param consoleAuthClientId string = ''
 @description('Key of the console\'s form tokens. A new value on every deployment (newGuid() may only be a parameter default): forms open during a deployment must be opened again; it is never stored outside the app\'s settings.')
 @secure()
 param consoleCsrfSecret string = newGuid()
+@description('\'true\' only once App Service authentication has been checked to be enforced in front of the console on this deployment (azd: CONSOLE_AUTH_CONFIRMED; infra/README.md, "The console in Azure"). Until then every console route answers 404: Flex Consumption\'s documentation said during its preview that Easy Auth was not supported there and did not block unauthenticated callers.')
+@allowed(['true', 'false'])
+param consoleAuthConfirmed string = 'false'
 
 // Alerting.
 @description('Comma-separated e-mail addresses that receive the alerts (azd: ALERT_EMAIL_ADDRESSES). Empty: the alerts fire and reach nobody.')
@@ -334,6 +338,7 @@ module api 'app/api.bicep' = {
     inlineSteps: inlineSteps
     consoleCsrfSecret: consoleCsrfSecret
     consoleAuthClientId: consoleAuthClientId
+    consoleAuthConfirmed: consoleAuthConfirmed
     // Only the operators may sign in to the console, when any are named.
     consoleAllowedIdentities: (operatorPrincipalType == 'Group') ? [] : operators
     consoleAllowedGroups: (operatorPrincipalType == 'Group') ? operators : []

@@ -7,10 +7,11 @@ param serviceBusNamespaceId string
 param actionGroupId string
 @description('Alert when the Pending backlog the app reports exceeds this (below PENDING_BACKLOG_LIMIT, where Submit starts rejecting).')
 param pendingBacklogThreshold int
-@description('Alert when more than this many messages wait in the orders queue.')
+@description('Alert when more than this many messages wait in one ingress queue.')
 param ordersQueueBacklogThreshold int = 1000
-@description('The per-application ingress queues (orders-<appId>), watched like orders.')
-param ingressQueueNames string[] = []
+@description('The per-application ingress queues (orders-<appId>): the only queues clients send orders to.')
+@minLength(1)
+param ingressQueueNames string[]
 param namePrefix string
 
 // What the queries read (see infra/README.md, "What the alerts read"): the
@@ -137,9 +138,7 @@ var queueAlerts = [
     description: 'Orders are arriving faster than Submit accepts them (one time series per ingress queue).'
     severity: 2
     metricName: 'ActiveMessages'
-    entities: concat([
-      'orders'
-    ], ingressQueueNames)
+    entities: ingressQueueNames
     threshold: ordersQueueBacklogThreshold
   }
 ]

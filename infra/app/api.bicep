@@ -66,6 +66,9 @@ param inlineSteps string
 param consoleCsrfSecret string
 @description('Entra ID app registration operators sign in to the console with (see core/host/flex-function.bicep).')
 param consoleAuthClientId string
+@description('CONSOLE_AUTH_CONFIRMED: the console answers (in Azure) only when this is \'true\'.')
+@allowed(['true', 'false'])
+param consoleAuthConfirmed string
 param consoleAllowedIdentities string[]
 param consoleAllowedGroups string[]
 
@@ -152,6 +155,7 @@ var baseSettings = {
   SUPERVISOR_SCAN: supervisorScan
   INLINE_STEPS: inlineSteps
   CONSOLE_CSRF_SECRET: consoleCsrfSecret
+  CONSOLE_AUTH_CONFIRMED: consoleAuthConfirmed
   // COSMOS_CREATE_CONTAINERS stays unset (false): these templates create the
   // databases and containers, and the app's data-plane role could not.
 }

@@ -13,7 +13,7 @@ param clientApplications clientApplication[]
 @description('Log Analytics workspace for the namespace\'s diagnostic logs.')
 param logAnalyticsWorkspaceId string
 
-@description('Upper bound of the orders queue: admission control, the queue cannot grow without limit.')
+@description('Upper bound of each ingress queue (orders-<appId>): admission control, a queue cannot grow without limit.')
 @allowed([1024, 2048, 3072, 4096, 5120])
 param ordersQueueMaxSizeInMegabytes int = 1024
 
@@ -46,8 +46,11 @@ var duplicateDetectionWindow = 'PT${duplicateDetectionWindowMinutes}M'
 // (host.json maxAutoLockRenewalDuration), so this is the floor, not the cap.
 var agentRequestLockMinutes = min(5, (stepTimeoutSeconds + 60 + 59) / 60)
 
-// Submit (PeekLock, manual settlement). Redelivery retries transient
-// failures; a poison order is dead-lettered after 5 tries.
+// The ingress queues, one per client application (below). There is no shared
+// `orders` queue: Submit triggers on each orders-<appId> only, and the queue an
+// order arrived on names its sender. Submit (PeekLock, manual settlement):
+// redelivery retries transient failures; a poison order is dead-lettered
+// after 5 tries.
 var ingressQueueProperties = {
   lockDuration: 'PT1M'
   maxDeliveryCount: 5
@@ -61,13 +64,6 @@ var ingressQueueProperties = {
 }
 
 var fixedQueues = [
-  {
-    // The shared ingress Submit listens on until it is registered per
-    // application (infra/README.md, "Who can send and read what"). No client
-    // is granted Sender on it: clients send to their own orders-<appId>.
-    name: 'orders'
-    properties: ingressQueueProperties
-  }
   {
     // Scheduler -> Agent. MessageId {instance id}/{step} is stable across
     // resends, so duplicate detection drops a resent request.

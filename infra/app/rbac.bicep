@@ -90,7 +90,7 @@ var appStorageRoles = [
 //   post APP               send on APP's ingress queue
 //   show/list/stuck/resubmit/compensate
 //                          read and write the state database (Cosmos, below)
-var allQueueNames = concat(['orders', 'agent-requests', 'agent-responses', 'alerts'], ingressQueueNames, replyQueueNames)
+var allQueueNames = concat(['agent-requests', 'agent-responses', 'alerts'], ingressQueueNames, replyQueueNames)
 var operatorQueueGrants = flatten(map(operatorPrincipalIds, operator => concat(
   map(allQueueNames, queue => {
     principalId: operator

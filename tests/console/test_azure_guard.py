@@ -1,5 +1,7 @@
-"""In Azure every console route refuses a request without App Service
-authentication's principal header (401), reads as much as actions; the
+"""In Azure every console route answers 404 until CONSOLE_AUTH_CONFIRMED says
+App Service authentication was checked on the deployment, and then refuses a
+request without authentication's principal header (401), reads as much as
+actions; locally the console is always on. The
 reply-queue peek and the reply queues' dead letters are left out there,
 since the app may not read a client's reply queue."""
 
@@ -13,7 +15,7 @@ import pytest
 
 import console.functions as console_functions
 from console import views
-from console.security import AZURE_HINTS, PRINCIPAL_HEADER
+from console.security import AUTH_CONFIRMED_SETTING, AZURE_HINTS, PRINCIPAL_HEADER
 from tests.console.conftest import pending
 
 ROUTES = [b._function for b in console_functions.bp._function_builders]
@@ -48,6 +50,7 @@ async def test_in_azure_every_route_refuses_a_request_without_a_principal(fn, hi
     for name in AZURE_HINTS:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv(hint, "set-by-the-platform")
+    monkeypatch.setenv(AUTH_CONFIRMED_SETTING, "true")
     # A header with nothing in it is no principal either.
     for headers in ({}, {PRINCIPAL_HEADER: "  "}):
         response = await _call(fn, _request(_route_from_json(fn), headers))
@@ -56,6 +59,58 @@ async def test_in_azure_every_route_refuses_a_request_without_a_principal(fn, hi
         assert "sign in" in body and 'href="/.auth/login/aad?post_login_redirect_uri=https' in body
         # Refused before anything was read: no cost footer, no data.
         assert "O-1" not in body or fn.get_function_name() in ("console_action", "console_order", "console_find")
+
+
+def _in_azure(monkeypatch, hint: str, confirmed: str | None) -> None:
+    for name in AZURE_HINTS:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv(hint, "set-by-the-platform")
+    if confirmed is None:
+        monkeypatch.delenv(AUTH_CONFIRMED_SETTING, raising=False)
+    else:
+        monkeypatch.setenv(AUTH_CONFIRMED_SETTING, confirmed)
+
+
+@pytest.mark.parametrize("confirmed", [None, "", "false", "no", "yes", "1", "ture"])
+@pytest.mark.parametrize("hint", AZURE_HINTS)
+@pytest.mark.parametrize("fn", ROUTES, ids=lambda fn: fn.get_function_name())
+async def test_in_azure_every_route_is_off_until_authentication_is_confirmed(fn, hint, confirmed, monkeypatch):
+    """Even with a principal header (forgeable where the platform does not
+    enforce authentication), nothing is shown or done: 404 before any read.
+    Only a clear "true" turns the console on."""
+    _in_azure(monkeypatch, hint, confirmed)
+
+    async def no_reads(*args, **kwargs):
+        raise AssertionError("the disabled console must not read anything")
+
+    monkeypatch.setattr(console_functions, "_deps", no_reads)
+    for headers in ({}, {PRINCIPAL_HEADER: "eve"}):
+        response = await _call(fn, _request(_route_from_json(fn), headers))
+        assert response.status_code == 404, (fn.get_function_name(), headers, confirmed)
+        body = response.get_body().decode()
+        assert AUTH_CONFIRMED_SETTING in body and "eve" not in body and "O-1" not in body
+        assert response.headers["Content-Security-Policy"].startswith("default-src 'none'")
+
+
+@pytest.mark.parametrize("confirmed", ["true", "TRUE", " True "])
+async def test_in_azure_a_confirmed_console_answers_a_signed_in_operator(confirmed, monkeypatch):
+    _in_azure(monkeypatch, AZURE_HINTS[0], confirmed)
+    fn = next(f for f in ROUTES if f.get_function_name() == "console_static")
+    assert (await _call(fn, _request("console/static/console.css", {PRINCIPAL_HEADER: "ops"}))).status_code == 200
+    assert (await _call(fn, _request("console/static/console.css", {}))).status_code == 401
+
+
+@pytest.mark.parametrize("confirmed", [None, "false"])
+async def test_locally_the_console_is_on_whatever_the_setting(confirmed, monkeypatch):
+    for name in AZURE_HINTS:
+        monkeypatch.delenv(name, raising=False)
+    if confirmed is None:
+        monkeypatch.delenv(AUTH_CONFIRMED_SETTING, raising=False)
+    else:
+        monkeypatch.setenv(AUTH_CONFIRMED_SETTING, confirmed)
+    fn = next(f for f in ROUTES if f.get_function_name() == "console_static")
+    response = await _call(fn, _request("console/static/console.css", {}))
+    assert response.status_code == 200
 
 
 async def test_locally_the_stylesheet_is_served_from_memory(monkeypatch, tmp_path):

@@ -50,6 +50,13 @@ MUTATIONS = [
     ("settings not secure", "infra/core/host/flex-function.bicep", "@secure()\nparam appSettings object", "param appSettings object"),
     ("no alerts receiver", "infra/app/rbac.bicep", "    queue: 'alerts'\n    role: 'serviceBusDataReceiver'", "    queue: 'alerts'\n    role: 'serviceBusDataSender'"),
     ("app reads reply queues", "infra/app/rbac.bicep", "    queueName: app.replyQueueName\n    roleDefinitionId: roles.serviceBusDataSender\n    principalId: functionAppPrincipalId", "    queueName: app.replyQueueName\n    roleDefinitionId: roles.serviceBusDataReceiver\n    principalId: functionAppPrincipalId"),
+    ("shared orders queue back", "infra/app/messaging.bicep", "var fixedQueues = [\n", "var fixedQueues = [\n  {\n    name: 'orders'\n    properties: ingressQueueProperties\n  }\n"),
+    ("operators read shared orders", "infra/app/rbac.bicep", "concat(['agent-requests',", "concat(['orders', 'agent-requests',"),
+    ("backlog alert on shared orders", "infra/app/alerts.bicep", "    entities: ingressQueueNames", "    entities: concat(['orders'], ingressQueueNames)"),
+    ("ingress registry not set", "infra/app/api.bicep", "  ORDER_INGRESS_QUEUES: string(ingressQueueRegistry)\n", ""),
+    ("app reads a setting Bicep lacks", "adapters/settings.py", 'env.get("ORDERS_CONTAINER_NAME")', 'env.get("ORDERS_CONTAINER")'),
+    ("console on by default in Azure", "infra/main.bicep", "param consoleAuthConfirmed string = 'false'", "param consoleAuthConfirmed string = 'true'"),
+    ("console switch not set", "infra/app/api.bicep", "  CONSOLE_AUTH_CONFIRMED: consoleAuthConfirmed\n", ""),
     ("docker config stale", "devstack/docker/servicebus-config.json", '"DefaultMessageTimeToLive": "PT1H"', '"DefaultMessageTimeToLive": "P1D"'),
 ]
 

@@ -30,9 +30,15 @@ def test_queue_metric_alerts_for_dead_letters_and_pending_work():
     dead = alerts["dead-lettered-messages"]
     assert (dead["metricName"], dead["entities"], dead["threshold"]) == ("DeadletteredMessages", ["*"], 0)
     assert alerts["operator-alerts-pending"]["entities"] == ["alerts"]
-    entities = alerts["orders-queue-backlog"]["entities"]["function"]
-    assert entities == {"type": "concat", "parameters": {"arg_1": ["orders"], "arg_2": "ingressQueueNames"}}
-    assert module_params(parse(MAIN), "alerts")["ingressQueueNames"] is not None
+    # Every ingress queue, and only those: there is no shared `orders` queue.
+    assert alerts["orders-queue-backlog"]["entities"] == "ingressQueueNames"
+    # main.bicep passes messaging.outputs.ingressQueueNames (pycep nests `a.b.c` as a.(b.c)).
+    passed = module_params(parse(MAIN), "alerts")["ingressQueueNames"]["operator"]["operands"]
+    assert passed["operand_1"] == "messaging"
+    assert passed["operand_2"]["operator"]["operands"] == {"operand_1": "outputs", "operand_2": "ingressQueueNames"}
+    # An empty list would be an alert rule with no dimension value: refused at deployment time.
+    assert {"type": "min_length", "argument": 1} in parse(ALERTS)["parameters"]["ingressQueueNames"]["decorators"]
+    assert {"type": "min_length", "argument": 1} in parse(MAIN)["parameters"]["clientApplications"]["decorators"]
 
 
 def test_backlog_alert_fires_before_admission_control_rejects():

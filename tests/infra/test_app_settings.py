@@ -25,10 +25,17 @@ user-assigned identity's client id on every connection, OpenTelemetry, and
 
 CLAIM_TIMEOUT_SECONDS and STEP_TIMEOUT_SECONDS are the exception to "same
 default": main.bicep raises them to what Flex's start-up latency needs
-(test_timing.py)."""
+(test_timing.py). REPLY_QUEUE_REGISTRY and ORDER_INGRESS_QUEUES are built from
+`clientApplications` and equal the template's with the default applications.
+
+The other direction: every setting the app reads (adapters/settings.py,
+bootstrap.py, console/security.py: their source scanned for reads, and
+adapters.settings run against a recording environment for computed names) is
+set in Azure, or listed in NOT_SET_IN_AZURE with the reason."""
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 
@@ -38,7 +45,9 @@ from tests.infra.bicep_model import (
     HOST_JSON,
     INFRA,
     MAIN,
+    ROOT,
     accessor,
+    evaluate,
     function_call,
     main_defaults,
     module_params,
@@ -137,8 +146,8 @@ def test_plain_setting_default_equals_template(name: str):
         assert value == f"*/${{{param}}} * * * * *"
         assert f"*/{defaults[param]} * * * * *" == template
         return
-    if name == "REPLY_QUEUE_REGISTRY":
-        return  # built from clientApplications: test_reply_queue_registry
+    if name in ("REPLY_QUEUE_REGISTRY", "ORDER_INGRESS_QUEUES"):
+        return  # built from clientApplications: test_reply_queue_registry..., test_ingress_registry...
     call = function_call(value)
     param = call[1]["value_to_convert"] if call and call[0] == "string" else value
     assert param == camel(name), f"{name} is set from {param!r}, expected parameter {camel(name)}"
@@ -261,9 +270,183 @@ def test_scheduler_resources_exist_only_for_that_backend():
     assert scheduler["resources"]["taskHub"]["config"] == {"parent": "scheduler", "name": "taskHubName"}
 
 
-def test_ingress_registry_is_set():
+def test_ingress_registry_is_built_from_client_applications():
+    """ORDER_INGRESS_QUEUES in Azure is messaging.bicep's registry of the queues
+    it creates; with main.bicep's default applications it equals the template's
+    (so Submit listens on the same queues locally and in Azure)."""
     settings = app_settings()
     assert function_call(settings["ORDER_INGRESS_QUEUES"]) == ("string", {"value_to_convert": "ingressQueueRegistry"})
+    passed = module_params(parse(MAIN), "api")["ingressQueueRegistry"]["operator"]["operands"]
+    assert passed["operand_1"] == "messaging"
+    assert passed["operand_2"]["operator"]["operands"] == {"operand_1": "outputs", "operand_2": "ingressQueueRegistry"}
+    messaging = parse(INFRA / "app" / "messaging.bicep")
+    registry = evaluate(messaging["outputs"]["ingressQueueRegistry"]["value"],
+                        {"clientApplications": main_defaults()["clientApplications"]}, messaging)
+    assert registry == json.loads(template_settings()["ORDER_INGRESS_QUEUES"])
+    # The queues the registry names are the ones messaging.bicep creates.
+    ingress = variable(messaging, "ingressQueues")
+    item = ingress["loop_type"]["detail"]["item_name"]
+    assert ingress["config"]["name"] == f"orders-${{{item}.appId}}"
+    assert set(registry.values()) == {f"orders-{app['appId']}" for app in main_defaults()["clientApplications"]}
+
+
+# --- every setting the app reads is set in Azure, or excluded here with a reason ---
+
+# Modules that read the app's settings from the environment. (agents/config.py
+# reads the Agent's tuning knobs, AGENT_*, whose code defaults are what Azure
+# runs; adapters/settlement.py reads REDELIVERY_DELAYS_SECONDS and
+# MAX_DELIVERY_COUNT the same way. They are left out on purpose.)
+READERS = [ROOT / "adapters" / "settings.py", ROOT / "bootstrap.py", ROOT / "console" / "security.py"]
+# Read by the app, deliberately not an Azure app setting.
+NOT_SET_IN_AZURE = {
+    "ServiceBusConnection": "connection-string form; Azure sets ServiceBusConnection__fullyQualifiedNamespace",
+    "CosmosDbConnection": "connection-string form; Azure sets CosmosDbConnection__accountEndpoint",
+    "OrdersDbConnection": "connection-string form; Azure sets OrdersDbConnection__accountEndpoint",
+    "COSMOS_CREATE_CONTAINERS": "local only: the templates create the containers",
+}
+# Set by the platform, not by us.
+PLATFORM = {"IDENTITY_ENDPOINT", "MSI_ENDPOINT", "WEBSITE_SITE_NAME"}
+_ENV_FUNCS = {"_int": 1, "_bool": 1, "_choice": 1, "_float": 1}  # helper -> index of the name argument
+
+
+def _is_environment(node: ast.AST) -> bool:
+    """`env` (any variable of that name), `os.environ`, or `(env if ... else os.environ)`."""
+    if isinstance(node, ast.Name):
+        return node.id == "env"
+    if isinstance(node, ast.IfExp):
+        return _is_environment(node.body) or _is_environment(node.orelse)
+    return isinstance(node, ast.Attribute) and node.attr == "environ"
+
+
+def setting_names_in_source(source: str) -> tuple[set[str], int]:
+    """The setting names a module reads with a literal (or module-constant, or
+    f-string of constants) name: `env.get(N)`, `os.environ.get(N)`,
+    `env[N]`, `os.getenv(N)`, `_int(env, N, ...)` and the like. Also the count
+    of reads whose name it cannot resolve (a variable), which
+    test_settings_read_with_computed_names_are_set checks by running the code."""
+    tree = ast.parse(source)
+    constants: dict[str, str] = {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
+            for target in node.targets:
+                if isinstance(target, ast.Name):
+                    constants[target.id] = node.value.value
+
+    def resolve(arg: ast.AST) -> str | None:
+        if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+            return arg.value
+        if isinstance(arg, ast.Name):
+            return constants.get(arg.id)
+        if isinstance(arg, ast.JoinedStr):
+            parts = []
+            for value in arg.values:
+                if isinstance(value, ast.Constant):
+                    parts.append(str(value.value))
+                elif isinstance(value, ast.FormattedValue) and isinstance(value.value, ast.Name) \
+                        and value.value.id in constants:
+                    parts.append(constants[value.value.id])
+                else:
+                    return None
+            return "".join(parts)
+        return None
+
+    names: set[str] = set()
+    unresolved = 0
+    for node in ast.walk(tree):
+        arg = None
+        if isinstance(node, ast.Call):
+            func = node.func
+            if isinstance(func, ast.Attribute) and func.attr == "get" and _is_environment(func.value) and node.args:
+                arg = node.args[0]
+            elif isinstance(func, ast.Attribute) and func.attr == "getenv" and node.args:
+                arg = node.args[0]
+            elif isinstance(func, ast.Name) and func.id in _ENV_FUNCS and len(node.args) > _ENV_FUNCS[func.id]:
+                arg = node.args[_ENV_FUNCS[func.id]]
+        elif isinstance(node, ast.Subscript) and _is_environment(node.value):
+            arg = node.slice
+        if arg is None:
+            continue
+        name = resolve(arg)
+        if name is None:
+            unresolved += 1
+        else:
+            names.add(name)
+    return names, unresolved
+
+
+class _RecordingEnv(dict):
+    """An environment that remembers every name looked up in it."""
+
+    def __init__(self, values: dict[str, str]):
+        super().__init__(values)
+        self.read: set[str] = set()
+
+    def get(self, key, default=None):
+        self.read.add(key)
+        return super().get(key, default)
+
+    def __getitem__(self, key):
+        self.read.add(key)
+        return super().__getitem__(key)
+
+    def __contains__(self, key):
+        self.read.add(key)
+        return super().__contains__(key)
+
+
+def _azure_like_environment() -> dict[str, str]:
+    """The template's values in the shape Azure has: identity-based
+    connections instead of connection strings."""
+    values = {k: v for k, v in template_settings().items() if k not in IDENTITY_FORMS}
+    values.update({
+        "ServiceBusConnection__fullyQualifiedNamespace": "sb-orders.servicebus.windows.net",
+        "CosmosDbConnection__accountEndpoint": "https://cosmos-orders.documents.azure.com:443/",
+        "OrdersDbConnection__accountEndpoint": "https://cosmos-orders.documents.azure.com:443/",
+        "AZURE_CLIENT_ID": "00000000-0000-0000-0000-000000000001",
+    })
+    return values
+
+
+def _missing_in_azure(names: set[str]) -> set[str]:
+    return names - set(app_settings()) - set(NOT_SET_IN_AZURE) - PLATFORM
+
+
+@pytest.mark.parametrize("reader", READERS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_setting_the_app_reads_is_set_in_azure(reader):
+    names, _ = setting_names_in_source(reader.read_text())
+    assert names, f"{reader.name}: no setting found; has the way it reads settings changed?"
+    assert _missing_in_azure(names) == set(), (
+        f"{reader.relative_to(ROOT)} reads these, but infra/app/api.bicep does not set them "
+        "(add them to baseSettings, or to NOT_SET_IN_AZURE with the reason)"
+    )
+
+
+def test_settings_read_with_computed_names_are_set():
+    """The reads whose name is computed (`f"{name}__accountEndpoint"`) are
+    found by running adapters.settings against a recording environment."""
+    from adapters.settings import MANAGED_IDENTITY_ENDPOINTS, ingress_queues, load_settings
+
+    env = _RecordingEnv(_azure_like_environment())
+    load_settings(env)
+    ingress_queues(env)
+    assert {"CosmosDbConnection__accountEndpoint", "ServiceBusConnection__fullyQualifiedNamespace",
+            "ORDER_INGRESS_QUEUES"} <= env.read
+    assert _missing_in_azure(env.read) == set(), env.read
+    assert set(MANAGED_IDENTITY_ENDPOINTS) <= PLATFORM
+
+
+def test_the_check_catches_a_setting_missing_from_bicep():
+    """The source scan sees each way a setting is read, so a new one fails
+    the test above until Bicep sets it."""
+    source = (ROOT / "adapters" / "settings.py").read_text() + (
+        "\nNEW_CONST = 'NEW_FROM_CONSTANT'\n"
+        "def _new(env):\n"
+        "    return (env.get('NEW_PLAIN'), _int(env, 'NEW_INT', 1), env['NEW_INDEXED'],\n"
+        "            env.get(f'{NEW_CONST}__suffix'), os.environ.get('NEW_OS'), env.get(NEW_CONST))\n"
+    )
+    names, _ = setting_names_in_source(source)
+    assert _missing_in_azure(names) == {
+        "NEW_PLAIN", "NEW_INT", "NEW_INDEXED", "NEW_FROM_CONSTANT__suffix", "NEW_OS", "NEW_FROM_CONSTANT"}
 
 
 def test_host_json_setting_references_are_set():

@@ -110,3 +110,34 @@ def test_the_form_token_key_is_one_generated_secret():
     # The settings object carries it into the site module: secure there too,
     # so neither module's inputs show it in the deployment history.
     assert {"type": "secure"} in parse(FLEX)["parameters"]["appSettings"]["decorators"]
+
+
+def test_the_console_is_off_in_azure_until_authentication_is_confirmed():
+    """Flex Consumption's preview documentation said Easy Auth was not
+    supported and let unauthenticated callers through; nothing since says it
+    is enforced (infra/README.md, "The console in Azure"). So the console's own
+    switch, CONSOLE_AUTH_CONFIRMED, is 'false' unless the deployer sets it after
+    checking, and the app (console.security.console_enabled) answers 404 until then."""
+    main = parse(MAIN)
+    spec = main["parameters"]["consoleAuthConfirmed"]
+    assert spec["default"] == "false"
+    assert {"type": "allowed", "argument": ["true", "false"]} in spec["decorators"]
+    given = json.loads((INFRA / "main.parameters.json").read_text())["parameters"]
+    assert given["consoleAuthConfirmed"]["value"] == "${CONSOLE_AUTH_CONFIRMED=false}"
+    assert module_params(main, "api")["consoleAuthConfirmed"] == "consoleAuthConfirmed"
+    api = parse(API)
+    assert variable(api, "baseSettings")["CONSOLE_AUTH_CONFIRMED"] == "consoleAuthConfirmed"
+    assert {"type": "allowed", "argument": ["true", "false"]} in api["parameters"]["consoleAuthConfirmed"]["decorators"]
+    # The app reads the same name, and only an exact "true" turns the console on.
+    from console import security
+
+    assert security.AUTH_CONFIRMED_SETTING == "CONSOLE_AUTH_CONFIRMED"
+    azure = {security.AZURE_HINTS[0]: "site"}
+    assert not security.console_enabled(azure)
+    assert not security.console_enabled({**azure, "CONSOLE_AUTH_CONFIRMED": "false"})
+    assert security.console_enabled({**azure, "CONSOLE_AUTH_CONFIRMED": "true"})
+    assert security.console_enabled({})
+    # The README states the finding and its source.
+    readme = (INFRA / "README.md").read_text()
+    assert "CONSOLE_AUTH_CONFIRMED" in readme
+    assert "https://learn.microsoft.com/azure/azure-functions/flex-consumption-plan#considerations" in readme

@@ -48,11 +48,11 @@ from tests.infra.bicep_model import (
 
 MESSAGING = INFRA / "app" / "messaging.bicep"
 NAMESPACE = INFRA / "core" / "messaging" / "servicebus.bicep"
-FIXED = ["orders", "agent-requests", "agent-responses", "alerts"]
+FIXED = ["agent-requests", "agent-responses", "alerts"]
 CLIENTS = main_defaults()["clientApplications"]
 INGRESS = [f"orders-{c['appId']}" for c in CLIENTS]
 REPLIES = [c["replyQueueName"] for c in CLIENTS]
-CONSUMED = ["orders", "agent-requests", "agent-responses"]  # queues the app triggers on
+CONSUMED = INGRESS + ["agent-requests", "agent-responses"]  # queues the app triggers on
 DEDUPLICATED = ["agent-requests", "agent-responses"]
 SHORT_RUN_SECONDS = 30
 SETTLE_SECONDS = 30
@@ -166,10 +166,23 @@ def test_bicep_declares_the_fixed_queues_and_ingress_and_reply_queue_per_client(
     assert sorted(bicep_queues()) == sorted(FIXED + INGRESS + REPLIES)
 
 
-def test_ingress_queues_behave_like_orders():
+def test_ingress_queues_are_alike():
     queues = bicep_queues()
+    assert len(INGRESS) >= 1
     for name in INGRESS:
-        assert queues[name] == queues["orders"], name
+        assert queues[name] == queues[INGRESS[0]], name
+
+
+def test_no_shared_ingress_queue():
+    """Issue 17 item 7: a queue every client could send to would let one
+    application pose as another. Only orders-<appId> queues take orders, in
+    Azure and in both local emulators' configs."""
+    assert "orders" not in bicep_queues()
+    assert "orders" not in config_json_queues()
+    official = json.loads((ROOT / "devstack" / "docker" / "servicebus-config.json").read_text())
+    assert "orders" not in {q["Name"] for n in official["UserConfig"]["Namespaces"] for q in n["Queues"]}
+    assert "'orders'" not in (INFRA / "app" / "rbac.bicep").read_text()
+    assert "'orders'" not in (INFRA / "app" / "alerts.bicep").read_text()
 
 
 def test_local_servicebus_config_names_the_same_queues():
@@ -244,14 +257,16 @@ def test_poison_messages_are_dead_lettered_within_the_budget(queue: str):
     assert props["requiresSession"] is False
 
 
-def test_orders_queue_is_bounded():
-    size = bicep_queues()["orders"]["maxSizeInMegabytes"]
+@pytest.mark.parametrize("queue", INGRESS)
+def test_ingress_queue_is_bounded(queue: str):
+    size = bicep_queues()[queue]["maxSizeInMegabytes"]
     assert isinstance(size, int) and size <= 5120
+    assert size == main_defaults()["ordersQueueMaxSizeInMegabytes"]
     allowed = parse(MAIN)["parameters"]["ordersQueueMaxSizeInMegabytes"]["decorators"]
     assert {"type": "allowed", "argument": [1024, 2048, 3072, 4096, 5120]} in allowed
 
 
-@pytest.mark.parametrize("queue", ["orders"] + INGRESS + REPLIES)
+@pytest.mark.parametrize("queue", INGRESS + REPLIES)
 def test_client_facing_queues_deduplicate_resends(queue: str):
     assert bicep_queues()[queue]["requiresDuplicateDetection"] is True
 

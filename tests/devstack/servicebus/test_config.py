@@ -32,8 +32,8 @@ def test_rejects_malformed_durations(text: str) -> None:
 
 def test_reads_the_project_config_with_its_queue_names() -> None:
     queues = {q.name: q for q in load_config(PROJECT_CONFIG)}
+    # No shared `orders` queue: each application sends to its own (issue 17).
     assert set(queues) == {
-        "orders",
         "orders-webshop",
         "orders-partner-portal",
         "agent-requests",
@@ -42,7 +42,7 @@ def test_reads_the_project_config_with_its_queue_names() -> None:
         "replies-webshop",
         "replies-partner-portal",
     }
-    orders = queues["orders"]
+    orders = queues["orders-webshop"]
     assert orders.lock_duration == 60
     assert orders.max_delivery_count == 5
     assert orders.requires_duplicate_detection
@@ -52,10 +52,10 @@ def test_reads_the_project_config_with_its_queue_names() -> None:
     assert not queues["alerts"].requires_duplicate_detection
 
 
-def test_every_registered_application_has_an_ingress_queue_like_orders() -> None:
+def test_every_registered_application_has_an_ingress_queue_alike() -> None:
     """Submit takes an order's AppId from its ingress queue: each application
     of the template's REPLY_QUEUE_REGISTRY needs the queue Submit reads
-    (ORDER_INGRESS_QUEUES's default), with the properties of `orders`."""
+    (the template's ORDER_INGRESS_QUEUES), all with the same properties."""
     import dataclasses
     import json
 
@@ -66,8 +66,9 @@ def test_every_registered_application_has_an_ingress_queue_like_orders() -> None
     wanted = ingress_queues(values)
     assert set(wanted) == set(json.loads(values["REPLY_QUEUE_REGISTRY"]))
     queues = {q.name: q for q in load_config(PROJECT_CONFIG)}
+    first = queues[next(iter(wanted.values()))]
     for queue in wanted.values():
-        assert dataclasses.replace(queues[queue], name="orders") == queues["orders"], queue
+        assert dataclasses.replace(queues[queue], name=first.name) == first, queue
 
 
 def test_applies_defaults_and_limits() -> None:
