@@ -12,6 +12,7 @@ HOSTILE_EXAMPLES."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -234,10 +235,10 @@ def check_dead_letters_alerted(dead: dict[str, str], alerts: dict[str, list[dict
 @pytest.fixture
 async def bus(app_env, servicebus_emulator):  # noqa: F811
     bus = Bus(servicebus_emulator.connection_string)
-    for queue in (ORDERS, "agent-requests", "agent-responses", "alerts", "replies-webshop",
-                  f"{ORDERS}/$deadletterqueue", "agent-requests/$deadletterqueue",
-                  "agent-responses/$deadletterqueue"):
-        await drain(bus, queue)
+    await asyncio.gather(*(drain(bus, queue) for queue in (
+        ORDERS, "agent-requests", "agent-responses", "alerts", "replies-webshop",
+        f"{ORDERS}/$deadletterqueue", "agent-requests/$deadletterqueue",
+        "agent-responses/$deadletterqueue")))
     yield bus
     await bus.close()
     await bootstrap.close()

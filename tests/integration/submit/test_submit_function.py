@@ -5,6 +5,7 @@ Cosmos requests a new order costs."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import uuid
@@ -46,9 +47,10 @@ SUBMIT = _submit_of("webshop")
 @pytest.fixture
 async def rig(app_env, servicebus_emulator):  # noqa: F811
     rig = Rig(Bus(servicebus_emulator.connection_string))
-    for queue in (*INGRESS.values(), "replies-webshop", "replies-partner-portal", "alerts",
-                  *(f"{q}/$deadletterqueue" for q in INGRESS.values())):
-        await rig.bus.drain(queue, wait=0.1)
+    # Concurrently: each receiver's link costs the SDK's handshake cadence (~0.9 s).
+    await asyncio.gather(*(rig.bus.drain(queue, wait=0.1) for queue in (
+        *INGRESS.values(), "replies-webshop", "replies-partner-portal", "alerts",
+        *(f"{q}/$deadletterqueue" for q in INGRESS.values()))))
     yield rig
     await rig.bus.close()
     await bootstrap.close()
