@@ -29,6 +29,7 @@ from domain.models import (
     StatusKind,
     StepState,
     StepStatus,
+    mask_card_numbers,
 )
 
 HISTORY_LIMIT = 20
@@ -48,12 +49,17 @@ def short_text(text: str | None, limit: int) -> str | None:
 
     Control and format characters become spaces, runs of whitespace collapse,
     and lone surrogates (which cannot be encoded as UTF-8, so no store could
-    write them) are replaced."""
+    write them) are replaced. Card-number-like digit runs are masked
+    (domain.models.mask_card_numbers): every reason, LastError, History entry,
+    step and undo error and outbox detail passes here, and a provider may quote
+    the card it declined. Masked after the clean-up (a control character
+    between the digits must not hide a number) and before the cut (a number
+    cut short must not slip through as a shorter run)."""
     if text is None:
         return None
     text = text.encode("utf-8", "replace").decode("utf-8")
     text = "".join(" " if unicodedata.category(ch)[0] == "C" else ch for ch in text)
-    text = " ".join(text.split())
+    text = mask_card_numbers(" ".join(text.split()))
     if len(text) > limit:
         text = text[: limit - 1].rstrip() + "…"
     return text
