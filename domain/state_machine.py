@@ -405,7 +405,14 @@ def request_compensation(record: OrderState, now: datetime, by: str = "operator"
 
 def claim_compensation(record: OrderState, now: datetime, policy: RetryPolicy) -> OrderState:
     """Error / CompensationFailed -> Compensating, on an operator's request: a
-    new attempt takes the lock (guarded by the etag, like a claim)."""
+    new attempt takes the lock (guarded by the etag, like a claim).
+
+    A terminal status still in the outbox (Failed or CompensationFailed whose
+    send failed so far) stays there: the client must learn of it (DESIGN §4,
+    status delivery), and the Starter delivers it, before the claim when it
+    can (orchestrators/starter.py) and otherwise in its outbox pass. Only the
+    compensation's own terminal write replaces it, if it is still unsent by
+    then: the client then sees at least the final status."""
     _require(
         record,
         ProcessState.ERROR,
@@ -427,7 +434,6 @@ def claim_compensation(record: OrderState, now: datetime, policy: RetryPolicy) -
         Compensation=log,
         CompensationRequested=False,
         CompensationRestarts=0,
-        PendingStatus=None,
     )
 
 
