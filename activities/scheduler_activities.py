@@ -393,7 +393,12 @@ class SchedulerActivities:
         """The in-app agent path: the same Agent library, run in an activity."""
         if self._inline_agent is None:
             raise RuntimeError("no inline agent configured")
-        return await self._inline_agent.handle(self._request(send))
+        try:
+            return await self._inline_agent.handle(self._request(send))
+        except Exception as exc:
+            # The orchestration sees only this text (Durable's failure
+            # reason): give it the type, which str(exc) alone leaves out.
+            raise RuntimeError(f"{type(exc).__name__}: {exc}") from exc
 
     # --- telling people -------------------------------------------------------------------
 

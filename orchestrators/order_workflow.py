@@ -36,7 +36,7 @@ from datetime import timedelta
 from azure.durable_functions import RetryOptions
 
 from domain.ids import reply_event_name
-from domain.models import ProcessState, ReplyOutcome, StatusKind
+from domain.models import AgentReply, ProcessState, ReplyOutcome, StatusKind
 from orchestrators import workflow_v1_0
 from orchestrators.contracts import (
     Advance,
@@ -147,7 +147,35 @@ def _run_step(context, plan: Plan, step: StepPlan, action: str, deadline, attemp
             reply_event_name(step.Name, plan.Attempt, request.label)
         )
     result = yield from race(context, task, deadline)
-    return None if result is None else reply_from_event(result)
+    return _reply(context, plan, step.Name, action, result)
+
+
+def _reply(context, plan: Plan, step: str, action: str, result) -> AgentReply | None:
+    """The race's result as a reply: None when the deadline won; a transient
+    reply naming the step and the failure when the inline step's activity
+    failed (the SDK hands the failed task's exception over as its result)."""
+    if result is None:
+        return None
+    if isinstance(result, Exception):
+        return _inline_failure(context, plan, step, action, result)
+    return reply_from_event(result)
+
+
+def _inline_failure(context, plan: Plan, step: str, action: str, failure: Exception) -> AgentReply:
+    """A failed inline step as the transient reply an agent would have sent:
+    the attempt then stops like any transient failure, with this reason on
+    the record (LastError, the step's error), which the Supervisor's retry,
+    Error and alert quote. The failure's text is Durable's
+    "{Reason} \\n {Details}"; the reason is the useful part (the activity
+    puts the exception's type in it), the details a stack trace. Card
+    numbers are masked and the text is cut by the reply's Error type, and
+    again by the state machine when it is stored."""
+    said = str(failure).split(" \n ", 1)[0].strip() or type(failure).__name__
+    return AgentReply(
+        InstanceId=context.instance_id, OrderID=plan.OrderID, Step=step, Action=action,
+        Attempt=max(plan.Attempt, 1), EventName="inline", EventId="inline",
+        Outcome=ReplyOutcome.TRANSIENT, Error=f"inline step {step} failed: {said}",
+    )
 
 
 def _finish(outcome: str, step: str | None = None, detail: str | None = None) -> dict:
@@ -295,7 +323,7 @@ def _await_step(context, plan: Plan, step: StepPlan, deadline):
     else:
         task = context.wait_for_external_event(reply_event_name(step.Name, plan.Attempt, "do"))
     result = yield from race(context, task, deadline)
-    return None if result is None else reply_from_event(result)
+    return _reply(context, plan, step.Name, "do", result)
 
 
 def run_v2_0(context):

@@ -83,9 +83,13 @@ class World:
     index: Any = None
     settings: Settings = SETTINGS
     now: datetime = T0
+    # Steps run inline (INLINE_STEPS) and the agent library that runs them.
+    step_modes: dict[str, str] | None = None
+    inline_agent: Any = None
 
     def activities(self) -> SchedulerActivities:
         return SchedulerActivities(self.settings, self.store, self.orders, self.bus, STEPS,
+                                   inline_agent=self.inline_agent, step_modes=self.step_modes,
                                    index=self.index, clock=lambda: self.now)
 
     def starter(self) -> Starter:
@@ -203,6 +207,9 @@ class Driver:
                                              Action=request.Action, Deadline=request.Deadline,
                                              Payload=request.Payload))
             return result
+        if name == "run_inline_step":
+            reply = await acts.run_inline_step(SendRequest.model_validate(data))
+            return reply.model_dump(mode="json")
         if name == "report_status":
             return await acts.report_status(StatusNote.model_validate(data))
         if name == "raise_alert":
