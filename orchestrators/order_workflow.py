@@ -465,7 +465,9 @@ def _undo_step_v2_1(context, plan: Plan, step: StepPlan):
     of earlier tries still count: an earlier try's late success ends the undo
     as done (the remote service applied it: the idempotency key is the same
     for every try). Late failures of earlier tries only keep the last error;
-    a permanent answer from any try ends the undo as failed, as in 2.0.
+    a permanent answer from any try ends the undo as failed, as in 2.0. The
+    last try, answered transiently, still waits until its deadline for the
+    earlier tries that have not answered (the budget 2.0 already allowed).
 
     Each pending task is waited on again in the next race as the same task
     object, never a second wait for the same event name (issue #507), and an
@@ -501,10 +503,12 @@ def _undo_step_v2_1(context, plan: Plan, step: StepPlan):
                 if not timer.is_completed:
                     timer.cancel()
                 return ok_error
-            if winner is current:
+            if winner is current and (attempt_try + 1 < plan.UndoTries or not waiting):
                 if not timer.is_completed:
                     timer.cancel()
                 break  # this try gave up for now: the next try, earlier ones still count
+            # An earlier try's late failure, or the last try's: earlier tries
+            # may still answer until this try's deadline.
         earlier = waiting
     return ok_error
 

@@ -107,3 +107,27 @@ async def test_happy_compensation_is_the_same_on_both_versions(version):
 
 def test_2_1_is_registered_and_2_0_stays():
     assert {"1.0", "1.1", "2.0", "2.1"} <= set(wf.VERSIONS)
+
+
+async def test_the_last_try_giving_up_still_waits_for_an_earlier_tries_answer():
+    """The last try answers transiently at once (an open circuit); try 0's
+    answer comes before the last try's deadline: it is waited for, not
+    abandoned with a CompensationFailed."""
+    def answers(attempt_try):
+        if attempt_try == 0:
+            return ("ok", {"Reference": "refund-1"}, timedelta(seconds=130))
+        if attempt_try == 2:
+            return ("transient", "circuit open for inventory", timedelta(seconds=1))
+        return None
+    world, driver = await _run("2.1", answers)
+    assert driver.output["Outcome"] == "compensated"
+    assert len(undo_requests(world, STEPS[1])) == 3
+
+
+async def test_the_last_try_gives_up_at_its_deadline_when_nothing_else_answers():
+    def answers(attempt_try):
+        return ("transient", "circuit open for inventory", timedelta(seconds=1)) if attempt_try == 2 else None
+    world, driver = await _run("2.1", answers)
+    assert driver.output["Outcome"] == "compensation_failed"
+    record = await world.record()
+    assert "circuit open" in record.LastError
