@@ -43,6 +43,7 @@ from domain.models import (
     ProcessState,
     StatusKind,
     StepStatus,
+    mask_card_numbers,
 )
 from orchestrators.contracts import (
     Advance,
@@ -398,7 +399,11 @@ class SchedulerActivities:
         except Exception as exc:
             # The orchestration sees only this text (Durable's failure
             # reason): give it the type, which str(exc) alone leaves out.
-            raise RuntimeError(f"{type(exc).__name__}: {exc}") from exc
+            # Masked, and not chained: the history keeps the reason and the
+            # details (a traceback quoting the original message).
+            said = mask_card_numbers(f"{type(exc).__name__}: {exc}")
+            log.warning("inline step %s of %s failed: %s", send.Step, send.InstanceId, said)
+            raise RuntimeError(said) from None
 
     # --- telling people -------------------------------------------------------------------
 

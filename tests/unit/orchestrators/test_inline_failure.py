@@ -7,6 +7,7 @@ reply, leaving the Supervisor to report only a missed deadline."""
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 
 import pytest
@@ -51,6 +52,8 @@ async def test_an_inline_step_that_raises_names_step_type_and_message(version):
     assert "provider answer without 'status'" in error
     assert "4111" not in error and "[card number removed]" in error
     assert "4111" not in driver.output["Detail"]
+    # nor in the orchestration's history (the failed activity's reason)
+    assert "4111" not in json.dumps(driver.history)
     # The Supervisor's retry, and its Error and alert once the budget is
     # spent, carry the reason.
     later = record.CompleteBy + timedelta(seconds=1)
