@@ -43,6 +43,7 @@ from domain.models import (
     ProcessState,
     StatusKind,
     StepStatus,
+    mask_card_numbers,
 )
 from orchestrators.contracts import (
     Advance,
@@ -393,7 +394,16 @@ class SchedulerActivities:
         """The in-app agent path: the same Agent library, run in an activity."""
         if self._inline_agent is None:
             raise RuntimeError("no inline agent configured")
-        return await self._inline_agent.handle(self._request(send))
+        try:
+            return await self._inline_agent.handle(self._request(send))
+        except Exception as exc:
+            # The orchestration sees only this text (Durable's failure
+            # reason): give it the type, which str(exc) alone leaves out.
+            # Masked, and not chained: the history keeps the reason and the
+            # details (a traceback quoting the original message).
+            said = mask_card_numbers(f"{type(exc).__name__}: {exc}")
+            log.warning("inline step %s of %s failed: %s", send.Step, send.InstanceId, said)
+            raise RuntimeError(said) from None
 
     # --- telling people -------------------------------------------------------------------
 

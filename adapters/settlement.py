@@ -36,6 +36,7 @@ from typing import Any, Protocol
 
 from domain.boundary import readable_order_id
 from domain.errors import TransientError
+from domain.models import mask_card_numbers
 
 log = logging.getLogger(__name__)
 
@@ -87,8 +88,9 @@ def dead_letter_text(text: str, limit: int = MAX_DESCRIPTION) -> str:
     """A dead-letter description as ASCII (non-ASCII as \\u escapes): the SDK's
     AMQP disposition refuses other text, and a description that cannot be
     written would turn a dead letter into a silent redelivery. The alert
-    keeps the text as it was."""
-    return text.encode("ascii", "backslashreplace").decode("ascii")[:limit]
+    keeps the text as it was. Card-number-like digit runs are masked first
+    (the text may quote a provider's exception or a client's body)."""
+    return mask_card_numbers(text).encode("ascii", "backslashreplace").decode("ascii")[:limit]
 
 
 # --- bodies ------------------------------------------------------------------------------

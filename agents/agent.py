@@ -61,7 +61,7 @@ from agents.steps import RemoteStep, UnknownStep, step_named
 from domain.codec import describe
 from domain.errors import PermanentError, TransientError
 from domain.ids import agent_reply_message_id
-from domain.models import AgentReply, AgentRequest, ReplyOutcome
+from domain.models import AgentReply, AgentRequest, ReplyOutcome, mask_card_numbers
 
 log = logging.getLogger(__name__)
 
@@ -284,6 +284,8 @@ class Agent:
         result: dict[str, Any] | None = None,
         error: str | None = None,
     ) -> AgentReply:
+        # A provider may quote the card: masked before the log and the cut.
+        error = mask_card_numbers(error) if error else error
         log.info(
             "agent reply order=%s step=%s action=%s attempt=%s outcome=%s error=%s",
             request.OrderID,

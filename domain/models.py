@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from decimal import Decimal
 from enum import StrEnum
 from typing import Annotated, Any, Literal
@@ -52,6 +53,7 @@ from pydantic import (
     ConfigDict,
     Field,
     StringConstraints,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -76,6 +78,39 @@ def ProducedText(max_length: int):  # noqa: N802 - a type factory, named like a 
         StringConstraints(max_length=max_length),
         AfterValidator(check_text),
     ]
+
+
+def ProviderText(max_length: int):  # noqa: N802 - a type factory, named like a type
+    """ProducedText that may quote a provider or an exception (an error, a
+    reason): card-number-like digit runs are masked when built in code, before
+    the text is cut to fit, so no message or alert we send carries one."""
+    clean = produced_text(max_length)
+
+    def mask_then_clean(value: Any, info: ValidationInfo) -> Any:
+        if isinstance(value, str) and not (info.context or {}).get("wire"):
+            value = mask_card_numbers(value)
+        return clean(value, info)
+
+    return Annotated[
+        str,
+        BeforeValidator(mask_then_clean),
+        StringConstraints(max_length=max_length),
+        AfterValidator(check_text),
+    ]
+
+
+# A run of at least 13 digits, single spaces, dots or dashes allowed between
+# them: every card number (13-19 digits) in the ways people and providers
+# write one. Deliberately wider than a card number (no Luhn check, no upper
+# bound: a card number glued to other digits is still one); a long numeric
+# id in an error text is a small loss next to a stored card number.
+_CARD_NUMBER_LIKE = re.compile(r"(?<!\d)\d(?:[ .\-\u2010-\u2015\u2212]?\d){12,}(?!\d)")
+CARD_NUMBER_MASK = "[card number removed]"
+
+
+def mask_card_numbers(text: str) -> str:
+    """`text` with every card-number-like digit run replaced by CARD_NUMBER_MASK."""
+    return _CARD_NUMBER_LIKE.sub(CARD_NUMBER_MASK, text)
 
 
 def BoundedText(max_length: int):  # noqa: N802 - a type factory, named like a type
@@ -365,8 +400,8 @@ class AgentReply(Contract):
     EventId: BoundedText(100)
     Outcome: _ReplyOutcome
     Result: PayloadDict | None = None
-    # A provider's words: cleaned when the agent builds the reply.
-    Error: ProducedText(500) | None = None
+    # A provider's words: cleaned and card numbers masked when the agent builds the reply.
+    Error: ProviderText(500) | None = None
 
     @model_validator(mode="after")
     def _error_when_not_ok(self) -> AgentReply:
@@ -381,7 +416,7 @@ class AgentReply(Contract):
 class StatusUpdate(Contract):
     OrderID: OrderId
     Status: StatusKind
-    Detail: ProducedText(500) | None = None
+    Detail: ProviderText(500) | None = None
     Step: StepName | None = None
     Timestamp: AwareDatetime
 
@@ -404,7 +439,7 @@ class OperatorAlert(Contract):
         "AgentFailure",
     ]
     OrderID: ProducedText(200) | None = None
-    Reason: ProducedText(2000)
+    Reason: ProviderText(2000)
     Timestamp: AwareDatetime
     MessageId: ProducedText(200) | None = None
     Queue: ProducedText(260) | None = None

@@ -29,6 +29,7 @@ from domain.models import (
     StatusKind,
     StepState,
     StepStatus,
+    mask_card_numbers,
 )
 
 HISTORY_LIMIT = 20
@@ -48,12 +49,17 @@ def short_text(text: str | None, limit: int) -> str | None:
 
     Control and format characters become spaces, runs of whitespace collapse,
     and lone surrogates (which cannot be encoded as UTF-8, so no store could
-    write them) are replaced."""
+    write them) are replaced. Card-number-like digit runs are masked
+    (domain.models.mask_card_numbers): every reason, LastError, History entry,
+    step and undo error and outbox detail passes here, and a provider may quote
+    the card it declined. Masked after the clean-up (a control character
+    between the digits must not hide a number) and before the cut (a number
+    cut short must not slip through as a shorter run)."""
     if text is None:
         return None
     text = text.encode("utf-8", "replace").decode("utf-8")
     text = "".join(" " if unicodedata.category(ch)[0] == "C" else ch for ch in text)
-    text = " ".join(text.split())
+    text = mask_card_numbers(" ".join(text.split()))
     if len(text) > limit:
         text = text[: limit - 1].rstrip() + "…"
     return text
@@ -399,7 +405,14 @@ def request_compensation(record: OrderState, now: datetime, by: str = "operator"
 
 def claim_compensation(record: OrderState, now: datetime, policy: RetryPolicy) -> OrderState:
     """Error / CompensationFailed -> Compensating, on an operator's request: a
-    new attempt takes the lock (guarded by the etag, like a claim)."""
+    new attempt takes the lock (guarded by the etag, like a claim).
+
+    A terminal status still in the outbox (Failed or CompensationFailed whose
+    send failed so far) stays there: the client must learn of it (DESIGN §4,
+    status delivery), and the Starter delivers it, before the claim when it
+    can (orchestrators/starter.py) and otherwise in its outbox pass. Only the
+    compensation's own terminal write replaces it, if it is still unsent by
+    then: the client then sees at least the final status."""
     _require(
         record,
         ProcessState.ERROR,
@@ -421,7 +434,6 @@ def claim_compensation(record: OrderState, now: datetime, policy: RetryPolicy) -
         Compensation=log,
         CompensationRequested=False,
         CompensationRestarts=0,
-        PendingStatus=None,
     )
 
 

@@ -36,7 +36,7 @@ from datetime import timedelta
 from azure.durable_functions import RetryOptions
 
 from domain.ids import reply_event_name
-from domain.models import ProcessState, ReplyOutcome, StatusKind
+from domain.models import AgentReply, ProcessState, ReplyOutcome, StatusKind
 from orchestrators import workflow_v1_0
 from orchestrators.contracts import (
     Advance,
@@ -147,7 +147,35 @@ def _run_step(context, plan: Plan, step: StepPlan, action: str, deadline, attemp
             reply_event_name(step.Name, plan.Attempt, request.label)
         )
     result = yield from race(context, task, deadline)
-    return None if result is None else reply_from_event(result)
+    return _reply(context, plan, step.Name, action, result)
+
+
+def _reply(context, plan: Plan, step: str, action: str, result) -> AgentReply | None:
+    """The race's result as a reply: None when the deadline won; a transient
+    reply naming the step and the failure when the inline step's activity
+    failed (the SDK hands the failed task's exception over as its result)."""
+    if result is None:
+        return None
+    if isinstance(result, Exception):
+        return _inline_failure(context, plan, step, action, result)
+    return reply_from_event(result)
+
+
+def _inline_failure(context, plan: Plan, step: str, action: str, failure: Exception) -> AgentReply:
+    """A failed inline step as the transient reply an agent would have sent:
+    the attempt then stops like any transient failure, with this reason on
+    the record (LastError, the step's error), which the Supervisor's retry,
+    Error and alert quote. The failure's text is Durable's
+    "{Reason} \\n {Details}"; the reason is the useful part (the activity
+    puts the exception's type in it), the details a stack trace. Card
+    numbers are masked and the text is cut by the reply's Error type, and
+    again by the state machine when it is stored."""
+    said = str(failure).split(" \n ", 1)[0].strip() or type(failure).__name__
+    return AgentReply(
+        InstanceId=context.instance_id, OrderID=plan.OrderID, Step=step, Action=action,
+        Attempt=max(plan.Attempt, 1), EventName="inline", EventId="inline",
+        Outcome=ReplyOutcome.TRANSIENT, Error=f"inline step {step} failed: {said}",
+    )
 
 
 def _finish(outcome: str, step: str | None = None, detail: str | None = None) -> dict:
@@ -295,10 +323,15 @@ def _await_step(context, plan: Plan, step: StepPlan, deadline):
     else:
         task = context.wait_for_external_event(reply_event_name(step.Name, plan.Attempt, "do"))
     result = yield from race(context, task, deadline)
-    return None if result is None else reply_from_event(result)
+    return _reply(context, plan, step.Name, "do", result)
 
 
 def run_v2_0(context):
+    return (yield from _run_v2(context, _compensate))
+
+
+def _run_v2(context, compensate):
+    """2.0 and 2.1: the lean happy path; `compensate` is the version's undo."""
     given = _attempt_input(context)
     timeout = given.StepTimeoutSeconds
     if timeout is None:
@@ -322,7 +355,7 @@ def run_v2_0(context):
         return _finish("stale", detail=begun.Reason)
     plan = begun.Plan
     if plan.State is ProcessState.COMPENSATING:
-        return (yield from _compensate(context, plan, plan.Undo))
+        return (yield from compensate(context, plan, plan.Undo))
 
     steps = {s.Name: s for s in plan.Steps}
     completed = [s.Name for s in plan.Steps if s.Completed]
@@ -342,7 +375,7 @@ def run_v2_0(context):
                 return _finish("stale", current, written.Reason)
             return _finish("timed_out", current, reply.Error)
         if reply.Outcome is ReplyOutcome.PERMANENT:
-            return (yield from _permanent(context, plan, current, reply.Error, completed))
+            return (yield from _permanent(context, plan, current, reply.Error, completed, compensate))
 
         reference = (reply.Result or {}).get("Reference")
         after = [s for s in plan.Steps if not s.Completed and s.Name not in completed and s.Name != current]
@@ -378,7 +411,8 @@ def run_v2_0(context):
     return _finish("processed")
 
 
-def _permanent(context, plan: Plan, step: str, error: str | None, completed: list[str]):
+def _permanent(context, plan: Plan, step: str, error: str | None, completed: list[str],
+               compensate=_compensate):
     """A non-transient failure: compensate every sent step (this one first),
     or fail outright when no earlier step completed (as 1.1)."""
     reason = f"step {step} failed: {error}"
@@ -386,7 +420,7 @@ def _permanent(context, plan: Plan, step: str, error: str | None, completed: lis
         written = yield from _write(context, "begin_compensation", Step=step, Reason=reason)
         if written.Stale:
             return _finish("stale", step, written.Reason)
-        return (yield from _compensate(context, plan, [step, *reversed(completed)]))
+        return (yield from compensate(context, plan, [step, *reversed(completed)]))
     written = yield from _write(context, "failed", Step=step, Reason=reason)
     if written.Stale:
         return _finish("stale", step, written.Reason)
@@ -395,4 +429,102 @@ def _permanent(context, plan: Plan, step: str, error: str | None, completed: lis
     return _finish("failed", step, reason)
 
 
-VERSIONS = {"1.0": workflow_v1_0.run_v1, "1.1": run_v1_1, "2.0": run_v2_0}
+# --- version 2.1 ---------------------------------------------------------------------
+#
+# 2.0 with one change in compensation (known defect N3): an undo try whose
+# deadline passed may still be answered; its answer is taken while a later
+# try waits. 2.0 ignored it: when the later tries then failed (an outage), the
+# order ended CompensationFailed although the undo had happened. Taking the
+# answer changes what an instance does after a late reply, so it is a new
+# version: a 2.0 instance replays 2.0's code (which ignored that reply).
+
+
+def run_v2_1(context):
+    return (yield from _run_v2(context, _compensate_v2_1))
+
+
+def _compensate_v2_1(context, plan: Plan, undo: list[str]):
+    """1.1/2.0's compensation, with each step's undo taken from whichever of
+    its tries answers first (_undo_step_v2_1)."""
+    yield from _status(context, plan, StatusKind.COMPENSATING)
+    steps = {s.Name: s for s in plan.Steps}
+    for name in undo:
+        step = steps.get(name) or StepPlan(Name=name)
+        ok, error = yield from _undo_step_v2_1(context, plan, step)
+        written = yield from _write(
+            context, "undo_done" if ok else "undo_failed", Step=name, Reason=None if ok else error
+        )
+        if written.Stale:
+            return _finish("stale", name, written.Reason)
+    return (yield from _finish_compensation(context, plan))
+
+
+def _undo_step_v2_1(context, plan: Plan, step: StepPlan):
+    """Undo `step` within plan.UndoTries tries, each with its own request (own
+    message id and reply event) and deadline. While a try waits, the replies
+    of earlier tries still count: an earlier try's late success ends the undo
+    as done (the remote service applied it: the idempotency key is the same
+    for every try). Late failures of earlier tries only keep the last error;
+    a permanent answer from any try ends the undo as failed, as in 2.0. The
+    last try, answered transiently, still waits until its deadline for the
+    earlier tries that have not answered (the budget 2.0 already allowed).
+
+    Each pending task is waited on again in the next race as the same task
+    object, never a second wait for the same event name (issue #507), and an
+    answer that arrived while no race was running resolves the next race at
+    once. Returns (ok, error)."""
+    ok_error = (False, "no reply before the deadline")
+    earlier: list = []  # tasks of earlier tries that have not answered yet
+    for attempt_try in range(plan.UndoTries):
+        deadline = _deadline(context, plan)
+        request = SendRequest(InstanceId=context.instance_id, Step=step.Name, Action="undo",
+                              Try=attempt_try, Deadline=deadline, Payload=plan.Payload)
+        if step.Mode == "inline":
+            current = context.call_activity("run_inline_step", request.dump())
+        else:
+            yield _call(context, "send_agent_request", request.dump())
+            current = context.wait_for_external_event(
+                reply_event_name(step.Name, plan.Attempt, request.label)
+            )
+        timer = context.create_timer(deadline)
+        waiting = [current, *earlier]
+        while True:
+            winner = yield context.task_any([*waiting, timer])
+            if winner is timer:
+                break  # this try's deadline: its task joins the earlier ones
+            waiting.remove(winner)
+            reply = _reply(context, plan, step.Name, "undo", winner.result)
+            if reply.Outcome is ReplyOutcome.OK:
+                if not timer.is_completed:
+                    timer.cancel()
+                return True, None
+            ok_error = (False, reply.Error or reply.Outcome.value)
+            if reply.Outcome is ReplyOutcome.PERMANENT:
+                if not timer.is_completed:
+                    timer.cancel()
+                return ok_error
+            if winner is current and (attempt_try + 1 < plan.UndoTries or not waiting):
+                if not timer.is_completed:
+                    timer.cancel()
+                break  # this try gave up for now: the next try, earlier ones still count
+            # An earlier try's late failure, or the last try's: earlier tries
+            # may still answer until this try's deadline.
+        earlier = waiting
+    return ok_error
+
+
+def _finish_compensation(context, plan: Plan):
+    """The compensation's terminal write and its status (and alert)."""
+    written = yield from _write(context, "finish_compensation")
+    if written.Stale:
+        return _finish("stale", detail=written.Reason)
+    if written.State is ProcessState.COMPENSATED:
+        yield from _terminal_status(context, plan, StatusKind.COMPENSATED)
+        return _finish("compensated")
+    reason = f"compensation of order {plan.OrderID} failed"
+    yield from _alert(context, plan, "CompensationFailed", reason)
+    yield from _terminal_status(context, plan, StatusKind.COMPENSATION_FAILED, detail=reason)
+    return _finish("compensation_failed", detail=reason)
+
+
+VERSIONS = {"1.0": workflow_v1_0.run_v1, "1.1": run_v1_1, "2.0": run_v2_0, "2.1": run_v2_1}

@@ -130,6 +130,10 @@ class Starter:
         CompensationFailed record; a new attempt claims it (etag: one winner)
         and its orchestration undoes the completed steps."""
         for record in await self._store.query_compensation_requests(self._settings.starter_batch_size):
+            if record.PendingStatus is not None:
+                # Its terminal status first, so the client hears Failed before
+                # Compensating; if the send fails the claim carries the entry.
+                await self._deliver(record, None, report)
             try:
                 claimed, _ = await self._store.update(
                     record.id, lambda r: claim_compensation(r, now, self._settings.retry), ANY_OWNER

@@ -30,8 +30,9 @@ DEFECT_OF_CHECK = {
     "7 side effect named on the record with an alert": "defect 6: a failed alert send is only logged",
     "4 bad submission alerted": "defect 6: a failed alert send is only logged",
     "one deadline travels everywhere": "defect 7: CompleteBy differs from the timer and agent deadline",
-    "no false CompensationFailed": "defect 8 (restarted compensation reused message ids), and new: a late success "
-                                   "of an earlier undo try is ignored (seeds 1377, 1594)",
+    "no false CompensationFailed": "defect 8 (restarted compensation reused message ids), and N3: an undo applied "
+                                   "remotely whose every answer is lost (agent crashes, redeliveries past the try's "
+                                   "deadline answered without a call, an outage) (seeds 1296, 1377)",
     "a restarted orchestration's requests are delivered": "defect 8: a restarted compensation reuses its message ids",
     "4 bad submission dead-lettered with a reason": "defect 10: an AMQP value body raises instead of being dead-lettered",
     "index entry of a live attempt kept": "new: the index source discards a live entry after a lagging read",

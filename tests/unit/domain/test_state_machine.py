@@ -365,3 +365,36 @@ def test_complete_step_replaces_complete_by(processing):
     record = sm.start_step(processing, iid, "reserve-inventory", NOW, step_deadline)
     record = sm.complete_step(record, iid, "reserve-inventory", NOW + timedelta(seconds=59), "r", next_deadline)
     assert record.CompleteBy == next_deadline
+
+
+# --- an undelivered terminal status survives an operator's compensation (review defect 2) --
+
+
+def test_claiming_a_compensation_keeps_an_undelivered_failed_status(processing, policy):
+    """The Failed status still in the outbox (its send failed; the Starter has
+    not delivered it yet) must reach the client: claiming the compensation
+    keeps it for the Starter to deliver, instead of dropping it."""
+    record = sm.mark_failed(processing, "ORD-1:1", STEPS[1], "declined", NOW)
+    unsent = record.PendingStatus
+    record = sm.request_compensation(record, LATER)
+    claimed = sm.claim_compensation(record, LATER, policy)
+    assert claimed.ProcessState is ProcessState.COMPENSATING
+    assert claimed.PendingStatus == unsent
+    # and a restart of that compensation keeps it too
+    restarted = sm.restart_compensation(claimed, claimed.LockedBy, LATER)
+    assert restarted.PendingStatus == unsent
+
+
+def test_the_final_status_replaces_one_still_undelivered_when_compensation_ends(processing, policy):
+    """DESIGN §4: the client sees every terminal status, or at least the final
+    one. An entry still undelivered when the compensation ends gives way to
+    the final status (one outbox entry; the History keeps the transition)."""
+    record = sm.complete_step(processing, "ORD-1:1", STEPS[0], NOW)
+    record = sm.mark_failed(record, "ORD-1:1", STEPS[1], "declined", NOW)
+    claimed = sm.claim_compensation(sm.request_compensation(record, LATER), LATER, policy)
+    assert claimed.PendingStatus.Status.value == "Failed"
+    for step in (STEPS[1], STEPS[0]):
+        claimed = sm.record_undo(claimed, claimed.LockedBy, step, True, LATER)
+    done = sm.finish_compensation(claimed, claimed.LockedBy, LATER)
+    assert done.PendingStatus.Status.value == "Compensated"
+    assert [h.To.value for h in done.History][-3:] == ["Error", "Compensating", "Compensated"]

@@ -42,8 +42,9 @@ EXECUTION_STARTED, TASK_SCHEDULED, TASK_COMPLETED, TASK_FAILED = 0, 4, 5, 6
 TIMER_CREATED, TIMER_FIRED, ORCHESTRATOR_STARTED, ORCHESTRATOR_COMPLETED, EVENT_RAISED = 10, 11, 12, 13, 15
 
 # What the scripted agent answers: ("ok", result) / ("transient", error) /
-# ("permanent", error), or None for no reply at all.
-Answer = tuple[str, Any] | None
+# ("permanent", error), or None for no reply at all; a third item, a
+# timedelta, delays this answer (instead of the driver's reply_delay).
+Answer = tuple[str, Any] | tuple[str, Any, timedelta] | None
 
 
 def _iso(moment: datetime) -> str:
@@ -83,9 +84,13 @@ class World:
     index: Any = None
     settings: Settings = SETTINGS
     now: datetime = T0
+    # Steps run inline (INLINE_STEPS) and the agent library that runs them.
+    step_modes: dict[str, str] | None = None
+    inline_agent: Any = None
 
     def activities(self) -> SchedulerActivities:
         return SchedulerActivities(self.settings, self.store, self.orders, self.bus, STEPS,
+                                   inline_agent=self.inline_agent, step_modes=self.step_modes,
                                    index=self.index, clock=lambda: self.now)
 
     def starter(self) -> Starter:
@@ -203,6 +208,9 @@ class Driver:
                                              Action=request.Action, Deadline=request.Deadline,
                                              Payload=request.Payload))
             return result
+        if name == "run_inline_step":
+            reply = await acts.run_inline_step(SendRequest.model_validate(data))
+            return reply.model_dump(mode="json")
         if name == "report_status":
             return await acts.report_status(StatusNote.model_validate(data))
         if name == "raise_alert":
@@ -213,7 +221,7 @@ class Driver:
         answer = self.agent(send)
         if answer is None:
             return
-        outcome, detail = answer
+        outcome, detail, *later = answer  # a third item: this answer's own delay
         order_id, attempt = parse_attempt_instance_id(send.InstanceId)
         from domain.ids import reply_event_name
 
@@ -223,7 +231,7 @@ class Driver:
             Attempt=attempt, EventName=event_name, EventId=f"{event_name}/1", Outcome=outcome,
             Result=detail if outcome == "ok" else None, Error=None if outcome == "ok" else detail,
         )
-        arrives = self.world.now + self.reply_delay
+        arrives = self.world.now + (later[0] if later else self.reply_delay)
         self._events.append((arrives, _event(EVENT_RAISED, arrives, Name=event_name,
                                              Input=reply.model_dump_json())))
 

@@ -93,3 +93,58 @@ async def test_outbox_entries_wait_their_grace_then_are_sent_once_with_their_id(
     assert (await starter.run(Client())).statuses_delivered == 1
     assert (await starter.run(Client())).statuses_delivered == 0
     assert [mid for _, mid in world.sent("replies-webshop")] == [message_id]
+
+
+async def test_a_failed_status_still_in_the_outbox_is_sent_before_its_compensation_starts():
+    """Review defect 2: an operator asks to compensate an Error order whose
+    Failed status was never delivered (every send failed). The client gets
+    Failed, then the compensation's statuses: the claim no longer drops it."""
+    world = World()
+    await _pending(world, "A1")
+    claimed = await world.store.claim("A1", world.now, POLICY)
+    t = world.now
+    await world.store.update("A1", lambda r: sm.request_compensation(
+        sm.mark_failed(r, claimed.LockedBy, None, "declined", t), t), claimed.LockedBy)
+    failed_id = (await world.record()).PendingStatus.MessageId
+    world.now += timedelta(minutes=1)
+    seen_at_start = []
+
+    class Watching(Client):
+        async def start_new(self, name, instance_id, data):
+            # what the client had been told when the compensation began
+            seen_at_start.extend(mid for _, mid in world.sent("replies-webshop"))
+            await super().start_new(name, instance_id, data)
+
+    client = Watching()
+    report = await Starter(SETTINGS, world.store, clock=lambda: world.now, publisher=world.bus).run(client)
+    assert client.started == ["A1:2"] and report.compensations == 1
+    assert seen_at_start == [failed_id]
+    assert [mid for _, mid in world.sent("replies-webshop")] == [failed_id]
+    record = await world.record()
+    assert record.ProcessState is ProcessState.COMPENSATING and record.PendingStatus is None
+
+
+class _Down:
+    """A publisher whose every send fails (the reply and alert queues are down)."""
+
+    async def send(self, queue, body, message_id, application_properties=None) -> None:
+        raise ConnectionError("service bus unavailable")
+
+
+async def test_a_failed_status_that_cannot_be_sent_does_not_hold_up_the_compensation():
+    """The reply queue is down: the compensation starts anyway (undoing a
+    charge must not wait on a status), carrying the entry for a later run."""
+    world = World()
+    await _pending(world, "A1")
+    claimed = await world.store.claim("A1", world.now, POLICY)
+    t = world.now
+    await world.store.update("A1", lambda r: sm.request_compensation(
+        sm.mark_failed(r, claimed.LockedBy, None, "declined", t), t), claimed.LockedBy)
+    failed_id = (await world.record()).PendingStatus.MessageId
+    world.now += timedelta(minutes=1)
+    client = Client()
+    await Starter(SETTINGS, world.store, clock=lambda: world.now, publisher=_Down()).run(client)
+    assert client.started == ["A1:2"]
+    record = await world.record()
+    assert record.ProcessState is ProcessState.COMPENSATING
+    assert record.PendingStatus is not None and record.PendingStatus.MessageId == failed_id

@@ -62,7 +62,7 @@ def test_version_2_0_is_the_default_and_the_current_version():
     with open("host.json") as f:
         host = json.load(f)
     assert host["extensions"]["durableTask"]["defaultVersion"] == wf.CURRENT_VERSION == "2.0"
-    assert set(wf.VERSIONS) == {"1.0", "1.1", "2.0"}
+    assert set(wf.VERSIONS) == {"1.0", "1.1", "2.0", "2.1"}  # 2.1 registered, not yet the default
 
 
 # --- cost per order ------------------------------------------------------------------

@@ -1,0 +1,133 @@
+"""Workflow 2.1 (known defect N3, simulation seeds 1296 and 1377): an undo
+try whose deadline passed may still be answered, and that answer counts while
+a later try waits. 2.0 ignored it: when the later tries failed too (an
+outage), the order ended CompensationFailed although the remote service had
+undone the step. 2.0 instances keep 2.0's behaviour (their histories replay it)."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+
+import pytest
+
+from domain.models import ProcessState
+from orchestrators import order_workflow as wf
+from tests.unit.orchestrators.driver import STEPS, Driver, World
+
+LATE = timedelta(seconds=70)  # past the 60 s undo deadline, inside the next try's
+
+
+def ok(send):
+    return ("ok", {"Reference": f"ref-{send.Step}-{send.Action}"})
+
+
+def agent(undo_of_step_1):
+    """Forward steps: the last one is declined, so all three are undone.
+    Undo tries of STEPS[1] answer as `undo_of_step_1(try)` says."""
+    def answer(send):
+        if send.Action == "do":
+            return ("permanent", "card declined") if send.Step == STEPS[2] else ok(send)
+        if send.Step == STEPS[1]:
+            return undo_of_step_1(send.Try)
+        return ok(send)
+    return answer
+
+
+def undo_requests(world, step):
+    return [json.loads(body)["ReplyEvent"] for body, _ in world.sent("agent-requests")
+            if json.loads(body)["Action"] == "undo" and json.loads(body)["Step"] == step]
+
+
+async def _run(version, undo_of_step_1):
+    world = World()
+    instance_id, attempt_input = await world.fast_started()
+    driver = Driver(world, instance_id, agent(undo_of_step_1), version=version, input=attempt_input)
+    assert await driver.run() == "completed", driver.error
+    return world, driver
+
+
+def late_success_then_outage(attempt_try):
+    return ("ok", {"Reference": "refund-1"}, LATE) if attempt_try == 0 else None
+
+
+async def test_a_late_success_of_an_earlier_undo_try_counts():
+    world, driver = await _run("2.1", late_success_then_outage)
+    assert driver.output["Outcome"] == "compensated"
+    record = await world.record()
+    assert record.ProcessState is ProcessState.COMPENSATED
+    assert all(e.Outcome == "Done" for e in record.Compensation)
+    # try 1 was sent and then outlived by try 0's answer: no third try
+    assert len(undo_requests(world, STEPS[1])) == 2
+    assert [json.loads(b)["Status"] for b in world.bus.to("replies-webshop")][-1] == "Compensated"
+
+
+async def test_version_2_0_keeps_ignoring_it():
+    """What a 2.0 history replays: the defect, kept for instances started on 2.0."""
+    world, driver = await _run("2.0", late_success_then_outage)
+    assert driver.output["Outcome"] == "compensation_failed"
+    assert len(undo_requests(world, STEPS[1])) == 3
+
+
+async def test_a_late_failure_of_an_earlier_try_does_not_end_the_current_one():
+    def answers(attempt_try):
+        if attempt_try == 0:
+            return ("transient", "refund service busy", LATE)
+        return ("ok", {"Reference": "refund-1"}, timedelta(seconds=20))
+    world, driver = await _run("2.1", answers)
+    assert driver.output["Outcome"] == "compensated"
+    assert len(undo_requests(world, STEPS[1])) == 2
+
+
+async def test_a_permanent_refusal_from_any_try_ends_the_undo_as_failed():
+    def answers(attempt_try):
+        return ("permanent", "refund refused: charge disputed", LATE) if attempt_try == 0 else None
+    world, driver = await _run("2.1", answers)
+    assert driver.output["Outcome"] == "compensation_failed"
+    record = await world.record()
+    assert record.ProcessState is ProcessState.COMPENSATION_FAILED
+    assert "charge disputed" in record.LastError
+    assert len(undo_requests(world, STEPS[1])) == 2
+
+
+async def test_no_answer_at_all_still_gives_up_after_the_tries():
+    world, driver = await _run("2.1", lambda attempt_try: None)
+    assert driver.output["Outcome"] == "compensation_failed"
+    assert len(undo_requests(world, STEPS[1])) == 3
+    record = await world.record()
+    assert "no reply before the deadline" in record.LastError
+
+
+@pytest.mark.parametrize("version", ["2.0", "2.1"])
+async def test_happy_compensation_is_the_same_on_both_versions(version):
+    world, driver = await _run(version, lambda attempt_try: ("ok", {"Reference": "r"}))
+    assert driver.output["Outcome"] == "compensated"
+    assert [len(undo_requests(world, s)) for s in STEPS] == [1, 1, 1]
+
+
+def test_2_1_is_registered_and_2_0_stays():
+    assert {"1.0", "1.1", "2.0", "2.1"} <= set(wf.VERSIONS)
+
+
+async def test_the_last_try_giving_up_still_waits_for_an_earlier_tries_answer():
+    """The last try answers transiently at once (an open circuit); try 0's
+    answer comes before the last try's deadline: it is waited for, not
+    abandoned with a CompensationFailed."""
+    def answers(attempt_try):
+        if attempt_try == 0:
+            return ("ok", {"Reference": "refund-1"}, timedelta(seconds=130))
+        if attempt_try == 2:
+            return ("transient", "circuit open for inventory", timedelta(seconds=1))
+        return None
+    world, driver = await _run("2.1", answers)
+    assert driver.output["Outcome"] == "compensated"
+    assert len(undo_requests(world, STEPS[1])) == 3
+
+
+async def test_the_last_try_gives_up_at_its_deadline_when_nothing_else_answers():
+    def answers(attempt_try):
+        return ("transient", "circuit open for inventory", timedelta(seconds=1)) if attempt_try == 2 else None
+    world, driver = await _run("2.1", answers)
+    assert driver.output["Outcome"] == "compensation_failed"
+    record = await world.record()
+    assert "circuit open" in record.LastError
