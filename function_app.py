@@ -1,7 +1,7 @@
 """The Functions app: wiring only. Each part of the pattern registers its own
 blueprint; the code lives in the folders named after the part.
 
-- submit/         Submit: the `orders` queue into the orders DB and state store
+- submit/         Submit: each application's `orders-<appId>` queue into the orders DB and state store
 - orchestrators/  the Scheduler: starter, order workflow, reply bridge
 - activities/     the Scheduler's side effects (guarded state writes, messages)
 - agents/         the Agents: the `agent-requests` queue to the remote services
