@@ -43,7 +43,7 @@ import json
 import re
 from decimal import Decimal
 from enum import StrEnum
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Final, Literal, TypeAlias
 
 from pydantic import (
     AfterValidator,
@@ -60,7 +60,7 @@ from pydantic import (
 
 from domain.boundary import check_order_id, check_text, produced_text
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION: Final = 1
 MAX_LINES = 100
 MAX_PAYLOAD_KEYS = 50
 
@@ -99,6 +99,20 @@ def ProviderText(max_length: int):  # noqa: N802 - a type factory, named like a 
     ]
 
 
+# The sizes in use, as names a type checker reads as `str` (it cannot evaluate a call in an
+# annotation); pydantic sees the validators.
+if TYPE_CHECKING:
+    ProducedText200: TypeAlias = str
+    ProducedText260: TypeAlias = str
+    ProviderText500: TypeAlias = str
+    ProviderText2000: TypeAlias = str
+else:
+    ProducedText200 = ProducedText(200)
+    ProducedText260 = ProducedText(260)
+    ProviderText500 = ProviderText(500)
+    ProviderText2000 = ProviderText(2000)
+
+
 # A run of at least 13 digits, single spaces, dots or dashes allowed between
 # them: every card number (13-19 digits) in the ways people and providers
 # write one. Deliberately wider than a card number (no Luhn check, no upper
@@ -113,8 +127,10 @@ def mask_card_numbers(text: str) -> str:
     return _CARD_NUMBER_LIKE.sub(CARD_NUMBER_MASK, text)
 
 
-def BoundedText(max_length: int):  # noqa: N802 - a type factory, named like a type
-    return Annotated[str, StringConstraints(min_length=1, max_length=max_length), AfterValidator(check_text)]
+# Bounded, checked text (check_text: printable, no bidi controls) of three sizes.
+Text64: TypeAlias = Annotated[str, StringConstraints(min_length=1, max_length=64), AfterValidator(check_text)]
+Text100: TypeAlias = Annotated[str, StringConstraints(min_length=1, max_length=100), AfterValidator(check_text)]
+Text120: TypeAlias = Annotated[str, StringConstraints(min_length=1, max_length=120), AfterValidator(check_text)]
 QueueName = Annotated[
     str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9._-]{0,259}$", max_length=260)
 ]
@@ -221,7 +237,7 @@ class OrderSubmitted(Contract):
     Lines: Annotated[list[OrderLine], Field(min_length=1, max_length=MAX_LINES)]
     Total: Annotated[Decimal, Field(ge=0, max_digits=14, decimal_places=2)]
     Currency: Annotated[str, StringConstraints(pattern=r"^[A-Z]{3}$")] = "EUR"
-    PaymentReference: BoundedText(64) | None = None
+    PaymentReference: Text64 | None = None
 
     @field_validator("PaymentReference")
     @classmethod
@@ -378,30 +394,30 @@ PayloadDict = Annotated[dict[str, Any], AfterValidator(_bounded_payload)]
 
 
 class AgentRequest(Contract):
-    InstanceId: BoundedText(100)
+    InstanceId: Text100
     OrderID: OrderId
     Step: StepName
     Action: Literal["do", "undo"] = "do"
     Attempt: Annotated[int, Field(strict=True, ge=1)]
-    IdempotencyKey: BoundedText(120)
+    IdempotencyKey: Text120
     FencingToken: Annotated[int, Field(strict=True, ge=1)]
     Deadline: AwareDatetime
-    ReplyEvent: BoundedText(100)
+    ReplyEvent: Text100
     Payload: PayloadDict = Field(default_factory=dict)
 
 
 class AgentReply(Contract):
-    InstanceId: BoundedText(100)
+    InstanceId: Text100
     OrderID: OrderId
     Step: StepName
     Action: Literal["do", "undo"] = "do"
     Attempt: Annotated[int, Field(strict=True, ge=1)]
-    EventName: BoundedText(100)
-    EventId: BoundedText(100)
+    EventName: Text100
+    EventId: Text100
     Outcome: _ReplyOutcome
     Result: PayloadDict | None = None
     # A provider's words: cleaned and card numbers masked when the agent builds the reply.
-    Error: ProviderText(500) | None = None
+    Error: ProviderText500 | None = None
 
     @model_validator(mode="after")
     def _error_when_not_ok(self) -> AgentReply:
@@ -416,7 +432,7 @@ class AgentReply(Contract):
 class StatusUpdate(Contract):
     OrderID: OrderId
     Status: StatusKind
-    Detail: ProviderText(500) | None = None
+    Detail: ProviderText500 | None = None
     Step: StepName | None = None
     Timestamp: AwareDatetime
 
@@ -438,8 +454,8 @@ class OperatorAlert(Contract):
         "CompensationFailed",
         "AgentFailure",
     ]
-    OrderID: ProducedText(200) | None = None
-    Reason: ProviderText(2000)
+    OrderID: ProducedText200 | None = None
+    Reason: ProviderText2000
     Timestamp: AwareDatetime
-    MessageId: ProducedText(200) | None = None
-    Queue: ProducedText(260) | None = None
+    MessageId: ProducedText200 | None = None
+    Queue: ProducedText260 | None = None

@@ -15,6 +15,7 @@ from __future__ import annotations
 import unicodedata
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import overload
 
 from domain.errors import DomainError, StaleError
 from domain.ids import attempt_instance_id, status_message_id
@@ -42,6 +43,10 @@ MAX_COMPENSATION_RESTARTS = 3
 SENT_STEP_STATES = frozenset({StepStatus.RUNNING, StepStatus.FAILED, StepStatus.COMPLETED})
 
 
+@overload
+def short_text(text: str, limit: int) -> str: ...
+@overload
+def short_text(text: None, limit: int) -> None: ...
 def short_text(text: str | None, limit: int) -> str | None:
     """Text from outside (a provider's error message) made safe for a bounded
     record field: any length, any code points in, at most `limit` characters
@@ -566,7 +571,8 @@ def recover_expired(
     if not is_expired(record, now, slack):
         raise IllegalTransition(f"order {record.id} has not expired")
     failures = record.FailureCount + 1
-    reason = f"attempt {record.Attempt} missed its deadline {record.CompleteBy.isoformat()}"
+    deadline = record.CompleteBy.isoformat() if record.CompleteBy else "(none)"
+    reason = f"attempt {record.Attempt} missed its deadline {deadline}"
     # A transient reason the agent gave during this attempt says why.
     said = [
         f"step {name}: {state.Error}"
