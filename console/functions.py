@@ -116,17 +116,17 @@ def _error(req: func.HttpRequest, status: int, message: str, deps: views.Deps | 
     return _render(req, "error.html", deps, status=status, message=message, status_code=status)
 
 
-def _signed_in(req: func.HttpRequest) -> tuple[str | None, func.HttpResponse | None]:
+def _signed_in(req: func.HttpRequest) -> str | func.HttpResponse:
     """The operator, or the answer that refuses the request: 404 while the
     console is disabled in Azure, 401 when in Azure nobody is signed in.
     Every route calls this before anything else."""
     if not security.console_enabled():
-        return None, func.HttpResponse(security.DISABLED_MESSAGE, status_code=404, mimetype="text/plain",
-                                       charset="utf-8", headers=_SECURITY_HEADERS)
+        return func.HttpResponse(security.DISABLED_MESSAGE, status_code=404, mimetype="text/plain",
+                                 charset="utf-8", headers=_SECURITY_HEADERS)
     try:
-        return security.operator(req.headers), None
+        return security.operator(req.headers)
     except security.Unauthenticated as exc:
-        return None, _error(req, 401, str(exc))
+        return _error(req, 401, str(exc))
 
 
 def _page(params: dict[str, str]) -> int | None:
@@ -137,9 +137,9 @@ def _page(params: dict[str, str]) -> int | None:
 @bp.function_name("console_overview")
 @bp.route(route="console", methods=["GET"], auth_level=ANON)
 async def console_overview(req: func.HttpRequest) -> func.HttpResponse:
-    who, refused = _signed_in(req)
-    if refused is not None:
-        return refused
+    who = _signed_in(req)
+    if isinstance(who, func.HttpResponse):
+        return who
     deps = await _deps()
     return _render(req, "overview.html", deps, page="overview", **await views.overview(deps))
 
@@ -147,9 +147,9 @@ async def console_overview(req: func.HttpRequest) -> func.HttpResponse:
 @bp.function_name("console_orders")
 @bp.route(route="console/orders", methods=["GET"], auth_level=ANON)
 async def console_orders(req: func.HttpRequest) -> func.HttpResponse:
-    who, refused = _signed_in(req)
-    if refused is not None:
-        return refused
+    who = _signed_in(req)
+    if isinstance(who, func.HttpResponse):
+        return who
     deps = await _deps()
     try:
         filters = views.parse_filters(dict(req.params))
@@ -162,9 +162,9 @@ async def console_orders(req: func.HttpRequest) -> func.HttpResponse:
 @bp.function_name("console_stuck")
 @bp.route(route="console/stuck", methods=["GET"], auth_level=ANON)
 async def console_stuck(req: func.HttpRequest) -> func.HttpResponse:
-    who, refused = _signed_in(req)
-    if refused is not None:
-        return refused
+    who = _signed_in(req)
+    if isinstance(who, func.HttpResponse):
+        return who
     deps = await _deps()
     try:
         data = await views.stuck(deps, req.params.get("page") or None)
@@ -176,9 +176,9 @@ async def console_stuck(req: func.HttpRequest) -> func.HttpResponse:
 @bp.function_name("console_alerts")
 @bp.route(route="console/alerts", methods=["GET"], auth_level=ANON)
 async def console_alerts(req: func.HttpRequest) -> func.HttpResponse:
-    who, refused = _signed_in(req)
-    if refused is not None:
-        return refused
+    who = _signed_in(req)
+    if isinstance(who, func.HttpResponse):
+        return who
     deps = await _deps()
     return _render(req, "alerts.html", deps, page="alerts", **await views.alerts(deps, _page(dict(req.params))))
 
@@ -186,9 +186,9 @@ async def console_alerts(req: func.HttpRequest) -> func.HttpResponse:
 @bp.function_name("console_deadletters")
 @bp.route(route="console/deadletters/{queue?}", methods=["GET"], auth_level=ANON)
 async def console_deadletters(req: func.HttpRequest) -> func.HttpResponse:
-    who, refused = _signed_in(req)
-    if refused is not None:
-        return refused
+    who = _signed_in(req)
+    if isinstance(who, func.HttpResponse):
+        return who
     deps = await _deps()
     try:
         data = await views.dead_letters(deps, req.route_params.get("queue") or None, _page(dict(req.params)))
@@ -201,9 +201,9 @@ async def console_deadletters(req: func.HttpRequest) -> func.HttpResponse:
 @bp.route(route="console/orders/{order_id}", methods=["GET"], auth_level=ANON)
 @bp.durable_client_input(client_name="client")
 async def console_order(req: func.HttpRequest, client: df.DurableOrchestrationClient) -> func.HttpResponse:
-    who, refused = _signed_in(req)
-    if refused is not None:
-        return refused
+    who = _signed_in(req)
+    if isinstance(who, func.HttpResponse):
+        return who
     order_id = req.route_params.get("order_id", "")
     deps = await _deps(durable=client)
     data = await views.order_detail(deps, order_id)
@@ -215,9 +215,9 @@ async def console_order(req: func.HttpRequest, client: df.DurableOrchestrationCl
 @bp.function_name("console_action")
 @bp.route(route="console/orders/{order_id}/{action:alpha}", methods=["GET", "POST"], auth_level=ANON)
 async def console_action(req: func.HttpRequest) -> func.HttpResponse:
-    who, refused = _signed_in(req)
-    if refused is not None:
-        return refused
+    who = _signed_in(req)
+    if isinstance(who, func.HttpResponse):
+        return who
     order_id = req.route_params.get("order_id", "")
     action = req.route_params.get("action", "")
     if action not in views.ACTIONS or not views.valid_order_id(order_id):
@@ -251,9 +251,9 @@ async def console_action(req: func.HttpRequest) -> func.HttpResponse:
 @bp.function_name("console_static")
 @bp.route(route="console/static/console.css", methods=["GET"], auth_level=ANON)
 async def console_static(req: func.HttpRequest) -> func.HttpResponse:
-    who, refused = _signed_in(req)
-    if refused is not None:
-        return refused
+    who = _signed_in(req)
+    if isinstance(who, func.HttpResponse):
+        return who
     return func.HttpResponse(_CSS, mimetype="text/css",
                              headers={"Cache-Control": "max-age=300", "X-Content-Type-Options": "nosniff"})
 
@@ -261,9 +261,9 @@ async def console_static(req: func.HttpRequest) -> func.HttpResponse:
 @bp.function_name("console_find")
 @bp.route(route="console/find", methods=["GET"], auth_level=ANON)
 async def console_find(req: func.HttpRequest) -> func.HttpResponse:
-    who, refused = _signed_in(req)
-    if refused is not None:
-        return refused
+    who = _signed_in(req)
+    if isinstance(who, func.HttpResponse):
+        return who
     order_id = (req.params.get("id") or "").strip()
     if not views.valid_order_id(order_id):
         return _error(req, 404, f"No order {order_id}")

@@ -60,8 +60,8 @@ class QueuePeeker:
         receiver = self._receivers.get(key)
         if receiver is None:
             queue, dead_letter = key
-            kwargs = {"sub_queue": ServiceBusSubQueue.DEAD_LETTER} if dead_letter else {}
-            receiver = self._client.get_queue_receiver(queue, prefetch_count=0, **kwargs)
+            receiver = self._client.get_queue_receiver(
+                queue, prefetch_count=0, sub_queue=ServiceBusSubQueue.DEAD_LETTER if dead_letter else None)
             await asyncio.wait_for(receiver.__aenter__(), self._timeout)
             self._receivers[key] = receiver
         return receiver

@@ -104,7 +104,7 @@ def _bars(counts: dict[str, int]) -> list[dict[str, Any]]:
 def _admission(cfg: Settings, counts: dict[str, int], gauge, now: datetime) -> dict[str, Any]:
     stale = gauge is None or now - gauge.measured_at > cfg.backlog_gauge_max_age
     pending = gauge.pending if gauge else None
-    rejecting = bool(gauge) and not stale and pending >= cfg.pending_backlog_limit
+    rejecting = not stale and pending is not None and pending >= cfg.pending_backlog_limit
     return {
         "pending_limit": cfg.pending_backlog_limit,
         "max_processing": cfg.max_processing,
@@ -117,7 +117,7 @@ def _admission(cfg: Settings, counts: dict[str, int], gauge, now: datetime) -> d
 
 def _throughput(finished: list[tuple[str, datetime]], since: datetime, now: datetime) -> dict[str, Any]:
     n = -(-(now - since) // BUCKET)  # the last bucket is the current, partial one
-    buckets = [{"start": since + i * BUCKET, "Processed": 0, "Error": 0} for i in range(n)]
+    buckets: list[dict[str, Any]] = [{"start": since + i * BUCKET, "Processed": 0, "Error": 0} for i in range(n)]
     for state, at in finished:
         i = int((at - since) / BUCKET)
         if 0 <= i < n and state in ("Processed", "Error"):
@@ -211,7 +211,8 @@ async def stuck(deps: Deps, page: str | None) -> dict[str, Any]:
         found, token = await deps.store.query_expired(deps.now, _EPOCH, PAGE_SIZE, page)
     except DomainError as exc:
         raise BadRequest(str(exc)) from exc
-    return {"records": [{"record": r, "late": _human(deps.now - r.CompleteBy)} for r, _ in found],
+    return {"records": [{"record": r, "late": _human(deps.now - r.CompleteBy) if r.CompleteBy else ""}
+                        for r, _ in found],
             "next_page": token}
 
 
