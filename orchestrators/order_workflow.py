@@ -494,6 +494,8 @@ def _undo_step_v2_1(context, plan: Plan, step: StepPlan):
                 break  # this try's deadline: its task joins the earlier ones
             waiting.remove(winner)
             reply = _reply(context, plan, step.Name, "undo", winner.result)
+            if reply is None:  # an event without data answers nothing (the bridge always sends one)
+                continue
             if reply.Outcome is ReplyOutcome.OK:
                 if not timer.is_completed:
                     timer.cancel()
