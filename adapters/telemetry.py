@@ -22,9 +22,9 @@ one is ignored and a new trace starts); the claim of an attempt opens a
 every activity's input (orchestrators never open spans: they only copy that
 dict); every message sent through adapters.servicebus carries the context of
 its "send" span in `traceparent`/`tracestate`; the agent, the remote call and
-the reply bridge continue it from there. An attempt claimed by the timer
-Starter (a retry, or an order the fast path did not start) opens a new trace
-linked to whatever was current."""
+the reply bridge continue it from there. The state record keeps Submit's
+context, so the first attempt joins Submit's trace whoever claims it; a
+later attempt (a retry) opens a new trace linked to Submit's."""
 
 from __future__ import annotations
 
@@ -292,19 +292,32 @@ def order_scope(order_id: str) -> Iterator[None]:
         otel_context.detach(token)
 
 
-def start_attempt(order_id: str, instance_id: str) -> dict[str, str] | None:
+def start_attempt(order_id: str, instance_id: str, attempt: int = 1,
+                  submitted: Mapping[str, str] | None = None) -> dict[str, str] | None:
     """Open (and close) the "start attempt" span of a claimed attempt and
     return its W3C carrier for the orchestration input, or None when nothing
-    records spans. Inside Submit's span for the same order it continues
-    Submit's trace; otherwise it is a new trace, linked to the current span."""
+    records spans. `submitted` is the context Submit stored on the record.
+
+    - inside Submit's span for this order (the fast path): a child of it;
+    - the first attempt, claimed elsewhere (the timer Starter won the race):
+      a child of the stored Submit context, so it is still Submit's trace;
+    - a later attempt (a retry after the Supervisor): a new trace, linked to
+      Submit's and to whatever is current."""
+    stored = extract(submitted) if isinstance(submitted, Mapping) else None
+    links: list[Link] = []
     if otel_context.get_value(_ORDER_KEY) == order_id:
-        parent, links = None, ()
+        parent = None
+    elif attempt <= 1 and stored is not None:
+        parent = stored
     else:
-        current = trace.get_current_span().get_span_context()
-        parent, links = otel_context.Context(), ([Link(current)] if current.is_valid else ())
+        parent = otel_context.Context()
+        candidates = [trace.get_current_span().get_span_context()]
+        if stored is not None:
+            candidates.insert(0, trace.get_current_span(stored).get_span_context())
+        links = [Link(c) for c in candidates if c.is_valid]
     with tracer().start_as_current_span(
         "start attempt", context=parent, links=links, kind=SpanKind.PRODUCER,
-        attributes={ORDER_ID: order_id, INSTANCE_ID: instance_id},
+        attributes={ORDER_ID: order_id, INSTANCE_ID: instance_id, "order.attempt": attempt},
     ):
         carrier = inject()
     return carrier or None

@@ -274,7 +274,7 @@ class Starter:
             StepTimeoutSeconds=int(self._settings.step_timeout.total_seconds()),
             IndexedAt=indexed_at,
             Payload=step_payload(order) if order is not None else None,
-            Trace=telemetry.start_attempt(claimed.id, claimed.LockedBy),
+            Trace=telemetry.start_attempt(claimed.id, claimed.LockedBy, claimed.Attempt, claimed.Trace),
         ).dump()
         await self._start(client, claimed.LockedBy, report, attempt_input)
         return claimed.LockedBy

@@ -173,8 +173,10 @@ class SubmitHandler:
         except ConflictError as exc:
             return await self._conflict(order, now, exc.fields)
 
+        # The record keeps Submit's trace context, so the first attempt joins
+        # this trace even when the timer Starter claims it before the fast path.
         record, etag, created = await self._store.create_if_absent(
-            sm.new_record(order, now, self._steps)
+            sm.new_record(order, now, self._steps).model_copy(update={"Trace": telemetry.inject() or None})
         )
         if not created and record.OrderDigest != order.digest():
             if record.ProcessState is ProcessState.REJECTED:

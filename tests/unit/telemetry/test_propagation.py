@@ -159,3 +159,29 @@ def test_an_activity_with_a_forged_trace_starts_a_new_one(spans):
         pass
     (activity,) = spans.get_finished_spans()
     assert activity.parent is None and activity.context.is_valid
+
+
+def test_a_first_attempt_the_timer_claims_continues_the_trace_submit_stored(spans):
+    stored = {"traceparent": CLIENT_PARENT}
+    with telemetry.span("starter run"):
+        carrier = telemetry.start_attempt("O-1", "O-1:1", 1, stored)
+    assert carrier["traceparent"].split("-")[1] == CLIENT_TRACE
+    start = next(s for s in spans.get_finished_spans() if s.name == "start attempt")
+    assert f"{start.parent.span_id:016x}" == CLIENT_SPAN
+
+
+def test_a_retry_is_a_new_trace_linked_to_submits(spans):
+    stored = {"traceparent": CLIENT_PARENT}
+    carrier = telemetry.start_attempt("O-1", "O-1:2", 2, stored)
+    assert carrier["traceparent"].split("-")[1] != CLIENT_TRACE
+    start = next(s for s in spans.get_finished_spans() if s.name == "start attempt")
+    assert start.parent is None
+    assert [f"{link.context.trace_id:032x}" for link in start.links] == [CLIENT_TRACE]
+    assert start.attributes["order.attempt"] == 2
+
+
+def test_a_forged_stored_context_is_not_trusted(spans):
+    carrier = telemetry.start_attempt("O-1", "O-1:1", 1, {"traceparent": "00-zz-zz-01"})
+    start = next(s for s in spans.get_finished_spans() if s.name == "start attempt")
+    assert start.parent is None and not start.links
+    assert carrier["traceparent"].split("-")[1] == f"{start.context.trace_id:032x}"

@@ -5,6 +5,8 @@ only copies a value from its input, so replays see the same inputs."""
 
 from __future__ import annotations
 
+import json
+
 from adapters import telemetry
 from orchestrators import order_workflow as wf
 from tests.unit.orchestrators.driver import Driver, World
@@ -68,3 +70,28 @@ class _Client:
 
     async def start_new(self, name, instance_id, data):
         _Client.last = data
+
+
+async def test_submit_stores_its_trace_on_the_record_for_the_timer_starter(spans):
+    """The timer Starter can win the claim before Submit's fast path (the
+    e2e test saw it under load): the attempt still joins Submit's trace."""
+    from adapters.settings import Settings
+    from reporting import Alerts, StatusReporter
+    from submit.handler import SubmitHandler
+    from tests.builders import order_payload
+    from tests.unit.orchestrators.driver import SETTINGS, STEPS
+
+    world = World()
+    settings = Settings(**{**SETTINGS.__dict__, "reply_queues": {"webshop": "replies-webshop"}})
+    handler = SubmitHandler(settings, world.store, world.orders, StatusReporter(world.bus), Alerts(world.bus),
+                            list(STEPS))
+    body = json.dumps(order_payload(OrderID="A4")).encode()
+    with telemetry.span("submit") as submit:
+        outcome = await handler.handle(body, "webshop")   # no Durable client: no fast path
+    assert outcome.kind.value == "complete"
+    record = await world.record("A4")
+    assert record.Trace["traceparent"].split("-")[1] == f"{submit.get_span_context().trace_id:032x}"
+
+    etag = (await world.store.read("A4"))[1]
+    await world.starter().claim_and_start(_Client(), record, etag)
+    assert _Client.last["Trace"]["traceparent"].split("-")[1] == f"{submit.get_span_context().trace_id:032x}"
