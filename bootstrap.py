@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import aiohttp
 
+from adapters import telemetry
 from adapters.checkpoints import CosmosCheckpointStore
 from adapters.cosmos_client import (
     RequestCharges,
@@ -35,6 +36,9 @@ from agents.steps import STEP_NAMES
 from reporting import Alerts, StatusReporter
 
 log = logging.getLogger(__name__)
+
+# Once per process, before any trigger runs (every trigger module imports this one).
+telemetry.configure()
 
 
 @dataclass

@@ -2,7 +2,11 @@
 
 One client per process, one sender per queue, created on first use. Errors are
 translated at this boundary: a missing queue or an oversize message is
-permanent; a busy, full or unreachable namespace is transient."""
+permanent; a busy, full or unreachable namespace is transient.
+
+Every message leaves with the W3C trace context of its "send" span in its
+application properties (adapters.telemetry), so the receiver continues the
+sender's trace."""
 
 from __future__ import annotations
 
@@ -22,6 +26,7 @@ from azure.servicebus.exceptions import (
     ServiceBusError,
 )
 
+from adapters import telemetry
 from adapters.settings import ServiceBusAccess
 from domain.errors import PermanentError, TransientError
 
@@ -79,14 +84,15 @@ class ServiceBusPublisher:
         application_properties: dict[str, Any] | None = None,
         subject: str | None = None,
     ) -> None:
-        message = ServiceBusMessage(
-            body,
-            message_id=message_id,
-            content_type="application/json",
-            application_properties=application_properties,
-            subject=subject,
-        )
-        await self._send(queue, message)
+        with self._producer_span(queue, message_id, application_properties):
+            message = ServiceBusMessage(
+                body,
+                message_id=message_id,
+                content_type="application/json",
+                application_properties=telemetry.message_properties(application_properties),
+                subject=subject,
+            )
+            await self._send(queue, message)
 
     async def schedule(
         self,
@@ -98,14 +104,32 @@ class ServiceBusPublisher:
     ) -> None:
         """Send a message that becomes visible at `enqueue_at` (a back-off
         retry of a received message: see adapters.settlement.MessageGate)."""
-        message = ServiceBusMessage(
-            body,
-            message_id=message_id,
-            content_type="application/json",
-            application_properties=application_properties,
-            scheduled_enqueue_time_utc=enqueue_at,
+        with self._producer_span(queue, message_id, application_properties):
+            message = ServiceBusMessage(
+                body,
+                message_id=message_id,
+                content_type="application/json",
+                application_properties=telemetry.message_properties(application_properties),
+                scheduled_enqueue_time_utc=enqueue_at,
+            )
+            await self._send(queue, message)
+
+    @staticmethod
+    def _producer_span(queue: str, message_id: str, properties: dict[str, Any] | None):
+        """The "send" span whose context the message carries (W3C
+        `traceparent`/`tracestate` in its application properties), so what
+        the receiver does joins this trace (adapters.telemetry)."""
+        order_id = (properties or {}).get("OrderID")
+        return telemetry.span(
+            f"send {queue}",
+            telemetry.SpanKind.PRODUCER,
+            **{
+                "messaging.system": "servicebus",
+                "messaging.destination.name": queue,
+                "messaging.message.id": message_id,
+                telemetry.ORDER_ID: order_id if isinstance(order_id, str) else None,
+            },
         )
-        await self._send(queue, message)
 
     async def _send(self, queue: str, message: ServiceBusMessage) -> None:
         message_id = message.message_id

@@ -21,6 +21,7 @@ import aiohttp
 import azure.functions as func
 import azurefunctions.extensions.bindings.servicebus as servicebus
 
+from adapters import telemetry
 from adapters.servicebus import ServiceBusPublisher
 from adapters.settings import SERVICEBUS_CONNECTION
 from adapters.settlement import defuse_trace_headers
@@ -36,6 +37,7 @@ from agents.remote_client import HttpRemoteService
 from reporting import Alerts
 
 bp = func.Blueprint()
+telemetry.configure()  # once per process; the agent may be loaded without bootstrap
 
 
 class FunctionsSettlement:

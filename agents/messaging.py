@@ -32,6 +32,7 @@ from typing import Any, Protocol
 
 from azure.servicebus.aio import ServiceBusClient, ServiceBusReceiver
 
+from adapters import telemetry
 from adapters.clock import utc_now
 from adapters.servicebus import ServiceBusPublisher
 from adapters.settings import ServiceBusAccess
@@ -97,7 +98,14 @@ class RequestProcessor:
         self._policy = policy or BackoffPolicy()
 
     async def process_message(self, message: Any, settlement: Settlement) -> Disposition:
-        """A received message of any AMQP body kind."""
+        """A received message of any AMQP body kind, in a span that continues
+        the trace of the activity that sent it (its `traceparent`)."""
+        with telemetry.consume("agent", message, **{"messaging.destination.name": AGENT_REQUESTS}):
+            disposition = await self._process_message(message, settlement)
+            telemetry.annotate(settlement=disposition.value)
+            return disposition
+
+    async def _process_message(self, message: Any, settlement: Settlement) -> Disposition:
         label = message_label(message)
         try:
             body = read_body(message)
@@ -126,8 +134,11 @@ class RequestProcessor:
                 settlement, INVALID_MESSAGE, exc.reason, message_id, readable_order_id(body)
             )
             return Disposition.DEAD_LETTERED
+        telemetry.annotate(**{telemetry.ORDER_ID: request.OrderID, telemetry.INSTANCE_ID: request.InstanceId,
+                              "step": request.Step, "step.action": request.Action})
         try:
             reply = await self._agent.handle(request)
+            telemetry.annotate(**{"reply.outcome": reply.Outcome.value})
             await self._replies.send(reply, reply_event_id(request))
         except TransientError as exc:
             if last_delivery:

@@ -24,6 +24,7 @@ from typing import Any
 
 import aiohttp
 
+from adapters import telemetry
 from agents.ports import RemoteCall
 from domain.errors import PermanentError, TransientError
 
@@ -68,6 +69,22 @@ class HttpRemoteService:
             FENCING_TOKEN_HEADER: str(call.fencing_token),
         }
         what = f"{call.service}/{call.operation} for {call.idempotency_key}"
+        order_id = call.body.get("OrderID") if isinstance(call.body, dict) else None
+        with telemetry.span(
+            f"POST {call.service}/{call.operation}", telemetry.SpanKind.CLIENT,
+            **{"http.request.method": "POST", "url.full": url, "idempotency.key": call.idempotency_key,
+               "fencing.token": call.fencing_token, telemetry.ORDER_ID: order_id},
+        ):
+            # The service sees the caller's trace (W3C headers), like any HTTP client span.
+            headers.update(telemetry.inject())
+            try:
+                return await self._call(url, call, headers, what, timeout)
+            except (TransientError, PermanentError) as exc:
+                telemetry.failed(str(exc))
+                raise
+
+    async def _call(self, url: str, call: RemoteCall, headers: dict[str, str], what: str,
+                    timeout: float) -> dict[str, Any]:
         try:
             async with self._session.post(
                 url,
@@ -78,6 +95,7 @@ class HttpRemoteService:
                 text = await response.text()
                 status = response.status
                 retry_after = _retry_after(response.headers.get("Retry-After"))
+                telemetry.annotate(**{"http.response.status_code": status})
         except TimeoutError:
             # The request may have reached the service; the next try carries
             # the same idempotency key, so it cannot apply the effect twice.

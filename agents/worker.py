@@ -26,6 +26,7 @@ from azure.servicebus import ServiceBusReceiveMode
 from azure.servicebus.aio import AutoLockRenewer, ServiceBusClient, ServiceBusReceiver
 from azure.servicebus.exceptions import ServiceBusError
 
+from adapters import telemetry
 from adapters.servicebus import ServiceBusPublisher
 from adapters.settlement import BodyRefused
 from agents.agent import Agent
@@ -179,6 +180,7 @@ async def serve(settings: AgentSettings, stop: asyncio.Event, on_ready: Callable
 def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     logging.getLogger("azure").setLevel(logging.WARNING)
+    telemetry.configure()
     settings = load_agent_settings()
 
     async def run() -> None:
@@ -188,7 +190,10 @@ def main() -> None:
             loop.add_signal_handler(sig, stop.set)
         await serve(settings, stop, lambda: print(READY_LINE, flush=True))
 
-    asyncio.run(run())
+    try:
+        asyncio.run(run())
+    finally:
+        telemetry.flush()
 
 
 if __name__ == "__main__":

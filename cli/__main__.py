@@ -8,6 +8,7 @@
     python -m cli resubmit ORDER_ID
     python -m cli alerts                 (newest first; --oldest-first)
     python -m cli deadletters orders-webshop
+    python -m cli trace ORDER_ID         (the local spans file: OTEL_TRACES_FILE or --file)
 
 Text that clients wrote (OrderIDs, names, bodies, reasons quoting them) is
 printed literally through cli.render: no console markup, invisible and
@@ -316,6 +317,27 @@ def deadletters(queue: str, limit: int = typer.Option(50)) -> None:
         raise ToolError(f"{queue!r} is not a queue name (lowercase letters, digits, '.', '_', '-')")
     messages = _read_queue(f"{queue}/$deadletterqueue", True, None)[:limit]
     render.print_dead_letters(console, queue, messages)
+
+
+@app.command()
+def trace(
+    order_id: str,
+    file: Path | None = typer.Option(
+        None, help="the OTLP/JSON-lines spans file (default: $OTEL_TRACES_FILE, as the app writes it)"),
+) -> None:
+    """One order's spans as a tree per trace (one trace per attempt), with durations."""
+    import os
+
+    from cli import trace as traces
+
+    order_id = _order_id(order_id)
+    path = file or (Path(os.environ["OTEL_TRACES_FILE"]) if os.environ.get("OTEL_TRACES_FILE") else None)
+    if path is None:
+        raise ToolError("no spans file: pass --file or set OTEL_TRACES_FILE (the app must run with it set)")
+    found = traces.load(path, order_id)
+    if not found:
+        raise ToolError(f"no spans of order {order_id} in {path} (spans are written about a second after they end)")
+    traces.print_traces(console, order_id, found)
 
 
 def main() -> int:

@@ -370,6 +370,10 @@ class OrderState(Contract):
     CreatedAt: AwareDatetime
     UpdatedAt: AwareDatetime
     ttl: int | None = None
+    # The W3C trace context (traceparent, tracestate) of the Submit that
+    # created the record: its first attempt continues that trace whoever
+    # claims it, later attempts link to it (adapters.telemetry.start_attempt).
+    Trace: dict[str, str] | None = None
 
     @property
     def order_id(self) -> str:

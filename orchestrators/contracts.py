@@ -19,6 +19,15 @@ class ActivityContract(BaseModel):
         return self.model_dump(mode="json")
 
 
+class Traced(ActivityContract):
+    """An activity input that may carry the attempt's W3C trace context
+    (`traceparent`, `tracestate`), copied by the orchestration from its input
+    so the activity's span joins the attempt's trace (adapters.telemetry).
+    Optional: older histories and 1.0 instances have none."""
+
+    Trace: dict[str, str] | None = None
+
+
 def step_payload(order: OrderSubmitted) -> dict:
     """What every agent request of an order carries (the order's data the
     remote services need), built in one place for the Scheduler and the fast path."""
@@ -37,7 +46,7 @@ class StepPlan(ActivityContract):
     Completed: bool = False
 
 
-class LoadPlanInput(ActivityContract):
+class LoadPlanInput(Traced):
     InstanceId: str
 
 
@@ -63,7 +72,7 @@ class Plan(ActivityContract):
     Progress: bool = False
 
 
-class StateWrite(ActivityContract):
+class StateWrite(Traced):
     """One guarded write to the record by the attempt `InstanceId`."""
 
     InstanceId: str
@@ -90,7 +99,7 @@ class WriteResult(ActivityContract):
     State: ProcessState | None = None
 
 
-class SendRequest(ActivityContract):
+class SendRequest(Traced):
     """A request for a step (or its undo) within one attempt. `Try` numbers
     the undo retries inside one attempt: each try gets its own message id and
     reply event, so duplicate detection drops only true re-sends."""
@@ -107,7 +116,7 @@ class SendRequest(ActivityContract):
         return "do" if self.Action == "do" else f"undo-{self.Try}"
 
 
-class StatusNote(ActivityContract):
+class StatusNote(Traced):
     InstanceId: str
     ReplyTo: str
     Status: StatusKind
@@ -115,7 +124,7 @@ class StatusNote(ActivityContract):
     Detail: str | None = None
 
 
-class AlertNote(ActivityContract):
+class AlertNote(Traced):
     Kind: str
     OrderID: str
     Reason: str
@@ -155,9 +164,12 @@ class AttemptInput(ActivityContract):
     # Submit's fast path has the order in hand: its step payload spares the
     # attempt the orders-DB read (the timer Starter leaves it out).
     Payload: dict | None = None
+    # The W3C context of the attempt's "start attempt" span: every activity
+    # of the attempt continues it (one trace per attempt).
+    Trace: dict[str, str] | None = None
 
 
-class Advance(ActivityContract):
+class Advance(Traced):
     """One guarded write by the attempt `InstanceId` and the message that must
     follow it, in one idempotent activity (write first, then send with a
     stable message id; a retry re-reads on the stale etag, recognises its own

@@ -31,6 +31,7 @@ must be followed by (docs/adr/004-lean-workflow.md)."""
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 
 from azure.durable_functions import RetryOptions
@@ -67,7 +68,28 @@ ACTIVITY_RETRY = RetryOptions(first_retry_interval_in_milliseconds=500, max_numb
 
 
 def _call(context, name: str, data: dict):
-    return context.call_activity_with_retry(name, ACTIVITY_RETRY, data)
+    return context.call_activity_with_retry(name, ACTIVITY_RETRY, _traced(context, data))
+
+
+def _traced(context, data: dict) -> dict:
+    """`data` with the attempt's trace context (AttemptInput.Trace), so the
+    activity's span joins the attempt's trace. The orchestrator opens no span
+    itself: it copies a value from its own input, which replays identically."""
+    trace = _input_trace(context)
+    return {**data, "Trace": trace} if trace else data
+
+
+def _input_trace(context) -> dict | None:
+    raw = context.get_input()
+    if isinstance(raw, str) and raw.startswith("{"):
+        try:
+            raw = json.loads(raw)
+        except ValueError:
+            return None
+    trace = raw.get("Trace") if isinstance(raw, dict) else None
+    if isinstance(trace, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in trace.items()):
+        return trace
+    return None
 
 
 class UnknownWorkflowVersion(Exception):
@@ -140,7 +162,7 @@ def _run_step(context, plan: Plan, step: StepPlan, action: str, deadline, attemp
         Payload=plan.Payload,
     )
     if step.Mode == "inline":
-        task = context.call_activity("run_inline_step", request.dump())
+        task = context.call_activity("run_inline_step", _traced(context, request.dump()))
     else:
         yield _call(context, "send_agent_request", request.dump())
         task = context.wait_for_external_event(
@@ -319,7 +341,7 @@ def _await_step(context, plan: Plan, step: StepPlan, deadline):
     if step.Mode == "inline":
         request = SendRequest(InstanceId=context.instance_id, Step=step.Name, Deadline=deadline,
                               Payload=plan.Payload)
-        task = context.call_activity("run_inline_step", request.dump())
+        task = context.call_activity("run_inline_step", _traced(context, request.dump()))
     else:
         task = context.wait_for_external_event(reply_event_name(step.Name, plan.Attempt, "do"))
     result = yield from race(context, task, deadline)

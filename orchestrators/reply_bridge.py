@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from adapters import telemetry
 from adapters.crashpoints import crash_point
 from adapters.settlement import Settle
 from domain.codec import decode
@@ -54,6 +55,8 @@ async def bridge_reply(body: bytes, client, alerts: Any = None) -> Settle:
         reply = _check_reply(body)
     except ValidationFailed as exc:
         return Settle.deadletter("InvalidMessage", exc.reason)
+    telemetry.annotate(**{telemetry.ORDER_ID: reply.OrderID, telemetry.INSTANCE_ID: reply.InstanceId,
+                          "reply.event": reply.EventName, "reply.outcome": reply.Outcome.value})
     try:
         await client.raise_event(reply.InstanceId, reply.EventName, reply.model_dump(mode="json"))
     except Exception as exc:  # the durable client raises bare Exception with a message
@@ -74,8 +77,12 @@ async def bridge_reply(body: bytes, client, alerts: Any = None) -> Settle:
 
 
 async def on_reply_message(message: Any, actions: Any, client: Any) -> Settle:
-    """The trigger's whole body: gate, bridge, settle."""
+    """The trigger's whole body: gate, bridge, settle, in a span that
+    continues the agent's trace (the reply's `traceparent`)."""
     import bootstrap
 
     gate = await bootstrap.message_gate(AGENT_RESPONSES_QUEUE)
-    return await gate.run(message, actions, lambda body: bridge_reply(body, client))
+    with telemetry.consume("reply bridge", message, **{"messaging.destination.name": AGENT_RESPONSES_QUEUE}):
+        outcome = await gate.run(message, actions, lambda body: bridge_reply(body, client))
+        telemetry.annotate(settlement=outcome.kind.value)
+        return outcome

@@ -32,6 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
+from adapters import telemetry
 from adapters.clock import utc_now
 from adapters.crashpoints import crash_point
 from adapters.ports import ANY_OWNER, DeadlineIndex, MessagePublisher, NoIndex, StateStore
@@ -219,6 +220,8 @@ class Starter:
         report.processing = await self._store.count_in_state(ProcessState.PROCESSING)
         self._last_processing = report.processing
         await self._store.write_backlog_gauge(report.pending, now)
+        telemetry.app_metrics().backlog.set(report.pending, {"state": "Pending"})
+        telemetry.app_metrics().backlog.set(report.processing, {"state": "Processing"})
 
         await self._compensation_requests(client, now, report)
         await self._resume_compensations(client, now, report)
@@ -267,6 +270,7 @@ class Starter:
             return None
         claimed, claimed_etag = won
         report.claimed += 1
+        telemetry.app_metrics().attempts.add(1)
         crash_point("starter.after_claim")
         attempt_input = AttemptInput(
             Record=claimed.model_dump(mode="json"),
@@ -274,6 +278,7 @@ class Starter:
             StepTimeoutSeconds=int(self._settings.step_timeout.total_seconds()),
             IndexedAt=indexed_at,
             Payload=step_payload(order) if order is not None else None,
+            Trace=telemetry.start_attempt(claimed.id, claimed.LockedBy, claimed.Attempt, claimed.Trace),
         ).dump()
         await self._start(client, claimed.LockedBy, report, attempt_input)
         return claimed.LockedBy

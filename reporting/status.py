@@ -9,6 +9,7 @@ import logging
 from collections.abc import Callable
 from datetime import UTC, datetime
 
+from adapters import telemetry
 from adapters.ports import ANY_OWNER, MessagePublisher, StateStore
 from domain import state_machine as sm
 from domain.codec import encode
@@ -63,6 +64,7 @@ class StatusReporter:
             "status sent",
             extra={"order_id": order_id, "status": status.value, "queue": reply_to, "step": step},
         )
+        telemetry.count_terminal_status(status.value)
 
 
 # The operator alert a terminal status's outbox entry carries.

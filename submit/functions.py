@@ -29,6 +29,7 @@ import azure.durable_functions as df
 import azurefunctions.extensions.bindings.servicebus as servicebus
 
 import bootstrap
+from adapters import telemetry
 from adapters.settings import SettingsError, ingress_queues
 
 bp = df.Blueprint()
@@ -57,7 +58,11 @@ def _submit_function(app_id: str, queue: str):
     ) -> None:
         handler = await bootstrap.submit_handler()
         gate = await bootstrap.message_gate(queue)
-        await gate.run(message, message_actions, lambda body: handler.handle(body, app_id, client))
+        # The order's trace: the client's when its traceparent is valid
+        # (docs/client-guide.md), a new one otherwise.
+        with telemetry.consume("submit", message, **{"messaging.destination.name": queue, "app.id": app_id}):
+            outcome = await gate.run(message, message_actions, lambda body: handler.handle(body, app_id, client))
+            telemetry.annotate(**{telemetry.ORDER_ID: outcome.order_id, "settlement": outcome.kind.value})
 
     name = function_name(app_id)
     submit_order.__name__ = submit_order.__qualname__ = name

@@ -44,6 +44,7 @@ import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 
+from adapters import telemetry
 from adapters.ports import ANY_OWNER, OrdersRepository, StateStore
 from adapters.settings import Settings
 from adapters.settlement import Settle
@@ -144,6 +145,7 @@ class SubmitHandler:
             order = decode(OrderSubmitted, body, self._settings.max_order_bytes)
         except ValidationFailed as exc:
             return Settle.deadletter("InvalidMessage", exc.reason, readable_order_id(body))
+        telemetry.annotate(**{telemetry.ORDER_ID: order.OrderID})
 
         if order.AppId != app_id:
             # Only `app_id` can send to this queue: a body naming another
@@ -171,8 +173,10 @@ class SubmitHandler:
         except ConflictError as exc:
             return await self._conflict(order, now, exc.fields)
 
+        # The record keeps Submit's trace context, so the first attempt joins
+        # this trace even when the timer Starter claims it before the fast path.
         record, etag, created = await self._store.create_if_absent(
-            sm.new_record(order, now, self._steps)
+            sm.new_record(order, now, self._steps).model_copy(update={"Trace": telemetry.inject() or None})
         )
         if not created and record.OrderDigest != order.digest():
             if record.ProcessState is ProcessState.REJECTED:
@@ -182,6 +186,7 @@ class SubmitHandler:
             return await self._conflict(order, now)
         if created:
             log.info("order accepted", extra={"order_id": order.OrderID})
+            telemetry.app_metrics().received.add(1, {"outcome": "accepted", "app.id": order.AppId})
 
         if record.ProcessState is ProcessState.REJECTED:
             # Rejected earlier (or by a delivery racing this one), and the
@@ -206,7 +211,9 @@ class SubmitHandler:
             # which is harmless. Never raises; None leaves it to the timer.
             from orchestrators.starter import start_submitted
 
-            await start_submitted(client, record, etag, order)
+            # The attempt claimed here continues this order's trace.
+            with telemetry.order_scope(order.OrderID):
+                await start_submitted(client, record, etag, order)
         return Settle.complete(order.OrderID)
 
     async def _over_backlog(self) -> bool:
@@ -224,6 +231,7 @@ class SubmitHandler:
             return None
         if created:
             log.warning("order rejected: %s", reason, extra={"order_id": order.OrderID})
+            telemetry.app_metrics().received.add(1, {"outcome": "rejected", "app.id": order.AppId})
         # An earlier delivery may have been admitted and written the orders DB,
         # then died before the state record existed (the simulation found it,
         # seed 922): the order is rejected now, so that document must go too.

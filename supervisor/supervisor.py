@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
+from adapters import telemetry
 from adapters.ports import StateStore
 from domain import state_machine as sm
 from domain.errors import NotFoundError, StaleError
@@ -115,6 +116,7 @@ class Supervisor:
             report.requests, report.request_charge,
             extra={"custom_dimensions": {k: v for k, v in report.__dict__.items() if k != "failed_orders"}},
         )
+        _record_metrics(report)
         return report
 
     async def _recover(self, order_id: str, locked_by: str | None, now: datetime, report) -> bool:
@@ -142,3 +144,16 @@ class Supervisor:
         else:
             report.recovered += 1
         return True
+
+
+def _record_metrics(report: SupervisorReport) -> None:
+    """The run's figures as OpenTelemetry metrics (the log line above stays:
+    the alert rules read it)."""
+    m = telemetry.app_metrics()
+    for outcome in ("recovered", "long_retry", "failed"):
+        count = getattr(report, outcome)
+        if count:
+            m.recoveries.add(count, {"outcome": outcome})
+    m.scan_read.record(report.read)
+    if report.requests:
+        m.scan_charge.record(report.request_charge)

@@ -1,0 +1,398 @@
+"""OpenTelemetry for the app: set up once per process, W3C trace context in
+and out of messages, the spans every part opens, and the app's metrics.
+
+Where telemetry goes (`configure`, once per process, from the composition
+root and the agent worker):
+
+- `APPLICATIONINSIGHTS_CONNECTION_STRING` set: the Azure Monitor distro
+  (`configure_azure_monitor`). Under the Functions worker with
+  `PYTHON_APPLICATIONINSIGHTS_ENABLE_TELEMETRY=true` the worker has already
+  called it before loading the app; configuring twice would be refused by the
+  API (one global provider), so an SDK provider already in place is kept;
+- otherwise `OTEL_TRACES_FILE` / `OTEL_METRICS_FILE`: OTLP/JSON lines appended
+  to a file (the local stack, the trace test, `python -m cli trace`);
+- otherwise `OTEL_TRACES_EXPORTER=console` / `OTEL_METRICS_EXPORTER=console`;
+- otherwise nothing: the API's no-op tracer still passes an incoming trace
+  context through to the messages a process sends.
+
+One order attempt is one trace (DESIGN.md §4 "Operational visibility"):
+Submit continues the client's `traceparent` when it is valid (a malformed
+one is ignored and a new trace starts); the claim of an attempt opens a
+"start attempt" span whose context rides in the orchestration's input and
+every activity's input (orchestrators never open spans: they only copy that
+dict); every message sent through adapters.servicebus carries the context of
+its "send" span in `traceparent`/`tracestate`; the agent, the remote call and
+the reply bridge continue it from there. The state record keeps Submit's
+context, so the first attempt joins Submit's trace whoever claims it; a
+later attempt (a retry) opens a new trace linked to Submit's."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import threading
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+from opentelemetry import context as otel_context
+from opentelemetry import metrics, trace
+from opentelemetry.trace import Link, SpanKind, Status, StatusCode
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = "order-processing"
+TRACES_FILE = "OTEL_TRACES_FILE"
+METRICS_FILE = "OTEL_METRICS_FILE"
+TRACE_PROPERTIES = ("traceparent", "tracestate")
+
+# Span attributes every part sets where it knows them; `cli trace` selects on ORDER_ID.
+ORDER_ID = "order.id"
+INSTANCE_ID = "order.instance_id"
+
+_TRACER_NAME = "orders"
+_propagator = TraceContextTextMapPropagator()
+_configured = False
+_configure_lock = threading.Lock()
+# The OrderID whose Submit span is current: an attempt claimed inside it
+# (Submit's fast path) belongs to that trace; any other claim starts its own.
+_ORDER_KEY = otel_context.create_key("orders.order_id")
+# Longest header values accepted from a message; W3C's are far shorter.
+_MAX_TRACEPARENT = 128
+_MAX_TRACESTATE = 512
+_ASCII_PRINTABLE = re.compile(r"^[\x20-\x7e]*$")
+
+
+# --- set-up ------------------------------------------------------------------------------
+
+
+def configure(env: Mapping[str, str] | None = None) -> str:
+    """Set up the process's tracer and meter providers, once; returns what was
+    chosen ("azure-monitor", "existing", "file", "console" or "none")."""
+    global _configured
+    with _configure_lock:
+        if _configured:
+            return "configured"
+        _configured = True
+        env = os.environ if env is None else env
+        try:
+            return _configure(env)
+        except Exception:  # telemetry must never stop the app from starting
+            log.exception("telemetry could not be configured; running without it")
+            return "none"
+
+
+def _sdk_provider_set() -> bool:
+    from opentelemetry.sdk.trace import TracerProvider
+
+    return isinstance(trace.get_tracer_provider(), TracerProvider)
+
+
+def _configure(env: Mapping[str, str]) -> str:
+    if _sdk_provider_set():
+        # The Functions worker configured the distro itself before loading us.
+        return "existing"
+    if env.get("APPLICATIONINSIGHTS_CONNECTION_STRING"):
+        from azure.monitor.opentelemetry import configure_azure_monitor
+
+        kwargs: dict[str, Any] = {}
+        client_id = env.get("AZURE_CLIENT_ID")
+        if client_id and (env.get("IDENTITY_ENDPOINT") or env.get("MSI_ENDPOINT")):
+            # Local auth is off on the component: export with the app's
+            # user-assigned identity (Monitoring Metrics Publisher).
+            from azure.identity import ManagedIdentityCredential
+
+            kwargs["credential"] = ManagedIdentityCredential(client_id=client_id)
+        configure_azure_monitor(**kwargs)
+        return "azure-monitor"
+
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import (
+        ConsoleMetricExporter,
+        PeriodicExportingMetricReader,
+    )
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
+
+    resource = Resource.create({"service.name": env.get("OTEL_SERVICE_NAME") or SERVICE_NAME})
+    chosen = "none"
+    span_exporter = None
+    if env.get(TRACES_FILE):
+        from opentelemetry.exporter.otlp.json.file.trace_exporter import FileSpanExporter
+
+        span_exporter, chosen = FileSpanExporter(env[TRACES_FILE]), "file"
+    elif env.get("OTEL_TRACES_EXPORTER") == "console":
+        span_exporter, chosen = ConsoleSpanExporter(), "console"
+    if span_exporter is not None:
+        provider = TracerProvider(resource=resource)
+        # Exported from the processor's own thread, never on the event loop;
+        # a short delay locally so `cli trace` and the tests see spans soon.
+        delay = int(env.get("OTEL_BSP_SCHEDULE_DELAY") or 1000)
+        provider.add_span_processor(BatchSpanProcessor(span_exporter, schedule_delay_millis=delay))
+        trace.set_tracer_provider(provider)
+
+    metric_exporter = None
+    if env.get(METRICS_FILE):
+        from opentelemetry.exporter.otlp.json.file.metric_exporter import FileMetricExporter
+
+        metric_exporter = FileMetricExporter(env[METRICS_FILE])
+    elif env.get("OTEL_METRICS_EXPORTER") == "console":
+        metric_exporter = ConsoleMetricExporter()
+    if metric_exporter is not None:
+        interval = int(env.get("OTEL_METRIC_EXPORT_INTERVAL") or 10000)
+        reader = PeriodicExportingMetricReader(metric_exporter, export_interval_millis=interval)
+        metrics.set_meter_provider(MeterProvider(resource=resource, metric_readers=[reader]))
+        chosen = chosen if chosen != "none" else "file" if env.get(METRICS_FILE) else "console"
+    return chosen
+
+
+def flush(timeout_millis: int = 5000) -> None:
+    """Export what is buffered (tests, and a worker before it exits)."""
+    for provider in (trace.get_tracer_provider(), metrics.get_meter_provider()):
+        force = getattr(provider, "force_flush", None)
+        if force is not None:
+            force(timeout_millis)
+
+
+# Set only by tests (`use`): providers that are not the process's global ones.
+_tracer_provider: Any = None
+
+
+def tracer() -> trace.Tracer:
+    return trace.get_tracer(_TRACER_NAME, tracer_provider=_tracer_provider)
+
+
+@contextmanager
+def use(tracer_provider: Any = None, meter_provider: Any = None) -> Iterator[None]:
+    """Record through these providers instead of the global ones, for the
+    block (unit tests: the global providers can be set only once per process)."""
+    global _tracer_provider, _metrics
+    saved = _tracer_provider, _metrics
+    _tracer_provider = tracer_provider
+    if meter_provider is not None:
+        _metrics = Metrics(meter_provider.get_meter(_TRACER_NAME))
+    try:
+        yield
+    finally:
+        _tracer_provider, _metrics = saved
+
+
+# --- W3C trace context in application properties -----------------------------------------
+
+
+def _text(value: Any, limit: int) -> str | None:
+    """A header value as text, or None if it is not short printable ASCII:
+    clients can put anything in application properties (adapters.settlement
+    drops what the SDK cannot decode; we must not trust it either)."""
+    if isinstance(value, bytes | bytearray):
+        try:
+            value = bytes(value).decode("ascii")
+        except UnicodeError:
+            return None
+    if not isinstance(value, str) or len(value) > limit or not _ASCII_PRINTABLE.match(value):
+        return None
+    return value
+
+
+def carrier_from_properties(properties: Any) -> dict[str, str]:
+    """`traceparent`/`tracestate` from a message's application properties
+    (keys str or bytes, as the SDK delivers them), checked as text only; the
+    propagator then refuses a traceparent that is not W3C."""
+    carrier: dict[str, str] = {}
+    if not isinstance(properties, Mapping):
+        return carrier
+    for key, value in properties.items():
+        name = key.decode("utf-8", "replace") if isinstance(key, bytes | bytearray) else key
+        if name == "traceparent":
+            text = _text(value, _MAX_TRACEPARENT)
+        elif name == "tracestate":
+            text = _text(value, _MAX_TRACESTATE)
+        else:
+            continue
+        if text is not None:
+            carrier[name] = text
+    return carrier
+
+
+def extract(carrier: Mapping[str, str] | None) -> otel_context.Context | None:
+    """The context `carrier` names, or None when it holds no valid W3C trace
+    context (absent or malformed: never trusted, a new trace starts)."""
+    if not carrier or not isinstance(carrier, Mapping):
+        return None
+    clean = {k: v for k, v in carrier.items() if k in TRACE_PROPERTIES and isinstance(v, str)}
+    ctx = _propagator.extract(clean, context=otel_context.Context())
+    span_context = trace.get_current_span(ctx).get_span_context()
+    return ctx if span_context.is_valid else None
+
+
+def inject(ctx: otel_context.Context | None = None) -> dict[str, str]:
+    """The W3C carrier (`traceparent`, maybe `tracestate`) of `ctx` or the
+    current context; empty when there is no valid span."""
+    carrier: dict[str, str] = {}
+    _propagator.inject(carrier, context=ctx)
+    return carrier
+
+
+def message_properties(properties: Mapping[Any, Any] | None) -> dict[Any, Any]:
+    """`properties` plus the current trace context, for a message to send.
+    The keys are bytes, as azure-servicebus spells them: with Azure SDK
+    tracing on (the distro enables it) the SDK adds b"traceparent" only if
+    absent, so ours is kept and the AMQP map never holds the key twice."""
+    out = dict(properties or {})
+    for name, value in inject().items():
+        out.pop(name, None)
+        out[name.encode("ascii")] = value
+    return out
+
+
+# --- spans -------------------------------------------------------------------------------
+
+
+@contextmanager
+def consume(name: str, message: Any, **attributes: Any) -> Iterator[trace.Span]:
+    """A CONSUMER span for one received message, continuing the trace its
+    `traceparent` names (when valid) or the current one, else a new trace."""
+    parent = extract(carrier_from_properties(getattr(message, "application_properties", None)))
+    attrs = {"messaging.system": "servicebus", **_clean(attributes)}
+    message_id = getattr(message, "message_id", None)
+    if isinstance(message_id, str):
+        attrs["messaging.message.id"] = message_id[:128]
+    with tracer().start_as_current_span(name, context=parent, kind=SpanKind.CONSUMER, attributes=attrs) as span:
+        yield span
+
+
+@contextmanager
+def continue_from(name: str, carrier: Mapping[str, str] | None, kind: SpanKind = SpanKind.INTERNAL,
+                  **attributes: Any) -> Iterator[trace.Span]:
+    """A span continuing the context in `carrier` (an activity's `Trace`),
+    or the current context when the carrier has none."""
+    with tracer().start_as_current_span(
+        name, context=extract(carrier), kind=kind, attributes=_clean(attributes)
+    ) as span:
+        yield span
+
+
+@contextmanager
+def span(name: str, kind: SpanKind = SpanKind.INTERNAL, **attributes: Any) -> Iterator[trace.Span]:
+    with tracer().start_as_current_span(name, kind=kind, attributes=_clean(attributes)) as current:
+        yield current
+
+
+@contextmanager
+def order_scope(order_id: str) -> Iterator[None]:
+    """Marks the current trace as order `order_id`'s (Submit): an attempt of
+    that order claimed inside it continues it."""
+    token = otel_context.attach(otel_context.set_value(_ORDER_KEY, order_id))
+    try:
+        yield
+    finally:
+        otel_context.detach(token)
+
+
+def start_attempt(order_id: str, instance_id: str, attempt: int = 1,
+                  submitted: Mapping[str, str] | None = None) -> dict[str, str] | None:
+    """Open (and close) the "start attempt" span of a claimed attempt and
+    return its W3C carrier for the orchestration input, or None when nothing
+    records spans. `submitted` is the context Submit stored on the record.
+
+    - inside Submit's span for this order (the fast path): a child of it;
+    - the first attempt, claimed elsewhere (the timer Starter won the race):
+      a child of the stored Submit context, so it is still Submit's trace;
+    - a later attempt (a retry after the Supervisor): a new trace, linked to
+      Submit's and to whatever is current."""
+    stored = extract(submitted) if isinstance(submitted, Mapping) else None
+    links: list[Link] = []
+    if otel_context.get_value(_ORDER_KEY) == order_id:
+        parent = None
+    elif attempt <= 1 and stored is not None:
+        parent = stored
+    else:
+        parent = otel_context.Context()
+        candidates = [trace.get_current_span().get_span_context()]
+        if stored is not None:
+            candidates.insert(0, trace.get_current_span(stored).get_span_context())
+        links = [Link(c) for c in candidates if c.is_valid]
+    with tracer().start_as_current_span(
+        "start attempt", context=parent, links=links, kind=SpanKind.PRODUCER,
+        attributes={ORDER_ID: order_id, INSTANCE_ID: instance_id, "order.attempt": attempt},
+    ):
+        carrier = inject()
+    return carrier or None
+
+
+def annotate(**attributes: Any) -> None:
+    """Add attributes to the current span (e.g. the OrderID once decoded)."""
+    current = trace.get_current_span()
+    if current.is_recording():
+        current.set_attributes(_clean(attributes))
+
+
+def failed(error: str) -> None:
+    """Mark the current span as failed with a short reason."""
+    current = trace.get_current_span()
+    if current.is_recording():
+        current.set_status(Status(StatusCode.ERROR, error[:300]))
+
+
+def _clean(attributes: Mapping[str, Any]) -> dict[str, Any]:
+    """Attribute names use dots (`order_id` -> `order.id`); None is dropped."""
+    out: dict[str, Any] = {}
+    for key, value in attributes.items():
+        if value is None:
+            continue
+        name = key if "." in key else key.replace("_", ".")
+        out[name] = value if isinstance(value, bool | int | float | str) else str(value)
+    return out
+
+
+# --- metrics -----------------------------------------------------------------------------
+
+
+class Metrics:
+    """The app's instruments, made from the global meter provider on first use
+    (before `configure` they bind to the provider once it is set)."""
+
+    def __init__(self, meter: metrics.Meter) -> None:
+        self.received = meter.create_counter(
+            "orders.received", unit="{order}", description="orders Submit accepted or rejected")
+        self.processed = meter.create_counter(
+            "orders.processed", unit="{order}", description="Processed statuses sent")
+        self.failed = meter.create_counter(
+            "orders.failed", unit="{order}", description="Failed and CompensationFailed statuses sent")
+        self.compensated = meter.create_counter(
+            "orders.compensated", unit="{order}", description="Compensated statuses sent")
+        self.attempts = meter.create_counter(
+            "orders.attempts", unit="{attempt}", description="attempts claimed (Starter and fast path)")
+        self.recoveries = meter.create_counter(
+            "orders.recoveries", unit="{attempt}",
+            description="expired attempts the Supervisor handled, by outcome")
+        self.backlog = meter.create_gauge(
+            "orders.backlog", unit="{order}", description="Pending and Processing records, per Starter run")
+        self.scan_charge = meter.create_histogram(
+            "supervisor.scan.request_charge", unit="RU", description="Cosmos request charge of one Supervisor run")
+        self.scan_read = meter.create_histogram(
+            "supervisor.scan.items", unit="{item}", description="candidates one Supervisor run read")
+
+
+_metrics: Metrics | None = None
+
+
+def app_metrics() -> Metrics:
+    global _metrics
+    if _metrics is None:
+        _metrics = Metrics(metrics.get_meter(_TRACER_NAME))
+    return _metrics
+
+
+_TERMINAL = {"Processed": "processed", "Failed": "failed", "CompensationFailed": "failed",
+             "Compensated": "compensated"}
+
+
+def count_terminal_status(status: str) -> None:
+    """One terminal status sent to a client (reporting.status)."""
+    which = _TERMINAL.get(status)
+    if which is not None:
+        getattr(app_metrics(), which).add(1, {"status": status})

@@ -1,0 +1,81 @@
+"""Where telemetry goes, chosen once per process from the settings
+(adapters.telemetry.configure). The file path runs in a child process:
+the global providers can be set only once per process."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from adapters import telemetry
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def test_the_local_stack_writes_spans_and_metrics_as_otlp_json_lines(tmp_path):
+    spans, metrics = tmp_path / "spans.jsonl", tmp_path / "metrics.jsonl"
+    script = textwrap.dedent("""
+        from adapters import telemetry
+        print(telemetry.configure())
+        print(telemetry.configure())
+        with telemetry.span("outer", order_id="O-1"):
+            with telemetry.span("inner"):
+                pass
+        telemetry.app_metrics().attempts.add(2)
+        telemetry.flush()
+    """)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "APPLICATIONINSIGHTS_"))}
+    env.update({"OTEL_TRACES_FILE": str(spans), "OTEL_METRICS_FILE": str(metrics), "PYTHONPATH": str(REPO)})
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
+                          timeout=120, cwd=REPO)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["file", "configured"]
+
+    from cli.trace import load, roots
+
+    found = load(spans, "O-1")
+    (only,) = found.values()
+    (root,) = roots(only)
+    assert [root.name, *[c.name for c in root.children]] == ["outer", "inner"]
+    batches = [json.loads(line) for line in metrics.read_text().splitlines()]
+    names = {m["name"] for b in batches for rm in b["resourceMetrics"] for sm in rm["scopeMetrics"]
+             for m in sm["metrics"]}
+    assert "orders.attempts" in names
+
+
+def test_application_insights_uses_the_distro_with_the_apps_identity(monkeypatch):
+    import azure.monitor.opentelemetry as distro
+
+    calls = []
+    monkeypatch.setattr(distro, "configure_azure_monitor", lambda **kw: calls.append(kw))
+    env = {"APPLICATIONINSIGHTS_CONNECTION_STRING": "InstrumentationKey=00000000-0000-0000-0000-000000000000",
+           "AZURE_CLIENT_ID": "11111111-1111-1111-1111-111111111111", "IDENTITY_ENDPOINT": "http://127.0.0.1:1"}
+    assert telemetry._configure(env) == "azure-monitor"
+    (kwargs,) = calls
+    from azure.identity import ManagedIdentityCredential
+
+    assert isinstance(kwargs["credential"], ManagedIdentityCredential)
+
+    calls.clear()
+    env = {"APPLICATIONINSIGHTS_CONNECTION_STRING": "InstrumentationKey=00000000-0000-0000-0000-000000000000"}
+    assert telemetry._configure(env) == "azure-monitor"
+    assert calls == [{}]
+
+
+def test_a_provider_the_functions_worker_set_is_kept(monkeypatch):
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+
+    monkeypatch.setattr(trace, "get_tracer_provider", lambda: TracerProvider())
+    assert telemetry._configure({"APPLICATIONINSIGHTS_CONNECTION_STRING": "x"}) == "existing"
+
+
+@pytest.mark.parametrize("env", [{}, {"OTEL_TRACES_EXPORTER": "none"}])
+def test_without_settings_nothing_is_set_up(env):
+    assert telemetry._configure(env) == "none"
