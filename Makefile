@@ -26,8 +26,11 @@ demo: install
 	$(BIN)/python -m devstack.demo
 
 ## test: every test; local servers are started by the test fixtures and stopped after
+# Two workers (pytest-xdist), a file each at a time: most tests wait on servers and
+# deadlines, so two fit on two cores; each worker starts its own servers.
+TEST_WORKERS ?= 2
 test: install browser lint
-	REQUIRE_NO_SKIPS=1 $(BIN)/python -m pytest -q -rs
+	REQUIRE_NO_SKIPS=1 $(BIN)/python -m pytest -q -rs -n $(TEST_WORKERS) --dist loadfile
 
 test-unit: install
 	$(BIN)/python -m pytest -q tests/unit

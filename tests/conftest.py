@@ -23,11 +23,31 @@ _TESTS = Path(__file__).parent
 _SERVER_FOLDERS = ("integration", "devstack", "e2e")
 
 
+# The longest files (minutes each, mostly waiting on servers and deadlines) run first, so
+# that with `-n 2 --dist loadfile` (make test) no worker is left alone with one at the end.
+_LONGEST_FIRST = (
+    "property/test_hostile_queues.py",
+    "e2e/test_fault_points.py",
+    "integration/submit/test_submit_function.py",
+    "e2e/test_console_browser.py",
+    "sim/test_simulation.py",
+    "e2e/test_hostile.py",
+    "e2e/test_compensation.py",
+    "e2e/test_upgrade.py",
+)
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         parts = Path(str(item.fspath)).relative_to(_TESTS).parts
         if parts and parts[0] in _SERVER_FOLDERS:
             item.add_marker(pytest.mark.integration)
+
+    def rank(item) -> int:
+        path = Path(str(item.fspath)).relative_to(_TESTS).as_posix()
+        return _LONGEST_FIRST.index(path) if path in _LONGEST_FIRST else len(_LONGEST_FIRST)
+
+    items.sort(key=rank)  # stable: the order inside a file, and of the other files, stays
 
 
 def pytest_sessionfinish(session, exitstatus):
