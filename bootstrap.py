@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import weakref
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
@@ -24,16 +25,23 @@ from adapters.cosmos_client import (
     ensure_state_container,
 )
 from adapters.orders_db import CosmosOrdersRepository
-from adapters.ports import NoIndex
+from adapters.ports import DeadlineIndex, NoIndex
 from adapters.recovery_index import CosmosRecoveryIndex, ensure_index_container
 from adapters.servicebus import ServiceBusPublisher, servicebus_client
-from adapters.settings import Settings, settings
+from adapters.settings import Settings, SettingsError, azure_credential, settings
 from adapters.state_store import CosmosStateStore
 from agents.agent import Agent
+from agents.config import load_agent_settings
 from agents.ports import SystemClock
 from agents.remote_client import HttpRemoteService
 from agents.steps import STEP_NAMES
 from reporting import Alerts, StatusReporter
+
+if TYPE_CHECKING:
+    from azure.cosmos.aio import ContainerProxy
+
+    from orchestrators.starter import Starter
+    from submit.handler import SubmitHandler
 
 log = logging.getLogger(__name__)
 
@@ -50,13 +58,13 @@ class Container:
     orders: CosmosOrdersRepository
     publisher: ServiceBusPublisher
     agent: Agent
-    closers: list
+    closers: list[Callable[[], Awaitable[Any]]]
     charges: RequestCharges
-    state_container: object
-    index: object
-    index_container: object | None
-    submit: object | None = None
-    starter: object | None = None
+    state_container: ContainerProxy
+    index: DeadlineIndex
+    index_container: ContainerProxy | None
+    submit: SubmitHandler | None = None
+    starter: Starter | None = None
 
 
 _containers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Future] = (
@@ -64,59 +72,67 @@ _containers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Future
 )
 
 
-def _step_modes() -> dict[str, str]:
+def _step_modes(cfg: Settings) -> dict[str, str]:
     """INLINE_STEPS names the steps run as in-app activities instead of
     through the agent-requests queue (both agent paths exist; the article
     allows either)."""
-    names = [n.strip() for n in os.environ.get("INLINE_STEPS", "").split(",") if n.strip()]
-    unknown = set(names) - set(STEP_NAMES)
+    unknown = set(cfg.inline_steps) - set(STEP_NAMES)
     if unknown:
-        raise ValueError(f"INLINE_STEPS names unknown steps: {sorted(unknown)}")
-    return {name: "inline" for name in names}
+        raise SettingsError(f"INLINE_STEPS names unknown steps: {sorted(unknown)}")
+    return {name: "inline" for name in cfg.inline_steps}
 
 
 async def _build() -> Container:
     cfg = settings()
     charges = RequestCharges()
-    state_client = build_client(cfg.state_account)
+    closers: list[Callable[[], Awaitable[Any]]] = []
+    # One token credential per process for identity-based access in Azure: the app's
+    # user-assigned identity (adapters.settings.azure_credential); none locally.
+    credential = None
+    if not (cfg.state_account.key and cfg.orders_account.key):
+        credential = azure_credential(cfg.managed_identity_client_id)
+        closers.append(credential.close)
+    state_client = build_client(cfg.state_account, credential=credential)
     orders_client = (
-        state_client if cfg.orders_account == cfg.state_account else build_client(cfg.orders_account)
+        state_client
+        if cfg.orders_account == cfg.state_account
+        else build_client(cfg.orders_account, credential=credential)
     )
-    if os.environ.get("COSMOS_CREATE_CONTAINERS", "false").lower() == "true":
+    closers.insert(0, state_client.close)
+    if orders_client is not state_client:
+        closers.insert(1, orders_client.close)
+    state_db = state_client.get_database_client(cfg.state_database)
+    if cfg.create_containers:
         # Local stack only; in Azure the Bicep templates create them.
         state = await ensure_state_container(state_client, cfg.state_database, cfg.state_container)
         orders = await ensure_orders_container(orders_client, cfg.orders_database, cfg.orders_container)
     else:
-        state = state_client.get_database_client(cfg.state_database).get_container_client(
-            cfg.state_container
-        )
+        state = state_db.get_container_client(cfg.state_container)
         orders = orders_client.get_database_client(cfg.orders_database).get_container_client(
             cfg.orders_container
         )
-    index = NoIndex()
+    index: DeadlineIndex = NoIndex()
     index_container = None
     if cfg.supervisor_scan == "index":
         index_container = (
             await ensure_index_container(state_client, cfg.state_database, cfg.recovery_index_container)
-            if os.environ.get("COSMOS_CREATE_CONTAINERS", "false").lower() == "true"
-            else state_client.get_database_client(cfg.state_database).get_container_client(
-                cfg.recovery_index_container
-            )
+            if cfg.create_containers
+            else state_db.get_container_client(cfg.recovery_index_container)
         )
         index = CosmosRecoveryIndex(index_container, charges)
     session = aiohttp.ClientSession()
-    agent = Agent(
-        HttpRemoteService(session, os.environ.get("REMOTE_SERVICE_URL", "http://127.0.0.1:7081")),
-        SystemClock(),
-    )
+    closers.insert(0, session.close)
+    # The in-app agent (INLINE_STEPS) keeps the agents' own settings (AGENT_*,
+    # REMOTE_SERVICE_URL), as the queue-triggered agent and the worker do.
+    agent_cfg = load_agent_settings()
+    agent = Agent(HttpRemoteService(session, agent_cfg.remote_service_url), SystemClock(), agent_cfg.policy)
     return Container(
         settings=cfg,
         store=CosmosStateStore(state, charges),
         orders=CosmosOrdersRepository(orders, charges),
         publisher=ServiceBusPublisher(servicebus_client(cfg.servicebus)),
         agent=agent,
-        closers=[state_client.close, session.close]
-        + ([orders_client.close] if orders_client is not state_client else []),
+        closers=closers,
         charges=charges,
         state_container=state,
         index=index,
@@ -169,7 +185,7 @@ async def scheduler_activities():
 
     c = await container()
     return SchedulerActivities(
-        c.settings, c.store, c.orders, c.publisher, STEP_NAMES, c.agent, _step_modes(), c.index
+        c.settings, c.store, c.orders, c.publisher, STEP_NAMES, c.agent, _step_modes(c.settings), c.index
     )
 
 

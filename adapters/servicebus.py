@@ -27,7 +27,7 @@ from azure.servicebus.exceptions import (
 )
 
 from adapters import telemetry
-from adapters.settings import ServiceBusAccess
+from adapters.settings import ServiceBusAccess, SettingsError, azure_credential
 from domain.errors import PermanentError, TransientError
 
 log = logging.getLogger(__name__)
@@ -42,11 +42,14 @@ _PERMANENT = (
 
 
 def servicebus_client(access: ServiceBusAccess) -> ServiceBusClient:
+    """An aio client from the host-style connection setting: a connection string
+    locally; identity-based in Azure, as the app's user-assigned identity
+    (adapters.settings.azure_credential), with no key in settings."""
     if access.connection_string:
         return ServiceBusClient.from_connection_string(access.connection_string)
-    from azure.identity.aio import DefaultAzureCredential
-
-    return ServiceBusClient(access.fully_qualified_namespace, DefaultAzureCredential())
+    if not access.fully_qualified_namespace:
+        raise SettingsError("ServiceBusConnection: neither a connection string nor __fullyQualifiedNamespace")
+    return ServiceBusClient(access.fully_qualified_namespace, azure_credential(access.client_id))
 
 
 class ServiceBusPublisher:

@@ -49,6 +49,22 @@ class ServiceBusAccess:
 
     connection_string: str | None = None
     fully_qualified_namespace: str | None = None
+    # The app's user-assigned identity (AZURE_CLIENT_ID), for identity-based access.
+    client_id: str | None = None
+
+
+def servicebus_access(env: Mapping[str, str]) -> ServiceBusAccess | None:
+    """The host-style Service Bus connection setting (the one name the triggers
+    use too): a connection string, or a namespace for identity-based access as
+    the app's user-assigned identity (AZURE_CLIENT_ID); None when neither is set."""
+    if env.get(SERVICEBUS_CONNECTION):
+        return ServiceBusAccess(connection_string=env[SERVICEBUS_CONNECTION])
+    if env.get(f"{SERVICEBUS_CONNECTION}__fullyQualifiedNamespace"):
+        return ServiceBusAccess(
+            fully_qualified_namespace=env[f"{SERVICEBUS_CONNECTION}__fullyQualifiedNamespace"],
+            client_id=env.get("AZURE_CLIENT_ID") or None,
+        )
+    return None
 
 
 @dataclass(frozen=True)
@@ -80,6 +96,12 @@ class Settings:
     # Client id of the user-assigned identity the app runs as in Azure
     # (AZURE_CLIENT_ID, set by infra/app/api.bicep); None elsewhere.
     managed_identity_client_id: str | None = None
+    # Steps run as in-app activities instead of through the agent-requests queue
+    # (INLINE_STEPS, comma-separated); the composition root checks the names.
+    inline_steps: tuple[str, ...] = ()
+    # Create the Cosmos databases and containers at start (COSMOS_CREATE_CONTAINERS):
+    # the local stack only; in Azure the Bicep templates create them.
+    create_containers: bool = False
 
 
 def _int(env: Mapping[str, str], name: str, default: int, minimum: int = 0) -> int:
@@ -214,13 +236,8 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
             f"set {COSMOS_CONNECTION} (a connection string) or {COSMOS_CONNECTION}__accountEndpoint"
         )
     orders = _cosmos_account(env, ORDERS_DB_CONNECTION, verify_tls) or state
-    if env.get(SERVICEBUS_CONNECTION):
-        servicebus = ServiceBusAccess(connection_string=env[SERVICEBUS_CONNECTION])
-    elif env.get(f"{SERVICEBUS_CONNECTION}__fullyQualifiedNamespace"):
-        servicebus = ServiceBusAccess(
-            fully_qualified_namespace=env[f"{SERVICEBUS_CONNECTION}__fullyQualifiedNamespace"]
-        )
-    else:
+    servicebus = servicebus_access(env)
+    if servicebus is None:
         raise SettingsError(
             f"set {SERVICEBUS_CONNECTION} (a connection string) or "
             f"{SERVICEBUS_CONNECTION}__fullyQualifiedNamespace"
@@ -253,6 +270,8 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         supervisor_scan=_choice(env, "SUPERVISOR_SCAN", ("query", "index"), "query"),
         retry=retry,
         managed_identity_client_id=env.get("AZURE_CLIENT_ID") or None,
+        inline_steps=tuple(n.strip() for n in env.get("INLINE_STEPS", "").split(",") if n.strip()),
+        create_containers=_bool(env, "COSMOS_CREATE_CONTAINERS", False),
     )
 
 

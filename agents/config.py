@@ -12,7 +12,12 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from adapters.settings import SERVICEBUS_CONNECTION, ServiceBusAccess, SettingsError
+from adapters.settings import (
+    SERVICEBUS_CONNECTION,
+    ServiceBusAccess,
+    SettingsError,
+    servicebus_access,
+)
 from agents.agent import AgentPolicy
 
 AGENT_REQUESTS_QUEUE = "agent-requests"
@@ -66,16 +71,7 @@ def _int(env: Mapping[str, str], name: str, default: int, minimum: int = 1) -> i
 
 def load_agent_settings(env: Mapping[str, str] | None = None) -> AgentSettings:
     env = os.environ if env is None else env
-    if env.get(SERVICEBUS_CONNECTION):
-        servicebus: ServiceBusAccess | None = ServiceBusAccess(
-            connection_string=env[SERVICEBUS_CONNECTION]
-        )
-    elif env.get(f"{SERVICEBUS_CONNECTION}__fullyQualifiedNamespace"):
-        servicebus = ServiceBusAccess(
-            fully_qualified_namespace=env[f"{SERVICEBUS_CONNECTION}__fullyQualifiedNamespace"]
-        )
-    else:
-        servicebus = None  # only the runners need it; they say so when it is missing
+    servicebus = servicebus_access(env)  # only the runners need it; they say so when it is missing
     defaults = AgentPolicy()
     policy = AgentPolicy(
         call_timeout=_float(env, "AGENT_CALL_TIMEOUT_SECONDS", defaults.call_timeout, 0.001),

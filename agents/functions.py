@@ -22,7 +22,7 @@ import azure.functions as func
 import azurefunctions.extensions.bindings.servicebus as servicebus
 
 from adapters import telemetry
-from adapters.servicebus import ServiceBusPublisher
+from adapters.servicebus import ServiceBusPublisher, servicebus_client
 from adapters.settings import SERVICEBUS_CONNECTION
 from adapters.settlement import defuse_trace_headers
 from agents.agent import Agent
@@ -30,7 +30,6 @@ from agents.config import AGENT_REQUESTS_QUEUE, load_agent_settings, require_ser
 from agents.messaging import (
     RequestProcessor,
     ServiceBusReplySender,
-    servicebus_client,
 )
 from agents.ports import SystemClock
 from agents.remote_client import HttpRemoteService

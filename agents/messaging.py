@@ -35,7 +35,6 @@ from azure.servicebus.aio import ServiceBusClient, ServiceBusReceiver
 from adapters import telemetry
 from adapters.clock import utc_now
 from adapters.servicebus import ServiceBusPublisher
-from adapters.settings import ServiceBusAccess
 from adapters.settlement import (
     INVALID_MESSAGE,
     PROCESSING_FAILED,
@@ -226,17 +225,6 @@ class ReceiverSettlement:
         await self._receiver.dead_letter_message(
             self._message, reason=reason, error_description=description
         )
-
-
-def servicebus_client(access: ServiceBusAccess) -> ServiceBusClient:
-    """An aio client from the host-style connection setting: a connection
-    string locally, identity-based (no key in settings) in Azure."""
-    if access.connection_string:
-        return ServiceBusClient.from_connection_string(access.connection_string)
-    from azure.identity.aio import DefaultAzureCredential
-
-    assert access.fully_qualified_namespace
-    return ServiceBusClient(access.fully_qualified_namespace, DefaultAzureCredential())
 
 
 def message_body(message: Any) -> bytes:

@@ -27,7 +27,7 @@ from azure.servicebus.aio import AutoLockRenewer, ServiceBusClient, ServiceBusRe
 from azure.servicebus.exceptions import ServiceBusError
 
 from adapters import telemetry
-from adapters.servicebus import ServiceBusPublisher
+from adapters.servicebus import ServiceBusPublisher, servicebus_client
 from adapters.settlement import BodyRefused
 from agents.agent import Agent
 from agents.config import AgentSettings, load_agent_settings, require_servicebus
@@ -36,7 +36,6 @@ from agents.messaging import (
     RequestProcessor,
     ServiceBusReplySender,
     message_body,
-    servicebus_client,
 )
 from agents.ports import SystemClock
 from agents.remote_client import HttpRemoteService

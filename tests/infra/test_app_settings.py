@@ -296,7 +296,9 @@ def test_ingress_registry_is_built_from_client_applications():
 # reads the Agent's tuning knobs, AGENT_*, whose code defaults are what Azure
 # runs; adapters/settlement.py reads REDELIVERY_DELAYS_SECONDS and
 # MAX_DELIVERY_COUNT the same way. They are left out on purpose.)
-READERS = [ROOT / "adapters" / "settings.py", ROOT / "bootstrap.py", ROOT / "console" / "security.py"]
+READERS = [ROOT / "adapters" / "settings.py", ROOT / "console" / "security.py"]
+# The composition roots build from Settings and read no setting themselves.
+ROOTS = [ROOT / "bootstrap.py", ROOT / "function_app.py"]
 # Read by the app, deliberately not an Azure app setting.
 NOT_SET_IN_AZURE = {
     "ServiceBusConnection": "connection-string form; Azure sets ServiceBusConnection__fullyQualifiedNamespace",
@@ -419,6 +421,12 @@ def test_every_setting_the_app_reads_is_set_in_azure(reader):
         f"{reader.relative_to(ROOT)} reads these, but infra/app/api.bicep does not set them "
         "(add them to baseSettings, or to NOT_SET_IN_AZURE with the reason)"
     )
+
+
+@pytest.mark.parametrize("root", ROOTS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_the_composition_root_reads_no_setting_itself(root):
+    names, _ = setting_names_in_source(root.read_text())
+    assert names == set(), f"{root.name} reads {sorted(names)}: read them in adapters/settings.py"
 
 
 def test_settings_read_with_computed_names_are_set():
