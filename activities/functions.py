@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import azure.durable_functions as df
 
@@ -35,9 +36,9 @@ def _span(name: str, data: dict) -> Iterator[None]:
             order_id, _ = parse_attempt_instance_id(instance)
         except ValueError:
             pass
+    attributes: dict[str, Any] = {telemetry.ORDER_ID: order_id, telemetry.INSTANCE_ID: instance}
     with telemetry.continue_from(
-        f"activity {name}", carrier if isinstance(carrier, dict) else None,
-        **{telemetry.ORDER_ID: order_id, telemetry.INSTANCE_ID: instance},
+        f"activity {name}", carrier if isinstance(carrier, dict) else None, **attributes,
     ):
         yield
 

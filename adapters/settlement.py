@@ -191,8 +191,19 @@ def _retry_message_id(message: Any, attempt: int) -> str:
 
 
 class AlertSink(Protocol):
+    """Where operator alerts go (reporting.Alerts)."""
+
     async def raise_alert(
-        self, kind: str, reason: str, now: datetime, order_id: str | None = None, **where: Any
+        self,
+        kind: str,
+        reason: str,
+        now: datetime,
+        order_id: str | None = None,
+        *,
+        message_id: str | None = None,
+        queue: str | None = None,
+        alert_id: str | None = None,
+        required: bool = False,
     ) -> Any: ...
 
 

@@ -111,15 +111,16 @@ def _configure(env: Mapping[str, str]) -> str:
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import (
         ConsoleMetricExporter,
+        MetricExporter,
         PeriodicExportingMetricReader,
     )
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
 
     resource = Resource.create({"service.name": env.get("OTEL_SERVICE_NAME") or SERVICE_NAME})
     chosen = "none"
-    span_exporter = None
+    span_exporter: SpanExporter | None = None
     if env.get(TRACES_FILE):
         from opentelemetry.exporter.otlp.json.file.trace_exporter import FileSpanExporter
 
@@ -134,7 +135,7 @@ def _configure(env: Mapping[str, str]) -> str:
         provider.add_span_processor(BatchSpanProcessor(span_exporter, schedule_delay_millis=delay))
         trace.set_tracer_provider(provider)
 
-    metric_exporter = None
+    metric_exporter: MetricExporter | None = None
     if env.get(METRICS_FILE):
         from opentelemetry.exporter.otlp.json.file.metric_exporter import FileMetricExporter
 

@@ -69,6 +69,16 @@ MAX_ERROR_TEXT = 500
 MAX_EVENT_ID = 100  # AgentReply.EventId
 
 
+def _is_permanent(exc: BaseException) -> bool:
+    """A 4xx: the dependency is up, so the breaker does not count it."""
+    return isinstance(exc, PermanentError)
+
+
+def _is_cancelled(exc: BaseException) -> bool:
+    """A cancelled call (shutdown) says nothing about the dependency."""
+    return isinstance(exc, asyncio.CancelledError)
+
+
 @dataclass(frozen=True)
 class AgentPolicy:
     """How an Agent spends its share of the retry budget.
@@ -117,7 +127,7 @@ class Breakers:
                 reset_timeout=self._reset_timeout,
                 # A 4xx means the dependency is up; a cancelled call (shutdown)
                 # says nothing about it.
-                exclude=[PermanentError, lambda exc: isinstance(exc, asyncio.CancelledError)],
+                exclude=(_is_permanent, _is_cancelled),
                 name=service,
                 # Let the call that trips the breaker surface its own error;
                 # later calls get CircuitBreakerError without being made.

@@ -157,7 +157,7 @@ def watch(
                                 max_message_count=50, sequence_number=next_sequence
                             )
                             if batch:
-                                next_sequence = max(m.sequence_number for m in batch) + 1
+                                next_sequence = max(m.sequence_number or 0 for m in batch) + 1
                             else:
                                 await asyncio.sleep(1)
                         for message in batch:
@@ -285,7 +285,7 @@ def _read_queue(queue: str, peek: bool, limit: int | None) -> list:
                         if not page:
                             break
                         out.extend(page)
-                        next_sequence = max(m.sequence_number for m in page) + 1
+                        next_sequence = max(m.sequence_number or 0 for m in page) + 1
                     return out
                 out = []
                 for m in await receiver.receive_messages(max_message_count=limit or 50, max_wait_time=2):

@@ -111,7 +111,7 @@ def roots(spans: list[Span]) -> list[Span]:
     by_id = {s.span_id: s for s in spans}
     for s in spans:
         s.children = []
-    top = []
+    top: list[Span] = []
     for s in sorted(spans, key=lambda s: s.start):
         parent = by_id.get(s.parent_id) if s.parent_id else None
         (parent.children if parent is not None and parent is not s else top).append(s)
