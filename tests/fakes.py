@@ -162,10 +162,13 @@ class FakeOrders:
 
 
 class RecordingPublisher:
-    """Keeps what was sent, and drops a message whose id was already sent to
-    that queue, as Service Bus duplicate detection does."""
+    """Records every send, duplicates included (`sends`), and what the queues
+    keep (`sent`): a message whose id was already sent to that queue is dropped
+    there, as Service Bus duplicate detection does. Assert on `sends` to show
+    what the code did, on `sent` for what a receiver would see."""
 
     def __init__(self) -> None:
+        self.sends: list[tuple[str, bytes, str, dict | None]] = []
         self.sent: list[tuple[str, bytes, str, dict | None]] = []
         self.fail_next: Exception | None = None
 
@@ -173,9 +176,20 @@ class RecordingPublisher:
         if self.fail_next is not None:
             exc, self.fail_next = self.fail_next, None
             raise exc
+        self.sends.append((queue, body, message_id, application_properties))
         if any(q == queue and mid == message_id for q, _, mid, _ in self.sent):
             return
         self.sent.append((queue, body, message_id, application_properties))
+
+    def resent(self) -> list[tuple[str, str]]:
+        """(queue, message id) of every send that repeated an earlier one."""
+        seen: set[tuple[str, str]] = set()
+        out = []
+        for q, _, mid, _ in self.sends:
+            if (q, mid) in seen:
+                out.append((q, mid))
+            seen.add((q, mid))
+        return out
 
     def to(self, queue: str) -> list[bytes]:
         return [body for q, body, _, _ in self.sent if q == queue]

@@ -248,11 +248,14 @@ async def test_backlog_above_threshold_rejects_visibly(rig):
     record, _ = await rig.store.read("ORD-1")
     assert record.ProcessState is ProcessState.REJECTED
     assert "ORD-1" not in rig.orders.orders
-    # a redelivery of the rejected order changes nothing and sends nothing new
-    # (the re-send has the same message id: duplicate detection drops it)
+    # a redelivery of the rejected order changes nothing and sends nothing new:
+    # whatever it sends repeats the first send's message id, which duplicate
+    # detection drops
+    sends_before = len(rig.bus.sends)
     await rig.submit()
     assert rig.statuses() == ["Rejected"]
     assert "ORD-1" not in rig.orders.orders
+    assert len(rig.bus.resent()) == len(rig.bus.sends) - sends_before
 
 
 async def test_a_rejected_status_lost_on_send_is_sent_by_the_redelivery(rig):
