@@ -34,7 +34,7 @@ from agents.agent import Agent
 from agents.config import load_agent_settings
 from agents.ports import SystemClock
 from agents.remote_client import HttpRemoteService
-from agents.steps import STEP_NAMES
+from domain.steps import STEP_NAMES
 from reporting import Alerts, StatusReporter
 
 if TYPE_CHECKING:

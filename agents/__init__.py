@@ -2,8 +2,8 @@
 runners (the Functions trigger in agents.functions, the standalone worker in
 agents.worker). See docs/agents.md.
 
-The Scheduler reads the step list from here: `STEP_NAMES` (in order) and
-`compensation_for(step)`."""
+The plan (the steps, in order) is domain.steps.STEP_NAMES; agents.steps maps
+each step to its remote operations."""
 
 from agents.agent import Agent, AgentPolicy, Breakers, reply_event_id
 from agents.ports import Clock, RemoteCall, RemoteService, SystemClock

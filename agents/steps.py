@@ -1,8 +1,7 @@
 """The workflow's remote steps and their compensations, as data.
 
-This is the one place the Scheduler reads the step list from (`STEP_NAMES`,
-in order) and the one place an Agent looks up which remote operation a step
-(or its undo) is. Compensation runs the steps' `undo` in reverse order of
+The plan (which steps, in which order) is domain.steps.STEP_NAMES; this is the
+one place an Agent looks up which remote operation a step (or its undo) is. Compensation runs the steps' `undo` in reverse order of
 completion; every undo is safe to call when its `do` never happened (the
 remote service answers "nothing to undo"), so a compensation log entry can be
 replayed after a crash without checking first."""
@@ -11,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Literal
+
+from domain.steps import STEP_NAMES
 
 Action = Literal["do", "undo"]
 
@@ -69,7 +70,8 @@ ARRANGE_SHIPMENT = RemoteStep(
 STEPS: tuple[RemoteStep, ...] = (RESERVE_INVENTORY, CHARGE_PAYMENT, ARRANGE_SHIPMENT)
 """The workflow, in execution order."""
 
-STEP_NAMES: tuple[str, ...] = tuple(step.name for step in STEPS)
+if tuple(step.name for step in STEPS) != STEP_NAMES:  # pragma: no cover - a programming error
+    raise RuntimeError("agents/steps.py must map exactly the plan's steps, in its order")
 
 _BY_NAME = {step.name: step for step in STEPS}
 

@@ -43,13 +43,13 @@ from agents.agent import Agent, AgentPolicy
 from agents.messaging import RequestProcessor
 from agents.ports import RemoteCall
 from agents.remote_client import _interpret
-from agents.steps import STEP_NAMES
 from devstack.host.app import SERVICE_BUS_TRIGGER, index_app
 from devstack.host.invoke import call_function
 from devstack.remote_service.ledger import Ledger
 from domain import state_machine as sm
 from domain.errors import DomainError
 from domain.ids import reply_event_name
+from domain.steps import STEP_NAMES
 from orchestrators.reply_bridge import on_reply_message
 from orchestrators.starter import Starter
 from reporting import Alerts, StatusReporter
