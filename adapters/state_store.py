@@ -46,14 +46,14 @@ import json
 import logging
 from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
-from typing import Any, Final, Literal, NamedTuple
+from typing import Any, Final, Literal
 
 from azure.core import MatchConditions
 from azure.cosmos.aio import ContainerProxy
 from pydantic import ValidationError
 
 from adapters.cosmos_client import SDK_ERRORS, RequestCharges, translate_error
-from adapters.ports import AnyOwner
+from adapters.ports import AnyOwner, BacklogGauge
 from domain.errors import (
     ConflictError,
     NotFoundError,
@@ -77,14 +77,6 @@ ANY: Final = _Any.ANY
 Starter's claim, an operator's resubmit)."""
 
 ExpectedLock = str | None | Literal[_Any.ANY]
-
-
-class BacklogGauge(NamedTuple):
-    """The last measurement of the Pending backlog (see the module docstring);
-    a plain (pending, measured_at) pair for the StateStore port."""
-
-    pending: int
-    measured_at: datetime
 
 
 # --- serialisation --------------------------------------------------------------------
