@@ -87,15 +87,7 @@ class ServiceBusPublisher:
         application_properties: dict[str, Any] | None = None,
         subject: str | None = None,
     ) -> None:
-        with self._producer_span(queue, message_id, application_properties):
-            message = ServiceBusMessage(
-                body,
-                message_id=message_id,
-                content_type="application/json",
-                application_properties=telemetry.message_properties(application_properties),
-                subject=subject,
-            )
-            await self._send(queue, message)
+        await self._publish(queue, body, message_id, application_properties, subject=subject)
 
     async def schedule(
         self,
@@ -107,13 +99,19 @@ class ServiceBusPublisher:
     ) -> None:
         """Send a message that becomes visible at `enqueue_at` (a back-off
         retry of a received message: see adapters.settlement.MessageGate)."""
+        await self._publish(queue, body, message_id, application_properties, scheduled_enqueue_time_utc=enqueue_at)
+
+    async def _publish(
+        self, queue: str, body: bytes, message_id: str, application_properties: dict[str, Any] | None, **extra: Any
+    ) -> None:
+        """One JSON message, in a producer span whose trace context rides in its properties."""
         with self._producer_span(queue, message_id, application_properties):
             message = ServiceBusMessage(
                 body,
                 message_id=message_id,
                 content_type="application/json",
                 application_properties=telemetry.message_properties(application_properties),
-                scheduled_enqueue_time_utc=enqueue_at,
+                **extra,
             )
             await self._send(queue, message)
 

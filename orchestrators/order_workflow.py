@@ -300,16 +300,7 @@ def _compensate(context, plan: Plan, undo: list[str]):
         if written.Stale:
             return _finish("stale", name, written.Reason)
 
-    written = yield from _write(context, "finish_compensation")
-    if written.Stale:
-        return _finish("stale", detail=written.Reason)
-    if written.State is ProcessState.COMPENSATED:
-        yield from _terminal_status(context, plan, StatusKind.COMPENSATED)
-        return _finish("compensated")
-    reason = f"compensation of order {plan.OrderID} failed"
-    yield from _alert(context, plan, "CompensationFailed", reason)
-    yield from _terminal_status(context, plan, StatusKind.COMPENSATION_FAILED, detail=reason)
-    return _finish("compensation_failed", detail=reason)
+    return (yield from _finish_compensation(context, plan))
 
 
 # --- version 2.0 ---------------------------------------------------------------------
