@@ -23,6 +23,14 @@ message ids that duplicate detection cannot drop), at most
 delivers terminal statuses still in a record's outbox after `status_grace`
 (docs/adr/001-status-outbox.md). One failing start or send is logged and
 counted; it never ends the run. Every run ends with its `starter:` metric line.
+
+The outbox is scanned at most once per `status_scan_interval` (a third of the
+grace by default: an entry is sent between grace and grace + interval), not
+on every tick, oldest entry first. A reply queue that refuses a send is left
+out of the scans for a while (STATUS_BACKOFF_FIRST, doubling up to
+STATUS_BACKOFF_MAX, then probed with one send again), and the same run scans
+again without it: a queue that refuses everything cannot hold the page and
+starve every other application's statuses.
 """
 
 from __future__ import annotations
@@ -50,6 +58,10 @@ from reporting import Alerts, StatusOutbox, StatusReporter
 
 log = logging.getLogger(__name__)
 
+STATUS_BACKOFF_FIRST = timedelta(seconds=15)
+STATUS_BACKOFF_MAX = timedelta(seconds=60)
+MAX_OUTBOX_PAGES = 3  # per run: the first page, and rescans after a queue refused
+
 
 @dataclass
 class StarterReport:
@@ -65,6 +77,7 @@ class StarterReport:
     start_failures: int = 0
     statuses_delivered: int = 0
     statuses_unsent: int = 0
+    statuses_deferred: int = 0  # entries of a reply queue in back-off, left for a later run
 
 
 async def start_attempt(client, instance_id: str, attempt_input: dict | None = None) -> None:
@@ -90,11 +103,14 @@ class Starter:
         publisher: MessagePublisher | None = None,
         max_compensation_restarts: int = MAX_COMPENSATION_RESTARTS,
         status_grace: timedelta = timedelta(seconds=30),
+        status_scan_interval: timedelta | None = None,
     ) -> None:
         """`publisher`: for alerts and outbox deliveries (without one, the
         Starter neither delivers statuses nor restarts compensations).
         `status_grace`: how old an outbox entry must be before the Starter
-        sends it (the writer normally sends it itself at once)."""
+        sends it (the writer normally sends it itself at once).
+        `status_scan_interval`: the least time between two outbox scans of
+        this process (default: a third of the grace)."""
         self._settings = settings
         self._store = store
         self._index = index or NoIndex()
@@ -110,6 +126,12 @@ class Starter:
         # respects the cap with it rather than counting per order.
         self._last_processing: int | None = None
         self._status_grace = status_grace
+        self._status_scan_interval = (
+            status_grace / 3 if status_scan_interval is None else status_scan_interval
+        )
+        self._next_status_scan: datetime | None = None
+        # Reply queues that refused a send: queue -> (skipped until, last back-off).
+        self._refusing: dict[str, tuple[datetime, timedelta]] = {}
 
     async def _start(
         self, client, instance_id: str, report: StarterReport, attempt_input: dict | None = None
@@ -186,27 +208,53 @@ class Starter:
         except Exception:
             log.exception("starter: alert %s for order %s not sent", kind, order_id)
 
-    async def _deliver(self, record, etag: str | None, report: StarterReport) -> None:
+    async def _deliver(self, record, etag: str | None, report: StarterReport) -> bool:
+        """Deliver `record`'s outbox entry; False when its send was refused."""
         if self._outbox is None:
-            return
+            return True
         try:
             sent = await self._outbox.deliver(record, etag)
         except Exception:  # the send went out; clearing failed: re-sent (same id) next run
             log.exception("starter: clearing the outbox of order %s failed", record.id)
-            sent = False
+            report.statuses_unsent += 1
+            return True
         if sent:
             report.statuses_delivered += 1
         else:
             report.statuses_unsent += 1
+        return sent
+
+    def _back_off(self, queue: str, now: datetime) -> None:
+        previous = self._refusing.get(queue)
+        delay = STATUS_BACKOFF_FIRST if previous is None else min(previous[1] * 2, STATUS_BACKOFF_MAX)
+        self._refusing[queue] = (now + delay, delay)
+        log.warning("starter: reply queue %s refused a status; skipping it for %s", queue, delay)
 
     async def _deliver_statuses(self, now: datetime, report: StarterReport) -> None:
-        """Terminal statuses whose first send failed (or whose sender died)."""
+        """Terminal statuses whose first send failed (or whose sender died),
+        oldest first, leaving out reply queues in back-off (module docstring)."""
         if self._outbox is None:
             return
-        for record, etag in await self._store.query_unsent_statuses(
-            self._settings.starter_batch_size, now - self._status_grace
-        ):
-            await self._deliver(record, etag, report)
+        if self._next_status_scan is not None and now < self._next_status_scan:
+            return
+        self._next_status_scan = now + self._status_scan_interval
+        batch = self._settings.starter_batch_size
+        for _ in range(MAX_OUTBOX_PAGES):
+            skip = sorted(q for q, (until, _) in self._refusing.items() if until > now)
+            page = await self._store.query_unsent_statuses(batch, now - self._status_grace, skip)
+            refused = False
+            for record, etag in page:
+                until = self._refusing.get(record.ReplyTo, (now, None))[0]
+                if until > now:
+                    report.statuses_deferred += 1  # its queue refused earlier in this run
+                    continue
+                if await self._deliver(record, etag, report):
+                    self._refusing.pop(record.ReplyTo, None)
+                else:
+                    self._back_off(record.ReplyTo, now)
+                    refused = True
+            if not refused or len(page) < batch:
+                return
 
     async def run(self, client) -> StarterReport:
         now = self._clock()

@@ -114,12 +114,14 @@ class FakeStateStore:
         records = [OrderState.model_validate(d) for d, _ in self.docs.values()]
         return [r for r in records if r.ProcessState == state][:max_items]
 
-    async def query_unsent_statuses(self, max_items: int, before: datetime):
+    async def query_unsent_statuses(self, max_items: int, before: datetime, skip_queues=()):
         out = []
         for doc, etag in self.docs.values():
             record = OrderState.model_validate(doc)
-            if record.PendingStatus is not None and record.PendingStatus.At < before:
+            if (record.PendingStatus is not None and record.PendingStatus.At < before
+                    and record.ReplyTo not in set(skip_queues)):
                 out.append((record, etag))
+        out.sort(key=lambda pair: pair[0].PendingStatus.At)
         return out[:max_items]
 
     async def query_compensation_requests(self, max_items: int) -> list[OrderState]:
@@ -222,9 +224,9 @@ class CountingStateStore(FakeStateStore):
         self._count("query")
         return await super().query_pending(max_items, now)
 
-    async def query_unsent_statuses(self, max_items, before):
+    async def query_unsent_statuses(self, max_items, before, skip_queues=()):
         self._count("query")
-        return await super().query_unsent_statuses(max_items, before)
+        return await super().query_unsent_statuses(max_items, before, skip_queues)
 
 
 class CountingOrders(FakeOrders):

@@ -93,3 +93,25 @@ async def test_outbox_entries_wait_their_grace_then_are_sent_once_with_their_id(
     assert (await starter.run(Client())).statuses_delivered == 1
     assert (await starter.run(Client())).statuses_delivered == 0
     assert [mid for _, mid in world.sent("replies-webshop")] == [message_id]
+
+
+async def test_the_outbox_is_scanned_at_most_once_per_scan_interval():
+    """Issue 12: not a query per tick; an entry waits at most grace + interval."""
+    world = World()
+    await _pending(world, "A1")
+    claimed = await world.store.claim("A1", world.now, POLICY)
+    t = world.now
+    await world.store.update("A1", lambda r: sm.mark_failed(r, claimed.LockedBy, None, "declined", t), claimed.LockedBy)
+    starter = Starter(SETTINGS, world.store, clock=lambda: world.now, publisher=world.bus,
+                      status_grace=timedelta(seconds=30), status_scan_interval=timedelta(seconds=10))
+    assert (await starter.run(Client())).statuses_delivered == 0  # scanned: inside the grace
+    world.now += timedelta(seconds=31)
+    assert (await starter.run(Client())).statuses_delivered == 1  # scanned again: past the grace
+    await _pending(world, "B1")
+    claimed = await world.store.claim("B1", world.now, POLICY)
+    t = world.now - timedelta(minutes=5)  # already past its grace
+    await world.store.update("B1", lambda r: sm.mark_failed(r, claimed.LockedBy, None, "declined", t), claimed.LockedBy)
+    world.now += timedelta(seconds=5)
+    assert (await starter.run(Client())).statuses_delivered == 0  # within the interval: no scan
+    world.now += timedelta(seconds=5)
+    assert (await starter.run(Client())).statuses_delivered == 1
