@@ -57,7 +57,9 @@ class StateStore(Protocol):
 
     async def query_pending(self, max_items: int, now: datetime) -> list[OrderState]: ...
 
-    async def query_claimable(self, max_items: int, now: datetime) -> list[tuple[OrderState, str]]: ...
+    async def query_claimable(
+        self, max_items: int, now: datetime, created_before: datetime | None = None
+    ) -> list[tuple[OrderState, str]]: ...
 
     async def query_expired(
         self, now: datetime, window_start: datetime, max_items: int, continuation: str | None

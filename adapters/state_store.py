@@ -367,16 +367,18 @@ class CosmosStateStore:
     # --- queries --------------------------------------------------------------------
 
     async def query_claimable(
-        self, max_items: int, now: datetime
+        self, max_items: int, now: datetime, created_before: datetime | None = None
     ) -> list[tuple[OrderState, str]]:
         """`query_pending` with each record's etag, so each claim is one
-        conditional replace (claim_known) instead of a read and a replace."""
-        docs = await self._query(
-            _PENDING_QUERY,
-            _params(max=max_items, pending=ProcessState.PENDING.value, now=cosmos_time(now)),
-            max_items,
-            "query_pending",
-        )
+        conditional replace (claim_known) instead of a read and a replace.
+        `created_before`: leave out records created since (Submit's fast path
+        is about to claim them; racing it only costs a lost claim)."""
+        params = _params(max=max_items, pending=ProcessState.PENDING.value, now=cosmos_time(now))
+        query = _PENDING_QUERY
+        if created_before is not None:
+            query += " AND c.CreatedAt < @created_before"
+            params += _params(created_before=cosmos_time(created_before))
+        docs = await self._query(query, params, max_items, "query_pending")
         return [(record, etag) for record, etag in _valid(docs) if is_claimable(record, now)]
 
     async def query_pending(self, max_items: int, now: datetime) -> list[OrderState]:

@@ -50,6 +50,7 @@ from domain.state_machine import (
     MAX_COMPENSATION_RESTARTS,
     IllegalTransition,
     claim_compensation,
+    mark_received_sent,
     restart_compensation,
 )
 from orchestrators.contracts import AttemptInput, step_payload
@@ -61,6 +62,7 @@ log = logging.getLogger(__name__)
 STATUS_BACKOFF_FIRST = timedelta(seconds=15)
 STATUS_BACKOFF_MAX = timedelta(seconds=60)
 MAX_OUTBOX_PAGES = 3  # per run: the first page, and rescans after a queue refused
+FAST_PATH_WINDOW = timedelta(seconds=3)  # how long the timer leaves a new order to the fast path
 
 
 @dataclass
@@ -130,6 +132,8 @@ class Starter:
             status_grace / 3 if status_scan_interval is None else status_scan_interval
         )
         self._next_status_scan: datetime | None = None
+        self._fast_path_used: datetime | None = None  # when Submit last called start_submitted here
+        self._gauge_written: tuple[int, datetime] | None = None  # this process's last gauge write
         # Reply queues that refused a send: queue -> (skipped until, last back-off).
         self._refusing: dict[str, tuple[datetime, timedelta]] = {}
 
@@ -146,6 +150,16 @@ class Starter:
             return False
         report.started.append(instance_id)
         return True
+
+    async def _write_gauge(self, pending: int, now: datetime) -> None:
+        """Save the Pending figure for Submit's admission control; a figure
+        this process saved recently is not written again unchanged (Submit
+        only needs it younger than `backlog_gauge_max_age`)."""
+        last = self._gauge_written
+        if last is not None and last[0] == pending and now - last[1] < self._settings.backlog_gauge_max_age / 4:
+            return
+        await self._store.write_backlog_gauge(pending, now)
+        self._gauge_written = (pending, now)
 
     async def _compensation_requests(self, client, now: datetime, report: StarterReport) -> None:
         """Operators ask for compensation by flagging an Error or
@@ -262,7 +276,7 @@ class Starter:
         report.pending = await self._store.count_in_state(ProcessState.PENDING)
         report.processing = await self._store.count_in_state(ProcessState.PROCESSING)
         self._last_processing = report.processing
-        await self._store.write_backlog_gauge(report.pending, now)
+        await self._write_gauge(report.pending, now)
 
         await self._compensation_requests(client, now, report)
         await self._resume_compensations(client, now, report)
@@ -281,7 +295,16 @@ class Starter:
         return report
 
     async def _claim_and_start(self, client, now: datetime, batch: int, report: StarterReport) -> None:
-        for record, etag in await self._store.query_claimable(batch, now):
+        if report.pending == 0:
+            return  # counted at the start of this run: nothing to query for
+        young = None
+        if self._fast_path_used is not None and now - self._fast_path_used < FAST_PATH_WINDOW * 10:
+            # This process's fast path is claiming new orders as Submit writes
+            # them: leave it the young ones rather than race it for them (a
+            # lost race costs a replace and an index entry). One it skipped or
+            # failed is older than the window by the next run or the one after.
+            young = now - FAST_PATH_WINDOW
+        for record, etag in await self._store.query_claimable(batch, now, young):
             report.examined += 1
             if await self.claim_and_start(client, record, etag, now, report) is None:
                 report.lost += 1  # another starter (or the fast path) won the etag
@@ -295,13 +318,18 @@ class Starter:
     async def claim_and_start(
         self, client, record: OrderState, etag: str, now: datetime | None = None,
         report: StarterReport | None = None, order: OrderSubmitted | None = None,
+        received_sent_at: datetime | None = None,
     ) -> str | None:
         """Claim `record` (as read at `etag`) with one conditional replace and
         start its attempt; the attempt's instance id, or None if it was not
         claimable or another claimer won. The orchestration gets the claimed
-        record and its etag, so its first write needs no read."""
+        record and its etag, so its first write needs no read.
+        `received_sent_at`: the claim also marks the Received status sent
+        (Submit's fast path, which has just sent it: one write instead of two)."""
         now = now or self._clock()
         report = report or StarterReport()
+        if received_sent_at is not None:
+            record = mark_received_sent(record, received_sent_at)
         indexed_at = self._index_deadline(now)
         # The deadline is indexed before the record carries it (see
         # adapters.recovery_index): a lost claim leaves a harmless extra entry.
@@ -323,30 +351,39 @@ class Starter:
         return claimed.LockedBy
 
     async def start_submitted(
-        self, client, record: OrderState, etag: str, order: OrderSubmitted | None = None
+        self, client, record: OrderState, etag: str, order: OrderSubmitted | None = None,
+        received_sent_at: datetime | None = None,
     ) -> str | None:
         """Submit's fast path: claim and start an order Submit has just
         written, without waiting for the next timer run. The claim is the same
         etag race as the timer's, so the two never both win. Skipped (None;
         the timer claims it later) when this process's last run saw the
-        Processing cap reached, or when the record is not claimable."""
+        Processing cap reached, or when the record is not claimable.
+        `received_sent_at`: Submit has sent Received and not yet marked it;
+        the claim marks it too. None back means nothing is known to be
+        marked: Submit marks it itself (on a 412, with `update`)."""
+        self._fast_path_used = self._clock()
         if self._last_processing is not None and self._last_processing >= self._settings.max_processing:
             return None
         try:
-            return await self.claim_and_start(client, record, etag, order=order)
+            return await self.claim_and_start(client, record, etag, order=order,
+                                              received_sent_at=received_sent_at)
         except Exception:  # the timer run picks the record up; Submit must not fail for this
             log.exception("fast start of order %s failed; the starter's timer will claim it", record.id)
             return None
 
 
 async def start_submitted(
-    client, record: OrderState, etag: str, order: OrderSubmitted | None = None
+    client, record: OrderState, etag: str, order: OrderSubmitted | None = None,
+    received_sent_at: datetime | None = None,
 ) -> str | None:
     """The call Submit makes after it has created the Pending record (with the
     etag of its last write of it), given a Durable client binding:
     `await orchestrators.starter.start_submitted(client, record, etag, order)`.
     `order` (the validated OrderSubmitted) spares the attempt its orders-DB
-    read. Never raises; None means the timer Starter will claim the order."""
+    read; `received_sent_at` lets the claim mark Received sent (see
+    Starter.start_submitted). Never raises; None means the timer Starter will
+    claim the order."""
     import bootstrap
 
     try:
@@ -354,4 +391,4 @@ async def start_submitted(
     except Exception:
         log.exception("fast start of order %s: no starter; the timer will claim it", record.id)
         return None
-    return await starter.start_submitted(client, record, etag, order)
+    return await starter.start_submitted(client, record, etag, order, received_sent_at)

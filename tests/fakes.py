@@ -80,9 +80,10 @@ class FakeStateStore:
         except (StaleError, NotFoundError):
             return None
 
-    async def query_claimable(self, max_items: int, now: datetime):
+    async def query_claimable(self, max_items: int, now: datetime, created_before: datetime | None = None):
         pairs = [(OrderState.model_validate(d), e) for d, e in self.docs.values()]
-        return [(r, e) for r, e in pairs if sm.is_claimable(r, now)][:max_items]
+        return [(r, e) for r, e in pairs if sm.is_claimable(r, now)
+                and (created_before is None or r.CreatedAt < created_before)][:max_items]
 
     async def query_pending(self, max_items: int, now: datetime) -> list[OrderState]:
         records = [OrderState.model_validate(d) for d, _ in self.docs.values()]
@@ -216,9 +217,9 @@ class CountingStateStore(FakeStateStore):
         self._count("replace")
         return await super().replace(record, etag)
 
-    async def query_claimable(self, max_items, now):
+    async def query_claimable(self, max_items, now, created_before=None):
         self._count("query")
-        return await super().query_claimable(max_items, now)
+        return await super().query_claimable(max_items, now, created_before)
 
     async def query_pending(self, max_items, now):
         self._count("query")
