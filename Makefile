@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 PIP_STAMP := $(VENV)/.installed
 NPM_STAMP := node_modules/.installed
 
-.PHONY: install demo test test-unit lint bench bench-latency bench-servicebus bench-supervisor up down status clean browser simulate
+.PHONY: install demo test test-unit lint bench bench-1000 bench-latency bench-servicebus bench-supervisor up down status clean browser simulate
 
 install: $(PIP_STAMP) $(NPM_STAMP)
 
@@ -69,6 +69,10 @@ bench: install
 ## bench-latency: submit-to-Processed latency of lone orders and of 20 posted together
 bench-latency: install
 	$(BIN)/python bench/latency_bench.py
+
+## bench-1000: 1,000 orders, 50 in flight, one host; first_attempt must be 100%
+bench-1000: install
+	BENCH_ORDERS=1000 $(BIN)/python bench/pipeline_bench.py --configs 1x50
 
 bench-servicebus: install
 	$(BIN)/python bench/servicebus_bench.py

@@ -11,16 +11,26 @@
   call, successful or not, counted by operation kind, so the Supervisor can log
   what a scan cost and tests can check cost is bounded by page size.
 - `translate_error`: SDK exceptions to the domain's error vocabulary.
+- `COSMOS_CALL_STATS_DIR` (benchmarks only): when set, every recorded request
+  is also counted by operation kind and by the code that made it (the first
+  two frames outside the Cosmos adapters), and each process writes its counts
+  to `<dir>/<pid>.json` at most once a second, so `bench/pipeline_bench.py`
+  can say where a figure like "Cosmos requests per order" comes from.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
-from collections import deque
+import os
+import sys
+import time
+from collections import Counter, deque
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from azure.core.exceptions import (
@@ -223,6 +233,8 @@ class RequestCharges:
         if status is not None and status >= 400:
             stats.failures += 1
         self.recent.append(Charge(kind, charge, status))
+        if _CALLERS is not None:
+            _CALLERS.count(kind)
         return charge
 
     def hook(self, kind: str) -> Callable[[Mapping[str, Any], Any], None]:
@@ -241,6 +253,43 @@ class RequestCharges:
     def reset(self) -> None:
         self.by_kind.clear()
         self.recent.clear()
+
+
+class _CallerCounts:
+    """Requests by (caller, kind) for benchmarks (see the module docstring)."""
+
+    # Frames in these files are the plumbing, not the caller.
+    _PLUMBING = ("adapters/cosmos_client.py", "adapters/state_store.py", "adapters/recovery_index.py",
+                 "adapters/orders_db.py", "adapters/console_reads.py", "/site-packages/",
+                 "/asyncio/", "/lib/python3")
+
+    def __init__(self, directory: str) -> None:
+        self._path = Path(directory) / f"{os.getpid()}.json"
+        self._path.parent.mkdir(parents=True, exist_ok=True)
+        self._counts: Counter[str] = Counter()
+        self._written = 0.0
+
+    def count(self, kind: str) -> None:
+        callers = []
+        frame = sys._getframe(2)
+        while frame is not None and len(callers) < 2:
+            name = frame.f_code.co_filename
+            if not any(p in name for p in self._PLUMBING):
+                callers.append(f"{frame.f_globals.get('__name__', '?')}.{frame.f_code.co_name}")
+            frame = frame.f_back
+        self._counts[f"{' < '.join(callers) or '?'} [{kind}]"] += 1
+        now = time.monotonic()
+        if now - self._written >= 1.0:
+            self._written = now
+            self.flush()
+
+    def flush(self) -> None:
+        tmp = self._path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(dict(self._counts)))
+        tmp.replace(self._path)
+
+
+_CALLERS = _CallerCounts(os.environ["COSMOS_CALL_STATS_DIR"]) if os.environ.get("COSMOS_CALL_STATS_DIR") else None
 
 
 def _charge_from(headers: Mapping[str, Any] | None) -> float:

@@ -4,7 +4,7 @@ Service Bus) and the fakes used by fast unit tests both satisfy them."""
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import datetime
 from typing import Any, Final, NamedTuple, Protocol
 
@@ -57,7 +57,9 @@ class StateStore(Protocol):
 
     async def query_pending(self, max_items: int, now: datetime) -> list[OrderState]: ...
 
-    async def query_claimable(self, max_items: int, now: datetime) -> list[tuple[OrderState, str]]: ...
+    async def query_claimable(
+        self, max_items: int, now: datetime, created_before: datetime | None = None
+    ) -> list[tuple[OrderState, str]]: ...
 
     async def query_expired(
         self, now: datetime, window_start: datetime, max_items: int, continuation: str | None
@@ -70,7 +72,7 @@ class StateStore(Protocol):
     async def query_in_state(self, state: str, max_items: int) -> list[OrderState]: ...
 
     async def query_unsent_statuses(
-        self, max_items: int, before: datetime
+        self, max_items: int, before: datetime, skip_queues: Iterable[str] = ()
     ) -> list[tuple[OrderState, str]]: ...
 
     async def read_backlog_gauge(self) -> BacklogGauge | None: ...

@@ -164,10 +164,17 @@ _EXPIRED_AFTER: Final = (
 )
 _COUNT_QUERY: Final = "SELECT VALUE COUNT(1) FROM c WHERE c.ProcessState = @state"
 _IN_STATE_QUERY: Final = "SELECT TOP @max * FROM c WHERE c.ProcessState = @state"
-_UNSENT_STATUS_QUERY: Final = (
+_UNSENT_STATUS_FILTER: Final = (
     "SELECT TOP @max * FROM c WHERE IS_DEFINED(c.PendingStatus) AND NOT IS_NULL(c.PendingStatus)"
     " AND c.PendingStatus.At < @before"
 )
+# Oldest entry first, so that every entry's turn comes; the caller leaves out
+# the reply queues that are refusing sends (`skip_queues`), so the entries of
+# one refusing queue, which are the oldest, cannot fill every page.
+_UNSENT_STATUS_ORDER: Final = " ORDER BY c.PendingStatus.At ASC"
+MAX_SKIPPED_QUEUES: Final = 20
+"""At most this many reply queues are left out by the outbox query itself
+(one parameter each); callers skip any others client-side."""
 _COMPENSATION_QUERY: Final = (
     "SELECT TOP @max * FROM c WHERE c.CompensationRequested = true"
     " AND (c.ProcessState = @error OR c.ProcessState = @failed)"
@@ -352,16 +359,18 @@ class CosmosStateStore:
     # --- queries --------------------------------------------------------------------
 
     async def query_claimable(
-        self, max_items: int, now: datetime
+        self, max_items: int, now: datetime, created_before: datetime | None = None
     ) -> list[tuple[OrderState, str]]:
         """`query_pending` with each record's etag, so each claim is one
-        conditional replace (claim_known) instead of a read and a replace."""
-        docs = await self._query(
-            _PENDING_QUERY,
-            _params(max=max_items, pending=ProcessState.PENDING.value, now=cosmos_time(now)),
-            max_items,
-            "query_pending",
-        )
+        conditional replace (claim_known) instead of a read and a replace.
+        `created_before`: leave out records created since (Submit's fast path
+        is about to claim them; racing it only costs a lost claim)."""
+        params = _params(max=max_items, pending=ProcessState.PENDING.value, now=cosmos_time(now))
+        query = _PENDING_QUERY
+        if created_before is not None:
+            query += " AND c.CreatedAt < @created_before"
+            params += _params(created_before=cosmos_time(created_before))
+        docs = await self._query(query, params, max_items, "query_pending")
         return [(record, etag) for record, etag in _valid(docs) if is_claimable(record, now)]
 
     async def query_pending(self, max_items: int, now: datetime) -> list[OrderState]:
@@ -418,17 +427,21 @@ class CosmosStateStore:
         return [from_document(doc) for doc in docs]
 
     async def query_unsent_statuses(
-        self, max_items: int, before: datetime
+        self, max_items: int, before: datetime, skip_queues: Iterable[str] = ()
     ) -> list[tuple[OrderState, str]]:
         """Up to `max_items` records whose terminal status is still in the
-        outbox since before `before`, with their etags (the Starter delivers
-        them; cross-partition, few: most statuses go out at once)."""
-        docs = await self._query(
-            _UNSENT_STATUS_QUERY,
-            _params(max=max_items, before=cosmos_time(before)),
-            max_items,
-            "query_unsent_statuses",
-        )
+        outbox since before `before`, with their etags, oldest entry first (the
+        Starter delivers them; cross-partition, few: most statuses go out at
+        once). Records whose reply queue is in `skip_queues` (the first
+        MAX_SKIPPED_QUEUES of them) are left out: a queue refusing sends must
+        not fill every page and starve the others."""
+        skip = list(dict.fromkeys(skip_queues))[:MAX_SKIPPED_QUEUES]
+        params = _params(max=max_items, before=cosmos_time(before))
+        params += [{"name": f"@skip{i}", "value": queue} for i, queue in enumerate(skip)]
+        query = (_UNSENT_STATUS_FILTER
+                 + "".join(f" AND c.ReplyTo != @skip{i}" for i in range(len(skip)))
+                 + _UNSENT_STATUS_ORDER)
+        docs = await self._query(query, params, max_items, "query_unsent_statuses")
         return _valid(docs)
 
     async def query_compensation_requests(self, max_items: int) -> list[OrderState]:

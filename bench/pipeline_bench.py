@@ -57,7 +57,10 @@ from domain.codec import encode  # noqa: E402
 BENCH_SETTINGS = {
     "STEP_TIMEOUT_SECONDS": "60",
     "CLAIM_TIMEOUT_SECONDS": "60",
-    "STARTER_SCHEDULE": "*/2 * * * * *",
+    # The deployed default (infra/main.bicep, local.settings.template.json):
+    # Submit's fast path starts orders, so the tick only sets how often the
+    # periodic queries run, which the per-order figures include.
+    "STARTER_SCHEDULE": "*/5 * * * * *",
     "STARTER_BATCH_SIZE": "100",
     "MAX_PROCESSING": "500",
     "SUPERVISOR_SCHEDULE": "*/10 * * * * *",
@@ -77,6 +80,21 @@ def cosmos_stats(port: int) -> dict[str, int]:
     connection = http.client.HTTPSConnection("127.0.0.1", port, context=context, timeout=10)
     connection.request("GET", "/_devstack/stats")
     return json.loads(connection.getresponse().read())
+
+
+def caller_counts(directory: Path) -> dict[str, int]:
+    """Cosmos requests by caller and kind, summed over every process that wrote
+    counts (adapters.cosmos_client, COSMOS_CALL_STATS_DIR); each process writes
+    at most once a second, so this lags by up to a second."""
+    total: dict[str, int] = {}
+    for path in directory.glob("*.json"):
+        try:
+            counts = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        for key, n in counts.items():
+            total[key] = total.get(key, 0) + n
+    return total
 
 
 def cpu_seconds(pid: int) -> float:
@@ -136,6 +154,7 @@ class Run:
     durable: dict[str, float] = field(default_factory=dict)
     first_attempt: float | None = None
     per_host_cpu: list[float] = field(default_factory=list)
+    callers: dict[str, float] = field(default_factory=dict)
 
     def line(self) -> str:
         first = f"{self.first_attempt:.1f}%" if self.first_attempt is not None else "n/a"
@@ -148,9 +167,25 @@ class Run:
                 f"host_cpu_s_per_order={self.cpu:.3f} first_attempt={first} hosts={self.hosts}")
 
 
+class BenchStack(Stack):
+    """The local stack, except that the remote service (the agents' fake
+    inventory, payment and shipping services) keeps its ledger in memory: with
+    a state file it rewrites and fsyncs the whole ledger on every call, a cost
+    that grows with every order and is the test double's, not the product's
+    (it made a 1,000-order run slow down as it went)."""
+
+    def _servers(self):
+        servers = super()._servers()
+        for server in servers:
+            if server.name == "remote" and "--state-file" in server.argv:
+                i = server.argv.index("--state-file")
+                del server.argv[i:i + 2]
+        return servers
+
+
 def start_stack(run_dir: Path, hosts: int, overrides: dict[str, str]) -> Stack:
     """The stack with `hosts` host processes on one task hub (one data dir)."""
-    stack = Stack(run_dir, overrides=overrides)
+    stack = BenchStack(run_dir, overrides=overrides)
     stack.start()  # stops what it started if a server fails
     try:
         for i in range(2, hosts + 1):
@@ -212,9 +247,11 @@ async def closed_loop(stack: Stack, batch: list[Any], in_flight: int, timeout: f
     return posted, done, start
 
 
-async def run_once(orders: int, in_flight: int, hosts: int, transient: int) -> Run:
+async def run_once(orders: int, in_flight: int, hosts: int, transient: int,
+                   settings: dict[str, str]) -> Run:
     run_dir = Path(tempfile.mkdtemp(prefix="bench-"))
-    stack = start_stack(run_dir, hosts, BENCH_SETTINGS)
+    calls_dir = run_dir / "cosmos-calls"
+    stack = start_stack(run_dir, hosts, {**BENCH_SETTINGS, "COSMOS_CALL_STATS_DIR": str(calls_dir), **settings})
     result = Run(hosts=hosts, in_flight=in_flight, orders=orders)
     try:
         remote = stack.settings["REMOTE_SERVICE_URL"]
@@ -228,9 +265,12 @@ async def run_once(orders: int, in_flight: int, hosts: int, transient: int) -> R
         pids = host_pids(stack)
         cpu0 = [cpu_seconds(p) for p in pids]
         cosmos0 = cosmos_stats(stack.ports.cosmos)
+        callers0 = caller_counts(calls_dir)
         posted, done, start = await closed_loop(stack, batch, in_flight, timeout=max(600, orders * 3))
         cpu = [cpu_seconds(p) - c for p, c in zip(pids, cpu0, strict=True)]
         stats = cosmos_stats(stack.ports.cosmos)
+        await asyncio.sleep(1.2)  # the processes' last counts (written once a second)
+        callers = caller_counts(calls_dir)
         sent = servicebus_sent(run_dir)
         counts = durable_counts(run_dir)
         n = max(1, len(done))
@@ -243,6 +283,7 @@ async def run_once(orders: int, in_flight: int, hosts: int, transient: int) -> R
         result.per_host_cpu = [c / n for c in cpu]
         result.cpu = sum(cpu) / n
         result.cosmos = {k: (v - cosmos0.get(k, 0)) / n for k, v in sorted(stats.items())}
+        result.callers = {k: (v - callers0.get(k, 0)) / n for k, v in callers.items() if v > callers0.get(k, 0)}
         result.servicebus = {k: v / n for k, v in sorted(sent.items())}
         result.durable = {k: v / n for k, v in counts.items()}
         share = await first_attempt_share(stack, prefix)
@@ -273,20 +314,28 @@ def print_table(results: list[Run]) -> None:
     rows += [(f"sb sent to {q} / order", lambda r, q=q: f"{r.servicebus.get(q, 0):.2f}") for q in queues]
     for name, value in rows:
         print(f"{name:34}" + "".join(f"{value(r):>28}" for r in results))
+    for r in results:
+        print(f"cosmos requests per order by caller [kind], {r.hosts} host(s), {r.in_flight} in flight "
+              f"(host processes only; counted in-process, may lag by a second):")
+        for key, value in sorted(r.callers.items(), key=lambda kv: -kv[1]):
+            if value >= 0.005:
+                print(f"  {value:7.3f}  {key}")
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--orders", type=int, default=300)
+    parser.add_argument("--orders", type=int, default=int(os.environ.get("BENCH_ORDERS", "300")))
     parser.add_argument("--configs", default="1x50,2x50,1x200",
                         help="runs as HOSTSxIN_FLIGHT, comma-separated; the first is the headline")
     parser.add_argument("--transient", type=int, default=0, help="percent of remote calls failing transiently")
+    parser.add_argument("--scan", choices=("index", "query"), default="index",
+                        help="the Supervisor's source (SUPERVISOR_SCAN)")
     args = parser.parse_args()
     exit_on_signals()  # SIGTERM/SIGHUP run the `finally` that stops the stack
     configs = [tuple(int(x) for x in c.split("x")) for c in args.configs.split(",")]
     results = []
     for hosts, in_flight in configs:
-        r = asyncio.run(run_once(args.orders, in_flight, hosts, args.transient))
+        r = asyncio.run(run_once(args.orders, in_flight, hosts, args.transient, {"SUPERVISOR_SCAN": args.scan}))
         print(f"bench-run: {r.line()}", flush=True)
         results.append(r)
     print_table(results)

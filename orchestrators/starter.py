@@ -23,6 +23,14 @@ message ids that duplicate detection cannot drop), at most
 delivers terminal statuses still in a record's outbox after `status_grace`
 (docs/adr/001-status-outbox.md). One failing start or send is logged and
 counted; it never ends the run. Every run ends with its `starter:` metric line.
+
+The outbox is scanned at most once per `status_scan_interval` (a third of the
+grace by default: an entry is sent between grace and grace + interval), not
+on every tick, oldest entry first. A reply queue that refuses a send is left
+out of the scans for a while (STATUS_BACKOFF_FIRST, doubling up to
+STATUS_BACKOFF_MAX, then probed with one send again), and the same run scans
+again without it: a queue that refuses everything cannot hold the page and
+starve every other application's statuses.
 """
 
 from __future__ import annotations
@@ -43,6 +51,7 @@ from domain.state_machine import (
     MAX_COMPENSATION_RESTARTS,
     IllegalTransition,
     claim_compensation,
+    mark_received_sent,
     restart_compensation,
 )
 from orchestrators.contracts import AttemptInput, step_payload
@@ -50,6 +59,13 @@ from orchestrators.order_workflow import WORKFLOW_NAME
 from reporting import Alerts, StatusOutbox, StatusReporter
 
 log = logging.getLogger(__name__)
+
+# Short: once a queue takes sends again its entries should go out within about
+# a Starter period or two (the simulation's settle time after faults stop).
+STATUS_BACKOFF_FIRST = timedelta(seconds=10)
+STATUS_BACKOFF_MAX = timedelta(seconds=30)
+MAX_OUTBOX_PAGES = 3  # per run: the first page, and rescans after a queue refused
+FAST_PATH_WINDOW = timedelta(seconds=3)  # how long the timer leaves a new order to the fast path
 
 
 @dataclass
@@ -66,6 +82,7 @@ class StarterReport:
     start_failures: int = 0
     statuses_delivered: int = 0
     statuses_unsent: int = 0
+    statuses_deferred: int = 0  # entries of a reply queue in back-off, left for a later run
 
 
 async def start_attempt(client, instance_id: str, attempt_input: dict | None = None) -> None:
@@ -91,11 +108,14 @@ class Starter:
         publisher: MessagePublisher | None = None,
         max_compensation_restarts: int = MAX_COMPENSATION_RESTARTS,
         status_grace: timedelta = timedelta(seconds=30),
+        status_scan_interval: timedelta | None = None,
     ) -> None:
         """`publisher`: for alerts and outbox deliveries (without one, the
         Starter neither delivers statuses nor restarts compensations).
         `status_grace`: how old an outbox entry must be before the Starter
-        sends it (the writer normally sends it itself at once)."""
+        sends it (the writer normally sends it itself at once).
+        `status_scan_interval`: the least time between two outbox scans of
+        this process (default: a third of the grace)."""
         self._settings = settings
         self._store = store
         self._index = index or NoIndex()
@@ -111,6 +131,14 @@ class Starter:
         # respects the cap with it rather than counting per order.
         self._last_processing: int | None = None
         self._status_grace = status_grace
+        self._status_scan_interval = (
+            status_grace / 3 if status_scan_interval is None else status_scan_interval
+        )
+        self._next_status_scan: datetime | None = None
+        self._fast_path_used: datetime | None = None  # when Submit last called start_submitted here
+        self._gauge_written: tuple[int, datetime] | None = None  # this process's last gauge write
+        # Reply queues that refused a send: queue -> (skipped until, last back-off).
+        self._refusing: dict[str, tuple[datetime, timedelta]] = {}
 
     async def _start(
         self, client, instance_id: str, report: StarterReport, attempt_input: dict | None = None
@@ -125,6 +153,16 @@ class Starter:
             return False
         report.started.append(instance_id)
         return True
+
+    async def _write_gauge(self, pending: int, now: datetime) -> None:
+        """Save the Pending figure for Submit's admission control; a figure
+        this process saved recently is not written again unchanged (Submit
+        only needs it younger than `backlog_gauge_max_age`)."""
+        last = self._gauge_written
+        if last is not None and last[0] == pending and now - last[1] < self._settings.backlog_gauge_max_age / 4:
+            return
+        await self._store.write_backlog_gauge(pending, now)
+        self._gauge_written = (pending, now)
 
     async def _compensation_requests(self, client, now: datetime, report: StarterReport) -> None:
         """Operators ask for compensation by flagging an Error or
@@ -191,27 +229,55 @@ class Starter:
         except Exception:
             log.exception("starter: alert %s for order %s not sent", kind, order_id)
 
-    async def _deliver(self, record, etag: str | None, report: StarterReport) -> None:
+    async def _deliver(self, record, etag: str | None, report: StarterReport) -> bool:
+        """Deliver `record`'s outbox entry; False when its send was refused."""
         if self._outbox is None:
-            return
+            return True
         try:
             sent = await self._outbox.deliver(record, etag)
         except Exception:  # the send went out; clearing failed: re-sent (same id) next run
             log.exception("starter: clearing the outbox of order %s failed", record.id)
-            sent = False
+            report.statuses_unsent += 1
+            return True
         if sent:
             report.statuses_delivered += 1
         else:
             report.statuses_unsent += 1
+        return sent
+
+    def _back_off(self, queue: str, now: datetime) -> None:
+        previous = self._refusing.get(queue)
+        delay = STATUS_BACKOFF_FIRST if previous is None else min(previous[1] * 2, STATUS_BACKOFF_MAX)
+        self._refusing[queue] = (now + delay, delay)
+        log.warning("starter: reply queue %s refused a status; skipping it for %s", queue, delay)
 
     async def _deliver_statuses(self, now: datetime, report: StarterReport) -> None:
-        """Terminal statuses whose first send failed (or whose sender died)."""
+        """Terminal statuses whose first send failed (or whose sender died),
+        oldest first, leaving out reply queues in back-off (module docstring)."""
         if self._outbox is None:
             return
-        for record, etag in await self._store.query_unsent_statuses(
-            self._settings.starter_batch_size, now - self._status_grace
-        ):
-            await self._deliver(record, etag, report)
+        if self._next_status_scan is not None and now < self._next_status_scan:
+            return
+        # A tenth early still counts: ticks as long as the interval, arriving
+        # a little early, must not skip every other scan.
+        self._next_status_scan = now + self._status_scan_interval * 0.9
+        batch = self._settings.starter_batch_size
+        for _ in range(MAX_OUTBOX_PAGES):
+            skip = sorted(q for q, (until, _) in self._refusing.items() if until > now)
+            page = await self._store.query_unsent_statuses(batch, now - self._status_grace, skip)
+            refused = False
+            for record, etag in page:
+                until = self._refusing.get(record.ReplyTo, (now, None))[0]
+                if until > now:
+                    report.statuses_deferred += 1  # its queue refused earlier in this run
+                    continue
+                if await self._deliver(record, etag, report):
+                    self._refusing.pop(record.ReplyTo, None)
+                else:
+                    self._back_off(record.ReplyTo, now)
+                    refused = True
+            if not refused or len(page) < batch:
+                return
 
     async def run(self, client) -> StarterReport:
         now = self._clock()
@@ -219,7 +285,7 @@ class Starter:
         report.pending = await self._store.count_in_state(ProcessState.PENDING)
         report.processing = await self._store.count_in_state(ProcessState.PROCESSING)
         self._last_processing = report.processing
-        await self._store.write_backlog_gauge(report.pending, now)
+        await self._write_gauge(report.pending, now)
         telemetry.app_metrics().backlog.set(report.pending, {"state": "Pending"})
         telemetry.app_metrics().backlog.set(report.processing, {"state": "Processing"})
 
@@ -240,7 +306,16 @@ class Starter:
         return report
 
     async def _claim_and_start(self, client, now: datetime, batch: int, report: StarterReport) -> None:
-        for record, etag in await self._store.query_claimable(batch, now):
+        if report.pending == 0:
+            return  # counted at the start of this run: nothing to query for
+        young = None
+        if self._fast_path_used is not None and now - self._fast_path_used < FAST_PATH_WINDOW * 10:
+            # This process's fast path is claiming new orders as Submit writes
+            # them: leave it the young ones rather than race it for them (a
+            # lost race costs a replace and an index entry). One it skipped or
+            # failed is older than the window by the next run or the one after.
+            young = now - FAST_PATH_WINDOW
+        for record, etag in await self._store.query_claimable(batch, now, young):
             report.examined += 1
             if await self.claim_and_start(client, record, etag, now, report) is None:
                 report.lost += 1  # another starter (or the fast path) won the etag
@@ -254,13 +329,18 @@ class Starter:
     async def claim_and_start(
         self, client, record: OrderState, etag: str, now: datetime | None = None,
         report: StarterReport | None = None, order: OrderSubmitted | None = None,
+        received_sent_at: datetime | None = None,
     ) -> str | None:
         """Claim `record` (as read at `etag`) with one conditional replace and
         start its attempt; the attempt's instance id, or None if it was not
         claimable or another claimer won. The orchestration gets the claimed
-        record and its etag, so its first write needs no read."""
+        record and its etag, so its first write needs no read.
+        `received_sent_at`: the claim also marks the Received status sent
+        (Submit's fast path, which has just sent it: one write instead of two)."""
         now = now or self._clock()
         report = report or StarterReport()
+        if received_sent_at is not None:
+            record = mark_received_sent(record, received_sent_at)
         indexed_at = self._index_deadline(now)
         # The deadline is indexed before the record carries it (see
         # adapters.recovery_index): a lost claim leaves a harmless extra entry.
@@ -284,30 +364,39 @@ class Starter:
         return claimed.LockedBy
 
     async def start_submitted(
-        self, client, record: OrderState, etag: str, order: OrderSubmitted | None = None
+        self, client, record: OrderState, etag: str, order: OrderSubmitted | None = None,
+        received_sent_at: datetime | None = None,
     ) -> str | None:
         """Submit's fast path: claim and start an order Submit has just
         written, without waiting for the next timer run. The claim is the same
         etag race as the timer's, so the two never both win. Skipped (None;
         the timer claims it later) when this process's last run saw the
-        Processing cap reached, or when the record is not claimable."""
+        Processing cap reached, or when the record is not claimable.
+        `received_sent_at`: Submit has sent Received and not yet marked it;
+        the claim marks it too. None back means nothing is known to be
+        marked: Submit marks it itself (on a 412, with `update`)."""
+        self._fast_path_used = self._clock()
         if self._last_processing is not None and self._last_processing >= self._settings.max_processing:
             return None
         try:
-            return await self.claim_and_start(client, record, etag, order=order)
+            return await self.claim_and_start(client, record, etag, order=order,
+                                              received_sent_at=received_sent_at)
         except Exception:  # the timer run picks the record up; Submit must not fail for this
             log.exception("fast start of order %s failed; the starter's timer will claim it", record.id)
             return None
 
 
 async def start_submitted(
-    client, record: OrderState, etag: str, order: OrderSubmitted | None = None
+    client, record: OrderState, etag: str, order: OrderSubmitted | None = None,
+    received_sent_at: datetime | None = None,
 ) -> str | None:
     """The call Submit makes after it has created the Pending record (with the
     etag of its last write of it), given a Durable client binding:
     `await orchestrators.starter.start_submitted(client, record, etag, order)`.
     `order` (the validated OrderSubmitted) spares the attempt its orders-DB
-    read. Never raises; None means the timer Starter will claim the order."""
+    read; `received_sent_at` lets the claim mark Received sent (see
+    Starter.start_submitted). Never raises; None means the timer Starter will
+    claim the order."""
     import bootstrap
 
     try:
@@ -315,4 +404,4 @@ async def start_submitted(
     except Exception:
         log.exception("fast start of order %s: no starter; the timer will claim it", record.id)
         return None
-    return await starter.start_submitted(client, record, etag, order)
+    return await starter.start_submitted(client, record, etag, order, received_sent_at)

@@ -123,6 +123,12 @@ class IndexSource:
         return candidates, json.dumps(list(at)), len(entries)
 
     async def _check(self, entry: IndexEntry, upper: datetime, moved: list[str]):
+        if entry.complete_by >= upper:
+            # Not due: stays for a later run, without reading its record. Every
+            # deadline a record carries has an entry no later than it (added
+            # before the record carries it, moved only forward), so a record
+            # whose deadline passed is found through that due entry, not this one.
+            return _NOT_DUE
         try:
             record, etag = await self._store.read(entry.order_id)
         except NotFoundError:
@@ -156,8 +162,6 @@ class IndexSource:
             return None
         if record.CompleteBy < upper:
             return Candidate(record, etag, lambda: self._index.remove(entry))
-        if entry.complete_by >= upper:
-            return _NOT_DUE  # stays for a later run
         # The attempt lives on past this entry: workflow 2.0 indexes an
         # attempt once, at its earliest possible deadline, and the record's
         # CompleteBy has moved on with its steps. Move the entry there (added

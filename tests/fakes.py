@@ -80,9 +80,10 @@ class FakeStateStore:
         except (StaleError, NotFoundError):
             return None
 
-    async def query_claimable(self, max_items: int, now: datetime):
+    async def query_claimable(self, max_items: int, now: datetime, created_before: datetime | None = None):
         pairs = [(OrderState.model_validate(d), e) for d, e in self.docs.values()]
-        return [(r, e) for r, e in pairs if sm.is_claimable(r, now)][:max_items]
+        return [(r, e) for r, e in pairs if sm.is_claimable(r, now)
+                and (created_before is None or r.CreatedAt < created_before)][:max_items]
 
     async def query_pending(self, max_items: int, now: datetime) -> list[OrderState]:
         records = [OrderState.model_validate(d) for d, _ in self.docs.values()]
@@ -114,12 +115,14 @@ class FakeStateStore:
         records = [OrderState.model_validate(d) for d, _ in self.docs.values()]
         return [r for r in records if r.ProcessState == state][:max_items]
 
-    async def query_unsent_statuses(self, max_items: int, before: datetime):
+    async def query_unsent_statuses(self, max_items: int, before: datetime, skip_queues=()):
         out = []
         for doc, etag in self.docs.values():
             record = OrderState.model_validate(doc)
-            if record.PendingStatus is not None and record.PendingStatus.At < before:
+            if (record.PendingStatus is not None and record.PendingStatus.At < before
+                    and record.ReplyTo not in set(skip_queues)):
                 out.append((record, etag))
+        out.sort(key=lambda pair: pair[0].PendingStatus.At)
         return out[:max_items]
 
     async def query_compensation_requests(self, max_items: int) -> list[OrderState]:
@@ -228,17 +231,17 @@ class CountingStateStore(FakeStateStore):
         self._count("replace")
         return await super().replace(record, etag)
 
-    async def query_claimable(self, max_items, now):
+    async def query_claimable(self, max_items, now, created_before=None):
         self._count("query")
-        return await super().query_claimable(max_items, now)
+        return await super().query_claimable(max_items, now, created_before)
 
     async def query_pending(self, max_items, now):
         self._count("query")
         return await super().query_pending(max_items, now)
 
-    async def query_unsent_statuses(self, max_items, before):
+    async def query_unsent_statuses(self, max_items, before, skip_queues=()):
         self._count("query")
-        return await super().query_unsent_statuses(max_items, before)
+        return await super().query_unsent_statuses(max_items, before, skip_queues)
 
 
 class CountingOrders(FakeOrders):

@@ -95,6 +95,92 @@ async def test_outbox_entries_wait_their_grace_then_are_sent_once_with_their_id(
     assert [mid for _, mid in world.sent("replies-webshop")] == [message_id]
 
 
+async def test_the_outbox_is_scanned_at_most_once_per_scan_interval():
+    """Issue 12: not a query per tick; an entry waits at most grace + interval."""
+    world = World()
+    await _pending(world, "A1")
+    claimed = await world.store.claim("A1", world.now, POLICY)
+    t = world.now
+    await world.store.update("A1", lambda r: sm.mark_failed(r, claimed.LockedBy, None, "declined", t), claimed.LockedBy)
+    starter = Starter(SETTINGS, world.store, clock=lambda: world.now, publisher=world.bus,
+                      status_grace=timedelta(seconds=30), status_scan_interval=timedelta(seconds=10))
+    assert (await starter.run(Client())).statuses_delivered == 0  # scanned: inside the grace
+    world.now += timedelta(seconds=31)
+    assert (await starter.run(Client())).statuses_delivered == 1  # scanned again: past the grace
+    await _pending(world, "B1")
+    claimed = await world.store.claim("B1", world.now, POLICY)
+    t = world.now - timedelta(minutes=5)  # already past its grace
+    await world.store.update("B1", lambda r: sm.mark_failed(r, claimed.LockedBy, None, "declined", t), claimed.LockedBy)
+    world.now += timedelta(seconds=5)
+    assert (await starter.run(Client())).statuses_delivered == 0  # within the interval: no scan
+    world.now += timedelta(seconds=5)
+    assert (await starter.run(Client())).statuses_delivered == 1
+
+
+async def test_the_timer_leaves_new_orders_to_a_working_fast_path_for_a_few_seconds():
+    """Issue 12: the timer raced Submit's fast path for orders Submit was about
+    to claim; each lost race cost a replace and an index entry."""
+    from orchestrators.starter import FAST_PATH_WINDOW
+
+    world = World()
+    client = Client()
+    starter = Starter(SETTINGS, world.store, clock=lambda: world.now)
+    order = OrderSubmitted.model_validate(order_payload(OrderID="A1"))
+    record, etag, _ = await world.store.create_if_absent(sm.new_record(order, world.now, STEPS))
+    assert await starter.start_submitted(client, record, etag) == "A1:1"
+    await _pending(world, "B1")  # its fast path did not run (or has not yet)
+    report = await starter.run(client)
+    assert (report.pending, report.claimed) == (1, 0)
+    world.now += FAST_PATH_WINDOW + timedelta(seconds=1)
+    report = await starter.run(client)
+    assert report.claimed == 1 and client.started == ["A1:1", "B1:1"]
+
+
+async def test_an_unchanged_backlog_gauge_is_not_rewritten_every_run():
+    world = World()
+    writes = []
+    real = world.store.write_backlog_gauge
+
+    async def counting(pending, at):
+        writes.append(pending)
+        await real(pending, at)
+
+    world.store.write_backlog_gauge = counting
+    starter = Starter(SETTINGS, world.store, clock=lambda: world.now)
+    for _ in range(3):
+        await starter.run(Client())
+        world.now += timedelta(seconds=5)
+    await _pending(world, "A1")
+    world.now += timedelta(seconds=10)  # older than the fast-path window, if one were used
+    await starter.run(Client())
+    world.now += SETTINGS.backlog_gauge_max_age
+    await starter.run(Client())
+    assert writes == [0, 1, 0]  # the first run; then only when the figure changed
+
+
+async def test_the_fast_path_claim_can_mark_received_sent_in_the_same_write():
+    """Issue 12: Submit's ReceivedSent write and the claim were two replaces of
+    the same record, one right after the other."""
+    from tests.fakes import CountingStateStore
+
+    world = World(store=CountingStateStore())
+    client = Client()
+    order = OrderSubmitted.model_validate(order_payload(OrderID="A1"))
+    record, etag, _ = await world.store.create_if_absent(sm.new_record(order, world.now, STEPS))
+    before = world.store.total
+    starter = Starter(SETTINGS, world.store, clock=lambda: world.now)
+    assert await starter.start_submitted(client, record, etag, order, received_sent_at=world.now) == "A1:1"
+    assert world.store.total - before == 1
+    stored = await world.record("A1")
+    assert stored.ReceivedSent and stored.ProcessState is ProcessState.PROCESSING
+    # Lost (the etag moved on): nothing written, nothing marked; Submit marks it itself.
+    order_b = OrderSubmitted.model_validate(order_payload(OrderID="B1"))
+    record_b, etag_b, _ = await world.store.create_if_absent(sm.new_record(order_b, world.now, STEPS))
+    await world.store.replace(record_b.model_copy(update={"LastError": "x"}), etag_b)
+    assert await starter.start_submitted(client, record_b, etag_b, order_b, received_sent_at=world.now) is None
+    assert not (await world.record("B1")).ReceivedSent
+
+
 async def test_a_failed_status_still_in_the_outbox_is_sent_before_its_compensation_starts():
     """Review defect 2: an operator asks to compensate an Error order whose
     Failed status was never delivered (every send failed). The client gets
@@ -124,11 +210,13 @@ async def test_a_failed_status_still_in_the_outbox_is_sent_before_its_compensati
     assert record.ProcessState is ProcessState.COMPENSATING and record.PendingStatus is None
 
 
+
 class _Down:
     """A publisher whose every send fails (the reply and alert queues are down)."""
 
     async def send(self, queue, body, message_id, application_properties=None) -> None:
         raise ConnectionError("service bus unavailable")
+
 
 
 async def test_a_failed_status_that_cannot_be_sent_does_not_hold_up_the_compensation():
@@ -148,3 +236,4 @@ async def test_a_failed_status_that_cannot_be_sent_does_not_hold_up_the_compensa
     record = await world.record()
     assert record.ProcessState is ProcessState.COMPENSATING
     assert record.PendingStatus is not None and record.PendingStatus.MessageId == failed_id
+

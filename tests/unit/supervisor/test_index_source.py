@@ -96,11 +96,18 @@ def test_entries_of_ended_or_replaced_attempts_are_still_removed():
         source = IndexSource(index, lagging)
         await store.update("A", lambda r: sm.mark_processed(r, "A:1", T0), "A:1")
         lagging.old = None
-        await source.page(T0 + timedelta(seconds=10), 10, None)
+        # Not due yet: the entry stays and its record is not even read (issue 12).
+        reads = store.charges.by_kind.get("read")
+        before = reads.calls if reads else 0
+        _, cursor, _ = await source.page(T0 + timedelta(seconds=10), 10, None)
+        assert len(index_c.docs) == 1
+        assert (store.charges.by_kind["read"].calls if "read" in store.charges.by_kind else 0) == before
+        # Due: the ended attempt's entry is removed.
+        await source.page(T0 + timedelta(seconds=30), 10, cursor)
         assert index_c.docs == {}
         # A lost claim's extra entry on a record that can never be claimed again.
         await index.add("A", T0 + timedelta(seconds=20), 2)
-        await source.page(T0 + timedelta(seconds=10), 10, None)
+        await source.page(T0 + timedelta(seconds=30), 10, None)
         assert index_c.docs == {}
 
     asyncio.new_event_loop().run_until_complete(go())
