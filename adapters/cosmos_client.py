@@ -31,6 +31,7 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 from azure.core.exceptions import (
@@ -270,8 +271,8 @@ class _CallerCounts:
         self._written = 0.0
 
     def count(self, kind: str) -> None:
-        callers = []
-        frame = sys._getframe(2)
+        callers: list[str] = []
+        frame: FrameType | None = sys._getframe(2)
         while frame is not None and len(callers) < 2:
             name = frame.f_code.co_filename
             if not any(p in name for p in self._PLUMBING):

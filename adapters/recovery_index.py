@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from azure.cosmos import PartitionKey
 from azure.cosmos.aio import ContainerProxy, CosmosClient
@@ -112,7 +113,7 @@ class CosmosRecoveryIndex:
         only (entries are removed as they are visited), and once per
         supervisor lifetime, when it has no checkpoint yet."""
         try:
-            values = [
+            values: list[Any] = [
                 v
                 async for v in self._container.query_items(
                     "SELECT VALUE MIN(c.bucket) FROM c",
@@ -121,8 +122,8 @@ class CosmosRecoveryIndex:
             ]
         except SDK_ERRORS as exc:
             raise translate_error(exc, "find the earliest index bucket", self.charges, "index_query") from exc
-        values = [v for v in values if v]
-        return min(values) if values else None
+        buckets = [v for v in values if v]
+        return min(buckets) if buckets else None
 
     async def page(
         self, upper: datetime, bucket: str, after: str, max_items: int

@@ -181,7 +181,7 @@ class Starter:
                 report.lost += 1
                 continue
             report.compensations += 1
-            await self._start(client, claimed.LockedBy, report)
+            await self._start(client, _owner(claimed), report)
 
     async def _resume_compensations(self, client, now: datetime, report: StarterReport) -> None:
         """A Compensating record whose instance is gone (never started: the
@@ -201,18 +201,18 @@ class Starter:
             runtime = getattr(getattr(status, "runtime_status", None), "name", None)
             if runtime not in (None, "Failed", "Terminated", "Canceled", "Completed"):
                 continue
-            dead = record.LockedBy
+            dead: str = record.LockedBy
+
+            def restart(r: OrderState, dead: str = dead) -> OrderState:
+                return restart_compensation(r, dead, now, self._max_restarts)
+
             try:
-                restarted, etag = await self._store.update(
-                    record.id,
-                    lambda r, dead=dead: restart_compensation(r, dead, now, self._max_restarts),
-                    dead,
-                )
+                restarted, etag = await self._store.update(record.id, restart, dead)
             except (StaleError, IllegalTransition, NotFoundError):
                 continue  # it moved on since the query: nothing to restart
             if restarted.ProcessState is ProcessState.COMPENSATING:
                 report.compensation_restarts += 1
-                await self._start(client, restarted.LockedBy, report)
+                await self._start(client, _owner(restarted), report)
                 continue
             report.compensations_given_up += 1
             if self._outbox is None:
@@ -358,10 +358,10 @@ class Starter:
             StepTimeoutSeconds=int(self._settings.step_timeout.total_seconds()),
             IndexedAt=indexed_at,
             Payload=step_payload(order) if order is not None else None,
-            Trace=telemetry.start_attempt(claimed.id, claimed.LockedBy, claimed.Attempt, claimed.Trace),
+            Trace=telemetry.start_attempt(claimed.id, _owner(claimed), claimed.Attempt, claimed.Trace),
         ).dump()
-        await self._start(client, claimed.LockedBy, report, attempt_input)
-        return claimed.LockedBy
+        await self._start(client, _owner(claimed), report, attempt_input)
+        return _owner(claimed)
 
     async def start_submitted(
         self, client, record: OrderState, etag: str, order: OrderSubmitted | None = None,
@@ -405,3 +405,10 @@ async def start_submitted(
         log.exception("fast start of order %s: no starter; the timer will claim it", record.id)
         return None
     return await starter.start_submitted(client, record, etag, order, received_sent_at)
+
+
+def _owner(record: OrderState) -> str:
+    """The instance a record was just claimed for: every claim sets LockedBy."""
+    if record.LockedBy is None:
+        raise IllegalTransition(f"order {record.id} has no owner after its claim")
+    return record.LockedBy

@@ -17,6 +17,7 @@ import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from adapters.ports import StateStore
 from adapters.recovery_index import CosmosRecoveryIndex, IndexEntry, bucket_of
@@ -66,7 +67,7 @@ class QuerySource:
         self._window = window
 
     async def page(self, upper: datetime, max_items: int, cursor: str | None):
-        state = json.loads(cursor) if cursor else {"upper": upper.isoformat(), "token": None}
+        state: dict[str, Any] = json.loads(cursor) if cursor else {"upper": upper.isoformat(), "token": None}
         pass_upper = datetime.fromisoformat(state["upper"])
         start = EARLIEST if self._window is None else pass_upper - self._window
         page, token = await self._store.query_expired(pass_upper, start, max_items, state["token"])
@@ -97,7 +98,7 @@ class IndexSource:
         moved: list[str] = []  # buckets entries were moved into
         for entry in entries:
             same = previous is not None and previous.bucket == entry.bucket
-            position = json.dumps([entry.bucket, previous.id if same else ""])
+            position = json.dumps([entry.bucket, previous.id if previous is not None and same else ""])
             candidate = await self._check(entry, upper, moved)
             if isinstance(candidate, Candidate):
                 candidate.position = position
@@ -153,7 +154,7 @@ class IndexSource:
             and record.CompleteBy is not None
             and record.Attempt == entry.attempt
         )
-        if not live:
+        if not live or record.CompleteBy is None:  # (live implies a deadline)
             # Met (the attempt ended) or replaced (a newer attempt has its own
             # entry). A lagging read only ever shows an older version, and
             # versions only move forward from the entry's attempt, so this is
