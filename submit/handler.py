@@ -18,14 +18,17 @@ Order of effects, and why:
    409 returns what is stored, compared by digest (a different order is a
    conflict; a Rejected record gets its Rejected status again). A crash
    between them is healed on redelivery;
-4. `Received` status, then `ReceivedSent` on the record by a replace on the
-   etag of the create — a crash between them re-sends with the same message
-   id, which the reply queue's duplicate detection drops;
+4. `Received` status, then `ReceivedSent` on the record — a crash between
+   them re-sends with the same message id, which the reply queue's duplicate
+   detection drops;
 5. the fast path: the order is claimed and started at once
    (orchestrators.starter.start_submitted) instead of at the Starter's next
-   tick; it never raises, and the timer Starter stays the safety net.
+   tick, and the claim (a replace on the etag of the create) marks
+   `ReceivedSent` in the same write; when the fast path does not claim (the
+   Processing cap, a lost race), Submit marks it itself. It never raises, and
+   the timer Starter stays the safety net.
 
-A new order costs two Cosmos creates and one replace here. The price of not
+A new order costs two Cosmos creates here, and the claim's replace. The price of not
 reading first falls on a rare path: a Rejected order re-sent after the
 backlog has fallen writes its orders-DB document before the Rejected record
 is seen, and deletes it again (a rejected order never stays in the orders
@@ -195,8 +198,11 @@ class SubmitHandler:
             # next delivery, which gets here again).
             await self._orders.discard(order.OrderID)
             return await self._send_rejected(order, record, now)
+        fast_path = client is not None and record.ProcessState is ProcessState.PENDING and record.LockedBy is None
         if not record.ReceivedSent:
             await self._status.send(order.ReplyTo, order.OrderID, StatusKind.RECEIVED, now)
+            if fast_path and await self._fast_start(client, record, etag, order, received_sent_at=now):
+                return Settle.complete(order.OrderID)  # the claim marked Received sent too: one write
             record = sm.mark_received_sent(record, now)
             try:
                 etag = await self._store.replace(record, etag)
@@ -206,15 +212,22 @@ class SubmitHandler:
                 record, etag = await self._store.update(
                     order.OrderID, lambda r: sm.mark_received_sent(r, now), ANY_OWNER
                 )
-        if client is not None and record.ProcessState is ProcessState.PENDING and record.LockedBy is None:
-            # Before settling: a redelivery then finds the record claimed,
-            # which is harmless. Never raises; None leaves it to the timer.
-            from orchestrators.starter import start_submitted
-
-            # The attempt claimed here continues this order's trace.
-            with telemetry.order_scope(order.OrderID):
-                await start_submitted(client, record, etag, order)
+            fast_path = fast_path and record.ProcessState is ProcessState.PENDING and record.LockedBy is None
+        if fast_path:
+            await self._fast_start(client, record, etag, order)
         return Settle.complete(order.OrderID)
+
+    async def _fast_start(self, client, record: OrderState, etag: str, order: OrderSubmitted,
+                          received_sent_at: datetime | None = None) -> bool:
+        """Claim and start the order now (the Starter's fast path), before
+        settling: a redelivery then finds the record claimed, which is harmless.
+        Never raises; False leaves it to the timer Starter (and, with
+        `received_sent_at`, leaves marking Received sent to the caller)."""
+        from orchestrators.starter import start_submitted
+
+        # The attempt claimed here continues this order's trace.
+        with telemetry.order_scope(order.OrderID):
+            return await start_submitted(client, record, etag, order, received_sent_at=received_sent_at) is not None
 
     async def _over_backlog(self) -> bool:
         pending = await self._backlog.pending()

@@ -486,15 +486,16 @@ class FastStart:
     """Stands in for orchestrators.starter.start_submitted (the Starter's own
     tests cover the claim): records what Submit hands it."""
 
-    def __init__(self, store):
+    def __init__(self, store, claims: bool = True):
         self.store = store
+        self.claims = claims
         self.calls = []
 
-    async def __call__(self, client, record, etag, order):
+    async def __call__(self, client, record, etag, order, received_sent_at=None):
         # the etag must be the one of Submit's last write: the claim races on it
         assert (await self.store.read(record.id))[1] == etag
-        self.calls.append((client, record.id, record.ReceivedSent, order.OrderID))
-        return f"{record.id}:1"
+        self.calls.append((client, record.id, record.ReceivedSent, order.OrderID, received_sent_at))
+        return f"{record.id}:1" if self.claims else None
 
 
 async def test_the_fast_path_starts_the_order_with_the_etag_of_the_last_write(monkeypatch):
@@ -505,8 +506,24 @@ async def test_the_fast_path_starts_the_order_with_the_etag_of_the_last_write(mo
     monkeypatch.setattr(orchestrators.starter, "start_submitted", fast)
     rig.client = client = object()
     assert (await rig.submit()).kind is SettleKind.COMPLETE
-    assert fast.calls == [(client, "ORD-1", True, "ORD-1")]
+    # Received is sent first; the claim marks it sent in the same write (one replace, not two)
+    assert fast.calls == [(client, "ORD-1", False, "ORD-1", NOW)]
+    assert rig.statuses() == ["Received"]
     assert rig.actions.calls == [("complete",)]  # settled after the start
+
+
+async def test_when_the_fast_path_does_not_claim_submit_marks_received_itself(monkeypatch):
+    import orchestrators.starter
+
+    rig = counting_rig()
+    fast = FastStart(rig.store, claims=False)  # the Processing cap, or a failure before the claim
+    monkeypatch.setattr(orchestrators.starter, "start_submitted", fast)
+    rig.client = client = object()
+    assert (await rig.submit()).kind is SettleKind.COMPLETE
+    record, _ = await rig.store.read("ORD-1")
+    assert record.ReceivedSent is not None
+    # tried once with the mark, once more after marking (the timer Starter is the safety net)
+    assert fast.calls == [(client, "ORD-1", False, "ORD-1", NOW), (client, "ORD-1", True, "ORD-1", None)]
 
 
 async def test_no_fast_path_without_a_client_or_for_a_rejected_order(monkeypatch):
