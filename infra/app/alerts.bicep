@@ -20,13 +20,22 @@ param namePrefix string
 //   reporting/alerts.py:     "operator alert <Kind> for order <OrderID>: <reason>", or
 //                            "operator alert <Kind> for message <MessageId>: <reason>" when no OrderID could be read
 //   orchestrators/starter.py: "starter: pending=<n> processing=<n> ..."
+// and the app's OpenTelemetry metrics (adapters/telemetry.py), in customMetrics:
+//   orders.backlog (gauge, dimension state = Pending | Processing), per Starter run
 var operatorAlerts = '''traces
 | where message startswith "operator alert "
 | parse message with "operator alert " AlertKind:string " for " Subject:string ": " *
 | extend OrderID = iff(Subject startswith "order ", substring(Subject, 6), "")'''
-var pendingGauge = '''traces
-| where message startswith "starter: pending="
-| parse message with "starter: pending=" Pending:long " processing=" *'''
+// The backlog metric first; the Starter's log line too, so the rule still fires if
+// metrics stop arriving (a worker without the distro) while the logs still do.
+var pendingGauge = '''union
+  (customMetrics
+  | where name == "orders.backlog" and tostring(customDimensions["state"]) == "Pending"
+  | project Pending = tolong(value)),
+  (traces
+  | where message startswith "starter: pending="
+  | parse message with "starter: pending=" Pending:long " processing=" *
+  | project Pending)'''
 
 var logAlerts = [
   {

@@ -64,6 +64,15 @@ def test_queries_match_the_apps_log_messages():
     assert '"starter: pending=%d processing=%d' in (ROOT / "orchestrators" / "starter.py").read_text()
 
 
+def test_the_backlog_alert_reads_the_backlog_metric():
+    query = variable(parse(ALERTS), "pendingGauge")
+    assert 'customMetrics' in query
+    assert 'name == "orders.backlog"' in query and 'customDimensions["state"]) == "Pending"' in query
+    telemetry = (ROOT / "adapters" / "telemetry.py").read_text()
+    assert '"orders.backlog"' in telemetry
+    assert '.backlog.set(report.pending, {"state": "Pending"})' in (ROOT / "orchestrators" / "starter.py").read_text()
+
+
 def test_alert_rules_notify_the_action_group():
     resources = parse(ALERTS)["resources"]
     log_rule = resources["logAlertRules"]["config"]["config"]["properties"]
