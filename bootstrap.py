@@ -85,22 +85,17 @@ def _step_modes(cfg: Settings) -> dict[str, str]:
 async def _build() -> Container:
     cfg = settings()
     charges = RequestCharges()
-    closers: list[Callable[[], Awaitable[Any]]] = []
     # One token credential per process for identity-based access in Azure: the app's
     # user-assigned identity (adapters.settings.azure_credential); none locally.
     credential = None
     if not (cfg.state_account.key and cfg.orders_account.key):
         credential = azure_credential(cfg.managed_identity_client_id)
-        closers.append(credential.close)
     state_client = build_client(cfg.state_account, credential=credential)
     orders_client = (
         state_client
         if cfg.orders_account == cfg.state_account
         else build_client(cfg.orders_account, credential=credential)
     )
-    closers.insert(0, state_client.close)
-    if orders_client is not state_client:
-        closers.insert(1, orders_client.close)
     state_db = state_client.get_database_client(cfg.state_database)
     if cfg.create_containers:
         # Local stack only; in Azure the Bicep templates create them.
@@ -121,7 +116,6 @@ async def _build() -> Container:
         )
         index = CosmosRecoveryIndex(index_container, charges)
     session = aiohttp.ClientSession()
-    closers.insert(0, session.close)
     # The in-app agent (INLINE_STEPS) keeps the agents' own settings (AGENT_*,
     # REMOTE_SERVICE_URL), as the queue-triggered agent and the worker do.
     agent_cfg = load_agent_settings()
@@ -132,7 +126,10 @@ async def _build() -> Container:
         orders=CosmosOrdersRepository(orders, charges),
         publisher=ServiceBusPublisher(servicebus_client(cfg.servicebus)),
         agent=agent,
-        closers=closers,
+        # Closed in this order; the credential last, after the clients that use it.
+        closers=[session.close, state_client.close]
+        + ([orders_client.close] if orders_client is not state_client else [])
+        + ([credential.close] if credential is not None else []),
         charges=charges,
         state_container=state,
         index=index,
