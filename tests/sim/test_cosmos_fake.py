@@ -20,16 +20,14 @@ from domain.errors import StaleError, TransientError
 from domain.models import OrderSubmitted, ProcessState
 from sim.cosmos import SimContainer
 from sim.world import FaultConfig, World
+from tests.builders import order_payload
 
 T0 = datetime(2026, 11, 30, 8, 0, tzinfo=UTC)
 POLICY = sm.RetryPolicy(threshold=2, long_retries=0, claim_timeout=timedelta(seconds=30))
 
 
 def _order(oid: str) -> OrderSubmitted:
-    return OrderSubmitted.model_validate({
-        "OrderID": oid, "AppId": "webshop", "ReplyTo": "replies-webshop",
-        "Customer": {"CustomerId": "C-7"}, "Lines": [{"Sku": "S", "Quantity": 1, "UnitPrice": "1.00"}],
-        "Total": "1.00"})
+    return OrderSubmitted.model_validate(order_payload(oid))
 
 
 def _run(coro):
