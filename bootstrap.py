@@ -100,7 +100,9 @@ async def _build() -> Container:
     if cfg.create_containers:
         # Local stack only; in Azure the Bicep templates create them.
         state = await ensure_state_container(state_client, cfg.state_database, cfg.state_container)
-        orders = await ensure_orders_container(orders_client, cfg.orders_database, cfg.orders_container)
+        orders = await ensure_orders_container(
+            orders_client, cfg.orders_database, cfg.orders_container
+        )
     else:
         state = state_db.get_container_client(cfg.state_container)
         orders = orders_client.get_database_client(cfg.orders_database).get_container_client(
@@ -110,7 +112,9 @@ async def _build() -> Container:
     index_container = None
     if cfg.supervisor_scan == "index":
         index_container = (
-            await ensure_index_container(state_client, cfg.state_database, cfg.recovery_index_container)
+            await ensure_index_container(
+                state_client, cfg.state_database, cfg.recovery_index_container
+            )
             if cfg.create_containers
             else state_db.get_container_client(cfg.recovery_index_container)
         )
@@ -119,7 +123,9 @@ async def _build() -> Container:
     # The in-app agent (INLINE_STEPS) keeps the agents' own settings (AGENT_*,
     # REMOTE_SERVICE_URL), as the queue-triggered agent and the worker do.
     agent_cfg = load_agent_settings()
-    agent = Agent(HttpRemoteService(session, agent_cfg.remote_service_url), SystemClock(), agent_cfg.policy)
+    agent = Agent(
+        HttpRemoteService(session, agent_cfg.remote_service_url), SystemClock(), agent_cfg.policy
+    )
     return Container(
         settings=cfg,
         store=CosmosStateStore(state, charges),
@@ -172,7 +178,12 @@ async def submit_handler():
     c = await container()
     if c.submit is None:
         c.submit = SubmitHandler(
-            c.settings, c.store, c.orders, StatusReporter(c.publisher), Alerts(c.publisher), list(STEP_NAMES)
+            c.settings,
+            c.store,
+            c.orders,
+            StatusReporter(c.publisher),
+            Alerts(c.publisher),
+            list(STEP_NAMES),
         )
     return c.submit
 
@@ -182,7 +193,14 @@ async def scheduler_activities():
 
     c = await container()
     return SchedulerActivities(
-        c.settings, c.store, c.orders, c.publisher, STEP_NAMES, c.agent, _step_modes(c.settings), c.index
+        c.settings,
+        c.store,
+        c.orders,
+        c.publisher,
+        STEP_NAMES,
+        c.agent,
+        _step_modes(c.settings),
+        c.index,
     )
 
 
@@ -227,7 +245,9 @@ async def supervisor():
     return Supervisor(
         store,
         source,
-        CosmosCheckpointStore(c.state_container, charges, f"supervisor-{c.settings.supervisor_scan}"),
+        CosmosCheckpointStore(
+            c.state_container, charges, f"supervisor-{c.settings.supervisor_scan}"
+        ),
         StatusReporter(c.publisher),
         Alerts(c.publisher),
         c.settings.retry,

@@ -38,7 +38,9 @@ def _span(name: str, data: dict) -> Iterator[None]:
             pass
     attributes: dict[str, Any] = {telemetry.ORDER_ID: order_id, telemetry.INSTANCE_ID: instance}
     with telemetry.continue_from(
-        f"activity {name}", carrier if isinstance(carrier, dict) else None, **attributes,
+        f"activity {name}",
+        carrier if isinstance(carrier, dict) else None,
+        **attributes,
     ):
         yield
 
@@ -72,7 +74,9 @@ async def send_agent_request(data: dict) -> str:
 async def run_inline_step(data: dict) -> dict:
     with _span("run_inline_step", data):
         acts = await bootstrap.scheduler_activities()
-        return (await acts.run_inline_step(SendRequest.model_validate(data))).model_dump(mode="json")
+        return (await acts.run_inline_step(SendRequest.model_validate(data))).model_dump(
+            mode="json"
+        )
 
 
 @bp.function_name("report_status")

@@ -78,7 +78,12 @@ _TARGET_STATE = {
 # Records whose alert rides with their terminal status in the outbox.
 _ALERTING_STATES = frozenset({ProcessState.ERROR, ProcessState.COMPENSATION_FAILED})
 _TERMINAL_STATUSES = frozenset(
-    {StatusKind.PROCESSED, StatusKind.FAILED, StatusKind.COMPENSATED, StatusKind.COMPENSATION_FAILED}
+    {
+        StatusKind.PROCESSED,
+        StatusKind.FAILED,
+        StatusKind.COMPENSATED,
+        StatusKind.COMPENSATION_FAILED,
+    }
 )
 
 
@@ -159,7 +164,9 @@ class SchedulerActivities:
                 r, instance, write.Step, now, write.Reference, self._next_deadline(write, now)
             ),
             "processed": lambda r: sm.mark_processed(r, instance, now),
-            "failed": lambda r: sm.mark_failed(r, instance, write.Step, write.Reason or "failed", now),
+            "failed": lambda r: sm.mark_failed(
+                r, instance, write.Step, write.Reason or "failed", now
+            ),
             "begin_compensation": lambda r: sm.begin_compensation(
                 r, instance, write.Reason or "compensation", now, write.Step
             ),
@@ -167,7 +174,9 @@ class SchedulerActivities:
                 r, instance, write.Step, write.Reason or "transient failure", now
             ),
             "undo_done": lambda r: sm.record_undo(r, instance, write.Step, True, now),
-            "undo_failed": lambda r: sm.record_undo(r, instance, write.Step, False, now, write.Reason),
+            "undo_failed": lambda r: sm.record_undo(
+                r, instance, write.Step, False, now, write.Reason
+            ),
             "finish_compensation": lambda r: sm.finish_compensation(r, instance, now),
         }
         return kinds[write.Kind]
@@ -196,7 +205,10 @@ class SchedulerActivities:
             if landed is not None:
                 return WriteResult(State=landed)
             log.info(
-                "stale write %s by %s: %s", write.Kind, write.InstanceId, exc,
+                "stale write %s by %s: %s",
+                write.Kind,
+                write.InstanceId,
+                exc,
                 extra={"order_id": order_id},
             )
             return WriteResult(Stale=True, Reason=str(exc))
@@ -230,20 +242,30 @@ class SchedulerActivities:
             return Advanced(Stale=True, Reason=f"order {order_id} is locked by {record.LockedBy!r}")
         plan = await self._plan(record, attempt, data.Payload)
         start = next((s for s in plan.Steps if not s.Completed), None)
-        if record.ProcessState is not ProcessState.PROCESSING or start is None or data.Deadline is None:
+        if (
+            record.ProcessState is not ProcessState.PROCESSING
+            or start is None
+            or data.Deadline is None
+        ):
             # Compensating, or nothing left to start (finish next), or an
             # instance without input that must first learn its step timeout.
             return Advanced(State=record.ProcessState, Record=_dump(record), Etag=etag, Plan=plan)
-        step = data.model_copy(update={"Start": start.Name, "Payload": plan.Payload,
-                                       "Progress": plan.Progress})
+        step = data.model_copy(
+            update={"Start": start.Name, "Payload": plan.Payload, "Progress": plan.Progress}
+        )
         written = await self._write_v2(step, record, etag)
         if written.Stale:
             return written
         await self._send_v2(step, start.Mode)
         if plan.Progress:
             await self._status.send(
-                plan.ReplyTo, order_id, StatusKind.PROCESSING, self._clock(), f"attempt {attempt}",
-                None, str(attempt),
+                plan.ReplyTo,
+                order_id,
+                StatusKind.PROCESSING,
+                self._clock(),
+                f"attempt {attempt}",
+                None,
+                str(attempt),
             )
         return written.model_copy(update={"Plan": plan, "Started": start.Name})
 
@@ -259,8 +281,13 @@ class SchedulerActivities:
         if data.Complete is not None and data.Progress:
             current = OrderState.model_validate(written.Record)
             await self._status.send(
-                current.ReplyTo, order_id, StatusKind.STEP_COMPLETED, self._clock(), None,
-                data.Complete, f"{attempt}/{data.Complete}",
+                current.ReplyTo,
+                order_id,
+                StatusKind.STEP_COMPLETED,
+                self._clock(),
+                None,
+                data.Complete,
+                f"{attempt}/{data.Complete}",
             )
         if data.Start is not None:
             await self._send_v2(data, self._step_modes.get(data.Start, "remote"))
@@ -307,7 +334,8 @@ class SchedulerActivities:
             last = record.History[-1] if record.History else None
             return (
                 record.ProcessState is ProcessState.PROCESSED
-                and last is not None and last.By == data.InstanceId
+                and last is not None
+                and last.By == data.InstanceId
             )
         if data.Start is not None:
             step = record.Steps.get(data.Start)
@@ -320,7 +348,9 @@ class SchedulerActivities:
             )
         return False
 
-    async def _write_v2(self, data: Advance, record: OrderState | None, etag: str | None) -> Advanced:
+    async def _write_v2(
+        self, data: Advance, record: OrderState | None, etag: str | None
+    ) -> Advanced:
         """The guarded write, carrying the etag of the record as the previous
         write left it: no read first. On a precondition failure (or without
         a record to carry), re-read and decide: another owner -> stale; this
@@ -332,11 +362,18 @@ class SchedulerActivities:
         if record is not None and etag is not None:
             try:
                 updated = mutate(record)
-                return Advanced(State=updated.ProcessState, Record=_dump(updated),
-                                Etag=await self._store.replace(updated, etag))
+                return Advanced(
+                    State=updated.ProcessState,
+                    Record=_dump(updated),
+                    Etag=await self._store.replace(updated, etag),
+                )
             except (StaleError, sm.IllegalTransition, NotFoundError) as exc:
-                log.info("write by %s: %s; re-reading", data.InstanceId, exc,
-                         extra={"order_id": order_id})
+                log.info(
+                    "write by %s: %s; re-reading",
+                    data.InstanceId,
+                    exc,
+                    extra={"order_id": order_id},
+                )
         try:
             fresh, fresh_etag = await self._store.read(order_id)
         except NotFoundError:
@@ -344,8 +381,9 @@ class SchedulerActivities:
         if self._v2_landed(data, fresh, attempt):
             return Advanced(State=fresh.ProcessState, Record=_dump(fresh), Etag=fresh_etag)
         try:
-            updated, new_etag = await self._store.update(order_id, mutate, data.InstanceId,
-                                                         confirm_refusal=True)
+            updated, new_etag = await self._store.update(
+                order_id, mutate, data.InstanceId, confirm_refusal=True
+            )
         except (StaleError, sm.IllegalTransition, NotFoundError) as exc:
             log.info("stale write by %s: %s", data.InstanceId, exc, extra={"order_id": order_id})
             return Advanced(Stale=True, Reason=str(exc))
@@ -357,8 +395,12 @@ class SchedulerActivities:
         if mode == "inline":
             return
         await self.send_agent_request(
-            SendRequest(InstanceId=data.InstanceId, Step=data.Start, Deadline=data.Deadline,
-                        Payload=data.Payload)
+            SendRequest(
+                InstanceId=data.InstanceId,
+                Step=data.Start,
+                Deadline=data.Deadline,
+                Payload=data.Payload,
+            )
         )
 
     # --- talking to agents ----------------------------------------------------------------
@@ -421,7 +463,9 @@ class SchedulerActivities:
             if record is not None and record.PendingStatus is not None:
                 if record.PendingStatus.Status is note.Status:
                     if not await self._outbox.deliver(record, etag):
-                        raise RuntimeError(f"status {note.Status.value} of order {order_id} not sent")
+                        raise RuntimeError(
+                            f"status {note.Status.value} of order {order_id} not sent"
+                        )
                 return
             if record is not None and record.ProcessState.is_terminal:
                 return  # already delivered from the outbox (by a retry or the Starter)

@@ -13,7 +13,9 @@ from domain.errors import NotFoundError
 
 
 class CosmosCheckpointStore:
-    def __init__(self, container: ContainerProxy, charges: RequestCharges, name: str = "supervisor") -> None:
+    def __init__(
+        self, container: ContainerProxy, charges: RequestCharges, name: str = "supervisor"
+    ) -> None:
         self._container = container
         self._charges = charges
         self._id = f"_checkpoint-{name}"
@@ -21,7 +23,9 @@ class CosmosCheckpointStore:
     async def load(self) -> str | None:
         try:
             doc = await self._container.read_item(
-                self._id, partition_key=self._id, response_hook=self._charges.hook("checkpoint_read")
+                self._id,
+                partition_key=self._id,
+                response_hook=self._charges.hook("checkpoint_read"),
             )
         except SDK_ERRORS as exc:
             error = translate_error(exc, "read checkpoint", self._charges, "checkpoint_read")
@@ -33,6 +37,10 @@ class CosmosCheckpointStore:
     async def save(self, cursor: str | None) -> None:
         body = {"id": self._id, "Cursor": cursor}
         try:
-            await self._container.upsert_item(body, response_hook=self._charges.hook("checkpoint_write"))
+            await self._container.upsert_item(
+                body, response_hook=self._charges.hook("checkpoint_write")
+            )
         except SDK_ERRORS as exc:
-            raise translate_error(exc, "save checkpoint", self._charges, "checkpoint_write") from exc
+            raise translate_error(
+                exc, "save checkpoint", self._charges, "checkpoint_write"
+            ) from exc

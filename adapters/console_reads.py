@@ -152,13 +152,17 @@ class ConsoleReads:
         if page_token:
             where.append("c.id > @after")
             params += _params(after=decode_page_token(page_token))
-        query = f"SELECT TOP @max {_LIST_FIELDS} FROM c WHERE {' AND '.join(where)} ORDER BY c.id ASC"
+        query = (
+            f"SELECT TOP @max {_LIST_FIELDS} FROM c WHERE {' AND '.join(where)} ORDER BY c.id ASC"
+        )
         docs = await self._query(query, params, page_size, "console_list")
         rows = [_row(d) for d in docs]
         token = encode_page_token(rows[-1].id) if len(rows) == page_size else None
         return rows, token
 
-    async def finished_since(self, since: datetime, limit: int = MAX_RECENT) -> tuple[list[tuple[str, datetime]], bool]:
+    async def finished_since(
+        self, since: datetime, limit: int = MAX_RECENT
+    ) -> tuple[list[tuple[str, datetime]], bool]:
         """(state, UpdatedAt) of records that reached Processed or Error since
         `since` (for the throughput chart), at most `limit`; and whether the
         limit cut the answer short. One query of two small fields per record."""
@@ -166,8 +170,12 @@ class ConsoleReads:
             "SELECT TOP @max c.ProcessState, c.UpdatedAt FROM c WHERE c.UpdatedAt >= @since"
             " AND (c.ProcessState = @processed OR c.ProcessState = @error)"
         )
-        params = _params(max=limit, since=cosmos_time(since), processed=ProcessState.PROCESSED.value,
-                         error=ProcessState.ERROR.value)
+        params = _params(
+            max=limit,
+            since=cosmos_time(since),
+            processed=ProcessState.PROCESSED.value,
+            error=ProcessState.ERROR.value,
+        )
         docs = await self._query(query, params, limit, "console_throughput")
         out = []
         for d in docs:
@@ -176,7 +184,9 @@ class ConsoleReads:
                 out.append((str(d.get("ProcessState")), at))
         return out, len(docs) >= limit
 
-    async def supervisor_decisions(self, since: datetime, limit: int = 200) -> tuple[list[SupervisorDecision], bool]:
+    async def supervisor_decisions(
+        self, since: datetime, limit: int = 200
+    ) -> tuple[list[SupervisorDecision], bool]:
         """The Supervisor's decisions since `since`, read from the History of
         records that changed since then and that it may have touched (a
         failure counted, a second attempt, or Error; an order resubmitted
@@ -194,14 +204,20 @@ class ConsoleReads:
             for h in d.get("History") or []:
                 at = _time(h.get("At"))
                 if h.get("By") == "supervisor" and at is not None and at >= since:
-                    decisions.append(SupervisorDecision(str(d.get("id")), at, str(h.get("To")), h.get("Reason")))
+                    decisions.append(
+                        SupervisorDecision(str(d.get("id")), at, str(h.get("To")), h.get("Reason"))
+                    )
         decisions.sort(key=lambda x: x.at, reverse=True)
         return decisions, len(docs) >= limit
 
-    async def _query(self, query: str, parameters: Iterable[dict[str, Any]], max_items: int, kind: str) -> list[Any]:
+    async def _query(
+        self, query: str, parameters: Iterable[dict[str, Any]], max_items: int, kind: str
+    ) -> list[Any]:
         try:
             pages = self._container.query_items(
-                query=query, parameters=list(parameters), max_item_count=max_items,
+                query=query,
+                parameters=list(parameters),
+                max_item_count=max_items,
                 response_hook=self.charges.hook(kind),
             )
             return [item async for item in pages]

@@ -260,9 +260,16 @@ class _CallerCounts:
     """Requests by (caller, kind) for benchmarks (see the module docstring)."""
 
     # Frames in these files are the plumbing, not the caller.
-    _PLUMBING = ("adapters/cosmos_client.py", "adapters/state_store.py", "adapters/recovery_index.py",
-                 "adapters/orders_db.py", "adapters/console_reads.py", "/site-packages/",
-                 "/asyncio/", "/lib/python3")
+    _PLUMBING = (
+        "adapters/cosmos_client.py",
+        "adapters/state_store.py",
+        "adapters/recovery_index.py",
+        "adapters/orders_db.py",
+        "adapters/console_reads.py",
+        "/site-packages/",
+        "/asyncio/",
+        "/lib/python3",
+    )
 
     def __init__(self, directory: str) -> None:
         self._path = Path(directory) / f"{os.getpid()}.json"
@@ -290,7 +297,11 @@ class _CallerCounts:
         tmp.replace(self._path)
 
 
-_CALLERS = _CallerCounts(os.environ["COSMOS_CALL_STATS_DIR"]) if os.environ.get("COSMOS_CALL_STATS_DIR") else None
+_CALLERS = (
+    _CallerCounts(os.environ["COSMOS_CALL_STATS_DIR"])
+    if os.environ.get("COSMOS_CALL_STATS_DIR")
+    else None
+)
 
 
 def _charge_from(headers: Mapping[str, Any] | None) -> float:

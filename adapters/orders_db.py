@@ -79,7 +79,9 @@ class CosmosOrdersRepository:
         (it does not read first), and a rejected order must not stay."""
         try:
             await self._container.delete_item(
-                item=order_id, partition_key=order_id, response_hook=self.charges.hook("order_delete")
+                item=order_id,
+                partition_key=order_id,
+                response_hook=self.charges.hook("order_delete"),
             )
         except SDK_ERRORS as exc:
             error = translate_error(exc, f"delete order {order_id}", self.charges, "order_delete")

@@ -49,7 +49,9 @@ class StateStore(Protocol):
         confirm_refusal: bool = False,
     ) -> tuple[OrderState, str]: ...
 
-    async def claim(self, order_id: str, now: datetime, policy: RetryPolicy) -> OrderState | None: ...
+    async def claim(
+        self, order_id: str, now: datetime, policy: RetryPolicy
+    ) -> OrderState | None: ...
 
     async def claim_known(
         self, record: OrderState, etag: str, now: datetime, policy: RetryPolicy

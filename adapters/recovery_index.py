@@ -44,7 +44,9 @@ PARTITION_KEY_PATH = "/bucket"
 
 def bucket_of(moment: datetime) -> str:
     moment = moment.astimezone(UTC)
-    floored = moment - timedelta(seconds=moment.second % BUCKET_SECONDS, microseconds=moment.microsecond)
+    floored = moment - timedelta(
+        seconds=moment.second % BUCKET_SECONDS, microseconds=moment.microsecond
+    )
     return floored.strftime("%Y-%m-%dT%H:%M:%S")
 
 
@@ -66,10 +68,14 @@ class IndexEntry:
     attempt: int
 
 
-async def ensure_index_container(client: CosmosClient, database: str, container: str) -> ContainerProxy:
+async def ensure_index_container(
+    client: CosmosClient, database: str, container: str
+) -> ContainerProxy:
     """Local/dev only; in Azure the Bicep templates create it."""
     db = await client.create_database_if_not_exists(database)
-    return await db.create_container_if_not_exists(id=container, partition_key=PartitionKey(path=PARTITION_KEY_PATH))
+    return await db.create_container_if_not_exists(
+        id=container, partition_key=PartitionKey(path=PARTITION_KEY_PATH)
+    )
 
 
 class CosmosRecoveryIndex:
@@ -89,22 +95,35 @@ class CosmosRecoveryIndex:
         try:
             await self._container.upsert_item(body, response_hook=self.charges.hook("index_add"))
         except SDK_ERRORS as exc:
-            raise translate_error(exc, f"index deadline of {order_id}", self.charges, "index_add") from exc
+            raise translate_error(
+                exc, f"index deadline of {order_id}", self.charges, "index_add"
+            ) from exc
 
     async def discard(self, order_id: str, complete_by: datetime) -> None:
         """Remove the entry `add(order_id, complete_by, ...)` made; gone
         already (moved or visited by the Supervisor) is fine."""
         at = complete_by.astimezone(UTC).isoformat()
-        await self.remove(IndexEntry(entry_id(order_id, complete_by), bucket_of(complete_by), order_id,
-                                     datetime.fromisoformat(at), 0))
+        await self.remove(
+            IndexEntry(
+                entry_id(order_id, complete_by),
+                bucket_of(complete_by),
+                order_id,
+                datetime.fromisoformat(at),
+                0,
+            )
+        )
 
     async def remove(self, entry: IndexEntry) -> None:
         try:
             await self._container.delete_item(
-                entry.id, partition_key=entry.bucket, response_hook=self.charges.hook("index_remove")
+                entry.id,
+                partition_key=entry.bucket,
+                response_hook=self.charges.hook("index_remove"),
             )
         except SDK_ERRORS as exc:
-            error = translate_error(exc, f"remove index entry {entry.id}", self.charges, "index_remove")
+            error = translate_error(
+                exc, f"remove index entry {entry.id}", self.charges, "index_remove"
+            )
             if not isinstance(error, NotFoundError):
                 raise error from exc
 
@@ -121,7 +140,9 @@ class CosmosRecoveryIndex:
                 )
             ]
         except SDK_ERRORS as exc:
-            raise translate_error(exc, "find the earliest index bucket", self.charges, "index_query") from exc
+            raise translate_error(
+                exc, "find the earliest index bucket", self.charges, "index_query"
+            ) from exc
         buckets = [v for v in values if v]
         return min(buckets) if buckets else None
 
@@ -153,9 +174,17 @@ class CosmosRecoveryIndex:
                     )
                 ]
             except SDK_ERRORS as exc:
-                raise translate_error(exc, f"read index bucket {bucket}", self.charges, "index_query") from exc
+                raise translate_error(
+                    exc, f"read index bucket {bucket}", self.charges, "index_query"
+                ) from exc
             out.extend(
-                IndexEntry(d["id"], d["bucket"], d["OrderID"], datetime.fromisoformat(d["CompleteBy"]), d["Attempt"])
+                IndexEntry(
+                    d["id"],
+                    d["bucket"],
+                    d["OrderID"],
+                    datetime.fromisoformat(d["CompleteBy"]),
+                    d["Attempt"],
+                )
                 for d in docs
             )
             if len(docs) == want:

@@ -48,7 +48,9 @@ def servicebus_client(access: ServiceBusAccess) -> ServiceBusClient:
     if access.connection_string:
         return ServiceBusClient.from_connection_string(access.connection_string)
     if not access.fully_qualified_namespace:
-        raise SettingsError("ServiceBusConnection: neither a connection string nor __fullyQualifiedNamespace")
+        raise SettingsError(
+            "ServiceBusConnection: neither a connection string nor __fullyQualifiedNamespace"
+        )
     return ServiceBusClient(access.fully_qualified_namespace, azure_credential(access.client_id))
 
 
@@ -99,10 +101,17 @@ class ServiceBusPublisher:
     ) -> None:
         """Send a message that becomes visible at `enqueue_at` (a back-off
         retry of a received message: see adapters.settlement.MessageGate)."""
-        await self._publish(queue, body, message_id, application_properties, scheduled_enqueue_time_utc=enqueue_at)
+        await self._publish(
+            queue, body, message_id, application_properties, scheduled_enqueue_time_utc=enqueue_at
+        )
 
     async def _publish(
-        self, queue: str, body: bytes, message_id: str, application_properties: dict[str, Any] | None, **extra: Any
+        self,
+        queue: str,
+        body: bytes,
+        message_id: str,
+        application_properties: dict[str, Any] | None,
+        **extra: Any,
     ) -> None:
         """One JSON message, in a producer span whose trace context rides in its properties."""
         with self._producer_span(queue, message_id, application_properties):

@@ -196,7 +196,8 @@ def _reply_queues(env: Mapping[str, str]) -> dict[str, str]:
 
 def _progress_apps(env: Mapping[str, str]) -> frozenset[str]:
     return frozenset(
-        app for app, entry in _registry(env).items()
+        app
+        for app, entry in _registry(env).items()
         if isinstance(entry, dict) and entry.get("progress", False)
     )
 
@@ -218,9 +219,12 @@ def ingress_queues(env: Mapping[str, str] | None = None) -> dict[str, str]:
     except json.JSONDecodeError as exc:
         raise SettingsError(f"setting ORDER_INGRESS_QUEUES is not JSON: {exc}") from None
     if not isinstance(queues, dict) or not all(
-        isinstance(app, str) and app and isinstance(queue, str) and queue for app, queue in queues.items()
+        isinstance(app, str) and app and isinstance(queue, str) and queue
+        for app, queue in queues.items()
     ):
-        raise SettingsError('setting ORDER_INGRESS_QUEUES must map app ids to queue names: {"app": "queue"}')
+        raise SettingsError(
+            'setting ORDER_INGRESS_QUEUES must map app ids to queue names: {"app": "queue"}'
+        )
     if len(set(queues.values())) != len(queues):
         raise SettingsError("setting ORDER_INGRESS_QUEUES gives two applications the same queue")
     return queues

@@ -144,7 +144,9 @@ def read_body(message: Any, max_bytes: int = 1024 * 1024) -> bytes:
     for section in body if isinstance(body, Iterable) else [body]:
         if kind == "sequence":
             if not isinstance(section, list | tuple):
-                raise BodyRefused(f"AMQP sequence section is a {type(section).__name__}, not a list")
+                raise BodyRefused(
+                    f"AMQP sequence section is a {type(section).__name__}, not a list"
+                )
             for item in section:
                 out += _text_chunk(item, "AMQP sequence body")
         else:
@@ -350,11 +352,17 @@ class MessageGate:
                 )
                 log.warning(
                     "%s message %s: %s; retry %d scheduled in %.1fs",
-                    self.queue, message_label(message), outcome.description, done + 1, delays[done],
+                    self.queue,
+                    message_label(message),
+                    outcome.description,
+                    done + 1,
+                    delays[done],
                 )
                 return Settle.complete(outcome.order_id)
             except Exception as exc:  # noqa: BLE001 - fall back to the queue's own redelivery
-                log.warning("scheduling a retry of %s failed: %s", message_label(message), _name(exc))
+                log.warning(
+                    "scheduling a retry of %s failed: %s", message_label(message), _name(exc)
+                )
         if self._policy.is_last_delivery(message):
             return Settle.deadletter(
                 RETRIES_EXHAUSTED,
@@ -404,7 +412,9 @@ def defuse_trace_headers(message: Any) -> None:
             else:
                 raise TypeError
         except (UnicodeError, TypeError):
-            log.warning("dropping an unreadable %s header from message %s", name, message_label(message))
+            log.warning(
+                "dropping an unreadable %s header from message %s", name, message_label(message)
+            )
             del props[key]
 
 

@@ -438,9 +438,11 @@ class CosmosStateStore:
         skip = list(dict.fromkeys(skip_queues))[:MAX_SKIPPED_QUEUES]
         params = _params(max=max_items, before=cosmos_time(before))
         params += [{"name": f"@skip{i}", "value": queue} for i, queue in enumerate(skip)]
-        query = (_UNSENT_STATUS_FILTER
-                 + "".join(f" AND c.ReplyTo != @skip{i}" for i in range(len(skip)))
-                 + _UNSENT_STATUS_ORDER)
+        query = (
+            _UNSENT_STATUS_FILTER
+            + "".join(f" AND c.ReplyTo != @skip{i}" for i in range(len(skip)))
+            + _UNSENT_STATUS_ORDER
+        )
         docs = await self._query(query, params, max_items, "query_unsent_statuses")
         return _valid(docs)
 
@@ -449,8 +451,11 @@ class CosmosStateStore:
         (few; the Starter reads them once per run)."""
         docs = await self._query(
             _COMPENSATION_QUERY,
-            _params(max=max_items, error=ProcessState.ERROR.value,
-                    failed=ProcessState.COMPENSATION_FAILED.value),
+            _params(
+                max=max_items,
+                error=ProcessState.ERROR.value,
+                failed=ProcessState.COMPENSATION_FAILED.value,
+            ),
             max_items,
             "query_compensation",
         )

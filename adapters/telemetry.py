@@ -261,13 +261,19 @@ def consume(name: str, message: Any, **attributes: Any) -> Iterator[trace.Span]:
     message_id = getattr(message, "message_id", None)
     if isinstance(message_id, str):
         attrs["messaging.message.id"] = message_id[:128]
-    with tracer().start_as_current_span(name, context=parent, kind=SpanKind.CONSUMER, attributes=attrs) as span:
+    with tracer().start_as_current_span(
+        name, context=parent, kind=SpanKind.CONSUMER, attributes=attrs
+    ) as span:
         yield span
 
 
 @contextmanager
-def continue_from(name: str, carrier: Mapping[str, str] | None, kind: SpanKind = SpanKind.INTERNAL,
-                  **attributes: Any) -> Iterator[trace.Span]:
+def continue_from(
+    name: str,
+    carrier: Mapping[str, str] | None,
+    kind: SpanKind = SpanKind.INTERNAL,
+    **attributes: Any,
+) -> Iterator[trace.Span]:
     """A span continuing the context in `carrier` (an activity's `Trace`),
     or the current context when the carrier has none."""
     with tracer().start_as_current_span(
@@ -293,8 +299,9 @@ def order_scope(order_id: str) -> Iterator[None]:
         otel_context.detach(token)
 
 
-def start_attempt(order_id: str, instance_id: str, attempt: int = 1,
-                  submitted: Mapping[str, str] | None = None) -> dict[str, str] | None:
+def start_attempt(
+    order_id: str, instance_id: str, attempt: int = 1, submitted: Mapping[str, str] | None = None
+) -> dict[str, str] | None:
     """Open (and close) the "start attempt" span of a claimed attempt and
     return its W3C carrier for the orchestration input, or None when nothing
     records spans. `submitted` is the context Submit stored on the record.
@@ -317,7 +324,10 @@ def start_attempt(order_id: str, instance_id: str, attempt: int = 1,
             candidates.insert(0, trace.get_current_span(stored).get_span_context())
         links = [Link(c) for c in candidates if c.is_valid]
     with tracer().start_as_current_span(
-        "start attempt", context=parent, links=links, kind=SpanKind.PRODUCER,
+        "start attempt",
+        context=parent,
+        links=links,
+        kind=SpanKind.PRODUCER,
         attributes={ORDER_ID: order_id, INSTANCE_ID: instance_id, "order.attempt": attempt},
     ):
         carrier = inject()
@@ -358,24 +368,42 @@ class Metrics:
 
     def __init__(self, meter: metrics.Meter) -> None:
         self.received = meter.create_counter(
-            "orders.received", unit="{order}", description="orders Submit accepted or rejected")
+            "orders.received", unit="{order}", description="orders Submit accepted or rejected"
+        )
         self.processed = meter.create_counter(
-            "orders.processed", unit="{order}", description="Processed statuses sent")
+            "orders.processed", unit="{order}", description="Processed statuses sent"
+        )
         self.failed = meter.create_counter(
-            "orders.failed", unit="{order}", description="Failed and CompensationFailed statuses sent")
+            "orders.failed",
+            unit="{order}",
+            description="Failed and CompensationFailed statuses sent",
+        )
         self.compensated = meter.create_counter(
-            "orders.compensated", unit="{order}", description="Compensated statuses sent")
+            "orders.compensated", unit="{order}", description="Compensated statuses sent"
+        )
         self.attempts = meter.create_counter(
-            "orders.attempts", unit="{attempt}", description="attempts claimed (Starter and fast path)")
+            "orders.attempts",
+            unit="{attempt}",
+            description="attempts claimed (Starter and fast path)",
+        )
         self.recoveries = meter.create_counter(
-            "orders.recoveries", unit="{attempt}",
-            description="expired attempts the Supervisor handled, by outcome")
+            "orders.recoveries",
+            unit="{attempt}",
+            description="expired attempts the Supervisor handled, by outcome",
+        )
         self.backlog = meter.create_gauge(
-            "orders.backlog", unit="{order}", description="Pending and Processing records, per Starter run")
+            "orders.backlog",
+            unit="{order}",
+            description="Pending and Processing records, per Starter run",
+        )
         self.scan_charge = meter.create_histogram(
-            "supervisor.scan.request_charge", unit="RU", description="Cosmos request charge of one Supervisor run")
+            "supervisor.scan.request_charge",
+            unit="RU",
+            description="Cosmos request charge of one Supervisor run",
+        )
         self.scan_read = meter.create_histogram(
-            "supervisor.scan.items", unit="{item}", description="candidates one Supervisor run read")
+            "supervisor.scan.items", unit="{item}", description="candidates one Supervisor run read"
+        )
 
 
 _metrics: Metrics | None = None
@@ -388,8 +416,12 @@ def app_metrics() -> Metrics:
     return _metrics
 
 
-_TERMINAL = {"Processed": "processed", "Failed": "failed", "CompensationFailed": "failed",
-             "Compensated": "compensated"}
+_TERMINAL = {
+    "Processed": "processed",
+    "Failed": "failed",
+    "CompensationFailed": "failed",
+    "Compensated": "compensated",
+}
 
 
 def count_terminal_status(status: str) -> None:

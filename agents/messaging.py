@@ -133,8 +133,14 @@ class RequestProcessor:
                 settlement, INVALID_MESSAGE, exc.reason, message_id, readable_order_id(body)
             )
             return Disposition.DEAD_LETTERED
-        telemetry.annotate(**{telemetry.ORDER_ID: request.OrderID, telemetry.INSTANCE_ID: request.InstanceId,
-                              "step": request.Step, "step.action": request.Action})
+        telemetry.annotate(
+            **{
+                telemetry.ORDER_ID: request.OrderID,
+                telemetry.INSTANCE_ID: request.InstanceId,
+                "step": request.Step,
+                "step.action": request.Action,
+            }
+        )
         try:
             reply = await self._agent.handle(request)
             telemetry.annotate(**{"reply.outcome": reply.Outcome.value})
@@ -177,7 +183,12 @@ class RequestProcessor:
         log.error("agent request %s dead-lettered %s: %s", message_id, reason, description)
         if self._alerts is not None:
             await self._alerts.raise_alert(
-                reason, description, utc_now(), order_id, message_id=message_id, queue=AGENT_REQUESTS
+                reason,
+                description,
+                utc_now(),
+                order_id,
+                message_id=message_id,
+                queue=AGENT_REQUESTS,
             )
         await settlement.dead_letter(reason, description)
 
@@ -190,7 +201,9 @@ class ServiceBusReplySender:
     a timeout, because the agent's invocations run concurrently and concurrent
     sends on one aio sender hang inside the SDK."""
 
-    def __init__(self, client: ServiceBusClient, queue_name: str, send_timeout: float = 30.0) -> None:
+    def __init__(
+        self, client: ServiceBusClient, queue_name: str, send_timeout: float = 30.0
+    ) -> None:
         self._publisher = ServiceBusPublisher(client, send_timeout)
         self._queue_name = queue_name
 

@@ -71,9 +71,15 @@ class HttpRemoteService:
         what = f"{call.service}/{call.operation} for {call.idempotency_key}"
         order_id = call.body.get("OrderID") if isinstance(call.body, dict) else None
         with telemetry.span(
-            f"POST {call.service}/{call.operation}", telemetry.SpanKind.CLIENT,
-            **{"http.request.method": "POST", "url.full": url, "idempotency.key": call.idempotency_key,
-               "fencing.token": call.fencing_token, telemetry.ORDER_ID: order_id},
+            f"POST {call.service}/{call.operation}",
+            telemetry.SpanKind.CLIENT,
+            **{
+                "http.request.method": "POST",
+                "url.full": url,
+                "idempotency.key": call.idempotency_key,
+                "fencing.token": call.fencing_token,
+                telemetry.ORDER_ID: order_id,
+            },
         ):
             # The service sees the caller's trace (W3C headers), like any HTTP client span.
             headers.update(telemetry.inject())
@@ -83,8 +89,9 @@ class HttpRemoteService:
                 telemetry.failed(str(exc))
                 raise
 
-    async def _call(self, url: str, call: RemoteCall, headers: dict[str, str], what: str,
-                    timeout: float) -> dict[str, Any]:
+    async def _call(
+        self, url: str, call: RemoteCall, headers: dict[str, str], what: str, timeout: float
+    ) -> dict[str, Any]:
         try:
             async with self._session.post(
                 url,

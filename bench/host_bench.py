@@ -39,7 +39,8 @@ def _hub_counts(db_path: Path) -> tuple[int, float | None, float | None, int]:
             "SELECT COUNT(*), MIN(created_epoch), MAX(last_updated_time) FROM instances WHERE status='Completed'"
         ).fetchone()
         episodes = db.execute(
-            "SELECT COUNT(*) FROM history WHERE json_extract(event, '$.EventType') = 12").fetchone()[0]
+            "SELECT COUNT(*) FROM history WHERE json_extract(event, '$.EventType') = 12"
+        ).fetchone()[0]
     last_epoch = datetime.fromisoformat(last).timestamp() if last else None
     return done, first, last_epoch, episodes
 
@@ -47,16 +48,32 @@ def _hub_counts(db_path: Path) -> tuple[int, float | None, float | None, int]:
 async def run(n: int, hosts: int) -> str:
     tmp = Path(tempfile.mkdtemp(prefix="host-bench-"))
     (tmp / "out").mkdir()
-    procs = [HostProcess(tmp / "hub", tmp / "out", {}, "real", tmp / f"host{i}.log", ["--lease-seconds", "5"],
-                         app_dir=OFFICIAL_APP, hub=HUB, app="function_app:myApp").start() for i in range(hosts)]
+    procs = [
+        HostProcess(
+            tmp / "hub",
+            tmp / "out",
+            {},
+            "real",
+            tmp / f"host{i}.log",
+            ["--lease-seconds", "5"],
+            app_dir=OFFICIAL_APP,
+            hub=HUB,
+            app="function_app:myApp",
+        ).start()
+        for i in range(hosts)
+    ]
     try:
         pids = [p.proc.pid for p in procs if p.proc]
         cpu0 = [cpu_seconds(p) for p in pids]
         async with aiohttp.ClientSession() as http:
+
             async def start(i: int) -> None:
                 base = procs[i % hosts].base
-                async with http.post(f"{base}/durabletask/orchestrators/hello_orchestrator/bench-{i}",
-                                     data=json.dumps(None), headers={"Content-Type": "application/json"}) as r:
+                async with http.post(
+                    f"{base}/durabletask/orchestrators/hello_orchestrator/bench-{i}",
+                    data=json.dumps(None),
+                    headers={"Content-Type": "application/json"},
+                ) as r:
                     assert r.status == 202, await r.text()
 
             await asyncio.gather(*(start(i) for i in range(n)))
@@ -70,10 +87,12 @@ async def run(n: int, hosts: int) -> str:
         cpu = [cpu_seconds(p) - c for p, c in zip(pids, cpu0, strict=True)]
         done, first, last, episodes = _hub_counts(db_path)
         rate = done / (last - first) if done and last and first and last > first else float("nan")
-        return (f"host-bench: hosts={hosts} orchestrations={done}/{n} throughput={rate:.1f}/s "
-                f"activities_per_s={3 * rate:.1f} episodes_per_orchestration={episodes / max(1, done):.1f} "
-                f"host_cpu_s_per_orchestration={sum(cpu) / max(1, done):.4f} "
-                f"cpu_share={'/'.join(f'{c / max(1e-9, sum(cpu)):.0%}' for c in cpu)}")
+        return (
+            f"host-bench: hosts={hosts} orchestrations={done}/{n} throughput={rate:.1f}/s "
+            f"activities_per_s={3 * rate:.1f} episodes_per_orchestration={episodes / max(1, done):.1f} "
+            f"host_cpu_s_per_orchestration={sum(cpu) / max(1, done):.4f} "
+            f"cpu_share={'/'.join(f'{c / max(1e-9, sum(cpu)):.0%}' for c in cpu)}"
+        )
     finally:
         for p in procs:
             p.stop()

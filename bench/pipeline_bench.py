@@ -113,7 +113,11 @@ def durable_counts(run_dir: Path) -> dict[str, int]:
     db_path = next((run_dir / "host").glob("*.sqlite"))
     with sqlite3.connect(db_path) as db:
         events = db.execute("SELECT COUNT(*) FROM history").fetchone()[0]
-        kinds = dict(db.execute("SELECT json_extract(event, '$.EventType'), COUNT(*) FROM history GROUP BY 1"))
+        kinds = dict(
+            db.execute(
+                "SELECT json_extract(event, '$.EventType'), COUNT(*) FROM history GROUP BY 1"
+            )
+        )
     return {"events": events, "episodes": kinds.get(12, 0), "activities": kinds.get(4, 0)}
 
 
@@ -130,12 +134,20 @@ async def first_attempt_share(stack: Stack, prefix: str) -> tuple[int, int] | No
         cosmos = build_client(cfg.state_account)
         async with cosmos:
             store = CosmosStateStore(
-                cosmos.get_database_client(cfg.state_database).get_container_client(cfg.state_container))
+                cosmos.get_database_client(cfg.state_database).get_container_client(
+                    cfg.state_container
+                )
+            )
             records = await records_with_prefix(store, prefix)
-        first = sum(1 for r in records.values() if r.ProcessState.value == "Processed" and r.Attempt == 1)
+        first = sum(
+            1 for r in records.values() if r.ProcessState.value == "Processed" and r.Attempt == 1
+        )
         return first, len(records)
     except Exception as exc:  # a figure we cannot read is reported as missing, never guessed
-        print(f"bench: could not read the order records ({type(exc).__name__}: {exc})", file=sys.stderr)
+        print(
+            f"bench: could not read the order records ({type(exc).__name__}: {exc})",
+            file=sys.stderr,
+        )
         return None
 
 
@@ -158,13 +170,15 @@ class Run:
 
     def line(self) -> str:
         first = f"{self.first_attempt:.1f}%" if self.first_attempt is not None else "n/a"
-        return (f"orders={self.processed} in_flight={self.in_flight} throughput={self.throughput:.2f}/s "
-                f"p50={self.p50:.2f} s p95={self.p95:.2f} s "
-                f"cosmos_requests_per_order={sum(self.cosmos.values()):.1f} "
-                f"sb_messages_per_order={sum(self.servicebus.values()):.1f} "
-                f"activities_per_order={self.durable.get('activities', 0):.1f} "
-                f"history_events_per_order={self.durable.get('events', 0):.1f} "
-                f"host_cpu_s_per_order={self.cpu:.3f} first_attempt={first} hosts={self.hosts}")
+        return (
+            f"orders={self.processed} in_flight={self.in_flight} throughput={self.throughput:.2f}/s "
+            f"p50={self.p50:.2f} s p95={self.p95:.2f} s "
+            f"cosmos_requests_per_order={sum(self.cosmos.values()):.1f} "
+            f"sb_messages_per_order={sum(self.servicebus.values()):.1f} "
+            f"activities_per_order={self.durable.get('activities', 0):.1f} "
+            f"history_events_per_order={self.durable.get('events', 0):.1f} "
+            f"host_cpu_s_per_order={self.cpu:.3f} first_attempt={first} hosts={self.hosts}"
+        )
 
 
 class BenchStack(Stack):
@@ -179,7 +193,7 @@ class BenchStack(Stack):
         for server in servers:
             if server.name == "remote" and "--state-file" in server.argv:
                 i = server.argv.index("--state-file")
-                del server.argv[i:i + 2]
+                del server.argv[i : i + 2]
         return servers
 
 
@@ -207,11 +221,16 @@ def stop_stack(stack: Stack) -> None:
 
 
 def host_pids(stack: Stack) -> list[int]:
-    return [s.child.process.pid for name, s in stack.servers.items() if name.startswith("host") and s.child]
+    return [
+        s.child.process.pid
+        for name, s in stack.servers.items()
+        if name.startswith("host") and s.child
+    ]
 
 
-async def closed_loop(stack: Stack, batch: list[Any], in_flight: int, timeout: float
-                      ) -> tuple[dict[str, float], dict[str, float], float]:
+async def closed_loop(
+    stack: Stack, batch: list[Any], in_flight: int, timeout: float
+) -> tuple[dict[str, float], dict[str, float], float]:
     """Keep `in_flight` orders posted and not yet Processed until every order is done.
 
     Returns (posted time, Processed time, start) by OrderID; the Processed time is the
@@ -219,16 +238,25 @@ async def closed_loop(stack: Stack, batch: list[Any], in_flight: int, timeout: f
     posted: dict[str, float] = {}
     done: dict[str, float] = {}
     queue = list(batch)
-    async with ServiceBusClient.from_connection_string(stack.settings["ServiceBusConnection"]) as bus:
+    async with ServiceBusClient.from_connection_string(
+        stack.settings["ServiceBusConnection"]
+    ) as bus:
         sender = bus.get_queue_sender("orders-webshop")  # the webshop's ingress queue
-        receiver = bus.get_queue_receiver("replies-webshop", receive_mode=ServiceBusReceiveMode.RECEIVE_AND_DELETE)
+        receiver = bus.get_queue_receiver(
+            "replies-webshop", receive_mode=ServiceBusReceiveMode.RECEIVE_AND_DELETE
+        )
         async with sender, receiver:
+
             async def post(n: int) -> None:
                 chunk, queue[:] = queue[:n], queue[n:]
                 for i in range(0, len(chunk), 100):
-                    part = chunk[i:i + 100]
+                    part = chunk[i : i + 100]
                     await sender.send_messages(
-                        [ServiceBusMessage(encode(o), message_id=f"submit/{o.OrderID}") for o in part])
+                        [
+                            ServiceBusMessage(encode(o), message_id=f"submit/{o.OrderID}")
+                            for o in part
+                        ]
+                    )
                     now = time.time()
                     posted.update({o.OrderID: now for o in part})
 
@@ -247,11 +275,14 @@ async def closed_loop(stack: Stack, batch: list[Any], in_flight: int, timeout: f
     return posted, done, start
 
 
-async def run_once(orders: int, in_flight: int, hosts: int, transient: int,
-                   settings: dict[str, str]) -> Run:
+async def run_once(
+    orders: int, in_flight: int, hosts: int, transient: int, settings: dict[str, str]
+) -> Run:
     run_dir = Path(tempfile.mkdtemp(prefix="bench-"))
     calls_dir = run_dir / "cosmos-calls"
-    stack = start_stack(run_dir, hosts, {**BENCH_SETTINGS, "COSMOS_CALL_STATS_DIR": str(calls_dir), **settings})
+    stack = start_stack(
+        run_dir, hosts, {**BENCH_SETTINGS, "COSMOS_CALL_STATS_DIR": str(calls_dir), **settings}
+    )
     result = Run(hosts=hosts, in_flight=in_flight, orders=orders)
     try:
         remote = stack.settings["REMOTE_SERVICE_URL"]
@@ -259,14 +290,18 @@ async def run_once(orders: int, in_flight: int, hosts: int, transient: int,
         batch = list(generate("webshop", "replies-webshop", orders, prefix, seed=1))
         if transient:
             async with aiohttp.ClientSession() as http:
-                await http.post(f"{remote}/_admin/faults",
-                                json={"kind": "transient", "service": "*", "rate": transient / 100})
+                await http.post(
+                    f"{remote}/_admin/faults",
+                    json={"kind": "transient", "service": "*", "rate": transient / 100},
+                )
         await asyncio.sleep(3)  # let the hosts create containers and settle
         pids = host_pids(stack)
         cpu0 = [cpu_seconds(p) for p in pids]
         cosmos0 = cosmos_stats(stack.ports.cosmos)
         callers0 = caller_counts(calls_dir)
-        posted, done, start = await closed_loop(stack, batch, in_flight, timeout=max(600, orders * 3))
+        posted, done, start = await closed_loop(
+            stack, batch, in_flight, timeout=max(600, orders * 3)
+        )
         cpu = [cpu_seconds(p) - c for p, c in zip(pids, cpu0, strict=True)]
         stats = cosmos_stats(stack.ports.cosmos)
         await asyncio.sleep(1.2)  # the processes' last counts (written once a second)
@@ -283,7 +318,9 @@ async def run_once(orders: int, in_flight: int, hosts: int, transient: int,
         result.per_host_cpu = [c / n for c in cpu]
         result.cpu = sum(cpu) / n
         result.cosmos = {k: (v - cosmos0.get(k, 0)) / n for k, v in sorted(stats.items())}
-        result.callers = {k: (v - callers0.get(k, 0)) / n for k, v in callers.items() if v > callers0.get(k, 0)}
+        result.callers = {
+            k: (v - callers0.get(k, 0)) / n for k, v in callers.items() if v > callers0.get(k, 0)
+        }
         result.servicebus = {k: v / n for k, v in sorted(sent.items())}
         result.durable = {k: v / n for k, v in counts.items()}
         share = await first_attempt_share(stack, prefix)
@@ -295,7 +332,10 @@ async def run_once(orders: int, in_flight: int, hosts: int, transient: int,
 
 
 def print_table(results: list[Run]) -> None:
-    print(f"{'':34}" + "".join(f"{f'{r.hosts} host(s), {r.in_flight} in flight':>28}" for r in results))
+    print(
+        f"{'':34}"
+        + "".join(f"{f'{r.hosts} host(s), {r.in_flight} in flight':>28}" for r in results)
+    )
     rows: list[tuple[str, Any]] = [
         ("orders processed", lambda r: f"{r.processed}/{r.orders}"),
         ("throughput (orders/s)", lambda r: f"{r.throughput:.2f}"),
@@ -306,17 +346,24 @@ def print_table(results: list[Run]) -> None:
         ("activities / order", lambda r: f"{r.durable.get('activities', 0):.1f}"),
         ("history events / order", lambda r: f"{r.durable.get('events', 0):.1f}"),
         ("orchestrator episodes / order", lambda r: f"{r.durable.get('episodes', 0):.1f}"),
-        ("first attempt", lambda r: f"{r.first_attempt:.1f}%" if r.first_attempt is not None else "n/a"),
+        (
+            "first attempt",
+            lambda r: f"{r.first_attempt:.1f}%" if r.first_attempt is not None else "n/a",
+        ),
     ]
     kinds = sorted({k for r in results for k in r.cosmos})
     rows += [(f"cosmos {k} / order", lambda r, k=k: f"{r.cosmos.get(k, 0):.2f}") for k in kinds]
     queues = sorted({q for r in results for q in r.servicebus})
-    rows += [(f"sb sent to {q} / order", lambda r, q=q: f"{r.servicebus.get(q, 0):.2f}") for q in queues]
+    rows += [
+        (f"sb sent to {q} / order", lambda r, q=q: f"{r.servicebus.get(q, 0):.2f}") for q in queues
+    ]
     for name, value in rows:
         print(f"{name:34}" + "".join(f"{value(r):>28}" for r in results))
     for r in results:
-        print(f"cosmos requests per order by caller [kind], {r.hosts} host(s), {r.in_flight} in flight "
-              f"(host processes only; counted in-process, may lag by a second):")
+        print(
+            f"cosmos requests per order by caller [kind], {r.hosts} host(s), {r.in_flight} in flight "
+            f"(host processes only; counted in-process, may lag by a second):"
+        )
         for key, value in sorted(r.callers.items(), key=lambda kv: -kv[1]):
             if value >= 0.005:
                 print(f"  {value:7.3f}  {key}")
@@ -325,22 +372,35 @@ def print_table(results: list[Run]) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--orders", type=int, default=int(os.environ.get("BENCH_ORDERS", "300")))
-    parser.add_argument("--configs", default="1x50,2x50,1x200",
-                        help="runs as HOSTSxIN_FLIGHT, comma-separated; the first is the headline")
-    parser.add_argument("--transient", type=int, default=0, help="percent of remote calls failing transiently")
-    parser.add_argument("--scan", choices=("index", "query"), default="index",
-                        help="the Supervisor's source (SUPERVISOR_SCAN)")
+    parser.add_argument(
+        "--configs",
+        default="1x50,2x50,1x200",
+        help="runs as HOSTSxIN_FLIGHT, comma-separated; the first is the headline",
+    )
+    parser.add_argument(
+        "--transient", type=int, default=0, help="percent of remote calls failing transiently"
+    )
+    parser.add_argument(
+        "--scan",
+        choices=("index", "query"),
+        default="index",
+        help="the Supervisor's source (SUPERVISOR_SCAN)",
+    )
     args = parser.parse_args()
     exit_on_signals()  # SIGTERM/SIGHUP run the `finally` that stops the stack
     configs = [tuple(int(x) for x in c.split("x")) for c in args.configs.split(",")]
     results = []
     for hosts, in_flight in configs:
-        r = asyncio.run(run_once(args.orders, in_flight, hosts, args.transient, {"SUPERVISOR_SCAN": args.scan}))
+        r = asyncio.run(
+            run_once(args.orders, in_flight, hosts, args.transient, {"SUPERVISOR_SCAN": args.scan})
+        )
         print(f"bench-run: {r.line()}", flush=True)
         results.append(r)
     print_table(results)
-    extra = " ".join(f"throughput_{r.hosts}host{'s' if r.hosts > 1 else ''}_{r.in_flight}={r.throughput:.2f}/s"
-                     for r in results)
+    extra = " ".join(
+        f"throughput_{r.hosts}host{'s' if r.hosts > 1 else ''}_{r.in_flight}={r.throughput:.2f}/s"
+        for r in results
+    )
     print(f"bench: {results[0].line()} {extra}")
     return 0
 

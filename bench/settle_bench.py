@@ -43,8 +43,9 @@ def measure(connection: str, split: bool, socket_timeout: float, n: int) -> list
 
     async def receive_loop() -> None:
         client = ServiceBusClient.from_connection_string(connection)
-        receiver = client.get_queue_receiver("orders", receive_mode=ServiceBusReceiveMode.PEEK_LOCK,
-                                             socket_timeout=socket_timeout)
+        receiver = client.get_queue_receiver(
+            "orders", receive_mode=ServiceBusReceiveMode.PEEK_LOCK, socket_timeout=socket_timeout
+        )
         await receiver.__aenter__()
         state["receiver"], state["client"] = receiver, client
         while not state.get("stop"):
@@ -53,8 +54,10 @@ def measure(connection: str, split: bool, socket_timeout: float, n: int) -> list
             received.extend(await receiver.receive_messages(max_message_count=1, max_wait_time=1))
 
     async def send() -> None:
-        async with ServiceBusClient.from_connection_string(connection) as client, \
-                client.get_queue_sender("orders") as sender:
+        async with (
+            ServiceBusClient.from_connection_string(connection) as client,
+            client.get_queue_sender("orders") as sender,
+        ):
             await sender.send_messages([ServiceBusMessage(b"x") for _ in range(n)])
 
     loop_task = asyncio.run_coroutine_threadsafe(receive_loop(), loop)
@@ -68,7 +71,9 @@ def measure(connection: str, split: bool, socket_timeout: float, n: int) -> list
         message = received.pop(0)
         time.sleep(0.05)  # the receive loop is back in its idle read
         t0 = time.perf_counter()
-        asyncio.run_coroutine_threadsafe(state["receiver"].complete_message(message), loop).result(10)
+        asyncio.run_coroutine_threadsafe(state["receiver"].complete_message(message), loop).result(
+            10
+        )
         times.append((time.perf_counter() - t0) * 1000)
     state["stop"] = True
 
@@ -89,9 +94,20 @@ def main() -> int:
     args = parser.parse_args()
     port = free_port()
     emulator = subprocess.Popen(
-        [sys.executable, "-m", "devstack.servicebus", "--port", str(port),
-         "--config", str(ROOT / "devstack" / "servicebus" / "Config.json")],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        [
+            sys.executable,
+            "-m",
+            "devstack.servicebus",
+            "--port",
+            str(port),
+            "--config",
+            str(ROOT / "devstack" / "servicebus" / "Config.json"),
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
     try:
         assert emulator.stdout is not None
         while "ready" not in (line := emulator.stdout.readline()):
@@ -101,8 +117,11 @@ def main() -> int:
         for split in (False, True):
             for timeout in (0.2, RECEIVE_SOCKET_TIMEOUT):
                 t = measure(connection, split, timeout, args.messages)
-                print(f"settle: split={'yes' if split else 'no '} socket_timeout={timeout:.2f} s "
-                      f"p50={statistics.median(t):.1f} ms max={max(t):.1f} ms", flush=True)
+                print(
+                    f"settle: split={'yes' if split else 'no '} socket_timeout={timeout:.2f} s "
+                    f"p50={statistics.median(t):.1f} ms max={max(t):.1f} ms",
+                    flush=True,
+                )
     finally:
         emulator.terminate()
         emulator.wait(10)

@@ -56,15 +56,22 @@ class NullPublisher:
 
 def record(i: int, expired: bool):
     order = OrderSubmitted.model_validate(
-        {"OrderID": f"B-{i:06d}", "AppId": "webshop", "ReplyTo": "replies-webshop",
-         "Customer": {"CustomerId": "C-1"}, "Lines": [{"Sku": "S", "Quantity": 1, "UnitPrice": "1.00"}],
-         "Total": "1.00"}
+        {
+            "OrderID": f"B-{i:06d}",
+            "AppId": "webshop",
+            "ReplyTo": "replies-webshop",
+            "Customer": {"CustomerId": "C-1"},
+            "Lines": [{"Sku": "S", "Quantity": 1, "UnitPrice": "1.00"}],
+            "Total": "1.00",
+        }
     )
     # expired deadlines fall in the two minutes before the run (steady state)
     claimed_at = NOW - POLICY.claim_timeout - timedelta(seconds=6 + i % 110)
     rec = sm.claim(sm.new_record(order, claimed_at, STEPS), claimed_at, POLICY)
     if not expired:
-        rec = rec.model_copy(update={"ProcessState": ProcessState.PROCESSED, "LockedBy": None, "CompleteBy": None})
+        rec = rec.model_copy(
+            update={"ProcessState": ProcessState.PROCESSED, "LockedBy": None, "CompleteBy": None}
+        )
     return rec
 
 
@@ -86,11 +93,20 @@ async def load(container, index, n: int, expired_every: int) -> int:
     return expired
 
 
-async def run_design(design, store, index, state, page_size, charges) -> tuple[int, int, int, float]:
+async def run_design(
+    design, store, index, state, page_size, charges
+) -> tuple[int, int, int, float]:
     source = IndexSource(index, store) if design == "index" else QuerySource(store)
-    sup = Supervisor(store, source, CosmosCheckpointStore(state, charges, f"bench-{design}"),
-                     StatusReporter(NullPublisher()), Alerts(NullPublisher()), POLICY, page_size,
-                     clock=lambda: NOW)
+    sup = Supervisor(
+        store,
+        source,
+        CosmosCheckpointStore(state, charges, f"bench-{design}"),
+        StatusReporter(NullPublisher()),
+        Alerts(NullPublisher()),
+        POLICY,
+        page_size,
+        clock=lambda: NOW,
+    )
     runs, most_docs, most_requests, elapsed = 0, 0, 0, 0.0
     while True:
         charges.reset()
@@ -115,7 +131,9 @@ async def bench(endpoint: str, key: str, sizes: list[int], page_size: int) -> No
             db = f"bench-{uuid.uuid4().hex[:8]}"
             charges = RequestCharges()
             state = await ensure_state_container(client, db, "orderState")
-            index = CosmosRecoveryIndex(await ensure_index_container(client, db, "recoveryIndex"), charges)
+            index = CosmosRecoveryIndex(
+                await ensure_index_container(client, db, "recoveryIndex"), charges
+            )
             store = CosmosStateStore(state, charges)
             t = time.perf_counter()
             expired = await load(state, index, n, 100)
@@ -126,13 +144,20 @@ async def bench(endpoint: str, key: str, sizes: list[int], page_size: int) -> No
                     await load(state, index, n, 100)
                 try:
                     runs, docs, requests, seconds = await run_design(
-                        design, store, index, state, page_size, charges)
+                        design, store, index, state, page_size, charges
+                    )
                 except Exception as exc:  # noqa: BLE001 - a failed design is a result too
-                    print(f"records={n} expired={expired} design={design} failed={type(exc).__name__}: "
-                          f"{str(exc)[:120]}", flush=True)
+                    print(
+                        f"records={n} expired={expired} design={design} failed={type(exc).__name__}: "
+                        f"{str(exc)[:120]}",
+                        flush=True,
+                    )
                     continue
-                print(f"records={n} expired={expired} design={design} runs={runs} docs_read={docs} "
-                      f"requests={requests} seconds={seconds:.3f}", flush=True)
+                print(
+                    f"records={n} expired={expired} design={design} runs={runs} docs_read={docs} "
+                    f"requests={requests} seconds={seconds:.3f}",
+                    flush=True,
+                )
             await client.delete_database(db)
 
 
@@ -144,7 +169,11 @@ def main() -> int:
     exit_on_signals()  # SIGTERM/SIGHUP run the `finally` that stops the server
     server = start_server(port=0)
     try:
-        asyncio.run(bench(server.endpoint, server.key, [int(s) for s in args.sizes.split(",")], args.page_size))
+        asyncio.run(
+            bench(
+                server.endpoint, server.key, [int(s) for s in args.sizes.split(",")], args.page_size
+            )
+        )
     finally:
         server.stop()
     return 0

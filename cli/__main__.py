@@ -64,7 +64,9 @@ def _settings() -> Settings:
 
 async def _store(cfg: Settings):
     client = build_client(cfg.state_account)
-    container = client.get_database_client(cfg.state_database).get_container_client(cfg.state_container)
+    container = client.get_database_client(cfg.state_database).get_container_client(
+        cfg.state_container
+    )
     return client, CosmosStateStore(container)
 
 
@@ -73,7 +75,9 @@ def post(
     app_id: str = typer.Option("webshop", "--app", help="the submitting application's id"),
     count: int = typer.Option(1, help="how many orders to generate"),
     file: Path | None = typer.Option(None, help="a JSON file with one order or a list of them"),
-    reply_to: str | None = typer.Option(None, help="reply queue (default: the app's registered one)"),
+    reply_to: str | None = typer.Option(
+        None, help="reply queue (default: the app's registered one)"
+    ),
     prefix: str | None = typer.Option(None, help="OrderID prefix for generated orders"),
     seed: int | None = typer.Option(None, help="random seed for generated orders"),
 ) -> None:
@@ -81,27 +85,43 @@ def post(
     cfg = _settings()
     queue = reply_to or cfg.reply_queues.get(app_id)
     if queue is None:
-        raise typer.BadParameter(f"application {app_id!r} has no registered reply queue; pass --reply-to")
+        raise typer.BadParameter(
+            f"application {app_id!r} has no registered reply queue; pass --reply-to"
+        )
     # Submit takes the AppId from the queue an order arrives on: post to the
     # application's own ingress queue.
     ingress = cfg.ingress_queues.get(app_id)
     if ingress is None:
-        raise typer.BadParameter(f"application {app_id!r} has no ingress queue (ORDER_INGRESS_QUEUES)")
+        raise typer.BadParameter(
+            f"application {app_id!r} has no ingress queue (ORDER_INGRESS_QUEUES)"
+        )
     if file is not None:
         bodies = [
             (str(o.get("OrderID", "?")) if isinstance(o, dict) else "?", json.dumps(o).encode())
             for o in order_source.from_file(file)
         ]
     else:
-        bodies = [(o.OrderID, encode(o)) for o in order_source.generate(app_id, queue, count, prefix, seed)]
+        bodies = [
+            (o.OrderID, encode(o))
+            for o in order_source.generate(app_id, queue, count, prefix, seed)
+        ]
 
     async def send():
-        async with servicebus_client(cfg.servicebus) as client, client.get_queue_sender(ingress) as sender:
+        async with (
+            servicebus_client(cfg.servicebus) as client,
+            client.get_queue_sender(ingress) as sender,
+        ):
             for start in range(0, len(bodies), 100):
                 chunk = bodies[start : start + 100]
                 await sender.send_messages(
-                    [ServiceBusMessage(body, message_id=_submit_message_id(oid), content_type="application/json")
-                     for oid, body in chunk]
+                    [
+                        ServiceBusMessage(
+                            body,
+                            message_id=_submit_message_id(oid),
+                            content_type="application/json",
+                        )
+                        for oid, body in chunk
+                    ]
                 )
 
     _run(send())
@@ -110,8 +130,10 @@ def post(
     if len(bodies) > 5:
         console.print(f"... and {len(bodies) - 5} more")
     console.print(
-        Text(f"{len(bodies)} orders posted to {render.visible(ingress)} as {render.visible(app_id)} "
-             f"(replies to {render.visible(queue)})")
+        Text(
+            f"{len(bodies)} orders posted to {render.visible(ingress)} as {render.visible(app_id)} "
+            f"(replies to {render.visible(queue)})"
+        )
     )
 
 
@@ -145,13 +167,21 @@ def watch(
         deadline = time.monotonic() + timeout
         next_sequence = 0
         async with servicebus_client(cfg.servicebus) as client:
-            mode = ServiceBusReceiveMode.RECEIVE_AND_DELETE if consume else ServiceBusReceiveMode.PEEK_LOCK
+            mode = (
+                ServiceBusReceiveMode.RECEIVE_AND_DELETE
+                if consume
+                else ServiceBusReceiveMode.PEEK_LOCK
+            )
             receiver = client.get_queue_receiver(queue, receive_mode=mode)
             async with receiver:
-                with Live(render.status_table(queue, latest), console=console, refresh_per_second=4) as live:
+                with Live(
+                    render.status_table(queue, latest), console=console, refresh_per_second=4
+                ) as live:
                     while time.monotonic() < deadline:
                         if consume:
-                            batch = await receiver.receive_messages(max_message_count=50, max_wait_time=1)
+                            batch = await receiver.receive_messages(
+                                max_message_count=50, max_wait_time=1
+                            )
                         else:
                             batch = await receiver.peek_messages(
                                 max_message_count=50, sequence_number=next_sequence
@@ -211,7 +241,9 @@ def _list(state: ProcessState, stuck_only: bool = False, limit: int = 100) -> No
     if stuck_only:
         records = [r for r in records if r.CompleteBy and r.CompleteBy < now]
     console.print(
-        render.records_table(f"{len(records)} {'stuck ' if stuck_only else ''}{state.value} orders", records)
+        render.records_table(
+            f"{len(records)} {'stuck ' if stuck_only else ''}{state.value} orders", records
+        )
     )
 
 
@@ -239,7 +271,9 @@ def resubmit(order_id: str) -> None:
     async def write():
         client, store = await _store(cfg)
         async with client:
-            return await store.update(order_id, lambda r: sm.resubmit(r, datetime.now(UTC)), ANY_OWNER)
+            return await store.update(
+                order_id, lambda r: sm.resubmit(r, datetime.now(UTC)), ANY_OWNER
+            )
 
     record, _ = _run(write())
     console.print(f"{order_id}: {record.ProcessState.value}; the starter will pick it up")
@@ -288,7 +322,9 @@ def _read_queue(queue: str, peek: bool, limit: int | None) -> list:
                         next_sequence = max(m.sequence_number or 0 for m in page) + 1
                     return out
                 out = []
-                for m in await receiver.receive_messages(max_message_count=limit or 50, max_wait_time=2):
+                for m in await receiver.receive_messages(
+                    max_message_count=limit or 50, max_wait_time=2
+                ):
                     out.append(m)
                     await receiver.complete_message(m)
                 return out
@@ -323,7 +359,9 @@ def deadletters(queue: str, limit: int = typer.Option(50)) -> None:
 def trace(
     order_id: str,
     file: Path | None = typer.Option(
-        None, help="the OTLP/JSON-lines spans file (default: $OTEL_TRACES_FILE, as the app writes it)"),
+        None,
+        help="the OTLP/JSON-lines spans file (default: $OTEL_TRACES_FILE, as the app writes it)",
+    ),
 ) -> None:
     """One order's spans as a tree per trace (one trace per attempt), with durations."""
     import os
@@ -331,12 +369,18 @@ def trace(
     from cli import trace as traces
 
     order_id = _order_id(order_id)
-    path = file or (Path(os.environ["OTEL_TRACES_FILE"]) if os.environ.get("OTEL_TRACES_FILE") else None)
+    path = file or (
+        Path(os.environ["OTEL_TRACES_FILE"]) if os.environ.get("OTEL_TRACES_FILE") else None
+    )
     if path is None:
-        raise ToolError("no spans file: pass --file or set OTEL_TRACES_FILE (the app must run with it set)")
+        raise ToolError(
+            "no spans file: pass --file or set OTEL_TRACES_FILE (the app must run with it set)"
+        )
     found = traces.load(path, order_id)
     if not found:
-        raise ToolError(f"no spans of order {order_id} in {path} (spans are written about a second after they end)")
+        raise ToolError(
+            f"no spans of order {order_id} in {path} (spans are written about a second after they end)"
+        )
     traces.print_traces(console, order_id, found)
 
 

@@ -12,13 +12,18 @@ from typing import Any
 from domain.models import OrderSubmitted
 
 
-def generate(app_id: str, reply_to: str, count: int, prefix: str | None = None, seed: int | None = None):
+def generate(
+    app_id: str, reply_to: str, count: int, prefix: str | None = None, seed: int | None = None
+):
     rng = random.Random(seed)
     prefix = prefix or f"ORD-{uuid.uuid4().hex[:6]}"
     for i in range(count):
         lines: list[dict[str, Any]] = [
-            {"Sku": f"SKU-{rng.randint(1, 50):03d}", "Quantity": rng.randint(1, 3),
-             "UnitPrice": f"{rng.randint(100, 9999) / 100:.2f}"}
+            {
+                "Sku": f"SKU-{rng.randint(1, 50):03d}",
+                "Quantity": rng.randint(1, 3),
+                "UnitPrice": f"{rng.randint(100, 9999) / 100:.2f}",
+            }
             for _ in range(rng.randint(1, 3))
         ]
         total = sum(Decimal(line["UnitPrice"]) * line["Quantity"] for line in lines)

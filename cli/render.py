@@ -38,7 +38,13 @@ def visible(value: Any, limit: int | None = None) -> str:
     for ch in text:
         if unicodedata.category(ch) in _ESCAPED:
             code = ord(ch)
-            out.append(f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}")
+            out.append(
+                f"\\x{code:02x}"
+                if code < 0x100
+                else f"\\u{code:04x}"
+                if code < 0x10000
+                else f"\\U{code:08x}"
+            )
         else:
             out.append(ch)
     result = "".join(out)
@@ -82,7 +88,9 @@ def _when(message: Any) -> datetime | None:
     return value if isinstance(value, datetime) else None
 
 
-def print_alerts(console: Console, messages: Iterable[Any], newest_first: bool = True, limit: int = 50) -> int:
+def print_alerts(
+    console: Console, messages: Iterable[Any], newest_first: bool = True, limit: int = 50
+) -> int:
     """One block per alert: kind, time, OrderID, message id and queue of the
     dead letter it is about, and the reason. Returns how many were shown."""
     items = list(messages)
@@ -114,7 +122,10 @@ def print_alerts(console: Console, messages: Iterable[Any], newest_first: bool =
         if data.get("MessageId") or data.get("Queue"):
             head.append_text(
                 Text.assemble(
-                    " message ", literal(data.get("MessageId") or "-", 140), " on ", literal(data.get("Queue") or "-", 60)
+                    " message ",
+                    literal(data.get("MessageId") or "-", 140),
+                    " on ",
+                    literal(data.get("Queue") or "-", 60),
                 )
             )
         console.print(head)

@@ -22,8 +22,15 @@ from cli import render
 ORDER_ID = "order.id"
 _KINDS = {0: "", 1: "internal", 2: "server", 3: "client", 4: "producer", 5: "consumer"}
 # Attributes worth a glance in the tree (the rest are in the file).
-_SHOWN = ("messaging.destination.name", "order.instance_id", "step", "step.action", "reply.outcome",
-          "http.response.status_code", "settlement")
+_SHOWN = (
+    "messaging.destination.name",
+    "order.instance_id",
+    "step",
+    "step.action",
+    "reply.outcome",
+    "http.response.status_code",
+    "settlement",
+)
 
 
 @dataclass
@@ -147,8 +154,12 @@ def print_traces(console: Console, order_id: str, traces: dict[str, list[Span]])
     for trace_id, spans in traces.items():
         origin = min(s.start for s in spans)
         total = (max(s.end for s in spans) - origin) / 1e6
-        head = Text.assemble(("trace ", "bold"), (trace_id, "yellow"),
-                             f"  {len(spans)} spans, {total:.0f} ms, order ", render.literal(order_id, 100))
+        head = Text.assemble(
+            ("trace ", "bold"),
+            (trace_id, "yellow"),
+            f"  {len(spans)} spans, {total:.0f} ms, order ",
+            render.literal(order_id, 100),
+        )
         linked = sorted({t for s in spans for t in s.links if t != trace_id})
         if linked:
             head.append(f"  (linked to {', '.join(linked)})", "dim")

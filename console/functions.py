@@ -61,7 +61,9 @@ _env.filters["hm"] = lambda v: v.astimezone(UTC).strftime("%H:%M:%S") if v else 
 _env.filters["js"] = lambda v: json.dumps(v, ensure_ascii=False, default=str)
 # URL parts the console builds are links, not text: an order id that happens
 # to look like a card number is masked where shown, never in its own link.
-_env.globals["qs"] = lambda **kw: security.Unmasked(urlencode({k: v for k, v in kw.items() if v not in (None, "")}))
+_env.globals["qs"] = lambda **kw: security.Unmasked(
+    urlencode({k: v for k, v in kw.items() if v not in (None, "")})
+)
 _env.filters["urlencode"] = lambda v: security.Unmasked(do_urlencode(v))
 # Read once: a file read in the async handler would block the event loop.
 _CSS = (HERE / "static" / "console.css").read_bytes()
@@ -103,16 +105,30 @@ def _base(req: func.HttpRequest) -> str:
     return path[: i + len(marker)] if i >= 0 else marker
 
 
-def _render(req: func.HttpRequest, template: str, deps: views.Deps | None, status: int = 200,
-            headers: dict[str, str] | None = None, **context: Any) -> func.HttpResponse:
+def _render(
+    req: func.HttpRequest,
+    template: str,
+    deps: views.Deps | None,
+    status: int = 200,
+    headers: dict[str, str] | None = None,
+    **context: Any,
+) -> func.HttpResponse:
     charges = deps.store.charges if deps is not None else None
     html = _env.get_template(template).render(
-        base=_base(req), now=datetime.now(UTC), cost=charges, **context)
-    return func.HttpResponse(html, status_code=status, mimetype="text/html", charset="utf-8",
-                             headers={**_SECURITY_HEADERS, **(headers or {})})
+        base=_base(req), now=datetime.now(UTC), cost=charges, **context
+    )
+    return func.HttpResponse(
+        html,
+        status_code=status,
+        mimetype="text/html",
+        charset="utf-8",
+        headers={**_SECURITY_HEADERS, **(headers or {})},
+    )
 
 
-def _error(req: func.HttpRequest, status: int, message: str, deps: views.Deps | None = None) -> func.HttpResponse:
+def _error(
+    req: func.HttpRequest, status: int, message: str, deps: views.Deps | None = None
+) -> func.HttpResponse:
     return _render(req, "error.html", deps, status=status, message=message, status_code=status)
 
 
@@ -121,8 +137,13 @@ def _signed_in(req: func.HttpRequest) -> str | func.HttpResponse:
     console is disabled in Azure, 401 when in Azure nobody is signed in.
     Every route calls this before anything else."""
     if not security.console_enabled():
-        return func.HttpResponse(security.DISABLED_MESSAGE, status_code=404, mimetype="text/plain",
-                                 charset="utf-8", headers=_SECURITY_HEADERS)
+        return func.HttpResponse(
+            security.DISABLED_MESSAGE,
+            status_code=404,
+            mimetype="text/plain",
+            charset="utf-8",
+            headers=_SECURITY_HEADERS,
+        )
     try:
         return security.operator(req.headers)
     except security.Unauthenticated as exc:
@@ -180,7 +201,9 @@ async def console_alerts(req: func.HttpRequest) -> func.HttpResponse:
     if isinstance(who, func.HttpResponse):
         return who
     deps = await _deps()
-    return _render(req, "alerts.html", deps, page="alerts", **await views.alerts(deps, _page(dict(req.params))))
+    return _render(
+        req, "alerts.html", deps, page="alerts", **await views.alerts(deps, _page(dict(req.params)))
+    )
 
 
 @bp.function_name("console_deadletters")
@@ -191,7 +214,9 @@ async def console_deadletters(req: func.HttpRequest) -> func.HttpResponse:
         return who
     deps = await _deps()
     try:
-        data = await views.dead_letters(deps, req.route_params.get("queue") or None, _page(dict(req.params)))
+        data = await views.dead_letters(
+            deps, req.route_params.get("queue") or None, _page(dict(req.params))
+        )
     except views.BadRequest as exc:
         return _error(req, 404, str(exc), deps)
     return _render(req, "deadletters.html", deps, page="deadletters", **data)
@@ -200,7 +225,9 @@ async def console_deadletters(req: func.HttpRequest) -> func.HttpResponse:
 @bp.function_name("console_order")
 @bp.route(route="console/orders/{order_id}", methods=["GET"], auth_level=ANON)
 @bp.durable_client_input(client_name="client")
-async def console_order(req: func.HttpRequest, client: df.DurableOrchestrationClient) -> func.HttpResponse:
+async def console_order(
+    req: func.HttpRequest, client: df.DurableOrchestrationClient
+) -> func.HttpResponse:
     who = _signed_in(req)
     if isinstance(who, func.HttpResponse):
         return who
@@ -213,7 +240,9 @@ async def console_order(req: func.HttpRequest, client: df.DurableOrchestrationCl
 
 
 @bp.function_name("console_action")
-@bp.route(route="console/orders/{order_id}/{action:alpha}", methods=["GET", "POST"], auth_level=ANON)
+@bp.route(
+    route="console/orders/{order_id}/{action:alpha}", methods=["GET", "POST"], auth_level=ANON
+)
 async def console_action(req: func.HttpRequest) -> func.HttpResponse:
     who = _signed_in(req)
     if isinstance(who, func.HttpResponse):
@@ -229,9 +258,18 @@ async def console_action(req: func.HttpRequest) -> func.HttpResponse:
         return _error(req, 404, f"No order {order_id}", deps)
     if req.method == "GET":
         title, explanation = views.ACTIONS[action]
-        return _render(req, "confirm.html", deps, page="orders", record=record, action=action, title=title,
-                       explanation=explanation, csrf=security.Unmasked(security.form_token(who, order_id, action)),
-                       who=who)
+        return _render(
+            req,
+            "confirm.html",
+            deps,
+            page="orders",
+            record=record,
+            action=action,
+            title=title,
+            explanation=explanation,
+            csrf=security.Unmasked(security.form_token(who, order_id, action)),
+            who=who,
+        )
     form = dict(parse_qsl(req.get_body().decode("utf-8", "replace")))
     try:
         security.check_csrf(req.headers, form, req.url, who, order_id, action)
@@ -254,8 +292,11 @@ async def console_static(req: func.HttpRequest) -> func.HttpResponse:
     who = _signed_in(req)
     if isinstance(who, func.HttpResponse):
         return who
-    return func.HttpResponse(_CSS, mimetype="text/css",
-                             headers={"Cache-Control": "max-age=300", "X-Content-Type-Options": "nosniff"})
+    return func.HttpResponse(
+        _CSS,
+        mimetype="text/css",
+        headers={"Cache-Control": "max-age=300", "X-Content-Type-Options": "nosniff"},
+    )
 
 
 @bp.function_name("console_find")
@@ -267,4 +308,6 @@ async def console_find(req: func.HttpRequest) -> func.HttpResponse:
     order_id = (req.params.get("id") or "").strip()
     if not views.valid_order_id(order_id):
         return _error(req, 404, f"No order {order_id}")
-    return func.HttpResponse(status_code=303, headers={"Location": f"{_base(req)}/orders/{order_id}"})
+    return func.HttpResponse(
+        status_code=303, headers={"Location": f"{_base(req)}/orders/{order_id}"}
+    )

@@ -34,8 +34,9 @@ class QueuePeeker:
         self._receivers: dict[tuple[str, bool], ServiceBusReceiver] = {}
         self._locks: dict[tuple[str, bool], asyncio.Lock] = {}
 
-    async def peek(self, queue: str, limit: int, dead_letter: bool = False,
-                   from_sequence: int | None = None) -> list[Any]:
+    async def peek(
+        self, queue: str, limit: int, dead_letter: bool = False, from_sequence: int | None = None
+    ) -> list[Any]:
         key = (queue, dead_letter)
         lock = self._locks.setdefault(key, asyncio.Lock())
         await asyncio.wait_for(lock.acquire(), self._timeout)
@@ -44,9 +45,11 @@ class QueuePeeker:
                 receiver = await self._receiver(key)
                 try:
                     return await asyncio.wait_for(
-                        receiver.peek_messages(max_message_count=limit,
-                                               sequence_number=from_sequence or FIRST_SEQUENCE),
-                        self._timeout)
+                        receiver.peek_messages(
+                            max_message_count=limit, sequence_number=from_sequence or FIRST_SEQUENCE
+                        ),
+                        self._timeout,
+                    )
                 except Exception as exc:  # noqa: BLE001 - a broken link is replaced once
                     await self._drop(key)
                     if attempt == 2:
@@ -61,7 +64,10 @@ class QueuePeeker:
         if receiver is None:
             queue, dead_letter = key
             receiver = self._client.get_queue_receiver(
-                queue, prefetch_count=0, sub_queue=ServiceBusSubQueue.DEAD_LETTER if dead_letter else None)
+                queue,
+                prefetch_count=0,
+                sub_queue=ServiceBusSubQueue.DEAD_LETTER if dead_letter else None,
+            )
             await asyncio.wait_for(receiver.__aenter__(), self._timeout)
             self._receivers[key] = receiver
         return receiver

@@ -67,7 +67,7 @@ AZURE_HINTS = ("WEBSITE_SITE_NAME", *MANAGED_IDENTITY_ENDPOINTS)
 AUTH_CONFIRMED_SETTING = "CONSOLE_AUTH_CONFIRMED"
 DISABLED_MESSAGE = (
     "The operator console is disabled in this deployment: App Service authentication has not been "
-    f"confirmed to protect it ({AUTH_CONFIRMED_SETTING}). See infra/README.md, \"The console in Azure\".\n"
+    f'confirmed to protect it ({AUTH_CONFIRMED_SETTING}). See infra/README.md, "The console in Azure".\n'
 )
 
 
@@ -103,7 +103,9 @@ def operator(headers: Mapping[str, str], env: Mapping[str, str] | None = None) -
     name = (_header(headers, PRINCIPAL_HEADER) or "").strip()
     if in_azure(env):
         if not name:
-            raise Unauthenticated("no authenticated principal: sign in (App Service authentication)")
+            raise Unauthenticated(
+                "no authenticated principal: sign in (App Service authentication)"
+            )
         return name[:80]
     return LOCAL_OPERATOR
 
@@ -113,8 +115,13 @@ def _secret(env: Mapping[str, str] | None = None) -> bytes:
     return configured.encode() if configured else _PROCESS_SECRET
 
 
-def form_token(who: str, order_id: str, action: str, now: float | None = None,
-               env: Mapping[str, str] | None = None) -> str:
+def form_token(
+    who: str,
+    order_id: str,
+    action: str,
+    now: float | None = None,
+    env: Mapping[str, str] | None = None,
+) -> str:
     expiry = int((now if now is not None else time.time()) + TOKEN_LIFETIME)
     return f"{expiry}.{_sign(who, order_id, action, expiry, env)}"
 
@@ -124,9 +131,16 @@ def _sign(who: str, order_id: str, action: str, expiry: int, env: Mapping[str, s
     return hmac.new(_secret(env), message, hashlib.sha256).hexdigest()
 
 
-def check_csrf(headers: Mapping[str, str], form: Mapping[str, str], request_url: str, who: str,
-               order_id: str, action: str, now: float | None = None,
-               env: Mapping[str, str] | None = None) -> None:
+def check_csrf(
+    headers: Mapping[str, str],
+    form: Mapping[str, str],
+    request_url: str,
+    who: str,
+    order_id: str,
+    action: str,
+    now: float | None = None,
+    env: Mapping[str, str] | None = None,
+) -> None:
     """Raise Forbidden unless the POST came from our own, fresh confirmation form
     for this operator, order and action."""
     site = (_header(headers, "sec-fetch-site") or "").lower()

@@ -67,7 +67,13 @@ class Deps:
 
 
 async def overview(deps: Deps) -> dict[str, Any]:
-    counts = dict(zip(STATES, await asyncio.gather(*(deps.store.count_in_state(s) for s in STATES)), strict=True))
+    counts = dict(
+        zip(
+            STATES,
+            await asyncio.gather(*(deps.store.count_in_state(s) for s in STATES)),
+            strict=True,
+        )
+    )
     gauge = await deps.store.read_backlog_gauge()
     cfg = deps.settings
     since = _floor(deps.now - timedelta(hours=1), BUCKET)
@@ -115,9 +121,13 @@ def _admission(cfg: Settings, counts: dict[str, int], gauge, now: datetime) -> d
     }
 
 
-def _throughput(finished: list[tuple[str, datetime]], since: datetime, now: datetime) -> dict[str, Any]:
+def _throughput(
+    finished: list[tuple[str, datetime]], since: datetime, now: datetime
+) -> dict[str, Any]:
     n = -(-(now - since) // BUCKET)  # the last bucket is the current, partial one
-    buckets: list[dict[str, Any]] = [{"start": since + i * BUCKET, "Processed": 0, "Error": 0} for i in range(n)]
+    buckets: list[dict[str, Any]] = [
+        {"start": since + i * BUCKET, "Processed": 0, "Error": 0} for i in range(n)
+    ]
     for state, at in finished:
         i = int((at - since) / BUCKET)
         if 0 <= i < n and state in ("Processed", "Error"):
@@ -131,9 +141,16 @@ def _throughput(finished: list[tuple[str, datetime]], since: datetime, now: date
         b["y_ok"] = 10 + height - b["h_ok"]
         b["y_err"] = b["y_ok"] - b["h_err"]
         b["label"] = b["start"].strftime("%H:%M")
-    return {"buckets": buckets, "top": top, "total": {
-        "Processed": sum(b["Processed"] for b in buckets), "Error": sum(b["Error"] for b in buckets)},
-        "bar_width": width, "svg_width": 30 + n * (width + 4) + 24}
+    return {
+        "buckets": buckets,
+        "top": top,
+        "total": {
+            "Processed": sum(b["Processed"] for b in buckets),
+            "Error": sum(b["Error"] for b in buckets),
+        },
+        "bar_width": width,
+        "svg_width": 30 + n * (width + 4) + 24,
+    }
 
 
 def _decision_totals(decisions) -> dict[str, int]:
@@ -149,7 +166,9 @@ def _decision_buckets(decisions, since: datetime) -> list[dict[str, Any]]:
     out: dict[int, dict[str, Any]] = {}
     for d in decisions:
         i = int((d.at - since) / BUCKET)
-        b = out.setdefault(i, {"start": since + i * BUCKET, "recovered": 0, "long-retry": 0, "failed": 0})
+        b = out.setdefault(
+            i, {"start": since + i * BUCKET, "recovered": 0, "long-retry": 0, "failed": 0}
+        )
         b[d.kind] += 1
     return [out[i] for i in sorted(out, reverse=True)]
 
@@ -180,12 +199,21 @@ async def orders(deps: Deps, filters: dict[str, Any]) -> dict[str, Any]:
     before = deps.now - timedelta(minutes=filters["older"]) if filters["older"] else None
     try:
         rows, token = await deps.reads.list_orders(
-            filters["state"], PAGE_SIZE, app_id=filters["app"], created_before=before,
-            page_token=filters["page"])
+            filters["state"],
+            PAGE_SIZE,
+            app_id=filters["app"],
+            created_before=before,
+            page_token=filters["page"],
+        )
     except DomainError as exc:
         raise BadRequest(str(exc)) from exc
-    return {"rows": [_with_age(r, deps.now) for r in rows], "next_page": token, "filters": filters,
-            "states": STATES, "apps": sorted(deps.settings.reply_queues)}
+    return {
+        "rows": [_with_age(r, deps.now) for r in rows],
+        "next_page": token,
+        "filters": filters,
+        "states": STATES,
+        "apps": sorted(deps.settings.reply_queues),
+    }
 
 
 def _with_age(row: OrderRow, now: datetime) -> dict[str, Any]:
@@ -211,9 +239,13 @@ async def stuck(deps: Deps, page: str | None) -> dict[str, Any]:
         found, token = await deps.store.query_expired(deps.now, _EPOCH, PAGE_SIZE, page)
     except DomainError as exc:
         raise BadRequest(str(exc)) from exc
-    return {"records": [{"record": r, "late": _human(deps.now - r.CompleteBy) if r.CompleteBy else ""}
-                        for r, _ in found],
-            "next_page": token}
+    return {
+        "records": [
+            {"record": r, "late": _human(deps.now - r.CompleteBy) if r.CompleteBy else ""}
+            for r, _ in found
+        ],
+        "next_page": token,
+    }
 
 
 # --- one order --------------------------------------------------------------------------
@@ -249,7 +281,8 @@ async def order_detail(deps: Deps, order_id: str) -> dict[str, Any] | None:
         "compensation": record.Compensation,
         "status_messages": await status_messages(deps, record),
         "can_resubmit": record.ProcessState is ProcessState.ERROR,
-        "can_compensate": record.ProcessState in (ProcessState.ERROR, ProcessState.COMPENSATION_FAILED)
+        "can_compensate": record.ProcessState
+        in (ProcessState.ERROR, ProcessState.COMPENSATION_FAILED)
         and not record.CompensationRequested,
     }
 
@@ -278,13 +311,24 @@ async def orchestration_statuses(deps: Deps, record: OrderState) -> dict[int, di
             "custom_status": redact(status.custom_status),
             "output": redact(status.output),
             # The extension answers `historyEvents`; the SDK keeps unknown keys as attributes.
-            "events": _orchestration_events(getattr(status, "historyEvents", None) or status.history or []),
+            "events": _orchestration_events(
+                getattr(status, "historyEvents", None) or status.history or []
+            ),
         }
     return out
 
 
-_SHOWN_EVENTS = {"ExecutionStarted", "TaskCompleted", "TaskFailed", "TimerCreated", "TimerFired",
-                 "EventRaised", "ExecutionCompleted", "ExecutionTerminated", "ExecutionFailed"}
+_SHOWN_EVENTS = {
+    "ExecutionStarted",
+    "TaskCompleted",
+    "TaskFailed",
+    "TimerCreated",
+    "TimerFired",
+    "EventRaised",
+    "ExecutionCompleted",
+    "ExecutionTerminated",
+    "ExecutionFailed",
+}
 # Fields of activity inputs and replies worth showing; never payloads (which
 # may carry payment references).
 _INPUT_FIELDS = ("Kind", "Step", "Action", "Status", "Detail", "Reason", "Outcome", "Error")
@@ -327,10 +371,23 @@ def _orchestration_events(history: list[Any]) -> list[dict[str, Any]]:
             what = f"finished: {e.get('OrchestrationStatus') or kind.removeprefix('Execution').lower()}"
         else:
             what = "started"
-        tone = "warn" if kind == "TimerFired" or fields.get("Outcome") == "transient" else (
-            "bad" if kind in ("TaskFailed", "ExecutionFailed") or fields.get("Outcome") == "permanent" else "")
-        events.append({"at": _parse_time(e.get("Timestamp")), "kind": kind, "text": redact(what.strip())[:400],
-                       "tone": tone})
+        tone = (
+            "warn"
+            if kind == "TimerFired" or fields.get("Outcome") == "transient"
+            else (
+                "bad"
+                if kind in ("TaskFailed", "ExecutionFailed") or fields.get("Outcome") == "permanent"
+                else ""
+            )
+        )
+        events.append(
+            {
+                "at": _parse_time(e.get("Timestamp")),
+                "kind": kind,
+                "text": redact(what.strip())[:400],
+                "tone": tone,
+            }
+        )
     return events
 
 
@@ -353,7 +410,9 @@ def timeline(record: OrderState, statuses: dict[int, dict[str, Any]]) -> list[di
     events: dict[int, list[dict[str, Any]]] = {}
 
     def add(attempt: int, at: datetime | None, source: str, text: str, tone: str = "") -> None:
-        events.setdefault(attempt, []).append({"at": at, "source": source, "text": text, "tone": tone})
+        events.setdefault(attempt, []).append(
+            {"at": at, "source": source, "text": text, "tone": tone}
+        )
 
     # History is bounded (oldest entries dropped), so attempts are counted back
     # from the record's current one: each claim started the attempt it names.
@@ -364,11 +423,17 @@ def timeline(record: OrderState, statuses: dict[int, dict[str, Any]]) -> list[di
         text = f"{h.From.value if h.From else '(new)'} → {h.To.value} by {h.By}"
         if h.Reason:
             text += f": {h.Reason}"
-        tone = "bad" if h.To in (ProcessState.ERROR, ProcessState.COMPENSATION_FAILED) else (
-            "warn" if h.By == "supervisor" else "")
+        tone = (
+            "bad"
+            if h.To in (ProcessState.ERROR, ProcessState.COMPENSATION_FAILED)
+            else ("warn" if h.By == "supervisor" else "")
+        )
         add(at_attempt, h.At, "state", text, tone)
         if h.To in (ProcessState.PROCESSING, ProcessState.COMPENSATING) and h.From in (
-                ProcessState.PENDING, ProcessState.ERROR, ProcessState.COMPENSATION_FAILED):
+            ProcessState.PENDING,
+            ProcessState.ERROR,
+            ProcessState.COMPENSATION_FAILED,
+        ):
             attempt = max(0, attempt - 1)
     for name, step in record.Steps.items():
         a = step.Attempt
@@ -377,24 +442,46 @@ def timeline(record: OrderState, statuses: dict[int, dict[str, Any]]) -> list[di
         if step.CompleteBy and not (step.CompletedAt and step.CompletedAt <= step.CompleteBy):
             add(a, step.CompleteBy, "deadline", f"{name} deadline", "muted")
         if step.CompletedAt:
-            add(a, step.CompletedAt, "step", f"{name} {step.Status.value.lower()}",
-                "good" if step.Status is StepStatus.COMPLETED else "")
+            add(
+                a,
+                step.CompletedAt,
+                "step",
+                f"{name} {step.Status.value.lower()}",
+                "good" if step.Status is StepStatus.COMPLETED else "",
+            )
         elif step.Status in (StepStatus.FAILED, StepStatus.RUNNING):
-            add(a, step.StartedAt, "step", f"{name} {step.Status.value.lower()}",
-                "bad" if step.Status is StepStatus.FAILED else "")
+            add(
+                a,
+                step.StartedAt,
+                "step",
+                f"{name} {step.Status.value.lower()}",
+                "bad" if step.Status is StepStatus.FAILED else "",
+            )
     for entry in record.Compensation:
         if entry.At is None:
             continue  # a planned undo, not yet tried
         text = f"undo {entry.Step}: {entry.Outcome}" + (f" ({entry.Error})" if entry.Error else "")
-        add(record.Attempt, entry.At, "compensation", text, "bad" if entry.Outcome == "Failed" else "")
+        add(
+            record.Attempt,
+            entry.At,
+            "compensation",
+            text,
+            "bad" if entry.Outcome == "Failed" else "",
+        )
     for a, status in statuses.items():
         for e in status.get("events", []):
             add(a, e["at"], "orchestration", e["text"], e["tone"])
     out = []
     for a in sorted(events):
         items = sorted(events[a], key=lambda e: (e["at"] is None, e["at"] or _EPOCH))
-        out.append({"attempt": a, "instance": attempt_instance_id(record.id, a) if a else None,
-                    "orchestration": statuses.get(a), "events": items})
+        out.append(
+            {
+                "attempt": a,
+                "instance": attempt_instance_id(record.id, a) if a else None,
+                "orchestration": statuses.get(a),
+                "events": items,
+            }
+        )
     return out
 
 
@@ -419,21 +506,36 @@ async def status_messages(deps: Deps, record: OrderState) -> dict[str, Any]:
 # --- Service Bus: peek, never receive ---------------------------------------------------
 
 
-async def peek(deps: Deps, queue: str, limit: int = PEEK_LIMIT, dead_letter: bool = False,
-               from_sequence: int | None = None, body_limit: int = 400) -> dict[str, Any]:
+async def peek(
+    deps: Deps,
+    queue: str,
+    limit: int = PEEK_LIMIT,
+    dead_letter: bool = False,
+    from_sequence: int | None = None,
+    body_limit: int = 400,
+) -> dict[str, Any]:
     """Up to `limit` messages of `queue` (or its dead-letter queue) without
     receiving them: nothing is locked, consumed or counted as a delivery."""
     if deps.servicebus is None:
         return {"messages": [], "error": "Service Bus not configured", "next": None}
     try:
-        messages = await deps.servicebus.peek(queue, limit, dead_letter=dead_letter, from_sequence=from_sequence)
+        messages = await deps.servicebus.peek(
+            queue, limit, dead_letter=dead_letter, from_sequence=from_sequence
+        )
     except Exception as exc:  # noqa: BLE001 - one unreachable queue must not break the page
         log.warning("console: peek %s failed: %s", queue, exc)
-        return {"messages": [], "error": f"could not peek {queue}: {type(exc).__name__}", "next": None}
+        return {
+            "messages": [],
+            "error": f"could not peek {queue}: {type(exc).__name__}",
+            "next": None,
+        }
     out = [_message(m, body_limit) for m in messages]
     last = max((m["sequence"] for m in out if m["sequence"] is not None), default=None)
-    return {"messages": out, "error": None,
-            "next": last + 1 if last is not None and len(out) >= limit else None}
+    return {
+        "messages": out,
+        "error": None,
+        "next": last + 1 if last is not None and len(out) >= limit else None,
+    }
 
 
 def _message(m: Any, body_limit: int) -> dict[str, Any]:
@@ -445,8 +547,12 @@ def _message(m: Any, body_limit: int) -> dict[str, Any]:
     except ValueError:
         parsed = None
         body = redact(text)
-    props = {(k.decode() if isinstance(k, bytes) else str(k)): (v.decode() if isinstance(v, bytes) else v)
-             for k, v in (m.application_properties or {}).items()}
+    props = {
+        (k.decode() if isinstance(k, bytes) else str(k)): (
+            v.decode() if isinstance(v, bytes) else v
+        )
+        for k, v in (m.application_properties or {}).items()
+    }
     return {
         "id": m.message_id,
         "sequence": m.sequence_number,
@@ -472,19 +578,33 @@ async def dead_letters(deps: Deps, queue: str | None, from_sequence: int | None)
     if queue is None:
         # the summary: a few of each queue's dead letters
         peeked = await asyncio.gather(*(peek(deps, q, limit=5, dead_letter=True) for q in queues))
-        return {"queues": queues, "per_queue": dict(zip(queues, peeked, strict=True)), "queue": None,
-                "replies_left_out": replies_left_out}
-    return {"queues": queues, "queue": queue, "replies_left_out": replies_left_out,
-            "peeked": await peek(deps, queue, dead_letter=True, from_sequence=from_sequence)}
+        return {
+            "queues": queues,
+            "per_queue": dict(zip(queues, peeked, strict=True)),
+            "queue": None,
+            "replies_left_out": replies_left_out,
+        }
+    return {
+        "queues": queues,
+        "queue": queue,
+        "replies_left_out": replies_left_out,
+        "peeked": await peek(deps, queue, dead_letter=True, from_sequence=from_sequence),
+    }
 
 
 # --- actions ----------------------------------------------------------------------------
 
 ACTIONS = {
-    "resubmit": ("Resubmit", "Put this Error order back to Pending with a fresh retry budget; "
-                 "completed steps stay completed and the next attempt resumes after them."),
-    "compensate": ("Compensate", "Undo this order's completed steps in reverse order; the Starter "
-                   "runs the compensation as a new attempt."),
+    "resubmit": (
+        "Resubmit",
+        "Put this Error order back to Pending with a fresh retry budget; "
+        "completed steps stay completed and the next attempt resumes after them.",
+    ),
+    "compensate": (
+        "Compensate",
+        "Undo this order's completed steps in reverse order; the Starter "
+        "runs the compensation as a new attempt.",
+    ),
 }
 
 
@@ -498,6 +618,8 @@ async def act(deps: Deps, order_id: str, action: str, who: str) -> OrderState:
         transition = sm.request_compensation
     else:
         raise BadRequest(f"unknown action {action!r}")
-    record, _ = await deps.store.update(order_id, lambda r: transition(r, datetime.now(UTC), by=by), ANY_OWNER)
+    record, _ = await deps.store.update(
+        order_id, lambda r: transition(r, datetime.now(UTC), by=by), ANY_OWNER
+    )
     log.info("console: %s %s by %s", action, order_id, who)
     return record

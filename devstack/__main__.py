@@ -51,8 +51,11 @@ def up(args: argparse.Namespace) -> int:
         if taken:
             for port, owner in taken.items():
                 print(f"devstack: port {port} is taken by {owner}", file=sys.stderr)
-            print("devstack: stop it (`python -m devstack down` stops a stack left by an earlier run)"
-                  " or run with --free-ports", file=sys.stderr)
+            print(
+                "devstack: stop it (`python -m devstack down` stops a stack left by an earlier run)"
+                " or run with --free-ports",
+                file=sys.stderr,
+            )
             return 1
     stack = Stack(Path(args.run_dir), ports=ports, with_host=not args.no_host)
     exit_on_signals()
@@ -66,8 +69,11 @@ def up(args: argparse.Namespace) -> int:
             print(f"devstack: {name:<10} ready on 127.0.0.1:{server.port}  (log: {server.log})")
         if "host" in stack.servers:
             print(f"devstack: console    http://127.0.0.1:{stack.servers['host'].port}/api/console")
-        print(f"devstack: up (pid {os.getpid()}); Ctrl-C or `python -m devstack down` "
-              "stops everything", flush=True)
+        print(
+            f"devstack: up (pid {os.getpid()}); Ctrl-C or `python -m devstack down` "
+            "stops everything",
+            flush=True,
+        )
         while not shutting_down():
             dead = stack.dead()
             if dead:
@@ -81,13 +87,18 @@ def up(args: argparse.Namespace) -> int:
     finally:
         started = time.monotonic()
         stack.stop()
-        print(f"devstack: stopped in {time.monotonic() - started:.1f}s", file=sys.stderr, flush=True)
+        print(
+            f"devstack: stopped in {time.monotonic() - started:.1f}s", file=sys.stderr, flush=True
+        )
 
 
 def status(args: argparse.Namespace) -> int:
     stacks = find_stacks(_run_dirs(args.run_dir))
     if not stacks:
-        print("devstack: no stack state found" + (f" in {args.run_dir}" if args.run_dir else f" under {RUNS}"))
+        print(
+            "devstack: no stack state found"
+            + (f" in {args.run_dir}" if args.run_dir else f" under {RUNS}")
+        )
     for left in stacks:
         print("\n".join(stack_status(left)))
     return 0
@@ -108,17 +119,34 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m devstack")
     sub = parser.add_subparsers(dest="command", required=True)
     p_up = sub.add_parser("up", help="start the whole local stack in the foreground")
-    p_up.add_argument("--run-dir", default=str(RUNS / "up"), help="data and logs (kept between runs)")
-    p_up.add_argument("--no-host", action="store_true", help="servers only (run `func start` yourself)")
-    p_up.add_argument("--free-ports", action="store_true",
-                      help="free ports instead of the template's fixed ones (printed when ready)")
-    p_up.add_argument("--base-port", type=int, default=0,
-                      help="seven consecutive ports from this one instead of the template's "
-                           "(blob, queue, table, cosmos, servicebus, remote, host)")
+    p_up.add_argument(
+        "--run-dir", default=str(RUNS / "up"), help="data and logs (kept between runs)"
+    )
+    p_up.add_argument(
+        "--no-host", action="store_true", help="servers only (run `func start` yourself)"
+    )
+    p_up.add_argument(
+        "--free-ports",
+        action="store_true",
+        help="free ports instead of the template's fixed ones (printed when ready)",
+    )
+    p_up.add_argument(
+        "--base-port",
+        type=int,
+        default=0,
+        help="seven consecutive ports from this one instead of the template's "
+        "(blob, queue, table, cosmos, servicebus, remote, host)",
+    )
     p_status = sub.add_parser("status", help="show stacks found in run directories")
-    p_status.add_argument("--run-dir", default=None, help="one run directory (default: all under .devstack/)")
-    p_down = sub.add_parser("down", help="stop stacks found in run directories, left by earlier runs too")
-    p_down.add_argument("--run-dir", default=None, help="one run directory (default: all under .devstack/)")
+    p_status.add_argument(
+        "--run-dir", default=None, help="one run directory (default: all under .devstack/)"
+    )
+    p_down = sub.add_parser(
+        "down", help="stop stacks found in run directories, left by earlier runs too"
+    )
+    p_down.add_argument(
+        "--run-dir", default=None, help="one run directory (default: all under .devstack/)"
+    )
     args = parser.parse_args(argv)
     return {"up": up, "status": status, "down": down}[args.command](args)
 

@@ -81,28 +81,43 @@ class Demo:
     async def faults(self) -> None:
         rules = [
             {"kind": "transient", "service": "*", "rate": 0.1},
-            {"kind": "crash", "service": "inventory", "operation": "reserve", "count": 3, "mode": "drop"},
+            {
+                "kind": "crash",
+                "service": "inventory",
+                "operation": "reserve",
+                "count": 3,
+                "mode": "drop",
+            },
             # longer than a step deadline (30 s): those attempts time out and the Supervisor retries them
             {"kind": "outage", "service": "shipping", "operation": "arrange", "seconds": 40},
         ]
         rules += [
-            {"kind": "permanent", "service": "payment", "operation": "charge", "order_id": oid,
-             "message": "card declined"}
+            {
+                "kind": "permanent",
+                "service": "payment",
+                "operation": "charge",
+                "order_id": oid,
+                "message": "card declined",
+            }
             for oid in sorted(self.declined)
         ]
         async with aiohttp.ClientSession() as http:
             for rule in rules:
                 async with http.post(f"{self.remote}/_admin/faults", json=rule) as response:
                     response.raise_for_status()
-        self.events.append(f"faults: 10% transient errors, 3 crashes after a side effect, a 40 s shipping "
-                           f"outage, {len(self.declined)} payments declined")
+        self.events.append(
+            f"faults: 10% transient errors, 3 crashes after a side effect, a 40 s shipping "
+            f"outage, {len(self.declined)} payments declined"
+        )
 
     async def post(self, client: ServiceBusClient) -> None:
         bodies = [(f"submit/{o.OrderID}", encode(o)) for o in self.orders]
         original = self.orders[1].model_dump(mode="json")
         conflicting = {**original, "Customer": {"CustomerId": "C-someone-else"}}
         not_owned = self.orders[2].model_dump(mode="json") | {
-            "OrderID": f"{self.prefix}-NOTOWNED", "ReplyTo": "replies-partner-portal"}
+            "OrderID": f"{self.prefix}-NOTOWNED",
+            "ReplyTo": "replies-partner-portal",
+        }
         extras = [
             ("dup/0", encode(self.orders[0])),  # the same order again, another message id
             ("conflict/1", json.dumps(conflicting).encode()),
@@ -112,11 +127,14 @@ class Demo:
         async with client.get_queue_sender(INGRESS_QUEUE) as sender:
             for start in range(0, len(bodies), 100):
                 await sender.send_messages(
-                    [ServiceBusMessage(b, message_id=m) for m, b in bodies[start:start + 100]])
+                    [ServiceBusMessage(b, message_id=m) for m, b in bodies[start : start + 100]]
+                )
             await asyncio.sleep(3)  # let the originals land first, so the conflict is a conflict
             await sender.send_messages([ServiceBusMessage(b, message_id=m) for m, b in extras])
-        self.events.append(f"posted {len(bodies)} orders, a duplicate, a conflicting order, "
-                           "a malformed message and an order naming another app's reply queue")
+        self.events.append(
+            f"posted {len(bodies)} orders, a duplicate, a conflicting order, "
+            "a malformed message and an order naming another app's reply queue"
+        )
 
     # --- watching ------------------------------------------------------------------------
 
@@ -158,7 +176,9 @@ class Demo:
     # --- checking ----------------------------------------------------------------------
 
     async def check(self, client, store, records: dict[str, OrderState]) -> list[str]:
-        observed = await observe(store, client, self.remote, self.prefix, self.stack.run_dir / "logs")
+        observed = await observe(
+            store, client, self.remote, self.prefix, self.stack.run_dir / "logs"
+        )
         observed.records = records
         found = violations(
             observed,
@@ -171,27 +191,50 @@ class Demo:
             found.append("4: an order naming another app's reply queue was accepted")
         if not observed.supervisor_reads:
             found.append("6: no Supervisor run was logged")
-        self.summary(records, observed.replies, observed.dead_letter_reasons, observed.alerts,
-                     observed.side_effects, observed.supervisor_reads)
+        self.summary(
+            records,
+            observed.replies,
+            observed.dead_letter_reasons,
+            observed.alerts,
+            observed.side_effects,
+            observed.supervisor_reads,
+        )
         return found
 
     def host_log(self) -> str:
-        return "".join(p.read_text(errors="replace") for p in (self.stack.run_dir / "logs").glob("host*.log"))
+        return "".join(
+            p.read_text(errors="replace") for p in (self.stack.run_dir / "logs").glob("host*.log")
+        )
 
     def summary(self, records, replies, reasons, alerts, effects, reads) -> None:
         t = Table(title="demo summary")
         t.add_column("what")
         t.add_column("figures")
-        t.add_row("final states", ", ".join(f"{k}: {v}" for k, v in Counter(
-            r.ProcessState.value for r in records.values()).most_common()))
-        t.add_row("attempts per order", ", ".join(f"{k}: {v}" for k, v in sorted(Counter(
-            r.Attempt for r in records.values()).items())))
+        t.add_row(
+            "final states",
+            ", ".join(
+                f"{k}: {v}"
+                for k, v in Counter(r.ProcessState.value for r in records.values()).most_common()
+            ),
+        )
+        t.add_row(
+            "attempts per order",
+            ", ".join(
+                f"{k}: {v}" for k, v in sorted(Counter(r.Attempt for r in records.values()).items())
+            ),
+        )
         t.add_row("status messages", str(sum(len(v) for v in replies.values())))
         t.add_row("dead-lettered", ", ".join(f"{k}: {v}" for k, v in reasons.items()) or "none")
         t.add_row("alerts", ", ".join(f"{k}: {v}" for k, v in alerts.items()) or "none")
-        t.add_row("remote side effects", f"{effects['total']} applied, {len(effects['duplicates'])} duplicated, "
-                                         f"{effects.get('replays', 0)} replays answered from the idempotency store")
-        t.add_row("supervisor runs", f"{len(reads)}, most documents read in one run: {max(reads) if reads else 0}")
+        t.add_row(
+            "remote side effects",
+            f"{effects['total']} applied, {len(effects['duplicates'])} duplicated, "
+            f"{effects.get('replays', 0)} replays answered from the idempotency store",
+        )
+        t.add_row(
+            "supervisor runs",
+            f"{len(reads)}, most documents read in one run: {max(reads) if reads else 0}",
+        )
         for event in self.events:
             t.add_row("event", event)
         console.print(t)
@@ -200,8 +243,12 @@ class Demo:
         cfg = self.settings
         cosmos = build_client(cfg.state_account)
         store = CosmosStateStore(
-            cosmos.get_database_client(cfg.state_database).get_container_client(cfg.state_container))
-        async with cosmos, ServiceBusClient.from_connection_string(cfg.servicebus.connection_string) as bus:
+            cosmos.get_database_client(cfg.state_database).get_container_client(cfg.state_container)
+        )
+        async with (
+            cosmos,
+            ServiceBusClient.from_connection_string(cfg.servicebus.connection_string) as bus,
+        ):
             await self.faults()
             await self.post(bus)
             records = await self.wait(store)
@@ -218,11 +265,17 @@ class Demo:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m devstack.demo", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m devstack.demo", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--orders", type=int, default=200)
     parser.add_argument("--timeout", type=float, default=600)
-    parser.add_argument("--run-dir", default=None, help="data and logs (default .devstack/demo-<time>)")
-    parser.add_argument("--keep", action="store_true", help="leave the run directory for inspection")
+    parser.add_argument(
+        "--run-dir", default=None, help="data and logs (default .devstack/demo-<time>)"
+    )
+    parser.add_argument(
+        "--keep", action="store_true", help="leave the run directory for inspection"
+    )
     args = parser.parse_args(argv)
     run_dir = Path(args.run_dir or REPO / ".devstack" / f"demo-{datetime.now(UTC):%Y%m%d-%H%M%S}")
     stack = Stack(run_dir, overrides=DEMO_SETTINGS)

@@ -49,7 +49,9 @@ async def records_with_prefix(store: CosmosStateStore, prefix: str) -> dict[str,
 
 async def drain(client: ServiceBusClient, queue: str, wait: float = 2) -> list:
     out = []
-    receiver = client.get_queue_receiver(queue, receive_mode=ServiceBusReceiveMode.RECEIVE_AND_DELETE)
+    receiver = client.get_queue_receiver(
+        queue, receive_mode=ServiceBusReceiveMode.RECEIVE_AND_DELETE
+    )
     async with receiver:
         while batch := await receiver.receive_messages(max_message_count=200, max_wait_time=wait):
             out.extend(batch)
@@ -62,7 +64,11 @@ INGRESS_QUEUE = "orders-webshop"
 
 
 async def observe(
-    store: CosmosStateStore, bus: ServiceBusClient, remote_url: str, prefix: str, log_dir: Path,
+    store: CosmosStateStore,
+    bus: ServiceBusClient,
+    remote_url: str,
+    prefix: str,
+    log_dir: Path,
     reply_queue: str = "replies-webshop",
     ingress_queue: str = INGRESS_QUEUE,
 ) -> Observed:
@@ -104,14 +110,21 @@ def violations(
         if record.ProcessState not in TERMINAL_STATES:
             found.append(f"1: {oid} is still {record.ProcessState.value}")
         elif STATUS_OF_STATE[record.ProcessState] not in observed.replies.get(oid, []):
-            found.append(f"1: {oid} is {record.ProcessState.value} but its reply queue never said so")
+            found.append(
+                f"1: {oid} is {record.ProcessState.value} but its reply queue never said so"
+            )
     # 2. no remote side effect applied twice for one (order, step)
     for row in observed.side_effects.get("duplicates", []):
-        found.append(f"2: {row['order_id']} {row['step']} {row['operation']} applied {row['count']} times")
+        found.append(
+            f"2: {row['order_id']} {row['step']} {row['operation']} applied {row['count']} times"
+        )
     # 3. a stale attempt never changes the record: transitions come from attempts in order
     for oid, record in records.items():
-        attempts = [int(m.group(1)) for h in record.History
-                    if (m := re.fullmatch(rf"{re.escape(oid)}:(\d+)", h.By))]
+        attempts = [
+            int(m.group(1))
+            for h in record.History
+            if (m := re.fullmatch(rf"{re.escape(oid)}:(\d+)", h.By))
+        ]
         if attempts != sorted(attempts):
             found.append(f"3: {oid} was written by attempts out of order: {attempts}")
     # 4. conflicting or malformed submissions are dead-lettered with a reason and alerted, nothing overwritten
@@ -130,7 +143,12 @@ def violations(
             found.append(f"5: {oid} failed {record.FailureCount} times (bound {bound})")
     # 6. the Supervisor's cost per run is bounded by its page size (an index
     #    page reads entries and then their records: twice the page at most)
-    if observed.supervisor_reads and max(observed.supervisor_reads) > 2 * settings.supervisor_page_size:
-        found.append(f"6: a Supervisor run read {max(observed.supervisor_reads)} documents "
-                     f"(page size {settings.supervisor_page_size})")
+    if (
+        observed.supervisor_reads
+        and max(observed.supervisor_reads) > 2 * settings.supervisor_page_size
+    ):
+        found.append(
+            f"6: a Supervisor run read {max(observed.supervisor_reads)} documents "
+            f"(page size {settings.supervisor_page_size})"
+        )
     return found

@@ -131,7 +131,9 @@ def request_shutdown() -> None:
     _shutdown.set()
 
 
-def exit_on_signals(signals: Sequence[int] = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)) -> None:
+def exit_on_signals(
+    signals: Sequence[int] = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT),
+) -> None:
     """Make SIGTERM and SIGHUP end the program like Ctrl-C does, by raising
     SystemExit(128 + signal) in the main thread (KeyboardInterrupt for
     SIGINT), so `finally` blocks and context managers stop what was started.
@@ -236,8 +238,11 @@ def _reap(owner: str) -> int:
     orphans = processes_with(OWNER_ENV, owner)
     if orphans:
         names = ", ".join(describe(p.pid) for p in orphans)
-        print(f"devstack reaper: owner {owner.split('-')[0]} is gone; stopping {names}",
-              file=sys.stderr, flush=True)
+        print(
+            f"devstack reaper: owner {owner.split('-')[0]} is gone; stopping {names}",
+            file=sys.stderr,
+            flush=True,
+        )
         terminate(orphans)
     return 0
 
@@ -253,8 +258,12 @@ class Child:
     process: subprocess.Popen[Any]
     argv: list[str] = field(default_factory=list)
     token: str = ""  # CHILD_ENV of its processes ("" for a Child built around a foreign Popen)
-    _done: bool = field(default=False, init=False, repr=False)  # stopped or killed, and reaped: nothing left to signal
-    _reaped_elsewhere: bool = field(default=False, init=False, repr=False)  # by a waitpid not Popen's
+    _done: bool = field(
+        default=False, init=False, repr=False
+    )  # stopped or killed, and reaped: nothing left to signal
+    _reaped_elsewhere: bool = field(
+        default=False, init=False, repr=False
+    )  # by a waitpid not Popen's
 
     @classmethod
     def start(
@@ -279,8 +288,14 @@ class Child:
         if tag is not None:
             child_env[TAG_ENV] = tag
         process = subprocess.Popen(
-            list(argv), cwd=cwd, env=child_env, stdin=stdin, stdout=stdout, stderr=stderr,
-            text=text, start_new_session=True,
+            list(argv),
+            cwd=cwd,
+            env=child_env,
+            stdin=stdin,
+            stdout=stdout,
+            stderr=stderr,
+            text=text,
+            start_new_session=True,
         )
         return cls(name, process, list(argv), token)
 

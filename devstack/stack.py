@@ -70,13 +70,18 @@ class Ports:
 
     def named(self) -> dict[str, int]:
         """What each port is for, e.g. {'azurite blob': 10000, ...}."""
-        return {("azurite " + k if k in ("blob", "queue", "table") else k): v
-                for k, v in asdict(self).items()}
+        return {
+            ("azurite " + k if k in ("blob", "queue", "table") else k): v
+            for k, v in asdict(self).items()
+        }
 
     def taken(self) -> dict[str, str]:
         """Ports something already listens on: {'cosmos 8081': 'pid 12 (node ...)'}."""
-        return {f"{name} {port}": port_owner(port)
-                for name, port in self.named().items() if port_open(port)}
+        return {
+            f"{name} {port}": port_owner(port)
+            for name, port in self.named().items()
+            if port_open(port)
+        }
 
 
 @dataclass
@@ -96,8 +101,14 @@ class Server:
     def start(self) -> None:
         self.log.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log, "ab") as out:  # the child keeps its own copy of the descriptor
-            self.child = Child.start(self.name, self.argv, env=self.env, tag=self.tag,
-                                     stdout=out, stderr=subprocess.STDOUT)
+            self.child = Child.start(
+                self.name,
+                self.argv,
+                env=self.env,
+                tag=self.tag,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
 
     def wait_ready(self, timeout: float) -> None:
         try:
@@ -172,21 +183,67 @@ class Stack:
         if not azurite.exists():
             raise StackError("node_modules/.bin/azurite is missing: run `make install` (npm ci)")
         servers = [
-            Server("azurite", [str(azurite), "--silent", "--skipApiVersionCheck", "--disableTelemetry",
-                               "--location", str(self.run_dir / "azurite"),
-                               "--blobHost", "127.0.0.1", "--blobPort", str(p.blob),
-                               "--queueHost", "127.0.0.1", "--queuePort", str(p.queue),
-                               "--tableHost", "127.0.0.1", "--tablePort", str(p.table)],
-                   p.table, logs / "azurite.log"),
-            Server("cosmos", [py, "-m", "devstack.cosmos", "--port", str(p.cosmos)], p.cosmos,
-                   logs / "cosmos.log"),
-            Server("servicebus", [py, "-m", "devstack.servicebus", "--port", str(p.servicebus),
-                                  "--config", str(self.servicebus_config),
-                                  "--data-dir", str(self.run_dir / "servicebus")],
-                   p.servicebus, logs / "servicebus.log"),
-            Server("remote", [py, "-m", "devstack.remote_service", "--port", str(p.remote),
-                              "--state-file", str(self.run_dir / "remote-state.json")],
-                   p.remote, logs / "remote.log"),
+            Server(
+                "azurite",
+                [
+                    str(azurite),
+                    "--silent",
+                    "--skipApiVersionCheck",
+                    "--disableTelemetry",
+                    "--location",
+                    str(self.run_dir / "azurite"),
+                    "--blobHost",
+                    "127.0.0.1",
+                    "--blobPort",
+                    str(p.blob),
+                    "--queueHost",
+                    "127.0.0.1",
+                    "--queuePort",
+                    str(p.queue),
+                    "--tableHost",
+                    "127.0.0.1",
+                    "--tablePort",
+                    str(p.table),
+                ],
+                p.table,
+                logs / "azurite.log",
+            ),
+            Server(
+                "cosmos",
+                [py, "-m", "devstack.cosmos", "--port", str(p.cosmos)],
+                p.cosmos,
+                logs / "cosmos.log",
+            ),
+            Server(
+                "servicebus",
+                [
+                    py,
+                    "-m",
+                    "devstack.servicebus",
+                    "--port",
+                    str(p.servicebus),
+                    "--config",
+                    str(self.servicebus_config),
+                    "--data-dir",
+                    str(self.run_dir / "servicebus"),
+                ],
+                p.servicebus,
+                logs / "servicebus.log",
+            ),
+            Server(
+                "remote",
+                [
+                    py,
+                    "-m",
+                    "devstack.remote_service",
+                    "--port",
+                    str(p.remote),
+                    "--state-file",
+                    str(self.run_dir / "remote-state.json"),
+                ],
+                p.remote,
+                logs / "remote.log",
+            ),
         ]
         if self.with_host:
             servers.append(self.host_server())
@@ -196,8 +253,18 @@ class Stack:
         port = port or self.ports.host
         return Server(
             name,
-            [sys.executable, "-m", "devstack.host", "--app", "function_app:app",
-             "--data-dir", str(self.run_dir / "host"), "--port", str(port), *self.host_args],
+            [
+                sys.executable,
+                "-m",
+                "devstack.host",
+                "--app",
+                "function_app:app",
+                "--data-dir",
+                str(self.run_dir / "host"),
+                "--port",
+                str(port),
+                *self.host_args,
+            ],
             port,
             self.run_dir / "logs" / f"{name}.log",
             env=self._env(),
@@ -263,8 +330,11 @@ class Stack:
         host = self.servers.get("host")
         if host is not None:
             host.stop()
-        others = [s.child for name, s in reversed(self.servers.items())
-                  if name != "host" and s.child is not None]
+        others = [
+            s.child
+            for name, s in reversed(self.servers.items())
+            if name != "host" and s.child is not None
+        ]
         for child in others:
             child.terminate()
         deadline = time.monotonic() + STOP_TIMEOUT
@@ -282,8 +352,10 @@ class Stack:
             "owner_started": psutil.Process().create_time(),
             "reaper": reaper_pid(),
             "tag": self.tag,
-            "servers": {name: {"pid": s.child.pid if s.child else None, "port": s.port, "log": str(s.log)}
-                        for name, s in self.servers.items()},
+            "servers": {
+                name: {"pid": s.child.pid if s.child else None, "port": s.port, "log": str(s.log)}
+                for name, s in self.servers.items()
+            },
         }
         path = self.run_dir / STATE_FILE
         tmp = path.with_suffix(".tmp")
@@ -323,7 +395,10 @@ def _owner_alive(state: dict) -> bool:
     try:
         p = psutil.Process(state["owner"])
         # pids are reused: only the process that wrote the file counts
-        return abs(p.create_time() - state.get("owner_started", 0)) < 1 and p.status() != psutil.STATUS_ZOMBIE
+        return (
+            abs(p.create_time() - state.get("owner_started", 0)) < 1
+            and p.status() != psutil.STATUS_ZOMBIE
+        )
     except (psutil.Error, KeyError, TypeError):
         return False
 
@@ -343,12 +418,16 @@ def find_stacks(run_dirs: list[Path]) -> list[LeftStack]:
 
 def stack_status(left: LeftStack) -> list[str]:
     state = left.state
-    lines = [f"{left.run_dir}: {'running' if left.running else 'stopped'}; owner pid {state.get('owner')} "
-             f"{'alive' if left.owner_alive else 'gone'}"]
+    lines = [
+        f"{left.run_dir}: {'running' if left.running else 'stopped'}; owner pid {state.get('owner')} "
+        f"{'alive' if left.owner_alive else 'gone'}"
+    ]
     for name, s in state.get("servers", {}).items():
         listening = port_open(s["port"])
         who = port_owner(s["port"]) if listening else "nothing"
-        lines.append(f"  {name:<10} port {s['port']:<5} {'listening: ' + who if listening else 'free'}")
+        lines.append(
+            f"  {name:<10} port {s['port']:<5} {'listening: ' + who if listening else 'free'}"
+        )
     for p in left.processes:
         lines.append(f"  process    {describe(p.pid)}")
     return lines

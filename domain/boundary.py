@@ -180,12 +180,17 @@ def exact_json(raw: bytes, max_bytes: int, max_depth: int = MAX_DEPTH) -> Any:
             depth -= 1
     try:
         value = json.loads(
-            text, object_pairs_hook=_no_duplicates, parse_constant=_no_constants, parse_float=_finite
+            text,
+            object_pairs_hook=_no_duplicates,
+            parse_constant=_no_constants,
+            parse_float=_finite,
         )
     except BoundaryError:
         raise
     except json.JSONDecodeError as exc:
-        raise BoundaryError(f"invalid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+        raise BoundaryError(
+            f"invalid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
+        ) from None
     except RecursionError:
         raise BoundaryError(f"JSON is nested more than {max_depth} levels deep") from None
     _no_lone_surrogates(value, "")

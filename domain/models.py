@@ -67,7 +67,9 @@ MAX_PAYLOAD_KEYS = 50
 OrderId = Annotated[str, AfterValidator(check_order_id)]
 # Client text: refused unless it satisfies the text policy.
 Text = Annotated[str, AfterValidator(check_text)]
-ShortText = Annotated[str, StringConstraints(min_length=1, max_length=200), AfterValidator(check_text)]
+ShortText = Annotated[
+    str, StringConstraints(min_length=1, max_length=200), AfterValidator(check_text)
+]
 
 
 def ProducedText(max_length: int):  # noqa: N802 - a type factory, named like a type
@@ -128,9 +130,15 @@ def mask_card_numbers(text: str) -> str:
 
 
 # Bounded, checked text (check_text: printable, no bidi controls) of three sizes.
-Text64: TypeAlias = Annotated[str, StringConstraints(min_length=1, max_length=64), AfterValidator(check_text)]
-Text100: TypeAlias = Annotated[str, StringConstraints(min_length=1, max_length=100), AfterValidator(check_text)]
-Text120: TypeAlias = Annotated[str, StringConstraints(min_length=1, max_length=120), AfterValidator(check_text)]
+Text64: TypeAlias = Annotated[
+    str, StringConstraints(min_length=1, max_length=64), AfterValidator(check_text)
+]
+Text100: TypeAlias = Annotated[
+    str, StringConstraints(min_length=1, max_length=100), AfterValidator(check_text)
+]
+Text120: TypeAlias = Annotated[
+    str, StringConstraints(min_length=1, max_length=120), AfterValidator(check_text)
+]
 QueueName = Annotated[
     str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9._-]{0,259}$", max_length=260)
 ]

@@ -97,7 +97,9 @@ def schema_for(name: str) -> dict[str, Any]:
     contract = CONTRACTS[name]
     body = contract.model.model_json_schema(mode=contract.mode)
     _tighten(body)
-    description = " ".join(filter(None, [body.pop("description", ""), f"Route: {contract.route}.", contract.notes]))
+    description = " ".join(
+        filter(None, [body.pop("description", ""), f"Route: {contract.route}.", contract.notes])
+    )
     return {
         "$schema": JSON_SCHEMA_DIALECT,
         "$id": f"{name}.schema.json",
@@ -118,7 +120,11 @@ def stale_files(directory: Path = CONTRACTS_DIR) -> list[str]:
     """Files missing, different, or no longer generated."""
     wanted = render_all()
     present = {p.name for p in directory.glob("*.schema.json")} if directory.exists() else set()
-    stale = [n for n, text in wanted.items() if not (directory / n).exists() or (directory / n).read_text() != text]
+    stale = [
+        n
+        for n, text in wanted.items()
+        if not (directory / n).exists() or (directory / n).read_text() != text
+    ]
     return sorted(stale + sorted(present - set(wanted)))
 
 

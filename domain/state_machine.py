@@ -174,7 +174,11 @@ def rejected_record(order: OrderSubmitted, now: datetime, reason: str) -> OrderS
     """(none) -> Rejected: admission control refused the order (backlog)."""
     record = new_record(order, now, steps=[])
     return _finish(
-        record, ProcessState.REJECTED, "submit", now, reason=reason,
+        record,
+        ProcessState.REJECTED,
+        "submit",
+        now,
+        reason=reason,
         LastError=short_text(reason, ERROR_LIMIT),
     )
 
@@ -271,8 +275,12 @@ def complete_step(
     if current.Status is StepStatus.COMPLETED:
         return record  # idempotent: a replayed activity completes nothing twice
     steps[step] = current.model_copy(
-        update={"Status": StepStatus.COMPLETED, "CompletedAt": now, "Reference": reference,
-                "Error": None}
+        update={
+            "Status": StepStatus.COMPLETED,
+            "CompletedAt": now,
+            "Reference": reference,
+            "Error": None,
+        }
     )
     log = [e for e in record.Compensation if e.Step != step]
     log.append(CompensationEntry(Step=step, Reference=reference))
@@ -307,7 +315,12 @@ def mark_processed(record: OrderState, instance_id: str, now: datetime) -> Order
     if unfinished:
         raise IllegalTransition(f"order {record.id} has unfinished steps: {', '.join(unfinished)}")
     return _finish(
-        record, ProcessState.PROCESSED, instance_id, now, CompleteBy=None, LockedBy=None,
+        record,
+        ProcessState.PROCESSED,
+        instance_id,
+        now,
+        CompleteBy=None,
+        LockedBy=None,
         PendingStatus=pending_status(record, StatusKind.PROCESSED, now, str(record.Attempt)),
     )
 
@@ -342,7 +355,9 @@ def mark_failed(
 # --- Compensation ---------------------------------------------------------------------
 
 
-def undo_log(record: OrderState, steps: dict[str, StepState] | None = None) -> list[CompensationEntry]:
+def undo_log(
+    record: OrderState, steps: dict[str, StepState] | None = None
+) -> list[CompensationEntry]:
     """The compensation log extended with every step whose request was sent
     (Running, Failed, Completed) and that has no entry yet: undoing too much is
     safe (undo of nothing is a no-op), undoing too little leaves a side effect
@@ -396,8 +411,13 @@ def request_compensation(record: OrderState, now: datetime, by: str = "operator"
         ProcessState.COMPENSATION_FAILED,
         action="request compensation of",
     )
-    entry = HistoryEntry(At=now, From=record.ProcessState, To=record.ProcessState, By=by,
-                         Reason="compensation requested")
+    entry = HistoryEntry(
+        At=now,
+        From=record.ProcessState,
+        To=record.ProcessState,
+        By=by,
+        Reason="compensation requested",
+    )
     return record.model_copy(
         update={
             "CompensationRequested": True,
@@ -425,8 +445,10 @@ def claim_compensation(record: OrderState, now: datetime, policy: RetryPolicy) -
         action="start compensating",
     )
     attempt = record.Attempt + 1
-    log = [e.model_copy(update={"Outcome": "Pending", "Error": None}) if e.Outcome == "Failed" else e
-           for e in undo_log(record)]
+    log = [
+        e.model_copy(update={"Outcome": "Pending", "Error": None}) if e.Outcome == "Failed" else e
+        for e in undo_log(record)
+    ]
     return _finish(
         record,
         ProcessState.COMPENSATING,
@@ -443,7 +465,9 @@ def claim_compensation(record: OrderState, now: datetime, policy: RetryPolicy) -
 
 
 def restart_compensation(
-    record: OrderState, expected_locked_by: str, now: datetime,
+    record: OrderState,
+    expected_locked_by: str,
+    now: datetime,
     max_restarts: int = MAX_COMPENSATION_RESTARTS,
 ) -> OrderState:
     """Compensating, its instance gone (failed, terminated, never started) ->
@@ -490,7 +514,12 @@ def restart_compensation(
 
 
 def record_undo(
-    record: OrderState, instance_id: str, step: str, ok: bool, now: datetime, error: str | None = None
+    record: OrderState,
+    instance_id: str,
+    step: str,
+    ok: bool,
+    now: datetime,
+    error: str | None = None,
 ) -> OrderState:
     require_owner(record, instance_id)
     _require(record, ProcessState.COMPENSATING, action="record an undo of")
@@ -498,8 +527,11 @@ def record_undo(
     for entry in record.Compensation:
         if entry.Step == step:
             entry = entry.model_copy(
-                update={"Outcome": "Done" if ok else "Failed", "At": now,
-                        "Error": short_text(error, ERROR_LIMIT)}
+                update={
+                    "Outcome": "Done" if ok else "Failed",
+                    "At": now,
+                    "Error": short_text(error, ERROR_LIMIT),
+                }
             )
         log.append(entry)
     steps = dict(record.Steps)
@@ -535,7 +567,11 @@ def finish_compensation(record: OrderState, instance_id: str, now: datetime) -> 
             ),
         )
     return _finish(
-        record, ProcessState.COMPENSATED, instance_id, now, LockedBy=None,
+        record,
+        ProcessState.COMPENSATED,
+        instance_id,
+        now,
+        LockedBy=None,
         # Every undo is done: an earlier undo failure no longer describes the order.
         LastError=None,
         PendingStatus=pending_status(record, StatusKind.COMPENSATED, now, qualifier),

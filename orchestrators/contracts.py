@@ -132,7 +132,13 @@ class AlertNote(Traced):
 
 class WorkflowResult(ActivityContract):
     Outcome: Literal[
-        "processed", "failed", "compensated", "compensation_failed", "timed_out", "stale", "unconfirmed"
+        "processed",
+        "failed",
+        "compensated",
+        "compensation_failed",
+        "timed_out",
+        "stale",
+        "unconfirmed",
     ]
     Step: str | None = None
     Detail: str | None = None

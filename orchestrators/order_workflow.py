@@ -87,7 +87,9 @@ def _input_trace(context) -> dict | None:
         except ValueError:
             return None
     trace = raw.get("Trace") if isinstance(raw, dict) else None
-    if isinstance(trace, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in trace.items()):
+    if isinstance(trace, dict) and all(
+        isinstance(k, str) and isinstance(v, str) for k, v in trace.items()
+    ):
         return trace
     return None
 
@@ -112,23 +114,32 @@ def order_workflow(context):
 
 def _write(context, kind: str, **fields):
     result = yield _call(
-        context, "write_state", StateWrite(InstanceId=context.instance_id, Kind=kind, **fields).dump()
+        context,
+        "write_state",
+        StateWrite(InstanceId=context.instance_id, Kind=kind, **fields).dump(),
     )
     return WriteResult.model_validate(result)
 
 
-def _status(context, plan: Plan, status: StatusKind, step: str | None = None, detail: str | None = None):
+def _status(
+    context, plan: Plan, status: StatusKind, step: str | None = None, detail: str | None = None
+):
     yield _call(
         context,
         "report_status",
         StatusNote(
-            InstanceId=context.instance_id, ReplyTo=plan.ReplyTo, Status=status, Step=step, Detail=detail
+            InstanceId=context.instance_id,
+            ReplyTo=plan.ReplyTo,
+            Status=status,
+            Step=step,
+            Detail=detail,
         ).dump(),
     )
 
 
-def _terminal_status(context, plan: Plan, status: StatusKind, step: str | None = None,
-                     detail: str | None = None):
+def _terminal_status(
+    context, plan: Plan, status: StatusKind, step: str | None = None, detail: str | None = None
+):
     """Send the terminal status from the record's outbox. If every try fails,
     the entry stays in the outbox and the Starter delivers it: the
     orchestration still finishes with its outcome."""
@@ -194,9 +205,15 @@ def _inline_failure(context, plan: Plan, step: str, action: str, failure: Except
     again by the state machine when it is stored."""
     said = str(failure).split(" \n ", 1)[0].strip() or type(failure).__name__
     return AgentReply(
-        InstanceId=context.instance_id, OrderID=plan.OrderID, Step=step, Action=action,
-        Attempt=max(plan.Attempt, 1), EventName="inline", EventId="inline",
-        Outcome=ReplyOutcome.TRANSIENT, Error=f"inline step {step} failed: {said}",
+        InstanceId=context.instance_id,
+        OrderID=plan.OrderID,
+        Step=step,
+        Action=action,
+        Attempt=max(plan.Attempt, 1),
+        EventName="inline",
+        EventId="inline",
+        Outcome=ReplyOutcome.TRANSIENT,
+        Error=f"inline step {step} failed: {said}",
     )
 
 
@@ -259,7 +276,10 @@ def run_v1_1(context):
         # Processed) by then. Not the finished step's deadline, which may be
         # about to pass.
         written = yield from _write(
-            context, "complete_step", Step=step.Name, Reference=reference,
+            context,
+            "complete_step",
+            Step=step.Name,
+            Reference=reference,
             Deadline=_deadline(context, plan),
         )
         if written.Stale:
@@ -330,8 +350,9 @@ def _await_step(context, plan: Plan, step: StepPlan, deadline):
     """Wait for the reply to the request the write activity just sent (or run
     the inline step), racing the step's one deadline."""
     if step.Mode == "inline":
-        request = SendRequest(InstanceId=context.instance_id, Step=step.Name, Deadline=deadline,
-                              Payload=plan.Payload)
+        request = SendRequest(
+            InstanceId=context.instance_id, Step=step.Name, Deadline=deadline, Payload=plan.Payload
+        )
         task = context.call_activity("run_inline_step", _traced(context, request.dump()))
     else:
         task = context.wait_for_external_event(reply_event_name(step.Name, plan.Attempt, "do"))
@@ -351,7 +372,11 @@ def _run_v2(context, compensate):
         # Started without input (by hand, or an older starter): learn the
         # step timeout first; begin then reads the record itself.
         plan = Plan.model_validate(
-            (yield _call(context, "load_plan", LoadPlanInput(InstanceId=context.instance_id).dump()))
+            (
+                yield _call(
+                    context, "load_plan", LoadPlanInput(InstanceId=context.instance_id).dump()
+                )
+            )
         )
         if plan.Stale:
             return _finish("stale", detail=plan.Reason)
@@ -360,10 +385,19 @@ def _run_v2(context, compensate):
     step_timeout = timedelta(seconds=timeout)
     # The first step's one deadline, computed here from replayed time.
     deadline = context.current_utc_datetime + step_timeout
-    begun = yield from _advance(context, "begin_attempt", Advance(
-        InstanceId=context.instance_id, Begin=True, Record=given.Record, Etag=given.Etag,
-        Deadline=deadline, IndexedAt=given.IndexedAt, Payload=given.Payload or {},
-    ))
+    begun = yield from _advance(
+        context,
+        "begin_attempt",
+        Advance(
+            InstanceId=context.instance_id,
+            Begin=True,
+            Record=given.Record,
+            Etag=given.Etag,
+            Deadline=deadline,
+            IndexedAt=given.IndexedAt,
+            Payload=given.Payload or {},
+        ),
+    )
     if begun.Stale:
         return _finish("stale", detail=begun.Reason)
     plan = begun.Plan
@@ -388,32 +422,58 @@ def _run_v2(context, compensate):
                 return _finish("stale", current, written.Reason)
             return _finish("timed_out", current, reply.Error)
         if reply.Outcome is ReplyOutcome.PERMANENT:
-            return (yield from _permanent(context, plan, current, reply.Error, completed, compensate))
+            return (
+                yield from _permanent(context, plan, current, reply.Error, completed, compensate)
+            )
 
         reference = (reply.Result or {}).get("Reference")
-        after = [s for s in plan.Steps if not s.Completed and s.Name not in completed and s.Name != current]
+        after = [
+            s
+            for s in plan.Steps
+            if not s.Completed and s.Name not in completed and s.Name != current
+        ]
         nxt = after[0].Name if after else None
         if nxt is None:
             break
         # The next step's one deadline: the same write completes this step
         # and starts the next, so the record's CompleteBy moves straight to it.
         deadline = context.current_utc_datetime + step_timeout
-        moved = yield from _advance(context, "advance_attempt", Advance(
-            InstanceId=context.instance_id, Record=record, Etag=etag, Complete=current,
-            Reference=reference, Start=nxt, Deadline=deadline, Payload=plan.Payload,
-            Progress=plan.Progress,
-        ))
+        moved = yield from _advance(
+            context,
+            "advance_attempt",
+            Advance(
+                InstanceId=context.instance_id,
+                Record=record,
+                Etag=etag,
+                Complete=current,
+                Reference=reference,
+                Start=nxt,
+                Deadline=deadline,
+                Payload=plan.Payload,
+                Progress=plan.Progress,
+            ),
+        )
         if moved.Stale:
             return _finish("stale", current, moved.Reason)
         completed.append(current)
         record, etag, current = moved.Record, moved.Etag, nxt
 
     try:
-        done = yield from _advance(context, "advance_attempt", Advance(
-            InstanceId=context.instance_id, Record=record, Etag=etag, Complete=current,
-            Reference=reference, Finish=True, Payload=plan.Payload, Progress=plan.Progress,
-            IndexedAt=given.IndexedAt,
-        ))
+        done = yield from _advance(
+            context,
+            "advance_attempt",
+            Advance(
+                InstanceId=context.instance_id,
+                Record=record,
+                Etag=etag,
+                Complete=current,
+                Reference=reference,
+                Finish=True,
+                Payload=plan.Payload,
+                Progress=plan.Progress,
+                IndexedAt=given.IndexedAt,
+            ),
+        )
     except Exception:  # the SDK raises the activity's failure here after its retries
         # Either the write did not land (the record keeps the last step's
         # deadline: the Supervisor retries the attempt, which resumes at
@@ -424,8 +484,9 @@ def _run_v2(context, compensate):
     return _finish("processed")
 
 
-def _permanent(context, plan: Plan, step: str, error: str | None, completed: list[str],
-               compensate=_compensate):
+def _permanent(
+    context, plan: Plan, step: str, error: str | None, completed: list[str], compensate=_compensate
+):
     """A non-transient failure: compensate every sent step (this one first),
     or fail outright when no earlier step completed (as 1.1)."""
     reason = f"step {step} failed: {error}"
@@ -490,8 +551,14 @@ def _undo_step_v2_1(context, plan: Plan, step: StepPlan):
     earlier: list = []  # tasks of earlier tries that have not answered yet
     for attempt_try in range(plan.UndoTries):
         deadline = _deadline(context, plan)
-        request = SendRequest(InstanceId=context.instance_id, Step=step.Name, Action="undo",
-                              Try=attempt_try, Deadline=deadline, Payload=plan.Payload)
+        request = SendRequest(
+            InstanceId=context.instance_id,
+            Step=step.Name,
+            Action="undo",
+            Try=attempt_try,
+            Deadline=deadline,
+            Payload=plan.Payload,
+        )
         if step.Mode == "inline":
             current = context.call_activity("run_inline_step", request.dump())
         else:

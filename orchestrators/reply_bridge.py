@@ -55,14 +55,23 @@ async def bridge_reply(body: bytes, client, alerts: Any = None) -> Settle:
         reply = _check_reply(body)
     except ValidationFailed as exc:
         return Settle.deadletter("InvalidMessage", exc.reason)
-    telemetry.annotate(**{telemetry.ORDER_ID: reply.OrderID, telemetry.INSTANCE_ID: reply.InstanceId,
-                          "reply.event": reply.EventName, "reply.outcome": reply.Outcome.value})
+    telemetry.annotate(
+        **{
+            telemetry.ORDER_ID: reply.OrderID,
+            telemetry.INSTANCE_ID: reply.InstanceId,
+            "reply.event": reply.EventName,
+            "reply.outcome": reply.Outcome.value,
+        }
+    )
     try:
         await client.raise_event(reply.InstanceId, reply.EventName, reply.model_dump(mode="json"))
     except Exception as exc:  # the durable client raises bare Exception with a message
         if any(marker in str(exc) for marker in _GONE):
             log.info(
-                "late reply for %s (%s) ignored: %s", reply.InstanceId, reply.EventName, exc,
+                "late reply for %s (%s) ignored: %s",
+                reply.InstanceId,
+                reply.EventName,
+                exc,
                 extra={"order_id": reply.OrderID},
             )
             return Settle.complete(reply.OrderID)
@@ -70,7 +79,10 @@ async def bridge_reply(body: bytes, client, alerts: Any = None) -> Settle:
         return Settle.retry(f"raising {reply.EventName} failed: {exc}", reply.OrderID)
     crash_point("bridge.after_raise")
     log.info(
-        "reply %s raised on %s (%s)", reply.EventName, reply.InstanceId, reply.Outcome.value,
+        "reply %s raised on %s (%s)",
+        reply.EventName,
+        reply.InstanceId,
+        reply.Outcome.value,
         extra={"order_id": reply.OrderID},
     )
     return Settle.complete(reply.OrderID)
@@ -82,7 +94,9 @@ async def on_reply_message(message: Any, actions: Any, client: Any) -> Settle:
     import bootstrap
 
     gate = await bootstrap.message_gate(AGENT_RESPONSES_QUEUE)
-    with telemetry.consume("reply bridge", message, **{"messaging.destination.name": AGENT_RESPONSES_QUEUE}):
+    with telemetry.consume(
+        "reply bridge", message, **{"messaging.destination.name": AGENT_RESPONSES_QUEUE}
+    ):
         outcome = await gate.run(message, actions, lambda body: bridge_reply(body, client))
         telemetry.annotate(settlement=outcome.kind.value)
         return outcome

@@ -122,9 +122,7 @@ class Starter:
         self._clock = clock
         self._alerts = Alerts(publisher) if publisher is not None else None
         self._outbox = (
-            StatusOutbox(store, StatusReporter(publisher), clock)
-            if publisher is not None
-            else None
+            StatusOutbox(store, StatusReporter(publisher), clock) if publisher is not None else None
         )
         self._max_restarts = max_compensation_restarts
         # The Processing count this process last measured (run); the fast path
@@ -159,7 +157,11 @@ class Starter:
         this process saved recently is not written again unchanged (Submit
         only needs it younger than `backlog_gauge_max_age`)."""
         last = self._gauge_written
-        if last is not None and last[0] == pending and now - last[1] < self._settings.backlog_gauge_max_age / 4:
+        if (
+            last is not None
+            and last[0] == pending
+            and now - last[1] < self._settings.backlog_gauge_max_age / 4
+        ):
             return
         await self._store.write_backlog_gauge(pending, now)
         self._gauge_written = (pending, now)
@@ -168,7 +170,9 @@ class Starter:
         """Operators ask for compensation by flagging an Error or
         CompensationFailed record; a new attempt claims it (etag: one winner)
         and its orchestration undoes the completed steps."""
-        for record in await self._store.query_compensation_requests(self._settings.starter_batch_size):
+        for record in await self._store.query_compensation_requests(
+            self._settings.starter_batch_size
+        ):
             if record.PendingStatus is not None:
                 # Its terminal status first, so the client hears Failed before
                 # Compensating; if the send fails the claim carries the entry.
@@ -216,7 +220,9 @@ class Starter:
                 continue
             report.compensations_given_up += 1
             if self._outbox is None:
-                await self._raise_alert("CompensationFailed", restarted.LastError or "", now, record.id)
+                await self._raise_alert(
+                    "CompensationFailed", restarted.LastError or "", now, record.id
+                )
             # Its CompensationFailed status and alert are in the outbox.
             await self._deliver(restarted, etag, report)
 
@@ -247,7 +253,9 @@ class Starter:
 
     def _back_off(self, queue: str, now: datetime) -> None:
         previous = self._refusing.get(queue)
-        delay = STATUS_BACKOFF_FIRST if previous is None else min(previous[1] * 2, STATUS_BACKOFF_MAX)
+        delay = (
+            STATUS_BACKOFF_FIRST if previous is None else min(previous[1] * 2, STATUS_BACKOFF_MAX)
+        )
         self._refusing[queue] = (now + delay, delay)
         log.warning("starter: reply queue %s refused a status; skipping it for %s", queue, delay)
 
@@ -300,12 +308,19 @@ class Starter:
             await self._claim_and_start(client, now, batch, report)
         log.info(
             "starter: pending=%d processing=%d claimed=%d lost=%d",
-            report.pending, report.processing, report.claimed, report.lost,
-            extra={"custom_dimensions": {k: v for k, v in report.__dict__.items() if k != "started"}},
+            report.pending,
+            report.processing,
+            report.claimed,
+            report.lost,
+            extra={
+                "custom_dimensions": {k: v for k, v in report.__dict__.items() if k != "started"}
+            },
         )
         return report
 
-    async def _claim_and_start(self, client, now: datetime, batch: int, report: StarterReport) -> None:
+    async def _claim_and_start(
+        self, client, now: datetime, batch: int, report: StarterReport
+    ) -> None:
         if report.pending == 0:
             return  # counted at the start of this run: nothing to query for
         young = None
@@ -327,8 +342,13 @@ class Starter:
         return now + min(self._settings.retry.claim_timeout, self._settings.step_timeout)
 
     async def claim_and_start(
-        self, client, record: OrderState, etag: str, now: datetime | None = None,
-        report: StarterReport | None = None, order: OrderSubmitted | None = None,
+        self,
+        client,
+        record: OrderState,
+        etag: str,
+        now: datetime | None = None,
+        report: StarterReport | None = None,
+        order: OrderSubmitted | None = None,
         received_sent_at: datetime | None = None,
     ) -> str | None:
         """Claim `record` (as read at `etag`) with one conditional replace and
@@ -358,13 +378,19 @@ class Starter:
             StepTimeoutSeconds=int(self._settings.step_timeout.total_seconds()),
             IndexedAt=indexed_at,
             Payload=step_payload(order) if order is not None else None,
-            Trace=telemetry.start_attempt(claimed.id, _owner(claimed), claimed.Attempt, claimed.Trace),
+            Trace=telemetry.start_attempt(
+                claimed.id, _owner(claimed), claimed.Attempt, claimed.Trace
+            ),
         ).dump()
         await self._start(client, _owner(claimed), report, attempt_input)
         return _owner(claimed)
 
     async def start_submitted(
-        self, client, record: OrderState, etag: str, order: OrderSubmitted | None = None,
+        self,
+        client,
+        record: OrderState,
+        etag: str,
+        order: OrderSubmitted | None = None,
         received_sent_at: datetime | None = None,
     ) -> str | None:
         """Submit's fast path: claim and start an order Submit has just
@@ -376,18 +402,27 @@ class Starter:
         the claim marks it too. None back means nothing is known to be
         marked: Submit marks it itself (on a 412, with `update`)."""
         self._fast_path_used = self._clock()
-        if self._last_processing is not None and self._last_processing >= self._settings.max_processing:
+        if (
+            self._last_processing is not None
+            and self._last_processing >= self._settings.max_processing
+        ):
             return None
         try:
-            return await self.claim_and_start(client, record, etag, order=order,
-                                              received_sent_at=received_sent_at)
+            return await self.claim_and_start(
+                client, record, etag, order=order, received_sent_at=received_sent_at
+            )
         except Exception:  # the timer run picks the record up; Submit must not fail for this
-            log.exception("fast start of order %s failed; the starter's timer will claim it", record.id)
+            log.exception(
+                "fast start of order %s failed; the starter's timer will claim it", record.id
+            )
             return None
 
 
 async def start_submitted(
-    client, record: OrderState, etag: str, order: OrderSubmitted | None = None,
+    client,
+    record: OrderState,
+    etag: str,
+    order: OrderSubmitted | None = None,
     received_sent_at: datetime | None = None,
 ) -> str | None:
     """The call Submit makes after it has created the Pending record (with the

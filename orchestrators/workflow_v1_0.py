@@ -39,17 +39,25 @@ def _call(context, name: str, data: dict):
 
 def _write(context, plan: Plan, kind: str, **fields):
     result = yield _call(
-        context, "write_state", StateWrite(InstanceId=context.instance_id, Kind=kind, **fields).dump()
+        context,
+        "write_state",
+        StateWrite(InstanceId=context.instance_id, Kind=kind, **fields).dump(),
     )
     return WriteResult.model_validate(result)
 
 
-def _status(context, plan: Plan, status: StatusKind, step: str | None = None, detail: str | None = None):
+def _status(
+    context, plan: Plan, status: StatusKind, step: str | None = None, detail: str | None = None
+):
     yield _call(
         context,
         "report_status",
         StatusNote(
-            InstanceId=context.instance_id, ReplyTo=plan.ReplyTo, Status=status, Step=step, Detail=detail
+            InstanceId=context.instance_id,
+            ReplyTo=plan.ReplyTo,
+            Status=status,
+            Step=step,
+            Detail=detail,
         ).dump(),
     )
 
@@ -159,7 +167,11 @@ def _compensate(context, plan: Plan, completed: list[StepPlan]):
                 if reply.Outcome is ReplyOutcome.PERMANENT:
                     break
         written = yield from _write(
-            context, plan, "undo_done" if ok else "undo_failed", Step=step.Name, Reason=None if ok else error
+            context,
+            plan,
+            "undo_done" if ok else "undo_failed",
+            Step=step.Name,
+            Reason=None if ok else error,
         )
         if written.Stale:
             return _finish("stale", step.Name, written.Reason)
@@ -174,4 +186,3 @@ def _compensate(context, plan: Plan, completed: list[StepPlan]):
     yield from _alert(context, plan, "CompensationFailed", reason)
     yield from _status(context, plan, StatusKind.COMPENSATION_FAILED, detail=reason)
     return _finish("compensation_failed", detail=reason)
-

@@ -48,14 +48,22 @@ class StatusReporter:
         """Send an outbox entry as it was written: same message id, same
         timestamp, so every retry is the same message."""
         await self._send(
-            reply_to, order_id, pending.Status, pending.At, pending.Detail, pending.Step,
+            reply_to,
+            order_id,
+            pending.Status,
+            pending.At,
+            pending.Detail,
+            pending.Step,
             pending.MessageId,
         )
 
     async def _send(self, reply_to, order_id, status, now, detail, step, message_id) -> None:
         update = StatusUpdate(
-            OrderID=order_id, Status=status, Detail=sm.short_text(detail, sm.ERROR_LIMIT),
-            Step=step, Timestamp=now,
+            OrderID=order_id,
+            Status=status,
+            Detail=sm.short_text(detail, sm.ERROR_LIMIT),
+            Step=step,
+            Timestamp=now,
         )
         await self._publisher.send(
             reply_to, encode(update), message_id, {"OrderID": order_id, "Status": status.value}
@@ -68,7 +76,10 @@ class StatusReporter:
 
 
 # The operator alert a terminal status's outbox entry carries.
-ALERT_OF_STATUS = {StatusKind.FAILED: "OrderError", StatusKind.COMPENSATION_FAILED: "CompensationFailed"}
+ALERT_OF_STATUS = {
+    StatusKind.FAILED: "OrderError",
+    StatusKind.COMPENSATION_FAILED: "CompensationFailed",
+}
 
 
 class StatusOutbox:
@@ -111,7 +122,10 @@ class StatusOutbox:
         except Exception as exc:  # any send failure: the entry stays for the next try
             log.warning(
                 "status %s of order %s not sent (%s); it stays in the outbox",
-                pending.Status.value, record.id, exc, extra={"order_id": record.id},
+                pending.Status.value,
+                record.id,
+                exc,
+                extra={"order_id": record.id},
             )
             try:
                 await self._store.update(
@@ -134,8 +148,17 @@ class StatusOutbox:
             return
         reason = pending.Detail or kind
         alert = OperatorAlert(Kind=kind, OrderID=record.id, Reason=reason, Timestamp=pending.At)
-        log.error("operator alert %s for order %s: %s", kind, record.id, reason,
-                  extra={"alert_kind": kind, "order_id": record.id, "custom_dimensions": {"AlertKind": kind}})
+        log.error(
+            "operator alert %s for order %s: %s",
+            kind,
+            record.id,
+            reason,
+            extra={
+                "alert_kind": kind,
+                "order_id": record.id,
+                "custom_dimensions": {"AlertKind": kind},
+            },
+        )
         message_id = f"alert/{pending.MessageId}"
         if len(message_id) > 128:  # Service Bus's limit on a message id
             message_id = "alert/" + hashlib.sha256(pending.MessageId.encode()).hexdigest()[:64]

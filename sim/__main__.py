@@ -18,7 +18,9 @@ from .system import ROWS, Result, liveness_bound, options_for, run_schedule
 REGRESSIONS = Path(__file__).with_name("regressions.json")
 
 
-def shrink(result: Result, orders: int, budget: int = 40, version: str | None = None) -> tuple[frozenset[int], Result]:
+def shrink(
+    result: Result, orders: int, budget: int = 40, version: str | None = None
+) -> tuple[frozenset[int], Result]:
     """Drop faults one at a time while the same check still fails."""
     check = result.violations[0][0]
     drop: frozenset[int] = frozenset()
@@ -40,13 +42,22 @@ def command(seed: int, orders: int, drop: frozenset[int], version: str | None = 
     return f"python -m sim --seed {seed} --orders {orders}{extra}"
 
 
-def record(seed: int, orders: int, violations: list[tuple[str, str]], version: str | None = None) -> None:
+def record(
+    seed: int, orders: int, violations: list[tuple[str, str]], version: str | None = None
+) -> None:
     entries = json.loads(REGRESSIONS.read_text()) if REGRESSIONS.exists() else []
-    if any(e["seed"] == seed and e["orders"] == orders and e.get("version") == version for e in entries):
+    if any(
+        e["seed"] == seed and e["orders"] == orders and e.get("version") == version for e in entries
+    ):
         return
     check, detail = violations[0]
-    entry = {"seed": seed, "orders": orders, "check": check, "detail": detail[:300],
-             "checks": sorted({c for c, _ in violations})}
+    entry = {
+        "seed": seed,
+        "orders": orders,
+        "check": check,
+        "detail": detail[:300],
+        "checks": sorted({c for c, _ in violations}),
+    }
     if version:
         entry["version"] = version
     entries.append(entry)
@@ -55,23 +66,32 @@ def record(seed: int, orders: int, violations: list[tuple[str, str]], version: s
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m sim", description=__doc__)
-    p.add_argument("--seeds", type=int, default=100, help="how many schedules (seeds start..start+N-1)")
+    p.add_argument(
+        "--seeds", type=int, default=100, help="how many schedules (seeds start..start+N-1)"
+    )
     p.add_argument("--start", type=int, default=1, help="first seed")
     p.add_argument("--orders", type=int, default=3, help="orders per schedule")
     p.add_argument("--seed", type=int, help="run this one seed (with its trace)")
     p.add_argument("--drop", default="", help="fault indices to leave out (a shrunk replay)")
-    p.add_argument("--record", action="store_true", help="add failing seeds to sim/regressions.json")
+    p.add_argument(
+        "--record", action="store_true", help="add failing seeds to sim/regressions.json"
+    )
     p.add_argument("--no-shrink", action="store_true")
     p.add_argument("--trace", action="store_true", help="print every schedule's trace")
-    p.add_argument("--version", default=None,
-                   help="workflow version new attempts run (default: host.json's defaultVersion)")
+    p.add_argument(
+        "--version",
+        default=None,
+        help="workflow version new attempts run (default: host.json's defaultVersion)",
+    )
     args = p.parse_args(argv)
 
     seeds = [args.seed] if args.seed is not None else range(args.start, args.start + args.seeds)
     drop = frozenset(int(x) for x in args.drop.split(",") if x)
-    print(f"workflow version: {args.version or default_version()}; liveness bound after faults stop: "
-          f"{liveness_bound(options_for(0, args.orders))} "
-          "(from the settings: (max_failures+1) x attempt + long retries + compensation)")
+    print(
+        f"workflow version: {args.version or default_version()}; liveness bound after faults stop: "
+        f"{liveness_bound(options_for(0, args.orders))} "
+        "(from the settings: (max_failures+1) x attempt + long retries + compensation)"
+    )
     faults: Counter[str] = Counter()
     rows: Counter[str] = Counter()
     checks: Counter[str] = Counter()
@@ -101,7 +121,9 @@ def main(argv: list[str] | None = None) -> int:
         # schedule once per fault); later ones print their replay command only.
         again = check in first_seed and first_seed[check] != seed
         quick = args.no_shrink or args.seed is not None or again
-        shrunk, best = (drop, result) if quick else shrink(result, args.orders, version=args.version)
+        shrunk, best = (
+            (drop, result) if quick else shrink(result, args.orders, version=args.version)
+        )
         print("  fault trace (shrunk):" if shrunk != drop else "  fault trace:")
         kept = [f for f in best.faults]
         for fault in kept[:30]:
@@ -113,10 +135,14 @@ def main(argv: list[str] | None = None) -> int:
             record(seed, args.orders, result.violations, args.version)
     elapsed = time.perf_counter() - started
     print(f"{n / elapsed:.1f} schedules/s ({n} in {elapsed:.1f} s)")
-    print("faults injected: " + (", ".join(f"{k}={v}" for k, v in sorted(faults.items())) or "none"))
+    print(
+        "faults injected: " + (", ".join(f"{k}={v}" for k, v in sorted(faults.items())) or "none")
+    )
     print("transition rows (DESIGN.md section 3):")
     for row, text, by in ROWS:
-        print(f"  row {row:<3} {text:<46} by {by:<13} {'hit ' + str(rows[row]) if rows[row] else 'NOT HIT'}")
+        print(
+            f"  row {row:<3} {text:<46} by {by:<13} {'hit ' + str(rows[row]) if rows[row] else 'NOT HIT'}"
+        )
     if checks:
         print("broken checks (schedules; first seed):")
         for k, v in sorted(checks.items(), key=lambda kv: (-kv[1], kv[0])):

@@ -67,8 +67,15 @@ class Bus:
             self.queues[name] = Queue(name)
         return self.queues[name]
 
-    def send(self, queue: str, body: bytes, message_id: str, props: dict | None = None,
-             fault_free: bool = False, enqueue_at: datetime | None = None) -> bool:
+    def send(
+        self,
+        queue: str,
+        body: bytes,
+        message_id: str,
+        props: dict | None = None,
+        fault_free: bool = False,
+        enqueue_at: datetime | None = None,
+    ) -> bool:
         """False when duplicate detection dropped it."""
         q = self.queue(queue)
         now = self.world.clock.now
@@ -80,20 +87,31 @@ class Bus:
         q.seen[message_id] = now
         delay = 0.0
         faults = self.world.faults
-        if not fault_free and faults.draw(faults.config.delay, "message_delay", f"{queue} {message_id}"):
+        if not fault_free and faults.draw(
+            faults.config.delay, "message_delay", f"{queue} {message_id}"
+        ):
             delay = round(self.world.rng.uniform(1, 20), 3)
         visible = max(now, enqueue_at) if enqueue_at is not None else now  # a scheduled message
-        msg = Msg(message_id, body, dict(props or {}), next(self._seq), visible + timedelta(seconds=delay))
+        msg = Msg(
+            message_id, body, dict(props or {}), next(self._seq), visible + timedelta(seconds=delay)
+        )
         q.messages.append(msg)
         q.sent.append(msg)
         if self.after_send is not None:
             self.after_send(queue, msg.visible_at)
         self.world.log(f"bus {queue} +{message_id}" + (f" delay {delay}" if delay else ""))
-        if not fault_free and faults.draw(faults.config.duplicate, "message_duplicate", f"{queue} {message_id}"):
+        if not fault_free and faults.draw(
+            faults.config.duplicate, "message_duplicate", f"{queue} {message_id}"
+        ):
             # A copy that slipped past detection (sent after the window, or by a
             # producer outside it): handlers must be idempotent anyway.
-            copy = Msg(message_id, body, dict(props or {}), next(self._seq),
-                       now + timedelta(seconds=round(self.world.rng.uniform(0, 30), 3)))
+            copy = Msg(
+                message_id,
+                body,
+                dict(props or {}),
+                next(self._seq),
+                now + timedelta(seconds=round(self.world.rng.uniform(0, 30), 3)),
+            )
             q.messages.append(copy)
             if self.after_send is not None:
                 self.after_send(queue, copy.visible_at)
@@ -123,12 +141,15 @@ class Bus:
         msg.lock_token = None
         self.world.log(f"bus {queue} {why} {msg.message_id} (delivery {msg.delivery_count})")
         if msg.delivery_count >= MAX_DELIVERY:
-            self._dead_letter(queue, msg, "MaxDeliveryCountExceeded",
-                              f"delivered {msg.delivery_count} times")
+            self._dead_letter(
+                queue, msg, "MaxDeliveryCountExceeded", f"delivered {msg.delivery_count} times"
+            )
         else:
             msg.visible_at = self.world.clock.now
 
-    def _dead_letter(self, queue: str, msg: Msg, reason: str | None, description: str | None) -> None:
+    def _dead_letter(
+        self, queue: str, msg: Msg, reason: str | None, description: str | None
+    ) -> None:
         q = self.queue(queue)
         q.messages.remove(msg)
         msg.lock_token = None
@@ -137,8 +158,15 @@ class Bus:
         q.dead.append(msg)
         self.world.log(f"bus {queue} DLQ {msg.message_id} {reason}")
 
-    def settle(self, queue: str, msg: Msg, token: int, kind: str, reason: str | None = None,
-               description: str | None = None) -> None:
+    def settle(
+        self,
+        queue: str,
+        msg: Msg,
+        token: int,
+        kind: str,
+        reason: str | None = None,
+        description: str | None = None,
+    ) -> None:
         if msg.lock_token != token or msg not in self.queue(queue).messages:
             raise MessageLockLostError(message=f"the lock on {msg.message_id} was lost")
         if kind == "complete":
@@ -179,9 +207,17 @@ class SimActions:
     def abandon(self, message) -> None:
         self.d.bus.settle(self.d.queue, self.d.msg, self.d.token, "abandon")
 
-    def deadletter(self, message, deadletter_reason=None, deadletter_error_description=None) -> None:
-        self.d.bus.settle(self.d.queue, self.d.msg, self.d.token, "deadletter",
-                          deadletter_reason, deadletter_error_description)
+    def deadletter(
+        self, message, deadletter_reason=None, deadletter_error_description=None
+    ) -> None:
+        self.d.bus.settle(
+            self.d.queue,
+            self.d.msg,
+            self.d.token,
+            "deadletter",
+            deadletter_reason,
+            deadletter_error_description,
+        )
 
 
 class SimSettlement:
@@ -212,8 +248,13 @@ class SimPublisher:
         self.bus = bus
         self.reply_queues = reply_queues
 
-    async def send(self, queue: str, body: bytes, message_id: str,
-                   application_properties: dict[str, str] | None = None) -> None:
+    async def send(
+        self,
+        queue: str,
+        body: bytes,
+        message_id: str,
+        application_properties: dict[str, str] | None = None,
+    ) -> None:
         await self.world.point(f"bus.send.{queue}")
         kind = "status" if queue in self.reply_queues else "alert" if queue == "alerts" else None
         faults = self.world.faults
@@ -225,8 +266,14 @@ class SimPublisher:
 
     on_sent = None  # (queue, message id, accepted): the simulation's bookkeeping
 
-    async def schedule(self, queue: str, body: bytes, message_id: str, enqueue_at: datetime,
-                       application_properties: dict | None = None) -> None:
+    async def schedule(
+        self,
+        queue: str,
+        body: bytes,
+        message_id: str,
+        enqueue_at: datetime,
+        application_properties: dict | None = None,
+    ) -> None:
         """The gate's delayed retry: a copy on the same queue, visible at `enqueue_at`."""
         await self.world.point(f"bus.schedule.{queue}")
         self.bus.send(queue, body, message_id, application_properties, enqueue_at=enqueue_at)

@@ -36,7 +36,7 @@ def _tokens(text: str) -> list[tuple[str, str]]:
     while pos < len(text):
         m = _TOKEN.match(text, pos)
         if not m or m.end() == pos:
-            raise ValueError(f"cannot parse query near {text[pos:pos + 20]!r}")
+            raise ValueError(f"cannot parse query near {text[pos : pos + 20]!r}")
         pos = m.end()
         kind = m.lastgroup
         out.append((kind, m.group(kind)))
@@ -272,9 +272,16 @@ class SimContainer:
             if retry_ms is None:
                 break
             wait = retry_ms / 1000
-            if retry == DEFAULT_THROTTLE_RETRIES or waited + wait > DEFAULT_THROTTLE_MAX_WAIT_SECONDS:
-                raise _error(CosmosHttpResponseError, 429, "Request rate is large",
-                             {"x-ms-retry-after-ms": str(retry_ms)})
+            if (
+                retry == DEFAULT_THROTTLE_RETRIES
+                or waited + wait > DEFAULT_THROTTLE_MAX_WAIT_SECONDS
+            ):
+                raise _error(
+                    CosmosHttpResponseError,
+                    429,
+                    "Request rate is large",
+                    {"x-ms-retry-after-ms": str(retry_ms)},
+                )
             waited += wait
             await self.world.point(f"cosmos.{self.name}.{op} throttled", delay=wait)
         if hook is not None:
@@ -284,7 +291,9 @@ class SimContainer:
         await self._op("create", response_hook)
         key = self._key_of(body)
         if key in self.docs:
-            raise _error(CosmosResourceExistsError, 409, "Entity with the specified id already exists")
+            raise _error(
+                CosmosResourceExistsError, 409, "Entity with the specified id already exists"
+            )
         self.docs[key] = self._stamp(body)
         self._wrote(None, self.docs[key])
         return _copy(self.docs[key])
@@ -307,19 +316,30 @@ class SimContainer:
         await self._op("read", response_hook)
         key = (str(partition_key), str(item))
         if key not in self.docs:
-            raise _error(CosmosResourceNotFoundError, 404, "Entity with the specified id does not exist")
+            raise _error(
+                CosmosResourceNotFoundError, 404, "Entity with the specified id does not exist"
+            )
         if key in self.previous and self.world.faults.session_lag(f"{self.name} {item}"):
             self.world.log(f"cosmos {self.name} stale read of {item}")
             return _copy(self.previous[key])
         return _copy(self.docs[key])
 
-    async def replace_item(self, item: str, body: dict, etag: str | None = None,
-                           match_condition: Any = None, response_hook=None, **_: Any) -> dict:
+    async def replace_item(
+        self,
+        item: str,
+        body: dict,
+        etag: str | None = None,
+        match_condition: Any = None,
+        response_hook=None,
+        **_: Any,
+    ) -> dict:
         await self._op("replace", response_hook)
         key = self._key_of(body)
         current = self.docs.get(key)
         if current is None:
-            raise _error(CosmosResourceNotFoundError, 404, "Entity with the specified id does not exist")
+            raise _error(
+                CosmosResourceNotFoundError, 404, "Entity with the specified id does not exist"
+            )
         if etag is not None and current["_etag"] != etag:
             raise _error(CosmosAccessConditionFailedError, 412, "Precondition failed")
         self.previous[key] = current
@@ -327,19 +347,29 @@ class SimContainer:
         self._wrote(current, self.docs[key])
         return _copy(self.docs[key])
 
-    async def delete_item(self, item: str, partition_key: Any, response_hook=None, **_: Any) -> None:
+    async def delete_item(
+        self, item: str, partition_key: Any, response_hook=None, **_: Any
+    ) -> None:
         await self._op("delete", response_hook)
         key = (str(partition_key), str(item))
         if key not in self.docs:
-            raise _error(CosmosResourceNotFoundError, 404, "Entity with the specified id does not exist")
+            raise _error(
+                CosmosResourceNotFoundError, 404, "Entity with the specified id does not exist"
+            )
         if self.on_delete is not None:
             self.on_delete(self.docs[key])
         del self.docs[key]
         self.previous.pop(key, None)
         self.world.log(f"cosmos {self.name} delete {item}")
 
-    def query_items(self, query: str, parameters: list | None = None, partition_key: Any = None,
-                    response_hook=None, **_: Any):
+    def query_items(
+        self,
+        query: str,
+        parameters: list | None = None,
+        partition_key: Any = None,
+        response_hook=None,
+        **_: Any,
+    ):
         container = self
 
         class _Async:
@@ -352,11 +382,16 @@ class SimContainer:
                 if parsed is None:
                     parsed = _PARSED[query] = _Query(query)
                 params = {p["name"]: p["value"] for p in (parameters or [])}
-                docs = [d for (pk, _), d in sorted(container.docs.items())
-                        if partition_key is None or pk == str(partition_key)]
+                docs = [
+                    d
+                    for (pk, _), d in sorted(container.docs.items())
+                    if partition_key is None or pk == str(partition_key)
+                ]
                 items = parsed.run(docs, params)
                 if container.name == "index" and items:
-                    container.world.log(f"cosmos index query {params} -> {[d.get('id', d) if isinstance(d, dict) else d for d in items]}")
+                    container.world.log(
+                        f"cosmos index query {params} -> {[d.get('id', d) if isinstance(d, dict) else d for d in items]}"
+                    )
                 for item in items:
                     yield item
 

@@ -63,7 +63,9 @@ def default_version() -> str:
     from pathlib import Path
 
     host = json.loads((Path(__file__).parents[1] / "host.json").read_text(encoding="utf-8-sig"))
-    return str(((host.get("extensions") or {}).get("durableTask") or {}).get("defaultVersion") or "")
+    return str(
+        ((host.get("extensions") or {}).get("durableTask") or {}).get("defaultVersion") or ""
+    )
 
 
 class SimDurable:
@@ -81,36 +83,65 @@ class SimDurable:
         self.owner_of: Any = lambda instance_id: None
 
     # --- the durable client (the methods the Starter and the bridge call)
-    async def start_new(self, orchestration_function_name: str, instance_id: str | None = None,
-                        client_input: Any = None, version: str | None = None) -> str:
+    async def start_new(
+        self,
+        orchestration_function_name: str,
+        instance_id: str | None = None,
+        client_input: Any = None,
+        version: str | None = None,
+    ) -> str:
         await self.world.point("durable.start_new")
         inst = self.instances.get(instance_id)
         if inst is not None and inst.status not in _TERMINAL:
-            raise Exception(f"An Orchestration instance with the status {inst.status} already exists.")
+            raise Exception(
+                f"An Orchestration instance with the status {inst.status} already exists."
+            )
         execution = (inst.execution + 1) if inst else 1
         # The client sends its input as JSON (DurableOrchestrationClient.start_new);
         # the host hands that text to every episode.
         input_json = json.dumps(client_input) if client_input is not None else None
-        new = Instance(instance_id, orchestration_function_name, version or self.version, execution,
-                       input=input_json)
-        new.inbox.append(_event(EXECUTION_STARTED, self.world.clock.now, Name=orchestration_function_name,
-                                Version=new.version, Input=input_json,
-                                OrchestrationInstance={"InstanceId": instance_id, "ExecutionId": str(execution)}))
+        new = Instance(
+            instance_id,
+            orchestration_function_name,
+            version or self.version,
+            execution,
+            input=input_json,
+        )
+        new.inbox.append(
+            _event(
+                EXECUTION_STARTED,
+                self.world.clock.now,
+                Name=orchestration_function_name,
+                Version=new.version,
+                Input=input_json,
+                OrchestrationInstance={"InstanceId": instance_id, "ExecutionId": str(execution)},
+            )
+        )
         self.instances[instance_id] = new
         self.starts.append(instance_id)
         self.world.log(f"durable start {instance_id} (execution {execution})")
         self._kick(new)
         return instance_id
 
-    async def raise_event(self, instance_id: str, event_name: str, event_data: Any = None,
-                          task_hub_name=None, connection_name=None) -> None:
+    async def raise_event(
+        self,
+        instance_id: str,
+        event_name: str,
+        event_data: Any = None,
+        task_hub_name=None,
+        connection_name=None,
+    ) -> None:
         await self.world.point("durable.raise_event")
         inst = self.instances.get(instance_id)
         if inst is None:
             raise Exception(f"No instance with ID {instance_id} found.")
         if inst.status in _TERMINAL:
             raise Exception(f"Instance with ID {instance_id} is gone: either completed or failed")
-        inst.inbox.append(_event(EVENT_RAISED, self.world.clock.now, Name=event_name, Input=json.dumps(event_data)))
+        inst.inbox.append(
+            _event(
+                EVENT_RAISED, self.world.clock.now, Name=event_name, Input=json.dumps(event_data)
+            )
+        )
         self.world.log(f"durable event {event_name} -> {instance_id}")
         self._kick(inst)
 
@@ -119,7 +150,9 @@ class SimDurable:
         inst = self.instances.get(instance_id)
         if inst is None:
             raise Exception(f"No instance with ID '{instance_id}' found.")
-        return SimpleNamespace(instance_id=instance_id, runtime_status=OrchestrationRuntimeStatus(inst.status))
+        return SimpleNamespace(
+            instance_id=instance_id, runtime_status=OrchestrationRuntimeStatus(inst.status)
+        )
 
     # --- the host's work
     def _kick(self, inst: Instance) -> None:
@@ -157,11 +190,18 @@ class SimDurable:
         inst.status = "Running"
         marker = _event(ORCHESTRATOR_STARTED, now)
         past = [dict(e, IsPlayed=True) for e in inst.history]
-        scheduled_before = {e["EventId"]: e for e in inst.history if e["EventType"] in SCHEDULING_EVENTS}
+        scheduled_before = {
+            e["EventId"]: e for e in inst.history if e["EventType"] in SCHEDULING_EVENTS
+        }
         spec = self.catalog.orchestrator(inst.name)
         try:
-            result = run_episode(spec.func, instance_id=inst.instance_id, history=past + [marker] + new_events,
-                                 input_json=inst.input, scheduled_before=scheduled_before)
+            result = run_episode(
+                spec.func,
+                instance_id=inst.instance_id,
+                history=past + [marker] + new_events,
+                input_json=inst.input,
+                scheduled_before=scheduled_before,
+            )
         except NonDeterminismError as exc:
             inst.status, inst.output = "Failed", str(exc)
             self.world.log(f"durable {inst.instance_id} NONDETERMINISTIC {exc}")
@@ -169,23 +209,43 @@ class SimDurable:
         scheduled = []
         for task in result.new_tasks:
             if task.kind == "activity":
-                scheduled.append(_event(TASK_SCHEDULED, now, EventId=task.task_id, Name=task.name, Input=task.input))
+                scheduled.append(
+                    _event(
+                        TASK_SCHEDULED, now, EventId=task.task_id, Name=task.name, Input=task.input
+                    )
+                )
                 self._activity(inst, inst.execution, task.task_id, task.name, task.input)
             elif task.kind == "timer":
                 fire_at = task.fire_at if task.fire_at.tzinfo else task.fire_at.replace(tzinfo=UTC)
-                scheduled.append(_event(TIMER_CREATED, now, EventId=task.task_id, FireAt=iso(fire_at)))
+                scheduled.append(
+                    _event(TIMER_CREATED, now, EventId=task.task_id, FireAt=iso(fire_at))
+                )
                 self._timer(inst, inst.execution, task.task_id, fire_at)
         inst.history += [marker, *new_events, *scheduled]
         if result.outcome == "completed":
-            inst.history += [_event(ORCHESTRATOR_COMPLETED, now),
-                             _event(EXECUTION_COMPLETED, now, OrchestrationStatus="Completed",
-                                    Result=result.output_json)]
+            inst.history += [
+                _event(ORCHESTRATOR_COMPLETED, now),
+                _event(
+                    EXECUTION_COMPLETED,
+                    now,
+                    OrchestrationStatus="Completed",
+                    Result=result.output_json,
+                ),
+            ]
             inst.status, inst.output = "Completed", json.loads(result.output_json or "null")
-            self.finished[inst.instance_id] = (inst.status, inst.output, self.owner_of(inst.instance_id))
+            self.finished[inst.instance_id] = (
+                inst.status,
+                inst.output,
+                self.owner_of(inst.instance_id),
+            )
             self.world.log(f"durable {inst.instance_id} completed {result.output_json}")
         elif result.outcome == "failed":
             inst.status, inst.output = "Failed", result.error
-            self.finished[inst.instance_id] = (inst.status, inst.output, self.owner_of(inst.instance_id))
+            self.finished[inst.instance_id] = (
+                inst.status,
+                inst.output,
+                self.owner_of(inst.instance_id),
+            )
             self.world.log(f"durable {inst.instance_id} FAILED {str(result.error)[:200]}")
             self.world.counters["orchestration_failed"] += 1
         else:
@@ -199,27 +259,48 @@ class SimDurable:
 
     def _timer(self, inst: Instance, execution: int, task_id: int, fire_at) -> None:
         event = _event(TIMER_FIRED, fire_at, TimerId=task_id, FireAt=iso(fire_at))
-        self.world.at(fire_at, f"timer {inst.instance_id}", lambda: self._deliver(inst, execution, event))
+        self.world.at(
+            fire_at, f"timer {inst.instance_id}", lambda: self._deliver(inst, execution, event)
+        )
 
-    def _activity(self, inst: Instance, execution: int, task_id: int, name: str, input_json: str | None) -> None:
+    def _activity(
+        self, inst: Instance, execution: int, task_id: int, name: str, input_json: str | None
+    ) -> None:
         spec = self.catalog.activity(name)
-        runs = 2 if self.world.faults.draw(self.world.faults.config.duplicate_activity, "activity_twice",
-                                           f"{inst.instance_id} {name}") else 1
+        runs = (
+            2
+            if self.world.faults.draw(
+                self.world.faults.config.duplicate_activity,
+                "activity_twice",
+                f"{inst.instance_id} {name}",
+            )
+            else 1
+        )
 
         def run_once() -> None:
             async def body() -> None:
                 await self.world.point(f"activity {name}")
-                arg = ActivityTriggerConverter.decode(meta.Datum(type="json", value=input_json or "null"),
-                                                      trigger_metadata=None)
+                arg = ActivityTriggerConverter.decode(
+                    meta.Datum(type="json", value=input_json or "null"), trigger_metadata=None
+                )
                 try:
                     value = await call_function(spec, {spec.trigger["name"]: arg})
                     result = ActivityTriggerConverter.encode(value, expected_type=None).value
-                    event = _event(TASK_COMPLETED, self.world.clock.now, TaskScheduledId=task_id, Result=result)
+                    event = _event(
+                        TASK_COMPLETED, self.world.clock.now, TaskScheduledId=task_id, Result=result
+                    )
                 except Exception as exc:
-                    self.world.log(f"activity {name} for {inst.instance_id} failed: {str(exc)[:160]}")
+                    self.world.log(
+                        f"activity {name} for {inst.instance_id} failed: {str(exc)[:160]}"
+                    )
                     self.world.counters["activity_failed"] += 1
-                    event = _event(TASK_FAILED, self.world.clock.now, TaskScheduledId=task_id,
-                                   Reason=str(exc) or type(exc).__name__, Details=None)
+                    event = _event(
+                        TASK_FAILED,
+                        self.world.clock.now,
+                        TaskScheduledId=task_id,
+                        Reason=str(exc) or type(exc).__name__,
+                        Details=None,
+                    )
                 if task_id in inst.done_tasks:
                     return  # another delivery of this activity finished first
                 inst.done_tasks.add(task_id)

@@ -77,7 +77,9 @@ INGRESS = "orders-webshop"  # the webshop's own ingress queue: Submit takes the 
 STARTER_PERIOD = 10.0
 SUPERVISOR_PERIOD = 10.0
 SLACK = timedelta(seconds=5)
-STATUS_GRACE = timedelta(seconds=30)  # the Starter's default: outbox entries older than this are its to send
+STATUS_GRACE = timedelta(
+    seconds=30
+)  # the Starter's default: outbox entries older than this are its to send
 HOST_OUTAGE = timedelta(days=8)
 
 TERMINAL_STATUS = {
@@ -120,8 +122,14 @@ class Options:
     scan: str = "query"  # or "index"
     page_size: int = 100
     backlog_limit: int = 5000
-    retry: sm.RetryPolicy = field(default_factory=lambda: sm.RetryPolicy(
-        threshold=3, long_retries=1, long_delay=timedelta(seconds=120), claim_timeout=timedelta(seconds=30)))
+    retry: sm.RetryPolicy = field(
+        default_factory=lambda: sm.RetryPolicy(
+            threshold=3,
+            long_retries=1,
+            long_delay=timedelta(seconds=120),
+            claim_timeout=timedelta(seconds=30),
+        )
+    )
     step_timeout: timedelta = timedelta(seconds=20)
     faults: FaultConfig = field(default_factory=FaultConfig)
     fault_window: float = 240.0
@@ -176,11 +184,20 @@ def liveness_bound(o: Options) -> timedelta:
     slack; then the long-retry delays; then a compensation that lets every
     undo try run to its deadline."""
     steps = len(STEP_NAMES)
-    attempt = (STARTER_PERIOD + o.retry.claim_timeout.total_seconds() + steps * o.step_timeout.total_seconds()
-               + 2 * SUPERVISOR_PERIOD + SLACK.total_seconds())
+    attempt = (
+        STARTER_PERIOD
+        + o.retry.claim_timeout.total_seconds()
+        + steps * o.step_timeout.total_seconds()
+        + 2 * SUPERVISOR_PERIOD
+        + SLACK.total_seconds()
+    )
     compensation = STARTER_PERIOD + steps * 3 * o.step_timeout.total_seconds()
-    return timedelta(seconds=(o.retry.max_failures + 1) * attempt
-                     + o.retry.long_retries * o.retry.long_delay.total_seconds() + compensation + 60)
+    return timedelta(
+        seconds=(o.retry.max_failures + 1) * attempt
+        + o.retry.long_retries * o.retry.long_delay.total_seconds()
+        + compensation
+        + 60
+    )
 
 
 class SimRemote:
@@ -195,25 +212,42 @@ class SimRemote:
         self.calls: list[tuple[str, str, int, str]] = []  # (key, op, token, outcome)
 
     async def call(self, call: RemoteCall, *, timeout: float) -> dict[str, Any]:
-        await self.world.point(f"remote.{call.service}.{call.operation}", delay=self.world.rng.choice((0.05, 0.2, 1.0)))
+        await self.world.point(
+            f"remote.{call.service}.{call.operation}", delay=self.world.rng.choice((0.05, 0.2, 1.0))
+        )
         what = f"{call.service}/{call.operation} for {call.idempotency_key}"
         op = f"{call.service}/{call.operation}"
         outage = self.world.faults.outage
         order_id = call.idempotency_key.partition("/")[0]
-        down = bool(outage) and outage[0] <= self.world.clock.now < outage[1] and outage[2] == call.service
+        down = (
+            bool(outage)
+            and outage[0] <= self.world.clock.now < outage[1]
+            and outage[2] == call.service
+        )
         # A partial outage: most calls fail outright; some are applied and
         # their answer is lost on the way back (a gateway timeout).
         lost = down and self.world.rng.random() < 0.3
         if down and not lost:
             status, text = 503, json.dumps({"code": "Unavailable", "error": "service unavailable"})
         elif op in self.declines.get(order_id, ((),))[0]:
-            status, text = 402, json.dumps({"code": "Declined", "error": self.declines[order_id][1]})
+            status, text = (
+                402,
+                json.dumps({"code": "Declined", "error": self.declines[order_id][1]}),
+            )
         else:
-            answer = self.ledger.apply(call.service, call.operation, call.idempotency_key,
-                                       str(call.fencing_token), call.body)
+            answer = self.ledger.apply(
+                call.service,
+                call.operation,
+                call.idempotency_key,
+                str(call.fencing_token),
+                call.body,
+            )
             status, text = answer.status, json.dumps(answer.body)
             if lost:
-                status, text = 504, json.dumps({"code": "GatewayTimeout", "error": "no answer from upstream"})
+                status, text = (
+                    504,
+                    json.dumps({"code": "GatewayTimeout", "error": "no answer from upstream"}),
+                )
         outcome = "ok" if status < 300 else "transient" if status >= 500 else "permanent"
         self.calls.append((call.idempotency_key, op, call.fencing_token, outcome))
         self.world.log(f"remote {op} {call.idempotency_key} token {call.fencing_token} -> {status}")
@@ -235,7 +269,13 @@ def _random_text(rng: random.Random) -> str:
     length = rng.choice((0, 10, 200, 230, 600, 4096))
     if length == 0:
         return ""
-    alphabets = [(0x20, 0x7E), (0xA0, 0x2FF), (0x3040, 0x30FF), (0x1F300, 0x1F64F), (0x4E00, 0x9FFF)]
+    alphabets = [
+        (0x20, 0x7E),
+        (0xA0, 0x2FF),
+        (0x3040, 0x30FF),
+        (0x1F300, 0x1F64F),
+        (0x4E00, 0x9FFF),
+    ]
     out = []
     for _ in range(length):
         lo, hi = rng.choice(alphabets)
@@ -245,7 +285,14 @@ def _random_text(rng: random.Random) -> str:
 
 @contextmanager
 def _patched(sim: Simulation):
-    names = ("submit_handler", "scheduler_activities", "starter", "alerts", "supervisor", "message_gate")
+    names = (
+        "submit_handler",
+        "scheduler_activities",
+        "starter",
+        "alerts",
+        "supervisor",
+        "message_gate",
+    )
     saved = {n: getattr(bootstrap, n) for n in names}
     saved_dt = pybreaker.datetime
 
@@ -271,9 +318,13 @@ def _patched(sim: Simulation):
 
     async def message_gate(queue: str):
         consumer = {INGRESS: "submit", "agent-responses": "bridge"}.get(queue, queue)
-        return MessageGate(queue, Alerts(sim.publisher), sim.publisher,
-                           BackoffPolicy(max_delivery_count=MAX_DELIVERY),
-                           clock=sim.world.now_for(consumer))
+        return MessageGate(
+            queue,
+            Alerts(sim.publisher),
+            sim.publisher,
+            BackoffPolicy(max_delivery_count=MAX_DELIVERY),
+            clock=sim.world.now_for(consumer),
+        )
 
     async def inline(fn, /, *args, **kwargs):
         # The gate settles through the binding's synchronous actions in a worker
@@ -289,7 +340,9 @@ def _patched(sim: Simulation):
     # Alerts get a random message id (uuid4); draw it from the seed instead.
     ids = random.Random(f"uuid/{sim.seed}")
     saved_uuid = _alerts_module.uuid
-    _alerts_module.uuid = SimpleNamespace(uuid4=lambda: uuid.UUID(int=ids.getrandbits(128), version=4))
+    _alerts_module.uuid = SimpleNamespace(
+        uuid4=lambda: uuid.UUID(int=ids.getrandbits(128), version=4)
+    )
     saved_parse = _history_event.dt_parse
     # Replaying re-parses every history timestamp with dateutil on every
     # episode (three quarters of a schedule's time); the same strings come
@@ -319,8 +372,14 @@ def _cached_parse(text: str) -> datetime:
 
 
 class Simulation:
-    def __init__(self, seed: int, orders: int = 3, drop: frozenset[int] = frozenset(),
-                 options: Options | None = None, version: str | None = None) -> None:
+    def __init__(
+        self,
+        seed: int,
+        orders: int = 3,
+        drop: frozenset[int] = frozenset(),
+        options: Options | None = None,
+        version: str | None = None,
+    ) -> None:
         self.seed = seed
         self.o = options or options_for(seed, orders, version)
         self.world = World(seed, self.o.faults, drop)
@@ -338,13 +397,20 @@ class Simulation:
         self.last_write: datetime | None = None
         self.live_entry_deleted: list[str] = []
         self.index_c.on_delete = self._on_index_delete
-        self.orders_c.on_write = lambda old, new: self.overwritten.append(new["id"]) if old else None
+        self.orders_c.on_write = lambda old, new: (
+            self.overwritten.append(new["id"]) if old else None
+        )
         account = CosmosAccount("https://sim.invalid", None)
         self.settings = Settings(
-            state_account=account, orders_account=account, servicebus=ServiceBusAccess(connection_string="sim"),
-            reply_queues={APP: REPLY_QUEUE}, pending_backlog_limit=self.o.backlog_limit,
-            step_timeout=self.o.step_timeout, supervisor_page_size=self.o.page_size,
-            supervisor_scan=self.o.scan, retry=self.o.retry,
+            state_account=account,
+            orders_account=account,
+            servicebus=ServiceBusAccess(connection_string="sim"),
+            reply_queues={APP: REPLY_QUEUE},
+            pending_backlog_limit=self.o.backlog_limit,
+            step_timeout=self.o.step_timeout,
+            supervisor_page_size=self.o.page_size,
+            supervisor_scan=self.o.scan,
+            retry=self.o.retry,
         )
         self.publisher = SimPublisher(w, self.bus, {REPLY_QUEUE})
         self.publisher.on_sent = self._on_sent
@@ -360,29 +426,62 @@ class Simulation:
             if w.faults.draw(self.o.faults.decline, "decline", oid):
                 # Mostly the payment; sometimes another step; sometimes the
                 # shipment fails and then the refund is refused (CompensationFailed).
-                ops = rng.choice((("payment/charge",), ("payment/charge",), ("inventory/reserve",),
-                                  ("shipping/arrange",), ("shipping/arrange", "payment/refund")))
+                ops = rng.choice(
+                    (
+                        ("payment/charge",),
+                        ("payment/charge",),
+                        ("inventory/reserve",),
+                        ("shipping/arrange",),
+                        ("shipping/arrange", "payment/refund"),
+                    )
+                )
                 declines[oid] = (ops, _random_text(rng))
         self.remote = SimRemote(w, declines)
-        self.agent = Agent(self.remote, AgentClock(w), AgentPolicy(), rng=random.Random(f"agent/{seed}"))
+        self.agent = Agent(
+            self.remote, AgentClock(w), AgentPolicy(), rng=random.Random(f"agent/{seed}")
+        )
         self.processor = RequestProcessor(self.agent, SimReplySender(w, self.bus))
         from activities.scheduler_activities import SchedulerActivities
         from submit.handler import BacklogReader, SubmitHandler
 
         self.activities = SchedulerActivities(
-            self.settings, self.store, self.orders_repo, self.publisher, STEP_NAMES, self.agent, {},
-            self.index, clock=w.now_for("activities"))
+            self.settings,
+            self.store,
+            self.orders_repo,
+            self.publisher,
+            STEP_NAMES,
+            self.agent,
+            {},
+            self.index,
+            clock=w.now_for("activities"),
+        )
         self.submit = SubmitHandler(
-            self.settings, self.store, self.orders_repo, StatusReporter(self.publisher), Alerts(self.publisher),
+            self.settings,
+            self.store,
+            self.orders_repo,
+            StatusReporter(self.publisher),
+            Alerts(self.publisher),
             list(STEP_NAMES),
-            backlog=BacklogReader(self.store, self.settings.backlog_gauge_max_age.total_seconds(),
-                                  clock=lambda: w.clock.now.timestamp(), wall_clock=w.now_for("submit")),
-            clock=w.now_for("submit"))
-        self.starter = Starter(self.settings, self.store, self.index, clock=w.now_for("starter"),
-                               publisher=self.publisher)
+            backlog=BacklogReader(
+                self.store,
+                self.settings.backlog_gauge_max_age.total_seconds(),
+                clock=lambda: w.clock.now.timestamp(),
+                wall_clock=w.now_for("submit"),
+            ),
+            clock=w.now_for("submit"),
+        )
+        self.starter = Starter(
+            self.settings,
+            self.store,
+            self.index,
+            clock=w.now_for("starter"),
+            publisher=self.publisher,
+        )
         self.durable = SimDurable(w, catalog(), self.o.version)
         self.durable.owner_of = self._owner_of
-        self.functions = {spec.trigger.get("queueName"): spec for spec in catalog().of_type(SERVICE_BUS_TRIGGER)}
+        self.functions = {
+            spec.trigger.get("queueName"): spec for spec in catalog().of_type(SERVICE_BUS_TRIGGER)
+        }
         self._sup_n = 0
         self.submitted: set[str] = set()
         self.bad: dict[str, str] = {}
@@ -397,20 +496,33 @@ class Simulation:
         self._sup_n += 1
         charges = RequestCharges()
         store = CosmosStateStore(self.state_c, charges)
-        source = IndexSource(CosmosRecoveryIndex(self.index_c, charges), store) if self.o.scan == "index" \
+        source = (
+            IndexSource(CosmosRecoveryIndex(self.index_c, charges), store)
+            if self.o.scan == "index"
             else QuerySource(store)
-        sup = Supervisor(store, source, CosmosCheckpointStore(self.state_c, charges, f"supervisor-{self.o.scan}"),
-                         StatusReporter(self.publisher), Alerts(self.publisher), self.settings.retry,
-                         self.settings.supervisor_page_size, slack=SLACK,
-                         clock=self.world.now_for(f"supervisor{self._sup_n % 2}"), charges=charges)
+        )
+        sup = Supervisor(
+            store,
+            source,
+            CosmosCheckpointStore(self.state_c, charges, f"supervisor-{self.o.scan}"),
+            StatusReporter(self.publisher),
+            Alerts(self.publisher),
+            self.settings.retry,
+            self.settings.supervisor_page_size,
+            slack=SLACK,
+            clock=self.world.now_for(f"supervisor{self._sup_n % 2}"),
+            charges=charges,
+        )
         run = sup.run
 
         async def measured():
             report = await run()
             self.supervisor_costs.append(report.requests)
-            self.world.log(f"supervisor read={report.read} examined={report.examined} recovered={report.recovered} "
-                           f"long_retry={report.long_retry} failed={report.failed} skipped={report.skipped} "
-                           f"requests={report.requests}")
+            self.world.log(
+                f"supervisor read={report.read} examined={report.examined} recovered={report.recovered} "
+                f"long_retry={report.long_retry} failed={report.failed} skipped={report.skipped} "
+                f"requests={report.requests}"
+            )
             return report
 
         sup.run = measured
@@ -430,10 +542,15 @@ class Simulation:
         elif actor in ("starter", "submit") and before == "Pending" and after == "Processing":
             row = "2"  # the Starter's claim, by its timer or by Submit's fast path
         elif actor == "orchestration":
-            row = {("Processing", "Processing"): "3", ("Processing", "Processed"): "4",
-                   ("Processing", "Error"): "5", ("Processing", "Compensating"): "8a",
-                   ("Error", "Compensating"): "8a", ("Compensating", "Compensated"): "8b",
-                   ("Compensating", "CompensationFailed"): "8c"}.get((before, after))
+            row = {
+                ("Processing", "Processing"): "3",
+                ("Processing", "Processed"): "4",
+                ("Processing", "Error"): "5",
+                ("Processing", "Compensating"): "8a",
+                ("Error", "Compensating"): "8a",
+                ("Compensating", "Compensated"): "8b",
+                ("Compensating", "CompensationFailed"): "8c",
+            }.get((before, after))
         elif actor == "supervisor" and before == "Processing":
             row = "6" if after == "Pending" and not new.get("NotBefore") else "7"
         elif actor == "operator" and before == "Error" and after == "Pending":
@@ -445,8 +562,12 @@ class Simulation:
         if old and actor == "orchestration":
             writer = self._instance()
             if writer and old.get("LockedBy") != writer and not _outbox_only(old, new):
-                self.violations.append(("3 stale attempt wrote", f"{writer} changed {new['id']} locked by "
-                                                                  f"{old.get('LockedBy')}"))
+                self.violations.append(
+                    (
+                        "3 stale attempt wrote",
+                        f"{writer} changed {new['id']} locked by {old.get('LockedBy')}",
+                    )
+                )
 
     def _on_index_delete(self, entry: dict) -> None:
         """An index entry removed while its attempt is still live (the record is
@@ -455,11 +576,21 @@ class Simulation:
         doc = self.state_c.docs.get((entry["OrderID"], entry["OrderID"]))
         # Another entry of the order (a move adds the new one before removing
         # the old) still brings the Supervisor back to it.
-        others = [e for e in self.index_c.docs.values() if e["OrderID"] == entry["OrderID"] and e["id"] != entry["id"]]
-        if doc and doc.get("ProcessState") == "Processing" and doc.get("CompleteBy") == _cosmos(entry["CompleteBy"]) \
-                and not others:
-            self.live_entry_deleted.append(f"{entry['id']} removed at {self.world.stamp()} while "
-                                           f"{doc.get('LockedBy')} still has that deadline")
+        others = [
+            e
+            for e in self.index_c.docs.values()
+            if e["OrderID"] == entry["OrderID"] and e["id"] != entry["id"]
+        ]
+        if (
+            doc
+            and doc.get("ProcessState") == "Processing"
+            and doc.get("CompleteBy") == _cosmos(entry["CompleteBy"])
+            and not others
+        ):
+            self.live_entry_deleted.append(
+                f"{entry['id']} removed at {self.world.stamp()} while "
+                f"{doc.get('LockedBy')} still has that deadline"
+            )
 
     def _on_sent(self, queue: str, message_id: str, accepted: bool) -> None:
         """An agent request of a restarted orchestration that duplicate detection
@@ -471,8 +602,10 @@ class Simulation:
         if accepted:
             self.request_sender[message_id] = (iid, execution)
         elif self.request_sender.get(message_id, (iid, execution))[1] != execution:
-            self.lost_requests.append(f"{message_id}: sent again by execution {execution} of {iid}, "
-                                      f"dropped as a duplicate of execution {self.request_sender[message_id][1]}'s")
+            self.lost_requests.append(
+                f"{message_id}: sent again by execution {execution} of {iid}, "
+                f"dropped as a duplicate of execution {self.request_sender[message_id][1]}'s"
+            )
 
     def _owner_of(self, instance_id: str) -> str | None:
         """The attempt that owns the record now (the latest write, not a lagged read)."""
@@ -503,8 +636,11 @@ class Simulation:
             # the same idempotency key. Any other failure still counts.
             return False
         if status == "Completed" and isinstance(output, dict):
-            if output.get("Outcome") == "timed_out" and output.get("Step") == step \
-                    and output.get("Detail") == "deadline passed":
+            if (
+                output.get("Outcome") == "timed_out"
+                and output.get("Step") == step
+                and output.get("Detail") == "deadline passed"
+            ):
                 return False
             if output.get("Outcome") == "stale" and owner != iid:
                 return False
@@ -524,10 +660,16 @@ class Simulation:
     # --- actors
     def _order_body(self, oid: str, total: str = "20.00") -> bytes:
         payload = {
-            "OrderID": oid, "AppId": APP, "ReplyTo": REPLY_QUEUE,
+            "OrderID": oid,
+            "AppId": APP,
+            "ReplyTo": REPLY_QUEUE,
             "Customer": {"CustomerId": "C-7", "Name": "Ada"},
-            "Lines": [{"Sku": "SKU-1", "Quantity": 2, "UnitPrice": str(int(float(total)) // 2) + ".00"}],
-            "Total": total, "Currency": "EUR", "PaymentReference": "pay-ref-42",
+            "Lines": [
+                {"Sku": "SKU-1", "Quantity": 2, "UnitPrice": str(int(float(total)) // 2) + ".00"}
+            ],
+            "Total": total,
+            "Currency": "EUR",
+            "PaymentReference": "pay-ref-42",
         }
         return json.dumps(payload).encode()
 
@@ -540,7 +682,9 @@ class Simulation:
         if kind == "conflict":
             self.bus.send(INGRESS, self._order_body(oid, "40.00"), f"{oid}/{kind}")
         elif kind == "malformed":
-            self.bus.send(INGRESS, b'{"OrderID": "' + oid.encode() + b'", "Lines": "x"', f"{oid}/{kind}")
+            self.bus.send(
+                INGRESS, b'{"OrderID": "' + oid.encode() + b'", "Lines": "x"', f"{oid}/{kind}"
+            )
         else:
             self.bus.send(INGRESS, json.loads(self._order_body(f"{oid}-V")), f"{oid}/{kind}")
 
@@ -554,16 +698,29 @@ class Simulation:
             faults = self.world.faults
             if faults.draw(self.o.faults.lock_expiry, "lock_expiry", f"{queue} {msg.message_id}"):
                 token = msg.lock_token
-                self.world.at(self.world.clock.now + timedelta(seconds=round(self.world.rng.uniform(0.01, 1.0), 3)),
-                              "lock expiry", lambda m=msg, t=token, q=queue: (self.bus.release(q, m, t, "lock expired"),
-                                                                            self._pump(q)))
+                self.world.at(
+                    self.world.clock.now
+                    + timedelta(seconds=round(self.world.rng.uniform(0.01, 1.0), 3)),
+                    "lock expiry",
+                    lambda m=msg, t=token, q=queue: (
+                        self.bus.release(q, m, t, "lock expired"),
+                        self._pump(q),
+                    ),
+                )
 
             def lost(m=msg, t=msg.lock_token, q=queue) -> None:
                 when = self.world.clock.now + timedelta(seconds=30)
-                self.world.at(when, "lock timeout", lambda: (self.bus.release(q, m, t, "lock timed out"), self._pump(q)))
+                self.world.at(
+                    when,
+                    "lock timeout",
+                    lambda: (self.bus.release(q, m, t, "lock timed out"), self._pump(q)),
+                )
 
-            self.world.spawn(f"{self._consumer_name(queue)}:{msg.message_id}",
-                             lambda d=delivery: self._handle(d), on_crash=lost)
+            self.world.spawn(
+                f"{self._consumer_name(queue)}:{msg.message_id}",
+                lambda d=delivery: self._handle(d),
+                on_crash=lost,
+            )
 
     def _consumer_name(self, queue: str) -> str:
         return {INGRESS: "submit", "agent-requests": "agent", "agent-responses": "bridge"}[queue]
@@ -581,7 +738,9 @@ class Simulation:
                 # the simulation's Durable as the client (the fast path).
                 handler = await bootstrap.submit_handler()
                 gate = await bootstrap.message_gate(d.queue)
-                await gate.run(d, SimActions(d), lambda body: handler.handle(body, APP, self.durable))
+                await gate.run(
+                    d, SimActions(d), lambda body: handler.handle(body, APP, self.durable)
+                )
             else:
                 spec = self.functions[d.queue]
                 kwargs = {spec.trigger["name"]: d}
@@ -608,15 +767,24 @@ class Simulation:
         if req.get("Action") != "do":
             return
         doc = self.state_c.docs.get((req["OrderID"], req["OrderID"]))
-        if not doc or doc.get("LockedBy") != req["InstanceId"] or doc.get("ProcessState") != "Processing":
+        if (
+            not doc
+            or doc.get("LockedBy") != req["InstanceId"]
+            or doc.get("ProcessState") != "Processing"
+        ):
             return
         step = (doc.get("Steps") or {}).get(req["Step"]) or {}
         deadline = datetime.fromisoformat(req["Deadline"])
         complete_by = doc.get("CompleteBy")
-        if complete_by and step.get("Status") == "Running" and datetime.fromisoformat(complete_by) != deadline:
+        if (
+            complete_by
+            and step.get("Status") == "Running"
+            and datetime.fromisoformat(complete_by) != deadline
+        ):
             self.deadline_mismatch.append(
                 f"{req['InstanceId']} {req['Step']}: request deadline {deadline.isoformat()} but record "
-                f"CompleteBy {complete_by}")
+                f"CompleteBy {complete_by}"
+            )
 
     async def _starter_run(self) -> None:
         await self.starter.run(self.durable)
@@ -629,8 +797,10 @@ class Simulation:
         """An operator acts at a random moment; one who is refused (the order
         is not in a state the action applies to yet) looks again a minute later."""
         now = self.world.now_for("operator")()
-        transition = {"resubmit": lambda r: sm.resubmit(r, now),
-                      "compensate": lambda r: sm.request_compensation(r, now)}[action]
+        transition = {
+            "resubmit": lambda r: sm.resubmit(r, now),
+            "compensate": lambda r: sm.request_compensation(r, now),
+        }[action]
         try:
             await self.store.update(oid, transition, ANY_OWNER)
             self.world.log(f"operator {action} {oid}")
@@ -639,15 +809,20 @@ class Simulation:
             self.world.log(f"operator {action} {oid} refused: {type(exc).__name__}")
             if tries > 1:
                 self.operator_pending += 1
-                self.world.at(self.world.clock.now + timedelta(seconds=60), "operator",
-                              lambda: self.world.spawn(f"operator:{oid}",
-                                                       lambda: self._operator(oid, action, tries - 1)))
+                self.world.at(
+                    self.world.clock.now + timedelta(seconds=60),
+                    "operator",
+                    lambda: self.world.spawn(
+                        f"operator:{oid}", lambda: self._operator(oid, action, tries - 1)
+                    ),
+                )
         finally:
             self.operator_pending -= 1
 
     def _ticks(self, name: str, period: float, fn, until: datetime, copies: int = 1) -> None:
         """A timer trigger: every `period`; after the host was down, it fires
         once on return and goes on from there (as a missed timer does)."""
+
         def tick(t: datetime) -> None:
             for c in range(copies):
                 self.world.spawn(f"{name}{c}", fn)
@@ -665,11 +840,17 @@ class Simulation:
         for oid in self.order_ids:
             doc = self.state_c.docs.get((oid, oid))
             if doc is None:
-                if any(m.message_id.endswith(oid) or oid.encode() in m.body for m in self.bus.queue(INGRESS).messages):
+                if any(
+                    m.message_id.endswith(oid) or oid.encode() in m.body
+                    for m in self.bus.queue(INGRESS).messages
+                ):
                     return False
                 continue
-            if doc["ProcessState"] not in TERMINAL_STATUS or doc.get("CompensationRequested") and \
-                    doc["ProcessState"] in ("Error", "CompensationFailed"):
+            if (
+                doc["ProcessState"] not in TERMINAL_STATUS
+                or doc.get("CompensationRequested")
+                and doc["ProcessState"] in ("Error", "CompensationFailed")
+            ):
                 return False
             if doc.get("PendingStatus"):
                 return False  # a terminal status still in the outbox: the Starter delivers it
@@ -719,25 +900,49 @@ class Simulation:
             # The whole app is down for 8 days (a region outage, a lost
             # deployment): nothing runs, then everything resumes at once.
             at = START + timedelta(seconds=w.data_rng.uniform(30, 120))
-            w.at(at, "host outage", lambda: (setattr(w.clock, "now", w.clock.now + HOST_OUTAGE),
-                                             w.log(f"host back after {HOST_OUTAGE}")))
+            w.at(
+                at,
+                "host outage",
+                lambda: (
+                    setattr(w.clock, "now", w.clock.now + HOST_OUTAGE),
+                    w.log(f"host back after {HOST_OUTAGE}"),
+                ),
+            )
             end += HOST_OUTAGE
         self.until = end
         for i, oid in enumerate(self.order_ids):
             at = w.data_rng.uniform(0, 3 if f.burst else 60)
             if f.minute_edges:
-                at = 60 * (i % 3 + 1) - w.data_rng.uniform(0.001, 1.0) - o.step_timeout.total_seconds() % 60
-            w.at(START + timedelta(seconds=at), "client",
-                 lambda oid=oid: (self.submitted.add(oid), self.bus.send(INGRESS, self._order_body(oid), oid)))
+                at = (
+                    60 * (i % 3 + 1)
+                    - w.data_rng.uniform(0.001, 1.0)
+                    - o.step_timeout.total_seconds() % 60
+                )
+            w.at(
+                START + timedelta(seconds=at),
+                "client",
+                lambda oid=oid: (
+                    self.submitted.add(oid),
+                    self.bus.send(INGRESS, self._order_body(oid), oid),
+                ),
+            )
             if w.faults.draw(f.bad_messages, "bad_message", oid):
-                w.at(START + timedelta(seconds=at + w.data_rng.uniform(0, 30)), "client",
-                     lambda oid=oid: self._bad_message(oid))
+                w.at(
+                    START + timedelta(seconds=at + w.data_rng.uniform(0, 30)),
+                    "client",
+                    lambda oid=oid: self._bad_message(oid),
+                )
             if w.faults.draw(f.operator, "operator", oid):
                 when = START + timedelta(seconds=w.data_rng.uniform(0, o.fault_window))
                 action = w.data_rng.choice(("resubmit", "compensate"))
                 self.operator_pending += 1
-                w.at(when, "operator", lambda oid=oid, a=action: w.spawn(f"operator:{oid}",
-                                                                         lambda: self._operator(oid, a)))
+                w.at(
+                    when,
+                    "operator",
+                    lambda oid=oid, a=action: w.spawn(
+                        f"operator:{oid}", lambda: self._operator(oid, a)
+                    ),
+                )
         if f.throttle_storm and w.faults.draw(1.0, "throttle_storm"):
             s = START + timedelta(seconds=w.data_rng.uniform(0, o.fault_window - 90))
             w.faults.storms.append((s, s + timedelta(seconds=w.data_rng.uniform(30, 90))))
@@ -748,12 +953,23 @@ class Simulation:
         if f.outage and w.faults.draw(1.0, "outage"):
             s = START + timedelta(seconds=w.data_rng.uniform(0, 30))
             length = o.fault_window - 31
-            w.faults.outage = (s, s + timedelta(seconds=length), w.data_rng.choice(("inventory", "payment", "shipping")))
+            w.faults.outage = (
+                s,
+                s + timedelta(seconds=length),
+                w.data_rng.choice(("inventory", "payment", "shipping")),
+            )
         self._ticks("starter", STARTER_PERIOD, self._starter_run, end)
-        self._ticks("supervisor", SUPERVISOR_PERIOD, self._supervisor_run, end,
-                    copies=2 if f.two_supervisors and w.faults.draw(1.0, "two_supervisors") else 1)
+        self._ticks(
+            "supervisor",
+            SUPERVISOR_PERIOD,
+            self._supervisor_run,
+            end,
+            copies=2 if f.two_supervisors and w.faults.draw(1.0, "two_supervisors") else 1,
+        )
         consumed = (INGRESS, "agent-requests", "agent-responses")
-        self.bus.after_send = lambda q, when: w.at(when, "pump", lambda: self._pump(q)) if q in consumed else None
+        self.bus.after_send = lambda q, when: (
+            w.at(when, "pump", lambda: self._pump(q)) if q in consumed else None
+        )
         with _patched(self):
             await w.run(fault_end, idle=self.idle)
             # Faults stop here; from now on the world may also stop early at a fixed point.
@@ -769,7 +985,9 @@ class Simulation:
         out: dict[str, list[dict]] = {}
         for m in self.bus.queue(REPLY_QUEUE).sent:
             body = json.loads(m.body)
-            out.setdefault(body["OrderID"], []).append({"Status": body["Status"], "id": m.message_id})
+            out.setdefault(body["OrderID"], []).append(
+                {"Status": body["Status"], "id": m.message_id}
+            )
         return out
 
     def _alerted(self) -> set[str | None]:
@@ -786,11 +1004,17 @@ class Simulation:
         if self.o.scan == "index":
             for (_, _), entry in sorted(self.index_c.docs.items()):
                 doc = docs.get(entry["OrderID"])
-                if doc and doc["ProcessState"] == "Processing" and doc.get("CompleteBy") == \
-                        _cosmos(entry["CompleteBy"]) and datetime.fromisoformat(entry["CompleteBy"]) < \
-                        self.end - timedelta(seconds=3 * SUPERVISOR_PERIOD) - SLACK:
-                    self.fail("index entry outlived its attempt unseen",
-                              f"{entry['id']} (bucket {entry['bucket']}) never recovered")
+                if (
+                    doc
+                    and doc["ProcessState"] == "Processing"
+                    and doc.get("CompleteBy") == _cosmos(entry["CompleteBy"])
+                    and datetime.fromisoformat(entry["CompleteBy"])
+                    < self.end - timedelta(seconds=3 * SUPERVISOR_PERIOD) - SLACK
+                ):
+                    self.fail(
+                        "index entry outlived its attempt unseen",
+                        f"{entry['id']} (bucket {entry['bucket']}) never recovered",
+                    )
         for detail in self.live_entry_deleted[:1]:
             self.fail("index entry of a live attempt kept", detail)
         # 8 liveness
@@ -799,31 +1023,45 @@ class Simulation:
                 dead = [m for m in self.bus.queue(INGRESS).dead if m.message_id == oid]
                 if dead:
                     if oid not in alerted or not statuses.get(oid):
-                        self.fail("dead-lettered silently",
-                                  f"{oid}: {dead[0].dead_letter_reason}, alert={oid in alerted}, "
-                                  f"statuses={[s['Status'] for s in statuses.get(oid, [])]}")
+                        self.fail(
+                            "dead-lettered silently",
+                            f"{oid}: {dead[0].dead_letter_reason}, alert={oid in alerted}, "
+                            f"statuses={[s['Status'] for s in statuses.get(oid, [])]}",
+                        )
                 elif any(m.message_id == oid for m in self.bus.queue(INGRESS).sent):
-                    self.fail("liveness", f"{oid}: submitted but no record after the bound {self.bound}")
+                    self.fail(
+                        "liveness", f"{oid}: submitted but no record after the bound {self.bound}"
+                    )
                 continue
             state = doc["ProcessState"]
             if state not in TERMINAL_STATUS:
-                self.fail("liveness", f"{oid} still {state} (FailureCount {doc.get('FailureCount')}) at "
-                                      f"{self.world.stamp()}: nothing changes any more, and the bound is "
-                                      f"{self.bound} after faults stop")
+                self.fail(
+                    "liveness",
+                    f"{oid} still {state} (FailureCount {doc.get('FailureCount')}) at "
+                    f"{self.world.stamp()}: nothing changes any more, and the bound is "
+                    f"{self.bound} after faults stop",
+                )
                 continue
             want = TERMINAL_STATUS[state]
             got = [s for s in statuses.get(oid, []) if s["Status"] == want]
             ids = sorted({s["id"] for s in got})
             if len(ids) > 1 and not any(o == oid for o, _ in self.operator_done):
-                self.fail("terminal status sent once (one message id)", f"{oid}: {want} sent as {ids}")
+                self.fail(
+                    "terminal status sent once (one message id)", f"{oid}: {want} sent as {ids}"
+                )
             if not got:
-                self.fail("terminal status reaches the reply queue",
-                          f"{oid} is {state} but no {want} status was sent "
-                          f"(sent: {[s['Status'] for s in statuses.get(oid, [])]})")
+                self.fail(
+                    "terminal status reaches the reply queue",
+                    f"{oid} is {state} but no {want} status was sent "
+                    f"(sent: {[s['Status'] for s in statuses.get(oid, [])]})",
+                )
         # 5 bounded retries
         for oid, doc in docs.items():
             if doc and doc.get("FailureCount", 0) > self.o.retry.max_failures:
-                self.fail("5 FailureCount bounded", f"{oid}: {doc['FailureCount']} > {self.o.retry.max_failures}")
+                self.fail(
+                    "5 FailureCount bounded",
+                    f"{oid}: {doc['FailureCount']} > {self.o.retry.max_failures}",
+                )
         # 2 no side effect twice
         for key, count in sorted(self.remote.ledger.effects.items()):
             if count > 1:
@@ -842,27 +1080,42 @@ class Simulation:
             if state == "Processed" or state not in TERMINAL_STATUS:
                 continue
             if state == "Compensated":
-                self.fail("7 side effects undone by compensation", f"{order}: {step} still applied on a "
-                                                                   f"Compensated order")
+                self.fail(
+                    "7 side effects undone by compensation",
+                    f"{order}: {step} still applied on a Compensated order",
+                )
             elif state in ("Error", "CompensationFailed"):
-                named = step in (doc.get("Steps") or {}) and (doc["Steps"][step].get("Status") != "NotStarted") \
+                named = (
+                    step in (doc.get("Steps") or {})
+                    and (doc["Steps"][step].get("Status") != "NotStarted")
                     or any(c.get("Step") == step for c in doc.get("Compensation") or [])
+                )
                 if not named or order not in alerted:
-                    self.fail("7 side effect named on the record with an alert",
-                              f"{order}: {step} applied; named={named} alerted={order in alerted}")
+                    self.fail(
+                        "7 side effect named on the record with an alert",
+                        f"{order}: {step} applied; named={named} alerted={order in alerted}",
+                    )
             else:
-                self.fail("7 side effects kept only by Processed", f"{order}: {step} applied, order {state}")
+                self.fail(
+                    "7 side effects kept only by Processed",
+                    f"{order}: {step} applied, order {state}",
+                )
         # a permanent answer is never asked again by a later attempt (defect 3)
         permanent = {}
         for key, op, token, outcome in self.remote.calls:
             resubmitted = (key.partition("/")[0], "resubmit") in self.operator_done
             if (key, op) in permanent and token > permanent[(key, op)] and not resubmitted:
-                self.fail("permanent failure not retried",
-                          f"{op} {key} answered permanently to attempt {permanent[(key, op)]}, "
-                          f"called again by attempt {token}")
+                self.fail(
+                    "permanent failure not retried",
+                    f"{op} {key} answered permanently to attempt {permanent[(key, op)]}, "
+                    f"called again by attempt {token}",
+                )
                 permanent[(key, op)] = 10**9
-            if outcome == "permanent" and not op.endswith(("release", "refund", "cancel")) \
-                    and self._acted_on(key.partition("/")[0], key.partition("/")[2], token):
+            if (
+                outcome == "permanent"
+                and not op.endswith(("release", "refund", "cancel"))
+                and self._acted_on(key.partition("/")[0], key.partition("/")[2], token)
+            ):
                 permanent.setdefault((key, op), token)
         for detail in self.lost_requests[:1]:
             self.fail("a restarted orchestration's requests are delivered", detail)
@@ -871,21 +1124,35 @@ class Simulation:
         # false CompensationFailed: every undo the log calls failed did succeed remotely
         for oid, doc in docs.items():
             if doc and doc["ProcessState"] == "CompensationFailed":
-                failed = [c["Step"] for c in doc.get("Compensation") or [] if c.get("Outcome") == "Failed"]
-                answered = {k.split("/", 1)[1] for k, op, _, out in self.remote.calls
-                            if k.startswith(oid + "/") and out == "ok" and op.endswith(("release", "refund", "cancel"))}
+                failed = [
+                    c["Step"] for c in doc.get("Compensation") or [] if c.get("Outcome") == "Failed"
+                ]
+                answered = {
+                    k.split("/", 1)[1]
+                    for k, op, _, out in self.remote.calls
+                    if k.startswith(oid + "/")
+                    and out == "ok"
+                    and op.endswith(("release", "refund", "cancel"))
+                }
                 if failed and all(s in answered for s in failed):
-                    self.fail("no false CompensationFailed",
-                              f"{oid}: undo of {failed} succeeded remotely, record says CompensationFailed")
+                    self.fail(
+                        "no false CompensationFailed",
+                        f"{oid}: undo of {failed} succeeded remotely, record says CompensationFailed",
+                    )
         # rejected orders are not written to the orders DB
         for oid, doc in docs.items():
             if doc and doc["ProcessState"] == "Rejected" and (oid, oid) in self.orders_c.docs:
                 self.fail("rejected order not kept", f"{oid} is Rejected but in the orders DB")
         # 6 supervisor cost bounded by its page size
-        limit = 4 * self.o.page_size + MAX_BUCKETS_PER_PAGE + 12  # the index walks empty buckets too
+        limit = (
+            4 * self.o.page_size + MAX_BUCKETS_PER_PAGE + 12
+        )  # the index walks empty buckets too
         for cost in self.supervisor_costs:
             if cost > limit:
-                self.fail("6 supervisor cost bounded by page size", f"a run made {cost} requests > {limit}")
+                self.fail(
+                    "6 supervisor cost bounded by page size",
+                    f"a run made {cost} requests > {limit}",
+                )
                 break
         # 4 every dead-lettered message has a reason; a bad submission is alerted, nothing overwritten
         kinds = Counter(json.loads(m.body).get("Kind") for m in self.bus.queue("alerts").sent)
@@ -898,19 +1165,33 @@ class Simulation:
             dead = [m for m in self.bus.queue(INGRESS).dead if m.message_id == mid]
             if not dead:
                 if any(m.message_id == mid for m in self.bus.queue(INGRESS).messages):
-                    self.fail("4 bad submission dead-lettered", f"{mid} ({kind}) still on the queue")
+                    self.fail(
+                        "4 bad submission dead-lettered", f"{mid} ({kind}) still on the queue"
+                    )
                 continue
             reason = dead[0].dead_letter_reason
             if reason == "MaxDeliveryCountExceeded":
-                self.fail("4 bad submission dead-lettered with a reason",
-                          f"{mid} ({kind}) dead-lettered only by the delivery count, not by its handler")
-            elif kind == "conflict" and oid not in alerted or kind != "conflict" and not kinds["InvalidMessage"]:
-                self.fail("4 bad submission alerted", f"{mid} ({kind}) dead-lettered with {reason}, no alert")
+                self.fail(
+                    "4 bad submission dead-lettered with a reason",
+                    f"{mid} ({kind}) dead-lettered only by the delivery count, not by its handler",
+                )
+            elif (
+                kind == "conflict"
+                and oid not in alerted
+                or kind != "conflict"
+                and not kinds["InvalidMessage"]
+            ):
+                self.fail(
+                    "4 bad submission alerted",
+                    f"{mid} ({kind}) dead-lettered with {reason}, no alert",
+                )
         for oid in self.overwritten[:1]:
             self.fail("4 nothing overwritten", f"the orders DB document of {oid} was written twice")
 
 
-_BOOKKEEPING = frozenset({"PendingStatus", "UpdatedAt", "_etag", "_ts", "_rid", "_self", "_attachments"})
+_BOOKKEEPING = frozenset(
+    {"PendingStatus", "UpdatedAt", "_etag", "_ts", "_rid", "_self", "_attachments"}
+)
 
 
 def _outbox_only(old: dict, new: dict) -> bool:
@@ -952,8 +1233,9 @@ class Result:
     options: Options
 
 
-def run_schedule(seed: int, orders: int = 3, drop: frozenset[int] = frozenset(),
-                 version: str | None = None) -> Result:
+def run_schedule(
+    seed: int, orders: int = 3, drop: frozenset[int] = frozenset(), version: str | None = None
+) -> Result:
     logging.disable(logging.CRITICAL)
     warnings.filterwarnings("ignore", message="Potential duplicate Task completion")
     sim = Simulation(seed, orders, drop, version=version)
@@ -962,8 +1244,25 @@ def run_schedule(seed: int, orders: int = 3, drop: frozenset[int] = frozenset(),
         loop.run_until_complete(sim.run())
     finally:
         loop.close()
-    return Result(seed, sim.violations, sim.world.faults.injected, sim.world.trace, sim.rows,
-                  sim.world.counters, sim.bound, sim.o)
+    return Result(
+        seed,
+        sim.violations,
+        sim.world.faults.injected,
+        sim.world.trace,
+        sim.rows,
+        sim.world.counters,
+        sim.bound,
+        sim.o,
+    )
 
 
-__all__ = ["ROWS", "Options", "Result", "Simulation", "liveness_bound", "options_for", "run_schedule", "replace"]
+__all__ = [
+    "ROWS",
+    "Options",
+    "Result",
+    "Simulation",
+    "liveness_bound",
+    "options_for",
+    "run_schedule",
+    "replace",
+]

@@ -44,7 +44,9 @@ def _raised_in_simulator(exc: BaseException) -> bool:
     if last is None:
         return False
     in_sim = os.path.dirname(os.path.abspath(last.tb_frame.f_code.co_filename)) == _SIM_DIR
-    return in_sim and isinstance(exc, AttributeError | TypeError | KeyError | NameError | IndexError | ValueError)
+    return in_sim and isinstance(
+        exc, AttributeError | TypeError | KeyError | NameError | IndexError | ValueError
+    )
 
 
 START = datetime(2026, 11, 30, 8, 0, 0, tzinfo=UTC)
@@ -79,7 +81,9 @@ class FaultConfig:
     skew: float = 0.0  # max per-actor clock skew, seconds
     minute_edges: bool = False  # orders submitted just before minute boundaries
     burst: bool = False  # every order submitted within 3 s (admission control)
-    bad_messages: float = 0.0  # per order: a conflicting copy, a malformed body or an AMQP value body
+    bad_messages: float = (
+        0.0  # per order: a conflicting copy, a malformed body or an AMQP value body
+    )
 
 
 @dataclass
@@ -98,7 +102,9 @@ class Faults:
     the same way whether or not the fault is dropped (shrinking), so dropping
     one fault leaves the others where they were."""
 
-    def __init__(self, world: World, rng: random.Random, config: FaultConfig, drop: frozenset[int]) -> None:
+    def __init__(
+        self, world: World, rng: random.Random, config: FaultConfig, drop: frozenset[int]
+    ) -> None:
         self.world = world
         self.rng = rng
         self.config = config
@@ -184,8 +190,13 @@ class World:
         heapq.heappush(self._events, (when, self._seq, label, fn))
 
     # --- actors
-    def spawn(self, name: str, make: Callable[[], Awaitable[None]], on_crash: Callable[[], None] | None = None,
-              crashable: bool = True) -> None:
+    def spawn(
+        self,
+        name: str,
+        make: Callable[[], Awaitable[None]],
+        on_crash: Callable[[], None] | None = None,
+        crashable: bool = True,
+    ) -> None:
         async def actor() -> None:
             await asyncio.sleep(0)
             try:
@@ -219,7 +230,9 @@ class World:
             delay = self.rng.choice((0.0, 0.0, 0.005, 0.02, 0.1))
         fut = asyncio.get_running_loop().create_future()
         self._seq += 1
-        self._parked.append(_Parked(self.clock.now + timedelta(seconds=delay), self._seq, name, label, fut, task))
+        self._parked.append(
+            _Parked(self.clock.now + timedelta(seconds=delay), self._seq, name, label, fut, task)
+        )
         self._parked_tasks.add(task)
         await fut
 

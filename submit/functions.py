@@ -60,9 +60,15 @@ def _submit_function(app_id: str, queue: str):
         gate = await bootstrap.message_gate(queue)
         # The order's trace: the client's when its traceparent is valid
         # (docs/client-guide.md), a new one otherwise.
-        with telemetry.consume("submit", message, **{"messaging.destination.name": queue, "app.id": app_id}):
-            outcome = await gate.run(message, message_actions, lambda body: handler.handle(body, app_id, client))
-            telemetry.annotate(**{telemetry.ORDER_ID: outcome.order_id, "settlement": outcome.kind.value})
+        with telemetry.consume(
+            "submit", message, **{"messaging.destination.name": queue, "app.id": app_id}
+        ):
+            outcome = await gate.run(
+                message, message_actions, lambda body: handler.handle(body, app_id, client)
+            )
+            telemetry.annotate(
+                **{telemetry.ORDER_ID: outcome.order_id, "settlement": outcome.kind.value}
+            )
 
     name = function_name(app_id)
     submit_order.__name__ = submit_order.__qualname__ = name
@@ -91,4 +97,6 @@ def register(blueprint: df.Blueprint, queues: dict[str, str]) -> dict[str, str]:
 
 SUBMIT_FUNCTIONS = register(bp, ingress_queues())
 if not SUBMIT_FUNCTIONS:
-    log.warning("no client applications configured (ORDER_INGRESS_QUEUES, REPLY_QUEUE_REGISTRY): no Submit trigger")
+    log.warning(
+        "no client applications configured (ORDER_INGRESS_QUEUES, REPLY_QUEUE_REGISTRY): no Submit trigger"
+    )

@@ -127,7 +127,9 @@ class SubmitHandler:
         # message id); kept here so the gate can use the same sink.
         self.alerts = alerts
         self._steps = steps
-        self._backlog = backlog or BacklogReader(store, settings.backlog_gauge_max_age.total_seconds())
+        self._backlog = backlog or BacklogReader(
+            store, settings.backlog_gauge_max_age.total_seconds()
+        )
         self._clock = clock
 
     async def handle(self, body: bytes, app_id: str, client: object | None = None) -> Settle:
@@ -153,14 +155,15 @@ class SubmitHandler:
         if order.AppId != app_id:
             # Only `app_id` can send to this queue: a body naming another
             # application is an attempt to use that one's reply queue or ids.
-            reason = f"order arrived on the ingress queue of {app_id!r} but names AppId {order.AppId!r}"
+            reason = (
+                f"order arrived on the ingress queue of {app_id!r} but names AppId {order.AppId!r}"
+            )
             return Settle.deadletter("AppIdMismatch", reason, order.OrderID)
 
         allowed = self._settings.reply_queues.get(app_id)
         if allowed != order.ReplyTo:
-            reason = (
-                f"application {app_id!r} may not use reply queue {order.ReplyTo!r}"
-                + (f" (its queue is {allowed!r})" if allowed else " (application not registered)")
+            reason = f"application {app_id!r} may not use reply queue {order.ReplyTo!r}" + (
+                f" (its queue is {allowed!r})" if allowed else " (application not registered)"
             )
             return Settle.deadletter("ReplyQueueNotAllowed", reason, order.OrderID)
 
@@ -179,7 +182,9 @@ class SubmitHandler:
         # The record keeps Submit's trace context, so the first attempt joins
         # this trace even when the timer Starter claims it before the fast path.
         record, etag, created = await self._store.create_if_absent(
-            sm.new_record(order, now, self._steps).model_copy(update={"Trace": telemetry.inject() or None})
+            sm.new_record(order, now, self._steps).model_copy(
+                update={"Trace": telemetry.inject() or None}
+            )
         )
         if not created and record.OrderDigest != order.digest():
             if record.ProcessState is ProcessState.REJECTED:
@@ -198,11 +203,19 @@ class SubmitHandler:
             # next delivery, which gets here again).
             await self._orders.discard(order.OrderID)
             return await self._send_rejected(order, record, now)
-        fast_path = client is not None and record.ProcessState is ProcessState.PENDING and record.LockedBy is None
+        fast_path = (
+            client is not None
+            and record.ProcessState is ProcessState.PENDING
+            and record.LockedBy is None
+        )
         if not record.ReceivedSent:
             await self._status.send(order.ReplyTo, order.OrderID, StatusKind.RECEIVED, now)
-            if fast_path and await self._fast_start(client, record, etag, order, received_sent_at=now):
-                return Settle.complete(order.OrderID)  # the claim marked Received sent too: one write
+            if fast_path and await self._fast_start(
+                client, record, etag, order, received_sent_at=now
+            ):
+                return Settle.complete(
+                    order.OrderID
+                )  # the claim marked Received sent too: one write
             record = sm.mark_received_sent(record, now)
             try:
                 etag = await self._store.replace(record, etag)
@@ -212,13 +225,23 @@ class SubmitHandler:
                 record, etag = await self._store.update(
                     order.OrderID, lambda r: sm.mark_received_sent(r, now), ANY_OWNER
                 )
-            fast_path = fast_path and record.ProcessState is ProcessState.PENDING and record.LockedBy is None
+            fast_path = (
+                fast_path
+                and record.ProcessState is ProcessState.PENDING
+                and record.LockedBy is None
+            )
         if fast_path:
             await self._fast_start(client, record, etag, order)
         return Settle.complete(order.OrderID)
 
-    async def _fast_start(self, client, record: OrderState, etag: str, order: OrderSubmitted,
-                          received_sent_at: datetime | None = None) -> bool:
+    async def _fast_start(
+        self,
+        client,
+        record: OrderState,
+        etag: str,
+        order: OrderSubmitted,
+        received_sent_at: datetime | None = None,
+    ) -> bool:
         """Claim and start the order now (the Starter's fast path), before
         settling: a redelivery then finds the record claimed, which is harmless.
         Never raises; False leaves it to the timer Starter (and, with
@@ -227,7 +250,12 @@ class SubmitHandler:
 
         # The attempt claimed here continues this order's trace.
         with telemetry.order_scope(order.OrderID):
-            return await start_submitted(client, record, etag, order, received_sent_at=received_sent_at) is not None
+            return (
+                await start_submitted(
+                    client, record, etag, order, received_sent_at=received_sent_at
+                )
+                is not None
+            )
 
     async def _over_backlog(self) -> bool:
         pending = await self._backlog.pending()
@@ -237,7 +265,9 @@ class SubmitHandler:
         """Reject a new order; None if the order was admitted before (a
         redelivery, or a delivery racing this one): the caller carries on."""
         reason = f"backlog above {self._settings.pending_backlog_limit} pending orders; try later"
-        record, _, created = await self._store.create_if_absent(sm.rejected_record(order, now, reason))
+        record, _, created = await self._store.create_if_absent(
+            sm.rejected_record(order, now, reason)
+        )
         if record.OrderDigest != order.digest():
             return await self._conflict(order, now)
         if record.ProcessState is not ProcessState.REJECTED:
@@ -251,7 +281,9 @@ class SubmitHandler:
         await self._orders.discard(order.OrderID)
         return await self._send_rejected(order, record, now)
 
-    async def _send_rejected(self, order: OrderSubmitted, record: OrderState, now: datetime) -> Settle:
+    async def _send_rejected(
+        self, order: OrderSubmitted, record: OrderState, now: datetime
+    ) -> Settle:
         """(Re)send Rejected. Every delivery of a rejected order sends it: the
         first send may have failed, and its stable message id makes a repeat
         within the duplicate window a duplicate the reply queue drops."""

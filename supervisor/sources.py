@@ -67,12 +67,16 @@ class QuerySource:
         self._window = window
 
     async def page(self, upper: datetime, max_items: int, cursor: str | None):
-        state: dict[str, Any] = json.loads(cursor) if cursor else {"upper": upper.isoformat(), "token": None}
+        state: dict[str, Any] = (
+            json.loads(cursor) if cursor else {"upper": upper.isoformat(), "token": None}
+        )
         pass_upper = datetime.fromisoformat(state["upper"])
         start = EARLIEST if self._window is None else pass_upper - self._window
         page, token = await self._store.query_expired(pass_upper, start, max_items, state["token"])
         candidates = [Candidate(record, etag) for record, etag in page]
-        next_cursor = None if token is None else json.dumps({"upper": state["upper"], "token": token})
+        next_cursor = (
+            None if token is None else json.dumps({"upper": state["upper"], "token": token})
+        )
         return candidates, next_cursor, len(page)
 
 
@@ -91,14 +95,18 @@ class IndexSource:
             bucket, after = json.loads(cursor)
         else:
             bucket, after = (await self._index.earliest_bucket()) or bucket_of(upper), ""
-        entries, bucket, after, reached_end = await self._index.page(upper, bucket, after, max_items)
+        entries, bucket, after, reached_end = await self._index.page(
+            upper, bucket, after, max_items
+        )
         candidates: list[Candidate] = []
         resume: tuple[str, str] | None = None
         previous: IndexEntry | None = None
         moved: list[str] = []  # buckets entries were moved into
         for entry in entries:
             same = previous is not None and previous.bucket == entry.bucket
-            position = json.dumps([entry.bucket, previous.id if previous is not None and same else ""])
+            position = json.dumps(
+                [entry.bucket, previous.id if previous is not None and same else ""]
+            )
             candidate = await self._check(entry, upper, moved)
             if isinstance(candidate, Candidate):
                 candidate.position = position

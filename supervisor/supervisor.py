@@ -91,7 +91,9 @@ class Supervisor:
     async def run(self) -> SupervisorReport:
         now = self._clock()
         cursor = await self._checkpoints.load()
-        candidates, cursor, read = await self._source.page(now - self._slack, self._page_size, cursor)
+        candidates, cursor, read = await self._source.page(
+            now - self._slack, self._page_size, cursor
+        )
         report = SupervisorReport(read=read)
         rewind: str | None = None
         for candidate in candidates:
@@ -112,15 +114,26 @@ class Supervisor:
         log.info(
             "supervisor: read=%d examined=%d recovered=%d long_retry=%d failed=%d skipped=%d "
             "requests=%d request_charge=%.1f",
-            report.read, report.examined, report.recovered, report.long_retry, report.failed, report.skipped,
-            report.requests, report.request_charge,
-            extra={"custom_dimensions": {k: v for k, v in report.__dict__.items() if k != "failed_orders"}},
+            report.read,
+            report.examined,
+            report.recovered,
+            report.long_retry,
+            report.failed,
+            report.skipped,
+            report.requests,
+            report.request_charge,
+            extra={
+                "custom_dimensions": {
+                    k: v for k, v in report.__dict__.items() if k != "failed_orders"
+                }
+            },
         )
         _record_metrics(report)
         return report
 
     async def _recover(self, order_id: str, locked_by: str | None, now: datetime, report) -> bool:
         """Recover one expired attempt; False if it was skipped."""
+
         def recover(record):
             return sm.recover_expired(record, locked_by, now, self._policy, self._slack)
 

@@ -51,8 +51,12 @@ class FakeStateStore:
         return new
 
     async def update(
-        self, order_id: str, mutate: Callable[[OrderState], OrderState], expected_locked_by: Any,
-        *, confirm_refusal: bool = False,  # this fake's reads never lag: nothing to confirm
+        self,
+        order_id: str,
+        mutate: Callable[[OrderState], OrderState],
+        expected_locked_by: Any,
+        *,
+        confirm_refusal: bool = False,  # this fake's reads never lag: nothing to confirm
     ) -> tuple[OrderState, str]:
         record, etag = await self.read(order_id)
         if expected_locked_by is not ANY_OWNER and record.LockedBy != expected_locked_by:
@@ -60,7 +64,9 @@ class FakeStateStore:
         new = mutate(record)
         return new, await self.replace(new, etag)
 
-    async def claim(self, order_id: str, now: datetime, policy: sm.RetryPolicy) -> OrderState | None:
+    async def claim(
+        self, order_id: str, now: datetime, policy: sm.RetryPolicy
+    ) -> OrderState | None:
         record, etag = await self.read(order_id)
         if not sm.is_claimable(record, now):
             return None
@@ -71,7 +77,9 @@ class FakeStateStore:
             return None
         return claimed
 
-    async def claim_known(self, record: OrderState, etag: str, now: datetime, policy: sm.RetryPolicy):
+    async def claim_known(
+        self, record: OrderState, etag: str, now: datetime, policy: sm.RetryPolicy
+    ):
         if not sm.is_claimable(record, now):
             return None
         claimed = sm.claim(record, now, policy)
@@ -80,10 +88,15 @@ class FakeStateStore:
         except (StaleError, NotFoundError):
             return None
 
-    async def query_claimable(self, max_items: int, now: datetime, created_before: datetime | None = None):
+    async def query_claimable(
+        self, max_items: int, now: datetime, created_before: datetime | None = None
+    ):
         pairs = [(OrderState.model_validate(d), e) for d, e in self.docs.values()]
-        return [(r, e) for r, e in pairs if sm.is_claimable(r, now)
-                and (created_before is None or r.CreatedAt < created_before)][:max_items]
+        return [
+            (r, e)
+            for r, e in pairs
+            if sm.is_claimable(r, now) and (created_before is None or r.CreatedAt < created_before)
+        ][:max_items]
 
     async def query_pending(self, max_items: int, now: datetime) -> list[OrderState]:
         records = [OrderState.model_validate(d) for d, _ in self.docs.values()]
@@ -119,8 +132,11 @@ class FakeStateStore:
         out = []
         for doc, etag in self.docs.values():
             record = OrderState.model_validate(doc)
-            if (record.PendingStatus is not None and record.PendingStatus.At < before
-                    and record.ReplyTo not in set(skip_queues)):
+            if (
+                record.PendingStatus is not None
+                and record.PendingStatus.At < before
+                and record.ReplyTo not in set(skip_queues)
+            ):
                 out.append((record, etag))
         out.sort(key=lambda pair: pair[0].PendingStatus.At)
         return out[:max_items]
@@ -128,7 +144,9 @@ class FakeStateStore:
     async def query_compensation_requests(self, max_items: int) -> list[OrderState]:
         records = [OrderState.model_validate(d) for d, _ in self.docs.values()]
         wanted = (ProcessState.ERROR, ProcessState.COMPENSATION_FAILED)
-        return [r for r in records if r.CompensationRequested and r.ProcessState in wanted][:max_items]
+        return [r for r in records if r.CompensationRequested and r.ProcessState in wanted][
+            :max_items
+        ]
 
     async def count_in_state(self, state) -> int:
         return sum(1 for d, _ in self.docs.values() if d["ProcessState"] == str(state))

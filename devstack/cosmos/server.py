@@ -19,7 +19,9 @@ LAUNCHER = Path(__file__).with_name("launcher.js")
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # The server accepts any key; use the emulator's well-known (public) one so that
 # the same connection string works against the official emulator.
-LOCAL_KEY = "C2y6yDjf5/R+ob0N8A7Cgv30VRDJIWEHLM+4QDU5DE2nQ9nDuVTqobD4b8mGGyPMbIZnqyMsEcaGQy67XIw/Jw=="
+LOCAL_KEY = (
+    "C2y6yDjf5/R+ob0N8A7Cgv30VRDJIWEHLM+4QDU5DE2nQ9nDuVTqobD4b8mGGyPMbIZnqyMsEcaGQy67XIw/Jw=="
+)
 _READY = re.compile(r"cosmosdb-server ready at (https://\S+/)")
 
 

@@ -92,8 +92,15 @@ def official_config(source: dict[str, Any], schema: dict[str, Any]) -> dict[str,
                     value = int(_clamp(value, count["minimum"], count["maximum"]))
                 props[key] = value
             queues.append({"Name": queue["Name"], "Properties": props})
-        namespaces.append({"Name": namespace["Name"], "Queues": queues, "Topics": namespace.get("Topics") or []})
-    return {"UserConfig": {"Namespaces": namespaces, "Logging": source["UserConfig"].get("Logging", {"Type": "File"})}}
+        namespaces.append(
+            {"Name": namespace["Name"], "Queues": queues, "Topics": namespace.get("Topics") or []}
+        )
+    return {
+        "UserConfig": {
+            "Namespaces": namespaces,
+            "Logging": source["UserConfig"].get("Logging", {"Type": "File"}),
+        }
+    }
 
 
 def render() -> str:
@@ -109,7 +116,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         current = TARGET.read_text(encoding="utf-8") if TARGET.exists() else ""
         if current != text:
-            print(f"{TARGET.relative_to(ROOT)} is stale: run python -m devstack.docker.servicebus_config")
+            print(
+                f"{TARGET.relative_to(ROOT)} is stale: run python -m devstack.docker.servicebus_config"
+            )
             return 1
         return 0
     TARGET.write_text(text, encoding="utf-8")

@@ -15,35 +15,76 @@ from .runtime import Host, HostOptions
 
 
 def parse_args(argv: list[str] | None = None) -> HostOptions:
-    p = argparse.ArgumentParser(prog="python -m devstack.host",
-                                description="Run a Python Functions app without the Functions host.")
-    p.add_argument("--app", default="function_app:app", help="module:attribute of the FunctionApp/DFApp")
-    p.add_argument("--app-dir", default=None, help="directory of the app (default: current directory)")
-    p.add_argument("--settings", default=None, help="local.settings.json to read (default: <app-dir>/local.settings.json if present); "
-                   "its Values become app settings unless the environment has them")
+    p = argparse.ArgumentParser(
+        prog="python -m devstack.host",
+        description="Run a Python Functions app without the Functions host.",
+    )
+    p.add_argument(
+        "--app", default="function_app:app", help="module:attribute of the FunctionApp/DFApp"
+    )
+    p.add_argument(
+        "--app-dir", default=None, help="directory of the app (default: current directory)"
+    )
+    p.add_argument(
+        "--settings",
+        default=None,
+        help="local.settings.json to read (default: <app-dir>/local.settings.json if present); "
+        "its Values become app settings unless the environment has them",
+    )
     p.add_argument("--host-json", default=None, help="host.json (default: <app-dir>/host.json)")
-    p.add_argument("--data-dir", default=".devstack/host", help="where the task hub's SQLite file lives")
-    p.add_argument("--port", type=int, default=int(os.environ.get("DEVSTACK_HOST_PORT", "0")),
-                   help="port of the durable HTTP API on 127.0.0.1 (default: a free port)")
+    p.add_argument(
+        "--data-dir", default=".devstack/host", help="where the task hub's SQLite file lives"
+    )
+    p.add_argument(
+        "--port",
+        type=int,
+        default=int(os.environ.get("DEVSTACK_HOST_PORT", "0")),
+        help="port of the durable HTTP API on 127.0.0.1 (default: a free port)",
+    )
     p.add_argument("--clock", choices=["real", "controllable"], default="real")
-    p.add_argument("--clock-start", default=None,
-                   help="with --clock controllable: the ISO-8601 UTC time the clock starts at (default: now)")
-    p.add_argument("--lease-seconds", type=float, default=5.0,
-                   help="a dead host's orchestrations and activities are taken over after this long")
-    p.add_argument("--host-id", default=None, help="host id for timer singleton leases (default: from --app)")
+    p.add_argument(
+        "--clock-start",
+        default=None,
+        help="with --clock controllable: the ISO-8601 UTC time the clock starts at (default: now)",
+    )
+    p.add_argument(
+        "--lease-seconds",
+        type=float,
+        default=5.0,
+        help="a dead host's orchestrations and activities are taken over after this long",
+    )
+    p.add_argument(
+        "--host-id", default=None, help="host id for timer singleton leases (default: from --app)"
+    )
     p.add_argument("--log-level", default=os.environ.get("DEVSTACK_HOST_LOG", "INFO"))
-    p.add_argument("--drain-seconds", type=float, default=DRAIN_SECONDS,
-                   help="after SIGTERM/SIGINT, how long in-flight work may take before the process exits anyway")
+    p.add_argument(
+        "--drain-seconds",
+        type=float,
+        default=DRAIN_SECONDS,
+        help="after SIGTERM/SIGINT, how long in-flight work may take before the process exits anyway",
+    )
     a = p.parse_args(argv)
     global _drain_seconds
     _drain_seconds = a.drain_seconds
-    logging.basicConfig(level=a.log_level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=a.log_level.upper(),
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
     for noisy in ("azure", "uamqp", "aiohttp.access"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    return HostOptions(app=a.app, app_dir=a.app_dir, settings=a.settings, host_json=a.host_json,
-                       data_dir=a.data_dir, port=a.port, clock=a.clock, clock_start=a.clock_start, lease_seconds=a.lease_seconds,
-                       host_id=a.host_id)
+    return HostOptions(
+        app=a.app,
+        app_dir=a.app_dir,
+        settings=a.settings,
+        host_json=a.host_json,
+        data_dir=a.data_dir,
+        port=a.port,
+        clock=a.clock,
+        clock_start=a.clock_start,
+        lease_seconds=a.lease_seconds,
+        host_id=a.host_id,
+    )
 
 
 # A stop drains in-flight work (Service Bus invocations finish and settle,
@@ -73,8 +114,11 @@ async def _main(options: HostOptions) -> None:
         log.info("%s: draining in-flight work for up to %.0fs", sig.name, _drain_seconds)
         host.stop()
         # A thread, not the loop: a drain stuck in a blocking call must not hold the exit.
-        timer = threading.Timer(_drain_seconds, _hard_exit,
-                                (f"drain not finished after {_drain_seconds:.0f}s", 128 + sig))
+        timer = threading.Timer(
+            _drain_seconds,
+            _hard_exit,
+            (f"drain not finished after {_drain_seconds:.0f}s", 128 + sig),
+        )
         timer.daemon = True
         timer.start()
 

@@ -136,13 +136,17 @@ def load_app(spec: str, app_dir: str | None = None) -> Any:
     try:
         module = importlib.import_module(module_name)
     except Exception as exc:  # the app's own import error, reported in one line
-        raise HostError(f"cannot import app module {module_name!r}: {type(exc).__name__}: {exc}") from exc
+        raise HostError(
+            f"cannot import app module {module_name!r}: {type(exc).__name__}: {exc}"
+        ) from exc
     try:
         app = getattr(module, attr)
     except AttributeError:
         raise HostError(f"module {module_name!r} has no attribute {attr!r}") from None
     if not isinstance(app, func.FunctionRegister):
-        raise HostError(f"{spec} is a {type(app).__name__}, not an azure.functions FunctionApp/DFApp")
+        raise HostError(
+            f"{spec} is a {type(app).__name__}, not an azure.functions FunctionApp/DFApp"
+        )
     return app
 
 

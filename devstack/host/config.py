@@ -39,7 +39,9 @@ def setting(name: str, *, purpose: str) -> str:
     """Return an app setting or raise a one-line HostError naming it and why it is needed."""
     value = os.environ.get(name)
     if value is None or value == "":
-        raise HostError(f"missing app setting {name!r} ({purpose}); set it in local.settings.json or the environment")
+        raise HostError(
+            f"missing app setting {name!r} ({purpose}); set it in local.settings.json or the environment"
+        )
     return value
 
 
@@ -138,23 +140,33 @@ def load_host_json(path: str | None) -> HostConfig:
         version_failure=str(dt.get("versionFailureStrategy") or "Reject"),
     )
     if dto.version_match not in ("None", "Strict", "CurrentOrOlder"):
-        raise HostError(f"host.json: durableTask.versionMatchStrategy {dto.version_match!r} is not None, Strict "
-                        "or CurrentOrOlder")
+        raise HostError(
+            f"host.json: durableTask.versionMatchStrategy {dto.version_match!r} is not None, Strict "
+            "or CurrentOrOlder"
+        )
     if dto.version_failure not in ("Reject", "Fail"):
-        raise HostError(f"host.json: durableTask.versionFailureStrategy {dto.version_failure!r} is not Reject or Fail")
+        raise HostError(
+            f"host.json: durableTask.versionFailureStrategy {dto.version_failure!r} is not Reject or Fail"
+        )
     if "%" in dto.hub_name:
-        dto.hub_name = resolve_binding_expression(dto.hub_name, purpose="durableTask.hubName in host.json")
+        dto.hub_name = resolve_binding_expression(
+            dto.hub_name, purpose="durableTask.hubName in host.json"
+        )
     q = ext.get("queues") or {}
     qo = QueueOptions(
         max_polling_seconds=_timespan_seconds(q.get("maxPollingInterval"), 60.0),
         visibility_timeout_seconds=_timespan_seconds(q.get("visibilityTimeout"), 0.0),
         batch_size=int(q.get("batchSize", 16)),
         max_dequeue_count=int(q.get("maxDequeueCount", 5)),
-        new_batch_threshold=int(q["newBatchThreshold"]) if q.get("newBatchThreshold") is not None else None,
+        new_batch_threshold=int(q["newBatchThreshold"])
+        if q.get("newBatchThreshold") is not None
+        else None,
         message_encoding=str(q.get("messageEncoding", "base64")).lower(),
     )
     if qo.message_encoding not in ("base64", "none"):
-        raise HostError(f"host.json: queues.messageEncoding {qo.message_encoding!r} is not base64 or none")
+        raise HostError(
+            f"host.json: queues.messageEncoding {qo.message_encoding!r} is not base64 or none"
+        )
     if not 1 <= qo.batch_size <= 32:
         raise HostError(f"host.json: queues.batchSize {qo.batch_size} is not between 1 and 32")
     return HostConfig(service_bus=sbo, durable=dto, raw=data, queues=qo)

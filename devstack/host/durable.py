@@ -71,8 +71,13 @@ def _version_key(version: str) -> tuple[Any, ...]:
 
 
 def _event(event_type: int, when: datetime, **fields: Any) -> dict[str, Any]:
-    return {"EventType": event_type, "EventId": fields.pop("EventId", -1), "IsPlayed": False,
-            "Timestamp": iso(when), **fields}
+    return {
+        "EventType": event_type,
+        "EventId": fields.pop("EventId", -1),
+        "IsPlayed": False,
+        "Timestamp": iso(when),
+        **fields,
+    }
 
 
 @dataclass
@@ -84,8 +89,14 @@ class StartResult:
 
 
 class DurableEngine:
-    def __init__(self, store: Store, catalog: AppCatalog, clock: Clock, options: DurableOptions,
-                 client_binding: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        store: Store,
+        catalog: AppCatalog,
+        clock: Clock,
+        options: DurableOptions,
+        client_binding: dict[str, Any] | None = None,
+    ) -> None:
         self.store = store
         self.catalog = catalog
         self.clock = clock
@@ -100,31 +111,55 @@ class DurableEngine:
 
     # ---- client operations -------------------------------------------------------------
 
-    def start_new(self, name: str, instance_id: str | None, input_json: str | None,
-                  version: str | None) -> StartResult:
+    def start_new(
+        self, name: str, instance_id: str | None, input_json: str | None, version: str | None
+    ) -> StartResult:
         if self.catalog.orchestrator(name) is None:
-            return StartResult(False, instance_id or "", not_found=True, error=(
-                f"The function '{name}' doesn't exist, is disabled, or is not an orchestrator function. "
-                f"Additional info: the app's orchestrator functions are: "
-                f"{', '.join(f.orchestration_name for f in self.catalog.of_type('orchestrationTrigger'))}"
-            ))
+            return StartResult(
+                False,
+                instance_id or "",
+                not_found=True,
+                error=(
+                    f"The function '{name}' doesn't exist, is disabled, or is not an orchestrator function. "
+                    f"Additional info: the app's orchestrator functions are: "
+                    f"{', '.join(f.orchestration_name for f in self.catalog.of_type('orchestrationTrigger'))}"
+                ),
+            )
         iid = instance_id or uuid.uuid4().hex
         version = version if version is not None else self.options.default_version
         now = self.clock.now()
         execution_id = uuid.uuid4().hex
-        started = _event(EXECUTION_STARTED, now, Name=name, Version=version or "", Input=input_json,
-                         OrchestrationInstance={"InstanceId": iid, "ExecutionId": execution_id})
+        started = _event(
+            EXECUTION_STARTED,
+            now,
+            Name=name,
+            Version=version or "",
+            Input=input_json,
+            OrchestrationInstance={"InstanceId": iid, "ExecutionId": execution_id},
+        )
         blocking = self.store.create_or_restart_instance(
-            instance_id=iid, name=name, version=version, execution_id=execution_id,
-            input_json=input_json, started_event=started, now_iso=iso(now), now_epoch=now.timestamp(),
+            instance_id=iid,
+            name=name,
+            version=version,
+            execution_id=execution_id,
+            input_json=input_json,
+            started_event=started,
+            now_iso=iso(now),
+            now_epoch=now.timestamp(),
         )
         if blocking is not None:
-            return StartResult(False, iid, error=f"An Orchestration instance with the status {blocking} already exists.")
+            return StartResult(
+                False,
+                iid,
+                error=f"An Orchestration instance with the status {blocking} already exists.",
+            )
         self.clock.poke()
         return StartResult(True, iid)
 
     def raise_event(self, instance_id: str, name: str, data_json: str | None) -> None:
-        self.store.enqueue(instance_id, None, _event(EVENT_RAISED, self.clock.now(), Name=name, Input=data_json))
+        self.store.enqueue(
+            instance_id, None, _event(EVENT_RAISED, self.clock.now(), Name=name, Input=data_json)
+        )
         self.clock.poke()
 
     def restart(self, instance_id: str, new_instance_id: bool) -> StartResult | None:
@@ -137,20 +172,30 @@ class DurableEngine:
 
     def rewind(self, instance_id: str, reason: str | None) -> str | None:
         now = self.clock.now()
-        blocking = self.store.rewind(instance_id, _event(GENERIC_EVENT, now, Data=f"Rewound: {reason or ''}"), iso(now))
+        blocking = self.store.rewind(
+            instance_id, _event(GENERIC_EVENT, now, Data=f"Rewound: {reason or ''}"), iso(now)
+        )
         self.clock.poke()
         return blocking
 
     def suspend(self, instance_id: str, reason: str | None) -> None:
-        self.store.enqueue(instance_id, None, _event(EXECUTION_SUSPENDED, self.clock.now(), Reason=reason))
+        self.store.enqueue(
+            instance_id, None, _event(EXECUTION_SUSPENDED, self.clock.now(), Reason=reason)
+        )
         self.clock.poke()
 
     def resume(self, instance_id: str, reason: str | None) -> None:
-        self.store.enqueue(instance_id, None, _event(EXECUTION_RESUMED, self.clock.now(), Reason=reason))
+        self.store.enqueue(
+            instance_id, None, _event(EXECUTION_RESUMED, self.clock.now(), Reason=reason)
+        )
         self.clock.poke()
 
     def terminate(self, instance_id: str, reason: str | None) -> None:
-        self.store.enqueue(instance_id, None, _event(EXECUTION_TERMINATED, self.clock.now(), Input=json.dumps(reason)))
+        self.store.enqueue(
+            instance_id,
+            None,
+            _event(EXECUTION_TERMINATED, self.clock.now(), Input=json.dumps(reason)),
+        )
         self.clock.poke()
 
     # ---- dispatch loops ----------------------------------------------------------------
@@ -195,7 +240,9 @@ class DurableEngine:
         try:
             self._episode(instance_id)
         except Exception:
-            log.exception("orchestration episode for %s failed inside the host; retrying in 5 s", instance_id)
+            log.exception(
+                "orchestration episode for %s failed inside the host; retrying in 5 s", instance_id
+            )
             self._rejected_until[instance_id] = time.monotonic() + 5.0
             self.store.unlock_instance(instance_id)
         finally:
@@ -228,8 +275,12 @@ class DurableEngine:
                 if not inst.is_terminal and terminate is None:
                     terminate = event
                 continue
-            elif inst.is_terminal or (execution_id is not None and execution_id != inst.execution_id):
-                consumed.append(mid)  # late news for a finished or replaced execution: dropped, as DTFx does
+            elif inst.is_terminal or (
+                execution_id is not None and execution_id != inst.execution_id
+            ):
+                consumed.append(
+                    mid
+                )  # late news for a finished or replaced execution: dropped, as DTFx does
                 continue
             elif et in (EXECUTION_SUSPENDED, EXECUTION_RESUMED):
                 consumed.append(mid)
@@ -254,16 +305,32 @@ class DurableEngine:
         if terminate is not None:
             reason = terminate.get("Input")
             # As DTFx records it: the termination, then the execution's end with status Terminated.
-            episode = [started_marker, _event(EXECUTION_TERMINATED, now, Input=reason),
-                       _event(ORCHESTRATOR_COMPLETED, now),
-                       _event(EXECUTION_COMPLETED, now, OrchestrationStatus="Terminated", Result=reason)]
-            self._commit(inst, episode, consumed, [], [], [], "Terminated", reason, inst.custom_status, now)
+            episode = [
+                started_marker,
+                _event(EXECUTION_TERMINATED, now, Input=reason),
+                _event(ORCHESTRATOR_COMPLETED, now),
+                _event(EXECUTION_COMPLETED, now, OrchestrationStatus="Terminated", Result=reason),
+            ]
+            self._commit(
+                inst, episode, consumed, [], [], [], "Terminated", reason, inst.custom_status, now
+            )
             log.info("orchestration %s terminated", instance_id)
             return
 
         if suspended:
             # Only the suspension is recorded; every other message stays queued for the resume.
-            self._commit(inst, control, control_mids, [], [], [], "Suspended", inst.output, inst.custom_status, now)
+            self._commit(
+                inst,
+                control,
+                control_mids,
+                [],
+                [],
+                [],
+                "Suspended",
+                inst.output,
+                inst.custom_status,
+                now,
+            )
             if control:
                 log.info("orchestration %s suspended", instance_id)
             return
@@ -284,12 +351,23 @@ class DurableEngine:
         replay_history = past + [started_marker] + new_events
         scheduled_before = {e["EventId"]: e for e in history if e["EventType"] in SCHEDULING_EVENTS}
         if spec is None:
-            self._fail(inst, started_marker, new_events, consumed, now,
-                       f"The function '{inst.name}' doesn't exist, is disabled, or is not an orchestrator function.")
+            self._fail(
+                inst,
+                started_marker,
+                new_events,
+                consumed,
+                now,
+                f"The function '{inst.name}' doesn't exist, is disabled, or is not an orchestrator function.",
+            )
             return
         try:
-            result = run_episode(spec.func, instance_id=instance_id, history=replay_history,
-                                 input_json=inst.input, scheduled_before=scheduled_before)
+            result = run_episode(
+                spec.func,
+                instance_id=instance_id,
+                history=replay_history,
+                input_json=inst.input,
+                scheduled_before=scheduled_before,
+            )
         except NonDeterminismError as exc:
             log.error("orchestration %s (%s): %s", instance_id, inst.name, exc)
             self._fail(inst, started_marker, new_events, consumed, now, str(exc))
@@ -307,67 +385,167 @@ class DurableEngine:
         entity_ops: list[dict[str, Any]] = []
         for task in result.new_tasks:
             if task.kind == "activity":
-                scheduled_events.append(_event(TASK_SCHEDULED, now, EventId=task.task_id, Name=task.name, Input=task.input))
+                scheduled_events.append(
+                    _event(
+                        TASK_SCHEDULED, now, EventId=task.task_id, Name=task.name, Input=task.input
+                    )
+                )
                 activities.append((task.task_id, task.name or "", task.input))
             elif task.kind == "timer":
                 fire_at = task.fire_at or now
                 if fire_at.tzinfo is None:
                     fire_at = fire_at.replace(tzinfo=UTC)
-                scheduled_events.append(_event(TIMER_CREATED, now, EventId=task.task_id, FireAt=iso(fire_at)))
-                timers.append((_event(TIMER_FIRED, fire_at, TimerId=task.task_id, FireAt=iso(fire_at)),
-                               fire_at.timestamp()))
+                scheduled_events.append(
+                    _event(TIMER_CREATED, now, EventId=task.task_id, FireAt=iso(fire_at))
+                )
+                timers.append(
+                    (
+                        _event(TIMER_FIRED, fire_at, TimerId=task.task_id, FireAt=iso(fire_at)),
+                        fire_at.timestamp(),
+                    )
+                )
             elif task.kind == "suborchestration":
                 child_id = task.instance_id or f"{instance_id}:{task.task_id:04d}"
-                scheduled_events.append(_event(SUB_ORCHESTRATION_CREATED, now, EventId=task.task_id,
-                                               Name=task.name, InstanceId=child_id, Input=task.input))
+                scheduled_events.append(
+                    _event(
+                        SUB_ORCHESTRATION_CREATED,
+                        now,
+                        EventId=task.task_id,
+                        Name=task.name,
+                        InstanceId=child_id,
+                        Input=task.input,
+                    )
+                )
                 children.append(self._child(child_id, task, instance_id, inst.execution_id))
             elif task.kind == "entity":
                 # As the extension records it: EventSent to the entity, carrying the request id
                 # the SDK then waits for as the name of the response's EventRaised.
                 request_id = str(uuid.uuid4())
-                scheduled_events.append(_event(EVENT_SENT, now, EventId=task.task_id, InstanceId=task.name, Name="op",
-                                               Input=json.dumps({"id": request_id, "op": task.operation,
-                                                                 "signal": task.signal})))
-                entity_ops.append(dict(entity_id=task.name, operation=task.operation,
-                                       input_json=json.dumps(task.input) if task.input is not None else None,
-                                       request_id=None if task.signal else request_id,
-                                       reply_instance=None if task.signal else instance_id,
-                                       reply_execution=None if task.signal else inst.execution_id))
+                scheduled_events.append(
+                    _event(
+                        EVENT_SENT,
+                        now,
+                        EventId=task.task_id,
+                        InstanceId=task.name,
+                        Name="op",
+                        Input=json.dumps(
+                            {"id": request_id, "op": task.operation, "signal": task.signal}
+                        ),
+                    )
+                )
+                entity_ops.append(
+                    dict(
+                        entity_id=task.name,
+                        operation=task.operation,
+                        input_json=json.dumps(task.input) if task.input is not None else None,
+                        request_id=None if task.signal else request_id,
+                        reply_instance=None if task.signal else instance_id,
+                        reply_execution=None if task.signal else inst.execution_id,
+                    )
+                )
 
         episode = [started_marker, *new_events, *scheduled_events]
         if result.outcome == "completed":
-            episode += [_event(ORCHESTRATOR_COMPLETED, now),
-                        _event(EXECUTION_COMPLETED, now, OrchestrationStatus="Completed", Result=result.output_json)]
-            messages_out += self._parent_notice(instance_id, True, result.output_json, None, new_events)
-            self._commit(inst, episode, consumed, activities, timers, messages_out, "Completed",
-                         result.output_json, result.custom_status_json, now, children, entity_ops)
+            episode += [
+                _event(ORCHESTRATOR_COMPLETED, now),
+                _event(
+                    EXECUTION_COMPLETED,
+                    now,
+                    OrchestrationStatus="Completed",
+                    Result=result.output_json,
+                ),
+            ]
+            messages_out += self._parent_notice(
+                instance_id, True, result.output_json, None, new_events
+            )
+            self._commit(
+                inst,
+                episode,
+                consumed,
+                activities,
+                timers,
+                messages_out,
+                "Completed",
+                result.output_json,
+                result.custom_status_json,
+                now,
+                children,
+                entity_ops,
+            )
             log.info("orchestration %s (%s) completed", instance_id, inst.name)
         elif result.outcome == "failed":
             message = f"Orchestrator function '{inst.name}' failed: {result.error}"
-            episode += [_event(ORCHESTRATOR_COMPLETED, now),
-                        _event(EXECUTION_COMPLETED, now, OrchestrationStatus="Failed", Result=json.dumps(message))]
+            episode += [
+                _event(ORCHESTRATOR_COMPLETED, now),
+                _event(
+                    EXECUTION_COMPLETED,
+                    now,
+                    OrchestrationStatus="Failed",
+                    Result=json.dumps(message),
+                ),
+            ]
             messages_out += self._parent_notice(instance_id, False, None, message, new_events)
-            self._commit(inst, episode, consumed, activities, timers, messages_out, "Failed",
-                         json.dumps(message), result.custom_status_json, now, children, entity_ops)
+            self._commit(
+                inst,
+                episode,
+                consumed,
+                activities,
+                timers,
+                messages_out,
+                "Failed",
+                json.dumps(message),
+                result.custom_status_json,
+                now,
+                children,
+                entity_ops,
+            )
             log.warning("orchestration %s (%s) failed: %s", instance_id, inst.name, result.error)
         elif result.outcome == "continued_as_new":
             new_execution = uuid.uuid4().hex
-            new_input = json.dumps(result.continue_input) if result.continue_input is not None else None
-            restart = _event(EXECUTION_STARTED, now, Name=inst.name, Version=inst.version or "",
-                             Input=new_input,
-                             OrchestrationInstance={"InstanceId": instance_id, "ExecutionId": new_execution})
+            new_input = (
+                json.dumps(result.continue_input) if result.continue_input is not None else None
+            )
+            restart = _event(
+                EXECUTION_STARTED,
+                now,
+                Name=inst.name,
+                Version=inst.version or "",
+                Input=new_input,
+                OrchestrationInstance={"InstanceId": instance_id, "ExecutionId": new_execution},
+            )
             ok = self.store.commit_episode(
-                instance_id=instance_id, execution_id=new_execution, reset_history=True, new_history=[],
-                consumed=consumed, activities=[], timers=[],
-                messages=[(instance_id, new_execution, restart)], status="Running", output=None,
-                custom_status=result.custom_status_json, input_json=new_input, now_iso=iso(now),
+                instance_id=instance_id,
+                execution_id=new_execution,
+                reset_history=True,
+                new_history=[],
+                consumed=consumed,
+                activities=[],
+                timers=[],
+                messages=[(instance_id, new_execution, restart)],
+                status="Running",
+                output=None,
+                custom_status=result.custom_status_json,
+                input_json=new_input,
+                now_iso=iso(now),
             )
             if not ok:
                 log.warning("lost the lock on %s; its episode will run again", instance_id)
         else:
             episode.append(_event(ORCHESTRATOR_COMPLETED, now))
-            self._commit(inst, episode, consumed, activities, timers, messages_out, "Running",
-                         None, result.custom_status_json, now, children, entity_ops)
+            self._commit(
+                inst,
+                episode,
+                consumed,
+                activities,
+                timers,
+                messages_out,
+                "Running",
+                None,
+                result.custom_status_json,
+                now,
+                children,
+                entity_ops,
+            )
 
     def _version_refusal(self, version: str | None) -> str | None:
         """host.json versionMatchStrategy against defaultVersion, as the Durable extension applies it."""
@@ -382,46 +560,114 @@ class DurableEngine:
             return f"the orchestration version '{version}' is newer than the worker version '{current}'"
         return None
 
-    def _commit(self, inst: Instance, episode: list[dict[str, Any]], consumed: list[int],
-                activities: list[tuple[int, str, str | None]], timers: list[tuple[dict[str, Any], float]],
-                messages: list[tuple[str, str | None, dict[str, Any]]], status: str, output: str | None,
-                custom_status: str | None, now: datetime, children: list[dict[str, Any]] | None = None,
-                entity_ops: list[dict[str, Any]] | None = None) -> None:
+    def _commit(
+        self,
+        inst: Instance,
+        episode: list[dict[str, Any]],
+        consumed: list[int],
+        activities: list[tuple[int, str, str | None]],
+        timers: list[tuple[dict[str, Any], float]],
+        messages: list[tuple[str, str | None, dict[str, Any]]],
+        status: str,
+        output: str | None,
+        custom_status: str | None,
+        now: datetime,
+        children: list[dict[str, Any]] | None = None,
+        entity_ops: list[dict[str, Any]] | None = None,
+    ) -> None:
         ok = self.store.commit_episode(
-            new_instances=children, entity_ops=entity_ops,
-            instance_id=inst.instance_id, execution_id=inst.execution_id, reset_history=False,
-            new_history=episode, consumed=consumed, activities=activities, timers=timers, messages=messages,
-            status=status, output=output, custom_status=custom_status, input_json=inst.input, now_iso=iso(now),
+            new_instances=children,
+            entity_ops=entity_ops,
+            instance_id=inst.instance_id,
+            execution_id=inst.execution_id,
+            reset_history=False,
+            new_history=episode,
+            consumed=consumed,
+            activities=activities,
+            timers=timers,
+            messages=messages,
+            status=status,
+            output=output,
+            custom_status=custom_status,
+            input_json=inst.input,
+            now_iso=iso(now),
         )
         if not ok:
             log.warning("lost the lock on %s; its episode will run again", inst.instance_id)
 
-    def _fail(self, inst: Instance, started_marker: dict[str, Any], new_events: list[dict[str, Any]],
-              consumed: list[int], now: datetime, message: str) -> None:
-        episode = [started_marker, *new_events, _event(ORCHESTRATOR_COMPLETED, now),
-                   _event(EXECUTION_COMPLETED, now, OrchestrationStatus="Failed", Result=json.dumps(message))]
+    def _fail(
+        self,
+        inst: Instance,
+        started_marker: dict[str, Any],
+        new_events: list[dict[str, Any]],
+        consumed: list[int],
+        now: datetime,
+        message: str,
+    ) -> None:
+        episode = [
+            started_marker,
+            *new_events,
+            _event(ORCHESTRATOR_COMPLETED, now),
+            _event(
+                EXECUTION_COMPLETED, now, OrchestrationStatus="Failed", Result=json.dumps(message)
+            ),
+        ]
         notice = self._parent_notice(inst.instance_id, False, None, message, new_events)
-        self._commit(inst, episode, consumed, [], [], notice, "Failed", json.dumps(message), inst.custom_status, now)
+        self._commit(
+            inst,
+            episode,
+            consumed,
+            [],
+            [],
+            notice,
+            "Failed",
+            json.dumps(message),
+            inst.custom_status,
+            now,
+        )
 
     # ---- sub-orchestrations ------------------------------------------------------------
 
-    def _child(self, child_id: str, task: Any, parent_id: str, parent_execution: str) -> dict[str, Any]:
+    def _child(
+        self, child_id: str, task: Any, parent_id: str, parent_execution: str
+    ) -> dict[str, Any]:
         """A sub-orchestration to create in the parent's episode transaction. The link to the
         parent is kept in the child's ExecutionStarted (ParentInstance), as in DTFx."""
         now = self.clock.now()
         execution_id = uuid.uuid4().hex
         version = task.version if task.version is not None else self.options.default_version
         child_input = json.dumps(task.input) if task.input is not None else None
-        started = _event(EXECUTION_STARTED, now, Name=task.name, Version=version or "", Input=child_input,
-                         OrchestrationInstance={"InstanceId": child_id, "ExecutionId": execution_id},
-                         ParentInstance={"TaskScheduleId": task.task_id,
-                                         "OrchestrationInstance": {"InstanceId": parent_id,
-                                                                   "ExecutionId": parent_execution}})
-        return dict(instance_id=child_id, name=task.name, version=version, execution_id=execution_id,
-                    input_json=child_input, started_event=started, now_iso=iso(now), now_epoch=now.timestamp())
+        started = _event(
+            EXECUTION_STARTED,
+            now,
+            Name=task.name,
+            Version=version or "",
+            Input=child_input,
+            OrchestrationInstance={"InstanceId": child_id, "ExecutionId": execution_id},
+            ParentInstance={
+                "TaskScheduleId": task.task_id,
+                "OrchestrationInstance": {"InstanceId": parent_id, "ExecutionId": parent_execution},
+            },
+        )
+        return dict(
+            instance_id=child_id,
+            name=task.name,
+            version=version,
+            execution_id=execution_id,
+            input_json=child_input,
+            started_event=started,
+            now_iso=iso(now),
+            now_epoch=now.timestamp(),
+        )
 
-    def _parent_notice(self, instance_id: str, ok: bool, output_json: str | None, error: str | None,
-                       new_events: list[dict[str, Any]]) -> list[tuple[str, str | None, dict[str, Any]]]:
+    def _parent_notice(
+        self,
+        instance_id: str,
+        ok: bool,
+        output_json: str | None,
+        error: str | None,
+        new_events: list[dict[str, Any]],
+    ) -> list[tuple[str, str | None, dict[str, Any]]]:
         """The parent's SubOrchestrationInstanceCompleted/Failed, if this instance has a parent.
 
         The ExecutionStarted that names the parent is in the stored history, or, when the
@@ -436,10 +682,20 @@ class DurableEngine:
         now = self.clock.now()
         pinst = parent["OrchestrationInstance"]
         if ok:
-            ev = _event(SUB_ORCHESTRATION_COMPLETED, now, TaskScheduledId=parent["TaskScheduleId"], Result=output_json)
+            ev = _event(
+                SUB_ORCHESTRATION_COMPLETED,
+                now,
+                TaskScheduledId=parent["TaskScheduleId"],
+                Result=output_json,
+            )
         else:
-            ev = _event(SUB_ORCHESTRATION_FAILED, now, TaskScheduledId=parent["TaskScheduleId"],
-                        Reason=error, Details=None)
+            ev = _event(
+                SUB_ORCHESTRATION_FAILED,
+                now,
+                TaskScheduledId=parent["TaskScheduleId"],
+                Reason=error,
+                Details=None,
+            )
         return [(pinst["InstanceId"], pinst["ExecutionId"], ev)]
 
     # ---- activities --------------------------------------------------------------------
@@ -464,31 +720,54 @@ class DurableEngine:
         if name == HTTP_ACTIVITY:
             try:
                 result = await run_http_activity(row["input"])
-                event = _event(TASK_COMPLETED, self.clock.now(), TaskScheduledId=row["task_id"], Result=result)
+                event = _event(
+                    TASK_COMPLETED, self.clock.now(), TaskScheduledId=row["task_id"], Result=result
+                )
             except Exception as exc:
                 log.warning("call_http for %s failed: %s", row["instance_id"], exc)
-                event = _event(TASK_FAILED, self.clock.now(), TaskScheduledId=row["task_id"],
-                               Reason=str(exc) or type(exc).__name__, Details="".join(traceback.format_exception(exc)))
+                event = _event(
+                    TASK_FAILED,
+                    self.clock.now(),
+                    TaskScheduledId=row["task_id"],
+                    Reason=str(exc) or type(exc).__name__,
+                    Details="".join(traceback.format_exception(exc)),
+                )
         elif spec is None:
-            event = _event(TASK_FAILED, now, TaskScheduledId=row["task_id"],
-                           Reason=f"The function '{name}' doesn't exist, is disabled, or is not an activity function.",
-                           Details=None)
+            event = _event(
+                TASK_FAILED,
+                now,
+                TaskScheduledId=row["task_id"],
+                Reason=f"The function '{name}' doesn't exist, is disabled, or is not an activity function.",
+                Details=None,
+            )
         else:
             try:
-                arg = ActivityTriggerConverter.decode(meta.Datum(type="json", value=row["input"] or "null"),
-                                                      trigger_metadata=None)
+                arg = ActivityTriggerConverter.decode(
+                    meta.Datum(type="json", value=row["input"] or "null"), trigger_metadata=None
+                )
                 kwargs: dict[str, Any] = {spec.trigger["name"]: arg}
                 if spec.durable_client_param:
                     kwargs[spec.durable_client_param] = json.dumps(self.client_binding)
                 value = await call_function(spec, kwargs)
                 result = ActivityTriggerConverter.encode(value, expected_type=None).value
-                event = _event(TASK_COMPLETED, self.clock.now(), TaskScheduledId=row["task_id"], Result=result)
+                event = _event(
+                    TASK_COMPLETED, self.clock.now(), TaskScheduledId=row["task_id"], Result=result
+                )
             except Exception as exc:
                 log.warning("activity %s for %s failed: %s", name, row["instance_id"], exc)
-                event = _event(TASK_FAILED, self.clock.now(), TaskScheduledId=row["task_id"],
-                               Reason=str(exc) or type(exc).__name__,
-                               Details="".join(traceback.format_exception(exc)))
-        if not self.store.complete_activity(row["id"], row["instance_id"], row["execution_id"], event):
-            log.warning("activity %s for %s finished after its lock was lost; the other run's result wins",
-                        name, row["instance_id"])
+                event = _event(
+                    TASK_FAILED,
+                    self.clock.now(),
+                    TaskScheduledId=row["task_id"],
+                    Reason=str(exc) or type(exc).__name__,
+                    Details="".join(traceback.format_exception(exc)),
+                )
+        if not self.store.complete_activity(
+            row["id"], row["instance_id"], row["execution_id"], event
+        ):
+            log.warning(
+                "activity %s for %s finished after its lock was lost; the other run's result wins",
+                name,
+                row["instance_id"],
+            )
         self.clock.poke()

@@ -16,15 +16,19 @@ from typing import Any
 
 import aiohttp
 
-TIMEOUT_SECONDS = 300  # our cap on one request; the request's own `timeout` is not sent by the Python SDK
+TIMEOUT_SECONDS = (
+    300  # our cap on one request; the request's own `timeout` is not sent by the Python SDK
+)
 
 
 async def run_http_activity(request_json: str | None) -> str:
     """Send the request the orchestrator described; return the DurableHttpResponse JSON."""
     request: dict[str, Any] = json.loads(request_json or "{}")
     if request.get("tokenSource"):
-        raise RuntimeError("call_http with a token_source (managed identity) is not supported by devstack.host: "
-                           "it needs Entra ID; pass an Authorization header instead")
+        raise RuntimeError(
+            "call_http with a token_source (managed identity) is not supported by devstack.host: "
+            "it needs Entra ID; pass an Authorization header instead"
+        )
     method = str(request.get("method") or "GET").upper()
     uri = request.get("uri")
     if not uri:
@@ -33,12 +37,18 @@ async def run_http_activity(request_json: str | None) -> str:
     content = request.get("content")
     timeout = aiohttp.ClientTimeout(total=TIMEOUT_SECONDS)
     async with aiohttp.ClientSession(timeout=timeout) as session:
-        async with session.request(method, uri, headers=headers,
-                                   data=content.encode() if isinstance(content, str) else None,
-                                   allow_redirects=False) as response:
+        async with session.request(
+            method,
+            uri,
+            headers=headers,
+            data=content.encode() if isinstance(content, str) else None,
+            allow_redirects=False,
+        ) as response:
             body = await response.text()
             out_headers: dict[str, Any] = {}
             for name in response.headers:
                 values = response.headers.getall(name)
                 out_headers[name] = values[0] if len(values) == 1 else list(values)
-            return json.dumps({"statusCode": response.status, "headers": out_headers, "content": body})
+            return json.dumps(
+                {"statusCode": response.status, "headers": out_headers, "content": body}
+            )

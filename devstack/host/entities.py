@@ -52,7 +52,9 @@ def operation_input(input_json: str | None) -> str:
 
 
 class EntityEngine:
-    def __init__(self, store: Store, catalog: AppCatalog, clock: Clock, max_concurrent: int) -> None:
+    def __init__(
+        self, store: Store, catalog: AppCatalog, clock: Clock, max_concurrent: int
+    ) -> None:
         self.store = store
         self.clock = clock
         self.max_concurrent = max_concurrent
@@ -102,19 +104,35 @@ class EntityEngine:
         spec = self.functions.get(name)
         now_iso = self.clock.now().astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
         if spec is None:
-            error = (f"The function '{name}' doesn't exist, is disabled, or is not an entity function. "
-                     f"Additional info: the app's entity functions are: {', '.join(sorted(self.functions))}")
+            error = (
+                f"The function '{name}' doesn't exist, is disabled, or is not an entity function. "
+                f"Additional info: the app's entity functions are: {', '.join(sorted(self.functions))}"
+            )
             log.error("entity %s: %s", entity_id, error)
-            responses = [self._response(op, json.dumps(error), True) for op in ops if op["request_id"]]
-            self.store.commit_entity_batch(entity_id, exists=exists, state=state, consumed=[op["id"] for op in ops],
-                                           responses=[r for r in responses if r], now_iso=now_iso)
+            responses = [
+                self._response(op, json.dumps(error), True) for op in ops if op["request_id"]
+            ]
+            self.store.commit_entity_batch(
+                entity_id,
+                exists=exists,
+                state=state,
+                consumed=[op["id"] for op in ops],
+                responses=[r for r in responses if r],
+                now_iso=now_iso,
+            )
             return
         context = {
             "self": {"name": name, "key": key},
             "state": state,
             "exists": exists,
-            "batch": [{"name": op["operation"], "input": operation_input(op["input"]), "signal": not op["request_id"]}
-                      for op in ops],
+            "batch": [
+                {
+                    "name": op["operation"],
+                    "input": operation_input(op["input"]),
+                    "signal": not op["request_id"],
+                }
+                for op in ops
+            ],
         }
         raw = await call_function(spec, {spec.trigger["name"]: json.dumps(context)})
         result = json.loads(raw)
@@ -125,19 +143,36 @@ class EntityEngine:
             if op["request_id"]:
                 responses.append(self._response(op, outcome["result"], bool(outcome["isError"])))
             if outcome["isError"]:
-                log.warning("entity %s operation %s failed: %s", entity_id, op["operation"], outcome["result"])
+                log.warning(
+                    "entity %s operation %s failed: %s",
+                    entity_id,
+                    op["operation"],
+                    outcome["result"],
+                )
         ok = self.store.commit_entity_batch(
-            entity_id, exists=bool(result["entityExists"]), state=result.get("entityState"),
-            consumed=[op["id"] for op in ops], responses=responses, now_iso=now_iso)
+            entity_id,
+            exists=bool(result["entityExists"]),
+            state=result.get("entityState"),
+            consumed=[op["id"] for op in ops],
+            responses=responses,
+            now_iso=now_iso,
+        )
         if not ok:
             log.warning("entity %s: lost its lock; the batch will run again", entity_id)
 
-    def _response(self, op: Any, result_json: str | None, is_error: bool) -> tuple[str, str | None, dict[str, Any]]:
+    def _response(
+        self, op: Any, result_json: str | None, is_error: bool
+    ) -> tuple[str, str | None, dict[str, Any]]:
         """The EventRaised a calling orchestration's SDK turns into the call's result or exception."""
         message: dict[str, Any] = {"result": result_json}
         if is_error:
             message["exceptionType"] = "System.Exception"
-        event = {"EventType": EVENT_RAISED, "EventId": -1, "IsPlayed": False,
-                 "Timestamp": self.clock.now().astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
-                 "Name": op["request_id"], "Input": json.dumps(message)}
+        event = {
+            "EventType": EVENT_RAISED,
+            "EventId": -1,
+            "IsPlayed": False,
+            "Timestamp": self.clock.now().astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+            "Name": op["request_id"],
+            "Input": json.dumps(message),
+        }
         return (op["reply_instance"], op["reply_execution"], event)

@@ -31,7 +31,8 @@ def client_binding(base: str, hub: str) -> dict[str, Any]:
     return {
         "taskHubName": hub,
         "creationUrls": {
-            "createNewInstancePostUri": webhook + "orchestrators/{functionName}[/{instanceId}]?code=",
+            "createNewInstancePostUri": webhook
+            + "orchestrators/{functionName}[/{instanceId}]?code=",
             "createAndWaitOnNewInstancePostUri": webhook
             + "orchestrators/{functionName}[/{instanceId}]?timeout={timeoutInSeconds}&pollingInterval={intervalInSeconds}",
         },
@@ -67,7 +68,9 @@ def _short(ts: str) -> str:
     return ts[:19] + "Z"
 
 
-def status_payload(inst: Instance, *, show_input: bool = True, history: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+def status_payload(
+    inst: Instance, *, show_input: bool = True, history: list[dict[str, Any]] | None = None
+) -> dict[str, Any]:
     body: dict[str, Any] = {
         "name": inst.name,
         "instanceId": inst.instance_id,
@@ -85,15 +88,33 @@ def status_payload(inst: Instance, *, show_input: bool = True, history: list[dic
 
 # DTFx's EventType enum, by value: the extension writes the name into the status JSON.
 EVENT_TYPE_NAMES = [
-    "ExecutionStarted", "ExecutionCompleted", "ExecutionFailed", "ExecutionTerminated", "TaskScheduled",
-    "TaskCompleted", "TaskFailed", "SubOrchestrationInstanceCreated", "SubOrchestrationInstanceCompleted",
-    "SubOrchestrationInstanceFailed", "TimerCreated", "TimerFired", "OrchestratorStarted",
-    "OrchestratorCompleted", "EventSent", "EventRaised", "ContinueAsNew", "GenericEvent", "HistoryState",
-    "ExecutionSuspended", "ExecutionResumed",
+    "ExecutionStarted",
+    "ExecutionCompleted",
+    "ExecutionFailed",
+    "ExecutionTerminated",
+    "TaskScheduled",
+    "TaskCompleted",
+    "TaskFailed",
+    "SubOrchestrationInstanceCreated",
+    "SubOrchestrationInstanceCompleted",
+    "SubOrchestrationInstanceFailed",
+    "TimerCreated",
+    "TimerFired",
+    "OrchestratorStarted",
+    "OrchestratorCompleted",
+    "EventSent",
+    "EventRaised",
+    "ContinueAsNew",
+    "GenericEvent",
+    "HistoryState",
+    "ExecutionSuspended",
+    "ExecutionResumed",
 ]
 
 
-def public_history(events: list[dict[str, Any]], *, show_output: bool, show_input: bool) -> list[dict[str, Any]]:
+def public_history(
+    events: list[dict[str, Any]], *, show_output: bool, show_input: bool
+) -> list[dict[str, Any]]:
     """The history as the extension's status API shows it (DurableClient.GetDurableOrchestrationStatusAsync).
 
     EventType becomes its name; each TaskScheduled/SubOrchestrationInstanceCreated is folded
@@ -116,8 +137,12 @@ def public_history(events: list[dict[str, Any]], *, show_output: bool, show_inpu
         if name in ("TaskScheduled", "SubOrchestrationInstanceCreated"):
             scheduled[f"{name}_{item.get('EventId')}"] = (i, item)
             item.pop("Version", None)
-        elif name in ("TaskCompleted", "TaskFailed", "SubOrchestrationInstanceCompleted",
-                      "SubOrchestrationInstanceFailed"):
+        elif name in (
+            "TaskCompleted",
+            "TaskFailed",
+            "SubOrchestrationInstanceCompleted",
+            "SubOrchestrationInstanceFailed",
+        ):
             kind = "TaskScheduled" if name.startswith("Task") else "SubOrchestrationInstanceCreated"
             found = scheduled.get(f"{kind}_{item.get('TaskScheduledId')}")
             if found is not None:
@@ -172,15 +197,24 @@ def _time(value: str | None) -> float | None:
 
 def _error(status: int, message: str, exception_message: str, exception_type: str) -> web.Response:
     return web.json_response(
-        {"Message": message, "ExceptionMessage": exception_message, "ExceptionType": exception_type,
-         "StackTrace": ""},
+        {
+            "Message": message,
+            "ExceptionMessage": exception_message,
+            "ExceptionType": exception_type,
+            "StackTrace": "",
+        },
         status=status,
     )
 
 
 class DurableHttpApi:
-    def __init__(self, engine: DurableEngine, clock: Clock, base_url_ref: list[str],
-                 timers: Callable[[], list[dict[str, Any]]] = list) -> None:
+    def __init__(
+        self,
+        engine: DurableEngine,
+        clock: Clock,
+        base_url_ref: list[str],
+        timers: Callable[[], list[dict[str, Any]]] = list,
+    ) -> None:
         self.timers = timers
         self.engine = engine
         self.clock = clock
@@ -217,7 +251,9 @@ class DurableHttpApi:
 
     def _management(self, instance_id: str) -> dict[str, str]:
         binding = client_binding(self._base[0], self.engine.options.hub_name)
-        return {k: v.replace("INSTANCEID", instance_id) for k, v in binding["managementUrls"].items()}
+        return {
+            k: v.replace("INSTANCEID", instance_id) for k, v in binding["managementUrls"].items()
+        }
 
     async def start(self, request: web.Request) -> web.Response:
         name = request.match_info["name"]
@@ -228,17 +264,30 @@ class DurableHttpApi:
             try:
                 json.loads(input_json)
             except json.JSONDecodeError as exc:
-                return _error(400, "Invalid JSON content", str(exc), "Newtonsoft.Json.JsonReaderException")
+                return _error(
+                    400, "Invalid JSON content", str(exc), "Newtonsoft.Json.JsonReaderException"
+                )
         result = self.engine.start_new(name, instance_id, input_json, request.query.get("version"))
         if result.not_found:
-            return _error(400, "One or more of the arguments submitted is incorrect", result.error or "",
-                          "System.ArgumentException")
+            return _error(
+                400,
+                "One or more of the arguments submitted is incorrect",
+                result.error or "",
+                "System.ArgumentException",
+            )
         if not result.ok:
-            return _error(500, "Something went wrong while processing your request", result.error or "",
-                          "System.InvalidOperationException")
+            return _error(
+                500,
+                "Something went wrong while processing your request",
+                result.error or "",
+                "System.InvalidOperationException",
+            )
         payload = self._management(result.instance_id)
-        return web.json_response(payload, status=202, headers={"Location": payload["statusQueryGetUri"],
-                                                               "Retry-After": "10"})
+        return web.json_response(
+            payload,
+            status=202,
+            headers={"Location": payload["statusQueryGetUri"], "Retry-After": "10"},
+        )
 
     async def get_status(self, request: web.Request) -> web.Response:
         instance_id = request.match_info["instance_id"]
@@ -249,12 +298,17 @@ class DurableHttpApi:
         show_input = _bool(request.query.get("showInput"), True)
         history = None
         if show_history and inst.status != "Pending":
-            history = public_history(self.engine.store.history(instance_id), show_input=show_input,
-                                     show_output=_bool(request.query.get("showHistoryOutput"), False))
+            history = public_history(
+                self.engine.store.history(instance_id),
+                show_input=show_input,
+                show_output=_bool(request.query.get("showHistoryOutput"), False),
+            )
         body = status_payload(inst, show_input=show_input, history=history)
         if inst.status in ("Running", "Pending", "ContinuedAsNew", "Suspended"):
             return web.json_response(body, status=202, headers={"Retry-After": "5"})
-        if inst.status == "Failed" and _bool(request.query.get("returnInternalServerErrorOnFailure"), False):
+        if inst.status == "Failed" and _bool(
+            request.query.get("returnInternalServerErrorOnFailure"), False
+        ):
             return web.json_response(body, status=500)
         return web.json_response(body, status=200)
 
@@ -267,10 +321,14 @@ class DurableHttpApi:
         }
 
     async def query(self, request: web.Request) -> web.Response:
-        rows = self.engine.store.query_instances(prefix=request.query.get("instanceIdPrefix"), **self._filters(request))
+        rows = self.engine.store.query_instances(
+            prefix=request.query.get("instanceIdPrefix"), **self._filters(request)
+        )
         show_input = _bool(request.query.get("showInput"), False)
-        return web.json_response([status_payload(r, show_input=show_input) for r in rows],
-                                 headers={"x-ms-continuation-token": ""})
+        return web.json_response(
+            [status_payload(r, show_input=show_input) for r in rows],
+            headers={"x-ms-continuation-token": ""},
+        )
 
     async def purge(self, request: web.Request) -> web.Response:
         instance_id = request.match_info["instance_id"]
@@ -281,7 +339,9 @@ class DurableHttpApi:
     async def purge_by(self, request: web.Request) -> web.Response:
         filters = self._filters(request)
         if filters["created_from"] is None:
-            return web.json_response("Please provide value for 'createdTimeFrom' parameter.", status=400)
+            return web.json_response(
+                "Please provide value for 'createdTimeFrom' parameter.", status=400
+            )
         deleted = 0
         for inst in self.engine.store.query_instances(**filters):
             if inst.status in TERMINAL:
@@ -306,7 +366,9 @@ class DurableHttpApi:
     async def resume(self, request: web.Request) -> web.Response:
         return self._suspend_or_resume(request, self.engine.resume)
 
-    def _suspend_or_resume(self, request: web.Request, action: Callable[[str, str | None], None]) -> web.Response:
+    def _suspend_or_resume(
+        self, request: web.Request, action: Callable[[str, str | None], None]
+    ) -> web.Response:
         instance_id = request.match_info["instance_id"]
         inst = self.engine.store.get_instance(instance_id)
         if inst is None:
@@ -325,23 +387,35 @@ class DurableHttpApi:
             return web.Response(status=410)
         blocking = self.engine.rewind(instance_id, request.query.get("reason"))
         if blocking is not None:  # the extension's InvalidOperationException, unhandled: a 500
-            return web.json_response("The rewind operation is only supported on failed orchestration instances.",
-                                     status=500)
+            return web.json_response(
+                "The rewind operation is only supported on failed orchestration instances.",
+                status=500,
+            )
         return web.Response(status=202)
 
     async def restart(self, request: web.Request) -> web.Response:
         new_id = _bool(request.query.get("restartWithNewInstanceId"), True)
         result = self.engine.restart(request.match_info["instance_id"], new_id)
         if result is None:
-            return _error(400, "InstanceId does not match a valid orchestration instance.",
-                          f"An orchestration with the instanceId {request.match_info['instance_id']} was not found.",
-                          "System.ArgumentException")
+            return _error(
+                400,
+                "InstanceId does not match a valid orchestration instance.",
+                f"An orchestration with the instanceId {request.match_info['instance_id']} was not found.",
+                "System.ArgumentException",
+            )
         if not result.ok:
-            return _error(500, "Something went wrong while processing your request", result.error or "",
-                          "System.InvalidOperationException")
+            return _error(
+                500,
+                "Something went wrong while processing your request",
+                result.error or "",
+                "System.InvalidOperationException",
+            )
         payload = self._management(result.instance_id)
-        return web.json_response(payload, status=202, headers={"Location": payload["statusQueryGetUri"],
-                                                               "Retry-After": "10"})
+        return web.json_response(
+            payload,
+            status=202,
+            headers={"Location": payload["statusQueryGetUri"], "Retry-After": "10"},
+        )
 
     async def raise_event(self, request: web.Request) -> web.Response:
         instance_id = request.match_info["instance_id"]
@@ -361,7 +435,9 @@ class DurableHttpApi:
         return web.Response(status=202)
 
     async def read_entity(self, request: web.Request) -> web.Response:
-        entity = self.engine.store.get_entity(scheduler_id(request.match_info["name"], request.match_info["key"]))
+        entity = self.engine.store.get_entity(
+            scheduler_id(request.match_info["name"], request.match_info["key"])
+        )
         if entity is None or not entity[0]:
             return web.Response(status=404)
         return web.Response(status=200, text=entity[1] or "null", content_type="application/json")
@@ -369,13 +445,20 @@ class DurableHttpApi:
     async def signal_entity(self, request: web.Request) -> web.Response:
         operation = request.query.get("op")
         if not operation:
-            return _error(400, "One or more of the arguments submitted is incorrect",
-                          "The 'op' query parameter is required", "System.ArgumentException")
+            return _error(
+                400,
+                "One or more of the arguments submitted is incorrect",
+                "The 'op' query parameter is required",
+                "System.ArgumentException",
+            )
         name = request.match_info["name"]
         if name.lower() not in self.engine.entities.functions:
-            return _error(400, "One or more of the arguments submitted is incorrect",
-                          f"The function '{name}' doesn't exist, is disabled, or is not an entity function.",
-                          "System.ArgumentException")
+            return _error(
+                400,
+                "One or more of the arguments submitted is incorrect",
+                f"The function '{name}' doesn't exist, is disabled, or is not an entity function.",
+                "System.ArgumentException",
+            )
         raw = await request.text()
         input_json = None
         if raw.strip():
@@ -384,8 +467,11 @@ class DurableHttpApi:
                 input_json = json.dumps(json.loads(raw))
             except json.JSONDecodeError:
                 input_json = json.dumps(raw)  # non-JSON content is a string input
-        self.engine.store.enqueue_entity_op(entity_id=scheduler_id(name, request.match_info["key"]),
-                                            operation=operation, input_json=input_json)
+        self.engine.store.enqueue_entity_op(
+            entity_id=scheduler_id(name, request.match_info["key"]),
+            operation=operation,
+            input_json=input_json,
+        )
         self.clock.poke()
         return web.Response(status=202)
 
@@ -396,12 +482,16 @@ class DurableHttpApi:
         return web.json_response(self.timers())
 
     async def get_clock(self, request: web.Request) -> web.Response:
-        return web.json_response({"now": self.clock.now().isoformat(), "controllable": self.clock.controllable})
+        return web.json_response(
+            {"now": self.clock.now().isoformat(), "controllable": self.clock.controllable}
+        )
 
     async def advance_clock(self, request: web.Request) -> web.Response:
         if not isinstance(self.clock, ControllableClock):
-            return web.json_response({"error": "the host runs on real time (start it with --clock controllable)"},
-                                     status=409)
+            return web.json_response(
+                {"error": "the host runs on real time (start it with --clock controllable)"},
+                status=409,
+            )
         body = await request.json()
         now = self.clock.advance(float(body.get("seconds", 0)))
         return web.json_response({"now": now.isoformat()})

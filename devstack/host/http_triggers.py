@@ -61,8 +61,10 @@ def routing_path(raw_path: str) -> str:
     Locally such a request works; deployed, the front end decodes `%2F` first and the same
     request gets a 404 (azure-functions-host#3998, #9290, Azure/Azure-Functions#1468).
     """
-    return "".join(part if _ENCODED_SLASH.fullmatch(part) else unquote(part)
-                   for part in _ENCODED_SLASH.split(raw_path))
+    return "".join(
+        part if _ENCODED_SLASH.fullmatch(part) else unquote(part)
+        for part in _ENCODED_SLASH.split(raw_path)
+    )
 
 
 @dataclass
@@ -103,7 +105,9 @@ def _param_regex(body: str, defaults: dict[str, str]) -> tuple[str, str, bool, b
         if c_name in _CONSTRAINTS and not catch_all:
             pattern = _CONSTRAINTS[c_name]
     if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
-        raise HostError(f"route parameter {{{body}}}: {name!r} is not a parameter name devstack.host can route")
+        raise HostError(
+            f"route parameter {{{body}}}: {name!r} is not a parameter name devstack.host can route"
+        )
     return name, pattern, optional, catch_all
 
 
@@ -122,10 +126,12 @@ def compile_route(spec: FunctionSpec, prefix: str) -> HttpRoute:
         pos = 0
         seg_optional = False
         for m in _PARAM.finditer(seg):
-            pieces.append(re.escape(seg[pos:m.start()]))
+            pieces.append(re.escape(seg[pos : m.start()]))
             name, pattern, optional, is_catch_all = _param_regex(m.group(1), defaults)
             if is_catch_all and i != len(segments) - 1:
-                raise HostError(f"function {spec.name}: a catch-all parameter must be the last segment of {template!r}")
+                raise HostError(
+                    f"function {spec.name}: a catch-all parameter must be the last segment of {template!r}"
+                )
             pieces.append(f"(?P<{name}>{pattern})")
             seg_optional = seg_optional or optional or is_catch_all
             catch_all = catch_all or is_catch_all
@@ -139,25 +145,37 @@ def compile_route(spec: FunctionSpec, prefix: str) -> HttpRoute:
         regex += f"(?:/{body})?" if seg_optional and _PARAM.fullmatch(seg) else f"/{body}"
     methods = spec.trigger.get("methods")
     return HttpRoute(
-        spec=spec, template=template,
+        spec=spec,
+        template=template,
         methods={str(m).upper() for m in methods} if methods else None,
-        regex=re.compile(regex + "/?", re.IGNORECASE), defaults=defaults,
-        literals=literals, params=params, catch_all=catch_all,
+        regex=re.compile(regex + "/?", re.IGNORECASE),
+        defaults=defaults,
+        literals=literals,
+        params=params,
+        catch_all=catch_all,
     )
 
 
 def check_http_function(spec: FunctionSpec) -> None:
     """Refuse what the HTTP trigger support does not cover, naming it."""
     for b in spec.bindings:
-        if b.get("type") == "http" and b.get("direction") in ("OUT", 1, "out") and b.get("name") != "$return":
-            raise HostError(f"function {spec.name}: a named HTTP output binding ({b.get('name')}) is not supported "
-                            "by devstack.host; return the func.HttpResponse instead")
+        if (
+            b.get("type") == "http"
+            and b.get("direction") in ("OUT", 1, "out")
+            and b.get("name") != "$return"
+        ):
+            raise HostError(
+                f"function {spec.name}: a named HTTP output binding ({b.get('name')}) is not supported "
+                "by devstack.host; return the func.HttpResponse instead"
+            )
 
 
 class HttpTriggers:
     """Routes requests to the app's HTTP functions."""
 
-    def __init__(self, functions: list[FunctionSpec], route_prefix: str, client_binding: Any) -> None:
+    def __init__(
+        self, functions: list[FunctionSpec], route_prefix: str, client_binding: Any
+    ) -> None:
         for spec in functions:
             check_http_function(spec)
         self.prefix = route_prefix.strip("/")
@@ -167,9 +185,15 @@ class HttpTriggers:
         self.routes = sorted(routes, key=lambda r: (r.catch_all, -r.literals, r.params))
 
     def describe(self) -> list[dict[str, Any]]:
-        return [{"function": r.spec.name, "route": "/" + "/".join(p for p in (self.prefix, r.template) if p),
-                 "methods": sorted(r.methods) if r.methods else None,
-                 "authLevel": r.spec.trigger.get("authLevel")} for r in self.routes]
+        return [
+            {
+                "function": r.spec.name,
+                "route": "/" + "/".join(p for p in (self.prefix, r.template) if p),
+                "methods": sorted(r.methods) if r.methods else None,
+                "authLevel": r.spec.trigger.get("authLevel"),
+            }
+            for r in self.routes
+        ]
 
     def find(self, method: str, path: str) -> tuple[HttpRoute, dict[str, str]] | None:
         for route in self.routes:
@@ -217,17 +241,26 @@ def to_response(function_name: str, value: Any) -> web.Response:
             raise NotImplementedError
         datum = HttpResponseConverter.encode(value, expected_type=None)
     except NotImplementedError:
-        log.error("HTTP function %s returned %s, not a func.HttpResponse or str: the invocation fails",
-                  function_name, type(value).__name__)
+        log.error(
+            "HTTP function %s returned %s, not a func.HttpResponse or str: the invocation fails",
+            function_name,
+            type(value).__name__,
+        )
         return web.Response(status=500)
     if datum.type == "string":
-        return web.Response(status=200, body=str(datum.value).encode(), content_type="text/plain", charset="utf-8")
+        return web.Response(
+            status=200, body=str(datum.value).encode(), content_type="text/plain", charset="utf-8"
+        )
     payload = datum.value
     headers = CIMultiDict((k, d.value) for k, d in payload["headers"].items())
-    for cookie in payload.get("cookies") or []:  # the converter lifts Set-Cookie headers out as cookies
+    for cookie in (
+        payload.get("cookies") or []
+    ):  # the converter lifts Set-Cookie headers out as cookies
         for morsel in cookie.values():
             headers.add("Set-Cookie", morsel.OutputString())
-    return web.Response(status=int(payload["status_code"].value), body=payload["body"].value, headers=headers)
+    return web.Response(
+        status=int(payload["status_code"].value), body=payload["body"].value, headers=headers
+    )
 
 
 def route_prefix(raw_host_json: dict[str, Any]) -> str:
@@ -237,5 +270,7 @@ def route_prefix(raw_host_json: dict[str, Any]) -> str:
     if prefix is None:
         return "api"
     if not isinstance(prefix, str):
-        raise HostError(f"host.json: extensions.http.routePrefix {json.dumps(prefix)} is not a string")
+        raise HostError(
+            f"host.json: extensions.http.routePrefix {json.dumps(prefix)} is not a string"
+        )
     return prefix

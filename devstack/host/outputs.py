@@ -39,7 +39,11 @@ class OutParam(Out[Any]):
 
 
 def queue_outputs(spec: FunctionSpec) -> list[dict[str, Any]]:
-    return [b for b in spec.bindings if b.get("type") == QUEUE_OUTPUT and str(b.get("direction")).upper() == "OUT"]
+    return [
+        b
+        for b in spec.bindings
+        if b.get("type") == QUEUE_OUTPUT and str(b.get("direction")).upper() == "OUT"
+    ]
 
 
 def _messages(value: Any) -> list[bytes]:
@@ -65,10 +69,13 @@ class QueueOutputSender:
             self._target(spec, b)
 
     def _target(self, spec: FunctionSpec, binding: dict[str, Any]) -> tuple[str, str]:
-        queue = resolve_binding_expression(str(binding["queueName"]),
-                                           purpose=f"output queue of function {spec.name}").lower()
-        connection = setting(binding.get("connection") or "AzureWebJobsStorage",
-                             purpose=f"Storage connection of the output queue of function {spec.name}")
+        queue = resolve_binding_expression(
+            str(binding["queueName"]), purpose=f"output queue of function {spec.name}"
+        ).lower()
+        connection = setting(
+            binding.get("connection") or "AzureWebJobsStorage",
+            purpose=f"Storage connection of the output queue of function {spec.name}",
+        )
         return connection, queue
 
     def prepare(self, spec: FunctionSpec) -> dict[str, OutParam]:
@@ -88,5 +95,9 @@ class QueueOutputSender:
                         pass
                     self._created.add((connection, queue))
                 for body in _messages(value):
-                    text = base64.b64encode(body).decode() if self.message_encoding == "base64" else body.decode()
+                    text = (
+                        base64.b64encode(body).decode()
+                        if self.message_encoding == "base64"
+                        else body.decode()
+                    )
                     await client.send_message(text)

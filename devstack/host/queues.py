@@ -38,17 +38,24 @@ MIN_POLL_SECONDS = 0.1
 class QueueListener:
     """One queue-triggered function."""
 
-    def __init__(self, spec: FunctionSpec, options: QueueOptions, client_binding: Callable[[], str]) -> None:
+    def __init__(
+        self, spec: FunctionSpec, options: QueueOptions, client_binding: Callable[[], str]
+    ) -> None:
         self.spec = spec
         self.options = options
         self.client_binding = client_binding
         self.queue_name = resolve_binding_expression(
-            str(spec.trigger["queueName"]), purpose=f"queue name of function {spec.name}").lower()
+            str(spec.trigger["queueName"]), purpose=f"queue name of function {spec.name}"
+        ).lower()
         connection = spec.trigger.get("connection") or "AzureWebJobsStorage"
         if not _has_setting(connection) and _has_setting(f"{connection}__queueServiceUri"):
-            raise HostError(f"function {spec.name}: identity-based Storage connections ({connection}__queueServiceUri) "
-                            "are not supported by devstack.host; set a connection string in the setting")
-        self.connection_string = setting(connection, purpose=f"Storage connection of function {spec.name}")
+            raise HostError(
+                f"function {spec.name}: identity-based Storage connections ({connection}__queueServiceUri) "
+                "are not supported by devstack.host; set a connection string in the setting"
+            )
+        self.connection_string = setting(
+            connection, purpose=f"Storage connection of function {spec.name}"
+        )
         self.service = QueueServiceClient.from_connection_string(self.connection_string)
         self.queue: QueueClient = self.service.get_queue_client(self.queue_name)
         self.poison: QueueClient = self.service.get_queue_client(self.queue_name + "-poison")
@@ -60,8 +67,10 @@ class QueueListener:
         try:
             await asyncio.wait_for(self.service.get_service_properties(), timeout=10)
         except Exception as exc:
-            raise HostError(f"function {self.spec.name}: Storage queue service unreachable "
-                            f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})") from None
+            raise HostError(
+                f"function {self.spec.name}: Storage queue service unreachable "
+                f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
+            ) from None
 
     def start(self) -> None:
         self._loop_task = asyncio.create_task(self._poll(), name=f"queue:{self.spec.name}")
@@ -92,7 +101,12 @@ class QueueListener:
                 except ResourceNotFoundError:
                     got = 0  # the queue does not exist yet: as empty
                 except Exception as exc:
-                    log.warning("queue %s (function %s): receive failed: %s", self.queue_name, self.spec.name, exc)
+                    log.warning(
+                        "queue %s (function %s): receive failed: %s",
+                        self.queue_name,
+                        self.spec.name,
+                        exc,
+                    )
             if got:
                 delay = MIN_POLL_SECONDS
                 continue
@@ -104,9 +118,11 @@ class QueueListener:
 
     async def _fetch(self) -> int:
         n = 0
-        pager = self.queue.receive_messages(messages_per_page=self.options.batch_size,
-                                            max_messages=self.options.batch_size,
-                                            visibility_timeout=VISIBILITY_SECONDS)
+        pager = self.queue.receive_messages(
+            messages_per_page=self.options.batch_size,
+            max_messages=self.options.batch_size,
+            visibility_timeout=VISIBILITY_SECONDS,
+        )
         async for message in pager:
             n += 1
             task = asyncio.create_task(self._process(message))
@@ -121,9 +137,13 @@ class QueueListener:
         try:
             body = self._decode(message.content)
             arg = QueueMessage(  # the worker's concrete class: func.QueueMessage is its interface
-                id=message.id, body=body, dequeue_count=message.dequeue_count,
-                expiration_time=message.expires_on, insertion_time=message.inserted_on,
-                time_next_visible=message.next_visible_on, pop_receipt=message.pop_receipt,
+                id=message.id,
+                body=body,
+                dequeue_count=message.dequeue_count,
+                expiration_time=message.expires_on,
+                insertion_time=message.inserted_on,
+                time_next_visible=message.next_visible_on,
+                pop_receipt=message.pop_receipt,
             )
             kwargs: dict[str, Any] = {self.spec.trigger["name"]: arg}
             if self.spec.durable_client_param:
@@ -131,8 +151,13 @@ class QueueListener:
             await call_function(self.spec, kwargs)
             ok = True
         except Exception as exc:
-            log.warning("queue function %s failed on message %s (dequeue count %s): %s", self.spec.name, message.id,
-                        message.dequeue_count, exc)
+            log.warning(
+                "queue function %s failed on message %s (dequeue count %s): %s",
+                self.spec.name,
+                message.id,
+                message.dequeue_count,
+                exc,
+            )
         finally:
             renewer.cancel()
             await asyncio.gather(renewer, return_exceptions=True)
@@ -142,17 +167,23 @@ class QueueListener:
             elif message.dequeue_count >= self.options.max_dequeue_count:
                 await self._to_poison(message, state["pop_receipt"])
             else:
-                await self.queue.update_message(message.id, state["pop_receipt"],
-                                                visibility_timeout=int(self.options.visibility_timeout_seconds))
+                await self.queue.update_message(
+                    message.id,
+                    state["pop_receipt"],
+                    visibility_timeout=int(self.options.visibility_timeout_seconds),
+                )
         except Exception as exc:  # the message reappears when its visibility timeout ends
-            log.warning("queue %s: settling message %s failed: %s", self.queue_name, message.id, exc)
+            log.warning(
+                "queue %s: settling message %s failed: %s", self.queue_name, message.id, exc
+            )
 
     async def _keep_invisible(self, message: Any, state: dict[str, Any]) -> None:
         """Extend the message's invisibility while the function runs, at half the timeout."""
         while True:
             await asyncio.sleep(VISIBILITY_SECONDS / 2)
-            receipt = await self.queue.update_message(message.id, state["pop_receipt"],
-                                                      visibility_timeout=VISIBILITY_SECONDS)
+            receipt = await self.queue.update_message(
+                message.id, state["pop_receipt"], visibility_timeout=VISIBILITY_SECONDS
+            )
             state["pop_receipt"] = receipt.pop_receipt
 
     async def _to_poison(self, message: Any, pop_receipt: str) -> None:
@@ -162,8 +193,13 @@ class QueueListener:
             pass
         await self.poison.send_message(message.content)
         await self.queue.delete_message(message.id, pop_receipt)
-        log.warning("queue %s: message %s moved to %s-poison after %s attempts", self.queue_name, message.id,
-                    self.queue_name, message.dequeue_count)
+        log.warning(
+            "queue %s: message %s moved to %s-poison after %s attempts",
+            self.queue_name,
+            message.id,
+            self.queue_name,
+            message.dequeue_count,
+        )
 
     def _decode(self, content: Any) -> bytes:
         raw = content if isinstance(content, bytes) else str(content or "").encode()
@@ -172,7 +208,9 @@ class QueueListener:
         try:
             return base64.b64decode(raw, validate=True)
         except (binascii.Error, ValueError) as exc:
-            raise ValueError(f"message is not base64 (host.json queues.messageEncoding is base64): {exc}") from None
+            raise ValueError(
+                f"message is not base64 (host.json queues.messageEncoding is base64): {exc}"
+            ) from None
 
 
 def _has_setting(name: str) -> bool:
@@ -180,7 +218,9 @@ def _has_setting(name: str) -> bool:
 
 
 class QueueTriggers:
-    def __init__(self, specs: list[FunctionSpec], options: QueueOptions, client_binding: Callable[[], str]) -> None:
+    def __init__(
+        self, specs: list[FunctionSpec], options: QueueOptions, client_binding: Callable[[], str]
+    ) -> None:
         self.listeners = [QueueListener(s, options, client_binding) for s in specs]
 
     async def start(self) -> None:
@@ -190,4 +230,6 @@ class QueueTriggers:
             listener.start()
 
     async def stop(self, timeout: float = 30) -> None:
-        await asyncio.gather(*(listener.stop(timeout) for listener in self.listeners), return_exceptions=True)
+        await asyncio.gather(
+            *(listener.stop(timeout) for listener in self.listeners), return_exceptions=True
+        )

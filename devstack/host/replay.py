@@ -83,8 +83,12 @@ SUB_ORCHESTRATION_CREATED = 7
 TIMER_CREATED = 10
 EVENT_SENT = 14  # an entity call or signal, as the extension records it
 SCHEDULING_EVENTS = (TASK_SCHEDULED, SUB_ORCHESTRATION_CREATED, TIMER_CREATED, EVENT_SENT)
-_KIND_OF_EVENT = {TASK_SCHEDULED: "activity", SUB_ORCHESTRATION_CREATED: "suborchestration", TIMER_CREATED: "timer",
-                  EVENT_SENT: "entity"}
+_KIND_OF_EVENT = {
+    TASK_SCHEDULED: "activity",
+    SUB_ORCHESTRATION_CREATED: "suborchestration",
+    TIMER_CREATED: "timer",
+    EVENT_SENT: "entity",
+}
 
 
 @dataclass
@@ -155,21 +159,35 @@ def _describe(task: AtomicTask, now: datetime) -> NewTask:
     if isinstance(action, CreateTimerAction):
         return NewTask(tid, "timer", fire_at=action.fire_at)
     if isinstance(action, CallHttpAction):
-        return NewTask(tid, "activity", name=HTTP_ACTIVITY, input=json.dumps(action.http_request.to_json()))
+        return NewTask(
+            tid, "activity", name=HTTP_ACTIVITY, input=json.dumps(action.http_request.to_json())
+        )
     if isinstance(action, (CallEntityAction, SignalEntityAction)):
-        return NewTask(tid, "entity", name=action.instance_id, input=action.input_, operation=action.operation,
-                       signal=isinstance(action, SignalEntityAction))
+        return NewTask(
+            tid,
+            "entity",
+            name=action.instance_id,
+            input=action.input_,
+            operation=action.operation,
+            signal=isinstance(action, SignalEntityAction),
+        )
     if isinstance(action, (CallSubOrchestratorAction, CallSubOrchestratorWithRetryAction)):
         return NewTask(
-            tid, "suborchestration", name=action.function_name, input=action._input,
-            instance_id=action.instance_id, version=action.version,
+            tid,
+            "suborchestration",
+            name=action.function_name,
+            input=action._input,
+            instance_id=action.instance_id,
+            version=action.version,
         )
     if isinstance(action, NoOpAction):
         parent = task.parent
         if isinstance(parent, RetryAbleTask):
             if action.metadata == "-WithRetry timer":
                 # DTFx RetryInterceptor: wait FirstRetryInterval (backoff 1) after each failure.
-                delay = timedelta(milliseconds=parent.retry_options.first_retry_interval_in_milliseconds)
+                delay = timedelta(
+                    milliseconds=parent.retry_options.first_retry_interval_in_milliseconds
+                )
                 return NewTask(tid, "timer", fire_at=now + delay)
             original = parent.actions[0] if isinstance(parent.actions, list) else parent.actions
             rescheduled = _describe_action(tid, original)
@@ -186,8 +204,14 @@ def _describe_action(tid: int, action: Any) -> NewTask | None:
     if isinstance(action, (CallActivityAction, CallActivityWithRetryAction)):
         return NewTask(tid, "activity", name=action.function_name, input=action.input_)
     if isinstance(action, (CallSubOrchestratorAction, CallSubOrchestratorWithRetryAction)):
-        return NewTask(tid, "suborchestration", name=action.function_name, input=action._input,
-                       instance_id=action.instance_id, version=action.version)
+        return NewTask(
+            tid,
+            "suborchestration",
+            name=action.function_name,
+            input=action._input,
+            instance_id=action.instance_id,
+            version=action.version,
+        )
     return None
 
 
@@ -222,8 +246,12 @@ def run_episode(
     Raises:
         NonDeterminismError: the replay does not match `scheduled_before`.
     """
-    body = build_context(instance_id=instance_id, history=history, input_json=input_json,
-                         is_replaying=bool(scheduled_before))
+    body = build_context(
+        instance_id=instance_id,
+        history=history,
+        input_json=input_json,
+        is_replaying=bool(scheduled_before),
+    )
     # The constructor from_json would call after decoding the text: the context is built from the
     # dict directly, which saves encoding and decoding the whole history on every episode.
     ctx = DurableOrchestrationContext(**body)
@@ -248,8 +276,17 @@ def run_episode(
         seq = ctx._sequence_number
         original_fire(action)
         if isinstance(action, SignalEntityAction):
-            signals.setdefault(seq, NewTask(seq, "entity", name=action.instance_id, input=action.input_,
-                                            operation=action.operation, signal=True))
+            signals.setdefault(
+                seq,
+                NewTask(
+                    seq,
+                    "entity",
+                    name=action.instance_id,
+                    input=action.input_,
+                    operation=action.operation,
+                    signal=True,
+                ),
+            )
 
     ctx._record_fire_and_forget_action = recording_fire  # type: ignore[method-assign]
     user_fn = getattr(handle, "orchestrator_function", handle)
@@ -266,7 +303,9 @@ def run_episode(
     for event_id, event in sorted(scheduled_before.items()):
         task = recorded.get(event_id)
         expected_kind = _KIND_OF_EVENT[event["EventType"]]
-        expected_name = event.get("InstanceId") if event["EventType"] == EVENT_SENT else event.get("Name")
+        expected_name = (
+            event.get("InstanceId") if event["EventType"] == EVENT_SENT else event.get("Name")
+        )
         if task is None and event_id in signals:
             got = signals[event_id]
         elif task is None:
@@ -288,7 +327,9 @@ def run_episode(
             )
 
     new_tasks = [_describe(recorded[i], now) for i in sorted(recorded) if i not in scheduled_before]
-    new_tasks += [signals[i] for i in sorted(signals) if i not in scheduled_before and i not in recorded]
+    new_tasks += [
+        signals[i] for i in sorted(signals) if i not in scheduled_before and i not in recorded
+    ]
     new_tasks.sort(key=lambda t: t.task_id)
     custom = (state or {}).get("customStatus")
     custom_json = json.dumps(custom) if custom is not None else None
@@ -301,7 +342,9 @@ def run_episode(
         for action in (state.get("actions") or [[]])[-1]:
             if action.get("actionType") == 4:
                 cont = action.get("input")
-        return EpisodeResult("continued_as_new", continue_input=cont, custom_status_json=custom_json, state=state)
+        return EpisodeResult(
+            "continued_as_new", continue_input=cont, custom_status_json=custom_json, state=state
+        )
     if state.get("isDone"):
         output = state.get("output")
         return EpisodeResult(
@@ -311,4 +354,6 @@ def run_episode(
             new_tasks=new_tasks,
             state=state,
         )
-    return EpisodeResult("running", custom_status_json=custom_json, new_tasks=new_tasks, state=state)
+    return EpisodeResult(
+        "running", custom_status_json=custom_json, new_tasks=new_tasks, state=state
+    )

@@ -75,7 +75,9 @@ class Host:
                 try:
                     start = datetime.fromisoformat(options.clock_start.replace("Z", "+00:00"))
                 except ValueError:
-                    raise HostError(f"--clock-start {options.clock_start!r} is not an ISO-8601 time") from None
+                    raise HostError(
+                        f"--clock-start {options.clock_start!r} is not an ISO-8601 time"
+                    ) from None
                 start = start if start.tzinfo else start.replace(tzinfo=UTC)
             self.clock = ControllableClock(start)
         self._stop = asyncio.Event()
@@ -93,7 +95,9 @@ class Host:
         catalog = index_app(app)
         for f in catalog.functions:
             if f.trigger_type not in SUPPORTED_TRIGGERS:
-                raise HostError(f"function {f.name}: trigger {f.trigger_type!r} is not supported by devstack.host")
+                raise HostError(
+                    f"function {f.name}: trigger {f.trigger_type!r} is not supported by devstack.host"
+                )
             for b in f.bindings:
                 if b == f.trigger or b.get("type") == DURABLE_CLIENT:
                     continue
@@ -101,23 +105,31 @@ class Host:
                     continue
                 if b.get("type") == QUEUE_OUTPUT and str(b.get("direction")).upper() == "OUT":
                     continue
-                raise HostError(f"function {f.name}: binding {b.get('type')!r} ({b.get('name')}) "
-                                "is not supported by devstack.host")
+                raise HostError(
+                    f"function {f.name}: binding {b.get('type')!r} ({b.get('name')}) "
+                    "is not supported by devstack.host"
+                )
 
         outputs = QueueOutputSender(config.queues.message_encoding)
         for f in catalog.functions:
             outputs.check(f)
         set_output_sender(outputs)
 
-        host_id = o.host_id or os.environ.get("AzureFunctionsWebHost__hostid") or _default_host_id(o.app)
+        host_id = (
+            o.host_id or os.environ.get("AzureFunctionsWebHost__hostid") or _default_host_id(o.app)
+        )
         storage = os.environ.get("AzureWebJobsStorage")
         if catalog.of_type(TIMER_TRIGGER) and not storage:
-            raise HostError("missing app setting 'AzureWebJobsStorage' (timer triggers keep their singleton lease "
-                            "and schedule status there); set it in local.settings.json or the environment")
+            raise HostError(
+                "missing app setting 'AzureWebJobsStorage' (timer triggers keep their singleton lease "
+                "and schedule status there); set it in local.settings.json or the environment"
+            )
 
         Path(o.data_dir).mkdir(parents=True, exist_ok=True)
         process_id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
-        store = Store(str(Path(o.data_dir) / f"{config.durable.hub_name}.sqlite"), process_id, o.lease_seconds)
+        store = Store(
+            str(Path(o.data_dir) / f"{config.durable.hub_name}.sqlite"), process_id, o.lease_seconds
+        )
         store.heartbeat()
 
         port = o.port or _free_port()
@@ -126,10 +138,18 @@ class Host:
         binding_json = json.dumps(binding)
         engine = DurableEngine(store, catalog, self.clock, config.durable, binding)
         timer_view: list[TimerTriggers] = []
-        api = DurableHttpApi(engine, self.clock, [base],
-                             timers=lambda: timer_view[0].describe() if timer_view else [])
-        http = HttpTriggers(catalog.of_type(HTTP_TRIGGER), route_prefix(config.raw), lambda: binding_json)
-        web_app = web.Application(client_max_size=100 * 1024 * 1024)  # the host's default request limit
+        api = DurableHttpApi(
+            engine,
+            self.clock,
+            [base],
+            timers=lambda: timer_view[0].describe() if timer_view else [],
+        )
+        http = HttpTriggers(
+            catalog.of_type(HTTP_TRIGGER), route_prefix(config.raw), lambda: binding_json
+        )
+        web_app = web.Application(
+            client_max_size=100 * 1024 * 1024
+        )  # the host's default request limit
         web_app.add_routes(api.routes())
         if http.routes:
             # After the durable and admin routes, as the real host puts its own routes first.
@@ -142,9 +162,13 @@ class Host:
         except OSError as exc:
             raise HostError(f"cannot listen on 127.0.0.1:{port}: {exc.strerror}") from None
 
-        timers = TimerTriggers(catalog.of_type(TIMER_TRIGGER), self.clock, storage, host_id, lambda: binding_json)
+        timers = TimerTriggers(
+            catalog.of_type(TIMER_TRIGGER), self.clock, storage, host_id, lambda: binding_json
+        )
         timer_view.append(timers)
-        sb = ServiceBusTriggers(catalog.of_type(SERVICE_BUS_TRIGGER), config.service_bus, lambda: binding_json)
+        sb = ServiceBusTriggers(
+            catalog.of_type(SERVICE_BUS_TRIGGER), config.service_bus, lambda: binding_json
+        )
         queues = QueueTriggers(catalog.of_type(QUEUE_TRIGGER), config.queues, lambda: binding_json)
         loop = asyncio.get_running_loop()
         tasks: list[asyncio.Task[None]] = []
@@ -159,12 +183,19 @@ class Host:
             # for another host's write lock, must not let this host's locks lapse (another host
             # would then run its activities a second time).
             heartbeats.append(store.start_heartbeats(HEARTBEAT_EVERY))
-            counts = {kind: len(catalog.of_type(kind)) for kind in sorted({f.trigger_type for f in catalog.functions})}
+            counts = {
+                kind: len(catalog.of_type(kind))
+                for kind in sorted({f.trigger_type for f in catalog.functions})
+            }
             print(
                 f"devstack.host ready: app={o.app} functions={len(catalog.functions)} "
                 f"({', '.join(f'{k}={v}' for k, v in counts.items())}) durable={base}/durabletask/ "
-                + (f"http={base}/{http.prefix + '/' if http.prefix else ''} " if http.routes else "") +
-                f"hub={config.durable.hub_name} clock={o.clock} pid={os.getpid()}",
+                + (
+                    f"http={base}/{http.prefix + '/' if http.prefix else ''} "
+                    if http.routes
+                    else ""
+                )
+                + f"hub={config.durable.hub_name} clock={o.clock} pid={os.getpid()}",
                 flush=True,
             )
             stop_wait = asyncio.create_task(self._stop.wait())

@@ -147,8 +147,12 @@ class MessageActions(SdkMessageActions):
     def abandon(self, message: Any) -> None:
         self._settle("abandon", message)
 
-    def deadletter(self, message: Any, deadletter_reason: str | None = None,
-                   deadletter_error_description: str | None = None) -> None:
+    def deadletter(
+        self,
+        message: Any,
+        deadletter_reason: str | None = None,
+        deadletter_error_description: str | None = None,
+    ) -> None:
         self._settle("deadletter", message, deadletter_reason, deadletter_error_description)
 
     def defer(self, message: Any) -> None:
@@ -174,7 +178,9 @@ def _is_sdk_message_param(annotation: Any) -> bool:
 
     if isinstance(annotation, str):  # an annotation the worker could not resolve either: go by name
         return annotation.rsplit(".", 1)[-1] == "ServiceBusReceivedMessage"
-    return isinstance(annotation, type) and issubclass(annotation, (ExtMessage, ServiceBusReceivedMessage))
+    return isinstance(annotation, type) and issubclass(
+        annotation, (ExtMessage, ServiceBusReceivedMessage)
+    )
 
 
 def _is_actions_param(annotation: Any) -> bool:
@@ -186,8 +192,10 @@ def _is_actions_param(annotation: Any) -> bool:
 def to_functions_message(msg: ServiceBusReceivedMessage) -> FunctionsServiceBusMessage:
     """The `azure.functions.ServiceBusMessage` a plain trigger parameter receives."""
     body = b"".join(msg.body) if not isinstance(msg.body, (bytes, bytearray)) else bytes(msg.body)
-    props = {(k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v)
-             for k, v in (msg.application_properties or {}).items()}
+    props = {
+        (k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v)
+        for k, v in (msg.application_properties or {}).items()
+    }
 
     def _utc(dt: Any) -> Any:
         return dt.astimezone(UTC) if dt is not None else None
@@ -225,8 +233,14 @@ def to_functions_message(msg: ServiceBusReceivedMessage) -> FunctionsServiceBusM
 class QueueListener:
     """One Service Bus trigger function: a PEEK_LOCK receiver and its invocations."""
 
-    def __init__(self, spec: FunctionSpec, options: ServiceBusOptions, sb_loop: asyncio.AbstractEventLoop,
-                 main_loop: asyncio.AbstractEventLoop, client_binding: Callable[[], str]) -> None:
+    def __init__(
+        self,
+        spec: FunctionSpec,
+        options: ServiceBusOptions,
+        sb_loop: asyncio.AbstractEventLoop,
+        main_loop: asyncio.AbstractEventLoop,
+        client_binding: Callable[[], str],
+    ) -> None:
         self.spec = spec
         self.options = options
         self.sb_loop = sb_loop
@@ -234,12 +248,20 @@ class QueueListener:
         self.client_binding = client_binding
         trig = spec.trigger
         if trig.get("topicName"):
-            raise NotImplementedError(f"function {spec.name}: topic subscriptions are not supported by devstack.host")
+            raise NotImplementedError(
+                f"function {spec.name}: topic subscriptions are not supported by devstack.host"
+            )
         if trig.get("isSessionsEnabled"):
-            raise NotImplementedError(f"function {spec.name}: session-enabled queues are not supported by devstack.host")
+            raise NotImplementedError(
+                f"function {spec.name}: session-enabled queues are not supported by devstack.host"
+            )
         if str(trig.get("cardinality", "one")).lower() == "many":
-            raise NotImplementedError(f"function {spec.name}: batch (cardinality=many) triggers are not supported")
-        self.queue = resolve_binding_expression(trig["queueName"], purpose=f"queue name of function {spec.name}")
+            raise NotImplementedError(
+                f"function {spec.name}: batch (cardinality=many) triggers are not supported"
+            )
+        self.queue = resolve_binding_expression(
+            trig["queueName"], purpose=f"queue name of function {spec.name}"
+        )
         conn_name = trig.get("connection") or "AzureWebJobsServiceBus"
         self.connection_string = _connection_string(conn_name, spec.name)
         auto = trig.get("autoCompleteMessages")
@@ -256,12 +278,16 @@ class QueueListener:
         backoff = 1.0
         while not self._stopping:
             try:
-                async with ServiceBusClient.from_connection_string(self.connection_string) as client:
+                async with ServiceBusClient.from_connection_string(
+                    self.connection_string
+                ) as client:
                     # On the receiver: the client's own socket_timeout does not reach the
                     # receivers it makes (they fall back to the SDK's 0.2 s).
                     receiver = client.get_queue_receiver(
-                        self.queue, receive_mode=ServiceBusReceiveMode.PEEK_LOCK,
-                        prefetch_count=self.options.prefetch_count, socket_timeout=receive_socket_timeout(),
+                        self.queue,
+                        receive_mode=ServiceBusReceiveMode.PEEK_LOCK,
+                        prefetch_count=self.options.prefetch_count,
+                        socket_timeout=receive_socket_timeout(),
                     )
                     async with receiver:
                         self.receiver = receiver
@@ -272,8 +298,14 @@ class QueueListener:
             except Exception as exc:
                 if self._stopping:
                     return
-                log.warning("function %s: Service Bus queue %r unavailable (%s: %s); retrying in %.0fs",
-                            self.spec.name, self.queue, type(exc).__name__, exc, backoff)
+                log.warning(
+                    "function %s: Service Bus queue %r unavailable (%s: %s); retrying in %.0fs",
+                    self.spec.name,
+                    self.queue,
+                    type(exc).__name__,
+                    exc,
+                    backoff,
+                )
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 10.0)
             finally:
@@ -302,7 +334,9 @@ class QueueListener:
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
-    async def _renew_lock(self, receiver: ServiceBusReceiver, msg: ServiceBusReceivedMessage) -> None:
+    async def _renew_lock(
+        self, receiver: ServiceBusReceiver, msg: ServiceBusReceivedMessage
+    ) -> None:
         """Keep the message locked while the function runs, as the .NET processor does: renew
         when min(half the remaining lock, 10 s) is left, up to maxAutoLockRenewalDuration."""
         loop = asyncio.get_running_loop()
@@ -319,8 +353,12 @@ class QueueListener:
             try:
                 await receiver.renew_message_lock(msg)
             except Exception as exc:
-                log.warning("function %s: lock renewal of message %s failed: %s",
-                            self.spec.name, msg.message_id, exc)
+                log.warning(
+                    "function %s: lock renewal of message %s failed: %s",
+                    self.spec.name,
+                    msg.message_id,
+                    exc,
+                )
                 return
 
     async def _handle(self, receiver: ServiceBusReceiver, msg: ServiceBusReceivedMessage) -> None:
@@ -338,13 +376,23 @@ class QueueListener:
                 return
             try:
                 if failed is not None:
-                    log.warning("function %s failed on message %s (delivery %s): %s; abandoning",
-                                self.spec.name, msg.message_id, msg.delivery_count, failed)
+                    log.warning(
+                        "function %s failed on message %s (delivery %s): %s; abandoning",
+                        self.spec.name,
+                        msg.message_id,
+                        msg.delivery_count,
+                        failed,
+                    )
                     await receiver.abandon_message(msg)
                 elif self.auto_complete:
                     await receiver.complete_message(msg)
             except Exception as exc:
-                log.warning("function %s: settling message %s failed: %s", self.spec.name, msg.message_id, exc)
+                log.warning(
+                    "function %s: settling message %s failed: %s",
+                    self.spec.name,
+                    msg.message_id,
+                    exc,
+                )
         finally:
             renewal.cancel()
             self._settled.discard(token)
@@ -373,14 +421,18 @@ class QueueListener:
     def settle_from_function(self, method: str, message: Any, *args: Any) -> Any:
         if not getattr(message, "lock_token", None):
             raise ValueError("lockToken is required in ServiceBusReceivedMessage.")
-        fut: Future[Any] = asyncio.run_coroutine_threadsafe(self._settle(method, message, *args), self.sb_loop)
+        fut: Future[Any] = asyncio.run_coroutine_threadsafe(
+            self._settle(method, message, *args), self.sb_loop
+        )
         return fut.result(SETTLE_TIMEOUT)
 
     async def _invoke(self, msg: ServiceBusReceivedMessage) -> None:
         kwargs: dict[str, Any] = {}
         trigger_param = self.spec.trigger["name"]
         annotation = self.spec.params.get(trigger_param)
-        kwargs[trigger_param] = msg if _is_sdk_message_param(annotation) else to_functions_message(msg)
+        kwargs[trigger_param] = (
+            msg if _is_sdk_message_param(annotation) else to_functions_message(msg)
+        )
         for pname, ann in self.spec.params.items():
             if _is_actions_param(ann):
                 kwargs[pname] = MessageActions(self)
@@ -406,8 +458,12 @@ def _connection_string(conn_name: str, function_name: str) -> str:
 class ServiceBusTriggers:
     """All Service Bus trigger functions, on one background loop."""
 
-    def __init__(self, specs: list[FunctionSpec], options: ServiceBusOptions,
-                 client_binding: Callable[[], str]) -> None:
+    def __init__(
+        self,
+        specs: list[FunctionSpec],
+        options: ServiceBusOptions,
+        client_binding: Callable[[], str],
+    ) -> None:
         self.specs = specs
         self.options = options
         self.client_binding = client_binding
@@ -420,10 +476,14 @@ class ServiceBusTriggers:
         if not self.specs:
             return
         self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, name="servicebus-io", daemon=True)
+        self.thread = threading.Thread(
+            target=self.loop.run_forever, name="servicebus-io", daemon=True
+        )
         self.thread.start()
         for spec in self.specs:
-            listener = _create_listener(spec, self.options, self.loop, main_loop, self.client_binding)
+            listener = _create_listener(
+                spec, self.options, self.loop, main_loop, self.client_binding
+            )
             self.listeners.append(listener)
         for listener in self.listeners:
             self._futures.append(asyncio.run_coroutine_threadsafe(listener.run(), self.loop))
@@ -433,7 +493,9 @@ class ServiceBusTriggers:
         from .errors import HostError
 
         async def probe(listener: QueueListener) -> None:
-            async with ServiceBusClient.from_connection_string(listener.connection_string, retry_total=0) as client:
+            async with ServiceBusClient.from_connection_string(
+                listener.connection_string, retry_total=0
+            ) as client:
                 receiver = client.get_queue_receiver(listener.queue)
                 async with receiver:
                     await receiver.peek_messages(max_message_count=1)
@@ -467,7 +529,9 @@ class ServiceBusTriggers:
             await asyncio.gather(*tasks, return_exceptions=True)
 
         try:
-            await asyncio.wait_for(asyncio.wrap_future(asyncio.run_coroutine_threadsafe(cancel_all(), self.loop)), 10)
+            await asyncio.wait_for(
+                asyncio.wrap_future(asyncio.run_coroutine_threadsafe(cancel_all(), self.loop)), 10
+            )
         except (Exception, asyncio.CancelledError):
             pass
         self.loop.call_soon_threadsafe(self.loop.stop)
@@ -475,8 +539,13 @@ class ServiceBusTriggers:
             self.thread.join(5)
 
 
-def _create_listener(spec: FunctionSpec, options: ServiceBusOptions, sb_loop: asyncio.AbstractEventLoop,
-                     main_loop: asyncio.AbstractEventLoop, client_binding: Callable[[], str]) -> QueueListener:
+def _create_listener(
+    spec: FunctionSpec,
+    options: ServiceBusOptions,
+    sb_loop: asyncio.AbstractEventLoop,
+    main_loop: asyncio.AbstractEventLoop,
+    client_binding: Callable[[], str],
+) -> QueueListener:
     # The listener's semaphore must belong to the Service Bus loop.
     holder: dict[str, QueueListener] = {}
 

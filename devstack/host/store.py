@@ -232,7 +232,8 @@ class Store:
     def history(self, instance_id: str, limit: int = -1) -> list[dict[str, Any]]:
         """The instance's history events in order (the first `limit` of them, if given)."""
         rows = self.db.execute(
-            "SELECT event FROM history WHERE instance_id=? ORDER BY seq LIMIT ?", (instance_id, limit)
+            "SELECT event FROM history WHERE instance_id=? ORDER BY seq LIMIT ?",
+            (instance_id, limit),
         ).fetchall()
         return [json.loads(r["event"]) for r in rows]
 
@@ -254,15 +255,34 @@ class Store:
         A finished instance is replaced: its history and queued messages are dropped.
         """
         with self.tx() as db:
-            return self._create_in_tx(db, instance_id=instance_id, name=name, version=version,
-                                      execution_id=execution_id, input_json=input_json,
-                                      started_event=started_event, now_iso=now_iso, now_epoch=now_epoch)
+            return self._create_in_tx(
+                db,
+                instance_id=instance_id,
+                name=name,
+                version=version,
+                execution_id=execution_id,
+                input_json=input_json,
+                started_event=started_event,
+                now_iso=now_iso,
+                now_epoch=now_epoch,
+            )
 
     @staticmethod
-    def _create_in_tx(db: sqlite3.Connection, *, instance_id: str, name: str, version: str | None,
-                      execution_id: str, input_json: str | None, started_event: dict[str, Any],
-                      now_iso: str, now_epoch: float) -> str | None:
-        row = db.execute("SELECT status FROM instances WHERE instance_id=?", (instance_id,)).fetchone()
+    def _create_in_tx(
+        db: sqlite3.Connection,
+        *,
+        instance_id: str,
+        name: str,
+        version: str | None,
+        execution_id: str,
+        input_json: str | None,
+        started_event: dict[str, Any],
+        now_iso: str,
+        now_epoch: float,
+    ) -> str | None:
+        row = db.execute(
+            "SELECT status FROM instances WHERE instance_id=?", (instance_id,)
+        ).fetchone()
         if row is not None and row["status"] not in TERMINAL:
             return row["status"]
         if row is not None:
@@ -280,7 +300,13 @@ class Store:
         )
         return None
 
-    def enqueue(self, instance_id: str, execution_id: str | None, event: dict[str, Any], visible_at: float = 0.0) -> None:
+    def enqueue(
+        self,
+        instance_id: str,
+        execution_id: str | None,
+        event: dict[str, Any],
+        visible_at: float = 0.0,
+    ) -> None:
         with self.tx() as db:
             db.execute(
                 "INSERT INTO inbox(instance_id, execution_id, event, visible_at) VALUES(?, ?, ?, ?)",
@@ -289,7 +315,9 @@ class Store:
 
     def purge(self, instance_id: str) -> int:
         with self.tx() as db:
-            row = db.execute("SELECT status FROM instances WHERE instance_id=?", (instance_id,)).fetchone()
+            row = db.execute(
+                "SELECT status FROM instances WHERE instance_id=?", (instance_id,)
+            ).fetchone()
             if row is None or row["status"] not in TERMINAL:
                 return 0
             for table in ("history", "inbox", "activities", "instances"):
@@ -324,7 +352,9 @@ class Store:
                     (self.host_id, iid, *free_args),
                 )
                 if cur.rowcount == 0:
-                    exists = db.execute("SELECT 1 FROM instances WHERE instance_id=?", (iid,)).fetchone()
+                    exists = db.execute(
+                        "SELECT 1 FROM instances WHERE instance_id=?", (iid,)
+                    ).fetchone()
                     if exists is None:
                         # Messages for an instance that no longer exists (purged): drop them.
                         db.execute("DELETE FROM inbox WHERE instance_id=?", (iid,))
@@ -332,7 +362,9 @@ class Store:
             claimed.append(iid)
         return claimed
 
-    def visible_messages(self, instance_id: str, now_epoch: float) -> list[tuple[int, str | None, dict[str, Any]]]:
+    def visible_messages(
+        self, instance_id: str, now_epoch: float
+    ) -> list[tuple[int, str | None, dict[str, Any]]]:
         rows = self.db.execute(
             "SELECT id, execution_id, event FROM inbox WHERE instance_id=? AND visible_at <= ? ORDER BY id",
             (instance_id, now_epoch),
@@ -363,18 +395,25 @@ class Store:
         `new_instances` are sub-orchestrations to create (keyword arguments of
         `create_or_restart_instance`); an existing running one is left alone."""
         with self.tx() as db:
-            owner = db.execute("SELECT lock_owner FROM instances WHERE instance_id=?", (instance_id,)).fetchone()
+            owner = db.execute(
+                "SELECT lock_owner FROM instances WHERE instance_id=?", (instance_id,)
+            ).fetchone()
             if owner is None or owner["lock_owner"] != self.host_id:
                 return False
             if reset_history:
                 db.execute("DELETE FROM history WHERE instance_id=?", (instance_id,))
                 start = 0
             else:
-                row = db.execute("SELECT MAX(seq) AS m FROM history WHERE instance_id=?", (instance_id,)).fetchone()
+                row = db.execute(
+                    "SELECT MAX(seq) AS m FROM history WHERE instance_id=?", (instance_id,)
+                ).fetchone()
                 start = (row["m"] + 1) if row["m"] is not None else 0
             db.executemany(
                 "INSERT INTO history(instance_id, seq, execution_id, event) VALUES(?, ?, ?, ?)",
-                [(instance_id, start + i, execution_id, json.dumps(e)) for i, e in enumerate(new_history)],
+                [
+                    (instance_id, start + i, execution_id, json.dumps(e))
+                    for i, e in enumerate(new_history)
+                ],
             )
             if consumed:
                 db.executemany("DELETE FROM inbox WHERE id=?", [(i,) for i in consumed])
@@ -424,7 +463,12 @@ class Store:
         free_sql, free_args = self._free_owner_sql()
         # A read first: an idle poll must not take the hub's write lock, which every other
         # host's commit then waits for (and SQLite waits by sleeping, on the caller's loop).
-        if self.db.execute(f"SELECT 1 FROM activities WHERE {free_sql} LIMIT 1", free_args).fetchone() is None:
+        if (
+            self.db.execute(
+                f"SELECT 1 FROM activities WHERE {free_sql} LIMIT 1", free_args
+            ).fetchone()
+            is None
+        ):
             return []
         with self.tx() as db:
             rows = db.execute(
@@ -438,10 +482,14 @@ class Store:
             )
         return rows
 
-    def complete_activity(self, activity_id: int, instance_id: str, execution_id: str, event: dict[str, Any]) -> bool:
+    def complete_activity(
+        self, activity_id: int, instance_id: str, execution_id: str, event: dict[str, Any]
+    ) -> bool:
         """Delete the work item and enqueue its result in one transaction (at-least-once)."""
         with self.tx() as db:
-            cur = db.execute("DELETE FROM activities WHERE id=? AND lock_owner=?", (activity_id, self.host_id))
+            cur = db.execute(
+                "DELETE FROM activities WHERE id=? AND lock_owner=?", (activity_id, self.host_id)
+            )
             if cur.rowcount == 0:
                 return False
             db.execute(
@@ -456,32 +504,57 @@ class Store:
         instance is Running again, and a GenericEvent wakes it, so the replay schedules the
         failed work anew. Returns the status that prevents it, or None."""
         with self.tx() as db:
-            row = db.execute("SELECT status, execution_id FROM instances WHERE instance_id=?",
-                             (instance_id,)).fetchone()
+            row = db.execute(
+                "SELECT status, execution_id FROM instances WHERE instance_id=?", (instance_id,)
+            ).fetchone()
             if row is None or row["status"] != "Failed":
                 return row["status"] if row else "missing"
-            rows = db.execute("SELECT seq, event FROM history WHERE instance_id=? ORDER BY seq",
-                              (instance_id,)).fetchall()
+            rows = db.execute(
+                "SELECT seq, event FROM history WHERE instance_id=? ORDER BY seq", (instance_id,)
+            ).fetchall()
             events = [(r["seq"], json.loads(r["event"])) for r in rows]
-            failed = {(4 if e["EventType"] == 6 else 7, e.get("TaskScheduledId"))
-                      for _, e in events if e["EventType"] in (6, 9)}  # TaskFailed, SubOrchestrationInstanceFailed
-            drop = [seq for seq, e in events
-                    if e["EventType"] in (1, 6, 9)  # ExecutionCompleted and the failures
-                    or (e["EventType"], e.get("EventId")) in failed]
-            db.executemany("DELETE FROM history WHERE instance_id=? AND seq=?", [(instance_id, q) for q in drop])
-            db.execute("INSERT INTO inbox(instance_id, execution_id, event, visible_at) VALUES(?, ?, ?, 0)",
-                       (instance_id, row["execution_id"], json.dumps(rewind_event)))
-            db.execute("UPDATE instances SET status='Running', output=NULL, last_updated_time=? WHERE instance_id=?",
-                       (now_iso, instance_id))
+            failed = {
+                (4 if e["EventType"] == 6 else 7, e.get("TaskScheduledId"))
+                for _, e in events
+                if e["EventType"] in (6, 9)
+            }  # TaskFailed, SubOrchestrationInstanceFailed
+            drop = [
+                seq
+                for seq, e in events
+                if e["EventType"] in (1, 6, 9)  # ExecutionCompleted and the failures
+                or (e["EventType"], e.get("EventId")) in failed
+            ]
+            db.executemany(
+                "DELETE FROM history WHERE instance_id=? AND seq=?",
+                [(instance_id, q) for q in drop],
+            )
+            db.execute(
+                "INSERT INTO inbox(instance_id, execution_id, event, visible_at) VALUES(?, ?, ?, 0)",
+                (instance_id, row["execution_id"], json.dumps(rewind_event)),
+            )
+            db.execute(
+                "UPDATE instances SET status='Running', output=NULL, last_updated_time=? WHERE instance_id=?",
+                (now_iso, instance_id),
+            )
         return None
 
     # ---- entities ----------------------------------------------------------------------
 
     @staticmethod
-    def _enqueue_entity_op_in_tx(db: sqlite3.Connection, *, entity_id: str, operation: str, input_json: str | None,
-                                 request_id: str | None = None, reply_instance: str | None = None,
-                                 reply_execution: str | None = None) -> None:
-        db.execute("INSERT OR IGNORE INTO entities(entity_id, state, exists_) VALUES(?, NULL, 0)", (entity_id,))
+    def _enqueue_entity_op_in_tx(
+        db: sqlite3.Connection,
+        *,
+        entity_id: str,
+        operation: str,
+        input_json: str | None,
+        request_id: str | None = None,
+        reply_instance: str | None = None,
+        reply_execution: str | None = None,
+    ) -> None:
+        db.execute(
+            "INSERT OR IGNORE INTO entities(entity_id, state, exists_) VALUES(?, NULL, 0)",
+            (entity_id,),
+        )
         db.execute(
             "INSERT INTO entity_ops(entity_id, operation, input, request_id, reply_instance, reply_execution) "
             "VALUES(?, ?, ?, ?, ?, ?)",
@@ -495,7 +568,9 @@ class Store:
 
     def get_entity(self, entity_id: str) -> tuple[bool, str | None] | None:
         """(exists, serialized state) of an entity, or None if it was never addressed."""
-        row = self.db.execute("SELECT state, exists_ FROM entities WHERE entity_id=?", (entity_id,)).fetchone()
+        row = self.db.execute(
+            "SELECT state, exists_ FROM entities WHERE entity_id=?", (entity_id,)
+        ).fetchone()
         return (bool(row["exists_"]), row["state"]) if row else None
 
     def claim_entities(self, limit: int, busy: set[str]) -> list[str]:
@@ -513,25 +588,42 @@ class Store:
             if eid in busy or len(claimed) >= limit:
                 continue
             with self.tx() as db:
-                cur = db.execute(f"UPDATE entities SET lock_owner=? WHERE entity_id=? AND {free_sql}",
-                                 (self.host_id, eid, *free_args))
+                cur = db.execute(
+                    f"UPDATE entities SET lock_owner=? WHERE entity_id=? AND {free_sql}",
+                    (self.host_id, eid, *free_args),
+                )
             if cur.rowcount:
                 claimed.append(eid)
         return claimed
 
-    def entity_batch(self, entity_id: str, limit: int) -> tuple[bool, str | None, list[sqlite3.Row]]:
-        row = self.db.execute("SELECT state, exists_ FROM entities WHERE entity_id=?", (entity_id,)).fetchone()
+    def entity_batch(
+        self, entity_id: str, limit: int
+    ) -> tuple[bool, str | None, list[sqlite3.Row]]:
+        row = self.db.execute(
+            "SELECT state, exists_ FROM entities WHERE entity_id=?", (entity_id,)
+        ).fetchone()
         ops = self.db.execute(
             "SELECT id, operation, input, request_id, reply_instance, reply_execution FROM entity_ops "
-            "WHERE entity_id=? ORDER BY id LIMIT ?", (entity_id, limit),
+            "WHERE entity_id=? ORDER BY id LIMIT ?",
+            (entity_id, limit),
         ).fetchall()
         return bool(row["exists_"]) if row else False, row["state"] if row else None, ops
 
-    def commit_entity_batch(self, entity_id: str, *, exists: bool, state: str | None, consumed: list[int],
-                            responses: list[tuple[str, str | None, dict[str, Any]]], now_iso: str) -> bool:
+    def commit_entity_batch(
+        self,
+        entity_id: str,
+        *,
+        exists: bool,
+        state: str | None,
+        consumed: list[int],
+        responses: list[tuple[str, str | None, dict[str, Any]]],
+        now_iso: str,
+    ) -> bool:
         """New state, consumed operations and the callers' responses, in one transaction."""
         with self.tx() as db:
-            owner = db.execute("SELECT lock_owner FROM entities WHERE entity_id=?", (entity_id,)).fetchone()
+            owner = db.execute(
+                "SELECT lock_owner FROM entities WHERE entity_id=?", (entity_id,)
+            ).fetchone()
             if owner is None or owner["lock_owner"] != self.host_id:
                 return False
             db.executemany("DELETE FROM entity_ops WHERE id=?", [(i,) for i in consumed])
@@ -539,11 +631,16 @@ class Store:
                 "INSERT INTO inbox(instance_id, execution_id, event, visible_at) VALUES(?, ?, ?, 0)",
                 [(iid, eid, json.dumps(ev)) for iid, eid, ev in responses],
             )
-            db.execute("UPDATE entities SET state=?, exists_=?, last_updated_time=?, lock_owner=NULL "
-                       "WHERE entity_id=?", (state if exists else None, int(exists), now_iso, entity_id))
+            db.execute(
+                "UPDATE entities SET state=?, exists_=?, last_updated_time=?, lock_owner=NULL "
+                "WHERE entity_id=?",
+                (state if exists else None, int(exists), now_iso, entity_id),
+            )
         return True
 
     def unlock_entity(self, entity_id: str) -> None:
         with self.tx() as db:
-            db.execute("UPDATE entities SET lock_owner=NULL WHERE entity_id=? AND lock_owner=?",
-                       (entity_id, self.host_id))
+            db.execute(
+                "UPDATE entities SET lock_owner=NULL WHERE entity_id=? AND lock_owner=?",
+                (entity_id, self.host_id),
+            )

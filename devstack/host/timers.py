@@ -82,14 +82,22 @@ def _parse(value: str | None) -> datetime | None:
 
 
 class TimerListener:
-    def __init__(self, spec: FunctionSpec, clock: Clock, service: BlobServiceClient | None, host_id: str,
-                 client_binding: Callable[[], str]) -> None:
+    def __init__(
+        self,
+        spec: FunctionSpec,
+        clock: Clock,
+        service: BlobServiceClient | None,
+        host_id: str,
+        client_binding: Callable[[], str],
+    ) -> None:
         self.spec = spec
         self.clock = clock
         self.service = service
         self.host_id = host_id
         self.client_binding = client_binding
-        expr = resolve_binding_expression(spec.trigger["schedule"], purpose=f"schedule of function {spec.name}")
+        expr = resolve_binding_expression(
+            spec.trigger["schedule"], purpose=f"schedule of function {spec.name}"
+        )
         self.schedule = Schedule(expr)
         self.run_on_startup = bool(spec.trigger.get("runOnStartup"))
         self._stopping = False
@@ -102,11 +110,15 @@ class TimerListener:
 
     def _lock_blob(self) -> BlobClient:
         assert self.service is not None
-        return self.service.get_blob_client(HOSTS_CONTAINER, f"locks/{self.host_id}/{self.timer_name}.Listener")
+        return self.service.get_blob_client(
+            HOSTS_CONTAINER, f"locks/{self.host_id}/{self.timer_name}.Listener"
+        )
 
     def _status_blob(self) -> BlobClient:
         assert self.service is not None
-        return self.service.get_blob_client(HOSTS_CONTAINER, f"timers/{self.host_id}/{self.timer_name}/status")
+        return self.service.get_blob_client(
+            HOSTS_CONTAINER, f"timers/{self.host_id}/{self.timer_name}/status"
+        )
 
     async def _acquire(self) -> bool:
         blob = self._lock_blob()
@@ -147,7 +159,9 @@ class TimerListener:
             return {}
 
     async def _write_status(self, last: datetime | None, nxt: datetime) -> None:
-        body = json.dumps({"Last": _iso(last), "Next": _iso(nxt), "LastUpdated": _iso(self.clock.now())})
+        body = json.dumps(
+            {"Last": _iso(last), "Next": _iso(nxt), "LastUpdated": _iso(self.clock.now())}
+        )
         try:
             await self._status_blob().upload_blob(body.encode(), overwrite=True)
         except Exception as exc:
@@ -162,7 +176,12 @@ class TimerListener:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                log.error("timer %s: listener failed (%s: %s); restarting it", self.spec.name, type(exc).__name__, exc)
+                log.error(
+                    "timer %s: listener failed (%s: %s); restarting it",
+                    self.spec.name,
+                    type(exc).__name__,
+                    exc,
+                )
                 await asyncio.sleep(ACQUIRE_RETRY)
 
     async def _run(self) -> None:
@@ -172,7 +191,11 @@ class TimerListener:
                 try:
                     got = await self._acquire()
                 except Exception as exc:
-                    log.warning("timer %s: storage unavailable for its singleton lease (%s)", self.spec.name, exc)
+                    log.warning(
+                        "timer %s: storage unavailable for its singleton lease (%s)",
+                        self.spec.name,
+                        exc,
+                    )
                     got = False
                 if not got:
                     await asyncio.sleep(ACQUIRE_RETRY)
@@ -224,13 +247,22 @@ class TimerListener:
         nxt = self.schedule.next_after(scheduled)
         request = TimerRequest(
             past_due=past_due,
-            schedule_status={"Last": _iso(last), "Next": _iso(nxt), "LastUpdated": _iso(self.clock.now())},
+            schedule_status={
+                "Last": _iso(last),
+                "Next": _iso(nxt),
+                "LastUpdated": _iso(self.clock.now()),
+            },
             schedule={"AdjustForDST": True},
         )
         kwargs: dict[str, Any] = {self.spec.trigger["name"]: request}
         if self.spec.durable_client_param:
             kwargs[self.spec.durable_client_param] = self.client_binding()
-        log.info("timer %s fires for %s%s", self.spec.name, _iso(scheduled), " (past due)" if past_due else "")
+        log.info(
+            "timer %s fires for %s%s",
+            self.spec.name,
+            _iso(scheduled),
+            " (past due)" if past_due else "",
+        )
         try:
             await call_function(self.spec, kwargs)
         except Exception as exc:
@@ -243,8 +275,14 @@ class TimerListener:
 
 
 class TimerTriggers:
-    def __init__(self, specs: list[FunctionSpec], clock: Clock, storage_connection: str | None, host_id: str,
-                 client_binding: Callable[[], str]) -> None:
+    def __init__(
+        self,
+        specs: list[FunctionSpec],
+        clock: Clock,
+        storage_connection: str | None,
+        host_id: str,
+        client_binding: Callable[[], str],
+    ) -> None:
         self.specs = specs
         self.clock = clock
         self.storage_connection = storage_connection
@@ -273,14 +311,18 @@ class TimerTriggers:
                 ) from None
             finally:
                 await probe.close()
-        self.listeners = [TimerListener(s, self.clock, self.service, self.host_id, self.client_binding)
-                          for s in self.specs]
+        self.listeners = [
+            TimerListener(s, self.clock, self.service, self.host_id, self.client_binding)
+            for s in self.specs
+        ]
         self._tasks = [asyncio.create_task(listener.run()) for listener in self.listeners]
 
     def describe(self) -> list[dict[str, Any]]:
         """Each timer, its schedule, and the next occurrence if this process holds its lease."""
-        return [{"function": lst.spec.name, "schedule": lst.schedule.expression, "next": _iso(lst.next)}
-                for lst in self.listeners]
+        return [
+            {"function": lst.spec.name, "schedule": lst.schedule.expression, "next": _iso(lst.next)}
+            for lst in self.listeners
+        ]
 
     async def stop(self) -> None:
         for listener in self.listeners:

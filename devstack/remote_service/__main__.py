@@ -24,8 +24,9 @@ READY_PREFIX = "remote-service ready "
 async def serve(host: str, port: int, state_file: Path | None, seed: int | None) -> None:
     # Requests held by an injected outage would keep aiohttp's cleanup waiting
     # its default 60 s; a stopping service answers none of them anyway.
-    runner = web.AppRunner(create_app(state_file=state_file, seed=seed), access_log=None,
-                           shutdown_timeout=2.0)
+    runner = web.AppRunner(
+        create_app(state_file=state_file, seed=seed), access_log=None, shutdown_timeout=2.0
+    )
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()

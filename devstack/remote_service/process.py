@@ -82,7 +82,13 @@ def start_remote_service(
     log_file = os.fdopen(fd, "w")
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     child = Child.start(
-        "remote-service", args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=log_file, text=True
+        "remote-service",
+        args,
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=log_file,
+        text=True,
     )
     assert child.process.stdout is not None
     line = read_line(child.process.stdout, ready_timeout)

@@ -16,12 +16,18 @@ from domain.models import OrderState, OrderSubmitted
 from tests.builders import order_payload
 
 STEPS = ["reserve-inventory", "charge-payment", "arrange-shipment"]
-POLICY = sm.RetryPolicy(threshold=2, long_retries=1, long_delay=timedelta(minutes=5),
-                        claim_timeout=timedelta(seconds=60))
+POLICY = sm.RetryPolicy(
+    threshold=2,
+    long_retries=1,
+    long_delay=timedelta(minutes=5),
+    claim_timeout=timedelta(seconds=60),
+)
 
 
 def order(order_id: str, app: str = "webshop") -> OrderSubmitted:
-    return OrderSubmitted.model_validate(order_payload(order_id, AppId=app, ReplyTo=f"replies-{app}"))
+    return OrderSubmitted.model_validate(
+        order_payload(order_id, AppId=app, ReplyTo=f"replies-{app}")
+    )
 
 
 def pending(order_id: str, now: datetime, app: str = "webshop") -> OrderState:
@@ -71,8 +77,14 @@ def now() -> datetime:
 
 @pytest.fixture
 def deps(state_store, state_container, request_charges, orders_repository, now) -> Deps:
-    return Deps(settings=settings(), store=state_store, reads=ConsoleReads(state_container, request_charges),
-                orders=orders_repository, servicebus=None, now=now)
+    return Deps(
+        settings=settings(),
+        store=state_store,
+        reads=ConsoleReads(state_container, request_charges),
+        orders=orders_repository,
+        servicebus=None,
+        now=now,
+    )
 
 
 def instance(order_id: str, attempt: int) -> str:

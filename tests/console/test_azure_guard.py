@@ -23,13 +23,24 @@ ROUTES = [b._function for b in console_functions.bp._function_builders]
 
 def _request(route: str, headers: dict[str, str]) -> func.HttpRequest:
     path = "/api/" + route.replace("{queue?}", "orders").replace("{order_id}", "O-1").replace(
-        "{action:alpha}", "resubmit")
-    return func.HttpRequest(method="GET", url=f"https://orders.example.net{path}", headers=headers, params={},
-                            route_params={"order_id": "O-1", "action": "resubmit", "queue": "orders"}, body=b"")
+        "{action:alpha}", "resubmit"
+    )
+    return func.HttpRequest(
+        method="GET",
+        url=f"https://orders.example.net{path}",
+        headers=headers,
+        params={},
+        route_params={"order_id": "O-1", "action": "resubmit", "queue": "orders"},
+        body=b"",
+    )
 
 
 def _route_from_json(fn) -> str:
-    return next(b["route"] for b in json.loads(fn.get_function_json())["bindings"] if b["type"] == "httpTrigger")
+    return next(
+        b["route"]
+        for b in json.loads(fn.get_function_json())["bindings"]
+        if b["type"] == "httpTrigger"
+    )
 
 
 async def _call(fn, req: func.HttpRequest) -> func.HttpResponse:
@@ -58,7 +69,11 @@ async def test_in_azure_every_route_refuses_a_request_without_a_principal(fn, hi
         body = response.get_body().decode()
         assert "sign in" in body and 'href="/.auth/login/aad?post_login_redirect_uri=https' in body
         # Refused before anything was read: no cost footer, no data.
-        assert "O-1" not in body or fn.get_function_name() in ("console_action", "console_order", "console_find")
+        assert "O-1" not in body or fn.get_function_name() in (
+            "console_action",
+            "console_order",
+            "console_find",
+        )
 
 
 def _in_azure(monkeypatch, hint: str, confirmed: str | None) -> None:
@@ -74,7 +89,9 @@ def _in_azure(monkeypatch, hint: str, confirmed: str | None) -> None:
 @pytest.mark.parametrize("confirmed", [None, "", "false", "no", "yes", "1", "ture"])
 @pytest.mark.parametrize("hint", AZURE_HINTS)
 @pytest.mark.parametrize("fn", ROUTES, ids=lambda fn: fn.get_function_name())
-async def test_in_azure_every_route_is_off_until_authentication_is_confirmed(fn, hint, confirmed, monkeypatch):
+async def test_in_azure_every_route_is_off_until_authentication_is_confirmed(
+    fn, hint, confirmed, monkeypatch
+):
     """Even with a principal header (forgeable where the platform does not
     enforce authentication), nothing is shown or done: 404 before any read.
     Only a clear "true" turns the console on."""
@@ -96,7 +113,9 @@ async def test_in_azure_every_route_is_off_until_authentication_is_confirmed(fn,
 async def test_in_azure_a_confirmed_console_answers_a_signed_in_operator(confirmed, monkeypatch):
     _in_azure(monkeypatch, AZURE_HINTS[0], confirmed)
     fn = next(f for f in ROUTES if f.get_function_name() == "console_static")
-    assert (await _call(fn, _request("console/static/console.css", {PRINCIPAL_HEADER: "ops"}))).status_code == 200
+    assert (
+        await _call(fn, _request("console/static/console.css", {PRINCIPAL_HEADER: "ops"}))
+    ).status_code == 200
     assert (await _call(fn, _request("console/static/console.css", {}))).status_code == 401
 
 
@@ -121,8 +140,12 @@ async def test_locally_the_stylesheet_is_served_from_memory(monkeypatch, tmp_pat
     monkeypatch.setattr(console_functions, "HERE", tmp_path)
     response = await _call(fn, _request("console/static/console.css", {}))
     assert response.status_code == 200 and response.mimetype == "text/css"
-    assert response.get_body() == (console_functions.Path(console_functions.__file__).parent / "static"
-                                   / "console.css").read_bytes()
+    assert (
+        response.get_body()
+        == (
+            console_functions.Path(console_functions.__file__).parent / "static" / "console.css"
+        ).read_bytes()
+    )
 
 
 async def test_in_azure_the_order_page_peeks_no_reply_queue(deps, now):
@@ -142,13 +165,32 @@ async def test_in_azure_the_order_page_peeks_no_reply_queue(deps, now):
     assert not data["status_messages"]["local_only"]
     assert "replies-webshop" not in deps.queues() and "alerts" in deps.queues()
 
-    html = console_functions._render(_request("console/orders/{order_id}", {}), "order.html", deps,
-                                     page="orders", done=None, **data).get_body().decode()
+    html = (
+        console_functions._render(
+            _request("console/orders/{order_id}", {}),
+            "order.html",
+            deps,
+            page="orders",
+            done=None,
+            **data,
+        )
+        .get_body()
+        .decode()
+    )
     assert "only the application may read" in html and "local only" not in html
     dead = await views.dead_letters(deps, None, None)
     assert list(dead["per_queue"]) == list(views.WORK_QUEUES) and dead["replies_left_out"]
-    html = console_functions._render(_request("console/deadletters", {}), "deadletters.html", deps,
-                                     page="deadletters", **dead).get_body().decode()
+    html = (
+        console_functions._render(
+            _request("console/deadletters", {}),
+            "deadletters.html",
+            deps,
+            page="deadletters",
+            **dead,
+        )
+        .get_body()
+        .decode()
+    )
     assert 'id="replies-left-out"' in html and "replies-webshop" not in html
     with pytest.raises(views.BadRequest):
         await views.dead_letters(deps, "replies-webshop", None)
@@ -159,6 +201,16 @@ async def test_in_azure_the_order_page_peeks_no_reply_queue(deps, now):
     data = await views.order_detail(deps, "AZ-1")
     assert Peeker.asked == ["replies-webshop"] and data["status_messages"]["local_only"]
     assert "replies-webshop" in deps.queues()
-    html = console_functions._render(_request("console/orders/{order_id}", {}), "order.html", deps,
-                                     page="orders", done=None, **data).get_body().decode()
+    html = (
+        console_functions._render(
+            _request("console/orders/{order_id}", {}),
+            "order.html",
+            deps,
+            page="orders",
+            done=None,
+            **data,
+        )
+        .get_body()
+        .decode()
+    )
     assert "local only" in html

@@ -31,15 +31,26 @@ class FakeDurableClient:
 
 
 def _status(instance_id: str, at: str, events: list[dict]) -> dict:
-    return {"name": "order_workflow", "instanceId": instance_id, "runtimeStatus": "Completed",
-            "createdTime": at, "lastUpdatedTime": at,
-            "output": {"Outcome": "timed_out", "Detail": f"provider said {HOSTILE}"},
-            "historyEvents": events}
+    return {
+        "name": "order_workflow",
+        "instanceId": instance_id,
+        "runtimeStatus": "Completed",
+        "createdTime": at,
+        "lastUpdatedTime": at,
+        "output": {"Outcome": "timed_out", "Detail": f"provider said {HOSTILE}"},
+        "historyEvents": events,
+    }
 
 
 def _request(path: str) -> func.HttpRequest:
-    return func.HttpRequest(method="GET", url=f"http://127.0.0.1:7071/api/console{path}", headers={},
-                            params={}, route_params={}, body=b"")
+    return func.HttpRequest(
+        method="GET",
+        url=f"http://127.0.0.1:7071/api/console{path}",
+        headers={},
+        params={},
+        route_params={},
+        body=b"",
+    )
 
 
 def _two_attempts_then_failed(now):
@@ -50,29 +61,65 @@ def _two_attempts_then_failed(now):
     record = sm.claim(record, t1, POLICY)
     owner = record.LockedBy
     record = sm.start_step(record, owner, STEPS[0], t1, t1 + timedelta(seconds=30))
-    return sm.mark_failed(record, owner, STEPS[0], f"provider refused: {HOSTILE}", t1 + timedelta(seconds=2))
+    return sm.mark_failed(
+        record, owner, STEPS[0], f"provider refused: {HOSTILE}", t1 + timedelta(seconds=2)
+    )
 
 
 async def test_order_timeline_shows_each_attempt_and_escapes_what_providers_sent(deps, now):
     record = _two_attempts_then_failed(now)
     await deps.store.create_if_absent(record)
     await deps.orders.create_if_absent(order("T-1"))
-    reply = json.dumps(json.dumps({"Step": STEPS[0], "Outcome": "permanent", "Error": HOSTILE,
-                                   "Result": {"PaymentReference": "pay-ref-42"}}))
-    deps.durable = FakeDurableClient({
-        instance("T-1", 1): _status(instance("T-1", 1), now.isoformat(), [
-            {"EventType": "ExecutionStarted", "Timestamp": now.isoformat()},
-            {"EventType": "TimerCreated", "Timestamp": now.isoformat(), "FireAt": "2026-01-01T00:00:00Z"},
-            {"EventType": "TimerFired", "Timestamp": (now + timedelta(seconds=60)).isoformat()},
-        ]),
-        instance("T-1", 2): _status(instance("T-1", 2), now.isoformat(), [
-            {"EventType": "TaskCompleted", "Timestamp": (now + timedelta(seconds=62)).isoformat(),
-             "FunctionName": "send_agent_request",
-             "Input": json.dumps({"Step": STEPS[0], "Payload": {"PaymentReference": "pay-ref-42"}})},
-            {"EventType": "EventRaised", "Timestamp": (now + timedelta(seconds=63)).isoformat(),
-             "Name": "reply-reserve-inventory-2", "Input": reply},
-        ]),
-    })
+    reply = json.dumps(
+        json.dumps(
+            {
+                "Step": STEPS[0],
+                "Outcome": "permanent",
+                "Error": HOSTILE,
+                "Result": {"PaymentReference": "pay-ref-42"},
+            }
+        )
+    )
+    deps.durable = FakeDurableClient(
+        {
+            instance("T-1", 1): _status(
+                instance("T-1", 1),
+                now.isoformat(),
+                [
+                    {"EventType": "ExecutionStarted", "Timestamp": now.isoformat()},
+                    {
+                        "EventType": "TimerCreated",
+                        "Timestamp": now.isoformat(),
+                        "FireAt": "2026-01-01T00:00:00Z",
+                    },
+                    {
+                        "EventType": "TimerFired",
+                        "Timestamp": (now + timedelta(seconds=60)).isoformat(),
+                    },
+                ],
+            ),
+            instance("T-1", 2): _status(
+                instance("T-1", 2),
+                now.isoformat(),
+                [
+                    {
+                        "EventType": "TaskCompleted",
+                        "Timestamp": (now + timedelta(seconds=62)).isoformat(),
+                        "FunctionName": "send_agent_request",
+                        "Input": json.dumps(
+                            {"Step": STEPS[0], "Payload": {"PaymentReference": "pay-ref-42"}}
+                        ),
+                    },
+                    {
+                        "EventType": "EventRaised",
+                        "Timestamp": (now + timedelta(seconds=63)).isoformat(),
+                        "Name": "reply-reserve-inventory-2",
+                        "Input": reply,
+                    },
+                ],
+            ),
+        }
+    )
     data = await views.order_detail(deps, "T-1")
     assert [a["attempt"] for a in data["attempts"]] == [0, 1, 2]
     assert deps.durable.asked == [(instance("T-1", 1), True), (instance("T-1", 2), True)]
@@ -83,8 +130,11 @@ async def test_order_timeline_shows_each_attempt_and_escapes_what_providers_sent
     assert any(t.startswith("reply reply-reserve-inventory-2") and "permanent" in t for t in second)
     assert data["can_resubmit"] and data["can_compensate"]
 
-    html = _render(_request("/orders/T-1"), "order.html", deps, page="orders", done=None,
-                   **data).get_body().decode()
+    html = (
+        _render(_request("/orders/T-1"), "order.html", deps, page="orders", done=None, **data)
+        .get_body()
+        .decode()
+    )
     assert HOSTILE not in html
     assert "&lt;img src=x onerror=&#34;alert(1)&#34;&gt;" in html
     assert "pay-ref-42" not in html and "PaymentReference" not in html
@@ -94,8 +144,18 @@ async def test_order_timeline_shows_each_attempt_and_escapes_what_providers_sent
 async def test_unknown_and_malformed_ids_are_not_found(deps):
     assert await views.order_detail(deps, "NOPE-1") is None
     assert await views.order_detail(deps, HOSTILE) is None
-    html = _render(_request("/orders/x"), "error.html", None, status=404, message=f"No order {HOSTILE}",
-                   status_code=404).get_body().decode()
+    html = (
+        _render(
+            _request("/orders/x"),
+            "error.html",
+            None,
+            status=404,
+            message=f"No order {HOSTILE}",
+            status_code=404,
+        )
+        .get_body()
+        .decode()
+    )
     assert HOSTILE not in html and "No order &lt;img" in html
 
 
@@ -123,16 +183,28 @@ async def test_resubmit_refuses_an_order_not_in_error(deps, now):
 
 def test_throughput_buckets_the_last_hour(now):
     since = now - timedelta(hours=1)
-    data = views._throughput([("Processed", now - timedelta(minutes=1)), ("Error", now - timedelta(minutes=1)),
-                              ("Processed", since + timedelta(minutes=2)), ("Processed", since - timedelta(1))],
-                             since, now)
+    data = views._throughput(
+        [
+            ("Processed", now - timedelta(minutes=1)),
+            ("Error", now - timedelta(minutes=1)),
+            ("Processed", since + timedelta(minutes=2)),
+            ("Processed", since - timedelta(1)),
+        ],
+        since,
+        now,
+    )
     assert len(data["buckets"]) == 12
     assert data["total"] == {"Processed": 2, "Error": 1}
     assert (data["buckets"][0]["Processed"], data["buckets"][-1]["Error"]) == (1, 1)
 
 
-PANS = ["4111 1111 1111 1111", "5500-0000-0000-0004", "378282246310005", "6759649826438453",
-        "5019 7170 1010 3742"]
+PANS = [
+    "4111 1111 1111 1111",
+    "5500-0000-0000-0004",
+    "378282246310005",
+    "6759649826438453",
+    "5019 7170 1010 3742",
+]
 
 
 async def test_card_numbers_in_provider_text_are_masked_on_every_page_field(deps, now):
@@ -152,22 +224,50 @@ async def test_card_numbers_in_provider_text_are_masked_on_every_page_field(deps
     last = record.History[-1].model_copy(update={"Reason": said})
     record = record.model_copy(update={"LastError": said, "History": [*record.History[:-1], last]})
     assert PANS[0] in record.LastError and any(PANS[0] in (h.Reason or "") for h in record.History)
-    record = record.model_copy(update={"Compensation": [
-        CompensationEntry(Step=STEPS[0], Outcome="Failed", At=now + timedelta(seconds=2),
-                          Error=f"refund refused for {PANS[2]}; contact {PANS[3]}"),
-        CompensationEntry(Step=STEPS[1], Outcome="Failed", At=now + timedelta(seconds=3), Error=PANS[4]),
-    ]})
+    record = record.model_copy(
+        update={
+            "Compensation": [
+                CompensationEntry(
+                    Step=STEPS[0],
+                    Outcome="Failed",
+                    At=now + timedelta(seconds=2),
+                    Error=f"refund refused for {PANS[2]}; contact {PANS[3]}",
+                ),
+                CompensationEntry(
+                    Step=STEPS[1], Outcome="Failed", At=now + timedelta(seconds=3), Error=PANS[4]
+                ),
+            ]
+        }
+    )
     await deps.store.create_if_absent(record)
-    deps.durable = FakeDurableClient({instance("PAN-1", 1): _status(instance("PAN-1", 1), now.isoformat(), [
-        {"EventType": "TaskFailed", "Timestamp": now.isoformat(), "FunctionName": "run_step",
-         "Reason": f"card {PANS[0]}"}])})
+    deps.durable = FakeDurableClient(
+        {
+            instance("PAN-1", 1): _status(
+                instance("PAN-1", 1),
+                now.isoformat(),
+                [
+                    {
+                        "EventType": "TaskFailed",
+                        "Timestamp": now.isoformat(),
+                        "FunctionName": "run_step",
+                        "Reason": f"card {PANS[0]}",
+                    }
+                ],
+            )
+        }
+    )
     data = await views.order_detail(deps, "PAN-1")
-    html = _render(_request("/orders/PAN-1"), "order.html", deps, page="orders", done=None,
-                   **data).get_body().decode()
+    html = (
+        _render(_request("/orders/PAN-1"), "order.html", deps, page="orders", done=None, **data)
+        .get_body()
+        .decode()
+    )
     digits = "".join(ch for ch in html if ch.isdigit() or ch in " -\n<>")
     for pan in PANS:
         assert pan not in html, pan
-        assert pan.replace(" ", "").replace("-", "") not in digits.replace(" ", "").replace("-", ""), pan
+        assert pan.replace(" ", "").replace("-", "") not in digits.replace(" ", "").replace(
+            "-", ""
+        ), pan
     assert html.count("[redacted]") >= 7
     assert 'id="last-error">provider said: card [redacted] declined' in html
     assert "&lt;img src=x" in html and HOSTILE not in html
@@ -176,9 +276,29 @@ async def test_card_numbers_in_provider_text_are_masked_on_every_page_field(deps
 
 async def test_an_order_id_that_looks_like_a_card_is_masked_as_text_but_still_links(deps, now):
     stored = pending("4111111111111111", now)
-    html = _render(_request("/orders/4111111111111111"), "order.html", deps, page="orders", done=None,
-                   record=stored, order=None, attempts=[], steps={}, compensation=[],
-                   status_messages={"queue": "replies-webshop", "messages": [], "error": None, "local_only": True},
-                   can_resubmit=True, can_compensate=False).get_body().decode()
+    html = (
+        _render(
+            _request("/orders/4111111111111111"),
+            "order.html",
+            deps,
+            page="orders",
+            done=None,
+            record=stored,
+            order=None,
+            attempts=[],
+            steps={},
+            compensation=[],
+            status_messages={
+                "queue": "replies-webshop",
+                "messages": [],
+                "error": None,
+                "local_only": True,
+            },
+            can_resubmit=True,
+            can_compensate=False,
+        )
+        .get_body()
+        .decode()
+    )
     assert 'id="order-id">[redacted]<' in html
     assert '/api/console/orders/4111111111111111/resubmit"' in html

@@ -18,7 +18,9 @@ OVERVIEW_REQUESTS = len(ProcessState) + 3  # a COUNT per state, the gauge, throu
 
 async def _seed(store, now, prefix: str, errors: int, others: int) -> None:
     for i in range(errors):
-        await store.create_if_absent(errored_by_supervisor(f"{prefix}-E{i:04d}", now - timedelta(minutes=10)))
+        await store.create_if_absent(
+            errored_by_supervisor(f"{prefix}-E{i:04d}", now - timedelta(minutes=10))
+        )
     for i in range(others):
         make = (pending, processing, processed)[i % 3]
         await store.create_if_absent(make(f"{prefix}-O{i:04d}", now - timedelta(minutes=i % 50)))
@@ -39,14 +41,18 @@ async def test_every_view_costs_the_same_with_ten_times_the_records(deps, now):
     await _seed(store, now, "A", errors=6, others=24)
     small = {
         "overview": (await _cost(deps, lambda: views.overview(deps)))[0],
-        "orders": (await _cost(deps, lambda: views.orders(deps, views.parse_filters({"state": "Error"}))))[0],
+        "orders": (
+            await _cost(deps, lambda: views.orders(deps, views.parse_filters({"state": "Error"})))
+        )[0],
         "stuck": (await _cost(deps, lambda: views.stuck(deps, None)))[0],
         "detail": (await _cost(deps, lambda: views.order_detail(deps, "A-E0000")))[0],
     }
     await _seed(store, now, "B", errors=60, others=240)
     large = {
         "overview": (await _cost(deps, lambda: views.overview(deps)))[0],
-        "orders": (await _cost(deps, lambda: views.orders(deps, views.parse_filters({"state": "Error"}))))[0],
+        "orders": (
+            await _cost(deps, lambda: views.orders(deps, views.parse_filters({"state": "Error"})))
+        )[0],
         "stuck": (await _cost(deps, lambda: views.stuck(deps, None)))[0],
         "detail": (await _cost(deps, lambda: views.order_detail(deps, "B-E0000")))[0],
     }
@@ -73,8 +79,13 @@ async def test_orders_pages_by_keyset_one_request_each(deps, now):
         ids.append(record.id)
     seen, pages, token = [], 0, None
     while True:
-        calls, data = await _cost(deps, lambda t=token: views.orders(
-            deps, views.parse_filters({"state": "Error", "page": t} if t else {"state": "Error"})))
+        calls, data = await _cost(
+            deps,
+            lambda t=token: views.orders(
+                deps,
+                views.parse_filters({"state": "Error", "page": t} if t else {"state": "Error"}),
+            ),
+        )
         assert calls == 1 and len(data["rows"]) <= views.PAGE_SIZE
         seen += [item["row"].id for item in data["rows"]]
         pages += 1
@@ -87,8 +98,12 @@ async def test_orders_pages_by_keyset_one_request_each(deps, now):
 async def test_orders_filters_by_application_and_age(deps, now):
     await deps.store.create_if_absent(pending("F-old-web", now - timedelta(minutes=90)))
     await deps.store.create_if_absent(pending("F-new-web", now - timedelta(minutes=5)))
-    await deps.store.create_if_absent(pending("F-old-partner", now - timedelta(minutes=90), app="partner-portal"))
-    data = await views.orders(deps, views.parse_filters({"state": "Pending", "app": "webshop", "older": "60"}))
+    await deps.store.create_if_absent(
+        pending("F-old-partner", now - timedelta(minutes=90), app="partner-portal")
+    )
+    data = await views.orders(
+        deps, views.parse_filters({"state": "Pending", "app": "webshop", "older": "60"})
+    )
     assert [item["row"].id for item in data["rows"]] == ["F-old-web"]
     data = await views.orders(deps, views.parse_filters({"state": "Pending"}))
     assert [item["row"].id for item in data["rows"]] == ["F-new-web", "F-old-partner", "F-old-web"]
@@ -104,12 +119,17 @@ async def test_list_page_size_is_bounded(deps):
 async def test_resubmit_costs_a_read_and_a_conditional_replace(deps, now):
     record = errored_by_supervisor("G-1", now - timedelta(minutes=10))
     await deps.store.create_if_absent(record)
-    calls, updated = await _cost(deps, lambda: views.act(deps, "G-1", "resubmit", "ada@example.com"))
+    calls, updated = await _cost(
+        deps, lambda: views.act(deps, "G-1", "resubmit", "ada@example.com")
+    )
     assert calls == 2
     assert updated.ProcessState is ProcessState.PENDING
     stored, _ = await deps.store.read("G-1")
     assert stored.History[-1].By == "operator:ada@example.com"
-    assert (stored.History[-1].From, stored.History[-1].To) == (ProcessState.ERROR, ProcessState.PENDING)
+    assert (stored.History[-1].From, stored.History[-1].To) == (
+        ProcessState.ERROR,
+        ProcessState.PENDING,
+    )
 
 
 async def test_order_detail_reads_one_record_and_one_order(deps, now):
@@ -119,5 +139,10 @@ async def test_order_detail_reads_one_record_and_one_order(deps, now):
     await deps.orders.create_if_absent(order("H-1"))
     state_before, orders_before = deps.store.charges.calls, deps.orders.charges.calls
     data = await views.order_detail(deps, "H-1")
-    assert data["order"]["Customer"]["CustomerId"] == "C-7" and "PaymentReference" not in data["order"]
-    assert (deps.store.charges.calls - state_before, deps.orders.charges.calls - orders_before) == (1, 1)
+    assert (
+        data["order"]["Customer"]["CustomerId"] == "C-7" and "PaymentReference" not in data["order"]
+    )
+    assert (deps.store.charges.calls - state_before, deps.orders.charges.calls - orders_before) == (
+        1,
+        1,
+    )

@@ -20,7 +20,9 @@ NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 
 def validator(name: str) -> jsonschema.Draft202012Validator:
     schema = json.loads((schemas.CONTRACTS_DIR / f"{name}.schema.json").read_text())
-    return jsonschema.Draft202012Validator(schema, format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER)
+    return jsonschema.Draft202012Validator(
+        schema, format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER
+    )
 
 
 def test_contract_files_are_current():
@@ -48,19 +50,33 @@ def test_schema_is_valid_2020_12(name: str):
 
 
 def test_every_message_on_the_wire_has_a_contract():
-    assert set(schemas.CONTRACTS) == {"OrderSubmitted", "StatusUpdate", "OperatorAlert", "AgentRequest", "AgentReply"}
+    assert set(schemas.CONTRACTS) == {
+        "OrderSubmitted",
+        "StatusUpdate",
+        "OperatorAlert",
+        "AgentRequest",
+        "AgentReply",
+    }
 
 
 def test_what_the_app_writes_validates():
-    status = StatusUpdate(OrderID="ORD-1", Status=StatusKind.STEP_COMPLETED, Step="payment", Timestamp=NOW)
+    status = StatusUpdate(
+        OrderID="ORD-1", Status=StatusKind.STEP_COMPLETED, Step="payment", Timestamp=NOW
+    )
     validator("StatusUpdate").validate(json.loads(encode(status)))
     alert = OperatorAlert(Kind="OrderConflict", OrderID="ORD-1", Reason="differs", Timestamp=NOW)
     validator("OperatorAlert").validate(json.loads(encode(alert)))
     request = agent_request("ORD-1", "payment", 2, "do", NOW + timedelta(seconds=60))
     validator("AgentRequest").validate(json.loads(encode(request)))
     reply = AgentReply(
-        InstanceId=request.InstanceId, OrderID="ORD-1", Step="payment", Attempt=2,
-        EventName=request.ReplyEvent, EventId="e-1", Outcome="transient", Error="503",
+        InstanceId=request.InstanceId,
+        OrderID="ORD-1",
+        Step="payment",
+        Attempt=2,
+        EventName=request.ReplyEvent,
+        EventId="e-1",
+        Outcome="transient",
+        Error="503",
     )
     validator("AgentReply").validate(json.loads(encode(reply)))
 
@@ -76,12 +92,18 @@ def _app_accepts(payload: dict) -> bool:
 # (payload, accepted by the app and the schema alike)
 ORDER_CASES = {
     "valid": (order_payload(), True),
-    "numbers as JSON numbers": (order_payload(Lines=[{"Sku": "S", "Quantity": 1, "UnitPrice": 5}], Total=5), True),
+    "numbers as JSON numbers": (
+        order_payload(Lines=[{"Sku": "S", "Quantity": 1, "UnitPrice": 5}], Total=5),
+        True,
+    ),
     "no OrderID": ({k: v for k, v in order_payload().items() if k != "OrderID"}, False),
     "OrderID with a slash": (order_payload("ORD/1"), False),
     "OrderID too long": (order_payload("O" * 65), False),
     "unknown field": (order_payload(Discount="5"), False),
-    "quantity as a string": (order_payload(Lines=[{"Sku": "S", "Quantity": "1", "UnitPrice": "5.00"}], Total="5.00"), False),
+    "quantity as a string": (
+        order_payload(Lines=[{"Sku": "S", "Quantity": "1", "UnitPrice": "5.00"}], Total="5.00"),
+        False,
+    ),
     "no lines": (order_payload(Lines=[], Total="0"), False),
     "lower-case currency": (order_payload(Currency="eur"), False),
     "wrong schema version": (order_payload(SchemaVersion=2), False),

@@ -62,7 +62,10 @@ class E2E:
         cfg = self.settings
         self.cosmos = build_client(cfg.state_account)
         self.store = CosmosStateStore(
-            self.cosmos.get_database_client(cfg.state_database).get_container_client(cfg.state_container))
+            self.cosmos.get_database_client(cfg.state_database).get_container_client(
+                cfg.state_container
+            )
+        )
         self.bus = ServiceBusClient.from_connection_string(cfg.servicebus.connection_string)
         self.http = aiohttp.ClientSession()
         await self.ensure_store()
@@ -93,14 +96,17 @@ class E2E:
     async def post(self, orders) -> None:
         async with self.bus.get_queue_sender(INGRESS_QUEUE) as sender:
             await sender.send_messages(
-                [ServiceBusMessage(encode(o), message_id=f"submit/{o.OrderID}") for o in orders])
+                [ServiceBusMessage(encode(o), message_id=f"submit/{o.OrderID}") for o in orders]
+            )
 
     async def fault(self, **rule) -> None:
         async with self.http.post(f"{self.remote}/_admin/faults", json=rule) as response:
             assert response.status < 300, await response.text()
 
     def host_with_crash_points(self, *points: str) -> None:
-        self.stack.replace_host({"CRASH_POINTS": ",".join(points), "CRASH_POINTS_DIR": str(self.crash_dir)})
+        self.stack.replace_host(
+            {"CRASH_POINTS": ",".join(points), "CRASH_POINTS_DIR": str(self.crash_dir)}
+        )
 
     def crashed(self, point: str) -> bool:
         return (self.crash_dir / f"crashed-{point}").exists()
@@ -121,8 +127,10 @@ class E2E:
             if ids <= done:
                 return records
             if time.monotonic() > deadline:
-                pending = {oid: records[oid].ProcessState.value if oid in records else "absent"
-                           for oid in ids - done}
+                pending = {
+                    oid: records[oid].ProcessState.value if oid in records else "absent"
+                    for oid in ids - done
+                }
                 raise AssertionError(f"not terminal after {timeout}s: {pending}")
             await asyncio.sleep(1)
 
@@ -136,9 +144,13 @@ class E2E:
         raise AssertionError(f"timed out waiting for {what}")
 
     async def check(self, ids: set[str], **kwargs) -> list[str]:
-        observed = await observe(self.store, self.bus, self.remote, self.prefix, self.stack.run_dir / "logs")
+        observed = await observe(
+            self.store, self.bus, self.remote, self.prefix, self.stack.run_dir / "logs"
+        )
         self.observed = observed
         return violations(observed, self.settings, ids, **kwargs)
 
     def host_log(self) -> str:
-        return "".join(p.read_text(errors="replace") for p in (self.stack.run_dir / "logs").glob("host*.log"))
+        return "".join(
+            p.read_text(errors="replace") for p in (self.stack.run_dir / "logs").glob("host*.log")
+        )

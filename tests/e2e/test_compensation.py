@@ -22,9 +22,16 @@ async def test_undo_that_fails_transiently_then_succeeds(stack):
     async with E2E(stack) as e2e:
         orders = e2e.orders(1)
         oid = orders[0].OrderID
-        await e2e.fault(kind="permanent", service="payment", operation="charge", order_id=oid,
-                        message="card declined")
-        await e2e.fault(kind="transient", service="inventory", operation="release", order_id=oid, count=2)
+        await e2e.fault(
+            kind="permanent",
+            service="payment",
+            operation="charge",
+            order_id=oid,
+            message="card declined",
+        )
+        await e2e.fault(
+            kind="transient", service="inventory", operation="release", order_id=oid, count=2
+        )
         await e2e.post(orders)
         records = await e2e.wait_terminal({oid})
         record = records[oid]
@@ -34,22 +41,40 @@ async def test_undo_that_fails_transiently_then_succeeds(stack):
         # refund of nothing, which the remote service answers without an effect.
         assert record.Steps["charge-payment"].Status is StepStatus.COMPENSATED
         assert [(e.Step, e.Outcome) for e in record.Compensation] == [
-            ("reserve-inventory", "Done"), ("charge-payment", "Done")]
+            ("reserve-inventory", "Done"),
+            ("charge-payment", "Done"),
+        ]
         assert await e2e.check({oid}) == []
         assert e2e.observed.replies[oid][-2:] == ["Compensating", "Compensated"]
-        effects = {(r["step"], r["operation"]): r["count"] for r in e2e.observed.side_effects["effects"]
-                   if r["order_id"] == oid}
-        assert effects == {("reserve-inventory", "inventory/reserve"): 1, ("reserve-inventory", "inventory/release"): 1}
+        effects = {
+            (r["step"], r["operation"]): r["count"]
+            for r in e2e.observed.side_effects["effects"]
+            if r["order_id"] == oid
+        }
+        assert effects == {
+            ("reserve-inventory", "inventory/reserve"): 1,
+            ("reserve-inventory", "inventory/release"): 1,
+        }
 
 
 async def test_undo_that_fails_for_good_alerts_and_an_operator_retries_it(stack):
     async with E2E(stack) as e2e:
         orders = e2e.orders(1)
         oid = orders[0].OrderID
-        await e2e.fault(kind="permanent", service="payment", operation="charge", order_id=oid,
-                        message="card declined")
-        await e2e.fault(kind="permanent", service="inventory", operation="release", order_id=oid,
-                        message="reservation locked")
+        await e2e.fault(
+            kind="permanent",
+            service="payment",
+            operation="charge",
+            order_id=oid,
+            message="card declined",
+        )
+        await e2e.fault(
+            kind="permanent",
+            service="inventory",
+            operation="release",
+            order_id=oid,
+            message="reservation locked",
+        )
         await e2e.post(orders)
         records = await e2e.wait_terminal({oid})
         record = records[oid]
@@ -61,11 +86,22 @@ async def test_undo_that_fails_for_good_alerts_and_an_operator_retries_it(stack)
         # the operator clears the cause and asks again (what `python -m cli compensate` does)
         async with e2e.http.delete(f"{e2e.remote}/_admin/faults"):
             pass
-        await e2e.store.update(oid, lambda r: sm.request_compensation(r, datetime.now(UTC)), ANY_OWNER)
+        await e2e.store.update(
+            oid, lambda r: sm.request_compensation(r, datetime.now(UTC)), ANY_OWNER
+        )
         records = await e2e.wait_for(
-            lambda rs: rs[oid].ProcessState is ProcessState.COMPENSATED, timeout=90, what="compensated")
+            lambda rs: rs[oid].ProcessState is ProcessState.COMPENSATED,
+            timeout=90,
+            what="compensated",
+        )
         assert records[oid].Attempt == record.Attempt + 1
         assert await e2e.check({oid}) == []
-        effects = {(r["step"], r["operation"]): r["count"] for r in e2e.observed.side_effects["effects"]
-                   if r["order_id"] == oid}
-        assert effects == {("reserve-inventory", "inventory/reserve"): 1, ("reserve-inventory", "inventory/release"): 1}
+        effects = {
+            (r["step"], r["operation"]): r["count"]
+            for r in e2e.observed.side_effects["effects"]
+            if r["order_id"] == oid
+        }
+        assert effects == {
+            ("reserve-inventory", "inventory/reserve"): 1,
+            ("reserve-inventory", "inventory/release"): 1,
+        }

@@ -38,16 +38,24 @@ def _find(*names: str) -> str:
         path = shutil.which(name)
         if path:
             return path
-    pytest.fail(f"{' / '.join(names)} not found: run `make browser` (apt-get install chromium chromium-driver)",
-                pytrace=False)
+    pytest.fail(
+        f"{' / '.join(names)} not found: run `make browser` (apt-get install chromium chromium-driver)",
+        pytrace=False,
+    )
 
 
 @pytest.fixture(scope="module")
 def browser():
     options = webdriver.ChromeOptions()
     options.binary_location = _find("chromium", "chromium-browser")
-    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
-                "--window-size=1280,1000", "--force-device-scale-factor=1"):
+    for arg in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-dev-shm-usage",
+        "--disable-gpu",
+        "--window-size=1280,1000",
+        "--force-device-scale-factor=1",
+    ):
         options.add_argument(arg)
     driver = webdriver.Chrome(options=options, service=Service(_find("chromedriver")))
     driver.set_page_load_timeout(60)
@@ -76,7 +84,9 @@ def _no_markup_from(driver, text: str) -> None:
 async def _post_hostile(bus: ServiceBusClient) -> None:
     body = {"OrderID": HOSTILE, "AppId": "webshop", "ReplyTo": "replies-webshop", "Lines": []}
     async with bus.get_queue_sender("orders-webshop") as sender:  # the webshop's ingress
-        await sender.send_messages(ServiceBusMessage(json.dumps(body), message_id="submit/console-hostile"))
+        await sender.send_messages(
+            ServiceBusMessage(json.dumps(body), message_id="submit/console-hostile")
+        )
 
 
 async def test_operator_reads_and_acts_in_the_browser(stack, browser):
@@ -87,13 +97,22 @@ async def test_operator_reads_and_acts_in_the_browser(stack, browser):
         ok, retried, failing = (o.OrderID for o in orders)
         # `retried`: its first reservation hangs past the step deadline, so
         # attempt 1 times out and the Supervisor hands the order to attempt 2.
-        await e2e.fault(kind="latency", service="inventory", operation="reserve", order_id=retried,
-                        seconds=10, count=1)
+        await e2e.fault(
+            kind="latency",
+            service="inventory",
+            operation="reserve",
+            order_id=retried,
+            seconds=10,
+            count=1,
+        )
         await e2e.post(orders[:2])
         await _post_hostile(e2e.bus)
         records = await e2e.wait_terminal({ok, retried}, timeout=150, revive=False)
         assert records[ok].ProcessState is ProcessState.PROCESSED
-        assert records[retried].ProcessState is ProcessState.PROCESSED and records[retried].Attempt >= 2
+        assert (
+            records[retried].ProcessState is ProcessState.PROCESSED
+            and records[retried].Attempt >= 2
+        )
         # `failing`: its shipment fails transiently until the retry budget is
         # spent -> Error. Posted alone: the failures open the shipping breaker,
         # which would slow the other orders down.
@@ -107,7 +126,10 @@ async def test_operator_reads_and_acts_in_the_browser(stack, browser):
         assert browser.find_element(By.TAG_NAME, "h1").text == "Overview"
         processed = browser.find_element(By.CSS_SELECTOR, "#state-counts [data-state='Processed']")
         assert int(processed.text) >= 2
-        assert int(browser.find_element(By.CSS_SELECTOR, "#state-counts [data-state='Error']").text) >= 1
+        assert (
+            int(browser.find_element(By.CSS_SELECTOR, "#state-counts [data-state='Error']").text)
+            >= 1
+        )
         totals = browser.find_element(By.ID, "supervisor-totals").text
         assert not totals.startswith("0 recovered"), totals  # the retried order's recoveries
         _no_markup_from(browser, "InvalidMessage")  # the hostile submission's alert, as text
@@ -136,7 +158,10 @@ async def test_operator_reads_and_acts_in_the_browser(stack, browser):
         assert browser.find_element(By.ID, "order-state").text == "Error"
         browser.find_element(By.ID, "resubmit").click()
         wait.until(ec.presence_of_element_located((By.ID, "confirm")))
-        assert "recorded in the order's history as done by local" in browser.find_element(By.TAG_NAME, "main").text
+        assert (
+            "recorded in the order's history as done by local"
+            in browser.find_element(By.TAG_NAME, "main").text
+        )
         browser.find_element(By.ID, "confirm").click()
         wait.until(ec.presence_of_element_located((By.ID, "notice")))
         page = browser.find_element(By.TAG_NAME, "main").text
@@ -145,7 +170,11 @@ async def test_operator_reads_and_acts_in_the_browser(stack, browser):
         entry = next(h for h in reversed(record.History) if h.By == "operator:local")
         assert (entry.From, entry.To) == (ProcessState.ERROR, ProcessState.PENDING)
         # the state right after: Pending, or already claimed again by the Starter
-        assert browser.find_element(By.ID, "order-state").text in ("Pending", "Processing", "Processed")
+        assert browser.find_element(By.ID, "order-state").text in (
+            "Pending",
+            "Processing",
+            "Processed",
+        )
         # reloading the page after the redirect does not act again
         await asyncio.to_thread(browser.refresh)
         record_after, _ = await e2e.store.read(failing)

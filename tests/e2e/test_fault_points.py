@@ -25,7 +25,9 @@ async def test_happy_path_through_both_agent_paths(stack):
         assert await e2e.check(ids) == []
         # Workflow 2.0: webshop has not opted in to progress statuses
         # (docs/adr/004-lean-workflow.md), so it gets Received and Processed only.
-        assert {tuple(v) for v in (e2e.observed.replies[i] for i in ids)} == {("Received", "Processed")}
+        assert {tuple(v) for v in (e2e.observed.replies[i] for i in ids)} == {
+            ("Received", "Processed")
+        }
 
 
 async def test_starter_killed_between_claim_and_start(stack):
@@ -58,14 +60,24 @@ async def test_agent_loses_the_answer_after_the_side_effect(stack):
     async with E2E(stack) as e2e:
         orders = e2e.orders(1)
         oid = orders[0].OrderID
-        await e2e.fault(kind="crash", service="inventory", operation="reserve", order_id=oid, count=1, mode="drop")
+        await e2e.fault(
+            kind="crash",
+            service="inventory",
+            operation="reserve",
+            order_id=oid,
+            count=1,
+            mode="drop",
+        )
         await e2e.post(orders)
         records = await e2e.wait_terminal({oid})
         assert records[oid].ProcessState is ProcessState.PROCESSED
         assert await e2e.check({oid}) == []
         effects = [r for r in e2e.observed.side_effects["effects"] if r["order_id"] == oid]
         assert {(r["step"], r["count"]) for r in effects} == {
-            ("reserve-inventory", 1), ("charge-payment", 1), ("arrange-shipment", 1)}
+            ("reserve-inventory", 1),
+            ("charge-payment", 1),
+            ("arrange-shipment", 1),
+        }
 
 
 async def test_reply_bridge_killed_after_raising_the_event(stack):
@@ -90,7 +102,8 @@ async def test_host_killed_while_a_step_timer_is_pending(stack):
         await e2e.post(orders)
         await e2e.wait_for(
             lambda rs: oid in rs and rs[oid].Steps["charge-payment"].Status is StepStatus.RUNNING,
-            what="charge-payment running")
+            what="charge-payment running",
+        )
         e2e.stack.servers["host"].kill()
         e2e.host_with_crash_points()
         records = await e2e.wait_terminal({oid}, timeout=200)
@@ -107,11 +120,20 @@ async def test_late_reply_from_attempt_one_changes_nothing(stack):
         # attempt 1 cannot reserve before its deadline; the Supervisor starts attempt 2
         await e2e.fault(kind="outage", service="inventory", operation="reserve", seconds=10)
         await e2e.post(orders)
-        await e2e.wait_for(lambda rs: oid in rs and rs[oid].Attempt >= 2, timeout=90, what="attempt 2")
+        await e2e.wait_for(
+            lambda rs: oid in rs and rs[oid].Attempt >= 2, timeout=90, what="attempt 2"
+        )
         # now attempt 1's reply turns up, claiming success
-        late = AgentReply(InstanceId=f"{oid}:1", OrderID=oid, Step="reserve-inventory", Attempt=1,
-                          EventName=reply_event_name("reserve-inventory", 1), EventId=f"{oid}:1/late",
-                          Outcome=ReplyOutcome.OK, Result={"Reference": "from-attempt-1"})
+        late = AgentReply(
+            InstanceId=f"{oid}:1",
+            OrderID=oid,
+            Step="reserve-inventory",
+            Attempt=1,
+            EventName=reply_event_name("reserve-inventory", 1),
+            EventId=f"{oid}:1/late",
+            Outcome=ReplyOutcome.OK,
+            Result={"Reference": "from-attempt-1"},
+        )
         async with e2e.bus.get_queue_sender("agent-responses") as sender:
             await sender.send_messages(ServiceBusMessage(encode(late), message_id=f"{oid}:1/late"))
         records = await e2e.wait_terminal({oid}, timeout=200)

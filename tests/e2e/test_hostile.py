@@ -30,22 +30,76 @@ from tests.e2e.conftest import E2E
 
 pytestmark = [pytest.mark.timeout(900)]
 
-DOCUMENTED_REASONS = {"InvalidMessage", "ReplyQueueNotAllowed", "AppIdMismatch", "OrderConflict", "RetriesExhausted",
-                      "ProcessingFailed"}
+DOCUMENTED_REASONS = {
+    "InvalidMessage",
+    "ReplyQueueNotAllowed",
+    "AppIdMismatch",
+    "OrderConflict",
+    "RetriesExhausted",
+    "ProcessingFailed",
+}
 HOSTILE = int(os.environ.get("HOSTILE_E2E_MESSAGES", "300"))
 VALID = int(os.environ.get("HOSTILE_E2E_VALID", "100"))
 
-NASTY = ["\x00", "\n", "\t", "\x1b[31m", "\u202e", "\u2066", "\u200b", "\ufeff", "\u2028", " ", "",
-         "[/]", "[link=http://evil]x[/link]", "a" * 300, 1.0, True, "1", None, [], {}, -1, 1e308]
-FIELDS = [("OrderID",), ("AppId",), ("ReplyTo",), ("Currency",), ("PaymentReference",), ("Total",),
-          ("SchemaVersion",), ("Customer", "CustomerId"), ("Customer", "Name"), ("Lines", 0, "Sku"),
-          ("Lines", 0, "Quantity"), ("Lines", 0, "UnitPrice"), ("Extra",)]
+NASTY = [
+    "\x00",
+    "\n",
+    "\t",
+    "\x1b[31m",
+    "\u202e",
+    "\u2066",
+    "\u200b",
+    "\ufeff",
+    "\u2028",
+    " ",
+    "",
+    "[/]",
+    "[link=http://evil]x[/link]",
+    "a" * 300,
+    1.0,
+    True,
+    "1",
+    None,
+    [],
+    {},
+    -1,
+    1e308,
+]
+FIELDS = [
+    ("OrderID",),
+    ("AppId",),
+    ("ReplyTo",),
+    ("Currency",),
+    ("PaymentReference",),
+    ("Total",),
+    ("SchemaVersion",),
+    ("Customer", "CustomerId"),
+    ("Customer", "Name"),
+    ("Lines", 0, "Sku"),
+    ("Lines", 0, "Quantity"),
+    ("Lines", 0, "UnitPrice"),
+    ("Extra",),
+]
 KINDS = ["data", "data-chunks", "value", "sequence"]
 
 
 def spoil(rng: random.Random, payload: dict) -> bytes:
-    family = rng.choice(["field", "field", "field", "dup", "nan", "deep", "bom", "truncated", "utf8", "huge",
-                         "reply-queue", "any"])
+    family = rng.choice(
+        [
+            "field",
+            "field",
+            "field",
+            "dup",
+            "nan",
+            "deep",
+            "bom",
+            "truncated",
+            "utf8",
+            "huge",
+            "reply-queue",
+            "any",
+        ]
+    )
     text = json.dumps(payload)
     if family == "field":
         path = rng.choice(FIELDS)
@@ -56,7 +110,9 @@ def spoil(rng: random.Random, payload: dict) -> bytes:
         if path == ("OrderID",) and isinstance(value, str):
             # Keep the id under the test's prefix (a bare "1" would be a valid id of no test).
             value = target["OrderID"] + value
-        elif isinstance(value, str) and rng.random() < 0.5 and isinstance(target.get(path[-1]), str):
+        elif (
+            isinstance(value, str) and rng.random() < 0.5 and isinstance(target.get(path[-1]), str)
+        ):
             value = rng.choice([value + target[path[-1]], target[path[-1]] + value])
         target[path[-1]] = value
         return json.dumps(payload).encode()
@@ -64,7 +120,9 @@ def spoil(rng: random.Random, payload: dict) -> bytes:
         key = rng.choice(["OrderID", "AppId", "ReplyTo", "Total"])
         return ("{" + f'"{key}": "x", ' + text[1:]).encode()
     if family == "nan":
-        return text.replace(f'"{payload["Total"]}"', rng.choice(["NaN", "Infinity", "1e400"])).encode()
+        return text.replace(
+            f'"{payload["Total"]}"', rng.choice(["NaN", "Infinity", "1e400"])
+        ).encode()
     if family == "deep":
         return text[:-1].encode() + b', "D": ' + b"[" * 500 + b"]" * 500 + b"}"
     if family == "bom":
@@ -78,17 +136,25 @@ def spoil(rng: random.Random, payload: dict) -> bytes:
     if family == "reply-queue":
         payload["ReplyTo"] = "replies-partner-portal"
         return json.dumps(payload).encode()
-    return json.dumps(rng.choice([[1, 2], "order", 5, None, {"OrderID": payload["OrderID"]}])).encode()
+    return json.dumps(
+        rng.choice([[1, 2], "order", 5, None, {"OrderID": payload["OrderID"]}])
+    ).encode()
 
 
 def message(rng: random.Random, body: bytes, message_id: str, kinds=KINDS, mapped: bool = False):
     if mapped:
         value = rng.choice([{"OrderID": "x"}, [1, 2]])
         if isinstance(value, list):
-            return AmqpAnnotatedMessage(sequence_body=[value], properties={"message_id": message_id}), "sequence-ints"
-        return AmqpAnnotatedMessage(value_body=value, properties={"message_id": message_id}), "value-map"
+            return AmqpAnnotatedMessage(
+                sequence_body=[value], properties={"message_id": message_id}
+            ), "sequence-ints"
+        return AmqpAnnotatedMessage(
+            value_body=value, properties={"message_id": message_id}
+        ), "value-map"
     kind = rng.choice(kinds)
-    props = rng.choice([None, {"x-retry-count": rng.choice([True, "9", 99, -1])}, {"traceparent": "\u202e"}])
+    props = rng.choice(
+        [None, {"x-retry-count": rng.choice([True, "9", 99, -1])}, {"traceparent": "\u202e"}]
+    )
     if kind == "data":
         return ServiceBusMessage(body, message_id=message_id, application_properties=props), kind
     common = {"properties": {"message_id": message_id}, "application_properties": props}
@@ -110,7 +176,9 @@ async def drain(e2e: E2E, queue: str, idle: float = 3.0, within: float = 60.0) -
     """Everything on `queue` until it has been empty for `idle` seconds."""
     out = []
     deadline = time.monotonic() + within
-    receiver = e2e.bus.get_queue_receiver(queue, receive_mode=ServiceBusReceiveMode.RECEIVE_AND_DELETE)
+    receiver = e2e.bus.get_queue_receiver(
+        queue, receive_mode=ServiceBusReceiveMode.RECEIVE_AND_DELETE
+    )
     async with receiver:
         while time.monotonic() < deadline:
             batch = await receiver.receive_messages(max_message_count=100, max_wait_time=idle)
@@ -142,7 +210,9 @@ async def test_hostile_messages_mixed_with_valid_orders(stack):
             mapped = rng.random() < 0.05
             amqp, kind = message(rng, body, mid, mapped=mapped)
             order = None if mapped else accepted_by_contract(body)
-            if order is not None and (order.AppId != "webshop" or order.ReplyTo != "replies-webshop"):
+            if order is not None and (
+                order.AppId != "webshop" or order.ReplyTo != "replies-webshop"
+            ):
                 order = None  # valid JSON, but another app's id or reply queue: refused
             outgoing.append((mid, amqp, order))
         rng.shuffle(outgoing)
@@ -154,8 +224,11 @@ async def test_hostile_messages_mixed_with_valid_orders(stack):
         accepted = {order.OrderID for _, _, order in outgoing if order is not None}
         refused = {mid for mid, _, order in outgoing if order is None}
         records = await e2e.wait_terminal(accepted, timeout=600)
-        not_processed = {oid: records[oid].ProcessState.value for oid in accepted
-                         if records[oid].ProcessState is not ProcessState.PROCESSED}
+        not_processed = {
+            oid: records[oid].ProcessState.value
+            for oid in accepted
+            if records[oid].ProcessState is not ProcessState.PROCESSED
+        }
         assert not_processed == {}, f"seed {seed}"
 
         dead = {}
@@ -184,17 +257,35 @@ async def test_hostile_messages_mixed_with_valid_orders(stack):
         assert written <= accepted, f"seed {seed}: {sorted(written - accepted)[:10]}"
         assert stack.servers["host"].alive()
         assert await e2e.check(accepted) == [], f"seed {seed}"
-        print(f"hostile e2e: {len(accepted)} accepted and Processed "
-              f"({len(accepted) - VALID} of them hostile-looking but valid), {len(refused)} dead-lettered: "
-              + ", ".join(f"{r} {n}" for r, n in sorted(
-                  {r: sum(1 for v in dead.values() if v[0] == r) for r, _ in dead.values()}.items())))
+        print(
+            f"hostile e2e: {len(accepted)} accepted and Processed "
+            f"({len(accepted) - VALID} of them hostile-looking but valid), {len(refused)} dead-lettered: "
+            + ", ".join(
+                f"{r} {n}"
+                for r, n in sorted(
+                    {
+                        r: sum(1 for v in dead.values() if v[0] == r) for r, _ in dead.values()
+                    }.items()
+                )
+            )
+        )
 
 
 def test_the_generator_makes_mostly_refused_bodies():
     rng = random.Random(7)
-    template = {"OrderID": "T-1", "AppId": "webshop", "ReplyTo": "replies-webshop",
-                "Customer": {"CustomerId": "C-1"}, "Lines": [{"Sku": "S-1", "Quantity": 1, "UnitPrice": "1.00"}],
-                "Total": "1.00", "Currency": "EUR", "PaymentReference": "p-1"}
-    refused = sum(accepted_by_contract(spoil(rng, json.loads(json.dumps(template)))) is None for _ in range(200))
+    template = {
+        "OrderID": "T-1",
+        "AppId": "webshop",
+        "ReplyTo": "replies-webshop",
+        "Customer": {"CustomerId": "C-1"},
+        "Lines": [{"Sku": "S-1", "Quantity": 1, "UnitPrice": "1.00"}],
+        "Total": "1.00",
+        "Currency": "EUR",
+        "PaymentReference": "p-1",
+    }
+    refused = sum(
+        accepted_by_contract(spoil(rng, json.loads(json.dumps(template)))) is None
+        for _ in range(200)
+    )
     assert refused > 150
     assert Decimal(template["Total"]) == 1

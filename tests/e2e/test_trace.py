@@ -62,16 +62,31 @@ async def test_one_order_is_one_trace_across_submit_activities_agent_and_bridge(
         (order,) = e2e.orders(1)
         oid = order.OrderID
         async with e2e.bus.get_queue_sender(INGRESS_QUEUE) as sender:
-            await sender.send_messages(ServiceBusMessage(
-                encode(order), message_id=f"submit/{oid}",
-                application_properties={"traceparent": f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-01"}))
+            await sender.send_messages(
+                ServiceBusMessage(
+                    encode(order),
+                    message_id=f"submit/{oid}",
+                    application_properties={"traceparent": f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-01"},
+                )
+            )
         records = await e2e.wait_terminal({oid})
         assert records[oid].ProcessState is ProcessState.PROCESSED
-        assert records[oid].Attempt == 1, "a retry would be a second trace; this test wants one attempt"
+        assert records[oid].Attempt == 1, (
+            "a retry would be a second trace; this test wants one attempt"
+        )
 
-        needed = {"submit", "start attempt", "activity begin_attempt", "activity advance_attempt",
-                  "activity run_inline_step", "agent", "reply bridge", "send agent-requests",
-                  "send agent-responses", "send replies-webshop"}
+        needed = {
+            "submit",
+            "start attempt",
+            "activity begin_attempt",
+            "activity advance_attempt",
+            "activity run_inline_step",
+            "agent",
+            "reply bridge",
+            "send agent-requests",
+            "send agent-responses",
+            "send replies-webshop",
+        }
         found = await _spans_of(spans_file, oid, needed)
 
     names = {s.name for spans in found.values() for s in spans}

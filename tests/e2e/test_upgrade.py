@@ -34,7 +34,9 @@ def stack(tmp_path_factory):
     host["extensions"]["durableTask"]["defaultVersion"] = "1.1"
     old_host_json = run_dir / "host-1.1.json"
     old_host_json.write_text(json.dumps(host))
-    with Stack(Path(run_dir), overrides=SETTINGS, host_args=["--host-json", str(old_host_json)]) as stack:
+    with Stack(
+        Path(run_dir), overrides=SETTINGS, host_args=["--host-json", str(old_host_json)]
+    ) as stack:
         yield stack
 
 
@@ -43,13 +45,22 @@ async def test_an_attempt_in_flight_on_1_1_finishes_on_1_1_after_the_upgrade(sta
         old, new = e2e.orders(2)
         # The old order's payment is slow, so its 1.1 attempt is in flight
         # (charge-payment Running, its request with the agent) at the upgrade.
-        await e2e.fault(kind="latency", service="payment", operation="charge", order_id=old.OrderID,
-                        seconds=4, count=1)
+        await e2e.fault(
+            kind="latency",
+            service="payment",
+            operation="charge",
+            order_id=old.OrderID,
+            seconds=4,
+            count=1,
+        )
         await e2e.post([old])
         await e2e.wait_for(
-            lambda rs: old.OrderID in rs
-            and rs[old.OrderID].Steps["charge-payment"].Status is StepStatus.RUNNING,
-            what="the 1.1 attempt to be in flight")
+            lambda rs: (
+                old.OrderID in rs
+                and rs[old.OrderID].Steps["charge-payment"].Status is StepStatus.RUNNING
+            ),
+            what="the 1.1 attempt to be in flight",
+        )
 
         stack.host_args = []  # the repo's host.json: defaultVersion 2.0
         await asyncio.to_thread(stack.replace_host)
@@ -57,11 +68,19 @@ async def test_an_attempt_in_flight_on_1_1_finishes_on_1_1_after_the_upgrade(sta
 
         ids = {old.OrderID, new.OrderID}
         records = await e2e.wait_terminal(ids, revive=False)
-        assert {oid: r.ProcessState for oid, r in records.items()} == dict.fromkeys(ids, ProcessState.PROCESSED)
+        assert {oid: r.ProcessState for oid, r in records.items()} == dict.fromkeys(
+            ids, ProcessState.PROCESSED
+        )
         # The attempt in flight finished the order: no retry by a 2.0 attempt.
         assert records[old.OrderID].Attempt == 1
         assert records[old.OrderID].History[-1].By == f"{old.OrderID}:1"
         assert await e2e.check(ids) == []
         assert e2e.observed.replies[old.OrderID] == [
-            "Received", "Processing", "StepCompleted", "StepCompleted", "StepCompleted", "Processed"]
+            "Received",
+            "Processing",
+            "StepCompleted",
+            "StepCompleted",
+            "StepCompleted",
+            "Processed",
+        ]
         assert e2e.observed.replies[new.OrderID] == ["Received", "Processed"]

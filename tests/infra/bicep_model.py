@@ -84,9 +84,7 @@ def literal_int(value: Any) -> int:
     raise TypeError(f"not an int literal: {value!r}")
 
 
-_DURATION = re.compile(
-    r"^P(?:(?P<d>\d+)D)?(?:T(?:(?P<h>\d+)H)?(?:(?P<m>\d+)M)?(?:(?P<s>\d+)S)?)?$"
-)
+_DURATION = re.compile(r"^P(?:(?P<d>\d+)D)?(?:T(?:(?P<h>\d+)H)?(?:(?P<m>\d+)M)?(?:(?P<s>\d+)S)?)?$")
 
 
 def duration_seconds(iso: str) -> int:
@@ -143,7 +141,8 @@ def main_defaults() -> dict[str, Any]:
     return {
         name: spec["default"]
         for name, spec in doc["parameters"].items()
-        if isinstance(spec.get("default"), (int, str, list)) and not isinstance(spec.get("default"), bool)
+        if isinstance(spec.get("default"), (int, str, list))
+        and not isinstance(spec.get("default"), bool)
     }
 
 
@@ -180,7 +179,11 @@ def passthrough_defaults(module: str) -> dict[str, Any]:
     its timing variables."""
     defaults = {**main_defaults(), **main_timing()}
     params = module_params(parse(MAIN), module)
-    return {name: defaults[value] for name, value in params.items() if isinstance(value, str) and value in defaults}
+    return {
+        name: defaults[value]
+        for name, value in params.items()
+        if isinstance(value, str) and value in defaults
+    }
 
 
 def interpolate(template: str, names: dict[str, int]) -> str:
@@ -213,7 +216,10 @@ def evaluate(value: Any, env: dict[str, Any], doc: dict[str, Any]) -> Any:
             return [ev(x, scope) for x in v]
         if isinstance(v, dict) and "loop_type" in v:
             detail = v["loop_type"]["detail"]
-            return [ev(v["config"], {**scope, detail["item_name"]: item}) for item in ev(detail["array_name"], scope)]
+            return [
+                ev(v["config"], {**scope, detail["item_name"]: item})
+                for item in ev(detail["array_name"], scope)
+            ]
         if isinstance(v, dict) and "operator" in v:
             op, ops = v["operator"]["type"], v["operator"]["operands"]
             if op == "property_accessor":

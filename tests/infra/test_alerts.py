@@ -18,8 +18,16 @@ def _by_name(var: str) -> dict[str, dict]:
 
 def test_log_alerts_for_error_compensation_failed_and_backlog():
     alerts = _by_name("logAlerts")
-    assert set(alerts) == {"order-error", "order-compensation-failed", "pending-backlog", "client-impersonation"}
-    assert 'AlertKind in ("AppIdMismatch", "ReplyQueueNotAllowed")' in alerts["client-impersonation"]["query"]
+    assert set(alerts) == {
+        "order-error",
+        "order-compensation-failed",
+        "pending-backlog",
+        "client-impersonation",
+    }
+    assert (
+        'AlertKind in ("AppIdMismatch", "ReplyQueueNotAllowed")'
+        in alerts["client-impersonation"]["query"]
+    )
     assert 'AlertKind == "OrderError"' in alerts["order-error"]["query"]
     assert 'AlertKind == "CompensationFailed"' in alerts["order-compensation-failed"]["query"]
     assert alerts["pending-backlog"]["threshold"] == "pendingBacklogThreshold"
@@ -28,23 +36,37 @@ def test_log_alerts_for_error_compensation_failed_and_backlog():
 def test_queue_metric_alerts_for_dead_letters_and_pending_work():
     alerts = _by_name("queueAlerts")
     dead = alerts["dead-lettered-messages"]
-    assert (dead["metricName"], dead["entities"], dead["threshold"]) == ("DeadletteredMessages", ["*"], 0)
+    assert (dead["metricName"], dead["entities"], dead["threshold"]) == (
+        "DeadletteredMessages",
+        ["*"],
+        0,
+    )
     assert alerts["operator-alerts-pending"]["entities"] == ["alerts"]
     # Every ingress queue, and only those: there is no shared `orders` queue.
     assert alerts["orders-queue-backlog"]["entities"] == "ingressQueueNames"
     # main.bicep passes messaging.outputs.ingressQueueNames (pycep nests `a.b.c` as a.(b.c)).
     passed = module_params(parse(MAIN), "alerts")["ingressQueueNames"]["operator"]["operands"]
     assert passed["operand_1"] == "messaging"
-    assert passed["operand_2"]["operator"]["operands"] == {"operand_1": "outputs", "operand_2": "ingressQueueNames"}
+    assert passed["operand_2"]["operator"]["operands"] == {
+        "operand_1": "outputs",
+        "operand_2": "ingressQueueNames",
+    }
     # An empty list would be an alert rule with no dimension value: refused at deployment time.
-    assert {"type": "min_length", "argument": 1} in parse(ALERTS)["parameters"]["ingressQueueNames"]["decorators"]
-    assert {"type": "min_length", "argument": 1} in parse(MAIN)["parameters"]["clientApplications"]["decorators"]
+    assert {"type": "min_length", "argument": 1} in parse(ALERTS)["parameters"][
+        "ingressQueueNames"
+    ]["decorators"]
+    assert {"type": "min_length", "argument": 1} in parse(MAIN)["parameters"]["clientApplications"][
+        "decorators"
+    ]
 
 
 def test_backlog_alert_fires_before_admission_control_rejects():
     params = parse(MAIN)["parameters"]
     assert "pendingBacklogLimit" in str(params["pendingBacklogAlertThreshold"]["default"])
-    assert module_params(parse(MAIN), "alerts")["pendingBacklogThreshold"] == "pendingBacklogAlertThreshold"
+    assert (
+        module_params(parse(MAIN), "alerts")["pendingBacklogThreshold"]
+        == "pendingBacklogAlertThreshold"
+    )
 
 
 def test_queries_match_the_apps_log_messages():
@@ -61,16 +83,23 @@ def test_queries_match_the_apps_log_messages():
     # their alert from the record's outbox, with these kinds.
     outbox = (ROOT / "reporting" / "status.py").read_text()
     assert '"OrderError"' in outbox and '"CompensationFailed"' in outbox
-    assert '"starter: pending=%d processing=%d' in (ROOT / "orchestrators" / "starter.py").read_text()
+    assert (
+        '"starter: pending=%d processing=%d' in (ROOT / "orchestrators" / "starter.py").read_text()
+    )
 
 
 def test_the_backlog_alert_reads_the_backlog_metric():
     query = variable(parse(ALERTS), "pendingGauge")
-    assert 'customMetrics' in query
-    assert 'name == "orders.backlog"' in query and 'customDimensions["state"]) == "Pending"' in query
+    assert "customMetrics" in query
+    assert (
+        'name == "orders.backlog"' in query and 'customDimensions["state"]) == "Pending"' in query
+    )
     telemetry = (ROOT / "adapters" / "telemetry.py").read_text()
     assert '"orders.backlog"' in telemetry
-    assert '.backlog.set(report.pending, {"state": "Pending"})' in (ROOT / "orchestrators" / "starter.py").read_text()
+    assert (
+        '.backlog.set(report.pending, {"state": "Pending"})'
+        in (ROOT / "orchestrators" / "starter.py").read_text()
+    )
 
 
 def test_alert_rules_notify_the_action_group():

@@ -79,9 +79,15 @@ DEPLOYMENT_SPECIFIC = {"REMOTE_SERVICE_URL": "remoteServiceUrl"}
 PARAM_NAMES = {"TASKHUB_NAME": "taskHubName"}
 # Settings main.bicep derives from its parameter of the same meaning (raised
 # to the Flex floor) before passing it on: main.bicep variable per parameter.
-DERIVED = {"claimTimeoutSeconds": "azureClaimTimeoutSeconds", "stepTimeoutSeconds": "azureStepTimeoutSeconds"}
+DERIVED = {
+    "claimTimeoutSeconds": "azureClaimTimeoutSeconds",
+    "stepTimeoutSeconds": "azureStepTimeoutSeconds",
+}
 # Names whose Azure value is a schedule built from an interval parameter.
-SCHEDULES = {"STARTER_SCHEDULE": "starterIntervalSeconds", "SUPERVISOR_SCHEDULE": "supervisorIntervalSeconds"}
+SCHEDULES = {
+    "STARTER_SCHEDULE": "starterIntervalSeconds",
+    "SUPERVISOR_SCHEDULE": "supervisorIntervalSeconds",
+}
 # Forms that would put a key or connection string in settings, or that Flex
 # Consumption refuses.
 FORBIDDEN = {
@@ -117,14 +123,18 @@ PLAIN = sorted(
 
 def test_every_template_setting_is_mapped():
     """A new setting in the template must be placed in one of the groups above."""
-    assert set(template_settings()) <= LOCAL_ONLY | RUNTIME | set(IDENTITY_FORMS) | {"COSMOS_VERIFY_TLS"} | set(PLAIN)
+    assert set(template_settings()) <= LOCAL_ONLY | RUNTIME | set(IDENTITY_FORMS) | {
+        "COSMOS_VERIFY_TLS"
+    } | set(PLAIN)
     assert PLAIN, "the template has plain settings"
 
 
 @pytest.mark.parametrize("name", sorted(IDENTITY_FORMS))
 def test_connections_are_identity_based(name: str):
     settings = app_settings()
-    assert IDENTITY_FORMS[name] <= set(settings), f"{name}: Azure sets none of {IDENTITY_FORMS[name]}"
+    assert IDENTITY_FORMS[name] <= set(settings), (
+        f"{name}: Azure sets none of {IDENTITY_FORMS[name]}"
+    )
     assert name not in settings
 
 
@@ -155,9 +165,13 @@ def test_plain_setting_default_equals_template(name: str):
     # (or the Flex-adjusted value derived from it).
     assert module_params(parse(MAIN), "api")[param] == DERIVED.get(param, param)
     if name in DEPLOYMENT_SPECIFIC:
-        assert parse(MAIN)["parameters"][param]["default"] is None, f"{param} must be given per deployment"
+        assert parse(MAIN)["parameters"][param]["default"] is None, (
+            f"{param} must be given per deployment"
+        )
         return
-    assert str(defaults[param]) == template, f"{name}: Bicep default {defaults[param]!r}, template {template!r}"
+    assert str(defaults[param]) == template, (
+        f"{name}: Bicep default {defaults[param]!r}, template {template!r}"
+    )
 
 
 def test_forbidden_setting_names_are_absent():
@@ -197,11 +211,17 @@ def test_settings_the_design_adds():
     assert settings["RECOVERY_INDEX_CONTAINER_NAME"] == "recoveryIndexContainerName"
     assert main_defaults()["recoveryIndexContainerName"] == "recoveryIndex"
     assert "OrdersDbConnection__accountEndpoint" in settings
-    assert settings["APPLICATIONINSIGHTS_AUTHENTICATION_STRING"] == "ClientId=${identityClientId};Authorization=AAD"
+    assert (
+        settings["APPLICATIONINSIGHTS_AUTHENTICATION_STRING"]
+        == "ClientId=${identityClientId};Authorization=AAD"
+    )
     assert accessor(settings["APPLICATIONINSIGHTS_CONNECTION_STRING"]) is not None
 
 
-@pytest.mark.parametrize("connection", ["AzureWebJobsStorage", "ServiceBusConnection", "CosmosDbConnection", "OrdersDbConnection"])
+@pytest.mark.parametrize(
+    "connection",
+    ["AzureWebJobsStorage", "ServiceBusConnection", "CosmosDbConnection", "OrdersDbConnection"],
+)
 def test_every_connection_names_the_user_assigned_identity(connection: str):
     """With a user-assigned identity the host needs <connection>__clientId, or it
     looks for a system-assigned identity the app does not have."""
@@ -216,7 +236,10 @@ def test_sdk_clients_use_the_user_assigned_identity():
     main = module_params(parse(MAIN), "api")
     assert main["identityClientId"]["operator"]["operands"]["operand_1"] == "identity"
     site = parse(FLEX)["resources"]["site"]["config"]
-    assert site["identity"] == {"type": "UserAssigned", "userAssignedIdentities": {"'${identityId}'": {}}}
+    assert site["identity"] == {
+        "type": "UserAssigned",
+        "userAssignedIdentities": {"'${identityId}'": {}},
+    }
 
 
 def test_opentelemetry_reaches_application_insights():
@@ -228,7 +251,12 @@ def test_opentelemetry_reaches_application_insights():
 
 def _backend_settings() -> dict:
     ops = variable(parse(API), "durableBackendSettings")["operator"]["operands"]
-    assert ops["condition"] == {"operator": {"type": "equals", "operands": {"operand_1": "durableBackend", "operand_2": "durableTaskScheduler"}}}
+    assert ops["condition"] == {
+        "operator": {
+            "type": "equals",
+            "operands": {"operand_1": "durableBackend", "operand_2": "durableTaskScheduler"},
+        }
+    }
     return ops
 
 
@@ -257,17 +285,27 @@ def test_scheduler_resources_exist_only_for_that_backend():
     main = parse(MAIN)
     dts = main["modules"]["durableTaskScheduler"]
     assert dts["config"]["condition"] == "useScheduler"
-    assert variable(main, "useScheduler") == {"operator": {"type": "equals", "operands": {"operand_1": "durableBackend", "operand_2": "durableTaskScheduler"}}}
+    assert variable(main, "useScheduler") == {
+        "operator": {
+            "type": "equals",
+            "operands": {"operand_1": "durableBackend", "operand_2": "durableTaskScheduler"},
+        }
+    }
     params = dts["config"]["config"]["params"]
     assert params["taskHubName"] == "taskHubName"
     assert params["ipAllowlist"] == "durableTaskSchedulerIpAllowlist"
     scheduler = parse(INFRA / "core" / "durable" / "durable-task-scheduler.bicep")
-    assert scheduler["resources"]["scheduler"]["config"]["properties"]["ipAllowlist"] == "ipAllowlist"
+    assert (
+        scheduler["resources"]["scheduler"]["config"]["properties"]["ipAllowlist"] == "ipAllowlist"
+    )
     allow = scheduler["parameters"]["ipAllowlist"]
     assert {"type": "min_length", "argument": 1} in allow["decorators"] or any(
         d["type"] in ("minLength", "min_length") and d["argument"] == 1 for d in allow["decorators"]
     ), "an empty allow-list admits nobody"
-    assert scheduler["resources"]["taskHub"]["config"] == {"parent": "scheduler", "name": "taskHubName"}
+    assert scheduler["resources"]["taskHub"]["config"] == {
+        "parent": "scheduler",
+        "name": "taskHubName",
+    }
 
 
 def test_ingress_registry_is_built_from_client_applications():
@@ -275,19 +313,30 @@ def test_ingress_registry_is_built_from_client_applications():
     it creates; with main.bicep's default applications it equals the template's
     (so Submit listens on the same queues locally and in Azure)."""
     settings = app_settings()
-    assert function_call(settings["ORDER_INGRESS_QUEUES"]) == ("string", {"value_to_convert": "ingressQueueRegistry"})
+    assert function_call(settings["ORDER_INGRESS_QUEUES"]) == (
+        "string",
+        {"value_to_convert": "ingressQueueRegistry"},
+    )
     passed = module_params(parse(MAIN), "api")["ingressQueueRegistry"]["operator"]["operands"]
     assert passed["operand_1"] == "messaging"
-    assert passed["operand_2"]["operator"]["operands"] == {"operand_1": "outputs", "operand_2": "ingressQueueRegistry"}
+    assert passed["operand_2"]["operator"]["operands"] == {
+        "operand_1": "outputs",
+        "operand_2": "ingressQueueRegistry",
+    }
     messaging = parse(INFRA / "app" / "messaging.bicep")
-    registry = evaluate(messaging["outputs"]["ingressQueueRegistry"]["value"],
-                        {"clientApplications": main_defaults()["clientApplications"]}, messaging)
+    registry = evaluate(
+        messaging["outputs"]["ingressQueueRegistry"]["value"],
+        {"clientApplications": main_defaults()["clientApplications"]},
+        messaging,
+    )
     assert registry == json.loads(template_settings()["ORDER_INGRESS_QUEUES"])
     # The queues the registry names are the ones messaging.bicep creates.
     ingress = variable(messaging, "ingressQueues")
     item = ingress["loop_type"]["detail"]["item_name"]
     assert ingress["config"]["name"] == f"orders-${{{item}.appId}}"
-    assert set(registry.values()) == {f"orders-{app['appId']}" for app in main_defaults()["clientApplications"]}
+    assert set(registry.values()) == {
+        f"orders-{app['appId']}" for app in main_defaults()["clientApplications"]
+    }
 
 
 # --- every setting the app reads is set in Azure, or excluded here with a reason ---
@@ -308,7 +357,12 @@ NOT_SET_IN_AZURE = {
 }
 # Set by the platform, not by us.
 PLATFORM = {"IDENTITY_ENDPOINT", "MSI_ENDPOINT", "WEBSITE_SITE_NAME"}
-_ENV_FUNCS = {"_int": 1, "_bool": 1, "_choice": 1, "_float": 1}  # helper -> index of the name argument
+_ENV_FUNCS = {
+    "_int": 1,
+    "_bool": 1,
+    "_choice": 1,
+    "_float": 1,
+}  # helper -> index of the name argument
 
 
 def _is_environment(node: ast.AST) -> bool:
@@ -329,7 +383,11 @@ def setting_names_in_source(source: str) -> tuple[set[str], int]:
     tree = ast.parse(source)
     constants: dict[str, str] = {}
     for node in tree.body:
-        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
+        if (
+            isinstance(node, ast.Assign)
+            and isinstance(node.value, ast.Constant)
+            and isinstance(node.value.value, str)
+        ):
             for target in node.targets:
                 if isinstance(target, ast.Name):
                     constants[target.id] = node.value.value
@@ -344,8 +402,11 @@ def setting_names_in_source(source: str) -> tuple[set[str], int]:
             for value in arg.values:
                 if isinstance(value, ast.Constant):
                     parts.append(str(value.value))
-                elif isinstance(value, ast.FormattedValue) and isinstance(value.value, ast.Name) \
-                        and value.value.id in constants:
+                elif (
+                    isinstance(value, ast.FormattedValue)
+                    and isinstance(value.value, ast.Name)
+                    and value.value.id in constants
+                ):
                     parts.append(constants[value.value.id])
                 else:
                     return None
@@ -358,11 +419,20 @@ def setting_names_in_source(source: str) -> tuple[set[str], int]:
         arg = None
         if isinstance(node, ast.Call):
             func = node.func
-            if isinstance(func, ast.Attribute) and func.attr == "get" and _is_environment(func.value) and node.args:
+            if (
+                isinstance(func, ast.Attribute)
+                and func.attr == "get"
+                and _is_environment(func.value)
+                and node.args
+            ):
                 arg = node.args[0]
             elif isinstance(func, ast.Attribute) and func.attr == "getenv" and node.args:
                 arg = node.args[0]
-            elif isinstance(func, ast.Name) and func.id in _ENV_FUNCS and len(node.args) > _ENV_FUNCS[func.id]:
+            elif (
+                isinstance(func, ast.Name)
+                and func.id in _ENV_FUNCS
+                and len(node.args) > _ENV_FUNCS[func.id]
+            ):
                 arg = node.args[_ENV_FUNCS[func.id]]
         elif isinstance(node, ast.Subscript) and _is_environment(node.value):
             arg = node.slice
@@ -400,12 +470,14 @@ def _azure_like_environment() -> dict[str, str]:
     """The template's values in the shape Azure has: identity-based
     connections instead of connection strings."""
     values = {k: v for k, v in template_settings().items() if k not in IDENTITY_FORMS}
-    values.update({
-        "ServiceBusConnection__fullyQualifiedNamespace": "sb-orders.servicebus.windows.net",
-        "CosmosDbConnection__accountEndpoint": "https://cosmos-orders.documents.azure.com:443/",
-        "OrdersDbConnection__accountEndpoint": "https://cosmos-orders.documents.azure.com:443/",
-        "AZURE_CLIENT_ID": "00000000-0000-0000-0000-000000000001",
-    })
+    values.update(
+        {
+            "ServiceBusConnection__fullyQualifiedNamespace": "sb-orders.servicebus.windows.net",
+            "CosmosDbConnection__accountEndpoint": "https://cosmos-orders.documents.azure.com:443/",
+            "OrdersDbConnection__accountEndpoint": "https://cosmos-orders.documents.azure.com:443/",
+            "AZURE_CLIENT_ID": "00000000-0000-0000-0000-000000000001",
+        }
+    )
     return values
 
 
@@ -437,8 +509,11 @@ def test_settings_read_with_computed_names_are_set():
     env = _RecordingEnv(_azure_like_environment())
     load_settings(env)
     ingress_queues(env)
-    assert {"CosmosDbConnection__accountEndpoint", "ServiceBusConnection__fullyQualifiedNamespace",
-            "ORDER_INGRESS_QUEUES"} <= env.read
+    assert {
+        "CosmosDbConnection__accountEndpoint",
+        "ServiceBusConnection__fullyQualifiedNamespace",
+        "ORDER_INGRESS_QUEUES",
+    } <= env.read
     assert _missing_in_azure(env.read) == set(), env.read
     assert set(MANAGED_IDENTITY_ENDPOINTS) <= PLATFORM
 
@@ -454,7 +529,13 @@ def test_the_check_catches_a_setting_missing_from_bicep():
     )
     names, _ = setting_names_in_source(source)
     assert _missing_in_azure(names) == {
-        "NEW_PLAIN", "NEW_INT", "NEW_INDEXED", "NEW_FROM_CONSTANT__suffix", "NEW_OS", "NEW_FROM_CONSTANT"}
+        "NEW_PLAIN",
+        "NEW_INT",
+        "NEW_INDEXED",
+        "NEW_FROM_CONSTANT__suffix",
+        "NEW_OS",
+        "NEW_FROM_CONSTANT",
+    }
 
 
 def test_host_json_setting_references_are_set():
@@ -473,5 +554,7 @@ def test_reply_queue_registry_is_built_from_client_applications():
     assert accessor(key["expression"]) == (key["var_1"], "appId")
     assert accessor(value["expression"]) == (value["var_1"], "replyQueueName")
     # With main.bicep's default client applications, the registry equals the template's.
-    registry = {app["appId"]: app["replyQueueName"] for app in main_defaults()["clientApplications"]}
+    registry = {
+        app["appId"]: app["replyQueueName"] for app in main_defaults()["clientApplications"]
+    }
     assert registry == json.loads(template_settings()["REPLY_QUEUE_REGISTRY"])

@@ -61,8 +61,12 @@ def test_pycep_parses(path: Path):
 
 
 def _tree_sitter_parser():
-    ts = pytest.importorskip("tree_sitter", reason="tree-sitter is not installed (requirements-dev.txt)")
-    tsb = pytest.importorskip("tree_sitter_bicep", reason="tree-sitter-bicep is not installed (requirements-dev.txt)")
+    ts = pytest.importorskip(
+        "tree_sitter", reason="tree-sitter is not installed (requirements-dev.txt)"
+    )
+    tsb = pytest.importorskip(
+        "tree_sitter_bicep", reason="tree-sitter-bicep is not installed (requirements-dev.txt)"
+    )
     return ts.Parser(ts.Language(tsb.language()))
 
 
@@ -107,7 +111,9 @@ def _nested_children(path: Path) -> list[str]:
 @pytest.mark.parametrize("path", FILES, ids=IDS)
 def test_resource_types_and_api_versions_are_known(path: Path):
     for symbol, rtype, version in _resources(parse(path)):
-        assert (rtype, version) in KNOWN_API_VERSIONS, f"{path.name}: {symbol} uses {rtype}@{version}"
+        assert (rtype, version) in KNOWN_API_VERSIONS, (
+            f"{path.name}: {symbol} uses {rtype}@{version}"
+        )
     for child in _nested_children(path):
         assert child in {"config", "blobServices", "containers"}, f"{path.name}: nested {child}"
 
@@ -134,16 +140,22 @@ def test_module_calls_match_module_parameters(path: Path, symbol: str, module: d
         config = config["config"]
     given = set(config.get("params", {}))
     unknown = given - set(declared)
-    assert not unknown, f"{symbol} passes parameters {target.name} does not declare: {sorted(unknown)}"
+    assert not unknown, (
+        f"{symbol} passes parameters {target.name} does not declare: {sorted(unknown)}"
+    )
     # pycep reports a parameter without a default as default None.
     required = {name for name, spec in declared.items() if spec.get("default") is None}
     missing = required - given
-    assert not missing, f"{symbol} leaves required parameters of {target.name} unset: {sorted(missing)}"
+    assert not missing, (
+        f"{symbol} leaves required parameters of {target.name} unset: {sorted(missing)}"
+    )
 
 
 @pytest.mark.parametrize("path", FILES, ids=IDS)
 def test_imports_resolve_to_exported_types(path: Path):
-    for names, source in re.findall(r"^import \{([^}]*)\} from '([^']+)'", path.read_text(), re.MULTILINE):
+    for names, source in re.findall(
+        r"^import \{([^}]*)\} from '([^']+)'", path.read_text(), re.MULTILINE
+    ):
         target = (path.parent / source).resolve()
         assert target.is_file(), f"{path.name} imports from missing {source}"
         exported = re.findall(r"@export\(\)\s*(?:@[^\n]*\n\s*)*type (\w+)", target.read_text())

@@ -17,8 +17,11 @@ API = INFRA / "app" / "api.bicep"
 
 def _auth() -> dict:
     resources = parse(FLEX)["resources"]
-    (auth,) = [r["config"] for r in resources.values()
-               if r["type"] == "Microsoft.Web/sites/config" and r["config"].get("name") == "authsettingsV2"]
+    (auth,) = [
+        r["config"]
+        for r in resources.values()
+        if r["type"] == "Microsoft.Web/sites/config" and r["config"].get("name") == "authsettingsV2"
+    ]
     assert auth["parent"] == "site"
     return auth["properties"]
 
@@ -42,7 +45,10 @@ def test_authentication_is_on_and_required():
     validation = auth["globalValidation"]
     assert validation["requireAuthentication"] is True
     # Never anonymous, whether or not a client id was given.
-    assert set(_branches(validation["unauthenticatedClientAction"])) <= {"Return401", "RedirectToLoginPage"}
+    assert set(_branches(validation["unauthenticatedClientAction"])) <= {
+        "Return401",
+        "RedirectToLoginPage",
+    }
     assert validation["excludedPaths"] == "authExcludedPaths"
     assert auth["httpSettings"]["requireHttps"] is True
 
@@ -50,7 +56,10 @@ def test_authentication_is_on_and_required():
 def test_operators_sign_in_with_entra_id_of_this_tenant():
     aad = _auth()["identityProviders"]["azureActiveDirectory"]
     assert aad["registration"]["clientId"] == "authClientId"
-    assert aad["registration"]["openIdIssuer"] == "${environment().authentication.loginEndpoint}${tenant().tenantId}/v2.0"
+    assert (
+        aad["registration"]["openIdIssuer"]
+        == "${environment().authentication.loginEndpoint}${tenant().tenantId}/v2.0"
+    )
     assert "clientSecretSettingName" not in aad["registration"], "no client secret is stored"
     allowed = aad["validation"]["defaultAuthorizationPolicy"]["allowedPrincipals"]
     assert allowed == {"identities": "authAllowedIdentities", "groups": "authAllowedGroups"}
@@ -61,12 +70,17 @@ def test_operators_sign_in_with_entra_id_of_this_tenant():
     assert given["consoleAuthClientId"]["value"] == "${CONSOLE_AUTH_CLIENT_ID}"
     api = module_params(parse(API), "functionApp")
     assert (api["authClientId"], api["authAllowedIdentities"], api["authAllowedGroups"]) == (
-        "consoleAuthClientId", "consoleAllowedIdentities", "consoleAllowedGroups")
+        "consoleAuthClientId",
+        "consoleAllowedIdentities",
+        "consoleAllowedGroups",
+    )
     main = parse(MAIN)
     for kind, expected in (("User", (["me", "ops"], [])), ("Group", ([], ["me", "ops"]))):
         env = {"operatorPrincipalType": kind, "principalId": "me", "operatorPrincipalIds": "ops"}
-        got = (evaluate(params["consoleAllowedIdentities"], env, main),
-               evaluate(params["consoleAllowedGroups"], env, main))
+        got = (
+            evaluate(params["consoleAllowedIdentities"], env, main),
+            evaluate(params["consoleAllowedGroups"], env, main),
+        )
         assert got == expected, kind
 
 
@@ -79,8 +93,14 @@ def test_only_the_hosts_key_protected_endpoints_skip_sign_in():
     assert sorted(_excluded()) == ["/admin/*", "/runtime/webhooks/durabletask/*"]
     assert _covered("/runtime/webhooks/durabletask/instances/O-1:1")
     assert _covered("/admin/host/status")
-    for path in ("/api/console", "/api/console/orders/O-1", "/api/console/orders/O-1/resubmit",
-                 "/api/console/static/console.css", "/", "/api/anything"):
+    for path in (
+        "/api/console",
+        "/api/console/orders/O-1",
+        "/api/console/orders/O-1/resubmit",
+        "/api/console/static/console.css",
+        "/",
+        "/api/anything",
+    ):
         assert not _covered(path), path
 
 
@@ -88,10 +108,16 @@ def test_the_console_is_the_apps_only_http_function():
     """excludedPaths exempts no /api path: an HTTP function added outside the
     console would need a signed-in operator too. This fails when one appears,
     so whoever adds it decides (function key via an exclusion, or sign-in)."""
-    product = [p for p in ROOT.glob("**/*.py")
-               if not {".venv", "tests", "devstack", "node_modules"} & set(p.relative_to(ROOT).parts)]
-    routes = {p.relative_to(ROOT).as_posix() for p in product
-              if re.search(r"\.route\(", p.read_text(errors="replace"))}
+    product = [
+        p
+        for p in ROOT.glob("**/*.py")
+        if not {".venv", "tests", "devstack", "node_modules"} & set(p.relative_to(ROOT).parts)
+    ]
+    routes = {
+        p.relative_to(ROOT).as_posix()
+        for p in product
+        if re.search(r"\.route\(", p.read_text(errors="replace"))
+    }
     assert routes == {"console/functions.py"}, routes
     text = (ROOT / "console" / "functions.py").read_text()
     assert set(re.findall(r'route="([^"/{]+)', text)) == {"console"}
@@ -127,7 +153,9 @@ def test_the_console_is_off_in_azure_until_authentication_is_confirmed():
     assert module_params(main, "api")["consoleAuthConfirmed"] == "consoleAuthConfirmed"
     api = parse(API)
     assert variable(api, "baseSettings")["CONSOLE_AUTH_CONFIRMED"] == "consoleAuthConfirmed"
-    assert {"type": "allowed", "argument": ["true", "false"]} in api["parameters"]["consoleAuthConfirmed"]["decorators"]
+    assert {"type": "allowed", "argument": ["true", "false"]} in api["parameters"][
+        "consoleAuthConfirmed"
+    ]["decorators"]
     # The app reads the same name, and only an exact "true" turns the console on.
     from console import security
 
@@ -140,4 +168,7 @@ def test_the_console_is_off_in_azure_until_authentication_is_confirmed():
     # The README states the finding and its source.
     readme = (INFRA / "README.md").read_text()
     assert "CONSOLE_AUTH_CONFIRMED" in readme
-    assert "https://learn.microsoft.com/azure/azure-functions/flex-consumption-plan#considerations" in readme
+    assert (
+        "https://learn.microsoft.com/azure/azure-functions/flex-consumption-plan#considerations"
+        in readme
+    )

@@ -70,7 +70,10 @@ def test_databases_get_their_containers():
     state = module_params(doc, "stateDatabase")
     orders = module_params(doc, "ordersDatabase")
     assert (state["databaseName"], state["containers"]) == ("stateDatabaseName", "stateContainers")
-    assert (orders["databaseName"], orders["containers"]) == ("ordersDatabaseName", "ordersContainers")
+    assert (orders["databaseName"], orders["containers"]) == (
+        "ordersDatabaseName",
+        "ordersContainers",
+    )
     container = parse(DATABASE)["resources"]["containerResources"]["config"]
     assert container["loop_type"]["detail"]["array_name"] == "containers"
 
@@ -108,5 +111,11 @@ def test_azure_containers_match_what_the_app_creates_locally():
     assert state["indexingPolicy"] == cosmos_client.STATE_INDEXING_POLICY
     assert literal_int(state["defaultTtl"]) == cosmos_client.STATE_DEFAULT_TTL
     assert state["partitionKeyPath"] == cosmos_client.PARTITION_KEY_PATH
-    assert containers("ordersContainers")["orders"]["partitionKeyPath"] == cosmos_client.PARTITION_KEY_PATH
-    assert containers("stateContainers")["recoveryIndex"]["partitionKeyPath"] == recovery_index.PARTITION_KEY_PATH
+    assert (
+        containers("ordersContainers")["orders"]["partitionKeyPath"]
+        == cosmos_client.PARTITION_KEY_PATH
+    )
+    assert (
+        containers("stateContainers")["recoveryIndex"]["partitionKeyPath"]
+        == recovery_index.PARTITION_KEY_PATH
+    )

@@ -23,7 +23,10 @@ def _close(credential) -> None:
 
 
 def test_settings_read_the_client_id_the_template_sets():
-    assert variable(parse(INFRA / "app" / "api.bicep"), "baseSettings")["AZURE_CLIENT_ID"] == "identityClientId"
+    assert (
+        variable(parse(INFRA / "app" / "api.bicep"), "baseSettings")["AZURE_CLIENT_ID"]
+        == "identityClientId"
+    )
     assert load_settings({**LOCAL, "AZURE_CLIENT_ID": "1111"}).managed_identity_client_id == "1111"
     assert load_settings(LOCAL).managed_identity_client_id is None
 

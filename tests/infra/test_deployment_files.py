@@ -32,8 +32,12 @@ def test_parameters_file_client_list_matches_the_default_queues():
 
 def test_azure_yaml_deploys_the_function_app_from_the_root():
     text = (ROOT / "azure.yaml").read_text()
-    assert re.search(r"^infra:\n  provider: bicep\n  path: infra\n  module: main$", text, re.MULTILINE)
-    assert re.search(r"^  api:\n    project: \.\n    language: python\n    host: function$", text, re.MULTILINE)
+    assert re.search(
+        r"^infra:\n  provider: bicep\n  path: infra\n  module: main$", text, re.MULTILINE
+    )
+    assert re.search(
+        r"^  api:\n    project: \.\n    language: python\n    host: function$", text, re.MULTILINE
+    )
     # azd finds the app by this tag.
     assert "'azd-service-name': 'api'" in (INFRA / "app" / "api.bicep").read_text()
 
@@ -52,8 +56,20 @@ def _ignored() -> set[str]:
 
 def test_funcignore_keeps_tooling_state_and_caches_out_of_the_package():
     ignored = _ignored()
-    for entry in (".azure/", ".venv/", ".python_packages/", "__pycache__/", ".pytest_cache/",
-                  ".ruff_cache/", "cli/", "tests/", "devstack/", "bench/", "infra/", "local.settings.json"):
+    for entry in (
+        ".azure/",
+        ".venv/",
+        ".python_packages/",
+        "__pycache__/",
+        ".pytest_cache/",
+        ".ruff_cache/",
+        "cli/",
+        "tests/",
+        "devstack/",
+        "bench/",
+        "infra/",
+        "local.settings.json",
+    ):
         assert entry in ignored, entry
 
 
@@ -79,8 +95,16 @@ def test_funcignore_keeps_everything_the_app_imports():
         if name in seen:
             continue
         seen.add(name)
-        files = [ROOT / f"{name}.py"] if (ROOT / f"{name}.py").exists() else sorted((ROOT / name).rglob("*.py"))
+        files = (
+            [ROOT / f"{name}.py"]
+            if (ROOT / f"{name}.py").exists()
+            else sorted((ROOT / name).rglob("*.py"))
+        )
         for file in files:
-            todo += [n for n in _top_level_imports(file) if (ROOT / n).is_dir() or (ROOT / f"{n}.py").exists()]
+            todo += [
+                n
+                for n in _top_level_imports(file)
+                if (ROOT / n).is_dir() or (ROOT / f"{n}.py").exists()
+            ]
     assert "domain" in seen and "submit" in seen
     assert not seen & ignored, seen & ignored

@@ -90,17 +90,38 @@ def test_the_source_itself_is_beyond_those_limits():
     [("P7D", "PT1H"), ("PT1M", "PT5M"), ("PT30M", "PT30M")],
 )
 def test_ttl_is_clamped_into_range(value: str, expected: str):
-    source = {"UserConfig": {"Namespaces": [{"Name": "sbemulatorns", "Queues": [
-        {"Name": "q", "Properties": {"DefaultMessageTimeToLive": value, "MaxDeliveryCount": 50, "MaxMessageCount": 3}}
-    ]}], "Logging": {"Type": "File"}}}
-    (queue,) = gen.official_config(source, gen.load_schema())["UserConfig"]["Namespaces"][0]["Queues"]
+    source = {
+        "UserConfig": {
+            "Namespaces": [
+                {
+                    "Name": "sbemulatorns",
+                    "Queues": [
+                        {
+                            "Name": "q",
+                            "Properties": {
+                                "DefaultMessageTimeToLive": value,
+                                "MaxDeliveryCount": 50,
+                                "MaxMessageCount": 3,
+                            },
+                        }
+                    ],
+                }
+            ],
+            "Logging": {"Type": "File"},
+        }
+    }
+    (queue,) = gen.official_config(source, gen.load_schema())["UserConfig"]["Namespaces"][0][
+        "Queues"
+    ]
     assert queue["Properties"] == {"DefaultMessageTimeToLive": expected, "MaxDeliveryCount": 10}
 
 
 def test_a_broken_generator_fails_the_schema_checks():
     bad = generated()
     bad["UserConfig"]["Namespaces"][0]["Queues"][0]["Properties"]["MaxDeliveryCount"] = 11
-    bad["UserConfig"]["Namespaces"][0]["Queues"][1]["Properties"]["DefaultMessageTimeToLive"] = "P1D"
+    bad["UserConfig"]["Namespaces"][0]["Queues"][1]["Properties"]["DefaultMessageTimeToLive"] = (
+        "P1D"
+    )
     assert len(limit_violations(bad)) == 2
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.Draft7Validator(python_schema()).validate(bad)
@@ -116,6 +137,8 @@ def test_same_queues_and_both_files_read_by_the_projects_emulator():
 
 
 def test_compose_mounts_the_generated_file():
-    mount = '"./devstack/docker/servicebus-config.json:/ServiceBus_Emulator/ConfigFiles/Config.json:ro"'
+    mount = (
+        '"./devstack/docker/servicebus-config.json:/ServiceBus_Emulator/ConfigFiles/Config.json:ro"'
+    )
     assert mount in COMPOSE.read_text()
     assert "./devstack/servicebus/Config.json:" not in COMPOSE.read_text()

@@ -25,12 +25,17 @@ def test_basic_publishing_credentials_are_off():
 
 def _diagnostics(path):
     doc = parse(path)
-    (diag,) = [r for r in doc["resources"].values() if r["type"] == "Microsoft.Insights/diagnosticSettings"]
+    (diag,) = [
+        r for r in doc["resources"].values() if r["type"] == "Microsoft.Insights/diagnosticSettings"
+    ]
     return diag
 
 
 def test_service_bus_and_cosmos_send_diagnostic_logs():
-    for file, target in (("core/messaging/servicebus.bicep", "namespace"), ("core/database/cosmos-account.bicep", "account")):
+    for file, target in (
+        ("core/messaging/servicebus.bicep", "namespace"),
+        ("core/database/cosmos-account.bicep", "account"),
+    ):
         diag = _diagnostics(INFRA / file)
         config = diag["config"]["config"] if "condition" in diag["config"] else diag["config"]
         assert config["scope"] == target, file
@@ -41,14 +46,25 @@ def test_service_bus_and_cosmos_send_diagnostic_logs():
     main = parse(MAIN)
     for module in ("messaging", "stateStore"):
         assert "logAnalyticsWorkspaceId" in json.dumps(module_params(main, module)), module
-    assert module_params(parse(INFRA / "app" / "messaging.bicep"), "namespace")["logAnalyticsWorkspaceId"] == "logAnalyticsWorkspaceId"
+    assert (
+        module_params(parse(INFRA / "app" / "messaging.bicep"), "namespace")[
+            "logAnalyticsWorkspaceId"
+        ]
+        == "logAnalyticsWorkspaceId"
+    )
 
 
 def test_cosmos_accounts_keep_continuous_backup():
     account = parse(INFRA / "core" / "database" / "cosmos-account.bicep")
     props = account["resources"]["account"]["config"]["properties"]
-    assert props["backupPolicy"] == {"type": "Continuous", "continuousModeProperties": {"tier": "continuousBackupTier"}}
-    assert account["parameters"]["continuousBackupTier"]["default"] in ("Continuous7Days", "Continuous30Days")
+    assert props["backupPolicy"] == {
+        "type": "Continuous",
+        "continuousModeProperties": {"tier": "continuousBackupTier"},
+    }
+    assert account["parameters"]["continuousBackupTier"]["default"] in (
+        "Continuous7Days",
+        "Continuous30Days",
+    )
 
 
 def test_alert_emails_come_from_an_azd_variable():
@@ -57,7 +73,9 @@ def test_alert_emails_come_from_an_azd_variable():
     given = json.loads((INFRA / "main.parameters.json").read_text())["parameters"]
     assert given["alertEmailAddresses"]["value"] == "${ALERT_EMAIL_ADDRESSES}"
     assert module_params(main, "actionGroup")["emailAddresses"] == "alertEmails"
-    assert evaluate("alertEmails", {"alertEmailAddresses": "ops@example.com, oncall@example.com ,"}, main) == [
+    assert evaluate(
+        "alertEmails", {"alertEmailAddresses": "ops@example.com, oncall@example.com ,"}, main
+    ) == [
         "ops@example.com",
         "oncall@example.com",
     ]

@@ -59,7 +59,9 @@ def test_ports_match_the_local_settings():
     ports = published_ports()
     assert template_settings()["AzureWebJobsStorage"] == "UseDevelopmentStorage=true"
     assert {10000, 10001, 10002} <= ports  # Azurite's blob, queue and table defaults
-    servicebus = urlparse(_connection("ServiceBusConnection")["Endpoint"].replace("sb://", "tcp://"))
+    servicebus = urlparse(
+        _connection("ServiceBusConnection")["Endpoint"].replace("sb://", "tcp://")
+    )
     assert servicebus.port in ports
     cosmos = urlparse(_connection("CosmosDbConnection")["AccountEndpoint"])
     assert cosmos.port in ports
@@ -76,7 +78,7 @@ def test_azurite_accepts_current_sdks():
 
 
 def test_licence_acceptance_is_the_users_choice():
-    assert "ACCEPT_EULA: \"${ACCEPT_EULA:?" in compose()
+    assert 'ACCEPT_EULA: "${ACCEPT_EULA:?' in compose()
 
 
 def test_docs_walk_through_func_start():

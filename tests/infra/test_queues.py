@@ -90,7 +90,9 @@ def bicep_queues() -> dict[str, dict]:
     names = _messaging_names()
     queues = {}
     for queue in variable(doc, "fixedQueues"):
-        queues[queue["name"]] = {k: _resolve(v, names, doc) for k, v in _resolve(queue["properties"], names, doc).items()}
+        queues[queue["name"]] = {
+            k: _resolve(v, names, doc) for k, v in _resolve(queue["properties"], names, doc).items()
+        }
     ingress = variable(doc, "ingressQueues")
     assert ingress["loop_type"]["detail"]["array_name"] == "clientApplications"
     item = ingress["loop_type"]["detail"]["item_name"]
@@ -109,10 +111,15 @@ def bicep_queues() -> dict[str, dict]:
 
 def _reply_properties(reply_template) -> dict:
     body = reply_template
-    assert body.get("loop_type", {}).get("detail", {}).get("array_name") == "clientApplications", body
+    assert body.get("loop_type", {}).get("detail", {}).get("array_name") == "clientApplications", (
+        body
+    )
     item = body["config"]
     name = item["name"]["operator"]["operands"]
-    assert name == {"operand_1": body["loop_type"]["detail"]["item_name"], "operand_2": "replyQueueName"}
+    assert name == {
+        "operand_1": body["loop_type"]["detail"]["item_name"],
+        "operand_2": "replyQueueName",
+    }
     return item["properties"]
 
 
@@ -180,7 +187,9 @@ def test_no_shared_ingress_queue():
     assert "orders" not in bicep_queues()
     assert "orders" not in config_json_queues()
     official = json.loads((ROOT / "devstack" / "docker" / "servicebus-config.json").read_text())
-    assert "orders" not in {q["Name"] for n in official["UserConfig"]["Namespaces"] for q in n["Queues"]}
+    assert "orders" not in {
+        q["Name"] for n in official["UserConfig"]["Namespaces"] for q in n["Queues"]
+    }
     assert "'orders'" not in (INFRA / "app" / "rbac.bicep").read_text()
     assert "'orders'" not in (INFRA / "app" / "alerts.bicep").read_text()
 
@@ -202,7 +211,11 @@ def _queue_names_in_code() -> set[str]:
         if skip & set(path.relative_to(ROOT).parts):
             continue
         names |= set(re.findall(r"queue_name\s*=\s*[\"']([\w-]+)[\"']", path.read_text()))
-        names |= set(re.findall(r"^[A-Z_]*QUEUE[A-Z_]*\s*=\s*[\"']([\w-]+)[\"']", path.read_text(), re.MULTILINE))
+        names |= set(
+            re.findall(
+                r"^[A-Z_]*QUEUE[A-Z_]*\s*=\s*[\"']([\w-]+)[\"']", path.read_text(), re.MULTILINE
+            )
+        )
     return names
 
 
@@ -243,7 +256,9 @@ def test_lock_outlasts_the_longest_run(queue: str):
 
 @pytest.mark.parametrize("queue", CONSUMED)
 def test_host_lock_renewal_covers_the_longest_run(queue: str):
-    renewal = json.loads(HOST_JSON.read_text())["extensions"]["serviceBus"]["maxAutoLockRenewalDuration"]
+    renewal = json.loads(HOST_JSON.read_text())["extensions"]["serviceBus"][
+        "maxAutoLockRenewalDuration"
+    ]
     hours, minutes, seconds = (int(x) for x in renewal.split(":"))
     assert (hours * 60 + minutes) * 60 + seconds >= longest_run_seconds(queue)
 
@@ -252,7 +267,10 @@ def test_host_lock_renewal_covers_the_longest_run(queue: str):
 def test_poison_messages_are_dead_lettered_within_the_budget(queue: str):
     props = bicep_queues()[queue]
     assert 2 <= props["maxDeliveryCount"] <= 10
-    assert props["maxDeliveryCount"] * duration_seconds(props["lockDuration"]) <= retry_budget_seconds()
+    assert (
+        props["maxDeliveryCount"] * duration_seconds(props["lockDuration"])
+        <= retry_budget_seconds()
+    )
     assert props["deadLetteringOnMessageExpiration"] is True
     assert props["requiresSession"] is False
 
@@ -277,7 +295,9 @@ def test_namespace_supports_duplicate_detection_and_refuses_keys():
     allowed = next(d["argument"] for d in sku["decorators"] if d["type"] == "allowed")
     assert "Basic" not in allowed  # Basic has no duplicate detection
     assert "Basic" not in next(
-        d["argument"] for d in parse(MAIN)["parameters"]["serviceBusSku"]["decorators"] if d["type"] == "allowed"
+        d["argument"]
+        for d in parse(MAIN)["parameters"]["serviceBusSku"]["decorators"]
+        if d["type"] == "allowed"
     )
     assert doc["resources"]["namespace"]["config"]["properties"]["disableLocalAuth"] is True
 
@@ -291,13 +311,16 @@ def test_readme_states_the_computed_numbers():
     assert lock in readme
 
 
-
 def test_namespace_module_deploys_every_queue_list():
     """bicep_queues() reads the three lists; this checks all three reach the namespace."""
     queues = parse(MESSAGING)["modules"]["namespace"]["config"]["params"]["queues"]
     assert queues == {
         "function": {
             "type": "concat",
-            "parameters": {"arg_1": "fixedQueues", "arg_2": "ingressQueues", "arg_3": "replyQueues"},
+            "parameters": {
+                "arg_1": "fixedQueues",
+                "arg_2": "ingressQueues",
+                "arg_3": "replyQueues",
+            },
         }
     }

@@ -82,7 +82,9 @@ DATA_CONTRIBUTOR = "Cosmos DB Built-in Data Contributor"
 OPERATORS = ["operator-1", "operator-2"]
 
 
-def expected_grants(clients: list[dict], operators: list[str] = (), scheduler: bool = False) -> set[tuple[str, str, str]]:
+def expected_grants(
+    clients: list[dict], operators: list[str] = (), scheduler: bool = False
+) -> set[tuple[str, str, str]]:
     app = {
         ("app", "queue:agent-requests", SENDER),
         ("app", "queue:agent-requests", RECEIVER),
@@ -122,7 +124,10 @@ def expected_grants(clients: list[dict], operators: list[str] = (), scheduler: b
 
 
 def _clients_with_identity() -> list[dict]:
-    return [dict(c, principalId=f"principal-of-{c['appId']}") for c in main_defaults()["clientApplications"]]
+    return [
+        dict(c, principalId=f"principal-of-{c['appId']}")
+        for c in main_defaults()["clientApplications"]
+    ]
 
 
 def _env(clients: list[dict], operators: list[str], scheduler: bool) -> dict:
@@ -137,7 +142,9 @@ def _env(clients: list[dict], operators: list[str], scheduler: bool) -> dict:
     }
 
 
-def actual_grants(clients: list[dict], operators: list[str] = (), scheduler: bool = False) -> set[tuple[str, str, str]]:
+def actual_grants(
+    clients: list[dict], operators: list[str] = (), scheduler: bool = False
+) -> set[tuple[str, str, str]]:
     """Expand every role module of rbac.bicep (loops and conditions included)."""
     doc = parse(RBAC)
     env = _env(clients, operators, scheduler)
@@ -205,6 +212,7 @@ def test_the_app_never_reads_a_reply_queue():
     assert not {g for g in grants if g[0] == "app" and g[1] in replies and g[2] == RECEIVER}
     # Every queue whose dead letters the console lists in Azure is one the app may read.
     from console.views import WORK_QUEUES
+
     readable = {g[1].removeprefix("queue:") for g in grants if g[0] == "app" and g[2] == RECEIVER}
     assert set(WORK_QUEUES) <= readable, set(WORK_QUEUES) - readable
 
@@ -214,14 +222,26 @@ def test_app_identity_is_the_user_assigned_one():
     params = module_params(parse(MAIN), "rbac")
     # pycep reads identity.outputs.principalId as identity . (outputs . principalId)
     assert json.dumps(params["functionAppPrincipalId"], sort_keys=True) == json.dumps(
-        {"operator": {"type": "property_accessor", "operands": {
-            "operand_1": "identity",
-            "operand_2": {"operator": {"type": "property_accessor", "operands": {
-                "operand_1": "outputs", "operand_2": "principalId"}}},
-        }}},
+        {
+            "operator": {
+                "type": "property_accessor",
+                "operands": {
+                    "operand_1": "identity",
+                    "operand_2": {
+                        "operator": {
+                            "type": "property_accessor",
+                            "operands": {"operand_1": "outputs", "operand_2": "principalId"},
+                        }
+                    },
+                },
+            }
+        },
         sort_keys=True,
     )
-    assert parse(MAIN)["modules"]["identity"]["detail"]["path"] == "core/identity/user-assigned-identity.bicep"
+    assert (
+        parse(MAIN)["modules"]["identity"]["detail"]["path"]
+        == "core/identity/user-assigned-identity.bicep"
+    )
     assert "api" not in str(params), "rbac must not wait for (or depend on) the site"
     api = parse(MAIN)["modules"]["api"]["config"]
     assert "rbac" in api.get("dependsOn", []), "the app should start with its grants in place"
@@ -231,7 +251,9 @@ def test_cosmos_sql_role_assignments_run_one_at_a_time():
     """Cosmos DB answers a concurrent control-plane operation on the same
     account with 412: every SQL role assignment waits for the one before."""
     modules = parse(RBAC)["modules"]
-    cosmos = [name for name, m in modules.items() if m["detail"]["path"].endswith("cosmos-sql-role.bicep")]
+    cosmos = [
+        name for name, m in modules.items() if m["detail"]["path"].endswith("cosmos-sql-role.bicep")
+    ]
     assert len(cosmos) >= 3
     deps = {}
     for name in cosmos:
@@ -239,7 +261,9 @@ def test_cosmos_sql_role_assignments_run_one_at_a_time():
         body = config["config"] if "loop_type" in config else config
         deps[name] = body.get("dependsOn", [])
         if "loop_type" in config:
-            assert {"type": "batchSize", "argument": 1} in modules[name]["decorators"], f"{name}: loop without @batchSize(1)"
+            assert {"type": "batchSize", "argument": 1} in modules[name]["decorators"], (
+                f"{name}: loop without @batchSize(1)"
+            )
     # A single chain: one root, and each other assignment depends on exactly one earlier one.
     roots = [n for n in cosmos if not deps[n]]
     assert len(roots) == 1, roots
@@ -274,7 +298,9 @@ def test_clients_without_identity_get_nothing():
 def test_role_ids_are_the_built_in_ones():
     doc = parse(RBAC)
     roles = variable(doc, "roles")
-    assert {BUILT_IN[guid] for guid in roles.values()} == set(BUILT_IN.values()) - {DATA_CONTRIBUTOR}
+    assert {BUILT_IN[guid] for guid in roles.values()} == set(BUILT_IN.values()) - {
+        DATA_CONTRIBUTOR
+    }
     assert variable(doc, "cosmosBuiltInDataContributor") == "00000000-0000-0000-0000-000000000002"
 
 
@@ -288,8 +314,12 @@ def test_no_broad_role_anywhere():
 def test_role_assignments_are_made_only_in_the_security_modules():
     for path in bicep_files():
         for symbol, res in parse(path).get("resources", {}).items():
-            if res["type"].endswith("roleAssignments") or res["type"].endswith("sqlRoleAssignments"):
-                assert path.parent == SECURITY, f"{path.name}: {symbol} assigns a role outside core/security"
+            if res["type"].endswith("roleAssignments") or res["type"].endswith(
+                "sqlRoleAssignments"
+            ):
+                assert path.parent == SECURITY, (
+                    f"{path.name}: {symbol} assigns a role outside core/security"
+                )
     users = {p for p in bicep_files() if re.search(r"core/security/", p.read_text())}
     assert users == {RBAC}
 
@@ -328,18 +358,28 @@ def test_deployment_names_stay_unique_within_64_characters():
     end up with one name (the second would overwrite the first)."""
     doc = parse(RBAC)
     clients = [
-        dict(c, appId=f"{c['appId']}-with-a-long-suffix", replyQueueName=f"replies-{c['appId']}-with-a-long-suffix",
-             principalId=f"principal-{i}")
+        dict(
+            c,
+            appId=f"{c['appId']}-with-a-long-suffix",
+            replyQueueName=f"replies-{c['appId']}-with-a-long-suffix",
+            principalId=f"principal-{i}",
+        )
         for i, c in enumerate(_clients_with_identity())
     ]
-    env = _env(clients, ["11111111-1111-1111-1111-111111111111", "22222222-2222-2222-2222-222222222222"], True)
+    env = _env(
+        clients,
+        ["11111111-1111-1111-1111-111111111111", "22222222-2222-2222-2222-222222222222"],
+        True,
+    )
     names = []
     for module in doc["modules"].values():
         config = module["config"]
         if "loop_type" in config:
             detail = config["loop_type"]["detail"]
             for item in evaluate(detail["array_name"], env, doc):
-                names.append(evaluate(config["config"]["name"], {**env, detail["item_name"]: item}, doc))
+                names.append(
+                    evaluate(config["config"]["name"], {**env, detail["item_name"]: item}, doc)
+                )
         else:
             names.append(evaluate((config.get("config") or config)["name"], env, doc))
     assert all(len(n) <= 64 for n in names)

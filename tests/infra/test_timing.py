@@ -55,18 +55,28 @@ def test_durable_polls_its_queues_every_few_seconds():
 
 def test_durable_group_is_always_ready():
     params = module_params(parse(MAIN), "api")
-    assert params["alwaysReady"] == [{"name": "durable", "instanceCount": "durableAlwaysReadyInstances"}]
+    assert params["alwaysReady"] == [
+        {"name": "durable", "instanceCount": "durableAlwaysReadyInstances"}
+    ]
     decorators = parse(MAIN)["parameters"]["durableAlwaysReadyInstances"]["decorators"]
-    assert {"type": "min_value", "argument": 1} in decorators or {"type": "minValue", "argument": 1} in decorators, decorators
+    assert {"type": "min_value", "argument": 1} in decorators or {
+        "type": "minValue",
+        "argument": 1,
+    } in decorators, decorators
     assert main_defaults()["durableAlwaysReadyInstances"] >= 1
     assert module_params(parse(API), "functionApp")["alwaysReady"] == "alwaysReady"
-    scale = parse(FLEX)["resources"]["site"]["config"]["properties"]["functionAppConfig"]["scaleAndConcurrency"]
+    scale = parse(FLEX)["resources"]["site"]["config"]["properties"]["functionAppConfig"][
+        "scaleAndConcurrency"
+    ]
     assert scale["alwaysReady"] == "alwaysReady"
 
 
 def test_deployed_deadlines_cover_the_startup_latency():
     timing = main_timing()
-    assert (timing["azureClaimTimeoutSeconds"], timing["azureStepTimeoutSeconds"]) == expected_azure_timeouts()
+    assert (
+        timing["azureClaimTimeoutSeconds"],
+        timing["azureStepTimeoutSeconds"],
+    ) == expected_azure_timeouts()
     params = module_params(parse(MAIN), "api")
     assert params["claimTimeoutSeconds"] == "azureClaimTimeoutSeconds"
     assert params["stepTimeoutSeconds"] == "azureStepTimeoutSeconds"
@@ -77,7 +87,10 @@ def test_deployed_deadlines_cover_the_startup_latency():
 
 def test_deadlines_follow_a_slower_start():
     slow = main_timing({"flexStartupSeconds": 90})
-    assert (slow["azureClaimTimeoutSeconds"], slow["azureStepTimeoutSeconds"]) == expected_azure_timeouts(90)
+    assert (
+        slow["azureClaimTimeoutSeconds"],
+        slow["azureStepTimeoutSeconds"],
+    ) == expected_azure_timeouts(90)
     assert slow["azureStepTimeoutSeconds"] > main_timing()["azureStepTimeoutSeconds"]
 
 

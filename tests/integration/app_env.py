@@ -20,7 +20,9 @@ REGISTRY = {"webshop": "replies-webshop", "partner-portal": "replies-partner-por
 INGRESS = {"webshop": "orders-webshop", "partner-portal": "orders-partner-portal"}
 
 
-def app_environment(cosmos_server, servicebus_emulator, database: str, **extra: str) -> dict[str, str]:
+def app_environment(
+    cosmos_server, servicebus_emulator, database: str, **extra: str
+) -> dict[str, str]:
     return {
         "CosmosDbConnection": cosmos_server.connection_string,
         "COSMOS_VERIFY_TLS": "false",
@@ -62,7 +64,9 @@ class RecordingActions:
     def abandon(self, message) -> None:
         self.calls.append(("abandon",))
 
-    def deadletter(self, message, deadletter_reason=None, deadletter_error_description=None) -> None:
+    def deadletter(
+        self, message, deadletter_reason=None, deadletter_error_description=None
+    ) -> None:
         self.calls.append(("deadletter", deadletter_reason, deadletter_error_description))
 
     def defer(self, message) -> None:
@@ -81,13 +85,17 @@ class Bus:
 
     async def send(self, queue: str, body: bytes, message_id: str | None = None) -> None:
         async with self.client.get_queue_sender(queue) as sender:
-            await sender.send_messages(ServiceBusMessage(body, message_id=message_id or str(uuid.uuid4())))
+            await sender.send_messages(
+                ServiceBusMessage(body, message_id=message_id or str(uuid.uuid4()))
+            )
 
     async def deliver(self, queue: str, function, wait: float = 10, **extra) -> tuple[str, ...]:
         """Receive one message, run `function(message, actions, **extra)`,
         settle as asked (abandon when the function raises, as the host does).
         Returns the settlement call."""
-        receiver = self.client.get_queue_receiver(queue, receive_mode=ServiceBusReceiveMode.PEEK_LOCK)
+        receiver = self.client.get_queue_receiver(
+            queue, receive_mode=ServiceBusReceiveMode.PEEK_LOCK
+        )
         async with receiver:
             messages = await receiver.receive_messages(max_message_count=1, max_wait_time=wait)
             assert messages, f"no message arrived on {queue}"
@@ -102,7 +110,9 @@ class Bus:
             if call[0] == "complete":
                 await receiver.complete_message(message)
             elif call[0] == "deadletter":
-                await receiver.dead_letter_message(message, reason=call[1], error_description=call[2])
+                await receiver.dead_letter_message(
+                    message, reason=call[1], error_description=call[2]
+                )
             else:
                 await receiver.abandon_message(message)
             return call
@@ -110,7 +120,9 @@ class Bus:
     async def drain(self, queue: str, wait: float = 1) -> list[dict]:
         """Everything currently on `queue`, received and deleted, as JSON."""
         out = []
-        receiver = self.client.get_queue_receiver(queue, receive_mode=ServiceBusReceiveMode.RECEIVE_AND_DELETE)
+        receiver = self.client.get_queue_receiver(
+            queue, receive_mode=ServiceBusReceiveMode.RECEIVE_AND_DELETE
+        )
         async with receiver:
             while True:
                 batch = await receiver.receive_messages(max_message_count=100, max_wait_time=wait)

@@ -48,7 +48,9 @@ async def _errored_with_unsent_failed_status(store, order_id):
     claimed = await store.claim(order_id, NOW, POLICY)
     record, _ = await store.update(
         order_id,
-        lambda r: sm.request_compensation(sm.mark_failed(r, claimed.LockedBy, None, "declined", NOW), NOW),
+        lambda r: sm.request_compensation(
+            sm.mark_failed(r, claimed.LockedBy, None, "declined", NOW), NOW
+        ),
         claimed.LockedBy,
     )
     assert record.PendingStatus is not None and record.CompensationRequested

@@ -93,7 +93,9 @@ BODY_KINDS = ["data", "data-chunks", "value", "sequence", "value-map", "sequence
 
 # --- an oracle for "valid", independent of domain.boundary ---------------------------
 
-_BAD = re.compile(r"[\x00-\x1f\x7f-\x9f\u200b-\u200f\u202a-\u202e\u2060-\u2064\u2066-\u2069\ufeff\u2028\u2029\u00ad]")
+_BAD = re.compile(
+    r"[\x00-\x1f\x7f-\x9f\u200b-\u200f\u202a-\u202e\u2060-\u2064\u2066-\u2069\ufeff\u2028\u2029\u00ad]"
+)
 
 
 def _strings(value: Any):
@@ -139,7 +141,10 @@ def _clean_props(props: dict | None) -> dict | None:
     if props is None:
         return None
     # A client cannot send a lone surrogate through AMQP either.
-    return {k: (v.encode("utf-8", "replace").decode() if isinstance(v, str) else v) for k, v in props.items()}
+    return {
+        k: (v.encode("utf-8", "replace").decode() if isinstance(v, str) else v)
+        for k, v in props.items()
+    }
 
 
 def amqp_message(body: bytes, kind: str, message_id: str, props: dict | None):
@@ -160,7 +165,9 @@ def amqp_message(body: bytes, kind: str, message_id: str, props: dict | None):
             value = json.loads(body)
         except ValueError:
             value = {"OrderID": "x"}
-        return AmqpAnnotatedMessage(value_body=value if isinstance(value, dict) and value else {"a": 1}, **common)
+        return AmqpAnnotatedMessage(
+            value_body=value if isinstance(value, dict) and value else {"a": 1}, **common
+        )
     return AmqpAnnotatedMessage(sequence_body=[[1, 2, 3]], **common)
 
 
@@ -170,7 +177,9 @@ class Queue:
     def __init__(self, bus: Bus, name: str) -> None:
         self.bus, self.name = bus, name
         self.sender = bus.client.get_queue_sender(name)
-        self.receiver = bus.client.get_queue_receiver(name, receive_mode=ServiceBusReceiveMode.PEEK_LOCK)
+        self.receiver = bus.client.get_queue_receiver(
+            name, receive_mode=ServiceBusReceiveMode.PEEK_LOCK
+        )
 
     async def __aenter__(self):
         await self.sender.__aenter__()
@@ -207,7 +216,9 @@ async def drain(bus: Bus, queue: str, wait: float = 0.1) -> list[dict]:
     from adapters.settlement import BodyRefused, read_body
 
     out = []
-    receiver = bus.client.get_queue_receiver(queue, receive_mode=ServiceBusReceiveMode.RECEIVE_AND_DELETE)
+    receiver = bus.client.get_queue_receiver(
+        queue, receive_mode=ServiceBusReceiveMode.RECEIVE_AND_DELETE
+    )
     async with receiver:
         while batch := await receiver.receive_messages(max_message_count=100, max_wait_time=wait):
             for message in batch:
@@ -235,10 +246,21 @@ def check_dead_letters_alerted(dead: dict[str, str], alerts: dict[str, list[dict
 @pytest.fixture
 async def bus(app_env, servicebus_emulator):  # noqa: F811
     bus = Bus(servicebus_emulator.connection_string)
-    await asyncio.gather(*(drain(bus, queue) for queue in (
-        ORDERS, "agent-requests", "agent-responses", "alerts", "replies-webshop",
-        f"{ORDERS}/$deadletterqueue", "agent-requests/$deadletterqueue",
-        "agent-responses/$deadletterqueue")))
+    await asyncio.gather(
+        *(
+            drain(bus, queue)
+            for queue in (
+                ORDERS,
+                "agent-requests",
+                "agent-responses",
+                "alerts",
+                "replies-webshop",
+                f"{ORDERS}/$deadletterqueue",
+                "agent-requests/$deadletterqueue",
+                "agent-responses/$deadletterqueue",
+            )
+        )
+    )
     yield bus
     await bus.close()
     await bootstrap.close()
@@ -287,7 +309,9 @@ async def test_every_order_message_is_accepted_valid_or_dead_lettered_with_a_rea
         kind = data.draw(st.sampled_from(BODY_KINDS), label="kind")
         props = data.draw(application_properties, label="properties")
         message_id = f"prop-{uuid.uuid4().hex}"
-        call = await orders.deliver(amqp_message(body, kind, message_id, props), SUBMIT, client=None)
+        call = await orders.deliver(
+            amqp_message(body, kind, message_id, props), SUBMIT, client=None
+        )
         if call[0] == "complete":
             assert kind not in ("value-map", "sequence-ints")
             order = decode(OrderSubmitted, body)  # accepted only as a valid contract
@@ -362,7 +386,9 @@ async def agent_processor(bus, monkeypatch):
 
 @SETTINGS
 @given(data=st.data())
-async def test_every_agent_request_is_answered_or_dead_lettered_with_a_reason(bus, agent_processor, data):
+async def test_every_agent_request_is_answered_or_dead_lettered_with_a_reason(
+    bus, agent_processor, data
+):
     dead: dict[str, str] = {}
     async with Queue(bus, "agent-requests") as requests:
         order_id = f"R-{uuid.uuid4().hex[:12]}"
@@ -377,7 +403,11 @@ async def test_every_agent_request_is_answered_or_dead_lettered_with_a_reason(bu
             assert oracle_accepts_text(body)
             replies: list[dict] = []
             for _ in range(20):  # a reply can trail its send by a receive cycle
-                replies += [r for r in await drain(bus, "agent-responses", 0.5) if r.get("OrderID") == order_id]
+                replies += [
+                    r
+                    for r in await drain(bus, "agent-responses", 0.5)
+                    if r.get("OrderID") == order_id
+                ]
                 if replies:
                     break
             assert [r["OrderID"] for r in replies] == [request.OrderID]
@@ -408,9 +438,15 @@ class RecordingDurableClient:
 def reply_bodies(draw, order_id: str) -> bytes:
     attempt = draw(st.integers(1, 3))
     base = {
-        "InstanceId": f"{order_id}:{attempt}", "OrderID": order_id, "Step": "charge-payment",
-        "Action": "do", "Attempt": attempt, "EventName": f"reply-charge-payment-{attempt}",
-        "EventId": f"{order_id}:{attempt}/reply", "Outcome": "ok", "Result": {"Reference": "R-1"},
+        "InstanceId": f"{order_id}:{attempt}",
+        "OrderID": order_id,
+        "Step": "charge-payment",
+        "Action": "do",
+        "Attempt": attempt,
+        "EventName": f"reply-charge-payment-{attempt}",
+        "EventId": f"{order_id}:{attempt}/reply",
+        "Outcome": "ok",
+        "Result": {"Reference": "R-1"},
         "Error": None,
     }
     choice = draw(st.sampled_from(["valid", "valid-error", "spoil", "other-order", "any"]))
@@ -437,7 +473,9 @@ async def test_every_agent_reply_reaches_the_workflow_valid_or_is_dead_lettered(
         kind = data.draw(st.sampled_from(BODY_KINDS), label="kind")
         message_id = f"rep-{uuid.uuid4().hex}"
         call = await responses.deliver(
-            amqp_message(body, kind, message_id, data.draw(application_properties)), BRIDGE, client=client
+            amqp_message(body, kind, message_id, data.draw(application_properties)),
+            BRIDGE,
+            client=client,
         )
         if call[0] == "complete":
             reply = decode(AgentReply, body)

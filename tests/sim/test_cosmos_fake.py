@@ -94,9 +94,13 @@ def test_recovery_index_pages_buckets_and_earliest_bucket():
         for i, second in enumerate((5, 10, 70, 75, 130)):
             await index.add(f"O{i}", T0 + timedelta(seconds=second), 1)
         assert await index.earliest_bucket() == "2026-11-30T08:00:00"
-        entries, bucket, after, done = await index.page(T0 + timedelta(minutes=3), "2026-11-30T08:00:00", "", 3)
+        entries, bucket, after, done = await index.page(
+            T0 + timedelta(minutes=3), "2026-11-30T08:00:00", "", 3
+        )
         assert [e.order_id for e in entries] == ["O0", "O1", "O2"] and not done
-        entries, bucket, after, done = await index.page(T0 + timedelta(minutes=3), bucket, after, 10)
+        entries, bucket, after, done = await index.page(
+            T0 + timedelta(minutes=3), bucket, after, 10
+        )
         assert [e.order_id for e in entries] == ["O3", "O4"] and done
 
     _run(go())
@@ -122,6 +126,7 @@ def test_an_owner_is_not_refused_on_a_read_that_lags_its_claim():
     before the claim; the owner's write was refused as stale and its
     compensation ended "stale", leaving the record Compensating for good.
     A refusal now stands only once the version it was read from is current."""
+
     class LagOnce(SimContainer):
         lag = 0
 
@@ -140,8 +145,9 @@ def test_an_owner_is_not_refused_on_a_read_that_lags_its_claim():
         await store.create_if_absent(sm.new_record(_order("A"), T0, []))
         await store.claim("A", T0, POLICY)  # the previous version is Pending, unlocked
         container.lag = 1
-        done, _ = await store.update("A", lambda r: sm.mark_processed(r, "A:1", T0), "A:1",
-                                     confirm_refusal=True)
+        done, _ = await store.update(
+            "A", lambda r: sm.mark_processed(r, "A:1", T0), "A:1", confirm_refusal=True
+        )
         assert done.ProcessState is ProcessState.PROCESSED
         # A refusal read from the current version still stands, and writes nothing new.
         _, etag = await store.read("A")

@@ -31,14 +31,15 @@ DEFECT_OF_CHECK = {
     "4 bad submission alerted": "defect 6: a failed alert send is only logged",
     "one deadline travels everywhere": "defect 7: CompleteBy differs from the timer and agent deadline",
     "no false CompensationFailed": "defect 8 (restarted compensation reused message ids), and N3: an undo applied "
-                                   "remotely whose every answer is lost (agent crashes, redeliveries past the try's "
-                                   "deadline answered without a call, an outage) (seeds 3416, 4390, 4538, 4621)",
+    "remotely whose every answer is lost (agent crashes, redeliveries past the try's "
+    "deadline answered without a call, an outage) (seeds 3416, 4390, 4538, 4621)",
     "a restarted orchestration's requests are delivered": "defect 8: a restarted compensation reuses its message ids",
     "4 bad submission dead-lettered with a reason": "defect 10: an AMQP value body raises instead of being dead-lettered",
     "index entry of a live attempt kept": "new: the index source discards a live entry after a lagging read",
     "liveness": "defects 1/5/6 and a lagging read in the index source: an order never reaches a terminal state; "
-                "open: seed 4455, an index-mode attempt left Processing after its deadline (two Supervisors)",
+    "open: seed 4455, an index-mode attempt left Processing after its deadline (two Supervisors)",
 }
+
 
 def _run(seed: int, orders: int, options: Options | None = None) -> Simulation:
     import asyncio
@@ -76,11 +77,20 @@ def test_same_seed_same_output_across_processes():
     outputs = []
     for hash_seed in ("1", "2"):
         env = dict(os.environ, PYTHONHASHSEED=hash_seed)
-        done = subprocess.run([sys.executable, "-m", "sim", "--seed", "42", "--orders", "3"], cwd=root, env=env,
-                              capture_output=True, timeout=300)
+        done = subprocess.run(
+            [sys.executable, "-m", "sim", "--seed", "42", "--orders", "3"],
+            cwd=root,
+            env=env,
+            capture_output=True,
+            timeout=300,
+        )
         # The one line that is a measurement of this machine, not of the schedule.
-        outputs.append(b"\n".join(line for line in done.stdout.splitlines() if b"schedules/s" not in line))
-    assert b"bus alerts +alert/" in outputs[0]  # random ids of the product are drawn from the seed too
+        outputs.append(
+            b"\n".join(line for line in done.stdout.splitlines() if b"schedules/s" not in line)
+        )
+    assert (
+        b"bus alerts +alert/" in outputs[0]
+    )  # random ids of the product are drawn from the seed too
     assert outputs[0] == outputs[1]
 
 
@@ -95,7 +105,10 @@ def test_dropping_a_fault_keeps_the_schedule_before_it():
     # Everything traced before the fault's moment is the same (not every fault kind
     # writes a trace line of its own at that moment).
     at = _seconds(middle.at)
-    cut = next((i for i, line in enumerate(full.trace) if _seconds(line.split(" ", 1)[0]) >= at), len(full.trace))
+    cut = next(
+        (i for i, line in enumerate(full.trace) if _seconds(line.split(" ", 1)[0]) >= at),
+        len(full.trace),
+    )
     assert cut > 0
     assert dropped.trace[:cut] == full.trace[:cut]
 
@@ -154,7 +167,7 @@ def test_checks_can_fail():
     doc["ProcessState"] = "Processed"
     sim.violations.clear()
     sim.check()
-    assert ("2 side effect applied once" in [c for c, _ in sim.violations])
+    assert "2 side effect applied once" in [c for c, _ in sim.violations]
 
 
 def _regression_params():
@@ -164,8 +177,13 @@ def _regression_params():
         marks = [] if entry.get("fixed") else [pytest.mark.xfail(strict=True, reason=reason)]
         version = entry.get("version")
         tag = f"-v{version}" if version else ""
-        yield pytest.param(entry["seed"], entry["orders"], version,
-                           id=f"seed{entry['seed']}{tag}-{entry['check'][:30]}", marks=marks)
+        yield pytest.param(
+            entry["seed"],
+            entry["orders"],
+            version,
+            id=f"seed{entry['seed']}{tag}-{entry['check'][:30]}",
+            marks=marks,
+        )
 
 
 @pytest.mark.parametrize(("seed", "orders", "version"), list(_regression_params()))
@@ -188,9 +206,12 @@ def _bulk(seeds, orders: int, version: str | None = None):
             first.setdefault(check, seed)
     elapsed = time.perf_counter() - started
     n = len(seeds)
-    print(f"{n} schedules (version {version or 'default'}) in {elapsed:.1f} s ({n / elapsed:.1f} schedules/s)")
+    print(
+        f"{n} schedules (version {version or 'default'}) in {elapsed:.1f} s ({n / elapsed:.1f} schedules/s)"
+    )
     assert broken == {}, "broken checks (check: schedules, first seed): " + "; ".join(
-        f"{c}: {k}, seed {first[c]} --orders {orders}" for c, k in broken.most_common())
+        f"{c}: {k}, seed {first[c]} --orders {orders}" for c, k in broken.most_common()
+    )
 
 
 def test_thousand_schedules():

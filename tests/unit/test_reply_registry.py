@@ -27,21 +27,31 @@ def test_plain_entries_name_the_queue_and_opt_out_of_progress():
 
 
 def test_an_application_opts_in_to_progress_statuses():
-    s = settings({"webshop": "replies-webshop",
-                  "backoffice": {"queue": "replies-backoffice", "progress": True},
-                  "partner": {"queue": "replies-partner"}})
-    assert dict(s.reply_queues) == {"webshop": "replies-webshop", "backoffice": "replies-backoffice",
-                                    "partner": "replies-partner"}
+    s = settings(
+        {
+            "webshop": "replies-webshop",
+            "backoffice": {"queue": "replies-backoffice", "progress": True},
+            "partner": {"queue": "replies-partner"},
+        }
+    )
+    assert dict(s.reply_queues) == {
+        "webshop": "replies-webshop",
+        "backoffice": "replies-backoffice",
+        "partner": "replies-partner",
+    }
     assert s.progress_apps == frozenset({"backoffice"})
 
 
-@pytest.mark.parametrize("entry", [
-    {"progress": True},
-    {"queue": "q", "progress": "yes"},
-    {"queue": "q", "other": 1},
-    ["q"],
-    3,
-])
+@pytest.mark.parametrize(
+    "entry",
+    [
+        {"progress": True},
+        {"queue": "q", "progress": "yes"},
+        {"queue": "q", "other": 1},
+        ["q"],
+        3,
+    ],
+)
 def test_malformed_entries_are_refused_by_name(entry):
     with pytest.raises(SettingsError, match="backoffice"):
         settings({"backoffice": entry})

@@ -35,8 +35,16 @@ async def main(n: int) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "out"
         out.mkdir()
-        host = HostProcess(Path(tmp) / "hub", out, {}, "real", Path(tmp) / "host.log",
-                           app_dir=OFFICIAL_APP, hub="OfficialHub", app="function_app:myApp").start()
+        host = HostProcess(
+            Path(tmp) / "hub",
+            out,
+            {},
+            "real",
+            Path(tmp) / "host.log",
+            app_dir=OFFICIAL_APP,
+            hub="OfficialHub",
+            app="function_app:myApp",
+        ).start()
         try:
             async with aiohttp.ClientSession() as session:
                 await one(session, host.base)  # warm-up
@@ -49,9 +57,15 @@ async def main(n: int) -> None:
     starts = sorted(r[0] * 1000 for r in runs)
     totals = sorted(r[1] * 1000 for r in runs)
     print(f"quickstart (HTTP start + 3 activities + poll), sequential, n={n}")
-    print(f"  HTTP starter answer: median {statistics.median(starts):.1f} ms, max {starts[-1]:.1f} ms")
-    print(f"  start to Completed:  median {statistics.median(totals):.1f} ms, max {totals[-1]:.1f} ms")
-    print(f"  {n} at once: all Completed in {concurrent * 1000:.0f} ms ({n / concurrent:.1f} orchestrations/s)")
+    print(
+        f"  HTTP starter answer: median {statistics.median(starts):.1f} ms, max {starts[-1]:.1f} ms"
+    )
+    print(
+        f"  start to Completed:  median {statistics.median(totals):.1f} ms, max {totals[-1]:.1f} ms"
+    )
+    print(
+        f"  {n} at once: all Completed in {concurrent * 1000:.0f} ms ({n / concurrent:.1f} orchestrations/s)"
+    )
 
 
 if __name__ == "__main__":

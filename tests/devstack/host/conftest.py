@@ -32,16 +32,27 @@ from devstack.process import Child
 ROOT = Path(__file__).resolve().parents[3]
 SAMPLE_APP = Path(__file__).resolve().parent / "sample_app"
 OFFICIAL_APP = Path(__file__).resolve().parent / "official_app"
-READY = re.compile(r"devstack\.host ready: .* durable=(?P<base>http://127\.0\.0\.1:\d+)/durabletask/")
+READY = re.compile(
+    r"devstack\.host ready: .* durable=(?P<base>http://127\.0\.0\.1:\d+)/durabletask/"
+)
 STARTUP_TIMEOUT_S = 30
 
 
 class HostProcess:
     """One `python -m devstack.host` process on the sample app."""
 
-    def __init__(self, data_dir: Path, out_dir: Path, env: dict[str, str | None], clock: str, log_path: Path,
-                 args: list[str] | None = None, app_dir: Path = SAMPLE_APP, hub: str = "SampleHub",
-                 app: str = "function_app:app") -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        out_dir: Path,
+        env: dict[str, str | None],
+        clock: str,
+        log_path: Path,
+        args: list[str] | None = None,
+        app_dir: Path = SAMPLE_APP,
+        hub: str = "SampleHub",
+        app: str = "function_app:app",
+    ) -> None:
         self.app = app
         self.args = args or []
         self.app_dir = app_dir
@@ -56,16 +67,37 @@ class HostProcess:
         self.proc: subprocess.Popen[str] | None = None
 
     def start(self) -> HostProcess:
-        cmd = [sys.executable, "-m", "devstack.host", "--app", self.app, "--app-dir", str(self.app_dir),
-               "--data-dir", str(self.data_dir), "--clock", self.clock, "--lease-seconds", "2", *self.args]
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", "SAMPLE_OUT_DIR": str(self.out_dir)}
+        cmd = [
+            sys.executable,
+            "-m",
+            "devstack.host",
+            "--app",
+            self.app,
+            "--app-dir",
+            str(self.app_dir),
+            "--data-dir",
+            str(self.data_dir),
+            "--clock",
+            self.clock,
+            "--lease-seconds",
+            "2",
+            *self.args,
+        ]
+        env = {
+            **os.environ,
+            "PYTHONPATH": str(ROOT),
+            "PYTHONUNBUFFERED": "1",
+            "SAMPLE_OUT_DIR": str(self.out_dir),
+        }
         for key, value in self.env.items():  # None removes a variable
             if value is None:
                 env.pop(key, None)
             else:
                 env[key] = value
         with open(self.log_path, "a", encoding="utf-8") as log:  # the child keeps its own copy
-            self.child = Child.start("host", cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=log, text=True)
+            self.child = Child.start(
+                "host", cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=log, text=True
+            )
         self.proc = self.child.process
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
         assert self.proc.stdout is not None
@@ -114,8 +146,12 @@ class HostProcess:
 
     def advance(self, seconds: float) -> None:
         """Move the host's controllable clock (a blocking call: usable from sync and async tests)."""
-        req = urllib.request.Request(f"{self.base}/admin/clock/advance", data=json.dumps({"seconds": seconds}).encode(),
-                                     headers={"Content-Type": "application/json"}, method="POST")
+        req = urllib.request.Request(
+            f"{self.base}/admin/clock/advance",
+            data=json.dumps({"seconds": seconds}).encode(),
+            headers={"Content-Type": "application/json"},
+            method="POST",
+        )
         with urllib.request.urlopen(req, timeout=10) as r:
             assert r.status == 200
 
@@ -142,8 +178,13 @@ async def fresh_client_session() -> Any:
         http_utils._client_session = None
 
 
-async def wait_for(predicate: Callable[[], Any], *, timeout: float = 30, interval: float = 0.1,
-                   what: str = "condition") -> Any:
+async def wait_for(
+    predicate: Callable[[], Any],
+    *,
+    timeout: float = 30,
+    interval: float = 0.1,
+    what: str = "condition",
+) -> Any:
     """Poll an (async or sync) predicate until it is truthy or the deadline passes."""
     deadline = time.monotonic() + timeout
     last = None
@@ -157,7 +198,9 @@ async def wait_for(predicate: Callable[[], Any], *, timeout: float = 30, interva
     raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
 
 
-async def wait_status(client: df.DurableOrchestrationClient, iid: str, *statuses: str, timeout: float = 30) -> Any:
+async def wait_status(
+    client: df.DurableOrchestrationClient, iid: str, *statuses: str, timeout: float = 30
+) -> Any:
     async def check() -> Any:
         s = await client.get_status(iid, show_history=True)
         return s if s and s.runtime_status and s.runtime_status.value in statuses else None
@@ -172,11 +215,27 @@ def host_factory(tmp_path: Path) -> Iterator[Callable[..., HostProcess]]:
     out = tmp_path / "out"
     out.mkdir()
 
-    def make(*, env: dict[str, str | None] | None = None, clock: str = "real", data_dir: Path | None = None,
-             args: list[str] | None = None, app_dir: Path = SAMPLE_APP, hub: str = "SampleHub",
-             app: str = "function_app:app") -> HostProcess:
-        h = HostProcess(data_dir or tmp_path / "hub", out, env or {}, clock, tmp_path / f"host{len(started)}.log", args,
-                        app_dir=app_dir, hub=hub, app=app)
+    def make(
+        *,
+        env: dict[str, str | None] | None = None,
+        clock: str = "real",
+        data_dir: Path | None = None,
+        args: list[str] | None = None,
+        app_dir: Path = SAMPLE_APP,
+        hub: str = "SampleHub",
+        app: str = "function_app:app",
+    ) -> HostProcess:
+        h = HostProcess(
+            data_dir or tmp_path / "hub",
+            out,
+            env or {},
+            clock,
+            tmp_path / f"host{len(started)}.log",
+            args,
+            app_dir=app_dir,
+            hub=hub,
+            app=app,
+        )
         started.append(h)
         return h.start()
 

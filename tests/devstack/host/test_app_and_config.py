@@ -38,11 +38,18 @@ def sample_catalog(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[
 def test_functions_and_bindings_come_from_the_app_object(sample_catalog: Any) -> None:
     kinds = {f.name: f.trigger_type for f in sample_catalog.functions}
     assert kinds == {
-        "race": "orchestrationTrigger", "double": "activityTrigger", "record_effect": "activityTrigger",
-        "retrying": "orchestrationTrigger", "fails_twice": "activityTrigger", "unstable": "orchestrationTrigger",
-        "parent": "orchestrationTrigger", "child": "orchestrationTrigger", "counter": "orchestrationTrigger",
+        "race": "orchestrationTrigger",
+        "double": "activityTrigger",
+        "record_effect": "activityTrigger",
+        "retrying": "orchestrationTrigger",
+        "fails_twice": "activityTrigger",
+        "unstable": "orchestrationTrigger",
+        "parent": "orchestrationTrigger",
+        "child": "orchestrationTrigger",
+        "counter": "orchestrationTrigger",
         "tick": "timerTrigger",
-        "commands": "serviceBusTrigger", "events": "serviceBusTrigger",
+        "commands": "serviceBusTrigger",
+        "events": "serviceBusTrigger",
     }
     commands = next(f for f in sample_catalog.functions if f.name == "commands")
     assert commands.trigger["queueName"] == "%SAMPLE_COMMANDS_QUEUE%"
@@ -74,10 +81,15 @@ def test_a_bad_app_reference_is_one_clear_error(tmp_path: Path) -> None:
     sys.path.remove(str(tmp_path.resolve()))
 
 
-def test_local_settings_fill_the_environment_without_overriding_it(tmp_path: Path,
-                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_local_settings_fill_the_environment_without_overriding_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     path = tmp_path / "local.settings.json"
-    path.write_text(json.dumps({"IsEncrypted": False, "Values": {"DEVSTACK_A": "from-file", "DEVSTACK_B": "file"}}))
+    path.write_text(
+        json.dumps(
+            {"IsEncrypted": False, "Values": {"DEVSTACK_A": "from-file", "DEVSTACK_B": "file"}}
+        )
+    )
     monkeypatch.delenv("DEVSTACK_A", raising=False)
     monkeypatch.setenv("DEVSTACK_B", "from-env")
     load_local_settings(str(path))
@@ -91,11 +103,27 @@ def test_local_settings_fill_the_environment_without_overriding_it(tmp_path: Pat
 def test_host_json_settings_are_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TASKHUB_NAME", "OrdersHub")
     path = tmp_path / "host.json"
-    path.write_text(json.dumps({"version": "2.0", "extensions": {
-        "serviceBus": {"prefetchCount": 5, "maxConcurrentCalls": 3, "autoCompleteMessages": False,
-                       "maxAutoLockRenewalDuration": "00:02:30"},
-        "durableTask": {"hubName": "%TASKHUB_NAME%", "defaultVersion": "1.0",
-                        "versionMatchStrategy": "CurrentOrOlder", "maxConcurrentActivityFunctions": 4}}}))
+    path.write_text(
+        json.dumps(
+            {
+                "version": "2.0",
+                "extensions": {
+                    "serviceBus": {
+                        "prefetchCount": 5,
+                        "maxConcurrentCalls": 3,
+                        "autoCompleteMessages": False,
+                        "maxAutoLockRenewalDuration": "00:02:30",
+                    },
+                    "durableTask": {
+                        "hubName": "%TASKHUB_NAME%",
+                        "defaultVersion": "1.0",
+                        "versionMatchStrategy": "CurrentOrOlder",
+                        "maxConcurrentActivityFunctions": 4,
+                    },
+                },
+            }
+        )
+    )
     config = load_host_json(str(path))
     assert (config.service_bus.prefetch_count, config.service_bus.max_concurrent_calls) == (5, 3)
     assert config.service_bus.auto_complete_messages is False
@@ -108,7 +136,9 @@ def test_host_json_settings_are_read(tmp_path: Path, monkeypatch: pytest.MonkeyP
 
 def test_ncrontab_has_six_fields_with_seconds_first() -> None:
     start = datetime(2026, 1, 1, 10, 0, 7, tzinfo=UTC)
-    assert Schedule("*/10 * * * * *").next_after(start) == datetime(2026, 1, 1, 10, 0, 10, tzinfo=UTC)
+    assert Schedule("*/10 * * * * *").next_after(start) == datetime(
+        2026, 1, 1, 10, 0, 10, tzinfo=UTC
+    )
     assert Schedule("0 30 9 * * 1-5").next_after(start) == datetime(2026, 1, 2, 9, 30, tzinfo=UTC)
     assert Schedule("00:05:00").next_after(start) == datetime(2026, 1, 1, 10, 5, 7, tzinfo=UTC)
     with pytest.raises(HostError, match="six-field"):
@@ -117,9 +147,14 @@ def test_ncrontab_has_six_fields_with_seconds_first() -> None:
 
 def test_version_strategies_default_to_the_documented_ones(tmp_path: Path) -> None:
     path = tmp_path / "host.json"
-    path.write_text(json.dumps({"version": "2.0", "extensions": {"durableTask": {"defaultVersion": "1.0"}}}))
+    path.write_text(
+        json.dumps({"version": "2.0", "extensions": {"durableTask": {"defaultVersion": "1.0"}}})
+    )
     config = load_host_json(str(path))
-    assert (config.durable.version_match, config.durable.version_failure) == ("CurrentOrOlder", "Reject")
+    assert (config.durable.version_match, config.durable.version_failure) == (
+        "CurrentOrOlder",
+        "Reject",
+    )
     assert load_host_json(None).durable.version_match == "CurrentOrOlder"
 
 

@@ -40,13 +40,20 @@ async def test_the_event_wins_the_race(host: HostProcess) -> None:
     status = await wait_status(client, iid, "Completed", "Failed")
     # The SDK client JSON-encodes event data twice; the real host hands the orchestrator the
     # JSON text (azure-functions-durable-python#295), and so does this one.
-    assert status.output == {"doubled": 42, "event": '{"ok": true}', "effect": "effect:event-wins", "version": "2.0"}
+    assert status.output == {
+        "doubled": 42,
+        "event": '{"ok": true}',
+        "effect": "effect:event-wins",
+        "version": "2.0",
+    }
     assert status.custom_status == {"stage": "done"}
     assert history_types(status).count("ExecutionCompleted") == 1
     assert len(host.events("effect", instance=iid)) == 1
 
 
-async def test_the_timer_wins_the_race_when_the_clock_passes_the_deadline(host: HostProcess) -> None:
+async def test_the_timer_wins_the_race_when_the_clock_passes_the_deadline(
+    host: HostProcess,
+) -> None:
     client = host.client
     iid = await client.start_new("race", "timer-wins", {"x": 1, "timeout": 600})
     await wait_stage(host, iid, "waiting")
@@ -64,7 +71,9 @@ async def test_the_timer_wins_the_race_when_the_clock_passes_the_deadline(host: 
 async def test_an_event_raised_before_the_orchestrator_waits_is_buffered(host: HostProcess) -> None:
     client = host.client
     iid = await client.start_new("race", "early-event", {"x": 3, "sleep": 1.5})
-    await wait_for(lambda: host.events("double_started", instance=iid), what="the activity to start")
+    await wait_for(
+        lambda: host.events("double_started", instance=iid), what="the activity to start"
+    )
     await client.raise_event(iid, "go", "early")
     status = await wait_status(client, iid, "Completed", "Failed")
     assert status.output["event"] == '"early"'
@@ -73,7 +82,10 @@ async def test_an_event_raised_before_the_orchestrator_waits_is_buffered(host: H
 async def test_running_ids_cannot_be_started_again_but_finished_ids_can(host: HostProcess) -> None:
     client = host.client
     iid = await client.start_new("race", "reuse", {"x": 1, "timeout": 10})
-    with pytest.raises(Exception, match="An Orchestration instance with the status (Running|Pending) already exists"):
+    with pytest.raises(
+        Exception,
+        match="An Orchestration instance with the status (Running|Pending) already exists",
+    ):
         await client.start_new("race", iid, {"x": 1})
     await wait_stage(host, iid, "waiting")
     host.advance(11)
@@ -83,12 +95,20 @@ async def test_running_ids_cannot_be_started_again_but_finished_ids_can(host: Ho
     await client.raise_event(iid, "go", 1)
     second = await wait_for(lambda: _completed_with(client, iid, 100), what="the second run")
     assert second.output["event"] == "1"
-    assert history_types(second).count("ExecutionStarted") == 1  # the old execution's history is gone
+    assert (
+        history_types(second).count("ExecutionStarted") == 1
+    )  # the old execution's history is gone
 
 
 async def _completed_with(client: Any, iid: str, doubled: int) -> Any:
     s = await client.get_status(iid, show_history=True)
-    return s if s.runtime_status and s.runtime_status.value == "Completed" and s.output["doubled"] == doubled else None
+    return (
+        s
+        if s.runtime_status
+        and s.runtime_status.value == "Completed"
+        and s.output["doubled"] == doubled
+        else None
+    )
 
 
 async def test_terminate_then_purge(host: HostProcess) -> None:
@@ -155,8 +175,10 @@ async def test_sub_orchestrations_and_queries(host: HostProcess) -> None:
     assert sorted(c.instance_id for c in children) == ["fam-child-0", "fam-child-1"]
     completed = await client.get_status_by(runtime_status=[s.runtime_status for s in children][:1])
     assert {"fam", "fam-child-0", "fam-child-1"} <= {c.instance_id for c in completed}
-    purged = await client.purge_instance_history_by(created_time_from=datetime(2000, 1, 1),
-                                                    runtime_status=[OrchestrationRuntimeStatus.Completed])
+    purged = await client.purge_instance_history_by(
+        created_time_from=datetime(2000, 1, 1),
+        runtime_status=[OrchestrationRuntimeStatus.Completed],
+    )
     assert purged.instances_deleted >= 3
     assert not await client.get_status("fam-child-0")
 
@@ -171,8 +193,9 @@ async def test_continue_as_new_starts_a_fresh_history(host: HostProcess) -> None
 
 
 @pytest.mark.parametrize("failure", ["Fail", "Reject", None])
-async def test_version_match_strategy_refuses_newer_orchestrations(host_factory: Any, tmp_path: Any,
-                                                                   failure: str | None) -> None:
+async def test_version_match_strategy_refuses_newer_orchestrations(
+    host_factory: Any, tmp_path: Any, failure: str | None
+) -> None:
     """None: host.json names no strategy, so the documented defaults apply (CurrentOrOlder, Reject)."""
     durable = {"hubName": "SampleHub", "defaultVersion": "2.0"}
     if failure is not None:
@@ -190,5 +213,7 @@ async def test_version_match_strategy_refuses_newer_orchestrations(host_factory:
         status = await wait_status(client, "newer", "Failed")
         assert "newer than the worker version '2.0'" in status.output
     else:
-        await wait_for(lambda: "orchestration newer rejected" in host.log_tail(50), what="the rejection")
+        await wait_for(
+            lambda: "orchestration newer rejected" in host.log_tail(50), what="the rejection"
+        )
         assert (await client.get_status("newer")).runtime_status.value == "Pending"

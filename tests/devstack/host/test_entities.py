@@ -63,7 +63,9 @@ async def _state_is(client: Any, entity: Any, value: int) -> bool:
     return s.entity_exists and s.entity_state == value
 
 
-async def test_an_http_function_uses_the_entity_through_its_client_binding(host: HostProcess) -> None:
+async def test_an_http_function_uses_the_entity_through_its_client_binding(
+    host: HostProcess,
+) -> None:
     async with aiohttp.ClientSession() as s:
         async with s.get(f"{host.base}/api/counters/web") as r:
             assert r.status == 404

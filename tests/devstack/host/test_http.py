@@ -28,7 +28,9 @@ def host(host_factory: Any) -> HostProcess:
     return host_factory(app_dir=OFFICIAL_APP, hub="OfficialHub", app="function_app:myApp")
 
 
-async def poll_until_done(session: aiohttp.ClientSession, url: str, timeout: float = 30) -> dict[str, Any]:
+async def poll_until_done(
+    session: aiohttp.ClientSession, url: str, timeout: float = 30
+) -> dict[str, Any]:
     """What a sample's caller does: GET statusQueryGetUri until the status is final."""
     deadline = time.monotonic() + timeout
     body: dict[str, Any] = {}
@@ -43,9 +45,13 @@ async def poll_until_done(session: aiohttp.ClientSession, url: str, timeout: flo
     raise AssertionError(f"{url} still {body.get('runtimeStatus')} after {timeout}s")
 
 
-async def start(session: aiohttp.ClientSession, host: HostProcess, name: str, payload: Any = None) -> dict[str, Any]:
-    async with session.post(f"{host.base}/api/orchestrators/{name}",
-                            data=json.dumps(payload) if payload is not None else None) as r:
+async def start(
+    session: aiohttp.ClientSession, host: HostProcess, name: str, payload: Any = None
+) -> dict[str, Any]:
+    async with session.post(
+        f"{host.base}/api/orchestrators/{name}",
+        data=json.dumps(payload) if payload is not None else None,
+    ) as r:
         assert r.status == 202, await r.text()
         body = await r.json()
         assert r.headers["Location"] == body["statusQueryGetUri"]
@@ -55,9 +61,22 @@ async def start(session: aiohttp.ClientSession, host: HostProcess, name: str, pa
 async def test_the_quickstart_starter_answers_with_working_status_urls(host: HostProcess) -> None:
     async with aiohttp.ClientSession() as session:
         links = await start(session, host, "hello_orchestrator")
-        assert set(links) >= {"id", "statusQueryGetUri", "sendEventPostUri", "terminatePostUri",
-                              "purgeHistoryDeleteUri", "rewindPostUri", "suspendPostUri", "resumePostUri"}
-        for key in ("statusQueryGetUri", "sendEventPostUri", "terminatePostUri", "purgeHistoryDeleteUri"):
+        assert set(links) >= {
+            "id",
+            "statusQueryGetUri",
+            "sendEventPostUri",
+            "terminatePostUri",
+            "purgeHistoryDeleteUri",
+            "rewindPostUri",
+            "suspendPostUri",
+            "resumePostUri",
+        }
+        for key in (
+            "statusQueryGetUri",
+            "sendEventPostUri",
+            "terminatePostUri",
+            "purgeHistoryDeleteUri",
+        ):
             url = urlparse(links[key])
             assert f"{url.scheme}://{url.netloc}" == host.base, key  # the host's own origin
             assert links["id"] in url.path
@@ -79,7 +98,9 @@ async def test_a_starter_that_waits_for_completion(host: HostProcess) -> None:
             assert r.status == 200
             assert await r.json() == ["Hello Seattle", "Hello Tokyo", "Hello London"]
         # Too short a wait: the check-status payload instead, with working URLs.
-        async with session.post(f"{host.base}/api/orchestrators-wait/approval_orchestrator?timeout=1500") as r:
+        async with session.post(
+            f"{host.base}/api/orchestrators-wait/approval_orchestrator?timeout=1500"
+        ) as r:
             assert r.status == 202
             links = await r.json()
         async with session.get(links["statusQueryGetUri"]) as r:
@@ -90,8 +111,13 @@ async def check_history_shape(session: aiohttp.ClientSession, status_url: str) -
     """showHistory gives the shape the extension documents and builds (DurableClient.cs)."""
     async with session.get(status_url + "&showHistory=true&showHistoryOutput=true") as r:
         events = (await r.json())["historyEvents"]
-    assert [e["EventType"] for e in events] == ["ExecutionStarted", "TaskCompleted", "TaskCompleted",
-                                                "TaskCompleted", "ExecutionCompleted"]
+    assert [e["EventType"] for e in events] == [
+        "ExecutionStarted",
+        "TaskCompleted",
+        "TaskCompleted",
+        "TaskCompleted",
+        "ExecutionCompleted",
+    ]
     assert events[0]["FunctionName"] == "hello_orchestrator"
     tasks = events[1:4]
     assert [t["FunctionName"] for t in tasks] == ["hello"] * 3
@@ -116,7 +142,9 @@ async def test_send_event_and_terminate_urls_reach_the_instance(host: HostProces
         assert status["output"] == {"approved": {"by": "alice"}}
 
         doomed = await start(session, host, "approval_orchestrator", {"hours": 1})
-        async with session.post(doomed["terminatePostUri"].replace("{text}", "no longer needed")) as r:
+        async with session.post(
+            doomed["terminatePostUri"].replace("{text}", "no longer needed")
+        ) as r:
             assert r.status == 202
         status = await poll_until_done(session, doomed["statusQueryGetUri"])
         assert status["runtimeStatus"] == "Terminated"
@@ -145,9 +173,13 @@ async def test_routes_parameters_methods_and_results(host: HostProcess) -> None:
             assert r.headers["X-Item"] == "42"
             assert r.headers["Content-Type"].startswith("application/json")
             assert await r.json() == {"id": 42, "q": "red"}
-        async with s.get(f"{base}/ITEMS/7") as r:  # literals match case-insensitively, as in ASP.NET routing
+        async with s.get(
+            f"{base}/ITEMS/7"
+        ) as r:  # literals match case-insensitively, as in ASP.NET routing
             assert (await r.json())["id"] == 7
-        async with s.get(f"{base}/items/lamp") as r:  # fails the :int constraint, so the next route takes it
+        async with s.get(
+            f"{base}/items/lamp"
+        ) as r:  # fails the :int constraint, so the next route takes it
             assert await r.json() == {"name": "lamp", "method": "GET", "body": None}
         async with s.put(f"{base}/items/lamp", json={"colour": "blue"}) as r:
             assert r.status == 201
@@ -161,7 +193,9 @@ async def test_routes_parameters_methods_and_results(host: HostProcess) -> None:
             assert await r.text() == "path="
         async with s.get(f"{base}/broken") as r:
             assert r.status == 500
-        async with s.get(f"{base}/nothing") as r:  # the worker cannot encode None for an http output
+        async with s.get(
+            f"{base}/nothing"
+        ) as r:  # the worker cannot encode None for an http output
             assert r.status == 500
         async with s.get(f"{base}/cookies") as r:
             assert sorted(r.headers.getall("Set-Cookie")) == ["a=1; Path=/", "b=2; Path=/"]
@@ -202,9 +236,23 @@ async def test_keys_are_not_checked_locally_as_core_tools_does_not(host: HostPro
 
 async def test_route_prefix_comes_from_host_json(host_factory: Any, tmp_path: Path) -> None:
     host_json = tmp_path / "host.json"
-    host_json.write_text(json.dumps({"version": "2.0", "extensions": {
-        "http": {"routePrefix": ""}, "durableTask": {"hubName": "OfficialHub"}}}))
-    host = host_factory(app_dir=OFFICIAL_APP, hub="OfficialHub", app="function_app:myApp", args=["--host-json", str(host_json)])
+    host_json.write_text(
+        json.dumps(
+            {
+                "version": "2.0",
+                "extensions": {
+                    "http": {"routePrefix": ""},
+                    "durableTask": {"hubName": "OfficialHub"},
+                },
+            }
+        )
+    )
+    host = host_factory(
+        app_dir=OFFICIAL_APP,
+        hub="OfficialHub",
+        app="function_app:myApp",
+        args=["--host-json", str(host_json)],
+    )
     async with aiohttp.ClientSession() as s:
         async with s.get(f"{host.base}/items/5") as r:
             assert (await r.json())["id"] == 5
@@ -212,15 +260,21 @@ async def test_route_prefix_comes_from_host_json(host_factory: Any, tmp_path: Pa
             assert r.status == 404
         async with s.post(f"{host.base}/orchestrators/hello_orchestrator") as r:
             links = await r.json()
-        assert (await poll_until_done(s, links["statusQueryGetUri"]))["runtimeStatus"] == "Completed"
+        assert (await poll_until_done(s, links["statusQueryGetUri"]))[
+            "runtimeStatus"
+        ] == "Completed"
 
 
-@pytest.mark.parametrize(("child", "expected"), [
-    ("child_returns_at_once", {"value": 21}),
-    ("child_returns_before_yield", {"value": 40}),
-])
+@pytest.mark.parametrize(
+    ("child", "expected"),
+    [
+        ("child_returns_at_once", {"value": 21}),
+        ("child_returns_before_yield", {"value": 40}),
+    ],
+)
 async def test_a_child_that_returns_in_its_first_episode_reports_to_its_parent(
-        host: HostProcess, child: str, expected: dict[str, Any]) -> None:
+    host: HostProcess, child: str, expected: dict[str, Any]
+) -> None:
     async with aiohttp.ClientSession() as session:
         links = await start(session, host, "family", {"child": child})
         status = await poll_until_done(session, links["statusQueryGetUri"])
@@ -230,7 +284,9 @@ async def test_a_child_that_returns_in_its_first_episode_reports_to_its_parent(
     assert kid.runtime_status.value == "Completed"
 
 
-async def test_a_child_that_raises_before_yielding_fails_its_parents_task(host: HostProcess) -> None:
+async def test_a_child_that_raises_before_yielding_fails_its_parents_task(
+    host: HostProcess,
+) -> None:
     async with aiohttp.ClientSession() as session:
         links = await start(session, host, "family", {"child": "child_raises_at_once"})
         status = await poll_until_done(session, links["statusQueryGetUri"])

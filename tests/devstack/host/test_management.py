@@ -29,9 +29,15 @@ async def test_a_suspended_instance_holds_its_events_until_resumed(host: HostPro
     assert (await client.get_status(iid)).runtime_status.value == "Suspended"
     await client.resume(iid, "audit done")
     status = await wait_status(client, iid, "Completed", "Failed")
-    assert status.output == {"approved": '"yes"'}  # the SDK client double-encodes event data (see docs)
+    assert status.output == {
+        "approved": '"yes"'
+    }  # the SDK client double-encodes event data (see docs)
     types = [e["EventType"] for e in status.historyEvents]
-    assert types.index("ExecutionSuspended") < types.index("ExecutionResumed") < types.index("EventRaised")
+    assert (
+        types.index("ExecutionSuspended")
+        < types.index("ExecutionResumed")
+        < types.index("EventRaised")
+    )
     await client.suspend(iid, "too late")  # 410 Gone: the client treats it as done
     with pytest.raises(Exception, match="No instance with ID 'nope' found"):
         await client.suspend("nope", "x")
@@ -100,5 +106,7 @@ async def test_call_http_returns_the_response_and_does_not_follow_202(host: Host
     assert accepted["headers"]["Location"].endswith("/api/items/1")
     assert json.loads(accepted["content"])["body"] == {"size": 3}
     assert json.loads(accepted["content"])["trace"] == "t1"
-    functions = [e.get("FunctionName") for e in status.historyEvents if e["EventType"] == "TaskCompleted"]
+    functions = [
+        e.get("FunctionName") for e in status.historyEvents if e["EventType"] == "TaskCompleted"
+    ]
     assert functions == ["BuiltIn::HttpActivity", "BuiltIn::HttpActivity"]

@@ -17,14 +17,17 @@ from devstack.host import replay, servicebus
 from devstack.host.store import Store
 
 
-@pytest.mark.parametrize("text", [
-    "2026-11-30T16:17:46.123456Z",
-    "2026-11-30T16:17:46Z",
-    "2026-11-30T16:17:46.1234567Z",  # .NET's seven digits
-    "2026-11-30T16:17:46.5+00:00",
-    "2026-11-30T16:17:46+02:00",
-    "2026-11-30 16:17:46",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "2026-11-30T16:17:46.123456Z",
+        "2026-11-30T16:17:46Z",
+        "2026-11-30T16:17:46.1234567Z",  # .NET's seven digits
+        "2026-11-30T16:17:46.5+00:00",
+        "2026-11-30T16:17:46+02:00",
+        "2026-11-30 16:17:46",
+    ],
+)
 def test_a_parsed_timestamp_is_the_instant_dateutil_reads(text: str) -> None:
     fast = replay.parse_timestamp(text)
     slow = dateutil_parse(text)
@@ -41,13 +44,19 @@ def test_utc_timestamps_carry_dateutils_utc_zone() -> None:
 def test_history_events_parse_through_the_fast_path() -> None:
     module = sys.modules["azure.durable_functions.models.history.HistoryEvent"]
     assert module.dt_parse is replay.parse_timestamp
-    event = HistoryEvent(EventType=12, EventId=-1, IsPlayed=False, Timestamp="2026-11-30T16:17:46.000001Z")
+    event = HistoryEvent(
+        EventType=12, EventId=-1, IsPlayed=False, Timestamp="2026-11-30T16:17:46.000001Z"
+    )
     assert event.timestamp == dateutil_parse("2026-11-30T16:17:46.000001Z")
 
 
-def test_the_receive_socket_timeout_is_short_and_can_be_set(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_receive_socket_timeout_is_short_and_can_be_set(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.delenv("DEVSTACK_HOST_SB_SOCKET_TIMEOUT", raising=False)
-    assert servicebus.receive_socket_timeout() == servicebus.RECEIVE_SOCKET_TIMEOUT < 0.2  # the SDK's default
+    assert (
+        servicebus.receive_socket_timeout() == servicebus.RECEIVE_SOCKET_TIMEOUT < 0.2
+    )  # the SDK's default
     monkeypatch.setenv("DEVSTACK_HOST_SB_SOCKET_TIMEOUT", "0.2")
     assert servicebus.receive_socket_timeout() == 0.2
     monkeypatch.setenv("DEVSTACK_HOST_SB_SOCKET_TIMEOUT", "nonsense")
@@ -60,7 +69,9 @@ def _beat(path: Path, host_id: str) -> float | None:
     return row[0] if row else None
 
 
-def test_heartbeats_go_on_while_the_hosts_loop_is_blocked_and_stop_when_told(tmp_path: Path) -> None:
+def test_heartbeats_go_on_while_the_hosts_loop_is_blocked_and_stop_when_told(
+    tmp_path: Path,
+) -> None:
     store = Store(str(tmp_path / "hub.sqlite"), "host-a", lease_seconds=5)
     try:
         store.heartbeat()

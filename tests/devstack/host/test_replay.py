@@ -41,15 +41,26 @@ def episodes(history: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
     return out
 
 
-def replay_episode(catalog: Any, golden: dict[str, Any], k: int, history: list[dict[str, Any]] | None = None):
+def replay_episode(
+    catalog: Any, golden: dict[str, Any], k: int, history: list[dict[str, Any]] | None = None
+):
     """Replay episode k of a recorded history: the past as played, then the episode's new events."""
     eps = episodes(history or golden["history"])
     past = [dict(e, IsPlayed=True) for ep in eps[:k] for e in ep]
-    current = [e for e in eps[k] if e["EventType"] not in (*SCHEDULING_EVENTS, ORCHESTRATOR_COMPLETED, EXECUTION_COMPLETED)]
+    current = [
+        e
+        for e in eps[k]
+        if e["EventType"] not in (*SCHEDULING_EVENTS, ORCHESTRATOR_COMPLETED, EXECUTION_COMPLETED)
+    ]
     scheduled_before = {e["EventId"]: e for e in past if e["EventType"] in SCHEDULING_EVENTS}
     spec = catalog.orchestrator(golden["orchestrator"])
-    return run_episode(spec.func, instance_id=golden["instanceId"], history=past + current,
-                       input_json=golden["input"], scheduled_before=scheduled_before), eps[k]
+    return run_episode(
+        spec.func,
+        instance_id=golden["instanceId"],
+        history=past + current,
+        input_json=golden["input"],
+        scheduled_before=scheduled_before,
+    ), eps[k]
 
 
 @pytest.fixture
@@ -57,13 +68,21 @@ def golden() -> dict[str, Any]:
     return json.loads(GOLDEN.read_text())
 
 
-def test_every_episode_of_the_golden_history_replays_to_the_recorded_decisions(catalog: Any, golden: dict[str, Any]) -> None:
+def test_every_episode_of_the_golden_history_replays_to_the_recorded_decisions(
+    catalog: Any, golden: dict[str, Any]
+) -> None:
     eps = episodes(golden["history"])
     assert len(eps) == 4
     for k in range(len(eps)):
         result, recorded = replay_episode(catalog, golden, k)
-        scheduled = [(e["EventId"], e["EventType"], e.get("Name")) for e in recorded if e["EventType"] in SCHEDULING_EVENTS]
-        decided = [(t.task_id, {"activity": 4, "timer": 10}[t.kind], t.name) for t in result.new_tasks]
+        scheduled = [
+            (e["EventId"], e["EventType"], e.get("Name"))
+            for e in recorded
+            if e["EventType"] in SCHEDULING_EVENTS
+        ]
+        decided = [
+            (t.task_id, {"activity": 4, "timer": 10}[t.kind], t.name) for t in result.new_tasks
+        ]
         assert decided == scheduled, f"episode {k}"
         done = [e for e in recorded if e["EventType"] == EXECUTION_COMPLETED]
         assert (result.outcome == "completed") == bool(done), f"episode {k}"
@@ -75,13 +94,17 @@ def test_the_same_history_gives_the_same_actions(catalog: Any, golden: dict[str,
     first, _ = replay_episode(catalog, golden, 1)
     second, _ = replay_episode(catalog, golden, 1)
     assert first.state == second.state
-    assert first.state["actions"]  # the race: CallActivity, then WhenAny(WaitForExternalEvent, CreateTimer)
+    assert first.state[
+        "actions"
+    ]  # the race: CallActivity, then WhenAny(WaitForExternalEvent, CreateTimer)
     kinds = [a["actionType"] for a in first.state["actions"][0]]
     assert kinds == [0, 11]
     assert [a["actionType"] for a in first.state["actions"][0][1]["compoundActions"]] == [6, 5]
 
 
-def test_a_changed_activity_name_is_reported_as_non_determinism(catalog: Any, golden: dict[str, Any]) -> None:
+def test_a_changed_activity_name_is_reported_as_non_determinism(
+    catalog: Any, golden: dict[str, Any]
+) -> None:
     history = copy.deepcopy(golden["history"])
     for e in history:
         if e["EventType"] == 4 and e["EventId"] == 0:
@@ -90,16 +113,30 @@ def test_a_changed_activity_name_is_reported_as_non_determinism(catalog: Any, go
         replay_episode(catalog, golden, 1, history)
 
 
-def test_a_recorded_task_the_replay_no_longer_schedules_is_reported(catalog: Any, golden: dict[str, Any]) -> None:
+def test_a_recorded_task_the_replay_no_longer_schedules_is_reported(
+    catalog: Any, golden: dict[str, Any]
+) -> None:
     history = copy.deepcopy(golden["history"])
-    first_episode_end = next(i for i, e in enumerate(history) if e["EventType"] == ORCHESTRATOR_COMPLETED)
-    history.insert(first_episode_end, {"EventType": 10, "EventId": 7, "IsPlayed": False,
-                                       "Timestamp": history[0]["Timestamp"], "FireAt": history[0]["Timestamp"]})
+    first_episode_end = next(
+        i for i, e in enumerate(history) if e["EventType"] == ORCHESTRATOR_COMPLETED
+    )
+    history.insert(
+        first_episode_end,
+        {
+            "EventType": 10,
+            "EventId": 7,
+            "IsPlayed": False,
+            "Timestamp": history[0]["Timestamp"],
+            "FireAt": history[0]["Timestamp"],
+        },
+    )
     with pytest.raises(NonDeterminismError, match="with id 7"):
         replay_episode(catalog, golden, 1, history)
 
 
-def test_an_event_that_arrives_before_the_wait_is_buffered(catalog: Any, golden: dict[str, Any]) -> None:
+def test_an_event_that_arrives_before_the_wait_is_buffered(
+    catalog: Any, golden: dict[str, Any]
+) -> None:
     # Move the EventRaised into the episode that completes the activity: the orchestrator
     # is not waiting yet when it is replayed, and must still take it when it starts waiting.
     history = copy.deepcopy(golden["history"])
@@ -110,4 +147,7 @@ def test_an_event_that_arrives_before_the_wait_is_buffered(catalog: Any, golden:
     eps = episodes(history)
     result, _ = replay_episode(catalog, golden, 1, history)
     assert len(eps) >= 2
-    assert [(t.kind, t.name) for t in result.new_tasks] == [("timer", None), ("activity", "record_effect")]
+    assert [(t.kind, t.name) for t in result.new_tasks] == [
+        ("timer", None),
+        ("activity", "record_effect"),
+    ]

@@ -25,15 +25,21 @@ def _history_checks(host: Any, status: Any) -> None:
     kinds = [e["EventType"] for e in status.historyEvents]
     assert kinds.count("ExecutionCompleted") == 1, status.instance_id
     with sqlite3.connect(host.data_dir / f"{host.hub}.sqlite") as db:
-        events = [json.loads(e) for (e,) in db.execute(
-            "SELECT event FROM history WHERE instance_id=? ORDER BY seq", (status.instance_id,))]
+        events = [
+            json.loads(e)
+            for (e,) in db.execute(
+                "SELECT event FROM history WHERE instance_id=? ORDER BY seq", (status.instance_id,)
+            )
+        ]
     scheduled = [e["Name"] for e in events if e["EventType"] == 4]  # TaskScheduled
     assert scheduled == ["double"], (status.instance_id, scheduled)
     ids = [e["EventId"] for e in events if e["EventType"] in (4, 10)]  # TaskScheduled, TimerCreated
     assert len(ids) == len(set(ids)), (status.instance_id, ids)
 
 
-async def test_two_hosts_share_orchestrations_and_activities_without_running_any_twice(host_factory: Any) -> None:
+async def test_two_hosts_share_orchestrations_and_activities_without_running_any_twice(
+    host_factory: Any,
+) -> None:
     a = host_factory()
     b = host_factory()  # same data dir: the same task hub file
     ids = [f"shared-{i:02d}" for i in range(30)]
@@ -47,8 +53,9 @@ async def test_two_hosts_share_orchestrations_and_activities_without_running_any
         s = await wait_status(a.client, iid, "Completed", "Failed", timeout=90)
         outputs[iid] = s.output
         _history_checks(a, s)
-    assert outputs == {f"shared-{i:02d}": {"doubled": 2 * i, "timeout": True, "version": "2.0"}
-                       for i in range(30)}
+    assert outputs == {
+        f"shared-{i:02d}": {"doubled": 2 * i, "timeout": True, "version": "2.0"} for i in range(30)
+    }
 
     started = a.events("double_started")
     runs = Counter(e["instance"] for e in started)
@@ -71,7 +78,9 @@ async def test_a_stopped_host_leaves_its_share_to_the_other(host_factory: Any) -
         s = await wait_status(a.client, iid, "Completed", "Failed", timeout=60)
         assert s.output == {"doubled": 2 * int(iid[-2:]), "timeout": True, "version": "2.0"}
         _history_checks(a, s)
-    assert Counter(e["instance"] for e in a.events("double_started")) == Counter({iid: 1 for iid in ids})
+    assert Counter(e["instance"] for e in a.events("double_started")) == Counter(
+        {iid: 1 for iid in ids}
+    )
 
 
 async def _stage(host: Any, iid: str, stage: str) -> bool:

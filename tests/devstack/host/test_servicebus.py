@@ -41,12 +41,18 @@ def broker(servicebus_emulator: Any) -> Iterator[Any]:
 def sb_host(broker: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[HostProcess]:
     base = tmp_path_factory.mktemp("sbhost")
     (base / "out").mkdir()
-    host = HostProcess(base / "hub", base / "out", {
-        "SAMPLE_SERVICEBUS": "1",
-        "SAMPLE_COMMANDS_QUEUE": "host-commands",
-        "SAMPLE_EVENTS_QUEUE": "host-events",
-        "ServiceBusConnection": broker.connection_string,
-    }, "real", base / "host.log")
+    host = HostProcess(
+        base / "hub",
+        base / "out",
+        {
+            "SAMPLE_SERVICEBUS": "1",
+            "SAMPLE_COMMANDS_QUEUE": "host-commands",
+            "SAMPLE_EVENTS_QUEUE": "host-events",
+            "ServiceBusConnection": broker.connection_string,
+        },
+        "real",
+        base / "host.log",
+    )
     host.start()
     yield host
     host.stop()
@@ -62,7 +68,9 @@ async def send(broker: Any, queue: str, body: dict[str, Any]) -> str:
 
 async def dead_letters(broker: Any, queue: str) -> list[Any]:
     async with ServiceBusClient.from_connection_string(broker.connection_string) as client:
-        async with client.get_queue_receiver(queue, sub_queue=ServiceBusSubQueue.DEAD_LETTER) as receiver:
+        async with client.get_queue_receiver(
+            queue, sub_queue=ServiceBusSubQueue.DEAD_LETTER
+        ) as receiver:
             return list(await receiver.peek_messages(max_message_count=50))
 
 
@@ -72,13 +80,20 @@ async def active(broker: Any, queue: str) -> list[Any]:
             return list(await receiver.peek_messages(max_message_count=50))
 
 
-async def test_a_message_starts_an_orchestration_and_another_raises_its_event(broker: Any, sb_host: HostProcess) -> None:
+async def test_a_message_starts_an_orchestration_and_another_raises_its_event(
+    broker: Any, sb_host: HostProcess
+) -> None:
     mid = await send(broker, "host-commands", {"cmd": "start", "id": "sb-1", "input": {"x": 2}})
     await wait_for(lambda: sb_host.events("started", instance="sb-1"), what="the start command")
     await wait_for(lambda: _waiting(sb_host, "sb-1"), what="sb-1 waiting")
     await send(broker, "host-events", {"id": "sb-1", "event": "go", "data": "hi"})
     status = await wait_status(sb_host.client, "sb-1", "Completed", "Failed")
-    assert status.output == {"doubled": 4, "event": '"hi"', "effect": "effect:sb-1", "version": "2.0"}
+    assert status.output == {
+        "doubled": 4,
+        "event": '"hi"',
+        "effect": "effect:sb-1",
+        "version": "2.0",
+    }
     # Completed by the function (manual settlement): gone from the queue, not dead-lettered.
     assert len(sb_host.events("command", message_id=mid)) == 1
     assert not [m for m in await active(broker, "host-commands") if m.message_id == mid]
@@ -90,7 +105,9 @@ async def _waiting(host: HostProcess, iid: str) -> bool:
     return bool(s) and (s.custom_status or {}).get("stage") == "waiting"
 
 
-async def test_a_failing_function_is_retried_then_dead_lettered(broker: Any, sb_host: HostProcess) -> None:
+async def test_a_failing_function_is_retried_then_dead_lettered(
+    broker: Any, sb_host: HostProcess
+) -> None:
     mid = await send(broker, "host-events", {"fail": True})
 
     async def dead() -> list[Any]:
@@ -98,7 +115,9 @@ async def test_a_failing_function_is_retried_then_dead_lettered(broker: Any, sb_
 
     letters = await wait_for(dead, timeout=60, what="the poison message in the dead-letter queue")
     attempts = sb_host.events("event_message", message_id=mid)
-    assert [a["delivery_count"] for a in attempts] == list(range(MAX_DELIVERY))  # abandoned each time
+    assert [a["delivery_count"] for a in attempts] == list(
+        range(MAX_DELIVERY)
+    )  # abandoned each time
     assert letters[0].dead_letter_reason == "MaxDeliveryCountExceeded"
 
 
@@ -114,12 +133,17 @@ async def test_manual_dead_letter_keeps_the_reason(broker: Any, sb_host: HostPro
     assert len(sb_host.events("command", message_id=mid)) == 1
 
 
-async def test_a_function_that_outlives_the_lock_keeps_it(broker: Any, sb_host: HostProcess) -> None:
+async def test_a_function_that_outlives_the_lock_keeps_it(
+    broker: Any, sb_host: HostProcess
+) -> None:
     manual = await send(broker, "host-commands", {"cmd": "slow", "sleep": 5})
     auto = await send(broker, "host-events", {"sleep": 5})
     for mid in (manual, auto):
-        done = await wait_for(lambda mid=mid: sb_host.events("slow_done", message_id=mid), timeout=30,
-                              what="the slow function")
+        done = await wait_for(
+            lambda mid=mid: sb_host.events("slow_done", message_id=mid),
+            timeout=30,
+            what="the slow function",
+        )
         assert done[0]["delivery_count"] == 0
     for queue, mid in (("host-commands", manual), ("host-events", auto)):
         await wait_for(lambda q=queue, m=mid: _gone(broker, q, m), what=f"{mid} settled")
@@ -135,8 +159,11 @@ async def _gone(broker: Any, queue: str, mid: str) -> bool:
 
 async def test_the_durable_client_from_inside_a_function(broker: Any, sb_host: HostProcess) -> None:
     await send(broker, "host-commands", {"cmd": "client", "id": "from-fn"})
-    recorded = await wait_for(lambda: sb_host.events("client_results", instance="from-fn"), timeout=60,
-                              what="the client calls")
+    recorded = await wait_for(
+        lambda: sb_host.events("client_results", instance="from-fn"),
+        timeout=60,
+        what="the client calls",
+    )
     results = recorded[0]["results"]
     assert "already exists" in results["restart_running"]
     assert results["status"] in ("Pending", "Running")
@@ -153,25 +180,43 @@ async def test_the_durable_client_from_inside_a_function(broker: Any, sb_host: H
 
 
 def test_a_missing_connection_setting_is_one_clear_line(tmp_path: Path) -> None:
-    host = HostProcess(tmp_path / "hub", tmp_path, {
-        "SAMPLE_SERVICEBUS": "1", "SAMPLE_COMMANDS_QUEUE": "host-commands", "SAMPLE_EVENTS_QUEUE": "host-events",
-        "ServiceBusConnection": None,
-    }, "real", tmp_path / "host.log")
+    host = HostProcess(
+        tmp_path / "hub",
+        tmp_path,
+        {
+            "SAMPLE_SERVICEBUS": "1",
+            "SAMPLE_COMMANDS_QUEUE": "host-commands",
+            "SAMPLE_EVENTS_QUEUE": "host-events",
+            "ServiceBusConnection": None,
+        },
+        "real",
+        tmp_path / "host.log",
+    )
     with pytest.raises(RuntimeError, match="exited"):
         host.start()
     log = (tmp_path / "host.log").read_text()
     errors = [line for line in log.splitlines() if line.startswith("devstack.host:")]
-    assert errors == ["devstack.host: missing app setting 'ServiceBusConnection' (Service Bus connection of "
-                      "function commands); set it in local.settings.json or the environment"]
+    assert errors == [
+        "devstack.host: missing app setting 'ServiceBusConnection' (Service Bus connection of "
+        "function commands); set it in local.settings.json or the environment"
+    ]
     assert "Traceback" not in log
 
 
 def test_an_unreachable_broker_is_one_clear_line(tmp_path: Path) -> None:
-    host = HostProcess(tmp_path / "hub", tmp_path, {
-        "SAMPLE_SERVICEBUS": "1", "SAMPLE_COMMANDS_QUEUE": "host-commands", "SAMPLE_EVENTS_QUEUE": "host-events",
-        "ServiceBusConnection": "Endpoint=sb://127.0.0.1:9;SharedAccessKeyName=k;SharedAccessKey=v;"
-                                "UseDevelopmentEmulator=true",
-    }, "real", tmp_path / "host.log")
+    host = HostProcess(
+        tmp_path / "hub",
+        tmp_path,
+        {
+            "SAMPLE_SERVICEBUS": "1",
+            "SAMPLE_COMMANDS_QUEUE": "host-commands",
+            "SAMPLE_EVENTS_QUEUE": "host-events",
+            "ServiceBusConnection": "Endpoint=sb://127.0.0.1:9;SharedAccessKeyName=k;SharedAccessKey=v;"
+            "UseDevelopmentEmulator=true",
+        },
+        "real",
+        tmp_path / "host.log",
+    )
     with pytest.raises(RuntimeError, match="exited"):
         host.start()
     log = (tmp_path / "host.log").read_text()
@@ -180,13 +225,19 @@ def test_an_unreachable_broker_is_one_clear_line(tmp_path: Path) -> None:
     assert "Traceback" not in log
 
 
-async def test_max_concurrent_calls_from_host_json_bounds_the_invocations(broker: Any, sb_host: HostProcess) -> None:
+async def test_max_concurrent_calls_from_host_json_bounds_the_invocations(
+    broker: Any, sb_host: HostProcess
+) -> None:
     ids = [uuid.uuid4().hex for _ in range(8)]
     async with ServiceBusClient.from_connection_string(broker.connection_string) as client:
         async with client.get_queue_sender("host-events") as sender:  # all at once
-            await sender.send_messages([ServiceBusMessage(json.dumps({"sleep": 2}), message_id=m) for m in ids])
+            await sender.send_messages(
+                [ServiceBusMessage(json.dumps({"sleep": 2}), message_id=m) for m in ids]
+            )
     for mid in ids:
-        await wait_for(lambda m=mid: sb_host.events("slow_done", message_id=m), what="the slow messages")
+        await wait_for(
+            lambda m=mid: sb_host.events("slow_done", message_id=m), what="the slow messages"
+        )
     spans = []
     for mid in ids:
         start = sb_host.events("event_message", message_id=mid)[0]["t"]

@@ -45,13 +45,16 @@ async def _settle_during_an_idle_read(connection_string: str, split: bool) -> tu
     async with ServiceBusClient.from_connection_string(connection_string) as client:
         async with client.get_queue_sender("settle-probe") as sender:
             await sender.send_messages(ServiceBusMessage(b"one"))
-        receiver = client.get_queue_receiver("settle-probe", receive_mode=ServiceBusReceiveMode.PEEK_LOCK,
-                                             socket_timeout=3)
+        receiver = client.get_queue_receiver(
+            "settle-probe", receive_mode=ServiceBusReceiveMode.PEEK_LOCK, socket_timeout=3
+        )
         async with receiver:
             first = await receiver.receive_messages(max_message_count=1, max_wait_time=10)
             assert len(first) == 1
             was_split = split_transport_locks(receiver) if split else False
-            idle = asyncio.create_task(receiver.receive_messages(max_message_count=1, max_wait_time=1))
+            idle = asyncio.create_task(
+                receiver.receive_messages(max_message_count=1, max_wait_time=1)
+            )
             await asyncio.sleep(0.3)  # the idle receive is now inside its (3-second) socket read
             await receiver.complete_message(first[0])
             during = not idle.done()
@@ -60,7 +63,9 @@ async def _settle_during_an_idle_read(connection_string: str, split: bool) -> tu
 
 
 async def test_a_completion_is_written_while_the_receiver_waits_to_read(settle_broker: Any) -> None:
-    was_split, during = await _settle_during_an_idle_read(settle_broker.connection_string, split=True)
+    was_split, during = await _settle_during_an_idle_read(
+        settle_broker.connection_string, split=True
+    )
     assert was_split
     assert during, "the completion waited for the idle read to end"
 

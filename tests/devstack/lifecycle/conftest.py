@@ -64,13 +64,16 @@ def open_ports(ports: list[int], timeout: float = 10) -> list[int]:
 class Launched:
     """An entry point running as `python -m ...`, its output in a file."""
 
-    def __init__(self, args: list[str], workdir: Path, value: str, extra_env: dict[str, str] | None = None):
+    def __init__(
+        self, args: list[str], workdir: Path, value: str, extra_env: dict[str, str] | None = None
+    ):
         self.out_path = workdir / f"out-{uuid.uuid4().hex[:6]}.txt"
         self.value = value
         env = {**os.environ, MARK: value, "PYTHONUNBUFFERED": "1", **(extra_env or {})}
         with open(self.out_path, "wb") as out:
-            self.process = subprocess.Popen([sys.executable, *args], cwd=ROOT, env=env, stdout=out,
-                                            stderr=subprocess.STDOUT)
+            self.process = subprocess.Popen(
+                [sys.executable, *args], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT
+            )
 
     @property
     def output(self) -> str:
@@ -80,7 +83,9 @@ class Launched:
         deadline = time.monotonic() + timeout
         while not predicate():
             if self.process.poll() is not None:
-                raise AssertionError(f"exited with {self.process.returncode} before {what}:\n{self.output[-3000:]}")
+                raise AssertionError(
+                    f"exited with {self.process.returncode} before {what}:\n{self.output[-3000:]}"
+                )
             if time.monotonic() > deadline:
                 raise AssertionError(f"no {what} after {timeout}s:\n{self.output[-3000:]}")
             time.sleep(0.2)

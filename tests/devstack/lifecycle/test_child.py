@@ -35,8 +35,7 @@ def leader(then: str, stranger: bool = False) -> list[str]:
             "import os, subprocess, sys\n"
             f"env = {{k: v for k, v in os.environ.items() if k != {proc.CHILD_ENV!r}}}\n"
             f"s = subprocess.Popen([sys.executable, '-c', {STUBBORN!r}], env=env, stdout=subprocess.PIPE, text=True)\n"
-            "print(s.stdout.readline().strip(), flush=True)\n"
-            + STUBBORN
+            "print(s.stdout.readline().strip(), flush=True)\n" + STUBBORN
         )
     code = (
         "import subprocess, sys\n"
@@ -87,7 +86,9 @@ def gone(pid: int, timeout: float = 10) -> bool:
 
 
 def test_stop_kills_what_is_left_in_the_group() -> None:
-    child = Child.start("leader", leader("import time\ntime.sleep(120)\n"), stdout=subprocess.PIPE, text=True)
+    child = Child.start(
+        "leader", leader("import time\ntime.sleep(120)\n"), stdout=subprocess.PIPE, text=True
+    )
     assert child.process.stdout is not None
     stubborn = int(read_line(child.process.stdout, 30))
     assert child.stop(timeout=5) == -signal.SIGTERM

@@ -24,7 +24,9 @@ def test_demo_interrupted_while_starting_leaves_nothing(launch, mark, tmp_path, 
     # Early: some servers are running, the host is not up yet.
     demo.wait_for(lambda: len(state(run_dir).get("servers", {})) >= 3, "three servers started")
     ports = stack_ports(run_dir)
-    assert "host" not in state(run_dir)["servers"] or not port_open(state(run_dir)["servers"]["host"]["port"])
+    assert "host" not in state(run_dir)["servers"] or not port_open(
+        state(run_dir)["servers"]["host"]["port"]
+    )
 
     demo.process.send_signal(sig)
     code = demo.process.wait(30)
@@ -48,9 +50,17 @@ def test_a_stack_whose_last_server_fails_stops_those_it_started(tmp_path):
 
 def test_fixture_servers_die_with_a_killed_test_run(launch, mark, tmp_path):
     ports_file = tmp_path / "ports.json"
-    run = launch("-m", "pytest", "-q", "-p", "no:cacheprovider", "--timeout", "200",
-                 str(ROOT / "tests" / "devstack" / "lifecycle" / "held_servers.py"),
-                 LIFECYCLE_PORTS_FILE=str(ports_file))
+    run = launch(
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "--timeout",
+        "200",
+        str(ROOT / "tests" / "devstack" / "lifecycle" / "held_servers.py"),
+        LIFECYCLE_PORTS_FILE=str(ports_file),
+    )
     run.wait_for(ports_file.exists, "the fixtures' ports")
     ports = json.loads(ports_file.read_text())
     assert [p for p in ports if port_open(p)] == ports
@@ -59,4 +69,3 @@ def test_fixture_servers_die_with_a_killed_test_run(launch, mark, tmp_path):
     run.process.wait(10)
     assert wait_until_gone(mark, timeout=25) == []
     assert open_ports(ports) == []
-

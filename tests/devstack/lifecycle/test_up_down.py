@@ -69,14 +69,24 @@ def test_down_stops_a_stack_left_by_an_earlier_run(launch, mark, tmp_path):
     still_open = open_ports(ports, timeout=0)
     assert len(still_open) >= 2
 
-    status = subprocess.run([sys.executable, "-m", "devstack", "status", "--run-dir", str(run_dir)],
-                            cwd=ROOT, capture_output=True, text=True, timeout=60)
+    status = subprocess.run(
+        [sys.executable, "-m", "devstack", "status", "--run-dir", str(run_dir)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert status.returncode == 0
     assert "running; owner pid" in status.stdout and "gone" in status.stdout
     assert status.stdout.count("listening") == len(still_open), status.stdout
 
-    down = subprocess.run([sys.executable, "-m", "devstack", "down", "--run-dir", str(run_dir)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    down = subprocess.run(
+        [sys.executable, "-m", "devstack", "down", "--run-dir", str(run_dir)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert down.returncode == 0, down.stderr
     assert "down" in down.stdout
     assert wait_until_gone(mark, timeout=5) == []
@@ -89,7 +99,9 @@ def test_up_names_a_taken_port_and_its_holder_and_starts_nothing(launch, mark, t
     with socket.socket() as holder:
         holder.bind(("127.0.0.1", base + 3))  # the Cosmos server's port
         holder.listen()
-        up = launch("-m", "devstack", "up", "--base-port", str(base), "--run-dir", str(tmp_path / "run"))
+        up = launch(
+            "-m", "devstack", "up", "--base-port", str(base), "--run-dir", str(tmp_path / "run")
+        )
         assert up.process.wait(60) == 1
     assert f"port cosmos {base + 3} is taken by pid {os.getpid()}" in up.output
     assert wait_until_gone(mark, timeout=5) == []

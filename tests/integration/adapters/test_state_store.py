@@ -396,18 +396,26 @@ async def test_unsent_statuses_are_found_after_their_grace_and_not_once_cleared(
         await state_store.create_if_absent(make_record(order_id))
         claimed = await state_store.claim(order_id, NOW, POLICY)
         assert claimed is not None
-    await state_store.update("OUT-1", lambda r: sm.mark_failed(r, "OUT-1:1", None, "declined", NOW), "OUT-1:1")
+    await state_store.update(
+        "OUT-1", lambda r: sm.mark_failed(r, "OUT-1:1", None, "declined", NOW), "OUT-1:1"
+    )
     later = NOW + timedelta(minutes=5)
-    await state_store.update("OUT-2", lambda r: sm.mark_failed(r, "OUT-2:1", None, "declined", later), "OUT-2:1")
+    await state_store.update(
+        "OUT-2", lambda r: sm.mark_failed(r, "OUT-2:1", None, "declined", later), "OUT-2:1"
+    )
 
     found = await state_store.query_unsent_statuses(10, NOW + timedelta(minutes=1))
     assert [record.id for record, _ in found] == ["OUT-1"]
     record, etag = found[0]
     assert record.PendingStatus is not None and record.PendingStatus.Status.value == "Failed"
 
-    await state_store.replace(sm.mark_status_sent(record, record.PendingStatus.MessageId, NOW), etag)
+    await state_store.replace(
+        sm.mark_status_sent(record, record.PendingStatus.MessageId, NOW), etag
+    )
     assert await state_store.query_unsent_statuses(10, NOW + timedelta(minutes=1)) == []
-    assert [r.id for r, _ in await state_store.query_unsent_statuses(10, later + timedelta(seconds=1))] == ["OUT-2"]
+    assert [
+        r.id for r, _ in await state_store.query_unsent_statuses(10, later + timedelta(seconds=1))
+    ] == ["OUT-2"]
 
 
 async def test_claims_on_a_known_etag_have_one_winner_and_cost_one_request_each(
@@ -416,10 +424,14 @@ async def test_claims_on_a_known_etag_have_one_winner_and_cost_one_request_each(
     """The Starter's query result (or Submit's create) and a fast-path claim
     racing on one etag: one replace each, one winner, nothing read."""
     _, etag, _ = await state_store.create_if_absent(make_record("ORD-K"))
-    [(record, queried_etag)] = [p for p in await state_store.query_claimable(50, NOW) if p[0].id == "ORD-K"]
+    [(record, queried_etag)] = [
+        p for p in await state_store.query_claimable(50, NOW) if p[0].id == "ORD-K"
+    ]
     assert queried_etag == etag
     calls = state_store.charges.calls
-    results = await asyncio.gather(*(state_store.claim_known(record, etag, NOW, POLICY) for _ in range(10)))
+    results = await asyncio.gather(
+        *(state_store.claim_known(record, etag, NOW, POLICY) for _ in range(10))
+    )
     assert state_store.charges.calls - calls == 10  # one replace each (412s are recorded too)
     assert "read" not in {c.kind for c in list(state_store.charges.recent)[-10:]}
     winners = [r for r in results if r is not None]

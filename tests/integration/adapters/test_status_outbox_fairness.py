@@ -43,14 +43,19 @@ class Client:
         return None
 
 
-async def _failed_with_pending_status(store: CosmosStateStore, order_id: str, reply_to: str, at) -> None:
+async def _failed_with_pending_status(
+    store: CosmosStateStore, order_id: str, reply_to: str, at
+) -> None:
     """A Failed record whose status (and alert) is still in its outbox, written at `at`."""
     order = make_order(order_id, ReplyTo=reply_to, AppId=reply_to.removeprefix("replies-"))
     await store.create_if_absent(sm.new_record(order, NOW, STEPS))
     claimed = await store.claim(order_id, NOW, POLICY)
     assert claimed is not None
-    await store.update(order_id, lambda r: sm.mark_failed(r, claimed.LockedBy, None, "declined", at),
-                       claimed.LockedBy)
+    await store.update(
+        order_id,
+        lambda r: sm.mark_failed(r, claimed.LockedBy, None, "declined", at),
+        claimed.LockedBy,
+    )
 
 
 async def test_outbox_query_returns_oldest_first_and_leaves_out_skipped_queues(
@@ -62,30 +67,51 @@ async def test_outbox_query_returns_oldest_first_and_leaves_out_skipped_queues(
         _failed_with_pending_status(state_store, "OB-2", HEALTHY, NOW + timedelta(seconds=2)),
     )
     before = NOW + timedelta(minutes=1)
-    assert [r.id for r, _ in await state_store.query_unsent_statuses(10, before)] == ["OB-1", "OB-2", "OB-3"]
+    assert [r.id for r, _ in await state_store.query_unsent_statuses(10, before)] == [
+        "OB-1",
+        "OB-2",
+        "OB-3",
+    ]
     assert [r.id for r, _ in await state_store.query_unsent_statuses(2, before)] == ["OB-1", "OB-2"]
     skipped = await state_store.query_unsent_statuses(10, before, [REFUSING])
     assert [r.id for r, _ in skipped] == ["OB-2", "OB-3"]
-    assert [r.id for r, _ in await state_store.query_unsent_statuses(10, before, [REFUSING, HEALTHY])] == []
+    assert [
+        r.id for r, _ in await state_store.query_unsent_statuses(10, before, [REFUSING, HEALTHY])
+    ] == []
 
 
-async def test_a_refusing_reply_queue_does_not_starve_the_others(state_store: CosmosStateStore) -> None:
+async def test_a_refusing_reply_queue_does_not_starve_the_others(
+    state_store: CosmosStateStore,
+) -> None:
     """A page's worth of older entries for a refusing queue, then a few for a
     healthy one: one run delivers the healthy ones and tries the refusing
     queue once; it is probed again only after its back-off."""
     batch = 8
-    await asyncio.gather(*(
-        _failed_with_pending_status(state_store, f"RF-{i:02}", REFUSING, NOW + timedelta(seconds=i))
-        for i in range(batch + 4)
-    ))
-    await asyncio.gather(*(
-        _failed_with_pending_status(state_store, f"OK-{i}", HEALTHY, NOW + timedelta(minutes=1, seconds=i))
-        for i in range(3)
-    ))
+    await asyncio.gather(
+        *(
+            _failed_with_pending_status(
+                state_store, f"RF-{i:02}", REFUSING, NOW + timedelta(seconds=i)
+            )
+            for i in range(batch + 4)
+        )
+    )
+    await asyncio.gather(
+        *(
+            _failed_with_pending_status(
+                state_store, f"OK-{i}", HEALTHY, NOW + timedelta(minutes=1, seconds=i)
+            )
+            for i in range(3)
+        )
+    )
     publisher = RefusingPublisher()
     now = [NOW + timedelta(minutes=5)]
-    starter = Starter(replace(SETTINGS, starter_batch_size=batch), state_store, clock=lambda: now[0],
-                      publisher=publisher, status_scan_interval=timedelta(seconds=1))
+    starter = Starter(
+        replace(SETTINGS, starter_batch_size=batch),
+        state_store,
+        clock=lambda: now[0],
+        publisher=publisher,
+        status_scan_interval=timedelta(seconds=1),
+    )
 
     report = await starter.run(Client())
     delivered = sorted(body_id for q, _, body_id, _ in publisher.sent if q == HEALTHY)

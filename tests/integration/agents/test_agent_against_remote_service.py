@@ -40,8 +40,14 @@ def make_request(
     action: str = "do",
     deadline_in: float = 10.0,
 ) -> AgentRequest:
-    return agent_request(order_id, step, attempt, action,
-                         datetime.now(UTC) + timedelta(seconds=deadline_in), {"Amount": "10.00"})
+    return agent_request(
+        order_id,
+        step,
+        attempt,
+        action,
+        datetime.now(UTC) + timedelta(seconds=deadline_in),
+        {"Amount": "10.00"},
+    )
 
 
 @pytest.fixture

@@ -31,12 +31,26 @@ def holds_the_card(text: str) -> bool:
     return "4111111111111111" in re.sub(r"[\s.\-\\u]+", "", text)
 
 
-async def test_a_declined_card_quoted_by_the_provider_is_stored_nowhere(http, remote_admin, state_store):
-    await remote_admin.fault(kind="permanent", service="payment", status=402,
-                             message=f"card {PAN} declined: do not honour")
-    agent = Agent(HttpRemoteService(http, remote_admin.url), SystemClock(), FAST, rng=random.Random(3))
-    request = agent_request("PAN-1", "charge-payment", 1, "do",
-                            datetime.now(UTC) + timedelta(seconds=10), {"Amount": "10.00"})
+async def test_a_declined_card_quoted_by_the_provider_is_stored_nowhere(
+    http, remote_admin, state_store
+):
+    await remote_admin.fault(
+        kind="permanent",
+        service="payment",
+        status=402,
+        message=f"card {PAN} declined: do not honour",
+    )
+    agent = Agent(
+        HttpRemoteService(http, remote_admin.url), SystemClock(), FAST, rng=random.Random(3)
+    )
+    request = agent_request(
+        "PAN-1",
+        "charge-payment",
+        1,
+        "do",
+        datetime.now(UTC) + timedelta(seconds=10),
+        {"Amount": "10.00"},
+    )
 
     reply = await agent.handle(request)
 
@@ -48,7 +62,9 @@ async def test_a_declined_card_quoted_by_the_provider_is_stored_nowhere(http, re
     claimed = await state_store.claim("PAN-1", NOW, POLICY)
     reason = f"step charge-payment failed: {reply.Error}"
     await state_store.update(
-        "PAN-1", lambda r: sm.mark_failed(r, claimed.LockedBy, "charge-payment", reason, NOW), claimed.LockedBy
+        "PAN-1",
+        lambda r: sm.mark_failed(r, claimed.LockedBy, "charge-payment", reason, NOW),
+        claimed.LockedBy,
     )
     record, _ = await state_store.read("PAN-1")
     assert "declined: do not honour" in record.LastError
@@ -62,7 +78,9 @@ async def test_a_provider_text_read_back_from_an_older_agent_is_masked_when_stor
     claimed = await state_store.claim("PAN-2", NOW, POLICY)
     reason = f"step charge-payment failed: card {PAN} declined"
     await state_store.update(
-        "PAN-2", lambda r: sm.mark_failed(r, claimed.LockedBy, "charge-payment", reason, NOW), claimed.LockedBy
+        "PAN-2",
+        lambda r: sm.mark_failed(r, claimed.LockedBy, "charge-payment", reason, NOW),
+        claimed.LockedBy,
     )
     record, _ = await state_store.read("PAN-2")
     assert not holds_the_card(record.model_dump_json())

@@ -40,7 +40,9 @@ def stack(tmp_path_factory):
         yield stack
 
 
-async def _wait_for_state(store: CosmosStateStore, order_id: str, state: ProcessState, timeout: float):
+async def _wait_for_state(
+    store: CosmosStateStore, order_id: str, state: ProcessState, timeout: float
+):
     deadline = time.monotonic() + timeout
     record = None
     while time.monotonic() < deadline:
@@ -60,13 +62,19 @@ async def test_a_lone_order_is_started_by_submit_not_by_the_starters_timer(stack
     cfg = load_settings(stack.settings)
     [order] = list(generate("webshop", "replies-webshop", 1, f"FAST-{uuid.uuid4().hex[:6]}"))
     cosmos = build_client(cfg.state_account)
-    store = CosmosStateStore(cosmos.get_database_client(cfg.state_database).get_container_client(cfg.state_container))
+    store = CosmosStateStore(
+        cosmos.get_database_client(cfg.state_database).get_container_client(cfg.state_container)
+    )
     try:
         async with ServiceBusClient.from_connection_string(cfg.servicebus.connection_string) as bus:
             async with bus.get_queue_sender(INGRESS_QUEUE) as sender:
-                await sender.send_messages(ServiceBusMessage(encode(order), message_id=f"submit/{order.OrderID}"))
+                await sender.send_messages(
+                    ServiceBusMessage(encode(order), message_id=f"submit/{order.OrderID}")
+                )
             # generous: the 2-core machine is shared; not a speed assertion
-            record = await _wait_for_state(store, order.OrderID, ProcessState.PROCESSED, timeout=240)
+            record = await _wait_for_state(
+                store, order.OrderID, ProcessState.PROCESSED, timeout=240
+            )
     finally:
         await cosmos.close()
     assert record.AppId == "webshop" and record.ReceivedSent

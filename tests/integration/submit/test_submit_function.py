@@ -48,9 +48,18 @@ SUBMIT = _submit_of("webshop")
 async def rig(app_env, servicebus_emulator):  # noqa: F811
     rig = Rig(Bus(servicebus_emulator.connection_string))
     # Concurrently: each receiver's link costs the SDK's handshake cadence (~0.9 s).
-    await asyncio.gather(*(rig.bus.drain(queue, wait=0.1) for queue in (
-        *INGRESS.values(), "replies-webshop", "replies-partner-portal", "alerts",
-        *(f"{q}/$deadletterqueue" for q in INGRESS.values()))))
+    await asyncio.gather(
+        *(
+            rig.bus.drain(queue, wait=0.1)
+            for queue in (
+                *INGRESS.values(),
+                "replies-webshop",
+                "replies-partner-portal",
+                "alerts",
+                *(f"{q}/$deadletterqueue" for q in INGRESS.values()),
+            )
+        )
+    )
     yield rig
     await rig.bus.close()
     await bootstrap.close()
@@ -86,7 +95,11 @@ class Rig:
         return await self.bus.deliver(ORDERS, _dies_like_a_process(SUBMIT))
 
     async def replies(self, queue="replies-webshop") -> list[str]:
-        return [m["Status"] for m in await self.bus.drain(queue, wait=0.3) if m.get("OrderID") == self.order_id]
+        return [
+            m["Status"]
+            for m in await self.bus.drain(queue, wait=0.3)
+            if m.get("OrderID") == self.order_id
+        ]
 
     async def alerts(self) -> list[str]:
         return [m["Kind"] for m in await self.bus.drain("alerts", wait=0.3)]
@@ -131,9 +144,14 @@ async def test_crash_between_the_two_writes_is_healed_by_redelivery(rig, monkeyp
     record = await rig.record()
     assert record.ProcessState is ProcessState.PENDING
     c = await bootstrap.container()
-    items = [i async for i in c.state_container.query_items(
-        "SELECT VALUE COUNT(1) FROM c WHERE c.id = @id", parameters=[{"name": "@id", "value": rig.order_id}],
-        partition_key=rig.order_id)]
+    items = [
+        i
+        async for i in c.state_container.query_items(
+            "SELECT VALUE COUNT(1) FROM c WHERE c.id = @id",
+            parameters=[{"name": "@id", "value": rig.order_id}],
+            partition_key=rig.order_id,
+        )
+    ]
     assert items == [1]
     assert await rig.replies() == ["Received"]
 
@@ -147,13 +165,19 @@ async def test_crash_between_the_two_writes_is_healed_by_redelivery(rig, monkeyp
         ({"Lines": [{"Sku": "SKU-9", "Quantity": 1, "UnitPrice": "25.50"}]}, "Lines"),
     ],
 )
-async def test_conflicting_order_is_deadlettered_alerted_and_nothing_overwritten(rig, overrides, field):
+async def test_conflicting_order_is_deadlettered_alerted_and_nothing_overwritten(
+    rig, overrides, field
+):
     await rig.submit(rig.body())
     before = await rig.record()
     call = await rig.submit(rig.body(**overrides))
     assert call[0] == "deadletter" and call[1] == "OrderConflict" and field in call[2]
     assert await rig.record() == before
-    dead = [m for m in await rig.bus.drain(f"{ORDERS}/$deadletterqueue", wait=0.3) if m.get("OrderID") == rig.order_id]
+    dead = [
+        m
+        for m in await rig.bus.drain(f"{ORDERS}/$deadletterqueue", wait=0.3)
+        if m.get("OrderID") == rig.order_id
+    ]
     assert [m["_dead_letter_reason"] for m in dead] == ["OrderConflict"]
     assert "OrderConflict" in await rig.alerts()
 
@@ -190,7 +214,12 @@ async def test_backlog_above_threshold_answers_rejected(rig, app_env):  # noqa: 
     assert (await rig.record()).ProcessState is ProcessState.REJECTED
 
 
-async def test_throttled_store_retries_after_a_delay_not_at_once(rig, app_env, cosmos_server, cosmos_database):  # noqa: F811
+async def test_throttled_store_retries_after_a_delay_not_at_once(
+    rig,
+    app_env,  # noqa: F811
+    cosmos_server,
+    cosmos_database,
+):
     app_env(REDELIVERY_DELAYS_SECONDS="2")
     set_faults(cosmos_server.endpoint, FaultRule(status=429, db=cosmos_database, retry_after_ms=10))
     try:
@@ -207,7 +236,10 @@ async def test_throttled_store_retries_after_a_delay_not_at_once(rig, app_env, c
 
 
 async def test_throttling_that_outlasts_the_back_off_dead_letters_with_a_reason_and_an_alert(
-    rig, app_env, cosmos_server, cosmos_database  # noqa: F811
+    rig,
+    app_env,  # noqa: F811
+    cosmos_server,
+    cosmos_database,
 ):
     app_env(REDELIVERY_DELAYS_SECONDS="0.2")
     set_faults(cosmos_server.endpoint, FaultRule(status=429, db=cosmos_database, retry_after_ms=10))
@@ -234,7 +266,11 @@ async def test_an_unexpected_exception_is_dead_lettered_processing_failed(rig, m
     assert alert["Kind"] == "ProcessingFailed" and alert["OrderID"] == rig.order_id
 
 
-async def test_a_rejected_order_whose_status_send_failed_hears_rejected_on_redelivery(rig, app_env, monkeypatch):  # noqa: F811
+async def test_a_rejected_order_whose_status_send_failed_hears_rejected_on_redelivery(
+    rig,
+    app_env,  # noqa: F811
+    monkeypatch,
+):
     app_env(PENDING_BACKLOG_LIMIT="5", REDELIVERY_DELAYS_SECONDS="0.2")
     c = await bootstrap.container()
     from datetime import UTC, datetime
@@ -271,18 +307,24 @@ async def test_an_order_on_the_webshop_ingress_becomes_a_webshop_order(rig):
 async def test_each_application_has_its_own_submit_function_and_queue(rig):
     body = rig.body(AppId="partner-portal", ReplyTo="replies-partner-portal")
     await rig.bus.send(INGRESS["partner-portal"], body)
-    assert await rig.bus.deliver(INGRESS["partner-portal"], _submit_of("partner-portal")) == ("complete",)
+    assert await rig.bus.deliver(INGRESS["partner-portal"], _submit_of("partner-portal")) == (
+        "complete",
+    )
     assert (await rig.record()).AppId == "partner-portal"
     assert await rig.replies("replies-partner-portal") == ["Received"]
 
 
-async def test_a_body_naming_partner_portal_on_the_webshop_ingress_is_dead_lettered_app_id_mismatch(rig):
+async def test_a_body_naming_partner_portal_on_the_webshop_ingress_is_dead_lettered_app_id_mismatch(
+    rig,
+):
     call = await rig.submit(rig.body(AppId="partner-portal", ReplyTo="replies-partner-portal"))
     assert call[:2] == ("deadletter", "AppIdMismatch")
     [dead] = await rig.bus.drain(f"{ORDERS}/$deadletterqueue", wait=0.3)
     assert dead["_dead_letter_reason"] == "AppIdMismatch" and dead["OrderID"] == rig.order_id
     alerts = await rig.bus.drain("alerts", wait=0.3)
-    assert [(a["Kind"], a["OrderID"], a["Queue"]) for a in alerts] == [("AppIdMismatch", rig.order_id, ORDERS)]
+    assert [(a["Kind"], a["OrderID"], a["Queue"]) for a in alerts] == [
+        ("AppIdMismatch", rig.order_id, ORDERS)
+    ]
     with pytest.raises(NotFoundError):
         await rig.record()
     c = await bootstrap.container()
@@ -310,5 +352,11 @@ async def test_a_new_order_costs_two_creates_and_one_replace_on_the_real_server(
     after = _calls(c.store.charges, c.orders.charges)
     spent = {k: after[k] - before.get(k, 0) for k in after if after[k] != before.get(k, 0)}
     backlog = {k: v for k, v in spent.items() if "gauge" in k or "backlog" in k}
-    assert {k: v for k, v in spent.items() if k not in backlog} == {"order_create": 1, "create": 1, "replace": 1}
-    print(f"\nsubmit, new order: cosmos requests={sum(spent.values()) - sum(backlog.values())} {spent}")
+    assert {k: v for k, v in spent.items() if k not in backlog} == {
+        "order_create": 1,
+        "create": 1,
+        "replace": 1,
+    }
+    print(
+        f"\nsubmit, new order: cosmos requests={sum(spent.values()) - sum(backlog.values())} {spent}"
+    )

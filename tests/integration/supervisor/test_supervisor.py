@@ -30,7 +30,9 @@ class Crash(Exception):
 
 
 @pytest.fixture(params=["query", "index"])
-async def rig(request, state_store, state_container, cosmos_client, cosmos_database, request_charges):
+async def rig(
+    request, state_store, state_container, cosmos_client, cosmos_database, request_charges
+):
     index = None
     if request.param == "index":
         container = await ensure_index_container(cosmos_client, cosmos_database, "recoveryIndex")
@@ -45,12 +47,20 @@ class Rig:
         self.bus = RecordingPublisher()
         self.now = LATER
 
-    def supervisor(self, page_size=10, slack=timedelta(seconds=5), clock=None, name="supervisor", store=None):
+    def supervisor(
+        self, page_size=10, slack=timedelta(seconds=5), clock=None, name="supervisor", store=None
+    ):
         store = store or self.store
         source = IndexSource(self.index, store) if self.scan == "index" else QuerySource(store)
         return Supervisor(
-            store, source, CosmosCheckpointStore(self.state_container, self.charges, name),
-            StatusReporter(self.bus), Alerts(self.bus), POLICY, page_size, slack=slack,
+            store,
+            source,
+            CosmosCheckpointStore(self.state_container, self.charges, name),
+            StatusReporter(self.bus),
+            Alerts(self.bus),
+            POLICY,
+            page_size,
+            slack=slack,
             clock=clock or (lambda: self.now),
         )
 
@@ -74,14 +84,22 @@ async def test_expired_attempt_returns_to_pending(rig):
     report = await rig.supervisor().run()
     assert (report.examined, report.recovered) == (1, 1)
     record = await rig.state("A")
-    assert record.ProcessState is ProcessState.PENDING and record.FailureCount == 1 and record.LockedBy is None
+    assert (
+        record.ProcessState is ProcessState.PENDING
+        and record.FailureCount == 1
+        and record.LockedBy is None
+    )
 
 
 async def test_attempt_that_met_its_deadline_is_left_alone(rig):
     claimed = await rig.add_claimed("A")
-    await rig.store.update("A", lambda r: r.model_copy(update={"ProcessState": ProcessState.PROCESSED,
-                                                               "LockedBy": None, "CompleteBy": None}),
-                           claimed.LockedBy)
+    await rig.store.update(
+        "A",
+        lambda r: r.model_copy(
+            update={"ProcessState": ProcessState.PROCESSED, "LockedBy": None, "CompleteBy": None}
+        ),
+        claimed.LockedBy,
+    )
     report = await rig.supervisor().run()
     assert report.recovered == 0
     assert (await rig.state("A")).ProcessState is ProcessState.PROCESSED
@@ -178,8 +196,11 @@ async def test_index_entries_for_met_or_replaced_deadlines_are_discarded(rig):
     # the attempt moves on to a step with a later deadline: a second entry, the first now stale
     step_deadline = NOW + timedelta(minutes=30)
     await rig.index.add("A", step_deadline, claimed.Attempt)
-    await rig.store.update("A", lambda r: sm.start_step(r, claimed.LockedBy, "reserve-inventory", NOW, step_deadline),
-                           claimed.LockedBy)
+    await rig.store.update(
+        "A",
+        lambda r: sm.start_step(r, claimed.LockedBy, "reserve-inventory", NOW, step_deadline),
+        claimed.LockedBy,
+    )
     report = await rig.supervisor().run()  # now = NOW + 10 min: only the claim's entry is due
     assert report.recovered == 0 and report.read == 1
     assert (await rig.state("A")).ProcessState is ProcessState.PROCESSING
@@ -196,7 +217,9 @@ async def test_index_cursor_never_passes_an_entry_not_yet_due(rig):
 
     from adapters.recovery_index import bucket_of
 
-    minute = datetime.fromisoformat(bucket_of(NOW + timedelta(minutes=2))).replace(tzinfo=NOW.tzinfo)
+    minute = datetime.fromisoformat(bucket_of(NOW + timedelta(minutes=2))).replace(
+        tzinfo=NOW.tzinfo
+    )
     # ids sort A < B < C; deadlines: A late in the minute, B and C early.
     for order_id, second in (("A", 50), ("B", 10), ("C", 15)):
         await rig.add_claimed(order_id, minute + timedelta(seconds=second) - POLICY.claim_timeout)
@@ -223,9 +246,14 @@ async def test_one_index_entry_per_attempt_follows_a_live_attempt_to_its_deadlin
     live attempt to the record's deadline, and recovers it when that passes."""
     claimed = await rig.add_claimed("A")
     step_deadline = NOW + timedelta(minutes=30)
-    await rig.store.update("A", lambda r: sm.start_step(r, claimed.LockedBy, "reserve-inventory", NOW, step_deadline),
-                           claimed.LockedBy)
-    report = await rig.supervisor().run()  # now = NOW + 10 min: the claim's entry is due, the attempt is not
+    await rig.store.update(
+        "A",
+        lambda r: sm.start_step(r, claimed.LockedBy, "reserve-inventory", NOW, step_deadline),
+        claimed.LockedBy,
+    )
+    report = (
+        await rig.supervisor().run()
+    )  # now = NOW + 10 min: the claim's entry is due, the attempt is not
     assert report.recovered == 0
     assert (await rig.state("A")).ProcessState is ProcessState.PROCESSING
     rig.now = NOW + timedelta(minutes=20)
@@ -241,6 +269,8 @@ async def test_an_attempt_that_retired_its_entry_costs_the_supervisor_nothing(ri
     claimed = await rig.add_claimed("A")
     await rig.index.discard("A", NOW + POLICY.claim_timeout)
     t = NOW
-    await rig.store.update("A", lambda r: sm.mark_failed(r, claimed.LockedBy, None, "x", t), claimed.LockedBy)
+    await rig.store.update(
+        "A", lambda r: sm.mark_failed(r, claimed.LockedBy, None, "x", t), claimed.LockedBy
+    )
     report = await rig.supervisor().run()
     assert report.read == 0 and report.recovered == 0

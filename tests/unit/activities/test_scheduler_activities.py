@@ -25,18 +25,22 @@ async def test_every_write_run_twice_is_one_write_and_never_stale(final):
     steps = ["reserve-inventory", "charge-payment", "arrange-shipment"]
     writes = []
     for step in steps if final == "processed" else steps[:1]:
-        writes += [("start_step", {"Step": step, "Deadline": deadline}),
-                   ("complete_step", {"Step": step, "Reference": f"r-{step}", "Deadline": deadline})]
+        writes += [
+            ("start_step", {"Step": step, "Deadline": deadline}),
+            ("complete_step", {"Step": step, "Reference": f"r-{step}", "Deadline": deadline}),
+        ]
     if final == "processed":
         writes.append(("processed", {}))
     elif final == "failed":
         writes.append(("failed", {"Step": "charge-payment", "Reason": "declined"}))
     else:
-        writes += [("start_step", {"Step": "charge-payment", "Deadline": deadline}),
-                   ("begin_compensation", {"Step": "charge-payment", "Reason": "declined"}),
-                   ("undo_done", {"Step": "charge-payment"}),
-                   ("undo_done", {"Step": "reserve-inventory"}),
-                   ("finish_compensation", {})]
+        writes += [
+            ("start_step", {"Step": "charge-payment", "Deadline": deadline}),
+            ("begin_compensation", {"Step": "charge-payment", "Reason": "declined"}),
+            ("undo_done", {"Step": "charge-payment"}),
+            ("undo_done", {"Step": "reserve-inventory"}),
+            ("finish_compensation", {}),
+        ]
     for kind, fields in writes:
         first = await _write(acts, iid, kind, **fields)
         after_first = world.store.docs["A1"][0]
@@ -46,16 +50,24 @@ async def test_every_write_run_twice_is_one_write_and_never_stale(final):
         record = world.store.docs["A1"][0]
         assert record["ProcessState"] == after_first["ProcessState"]
         assert record["Compensation"] == after_first["Compensation"]
-    expected = {"processed": ProcessState.PROCESSED, "failed": ProcessState.ERROR,
-                "compensate": ProcessState.COMPENSATED}[final]
+    expected = {
+        "processed": ProcessState.PROCESSED,
+        "failed": ProcessState.ERROR,
+        "compensate": ProcessState.COMPENSATED,
+    }[final]
     assert (await world.record()).ProcessState is expected
 
 
 async def test_a_write_by_another_attempt_is_stale():
     world = World()
     iid = await world.claimed()
-    result = await _write(world.activities(), "A1:7", "start_step", Step="reserve-inventory",
-                          Deadline=world.now + timedelta(minutes=1))
+    result = await _write(
+        world.activities(),
+        "A1:7",
+        "start_step",
+        Step="reserve-inventory",
+        Deadline=world.now + timedelta(minutes=1),
+    )
     assert result.Stale and iid != "A1:7"
 
 
@@ -63,7 +75,9 @@ async def test_agent_request_sent_twice_is_one_message():
     world = World()
     iid = await world.claimed()
     acts = world.activities()
-    send = SendRequest(InstanceId=iid, Step="reserve-inventory", Deadline=world.now + timedelta(minutes=1))
+    send = SendRequest(
+        InstanceId=iid, Step="reserve-inventory", Deadline=world.now + timedelta(minutes=1)
+    )
     assert await acts.send_agent_request(send) == await acts.send_agent_request(send)
     assert len(world.sent("agent-requests")) == 1
 
@@ -73,7 +87,9 @@ async def test_terminal_status_run_twice_is_one_message_from_the_outbox():
     iid = await world.claimed()
     acts = world.activities()
     await _write(acts, iid, "failed", Step="reserve-inventory", Reason="declined")
-    note = StatusNote(InstanceId=iid, ReplyTo="replies-webshop", Status=StatusKind.FAILED, Detail="declined")
+    note = StatusNote(
+        InstanceId=iid, ReplyTo="replies-webshop", Status=StatusKind.FAILED, Detail="declined"
+    )
     await acts.report_status(note)
     await acts.report_status(note)
     assert len(world.sent("replies-webshop")) == 1
@@ -87,7 +103,9 @@ async def test_terminal_status_that_cannot_be_sent_raises_and_stays_in_the_outbo
     await _write(acts, iid, "failed", Step="reserve-inventory", Reason="declined")
     world.bus.fail_next = ConnectionError("down")
     with pytest.raises(RuntimeError):
-        await acts.report_status(StatusNote(InstanceId=iid, ReplyTo="replies-webshop", Status=StatusKind.FAILED))
+        await acts.report_status(
+            StatusNote(InstanceId=iid, ReplyTo="replies-webshop", Status=StatusKind.FAILED)
+        )
     pending = (await world.record()).PendingStatus
     assert pending is not None and pending.Tries == 1
 
@@ -105,7 +123,9 @@ async def test_an_error_records_alert_goes_with_its_status_and_survives_a_failed
     await _write(acts, iid, "failed", Step="reserve-inventory", Reason="declined")
     await acts.raise_alert(AlertNote(Kind="OrderError", OrderID="A1", Reason="declined"))
     assert world.sent("alerts") == []
-    note = StatusNote(InstanceId=iid, ReplyTo="replies-webshop", Status=StatusKind.FAILED, Detail="declined")
+    note = StatusNote(
+        InstanceId=iid, ReplyTo="replies-webshop", Status=StatusKind.FAILED, Detail="declined"
+    )
     world.bus.fail_next = ConnectionError("alerts queue down")
     with pytest.raises(RuntimeError):
         await acts.report_status(note)
@@ -138,8 +158,13 @@ async def test_a_terminal_status_sent_without_its_outbox_entry_uses_the_entrys_i
         return await real_read(order_id)
 
     world.store.read = read
-    note = StatusNote(InstanceId=iid, ReplyTo="replies-webshop", Status=StatusKind.FAILED,
-                      Step="reserve-inventory", Detail="declined")
+    note = StatusNote(
+        InstanceId=iid,
+        ReplyTo="replies-webshop",
+        Status=StatusKind.FAILED,
+        Step="reserve-inventory",
+        Detail="declined",
+    )
     await acts.report_status(note)  # lagging: sent directly
     await acts.report_status(note)  # from the outbox: the same id, dropped as a duplicate
     assert len(world.sent("replies-webshop")) == 1

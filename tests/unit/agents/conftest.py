@@ -61,5 +61,11 @@ def request(
 ) -> AgentRequest:
     instance = attempt_instance_id(order_id, attempt)
     assert agent_request_message_id(instance, step, action)  # the names must be valid
-    return agent_request(order_id, step, attempt, action, T0 + timedelta(seconds=deadline_in),
-                         {"Amount": "12.50", "Currency": "EUR"})
+    return agent_request(
+        order_id,
+        step,
+        attempt,
+        action,
+        T0 + timedelta(seconds=deadline_in),
+        {"Amount": "12.50", "Currency": "EUR"},
+    )

@@ -15,7 +15,9 @@ PAN = "4111 1111 1111 1111"
 
 
 async def test_the_reply_log_line_has_no_card_number(agent, remote, caplog):
-    remote.script = [Outcome(error=PermanentError(f"payment/charge: HTTP 402: card {PAN} declined"))]
+    remote.script = [
+        Outcome(error=PermanentError(f"payment/charge: HTTP 402: card {PAN} declined"))
+    ]
     with caplog.at_level(logging.INFO, logger="agents.agent"):
         reply = await agent.handle(request())
     assert reply.Outcome is ReplyOutcome.PERMANENT

@@ -165,7 +165,9 @@ class _Received:
         (b"[]", AmqpMessageBodyType.VALUE, "AgentRequest"),
     ],
 )
-async def test_bodies_of_every_kind_that_carry_no_request_are_dead_lettered_with_a_reason(body, kind, expected):
+async def test_bodies_of_every_kind_that_carry_no_request_are_dead_lettered_with_a_reason(
+    body, kind, expected
+):
     alerts = FakeAlerts()
     processor, _, _ = make(alerts=alerts)
     settlement = FakeSettlement()
@@ -198,8 +200,12 @@ async def test_the_last_delivery_is_known_from_the_delivery_count():
     processor, _, replies = make(alerts=FakeAlerts())
     replies.fail_with = TransientError("down")
     first, last = FakeSettlement(), FakeSettlement()
-    await processor.process_message(_Received(encode(request()), AmqpMessageBodyType.VALUE, 0), first)
-    await processor.process_message(_Received(encode(request()), AmqpMessageBodyType.VALUE, 4), last)
+    await processor.process_message(
+        _Received(encode(request()), AmqpMessageBodyType.VALUE, 0), first
+    )
+    await processor.process_message(
+        _Received(encode(request()), AmqpMessageBodyType.VALUE, 4), last
+    )
     assert first.actions == [("abandon",)]
     assert last.actions[0][:2] == ("dead_letter", "RetriesExhausted")
 

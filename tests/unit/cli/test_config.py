@@ -9,7 +9,11 @@ from cli.config import tool_settings
 
 
 def test_a_missing_settings_file_says_so_and_how_to_make_it(tmp_path, monkeypatch):
-    for name in ("CosmosDbConnection", "ServiceBusConnection", "CosmosDbConnection__accountEndpoint"):
+    for name in (
+        "CosmosDbConnection",
+        "ServiceBusConnection",
+        "CosmosDbConnection__accountEndpoint",
+    ):
         monkeypatch.delenv(name, raising=False)
     with pytest.raises(SettingsError) as info:
         tool_settings(tmp_path / "local.settings.json")
@@ -18,7 +22,11 @@ def test_a_missing_settings_file_says_so_and_how_to_make_it(tmp_path, monkeypatc
 
 
 def test_a_present_but_incomplete_file_reports_the_missing_setting(tmp_path, monkeypatch):
-    for name in ("CosmosDbConnection", "ServiceBusConnection", "CosmosDbConnection__accountEndpoint"):
+    for name in (
+        "CosmosDbConnection",
+        "ServiceBusConnection",
+        "CosmosDbConnection__accountEndpoint",
+    ):
         monkeypatch.delenv(name, raising=False)
     path = tmp_path / "local.settings.json"
     path.write_text('{"Values": {}}')

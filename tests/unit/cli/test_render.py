@@ -23,8 +23,16 @@ T0 = datetime(2026, 1, 1, tzinfo=UTC)
 class Msg:
     """What the tools read off a peeked message."""
 
-    def __init__(self, body, kind=AmqpMessageBodyType.DATA, message_id="m-1", reason=None,
-                 description=None, enqueued=T0, sequence_number=1):
+    def __init__(
+        self,
+        body,
+        kind=AmqpMessageBodyType.DATA,
+        message_id="m-1",
+        reason=None,
+        description=None,
+        enqueued=T0,
+        sequence_number=1,
+    ):
         self._body, self.body_type = body, kind
         self.message_id, self.dead_letter_reason = message_id, reason
         self.dead_letter_error_description = description
@@ -51,8 +59,15 @@ def plain(out: io.StringIO) -> str:
 
 
 def alert(**fields) -> Msg:
-    data = {"Kind": "InvalidMessage", "OrderID": "ORD-1", "Reason": "r", "Timestamp": "2026-01-01T00:00:00Z",
-            "MessageId": "m-1", "Queue": "orders", **fields}
+    data = {
+        "Kind": "InvalidMessage",
+        "OrderID": "ORD-1",
+        "Reason": "r",
+        "Timestamp": "2026-01-01T00:00:00Z",
+        "MessageId": "m-1",
+        "Queue": "orders",
+        **fields,
+    }
     return Msg([json.dumps(data).encode()])
 
 
@@ -130,15 +145,35 @@ def test_dead_letters_print_every_field_literally(message):
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.dictionaries(st.sampled_from(["Kind", "OrderID", "Reason", "Timestamp", "MessageId", "Queue"]),
-                       hostile_text), hostile_text, hostile_text, hostile_text)
-def test_any_text_in_any_field_prints_without_error_or_raw_controls(fields, mid, reason, description):
+@given(
+    st.dictionaries(
+        st.sampled_from(["Kind", "OrderID", "Reason", "Timestamp", "MessageId", "Queue"]),
+        hostile_text,
+    ),
+    hostile_text,
+    hostile_text,
+    hostile_text,
+)
+def test_any_text_in_any_field_prints_without_error_or_raw_controls(
+    fields, mid, reason, description
+):
     c, out = console()
     render.print_alerts(c, [alert(**fields)])
     render.print_dead_letters(
-        c, "orders", [Msg([json.dumps(fields).encode()], message_id=mid, reason=reason, description=description)]
+        c,
+        "orders",
+        [
+            Msg(
+                [json.dumps(fields).encode()],
+                message_id=mid,
+                reason=reason,
+                description=description,
+            )
+        ],
     )
-    render.print_dead_letters(c, "orders", [Msg([mid.encode("utf-8", "surrogatepass")], message_id=None)])
+    render.print_dead_letters(
+        c, "orders", [Msg([mid.encode("utf-8", "surrogatepass")], message_id=None)]
+    )
     written = out.getvalue()
     for ch in "\x00\x1b\u202e\u200b\u2028":
         # rich writes ESC for its own colours only: strip those, nothing else may remain
@@ -154,9 +189,20 @@ def test_the_watch_table_and_record_tables_escape_client_text():
     c, out = console()
     c.print(render.status_table("replies-[x]", latest))
     record = OrderState.model_construct(
-        id="ORD-1\u202e", ProcessState=ProcessState.ERROR, LockedBy=MARKUP, Attempt=1, FailureCount=2,
-        CompleteBy=None, LastError="boom\x1b[2J", AppId="webshop", ReplyTo="replies-webshop",
-        History=[HistoryEntry.model_construct(At=T0, From=None, To=ProcessState.ERROR, By=MARKUP, Reason="\u202eevil")],
+        id="ORD-1\u202e",
+        ProcessState=ProcessState.ERROR,
+        LockedBy=MARKUP,
+        Attempt=1,
+        FailureCount=2,
+        CompleteBy=None,
+        LastError="boom\x1b[2J",
+        AppId="webshop",
+        ReplyTo="replies-webshop",
+        History=[
+            HistoryEntry.model_construct(
+                At=T0, From=None, To=ProcessState.ERROR, By=MARKUP, Reason="\u202eevil"
+            )
+        ],
     )
     c.print(render.records_table("1 Error orders", [record]))
     c.print(render.history_table(record))

@@ -22,7 +22,10 @@ def order() -> OrderSubmitted:
 @pytest.fixture
 def policy() -> sm.RetryPolicy:
     return sm.RetryPolicy(
-        threshold=3, long_retries=1, long_delay=timedelta(hours=1), claim_timeout=timedelta(seconds=60)
+        threshold=3,
+        long_retries=1,
+        long_delay=timedelta(hours=1),
+        claim_timeout=timedelta(seconds=60),
     )
 
 

@@ -85,7 +85,10 @@ def test_every_transition_taking_provider_text_masks_it(processing, compensating
     # the Supervisor quotes the step's transient reason when it recovers
     running = sm.start_step(processing, iid, STEPS[0], NOW, NOW + timedelta(seconds=1))
     expired = sm.recover_expired(
-        sm.record_transient(running, iid, STEPS[0], said, NOW), iid, NOW + timedelta(minutes=1), policy
+        sm.record_transient(running, iid, STEPS[0], said, NOW),
+        iid,
+        NOW + timedelta(minutes=1),
+        policy,
     )
     rejected = sm.rejected_record(_order(), NOW, said)
     for record in (transient, begun, undone, expired, rejected):
@@ -102,8 +105,15 @@ def _order():
     return OrderSubmitted.model_validate(order_payload())
 
 
-@pytest.mark.parametrize("hidden", ["4111\x001111\x001111\x001111", "4111\u200b1111\u200b1111\u200b1111",
-                                    "4111\u00a01111\u00a01111\u00a01111", "4111  1111\t1111\n1111"])
+@pytest.mark.parametrize(
+    "hidden",
+    [
+        "4111\x001111\x001111\x001111",
+        "4111\u200b1111\u200b1111\u200b1111",
+        "4111\u00a01111\u00a01111\u00a01111",
+        "4111  1111\t1111\n1111",
+    ],
+)
 def test_a_number_split_by_invisible_characters_is_masked(hidden):
     assert digits_runs(sm.short_text(f"card {hidden} refused", 500)) == []
 
@@ -124,7 +134,9 @@ def test_short_numbers_dates_and_amounts_are_kept():
 @given(
     before=st.text(max_size=60),
     digits=st.text(alphabet="0123456789", min_size=13, max_size=19),
-    seps=st.lists(st.sampled_from(["", " ", "-", ".", "\u00a0", "\x00", "\u200b"]), min_size=19, max_size=19),
+    seps=st.lists(
+        st.sampled_from(["", " ", "-", ".", "\u00a0", "\x00", "\u200b"]), min_size=19, max_size=19
+    ),
     after=st.text(max_size=60),
 )
 def test_any_card_length_number_anywhere_in_any_text_is_masked(before, digits, seps, after):
@@ -138,13 +150,22 @@ def test_any_card_length_number_anywhere_in_any_text_is_masked(before, digits, s
 
 def test_messages_built_from_provider_text_carry_no_card_number():
     pan = "4111 1111 1111 1111"
-    reply = AgentReply(InstanceId="ORD-1:1", OrderID="ORD-1", Step="charge-payment", Attempt=1,
-                       EventName="e", EventId="i", Outcome=ReplyOutcome.PERMANENT,
-                       Error=f"card {pan} declined")
-    status = StatusUpdate(OrderID="ORD-1", Status=StatusKind.FAILED, Detail=f"card {pan} declined",
-                          Timestamp=NOW)
-    alert = OperatorAlert(Kind="OrderError", OrderID="4111111111111111", Reason=f"card {pan} declined",
-                          Timestamp=NOW)
+    reply = AgentReply(
+        InstanceId="ORD-1:1",
+        OrderID="ORD-1",
+        Step="charge-payment",
+        Attempt=1,
+        EventName="e",
+        EventId="i",
+        Outcome=ReplyOutcome.PERMANENT,
+        Error=f"card {pan} declined",
+    )
+    status = StatusUpdate(
+        OrderID="ORD-1", Status=StatusKind.FAILED, Detail=f"card {pan} declined", Timestamp=NOW
+    )
+    alert = OperatorAlert(
+        Kind="OrderError", OrderID="4111111111111111", Reason=f"card {pan} declined", Timestamp=NOW
+    )
     for message in (reply, status, alert):
         assert "[card number removed] declined" in encode(message).decode()
     # the order id is an identifier, not provider text: an alert keeps it whole
@@ -153,7 +174,9 @@ def test_messages_built_from_provider_text_carry_no_card_number():
 
 
 def test_a_message_read_from_the_wire_is_checked_not_rewritten():
-    raw = encode(StatusUpdate(OrderID="ORD-1", Status=StatusKind.FAILED, Detail="plain", Timestamp=NOW))
+    raw = encode(
+        StatusUpdate(OrderID="ORD-1", Status=StatusKind.FAILED, Detail="plain", Timestamp=NOW)
+    )
     raw = raw.replace(b'"plain"', b'"card 4111111111111111"')
     # what a peer sent is read as sent (the state machine masks it when it is stored)
     assert decode(StatusUpdate, raw).Detail == "card 4111111111111111"

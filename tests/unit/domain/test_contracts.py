@@ -27,7 +27,10 @@ def test_round_trip():
     ("overrides", "expected"),
     [
         ({"Extra": 1}, "Extra: Extra inputs are not permitted"),
-        ({"Lines": [{"Sku": "S", "Quantity": "2", "UnitPrice": "1.00"}], "Total": "2.00"}, "Lines.0.Quantity"),
+        (
+            {"Lines": [{"Sku": "S", "Quantity": "2", "UnitPrice": "1.00"}], "Total": "2.00"},
+            "Lines.0.Quantity",
+        ),
         ({"Lines": []}, "Lines"),
         ({"Total": "99.00"}, "does not equal the sum"),
         ({"OrderID": "a/b"}, "OrderID"),
@@ -44,7 +47,9 @@ def test_invalid_orders_are_refused_with_a_reason(overrides, expected):
     assert info.value.reason.startswith("OrderSubmitted: ")
 
 
-@pytest.mark.parametrize("reference", ["pay-348934981143", "4111111111111112", "ref-12345678901234567"])
+@pytest.mark.parametrize(
+    "reference", ["pay-348934981143", "4111111111111112", "ref-12345678901234567"]
+)
 def test_payment_references_that_are_not_card_numbers_pass(reference):
     assert decode(OrderSubmitted, body(PaymentReference=reference)).PaymentReference == reference
 
@@ -63,7 +68,13 @@ def test_digest_ignores_decimal_spelling_but_not_values():
     a = decode(OrderSubmitted, body())
     b = decode(
         OrderSubmitted,
-        body(Lines=[{"Sku": "SKU-1", "Quantity": 2, "UnitPrice": 10}, {"Sku": "SKU-2", "Quantity": 1, "UnitPrice": 5.5}], Total=25.5),
+        body(
+            Lines=[
+                {"Sku": "SKU-1", "Quantity": 2, "UnitPrice": 10},
+                {"Sku": "SKU-2", "Quantity": 1, "UnitPrice": 5.5},
+            ],
+            Total=25.5,
+        ),
     )
     c = decode(OrderSubmitted, body(Customer={"CustomerId": "C-8", "Name": "Ada"}))
     assert a.digest() == b.digest()
@@ -72,21 +83,35 @@ def test_digest_ignores_decimal_spelling_but_not_values():
 
 def test_naive_timestamps_refused():
     with pytest.raises(ValidationFailed, match="Timestamp"):
-        decode(StatusUpdate, b'{"OrderID":"A","Status":"Received","Timestamp":"2026-01-01T00:00:00"}')
+        decode(
+            StatusUpdate, b'{"OrderID":"A","Status":"Received","Timestamp":"2026-01-01T00:00:00"}'
+        )
 
 
 def test_agent_reply_needs_an_error_when_not_ok():
-    base = {"InstanceId": "A:1", "OrderID": "A", "Step": "charge-payment", "Attempt": 1,
-            "EventName": "reply-charge-payment-1", "EventId": "e1"}
+    base = {
+        "InstanceId": "A:1",
+        "OrderID": "A",
+        "Step": "charge-payment",
+        "Attempt": 1,
+        "EventName": "reply-charge-payment-1",
+        "EventId": "e1",
+    }
     with pytest.raises(ValidationFailed, match="must say why"):
         decode(AgentReply, json.dumps({**base, "Outcome": "permanent"}))
-    assert decode(AgentReply, json.dumps({**base, "Outcome": "ok", "Result": {"ref": "x"}})).Result == {"ref": "x"}
+    assert decode(
+        AgentReply, json.dumps({**base, "Outcome": "ok", "Result": {"ref": "x"}})
+    ).Result == {"ref": "x"}
 
 
 def test_agent_request_payload_is_bounded():
     request = {
-        "InstanceId": "A:1", "OrderID": "A", "Step": "charge-payment", "Attempt": 1,
-        "IdempotencyKey": "A/charge-payment", "FencingToken": 1,
+        "InstanceId": "A:1",
+        "OrderID": "A",
+        "Step": "charge-payment",
+        "Attempt": 1,
+        "IdempotencyKey": "A/charge-payment",
+        "FencingToken": 1,
         "Deadline": datetime(2026, 1, 1, tzinfo=UTC).isoformat(),
         "ReplyEvent": "reply-charge-payment-1",
         "Payload": {f"k{i}": i for i in range(51)},
@@ -105,9 +130,14 @@ def test_identities_have_one_builder_each():
     assert ids.idempotency_key("ORD-1", "charge-payment") == "ORD-1/charge-payment"
     assert ids.fencing_token(3) == 3
     assert ids.agent_request_message_id(instance, "charge-payment") == "ORD-1:3/charge-payment"
-    assert ids.agent_request_message_id(instance, "charge-payment", "undo") == "ORD-1:3/charge-payment/undo"
+    assert (
+        ids.agent_request_message_id(instance, "charge-payment", "undo")
+        == "ORD-1:3/charge-payment/undo"
+    )
     assert ids.reply_event_name("charge-payment", 3) != ids.reply_event_name("charge-payment", 4)
-    assert ids.reply_event_name("charge-payment", 3) != ids.reply_event_name("charge-payment", 3, "undo")
+    assert ids.reply_event_name("charge-payment", 3) != ids.reply_event_name(
+        "charge-payment", 3, "undo"
+    )
 
 
 @pytest.mark.parametrize("bad", ["", "a:b", "a/b", "-x", "x" * 65])
@@ -136,7 +166,7 @@ def test_attempts_start_at_one():
         (b"[" * 40 + b"]" * 40, "nested more than 32 levels"),
         (b"\xef\xbb\xbf{}", "byte order mark"),
         (b'{"a": "\xff"}', "not UTF-8"),
-        (b'{} {}', "invalid JSON: Extra data"),
+        (b"{} {}", "invalid JSON: Extra data"),
     ],
 )
 def test_inexact_json_is_refused_naming_the_rule(raw, expected):
@@ -198,10 +228,15 @@ def test_every_client_text_field_obeys_the_text_policy(field, kind):
 
 @pytest.mark.parametrize("text", ["Ada Lovelace", "Zoë", "漢字", "O'Brien", "a b", "🙂"])
 def test_ordinary_text_passes_the_policy(text):
-    assert decode(OrderSubmitted, body(Customer={"CustomerId": "C-1", "Name": text})).Customer.Name == text
+    assert (
+        decode(OrderSubmitted, body(Customer={"CustomerId": "C-1", "Name": text})).Customer.Name
+        == text
+    )
 
 
-@pytest.mark.parametrize("order_id", ["ORD-1\n", "ORD-1\r\n", " ORD-1", "ORD-1 ", "ORD\u200b1", "ORD-1\x00"])
+@pytest.mark.parametrize(
+    "order_id", ["ORD-1\n", "ORD-1\r\n", " ORD-1", "ORD-1 ", "ORD\u200b1", "ORD-1\x00"]
+)
 def test_order_ids_are_matched_in_full(order_id):
     with pytest.raises(ValidationFailed, match="OrderID"):
         decode(OrderSubmitted, body(OrderID=order_id))
@@ -210,26 +245,58 @@ def test_order_ids_are_matched_in_full(order_id):
 
 
 def test_agent_messages_obey_the_text_policy_on_the_wire():
-    base = {"InstanceId": "A:1", "OrderID": "A", "Step": "charge-payment", "Attempt": 1,
-            "EventName": "reply-charge-payment-1", "EventId": "e1", "Outcome": "permanent", "Error": "no"}
-    for key, value in [("EventName", "x\u202e"), ("EventId", " e1"), ("Error", "declined\n"),
-                       ("InstanceId", "")]:
+    base = {
+        "InstanceId": "A:1",
+        "OrderID": "A",
+        "Step": "charge-payment",
+        "Attempt": 1,
+        "EventName": "reply-charge-payment-1",
+        "EventId": "e1",
+        "Outcome": "permanent",
+        "Error": "no",
+    }
+    for key, value in [
+        ("EventName", "x\u202e"),
+        ("EventId", " e1"),
+        ("Error", "declined\n"),
+        ("InstanceId", ""),
+    ]:
         with pytest.raises(ValidationFailed, match=key):
             decode(AgentReply, json.dumps({**base, key: value}))
     with pytest.raises(ValidationFailed, match="key"):
-        decode(AgentReply, json.dumps({**base, "Outcome": "ok", "Error": None, "Result": {"a\u200b": 1}}))
+        decode(
+            AgentReply,
+            json.dumps({**base, "Outcome": "ok", "Error": None, "Result": {"a\u200b": 1}}),
+        )
 
 
 def test_text_our_code_produces_from_outside_text_is_cleaned_not_refused():
-    reply = AgentReply(InstanceId="A:1", OrderID="A", Step="charge-payment", Attempt=1,
-                       EventName="reply-charge-payment-1", EventId="e1", Outcome="permanent",
-                       Error="  card\ndeclined\u202e " + "x" * 600)
+    reply = AgentReply(
+        InstanceId="A:1",
+        OrderID="A",
+        Step="charge-payment",
+        Attempt=1,
+        EventName="reply-charge-payment-1",
+        EventId="e1",
+        Outcome="permanent",
+        Error="  card\ndeclined\u202e " + "x" * 600,
+    )
     assert "\n" not in reply.Error and "\u202e" not in reply.Error and len(reply.Error) == 500
     assert decode(AgentReply, encode(reply)) == reply  # and what we send passes our own boundary
-    alert = OperatorAlert(Kind="InvalidMessage", Reason="OrderID 'x\u202e' bad\n", OrderID=None,
-                          MessageId="m\x00", Timestamp=datetime(2026, 1, 1, tzinfo=UTC))
+    alert = OperatorAlert(
+        Kind="InvalidMessage",
+        Reason="OrderID 'x\u202e' bad\n",
+        OrderID=None,
+        MessageId="m\x00",
+        Timestamp=datetime(2026, 1, 1, tzinfo=UTC),
+    )
     assert decode(OperatorAlert, encode(alert)) == alert
-    status = StatusUpdate(OrderID="A", Status="Failed", Detail="\x1b[2Jboom", Timestamp=datetime(2026, 1, 1, tzinfo=UTC))
+    status = StatusUpdate(
+        OrderID="A",
+        Status="Failed",
+        Detail="\x1b[2Jboom",
+        Timestamp=datetime(2026, 1, 1, tzinfo=UTC),
+    )
     assert status.Detail == "\ufffd[2Jboom"
 
 
@@ -239,7 +306,14 @@ def test_the_contracts_document_the_text_policy_and_every_dead_letter_reason():
 
     doc = models.__doc__
     assert "Text policy" in doc
-    for reason in ("InvalidMessage", "ReplyQueueNotAllowed", "OrderConflict", "RetriesExhausted",
-                   "ProcessingFailed", settlement.INVALID_MESSAGE, settlement.PROCESSING_FAILED,
-                   settlement.RETRIES_EXHAUSTED):
+    for reason in (
+        "InvalidMessage",
+        "ReplyQueueNotAllowed",
+        "OrderConflict",
+        "RetriesExhausted",
+        "ProcessingFailed",
+        settlement.INVALID_MESSAGE,
+        settlement.PROCESSING_FAILED,
+        settlement.RETRIES_EXHAUSTED,
+    ):
         assert f"- {reason}:" in doc

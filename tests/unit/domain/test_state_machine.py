@@ -148,7 +148,8 @@ def test_error_on_permanent_agent_failure(processing):
 
 
 @pytest.mark.parametrize(
-    "state", [ProcessState.PENDING, ProcessState.PROCESSED, ProcessState.ERROR, ProcessState.REJECTED]
+    "state",
+    [ProcessState.PENDING, ProcessState.PROCESSED, ProcessState.ERROR, ProcessState.REJECTED],
 )
 def test_orchestration_writes_need_processing(processing, state):
     record = processing.model_copy(update={"ProcessState": state})
@@ -264,7 +265,8 @@ def test_operator_compensation_takes_a_new_lock(processing, policy):
 
 
 @pytest.mark.parametrize(
-    "state", [ProcessState.PENDING, ProcessState.PROCESSING, ProcessState.PROCESSED, ProcessState.REJECTED]
+    "state",
+    [ProcessState.PENDING, ProcessState.PROCESSING, ProcessState.PROCESSED, ProcessState.REJECTED],
 )
 def test_operator_compensation_only_from_error_states(processing, policy, state):
     with pytest.raises(sm.IllegalTransition):
@@ -309,7 +311,9 @@ def test_operator_requests_compensation_then_starter_claims_it(processing, polic
         sm.claim_compensation(claimed, LATER, policy)
 
 
-@pytest.mark.parametrize("state", [ProcessState.PENDING, ProcessState.PROCESSING, ProcessState.PROCESSED])
+@pytest.mark.parametrize(
+    "state", [ProcessState.PENDING, ProcessState.PROCESSING, ProcessState.PROCESSED]
+)
 def test_compensation_can_only_be_requested_for_failed_orders(processing, state):
     with pytest.raises(sm.IllegalTransition):
         sm.request_compensation(processing.model_copy(update={"ProcessState": state}), NOW)
@@ -317,8 +321,15 @@ def test_compensation_can_only_be_requested_for_failed_orders(processing, state)
 
 # --- provider text (issue 11, defect 3) ----------------------------------------------
 
-_AWKWARD = ["", "x" * 221, "\u00e9" * 4096, "\ud800bad surrogate", "tab\tnew\nline\x00nul",
-            "\U0001f4b3" * 600, "\u202eright-to-left " * 100]
+_AWKWARD = [
+    "",
+    "x" * 221,
+    "\u00e9" * 4096,
+    "\ud800bad surrogate",
+    "tab\tnew\nline\x00nul",
+    "\U0001f4b3" * 600,
+    "\u202eright-to-left " * 100,
+]
 
 
 @pytest.mark.parametrize("text", _AWKWARD)
@@ -329,10 +340,17 @@ def test_any_provider_text_fits_every_record_field(processing, text):
     t = NOW + timedelta(seconds=1)
     failed = sm.mark_failed(processing, iid, "reserve-inventory", f"step failed: {text}", t)
     OrderState.model_validate(failed.model_dump())
-    started = sm.complete_step(sm.start_step(processing, iid, "reserve-inventory", t, t), iid,
-                               "reserve-inventory", t, "ref", t)
-    comp = sm.begin_compensation(sm.start_step(started, iid, "charge-payment", t, t), iid, text, t,
-                                 "charge-payment")
+    started = sm.complete_step(
+        sm.start_step(processing, iid, "reserve-inventory", t, t),
+        iid,
+        "reserve-inventory",
+        t,
+        "ref",
+        t,
+    )
+    comp = sm.begin_compensation(
+        sm.start_step(started, iid, "charge-payment", t, t), iid, text, t, "charge-payment"
+    )
     undone = sm.record_undo(comp, iid, "charge-payment", False, t, text)
     transient = sm.record_transient(started, iid, "charge-payment", text, t)
     for record in (comp, undone, transient):
@@ -350,10 +368,17 @@ def test_begin_compensation_logs_every_sent_step(processing):
     """Defect 2: Running and Failed steps enter the undo log, not only Completed ones."""
     iid = processing.LockedBy
     t = NOW
-    record = sm.complete_step(sm.start_step(processing, iid, "reserve-inventory", t, t), iid,
-                              "reserve-inventory", t, "ref", t)
-    record = sm.begin_compensation(sm.start_step(record, iid, "charge-payment", t, t), iid, "declined", t,
-                                   "charge-payment")
+    record = sm.complete_step(
+        sm.start_step(processing, iid, "reserve-inventory", t, t),
+        iid,
+        "reserve-inventory",
+        t,
+        "ref",
+        t,
+    )
+    record = sm.begin_compensation(
+        sm.start_step(record, iid, "charge-payment", t, t), iid, "declined", t, "charge-payment"
+    )
     assert [e.Step for e in record.Compensation] == ["reserve-inventory", "charge-payment"]
     assert record.Steps["charge-payment"].Status.value == "Failed"
 
@@ -363,7 +388,9 @@ def test_complete_step_replaces_complete_by(processing):
     iid = processing.LockedBy
     step_deadline, next_deadline = NOW + timedelta(seconds=60), NOW + timedelta(seconds=119)
     record = sm.start_step(processing, iid, "reserve-inventory", NOW, step_deadline)
-    record = sm.complete_step(record, iid, "reserve-inventory", NOW + timedelta(seconds=59), "r", next_deadline)
+    record = sm.complete_step(
+        record, iid, "reserve-inventory", NOW + timedelta(seconds=59), "r", next_deadline
+    )
     assert record.CompleteBy == next_deadline
 
 

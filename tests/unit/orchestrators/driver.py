@@ -33,13 +33,25 @@ from tests.fakes import FakeOrders, FakeStateStore, RecordingPublisher
 
 T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 STEPS = ["reserve-inventory", "charge-payment", "arrange-shipment"]
-POLICY = sm.RetryPolicy(threshold=3, long_retries=1, long_delay=timedelta(hours=1),
-                        claim_timeout=timedelta(seconds=60))
-SETTINGS = Settings(state_account=None, orders_account=None, servicebus=None,  # type: ignore[arg-type]
-                    step_timeout=timedelta(seconds=60), retry=POLICY)
+POLICY = sm.RetryPolicy(
+    threshold=3, long_retries=1, long_delay=timedelta(hours=1), claim_timeout=timedelta(seconds=60)
+)
+SETTINGS = Settings(
+    state_account=None,
+    orders_account=None,
+    servicebus=None,  # type: ignore[arg-type]
+    step_timeout=timedelta(seconds=60),
+    retry=POLICY,
+)
 
 EXECUTION_STARTED, TASK_SCHEDULED, TASK_COMPLETED, TASK_FAILED = 0, 4, 5, 6
-TIMER_CREATED, TIMER_FIRED, ORCHESTRATOR_STARTED, ORCHESTRATOR_COMPLETED, EVENT_RAISED = 10, 11, 12, 13, 15
+TIMER_CREATED, TIMER_FIRED, ORCHESTRATOR_STARTED, ORCHESTRATOR_COMPLETED, EVENT_RAISED = (
+    10,
+    11,
+    12,
+    13,
+    15,
+)
 
 # What the scripted agent answers: ("ok", result) / ("transient", error) /
 # ("permanent", error), or None for no reply at all; a third item, a
@@ -52,8 +64,13 @@ def _iso(moment: datetime) -> str:
 
 
 def _event(event_type: int, when: datetime, **fields: Any) -> dict[str, Any]:
-    return {"EventType": event_type, "EventId": fields.pop("EventId", -1), "IsPlayed": False,
-            "Timestamp": _iso(when), **fields}
+    return {
+        "EventType": event_type,
+        "EventId": fields.pop("EventId", -1),
+        "IsPlayed": False,
+        "Timestamp": _iso(when),
+        **fields,
+    }
 
 
 class ActivityFailure(Exception):
@@ -89,13 +106,22 @@ class World:
     inline_agent: Any = None
 
     def activities(self) -> SchedulerActivities:
-        return SchedulerActivities(self.settings, self.store, self.orders, self.bus, STEPS,
-                                   inline_agent=self.inline_agent, step_modes=self.step_modes,
-                                   index=self.index, clock=lambda: self.now)
+        return SchedulerActivities(
+            self.settings,
+            self.store,
+            self.orders,
+            self.bus,
+            STEPS,
+            inline_agent=self.inline_agent,
+            step_modes=self.step_modes,
+            index=self.index,
+            clock=lambda: self.now,
+        )
 
     def starter(self) -> Starter:
-        return Starter(self.settings, self.store, self.index, clock=lambda: self.now,
-                       publisher=self.bus)
+        return Starter(
+            self.settings, self.store, self.index, clock=lambda: self.now, publisher=self.bus
+        )
 
     async def submitted(self, order_id: str = "A1", **fields) -> tuple[Any, str]:
         """What Submit leaves: the order and a Pending record (two creates)."""
@@ -159,8 +185,13 @@ class Driver:
         self.fail, self.before_activity, self.reply_delay = fail, before_activity, reply_delay
         self.history: list[dict] = [
             _event(ORCHESTRATOR_STARTED, world.now),
-            _event(EXECUTION_STARTED, world.now, Name="order_workflow", Version=version,
-                   Input=None if input is None else json.dumps(input)),
+            _event(
+                EXECUTION_STARTED,
+                world.now,
+                Name="order_workflow",
+                Version=version,
+                Input=None if input is None else json.dumps(input),
+            ),
             _event(ORCHESTRATOR_COMPLETED, world.now),
         ]
         self.input = input
@@ -204,9 +235,15 @@ class Driver:
             for queue, body, _, _ in self.world.bus.sent[before:]:
                 if queue == "agent-requests":
                     request = AgentRequest.model_validate_json(body)
-                    self._answer(SendRequest(InstanceId=request.InstanceId, Step=request.Step,
-                                             Action=request.Action, Deadline=request.Deadline,
-                                             Payload=request.Payload))
+                    self._answer(
+                        SendRequest(
+                            InstanceId=request.InstanceId,
+                            Step=request.Step,
+                            Action=request.Action,
+                            Deadline=request.Deadline,
+                            Payload=request.Payload,
+                        )
+                    )
             return result
         if name == "run_inline_step":
             reply = await acts.run_inline_step(SendRequest.model_validate(data))
@@ -227,38 +264,71 @@ class Driver:
 
         event_name = reply_event_name(send.Step, attempt, send.label)
         reply = AgentReply(
-            InstanceId=send.InstanceId, OrderID=order_id, Step=send.Step, Action=send.Action,
-            Attempt=attempt, EventName=event_name, EventId=f"{event_name}/1", Outcome=outcome,
-            Result=detail if outcome == "ok" else None, Error=None if outcome == "ok" else detail,
+            InstanceId=send.InstanceId,
+            OrderID=order_id,
+            Step=send.Step,
+            Action=send.Action,
+            Attempt=attempt,
+            EventName=event_name,
+            EventId=f"{event_name}/1",
+            Outcome=outcome,
+            Result=detail if outcome == "ok" else None,
+            Error=None if outcome == "ok" else detail,
         )
         arrives = self.world.now + (later[0] if later else self.reply_delay)
-        self._events.append((arrives, _event(EVENT_RAISED, arrives, Name=event_name,
-                                             Input=reply.model_dump_json())))
+        self._events.append(
+            (arrives, _event(EVENT_RAISED, arrives, Name=event_name, Input=reply.model_dump_json()))
+        )
 
     async def run(self, max_episodes: int = 200) -> str:
         new_events: list[dict] = []
         while self.episodes < max_episodes:
             self.episodes += 1
-            scheduled_before = {e["EventId"]: e for e in self.history
-                                if e["EventType"] in SCHEDULING_EVENTS}
+            scheduled_before = {
+                e["EventId"]: e for e in self.history if e["EventType"] in SCHEDULING_EVENTS
+            }
             started = _event(ORCHESTRATOR_STARTED, self.world.now)
             replay = [dict(e, IsPlayed=True) for e in self.history] + [started] + new_events
-            result = run_episode(order_workflow, instance_id=self.instance_id, history=replay,
-                                 input_json=None if self.input is None else json.dumps(self.input),
-                                 scheduled_before=scheduled_before)
+            result = run_episode(
+                order_workflow,
+                instance_id=self.instance_id,
+                history=replay,
+                input_json=None if self.input is None else json.dumps(self.input),
+                scheduled_before=scheduled_before,
+            )
             scheduled = []
             activities = []
             for task in result.new_tasks:
                 if task.kind == "activity":
-                    scheduled.append(_event(TASK_SCHEDULED, self.world.now, EventId=task.task_id,
-                                            Name=task.name, Input=task.input))
+                    scheduled.append(
+                        _event(
+                            TASK_SCHEDULED,
+                            self.world.now,
+                            EventId=task.task_id,
+                            Name=task.name,
+                            Input=task.input,
+                        )
+                    )
                     activities.append(task)
                 elif task.kind == "timer":
-                    fire_at = task.fire_at if task.fire_at.tzinfo else task.fire_at.replace(tzinfo=UTC)
-                    scheduled.append(_event(TIMER_CREATED, self.world.now, EventId=task.task_id,
-                                            FireAt=_iso(fire_at)))
+                    fire_at = (
+                        task.fire_at if task.fire_at.tzinfo else task.fire_at.replace(tzinfo=UTC)
+                    )
+                    scheduled.append(
+                        _event(
+                            TIMER_CREATED,
+                            self.world.now,
+                            EventId=task.task_id,
+                            FireAt=_iso(fire_at),
+                        )
+                    )
                     self._timers[task.task_id] = fire_at
-            self.history += [started, *new_events, *scheduled, _event(ORCHESTRATOR_COMPLETED, self.world.now)]
+            self.history += [
+                started,
+                *new_events,
+                *scheduled,
+                _event(ORCHESTRATOR_COMPLETED, self.world.now),
+            ]
             if result.outcome in ("completed", "failed"):
                 self.outcome = result.outcome
                 self.output = json.loads(result.output_json) if result.output_json else None
@@ -269,11 +339,24 @@ class Driver:
                 data = json.loads(task.input) if task.input else None
                 try:
                     value = await self._activity(task.name, data)
-                    new_events.append(_event(TASK_COMPLETED, self.world.now, TaskScheduledId=task.task_id,
-                                             Result=json.dumps(value)))
+                    new_events.append(
+                        _event(
+                            TASK_COMPLETED,
+                            self.world.now,
+                            TaskScheduledId=task.task_id,
+                            Result=json.dumps(value),
+                        )
+                    )
                 except Exception as exc:
-                    new_events.append(_event(TASK_FAILED, self.world.now, TaskScheduledId=task.task_id,
-                                             Reason=str(exc), Details=None))
+                    new_events.append(
+                        _event(
+                            TASK_FAILED,
+                            self.world.now,
+                            TaskScheduledId=task.task_id,
+                            Reason=str(exc),
+                            Details=None,
+                        )
+                    )
             if new_events:
                 continue
             # Nothing ran: the next thing to happen is a reply or a timer, whichever is first.

@@ -23,7 +23,9 @@ class BrokenAgent:
     """The inline agent library failing in a way it does not foresee."""
 
     async def handle(self, request):
-        raise KeyError(f"provider answer without 'status' for card 4111 1111 1111 1111 ({request.Step})")
+        raise KeyError(
+            f"provider answer without 'status' for card 4111 1111 1111 1111 ({request.Step})"
+        )
 
 
 def ok(send):
@@ -59,8 +61,12 @@ async def test_an_inline_step_that_raises_names_step_type_and_message(version):
     later = record.CompleteBy + timedelta(seconds=1)
     retried = sm.recover_expired(record, record.LockedBy, later, POLICY)
     assert f"inline step {INLINE} failed: KeyError" in retried.LastError
-    given_up = sm.recover_expired(record.model_copy(update={"FailureCount": POLICY.max_failures}),
-                                  record.LockedBy, later, POLICY)
+    given_up = sm.recover_expired(
+        record.model_copy(update={"FailureCount": POLICY.max_failures}),
+        record.LockedBy,
+        later,
+        POLICY,
+    )
     assert given_up.ProcessState is ProcessState.ERROR
     assert f"inline step {INLINE} failed: KeyError" in given_up.PendingStatus.Detail
 

@@ -25,18 +25,23 @@ def ok(send):
 def agent(undo_of_step_1):
     """Forward steps: the last one is declined, so all three are undone.
     Undo tries of STEPS[1] answer as `undo_of_step_1(try)` says."""
+
     def answer(send):
         if send.Action == "do":
             return ("permanent", "card declined") if send.Step == STEPS[2] else ok(send)
         if send.Step == STEPS[1]:
             return undo_of_step_1(send.Try)
         return ok(send)
+
     return answer
 
 
 def undo_requests(world, step):
-    return [json.loads(body)["ReplyEvent"] for body, _ in world.sent("agent-requests")
-            if json.loads(body)["Action"] == "undo" and json.loads(body)["Step"] == step]
+    return [
+        json.loads(body)["ReplyEvent"]
+        for body, _ in world.sent("agent-requests")
+        if json.loads(body)["Action"] == "undo" and json.loads(body)["Step"] == step
+    ]
 
 
 async def _run(version, undo_of_step_1):
@@ -74,6 +79,7 @@ async def test_a_late_failure_of_an_earlier_try_does_not_end_the_current_one():
         if attempt_try == 0:
             return ("transient", "refund service busy", LATE)
         return ("ok", {"Reference": "refund-1"}, timedelta(seconds=20))
+
     world, driver = await _run("2.1", answers)
     assert driver.output["Outcome"] == "compensated"
     assert len(undo_requests(world, STEPS[1])) == 2
@@ -82,6 +88,7 @@ async def test_a_late_failure_of_an_earlier_try_does_not_end_the_current_one():
 async def test_a_permanent_refusal_from_any_try_ends_the_undo_as_failed():
     def answers(attempt_try):
         return ("permanent", "refund refused: charge disputed", LATE) if attempt_try == 0 else None
+
     world, driver = await _run("2.1", answers)
     assert driver.output["Outcome"] == "compensation_failed"
     record = await world.record()
@@ -113,12 +120,14 @@ async def test_the_last_try_giving_up_still_waits_for_an_earlier_tries_answer():
     """The last try answers transiently at once (an open circuit); try 0's
     answer comes before the last try's deadline: it is waited for, not
     abandoned with a CompensationFailed."""
+
     def answers(attempt_try):
         if attempt_try == 0:
             return ("ok", {"Reference": "refund-1"}, timedelta(seconds=130))
         if attempt_try == 2:
             return ("transient", "circuit open for inventory", timedelta(seconds=1))
         return None
+
     world, driver = await _run("2.1", answers)
     assert driver.output["Outcome"] == "compensated"
     assert len(undo_requests(world, STEPS[1])) == 3
@@ -126,7 +135,12 @@ async def test_the_last_try_giving_up_still_waits_for_an_earlier_tries_answer():
 
 async def test_the_last_try_gives_up_at_its_deadline_when_nothing_else_answers():
     def answers(attempt_try):
-        return ("transient", "circuit open for inventory", timedelta(seconds=1)) if attempt_try == 2 else None
+        return (
+            ("transient", "circuit open for inventory", timedelta(seconds=1))
+            if attempt_try == 2
+            else None
+        )
+
     world, driver = await _run("2.1", answers)
     assert driver.output["Outcome"] == "compensation_failed"
     record = await world.record()

@@ -21,6 +21,7 @@ from tests.unit.orchestrators.driver import Driver as _Driver
 def Driver(*args, version="1.1", **kwargs):  # noqa: N802 - stands in for the class
     return _Driver(*args, version=version, **kwargs)
 
+
 # What an agent can put in a reply (JSON: no lone surrogates); the state
 # machine tests cover those.
 LONG_UNICODE = ("Karte abgelehnt \u2014 \u4e0d\u8db3 \U0001f4b3 \x00\u200b\n" * 120)[:4096]
@@ -37,6 +38,7 @@ def fail_step(step, outcome="permanent", error="card declined", undo=ok):
         if send.Step == step:
             return (outcome, error)
         return ok(send)
+
     return agent
 
 
@@ -56,7 +58,12 @@ async def test_happy_path_processes_the_order_and_clears_the_outbox():
     record = await world.record()
     assert record.ProcessState is ProcessState.PROCESSED and record.PendingStatus is None
     assert [s["Status"] for s in world.statuses()] == [
-        "Processing", "StepCompleted", "StepCompleted", "StepCompleted", "Processed"]
+        "Processing",
+        "StepCompleted",
+        "StepCompleted",
+        "StepCompleted",
+        "Processed",
+    ]
 
 
 async def test_one_deadline_reaches_record_timer_and_agent_request():
@@ -80,7 +87,9 @@ async def test_one_deadline_reaches_record_timer_and_agent_request():
     assert datetime.fromisoformat(request["Deadline"]) == deadline
     assert datetime.fromisoformat(starts["reserve-inventory"]) == deadline
     timers = [e for e in driver.history if e["EventType"] == 10]
-    assert [datetime.fromisoformat(t["FireAt"].replace("Z", "+00:00")) for t in timers] == [deadline]
+    assert [datetime.fromisoformat(t["FireAt"].replace("Z", "+00:00")) for t in timers] == [
+        deadline
+    ]
 
 
 async def test_completing_a_step_moves_complete_by_past_the_old_step_deadline():
@@ -90,11 +99,16 @@ async def test_completing_a_step_moves_complete_by_past_the_old_step_deadline():
     seen = {}
 
     def watch(name, data):
-        if name == "write_state" and data["Kind"] == "start_step" and data["Step"] == "charge-payment":
+        if (
+            name == "write_state"
+            and data["Kind"] == "start_step"
+            and data["Step"] == "charge-payment"
+        ):
             seen["after_first"] = world.store.docs["A1"][0]["CompleteBy"]
 
-    driver = Driver(world, await world.claimed(), ok, before_activity=watch,
-                    reply_delay=timedelta(seconds=59))
+    driver = Driver(
+        world, await world.claimed(), ok, before_activity=watch, reply_delay=timedelta(seconds=59)
+    )
     assert await driver.run() == "completed"
     record_after_first = datetime.fromisoformat(seen["after_first"])
     first_deadline = driver.activity_calls("write_state")[0]["Deadline"]
@@ -104,9 +118,17 @@ async def test_completing_a_step_moves_complete_by_past_the_old_step_deadline():
 async def test_resume_skips_steps_a_previous_attempt_completed():
     world = World()
     iid = await world.claimed()
-    await world.store.update("A1", lambda r: sm.complete_step(
-        sm.start_step(r, iid, "reserve-inventory", world.now, world.now + timedelta(minutes=1)),
-        iid, "reserve-inventory", world.now, "ref-1"), iid)
+    await world.store.update(
+        "A1",
+        lambda r: sm.complete_step(
+            sm.start_step(r, iid, "reserve-inventory", world.now, world.now + timedelta(minutes=1)),
+            iid,
+            "reserve-inventory",
+            world.now,
+            "ref-1",
+        ),
+        iid,
+    )
     driver = Driver(world, iid, ok)
     await driver.run()
     assert driver.output["Outcome"] == "processed"
@@ -117,7 +139,11 @@ async def test_timer_first_leaves_the_record_to_the_supervisor():
     world = World()
     driver = Driver(world, await world.claimed(), lambda s: None)
     await driver.run()
-    assert driver.output == {"Outcome": "timed_out", "Step": "reserve-inventory", "Detail": "deadline passed"}
+    assert driver.output == {
+        "Outcome": "timed_out",
+        "Step": "reserve-inventory",
+        "Detail": "deadline passed",
+    }
     record = await world.record()
     assert record.ProcessState is ProcessState.PROCESSING
     assert record.Steps["reserve-inventory"].Status is StepStatus.RUNNING
@@ -127,7 +153,9 @@ async def test_transient_reply_reason_is_kept_for_the_supervisor():
     """Defect 10: a transient reply's reason reaches LastError and the
     Supervisor's retry reason."""
     world = World()
-    driver = Driver(world, await world.claimed(), fail_step("reserve-inventory", "transient", "inventory 503"))
+    driver = Driver(
+        world, await world.claimed(), fail_step("reserve-inventory", "transient", "inventory 503")
+    )
     await driver.run()
     assert driver.output["Outcome"] == "timed_out"
     record = await world.record()
@@ -142,7 +170,9 @@ async def test_permanent_failure_without_completed_steps_is_error_once():
     an alert and a Failed status, no orchestration failure for the
     Supervisor to retry."""
     world = World()
-    driver = Driver(world, await world.claimed(), fail_step("reserve-inventory", error=LONG_UNICODE[:500]))
+    driver = Driver(
+        world, await world.claimed(), fail_step("reserve-inventory", error=LONG_UNICODE[:500])
+    )
     assert await driver.run() == "completed", driver.error
     assert driver.output["Outcome"] == "failed"
     record = await world.record()
@@ -162,7 +192,10 @@ async def test_provider_messages_of_any_length_end_in_compensation(length):
     driver = Driver(world, await world.claimed(), fail_step("charge-payment", error=error))
     assert await driver.run() == "completed", driver.error
     assert driver.output["Outcome"] == "compensated"
-    assert [r["Step"] for r in requests(world) if r["Action"] == "do"] == ["reserve-inventory", "charge-payment"]
+    assert [r["Step"] for r in requests(world) if r["Action"] == "do"] == [
+        "reserve-inventory",
+        "charge-payment",
+    ]
 
 
 async def test_permanent_failure_after_completed_steps_undoes_every_sent_step():
@@ -177,7 +210,10 @@ async def test_permanent_failure_after_completed_steps_undoes_every_sent_step():
     record = await world.record()
     assert record.ProcessState is ProcessState.COMPENSATED
     assert {e.Step: e.Outcome for e in record.Compensation} == {
-        "reserve-inventory": "Done", "charge-payment": "Done", "arrange-shipment": "Done"}
+        "reserve-inventory": "Done",
+        "charge-payment": "Done",
+        "arrange-shipment": "Done",
+    }
     assert world.statuses()[-1]["Status"] == "Compensated"
 
 
@@ -187,22 +223,44 @@ async def test_operator_compensation_undoes_running_steps_of_an_errored_order():
     world = World()
     iid = await world.claimed()
     t = world.now
-    await world.store.update("A1", lambda r: sm.start_step(
-        sm.complete_step(sm.start_step(r, iid, "reserve-inventory", t, t + timedelta(minutes=1)),
-                         iid, "reserve-inventory", t, "ref-1", t + timedelta(minutes=1)),
-        iid, "charge-payment", t, t + timedelta(minutes=1)), iid)
+    await world.store.update(
+        "A1",
+        lambda r: sm.start_step(
+            sm.complete_step(
+                sm.start_step(r, iid, "reserve-inventory", t, t + timedelta(minutes=1)),
+                iid,
+                "reserve-inventory",
+                t,
+                "ref-1",
+                t + timedelta(minutes=1),
+            ),
+            iid,
+            "charge-payment",
+            t,
+            t + timedelta(minutes=1),
+        ),
+        iid,
+    )
     policy = sm.RetryPolicy(threshold=1, long_retries=0)
-    await world.store.update("A1", lambda r: sm.recover_expired(r, iid, t + timedelta(minutes=5), policy), iid)
+    await world.store.update(
+        "A1", lambda r: sm.recover_expired(r, iid, t + timedelta(minutes=5), policy), iid
+    )
     await world.store.update("A1", lambda r: sm.request_compensation(r, t), sm_any())
-    claimed, _ = await world.store.update("A1", lambda r: sm.claim_compensation(r, t, POLICY), sm_any())
+    claimed, _ = await world.store.update(
+        "A1", lambda r: sm.claim_compensation(r, t, POLICY), sm_any()
+    )
     driver = Driver(world, claimed.LockedBy, ok)
     await driver.run()
     assert driver.output["Outcome"] == "compensated"
-    assert [r["Step"] for r in requests(world) if r["Action"] == "undo"] == ["charge-payment", "reserve-inventory"]
+    assert [r["Step"] for r in requests(world) if r["Action"] == "undo"] == [
+        "charge-payment",
+        "reserve-inventory",
+    ]
 
 
 def sm_any():
     from adapters.ports import ANY_OWNER
+
     return ANY_OWNER
 
 
@@ -217,7 +275,10 @@ async def test_compensation_that_partly_fails_ends_compensation_failed_with_aler
     assert driver.output["Outcome"] == "compensation_failed"
     record = await world.record()
     assert record.ProcessState is ProcessState.COMPENSATION_FAILED
-    assert {e.Step: e.Outcome for e in record.Compensation} == {"reserve-inventory": "Failed", "charge-payment": "Done"}
+    assert {e.Step: e.Outcome for e in record.Compensation} == {
+        "reserve-inventory": "Failed",
+        "charge-payment": "Done",
+    }
     assert [a.Kind for a in alerts(world)] == ["CompensationFailed"]
     assert world.statuses()[-1]["Status"] == "CompensationFailed"
 
@@ -243,7 +304,11 @@ class Client:
 
 
 def compensation_agent(send):
-    return ("permanent", "declined") if send.Step == "charge-payment" and send.Action == "do" else ok(send)
+    return (
+        ("permanent", "declined")
+        if send.Step == "charge-payment" and send.Action == "do"
+        else ok(send)
+    )
 
 
 async def _dying_compensation(world):
@@ -280,7 +345,9 @@ async def test_restarted_compensation_sends_new_message_ids_and_finishes():
     assert restarted == "A1:2"
     assert client.drivers[restarted].output["Outcome"] == "compensated"
     assert (await world.record()).ProcessState is ProcessState.COMPENSATED
-    undo_ids = [mid for body, mid in world.sent("agent-requests") if json.loads(body)["Action"] == "undo"]
+    undo_ids = [
+        mid for body, mid in world.sent("agent-requests") if json.loads(body)["Action"] == "undo"
+    ]
     assert len(undo_ids) == len(set(undo_ids)) == 3  # 1 by the dead instance, 2 by the restart
 
 
@@ -292,14 +359,23 @@ async def test_compensation_restarts_have_a_budget_then_an_alert():
 
     def dying(iid):
         kinds = []
-        return Driver(world, iid, compensation_agent,
-                      before_activity=lambda n, d: kinds.append(d["Kind"]) if n == "write_state" else None,
-                      fail=lambda n, c: n == "write_state" and bool(kinds) and kinds[-1].startswith("undo"))
+        return Driver(
+            world,
+            iid,
+            compensation_agent,
+            before_activity=lambda n, d: kinds.append(d["Kind"]) if n == "write_state" else None,
+            fail=lambda n, c: n == "write_state" and bool(kinds) and kinds[-1].startswith("undo"),
+        )
 
     client = Client(world, dying)
     client.drivers[first.instance_id] = first
-    starter = Starter(SETTINGS, world.store, clock=lambda: world.now, publisher=world.bus,
-                      max_compensation_restarts=2)
+    starter = Starter(
+        SETTINGS,
+        world.store,
+        clock=lambda: world.now,
+        publisher=world.bus,
+        max_compensation_restarts=2,
+    )
     reports = [await starter.run(client) for _ in range(4)]
     assert [r.compensation_restarts for r in reports] == [1, 1, 0, 0]
     assert [r.compensations_given_up for r in reports] == [0, 0, 1, 0]
@@ -339,8 +415,10 @@ async def test_terminal_status_send_failure_is_delivered_later_by_the_starter():
     assert world.statuses()[-1]["Status"] == "Processed"
 
 
-@pytest.mark.parametrize(("scenario", "at_write"),
-                         [("processed", n) for n in range(7)] + [("compensated", n) for n in range(7)])
+@pytest.mark.parametrize(
+    ("scenario", "at_write"),
+    [("processed", n) for n in range(7)] + [("compensated", n) for n in range(7)],
+)
 async def test_a_stale_write_at_any_point_ends_the_attempt_quietly(scenario, at_write):
     """Another attempt takes the record just before write number `at_write`
     (of the happy path, or of a path through compensation): that write and
@@ -371,8 +449,12 @@ async def test_a_stale_write_at_any_point_ends_the_attempt_quietly(scenario, at_
 
 async def test_activity_retries_ride_out_brief_failures():
     world = World()
-    driver = Driver(world, await world.claimed(), ok,
-                    fail=lambda name, call: name == "write_state" and call in (0, 1))
+    driver = Driver(
+        world,
+        await world.claimed(),
+        ok,
+        fail=lambda name, call: name == "write_state" and call in (0, 1),
+    )
     await driver.run()
     assert driver.output["Outcome"] == "processed"
 
@@ -387,6 +469,7 @@ async def test_unversioned_instance_runs_version_1_0_not_the_newest(monkeypatch)
             ran.append(name)
             return {"Outcome": "processed"}
             yield  # noqa: B901 - a generator, as orchestrators are
+
         return run
 
     monkeypatch.setattr(wf, "VERSIONS", {"1.0": runner("1.0"), "9.9": runner("9.9")})

@@ -39,9 +39,14 @@ async def _errored_with_request(world, order_id):
     await _pending(world, order_id)
     claimed = await world.store.claim(order_id, world.now, POLICY)
     t = world.now
-    await world.store.update(order_id, lambda r: sm.mark_failed(r, claimed.LockedBy, None, "x", t), claimed.LockedBy)
-    await world.store.update(order_id, lambda r: sm.mark_status_sent(
-        sm.request_compensation(r, t), r.PendingStatus.MessageId, t), ANY_OWNER)
+    await world.store.update(
+        order_id, lambda r: sm.mark_failed(r, claimed.LockedBy, None, "x", t), claimed.LockedBy
+    )
+    await world.store.update(
+        order_id,
+        lambda r: sm.mark_status_sent(sm.request_compensation(r, t), r.PendingStatus.MessageId, t),
+        ANY_OWNER,
+    )
 
 
 async def test_at_the_cap_the_metric_line_is_still_emitted(caplog):
@@ -85,10 +90,14 @@ async def test_outbox_entries_wait_their_grace_then_are_sent_once_with_their_id(
     await _pending(world, "A1")
     claimed = await world.store.claim("A1", world.now, POLICY)
     t = world.now
-    await world.store.update("A1", lambda r: sm.mark_failed(r, claimed.LockedBy, None, "declined", t), claimed.LockedBy)
+    await world.store.update(
+        "A1", lambda r: sm.mark_failed(r, claimed.LockedBy, None, "declined", t), claimed.LockedBy
+    )
     message_id = (await world.record()).PendingStatus.MessageId
     starter = Starter(SETTINGS, world.store, clock=lambda: world.now, publisher=world.bus)
-    assert (await starter.run(Client())).statuses_delivered == 0  # inside the grace: the writer sends it
+    assert (
+        await starter.run(Client())
+    ).statuses_delivered == 0  # inside the grace: the writer sends it
     world.now += timedelta(minutes=1)
     assert (await starter.run(Client())).statuses_delivered == 1
     assert (await starter.run(Client())).statuses_delivered == 0
@@ -101,16 +110,26 @@ async def test_the_outbox_is_scanned_at_most_once_per_scan_interval():
     await _pending(world, "A1")
     claimed = await world.store.claim("A1", world.now, POLICY)
     t = world.now
-    await world.store.update("A1", lambda r: sm.mark_failed(r, claimed.LockedBy, None, "declined", t), claimed.LockedBy)
-    starter = Starter(SETTINGS, world.store, clock=lambda: world.now, publisher=world.bus,
-                      status_grace=timedelta(seconds=30), status_scan_interval=timedelta(seconds=10))
+    await world.store.update(
+        "A1", lambda r: sm.mark_failed(r, claimed.LockedBy, None, "declined", t), claimed.LockedBy
+    )
+    starter = Starter(
+        SETTINGS,
+        world.store,
+        clock=lambda: world.now,
+        publisher=world.bus,
+        status_grace=timedelta(seconds=30),
+        status_scan_interval=timedelta(seconds=10),
+    )
     assert (await starter.run(Client())).statuses_delivered == 0  # scanned: inside the grace
     world.now += timedelta(seconds=31)
     assert (await starter.run(Client())).statuses_delivered == 1  # scanned again: past the grace
     await _pending(world, "B1")
     claimed = await world.store.claim("B1", world.now, POLICY)
     t = world.now - timedelta(minutes=5)  # already past its grace
-    await world.store.update("B1", lambda r: sm.mark_failed(r, claimed.LockedBy, None, "declined", t), claimed.LockedBy)
+    await world.store.update(
+        "B1", lambda r: sm.mark_failed(r, claimed.LockedBy, None, "declined", t), claimed.LockedBy
+    )
     world.now += timedelta(seconds=5)
     assert (await starter.run(Client())).statuses_delivered == 0  # within the interval: no scan
     world.now += timedelta(seconds=5)
@@ -169,15 +188,23 @@ async def test_the_fast_path_claim_can_mark_received_sent_in_the_same_write():
     record, etag, _ = await world.store.create_if_absent(sm.new_record(order, world.now, STEPS))
     before = world.store.total
     starter = Starter(SETTINGS, world.store, clock=lambda: world.now)
-    assert await starter.start_submitted(client, record, etag, order, received_sent_at=world.now) == "A1:1"
+    assert (
+        await starter.start_submitted(client, record, etag, order, received_sent_at=world.now)
+        == "A1:1"
+    )
     assert world.store.total - before == 1
     stored = await world.record("A1")
     assert stored.ReceivedSent and stored.ProcessState is ProcessState.PROCESSING
     # Lost (the etag moved on): nothing written, nothing marked; Submit marks it itself.
     order_b = OrderSubmitted.model_validate(order_payload(OrderID="B1"))
-    record_b, etag_b, _ = await world.store.create_if_absent(sm.new_record(order_b, world.now, STEPS))
+    record_b, etag_b, _ = await world.store.create_if_absent(
+        sm.new_record(order_b, world.now, STEPS)
+    )
     await world.store.replace(record_b.model_copy(update={"LastError": "x"}), etag_b)
-    assert await starter.start_submitted(client, record_b, etag_b, order_b, received_sent_at=world.now) is None
+    assert (
+        await starter.start_submitted(client, record_b, etag_b, order_b, received_sent_at=world.now)
+        is None
+    )
     assert not (await world.record("B1")).ReceivedSent
 
 
@@ -189,8 +216,13 @@ async def test_a_failed_status_still_in_the_outbox_is_sent_before_its_compensati
     await _pending(world, "A1")
     claimed = await world.store.claim("A1", world.now, POLICY)
     t = world.now
-    await world.store.update("A1", lambda r: sm.request_compensation(
-        sm.mark_failed(r, claimed.LockedBy, None, "declined", t), t), claimed.LockedBy)
+    await world.store.update(
+        "A1",
+        lambda r: sm.request_compensation(
+            sm.mark_failed(r, claimed.LockedBy, None, "declined", t), t
+        ),
+        claimed.LockedBy,
+    )
     failed_id = (await world.record()).PendingStatus.MessageId
     world.now += timedelta(minutes=1)
     seen_at_start = []
@@ -202,13 +234,14 @@ async def test_a_failed_status_still_in_the_outbox_is_sent_before_its_compensati
             await super().start_new(name, instance_id, data)
 
     client = Watching()
-    report = await Starter(SETTINGS, world.store, clock=lambda: world.now, publisher=world.bus).run(client)
+    report = await Starter(SETTINGS, world.store, clock=lambda: world.now, publisher=world.bus).run(
+        client
+    )
     assert client.started == ["A1:2"] and report.compensations == 1
     assert seen_at_start == [failed_id]
     assert [mid for _, mid in world.sent("replies-webshop")] == [failed_id]
     record = await world.record()
     assert record.ProcessState is ProcessState.COMPENSATING and record.PendingStatus is None
-
 
 
 class _Down:
@@ -218,7 +251,6 @@ class _Down:
         raise ConnectionError("service bus unavailable")
 
 
-
 async def test_a_failed_status_that_cannot_be_sent_does_not_hold_up_the_compensation():
     """The reply queue is down: the compensation starts anyway (undoing a
     charge must not wait on a status), carrying the entry for a later run."""
@@ -226,8 +258,13 @@ async def test_a_failed_status_that_cannot_be_sent_does_not_hold_up_the_compensa
     await _pending(world, "A1")
     claimed = await world.store.claim("A1", world.now, POLICY)
     t = world.now
-    await world.store.update("A1", lambda r: sm.request_compensation(
-        sm.mark_failed(r, claimed.LockedBy, None, "declined", t), t), claimed.LockedBy)
+    await world.store.update(
+        "A1",
+        lambda r: sm.request_compensation(
+            sm.mark_failed(r, claimed.LockedBy, None, "declined", t), t
+        ),
+        claimed.LockedBy,
+    )
     failed_id = (await world.record()).PendingStatus.MessageId
     world.now += timedelta(minutes=1)
     client = Client()
@@ -236,4 +273,3 @@ async def test_a_failed_status_that_cannot_be_sent_does_not_hold_up_the_compensa
     record = await world.record()
     assert record.ProcessState is ProcessState.COMPENSATING
     assert record.PendingStatus is not None and record.PendingStatus.MessageId == failed_id
-

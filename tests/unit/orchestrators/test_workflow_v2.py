@@ -38,6 +38,7 @@ def fail_step(step, outcome="permanent", error="card declined"):
         if send.Action == "do" and send.Step == step:
             return (outcome, error)
         return ok(send)
+
     return agent
 
 
@@ -69,7 +70,12 @@ def test_version_2_0_is_the_default_and_the_current_version():
 
 
 # (path, Supervisor scan) -> Cosmos requests per order, itemised in the test.
-EXPECTED_COSMOS = {("fast", "query"): 8, ("fast", "index"): 10, ("timer", "query"): 9, ("timer", "index"): 11}
+EXPECTED_COSMOS = {
+    ("fast", "query"): 8,
+    ("fast", "index"): 10,
+    ("timer", "query"): 9,
+    ("timer", "index"): 11,
+}
 
 
 @pytest.mark.parametrize("path", ["fast", "timer"])
@@ -79,8 +85,11 @@ async def test_cost_of_a_three_step_order_on_the_happy_path(path, scan):
     creates, the claim (Submit's fast path, or the timer Starter), the
     orchestration's activities and the messages they send. Printed for the
     record (pytest -s)."""
-    world = World(store=CountingStateStore(), orders=CountingOrders(),
-                  index=FakeIndex() if scan == "index" else None)
+    world = World(
+        store=CountingStateStore(),
+        orders=CountingOrders(),
+        index=FakeIndex() if scan == "index" else None,
+    )
     if path == "fast":
         instance_id, attempt_input = await started(world)
     else:
@@ -103,10 +112,12 @@ async def test_cost_of_a_three_step_order_on_the_happy_path(path, scan):
     replies = len(requests(world))  # the scripted agent answers each request once
     # Submit's two messages: the order posted to `orders` and Received (Submit's code).
     sb_messages = 2 + sent_by_us + replies
-    print(f"\nv2.0 per order ({path} start, {scan} scan): activities={activities} "
-          f"history_events={history_events} episodes={driver.episodes} cosmos_requests={cosmos} "
-          f"state={world.store.requests} orders={world.orders.requests} "
-          f"index={world.index.requests if world.index else {}} sb_messages={sb_messages}")
+    print(
+        f"\nv2.0 per order ({path} start, {scan} scan): activities={activities} "
+        f"history_events={history_events} episodes={driver.episodes} cosmos_requests={cosmos} "
+        f"state={world.store.requests} orders={world.orders.requests} "
+        f"index={world.index.requests if world.index else {}} sb_messages={sb_messages}"
+    )
 
     assert [n for n, _ in driver.calls] == ["begin_attempt"] + ["advance_attempt"] * 3
     assert activities <= 5
@@ -181,7 +192,9 @@ async def test_one_deadline_reaches_record_timer_and_agent_request():
     assert await driver.run() == "completed"
     sent = [r["Deadline"] for r in requests(world)]
     timers = [e["FireAt"] for e in driver.history if e["EventType"] == TIMER_CREATED]
-    starts = [driver.calls[0][1]["Deadline"]] + [d["Deadline"] for n, d in driver.calls[1:] if d.get("Start")]
+    starts = [driver.calls[0][1]["Deadline"]] + [
+        d["Deadline"] for n, d in driver.calls[1:] if d.get("Start")
+    ]
 
     assert len(sent) == len(timers) == len(starts) == 3
     for a, b, c in zip(sent, timers, starts, strict=True):
@@ -206,7 +219,8 @@ async def test_each_write_moves_complete_by_straight_to_the_next_steps_deadline(
     driver = Driver(world, instance_id, ok, input=attempt_input, before_activity=before)
     assert await driver.run() == "completed"
     starts = [sm_time(driver.calls[0][1]["Deadline"])] + [
-        sm_time(d["Deadline"]) for n, d in driver.calls[1:] if d.get("Start")]
+        sm_time(d["Deadline"]) for n, d in driver.calls[1:] if d.get("Start")
+    ]
     assert deadlines == starts
 
 
@@ -232,8 +246,12 @@ async def test_resume_skips_steps_a_previous_attempt_completed():
 async def test_timer_first_leaves_the_record_to_the_supervisor():
     world = World()
     instance_id, attempt_input = await started(world)
-    driver = Driver(world, instance_id, lambda send: None if send.Step == STEPS[1] else ok(send),
-                    input=attempt_input)
+    driver = Driver(
+        world,
+        instance_id,
+        lambda send: None if send.Step == STEPS[1] else ok(send),
+        input=attempt_input,
+    )
     assert await driver.run() == "completed"
     assert driver.output == {"Outcome": "timed_out", "Step": STEPS[1], "Detail": "deadline passed"}
     record = await world.record()
@@ -245,8 +263,9 @@ async def test_timer_first_leaves_the_record_to_the_supervisor():
 async def test_transient_reply_reason_is_kept_for_the_supervisor():
     world = World()
     instance_id, attempt_input = await started(world)
-    driver = Driver(world, instance_id, fail_step(STEPS[0], "transient", "provider down"),
-                    input=attempt_input)
+    driver = Driver(
+        world, instance_id, fail_step(STEPS[0], "transient", "provider down"), input=attempt_input
+    )
     assert await driver.run() == "completed"
     assert driver.output["Outcome"] == "timed_out"
     record = await world.record()
@@ -305,7 +324,9 @@ async def test_a_stale_attempt_never_changes_the_record(at_call):
     assert record.LockedBy == "A1:2" and record.ProcessState is ProcessState.PROCESSING
     # Steps completed before the steal stay (write k completes step k-1);
     # nothing after it was written.
-    assert [n for n, s in record.Steps.items() if s.Status is StepStatus.COMPLETED] == STEPS[:max(at_call - 1, 0)]
+    assert [n for n, s in record.Steps.items() if s.Status is StepStatus.COMPLETED] == STEPS[
+        : max(at_call - 1, 0)
+    ]
     assert len(requests(world)) == at_call  # nothing sent after the steal
     assert statuses(world) == []
 
@@ -375,7 +396,8 @@ async def test_a_status_that_cannot_be_sent_stays_in_the_outbox_for_the_starter(
     world.bus.send = real_send
     world.now += timedelta(minutes=5)
     report = await Starter(SETTINGS, world.store, clock=lambda: world.now, publisher=world.bus).run(
-        StartingClient())
+        StartingClient()
+    )
     assert report.statuses_delivered == 1
     assert statuses(world) == ["Processed"]
     assert (await world.record()).PendingStatus is None
@@ -420,12 +442,18 @@ async def test_an_operator_compensation_runs_on_2_0_from_the_record_log():
     finds it Compensating and undoes every step whose request was sent."""
     world = World()
     instance_id, attempt_input = await started(world)
-    driver = Driver(world, instance_id, lambda send: None if send.Step == STEPS[1] else ok(send),
-                    input=attempt_input)
+    driver = Driver(
+        world,
+        instance_id,
+        lambda send: None if send.Step == STEPS[1] else ok(send),
+        input=attempt_input,
+    )
     assert await driver.run() == "completed"  # step 2 timed out: Running, request sent
     t = world.now + timedelta(minutes=5)
     policy = sm.RetryPolicy(threshold=1, long_retries=0)
-    await world.store.update("A1", lambda r: sm.recover_expired(r, instance_id, t, policy), instance_id)
+    await world.store.update(
+        "A1", lambda r: sm.recover_expired(r, instance_id, t, policy), instance_id
+    )
     await world.store.update("A1", lambda r: sm.request_compensation(r, t), ANY_OWNER)
     world.now = t
     client = StartingClient()

@@ -20,7 +20,9 @@ def bindings(queues: dict[str, str]) -> dict[str, dict[str, tuple]]:
     app = df.DFApp()
     app.register_functions(bp)
     return {
-        f.get_function_name(): {b.type: (b.name, getattr(b, "queue_name", None)) for b in f.get_bindings()}
+        f.get_function_name(): {
+            b.type: (b.name, getattr(b, "queue_name", None)) for b in f.get_bindings()
+        }
         for f in app.get_functions()
     }
 
@@ -29,9 +31,13 @@ def test_one_function_per_application_on_its_own_queue():
     found = bindings({"webshop": "orders-webshop", "partner-portal": "orders-partner-portal"})
     assert found == {
         "submit_order_webshop": {
-            "serviceBusTrigger": ("message", "orders-webshop"), "durableClient": ("client", None)},
+            "serviceBusTrigger": ("message", "orders-webshop"),
+            "durableClient": ("client", None),
+        },
         "submit_order_partner-portal": {
-            "serviceBusTrigger": ("message", "orders-partner-portal"), "durableClient": ("client", None)},
+            "serviceBusTrigger": ("message", "orders-partner-portal"),
+            "durableClient": ("client", None),
+        },
     }
 
 
@@ -45,9 +51,12 @@ def test_names_are_stable_and_unique_for_ids_a_host_would_refuse():
 
 def test_ingress_queues_default_to_orders_app_for_every_registered_application():
     assert ingress_queues({"REPLY_QUEUE_REGISTRY": REGISTRY}) == {
-        "webshop": "orders-webshop", "partner-portal": "orders-partner-portal"}
-    assert ingress_queues({"REPLY_QUEUE_REGISTRY": REGISTRY, "ORDER_INGRESS_QUEUES": '{"webshop": "in-ws"}'}) == {
-        "webshop": "in-ws"}
+        "webshop": "orders-webshop",
+        "partner-portal": "orders-partner-portal",
+    }
+    assert ingress_queues(
+        {"REPLY_QUEUE_REGISTRY": REGISTRY, "ORDER_INGRESS_QUEUES": '{"webshop": "in-ws"}'}
+    ) == {"webshop": "in-ws"}
     assert ingress_queues({}) == {}
 
 

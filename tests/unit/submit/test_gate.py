@@ -18,7 +18,9 @@ from domain.errors import TransientError
 
 
 class Msg:
-    def __init__(self, body, kind=AmqpMessageBodyType.DATA, props=None, delivery_count=0, message_id="m"):
+    def __init__(
+        self, body, kind=AmqpMessageBodyType.DATA, props=None, delivery_count=0, message_id="m"
+    ):
         self.body, self.body_type, self.application_properties = body, kind, props
         self.delivery_count, self.message_id, self.sequence_number = delivery_count, message_id, 7
 
@@ -60,8 +62,12 @@ def test_dead_letter_descriptions_are_ascii_and_bounded():
 
 
 def test_unreadable_trace_headers_are_dropped_before_settling_and_others_kept():
-    props = {b"traceparent": "\u202e".encode(), b"tracestate": 5, b"Diagnostic-Id": b"00-ok",
-             b"OrderID": "\u202e".encode()}
+    props = {
+        b"traceparent": "\u202e".encode(),
+        b"tracestate": 5,
+        b"Diagnostic-Id": b"00-ok",
+        b"OrderID": "\u202e".encode(),
+    }
     defuse_trace_headers(Msg(b"", props=props))
     assert props == {b"Diagnostic-Id": b"00-ok", b"OrderID": "\u202e".encode()}
 
@@ -72,8 +78,18 @@ class Alerts:
         self.ids = []
         self.fail_queueing = fail_queueing
 
-    async def raise_alert(self, kind, reason, now, order_id=None, *, message_id=None, queue=None,
-                          alert_id=None, required=False):
+    async def raise_alert(
+        self,
+        kind,
+        reason,
+        now,
+        order_id=None,
+        *,
+        message_id=None,
+        queue=None,
+        alert_id=None,
+        required=False,
+    ):
         self.raised.append((kind, order_id, message_id, queue))
         self.ids.append(alert_id)
         if self.fail_queueing and required:

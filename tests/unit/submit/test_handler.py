@@ -23,7 +23,9 @@ NOW = datetime(2026, 1, 1, tzinfo=UTC)
 ENV = {
     "CosmosDbConnection": "AccountEndpoint=https://127.0.0.1:1/;AccountKey=a2V5",
     "ServiceBusConnection": "Endpoint=sb://127.0.0.1:1;SharedAccessKeyName=x;SharedAccessKey=y;UseDevelopmentEmulator=true",
-    "REPLY_QUEUE_REGISTRY": json.dumps({"webshop": "replies-webshop", "partner": "replies-partner"}),
+    "REPLY_QUEUE_REGISTRY": json.dumps(
+        {"webshop": "replies-webshop", "partner": "replies-partner"}
+    ),
     "PENDING_BACKLOG_LIMIT": "2",
 }
 
@@ -86,7 +88,11 @@ class Rig:
         )
         self.scheduler = FakeScheduler()
         self.gate = MessageGate(
-            "orders-webshop", Alerts(self.bus), self.scheduler, BackoffPolicy((5.0, 15.0), 5), clock=lambda: NOW
+            "orders-webshop",
+            Alerts(self.bus),
+            self.scheduler,
+            BackoffPolicy((5.0, 15.0), 5),
+            clock=lambda: NOW,
         )
         self.actions = FakeActions()
 
@@ -95,7 +101,9 @@ class Rig:
 
     async def deliver(self, body: bytes, **message):
         return await self.gate.run(
-            FakeMessage(body, **message), self.actions, lambda b: self.handler.handle(b, self.app_id, self.client)
+            FakeMessage(body, **message),
+            self.actions,
+            lambda b: self.handler.handle(b, self.app_id, self.client),
         )
 
     def statuses(self, queue="replies-webshop"):
@@ -305,8 +313,11 @@ async def test_the_back_off_grows_and_then_dead_letters_with_a_reason_and_an_ale
 
     rig.store.create_if_absent = throttled
     body = json.dumps(order_payload()).encode()
-    await rig.deliver(body, message_id="msg-1/retry-1",
-                      properties={"x-retry-count": 1, "x-original-message-id": "msg-1"})
+    await rig.deliver(
+        body,
+        message_id="msg-1/retry-1",
+        properties={"x-retry-count": 1, "x-original-message-id": "msg-1"},
+    )
     [(_, _, message_id, at, props)] = rig.scheduler.scheduled
     assert at == NOW + timedelta(seconds=15) and message_id == "msg-1/retry-2"
     assert props["x-retry-count"] == 2
@@ -347,7 +358,9 @@ async def test_transient_bus_error_retries_later_and_the_copy_finishes(rig):
     rig.bus.fail_next = TransientError("bus busy")
     assert (await rig.submit()).kind is SettleKind.COMPLETE
     [(_, body, message_id, _, props)] = rig.scheduler.scheduled
-    assert (await rig.deliver(body, message_id=message_id, properties=props)).kind is SettleKind.COMPLETE
+    assert (
+        await rig.deliver(body, message_id=message_id, properties=props)
+    ).kind is SettleKind.COMPLETE
     assert rig.statuses() == ["Received"]
 
 
@@ -364,7 +377,9 @@ async def test_backlog_gauge_is_read_once_per_cache_interval():
 
     store.read_backlog_gauge = counting
     ticks = iter([0.0, 1.0, 6.0])
-    reader = BacklogReader(store, 60, cache_seconds=5, clock=lambda: next(ticks), wall_clock=lambda: NOW)
+    reader = BacklogReader(
+        store, 60, cache_seconds=5, clock=lambda: next(ticks), wall_clock=lambda: NOW
+    )
     assert [await reader.pending() for _ in range(3)] == [3, 3, 3]
     assert reads == 2  # at 0 s and again at 6 s, not at 1 s
 
@@ -523,7 +538,10 @@ async def test_when_the_fast_path_does_not_claim_submit_marks_received_itself(mo
     record, _ = await rig.store.read("ORD-1")
     assert record.ReceivedSent is not None
     # tried once with the mark, once more after marking (the timer Starter is the safety net)
-    assert fast.calls == [(client, "ORD-1", False, "ORD-1", NOW), (client, "ORD-1", True, "ORD-1", None)]
+    assert fast.calls == [
+        (client, "ORD-1", False, "ORD-1", NOW),
+        (client, "ORD-1", True, "ORD-1", None),
+    ]
 
 
 async def test_no_fast_path_without_a_client_or_for_a_rejected_order(monkeypatch):
@@ -550,7 +568,9 @@ async def test_a_different_order_reusing_a_rejected_orders_id_is_a_conflict_and_
     assert (await rig.store.read("ORD-1"))[0].ProcessState is ProcessState.REJECTED
 
 
-async def test_an_order_written_by_a_delivery_that_died_is_taken_back_when_the_next_is_rejected(rig):
+async def test_an_order_written_by_a_delivery_that_died_is_taken_back_when_the_next_is_rejected(
+    rig,
+):
     # Delivery 1 was admitted and wrote the orders DB, then its process died
     # before the state record existed; by delivery 2 the backlog is over the
     # limit, so the order is rejected, and the document must not stay

@@ -99,7 +99,9 @@ def test_entries_of_ended_or_replaced_attempts_are_still_removed():
         before = reads.calls if reads else 0
         _, cursor, _ = await source.page(T0 + timedelta(seconds=10), 10, None)
         assert len(index_c.docs) == 1
-        assert (store.charges.by_kind["read"].calls if "read" in store.charges.by_kind else 0) == before
+        assert (
+            store.charges.by_kind["read"].calls if "read" in store.charges.by_kind else 0
+        ) == before
         # Due: the ended attempt's entry is removed.
         await source.page(T0 + timedelta(seconds=30), 10, cursor)
         assert index_c.docs == {}
@@ -128,8 +130,17 @@ def test_a_skipped_candidate_read_from_a_lagging_version_keeps_its_entry():
         await store.update("A", lambda r: r.model_copy(update={"CompleteBy": step_deadline}), "A:1")
         now = T0 + timedelta(seconds=40)
         bus = RecordingPublisher()
-        sup = Supervisor(store, IndexSource(index, lagging), MemoryCheckpoints(), StatusReporter(bus), Alerts(bus),
-                         POLICY, 10, slack=timedelta(seconds=5), clock=lambda: now)
+        sup = Supervisor(
+            store,
+            IndexSource(index, lagging),
+            MemoryCheckpoints(),
+            StatusReporter(bus),
+            Alerts(bus),
+            POLICY,
+            10,
+            slack=timedelta(seconds=5),
+            clock=lambda: now,
+        )
         report = await sup.run()
         assert (report.examined, report.skipped) == (1, 1)
         assert [d["OrderID"] for d in index_c.docs.values()] == ["A"]  # looked at again later
@@ -147,18 +158,26 @@ def test_an_entry_moved_behind_the_cursor_in_its_bucket_is_still_reached():
     attempt's later deadline landed in the cursor's bucket but sorted before
     the cursor's id (ids sort by order id); the cursor then left the bucket and
     the attempt was never recovered."""
+
     async def go():
         world = World(1, FaultConfig())
-        state, index_c = SimContainer(world, "state", "/id"), SimContainer(world, "index", "/bucket")
+        state, index_c = (
+            SimContainer(world, "state", "/id"),
+            SimContainer(world, "index", "/bucket"),
+        )
         store, index = CosmosStateStore(state), CosmosRecoveryIndex(index_c)
         for oid in ("A", "B", "C"):
             await store.create_if_absent(sm.new_record(_order(oid), T0, []))
             await index.add(oid, T0 + timedelta(seconds=20), 1)
             await store.claim(oid, T0, POLICY)
         # A's attempt lives on to a later deadline in the same minute; B and C ended.
-        await store.update("A", lambda r: r.model_copy(update={"CompleteBy": T0 + timedelta(seconds=50)}), "A:1")
+        await store.update(
+            "A", lambda r: r.model_copy(update={"CompleteBy": T0 + timedelta(seconds=50)}), "A:1"
+        )
         for oid in ("B", "C"):
-            await store.update(oid, lambda r, oid=oid: sm.mark_processed(r, f"{oid}:1", T0), f"{oid}:1")
+            await store.update(
+                oid, lambda r, oid=oid: sm.mark_processed(r, f"{oid}:1", T0), f"{oid}:1"
+            )
         source = IndexSource(index, store)
         _, cursor, _ = await source.page(T0 + timedelta(seconds=30), 2, None)  # moves A, removes B
         found = []

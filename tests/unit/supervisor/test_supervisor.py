@@ -18,8 +18,9 @@ from tests.fakes import FakeStateStore, RecordingPublisher
 from tests.unit.domain.conftest import STEPS, order_payload
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
-POLICY = sm.RetryPolicy(threshold=2, long_retries=1, long_delay=timedelta(hours=1),
-                        claim_timeout=timedelta(seconds=60))
+POLICY = sm.RetryPolicy(
+    threshold=2, long_retries=1, long_delay=timedelta(hours=1), claim_timeout=timedelta(seconds=60)
+)
 
 
 class MemoryCheckpoints:
@@ -36,9 +37,22 @@ class MemoryCheckpoints:
 class Rig:
     def __init__(self, page_size=10, slack=timedelta(seconds=5)):
         self.now = T0
-        self.store, self.bus, self.checkpoints = FakeStateStore(), RecordingPublisher(), MemoryCheckpoints()
-        self.sup = Supervisor(self.store, QuerySource(self.store), self.checkpoints, StatusReporter(self.bus),
-                              Alerts(self.bus), POLICY, page_size, slack=slack, clock=lambda: self.now)
+        self.store, self.bus, self.checkpoints = (
+            FakeStateStore(),
+            RecordingPublisher(),
+            MemoryCheckpoints(),
+        )
+        self.sup = Supervisor(
+            self.store,
+            QuerySource(self.store),
+            self.checkpoints,
+            StatusReporter(self.bus),
+            Alerts(self.bus),
+            POLICY,
+            page_size,
+            slack=slack,
+            clock=lambda: self.now,
+        )
 
     async def add(self, order_id: str, claimed_at: datetime) -> None:
         order = OrderSubmitted.model_validate(order_payload(OrderID=order_id))
@@ -109,22 +123,33 @@ async def test_record_recovered_by_another_supervisor_is_skipped():
     rig = Rig()
     await rig.add("A", T0)
     rig.now = T0 + timedelta(minutes=5)
-    other = Supervisor(rig.store, QuerySource(rig.store), MemoryCheckpoints(), StatusReporter(rig.bus),
-                       Alerts(rig.bus), POLICY, 10, clock=lambda: rig.now)
+    other = Supervisor(
+        rig.store,
+        QuerySource(rig.store),
+        MemoryCheckpoints(),
+        StatusReporter(rig.bus),
+        Alerts(rig.bus),
+        POLICY,
+        10,
+        clock=lambda: rig.now,
+    )
     page, _ = await rig.store.query_expired(rig.now, T0 - timedelta(days=1), 10, None)
     await other.run()
     # acting on what was read before the other supervisor wrote is refused
     record, _ = page[0]
     with pytest.raises(StaleError):
-        await rig.store.update("A", lambda r: sm.recover_expired(r, record.LockedBy, rig.now, POLICY),
-                               record.LockedBy)
+        await rig.store.update(
+            "A", lambda r: sm.recover_expired(r, record.LockedBy, rig.now, POLICY), record.LockedBy
+        )
     assert (await rig.state("A")).FailureCount == 1
 
 
 async def _gave_up(rig):
     """A record one failure short of Error, its deadline passed."""
     await rig.add("A", T0)
-    await rig.store.update("A", lambda r: r.model_copy(update={"FailureCount": POLICY.max_failures - 1}), "A:1")
+    await rig.store.update(
+        "A", lambda r: r.model_copy(update={"FailureCount": POLICY.max_failures - 1}), "A:1"
+    )
     rig.now = T0 + timedelta(minutes=5)
 
 
@@ -229,17 +254,22 @@ async def test_a_store_failure_while_clearing_the_outbox_does_not_stop_the_run()
     rig.store.update = _update_via(rig.store)
     report = await rig.sup.run()
     assert (report.failed, report.recovered) == (1, 1)
-    assert [json.loads(b)["Status"] for q, b, *_ in rig.bus.sent if q == "replies-webshop"] == ["Failed"]
+    assert [json.loads(b)["Status"] for q, b, *_ in rig.bus.sent if q == "replies-webshop"] == [
+        "Failed"
+    ]
 
 
 def _update_via(store):
     """FakeStateStore.update, but through `store.replace` (so a patched
     replace applies to updates too)."""
+
     async def update(order_id, mutate, expected_locked_by):
         from adapters.ports import ANY_OWNER
+
         record, etag = await store.read(order_id)
         if expected_locked_by is not ANY_OWNER and record.LockedBy != expected_locked_by:
             raise StaleError(order_id)
         new = mutate(record)
         return new, await store.replace(new, etag)
+
     return update

@@ -30,9 +30,15 @@ def _write_spans(path):
             pass
     from opentelemetry.trace import Link
 
-    with tracer.start_as_current_span("start attempt", context=None, links=[Link(submit.get_span_context())],
-                                      attributes={telemetry.ORDER_ID: "O-1"}) as retry:
-        with tracer.start_as_current_span("activity begin_attempt", attributes={telemetry.ORDER_ID: "O-1"}):
+    with tracer.start_as_current_span(
+        "start attempt",
+        context=None,
+        links=[Link(submit.get_span_context())],
+        attributes={telemetry.ORDER_ID: "O-1"},
+    ) as retry:
+        with tracer.start_as_current_span(
+            "activity begin_attempt", attributes={telemetry.ORDER_ID: "O-1"}
+        ):
             pass
     with tracer.start_as_current_span("submit", attributes={telemetry.ORDER_ID: "O-2"}):
         pass

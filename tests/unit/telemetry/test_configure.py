@@ -30,10 +30,20 @@ def test_the_local_stack_writes_spans_and_metrics_as_otlp_json_lines(tmp_path):
         telemetry.app_metrics().attempts.add(2)
         telemetry.flush()
     """)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "APPLICATIONINSIGHTS_"))}
-    env.update({"OTEL_TRACES_FILE": str(spans), "OTEL_METRICS_FILE": str(metrics), "PYTHONPATH": str(REPO)})
-    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
-                          timeout=120, cwd=REPO)
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "APPLICATIONINSIGHTS_"))
+    }
+    env.update(
+        {"OTEL_TRACES_FILE": str(spans), "OTEL_METRICS_FILE": str(metrics), "PYTHONPATH": str(REPO)}
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["file", "configured"]
 
@@ -44,8 +54,13 @@ def test_the_local_stack_writes_spans_and_metrics_as_otlp_json_lines(tmp_path):
     (root,) = roots(only)
     assert [root.name, *[c.name for c in root.children]] == ["outer", "inner"]
     batches = [json.loads(line) for line in metrics.read_text().splitlines()]
-    names = {m["name"] for b in batches for rm in b["resourceMetrics"] for sm in rm["scopeMetrics"]
-             for m in sm["metrics"]}
+    names = {
+        m["name"]
+        for b in batches
+        for rm in b["resourceMetrics"]
+        for sm in rm["scopeMetrics"]
+        for m in sm["metrics"]
+    }
     assert "orders.attempts" in names
 
 
@@ -54,8 +69,11 @@ def test_application_insights_uses_the_distro_with_the_apps_identity(monkeypatch
 
     calls = []
     monkeypatch.setattr(distro, "configure_azure_monitor", lambda **kw: calls.append(kw))
-    env = {"APPLICATIONINSIGHTS_CONNECTION_STRING": "InstrumentationKey=00000000-0000-0000-0000-000000000000",
-           "AZURE_CLIENT_ID": "11111111-1111-1111-1111-111111111111", "IDENTITY_ENDPOINT": "http://127.0.0.1:1"}
+    env = {
+        "APPLICATIONINSIGHTS_CONNECTION_STRING": "InstrumentationKey=00000000-0000-0000-0000-000000000000",
+        "AZURE_CLIENT_ID": "11111111-1111-1111-1111-111111111111",
+        "IDENTITY_ENDPOINT": "http://127.0.0.1:1",
+    }
     assert telemetry._configure(env) == "azure-monitor"
     (kwargs,) = calls
     from azure.identity import ManagedIdentityCredential
@@ -63,7 +81,9 @@ def test_application_insights_uses_the_distro_with_the_apps_identity(monkeypatch
     assert isinstance(kwargs["credential"], ManagedIdentityCredential)
 
     calls.clear()
-    env = {"APPLICATIONINSIGHTS_CONNECTION_STRING": "InstrumentationKey=00000000-0000-0000-0000-000000000000"}
+    env = {
+        "APPLICATIONINSIGHTS_CONNECTION_STRING": "InstrumentationKey=00000000-0000-0000-0000-000000000000"
+    }
     assert telemetry._configure(env) == "azure-monitor"
     assert calls == [{}]
 

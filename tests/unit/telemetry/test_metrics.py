@@ -18,22 +18,39 @@ def _points(reader, name):
 
 
 def _sum(reader, name, **attrs):
-    return sum(p.value for p in _points(reader, name) if all(p.attributes.get(k) == v for k, v in attrs.items()))
+    return sum(
+        p.value
+        for p in _points(reader, name)
+        if all(p.attributes.get(k) == v for k, v in attrs.items())
+    )
 
 
 def test_terminal_statuses_count_their_outcome(metric_reader):
     before = {k: _sum(metric_reader, f"orders.{k}") for k in ("processed", "failed", "compensated")}
-    for status in ("Processed", "Processed", "Failed", "CompensationFailed", "Compensated", "Received"):
+    for status in (
+        "Processed",
+        "Processed",
+        "Failed",
+        "CompensationFailed",
+        "Compensated",
+        "Received",
+    ):
         telemetry.count_terminal_status(status)
     after = {k: _sum(metric_reader, f"orders.{k}") for k in ("processed", "failed", "compensated")}
-    assert {k: after[k] - before[k] for k in after} == {"processed": 2, "failed": 2, "compensated": 1}
+    assert {k: after[k] - before[k] for k in after} == {
+        "processed": 2,
+        "failed": 2,
+        "compensated": 1,
+    }
 
 
 async def test_a_supervisor_run_records_recoveries_and_its_scan_cost(metric_reader):
     from supervisor.supervisor import SupervisorReport, _record_metrics
 
     before = _sum(metric_reader, "orders.recoveries", outcome="recovered")
-    _record_metrics(SupervisorReport(read=7, recovered=3, failed=1, requests=4, request_charge=12.5))
+    _record_metrics(
+        SupervisorReport(read=7, recovered=3, failed=1, requests=4, request_charge=12.5)
+    )
     assert _sum(metric_reader, "orders.recoveries", outcome="recovered") - before == 3
     charges = _points(metric_reader, "supervisor.scan.request_charge")
     assert charges and charges[0].max >= 12.5

@@ -36,19 +36,25 @@ def test_inject_extract_round_trip(spans):
 def test_tracestate_survives_the_round_trip(spans):
     ctx = telemetry.extract({"traceparent": CLIENT_PARENT, "tracestate": "vendor=abc,other=1"})
     assert ctx is not None
-    assert telemetry.inject(ctx) == {"traceparent": CLIENT_PARENT, "tracestate": "vendor=abc,other=1"}
+    assert telemetry.inject(ctx) == {
+        "traceparent": CLIENT_PARENT,
+        "tracestate": "vendor=abc,other=1",
+    }
 
 
-@pytest.mark.parametrize("bad", [
-    "",
-    "garbage",
-    "00-" + "0" * 32 + "-" + CLIENT_SPAN + "-01",           # all-zero trace id is invalid
-    "00-" + CLIENT_TRACE + "-" + "0" * 16 + "-01",          # all-zero span id is invalid
-    "ff-" + CLIENT_TRACE + "-" + CLIENT_SPAN + "-01",       # version ff is forbidden
-    "00-" + CLIENT_TRACE.upper() + "-" + CLIENT_SPAN + "-01",  # upper-case hex is not W3C
-    "00-" + CLIENT_TRACE[:-1] + "-" + CLIENT_SPAN + "-01",  # short trace id
-    CLIENT_PARENT + "-extra",                              # version 00 has no extra fields
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "",
+        "garbage",
+        "00-" + "0" * 32 + "-" + CLIENT_SPAN + "-01",  # all-zero trace id is invalid
+        "00-" + CLIENT_TRACE + "-" + "0" * 16 + "-01",  # all-zero span id is invalid
+        "ff-" + CLIENT_TRACE + "-" + CLIENT_SPAN + "-01",  # version ff is forbidden
+        "00-" + CLIENT_TRACE.upper() + "-" + CLIENT_SPAN + "-01",  # upper-case hex is not W3C
+        "00-" + CLIENT_TRACE[:-1] + "-" + CLIENT_SPAN + "-01",  # short trace id
+        CLIENT_PARENT + "-extra",  # version 00 has no extra fields
+    ],
+)
 def test_a_malformed_traceparent_is_not_trusted(bad):
     assert telemetry.extract({"traceparent": bad}) is None
 
@@ -56,7 +62,7 @@ def test_a_malformed_traceparent_is_not_trusted(bad):
 def test_carrier_takes_only_short_printable_ascii_text():
     props = {
         b"traceparent": CLIENT_PARENT.encode(),
-        b"tracestate": "\u202e".encode(),       # what the hostile-input tests send
+        b"tracestate": "\u202e".encode(),  # what the hostile-input tests send
         "Diagnostic-Id": "00-ok",
         "OrderID": "x",
     }
@@ -85,8 +91,9 @@ def test_message_properties_without_a_span_add_nothing():
 
 
 def test_a_consumer_continues_a_valid_client_trace(spans):
-    message = SimpleNamespace(application_properties={b"traceparent": CLIENT_PARENT.encode()},
-                              message_id="submit/O-1")
+    message = SimpleNamespace(
+        application_properties={b"traceparent": CLIENT_PARENT.encode()}, message_id="submit/O-1"
+    )
     with telemetry.consume("submit", message) as consumer:
         pass
     trace_id, _ = _ids(consumer)
@@ -97,13 +104,16 @@ def test_a_consumer_continues_a_valid_client_trace(spans):
     assert finished.attributes["messaging.message.id"] == "submit/O-1"
 
 
-@pytest.mark.parametrize("props", [
-    {"traceparent": "00-" + CLIENT_TRACE + "-" + CLIENT_SPAN},      # flags missing
-    {"traceparent": "\u202e"},
-    {b"traceparent": b"\xff\xfe"},
-    {},
-    None,
-])
+@pytest.mark.parametrize(
+    "props",
+    [
+        {"traceparent": "00-" + CLIENT_TRACE + "-" + CLIENT_SPAN},  # flags missing
+        {"traceparent": "\u202e"},
+        {b"traceparent": b"\xff\xfe"},
+        {},
+        None,
+    ],
+)
 def test_a_consumer_starts_a_new_trace_when_the_traceparent_is_malformed_or_absent(spans, props):
     message = SimpleNamespace(application_properties=props, message_id="m")
     with telemetry.consume("submit", message) as consumer:
@@ -132,8 +142,9 @@ def test_an_attempt_claimed_elsewhere_starts_its_own_trace_linked_to_the_current
     assert carrier["traceparent"].split("-")[1] != run_trace
     start = next(s for s in spans.get_finished_spans() if s.name == "start attempt")
     assert start.parent is None
-    assert [(f"{link.context.trace_id:032x}", f"{link.context.span_id:016x}") for link in start.links] == [
-        (run_trace, run_span)]
+    assert [
+        (f"{link.context.trace_id:032x}", f"{link.context.span_id:016x}") for link in start.links
+    ] == [(run_trace, run_span)]
 
 
 def test_an_activity_continues_the_trace_its_input_carries(spans):

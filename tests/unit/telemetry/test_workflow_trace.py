@@ -43,7 +43,7 @@ async def test_the_timer_starters_attempt_has_a_trace_of_its_own(spans):
 
 async def test_an_instance_without_a_trace_sends_none():
     world = World()
-    instance_id = await world.claimed("A3")   # started by hand: no input at all
+    instance_id = await world.claimed("A3")  # started by hand: no input at all
     driver = Driver(world, instance_id, ok)
     assert await driver.run() == "completed"
     assert all(data.get("Trace") is None for _, data in driver.calls)
@@ -62,7 +62,10 @@ def test_traced_ignores_inputs_that_are_not_a_carrier():
     assert wf._traced(Ctx("not json"), data) == data
     assert wf._traced(Ctx({"Trace": {"traceparent": 5}}), data) == data
     assert wf._traced(Ctx({"Trace": "x"}), data) == data
-    assert wf._traced(Ctx('{"Trace": {"traceparent": "t"}}'), data) == {**data, "Trace": {"traceparent": "t"}}
+    assert wf._traced(Ctx('{"Trace": {"traceparent": "t"}}'), data) == {
+        **data,
+        "Trace": {"traceparent": "t"},
+    }
 
 
 class _Client:
@@ -83,15 +86,24 @@ async def test_submit_stores_its_trace_on_the_record_for_the_timer_starter(spans
 
     world = World()
     settings = Settings(**{**SETTINGS.__dict__, "reply_queues": {"webshop": "replies-webshop"}})
-    handler = SubmitHandler(settings, world.store, world.orders, StatusReporter(world.bus), Alerts(world.bus),
-                            list(STEPS))
+    handler = SubmitHandler(
+        settings,
+        world.store,
+        world.orders,
+        StatusReporter(world.bus),
+        Alerts(world.bus),
+        list(STEPS),
+    )
     body = json.dumps(order_payload(OrderID="A4")).encode()
     with telemetry.span("submit") as submit:
-        outcome = await handler.handle(body, "webshop")   # no Durable client: no fast path
+        outcome = await handler.handle(body, "webshop")  # no Durable client: no fast path
     assert outcome.kind.value == "complete"
     record = await world.record("A4")
     assert record.Trace["traceparent"].split("-")[1] == f"{submit.get_span_context().trace_id:032x}"
 
     etag = (await world.store.read("A4"))[1]
     await world.starter().claim_and_start(_Client(), record, etag)
-    assert _Client.last["Trace"]["traceparent"].split("-")[1] == f"{submit.get_span_context().trace_id:032x}"
+    assert (
+        _Client.last["Trace"]["traceparent"].split("-")[1]
+        == f"{submit.get_span_context().trace_id:032x}"
+    )

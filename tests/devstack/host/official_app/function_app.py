@@ -20,12 +20,15 @@ myApp = df.DFApp(http_auth_level=func.AuthLevel.FUNCTION)
 
 # ---- the quickstart: HTTP starter, orchestrator, activity ------------------------------
 
+
 @myApp.route(route="orchestrators/{functionName}", methods=["POST"])
 @myApp.durable_client_input(client_name="client")
 async def http_start(req: func.HttpRequest, client):
     function_name = req.route_params.get("functionName")
     payload = req.get_body()
-    instance_id = await client.start_new(function_name, None, json.loads(payload) if payload else None)
+    instance_id = await client.start_new(
+        function_name, None, json.loads(payload) if payload else None
+    )
     response = client.create_check_status_response(req, instance_id)
     return response
 
@@ -35,7 +38,8 @@ async def http_start(req: func.HttpRequest, client):
 async def http_start_and_wait(req: func.HttpRequest, client):
     instance_id = await client.start_new(req.route_params["functionName"])
     return await client.wait_for_completion_or_create_check_status_response(
-        req, instance_id, timeout_in_milliseconds=int(req.params.get("timeout", "20000")))
+        req, instance_id, timeout_in_milliseconds=int(req.params.get("timeout", "20000"))
+    )
 
 
 @myApp.orchestration_trigger(context_name="context")
@@ -53,6 +57,7 @@ def hello(city: str):
 
 # ---- human interaction: wait for an approval event or a deadline -----------------------
 
+
 @myApp.orchestration_trigger(context_name="context")
 def approval_orchestrator(context: df.DurableOrchestrationContext):
     hours = (context.get_input() or {}).get("hours", 72)
@@ -68,12 +73,15 @@ def approval_orchestrator(context: df.DurableOrchestrationContext):
 
 # ---- sub-orchestrations that finish in their first episode -----------------------------
 
+
 @myApp.orchestration_trigger(context_name="context")
 def family(context: df.DurableOrchestrationContext):
     """Calls the child named in its input; reports what the child returned or raised."""
     child = context.get_input()["child"]
     try:
-        value = yield context.call_sub_orchestrator(child, {"n": 20}, instance_id=f"{context.instance_id}-kid")
+        value = yield context.call_sub_orchestrator(
+            child, {"n": 20}, instance_id=f"{context.instance_id}-kid"
+        )
     except Exception as exc:  # the child's failure, as the SDK raises it in the parent
         return {"failed": str(exc)}
     return {"value": value}
@@ -102,17 +110,24 @@ def child_raises_at_once(context: df.DurableOrchestrationContext):
 
 # ---- routing -----------------------------------------------------------------------------
 
+
 @myApp.route(route="items/{id:int}", methods=["GET"])
 def get_item(req: func.HttpRequest) -> func.HttpResponse:
-    return func.HttpResponse(json.dumps({"id": int(req.route_params["id"]), "q": req.params.get("q")}),
-                             mimetype="application/json", headers={"X-Item": req.route_params["id"]})
+    return func.HttpResponse(
+        json.dumps({"id": int(req.route_params["id"]), "q": req.params.get("q")}),
+        mimetype="application/json",
+        headers={"X-Item": req.route_params["id"]},
+    )
 
 
 @myApp.route(route="items/{name}", methods=["GET", "PUT"])
 def named_item(req: func.HttpRequest) -> func.HttpResponse:
     body = req.get_json() if req.method == "PUT" else None
-    return func.HttpResponse(json.dumps({"name": req.route_params["name"], "method": req.method, "body": body}),
-                             status_code=201 if req.method == "PUT" else 200, mimetype="application/json")
+    return func.HttpResponse(
+        json.dumps({"name": req.route_params["name"], "method": req.method, "body": body}),
+        status_code=201 if req.method == "PUT" else 200,
+        mimetype="application/json",
+    )
 
 
 @myApp.route(route="files/{*path}")
@@ -154,6 +169,7 @@ def cookies(req: func.HttpRequest) -> func.HttpResponse:
 
 
 # ---- a durable entity (the samples' counter), used from an orchestration and from clients -
+
 
 @myApp.entity_trigger(context_name="context")
 def Counter(context: df.DurableEntityContext):
@@ -204,6 +220,7 @@ async def counter_http(req: func.HttpRequest, client):
 
 # ---- rewind: an activity that fails the first time ---------------------------------------
 
+
 @myApp.orchestration_trigger(context_name="context")
 def rewindable(context: df.DurableOrchestrationContext):
     greeting = yield context.call_activity("hello", "Oslo")
@@ -222,20 +239,31 @@ def fails_first_time(key: str) -> str:
 
 # ---- call_http --------------------------------------------------------------------------
 
+
 @myApp.orchestration_trigger(context_name="context")
 def http_caller(context: df.DurableOrchestrationContext):
     base = context.get_input()["base"]
     item = yield context.call_http("GET", f"{base}/api/items/9?q=x")
-    accepted = yield context.call_http("POST", f"{base}/api/jobs", {"size": 3}, headers={"X-Trace": "t1"})
+    accepted = yield context.call_http(
+        "POST", f"{base}/api/jobs", {"size": 3}, headers={"X-Trace": "t1"}
+    )
     return {"item": item, "accepted": accepted}
 
 
 @myApp.route(route="jobs", methods=["POST"])
 def start_job(req: func.HttpRequest) -> func.HttpResponse:
     """A long-running-operation endpoint: 202 with where to poll."""
-    echo = {"body": req.get_json(), "trace": req.headers.get("X-Trace"), "type": req.headers.get("Content-Type")}
-    return func.HttpResponse(json.dumps(echo), status_code=202, mimetype="application/json",
-                             headers={"Location": req.url.replace("/jobs", "/items/1"), "Retry-After": "1"})
+    echo = {
+        "body": req.get_json(),
+        "trace": req.headers.get("X-Trace"),
+        "type": req.headers.get("Content-Type"),
+    }
+    return func.HttpResponse(
+        json.dumps(echo),
+        status_code=202,
+        mimetype="application/json",
+        headers={"Location": req.url.replace("/jobs", "/items/1"), "Retry-After": "1"},
+    )
 
 
 if os.environ.get("OFFICIAL_QUEUES"):

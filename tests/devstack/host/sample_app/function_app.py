@@ -23,7 +23,10 @@ import azure.functions as func
 def record(kind: str, **fields):
     """Append one line to the events file (O_APPEND: safe across processes)."""
     line = json.dumps({"kind": kind, "pid": os.getpid(), "t": time.time(), **fields}) + "\n"
-    fd = os.open(os.path.join(os.environ["SAMPLE_OUT_DIR"], "events.jsonl"), os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    fd = os.open(
+        os.path.join(os.environ["SAMPLE_OUT_DIR"], "events.jsonl"),
+        os.O_WRONLY | os.O_APPEND | os.O_CREAT,
+    )
     try:
         os.write(fd, line.encode())
     finally:
@@ -53,8 +56,9 @@ def race(context: df.DurableOrchestrationContext):
     """Double a number, then wait for an event or a deadline, whichever comes first."""
     data = context.get_input()
     context.set_custom_status({"stage": "doubling"})
-    doubled = yield context.call_activity("double", {"x": data["x"], "sleep": data.get("sleep", 0),
-                                                      "instance": context.instance_id})
+    doubled = yield context.call_activity(
+        "double", {"x": data["x"], "sleep": data.get("sleep", 0), "instance": context.instance_id}
+    )
     context.set_custom_status({"stage": "waiting"})
     deadline = context.current_utc_datetime + timedelta(seconds=data.get("timeout", 3600))
     event = context.wait_for_external_event(data.get("event", "go"))
@@ -62,10 +66,16 @@ def race(context: df.DurableOrchestrationContext):
     winner = yield context.task_any([event, timer])
     if winner == event:
         timer.cancel()
-        effect = yield context.call_activity("record_effect", {"instance": context.instance_id,
-                                                               "value": event.result})
+        effect = yield context.call_activity(
+            "record_effect", {"instance": context.instance_id, "value": event.result}
+        )
         context.set_custom_status({"stage": "done"})
-        return {"doubled": doubled, "event": event.result, "effect": effect, "version": context.version}
+        return {
+            "doubled": doubled,
+            "event": event.result,
+            "effect": effect,
+            "version": context.version,
+        }
     context.set_custom_status({"stage": "timed out"})
     return {"doubled": doubled, "timeout": True, "version": context.version}
 
@@ -90,8 +100,10 @@ def record_effect(payload: dict) -> str:
 def retrying(context: df.DurableOrchestrationContext):
     """call_activity_with_retry: the host adds the retry timers DTFx would."""
     result = yield context.call_activity_with_retry(
-        "fails_twice", df.RetryOptions(first_retry_interval_in_milliseconds=200, max_number_of_attempts=4),
-        context.instance_id)
+        "fails_twice",
+        df.RetryOptions(first_retry_interval_in_milliseconds=200, max_number_of_attempts=4),
+        context.instance_id,
+    )
     return result
 
 
@@ -117,9 +129,14 @@ def unstable(context: df.DurableOrchestrationContext):
 
 @durable_bp.orchestration_trigger(context_name="context")
 def parent(context: df.DurableOrchestrationContext):
-    results = yield context.task_all([
-        context.call_sub_orchestrator("child", i, instance_id=f"{context.instance_id}-child-{i}") for i in range(2)
-    ])
+    results = yield context.task_all(
+        [
+            context.call_sub_orchestrator(
+                "child", i, instance_id=f"{context.instance_id}-child-{i}"
+            )
+            for i in range(2)
+        ]
+    )
     return sum(results)
 
 

@@ -19,11 +19,18 @@ from function_app import record
 servicebus_bp = df.Blueprint()
 
 
-@servicebus_bp.service_bus_queue_trigger(arg_name="msg", queue_name="%SAMPLE_COMMANDS_QUEUE%",
-                                         connection="ServiceBusConnection", auto_complete_messages=False)
+@servicebus_bp.service_bus_queue_trigger(
+    arg_name="msg",
+    queue_name="%SAMPLE_COMMANDS_QUEUE%",
+    connection="ServiceBusConnection",
+    auto_complete_messages=False,
+)
 @servicebus_bp.durable_client_input(client_name="client")
-async def commands(msg: ServiceBusReceivedMessage, message_actions: ServiceBusMessageActions,
-                   client: df.DurableOrchestrationClient) -> None:
+async def commands(
+    msg: ServiceBusReceivedMessage,
+    message_actions: ServiceBusMessageActions,
+    client: df.DurableOrchestrationClient,
+) -> None:
     """Manual settlement with the SDK-type binding; drives the durable client."""
     body = json.loads(b"".join(msg.body))
     cmd = body["cmd"]
@@ -32,7 +39,9 @@ async def commands(msg: ServiceBusReceivedMessage, message_actions: ServiceBusMe
         iid = await client.start_new("race", body["id"], body["input"])
         record("started", instance=iid)
     elif cmd == "deadletter":
-        message_actions.deadletter(msg, deadletter_reason="Rejected", deadletter_error_description="asked to")
+        message_actions.deadletter(
+            msg, deadletter_reason="Rejected", deadletter_error_description="asked to"
+        )
         return
     elif cmd == "slow":
         await asyncio.sleep(body["sleep"])
@@ -53,8 +62,12 @@ async def exercise_client(client: df.DurableOrchestrationClient, iid: str) -> No
         results["restart_running"] = str(exc)[:200]
     status = await client.get_status(iid)
     results["status"] = status.runtime_status.value if status.runtime_status else None
-    listed = await client.get_status_by(runtime_status=[df.OrchestrationRuntimeStatus.Running,
-                                                        df.OrchestrationRuntimeStatus.Pending])
+    listed = await client.get_status_by(
+        runtime_status=[
+            df.OrchestrationRuntimeStatus.Running,
+            df.OrchestrationRuntimeStatus.Pending,
+        ]
+    )
     results["listed"] = iid in [s.instance_id for s in listed]
     await client.raise_event(iid, "go", "from-client")
     for _ in range(200):
@@ -86,8 +99,9 @@ async def exercise_client(client: df.DurableOrchestrationClient, iid: str) -> No
     record("client_results", instance=iid, results=results)
 
 
-@servicebus_bp.service_bus_queue_trigger(arg_name="msg", queue_name="%SAMPLE_EVENTS_QUEUE%",
-                                         connection="ServiceBusConnection")
+@servicebus_bp.service_bus_queue_trigger(
+    arg_name="msg", queue_name="%SAMPLE_EVENTS_QUEUE%", connection="ServiceBusConnection"
+)
 @servicebus_bp.durable_client_input(client_name="client")
 async def events(msg: func.ServiceBusMessage, client: df.DurableOrchestrationClient) -> None:
     """A plain trigger (auto-complete): raises events, or fails/sleeps when asked."""
@@ -100,5 +114,3 @@ async def events(msg: func.ServiceBusMessage, client: df.DurableOrchestrationCli
         record("slow_done", message_id=msg.message_id, delivery_count=msg.delivery_count)
         return
     await client.raise_event(body["id"], body["event"], body.get("data"))
-
-
