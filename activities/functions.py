@@ -6,7 +6,7 @@ plain JSON, inside a span that continues the attempt's trace (the input's
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Any
 
 import azure.durable_functions as df
@@ -32,10 +32,8 @@ def _span(name: str, data: dict) -> Iterator[None]:
     instance = data.get("InstanceId") if isinstance(data, dict) else None
     order_id = data.get("OrderID") if isinstance(data, dict) else None
     if order_id is None and isinstance(instance, str):
-        try:
+        with suppress(ValueError):
             order_id, _ = parse_attempt_instance_id(instance)
-        except ValueError:
-            pass
     attributes: dict[str, Any] = {telemetry.ORDER_ID: order_id, telemetry.INSTANCE_ID: instance}
     with telemetry.continue_from(
         f"activity {name}",

@@ -224,7 +224,7 @@ def show(order_id: str) -> None:
         async with client:
             return await store.read(order_id)
 
-    record, etag = _run(read())
+    record, _etag = _run(read())
     render.print_record(console, record)
 
 
@@ -292,7 +292,7 @@ def compensate(order_id: str) -> None:
                 order_id, lambda r: sm.request_compensation(r, datetime.now(UTC)), ANY_OWNER
             )
 
-    record, _ = _run(write())
+    _record, _ = _run(write())
     console.print(f"{order_id}: compensation requested; the starter will run it")
 
 

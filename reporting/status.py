@@ -4,6 +4,7 @@ outbox that makes terminal statuses survive a failed send
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 from collections.abc import Callable
@@ -127,12 +128,10 @@ class StatusOutbox:
                 exc,
                 extra={"order_id": record.id},
             )
-            try:
+            with contextlib.suppress(StaleError, NotFoundError):
                 await self._store.update(
                     record.id, lambda r: sm.status_send_failed(r, pending.MessageId), ANY_OWNER
                 )
-            except (StaleError, NotFoundError):
-                pass
             return False
         try:
             await self._clear(record, pending.MessageId, etag)
@@ -179,9 +178,7 @@ class StatusOutbox:
                 return
             except StaleError:
                 pass  # changed since read: clear on the current version below
-        try:
+        with contextlib.suppress(NotFoundError):
             await self._store.update(
                 record.id, lambda r: sm.mark_status_sent(r, message_id, now), ANY_OWNER
             )
-        except NotFoundError:
-            pass

@@ -198,7 +198,7 @@ class SimDurable:
             result = run_episode(
                 spec.func,
                 instance_id=inst.instance_id,
-                history=past + [marker] + new_events,
+                history=[*past, marker, *new_events],
                 input_json=inst.input,
                 scheduled_before=scheduled_before,
             )

@@ -846,9 +846,8 @@ class Simulation:
                 ):
                     return False
                 continue
-            if (
-                doc["ProcessState"] not in TERMINAL_STATUS
-                or doc.get("CompensationRequested")
+            if doc["ProcessState"] not in TERMINAL_STATUS or (
+                doc.get("CompensationRequested")
                 and doc["ProcessState"] in ("Error", "CompensationFailed")
             ):
                 return False
@@ -1088,8 +1087,7 @@ class Simulation:
                 named = (
                     step in (doc.get("Steps") or {})
                     and (doc["Steps"][step].get("Status") != "NotStarted")
-                    or any(c.get("Step") == step for c in doc.get("Compensation") or [])
-                )
+                ) or any(c.get("Step") == step for c in doc.get("Compensation") or [])
                 if not named or order not in alerted:
                     self.fail(
                         "7 side effect named on the record with an alert",
@@ -1175,11 +1173,8 @@ class Simulation:
                     "4 bad submission dead-lettered with a reason",
                     f"{mid} ({kind}) dead-lettered only by the delivery count, not by its handler",
                 )
-            elif (
-                kind == "conflict"
-                and oid not in alerted
-                or kind != "conflict"
-                and not kinds["InvalidMessage"]
+            elif (kind == "conflict" and oid not in alerted) or (
+                kind != "conflict" and not kinds["InvalidMessage"]
             ):
                 self.fail(
                     "4 bad submission alerted",
@@ -1263,6 +1258,6 @@ __all__ = [
     "Simulation",
     "liveness_bound",
     "options_for",
-    "run_schedule",
     "replace",
+    "run_schedule",
 ]

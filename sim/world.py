@@ -274,7 +274,7 @@ class World:
                     self._crash_ok.pop(chosen.task, None)
                 continue
             if self._events and self._events[0][0] <= self.clock.now:
-                _, _, label, fn = heapq.heappop(self._events)
+                _, _, _label, fn = heapq.heappop(self._events)
                 fn()
                 continue
             nexts = [p.ready_at for p in self._parked]
@@ -298,4 +298,4 @@ def utc(ts: datetime) -> datetime:
     return ts.astimezone(UTC)
 
 
-__all__ = ["Clock", "Crash", "Fault", "FaultConfig", "Faults", "START", "World", "utc"]
+__all__ = ["START", "Clock", "Crash", "Fault", "FaultConfig", "Faults", "World", "utc"]

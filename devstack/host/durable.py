@@ -348,7 +348,7 @@ class DurableEngine:
 
         spec = self.catalog.orchestrator(inst.name)
         past = [dict(e, IsPlayed=True) for e in history]
-        replay_history = past + [started_marker] + new_events
+        replay_history = [*past, started_marker, *new_events]
         scheduled_before = {e["EventId"]: e for e in history if e["EventType"] in SCHEDULING_EVENTS}
         if spec is None:
             self._fail(

@@ -36,19 +36,19 @@ async def run_http_activity(request_json: str | None) -> str:
     headers = {str(k): str(v) for k, v in (request.get("headers") or {}).items()}
     content = request.get("content")
     timeout = aiohttp.ClientTimeout(total=TIMEOUT_SECONDS)
-    async with aiohttp.ClientSession(timeout=timeout) as session:
-        async with session.request(
+    async with (
+        aiohttp.ClientSession(timeout=timeout) as session,
+        session.request(
             method,
             uri,
             headers=headers,
             data=content.encode() if isinstance(content, str) else None,
             allow_redirects=False,
-        ) as response:
-            body = await response.text()
-            out_headers: dict[str, Any] = {}
-            for name in response.headers:
-                values = response.headers.getall(name)
-                out_headers[name] = values[0] if len(values) == 1 else list(values)
-            return json.dumps(
-                {"statusCode": response.status, "headers": out_headers, "content": body}
-            )
+        ) as response,
+    ):
+        body = await response.text()
+        out_headers: dict[str, Any] = {}
+        for name in response.headers:
+            values = response.headers.getall(name)
+            out_headers[name] = values[0] if len(values) == 1 else list(values)
+        return json.dumps({"statusCode": response.status, "headers": out_headers, "content": body})

@@ -11,6 +11,7 @@ succeeds, to a queue created if missing, base64-encoded unless host.json
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 from typing import Any
 
@@ -89,10 +90,8 @@ class QueueOutputSender:
             connection, queue = self._target(spec, b)
             async with QueueClient.from_connection_string(connection, queue) as client:
                 if (connection, queue) not in self._created:
-                    try:
+                    with contextlib.suppress(ResourceExistsError):
                         await client.create_queue()
-                    except ResourceExistsError:
-                        pass
                     self._created.add((connection, queue))
                 for body in _messages(value):
                     text = (

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import contextlib
 import logging
 import os
 from collections.abc import Callable
@@ -110,10 +111,8 @@ class QueueListener:
             if got:
                 delay = MIN_POLL_SECONDS
                 continue
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stopping.wait(), timeout=delay)
-            except TimeoutError:
-                pass
             delay = min(delay * 2, max(self.options.max_polling_seconds, MIN_POLL_SECONDS))
 
     async def _fetch(self) -> int:
@@ -187,10 +186,8 @@ class QueueListener:
             state["pop_receipt"] = receipt.pop_receipt
 
     async def _to_poison(self, message: Any, pop_receipt: str) -> None:
-        try:
+        with contextlib.suppress(ResourceExistsError):
             await self.poison.create_queue()
-        except ResourceExistsError:
-            pass
         await self.poison.send_message(message.content)
         await self.queue.delete_message(message.id, pop_receipt)
         log.warning(

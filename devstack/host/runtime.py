@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -216,10 +217,8 @@ class Host:
             await _close_durable_client_session()
             for stop_beating in heartbeats:
                 stop_beating()  # before the release, which deletes the heartbeat row
-            try:
+            with contextlib.suppress(Exception):
                 store.release_host()
-            except Exception:
-                pass
             store.close()
             # Apps keep their aio clients (Cosmos, aiohttp) for the process's life and never close
             # them; a worker exits without complaining about it, and so does this host.

@@ -17,6 +17,7 @@ per function is host.json maxConcurrentCalls; prefetch is prefetchCount.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import threading
@@ -311,10 +312,8 @@ class QueueListener:
             finally:
                 for t in list(self._tasks):
                     if not t.done():
-                        try:
+                        with contextlib.suppress(Exception):
                             await t
-                        except Exception:
-                            pass
                 self.receiver = None
 
     async def _receive_loop(self, receiver: ServiceBusReceiver) -> None:
@@ -528,12 +527,10 @@ class ServiceBusTriggers:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
 
-        try:
+        with contextlib.suppress(Exception, asyncio.CancelledError):
             await asyncio.wait_for(
                 asyncio.wrap_future(asyncio.run_coroutine_threadsafe(cancel_all(), self.loop)), 10
             )
-        except (Exception, asyncio.CancelledError):
-            pass
         self.loop.call_soon_threadsafe(self.loop.stop)
         if self.thread is not None:
             self.thread.join(5)

@@ -13,6 +13,7 @@ jumped) are coalesced into one late invocation, with ``past_due`` set.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import re
@@ -210,10 +211,8 @@ class TimerListener:
                 if renew is not None:
                     renew.cancel()
                 if self._lease is not None:
-                    try:
+                    with contextlib.suppress(Exception):
                         await self._lease.release()
-                    except Exception:
-                        pass
                     self._lease = None
 
     async def _run_schedule(self, *, startup: bool) -> None:

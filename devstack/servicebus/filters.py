@@ -200,9 +200,11 @@ def _string(token: Token) -> str:
 def _compare(op: str, left: Any, right: Any) -> bool | None:
     if left is None or right is None:
         return None
-    if _number(left) and _number(right) or isinstance(left, bool) and isinstance(right, bool):
-        pass
-    elif isinstance(left, str) and isinstance(right, str):
+    if (
+        (_number(left) and _number(right))
+        or (isinstance(left, bool) and isinstance(right, bool))
+        or (isinstance(left, str) and isinstance(right, str))
+    ):
         pass
     else:
         return None  # different kinds: unknown, so the rule does not match

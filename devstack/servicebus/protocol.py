@@ -874,7 +874,7 @@ class Connection:
                 self.broker.settle(token, "complete")
                 return Accepted()
             if "modified" in state:
-                values = list(state["modified"] or []) + [None, None, None]
+                values = [*list(state["modified"] or []), None, None, None]
                 if values[1]:  # undeliverable-here: the SDK's defer
                     self.broker.settle(token, "defer")
                 else:

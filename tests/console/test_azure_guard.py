@@ -67,7 +67,8 @@ async def test_in_azure_every_route_refuses_a_request_without_a_principal(fn, hi
         response = await _call(fn, _request(_route_from_json(fn), headers))
         assert response.status_code == 401, (fn.get_function_name(), headers)
         body = response.get_body().decode()
-        assert "sign in" in body and 'href="/.auth/login/aad?post_login_redirect_uri=https' in body
+        assert "sign in" in body
+        assert 'href="/.auth/login/aad?post_login_redirect_uri=https' in body
         # Refused before anything was read: no cost footer, no data.
         assert "O-1" not in body or fn.get_function_name() in (
             "console_action",
@@ -105,7 +106,9 @@ async def test_in_azure_every_route_is_off_until_authentication_is_confirmed(
         response = await _call(fn, _request(_route_from_json(fn), headers))
         assert response.status_code == 404, (fn.get_function_name(), headers, confirmed)
         body = response.get_body().decode()
-        assert AUTH_CONFIRMED_SETTING in body and "eve" not in body and "O-1" not in body
+        assert AUTH_CONFIRMED_SETTING in body
+        assert "eve" not in body
+        assert "O-1" not in body
         assert response.headers["Content-Security-Policy"].startswith("default-src 'none'")
 
 
@@ -139,7 +142,8 @@ async def test_locally_the_stylesheet_is_served_from_memory(monkeypatch, tmp_pat
     # The file is not read per request: moving the package's directory away changes nothing.
     monkeypatch.setattr(console_functions, "HERE", tmp_path)
     response = await _call(fn, _request("console/static/console.css", {}))
-    assert response.status_code == 200 and response.mimetype == "text/css"
+    assert response.status_code == 200
+    assert response.mimetype == "text/css"
     assert (
         response.get_body()
         == (
@@ -161,9 +165,11 @@ async def test_in_azure_the_order_page_peeks_no_reply_queue(deps, now):
     deps.servicebus = Peeker()
     deps.azure = True
     data = await views.order_detail(deps, "AZ-1")
-    assert Peeker.asked == [] and data["status_messages"]["messages"] == []
+    assert Peeker.asked == []
+    assert data["status_messages"]["messages"] == []
     assert not data["status_messages"]["local_only"]
-    assert "replies-webshop" not in deps.queues() and "alerts" in deps.queues()
+    assert "replies-webshop" not in deps.queues()
+    assert "alerts" in deps.queues()
 
     html = (
         console_functions._render(
@@ -177,9 +183,11 @@ async def test_in_azure_the_order_page_peeks_no_reply_queue(deps, now):
         .get_body()
         .decode()
     )
-    assert "only the application may read" in html and "local only" not in html
+    assert "only the application may read" in html
+    assert "local only" not in html
     dead = await views.dead_letters(deps, None, None)
-    assert list(dead["per_queue"]) == list(views.WORK_QUEUES) and dead["replies_left_out"]
+    assert list(dead["per_queue"]) == list(views.WORK_QUEUES)
+    assert dead["replies_left_out"]
     html = (
         console_functions._render(
             _request("console/deadletters", {}),
@@ -191,7 +199,8 @@ async def test_in_azure_the_order_page_peeks_no_reply_queue(deps, now):
         .get_body()
         .decode()
     )
-    assert 'id="replies-left-out"' in html and "replies-webshop" not in html
+    assert 'id="replies-left-out"' in html
+    assert "replies-webshop" not in html
     with pytest.raises(views.BadRequest):
         await views.dead_letters(deps, "replies-webshop", None)
     assert Peeker.asked.count("replies-webshop") == 0
@@ -199,7 +208,8 @@ async def test_in_azure_the_order_page_peeks_no_reply_queue(deps, now):
     deps.azure = False
     Peeker.asked.clear()
     data = await views.order_detail(deps, "AZ-1")
-    assert Peeker.asked == ["replies-webshop"] and data["status_messages"]["local_only"]
+    assert Peeker.asked == ["replies-webshop"]
+    assert data["status_messages"]["local_only"]
     assert "replies-webshop" in deps.queues()
     html = (
         console_functions._render(

@@ -63,8 +63,10 @@ async def test_overview_reads_what_it_shows(deps, now):
     await _seed(deps.store, now, "C", errors=2, others=9)
     calls, data = await _cost(deps, lambda: views.overview(deps))
     assert calls == OVERVIEW_REQUESTS
-    assert data["counts"]["Error"] == 2 and data["counts"]["Processed"] == 3
-    assert data["counts"]["Processing"] == 3 and data["counts"]["Pending"] == 3
+    assert data["counts"]["Error"] == 2
+    assert data["counts"]["Processed"] == 3
+    assert data["counts"]["Processing"] == 3
+    assert data["counts"]["Pending"] == 3
     assert data["throughput"]["total"] == {"Processed": 3, "Error": 2}
     # each errored record: two recoveries, one long retry and the final failure
     assert data["decision_totals"] == {"recovered": 2, "long-retry": 2, "failed": 2}
@@ -86,13 +88,15 @@ async def test_orders_pages_by_keyset_one_request_each(deps, now):
                 views.parse_filters({"state": "Error", "page": t} if t else {"state": "Error"}),
             ),
         )
-        assert calls == 1 and len(data["rows"]) <= views.PAGE_SIZE
+        assert calls == 1
+        assert len(data["rows"]) <= views.PAGE_SIZE
         seen += [item["row"].id for item in data["rows"]]
         pages += 1
         token = data["next_page"]
         if token is None:
             break
-    assert seen == sorted(ids) and pages == 3
+    assert seen == sorted(ids)
+    assert pages == 3
 
 
 async def test_orders_filters_by_application_and_age(deps, now):
@@ -139,9 +143,8 @@ async def test_order_detail_reads_one_record_and_one_order(deps, now):
     await deps.orders.create_if_absent(order("H-1"))
     state_before, orders_before = deps.store.charges.calls, deps.orders.charges.calls
     data = await views.order_detail(deps, "H-1")
-    assert (
-        data["order"]["Customer"]["CustomerId"] == "C-7" and "PaymentReference" not in data["order"]
-    )
+    assert data["order"]["Customer"]["CustomerId"] == "C-7"
+    assert "PaymentReference" not in data["order"]
     assert (deps.store.charges.calls - state_before, deps.orders.charges.calls - orders_before) == (
         1,
         1,

@@ -37,4 +37,5 @@ def test_explains_every_dead_letter_reason_submit_uses():
 
 def test_names_the_per_application_ingress_queue():
     assert "orders-<AppId>" in guide()
-    assert "MessageId" in guide() and "application/json" in guide()
+    assert "MessageId" in guide()
+    assert "application/json" in guide()

@@ -109,10 +109,8 @@ async def test_operator_reads_and_acts_in_the_browser(stack, browser):
         await _post_hostile(e2e.bus)
         records = await e2e.wait_terminal({ok, retried}, timeout=150, revive=False)
         assert records[ok].ProcessState is ProcessState.PROCESSED
-        assert (
-            records[retried].ProcessState is ProcessState.PROCESSED
-            and records[retried].Attempt >= 2
-        )
+        assert records[retried].ProcessState is ProcessState.PROCESSED
+        assert records[retried].Attempt >= 2
         # `failing`: its shipment fails transiently until the retry budget is
         # spent -> Error. Posted alone: the failures open the shipping breaker,
         # which would slow the other orders down.

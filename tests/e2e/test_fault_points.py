@@ -138,7 +138,8 @@ async def test_late_reply_from_attempt_one_changes_nothing(stack):
             await sender.send_messages(ServiceBusMessage(encode(late), message_id=f"{oid}:1/late"))
         records = await e2e.wait_terminal({oid}, timeout=200)
         record = records[oid]
-        assert record.ProcessState is ProcessState.PROCESSED and record.Attempt >= 2
+        assert record.ProcessState is ProcessState.PROCESSED
+        assert record.Attempt >= 2
         assert record.Steps["reserve-inventory"].Reference != "from-attempt-1"
         assert await e2e.check({oid}) == []
         assert f"late reply for {oid}:1" in e2e.host_log()

@@ -208,7 +208,7 @@ async def test_hostile_messages_mixed_with_valid_orders(stack):
             body = spoil(rng, payload)
             mid = f"{e2e.prefix}-hostile-{i}"
             mapped = rng.random() < 0.05
-            amqp, kind = message(rng, body, mid, mapped=mapped)
+            amqp, _kind = message(rng, body, mid, mapped=mapped)
             order = None if mapped else accepted_by_contract(body)
             if order is not None and (
                 order.AppId != "webshop" or order.ReplyTo != "replies-webshop"

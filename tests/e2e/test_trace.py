@@ -100,7 +100,8 @@ async def test_one_order_is_one_trace_across_submit_activities_agent_and_bridge(
         return by_id.get(span.parent_id)
 
     (submit,) = [s for s in spans if s.name == "submit"]
-    assert submit.parent_id == CLIENT_SPAN and submit.kind == "consumer"
+    assert submit.parent_id == CLIENT_SPAN
+    assert submit.kind == "consumer"
     assert submit.attributes[telemetry.ORDER_ID] == oid
 
     (start,) = [s for s in spans if s.name == "start attempt"]
@@ -108,16 +109,19 @@ async def test_one_order_is_one_trace_across_submit_activities_agent_and_bridge(
     # Submit's fast path claimed the attempt inside Submit's span.
     assert parent(start) is submit
     activities = [s for s in spans if s.name.startswith("activity ")]
-    assert activities and all(parent(a) is start for a in activities)
+    assert activities
+    assert all(parent(a) is start for a in activities)
 
     # Each agent continues the request an activity sent; each bridge the reply an agent sent.
     agents = [s for s in spans if s.name == "agent"]
     assert len(agents) == 2  # two remote steps; arrange-shipment runs inline
     for agent in agents:
         sent = parent(agent)
-        assert sent.name == "send agent-requests" and parent(sent).name.startswith("activity ")
+        assert sent.name == "send agent-requests"
+        assert parent(sent).name.startswith("activity ")
         calls = [s for s in spans if s.parent_id == agent.span_id and s.name.startswith("POST ")]
-        assert calls and all(c.kind == "client" for c in calls)
+        assert calls
+        assert all(c.kind == "client" for c in calls)
     bridges = [s for s in spans if s.name == "reply bridge"]
     assert len(bridges) == 2
     assert all(parent(parent(b)).name == "agent" for b in bridges)

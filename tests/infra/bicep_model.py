@@ -202,7 +202,7 @@ def evaluate(value: Any, env: dict[str, Any], doc: dict[str, Any]) -> Any:
     reads an expression it does not understand as a literal."""
 
     def ev(v: Any, scope: dict[str, Any]) -> Any:
-        if isinstance(v, bool) or isinstance(v, int) or v is None:
+        if isinstance(v, (bool, int)) or v is None:
             return v
         if isinstance(v, str):
             if v in scope:

@@ -82,7 +82,8 @@ def test_queries_match_the_apps_log_messages():
     # The Supervisor's Error and the workflow's Failed/CompensationFailed send
     # their alert from the record's outbox, with these kinds.
     outbox = (ROOT / "reporting" / "status.py").read_text()
-    assert '"OrderError"' in outbox and '"CompensationFailed"' in outbox
+    assert '"OrderError"' in outbox
+    assert '"CompensationFailed"' in outbox
     assert (
         '"starter: pending=%d processing=%d' in (ROOT / "orchestrators" / "starter.py").read_text()
     )
@@ -91,9 +92,8 @@ def test_queries_match_the_apps_log_messages():
 def test_the_backlog_alert_reads_the_backlog_metric():
     query = variable(parse(ALERTS), "pendingGauge")
     assert "customMetrics" in query
-    assert (
-        'name == "orders.backlog"' in query and 'customDimensions["state"]) == "Pending"' in query
-    )
+    assert 'name == "orders.backlog"' in query
+    assert 'customDimensions["state"]) == "Pending"' in query
     telemetry = (ROOT / "adapters" / "telemetry.py").read_text()
     assert '"orders.backlog"' in telemetry
     assert (

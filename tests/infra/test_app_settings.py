@@ -424,9 +424,7 @@ def setting_names_in_source(source: str) -> tuple[set[str], int]:
                 and func.attr == "get"
                 and _is_environment(func.value)
                 and node.args
-            ):
-                arg = node.args[0]
-            elif isinstance(func, ast.Attribute) and func.attr == "getenv" and node.args:
+            ) or (isinstance(func, ast.Attribute) and func.attr == "getenv" and node.args):
                 arg = node.args[0]
             elif (
                 isinstance(func, ast.Name)
@@ -549,7 +547,8 @@ def test_reply_queue_registry_is_built_from_client_applications():
     call = function_call(settings["REPLY_QUEUE_REGISTRY"])
     assert call == ("string", {"value_to_convert": "replyQueueRegistry"})
     fn, args = function_call(variable(parse(API), "replyQueueRegistry"))
-    assert fn == "toObject" and args["arg_1"] == "clientApplications"
+    assert fn == "toObject"
+    assert args["arg_1"] == "clientApplications"
     key, value = (args[k]["detail"] for k in ("arg_2", "arg_3"))
     assert accessor(key["expression"]) == (key["var_1"], "appId")
     assert accessor(value["expression"]) == (value["var_1"], "replyQueueName")

@@ -278,7 +278,8 @@ def test_poison_messages_are_dead_lettered_within_the_budget(queue: str):
 @pytest.mark.parametrize("queue", INGRESS)
 def test_ingress_queue_is_bounded(queue: str):
     size = bicep_queues()[queue]["maxSizeInMegabytes"]
-    assert isinstance(size, int) and size <= 5120
+    assert isinstance(size, int)
+    assert size <= 5120
     assert size == main_defaults()["ordersQueueMaxSizeInMegabytes"]
     allowed = parse(MAIN)["parameters"]["ordersQueueMaxSizeInMegabytes"]["decorators"]
     assert {"type": "allowed", "argument": [1024, 2048, 3072, 4096, 5120]} in allowed

@@ -292,7 +292,8 @@ def test_clients_without_identity_get_nothing():
     assert {g for g in actual_grants(clients) if g[0] != "app"} == set()
     assert actual_grants(clients) == expected_grants(clients)
     fn = variable(parse(RBAC), "clientsWithIdentity")["function"]
-    assert fn["type"] == "filter" and fn["parameters"]["input_array"] == "clientApplications"
+    assert fn["type"] == "filter"
+    assert fn["parameters"]["input_array"] == "clientApplications"
 
 
 def test_role_ids_are_the_built_in_ones():
@@ -327,7 +328,8 @@ def test_role_assignments_are_made_only_in_the_security_modules():
 def test_service_bus_roles_are_scoped_to_one_queue():
     doc = parse(SECURITY / "servicebus-queue-role.bicep")
     queue = doc["resources"]["queue"]
-    assert queue["type"] == "Microsoft.ServiceBus/namespaces/queues" and queue["existing"] is True
+    assert queue["type"] == "Microsoft.ServiceBus/namespaces/queues"
+    assert queue["existing"] is True
     assert queue["config"] == {"parent": "namespace", "name": "queueName"}
     assignment = doc["resources"]["assignment"]["config"]
     assert assignment["scope"] == "queue"

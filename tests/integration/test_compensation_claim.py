@@ -53,7 +53,8 @@ async def _errored_with_unsent_failed_status(store, order_id):
         ),
         claimed.LockedBy,
     )
-    assert record.PendingStatus is not None and record.CompensationRequested
+    assert record.PendingStatus is not None
+    assert record.CompensationRequested
     return record.PendingStatus.MessageId
 
 
@@ -66,7 +67,8 @@ async def test_the_failed_status_is_sent_before_the_compensation_starts(state_st
     assert client.started == ["CMP-OUTBOX-1:2"]
     assert client.told_before_start == [failed_id]
     record, _ = await state_store.read("CMP-OUTBOX-1")
-    assert record.ProcessState is ProcessState.COMPENSATING and record.PendingStatus is None
+    assert record.ProcessState is ProcessState.COMPENSATING
+    assert record.PendingStatus is None
 
 
 async def test_a_failed_status_that_cannot_be_sent_survives_the_claim(state_store):
@@ -77,7 +79,8 @@ async def test_a_failed_status_that_cannot_be_sent_survives_the_claim(state_stor
     assert client.started == ["CMP-OUTBOX-2:2"]
     record, _ = await state_store.read("CMP-OUTBOX-2")
     assert record.ProcessState is ProcessState.COMPENSATING
-    assert record.PendingStatus is not None and record.PendingStatus.MessageId == failed_id
+    assert record.PendingStatus is not None
+    assert record.PendingStatus.MessageId == failed_id
     # The Starter's next run delivers it (the entry is past its grace)
     bus = client.bus = RecordingPublisher()
     await Starter(SETTINGS, state_store, clock=lambda: later, publisher=bus).run(client)

@@ -352,7 +352,7 @@ def request_bodies(draw, order_id: str) -> bytes:
     if choice == "valid":
         return valid_request_body(order_id, draw(st.integers(1, 5)))
     if choice == "spoil":
-        key = draw(st.sampled_from(sorted(valid) + ["Extra"]))
+        key = draw(st.sampled_from([*sorted(valid), "Extra"]))
         valid[key] = draw(st.one_of(hostile_text, json_values, st.sampled_from([1.0, True, 0, -1])))
         return json.dumps(valid).encode()
     if choice == "raw":
@@ -453,7 +453,7 @@ def reply_bodies(draw, order_id: str) -> bytes:
     if choice == "valid-error":
         base.update(Outcome="permanent", Result=None, Error="card declined")
     elif choice == "spoil":
-        key = draw(st.sampled_from(sorted(base) + ["Extra"]))
+        key = draw(st.sampled_from([*sorted(base), "Extra"]))
         base[key] = draw(st.one_of(hostile_text, json_values, st.sampled_from([1.0, True, 0])))
     elif choice == "other-order":
         base["InstanceId"] = f"Q-{uuid.uuid4().hex[:8]}:1"
@@ -504,4 +504,5 @@ def test_decode_refuses_with_validation_failed_or_returns_a_valid_order(data):
         assert exc.reason.startswith("OrderSubmitted: ")
         return
     assert oracle_accepts_text(body)
-    assert order.SchemaVersion == 1 and type(order.SchemaVersion) is int
+    assert order.SchemaVersion == 1
+    assert type(order.SchemaVersion) is int

@@ -49,7 +49,8 @@ def test_claims_updates_and_stale_etags_as_the_real_store():
         assert not again
         assert [r.id for r in await store.query_pending(10, T0)] == ["A"]
         claimed = await store.claim("A", T0, POLICY)
-        assert claimed.ProcessState is ProcessState.PROCESSING and claimed.LockedBy == "A:1"
+        assert claimed.ProcessState is ProcessState.PROCESSING
+        assert claimed.LockedBy == "A:1"
         assert await store.claim("A", T0, POLICY) is None  # not claimable twice
         assert await store.count_in_state(ProcessState.PROCESSING) == 1
         with pytest.raises(StaleError):
@@ -97,11 +98,13 @@ def test_recovery_index_pages_buckets_and_earliest_bucket():
         entries, bucket, after, done = await index.page(
             T0 + timedelta(minutes=3), "2026-11-30T08:00:00", "", 3
         )
-        assert [e.order_id for e in entries] == ["O0", "O1", "O2"] and not done
+        assert [e.order_id for e in entries] == ["O0", "O1", "O2"]
+        assert not done
         entries, bucket, after, done = await index.page(
             T0 + timedelta(minutes=3), bucket, after, 10
         )
-        assert [e.order_id for e in entries] == ["O3", "O4"] and done
+        assert [e.order_id for e in entries] == ["O3", "O4"]
+        assert done
 
     _run(go())
 
@@ -114,7 +117,8 @@ def test_throttling_raises_the_sdk_error_the_adapter_turns_transient():
     async def go():
         with pytest.raises(CosmosHttpResponseError) as raw:
             await container.read_item("A", partition_key="A")
-        assert raw.value.status_code == 429 and raw.value.headers["x-ms-retry-after-ms"]
+        assert raw.value.status_code == 429
+        assert raw.value.headers["x-ms-retry-after-ms"]
         with pytest.raises(TransientError):
             await CosmosStateStore(container).read("A")
 
@@ -150,7 +154,7 @@ def test_an_owner_is_not_refused_on_a_read_that_lags_its_claim():
         )
         assert done.ProcessState is ProcessState.PROCESSED
         # A refusal read from the current version still stands, and writes nothing new.
-        _, etag = await store.read("A")
+        _, _etag = await store.read("A")
         with pytest.raises(StaleError):
             await store.update("A", lambda r: r, "A:2", confirm_refusal=True)
         assert (await store.read("A"))[0].ProcessState is ProcessState.PROCESSED

@@ -126,7 +126,9 @@ def test_happy_path_processes_every_order_and_reports_it():
     statuses = sim._statuses()
     for oid in sim.order_ids:
         assert "Processed" in [s["Status"] for s in statuses[oid]]
-    assert sim.rows["1"] == 3 and sim.rows["2"] == 3 and sim.rows["4"] == 3
+    assert sim.rows["1"] == 3
+    assert sim.rows["2"] == 3
+    assert sim.rows["4"] == 3
     # Every step applied once on the remote service, none undone.
     assert sum(sim.remote.ledger.effects.values()) == 3 * 3
     assert sim.violations == []
@@ -146,7 +148,8 @@ def test_new_attempts_run_host_json_default_version_with_the_starters_input():
     (instance,) = sim.durable.instances.values()
     assert instance.version == default_version() == "2.0"
     given = json.loads(instance.input)
-    assert given["Record"]["LockedBy"] == instance.instance_id and given["Etag"]
+    assert given["Record"]["LockedBy"] == instance.instance_id
+    assert given["Etag"]
     # 2.0's happy path: begin + one advance per further step + finish.
     from devstack.host.durable import TASK_SCHEDULED
 

@@ -29,9 +29,11 @@ async def test_an_orchestration_signals_and_calls_a_counter(host: HostProcess) -
     assert "counter cannot fail at 6" in status.output["error"]
     assert status.output["get"] == 6  # the failed operation changed nothing
     state = await client.read_entity_state(df.EntityId("Counter", "orch"))
-    assert state.entity_exists and state.entity_state == 6
+    assert state.entity_exists
+    assert state.entity_state == 6
     events = [e["EventType"] for e in status.historyEvents]
-    assert events.count("EventSent") == 4 and events.count("EventRaised") == 3
+    assert events.count("EventSent") == 4
+    assert events.count("EventRaised") == 3
 
 
 async def test_the_client_signals_and_reads_a_counter(host: HostProcess) -> None:

@@ -154,7 +154,8 @@ def test_history_is_shown_as_the_extension_shows_it() -> None:
         "FunctionName": "act",
         "Input": '"a"',
     }
-    assert shown[2]["FunctionName"] == "child" and shown[2]["Result"] == {"x": 1}
+    assert shown[2]["FunctionName"] == "child"
+    assert shown[2]["Result"] == {"x": 1}
     assert "TimerId" not in shown[3]
     assert shown[4]["Result"] == [1]
     hidden = public_history(raw, show_output=False, show_input=False)

@@ -79,7 +79,9 @@ def test_heartbeats_go_on_while_the_hosts_loop_is_blocked_and_stop_when_told(
         stop = store.start_heartbeats(0.02)
         time.sleep(1.0)  # the caller's thread is busy (a blocked loop): the thread still beats
         later = _beat(tmp_path / "hub.sqlite", "host-a")
-        assert first is not None and later is not None and later > first
+        assert first is not None
+        assert later is not None
+        assert later > first
         stop()
         stopped_at = _beat(tmp_path / "hub.sqlite", "host-a")
         time.sleep(0.2)

@@ -221,7 +221,8 @@ def test_an_unreachable_broker_is_one_clear_line(tmp_path: Path) -> None:
         host.start()
     log = (tmp_path / "host.log").read_text()
     errors = [line for line in log.splitlines() if line.startswith("devstack.host:")]
-    assert len(errors) == 1 and "cannot open Service Bus queue 'host-commands'" in errors[0]
+    assert len(errors) == 1
+    assert "cannot open Service Bus queue 'host-commands'" in errors[0]
     assert "Traceback" not in log
 
 

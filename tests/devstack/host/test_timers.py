@@ -36,7 +36,8 @@ async def test_a_schedule_fires_when_the_clock_reaches_it_and_starts_an_orchestr
     await wait_for(lambda: host.timers()[0]["next"], what="the timer listener to hold its lease")
     host.advance(seconds_to_next_hour(host.now()))
     ticks = await wait_for(lambda: host.events("tick"), what="the first occurrence")
-    assert len(ticks) == 1 and ticks[0]["past_due"] is False
+    assert len(ticks) == 1
+    assert ticks[0]["past_due"] is False
     # The timer function's durable client started an orchestration; its 1 s durable timer
     # waits for the (controllable) clock too.
     iid = f"tick-{ticks[0]['next']}"
@@ -51,7 +52,8 @@ async def test_a_schedule_fires_when_the_clock_reaches_it_and_starts_an_orchestr
     # Three hours pass at once (a suspended machine): one late invocation, not three.
     host.advance(3 * 3600)
     late = await wait_for(lambda: host.events("tick")[1:], what="the late occurrence")
-    assert len(late) == 1 and late[0]["past_due"] is True
+    assert len(late) == 1
+    assert late[0]["past_due"] is True
     assert len(host.events("tick")) == 2
 
 
@@ -74,7 +76,8 @@ async def test_an_occurrence_missed_while_no_host_ran_fires_past_due_at_start(
         clock="controllable", env=env, args=["--host-id", "timers-b", "--clock-start", later]
     )
     ticks = await wait_for(lambda: first.events("tick"), what="the past-due occurrence")
-    assert len(ticks) == 1 and ticks[0]["past_due"] is True
+    assert len(ticks) == 1
+    assert ticks[0]["past_due"] is True
 
 
 async def test_two_hosts_fire_each_occurrence_once(host_factory: Any, azurite: str) -> None:

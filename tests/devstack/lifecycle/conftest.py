@@ -4,6 +4,7 @@ inherits, and find what is left of it afterwards."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -113,10 +114,8 @@ def mark() -> Iterator[str]:
     yield value
     left = marked(value)
     for p in left:
-        try:
+        with contextlib.suppress(psutil.Error):
             p.kill()
-        except psutil.Error:
-            pass
     psutil.wait_procs(left, timeout=10)
 
 

@@ -32,7 +32,8 @@ def test_sigterm_stops_every_server_and_frees_every_port(launch, mark, tmp_path)
     run_dir = tmp_path / "run"
     up = start_up(launch, run_dir)
     ports = stack_ports(run_dir)
-    assert len(ports) == 5 and open_ports(ports, timeout=0) == ports
+    assert len(ports) == 5
+    assert open_ports(ports, timeout=0) == ports
     assert len(marked(mark)) >= WHOLE_STACK
 
     up.process.send_signal(signal.SIGTERM)
@@ -77,7 +78,8 @@ def test_down_stops_a_stack_left_by_an_earlier_run(launch, mark, tmp_path):
         timeout=60,
     )
     assert status.returncode == 0
-    assert "running; owner pid" in status.stdout and "gone" in status.stdout
+    assert "running; owner pid" in status.stdout
+    assert "gone" in status.stdout
     assert status.stdout.count("listening") == len(still_open), status.stdout
 
     down = subprocess.run(

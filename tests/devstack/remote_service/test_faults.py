@@ -24,7 +24,8 @@ def test_an_outage_ends_when_its_period_is_over():
     clock.now += 30
     after = book.plan("payment", "charge", "o1").failure
 
-    assert during is not None and during.status == 503
+    assert during is not None
+    assert during.status == 503
     assert after is None
     assert book.describe() == []
 
@@ -52,8 +53,10 @@ def test_latency_rules_add_up_and_the_first_failure_rule_wins():
     next_plan = book.plan("payment", "charge", "o1")
 
     assert plan.delay == 3
-    assert plan.failure is not None and plan.failure.status == 400
-    assert next_plan.failure is not None and next_plan.failure.status == 503
+    assert plan.failure is not None
+    assert plan.failure.status == 400
+    assert next_plan.failure is not None
+    assert next_plan.failure.status == 503
 
 
 def test_a_crash_rule_is_used_up_only_when_an_effect_was_applied():

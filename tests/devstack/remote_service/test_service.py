@@ -83,7 +83,8 @@ async def test_a_lower_fencing_token_is_rejected_with_409_and_a_reason(client):
     assert stale.status == 409
     body = await stale.json()
     assert body["code"] == "FencingTokenRejected"
-    assert body["token"] == 2 and body["highest"] == 3
+    assert body["token"] == 2
+    assert body["highest"] == 3
     assert "newer attempt" in body["error"]
     assert await effect_count(client, "o1", "arrange-shipment", "shipping/arrange") == 0
 

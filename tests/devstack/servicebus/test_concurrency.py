@@ -54,12 +54,12 @@ async def test_many_concurrent_connections(emulator) -> None:
     senders, per_sender = 20, 5
 
     async def send_from_own_connection(n: int) -> None:
-        async with AsyncServiceBusClient.from_connection_string(
-            emulator.connection_string
-        ) as client:
-            async with client.get_queue_sender("many-connections") as sender:
-                for i in range(per_sender):
-                    await sender.send_messages(ServiceBusMessage(f"{n}-{i}"))
+        async with (
+            AsyncServiceBusClient.from_connection_string(emulator.connection_string) as client,
+            client.get_queue_sender("many-connections") as sender,
+        ):
+            for i in range(per_sender):
+                await sender.send_messages(ServiceBusMessage(f"{n}-{i}"))
 
     await asyncio.gather(*(send_from_own_connection(n) for n in range(senders)))
     async with AsyncServiceBusClient.from_connection_string(emulator.connection_string) as client:

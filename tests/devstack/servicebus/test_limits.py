@@ -33,11 +33,13 @@ def test_a_send_beyond_the_message_count_limit_fails(emulator) -> None:
 
 def test_a_send_beyond_the_size_limit_fails(emulator) -> None:
     payload = "x" * 200_000
-    with ServiceBusClient.from_connection_string(
-        emulator.connection_string, retry_total=0
-    ) as client:
-        with client.get_queue_sender("limited-size") as sender:
-            for _ in range(5):  # 5 x 200 KB fit in MaxSizeInMegabytes 1
-                sender.send_messages(ServiceBusMessage(payload))
-            with pytest.raises(ServiceBusQuotaExceededError):
-                sender.send_messages(ServiceBusMessage(payload))
+    with (
+        ServiceBusClient.from_connection_string(
+            emulator.connection_string, retry_total=0
+        ) as client,
+        client.get_queue_sender("limited-size") as sender,
+    ):
+        for _ in range(5):  # 5 x 200 KB fit in MaxSizeInMegabytes 1
+            sender.send_messages(ServiceBusMessage(payload))
+        with pytest.raises(ServiceBusQuotaExceededError):
+            sender.send_messages(ServiceBusMessage(payload))

@@ -43,7 +43,8 @@ def test_batch_sends_deliver_every_message_in_order(client: ServiceBusClient) ->
             f"batch-{i}" for i in range(5)
         ]
         numbers = [m.sequence_number for m in received]
-        assert numbers == sorted(numbers) and len(set(numbers)) == 10
+        assert numbers == sorted(numbers)
+        assert len(set(numbers)) == 10
         for message in received:
             receiver.complete_message(message)
 

@@ -140,4 +140,5 @@ async def test_paging_stays_exact_while_the_scanned_records_are_recovered(
             break
     assert seen == [r.id for r in sorted(records, key=sort_key)]
     page, token = await state_store.query_expired(SCAN_NOW, WINDOW_START, 25)
-    assert page == [] and token is None
+    assert page == []
+    assert token is None

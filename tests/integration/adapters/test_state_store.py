@@ -34,7 +34,8 @@ async def test_create_if_absent_creates_once_and_returns_the_stored_record(
 ) -> None:
     first = make_record("ORD-1")
     stored, etag, created = await state_store.create_if_absent(first)
-    assert created and stored == first
+    assert created
+    assert stored == first
 
     other = first.model_copy(update={"ReceivedSent": True})
     again, again_etag, created_again = await state_store.create_if_absent(other)
@@ -77,7 +78,8 @@ async def test_replace_with_a_stale_etag_is_rejected_as_stale(
     with pytest.raises(StaleError):
         await state_store.replace(record.model_copy(update={"LastError": "late"}), etag)
     current, current_etag = await state_store.read("ORD-2")
-    assert current.ReceivedSent and current.LastError is None
+    assert current.ReceivedSent
+    assert current.LastError is None
     assert current_etag == newer
 
 
@@ -108,7 +110,8 @@ async def test_twenty_concurrent_claims_of_one_record_have_one_winner(
     assert claims.count(None) == 19
     current, _ = await state_store.read("ORD-4")
     assert current.ProcessState is ProcessState.PROCESSING
-    assert current.Attempt == 1 and current.LockedBy == "ORD-4:1"
+    assert current.Attempt == 1
+    assert current.LockedBy == "ORD-4:1"
     assert current.CompleteBy == NOW + POLICY.claim_timeout
     assert current == winners[0]
 
@@ -203,7 +206,8 @@ async def test_update_that_loses_a_race_rechecks_the_guard_on_the_new_version(
 
     updated, _ = await racing_update()
     assert len(seen) == 2  # lost the race once, redone on the new version
-    assert updated.ReceivedSent and updated.LastError == "same owner, other write"
+    assert updated.ReceivedSent
+    assert updated.LastError == "same owner, other write"
 
     # Now the interloper is a Supervisor that recovers the record (lock gone).
     seen.clear()
@@ -212,14 +216,15 @@ async def test_update_that_loses_a_race_rechecks_the_guard_on_the_new_version(
         await racing_update()
     assert len(seen) == 1
     current, _ = await state_store.read("ORD-8")
-    assert current.LockedBy is None and current.ProcessState is ProcessState.PENDING
+    assert current.LockedBy is None
+    assert current.ProcessState is ProcessState.PENDING
     assert current.ReceivedSent  # from the first update
     assert current.UpdatedAt == updated.UpdatedAt  # the second one wrote nothing
 
 
 async def test_update_that_changes_nothing_writes_nothing(state_store: CosmosStateStore) -> None:
     _, etag, _ = await state_store.create_if_absent(make_record("ORD-9"))
-    record, same_etag = await state_store.update("ORD-9", lambda r: r, ANY)
+    _record, same_etag = await state_store.update("ORD-9", lambda r: r, ANY)
     assert same_etag == etag
     assert "replace" not in state_store.charges.by_kind
 
@@ -407,7 +412,8 @@ async def test_unsent_statuses_are_found_after_their_grace_and_not_once_cleared(
     found = await state_store.query_unsent_statuses(10, NOW + timedelta(minutes=1))
     assert [record.id for record, _ in found] == ["OUT-1"]
     record, etag = found[0]
-    assert record.PendingStatus is not None and record.PendingStatus.Status.value == "Failed"
+    assert record.PendingStatus is not None
+    assert record.PendingStatus.Status.value == "Failed"
 
     await state_store.replace(
         sm.mark_status_sent(record, record.PendingStatus.MessageId, NOW), etag
@@ -438,8 +444,10 @@ async def test_claims_on_a_known_etag_have_one_winner_and_cost_one_request_each(
     assert len(winners) == 1
     claimed, claimed_etag = winners[0]
     current, current_etag = await state_store.read("ORD-K")
-    assert current == claimed and current_etag == claimed_etag
-    assert current.LockedBy == "ORD-K:1" and current.CompleteBy == NOW + POLICY.claim_timeout
+    assert current == claimed
+    assert current_etag == claimed_etag
+    assert current.LockedBy == "ORD-K:1"
+    assert current.CompleteBy == NOW + POLICY.claim_timeout
     # a stale etag, or a record no longer claimable, never writes
     assert await state_store.claim_known(record, etag, NOW, POLICY) is None
     assert await state_store.claim_known(current, current_etag, NOW, POLICY) is None

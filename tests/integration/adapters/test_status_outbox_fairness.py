@@ -115,8 +115,10 @@ async def test_a_refusing_reply_queue_does_not_starve_the_others(
 
     report = await starter.run(Client())
     delivered = sorted(body_id for q, _, body_id, _ in publisher.sent if q == HEALTHY)
-    assert len(delivered) == 3 and report.statuses_delivered == 3
-    assert publisher.refused == 1 and report.statuses_unsent == 1
+    assert len(delivered) == 3
+    assert report.statuses_delivered == 3
+    assert publisher.refused == 1
+    assert report.statuses_unsent == 1
     assert report.statuses_deferred == batch - 1  # the rest of the first page, not tried
     left = await state_store.query_unsent_statuses(50, now[0])
     assert sorted(r.id for r, _ in left) == [f"RF-{i:02}" for i in range(batch + 4)]
@@ -124,12 +126,14 @@ async def test_a_refusing_reply_queue_does_not_starve_the_others(
     # Inside the back-off the queue is neither tried nor scanned for.
     now[0] += STATUS_BACKOFF_FIRST - timedelta(seconds=1)
     report = await starter.run(Client())
-    assert publisher.refused == 1 and report.statuses_deferred == 0
+    assert publisher.refused == 1
+    assert report.statuses_deferred == 0
 
     # Past it, one probe; still refusing, so it backs off again (longer).
     now[0] += timedelta(seconds=2)
     report = await starter.run(Client())
-    assert publisher.refused == 2 and report.statuses_unsent == 1
+    assert publisher.refused == 2
+    assert report.statuses_unsent == 1
     now[0] += STATUS_BACKOFF_FIRST + timedelta(seconds=1)
     await starter.run(Client())
     assert publisher.refused == 2  # the second back-off is twice the first

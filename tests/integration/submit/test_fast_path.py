@@ -77,13 +77,16 @@ async def test_a_lone_order_is_started_by_submit_not_by_the_starters_timer(stack
             )
     finally:
         await cosmos.close()
-    assert record.AppId == "webshop" and record.ReceivedSent
-    assert record.FailureCount == 0 and record.Attempt == 1
+    assert record.AppId == "webshop"
+    assert record.ReceivedSent
+    assert record.FailureCount == 0
+    assert record.Attempt == 1
     moves = [(h.From, h.To, h.By) for h in record.History]
     print(f"\nhistory: {moves}")
     assert moves[0] == (None, ProcessState.PENDING, "submit")
     assert (ProcessState.PENDING, ProcessState.PROCESSING) in [(f, t) for f, t, _ in moves]
     log = "".join(p.read_text(errors="replace") for p in (stack.run_dir / "logs").glob("host*.log"))
     # The control: the timer Starter never ran, so it claimed nothing.
-    assert "starter: pending=" not in log and "at the cap" not in log
+    assert "starter: pending=" not in log
+    assert "at the cap" not in log
     assert "submit_order_webshop" in log or INGRESS_QUEUE in log

@@ -112,8 +112,11 @@ class Rig:
 async def test_new_order_written_and_received_sent(rig):
     assert await rig.submit(rig.body()) == ("complete",)
     record = await rig.record()
-    assert record.ProcessState is ProcessState.PENDING and record.LockedBy is None
-    assert record.CompleteBy is None and record.FailureCount == 0 and record.ReceivedSent
+    assert record.ProcessState is ProcessState.PENDING
+    assert record.LockedBy is None
+    assert record.CompleteBy is None
+    assert record.FailureCount == 0
+    assert record.ReceivedSent
     c = await bootstrap.container()
     assert (await c.orders.get(rig.order_id)).OrderID == rig.order_id
     assert await rig.replies() == ["Received"]
@@ -171,7 +174,9 @@ async def test_conflicting_order_is_deadlettered_alerted_and_nothing_overwritten
     await rig.submit(rig.body())
     before = await rig.record()
     call = await rig.submit(rig.body(**overrides))
-    assert call[0] == "deadletter" and call[1] == "OrderConflict" and field in call[2]
+    assert call[0] == "deadletter"
+    assert call[1] == "OrderConflict"
+    assert field in call[2]
     assert await rig.record() == before
     dead = [
         m
@@ -184,7 +189,8 @@ async def test_conflicting_order_is_deadlettered_alerted_and_nothing_overwritten
 
 async def test_malformed_message_is_deadlettered_with_the_validation_error(rig):
     call = await rig.submit(b'{"OrderID": 42, "Lines": "many"}')
-    assert call[0] == "deadletter" and call[1] == "InvalidMessage"
+    assert call[0] == "deadletter"
+    assert call[1] == "InvalidMessage"
     assert "OrderSubmitted" in call[2]
     assert "InvalidMessage" in await rig.alerts()
 
@@ -193,7 +199,8 @@ async def test_oversize_message_is_deadlettered(rig, app_env):  # noqa: F811
     app_env(MAX_ORDER_BYTES="2048")
     lines = [{"Sku": f"SKU-{i:04d}", "Quantity": 1, "UnitPrice": "1.00"} for i in range(80)]
     call = await rig.submit(rig.body(Lines=lines, Total="80.00"))
-    assert call[:2] == ("deadletter", "InvalidMessage") and "limit is 2048 bytes" in call[2]
+    assert call[:2] == ("deadletter", "InvalidMessage")
+    assert "limit is 2048 bytes" in call[2]
 
 
 async def test_reply_queue_of_another_application_is_refused(rig):
@@ -261,9 +268,11 @@ async def test_an_unexpected_exception_is_dead_lettered_processing_failed(rig, m
 
     monkeypatch.setattr(CosmosStateStore, "create_if_absent", broken)
     call = await rig.submit(rig.body())
-    assert call[:2] == ("deadletter", "ProcessingFailed") and "ZeroDivisionError" in call[2]
+    assert call[:2] == ("deadletter", "ProcessingFailed")
+    assert "ZeroDivisionError" in call[2]
     [alert] = await rig.bus.drain("alerts", wait=0.3)
-    assert alert["Kind"] == "ProcessingFailed" and alert["OrderID"] == rig.order_id
+    assert alert["Kind"] == "ProcessingFailed"
+    assert alert["OrderID"] == rig.order_id
 
 
 async def test_a_rejected_order_whose_status_send_failed_hears_rejected_on_redelivery(
@@ -320,7 +329,8 @@ async def test_a_body_naming_partner_portal_on_the_webshop_ingress_is_dead_lette
     call = await rig.submit(rig.body(AppId="partner-portal", ReplyTo="replies-partner-portal"))
     assert call[:2] == ("deadletter", "AppIdMismatch")
     [dead] = await rig.bus.drain(f"{ORDERS}/$deadletterqueue", wait=0.3)
-    assert dead["_dead_letter_reason"] == "AppIdMismatch" and dead["OrderID"] == rig.order_id
+    assert dead["_dead_letter_reason"] == "AppIdMismatch"
+    assert dead["OrderID"] == rig.order_id
     alerts = await rig.bus.drain("alerts", wait=0.3)
     assert [(a["Kind"], a["OrderID"], a["Queue"]) for a in alerts] == [
         ("AppIdMismatch", rig.order_id, ORDERS)
@@ -330,7 +340,8 @@ async def test_a_body_naming_partner_portal_on_the_webshop_ingress_is_dead_lette
     c = await bootstrap.container()
     with pytest.raises(NotFoundError):
         await c.orders.get(rig.order_id)
-    assert await rig.replies("replies-partner-portal") == [] and await rig.replies() == []
+    assert await rig.replies("replies-partner-portal") == []
+    assert await rig.replies() == []
 
 
 def _calls(*charges) -> dict[str, int]:

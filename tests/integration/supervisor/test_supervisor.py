@@ -84,11 +84,9 @@ async def test_expired_attempt_returns_to_pending(rig):
     report = await rig.supervisor().run()
     assert (report.examined, report.recovered) == (1, 1)
     record = await rig.state("A")
-    assert (
-        record.ProcessState is ProcessState.PENDING
-        and record.FailureCount == 1
-        and record.LockedBy is None
-    )
+    assert record.ProcessState is ProcessState.PENDING
+    assert record.FailureCount == 1
+    assert record.LockedBy is None
 
 
 async def test_attempt_that_met_its_deadline_is_left_alone(rig):
@@ -202,7 +200,8 @@ async def test_index_entries_for_met_or_replaced_deadlines_are_discarded(rig):
         claimed.LockedBy,
     )
     report = await rig.supervisor().run()  # now = NOW + 10 min: only the claim's entry is due
-    assert report.recovered == 0 and report.read == 1
+    assert report.recovered == 0
+    assert report.read == 1
     assert (await rig.state("A")).ProcessState is ProcessState.PROCESSING
     rig.now = step_deadline + timedelta(minutes=1)
     assert (await rig.supervisor().run()).recovered == 1
@@ -273,4 +272,5 @@ async def test_an_attempt_that_retired_its_entry_costs_the_supervisor_nothing(ri
         "A", lambda r: sm.mark_failed(r, claimed.LockedBy, None, "x", t), claimed.LockedBy
     )
     report = await rig.supervisor().run()
-    assert report.read == 0 and report.recovered == 0
+    assert report.read == 0
+    assert report.recovered == 0

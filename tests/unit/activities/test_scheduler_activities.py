@@ -68,7 +68,8 @@ async def test_a_write_by_another_attempt_is_stale():
         Step="reserve-inventory",
         Deadline=world.now + timedelta(minutes=1),
     )
-    assert result.Stale and iid != "A1:7"
+    assert result.Stale
+    assert iid != "A1:7"
 
 
 async def test_agent_request_sent_twice_is_one_message():
@@ -107,7 +108,8 @@ async def test_terminal_status_that_cannot_be_sent_raises_and_stays_in_the_outbo
             StatusNote(InstanceId=iid, ReplyTo="replies-webshop", Status=StatusKind.FAILED)
         )
     pending = (await world.record()).PendingStatus
-    assert pending is not None and pending.Tries == 1
+    assert pending is not None
+    assert pending.Tries == 1
 
 
 async def test_an_error_records_alert_goes_with_its_status_and_survives_a_failed_send():
@@ -129,10 +131,12 @@ async def test_an_error_records_alert_goes_with_its_status_and_survives_a_failed
     world.bus.fail_next = ConnectionError("alerts queue down")
     with pytest.raises(RuntimeError):
         await acts.report_status(note)
-    assert world.sent("alerts") == [] and world.sent("replies-webshop") == []
+    assert world.sent("alerts") == []
+    assert world.sent("replies-webshop") == []
     await acts.report_status(note)
     await acts.report_status(note)
-    assert len(world.sent("alerts")) == 1 and len(world.sent("replies-webshop")) == 1
+    assert len(world.sent("alerts")) == 1
+    assert len(world.sent("replies-webshop")) == 1
     assert (await world.record()).PendingStatus is None
 
 

@@ -59,7 +59,7 @@ def make(clock: FakeClock | None = None, alerts: FakeAlerts | None = None):
 
 
 async def test_a_handled_request_is_replied_to_with_a_stable_id_then_completed():
-    processor, remote, replies = make()
+    processor, _remote, replies = make()
     settlement = FakeSettlement()
 
     disposition = await processor.process(encode(request()), settlement)
@@ -69,7 +69,8 @@ async def test_a_handled_request_is_replied_to_with_a_stable_id_then_completed()
     [(message_id, body)] = replies.sent
     assert message_id == "o-1:2/reply-charge-payment-2/reply"
     reply = decode(AgentReply, body)
-    assert reply.Outcome is ReplyOutcome.OK and reply.EventId == message_id
+    assert reply.Outcome is ReplyOutcome.OK
+    assert reply.EventId == message_id
 
 
 async def test_error_replies_are_sent_and_the_request_completed_too():
@@ -94,7 +95,8 @@ async def test_a_malformed_request_is_dead_lettered_with_the_reason_and_nothing_
     [(action, reason, description)] = settlement.actions
     assert (action, reason) == ("dead_letter", "InvalidMessage")
     assert "Attempt" in description
-    assert remote.calls == [] and replies.sent == []
+    assert remote.calls == []
+    assert replies.sent == []
 
 
 async def test_not_json_at_all_is_dead_lettered():
@@ -107,7 +109,7 @@ async def test_not_json_at_all_is_dead_lettered():
 
 
 async def test_a_reply_that_cannot_be_sent_abandons_the_request_for_redelivery():
-    processor, remote, replies = make()
+    processor, _remote, replies = make()
     replies.fail_with = TransientError("link detached")
     settlement = FakeSettlement()
 
@@ -175,9 +177,11 @@ async def test_bodies_of_every_kind_that_carry_no_request_are_dead_lettered_with
     disposition = await processor.process_message(_Received(body, kind), settlement)
 
     assert disposition is Disposition.DEAD_LETTERED
-    [(action, reason, description)] = settlement.actions
-    assert reason == "InvalidMessage" and expected in description
-    assert alerts.raised[0][0] == "InvalidMessage" and alerts.raised[0][3] == "m-9"
+    [(_action, reason, description)] = settlement.actions
+    assert reason == "InvalidMessage"
+    assert expected in description
+    assert alerts.raised[0][0] == "InvalidMessage"
+    assert alerts.raised[0][3] == "m-9"
 
 
 @pytest.mark.parametrize(

@@ -87,8 +87,11 @@ def test_control_and_bidi_characters_are_shown_as_escapes_not_sent_to_the_termin
     c, out = console()
     render.print_alerts(c, [alert(OrderID="A\x1b[2J\u202eB", Reason="line1\nline2\u200b")])
     text = out.getvalue()
-    assert "\x1b[2J" not in text and "\u202e" not in text and "\u200b" not in text
-    assert "A\\x1b[2J\\u202eB" in text and "line1\\x0aline2\\u200b" in text
+    assert "\x1b[2J" not in text
+    assert "\u202e" not in text
+    assert "\u200b" not in text
+    assert "A\\x1b[2J\\u202eB" in text
+    assert "line1\\x0aline2\\u200b" in text
 
 
 @pytest.mark.parametrize(
@@ -114,7 +117,8 @@ def test_zero_alerts_and_no_dead_letters_are_said():
     c, out = console()
     render.print_alerts(c, [])
     render.print_dead_letters(c, "orders", [])
-    assert "0 alerts" in out.getvalue() and "no dead letters on orders" in out.getvalue()
+    assert "0 alerts" in out.getvalue()
+    assert "no dead letters on orders" in out.getvalue()
 
 
 def test_alerts_are_newest_first_unless_asked():
@@ -122,7 +126,8 @@ def test_alerts_are_newest_first_unless_asked():
     old.enqueued_time_utc, new.enqueued_time_utc = T0, T0 + timedelta(minutes=1)
     c, out = console()
     render.print_alerts(c, [old, new], limit=1)
-    assert "new" in out.getvalue() and "old" not in out.getvalue().replace("oldest", "")
+    assert "new" in out.getvalue()
+    assert "old" not in out.getvalue().replace("oldest", "")
     c, out = console()
     render.print_alerts(c, [new, old], newest_first=False, limit=1)
     assert "  old" in out.getvalue()
@@ -141,7 +146,8 @@ def test_dead_letters_print_every_field_literally(message):
     c, out = console()
     assert render.print_dead_letters(c, "orders", [message]) == 1
     text = out.getvalue()
-    assert "\x1b]8;" not in text and "\u202e" not in text
+    assert "\x1b]8;" not in text
+    assert "\u202e" not in text
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -207,8 +213,11 @@ def test_the_watch_table_and_record_tables_escape_client_text():
     c.print(render.records_table("1 Error orders", [record]))
     c.print(render.history_table(record))
     text = out.getvalue()
-    assert "\u202e" not in text and "\x1b[2J" not in text and "\x1b]8;" not in text
-    assert "[bold]Processed" in text and "A\\u202eB" in text
+    assert "\u202e" not in text
+    assert "\x1b[2J" not in text
+    assert "\x1b]8;" not in text
+    assert "[bold]Processed" in text
+    assert "A\\u202eB" in text
 
 
 def test_status_reading_skips_what_is_not_a_status():

@@ -172,7 +172,8 @@ def test_attempts_start_at_one():
 def test_inexact_json_is_refused_naming_the_rule(raw, expected):
     with pytest.raises(ValidationFailed) as info:
         decode(OrderSubmitted, raw)
-    assert expected in info.value.reason and info.value.reason.startswith("OrderSubmitted: ")
+    assert expected in info.value.reason
+    assert info.value.reason.startswith("OrderSubmitted: ")
 
 
 def test_a_duplicate_key_anywhere_is_refused_even_when_both_values_agree():
@@ -281,7 +282,9 @@ def test_text_our_code_produces_from_outside_text_is_cleaned_not_refused():
         Outcome="permanent",
         Error="  card\ndeclined\u202e " + "x" * 600,
     )
-    assert "\n" not in reply.Error and "\u202e" not in reply.Error and len(reply.Error) == 500
+    assert "\n" not in reply.Error
+    assert "\u202e" not in reply.Error
+    assert len(reply.Error) == 500
     assert decode(AgentReply, encode(reply)) == reply  # and what we send passes our own boundary
     alert = OperatorAlert(
         Kind="InvalidMessage",

@@ -27,9 +27,12 @@ def run_all_steps(record):
 def test_new_record_is_pending_unlocked_with_no_deadline(order):
     record = sm.new_record(order, NOW, STEPS)
     assert record.ProcessState is ProcessState.PENDING
-    assert record.LockedBy is None and record.CompleteBy is None
-    assert record.FailureCount == 0 and record.Attempt == 0
-    assert record.ReplyTo == "replies-webshop" and record.id == "ORD-1"
+    assert record.LockedBy is None
+    assert record.CompleteBy is None
+    assert record.FailureCount == 0
+    assert record.Attempt == 0
+    assert record.ReplyTo == "replies-webshop"
+    assert record.id == "ORD-1"
     assert record.OrderDigest == order.digest()
     assert set(record.Steps) == set(STEPS)
     assert all(s.Status is StepStatus.NOT_STARTED for s in record.Steps.values())
@@ -81,7 +84,8 @@ def test_second_attempt_gets_a_new_instance_id(pending, policy):
     first = sm.claim(pending, NOW, policy)
     back = sm.recover_expired(first, first.LockedBy, LATER, policy)
     second = sm.claim(back, LATER, policy)
-    assert second.LockedBy == "ORD-1:2" and second.Attempt == 2
+    assert second.LockedBy == "ORD-1:2"
+    assert second.Attempt == 2
 
 
 # --- Processing -> Processing (orchestration progress) -----------------------------------
@@ -131,7 +135,8 @@ def test_stale_attempt_never_writes(processing, write):
 def test_processed_when_all_steps_completed(processing):
     record = sm.mark_processed(run_all_steps(processing), "ORD-1:1", NOW)
     assert record.ProcessState is ProcessState.PROCESSED
-    assert record.LockedBy is None and record.CompleteBy is None
+    assert record.LockedBy is None
+    assert record.CompleteBy is None
     assert record.ttl == sm.FINISHED_RECORD_TTL_SECONDS
 
 
@@ -165,7 +170,8 @@ def test_orchestration_writes_need_processing(processing, state):
 def test_recover_expired_below_threshold_returns_to_pending(processing, policy):
     record = sm.recover_expired(processing, "ORD-1:1", LATER, policy)
     assert record.ProcessState is ProcessState.PENDING
-    assert record.LockedBy is None and record.CompleteBy is None
+    assert record.LockedBy is None
+    assert record.CompleteBy is None
     assert record.FailureCount == 1
     assert "missed its deadline" in record.LastError
 
@@ -281,7 +287,8 @@ def test_resubmit_error_to_pending_keeps_completed_steps(processing):
     record = sm.mark_failed(record, "ORD-1:1", STEPS[1], "declined", NOW)
     record = sm.resubmit(record, LATER)
     assert record.ProcessState is ProcessState.PENDING
-    assert record.LockedBy is None and record.FailureCount == 0
+    assert record.LockedBy is None
+    assert record.FailureCount == 0
     assert record.Steps[STEPS[0]].Status is StepStatus.COMPLETED
 
 
@@ -304,9 +311,11 @@ def test_operator_requests_compensation_then_starter_claims_it(processing, polic
     record = sm.complete_step(processing, "ORD-1:1", STEPS[0], NOW)
     record = sm.mark_failed(record, "ORD-1:1", STEPS[1], "declined", NOW)
     record = sm.request_compensation(record, LATER)
-    assert record.CompensationRequested and record.ProcessState is ProcessState.ERROR
+    assert record.CompensationRequested
+    assert record.ProcessState is ProcessState.ERROR
     claimed = sm.claim_compensation(record, LATER, policy)
-    assert claimed.ProcessState is ProcessState.COMPENSATING and not claimed.CompensationRequested
+    assert claimed.ProcessState is ProcessState.COMPENSATING
+    assert not claimed.CompensationRequested
     with pytest.raises(sm.IllegalTransition):
         sm.claim_compensation(claimed, LATER, policy)
 
@@ -361,7 +370,8 @@ def test_any_provider_text_fits_every_record_field(processing, text):
 def test_short_text_keeps_the_useful_start():
     text = "card declined: insufficient funds " + "detail " * 200
     short = sm.short_text(text, 100)
-    assert short.startswith("card declined: insufficient funds") and len(short) == 100
+    assert short.startswith("card declined: insufficient funds")
+    assert len(short) == 100
 
 
 def test_begin_compensation_logs_every_sent_step(processing):

@@ -56,7 +56,8 @@ async def test_happy_path_processes_the_order_and_clears_the_outbox():
     assert await driver.run() == "completed"
     assert driver.output["Outcome"] == "processed"
     record = await world.record()
-    assert record.ProcessState is ProcessState.PROCESSED and record.PendingStatus is None
+    assert record.ProcessState is ProcessState.PROCESSED
+    assert record.PendingStatus is None
     assert [s["Status"] for s in world.statuses()] == [
         "Processing",
         "StepCompleted",
@@ -159,7 +160,8 @@ async def test_transient_reply_reason_is_kept_for_the_supervisor():
     await driver.run()
     assert driver.output["Outcome"] == "timed_out"
     record = await world.record()
-    assert record.ProcessState is ProcessState.PROCESSING and "inventory 503" in record.LastError
+    assert record.ProcessState is ProcessState.PROCESSING
+    assert "inventory 503" in record.LastError
     later = record.CompleteBy + timedelta(seconds=10)
     recovered = sm.recover_expired(record, record.LockedBy, later, POLICY)
     assert "inventory 503" in recovered.LastError
@@ -176,7 +178,8 @@ async def test_permanent_failure_without_completed_steps_is_error_once():
     assert await driver.run() == "completed", driver.error
     assert driver.output["Outcome"] == "failed"
     record = await world.record()
-    assert record.ProcessState is ProcessState.ERROR and record.PendingStatus is None
+    assert record.ProcessState is ProcessState.ERROR
+    assert record.PendingStatus is None
     assert record.LastError.startswith("step reserve-inventory failed: Karte abgelehnt")
     assert len(requests(world)) == 1
     assert [a.Kind for a in alerts(world)] == ["OrderError"]
@@ -327,7 +330,8 @@ async def _dying_compensation(world):
     first = Driver(world, iid, compensation_agent, fail=fail, before_activity=remember)
     assert await first.run() == "failed"
     record = await world.record()
-    assert record.ProcessState is ProcessState.COMPENSATING and record.LockedBy == iid
+    assert record.ProcessState is ProcessState.COMPENSATING
+    assert record.LockedBy == iid
     return first
 
 
@@ -380,7 +384,8 @@ async def test_compensation_restarts_have_a_budget_then_an_alert():
     assert [r.compensation_restarts for r in reports] == [1, 1, 0, 0]
     assert [r.compensations_given_up for r in reports] == [0, 0, 1, 0]
     record = await world.record()
-    assert record.ProcessState is ProcessState.COMPENSATION_FAILED and record.PendingStatus is None
+    assert record.ProcessState is ProcessState.COMPENSATION_FAILED
+    assert record.PendingStatus is None
     assert [a.Kind for a in alerts(world)] == ["CompensationFailed"]
     assert world.statuses()[-1]["Status"] == "CompensationFailed"
 
@@ -402,7 +407,8 @@ async def test_terminal_status_send_failure_is_delivered_later_by_the_starter():
     assert await driver.run() == "completed"
     assert driver.output["Outcome"] == "processed"
     record = await world.record()
-    assert record.PendingStatus is not None and record.PendingStatus.Status.value == "Processed"
+    assert record.PendingStatus is not None
+    assert record.PendingStatus.Status.value == "Processed"
     message_id = record.PendingStatus.MessageId
 
     world.bus.send = real_send

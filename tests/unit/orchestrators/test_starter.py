@@ -82,7 +82,8 @@ async def test_a_failing_start_after_a_claim_leaves_the_record_for_the_superviso
     report = await Starter(SETTINGS, world.store, clock=lambda: world.now).run(client)
     assert (report.claimed, report.start_failures, client.started) == (2, 1, ["B1:1"])
     record = await world.record("A1")
-    assert record.ProcessState is ProcessState.PROCESSING and record.CompleteBy is not None
+    assert record.ProcessState is ProcessState.PROCESSING
+    assert record.CompleteBy is not None
 
 
 async def test_outbox_entries_wait_their_grace_then_are_sent_once_with_their_id():
@@ -152,7 +153,8 @@ async def test_the_timer_leaves_new_orders_to_a_working_fast_path_for_a_few_seco
     assert (report.pending, report.claimed) == (1, 0)
     world.now += FAST_PATH_WINDOW + timedelta(seconds=1)
     report = await starter.run(client)
-    assert report.claimed == 1 and client.started == ["A1:1", "B1:1"]
+    assert report.claimed == 1
+    assert client.started == ["A1:1", "B1:1"]
 
 
 async def test_an_unchanged_backlog_gauge_is_not_rewritten_every_run():
@@ -194,7 +196,8 @@ async def test_the_fast_path_claim_can_mark_received_sent_in_the_same_write():
     )
     assert world.store.total - before == 1
     stored = await world.record("A1")
-    assert stored.ReceivedSent and stored.ProcessState is ProcessState.PROCESSING
+    assert stored.ReceivedSent
+    assert stored.ProcessState is ProcessState.PROCESSING
     # Lost (the etag moved on): nothing written, nothing marked; Submit marks it itself.
     order_b = OrderSubmitted.model_validate(order_payload(OrderID="B1"))
     record_b, etag_b, _ = await world.store.create_if_absent(
@@ -237,11 +240,13 @@ async def test_a_failed_status_still_in_the_outbox_is_sent_before_its_compensati
     report = await Starter(SETTINGS, world.store, clock=lambda: world.now, publisher=world.bus).run(
         client
     )
-    assert client.started == ["A1:2"] and report.compensations == 1
+    assert client.started == ["A1:2"]
+    assert report.compensations == 1
     assert seen_at_start == [failed_id]
     assert [mid for _, mid in world.sent("replies-webshop")] == [failed_id]
     record = await world.record()
-    assert record.ProcessState is ProcessState.COMPENSATING and record.PendingStatus is None
+    assert record.ProcessState is ProcessState.COMPENSATING
+    assert record.PendingStatus is None
 
 
 class _Down:
@@ -272,4 +277,5 @@ async def test_a_failed_status_that_cannot_be_sent_does_not_hold_up_the_compensa
     assert client.started == ["A1:2"]
     record = await world.record()
     assert record.ProcessState is ProcessState.COMPENSATING
-    assert record.PendingStatus is not None and record.PendingStatus.MessageId == failed_id
+    assert record.PendingStatus is not None
+    assert record.PendingStatus.MessageId == failed_id

@@ -137,7 +137,8 @@ async def test_cost_of_a_three_step_order_on_the_happy_path(path, scan):
     if path == "fast" or scan == "query":
         assert cosmos <= 10
     record = await world.record()
-    assert record.ProcessState is ProcessState.PROCESSED and record.PendingStatus is None
+    assert record.ProcessState is ProcessState.PROCESSED
+    assert record.PendingStatus is None
 
 
 async def test_the_timer_starter_claims_with_one_request_per_order():
@@ -147,12 +148,14 @@ async def test_the_timer_starter_claims_with_one_request_per_order():
     before = dict(world.store.requests)
     client = StartingClient()
     report = await world.starter().run(client)
-    assert report.claimed == 3 and sorted(client.started) == ["A1:1", "A2:1", "A3:1"]
+    assert report.claimed == 3
+    assert sorted(client.started) == ["A1:1", "A2:1", "A3:1"]
     claims = world.store.requests.get("replace", 0) - before.get("replace", 0)
     reads = world.store.requests.get("read", 0) - before.get("read", 0)
     assert (claims, reads) == (3, 0)
     for data in client.started.values():
-        assert data["Etag"] and data["Record"]["ProcessState"] == "Processing"
+        assert data["Etag"]
+        assert data["Record"]["ProcessState"] == "Processing"
 
 
 async def test_progress_statuses_are_opt_in_per_application():
@@ -255,7 +258,8 @@ async def test_timer_first_leaves_the_record_to_the_supervisor():
     assert await driver.run() == "completed"
     assert driver.output == {"Outcome": "timed_out", "Step": STEPS[1], "Detail": "deadline passed"}
     record = await world.record()
-    assert record.ProcessState is ProcessState.PROCESSING and record.LockedBy == instance_id
+    assert record.ProcessState is ProcessState.PROCESSING
+    assert record.LockedBy == instance_id
     assert record.CompleteBy == record.Steps[STEPS[1]].CompleteBy
     assert record.Steps[STEPS[0]].Status is StepStatus.COMPLETED
 
@@ -280,7 +284,8 @@ async def test_permanent_failure_without_completed_steps_is_error_with_alert_and
     assert await driver.run() == "completed"
     assert driver.output["Outcome"] == "failed"
     record = await world.record()
-    assert record.ProcessState is ProcessState.ERROR and record.PendingStatus is None
+    assert record.ProcessState is ProcessState.ERROR
+    assert record.PendingStatus is None
     assert [a.Kind for a in alerts(world)] == ["OrderError"]
     assert statuses(world) == ["Failed"]
 
@@ -321,7 +326,8 @@ async def test_a_stale_attempt_never_changes_the_record(at_call):
     assert await driver.run() == "completed"
     assert driver.output["Outcome"] == "stale"
     record = await world.record()
-    assert record.LockedBy == "A1:2" and record.ProcessState is ProcessState.PROCESSING
+    assert record.LockedBy == "A1:2"
+    assert record.ProcessState is ProcessState.PROCESSING
     # Steps completed before the steal stay (write k completes step k-1);
     # nothing after it was written.
     assert [n for n, s in record.Steps.items() if s.Status is StepStatus.COMPLETED] == STEPS[
@@ -391,7 +397,8 @@ async def test_a_status_that_cannot_be_sent_stays_in_the_outbox_for_the_starter(
     assert await driver.run() == "completed"
     assert driver.output["Outcome"] == "unconfirmed"
     record = await world.record()
-    assert record.ProcessState is ProcessState.PROCESSED and record.PendingStatus is not None
+    assert record.ProcessState is ProcessState.PROCESSED
+    assert record.PendingStatus is not None
 
     world.bus.send = real_send
     world.now += timedelta(minutes=5)
@@ -409,8 +416,10 @@ async def test_the_fast_path_and_the_timer_starter_never_both_claim():
     timer_client, fast_client = StartingClient(), StartingClient()
     report = await world.starter().run(timer_client)
     fast = await world.starter().start_submitted(fast_client, record, etag)
-    assert report.claimed == 1 and fast is None
-    assert list(timer_client.started) == ["A1:1"] and fast_client.started == {}
+    assert report.claimed == 1
+    assert fast is None
+    assert list(timer_client.started) == ["A1:1"]
+    assert fast_client.started == {}
     assert (await world.record()).Attempt == 1
 
 
@@ -432,7 +441,8 @@ async def test_a_version_1_1_instance_in_flight_finishes_on_1_1():
     driver = Driver(world, instance_id, ok, version="1.1")
     assert await driver.run() == "completed"
     names = {n for n, _ in driver.calls}
-    assert "load_plan" in names and "write_state" in names
+    assert "load_plan" in names
+    assert "write_state" in names
     assert not names & {"begin_attempt", "advance_attempt"}
     assert (await world.record()).ProcessState is ProcessState.PROCESSED
 

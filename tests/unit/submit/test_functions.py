@@ -44,7 +44,8 @@ def test_one_function_per_application_on_its_own_queue():
 def test_names_are_stable_and_unique_for_ids_a_host_would_refuse():
     assert function_name("webshop") == "submit_order_webshop"
     odd = [function_name(a) for a in ("a.b", "a_b", "a b", "a/b")]
-    assert len(set(odd)) == 4 and odd[1] == "submit_order_a_b"
+    assert len(set(odd)) == 4
+    assert odd[1] == "submit_order_a_b"
     assert all(n.replace("_", "").replace("-", "").isalnum() for n in odd)
     assert function_name("a.b") == function_name("a.b")
 

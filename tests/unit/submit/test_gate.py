@@ -57,7 +57,8 @@ def test_bodies_that_cannot_carry_json_text_are_refused_with_what_was_found(body
 
 def test_dead_letter_descriptions_are_ascii_and_bounded():
     outcome = Settle.deadletter("InvalidMessage", "Zoë \u202e " + "x" * 2000)
-    assert outcome.description.isascii() and len(outcome.description) == 1024
+    assert outcome.description.isascii()
+    assert len(outcome.description) == 1024
     assert outcome.description.startswith("Zo\\xeb \\u202e ")
 
 
@@ -118,7 +119,8 @@ async def test_a_handler_exception_is_dead_lettered_with_its_name_and_the_order_
         raise AttributeError("'NoneType' object has no attribute 'x'")
 
     outcome = await gate.run(Msg(iter([b'{"OrderID": "ORD-9"}'])), actions, handler)
-    assert outcome.reason == "ProcessingFailed" and "AttributeError" in outcome.description
+    assert outcome.reason == "ProcessingFailed"
+    assert "AttributeError" in outcome.description
     assert actions.calls == [("deadletter", "ProcessingFailed")]
     assert alerts.raised == [("ProcessingFailed", "ORD-9", "m", "orders")]
 
@@ -145,9 +147,11 @@ async def test_an_abandon_becomes_a_delayed_retry_never_an_immediate_one():
         return Settle.abandon("host busy")
 
     outcome = await gate.run(Msg(iter([b"{}"]), message_id="x" * 128), actions, handler)
-    assert outcome.kind is SettleKind.COMPLETE and actions.calls == ["complete"]
+    assert outcome.kind is SettleKind.COMPLETE
+    assert actions.calls == ["complete"]
     [mid] = Scheduler.scheduled
-    assert len(mid) <= 128 and mid.startswith("retry-1-")
+    assert len(mid) <= 128
+    assert mid.startswith("retry-1-")
 
 
 async def _refuse(body):
@@ -163,7 +167,8 @@ async def test_a_dead_letter_waits_for_its_alert_then_alerts_again_under_the_sam
     gate = MessageGate("orders-webshop", down, None, BackoffPolicy((1.0,), 5))
     bad = b'{"OrderID": "ORD-9", "Lines": "x"'
     outcome = await gate.run(Msg(iter([bad]), delivery_count=0), actions, _refuse)
-    assert outcome.kind is SettleKind.ABANDON and actions.calls == ["abandon"]
+    assert outcome.kind is SettleKind.ABANDON
+    assert actions.calls == ["abandon"]
 
     up, actions = Alerts(), Actions()
     gate = MessageGate("orders-webshop", up, None, BackoffPolicy((1.0,), 5))

@@ -125,8 +125,10 @@ async def test_new_order_is_written_and_received_sent(rig):
     outcome = await rig.submit()
     assert outcome.kind is SettleKind.COMPLETE
     record, _ = await rig.store.read("ORD-1")
-    assert record.ProcessState is ProcessState.PENDING and record.LockedBy is None
-    assert record.ReceivedSent and record.ReplyTo == "replies-webshop"
+    assert record.ProcessState is ProcessState.PENDING
+    assert record.LockedBy is None
+    assert record.ReceivedSent
+    assert record.ReplyTo == "replies-webshop"
     assert "ORD-1" in rig.orders.orders
     assert rig.statuses() == ["Received"]
 
@@ -148,10 +150,12 @@ async def test_crash_between_orders_and_state_is_healed_by_redelivery(rig):
     rig.store.create_if_absent = crash
     with pytest.raises(Killed):
         await rig.submit()
-    assert "ORD-1" in rig.orders.orders and not rig.store.docs
+    assert "ORD-1" in rig.orders.orders
+    assert not rig.store.docs
     rig.store.create_if_absent = real
     assert (await rig.submit()).kind is SettleKind.COMPLETE
-    assert len(rig.store.docs) == 1 and rig.statuses() == ["Received"]
+    assert len(rig.store.docs) == 1
+    assert rig.statuses() == ["Received"]
 
 
 async def test_crash_after_status_before_mark_resends_same_message_id(rig):
@@ -186,7 +190,8 @@ async def test_conflicting_redelivery_is_deadlettered_and_alerted(rig, overrides
     await rig.submit()
     before = dict(rig.store.docs)
     outcome = await rig.submit(**overrides)
-    assert outcome.kind is SettleKind.DEADLETTER and outcome.reason == "OrderConflict"
+    assert outcome.kind is SettleKind.DEADLETTER
+    assert outcome.reason == "OrderConflict"
     assert field in outcome.description
     assert rig.store.docs == before  # nothing overwritten
     assert rig.alerts() == ["OrderConflict"]
@@ -194,9 +199,11 @@ async def test_conflicting_redelivery_is_deadlettered_and_alerted(rig, overrides
 
 async def test_malformed_message_is_deadlettered_with_the_validation_error(rig):
     outcome = await rig.deliver(b'{"OrderID": 5}')
-    assert outcome.kind is SettleKind.DEADLETTER and outcome.reason == "InvalidMessage"
+    assert outcome.kind is SettleKind.DEADLETTER
+    assert outcome.reason == "InvalidMessage"
     assert "OrderSubmitted" in outcome.description
-    assert rig.alerts() == ["InvalidMessage"] and not rig.store.docs
+    assert rig.alerts() == ["InvalidMessage"]
+    assert not rig.store.docs
     assert rig.actions.calls == [("deadletter", "InvalidMessage", outcome.description)]
 
 
@@ -204,16 +211,20 @@ async def test_an_alert_names_the_message_and_the_order_when_readable(rig):
     body = json.dumps(order_payload(Total="1.00")).encode()
     outcome = await rig.deliver(body, message_id="client-msg-7")
     [alert] = rig.alert_bodies()
-    assert alert["Kind"] == "InvalidMessage" and alert["MessageId"] == "client-msg-7"
-    assert alert["OrderID"] == "ORD-1" and alert["Queue"] == "orders-webshop"
+    assert alert["Kind"] == "InvalidMessage"
+    assert alert["MessageId"] == "client-msg-7"
+    assert alert["OrderID"] == "ORD-1"
+    assert alert["Queue"] == "orders-webshop"
     assert alert["Reason"] == outcome.description
 
 
 async def test_a_malformed_order_id_is_not_echoed_as_the_alerts_order(rig):
     await rig.deliver(json.dumps(order_payload(order_id="ORD-1\n")).encode())
     [alert] = rig.alert_bodies()
-    assert alert["OrderID"] is None and "OrderID" in alert["Reason"]
-    assert not rig.store.docs and not rig.orders.orders
+    assert alert["OrderID"] is None
+    assert "OrderID" in alert["Reason"]
+    assert not rig.store.docs
+    assert not rig.orders.orders
 
 
 async def test_an_unexpected_exception_is_dead_lettered_processing_failed_and_alerted(rig):
@@ -222,10 +233,13 @@ async def test_an_unexpected_exception_is_dead_lettered_processing_failed_and_al
 
     rig.orders.create_if_absent = broken
     outcome = await rig.submit()
-    assert outcome.kind is SettleKind.DEADLETTER and outcome.reason == "ProcessingFailed"
-    assert "KeyError" in outcome.description and "surprise" in outcome.description
+    assert outcome.kind is SettleKind.DEADLETTER
+    assert outcome.reason == "ProcessingFailed"
+    assert "KeyError" in outcome.description
+    assert "surprise" in outcome.description
     [alert] = rig.alert_bodies()
-    assert alert["Kind"] == "ProcessingFailed" and alert["OrderID"] == "ORD-1"
+    assert alert["Kind"] == "ProcessingFailed"
+    assert alert["OrderID"] == "ORD-1"
     assert alert["MessageId"] == "msg-1"
 
 
@@ -233,7 +247,8 @@ async def test_oversize_message_is_deadlettered():
     rig = Rig(MAX_ORDER_BYTES="1024")
     lines = [{"Sku": f"SKU-{i}", "Quantity": 1, "UnitPrice": "1.00"} for i in range(60)]
     outcome = await rig.submit(Lines=lines, Total="60.00")
-    assert outcome.reason == "InvalidMessage" and "limit is 1024 bytes" in outcome.description
+    assert outcome.reason == "InvalidMessage"
+    assert "limit is 1024 bytes" in outcome.description
 
 
 @pytest.mark.parametrize(
@@ -243,8 +258,10 @@ async def test_oversize_message_is_deadlettered():
 async def test_reply_queue_not_registered_to_sender(rig, app, queue):
     rig.app_id = app
     outcome = await rig.submit(AppId=app, ReplyTo=queue)
-    assert outcome.kind is SettleKind.DEADLETTER and outcome.reason == "ReplyQueueNotAllowed"
-    assert rig.bus.to(queue) == [] and not rig.store.docs
+    assert outcome.kind is SettleKind.DEADLETTER
+    assert outcome.reason == "ReplyQueueNotAllowed"
+    assert rig.bus.to(queue) == []
+    assert not rig.store.docs
     assert rig.alerts() == ["ReplyQueueNotAllowed"]
 
 
@@ -270,7 +287,8 @@ async def test_a_rejected_status_lost_on_send_is_sent_by_the_redelivery(rig):
     await rig.store.write_backlog_gauge(3, NOW)
     rig.bus.fail_next = TransientError("reply queue busy")
     first = await rig.submit()
-    assert first.kind is SettleKind.COMPLETE and len(rig.scheduler.scheduled) == 1
+    assert first.kind is SettleKind.COMPLETE
+    assert len(rig.scheduler.scheduled) == 1
     assert rig.statuses() == []
     # the backlog has drained meanwhile: the order stays Rejected, never admitted
     await rig.store.write_backlog_gauge(0, NOW)
@@ -299,10 +317,13 @@ async def test_transient_store_error_schedules_a_delayed_copy_and_completes(rig)
 
     rig.store.create_if_absent = throttled
     outcome = await rig.submit()
-    assert outcome.kind is SettleKind.COMPLETE and rig.actions.calls == [("complete",)]
+    assert outcome.kind is SettleKind.COMPLETE
+    assert rig.actions.calls == [("complete",)]
     [(queue, body, message_id, at, props)] = rig.scheduler.scheduled
-    assert queue == "orders-webshop" and json.loads(body)["OrderID"] == "ORD-1"
-    assert at == NOW + timedelta(seconds=5) and message_id == "msg-1/retry-1"
+    assert queue == "orders-webshop"
+    assert json.loads(body)["OrderID"] == "ORD-1"
+    assert at == NOW + timedelta(seconds=5)
+    assert message_id == "msg-1/retry-1"
     assert props == {"x-retry-count": 1, "x-original-message-id": "msg-1"}
     assert not rig.bus.sent
 
@@ -319,13 +340,16 @@ async def test_the_back_off_grows_and_then_dead_letters_with_a_reason_and_an_ale
         properties={"x-retry-count": 1, "x-original-message-id": "msg-1"},
     )
     [(_, _, message_id, at, props)] = rig.scheduler.scheduled
-    assert at == NOW + timedelta(seconds=15) and message_id == "msg-1/retry-2"
+    assert at == NOW + timedelta(seconds=15)
+    assert message_id == "msg-1/retry-2"
     assert props["x-retry-count"] == 2
     outcome = await rig.deliver(body, message_id="msg-1/retry-2", properties={b"x-retry-count": 2})
-    assert outcome.kind is SettleKind.DEADLETTER and outcome.reason == "RetriesExhausted"
+    assert outcome.kind is SettleKind.DEADLETTER
+    assert outcome.reason == "RetriesExhausted"
     assert "429" in outcome.description
     [alert] = rig.alert_bodies()
-    assert alert["Kind"] == "RetriesExhausted" and alert["MessageId"] == "msg-1/retry-2"
+    assert alert["Kind"] == "RetriesExhausted"
+    assert alert["MessageId"] == "msg-1/retry-2"
     assert alert["OrderID"] == "ORD-1"
 
 
@@ -339,7 +363,8 @@ async def test_when_no_retry_can_be_scheduled_abandon_until_the_last_delivery(ri
     body = json.dumps(order_payload()).encode()
     assert (await rig.deliver(body, delivery_count=0)).kind is SettleKind.ABANDON
     last = await rig.deliver(body, delivery_count=4)
-    assert last.kind is SettleKind.DEADLETTER and last.reason == "RetriesExhausted"
+    assert last.kind is SettleKind.DEADLETTER
+    assert last.reason == "RetriesExhausted"
     assert rig.alerts() == ["RetriesExhausted"]
 
 
@@ -389,13 +414,18 @@ async def test_a_body_naming_another_application_is_deadlettered_app_id_mismatch
     """The queue says who sent it: a body on the webshop's ingress naming
     another AppId (and that one's reply queue) is refused before any write."""
     outcome = await rig.submit(AppId=named, ReplyTo="replies-partner")
-    assert outcome.kind is SettleKind.DEADLETTER and outcome.reason == "AppIdMismatch"
-    assert "'webshop'" in outcome.description and repr(named) in outcome.description
+    assert outcome.kind is SettleKind.DEADLETTER
+    assert outcome.reason == "AppIdMismatch"
+    assert "'webshop'" in outcome.description
+    assert repr(named) in outcome.description
     assert rig.actions.calls == [("deadletter", "AppIdMismatch", outcome.description)]
-    assert not rig.store.docs and not rig.orders.orders
-    assert rig.bus.to("replies-partner") == [] and rig.bus.to("replies-webshop") == []
+    assert not rig.store.docs
+    assert not rig.orders.orders
+    assert rig.bus.to("replies-partner") == []
+    assert rig.bus.to("replies-webshop") == []
     alerts = rig.alert_bodies()
-    assert [a["Kind"] for a in alerts] == ["AppIdMismatch"] and alerts[0]["OrderID"] == "ORD-1"
+    assert [a["Kind"] for a in alerts] == ["AppIdMismatch"]
+    assert alerts[0]["OrderID"] == "ORD-1"
 
 
 async def test_the_app_id_comes_from_the_queue_not_the_body(rig):
@@ -563,7 +593,8 @@ async def test_a_different_order_reusing_a_rejected_orders_id_is_a_conflict_and_
     await rig.submit()
     await rig.store.write_backlog_gauge(0, NOW)
     outcome = await rig.submit(Currency="USD")
-    assert outcome.kind is SettleKind.DEADLETTER and outcome.reason == "OrderConflict"
+    assert outcome.kind is SettleKind.DEADLETTER
+    assert outcome.reason == "OrderConflict"
     assert "ORD-1" not in rig.orders.orders
     assert (await rig.store.read("ORD-1"))[0].ProcessState is ProcessState.REJECTED
 
@@ -578,7 +609,8 @@ async def test_an_order_written_by_a_delivery_that_died_is_taken_back_when_the_n
     from domain.models import OrderSubmitted
 
     await rig.orders.create_if_absent(OrderSubmitted.model_validate(order_payload()))
-    assert "ORD-1" in rig.orders.orders and not rig.store.docs
+    assert "ORD-1" in rig.orders.orders
+    assert not rig.store.docs
     await rig.store.write_backlog_gauge(3, NOW)
     assert (await rig.submit()).kind is SettleKind.COMPLETE
     assert rig.statuses() == ["Rejected"]

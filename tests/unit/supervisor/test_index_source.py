@@ -56,7 +56,8 @@ async def _claimed_with_index():
     # As the Starter does: index the attempt's deadline, then claim.
     await index.add("A", T0 + timedelta(seconds=20), 1)
     claimed = await store.claim("A", T0, POLICY)
-    assert claimed.ProcessState is ProcessState.PROCESSING and claimed.Attempt == 1
+    assert claimed.ProcessState is ProcessState.PROCESSING
+    assert claimed.Attempt == 1
     return index_c, index, store, lagging
 
 
@@ -70,14 +71,15 @@ def test_a_lagging_read_from_before_the_claim_keeps_the_live_attempts_entry():
             assert [d["OrderID"] for d in index_c.docs.values()] == ["A"], upper
             # The cursor does not pass the kept entry: the next run reads it again.
             again, _, read = await source.page(upper, 10, cursor)
-            assert read == 1 and again == []
+            assert read == 1
+            assert again == []
 
     asyncio.new_event_loop().run_until_complete(go())
 
 
 def test_once_the_read_catches_up_the_expired_attempt_is_recovered():
     async def go():
-        index_c, index, _, lagging = await _claimed_with_index()
+        _index_c, index, _, lagging = await _claimed_with_index()
         source = IndexSource(index, lagging)
         upper = T0 + timedelta(seconds=40)
         _, cursor, _ = await source.page(upper, 10, None)

@@ -70,7 +70,8 @@ async def test_expired_record_goes_back_to_pending():
     report = await rig.sup.run()
     assert (report.examined, report.recovered) == (1, 1)
     record = await rig.state("A")
-    assert record.ProcessState is ProcessState.PENDING and record.FailureCount == 1
+    assert record.ProcessState is ProcessState.PENDING
+    assert record.FailureCount == 1
 
 
 async def test_live_attempt_is_left_alone_within_slack():
@@ -173,7 +174,8 @@ async def test_failed_status_send_after_error_is_delivered_later():
     report = await rig.sup.run()
     assert (report.failed, report.status_unsent) == (1, 1)
     record = await rig.state("A")
-    assert record.ProcessState is ProcessState.ERROR and record.PendingStatus is not None
+    assert record.ProcessState is ProcessState.ERROR
+    assert record.PendingStatus is not None
     assert any(q == "alerts" for q, *_ in rig.bus.sent)  # the alert still went out
 
     rig.bus.send = real_send

@@ -30,16 +30,18 @@ def _write_spans(path):
             pass
     from opentelemetry.trace import Link
 
-    with tracer.start_as_current_span(
-        "start attempt",
-        context=None,
-        links=[Link(submit.get_span_context())],
-        attributes={telemetry.ORDER_ID: "O-1"},
-    ) as retry:
-        with tracer.start_as_current_span(
+    with (
+        tracer.start_as_current_span(
+            "start attempt",
+            context=None,
+            links=[Link(submit.get_span_context())],
+            attributes={telemetry.ORDER_ID: "O-1"},
+        ) as retry,
+        tracer.start_as_current_span(
             "activity begin_attempt", attributes={telemetry.ORDER_ID: "O-1"}
-        ):
-            pass
+        ),
+    ):
+        pass
     with tracer.start_as_current_span("submit", attributes={telemetry.ORDER_ID: "O-2"}):
         pass
     provider.shutdown()
@@ -65,9 +67,11 @@ def test_one_tree_per_trace_of_the_order(tmp_path):
     printed = traces.print_traces(Console(file=out, width=200, color_system=None), "O-1", found)
     text = out.getvalue()
     assert printed == 5
-    assert f"trace {first}" in text and f"trace {second}" in text
+    assert f"trace {first}" in text
+    assert f"trace {second}" in text
     assert f"linked to {first}" in text
-    assert "activity begin_attempt" in text and " ms" in text
+    assert "activity begin_attempt" in text
+    assert " ms" in text
     assert "O-2" not in text
 
 

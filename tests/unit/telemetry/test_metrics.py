@@ -53,7 +53,8 @@ async def test_a_supervisor_run_records_recoveries_and_its_scan_cost(metric_read
     )
     assert _sum(metric_reader, "orders.recoveries", outcome="recovered") - before == 3
     charges = _points(metric_reader, "supervisor.scan.request_charge")
-    assert charges and charges[0].max >= 12.5
+    assert charges
+    assert charges[0].max >= 12.5
 
 
 async def test_the_starter_sets_the_backlog_gauge_and_counts_attempts(metric_reader):

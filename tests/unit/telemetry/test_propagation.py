@@ -169,7 +169,8 @@ def test_an_activity_with_a_forged_trace_starts_a_new_one(spans):
     with _span("write_state", {"InstanceId": "O-1:3", "Trace": {"traceparent": "nonsense"}}):
         pass
     (activity,) = spans.get_finished_spans()
-    assert activity.parent is None and activity.context.is_valid
+    assert activity.parent is None
+    assert activity.context.is_valid
 
 
 def test_a_first_attempt_the_timer_claims_continues_the_trace_submit_stored(spans):
@@ -194,5 +195,6 @@ def test_a_retry_is_a_new_trace_linked_to_submits(spans):
 def test_a_forged_stored_context_is_not_trusted(spans):
     carrier = telemetry.start_attempt("O-1", "O-1:1", 1, {"traceparent": "00-zz-zz-01"})
     start = next(s for s in spans.get_finished_spans() if s.name == "start attempt")
-    assert start.parent is None and not start.links
+    assert start.parent is None
+    assert not start.links
     assert carrier["traceparent"].split("-")[1] == f"{start.context.trace_id:032x}"
