@@ -35,9 +35,10 @@ test: install browser lint
 test-unit: install
 	$(BIN)/python -m pytest -q tests/unit
 
-## lint: ruff over everything, mypy over the product packages (pyproject.toml [tool.mypy])
+## lint: ruff (rules and formatting) over everything, mypy over the product packages (pyproject.toml [tool.mypy])
 lint: install
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
 ## up: the whole local stack in the foreground, printing the console's URL (Ctrl-C stops it)

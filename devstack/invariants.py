@@ -80,9 +80,11 @@ async def observe(
         observed.dead_letter_reasons[message.dead_letter_reason] += 1
     for message in await drain(bus, "alerts"):
         observed.alerts[json.loads(b"".join(message.body))["Kind"]] += 1
-    async with aiohttp.ClientSession() as http:
-        async with http.get(f"{remote_url}/_admin/side-effects") as response:
-            effects = await response.json()
+    async with (
+        aiohttp.ClientSession() as http,
+        http.get(f"{remote_url}/_admin/side-effects") as response,
+    ):
+        effects = await response.json()
     effects["duplicates"] = [r for r in effects["duplicates"] if r["order_id"].startswith(prefix)]
     observed.side_effects = effects
     log = "".join(p.read_text(errors="replace") for p in log_dir.glob("host*.log"))

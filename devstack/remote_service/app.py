@@ -143,7 +143,7 @@ async def _apply(request: web.Request, state: ServiceState) -> web.StreamRespons
     return web.json_response(answer.body, status=answer.status, headers=headers)
 
 
-async def _health(request: web.Request) -> web.Response:
+async def _health(_request: web.Request) -> web.Response:
     return web.json_response({"status": "ok"})
 
 

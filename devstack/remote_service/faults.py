@@ -61,12 +61,19 @@ class FaultRule(BaseModel):
             raise ValueError(f"a {self.kind} rule needs seconds")
         if self.rate is not None and self.kind != "transient":
             raise ValueError("rate applies to transient rules only")
-        if self.kind == "transient" and self.status is not None and not 500 <= self.status <= 599:
-            if self.status not in (408, 429):
-                raise ValueError("a transient rule's status must be 5xx, 408 or 429")
-        if self.kind == "permanent" and self.status is not None:
-            if not 400 <= self.status <= 499 or self.status in (408, 409, 429):
-                raise ValueError("a permanent rule's status must be 4xx other than 408, 409, 429")
+        if (
+            self.kind == "transient"
+            and self.status is not None
+            and not 500 <= self.status <= 599
+            and self.status not in (408, 429)
+        ):
+            raise ValueError("a transient rule's status must be 5xx, 408 or 429")
+        if (
+            self.kind == "permanent"
+            and self.status is not None
+            and (not 400 <= self.status <= 499 or self.status in (408, 409, 429))
+        ):
+            raise ValueError("a permanent rule's status must be 4xx other than 408, 409, 429")
         return self
 
     def matches(self, service: str, operation: str, order_id: str | None) -> bool:

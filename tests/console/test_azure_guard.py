@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import inspect
 import json
+from typing import ClassVar
 
 import azure.functions as func
 import pytest
@@ -154,7 +155,7 @@ async def test_locally_the_stylesheet_is_served_from_memory(monkeypatch, tmp_pat
 
 async def test_in_azure_the_order_page_peeks_no_reply_queue(deps, now):
     class Peeker:
-        asked: list[str] = []
+        asked: ClassVar[list[str]] = []
 
         async def peek(self, queue, limit, dead_letter=False, from_sequence=None):
             self.asked.append(queue)

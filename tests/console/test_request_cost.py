@@ -116,7 +116,7 @@ async def test_orders_filters_by_application_and_age(deps, now):
 async def test_list_page_size_is_bounded(deps):
     import pytest
 
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="page_size must be"):
         await deps.reads.list_orders("Error", MAX_PAGE + 1)
 
 

@@ -28,7 +28,7 @@ def test_a_fresh_token_for_this_operator_order_and_action_passes():
 
 
 @pytest.mark.parametrize(
-    "who, order, action, now, secret",
+    ("who", "order", "action", "now", "secret"),
     [
         ("eve", "O-1", "resubmit", 1001, "s3"),  # another operator
         ("ada", "O-2", "resubmit", 1001, "s3"),  # another order

@@ -144,7 +144,8 @@ async def test_operator_reads_and_acts_in_the_browser(stack, browser):
         assert "missed its deadline" in first, first  # the Supervisor's decision
         assert "Pending → Processing by starter" in first
         last = browser.find_element(By.ID, f"attempt-{records[retried].Attempt}").text
-        assert "reserve-inventory completed" in last and "Processing → Processed" in last, last
+        assert "reserve-inventory completed" in last, last
+        assert "Processing → Processed" in last, last
         assert browser.find_element(By.ID, "order-state").text == "Processed"
         assert "Payment data is not shown" in browser.page_source
         assert "pay-" not in browser.find_element(By.TAG_NAME, "body").text  # no payment reference

@@ -249,7 +249,8 @@ async def test_hostile_messages_mixed_with_valid_orders(stack):
         assert "MaxDeliveryCountExceeded" not in {reason for reason, _ in dead.values()}
         for mid in refused:
             reason, description = dead[mid]
-            assert reason in DOCUMENTED_REASONS and description, (seed, mid, reason)
+            assert reason in DOCUMENTED_REASONS, (seed, mid, reason)
+            assert description, (seed, mid, reason)
             assert alerts.get(mid) == [reason], (seed, mid, reason, alerts.get(mid))
         # no record for a refused message
         hostile_ids = {f"{e2e.prefix}-h{i:04d}" for i in range(HOSTILE)}

@@ -126,10 +126,14 @@ def eval_int(source: str, names: dict[str, int]) -> int:
                 return left * right
             if isinstance(node.op, ast.Div):
                 return int(left / right)  # Bicep truncates toward zero
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
-            if node.func.id in ("min", "max") and not node.keywords:
-                args = [ev(a) for a in node.args]
-                return min(args) if node.func.id == "min" else max(args)
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in ("min", "max")
+            and not node.keywords
+        ):
+            args = [ev(a) for a in node.args]
+            return min(args) if node.func.id == "min" else max(args)
         raise ValueError(f"unsupported Bicep expression: {ast.dump(node)}")
 
     return ev(ast.parse(source, mode="eval"))

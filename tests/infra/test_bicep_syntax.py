@@ -128,7 +128,9 @@ MODULES = list(_module_targets())
 
 
 @pytest.mark.parametrize(
-    "path,symbol,module", MODULES, ids=[f"{p.relative_to(INFRA)}:{s}" for p, s, _ in MODULES]
+    ("path", "symbol", "module"),
+    MODULES,
+    ids=[f"{p.relative_to(INFRA)}:{s}" for p, s, _ in MODULES],
 )
 def test_module_calls_match_module_parameters(path: Path, symbol: str, module: dict):
     assert module["type"] == "local", f"{symbol}: only local modules (no registry needed to build)"

@@ -104,7 +104,8 @@ def test_readme_states_the_timing_arithmetic():
     readme = (INFRA / "README.md").read_text()
     claim, step = expected_azure_timeouts()
     section = readme.split("## Timing on Flex", 1)[1].split("\n## ", 1)[0]
-    assert f"= {claim} s" in section and f"= {step} s" in section, (claim, step)
+    assert f"= {claim} s" in section, (claim, step)
+    assert f"= {step} s" in section, (claim, step)
     assert f"flexStartupSeconds` = {main_defaults()['flexStartupSeconds']}" in section
 
 

@@ -320,7 +320,8 @@ async def test_every_order_message_is_accepted_valid_or_dead_lettered_with_a_rea
             record, _ = await c.store.read(order.OrderID)
             assert record.OrderDigest == order.digest()
         else:
-            assert call[0] == "deadletter" and call[1] in DOCUMENTED_REASONS, call
+            assert call[0] == "deadletter", call
+            assert call[1] in DOCUMENTED_REASONS, call
             assert call[2], "a dead letter says why"
             dead[message_id] = call[1]
             for oid in {order_id, _readable(body)} - {None}:
@@ -412,7 +413,8 @@ async def test_every_agent_request_is_answered_or_dead_lettered_with_a_reason(
                     break
             assert [r["OrderID"] for r in replies] == [request.OrderID]
         else:
-            assert call[0] == "deadletter" and call[1] in DOCUMENTED_REASONS, call
+            assert call[0] == "deadletter", call
+            assert call[1] in DOCUMENTED_REASONS, call
             replies = await drain(bus, "agent-responses", wait=0.5)
             assert [r for r in replies if r.get("OrderID") == order_id] == []
             dead[message_id] = call[1]
@@ -485,7 +487,8 @@ async def test_every_agent_reply_reaches_the_workflow_valid_or_is_dead_lettered(
                 assert (instance, event) == (reply.InstanceId, reply.EventName)
                 assert AgentReply.model_validate(payload) == reply
         else:
-            assert call[0] == "deadletter" and call[1] in DOCUMENTED_REASONS, call
+            assert call[0] == "deadletter", call
+            assert call[1] in DOCUMENTED_REASONS, call
             assert client.raised == [], "a refused reply never reaches the workflow"
             dead[message_id] = call[1]
     check_dead_letters_alerted(dead, await alerts_by_message_id(bus))
@@ -501,7 +504,11 @@ def test_decode_refuses_with_validation_failed_or_returns_a_valid_order(data):
     try:
         order = decode(OrderSubmitted, body)
     except ValidationFailed as exc:
-        assert exc.reason.startswith("OrderSubmitted: ")
+        reason = exc.reason
+    else:
+        reason = None
+    if reason is not None:
+        assert reason.startswith("OrderSubmitted: ")
         return
     assert oracle_accepts_text(body)
     assert order.SchemaVersion == 1

@@ -7,7 +7,7 @@ from typing import Any
 
 from domain import state_machine as sm
 from domain.models import OrderState, OrderSubmitted
-from tests.builders import order_payload  # noqa: F401 - re-exported for tests
+from tests.builders import order_payload
 
 NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 STEPS = ["reserve-inventory", "charge-payment", "arrange-shipment"]
