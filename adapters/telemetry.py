@@ -367,42 +367,28 @@ class Metrics:
     (before `configure` they bind to the provider once it is set)."""
 
     def __init__(self, meter: metrics.Meter) -> None:
-        self.received = meter.create_counter(
-            "orders.received", unit="{order}", description="orders Submit accepted or rejected"
+        # (name, unit, description) each
+        counter, gauge, histogram = meter.create_counter, meter.create_gauge, meter.create_histogram
+        self.received = counter("orders.received", "{order}", "orders Submit accepted or rejected")
+        self.processed = counter("orders.processed", "{order}", "Processed statuses sent")
+        self.failed = counter(
+            "orders.failed", "{order}", "Failed and CompensationFailed statuses sent"
         )
-        self.processed = meter.create_counter(
-            "orders.processed", unit="{order}", description="Processed statuses sent"
+        self.compensated = counter("orders.compensated", "{order}", "Compensated statuses sent")
+        self.attempts = counter(
+            "orders.attempts", "{attempt}", "attempts claimed (Starter and fast path)"
         )
-        self.failed = meter.create_counter(
-            "orders.failed",
-            unit="{order}",
-            description="Failed and CompensationFailed statuses sent",
+        self.recoveries = counter(
+            "orders.recoveries", "{attempt}", "expired attempts the Supervisor handled, by outcome"
         )
-        self.compensated = meter.create_counter(
-            "orders.compensated", unit="{order}", description="Compensated statuses sent"
+        self.backlog = gauge(
+            "orders.backlog", "{order}", "Pending and Processing records, per Starter run"
         )
-        self.attempts = meter.create_counter(
-            "orders.attempts",
-            unit="{attempt}",
-            description="attempts claimed (Starter and fast path)",
+        self.scan_charge = histogram(
+            "supervisor.scan.request_charge", "RU", "Cosmos request charge of one Supervisor run"
         )
-        self.recoveries = meter.create_counter(
-            "orders.recoveries",
-            unit="{attempt}",
-            description="expired attempts the Supervisor handled, by outcome",
-        )
-        self.backlog = meter.create_gauge(
-            "orders.backlog",
-            unit="{order}",
-            description="Pending and Processing records, per Starter run",
-        )
-        self.scan_charge = meter.create_histogram(
-            "supervisor.scan.request_charge",
-            unit="RU",
-            description="Cosmos request charge of one Supervisor run",
-        )
-        self.scan_read = meter.create_histogram(
-            "supervisor.scan.items", unit="{item}", description="candidates one Supervisor run read"
+        self.scan_read = histogram(
+            "supervisor.scan.items", "{item}", "candidates one Supervisor run read"
         )
 
 
