@@ -32,11 +32,18 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from domain.boundary import readable_order_id
 from domain.errors import TransientError
 from domain.models import mask_card_numbers
+
+if TYPE_CHECKING:
+    # Typed by the one class that does each job (raising an alert, scheduling
+    # a delayed copy): a test's fake needs only `raise_alert` or `schedule`.
+    # For typing only, so the gate loads neither the SDK nor reporting.
+    from adapters.servicebus import ServiceBusPublisher
+    from reporting.alerts import Alerts
 
 log = logging.getLogger(__name__)
 
@@ -192,34 +199,6 @@ def _retry_message_id(message: Any, attempt: int) -> str:
 # --- the gate ------------------------------------------------------------------------
 
 
-class AlertSink(Protocol):
-    """Where operator alerts go (reporting.Alerts)."""
-
-    async def raise_alert(
-        self,
-        kind: str,
-        reason: str,
-        now: datetime,
-        order_id: str | None = None,
-        *,
-        message_id: str | None = None,
-        queue: str | None = None,
-        alert_id: str | None = None,
-        required: bool = False,
-    ) -> Any: ...
-
-
-class Scheduler(Protocol):
-    async def schedule(
-        self,
-        queue: str,
-        body: bytes,
-        message_id: str,
-        enqueue_at: datetime,
-        application_properties: dict[str, Any] | None = None,
-    ) -> None: ...
-
-
 @dataclass(frozen=True)
 class BackoffPolicy:
     """`delays[n]` seconds before retry n+1. `max_delivery_count` is the
@@ -253,8 +232,8 @@ class MessageGate:
     def __init__(
         self,
         queue: str,
-        alerts: AlertSink,
-        scheduler: Scheduler | None,
+        alerts: Alerts,
+        scheduler: ServiceBusPublisher | None,
         policy: BackoffPolicy | None = None,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:

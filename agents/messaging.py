@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import logging
 from enum import StrEnum
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from azure.servicebus.aio import ServiceBusClient, ServiceBusReceiver
 
@@ -39,7 +39,6 @@ from adapters.settlement import (
     INVALID_MESSAGE,
     PROCESSING_FAILED,
     RETRIES_EXHAUSTED,
-    AlertSink,
     BackoffPolicy,
     BodyRefused,
     dead_letter_text,
@@ -52,6 +51,9 @@ from domain.boundary import readable_order_id
 from domain.codec import decode, encode
 from domain.errors import TransientError, ValidationFailed
 from domain.models import AgentReply, AgentRequest
+
+if TYPE_CHECKING:
+    from reporting.alerts import Alerts
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +90,7 @@ class RequestProcessor:
         self,
         agent: Agent,
         replies: ReplySender,
-        alerts: AlertSink | None = None,
+        alerts: Alerts | None = None,
         policy: BackoffPolicy | None = None,
     ) -> None:
         self._agent = agent
