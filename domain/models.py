@@ -405,12 +405,17 @@ def _bounded_payload(value: dict[str, Any]) -> dict[str, Any]:
 PayloadDict = Annotated[dict[str, Any], AfterValidator(_bounded_payload)]
 
 
-class AgentRequest(Contract):
+class _StepCall(Contract):
+    """What a request and its reply both name: which attempt's which step, done or undone."""
+
     InstanceId: Text100
     OrderID: OrderId
     Step: StepName
     Action: Literal["do", "undo"] = "do"
     Attempt: Annotated[int, Field(strict=True, ge=1)]
+
+
+class AgentRequest(_StepCall):
     IdempotencyKey: Text120
     FencingToken: Annotated[int, Field(strict=True, ge=1)]
     Deadline: AwareDatetime
@@ -418,12 +423,7 @@ class AgentRequest(Contract):
     Payload: PayloadDict = Field(default_factory=dict)
 
 
-class AgentReply(Contract):
-    InstanceId: Text100
-    OrderID: OrderId
-    Step: StepName
-    Action: Literal["do", "undo"] = "do"
-    Attempt: Annotated[int, Field(strict=True, ge=1)]
+class AgentReply(_StepCall):
     EventName: Text100
     EventId: Text100
     Outcome: _ReplyOutcome

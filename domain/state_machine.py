@@ -131,6 +131,39 @@ def _finish(record: OrderState, to: ProcessState, by: str, now: datetime, **chan
     )
 
 
+_FAILURE_STATUS = {
+    ProcessState.ERROR: StatusKind.FAILED,
+    ProcessState.COMPENSATION_FAILED: StatusKind.COMPENSATION_FAILED,
+}
+
+
+def _end_in_failure(
+    record: OrderState,
+    to: ProcessState,
+    by: str,
+    now: datetime,
+    reason: str,
+    qualifier: str,
+    step: str | None = None,
+    **changes,
+) -> OrderState:
+    """Common tail of the transitions to Error or CompensationFailed: the owner
+    lets go, the reason becomes LastError, and the client's Failed or
+    CompensationFailed status waits in the outbox (docs/adr/001-status-outbox.md)."""
+    status = _FAILURE_STATUS[to]
+    return _finish(
+        record,
+        to,
+        by,
+        now,
+        reason=reason,
+        LastError=reason,
+        LockedBy=None,
+        PendingStatus=pending_status(record, status, now, qualifier, reason, step),
+        **changes,
+    )
+
+
 def require_owner(record: OrderState, instance_id: str) -> None:
     """The fencing check every orchestration write makes."""
     if record.LockedBy != instance_id:
@@ -335,20 +368,16 @@ def mark_failed(
     steps = dict(record.Steps)
     if step is not None and step in steps:
         steps[step] = steps[step].model_copy(update={"Status": StepStatus.FAILED})
-    reason = short_text(reason, ERROR_LIMIT)
-    return _finish(
+    return _end_in_failure(
         record,
         ProcessState.ERROR,
         instance_id,
         now,
-        reason=reason,
-        LastError=reason,
+        short_text(reason, ERROR_LIMIT),
+        str(record.Attempt),
+        step,
         CompleteBy=None,
-        LockedBy=None,
         Steps=steps,
-        PendingStatus=pending_status(
-            record, StatusKind.FAILED, now, str(record.Attempt), reason, step
-        ),
     )
 
 
@@ -487,18 +516,14 @@ def restart_compensation(
             f"compensation restarted {record.CompensationRestarts} times without finishing; "
             "giving up"
         )
-        return _finish(
+        return _end_in_failure(
             record,
             ProcessState.COMPENSATION_FAILED,
             "starter",
             now,
-            reason=reason,
-            LastError=reason,
-            LockedBy=None,
+            reason,
+            f"restarts/{record.Attempt}",
             CompleteBy=None,
-            PendingStatus=pending_status(
-                record, StatusKind.COMPENSATION_FAILED, now, f"restarts/{record.Attempt}", reason
-            ),
         )
     attempt = record.Attempt + 1
     return _finish(
@@ -554,17 +579,8 @@ def finish_compensation(record: OrderState, instance_id: str, now: datetime) -> 
         first = failed[0]
         cause = f": {first.Error}" if first.Error else ""
         reason = short_text(f"undo failed for step {first.Step}{cause}", ERROR_LIMIT)
-        return _finish(
-            record,
-            ProcessState.COMPENSATION_FAILED,
-            instance_id,
-            now,
-            reason=reason,
-            LastError=reason,
-            LockedBy=None,
-            PendingStatus=pending_status(
-                record, StatusKind.COMPENSATION_FAILED, now, qualifier, reason
-            ),
+        return _end_in_failure(
+            record, ProcessState.COMPENSATION_FAILED, instance_id, now, reason, qualifier
         )
     return _finish(
         record,
@@ -646,19 +662,15 @@ def recover_expired(
             NotBefore=wake,
         )
     final = short_text(f"{reason}; gave up after {failures} failed attempts", ERROR_LIMIT)
-    return _finish(
+    return _end_in_failure(
         record,
         ProcessState.ERROR,
         "supervisor",
         now,
-        reason=final,
-        LastError=final,
+        final,
+        f"supervisor/{record.Attempt}",
         FailureCount=failures,
-        LockedBy=None,
         CompleteBy=None,
-        PendingStatus=pending_status(
-            record, StatusKind.FAILED, now, f"supervisor/{record.Attempt}", final
-        ),
     )
 
 
