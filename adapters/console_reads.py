@@ -1,19 +1,7 @@
-"""Bounded read queries of the operator console (console/), on the state
-container `orderState`.
-
-The console reuses the state store's own public reads wherever one exists
-(`read`, `count_in_state`, `query_expired`, `read_backlog_gauge`); this module
-holds only the queries the store has no method for. Every query here is a
-`TOP n` query, so one page costs one request whose size is bounded by n, not
-by the number of records. Listing pages by keyset (`ORDER BY c.id`, the token
-is the last id returned, opaque to the caller), for the reason
-adapters.state_store gives: the Python SDK cannot resume a cross-partition
-ORDER BY query from its own continuation token in Azure. A single-property
-ORDER BY needs only the default range index, no composite one.
-
-Projections keep each result small: the list and the throughput chart read a
-few fields per record, never the History or Steps (which are not indexed
-either)."""
+"""The operator console's own bounded queries on the state container (the state
+store's public reads serve the rest). Each is one `TOP n` query with a small
+projection; the orders list pages by keyset (`ORDER BY c.id`, an opaque token
+holding the last id), for the reason adapters.state_store gives."""
 
 from __future__ import annotations
 

@@ -1,22 +1,7 @@
-"""Cosmos DB plumbing shared by the state store and the orders DB adapters.
-
-- `build_client` / `open_client`: an `azure.cosmos.aio.CosmosClient` for a
-  `CosmosAccount` (key, or `DefaultAzureCredential` when the account has none;
-  TLS verification off only when the settings say so, for the local server).
-- `ensure_state_container` / `ensure_orders_container`: create database and
-  containers if they do not exist. For local and dev stacks only, called
-  explicitly by tools and tests; in Azure, Bicep (infra/) owns them and the app
-  never creates resources (its identity has data-plane rights only).
-- `RequestCharges`: records the request charge (`x-ms-request-charge`) of every
-  call, successful or not, counted by operation kind, so the Supervisor can log
-  what a scan cost and tests can check cost is bounded by page size.
-- `translate_error`: SDK exceptions to the domain's error vocabulary.
-- `COSMOS_CALL_STATS_DIR` (benchmarks only): when set, every recorded request
-  is also counted by operation kind and by the code that made it (the first
-  two frames outside the Cosmos adapters), and each process writes its counts
-  to `<dir>/<pid>.json` at most once a second, so `bench/pipeline_bench.py`
-  can say where a figure like "Cosmos requests per order" comes from.
-"""
+"""Cosmos DB plumbing shared by the Cosmos adapters: the client (`build_client`,
+`open_client`), local/dev container creation, `query_all`, request-charge
+recording (`RequestCharges`) and `translate_error` to the domain's errors.
+Throttling inside our retry budget, charges, callers: docs/adr/016-cosmos-client.md."""
 
 from __future__ import annotations
 

@@ -1,26 +1,7 @@
-"""What to do with a received Service Bus message, decided by a handler and
-carried out by its trigger through the message-actions object (the SDK-type
-binding's `ServiceBusMessageActions` under the Functions host, the local host's
-implementation of the same methods under devstack.host).
-
-`MessageGate.run` is the one path every consumed message takes, so that no
-message can end silently:
-
-- the body is read whatever its AMQP kind (data, value or sequence) and
-  refused with a precise reason when it is not JSON text;
-- any exception the handler raises outside its known outcomes becomes a
-  dead letter `ProcessingFailed` naming the exception;
-- a transient failure is retried later, not at once: a copy is scheduled on
-  the same queue after a back-off delay (the binding's actions cannot delay an
-  abandon), carrying the retry number, and the original is completed. When the
-  back-off schedule is used up, or the copy cannot be scheduled on the last
-  delivery the queue allows, the message is dead-lettered `RetriesExhausted`;
-- every dead letter raises one operator alert carrying the message id, the
-  queue, the OrderID when one could be read, the reason and the description.
-
-Settlement calls on the binding's actions are synchronous (gRPC under the
-real host, a cross-thread call under the local host): they run in a worker
-thread so the event loop keeps serving other invocations."""
+"""What to do with a received Service Bus message (`Settle`), decided by a
+handler and carried out by `MessageGate`, the one path every message to Submit
+and the reply bridge takes, so that no message ends silently: body reading,
+delayed retries, dead letters with alerts. Why: docs/adr/014-message-settlement.md."""
 
 from __future__ import annotations
 

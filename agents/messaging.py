@@ -1,28 +1,7 @@
-"""From a delivered request message to a sent reply and a settled message.
-
-Both runners (the Functions trigger and the standalone worker) hand each
-delivery to `RequestProcessor.process` with their own way of settling it, so
-the decisions are made once, here, and tested without a broker:
-
-| what happened                         | settlement                          |
-|---------------------------------------|-------------------------------------|
-| body is not a valid AgentRequest      | dead-letter, reason InvalidMessage  |
-| (any AMQP body kind; domain.boundary) | + alert                             |
-| reply sent (ok, transient, permanent) | complete                            |
-| reply could not be sent               | abandon: redelivered; the retry     |
-|                                       | re-calls with the same key (a       |
-|                                       | replay) or, past the deadline, not  |
-|                                       | at all; the reply's stable id makes |
-|                                       | a second copy a duplicate. On the   |
-|                                       | queue's last delivery: dead-letter  |
-|                                       | RetriesExhausted + alert            |
-| unexpected error                      | dead-letter ProcessingFailed naming |
-|                                       | the exception + alert               |
-
-The reply could not be sent because the bus is unreachable, so a delayed
-copy could not be scheduled either: this queue relies on the lock and the
-delivery count, and never lets the count run out silently.
-"""
+"""From a delivered agent request to a sent reply and a settled message:
+`RequestProcessor` makes the decisions once for both runners (the Functions
+trigger and the standalone worker), each settling in its own way. The
+settlement table: docs/adr/014-message-settlement.md."""
 
 from __future__ import annotations
 

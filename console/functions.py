@@ -1,21 +1,7 @@
 """The console's HTTP functions: one blueprint, registered by function_app.py.
-
-Pages are rendered on the server with Jinja2 (autoescaping on for every
-template), so reading needs no JavaScript and there is no front-end build:
-charts are inline SVG drawn by the templates. Actions (resubmit, compensate)
-are a GET that shows a confirmation form and a POST that checks the form's
-CSRF token and acts (console.security).
-
-Anonymous at the Functions level on purpose: a browser cannot send function
-keys. In Azure the console sits behind App Service authentication (infra/),
-and every route, reads included, answers 401 unless the platform's principal
-header is there (console.security.operator): a deployment whose
-authentication is off shows nothing. Since a platform that does not enforce
-authentication would not strip a forged principal header either, in Azure
-every route first answers 404 unless CONSOLE_AUTH_CONFIRMED says that
-enforcement was checked on this deployment (console.security.console_enabled). Every string a template
-renders passes console.security.mask_for_display (the environment's
-finalize), so a card number in provider text is never shown."""
+Server-rendered pages (Jinja2, autoescaped) and confirm-then-POST actions, every
+route behind one sign-in guard (`_guarded`). Anonymous at the Functions level on
+purpose; who may use it and why: docs/adr/012-console-security.md."""
 
 from __future__ import annotations
 
