@@ -40,7 +40,7 @@ REQUEST_CHARGE = "x-ms-request-charge"
 RETRY_AFTER_MS = "x-ms-retry-after-ms"
 
 # The SDK retries throttled requests itself (default: 9 times, up to 30 s).
-# That budget sits inside ours (DESIGN.md §4 "one retry budget"): a few quick
+# That budget sits inside ours (docs/adr/011-agent-retry-budget.md): a few quick
 # retries absorb a burst; past them the caller gets TransientError and the
 # message/timer is retried by the Functions host or the next run.
 DEFAULT_THROTTLE_RETRIES = 3

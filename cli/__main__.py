@@ -10,9 +10,7 @@
     python -m cli deadletters orders-webshop
     python -m cli trace ORDER_ID         (the local spans file: OTEL_TRACES_FILE or --file)
 
-Text that clients wrote (OrderIDs, names, bodies, reasons quoting them) is
-printed literally through cli.render: no console markup, invisible and
-terminal-active characters shown as escapes.
+Text that clients wrote is printed literally, through cli.render.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The state record's transitions (DESIGN.md §3) as pure functions.
+"""The state record's transitions (docs/design.md §3) as pure functions.
 
 Each function takes the record as read, checks that the transition is allowed
 from its state and for its caller, and returns the record to write. It never
@@ -462,7 +462,7 @@ def claim_compensation(record: OrderState, now: datetime, policy: RetryPolicy) -
     new attempt takes the lock (guarded by the etag, like a claim).
 
     A terminal status still in the outbox (Failed or CompensationFailed whose
-    send failed so far) stays there: the client must learn of it (DESIGN §4,
+    send failed so far) stays there: the client must learn of it (docs/design.md §4,
     status delivery), and the Starter delivers it, before the claim when it
     can (orchestrators/starter.py) and otherwise in its outbox pass. Only the
     compensation's own terminal write replaces it, if it is still unsent by
