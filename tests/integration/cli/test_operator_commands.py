@@ -87,27 +87,28 @@ def _stuck(order_id: str) -> OrderState:
     return claimed.model_copy(update={"CompleteBy": now + timedelta(seconds=1)})
 
 
-def test_resubmit_puts_an_error_order_back_to_pending(store, cli):
-    store(lambda s: s.create_if_absent(_failed("CLI-1")))
+@pytest.mark.parametrize(
+    ("command", "said", "changed"),
+    [
+        (
+            "resubmit",
+            "Pending; the starter will pick it up",
+            lambda r: r.ProcessState is ProcessState.PENDING,
+        ),
+        ("compensate", "compensation requested", lambda r: r.CompensationRequested is True),
+    ],
+)
+def test_an_operator_transition_changes_an_error_order(store, cli, command, said, changed):
+    order_id = f"CLI-{command}"
+    store(lambda s: s.create_if_absent(_failed(order_id)))
 
-    code, text = cli("resubmit", "CLI-1")
+    code, text = cli(command, order_id)
 
     assert code == 0, text
-    assert "CLI-1: Pending; the starter will pick it up" in text
-    record, _ = store(lambda s: s.read("CLI-1"))
-    assert record.ProcessState is ProcessState.PENDING
+    assert f"{order_id}: {said}" in text
+    record, _ = store(lambda s: s.read(order_id))
+    assert changed(record)
     assert record.History[-1].By == "operator"
-
-
-def test_compensate_flags_an_error_order(store, cli):
-    store(lambda s: s.create_if_absent(_failed("CLI-2")))
-
-    code, text = cli("compensate", "CLI-2")
-
-    assert code == 0, text
-    assert "CLI-2: compensation requested" in text
-    record, _ = store(lambda s: s.read("CLI-2"))
-    assert record.CompensationRequested is True
 
 
 def test_a_refused_transition_is_one_line_and_changes_nothing(store, cli):
