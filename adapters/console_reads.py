@@ -1,33 +1,20 @@
-"""Bounded read queries of the operator console (console/), on the state
-container `orderState`.
-
-The console reuses the state store's own public reads wherever one exists
-(`read`, `count_in_state`, `query_expired`, `read_backlog_gauge`); this module
-holds only the queries the store has no method for. Every query here is a
-`TOP n` query, so one page costs one request whose size is bounded by n, not
-by the number of records. Listing pages by keyset (`ORDER BY c.id`, the token
-is the last id returned, opaque to the caller), for the reason
-adapters.state_store gives: the Python SDK cannot resume a cross-partition
-ORDER BY query from its own continuation token in Azure. A single-property
-ORDER BY needs only the default range index, no composite one.
-
-Projections keep each result small: the list and the throughput chart read a
-few fields per record, never the History or Steps (which are not indexed
-either)."""
+"""The operator console's own bounded queries on the state container (the state
+store's public reads serve the rest). Each is one `TOP n` query with a small
+projection; the orders list pages by keyset (`ORDER BY c.id`, an opaque token
+holding the last id), for the reason adapters.state_store gives."""
 
 from __future__ import annotations
 
 import base64
 import binascii
 import json
-from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final
 
 from azure.cosmos.aio import ContainerProxy
 
-from adapters.cosmos_client import SDK_ERRORS, RequestCharges, translate_error
+from adapters.cosmos_client import RequestCharges, query_all
 from adapters.state_store import cosmos_time
 from domain.errors import PermanentError
 from domain.models import ProcessState
@@ -155,7 +142,9 @@ class ConsoleReads:
         query = (
             f"SELECT TOP @max {_LIST_FIELDS} FROM c WHERE {' AND '.join(where)} ORDER BY c.id ASC"
         )
-        docs = await self._query(query, params, page_size, "console_list")
+        docs = await query_all(
+            self._container, query, params, page_size, self.charges, "console_list"
+        )
         rows = [_row(d) for d in docs]
         token = encode_page_token(rows[-1].id) if len(rows) == page_size else None
         return rows, token
@@ -176,7 +165,9 @@ class ConsoleReads:
             processed=ProcessState.PROCESSED.value,
             error=ProcessState.ERROR.value,
         )
-        docs = await self._query(query, params, limit, "console_throughput")
+        docs = await query_all(
+            self._container, query, params, limit, self.charges, "console_throughput"
+        )
         out = []
         for d in docs:
             at = _time(d.get("UpdatedAt"))
@@ -198,7 +189,9 @@ class ConsoleReads:
             " AND (c.FailureCount > 0 OR c.Attempt > 1 OR c.ProcessState = @error)"
         )
         params = _params(max=limit, since=cosmos_time(since), error=ProcessState.ERROR.value)
-        docs = await self._query(query, params, limit, "console_supervisor")
+        docs = await query_all(
+            self._container, query, params, limit, self.charges, "console_supervisor"
+        )
         decisions = []
         for d in docs:
             for h in d.get("History") or []:
@@ -209,17 +202,3 @@ class ConsoleReads:
                     )
         decisions.sort(key=lambda x: x.at, reverse=True)
         return decisions, len(docs) >= limit
-
-    async def _query(
-        self, query: str, parameters: Iterable[dict[str, Any]], max_items: int, kind: str
-    ) -> list[Any]:
-        try:
-            pages = self._container.query_items(
-                query=query,
-                parameters=list(parameters),
-                max_item_count=max_items,
-                response_hook=self.charges.hook(kind),
-            )
-            return [item async for item in pages]
-        except SDK_ERRORS as exc:
-            raise translate_error(exc, f"{kind} query", self.charges, kind) from exc

@@ -1,22 +1,7 @@
-"""Cosmos DB plumbing shared by the state store and the orders DB adapters.
-
-- `build_client` / `open_client`: an `azure.cosmos.aio.CosmosClient` for a
-  `CosmosAccount` (key, or `DefaultAzureCredential` when the account has none;
-  TLS verification off only when the settings say so, for the local server).
-- `ensure_state_container` / `ensure_orders_container`: create database and
-  containers if they do not exist. For local and dev stacks only, called
-  explicitly by tools and tests; in Azure, Bicep (infra/) owns them and the app
-  never creates resources (its identity has data-plane rights only).
-- `RequestCharges`: records the request charge (`x-ms-request-charge`) of every
-  call, successful or not, counted by operation kind, so the Supervisor can log
-  what a scan cost and tests can check cost is bounded by page size.
-- `translate_error`: SDK exceptions to the domain's error vocabulary.
-- `COSMOS_CALL_STATS_DIR` (benchmarks only): when set, every recorded request
-  is also counted by operation kind and by the code that made it (the first
-  two frames outside the Cosmos adapters), and each process writes its counts
-  to `<dir>/<pid>.json` at most once a second, so `bench/pipeline_bench.py`
-  can say where a figure like "Cosmos requests per order" comes from.
-"""
+"""Cosmos DB plumbing shared by the Cosmos adapters: the client (`build_client`,
+`open_client`), local/dev container creation, `query_all`, request-charge
+recording (`RequestCharges`) and `translate_error` to the domain's errors.
+Throttling inside our retry budget, charges, callers: docs/adr/016-cosmos-client.md."""
 
 from __future__ import annotations
 
@@ -27,7 +12,7 @@ import os
 import sys
 import time
 from collections import Counter, deque
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,14 +32,7 @@ from azure.cosmos.documents import ConnectionPolicy, RetryOptions
 from azure.cosmos.exceptions import CosmosClientTimeoutError, CosmosHttpResponseError
 
 from adapters.settings import CosmosAccount
-from domain.errors import (
-    ConflictError,
-    DomainError,
-    NotFoundError,
-    PermanentError,
-    StaleError,
-    TransientError,
-)
+from domain import errors
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +40,7 @@ REQUEST_CHARGE = "x-ms-request-charge"
 RETRY_AFTER_MS = "x-ms-retry-after-ms"
 
 # The SDK retries throttled requests itself (default: 9 times, up to 30 s).
-# That budget sits inside ours (DESIGN.md §4 "one retry budget"): a few quick
+# That budget sits inside ours (docs/adr/011-agent-retry-budget.md): a few quick
 # retries absorb a burst; past them the caller gets TransientError and the
 # message/timer is retried by the Functions host or the next run.
 DEFAULT_THROTTLE_RETRIES = 3
@@ -157,14 +135,25 @@ async def open_client(account: CosmosAccount, **kwargs: Any) -> AsyncIterator[Co
             await credential.close()
 
 
+async def ensure_container(
+    client: CosmosClient, database: str, container: str, **options: Any
+) -> ContainerProxy:
+    """Create `database` and its `container` (partition key /id, and `options`
+    such as an indexing policy) if absent. Local and dev stacks only."""
+    db = await client.create_database_if_not_exists(database)
+    return await db.create_container_if_not_exists(
+        id=container, partition_key=PartitionKey(path=PARTITION_KEY_PATH), **options
+    )
+
+
 async def ensure_state_container(
     client: CosmosClient, database: str, container: str
 ) -> ContainerProxy:
-    """Create the state store's database and container if absent (local/dev only)."""
-    db = await client.create_database_if_not_exists(database)
-    return await db.create_container_if_not_exists(
-        id=container,
-        partition_key=PartitionKey(path=PARTITION_KEY_PATH),
+    """The state store's container, with its indexes and TTL (local/dev only)."""
+    return await ensure_container(
+        client,
+        database,
+        container,
         indexing_policy=STATE_INDEXING_POLICY,
         default_ttl=STATE_DEFAULT_TTL,
     )
@@ -173,11 +162,33 @@ async def ensure_state_container(
 async def ensure_orders_container(
     client: CosmosClient, database: str, container: str
 ) -> ContainerProxy:
-    """Create the orders DB's database and container if absent (local/dev only)."""
-    db = await client.create_database_if_not_exists(database)
-    return await db.create_container_if_not_exists(
-        id=container, partition_key=PartitionKey(path=PARTITION_KEY_PATH)
-    )
+    """The orders DB's container (local/dev only)."""
+    return await ensure_container(client, database, container)
+
+
+# --- queries -------------------------------------------------------------------------
+
+
+async def query_all(
+    container: ContainerProxy,
+    query: str,
+    parameters: Iterable[dict[str, Any]],
+    max_items: int | None,
+    charges: RequestCharges,
+    kind: str,
+) -> list[Any]:
+    """Every item of one query, read `max_items` a page; each page's charge is
+    recorded under `kind`, and an SDK error becomes the domain's (translate_error)."""
+    try:
+        pages = container.query_items(
+            query=query,
+            parameters=list(parameters),
+            max_item_count=max_items,
+            response_hook=charges.hook(kind),
+        )
+        return [item async for item in pages]
+    except SDK_ERRORS as exc:
+        raise translate_error(exc, f"{kind} query", charges, kind) from exc
 
 
 # --- request charges -----------------------------------------------------------------
@@ -336,7 +347,7 @@ def translate_error(
     what: str,
     charges: RequestCharges | None = None,
     kind: str | None = None,
-) -> DomainError:
+) -> errors.DomainError:
     """The domain error for an SDK exception (caller raises it `from exc`).
 
     404 NotFound, 409 Conflict, 412 Stale, 408/429/449/5xx and timeouts
@@ -348,17 +359,17 @@ def translate_error(
         if charges is not None and kind is not None:
             charges.record(kind, exc.headers, status)
         if status == 404:
-            return NotFoundError(f"{what}: not found")
+            return errors.NotFoundError(f"{what}: not found")
         if status == 409:
-            return ConflictError(f"{what}: already exists")
+            return errors.ConflictError(f"{what}: already exists")
         if status == 412:
-            return StaleError(f"{what}: changed since it was read (etag mismatch)")
+            return errors.StaleError(f"{what}: changed since it was read (etag mismatch)")
         if status in TRANSIENT_STATUSES or not status:  # 0: no HTTP answer at all
-            return TransientError(
+            return errors.TransientError(
                 f"{what}: Cosmos DB answered {status} ({_reason(exc)})",
                 retry_after=_retry_after(exc.headers),
             )
-        return PermanentError(f"{what}: Cosmos DB answered {status} ({_reason(exc)})")
+        return errors.PermanentError(f"{what}: Cosmos DB answered {status} ({_reason(exc)})")
     if isinstance(
         exc,
         CosmosClientTimeoutError
@@ -369,9 +380,9 @@ def translate_error(
         | asyncio.TimeoutError
         | ConnectionError,
     ):
-        return TransientError(f"{what}: {type(exc).__name__}: {exc}")
+        return errors.TransientError(f"{what}: {type(exc).__name__}: {exc}")
     if isinstance(exc, AzureError):
-        return PermanentError(f"{what}: {type(exc).__name__}: {exc}")
+        return errors.PermanentError(f"{what}: {type(exc).__name__}: {exc}")
     raise TypeError(f"not an SDK error: {exc!r}") from exc
 
 

@@ -4,7 +4,7 @@ Written once by Submit with create-if-absent; a redelivered message finds its
 order already there and checks that it is the same order (every field of an
 order is immutable). A different order under an existing OrderID is a
 ConflictError naming the fields that differ: Submit dead-letters and alerts,
-and nothing is overwritten (DESIGN.md §4, invariant 4).
+and nothing is overwritten (docs/design.md §4, invariant 4).
 
 It lives in its own database, and in its own account when `OrdersDbConnection`
 is configured (adapters.settings): the order data has its own owner and

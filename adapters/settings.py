@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from functools import lru_cache
-from typing import Any
+from typing import Any, TypeVar
 
 from domain.state_machine import RetryPolicy
 
@@ -104,16 +104,37 @@ class Settings:
     create_containers: bool = False
 
 
-def _int(env: Mapping[str, str], name: str, default: int, minimum: int = 0) -> int:
+def int_setting(env: Mapping[str, str], name: str, default: int, minimum: int = 0) -> int:
+    """A whole-number setting, `default` when unset or empty; anything else
+    (not a whole number, below `minimum`) is refused naming the setting."""
+    return _number(env, name, default, minimum, int, "a whole number")
+
+
+def float_setting(env: Mapping[str, str], name: str, default: float, minimum: float = 0.0) -> float:
+    """A number setting (seconds, mostly), read like `int_setting`."""
+    return _number(env, name, default, minimum, float, "a number")
+
+
+_N = TypeVar("_N", int, float)
+
+
+def _number(
+    env: Mapping[str, str],
+    name: str,
+    default: _N,
+    minimum: _N,
+    parse: Callable[[str], _N],
+    what: str,
+) -> _N:
     raw = env.get(name)
     if raw is None or raw == "":
         return default
     try:
-        value = int(raw)
+        value = parse(raw)
     except ValueError:
-        raise SettingsError(f"setting {name} must be a whole number, got {raw!r}") from None
+        raise SettingsError(f"setting {name} must be {what}, got {raw!r}") from None
     if value < minimum:
-        raise SettingsError(f"setting {name} must be at least {minimum}, got {value}")
+        raise SettingsError(f"setting {name} must be at least {minimum:g}, got {raw}")
     return value
 
 
@@ -247,10 +268,10 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
             f"{SERVICEBUS_CONNECTION}__fullyQualifiedNamespace"
         )
     retry = RetryPolicy(
-        threshold=_int(env, "FAILURE_THRESHOLD", 10, 1),
-        long_retries=_int(env, "LONG_RETRIES", 1, 0),
-        long_delay=timedelta(seconds=_int(env, "LONG_RETRY_DELAY_SECONDS", 3600, 0)),
-        claim_timeout=timedelta(seconds=_int(env, "CLAIM_TIMEOUT_SECONDS", 60, 1)),
+        threshold=int_setting(env, "FAILURE_THRESHOLD", 10, 1),
+        long_retries=int_setting(env, "LONG_RETRIES", 1, 0),
+        long_delay=timedelta(seconds=int_setting(env, "LONG_RETRY_DELAY_SECONDS", 3600, 0)),
+        claim_timeout=timedelta(seconds=int_setting(env, "CLAIM_TIMEOUT_SECONDS", 60, 1)),
     )
     return Settings(
         state_account=state,
@@ -264,13 +285,15 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         reply_queues=_reply_queues(env),
         progress_apps=_progress_apps(env),
         ingress_queues=ingress_queues(env),
-        pending_backlog_limit=_int(env, "PENDING_BACKLOG_LIMIT", 5000, 0),
-        backlog_gauge_max_age=timedelta(seconds=_int(env, "BACKLOG_GAUGE_MAX_AGE_SECONDS", 300, 0)),
-        max_order_bytes=_int(env, "MAX_ORDER_BYTES", 64 * 1024, 1024),
-        max_processing=_int(env, "MAX_PROCESSING", 500, 1),
-        step_timeout=timedelta(seconds=_int(env, "STEP_TIMEOUT_SECONDS", 60, 1)),
-        starter_batch_size=_int(env, "STARTER_BATCH_SIZE", 50, 1),
-        supervisor_page_size=_int(env, "SUPERVISOR_PAGE_SIZE", 100, 1),
+        pending_backlog_limit=int_setting(env, "PENDING_BACKLOG_LIMIT", 5000, 0),
+        backlog_gauge_max_age=timedelta(
+            seconds=int_setting(env, "BACKLOG_GAUGE_MAX_AGE_SECONDS", 300, 0)
+        ),
+        max_order_bytes=int_setting(env, "MAX_ORDER_BYTES", 64 * 1024, 1024),
+        max_processing=int_setting(env, "MAX_PROCESSING", 500, 1),
+        step_timeout=timedelta(seconds=int_setting(env, "STEP_TIMEOUT_SECONDS", 60, 1)),
+        starter_batch_size=int_setting(env, "STARTER_BATCH_SIZE", 50, 1),
+        supervisor_page_size=int_setting(env, "SUPERVISOR_PAGE_SIZE", 100, 1),
         supervisor_scan=_choice(env, "SUPERVISOR_SCAN", ("query", "index"), "query"),
         retry=retry,
         managed_identity_client_id=env.get("AZURE_CLIENT_ID") or None,

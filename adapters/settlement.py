@@ -1,26 +1,7 @@
-"""What to do with a received Service Bus message, decided by a handler and
-carried out by its trigger through the message-actions object (the SDK-type
-binding's `ServiceBusMessageActions` under the Functions host, the local host's
-implementation of the same methods under devstack.host).
-
-`MessageGate.run` is the one path every consumed message takes, so that no
-message can end silently:
-
-- the body is read whatever its AMQP kind (data, value or sequence) and
-  refused with a precise reason when it is not JSON text;
-- any exception the handler raises outside its known outcomes becomes a
-  dead letter `ProcessingFailed` naming the exception;
-- a transient failure is retried later, not at once: a copy is scheduled on
-  the same queue after a back-off delay (the binding's actions cannot delay an
-  abandon), carrying the retry number, and the original is completed. When the
-  back-off schedule is used up, or the copy cannot be scheduled on the last
-  delivery the queue allows, the message is dead-lettered `RetriesExhausted`;
-- every dead letter raises one operator alert carrying the message id, the
-  queue, the OrderID when one could be read, the reason and the description.
-
-Settlement calls on the binding's actions are synchronous (gRPC under the
-real host, a cross-thread call under the local host): they run in a worker
-thread so the event loop keeps serving other invocations."""
+"""What to do with a received Service Bus message (`Settle`), decided by a
+handler and carried out by `MessageGate`, the one path every message to Submit
+and the reply bridge takes, so that no message ends silently: body reading,
+delayed retries, dead letters with alerts. Why: docs/adr/014-message-settlement.md."""
 
 from __future__ import annotations
 
@@ -32,11 +13,18 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from domain.boundary import readable_order_id
 from domain.errors import TransientError
 from domain.models import mask_card_numbers
+
+if TYPE_CHECKING:
+    # Typed by the one class that does each job (raising an alert, scheduling
+    # a delayed copy): a test's fake needs only `raise_alert` or `schedule`.
+    # For typing only, so the gate loads neither the SDK nor reporting.
+    from adapters.servicebus import ServiceBusPublisher
+    from reporting.alerts import Alerts
 
 log = logging.getLogger(__name__)
 
@@ -192,34 +180,6 @@ def _retry_message_id(message: Any, attempt: int) -> str:
 # --- the gate ------------------------------------------------------------------------
 
 
-class AlertSink(Protocol):
-    """Where operator alerts go (reporting.Alerts)."""
-
-    async def raise_alert(
-        self,
-        kind: str,
-        reason: str,
-        now: datetime,
-        order_id: str | None = None,
-        *,
-        message_id: str | None = None,
-        queue: str | None = None,
-        alert_id: str | None = None,
-        required: bool = False,
-    ) -> Any: ...
-
-
-class Scheduler(Protocol):
-    async def schedule(
-        self,
-        queue: str,
-        body: bytes,
-        message_id: str,
-        enqueue_at: datetime,
-        application_properties: dict[str, Any] | None = None,
-    ) -> None: ...
-
-
 @dataclass(frozen=True)
 class BackoffPolicy:
     """`delays[n]` seconds before retry n+1. `max_delivery_count` is the
@@ -253,8 +213,8 @@ class MessageGate:
     def __init__(
         self,
         queue: str,
-        alerts: AlertSink,
-        scheduler: Scheduler | None,
+        alerts: Alerts,
+        scheduler: ServiceBusPublisher | None,
         policy: BackoffPolicy | None = None,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:

@@ -1,30 +1,7 @@
-"""OpenTelemetry for the app: set up once per process, W3C trace context in
-and out of messages, the spans every part opens, and the app's metrics.
-
-Where telemetry goes (`configure`, once per process, from the composition
-root and the agent worker):
-
-- `APPLICATIONINSIGHTS_CONNECTION_STRING` set: the Azure Monitor distro
-  (`configure_azure_monitor`). Under the Functions worker with
-  `PYTHON_APPLICATIONINSIGHTS_ENABLE_TELEMETRY=true` the worker has already
-  called it before loading the app; configuring twice would be refused by the
-  API (one global provider), so an SDK provider already in place is kept;
-- otherwise `OTEL_TRACES_FILE` / `OTEL_METRICS_FILE`: OTLP/JSON lines appended
-  to a file (the local stack, the trace test, `python -m cli trace`);
-- otherwise `OTEL_TRACES_EXPORTER=console` / `OTEL_METRICS_EXPORTER=console`;
-- otherwise nothing: the API's no-op tracer still passes an incoming trace
-  context through to the messages a process sends.
-
-One order attempt is one trace (DESIGN.md §4 "Operational visibility"):
-Submit continues the client's `traceparent` when it is valid (a malformed
-one is ignored and a new trace starts); the claim of an attempt opens a
-"start attempt" span whose context rides in the orchestration's input and
-every activity's input (orchestrators never open spans: they only copy that
-dict); every message sent through adapters.servicebus carries the context of
-its "send" span in `traceparent`/`tracestate`; the agent, the remote call and
-the reply bridge continue it from there. The state record keeps Submit's
-context, so the first attempt joins Submit's trace whoever claims it; a
-later attempt (a retry) opens a new trace linked to Submit's."""
+"""OpenTelemetry for the app: set up once per process (`configure`), W3C trace
+context in and out of messages, the spans every part opens, and the app's
+metrics. One trace per order attempt, and where telemetry goes:
+docs/adr/015-trace-per-attempt.md."""
 
 from __future__ import annotations
 
@@ -367,42 +344,28 @@ class Metrics:
     (before `configure` they bind to the provider once it is set)."""
 
     def __init__(self, meter: metrics.Meter) -> None:
-        self.received = meter.create_counter(
-            "orders.received", unit="{order}", description="orders Submit accepted or rejected"
+        # (name, unit, description) each
+        counter, gauge, histogram = meter.create_counter, meter.create_gauge, meter.create_histogram
+        self.received = counter("orders.received", "{order}", "orders Submit accepted or rejected")
+        self.processed = counter("orders.processed", "{order}", "Processed statuses sent")
+        self.failed = counter(
+            "orders.failed", "{order}", "Failed and CompensationFailed statuses sent"
         )
-        self.processed = meter.create_counter(
-            "orders.processed", unit="{order}", description="Processed statuses sent"
+        self.compensated = counter("orders.compensated", "{order}", "Compensated statuses sent")
+        self.attempts = counter(
+            "orders.attempts", "{attempt}", "attempts claimed (Starter and fast path)"
         )
-        self.failed = meter.create_counter(
-            "orders.failed",
-            unit="{order}",
-            description="Failed and CompensationFailed statuses sent",
+        self.recoveries = counter(
+            "orders.recoveries", "{attempt}", "expired attempts the Supervisor handled, by outcome"
         )
-        self.compensated = meter.create_counter(
-            "orders.compensated", unit="{order}", description="Compensated statuses sent"
+        self.backlog = gauge(
+            "orders.backlog", "{order}", "Pending and Processing records, per Starter run"
         )
-        self.attempts = meter.create_counter(
-            "orders.attempts",
-            unit="{attempt}",
-            description="attempts claimed (Starter and fast path)",
+        self.scan_charge = histogram(
+            "supervisor.scan.request_charge", "RU", "Cosmos request charge of one Supervisor run"
         )
-        self.recoveries = meter.create_counter(
-            "orders.recoveries",
-            unit="{attempt}",
-            description="expired attempts the Supervisor handled, by outcome",
-        )
-        self.backlog = meter.create_gauge(
-            "orders.backlog",
-            unit="{order}",
-            description="Pending and Processing records, per Starter run",
-        )
-        self.scan_charge = meter.create_histogram(
-            "supervisor.scan.request_charge",
-            unit="RU",
-            description="Cosmos request charge of one Supervisor run",
-        )
-        self.scan_read = meter.create_histogram(
-            "supervisor.scan.items", unit="{item}", description="candidates one Supervisor run read"
+        self.scan_read = histogram(
+            "supervisor.scan.items", "{item}", "candidates one Supervisor run read"
         )
 
 

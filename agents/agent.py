@@ -1,45 +1,7 @@
-"""The Agent: calls one remote operation for one AgentRequest and answers
-with one AgentReply. It never decides anything about the workflow; it makes
-the call as well as it can inside the request's deadline and says how it went.
-
-The one retry budget (DESIGN.md §4)
------------------------------------
-The Scheduler owns the end-to-end budget: each attempt has a step deadline
-(AgentRequest.Deadline = the step's CompleteBy), and the Supervisor bounds the
-number of attempts (FailureCount). Inside one attempt the Agent spends at
-most the time up to `Deadline - reply_margin`:
-
-- retries (exponential backoff with jitter, tenacity) stop as soon as the
-  next wait would end too close to that point to make a call
-  (`min_call_time`), and after `max_attempts` calls;
-- each call's HTTP timeout is cut to the time left, so no call outlives it;
-- no call (and so no new side effect) starts past it, including for a
-  request redelivered by Service Bus after the deadline: that one is
-  answered `transient` without calling anything;
-- `reply_margin` leaves time for the reply to reach the orchestrator before
-  its durable timer fires, so the Scheduler learns *why* a step failed;
-- the HTTP client does not retry on its own, and Service Bus redelivery only
-  happens when sending the reply or settling fails (the Agent always answers),
-  so nothing multiplies these calls: the calls one order can cause are at
-  most max_attempts x (threshold + long retries) per step, bounded in time by
-  the step deadline x the Supervisor's attempts.
-
-Every call carries the request's idempotency key (stable across retries and
-attempts) and fencing token (the attempt), so a retry after a lost answer,
-or a late duplicate attempt, cannot apply a side effect twice.
-
-Circuit breaker
----------------
-One breaker per dependency (remote service), shared by every request the
-Agent handles, so a service that keeps failing is not called by each new
-request in turn. pybreaker (already a dependency, maintained, small) provides
-the state machine; its `calling()` context manager is synchronous but does
-not hold its lock while the body runs, so it wraps an awaited call safely on
-one event loop (its own `call_async` needs Tornado). Permanent errors do not
-count as failures: a service that answers 4xx is up. When the breaker is
-open the Agent answers `transient` at once without calling: waiting for the
-breaker inside the deadline would only hold the request, and the Supervisor's
-next attempt is the retry that the budget allows."""
+"""The Agent: calls one remote operation for one AgentRequest and answers with
+one AgentReply, as well as it can inside the request's deadline (retries with
+backoff, a circuit breaker per service); it decides nothing about the workflow.
+How it spends its share of the one retry budget: docs/adr/011-agent-retry-budget.md."""
 
 from __future__ import annotations
 

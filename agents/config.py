@@ -16,6 +16,8 @@ from adapters.settings import (
     SERVICEBUS_CONNECTION,
     ServiceBusAccess,
     SettingsError,
+    float_setting,
+    int_setting,
     servicebus_access,
 )
 from agents.agent import AgentPolicy
@@ -49,41 +51,21 @@ class AgentSettings:
     shutdown_grace: float = 30.0
 
 
-def _float(env: Mapping[str, str], name: str, default: float, minimum: float = 0.0) -> float:
-    raw = env.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise SettingsError(f"setting {name} must be a number, got {raw!r}") from None
-    if value < minimum:
-        raise SettingsError(f"setting {name} must be at least {minimum:g}, got {raw}")
-    return value
-
-
-def _int(env: Mapping[str, str], name: str, default: int, minimum: int = 1) -> int:
-    value = _float(env, name, default, minimum)
-    if value != int(value):
-        raise SettingsError(f"setting {name} must be a whole number, got {env.get(name)!r}")
-    return int(value)
-
-
 def load_agent_settings(env: Mapping[str, str] | None = None) -> AgentSettings:
     env = os.environ if env is None else env
     servicebus = servicebus_access(env)  # only the runners need it; they say so when it is missing
     defaults = AgentPolicy()
     policy = AgentPolicy(
-        call_timeout=_float(env, "AGENT_CALL_TIMEOUT_SECONDS", defaults.call_timeout, 0.001),
-        initial_backoff=_float(env, "AGENT_RETRY_INITIAL_SECONDS", defaults.initial_backoff),
-        max_backoff=_float(env, "AGENT_RETRY_MAX_SECONDS", defaults.max_backoff),
-        max_attempts=_int(env, "AGENT_RETRY_MAX_ATTEMPTS", defaults.max_attempts),
-        reply_margin=_float(env, "AGENT_REPLY_MARGIN_SECONDS", defaults.reply_margin),
-        breaker_fail_max=_int(env, "AGENT_BREAKER_FAIL_MAX", defaults.breaker_fail_max),
-        breaker_reset_timeout=_float(
+        call_timeout=float_setting(env, "AGENT_CALL_TIMEOUT_SECONDS", defaults.call_timeout, 0.001),
+        initial_backoff=float_setting(env, "AGENT_RETRY_INITIAL_SECONDS", defaults.initial_backoff),
+        max_backoff=float_setting(env, "AGENT_RETRY_MAX_SECONDS", defaults.max_backoff),
+        max_attempts=int_setting(env, "AGENT_RETRY_MAX_ATTEMPTS", defaults.max_attempts, 1),
+        reply_margin=float_setting(env, "AGENT_REPLY_MARGIN_SECONDS", defaults.reply_margin),
+        breaker_fail_max=int_setting(env, "AGENT_BREAKER_FAIL_MAX", defaults.breaker_fail_max, 1),
+        breaker_reset_timeout=float_setting(
             env, "AGENT_BREAKER_RESET_SECONDS", defaults.breaker_reset_timeout
         ),
-        min_call_time=_float(env, "AGENT_MIN_CALL_SECONDS", defaults.min_call_time),
+        min_call_time=float_setting(env, "AGENT_MIN_CALL_SECONDS", defaults.min_call_time),
     )
     url = env.get("REMOTE_SERVICE_URL") or DEFAULT_REMOTE_SERVICE_URL
     if not url.startswith(("http://", "https://")):
@@ -92,9 +74,9 @@ def load_agent_settings(env: Mapping[str, str] | None = None) -> AgentSettings:
         remote_service_url=url,
         servicebus=servicebus,
         policy=policy,
-        max_concurrency=_int(env, "AGENT_MAX_CONCURRENCY", 8),
-        lock_renewal_slack=_float(env, "AGENT_LOCK_RENEWAL_SLACK_SECONDS", 60.0, 1.0),
-        shutdown_grace=_float(env, "AGENT_SHUTDOWN_GRACE_SECONDS", 30.0),
+        max_concurrency=int_setting(env, "AGENT_MAX_CONCURRENCY", 8, 1),
+        lock_renewal_slack=float_setting(env, "AGENT_LOCK_RENEWAL_SLACK_SECONDS", 60.0, 1.0),
+        shutdown_grace=float_setting(env, "AGENT_SHUTDOWN_GRACE_SECONDS", 30.0),
     )
 
 

@@ -1,34 +1,13 @@
-"""From a delivered request message to a sent reply and a settled message.
-
-Both runners (the Functions trigger and the standalone worker) hand each
-delivery to `RequestProcessor.process` with their own way of settling it, so
-the decisions are made once, here, and tested without a broker:
-
-| what happened                         | settlement                          |
-|---------------------------------------|-------------------------------------|
-| body is not a valid AgentRequest      | dead-letter, reason InvalidMessage  |
-| (any AMQP body kind; domain.boundary) | + alert                             |
-| reply sent (ok, transient, permanent) | complete                            |
-| reply could not be sent               | abandon: redelivered; the retry     |
-|                                       | re-calls with the same key (a       |
-|                                       | replay) or, past the deadline, not  |
-|                                       | at all; the reply's stable id makes |
-|                                       | a second copy a duplicate. On the   |
-|                                       | queue's last delivery: dead-letter  |
-|                                       | RetriesExhausted + alert            |
-| unexpected error                      | dead-letter ProcessingFailed naming |
-|                                       | the exception + alert               |
-
-The reply could not be sent because the bus is unreachable, so a delayed
-copy could not be scheduled either: this queue relies on the lock and the
-delivery count, and never lets the count run out silently.
-"""
+"""From a delivered agent request to a sent reply and a settled message:
+`RequestProcessor` makes the decisions once for both runners (the Functions
+trigger and the standalone worker), each settling in its own way. The
+settlement table: docs/adr/014-message-settlement.md."""
 
 from __future__ import annotations
 
 import logging
 from enum import StrEnum
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from azure.servicebus.aio import ServiceBusClient, ServiceBusReceiver
 
@@ -39,7 +18,6 @@ from adapters.settlement import (
     INVALID_MESSAGE,
     PROCESSING_FAILED,
     RETRIES_EXHAUSTED,
-    AlertSink,
     BackoffPolicy,
     BodyRefused,
     dead_letter_text,
@@ -52,6 +30,9 @@ from domain.boundary import readable_order_id
 from domain.codec import decode, encode
 from domain.errors import TransientError, ValidationFailed
 from domain.models import AgentReply, AgentRequest
+
+if TYPE_CHECKING:
+    from reporting.alerts import Alerts
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +69,7 @@ class RequestProcessor:
         self,
         agent: Agent,
         replies: ReplySender,
-        alerts: AlertSink | None = None,
+        alerts: Alerts | None = None,
         policy: BackoffPolicy | None = None,
     ) -> None:
         self._agent = agent

@@ -1,21 +1,7 @@
-"""HTTP adapter for the remote service: translates HTTP outcomes into the
-domain's error vocabulary at this boundary, so the Agent decides on meaning
-(retry? give up?) and never looks at a status code.
-
-| what happened                                  | raised                      |
-|------------------------------------------------|-----------------------------|
-| 2xx with a JSON object                          | (returned)                  |
-| 5xx, 408, 429, timeout, connection refused/lost | TransientError(retry_after) |
-| 409 with code FencingTokenRejected              | FencingRejected             |
-| any other 4xx                                   | PermanentError              |
-
-A fencing rejection is a `PermanentError` subclass, not `StaleError`:
-`StaleError` names a lost conditional write on our own state record, which the
-caller handles by re-reading; a fencing rejection is the remote service
-refusing this attempt for good (a newer attempt exists), and the only reply
-the Scheduler can receive for it is a non-transient one. Being a
-`PermanentError` also keeps it out of the retry loop and out of the circuit
-breaker's failure count (the dependency is healthy: it said no)."""
+"""HTTP adapter for the remote service: HTTP outcomes become the domain's error
+vocabulary here (TransientError, PermanentError, FencingRejected), so the Agent
+decides on meaning and never looks at a status code. The mapping and why a
+fencing rejection is permanent: docs/adr/011-agent-retry-budget.md."""
 
 from __future__ import annotations
 

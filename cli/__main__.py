@@ -10,9 +10,7 @@
     python -m cli deadletters orders-webshop
     python -m cli trace ORDER_ID         (the local spans file: OTEL_TRACES_FILE or --file)
 
-Text that clients wrote (OrderIDs, names, bodies, reasons quoting them) is
-printed literally through cli.render: no console markup, invisible and
-terminal-active characters shown as escapes.
+Text that clients wrote is printed literally, through cli.render.
 """
 
 from __future__ import annotations
@@ -21,8 +19,10 @@ import asyncio
 import json
 import re
 import time
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TypeVar
 
 import typer
 from azure.servicebus import ServiceBusMessage, ServiceBusReceiveMode
@@ -42,7 +42,7 @@ from cli.config import tool_settings
 from domain import state_machine as sm
 from domain.boundary import check_order_id
 from domain.codec import encode
-from domain.models import ProcessState
+from domain.models import OrderState, ProcessState
 
 app = typer.Typer(
     help="Post orders, watch their status, and operate the order pipeline.",
@@ -50,6 +50,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 console = Console()
+T = TypeVar("T")
 
 TERMINAL_STATUSES = {"Processed", "Failed", "Rejected", "Compensated", "CompensationFailed"}
 
@@ -62,12 +63,26 @@ def _settings() -> Settings:
     return tool_settings()
 
 
-async def _store(cfg: Settings):
-    client = build_client(cfg.state_account)
-    container = client.get_database_client(cfg.state_database).get_container_client(
-        cfg.state_container
+def _with_store(use: Callable[[CosmosStateStore], Awaitable[T]]) -> T:
+    """Run `use` on the state store, with a Cosmos client opened for it and closed after."""
+    cfg = _settings()
+
+    async def run() -> T:
+        client = build_client(cfg.state_account)
+        async with client:
+            database = client.get_database_client(cfg.state_database)
+            return await use(CosmosStateStore(database.get_container_client(cfg.state_container)))
+
+    return _run(run())
+
+
+def _transition(order_id: str, change: Callable[[OrderState, datetime], OrderState]) -> OrderState:
+    """An operator's transition of one record (any owner: the etag guards it)."""
+    checked = _order_id(order_id)
+    record, _etag = _with_store(
+        lambda store: store.update(checked, lambda r: change(r, datetime.now(UTC)), ANY_OWNER)
     )
-    return client, CosmosStateStore(container)
+    return record
 
 
 @app.command()
@@ -217,27 +232,13 @@ class ToolError(Exception):
 def show(order_id: str) -> None:
     """An order's state record and its history."""
     order_id = _order_id(order_id)
-    cfg = _settings()
-
-    async def read():
-        client, store = await _store(cfg)
-        async with client:
-            return await store.read(order_id)
-
-    record, _etag = _run(read())
+    record, _etag = _with_store(lambda store: store.read(order_id))
     render.print_record(console, record)
 
 
 def _list(state: ProcessState, stuck_only: bool = False, limit: int = 100) -> None:
-    cfg = _settings()
     now = datetime.now(UTC)
-
-    async def query():
-        client, store = await _store(cfg)
-        async with client:
-            return await store.query_in_state(state, limit)
-
-    records = _run(query())
+    records = _with_store(lambda store: store.query_in_state(state, limit))
     if stuck_only:
         records = [r for r in records if r.CompleteBy and r.CompleteBy < now]
     console.print(
@@ -265,35 +266,15 @@ def stuck(limit: int = typer.Option(100)) -> None:
 @app.command()
 def resubmit(order_id: str) -> None:
     """Put an Error order back to Pending with a fresh retry budget."""
-    order_id = _order_id(order_id)
-    cfg = _settings()
-
-    async def write():
-        client, store = await _store(cfg)
-        async with client:
-            return await store.update(
-                order_id, lambda r: sm.resubmit(r, datetime.now(UTC)), ANY_OWNER
-            )
-
-    record, _ = _run(write())
-    console.print(f"{order_id}: {record.ProcessState.value}; the starter will pick it up")
+    record = _transition(order_id, sm.resubmit)
+    console.print(f"{record.id}: {record.ProcessState.value}; the starter will pick it up")
 
 
 @app.command()
 def compensate(order_id: str) -> None:
     """Undo an Error or CompensationFailed order's completed steps (again)."""
-    order_id = _order_id(order_id)
-    cfg = _settings()
-
-    async def write():
-        client, store = await _store(cfg)
-        async with client:
-            return await store.update(
-                order_id, lambda r: sm.request_compensation(r, datetime.now(UTC)), ANY_OWNER
-            )
-
-    _record, _ = _run(write())
-    console.print(f"{order_id}: compensation requested; the starter will run it")
+    record = _transition(order_id, sm.request_compensation)
+    console.print(f"{record.id}: compensation requested; the starter will run it")
 
 
 _QUEUE_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,259}")

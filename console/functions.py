@@ -1,21 +1,7 @@
 """The console's HTTP functions: one blueprint, registered by function_app.py.
-
-Pages are rendered on the server with Jinja2 (autoescaping on for every
-template), so reading needs no JavaScript and there is no front-end build:
-charts are inline SVG drawn by the templates. Actions (resubmit, compensate)
-are a GET that shows a confirmation form and a POST that checks the form's
-CSRF token and acts (console.security).
-
-Anonymous at the Functions level on purpose: a browser cannot send function
-keys. In Azure the console sits behind App Service authentication (infra/),
-and every route, reads included, answers 401 unless the platform's principal
-header is there (console.security.operator): a deployment whose
-authentication is off shows nothing. Since a platform that does not enforce
-authentication would not strip a forged principal header either, in Azure
-every route first answers 404 unless CONSOLE_AUTH_CONFIRMED says that
-enforcement was checked on this deployment (console.security.console_enabled). Every string a template
-renders passes console.security.mask_for_display (the environment's
-finalize), so a card number in provider text is never shown."""
+Server-rendered pages (Jinja2, autoescaped) and confirm-then-POST actions, every
+route behind one sign-in guard (`_guarded`). Anonymous at the Functions level on
+purpose; who may use it and why: docs/adr/012-console-security.md."""
 
 from __future__ import annotations
 
@@ -23,6 +9,7 @@ import asyncio
 import json
 import logging
 import weakref
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -155,71 +142,80 @@ def _page(params: dict[str, str]) -> int | None:
     return int(raw) if raw and raw.isdigit() else None
 
 
-@bp.function_name("console_overview")
-@bp.route(route="console", methods=["GET"], auth_level=ANON)
-async def console_overview(req: func.HttpRequest) -> func.HttpResponse:
+async def _guarded(
+    req: func.HttpRequest, respond: Callable[[str], Awaitable[func.HttpResponse]]
+) -> func.HttpResponse:
+    """Every route's answer: `respond(operator)` once `_signed_in` lets the
+    request through, its refusal otherwise (so no route can skip the check)."""
     who = _signed_in(req)
     if isinstance(who, func.HttpResponse):
         return who
-    deps = await _deps()
-    return _render(req, "overview.html", deps, page="overview", **await views.overview(deps))
+    return await respond(who)
+
+
+async def _view_page(
+    req: func.HttpRequest,
+    template: str,
+    page: str,
+    view: Callable[[views.Deps], Awaitable[dict[str, Any]]],
+    bad_request: int = 400,
+) -> func.HttpResponse:
+    """A read-only page: `view`'s data rendered into `template`; a refused
+    parameter (views.BadRequest) answers `bad_request`."""
+
+    async def respond(_who: str) -> func.HttpResponse:
+        deps = await _deps()
+        try:
+            data = await view(deps)
+        except views.BadRequest as exc:
+            return _error(req, bad_request, str(exc), deps)
+        return _render(req, template, deps, page=page, **data)
+
+    return await _guarded(req, respond)
+
+
+@bp.function_name("console_overview")
+@bp.route(route="console", methods=["GET"], auth_level=ANON)
+async def console_overview(req: func.HttpRequest) -> func.HttpResponse:
+    return await _view_page(req, "overview.html", "overview", views.overview)
 
 
 @bp.function_name("console_orders")
 @bp.route(route="console/orders", methods=["GET"], auth_level=ANON)
 async def console_orders(req: func.HttpRequest) -> func.HttpResponse:
-    who = _signed_in(req)
-    if isinstance(who, func.HttpResponse):
-        return who
-    deps = await _deps()
-    try:
-        filters = views.parse_filters(dict(req.params))
-        data = await views.orders(deps, filters)
-    except views.BadRequest as exc:
-        return _error(req, 400, str(exc), deps)
-    return _render(req, "orders.html", deps, page="orders", **data)
+    return await _view_page(
+        req,
+        "orders.html",
+        "orders",
+        lambda deps: views.orders(deps, views.parse_filters(dict(req.params))),
+    )
 
 
 @bp.function_name("console_stuck")
 @bp.route(route="console/stuck", methods=["GET"], auth_level=ANON)
 async def console_stuck(req: func.HttpRequest) -> func.HttpResponse:
-    who = _signed_in(req)
-    if isinstance(who, func.HttpResponse):
-        return who
-    deps = await _deps()
-    try:
-        data = await views.stuck(deps, req.params.get("page") or None)
-    except views.BadRequest as exc:
-        return _error(req, 400, str(exc), deps)
-    return _render(req, "stuck.html", deps, page="stuck", **data)
+    page = req.params.get("page") or None
+    return await _view_page(req, "stuck.html", "stuck", lambda deps: views.stuck(deps, page))
 
 
 @bp.function_name("console_alerts")
 @bp.route(route="console/alerts", methods=["GET"], auth_level=ANON)
 async def console_alerts(req: func.HttpRequest) -> func.HttpResponse:
-    who = _signed_in(req)
-    if isinstance(who, func.HttpResponse):
-        return who
-    deps = await _deps()
-    return _render(
-        req, "alerts.html", deps, page="alerts", **await views.alerts(deps, _page(dict(req.params)))
-    )
+    start = _page(dict(req.params))
+    return await _view_page(req, "alerts.html", "alerts", lambda deps: views.alerts(deps, start))
 
 
 @bp.function_name("console_deadletters")
 @bp.route(route="console/deadletters/{queue?}", methods=["GET"], auth_level=ANON)
 async def console_deadletters(req: func.HttpRequest) -> func.HttpResponse:
-    who = _signed_in(req)
-    if isinstance(who, func.HttpResponse):
-        return who
-    deps = await _deps()
-    try:
-        data = await views.dead_letters(
-            deps, req.route_params.get("queue") or None, _page(dict(req.params))
-        )
-    except views.BadRequest as exc:
-        return _error(req, 404, str(exc), deps)
-    return _render(req, "deadletters.html", deps, page="deadletters", **data)
+    queue, start = req.route_params.get("queue") or None, _page(dict(req.params))
+    return await _view_page(
+        req,
+        "deadletters.html",
+        "deadletters",
+        lambda deps: views.dead_letters(deps, queue, start),
+        bad_request=404,
+    )
 
 
 @bp.function_name("console_order")
@@ -228,15 +224,16 @@ async def console_deadletters(req: func.HttpRequest) -> func.HttpResponse:
 async def console_order(
     req: func.HttpRequest, client: df.DurableOrchestrationClient
 ) -> func.HttpResponse:
-    who = _signed_in(req)
-    if isinstance(who, func.HttpResponse):
-        return who
     order_id = req.route_params.get("order_id", "")
-    deps = await _deps(durable=client)
-    data = await views.order_detail(deps, order_id)
-    if data is None:
-        return _error(req, 404, f"No order {order_id}", deps)
-    return _render(req, "order.html", deps, page="orders", done=req.params.get("done"), **data)
+
+    async def respond(_who: str) -> func.HttpResponse:
+        deps = await _deps(durable=client)
+        data = await views.order_detail(deps, order_id)
+        if data is None:
+            return _error(req, 404, f"No order {order_id}", deps)
+        return _render(req, "order.html", deps, page="orders", done=req.params.get("done"), **data)
+
+    return await _guarded(req, respond)
 
 
 @bp.function_name("console_action")
@@ -244,9 +241,12 @@ async def console_order(
     route="console/orders/{order_id}/{action:alpha}", methods=["GET", "POST"], auth_level=ANON
 )
 async def console_action(req: func.HttpRequest) -> func.HttpResponse:
-    who = _signed_in(req)
-    if isinstance(who, func.HttpResponse):
-        return who
+    return await _guarded(req, lambda who: _action(req, who))
+
+
+async def _action(req: func.HttpRequest, who: str) -> func.HttpResponse:
+    """Resubmit or compensate: GET shows the confirmation form, POST checks its
+    CSRF token and acts, then redirects to the order (Post/Redirect/Get)."""
     order_id = req.route_params.get("order_id", "")
     action = req.route_params.get("action", "")
     if action not in views.ACTIONS or not views.valid_order_id(order_id):
@@ -289,9 +289,10 @@ async def console_action(req: func.HttpRequest) -> func.HttpResponse:
 @bp.function_name("console_static")
 @bp.route(route="console/static/console.css", methods=["GET"], auth_level=ANON)
 async def console_static(req: func.HttpRequest) -> func.HttpResponse:
-    who = _signed_in(req)
-    if isinstance(who, func.HttpResponse):
-        return who
+    return await _guarded(req, _stylesheet)
+
+
+async def _stylesheet(_who: str) -> func.HttpResponse:
     return func.HttpResponse(
         _CSS,
         mimetype="text/css",
@@ -302,9 +303,10 @@ async def console_static(req: func.HttpRequest) -> func.HttpResponse:
 @bp.function_name("console_find")
 @bp.route(route="console/find", methods=["GET"], auth_level=ANON)
 async def console_find(req: func.HttpRequest) -> func.HttpResponse:
-    who = _signed_in(req)
-    if isinstance(who, func.HttpResponse):
-        return who
+    return await _guarded(req, lambda _who: _find(req))
+
+
+async def _find(req: func.HttpRequest) -> func.HttpResponse:
     order_id = (req.params.get("id") or "").strip()
     if not views.valid_order_id(order_id):
         return _error(req, 404, f"No order {order_id}")

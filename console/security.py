@@ -1,45 +1,7 @@
-"""Who is acting, cross-site request forgery protection, and redaction.
-
-Enabled. Locally always. In Azure only when the app setting
-CONSOLE_AUTH_CONFIRMED is "true", set by whoever deployed it after checking
-that App Service authentication is enforced in front of it on that
-deployment: Flex Consumption's documentation said during its preview that
-Easy Auth was not supported there and did not block unauthenticated callers,
-and its later documentation neither repeats nor retracts that
-(infra/README.md, "The console in Azure"). If authentication is not enforced,
-the principal header below could be sent by anyone, so until it is confirmed
-every console route answers 404 and reads nothing. Anything but a clear
-"true" (unset, "false", a typo) keeps it off.
-
-Identity. In Azure the console runs behind App Service authentication
-(infra/core/host/flex-function.bicep), which strips any client-sent
-`x-ms-client-principal-*` header and sets its own for a signed-in user: the
-principal's name is the operator recorded in the order's history. In Azure
-every console request without it, a read as much as an action, is refused
-with 401 (console.functions), so a console deployed without authentication
-shows nothing. "In Azure" is decided as adapters.settings decides where a
-managed identity can be used, plus WEBSITE_SITE_NAME, and any one of them is
-enough: a missing hint must not turn the check off. Locally the operator is
-"local".
-
-CSRF. The confirmation form carries a signed token: an HMAC, under the
-app setting CONSOLE_CSRF_SECRET, of (operator, order, action, expiry). The
-POST must bring it back unexpired and for exactly that operator, order and
-action; a cross-site page cannot read our form to learn it, and a browser's
-`Sec-Fetch-Site` / `Origin` naming another site is refused outright. It needs
-no session or cookie, so any instance of the app can check any form as long
-as they share the secret (without the setting each process makes its own,
-which is right for one local host and wrong for a scaled-out app). Cookies
-are avoided also because the local host drops Set-Cookie headers (it ignores
-the cookies the worker's converter extracts; see docs/console.md).
-
-Redaction. No payment data is shown: keys that name payment data are dropped
-from anything displayed, and any digit run that looks like a card number
-(12-19 digits, single spaces or dashes between them, passing Luhn) is masked
-in every text the templates render (`mask_for_display`, the Jinja
-environment's finalize), since provider messages reach LastError, History
-reasons and the compensation log as free text. Only values the console marks
-`Unmasked` (URL parts it built, the form token) are left as they are."""
+"""The console's security: whether it is on at all (`console_enabled`), who is
+acting (`operator`), cross-site request forgery protection (`form_token`,
+`check_csrf`) and redaction of card numbers (`mask_for_display`).
+Why each works this way: docs/adr/012-console-security.md."""
 
 from __future__ import annotations
 

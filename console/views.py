@@ -50,7 +50,7 @@ class Deps:
     durable: Any | None = None  # a DurableOrchestrationClient, for the order detail
     now: datetime = field(default_factory=lambda: datetime.now(UTC))
     # In Azure the app's identity may not read reply queues (only the client
-    # application may: DESIGN §2, infra/app/rbac.bicep), so the console does
+    # application may: docs/design.md §2, infra/app/rbac.bicep), so the console does
     # not peek them there; locally it does, and says the list is local only.
     azure: bool = field(default_factory=in_azure)
 

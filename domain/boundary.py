@@ -1,21 +1,7 @@
 """The client boundary: what any text or JSON from outside must satisfy before
-the rest of the code sees it.
-
-Everything a client (or anyone with send rights on a queue we consume) puts in
-a message passes through here, via domain.codec.decode:
-
-- exact JSON: UTF-8, one value, no duplicate keys (two parsers must never read
-  two different orders from one message), no NaN or Infinity, nesting at most
-  `MAX_DEPTH` deep, at most the size limit;
-- strict types (no coercion: `SchemaVersion` 1.0 or true is not 1);
-- the text policy on every string field (`check_text`);
-- the OrderID grammar, matched in full (a `$` anchor would let a trailing
-  newline through to Cosmos, which refuses the id).
-
-Text that our own code produces from outside text (a provider's error message,
-a refusal that quotes the input) is made to fit the same policy with
-`clean_text` instead of being refused, so producing a message never fails on
-what someone else wrote."""
+the rest of the code sees it (exact JSON, the text policy `check_text`, the
+OrderID grammar), and `clean_text` for text our own code makes from outside
+text. The rules and why: docs/adr/013-message-contracts.md."""
 
 from __future__ import annotations
 

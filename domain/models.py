@@ -1,40 +1,7 @@
-"""Pydantic models for the state record and every message (DESIGN.md §3, §5).
-
-One model per contract, each carrying `SchemaVersion`. Unknown fields are
-rejected, types are not coerced (`SchemaVersion` 1.0, "1" or true is not 1; a
-count is a JSON integer), and sizes are bounded, so a malformed message fails
-with a reason a human can read (see domain.codec). Field names are PascalCase
-on the wire to match the design's vocabulary.
-
-Text policy (domain.boundary), for every string field of every message: not
-empty; no leading or trailing whitespace; no control characters (NUL, newline,
-tab, ESC...), bidirectional overrides or isolates, zero-width or other Unicode
-format characters, or line/paragraph separators. Received messages that break
-it are refused; text our own code fills from outside text (a provider's error,
-a refusal quoting the input) is cleaned to fit instead. Identifiers keep their
-grammars, matched in full (OrderID: 1-64 of letters, digits, '.', '_', '-',
-starting with a letter or digit).
-
-Dead-letter reasons (every message the app consumes ends in exactly one of
-these or is completed; each dead letter raises one OperatorAlert whose Kind is
-the reason, with the message id, the OrderID when one could be read, and the
-description):
-
-- InvalidMessage: the body is not a valid contract (not JSON, duplicate keys,
-  NaN, too deep, too large, a wrong type, a field breaking the text policy, an
-  AMQP map or list body instead of JSON text...). The description says which
-  rule and where. Resending the same body cannot succeed.
-- ReplyQueueNotAllowed: the order names a reply queue not registered to its
-  AppId. Nothing was written or sent.
-- OrderConflict: an order with this OrderID exists with different data; the
-  description names the fields. Nothing was overwritten.
-- RetriesExhausted: a transient failure (store throttled, bus or host
-  unavailable) outlasted the back-off schedule or the delivery budget. The
-  message itself may be fine: resend it once the dependency is healthy.
-- ProcessingFailed: the handler failed in a way it does not know (a bug or an
-  input it did not foresee); the description names the exception. Nothing was
-  lost silently: fix the cause, then resend.
-"""
+"""Pydantic models for the state record and every message (docs/design.md §3, §5):
+one strict model per contract, each with its `SchemaVersion`. The rules every
+message obeys (no coercion, the text policy, bounded sizes) and the dead-letter
+reasons: docs/adr/013-message-contracts.md."""
 
 from __future__ import annotations
 
@@ -405,12 +372,17 @@ def _bounded_payload(value: dict[str, Any]) -> dict[str, Any]:
 PayloadDict = Annotated[dict[str, Any], AfterValidator(_bounded_payload)]
 
 
-class AgentRequest(Contract):
+class _StepCall(Contract):
+    """What a request and its reply both name: which attempt's which step, done or undone."""
+
     InstanceId: Text100
     OrderID: OrderId
     Step: StepName
     Action: Literal["do", "undo"] = "do"
     Attempt: Annotated[int, Field(strict=True, ge=1)]
+
+
+class AgentRequest(_StepCall):
     IdempotencyKey: Text120
     FencingToken: Annotated[int, Field(strict=True, ge=1)]
     Deadline: AwareDatetime
@@ -418,12 +390,7 @@ class AgentRequest(Contract):
     Payload: PayloadDict = Field(default_factory=dict)
 
 
-class AgentReply(Contract):
-    InstanceId: Text100
-    OrderID: OrderId
-    Step: StepName
-    Action: Literal["do", "undo"] = "do"
-    Attempt: Annotated[int, Field(strict=True, ge=1)]
+class AgentReply(_StepCall):
     EventName: Text100
     EventId: Text100
     Outcome: _ReplyOutcome

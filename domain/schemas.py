@@ -1,20 +1,8 @@
-"""JSON Schemas of the messages on the wire, generated from the pydantic models.
-
-Clients in any language validate against docs/contracts/<Message>.schema.json
-(see docs/client-guide.md). The files are generated, never edited:
+"""JSON Schemas of the messages on the wire, generated from the pydantic models
+into docs/contracts/, never edited (docs/adr/013-message-contracts.md):
 
     python -m domain.schemas           # write docs/contracts/
-    python -m domain.schemas --check   # exit 1 if any file is stale
-
-tests/contracts fails when a model changes and the files were not regenerated.
-
-A message the app receives is described as the app validates it
-(pydantic's "validation" mode: what is accepted); a message the app only sends
-is described as it is written ("serialization" mode: what comes out). Two
-rules the models check in code are added to the schemas here, so a client's
-validator catches them too: the OrderID alphabet (domain.ids) and the SchemaVersion
-constant. Rules only code can check (Total equals the sum of the lines, no
-card number in PaymentReference) are listed in each schema's description."""
+    python -m domain.schemas --check   # exit 1 if any file is stale"""
 
 from __future__ import annotations
 

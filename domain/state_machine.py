@@ -1,4 +1,4 @@
-"""The state record's transitions (DESIGN.md §3) as pure functions.
+"""The state record's transitions (docs/design.md §3) as pure functions.
 
 Each function takes the record as read, checks that the transition is allowed
 from its state and for its caller, and returns the record to write. It never
@@ -128,6 +128,39 @@ def _finish(record: OrderState, to: ProcessState, by: str, now: datetime, **chan
     return record.model_copy(
         update={"ProcessState": to, "History": history, "UpdatedAt": now, "ttl": ttl, **changes},
         deep=True,
+    )
+
+
+_FAILURE_STATUS = {
+    ProcessState.ERROR: StatusKind.FAILED,
+    ProcessState.COMPENSATION_FAILED: StatusKind.COMPENSATION_FAILED,
+}
+
+
+def _end_in_failure(
+    record: OrderState,
+    to: ProcessState,
+    by: str,
+    now: datetime,
+    reason: str,
+    qualifier: str,
+    step: str | None = None,
+    **changes,
+) -> OrderState:
+    """Common tail of the transitions to Error or CompensationFailed: the owner
+    lets go, the reason becomes LastError, and the client's Failed or
+    CompensationFailed status waits in the outbox (docs/adr/001-status-outbox.md)."""
+    status = _FAILURE_STATUS[to]
+    return _finish(
+        record,
+        to,
+        by,
+        now,
+        reason=reason,
+        LastError=reason,
+        LockedBy=None,
+        PendingStatus=pending_status(record, status, now, qualifier, reason, step),
+        **changes,
     )
 
 
@@ -335,20 +368,16 @@ def mark_failed(
     steps = dict(record.Steps)
     if step is not None and step in steps:
         steps[step] = steps[step].model_copy(update={"Status": StepStatus.FAILED})
-    reason = short_text(reason, ERROR_LIMIT)
-    return _finish(
+    return _end_in_failure(
         record,
         ProcessState.ERROR,
         instance_id,
         now,
-        reason=reason,
-        LastError=reason,
+        short_text(reason, ERROR_LIMIT),
+        str(record.Attempt),
+        step,
         CompleteBy=None,
-        LockedBy=None,
         Steps=steps,
-        PendingStatus=pending_status(
-            record, StatusKind.FAILED, now, str(record.Attempt), reason, step
-        ),
     )
 
 
@@ -433,7 +462,7 @@ def claim_compensation(record: OrderState, now: datetime, policy: RetryPolicy) -
     new attempt takes the lock (guarded by the etag, like a claim).
 
     A terminal status still in the outbox (Failed or CompensationFailed whose
-    send failed so far) stays there: the client must learn of it (DESIGN §4,
+    send failed so far) stays there: the client must learn of it (docs/design.md §4,
     status delivery), and the Starter delivers it, before the claim when it
     can (orchestrators/starter.py) and otherwise in its outbox pass. Only the
     compensation's own terminal write replaces it, if it is still unsent by
@@ -487,18 +516,14 @@ def restart_compensation(
             f"compensation restarted {record.CompensationRestarts} times without finishing; "
             "giving up"
         )
-        return _finish(
+        return _end_in_failure(
             record,
             ProcessState.COMPENSATION_FAILED,
             "starter",
             now,
-            reason=reason,
-            LastError=reason,
-            LockedBy=None,
+            reason,
+            f"restarts/{record.Attempt}",
             CompleteBy=None,
-            PendingStatus=pending_status(
-                record, StatusKind.COMPENSATION_FAILED, now, f"restarts/{record.Attempt}", reason
-            ),
         )
     attempt = record.Attempt + 1
     return _finish(
@@ -554,17 +579,8 @@ def finish_compensation(record: OrderState, instance_id: str, now: datetime) -> 
         first = failed[0]
         cause = f": {first.Error}" if first.Error else ""
         reason = short_text(f"undo failed for step {first.Step}{cause}", ERROR_LIMIT)
-        return _finish(
-            record,
-            ProcessState.COMPENSATION_FAILED,
-            instance_id,
-            now,
-            reason=reason,
-            LastError=reason,
-            LockedBy=None,
-            PendingStatus=pending_status(
-                record, StatusKind.COMPENSATION_FAILED, now, qualifier, reason
-            ),
+        return _end_in_failure(
+            record, ProcessState.COMPENSATION_FAILED, instance_id, now, reason, qualifier
         )
     return _finish(
         record,
@@ -646,19 +662,15 @@ def recover_expired(
             NotBefore=wake,
         )
     final = short_text(f"{reason}; gave up after {failures} failed attempts", ERROR_LIMIT)
-    return _finish(
+    return _end_in_failure(
         record,
         ProcessState.ERROR,
         "supervisor",
         now,
-        reason=final,
-        LastError=final,
+        final,
+        f"supervisor/{record.Attempt}",
         FailureCount=failures,
-        LockedBy=None,
         CompleteBy=None,
-        PendingStatus=pending_status(
-            record, StatusKind.FAILED, now, f"supervisor/{record.Attempt}", final
-        ),
     )
 
 

@@ -1,4 +1,4 @@
-"""Status reporting and operator alerts (DESIGN.md §2.8, §4 'Operational
+"""Status reporting and operator alerts (docs/design.md §2 item 8, §4 'Operational
 visibility'): what the submitting application and the operators are told."""
 
 from reporting.alerts import ALERTS_QUEUE, Alerts

@@ -1,23 +1,7 @@
-"""The Submit triggers: one Service Bus queue trigger per client application,
-on that application's ingress queue (ORDER_INGRESS_QUEUES, read when this
-module is imported, i.e. when function_app.py loads), PeekLock, manual
-settlement.
-
-The queue an order arrives on is the sender's identity: in Azure each
-application holds the Sender role on its own ingress queue only, so the
-AppId is taken from the queue, and a body naming another application is
-dead-lettered `AppIdMismatch` (and alerted) by the handler. There is no
-trigger on the old shared `orders` queue: any path that believed the body's
-AppId would reopen the impersonation hole (issue 17 item 7).
-
-Thin on purpose: the gate (adapters.settlement.MessageGate) reads the body of
-any AMQP kind, runs the handler, turns transient failures into delayed
-retries and anything unexpected into a `ProcessingFailed` dead letter, alerts
-on every dead letter, and settles off the event loop. The message-actions
-object is the SDK-type binding's `ServiceBusMessageActions` under the real
-host, and the local host's implementation of the same methods under
-devstack.host. The Durable client binding feeds Submit's fast path (the
-order is started at once, not at the Starter's next tick)."""
+"""The Submit triggers: one Service Bus queue trigger per client application, on
+that application's ingress queue, each running submit.handler through the
+message gate (adapters.settlement). Why the queue, not the body, names the
+application: docs/adr/010-ingress-queue-identity.md."""
 
 # No `from __future__ import annotations`: the Functions worker reads the
 # trigger's parameter annotations to decide what to bind.

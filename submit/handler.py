@@ -1,44 +1,7 @@
-"""The Submit use case, independent of the trigger that delivers the message.
-
-`SubmitHandler.handle` returns what to do with the message (`Settle`), and the
-trigger function carries it out. The two writes share no transaction: each is
-create-if-absent on OrderID followed by a comparison of the immutable data, so a
-redelivered message finishes whichever half is missing (DESIGN.md §4).
-
-Order of effects, and why:
-1. validate (the client boundary: domain.codec / domain.boundary), check the
-   body's AppId is the application whose ingress queue it arrived on (the
-   queue is the sender's identity: only that application may send to it) and
-   that the reply queue is that application's — nothing written yet;
-2. admission control, from a gauge the starter refreshes (one point read,
-   cached; never a cross-partition COUNT per message). Over the limit, a
-   Rejected record is created if absent; if an admitted record is found
-   instead, this is a redelivery of an accepted order and it carries on;
-3. orders DB, then state record, both create-if-absent with no read first: a
-   409 returns what is stored, compared by digest (a different order is a
-   conflict; a Rejected record gets its Rejected status again). A crash
-   between them is healed on redelivery;
-4. `Received` status, then `ReceivedSent` on the record — a crash between
-   them re-sends with the same message id, which the reply queue's duplicate
-   detection drops;
-5. the fast path: the order is claimed and started at once
-   (orchestrators.starter.start_submitted) instead of at the Starter's next
-   tick, and the claim (a replace on the etag of the create) marks
-   `ReceivedSent` in the same write; when the fast path does not claim (the
-   Processing cap, a lost race), Submit marks it itself. It never raises, and
-   the timer Starter stays the safety net.
-
-A new order costs two Cosmos creates here, and the claim's replace. The price of not
-reading first falls on a rare path: a Rejected order re-sent after the
-backlog has fallen writes its orders-DB document before the Rejected record
-is seen, and deletes it again (a rejected order never stays in the orders
-DB); it is answered Rejected and never runs.
-
-The handler decides; it does not alert or settle. submit.functions runs it
-through adapters.settlement.MessageGate, which raises one alert per dead
-letter (with the message id), turns a transient failure into a delayed retry,
-and an unexpected exception into a `ProcessingFailed` dead letter.
-"""
+"""The Submit use case, apart from its trigger: `SubmitHandler.handle` validates,
+admits (`BacklogReader`) and writes an order, and says what to do with the message.
+Why the writes come in this order: docs/adr/009-submit-order-of-effects.md; why
+admission reads a gauge: docs/adr/008-backlog-gauge.md."""
 
 from __future__ import annotations
 

@@ -304,14 +304,19 @@ def test_text_our_code_produces_from_outside_text_is_cleaned_not_refused():
 
 
 def test_the_contracts_document_the_text_policy_and_every_dead_letter_reason():
+    from pathlib import Path
+
     import domain.models as models
     from adapters import settlement
 
-    doc = models.__doc__
-    assert "Text policy" in doc
+    record = "docs/adr/013-message-contracts.md"
+    assert record in models.__doc__
+    doc = (Path(__file__).parents[3] / record).read_text(encoding="utf-8")
+    assert "text policy" in doc
     for reason in (
         "InvalidMessage",
         "ReplyQueueNotAllowed",
+        "AppIdMismatch",
         "OrderConflict",
         "RetriesExhausted",
         "ProcessingFailed",
@@ -319,4 +324,4 @@ def test_the_contracts_document_the_text_policy_and_every_dead_letter_reason():
         settlement.PROCESSING_FAILED,
         settlement.RETRIES_EXHAUSTED,
     ):
-        assert f"- {reason}:" in doc
+        assert f"| `{reason}` |" in doc
