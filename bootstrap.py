@@ -1,5 +1,8 @@
 """The composition root: builds the real adapters from settings, once per
 process and event loop, and hands them to the use cases the triggers call.
+Every entry point builds through it: the Functions app's triggers, the
+queue-triggered agent and the standalone agent worker (`request_processor`),
+and the operator CLI (`state_store`).
 
 Async SDK clients are bound to the event loop that created them, so the
 container is cached per running loop (the Functions worker has one; tests
@@ -10,7 +13,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import weakref
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -31,14 +35,17 @@ from adapters.servicebus import ServiceBusPublisher, servicebus_client
 from adapters.settings import Settings, SettingsError, azure_credential, settings
 from adapters.state_store import CosmosStateStore
 from agents.agent import Agent
-from agents.config import load_agent_settings
+from agents.config import AgentSettings, load_agent_settings
+from agents.messaging import RequestProcessor, ServiceBusReplySender
 from agents.ports import SystemClock
 from agents.remote_client import HttpRemoteService
 from domain.steps import STEP_NAMES
 from reporting import Alerts, StatusReporter
 
 if TYPE_CHECKING:
+    from azure.core.credentials_async import AsyncTokenCredential
     from azure.cosmos.aio import ContainerProxy
+    from azure.servicebus.aio import ServiceBusClient
 
     from orchestrators.starter import Starter
     from submit.handler import SubmitHandler
@@ -85,11 +92,7 @@ def _step_modes(cfg: Settings) -> dict[str, str]:
 async def _build() -> Container:
     cfg = settings()
     charges = RequestCharges()
-    # One token credential per process for identity-based access in Azure: the app's
-    # user-assigned identity (adapters.settings.azure_credential); none locally.
-    credential = None
-    if not (cfg.state_account.key and cfg.orders_account.key):
-        credential = azure_credential(cfg.managed_identity_client_id)
+    credential = _credential(cfg)
     state_client = build_client(cfg.state_account, credential=credential)
     orders_client = (
         state_client
@@ -122,25 +125,34 @@ async def _build() -> Container:
     session = aiohttp.ClientSession()
     # The in-app agent (INLINE_STEPS) keeps the agents' own settings (AGENT_*,
     # REMOTE_SERVICE_URL), as the queue-triggered agent and the worker do.
-    agent_cfg = load_agent_settings()
-    agent = Agent(
-        HttpRemoteService(session, agent_cfg.remote_service_url), SystemClock(), agent_cfg.policy
-    )
+    agent = build_agent(session, load_agent_settings())
+    # Closed in this order; the credential last, after the clients that use it.
+    closers: list[Callable[[], Awaitable[Any]]] = [session.close, state_client.close]
+    if orders_client is not state_client:
+        closers.append(orders_client.close)
+    if credential is not None:
+        closers.append(credential.close)
     return Container(
         settings=cfg,
         store=CosmosStateStore(state, charges),
         orders=CosmosOrdersRepository(orders, charges),
         publisher=ServiceBusPublisher(servicebus_client(cfg.servicebus)),
         agent=agent,
-        # Closed in this order; the credential last, after the clients that use it.
-        closers=[session.close, state_client.close]
-        + ([orders_client.close] if orders_client is not state_client else [])
-        + ([credential.close] if credential is not None else []),
+        closers=closers,
         charges=charges,
         state_container=state,
         index=index,
         index_container=index_container,
     )
+
+
+def _credential(cfg: Settings) -> AsyncTokenCredential | None:
+    """One token credential per process for identity-based access in Azure: the
+    app's user-assigned identity (adapters.settings.azure_credential); none when
+    both Cosmos accounts have keys (the local stack)."""
+    if cfg.state_account.key and cfg.orders_account.key:
+        return None
+    return azure_credential(cfg.managed_identity_client_id)
 
 
 async def container() -> Container:
@@ -254,3 +266,40 @@ async def supervisor():
         c.settings.supervisor_page_size,
         charges=charges,
     )
+
+
+# --- tools: the operator CLI -------------------------------------------------------
+
+
+@asynccontextmanager
+async def state_store(cfg: Settings) -> AsyncIterator[CosmosStateStore]:
+    """The state store alone, with the app's client and credential rules, closed
+    on exit (the CLI opens one per command)."""
+    credential = _credential(cfg)
+    client = build_client(cfg.state_account, credential=credential)
+    try:
+        database = client.get_database_client(cfg.state_database)
+        yield CosmosStateStore(database.get_container_client(cfg.state_container))
+    finally:
+        await client.close()
+        if credential is not None:
+            await credential.close()
+
+
+# --- the Agents: in the app (queue-triggered or inline) and the standalone worker ---
+
+
+def build_agent(session: aiohttp.ClientSession, cfg: AgentSettings) -> Agent:
+    """The Agent with the agents' own settings (AGENT_*, REMOTE_SERVICE_URL)."""
+    return Agent(HttpRemoteService(session, cfg.remote_service_url), SystemClock(), cfg.policy)
+
+
+def request_processor(
+    client: ServiceBusClient, session: aiohttp.ClientSession, cfg: AgentSettings
+) -> tuple[RequestProcessor, ServiceBusReplySender]:
+    """What handles one agent request, for the queue-triggered agent and the
+    worker alike; the caller owns `client` and `session`, and closes the reply
+    sender (returned with it) before them."""
+    replies = ServiceBusReplySender(client, cfg.responses_queue)
+    alerts = Alerts(ServiceBusPublisher(client))
+    return RequestProcessor(build_agent(session, cfg), replies, alerts), replies

@@ -21,22 +21,14 @@ import aiohttp
 import azure.functions as func
 import azurefunctions.extensions.bindings.servicebus as servicebus
 
-from adapters import telemetry
-from adapters.servicebus import ServiceBusPublisher, servicebus_client
+import bootstrap
+from adapters.servicebus import servicebus_client
 from adapters.settings import SERVICEBUS_CONNECTION
 from adapters.settlement import defuse_trace_headers
-from agents.agent import Agent
 from agents.config import AGENT_REQUESTS_QUEUE, load_agent_settings, require_servicebus
-from agents.messaging import (
-    RequestProcessor,
-    ServiceBusReplySender,
-)
-from agents.ports import SystemClock
-from agents.remote_client import HttpRemoteService
-from reporting import Alerts
+from agents.messaging import RequestProcessor
 
 bp = func.Blueprint()
-telemetry.configure()  # once per process; the agent may be loaded without bootstrap
 
 
 class FunctionsSettlement:
@@ -77,11 +69,9 @@ class _Runtime:
             if self._processor is None:
                 settings = load_agent_settings()
                 client = servicebus_client(require_servicebus(settings))
-                remote = HttpRemoteService(aiohttp.ClientSession(), settings.remote_service_url)
-                agent = Agent(remote, SystemClock(), settings.policy)
-                replies = ServiceBusReplySender(client, settings.responses_queue)
-                alerts = Alerts(ServiceBusPublisher(client))
-                self._processor = RequestProcessor(agent, replies, alerts)
+                self._processor, _replies = bootstrap.request_processor(
+                    client, aiohttp.ClientSession(), settings
+                )
             return self._processor
 
 

@@ -26,23 +26,19 @@ from azure.servicebus import ServiceBusReceiveMode
 from azure.servicebus.aio import AutoLockRenewer, ServiceBusClient, ServiceBusReceiver
 from azure.servicebus.exceptions import ServiceBusError
 
+import bootstrap
 from adapters import telemetry
-from adapters.servicebus import ServiceBusPublisher, servicebus_client
+from adapters.servicebus import servicebus_client
 from adapters.settlement import BodyRefused
-from agents.agent import Agent
 from agents.config import AgentSettings, load_agent_settings, require_servicebus
 from agents.messaging import (
     ReceiverSettlement,
     RequestProcessor,
-    ServiceBusReplySender,
     message_body,
 )
-from agents.ports import SystemClock
-from agents.remote_client import HttpRemoteService
 from domain.codec import decode
 from domain.errors import ValidationFailed
 from domain.models import AgentRequest
-from reporting import Alerts
 
 log = logging.getLogger("agents.worker")
 
@@ -163,15 +159,9 @@ async def _lock_renew_failed(renewable: Any, error: Exception | None) -> None:
 async def serve(settings: AgentSettings, stop: asyncio.Event, on_ready: Callable[[], Any]) -> None:
     access = require_servicebus(settings)
     async with aiohttp.ClientSession() as session, servicebus_client(access) as client:
-        agent = Agent(
-            HttpRemoteService(session, settings.remote_service_url), SystemClock(), settings.policy
-        )
-        replies = ServiceBusReplySender(client, settings.responses_queue)
-        alerts = Alerts(ServiceBusPublisher(client))
+        processor, replies = bootstrap.request_processor(client, session, settings)
         try:
-            await AgentWorker(client, RequestProcessor(agent, replies, alerts), settings).run(
-                stop, on_ready
-            )
+            await AgentWorker(client, processor, settings).run(stop, on_ready)
         finally:
             await replies.close()
 

@@ -31,7 +31,6 @@ from rich.console import Console
 from rich.live import Live
 from rich.text import Text
 
-from adapters.cosmos_client import build_client
 from adapters.ports import ANY_OWNER
 from adapters.servicebus import servicebus_client
 from adapters.settings import Settings
@@ -68,10 +67,12 @@ def _with_store(use: Callable[[CosmosStateStore], Awaitable[T]]) -> T:
     cfg = _settings()
 
     async def run() -> T:
-        client = build_client(cfg.state_account)
-        async with client:
-            database = client.get_database_client(cfg.state_database)
-            return await use(CosmosStateStore(database.get_container_client(cfg.state_container)))
+        # The composition root, imported when a command needs the store (the
+        # other commands start without the app's adapters).
+        import bootstrap
+
+        async with bootstrap.state_store(cfg) as store:
+            return await use(store)
 
     return _run(run())
 
