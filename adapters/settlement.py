@@ -44,7 +44,7 @@ MAX_MESSAGE_ID = 128  # Service Bus's limit
 class SettleKind(StrEnum):
     COMPLETE = "complete"
     ABANDON = "abandon"
-    DEADLETTER = "deadletter"
+    DEAD_LETTER = "dead_letter"
     RETRY = "retry"  # transient: try again after a back-off delay
 
 
@@ -68,8 +68,8 @@ class Settle:
         return cls(SettleKind.RETRY, description=description[:MAX_DESCRIPTION], order_id=order_id)
 
     @classmethod
-    def deadletter(cls, reason: str, description: str, order_id: str | None = None) -> Settle:
-        return cls(SettleKind.DEADLETTER, reason, dead_letter_text(description), order_id)
+    def dead_letter(cls, reason: str, description: str, order_id: str | None = None) -> Settle:
+        return cls(SettleKind.DEAD_LETTER, reason, dead_letter_text(description), order_id)
 
 
 def dead_letter_text(text: str, limit: int = MAX_DESCRIPTION) -> str:
@@ -230,27 +230,27 @@ class MessageGate:
         try:
             body = read_body(message)
         except BodyRefused as exc:
-            return Settle.deadletter(INVALID_MESSAGE, exc.reason), None
+            return Settle.dead_letter(INVALID_MESSAGE, exc.reason), None
         except Exception as exc:  # noqa: BLE001 - an SDK body we do not understand
-            return Settle.deadletter(INVALID_MESSAGE, f"body unreadable: {_name(exc)}"), None
+            return Settle.dead_letter(INVALID_MESSAGE, f"body unreadable: {_name(exc)}"), None
         try:
             outcome = await handle(body)
         except Exception as exc:  # noqa: BLE001 - the point: nothing ends silently
             log.exception("%s message %s: handler failed", self.queue, message_label(message))
-            outcome = Settle.deadletter(
+            outcome = Settle.dead_letter(
                 PROCESSING_FAILED, f"handler raised {_name(exc)}", readable_order_id(body)
             )
         if outcome.kind is SettleKind.ABANDON:
             outcome = Settle.retry(outcome.description or "abandoned", outcome.order_id)
         if outcome.kind is SettleKind.RETRY:
             outcome = await self._retry(message, body, outcome)
-        if outcome.kind is SettleKind.DEADLETTER and outcome.order_id is None:
+        if outcome.kind is SettleKind.DEAD_LETTER and outcome.order_id is None:
             outcome = replace(outcome, order_id=readable_order_id(body))
         return outcome, body
 
     async def run(self, message: Any, actions: Any, handle: Handler) -> Settle:
         outcome, _ = await self.decide(message, handle)
-        if outcome.kind is SettleKind.DEADLETTER:
+        if outcome.kind is SettleKind.DEAD_LETTER:
             try:
                 await self.alert(message, outcome)
             except TransientError as exc:
@@ -290,7 +290,7 @@ class MessageGate:
         done = retry_count(message)
         delays = self._policy.delays
         if done >= len(delays):
-            return Settle.deadletter(
+            return Settle.dead_letter(
                 RETRIES_EXHAUSTED,
                 f"still failing after {done} retries over {sum(delays):.0f}s: {outcome.description}",
                 outcome.order_id,
@@ -324,7 +324,7 @@ class MessageGate:
                     "scheduling a retry of %s failed: %s", message_label(message), _name(exc)
                 )
         if self._policy.is_last_delivery(message):
-            return Settle.deadletter(
+            return Settle.dead_letter(
                 RETRIES_EXHAUSTED,
                 f"last delivery and no retry could be scheduled: {outcome.description}",
                 outcome.order_id,
@@ -383,7 +383,7 @@ async def settle(message: Any, actions: Any, outcome: Settle) -> None:
     defuse_trace_headers(message)
     if outcome.kind is SettleKind.COMPLETE:
         await asyncio.to_thread(actions.complete, message)
-    elif outcome.kind is SettleKind.DEADLETTER:
+    elif outcome.kind is SettleKind.DEAD_LETTER:
         await asyncio.to_thread(
             actions.deadletter,
             message,

@@ -6,7 +6,6 @@ settlement table: docs/adr/014-message-settlement.md."""
 from __future__ import annotations
 
 import logging
-from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Protocol
 
 from azure.servicebus.aio import ServiceBusClient, ServiceBusReceiver
@@ -20,6 +19,7 @@ from adapters.settlement import (
     RETRIES_EXHAUSTED,
     BackoffPolicy,
     BodyRefused,
+    SettleKind,
     dead_letter_text,
     defuse_trace_headers,
     message_label,
@@ -38,12 +38,6 @@ log = logging.getLogger(__name__)
 
 AGENT_REQUESTS = "agent-requests"
 MAX_DEAD_LETTER_DESCRIPTION = 1000
-
-
-class Disposition(StrEnum):
-    COMPLETED = "completed"
-    ABANDONED = "abandoned"
-    DEAD_LETTERED = "dead-lettered"
 
 
 class Settlement(Protocol):
@@ -77,7 +71,7 @@ class RequestProcessor:
         self._alerts = alerts
         self._policy = policy or BackoffPolicy()
 
-    async def process_message(self, message: Any, settlement: Settlement) -> Disposition:
+    async def process_message(self, message: Any, settlement: Settlement) -> SettleKind:
         """A received message of any AMQP body kind, in a span that continues
         the trace of the activity that sent it (its `traceparent`)."""
         with telemetry.consume("agent", message, **{"messaging.destination.name": AGENT_REQUESTS}):
@@ -85,13 +79,13 @@ class RequestProcessor:
             telemetry.annotate(settlement=disposition.value)
             return disposition
 
-    async def _process_message(self, message: Any, settlement: Settlement) -> Disposition:
+    async def _process_message(self, message: Any, settlement: Settlement) -> SettleKind:
         label = message_label(message)
         try:
             body = read_body(message)
         except BodyRefused as exc:
             await self._dead_letter(settlement, INVALID_MESSAGE, exc.reason, label, None)
-            return Disposition.DEAD_LETTERED
+            return SettleKind.DEAD_LETTER
         return await self.process(
             body,
             settlement,
@@ -106,14 +100,14 @@ class RequestProcessor:
         *,
         message_id: str | None = None,
         last_delivery: bool = False,
-    ) -> Disposition:
+    ) -> SettleKind:
         try:
             request = decode(AgentRequest, body)
         except ValidationFailed as exc:
             await self._dead_letter(
                 settlement, INVALID_MESSAGE, exc.reason, message_id, readable_order_id(body)
             )
-            return Disposition.DEAD_LETTERED
+            return SettleKind.DEAD_LETTER
         telemetry.annotate(
             **{
                 telemetry.ORDER_ID: request.OrderID,
@@ -135,10 +129,10 @@ class RequestProcessor:
                     message_id,
                     request.OrderID,
                 )
-                return Disposition.DEAD_LETTERED
+                return SettleKind.DEAD_LETTER
             log.warning("could not send the reply to %s, abandoning: %s", message_id, exc)
             await settlement.abandon()
-            return Disposition.ABANDONED
+            return SettleKind.ABANDON
         except Exception as exc:  # noqa: BLE001 - nothing ends silently
             log.exception("unexpected failure handling agent request %s", message_id)
             await self._dead_letter(
@@ -148,9 +142,9 @@ class RequestProcessor:
                 message_id,
                 request.OrderID,
             )
-            return Disposition.DEAD_LETTERED
+            return SettleKind.DEAD_LETTER
         await settlement.complete()
-        return Disposition.COMPLETED
+        return SettleKind.COMPLETE
 
     async def _dead_letter(
         self,

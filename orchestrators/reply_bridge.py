@@ -54,7 +54,7 @@ async def bridge_reply(body: bytes, client, alerts: Any = None) -> Settle:
     try:
         reply = _check_reply(body)
     except ValidationFailed as exc:
-        return Settle.deadletter("InvalidMessage", exc.reason)
+        return Settle.dead_letter("InvalidMessage", exc.reason)
     telemetry.annotate(
         **{
             telemetry.ORDER_ID: reply.OrderID,

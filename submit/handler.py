@@ -112,7 +112,7 @@ class SubmitHandler:
         try:
             order = decode(OrderSubmitted, body, self._settings.max_order_bytes)
         except ValidationFailed as exc:
-            return Settle.deadletter("InvalidMessage", exc.reason, readable_order_id(body))
+            return Settle.dead_letter("InvalidMessage", exc.reason, readable_order_id(body))
         telemetry.annotate(**{telemetry.ORDER_ID: order.OrderID})
 
         if order.AppId != app_id:
@@ -121,14 +121,14 @@ class SubmitHandler:
             reason = (
                 f"order arrived on the ingress queue of {app_id!r} but names AppId {order.AppId!r}"
             )
-            return Settle.deadletter("AppIdMismatch", reason, order.OrderID)
+            return Settle.dead_letter("AppIdMismatch", reason, order.OrderID)
 
         allowed = self._settings.reply_queues.get(app_id)
         if allowed != order.ReplyTo:
             reason = f"application {app_id!r} may not use reply queue {order.ReplyTo!r}" + (
                 f" (its queue is {allowed!r})" if allowed else " (application not registered)"
             )
-            return Settle.deadletter("ReplyQueueNotAllowed", reason, order.OrderID)
+            return Settle.dead_letter("ReplyQueueNotAllowed", reason, order.OrderID)
 
         if await self._over_backlog():
             rejected = await self._reject(order, now)
@@ -264,7 +264,7 @@ class SubmitHandler:
             f"order {order.OrderID} exists with different data in: {', '.join(fields) or 'unknown'}; "
             "nothing was overwritten"
         )
-        return Settle.deadletter("OrderConflict", description, order.OrderID)
+        return Settle.dead_letter("OrderConflict", description, order.OrderID)
 
     async def _differing_fields(self, order: OrderSubmitted) -> list[str]:
         try:

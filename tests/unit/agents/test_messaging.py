@@ -9,8 +9,9 @@ import pytest
 from azure.servicebus import ServiceBusMessage
 from azure.servicebus.amqp import AmqpMessageBodyType
 
+from adapters.settlement import SettleKind
 from agents.agent import Agent
-from agents.messaging import Disposition, RequestProcessor, message_body
+from agents.messaging import RequestProcessor, message_body
 from domain.codec import decode, encode
 from domain.errors import TransientError
 from domain.models import AgentReply, ReplyOutcome
@@ -64,7 +65,7 @@ async def test_a_handled_request_is_replied_to_with_a_stable_id_then_completed()
 
     disposition = await processor.process(encode(request()), settlement)
 
-    assert disposition is Disposition.COMPLETED
+    assert disposition is SettleKind.COMPLETE
     assert settlement.actions == [("complete",)]
     [(message_id, body)] = replies.sent
     assert message_id == "o-1:2/reply-charge-payment-2/reply"
@@ -80,7 +81,7 @@ async def test_error_replies_are_sent_and_the_request_completed_too():
 
     disposition = await processor.process(encode(request(deadline_in=5)), settlement)
 
-    assert disposition is Disposition.COMPLETED
+    assert disposition is SettleKind.COMPLETE
     assert decode(AgentReply, replies.sent[0][1]).Outcome is ReplyOutcome.TRANSIENT
 
 
@@ -91,7 +92,7 @@ async def test_a_malformed_request_is_dead_lettered_with_the_reason_and_nothing_
 
     disposition = await processor.process(body, settlement)
 
-    assert disposition is Disposition.DEAD_LETTERED
+    assert disposition is SettleKind.DEAD_LETTER
     [(action, reason, description)] = settlement.actions
     assert (action, reason) == ("dead_letter", "InvalidMessage")
     assert "Attempt" in description
@@ -115,7 +116,7 @@ async def test_a_reply_that_cannot_be_sent_abandons_the_request_for_redelivery()
 
     disposition = await processor.process(encode(request()), settlement)
 
-    assert disposition is Disposition.ABANDONED
+    assert disposition is SettleKind.ABANDON
     assert settlement.actions == [("abandon",)]
 
 
@@ -127,7 +128,7 @@ async def test_an_unexpected_failure_is_dead_lettered_naming_the_exception_and_a
 
     disposition = await processor.process(encode(request()), settlement, message_id="m-1")
 
-    assert disposition is Disposition.DEAD_LETTERED
+    assert disposition is SettleKind.DEAD_LETTER
     [(action, reason, description)] = settlement.actions
     assert (action, reason) == ("dead_letter", "ProcessingFailed")
     assert "RuntimeError: bug" in description
@@ -144,7 +145,7 @@ async def test_a_reply_that_cannot_be_sent_on_the_last_delivery_is_dead_lettered
         encode(request()), settlement, message_id="m-2", last_delivery=True
     )
 
-    assert disposition is Disposition.DEAD_LETTERED
+    assert disposition is SettleKind.DEAD_LETTER
     assert settlement.actions[0][:2] == ("dead_letter", "RetriesExhausted")
     assert [a[0] for a in alerts.raised] == ["RetriesExhausted"]
 
@@ -176,7 +177,7 @@ async def test_bodies_of_every_kind_that_carry_no_request_are_dead_lettered_with
 
     disposition = await processor.process_message(_Received(body, kind), settlement)
 
-    assert disposition is Disposition.DEAD_LETTERED
+    assert disposition is SettleKind.DEAD_LETTER
     [(_action, reason, description)] = settlement.actions
     assert reason == "InvalidMessage"
     assert expected in description

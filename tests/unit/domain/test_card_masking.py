@@ -190,4 +190,4 @@ def test_dead_letter_descriptions_carry_no_card_number():
     said = "handler raised RemoteError: card 4111-1111-1111-1111 blocked"
     assert digits_runs(dead_letter_text(said)) == []
     assert "RemoteError: card [card number removed] blocked" in dead_letter_text(said)
-    assert digits_runs(Settle.deadletter("ProcessingFailed", said).description) == []
+    assert digits_runs(Settle.dead_letter("ProcessingFailed", said).description) == []

@@ -56,7 +56,7 @@ def test_bodies_that_cannot_carry_json_text_are_refused_with_what_was_found(body
 
 
 def test_dead_letter_descriptions_are_ascii_and_bounded():
-    outcome = Settle.deadletter("InvalidMessage", "Zoë \u202e " + "x" * 2000)
+    outcome = Settle.dead_letter("InvalidMessage", "Zoë \u202e " + "x" * 2000)
     assert outcome.description.isascii()
     assert len(outcome.description) == 1024
     assert outcome.description.startswith("Zo\\xeb \\u202e ")
@@ -155,7 +155,7 @@ async def test_an_abandon_becomes_a_delayed_retry_never_an_immediate_one():
 
 
 async def _refuse(body):
-    return Settle.deadletter("InvalidMessage", "Lines: not a list")
+    return Settle.dead_letter("InvalidMessage", "Lines: not a list")
 
 
 async def test_a_dead_letter_waits_for_its_alert_then_alerts_again_under_the_same_id():

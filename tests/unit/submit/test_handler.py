@@ -190,7 +190,7 @@ async def test_conflicting_redelivery_is_deadlettered_and_alerted(rig, overrides
     await rig.submit()
     before = dict(rig.store.docs)
     outcome = await rig.submit(**overrides)
-    assert outcome.kind is SettleKind.DEADLETTER
+    assert outcome.kind is SettleKind.DEAD_LETTER
     assert outcome.reason == "OrderConflict"
     assert field in outcome.description
     assert rig.store.docs == before  # nothing overwritten
@@ -199,7 +199,7 @@ async def test_conflicting_redelivery_is_deadlettered_and_alerted(rig, overrides
 
 async def test_malformed_message_is_deadlettered_with_the_validation_error(rig):
     outcome = await rig.deliver(b'{"OrderID": 5}')
-    assert outcome.kind is SettleKind.DEADLETTER
+    assert outcome.kind is SettleKind.DEAD_LETTER
     assert outcome.reason == "InvalidMessage"
     assert "OrderSubmitted" in outcome.description
     assert rig.alerts() == ["InvalidMessage"]
@@ -233,7 +233,7 @@ async def test_an_unexpected_exception_is_dead_lettered_processing_failed_and_al
 
     rig.orders.create_if_absent = broken
     outcome = await rig.submit()
-    assert outcome.kind is SettleKind.DEADLETTER
+    assert outcome.kind is SettleKind.DEAD_LETTER
     assert outcome.reason == "ProcessingFailed"
     assert "KeyError" in outcome.description
     assert "surprise" in outcome.description
@@ -258,7 +258,7 @@ async def test_oversize_message_is_deadlettered():
 async def test_reply_queue_not_registered_to_sender(rig, app, queue):
     rig.app_id = app
     outcome = await rig.submit(AppId=app, ReplyTo=queue)
-    assert outcome.kind is SettleKind.DEADLETTER
+    assert outcome.kind is SettleKind.DEAD_LETTER
     assert outcome.reason == "ReplyQueueNotAllowed"
     assert rig.bus.to(queue) == []
     assert not rig.store.docs
@@ -344,7 +344,7 @@ async def test_the_back_off_grows_and_then_dead_letters_with_a_reason_and_an_ale
     assert message_id == "msg-1/retry-2"
     assert props["x-retry-count"] == 2
     outcome = await rig.deliver(body, message_id="msg-1/retry-2", properties={b"x-retry-count": 2})
-    assert outcome.kind is SettleKind.DEADLETTER
+    assert outcome.kind is SettleKind.DEAD_LETTER
     assert outcome.reason == "RetriesExhausted"
     assert "429" in outcome.description
     [alert] = rig.alert_bodies()
@@ -363,7 +363,7 @@ async def test_when_no_retry_can_be_scheduled_abandon_until_the_last_delivery(ri
     body = json.dumps(order_payload()).encode()
     assert (await rig.deliver(body, delivery_count=0)).kind is SettleKind.ABANDON
     last = await rig.deliver(body, delivery_count=4)
-    assert last.kind is SettleKind.DEADLETTER
+    assert last.kind is SettleKind.DEAD_LETTER
     assert last.reason == "RetriesExhausted"
     assert rig.alerts() == ["RetriesExhausted"]
 
@@ -414,7 +414,7 @@ async def test_a_body_naming_another_application_is_deadlettered_app_id_mismatch
     """The queue says who sent it: a body on the webshop's ingress naming
     another AppId (and that one's reply queue) is refused before any write."""
     outcome = await rig.submit(AppId=named, ReplyTo="replies-partner")
-    assert outcome.kind is SettleKind.DEADLETTER
+    assert outcome.kind is SettleKind.DEAD_LETTER
     assert outcome.reason == "AppIdMismatch"
     assert "'webshop'" in outcome.description
     assert repr(named) in outcome.description
@@ -593,7 +593,7 @@ async def test_a_different_order_reusing_a_rejected_orders_id_is_a_conflict_and_
     await rig.submit()
     await rig.store.write_backlog_gauge(0, NOW)
     outcome = await rig.submit(Currency="USD")
-    assert outcome.kind is SettleKind.DEADLETTER
+    assert outcome.kind is SettleKind.DEAD_LETTER
     assert outcome.reason == "OrderConflict"
     assert "ORD-1" not in rig.orders.orders
     assert (await rig.store.read("ORD-1"))[0].ProcessState is ProcessState.REJECTED
