@@ -118,8 +118,10 @@ class DeadlineIndex(Protocol):
 
 
 class NoIndex:
-    async def add(self, order_id: str, complete_by: datetime, attempt: int) -> None:
+    """The null index: takes the port's arguments and keeps nothing."""
+
+    async def add(self, order_id: str, complete_by: datetime, attempt: int) -> None:  # noqa: ARG002
         return None
 
-    async def discard(self, order_id: str, complete_by: datetime) -> None:
+    async def discard(self, order_id: str, complete_by: datetime) -> None:  # noqa: ARG002
         return None

@@ -140,7 +140,7 @@ class SubmitHandler:
         try:
             await self._orders.create_if_absent(order)
         except ConflictError as exc:
-            return await self._conflict(order, now, exc.fields)
+            return await self._conflict(order, exc.fields)
 
         # The record keeps Submit's trace context, so the first attempt joins
         # this trace even when the timer Starter claims it before the fast path.
@@ -154,7 +154,7 @@ class SubmitHandler:
                 # A rejected order never wrote the orders DB, so the document
                 # there is the one this delivery just wrote: take it back.
                 await self._orders.discard(order.OrderID)
-            return await self._conflict(order, now)
+            return await self._conflict(order)
         if created:
             log.info("order accepted", extra={"order_id": order.OrderID})
             telemetry.app_metrics().received.add(1, {"outcome": "accepted", "app.id": order.AppId})
@@ -232,7 +232,7 @@ class SubmitHandler:
             sm.rejected_record(order, now, reason)
         )
         if record.OrderDigest != order.digest():
-            return await self._conflict(order, now)
+            return await self._conflict(order)
         if record.ProcessState is not ProcessState.REJECTED:
             return None
         if created:
@@ -255,9 +255,7 @@ class SubmitHandler:
         )
         return Settle.complete(order.OrderID)
 
-    async def _conflict(
-        self, order: OrderSubmitted, now: datetime, fields: list[str] | None = None
-    ) -> Settle:
+    async def _conflict(self, order: OrderSubmitted, fields: list[str] | None = None) -> Settle:
         if fields is None:
             fields = await self._differing_fields(order)
         description = (
