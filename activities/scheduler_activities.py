@@ -22,8 +22,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
-from adapters.crashpoints import crash_point
+from pydantic import BaseModel
+
 from adapters.ports import DeadlineIndex, MessagePublisher, NoIndex, OrdersRepository, StateStore
 from adapters.settings import Settings
 from domain import state_machine as sm
@@ -49,15 +51,26 @@ from orchestrators.contracts import (
     Advance,
     Advanced,
     AlertNote,
+    BeginCompensation,
+    CompleteStep,
+    FinishCompensation,
     LoadPlanInput,
+    MarkFailed,
+    MarkProcessed,
     Plan,
+    RecordTransient,
     SendRequest,
+    StartStep,
     StateWrite,
     StatusNote,
     StepPlan,
+    UndoDone,
+    UndoFailed,
     WriteResult,
+    parse_state_write,
     step_payload,
 )
+from orchestrators.hooks import CrashPoint, no_crash_point
 from reporting import Alerts, StatusOutbox, StatusReporter
 from reporting.status import ALERT_OF_STATUS
 
@@ -67,11 +80,11 @@ AGENT_REQUESTS_QUEUE = "agent-requests"
 
 # The state each write leaves the record in, to recognise a re-run whose write
 # already landed (the LockedBy guard would otherwise call it stale).
-_TARGET_STATE = {
-    "processed": ProcessState.PROCESSED,
-    "failed": ProcessState.ERROR,
-    "begin_compensation": ProcessState.COMPENSATING,
-    "finish_compensation": (ProcessState.COMPENSATED, ProcessState.COMPENSATION_FAILED),
+_TARGET_STATES: dict[type, tuple[ProcessState, ...]] = {
+    MarkProcessed: (ProcessState.PROCESSED,),
+    MarkFailed: (ProcessState.ERROR,),
+    BeginCompensation: (ProcessState.COMPENSATING,),
+    FinishCompensation: (ProcessState.COMPENSATED, ProcessState.COMPENSATION_FAILED),
 }
 
 # Statuses that end an order: sent from the record's outbox, never lost.
@@ -103,7 +116,10 @@ class SchedulerActivities:
         step_modes: dict[str, str] | None = None,
         index: DeadlineIndex | None = None,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        crash_point: CrashPoint = no_crash_point,
     ) -> None:
+        """`crash_point`: the fault-injection hook the composition root
+        chooses (orchestrators.hooks); a no-op unless a fault test asks."""
         self._settings = settings
         self._store = store
         self._orders = orders
@@ -116,18 +132,59 @@ class SchedulerActivities:
         self._step_modes = step_modes or {}
         self._index = index or NoIndex()
         self._clock = clock
+        self._crash_point = crash_point
+
+    async def run(self, name: str, data: Any) -> Any:
+        """Run the activity `name` on its JSON input and return its JSON
+        result: what every activity trigger (activities.functions) does
+        between decoding and encoding, in one place."""
+        result: Any
+        match name:
+            case "load_plan":
+                result = await self.load_plan(LoadPlanInput.model_validate(data))
+            case "write_state":
+                result = await self.write_state(parse_state_write(data))
+            case "send_agent_request":
+                result = await self.send_agent_request(SendRequest.model_validate(data))
+            case "run_inline_step":
+                result = await self.run_inline_step(SendRequest.model_validate(data))
+            case "report_status":
+                await self.report_status(StatusNote.model_validate(data))
+                result = None
+            case "raise_alert":
+                await self.raise_alert(AlertNote.model_validate(data))
+                result = None
+            case "begin_attempt":
+                result = await self.begin(Advance.model_validate(data))
+            case "advance_attempt":
+                result = await self.advance(Advance.model_validate(data))
+            case _:
+                raise ValueError(f"unknown activity {name!r}")
+        return result.model_dump(mode="json") if isinstance(result, BaseModel) else result
 
     # --- reading ------------------------------------------------------------------------
 
     async def load_plan(self, data: LoadPlanInput) -> Plan:
-        order_id, attempt = parse_attempt_instance_id(data.InstanceId)
-        try:
-            record, _ = await self._store.read(order_id)
-        except NotFoundError:
-            return Plan(Stale=True, Reason=f"order {order_id} has no state record")
-        if record.LockedBy != data.InstanceId:
-            return Plan(Stale=True, Reason=f"order {order_id} is locked by {record.LockedBy!r}")
-        return await self._plan(record, attempt)
+        _, attempt = parse_attempt_instance_id(data.InstanceId)
+        owned = await self._owned(data.InstanceId)
+        if isinstance(owned, str):
+            return Plan(Stale=True, Reason=owned)
+        return await self._plan(owned[0], attempt)
+
+    async def _owned(
+        self, instance: str, known: tuple[OrderState, str] | None = None
+    ) -> tuple[OrderState, str] | str:
+        """The record (as `known`, else read) and its etag if `instance` owns
+        it; otherwise why the attempt is stale."""
+        order_id, _ = parse_attempt_instance_id(instance)
+        if known is None:
+            try:
+                known = await self._store.read(order_id)
+            except NotFoundError:
+                return f"order {order_id} has no state record"
+        if known[0].LockedBy != instance:
+            return f"order {order_id} is locked by {known[0].LockedBy!r}"
+        return known
 
     async def _plan(self, record: OrderState, attempt: int, payload: dict | None = None) -> Plan:
         if not payload:
@@ -157,33 +214,33 @@ class SchedulerActivities:
     # --- writing the record ---------------------------------------------------------------
 
     def _transition(self, write: StateWrite, now: datetime) -> Callable[[OrderState], OrderState]:
-        instance = write.InstanceId
-        kinds: dict[str, Callable[[OrderState], OrderState]] = {
-            "start_step": lambda r: sm.start_step(r, instance, write.Step, now, write.Deadline),
-            "complete_step": lambda r: sm.complete_step(
-                r, instance, write.Step, now, write.Reference, self._next_deadline(write, now)
-            ),
-            "processed": lambda r: sm.mark_processed(r, instance, now),
-            "failed": lambda r: sm.mark_failed(
-                r, instance, write.Step, write.Reason or "failed", now
-            ),
-            "begin_compensation": lambda r: sm.begin_compensation(
-                r, instance, write.Reason or "compensation", now, write.Step
-            ),
-            "transient": lambda r: sm.record_transient(
-                r, instance, write.Step, write.Reason or "transient failure", now
-            ),
-            "undo_done": lambda r: sm.record_undo(r, instance, write.Step, True, now),
-            "undo_failed": lambda r: sm.record_undo(
-                r, instance, write.Step, False, now, write.Reason
-            ),
-            "finish_compensation": lambda r: sm.finish_compensation(r, instance, now),
-        }
-        return kinds[write.Kind]
+        """The state machine's transition for one command, by its type."""
+        i = write.InstanceId
+        match write:
+            case StartStep(Step=step, Deadline=deadline):
+                return lambda r: sm.start_step(r, i, step, now, deadline)
+            case CompleteStep(Step=step, Reference=reference):
+                deadline = self._next_deadline(write, now)
+                return lambda r: sm.complete_step(r, i, step, now, reference, deadline)
+            case MarkProcessed():
+                return lambda r: sm.mark_processed(r, i, now)
+            case MarkFailed(Step=failed, Reason=reason):
+                return lambda r: sm.mark_failed(r, i, failed, reason or "failed", now)
+            case BeginCompensation(Step=failed, Reason=reason):
+                return lambda r: sm.begin_compensation(r, i, reason or "compensation", now, failed)
+            case RecordTransient(Step=step, Reason=reason):
+                return lambda r: sm.record_transient(r, i, step, reason or "transient failure", now)
+            case UndoDone(Step=step):
+                return lambda r: sm.record_undo(r, i, step, True, now)
+            case UndoFailed(Step=step, Reason=reason):
+                return lambda r: sm.record_undo(r, i, step, False, now, reason)
+            case FinishCompensation():
+                return lambda r: sm.finish_compensation(r, i, now)
+        raise TypeError(f"not a state command: {write!r}")
 
-    def _next_deadline(self, write: StateWrite, now: datetime) -> datetime:
-        """complete_step's new CompleteBy: the orchestration's (1.1), or for
-        1.0 instances, which send none, one step timeout from now."""
+    def _next_deadline(self, write: StartStep | CompleteStep, now: datetime) -> datetime:
+        """The record's CompleteBy after `write`: the orchestration's, or for
+        a 1.0 complete_step, which sends none, one step timeout from now."""
         if write.Deadline is not None:
             return write.Deadline
         return now + timedelta(seconds=self._settings.step_timeout.total_seconds())
@@ -191,7 +248,7 @@ class SchedulerActivities:
     async def write_state(self, write: StateWrite) -> WriteResult:
         order_id, attempt = parse_attempt_instance_id(write.InstanceId)
         now = self._clock()
-        if write.Kind in ("start_step", "complete_step"):
+        if isinstance(write, StartStep | CompleteStep):
             # Indexed before the record carries it (adapters.recovery_index).
             await self._index.add(order_id, self._next_deadline(write, now), attempt)
         try:
@@ -214,11 +271,10 @@ class SchedulerActivities:
             return WriteResult(Stale=True, Reason=str(exc))
 
     async def _already_landed(self, order_id: str, write: StateWrite) -> ProcessState | None:
-        target = _TARGET_STATE.get(write.Kind)
-        if target is None:
+        targets = _TARGET_STATES.get(type(write))
+        if targets is None:
             return None
         record, _ = await self._store.read(order_id)
-        targets = target if isinstance(target, tuple) else (target,)
         last = record.History[-1] if record.History else None
         if record.ProcessState in targets and last is not None and last.By == write.InstanceId:
             return record.ProcessState
@@ -231,15 +287,13 @@ class SchedulerActivities:
         write (on the claim's etag when the orchestration got it), then that
         step's request, then Processing if the application opted in."""
         order_id, attempt = parse_attempt_instance_id(data.InstanceId)
+        given = None
         if data.Record is not None and data.Etag is not None:
-            record, etag = OrderState.model_validate(data.Record), data.Etag
-        else:
-            try:
-                record, etag = await self._store.read(order_id)
-            except NotFoundError:
-                return Advanced(Stale=True, Reason=f"order {order_id} has no state record")
-        if record.LockedBy != data.InstanceId:
-            return Advanced(Stale=True, Reason=f"order {order_id} is locked by {record.LockedBy!r}")
+            given = (OrderState.model_validate(data.Record), data.Etag)
+        owned = await self._owned(data.InstanceId, given)
+        if isinstance(owned, str):
+            return Advanced(Stale=True, Reason=owned)
+        record, etag = owned
         plan = await self._plan(record, attempt, data.Payload)
         start = next((s for s in plan.Steps if not s.Completed), None)
         if (
@@ -429,7 +483,7 @@ class SchedulerActivities:
             message_id,
             {"OrderID": request.OrderID, "Step": request.Step, "Action": request.Action},
         )
-        crash_point("workflow.after_send")
+        self._crash_point("workflow.after_send")
         return message_id
 
     async def run_inline_step(self, send: SendRequest) -> AgentReply:
