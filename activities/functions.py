@@ -13,6 +13,7 @@ from typing import Any
 import azure.durable_functions as df
 
 import bootstrap
+from activities.scheduler_activities import ACTIVITY_NAMES
 from adapters import telemetry
 from domain.ids import parse_attempt_instance_id
 
@@ -36,58 +37,19 @@ def _span(name: str, data: dict) -> Iterator[None]:
         yield
 
 
-async def _run(name: str, data: dict):
-    with _span(name, data):
-        acts = await bootstrap.scheduler_activities()
-        return await acts.run(name, data)
+def _activity(name: str) -> None:
+    """Register the activity trigger `name`: its span around
+    SchedulerActivities.run, which decodes, calls and encodes."""
+
+    async def activity(data: dict) -> Any:
+        with _span(name, data):
+            acts = await bootstrap.scheduler_activities()
+            return await acts.run(name, data)
+
+    activity.__name__ = activity.__qualname__ = name
+    bp.function_name(name)(bp.activity_trigger(input_name="data")(activity))
 
 
-@bp.function_name("load_plan")
-@bp.activity_trigger(input_name="data")
-async def load_plan(data: dict) -> dict:
-    return await _run("load_plan", data)
-
-
-@bp.function_name("write_state")
-@bp.activity_trigger(input_name="data")
-async def write_state(data: dict) -> dict:
-    return await _run("write_state", data)
-
-
-@bp.function_name("send_agent_request")
-@bp.activity_trigger(input_name="data")
-async def send_agent_request(data: dict) -> str:
-    return await _run("send_agent_request", data)
-
-
-@bp.function_name("run_inline_step")
-@bp.activity_trigger(input_name="data")
-async def run_inline_step(data: dict) -> dict:
-    return await _run("run_inline_step", data)
-
-
-@bp.function_name("report_status")
-@bp.activity_trigger(input_name="data")
-async def report_status(data: dict) -> None:
-    await _run("report_status", data)
-
-
-@bp.function_name("raise_alert")
-@bp.activity_trigger(input_name="data")
-async def raise_alert(data: dict) -> None:
-    await _run("raise_alert", data)
-
-
-# --- workflow 2.0 ------------------------------------------------------------------------
-
-
-@bp.function_name("begin_attempt")
-@bp.activity_trigger(input_name="data")
-async def begin_attempt(data: dict) -> dict:
-    return await _run("begin_attempt", data)
-
-
-@bp.function_name("advance_attempt")
-@bp.activity_trigger(input_name="data")
-async def advance_attempt(data: dict) -> dict:
-    return await _run("advance_attempt", data)
+# 1.x's activities, then workflow 2.0's one-write-one-message pair.
+for _name in ACTIVITY_NAMES:
+    _activity(_name)

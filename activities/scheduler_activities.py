@@ -78,6 +78,18 @@ log = logging.getLogger(__name__)
 
 AGENT_REQUESTS_QUEUE = "agent-requests"
 
+# The Durable activities SchedulerActivities.run answers (one trigger each).
+ACTIVITY_NAMES = (
+    "load_plan",
+    "write_state",
+    "send_agent_request",
+    "run_inline_step",
+    "report_status",
+    "raise_alert",
+    "begin_attempt",
+    "advance_attempt",
+)
+
 # The state each write leaves the record in, to recognise a re-run whose write
 # already landed (the LockedBy guard would otherwise call it stale).
 _TARGET_STATES: dict[type, tuple[ProcessState, ...]] = {

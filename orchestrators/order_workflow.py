@@ -62,6 +62,7 @@ from orchestrators.workflow_steps import (
     ends_stale,
     finish,
     load_plan,
+    request_step,
     status,
     unless_stale,
     write,
@@ -153,21 +154,9 @@ def _deadline(context, plan: Plan):
 def _run_step(context, plan: Plan, step: StepPlan, action: str, deadline, attempt_try: int = 0):
     """Send one request (or run the inline step) and race it against `deadline`,
     the same value the record and the agent got."""
-    request = SendRequest(
-        InstanceId=context.instance_id,
-        Step=step.Name,
-        Action=action,
-        Try=attempt_try,
-        Deadline=deadline,
-        Payload=plan.Payload,
+    task = yield from request_step(
+        _call, context, plan, step, action, deadline, attempt_try, inline_input=_traced
     )
-    if step.Mode == "inline":
-        task = context.call_activity("run_inline_step", _traced(context, request.dump()))
-    else:
-        yield _call(context, "send_agent_request", request.dump())
-        task = context.wait_for_external_event(
-            reply_event_name(step.Name, plan.Attempt, request.label)
-        )
     result = yield from race(context, task, deadline)
     return _reply(context, plan, step.Name, action, result)
 
@@ -503,21 +492,8 @@ def _undo_step_v2_1(context, plan: Plan, step: StepPlan):
     earlier: list = []  # tasks of earlier tries that have not answered yet
     for attempt_try in range(plan.UndoTries):
         deadline = _deadline(context, plan)
-        request = SendRequest(
-            InstanceId=context.instance_id,
-            Step=step.Name,
-            Action="undo",
-            Try=attempt_try,
-            Deadline=deadline,
-            Payload=plan.Payload,
-        )
-        if step.Mode == "inline":
-            current = context.call_activity("run_inline_step", request.dump())
-        else:
-            yield _call(context, "send_agent_request", request.dump())
-            current = context.wait_for_external_event(
-                reply_event_name(step.Name, plan.Attempt, request.label)
-            )
+        # Its inline activity carries no trace context, as 2.1 was written.
+        current = yield from request_step(_call, context, plan, step, "undo", deadline, attempt_try)
         timer = context.create_timer(deadline)
         waiting = [current, *earlier]
         while True:

@@ -14,13 +14,16 @@ from typing import Any, Protocol, TypeVar
 
 from azure.durable_functions import RetryOptions
 
+from domain.ids import reply_event_name
 from domain.models import StatusKind
 from orchestrators.contracts import (
     AlertNote,
     LoadPlanInput,
     Plan,
+    SendRequest,
     StateWrite,
     StatusNote,
+    StepPlan,
     WorkflowResult,
     WriteResult,
 )
@@ -91,6 +94,35 @@ def write(call: Call, context, command: StateWrite, step: str | None = None):
     """Write `command`; stale names `step`, by default the command's own."""
     result = WriteResult.model_validate((yield call(context, "write_state", command.dump())))
     return unless_stale(result, step or getattr(command, "Step", None))
+
+
+def request_step(
+    call: Call,
+    context,
+    plan: Plan,
+    step: StepPlan,
+    action: str,
+    deadline,
+    attempt_try: int = 0,
+    inline_input: Callable[[Any, dict], dict] | None = None,
+):
+    """Send the request for `step` (or start its inline activity, whose input
+    `inline_input` may add to) and return the task its answer completes."""
+    request = SendRequest(
+        InstanceId=context.instance_id,
+        Step=step.Name,
+        Action=action,
+        Try=attempt_try,
+        Deadline=deadline,
+        Payload=plan.Payload,
+    )
+    if step.Mode == "inline":
+        data = request.dump()
+        return context.call_activity(
+            "run_inline_step", data if inline_input is None else inline_input(context, data)
+        )
+    yield call(context, "send_agent_request", request.dump())
+    return context.wait_for_external_event(reply_event_name(step.Name, plan.Attempt, request.label))
 
 
 def status(

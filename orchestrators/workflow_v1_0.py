@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from domain.ids import reply_event_name
 from domain.models import ProcessState, ReplyOutcome, StatusKind
 from orchestrators.contracts import (
     BeginCompensation,
@@ -18,7 +17,6 @@ from orchestrators.contracts import (
     MarkFailed,
     MarkProcessed,
     Plan,
-    SendRequest,
     StartStep,
     StepPlan,
     UndoDone,
@@ -32,6 +30,7 @@ from orchestrators.workflow_steps import (
     ends_stale,
     finish,
     load_plan,
+    request_step,
     status,
     write,
 )
@@ -44,21 +43,7 @@ from orchestrators.workflow_steps import (
 def _run_step(context, plan: Plan, step: StepPlan, action: str, attempt_try: int = 0):
     """Send one request (or run the inline step) and race it against its deadline."""
     deadline = context.current_utc_datetime + timedelta(seconds=plan.StepTimeoutSeconds)
-    request = SendRequest(
-        InstanceId=context.instance_id,
-        Step=step.Name,
-        Action=action,
-        Try=attempt_try,
-        Deadline=deadline,
-        Payload=plan.Payload,
-    )
-    if step.Mode == "inline":
-        task = context.call_activity("run_inline_step", request.dump())
-    else:
-        yield call_plain(context, "send_agent_request", request.dump())
-        task = context.wait_for_external_event(
-            reply_event_name(step.Name, plan.Attempt, request.label)
-        )
+    task = yield from request_step(call_plain, context, plan, step, action, deadline, attempt_try)
     result = yield from race(context, task, deadline)
     return None if result is None else reply_from_event(result)
 
