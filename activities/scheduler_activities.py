@@ -47,27 +47,17 @@ from domain.models import (
     StepStatus,
     mask_card_numbers,
 )
+from orchestrators import commands
 from orchestrators.contracts import (
     Advance,
     Advanced,
     AlertNote,
-    BeginCompensation,
-    CompleteStep,
-    FinishCompensation,
     LoadPlanInput,
-    MarkFailed,
-    MarkProcessed,
     Plan,
-    RecordTransient,
     SendRequest,
-    StartStep,
-    StateWrite,
     StatusNote,
     StepPlan,
-    UndoDone,
-    UndoFailed,
     WriteResult,
-    parse_state_write,
     step_payload,
 )
 from orchestrators.hooks import CrashPoint, no_crash_point
@@ -93,10 +83,10 @@ ACTIVITY_NAMES = (
 # The state each write leaves the record in, to recognise a re-run whose write
 # already landed (the LockedBy guard would otherwise call it stale).
 _TARGET_STATES: dict[type, tuple[ProcessState, ...]] = {
-    MarkProcessed: (ProcessState.PROCESSED,),
-    MarkFailed: (ProcessState.ERROR,),
-    BeginCompensation: (ProcessState.COMPENSATING,),
-    FinishCompensation: (ProcessState.COMPENSATED, ProcessState.COMPENSATION_FAILED),
+    commands.MarkProcessed: (ProcessState.PROCESSED,),
+    commands.MarkFailed: (ProcessState.ERROR,),
+    commands.BeginCompensation: (ProcessState.COMPENSATING,),
+    commands.FinishCompensation: (ProcessState.COMPENSATED, ProcessState.COMPENSATION_FAILED),
 }
 
 # Statuses that end an order: sent from the record's outbox, never lost.
@@ -155,7 +145,7 @@ class SchedulerActivities:
             case "load_plan":
                 result = await self.load_plan(LoadPlanInput.model_validate(data))
             case "write_state":
-                result = await self.write_state(parse_state_write(data))
+                result = await self.write_state(commands.parse_state_write(data))
             case "send_agent_request":
                 result = await self.send_agent_request(SendRequest.model_validate(data))
             case "run_inline_step":
@@ -225,42 +215,46 @@ class SchedulerActivities:
 
     # --- writing the record ---------------------------------------------------------------
 
-    def _transition(self, write: StateWrite, now: datetime) -> Callable[[OrderState], OrderState]:
+    def _transition(
+        self, write: commands.StateWrite, now: datetime
+    ) -> Callable[[OrderState], OrderState]:
         """The state machine's transition for one command, by its type."""
         i = write.InstanceId
         match write:
-            case StartStep(Step=step, Deadline=deadline):
+            case commands.StartStep(Step=step, Deadline=deadline):
                 return lambda r: sm.start_step(r, i, step, now, deadline)
-            case CompleteStep(Step=step, Reference=reference):
+            case commands.CompleteStep(Step=step, Reference=reference):
                 deadline = self._next_deadline(write, now)
                 return lambda r: sm.complete_step(r, i, step, now, reference, deadline)
-            case MarkProcessed():
+            case commands.MarkProcessed():
                 return lambda r: sm.mark_processed(r, i, now)
-            case MarkFailed(Step=failed, Reason=reason):
+            case commands.MarkFailed(Step=failed, Reason=reason):
                 return lambda r: sm.mark_failed(r, i, failed, reason or "failed", now)
-            case BeginCompensation(Step=failed, Reason=reason):
+            case commands.BeginCompensation(Step=failed, Reason=reason):
                 return lambda r: sm.begin_compensation(r, i, reason or "compensation", now, failed)
-            case RecordTransient(Step=step, Reason=reason):
+            case commands.RecordTransient(Step=step, Reason=reason):
                 return lambda r: sm.record_transient(r, i, step, reason or "transient failure", now)
-            case UndoDone(Step=step):
+            case commands.UndoDone(Step=step):
                 return lambda r: sm.record_undo(r, i, step, True, now)
-            case UndoFailed(Step=step, Reason=reason):
+            case commands.UndoFailed(Step=step, Reason=reason):
                 return lambda r: sm.record_undo(r, i, step, False, now, reason)
-            case FinishCompensation():
+            case commands.FinishCompensation():
                 return lambda r: sm.finish_compensation(r, i, now)
         raise TypeError(f"not a state command: {write!r}")
 
-    def _next_deadline(self, write: StartStep | CompleteStep, now: datetime) -> datetime:
+    def _next_deadline(
+        self, write: commands.StartStep | commands.CompleteStep, now: datetime
+    ) -> datetime:
         """The record's CompleteBy after `write`: the orchestration's, or for
         a 1.0 complete_step, which sends none, one step timeout from now."""
         if write.Deadline is not None:
             return write.Deadline
         return now + timedelta(seconds=self._settings.step_timeout.total_seconds())
 
-    async def write_state(self, write: StateWrite) -> WriteResult:
+    async def write_state(self, write: commands.StateWrite) -> WriteResult:
         order_id, attempt = parse_attempt_instance_id(write.InstanceId)
         now = self._clock()
-        if isinstance(write, StartStep | CompleteStep):
+        if isinstance(write, commands.StartStep | commands.CompleteStep):
             # Indexed before the record carries it (adapters.recovery_index).
             await self._index.add(order_id, self._next_deadline(write, now), attempt)
         try:
@@ -282,7 +276,9 @@ class SchedulerActivities:
             )
             return WriteResult(Stale=True, Reason=str(exc))
 
-    async def _already_landed(self, order_id: str, write: StateWrite) -> ProcessState | None:
+    async def _already_landed(
+        self, order_id: str, write: commands.StateWrite
+    ) -> ProcessState | None:
         targets = _TARGET_STATES.get(type(write))
         if targets is None:
             return None

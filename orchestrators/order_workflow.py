@@ -36,23 +36,14 @@ from datetime import timedelta
 
 from domain.ids import reply_event_name
 from domain.models import AgentReply, ProcessState, ReplyOutcome, StatusKind
-from orchestrators import workflow_v1_0
+from orchestrators import commands, workflow_v1_0
 from orchestrators.contracts import (
     Advance,
     Advanced,
     AttemptInput,
-    BeginCompensation,
-    CompleteStep,
-    FinishCompensation,
-    MarkFailed,
-    MarkProcessed,
     Plan,
-    RecordTransient,
     SendRequest,
-    StartStep,
     StepPlan,
-    UndoDone,
-    UndoFailed,
     reply_from_event,
 )
 from orchestrators.deadline import race
@@ -195,11 +186,8 @@ def _inline_failure(context, plan: Plan, step: str, action: str, failure: Except
     )
 
 
+@ends_stale
 def run_v1_1(context):
-    return (yield from ends_stale(_run_v1_1(context)))
-
-
-def _run_v1_1(context):
     iid = context.instance_id
     plan = yield from load_plan(_call, context)
     if plan.State is ProcessState.COMPENSATING:
@@ -213,7 +201,9 @@ def _run_v1_1(context):
         if step.Completed:
             continue  # resume: a previous attempt finished it
         deadline = _deadline(context, plan)
-        yield from _write(context, StartStep(InstanceId=iid, Step=step.Name, Deadline=deadline))
+        yield from _write(
+            context, commands.StartStep(InstanceId=iid, Step=step.Name, Deadline=deadline)
+        )
 
         reply = yield from _run_step(context, plan, step, "do", deadline)
         if reply is None:
@@ -232,7 +222,7 @@ def _run_v1_1(context):
         # about to pass.
         yield from _write(
             context,
-            CompleteStep(
+            commands.CompleteStep(
                 InstanceId=iid,
                 Step=step.Name,
                 Reference=reference,
@@ -242,7 +232,7 @@ def _run_v1_1(context):
         completed.append(step.Name)
         yield from _status(context, plan, StatusKind.STEP_COMPLETED, step.Name)
 
-    yield from _write(context, MarkProcessed(InstanceId=iid))
+    yield from _write(context, commands.MarkProcessed(InstanceId=iid))
     yield from _terminal_status(context, plan, StatusKind.PROCESSED)
     return finish("processed")
 
@@ -251,7 +241,7 @@ def _transient(context, step: str, error: str | None):
     """A transient failure: note the agent's reason on the record and stop;
     the record keeps the step's deadline for the Supervisor."""
     yield from _write(
-        context, RecordTransient(InstanceId=context.instance_id, Step=step, Reason=error)
+        context, commands.RecordTransient(InstanceId=context.instance_id, Step=step, Reason=error)
     )
     return finish("timed_out", step, error)
 
@@ -288,9 +278,9 @@ def _compensate_with(context, plan: Plan, undo: list[str], undo_step):
         ok, error = yield from undo_step(steps.get(name) or StepPlan(Name=name))
         yield from _write(
             context,
-            UndoDone(InstanceId=iid, Step=name)
+            commands.UndoDone(InstanceId=iid, Step=name)
             if ok
-            else UndoFailed(InstanceId=iid, Step=name, Reason=error),
+            else commands.UndoFailed(InstanceId=iid, Step=name, Reason=error),
         )
     return (yield from _finish_compensation(context, plan))
 
@@ -332,8 +322,9 @@ def _await_step(context, plan: Plan, step: StepPlan, deadline):
     return _reply(context, plan, step.Name, "do", result)
 
 
+@ends_stale
 def run_v2_0(context):
-    return (yield from ends_stale(_run_v2(context, _compensate)))
+    return (yield from _run_v2(context, _compensate))
 
 
 def _run_v2(context, compensate):
@@ -442,9 +433,11 @@ def _permanent(
     iid = context.instance_id
     reason = f"step {step} failed: {error}"
     if completed:
-        yield from _write(context, BeginCompensation(InstanceId=iid, Step=step, Reason=reason))
+        yield from _write(
+            context, commands.BeginCompensation(InstanceId=iid, Step=step, Reason=reason)
+        )
         return (yield from compensate(context, plan, [step, *reversed(completed)]))
-    yield from _write(context, MarkFailed(InstanceId=iid, Step=step, Reason=reason))
+    yield from _write(context, commands.MarkFailed(InstanceId=iid, Step=step, Reason=reason))
     yield from _alert(context, plan, "OrderError", reason)
     yield from _terminal_status(context, plan, StatusKind.FAILED, step, reason)
     return finish("failed", step, reason)
@@ -460,8 +453,9 @@ def _permanent(
 # version: a 2.0 instance replays 2.0's code (which ignored that reply).
 
 
+@ends_stale
 def run_v2_1(context):
-    return (yield from ends_stale(_run_v2(context, _compensate_v2_1)))
+    return (yield from _run_v2(context, _compensate_v2_1))
 
 
 def _compensate_v2_1(context, plan: Plan, undo: list[str]):
@@ -525,7 +519,9 @@ def _undo_step_v2_1(context, plan: Plan, step: StepPlan):
 
 def _finish_compensation(context, plan: Plan):
     """The compensation's terminal write and its status (and alert)."""
-    written = yield from _write(context, FinishCompensation(InstanceId=context.instance_id))
+    written = yield from _write(
+        context, commands.FinishCompensation(InstanceId=context.instance_id)
+    )
     if written.State is ProcessState.COMPENSATED:
         yield from _terminal_status(context, plan, StatusKind.COMPENSATED)
         return finish("compensated")

@@ -9,6 +9,7 @@ used with `yield from`; deterministic like the rest of the orchestration."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Generator
 from typing import Any, Protocol, TypeVar
 
@@ -16,12 +17,12 @@ from azure.durable_functions import RetryOptions
 
 from domain.ids import reply_event_name
 from domain.models import StatusKind
+from orchestrators import commands
 from orchestrators.contracts import (
     AlertNote,
     LoadPlanInput,
     Plan,
     SendRequest,
-    StateWrite,
     StatusNote,
     StepPlan,
     WorkflowResult,
@@ -74,13 +75,22 @@ def finish(outcome: str, step: str | None = None, detail: str | None = None) -> 
     return WorkflowResult(Outcome=outcome, Step=step, Detail=detail).dump()
 
 
-def ends_stale(run: Generator[Any, Any, Any]) -> Generator[Any, Any, Any]:
-    """Run a workflow version's body; a StaleAttempt from anywhere in it ends
-    the orchestration with the "stale" result."""
-    try:
-        return (yield from run)
-    except StaleAttempt as stale:
-        return finish("stale", stale.step, stale.reason)
+Body = Callable[[Any], Generator[Any, Any, Any]]
+
+
+def ends_stale(body: Body) -> Body:
+    """Decorates a workflow version (a generator of the context): a
+    StaleAttempt from anywhere in it ends the orchestration with the "stale"
+    result, naming the step it was at and the reason."""
+
+    @functools.wraps(body)
+    def run(context):
+        try:
+            return (yield from body(context))
+        except StaleAttempt as stale:
+            return finish("stale", stale.step, stale.reason)
+
+    return run
 
 
 def load_plan(call: Call, context):
@@ -90,7 +100,7 @@ def load_plan(call: Call, context):
     return unless_stale(plan)
 
 
-def write(call: Call, context, command: StateWrite, step: str | None = None):
+def write(call: Call, context, command: commands.StateWrite, step: str | None = None):
     """Write `command`; stale names `step`, by default the command's own."""
     result = WriteResult.model_validate((yield call(context, "write_state", command.dump())))
     return unless_stale(result, step or getattr(command, "Step", None))

@@ -10,17 +10,10 @@ from __future__ import annotations
 from datetime import timedelta
 
 from domain.models import ProcessState, ReplyOutcome, StatusKind
+from orchestrators import commands
 from orchestrators.contracts import (
-    BeginCompensation,
-    CompleteStep,
-    FinishCompensation,
-    MarkFailed,
-    MarkProcessed,
     Plan,
-    StartStep,
     StepPlan,
-    UndoDone,
-    UndoFailed,
     reply_from_event,
 )
 from orchestrators.deadline import race
@@ -48,11 +41,8 @@ def _run_step(context, plan: Plan, step: StepPlan, action: str, attempt_try: int
     return None if result is None else reply_from_event(result)
 
 
+@ends_stale
 def run_v1(context):
-    return (yield from ends_stale(_run(context)))
-
-
-def _run(context):
     iid = context.instance_id
     plan = yield from load_plan(call_plain, context)
     if plan.State is ProcessState.COMPENSATING:
@@ -69,7 +59,9 @@ def _run(context):
             continue  # resume: a previous attempt finished it
         deadline = context.current_utc_datetime + timedelta(seconds=plan.StepTimeoutSeconds)
         yield from write(
-            call_plain, context, StartStep(InstanceId=iid, Step=step.Name, Deadline=deadline)
+            call_plain,
+            context,
+            commands.StartStep(InstanceId=iid, Step=step.Name, Deadline=deadline),
         )
 
         reply = yield from _run_step(context, plan, step, "do")
@@ -83,11 +75,13 @@ def _run(context):
             reason = f"step {step.Name} failed: {reply.Error}"
             if completed:
                 # 1.0 names no step in this write (it undoes Completed steps only).
-                command = BeginCompensation(InstanceId=iid, Reason=reason)
+                command = commands.BeginCompensation(InstanceId=iid, Reason=reason)
                 yield from write(call_plain, context, command, step.Name)
                 return (yield from _compensate(context, plan, completed))
             yield from write(
-                call_plain, context, MarkFailed(InstanceId=iid, Step=step.Name, Reason=reason)
+                call_plain,
+                context,
+                commands.MarkFailed(InstanceId=iid, Step=step.Name, Reason=reason),
             )
             yield from alert(call_plain, context, plan, "OrderError", reason)
             yield from status(call_plain, context, plan, StatusKind.FAILED, step.Name, reason)
@@ -95,12 +89,14 @@ def _run(context):
 
         reference = (reply.Result or {}).get("Reference")
         yield from write(
-            call_plain, context, CompleteStep(InstanceId=iid, Step=step.Name, Reference=reference)
+            call_plain,
+            context,
+            commands.CompleteStep(InstanceId=iid, Step=step.Name, Reference=reference),
         )
         completed.append(step)
         yield from status(call_plain, context, plan, StatusKind.STEP_COMPLETED, step.Name)
 
-    yield from write(call_plain, context, MarkProcessed(InstanceId=iid))
+    yield from write(call_plain, context, commands.MarkProcessed(InstanceId=iid))
     yield from status(call_plain, context, plan, StatusKind.PROCESSED)
     return finish("processed")
 
@@ -121,13 +117,13 @@ def _compensate(context, plan: Plan, completed: list[StepPlan]):
                 if reply.Outcome is ReplyOutcome.PERMANENT:
                     break
         command = (
-            UndoDone(InstanceId=iid, Step=step.Name)
+            commands.UndoDone(InstanceId=iid, Step=step.Name)
             if ok
-            else UndoFailed(InstanceId=iid, Step=step.Name, Reason=error)
+            else commands.UndoFailed(InstanceId=iid, Step=step.Name, Reason=error)
         )
         yield from write(call_plain, context, command)
 
-    written = yield from write(call_plain, context, FinishCompensation(InstanceId=iid))
+    written = yield from write(call_plain, context, commands.FinishCompensation(InstanceId=iid))
     if written.State is ProcessState.COMPENSATED:
         yield from status(call_plain, context, plan, StatusKind.COMPENSATED)
         return finish("compensated")

@@ -8,7 +8,8 @@ from datetime import timedelta
 import pytest
 
 from domain.models import ProcessState, StatusKind
-from orchestrators.contracts import SendRequest, StatusNote, parse_state_write
+from orchestrators.commands import parse_state_write
+from orchestrators.contracts import SendRequest, StatusNote
 from tests.unit.orchestrators.driver import World
 
 

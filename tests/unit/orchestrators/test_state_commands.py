@@ -12,7 +12,7 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from orchestrators.contracts import (
+from orchestrators.commands import (
     BeginCompensation,
     CompleteStep,
     FinishCompensation,
@@ -22,8 +22,10 @@ from orchestrators.contracts import (
     StartStep,
     UndoDone,
     UndoFailed,
-    WriteResult,
     parse_state_write,
+)
+from orchestrators.contracts import (
+    WriteResult,
 )
 from orchestrators.workflow_steps import StaleAttempt, ends_stale, unless_stale
 from tests.unit.orchestrators.driver import Driver, World
@@ -111,7 +113,7 @@ def test_stale_attempt_raised_deep_inside_ends_the_run_with_the_stale_result():
         yield "never scheduled"
         return {"Outcome": "processed"}
 
-    run = ends_stale(body())
+    run = ends_stale(lambda context: body())(None)
     assert next(run) == "write"
     with pytest.raises(StopIteration) as stop:
         run.send({"Stale": True, "Reason": "order A1 is locked by 'A1:2'"})
