@@ -121,3 +121,17 @@ def test_a_named_point_kills_the_process_once_per_marker_directory(tmp_path: Pat
     second = run()
     assert second.returncode == 0, second.stderr
     assert second.stdout == "ran past\n"
+
+
+def test_the_composition_root_chooses_the_hook_from_the_environment(monkeypatch, tmp_path):
+    import bootstrap
+    from orchestrators.hooks import no_crash_point
+
+    build = bootstrap.crash_point.__wrapped__  # uncached: once per process otherwise
+    monkeypatch.delenv("CRASH_POINTS", raising=False)
+    assert build() is no_crash_point
+    monkeypatch.setenv("CRASH_POINTS", "workflow.after_send")
+    monkeypatch.setenv("CRASH_POINTS_DIR", str(tmp_path))
+    hook = build()
+    assert isinstance(hook, EnvCrashPoints)
+    assert (hook.points, hook.marker_dir) == (frozenset({"workflow.after_send"}), tmp_path)
