@@ -11,6 +11,7 @@ have one per test)."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -20,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
-from adapters import telemetry
+from adapters import crashpoints, telemetry
 from adapters.checkpoints import CosmosCheckpointStore
 from adapters.cosmos_client import (
     RequestCharges,
@@ -40,6 +41,7 @@ from agents.messaging import RequestProcessor, ServiceBusReplySender
 from agents.ports import SystemClock
 from agents.remote_client import HttpRemoteService
 from domain.steps import STEP_NAMES
+from orchestrators.hooks import CrashPoint, no_crash_point
 from reporting import Alerts, StatusReporter
 
 if TYPE_CHECKING:
@@ -155,6 +157,13 @@ def _credential(cfg: Settings) -> AsyncTokenCredential | None:
     return azure_credential(cfg.managed_identity_client_id)
 
 
+@functools.cache
+def crash_point() -> CrashPoint:
+    """The fault-injection hook of this process: the one fault tests ask for
+    through the environment (adapters.crashpoints), else the no-op."""
+    return crashpoints.from_environment() or no_crash_point
+
+
 async def container() -> Container:
     loop = asyncio.get_running_loop()
     future = _containers.get(loop)
@@ -213,6 +222,7 @@ async def scheduler_activities():
         c.agent,
         _step_modes(c.settings),
         c.index,
+        crash_point=crash_point(),
     )
 
 
@@ -223,7 +233,9 @@ async def starter():
     # One per process and loop: the fast path uses what the last timer run
     # measured (the Processing count) instead of counting per order.
     if c.starter is None:
-        c.starter = Starter(c.settings, c.store, c.index, publisher=c.publisher)
+        c.starter = Starter(
+            c.settings, c.store, c.index, publisher=c.publisher, crash_point=crash_point()
+        )
     return c.starter
 
 

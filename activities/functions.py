@@ -1,7 +1,8 @@
-"""Durable activity triggers of the Scheduler. Each decodes its input contract,
-calls SchedulerActivities (built once per process by bootstrap) and returns
-plain JSON, inside a span that continues the attempt's trace (the input's
-`Trace`, copied there by the orchestration: adapters.telemetry)."""
+"""Durable activity triggers of the Scheduler. Each hands its input to
+SchedulerActivities.run (built once per process by bootstrap), which decodes
+the input contract, calls the use case and returns plain JSON, inside a span
+that continues the attempt's trace (the input's `Trace`, copied there by the
+orchestration: adapters.telemetry)."""
 
 from __future__ import annotations
 
@@ -12,16 +13,9 @@ from typing import Any
 import azure.durable_functions as df
 
 import bootstrap
+from activities.scheduler_activities import ACTIVITY_NAMES
 from adapters import telemetry
 from domain.ids import parse_attempt_instance_id
-from orchestrators.contracts import (
-    Advance,
-    AlertNote,
-    LoadPlanInput,
-    SendRequest,
-    StateWrite,
-    StatusNote,
-)
 
 bp = df.Blueprint()
 
@@ -43,70 +37,19 @@ def _span(name: str, data: dict) -> Iterator[None]:
         yield
 
 
-@bp.function_name("load_plan")
-@bp.activity_trigger(input_name="data")
-async def load_plan(data: dict) -> dict:
-    with _span("load_plan", data):
-        acts = await bootstrap.scheduler_activities()
-        return (await acts.load_plan(LoadPlanInput.model_validate(data))).dump()
+def _activity(name: str) -> None:
+    """Register the activity trigger `name`: its span around
+    SchedulerActivities.run, which decodes, calls and encodes."""
+
+    async def activity(data: dict) -> Any:
+        with _span(name, data):
+            acts = await bootstrap.scheduler_activities()
+            return await acts.run(name, data)
+
+    activity.__name__ = activity.__qualname__ = name
+    bp.function_name(name)(bp.activity_trigger(input_name="data")(activity))
 
 
-@bp.function_name("write_state")
-@bp.activity_trigger(input_name="data")
-async def write_state(data: dict) -> dict:
-    with _span("write_state", data):
-        acts = await bootstrap.scheduler_activities()
-        return (await acts.write_state(StateWrite.model_validate(data))).dump()
-
-
-@bp.function_name("send_agent_request")
-@bp.activity_trigger(input_name="data")
-async def send_agent_request(data: dict) -> str:
-    with _span("send_agent_request", data):
-        acts = await bootstrap.scheduler_activities()
-        return await acts.send_agent_request(SendRequest.model_validate(data))
-
-
-@bp.function_name("run_inline_step")
-@bp.activity_trigger(input_name="data")
-async def run_inline_step(data: dict) -> dict:
-    with _span("run_inline_step", data):
-        acts = await bootstrap.scheduler_activities()
-        return (await acts.run_inline_step(SendRequest.model_validate(data))).model_dump(
-            mode="json"
-        )
-
-
-@bp.function_name("report_status")
-@bp.activity_trigger(input_name="data")
-async def report_status(data: dict) -> None:
-    with _span("report_status", data):
-        acts = await bootstrap.scheduler_activities()
-        await acts.report_status(StatusNote.model_validate(data))
-
-
-@bp.function_name("raise_alert")
-@bp.activity_trigger(input_name="data")
-async def raise_alert(data: dict) -> None:
-    with _span("raise_alert", data):
-        acts = await bootstrap.scheduler_activities()
-        await acts.raise_alert(AlertNote.model_validate(data))
-
-
-# --- workflow 2.0 ------------------------------------------------------------------------
-
-
-@bp.function_name("begin_attempt")
-@bp.activity_trigger(input_name="data")
-async def begin_attempt(data: dict) -> dict:
-    with _span("begin_attempt", data):
-        acts = await bootstrap.scheduler_activities()
-        return (await acts.begin(Advance.model_validate(data))).dump()
-
-
-@bp.function_name("advance_attempt")
-@bp.activity_trigger(input_name="data")
-async def advance_attempt(data: dict) -> dict:
-    with _span("advance_attempt", data):
-        acts = await bootstrap.scheduler_activities()
-        return (await acts.advance(Advance.model_validate(data))).dump()
+# 1.x's activities, then workflow 2.0's one-write-one-message pair.
+for _name in ACTIVITY_NAMES:
+    _activity(_name)

@@ -22,8 +22,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
-from adapters.crashpoints import crash_point
+from pydantic import BaseModel
+
 from adapters.ports import DeadlineIndex, MessagePublisher, NoIndex, OrdersRepository, StateStore
 from adapters.settings import Settings
 from domain import state_machine as sm
@@ -45,6 +47,7 @@ from domain.models import (
     StepStatus,
     mask_card_numbers,
 )
+from orchestrators import commands
 from orchestrators.contracts import (
     Advance,
     Advanced,
@@ -52,12 +55,12 @@ from orchestrators.contracts import (
     LoadPlanInput,
     Plan,
     SendRequest,
-    StateWrite,
     StatusNote,
     StepPlan,
     WriteResult,
     step_payload,
 )
+from orchestrators.hooks import CrashPoint, no_crash_point
 from reporting import Alerts, StatusOutbox, StatusReporter
 from reporting.status import ALERT_OF_STATUS
 
@@ -65,13 +68,25 @@ log = logging.getLogger(__name__)
 
 AGENT_REQUESTS_QUEUE = "agent-requests"
 
+# The Durable activities SchedulerActivities.run answers (one trigger each).
+ACTIVITY_NAMES = (
+    "load_plan",
+    "write_state",
+    "send_agent_request",
+    "run_inline_step",
+    "report_status",
+    "raise_alert",
+    "begin_attempt",
+    "advance_attempt",
+)
+
 # The state each write leaves the record in, to recognise a re-run whose write
 # already landed (the LockedBy guard would otherwise call it stale).
-_TARGET_STATE = {
-    "processed": ProcessState.PROCESSED,
-    "failed": ProcessState.ERROR,
-    "begin_compensation": ProcessState.COMPENSATING,
-    "finish_compensation": (ProcessState.COMPENSATED, ProcessState.COMPENSATION_FAILED),
+_TARGET_STATES: dict[type, tuple[ProcessState, ...]] = {
+    commands.MarkProcessed: (ProcessState.PROCESSED,),
+    commands.MarkFailed: (ProcessState.ERROR,),
+    commands.BeginCompensation: (ProcessState.COMPENSATING,),
+    commands.FinishCompensation: (ProcessState.COMPENSATED, ProcessState.COMPENSATION_FAILED),
 }
 
 # Statuses that end an order: sent from the record's outbox, never lost.
@@ -103,7 +118,10 @@ class SchedulerActivities:
         step_modes: dict[str, str] | None = None,
         index: DeadlineIndex | None = None,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        crash_point: CrashPoint = no_crash_point,
     ) -> None:
+        """`crash_point`: the fault-injection hook the composition root
+        chooses (orchestrators.hooks); a no-op unless a fault test asks."""
         self._settings = settings
         self._store = store
         self._orders = orders
@@ -116,18 +134,59 @@ class SchedulerActivities:
         self._step_modes = step_modes or {}
         self._index = index or NoIndex()
         self._clock = clock
+        self._crash_point = crash_point
+
+    async def run(self, name: str, data: Any) -> Any:
+        """Run the activity `name` on its JSON input and return its JSON
+        result: what every activity trigger (activities.functions) does
+        between decoding and encoding, in one place."""
+        result: Any
+        match name:
+            case "load_plan":
+                result = await self.load_plan(LoadPlanInput.model_validate(data))
+            case "write_state":
+                result = await self.write_state(commands.parse_state_write(data))
+            case "send_agent_request":
+                result = await self.send_agent_request(SendRequest.model_validate(data))
+            case "run_inline_step":
+                result = await self.run_inline_step(SendRequest.model_validate(data))
+            case "report_status":
+                await self.report_status(StatusNote.model_validate(data))
+                result = None
+            case "raise_alert":
+                await self.raise_alert(AlertNote.model_validate(data))
+                result = None
+            case "begin_attempt":
+                result = await self.begin(Advance.model_validate(data))
+            case "advance_attempt":
+                result = await self.advance(Advance.model_validate(data))
+            case _:
+                raise ValueError(f"unknown activity {name!r}")
+        return result.model_dump(mode="json") if isinstance(result, BaseModel) else result
 
     # --- reading ------------------------------------------------------------------------
 
     async def load_plan(self, data: LoadPlanInput) -> Plan:
-        order_id, attempt = parse_attempt_instance_id(data.InstanceId)
-        try:
-            record, _ = await self._store.read(order_id)
-        except NotFoundError:
-            return Plan(Stale=True, Reason=f"order {order_id} has no state record")
-        if record.LockedBy != data.InstanceId:
-            return Plan(Stale=True, Reason=f"order {order_id} is locked by {record.LockedBy!r}")
-        return await self._plan(record, attempt)
+        _, attempt = parse_attempt_instance_id(data.InstanceId)
+        owned = await self._owned(data.InstanceId)
+        if isinstance(owned, str):
+            return Plan(Stale=True, Reason=owned)
+        return await self._plan(owned[0], attempt)
+
+    async def _owned(
+        self, instance: str, known: tuple[OrderState, str] | None = None
+    ) -> tuple[OrderState, str] | str:
+        """The record (as `known`, else read) and its etag if `instance` owns
+        it; otherwise why the attempt is stale."""
+        order_id, _ = parse_attempt_instance_id(instance)
+        if known is None:
+            try:
+                known = await self._store.read(order_id)
+            except NotFoundError:
+                return f"order {order_id} has no state record"
+        if known[0].LockedBy != instance:
+            return f"order {order_id} is locked by {known[0].LockedBy!r}"
+        return known
 
     async def _plan(self, record: OrderState, attempt: int, payload: dict | None = None) -> Plan:
         if not payload:
@@ -156,42 +215,46 @@ class SchedulerActivities:
 
     # --- writing the record ---------------------------------------------------------------
 
-    def _transition(self, write: StateWrite, now: datetime) -> Callable[[OrderState], OrderState]:
-        instance = write.InstanceId
-        kinds: dict[str, Callable[[OrderState], OrderState]] = {
-            "start_step": lambda r: sm.start_step(r, instance, write.Step, now, write.Deadline),
-            "complete_step": lambda r: sm.complete_step(
-                r, instance, write.Step, now, write.Reference, self._next_deadline(write, now)
-            ),
-            "processed": lambda r: sm.mark_processed(r, instance, now),
-            "failed": lambda r: sm.mark_failed(
-                r, instance, write.Step, write.Reason or "failed", now
-            ),
-            "begin_compensation": lambda r: sm.begin_compensation(
-                r, instance, write.Reason or "compensation", now, write.Step
-            ),
-            "transient": lambda r: sm.record_transient(
-                r, instance, write.Step, write.Reason or "transient failure", now
-            ),
-            "undo_done": lambda r: sm.record_undo(r, instance, write.Step, True, now),
-            "undo_failed": lambda r: sm.record_undo(
-                r, instance, write.Step, False, now, write.Reason
-            ),
-            "finish_compensation": lambda r: sm.finish_compensation(r, instance, now),
-        }
-        return kinds[write.Kind]
+    def _transition(
+        self, write: commands.StateWrite, now: datetime
+    ) -> Callable[[OrderState], OrderState]:
+        """The state machine's transition for one command, by its type."""
+        i = write.InstanceId
+        match write:
+            case commands.StartStep(Step=step, Deadline=deadline):
+                return lambda r: sm.start_step(r, i, step, now, deadline)
+            case commands.CompleteStep(Step=step, Reference=reference):
+                deadline = self._next_deadline(write, now)
+                return lambda r: sm.complete_step(r, i, step, now, reference, deadline)
+            case commands.MarkProcessed():
+                return lambda r: sm.mark_processed(r, i, now)
+            case commands.MarkFailed(Step=failed, Reason=reason):
+                return lambda r: sm.mark_failed(r, i, failed, reason or "failed", now)
+            case commands.BeginCompensation(Step=failed, Reason=reason):
+                return lambda r: sm.begin_compensation(r, i, reason or "compensation", now, failed)
+            case commands.RecordTransient(Step=step, Reason=reason):
+                return lambda r: sm.record_transient(r, i, step, reason or "transient failure", now)
+            case commands.UndoDone(Step=step):
+                return lambda r: sm.record_undo(r, i, step, True, now)
+            case commands.UndoFailed(Step=step, Reason=reason):
+                return lambda r: sm.record_undo(r, i, step, False, now, reason)
+            case commands.FinishCompensation():
+                return lambda r: sm.finish_compensation(r, i, now)
+        raise TypeError(f"not a state command: {write!r}")
 
-    def _next_deadline(self, write: StateWrite, now: datetime) -> datetime:
-        """complete_step's new CompleteBy: the orchestration's (1.1), or for
-        1.0 instances, which send none, one step timeout from now."""
+    def _next_deadline(
+        self, write: commands.StartStep | commands.CompleteStep, now: datetime
+    ) -> datetime:
+        """The record's CompleteBy after `write`: the orchestration's, or for
+        a 1.0 complete_step, which sends none, one step timeout from now."""
         if write.Deadline is not None:
             return write.Deadline
         return now + timedelta(seconds=self._settings.step_timeout.total_seconds())
 
-    async def write_state(self, write: StateWrite) -> WriteResult:
+    async def write_state(self, write: commands.StateWrite) -> WriteResult:
         order_id, attempt = parse_attempt_instance_id(write.InstanceId)
         now = self._clock()
-        if write.Kind in ("start_step", "complete_step"):
+        if isinstance(write, commands.StartStep | commands.CompleteStep):
             # Indexed before the record carries it (adapters.recovery_index).
             await self._index.add(order_id, self._next_deadline(write, now), attempt)
         try:
@@ -213,12 +276,13 @@ class SchedulerActivities:
             )
             return WriteResult(Stale=True, Reason=str(exc))
 
-    async def _already_landed(self, order_id: str, write: StateWrite) -> ProcessState | None:
-        target = _TARGET_STATE.get(write.Kind)
-        if target is None:
+    async def _already_landed(
+        self, order_id: str, write: commands.StateWrite
+    ) -> ProcessState | None:
+        targets = _TARGET_STATES.get(type(write))
+        if targets is None:
             return None
         record, _ = await self._store.read(order_id)
-        targets = target if isinstance(target, tuple) else (target,)
         last = record.History[-1] if record.History else None
         if record.ProcessState in targets and last is not None and last.By == write.InstanceId:
             return record.ProcessState
@@ -231,15 +295,13 @@ class SchedulerActivities:
         write (on the claim's etag when the orchestration got it), then that
         step's request, then Processing if the application opted in."""
         order_id, attempt = parse_attempt_instance_id(data.InstanceId)
+        given = None
         if data.Record is not None and data.Etag is not None:
-            record, etag = OrderState.model_validate(data.Record), data.Etag
-        else:
-            try:
-                record, etag = await self._store.read(order_id)
-            except NotFoundError:
-                return Advanced(Stale=True, Reason=f"order {order_id} has no state record")
-        if record.LockedBy != data.InstanceId:
-            return Advanced(Stale=True, Reason=f"order {order_id} is locked by {record.LockedBy!r}")
+            given = (OrderState.model_validate(data.Record), data.Etag)
+        owned = await self._owned(data.InstanceId, given)
+        if isinstance(owned, str):
+            return Advanced(Stale=True, Reason=owned)
+        record, etag = owned
         plan = await self._plan(record, attempt, data.Payload)
         start = next((s for s in plan.Steps if not s.Completed), None)
         if (
@@ -429,7 +491,7 @@ class SchedulerActivities:
             message_id,
             {"OrderID": request.OrderID, "Step": request.Step, "Action": request.Action},
         )
-        crash_point("workflow.after_send")
+        self._crash_point("workflow.after_send")
         return message_id
 
     async def run_inline_step(self, send: SendRequest) -> AgentReply:

@@ -1,24 +1,42 @@
-"""Crash points for fault-injection tests: `crash_point("starter.after_claim")`
-kills the process on the spot (as `kill -9` would: no cleanup, no settlement)
-when the environment names that point.
+"""Crash points for fault-injection tests: a `CrashPoint` hook
+(orchestrators.hooks) that kills the process on the spot (as `kill -9`
+would: no cleanup, no settlement) at the points the environment names.
 
-A no-op unless CRASH_POINTS is set (it never is in Azure). Each point fires
-once per marker directory (CRASH_POINTS_DIR), so the restarted process runs
-on past it, as a process that crashed once would."""
+The composition root (bootstrap) builds it with `from_environment`, which
+gives none unless CRASH_POINTS is set (it never is in Azure): the root then
+gives the use cases the no-op hook. Each
+point fires once per marker directory (CRASH_POINTS_DIR), so the restarted
+process runs on past it, as a process that crashed once would."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
 
-def crash_point(name: str) -> None:
-    points = os.environ.get("CRASH_POINTS")
-    if not points or name not in points.split(","):
-        return
-    marker = Path(os.environ.get("CRASH_POINTS_DIR", ".")) / f"crashed-{name}"
-    try:
-        marker.touch(exist_ok=False)
-    except FileExistsError:
-        return
-    os._exit(137)
+class EnvCrashPoints:
+    """Kills the process at each of `points` the first time it is reached
+    (a marker file in `marker_dir` records that it was)."""
+
+    def __init__(self, points: frozenset[str], marker_dir: Path) -> None:
+        self.points = points
+        self.marker_dir = marker_dir
+
+    def __call__(self, name: str) -> None:
+        if name not in self.points:
+            return
+        try:
+            (self.marker_dir / f"crashed-{name}").touch(exist_ok=False)
+        except FileExistsError:
+            return
+        os._exit(137)
+
+
+def from_environment(environ: Mapping[str, str] = os.environ) -> EnvCrashPoints | None:
+    """CRASH_POINTS (comma-separated point names) and CRASH_POINTS_DIR (where
+    the markers go, default the working directory)."""
+    points = frozenset(p for p in environ.get("CRASH_POINTS", "").split(",") if p)
+    if not points:
+        return None
+    return EnvCrashPoints(points, Path(environ.get("CRASH_POINTS_DIR", ".")))

@@ -72,27 +72,6 @@ class Plan(ActivityContract):
     Progress: bool = False
 
 
-class StateWrite(Traced):
-    """One guarded write to the record by the attempt `InstanceId`."""
-
-    InstanceId: str
-    Kind: Literal[
-        "start_step",
-        "complete_step",
-        "processed",
-        "failed",
-        "begin_compensation",
-        "undo_done",
-        "undo_failed",
-        "finish_compensation",
-        "transient",
-    ]
-    Step: str | None = None
-    Deadline: AwareDatetime | None = None
-    Reference: str | None = None
-    Reason: str | None = None
-
-
 class WriteResult(ActivityContract):
     Stale: bool = False
     Reason: str | None = None

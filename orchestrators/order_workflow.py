@@ -34,37 +34,35 @@ from __future__ import annotations
 import json
 from datetime import timedelta
 
-from azure.durable_functions import RetryOptions
-
 from domain.ids import reply_event_name
 from domain.models import AgentReply, ProcessState, ReplyOutcome, StatusKind
-from orchestrators import workflow_v1_0
+from orchestrators import commands, workflow_v1_0
 from orchestrators.contracts import (
     Advance,
     Advanced,
-    AlertNote,
     AttemptInput,
-    LoadPlanInput,
     Plan,
     SendRequest,
-    StateWrite,
-    StatusNote,
     StepPlan,
-    WorkflowResult,
-    WriteResult,
     reply_from_event,
 )
 from orchestrators.deadline import race
+from orchestrators.workflow_steps import (
+    ACTIVITY_RETRY,
+    alert,
+    ends_stale,
+    finish,
+    load_plan,
+    request_step,
+    status,
+    unless_stale,
+    write,
+)
 
 WORKFLOW_NAME = "order_workflow"
 CURRENT_VERSION = "2.0"
 # What an instance without a version runs: the code of its time, not the newest.
 UNVERSIONED = "1.0"
-
-# Activities are idempotent, so a brief store or bus hiccup is retried here
-# rather than failing the attempt (which the Supervisor would then retry as a
-# whole). Three tries inside a few seconds stay well inside a step deadline.
-ACTIVITY_RETRY = RetryOptions(first_retry_interval_in_milliseconds=500, max_number_of_attempts=3)
 
 
 def _call(context, name: str, data: dict):
@@ -112,29 +110,14 @@ def order_workflow(context):
 # --- version 1.1 ---------------------------------------------------------------------
 
 
-def _write(context, kind: str, **fields):
-    result = yield _call(
-        context,
-        "write_state",
-        StateWrite(InstanceId=context.instance_id, Kind=kind, **fields).dump(),
-    )
-    return WriteResult.model_validate(result)
+def _write(context, command, step: str | None = None):
+    return (yield from write(_call, context, command, step))
 
 
 def _status(
-    context, plan: Plan, status: StatusKind, step: str | None = None, detail: str | None = None
+    context, plan: Plan, kind: StatusKind, step: str | None = None, detail: str | None = None
 ):
-    yield _call(
-        context,
-        "report_status",
-        StatusNote(
-            InstanceId=context.instance_id,
-            ReplyTo=plan.ReplyTo,
-            Status=status,
-            Step=step,
-            Detail=detail,
-        ).dump(),
-    )
+    yield from status(_call, context, plan, kind, step, detail)
 
 
 def _terminal_status(
@@ -151,9 +134,7 @@ def _terminal_status(
 
 
 def _alert(context, plan: Plan, kind: str, reason: str):
-    yield _call(
-        context, "raise_alert", AlertNote(Kind=kind, OrderID=plan.OrderID, Reason=reason).dump()
-    )
+    yield from alert(_call, context, plan, kind, reason)
 
 
 def _deadline(context, plan: Plan):
@@ -164,21 +145,9 @@ def _deadline(context, plan: Plan):
 def _run_step(context, plan: Plan, step: StepPlan, action: str, deadline, attempt_try: int = 0):
     """Send one request (or run the inline step) and race it against `deadline`,
     the same value the record and the agent got."""
-    request = SendRequest(
-        InstanceId=context.instance_id,
-        Step=step.Name,
-        Action=action,
-        Try=attempt_try,
-        Deadline=deadline,
-        Payload=plan.Payload,
+    task = yield from request_step(
+        _call, context, plan, step, action, deadline, attempt_try, inline_input=_traced
     )
-    if step.Mode == "inline":
-        task = context.call_activity("run_inline_step", _traced(context, request.dump()))
-    else:
-        yield _call(context, "send_agent_request", request.dump())
-        task = context.wait_for_external_event(
-            reply_event_name(step.Name, plan.Attempt, request.label)
-        )
     result = yield from race(context, task, deadline)
     return _reply(context, plan, step.Name, action, result)
 
@@ -217,16 +186,10 @@ def _inline_failure(context, plan: Plan, step: str, action: str, failure: Except
     )
 
 
-def _finish(outcome: str, step: str | None = None, detail: str | None = None) -> dict:
-    return WorkflowResult(Outcome=outcome, Step=step, Detail=detail).dump()
-
-
+@ends_stale
 def run_v1_1(context):
-    plan = Plan.model_validate(
-        (yield _call(context, "load_plan", LoadPlanInput(InstanceId=context.instance_id).dump()))
-    )
-    if plan.Stale:
-        return _finish("stale", detail=plan.Reason)
+    iid = context.instance_id
+    plan = yield from load_plan(_call, context)
     if plan.State is ProcessState.COMPENSATING:
         # An operator asked for compensation, or a compensation is restarted:
         # the record's log says what is still to undo.
@@ -238,60 +201,49 @@ def run_v1_1(context):
         if step.Completed:
             continue  # resume: a previous attempt finished it
         deadline = _deadline(context, plan)
-        written = yield from _write(context, "start_step", Step=step.Name, Deadline=deadline)
-        if written.Stale:
-            return _finish("stale", step.Name, written.Reason)
+        yield from _write(
+            context, commands.StartStep(InstanceId=iid, Step=step.Name, Deadline=deadline)
+        )
 
         reply = yield from _run_step(context, plan, step, "do", deadline)
         if reply is None:
             # The step failed for this attempt. The record keeps CompleteBy =
             # the step's deadline; the Supervisor retries or gives up.
-            return _finish("timed_out", step.Name, "deadline passed")
+            return finish("timed_out", step.Name, "deadline passed")
         if reply.Outcome is ReplyOutcome.TRANSIENT:
             # Same, but keep the agent's reason for the Supervisor and operators.
-            written = yield from _write(context, "transient", Step=step.Name, Reason=reply.Error)
-            if written.Stale:
-                return _finish("stale", step.Name, written.Reason)
-            return _finish("timed_out", step.Name, reply.Error)
-
+            return (yield from _transient(context, step.Name, reply.Error))
         if reply.Outcome is ReplyOutcome.PERMANENT:
-            reason = f"step {step.Name} failed: {reply.Error}"
-            if completed:
-                written = yield from _write(
-                    context, "begin_compensation", Step=step.Name, Reason=reason
-                )
-                if written.Stale:
-                    return _finish("stale", step.Name, written.Reason)
-                # The failed step's request was sent: undo it too, first.
-                return (yield from _compensate(context, plan, [step.Name, *reversed(completed)]))
-            written = yield from _write(context, "failed", Step=step.Name, Reason=reason)
-            if written.Stale:
-                return _finish("stale", step.Name, written.Reason)
-            yield from _alert(context, plan, "OrderError", reason)
-            yield from _terminal_status(context, plan, StatusKind.FAILED, step.Name, reason)
-            return _finish("failed", step.Name, reason)
+            return (yield from _permanent(context, plan, step.Name, reply.Error, completed))
 
         reference = (reply.Result or {}).get("Reference")
         # The attempt's next deadline: reach the next write (next step or
         # Processed) by then. Not the finished step's deadline, which may be
         # about to pass.
-        written = yield from _write(
+        yield from _write(
             context,
-            "complete_step",
-            Step=step.Name,
-            Reference=reference,
-            Deadline=_deadline(context, plan),
+            commands.CompleteStep(
+                InstanceId=iid,
+                Step=step.Name,
+                Reference=reference,
+                Deadline=_deadline(context, plan),
+            ),
         )
-        if written.Stale:
-            return _finish("stale", step.Name, written.Reason)
         completed.append(step.Name)
         yield from _status(context, plan, StatusKind.STEP_COMPLETED, step.Name)
 
-    written = yield from _write(context, "processed")
-    if written.Stale:
-        return _finish("stale", detail=written.Reason)
+    yield from _write(context, commands.MarkProcessed(InstanceId=iid))
     yield from _terminal_status(context, plan, StatusKind.PROCESSED)
-    return _finish("processed")
+    return finish("processed")
+
+
+def _transient(context, step: str, error: str | None):
+    """A transient failure: note the agent's reason on the record and stop;
+    the record keeps the step's deadline for the Supervisor."""
+    yield from _write(
+        context, commands.RecordTransient(InstanceId=context.instance_id, Step=step, Reason=error)
+    )
+    return finish("timed_out", step, error)
 
 
 def _compensate(context, plan: Plan, undo: list[str]):
@@ -299,27 +251,37 @@ def _compensate(context, plan: Plan, undo: list[str]):
     Each try has its own message id and reply event (SendRequest.label), and
     a restarted compensation is a new attempt, so no try is ever taken for a
     re-send of another."""
-    yield from _status(context, plan, StatusKind.COMPENSATING)
-    steps = {s.Name: s for s in plan.Steps}
-    for name in undo:
-        step = steps.get(name) or StepPlan(Name=name)
+
+    def undo_step(step: StepPlan):
         ok, error = False, "no reply before the deadline"
         for attempt_try in range(plan.UndoTries):
             deadline = _deadline(context, plan)
             reply = yield from _run_step(context, plan, step, "undo", deadline, attempt_try)
             if reply is not None and reply.Outcome is ReplyOutcome.OK:
-                ok = True
-                break
+                return True, None
             if reply is not None:
                 error = reply.Error or reply.Outcome.value
                 if reply.Outcome is ReplyOutcome.PERMANENT:
                     break
-        written = yield from _write(
-            context, "undo_done" if ok else "undo_failed", Step=name, Reason=None if ok else error
-        )
-        if written.Stale:
-            return _finish("stale", name, written.Reason)
+        return ok, error
 
+    return (yield from _compensate_with(context, plan, undo, undo_step))
+
+
+def _compensate_with(context, plan: Plan, undo: list[str], undo_step):
+    """Undo `undo` (step names, in that order) with the version's `undo_step`
+    (a generator returning (ok, error)), record each outcome, then finish."""
+    yield from _status(context, plan, StatusKind.COMPENSATING)
+    steps = {s.Name: s for s in plan.Steps}
+    iid = context.instance_id
+    for name in undo:
+        ok, error = yield from undo_step(steps.get(name) or StepPlan(Name=name))
+        yield from _write(
+            context,
+            commands.UndoDone(InstanceId=iid, Step=name)
+            if ok
+            else commands.UndoFailed(InstanceId=iid, Step=name, Reason=error),
+        )
     return (yield from _finish_compensation(context, plan))
 
 
@@ -360,27 +322,20 @@ def _await_step(context, plan: Plan, step: StepPlan, deadline):
     return _reply(context, plan, step.Name, "do", result)
 
 
+@ends_stale
 def run_v2_0(context):
     return (yield from _run_v2(context, _compensate))
 
 
 def _run_v2(context, compensate):
     """2.0 and 2.1: the lean happy path; `compensate` is the version's undo."""
+    iid = context.instance_id
     given = _attempt_input(context)
     timeout = given.StepTimeoutSeconds
     if timeout is None:
         # Started without input (by hand, or an older starter): learn the
         # step timeout first; begin then reads the record itself.
-        plan = Plan.model_validate(
-            (
-                yield _call(
-                    context, "load_plan", LoadPlanInput(InstanceId=context.instance_id).dump()
-                )
-            )
-        )
-        if plan.Stale:
-            return _finish("stale", detail=plan.Reason)
-        timeout = plan.StepTimeoutSeconds
+        timeout = (yield from load_plan(_call, context)).StepTimeoutSeconds
         given = AttemptInput(IndexedAt=given.IndexedAt)
     step_timeout = timedelta(seconds=timeout)
     # The first step's one deadline, computed here from replayed time.
@@ -389,7 +344,7 @@ def _run_v2(context, compensate):
         context,
         "begin_attempt",
         Advance(
-            InstanceId=context.instance_id,
+            InstanceId=iid,
             Begin=True,
             Record=given.Record,
             Etag=given.Etag,
@@ -398,8 +353,7 @@ def _run_v2(context, compensate):
             Payload=given.Payload or {},
         ),
     )
-    if begun.Stale:
-        return _finish("stale", detail=begun.Reason)
+    unless_stale(begun)
     plan = begun.Plan
     if plan.State is ProcessState.COMPENSATING:
         return (yield from compensate(context, plan, plan.Undo))
@@ -409,18 +363,30 @@ def _run_v2(context, compensate):
     record, etag = begun.Record, begun.Etag
     current = begun.Started
     reference = None
+
+    def complete(**then) -> Advance:
+        """The write that completes `current` and does `then` (start the next
+        step, or finish), on the record as the previous write left it."""
+        return Advance(
+            InstanceId=iid,
+            Record=record,
+            Etag=etag,
+            Complete=current,
+            Reference=reference,
+            Payload=plan.Payload,
+            Progress=plan.Progress,
+            **then,
+        )
+
     while current is not None:
         step = steps[current]
         reply = yield from _await_step(context, plan, step, deadline)
         if reply is None:
             # The step failed for this attempt; the record keeps CompleteBy =
             # the step's deadline, and the Supervisor retries or gives up.
-            return _finish("timed_out", current, "deadline passed")
+            return finish("timed_out", current, "deadline passed")
         if reply.Outcome is ReplyOutcome.TRANSIENT:
-            written = yield from _write(context, "transient", Step=current, Reason=reply.Error)
-            if written.Stale:
-                return _finish("stale", current, written.Reason)
-            return _finish("timed_out", current, reply.Error)
+            return (yield from _transient(context, current, reply.Error))
         if reply.Outcome is ReplyOutcome.PERMANENT:
             return (
                 yield from _permanent(context, plan, current, reply.Error, completed, compensate)
@@ -439,49 +405,24 @@ def _run_v2(context, compensate):
         # and starts the next, so the record's CompleteBy moves straight to it.
         deadline = context.current_utc_datetime + step_timeout
         moved = yield from _advance(
-            context,
-            "advance_attempt",
-            Advance(
-                InstanceId=context.instance_id,
-                Record=record,
-                Etag=etag,
-                Complete=current,
-                Reference=reference,
-                Start=nxt,
-                Deadline=deadline,
-                Payload=plan.Payload,
-                Progress=plan.Progress,
-            ),
+            context, "advance_attempt", complete(Start=nxt, Deadline=deadline)
         )
-        if moved.Stale:
-            return _finish("stale", current, moved.Reason)
+        unless_stale(moved, current)
         completed.append(current)
         record, etag, current = moved.Record, moved.Etag, nxt
 
     try:
         done = yield from _advance(
-            context,
-            "advance_attempt",
-            Advance(
-                InstanceId=context.instance_id,
-                Record=record,
-                Etag=etag,
-                Complete=current,
-                Reference=reference,
-                Finish=True,
-                Payload=plan.Payload,
-                Progress=plan.Progress,
-                IndexedAt=given.IndexedAt,
-            ),
+            context, "advance_attempt", complete(Finish=True, IndexedAt=given.IndexedAt)
         )
     except Exception:  # the SDK raises the activity's failure here after its retries
         # Either the write did not land (the record keeps the last step's
         # deadline: the Supervisor retries the attempt, which resumes at
         # Processed) or the status is still in the outbox (the Starter sends it).
-        return _finish("unconfirmed", current, "finishing write or its status failed")
-    if done.Stale:
-        return _finish("stale", current, done.Reason)
-    return _finish("processed")
+        return finish("unconfirmed", current, "finishing write or its status failed")
+    # Outside the try: a stale finish ends as "stale", not "unconfirmed".
+    unless_stale(done, current)
+    return finish("processed")
 
 
 def _permanent(
@@ -489,18 +430,17 @@ def _permanent(
 ):
     """A non-transient failure: compensate every sent step (this one first),
     or fail outright when no earlier step completed (as 1.1)."""
+    iid = context.instance_id
     reason = f"step {step} failed: {error}"
     if completed:
-        written = yield from _write(context, "begin_compensation", Step=step, Reason=reason)
-        if written.Stale:
-            return _finish("stale", step, written.Reason)
+        yield from _write(
+            context, commands.BeginCompensation(InstanceId=iid, Step=step, Reason=reason)
+        )
         return (yield from compensate(context, plan, [step, *reversed(completed)]))
-    written = yield from _write(context, "failed", Step=step, Reason=reason)
-    if written.Stale:
-        return _finish("stale", step, written.Reason)
+    yield from _write(context, commands.MarkFailed(InstanceId=iid, Step=step, Reason=reason))
     yield from _alert(context, plan, "OrderError", reason)
     yield from _terminal_status(context, plan, StatusKind.FAILED, step, reason)
-    return _finish("failed", step, reason)
+    return finish("failed", step, reason)
 
 
 # --- version 2.1 ---------------------------------------------------------------------
@@ -513,6 +453,7 @@ def _permanent(
 # version: a 2.0 instance replays 2.0's code (which ignored that reply).
 
 
+@ends_stale
 def run_v2_1(context):
     return (yield from _run_v2(context, _compensate_v2_1))
 
@@ -520,17 +461,11 @@ def run_v2_1(context):
 def _compensate_v2_1(context, plan: Plan, undo: list[str]):
     """1.1/2.0's compensation, with each step's undo taken from whichever of
     its tries answers first (_undo_step_v2_1)."""
-    yield from _status(context, plan, StatusKind.COMPENSATING)
-    steps = {s.Name: s for s in plan.Steps}
-    for name in undo:
-        step = steps.get(name) or StepPlan(Name=name)
-        ok, error = yield from _undo_step_v2_1(context, plan, step)
-        written = yield from _write(
-            context, "undo_done" if ok else "undo_failed", Step=name, Reason=None if ok else error
+    return (
+        yield from _compensate_with(
+            context, plan, undo, lambda step: _undo_step_v2_1(context, plan, step)
         )
-        if written.Stale:
-            return _finish("stale", name, written.Reason)
-    return (yield from _finish_compensation(context, plan))
+    )
 
 
 def _undo_step_v2_1(context, plan: Plan, step: StepPlan):
@@ -551,21 +486,8 @@ def _undo_step_v2_1(context, plan: Plan, step: StepPlan):
     earlier: list = []  # tasks of earlier tries that have not answered yet
     for attempt_try in range(plan.UndoTries):
         deadline = _deadline(context, plan)
-        request = SendRequest(
-            InstanceId=context.instance_id,
-            Step=step.Name,
-            Action="undo",
-            Try=attempt_try,
-            Deadline=deadline,
-            Payload=plan.Payload,
-        )
-        if step.Mode == "inline":
-            current = context.call_activity("run_inline_step", request.dump())
-        else:
-            yield _call(context, "send_agent_request", request.dump())
-            current = context.wait_for_external_event(
-                reply_event_name(step.Name, plan.Attempt, request.label)
-            )
+        # Its inline activity carries no trace context, as 2.1 was written.
+        current = yield from request_step(_call, context, plan, step, "undo", deadline, attempt_try)
         timer = context.create_timer(deadline)
         waiting = [current, *earlier]
         while True:
@@ -597,16 +519,16 @@ def _undo_step_v2_1(context, plan: Plan, step: StepPlan):
 
 def _finish_compensation(context, plan: Plan):
     """The compensation's terminal write and its status (and alert)."""
-    written = yield from _write(context, "finish_compensation")
-    if written.Stale:
-        return _finish("stale", detail=written.Reason)
+    written = yield from _write(
+        context, commands.FinishCompensation(InstanceId=context.instance_id)
+    )
     if written.State is ProcessState.COMPENSATED:
         yield from _terminal_status(context, plan, StatusKind.COMPENSATED)
-        return _finish("compensated")
+        return finish("compensated")
     reason = f"compensation of order {plan.OrderID} failed"
     yield from _alert(context, plan, "CompensationFailed", reason)
     yield from _terminal_status(context, plan, StatusKind.COMPENSATION_FAILED, detail=reason)
-    return _finish("compensation_failed", detail=reason)
+    return finish("compensation_failed", detail=reason)
 
 
 VERSIONS = {"1.0": workflow_v1_0.run_v1, "1.1": run_v1_1, "2.0": run_v2_0, "2.1": run_v2_1}

@@ -20,12 +20,12 @@ import logging
 from typing import Any
 
 from adapters import telemetry
-from adapters.crashpoints import crash_point
 from adapters.settlement import Settle
 from domain.codec import decode
 from domain.errors import ValidationFailed
 from domain.ids import parse_attempt_instance_id
 from domain.models import AgentReply
+from orchestrators.hooks import CrashPoint, no_crash_point
 
 log = logging.getLogger(__name__)
 
@@ -48,9 +48,12 @@ def _check_reply(body: bytes) -> AgentReply:
     return reply
 
 
-async def bridge_reply(body: bytes, client, alerts: Any = None) -> Settle:
+async def bridge_reply(
+    body: bytes, client, alerts: Any = None, crash_point: CrashPoint = no_crash_point
+) -> Settle:
     """What to do with one reply. `alerts` is unused (the gate alerts) and
-    kept for callers of the old signature."""
+    kept for callers of the old signature; `crash_point` is the
+    fault-injection hook (orchestrators.hooks)."""
     try:
         reply = _check_reply(body)
     except ValidationFailed as exc:
@@ -97,6 +100,9 @@ async def on_reply_message(message: Any, actions: Any, client: Any) -> Settle:
     with telemetry.consume(
         "reply bridge", message, **{"messaging.destination.name": AGENT_RESPONSES_QUEUE}
     ):
-        outcome = await gate.run(message, actions, lambda body: bridge_reply(body, client))
+        crash_point = bootstrap.crash_point()
+        outcome = await gate.run(
+            message, actions, lambda body: bridge_reply(body, client, crash_point=crash_point)
+        )
         telemetry.annotate(settlement=outcome.kind.value)
         return outcome

@@ -42,7 +42,6 @@ from datetime import datetime, timedelta
 
 from adapters import telemetry
 from adapters.clock import utc_now
-from adapters.crashpoints import crash_point
 from adapters.ports import ANY_OWNER, DeadlineIndex, MessagePublisher, NoIndex, StateStore
 from adapters.settings import Settings
 from domain.errors import NotFoundError, StaleError
@@ -55,6 +54,7 @@ from domain.state_machine import (
     restart_compensation,
 )
 from orchestrators.contracts import AttemptInput, step_payload
+from orchestrators.hooks import CrashPoint, no_crash_point
 from orchestrators.order_workflow import WORKFLOW_NAME
 from reporting import Alerts, StatusOutbox, StatusReporter
 
@@ -109,17 +109,20 @@ class Starter:
         max_compensation_restarts: int = MAX_COMPENSATION_RESTARTS,
         status_grace: timedelta = timedelta(seconds=30),
         status_scan_interval: timedelta | None = None,
+        crash_point: CrashPoint = no_crash_point,
     ) -> None:
         """`publisher`: for alerts and outbox deliveries (without one, the
         Starter neither delivers statuses nor restarts compensations).
         `status_grace`: how old an outbox entry must be before the Starter
         sends it (the writer normally sends it itself at once).
         `status_scan_interval`: the least time between two outbox scans of
-        this process (default: a third of the grace)."""
+        this process (default: a third of the grace).
+        `crash_point`: the fault-injection hook (orchestrators.hooks)."""
         self._settings = settings
         self._store = store
         self._index = index or NoIndex()
         self._clock = clock
+        self._crash_point = crash_point
         self._alerts = Alerts(publisher) if publisher is not None else None
         self._outbox = (
             StatusOutbox(store, StatusReporter(publisher), clock) if publisher is not None else None
@@ -371,7 +374,7 @@ class Starter:
         claimed, claimed_etag = won
         report.claimed += 1
         telemetry.app_metrics().attempts.add(1)
-        crash_point("starter.after_claim")
+        self._crash_point("starter.after_claim")
         attempt_input = AttemptInput(
             Record=claimed.model_dump(mode="json"),
             Etag=claimed_etag,

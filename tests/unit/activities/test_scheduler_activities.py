@@ -8,12 +8,13 @@ from datetime import timedelta
 import pytest
 
 from domain.models import ProcessState, StatusKind
-from orchestrators.contracts import SendRequest, StateWrite, StatusNote
+from orchestrators.commands import parse_state_write
+from orchestrators.contracts import SendRequest, StatusNote
 from tests.unit.orchestrators.driver import World
 
 
 async def _write(acts, iid, kind, **fields):
-    return await acts.write_state(StateWrite(InstanceId=iid, Kind=kind, **fields))
+    return await acts.write_state(parse_state_write({"InstanceId": iid, "Kind": kind, **fields}))
 
 
 @pytest.mark.parametrize("final", ["processed", "failed", "compensate"])

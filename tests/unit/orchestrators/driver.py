@@ -18,14 +18,7 @@ from devstack.host.replay import SCHEDULING_EVENTS, run_episode
 from domain import state_machine as sm
 from domain.ids import parse_attempt_instance_id
 from domain.models import AgentReply, AgentRequest, OrderSubmitted
-from orchestrators.contracts import (
-    Advance,
-    AlertNote,
-    LoadPlanInput,
-    SendRequest,
-    StateWrite,
-    StatusNote,
-)
+from orchestrators.contracts import SendRequest
 from orchestrators.order_workflow import CURRENT_VERSION, order_workflow
 from orchestrators.starter import Starter
 from tests.builders import order_payload
@@ -214,22 +207,13 @@ class Driver:
                 await result
         if self.fail(name, call):
             raise ActivityFailure(f"scripted failure of {name} call {call}")
-        acts = self.world.activities()
-        if name == "load_plan":
-            return (await acts.load_plan(LoadPlanInput.model_validate(data))).dump()
-        if name == "write_state":
-            return (await acts.write_state(StateWrite.model_validate(data))).dump()
+        before = len(self.world.bus.sent)
+        # As the activity triggers do (activities.functions): decode, run, encode.
+        result = await self.world.activities().run(name, data)
         if name == "send_agent_request":
-            send = SendRequest.model_validate(data)
-            before = len(self.world.bus.sent)
-            message_id = await acts.send_agent_request(send)
             if len(self.world.bus.sent) > before:  # duplicate detection drops a repeated id
-                self._answer(send)
-            return message_id
-        if name in ("begin_attempt", "advance_attempt"):
-            before = len(self.world.bus.sent)
-            call = acts.begin if name == "begin_attempt" else acts.advance
-            result = (await call(Advance.model_validate(data))).dump()
+                self._answer(SendRequest.model_validate(data))
+        elif name in ("begin_attempt", "advance_attempt"):
             # Answer the request the activity sent (a re-send dropped by
             # duplicate detection gets no second answer).
             for queue, body, _, _ in self.world.bus.sent[before:]:
@@ -244,15 +228,7 @@ class Driver:
                             Payload=request.Payload,
                         )
                     )
-            return result
-        if name == "run_inline_step":
-            reply = await acts.run_inline_step(SendRequest.model_validate(data))
-            return reply.model_dump(mode="json")
-        if name == "report_status":
-            return await acts.report_status(StatusNote.model_validate(data))
-        if name == "raise_alert":
-            return await acts.raise_alert(AlertNote.model_validate(data))
-        raise AssertionError(f"unexpected activity {name}")
+        return result
 
     def _answer(self, send: SendRequest) -> None:
         answer = self.agent(send)
