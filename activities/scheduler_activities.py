@@ -523,11 +523,10 @@ class SchedulerActivities:
             except NotFoundError:
                 record = None
             if record is not None and record.PendingStatus is not None:
-                if record.PendingStatus.Status is note.Status:
-                    if not await self._outbox.deliver(record, etag):
-                        raise RuntimeError(
-                            f"status {note.Status.value} of order {order_id} not sent"
-                        )
+                if record.PendingStatus.Status is note.Status and not await self._outbox.deliver(
+                    record, etag
+                ):
+                    raise RuntimeError(f"status {note.Status.value} of order {order_id} not sent")
                 return
             if record is not None and record.ProcessState.is_terminal:
                 return  # already delivered from the outbox (by a retry or the Starter)

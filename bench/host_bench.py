@@ -25,10 +25,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import aiohttp  # noqa: E402
-from pipeline_bench import cpu_seconds  # noqa: E402
+import aiohttp
+from pipeline_bench import cpu_seconds
 
-from tests.devstack.host.conftest import OFFICIAL_APP, HostProcess  # noqa: E402
+from tests.devstack.host.conftest import OFFICIAL_APP, HostProcess
 
 HUB = "OfficialHub"
 

@@ -30,13 +30,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from azure.servicebus import ServiceBusMessage, ServiceBusReceiveMode  # noqa: E402
-from azure.servicebus.aio import ServiceBusClient, ServiceBusReceiver, ServiceBusSender  # noqa: E402
-from pipeline_bench import cpu_seconds, host_pids, start_stack, stop_stack  # noqa: E402
+from azure.servicebus import ServiceBusMessage, ServiceBusReceiveMode
+from azure.servicebus.aio import ServiceBusClient, ServiceBusReceiver, ServiceBusSender
+from pipeline_bench import cpu_seconds, host_pids, start_stack, stop_stack
 
-from cli.orders import generate  # noqa: E402
-from devstack.process import exit_on_signals  # noqa: E402
-from domain.codec import encode  # noqa: E402
+from cli.orders import generate
+from devstack.process import exit_on_signals
+from domain.codec import encode
 
 
 async def post_and_wait(

@@ -45,14 +45,14 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import aiohttp  # noqa: E402
-from azure.servicebus import ServiceBusMessage, ServiceBusReceiveMode  # noqa: E402
-from azure.servicebus.aio import ServiceBusClient  # noqa: E402
+import aiohttp
+from azure.servicebus import ServiceBusMessage, ServiceBusReceiveMode
+from azure.servicebus.aio import ServiceBusClient
 
-from cli.orders import generate  # noqa: E402
-from devstack.process import exit_on_signals, free_port  # noqa: E402
-from devstack.stack import Stack  # noqa: E402
-from domain.codec import encode  # noqa: E402
+from cli.orders import generate
+from devstack.process import exit_on_signals, free_port
+from devstack.stack import Stack
+from domain.codec import encode
 
 BENCH_SETTINGS = {
     "STEP_TIMEOUT_SECONDS": "60",

@@ -31,18 +31,18 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from adapters.checkpoints import CosmosCheckpointStore  # noqa: E402
-from adapters.cosmos_client import RequestCharges, build_client, ensure_state_container  # noqa: E402
-from adapters.recovery_index import CosmosRecoveryIndex, ensure_index_container  # noqa: E402
-from adapters.settings import CosmosAccount  # noqa: E402
-from adapters.state_store import CosmosStateStore, to_document  # noqa: E402
-from devstack.cosmos import start_server  # noqa: E402
-from devstack.process import exit_on_signals  # noqa: E402
-from domain import state_machine as sm  # noqa: E402
-from domain.models import OrderSubmitted, ProcessState  # noqa: E402
-from reporting import Alerts, StatusReporter  # noqa: E402
-from supervisor.sources import IndexSource, QuerySource  # noqa: E402
-from supervisor.supervisor import Supervisor  # noqa: E402
+from adapters.checkpoints import CosmosCheckpointStore
+from adapters.cosmos_client import RequestCharges, build_client, ensure_state_container
+from adapters.recovery_index import CosmosRecoveryIndex, ensure_index_container
+from adapters.settings import CosmosAccount
+from adapters.state_store import CosmosStateStore, to_document
+from devstack.cosmos import start_server
+from devstack.process import exit_on_signals
+from domain import state_machine as sm
+from domain.models import OrderSubmitted, ProcessState
+from reporting import Alerts, StatusReporter
+from supervisor.sources import IndexSource, QuerySource
+from supervisor.supervisor import Supervisor
 
 NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 STEPS = ["reserve-inventory", "charge-payment", "arrange-shipment"]

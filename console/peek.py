@@ -16,6 +16,7 @@ failure is the caller's error."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from typing import Any
 
@@ -75,10 +76,9 @@ class QueuePeeker:
     async def _drop(self, key: tuple[str, bool]) -> None:
         receiver = self._receivers.pop(key, None)
         if receiver is not None:
-            try:
+            # already broken; the next call opens a new one
+            with contextlib.suppress(Exception):
                 await asyncio.wait_for(receiver.close(), self._timeout)
-            except Exception:  # noqa: BLE001 - already broken; the next call opens a new one
-                pass
 
     async def close(self) -> None:
         for key in list(self._receivers):

@@ -457,7 +457,7 @@ def request_compensation(record: OrderState, now: datetime, by: str = "operator"
     )
 
 
-def claim_compensation(record: OrderState, now: datetime, policy: RetryPolicy) -> OrderState:
+def claim_compensation(record: OrderState, now: datetime) -> OrderState:
     """Error / CompensationFailed -> Compensating, on an operator's request: a
     new attempt takes the lock (guarded by the etag, like a claim).
 

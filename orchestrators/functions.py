@@ -28,7 +28,10 @@ def order_workflow_orchestrator(context: df.DurableOrchestrationContext):
 @bp.function_name("starter")
 @bp.timer_trigger(arg_name="timer", schedule="%STARTER_SCHEDULE%", run_on_startup=False)
 @bp.durable_client_input(client_name="client")
-async def starter(timer: func.TimerRequest, client: df.DurableOrchestrationClient) -> None:
+async def starter(
+    timer: func.TimerRequest,  # noqa: ARG001 - the binding's arg_name must be a parameter
+    client: df.DurableOrchestrationClient,
+) -> None:
     start = await bootstrap.starter()
     await start.run(client)
 

@@ -48,12 +48,9 @@ def _check_reply(body: bytes) -> AgentReply:
     return reply
 
 
-async def bridge_reply(
-    body: bytes, client, alerts: Any = None, crash_point: CrashPoint = no_crash_point
-) -> Settle:
-    """What to do with one reply. `alerts` is unused (the gate alerts) and
-    kept for callers of the old signature; `crash_point` is the
-    fault-injection hook (orchestrators.hooks)."""
+async def bridge_reply(body: bytes, client, crash_point: CrashPoint = no_crash_point) -> Settle:
+    """What to do with one reply (the gate around it settles and alerts);
+    `crash_point` is the fault-injection hook (orchestrators.hooks)."""
     try:
         reply = _check_reply(body)
     except ValidationFailed as exc:

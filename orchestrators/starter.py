@@ -182,7 +182,7 @@ class Starter:
                 await self._deliver(record, None, report)
             try:
                 claimed, _ = await self._store.update(
-                    record.id, lambda r: claim_compensation(r, now, self._settings.retry), ANY_OWNER
+                    record.id, lambda r: claim_compensation(r, now), ANY_OWNER
                 )
             except (StaleError, IllegalTransition):
                 report.lost += 1

@@ -11,6 +11,8 @@ bp = func.Blueprint()
 
 @bp.function_name("supervisor")
 @bp.timer_trigger(arg_name="timer", schedule="%SUPERVISOR_SCHEDULE%", run_on_startup=False)
-async def supervisor(timer: func.TimerRequest) -> None:
+async def supervisor(
+    timer: func.TimerRequest,  # noqa: ARG001 - the binding's arg_name must be a parameter
+) -> None:
     run = await bootstrap.supervisor()
     await run.run()

@@ -39,7 +39,8 @@ async def count(container: ContainerProxy, order_id: str) -> int:
         "SELECT VALUE COUNT(1) FROM c WHERE c.id = @id",
         parameters=[{"name": "@id", "value": order_id}],
     )
-    return next(n async for n in query)
+    [n] = [n async for n in query]
+    return n
 
 
 async def test_a_redelivery_completes_a_submit_that_crashed_between_the_writes(

@@ -254,7 +254,7 @@ async def test_query_pending_returns_only_claimable_records(
 async def test_backlog_gauge_is_refreshed_by_count_and_read_by_point_read(
     state_store: CosmosStateStore,
 ) -> None:
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="OrderID"):
         check_order_id(BACKLOG_GAUGE_ID)  # can never be an order's id
     assert await state_store.read_backlog_gauge() is None
 
@@ -377,7 +377,7 @@ def test_naive_datetimes_are_refused() -> None:
     from adapters.state_store import cosmos_time
 
     assert cosmos_time(datetime(2026, 1, 1, tzinfo=UTC)) == "2026-01-01T00:00:00.000000Z"
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="naive datetimes"):
         cosmos_time(datetime(2026, 1, 1))
 
 

@@ -117,7 +117,8 @@ def test_a_refused_transition_is_one_line_and_changes_nothing(store, cli):
     code, text = cli("resubmit", "CLI-3")
 
     assert code == 1
-    assert text.startswith("error: ") and len(text.strip().splitlines()) == 1, text
+    assert text.startswith("error: "), text
+    assert len(text.strip().splitlines()) == 1, text
     record, _ = store(lambda s: s.read("CLI-3"))
     assert record.ProcessState is ProcessState.PENDING
     assert len(record.History) == len(make_record("CLI-3").History)

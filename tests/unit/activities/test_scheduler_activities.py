@@ -46,7 +46,8 @@ async def test_every_write_run_twice_is_one_write_and_never_stale(final):
         first = await _write(acts, iid, kind, **fields)
         after_first = world.store.docs["A1"][0]
         again = await _write(acts, iid, kind, **fields)
-        assert not first.Stale and not again.Stale, (kind, again.Reason)
+        assert not first.Stale, (kind, first.Reason)
+        assert not again.Stale, (kind, again.Reason)
         assert first.State == again.State
         record = world.store.docs["A1"][0]
         assert record["ProcessState"] == after_first["ProcessState"]

@@ -41,5 +41,6 @@ def test_one_line_errors(monkeypatch, argv, expected):
     code, text = run(monkeypatch, *argv)
     assert code == 1
     lines = [line for line in text.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: "), text
+    assert len(lines) == 1, text
+    assert lines[0].startswith("error: "), text
     assert expected.replace("\\\\", "\\") in lines[0]

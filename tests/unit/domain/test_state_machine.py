@@ -263,7 +263,7 @@ def test_a_compensation_that_succeeds_clears_the_old_undo_failure(processing):
 def test_operator_compensation_takes_a_new_lock(processing, policy):
     record = sm.complete_step(processing, "ORD-1:1", STEPS[0], NOW)
     record = sm.mark_failed(record, "ORD-1:1", STEPS[1], "declined", NOW)
-    record = sm.claim_compensation(record, LATER, policy)
+    record = sm.claim_compensation(record, LATER)
     assert record.ProcessState is ProcessState.COMPENSATING
     assert record.LockedBy == "ORD-1:2"
     with pytest.raises(StaleError):
@@ -276,7 +276,7 @@ def test_operator_compensation_takes_a_new_lock(processing, policy):
 )
 def test_operator_compensation_only_from_error_states(processing, policy, state):
     with pytest.raises(sm.IllegalTransition):
-        sm.claim_compensation(processing.model_copy(update={"ProcessState": state}), NOW, policy)
+        sm.claim_compensation(processing.model_copy(update={"ProcessState": state}), NOW)
 
 
 # --- Operator resubmit --------------------------------------------------------------------
@@ -313,11 +313,11 @@ def test_operator_requests_compensation_then_starter_claims_it(processing, polic
     record = sm.request_compensation(record, LATER)
     assert record.CompensationRequested
     assert record.ProcessState is ProcessState.ERROR
-    claimed = sm.claim_compensation(record, LATER, policy)
+    claimed = sm.claim_compensation(record, LATER)
     assert claimed.ProcessState is ProcessState.COMPENSATING
     assert not claimed.CompensationRequested
     with pytest.raises(sm.IllegalTransition):
-        sm.claim_compensation(claimed, LATER, policy)
+        sm.claim_compensation(claimed, LATER)
 
 
 @pytest.mark.parametrize(
@@ -414,7 +414,7 @@ def test_claiming_a_compensation_keeps_an_undelivered_failed_status(processing, 
     record = sm.mark_failed(processing, "ORD-1:1", STEPS[1], "declined", NOW)
     unsent = record.PendingStatus
     record = sm.request_compensation(record, LATER)
-    claimed = sm.claim_compensation(record, LATER, policy)
+    claimed = sm.claim_compensation(record, LATER)
     assert claimed.ProcessState is ProcessState.COMPENSATING
     assert claimed.PendingStatus == unsent
     # and a restart of that compensation keeps it too
@@ -428,7 +428,7 @@ def test_the_final_status_replaces_one_still_undelivered_when_compensation_ends(
     the final status (one outbox entry; the History keeps the transition)."""
     record = sm.complete_step(processing, "ORD-1:1", STEPS[0], NOW)
     record = sm.mark_failed(record, "ORD-1:1", STEPS[1], "declined", NOW)
-    claimed = sm.claim_compensation(sm.request_compensation(record, LATER), LATER, policy)
+    claimed = sm.claim_compensation(sm.request_compensation(record, LATER), LATER)
     assert claimed.PendingStatus.Status.value == "Failed"
     for step in (STEPS[1], STEPS[0]):
         claimed = sm.record_undo(claimed, claimed.LockedBy, step, True, LATER)

@@ -249,9 +249,7 @@ async def test_operator_compensation_undoes_running_steps_of_an_errored_order():
         "A1", lambda r: sm.recover_expired(r, iid, t + timedelta(minutes=5), policy), iid
     )
     await world.store.update("A1", lambda r: sm.request_compensation(r, t), sm_any())
-    claimed, _ = await world.store.update(
-        "A1", lambda r: sm.claim_compensation(r, t, POLICY), sm_any()
-    )
+    claimed, _ = await world.store.update("A1", lambda r: sm.claim_compensation(r, t), sm_any())
     driver = Driver(world, claimed.LockedBy, ok)
     await driver.run()
     assert driver.output["Outcome"] == "compensated"
@@ -474,7 +472,7 @@ async def test_unversioned_instance_runs_version_1_0_not_the_newest(monkeypatch)
         def run(context):
             ran.append(name)
             return {"Outcome": "processed"}
-            yield  # noqa: B901 - a generator, as orchestrators are
+            yield
 
         return run
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import pytest
 from azure.servicebus.amqp import AmqpMessageBodyType
 
@@ -136,7 +138,7 @@ async def test_an_abandon_becomes_a_delayed_retry_never_an_immediate_one():
     alerts, actions = Alerts(), Actions()
 
     class Scheduler:
-        scheduled = []
+        scheduled: ClassVar[list[str]] = []
 
         async def schedule(self, queue, body, message_id, enqueue_at, application_properties=None):
             self.scheduled.append(message_id)

@@ -6,6 +6,7 @@ only copies a value from its input, so replays see the same inputs."""
 from __future__ import annotations
 
 import json
+from typing import ClassVar
 
 from adapters import telemetry
 from orchestrators import order_workflow as wf
@@ -69,7 +70,7 @@ def test_traced_ignores_inputs_that_are_not_a_carrier():
 
 
 class _Client:
-    last: dict = {}
+    last: ClassVar[dict] = {}
 
     async def start_new(self, name, instance_id, data):
         _Client.last = data
