@@ -27,6 +27,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from adapters.ports import DeadlineIndex, MessagePublisher, NoIndex, OrdersRepository, StateStore
+from adapters.servicebus import AGENT_REQUESTS_QUEUE
 from adapters.settings import Settings
 from domain import state_machine as sm
 from domain.codec import encode
@@ -66,7 +67,6 @@ from reporting.status import ALERT_OF_STATUS
 
 log = logging.getLogger(__name__)
 
-AGENT_REQUESTS_QUEUE = "agent-requests"
 
 # The Durable activities SchedulerActivities.run answers (one trigger each).
 ACTIVITY_NAMES = (

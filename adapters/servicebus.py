@@ -32,6 +32,12 @@ from domain.errors import PermanentError, TransientError
 
 log = logging.getLogger(__name__)
 
+# The app's fixed queues, named once here (infra/ declares the same names; the
+# ingress and reply queues are per application and come from settings).
+AGENT_REQUESTS_QUEUE = "agent-requests"
+AGENT_RESPONSES_QUEUE = "agent-responses"
+ALERTS_QUEUE = "alerts"
+
 _PERMANENT = (
     MessagingEntityNotFoundError,
     MessagingEntityDisabledError,

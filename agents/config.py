@@ -12,6 +12,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from adapters.servicebus import AGENT_REQUESTS_QUEUE, AGENT_RESPONSES_QUEUE
 from adapters.settings import (
     SERVICEBUS_CONNECTION,
     ServiceBusAccess,
@@ -22,8 +23,6 @@ from adapters.settings import (
 )
 from agents.agent import AgentPolicy
 
-AGENT_REQUESTS_QUEUE = "agent-requests"
-AGENT_RESPONSES_QUEUE = "agent-responses"
 DEFAULT_REMOTE_SERVICE_URL = "http://127.0.0.1:7081"
 
 

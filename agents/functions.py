@@ -22,10 +22,10 @@ import azure.functions as func
 import azurefunctions.extensions.bindings.servicebus as servicebus
 
 import bootstrap
-from adapters.servicebus import servicebus_client
+from adapters.servicebus import AGENT_REQUESTS_QUEUE, servicebus_client
 from adapters.settings import SERVICEBUS_CONNECTION
 from adapters.settlement import defuse_trace_headers
-from agents.config import AGENT_REQUESTS_QUEUE, load_agent_settings, require_servicebus
+from agents.config import load_agent_settings, require_servicebus
 from agents.messaging import RequestProcessor
 
 bp = func.Blueprint()

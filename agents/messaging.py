@@ -12,7 +12,7 @@ from azure.servicebus.aio import ServiceBusClient, ServiceBusReceiver
 
 from adapters import telemetry
 from adapters.clock import utc_now
-from adapters.servicebus import ServiceBusPublisher
+from adapters.servicebus import AGENT_REQUESTS_QUEUE, ServiceBusPublisher
 from adapters.settlement import (
     INVALID_MESSAGE,
     PROCESSING_FAILED,
@@ -36,7 +36,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-AGENT_REQUESTS = "agent-requests"
 MAX_DEAD_LETTER_DESCRIPTION = 1000
 
 
@@ -74,7 +73,9 @@ class RequestProcessor:
     async def process_message(self, message: Any, settlement: Settlement) -> SettleKind:
         """A received message of any AMQP body kind, in a span that continues
         the trace of the activity that sent it (its `traceparent`)."""
-        with telemetry.consume("agent", message, **{"messaging.destination.name": AGENT_REQUESTS}):
+        with telemetry.consume(
+            "agent", message, **{"messaging.destination.name": AGENT_REQUESTS_QUEUE}
+        ):
             disposition = await self._process_message(message, settlement)
             telemetry.annotate(settlement=disposition.value)
             return disposition
@@ -163,7 +164,7 @@ class RequestProcessor:
                 utc_now(),
                 order_id,
                 message_id=message_id,
-                queue=AGENT_REQUESTS,
+                queue=AGENT_REQUESTS_QUEUE,
             )
         await settlement.dead_letter(reason, description)
 

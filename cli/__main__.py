@@ -32,7 +32,7 @@ from rich.live import Live
 from rich.text import Text
 
 from adapters.ports import ANY_OWNER
-from adapters.servicebus import servicebus_client
+from adapters.servicebus import ALERTS_QUEUE, servicebus_client
 from adapters.settings import Settings
 from adapters.state_store import CosmosStateStore
 from cli import orders as order_source
@@ -324,7 +324,7 @@ def alerts(
     oldest_first: bool = typer.Option(False, help="oldest first (default: newest first)"),
 ) -> None:
     """Operator alerts from the `alerts` queue, newest first."""
-    messages = _read_queue("alerts", peek, None if peek else limit)
+    messages = _read_queue(ALERTS_QUEUE, peek, None if peek else limit)
     render.print_alerts(console, messages, newest_first=not oldest_first, limit=limit)
 
 

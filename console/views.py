@@ -16,6 +16,7 @@ from typing import Any
 
 from adapters.console_reads import ConsoleReads, OrderRow
 from adapters.ports import ANY_OWNER
+from adapters.servicebus import AGENT_REQUESTS_QUEUE, AGENT_RESPONSES_QUEUE, ALERTS_QUEUE
 from adapters.settings import Settings
 from adapters.state_store import CosmosStateStore
 from console.peek import QueuePeeker
@@ -24,7 +25,6 @@ from domain import state_machine as sm
 from domain.errors import DomainError, NotFoundError
 from domain.ids import attempt_instance_id, check_order_id, parse_attempt_instance_id
 from domain.models import OrderState, ProcessState, StepStatus
-from reporting.alerts import ALERTS_QUEUE
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +33,7 @@ PEEK_LIMIT = 50
 STATUS_PEEK_LIMIT = 250
 DETAIL_ATTEMPTS = 5  # orchestration statuses read per order (the latest attempts)
 BUCKET = timedelta(minutes=5)
-WORK_QUEUES = ("agent-requests", "agent-responses", ALERTS_QUEUE)
+WORK_QUEUES = (AGENT_REQUESTS_QUEUE, AGENT_RESPONSES_QUEUE, ALERTS_QUEUE)
 STATES = [s.value for s in ProcessState]
 _EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
 

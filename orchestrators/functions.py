@@ -10,10 +10,10 @@ import azure.functions as func
 import azurefunctions.extensions.bindings.servicebus as servicebus
 
 import bootstrap
+from adapters.servicebus import AGENT_RESPONSES_QUEUE
+from adapters.settings import SERVICEBUS_CONNECTION
 from orchestrators.order_workflow import WORKFLOW_NAME, order_workflow
 from orchestrators.reply_bridge import on_reply_message
-
-AGENT_RESPONSES_QUEUE = "agent-responses"
 
 bp = df.Blueprint()
 log = logging.getLogger(__name__)
@@ -40,7 +40,7 @@ async def starter(
 @bp.service_bus_queue_trigger(
     arg_name="message",
     queue_name=AGENT_RESPONSES_QUEUE,
-    connection="ServiceBusConnection",
+    connection=SERVICEBUS_CONNECTION,
     auto_complete_messages=False,
 )
 @bp.durable_client_input(client_name="client")

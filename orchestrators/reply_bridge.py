@@ -20,6 +20,7 @@ import logging
 from typing import Any
 
 from adapters import telemetry
+from adapters.servicebus import AGENT_RESPONSES_QUEUE
 from adapters.settlement import Settle
 from domain.codec import decode
 from domain.errors import ValidationFailed
@@ -29,7 +30,6 @@ from orchestrators.hooks import CrashPoint, no_crash_point
 
 log = logging.getLogger(__name__)
 
-AGENT_RESPONSES_QUEUE = "agent-responses"
 
 _GONE = ("is gone", "No instance with ID")
 

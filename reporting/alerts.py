@@ -11,11 +11,10 @@ import uuid
 from datetime import datetime
 
 from adapters.ports import MessagePublisher
+from adapters.servicebus import ALERTS_QUEUE
 from domain.codec import encode
 from domain.errors import DomainError, TransientError
 from domain.models import OperatorAlert
-
-ALERTS_QUEUE = "alerts"
 
 log = logging.getLogger("orders.alerts")
 

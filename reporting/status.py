@@ -12,12 +12,12 @@ from datetime import UTC, datetime
 
 from adapters import telemetry
 from adapters.ports import ANY_OWNER, MessagePublisher, StateStore
+from adapters.servicebus import ALERTS_QUEUE
 from domain import state_machine as sm
 from domain.codec import encode
 from domain.errors import NotFoundError, StaleError
 from domain.ids import status_message_id
 from domain.models import OperatorAlert, OrderState, PendingStatus, StatusKind, StatusUpdate
-from reporting.alerts import ALERTS_QUEUE
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ import azurefunctions.extensions.bindings.servicebus as servicebus
 
 import bootstrap
 from adapters import telemetry
-from adapters.settings import SettingsError, ingress_queues
+from adapters.settings import SERVICEBUS_CONNECTION, SettingsError, ingress_queues
 
 bp = df.Blueprint()
 log = logging.getLogger(__name__)
@@ -71,7 +71,7 @@ def register(blueprint: df.Blueprint, queues: dict[str, str]) -> dict[str, str]:
             blueprint.service_bus_queue_trigger(
                 arg_name="message",
                 queue_name=queue,
-                connection="ServiceBusConnection",
+                connection=SERVICEBUS_CONNECTION,
                 auto_complete_messages=False,
             )(blueprint.durable_client_input(client_name="client")(function))
         )

@@ -29,7 +29,7 @@ def test_explains_every_status(status: str):
 
 
 def test_explains_every_dead_letter_reason_submit_uses():
-    reasons = set(re.findall(r'Settle\.deadletter\(\s*"(\w+)"', SUBMIT.read_text()))
+    reasons = set(re.findall(r'Settle\.dead_letter\(\s*"(\w+)"', SUBMIT.read_text()))
     assert reasons >= {"InvalidMessage", "ReplyQueueNotAllowed", "OrderConflict"}
     for reason in reasons:
         assert re.search(rf"^\| {reason} \|", guide(), re.MULTILINE), reason
