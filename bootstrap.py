@@ -23,6 +23,7 @@ import aiohttp
 
 from adapters import crashpoints, telemetry
 from adapters.checkpoints import CosmosCheckpointStore
+from adapters.clock import SYSTEM_CLOCK
 from adapters.cosmos_client import (
     RequestCharges,
     build_client,
@@ -38,7 +39,6 @@ from adapters.state_store import CosmosStateStore
 from agents.agent import Agent
 from agents.config import AgentSettings, load_agent_settings
 from agents.messaging import RequestProcessor, ServiceBusReplySender
-from agents.ports import SystemClock
 from agents.remote_client import HttpRemoteService
 from domain.steps import STEP_NAMES
 from orchestrators.hooks import CrashPoint, no_crash_point
@@ -303,7 +303,7 @@ async def state_store(cfg: Settings) -> AsyncIterator[CosmosStateStore]:
 
 def build_agent(session: aiohttp.ClientSession, cfg: AgentSettings) -> Agent:
     """The Agent with the agents' own settings (AGENT_*, REMOTE_SERVICE_URL)."""
-    return Agent(HttpRemoteService(session, cfg.remote_service_url), SystemClock(), cfg.policy)
+    return Agent(HttpRemoteService(session, cfg.remote_service_url), SYSTEM_CLOCK, cfg.policy)
 
 
 def request_processor(

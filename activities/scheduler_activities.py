@@ -21,11 +21,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from pydantic import BaseModel
 
+from adapters.clock import SYSTEM_CLOCK, Clock
 from adapters.ports import DeadlineIndex, MessagePublisher, NoIndex, OrdersRepository, StateStore
 from adapters.servicebus import AGENT_REQUESTS_QUEUE
 from adapters.settings import Settings
@@ -117,7 +118,7 @@ class SchedulerActivities:
         inline_agent=None,
         step_modes: dict[str, str] | None = None,
         index: DeadlineIndex | None = None,
-        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        clock: Clock = SYSTEM_CLOCK,
         crash_point: CrashPoint = no_crash_point,
     ) -> None:
         """`crash_point`: the fault-injection hook the composition root
@@ -253,7 +254,7 @@ class SchedulerActivities:
 
     async def write_state(self, write: commands.StateWrite) -> WriteResult:
         order_id, attempt = parse_attempt_instance_id(write.InstanceId)
-        now = self._clock()
+        now = self._clock.now()
         if isinstance(write, commands.StartStep | commands.CompleteStep):
             # Indexed before the record carries it (adapters.recovery_index).
             await self._index.add(order_id, self._next_deadline(write, now), attempt)
@@ -324,7 +325,7 @@ class SchedulerActivities:
                 plan.ReplyTo,
                 order_id,
                 StatusKind.PROCESSING,
-                self._clock(),
+                self._clock.now(),
                 f"attempt {attempt}",
                 None,
                 str(attempt),
@@ -346,7 +347,7 @@ class SchedulerActivities:
                 current.ReplyTo,
                 order_id,
                 StatusKind.STEP_COMPLETED,
-                self._clock(),
+                self._clock.now(),
                 None,
                 data.Complete,
                 f"{attempt}/{data.Complete}",
@@ -419,7 +420,7 @@ class SchedulerActivities:
         write already there -> done; otherwise apply it to the fresh record
         (store.update re-checks LockedBy on every version it replaces)."""
         order_id, attempt = parse_attempt_instance_id(data.InstanceId)
-        now = self._clock()
+        now = self._clock.now()
         mutate = self._v2_transition(data, now)
         if record is not None and etag is not None:
             try:
@@ -537,7 +538,13 @@ class SchedulerActivities:
         terminal = note.Status in _TERMINAL_STATUSES
         qualifier = f"{attempt}/{note.Step}" if note.Step and not terminal else str(attempt)
         await self._status.send(
-            note.ReplyTo, order_id, note.Status, self._clock(), note.Detail, note.Step, qualifier
+            note.ReplyTo,
+            order_id,
+            note.Status,
+            self._clock.now(),
+            note.Detail,
+            note.Step,
+            qualifier,
         )
 
     async def raise_alert(self, note: AlertNote) -> None:
@@ -554,4 +561,4 @@ class SchedulerActivities:
             if pending is None or ALERT_OF_STATUS.get(pending.Status) == note.Kind:
                 return  # sent with the status (or already sent from the outbox)
         reason = sm.short_text(note.Reason, 2000) or note.Kind
-        await self._alerts.raise_alert(note.Kind, reason, self._clock(), note.OrderID)
+        await self._alerts.raise_alert(note.Kind, reason, self._clock.now(), note.OrderID)

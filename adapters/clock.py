@@ -1,10 +1,43 @@
-"""Wall-clock time for function code (never for orchestrator code, which reads
-`context.current_utc_datetime`). One function, so tests can inject another."""
+"""The one clock of function code (never of orchestrator code, which reads
+`context.current_utc_datetime`): aware UTC time and a sleep, behind one
+protocol, so tests and the simulation give every component their own time."""
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable
 from datetime import UTC, datetime
+from typing import Protocol
 
 
-def utc_now() -> datetime:
-    return datetime.now(UTC)
+class Clock(Protocol):
+    def now(self) -> datetime:
+        """Aware UTC time, comparable with deadlines and record times."""
+        ...
+
+    async def sleep(self, seconds: float) -> None: ...
+
+
+class SystemClock:
+    def now(self) -> datetime:
+        return datetime.now(UTC)
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)
+
+
+SYSTEM_CLOCK = SystemClock()
+
+
+class ReadClock:
+    """A clock that reads its time from a function (a test's or the
+    simulation's time) and sleeps for real."""
+
+    def __init__(self, read: Callable[[], datetime]) -> None:
+        self._read = read
+
+    def now(self) -> datetime:
+        return self._read()
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)

@@ -11,10 +11,11 @@ import logging
 import os
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
+from adapters.clock import SYSTEM_CLOCK, Clock
 from domain.boundary import readable_order_id
 from domain.errors import TransientError
 from domain.models import mask_card_numbers
@@ -216,7 +217,7 @@ class MessageGate:
         alerts: Alerts,
         scheduler: ServiceBusPublisher | None,
         policy: BackoffPolicy | None = None,
-        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.queue = queue
         self._alerts = alerts
@@ -278,7 +279,7 @@ class MessageGate:
         await self._alerts.raise_alert(
             reason,
             outcome.description or "",
-            self._clock(),
+            self._clock.now(),
             outcome.order_id,
             message_id=message_label(message),
             queue=self.queue,
@@ -296,7 +297,7 @@ class MessageGate:
                 outcome.order_id,
             )
         if self._scheduler is not None and body is not None:
-            enqueue_at = self._clock() + timedelta(seconds=delays[done])
+            enqueue_at = self._clock.now() + timedelta(seconds=delays[done])
             try:
                 await self._scheduler.schedule(
                     self.queue,

@@ -5,8 +5,9 @@ agents.worker). See docs/agents.md.
 The plan (the steps, in order) is domain.steps.STEP_NAMES; agents.steps maps
 each step to its remote operations."""
 
+from adapters.clock import Clock, SystemClock
 from agents.agent import Agent, AgentPolicy, Breakers, reply_event_id
-from agents.ports import Clock, RemoteCall, RemoteService, SystemClock
+from agents.ports import RemoteCall, RemoteService
 from agents.steps import (
     STEP_NAMES,
     STEPS,

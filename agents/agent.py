@@ -18,7 +18,8 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, sto
 from tenacity.stop import stop_base
 from tenacity.wait import wait_base
 
-from agents.ports import Clock, RemoteCall, RemoteService
+from adapters.clock import Clock
+from agents.ports import RemoteCall, RemoteService
 from agents.steps import RemoteStep, UnknownStep, step_named
 from domain.codec import describe
 from domain.errors import PermanentError, TransientError

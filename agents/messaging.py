@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from azure.servicebus.aio import ServiceBusClient, ServiceBusReceiver
 
 from adapters import telemetry
-from adapters.clock import utc_now
+from adapters.clock import SYSTEM_CLOCK
 from adapters.servicebus import AGENT_REQUESTS_QUEUE, ServiceBusPublisher
 from adapters.settlement import (
     INVALID_MESSAGE,
@@ -161,7 +161,7 @@ class RequestProcessor:
             await self._alerts.raise_alert(
                 reason,
                 description,
-                utc_now(),
+                SYSTEM_CLOCK.now(),
                 order_id,
                 message_id=message_id,
                 queue=AGENT_REQUESTS_QUEUE,

@@ -6,9 +6,7 @@ real ones (agents.remote_client.HttpRemoteService, SystemClock)."""
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any, Protocol
 
 
@@ -42,19 +40,3 @@ class RemoteService(Protocol):
             PermanentError: retrying cannot help (4xx, fencing rejection).
         """
         ...
-
-
-class Clock(Protocol):
-    def now(self) -> datetime:
-        """Aware UTC time, comparable with AgentRequest.Deadline."""
-        ...
-
-    async def sleep(self, seconds: float) -> None: ...
-
-
-class SystemClock:
-    def now(self) -> datetime:
-        return datetime.now(UTC)
-
-    async def sleep(self, seconds: float) -> None:
-        await asyncio.sleep(seconds)

@@ -36,12 +36,11 @@ starve every other application's statuses.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from adapters import telemetry
-from adapters.clock import utc_now
+from adapters.clock import SYSTEM_CLOCK, Clock
 from adapters.ports import ANY_OWNER, DeadlineIndex, MessagePublisher, NoIndex, StateStore
 from adapters.settings import Settings
 from domain.errors import NotFoundError, StaleError
@@ -104,7 +103,7 @@ class Starter:
         settings: Settings,
         store: StateStore,
         index: DeadlineIndex | None = None,
-        clock: Callable[[], datetime] = utc_now,
+        clock: Clock = SYSTEM_CLOCK,
         publisher: MessagePublisher | None = None,
         max_compensation_restarts: int = MAX_COMPENSATION_RESTARTS,
         status_grace: timedelta = timedelta(seconds=30),
@@ -291,7 +290,7 @@ class Starter:
                 return
 
     async def run(self, client) -> StarterReport:
-        now = self._clock()
+        now = self._clock.now()
         report = StarterReport()
         report.pending = await self._store.count_in_state(ProcessState.PENDING)
         report.processing = await self._store.count_in_state(ProcessState.PROCESSING)
@@ -360,7 +359,7 @@ class Starter:
         record and its etag, so its first write needs no read.
         `received_sent_at`: the claim also marks the Received status sent
         (Submit's fast path, which has just sent it: one write instead of two)."""
-        now = now or self._clock()
+        now = now or self._clock.now()
         report = report or StarterReport()
         if received_sent_at is not None:
             record = mark_received_sent(record, received_sent_at)
@@ -404,7 +403,7 @@ class Starter:
         `received_sent_at`: Submit has sent Received and not yet marked it;
         the claim marks it too. None back means nothing is known to be
         marked: Submit marks it itself (on a 412, with `update`)."""
-        self._fast_path_used = self._clock()
+        self._fast_path_used = self._clock.now()
         if (
             self._last_processing is not None
             and self._last_processing >= self._settings.max_processing

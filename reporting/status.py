@@ -7,10 +7,10 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
-from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import datetime
 
 from adapters import telemetry
+from adapters.clock import SYSTEM_CLOCK, Clock
 from adapters.ports import ANY_OWNER, MessagePublisher, StateStore
 from adapters.servicebus import ALERTS_QUEUE
 from domain import state_machine as sm
@@ -97,7 +97,7 @@ class StatusOutbox:
         self,
         store: StateStore,
         reporter: StatusReporter,
-        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         """A Failed or CompensationFailed entry carries its operator alert:
         the alert goes first and the entry is cleared only once both are
@@ -171,7 +171,7 @@ class StatusOutbox:
         return await self.deliver(record, etag)
 
     async def _clear(self, record: OrderState, message_id: str, etag: str | None) -> None:
-        now = self._clock()
+        now = self._clock.now()
         if etag is not None:
             try:
                 await self._store.replace(sm.mark_status_sent(record, message_id, now), etag)

@@ -254,15 +254,19 @@ class SimRemote:
         return _interpret(what, status, text, None, call.fencing_token)
 
 
-class AgentClock:
-    def __init__(self, world: World) -> None:
+class SimClock:
+    """The product's Clock (adapters.clock) for one actor of the simulation:
+    the world's time with the actor's skew; sleeping is a scheduling point."""
+
+    def __init__(self, world: World, actor: str) -> None:
         self.world = world
+        self.actor = actor
 
     def now(self) -> datetime:
-        return self.world.clock.at(self.world.skew("agent"))
+        return self.world.clock.at(self.world.skew(self.actor))
 
     async def sleep(self, seconds: float) -> None:
-        await self.world.point("agent.sleep", delay=seconds)
+        await self.world.point(f"{self.actor}.sleep", delay=seconds)
 
 
 def _random_text(rng: random.Random) -> str:
@@ -323,7 +327,7 @@ def _patched(sim: Simulation):
             Alerts(sim.publisher),
             sim.publisher,
             BackoffPolicy(max_delivery_count=MAX_DELIVERY),
-            clock=sim.world.now_for(consumer),
+            clock=SimClock(sim.world, consumer),
         )
 
     async def inline(fn, /, *args, **kwargs):
@@ -438,7 +442,7 @@ class Simulation:
                 declines[oid] = (ops, _random_text(rng))
         self.remote = SimRemote(w, declines)
         self.agent = Agent(
-            self.remote, AgentClock(w), AgentPolicy(), rng=random.Random(f"agent/{seed}")
+            self.remote, SimClock(w, "agent"), AgentPolicy(), rng=random.Random(f"agent/{seed}")
         )
         self.processor = RequestProcessor(self.agent, SimReplySender(w, self.bus))
         from activities.scheduler_activities import SchedulerActivities
@@ -453,7 +457,7 @@ class Simulation:
             self.agent,
             {},
             self.index,
-            clock=w.now_for("activities"),
+            clock=SimClock(w, "activities"),
         )
         self.submit = SubmitHandler(
             self.settings,
@@ -465,16 +469,15 @@ class Simulation:
             backlog=BacklogReader(
                 self.store,
                 self.settings.backlog_gauge_max_age.total_seconds(),
-                clock=lambda: w.clock.now.timestamp(),
-                wall_clock=w.now_for("submit"),
+                clock=SimClock(w, "submit"),
             ),
-            clock=w.now_for("submit"),
+            clock=SimClock(w, "submit"),
         )
         self.starter = Starter(
             self.settings,
             self.store,
             self.index,
-            clock=w.now_for("starter"),
+            clock=SimClock(w, "starter"),
             publisher=self.publisher,
         )
         self.durable = SimDurable(w, catalog(), self.o.version)
@@ -510,7 +513,7 @@ class Simulation:
             self.settings.retry,
             self.settings.supervisor_page_size,
             slack=SLACK,
-            clock=self.world.now_for(f"supervisor{self._sup_n % 2}"),
+            clock=SimClock(self.world, f"supervisor{self._sup_n % 2}"),
             charges=charges,
         )
         run = sup.run

@@ -6,11 +6,10 @@ admission reads a gauge: docs/adr/008-backlog-gauge.md."""
 from __future__ import annotations
 
 import logging
-import time
-from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import datetime
 
 from adapters import telemetry
+from adapters.clock import SYSTEM_CLOCK, Clock
 from adapters.ports import ANY_OWNER, OrdersRepository, StateStore
 from adapters.settings import Settings
 from adapters.settlement import Settle
@@ -44,24 +43,25 @@ class BacklogReader:
         store: StateStore,
         max_age_seconds: float,
         cache_seconds: float = 5.0,
-        clock=time.monotonic,
-        wall_clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self._store = store
         self._max_age = max_age_seconds
         self._cache_seconds = cache_seconds
         self._clock = clock
-        self._wall_clock = wall_clock
-        self._cached: tuple[float, int | None] | None = None
+        self._cached: tuple[datetime, int | None] | None = None
 
     async def pending(self) -> int | None:
-        now = self._clock()
-        if self._cached and now - self._cached[0] < self._cache_seconds:
-            return self._cached[1]
+        now = self._clock.now()
+        if self._cached:
+            # A clock stepped back counts as expired, not as a longer cache.
+            read_for = (now - self._cached[0]).total_seconds()
+            if 0 <= read_for < self._cache_seconds:
+                return self._cached[1]
         gauge = await self._store.read_backlog_gauge()
         value: int | None = None
         if gauge is not None:
-            age = (self._wall_clock() - gauge.measured_at).total_seconds()
+            age = (now - gauge.measured_at).total_seconds()
             if age <= self._max_age:
                 value = gauge.pending
             else:
@@ -80,7 +80,7 @@ class SubmitHandler:
         alerts: Alerts,
         steps: list[str],
         backlog: BacklogReader | None = None,
-        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self._settings = settings
         self._store = store
@@ -91,7 +91,7 @@ class SubmitHandler:
         self.alerts = alerts
         self._steps = steps
         self._backlog = backlog or BacklogReader(
-            store, settings.backlog_gauge_max_age.total_seconds()
+            store, settings.backlog_gauge_max_age.total_seconds(), clock=clock
         )
         self._clock = clock
 
@@ -108,7 +108,7 @@ class SubmitHandler:
             return Settle.retry(str(exc), readable_order_id(body))
 
     async def _handle(self, body: bytes, app_id: str, client: object | None) -> Settle:
-        now = self._clock()
+        now = self._clock.now()
         try:
             order = decode(OrderSubmitted, body, self._settings.max_order_bytes)
         except ValidationFailed as exc:

@@ -17,12 +17,12 @@ ahead of the orchestration's by less than `slack` does not steal a live attempt.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Protocol
 
 from adapters import telemetry
+from adapters.clock import SYSTEM_CLOCK, Clock
 from adapters.ports import StateStore
 from domain import state_machine as sm
 from domain.errors import NotFoundError, StaleError
@@ -71,7 +71,7 @@ class Supervisor:
         policy: sm.RetryPolicy,
         page_size: int,
         slack: timedelta = timedelta(seconds=5),
-        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        clock: Clock = SYSTEM_CLOCK,
         charges=None,
     ) -> None:
         """`charges`: the request-charge recorder of the adapters this run uses
@@ -89,7 +89,7 @@ class Supervisor:
         self._outbox = StatusOutbox(store, status, clock)
 
     async def run(self) -> SupervisorReport:
-        now = self._clock()
+        now = self._clock.now()
         cursor = await self._checkpoints.load()
         candidates, cursor, read = await self._source.page(
             now - self._slack, self._page_size, cursor

@@ -10,6 +10,7 @@ from datetime import timedelta
 
 import pytest
 
+from adapters.clock import ReadClock
 from domain import state_machine as sm
 from domain.models import ProcessState
 from orchestrators.starter import Starter
@@ -63,7 +64,7 @@ async def test_the_failed_status_is_sent_before_the_compensation_starts(state_st
     bus = RecordingPublisher()
     client = Client(bus)
     later = NOW + timedelta(minutes=5)
-    await Starter(SETTINGS, state_store, clock=lambda: later, publisher=bus).run(client)
+    await Starter(SETTINGS, state_store, clock=ReadClock(lambda: later), publisher=bus).run(client)
     assert client.started == ["CMP-OUTBOX-1:2"]
     assert client.told_before_start == [failed_id]
     record, _ = await state_store.read("CMP-OUTBOX-1")
@@ -75,7 +76,9 @@ async def test_a_failed_status_that_cannot_be_sent_survives_the_claim(state_stor
     failed_id = await _errored_with_unsent_failed_status(state_store, "CMP-OUTBOX-2")
     later = NOW + timedelta(minutes=5)
     client = Client(RecordingPublisher())
-    await Starter(SETTINGS, state_store, clock=lambda: later, publisher=DownPublisher()).run(client)
+    await Starter(
+        SETTINGS, state_store, clock=ReadClock(lambda: later), publisher=DownPublisher()
+    ).run(client)
     assert client.started == ["CMP-OUTBOX-2:2"]
     record, _ = await state_store.read("CMP-OUTBOX-2")
     assert record.ProcessState is ProcessState.COMPENSATING
@@ -83,7 +86,7 @@ async def test_a_failed_status_that_cannot_be_sent_survives_the_claim(state_stor
     assert record.PendingStatus.MessageId == failed_id
     # The Starter's next run delivers it (the entry is past its grace)
     bus = client.bus = RecordingPublisher()
-    await Starter(SETTINGS, state_store, clock=lambda: later, publisher=bus).run(client)
+    await Starter(SETTINGS, state_store, clock=ReadClock(lambda: later), publisher=bus).run(client)
     assert failed_id in [mid for q, _, mid, _ in bus.sent if q == "replies-webshop"]
     record, _ = await state_store.read("CMP-OUTBOX-2")
     assert record.PendingStatus is None

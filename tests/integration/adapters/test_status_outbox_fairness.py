@@ -10,6 +10,7 @@ import asyncio
 from dataclasses import replace
 from datetime import timedelta
 
+from adapters.clock import ReadClock
 from adapters.state_store import CosmosStateStore
 from domain import state_machine as sm
 from orchestrators.starter import STATUS_BACKOFF_FIRST, Starter
@@ -108,7 +109,7 @@ async def test_a_refusing_reply_queue_does_not_starve_the_others(
     starter = Starter(
         replace(SETTINGS, starter_batch_size=batch),
         state_store,
-        clock=lambda: now[0],
+        clock=ReadClock(lambda: now[0]),
         publisher=publisher,
         status_scan_interval=timedelta(seconds=1),
     )

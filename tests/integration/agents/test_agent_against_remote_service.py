@@ -10,8 +10,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from adapters.clock import SystemClock
 from agents.agent import Agent, AgentPolicy
-from agents.ports import RemoteCall, SystemClock
+from agents.ports import RemoteCall
 from agents.remote_client import FencingRejected, HttpRemoteService
 from domain.errors import PermanentError, TransientError
 from domain.ids import idempotency_key

@@ -11,8 +11,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from adapters.clock import SystemClock
 from agents.agent import Agent
-from agents.ports import SystemClock
 from agents.remote_client import HttpRemoteService
 from domain import state_machine as sm
 from domain.codec import encode

@@ -11,6 +11,7 @@ from datetime import timedelta
 import pytest
 
 from adapters.checkpoints import CosmosCheckpointStore
+from adapters.clock import ReadClock
 from adapters.recovery_index import CosmosRecoveryIndex, ensure_index_container
 from domain import state_machine as sm
 from domain.models import ProcessState
@@ -61,7 +62,7 @@ class Rig:
             POLICY,
             page_size,
             slack=slack,
-            clock=clock or (lambda: self.now),
+            clock=clock or ReadClock(lambda: self.now),
         )
 
     async def add_claimed(self, order_id: str, claimed_at=NOW):

@@ -13,6 +13,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from activities.scheduler_activities import SchedulerActivities
+from adapters.clock import ReadClock
 from adapters.settings import Settings
 from devstack.host.replay import SCHEDULING_EVENTS, run_episode
 from domain import state_machine as sm
@@ -108,12 +109,16 @@ class World:
             inline_agent=self.inline_agent,
             step_modes=self.step_modes,
             index=self.index,
-            clock=lambda: self.now,
+            clock=ReadClock(lambda: self.now),
         )
 
     def starter(self) -> Starter:
         return Starter(
-            self.settings, self.store, self.index, clock=lambda: self.now, publisher=self.bus
+            self.settings,
+            self.store,
+            self.index,
+            clock=ReadClock(lambda: self.now),
+            publisher=self.bus,
         )
 
     async def submitted(self, order_id: str = "A1", **fields) -> tuple[Any, str]:

@@ -11,6 +11,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from activities.scheduler_activities import SchedulerActivities
+from adapters.clock import ReadClock
 from adapters.crashpoints import EnvCrashPoints, from_environment
 from domain.codec import encode
 from domain.models import AgentReply, ReplyOutcome
@@ -36,7 +37,9 @@ async def test_the_starter_calls_its_hook_after_the_claim_and_before_the_start()
     record, etag = await world.submitted()
     client = StartingClient()
     hook = Recorder(lambda: (world.store.docs["A1"][0]["LockedBy"], dict(client.started)))
-    starter = Starter(SETTINGS, world.store, world.index, clock=lambda: world.now, crash_point=hook)
+    starter = Starter(
+        SETTINGS, world.store, world.index, clock=ReadClock(lambda: world.now), crash_point=hook
+    )
     instance_id = await starter.claim_and_start(client, record, etag)
     assert instance_id == "A1:1"
     assert hook.calls == [("starter.after_claim", ("A1:1", {}))]

@@ -10,6 +10,7 @@ from datetime import datetime, timedelta
 
 import pytest
 
+from adapters.clock import ReadClock
 from domain import state_machine as sm
 from domain.models import OperatorAlert, ProcessState, StepStatus
 from orchestrators import order_workflow as wf
@@ -341,7 +342,7 @@ async def test_restarted_compensation_sends_new_message_ids_and_finishes():
     first = await _dying_compensation(world)
     client = Client(world, lambda iid: Driver(world, iid, compensation_agent))
     client.drivers[first.instance_id] = first
-    starter = Starter(SETTINGS, world.store, clock=lambda: world.now)
+    starter = Starter(SETTINGS, world.store, clock=ReadClock(lambda: world.now))
     await starter.run(client)
     (restarted,) = [iid for iid in client.drivers if iid != first.instance_id]
     assert restarted == "A1:2"
@@ -374,7 +375,7 @@ async def test_compensation_restarts_have_a_budget_then_an_alert():
     starter = Starter(
         SETTINGS,
         world.store,
-        clock=lambda: world.now,
+        clock=ReadClock(lambda: world.now),
         publisher=world.bus,
         max_compensation_restarts=2,
     )
@@ -411,7 +412,9 @@ async def test_terminal_status_send_failure_is_delivered_later_by_the_starter():
 
     world.bus.send = real_send
     world.now += timedelta(minutes=1)
-    starter = Starter(SETTINGS, world.store, clock=lambda: world.now, publisher=world.bus)
+    starter = Starter(
+        SETTINGS, world.store, clock=ReadClock(lambda: world.now), publisher=world.bus
+    )
     report = await starter.run(Client(world, lambda iid: None))
     assert report.statuses_delivered == 1
     assert [mid for _, mid in world.sent("replies-webshop")][-1] == message_id

@@ -7,6 +7,7 @@ import logging
 from dataclasses import replace
 from datetime import timedelta
 
+from adapters.clock import ReadClock
 from adapters.ports import ANY_OWNER
 from domain import state_machine as sm
 from domain.models import OrderSubmitted, ProcessState
@@ -53,7 +54,9 @@ async def test_at_the_cap_the_metric_line_is_still_emitted(caplog):
     """Issue 17 item 5: the run at saturation logs its `starter: pending=` line."""
     world = World()
     await _pending(world, "A1")
-    starter = Starter(replace(SETTINGS, max_processing=0), world.store, clock=lambda: world.now)
+    starter = Starter(
+        replace(SETTINGS, max_processing=0), world.store, clock=ReadClock(lambda: world.now)
+    )
     with caplog.at_level(logging.INFO, logger="orchestrators.starter"):
         report = await starter.run(Client())
     assert report.claimed == 0
@@ -67,7 +70,7 @@ async def test_one_failing_compensation_start_does_not_abort_the_run():
     await _errored_with_request(world, "B1")
     await _pending(world, "C1")
     client = Client(fail_for={"A1:2"})
-    report = await Starter(SETTINGS, world.store, clock=lambda: world.now).run(client)
+    report = await Starter(SETTINGS, world.store, clock=ReadClock(lambda: world.now)).run(client)
     assert report.start_failures == 1
     # A1's compensation never started: the same run restarts it as attempt 3.
     assert sorted(client.started) == ["A1:3", "B1:2", "C1:1"]
@@ -79,7 +82,7 @@ async def test_a_failing_start_after_a_claim_leaves_the_record_for_the_superviso
     await _pending(world, "A1")
     await _pending(world, "B1")
     client = Client(fail_for={"A1:1"})
-    report = await Starter(SETTINGS, world.store, clock=lambda: world.now).run(client)
+    report = await Starter(SETTINGS, world.store, clock=ReadClock(lambda: world.now)).run(client)
     assert (report.claimed, report.start_failures, client.started) == (2, 1, ["B1:1"])
     record = await world.record("A1")
     assert record.ProcessState is ProcessState.PROCESSING
@@ -95,7 +98,9 @@ async def test_outbox_entries_wait_their_grace_then_are_sent_once_with_their_id(
         "A1", lambda r: sm.mark_failed(r, claimed.LockedBy, None, "declined", t), claimed.LockedBy
     )
     message_id = (await world.record()).PendingStatus.MessageId
-    starter = Starter(SETTINGS, world.store, clock=lambda: world.now, publisher=world.bus)
+    starter = Starter(
+        SETTINGS, world.store, clock=ReadClock(lambda: world.now), publisher=world.bus
+    )
     assert (
         await starter.run(Client())
     ).statuses_delivered == 0  # inside the grace: the writer sends it
@@ -117,7 +122,7 @@ async def test_the_outbox_is_scanned_at_most_once_per_scan_interval():
     starter = Starter(
         SETTINGS,
         world.store,
-        clock=lambda: world.now,
+        clock=ReadClock(lambda: world.now),
         publisher=world.bus,
         status_grace=timedelta(seconds=30),
         status_scan_interval=timedelta(seconds=10),
@@ -144,7 +149,7 @@ async def test_the_timer_leaves_new_orders_to_a_working_fast_path_for_a_few_seco
 
     world = World()
     client = Client()
-    starter = Starter(SETTINGS, world.store, clock=lambda: world.now)
+    starter = Starter(SETTINGS, world.store, clock=ReadClock(lambda: world.now))
     order = OrderSubmitted.model_validate(order_payload(OrderID="A1"))
     record, etag, _ = await world.store.create_if_absent(sm.new_record(order, world.now, STEPS))
     assert await starter.start_submitted(client, record, etag) == "A1:1"
@@ -167,7 +172,7 @@ async def test_an_unchanged_backlog_gauge_is_not_rewritten_every_run():
         await real(pending, at)
 
     world.store.write_backlog_gauge = counting
-    starter = Starter(SETTINGS, world.store, clock=lambda: world.now)
+    starter = Starter(SETTINGS, world.store, clock=ReadClock(lambda: world.now))
     for _ in range(3):
         await starter.run(Client())
         world.now += timedelta(seconds=5)
@@ -189,7 +194,7 @@ async def test_the_fast_path_claim_can_mark_received_sent_in_the_same_write():
     order = OrderSubmitted.model_validate(order_payload(OrderID="A1"))
     record, etag, _ = await world.store.create_if_absent(sm.new_record(order, world.now, STEPS))
     before = world.store.total
-    starter = Starter(SETTINGS, world.store, clock=lambda: world.now)
+    starter = Starter(SETTINGS, world.store, clock=ReadClock(lambda: world.now))
     assert (
         await starter.start_submitted(client, record, etag, order, received_sent_at=world.now)
         == "A1:1"
@@ -237,9 +242,9 @@ async def test_a_failed_status_still_in_the_outbox_is_sent_before_its_compensati
             await super().start_new(name, instance_id, data)
 
     client = Watching()
-    report = await Starter(SETTINGS, world.store, clock=lambda: world.now, publisher=world.bus).run(
-        client
-    )
+    report = await Starter(
+        SETTINGS, world.store, clock=ReadClock(lambda: world.now), publisher=world.bus
+    ).run(client)
     assert client.started == ["A1:2"]
     assert report.compensations == 1
     assert seen_at_start == [failed_id]
@@ -273,7 +278,9 @@ async def test_a_failed_status_that_cannot_be_sent_does_not_hold_up_the_compensa
     failed_id = (await world.record()).PendingStatus.MessageId
     world.now += timedelta(minutes=1)
     client = Client()
-    await Starter(SETTINGS, world.store, clock=lambda: world.now, publisher=_Down()).run(client)
+    await Starter(SETTINGS, world.store, clock=ReadClock(lambda: world.now), publisher=_Down()).run(
+        client
+    )
     assert client.started == ["A1:2"]
     record = await world.record()
     assert record.ProcessState is ProcessState.COMPENSATING

@@ -10,6 +10,7 @@ from datetime import datetime, timedelta
 
 import pytest
 
+from adapters.clock import ReadClock
 from adapters.ports import ANY_OWNER
 from domain import state_machine as sm
 from domain.models import OperatorAlert, ProcessState, StepStatus
@@ -402,9 +403,9 @@ async def test_a_status_that_cannot_be_sent_stays_in_the_outbox_for_the_starter(
 
     world.bus.send = real_send
     world.now += timedelta(minutes=5)
-    report = await Starter(SETTINGS, world.store, clock=lambda: world.now, publisher=world.bus).run(
-        StartingClient()
-    )
+    report = await Starter(
+        SETTINGS, world.store, clock=ReadClock(lambda: world.now), publisher=world.bus
+    ).run(StartingClient())
     assert report.statuses_delivered == 1
     assert statuses(world) == ["Processed"]
     assert (await world.record()).PendingStatus is None

@@ -10,6 +10,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from adapters.clock import ReadClock
 from adapters.settings import load_settings
 from adapters.settlement import BackoffPolicy, MessageGate, SettleKind
 from domain.errors import TransientError
@@ -83,8 +84,8 @@ class Rig:
             StatusReporter(self.bus),
             Alerts(self.bus),
             STEPS,
-            backlog=BacklogReader(self.store, 60, cache_seconds=0, wall_clock=lambda: NOW),
-            clock=lambda: NOW,
+            backlog=BacklogReader(self.store, 60, cache_seconds=0, clock=ReadClock(lambda: NOW)),
+            clock=ReadClock(lambda: NOW),
         )
         self.scheduler = FakeScheduler()
         self.gate = MessageGate(
@@ -92,7 +93,7 @@ class Rig:
             Alerts(self.bus),
             self.scheduler,
             BackoffPolicy((5.0, 15.0), 5),
-            clock=lambda: NOW,
+            clock=ReadClock(lambda: NOW),
         )
         self.actions = FakeActions()
 
@@ -401,10 +402,8 @@ async def test_backlog_gauge_is_read_once_per_cache_interval():
         return await real()
 
     store.read_backlog_gauge = counting
-    ticks = iter([0.0, 1.0, 6.0])
-    reader = BacklogReader(
-        store, 60, cache_seconds=5, clock=lambda: next(ticks), wall_clock=lambda: NOW
-    )
+    ticks = iter([NOW, NOW + timedelta(seconds=1), NOW + timedelta(seconds=6)])
+    reader = BacklogReader(store, 60, cache_seconds=5, clock=ReadClock(lambda: next(ticks)))
     assert [await reader.pending() for _ in range(3)] == [3, 3, 3]
     assert reads == 2  # at 0 s and again at 6 s, not at 1 s
 
@@ -485,7 +484,9 @@ def counting_rig() -> Rig:
     rig = Rig()
     rig.store, rig.orders = Cosmos(), CountingOrders()
     rig.handler._store, rig.handler._orders = rig.store, rig.orders
-    rig.handler._backlog = BacklogReader(rig.store, 60, cache_seconds=0, wall_clock=lambda: NOW)
+    rig.handler._backlog = BacklogReader(
+        rig.store, 60, cache_seconds=0, clock=ReadClock(lambda: NOW)
+    )
     return rig
 
 

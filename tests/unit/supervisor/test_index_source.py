@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 from datetime import UTC, datetime, timedelta
 
+from adapters.clock import ReadClock
 from adapters.recovery_index import CosmosRecoveryIndex
 from adapters.state_store import CosmosStateStore
 from domain import state_machine as sm
@@ -141,7 +142,7 @@ def test_a_skipped_candidate_read_from_a_lagging_version_keeps_its_entry():
             POLICY,
             10,
             slack=timedelta(seconds=5),
-            clock=lambda: now,
+            clock=ReadClock(lambda: now),
         )
         report = await sup.run()
         assert (report.examined, report.skipped) == (1, 1)

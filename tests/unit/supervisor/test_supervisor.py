@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from adapters.clock import ReadClock
 from domain import state_machine as sm
 from domain.errors import StaleError
 from domain.models import OrderSubmitted, ProcessState
@@ -51,7 +52,7 @@ class Rig:
             POLICY,
             page_size,
             slack=slack,
-            clock=lambda: self.now,
+            clock=ReadClock(lambda: self.now),
         )
 
     async def add(self, order_id: str, claimed_at: datetime) -> None:
@@ -132,7 +133,7 @@ async def test_record_recovered_by_another_supervisor_is_skipped():
         Alerts(rig.bus),
         POLICY,
         10,
-        clock=lambda: rig.now,
+        clock=ReadClock(lambda: rig.now),
     )
     page, _ = await rig.store.query_expired(rig.now, T0 - timedelta(days=1), 10, None)
     await other.run()
@@ -185,7 +186,7 @@ async def test_failed_status_send_after_error_is_delivered_later():
         async def get_status(self, instance_id):
             return None
 
-    starter = Starter(SETTINGS, rig.store, clock=lambda: rig.now, publisher=rig.bus)
+    starter = Starter(SETTINGS, rig.store, clock=ReadClock(lambda: rig.now), publisher=rig.bus)
     assert (await starter.run(NoClient())).statuses_delivered == 1
     sent = [(json.loads(body), mid) for q, body, mid, _ in rig.bus.sent if q == "replies-webshop"]
     assert [(b["Status"], mid) for b, mid in sent] == [("Failed", record.PendingStatus.MessageId)]
@@ -221,7 +222,7 @@ async def test_failed_alert_send_after_error_is_retried_not_only_logged():
         async def get_status(self, instance_id):
             return None
 
-    starter = Starter(SETTINGS, rig.store, clock=lambda: rig.now, publisher=rig.bus)
+    starter = Starter(SETTINGS, rig.store, clock=ReadClock(lambda: rig.now), publisher=rig.bus)
     assert (await starter.run(NoClient())).statuses_delivered == 1
     alerts = [json.loads(body) for body in rig.bus.to("alerts")]
     assert [(a["Kind"], a["OrderID"]) for a in alerts] == [("OrderError", "A")]
