@@ -5,7 +5,6 @@ protocol, so tests and the simulation give every component their own time."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Protocol
 
@@ -27,17 +26,3 @@ class SystemClock:
 
 
 SYSTEM_CLOCK = SystemClock()
-
-
-class ReadClock:
-    """A clock that reads its time from a function (a test's or the
-    simulation's time) and sleeps for real."""
-
-    def __init__(self, read: Callable[[], datetime]) -> None:
-        self._read = read
-
-    def now(self) -> datetime:
-        return self._read()
-
-    async def sleep(self, seconds: float) -> None:
-        await asyncio.sleep(seconds)

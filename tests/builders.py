@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
@@ -49,3 +51,16 @@ def agent_request(
         ReplyEvent=reply_event_name(step, attempt, action),
         Payload=payload or {},
     )
+
+
+class ReadClock:
+    """The product's Clock (adapters.clock) reading a test's time; it sleeps for real."""
+
+    def __init__(self, read: Callable[[], datetime]) -> None:
+        self._read = read
+
+    def now(self) -> datetime:
+        return self._read()
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)

@@ -10,10 +10,10 @@ from datetime import timedelta
 
 import pytest
 
-from adapters.clock import ReadClock
 from domain import state_machine as sm
 from domain.models import ProcessState
 from orchestrators.starter import Starter
+from tests.builders import ReadClock
 from tests.fakes import RecordingPublisher
 from tests.integration.adapters.builders import NOW, POLICY, make_record
 from tests.unit.orchestrators.driver import SETTINGS

@@ -10,10 +10,10 @@ import asyncio
 from dataclasses import replace
 from datetime import timedelta
 
-from adapters.clock import ReadClock
 from adapters.state_store import CosmosStateStore
 from domain import state_machine as sm
 from orchestrators.starter import STATUS_BACKOFF_FIRST, Starter
+from tests.builders import ReadClock
 from tests.fakes import RecordingPublisher
 from tests.integration.adapters.builders import NOW, POLICY, STEPS, make_order
 from tests.unit.orchestrators.driver import SETTINGS

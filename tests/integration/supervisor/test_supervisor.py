@@ -11,13 +11,13 @@ from datetime import timedelta
 import pytest
 
 from adapters.checkpoints import CosmosCheckpointStore
-from adapters.clock import ReadClock
 from adapters.recovery_index import CosmosRecoveryIndex, ensure_index_container
 from domain import state_machine as sm
 from domain.models import ProcessState
 from reporting import Alerts, StatusReporter
 from supervisor.sources import IndexSource, QuerySource
 from supervisor.supervisor import Supervisor
+from tests.builders import ReadClock
 from tests.fakes import RecordingPublisher
 from tests.integration.adapters.builders import NOW, POLICY, make_record
 

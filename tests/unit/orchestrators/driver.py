@@ -13,7 +13,6 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from activities.scheduler_activities import SchedulerActivities
-from adapters.clock import ReadClock
 from adapters.settings import Settings
 from devstack.host.replay import SCHEDULING_EVENTS, run_episode
 from domain import state_machine as sm
@@ -22,7 +21,7 @@ from domain.models import AgentReply, AgentRequest, OrderSubmitted
 from orchestrators.contracts import SendRequest
 from orchestrators.order_workflow import CURRENT_VERSION, order_workflow
 from orchestrators.starter import Starter
-from tests.builders import order_payload
+from tests.builders import ReadClock, order_payload
 from tests.fakes import FakeOrders, FakeStateStore, RecordingPublisher
 
 T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)

@@ -11,13 +11,13 @@ from datetime import timedelta
 from pathlib import Path
 
 from activities.scheduler_activities import SchedulerActivities
-from adapters.clock import ReadClock
 from adapters.crashpoints import EnvCrashPoints, from_environment
 from domain.codec import encode
 from domain.models import AgentReply, ReplyOutcome
 from orchestrators.contracts import SendRequest
 from orchestrators.reply_bridge import bridge_reply
 from orchestrators.starter import Starter
+from tests.builders import ReadClock
 from tests.unit.orchestrators.driver import SETTINGS, STEPS, StartingClient, World
 
 

@@ -10,11 +10,11 @@ from datetime import datetime, timedelta
 
 import pytest
 
-from adapters.clock import ReadClock
 from domain import state_machine as sm
 from domain.models import OperatorAlert, ProcessState, StepStatus
 from orchestrators import order_workflow as wf
 from orchestrators.starter import Starter
+from tests.builders import ReadClock
 from tests.unit.orchestrators.driver import POLICY, SETTINGS, World
 from tests.unit.orchestrators.driver import Driver as _Driver
 

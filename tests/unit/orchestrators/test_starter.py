@@ -7,12 +7,11 @@ import logging
 from dataclasses import replace
 from datetime import timedelta
 
-from adapters.clock import ReadClock
 from adapters.ports import ANY_OWNER
 from domain import state_machine as sm
 from domain.models import OrderSubmitted, ProcessState
 from orchestrators.starter import Starter
-from tests.builders import order_payload
+from tests.builders import ReadClock, order_payload
 from tests.unit.orchestrators.driver import POLICY, SETTINGS, STEPS, World
 
 

@@ -10,12 +10,12 @@ from datetime import datetime, timedelta
 
 import pytest
 
-from adapters.clock import ReadClock
 from adapters.ports import ANY_OWNER
 from domain import state_machine as sm
 from domain.models import OperatorAlert, ProcessState, StepStatus
 from orchestrators import order_workflow as wf
 from orchestrators.starter import Starter
+from tests.builders import ReadClock
 from tests.fakes import CountingOrders, CountingStateStore, FakeIndex
 from tests.unit.orchestrators.driver import (
     POLICY,

@@ -10,13 +10,13 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from adapters.clock import ReadClock
 from adapters.settings import load_settings
 from adapters.settlement import BackoffPolicy, MessageGate, SettleKind
 from domain.errors import TransientError
 from domain.models import ProcessState
 from reporting import Alerts, StatusReporter
 from submit.handler import BacklogReader, SubmitHandler
+from tests.builders import ReadClock
 from tests.fakes import FakeOrders, FakeStateStore, RecordingPublisher
 from tests.unit.domain.conftest import STEPS, order_payload
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 from datetime import UTC, datetime, timedelta
 
-from adapters.clock import ReadClock
 from adapters.recovery_index import CosmosRecoveryIndex
 from adapters.state_store import CosmosStateStore
 from domain import state_machine as sm
@@ -20,7 +19,7 @@ from domain.models import OrderState, OrderSubmitted, ProcessState
 from sim.cosmos import SimContainer
 from sim.world import FaultConfig, World
 from supervisor.sources import IndexSource
-from tests.builders import order_payload
+from tests.builders import ReadClock, order_payload
 
 T0 = datetime(2026, 11, 30, 8, 0, tzinfo=UTC)
 POLICY = sm.RetryPolicy(threshold=2, long_retries=0, claim_timeout=timedelta(seconds=30))

@@ -8,13 +8,13 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from adapters.clock import ReadClock
 from domain import state_machine as sm
 from domain.errors import StaleError
 from domain.models import OrderSubmitted, ProcessState
 from reporting import Alerts, StatusReporter
 from supervisor.sources import QuerySource
 from supervisor.supervisor import Supervisor
+from tests.builders import ReadClock
 from tests.fakes import FakeStateStore, RecordingPublisher
 from tests.unit.domain.conftest import STEPS, order_payload
 
