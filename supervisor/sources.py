@@ -1,15 +1,7 @@
-"""Where a Supervisor run gets its page of expired attempts.
-
-- `QuerySource`: the state container's own query (ProcessState = Processing
-  AND CompleteBy in a window, keyset-paged). Simple; its cost grows with the
-  container because the query fans out to every partition. For small
-  deployments (SUPERVISOR_SCAN=query, the default).
-- `IndexSource`: the recovery index (adapters.recovery_index), read bucket by
-  bucket with single-partition queries; flat cost as records grow
-  (SUPERVISOR_SCAN=index).
-
-Both return `Candidate`s: a record as read, with the etag and what to do once
-it has been handled (`done`, which removes an index entry)."""
+"""Where a Supervisor run gets its page of expired attempts: `QuerySource`
+(the state container's keyset-paged query, docs/adr/006-keyset-paging.md) or
+`IndexSource` (the recovery index, docs/adr/007-recovery-index.md), chosen by
+SUPERVISOR_SCAN. Both return `Candidate`s: a record as read, with its etag."""
 
 from __future__ import annotations
 
@@ -111,13 +103,14 @@ class IndexSource:
         candidates: list[Candidate] = []
         resume: tuple[str, str] | None = None
         positions: list[tuple[Candidate, tuple[str, str]]] = []
+        removals: list[IndexEntry] = []  # removed together at the end (a batch per bucket)
         previous: IndexEntry | None = None
         for entry in entries:
             same = previous is not None and previous.bucket == entry.bucket
             position = json.dumps(
                 [entry.bucket, previous.id if previous is not None and same else ""]
             )
-            candidate = await self._check(entry, upper)
+            candidate = await self._check(entry, upper, removals)
             if isinstance(candidate, Candidate):
                 positions.append((candidate, tuple(json.loads(position))))
             if candidate is _NOT_DUE:
@@ -141,6 +134,9 @@ class IndexSource:
             # id (ids sort by order id, not deadline): keep to the bucket's
             # start, or the cursor could leave the bucket without reaching it.
             at = (at[0], "")
+        # After every check: an entry left behind by a crash before this line
+        # is only checked again by a later run.
+        await self._index.remove_many(removals)
         for candidate, own in positions:
             # A Supervisor that does not handle a candidate resumes at its
             # position instead of `at`. That must not pass what `at` keeps (an
@@ -149,7 +145,7 @@ class IndexSource:
             candidate.position = json.dumps(list(min(own, at)))
         return candidates, json.dumps(list(at)), len(entries)
 
-    async def _check(self, entry: IndexEntry, upper: datetime):
+    async def _check(self, entry: IndexEntry, upper: datetime, removals: list[IndexEntry]):
         if entry.complete_by >= upper:
             # Not due: stays for a later run, without reading its record. Every
             # deadline a record carries has an entry no later than it (added
@@ -159,7 +155,7 @@ class IndexSource:
         try:
             record, etag = await self._store.read(entry.order_id)
         except NotFoundError:
-            await self._index.remove(entry)
+            removals.append(entry)
             return None
         if record.Attempt < entry.attempt:
             # A version from before the entry's attempt was claimed. The
@@ -172,7 +168,7 @@ class IndexSource:
             # reads it again, and the record soon shows that attempt (or, after
             # a lost claim, the next claim takes that attempt number).
             if record.ProcessState in _FINAL:
-                await self._index.remove(entry)
+                removals.append(entry)
                 return None
             return _NOT_DUE
         live = (
@@ -185,7 +181,7 @@ class IndexSource:
             # entry). A lagging read only ever shows an older version, and
             # versions only move forward from the entry's attempt, so this is
             # certain.
-            await self._index.remove(entry)
+            removals.append(entry)
             return None
         if record.CompleteBy < upper:
             return Candidate(record, etag, lambda: self._index.remove(entry))
@@ -195,7 +191,7 @@ class IndexSource:
         # before removed, so the attempt is never without one); only slow
         # attempts pay for this.
         await self._index.add(record.id, record.CompleteBy, record.Attempt)
-        await self._index.remove(entry)
+        removals.append(entry)
         # Not before this run's upper bound, so in the cursor's bucket or a
         # later one; page() keeps the cursor at the start of such a bucket.
         return None

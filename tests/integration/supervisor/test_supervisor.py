@@ -264,9 +264,11 @@ async def test_one_index_entry_per_attempt_follows_a_live_attempt_to_its_deadlin
 
 @pytest.mark.parametrize("rig", ["index"], indirect=True)
 async def test_an_attempt_that_retired_its_entry_costs_the_supervisor_nothing(rig):
-    """A 2.0 attempt that ends removes its own entry (discard): no read later."""
+    """A 2.0 attempt that ends removes its own entry (discard, sent with the
+    process's next batch): no read later."""
     claimed = await rig.add_claimed("A")
     await rig.index.discard("A", NOW + POLICY.claim_timeout)
+    await rig.index.flush()
     t = NOW
     await rig.store.update(
         "A", lambda r: sm.mark_failed(r, claimed.LockedBy, None, "x", t), claimed.LockedBy
