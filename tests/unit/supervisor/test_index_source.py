@@ -251,3 +251,38 @@ def test_a_skipped_candidate_never_moves_the_cursor_past_an_entry_not_yet_due():
         assert (await store.read("A"))[0].ProcessState is ProcessState.PENDING
 
     asyncio.new_event_loop().run_until_complete(go())
+
+
+def test_a_full_page_in_a_bucket_that_may_still_fill_keeps_the_cursor_at_its_start():
+    """A page that ends inside the bucket of its upper bound must not leave the
+    cursor at its last id: a claim indexes its deadline ahead of now, into that
+    same bucket, under an id that may sort before the cursor's (ids sort by
+    order id). Had the cursor stayed at C, the runs after the minute rolled
+    over would never read A."""
+
+    async def go():
+        world = World(1, FaultConfig())
+        state, index_c = (
+            SimContainer(world, "state", "/id"),
+            SimContainer(world, "index", "/bucket"),
+        )
+        store, index = CosmosStateStore(state), CosmosRecoveryIndex(index_c)
+
+        async def claimed(oid: str, at: datetime) -> None:
+            await store.create_if_absent(sm.new_record(_order(oid), at, []))
+            await index.add(oid, at + POLICY.claim_timeout, 1)
+            await store.claim(oid, at, POLICY)
+
+        for oid in ("B", "C"):
+            await claimed(oid, T0 - timedelta(seconds=20))  # due at T0 + 10 s
+        source = IndexSource(index, store)
+        candidates, cursor, _ = await source.page(T0 + timedelta(seconds=40), 2, None)
+        assert [c.record.id for c in candidates] == ["B", "C"]
+        await claimed("A", T0 + timedelta(seconds=25))  # due at T0 + 55 s, same bucket
+        found: list[str] = []
+        for _ in range(2):
+            candidates, cursor, _ = await source.page(T0 + timedelta(seconds=70), 2, cursor)
+            found += [c.record.id for c in candidates]
+        assert "A" in found
+
+    asyncio.new_event_loop().run_until_complete(go())
