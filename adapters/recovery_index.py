@@ -118,10 +118,12 @@ class CosmosRecoveryIndex:
         """Remove entries with one transactional batch per bucket (their
         partition). A batch is all or nothing: if one entry is gone already,
         it is retried entry by entry."""
-        by_bucket: dict[str, list[IndexEntry]] = {}
+        by_bucket: dict[str, dict[str, IndexEntry]] = {}
         for entry in entries:
-            by_bucket.setdefault(entry.bucket, []).append(entry)
-        for bucket, group in sorted(by_bucket.items()):
+            # Once per id: a retried activity discards its entry twice.
+            by_bucket.setdefault(entry.bucket, {})[entry.id] = entry
+        for bucket, unique in sorted(by_bucket.items()):
+            group = list(unique.values())
             for start in range(0, len(group), MAX_BATCH_OPERATIONS):
                 chunk = group[start : start + MAX_BATCH_OPERATIONS]
                 if len(chunk) == 1:
