@@ -148,7 +148,7 @@ const applied = [];
   applied.push("patch-condition-case");
 }
 
-// Bug 4: a transactional batch (the Python SDK's execute_item_batch) carries
+// Bug 2 (in part): a transactional batch (the Python SDK's execute_item_batch) carries
 // its partition key in the request header, not in each operation; the batch
 // handler reads only the operation's own and answers 500. Give every
 // operation without one the header's. (The handler is also not atomic: the
