@@ -1,29 +1,7 @@
-"""The recovery index: where the Supervisor finds expired attempts without a
-cross-partition scan of the state container.
-
-Why: the state container is partitioned by OrderID, so "Processing and
-CompleteBy < now" fans out to every physical partition and its cost grows with
-the number of records, however small the page. The index is a second container
-(`recoveryIndex`) partitioned by deadline bucket (`/bucket`, CompleteBy floored
-to BUCKET_SECONDS): the Supervisor reads the buckets that have passed, one
-single-partition query each, so a run reads about as many documents as there
-are deadlines that passed in its window — flat as the number of records grows.
-
-Kept in step by the writers, not the change feed: an entry is added *before*
-the record gets a deadline no earlier than the entry's, so a crash between the
-two leaves an extra entry (discarded when visited), never a deadline with no
-entry. Workflow 2.0 adds one entry per attempt, at its claim, at the earliest
-deadline the attempt can have (claim time + the smaller of claim and step
-timeout), and retires it itself when it finishes (`discard`). The Supervisor
-recovers an attempt whose record's CompleteBy has passed, discards entries of
-attempts that ended or were replaced, and moves the entry of a live attempt
-whose deadline moved on to that deadline: only slow attempts pay for a move
-(docs/adr/004-lean-workflow.md). Workflow 1.x adds an entry for every deadline
-it sets, which the same rules handle.
-
-Entry: {"id": "<OrderID>|<CompleteBy>", "bucket": "<yyyy-mm-ddThh:mm>",
-"OrderID", "CompleteBy", "Attempt"}. The cursor the Supervisor saves is the
-(bucket, last id) it reached: opaque, and valid in any process."""
+"""The recovery index: the container `recoveryIndex` (partition key /bucket,
+a deadline floored to the minute) where the Supervisor finds expired attempts
+with single-partition queries instead of a cross-partition scan of the state
+container. Protocol and cursor rules: docs/adr/007-recovery-index.md."""
 
 from __future__ import annotations
 
@@ -33,12 +11,18 @@ from typing import Any
 
 from azure.cosmos import PartitionKey
 from azure.cosmos.aio import ContainerProxy, CosmosClient
+from azure.cosmos.exceptions import CosmosBatchOperationError
 
 from adapters.cosmos_client import SDK_ERRORS, RequestCharges, translate_error
 from domain.errors import NotFoundError
 
 BUCKET_SECONDS = 60
 MAX_BUCKETS_PER_PAGE = 120
+# Discards of finished attempts wait for this many, then go as one batch per
+# bucket (ADR 007); fewer if their deadlines spread wider than DISCARD_SPREAD.
+DISCARD_BATCH = 25
+DISCARD_SPREAD = timedelta(seconds=15)
+MAX_BATCH_OPERATIONS = 100  # Cosmos' limit for one transactional batch
 PARTITION_KEY_PATH = "/bucket"
 
 
@@ -79,9 +63,20 @@ async def ensure_index_container(
 
 
 class CosmosRecoveryIndex:
-    def __init__(self, container: ContainerProxy, charges: RequestCharges | None = None) -> None:
+    """Entry: {"id": "<OrderID>|<CompleteBy>", "bucket", "OrderID",
+    "CompleteBy", "Attempt"}; one per attempt, added before the record carries
+    a deadline no earlier than the entry's (ADR 007)."""
+
+    def __init__(
+        self,
+        container: ContainerProxy,
+        charges: RequestCharges | None = None,
+        discard_batch: int = DISCARD_BATCH,
+    ) -> None:
         self._container = container
         self.charges = charges if charges is not None else RequestCharges()
+        self._discard_batch = discard_batch
+        self._discards: list[IndexEntry] = []
 
     async def add(self, order_id: str, complete_by: datetime, attempt: int) -> None:
         at = complete_by.astimezone(UTC).isoformat()
@@ -100,18 +95,56 @@ class CosmosRecoveryIndex:
             ) from exc
 
     async def discard(self, order_id: str, complete_by: datetime) -> None:
-        """Remove the entry `add(order_id, complete_by, ...)` made; gone
-        already (moved or visited by the Supervisor) is fine."""
-        at = complete_by.astimezone(UTC).isoformat()
-        await self.remove(
-            IndexEntry(
-                entry_id(order_id, complete_by),
-                bucket_of(complete_by),
-                order_id,
-                datetime.fromisoformat(at),
-                0,
-            )
-        )
+        """Retire the entry `add(order_id, complete_by, ...)` made, for an
+        attempt that has ended. Batched: the entry waits in this process until
+        `discard_batch` discards (or a spread of DISCARD_SPREAD in their
+        deadlines) have gathered, then they go as one transactional delete per
+        bucket. A discard that never goes (the process ends, the batch fails)
+        only leaves an entry the Supervisor removes when it is due, as it does
+        for any attempt that ended without discarding. Gone already is fine."""
+        at = complete_by.astimezone(UTC)
+        self._discards.append(IndexEntry(entry_id(order_id, at), bucket_of(at), order_id, at, 0))
+        oldest = min(e.complete_by for e in self._discards)
+        if len(self._discards) >= self._discard_batch or at - oldest >= DISCARD_SPREAD:
+            await self.flush()
+
+    async def flush(self) -> None:
+        """Send the discards waiting in this process now."""
+        # Taken before the first await: discards meanwhile start a new batch.
+        entries, self._discards = self._discards, []
+        await self.remove_many(entries)
+
+    async def remove_many(self, entries: list[IndexEntry]) -> None:
+        """Remove entries with one transactional batch per bucket (their
+        partition). A batch is all or nothing: if one entry is gone already,
+        it is retried entry by entry."""
+        by_bucket: dict[str, dict[str, IndexEntry]] = {}
+        for entry in entries:
+            # Once per id: a retried activity discards its entry twice.
+            by_bucket.setdefault(entry.bucket, {})[entry.id] = entry
+        for bucket, unique in sorted(by_bucket.items()):
+            group = list(unique.values())
+            for start in range(0, len(group), MAX_BATCH_OPERATIONS):
+                chunk = group[start : start + MAX_BATCH_OPERATIONS]
+                if len(chunk) == 1:
+                    await self.remove(chunk[0])
+                    continue
+                try:
+                    await self._container.execute_item_batch(
+                        [("delete", (e.id,)) for e in chunk],
+                        partition_key=bucket,
+                        response_hook=self.charges.hook("index_remove_batch"),
+                    )
+                except CosmosBatchOperationError:
+                    for e in chunk:
+                        await self.remove(e)
+                except SDK_ERRORS as exc:
+                    raise translate_error(
+                        exc,
+                        f"remove {len(chunk)} index entries of bucket {bucket}",
+                        self.charges,
+                        "index_remove_batch",
+                    ) from exc
 
     async def remove(self, entry: IndexEntry) -> None:
         try:

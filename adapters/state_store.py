@@ -1,41 +1,7 @@
 """The state store: the Cosmos container `orderState` (DESIGN.md §3), one
-document per order, partition key /id = OrderID.
-
-Every write is conditional. `replace` carries the etag the record was read
-with (412 -> StaleError); `update` re-checks the `LockedBy` guard on the very
-version it is about to replace, so no write ever lands without the guard
-holding; `claim` is the Starter's etag race (one winner, the rest get None).
-The transitions themselves are the pure functions of domain.state_machine:
-this module only reads, guards and writes.
-
-Timestamps are stored as fixed-width UTC strings
-(`2026-11-30T08:00:00.000000Z`), not pydantic's JSON form, which drops the
-fraction when it is zero and keeps non-UTC offsets: Cosmos compares strings,
-and `CompleteBy` range scans must order the way time does.
-
-Supervisor scans (`query_expired`) page by keyset, not by the SDK's
-continuation token: the query is ORDER BY (ProcessState, CompleteBy, id) with
-TOP n, and the token we hand back is the (CompleteBy, id) of the last record
-returned. It is an opaque string the caller can save and use in a fresh
-process, it stays exact while the scanned records change (recovering a record
-removes it from the result set, which would shift a position-based cursor),
-and it does not depend on the Python SDK resuming cross-partition ORDER BY
-queries, which it cannot do against a multi-partition Azure container (the
-SDK's query-plan path has no continuation support; azure-sdk-for-python
-#37230, #41434). Each page costs one TOP n query: bounded by the page size,
-not by the number of records (invariant 6).
-
-Backlog gauge (admission control). Submit must know roughly how many orders
-are Pending without paying a cross-partition COUNT per message, which fans
-out to every physical partition and grows with the container. Instead the
-Starter, once per run, measures with one COUNT query and writes the result to
-a small document `{"id": "_backlog", "PendingCount": n, "MeasuredAt": t}` in
-this container; Submit reads it with a point read (1 RU), and may cache it
-for `backlog_gauge_max_age`. `read_backlog_gauge` returns the measurement
-time too, so the caller decides what a stale gauge means. The id cannot
-collide with an order: OrderIDs start with a letter or digit. The gauge has
-no ProcessState, so no state query ever returns it.
-"""
+document per order (partition key /id = OrderID). Every write is conditional
+(etag, and the `LockedBy` guard); the transitions are domain.state_machine's.
+Supervisor scans page by keyset: docs/adr/006-keyset-paging.md."""
 
 from __future__ import annotations
 
@@ -83,7 +49,9 @@ ExpectedLock = str | None | Literal[_Any.ANY]
 
 
 def cosmos_time(value: datetime) -> str:
-    """Fixed-width UTC: lexicographic order is time order."""
+    """Fixed-width UTC (`2026-11-30T08:00:00.000000Z`): lexicographic order is
+    time order, which Cosmos' string comparisons and the keyset need (ADR 006);
+    pydantic's JSON form drops a zero fraction and keeps non-UTC offsets."""
     if value.tzinfo is None:
         raise ValueError("naive datetimes are not stored; use timezone-aware UTC")
     return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
@@ -199,7 +167,11 @@ def _params(**values: Any) -> list[dict[str, Any]]:
 
 
 class CosmosStateStore:
-    """Conditional reads and writes of state records (see the module docstring).
+    """Conditional reads and writes of state records: `replace` carries the
+    etag the record was read with (412 -> StaleError); `update` re-checks the
+    `LockedBy` guard on the very version it replaces, so no write lands
+    without the guard holding; `claim` is the Starter's etag race (one
+    winner, the rest get None).
 
     Args:
         container: the `orderState` container (a ContainerProxy of the aio client).
@@ -469,6 +441,12 @@ class CosmosStateStore:
         return int(result[0]) if result else 0
 
     # --- backlog gauge --------------------------------------------------------------
+    # Submit's admission control must know roughly how many orders are Pending
+    # without a cross-partition COUNT per message (it fans out to every
+    # physical partition). The Starter counts once per run and writes
+    # {"id": "_backlog", "PendingCount", "MeasuredAt"} here; Submit point-reads
+    # it (1 RU) and may cache it. The id cannot be an OrderID (those start with
+    # a letter or digit), and it has no ProcessState, so no state query sees it.
 
     async def write_backlog_gauge(self, pending: int, measured_at: datetime) -> None:
         """Store the Starter's measurement (an upsert of one small document)."""

@@ -17,6 +17,7 @@ from typing import Any
 
 from azure.cosmos.exceptions import (
     CosmosAccessConditionFailedError,
+    CosmosBatchOperationError,
     CosmosHttpResponseError,
     CosmosResourceExistsError,
     CosmosResourceNotFoundError,
@@ -361,6 +362,35 @@ class SimContainer:
         del self.docs[key]
         self.previous.pop(key, None)
         self.world.log(f"cosmos {self.name} delete {item}")
+
+    async def execute_item_batch(
+        self, batch_operations: list, partition_key: Any, response_hook=None, **_: Any
+    ) -> list:
+        """A transactional batch of deletes in one partition (all the
+        adapters use): one request; if any operation fails, none applies and
+        CosmosBatchOperationError names the first that failed."""
+        await self._op("batch", response_hook)
+        keys = []
+        for index, (op, args, *_rest) in enumerate(batch_operations):
+            if op != "delete":
+                raise NotImplementedError(f"batch operation {op}")
+            key = (str(partition_key), str(args[0]))
+            if key not in self.docs:
+                raise CosmosBatchOperationError(
+                    error_index=index,
+                    headers={},
+                    status_code=404,
+                    message="Entity with the specified id does not exist",
+                    operation_responses=[],
+                )
+            keys.append(key)
+        for key in keys:
+            if self.on_delete is not None:
+                self.on_delete(self.docs[key])
+            del self.docs[key]
+            self.previous.pop(key, None)
+            self.world.log(f"cosmos {self.name} delete {key[1]} (batch)")
+        return [{"statusCode": 204} for _ in keys]
 
     def query_items(
         self,

@@ -1,15 +1,7 @@
-"""Where a Supervisor run gets its page of expired attempts.
-
-- `QuerySource`: the state container's own query (ProcessState = Processing
-  AND CompleteBy in a window, keyset-paged). Simple; its cost grows with the
-  container because the query fans out to every partition. For small
-  deployments (SUPERVISOR_SCAN=query, the default).
-- `IndexSource`: the recovery index (adapters.recovery_index), read bucket by
-  bucket with single-partition queries; flat cost as records grow
-  (SUPERVISOR_SCAN=index).
-
-Both return `Candidate`s: a record as read, with the etag and what to do once
-it has been handled (`done`, which removes an index entry)."""
+"""Where a Supervisor run gets its page of expired attempts: `QuerySource`
+(the state container's keyset-paged query, docs/adr/006-keyset-paging.md) or
+`IndexSource` (the recovery index, docs/adr/007-recovery-index.md), chosen by
+SUPERVISOR_SCAN. Both return `Candidate`s: a record as read, with its etag."""
 
 from __future__ import annotations
 
@@ -80,15 +72,25 @@ class QuerySource:
         return candidates, next_cursor, len(page)
 
 
+# IndexSource: buckets from bucket_of(upper - SETTLE) on may still get entries.
+SETTLE = timedelta(seconds=10)
+
+
 class IndexSource:
     """Reads the recovery index up to `upper` and checks each entry against
     its record: entries of an attempt that ended (or was replaced by a newer
     one) are discarded; an entry of a live attempt whose deadline moved on is
     moved to that deadline; entries not yet due stay."""
 
-    def __init__(self, index: CosmosRecoveryIndex, store: StateStore) -> None:
+    def __init__(
+        self, index: CosmosRecoveryIndex, store: StateStore, settle: timedelta = SETTLE
+    ) -> None:
+        """`settle`: how far before `upper` a bucket may still get entries
+        (moves by a Supervisor whose clock is behind this one's): at least
+        twice the clock skew the Supervisor's slack allows for."""
         self._index = index
         self._store = store
+        self._settle = settle
 
     async def page(self, upper: datetime, max_items: int, cursor: str | None):
         if cursor:
@@ -100,16 +102,17 @@ class IndexSource:
         )
         candidates: list[Candidate] = []
         resume: tuple[str, str] | None = None
+        positions: list[tuple[Candidate, tuple[str, str]]] = []
+        removals: list[IndexEntry] = []  # removed together at the end (a batch per bucket)
         previous: IndexEntry | None = None
-        moved: list[str] = []  # buckets entries were moved into
         for entry in entries:
             same = previous is not None and previous.bucket == entry.bucket
             position = json.dumps(
                 [entry.bucket, previous.id if previous is not None and same else ""]
             )
-            candidate = await self._check(entry, upper, moved)
+            candidate = await self._check(entry, upper, removals)
             if isinstance(candidate, Candidate):
-                candidate.position = position
+                positions.append((candidate, tuple(json.loads(position))))
             if candidate is _NOT_DUE:
                 # The cursor must not pass an entry that stays: resume just
                 # before the first one (ids are read in order, `after` is
@@ -123,15 +126,26 @@ class IndexSource:
         # A finished pass restarts at the current bucket, which may still fill
         # up and holds entries not yet due.
         at = resume if resume is not None else (bucket, "" if reached_end else after)
-        if at[0] in moved:
-            # An entry moved into the bucket the cursor stays in may sort
-            # before the cursor's id (ids sort by order id, not deadline):
-            # re-read that bucket from its start, or the cursor could leave
-            # the bucket without ever reaching the moved entry.
+        if at[0] >= bucket_of(upper - self._settle):
+            # A bucket this late may still get entries: claims index their
+            # deadline ahead of now, and a Supervisor (this one or another
+            # whose clock is behind) moves entries to deadlines at or after
+            # its own upper bound. Such an entry may sort before the cursor's
+            # id (ids sort by order id, not deadline): keep to the bucket's
+            # start, or the cursor could leave the bucket without reaching it.
             at = (at[0], "")
+        # After every check: an entry left behind by a crash before this line
+        # is only checked again by a later run.
+        await self._index.remove_many(removals)
+        for candidate, own in positions:
+            # A Supervisor that does not handle a candidate resumes at its
+            # position instead of `at`. That must not pass what `at` keeps (an
+            # entry not yet due earlier in the page, or a bucket's start):
+            # cursors sort as (bucket, id), so the earlier of the two is safe.
+            candidate.position = json.dumps(list(min(own, at)))
         return candidates, json.dumps(list(at)), len(entries)
 
-    async def _check(self, entry: IndexEntry, upper: datetime, moved: list[str]):
+    async def _check(self, entry: IndexEntry, upper: datetime, removals: list[IndexEntry]):
         if entry.complete_by >= upper:
             # Not due: stays for a later run, without reading its record. Every
             # deadline a record carries has an entry no later than it (added
@@ -141,7 +155,7 @@ class IndexSource:
         try:
             record, etag = await self._store.read(entry.order_id)
         except NotFoundError:
-            await self._index.remove(entry)
+            removals.append(entry)
             return None
         if record.Attempt < entry.attempt:
             # A version from before the entry's attempt was claimed. The
@@ -154,7 +168,7 @@ class IndexSource:
             # reads it again, and the record soon shows that attempt (or, after
             # a lost claim, the next claim takes that attempt number).
             if record.ProcessState in _FINAL:
-                await self._index.remove(entry)
+                removals.append(entry)
                 return None
             return _NOT_DUE
         live = (
@@ -167,7 +181,7 @@ class IndexSource:
             # entry). A lagging read only ever shows an older version, and
             # versions only move forward from the entry's attempt, so this is
             # certain.
-            await self._index.remove(entry)
+            removals.append(entry)
             return None
         if record.CompleteBy < upper:
             return Candidate(record, etag, lambda: self._index.remove(entry))
@@ -177,8 +191,7 @@ class IndexSource:
         # before removed, so the attempt is never without one); only slow
         # attempts pay for this.
         await self._index.add(record.id, record.CompleteBy, record.Attempt)
-        await self._index.remove(entry)
+        removals.append(entry)
         # Not before this run's upper bound, so in the cursor's bucket or a
-        # later one; page() makes sure the cursor does not pass it there.
-        moved.append(bucket_of(record.CompleteBy))
+        # later one; page() keeps the cursor at the start of such a bucket.
         return None

@@ -148,6 +148,31 @@ const applied = [];
   applied.push("patch-condition-case");
 }
 
+// Bug 2 (in part): a transactional batch (the Python SDK's execute_item_batch) carries
+// its partition key in the request header, not in each operation; the batch
+// handler reads only the operation's own and answers 500. Give every
+// operation without one the header's. (The handler is also not atomic: the
+// operations before a failed one stay applied. Our only caller, the recovery
+// index's batched removals, retries entry by entry on any failure.)
+{
+  const json = lib("json");
+  const pk = lib("utils/get-partition-from-header");
+  const original = json.default;
+  json.default = async req => {
+    const body = await original(req);
+    const header = pk.default(req);
+    if (Array.isArray(body) && header !== undefined && req.headers["x-ms-cosmos-is-batch-request"]) {
+      for (const op of body) {
+        if (op && op.partitionKey === undefined) {
+          op.partitionKey = header;
+        }
+      }
+    }
+    return body;
+  };
+  applied.push("batch-partition-key-header");
+}
+
 // --- fault injection -----------------------------------------------------------------
 //
 // Rules answer matching requests with an error instead of serving them, the way

@@ -160,3 +160,27 @@ def test_an_owner_is_not_refused_on_a_read_that_lags_its_claim():
         assert (await store.read("A"))[0].ProcessState is ProcessState.PROCESSED
 
     _run(go())
+
+
+def test_a_batch_of_deletes_is_all_or_nothing_like_a_transactional_batch():
+    from azure.cosmos.exceptions import CosmosBatchOperationError
+
+    async def go():
+        world = World(1, FaultConfig())
+        container = SimContainer(world, "index", "/bucket")
+        index = CosmosRecoveryIndex(container)
+        for oid in ("A", "B", "C"):
+            await index.add(oid, T0 + timedelta(seconds=10), 1)
+        ids = sorted(doc["id"] for doc in container.docs.values())
+        bucket = "2026-11-30T08:00:00"
+        with pytest.raises(CosmosBatchOperationError):
+            await container.execute_item_batch(
+                [("delete", (ids[0],)), ("delete", ("missing",))], partition_key=bucket
+            )
+        assert len(container.docs) == 3  # nothing applied
+        await container.execute_item_batch(
+            [("delete", (i,)) for i in ids[:2]], partition_key=bucket
+        )
+        assert sorted(doc["id"] for doc in container.docs.values()) == ids[2:]
+
+    _run(go())

@@ -265,9 +265,11 @@ async def test_one_index_entry_per_attempt_follows_a_live_attempt_to_its_deadlin
 
 @pytest.mark.parametrize("rig", ["index"], indirect=True)
 async def test_an_attempt_that_retired_its_entry_costs_the_supervisor_nothing(rig):
-    """A 2.0 attempt that ends removes its own entry (discard): no read later."""
+    """A 2.0 attempt that ends removes its own entry (discard, sent with the
+    process's next batch): no read later."""
     claimed = await rig.add_claimed("A")
     await rig.index.discard("A", NOW + POLICY.claim_timeout)
+    await rig.index.flush()
     t = NOW
     await rig.store.update(
         "A", lambda r: sm.mark_failed(r, claimed.LockedBy, None, "x", t), claimed.LockedBy
@@ -275,3 +277,46 @@ async def test_an_attempt_that_retired_its_entry_costs_the_supervisor_nothing(ri
     report = await rig.supervisor().run()
     assert report.read == 0
     assert report.recovered == 0
+
+
+class _ThenRun:
+    """A source that lets another Supervisor run a whole run between this
+    one's page read and its recoveries (two Supervisors at once)."""
+
+    def __init__(self, inner, other: Supervisor) -> None:
+        self._inner, self._other = inner, other
+
+    async def page(self, upper, max_items, cursor):
+        result = await self._inner.page(upper, max_items, cursor)
+        await self._other.run()
+        return result
+
+
+@pytest.mark.parametrize("rig", ["index"], indirect=True)
+async def test_a_skipped_candidate_never_moves_the_cursor_past_an_entry_not_yet_due(rig):
+    """Simulation seed 4455 --orders 3: in one bucket, A's entry (first by id)
+    was not yet due and B's was. Two Supervisors sharing the checkpoint read
+    both; one recovered B, the other found B stale and rewound its cursor to
+    B's position, which is just after A. It saved last: the next runs read the
+    bucket after A, moved on to the next minute, and A's attempt stayed
+    Processing for good."""
+    from datetime import datetime
+
+    from adapters.recovery_index import bucket_of
+
+    minute = datetime.fromisoformat(bucket_of(NOW + timedelta(minutes=2))).replace(
+        tzinfo=NOW.tzinfo
+    )
+    for order_id, second in (("A", 55), ("B", 20)):
+        await rig.add_claimed(order_id, minute + timedelta(seconds=second) - POLICY.claim_timeout)
+    rig.now = minute + timedelta(seconds=40)  # upper = minute + 35 s: B due, A not
+    first = rig.supervisor(page_size=3)
+    second = rig.supervisor(page_size=3)
+    second._source = _ThenRun(second._source, first)
+    report = await second.run()  # first recovers B while second holds its page
+    assert (report.examined, report.skipped) == (1, 1)
+    assert (await rig.state("B")).ProcessState is ProcessState.PENDING
+    for _ in range(3):
+        rig.now += timedelta(minutes=1)
+        await rig.supervisor(page_size=3).run()
+    assert (await rig.state("A")).ProcessState is ProcessState.PENDING

@@ -189,3 +189,100 @@ def test_an_entry_moved_behind_the_cursor_in_its_bucket_is_still_reached():
         assert found == ["A"]
 
     asyncio.new_event_loop().run_until_complete(go())
+
+
+def test_a_skipped_candidate_never_moves_the_cursor_past_an_entry_not_yet_due():
+    """Simulation seed 4455 --orders 3 (two Supervisors sharing a checkpoint):
+    in one bucket A's entry (first by id) was not yet due, B's was. One
+    Supervisor recovered B while the other held the same page; that one found
+    B stale and rewound to B's position, just after A, and saved last. The
+    next runs read the bucket after A and moved on: A stayed Processing."""
+    from reporting import Alerts, StatusReporter
+    from supervisor.supervisor import Supervisor
+    from tests.fakes import RecordingPublisher
+    from tests.unit.supervisor.test_supervisor import MemoryCheckpoints
+
+    class ThenRun:
+        def __init__(self, inner, other) -> None:
+            self.inner, self.other = inner, other
+
+        async def page(self, upper, max_items, cursor):
+            result = await self.inner.page(upper, max_items, cursor)
+            await self.other.run()  # the other Supervisor's whole run, meanwhile
+            return result
+
+    async def go():
+        world = World(1, FaultConfig())
+        state, index_c = (
+            SimContainer(world, "state", "/id"),
+            SimContainer(world, "index", "/bucket"),
+        )
+        store, index = CosmosStateStore(state), CosmosRecoveryIndex(index_c)
+        for oid, second in (("A", 55), ("B", 20)):
+            await store.create_if_absent(sm.new_record(_order(oid), T0, []))
+            claimed_at = T0 + timedelta(seconds=second) - POLICY.claim_timeout
+            await index.add(oid, claimed_at + POLICY.claim_timeout, 1)
+            await store.claim(oid, claimed_at, POLICY)
+        now = T0 + timedelta(seconds=40)  # upper T0 + 35 s: B due, A not
+        checkpoints = MemoryCheckpoints()
+        bus = RecordingPublisher()
+
+        def supervisor(source):
+            return Supervisor(
+                store,
+                source,
+                checkpoints,
+                StatusReporter(bus),
+                Alerts(bus),
+                POLICY,
+                3,
+                slack=timedelta(seconds=5),
+                clock=lambda: now,
+            )
+
+        first = supervisor(IndexSource(index, store))
+        second = supervisor(ThenRun(IndexSource(index, store), first))
+        report = await second.run()
+        assert (report.examined, report.skipped) == (1, 1)
+        assert (await store.read("B"))[0].ProcessState is ProcessState.PENDING
+        for _ in range(3):
+            now += timedelta(minutes=1)
+            await first.run()
+        assert (await store.read("A"))[0].ProcessState is ProcessState.PENDING
+
+    asyncio.new_event_loop().run_until_complete(go())
+
+
+def test_a_full_page_in_a_bucket_that_may_still_fill_keeps_the_cursor_at_its_start():
+    """A page that ends inside the bucket of its upper bound must not leave the
+    cursor at its last id: a claim indexes its deadline ahead of now, into that
+    same bucket, under an id that may sort before the cursor's (ids sort by
+    order id). Had the cursor stayed at C, the runs after the minute rolled
+    over would never read A."""
+
+    async def go():
+        world = World(1, FaultConfig())
+        state, index_c = (
+            SimContainer(world, "state", "/id"),
+            SimContainer(world, "index", "/bucket"),
+        )
+        store, index = CosmosStateStore(state), CosmosRecoveryIndex(index_c)
+
+        async def claimed(oid: str, at: datetime) -> None:
+            await store.create_if_absent(sm.new_record(_order(oid), at, []))
+            await index.add(oid, at + POLICY.claim_timeout, 1)
+            await store.claim(oid, at, POLICY)
+
+        for oid in ("B", "C"):
+            await claimed(oid, T0 - timedelta(seconds=20))  # due at T0 + 10 s
+        source = IndexSource(index, store)
+        candidates, cursor, _ = await source.page(T0 + timedelta(seconds=40), 2, None)
+        assert [c.record.id for c in candidates] == ["B", "C"]
+        await claimed("A", T0 + timedelta(seconds=25))  # due at T0 + 55 s, same bucket
+        found: list[str] = []
+        for _ in range(2):
+            candidates, cursor, _ = await source.page(T0 + timedelta(seconds=70), 2, cursor)
+            found += [c.record.id for c in candidates]
+        assert "A" in found
+
+    asyncio.new_event_loop().run_until_complete(go())
