@@ -237,7 +237,7 @@ def test_a_skipped_candidate_never_moves_the_cursor_past_an_entry_not_yet_due():
                 POLICY,
                 3,
                 slack=timedelta(seconds=5),
-                clock=lambda: now,
+                clock=ReadClock(lambda: now),
             )
 
         first = supervisor(IndexSource(index, store))
