@@ -1,4 +1,5 @@
-"""Fast units behind the host's speed-ups: history timestamps, the receive socket timeout, heartbeats."""
+"""Fast units behind the host's speed-ups: history timestamps, the replay executor's payload
+class, the receive socket timeout, heartbeats."""
 
 from __future__ import annotations
 
@@ -48,6 +49,28 @@ def test_history_events_parse_through_the_fast_path() -> None:
         EventType=12, EventId=-1, IsPlayed=False, Timestamp="2026-11-30T16:17:46.000001Z"
     )
     assert event.timestamp == dateutil_parse("2026-11-30T16:17:46.000001Z")
+
+
+def test_the_replay_executor_builds_its_payload_class_once() -> None:
+    module = sys.modules["azure.durable_functions.models.TaskOrchestrationExecutor"]
+    assert module.namedtuple is replay._namedtuple
+    first = module.TaskOrchestrationExecutor().event_to_SetTaskValuePayload
+    second = module.TaskOrchestrationExecutor().event_to_SetTaskValuePayload
+    assert first.keys() == second.keys()
+    for kind, payload in first.items():
+        assert type(payload) is type(second[kind])  # one class, not one per executor
+        assert payload == second[kind]
+        assert payload._fields == ("is_success", "task_id_key")
+    # What the SDK reads from it: success flag and the event attribute naming the task.
+    completed = first[5]  # TaskCompleted
+    assert (completed.is_success, completed.task_id_key) == (True, "TaskScheduledId")
+    assert first[6].is_success is False  # TaskFailed
+
+
+def test_the_cached_namedtuple_still_builds_from_a_list_of_fields() -> None:
+    point = replay._namedtuple("Point", ["x", "y"])  # unhashable fields: built, not cached
+    assert point(1, 2).y == 2
+    assert replay._namedtuple("Pair", ("a", "b")) is replay._namedtuple("Pair", ("a", "b"))
 
 
 def test_the_receive_socket_timeout_is_short_and_can_be_set(
