@@ -113,3 +113,57 @@ def test_heartbeats_go_on_while_the_hosts_loop_is_blocked_and_stop_when_told(
         assert _beat(tmp_path / "hub.sqlite", "host-a") is None  # no beat after the release
     finally:
         store.close()
+
+
+def _instance(store: Store, iid: str) -> None:
+    store.create_or_restart_instance(
+        instance_id=iid,
+        name="orch",
+        version="1.0",
+        execution_id=f"{iid}-e",
+        input_json=None,
+        started_event={"EventType": 0, "EventId": -1, "IsPlayed": False},
+        now_iso="2026-11-30T00:00:00.000000Z",
+        now_epoch=0.0,
+    )
+
+
+def test_claims_go_oldest_visible_message_first_across_immediate_messages_and_timers(
+    tmp_path: Path,
+) -> None:
+    store = Store(str(tmp_path / "hub.sqlite"), "host-a", lease_seconds=5)
+    try:
+        store.heartbeat()
+        now = time.time()
+        for iid in ("a", "b", "c", "d", "e"):
+            _instance(store, iid)  # each gets its ExecutionStarted (visible_at 0), in this order
+        store.enqueue("a", "a-e", {"EventType": 5}, 0.0)
+        # A fired timer is older than some immediate messages: its id decides, not its kind.
+        store.enqueue("z", None, {"EventType": 11}, now - 1)  # no such instance: dropped
+        store.enqueue("f", None, {"EventType": 11}, now + 3600)  # not yet visible
+        with store.tx() as db:  # "b" is held by a live host, "c" by one whose lease lapsed
+            db.execute("INSERT INTO hosts(host_id, heartbeat) VALUES('host-b', ?)", (now,))
+            db.execute("INSERT INTO hosts(host_id, heartbeat) VALUES('host-c', ?)", (now - 60,))
+            db.execute("UPDATE instances SET lock_owner='host-b' WHERE instance_id='b'")
+            db.execute("UPDATE instances SET lock_owner='host-c' WHERE instance_id='c'")
+        with store.tx() as db:  # "d" is suspended: only resume, suspend or terminate wake it
+            db.execute("UPDATE instances SET status='Suspended' WHERE instance_id='d'")
+        assert store.claim_instances(now, 10, busy={"e"}) == ["a", "c"]
+        assert (
+            store.db.execute("SELECT COUNT(*) FROM inbox WHERE instance_id='z'").fetchone()[0] == 0
+        )
+        owners = dict(store.db.execute("SELECT instance_id, lock_owner FROM instances").fetchall())
+        assert owners == {"a": "host-a", "b": "host-b", "c": "host-a", "d": None, "e": None}
+
+        store.unlock_instance("a")
+        store.unlock_instance("c")
+        store.enqueue("d", "d-e", {"EventType": 20}, 0.0)  # ExecutionResumed wakes "d"
+        assert store.claim_instances(now, 2, busy=set()) == ["a", "c"]  # the limit holds
+        # "d" counts from its resume, its first message that may wake it, so "e" goes first.
+        assert store.claim_instances(now, 5, busy=set()) == ["e", "d"]
+        f_rows = "SELECT COUNT(*) FROM inbox WHERE instance_id='f'"
+        assert store.db.execute(f_rows).fetchone()[0] == 1  # not visible yet: left alone
+        assert store.claim_instances(now + 7200, 5, busy=set()) == []
+        assert store.db.execute(f_rows).fetchone()[0] == 0  # came due, no such instance: dropped
+    finally:
+        store.close()
