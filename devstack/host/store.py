@@ -238,6 +238,26 @@ class Store:
         ).fetchall()
         return [json.loads(r["event"]) for r in rows]
 
+    def history_tail(
+        self, instance_id: str, after_seq: int
+    ) -> tuple[int, int | None, list[tuple[int, dict[str, Any]]]]:
+        """(row count, highest seq, the (seq, event) rows after `after_seq` in order), read in
+        one snapshot: what a caller that holds the earlier rows needs to extend its copy and to
+        see whether anything before `after_seq` changed (rewind, reset) since it read them."""
+        self.db.execute("BEGIN")  # one read snapshot for both statements
+        try:
+            shape = self.db.execute(
+                "SELECT COUNT(*) AS n, MAX(seq) AS m FROM history WHERE instance_id=?",
+                (instance_id,),
+            ).fetchone()
+            rows = self.db.execute(
+                "SELECT seq, event FROM history WHERE instance_id=? AND seq > ? ORDER BY seq",
+                (instance_id, after_seq),
+            ).fetchall()
+        finally:
+            self.db.execute("COMMIT")
+        return shape["n"], shape["m"], [(r["seq"], json.loads(r["event"])) for r in rows]
+
     def create_or_restart_instance(
         self,
         *,

@@ -3,11 +3,13 @@ class, the receive socket timeout, heartbeats."""
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import sys
 import time
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from azure.durable_functions.models.history.HistoryEvent import HistoryEvent
@@ -15,6 +17,10 @@ from dateutil.parser import parse as dateutil_parse
 from dateutil.tz import tzutc
 
 from devstack.host import replay, servicebus
+from devstack.host.app import AppCatalog
+from devstack.host.clock import Clock
+from devstack.host.config import DurableOptions
+from devstack.host.durable import DurableEngine
 from devstack.host.store import Store
 
 
@@ -165,5 +171,69 @@ def test_claims_go_oldest_visible_message_first_across_immediate_messages_and_ti
         assert store.db.execute(f_rows).fetchone()[0] == 1  # not visible yet: left alone
         assert store.claim_instances(now + 7200, 5, busy=set()) == []
         assert store.db.execute(f_rows).fetchone()[0] == 0  # came due, no such instance: dropped
+    finally:
+        store.close()
+
+
+def test_the_engines_history_copy_always_reads_as_the_stored_history(tmp_path: Path) -> None:
+    store = Store(str(tmp_path / "hub.sqlite"), "host-a", lease_seconds=5)
+    engine = DurableEngine(store, AppCatalog([]), Clock(), DurableOptions())
+    reads: list[int] = []
+    tail = store.history_tail
+
+    def counting_tail(instance_id: str, after_seq: int) -> Any:
+        count, max_seq, rows = tail(instance_id, after_seq)
+        reads.append(len(rows))
+        return count, max_seq, rows
+
+    store.history_tail = counting_tail  # type: ignore[method-assign]
+
+    def append(execution: str, *events: dict[str, Any]) -> None:
+        with store.tx() as db:
+            top = db.execute("SELECT MAX(seq) FROM history WHERE instance_id='i'").fetchone()[0]
+            start = -1 if top is None else top
+            db.executemany(
+                "INSERT INTO history(instance_id, seq, execution_id, event) VALUES('i', ?, ?, ?)",
+                [(start + 1 + k, execution, json.dumps(e)) for k, e in enumerate(events)],
+            )
+
+    def check(execution: str) -> list[dict[str, Any]]:
+        inst = store.get_instance("i")
+        assert inst is not None
+        assert inst.execution_id == execution
+        got = engine._history(inst)
+        assert got == store.history("i")
+        return got
+
+    try:
+        _instance(store, "i")
+        with store.tx() as db:
+            db.execute("UPDATE instances SET status='Running' WHERE instance_id='i'")
+        assert check("i-e") == []
+        append("i-e", {"EventType": 12, "EventId": -1}, {"EventType": 0, "EventId": -1})
+        check("i-e")
+        append("i-e", {"EventType": 4, "EventId": 0, "Name": "a"})
+        reads.clear()
+        assert [e["EventType"] for e in check("i-e")] == [12, 0, 4]
+        assert reads == [1]  # only the new row was read and parsed
+        check("i-e")
+        assert reads == [1, 0]
+
+        # A rewind deletes rows in the middle, then the next episode appends after the top.
+        with store.tx() as db:
+            db.execute("DELETE FROM history WHERE instance_id='i' AND seq=1")
+        check("i-e")
+        append("i-e", {"EventType": 12, "EventId": -1}, {"EventType": 15, "Name": "go"})
+        check("i-e")
+
+        # A restart: a new execution whose history has as many rows as the old one had.
+        with store.tx() as db:
+            db.execute("DELETE FROM history WHERE instance_id='i'")
+            db.execute("UPDATE instances SET execution_id='i-2' WHERE instance_id='i'")
+        append("i-2", *({"EventType": 12, "EventId": -1, "n": k} for k in range(4)))
+        got = check("i-2")
+        assert [e.get("n") for e in got] == [0, 1, 2, 3]
+        got.clear()  # the caller's list is its own (the events are shared, read-only)
+        check("i-2")
     finally:
         store.close()
