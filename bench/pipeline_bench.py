@@ -42,6 +42,7 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import sqlite3
 import statistics
 import sys
@@ -279,6 +280,15 @@ def stop_stack(stack: Stack) -> None:
     stack.stop()
 
 
+def remove_run_dir(run_dir: Path) -> None:
+    """Delete a run's data (hub, journals, Azurite files: 15 MB or so a run) unless
+    BENCH_KEEP_RUN_DIR is set, in which case say where it is."""
+    if os.environ.get("BENCH_KEEP_RUN_DIR"):
+        print(f"bench: run data kept in {run_dir}", file=sys.stderr)
+    else:
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
 def host_pids(stack: Stack) -> list[int]:
     return [
         s.child.process.pid
@@ -400,6 +410,7 @@ async def run_once(
         return result
     finally:
         stop_stack(stack)
+        remove_run_dir(run_dir)
 
 
 def print_table(results: list[Run]) -> None:
