@@ -11,6 +11,7 @@ import logging
 import os
 import sys
 import time
+import urllib.request
 from collections import Counter, deque
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
@@ -18,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 from typing import Any
+from urllib.parse import urlsplit
 
 from azure.core.exceptions import (
     AzureError,
@@ -26,6 +28,7 @@ from azure.core.exceptions import (
     ServiceResponseError,
     ServiceResponseTimeoutError,
 )
+from azure.core.pipeline.transport import AioHttpTransport
 from azure.cosmos import PartitionKey
 from azure.cosmos.aio import ContainerProxy, CosmosClient
 from azure.cosmos.documents import ConnectionPolicy, RetryOptions
@@ -112,9 +115,27 @@ def build_client(
         max_wait_time_in_seconds=throttle_max_wait_seconds,
     )
     kwargs: dict[str, Any] = {"connection_policy": policy, **client_kwargs}
+    if "transport" not in kwargs:
+        # The SDK's default transport trusts the environment on every request: aiohttp then
+        # looks up ~/.netrc and the proxy variables in the thread pool, two thread round
+        # trips per Cosmos request (about a seventh of the local host's CPU per order). The
+        # proxy is resolved here once instead; netrc credentials never apply to Cosmos,
+        # which signs its own Authorization header.
+        kwargs["transport"] = AioHttpTransport(use_env_settings=False)
+        proxies = _environment_proxies(account.endpoint)
+        if proxies and "proxies" not in kwargs:
+            kwargs["proxies"] = proxies
     if not account.verify_tls:
         kwargs["connection_verify"] = False
     return CosmosClient(account.endpoint, credential=auth, **kwargs)
+
+
+def _environment_proxies(endpoint: str) -> dict[str, str]:
+    """HTTP(S)_PROXY for `endpoint` as the environment says (NO_PROXY honoured), read once."""
+    host = urlsplit(endpoint).hostname or ""
+    if not host or urllib.request.proxy_bypass(host):
+        return {}
+    return {k: v for k, v in urllib.request.getproxies().items() if k in ("http", "https")}
 
 
 @asynccontextmanager

@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from azure.servicebus import ServiceBusMessage, ServiceBusReceiveMode
 from azure.servicebus.aio import ServiceBusClient, ServiceBusReceiver, ServiceBusSender
-from pipeline_bench import cpu_seconds, host_pids, start_stack, stop_stack
+from pipeline_bench import cpu_seconds, host_pids, remove_run_dir, start_stack, stop_stack
 
 from cli.orders import generate
 from devstack.process import exit_on_signals
@@ -110,6 +110,7 @@ async def run(singles: int, burst: int, overrides: dict[str, str], pause: float)
         return 0
     finally:
         stop_stack(stack)
+        remove_run_dir(run_dir)
 
 
 def main() -> int:

@@ -13,8 +13,18 @@ reply queue) until N orders are done, and prints per run:
   numbers);
 - Durable activities (TaskScheduled), history events and orchestrator episodes
   per order, from the task hub;
-- host CPU seconds per order (user + system time of every host process);
-- first_attempt: the share of orders whose record ended Processed in attempt 1.
+- host CPU seconds per order (user + system time of every host process), and
+  stack_cpu_s_per_order: the same for every process of the local stack (hosts,
+  Service Bus emulator, Cosmos server, Azurite, remote service) and the bench;
+- first_attempt: the share of orders whose record ended Processed in attempt 1;
+- steady_throughput: orders/s while exactly K were in flight (from the first
+  Processed to the one that let the last order be posted), which leaves out
+  the pipeline filling at the start and draining at the end; with N orders
+  only N - K completions fall in that window, so it needs N well above K;
+- others_cpu: the share of the machine's CPU time that processes outside the
+  stack and the bench used during the run (other people's work on a shared
+  machine): the figures above are only comparable between runs with similar
+  values.
 
 The last line is the headline run (the first configuration) in one line, with
 the throughput of every configuration appended:
@@ -32,6 +42,7 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import sqlite3
 import statistics
 import sys
@@ -103,6 +114,50 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / ticks
 
 
+def machine_ticks() -> tuple[int, int]:
+    """(all CPU ticks, idle + iowait ticks) of the machine since boot, from /proc/stat."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    return sum(fields[:8]), fields[3] + fields[4]  # user..steal; idle, iowait
+
+
+def process_tree_cpu(pids: list[int]) -> float:
+    """CPU seconds (user + system) of `pids` and their live descendants."""
+    import psutil
+
+    total = 0.0
+    seen: set[int] = set()
+    for pid in pids:
+        try:
+            root = psutil.Process(pid)
+            procs = [root, *root.children(recursive=True)]
+        except psutil.Error:
+            continue
+        for proc in procs:
+            if proc.pid in seen:
+                continue
+            seen.add(proc.pid)
+            try:
+                t = proc.cpu_times()
+            except psutil.Error:
+                continue
+            total += t.user + t.system
+    return total
+
+
+def stack_pids(stack: Stack) -> list[int]:
+    return [s.child.process.pid for s in stack.servers.values() if s.child]
+
+
+def steady_rate(done_times: list[float], in_flight: int) -> float:
+    """Completions per second while `in_flight` orders were in flight: from the first
+    Processed to the (N - K)th, after which no order was left to post."""
+    times = sorted(done_times)
+    last = len(times) - in_flight  # the completion that let the last order be posted
+    if last < 2 or times[last - 1] <= times[0]:
+        return float("nan")
+    return (last - 1) / (times[last - 1] - times[0])
+
+
 def servicebus_sent(run_dir: Path) -> dict[str, int]:
     with sqlite3.connect(run_dir / "servicebus" / "servicebus.sqlite3") as db:
         return {q: n - 1 for q, n in db.execute("SELECT queue, next FROM sequences")}
@@ -167,6 +222,9 @@ class Run:
     first_attempt: float | None = None
     per_host_cpu: list[float] = field(default_factory=list)
     callers: dict[str, float] = field(default_factory=dict)
+    stack_cpu: float = float("nan")
+    steady: float = float("nan")
+    others_cpu: float = float("nan")
 
     def line(self) -> str:
         first = f"{self.first_attempt:.1f}%" if self.first_attempt is not None else "n/a"
@@ -177,7 +235,9 @@ class Run:
             f"sb_messages_per_order={sum(self.servicebus.values()):.1f} "
             f"activities_per_order={self.durable.get('activities', 0):.1f} "
             f"history_events_per_order={self.durable.get('events', 0):.1f} "
-            f"host_cpu_s_per_order={self.cpu:.3f} first_attempt={first} hosts={self.hosts}"
+            f"host_cpu_s_per_order={self.cpu:.3f} first_attempt={first} hosts={self.hosts} "
+            f"steady_throughput={self.steady:.2f}/s stack_cpu_s_per_order={self.stack_cpu:.3f} "
+            f"others_cpu={100 * self.others_cpu:.0f}%"
         )
 
 
@@ -218,6 +278,15 @@ def stop_stack(stack: Stack) -> None:
         if name.startswith("host") and name != "host":
             server.stop()
     stack.stop()
+
+
+def remove_run_dir(run_dir: Path) -> None:
+    """Delete a run's data (hub, journals, Azurite files: 15 MB or so a run) unless
+    BENCH_KEEP_RUN_DIR is set, in which case say where it is."""
+    if os.environ.get("BENCH_KEEP_RUN_DIR"):
+        print(f"bench: run data kept in {run_dir}", file=sys.stderr)
+    else:
+        shutil.rmtree(run_dir, ignore_errors=True)
 
 
 def host_pids(stack: Stack) -> list[int]:
@@ -297,12 +366,17 @@ async def run_once(
         await asyncio.sleep(3)  # let the hosts create containers and settle
         pids = host_pids(stack)
         cpu0 = [cpu_seconds(p) for p in pids]
+        ours = [*stack_pids(stack), os.getpid()]
+        ours0 = process_tree_cpu(ours)
+        machine0 = machine_ticks()
         cosmos0 = cosmos_stats(stack.ports.cosmos)
         callers0 = caller_counts(calls_dir)
         posted, done, start = await closed_loop(
             stack, batch, in_flight, timeout=max(600, orders * 3)
         )
         cpu = [cpu_seconds(p) - c for p, c in zip(pids, cpu0, strict=True)]
+        ours_cpu = process_tree_cpu(ours) - ours0
+        machine1 = machine_ticks()
         stats = cosmos_stats(stack.ports.cosmos)
         await asyncio.sleep(1.2)  # the processes' last counts (written once a second)
         callers = caller_counts(calls_dir)
@@ -316,6 +390,13 @@ async def run_once(
             result.p50 = statistics.median(latencies)
             result.p95 = latencies[int(0.95 * (len(latencies) - 1))]
         result.per_host_cpu = [c / n for c in cpu]
+        result.stack_cpu = ours_cpu / n
+        result.steady = steady_rate(list(done.values()), in_flight)
+        ticks = os.sysconf("SC_CLK_TCK")
+        all_s = (machine1[0] - machine0[0]) / ticks
+        busy_s = all_s - (machine1[1] - machine0[1]) / ticks
+        if all_s > 0:
+            result.others_cpu = max(0.0, busy_s - ours_cpu) / all_s
         result.cpu = sum(cpu) / n
         result.cosmos = {k: (v - cosmos0.get(k, 0)) / n for k, v in sorted(stats.items())}
         result.callers = {
@@ -329,6 +410,7 @@ async def run_once(
         return result
     finally:
         stop_stack(stack)
+        remove_run_dir(run_dir)
 
 
 def print_table(results: list[Run]) -> None:
@@ -343,6 +425,9 @@ def print_table(results: list[Run]) -> None:
         ("p95 submit->Processed (s)", lambda r: f"{r.p95:.2f}"),
         ("host CPU s per order (all hosts)", lambda r: f"{r.cpu:.3f}"),
         ("host CPU s per order, each host", lambda r: " ".join(f"{c:.3f}" for c in r.per_host_cpu)),
+        ("stack+bench CPU s per order", lambda r: f"{r.stack_cpu:.3f}"),
+        ("steady throughput (K in flight)", lambda r: f"{r.steady:.2f}"),
+        ("machine CPU used by others", lambda r: f"{100 * r.others_cpu:.0f}%"),
         ("activities / order", lambda r: f"{r.durable.get('activities', 0):.1f}"),
         ("history events / order", lambda r: f"{r.durable.get('events', 0):.1f}"),
         ("orchestrator episodes / order", lambda r: f"{r.durable.get('episodes', 0):.1f}"),

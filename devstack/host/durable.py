@@ -34,7 +34,7 @@ from .entities import EntityEngine
 from .errors import NonDeterminismError
 from .invoke import call_function
 from .replay import HTTP_ACTIVITY, SCHEDULING_EVENTS, run_episode
-from .store import Instance, Store
+from .store import TERMINAL, Instance, Store
 
 log = logging.getLogger("devstack.host.durable")
 
@@ -80,6 +80,18 @@ def _event(event_type: int, when: datetime, **fields: Any) -> dict[str, Any]:
     }
 
 
+# Parsed histories kept per instance (the most recently used); a few thousand short
+# histories are a few MB.
+HISTORY_CACHE_SIZE = 2000
+
+
+@dataclass
+class _CachedHistory:
+    execution_id: str
+    max_seq: int | None
+    events: list[dict[str, Any]]
+
+
 @dataclass
 class StartResult:
     ok: bool
@@ -107,6 +119,7 @@ class DurableEngine:
         self._orch_tasks: set[asyncio.Task[None]] = set()
         self._stopping = False
         self._rejected_until: dict[str, float] = {}
+        self._histories: dict[str, _CachedHistory] = {}
         self.entities = EntityEngine(store, catalog, clock, options.max_concurrent_orchestrators)
 
     # ---- client operations -------------------------------------------------------------
@@ -255,7 +268,7 @@ class DurableEngine:
             return
         now = self.clock.now()
         messages = self.store.visible_messages(instance_id, now.timestamp())
-        history = self.store.history(instance_id)
+        history = self._history(inst)
         new_events: list[dict[str, Any]] = []
         consumed: list[int] = []
         terminate: dict[str, Any] | None = None
@@ -547,6 +560,31 @@ class DurableEngine:
                 entity_ops,
             )
 
+    def _history(self, inst: Instance) -> list[dict[str, Any]]:
+        """The instance's stored history, parsing only the rows added since this host last
+        read it (an episode otherwise decodes the whole history again each time).
+
+        The copy is used only if the rows it holds are still there unchanged: same
+        execution, and the row count is what it held plus the rows read after it (a rewind
+        deletes rows, a reset or restart starts a new execution). Otherwise it is read anew."""
+        cached = self._histories.pop(inst.instance_id, None)
+        if cached is not None and cached.execution_id != inst.execution_id:
+            cached = None
+        after = cached.max_seq if cached is not None and cached.max_seq is not None else -1
+        count, max_seq, rows = self.store.history_tail(inst.instance_id, after)
+        if cached is None or count != len(cached.events) + len(rows):
+            if after != -1:
+                count, max_seq, rows = self.store.history_tail(inst.instance_id, -1)
+            events = [e for _, e in rows]
+        else:
+            events = cached.events + [e for _, e in rows]
+        if not inst.is_terminal and len(events) == count:
+            self._histories[inst.instance_id] = _CachedHistory(inst.execution_id, max_seq, events)
+            while len(self._histories) > HISTORY_CACHE_SIZE:
+                self._histories.pop(next(iter(self._histories)))
+        # A new list of the cached events: callers read them and copy what they change.
+        return list(events)
+
     def _version_refusal(self, version: str | None) -> str | None:
         """host.json versionMatchStrategy against defaultVersion, as the Durable extension applies it."""
         current = self.options.default_version
@@ -594,6 +632,8 @@ class DurableEngine:
         )
         if not ok:
             log.warning("lost the lock on %s; its episode will run again", inst.instance_id)
+        if status in TERMINAL:
+            self._histories.pop(inst.instance_id, None)  # no episode will read it again
 
     def _fail(
         self,

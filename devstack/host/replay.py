@@ -16,6 +16,8 @@ that `call_*_with_retry` adds without an action.
 
 from __future__ import annotations
 
+import collections
+import functools
 import json
 import sys
 from collections.abc import Callable
@@ -74,6 +76,36 @@ def install_fast_timestamps() -> None:
 
 
 install_fast_timestamps()
+
+
+@functools.cache
+def _cached_namedtuple(typename: str, field_names: Any, **kwargs: Any) -> Any:
+    return collections.namedtuple(typename, field_names, **kwargs)
+
+
+def _namedtuple(typename: str, field_names: Any, **kwargs: Any) -> Any:
+    """`collections.namedtuple`, built once per (name, fields) instead of once per call.
+
+    The SDK's `TaskOrchestrationExecutor.__init__` builds its `SetTaskValuePayload` class
+    with `namedtuple` on every episode (`Orchestrator(fn)` is made per call), which is
+    about a fifth of an episode's replay CPU: class creation compiles source text. The class
+    is the same every time (same name, same fields), so building it once changes nothing
+    the replay computes. Unhashable arguments (a list of fields) still go to namedtuple."""
+    try:
+        return _cached_namedtuple(typename, field_names, **kwargs)
+    except TypeError:
+        return collections.namedtuple(typename, field_names, **kwargs)
+
+
+def install_cached_namedtuple() -> None:
+    """Point the SDK's TaskOrchestrationExecutor module at `_namedtuple` (it imports
+    `namedtuple` from collections by name). Idempotent; called when this module is imported."""
+    module = sys.modules.get("azure.durable_functions.models.TaskOrchestrationExecutor")
+    if module is not None and getattr(module, "namedtuple", None) is not _namedtuple:
+        module.namedtuple = _namedtuple  # type: ignore[attr-defined]
+
+
+install_cached_namedtuple()
 
 HTTP_ACTIVITY = "BuiltIn::HttpActivity"  # the extension runs call_http as this built-in activity
 UPPER_SCHEMA_VERSION = 2  # ReplaySchema.V3: task_any/task_all as compound actions

@@ -15,6 +15,7 @@ processes may share one file (SQLite WAL).
 
 from __future__ import annotations
 
+import heapq
 import json
 import logging
 import sqlite3
@@ -237,6 +238,26 @@ class Store:
         ).fetchall()
         return [json.loads(r["event"]) for r in rows]
 
+    def history_tail(
+        self, instance_id: str, after_seq: int
+    ) -> tuple[int, int | None, list[tuple[int, dict[str, Any]]]]:
+        """(row count, highest seq, the (seq, event) rows after `after_seq` in order), read in
+        one snapshot: what a caller that holds the earlier rows needs to extend its copy and to
+        see whether anything before `after_seq` changed (rewind, reset) since it read them."""
+        self.db.execute("BEGIN")  # one read snapshot for both statements
+        try:
+            shape = self.db.execute(
+                "SELECT COUNT(*) AS n, MAX(seq) AS m FROM history WHERE instance_id=?",
+                (instance_id,),
+            ).fetchone()
+            rows = self.db.execute(
+                "SELECT seq, event FROM history WHERE instance_id=? AND seq > ? ORDER BY seq",
+                (instance_id, after_seq),
+            ).fetchall()
+        finally:
+            self.db.execute("COMMIT")
+        return shape["n"], shape["m"], [(r["seq"], json.loads(r["event"])) for r in rows]
+
     def create_or_restart_instance(
         self,
         *,
@@ -330,22 +351,52 @@ class Store:
         row = self.db.execute("SELECT MIN(visible_at) AS t FROM inbox").fetchone()
         return row["t"] if row and row["t"] is not None else None
 
+    # Visible control messages in id order (FIFO) whose instance has no live owner.
+    # Immediate messages have visible_at 0, timers their fire time; each query walks the
+    # inbox_visible index (visible_at, then rowid) in id order, so a claim reads only the
+    # first rows it needs instead of grouping every visible message of every instance
+    # (which cost O(instances waiting) per claim, and a claim follows every episode).
+    _READY_SQL = (
+        "SELECT m.id, m.instance_id FROM inbox m "
+        "LEFT JOIN instances i ON i.instance_id = m.instance_id WHERE {where} "
+        "AND (i.lock_owner IS NULL OR i.lock_owner NOT IN "
+        "(SELECT host_id FROM hosts WHERE heartbeat > ?)) "
+        # A suspended instance is claimed only for what can change it: resume, suspend, terminate.
+        "AND (i.status IS NULL OR i.status != 'Suspended' "
+        "OR json_extract(m.event, '$.EventType') IN (3, 19, 20)) ORDER BY m.id"
+    )
+    _READY_NOW = _READY_SQL.format(where="m.visible_at = 0")
+    _READY_FIRED = _READY_SQL.format(where="m.visible_at > 0 AND m.visible_at <= ?")
+
+    def _ready_instances(self, now_epoch: float, limit: int, busy: set[str]) -> list[str]:
+        """Up to `limit` unowned instances not in `busy` with visible messages, oldest
+        message first (the order of MIN(id) over each instance's visible messages)."""
+        live = time.time() - self.lease_seconds
+        immediate = self.db.execute(self._READY_NOW, (live,))
+        fired = self.db.execute(self._READY_FIRED, (now_epoch, live))
+        seen: set[str] = set()
+        ready: list[str] = []
+        try:
+            for row in heapq.merge(immediate, fired, key=lambda r: r[0]):
+                iid = row[1]
+                if iid in seen:
+                    continue
+                seen.add(iid)
+                if iid not in busy:
+                    ready.append(iid)
+                    if len(ready) >= limit:
+                        break
+        finally:
+            immediate.close()
+            fired.close()
+        return ready
+
     def claim_instances(self, now_epoch: float, limit: int, busy: set[str]) -> list[str]:
         """Lock up to `limit` instances that have visible messages and no live owner."""
-        # A suspended instance is claimed only for what can change it: resume, suspend, terminate.
-        rows = self.db.execute(
-            "SELECT m.instance_id, MIN(m.id) AS first FROM inbox m "
-            "LEFT JOIN instances i ON i.instance_id = m.instance_id WHERE m.visible_at <= ? "
-            "AND (i.status IS NULL OR i.status != 'Suspended' OR json_extract(m.event, '$.EventType') IN (3, 19, 20)) "
-            "GROUP BY m.instance_id ORDER BY first LIMIT ?",
-            (now_epoch, limit + len(busy)),
-        ).fetchall()
+        rows = self._ready_instances(now_epoch, limit, busy)
         claimed: list[str] = []
         free_sql, free_args = self._free_owner_sql()
-        for r in rows:
-            iid = r["instance_id"]
-            if iid in busy or len(claimed) >= limit:
-                continue
+        for iid in rows:
             with self.tx() as db:
                 cur = db.execute(
                     f"UPDATE instances SET lock_owner=? WHERE instance_id=? AND {free_sql}",

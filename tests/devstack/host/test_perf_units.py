@@ -1,12 +1,15 @@
-"""Fast units behind the host's speed-ups: history timestamps, the receive socket timeout, heartbeats."""
+"""Fast units behind the host's speed-ups: history timestamps, the replay executor's payload
+class, the receive socket timeout, heartbeats."""
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import sys
 import time
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from azure.durable_functions.models.history.HistoryEvent import HistoryEvent
@@ -14,6 +17,10 @@ from dateutil.parser import parse as dateutil_parse
 from dateutil.tz import tzutc
 
 from devstack.host import replay, servicebus
+from devstack.host.app import AppCatalog
+from devstack.host.clock import Clock
+from devstack.host.config import DurableOptions
+from devstack.host.durable import DurableEngine
 from devstack.host.store import Store
 
 
@@ -48,6 +55,28 @@ def test_history_events_parse_through_the_fast_path() -> None:
         EventType=12, EventId=-1, IsPlayed=False, Timestamp="2026-11-30T16:17:46.000001Z"
     )
     assert event.timestamp == dateutil_parse("2026-11-30T16:17:46.000001Z")
+
+
+def test_the_replay_executor_builds_its_payload_class_once() -> None:
+    module = sys.modules["azure.durable_functions.models.TaskOrchestrationExecutor"]
+    assert module.namedtuple is replay._namedtuple
+    first = module.TaskOrchestrationExecutor().event_to_SetTaskValuePayload
+    second = module.TaskOrchestrationExecutor().event_to_SetTaskValuePayload
+    assert first.keys() == second.keys()
+    for kind, payload in first.items():
+        assert type(payload) is type(second[kind])  # one class, not one per executor
+        assert payload == second[kind]
+        assert payload._fields == ("is_success", "task_id_key")
+    # What the SDK reads from it: success flag and the event attribute naming the task.
+    completed = first[5]  # TaskCompleted
+    assert (completed.is_success, completed.task_id_key) == (True, "TaskScheduledId")
+    assert first[6].is_success is False  # TaskFailed
+
+
+def test_the_cached_namedtuple_still_builds_from_a_list_of_fields() -> None:
+    point = replay._namedtuple("Point", ["x", "y"])  # unhashable fields: built, not cached
+    assert point(1, 2).y == 2
+    assert replay._namedtuple("Pair", ("a", "b")) is replay._namedtuple("Pair", ("a", "b"))
 
 
 def test_the_receive_socket_timeout_is_short_and_can_be_set(
@@ -88,5 +117,123 @@ def test_heartbeats_go_on_while_the_hosts_loop_is_blocked_and_stop_when_told(
         assert _beat(tmp_path / "hub.sqlite", "host-a") == stopped_at
         store.release_host()
         assert _beat(tmp_path / "hub.sqlite", "host-a") is None  # no beat after the release
+    finally:
+        store.close()
+
+
+def _instance(store: Store, iid: str) -> None:
+    store.create_or_restart_instance(
+        instance_id=iid,
+        name="orch",
+        version="1.0",
+        execution_id=f"{iid}-e",
+        input_json=None,
+        started_event={"EventType": 0, "EventId": -1, "IsPlayed": False},
+        now_iso="2026-11-30T00:00:00.000000Z",
+        now_epoch=0.0,
+    )
+
+
+def test_claims_go_oldest_visible_message_first_across_immediate_messages_and_timers(
+    tmp_path: Path,
+) -> None:
+    store = Store(str(tmp_path / "hub.sqlite"), "host-a", lease_seconds=5)
+    try:
+        store.heartbeat()
+        now = time.time()
+        for iid in ("a", "b", "c", "d", "e"):
+            _instance(store, iid)  # each gets its ExecutionStarted (visible_at 0), in this order
+        store.enqueue("a", "a-e", {"EventType": 5}, 0.0)
+        # A fired timer is older than some immediate messages: its id decides, not its kind.
+        store.enqueue("z", None, {"EventType": 11}, now - 1)  # no such instance: dropped
+        store.enqueue("f", None, {"EventType": 11}, now + 3600)  # not yet visible
+        with store.tx() as db:  # "b" is held by a live host, "c" by one whose lease lapsed
+            db.execute("INSERT INTO hosts(host_id, heartbeat) VALUES('host-b', ?)", (now,))
+            db.execute("INSERT INTO hosts(host_id, heartbeat) VALUES('host-c', ?)", (now - 60,))
+            db.execute("UPDATE instances SET lock_owner='host-b' WHERE instance_id='b'")
+            db.execute("UPDATE instances SET lock_owner='host-c' WHERE instance_id='c'")
+        with store.tx() as db:  # "d" is suspended: only resume, suspend or terminate wake it
+            db.execute("UPDATE instances SET status='Suspended' WHERE instance_id='d'")
+        assert store.claim_instances(now, 10, busy={"e"}) == ["a", "c"]
+        assert (
+            store.db.execute("SELECT COUNT(*) FROM inbox WHERE instance_id='z'").fetchone()[0] == 0
+        )
+        owners = dict(store.db.execute("SELECT instance_id, lock_owner FROM instances").fetchall())
+        assert owners == {"a": "host-a", "b": "host-b", "c": "host-a", "d": None, "e": None}
+
+        store.unlock_instance("a")
+        store.unlock_instance("c")
+        store.enqueue("d", "d-e", {"EventType": 20}, 0.0)  # ExecutionResumed wakes "d"
+        assert store.claim_instances(now, 2, busy=set()) == ["a", "c"]  # the limit holds
+        # "d" counts from its resume, its first message that may wake it, so "e" goes first.
+        assert store.claim_instances(now, 5, busy=set()) == ["e", "d"]
+        f_rows = "SELECT COUNT(*) FROM inbox WHERE instance_id='f'"
+        assert store.db.execute(f_rows).fetchone()[0] == 1  # not visible yet: left alone
+        assert store.claim_instances(now + 7200, 5, busy=set()) == []
+        assert store.db.execute(f_rows).fetchone()[0] == 0  # came due, no such instance: dropped
+    finally:
+        store.close()
+
+
+def test_the_engines_history_copy_always_reads_as_the_stored_history(tmp_path: Path) -> None:
+    store = Store(str(tmp_path / "hub.sqlite"), "host-a", lease_seconds=5)
+    engine = DurableEngine(store, AppCatalog([]), Clock(), DurableOptions())
+    reads: list[int] = []
+    tail = store.history_tail
+
+    def counting_tail(instance_id: str, after_seq: int) -> Any:
+        count, max_seq, rows = tail(instance_id, after_seq)
+        reads.append(len(rows))
+        return count, max_seq, rows
+
+    store.history_tail = counting_tail  # type: ignore[method-assign]
+
+    def append(execution: str, *events: dict[str, Any]) -> None:
+        with store.tx() as db:
+            top = db.execute("SELECT MAX(seq) FROM history WHERE instance_id='i'").fetchone()[0]
+            start = -1 if top is None else top
+            db.executemany(
+                "INSERT INTO history(instance_id, seq, execution_id, event) VALUES('i', ?, ?, ?)",
+                [(start + 1 + k, execution, json.dumps(e)) for k, e in enumerate(events)],
+            )
+
+    def check(execution: str) -> list[dict[str, Any]]:
+        inst = store.get_instance("i")
+        assert inst is not None
+        assert inst.execution_id == execution
+        got = engine._history(inst)
+        assert got == store.history("i")
+        return got
+
+    try:
+        _instance(store, "i")
+        with store.tx() as db:
+            db.execute("UPDATE instances SET status='Running' WHERE instance_id='i'")
+        assert check("i-e") == []
+        append("i-e", {"EventType": 12, "EventId": -1}, {"EventType": 0, "EventId": -1})
+        check("i-e")
+        append("i-e", {"EventType": 4, "EventId": 0, "Name": "a"})
+        reads.clear()
+        assert [e["EventType"] for e in check("i-e")] == [12, 0, 4]
+        assert reads == [1]  # only the new row was read and parsed
+        check("i-e")
+        assert reads == [1, 0]
+
+        # A rewind deletes rows in the middle, then the next episode appends after the top.
+        with store.tx() as db:
+            db.execute("DELETE FROM history WHERE instance_id='i' AND seq=1")
+        check("i-e")
+        append("i-e", {"EventType": 12, "EventId": -1}, {"EventType": 15, "Name": "go"})
+        check("i-e")
+
+        # A restart: a new execution whose history has as many rows as the old one had.
+        with store.tx() as db:
+            db.execute("DELETE FROM history WHERE instance_id='i'")
+            db.execute("UPDATE instances SET execution_id='i-2' WHERE instance_id='i'")
+        append("i-2", *({"EventType": 12, "EventId": -1, "n": k} for k in range(4)))
+        got = check("i-2")
+        assert [e.get("n") for e in got] == [0, 1, 2, 3]
+        got.clear()  # the caller's list is its own (the events are shared, read-only)
+        check("i-2")
     finally:
         store.close()

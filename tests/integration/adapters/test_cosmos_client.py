@@ -13,6 +13,7 @@ from azure.cosmos.exceptions import CosmosHttpResponseError
 from adapters.cosmos_client import (
     STATE_COMPOSITE_INDEXES,
     RequestCharges,
+    _environment_proxies,
     build_client,
     ensure_orders_container,
     ensure_state_container,
@@ -59,6 +60,33 @@ async def test_tls_verification_follows_the_setting(
         assert isinstance([d async for d in client.list_databases()], list)  # it connects
     finally:
         await client.close()
+
+
+async def test_the_client_resolves_the_proxy_once_not_per_request(
+    cosmos_account: CosmosAccount, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A proxy that would refuse every connection, bypassed for the local server: requests
+    # still reach the server, with the transport no longer reading the environment itself.
+    for name in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HTTPS_PROXY", "http://127.0.0.1:9")
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
+    monkeypatch.delenv("no_proxy", raising=False)
+    assert _environment_proxies(cosmos_account.endpoint) == {}
+    client = build_client(cosmos_account)
+    try:
+        transport = client.client_connection.pipeline_client._pipeline._transport
+        assert transport._use_env_settings is False
+        assert isinstance([d async for d in client.list_databases()], list)
+    finally:
+        await client.close()
+
+    monkeypatch.delenv("NO_PROXY")
+    assert _environment_proxies("https://account.documents.azure.com:443/") == {
+        "https": "http://127.0.0.1:9"
+    }
+    monkeypatch.setenv("NO_PROXY", ".documents.azure.com")
+    assert _environment_proxies("https://account.documents.azure.com:443/") == {}
 
 
 @pytest.mark.parametrize(
