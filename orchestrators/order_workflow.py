@@ -31,8 +31,11 @@ must be followed by (docs/adr/004-lean-workflow.md)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import weakref
 from datetime import timedelta
+from typing import Any
 
 from domain.ids import reply_event_name
 from domain.models import AgentReply, ProcessState, ReplyOutcome, StatusKind
@@ -77,7 +80,25 @@ def _traced(context, data: dict) -> dict:
     return {**data, "Trace": trace} if trace else data
 
 
+# The trace context read from each episode's input once, not on every
+# activity call: get_input() decodes the whole input (the record, the payload)
+# again each time. Keyed weakly by the episode's context object, so the value
+# lives exactly as long as the episode, and a replay reads the same input.
+_episode_traces: weakref.WeakKeyDictionary[Any, dict | None] = weakref.WeakKeyDictionary()
+
+
 def _input_trace(context) -> dict | None:
+    try:
+        return _episode_traces[context]
+    except (KeyError, TypeError):
+        pass
+    trace = _read_input_trace(context)
+    with contextlib.suppress(TypeError):  # a context that takes no weak reference
+        _episode_traces[context] = trace
+    return trace
+
+
+def _read_input_trace(context) -> dict | None:
     raw = context.get_input()
     if isinstance(raw, str) and raw.startswith("{"):
         try:
