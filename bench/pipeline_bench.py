@@ -34,6 +34,8 @@ the throughput of every configuration appended:
            host_cpu_s_per_order=E first_attempt=F% hosts=H throughput_1host=.. throughput_2hosts=..
 
     python bench/pipeline_bench.py [--orders 300] [--configs 1x50,2x50,1x200] [--transient 0]
+
+Each run posts at least 5 times its in-flight count (1x200 posts 1,000).
 """
 
 from __future__ import annotations
@@ -454,6 +456,9 @@ def print_table(results: list[Run]) -> None:
                 print(f"  {value:7.3f}  {key}")
 
 
+WAVES = 5
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--orders", type=int, default=int(os.environ.get("BENCH_ORDERS", "300")))
@@ -476,8 +481,12 @@ def main() -> int:
     configs = [tuple(int(x) for x in c.split("x")) for c in args.configs.split(",")]
     results = []
     for hosts, in_flight in configs:
+        # At least WAVES times the orders in flight, so the pipeline's filling
+        # and draining at either end do not make most of a run (300 orders at
+        # 200 in flight would be two thirds first wave).
+        orders = max(args.orders, WAVES * in_flight)
         r = asyncio.run(
-            run_once(args.orders, in_flight, hosts, args.transient, {"SUPERVISOR_SCAN": args.scan})
+            run_once(orders, in_flight, hosts, args.transient, {"SUPERVISOR_SCAN": args.scan})
         )
         print(f"bench-run: {r.line()}", flush=True)
         results.append(r)
