@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable, Iterable
-from datetime import datetime
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from typing import Any, Final, NamedTuple, Protocol
 
 from domain.models import OrderState, OrderSubmitted
@@ -115,6 +116,45 @@ class DeadlineIndex(Protocol):
         """Remove the entry `add(order_id, complete_by, ...)` made, if it is
         still there (a 2.0 attempt retires its own entry when it ends)."""
         ...
+
+
+BUCKET_SECONDS = 60  # the recovery index's partitions: deadlines floored to the minute
+
+
+def bucket_of(moment: datetime) -> str:
+    """The recovery-index bucket (partition) of a deadline."""
+    moment = moment.astimezone(UTC)
+    floored = moment - timedelta(
+        seconds=moment.second % BUCKET_SECONDS, microseconds=moment.microsecond
+    )
+    return floored.strftime("%Y-%m-%dT%H:%M:%S")
+
+
+@dataclass(frozen=True)
+class IndexEntry:
+    id: str
+    bucket: str
+    order_id: str
+    complete_by: datetime
+    attempt: int
+
+
+class RecoveryIndex(DeadlineIndex, Protocol):
+    """The recovery index as the Supervisor reads it (docs/adr/007-recovery-index.md)."""
+
+    async def earliest_bucket(self) -> str | None: ...
+
+    async def page(
+        self, upper: datetime, bucket: str, after: str, max_items: int
+    ) -> tuple[list[IndexEntry], str, str, bool]:
+        """Entries from (bucket, after) on, up to the bucket of `upper`; the
+        (bucket, after) to resume from, and whether `upper`'s bucket was read
+        to its end."""
+        ...
+
+    async def remove(self, entry: IndexEntry) -> None: ...
+
+    async def remove_many(self, entries: list[IndexEntry]) -> None: ...
 
 
 class NoIndex:

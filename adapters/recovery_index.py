@@ -5,7 +5,6 @@ container. Protocol and cursor rules: docs/adr/007-recovery-index.md."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -14,9 +13,9 @@ from azure.cosmos.aio import ContainerProxy, CosmosClient
 from azure.cosmos.exceptions import CosmosBatchOperationError
 
 from adapters.cosmos_client import SDK_ERRORS, RequestCharges, translate_error
+from adapters.ports import BUCKET_SECONDS, IndexEntry, bucket_of
 from domain.errors import NotFoundError
 
-BUCKET_SECONDS = 60
 MAX_BUCKETS_PER_PAGE = 120
 # Discards of finished attempts wait for this many, then go as one batch per
 # bucket (ADR 007); fewer if their deadlines spread wider than DISCARD_SPREAD.
@@ -26,14 +25,6 @@ MAX_BATCH_OPERATIONS = 100  # Cosmos' limit for one transactional batch
 PARTITION_KEY_PATH = "/bucket"
 
 
-def bucket_of(moment: datetime) -> str:
-    moment = moment.astimezone(UTC)
-    floored = moment - timedelta(
-        seconds=moment.second % BUCKET_SECONDS, microseconds=moment.microsecond
-    )
-    return floored.strftime("%Y-%m-%dT%H:%M:%S")
-
-
 def _next_bucket(bucket: str) -> str:
     start = datetime.strptime(bucket, "%Y-%m-%dT%H:%M:%S").replace(tzinfo=UTC)
     return bucket_of(start + timedelta(seconds=BUCKET_SECONDS))
@@ -41,15 +32,6 @@ def _next_bucket(bucket: str) -> str:
 
 def entry_id(order_id: str, complete_by: datetime) -> str:
     return f"{order_id}|{complete_by.astimezone(UTC).isoformat()}"
-
-
-@dataclass(frozen=True)
-class IndexEntry:
-    id: str
-    bucket: str
-    order_id: str
-    complete_by: datetime
-    attempt: int
 
 
 async def ensure_index_container(

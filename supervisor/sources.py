@@ -11,8 +11,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from adapters.ports import StateStore
-from adapters.recovery_index import CosmosRecoveryIndex, IndexEntry, bucket_of
+from adapters.ports import IndexEntry, RecoveryIndex, StateStore, bucket_of
 from domain.errors import NotFoundError
 from domain.models import OrderState, ProcessState
 
@@ -82,9 +81,7 @@ class IndexSource:
     one) are discarded; an entry of a live attempt whose deadline moved on is
     moved to that deadline; entries not yet due stay."""
 
-    def __init__(
-        self, index: CosmosRecoveryIndex, store: StateStore, settle: timedelta = SETTLE
-    ) -> None:
+    def __init__(self, index: RecoveryIndex, store: StateStore, settle: timedelta = SETTLE) -> None:
         """`settle`: how far before `upper` a bucket may still get entries
         (moves by a Supervisor whose clock is behind this one's): at least
         twice the clock skew the Supervisor's slack allows for."""

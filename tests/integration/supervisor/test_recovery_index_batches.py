@@ -9,11 +9,10 @@ from datetime import timedelta
 
 import pytest
 
+from adapters.ports import IndexEntry, bucket_of
 from adapters.recovery_index import (
     DISCARD_SPREAD,
     CosmosRecoveryIndex,
-    IndexEntry,
-    bucket_of,
     ensure_index_container,
     entry_id,
 )

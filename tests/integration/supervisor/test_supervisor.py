@@ -215,7 +215,7 @@ async def test_index_cursor_never_passes_an_entry_not_yet_due(rig):
     still be recovered."""
     from datetime import datetime
 
-    from adapters.recovery_index import bucket_of
+    from adapters.ports import bucket_of
 
     minute = datetime.fromisoformat(bucket_of(NOW + timedelta(minutes=2))).replace(
         tzinfo=NOW.tzinfo
@@ -302,7 +302,7 @@ async def test_a_skipped_candidate_never_moves_the_cursor_past_an_entry_not_yet_
     Processing for good."""
     from datetime import datetime
 
-    from adapters.recovery_index import bucket_of
+    from adapters.ports import bucket_of
 
     minute = datetime.fromisoformat(bucket_of(NOW + timedelta(minutes=2))).replace(
         tzinfo=NOW.tzinfo
