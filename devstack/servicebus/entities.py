@@ -118,8 +118,11 @@ class Consumer(Protocol):
 
     def has_credit(self) -> bool: ...
 
-    def deliver(self, payload: bytes, lock: Lock | None) -> None:
-        """Send one encoded message; `lock` is None when it was received and deleted."""
+    def deliver(self, message: StoredMessage, payload: bytes, lock: Lock | None) -> None:
+        """Send `payload` (the encoded `message`); `lock` is None when it was received and deleted.
+
+        The link sends only the bytes; `message` is there for a consumer that watches the
+        stored message (the broker tests' fake reads its delivery count)."""
 
     def session_granted(self, session: MessageSession) -> None:
         """A next-available session receiver waiting for a session now holds `session`."""
@@ -687,11 +690,11 @@ class Queue:
     ) -> None:
         if consumer.peek_lock:
             lock = self.broker.lock(self, message, now_ms, session)
-            consumer.deliver(self.encode(message, lock), lock)
+            consumer.deliver(message, self.encode(message, lock), lock)
         else:
             payload = self.encode(message, None)
             self._remove(message)
-            consumer.deliver(payload, None)
+            consumer.deliver(message, payload, None)
         _LOG.debug(
             "entity=%s message_id=%s sequence=%s delivery_count=%s outcome=%s",
             self.path,

@@ -60,6 +60,7 @@ from .entities import (
     MessageSession,
     Queue,
     SessionLockLost,
+    StoredMessage,
     Topic,
 )
 
@@ -180,7 +181,7 @@ class Link:
             and not self.session.connection.closed
         )
 
-    def deliver(self, payload: bytes, lock: Lock | None) -> None:
+    def deliver(self, _message: StoredMessage, payload: bytes, lock: Lock | None) -> None:
         tag = lock.token.bytes_le if lock else uuid.uuid4().bytes_le
         delivery_id = self.session.send_transfer(self, payload, tag, settled=lock is None)
         self.delivery_count += 1
