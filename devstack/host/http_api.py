@@ -475,13 +475,13 @@ class DurableHttpApi:
         self.clock.poke()
         return web.Response(status=202)
 
-    async def health(self, request: web.Request) -> web.Response:
+    async def health(self, _request: web.Request) -> web.Response:
         return web.json_response({"ready": True})
 
-    async def get_timers(self, request: web.Request) -> web.Response:
+    async def get_timers(self, _request: web.Request) -> web.Response:
         return web.json_response(self.timers())
 
-    async def get_clock(self, request: web.Request) -> web.Response:
+    async def get_clock(self, _request: web.Request) -> web.Response:
         return web.json_response(
             {"now": self.clock.now().isoformat(), "controllable": self.clock.controllable}
         )

@@ -116,10 +116,13 @@ class Host:
             outputs.check(f)
         set_output_sender(outputs)
 
+        # Azure's setting names keep Azure's spelling: environment names are case-sensitive on Linux.
         host_id = (
-            o.host_id or os.environ.get("AzureFunctionsWebHost__hostid") or _default_host_id(o.app)
+            o.host_id
+            or os.environ.get("AzureFunctionsWebHost__hostid")  # noqa: SIM112 - Azure's exact spelling
+            or _default_host_id(o.app)
         )
-        storage = os.environ.get("AzureWebJobsStorage")
+        storage = os.environ.get("AzureWebJobsStorage")  # noqa: SIM112 - Azure's exact spelling
         if catalog.of_type(TIMER_TRIGGER) and not storage:
             raise HostError(
                 "missing app setting 'AzureWebJobsStorage' (timer triggers keep their singleton lease "

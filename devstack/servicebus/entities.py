@@ -118,7 +118,11 @@ class Consumer(Protocol):
 
     def has_credit(self) -> bool: ...
 
-    def deliver(self, message: StoredMessage, payload: bytes, lock: Lock | None) -> None: ...
+    def deliver(self, message: StoredMessage, payload: bytes, lock: Lock | None) -> None:
+        """Send `payload` (the encoded `message`); `lock` is None when it was received and deleted.
+
+        The link sends only the bytes; `message` is there for a consumer that watches the
+        stored message (the broker tests' fake reads its delivery count)."""
 
     def session_granted(self, session: MessageSession) -> None:
         """A next-available session receiver waiting for a session now holds `session`."""

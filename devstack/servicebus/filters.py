@@ -377,7 +377,7 @@ class CorrelationFilter:
 class TrueFilter:
     """Every message matches (the `$Default` rule of a subscription without rules)."""
 
-    def matches(self, view: MessageView) -> bool:
+    def matches(self, _view: MessageView) -> bool:
         return True
 
 

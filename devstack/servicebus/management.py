@@ -59,7 +59,11 @@ def _text(value: Any) -> str | None:
     return value.decode("utf-8", "replace") if isinstance(value, (bytes, bytearray)) else str(value)
 
 
-def renew_lock(conn: Connection, queue: Queue, body: dict) -> Response:
+# Every handler takes (conn, queue, body), the shape `_OPERATIONS` dispatches on;
+# an underscore marks an argument a handler has no use for.
+
+
+def renew_lock(conn: Connection, _queue: Queue, body: dict) -> Response:
     expirations = [conn.broker.renew(token) for token in body.get(b"lock-tokens") or []]
     return _ok(
         {
@@ -70,7 +74,7 @@ def renew_lock(conn: Connection, queue: Queue, body: dict) -> Response:
     )
 
 
-def peek_message(conn: Connection, queue: Queue, body: dict) -> Response:
+def peek_message(_conn: Connection, queue: Queue, body: dict) -> Response:
     start = int(body.get(b"from-sequence-number") or 0)
     count = int(body.get(b"message-count") or 1)
     found = queue.peek(start, count, _text(body.get(b"session-id")))
@@ -98,12 +102,12 @@ def schedule_message(conn: Connection, queue: Queue, body: dict) -> Response:
     )
 
 
-def cancel_scheduled_message(conn: Connection, queue: Queue, body: dict) -> Response:
+def cancel_scheduled_message(_conn: Connection, queue: Queue, body: dict) -> Response:
     queue.cancel_scheduled(int(n) for n in body.get(b"sequence-numbers") or [])
     return _ok()
 
 
-def receive_by_sequence_number(conn: Connection, queue: Queue, body: dict) -> Response:
+def receive_by_sequence_number(_conn: Connection, queue: Queue, body: dict) -> Response:
     numbers = [int(n) for n in body.get(b"sequence-numbers") or []]
     # The SDK sends its link settle mode: 1 (second) for PEEK_LOCK, 0 (first) for RECEIVE_AND_DELETE.
     peek_lock = int(body.get(b"receiver-settle-mode") or 0) == 1
@@ -117,7 +121,7 @@ def receive_by_sequence_number(conn: Connection, queue: Queue, body: dict) -> Re
     return _ok({"messages": messages})
 
 
-def update_disposition(conn: Connection, queue: Queue, body: dict) -> Response:
+def update_disposition(conn: Connection, _queue: Queue, body: dict) -> Response:
     outcome = _DISPOSITIONS.get(body.get(b"disposition-status") or b"")
     if outcome is None:
         return _fail(400, b"com.microsoft:argument-error", "unknown disposition-status")
@@ -136,7 +140,7 @@ def renew_session_lock(conn: Connection, queue: Queue, body: dict) -> Response:
     return _ok({"expiration": typed(AMQPTypes.timestamp, expiration)})
 
 
-def get_session_state(conn: Connection, queue: Queue, body: dict) -> Response:
+def get_session_state(_conn: Connection, queue: Queue, body: dict) -> Response:
     session = queue.held_session(_text(body.get(b"session-id")))
     state = session.state
     return _ok(
@@ -148,7 +152,7 @@ def get_session_state(conn: Connection, queue: Queue, body: dict) -> Response:
     )
 
 
-def set_session_state(conn: Connection, queue: Queue, body: dict) -> Response:
+def set_session_state(_conn: Connection, queue: Queue, body: dict) -> Response:
     state = body.get(b"session-state")
     queue.set_session_state(
         _text(body.get(b"session-id")), bytes(state) if state is not None else None

@@ -22,6 +22,7 @@ is unsettled and the broker echoes a settled one with the outcome it applied.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import struct
 import uuid
@@ -180,7 +181,7 @@ class Link:
             and not self.session.connection.closed
         )
 
-    def deliver(self, message: StoredMessage, payload: bytes, lock: Lock | None) -> None:
+    def deliver(self, _message: StoredMessage, payload: bytes, lock: Lock | None) -> None:
         tag = lock.token.bytes_le if lock else uuid.uuid4().bytes_le
         delivery_id = self.session.send_transfer(self, payload, tag, settled=lock is None)
         self.delivery_count += 1
@@ -387,10 +388,8 @@ class Connection:
         for session in list(self.sessions.values()):
             self._drop_session(session)
         self.sessions.clear()
-        try:
+        with contextlib.suppress(Exception):  # the socket may already be gone
             self.writer.close()
-        except Exception:  # noqa: BLE001 - the socket may already be gone
-            pass
         self.server.forget(self)
 
     def _drop_session(self, session: Session) -> None:
@@ -646,12 +645,17 @@ class Connection:
                 f"Cannot receive from the topic '{link.queue.path}': receive from one of its "
                 f"subscriptions, '{link.queue.path}/Subscriptions/<name>'.",
             )
-        if link.kind == "queue" and link.role == ROLE_RECEIVER and link.queue is not None:
-            if link.queue.is_subscription and not link.queue.is_dead_letter:
-                return (
-                    NOT_ALLOWED,
-                    f"Cannot send to the subscription '{link.queue.path}': send to its topic.",
-                )
+        if (
+            link.kind == "queue"
+            and link.role == ROLE_RECEIVER
+            and link.queue is not None
+            and link.queue.is_subscription
+            and not link.queue.is_dead_letter
+        ):
+            return (
+                NOT_ALLOWED,
+                f"Cannot send to the subscription '{link.queue.path}': send to its topic.",
+            )
         if link.kind == "queue" and link.role == ROLE_SENDER:
             for key in filters or {}:
                 if key != SESSION_FILTER:

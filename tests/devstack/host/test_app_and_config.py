@@ -75,7 +75,7 @@ def test_a_bad_app_reference_is_one_clear_error(tmp_path: Path) -> None:
     with pytest.raises(HostError, match="cannot import app module 'no_such_module'"):
         load_app("no_such_module:app", str(tmp_path))
     (tmp_path / "not_an_app.py").write_text("app = 42\n")
-    with pytest.raises(HostError, match="not an azure.functions FunctionApp"):
+    with pytest.raises(HostError, match=r"not an azure\.functions FunctionApp"):
         load_app("not_an_app:app", str(tmp_path))
     sys.path.remove(str(tmp_path.resolve()))
     sys.path.remove(str(tmp_path.resolve()))

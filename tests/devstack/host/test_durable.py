@@ -84,7 +84,7 @@ async def test_running_ids_cannot_be_started_again_but_finished_ids_can(host: Ho
     iid = await client.start_new("race", "reuse", {"x": 1, "timeout": 10})
     with pytest.raises(
         Exception,
-        match="An Orchestration instance with the status (Running|Pending) already exists",
+        match=r"An Orchestration instance with the status (Running|Pending) already exists",
     ):
         await client.start_new("race", iid, {"x": 1})
     await wait_stage(host, iid, "waiting")

@@ -126,9 +126,11 @@ async def test_a_message_that_is_not_base64_ends_in_the_poison_queue(
 
 
 async def test_an_http_function_enqueues_through_an_output_binding(host: HostProcess) -> None:
-    async with aiohttp.ClientSession() as s:
-        async with s.post(f"{host.base}/api/orders", data=json.dumps({"id": 23})) as r:
-            assert r.status == 202
+    async with (
+        aiohttp.ClientSession() as s,
+        s.post(f"{host.base}/api/orders", data=json.dumps({"id": 23})) as r,
+    ):
+        assert r.status == 202
     # The output binding's message (base64, as the extension writes it) starts the orchestration.
     status = await wait_status(host.client, "order-23", "Completed", "Failed")
     assert status.runtime_status.value == "Completed"

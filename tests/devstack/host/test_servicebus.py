@@ -60,24 +60,28 @@ def sb_host(broker: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[H
 
 async def send(broker: Any, queue: str, body: dict[str, Any]) -> str:
     message_id = uuid.uuid4().hex
-    async with ServiceBusClient.from_connection_string(broker.connection_string) as client:
-        async with client.get_queue_sender(queue) as sender:
-            await sender.send_messages(ServiceBusMessage(json.dumps(body), message_id=message_id))
+    async with (
+        ServiceBusClient.from_connection_string(broker.connection_string) as client,
+        client.get_queue_sender(queue) as sender,
+    ):
+        await sender.send_messages(ServiceBusMessage(json.dumps(body), message_id=message_id))
     return message_id
 
 
 async def dead_letters(broker: Any, queue: str) -> list[Any]:
-    async with ServiceBusClient.from_connection_string(broker.connection_string) as client:
-        async with client.get_queue_receiver(
-            queue, sub_queue=ServiceBusSubQueue.DEAD_LETTER
-        ) as receiver:
-            return list(await receiver.peek_messages(max_message_count=50))
+    async with (
+        ServiceBusClient.from_connection_string(broker.connection_string) as client,
+        client.get_queue_receiver(queue, sub_queue=ServiceBusSubQueue.DEAD_LETTER) as receiver,
+    ):
+        return list(await receiver.peek_messages(max_message_count=50))
 
 
 async def active(broker: Any, queue: str) -> list[Any]:
-    async with ServiceBusClient.from_connection_string(broker.connection_string) as client:
-        async with client.get_queue_receiver(queue) as receiver:
-            return list(await receiver.peek_messages(max_message_count=50))
+    async with (
+        ServiceBusClient.from_connection_string(broker.connection_string) as client,
+        client.get_queue_receiver(queue) as receiver,
+    ):
+        return list(await receiver.peek_messages(max_message_count=50))
 
 
 async def test_a_message_starts_an_orchestration_and_another_raises_its_event(
@@ -230,11 +234,13 @@ async def test_max_concurrent_calls_from_host_json_bounds_the_invocations(
     broker: Any, sb_host: HostProcess
 ) -> None:
     ids = [uuid.uuid4().hex for _ in range(8)]
-    async with ServiceBusClient.from_connection_string(broker.connection_string) as client:
-        async with client.get_queue_sender("host-events") as sender:  # all at once
-            await sender.send_messages(
-                [ServiceBusMessage(json.dumps({"sleep": 2}), message_id=m) for m in ids]
-            )
+    async with (
+        ServiceBusClient.from_connection_string(broker.connection_string) as client,
+        client.get_queue_sender("host-events") as sender,
+    ):
+        await sender.send_messages(  # all at once
+            [ServiceBusMessage(json.dumps({"sleep": 2}), message_id=m) for m in ids]
+        )
     for mid in ids:
         await wait_for(
             lambda m=mid: sb_host.events("slow_done", message_id=m), what="the slow messages"

@@ -113,7 +113,7 @@ async def test_run_on_startup_fires_when_the_listener_starts(
 
 
 @pytest.mark.parametrize(
-    "storage, message",
+    ("storage", "message"),
     [
         (
             None,
@@ -140,5 +140,6 @@ def test_storage_problems_are_one_clear_line(
         host.start()
     log = (tmp_path / "host.log").read_text()
     errors = [line for line in log.splitlines() if line.startswith("devstack.host:")]
-    assert len(errors) == 1 and errors[0].startswith(message), errors
+    assert len(errors) == 1, errors
+    assert errors[0].startswith(message), errors
     assert "Traceback" not in log

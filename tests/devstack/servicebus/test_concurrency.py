@@ -62,40 +62,44 @@ async def test_many_concurrent_connections(emulator) -> None:
                 await sender.send_messages(ServiceBusMessage(f"{n}-{i}"))
 
     await asyncio.gather(*(send_from_own_connection(n) for n in range(senders)))
-    async with AsyncServiceBusClient.from_connection_string(emulator.connection_string) as client:
-        async with client.get_queue_receiver("many-connections") as receiver:
-            bodies: list[str] = []
-            while len(bodies) < senders * per_sender:
-                batch = await receiver.receive_messages(max_message_count=50, max_wait_time=5)
-                assert batch, f"only {len(bodies)} messages arrived"
-                for message in batch:
-                    bodies.append(body_text(message))
-                    await receiver.complete_message(message)
+    async with (
+        AsyncServiceBusClient.from_connection_string(emulator.connection_string) as client,
+        client.get_queue_receiver("many-connections") as receiver,
+    ):
+        bodies: list[str] = []
+        while len(bodies) < senders * per_sender:
+            batch = await receiver.receive_messages(max_message_count=50, max_wait_time=5)
+            assert batch, f"only {len(bodies)} messages arrived"
+            for message in batch:
+                bodies.append(body_text(message))
+                await receiver.complete_message(message)
     assert sorted(bodies) == sorted(f"{n}-{i}" for n in range(senders) for i in range(per_sender))
 
 
 def test_competing_receivers_never_hold_the_same_message(emulator) -> None:
     total = 40
-    with ServiceBusClient.from_connection_string(emulator.connection_string) as client:
-        with client.get_queue_sender("competing") as sender:
-            sender.send_messages(
-                [ServiceBusMessage(str(i), message_id=str(i)) for i in range(total)]
-            )
+    with (
+        ServiceBusClient.from_connection_string(emulator.connection_string) as client,
+        client.get_queue_sender("competing") as sender,
+    ):
+        sender.send_messages([ServiceBusMessage(str(i), message_id=str(i)) for i in range(total)])
     taken: dict[str, list[str]] = {"a": [], "b": [], "c": []}
     start = threading.Barrier(len(taken))
 
     def consume(name: str) -> None:
         # Separate clients: separate connections, as separate workers would have.
-        with ServiceBusClient.from_connection_string(emulator.connection_string) as client:
-            with client.get_queue_receiver("competing") as receiver:
-                start.wait()
-                while True:
-                    batch = receiver.receive_messages(max_message_count=3, max_wait_time=2)
-                    if not batch:
-                        return
-                    for message in batch:
-                        taken[name].append(message.message_id)
-                        receiver.complete_message(message)
+        with (
+            ServiceBusClient.from_connection_string(emulator.connection_string) as client,
+            client.get_queue_receiver("competing") as receiver,
+        ):
+            start.wait()
+            while True:
+                batch = receiver.receive_messages(max_message_count=3, max_wait_time=2)
+                if not batch:
+                    return
+                for message in batch:
+                    taken[name].append(message.message_id)
+                    receiver.complete_message(message)
 
     threads = [threading.Thread(target=consume, args=(name,)) for name in taken]
     for thread in threads:

@@ -43,14 +43,16 @@ def test_state_survives_a_restart(
         emulator.connection_string,
         *(ServiceBusMessage(f"m{i}", message_id=f"m{i}") for i in range(5)),
     )
-    with ServiceBusClient.from_connection_string(emulator.connection_string) as client:
-        with client.get_queue_receiver("durable") as receiver:
-            m0, m1, m2, m3, m4 = receive_all(receiver, 5)
-            receiver.complete_message(m0)
-            receiver.dead_letter_message(m1, reason="kept", error_description="across restarts")
-            receiver.defer_message(m2)
-            receiver.abandon_message(m3)  # delivery count 1 must survive
-            # m4 stays locked: after the restart it is available again
+    with (
+        ServiceBusClient.from_connection_string(emulator.connection_string) as client,
+        client.get_queue_receiver("durable") as receiver,
+    ):
+        m0, m1, m2, m3, m4 = receive_all(receiver, 5)
+        receiver.complete_message(m0)
+        receiver.dead_letter_message(m1, reason="kept", error_description="across restarts")
+        receiver.defer_message(m2)
+        receiver.abandon_message(m3)  # delivery count 1 must survive
+        # m4 stays locked: after the restart it is available again
     getattr(emulator, stop)()
 
     emulator.restart()
@@ -92,7 +94,9 @@ def test_without_a_data_dir_nothing_survives(servicebus_emulator: ServiceBusEmul
     _send(emulator.connection_string, ServiceBusMessage("volatile", message_id="v1"))
     emulator.stop()
     emulator.restart()
-    with ServiceBusClient.from_connection_string(emulator.connection_string) as client:
-        with client.get_queue_receiver("durable") as receiver:
-            assert held_messages(receiver) == []
+    with (
+        ServiceBusClient.from_connection_string(emulator.connection_string) as client,
+        client.get_queue_receiver("durable") as receiver,
+    ):
+        assert held_messages(receiver) == []
     emulator.stop()

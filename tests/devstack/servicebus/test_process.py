@@ -42,12 +42,16 @@ def test_unknown_entities_fail_fast_with_entity_not_found(emulator) -> None:
     with ServiceBusClient.from_connection_string(
         emulator.connection_string, retry_total=0
     ) as client:
-        with pytest.raises(MessagingEntityNotFoundError):
-            with client.get_queue_sender("no-such-queue") as sender:
-                sender.send_messages(ServiceBusMessage("x"))
-        with pytest.raises(MessagingEntityNotFoundError):
-            with client.get_queue_receiver("no-such-queue") as receiver:
-                receiver.receive_messages(max_wait_time=5)
+        with (
+            pytest.raises(MessagingEntityNotFoundError),
+            client.get_queue_sender("no-such-queue") as sender,
+        ):
+            sender.send_messages(ServiceBusMessage("x"))
+        with (
+            pytest.raises(MessagingEntityNotFoundError),
+            client.get_queue_receiver("no-such-queue") as receiver,
+        ):
+            receiver.receive_messages(max_wait_time=5)
 
 
 async def test_unknown_entities_fail_fast_with_the_async_client(emulator) -> None:

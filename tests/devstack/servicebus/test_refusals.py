@@ -21,9 +21,11 @@ def test_a_session_receiver_on_a_queue_without_sessions_is_refused(
     client: ServiceBusClient, session_id: object
 ) -> None:
     started = time.monotonic()
-    with pytest.raises(ServiceBusError, match="sessionful message receiver") as raised:
-        with client.get_queue_receiver("refusals", session_id=session_id, max_wait_time=5):
-            pass
+    with (
+        pytest.raises(ServiceBusError, match="sessionful message receiver") as raised,
+        client.get_queue_receiver("refusals", session_id=session_id, max_wait_time=5),
+    ):
+        pass
     assert "does not require sessions" in str(raised.value)
     assert "amqp:not-allowed" in str(raised.value)
     # Refused at attach: no wait for the 5 s (or the SDK's 65 s) session timeout.
@@ -40,9 +42,11 @@ async def test_a_session_receiver_is_refused_through_the_async_client(
 
 
 def test_sending_to_a_dead_letter_queue_is_refused(client: ServiceBusClient) -> None:
-    with pytest.raises(ServiceBusError, match="dead-letter queue"):
-        with client.get_queue_sender("refusals/$DeadLetterQueue") as sender:
-            sender.send_messages(ServiceBusMessage("x"))
+    with (
+        pytest.raises(ServiceBusError, match="dead-letter queue"),
+        client.get_queue_sender("refusals/$DeadLetterQueue") as sender,
+    ):
+        sender.send_messages(ServiceBusMessage("x"))
 
 
 def test_the_queue_still_works_after_refusals(client: ServiceBusClient) -> None:

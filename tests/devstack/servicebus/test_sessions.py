@@ -53,9 +53,11 @@ def test_a_message_without_a_session_id_is_refused(client: ServiceBusClient) -> 
 
 
 def test_a_receiver_without_a_session_is_refused(client: ServiceBusClient) -> None:
-    with pytest.raises(ServiceBusError, match="requires sessions"):
-        with client.get_queue_receiver("session-send"):
-            pass
+    with (
+        pytest.raises(ServiceBusError, match="requires sessions"),
+        client.get_queue_receiver("session-send"),
+    ):
+        pass
 
 
 def test_a_session_receiver_gets_its_session_only_in_order(client: ServiceBusClient) -> None:
@@ -109,11 +111,13 @@ def test_next_available_session_takes_sessions_with_messages(
         emulator.connection_string, retry_total=0
     ) as no_retry:
         started = time.monotonic()
-        with pytest.raises(OperationTimeoutError, match="No session"):
-            with no_retry.get_queue_receiver(
+        with (
+            pytest.raises(OperationTimeoutError, match="No session"),
+            no_retry.get_queue_receiver(
                 "session-next", session_id=NEXT_AVAILABLE_SESSION, max_wait_time=1
-            ):
-                pass
+            ),
+        ):
+            pass
         assert 0.9 < time.monotonic() - started < 10
 
 
@@ -145,9 +149,11 @@ def test_a_session_is_locked_to_one_receiver_until_it_closes(
     ) as no_retry:
         with client.get_queue_receiver("session-exclusive", session_id="x") as holder:
             [x0] = holder.receive_messages(max_message_count=1, max_wait_time=5)
-            with pytest.raises(SessionCannotBeLockedError, match="'x'"):
-                with no_retry.get_queue_receiver("session-exclusive", session_id="x"):
-                    pass
+            with (
+                pytest.raises(SessionCannotBeLockedError, match="'x'"),
+                no_retry.get_queue_receiver("session-exclusive", session_id="x"),
+            ):
+                pass
             holder.complete_message(x0)
         # Closing the receiver released the session at once; the rest is still in order.
         with no_retry.get_queue_receiver("session-exclusive", session_id="x") as next_holder:
@@ -304,10 +310,12 @@ def test_session_state_survives_a_restart(
             receiver.session.set_state("kept")
     emulator.kill()
     emulator.restart()
-    with ServiceBusClient.from_connection_string(emulator.connection_string) as client:
-        with client.get_queue_receiver("durable-sessions", session_id="p") as receiver:
-            assert receiver.session.get_state() == b"kept"
-            [message] = receive_all(receiver, 1)
-            assert body_text(message) == "p0"
-            receiver.complete_message(message)
+    with (
+        ServiceBusClient.from_connection_string(emulator.connection_string) as client,
+        client.get_queue_receiver("durable-sessions", session_id="p") as receiver,
+    ):
+        assert receiver.session.get_state() == b"kept"
+        [message] = receive_all(receiver, 1)
+        assert body_text(message) == "p0"
+        receiver.complete_message(message)
     emulator.stop()

@@ -281,12 +281,16 @@ def test_scheduling_and_cancelling_on_a_topic(client: ServiceBusClient) -> None:
 
 
 def test_what_a_topic_cannot_do_is_refused_at_open(client: ServiceBusClient) -> None:
-    with pytest.raises(ServiceBusError, match="Cannot receive from the topic"):
-        with client.get_queue_receiver("orders-topic"):
-            pass
-    with pytest.raises(ServiceBusError, match="Cannot send to the subscription"):
-        with client.get_queue_sender("orders-topic/Subscriptions/all") as sender:
-            sender.send_messages(ServiceBusMessage("x"))
+    with (
+        pytest.raises(ServiceBusError, match="Cannot receive from the topic"),
+        client.get_queue_receiver("orders-topic"),
+    ):
+        pass
+    with (
+        pytest.raises(ServiceBusError, match="Cannot send to the subscription"),
+        client.get_queue_sender("orders-topic/Subscriptions/all") as sender,
+    ):
+        sender.send_messages(ServiceBusMessage("x"))
 
 
 async def test_topics_through_the_async_client(topics: EmulatorProcess) -> None:
@@ -307,9 +311,11 @@ def test_subscription_messages_and_topic_numbering_survive_a_restart(
     servicebus_emulator: ServiceBusEmulator, tmp_path: Path
 ) -> None:
     emulator = servicebus_emulator.start(CONFIG, data_dir=tmp_path / "data")
-    with ServiceBusClient.from_connection_string(emulator.connection_string) as client:
-        with client.get_topic_sender("schedule-topic") as sender:
-            sender.send_messages(ServiceBusMessage("before", message_id="b"))
+    with (
+        ServiceBusClient.from_connection_string(emulator.connection_string) as client,
+        client.get_topic_sender("schedule-topic") as sender,
+    ):
+        sender.send_messages(ServiceBusMessage("before", message_id="b"))
     emulator.kill()
     emulator.restart()
     with ServiceBusClient.from_connection_string(emulator.connection_string) as client:
