@@ -481,6 +481,7 @@ class SchedulerActivities:
             Deadline=send.Deadline,
             ReplyEvent=reply_event_name(send.Step, attempt, send.label),
             Payload=send.Payload,
+            ListenUntil=send.ListenUntil,
         )
 
     async def send_agent_request(self, send: SendRequest) -> str:

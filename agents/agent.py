@@ -171,7 +171,9 @@ class Agent:
     def breakers(self) -> Breakers:
         return self._breakers
 
-    async def handle(self, request: AgentRequest) -> AgentReply:
+    async def handle(self, request: AgentRequest, *, redelivered: bool = False) -> AgentReply:
+        """`redelivered`: an earlier delivery of this very message did not
+        finish (a crash, a lost lock), so it may never have answered."""
         try:
             step = step_named(request.Step)
         except UnknownStep as exc:
@@ -179,6 +181,14 @@ class Agent:
         operation = step.operation(request.Action)
         stop_at = request.Deadline - timedelta(seconds=self._policy.reply_margin)
         last_start = stop_at - timedelta(seconds=self._policy.min_call_time)
+        if self._clock.now() > last_start and _late_undo_wanted(request, redelivered):
+            # The undo's own budget (ADR 005): undo is always wanted and
+            # idempotent, and the workflow still takes this answer. Only for a
+            # redelivery: a copy of a request that already answered would
+            # answer under a reply id that was already used, and be dropped.
+            assert request.ListenUntil is not None
+            stop_at = request.ListenUntil - timedelta(seconds=self._policy.reply_margin)
+            last_start = stop_at - timedelta(seconds=self._policy.min_call_time)
         if self._clock.now() > last_start:
             return self._reply(
                 request,
@@ -280,6 +290,18 @@ class Agent:
             Result=result,
             Error=error[:MAX_ERROR_TEXT] if error else None,
         )
+
+
+def _late_undo_wanted(request: AgentRequest, redelivered: bool) -> bool:
+    """An undo whose workflow listens past its Deadline (AgentRequest.ListenUntil),
+    delivered again after an unfinished delivery. Never a "do": no new side
+    effect starts after its deadline."""
+    return (
+        redelivered
+        and request.Action == "undo"
+        and request.ListenUntil is not None
+        and request.ListenUntil > request.Deadline
+    )
 
 
 def _body(request: AgentRequest, step: RemoteStep) -> dict[str, Any]:

@@ -92,6 +92,11 @@ class RequestProcessor:
             settlement,
             message_id=label,
             last_delivery=self._policy.is_last_delivery(message),
+            # 1-based in the Functions runtime, 0-based on the wire (the
+            # standalone worker): > 1 is exact for the one and only late by one
+            # delivery for the other, never early (a first delivery may be a
+            # copy of a request that already answered, Agent.handle).
+            redelivered=(getattr(message, "delivery_count", None) or 0) > 1,
         )
 
     async def process(
@@ -101,7 +106,9 @@ class RequestProcessor:
         *,
         message_id: str | None = None,
         last_delivery: bool = False,
+        redelivered: bool = False,
     ) -> SettleKind:
+        """`redelivered`: the message's delivery count is above 1 (Agent.handle)."""
         try:
             request = decode(AgentRequest, body)
         except ValidationFailed as exc:
@@ -118,7 +125,7 @@ class RequestProcessor:
             }
         )
         try:
-            reply = await self._agent.handle(request)
+            reply = await self._agent.handle(request, redelivered=redelivered)
             telemetry.annotate(**{"reply.outcome": reply.Outcome.value})
             await self._replies.send(reply, reply_event_id(request))
         except TransientError as exc:

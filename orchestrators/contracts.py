@@ -89,6 +89,7 @@ class SendRequest(Traced):
     Try: int = 0
     Deadline: AwareDatetime
     Payload: dict = Field(default_factory=dict)
+    ListenUntil: AwareDatetime | None = None  # AgentRequest.ListenUntil
 
     @property
     def label(self) -> str:

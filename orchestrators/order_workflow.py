@@ -63,7 +63,7 @@ from orchestrators.workflow_steps import (
 )
 
 WORKFLOW_NAME = "order_workflow"
-CURRENT_VERSION = "2.0"
+CURRENT_VERSION = "2.1"
 # What an instance without a version runs: the code of its time, not the newest.
 UNVERSIONED = "1.0"
 
@@ -471,7 +471,9 @@ def _permanent(
 # try waits. 2.0 ignored it: when the later tries then failed (an outage), the
 # order ended CompensationFailed although the undo had happened. Taking the
 # answer changes what an instance does after a late reply, so it is a new
-# version: a 2.0 instance replays 2.0's code (which ignored that reply).
+# version: a 2.0 instance replays 2.0's code (which ignored that reply). Its
+# undo requests say until when an answer counts (ListenUntil), so the agent
+# still calls for a try redelivered after that try's deadline (ADR 005).
 
 
 @ends_stale
@@ -502,14 +504,27 @@ def _undo_step_v2_1(context, plan: Plan, step: StepPlan):
     Each pending task is waited on again in the next race as the same task
     object, never a second wait for the same event name (issue #507), and an
     answer that arrived while no race was running resolves the next race at
-    once. Returns (ok, error)."""
+    once.
+
+    The undo has one deadline, `undo_by` (its first try's start + UndoTries x
+    step timeout, 2.0's budget); the last try waits until then. Every try's
+    request carries it as ListenUntil: an agent that gets a try again after
+    that try's own deadline (its earlier delivery crashed or lost its lock,
+    so it may never have answered) still makes the idempotent call, and its
+    answer still counts (ADR 005). Returns (ok, error)."""
     ok_error = (False, "no reply before the deadline")
     earlier: list = []  # tasks of earlier tries that have not answered yet
+    undo_by = context.current_utc_datetime + timedelta(
+        seconds=plan.StepTimeoutSeconds * plan.UndoTries
+    )
     for attempt_try in range(plan.UndoTries):
-        deadline = _deadline(context, plan)
+        deadline = min(_deadline(context, plan), undo_by)
         # Its inline activity carries no trace context, as 2.1 was written.
-        current = yield from request_step(_call, context, plan, step, "undo", deadline, attempt_try)
-        timer = context.create_timer(deadline)
+        current = yield from request_step(
+            _call, context, plan, step, "undo", deadline, attempt_try, listen_until=undo_by
+        )
+        # The last try waits for the earlier ones until the undo's deadline.
+        timer = context.create_timer(undo_by if attempt_try + 1 == plan.UndoTries else deadline)
         waiting = [current, *earlier]
         while True:
             winner = yield context.task_any([*waiting, timer])

@@ -115,9 +115,11 @@ def request_step(
     deadline,
     attempt_try: int = 0,
     inline_input: Callable[[Any, dict], dict] | None = None,
+    listen_until=None,
 ):
     """Send the request for `step` (or start its inline activity, whose input
-    `inline_input` may add to) and return the task its answer completes."""
+    `inline_input` may add to) and return the task its answer completes.
+    `listen_until`: when the workflow still takes a late answer (AgentRequest)."""
     request = SendRequest(
         InstanceId=context.instance_id,
         Step=step.Name,
@@ -125,6 +127,7 @@ def request_step(
         Try=attempt_try,
         Deadline=deadline,
         Payload=plan.Payload,
+        ListenUntil=listen_until,
     )
     if step.Mode == "inline":
         data = request.dump()

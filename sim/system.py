@@ -732,7 +732,12 @@ class Simulation:
         try:
             if d.queue == "agent-requests":
                 self._check_deadline(d)
-                await self.processor.process(d.body, SimSettlement(d), message_id=d.message_id)
+                await self.processor.process(
+                    d.body,
+                    SimSettlement(d),
+                    message_id=d.message_id,
+                    redelivered=d.delivery_count > 1,  # as process_message reads it
+                )
             elif d.queue == "agent-responses":
                 await on_reply_message(d, SimActions(d), self.durable)
             elif d.queue == INGRESS:

@@ -1,10 +1,11 @@
-"""The upgrade to workflow 2.0 through the local host: an order whose 1.1
-attempt is in flight when the host is replaced by one whose host.json says
-`defaultVersion: 2.0` finishes on 1.1 (its history says 1.1, and 1.1's code
-is still registered), while an order posted after the upgrade runs 2.0.
+"""The upgrade from workflow 1.1 through the local host: an order whose 1.1
+attempt is in flight when the host is replaced by one with the repo's
+host.json (`defaultVersion: 2.1`) finishes on 1.1 (its history says 1.1, and
+1.1's code is still registered), while an order posted after the upgrade runs
+the default (2.x). The 2.0 -> 2.1 upgrade: tests/e2e/test_upgrade_2_1.py.
 
 Which code ran is visible from outside: 1.1 sends every progress status, 2.0
-only those the application opted in to (webshop did not)."""
+and 2.1 only those the application opted in to (webshop did not)."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ SETTINGS = {**E2E_SETTINGS, "STEP_TIMEOUT_SECONDS": "40", "CLAIM_TIMEOUT_SECONDS
 def stack(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("stack-upgrade")
     host = json.loads((REPO / "host.json").read_text())
-    assert host["extensions"]["durableTask"]["defaultVersion"] == "2.0"
+    assert host["extensions"]["durableTask"]["defaultVersion"] == "2.1"
     host["extensions"]["durableTask"]["defaultVersion"] = "1.1"
     old_host_json = run_dir / "host-1.1.json"
     old_host_json.write_text(json.dumps(host))
@@ -62,7 +63,7 @@ async def test_an_attempt_in_flight_on_1_1_finishes_on_1_1_after_the_upgrade(sta
             what="the 1.1 attempt to be in flight",
         )
 
-        stack.host_args = []  # the repo's host.json: defaultVersion 2.0
+        stack.host_args = []  # the repo's host.json: defaultVersion 2.1
         await asyncio.to_thread(stack.replace_host)
         await e2e.post([new])
 
@@ -71,7 +72,7 @@ async def test_an_attempt_in_flight_on_1_1_finishes_on_1_1_after_the_upgrade(sta
         assert {oid: r.ProcessState for oid, r in records.items()} == dict.fromkeys(
             ids, ProcessState.PROCESSED
         )
-        # The attempt in flight finished the order: no retry by a 2.0 attempt.
+        # The attempt in flight finished the order: no retry by a 2.x attempt.
         assert records[old.OrderID].Attempt == 1
         assert records[old.OrderID].History[-1].By == f"{old.OrderID}:1"
         assert await e2e.check(ids) == []

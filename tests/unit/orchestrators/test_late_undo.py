@@ -7,7 +7,7 @@ undone the step. 2.0 instances keep 2.0's behaviour (their histories replay it).
 from __future__ import annotations
 
 import json
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import pytest
 
@@ -145,3 +145,50 @@ async def test_the_last_try_gives_up_at_its_deadline_when_nothing_else_answers()
     assert driver.output["Outcome"] == "compensation_failed"
     record = await world.record()
     assert "circuit open" in record.LastError
+
+
+def undo_deadlines(world, step):
+    """(Deadline, ListenUntil) of each undo request of `step`, in order."""
+    bodies = [json.loads(body) for body, _ in world.sent("agent-requests")]
+    return [
+        (b["Deadline"], b["ListenUntil"])
+        for b in bodies
+        if b["Action"] == "undo" and b["Step"] == step
+    ]
+
+
+async def test_every_undo_try_of_2_1_says_until_when_its_answer_counts():
+    """Each try keeps its own deadline (no call starts after it on a first
+    delivery) and carries the undo's one deadline as ListenUntil (first try
+    + 3 x 60 s): a try redelivered after its own deadline may still call."""
+    world, _ = await _run("2.1", lambda attempt_try: None)
+    sent = undo_deadlines(world, STEPS[1])
+    assert len(sent) == 3
+    deadlines = [datetime.fromisoformat(d) for d, _ in sent]
+    (listen_until,) = {datetime.fromisoformat(u) for _, u in sent}
+    assert deadlines == [deadlines[0] + timedelta(seconds=60 * k) for k in range(3)]
+    assert listen_until == deadlines[0] + timedelta(seconds=120)
+
+
+async def test_version_2_0_undo_requests_say_nothing_past_their_deadline():
+    world, _ = await _run("2.0", lambda attempt_try: None)
+    sent = undo_deadlines(world, STEPS[1])
+    assert len({d for d, _ in sent}) == 3
+    assert {u for _, u in sent} == {None}
+
+
+async def test_the_last_try_waits_for_an_earlier_try_until_the_undo_deadline():
+    """Try 0 gives up at once, so every later try starts early; try 1's answer
+    comes after the last try's own deadline (its start + 60 s) but before the
+    undo's (try 0's start + 180 s), when its agent could still call: it counts."""
+
+    def answers(attempt_try):
+        if attempt_try == 0:
+            return ("transient", "refund service busy", timedelta(seconds=1))
+        if attempt_try == 1:
+            return ("ok", {"Reference": "refund-1"}, timedelta(seconds=150))
+        return ("transient", "circuit open for payment", timedelta(seconds=1))
+
+    world, driver = await _run("2.1", answers)
+    assert driver.output["Outcome"] == "compensated"
+    assert len(undo_requests(world, STEPS[1])) == 3

@@ -60,11 +60,12 @@ async def started(world, **fields):
     return instance_id, attempt_input
 
 
-def test_version_2_0_is_the_default_and_the_current_version():
+def test_version_2_1_is_the_default_and_the_current_version():
     with open("host.json") as f:
         host = json.load(f)
-    assert host["extensions"]["durableTask"]["defaultVersion"] == wf.CURRENT_VERSION == "2.0"
-    assert set(wf.VERSIONS) == {"1.0", "1.1", "2.0", "2.1"}  # 2.1 registered, not yet the default
+    assert host["extensions"]["durableTask"]["defaultVersion"] == wf.CURRENT_VERSION == "2.1"
+    # 2.0 stays registered: instances started before the upgrade replay it (ADR 005).
+    assert set(wf.VERSIONS) == {"1.0", "1.1", "2.0", "2.1"}
 
 
 # --- cost per order ------------------------------------------------------------------

@@ -1,0 +1,104 @@
+"""The upgrade from workflow 2.0 to 2.1 (ADR 005) through the local host: an
+order whose 2.0 attempt is compensating when the host is replaced by one with
+the repo's host.json (`defaultVersion: 2.1`) finishes its compensation on 2.0
+(its history says 2.0, and 2.0's code is still registered: replaying it with
+2.1's code would wait on different undo deadlines), while an order posted after
+the upgrade runs 2.1.
+
+2.0 and 2.1 send the same messages when no undo answer comes late, so which
+version each instance ran is read from the local host's task hub (the
+instance's version, as `context.version` gives it to the orchestrator)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from devstack.stack import Stack
+from domain.models import ProcessState, StepStatus
+from tests.e2e.conftest import E2E, E2E_SETTINGS
+
+pytestmark = [pytest.mark.timeout(300)]
+
+REPO = Path(__file__).resolve().parents[2]
+# Long deadlines: the slow refund must outlive a host replacement, so that the
+# compensation that finishes is the one in flight.
+SETTINGS = {**E2E_SETTINGS, "STEP_TIMEOUT_SECONDS": "40", "CLAIM_TIMEOUT_SECONDS": "40"}
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("stack-upgrade-2-1")
+    host = json.loads((REPO / "host.json").read_text())
+    assert host["extensions"]["durableTask"]["defaultVersion"] == "2.1"
+    host["extensions"]["durableTask"]["defaultVersion"] = "2.0"
+    old_host_json = run_dir / "host-2.0.json"
+    old_host_json.write_text(json.dumps(host))
+    with Stack(
+        Path(run_dir), overrides=SETTINGS, host_args=["--host-json", str(old_host_json)]
+    ) as stack:
+        yield stack
+
+
+def instance_versions(stack: Stack, instance_ids: set[str]) -> dict[str, str | None]:
+    """Each instance's orchestration version, read from the task hub file."""
+    (hub,) = (stack.run_dir / "host").glob("*.sqlite")
+    db = sqlite3.connect(f"{hub.as_uri()}?mode=ro", uri=True, timeout=30)
+    try:
+        rows = db.execute("SELECT instance_id, version FROM instances").fetchall()
+    finally:
+        db.close()
+    return {iid: version for iid, version in rows if iid in instance_ids}
+
+
+async def test_a_compensation_in_flight_on_2_0_finishes_on_2_0_after_the_upgrade(stack):
+    async with E2E(stack) as e2e:
+        old, new = e2e.orders(2)
+        # The old order's payment is declined, so its 2.0 attempt compensates;
+        # the refund is slow, so the compensation is in flight at the upgrade.
+        await e2e.fault(
+            kind="permanent",
+            service="payment",
+            operation="charge",
+            order_id=old.OrderID,
+            message="card declined",
+        )
+        await e2e.fault(
+            kind="latency",
+            service="payment",
+            operation="refund",
+            order_id=old.OrderID,
+            seconds=4,
+            count=1,
+        )
+        await e2e.post([old])
+        await e2e.wait_for(
+            lambda rs: (
+                old.OrderID in rs and rs[old.OrderID].ProcessState is ProcessState.COMPENSATING
+            ),
+            what="the 2.0 attempt to be compensating",
+        )
+
+        stack.host_args = []  # the repo's host.json: defaultVersion 2.1
+        await asyncio.to_thread(stack.replace_host)
+        await e2e.post([new])
+
+        ids = {old.OrderID, new.OrderID}
+        records = await e2e.wait_terminal(ids, revive=False)
+        assert records[old.OrderID].ProcessState is ProcessState.COMPENSATED
+        assert records[old.OrderID].Steps["reserve-inventory"].Status is StepStatus.COMPENSATED
+        assert records[new.OrderID].ProcessState is ProcessState.PROCESSED
+        # The attempt in flight finished the compensation: no second attempt.
+        assert records[old.OrderID].Attempt == 1
+        assert records[old.OrderID].History[-1].By == f"{old.OrderID}:1"
+        assert await e2e.check(ids) == []
+        assert e2e.observed.replies[old.OrderID][-1] == "Compensated"
+        assert e2e.observed.replies[new.OrderID] == ["Received", "Processed"]
+        assert instance_versions(stack, {f"{old.OrderID}:1", f"{new.OrderID}:1"}) == {
+            f"{old.OrderID}:1": "2.0",
+            f"{new.OrderID}:1": "2.1",
+        }
