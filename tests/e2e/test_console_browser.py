@@ -5,13 +5,16 @@ whole local stack: the host serves the console's HTTP functions.
 One scenario, as an operator would go through it: open the overview, find an
 order that needed two attempts and read its timeline, resubmit an Error order
 and see it go Pending, and check that a hostile OrderID renders as text. It
-writes the README's screenshots to docs/images/."""
+takes the README's screenshots; with UPDATE_SCREENSHOTS=1 it writes them to
+docs/images/ (otherwise to a temporary folder, so a test run changes no tracked file)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -29,7 +32,11 @@ from tests.e2e.conftest import E2E
 
 pytestmark = [pytest.mark.timeout(420)]
 
-IMAGES = Path(__file__).resolve().parents[2] / "docs" / "images"
+IMAGES = (
+    Path(__file__).resolve().parents[2] / "docs" / "images"
+    if os.environ.get("UPDATE_SCREENSHOTS") == "1"
+    else Path(tempfile.gettempdir()) / "console-screenshots"
+)
 HOSTILE = "<img src=x onerror=alert(1)><script>alert(2)</script>"
 
 
