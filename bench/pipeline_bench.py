@@ -35,7 +35,8 @@ the throughput of every configuration appended:
 
     python bench/pipeline_bench.py [--orders 300] [--configs 1x50,2x50,1x200] [--transient 0]
 
-Each run posts at least 5 times its in-flight count (1x200 posts 1,000).
+Every configuration posts the same number of orders, at least 5 times the
+largest in-flight count (with 1x200, 1,000 orders each).
 """
 
 from __future__ import annotations
@@ -480,11 +481,12 @@ def main() -> int:
     exit_on_signals()  # SIGTERM/SIGHUP run the `finally` that stops the stack
     configs = [tuple(int(x) for x in c.split("x")) for c in args.configs.split(",")]
     results = []
+    # Every configuration posts the same orders, at least WAVES times the
+    # largest in-flight count: the pipeline's filling and draining at either
+    # end then do not make most of a run (300 orders at 200 in flight would be
+    # two thirds first wave), and the configurations compare like with like.
+    orders = max(args.orders, WAVES * max(in_flight for _, in_flight in configs))
     for hosts, in_flight in configs:
-        # At least WAVES times the orders in flight, so the pipeline's filling
-        # and draining at either end do not make most of a run (300 orders at
-        # 200 in flight would be two thirds first wave).
-        orders = max(args.orders, WAVES * in_flight)
         r = asyncio.run(
             run_once(orders, in_flight, hosts, args.transient, {"SUPERVISOR_SCAN": args.scan})
         )
