@@ -5,8 +5,11 @@ a test module, with short deadlines so faults resolve in seconds."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import aiohttp
@@ -37,6 +40,33 @@ E2E_SETTINGS = {
     "INLINE_STEPS": "arrange-shipment",
     "AGENT_REPLY_MARGIN_SECONDS": "1",
 }
+
+
+REPO = Path(__file__).resolve().parents[2]
+# The upgrade tests: the in-flight attempt must outlive a host replacement, so
+# that the attempt that finishes is the one that was in flight.
+UPGRADE_SETTINGS = {**E2E_SETTINGS, "STEP_TIMEOUT_SECONDS": "40", "CLAIM_TIMEOUT_SECONDS": "40"}
+
+
+@contextmanager
+def stack_on_version(run_dir: Path, version: str) -> Iterator[Stack]:
+    """A stack whose host starts new orchestrations on workflow `version` (the
+    repo's host.json with another defaultVersion); `upgrade` replaces it."""
+    host = json.loads((REPO / "host.json").read_text())
+    assert host["extensions"]["durableTask"]["defaultVersion"] == "2.1"
+    host["extensions"]["durableTask"]["defaultVersion"] = version
+    old_host_json = run_dir / f"host-{version}.json"
+    old_host_json.write_text(json.dumps(host))
+    with Stack(
+        run_dir, overrides=UPGRADE_SETTINGS, host_args=["--host-json", str(old_host_json)]
+    ) as stack:
+        yield stack
+
+
+async def upgrade(stack: Stack) -> None:
+    """Replace the host by one with the repo's host.json (defaultVersion 2.1)."""
+    stack.host_args = []
+    await asyncio.to_thread(stack.replace_host)
 
 
 @pytest.fixture(scope="module")

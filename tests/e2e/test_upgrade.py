@@ -9,35 +9,17 @@ and 2.1 only those the application opted in to (webshop did not)."""
 
 from __future__ import annotations
 
-import asyncio
-import json
-from pathlib import Path
-
 import pytest
 
-from devstack.stack import Stack
 from domain.models import ProcessState, StepStatus
-from tests.e2e.conftest import E2E, E2E_SETTINGS
+from tests.e2e.conftest import E2E, stack_on_version, upgrade
 
 pytestmark = [pytest.mark.timeout(300)]
-
-REPO = Path(__file__).resolve().parents[2]
-# Longer deadlines than the fault tests: the in-flight step must outlive a
-# host replacement, so that the attempt that finishes is the one in flight.
-SETTINGS = {**E2E_SETTINGS, "STEP_TIMEOUT_SECONDS": "40", "CLAIM_TIMEOUT_SECONDS": "40"}
 
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    run_dir = tmp_path_factory.mktemp("stack-upgrade")
-    host = json.loads((REPO / "host.json").read_text())
-    assert host["extensions"]["durableTask"]["defaultVersion"] == "2.1"
-    host["extensions"]["durableTask"]["defaultVersion"] = "1.1"
-    old_host_json = run_dir / "host-1.1.json"
-    old_host_json.write_text(json.dumps(host))
-    with Stack(
-        Path(run_dir), overrides=SETTINGS, host_args=["--host-json", str(old_host_json)]
-    ) as stack:
+    with stack_on_version(tmp_path_factory.mktemp("stack-upgrade"), "1.1") as stack:
         yield stack
 
 
@@ -63,8 +45,7 @@ async def test_an_attempt_in_flight_on_1_1_finishes_on_1_1_after_the_upgrade(sta
             what="the 1.1 attempt to be in flight",
         )
 
-        stack.host_args = []  # the repo's host.json: defaultVersion 2.1
-        await asyncio.to_thread(stack.replace_host)
+        await upgrade(stack)
         await e2e.post([new])
 
         ids = {old.OrderID, new.OrderID}

@@ -11,36 +11,20 @@ instance's version, as `context.version` gives it to the orchestrator)."""
 
 from __future__ import annotations
 
-import asyncio
-import json
 import sqlite3
-from pathlib import Path
 
 import pytest
 
 from devstack.stack import Stack
 from domain.models import ProcessState, StepStatus
-from tests.e2e.conftest import E2E, E2E_SETTINGS
+from tests.e2e.conftest import E2E, stack_on_version, upgrade
 
 pytestmark = [pytest.mark.timeout(300)]
-
-REPO = Path(__file__).resolve().parents[2]
-# Long deadlines: the slow refund must outlive a host replacement, so that the
-# compensation that finishes is the one in flight.
-SETTINGS = {**E2E_SETTINGS, "STEP_TIMEOUT_SECONDS": "40", "CLAIM_TIMEOUT_SECONDS": "40"}
 
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    run_dir = tmp_path_factory.mktemp("stack-upgrade-2-1")
-    host = json.loads((REPO / "host.json").read_text())
-    assert host["extensions"]["durableTask"]["defaultVersion"] == "2.1"
-    host["extensions"]["durableTask"]["defaultVersion"] = "2.0"
-    old_host_json = run_dir / "host-2.0.json"
-    old_host_json.write_text(json.dumps(host))
-    with Stack(
-        Path(run_dir), overrides=SETTINGS, host_args=["--host-json", str(old_host_json)]
-    ) as stack:
+    with stack_on_version(tmp_path_factory.mktemp("stack-upgrade-2-1"), "2.0") as stack:
         yield stack
 
 
@@ -83,8 +67,7 @@ async def test_a_compensation_in_flight_on_2_0_finishes_on_2_0_after_the_upgrade
             what="the 2.0 attempt to be compensating",
         )
 
-        stack.host_args = []  # the repo's host.json: defaultVersion 2.1
-        await asyncio.to_thread(stack.replace_host)
+        await upgrade(stack)
         await e2e.post([new])
 
         ids = {old.OrderID, new.OrderID}
