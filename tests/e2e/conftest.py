@@ -133,6 +133,16 @@ class E2E:
         async with self.http.post(f"{self.remote}/_admin/faults", json=rule) as response:
             assert response.status < 300, await response.text()
 
+    async def decline_charge(self, order_id: str) -> None:
+        """The order's payment is declined for good: its attempt compensates."""
+        await self.fault(
+            kind="permanent",
+            service="payment",
+            operation="charge",
+            order_id=order_id,
+            message="card declined",
+        )
+
     def host_with_crash_points(self, *points: str) -> None:
         self.stack.replace_host(
             {"CRASH_POINTS": ",".join(points), "CRASH_POINTS_DIR": str(self.crash_dir)}

@@ -22,13 +22,7 @@ async def test_undo_that_fails_transiently_then_succeeds(stack):
     async with E2E(stack) as e2e:
         orders = e2e.orders(1)
         oid = orders[0].OrderID
-        await e2e.fault(
-            kind="permanent",
-            service="payment",
-            operation="charge",
-            order_id=oid,
-            message="card declined",
-        )
+        await e2e.decline_charge(oid)
         await e2e.fault(
             kind="transient", service="inventory", operation="release", order_id=oid, count=2
         )
@@ -61,13 +55,7 @@ async def test_undo_that_fails_for_good_alerts_and_an_operator_retries_it(stack)
     async with E2E(stack) as e2e:
         orders = e2e.orders(1)
         oid = orders[0].OrderID
-        await e2e.fault(
-            kind="permanent",
-            service="payment",
-            operation="charge",
-            order_id=oid,
-            message="card declined",
-        )
+        await e2e.decline_charge(oid)
         await e2e.fault(
             kind="permanent",
             service="inventory",

@@ -44,13 +44,7 @@ async def test_a_compensation_in_flight_on_2_0_finishes_on_2_0_after_the_upgrade
         old, new = e2e.orders(2)
         # The old order's payment is declined, so its 2.0 attempt compensates;
         # the refund is slow, so the compensation is in flight at the upgrade.
-        await e2e.fault(
-            kind="permanent",
-            service="payment",
-            operation="charge",
-            order_id=old.OrderID,
-            message="card declined",
-        )
+        await e2e.decline_charge(old.OrderID)
         await e2e.fault(
             kind="latency",
             service="payment",
