@@ -153,6 +153,15 @@ async def test_locally_the_stylesheet_is_served_from_memory(monkeypatch, tmp_pat
     )
 
 
+def _page(deps, route: str, template: str, page: str, **context) -> str:
+    """A console page as the function renders it."""
+    return (
+        console_functions._render(_request(route, {}), template, deps, page=page, **context)
+        .get_body()
+        .decode()
+    )
+
+
 async def test_in_azure_the_order_page_peeks_no_reply_queue(deps, now):
     class Peeker:
         asked: ClassVar[list[str]] = []
@@ -172,34 +181,13 @@ async def test_in_azure_the_order_page_peeks_no_reply_queue(deps, now):
     assert "replies-webshop" not in deps.queues()
     assert "alerts" in deps.queues()
 
-    html = (
-        console_functions._render(
-            _request("console/orders/{order_id}", {}),
-            "order.html",
-            deps,
-            page="orders",
-            done=None,
-            **data,
-        )
-        .get_body()
-        .decode()
-    )
+    html = _page(deps, "console/orders/{order_id}", "order.html", "orders", done=None, **data)
     assert "only the application may read" in html
     assert "local only" not in html
     dead = await views.dead_letters(deps, None, None)
     assert list(dead["per_queue"]) == list(views.WORK_QUEUES)
     assert dead["replies_left_out"]
-    html = (
-        console_functions._render(
-            _request("console/deadletters", {}),
-            "deadletters.html",
-            deps,
-            page="deadletters",
-            **dead,
-        )
-        .get_body()
-        .decode()
-    )
+    html = _page(deps, "console/deadletters", "deadletters.html", "deadletters", **dead)
     assert 'id="replies-left-out"' in html
     assert "replies-webshop" not in html
     with pytest.raises(views.BadRequest):
@@ -212,16 +200,5 @@ async def test_in_azure_the_order_page_peeks_no_reply_queue(deps, now):
     assert Peeker.asked == ["replies-webshop"]
     assert data["status_messages"]["local_only"]
     assert "replies-webshop" in deps.queues()
-    html = (
-        console_functions._render(
-            _request("console/orders/{order_id}", {}),
-            "order.html",
-            deps,
-            page="orders",
-            done=None,
-            **data,
-        )
-        .get_body()
-        .decode()
-    )
+    html = _page(deps, "console/orders/{order_id}", "order.html", "orders", done=None, **data)
     assert "local only" in html
