@@ -44,11 +44,19 @@ class LaggingStore:
         return self.old if self.old is not None else await self._store.read(order_id)
 
 
+def _sim_store_and_index() -> tuple[CosmosStateStore, CosmosRecoveryIndex]:
+    """The real adapters over the simulation's in-memory containers."""
+    world = World(1, FaultConfig())
+    return (
+        CosmosStateStore(SimContainer(world, "state", "/id")),
+        CosmosRecoveryIndex(SimContainer(world, "index", "/bucket")),
+    )
+
+
 async def _claimed_with_index():
     world = World(1, FaultConfig())
-    state = SimContainer(world, "state", "/id")
     index_c = SimContainer(world, "index", "/bucket")
-    store = CosmosStateStore(state)
+    store = CosmosStateStore(SimContainer(world, "state", "/id"))
     index = CosmosRecoveryIndex(index_c)
     lagging = LaggingStore(store)
     await store.create_if_absent(sm.new_record(_order("A"), T0, []))
@@ -162,12 +170,7 @@ def test_an_entry_moved_behind_the_cursor_in_its_bucket_is_still_reached():
     the attempt was never recovered."""
 
     async def go():
-        world = World(1, FaultConfig())
-        state, index_c = (
-            SimContainer(world, "state", "/id"),
-            SimContainer(world, "index", "/bucket"),
-        )
-        store, index = CosmosStateStore(state), CosmosRecoveryIndex(index_c)
+        store, index = _sim_store_and_index()
         for oid in ("A", "B", "C"):
             await store.create_if_absent(sm.new_record(_order(oid), T0, []))
             await index.add(oid, T0 + timedelta(seconds=20), 1)
@@ -212,12 +215,7 @@ def test_a_skipped_candidate_never_moves_the_cursor_past_an_entry_not_yet_due():
             return result
 
     async def go():
-        world = World(1, FaultConfig())
-        state, index_c = (
-            SimContainer(world, "state", "/id"),
-            SimContainer(world, "index", "/bucket"),
-        )
-        store, index = CosmosStateStore(state), CosmosRecoveryIndex(index_c)
+        store, index = _sim_store_and_index()
         for oid, second in (("A", 55), ("B", 20)):
             await store.create_if_absent(sm.new_record(_order(oid), T0, []))
             claimed_at = T0 + timedelta(seconds=second) - POLICY.claim_timeout
@@ -261,12 +259,7 @@ def test_a_full_page_in_a_bucket_that_may_still_fill_keeps_the_cursor_at_its_sta
     over would never read A."""
 
     async def go():
-        world = World(1, FaultConfig())
-        state, index_c = (
-            SimContainer(world, "state", "/id"),
-            SimContainer(world, "index", "/bucket"),
-        )
-        store, index = CosmosStateStore(state), CosmosRecoveryIndex(index_c)
+        store, index = _sim_store_and_index()
 
         async def claimed(oid: str, at: datetime) -> None:
             await store.create_if_absent(sm.new_record(_order(oid), at, []))
