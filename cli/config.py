@@ -49,9 +49,14 @@ def _written_by_devstack(path: Path) -> bool:
 
 
 def _running_stack() -> tuple[Path, Path] | None:
-    from devstack.stack import running_stack_settings
-
-    return running_stack_settings(Path.cwd() / ".devstack")
+    runs = Path.cwd() / ".devstack"
+    if not runs.is_dir():
+        return None
+    try:
+        from devstack.stack import running_stack_settings
+    except ImportError:  # the tool without the local stack (a deployment's copy)
+        return None
+    return running_stack_settings(runs)
 
 
 def choose_settings(path: Path | None = None) -> SettingsSource:

@@ -1,4 +1,5 @@
-"""Service Bus queue triggers: PEEK_LOCK through the real SDK, as the Functions host does.
+"""Service Bus triggers (queues and topic subscriptions; single messages, batches and
+sessions): PEEK_LOCK through the real SDK, as the Functions host does.
 
 Receiving, lock renewal and settlement run on a loop of their own (a thread): the
 SDK-type binding's `ServiceBusMessageActions` has *synchronous* methods that the
@@ -11,7 +12,8 @@ maxAutoLockRenewalDuration) while the function runs; on success the message is
 completed unless the trigger says ``autoCompleteMessages: false``; on an exception it
 is abandoned if the function has not settled it (the SDK processor's rule), so the
 queue's MaxDeliveryCount moves it to the dead-letter queue in the end. Concurrency
-per function is host.json maxConcurrentCalls; prefetch is prefetchCount.
+per function is host.json maxConcurrentCalls; prefetch is prefetchCount. Batches and
+sessions: see `QueueListener`.
 """
 
 from __future__ import annotations
@@ -349,6 +351,7 @@ class QueueListener:
         self._holders: dict[str, ServiceBusReceiver] = {}
         self._session_receivers: dict[str, ServiceBusReceiver] = {}
         self._released: set[str] = set()
+        self.inflight = 0  # invocations (single, batch or session) not yet settled
 
     @property
     def queue(self) -> str:
@@ -587,6 +590,7 @@ class QueueListener:
         tokens = [str(m.lock_token) for m in messages]
         for token in tokens:
             self._holders[token] = receiver
+        self.inflight += 1
         try:
             fut = asyncio.run_coroutine_threadsafe(
                 self._invoke(messages[0] if single else messages), self.main_loop
@@ -621,6 +625,7 @@ class QueueListener:
                         exc,
                     )
         finally:
+            self.inflight -= 1
             for token in tokens:
                 self._settled.discard(token)
                 self._holders.pop(token, None)
@@ -787,7 +792,10 @@ class ServiceBusTriggers:
             listener.stop()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + 30
-        while any(listener._tasks for listener in self.listeners) and loop.time() < deadline:
+        while (
+            any(listener._tasks or listener.inflight for listener in self.listeners)
+            and loop.time() < deadline
+        ):
             await asyncio.sleep(0.05)
         if self.loop is None:
             return

@@ -5,6 +5,9 @@ are; the host runs it unchanged."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -284,3 +287,42 @@ async def test_a_batch_of_sdk_messages_settles_one_through_the_message_actions(
     dead = await dead_letters(broker, topic="events", subscription="all-batched")
     assert [m.message_id for m in dead if m.message_id in ids] == [ids[1]]
     assert [m.dead_letter_reason for m in dead if m.message_id in ids] == ["Poison"]
+
+
+@pytest.mark.parametrize(
+    ("queue", "sessions"),
+    [("batches", True), ("sessions", False)],
+    ids=["sessions-on-a-plain-queue", "plain-on-a-session-queue"],
+)
+def test_a_session_setting_the_queue_does_not_have_is_one_line_at_start(
+    broker: Any, tmp_path: Path, queue: str, sessions: bool
+) -> None:
+    (tmp_path / "function_app.py").write_text(
+        "import azure.functions as func\n"
+        "app = func.FunctionApp()\n"
+        f"@app.service_bus_queue_trigger(arg_name='msg', queue_name='{queue}',"
+        f" connection='ServiceBusConnection', is_sessions_enabled={sessions})\n"
+        "def f(msg: func.ServiceBusMessage) -> None:\n"
+        "    pass\n"
+    )
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "devstack.host",
+            "--app-dir",
+            str(tmp_path),
+            "--data-dir",
+            str(tmp_path / "hub"),
+        ],
+        cwd=Path(__file__).resolve().parents[3],
+        env={**os.environ, "ServiceBusConnection": broker.connection_string},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2, result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("devstack.host:")]
+    assert len(errors) == 1, result.stderr
+    assert f"function f: cannot open Service Bus queue '{queue}'" in errors[0]
+    assert "Traceback" not in result.stderr

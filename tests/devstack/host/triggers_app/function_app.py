@@ -91,7 +91,9 @@ def on_session(msg: ServiceBusReceivedMessage, message_actions: ServiceBusMessag
     connection="ServiceBusConnection",
     cardinality=func.Cardinality.MANY,
 )
-def on_batch(msgs: list[func.ServiceBusMessage]) -> None:
+# typing.List, as the library's samples write it: its converter accepts typing.List[...]
+# and refuses the builtin list[...] (the worker then refuses the function at load).
+def on_batch(msgs: typing.List[func.ServiceBusMessage]) -> None:  # noqa: UP006
     bodies = [json.loads(m.get_body()) for m in msgs]
     record(
         "batch",
