@@ -195,3 +195,24 @@ def test_a_well_formed_app_loads(tmp_path: Path) -> None:
     finally:
         proc.terminate()
         proc.wait(30)
+
+
+def test_a_batch_of_builtin_list_is_refused_as_the_library_refuses_it(tmp_path: Path) -> None:
+    """The library's Service Bus converter takes `typing.List[func.ServiceBusMessage]` for a
+    batch and not `list[...]`, so the worker refuses the function at load; so does the host."""
+    line = refusal(
+        run_host(
+            tmp_path,
+            """
+            @app.service_bus_queue_trigger(
+                arg_name="msgs", queue_name="q", connection="ServiceBusConnection", cardinality="many"
+            )
+            def on_batch(msgs: list[func.ServiceBusMessage]) -> None:
+                pass
+            """,
+        )
+    )
+    assert line == (
+        "devstack.host: cannot load the on_batch function: type of msgs binding in function.json "
+        '"serviceBusTrigger" does not match its Python annotation "list"'
+    )
