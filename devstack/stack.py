@@ -576,6 +576,8 @@ def stack_status(left: LeftStack) -> list[str]:
         )
     for p in left.processes:
         lines.append(f"  process    {describe(p.pid)}")
+    if state.get("settings"):
+        lines.append(f"  settings   {state['settings']}")
     return lines
 
 
