@@ -41,9 +41,10 @@ lint: install
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-## up: the whole local stack in the foreground, printing the console's URL (Ctrl-C stops it)
+## up: the whole local stack in the foreground, printing the console's URL (Ctrl-C stops it);
+## options through ARGS, e.g. make up ARGS=--free-ports
 up: install
-	$(BIN)/python -m devstack up
+	$(BIN)/python -m devstack up $(ARGS)
 
 ## down: stop every stack under .devstack/, also one left by a crashed or killed run
 down:

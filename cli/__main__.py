@@ -369,9 +369,11 @@ def trace(
 def main() -> int:
     """Known failures (bad settings, unreachable servers, domain refusals) end
     with one line, not a traceback."""
+    from azure.core.exceptions import ServiceRequestError
     from azure.servicebus.exceptions import ServiceBusError
 
     from adapters.settings import SettingsError
+    from cli.config import connection_hint
     from domain.errors import DomainError
 
     try:
@@ -385,7 +387,11 @@ def main() -> int:
     except json.JSONDecodeError as exc:
         return _error(f"not valid JSON: {exc}")
     except ServiceBusError as exc:
-        return _error(f"Service Bus: {exc}".splitlines()[0])
+        return _error(
+            f"Service Bus: {exc}".splitlines()[0] + connection_hint("ServiceBusConnection")
+        )
+    except ServiceRequestError as exc:  # the Cosmos endpoint does not answer
+        return _error(f"Cosmos DB: {exc}".splitlines()[0] + connection_hint("CosmosDbConnection"))
     except OSError as exc:
         return _error(f"{type(exc).__name__}: {exc}")
     return 0

@@ -2,7 +2,10 @@
 
 `up` starts Azurite, the Cosmos DB server, the Service Bus emulator, the
 remote service and the local host on the ports local.settings.template.json
-names, waits until each is ready, prints where they are, and stops them all on
+names (or free ones), waits until each is ready, writes the settings for those
+ports (<run-dir>/local.settings.json, and ./local.settings.json unless you
+have your own), prints where they are and the connection strings, keeps every
+store's data in the run directory across restarts, and stops them all on
 Ctrl-C, SIGTERM, SIGHUP, or as soon as one of them dies. A port already taken
 is named, with the process that holds it, before anything starts.
 
@@ -14,6 +17,7 @@ started the stack first, then any process still tagged with the run directory
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -22,6 +26,8 @@ from pathlib import Path
 from devstack.process import exit_on_signals, request_shutdown, shutting_down
 from devstack.stack import (
     REPO,
+    SETTINGS_FILE,
+    WRITTEN_BY,
     Ports,
     Stack,
     StackError,
@@ -57,7 +63,10 @@ def up(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
             return 1
-    stack = Stack(Path(args.run_dir), ports=ports, with_host=not args.no_host)
+    stack = Stack(Path(args.run_dir), ports=ports, with_host=not args.no_host, keep_cosmos=True)
+    reset = stack.reconcile_data()
+    if reset:
+        print(f"devstack: WARNING: {reset}", file=sys.stderr, flush=True)
     exit_on_signals()
     try:
         try:
@@ -69,6 +78,7 @@ def up(args: argparse.Namespace) -> int:
             print(f"devstack: {name:<10} ready on 127.0.0.1:{server.port}  (log: {server.log})")
         if "host" in stack.servers:
             print(f"devstack: console    http://127.0.0.1:{stack.servers['host'].port}/api/console")
+        hand_over_settings(stack)
         print(
             f"devstack: up (pid {os.getpid()}); Ctrl-C or `python -m devstack down` "
             "stops everything",
@@ -90,6 +100,62 @@ def up(args: argparse.Namespace) -> int:
         print(
             f"devstack: stopped in {time.monotonic() - started:.1f}s", file=sys.stderr, flush=True
         )
+
+
+CONNECTIONS = (
+    "ServiceBusConnection",
+    "CosmosDbConnection",
+    "AzureWebJobsStorage",
+    "REMOTE_SERVICE_URL",
+)
+
+
+def _local_settings() -> Path:
+    """./local.settings.json: what `func start` and the CLI read from where they run."""
+    return Path.cwd() / SETTINGS_FILE
+
+
+def hand_over_settings(stack: Stack) -> None:
+    """Write the settings for the ports this stack chose and say where they are: always in
+    the run directory, and as ./local.settings.json when there is none (or the one there
+    is an earlier `up`'s). A local.settings.json of the user's own is left alone, and
+    named loudly if it points elsewhere."""
+    written = stack.write_settings()
+    print(f"devstack: settings   {written}")
+    mine = _written_by_devstack(_local_settings())
+    if mine is None or mine:
+        stack.write_settings(_local_settings())
+        print(
+            f"devstack: settings   {_local_settings()} (written for these ports; the CLI reads it)"
+        )
+    else:
+        try:
+            theirs = json.loads(_local_settings().read_text()).get("Values", {})
+        except (OSError, ValueError):
+            theirs = {}
+        differ = [k for k in CONNECTIONS if theirs.get(k) not in (None, stack.settings[k])]
+        if differ:
+            print(
+                f"devstack: WARNING: {_local_settings()} is your own and names other endpoints "
+                f"({', '.join(differ)}); the CLI and `func start` read it, not this stack. "
+                f"Point them here with LOCAL_SETTINGS={written}, or remove it and run up again.",
+                file=sys.stderr,
+            )
+    for key in CONNECTIONS:
+        print(f"devstack: {key}={stack.settings[key]}")
+    data = stack.cosmos_data_line()
+    if data:
+        print(f"devstack: data       kept in {stack.run_dir} (Cosmos: {data})")
+
+
+def _written_by_devstack(path: Path) -> bool | None:
+    """None: no file; True: written by `up`; False: the user's own (or unreadable)."""
+    if not path.exists():
+        return None
+    try:
+        return WRITTEN_BY in json.loads(path.read_text())
+    except (OSError, ValueError, TypeError):
+        return False
 
 
 def status(args: argparse.Namespace) -> int:

@@ -52,6 +52,13 @@ class StackError(RuntimeError):
 
 # The state file a running stack keeps in its run directory, for `down` and `status`.
 STATE_FILE = "stack.json"
+# The settings a running stack hands over: local.settings.json's shape, for its ports.
+SETTINGS_FILE = "local.settings.json"
+# Marks a local.settings.json that the stack wrote (and may rewrite); one without it is
+# the user's own and is never touched.
+WRITTEN_BY = "devstack"
+# Where the Cosmos server keeps its data, in the run directory.
+COSMOS_DATA = Path("cosmos") / "data.json"
 
 
 @dataclass
@@ -111,6 +118,8 @@ class Server:
             )
 
     def wait_ready(self, timeout: float) -> None:
+        if self.child is None:
+            raise StackError(f"{self.name} was never started")
         try:
             wait_listening(self.child, self.port, timeout, self.log)
         except ChildStartError as exc:
@@ -164,6 +173,9 @@ class Stack:
     with_host: bool = True
     host_args: list[str] = field(default_factory=list)
     servers: dict[str, Server] = field(default_factory=dict)
+    # Keep the Cosmos data in the run directory (<run>/cosmos/data.json) across restarts
+    # (`up` does; tests and benches start from empty run directories and need not write it).
+    keep_cosmos: bool = False
 
     @property
     def settings(self) -> dict[str, str]:
@@ -173,6 +185,71 @@ class Stack:
     def tag(self) -> str:
         """What every server of this stack carries in DEVSTACK_TAG: the run directory."""
         return str(self.run_dir.resolve())
+
+    @property
+    def cosmos_data(self) -> Path:
+        return self.run_dir / COSMOS_DATA
+
+    @property
+    def settings_file(self) -> Path:
+        return self.run_dir / SETTINGS_FILE
+
+    def write_settings(self, path: Path | None = None) -> Path:
+        """Write the settings for this stack's ports in local.settings.json's shape (to the
+        run directory unless told otherwise), marked as written by the stack."""
+        path = path or self.settings_file
+        path.parent.mkdir(parents=True, exist_ok=True)
+        data = {
+            "IsEncrypted": False,
+            "Values": self.settings,
+            WRITTEN_BY: {
+                "run_dir": str(self.run_dir.resolve()),
+                "note": "written by `python -m devstack up` for the ports it chose; "
+                "rewritten by the next `up`. Remove this key to keep the file as your own.",
+            },
+        }
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(data, indent=2) + "\n")
+        tmp.replace(path)
+        return path
+
+    # What else keeps state in the run directory: queues, Durable history, blobs/queues/
+    # tables, the remote service's idempotency records.
+    OTHER_DATA = ("servicebus", "host", "azurite", "remote-state.json")
+
+    def reconcile_data(self) -> str | None:
+        """Make the stores agree before a start that keeps data: a run directory with queues
+        and history but no Cosmos data file (a stack from before the data file, or a removed
+        file) is reset whole, so that no alert or history names an order Cosmos lacks.
+        Returns what was done (for the caller to say loudly), or None."""
+        if not self.keep_cosmos or self.cosmos_data.exists():
+            return None
+        present = [n for n in self.OTHER_DATA if (self.run_dir / n).exists()]
+        if not present:
+            return None
+        for name in present:
+            path = self.run_dir / name
+            if path.is_dir():
+                shutil.rmtree(path)
+            else:
+                path.unlink()
+        return (
+            f"{self.run_dir} had {', '.join(present)} but no Cosmos data ({COSMOS_DATA}): "
+            "state was RESET (queues, dead letters, alerts, Durable history and storage cleared) "
+            "so that the stores agree; from now on Cosmos data is kept there too"
+        )
+
+    def cosmos_data_line(self) -> str:
+        """What the Cosmos server said about its data when it started (its ready line)."""
+        try:
+            lines = (self.run_dir / "logs" / "cosmos.log").read_text().splitlines()
+        except OSError:
+            return ""
+        ready = [line for line in lines if "cosmosdb-server ready at" in line]
+        if not ready or "; data: " not in ready[-1]:
+            return ""
+        said = ready[-1].rsplit("; data: ", 1)[1].rstrip()
+        return said[:-1] if said.endswith(")") else said
 
     def _env(self) -> dict[str, str]:
         return {**os.environ, **self.settings, "PYTHONUNBUFFERED": "1"}
@@ -210,7 +287,8 @@ class Stack:
             ),
             Server(
                 "cosmos",
-                [py, "-m", "devstack.cosmos", "--port", str(p.cosmos)],
+                [py, "-m", "devstack.cosmos", "--port", str(p.cosmos)]
+                + (["--data-file", str(self.cosmos_data)] if self.keep_cosmos else []),
                 p.cosmos,
                 logs / "cosmos.log",
             ),
@@ -293,6 +371,7 @@ class Stack:
                     self._launch(server)
             for server in list(self.servers.values()):
                 server.wait_ready(timeout)
+            self.create_containers(timeout)
             for server in servers:
                 if server.name == "host":
                     self._launch(server)
@@ -301,6 +380,53 @@ class Stack:
             self.stop()
             raise
         return self
+
+    def create_containers(self, timeout: float = 60) -> None:
+        """With COSMOS_CREATE_CONTAINERS (the local stack's setting), create the app's Cosmos
+        databases and containers before the host starts, with the app's own code, so that
+        the first query after `up` finds them (the app would create them only at its
+        first invocation). They survive a restart with the Cosmos data file."""
+        values = self.settings
+        if values.get("COSMOS_CREATE_CONTAINERS", "").lower() != "true":
+            return
+        import asyncio
+
+        from adapters.cosmos_client import (
+            build_client,
+            ensure_orders_container,
+            ensure_state_container,
+        )
+        from adapters.recovery_index import ensure_index_container
+        from adapters.settings import load_settings
+
+        cfg = load_settings(values)
+
+        async def create() -> None:
+            state = build_client(cfg.state_account)
+            try:
+                await ensure_state_container(state, cfg.state_database, cfg.state_container)
+                if cfg.supervisor_scan == "index":
+                    await ensure_index_container(
+                        state, cfg.state_database, cfg.recovery_index_container
+                    )
+                if cfg.orders_account == cfg.state_account:
+                    await ensure_orders_container(state, cfg.orders_database, cfg.orders_container)
+                    return
+                orders = build_client(cfg.orders_account)
+                try:
+                    await ensure_orders_container(orders, cfg.orders_database, cfg.orders_container)
+                finally:
+                    await orders.close()
+            finally:
+                await state.close()
+
+        try:
+            asyncio.run(asyncio.wait_for(create(), timeout))
+        except Exception as exc:
+            raise StackError(
+                f"cannot create the Cosmos containers ({type(exc).__name__}: "
+                f"{str(exc).splitlines()[0] if str(exc) else ''}); see {self.run_dir / 'logs' / 'cosmos.log'}"
+            ) from None
 
     def restart(self, name: str, timeout: float = 60) -> None:
         server = self.servers[name]
@@ -352,6 +478,7 @@ class Stack:
             "owner_started": psutil.Process().create_time(),
             "reaper": reaper_pid(),
             "tag": self.tag,
+            "settings": str(self.settings_file.resolve()),
             "servers": {
                 name: {"pid": s.child.pid if s.child else None, "port": s.port, "log": str(s.log)}
                 for name, s in self.servers.items()
@@ -403,6 +530,25 @@ def _owner_alive(state: dict) -> bool:
         return False
 
 
+def running_stack_settings(runs: Path) -> tuple[Path, Path] | None:
+    """(run dir, settings file) of the most recently started stack under `runs` whose
+    owner is alive and that wrote its settings; None if there is none. Cheap: reads the
+    state files and checks one pid each (for the CLI, which looks before every command)."""
+    best: tuple[float, Path, Path] | None = None
+    for run_dir in sorted(p for p in runs.glob("*") if p.is_dir()) if runs.is_dir() else []:
+        try:
+            state = json.loads((run_dir / STATE_FILE).read_text())
+        except (OSError, ValueError):
+            continue
+        settings = Path(state.get("settings") or run_dir / SETTINGS_FILE)
+        if not settings.exists() or not _owner_alive(state):
+            continue
+        started = float(state.get("owner_started") or 0)
+        if best is None or started > best[0]:
+            best = (started, run_dir, settings)
+    return (best[1], best[2]) if best else None
+
+
 def find_stacks(run_dirs: list[Path]) -> list[LeftStack]:
     found = []
     for run_dir in run_dirs:
@@ -430,6 +576,8 @@ def stack_status(left: LeftStack) -> list[str]:
         )
     for p in left.processes:
         lines.append(f"  process    {describe(p.pid)}")
+    if state.get("settings"):
+        lines.append(f"  settings   {state['settings']}")
     return lines
 
 

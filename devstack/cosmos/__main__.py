@@ -1,6 +1,7 @@
 """`python -m devstack.cosmos --port PORT`: run the patched local Cosmos DB
 server in the foreground until interrupted. Prints one ready line:
-`cosmosdb-server ready at https://127.0.0.1:PORT/ ...`."""
+`cosmosdb-server ready at https://127.0.0.1:PORT/ ...`. `--data-file F` keeps
+the data in F across restarts."""
 
 from __future__ import annotations
 
@@ -17,9 +18,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=8081, help="0 picks a free port (default 8081)")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--faults", help="JSON list of fault rules to start with (see faults.py)")
+    parser.add_argument(
+        "--data-file",
+        help="keep the data in this file: loaded at start, written within a second of "
+        "every change and at stop (default: memory only)",
+    )
     args = parser.parse_args(argv)
     try:
-        command = launcher_command(args.port, args.host, args.faults)
+        command = launcher_command(args.port, args.host, args.faults, args.data_file)
     except ServerStartError as exc:
         print(exc, file=sys.stderr)
         return 2

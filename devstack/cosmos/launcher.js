@@ -6,7 +6,7 @@
 // The patches reach into the package's compiled handlers, so the version is
 // checked first: a different version must be re-validated, not silently used.
 //
-// Usage: node launcher.js [--port N] [--host 127.0.0.1] [--faults JSON]
+// Usage: node launcher.js [--port N] [--host 127.0.0.1] [--faults JSON] [--data-file PATH]
 //   --port 0 (the default) picks a free port; the ready line names it:
 //   "cosmosdb-server ready at https://127.0.0.1:PORT/ ..."
 "use strict";
@@ -33,7 +33,7 @@ const lib = name => require(`${PKG}/lib/${name}`);
 // --- arguments ----------------------------------------------------------------------
 
 function parseArgs(argv) {
-  const args = { port: 0, host: "127.0.0.1", faults: [] };
+  const args = { port: 0, host: "127.0.0.1", faults: [], dataFile: null };
   for (let i = 0; i < argv.length; i += 1) {
     const key = argv[i];
     const value = argv[i + 1];
@@ -42,6 +42,9 @@ function parseArgs(argv) {
       i += 1;
     } else if (key === "--host") {
       args.host = value;
+      i += 1;
+    } else if (key === "--data-file") {
+      args.dataFile = value;
       i += 1;
     } else if (key === "--faults") {
       args.faults = JSON.parse(value);
@@ -171,6 +174,102 @@ const applied = [];
     return body;
   };
   applied.push("batch-partition-key-header");
+}
+
+// --- persistence (--data-file) -------------------------------------------------------
+//
+// The package keeps everything in memory. With --data-file, the account's databases,
+// containers (with their settings and rid counters), items and UDFs are written to that
+// file (JSON, written to a temporary file and renamed, so a crash mid-write leaves the
+// previous snapshot) within a second of any change and when the server stops, and
+// loaded from it at start. Items keep their _rid, _etag and _ts, so etags held by
+// clients stay valid across a restart. A kill -9 loses at most the last second.
+
+const fs = require("fs");
+let account = null;
+{
+  const accountModule = lib("account");
+  const Original = accountModule.default;
+  accountModule.default = class extends Original {
+    constructor(...a) {
+      super(...a);
+      account = this; // the package keeps its account private; the snapshot needs it
+    }
+  };
+}
+
+const SNAPSHOT_VERSION = 1;
+const values = items => [...items._data.values()].map(item => item.read());
+
+function snapshot() {
+  return {
+    version: SNAPSHOT_VERSION,
+    package: `${PKG} ${PINNED_VERSION}`,
+    databaseRids: account.databases._ridCount,
+    databases: [...account.databases._data.values()].map(db => ({
+      data: db.read(),
+      collectionRids: db.collections._ridCount,
+      collections: [...db.collections._data.values()].map(coll => ({
+        data: coll.read(),
+        documentRids: coll.documents._ridCount,
+        documents: values(coll.documents),
+        udfRids: coll.userDefinedFunctions._ridCount,
+        udfs: values(coll.userDefinedFunctions)
+      }))
+    }))
+  };
+}
+
+function restore(snap) {
+  if (!snap || snap.version !== SNAPSHOT_VERSION) {
+    throw new Error(`unknown snapshot version ${snap && snap.version}`);
+  }
+  let items = 0;
+  for (const db of snap.databases) {
+    account.databases._set(db.data);
+    const database = account.database(db.data.id);
+    for (const coll of db.collections) {
+      database.collections._set(coll.data);
+      const collection = database.collection(coll.data.id);
+      for (const doc of coll.documents) {
+        collection.documents._set(doc);
+        items += 1;
+      }
+      for (const udf of coll.udfs) {
+        collection.userDefinedFunctions._set(udf);
+        collection.userDefinedFunctions.functions[udf.id] = new Function(
+          `"use strict";return (${udf.body})`
+        )();
+      }
+      collection.documents._ridCount = coll.documentRids;
+      collection.userDefinedFunctions._ridCount = coll.udfRids;
+    }
+    database.collections._ridCount = db.collectionRids;
+  }
+  account.databases._ridCount = snap.databaseRids;
+  return { databases: snap.databases.length, items };
+}
+
+let dirty = false;
+function save() {
+  if (!args.dataFile || !account || !dirty) return;
+  dirty = false;
+  const tmp = `${args.dataFile}.tmp`;
+  try {
+    fs.writeFileSync(tmp, JSON.stringify(snapshot()));
+    fs.renameSync(tmp, args.dataFile);
+  } catch (err) {
+    dirty = true;
+    process.stderr.write(`cosmosdb launcher: cannot write ${args.dataFile}: ${err.message}\n`);
+  }
+}
+
+function isMutation(req) {
+  if (req.method === "GET" || req.method === "HEAD") return false;
+  const isQuery =
+    String(req.headers["x-ms-documentdb-isquery"] || "").toLowerCase() === "true" ||
+    String(req.headers["content-type"] || "").startsWith("application/query+json");
+  return !(req.method === "POST" && isQuery);
 }
 
 // --- fault injection -----------------------------------------------------------------
@@ -342,6 +441,12 @@ server.on("request", (req, res) => {
     return;
   }
   countRequest(req);
+  if (args.dataFile && isMutation(req)) {
+    // after the handler has run: the change is in memory once the response is written
+    res.on("finish", () => {
+      dirty = true;
+    });
+  }
   const rule = faultRules.length ? matchingFault(req) : null;
   if (rule) {
     injectFault(req, res, rule);
@@ -354,14 +459,33 @@ server.on("error", err => fail(err.message));
 server.listen(args.port, args.host, () => {
   const { port } = server.address();
   const host = args.host.includes(":") ? `[${args.host}]` : args.host;
+  let kept = "data: memory only";
+  if (args.dataFile) {
+    fs.mkdirSync(require("path").dirname(args.dataFile), { recursive: true });
+    if (fs.existsSync(args.dataFile)) {
+      let counts;
+      try {
+        counts = restore(JSON.parse(fs.readFileSync(args.dataFile, "utf8")));
+      } catch (err) {
+        fail(`cannot load ${args.dataFile} (${err.message}); move it away to start empty`);
+      }
+      kept = `data: ${args.dataFile} (loaded ${counts.databases} databases, ${counts.items} items)`;
+    } else {
+      kept = `data: ${args.dataFile} (new)`;
+    }
+    setInterval(save, 1000).unref();
+  }
   process.stdout.write(
     `cosmosdb-server ready at https://${host}:${port}/ ` +
-      `(${PKG} ${pkgJson.version}, pid ${process.pid}, patches: ${applied.join(", ")})\n`
+      `(${PKG} ${pkgJson.version}, pid ${process.pid}, patches: ${applied.join(", ")}; ${kept})\n`
   );
 });
 
-// Memory only: nothing to flush, and idle keep-alive connections would hold close().
-const stop = () => process.exit(0);
+// Idle keep-alive connections would hold close(): write the snapshot and leave.
+const stop = () => {
+  save();
+  process.exit(0);
+};
 process.on("SIGTERM", stop);
 process.on("SIGINT", stop);
 

@@ -30,7 +30,10 @@ class ServerStartError(RuntimeError):
 
 
 def launcher_command(
-    port: int = 0, host: str = "127.0.0.1", faults: str | None = None
+    port: int = 0,
+    host: str = "127.0.0.1",
+    faults: str | None = None,
+    data_file: str | Path | None = None,
 ) -> list[str]:
     node = shutil.which("node")
     if node is None:
@@ -38,6 +41,8 @@ def launcher_command(
     command = [node, str(LAUNCHER), "--port", str(port), "--host", host]
     if faults:
         command += ["--faults", faults]
+    if data_file:
+        command += ["--data-file", str(Path(data_file).resolve())]
     return command
 
 
@@ -74,14 +79,21 @@ class CosmosServer:
 
 
 def start_server(
-    port: int = 0, host: str = "127.0.0.1", timeout: float = 30, faults: str | None = None
+    port: int = 0,
+    host: str = "127.0.0.1",
+    timeout: float = 30,
+    faults: str | None = None,
+    data_file: str | Path | None = None,
 ) -> CosmosServer:
     """Start the launcher and wait for its ready line. Port 0 lets the OS pick a
-    free port (no race between choosing a port and binding it)."""
-    launcher_command(port, host, faults)  # fail early and clearly without node
+    free port (no race between choosing a port and binding it). With `data_file`
+    the server loads its data from there and keeps it there (see launcher.js)."""
+    launcher_command(port, host, faults, data_file)  # fail early and clearly without node
     command = [sys.executable, "-m", "devstack.cosmos", "--port", str(port), "--host", host]
     if faults:
         command += ["--faults", faults]
+    if data_file:
+        command += ["--data-file", str(Path(data_file).resolve())]
     child = Child.start(
         "cosmos",
         command,

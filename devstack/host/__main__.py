@@ -125,7 +125,20 @@ async def _main(options: HostOptions) -> None:
     host_stopping = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         loop.add_signal_handler(sig, on_signal, sig)
-    await host.run()
+    try:
+        await host.run()
+    except (HostError, asyncio.CancelledError):
+        raise
+    except Exception as exc:
+        if host.ready:
+            raise
+        # Whatever stops the start is a refusal: one line, exit 2, as docs/local-host.md
+        # promises; the traceback is for --log-level DEBUG.
+        log.debug("start-up failed", exc_info=True)
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        raise HostError(
+            f"cannot start: {type(exc).__name__}: {first} (--log-level DEBUG shows the traceback)"
+        ) from None
 
 
 def main(argv: list[str] | None = None) -> int:

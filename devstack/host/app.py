@@ -19,6 +19,7 @@ from typing import Any
 import azure.functions as func
 
 from .errors import HostError
+from .indexing import check_function
 
 ORCHESTRATION_TRIGGER = "orchestrationTrigger"
 ACTIVITY_TRIGGER = "activityTrigger"
@@ -164,6 +165,7 @@ def index_app(app: Any) -> AppCatalog:
         if name in seen:
             raise HostError(f"function name {name!r} is registered twice")
         seen.add(name)
+        check_function(fn)  # the worker's FunctionLoadError checks, before anything runs
         user_fn = fn.get_user_function()
         params = _parameters(user_fn)
         functions.append(

@@ -77,6 +77,14 @@ class ServiceBusOptions:
     prefetch_count: int = 0
     auto_complete_messages: bool = True
     max_auto_lock_renewal_seconds: float = 300.0
+    # Sessions (extension 5.x defaults): sessions held at once; how long a session without a
+    # message stays open (the session processor's TryTimeout, 60 s, when not set).
+    max_concurrent_sessions: int = 8
+    session_idle_timeout_seconds: float = 60.0
+    # Batches (cardinality many).
+    max_message_batch_size: int = 1000
+    min_message_batch_size: int = 1
+    max_batch_wait_seconds: float = 30.0
 
 
 @dataclass
@@ -129,7 +137,29 @@ def load_host_json(path: str | None) -> HostConfig:
         max_auto_lock_renewal_seconds=_timespan_seconds(
             sb.get("maxAutoLockRenewalDuration", mh.get("maxAutoRenewDuration")), 300.0
         ),
+        max_concurrent_sessions=int(
+            sb.get(
+                "maxConcurrentSessions",
+                (sb.get("sessionHandlerOptions") or {}).get("maxConcurrentSessions", 8),
+            )
+        ),
+        session_idle_timeout_seconds=_timespan_seconds(sb.get("sessionIdleTimeout"), 60.0),
+        max_message_batch_size=int(
+            sb.get(
+                "maxMessageBatchSize", (sb.get("batchOptions") or {}).get("maxMessageCount", 1000)
+            )
+        ),
+        min_message_batch_size=int(sb.get("minMessageBatchSize", 1)),
+        max_batch_wait_seconds=_timespan_seconds(sb.get("maxBatchWaitTime"), 30.0),
     )
+    if sbo.max_concurrent_sessions < 1 or sbo.max_message_batch_size < 1:
+        raise HostError(
+            "host.json: serviceBus.maxConcurrentSessions and maxMessageBatchSize must be at least 1"
+        )
+    if sbo.min_message_batch_size > sbo.max_message_batch_size:
+        raise HostError(
+            "host.json: serviceBus.minMessageBatchSize is larger than maxMessageBatchSize"
+        )
     dt = ext.get("durableTask") or {}
     dto = DurableOptions(
         hub_name=str(dt.get("hubName") or "TestHubName"),

@@ -82,6 +82,7 @@ class Host:
                 start = start if start.tzinfo else start.replace(tzinfo=UTC)
             self.clock = ControllableClock(start)
         self._stop = asyncio.Event()
+        self.ready = False  # set once the ready line is printed
 
     async def run(self) -> None:
         o = self.options
@@ -202,6 +203,7 @@ class Host:
                 + f"hub={config.durable.hub_name} clock={o.clock} pid={os.getpid()}",
                 flush=True,
             )
+            self.ready = True
             stop_wait = asyncio.create_task(self._stop.wait())
             done, _ = await asyncio.wait([stop_wait, *tasks], return_when=asyncio.FIRST_COMPLETED)
             for t in done:

@@ -1,4 +1,5 @@
-"""Service Bus queue triggers: PEEK_LOCK through the real SDK, as the Functions host does.
+"""Service Bus triggers (queues and topic subscriptions; single messages, batches and
+sessions): PEEK_LOCK through the real SDK, as the Functions host does.
 
 Receiving, lock renewal and settlement run on a loop of their own (a thread): the
 SDK-type binding's `ServiceBusMessageActions` has *synchronous* methods that the
@@ -11,7 +12,8 @@ maxAutoLockRenewalDuration) while the function runs; on success the message is
 completed unless the trigger says ``autoCompleteMessages: false``; on an exception it
 is abandoned if the function has not settled it (the SDK processor's rule), so the
 queue's MaxDeliveryCount moves it to the dead-letter queue in the end. Concurrency
-per function is host.json maxConcurrentCalls; prefetch is prefetchCount.
+per function is host.json maxConcurrentCalls; prefetch is prefetchCount. Batches and
+sessions: see `QueueListener`.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from azurefunctions.extensions.bindings.servicebus.serviceBusMessageActions impo
 
 from .app import FunctionSpec
 from .config import ServiceBusOptions, resolve_binding_expression, setting
+from .errors import HostError
 from .invoke import call_function
 
 log = logging.getLogger("devstack.host.servicebus")
@@ -162,14 +165,31 @@ class MessageActions(SdkMessageActions):
     def renew_message_lock(self, message: Any) -> None:
         self._settle("renew_message_lock", message)
 
+    def _session(self, method: str, session_id: str, *args: Any) -> Any:
+        try:
+            return self._listener.session_from_function(method, session_id, *args)
+        except Exception as exc:
+            what = {
+                "set_session_state": "set state for",
+                "release_session": "release",
+                "renew_session_lock": "renew lock for",
+            }[method]
+            raise SettlementError(method, f"Failed to {what} session {session_id}", exc) from exc
+
     def set_session_state(self, session_id: str, session_state: bytes) -> None:
-        raise NotImplementedError("devstack.host does not run session-enabled queues")
+        self._session("set_session_state", session_id, session_state)
 
     def release_session(self, session_id: str) -> None:
-        raise NotImplementedError("devstack.host does not run session-enabled queues")
+        self._session("release_session", session_id)
 
     def renew_session_lock(self, session_id: str) -> Any:
-        raise NotImplementedError("devstack.host does not run session-enabled queues")
+        """The new lock expiry, as the extension answers it: a protobuf Timestamp."""
+        from google.protobuf.timestamp_pb2 import Timestamp
+
+        locked_until = self._session("renew_session_lock", session_id)
+        ts = Timestamp()
+        ts.FromDatetime(locked_until.astimezone(UTC).replace(tzinfo=None))
+        return ts
 
 
 def _is_sdk_message_param(annotation: Any) -> bool:
@@ -181,6 +201,21 @@ def _is_sdk_message_param(annotation: Any) -> bool:
         return annotation.rsplit(".", 1)[-1] == "ServiceBusReceivedMessage"
     return isinstance(annotation, type) and issubclass(
         annotation, (ExtMessage, ServiceBusReceivedMessage)
+    )
+
+
+def _is_sdk_message_list_param(annotation: Any) -> bool:
+    """``list[ServiceBusReceivedMessage]`` (the SDK-type batch binding)."""
+    from azurefunctions.extensions.bindings.servicebus import (
+        ServiceBusReceivedMessage as ExtMessage,
+    )
+
+    from .indexing import is_iterable_of
+
+    if isinstance(annotation, str):
+        return "ServiceBusReceivedMessage" in annotation
+    return is_iterable_of(annotation, ExtMessage) or is_iterable_of(
+        annotation, ServiceBusReceivedMessage
     )
 
 
@@ -231,8 +266,60 @@ def to_functions_message(msg: ServiceBusReceivedMessage) -> FunctionsServiceBusM
     )
 
 
+class Entity:
+    """What a trigger listens on: a queue, or a topic's subscription."""
+
+    def __init__(self, spec: FunctionSpec) -> None:
+        trig = spec.trigger
+        purpose = f"entity name of function {spec.name}"
+        self.topic: str | None = None
+        self.subscription: str | None = None
+        self.queue: str | None = None
+        if trig.get("topicName"):
+            self.topic = resolve_binding_expression(trig["topicName"], purpose=purpose)
+            if not trig.get("subscriptionName"):
+                raise HostError(f"function {spec.name}: a topic trigger needs a subscriptionName")
+            self.subscription = resolve_binding_expression(
+                trig["subscriptionName"], purpose=purpose
+            )
+        elif trig.get("queueName"):
+            self.queue = resolve_binding_expression(trig["queueName"], purpose=purpose)
+        else:
+            raise HostError(
+                f"function {spec.name}: a Service Bus trigger needs a queueName or topicName"
+            )
+
+    def __str__(self) -> str:
+        if self.topic is not None:
+            return f"subscription {self.subscription!r} of topic {self.topic!r}"
+        return f"queue {self.queue!r}"
+
+    def receiver(self, client: ServiceBusClient, **kwargs: Any) -> ServiceBusReceiver:
+        if self.topic is not None:
+            assert self.subscription is not None
+            return client.get_subscription_receiver(self.topic, self.subscription, **kwargs)
+        assert self.queue is not None
+        return client.get_queue_receiver(self.queue, **kwargs)
+
+
 class QueueListener:
-    """One Service Bus trigger function: a PEEK_LOCK receiver and its invocations."""
+    """One Service Bus trigger function (a queue or a topic subscription; single messages or
+    batches; with or without sessions): PEEK_LOCK receivers and the invocations they feed.
+
+    As the extension's listener:
+    * single messages: up to maxConcurrentCalls invocations at once, each message's lock
+      renewed while its function runs (up to maxAutoLockRenewalDuration);
+    * ``cardinality="many"``: one batch at a time of up to maxMessageBatchSize messages,
+      waiting up to maxBatchWaitTime for minMessageBatchSize of them; the batch's locks are
+      not renewed (the host.json reference: lock renewal applies to functions that receive
+      one message at a time), the function can renew them through the message actions;
+    * sessions: up to maxConcurrentSessions sessions at once, each session's messages one at a
+      time and in order; the session lock is renewed from acceptance up to
+      maxAutoLockRenewalDuration; a session is closed after sessionIdleTimeout without a
+      message, or after the invocation that called ``release_session``.
+    Success completes what the function did not settle (unless autoCompleteMessages is
+    false); an exception abandons it.
+    """
 
     def __init__(
         self,
@@ -248,21 +335,9 @@ class QueueListener:
         self.main_loop = main_loop
         self.client_binding = client_binding
         trig = spec.trigger
-        if trig.get("topicName"):
-            raise NotImplementedError(
-                f"function {spec.name}: topic subscriptions are not supported by devstack.host"
-            )
-        if trig.get("isSessionsEnabled"):
-            raise NotImplementedError(
-                f"function {spec.name}: session-enabled queues are not supported by devstack.host"
-            )
-        if str(trig.get("cardinality", "one")).lower() == "many":
-            raise NotImplementedError(
-                f"function {spec.name}: batch (cardinality=many) triggers are not supported"
-            )
-        self.queue = resolve_binding_expression(
-            trig["queueName"], purpose=f"queue name of function {spec.name}"
-        )
+        self.entity = Entity(spec)
+        self.sessions = bool(trig.get("isSessionsEnabled"))
+        self.batch = str(trig.get("cardinality") or "one").lower() == "many"
         conn_name = trig.get("connection") or "AzureWebJobsServiceBus"
         self.connection_string = _connection_string(conn_name, spec.name)
         auto = trig.get("autoCompleteMessages")
@@ -272,6 +347,25 @@ class QueueListener:
         self.sem = asyncio.Semaphore(max(1, options.max_concurrent_calls))
         self._tasks: set[asyncio.Task[Any]] = set()
         self._settled: set[str] = set()
+        # lock token -> the receiver that holds the message; session id -> its receiver
+        self._holders: dict[str, ServiceBusReceiver] = {}
+        self._session_receivers: dict[str, ServiceBusReceiver] = {}
+        self._released: set[str] = set()
+        self.inflight = 0  # invocations (single, batch or session) not yet settled
+
+    @property
+    def queue(self) -> str:
+        """The entity, as messages name it (kept for the one-line errors)."""
+        return self.entity.queue or f"{self.entity.topic}/{self.entity.subscription}"
+
+    def _receiver_kwargs(self) -> dict[str, Any]:
+        return {
+            "receive_mode": ServiceBusReceiveMode.PEEK_LOCK,
+            "prefetch_count": self.options.prefetch_count,
+            # On the receiver: the client's own socket_timeout does not reach the
+            # receivers it makes (they fall back to the SDK's 0.2 s).
+            "socket_timeout": receive_socket_timeout(),
+        }
 
     # -- runs on the Service Bus loop --
 
@@ -282,27 +376,35 @@ class QueueListener:
                 async with ServiceBusClient.from_connection_string(
                     self.connection_string
                 ) as client:
-                    # On the receiver: the client's own socket_timeout does not reach the
-                    # receivers it makes (they fall back to the SDK's 0.2 s).
-                    receiver = client.get_queue_receiver(
-                        self.queue,
-                        receive_mode=ServiceBusReceiveMode.PEEK_LOCK,
-                        prefetch_count=self.options.prefetch_count,
-                        socket_timeout=receive_socket_timeout(),
-                    )
-                    async with receiver:
-                        self.receiver = receiver
-                        backoff = 1.0
-                        await self._receive_loop(receiver)
+                    if self.sessions:
+                        workers = [
+                            asyncio.create_task(self._session_worker(client))
+                            for _ in range(max(1, self.options.max_concurrent_sessions))
+                        ]
+                        try:
+                            await asyncio.gather(*workers)
+                        finally:
+                            for w in workers:
+                                w.cancel()
+                            await asyncio.gather(*workers, return_exceptions=True)
+                    else:
+                        receiver = self.entity.receiver(client, **self._receiver_kwargs())
+                        async with receiver:
+                            self.receiver = receiver
+                            backoff = 1.0
+                            if self.batch:
+                                await self._batch_loop(receiver)
+                            else:
+                                await self._receive_loop(receiver)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
                 if self._stopping:
                     return
                 log.warning(
-                    "function %s: Service Bus queue %r unavailable (%s: %s); retrying in %.0fs",
+                    "function %s: Service Bus %s unavailable (%s: %s); retrying in %.0fs",
                     self.spec.name,
-                    self.queue,
+                    self.entity,
                     type(exc).__name__,
                     exc,
                     backoff,
@@ -333,6 +435,110 @@ class QueueListener:
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
+    async def _collect_batch(self, receiver: ServiceBusReceiver) -> list[ServiceBusReceivedMessage]:
+        """Up to maxMessageBatchSize messages; with minMessageBatchSize > 1, wait up to
+        maxBatchWaitTime for that many (then take what there is)."""
+        loop = asyncio.get_running_loop()
+        most = max(1, self.options.max_message_batch_size)
+        least = min(most, max(1, self.options.min_message_batch_size))
+        deadline = loop.time() + self.options.max_batch_wait_seconds
+        got: list[ServiceBusReceivedMessage] = []
+        while not self._stopping and len(got) < most:
+            split_transport_locks(receiver)
+            more = await receiver.receive_messages(
+                max_message_count=most - len(got), max_wait_time=1
+            )
+            got.extend(more)
+            if got and (len(got) >= least or loop.time() >= deadline):
+                break
+            if not got:
+                deadline = loop.time() + self.options.max_batch_wait_seconds
+        return got
+
+    async def _batch_loop(self, receiver: ServiceBusReceiver) -> None:
+        while not self._stopping:
+            batch = await self._collect_batch(receiver)
+            if batch:
+                await self._handle_batch(receiver, batch)
+
+    async def _session_worker(self, client: ServiceBusClient) -> None:
+        """Accept the next free session, run its messages in order, close it when idle."""
+        from azure.servicebus import NEXT_AVAILABLE_SESSION
+        from azure.servicebus.exceptions import OperationTimeoutError
+
+        while not self._stopping:
+            receiver = self.entity.receiver(
+                client,
+                session_id=NEXT_AVAILABLE_SESSION,
+                max_wait_time=1,
+                **self._receiver_kwargs(),
+            )
+            try:
+                await receiver.__aenter__()
+            except OperationTimeoutError:
+                await receiver.close()
+                continue  # no session with messages: ask again
+            session = receiver.session
+            assert session is not None
+            sid = session.session_id
+            self._session_receivers[sid] = receiver
+            renewal = asyncio.create_task(self._renew_session_lock(receiver))
+            try:
+                await self._run_session(receiver, sid)
+            finally:
+                renewal.cancel()
+                with contextlib.suppress(BaseException):
+                    await renewal
+                self._session_receivers.pop(sid, None)
+                self._released.discard(sid)
+                with contextlib.suppress(Exception):
+                    await receiver.close()
+
+    async def _run_session(self, receiver: ServiceBusReceiver, sid: str) -> None:
+        loop = asyncio.get_running_loop()
+        idle_since = loop.time()
+        while not self._stopping and sid not in self._released:
+            split_transport_locks(receiver)
+            most = self.options.max_message_batch_size if self.batch else 1
+            got = await receiver.receive_messages(max_message_count=max(1, most), max_wait_time=1)
+            if not got:
+                if loop.time() - idle_since >= self.options.session_idle_timeout_seconds:
+                    return
+                continue
+            idle_since = loop.time()
+            if self.batch:
+                await self._handle_batch(receiver, got)
+            else:
+                for msg in got:
+                    await self._handle(receiver, msg, permit=False)
+
+    async def _renew_session_lock(self, receiver: ServiceBusReceiver) -> None:
+        """Keep the session locked while it is open, as the session processor does: renew
+        when min(half the remaining lock, 10 s) is left, up to maxAutoLockRenewalDuration."""
+        session = receiver.session
+        assert session is not None
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + self.options.max_auto_lock_renewal_seconds
+        while True:
+            locked_until = session.locked_until_utc
+            if locked_until is None:
+                return
+            remaining = (locked_until - datetime.now(UTC)).total_seconds()
+            delay = max(0.0, remaining - min(remaining / 2, 10.0))
+            if loop.time() + delay > give_up:
+                return
+            await asyncio.sleep(delay)
+            try:
+                await session.renew_lock()
+            except Exception as exc:
+                log.warning(
+                    "function %s: lock renewal of session %s failed: %s",
+                    self.spec.name,
+                    session.session_id,
+                    exc,
+                )
+                return
+
     async def _renew_lock(
         self, receiver: ServiceBusReceiver, msg: ServiceBusReceivedMessage
     ) -> None:
@@ -360,45 +566,72 @@ class QueueListener:
                 )
                 return
 
-    async def _handle(self, receiver: ServiceBusReceiver, msg: ServiceBusReceivedMessage) -> None:
-        token = str(msg.lock_token)
-        renewal = asyncio.create_task(self._renew_lock(receiver, msg))
+    async def _handle(
+        self, receiver: ServiceBusReceiver, msg: ServiceBusReceivedMessage, permit: bool = True
+    ) -> None:
+        """One message; `permit`: it holds one of maxConcurrentCalls, released at the end."""
+        # Session messages have no lock of their own: the session's lock covers them.
+        renewal = None if self.sessions else asyncio.create_task(self._renew_lock(receiver, msg))
         try:
-            fut = asyncio.run_coroutine_threadsafe(self._invoke(msg), self.main_loop)
+            await self._handle_batch(receiver, [msg], single=True)
+        finally:
+            if renewal is not None:
+                renewal.cancel()
+            if permit:
+                self.sem.release()
+
+    async def _handle_batch(
+        self,
+        receiver: ServiceBusReceiver,
+        messages: list[ServiceBusReceivedMessage],
+        *,
+        single: bool = False,
+    ) -> None:
+        tokens = [str(m.lock_token) for m in messages]
+        for token in tokens:
+            self._holders[token] = receiver
+        self.inflight += 1
+        try:
+            fut = asyncio.run_coroutine_threadsafe(
+                self._invoke(messages[0] if single else messages), self.main_loop
+            )
             try:
                 await asyncio.wrap_future(fut)
                 failed: BaseException | None = None
             except Exception as exc:
                 failed = exc
-            renewal.cancel()
-            if token in self._settled:
-                return
-            try:
-                if failed is not None:
+            if failed is not None:
+                log.warning(
+                    "function %s failed on %s: %s; abandoning",
+                    self.spec.name,
+                    ", ".join(
+                        f"message {m.message_id} (delivery {m.delivery_count})" for m in messages
+                    ),
+                    failed,
+                )
+            for msg, token in zip(messages, tokens, strict=True):
+                if token in self._settled:
+                    continue
+                try:
+                    if failed is not None:
+                        await receiver.abandon_message(msg)
+                    elif self.auto_complete:
+                        await receiver.complete_message(msg)
+                except Exception as exc:
                     log.warning(
-                        "function %s failed on message %s (delivery %s): %s; abandoning",
+                        "function %s: settling message %s failed: %s",
                         self.spec.name,
                         msg.message_id,
-                        msg.delivery_count,
-                        failed,
+                        exc,
                     )
-                    await receiver.abandon_message(msg)
-                elif self.auto_complete:
-                    await receiver.complete_message(msg)
-            except Exception as exc:
-                log.warning(
-                    "function %s: settling message %s failed: %s",
-                    self.spec.name,
-                    msg.message_id,
-                    exc,
-                )
         finally:
-            renewal.cancel()
-            self._settled.discard(token)
-            self.sem.release()
+            self.inflight -= 1
+            for token in tokens:
+                self._settled.discard(token)
+                self._holders.pop(token, None)
 
-    async def _settle(self, method: str, msg: ServiceBusReceivedMessage, *args: Any) -> Any:
-        receiver = self.receiver
+    async def _settle(self, method: str, msg: Any, *args: Any) -> Any:
+        receiver = self._holders.get(str(msg.lock_token)) or self.receiver
         if receiver is None:
             raise RuntimeError("the receiver is closed")
         if method == "complete":
@@ -415,6 +648,21 @@ class QueueListener:
             self._settled.add(str(msg.lock_token))
         return None
 
+    async def _session_call(self, method: str, session_id: str, *args: Any) -> Any:
+        receiver = self._session_receivers.get(session_id)
+        if receiver is None or receiver.session is None:
+            raise RuntimeError(f"session {session_id!r} is not held by function {self.spec.name}")
+        if method == "set_session_state":
+            await receiver.session.set_state(args[0])
+            return None
+        if method == "renew_session_lock":
+            return await receiver.session.renew_lock()
+        if method == "release_session":
+            # As ReleaseSession: no new receive for it; closed once the invocation ends.
+            self._released.add(session_id)
+            return None
+        raise ValueError(method)
+
     # -- runs on the host's loop --
 
     def settle_from_function(self, method: str, message: Any, *args: Any) -> Any:
@@ -425,13 +673,25 @@ class QueueListener:
         )
         return fut.result(SETTLE_TIMEOUT)
 
-    async def _invoke(self, msg: ServiceBusReceivedMessage) -> None:
+    def session_from_function(self, method: str, session_id: str, *args: Any) -> Any:
+        fut: Future[Any] = asyncio.run_coroutine_threadsafe(
+            self._session_call(method, session_id, *args), self.sb_loop
+        )
+        return fut.result(SETTLE_TIMEOUT)
+
+    async def _invoke(
+        self, msg: ServiceBusReceivedMessage | list[ServiceBusReceivedMessage]
+    ) -> None:
         kwargs: dict[str, Any] = {}
         trigger_param = self.spec.trigger["name"]
         annotation = self.spec.params.get(trigger_param)
-        kwargs[trigger_param] = (
-            msg if _is_sdk_message_param(annotation) else to_functions_message(msg)
-        )
+        if isinstance(msg, list):
+            sdk = _is_sdk_message_list_param(annotation)
+            kwargs[trigger_param] = [m if sdk else to_functions_message(m) for m in msg]
+        else:
+            kwargs[trigger_param] = (
+                msg if _is_sdk_message_param(annotation) else to_functions_message(msg)
+            )
         for pname, ann in self.spec.params.items():
             if _is_actions_param(ann):
                 kwargs[pname] = MessageActions(self)
@@ -447,10 +707,7 @@ def _connection_string(conn_name: str, function_name: str) -> str:
     value = setting(conn_name, purpose=f"Service Bus connection of function {function_name}")
     if "Endpoint=" not in value:
         # Identity-based connections (<name>__fullyQualifiedNamespace) need Entra ID, not a local emulator.
-        raise_value = f"app setting {conn_name!r} is not a Service Bus connection string"
-        from .errors import HostError
-
-        raise HostError(raise_value)
+        raise HostError(f"app setting {conn_name!r} is not a Service Bus connection string")
     return value
 
 
@@ -488,14 +745,26 @@ class ServiceBusTriggers:
             self._futures.append(asyncio.run_coroutine_threadsafe(listener.run(), self.loop))
 
     async def check_reachable(self) -> None:
-        """Open each trigger's queue once so that a wrong address fails with one clear line."""
-        from .errors import HostError
+        """Open each trigger's entity once so that a wrong address, a missing entity or a
+        session setting the entity does not have fails with one clear line."""
+        from azure.servicebus import NEXT_AVAILABLE_SESSION
+        from azure.servicebus.exceptions import OperationTimeoutError
 
         async def probe(listener: QueueListener) -> None:
             async with ServiceBusClient.from_connection_string(
                 listener.connection_string, retry_total=0
             ) as client:
-                receiver = client.get_queue_receiver(listener.queue)
+                if listener.sessions:
+                    receiver = listener.entity.receiver(
+                        client, session_id=NEXT_AVAILABLE_SESSION, max_wait_time=1
+                    )
+                    try:
+                        async with receiver:
+                            pass  # a session was free: released again at once
+                    except OperationTimeoutError:
+                        pass  # reachable, and no session has messages yet
+                    return
+                receiver = listener.entity.receiver(client)
                 async with receiver:
                     await receiver.peek_messages(max_message_count=1)
 
@@ -505,9 +774,16 @@ class ServiceBusTriggers:
             try:
                 await asyncio.wrap_future(fut)
             except Exception as exc:
+                kind = "Service Bus queue" if listener.entity.queue is not None else "Service Bus"
+                target = (
+                    repr(listener.entity.queue)
+                    if listener.entity.queue is not None
+                    else str(listener.entity)
+                )
                 raise HostError(
-                    f"function {listener.spec.name}: cannot open Service Bus queue {listener.queue!r} "
-                    f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
+                    f"function {listener.spec.name}: cannot open {kind} {target}"
+                    + (" with sessions" if listener.sessions else "")
+                    + f" ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
                 ) from None
 
     async def stop(self) -> None:
@@ -516,7 +792,10 @@ class ServiceBusTriggers:
             listener.stop()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + 30
-        while any(listener._tasks for listener in self.listeners) and loop.time() < deadline:
+        while (
+            any(listener._tasks or listener.inflight for listener in self.listeners)
+            and loop.time() < deadline
+        ):
             await asyncio.sleep(0.05)
         if self.loop is None:
             return

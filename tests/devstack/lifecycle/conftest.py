@@ -66,14 +66,21 @@ class Launched:
     """An entry point running as `python -m ...`, its output in a file."""
 
     def __init__(
-        self, args: list[str], workdir: Path, value: str, extra_env: dict[str, str] | None = None
+        self,
+        args: list[str],
+        workdir: Path,
+        value: str,
+        extra_env: dict[str, str] | None = None,
+        cwd: Path = ROOT,
     ):
         self.out_path = workdir / f"out-{uuid.uuid4().hex[:6]}.txt"
         self.value = value
         env = {**os.environ, MARK: value, "PYTHONUNBUFFERED": "1", **(extra_env or {})}
+        if cwd != ROOT:  # run from elsewhere (a fresh clone's directory), the code from ROOT
+            env["PYTHONPATH"] = str(ROOT)
         with open(self.out_path, "wb") as out:
             self.process = subprocess.Popen(
-                [sys.executable, *args], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT
+                [sys.executable, *args], cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT
             )
 
     @property
@@ -121,7 +128,12 @@ def mark() -> Iterator[str]:
 
 @pytest.fixture
 def launch(tmp_path: Path, mark: str):
-    def start(*args: str, **extra_env: str) -> Launched:
-        return Launched(list(args), tmp_path, mark, extra_env)
+    def start(*args: str, cwd: Path | None = None, **extra_env: str) -> Launched:
+        # Not from the repository: `up` writes ./local.settings.json where there is none,
+        # and a test must not leave one in the developer's checkout.
+        if cwd is None:
+            cwd = tmp_path / "cwd"
+            cwd.mkdir(exist_ok=True)
+        return Launched(list(args), tmp_path, mark, extra_env, cwd=cwd)
 
     return start
