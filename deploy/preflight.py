@@ -345,6 +345,11 @@ def run_checks(
         )
     else:
         report.ok(f"REMOTE_SERVICE_URL {url}")
+    if not (env.get("ALERT_EMAIL_ADDRESSES") or "").strip():
+        report.ok(
+            "note: ALERT_EMAIL_ADDRESSES is empty, so the alerts fire and reach nobody "
+            "(azd env set ALERT_EMAIL_ADDRESSES ops@example.com,...)"
+        )
     backend = (env.get("DURABLE_BACKEND") or "azureStorage").strip()
     if backend not in BACKENDS:
         report.fail(

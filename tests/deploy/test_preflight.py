@@ -206,6 +206,17 @@ def test_each_failure_is_one_line_saying_what_to_do(label, breaks, says):
     assert ": " in fails[0].removeprefix("preflight: FAIL ")
 
 
+def test_no_alert_addresses_is_a_note_not_a_failure():
+    data = ready()
+    data["env"]["ALERT_EMAIL_ADDRESSES"] = ""
+    report, _, _ = check(data)
+    assert report.failed == 0
+    assert any("ALERT_EMAIL_ADDRESSES is empty" in line for line in report.lines)
+    data["env"]["ALERT_EMAIL_ADDRESSES"] = "ops@example.com"
+    report, _, _ = check(data)
+    assert not any("ALERT_EMAIL_ADDRESSES" in line for line in report.lines)
+
+
 def test_the_azure_storage_backend_needs_no_scheduler():
     data = ready()
     data["env"].update(DURABLE_BACKEND="azureStorage", AZURE_LOCATION="eastus")

@@ -133,6 +133,9 @@ def test_a_file_setting_without_the_local_exporter_is_said_and_ignored(tmp_path)
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "none"
-    assert "OTEL_TRACES_FILE is set but opentelemetry-exporter-otlp-json-file is not installed" in done.stderr
+    assert (
+        "OTEL_TRACES_FILE is set but opentelemetry-exporter-otlp-json-file is not installed"
+        in done.stderr
+    )
     assert "OTEL_METRICS_FILE is set" in done.stderr
     assert not (tmp_path / "spans.jsonl").exists()
