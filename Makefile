@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 PIP_STAMP := $(VENV)/.installed
 NPM_STAMP := node_modules/.installed
 
-.PHONY: install demo test test-unit lint bench bench-1000 bench-latency bench-servicebus bench-supervisor up down status clean browser simulate
+.PHONY: install demo test test-unit lint preflight smoke bench bench-1000 bench-latency bench-servicebus bench-supervisor up down status clean browser simulate
 
 install: $(PIP_STAMP) $(NPM_STAMP)
 
@@ -25,12 +25,26 @@ $(NPM_STAMP): package.json package-lock.json
 demo: install
 	$(BIN)/python -m devstack.demo
 
-## test: every test; local servers are started by the test fixtures and stopped after
+## test: every test; local servers are started by the test fixtures and stopped after.
+## Among them (tests/deploy, tests/infra): the preflight against stub subscriptions, the smoke
+## test against a local stack, the import of the app against the Python worker's own pins
+## (a cached venv under the temp directory, WORKER_PINS_CACHE), and the parse of every Bicep file.
 # Two workers (pytest-xdist), a file each at a time: most tests wait on servers and
 # deadlines, so two fit on two cores; each worker starts its own servers.
 TEST_WORKERS ?= 2
 test: install browser lint
 	REQUIRE_NO_SKIPS=1 $(BIN)/python -m pytest -q -rs -n $(TEST_WORKERS) --dist loadfile
+
+## preflight: check the subscription and the azd environment before `azd provision`
+## (azure.yaml's preprovision hook runs the same; standard library only, needs az)
+preflight:
+	$(PY) -m deploy.preflight
+
+## smoke: one order through the deployed app as a client, timed to Processed (azure.yaml's
+## postdeploy hook runs the same); SMOKE_TARGET=local for the stack `make up` runs
+SMOKE_TARGET ?= azure
+smoke: install
+	$(BIN)/python -m deploy.smoke --$(SMOKE_TARGET)
 
 test-unit: install
 	$(BIN)/python -m pytest -q tests/unit

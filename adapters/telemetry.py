@@ -98,7 +98,7 @@ def _configure(env: Mapping[str, str]) -> str:
     resource = Resource.create({"service.name": env.get("OTEL_SERVICE_NAME") or SERVICE_NAME})
     chosen = "none"
     span_exporter: SpanExporter | None = None
-    if env.get(TRACES_FILE):
+    if env.get(TRACES_FILE) and _file_exporter_installed(TRACES_FILE):
         from opentelemetry.exporter.otlp.json.file.trace_exporter import FileSpanExporter
 
         span_exporter, chosen = FileSpanExporter(env[TRACES_FILE]), "file"
@@ -113,7 +113,7 @@ def _configure(env: Mapping[str, str]) -> str:
         trace.set_tracer_provider(provider)
 
     metric_exporter: MetricExporter | None = None
-    if env.get(METRICS_FILE):
+    if env.get(METRICS_FILE) and _file_exporter_installed(METRICS_FILE):
         from opentelemetry.exporter.otlp.json.file.metric_exporter import FileMetricExporter
 
         metric_exporter = FileMetricExporter(env[METRICS_FILE])
@@ -125,6 +125,25 @@ def _configure(env: Mapping[str, str]) -> str:
         metrics.set_meter_provider(MeterProvider(resource=resource, metric_readers=[reader]))
         chosen = chosen if chosen != "none" else "file" if env.get(METRICS_FILE) else "console"
     return chosen
+
+
+def _file_exporter_installed(setting: str) -> bool:
+    """The OTLP/JSON file exporter is a local-only package
+    (requirements-dev.txt), never deployed: a file setting without it is
+    said once and ignored rather than stopping the app."""
+    import importlib.util
+
+    try:
+        if importlib.util.find_spec("opentelemetry.exporter.otlp.json.file") is not None:
+            return True
+    except ModuleNotFoundError:  # a parent package is missing too
+        pass
+    log.warning(
+        "%s is set but opentelemetry-exporter-otlp-json-file is not installed "
+        "(requirements-dev.txt): no telemetry file is written",
+        setting,
+    )
+    return False
 
 
 def flush(timeout_millis: int = 5000) -> None:

@@ -8,12 +8,15 @@ local.settings.template.json and the Bicep app settings."""
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit
 
 from adapters.servicebus import AGENT_REQUESTS_QUEUE, AGENT_RESPONSES_QUEUE
 from adapters.settings import (
+    MANAGED_IDENTITY_ENDPOINTS,
     SERVICEBUS_CONNECTION,
     ServiceBusAccess,
     SettingsError,
@@ -24,6 +27,8 @@ from adapters.settings import (
 from agents.agent import AgentPolicy
 
 DEFAULT_REMOTE_SERVICE_URL = "http://127.0.0.1:7081"
+# Set by App Service / Functions in Azure, never by the local stack.
+_AZURE_HINTS = ("WEBSITE_SITE_NAME", *MANAGED_IDENTITY_ENDPOINTS)
 
 
 @dataclass(frozen=True)
@@ -69,6 +74,13 @@ def load_agent_settings(env: Mapping[str, str] | None = None) -> AgentSettings:
     url = env.get("REMOTE_SERVICE_URL") or DEFAULT_REMOTE_SERVICE_URL
     if not url.startswith(("http://", "https://")):
         raise SettingsError(f"setting REMOTE_SERVICE_URL must be an http(s) URL, got {url!r}")
+    if any(env.get(name) for name in _AZURE_HINTS) and _is_loopback(url):
+        # In Azure the local default would send every step to nobody and fail
+        # each order only after the whole retry budget (issue 24, risk 4).
+        raise SettingsError(
+            f"setting REMOTE_SERVICE_URL is {url!r}, a loopback address, in Azure: "
+            "set it to the remote service's public https URL (azd env set REMOTE_SERVICE_URL ...)"
+        )
     return AgentSettings(
         remote_service_url=url,
         servicebus=servicebus,
@@ -77,6 +89,16 @@ def load_agent_settings(env: Mapping[str, str] | None = None) -> AgentSettings:
         lock_renewal_slack=float_setting(env, "AGENT_LOCK_RENEWAL_SLACK_SECONDS", 60.0, 1.0),
         shutdown_grace=float_setting(env, "AGENT_SHUTDOWN_GRACE_SECONDS", 30.0),
     )
+
+
+def _is_loopback(url: str) -> bool:
+    host = (urlsplit(url).hostname or "").lower()
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def require_servicebus(settings: AgentSettings) -> ServiceBusAccess:

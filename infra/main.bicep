@@ -70,7 +70,8 @@ param clientApplications clientApplication[] = [
   }
 ]
 
-@description('Base URL of the remote service the agents call (REMOTE_SERVICE_URL); the local default points at the devstack fake, so Azure needs a real one.')
+@description('Base URL of the remote service the agents call (REMOTE_SERVICE_URL), a public https URL; the local default points at the devstack fake, so Azure needs a real one. An empty value is refused here, a loopback one by the preflight (deploy/preflight.py) and by the app at start.')
+@minLength(12)
 param remoteServiceUrl string
 
 // Data names (app settings of the same meaning).
@@ -137,11 +138,11 @@ param deadlineMarginSeconds int = 10
 // Operators (python -m cli, Data Explorer).
 @description('Object id of the identity running azd (azd sets AZURE_PRINCIPAL_ID); it gets the operator grants. Empty grants nothing.')
 param principalId string = ''
-@description('Comma-separated object ids of further operators (azd: OPERATOR_PRINCIPAL_IDS).')
-param operatorPrincipalIds string = ''
-@description('Type of every operator principal (azd: AZURE_PRINCIPAL_TYPE; a CI service principal is ServicePrincipal).')
+@description('Type of that identity (azd: AZURE_PRINCIPAL_TYPE): User, or ServicePrincipal when azd runs as one in CI.')
 @allowed(['User', 'Group', 'ServicePrincipal'])
-param operatorPrincipalType string = 'User'
+param principalType string = 'User'
+@description('Further operators (azd: OPERATOR_PRINCIPAL_IDS), comma-separated entries `objectId:Type` with Type User, Group or ServicePrincipal, each its own (the preflight resolves bare ids through Microsoft Graph). An entry without a type is assigned without principalType and ARM looks the principal up itself.')
+param operatorPrincipalIds string = ''
 
 // The operator console (docs/console.md).
 @description('Client (application) id of the Entra ID app registration operators sign in to the console with (azd: CONSOLE_AUTH_CLIENT_ID). Empty: authentication is still required, with no way to sign in, so the console answers 401 to everyone.')
@@ -194,10 +195,25 @@ var azureClaimTimeoutSeconds = max(claimTimeoutSeconds, claimFloorSeconds)
 var azureStepTimeoutSeconds = max(stepTimeoutSeconds, stepFloorSeconds)
 
 var alertEmails = filter(map(split(alertEmailAddresses, ','), address => trim(address)), address => !empty(address))
-var operatorIdsGiven = filter(map(split('${principalId},${operatorPrincipalIds}', ','), id => trim(id)), id => !empty(id))
+var operatorEntries = filter(map(split(operatorPrincipalIds, ','), entry => trim(entry)), entry => !empty(entry))
+// { principalId, principalType } per operator, each with its own type: a
+// role assignment whose principalType does not match the principal fails the
+// deployment (UnmatchedPrincipalType).
+var operatorsGiven = concat(
+  empty(principalId) ? [] : [
+    {
+      principalId: principalId
+      principalType: principalType
+    }
+  ],
+  map(operatorEntries, entry => {
+    principalId: trim(split(entry, ':')[0])
+    principalType: contains(entry, ':') ? trim(split(entry, ':')[1]) : ''
+  })
+)
 // Each once (azd's own principal is often also listed among the operators):
 // union() of arrays keeps one copy of each value, within an array too.
-var operators = union(operatorIdsGiven, [])
+var operators = union(operatorsGiven, [])
 
 // Created before everything that grants it access, and before the app.
 module identity 'core/identity/user-assigned-identity.bicep' = {
@@ -340,8 +356,8 @@ module api 'app/api.bicep' = {
     consoleAuthClientId: consoleAuthClientId
     consoleAuthConfirmed: consoleAuthConfirmed
     // Only the operators may sign in to the console, when any are named.
-    consoleAllowedIdentities: (operatorPrincipalType == 'Group') ? [] : operators
-    consoleAllowedGroups: (operatorPrincipalType == 'Group') ? operators : []
+    consoleAllowedIdentities: map(filter(operators, op => 'Group' != op.principalType), op => op.principalId)
+    consoleAllowedGroups: map(filter(operators, op => 'Group' == op.principalType), op => op.principalId)
   }
   // The app starts (and Flex reads its package) with its grants in place.
   dependsOn: [
@@ -362,8 +378,7 @@ module rbac 'app/rbac.bicep' = {
     stateDatabaseName: stateDatabaseName
     ordersDatabaseName: ordersDatabaseName
     durableTaskSchedulerName: useScheduler ? durableTaskScheduler.outputs.name : ''
-    operatorPrincipalIds: operators
-    operatorPrincipalType: operatorPrincipalType
+    operators: operators
   }
 }
 

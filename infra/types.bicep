@@ -7,3 +7,10 @@ type clientApplication = {
   replyQueueName: string
   principalId: string
 }
+
+@export()
+@description('An operator: object id and principal type (User, Group or ServicePrincipal; empty lets ARM look it up).')
+type operatorPrincipal = {
+  principalId: string
+  principalType: string
+}

@@ -214,8 +214,10 @@ class DurableHttpApi:
         clock: Clock,
         base_url_ref: list[str],
         timers: Callable[[], list[dict[str, Any]]] = list,
+        functions: Callable[[], list[dict[str, Any]]] = list,
     ) -> None:
         self.timers = timers
+        self.functions = functions
         self.engine = engine
         self.clock = clock
         self._base = base_url_ref  # filled once the port is known
@@ -243,6 +245,7 @@ class DurableHttpApi:
             ]
         out += [
             web.get("/admin/health", self.health),
+            web.get("/admin/functions", self.get_functions),
             web.get("/admin/clock", self.get_clock),
             web.get("/admin/timers", self.get_timers),
             web.post("/admin/clock/advance", self.advance_clock),
@@ -477,6 +480,11 @@ class DurableHttpApi:
 
     async def health(self, _request: web.Request) -> web.Response:
         return web.json_response({"ready": True})
+
+    async def get_functions(self, _request: web.Request) -> web.Response:
+        """The functions this host indexed, like the real host's
+        GET /admin/functions (name and trigger type; deploy/smoke.py counts them)."""
+        return web.json_response(self.functions())
 
     async def get_timers(self, _request: web.Request) -> web.Response:
         return web.json_response(self.timers())

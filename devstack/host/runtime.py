@@ -148,6 +148,9 @@ class Host:
             self.clock,
             [base],
             timers=lambda: timer_view[0].describe() if timer_view else [],
+            functions=lambda: [
+                {"name": fn.name, "trigger": fn.trigger_type} for fn in catalog.functions
+            ],
         )
         http = HttpTriggers(
             catalog.of_type(HTTP_TRIGGER), route_prefix(config.raw), lambda: binding_json

@@ -61,7 +61,7 @@ var logAlerts = [
     // ingress queue it arrived on, or a reply queue that is not its own.
     name: 'client-impersonation'
     displayName: 'A client application sent an order in another application\'s name'
-    description: 'Submit dead-lettered an order whose AppId or ReplyTo does not belong to the application whose ingress queue it came in on (AppIdMismatch, ReplyQueueNotAllowed). Find the sender in the Service Bus runtime audit logs.'
+    description: 'Submit dead-lettered an order whose AppId or ReplyTo does not belong to the application whose ingress queue it came in on (AppIdMismatch, ReplyQueueNotAllowed). The sender is the application that owns that ingress queue: only its identity holds Sender there (app/rbac.bicep). Service Bus runtime audit logs, which would name the identity of each send, exist only on the Premium tier; on Standard the queue is the evidence.'
     severity: 1
     query: '${operatorAlerts}\n| where AlertKind in ("AppIdMismatch", "ReplyQueueNotAllowed")\n| summarize Orders = count()'
     measure: 'Orders'

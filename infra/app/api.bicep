@@ -117,6 +117,13 @@ var baseSettings = {
   AzureFunctionsJobHost__telemetryMode: 'OpenTelemetry'
   PYTHON_APPLICATIONINSIGHTS_ENABLE_TELEMETRY: 'true'
   OTEL_SERVICE_NAME: 'order-processing'
+  // The app's own packages (.python_packages) before the worker's: the
+  // Service Bus SDK-type binding needs protobuf >= 6.31 and grpcio >= 1.74,
+  // newer than the 3.11 worker ships, and without isolation the worker's
+  // copies stay loaded and the import of function_app fails, indexing no
+  // function (docs/adr/017c-worker-dependency-isolation.md; the import is
+  // tested against the worker's pins in tests/deploy/test_worker_pins.py).
+  PYTHON_ISOLATE_WORKER_DEPENDENCIES: '1'
 
   ServiceBusConnection__fullyQualifiedNamespace: serviceBusFullyQualifiedNamespace
   ServiceBusConnection__credential: 'managedidentity'

@@ -1,6 +1,6 @@
-metadata description = 'Every role assignment of the deployment: what each identity uses, and no more. The function app reaches only the queues it triggers on or sends to; each client application sends to its own ingress queue and reads its own reply queue only; operators get what `python -m cli` needs.'
+metadata description = 'Every role assignment of the deployment: what each identity uses, and no more. The function app reaches only the queues it triggers on or sends to; each client application sends to its own ingress queue and reads its own reply queue only; operators read and settle operator alerts and work on the state database.'
 
-import { clientApplication } from '../types.bicep'
+import { clientApplication, operatorPrincipal } from '../types.bicep'
 
 @description('Principal (object) id of the app\'s user-assigned identity; it exists before the app, so these grants can be in place before the first deploy.')
 param functionAppPrincipalId string
@@ -14,15 +14,14 @@ param stateDatabaseName string
 param ordersDatabaseName string
 @description('Durable Task Scheduler name; empty when the task hub lives in the storage account.')
 param durableTaskSchedulerName string = ''
-@description('Principal ids of operators (people or groups running `python -m cli` and the portal\'s Data Explorer).')
-param operatorPrincipalIds string[] = []
-@allowed(['ServicePrincipal', 'Group', 'User'])
-param operatorPrincipalType string = 'User'
+@description('Operators (people, groups or CI principals running `python -m cli` and the portal\'s Data Explorer), each with its own principal type.')
+param operators operatorPrincipal[] = []
 
 // Built-in role definitions (ids are the same in every tenant).
 var roles = {
   serviceBusDataSender: '69a216fc-b8fb-44d8-bc22-1f3c2cd27a39'
   serviceBusDataReceiver: '4f6d3b9b-027b-4f4c-9142-0e5a2a2247e0'
+  serviceBusDataOwner: '090c5cfd-751d-490a-894a-3ce6f1109419'
   storageBlobDataOwner: 'b7e6dc6d-f1e8-4753-8033-0f276bb0955b'
   storageQueueDataContributor: '974c5e8b-45b9-4653-ba55-5f855dd0fb88'
   storageTableDataContributor: '0a9a7e1f-b9d0-4cc4-a60d-0319b160aaa3'
@@ -83,26 +82,34 @@ var appStorageRoles = [
   'storageTableDataContributor'
 ]
 
-// What `python -m cli` does, and the role each command needs:
-//   alerts                 receive (peek or settle) on alerts
-//   deadletters QUEUE      peek QUEUE/$deadletterqueue: receive on every queue
-//   watch APP              receive on APP's reply queue (any queue: every queue)
-//   post APP               send on APP's ingress queue
+// What operators get, by `python -m cli` command:
+//   alerts                 receive (peek or settle) on alerts: Receiver there
 //   show/list/stuck/resubmit/compensate
 //                          read and write the state database (Cosmos, below)
-var allQueueNames = concat(['agent-requests', 'agent-responses', 'alerts'], ingressQueueNames, replyQueueNames)
-var operatorQueueGrants = flatten(map(operatorPrincipalIds, operator => concat(
-  map(allQueueNames, queue => {
-    principalId: operator
-    queue: queue
-    role: 'serviceBusDataReceiver'
-  }),
-  map(ingressQueueNames, queue => {
-    principalId: operator
-    queue: queue
-    role: 'serviceBusDataSender'
-  })
-)))
+// and nothing else. Receiver on a queue is also the right to consume it (no
+// built-in role peeks only), so operators hold it on no work queue: an
+// operator consuming agent-requests, agent-responses or a client's reply
+// queue would lose messages the system or a client is waiting for, and
+// Sender on an ingress queue would let an operator send orders in a client's
+// name. Dead letters of the work queues are read through the console (the
+// app's identity peeks them); `cli deadletters`, `cli watch` and `cli post`
+// are for the local stack, or for a principal granted that queue on purpose.
+// The smoke test posts with a client application's identity (deploy/smoke.py).
+var operatorQueueGrants = map(operators, operator => {
+  principalId: operator.principalId
+  principalType: operator.principalType
+  queue: 'alerts'
+  role: 'serviceBusDataReceiver'
+})
+
+// The Service Bus trigger's target-based scaler reads each trigger queue's
+// message count (GetQueueRuntimeProperties), which needs the Manage right;
+// of the built-in data roles only Data Owner carries it. Without it the
+// scaler cannot count and falls back to peeking, seeing at most one message
+// (azure-functions-host #8892; the official Flex + Service Bus quickstart
+// grants Data Owner for the same reason, namespace-wide). Granted here per
+// trigger queue, not on the namespace.
+var triggerQueueNames = concat(['agent-requests', 'agent-responses'], ingressQueueNames)
 
 // Deployment names are at most 64 characters, hence take().
 // Client applications whose identity is known; the others get no access
@@ -116,6 +123,17 @@ module appQueueRoles '../core/security/servicebus-queue-role.bicep' = [for grant
     queueName: grant.queue
     roleDefinitionId: roles[grant.role]
     principalId: functionAppPrincipalId
+  }
+}]
+
+module appTriggerQueueScale '../core/security/servicebus-queue-role.bicep' = [for queue in triggerQueueNames: {
+  name: take('rbac-app-scale-${queue}', 64)
+  params: {
+    namespaceName: serviceBusNamespaceName
+    queueName: queue
+    roleDefinitionId: roles.serviceBusDataOwner
+    principalId: functionAppPrincipalId
+    principalType: 'ServicePrincipal'
   }
 }]
 
@@ -162,6 +180,7 @@ module clientReplyQueueReceive '../core/security/servicebus-queue-role.bicep' = 
     queueName: app.replyQueueName
     roleDefinitionId: roles.serviceBusDataReceiver
     principalId: app.principalId
+    principalType: 'ServicePrincipal'
   }
 }]
 
@@ -174,6 +193,7 @@ module clientOrdersSend '../core/security/servicebus-queue-role.bicep' = [for ap
     queueName: 'orders-${app.appId}'
     roleDefinitionId: roles.serviceBusDataSender
     principalId: app.principalId
+    principalType: 'ServicePrincipal'
   }
 }]
 
@@ -238,13 +258,13 @@ module appOrdersData '../core/security/cosmos-sql-role.bicep' = {
 // Operators: resubmit and compensate write state records; nothing in the
 // orders database (the CLI does not read it).
 @batchSize(1)
-module operatorStateData '../core/security/cosmos-sql-role.bicep' = [for operator in operatorPrincipalIds: {
-  name: take('rbac-operator-cosmos-state-${uniqueString(operator)}', 64)
+module operatorStateData '../core/security/cosmos-sql-role.bicep' = [for operator in operators: {
+  name: take('rbac-operator-cosmos-state-${uniqueString(operator.principalId)}', 64)
   params: {
     accountName: cosmosAccountName
     databaseName: stateDatabaseName
     sqlRoleDefinitionId: cosmosBuiltInDataContributor
-    principalId: operator
+    principalId: operator.principalId
   }
   dependsOn: [
     appOrdersData
@@ -259,6 +279,6 @@ module operatorQueueRoles '../core/security/servicebus-queue-role.bicep' = [for 
     queueName: grant.queue
     roleDefinitionId: roles[grant.role]
     principalId: grant.principalId
-    principalType: operatorPrincipalType
+    principalType: grant.principalType
   }
 }]

@@ -200,9 +200,9 @@ def evaluate(value: Any, env: dict[str, Any], doc: dict[str, Any]) -> Any:
 
     Names resolve to `env` (parameters given by the test, loop items, lambda
     variables) before the document's variables; `${a.b}` interpolation, `a.b`,
-    `a[b]`, `!empty(x)`, `==`, `?:`, array comprehensions (`[for x in xs: ...]`),
-    and the functions map, filter, flatten, concat, union, split, trim, empty
-    and take are understood. Anything else raises, so a test never silently
+    `a[b]`, `!empty(x)`, `==`, `!=`, `?:`, array comprehensions (`[for x in xs: ...]`),
+    and the functions map, filter, flatten, concat, union, split, trim, empty,
+    contains and take are understood. Anything else raises, so a test never silently
     reads an expression it does not understand as a literal."""
 
     def ev(v: Any, scope: dict[str, Any]) -> Any:
@@ -234,6 +234,8 @@ def evaluate(value: Any, env: dict[str, Any], doc: dict[str, Any]) -> Any:
                 return not ev(ops["bool_value"], scope)
             if op == "equals":
                 return ev(ops["operand_1"], scope) == ev(ops["operand_2"], scope)
+            if op == "not_equals":
+                return ev(ops["operand_1"], scope) != ev(ops["operand_2"], scope)
             if op == "conditional":
                 branch = "true_value" if ev(ops["condition"], scope) else "false_value"
                 return ev(ops[branch], scope)
@@ -267,6 +269,8 @@ def evaluate(value: Any, env: dict[str, Any], doc: dict[str, Any]) -> Any:
                 return ev(values[0], scope).strip()
             if name == "empty":
                 return not ev(values[0], scope)
+            if name == "contains":
+                return ev(values[1], scope) in ev(values[0], scope)
             if name == "take":
                 return ev(values[0], scope)[: ev(values[1], scope)]
             if name == "toObject":

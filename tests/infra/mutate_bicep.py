@@ -162,8 +162,8 @@ MUTATIONS = [
     (
         "console open to the tenant",
         "infra/main.bicep",
-        "(operatorPrincipalType == 'Group') ? [] : operators",
-        "[]",
+        "consoleAllowedGroups: map(filter(operators, op => 'Group' == op.principalType), op => op.principalId)",
+        "consoleAllowedGroups: []",
     ),
     (
         "csrf secret from names",
@@ -202,10 +202,46 @@ MUTATIONS = [
         "var fixedQueues = [\n  {\n    name: 'orders'\n    properties: ingressQueueProperties\n  }\n",
     ),
     (
-        "operators read shared orders",
+        "app scales on shared orders",
         "infra/app/rbac.bicep",
         "concat(['agent-requests',",
         "concat(['orders', 'agent-requests',",
+    ),
+    (
+        "operators consume agent requests",
+        "infra/app/rbac.bicep",
+        "  queue: 'alerts'\n  role: 'serviceBusDataReceiver'\n})",
+        "  queue: 'agent-requests'\n  role: 'serviceBusDataReceiver'\n})",
+    ),
+    (
+        "one type for every operator",
+        "infra/app/rbac.bicep",
+        "    principalType: grant.principalType\n",
+        "    principalType: 'User'\n",
+    ),
+    (
+        "clients typed as users",
+        "infra/app/rbac.bicep",
+        "    principalId: app.principalId\n    principalType: 'ServicePrincipal'\n",
+        "    principalId: app.principalId\n    principalType: 'User'\n",
+    ),
+    (
+        "scaler cannot count messages",
+        "infra/app/rbac.bicep",
+        "    roleDefinitionId: roles.serviceBusDataOwner\n",
+        "    roleDefinitionId: roles.serviceBusDataReceiver\n",
+    ),
+    (
+        "worker dependencies not isolated",
+        "infra/app/api.bicep",
+        "  PYTHON_ISOLATE_WORKER_DEPENDENCIES: '1'\n",
+        "",
+    ),
+    (
+        "remote service URL may be empty",
+        "infra/main.bicep",
+        "@minLength(12)\nparam remoteServiceUrl string",
+        "param remoteServiceUrl string",
     ),
     (
         "backlog alert on shared orders",

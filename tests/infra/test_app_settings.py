@@ -242,6 +242,13 @@ def test_sdk_clients_use_the_user_assigned_identity():
     }
 
 
+def test_worker_dependencies_are_isolated():
+    """The Service Bus SDK-type binding needs a newer protobuf and grpcio than
+    the 3.11 worker ships; without isolation the app indexes no function
+    (docs/adr/017c-worker-dependency-isolation.md, tests/deploy/test_worker_pins.py)."""
+    assert app_settings()["PYTHON_ISOLATE_WORKER_DEPENDENCIES"] == "1"
+
+
 def test_opentelemetry_reaches_application_insights():
     settings = app_settings()
     assert settings["AzureFunctionsJobHost__telemetryMode"] == "OpenTelemetry"

@@ -163,3 +163,15 @@ def test_imports_resolve_to_exported_types(path: Path):
         exported = re.findall(r"@export\(\)\s*(?:@[^\n]*\n\s*)*type (\w+)", target.read_text())
         for name in (n.strip() for n in names.split(",")):
             assert name in exported, f"{path.name} imports {name}, which {source} does not export"
+
+
+@pytest.mark.parametrize("path", FILES, ids=IDS)
+def test_each_real_file_fails_the_parse_once_broken(path: Path):
+    """Not only a made-up snippet: every template with its last closing brace
+    dropped (an unfinished edit) is reported by tree-sitter, so the parse check
+    of that file can fail. pycep-parser alone misses some of these, which is
+    why both parsers run."""
+    text = path.read_text()
+    cut = text.rindex("}")
+    broken = text[:cut] + text[cut + 1 :]
+    assert _syntax_errors(_tree_sitter_parser(), broken.encode()), path.name

@@ -109,3 +109,17 @@ def test_funcignore_keeps_everything_the_app_imports():
     assert "domain" in seen
     assert "submit" in seen
     assert not seen & ignored, seen & ignored
+
+
+def test_an_unset_remote_service_url_is_refused_by_the_template():
+    """Issue 24, risk 4: azd passes an unset REMOTE_SERVICE_URL as ''."""
+    decorators = parse(MAIN)["parameters"]["remoteServiceUrl"]["decorators"]
+    assert {"type": "min_length", "argument": len("https://a.bc")} in decorators, decorators
+
+
+def test_funcignore_keeps_the_simulation_and_the_tooling_out():
+    """Issue 24, risk 7: nothing the app imports lives there (the test above
+    follows the imports; tests/deploy/test_worker_pins.py imports the app from
+    exactly what ships)."""
+    for entry in ("sim/", "deploy/", "pyproject.toml", "requirements-dev.txt"):
+        assert entry in _ignored(), entry

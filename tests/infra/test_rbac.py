@@ -9,8 +9,10 @@ with the access the design calls for:
   application's ingress queue, agent-requests, agent-responses) and from
   alerts (the console peeks it and its dead letters), and sends to the queues
   it posts to (agent-requests, agent-responses, alerts, every reply queue, and
-  the ingress queues for Submit's delayed retries); it owns nothing, and never
-  receives from a reply queue (only the client application may);
+  the ingress queues for Submit's delayed retries); it holds Data Owner on its
+  trigger queues only (the target-based scaler reads their message counts,
+  which needs the Manage right), and never receives from a reply queue (only
+  the client application may);
 - the host's storage: Blob Data Owner, Queue and Table Data Contributor
   (AzureWebJobsStorage, the Durable task hub, the Flex deployment package);
 - Application Insights: Monitoring Metrics Publisher (Entra-authenticated telemetry);
@@ -20,9 +22,12 @@ with the access the design calls for:
   Data Contributor;
 - a client application sends to its own ingress queue `orders-<appId>` and
   receives from its own reply queue, nothing else;
-- operators (AZURE_PRINCIPAL_ID and OPERATOR_PRINCIPAL_IDS) get what
-  `python -m cli` needs: receive on every queue (alerts, dead letters, watch),
-  send on the ingress queues (post), and the state database (resubmit, compensate).
+- operators (AZURE_PRINCIPAL_ID and OPERATOR_PRINCIPAL_IDS) read and settle
+  operator alerts (Receiver on `alerts`) and work on the state database
+  (resubmit, compensate); they consume no work queue and send as no client;
+- every Azure RBAC assignment names the principal's own type: the app's
+  identity and client applications ServicePrincipal, each operator its own
+  (User, Group or ServicePrincipal; empty when not given, and ARM looks it up).
 
 The grants go to the user-assigned identity, which exists before the app.
 """
@@ -48,6 +53,7 @@ from tests.infra.bicep_model import (
 RBAC = INFRA / "app" / "rbac.bicep"
 SECURITY = INFRA / "core" / "security"
 
+DATA_OWNER_GUID = "090c5cfd-751d-490a-894a-3ce6f1109419"
 # Built-in role definition ids, from Azure's built-in roles reference.
 BUILT_IN = {
     "69a216fc-b8fb-44d8-bc22-1f3c2cd27a39": "Azure Service Bus Data Sender",
@@ -58,10 +64,10 @@ BUILT_IN = {
     "3913510d-42f4-4e42-8a64-420c390055eb": "Monitoring Metrics Publisher",
     "00000000-0000-0000-0000-000000000002": "Cosmos DB Built-in Data Contributor",
     "0ad04412-c4d5-4796-b79c-f76d14c8d402": "Durable Task Data Contributor",
+    DATA_OWNER_GUID: "Azure Service Bus Data Owner",
 }
 # Roles that would give more than data access to what the app uses.
 TOO_BROAD = {
-    "090c5cfd-751d-490a-894a-3ce6f1109419": "Azure Service Bus Data Owner",
     "8e3af657-a8ff-443c-a75c-2fe8c4bcb635": "Owner",
     "b24988ac-6180-42a0-ab88-20f7382dd24c": "Contributor",
     "17d1049b-9a84-46fb-8f53-869881c3d3ab": "Storage Account Contributor",
@@ -76,20 +82,26 @@ SCOPE_BY_MODULE = {
 }
 
 SENDER, RECEIVER = "Azure Service Bus Data Sender", "Azure Service Bus Data Receiver"
+OWNER = "Azure Service Bus Data Owner"
 
 
 DATA_CONTRIBUTOR = "Cosmos DB Built-in Data Contributor"
-OPERATORS = ["operator-1", "operator-2"]
+OPERATORS = [
+    {"principalId": "operator-1", "principalType": "User"},
+    {"principalId": "operator-2", "principalType": "Group"},
+]
 
 
 def expected_grants(
-    clients: list[dict], operators: list[str] = (), scheduler: bool = False
+    clients: list[dict], operators: list[dict] = (), scheduler: bool = False
 ) -> set[tuple[str, str, str]]:
     app = {
         ("app", "queue:agent-requests", SENDER),
         ("app", "queue:agent-requests", RECEIVER),
+        ("app", "queue:agent-requests", OWNER),  # the scaler counts messages
         ("app", "queue:agent-responses", SENDER),
         ("app", "queue:agent-responses", RECEIVER),
+        ("app", "queue:agent-responses", OWNER),
         ("app", "queue:alerts", SENDER),
         # The console peeks alerts and alerts/$deadletterqueue (a queue's
         # Receiver covers its dead-letter queue: no finer scope exists).
@@ -103,11 +115,10 @@ def expected_grants(
     }
     if scheduler:
         app.add(("app", "durabletask", "Durable Task Data Contributor"))
-    queues = ["agent-requests", "agent-responses", "alerts"]
     for c in clients:
         ingress = f"orders-{c['appId']}"
-        queues += [ingress, c["replyQueueName"]]
         app.add(("app", f"queue:{ingress}", RECEIVER))
+        app.add(("app", f"queue:{ingress}", OWNER))
         app.add(("app", f"queue:{ingress}", SENDER))  # Submit's delayed retries
         app.add(("app", f"queue:{c['replyQueueName']}", SENDER))
         if c["principalId"]:
@@ -115,11 +126,11 @@ def expected_grants(
             app.add((f"client:{c['appId']}", f"queue:{c['replyQueueName']}", RECEIVER))
             app.add((f"client:{c['appId']}", f"queue:{ingress}", SENDER))
     for op in operators:
-        # python -m cli: alerts, deadletters (any queue), watch (reply queues),
-        # post (ingress queues), show/list/stuck/resubmit/compensate (state database).
-        app |= {(f"operator:{op}", f"queue:{q}", RECEIVER) for q in queues}
-        app |= {(f"operator:{op}", f"queue:orders-{c['appId']}", SENDER) for c in clients}
-        app.add((f"operator:{op}", "cosmos-database:stateDatabaseName", DATA_CONTRIBUTOR))
+        # python -m cli alerts (settles operator alerts), and
+        # show/list/stuck/resubmit/compensate (the state database). Nothing else.
+        who = f"operator:{op['principalId']}"
+        app.add((who, "queue:alerts", RECEIVER))
+        app.add((who, "cosmos-database:stateDatabaseName", DATA_CONTRIBUTOR))
     return app
 
 
@@ -130,11 +141,11 @@ def _clients_with_identity() -> list[dict]:
     ]
 
 
-def _env(clients: list[dict], operators: list[str], scheduler: bool) -> dict:
+def _env(clients: list[dict], operators: list[dict], scheduler: bool) -> dict:
     return {
         "functionAppPrincipalId": "app",
         "clientApplications": clients,
-        "operatorPrincipalIds": list(operators),
+        "operators": list(operators),
         "durableTaskSchedulerName": "dts" if scheduler else "",
         # Names of the scope, kept symbolic.
         "stateDatabaseName": "stateDatabaseName",
@@ -143,10 +154,19 @@ def _env(clients: list[dict], operators: list[str], scheduler: bool) -> dict:
 
 
 def actual_grants(
-    clients: list[dict], operators: list[str] = (), scheduler: bool = False
+    clients: list[dict], operators: list[dict] = (), scheduler: bool = False
 ) -> set[tuple[str, str, str]]:
     """Expand every role module of rbac.bicep (loops and conditions included)."""
+    return {g[:3] for g in typed_grants(clients, operators, scheduler)}
+
+
+def typed_grants(
+    clients: list[dict], operators: list[dict] = (), scheduler: bool = False
+) -> set[tuple[str, str, str, str | None]]:
+    """(who, scope, role, principalType as deployed) of every grant; the
+    principalType is None for Cosmos SQL role assignments, which have none."""
     doc = parse(RBAC)
+    operator_ids = {op["principalId"] for op in operators}
     env = _env(clients, operators, scheduler)
     grants = set()
     for module in doc["modules"].values():
@@ -166,7 +186,7 @@ def actual_grants(
             principal = params["principalId"]
             if principal == "app":
                 who = "app"
-            elif principal in operators:
+            elif principal in operator_ids:
                 who = f"operator:{principal}"
             else:
                 who = next(f"client:{c['appId']}" for c in clients if c["principalId"] == principal)
@@ -176,8 +196,16 @@ def actual_grants(
                 scope = f"queue:{params['queueName']}"
             elif kind == "cosmos-database":
                 scope = f"cosmos-database:{params['databaseName']}"
-            grants.add((who, scope, role))
+            principal_type = None
+            if kind != "cosmos-database":
+                principal_type = params.get("principalType", _module_default_type(module))
+            grants.add((who, scope, role, principal_type))
     return grants
+
+
+def _module_default_type(module: dict) -> str:
+    target = SECURITY / module["detail"]["path"].rsplit("/", 1)[-1]
+    return parse(target)["parameters"]["principalType"]["default"]
 
 
 @pytest.mark.parametrize("scheduler", [False, True], ids=["azureStorage", "durableTaskScheduler"])
@@ -274,16 +302,67 @@ def test_cosmos_sql_role_assignments_run_one_at_a_time():
         order.append(nxt[0])
 
 
-def test_operators_come_from_azd_and_the_operator_list():
+def test_operators_come_from_azd_and_the_operator_list_each_with_its_type():
     main = parse(MAIN)
-    env = {"principalId": "me", "operatorPrincipalIds": " ops-group , me,"}
-    assert evaluate("operators", env, main) == ["me", "ops-group"]
-    assert evaluate("operators", {"principalId": "", "operatorPrincipalIds": ""}, main) == []
-    assert module_params(main, "rbac")["operatorPrincipalIds"] == "operators"
+    env = {
+        "principalId": "me",
+        "principalType": "User",
+        "operatorPrincipalIds": " ops-group:Group , me:User, ci-sp : ServicePrincipal, bare,",
+    }
+    assert evaluate("operators", env, main) == [
+        {"principalId": "me", "principalType": "User"},
+        {"principalId": "ops-group", "principalType": "Group"},
+        {"principalId": "ci-sp", "principalType": "ServicePrincipal"},
+        {"principalId": "bare", "principalType": ""},
+    ]
+    none = {"principalId": "", "principalType": "User", "operatorPrincipalIds": ""}
+    assert evaluate("operators", none, main) == []
+    assert module_params(main, "rbac")["operators"] == "operators"
     given = json.loads((INFRA / "main.parameters.json").read_text())["parameters"]
     assert given["principalId"]["value"] == "${AZURE_PRINCIPAL_ID}"
     assert given["operatorPrincipalIds"]["value"] == "${OPERATOR_PRINCIPAL_IDS}"
-    assert given["operatorPrincipalType"]["value"].startswith("${AZURE_PRINCIPAL_TYPE")
+    assert given["principalType"]["value"].startswith("${AZURE_PRINCIPAL_TYPE")
+
+
+def test_each_principal_is_assigned_with_its_own_type():
+    """Issue 24, risk 2: one principalType for every operator (azd's user
+    included) failed a group with UnmatchedPrincipalType."""
+    operators = [
+        *OPERATORS,
+        {"principalId": "ci", "principalType": "ServicePrincipal"},
+        {"principalId": "unknown", "principalType": ""},
+    ]
+    by_id = {op["principalId"]: op["principalType"] for op in operators}
+    for who, scope, role, principal_type in typed_grants(_clients_with_identity(), operators, True):
+        if who.startswith("operator:") and principal_type is not None:
+            expected = by_id[who.removeprefix("operator:")]
+            assert principal_type == expected, (who, scope, role)
+        elif principal_type is not None:
+            assert principal_type == "ServicePrincipal", (who, scope, role)
+    # An empty type is left out, not sent as "".
+    module = (SECURITY / "servicebus-queue-role.bicep").read_text()
+    assert "principalType: empty(principalType) ? null : principalType" in module
+
+
+def test_operators_consume_no_work_queue_and_send_as_no_client():
+    """Issue 24, risk 6: Receiver on a queue is the right to consume it."""
+    grants = actual_grants(_clients_with_identity(), OPERATORS, True)
+    mine = {g for g in grants if g[0].startswith("operator:")}
+    queues = {(g[1], g[2]) for g in mine if g[1].startswith("queue:")}
+    assert queues == {("queue:alerts", RECEIVER)}
+
+
+def test_data_owner_only_for_the_app_on_its_trigger_queues():
+    """Issue 24, risk 5: the target-based scaler needs the Manage right to
+    read a trigger queue's message count; Data Owner is the only built-in
+    data role that has it, so the app holds it there and nowhere else."""
+    clients = _clients_with_identity()
+    owners = {g for g in actual_grants(clients, OPERATORS, True) if g[2] == OWNER}
+    triggers = {"agent-requests", "agent-responses"} | {f"orders-{c['appId']}" for c in clients}
+    assert owners == {("app", f"queue:{q}", OWNER) for q in triggers}
+    for path in bicep_files():
+        if path != RBAC:
+            assert DATA_OWNER_GUID not in path.read_text(), path
 
 
 def test_clients_without_identity_get_nothing():
@@ -370,7 +449,10 @@ def test_deployment_names_stay_unique_within_64_characters():
     ]
     env = _env(
         clients,
-        ["11111111-1111-1111-1111-111111111111", "22222222-2222-2222-2222-222222222222"],
+        [
+            {"principalId": "11111111-1111-1111-1111-111111111111", "principalType": "User"},
+            {"principalId": "22222222-2222-2222-2222-222222222222", "principalType": "Group"},
+        ],
         True,
     )
     names = []

@@ -5,7 +5,8 @@ param queueName string
 @description('Built-in role definition GUID (Azure Service Bus Data Sender or Data Receiver).')
 param roleDefinitionId string
 param principalId string
-@allowed(['ServicePrincipal', 'Group', 'User'])
+@description('User, Group or ServicePrincipal, as the principal is (a mismatch fails with UnmatchedPrincipalType); empty leaves it out and ARM looks the principal up.')
+@allowed(['ServicePrincipal', 'Group', 'User', ''])
 param principalType string = 'ServicePrincipal'
 
 resource namespace 'Microsoft.ServiceBus/namespaces@2024-01-01' existing = {
@@ -23,6 +24,6 @@ resource assignment 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
   properties: {
     roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', roleDefinitionId)
     principalId: principalId
-    principalType: principalType
+    principalType: empty(principalType) ? null : principalType
   }
 }

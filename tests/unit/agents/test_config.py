@@ -47,3 +47,25 @@ def test_settings_are_read_by_their_names():
 def test_bad_values_are_refused_naming_the_setting(name, value):
     with pytest.raises(SettingsError, match=name):
         load_agent_settings({name: value})
+
+
+@pytest.mark.parametrize(
+    "url", ["http://127.0.0.1:7081", "https://localhost/api", "http://[::1]:80", "http://127.8.0.1"]
+)
+def test_a_loopback_remote_service_is_refused_in_azure(url):
+    """Issue 24, risk 4: the local default must not reach Azure unnoticed."""
+    azure = {"WEBSITE_SITE_NAME": "func-orders", "REMOTE_SERVICE_URL": url}
+    with pytest.raises(SettingsError, match=r"REMOTE_SERVICE_URL .* loopback"):
+        load_agent_settings(azure)
+    # Locally the same URL is the devstack's fake remote service.
+    assert load_agent_settings({"REMOTE_SERVICE_URL": url}).remote_service_url == url
+
+
+def test_an_unset_remote_service_is_refused_in_azure():
+    with pytest.raises(SettingsError, match="REMOTE_SERVICE_URL"):
+        load_agent_settings({"IDENTITY_ENDPOINT": "http://169.254.0.1/msi"})
+
+
+def test_a_public_remote_service_is_accepted_in_azure():
+    azure = {"WEBSITE_SITE_NAME": "func-orders", "REMOTE_SERVICE_URL": "https://remote.example.com"}
+    assert load_agent_settings(azure).remote_service_url == "https://remote.example.com"

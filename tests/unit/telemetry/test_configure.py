@@ -99,3 +99,43 @@ def test_a_provider_the_functions_worker_set_is_kept(monkeypatch):
 @pytest.mark.parametrize("env", [{}, {"OTEL_TRACES_EXPORTER": "none"}])
 def test_without_settings_nothing_is_set_up(env):
     assert telemetry._configure(env) == "none"
+
+
+def test_a_file_setting_without_the_local_exporter_is_said_and_ignored(tmp_path):
+    """The OTLP/JSON file exporter is a dev-only package (requirements-dev.txt),
+    not deployed: a stray OTEL_TRACES_FILE in Azure must not stop the app."""
+    script = textwrap.dedent("""
+        import logging, sys
+        logging.basicConfig(level=logging.WARNING)
+
+        class NotInstalled:
+            def find_spec(self, name, path=None, target=None):
+                if name.startswith("opentelemetry.exporter.otlp.json"):
+                    raise ModuleNotFoundError(name)
+                return None
+
+        sys.meta_path.insert(0, NotInstalled())
+        from adapters import telemetry
+        print(telemetry.configure())
+    """)
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "APPLICATIONINSIGHTS_"))
+    }
+    env.update(
+        {
+            "OTEL_TRACES_FILE": str(tmp_path / "spans.jsonl"),
+            "OTEL_METRICS_FILE": str(tmp_path / "metrics.jsonl"),
+            "PYTHONPATH": str(REPO),
+        }
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "none"
+    assert (
+        "OTEL_TRACES_FILE is set but opentelemetry-exporter-otlp-json-file is not installed"
+        in done.stderr
+    )
+    assert "OTEL_METRICS_FILE is set" in done.stderr
+    assert not (tmp_path / "spans.jsonl").exists()
