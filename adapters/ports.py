@@ -74,6 +74,10 @@ class StateStore(Protocol):
 
     async def query_in_state(self, state: str, max_items: int) -> list[OrderState]: ...
 
+    async def query_in_state_after(
+        self, state: str, max_items: int, after: str | None
+    ) -> tuple[list[OrderState], str | None]: ...
+
     async def query_unsent_statuses(
         self, max_items: int, before: datetime, skip_queues: Iterable[str] = ()
     ) -> list[tuple[OrderState, str]]: ...

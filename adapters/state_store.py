@@ -132,6 +132,9 @@ _EXPIRED_AFTER: Final = (
 )
 _COUNT_QUERY: Final = "SELECT VALUE COUNT(1) FROM c WHERE c.ProcessState = @state"
 _IN_STATE_QUERY: Final = "SELECT TOP @max * FROM c WHERE c.ProcessState = @state"
+_IN_STATE_AFTER_QUERY: Final = (
+    "SELECT TOP @max * FROM c WHERE c.ProcessState = @state AND c.id > @after ORDER BY c.id ASC"
+)
 _UNSENT_STATUS_FILTER: Final = (
     "SELECT TOP @max * FROM c WHERE IS_DEFINED(c.PendingStatus) AND NOT IS_NULL(c.PendingStatus)"
     " AND c.PendingStatus.At < @before"
@@ -396,7 +399,24 @@ class CosmosStateStore:
         docs = await self._query(
             _IN_STATE_QUERY, _params(max=max_items, state=str(state)), max_items, "query_in_state"
         )
-        return [from_document(doc) for doc in docs]
+        return [record for record, _ in _valid(docs)]
+
+    async def query_in_state_after(
+        self, state: ProcessState | str, max_items: int, after: str | None
+    ) -> tuple[list[OrderState], str | None]:
+        """One page of records in `state` whose id sorts after `after` (None:
+        from the first), in id order, and where the next page starts (None
+        after a short page): passing it back visits every such record however
+        many there are. Documents that are not valid records are left out
+        (logged), as in every scan, but still move the cursor."""
+        docs = await self._query(
+            _IN_STATE_AFTER_QUERY,
+            _params(max=max_items, state=str(state), after=after or ""),
+            max_items,
+            "query_in_state",
+        )
+        after = str(docs[-1].get("id")) if len(docs) >= max_items else None
+        return [record for record, _ in _valid(docs)], after
 
     async def query_unsent_statuses(
         self, max_items: int, before: datetime, skip_queues: Iterable[str] = ()
@@ -431,7 +451,7 @@ class CosmosStateStore:
             max_items,
             "query_compensation",
         )
-        return [from_document(doc) for doc in docs]
+        return [record for record, _ in _valid(docs)]
 
     async def count_in_state(self, state: ProcessState | str) -> int:
         """One cross-partition COUNT: for the Starter's once-per-run gauge, not

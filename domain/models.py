@@ -25,7 +25,7 @@ from pydantic import (
     model_validator,
 )
 
-from domain.boundary import check_order_id, check_text, produced_text
+from domain.boundary import check_order_id, check_text, clean_text, produced_text
 
 SCHEMA_VERSION: Final = 1
 MAX_LINES = 100
@@ -94,6 +94,33 @@ CARD_NUMBER_MASK = "[card number removed]"
 def mask_card_numbers(text: str) -> str:
     """`text` with every card-number-like digit run replaced by CARD_NUMBER_MASK."""
     return _CARD_NUMBER_LIKE.sub(CARD_NUMBER_MASK, text)
+
+
+MAX_REFERENCE = 200
+
+
+def provider_reference(value: Any) -> str | None:
+    """A provider's reference as the record keeps it. A remote service answers
+    what it likes — long, empty, non-text, card-like — after its side effect
+    happened, so the reference must never be what makes the step's write fail:
+    it is kept as text (non-text as compact JSON), card-number-like runs masked,
+    cleaned and cut to MAX_REFERENCE (a cut one ends in "…"). Idempotent. The
+    reference is for people: undo goes by the idempotency key, not by it."""
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        try:
+            value = json.dumps(value, separators=(",", ":"), sort_keys=True, default=str)
+        except (TypeError, ValueError, RecursionError):
+            value = repr(type(value))
+    value = mask_card_numbers(value).strip()
+    if not value:
+        return None
+    return clean_text(value, MAX_REFERENCE)
+
+
+ReferenceText = Annotated[str | None, BeforeValidator(provider_reference)]
+"""A provider reference field: anything in, bounded clean text (or None) out."""
 
 
 # Bounded, checked text (check_text: printable, no bidi controls) of three sizes.
@@ -272,7 +299,7 @@ class StepState(Contract):
     StartedAt: AwareDatetime | None = None
     CompleteBy: AwareDatetime | None = None
     CompletedAt: AwareDatetime | None = None
-    Reference: Annotated[str, StringConstraints(max_length=200)] | None = None
+    Reference: ReferenceText = None
     # The last transient reason an agent gave for this step (bounded, sanitised
     # by domain.state_machine.short_text), so the Supervisor can name it.
     Error: Annotated[str, StringConstraints(max_length=300)] | None = None
@@ -284,7 +311,7 @@ class CompensationEntry(Contract):
 
     SchemaVersion: Literal[1] = Field(default=SCHEMA_VERSION, exclude=True)
     Step: StepName
-    Reference: Annotated[str, StringConstraints(max_length=200)] | None = None
+    Reference: ReferenceText = None
     Outcome: Literal["Pending", "Done", "Failed"] = "Pending"
     At: AwareDatetime | None = None
     Error: Annotated[str, StringConstraints(max_length=500)] | None = None

@@ -165,7 +165,7 @@ def options_for(seed: int, orders: int, version: str | None = None) -> Options:
             bad_messages=rng.choice((0.0, 0.0, 0.2)),
         )
     scan = rng.choice(("query", "index"))
-    return Options(
+    options = Options(
         # An outage must outlast the whole retry budget: the faults run long enough for that.
         fault_window=450.0 if f.outage else 240.0,
         orders=orders,
@@ -175,6 +175,11 @@ def options_for(seed: int, orders: int, version: str | None = None) -> Options:
         faults=f,
         version=version,
     )
+    if not quiet:
+        # Drawn last, so every earlier choice of a seed stays what it was.
+        f.durable_fail = rng.choice((0.0, 0.02, 0.1, 0.3))
+        f.odd_answers = rng.choice((0.0, 0.0, 0.3))
+    return options
 
 
 def liveness_bound(o: Options) -> timedelta:
@@ -198,6 +203,24 @@ def liveness_bound(o: Options) -> timedelta:
         + compensation
         + 60
     )
+
+
+def status_ok(status: int) -> bool:
+    return 200 <= status < 300
+
+
+# What providers really send back as a reference now and then.
+ODD_REFERENCES: tuple[Any, ...] = (
+    "R" * 5000,
+    "",
+    "   ",
+    "réf-ünïcødé-参照-🧾" * 20,
+    "line\nbreak\x00nul\u202etrl",
+    "4111 1111 1111 1111",
+    12345678901234567890,
+    {"nested": {"Reference": ["a", 1, None]}},
+    None,
+)
 
 
 class SimRemote:
@@ -242,7 +265,12 @@ class SimRemote:
                 str(call.fencing_token),
                 call.body,
             )
-            status, text = answer.status, json.dumps(answer.body)
+            body = answer.body
+            if status_ok(answer.status) and self.world.faults.draw(
+                self.world.faults.config.odd_answers, "odd_answer", call.idempotency_key
+            ):
+                body = {**body, "Reference": self.world.rng.choice(ODD_REFERENCES)}
+            status, text = answer.status, json.dumps(body)
             if lost:
                 status, text = (
                     504,
@@ -562,6 +590,23 @@ class Simulation:
             row = "8a"
         if row:
             self.rows[row] += 1
+        if (
+            old
+            and actor == "starter"
+            and before == "Compensating"
+            and old.get("LockedBy")
+            and new.get("LockedBy") != old.get("LockedBy")
+        ):
+            # A restart (or giving up) takes the compensation from its instance:
+            # only right when that instance is gone, never on a status blip.
+            inst = self.durable.instances.get(old["LockedBy"])
+            if inst is not None and inst.status in ("Pending", "Running"):
+                self.violations.append(
+                    (
+                        "a live compensation is never restarted",
+                        f"starter took {new['id']} from {old['LockedBy']} ({inst.status})",
+                    )
+                )
         if old and actor == "orchestration":
             writer = self._instance()
             if writer and old.get("LockedBy") != writer and not _outbox_only(old, new):
@@ -1127,6 +1172,8 @@ class Simulation:
             self.fail("a restarted orchestration's requests are delivered", detail)
         for detail in self.deadline_mismatch[:1]:
             self.fail("one deadline travels everywhere", detail)
+        for detail in self.durable.invalid_own_data[:1]:
+            self.fail("the product's own writes are valid", detail)
         # false CompensationFailed: every undo the log calls failed did succeed remotely
         for oid, doc in docs.items():
             if doc and doc["ProcessState"] == "CompensationFailed":

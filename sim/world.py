@@ -84,6 +84,12 @@ class FaultConfig:
     bad_messages: float = (
         0.0  # per order: a conflicting copy, a malformed body or an AMQP value body
     )
+    # per Durable client call (start_new, raise_event, get_status): fails as the
+    # SDK does on a 5xx or a dropped connection, before its effect or after it
+    durable_fail: float = 0.0
+    # per successful remote answer: its Reference is hostile (long, empty,
+    # non-text, control characters, card-like)
+    odd_answers: float = 0.0
 
 
 @dataclass

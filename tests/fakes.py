@@ -128,6 +128,13 @@ class FakeStateStore:
         records = [OrderState.model_validate(d) for d, _ in self.docs.values()]
         return [r for r in records if r.ProcessState == state][:max_items]
 
+    async def query_in_state_after(self, state, max_items: int, after):
+        records = sorted(
+            (OrderState.model_validate(d) for d, _ in self.docs.values()), key=lambda r: r.id
+        )
+        page = [r for r in records if r.ProcessState == state and r.id > (after or "")][:max_items]
+        return page, (page[-1].id if len(page) >= max_items else None)
+
     async def query_unsent_statuses(self, max_items: int, before: datetime, skip_queues=()):
         out = []
         for doc, etag in self.docs.values():
