@@ -55,13 +55,13 @@ from orchestrators.starter import Starter
 from reporting import Alerts, StatusReporter
 
 from .bus import (
-    MAX_DELIVERY,
     Bus,
     Delivery,
     SimActions,
     SimPublisher,
     SimReplySender,
     SimSettlement,
+    rules_for,
 )
 from .cosmos import SimContainer
 from .durable import SimDurable
@@ -354,7 +354,7 @@ def _patched(sim: Simulation):
             queue,
             Alerts(sim.publisher),
             sim.publisher,
-            BackoffPolicy(max_delivery_count=MAX_DELIVERY),
+            BackoffPolicy(max_delivery_count=rules_for(queue).max_delivery),
             clock=SimClock(sim.world, consumer),
         )
 
@@ -1206,6 +1206,13 @@ class Simulation:
                     "6 supervisor cost bounded by page size",
                     f"a run made {cost} requests > {limit}",
                 )
+                break
+        # one alert per incident: an alert raised again under its own stable id (a
+        # retried outbox entry, a redelivered dead letter) must reach operators once
+        by_id = Counter(m.message_id for m in self.bus.queue("alerts").sent)
+        for mid, count in sorted(by_id.items()):
+            if count > 1:
+                self.fail("one alert per incident", f"{mid} reached the alerts queue {count} times")
                 break
         # 4 every dead-lettered message has a reason; a bad submission is alerted, nothing overwritten
         kinds = Counter(json.loads(m.body).get("Kind") for m in self.bus.queue("alerts").sent)
