@@ -292,7 +292,19 @@ def _canonical(value: Any) -> Any:
 # --- the state record -------------------------------------------------------------
 
 
-class StepState(Contract):
+class RecordPart(Contract):
+    """The state record and its parts are read tolerantly: a field this version
+    does not know (written by a newer version during a rolling deploy or after
+    a rollback, or by hand in the portal) is kept as it is and written back
+    unchanged, instead of making the record unreadable to every run. A value
+    this version cannot take (a wrong type, a newer SchemaVersion) still makes
+    the document unreadable: scans skip it and alert (adapters.state_store).
+    Messages stay closed (Contract): what arrives on a queue is refused whole."""
+
+    model_config = ConfigDict(extra="allow", validate_assignment=True, frozen=False)
+
+
+class StepState(RecordPart):
     SchemaVersion: Literal[1] = Field(default=SCHEMA_VERSION, exclude=True)
     Status: StepStatus = StepStatus.NOT_STARTED
     Attempt: int = 0
@@ -305,7 +317,7 @@ class StepState(Contract):
     Error: Annotated[str, StringConstraints(max_length=300)] | None = None
 
 
-class CompensationEntry(Contract):
+class CompensationEntry(RecordPart):
     """One line of the ordered compensation log: what to undo and how it went.
     Holds references only (the order data's classification)."""
 
@@ -317,7 +329,7 @@ class CompensationEntry(Contract):
     Error: Annotated[str, StringConstraints(max_length=500)] | None = None
 
 
-class HistoryEntry(Contract):
+class HistoryEntry(RecordPart):
     SchemaVersion: Literal[1] = Field(default=SCHEMA_VERSION, exclude=True)
     At: AwareDatetime
     From: _ProcessState | None
@@ -326,7 +338,7 @@ class HistoryEntry(Contract):
     Reason: Annotated[str, StringConstraints(max_length=300)] | None = None
 
 
-class PendingStatus(Contract):
+class PendingStatus(RecordPart):
     """A terminal status not yet known to be on the reply queue (the outbox,
     docs/adr/001-status-outbox.md). Written by the same guarded write that makes
     the record terminal; cleared once sent. `MessageId` is fixed when the entry
@@ -344,7 +356,7 @@ class PendingStatus(Contract):
 _PendingStatus = PendingStatus
 
 
-class OrderState(Contract):
+class OrderState(RecordPart):
     """The state record in Cosmos container `orderState` (partition key /id).
 
     `_etag` and the other system properties are not part of the model: the
@@ -463,6 +475,7 @@ class OperatorAlert(Contract):
         "OrderError",
         "CompensationFailed",
         "AgentFailure",
+        "UnreadableRecord",
     ]
     OrderID: ProducedText200 | None = None
     Reason: ProviderText2000

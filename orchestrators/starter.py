@@ -56,6 +56,7 @@ from orchestrators.contracts import AttemptInput, step_payload
 from orchestrators.hooks import CrashPoint, no_crash_point
 from orchestrators.order_workflow import WORKFLOW_NAME
 from reporting import Alerts, StatusOutbox, StatusReporter
+from reporting.alerts import alert_unreadable
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +81,7 @@ class StarterReport:
     compensations_given_up: int = 0
     start_failures: int = 0
     status_unknown: int = 0  # compensations whose instance status could not be read
+    unreadable: int = 0  # documents skipped (and alerted) because this version cannot read them
     statuses_delivered: int = 0
     statuses_unsent: int = 0
     statuses_deferred: int = 0  # entries of a reply queue in back-off, left for a later run
@@ -324,6 +326,7 @@ class Starter:
             log.info("starter: %d processing, at the cap; nothing claimed", report.processing)
         else:
             await self._claim_and_start(client, now, batch, report)
+        report.unreadable = await alert_unreadable(self._alerts, self._store.unreadable, now)
         log.info(
             "starter: pending=%d processing=%d claimed=%d lost=%d",
             report.pending,

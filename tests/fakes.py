@@ -19,6 +19,7 @@ from domain.models import OrderState, OrderSubmitted, ProcessState
 class FakeStateStore:
     def __init__(self) -> None:
         self.docs: dict[str, tuple[dict, str]] = {}
+        self.unreadable: list[tuple[str, str]] = []
         self.gauge: BacklogGauge | None = None
         self.writes = 0
         self._etags = itertools.count(1)

@@ -466,3 +466,25 @@ def test_any_provider_reference_is_recorded_within_bounds(processing, reference)
 def test_an_empty_provider_reference_is_recorded_as_none(processing, reference):
     done = sm.complete_step(processing, processing.LockedBy, "reserve-inventory", NOW, reference)
     assert done.Steps["reserve-inventory"].Reference is None
+
+
+def test_a_field_this_version_does_not_know_is_kept_through_its_writes(processing):
+    """Issue 21 item 4: a newer version (a rolling deploy, a rollback) or a
+    portal edit adds a field; this version reads the record, writes it, and
+    the field is still there, where before the record could not be read."""
+    doc = processing.model_dump(mode="json")
+    doc["NewerVersionField"] = {"Since": "3.0"}
+    doc["Steps"] = {"reserve-inventory": {"Status": "NotStarted", "NewerStepField": 1}}
+    record = OrderState.model_validate(doc)
+    done = sm.complete_step(record, record.LockedBy, "reserve-inventory", NOW, "ref-1")
+    dumped = done.model_dump(mode="json")
+    assert dumped["NewerVersionField"] == {"Since": "3.0"}
+    assert dumped["Steps"]["reserve-inventory"]["NewerStepField"] == 1
+    assert dumped["Steps"]["reserve-inventory"]["Status"] == "Completed"
+
+
+def test_a_value_this_version_cannot_take_still_refuses_the_record(processing):
+    doc = processing.model_dump(mode="json")
+    doc["FailureCount"] = "many"
+    with pytest.raises(ValueError, match="FailureCount"):
+        OrderState.model_validate(doc)
