@@ -35,6 +35,11 @@ class BacklogGauge(NamedTuple):
 
 
 class StateStore(Protocol):
+    # (id, reason) of each document a read or scan could not take as a record,
+    # since the caller last emptied the list: scans leave such documents out
+    # (one bad document never stops a run); the caller alerts (reporting.alerts).
+    unreadable: list[tuple[str, str]]
+
     async def create_if_absent(self, record: OrderState) -> tuple[OrderState, str, bool]: ...
 
     async def read(self, order_id: str) -> tuple[OrderState, str]: ...
@@ -73,6 +78,10 @@ class StateStore(Protocol):
     async def query_compensation_requests(self, max_items: int) -> list[OrderState]: ...
 
     async def query_in_state(self, state: str, max_items: int) -> list[OrderState]: ...
+
+    async def query_in_state_after(
+        self, state: str, max_items: int, after: str | None
+    ) -> tuple[list[OrderState], str | None]: ...
 
     async def query_unsent_statuses(
         self, max_items: int, before: datetime, skip_queues: Iterable[str] = ()
@@ -119,6 +128,9 @@ class DeadlineIndex(Protocol):
 
 
 BUCKET_SECONDS = 60  # the recovery index's partitions: deadlines floored to the minute
+UNREADABLE_RETRY = timedelta(minutes=10)
+"""How long before a record the Supervisor could not read, or an index document
+that is not an entry, is looked at (and alerted) again."""
 
 
 def bucket_of(moment: datetime) -> str:

@@ -5,6 +5,7 @@ container. Protocol and cursor rules: docs/adr/007-recovery-index.md."""
 
 from __future__ import annotations
 
+import logging
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -13,8 +14,10 @@ from azure.cosmos.aio import ContainerProxy, CosmosClient
 from azure.cosmos.exceptions import CosmosBatchOperationError
 
 from adapters.cosmos_client import SDK_ERRORS, RequestCharges, translate_error
-from adapters.ports import BUCKET_SECONDS, IndexEntry, bucket_of
+from adapters.ports import BUCKET_SECONDS, UNREADABLE_RETRY, IndexEntry, bucket_of
 from domain.errors import NotFoundError
+
+log = logging.getLogger(__name__)
 
 MAX_BUCKETS_PER_PAGE = 120
 # Discards of finished attempts wait for this many, then go as one batch per
@@ -59,6 +62,42 @@ class CosmosRecoveryIndex:
         self.charges = charges if charges is not None else RequestCharges()
         self._discard_batch = discard_batch
         self._discards: list[IndexEntry] = []
+        self.unreadable: list[tuple[str, str]] = []  # as StateStore.unreadable
+
+    def _entry(self, doc: dict[str, Any]) -> IndexEntry | None:
+        """The entry a document holds; None (logged, named in `unreadable`) for a
+        document that is not one, so garbage in the container cannot stop every
+        Supervisor run. The page's cursor still moves past it."""
+        try:
+            complete_by = datetime.fromisoformat(doc["CompleteBy"])
+            if complete_by.tzinfo is None or not isinstance(doc["Attempt"], int):
+                raise ValueError("CompleteBy without a zone or a non-integer Attempt")
+            return IndexEntry(
+                str(doc["id"]), str(doc["bucket"]), str(doc["OrderID"]), complete_by, doc["Attempt"]
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            log.error("skipping invalid index document %r: %r", doc.get("id"), exc)
+            self.unreadable.append(
+                (f"recoveryIndex/{doc.get('id')}", f"not an index entry: {exc!r}")
+            )
+            return None
+
+    async def _set_aside(self, doc: dict[str, Any], upper: datetime) -> None:
+        """Move a document that is not an entry UNREADABLE_RETRY past `upper`,
+        as it is, so the cursor goes on and a later page meets it (and alerts)
+        again until someone deletes it; its alert's repeats are dropped by the
+        alerts queue, a lost one is raised again."""
+        body = {k: v for k, v in doc.items() if not k.startswith("_")}
+        body["bucket"] = bucket_of(upper + UNREADABLE_RETRY)
+        try:
+            await self._container.upsert_item(body, response_hook=self.charges.hook("index_add"))
+            await self._container.delete_item(
+                doc["id"],
+                partition_key=doc["bucket"],
+                response_hook=self.charges.hook("index_remove"),
+            )
+        except SDK_ERRORS as exc:
+            log.error("could not set aside invalid index document %r: %s", doc.get("id"), exc)
 
     async def add(self, order_id: str, complete_by: datetime, attempt: int) -> None:
         at = complete_by.astimezone(UTC).isoformat()
@@ -192,16 +231,12 @@ class CosmosRecoveryIndex:
                 raise translate_error(
                     exc, f"read index bucket {bucket}", self.charges, "index_query"
                 ) from exc
-            out.extend(
-                IndexEntry(
-                    d["id"],
-                    d["bucket"],
-                    d["OrderID"],
-                    datetime.fromisoformat(d["CompleteBy"]),
-                    d["Attempt"],
-                )
-                for d in docs
-            )
+            for doc in docs:
+                entry = self._entry(doc)
+                if entry is not None:
+                    out.append(entry)
+                else:
+                    await self._set_aside(doc, upper)
             if len(docs) == want:
                 return out, bucket, docs[-1]["id"], False
             if bucket >= last:

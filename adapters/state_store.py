@@ -132,6 +132,9 @@ _EXPIRED_AFTER: Final = (
 )
 _COUNT_QUERY: Final = "SELECT VALUE COUNT(1) FROM c WHERE c.ProcessState = @state"
 _IN_STATE_QUERY: Final = "SELECT TOP @max * FROM c WHERE c.ProcessState = @state"
+_IN_STATE_AFTER_QUERY: Final = (
+    "SELECT TOP @max * FROM c WHERE c.ProcessState = @state AND c.id > @after ORDER BY c.id ASC"
+)
 _UNSENT_STATUS_FILTER: Final = (
     "SELECT TOP @max * FROM c WHERE IS_DEFINED(c.PendingStatus) AND NOT IS_NULL(c.PendingStatus)"
     " AND c.PendingStatus.At < @before"
@@ -149,16 +152,21 @@ _COMPENSATION_QUERY: Final = (
 )
 
 
-def _valid(docs: list[dict[str, Any]]) -> list[tuple[OrderState, str]]:
+def _valid(
+    docs: list[dict[str, Any]], unreadable: list[tuple[str, str]] | None = None
+) -> list[tuple[OrderState, str]]:
     """Records and etags of a query's documents. A document that is not a
-    valid record is logged and left out, so one bad document cannot stop
-    every Starter and Supervisor run (an operator must look at it)."""
+    valid record is logged, named in `unreadable` (id, reason) and left out,
+    so one bad document cannot stop every Starter and Supervisor run (an
+    operator must look at it: the callers alert)."""
     valid = []
     for doc in docs:
         try:
             valid.append((from_document(doc), _etag_of(doc)))
         except PermanentError as exc:
             log.error("skipping invalid state document %r: %s", doc.get("id"), exc)
+            if unreadable is not None:
+                unreadable.append((str(doc.get("id")), str(exc)))
     return valid
 
 
@@ -189,6 +197,9 @@ class CosmosStateStore:
         self._container = container
         self.charges = charges if charges is not None else RequestCharges()
         self._update_attempts = update_attempts
+        # (id, reason) of every document a read or scan could not take as a
+        # record since the caller last emptied it (adapters.ports.StateStore).
+        self.unreadable: list[tuple[str, str]] = []
 
     # --- point operations ---------------------------------------------------------
 
@@ -218,7 +229,11 @@ class CosmosStateStore:
     async def read(self, order_id: str) -> tuple[OrderState, str]:
         """The record and its etag; NotFoundError if there is none."""
         doc = await self._read_doc(order_id, f"read state {order_id}")
-        return from_document(doc), _etag_of(doc)
+        try:
+            return from_document(doc), _etag_of(doc)
+        except PermanentError as exc:
+            self.unreadable.append((order_id, str(exc)))
+            raise
 
     async def replace(self, record: OrderState, etag: str) -> str:
         """Replace the record if it is still at `etag`; the new etag.
@@ -343,7 +358,11 @@ class CosmosStateStore:
             query += " AND c.CreatedAt < @created_before"
             params += _params(created_before=cosmos_time(created_before))
         docs = await self._query(query, params, max_items, "query_pending")
-        return [(record, etag) for record, etag in _valid(docs) if is_claimable(record, now)]
+        return [
+            (record, etag)
+            for record, etag in _valid(docs, self.unreadable)
+            if is_claimable(record, now)
+        ]
 
     async def query_pending(self, max_items: int, now: datetime) -> list[OrderState]:
         """Up to `max_items` claimable records: Pending, unlocked, not waiting
@@ -354,7 +373,7 @@ class CosmosStateStore:
             max_items,
             "query_pending",
         )
-        return [record for record, _ in _valid(docs) if is_claimable(record, now)]
+        return [record for record, _ in _valid(docs, self.unreadable) if is_claimable(record, now)]
 
     async def query_expired(
         self,
@@ -384,7 +403,7 @@ class CosmosStateStore:
             params += _params(after_cb=after_cb, after_id=after_id)
             query = _EXPIRED_AFTER
         docs = await self._query(query, params, max_items, "query_expired")
-        page = _valid(docs)
+        page = _valid(docs, self.unreadable)
         if len(docs) < max_items:
             return page, None
         last = docs[-1]
@@ -396,7 +415,24 @@ class CosmosStateStore:
         docs = await self._query(
             _IN_STATE_QUERY, _params(max=max_items, state=str(state)), max_items, "query_in_state"
         )
-        return [from_document(doc) for doc in docs]
+        return [record for record, _ in _valid(docs, self.unreadable)]
+
+    async def query_in_state_after(
+        self, state: ProcessState | str, max_items: int, after: str | None
+    ) -> tuple[list[OrderState], str | None]:
+        """One page of records in `state` whose id sorts after `after` (None:
+        from the first), in id order, and where the next page starts (None
+        after a short page): passing it back visits every such record however
+        many there are. Documents that are not valid records are left out
+        (logged), as in every scan, but still move the cursor."""
+        docs = await self._query(
+            _IN_STATE_AFTER_QUERY,
+            _params(max=max_items, state=str(state), after=after or ""),
+            max_items,
+            "query_in_state",
+        )
+        after = str(docs[-1].get("id")) if len(docs) >= max_items else None
+        return [record for record, _ in _valid(docs, self.unreadable)], after
 
     async def query_unsent_statuses(
         self, max_items: int, before: datetime, skip_queues: Iterable[str] = ()
@@ -416,7 +452,7 @@ class CosmosStateStore:
             + _UNSENT_STATUS_ORDER
         )
         docs = await self._query(query, params, max_items, "query_unsent_statuses")
-        return _valid(docs)
+        return _valid(docs, self.unreadable)
 
     async def query_compensation_requests(self, max_items: int) -> list[OrderState]:
         """Error / CompensationFailed records an operator asked to compensate
@@ -431,7 +467,7 @@ class CosmosStateStore:
             max_items,
             "query_compensation",
         )
-        return [from_document(doc) for doc in docs]
+        return [record for record, _ in _valid(docs, self.unreadable)]
 
     async def count_in_state(self, state: ProcessState | str) -> int:
         """One cross-partition COUNT: for the Starter's once-per-run gauge, not

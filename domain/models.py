@@ -25,7 +25,7 @@ from pydantic import (
     model_validator,
 )
 
-from domain.boundary import check_order_id, check_text, produced_text
+from domain.boundary import check_order_id, check_text, clean_text, produced_text
 
 SCHEMA_VERSION: Final = 1
 MAX_LINES = 100
@@ -94,6 +94,33 @@ CARD_NUMBER_MASK = "[card number removed]"
 def mask_card_numbers(text: str) -> str:
     """`text` with every card-number-like digit run replaced by CARD_NUMBER_MASK."""
     return _CARD_NUMBER_LIKE.sub(CARD_NUMBER_MASK, text)
+
+
+MAX_REFERENCE = 200
+
+
+def provider_reference(value: Any) -> str | None:
+    """A provider's reference as the record keeps it. A remote service answers
+    what it likes — long, empty, non-text, card-like — after its side effect
+    happened, so the reference must never be what makes the step's write fail:
+    it is kept as text (non-text as compact JSON), card-number-like runs masked,
+    cleaned and cut to MAX_REFERENCE (a cut one ends in "…"). Idempotent. The
+    reference is for people: undo goes by the idempotency key, not by it."""
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        try:
+            value = json.dumps(value, separators=(",", ":"), sort_keys=True, default=str)
+        except (TypeError, ValueError, RecursionError):
+            value = repr(type(value))
+    value = mask_card_numbers(value).strip()
+    if not value:
+        return None
+    return clean_text(value, MAX_REFERENCE)
+
+
+ReferenceText = Annotated[str | None, BeforeValidator(provider_reference)]
+"""A provider reference field: anything in, bounded clean text (or None) out."""
 
 
 # Bounded, checked text (check_text: printable, no bidi controls) of three sizes.
@@ -265,32 +292,44 @@ def _canonical(value: Any) -> Any:
 # --- the state record -------------------------------------------------------------
 
 
-class StepState(Contract):
+class RecordPart(Contract):
+    """The state record and its parts are read tolerantly: a field this version
+    does not know (written by a newer version during a rolling deploy or after
+    a rollback, or by hand in the portal) is kept as it is and written back
+    unchanged, instead of making the record unreadable to every run. A value
+    this version cannot take (a wrong type, a newer SchemaVersion) still makes
+    the document unreadable: scans skip it and alert (adapters.state_store).
+    Messages stay closed (Contract): what arrives on a queue is refused whole."""
+
+    model_config = ConfigDict(extra="allow", validate_assignment=True, frozen=False)
+
+
+class StepState(RecordPart):
     SchemaVersion: Literal[1] = Field(default=SCHEMA_VERSION, exclude=True)
     Status: StepStatus = StepStatus.NOT_STARTED
     Attempt: int = 0
     StartedAt: AwareDatetime | None = None
     CompleteBy: AwareDatetime | None = None
     CompletedAt: AwareDatetime | None = None
-    Reference: Annotated[str, StringConstraints(max_length=200)] | None = None
+    Reference: ReferenceText = None
     # The last transient reason an agent gave for this step (bounded, sanitised
     # by domain.state_machine.short_text), so the Supervisor can name it.
     Error: Annotated[str, StringConstraints(max_length=300)] | None = None
 
 
-class CompensationEntry(Contract):
+class CompensationEntry(RecordPart):
     """One line of the ordered compensation log: what to undo and how it went.
     Holds references only (the order data's classification)."""
 
     SchemaVersion: Literal[1] = Field(default=SCHEMA_VERSION, exclude=True)
     Step: StepName
-    Reference: Annotated[str, StringConstraints(max_length=200)] | None = None
+    Reference: ReferenceText = None
     Outcome: Literal["Pending", "Done", "Failed"] = "Pending"
     At: AwareDatetime | None = None
     Error: Annotated[str, StringConstraints(max_length=500)] | None = None
 
 
-class HistoryEntry(Contract):
+class HistoryEntry(RecordPart):
     SchemaVersion: Literal[1] = Field(default=SCHEMA_VERSION, exclude=True)
     At: AwareDatetime
     From: _ProcessState | None
@@ -299,7 +338,7 @@ class HistoryEntry(Contract):
     Reason: Annotated[str, StringConstraints(max_length=300)] | None = None
 
 
-class PendingStatus(Contract):
+class PendingStatus(RecordPart):
     """A terminal status not yet known to be on the reply queue (the outbox,
     docs/adr/001-status-outbox.md). Written by the same guarded write that makes
     the record terminal; cleared once sent. `MessageId` is fixed when the entry
@@ -317,7 +356,7 @@ class PendingStatus(Contract):
 _PendingStatus = PendingStatus
 
 
-class OrderState(Contract):
+class OrderState(RecordPart):
     """The state record in Cosmos container `orderState` (partition key /id).
 
     `_etag` and the other system properties are not part of the model: the
@@ -436,6 +475,7 @@ class OperatorAlert(Contract):
         "OrderError",
         "CompensationFailed",
         "AgentFailure",
+        "UnreadableRecord",
     ]
     OrderID: ProducedText200 | None = None
     Reason: ProviderText2000

@@ -31,6 +31,7 @@ from domain.models import (
     StepState,
     StepStatus,
     mask_card_numbers,
+    provider_reference,
 )
 
 HISTORY_LIMIT = 20
@@ -303,6 +304,9 @@ def complete_step(
     that completed its step just before that deadline."""
     require_owner(record, instance_id)
     _require(record, ProcessState.PROCESSING, action="complete a step of")
+    # model_copy does not validate: bound the provider's text here, or a long
+    # reference would make this write (after the side effect) fail on every try.
+    reference = provider_reference(reference)
     steps = dict(record.Steps)
     current = steps.get(step, StepState())
     if current.Status is StepStatus.COMPLETED:

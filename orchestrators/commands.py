@@ -9,6 +9,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AwareDatetime, Field, TypeAdapter, model_validator
 
+from domain.models import ReferenceText
 from orchestrators.contracts import Traced
 
 
@@ -59,7 +60,7 @@ class CompleteStep(StateCommand):
 
     Kind: Literal["complete_step"] = "complete_step"
     Step: str
-    Reference: str | None = None
+    Reference: ReferenceText = None
     Deadline: AwareDatetime | None = None
 
 

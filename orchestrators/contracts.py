@@ -9,7 +9,7 @@ from typing import Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
-from domain.models import AgentReply, OrderSubmitted, ProcessState, StatusKind
+from domain.models import AgentReply, OrderSubmitted, ProcessState, ReferenceText, StatusKind
 
 
 class ActivityContract(BaseModel):
@@ -175,7 +175,7 @@ class Advance(Traced):
     Record: dict | None = None
     Etag: str | None = None
     Complete: str | None = None
-    Reference: str | None = None
+    Reference: ReferenceText = None
     Start: str | None = None
     Deadline: AwareDatetime | None = None
     Finish: bool = False

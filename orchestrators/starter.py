@@ -56,6 +56,7 @@ from orchestrators.contracts import AttemptInput, step_payload
 from orchestrators.hooks import CrashPoint, no_crash_point
 from orchestrators.order_workflow import WORKFLOW_NAME
 from reporting import Alerts, StatusOutbox, StatusReporter
+from reporting.alerts import alert_unreadable
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +80,8 @@ class StarterReport:
     compensation_restarts: int = 0
     compensations_given_up: int = 0
     start_failures: int = 0
+    status_unknown: int = 0  # compensations whose instance status could not be read
+    unreadable: int = 0  # documents skipped (and alerted) because this version cannot read them
     statuses_delivered: int = 0
     statuses_unsent: int = 0
     statuses_deferred: int = 0  # entries of a reply queue in back-off, left for a later run
@@ -136,6 +139,8 @@ class Starter:
         )
         self._next_status_scan: datetime | None = None
         self._fast_path_used: datetime | None = None  # when Submit last called start_submitted here
+        # The last id of the previous run's full page of Compensating records (None: from the start).
+        self._compensating_after: str | None = None
         self._gauge_written: tuple[int, datetime] | None = None  # this process's last gauge write
         # Reply queues that refused a send: queue -> (skipped until, last back-off).
         self._refusing: dict[str, tuple[datetime, timedelta]] = {}
@@ -195,15 +200,28 @@ class Starter:
         its last write) is restarted as a new attempt (undos are idempotent),
         within a budget: past it, CompensationFailed and an alert. Running
         instances are left alone."""
-        for record in await self._store.query_in_state(
-            ProcessState.COMPENSATING, self._settings.starter_batch_size
-        ):
+        batch = self._settings.starter_batch_size
+        # Page by id across runs: with more live compensations than one page,
+        # each run looks at the next page, so a dead one behind them is reached.
+        page, self._compensating_after = await self._store.query_in_state_after(
+            ProcessState.COMPENSATING, batch, self._compensating_after
+        )
+        for record in page:
             if record.LockedBy is None:
                 continue
             try:
                 status = await client.get_status(record.LockedBy)
-            except Exception:  # the client raises bare Exception for an unknown instance
-                status = None
+            except Exception:  # noqa: BLE001 - the SDK raises bare Exception for a 5xx, aiohttp's for a lost connection
+                # Not knowing is not "gone": an unknown instance is a 404, which the
+                # SDK answers with a status whose runtime_status is None. Restarting a
+                # live compensation on a status blip would spend its restart budget.
+                report.status_unknown += 1
+                log.warning(
+                    "starter: status of %s unknown; its compensation is checked again next run",
+                    record.LockedBy,
+                    exc_info=True,
+                )
+                continue
             runtime = getattr(getattr(status, "runtime_status", None), "name", None)
             if runtime not in (None, "Failed", "Terminated", "Canceled", "Completed"):
                 continue
@@ -308,6 +326,7 @@ class Starter:
             log.info("starter: %d processing, at the cap; nothing claimed", report.processing)
         else:
             await self._claim_and_start(client, now, batch, report)
+        report.unreadable = await alert_unreadable(self._alerts, self._store.unreadable, now)
         log.info(
             "starter: pending=%d processing=%d claimed=%d lost=%d",
             report.pending,

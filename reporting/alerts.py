@@ -6,8 +6,10 @@ log event still stands, and the error is logged."""
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import uuid
+from collections.abc import MutableSequence
 from datetime import datetime
 
 from adapters.ports import MessagePublisher
@@ -73,3 +75,28 @@ class Alerts:
             if required:
                 raise TransientError(f"alert {kind} could not be queued: {exc}") from exc
         return alert
+
+
+async def alert_unreadable(
+    alerts: Alerts | None, unreadable: MutableSequence[tuple[str, str]], now: datetime
+) -> int:
+    """One UnreadableRecord alert per document a run could not read (a field or
+    value this version does not know, a hand edit, garbage), and empty the list.
+    The alert's id comes from the document and the reason, so the same document
+    found again by later runs is dropped by the alerts queue's duplicate
+    detection: one page per incident, not one per run. Returns how many."""
+    found = list(dict.fromkeys(unreadable))
+    del unreadable[:]
+    for doc_id, reason in found:
+        digest = hashlib.sha256(f"{doc_id}\n{reason}".encode()).hexdigest()[:32]
+        text = f"state document {doc_id!r} cannot be read by this version and is skipped: {reason}"
+        if alerts is None:
+            log.error("operator alert UnreadableRecord (no alert channel): %s", text)
+            continue
+        try:
+            await alerts.raise_alert(
+                "UnreadableRecord", text, now, alert_id=f"alert/unreadable/{digest}"
+            )
+        except Exception:  # noqa: BLE001 - an alert must never end the caller's run
+            log.exception("alert UnreadableRecord for %r not sent", doc_id)
+    return len(found)

@@ -10,13 +10,16 @@ use cases receive, `SimReplySender` the agents' `ReplySender`, and
 
 from __future__ import annotations
 
+import functools
 import itertools
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 from azure.servicebus.exceptions import MessageLockLostError
 
+from devstack.servicebus.config import QueueSettings, load_config
 from domain.codec import encode
 from domain.errors import TransientError
 
@@ -25,6 +28,35 @@ from .world import World
 DUPLICATE_WINDOW = timedelta(minutes=10)
 LOCK_DURATION = timedelta(seconds=30)
 MAX_DELIVERY = 10
+DEPLOYED_CONFIG = Path(__file__).parents[1] / "devstack" / "servicebus" / "Config.json"
+
+
+@dataclass(frozen=True)
+class QueueRules:
+    """What a queue does with a message, as deployed: devstack/servicebus/Config.json,
+    which tests/infra keeps equal to the Bicep. A queue the file does not name
+    (an application's queue made up by a test) gets the reply queues' rules."""
+
+    dedup: bool = True
+    window: timedelta = DUPLICATE_WINDOW
+    max_delivery: int = MAX_DELIVERY
+
+
+@functools.cache
+def deployed_rules() -> dict[str, QueueRules]:
+    rules = {}
+    for entity in load_config(DEPLOYED_CONFIG):
+        if isinstance(entity, QueueSettings):
+            rules[entity.name] = QueueRules(
+                dedup=entity.requires_duplicate_detection,
+                window=timedelta(seconds=entity.duplicate_window),
+                max_delivery=entity.max_delivery_count,
+            )
+    return rules
+
+
+def rules_for(queue: str) -> QueueRules:
+    return deployed_rules().get(queue) or QueueRules()
 
 
 @dataclass
@@ -79,8 +111,9 @@ class Bus:
         """False when duplicate detection dropped it."""
         q = self.queue(queue)
         now = self.world.clock.now
+        rules = rules_for(queue)
         seen = q.seen.get(message_id)
-        if seen is not None and now - seen < DUPLICATE_WINDOW:
+        if rules.dedup and seen is not None and now - seen < rules.window:
             self.world.log(f"bus {queue} drop duplicate {message_id}")
             self.world.counters["duplicate_dropped"] += 1
             return False
@@ -140,7 +173,7 @@ class Bus:
             return
         msg.lock_token = None
         self.world.log(f"bus {queue} {why} {msg.message_id} (delivery {msg.delivery_count})")
-        if msg.delivery_count >= MAX_DELIVERY:
+        if msg.delivery_count >= rules_for(queue).max_delivery:
             self._dead_letter(
                 queue, msg, "MaxDeliveryCountExceeded", f"delivered {msg.delivery_count} times"
             )

@@ -18,6 +18,7 @@ from typing import Any
 from azure.durable_functions.models.OrchestrationRuntimeStatus import OrchestrationRuntimeStatus
 from azure.functions import meta
 from azure.functions.durable_functions import ActivityTriggerConverter
+from pydantic import ValidationError
 
 from devstack.host.durable import (
     EVENT_RAISED,
@@ -81,6 +82,7 @@ class SimDurable:
         self.heard: dict[tuple[str, str], list[str | None]] = {}
         self.finished: dict[str, tuple[str, Any, str | None]] = {}
         self.owner_of: Any = lambda instance_id: None
+        self.invalid_own_data: list[str] = []  # activities that failed validating their own output
 
     # --- the durable client (the methods the Starter and the bridge call)
     async def start_new(
@@ -91,6 +93,7 @@ class SimDurable:
         version: str | None = None,
     ) -> str:
         await self.world.point("durable.start_new")
+        self._fail_before("start_new", instance_id)
         inst = self.instances.get(instance_id)
         if inst is not None and inst.status not in _TERMINAL:
             raise Exception(
@@ -121,6 +124,7 @@ class SimDurable:
         self.starts.append(instance_id)
         self.world.log(f"durable start {instance_id} (execution {execution})")
         self._kick(new)
+        self._fail_after("start_new", instance_id)
         return instance_id
 
     async def raise_event(
@@ -132,6 +136,7 @@ class SimDurable:
         connection_name=None,
     ) -> None:
         await self.world.point("durable.raise_event")
+        self._fail_before("raise_event", instance_id)
         inst = self.instances.get(instance_id)
         if inst is None:
             raise Exception(f"No instance with ID {instance_id} found.")
@@ -144,15 +149,35 @@ class SimDurable:
         )
         self.world.log(f"durable event {event_name} -> {instance_id}")
         self._kick(inst)
+        self._fail_after("raise_event", instance_id)
 
     async def get_status(self, instance_id: str, *args: Any, **kwargs: Any):
         await self.world.point("durable.get_status")
+        self._fail_before("get_status", instance_id)
         inst = self.instances.get(instance_id)
         if inst is None:
-            raise Exception(f"No instance with ID '{instance_id}' found.")
+            # The SDK's answer to a 404: a status with no runtime status, not an error
+            # (DurableOrchestrationClient.get_status treats 200/202/400/404/500 alike).
+            return SimpleNamespace(instance_id=None, runtime_status=None, message="")
         return SimpleNamespace(
             instance_id=instance_id, runtime_status=OrchestrationRuntimeStatus(inst.status)
         )
+
+    # --- the client's faults: what the SDK raises for a 5xx, a 429 or a dropped
+    # connection (its HTTP helper re-raises aiohttp's errors; any other status code
+    # becomes a bare Exception). Before the effect, or after it (the host did the
+    # work, the answer was lost).
+    def _fail_before(self, method: str, instance_id: str | None) -> None:
+        faults = self.world.faults
+        if faults.draw(faults.config.durable_fail, "durable_fail", f"{method} {instance_id}"):
+            raise Exception("The operation failed with an unexpected status code 503")
+
+    def _fail_after(self, method: str, instance_id: str | None) -> None:
+        faults = self.world.faults
+        if faults.draw(
+            faults.config.durable_fail / 2, "durable_fail_after", f"{method} {instance_id}"
+        ):
+            raise TimeoutError(f"{method} timed out after the host took it")
 
     # --- the host's work
     def _kick(self, inst: Instance) -> None:
@@ -294,6 +319,12 @@ class SimDurable:
                         f"activity {name} for {inst.instance_id} failed: {str(exc)[:160]}"
                     )
                     self.world.counters["activity_failed"] += 1
+                    if isinstance(exc, ValidationError):
+                        # Our own model refused what our own code built: retrying
+                        # cannot help (e.g. a provider's text that does not fit).
+                        self.invalid_own_data.append(
+                            f"activity {name} for {inst.instance_id}: {str(exc)[:200]}"
+                        )
                     event = _event(
                         TASK_FAILED,
                         self.world.clock.now,

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import importlib
+import itertools
 import json
 import logging
 import random
@@ -22,7 +23,7 @@ import warnings
 from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 from typing import Any
 
@@ -34,8 +35,8 @@ import bootstrap
 from adapters.checkpoints import CosmosCheckpointStore
 from adapters.cosmos_client import RequestCharges
 from adapters.orders_db import CosmosOrdersRepository
-from adapters.ports import ANY_OWNER, NoIndex
-from adapters.recovery_index import MAX_BUCKETS_PER_PAGE, CosmosRecoveryIndex
+from adapters.ports import ANY_OWNER, NoIndex, bucket_of
+from adapters.recovery_index import MAX_BUCKETS_PER_PAGE, CosmosRecoveryIndex, entry_id
 from adapters.settings import CosmosAccount, ServiceBusAccess, Settings
 from adapters.settlement import BackoffPolicy, MessageGate
 from adapters.state_store import CosmosStateStore
@@ -47,7 +48,7 @@ from devstack.host.app import SERVICE_BUS_TRIGGER, index_app
 from devstack.host.invoke import call_function
 from devstack.remote_service.ledger import Ledger
 from domain import state_machine as sm
-from domain.errors import DomainError
+from domain.errors import DomainError, TransientError
 from domain.ids import reply_event_name
 from domain.steps import STEP_NAMES
 from orchestrators.reply_bridge import on_reply_message
@@ -55,13 +56,13 @@ from orchestrators.starter import Starter
 from reporting import Alerts, StatusReporter
 
 from .bus import (
-    MAX_DELIVERY,
     Bus,
     Delivery,
     SimActions,
     SimPublisher,
     SimReplySender,
     SimSettlement,
+    rules_for,
 )
 from .cosmos import SimContainer
 from .durable import SimDurable
@@ -73,6 +74,7 @@ _settlement_module = importlib.import_module("adapters.settlement")
 
 APP = "webshop"
 REPLY_QUEUE = "replies-webshop"
+ALERT_REPEAT = timedelta(hours=12)  # the least time between two pages for one incident
 INGRESS = "orders-webshop"  # the webshop's own ingress queue: Submit takes the AppId from it
 STARTER_PERIOD = 10.0
 SUPERVISOR_PERIOD = 10.0
@@ -165,7 +167,7 @@ def options_for(seed: int, orders: int, version: str | None = None) -> Options:
             bad_messages=rng.choice((0.0, 0.0, 0.2)),
         )
     scan = rng.choice(("query", "index"))
-    return Options(
+    options = Options(
         # An outage must outlast the whole retry budget: the faults run long enough for that.
         fault_window=450.0 if f.outage else 240.0,
         orders=orders,
@@ -175,6 +177,12 @@ def options_for(seed: int, orders: int, version: str | None = None) -> Options:
         faults=f,
         version=version,
     )
+    if not quiet:
+        # Drawn last, so every earlier choice of a seed stays what it was.
+        f.durable_fail = rng.choice((0.0, 0.02, 0.1, 0.3))
+        f.odd_answers = rng.choice((0.0, 0.0, 0.3))
+        f.foreign_docs = rng.random() < 0.3
+    return options
 
 
 def liveness_bound(o: Options) -> timedelta:
@@ -198,6 +206,24 @@ def liveness_bound(o: Options) -> timedelta:
         + compensation
         + 60
     )
+
+
+def status_ok(status: int) -> bool:
+    return 200 <= status < 300
+
+
+# What providers really send back as a reference now and then.
+ODD_REFERENCES: tuple[Any, ...] = (
+    "R" * 5000,
+    "",
+    "   ",
+    "réf-ünïcødé-参照-🧾" * 20,
+    "line\nbreak\x00nul\u202etrl",
+    "4111 1111 1111 1111",
+    12345678901234567890,
+    {"nested": {"Reference": ["a", 1, None]}},
+    None,
+)
 
 
 class SimRemote:
@@ -242,7 +268,12 @@ class SimRemote:
                 str(call.fencing_token),
                 call.body,
             )
-            status, text = answer.status, json.dumps(answer.body)
+            body = answer.body
+            if status_ok(answer.status) and self.world.faults.draw(
+                self.world.faults.config.odd_answers, "odd_answer", call.idempotency_key
+            ):
+                body = {**body, "Reference": self.world.rng.choice(ODD_REFERENCES)}
+            status, text = answer.status, json.dumps(body)
             if lost:
                 status, text = (
                     504,
@@ -326,7 +357,7 @@ def _patched(sim: Simulation):
             queue,
             Alerts(sim.publisher),
             sim.publisher,
-            BackoffPolicy(max_delivery_count=MAX_DELIVERY),
+            BackoffPolicy(max_delivery_count=rules_for(queue).max_delivery),
             clock=SimClock(sim.world, consumer),
         )
 
@@ -385,6 +416,8 @@ class Simulation:
         version: str | None = None,
     ) -> None:
         self.seed = seed
+        self.junk: list[str] = []  # ids of the garbage documents (foreign_docs)
+        self.newer_fields: set[str] = set()  # records a newer version added a field to
         self.o = options or options_for(seed, orders, version)
         self.world = World(seed, self.o.faults, drop)
         w = self.world
@@ -562,6 +595,23 @@ class Simulation:
             row = "8a"
         if row:
             self.rows[row] += 1
+        if (
+            old
+            and actor == "starter"
+            and before == "Compensating"
+            and old.get("LockedBy")
+            and new.get("LockedBy") != old.get("LockedBy")
+        ):
+            # A restart (or giving up) takes the compensation from its instance:
+            # only right when that instance is gone, never on a status blip.
+            inst = self.durable.instances.get(old["LockedBy"])
+            if inst is not None and inst.status in ("Pending", "Running"):
+                self.violations.append(
+                    (
+                        "a live compensation is never restarted",
+                        f"starter took {new['id']} from {old['LockedBy']} ({inst.status})",
+                    )
+                )
         if old and actor == "orchestration":
             writer = self._instance()
             if writer and old.get("LockedBy") != writer and not _outbox_only(old, new):
@@ -794,6 +844,66 @@ class Simulation:
                 f"CompleteBy {complete_by}"
             )
 
+    # --- documents this version did not write
+    def _foreign_documents(self, until: datetime) -> None:
+        """Garbage a portal edit or another program leaves: a Compensating and a
+        long-expired Processing document with values no version writes (the
+        latter also in the recovery index), and a malformed index entry; and, at
+        random moments, a newer version's write adding a field this version does
+        not know to a live record, which must survive this version's writes."""
+        w = self.world
+        past = START - timedelta(minutes=5)
+        self.junk = [f"JUNK-{self.seed}-c", f"JUNK-{self.seed}-p"]
+        garbage = [
+            {"id": self.junk[0], "ProcessState": "Compensating", "LockedBy": "x:1", "Attempt": "1"},
+            {
+                "id": self.junk[1],
+                "ProcessState": "Processing",
+                "LockedBy": f"{self.junk[1]}:1",
+                "CompleteBy": _cosmos(past.isoformat()),
+                "Attempt": 1,
+                "FailureCount": None,
+            },
+        ]
+        for doc in garbage:
+            self.state_c.docs[(doc["id"], doc["id"])] = self.state_c._stamp(doc)
+        at = past.astimezone(UTC).isoformat()
+        for doc in (
+            {
+                "id": entry_id(self.junk[1], past),
+                "bucket": bucket_of(past),
+                "OrderID": self.junk[1],
+                "CompleteBy": at,
+                "Attempt": 1,
+            },
+            {"id": "junk-entry", "bucket": bucket_of(past), "OrderID": 7, "CompleteBy": "soon"},
+        ):
+            self.index_c.docs[(doc["bucket"], doc["id"])] = self.index_c._stamp(doc)
+        if self.o.scan == "index":
+            self.junk.append("recoveryIndex/junk-entry")
+
+        def newer_version_write() -> None:
+            live = [
+                key
+                for key, doc in self.state_c.docs.items()
+                if doc.get("ProcessState") in ("Pending", "Processing")
+                and key[0] not in self.junk
+                and "NewerVersionField" not in doc
+            ]
+            if not live:
+                return
+            key = w.data_rng.choice(sorted(live))
+            doc = dict(self.state_c.docs[key])
+            doc["NewerVersionField"] = {"Since": "3.0", "Value": key[0]}
+            self.state_c.previous[key] = self.state_c.docs[key]
+            self.state_c.docs[key] = self.state_c._stamp(doc)
+            self.newer_fields.add(key[0])
+            w.log(f"foreign write: NewerVersionField on {key[0]}")
+
+        for _ in range(3):
+            when = START + timedelta(seconds=w.data_rng.uniform(0, (until - START).total_seconds()))
+            w.at(when, "newer version write", newer_version_write)
+
     async def _starter_run(self) -> None:
         await self.starter.run(self.durable)
 
@@ -845,6 +955,8 @@ class Simulation:
     def idle(self) -> bool:
         if len(self.submitted) < len(self.order_ids) or self.operator_pending:
             return False
+        if self._junk_unalerted():
+            return False  # a bad document is not done with until an operator hears of it
         for oid in self.order_ids:
             doc = self.state_c.docs.get((oid, oid))
             if doc is None:
@@ -862,6 +974,16 @@ class Simulation:
             if doc.get("PendingStatus"):
                 return False  # a terminal status still in the outbox: the Starter delivers it
         return self._quiet()
+
+    def _junk_unalerted(self) -> list[str]:
+        if not self.junk:
+            return []
+        said = " ".join(
+            json.loads(m.body).get("Reason") or ""
+            for m in self.bus.queue("alerts").sent
+            if b"UnreadableRecord" in m.body
+        )
+        return [junk for junk in self.junk if junk not in said]
 
     def _quiet(self) -> bool:
         for q in (INGRESS, "agent-requests", "agent-responses"):
@@ -965,6 +1087,8 @@ class Simulation:
                 s + timedelta(seconds=length),
                 w.data_rng.choice(("inventory", "payment", "shipping")),
             )
+        if f.foreign_docs and w.faults.draw(1.0, "foreign_docs"):
+            self._foreign_documents(fault_end)
         self._ticks("starter", STARTER_PERIOD, self._starter_run, end)
         self._ticks(
             "supervisor",
@@ -1127,6 +1251,8 @@ class Simulation:
             self.fail("a restarted orchestration's requests are delivered", detail)
         for detail in self.deadline_mismatch[:1]:
             self.fail("one deadline travels everywhere", detail)
+        for detail in self.durable.invalid_own_data[:1]:
+            self.fail("the product's own writes are valid", detail)
         # false CompensationFailed: every undo the log calls failed did succeed remotely
         for oid, doc in docs.items():
             if doc and doc["ProcessState"] == "CompensationFailed":
@@ -1158,6 +1284,37 @@ class Simulation:
                 self.fail(
                     "6 supervisor cost bounded by page size",
                     f"a run made {cost} requests > {limit}",
+                )
+                break
+        # no Starter or Supervisor run is stopped by one document it cannot read
+        for name, exc in self.world.raised:
+            if name.startswith(("starter", "supervisor")) and not isinstance(exc, TransientError):
+                self.fail(
+                    "no run is stopped by one bad document",
+                    f"{name} raised {type(exc).__name__}: {str(exc)[:160]}",
+                )
+                break
+        # a newer version's field survives this version's writes (tolerant reader)
+        for oid in sorted(self.newer_fields):
+            doc = self.state_c.docs.get((oid, oid))
+            if doc is not None and "NewerVersionField" not in doc:
+                self.fail("foreign fields are kept", f"{oid} lost NewerVersionField")
+                break
+        # every garbage document is named by an alert
+        for junk in self._junk_unalerted()[:1]:
+            self.fail("a bad document is alerted", f"{junk}: no UnreadableRecord alert")
+        # one alert per incident: an alert raised again under its own stable id (a
+        # retried outbox entry, a redelivered dead letter) must reach operators once
+        # (an incident that lasts days may page again once a day: ALERT_REPEAT)
+        sent_at: dict[str, list[datetime]] = {}
+        for m in self.bus.queue("alerts").sent:
+            sent_at.setdefault(m.message_id, []).append(m.visible_at)
+        for mid, times in sorted(sent_at.items()):
+            gaps = [b - a for a, b in itertools.pairwise(sorted(times))]
+            if any(gap < ALERT_REPEAT for gap in gaps):
+                self.fail(
+                    "one alert per incident",
+                    f"{mid} reached the alerts queue {len(times)} times within {ALERT_REPEAT}",
                 )
                 break
         # 4 every dead-lettered message has a reason; a bad submission is alerted, nothing overwritten

@@ -84,6 +84,15 @@ class FaultConfig:
     bad_messages: float = (
         0.0  # per order: a conflicting copy, a malformed body or an AMQP value body
     )
+    # per Durable client call (start_new, raise_event, get_status): fails as the
+    # SDK does on a 5xx or a dropped connection, before its effect or after it
+    durable_fail: float = 0.0
+    # per successful remote answer: its Reference is hostile (long, empty,
+    # non-text, control characters, card-like)
+    odd_answers: float = 0.0
+    # documents this version did not write: garbage in the state and index
+    # containers, and a newer version's unknown field on live records
+    foreign_docs: bool = False
 
 
 @dataclass
@@ -158,6 +167,9 @@ class World:
         self.faults = Faults(self, random.Random(f"faults/{seed}"), config, drop)
         self.trace: list[str] = []
         self.counters: Counter[str] = Counter()
+        self.raised: list[
+            tuple[str, Exception]
+        ] = []  # (actor, exception) of every actor that raised
         self._parked: list[_Parked] = []
         self._names: dict[asyncio.Task, str] = {}
         self._events: list[tuple[datetime, int, str, Callable[[], None]]] = []
@@ -213,6 +225,7 @@ class World:
                     return
                 self.log(f"{name} raised {type(exc).__name__}: {str(exc)[:120]}")
                 self.counters["raised"] += 1
+                self.raised.append((name, exc))
                 if on_crash is not None:
                     on_crash()
 

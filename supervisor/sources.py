@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from adapters.ports import IndexEntry, RecoveryIndex, StateStore, bucket_of
-from domain.errors import NotFoundError
+from adapters.ports import UNREADABLE_RETRY, IndexEntry, RecoveryIndex, StateStore, bucket_of
+from domain.errors import NotFoundError, PermanentError
 from domain.models import OrderState, ProcessState
 
 
@@ -97,6 +97,11 @@ class IndexSource:
         entries, bucket, after, reached_end = await self._index.page(
             upper, bucket, after, max_items
         )
+        # Entries the index could not read are the run's to alert, as records are.
+        unreadable = getattr(self._index, "unreadable", None)
+        if unreadable:
+            self._store.unreadable.extend(unreadable)
+            del unreadable[:]
         candidates: list[Candidate] = []
         resume: tuple[str, str] | None = None
         positions: list[tuple[Candidate, tuple[str, str]]] = []
@@ -152,6 +157,17 @@ class IndexSource:
         try:
             record, etag = await self._store.read(entry.order_id)
         except NotFoundError:
+            removals.append(entry)
+            return None
+        except PermanentError:
+            # A record this version cannot read (a newer version's value, a hand
+            # edit): the store names it and the run alerts. The entry moves an
+            # UNREADABLE_RETRY ahead (added before removed, as every move), so
+            # the cursor goes on — one bad record neither fails every run nor
+            # holds every other order's recovery — and the record is looked at
+            # again until it is fixed (a repeat alert is dropped by the alerts
+            # queue's duplicate detection; a lost one is raised again).
+            await self._index.add(entry.order_id, upper + UNREADABLE_RETRY, entry.attempt)
             removals.append(entry)
             return None
         if record.Attempt < entry.attempt:

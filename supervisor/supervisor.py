@@ -25,9 +25,10 @@ from adapters import telemetry
 from adapters.clock import SYSTEM_CLOCK, Clock
 from adapters.ports import StateStore
 from domain import state_machine as sm
-from domain.errors import NotFoundError, StaleError
+from domain.errors import NotFoundError, PermanentError, StaleError
 from domain.models import ProcessState
 from reporting import Alerts, StatusOutbox, StatusReporter
+from reporting.alerts import alert_unreadable
 from supervisor.sources import Candidate
 
 log = logging.getLogger(__name__)
@@ -58,6 +59,7 @@ class SupervisorReport:
     requests: int = 0
     request_charge: float = 0.0
     failed_orders: list[str] = field(default_factory=list)
+    unreadable: int = 0  # documents skipped (and alerted) because this version cannot read them
 
 
 class Supervisor:
@@ -109,6 +111,7 @@ class Supervisor:
             cursor = rewind
         report.pass_finished = cursor is None
         await self._checkpoints.save(cursor)
+        report.unreadable = await alert_unreadable(self._alerts, self._store.unreadable, now)
         if self._charges is not None:
             report.requests, report.request_charge = self._charges.calls, self._charges.total
         log.info(
@@ -139,8 +142,9 @@ class Supervisor:
 
         try:
             record, etag = await self._store.update(order_id, recover, locked_by)
-        except (StaleError, sm.IllegalTransition, NotFoundError) as exc:
-            # Another supervisor got there first, or the attempt finished in time.
+        except (StaleError, sm.IllegalTransition, NotFoundError, PermanentError) as exc:
+            # Another supervisor got there first, or the attempt finished in time
+            # (or the record became unreadable: the store names it, the run alerts).
             report.skipped += 1
             log.debug("supervisor skipped %s: %s", order_id, exc)
             return False

@@ -19,6 +19,7 @@ from domain.models import OrderState, OrderSubmitted, ProcessState
 class FakeStateStore:
     def __init__(self) -> None:
         self.docs: dict[str, tuple[dict, str]] = {}
+        self.unreadable: list[tuple[str, str]] = []
         self.gauge: BacklogGauge | None = None
         self.writes = 0
         self._etags = itertools.count(1)
@@ -127,6 +128,13 @@ class FakeStateStore:
     async def query_in_state(self, state, max_items: int) -> list[OrderState]:
         records = [OrderState.model_validate(d) for d, _ in self.docs.values()]
         return [r for r in records if r.ProcessState == state][:max_items]
+
+    async def query_in_state_after(self, state, max_items: int, after):
+        records = sorted(
+            (OrderState.model_validate(d) for d, _ in self.docs.values()), key=lambda r: r.id
+        )
+        page = [r for r in records if r.ProcessState == state and r.id > (after or "")][:max_items]
+        return page, (page[-1].id if len(page) >= max_items else None)
 
     async def query_unsent_statuses(self, max_items: int, before: datetime, skip_queues=()):
         out = []

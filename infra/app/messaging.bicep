@@ -97,12 +97,15 @@ var fixedQueues = [
   }
   {
     // Operator alerts: read by people and tools, kept a week, never expire into the dead-letter queue.
+    // An alert raised again for the same incident (a retried status outbox entry, a
+    // redelivered dead letter) keeps its message id, so detection pages operators once a day at most.
     name: 'alerts'
     properties: {
       lockDuration: 'PT1M'
       maxDeliveryCount: 10
       maxSizeInMegabytes: 1024
-      requiresDuplicateDetection: false
+      requiresDuplicateDetection: true
+      duplicateDetectionHistoryTimeWindow: 'P1D'
       defaultMessageTimeToLive: 'P7D'
       deadLetteringOnMessageExpiration: false
       requiresSession: false

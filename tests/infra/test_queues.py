@@ -325,3 +325,46 @@ def test_namespace_module_deploys_every_queue_list():
             },
         }
     }
+
+
+_COMPARED = {
+    "requiresDuplicateDetection": "RequiresDuplicateDetection",
+    "maxDeliveryCount": "MaxDeliveryCount",
+    "lockDuration": "LockDuration",
+    "defaultMessageTimeToLive": "DefaultMessageTimeToLive",
+    "deadLetteringOnMessageExpiration": "DeadLetteringOnMessageExpiration",
+    "requiresSession": "RequiresSession",
+}
+
+
+# Their lock and detection window follow the step timeout and the retry budget
+# (messaging.bicep), which are shorter locally (local.settings.template.json);
+# test_timing.py checks each stack against its own settings.
+_TIMED_BY_SETTINGS = frozenset({"agent-requests", "agent-responses"})
+
+
+@pytest.mark.parametrize("queue", local_queue_names())
+def test_the_local_queues_behave_as_deployed(queue: str):
+    """The local emulator and the simulation (sim/bus.py) read Config.json; each
+    queue must do there what the Bicep makes it do in Azure (issue 21: the
+    alerts queue was assumed to drop repeats, and did not)."""
+    bicep, local = bicep_queues()[queue], config_json_queues()[queue]
+    compared = dict(_COMPARED)
+    if queue in _TIMED_BY_SETTINGS:
+        compared.pop("lockDuration")
+    for bicep_key, local_key in compared.items():
+        assert local.get(local_key) == bicep.get(bicep_key), (queue, bicep_key)
+    if bicep["requiresDuplicateDetection"] and queue not in _TIMED_BY_SETTINGS:
+        assert duration_seconds(local["DuplicateDetectionHistoryTimeWindow"]) == duration_seconds(
+            bicep["duplicateDetectionHistoryTimeWindow"]
+        ), queue
+
+
+def test_the_alerts_queue_drops_a_repeated_incident():
+    """Issue 21 item 5: an outbox entry's alert is sent again, under the same
+    message id, each time the entry's status send fails; without detection one
+    Error order whose reply queue was down paged operators 11 times in 5 minutes."""
+    alerts = bicep_queues()["alerts"]
+    assert alerts["requiresDuplicateDetection"] is True
+    assert duration_seconds(alerts["duplicateDetectionHistoryTimeWindow"]) >= 86400
+    assert config_json_queues()["alerts"]["RequiresDuplicateDetection"] is True

@@ -452,3 +452,29 @@ async def test_claims_on_a_known_etag_have_one_winner_and_cost_one_request_each(
     assert await state_store.claim_known(record, etag, NOW, POLICY) is None
     assert await state_store.claim_known(current, current_etag, NOW, POLICY) is None
     assert (await state_store.read("ORD-K"))[1] == current_etag
+
+
+async def test_records_in_a_state_page_by_id_and_skip_bad_documents(
+    state_store: CosmosStateStore, state_container: ContainerProxy
+) -> None:
+    """The Starter's walk over Compensating records (issue 21 items 4 and 6):
+    every record is reached page by page, and one document this version cannot
+    read (here: a wrong type) is left out rather than failing the query."""
+    names = [f"CMP-{i:02d}" for i in range(7)]
+    for name in names:
+        await state_store.create_if_absent(
+            make_record(name).model_copy(update={"ProcessState": ProcessState.COMPENSATING})
+        )
+    await state_store.create_if_absent(make_record("PND-1"))
+    await state_container.create_item(
+        {"id": "CMP-03x", "ProcessState": "Compensating", "FailureCount": "many"}
+    )
+    seen: list[str] = []
+    after = None
+    while True:
+        page, after = await state_store.query_in_state_after(ProcessState.COMPENSATING, 3, after)
+        seen += [r.id for r in page]
+        if after is None:
+            break
+    assert seen == names
+    assert [r.id for r in await state_store.query_in_state(ProcessState.COMPENSATING, 20)] != []

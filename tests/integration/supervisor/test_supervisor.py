@@ -320,3 +320,50 @@ async def test_a_skipped_candidate_never_moves_the_cursor_past_an_entry_not_yet_
         rig.now += timedelta(minutes=1)
         await rig.supervisor(page_size=3).run()
     assert (await rig.state("A")).ProcessState is ProcessState.PENDING
+
+
+async def test_documents_this_version_cannot_read_are_alerted_and_stop_no_run(rig):
+    """Issue 21 item 4: one unreadable record (or index entry) used to make
+    every index-mode run fail; now each run goes on, recovers the others, and
+    names the bad documents in one UnreadableRecord alert each, not one per run."""
+    from adapters.ports import bucket_of
+    from adapters.recovery_index import entry_id
+
+    expired = NOW + POLICY.claim_timeout
+    await rig.state_container.create_item(
+        {
+            "id": "BAD-1",
+            "ProcessState": "Processing",
+            "LockedBy": "BAD-1:1",
+            "CompleteBy": "2026-01-01T12:01:00.000000Z",
+            "Attempt": 1,
+            "FailureCount": "many",
+        }
+    )
+    if rig.index is not None:
+        await rig.index.add("BAD-1", expired, 1)
+        await rig.index._container.create_item(
+            {"id": "junk", "bucket": bucket_of(expired), "OrderID": 7, "CompleteBy": "soon"}
+        )
+    await rig.add_claimed("A")
+    newer = await rig.add_claimed("B")
+    # A newer version's field on a live record does not make it unreadable.
+    doc = await rig.state_container.read_item("B", partition_key="B")
+    await rig.state_container.replace_item("B", {**doc, "NewerVersionField": 1})
+    first = await rig.supervisor().run()
+    assert first.recovered == 2
+    assert (await rig.state("A")).ProcessState is ProcessState.PENDING
+    b = await rig.state_container.read_item("B", partition_key="B")
+    assert b["NewerVersionField"] == 1
+    assert b["FailureCount"] == newer.FailureCount + 1
+    rig.now += timedelta(minutes=30)  # past the moved entry's retry
+    await rig.supervisor().run()
+    alerts = [json.loads(body) for queue, body, _, _ in rig.bus.sent if queue == "alerts"]
+    named = [a["Reason"] for a in alerts if a["Kind"] == "UnreadableRecord"]
+    assert any("BAD-1" in reason for reason in named)
+    if rig.index is not None:
+        assert any("junk" in reason for reason in named)
+        ids = [d["id"] async for d in rig.index._container.query_items("SELECT c.id FROM c")]
+        assert entry_id("BAD-1", expired) not in ids  # moved ahead, to be read again
+        assert any(i.startswith("BAD-1|") for i in ids)
+    assert len(named) == len(set(named))  # the second run's repeats were dropped

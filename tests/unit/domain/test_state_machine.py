@@ -8,7 +8,7 @@ import pytest
 
 from domain import state_machine as sm
 from domain.errors import StaleError
-from domain.models import OrderState, ProcessState, StepStatus
+from domain.models import MAX_REFERENCE, OrderState, ProcessState, StepStatus
 from tests.unit.domain.conftest import NOW, STEPS
 
 LATER = NOW + timedelta(minutes=5)
@@ -435,3 +435,56 @@ def test_the_final_status_replaces_one_still_undelivered_when_compensation_ends(
     done = sm.finish_compensation(claimed, claimed.LockedBy, LATER)
     assert done.PendingStatus.Status.value == "Compensated"
     assert [h.To.value for h in done.History][-3:] == ["Error", "Compensating", "Compensated"]
+
+
+@pytest.mark.parametrize(
+    "reference",
+    [
+        "R" * 5000,
+        "réf-ünïcødé-参照-🧾" * 20,
+        "line\nbreak\x00nul\u202etrl",
+        "4111 1111 1111 1111",
+        12345678901234567890,
+        {"nested": {"Reference": ["a", 1, None]}},
+    ],
+)
+def test_any_provider_reference_is_recorded_within_bounds(processing, reference):
+    """Issue 21 item 3 (seeds 15, 28): the step's side effect already happened,
+    so whatever the provider called it must not make the write fail; the record
+    keeps bounded, clean text with no card number, and reads back."""
+    done = sm.complete_step(processing, processing.LockedBy, "reserve-inventory", NOW, reference)
+    kept = done.Steps["reserve-inventory"].Reference
+    assert kept is not None
+    assert len(kept) <= MAX_REFERENCE
+    assert "4111" not in kept
+    assert all(ch.isprintable() for ch in kept)
+    assert done.Compensation[-1].Reference == kept
+    assert OrderState.model_validate(done.model_dump()) == done
+
+
+@pytest.mark.parametrize("reference", [None, "", "   "])
+def test_an_empty_provider_reference_is_recorded_as_none(processing, reference):
+    done = sm.complete_step(processing, processing.LockedBy, "reserve-inventory", NOW, reference)
+    assert done.Steps["reserve-inventory"].Reference is None
+
+
+def test_a_field_this_version_does_not_know_is_kept_through_its_writes(processing):
+    """Issue 21 item 4: a newer version (a rolling deploy, a rollback) or a
+    portal edit adds a field; this version reads the record, writes it, and
+    the field is still there, where before the record could not be read."""
+    doc = processing.model_dump(mode="json")
+    doc["NewerVersionField"] = {"Since": "3.0"}
+    doc["Steps"] = {"reserve-inventory": {"Status": "NotStarted", "NewerStepField": 1}}
+    record = OrderState.model_validate(doc)
+    done = sm.complete_step(record, record.LockedBy, "reserve-inventory", NOW, "ref-1")
+    dumped = done.model_dump(mode="json")
+    assert dumped["NewerVersionField"] == {"Since": "3.0"}
+    assert dumped["Steps"]["reserve-inventory"]["NewerStepField"] == 1
+    assert dumped["Steps"]["reserve-inventory"]["Status"] == "Completed"
+
+
+def test_a_value_this_version_cannot_take_still_refuses_the_record(processing):
+    doc = processing.model_dump(mode="json")
+    doc["FailureCount"] = "many"
+    with pytest.raises(ValueError, match="FailureCount"):
+        OrderState.model_validate(doc)

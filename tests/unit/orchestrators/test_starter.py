@@ -285,3 +285,70 @@ async def test_a_failed_status_that_cannot_be_sent_does_not_hold_up_the_compensa
     assert record.ProcessState is ProcessState.COMPENSATING
     assert record.PendingStatus is not None
     assert record.PendingStatus.MessageId == failed_id
+
+
+class BlinkingClient(Client):
+    """A Durable client whose status calls fail while `blink` is set, as the SDK's
+    do on a 5xx or a dropped connection (a bare Exception); an unknown instance
+    is a 404, which the SDK answers with a status whose runtime_status is None."""
+
+    def __init__(self, fail_for=()):
+        super().__init__(fail_for)
+        self.blink = False
+
+    async def get_status(self, instance_id):
+        if self.blink:
+            raise Exception("The operation failed with an unexpected status code 503")
+        if instance_id not in self.started:
+            return type("Status", (), {"runtime_status": None})()
+        return await super().get_status(instance_id)
+
+
+async def test_a_failed_status_call_does_not_restart_a_live_compensation():
+    """Issue 21 item 2 (seeds 52, 55): not knowing an instance's status is not
+    the instance being gone; three blips used to end a healthy compensation
+    CompensationFailed."""
+    world = World()
+    await _errored_with_request(world, "A1")
+    client = BlinkingClient()
+    starter = Starter(SETTINGS, world.store, clock=ReadClock(lambda: world.now))
+    await starter.run(client)
+    assert client.started == ["A1:2"]
+    client.blink = True
+    for _ in range(5):
+        report = await starter.run(client)
+        assert report.status_unknown == 1
+    record = await world.record("A1")
+    assert (record.ProcessState, record.LockedBy, record.CompensationRestarts) == (
+        ProcessState.COMPENSATING,
+        "A1:2",
+        0,
+    )
+    # A gone instance (404) is still restarted once the status can be read.
+    client.blink = False
+    client.started.remove("A1:2")
+    report = await starter.run(client)
+    assert report.compensation_restarts == 1
+    assert (await world.record("A1")).LockedBy == "A1:3"
+
+
+async def test_a_dead_compensation_behind_a_full_page_of_live_ones_is_restarted():
+    """Issue 21 item 6: with a page or more of live compensations, each run
+    used to read the same first page, and a dead one behind it waited forever."""
+    world = World()
+    batch = 4
+    settings = replace(SETTINGS, starter_batch_size=batch)
+    names = [f"A{i:02d}" for i in range(3 * batch)]
+    for name in names:
+        await _errored_with_request(world, name)
+    client = Client()
+    starter = Starter(settings, world.store, clock=ReadClock(lambda: world.now))
+    while len(client.started) < len(names):  # the requests are claimed, a page a run
+        await starter.run(client)
+    dead = names[-1]  # sorts last: never on the first page
+    client.started.remove(f"{dead}:2")  # its instance died
+    restarts = 0
+    for _ in range(len(names) // batch + 1):  # a full cycle of pages reaches it
+        restarts += (await starter.run(client)).compensation_restarts
+    assert restarts == 1
+    assert (await world.record(dead)).LockedBy == f"{dead}:3"
