@@ -14,14 +14,18 @@ from dataclasses import dataclass, field
 
 from adapters.servicebus import AGENT_REQUESTS_QUEUE, AGENT_RESPONSES_QUEUE
 from adapters.settings import (
+    AGENT_SIGNING_KEYS,
     SERVICEBUS_CONNECTION,
     ServiceBusAccess,
     SettingsError,
     float_setting,
     int_setting,
+    key_ring,
+    require_keys,
     servicebus_access,
 )
 from agents.agent import AgentPolicy
+from domain.signing import KeyRing
 
 DEFAULT_REMOTE_SERVICE_URL = "http://127.0.0.1:7081"
 
@@ -38,6 +42,10 @@ class AgentSettings:
         sending the reply and settling (AGENT_LOCK_RENEWAL_SLACK_SECONDS).
     shutdown_grace: seconds a stopping worker lets in-flight requests finish
         before abandoning them (AGENT_SHUTDOWN_GRACE_SECONDS).
+    keys: the agent keys (AGENT_SIGNING_KEYS) that requests must be signed
+        with and replies are signed with; the runners refuse to start
+        without them (`require_keys`). Never the reply-token keys: those stay
+        in the Functions app (ADR 017e).
     """
 
     remote_service_url: str = DEFAULT_REMOTE_SERVICE_URL
@@ -48,6 +56,7 @@ class AgentSettings:
     max_concurrency: int = 8
     lock_renewal_slack: float = 60.0
     shutdown_grace: float = 30.0
+    keys: KeyRing | None = field(default=None, repr=False)
 
 
 def load_agent_settings(env: Mapping[str, str] | None = None) -> AgentSettings:
@@ -76,7 +85,12 @@ def load_agent_settings(env: Mapping[str, str] | None = None) -> AgentSettings:
         max_concurrency=int_setting(env, "AGENT_MAX_CONCURRENCY", 8, 1),
         lock_renewal_slack=float_setting(env, "AGENT_LOCK_RENEWAL_SLACK_SECONDS", 60.0, 1.0),
         shutdown_grace=float_setting(env, "AGENT_SHUTDOWN_GRACE_SECONDS", 30.0),
+        keys=key_ring(env, AGENT_SIGNING_KEYS),
     )
+
+
+def require_agent_keys(settings: AgentSettings) -> KeyRing:
+    return require_keys(settings.keys, AGENT_SIGNING_KEYS)
 
 
 def require_servicebus(settings: AgentSettings) -> ServiceBusAccess:
