@@ -84,6 +84,7 @@ class FaultConfig:
     bad_messages: float = (
         0.0  # per order: a conflicting copy, a malformed body or an AMQP value body
     )
+    hostile: int = 0  # forged replies and requests on the internal queues (sim.hostile)
 
 
 @dataclass

@@ -184,14 +184,16 @@ def _regression_params():
             entry["seed"],
             entry["orders"],
             version,
+            # Entries found before the hostile sender existed replay without it.
+            entry.get("hostile", 0),
             id=f"seed{entry['seed']}{tag}-{entry['check'][:30]}",
             marks=marks,
         )
 
 
-@pytest.mark.parametrize(("seed", "orders", "version"), list(_regression_params()))
-def test_regression_seed(seed, orders, version):
-    result = run_schedule(seed, orders, version=version)
+@pytest.mark.parametrize(("seed", "orders", "version", "hostile"), list(_regression_params()))
+def test_regression_seed(seed, orders, version, hostile):
+    result = run_schedule(seed, orders, version=version, hostile=hostile)
     assert result.violations == []
 
 
