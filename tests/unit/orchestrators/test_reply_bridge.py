@@ -103,3 +103,43 @@ async def test_a_forged_reply_is_dead_lettered_and_raises_nothing(what, reply):
     assert settle.order_id == "ORD-7"  # the alert names the order it aimed at
     assert "no event raised" in (settle.description or "")
     assert raised == []
+
+
+async def test_a_request_from_a_plan_recorded_before_appids_still_gets_its_answer():
+    """An instance in flight across the upgrade replays a plan without AppId:
+    its request names no application, consistently in token and reply."""
+    req = agent_request("ORD-7", "charge-payment", 1, "do", T0, app_id=None)
+    assert req.AppId is None
+    settle, raised = await bridge(answer(req))
+    assert settle.kind is SettleKind.COMPLETE
+    assert raised == [(req.InstanceId, req.ReplyEvent)]
+    settle, raised = await bridge(answer(req, AppId="webshop"))  # naming one now: forged
+    assert settle.reason == "ForgedReply"
+    assert raised == []
+
+
+async def test_the_send_activity_seals_what_the_plan_says():
+    """SchedulerActivities signs every request it sends, with the plan's AppId."""
+    from domain.codec import decode
+    from domain.signing import check_request, reply_token
+    from orchestrators.contracts import SendRequest
+    from tests.unit.orchestrators.driver import World
+
+    world = World()
+    acts = world.activities()
+    for app_id in ("webshop", None):
+        await acts.send_agent_request(
+            SendRequest(
+                InstanceId="ORD-8:1",
+                Step="charge-payment",
+                Deadline=T0 + timedelta(minutes=1),
+                AppId=app_id,
+                Try=0 if app_id else 1,
+                Action="do" if app_id else "undo",
+            )
+        )
+    sent = [decode(AgentRequest, body) for body in world.bus.to("agent-requests")]
+    assert [r.AppId for r in sent] == ["webshop", None]
+    for r in sent:
+        assert check_request(KEYS.agents, r) is None
+        assert r.ReplyToken == reply_token(KEYS.tokens, r)
