@@ -117,6 +117,7 @@ def main(argv: list[str] | None = None) -> int:
         "(from the settings: (max_failures+1) x attempt + long retries + compensation)"
     )
     faults: Counter[str] = Counter()
+    forged = 0
     rows: Counter[str] = Counter()
     checks: Counter[str] = Counter()
     first_seed: dict[str, int] = {}
@@ -127,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         result = run_schedule(seed, args.orders, drop, args.version, args.hostile)
         n += 1
         faults.update(f.kind for f in result.faults)
+        forged += result.counters["forged"]
         rows.update(result.rows)
         if args.trace or args.seed is not None:
             print("\n".join(result.trace))
@@ -165,6 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         "faults injected: " + (", ".join(f"{k}={v}" for k, v in sorted(faults.items())) or "none")
     )
+    print(f"forged internal-queue messages (sim/hostile.py): {forged}")
     print("transition rows (DESIGN.md section 3):")
     for row, text, by in ROWS:
         print(

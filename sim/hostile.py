@@ -135,6 +135,7 @@ class Hostile:
             queue = REQUESTS
         message_id = f"{PREFIX}{n}"
         self.forged[message_id] = (queue, kind)
+        self.sim.world.counters["forged"] += 1
         self.sim.world.log(f"hostile {kind} -> {queue} {message_id}")
         self.sim.bus.send(queue, json.dumps(body).encode(), message_id, fault_free=True)
 
