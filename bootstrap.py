@@ -37,7 +37,7 @@ from adapters.servicebus import ServiceBusPublisher, servicebus_client
 from adapters.settings import Settings, SettingsError, azure_credential, settings
 from adapters.state_store import CosmosStateStore
 from agents.agent import Agent
-from agents.config import AgentSettings, load_agent_settings
+from agents.config import AgentSettings, load_agent_settings, require_agent_keys
 from agents.messaging import RequestProcessor, ServiceBusReplySender
 from agents.remote_client import HttpRemoteService
 from domain.steps import STEP_NAMES
@@ -243,6 +243,12 @@ async def alerts() -> Alerts:
     return Alerts((await container()).publisher)
 
 
+def reply_keys():
+    """The keys the reply bridge checks a reply with (domain.signing.SchedulerKeys);
+    SettingsError naming the missing setting (ADR 017e)."""
+    return settings().scheduler_keys()
+
+
 async def message_gate(queue: str):
     """The gate a queue trigger runs its handler through: reads any body kind,
     turns transient failures into delayed retries on the same queue, dead-letters
@@ -312,6 +318,7 @@ def request_processor(
     """What handles one agent request, for the queue-triggered agent and the
     worker alike; the caller owns `client` and `session`, and closes the reply
     sender (returned with it) before them."""
+    keys = require_agent_keys(cfg)  # before anything is opened: no keys, no agent
     replies = ServiceBusReplySender(client, cfg.responses_queue)
     alerts = Alerts(ServiceBusPublisher(client))
-    return RequestProcessor(build_agent(session, cfg), replies, alerts), replies
+    return RequestProcessor(build_agent(session, cfg), replies, alerts, keys=keys), replies

@@ -12,7 +12,10 @@ Idempotency under at-least-once delivery:
   re-run after the write landed is recognised (the record already shows this
   instance's transition) and answered as success rather than stale;
 - agent requests: stable MessageId per (instance, step, action/try), so the
-  request queue's duplicate detection drops a re-send;
+  request queue's duplicate detection drops a re-send; each is sealed here
+  (a reply token and a signature, domain.signing: the keys are read where
+  secrets are allowed, never by the replayed orchestrator), and the seal is a
+  function of the request, so a re-send carries the same one (ADR 017e);
 - status updates: stable MessageId per (order, status, qualifier); a terminal
   status is sent from the record's outbox with the id fixed there, and the
   outbox entry is cleared after the send (docs/adr/001-status-outbox.md)."""
@@ -49,6 +52,7 @@ from domain.models import (
     StepStatus,
     mask_card_numbers,
 )
+from domain.signing import seal_request
 from orchestrators import commands
 from orchestrators.contracts import (
     Advance,
@@ -212,6 +216,7 @@ class SchedulerActivities:
             Payload=payload,
             Undo=undo if record.ProcessState is ProcessState.COMPENSATING else [],
             Progress=record.AppId in self._settings.progress_apps,
+            AppId=record.AppId,
         )
 
     # --- writing the record ---------------------------------------------------------------
@@ -319,7 +324,7 @@ class SchedulerActivities:
         written = await self._write_v2(step, record, etag)
         if written.Stale:
             return written
-        await self._send_v2(step, start.Mode)
+        await self._send_v2(step, start.Mode, record.AppId)
         if plan.Progress:
             await self._status.send(
                 plan.ReplyTo,
@@ -353,7 +358,8 @@ class SchedulerActivities:
                 f"{attempt}/{data.Complete}",
             )
         if data.Start is not None:
-            await self._send_v2(data, self._step_modes.get(data.Start, "remote"))
+            app_id = OrderState.model_validate(written.Record).AppId if written.Record else None
+            await self._send_v2(data, self._step_modes.get(data.Start, "remote"), app_id)
         if data.Finish:
             current = OrderState.model_validate(written.Record)
             sent = await self._outbox.deliver(current, written.Etag)
@@ -452,7 +458,7 @@ class SchedulerActivities:
             return Advanced(Stale=True, Reason=str(exc))
         return Advanced(State=updated.ProcessState, Record=_dump(updated), Etag=new_etag)
 
-    async def _send_v2(self, data: Advance, mode: str) -> None:
+    async def _send_v2(self, data: Advance, mode: str, app_id: str | None) -> None:
         """The request for the step just started (an inline step runs in its
         own activity instead). Stable message id: a retry's re-send is dropped."""
         if mode == "inline":
@@ -463,19 +469,23 @@ class SchedulerActivities:
                 Step=data.Start,
                 Deadline=data.Deadline,
                 Payload=data.Payload,
-            )
+            ),
+            app_id=app_id,
         )
 
     # --- talking to agents ----------------------------------------------------------------
 
-    def _request(self, send: SendRequest) -> AgentRequest:
+    def _request(self, send: SendRequest, app_id: str | None) -> AgentRequest:
+        """The request `send` describes, sealed: its reply token and signature
+        (domain.signing) under the app's keys; SettingsError when they are not set."""
         order_id, attempt = parse_attempt_instance_id(send.InstanceId)
-        return AgentRequest(
+        request = AgentRequest(
             InstanceId=send.InstanceId,
             OrderID=order_id,
             Step=send.Step,
             Action=send.Action,
             Attempt=attempt,
+            AppId=app_id,
             IdempotencyKey=idempotency_key(order_id, send.Step),
             FencingToken=fencing_token(attempt),
             Deadline=send.Deadline,
@@ -483,9 +493,12 @@ class SchedulerActivities:
             Payload=send.Payload,
             ListenUntil=send.ListenUntil,
         )
+        return seal_request(self._settings.scheduler_keys(), request)
 
-    async def send_agent_request(self, send: SendRequest) -> str:
-        request = self._request(send)
+    async def send_agent_request(self, send: SendRequest, app_id: str | None = None) -> str:
+        """`app_id`: the order's application, from the record when the caller
+        has it (workflow 2.x's begin and advance), else the plan's (SendRequest.AppId)."""
+        request = self._request(send, app_id or send.AppId)
         message_id = agent_request_message_id(send.InstanceId, send.Step, send.label)
         await self._publisher.send(
             AGENT_REQUESTS_QUEUE,
@@ -501,7 +514,7 @@ class SchedulerActivities:
         if self._inline_agent is None:
             raise RuntimeError("no inline agent configured")
         try:
-            return await self._inline_agent.handle(self._request(send))
+            return await self._inline_agent.handle(self._request(send, send.AppId))
         except Exception as exc:
             # The orchestration sees only this text (Durable's failure
             # reason): give it the type, which str(exc) alone leaves out.

@@ -16,6 +16,7 @@ from datetime import timedelta
 from functools import lru_cache
 from typing import Any, TypeVar
 
+from domain.signing import BadKey, KeyRing, SchedulerKeys, parse_keys
 from domain.state_machine import RetryPolicy
 
 SERVICEBUS_CONNECTION = "ServiceBusConnection"
@@ -27,8 +28,37 @@ LOCAL_COSMOS_KEY = (
 )
 
 
+# The internal queues' keys (domain.signing, ADR 017e): comma-separated
+# base64 keys of at least 32 random bytes, the current one first. In Azure
+# each is a Key Vault reference; locally devstack generates them.
+AGENT_SIGNING_KEYS = "AGENT_SIGNING_KEYS"  # the Scheduler and every agent
+REPLY_TOKEN_KEYS = "REPLY_TOKEN_KEYS"  # the Functions app only
+
+
 class SettingsError(ValueError):
     """A setting is missing or malformed; the message names it."""
+
+
+def key_ring(env: Mapping[str, str], name: str) -> KeyRing | None:
+    """The key ring in setting `name`; None when unset or empty. A bad value
+    is refused naming the setting, never quoting it."""
+    raw = env.get(name, "")
+    if not raw.strip():
+        return None
+    try:
+        return parse_keys(raw)
+    except BadKey as exc:
+        raise SettingsError(f"setting {name}: {exc}") from None
+
+
+def require_keys(ring: KeyRing | None, name: str) -> KeyRing:
+    """`ring`, or the error that says which setting to fill and how."""
+    if ring is None:
+        raise SettingsError(
+            f"set {name}: comma-separated base64 keys of at least 32 random bytes, the "
+            "current one first (`python -m devstack key` makes one; docs/adr/017e-internal-queue-keys.md)"
+        )
+    return ring
 
 
 @dataclass(frozen=True)
@@ -102,6 +132,19 @@ class Settings:
     # Create the Cosmos databases and containers at start (COSMOS_CREATE_CONTAINERS):
     # the local stack only; in Azure the Bicep templates create them.
     create_containers: bool = False
+    # The internal queues' keys (AGENT_SIGNING_KEYS, REPLY_TOKEN_KEYS): None
+    # when unset; what signs or verifies refuses to run without them
+    # (`scheduler_keys`).
+    agent_keys: KeyRing | None = field(default=None, repr=False)
+    reply_token_keys: KeyRing | None = field(default=None, repr=False)
+
+    def scheduler_keys(self) -> SchedulerKeys:
+        """The keys the Scheduler signs requests and checks replies with;
+        SettingsError naming the missing setting."""
+        return SchedulerKeys(
+            tokens=require_keys(self.reply_token_keys, REPLY_TOKEN_KEYS),
+            agents=require_keys(self.agent_keys, AGENT_SIGNING_KEYS),
+        )
 
 
 def int_setting(env: Mapping[str, str], name: str, default: int, minimum: int = 0) -> int:
@@ -299,6 +342,8 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         managed_identity_client_id=env.get("AZURE_CLIENT_ID") or None,
         inline_steps=tuple(n.strip() for n in env.get("INLINE_STEPS", "").split(",") if n.strip()),
         create_containers=_bool(env, "COSMOS_CREATE_CONTAINERS", False),
+        agent_keys=key_ring(env, AGENT_SIGNING_KEYS),
+        reply_token_keys=key_ring(env, REPLY_TOKEN_KEYS),
     )
 
 

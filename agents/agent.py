@@ -284,6 +284,9 @@ class Agent:
             Step=request.Step,
             Action=request.Action,
             Attempt=request.Attempt,
+            # Echoed so the reply bridge can check it answers this request.
+            AppId=request.AppId,
+            ReplyToken=request.ReplyToken,
             EventName=request.ReplyEvent,
             EventId=reply_event_id(request),
             Outcome=outcome,

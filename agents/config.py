@@ -16,15 +16,19 @@ from urllib.parse import urlsplit
 
 from adapters.servicebus import AGENT_REQUESTS_QUEUE, AGENT_RESPONSES_QUEUE
 from adapters.settings import (
+    AGENT_SIGNING_KEYS,
     MANAGED_IDENTITY_ENDPOINTS,
     SERVICEBUS_CONNECTION,
     ServiceBusAccess,
     SettingsError,
     float_setting,
     int_setting,
+    key_ring,
+    require_keys,
     servicebus_access,
 )
 from agents.agent import AgentPolicy
+from domain.signing import KeyRing
 
 DEFAULT_REMOTE_SERVICE_URL = "http://127.0.0.1:7081"
 # Set by App Service / Functions in Azure, never by the local stack.
@@ -43,6 +47,10 @@ class AgentSettings:
         sending the reply and settling (AGENT_LOCK_RENEWAL_SLACK_SECONDS).
     shutdown_grace: seconds a stopping worker lets in-flight requests finish
         before abandoning them (AGENT_SHUTDOWN_GRACE_SECONDS).
+    keys: the agent keys (AGENT_SIGNING_KEYS) that requests must be signed
+        with and replies are signed with; the runners refuse to start
+        without them (`require_keys`). Never the reply-token keys: those stay
+        in the Functions app (ADR 017e).
     """
 
     remote_service_url: str = DEFAULT_REMOTE_SERVICE_URL
@@ -53,6 +61,7 @@ class AgentSettings:
     max_concurrency: int = 8
     lock_renewal_slack: float = 60.0
     shutdown_grace: float = 30.0
+    keys: KeyRing | None = field(default=None, repr=False)
 
 
 def load_agent_settings(env: Mapping[str, str] | None = None) -> AgentSettings:
@@ -88,6 +97,7 @@ def load_agent_settings(env: Mapping[str, str] | None = None) -> AgentSettings:
         max_concurrency=int_setting(env, "AGENT_MAX_CONCURRENCY", 8, 1),
         lock_renewal_slack=float_setting(env, "AGENT_LOCK_RENEWAL_SLACK_SECONDS", 60.0, 1.0),
         shutdown_grace=float_setting(env, "AGENT_SHUTDOWN_GRACE_SECONDS", 30.0),
+        keys=key_ring(env, AGENT_SIGNING_KEYS),
     )
 
 
@@ -99,6 +109,10 @@ def _is_loopback(url: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def require_agent_keys(settings: AgentSettings) -> KeyRing:
+    return require_keys(settings.keys, AGENT_SIGNING_KEYS)
 
 
 def require_servicebus(settings: AgentSettings) -> ServiceBusAccess:

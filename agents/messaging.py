@@ -1,7 +1,15 @@
 """From a delivered agent request to a sent reply and a settled message:
 `RequestProcessor` makes the decisions once for both runners (the Functions
 trigger and the standalone worker), each settling in its own way. The
-settlement table: docs/adr/014-message-settlement.md."""
+settlement table: docs/adr/014-message-settlement.md.
+
+Nothing is called for a request that does not prove it comes from the
+Scheduler: its signature (domain.signing, under AGENT_SIGNING_KEYS) must
+verify before anything else, so a fencing token, an undo or a charge is only
+ever honoured from a signed request. An unsigned or mis-signed request is
+dead-lettered `ForgedRequest`, a signed one for a step this agent does not
+know `UnknownStep`, each with one alert and no reply (ADR 017e). Every reply
+is signed, so the reply bridge can tell it from a forgery."""
 
 from __future__ import annotations
 
@@ -20,16 +28,19 @@ from adapters.settlement import (
     BackoffPolicy,
     BodyRefused,
     SettleKind,
+    _alert_id,
     dead_letter_text,
     defuse_trace_headers,
     message_label,
     read_body,
 )
 from agents.agent import Agent, reply_event_id
+from agents.steps import UnknownStep, step_named
 from domain.boundary import readable_order_id
 from domain.codec import decode, encode
 from domain.errors import TransientError, ValidationFailed
 from domain.models import AgentReply, AgentRequest
+from domain.signing import KeyRing, check_request, sign_reply
 
 if TYPE_CHECKING:
     from reporting.alerts import Alerts
@@ -37,6 +48,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MAX_DEAD_LETTER_DESCRIPTION = 1000
+
+# Dead-letter reasons (and alert kinds) of requests that prove nothing.
+FORGED_REQUEST = "ForgedRequest"
+UNKNOWN_STEP = "UnknownStep"
 
 
 class Settlement(Protocol):
@@ -56,7 +71,9 @@ class ReplySender(Protocol):
 
 
 class RequestProcessor:
-    """Decode, handle, reply, settle. Receives the Agent and the reply sender."""
+    """Decode, verify, handle, reply, settle. Receives the Agent, the reply
+    sender and the agent keys (`keys`: what requests must be signed with and
+    replies are signed with)."""
 
     def __init__(
         self,
@@ -64,7 +81,10 @@ class RequestProcessor:
         replies: ReplySender,
         alerts: Alerts | None = None,
         policy: BackoffPolicy | None = None,
+        *,
+        keys: KeyRing,
     ) -> None:
+        self._keys = keys
         self._agent = agent
         self._replies = replies
         self._alerts = alerts
@@ -116,6 +136,19 @@ class RequestProcessor:
                 settlement, INVALID_MESSAGE, exc.reason, message_id, readable_order_id(body)
             )
             return SettleKind.DEAD_LETTER
+        refused = self._refusal(request)
+        if refused is not None:
+            reason, description = refused
+            # A forgery goes with its alert: while the alert cannot be queued
+            # the message is kept, so its next delivery alerts (the same id).
+            return await self._dead_letter(
+                settlement,
+                reason,
+                description,
+                message_id,
+                request.OrderID,
+                alert_required=not last_delivery,
+            )
         telemetry.annotate(
             **{
                 telemetry.ORDER_ID: request.OrderID,
@@ -127,6 +160,7 @@ class RequestProcessor:
         try:
             reply = await self._agent.handle(request, redelivered=redelivered)
             telemetry.annotate(**{"reply.outcome": reply.Outcome.value})
+            reply = sign_reply(self._keys, reply)
             await self._replies.send(reply, reply_event_id(request))
         except TransientError as exc:
             if last_delivery:
@@ -154,6 +188,23 @@ class RequestProcessor:
         await settlement.complete()
         return SettleKind.COMPLETE
 
+    def _refusal(self, request: AgentRequest) -> tuple[str, str] | None:
+        """Why this request must not be acted on (reason, description), or
+        None. The signature first: until it verifies, nothing the request
+        says (its step, its fencing token) is believed."""
+        what = (
+            f"{request.Action} of step {request.Step!r} for order {request.OrderID} "
+            f"(instance {request.InstanceId}, fencing token {request.FencingToken})"
+        )
+        why = check_request(self._keys, request)
+        if why is not None:
+            return FORGED_REQUEST, f"request {what}: signature {why}; nothing called"
+        try:
+            step_named(request.Step)
+        except UnknownStep:
+            return UNKNOWN_STEP, f"signed request {what}: no such step here; nothing called"
+        return None
+
     async def _dead_letter(
         self,
         settlement: Settlement,
@@ -161,9 +212,33 @@ class RequestProcessor:
         description: str,
         message_id: str | None,
         order_id: str | None,
-    ) -> None:
+        *,
+        alert_required: bool = False,
+    ) -> SettleKind:
+        """Dead-letter with one alert; with `alert_required`, abandon instead
+        while the alert cannot be queued (the redelivery alerts again)."""
         description = dead_letter_text(description, MAX_DEAD_LETTER_DESCRIPTION)
+        if self._alerts is not None:
+            try:
+                await self._alert(reason, description, message_id, order_id, alert_required)
+            except TransientError as exc:
+                log.warning(
+                    "alert for agent request %s not queued, abandoning: %s", message_id, exc
+                )
+                await settlement.abandon()
+                return SettleKind.ABANDON
         log.error("agent request %s dead-lettered %s: %s", message_id, reason, description)
+        await settlement.dead_letter(reason, description)
+        return SettleKind.DEAD_LETTER
+
+    async def _alert(
+        self,
+        reason: str,
+        description: str,
+        message_id: str | None,
+        order_id: str | None,
+        required: bool,
+    ) -> None:
         if self._alerts is not None:
             await self._alerts.raise_alert(
                 reason,
@@ -172,8 +247,13 @@ class RequestProcessor:
                 order_id,
                 message_id=message_id,
                 queue=AGENT_REQUESTS_QUEUE,
+                # One alert per dead letter: a redelivery (a settlement that
+                # did not land) raises the same id, which the queue drops.
+                alert_id=_alert_id(AGENT_REQUESTS_QUEUE, message_id, reason)
+                if message_id
+                else None,
+                required=required,
             )
-        await settlement.dead_letter(reason, description)
 
 
 class ServiceBusReplySender:

@@ -30,7 +30,12 @@ import bootstrap
 from adapters import telemetry
 from adapters.servicebus import servicebus_client
 from adapters.settlement import BodyRefused
-from agents.config import AgentSettings, load_agent_settings, require_servicebus
+from agents.config import (
+    AgentSettings,
+    load_agent_settings,
+    require_agent_keys,
+    require_servicebus,
+)
 from agents.messaging import (
     ReceiverSettlement,
     RequestProcessor,
@@ -171,6 +176,7 @@ def main() -> None:
     logging.getLogger("azure").setLevel(logging.WARNING)
     telemetry.configure()
     settings = load_agent_settings()
+    require_agent_keys(settings)  # no keys: refuse to start, before connecting anywhere
 
     async def run() -> None:
         stop = asyncio.Event()

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from devstack.process import exit_on_signals, request_shutdown, shutting_down
 from devstack.stack import (
+    KEYS_FILE,
     REPO,
     SETTINGS_FILE,
     WRITTEN_BY,
@@ -76,6 +77,10 @@ def up(args: argparse.Namespace) -> int:
             return 1
         for name, server in stack.servers.items():
             print(f"devstack: {name:<10} ready on 127.0.0.1:{server.port}  (log: {server.log})")
+        print(
+            f"devstack: keys       AGENT_SIGNING_KEYS, REPLY_TOKEN_KEYS in "
+            f"{Path(args.run_dir) / KEYS_FILE} (for `func start` with --no-host)"
+        )
         if "host" in stack.servers:
             print(f"devstack: console    http://127.0.0.1:{stack.servers['host'].port}/api/console")
         hand_over_settings(stack)
@@ -213,8 +218,20 @@ def main(argv: list[str] | None = None) -> int:
     p_down.add_argument(
         "--run-dir", default=None, help="one run directory (default: all under .devstack/)"
     )
+    sub.add_parser(
+        "key",
+        help="print a new random key for AGENT_SIGNING_KEYS or REPLY_TOKEN_KEYS "
+        "(for local.settings.json with `func start`; docs/adr/017e-internal-queue-keys.md)",
+    )
     args = parser.parse_args(argv)
-    return {"up": up, "status": status, "down": down}[args.command](args)
+    return {"up": up, "status": status, "down": down, "key": key}[args.command](args)
+
+
+def key(_args: argparse.Namespace) -> int:
+    from domain.signing import new_key
+
+    print(new_key())
+    return 0
 
 
 if __name__ == "__main__":

@@ -59,6 +59,26 @@ SETTINGS_FILE = "local.settings.json"
 WRITTEN_BY = "devstack"
 # Where the Cosmos server keeps its data, in the run directory.
 COSMOS_DATA = Path("cosmos") / "data.json"
+# The internal queues' keys of one stack (ADR 017e): generated on first use,
+# kept (mode 0600) in its run directory so a restart keeps them, never in the repo.
+KEYS_FILE = "queue-keys.json"
+
+
+def stack_keys(run_dir: Path) -> dict[str, str]:
+    """AGENT_SIGNING_KEYS and REPLY_TOKEN_KEYS of the stack in `run_dir`:
+    read, or generated and written the first time."""
+    from adapters.settings import AGENT_SIGNING_KEYS, REPLY_TOKEN_KEYS
+    from domain.signing import new_key
+
+    path = run_dir / KEYS_FILE
+    if path.exists():
+        return json.loads(path.read_text())
+    run_dir.mkdir(parents=True, exist_ok=True)
+    keys = {AGENT_SIGNING_KEYS: new_key(), REPLY_TOKEN_KEYS: new_key()}
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as out:
+        json.dump(keys, out)
+    return keys
 
 
 @dataclass
@@ -176,10 +196,15 @@ class Stack:
     # Keep the Cosmos data in the run directory (<run>/cosmos/data.json) across restarts
     # (`up` does; tests and benches start from empty run directories and need not write it).
     keep_cosmos: bool = False
+    _keys: dict[str, str] = field(default_factory=dict, repr=False)
 
     @property
     def settings(self) -> dict[str, str]:
-        return app_settings(self.ports, self.overrides)
+        """The app's settings for this stack: the template's, its ports, its
+        generated keys (stack_keys), then the overrides."""
+        if not self._keys:
+            self._keys = stack_keys(self.run_dir)
+        return app_settings(self.ports, {**self._keys, **self.overrides})
 
     @property
     def tag(self) -> str:

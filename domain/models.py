@@ -133,6 +133,11 @@ Text100: TypeAlias = Annotated[
 Text120: TypeAlias = Annotated[
     str, StringConstraints(min_length=1, max_length=120), AfterValidator(check_text)
 ]
+# A token or signature (domain.signing): `v1.<key id>.<base64url MAC>`.
+SignatureText: TypeAlias = Annotated[
+    str, StringConstraints(pattern=r"^[A-Za-z0-9._-]{1,120}$", max_length=120)
+]
+AppIdText: TypeAlias = Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9-]{0,63}$")]
 QueueName = Annotated[
     str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9._-]{0,259}$", max_length=260)
 ]
@@ -419,6 +424,18 @@ class _StepCall(Contract):
     Step: StepName
     Action: Literal["do", "undo"] = "do"
     Attempt: Annotated[int, Field(strict=True, ge=1)]
+    # The application the order belongs to (its record's AppId), so a reply
+    # names its application; covered by the reply token and both signatures.
+    AppId: AppIdText | None = None
+    # Made by the Scheduler for this one request (domain.signing.reply_token)
+    # and echoed by the agent in its reply: the reply bridge raises a reply
+    # only when it verifies for exactly the request it answers (ADR 017e).
+    ReplyToken: SignatureText | None = None
+    # HMAC of the whole message under the agents' key (domain.signing): a
+    # request proves it comes from the Scheduler, a reply from an agent.
+    # Optional in the schema so that an unsigned message is refused as
+    # forged (ForgedRequest / ForgedReply), not as malformed.
+    Signature: SignatureText | None = None
 
 
 class AgentRequest(_StepCall):
@@ -476,6 +493,11 @@ class OperatorAlert(Contract):
         "CompensationFailed",
         "AgentFailure",
         "UnreadableRecord",
+        # Internal-queue messages that did not prove where they come from
+        # (ADR 017e): dead-lettered, changing nothing.
+        "ForgedReply",
+        "ForgedRequest",
+        "UnknownStep",
     ]
     OrderID: ProducedText200 | None = None
     Reason: ProviderText2000

@@ -54,12 +54,18 @@ CONTRACTS: dict[str, Contract] = {
         AgentRequest,
         "validation",
         "Scheduler -> agent-requests (internal)",
+        "Also checked in code: Signature must be the Scheduler's HMAC over the canonical request "
+        "(domain.signing, ADR 017e) before anything is called; unsigned or mis-signed: dead-lettered "
+        "ForgedRequest; a signed request for an unknown step: UnknownStep.",
     ),
     "AgentReply": Contract(
         AgentReply,
         "validation",
         "Agent -> agent-responses (internal)",
-        "Also checked in code: Error is required when Outcome is transient or permanent.",
+        "Also checked in code: Error is required when Outcome is transient or permanent; "
+        "ReplyToken must be the token of the request this reply names (AppId, InstanceId, OrderID, "
+        "Step, Action, Attempt, EventName) and Signature an agent's HMAC over the canonical reply "
+        "(domain.signing, ADR 017e), else dead-lettered ForgedReply.",
     ),
 }
 

@@ -73,6 +73,12 @@ param clientApplications clientApplication[] = [
 @description('Base URL of the remote service the agents call (REMOTE_SERVICE_URL), a public https URL; the local default points at the devstack fake, so Azure needs a real one. An empty value is refused here, a loopback one by the preflight (deploy/preflight.py) and by the app at start.')
 @minLength(12)
 param remoteServiceUrl string
+@description('AGENT_SIGNING_KEYS (azd: AGENT_SIGNING_KEYS): the keys requests and replies on the internal queues are signed with, held by the app and every agent worker. Best a Key Vault reference, @Microsoft.KeyVault(SecretUri=https://VAULT.vault.azure.net/secrets/agent-signing-keys/), resolved with the app\'s identity (Key Vault Secrets User on the vault); no default: docs/adr/017e-internal-queue-keys.md.')
+@secure()
+param agentSigningKeys string
+@description('REPLY_TOKEN_KEYS (azd: REPLY_TOKEN_KEYS): the keys of the reply tokens, held by the app only; a Key Vault reference like agentSigningKeys (secret reply-token-keys).')
+@secure()
+param replyTokenKeys string
 
 // Data names (app settings of the same meaning).
 param taskHubName string = 'OrderProcessing'
@@ -328,6 +334,8 @@ module api 'app/api.bicep' = {
     ordersCosmosEndpoint: stateStore.outputs.ordersEndpoint
     clientApplications: clientApplications
     remoteServiceUrl: remoteServiceUrl
+    agentSigningKeys: agentSigningKeys
+    replyTokenKeys: replyTokenKeys
     taskHubName: taskHubName
     durableBackend: durableBackend
     durableTaskSchedulerEndpoint: useScheduler ? durableTaskScheduler.outputs.endpoint : ''

@@ -70,6 +70,9 @@ class Plan(ActivityContract):
     # 2.0: the application opted in to progress statuses (Processing,
     # StepCompleted) in the reply-queue registry; otherwise only terminal ones.
     Progress: bool = False
+    # The order's application, named in its agent requests (and so in their
+    # replies and tokens, ADR 017e). None in a plan an older build recorded.
+    AppId: str | None = None
 
 
 class WriteResult(ActivityContract):
@@ -90,6 +93,9 @@ class SendRequest(Traced):
     Deadline: AwareDatetime
     Payload: dict = Field(default_factory=dict)
     ListenUntil: AwareDatetime | None = None  # AgentRequest.ListenUntil
+    # The order's application (Plan.AppId), for AgentRequest.AppId; None from
+    # a plan an older build recorded (the request then names none).
+    AppId: str | None = None
 
     @property
     def label(self) -> str:

@@ -10,9 +10,16 @@ write to the record anyway (LockedBy).
 A hostile or malformed reply never reaches the workflow: it is refused at the
 boundary (domain.codec) and dead-lettered `InvalidMessage`; a reply whose
 InstanceId is not an attempt of its OrderID is refused the same way. A
+well-formed reply must then prove it answers a request the Scheduler made
+(domain.signing, ADR 017e): its reply token must have been made for exactly
+its own identity (application, instance, order, step, action, attempt and
+event, which names the undo try), and its signature must be an agent's over
+everything it says. Anything else is dead-lettered `ForgedReply` before any
+event is raised: no guess, no buffering, so a reply for a step not yet
+requested (whose token cannot exist yet) is never kept to be taken later. A
 failure to raise the event is retried after a back-off delay; anything
 unexpected is dead-lettered `ProcessingFailed` (adapters.settlement.MessageGate
-does both, and alerts)."""
+does all three, and alerts once per dead letter)."""
 
 from __future__ import annotations
 
@@ -26,9 +33,12 @@ from domain.codec import decode
 from domain.errors import ValidationFailed
 from domain.ids import parse_attempt_instance_id
 from domain.models import AgentReply
+from domain.signing import SchedulerKeys, check_scheduler_reply
 from orchestrators.hooks import CrashPoint, no_crash_point
 
 log = logging.getLogger(__name__)
+
+FORGED_REPLY = "ForgedReply"
 
 
 _GONE = ("is gone", "No instance with ID")
@@ -48,13 +58,41 @@ def _check_reply(body: bytes) -> AgentReply:
     return reply
 
 
-async def bridge_reply(body: bytes, client, crash_point: CrashPoint = no_crash_point) -> Settle:
+def _forgery(keys: SchedulerKeys, reply: AgentReply) -> str | None:
+    """Why `reply` does not answer a request of the Scheduler's, or None."""
+    _, attempt = parse_attempt_instance_id(reply.InstanceId)
+    if attempt != reply.Attempt:
+        return f"Attempt {reply.Attempt} is not the attempt of instance {reply.InstanceId}"
+    return check_scheduler_reply(keys, reply)
+
+
+async def bridge_reply(
+    body: bytes, client, keys: SchedulerKeys, crash_point: CrashPoint = no_crash_point
+) -> Settle:
     """What to do with one reply (the gate around it settles and alerts);
-    `crash_point` is the fault-injection hook (orchestrators.hooks)."""
+    `keys` check it answers a real request; `crash_point` is the
+    fault-injection hook (orchestrators.hooks)."""
     try:
         reply = _check_reply(body)
     except ValidationFailed as exc:
         return Settle.dead_letter("InvalidMessage", exc.reason)
+    forged = _forgery(keys, reply)
+    if forged is not None:
+        log.warning(
+            "forged reply %s for %s refused: %s",
+            reply.EventName,
+            reply.InstanceId,
+            forged,
+            extra={"order_id": reply.OrderID},
+        )
+        return Settle.dead_letter(
+            FORGED_REPLY,
+            f"reply {reply.Outcome.value} to {reply.Action} of step {reply.Step} "
+            f"(event {reply.EventName}, instance {reply.InstanceId}, application "
+            f"{reply.AppId or '(none)'}) does not answer a request of the Scheduler: "
+            f"{forged}; no event raised",
+            reply.OrderID,
+        )
     telemetry.annotate(
         **{
             telemetry.ORDER_ID: reply.OrderID,
@@ -94,12 +132,13 @@ async def on_reply_message(message: Any, actions: Any, client: Any) -> Settle:
     import bootstrap
 
     gate = await bootstrap.message_gate(AGENT_RESPONSES_QUEUE)
+    keys = bootstrap.reply_keys()
     with telemetry.consume(
         "reply bridge", message, **{"messaging.destination.name": AGENT_RESPONSES_QUEUE}
     ):
         crash_point = bootstrap.crash_point()
         outcome = await gate.run(
-            message, actions, lambda body: bridge_reply(body, client, crash_point=crash_point)
+            message, actions, lambda body: bridge_reply(body, client, keys, crash_point=crash_point)
         )
         telemetry.annotate(settlement=outcome.kind.value)
         return outcome

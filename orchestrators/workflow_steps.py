@@ -128,6 +128,7 @@ def request_step(
         Deadline=deadline,
         Payload=plan.Payload,
         ListenUntil=listen_until,
+        AppId=plan.AppId,
     )
     if step.Mode == "inline":
         data = request.dump()

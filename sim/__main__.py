@@ -19,7 +19,11 @@ REGRESSIONS = Path(__file__).with_name("regressions.json")
 
 
 def shrink(
-    result: Result, orders: int, budget: int = 40, version: str | None = None
+    result: Result,
+    orders: int,
+    budget: int = 40,
+    version: str | None = None,
+    hostile: int | None = None,
 ) -> tuple[frozenset[int], Result]:
     """Drop faults one at a time while the same check still fails."""
     check = result.violations[0][0]
@@ -30,21 +34,34 @@ def shrink(
             break
         budget -= 1
         trial = drop | {fault.index}
-        again = run_schedule(result.seed, orders, trial, version)
+        again = run_schedule(result.seed, orders, trial, version, hostile)
         if again.violations and again.violations[0][0] == check:
             drop, best = trial, again
     return drop, best
 
 
-def command(seed: int, orders: int, drop: frozenset[int], version: str | None = None) -> str:
+def command(
+    seed: int,
+    orders: int,
+    drop: frozenset[int],
+    version: str | None = None,
+    hostile: int | None = None,
+) -> str:
     extra = f" --drop {','.join(map(str, sorted(drop)))}" if drop else ""
     extra += f" --version {version}" if version else ""
+    extra += f" --hostile {hostile}" if hostile is not None else ""
     return f"python -m sim --seed {seed} --orders {orders}{extra}"
 
 
 def record(
-    seed: int, orders: int, violations: list[tuple[str, str]], version: str | None = None
+    seed: int,
+    orders: int,
+    violations: list[tuple[str, str]],
+    version: str | None = None,
+    hostile: int = 0,
 ) -> None:
+    """Entries carry the schedule's number of forgeries (`hostile`); one
+    without it was found before the hostile sender existed (replayed with 0)."""
     entries = json.loads(REGRESSIONS.read_text()) if REGRESSIONS.exists() else []
     if any(
         e["seed"] == seed and e["orders"] == orders and e.get("version") == version for e in entries
@@ -57,6 +74,7 @@ def record(
         "check": check,
         "detail": detail[:300],
         "checks": sorted({c for c, _ in violations}),
+        "hostile": hostile,
     }
     if version:
         entry["version"] = version
@@ -83,6 +101,12 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="workflow version new attempts run (default: host.json's defaultVersion)",
     )
+    p.add_argument(
+        "--hostile",
+        type=int,
+        default=None,
+        help="forged internal-queue messages per schedule (default: drawn from the seed)",
+    )
     args = p.parse_args(argv)
 
     seeds = [args.seed] if args.seed is not None else range(args.start, args.start + args.seeds)
@@ -93,6 +117,7 @@ def main(argv: list[str] | None = None) -> int:
         "(from the settings: (max_failures+1) x attempt + long retries + compensation)"
     )
     faults: Counter[str] = Counter()
+    forged = 0
     rows: Counter[str] = Counter()
     checks: Counter[str] = Counter()
     first_seed: dict[str, int] = {}
@@ -100,9 +125,10 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     n = 0
     for seed in seeds:
-        result = run_schedule(seed, args.orders, drop, args.version)
+        result = run_schedule(seed, args.orders, drop, args.version, args.hostile)
         n += 1
         faults.update(f.kind for f in result.faults)
+        forged += result.counters["forged"]
         rows.update(result.rows)
         if args.trace or args.seed is not None:
             print("\n".join(result.trace))
@@ -122,7 +148,9 @@ def main(argv: list[str] | None = None) -> int:
         again = check in first_seed and first_seed[check] != seed
         quick = args.no_shrink or args.seed is not None or again
         shrunk, best = (
-            (drop, result) if quick else shrink(result, args.orders, version=args.version)
+            (drop, result)
+            if quick
+            else shrink(result, args.orders, version=args.version, hostile=args.hostile)
         )
         print("  fault trace (shrunk):" if shrunk != drop else "  fault trace:")
         kept = [f for f in best.faults]
@@ -130,14 +158,16 @@ def main(argv: list[str] | None = None) -> int:
             print(f"    {fault.line()[:160]}")
         if len(kept) > 30:
             print(f"    ... {len(kept) - 30} more")
-        print(f"  replay: {command(seed, args.orders, shrunk, args.version)}")
+        hostile = result.options.faults.hostile
+        print(f"  replay: {command(seed, args.orders, shrunk, args.version, hostile)}")
         if args.record:
-            record(seed, args.orders, result.violations, args.version)
+            record(seed, args.orders, result.violations, args.version, hostile)
     elapsed = time.perf_counter() - started
     print(f"{n / elapsed:.1f} schedules/s ({n} in {elapsed:.1f} s)")
     print(
         "faults injected: " + (", ".join(f"{k}={v}" for k, v in sorted(faults.items())) or "none")
     )
+    print(f"forged internal-queue messages (sim/hostile.py): {forged}")
     print("transition rows (DESIGN.md section 3):")
     for row, text, by in ROWS:
         print(

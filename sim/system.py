@@ -50,6 +50,7 @@ from devstack.remote_service.ledger import Ledger
 from domain import state_machine as sm
 from domain.errors import DomainError, TransientError
 from domain.ids import reply_event_name
+from domain.signing import KeyRing
 from domain.steps import STEP_NAMES
 from orchestrators.reply_bridge import on_reply_message
 from orchestrators.starter import Starter
@@ -66,6 +67,9 @@ from .bus import (
 )
 from .cosmos import SimContainer
 from .durable import SimDurable
+from .hostile import ALERT_KINDS as FORGERY_ALERTS
+from .hostile import PREFIX as FORGED
+from .hostile import Hostile
 from .world import START, Crash, FaultConfig, World
 
 _history_event = importlib.import_module("azure.durable_functions.models.history.HistoryEvent")
@@ -140,8 +144,12 @@ class Options:
     version: str | None = None
 
 
-def options_for(seed: int, orders: int, version: str | None = None) -> Options:
-    """Everything about a schedule, drawn from its seed."""
+def options_for(
+    seed: int, orders: int, version: str | None = None, hostile: int | None = None
+) -> Options:
+    """Everything about a schedule, drawn from its seed; `hostile` fixes the
+    number of forgeries (sim.hostile) instead (0 replays a schedule found
+    before the hostile sender existed)."""
     rng = random.Random(f"options/{seed}")
     quiet = rng.random() < 0.15
     f = FaultConfig()
@@ -166,6 +174,11 @@ def options_for(seed: int, orders: int, version: str | None = None) -> Options:
             burst=rng.random() < 0.3,
             bad_messages=rng.choice((0.0, 0.0, 0.2)),
         )
+    # Forgeries on the internal queues, from a stream of their own so that
+    # every other option of the seed stays what it was.
+    if hostile is None:
+        hostile = random.Random(f"hostile/{seed}").choice((0, 0, 3, 8, 20))
+    f = replace(f, hostile=hostile)
     scan = rng.choice(("query", "index"))
     options = Options(
         # An outage must outlast the whole retry budget: the faults run long enough for that.
@@ -327,6 +340,7 @@ def _patched(sim: Simulation):
         "alerts",
         "supervisor",
         "message_gate",
+        "reply_keys",
     )
     saved = {n: getattr(bootstrap, n) for n in names}
     saved_dt = pybreaker.datetime
@@ -360,6 +374,9 @@ def _patched(sim: Simulation):
             BackoffPolicy(max_delivery_count=rules_for(queue).max_delivery),
             clock=SimClock(sim.world, consumer),
         )
+
+    def reply_keys():
+        return sim.settings.scheduler_keys()
 
     async def inline(fn, /, *args, **kwargs):
         # The gate settles through the binding's synchronous actions in a worker
@@ -414,11 +431,12 @@ class Simulation:
         drop: frozenset[int] = frozenset(),
         options: Options | None = None,
         version: str | None = None,
+        hostile: int | None = None,
     ) -> None:
         self.seed = seed
         self.junk: list[str] = []  # ids of the garbage documents (foreign_docs)
         self.newer_fields: set[str] = set()  # records a newer version added a field to
-        self.o = options or options_for(seed, orders, version)
+        self.o = options or options_for(seed, orders, version, hostile)
         self.world = World(seed, self.o.faults, drop)
         w = self.world
         self.bus = Bus(w)
@@ -448,6 +466,10 @@ class Simulation:
             supervisor_page_size=self.o.page_size,
             supervisor_scan=self.o.scan,
             retry=self.o.retry,
+            # The schedule's own keys, from its seed (its own stream: no other
+            # draw moves), as devstack generates a stack's (ADR 017e).
+            agent_keys=KeyRing([random.Random(f"keys/agents/{seed}").randbytes(32)]),
+            reply_token_keys=KeyRing([random.Random(f"keys/tokens/{seed}").randbytes(32)]),
         )
         self.publisher = SimPublisher(w, self.bus, {REPLY_QUEUE})
         self.publisher.on_sent = self._on_sent
@@ -477,7 +499,13 @@ class Simulation:
         self.agent = Agent(
             self.remote, SimClock(w, "agent"), AgentPolicy(), rng=random.Random(f"agent/{seed}")
         )
-        self.processor = RequestProcessor(self.agent, SimReplySender(w, self.bus))
+        # With its alerts, as bootstrap.request_processor builds it.
+        self.processor = RequestProcessor(
+            self.agent,
+            SimReplySender(w, self.bus),
+            Alerts(self.publisher),
+            keys=self.settings.scheduler_keys().agents,
+        )
         from activities.scheduler_activities import SchedulerActivities
         from submit.handler import BacklogReader, SubmitHandler
 
@@ -523,6 +551,7 @@ class Simulation:
         self.bad: dict[str, str] = {}
         self.operator_done: set[tuple[str, str]] = set()
         self.operator_pending = 0
+        self.hostile = Hostile(self, self.o.faults.hostile) if self.o.faults.hostile else None
 
     # --- the supervisor, as bootstrap builds it (its own charges per run)
     def new_supervisor(self):
@@ -781,7 +810,8 @@ class Simulation:
     async def _handle(self, d: Delivery) -> None:
         try:
             if d.queue == "agent-requests":
-                self._check_deadline(d)
+                if not d.message_id.startswith(FORGED):  # a forgery's deadline is its own
+                    self._check_deadline(d)
                 await self.processor.process(
                     d.body,
                     SimSettlement(d),
@@ -957,6 +987,8 @@ class Simulation:
             return False
         if self._junk_unalerted():
             return False  # a bad document is not done with until an operator hears of it
+        if self.hostile is not None and self.hostile.pending:
+            return False  # a forgery still to come: it may arrive after every order ended
         for oid in self.order_ids:
             doc = self.state_c.docs.get((oid, oid))
             if doc is None:
@@ -1039,6 +1071,8 @@ class Simulation:
             )
             end += HOST_OUTAGE
         self.until = end
+        if self.hostile is not None:
+            self.hostile.install()
         for i, oid in enumerate(self.order_ids):
             at = w.data_rng.uniform(0, 3 if f.burst else 60)
             if f.minute_edges:
@@ -1122,7 +1156,10 @@ class Simulation:
         return out
 
     def _alerted(self) -> set[str | None]:
-        return {json.loads(m.body).get("OrderID") for m in self.bus.queue("alerts").sent}
+        """Orders an alert named; an alert about a forgery that named an order
+        is not an alert about that order's fate (sim.hostile checks those)."""
+        bodies = (json.loads(m.body) for m in self.bus.queue("alerts").sent)
+        return {b.get("OrderID") for b in bodies if b.get("Kind") not in FORGERY_ALERTS}
 
     def fail(self, check: str, detail: str) -> None:
         self.violations.append((check, detail))
@@ -1347,6 +1384,18 @@ class Simulation:
                 )
         for oid in self.overwritten[:1]:
             self.fail("4 nothing overwritten", f"the orders DB document of {oid} was written twice")
+        # a Processed order has every step's effect, once and not undone (a
+        # forged ok or a lost one would leave a step without it)
+        for oid, doc in docs.items():
+            if doc and doc["ProcessState"] == "Processed":
+                missing = [s for s in STEP_NAMES if net[(oid, s)] != 1]
+                if missing:
+                    self.fail(
+                        "Processed order applied every step",
+                        f"{oid} is Processed but the remote service has no effect of {missing}",
+                    )
+        if self.hostile is not None:
+            self.hostile.check()
 
 
 _BOOKKEEPING = frozenset(
@@ -1394,11 +1443,15 @@ class Result:
 
 
 def run_schedule(
-    seed: int, orders: int = 3, drop: frozenset[int] = frozenset(), version: str | None = None
+    seed: int,
+    orders: int = 3,
+    drop: frozenset[int] = frozenset(),
+    version: str | None = None,
+    hostile: int | None = None,
 ) -> Result:
     logging.disable(logging.CRITICAL)
     warnings.filterwarnings("ignore", message="Potential duplicate Task completion")
-    sim = Simulation(seed, orders, drop, version=version)
+    sim = Simulation(seed, orders, drop, version=version, hostile=hostile)
     loop = asyncio.new_event_loop()
     try:
         loop.run_until_complete(sim.run())

@@ -93,6 +93,7 @@ class FaultConfig:
     # documents this version did not write: garbage in the state and index
     # containers, and a newer version's unknown field on live records
     foreign_docs: bool = False
+    hostile: int = 0  # forged replies and requests on the internal queues (sim.hostile)
 
 
 @dataclass

@@ -7,8 +7,43 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
+from adapters.settings import AGENT_SIGNING_KEYS, REPLY_TOKEN_KEYS
 from domain.ids import attempt_instance_id, fencing_token, idempotency_key, reply_event_name
-from domain.models import AgentRequest
+from domain.models import AgentReply, AgentRequest
+from domain.signing import SchedulerKeys, new_key, parse_keys, reply_token, seal_request, sign_reply
+
+# The internal queues' keys for tests: new for every test run, never in the repo
+# (ADR 017e). Processes a test starts get them through their environment.
+KEY_SETTINGS = {AGENT_SIGNING_KEYS: new_key(), REPLY_TOKEN_KEYS: new_key()}
+KEYS = SchedulerKeys(
+    tokens=parse_keys(KEY_SETTINGS[REPLY_TOKEN_KEYS]),
+    agents=parse_keys(KEY_SETTINGS[AGENT_SIGNING_KEYS]),
+)
+
+
+def sealed(request: AgentRequest) -> AgentRequest:
+    """`request` as the Scheduler's send activity sends it: token and signature."""
+    return seal_request(KEYS, request)
+
+
+def signed_reply(reply: AgentReply, request: AgentRequest | None = None) -> AgentReply:
+    """`reply` as an agent sends it: the token of the request it answers
+    (`request`, else the one its own fields name), then the agent's signature."""
+    if request is None:
+        request = AgentRequest(
+            InstanceId=reply.InstanceId,
+            OrderID=reply.OrderID,
+            Step=reply.Step,
+            Action=reply.Action,
+            Attempt=reply.Attempt,
+            AppId=reply.AppId,
+            IdempotencyKey=idempotency_key(reply.OrderID, reply.Step),
+            FencingToken=fencing_token(reply.Attempt),
+            Deadline=datetime(2030, 1, 1).astimezone(),
+            ReplyEvent=reply.EventName,
+        )
+    token = reply_token(KEYS.tokens, request)
+    return sign_reply(KEYS.agents, reply.model_copy(update={"ReplyToken": token}))
 
 
 def order_payload(order_id: str = "ORD-1", **overrides: Any) -> dict[str, Any]:
@@ -36,20 +71,24 @@ def agent_request(
     action: str,
     deadline: datetime,
     payload: dict[str, Any] | None = None,
+    app_id: str | None = "webshop",
 ) -> AgentRequest:
-    """An AgentRequest with every identity built by domain.ids, as the
-    Scheduler's send activity builds it."""
-    return AgentRequest(
-        InstanceId=attempt_instance_id(order_id, attempt),
-        OrderID=order_id,
-        Step=step,
-        Action=action,
-        Attempt=attempt,
-        IdempotencyKey=idempotency_key(order_id, step),
-        FencingToken=fencing_token(attempt),
-        Deadline=deadline,
-        ReplyEvent=reply_event_name(step, attempt, action),
-        Payload=payload or {},
+    """An AgentRequest with every identity built by domain.ids and sealed
+    with the test keys, as the Scheduler's send activity builds it."""
+    return sealed(
+        AgentRequest(
+            InstanceId=attempt_instance_id(order_id, attempt),
+            OrderID=order_id,
+            Step=step,
+            Action=action,
+            Attempt=attempt,
+            IdempotencyKey=idempotency_key(order_id, step),
+            FencingToken=fencing_token(attempt),
+            Deadline=deadline,
+            ReplyEvent=reply_event_name(step, attempt, action),
+            Payload=payload or {},
+            AppId=app_id,
+        )
     )
 
 

@@ -29,6 +29,11 @@ param ordersCosmosEndpoint string
 param clientApplications clientApplication[]
 @description('Base URL of the remote service the agents call.')
 param remoteServiceUrl string
+@description('AGENT_SIGNING_KEYS and REPLY_TOKEN_KEYS: Key Vault references (resolved with the app\'s identity, keyVaultReferenceIdentity) or the keys (ADR 017e).')
+@secure()
+param agentSigningKeys string
+@secure()
+param replyTokenKeys string
 
 param taskHubName string
 @description('azureStorage: the task hub lives in the host storage account (host.json). durableTaskScheduler: the app settings below switch the provider to the scheduler.')
@@ -145,6 +150,8 @@ var baseSettings = {
   REPLY_QUEUE_REGISTRY: string(replyQueueRegistry)
   ORDER_INGRESS_QUEUES: string(ingressQueueRegistry)
   REMOTE_SERVICE_URL: remoteServiceUrl
+  AGENT_SIGNING_KEYS: agentSigningKeys
+  REPLY_TOKEN_KEYS: replyTokenKeys
   PENDING_BACKLOG_LIMIT: string(pendingBacklogLimit)
   BACKLOG_GAUGE_MAX_AGE_SECONDS: string(backlogGaugeMaxAgeSeconds)
   MAX_ORDER_BYTES: string(maxOrderBytes)

@@ -4,12 +4,15 @@ late reply from a timed-out attempt. Each checks the invariants of DESIGN.md §7
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 import pytest
 from azure.servicebus import ServiceBusMessage
 
 from domain.codec import encode
 from domain.ids import reply_event_name
-from domain.models import AgentReply, ProcessState, ReplyOutcome, StepStatus
+from domain.models import AgentReply, AgentRequest, ProcessState, ReplyOutcome, StepStatus
+from domain.signing import reply_token, sign_reply
 from tests.e2e.conftest import E2E
 
 pytestmark = [pytest.mark.timeout(300)]
@@ -112,6 +115,23 @@ async def test_host_killed_while_a_step_timer_is_pending(stack):
         assert await e2e.check({oid}) == []
 
 
+def token_of(keys, reply: AgentReply) -> str:
+    """The token the Scheduler gave the request `reply` answers."""
+    request = AgentRequest(
+        InstanceId=reply.InstanceId,
+        OrderID=reply.OrderID,
+        Step=reply.Step,
+        Action=reply.Action,
+        Attempt=reply.Attempt,
+        AppId=reply.AppId,
+        IdempotencyKey=f"{reply.OrderID}/{reply.Step}",
+        FencingToken=reply.Attempt,
+        Deadline=datetime.now(UTC),
+        ReplyEvent=reply.EventName,
+    )
+    return reply_token(keys.tokens, request)
+
+
 async def test_late_reply_from_attempt_one_changes_nothing(stack):
     async with E2E(stack) as e2e:
         e2e.host_with_crash_points()
@@ -123,17 +143,22 @@ async def test_late_reply_from_attempt_one_changes_nothing(stack):
         await e2e.wait_for(
             lambda rs: oid in rs and rs[oid].Attempt >= 2, timeout=90, what="attempt 2"
         )
-        # now attempt 1's reply turns up, claiming success
+        # now attempt 1's reply turns up, claiming success: a genuine one,
+        # with its request's token and an agent's signature (ADR 017e)
+        keys = e2e.settings.scheduler_keys()
         late = AgentReply(
             InstanceId=f"{oid}:1",
             OrderID=oid,
             Step="reserve-inventory",
             Attempt=1,
+            AppId="webshop",
             EventName=reply_event_name("reserve-inventory", 1),
             EventId=f"{oid}:1/late",
             Outcome=ReplyOutcome.OK,
             Result={"Reference": "from-attempt-1"},
         )
+        token = token_of(keys, late)
+        late = sign_reply(keys.agents, late.model_copy(update={"ReplyToken": token}))
         async with e2e.bus.get_queue_sender("agent-responses") as sender:
             await sender.send_messages(ServiceBusMessage(encode(late), message_id=f"{oid}:1/late"))
         records = await e2e.wait_terminal({oid}, timeout=200)

@@ -16,6 +16,8 @@ the Function App sets (app/api.bicep, `appSettings`):
 | CosmosDbConnection           | CosmosDbConnection__accountEndpoint                         |
 | COSMOS_VERIFY_TLS            | same name, and it must be "true"                            |
 | REMOTE_SERVICE_URL           | same name, from a required parameter (local value is local) |
+| AGENT_SIGNING_KEYS,          | same names, from required @secure() parameters: Key Vault   |
+| REPLY_TOKEN_KEYS             | references resolved with the app's identity (ADR 017e)      |
 | every other name             | same name, default equal to the template's value            |
 
 On top of those: TASKHUB_NAME (host.json reads it), RECOVERY_INDEX_CONTAINER_NAME,
@@ -74,7 +76,13 @@ IDENTITY_FORMS = {
 }
 # Settings whose local value means nothing in Azure: set from a required
 # main.bicep parameter (no default), which azd asks for.
-DEPLOYMENT_SPECIFIC = {"REMOTE_SERVICE_URL": "remoteServiceUrl"}
+# The internal queues' keys too: a Key Vault reference per deployment (ADR 017e),
+# never a default that every deployment would share.
+DEPLOYMENT_SPECIFIC = {
+    "REMOTE_SERVICE_URL": "remoteServiceUrl",
+    "AGENT_SIGNING_KEYS": "agentSigningKeys",
+    "REPLY_TOKEN_KEYS": "replyTokenKeys",
+}
 # Parameter names that are not the camelCase of the setting.
 PARAM_NAMES = {"TASKHUB_NAME": "taskHubName"}
 # Settings main.bicep derives from its parameter of the same meaning (raised

@@ -66,7 +66,12 @@ def _all_app_settings() -> dict:
 # The app's own secrets (no access to any Azure service): each comes from a
 # @secure() parameter of api.bicep (test_console_auth.py checks where its value
 # comes from).
-APP_OWN_SECRETS = {"CONSOLE_CSRF_SECRET": "consoleCsrfSecret"}
+APP_OWN_SECRETS = {
+    "CONSOLE_CSRF_SECRET": "consoleCsrfSecret",
+    # The internal queues' keys (ADR 017e): @secure() parameters, best Key Vault references.
+    "AGENT_SIGNING_KEYS": "agentSigningKeys",
+    "REPLY_TOKEN_KEYS": "replyTokenKeys",
+}
 
 
 def test_app_settings_carry_no_key():

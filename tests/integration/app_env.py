@@ -14,6 +14,7 @@ from azure.servicebus import ServiceBusMessage, ServiceBusReceiveMode
 from azure.servicebus.aio import ServiceBusClient
 
 import adapters.settings
+from tests.builders import KEY_SETTINGS
 
 REGISTRY = {"webshop": "replies-webshop", "partner-portal": "replies-partner-portal"}
 # Each application's ingress queue (devstack/servicebus/Config.json).
@@ -32,6 +33,7 @@ def app_environment(
         "ServiceBusConnection": servicebus_emulator.connection_string,
         "REPLY_QUEUE_REGISTRY": json.dumps(REGISTRY),
         "ORDER_INGRESS_QUEUES": json.dumps(INGRESS),
+        **KEY_SETTINGS,
         **extra,
     }
 

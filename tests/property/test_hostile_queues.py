@@ -38,7 +38,7 @@ from domain.models import AgentReply, AgentRequest, OrderSubmitted
 from orchestrators.functions import bp as orchestrator_blueprint
 from reporting import Alerts
 from submit.functions import function_name, register
-from tests.builders import agent_request, order_payload
+from tests.builders import KEYS, agent_request, order_payload, signed_reply
 from tests.integration.app_env import INGRESS, Bus, RecordingActions, app_env, registered  # noqa: F401
 from tests.property.strategies import (
     application_properties,
@@ -59,6 +59,10 @@ DOCUMENTED_REASONS = {
     "OrderConflict",
     "RetriesExhausted",
     "ProcessingFailed",
+    # Internal queues: a message that does not prove where it comes from (ADR 017e).
+    "ForgedRequest",
+    "UnknownStep",
+    "ForgedReply",
 }
 EXAMPLES = int(os.environ.get("HOSTILE_EXAMPLES", "15"))
 SETTINGS = settings(
@@ -163,7 +167,9 @@ def amqp_message(body: bytes, kind: str, message_id: str, props: dict | None):
     if kind == "value-map":
         try:
             value = json.loads(body)
-        except ValueError:
+            # AMQP strings are UTF-8: a lone surrogate cannot even be sent.
+            json.dumps(value, ensure_ascii=False).encode("utf-8")
+        except (ValueError, UnicodeEncodeError):
             value = {"OrderID": "x"}
         return AmqpAnnotatedMessage(
             value_body=value if isinstance(value, dict) and value else {"a": 1}, **common
@@ -380,6 +386,7 @@ async def agent_processor(bus, monkeypatch):
         Agent(FakeRemote(clock), clock, POLICY),
         ServiceBusReplySender(bus.client, "agent-responses"),
         Alerts(ServiceBusPublisher(bus.client)),
+        keys=KEYS.agents,
     )
     monkeypatch.setattr(agent_functions._runtime, "_processor", processor)
     return processor
@@ -454,7 +461,10 @@ def reply_bodies(draw, order_id: str) -> bytes:
     choice = draw(st.sampled_from(["valid", "valid-error", "spoil", "other-order", "any"]))
     if choice == "valid-error":
         base.update(Outcome="permanent", Result=None, Error="card declined")
-    elif choice == "spoil":
+    if choice != "any":
+        # As an agent sends it: the request's token, the agent's signature.
+        base = signed_reply(AgentReply.model_validate(base)).model_dump(mode="json")
+    if choice == "spoil":
         key = draw(st.sampled_from([*sorted(base), "Extra"]))
         base[key] = draw(st.one_of(hostile_text, json_values, st.sampled_from([1.0, True, 0])))
     elif choice == "other-order":

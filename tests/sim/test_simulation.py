@@ -38,6 +38,9 @@ DEFECT_OF_CHECK = {
     "4 bad submission dead-lettered with a reason": "defect 10: an AMQP value body raises instead of being dead-lettered",
     "index entry of a live attempt kept": "new: the index source discards a live entry after a lagging read",
     "liveness": "defects 1/5/6 and a lagging read in the index source: an order never reaches a terminal state",
+    "forged message alerted once": "new (issue 22): a dead letter's alert is lost when the alerts "
+    "queue refuses the send on every delivery: the gate abandons for an immediate redelivery, "
+    "so a short alerts outage uses up every delivery and only the log event stands (seed 5082)",
 }
 
 
@@ -184,14 +187,16 @@ def _regression_params():
             entry["seed"],
             entry["orders"],
             version,
+            # Entries found before the hostile sender existed replay without it.
+            entry.get("hostile", 0),
             id=f"seed{entry['seed']}{tag}-{entry['check'][:30]}",
             marks=marks,
         )
 
 
-@pytest.mark.parametrize(("seed", "orders", "version"), list(_regression_params()))
-def test_regression_seed(seed, orders, version):
-    result = run_schedule(seed, orders, version=version)
+@pytest.mark.parametrize(("seed", "orders", "version", "hostile"), list(_regression_params()))
+def test_regression_seed(seed, orders, version, hostile):
+    result = run_schedule(seed, orders, version=version, hostile=hostile)
     assert result.violations == []
 
 

@@ -57,6 +57,9 @@ resource site 'Microsoft.Web/sites@2024-04-01' = {
   properties: {
     serverFarmId: planId
     httpsOnly: true
+    // Key Vault references in the app settings (AGENT_SIGNING_KEYS,
+    // REPLY_TOKEN_KEYS) are resolved as this identity, the app's only one.
+    keyVaultReferenceIdentity: identityId
     siteConfig: {
       minTlsVersion: '1.2'
       ftpsState: 'Disabled'

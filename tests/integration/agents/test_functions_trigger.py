@@ -23,6 +23,7 @@ from agents.agent import reply_event_id
 from domain.codec import encode
 from domain.ids import agent_request_message_id
 from domain.models import ReplyOutcome
+from tests.builders import KEY_SETTINGS
 from tests.fixtures.servicebus import PROJECT_CONFIG
 from tests.integration.agents.test_worker_servicebus import (
     make_request,
@@ -60,6 +61,7 @@ def agent_host(private_servicebus, remote_service_process, tmp_path_factory) -> 
         "AGENT_RETRY_INITIAL_SECONDS": "0.02",
         "AGENT_RETRY_MAX_SECONDS": "0.1",
         "AGENT_REPLY_MARGIN_SECONDS": "0.2",
+        **KEY_SETTINGS,
     }
     command = [
         sys.executable, "-m", "devstack.host",

@@ -31,6 +31,7 @@ from domain.ids import (
     reply_event_name,
 )
 from domain.models import AgentReply, AgentRequest, ReplyOutcome
+from tests.builders import KEY_SETTINGS, sealed
 from tests.fixtures.servicebus import PROJECT_CONFIG
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -55,6 +56,7 @@ class WorkerProcess:
             # One at a time, so replies come out in request order.
             "AGENT_MAX_CONCURRENCY": "1",
             "AGENT_SHUTDOWN_GRACE_SECONDS": "5",
+            **KEY_SETTINGS,  # the agent keys (and the token keys, which a worker ignores)
             **settings,
         }
         self.process = subprocess.Popen(
@@ -110,16 +112,20 @@ def worker(private_servicebus, remote_service_process) -> Iterator[WorkerProcess
 
 
 def make_request(order_id: str, step: str = "reserve-inventory", attempt: int = 1) -> AgentRequest:
-    return AgentRequest(
-        InstanceId=attempt_instance_id(order_id, attempt),
-        OrderID=order_id,
-        Step=step,
-        Attempt=attempt,
-        IdempotencyKey=idempotency_key(order_id, step),
-        FencingToken=attempt,
-        Deadline=datetime.now(UTC) + timedelta(seconds=20),
-        ReplyEvent=reply_event_name(step, attempt),
-        Payload={"Lines": 1},
+    """A request as the Scheduler sends it: sealed with the test keys."""
+    return sealed(
+        AgentRequest(
+            InstanceId=attempt_instance_id(order_id, attempt),
+            OrderID=order_id,
+            Step=step,
+            Attempt=attempt,
+            IdempotencyKey=idempotency_key(order_id, step),
+            FencingToken=attempt,
+            Deadline=datetime.now(UTC) + timedelta(seconds=20),
+            ReplyEvent=reply_event_name(step, attempt),
+            Payload={"Lines": 1},
+            AppId="webshop",
+        )
     )
 
 
@@ -220,3 +226,54 @@ async def test_a_malformed_request_is_dead_lettered_as_invalid(
     assert dead.dead_letter_reason == "InvalidMessage"
     assert "AgentRequest" in dead.dead_letter_error_description
     assert await remote_admin.requests("w-3") == 0
+
+
+async def test_a_forged_request_is_dead_lettered_and_calls_nothing(
+    worker, private_servicebus, remote_admin
+):
+    """Unsigned, and signed then changed (FencingToken 999): the worker calls
+    nothing and dead-letters both ForgedRequest (ADR 017e)."""
+    unsigned = make_request("w-4").model_copy(update={"Signature": None})
+    fenced = make_request("w-5", step="charge-payment").model_copy(update={"FencingToken": 999})
+    marker = make_request("w-4-marker")
+    async with ServiceBusClient.from_connection_string(
+        private_servicebus.connection_string
+    ) as client:
+        await send(client, encode(unsigned), "forged-unsigned")
+        await send(client, encode(fenced), "forged-fence")
+        await send(client, encode(marker), "marker-4")
+        replies = await replies_until(client, "w-4-marker")
+        async with client.get_queue_receiver(
+            "agent-requests", sub_queue=ServiceBusSubQueue.DEAD_LETTER
+        ) as dead_letters:
+            dead = await dead_letters.receive_messages(max_message_count=5, max_wait_time=5)
+            for message in dead:
+                await dead_letters.complete_message(message)
+
+    assert {(d.message_id, d.dead_letter_reason) for d in dead} == {
+        ("forged-unsigned", "ForgedRequest"),
+        ("forged-fence", "ForgedRequest"),
+    }
+    assert [r.OrderID for _, r in replies] == ["w-4-marker"]
+    assert await remote_admin.requests("w-4") == 0
+    assert await remote_admin.requests("w-5") == 0
+
+
+def test_the_worker_refuses_to_start_without_its_keys(private_servicebus, remote_service_process):
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("AGENT_SIGNING_KEYS", "REPLY_TOKEN_KEYS")
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "agents.worker"],
+        cwd=ROOT,
+        env={
+            **env,
+            "ServiceBusConnection": private_servicebus.connection_string,
+            "REMOTE_SERVICE_URL": remote_service_process.url,
+        },
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode != 0
+    assert "set AGENT_SIGNING_KEYS" in done.stderr

@@ -69,3 +69,41 @@ def test_an_unset_remote_service_is_refused_in_azure():
 def test_a_public_remote_service_is_accepted_in_azure():
     azure = {"WEBSITE_SITE_NAME": "func-orders", "REMOTE_SERVICE_URL": "https://remote.example.com"}
     assert load_agent_settings(azure).remote_service_url == "https://remote.example.com"
+
+
+def test_the_agent_keys_are_read_and_required_by_name():
+    from agents.config import require_agent_keys
+    from domain.signing import new_key, parse_keys
+
+    current, previous = new_key(), new_key()
+    settings = load_agent_settings({"AGENT_SIGNING_KEYS": f"{current}, {previous}"})
+    keys = require_agent_keys(settings)
+    assert keys.key_ids == (parse_keys(current).current_id, parse_keys(previous).current_id)
+    assert current not in repr(settings)  # never printed
+    with pytest.raises(SettingsError, match="set AGENT_SIGNING_KEYS"):
+        require_agent_keys(load_agent_settings({}))
+
+
+@pytest.mark.parametrize("value", ["not-a-key!", "c2hvcnQ", "a,,b"])
+def test_a_bad_key_is_refused_naming_the_setting_not_quoting_it(value):
+    with pytest.raises(SettingsError, match="AGENT_SIGNING_KEYS") as caught:
+        load_agent_settings({"AGENT_SIGNING_KEYS": value})
+    assert value not in str(caught.value)
+
+
+def test_the_app_reads_both_key_settings_and_says_which_is_missing():
+    from adapters.settings import load_settings
+    from domain.signing import new_key
+
+    base = {
+        "CosmosDbConnection": "AccountEndpoint=https://x/;AccountKey=k",
+        "ServiceBusConnection": "Endpoint=sb://x/;SharedAccessKeyName=a;SharedAccessKey=b",
+    }
+    with pytest.raises(SettingsError, match="set REPLY_TOKEN_KEYS"):
+        load_settings(base).scheduler_keys()
+    with pytest.raises(SettingsError, match="set AGENT_SIGNING_KEYS"):
+        load_settings({**base, "REPLY_TOKEN_KEYS": new_key()}).scheduler_keys()
+    keys = load_settings(
+        {**base, "REPLY_TOKEN_KEYS": new_key(), "AGENT_SIGNING_KEYS": new_key()}
+    ).scheduler_keys()
+    assert keys.tokens.current_id != keys.agents.current_id

@@ -13,6 +13,7 @@ from azure.servicebus.amqp import AmqpMessageBodyType
 
 from domain.codec import decode, encode
 from domain.models import AgentReply, AgentRequest, ReplyOutcome
+from tests.builders import sealed
 from tests.unit.agents.conftest import request
 from tests.unit.agents.test_messaging import FakeSettlement, _Received, make
 
@@ -22,7 +23,10 @@ def undo(listen_in: float | None = 60.0, action: str = "undo") -> AgentRequest:
     req = request("charge-payment", action=action, deadline_in=20)
     if listen_in is None:
         return req
-    return req.model_copy(update={"ListenUntil": req.Deadline + timedelta(seconds=listen_in - 20)})
+    # Sealed again: the Scheduler signs the request with its ListenUntil.
+    return sealed(
+        req.model_copy(update={"ListenUntil": req.Deadline + timedelta(seconds=listen_in - 20)})
+    )
 
 
 async def test_a_redelivered_undo_past_its_deadline_is_called_while_the_workflow_listens(

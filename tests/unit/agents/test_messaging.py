@@ -15,6 +15,7 @@ from agents.messaging import RequestProcessor, message_body
 from domain.codec import decode, encode
 from domain.errors import TransientError
 from domain.models import AgentReply, ReplyOutcome
+from tests.builders import KEYS
 from tests.unit.agents.conftest import POLICY, request
 from tests.unit.agents.fakes import FakeClock, FakeRemote, Outcome
 
@@ -48,15 +49,33 @@ class FakeReplies:
 class FakeAlerts:
     raised: list[tuple] = field(default_factory=list)
 
-    async def raise_alert(self, kind, reason, now, order_id=None, *, message_id=None, queue=None):
+    async def raise_alert(
+        self,
+        kind,
+        reason,
+        now,
+        order_id=None,
+        *,
+        message_id=None,
+        queue=None,
+        alert_id=None,
+        required=False,
+    ):
+        if self.fail_with is not None and required:
+            raise self.fail_with
         self.raised.append((kind, reason, order_id, message_id, queue))
+        self.ids.append(alert_id)
+
+    ids: list[str | None] = field(default_factory=list)
+    fail_with: Exception | None = None
 
 
 def make(clock: FakeClock | None = None, alerts: FakeAlerts | None = None):
     clock = clock or FakeClock()
     remote = FakeRemote(clock)
     replies = FakeReplies()
-    return RequestProcessor(Agent(remote, clock, POLICY), replies, alerts), remote, replies
+    processor = RequestProcessor(Agent(remote, clock, POLICY), replies, alerts, keys=KEYS.agents)
+    return processor, remote, replies
 
 
 async def test_a_handled_request_is_replied_to_with_a_stable_id_then_completed():
@@ -218,3 +237,100 @@ async def test_the_last_delivery_is_known_from_the_delivery_count():
 def test_the_body_is_read_from_either_runners_message_type():
     assert message_body(func.ServiceBusMessage(body=b'{"a": 1}')) == b'{"a": 1}'
     assert message_body(ServiceBusMessage(b"abc")) == b"abc"  # body: an iterable of chunks
+
+
+# --- requests prove they come from the Scheduler (ADR 017e) --------------------------
+
+
+def _forged(**changes) -> bytes:
+    """A well-formed request with the right ids whose proof is missing or wrong."""
+    return encode(request().model_copy(update=changes))
+
+
+@pytest.mark.parametrize(
+    ("changes", "what"),
+    [
+        ({"Signature": None, "ReplyToken": None}, "no proof"),
+        ({"Signature": None}, "no proof"),
+        ({"FencingToken": 999}, "does not verify"),  # poisoning a fence in advance
+        ({"Action": "undo"}, "does not verify"),  # a forged undo for a live order
+        ({"OrderID": "never-existed", "InstanceId": "never-existed:2"}, "does not verify"),
+        ({"Signature": "v1.00000000.AAAA"}, "unknown key"),
+    ],
+)
+async def test_a_request_without_a_valid_signature_calls_nothing_and_is_dead_lettered_once(
+    changes, what
+):
+    alerts = FakeAlerts()
+    processor, remote, replies = make(alerts=alerts)
+    settlement = FakeSettlement()
+
+    disposition = await processor.process(_forged(**changes), settlement, message_id="evil-1")
+
+    assert disposition is SettleKind.DEAD_LETTER
+    [(action, reason, description)] = settlement.actions
+    assert (action, reason) == ("dead_letter", "ForgedRequest")
+    assert what in description
+    assert "nothing called" in description
+    assert remote.calls == []
+    assert replies.sent == []
+    [(kind, _reason, _order, message_id, queue)] = alerts.raised
+    assert (kind, message_id, queue) == ("ForgedRequest", "evil-1", "agent-requests")
+    # A redelivery of the same forgery raises the same alert id (the queue drops it).
+    assert alerts.ids == ["alert/agent-requests/evil-1/ForgedRequest"]
+
+
+async def test_a_signed_request_for_an_unknown_step_is_dead_lettered_not_answered():
+    from tests.builders import sealed
+
+    alerts = FakeAlerts()
+    processor, remote, replies = make(alerts=alerts)
+    settlement = FakeSettlement()
+    unknown = sealed(request().model_copy(update={"Step": "launch-rockets"}))
+
+    disposition = await processor.process(encode(unknown), settlement, message_id="m-u")
+
+    assert disposition is SettleKind.DEAD_LETTER
+    assert settlement.actions[0][:2] == ("dead_letter", "UnknownStep")
+    assert remote.calls == []
+    assert replies.sent == []
+    assert [a[0] for a in alerts.raised] == ["UnknownStep"]
+
+
+async def test_an_unknown_step_without_a_signature_is_a_forgery_first():
+    processor, remote, _ = make()
+    settlement = FakeSettlement()
+
+    await processor.process(_forged(Step="launch-rockets"), settlement)
+
+    assert settlement.actions[0][:2] == ("dead_letter", "ForgedRequest")
+    assert remote.calls == []
+
+
+async def test_replies_echo_the_token_and_application_and_are_signed():
+    from domain.signing import check_reply, check_reply_token
+
+    processor, _, replies = make()
+    req = request()
+
+    await processor.process(encode(req), FakeSettlement())
+
+    reply = decode(AgentReply, replies.sent[0][1])
+    assert (reply.ReplyToken, reply.AppId) == (req.ReplyToken, req.AppId)
+    assert check_reply(KEYS.agents, reply) is None
+    assert check_reply_token(KEYS.tokens, reply) is None
+
+
+async def test_a_forgery_whose_alert_cannot_be_queued_is_kept_for_its_next_delivery():
+    alerts = FakeAlerts(fail_with=TransientError("alerts queue unreachable"))
+    processor, remote, _ = make(alerts=alerts)
+    first, last = FakeSettlement(), FakeSettlement()
+
+    assert await processor.process(_forged(Signature=None), first, message_id="e") is (
+        SettleKind.ABANDON
+    )
+    await processor.process(_forged(Signature=None), last, message_id="e", last_delivery=True)
+
+    assert first.actions == [("abandon",)]
+    assert last.actions[0][:2] == ("dead_letter", "ForgedRequest")  # the log event stands
+    assert remote.calls == []

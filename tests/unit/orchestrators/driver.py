@@ -21,7 +21,7 @@ from domain.models import AgentReply, AgentRequest, OrderSubmitted
 from orchestrators.contracts import SendRequest
 from orchestrators.order_workflow import CURRENT_VERSION, order_workflow
 from orchestrators.starter import Starter
-from tests.builders import ReadClock, order_payload
+from tests.builders import KEYS, ReadClock, order_payload
 from tests.fakes import FakeOrders, FakeStateStore, RecordingPublisher
 
 T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
@@ -35,6 +35,8 @@ SETTINGS = Settings(
     servicebus=None,  # type: ignore[arg-type]
     step_timeout=timedelta(seconds=60),
     retry=POLICY,
+    agent_keys=KEYS.agents,
+    reply_token_keys=KEYS.tokens,
 )
 
 EXECUTION_STARTED, TASK_SCHEDULED, TASK_COMPLETED, TASK_FAILED = 0, 4, 5, 6

@@ -17,7 +17,7 @@ from domain.models import AgentReply, ReplyOutcome
 from orchestrators.contracts import SendRequest
 from orchestrators.reply_bridge import bridge_reply
 from orchestrators.starter import Starter
-from tests.builders import ReadClock
+from tests.builders import KEYS, ReadClock, signed_reply
 from tests.unit.orchestrators.driver import SETTINGS, STEPS, StartingClient, World
 
 
@@ -82,7 +82,7 @@ async def test_the_bridge_calls_its_hook_after_raising_the_event():
         Outcome=ReplyOutcome.OK,
         Result={"Reference": "r1"},
     )
-    settle = await bridge_reply(encode(reply), client, crash_point=hook)
+    settle = await bridge_reply(encode(signed_reply(reply)), client, KEYS, crash_point=hook)
     assert settle.kind.value == "complete"
     assert hook.calls == [("bridge.after_raise", [("A1:1", "reply-reserve-inventory-do-1")])]
 

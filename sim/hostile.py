@@ -1,0 +1,288 @@
+"""A hostile sender on the internal queues (ADR 017e): at any moment of a
+schedule it forges well-formed replies on `agent-responses` and requests on
+`agent-requests` with the right ids (real instance ids, steps, event names,
+tokens and signatures it peeked from the queues) and a missing or wrong proof.
+
+Its invariant, checked with the others (`check`): a forged message changes no
+record, reaches no orchestration, calls nothing remote (no fencing token of
+its own is ever seen by the remote service), is dead-lettered with a reason
+that says it proved nothing, and raises exactly one alert.
+
+It draws from its own random stream (`hostile/{seed}`), so a schedule without
+it is the schedule it always was. Its messages are sent fault-free (no delay
+or duplicate drawn for them): the faults of the schedule still hit their
+deliveries (crashes, lock expiries)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from domain.ids import reply_event_name
+from domain.steps import STEP_NAMES
+
+from .world import START
+
+if TYPE_CHECKING:
+    from .system import Simulation
+
+REQUESTS, REPLIES = "agent-requests", "agent-responses"
+# What a refused forgery is dead-lettered with (agents.messaging, orchestrators.reply_bridge).
+REFUSED = {"ForgedRequest", "UnknownStep", "ForgedReply"}
+ALERT_KINDS = frozenset(REFUSED)
+FORGED_FENCE = 999
+PREFIX = "forged/"
+
+REPLY_KINDS = (
+    "ok-no-proof",  # an ok for a step in flight: no token, no signature
+    "ok-guessed-token",  # a token of the right shape under the real key id
+    "permanent-real-token",  # the real token, a changed outcome, a copied signature
+    "next-step-real-token",  # a step not yet requested, the in-flight step's token
+    "other-application",  # the real token, another AppId
+)
+REQUEST_KINDS = (
+    "fence-999",  # FencingToken 999 for an order (perhaps before it exists)
+    "undo-live",  # an undo for a live order with a copied signature
+    "unknown-step",
+    "ghost-charge",  # a charge for an order that never exists
+    "refund",  # a refund (undo of the charge), unsigned
+    "changed-payload",  # a real request, its payload changed, its signature kept
+)
+
+
+class Hostile:
+    def __init__(self, sim: Simulation, count: int) -> None:
+        self.sim = sim
+        self.count = count
+        self.rng = random.Random(f"hostile/{sim.seed}")
+        self.forged: dict[str, tuple[str, str]] = {}  # message id -> (queue, kind)
+        self.effects: list[str] = []
+
+    @property
+    def pending(self) -> int:
+        """Forgeries not sent yet."""
+        return self.count - len(self.forged)
+
+    # --- wiring -----------------------------------------------------------------------
+
+    def install(self) -> None:
+        """Watch what a forged message's handler does (it must do nothing),
+        and schedule the forgeries."""
+        sim = self.sim
+        call, raise_event = sim.remote.call, sim.durable.raise_event
+        on_write = sim.state_c.on_write
+
+        async def watched_call(c, *, timeout: float):
+            if c.fencing_token == FORGED_FENCE or self._forged_actor():
+                self.effects.append(
+                    f"{self._actor()} made {c.service}/{c.operation} for {c.idempotency_key} "
+                    f"with fencing token {c.fencing_token}"
+                )
+            return await call(c, timeout=timeout)
+
+        async def watched_raise(instance_id: str, event_name: str, *args: Any, **kwargs: Any):
+            if self._forged_actor():
+                self.effects.append(f"{self._actor()} raised {event_name} on {instance_id}")
+            return await raise_event(instance_id, event_name, *args, **kwargs)
+
+        def watched_write(old, new) -> None:
+            if self._forged_actor():
+                self.effects.append(f"{self._actor()} wrote the record of {new.get('id')}")
+            if on_write is not None:
+                on_write(old, new)
+
+        sim.remote.call = watched_call  # type: ignore[method-assign]
+        sim.durable.raise_event = watched_raise  # type: ignore[method-assign]
+        sim.state_c.on_write = watched_write
+        window = sim.o.fault_window
+        for n in range(self.count):
+            at = START + timedelta(seconds=round(self.rng.uniform(0, window), 3))
+            sim.world.at(at, "hostile", lambda n=n: self._forge(n))
+
+    def _actor(self) -> str:
+        return self.sim.world._names.get(asyncio.current_task(), "")
+
+    def _forged_actor(self) -> bool:
+        name = self._actor()
+        return name.startswith((f"agent:{PREFIX}", f"bridge:{PREFIX}"))
+
+    # --- forging ----------------------------------------------------------------------
+
+    def _real_requests(self) -> list[dict]:
+        """What it peeked: every genuine request sent so far."""
+        out = []
+        for m in self.sim.bus.queue(REQUESTS).sent:
+            if m.message_id.startswith(PREFIX):
+                continue
+            try:
+                out.append(json.loads(m.body))
+            except ValueError:
+                continue
+        return out
+
+    def _forge(self, n: int) -> None:
+        seen = self._real_requests()
+        if self.rng.random() < 0.5:
+            kind = self.rng.choice(REPLY_KINDS)
+            body = self._reply(kind, seen)
+            queue = REPLIES
+        else:
+            kind = self.rng.choice(REQUEST_KINDS)
+            body = self._request(kind, seen)
+            queue = REQUESTS
+        message_id = f"{PREFIX}{n}"
+        self.forged[message_id] = (queue, kind)
+        self.sim.world.counters["forged"] += 1
+        self.sim.world.log(f"hostile {kind} -> {queue} {message_id}")
+        self.sim.bus.send(queue, json.dumps(body).encode(), message_id, fault_free=True)
+
+    def _target(self, seen: list[dict]) -> dict:
+        """A request to aim at: the latest genuine one (likely in flight), or
+        one made up from an order id and a step when none was sent yet."""
+        if seen and self.rng.random() < 0.8:
+            return dict(seen[-1] if self.rng.random() < 0.6 else self.rng.choice(seen))
+        oid = self.rng.choice(self.sim.order_ids)
+        step = self.rng.choice(STEP_NAMES)
+        attempt = self.rng.randint(1, 3)
+        return {
+            "SchemaVersion": 1,
+            "InstanceId": f"{oid}:{attempt}",
+            "OrderID": oid,
+            "Step": step,
+            "Action": "do",
+            "Attempt": attempt,
+            "AppId": "webshop",
+            "ReplyToken": None,
+            "Signature": None,
+            "IdempotencyKey": f"{oid}/{step}",
+            "FencingToken": attempt,
+            "Deadline": (self.sim.world.clock.now + timedelta(seconds=20)).isoformat(),
+            "ReplyEvent": reply_event_name(step, attempt),
+            "Payload": {},
+            "ListenUntil": None,
+        }
+
+    def _reply(self, kind: str, seen: list[dict]) -> dict:
+        req = self._target(seen)
+        reply: dict[str, Any] = {
+            "SchemaVersion": 1,
+            "InstanceId": req["InstanceId"],
+            "OrderID": req["OrderID"],
+            "Step": req["Step"],
+            "Action": req["Action"],
+            "Attempt": req["Attempt"],
+            "AppId": req.get("AppId"),
+            "ReplyToken": None,
+            "Signature": None,
+            "EventName": req["ReplyEvent"],
+            "EventId": f"{req['InstanceId']}/{req['ReplyEvent']}/reply",
+            "Outcome": "ok",
+            "Result": {"Reference": "forged", "Status": "done"},
+            "Error": None,
+        }
+        real_token = req.get("ReplyToken")
+        if kind == "ok-guessed-token":
+            kid = (real_token or "v1.00000000.x").split(".")[1]
+            reply["ReplyToken"] = f"v1.{kid}.{self.rng.getrandbits(256):064x}"[:60]
+        elif kind == "permanent-real-token":
+            reply.update(
+                ReplyToken=real_token,
+                Signature=req.get("Signature"),  # a request's signature, not a reply's
+                Outcome="permanent",
+                Result=None,
+                Error="card declined",
+            )
+        elif kind == "next-step-real-token":
+            later = [s for s in STEP_NAMES if s != req["Step"]]
+            step = self.rng.choice(later)
+            reply.update(
+                Step=step,
+                Action="do",
+                EventName=reply_event_name(step, req["Attempt"]),
+                ReplyToken=real_token,
+            )
+        elif kind == "other-application":
+            reply.update(AppId="partner-portal", ReplyToken=real_token)
+        return reply
+
+    def _request(self, kind: str, seen: list[dict]) -> dict:
+        req = self._target(seen)
+        if kind == "fence-999":
+            oid = self.rng.choice(self.sim.order_ids)  # perhaps not submitted yet
+            step = self.rng.choice(STEP_NAMES)
+            req.update(
+                InstanceId=f"{oid}:1",
+                OrderID=oid,
+                Step=step,
+                Action="do",
+                Attempt=1,
+                IdempotencyKey=f"{oid}/{step}",
+                ReplyEvent=reply_event_name(step, 1),
+                FencingToken=FORGED_FENCE,
+                Signature=None,
+            )
+        elif kind == "undo-live":
+            req.update(
+                Action="undo", ReplyEvent=reply_event_name(req["Step"], req["Attempt"], "undo-0")
+            )  # the signature, if any, is the "do" request's
+        elif kind == "unknown-step":
+            req.update(Step="launch-rockets", IdempotencyKey=f"{req['OrderID']}/launch-rockets")
+        elif kind == "ghost-charge":
+            oid = f"ORD-{self.sim.seed}-ghost"
+            req.update(
+                InstanceId=f"{oid}:1",
+                OrderID=oid,
+                Step="charge-payment",
+                Action="do",
+                Attempt=1,
+                IdempotencyKey=f"{oid}/charge-payment",
+                FencingToken=1,
+                ReplyEvent=reply_event_name("charge-payment", 1),
+                Signature=None,
+            )
+        elif kind == "refund":
+            req.update(
+                Step="charge-payment",
+                Action="undo",
+                IdempotencyKey=f"{req['OrderID']}/charge-payment",
+                ReplyEvent=reply_event_name("charge-payment", req["Attempt"], "undo-0"),
+                Signature=None,
+            )
+        elif kind == "changed-payload":
+            req["Payload"] = {**(req.get("Payload") or {}), "Total": "0.01"}
+        # Far enough ahead that an agent fooled by it would have time to call.
+        req["Deadline"] = (self.sim.world.clock.now + timedelta(seconds=30)).isoformat()
+        return req
+
+    # --- the invariant ----------------------------------------------------------------
+
+    def check(self) -> None:
+        sim = self.sim
+        alerts: dict[str, int] = {}
+        for m in sim.bus.queue("alerts").sent:
+            mid = json.loads(m.body).get("MessageId") or ""
+            if mid.startswith(PREFIX):
+                alerts[mid] = alerts.get(mid, 0) + 1
+        for mid, (queue, kind) in sorted(self.forged.items()):
+            dead = [m for m in sim.bus.queue(queue).dead if m.message_id == mid]
+            if not dead:
+                live = any(m.message_id == mid for m in sim.bus.queue(queue).messages)
+                sim.fail(
+                    "forged message refused",
+                    f"{mid} ({kind}) on {queue} was "
+                    + ("never settled" if live else "completed as if genuine"),
+                )
+                continue
+            reason = dead[0].dead_letter_reason
+            if reason not in REFUSED:
+                sim.fail("forged message refused", f"{mid} ({kind}) dead-lettered {reason}")
+            if alerts.get(mid, 0) != 1:
+                sim.fail(
+                    "forged message alerted once",
+                    f"{mid} ({kind}): {alerts.get(mid, 0)} alerts",
+                )
+        for effect in self.effects[:1]:
+            sim.fail("forged message changes nothing", effect)

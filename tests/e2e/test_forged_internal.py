@@ -1,0 +1,283 @@
+"""Forged messages on the internal queues, through the whole local stack
+(ADR 017e; issue 22's list): every forged reply on `agent-responses` and
+every forged request on `agent-requests` is dead-lettered with a reason that
+says it proved nothing and exactly one alert naming its message id, calls
+nothing at the remote service, and changes no order: each order ends as it
+really would. The forger knows every id (instance, step, attempt, event
+name, key id) but holds no key; one case uses the stack's own keys to sign a
+request for a step no agent knows (version skew), which is refused too."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections import Counter
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from azure.servicebus import ServiceBusMessage, ServiceBusReceiveMode
+
+from devstack.invariants import records_with_prefix
+from domain.ids import idempotency_key, reply_event_name
+from domain.models import AgentRequest, ProcessState, StepStatus
+from domain.signing import seal_request
+from tests.e2e.conftest import E2E
+
+pytestmark = [pytest.mark.timeout(600)]
+
+REQUESTS, REPLIES = "agent-requests", "agent-responses"
+
+
+def _reply(order_id: str, step: str, outcome: str = "ok", **changes) -> dict:
+    body = {
+        "SchemaVersion": 1,
+        "InstanceId": f"{order_id}:1",
+        "OrderID": order_id,
+        "Step": step,
+        "Action": "do",
+        "Attempt": 1,
+        "AppId": "webshop",
+        "ReplyToken": None,
+        "Signature": None,
+        "EventName": reply_event_name(step, 1),
+        "EventId": f"{order_id}:1/{reply_event_name(step, 1)}/reply",
+        "Outcome": outcome,
+        "Result": {"Reference": "forged"} if outcome == "ok" else None,
+        "Error": None if outcome == "ok" else "card declined",
+    }
+    body.update(changes)
+    return body
+
+
+def _request(order_id: str, step: str, action: str = "do", **changes) -> dict:
+    label = "do" if action == "do" else "undo-0"
+    body = {
+        "SchemaVersion": 1,
+        "InstanceId": f"{order_id}:1",
+        "OrderID": order_id,
+        "Step": step,
+        "Action": action,
+        "Attempt": 1,
+        "AppId": "webshop",
+        "ReplyToken": None,
+        "Signature": None,
+        "IdempotencyKey": f"{order_id}/{step}",
+        "FencingToken": 1,
+        "Deadline": (datetime.now(UTC) + timedelta(seconds=60)).isoformat(),
+        "ReplyEvent": reply_event_name(step, 1, label),
+        "Payload": {"Total": "1.00"},
+        "ListenUntil": None,
+    }
+    body.update(changes)
+    return body
+
+
+class Forger:
+    def __init__(self, e2e: E2E) -> None:
+        self.e2e = e2e
+        self.sent: dict[str, tuple[str, str]] = {}  # message id -> (queue, reason expected)
+        keys = e2e.settings.scheduler_keys()
+        self.kid = keys.tokens.current_id  # public: it is in every token
+
+    async def send(self, queue: str, body: dict, reason: str, what: str) -> str:
+        mid = f"{self.e2e.prefix}-forged-{what}-{uuid.uuid4().hex[:6]}"
+        async with self.e2e.bus.get_queue_sender(queue) as sender:
+            await sender.send_messages(ServiceBusMessage(json.dumps(body), message_id=mid))
+        self.sent[mid] = (queue, reason)
+        return mid
+
+    async def settled(self, timeout: float = 60) -> tuple[dict[str, str], Counter]:
+        """Every forged message's dead-letter reason, and the alerts per message id."""
+        dead: dict[str, str] = {}
+        alerts: Counter = Counter()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and set(dead) != set(self.sent):
+            for queue in (REQUESTS, REPLIES):
+                for m in await _drain(self.e2e, f"{queue}/$deadletterqueue"):
+                    dead[m.message_id] = m.dead_letter_reason
+            await asyncio.sleep(0.5)
+        await asyncio.sleep(2)  # an alert is queued before its dead letter is settled
+        for m in await _drain(self.e2e, "alerts"):
+            alerts[json.loads(b"".join(m.body)).get("MessageId")] += 1
+        return dead, alerts
+
+
+async def _drain(e2e: E2E, queue: str, idle: float = 1.0) -> list:
+    out = []
+    async with e2e.bus.get_queue_receiver(
+        queue, receive_mode=ServiceBusReceiveMode.RECEIVE_AND_DELETE
+    ) as receiver:
+        while True:
+            batch = await receiver.receive_messages(max_message_count=100, max_wait_time=idle)
+            if not batch:
+                return out
+            out.extend(batch)
+
+
+async def _calls(e2e: E2E, order_id: str) -> list[dict]:
+    async with e2e.http.get(f"{e2e.remote}/_admin/requests", params={"order_id": order_id}) as r:
+        assert r.status == 200, await r.text()
+        return (await r.json())["requests"]
+
+
+async def test_every_forged_reply_and_request_is_refused_and_changes_nothing(stack):
+    async with E2E(stack) as e2e:
+        forger = Forger(e2e)
+        declined, steady, early, fenced = e2e.orders(4)
+        ghost = f"{e2e.prefix}-ghost"
+        # The declined order's payment is really declined, after a delay that
+        # keeps its charge in flight; the steady order's charge is slow too;
+        # the early order's reservation is slow (its charge not yet requested).
+        await e2e.decline_charge(declined.OrderID)
+        for order, service, op in (
+            (declined, "payment", "charge"),
+            (steady, "payment", "charge"),
+            (early, "inventory", "reserve"),
+        ):
+            await e2e.fault(
+                kind="latency",
+                service=service,
+                operation=op,
+                order_id=order.OrderID,
+                seconds=4,
+                count=1,
+            )
+
+        # Before the fenced order exists: a request with FencingToken 999.
+        await forger.send(
+            REQUESTS,
+            _request(fenced.OrderID, "charge-payment", FencingToken=999),
+            "ForgedRequest",
+            "fence-999",
+        )
+        await forger.send(
+            REQUESTS, _request(ghost, "charge-payment"), "ForgedRequest", "ghost-charge"
+        )
+        await forger.send(
+            REQUESTS, _request(steady.OrderID, "launch-rockets"), "ForgedRequest", "unknown-step"
+        )
+        # A signed request for a step no agent knows (the stack's own keys: version skew).
+        signed = seal_request(
+            e2e.settings.scheduler_keys(),
+            AgentRequest.model_validate(
+                _request(
+                    ghost,
+                    "launch-rockets",
+                    IdempotencyKey=f"{ghost}/launch-rockets",
+                    Deadline=datetime.now(UTC) + timedelta(seconds=60),
+                )
+            ),
+        )
+        await forger.send(
+            REQUESTS, signed.model_dump(mode="json"), "UnknownStep", "unknown-step-signed"
+        )
+        await asyncio.sleep(2)  # the fence-999 request is refused before the order exists
+        await e2e.post([declined, steady, early, fenced])
+
+        def running(order, step):
+            return lambda rs: (
+                order.OrderID in rs and rs[order.OrderID].Steps[step].Status is StepStatus.RUNNING
+            )
+
+        # Each forgery goes out the moment its target step is in flight (the
+        # three are in flight at about the same time: watched together).
+        kid = forger.kid
+        moments = [
+            (
+                running(declined, "charge-payment"),
+                [
+                    (REPLIES, _reply(declined.OrderID, "charge-payment"), "ForgedReply", "ok"),
+                    (
+                        REPLIES,
+                        _reply(
+                            declined.OrderID,
+                            "charge-payment",
+                            ReplyToken=f"v1.{kid}.{uuid.uuid4().hex}{uuid.uuid4().hex}",
+                        ),
+                        "ForgedReply",
+                        "ok-guessed-token",
+                    ),
+                ],
+            ),
+            (
+                running(steady, "charge-payment"),
+                [
+                    (
+                        REPLIES,
+                        _reply(steady.OrderID, "charge-payment", "permanent"),
+                        "ForgedReply",
+                        "permanent",
+                    ),
+                    (
+                        REPLIES,
+                        _reply(steady.OrderID, "charge-payment", AppId="partner-portal"),
+                        "ForgedReply",
+                        "other-application",
+                    ),
+                    (
+                        REQUESTS,
+                        _request(steady.OrderID, "charge-payment", "undo"),
+                        "ForgedRequest",
+                        "undo-live",
+                    ),
+                ],
+            ),
+            (
+                running(early, "reserve-inventory"),
+                [
+                    (
+                        REPLIES,
+                        _reply(early.OrderID, "charge-payment"),
+                        "ForgedReply",
+                        "step-not-yet-requested",
+                    )
+                ],
+            ),
+        ]
+        deadline = time.monotonic() + 60
+        while moments and time.monotonic() < deadline:
+            records = await records_with_prefix(e2e.store, e2e.prefix)
+            for moment in [m for m in moments if m[0](records)]:
+                moments.remove(moment)
+                for queue, body, reason, what in moment[1]:
+                    await forger.send(queue, body, reason, what)
+            await asyncio.sleep(0.2)
+        assert not moments, "a target step was never seen in flight"
+
+        ids = {o.OrderID for o in (declined, steady, early, fenced)}
+        records = await e2e.wait_terminal(ids)
+        # Each order ends as it really would.
+        assert records[declined.OrderID].ProcessState is ProcessState.COMPENSATED
+        for order in (steady, early, fenced):
+            assert records[order.OrderID].ProcessState is ProcessState.PROCESSED, order.OrderID
+            assert records[order.OrderID].Attempt == 1  # no retry: the fence was never poisoned
+        # The early order's charge was really made (the forged reply was not kept).
+        assert any(c["operation"] == "charge" for c in await _calls(e2e, early.OrderID))
+        # One charge call for the fenced order: its own (the forged one was never made).
+        charges = [c for c in await _calls(e2e, fenced.OrderID) if c["operation"] == "charge"]
+        assert sum(c["count"] for c in charges) == 1
+        assert await _calls(e2e, ghost) == []
+        assert not any(
+            c["operation"] in ("refund", "release") for c in await _calls(e2e, steady.OrderID)
+        )
+
+        # A refund for a Processed order: refused, the record unchanged.
+        before, etag = await e2e.store.read(steady.OrderID)
+        await forger.send(
+            REQUESTS,
+            _request(steady.OrderID, "charge-payment", "undo"),
+            "ForgedRequest",
+            "refund-processed",
+        )
+        dead, alerts = await forger.settled()
+        after, etag_after = await e2e.store.read(steady.OrderID)
+        assert (after, etag_after) == (before, etag)
+        assert not any(c["operation"] == "refund" for c in await _calls(e2e, steady.OrderID))
+
+        expected = {mid: reason for mid, (_, reason) in forger.sent.items()}
+        assert dead == expected
+        assert {mid: alerts[mid] for mid in forger.sent} == dict.fromkeys(forger.sent, 1)
+        assert idempotency_key(steady.OrderID, "charge-payment")  # names stay valid
+        assert await e2e.check(ids, refused={}) == []
