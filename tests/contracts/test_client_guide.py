@@ -32,7 +32,7 @@ def test_explains_every_dead_letter_reason_submit_uses():
     reasons = set(re.findall(r'Settle\.dead_letter\(\s*"(\w+)"', SUBMIT.read_text()))
     assert reasons >= {"InvalidMessage", "ReplyQueueNotAllowed", "OrderConflict"}
     for reason in reasons:
-        assert re.search(rf"^\| {reason} \|", guide(), re.MULTILINE), reason
+        assert re.search(rf"^\| `{reason}` \|", guide(), re.MULTILINE), reason
 
 
 def test_names_the_per_application_ingress_queue():
