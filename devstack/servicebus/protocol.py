@@ -28,7 +28,7 @@ import struct
 import uuid
 from typing import TYPE_CHECKING, Any
 
-from . import management
+from . import http_refusal, management
 from .codec import (
     AMQP_HEADER,
     BATCH_FORMAT,
@@ -344,6 +344,10 @@ class Connection:
 
     async def _handshake(self) -> bool:
         header = await self.reader.readexactly(8)
+        if http_refusal.is_http(header):
+            # The management REST API (ServiceBusAdministrationClient), not AMQP.
+            await http_refusal.answer(header, self.reader, self.writer)
+            return False
         if header == SASL_HEADER:
             self.writer.write(SASL_HEADER)
             # ANONYMOUS is what the SDK uses with a development-emulator connection string.

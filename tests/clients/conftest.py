@@ -13,6 +13,7 @@ does. The whole app, through the local host, is in test_js_through_the_app.py.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 from datetime import UTC, datetime
@@ -67,7 +68,9 @@ def node() -> str:
     return found
 
 
-def run_js(command: str, timeout: float = 120, **args: Any) -> dict[str, Any]:
+def run_js(
+    command: str, timeout: float = 120, env: dict[str, str] | None = None, **args: Any
+) -> dict[str, Any]:
     """Run one command of tests/clients/js/servicebus_client.mjs; its JSON answer."""
     done = subprocess.run(
         [node(), str(JS_DIR / "servicebus_client.mjs"), command, json.dumps(args)],
@@ -75,6 +78,7 @@ def run_js(command: str, timeout: float = 120, **args: Any) -> dict[str, Any]:
         capture_output=True,
         text=True,
         timeout=timeout,
+        env={**os.environ, **(env or {})},
     )
     lines = done.stdout.strip().splitlines()
     assert lines, f"no answer from node ({done.returncode}): {done.stderr[-3000:]}"

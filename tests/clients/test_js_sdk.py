@@ -110,3 +110,17 @@ def test_dead_letter_and_defer(client_bus: EmulatorProcess):
     assert dead["messageId"] == "to-dead-letter"
     assert dead["deadLetterReason"] == "ClientRefused"
     assert dead["deadLetterErrorDescription"] == "refused by the JavaScript client"
+
+
+def test_the_administration_client_is_refused_naming_the_feature(client_bus: EmulatorProcess):
+    cs = client_bus.connection_string
+    # The emulator's certificate is self-signed: with verification on, Node says so.
+    verified = run_js("admin", connection=cs, queue="orders-js")
+    assert verified["served"] is False
+    assert "self-signed certificate" in verified["message"]
+    unverified = run_js(
+        "admin", connection=cs, queue="orders-js", env={"NODE_TLS_REJECT_UNAUTHORIZED": "0"}
+    )
+    assert unverified["served"] is False
+    assert "ServiceBusAdministrationClient" in unverified["message"]
+    assert "is not supported by the local Service Bus emulator" in unverified["message"]
