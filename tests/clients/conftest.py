@@ -7,7 +7,8 @@ Each client stack gets its own queues (`orders-<stack>`, `replies-<stack>`,
 `answer_orders` plays the app's part at the queue boundary with the app's own
 decoder and message ids (domain.codec, domain.ids): a valid order gets its
 Received and Processed statuses, an invalid one is dead-lettered as Submit
-does. The whole app, through the local host, is in test_js_through_the_app.py.
+does. The whole app, through the local host, answers the client guide's
+Python and JavaScript examples in tests/contracts/test_client_guide.py.
 """
 
 from __future__ import annotations
