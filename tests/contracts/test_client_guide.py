@@ -10,6 +10,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 
 import jsonschema
 import pytest
@@ -17,6 +18,7 @@ import pytest
 from devstack.stack import Stack
 from domain import schemas
 from domain.models import StatusKind
+from tests.clients.conftest import run_js
 from tests.e2e.conftest import E2E_SETTINGS
 
 GUIDE = schemas.ROOT / "docs" / "client-guide.md"
@@ -127,3 +129,33 @@ def test_the_example_runs_as_written(language: str, stack):
         assert traces == {CLIENT_TRACE}
     else:
         assert CLIENT_TRACE not in traces
+
+
+@pytest.mark.timeout(300)
+def test_an_amount_in_words_is_dead_lettered_as_the_guide_says(stack):
+    """The JavaScript SDK posts an order with `"Total": "ten"`; the app refuses it
+    with the reason and the description the guide's table and amount rules give."""
+    cs = stack.settings["ServiceBusConnection"]
+    order_id = f"ORD-TEN-{os.getpid()}"
+    order = {
+        "OrderID": order_id,
+        "AppId": "webshop",
+        "ReplyTo": "replies-webshop",
+        "Customer": {"CustomerId": "C-7"},
+        "Lines": [{"Sku": "SKU-1", "Quantity": 1, "UnitPrice": "10.00"}],
+        "Total": "ten",
+    }
+    run_js("post", connection=cs, queue="orders-webshop", orders=[order])
+    deadline = time.monotonic() + 90
+    while True:
+        dead = run_js("deadletters", connection=cs, queue="orders-webshop")["messages"]
+        mine = [d for d in dead if d["messageId"] == order_id]
+        if mine or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert mine, f"{order_id} was not dead-lettered"
+    (refused,) = mine
+    assert refused["deadLetterReason"] == "InvalidMessage"
+    assert "Total" in refused["deadLetterErrorDescription"]
+    assert "decimal string" in refused["deadLetterErrorDescription"]
+    assert re.search(r"^\| `InvalidMessage` \|.*amount", guide(), re.MULTILINE)
