@@ -20,7 +20,7 @@ from proton.utils import BlockingConnection
 
 from domain.dead_letters import DeadLetterReason
 from domain.ids import status_message_id
-from tests.clients.conftest import answer_orders, contract, order
+from tests.clients.helpers import answer_orders, contract, order
 from tests.fixtures.servicebus import EmulatorProcess
 
 pytestmark = [pytest.mark.timeout(300)]

@@ -12,7 +12,7 @@ import pytest
 
 from domain.dead_letters import DeadLetterReason
 from domain.ids import status_message_id
-from tests.clients.conftest import answer_orders, contract, order, run_js
+from tests.clients.helpers import answer_orders, contract, order, run_js
 from tests.fixtures.servicebus import EmulatorProcess
 
 pytestmark = [pytest.mark.timeout(300)]

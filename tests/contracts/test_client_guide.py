@@ -18,7 +18,7 @@ import pytest
 from devstack.stack import Stack
 from domain import schemas
 from domain.models import StatusKind
-from tests.clients.conftest import run_js
+from tests.clients.helpers import run_js
 from tests.e2e.conftest import E2E_SETTINGS
 
 GUIDE = schemas.ROOT / "docs" / "client-guide.md"
