@@ -23,7 +23,7 @@ from domain.ids import status_message_id
 from tests.clients.helpers import answer_orders, contract, order
 from tests.fixtures.servicebus import EmulatorProcess
 
-pytestmark = [pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 SESSION_FILTER = symbol("com.microsoft:session-filter")
 

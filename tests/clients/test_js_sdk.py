@@ -15,7 +15,7 @@ from domain.ids import status_message_id
 from tests.clients.helpers import answer_orders, contract, order, run_js
 from tests.fixtures.servicebus import EmulatorProcess
 
-pytestmark = [pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 

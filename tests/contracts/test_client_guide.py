@@ -102,6 +102,7 @@ def _run_example(language: str, stack) -> list[dict]:
     return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
 
 
+@pytest.mark.e2e
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("language", ["python", "javascript"])
 def test_the_example_runs_as_written(language: str, stack):
@@ -131,6 +132,7 @@ def test_the_example_runs_as_written(language: str, stack):
         assert CLIENT_TRACE not in traces
 
 
+@pytest.mark.e2e
 @pytest.mark.timeout(300)
 def test_an_amount_in_words_is_dead_lettered_as_the_guide_says(stack):
     """The JavaScript SDK posts an order with `"Total": "ten"`; the app refuses it

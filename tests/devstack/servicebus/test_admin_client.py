@@ -16,6 +16,8 @@ from azure.servicebus.management import ServiceBusAdministrationClient
 from devstack.servicebus.http_refusal import FEATURE
 from tests.fixtures.servicebus import EmulatorProcess
 
+pytestmark = pytest.mark.integration
+
 
 def test_the_sdk_surfaces_the_refusal_naming_the_feature(emulator: EmulatorProcess):
     # The certificate is self-signed, so the message shows once verification is off.

@@ -34,6 +34,8 @@ from devstack.servicebus.codec import (
 )
 from tests.fixtures.servicebus import EmulatorProcess
 
+pytestmark = pytest.mark.integration
+
 #: One message-id of each type AMQP allows, and the constructor byte it is encoded with.
 MESSAGE_IDS: dict[str, tuple[Any, set[int]]] = {
     "string": ("order-42", {0xA1}),
