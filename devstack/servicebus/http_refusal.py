@@ -19,6 +19,7 @@ import ipaddress
 import logging
 import ssl
 import tempfile
+import threading
 from pathlib import Path
 
 _LOG = logging.getLogger("devstack.servicebus")
@@ -57,13 +58,19 @@ def _response() -> bytes:
 
 
 _context: ssl.SSLContext | None = None
+_context_lock = threading.Lock()
 
 
 def _tls_context() -> ssl.SSLContext:
     """A server context with a fresh self-signed certificate for 127.0.0.1 and localhost."""
     global _context
-    if _context is not None:
+    with _context_lock:
+        if _context is None:
+            _context = _new_tls_context()
         return _context
+
+
+def _new_tls_context() -> ssl.SSLContext:
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
@@ -100,7 +107,6 @@ def _tls_context() -> ssl.SSLContext:
     )
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(cert_path, key_path)
-    _context = context
     return context
 
 
@@ -128,11 +134,15 @@ class _Tls(_Plain):
     """TLS over the connection through memory BIOs (the first bytes are already read)."""
 
     def __init__(
-        self, first: bytes, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+        self,
+        context: ssl.SSLContext,
+        first: bytes,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
     ) -> None:
         super().__init__(b"", reader, writer)
         self.incoming, self.outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
-        self.tls = _tls_context().wrap_bio(self.incoming, self.outgoing, server_side=True)
+        self.tls = context.wrap_bio(self.incoming, self.outgoing, server_side=True)
         self.incoming.write(first)
 
     async def _exchange(self) -> None:
@@ -182,7 +192,9 @@ async def answer(first: bytes, reader: asyncio.StreamReader, writer: asyncio.Str
     channel: _Plain
     try:
         if first[0] == _TLS_HANDSHAKE:
-            tls = _Tls(first, reader, writer)
+            # Key generation and file writes, once: off the event loop.
+            context = await asyncio.to_thread(_tls_context)
+            tls = _Tls(context, first, reader, writer)
             await tls.handshake()
             channel = tls
         else:
