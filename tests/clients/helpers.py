@@ -53,6 +53,7 @@ def client_queues() -> dict[str, dict[str, Any]]:
         queues[f"sessions-{stack}"] = {**_PLAIN, "RequiresSession": True}
         queues[f"scheduled-{stack}"] = _PLAIN
         queues[f"settle-{stack}"] = _PLAIN
+        queues[f"stream-{stack}"] = _PLAIN
     return queues
 
 

@@ -124,3 +124,15 @@ def test_the_administration_client_is_refused_naming_the_feature(client_bus: Emu
     assert unverified["served"] is False
     assert "ServiceBusAdministrationClient" in unverified["message"]
     assert "is not supported by the local Service Bus emulator" in unverified["message"]
+
+
+def test_the_streaming_receiver(client_bus: EmulatorProcess):
+    cs = client_bus.connection_string
+    orders = [order(f"JS-STREAM-{n}", "replies-js") for n in range(3)]
+    run_js("post", connection=cs, queue="stream-js", orders=orders)
+    got = run_js("subscribe", connection=cs, queue="stream-js", count=3)["messages"]
+    assert [m["body"] for m in got] == orders
+    # Completed by the SDK: nothing is left to receive.
+    assert (
+        run_js("receive", connection=cs, queue="stream-js", count=1, waitMs=2000)["messages"] == []
+    )

@@ -70,6 +70,30 @@ const commands = {
     return { messages };
   },
 
+  // The streaming receiver (subscribe), as most applications read their reply queue.
+  async subscribe(client) {
+    const receiver = client.createReceiver(args.queue);
+    const messages = [];
+    await new Promise((resolve, reject) => {
+      const timer = setTimeout(() => resolve(), args.waitMs ?? 30000);
+      receiver.subscribe({
+        async processMessage(message) {
+          messages.push(describe(message)); // completed by the SDK after this returns
+          if (messages.length >= args.count) {
+            clearTimeout(timer);
+            resolve();
+          }
+        },
+        async processError(args) {
+          clearTimeout(timer);
+          reject(args.error);
+        },
+      });
+    });
+    await receiver.close();
+    return { messages };
+  },
+
   async deadletters(client) {
     const receiver = client.createReceiver(args.queue, { subQueueType: "deadLetter" });
     const peeked = await receiver.peekMessages(args.max ?? 50, {});
