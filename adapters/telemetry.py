@@ -104,13 +104,17 @@ def _configure(env: Mapping[str, str]) -> str:
         span_exporter, chosen = FileSpanExporter(env[TRACES_FILE]), "file"
     elif env.get("OTEL_TRACES_EXPORTER") == "console":
         span_exporter, chosen = ConsoleSpanExporter(), "console"
+    provider = TracerProvider(resource=resource)
     if span_exporter is not None:
-        provider = TracerProvider(resource=resource)
         # Exported from the processor's own thread, never on the event loop;
         # a short delay locally so `cli trace` and the tests see spans soon.
         delay = int(env.get("OTEL_BSP_SCHEDULE_DELAY") or 1000)
         provider.add_span_processor(BatchSpanProcessor(span_exporter, schedule_delay_millis=delay))
-        trace.set_tracer_provider(provider)
+    # Set even without an exporter (its spans then go nowhere): the API's no-op
+    # tracer makes no trace ids, so a client whose traceparent was missing or
+    # malformed would get statuses with none. With a provider every message we
+    # send carries a valid context: the client's, or a fresh trace.
+    trace.set_tracer_provider(provider)
 
     metric_exporter: MetricExporter | None = None
     if env.get(METRICS_FILE) and _file_exporter_installed(METRICS_FILE):

@@ -21,6 +21,7 @@ from pydantic import (
     Field,
     StringConstraints,
     ValidationInfo,
+    WithJsonSchema,
     field_validator,
     model_validator,
 )
@@ -138,6 +139,49 @@ SignatureText: TypeAlias = Annotated[
     str, StringConstraints(pattern=r"^[A-Za-z0-9._-]{1,120}$", max_length=120)
 ]
 AppIdText: TypeAlias = Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9-]{0,63}$")]
+
+
+def _amount(integer_digits: int) -> Any:
+    """A money amount: a JSON string matching the pattern below (what clients should
+    send: exact in every language), or a JSON number. A string like "ten", "1,50",
+    "1e2" or "+5" is refused here and by the published schema alike."""
+    pattern = rf"^(0|[1-9][0-9]{{0,{integer_digits - 1}}})(\.[0-9]{{1,2}})?$"
+    form = re.compile(pattern)
+
+    def check_form(value: Any) -> Any:
+        # Converted here: after a before-validator pydantic checks the result in Python
+        # mode, where a strict Decimal is only a Decimal.
+        if isinstance(value, str):
+            if not form.match(value):
+                raise ValueError(
+                    f'an amount is a decimal string such as "10.00": digits, at most '
+                    f"{integer_digits} before the point and 2 after it"
+                )
+            return Decimal(value)
+        if isinstance(value, bool):
+            raise ValueError('an amount is a decimal string such as "10.00", not a boolean')
+        if isinstance(value, int | float):
+            return Decimal(str(value))
+        return value
+
+    return Annotated[
+        Decimal,
+        BeforeValidator(check_form),
+        Field(ge=0, max_digits=integer_digits + 2, decimal_places=2),
+        WithJsonSchema(
+            {"anyOf": [{"type": "string", "pattern": pattern}, {"type": "number", "minimum": 0}]},
+            mode="validation",
+        ),
+    ]
+
+
+if TYPE_CHECKING:
+    UnitPriceAmount: TypeAlias = Decimal
+    TotalAmount: TypeAlias = Decimal
+else:
+    UnitPriceAmount = _amount(10)
+    TotalAmount = _amount(12)
+
 QueueName = Annotated[
     str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9._-]{0,259}$", max_length=260)
 ]
@@ -231,7 +275,7 @@ class OrderLine(Contract):
     SchemaVersion: Literal[1] = Field(default=SCHEMA_VERSION, exclude=True)
     Sku: ShortText
     Quantity: Annotated[int, Field(strict=True, gt=0, le=10_000)]
-    UnitPrice: Annotated[Decimal, Field(ge=0, max_digits=12, decimal_places=2)]
+    UnitPrice: UnitPriceAmount
 
 
 class OrderSubmitted(Contract):
@@ -242,7 +286,7 @@ class OrderSubmitted(Contract):
     ReplyTo: QueueName
     Customer: CustomerInfo
     Lines: Annotated[list[OrderLine], Field(min_length=1, max_length=MAX_LINES)]
-    Total: Annotated[Decimal, Field(ge=0, max_digits=14, decimal_places=2)]
+    Total: TotalAmount
     Currency: Annotated[str, StringConstraints(pattern=r"^[A-Z]{3}$")] = "EUR"
     PaymentReference: Text64 | None = None
 

@@ -21,6 +21,14 @@ message annotations, which the broker owns, are re-encoded on each delivery;
 application properties are extended in place (raw map items plus new items)
 when the broker adds dead-letter reasons. Nothing the sender wrote is
 re-typed by a decode/encode round trip.
+
+Where the broker echoes a value the client chose (a reply's correlation-id is
+the request's message-id; a rule action rewrites some properties), it copies
+the value's encoded bytes, never a decoded value: the SDK's decoder returns
+AMQP `string` and `binary` alike as Python bytes, and re-encoding those would
+turn a client's string id into binary (AMQP 1.0 part 3.2.4: message-id and
+correlation-id are ulong, uuid, binary or string, and a client matches its
+reply by value and type, as rhea-based SDKs do).
 """
 
 from __future__ import annotations
@@ -33,7 +41,6 @@ from typing import Any
 from azure.servicebus._pyamqp import performatives
 from azure.servicebus._pyamqp._decode import _DECODE_BY_CONSTRUCTOR, decode_frame, decode_payload
 from azure.servicebus._pyamqp._encode import (
-    describe_performative,
     encode_frame,
     encode_payload,
     encode_value,
@@ -65,8 +72,11 @@ __all__ = [
     "decode_payload",
     "encode_amqp_frame",
     "encode_message",
+    "encode_response",
+    "encode_value",
     "parse_message",
     "performatives",
+    "request_message_id_raw",
     "typed",
 ]
 
@@ -97,9 +107,44 @@ def encode_amqp_frame(channel: int, performative: Any, frame_type: int = 0) -> b
     return header + struct.pack(">H", channel) + (body or b"")
 
 
+#: Bytes after the constructor of a fixed-width value, by the constructor's high nibble
+#: (AMQP 1.0 part 1.6: 0x4_ none, 0x5_ one, 0x6_ two, 0x7_ four, 0x8_ eight, 0x9_ sixteen).
+_FIXED_WIDTH = {0x4: 0, 0x5: 1, 0x6: 2, 0x7: 4, 0x8: 8, 0x9: 16}
+
+
 def _skip_value(buffer: memoryview) -> memoryview:
-    rest, _ = _DECODE_BY_CONSTRUCTOR[buffer[0]](buffer[1:])
-    return rest
+    """The buffer after one encoded value, of any AMQP type (char and the decimals
+    included, which the SDK's decoder does not know): sized by its constructor."""
+    constructor = buffer[0]
+    if constructor == 0x00:  # described: descriptor, then the value
+        return _skip_value(_skip_value(buffer[1:]))
+    category = constructor >> 4
+    if category in _FIXED_WIDTH:
+        return buffer[1 + _FIXED_WIDTH[category] :]
+    if category in (0xA, 0xC, 0xE):  # variable / compound / array with a one-byte size
+        return buffer[2 + buffer[1] :]
+    if category in (0xB, 0xD, 0xF):  # the same with a four-byte size
+        return buffer[5 + struct.unpack(">I", buffer[1:5])[0] :]
+    raise ValueError(f"unknown AMQP constructor 0x{constructor:02x}")
+
+
+def _decode_item(buffer: memoryview) -> tuple[memoryview, Any]:
+    """One value decoded, or None for a type the SDK's decoder lacks (char, decimals)."""
+    decoder = _DECODE_BY_CONSTRUCTOR[buffer[0]] if buffer[0] < len(_DECODE_BY_CONSTRUCTOR) else None
+    if decoder is None:
+        return _skip_value(buffer), None
+    return decoder(buffer[1:])
+
+
+def _decode_map_items(items: memoryview, count: int) -> dict[Any, Any]:
+    """Raw map items decoded; a value of a type the SDK's decoder lacks reads as None."""
+    decoded: dict[Any, Any] = {}
+    cursor = items
+    for _ in range(count // 2):
+        cursor, key = _decode_item(cursor)
+        cursor, value = _decode_item(cursor)
+        decoded[key] = value
+    return decoded
 
 
 def _map_items(buffer: memoryview) -> tuple[memoryview, int]:
@@ -124,13 +169,91 @@ def _filtered_items(items: memoryview, count: int, drop: frozenset[bytes]) -> tu
     kept_count = 0
     cursor = items
     for _ in range(count // 2):
-        after_key, key = _DECODE_BY_CONSTRUCTOR[cursor[0]](cursor[1:])
+        after_key, key = _decode_item(cursor)
         after_value = _skip_value(after_key)
         if key not in drop:
             kept += cursor[: len(cursor) - len(after_value)]
             kept_count += 2
         cursor = after_value
     return bytes(kept), kept_count
+
+
+def _list_items(buffer: memoryview) -> tuple[memoryview, int]:
+    """The raw encoded elements of a list and their count."""
+    constructor = buffer[0]
+    if constructor == 0x45:  # list0
+        return buffer[1:1], 0
+    if constructor == 0xC0:
+        size, count = buffer[1], buffer[2]
+        return buffer[3 : 2 + size], count
+    if constructor == 0xD0:
+        size, count = struct.unpack(">II", buffer[1:9])
+        return buffer[9 : 5 + size], count
+    raise ValueError(f"expected a list, found constructor 0x{constructor:02x}")
+
+
+def _raw_elements(items: memoryview, count: int) -> list[bytes]:
+    """Each element of a list's items, as its own encoded bytes."""
+    out = []
+    cursor = items
+    for _ in range(count):
+        rest = _skip_value(cursor)
+        out.append(bytes(cursor[: len(cursor) - len(rest)]))
+        cursor = rest
+    return out
+
+
+#: The properties fields (AMQP 1.0 part 3.2.4).
+_PROPERTIES_FIELDS = 13
+_NULL = b"\x40"
+#: Constructors a message-id / correlation-id may have: ulong, uuid, binary, string.
+_MESSAGE_ID_CONSTRUCTORS = frozenset({0x80, 0x53, 0x44, 0x98, 0xA0, 0xB0, 0xA1, 0xB1})
+
+
+def properties_fields_raw(properties_raw: bytes) -> list[bytes]:
+    """The 13 fields of an encoded properties section, each as its encoded bytes
+    (an omitted trailing field as null)."""
+    if not properties_raw:
+        return [_NULL] * _PROPERTIES_FIELDS
+    _, value = _section_code(memoryview(properties_raw))
+    items, count = _list_items(value)
+    fields = _raw_elements(items, count)
+    return (fields + [_NULL] * _PROPERTIES_FIELDS)[:_PROPERTIES_FIELDS]
+
+
+def encode_properties_raw(fields: list[bytes]) -> bytes:
+    """A properties section from encoded fields (trailing nulls dropped, as AMQP allows)."""
+    while fields and fields[-1] == _NULL:
+        fields = fields[:-1]
+    items = b"".join(fields)
+    return (
+        b"\x00\x53"
+        + bytes([_PROPERTIES])
+        + b"\xd0"
+        + struct.pack(">II", len(items) + 4, len(fields))
+        + items
+    )
+
+
+def request_message_id_raw(data: bytes | memoryview) -> bytes:
+    """The encoded message-id of a request message, exactly as the client sent it.
+
+    Raises:
+        ValueError: The message-id is not one of the four types AMQP allows for it.
+    """
+    raw = parse_message(data).properties_raw
+    message_id = properties_fields_raw(raw)[0]
+    if message_id != _NULL and message_id[0] not in _MESSAGE_ID_CONSTRUCTORS:
+        raise ValueError(
+            f"message-id has constructor 0x{message_id[0]:02x}; AMQP allows ulong, uuid, binary or string"
+        )
+    return message_id
+
+
+def _encoded(value: dict[str, Any]) -> bytes:
+    out = bytearray()
+    encode_value(out, value)
+    return bytes(out)
 
 
 def _map_section(code: int, items: bytes, count: int) -> bytes:
@@ -155,6 +278,7 @@ BROKER_ANNOTATIONS = frozenset(
         b"x-opt-enqueue-sequence-number",
         b"x-opt-deadletter-source",
         b"x-opt-lock-token",
+        b"x-opt-message-state",
     }
 )
 #: Application properties the broker sets when it dead-letters a message.
@@ -275,11 +399,7 @@ def system_properties(message: ParsedMessage) -> dict[str, Any]:
 
 def app_properties(message: ParsedMessage) -> dict[str, Any]:
     """A message's application properties, decoded (strings as str)."""
-    if not message.app_count:
-        return {}
-    items = message.app_items
-    raw = b"\xd1" + struct.pack(">II", len(items) + 4, message.app_count) + items
-    _, decoded = _DECODE_BY_CONSTRUCTOR[raw[0]](memoryview(raw)[1:])
+    decoded = _decode_map_items(memoryview(message.app_items), message.app_count)
     return {_text(k): _text(v) for k, v in decoded.items()}
 
 
@@ -319,17 +439,20 @@ def with_changes(
     )
     properties, properties_raw = message.properties, message.properties_raw
     if set_system:
-        fields = list(properties or Properties())
+        # Only the fields the action sets are encoded anew (as SQL strings: string, or
+        # symbol for content-type); every other field keeps the sender's bytes and type.
+        raw_fields = properties_fields_raw(properties_raw)
+        values = list(properties or Properties())
         for name, value in set_system.items():
-            fields[PROPERTY_INDEX[name]] = None if value is None else str(value)
-        # Text the SDK sent as strings must go back as strings, not binary.
-        for index in (0, 5):
-            if isinstance(fields[index], bytes):
-                fields[index] = fields[index].decode("utf-8", "replace")
-        properties = Properties(*fields)
-        out = bytearray()
-        encode_value(out, describe_performative(properties))
-        properties_raw = bytes(out)
+            index = PROPERTY_INDEX[name]
+            kind = AMQPTypes.symbol if name == "content_type" else AMQPTypes.string
+            text = None if value is None else str(value)
+            values[index] = text
+            raw_fields[index] = _encoded(
+                typed(AMQPTypes.null, None) if text is None else typed(kind, text)
+            )
+        properties = Properties(*values)
+        properties_raw = encode_properties_raw(raw_fields)
     return ParsedMessage(
         header=message.header,
         delivery_items=message.delivery_items,
@@ -386,9 +509,8 @@ def parse_message(data: bytes | memoryview) -> ParsedMessage:
                 items, count, BROKER_ANNOTATIONS
             )
         elif code == _MESSAGE_ANN:
-            _, decoded = _DECODE_BY_CONSTRUCTOR[value[0]](value[1:])
-            parsed.annotations = dict(decoded or {})
             items, count = _map_items(value)
+            parsed.annotations = _decode_map_items(items, count)
             parsed.annotation_items, parsed.annotation_count = _filtered_items(
                 items, count, BROKER_ANNOTATIONS
             )
@@ -458,27 +580,25 @@ def encode_message(
 
 
 def encode_response(
-    correlation_id: Any,
+    correlation_id_raw: bytes,
     application_properties: dict[str, Any],
     value: Any = None,
 ) -> bytes:
     """Encode a request/response reply ($cbs or $management).
 
     Args:
-        correlation_id: The request's message_id, echoed so the SDK can match the reply.
+        correlation_id_raw: The request's message-id as it was encoded
+            (`request_message_id_raw`), echoed with its type so the client matches the reply.
         application_properties: Status fields (status code as int).
         value: The AmqpValue body, or None.
 
     Returns:
         The encoded reply message.
     """
-    out = bytearray()
-    message = Message(
-        properties=Properties(correlation_id=correlation_id),
-        application_properties=application_properties,
-        value=value,
-    )
-    encode_payload(out, message)
+    fields = [_NULL] * _PROPERTIES_FIELDS
+    fields[5] = correlation_id_raw
+    out = bytearray(encode_properties_raw(fields))
+    encode_payload(out, Message(application_properties=application_properties, value=value))
     return bytes(out)
 
 

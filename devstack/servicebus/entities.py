@@ -723,6 +723,11 @@ class Queue:
                     typed(AMQPTypes.timestamp, lock.locked_until_ms),
                 )
             )
+        # Service Bus's message state: 0 active, 1 deferred, 2 scheduled (what peek shows).
+        state = 2 if message.state == SCHEDULED else 1 if message.deferred else 0
+        annotations.append(
+            (typed(AMQPTypes.symbol, b"x-opt-message-state"), typed(AMQPTypes.int, state))
+        )
         if message.dead_letter_source:
             annotations.append(
                 (

@@ -28,7 +28,7 @@ import struct
 import uuid
 from typing import TYPE_CHECKING, Any
 
-from . import management
+from . import http_refusal, management
 from .codec import (
     AMQP_HEADER,
     BATCH_FORMAT,
@@ -46,6 +46,7 @@ from .codec import (
     encode_amqp_frame,
     encode_response,
     parse_message,
+    request_message_id_raw,
     typed,
 )
 from .codec import (
@@ -343,6 +344,10 @@ class Connection:
 
     async def _handshake(self) -> bool:
         header = await self.reader.readexactly(8)
+        if http_refusal.is_http(header):
+            # The management REST API (ServiceBusAdministrationClient), not AMQP.
+            await http_refusal.answer(header, self.reader, self.writer)
+            return False
         if header == SASL_HEADER:
             self.writer.write(SASL_HEADER)
             # ANONYMOUS is what the SDK uses with a development-emulator connection string.
@@ -778,8 +783,7 @@ class Connection:
         if link.kind == "queue":
             state = self._accept_messages(link.queue, data, message_format)
         else:
-            state = Accepted()
-            self._answer_request(session, link, data)
+            state = self._answer_request(session, link, data)
         if not settled:
             session.send(
                 pf.DispositionFrame(
@@ -818,10 +822,18 @@ class Connection:
             )
         return Accepted()
 
-    def _answer_request(self, session: Session, link: Link, data: bytes) -> None:
-        request = decode_payload(memoryview(data))
+    def _answer_request(self, session: Session, link: Link, data: bytes) -> Any:
+        """Answer a $cbs or $management request; return the outcome of its delivery."""
+        try:
+            request = decode_payload(memoryview(data))
+            # The reply's correlation-id is the request's message-id with its own AMQP type.
+            message_id = request_message_id_raw(data)
+        except Exception as exc:  # a request no reply can match: refuse its delivery
+            _LOG.warning("refused a request on %s: %s", link.address, exc)
+            return Rejected(
+                error=AMQPError(condition=b"amqp:decode-error", description=str(exc), info=None)
+            )
         properties = request.properties
-        message_id = properties.message_id if properties else None
         reply_to = _text(properties.reply_to) if properties and properties.reply_to else None
         if link.kind == "cbs":
             status = {"status-code": 202, "status-description": "Accepted"}
@@ -832,10 +844,11 @@ class Connection:
         reply = session.reply_link(link.address) or session.reply_link(reply_to)
         if reply is None:
             _LOG.warning("no reply link for request on %s", link.address)
-            return
+            return Accepted()
         reply.session.send_transfer(reply, payload, uuid.uuid4().bytes_le, settled=True)
         reply.delivery_count += 1
         reply.credit = max(0, reply.credit - 1)
+        return Accepted()
 
     # -- settlement -------------------------------------------------------------
 

@@ -105,6 +105,37 @@ ORDER_CASES = {
         False,
     ),
     "no lines": (order_payload(Lines=[], Total="0"), False),
+    "amount in words": (order_payload(Total="ten"), False),
+    "amount with a decimal comma": (
+        order_payload(Lines=[{"Sku": "S", "Quantity": 1, "UnitPrice": "5,00"}], Total="5.00"),
+        False,
+    ),
+    "amount in exponent form": (
+        order_payload(Lines=[{"Sku": "S", "Quantity": 1, "UnitPrice": "5e0"}], Total="5"),
+        False,
+    ),
+    "amount with a sign": (
+        order_payload(Lines=[{"Sku": "S", "Quantity": 1, "UnitPrice": "+5"}], Total="5"),
+        False,
+    ),
+    "amount with three decimals": (
+        order_payload(Lines=[{"Sku": "S", "Quantity": 1, "UnitPrice": "5.000"}], Total="5"),
+        False,
+    ),
+    "amount with a leading zero": (
+        order_payload(Lines=[{"Sku": "S", "Quantity": 1, "UnitPrice": "05.00"}], Total="5"),
+        False,
+    ),
+    "amount without decimals": (
+        order_payload(Lines=[{"Sku": "S", "Quantity": 1, "UnitPrice": "5"}], Total="5.0"),
+        True,
+    ),
+    "amount too large for a unit price": (
+        order_payload(
+            Lines=[{"Sku": "S", "Quantity": 1, "UnitPrice": "12345678901"}], Total="12345678901"
+        ),
+        False,
+    ),
     "lower-case currency": (order_payload(Currency="eur"), False),
     "wrong schema version": (order_payload(SchemaVersion=2), False),
 }

@@ -84,6 +84,8 @@ TEST_QUEUES: dict[str, dict[str, Any]] = {
     },
     "session-expiry": {"LockDuration": "PT2S", "MaxDeliveryCount": 10, "RequiresSession": True},
     "annotations": LONG_LOCK,
+    "message-state": LONG_LOCK,
+    "admin-refusal": LONG_LOCK,
 }
 
 

@@ -69,6 +69,8 @@ def test_application_insights_uses_the_distro_with_the_apps_identity(monkeypatch
 
     calls = []
     monkeypatch.setattr(distro, "configure_azure_monitor", lambda **kw: calls.append(kw))
+    # Whatever an earlier test in this process set up (importing bootstrap configures it).
+    monkeypatch.setattr(telemetry, "_sdk_provider_set", lambda: False)
     env = {
         "APPLICATIONINSIGHTS_CONNECTION_STRING": "InstrumentationKey=00000000-0000-0000-0000-000000000000",
         "AZURE_CLIENT_ID": "11111111-1111-1111-1111-111111111111",
@@ -97,8 +99,19 @@ def test_a_provider_the_functions_worker_set_is_kept(monkeypatch):
 
 
 @pytest.mark.parametrize("env", [{}, {"OTEL_TRACES_EXPORTER": "none"}])
-def test_without_settings_nothing_is_set_up(env):
+def test_without_settings_nothing_is_exported(env, monkeypatch):
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+
+    # A provider without processors is set all the same (trace context for the
+    # messages we send); captured here, the process's global can be set only once.
+    providers = []
+    monkeypatch.setattr(trace, "set_tracer_provider", providers.append)
+    monkeypatch.setattr(telemetry, "_sdk_provider_set", lambda: False)
     assert telemetry._configure(env) == "none"
+    (provider,) = providers
+    assert isinstance(provider, TracerProvider)
+    assert provider._active_span_processor._span_processors == ()
 
 
 def test_a_file_setting_without_the_local_exporter_is_said_and_ignored(tmp_path):
