@@ -49,6 +49,7 @@ from domain.state_machine import (
     MAX_COMPENSATION_RESTARTS,
     IllegalTransition,
     claim_compensation,
+    is_claimable,
     mark_received_sent,
     restart_compensation,
 )
@@ -382,9 +383,17 @@ class Starter:
         report = report or StarterReport()
         if received_sent_at is not None:
             record = mark_received_sent(record, received_sent_at)
+        if not is_claimable(record, now):
+            # A resend of an order that waits for its long retry, runs, or has
+            # ended: no claim, so no index entry. An entry for an attempt that is
+            # never claimed would hold the index Supervisor's cursor (it keeps
+            # an entry newer than its record) until the next claim, up to the
+            # long-retry delay, and other orders' recoveries with it.
+            return None
         indexed_at = self._index_deadline(now)
         # The deadline is indexed before the record carries it (see
-        # adapters.recovery_index): a lost claim leaves a harmless extra entry.
+        # adapters.recovery_index): a claim lost to another claimer leaves an
+        # extra entry for the attempt that claimer took, which is harmless.
         await self._index.add(record.id, indexed_at, record.Attempt + 1)
         won = await self._store.claim_known(record, etag, now, self._settings.retry)
         if won is None:

@@ -352,3 +352,29 @@ async def test_a_dead_compensation_behind_a_full_page_of_live_ones_is_restarted(
         restarts += (await starter.run(client)).compensation_restarts
     assert restarts == 1
     assert (await world.record(dead)).LockedBy == f"{dead}:3"
+
+
+async def test_a_resend_during_a_long_retry_adds_no_index_entry():
+    """Issue 21 item 1: a client resends an order while its record waits for
+    its long retry; Submit's fast path used to index an attempt it could not
+    claim, and that entry (newer than its record) held the index Supervisor's
+    cursor, and every later order's recovery, until the long retry's claim."""
+    from tests.fakes import FakeIndex
+
+    world = World()
+    await _pending(world, "A1")
+    await world.store.update(
+        "A1",
+        lambda r: r.model_copy(update={"NotBefore": world.now + timedelta(hours=1)}),
+        ANY_OWNER,
+    )
+    record, etag = await world.store.read("A1")
+    index = FakeIndex()
+    starter = Starter(SETTINGS, world.store, index=index, clock=ReadClock(lambda: world.now))
+    assert await starter.start_submitted(Client(), record, etag) is None
+    assert index.entries == {}
+    # Once claimable, the claim indexes its attempt first, as before.
+    world.now += timedelta(hours=1)
+    record, etag = await world.store.read("A1")
+    assert await starter.start_submitted(Client(), record, etag) == "A1:1"
+    assert list(index.entries.values()) == [1]
