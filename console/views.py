@@ -10,17 +10,18 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from adapters.console_reads import ConsoleReads, OrderRow
+from adapters.console_reads import ConsoleReads, OrderRow, decode_page_token
 from adapters.ports import ANY_OWNER
 from adapters.servicebus import AGENT_REQUESTS_QUEUE, AGENT_RESPONSES_QUEUE, ALERTS_QUEUE
 from adapters.settings import Settings
-from adapters.state_store import CosmosStateStore
+from adapters.state_store import CosmosStateStore, decode_cursor
 from console.peek import QueuePeeker
-from console.security import in_azure, redact
+from console.security import Forbidden, in_azure, record_version, redact
 from domain import state_machine as sm
 from domain.errors import DomainError, NotFoundError
 from domain.ids import attempt_instance_id, check_order_id, parse_attempt_instance_id
@@ -177,22 +178,69 @@ def _decision_buckets(decisions, since: datetime) -> list[dict[str, Any]]:
 
 
 class BadRequest(ValueError):
-    """A filter the console cannot use; the message is shown to the operator."""
+    """A parameter the console cannot use; the message is shown to the operator (400)."""
+
+
+class NotFound(BadRequest):
+    """A path naming nothing the console shows (404)."""
+
+
+MAX_OLDER_MINUTES = 10 * 366 * 24 * 60  # ten years: older than that is any order
+MAX_SEQUENCE = 2**63 - 1  # Service Bus sequence numbers are signed 64-bit
+MAX_TOKEN = 512  # characters of a page token
+_ASCII_DIGITS = re.compile(r"[0-9]{1,19}")
+_APP_ID = re.compile(r"[a-z0-9][a-z0-9-]{0,63}")
+
+
+def parse_sequence(raw: str | None) -> int | None:
+    """`from=`: a Service Bus sequence number to start a page at, or None.
+    ASCII digits only (`²` and other Unicode digits are refused, not read)."""
+    if raw is None or raw == "":
+        return None
+    if not _ASCII_DIGITS.fullmatch(raw) or int(raw) > MAX_SEQUENCE:
+        raise BadRequest(f"'from' must be a sequence number from 0 to {MAX_SEQUENCE}")
+    return int(raw)
+
+
+def parse_minutes(raw: str | None) -> int | None:
+    if raw is None or raw == "":
+        return None
+    if not _ASCII_DIGITS.fullmatch(raw) or not 1 <= int(raw) <= MAX_OLDER_MINUTES:
+        raise BadRequest(f"'older' must be a whole number of minutes from 1 to {MAX_OLDER_MINUTES}")
+    return int(raw)
+
+
+def parse_page_token(raw: str | None, decode: Any) -> str | None:
+    """A page token, checked by `decode` (which raises on a bad one) before
+    any query uses it."""
+    if raw is None or raw == "":
+        return None
+    if len(raw) > MAX_TOKEN:
+        raise BadRequest("the page token is too long; start again from the first page")
+    try:
+        decode(raw)
+    except Exception:  # noqa: BLE001 - any token that does not decode is the caller's mistake
+        raise BadRequest(
+            "the page token is not one this console made; start again from the first page"
+        ) from None
+    return raw
 
 
 def parse_filters(params: dict[str, str]) -> dict[str, Any]:
+    """The orders list's query parameters, each checked and bounded: a
+    refused one raises BadRequest naming it (400), never reaches a query."""
     state = params.get("state") or ProcessState.ERROR.value
     if state not in STATES:
-        raise BadRequest(f"unknown state {state!r}")
+        raise BadRequest(f"unknown state {state[:40]!r}; one of {', '.join(STATES)}")
     app = params.get("app") or None
-    if app is not None and not app.replace("-", "").isalnum():
-        raise BadRequest("an application id is letters, digits and '-'")
-    older = params.get("older") or None
-    try:
-        older_minutes = int(older) if older else None
-    except ValueError:
-        raise BadRequest("age must be a whole number of minutes") from None
-    return {"state": state, "app": app, "older": older_minutes, "page": params.get("page") or None}
+    if app is not None and not _APP_ID.fullmatch(app):
+        raise BadRequest("an application id is lowercase letters, digits and '-' (at most 64)")
+    return {
+        "state": state,
+        "app": app,
+        "older": parse_minutes(params.get("older")),
+        "page": parse_page_token(params.get("page"), decode_page_token),
+    }
 
 
 async def orders(deps: Deps, filters: dict[str, Any]) -> dict[str, Any]:
@@ -235,6 +283,7 @@ def _human(delta: timedelta) -> str:
 async def stuck(deps: Deps, page: str | None) -> dict[str, Any]:
     """Processing records past their deadline (the Supervisor's next work), by
     the Supervisor's own bounded query."""
+    page = parse_page_token(page, decode_cursor)
     try:
         found, token = await deps.store.query_expired(deps.now, _EPOCH, PAGE_SIZE, page)
     except DomainError as exc:
@@ -538,30 +587,139 @@ async def peek(
     }
 
 
-def _message(m: Any, body_limit: int) -> dict[str, Any]:
-    raw = b"".join(m.body) if not isinstance(m.body, bytes | str) else m.body
-    text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
+MAX_DEPTH = 32  # nesting of a body's JSON the console parses; deeper is shown as text
+_SCAN_BYTES = 256 * 1024  # of a body the console reads at most
+
+
+def _depth(text: str, limit: int) -> int:
+    """How deep JSON brackets nest in `text` (strings skipped), counting
+    only up to `limit` + 1: linear, no recursion, whatever the body."""
+    depth = top = 0
+    in_string = escaped = False
+    for ch in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch in "[{":
+            depth += 1
+            if depth > top:
+                top = depth
+                if top > limit:
+                    return top
+        elif ch in "]}":
+            depth -= 1
+    return top
+
+
+def _short(value: Any, limit: int = 200) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, bytes | bytearray | memoryview):
+        text = bytes(value[:limit]).decode("utf-8", "replace")
+    else:
+        text = value if isinstance(value, str) else repr(value)
+    return text[:limit]
+
+
+def body_text(m: Any) -> tuple[str, str | None]:
+    """(the body as text, a note on what kind it is) for any AMQP body:
+    data sections (bytes), a value (null, number, string, list, map) or a
+    sequence. Never raises."""
+    kind = str(getattr(getattr(m, "body_type", None), "value", "") or "data").lower()
     try:
-        parsed = json.loads(text)
-        body = json.dumps(redact(parsed), indent=1, ensure_ascii=False)
-    except ValueError:
-        parsed = None
+        body = m.body
+        if kind == "value" or isinstance(body, dict | int | float | bool) or body is None:
+            if isinstance(body, bytes | str):
+                return _short(body, _SCAN_BYTES) or "", "AMQP value body"
+            return _short(body, _SCAN_BYTES) or "None", f"AMQP value body ({type(body).__name__})"
+        if isinstance(body, bytes | bytearray | memoryview | str):
+            sections: list[Any] = [body]
+        else:
+            sections = []
+            for section in body:
+                sections.append(section)
+                if len(sections) > 64:
+                    break
+        if kind == "sequence" or any(
+            not isinstance(x, bytes | bytearray | memoryview | str) for x in sections
+        ):
+            return _short(sections, _SCAN_BYTES) or "", "AMQP sequence body"
+        raw = b"".join(x.encode() if isinstance(x, str) else bytes(x) for x in sections)
+        return raw[:_SCAN_BYTES].decode("utf-8", "replace"), None
+    except Exception as exc:  # noqa: BLE001 - a body the SDK cannot even hand over
+        return "", f"body unreadable ({type(exc).__name__})"
+
+
+def _message(m: Any, body_limit: int) -> dict[str, Any]:
+    """One peeked message for the templates, whatever it holds: any body
+    kind, any nesting, any property types. Never raises: a message the
+    console cannot read is shown as unreadable, with what could be read."""
+    try:
+        return _read_message(m, body_limit)
+    except Exception as exc:  # noqa: BLE001 - one message must not break a page
+        log.warning("console: a message could not be shown: %s", exc)
+        return {
+            "id": _safe(lambda: _short(m.message_id)),
+            "sequence": _safe(lambda: _int(m.sequence_number)),
+            "enqueued": None,
+            "reason": _safe(lambda: _short(m.dead_letter_reason)),
+            "description": None,
+            "delivery_count": None,
+            "properties": {},
+            "parsed": None,
+            "note": f"message unreadable ({type(exc).__name__})",
+            "body": "",
+        }
+
+
+def _safe(read: Any) -> Any:
+    try:
+        return read()
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _read_message(m: Any, body_limit: int) -> dict[str, Any]:
+    text, note = body_text(m)
+    parsed: Any = None
+    if note is None and text:
+        if _depth(text, MAX_DEPTH) > MAX_DEPTH:
+            note = f"JSON nested deeper than {MAX_DEPTH} levels, shown as text"
+        else:
+            try:
+                parsed = json.loads(text)
+            except (ValueError, RecursionError):
+                parsed = None
+    if parsed is not None:
+        body = json.dumps(redact(parsed), indent=1, ensure_ascii=False, default=str)
+    else:
         body = redact(text)
-    props = {
-        (k.decode() if isinstance(k, bytes) else str(k)): (
-            v.decode() if isinstance(v, bytes) else v
-        )
-        for k, v in (m.application_properties or {}).items()
-    }
+    props: dict[str, Any] = {}
+    for k, v in list((m.application_properties or {}).items())[:64]:
+        key = _short(k.decode("utf-8", "replace") if isinstance(k, bytes) else k, 100) or ""
+        value = v.decode("utf-8", "replace") if isinstance(v, bytes) else v
+        props[key] = value if isinstance(value, str | int | float | bool) else _short(value)
+    enqueued = m.enqueued_time_utc
     return {
-        "id": m.message_id,
-        "sequence": m.sequence_number,
-        "enqueued": m.enqueued_time_utc,
-        "reason": m.dead_letter_reason,
-        "description": redact(m.dead_letter_error_description or "") or None,
-        "delivery_count": m.delivery_count,
+        "id": _short(m.message_id),
+        "sequence": _int(m.sequence_number),
+        "enqueued": enqueued if isinstance(enqueued, datetime) else None,
+        "reason": _short(m.dead_letter_reason),
+        "description": redact(_short(m.dead_letter_error_description, 1024) or "") or None,
+        "delivery_count": _int(m.delivery_count),
         "properties": redact(props),
         "parsed": redact(parsed) if isinstance(parsed, dict) else None,
+        "note": note,
         "body": body[:body_limit] + ("…" if len(body) > body_limit else ""),
     }
 
@@ -573,7 +731,7 @@ async def alerts(deps: Deps, from_sequence: int | None) -> dict[str, Any]:
 async def dead_letters(deps: Deps, queue: str | None, from_sequence: int | None) -> dict[str, Any]:
     queues = deps.queues()
     if queue is not None and queue not in queues:
-        raise BadRequest(f"no queue {queue!r} here")
+        raise NotFound(f"no queue {queue[:100]!r} here")
     replies_left_out = deps.azure and bool(deps.settings.reply_queues)
     if queue is None:
         # the summary: a few of each queue's dead letters
@@ -608,9 +766,15 @@ ACTIONS = {
 }
 
 
-async def act(deps: Deps, order_id: str, action: str, who: str) -> OrderState:
+async def act(
+    deps: Deps, order_id: str, action: str, who: str, expected_version: str | None = None
+) -> OrderState:
     """The operator commands of cli/ (the same store call and transition),
-    recorded in the order's history as done by `who`."""
+    recorded in the order's history as done by `who`. With `expected_version`
+    (the record's version the confirmation form was made for) the transition
+    is refused when the record is another version by the time it is applied,
+    inside the etag-guarded update: a confirmation acts once, even when two
+    of its POSTs race."""
     by = f"operator:{who}"[:100]
     if action == "resubmit":
         transition = sm.resubmit
@@ -618,8 +782,15 @@ async def act(deps: Deps, order_id: str, action: str, who: str) -> OrderState:
         transition = sm.request_compensation
     else:
         raise BadRequest(f"unknown action {action!r}")
-    record, _ = await deps.store.update(
-        order_id, lambda r: transition(r, datetime.now(UTC), by=by), ANY_OWNER
-    )
+
+    def change(r: OrderState) -> OrderState:
+        if expected_version is not None and record_version(r) != expected_version:
+            raise Forbidden(
+                "this confirmation was already used or the order changed since it was opened; "
+                "open the confirmation page again"
+            )
+        return transition(r, datetime.now(UTC), by=by)
+
+    record, _ = await deps.store.update(order_id, change, ANY_OWNER)
     log.info("console: %s %s by %s", action, order_id, who)
     return record
