@@ -20,12 +20,13 @@ from adapters.ports import ANY_OWNER
 from adapters.servicebus import AGENT_REQUESTS_QUEUE, AGENT_RESPONSES_QUEUE, ALERTS_QUEUE
 from adapters.settings import Settings
 from adapters.state_store import CosmosStateStore, decode_cursor
+from console import timeline as story
 from console.peek import QueuePeeker
 from console.security import Forbidden, in_azure, record_version, redact
 from domain import state_machine as sm
 from domain.errors import DomainError, NotFoundError
-from domain.ids import attempt_instance_id, check_order_id, parse_attempt_instance_id
-from domain.models import OrderState, ProcessState, StepStatus
+from domain.ids import attempt_instance_id, check_order_id
+from domain.models import OrderState, ProcessState
 
 log = logging.getLogger(__name__)
 
@@ -322,12 +323,17 @@ async def order_detail(deps: Deps, order_id: str) -> dict[str, Any] | None:
     except NotFoundError:
         pass
     statuses = await orchestration_statuses(deps, record)
+    attempts = story.timeline(record, statuses)
     return {
         "record": record,
         "order": order,
-        "attempts": timeline(record, statuses),
-        "steps": record.Steps,
-        "compensation": record.Compensation,
+        "attempts": attempts,
+        "effects": story.side_effects(record, attempts),
+        # the log lists planned undos from the first completed step on: shown
+        # only once a compensation ran
+        "compensation": record.Compensation
+        if any(e.At is not None for e in record.Compensation)
+        else [],
         "status_messages": await status_messages(deps, record),
         "can_resubmit": record.ProcessState is ProcessState.ERROR,
         "can_compensate": record.ProcessState
@@ -337,14 +343,17 @@ async def order_detail(deps: Deps, order_id: str) -> dict[str, Any] | None:
 
 
 async def orchestration_statuses(deps: Deps, record: OrderState) -> dict[int, dict[str, Any]]:
-    """The durable client's status (with history) of the latest attempts."""
+    """The durable client's status, with history and activity results, of the
+    latest attempts (console.timeline reads them; nothing is shown raw)."""
     out: dict[int, dict[str, Any]] = {}
     if deps.durable is None or record.Attempt < 1:
         return out
     for attempt in range(max(1, record.Attempt - DETAIL_ATTEMPTS + 1), record.Attempt + 1):
         instance = attempt_instance_id(record.id, attempt)
         try:
-            status = await deps.durable.get_status(instance, show_history=True)
+            status = await deps.durable.get_status(
+                instance, show_history=True, show_history_output=True
+            )
         except Exception as exc:  # noqa: BLE001 - the page still shows the record
             log.warning("console: status of %s unavailable: %s", instance, exc)
             out[attempt] = {"instance": instance, "error": "status unavailable"}
@@ -352,193 +361,17 @@ async def orchestration_statuses(deps: Deps, record: OrderState) -> dict[int, di
         if status is None or not getattr(status, "runtime_status", None):
             out[attempt] = {"instance": instance, "runtime_status": "not found"}
             continue
+        # The extension answers `historyEvents`; the SDK keeps unknown keys as attributes.
+        history = getattr(status, "historyEvents", None) or status.history or []
         out[attempt] = {
             "instance": instance,
             "runtime_status": getattr(status.runtime_status, "value", str(status.runtime_status)),
             "created": status.created_time,
             "updated": status.last_updated_time,
-            "custom_status": redact(status.custom_status),
-            "output": redact(status.output),
-            # The extension answers `historyEvents`; the SDK keeps unknown keys as attributes.
-            "events": _orchestration_events(
-                getattr(status, "historyEvents", None) or status.history or []
-            ),
+            "output": status.output,
+            "history": history if isinstance(history, list) else [],
         }
     return out
-
-
-_SHOWN_EVENTS = {
-    "ExecutionStarted",
-    "TaskCompleted",
-    "TaskFailed",
-    "TimerCreated",
-    "TimerFired",
-    "EventRaised",
-    "ExecutionCompleted",
-    "ExecutionTerminated",
-    "ExecutionFailed",
-}
-# Fields of activity inputs and replies worth showing; never payloads (which
-# may carry payment references).
-_INPUT_FIELDS = ("Kind", "Step", "Action", "Status", "Detail", "Reason", "Outcome", "Error")
-
-
-def _fields(raw: Any) -> dict[str, Any]:
-    value = raw
-    for _ in range(2):  # event inputs arrive JSON-encoded, sometimes twice
-        if isinstance(value, str):
-            try:
-                value = json.loads(value)
-            except ValueError:
-                return {}
-    if not isinstance(value, dict):
-        return {}
-    return {k: value[k] for k in _INPUT_FIELDS if value.get(k) not in (None, "")}
-
-
-def _orchestration_events(history: list[Any]) -> list[dict[str, Any]]:
-    events = []
-    for e in history:
-        if not isinstance(e, dict):
-            continue
-        kind = str(e.get("EventType") or "")
-        if kind not in _SHOWN_EVENTS:
-            continue
-        fields = _fields(e.get("Input"))
-        detail = " ".join(str(v) for v in fields.values())
-        if kind in ("TaskCompleted", "TaskFailed"):
-            what = f"{e.get('FunctionName') or ''} {detail}"
-            if kind == "TaskFailed":
-                what += f" failed: {e.get('Reason') or ''}"
-        elif kind == "TimerCreated":
-            what = f"deadline timer set for {e.get('FireAt', '')}"
-        elif kind == "TimerFired":
-            what = "deadline timer fired: the step's reply did not come in time"
-        elif kind == "EventRaised":
-            what = f"reply {e.get('Name') or ''}: {detail}"
-        elif kind.startswith("Execution") and kind != "ExecutionStarted":
-            what = f"finished: {e.get('OrchestrationStatus') or kind.removeprefix('Execution').lower()}"
-        else:
-            what = "started"
-        tone = (
-            "warn"
-            if kind == "TimerFired" or fields.get("Outcome") == "transient"
-            else (
-                "bad"
-                if kind in ("TaskFailed", "ExecutionFailed") or fields.get("Outcome") == "permanent"
-                else ""
-            )
-        )
-        events.append(
-            {
-                "at": _parse_time(e.get("Timestamp")),
-                "kind": kind,
-                "text": redact(what.strip())[:400],
-                "tone": tone,
-            }
-        )
-    return events
-
-
-def _parse_time(value: Any) -> datetime | None:
-    if isinstance(value, datetime):
-        return value
-    if isinstance(value, str):
-        try:
-            return datetime.fromisoformat(value.replace("Z", "+00:00"))
-        except ValueError:
-            return None
-    return None
-
-
-def timeline(record: OrderState, statuses: dict[int, dict[str, Any]]) -> list[dict[str, Any]]:
-    """Every attempt, oldest first, each with its events in time order: the
-    record's History (claims, Supervisor decisions, operator actions), its
-    steps' start, deadline and outcome, the compensation log, and the
-    orchestration's own history (timers, replies, activities)."""
-    events: dict[int, list[dict[str, Any]]] = {}
-
-    def add(attempt: int, at: datetime | None, source: str, text: str, tone: str = "") -> None:
-        events.setdefault(attempt, []).append(
-            {"at": at, "source": source, "text": text, "tone": tone}
-        )
-
-    # History is bounded (oldest entries dropped), so attempts are counted back
-    # from the record's current one: each claim started the attempt it names.
-    attempt = record.Attempt
-    for h in reversed(record.History):
-        owner = _attempt_of(h.By)
-        at_attempt = owner if owner is not None else attempt
-        text = f"{h.From.value if h.From else '(new)'} → {h.To.value} by {h.By}"
-        if h.Reason:
-            text += f": {h.Reason}"
-        tone = (
-            "bad"
-            if h.To in (ProcessState.ERROR, ProcessState.COMPENSATION_FAILED)
-            else ("warn" if h.By == "supervisor" else "")
-        )
-        add(at_attempt, h.At, "state", text, tone)
-        if h.To in (ProcessState.PROCESSING, ProcessState.COMPENSATING) and h.From in (
-            ProcessState.PENDING,
-            ProcessState.ERROR,
-            ProcessState.COMPENSATION_FAILED,
-        ):
-            attempt = max(0, attempt - 1)
-    for name, step in record.Steps.items():
-        a = step.Attempt
-        if step.StartedAt:
-            add(a, step.StartedAt, "step", f"{name} started")
-        if step.CompleteBy and not (step.CompletedAt and step.CompletedAt <= step.CompleteBy):
-            add(a, step.CompleteBy, "deadline", f"{name} deadline", "muted")
-        if step.CompletedAt:
-            add(
-                a,
-                step.CompletedAt,
-                "step",
-                f"{name} {step.Status.value.lower()}",
-                "good" if step.Status is StepStatus.COMPLETED else "",
-            )
-        elif step.Status in (StepStatus.FAILED, StepStatus.RUNNING):
-            add(
-                a,
-                step.StartedAt,
-                "step",
-                f"{name} {step.Status.value.lower()}",
-                "bad" if step.Status is StepStatus.FAILED else "",
-            )
-    for entry in record.Compensation:
-        if entry.At is None:
-            continue  # a planned undo, not yet tried
-        text = f"undo {entry.Step}: {entry.Outcome}" + (f" ({entry.Error})" if entry.Error else "")
-        add(
-            record.Attempt,
-            entry.At,
-            "compensation",
-            text,
-            "bad" if entry.Outcome == "Failed" else "",
-        )
-    for a, status in statuses.items():
-        for e in status.get("events", []):
-            add(a, e["at"], "orchestration", e["text"], e["tone"])
-    out = []
-    for a in sorted(events):
-        items = sorted(events[a], key=lambda e: (e["at"] is None, e["at"] or _EPOCH))
-        out.append(
-            {
-                "attempt": a,
-                "instance": attempt_instance_id(record.id, a) if a else None,
-                "orchestration": statuses.get(a),
-                "events": items,
-            }
-        )
-    return out
-
-
-def _attempt_of(by: str) -> int | None:
-    try:
-        return parse_attempt_instance_id(by)[1]
-    except ValueError:
-        return None
 
 
 async def status_messages(deps: Deps, record: OrderState) -> dict[str, Any]:
