@@ -221,12 +221,68 @@ async def console_alerts(req: func.HttpRequest) -> func.HttpResponse:
 @bp.route(route="console/deadletters/{queue?}", methods=["GET"], auth_level=ANON)
 async def console_deadletters(req: func.HttpRequest) -> func.HttpResponse:
     queue = req.route_params.get("queue") or None
-    return await _view_page(
-        req,
-        "deadletters.html",
-        "deadletters",
-        lambda deps: views.dead_letters(deps, queue, _page(dict(req.params))),
+    done = req.params.get("done") if req.params.get("done") in views.DEAD_LETTER_ACTIONS else None
+
+    async def view(deps: views.Deps) -> dict[str, Any]:
+        data = await views.dead_letters(deps, queue, _page(dict(req.params)))
+        return {**data, "done": done, "done_seq": views.parse_sequence(req.params.get("seq"))}
+
+    return await _view_page(req, "deadletters.html", "deadletters", view)
+
+
+@bp.function_name("console_deadletter_action")
+@bp.route(
+    route="console/deadletters/{queue}/{sequence:int}/{action:alpha}",
+    methods=["GET", "POST"],
+    auth_level=ANON,
+)
+async def console_deadletter_action(req: func.HttpRequest) -> func.HttpResponse:
+    return await _guarded(req, lambda who: _dead_letter_action(req, who))
+
+
+async def _dead_letter_action(req: func.HttpRequest, who: str) -> func.HttpResponse:
+    """Resend or discard one dead letter: GET shows it and the confirmation
+    form, POST checks the form's token (bound to this queue and sequence
+    number: a settled dead letter is gone, so a token acts once) and acts,
+    then redirects to the queue's page."""
+    queue = req.route_params.get("queue", "")
+    action = req.route_params.get("action", "")
+    sequence = views.parse_sequence(req.route_params.get("sequence"))
+    if action not in views.DEAD_LETTER_ACTIONS or sequence is None:
+        return _error(req, 404, f"No action {action} for a dead letter")
+    deps = await _deps()
+    try:
+        message = await views.dead_letter(deps, queue, sequence)
+    except views.NotFound as exc:
+        return _error(req, 404, str(exc), deps)
+    target, version = f"{queue}/{sequence}", "dead-letter"
+    title, explanation = views.DEAD_LETTER_ACTIONS[action]
+    if req.method == "GET":
+        return _render(
+            req,
+            "confirm_deadletter.html",
+            deps,
+            page="deadletters",
+            queue=queue,
+            m=message,
+            action=action,
+            title=title,
+            explanation=explanation,
+            csrf=security.Unmasked(security.form_token(who, target, action, version)),
+            who=who,
+        )
+    form = dict(parse_qsl(req.get_body().decode("utf-8", "replace")))
+    try:
+        security.check_csrf(req.headers, form, who, target, action, version)
+        await views.act_on_dead_letter(deps, queue, sequence, action, who)
+    except security.Forbidden as exc:
+        return _error(req, 403, str(exc), deps)
+    except views.NotFound as exc:
+        return _error(req, 409, f"{action} refused: {exc}", deps)
+    location = f"{_base(req)}/deadletters/{quote(queue, safe='')}?" + urlencode(
+        {"done": action, "seq": sequence}
     )
+    return func.HttpResponse(status_code=303, headers={"Location": location, **_SECURITY_HEADERS})
 
 
 @bp.function_name("console_order")

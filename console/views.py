@@ -82,7 +82,10 @@ async def overview(deps: Deps) -> dict[str, Any]:
     finished, finished_cut = await deps.reads.finished_since(since)
     decisions, decisions_cut = await deps.reads.supervisor_decisions(since)
     alerts = await peek(deps, ALERTS_QUEUE, limit=10)
+    dead = await dead_letter_counts(deps)
     return {
+        "dead_letters": dead,
+        "dead_total": sum(c["count"] for c in dead.values()),
         "counts": counts,
         "count_bars": _bars(counts),
         "gauge": gauge,
@@ -511,6 +514,14 @@ def _message(m: Any, body_limit: int) -> dict[str, Any]:
         }
 
 
+def _order_of(parsed: Any, props: dict[str, Any]) -> str | None:
+    """The OrderID a message names (body, else properties), when it is a
+    valid one: the console links to it."""
+    oid = parsed.get("OrderID") if isinstance(parsed, dict) else None
+    oid = oid if isinstance(oid, str) else props.get("OrderID")
+    return oid if isinstance(oid, str) and valid_order_id(oid) else None
+
+
 def _safe(read: Any) -> Any:
     try:
         return read()
@@ -553,6 +564,8 @@ def _read_message(m: Any, body_limit: int) -> dict[str, Any]:
         "properties": redact(props),
         "parsed": redact(parsed) if isinstance(parsed, dict) else None,
         "note": note,
+        "data_body": note is None or note.startswith("JSON nested"),
+        "order_id": _order_of(parsed, props),
         "body": body[:body_limit] + ("…" if len(body) > body_limit else ""),
     }
 
@@ -561,26 +574,166 @@ async def alerts(deps: Deps, from_sequence: int | None) -> dict[str, Any]:
     return await peek(deps, ALERTS_QUEUE, from_sequence=from_sequence)
 
 
+COUNT_CAP = 500  # dead letters counted per queue at most (peeked page by page)
+ALERT_SCAN = 250  # alerts peeked to link dead letters to theirs
+RESENDABLE = ("RetriesExhausted", "ProcessingFailed")
+
+
+async def dead_letter_counts(deps: Deps) -> dict[str, dict[str, Any]]:
+    """Per queue the console shows: how many dead letters (up to COUNT_CAP),
+    whether there are more, or why it could not count."""
+    queues = deps.queues()
+
+    async def one(queue: str) -> dict[str, Any]:
+        if deps.servicebus is None:
+            return {"count": 0, "more": False, "error": "Service Bus not configured"}
+        try:
+            n, more = await deps.servicebus.count(queue, COUNT_CAP)
+        except Exception as exc:  # noqa: BLE001 - one queue must not break the page
+            log.warning("console: counting %s failed: %s", queue, exc)
+            return {"count": 0, "more": False, "error": f"could not count: {type(exc).__name__}"}
+        return {"count": n, "more": more, "error": None}
+
+    counted = await asyncio.gather(*(one(q) for q in queues))
+    return dict(zip(queues, counted, strict=True))
+
+
+async def _alert_index(deps: Deps) -> dict[tuple[str, str], int]:
+    """(dead letter's MessageId, queue) -> the sequence number of its alert."""
+    peeked = await peek(deps, ALERTS_QUEUE, limit=ALERT_SCAN)
+    out: dict[tuple[str, str], int] = {}
+    for m in peeked["messages"]:
+        p = m["parsed"] or {}
+        if m["sequence"] is not None and isinstance(p.get("MessageId"), str):
+            out.setdefault((p["MessageId"], str(p.get("Queue") or "")), m["sequence"])
+    return out
+
+
+def _links(queue: str, messages: list[dict[str, Any]], alerts: dict, replies: set[str]) -> None:
+    """Each dead letter's order (when it names a valid OrderID), its alert
+    (joined on MessageId and queue) and whether it may be resent."""
+    for m in messages:
+        m["alert"] = alerts.get((m["id"] or "", queue))
+        m["can_resend"] = (
+            m["reason"] in RESENDABLE
+            and m.get("data_body", False)
+            and queue not in replies
+            and m["sequence"] is not None
+        )
+
+
 async def dead_letters(deps: Deps, queue: str | None, from_sequence: int | None) -> dict[str, Any]:
     queues = deps.queues()
     if queue is not None and queue not in queues:
         raise NotFound(f"no queue {queue[:100]!r} here")
     replies_left_out = deps.azure and bool(deps.settings.reply_queues)
+    counts = await dead_letter_counts(deps)
+    alerts = await _alert_index(deps)
+    replies = set(deps.settings.reply_queues.values())
     if queue is None:
-        # the summary: a few of each queue's dead letters
-        peeked = await asyncio.gather(*(peek(deps, q, limit=5, dead_letter=True) for q in queues))
+        # the summary: a few of each non-empty queue's dead letters; empty ones collapsed
+        busy = [q for q in queues if counts[q]["count"] or counts[q]["error"]]
+        peeked = await asyncio.gather(*(peek(deps, q, limit=5, dead_letter=True) for q in busy))
+        for q, p in zip(busy, peeked, strict=True):
+            _links(q, p["messages"], alerts, replies)
         return {
             "queues": queues,
-            "per_queue": dict(zip(queues, peeked, strict=True)),
+            "counts": counts,
+            "total": sum(c["count"] for c in counts.values()),
+            "per_queue": dict(zip(busy, peeked, strict=True)),
+            "empty": [q for q in queues if q not in busy],
             "queue": None,
             "replies_left_out": replies_left_out,
         }
+    page = await peek(deps, queue, dead_letter=True, from_sequence=from_sequence)
+    _links(queue, page["messages"], alerts, replies)
     return {
         "queues": queues,
+        "counts": counts,
         "queue": queue,
         "replies_left_out": replies_left_out,
-        "peeked": await peek(deps, queue, dead_letter=True, from_sequence=from_sequence),
+        "peeked": page,
     }
+
+
+DEAD_LETTER_ACTIONS = {
+    "resend": (
+        "Resend",
+        "Send this message again to its queue (as a new message with the same body and "
+        "properties) and remove the dead letter. For a failure that is fixed now: an order "
+        "resent to Submit is taken once (Submit is idempotent).",
+    ),
+    "discard": ("Discard", "Remove this dead letter for good; nothing is sent."),
+}
+
+
+async def dead_letter(deps: Deps, queue: str, sequence: int) -> dict[str, Any]:
+    """One dead letter (for the confirmation page), or NotFound."""
+    if queue not in deps.queues():
+        raise NotFound(f"no queue {queue[:100]!r} here")
+    page = await peek(deps, queue, limit=1, dead_letter=True, from_sequence=sequence)
+    found = [m for m in page["messages"] if m["sequence"] == sequence]
+    if not found:
+        raise NotFound(f"no dead letter {sequence} on {queue} (already resent or discarded?)")
+    _links(queue, found, {}, set(deps.settings.reply_queues.values()))
+    return found[0]
+
+
+async def act_on_dead_letter(deps: Deps, queue: str, sequence: int, action: str, who: str) -> None:
+    """Resend or discard one dead letter, logged with who did it (and the
+    resent copy says so in its properties). NotFound when it is gone."""
+    bus = deps.servicebus
+    if bus is None:
+        raise BadRequest("Service Bus not configured")
+    shown = await dead_letter(deps, queue, sequence)
+    if action == "resend" and not shown["can_resend"]:
+        raise BadRequest(
+            f"only {' and '.join(RESENDABLE)} dead letters with a data body are resent; discard it"
+        )
+
+    async def act(message: Any) -> None:
+        if action == "resend":
+            await bus.send(queue, _resent_copy(message, queue, sequence, who))
+
+    if not await bus.take_dead_letter(queue, sequence, act):
+        raise NotFound(f"no dead letter {sequence} on {queue} (already resent or discarded?)")
+    log.warning(
+        "console: dead letter %s of %s (message %s, %s) %s by operator %s",
+        sequence,
+        queue,
+        shown["id"],
+        shown["reason"],
+        "resent" if action == "resend" else "discarded",
+        who,
+        extra={"order_id": shown.get("order_id")},
+    )
+
+
+def _resent_copy(message: Any, queue: str, sequence: int, who: str) -> Any:
+    from azure.servicebus import ServiceBusMessage
+
+    from adapters.settlement import MAX_MESSAGE_ID, ORIGINAL_ID_PROPERTY, RETRY_PROPERTY
+
+    body = b"".join(bytes(x) for x in message.body)
+    props: dict[str | bytes, Any] = {
+        (k.decode() if isinstance(k, bytes) else str(k)): v
+        for k, v in (message.application_properties or {}).items()
+    }
+    original = props.pop(ORIGINAL_ID_PROPERTY, None)
+    original = original.decode() if isinstance(original, bytes) else original
+    props.pop(RETRY_PROPERTY, None)
+    first_id = str(original or message.message_id or f"{queue}-{sequence}")
+    props[ORIGINAL_ID_PROPERTY] = first_id
+    props["ResentBy"] = f"operator:{who}"[:100]
+    props["ResentFrom"] = f"{queue}/$deadletterqueue/{sequence}"
+    return ServiceBusMessage(
+        body,
+        message_id=f"{first_id}/resent-{sequence}"[:MAX_MESSAGE_ID],
+        content_type=message.content_type,
+        correlation_id=message.correlation_id,
+        subject=message.subject,
+        application_properties=props,
+    )
 
 
 # --- actions ----------------------------------------------------------------------------

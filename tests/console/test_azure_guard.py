@@ -31,15 +31,19 @@ ROUTES = [b._function for b in console_functions.bp._function_builders]
 def _request(
     route: str, headers: dict[str, str], host: str = "https://orders.example.net"
 ) -> func.HttpRequest:
-    path = "/api/" + route.replace("{queue?}", "orders").replace("{order_id}", "O-1").replace(
-        "{action:alpha}", "resubmit"
+    path = "/api/" + (
+        route.replace("{queue?}", "orders")
+        .replace("{queue}", "orders")
+        .replace("{sequence:int}", "7")
+        .replace("{order_id}", "O-1")
+        .replace("{action:alpha}", "resubmit")
     )
     return func.HttpRequest(
         method="GET",
         url=f"{host}{path}",
         headers=headers,
         params={},
-        route_params={"order_id": "O-1", "action": "resubmit", "queue": "orders"},
+        route_params={"order_id": "O-1", "action": "resubmit", "queue": "orders", "sequence": "7"},
         body=b"",
     )
 
@@ -60,7 +64,7 @@ async def _call(fn, req: func.HttpRequest) -> func.HttpResponse:
 
 
 def test_every_console_route_is_covered():
-    assert len(ROUTES) == 9
+    assert len(ROUTES) == 10
     assert all(_route_from_json(fn).startswith("console") for fn in ROUTES)
 
 
