@@ -330,7 +330,7 @@ async def test_operator_reads_and_acts_in_the_browser(stack, browser):
         wait.until(ec.presence_of_element_located((By.ID, "confirm"))).click()
         wait.until(ec.presence_of_element_located((By.ID, "notice")))
         await e2e.wait_for(
-            lambda rs: rs[oid].ProcessState is ProcessState.COMPENSATED,
+            lambda rs: oid in rs and rs[oid].ProcessState is ProcessState.COMPENSATED,
             timeout=90,
             what="compensated",
         )
