@@ -136,8 +136,11 @@ def outcome(status: dict[str, Any] | None) -> tuple[str, str]:
     if kind == "failed":
         return f"failed at {label(step)}", "bad"
     if kind == "timed_out":
-        if output.get("Detail") == "deadline passed":
-            return f"timed out at {label(step)}", "warn"
+        detail = str(output.get("Detail") or "")
+        if detail == "deadline passed":
+            return f"timed out at {label(step)}: no reply by the deadline", "warn"
+        if "no answer within" in detail or "deadline reached" in detail:
+            return f"timed out at {label(step)}: the service did not answer in time", "warn"
         return f"gave up at {label(step)} for now (transient)", "warn"
     if kind == "stale":
         return "superseded by a later attempt", "muted"

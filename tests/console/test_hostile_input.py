@@ -441,3 +441,13 @@ async def test_the_dead_letter_page_renders_every_amqp_body_kind_from_the_emulat
     page = _render_dead_letters(first["messages"] + rest["messages"])
     for mid in sent:
         assert mid in page
+
+
+async def test_anything_unforeseen_is_a_500_page_with_the_security_headers(local, monkeypatch):
+    async def broken(deps):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(views, "overview", broken)
+    response = await _call("console_overview", _request("GET", ""))
+    body = _refused_with_a_message(response, 500)
+    assert "a bug" not in body  # the log has it, not the page

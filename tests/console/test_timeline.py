@@ -93,7 +93,7 @@ def test_an_order_retried_after_a_timeout_shows_two_attempts_and_their_outcomes(
     record, attempts = _load("retried")
     assert [a["attempt"] for a in attempts] == [0, 1, 2]
     first, second = attempts[1], attempts[2]
-    assert first["badge"] == "gave up at reserve inventory for now (transient)"
+    assert first["badge"] == "timed out at reserve inventory: the service did not answer in time"
     assert second["badge"] == "Processed"
     texts = _texts(first)
     assert (
@@ -157,7 +157,7 @@ def test_without_history_the_record_still_tells_the_steps():
         ({"Outcome": "processed"}, "Processed"),
         (
             {"Outcome": "timed_out", "Step": "charge-payment", "Detail": "deadline passed"},
-            "timed out at charge payment",
+            "timed out at charge payment: no reply by the deadline",
         ),
         (
             {"Outcome": "failed", "Step": "arrange-shipment", "Detail": "x"},
