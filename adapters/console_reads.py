@@ -97,10 +97,11 @@ def encode_page_token(last_id: str) -> str:
 def decode_page_token(token: str) -> str:
     try:
         data = json.loads(base64.urlsafe_b64decode((token + "=" * (-len(token) % 4)).encode()))
-        if data.get("v") != 1 or not isinstance(data["id"], str):
+        # Any JSON decodes: `[1]` or `1` is no token of ours either.
+        if not isinstance(data, dict) or data.get("v") != 1 or not isinstance(data.get("id"), str):
             raise ValueError("unknown token version")
         return data["id"]
-    except (ValueError, KeyError, TypeError, binascii.Error) as exc:
+    except (ValueError, KeyError, TypeError, binascii.Error, RecursionError) as exc:
         raise PermanentError(f"invalid page token: {exc}") from exc
 
 

@@ -24,7 +24,14 @@ from agents.steps import RemoteStep, UnknownStep, step_named
 from domain.codec import describe
 from domain.errors import PermanentError, TransientError
 from domain.ids import agent_reply_message_id
-from domain.models import AgentReply, AgentRequest, ReplyOutcome, mask_card_numbers
+from domain.models import (
+    MAX_AGENT_CALLS,
+    AgentCall,
+    AgentReply,
+    AgentRequest,
+    ReplyOutcome,
+    mask_card_numbers,
+)
 
 log = logging.getLogger(__name__)
 
@@ -205,6 +212,7 @@ class Agent:
         )
         calls = 0
         last_error: TransientError | None = None
+        record: list[AgentCall] = []  # each call, for the reply (what operators see)
         try:
             result: dict[str, Any] = {}
             async for attempt in AsyncRetrying(
@@ -222,33 +230,43 @@ class Agent:
                     remaining = (stop_at - self._clock.now()).total_seconds()
                     with self._breakers.for_service(operation.service).calling():
                         calls += 1
+                        started = self._clock.now()
                         try:
                             result = await self._remote.call(
                                 call, timeout=min(self._policy.call_timeout, remaining)
                             )
                         except TransientError as exc:
                             last_error = exc
+                            _note_call(record, started, self._clock.now(), "transient")
                             raise
+                        except PermanentError:
+                            _note_call(record, started, self._clock.now(), "permanent")
+                            raise
+                        except Exception:
+                            _note_call(record, started, self._clock.now(), "error")
+                            raise
+                        _note_call(record, started, self._clock.now(), "ok")
         except pybreaker.CircuitBreakerError:
             error = f"circuit open for {operation.service}: {operation.path} not called"
             if last_error is not None:
                 error += f" again after {calls} calls; last error: {last_error}"
-            return self._reply(request, ReplyOutcome.TRANSIENT, error=error)
+            return self._reply(request, ReplyOutcome.TRANSIENT, error=error, calls=record)
         except DeadlineReached:
             error = f"deadline reached after {calls} calls to {operation.path}"
             if last_error is not None:
                 error += f"; last error: {last_error}"
-            return self._reply(request, ReplyOutcome.TRANSIENT, error=error)
+            return self._reply(request, ReplyOutcome.TRANSIENT, error=error, calls=record)
         except TransientError as exc:
             return self._reply(
                 request,
                 ReplyOutcome.TRANSIENT,
                 error=f"gave up after {calls} calls within the deadline: {exc}",
+                calls=record,
             )
         except PermanentError as exc:
-            return self._reply(request, ReplyOutcome.PERMANENT, error=str(exc))
+            return self._reply(request, ReplyOutcome.PERMANENT, error=str(exc), calls=record)
         try:
-            return self._reply(request, ReplyOutcome.OK, result=result)
+            return self._reply(request, ReplyOutcome.OK, result=result, calls=record)
         except ValidationError as exc:
             # The effect happened but its answer does not fit the reply
             # contract: an operator must look, retrying cannot fix it.
@@ -257,6 +275,7 @@ class Agent:
                 ReplyOutcome.PERMANENT,
                 error=f"{operation.path} answered a result the reply cannot carry: "
                 f"{describe(AgentReply, exc)}",
+                calls=record,
             )
 
     def _reply(
@@ -266,6 +285,7 @@ class Agent:
         *,
         result: dict[str, Any] | None = None,
         error: str | None = None,
+        calls: list[AgentCall] | None = None,
     ) -> AgentReply:
         # A provider may quote the card: masked before the log and the cut.
         error = mask_card_numbers(error) if error else error
@@ -292,7 +312,13 @@ class Agent:
             Outcome=outcome,
             Result=result,
             Error=error[:MAX_ERROR_TEXT] if error else None,
+            Calls=calls[-MAX_AGENT_CALLS:] if calls else None,
         )
+
+
+def _note_call(record: list[AgentCall], started: datetime, ended: datetime, outcome: str) -> None:
+    ms = max(0, round((ended - started).total_seconds() * 1000))
+    record.append(AgentCall(At=started, Ms=min(ms, 86_400_000), Outcome=outcome))
 
 
 def _late_undo_wanted(request: AgentRequest, redelivered: bool) -> bool:

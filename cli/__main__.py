@@ -2,12 +2,12 @@
 
     python -m cli post --app webshop --count 20
     python -m cli watch --app webshop --expect 20     (peeks; --consume to remove)
-    python -m cli show ORDER_ID
-    python -m cli list --state Error
+    python -m cli show ORDER_ID          (a summary; --json for the whole record)
+    python -m cli list                   (counts per state; --state Error lists them)
     python -m cli stuck
     python -m cli resubmit ORDER_ID
     python -m cli alerts                 (newest first; --oldest-first)
-    python -m cli deadletters orders-webshop
+    python -m cli deadletters            (every queue; or name one: deadletters orders-webshop)
     python -m cli trace ORDER_ID         (the local spans file: OTEL_TRACES_FILE or --file)
 
 Text that clients wrote is printed literally, through cli.render.
@@ -32,7 +32,12 @@ from rich.live import Live
 from rich.text import Text
 
 from adapters.ports import ANY_OWNER
-from adapters.servicebus import ALERTS_QUEUE, servicebus_client
+from adapters.servicebus import (
+    AGENT_REQUESTS_QUEUE,
+    AGENT_RESPONSES_QUEUE,
+    ALERTS_QUEUE,
+    servicebus_client,
+)
 from adapters.settings import Settings
 from adapters.state_store import CosmosStateStore
 from cli import orders as order_source
@@ -230,11 +235,18 @@ class ToolError(Exception):
 
 
 @app.command()
-def show(order_id: str) -> None:
-    """An order's state record and its history."""
+def show(
+    order_id: str,
+    as_json: bool = typer.Option(False, "--json", help="the whole record as JSON"),
+) -> None:
+    """An order in a few lines: state, attempt, times, last error, steps,
+    compensation, history. --json prints the whole record."""
     order_id = _order_id(order_id)
     record, _etag = _with_store(lambda store: store.read(order_id))
-    render.print_record(console, record)
+    if as_json:
+        render.print_record_json(console, record)
+    else:
+        render.print_summary(console, record)
 
 
 def _list(state: ProcessState, stuck_only: bool = False, limit: int = 100) -> None:
@@ -242,20 +254,30 @@ def _list(state: ProcessState, stuck_only: bool = False, limit: int = 100) -> No
     records = _with_store(lambda store: store.query_in_state(state, limit))
     if stuck_only:
         records = [r for r in records if r.CompleteBy and r.CompleteBy < now]
-    console.print(
-        render.records_table(
-            f"{len(records)} {'stuck ' if stuck_only else ''}{state.value} orders", records
-        )
+    render.print_records(
+        console, f"{len(records)} {'stuck ' if stuck_only else ''}{state.value} orders", records
     )
 
 
 @app.command(name="list")
 def list_orders(
-    state: ProcessState = typer.Option(ProcessState.ERROR, help="which state"),
+    state: ProcessState | None = typer.Option(
+        None, help="which state; without it, how many orders are in each"
+    ),
     limit: int = typer.Option(100),
 ) -> None:
-    """Orders in one state (Error, CompensationFailed, Processing, ...)."""
-    _list(state, limit=limit)
+    """Orders in one state (Error, CompensationFailed, Processing, ...), or
+    without --state the number of orders in each state."""
+    if state is not None:
+        _list(state, limit=limit)
+        return
+
+    async def count(store: CosmosStateStore) -> dict[str, int]:
+        states = [s.value for s in ProcessState]
+        found = await asyncio.gather(*(store.count_in_state(s) for s in states))
+        return dict(zip(states, found, strict=True))
+
+    render.print_state_counts(console, _with_store(count))
 
 
 @app.command()
@@ -329,12 +351,45 @@ def alerts(
 
 
 @app.command()
-def deadletters(queue: str, limit: int = typer.Option(50)) -> None:
-    """Peek the dead-letter queue of QUEUE with reasons."""
-    if not _QUEUE_NAME.fullmatch(queue):
-        raise ToolError(f"{queue!r} is not a queue name (lowercase letters, digits, '.', '_', '-')")
-    messages = _read_queue(f"{queue}/$deadletterqueue", True, None)[:limit]
-    render.print_dead_letters(console, queue, messages)
+def deadletters(
+    queue: str | None = typer.Argument(None, help="one queue; without it, every queue"),
+    limit: int = typer.Option(50, help="dead letters shown per queue"),
+) -> None:
+    """Peek the dead letters of QUEUE, or of every queue (each application's
+    ingress and reply queue, agent-requests, agent-responses, alerts), with reasons."""
+    if queue is not None:
+        if not _QUEUE_NAME.fullmatch(queue):
+            raise ToolError(
+                f"{queue!r} is not a queue name (lowercase letters, digits, '.', '_', '-')"
+            )
+        messages = _read_queue(f"{queue}/$deadletterqueue", True, None)[:limit]
+        render.print_dead_letters(console, queue, messages)
+        return
+    cfg = _settings()
+    queues = list(
+        dict.fromkeys(
+            [
+                *sorted(cfg.ingress_queues.values()),
+                AGENT_REQUESTS_QUEUE,
+                AGENT_RESPONSES_QUEUE,
+                ALERTS_QUEUE,
+                *sorted(cfg.reply_queues.values()),
+            ]
+        )
+    )
+    found: dict[str, list] = {}
+    for name in queues:
+        try:
+            found[name] = _read_queue(f"{name}/$deadletterqueue", True, None)
+        except ToolError as exc:
+            console.print(Text.assemble(("skipped: ", "yellow"), render.literal(str(exc))))
+    total = sum(len(m) for m in found.values())
+    console.print(Text(f"{total} dead letters on {len(found)} queues", style="bold"))
+    for name, messages in found.items():
+        console.print(Text(f"  {render.visible(name)}  {len(messages)}"))
+    for name, messages in found.items():
+        if messages:
+            render.print_dead_letters(console, name, messages[:limit])
 
 
 @app.command()

@@ -144,9 +144,9 @@ def print_dead_letters(console: Console, queue: str, messages: Iterable[Any]) ->
             Text.assemble(
                 literal(getattr(message, "message_id", None) or "(no message id)", 140, "bold"),
                 " ",
-                literal(getattr(message, "dead_letter_reason", None) or "(no reason)", 100, "red"),
+                literal(getattr(message, "dead_letter_reason", None) or "(no reason)", 200, "red"),
                 " ",
-                literal(getattr(message, "dead_letter_error_description", None) or "", 1024),
+                literal(getattr(message, "dead_letter_error_description", None) or "", 4096),
             )
         )
         console.print(Text.assemble("  ", literal(body_text(message), 300)))
@@ -178,33 +178,74 @@ def read_status(message: Any) -> tuple[str, str] | None:
     return oid, status
 
 
+WIDE = 140  # below this many columns, records print one block each
+
+
+def _time(value: Any) -> str:
+    """A time in full (ISO 8601 with microseconds and offset): never cut."""
+    return value.isoformat() if isinstance(value, datetime) else ""
+
+
 def records_table(title: str, records: Iterable[Any]) -> Table:
+    """Records as a table whose cells wrap (fold), never cut: times and
+    errors are shown whole at any width."""
     table = Table(title=Text(title))
     for col in ("OrderID", "attempt", "failures", "CompleteBy", "LockedBy", "LastError"):
-        table.add_column(col)
+        table.add_column(col, overflow="fold")
     for r in records:
         table.add_row(
-            literal(r.id, 80),
+            literal(r.id, 200),
             Text(str(r.Attempt)),
             Text(str(r.FailureCount)),
-            Text(r.CompleteBy.isoformat() if r.CompleteBy else ""),
-            literal(r.LockedBy or "", 90),
-            literal(r.LastError or "", 60),
+            Text(_time(r.CompleteBy)),
+            literal(r.LockedBy or "", 200),
+            literal(r.LastError or ""),
         )
     return table
+
+
+def print_records(console: Console, title: str, records: list[Any]) -> None:
+    """The table on a wide terminal; one block per record when narrower than
+    WIDE columns (an 80-column terminal), every field whole and wrapped."""
+    if console.width >= WIDE:
+        console.print(records_table(title, records))
+        return
+    console.print(Text(title, style="bold"))
+    for r in records:
+        console.print(
+            Text.assemble(
+                literal(r.id, style="bold"), f"  attempt {r.Attempt}, failures {r.FailureCount}"
+            )
+        )
+        if r.CompleteBy:
+            console.print(Text(f"  deadline {_time(r.CompleteBy)}"))
+        if r.LockedBy:
+            console.print(Text.assemble("  locked by ", literal(r.LockedBy)))
+        if r.LastError:
+            console.print(Text.assemble("  last error: ", literal(r.LastError)))
+
+
+def print_state_counts(console: Console, counts: dict[str, int]) -> None:
+    """`list` without a state: how many orders are in each, and how to list one."""
+    total = sum(counts.values())
+    console.print(Text(f"{total} orders by state", style="bold"))
+    width = max((len(k) for k in counts), default=0)
+    for state, n in counts.items():
+        console.print(Text(f"  {state:<{width}}  {n}"))
+    console.print(Text("list one state: python -m cli list --state STATE", style="dim"))
 
 
 def history_table(record: Any) -> Table:
     table = Table(title="history")
     for col in ("at", "from", "to", "by", "reason"):
-        table.add_column(col)
+        table.add_column(col, overflow="fold")
     for h in record.History:
         table.add_row(
-            Text(h.At.isoformat()),
+            Text(_time(h.At)),
             literal(h.From or ""),
             literal(h.To),
             literal(h.By, 100),
-            literal(h.Reason or "", 300),
+            literal(h.Reason or ""),
         )
     return table
 
@@ -215,3 +256,81 @@ def print_record(console: Console, record: Any) -> None:
     lines = json.dumps(data, indent=2, ensure_ascii=False).splitlines()
     console.print(Text("\n".join(visible(line) for line in lines)))
     console.print(history_table(record))
+
+
+def print_record_json(console: Console, record: Any) -> None:
+    """The whole record as JSON (`show --json`): every non-ASCII or control
+    character escaped by JSON itself, so it is safe on a terminal and still
+    valid JSON; never wrapped."""
+    text = json.dumps(json.loads(record.model_dump_json()), indent=2, ensure_ascii=True)
+    console.print(Text(text), soft_wrap=True)
+
+
+def print_summary(console: Console, record: Any) -> None:
+    """`show`: the record in a few lines: state, attempt, times, the last
+    error, each step (with its duration), the compensation log if one ran,
+    and the history, one entry per line with its reason under it. Nothing cut:
+    long values wrap."""
+    state = getattr(record.ProcessState, "value", record.ProcessState)
+    console.print(
+        Text.assemble(
+            literal(record.id, style="bold"),
+            "  ",
+            (str(state), "bold"),
+            "  app ",
+            literal(record.AppId),
+            ", replies to ",
+            literal(record.ReplyTo),
+        )
+    )
+    line = f"attempt {record.Attempt}, failures {record.FailureCount}"
+    if record.LongRetries:
+        line += f" ({record.LongRetries} long retries)"
+    if record.CompensationRequested:
+        line += ", compensation requested"
+    console.print(Text(line))
+    for name, value in (
+        ("received", record.CreatedAt),
+        ("updated", record.UpdatedAt),
+        ("deadline", record.CompleteBy),
+        ("next try", record.NotBefore),
+    ):
+        if value:
+            console.print(Text(f"{name:<9} {_time(value)}"))
+    if record.LockedBy:
+        console.print(Text.assemble("locked by ", literal(record.LockedBy)))
+    if record.LastError:
+        console.print(Text.assemble(("last error: ", "red"), literal(record.LastError)))
+    console.print(Text("steps", style="bold"))
+    for name, step in record.Steps.items():
+        status = getattr(step.Status, "value", step.Status)
+        head = Text.assemble("  ", literal(name), f"  {status}")
+        if step.Attempt:
+            head.append(f", attempt {step.Attempt}")
+        if step.StartedAt and step.CompletedAt:
+            took = (step.CompletedAt - step.StartedAt).total_seconds()
+            head.append(f", took {took * 1000:.0f} ms" if took < 1 else f", took {took:.1f} s")
+        console.print(head)
+        if step.StartedAt:
+            console.print(Text(f"    started {_time(step.StartedAt)}"))
+        if step.CompletedAt:
+            console.print(Text(f"    done    {_time(step.CompletedAt)}"))
+        if step.Reference:
+            console.print(Text.assemble("    reference ", literal(step.Reference)))
+        if step.Error:
+            console.print(Text.assemble("    error: ", literal(step.Error)))
+    ran = [e for e in record.Compensation if e.At is not None]
+    if ran:
+        console.print(Text("compensation", style="bold"))
+        for e in record.Compensation:
+            console.print(Text.assemble("  ", literal(e.Step), f"  {e.Outcome}  {_time(e.At)}"))
+            if e.Error:
+                console.print(Text.assemble("    error: ", literal(e.Error)))
+    console.print(Text("history", style="bold"))
+    for h in record.History:
+        frm = getattr(h.From, "value", h.From) or "(new)"
+        to = getattr(h.To, "value", h.To)
+        console.print(Text.assemble(f"  {_time(h.At)}  {frm} → {to}  by ", literal(h.By)))
+        if h.Reason:
+            console.print(Text.assemble("    ", literal(h.Reason)))
+    console.print(Text("the whole record: python -m cli show ORDER_ID --json", style="dim"))

@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qsl, urlencode
+from urllib.parse import parse_qsl, quote, urlencode
 
 import azure.durable_functions as df
 import azure.functions as func
@@ -45,6 +45,8 @@ _env = Environment(
 )
 _env.filters["t"] = lambda v: v.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S") if v else ""
 _env.filters["hm"] = lambda v: v.astimezone(UTC).strftime("%H:%M:%S") if v else ""
+# to the millisecond: events of one second are told apart (and in causal order anyway)
+_env.filters["ms"] = lambda v: v.astimezone(UTC).strftime("%H:%M:%S.%f")[:-3] if v else ""
 _env.filters["js"] = lambda v: json.dumps(v, ensure_ascii=False, default=str)
 # URL parts the console builds are links, not text: an order id that happens
 # to look like a card number is masked where shown, never in its own link.
@@ -85,11 +87,9 @@ async def _deps(durable: Any | None = None) -> views.Deps:
 
 
 def _base(req: func.HttpRequest) -> str:
-    """The console's own path prefix as the browser sees it (host routePrefix included)."""
-    path = req.url.split("?", 1)[0]
-    marker = "/console"
-    i = path.find(marker)
-    return path[: i + len(marker)] if i >= 0 else marker
+    """Where the console's links start: a path (or CONSOLE_PUBLIC_URL), never
+    a URL built from the request's Host header (console.security.base_path)."""
+    return security.base_path(req.url)
 
 
 def _render(
@@ -120,37 +120,47 @@ def _error(
 
 
 def _signed_in(req: func.HttpRequest) -> str | func.HttpResponse:
-    """The operator, or the answer that refuses the request: 404 while the
-    console is disabled in Azure, 401 when in Azure nobody is signed in.
-    Every route calls this before anything else."""
+    """The operator, or the answer that refuses the request: 403 while the
+    console is disabled (neither local mode nor confirmed authentication),
+    401 when nobody is signed in, 403 in local mode for a request not
+    addressed to a loopback host. Every route calls this before anything else."""
     if not security.console_enabled():
         return func.HttpResponse(
             security.DISABLED_MESSAGE,
-            status_code=404,
+            status_code=403,
             mimetype="text/plain",
             charset="utf-8",
             headers=_SECURITY_HEADERS,
         )
     try:
-        return security.operator(req.headers)
+        return security.operator(req.headers, req.url)
     except security.Unauthenticated as exc:
         return _error(req, 401, str(exc))
+    except security.Forbidden as exc:
+        return _error(req, 403, str(exc))
 
 
 def _page(params: dict[str, str]) -> int | None:
-    raw = params.get("from")
-    return int(raw) if raw and raw.isdigit() else None
+    return views.parse_sequence(params.get("from"))
 
 
 async def _guarded(
     req: func.HttpRequest, respond: Callable[[str], Awaitable[func.HttpResponse]]
 ) -> func.HttpResponse:
     """Every route's answer: `respond(operator)` once `_signed_in` lets the
-    request through, its refusal otherwise (so no route can skip the check)."""
+    request through, its refusal otherwise (so no route can skip the check).
+    A refused parameter answers 400 with its reason; anything unforeseen is
+    logged and answered 500 with the same security headers as every page."""
     who = _signed_in(req)
     if isinstance(who, func.HttpResponse):
         return who
-    return await respond(who)
+    try:
+        return await respond(who)
+    except views.BadRequest as exc:
+        return _error(req, 400, str(exc))
+    except Exception:
+        log.exception("console: %s %s failed", req.method, security.base_path(req.url))
+        return _error(req, 500, "the console failed to answer; the error is in the app's log")
 
 
 async def _view_page(
@@ -158,17 +168,18 @@ async def _view_page(
     template: str,
     page: str,
     view: Callable[[views.Deps], Awaitable[dict[str, Any]]],
-    bad_request: int = 400,
 ) -> func.HttpResponse:
     """A read-only page: `view`'s data rendered into `template`; a refused
-    parameter (views.BadRequest) answers `bad_request`."""
+    parameter answers 400 (views.BadRequest), an unknown queue 404 (views.NotFound)."""
 
     async def respond(_who: str) -> func.HttpResponse:
         deps = await _deps()
         try:
             data = await view(deps)
+        except views.NotFound as exc:
+            return _error(req, 404, str(exc), deps)
         except views.BadRequest as exc:
-            return _error(req, bad_request, str(exc), deps)
+            return _error(req, 400, str(exc), deps)
         return _render(req, template, deps, page=page, **data)
 
     return await _guarded(req, respond)
@@ -201,21 +212,77 @@ async def console_stuck(req: func.HttpRequest) -> func.HttpResponse:
 @bp.function_name("console_alerts")
 @bp.route(route="console/alerts", methods=["GET"], auth_level=ANON)
 async def console_alerts(req: func.HttpRequest) -> func.HttpResponse:
-    start = _page(dict(req.params))
-    return await _view_page(req, "alerts.html", "alerts", lambda deps: views.alerts(deps, start))
+    return await _view_page(
+        req, "alerts.html", "alerts", lambda deps: views.alerts(deps, _page(dict(req.params)))
+    )
 
 
 @bp.function_name("console_deadletters")
 @bp.route(route="console/deadletters/{queue?}", methods=["GET"], auth_level=ANON)
 async def console_deadletters(req: func.HttpRequest) -> func.HttpResponse:
-    queue, start = req.route_params.get("queue") or None, _page(dict(req.params))
-    return await _view_page(
-        req,
-        "deadletters.html",
-        "deadletters",
-        lambda deps: views.dead_letters(deps, queue, start),
-        bad_request=404,
+    queue = req.route_params.get("queue") or None
+    done = req.params.get("done") if req.params.get("done") in views.DEAD_LETTER_ACTIONS else None
+
+    async def view(deps: views.Deps) -> dict[str, Any]:
+        data = await views.dead_letters(deps, queue, _page(dict(req.params)))
+        return {**data, "done": done, "done_seq": views.parse_sequence(req.params.get("seq"))}
+
+    return await _view_page(req, "deadletters.html", "deadletters", view)
+
+
+@bp.function_name("console_deadletter_action")
+@bp.route(
+    route="console/deadletters/{queue}/{sequence:int}/{action:alpha}",
+    methods=["GET", "POST"],
+    auth_level=ANON,
+)
+async def console_deadletter_action(req: func.HttpRequest) -> func.HttpResponse:
+    return await _guarded(req, lambda who: _dead_letter_action(req, who))
+
+
+async def _dead_letter_action(req: func.HttpRequest, who: str) -> func.HttpResponse:
+    """Resend or discard one dead letter: GET shows it and the confirmation
+    form, POST checks the form's token (bound to this queue and sequence
+    number: a settled dead letter is gone, so a token acts once) and acts,
+    then redirects to the queue's page."""
+    queue = req.route_params.get("queue", "")
+    action = req.route_params.get("action", "")
+    sequence = views.parse_sequence(req.route_params.get("sequence"))
+    if action not in views.DEAD_LETTER_ACTIONS or sequence is None:
+        return _error(req, 404, f"No action {action} for a dead letter")
+    deps = await _deps()
+    try:
+        message = await views.dead_letter(deps, queue, sequence)
+    except views.NotFound as exc:
+        return _error(req, 404, str(exc), deps)
+    target, version = f"{queue}/{sequence}", "dead-letter"
+    title, explanation = views.DEAD_LETTER_ACTIONS[action]
+    if req.method == "GET":
+        return _render(
+            req,
+            "confirm_deadletter.html",
+            deps,
+            page="deadletters",
+            queue=queue,
+            m=message,
+            action=action,
+            title=title,
+            explanation=explanation,
+            csrf=security.Unmasked(security.form_token(who, target, action, version)),
+            who=who,
+        )
+    form = dict(parse_qsl(req.get_body().decode("utf-8", "replace")))
+    try:
+        security.check_csrf(req.headers, form, who, target, action, version)
+        await views.act_on_dead_letter(deps, queue, sequence, action, who)
+    except security.Forbidden as exc:
+        return _error(req, 403, str(exc), deps)
+    except views.NotFound as exc:
+        return _error(req, 409, f"{action} refused: {exc}", deps)
+    location = f"{_base(req)}/deadletters/{quote(queue, safe='')}?" + urlencode(
+        {"done": action, "seq": sequence}
     )
+    return func.HttpResponse(status_code=303, headers={"Location": location, **_SECURITY_HEADERS})
 
 
 @bp.function_name("console_order")
@@ -256,6 +323,7 @@ async def _action(req: func.HttpRequest, who: str) -> func.HttpResponse:
         record, _ = await deps.store.read(order_id)
     except NotFoundError:
         return _error(req, 404, f"No order {order_id}", deps)
+    version = security.record_version(record)
     if req.method == "GET":
         title, explanation = views.ACTIONS[action]
         return _render(
@@ -267,22 +335,21 @@ async def _action(req: func.HttpRequest, who: str) -> func.HttpResponse:
             action=action,
             title=title,
             explanation=explanation,
-            csrf=security.Unmasked(security.form_token(who, order_id, action)),
+            csrf=security.Unmasked(security.form_token(who, order_id, action, version)),
             who=who,
         )
     form = dict(parse_qsl(req.get_body().decode("utf-8", "replace")))
     try:
-        security.check_csrf(req.headers, form, req.url, who, order_id, action)
+        security.check_csrf(req.headers, form, who, order_id, action, version)
+        await views.act(deps, order_id, action, who, expected_version=version)
     except security.Forbidden as exc:
         return _error(req, 403, str(exc), deps)
-    try:
-        await views.act(deps, order_id, action, who)
     except (sm.IllegalTransition, StaleError) as exc:
         return _error(req, 409, f"{action} refused: {exc}", deps)
     except DomainError as exc:
         return _error(req, 503, f"{action} failed: {exc}", deps)
     # Post/Redirect/Get: reloading the order page does not repeat the action.
-    location = f"{_base(req)}/orders/{order_id}?{urlencode({'done': action})}"
+    location = f"{_base(req)}/orders/{quote(order_id, safe='')}?{urlencode({'done': action})}"
     return func.HttpResponse(status_code=303, headers={"Location": location, **_SECURITY_HEADERS})
 
 
@@ -311,5 +378,9 @@ async def _find(req: func.HttpRequest) -> func.HttpResponse:
     if not views.valid_order_id(order_id):
         return _error(req, 404, f"No order {order_id}")
     return func.HttpResponse(
-        status_code=303, headers={"Location": f"{_base(req)}/orders/{order_id}"}
+        status_code=303,
+        headers={
+            "Location": f"{_base(req)}/orders/{quote(order_id, safe='')}",
+            **_SECURITY_HEADERS,
+        },
     )

@@ -18,9 +18,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
-from azure.servicebus import ServiceBusSubQueue
+from azure.servicebus import ServiceBusReceiveMode, ServiceBusSubQueue
 from azure.servicebus.aio import ServiceBusClient, ServiceBusReceiver
 
 log = logging.getLogger(__name__)
@@ -79,6 +80,69 @@ class QueuePeeker:
             # already broken; the next call opens a new one
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(receiver.close(), self._timeout)
+
+    async def count(self, queue: str, cap: int, dead_letter: bool = True) -> tuple[int, bool]:
+        """How many messages (up to `cap`) the queue holds, by peeking page by
+        page; and whether there are more than `cap`."""
+        seen, start = 0, FIRST_SEQUENCE
+        while seen < cap:
+            page = await self.peek(queue, min(250, cap - seen + 1), dead_letter, start)
+            if not page:
+                break
+            seen += len(page)
+            start = max(m.sequence_number or 0 for m in page) + 1
+        return min(seen, cap), seen > cap
+
+    async def take_dead_letter(
+        self,
+        queue: str,
+        sequence: int,
+        act: Callable[[Any], Awaitable[None]],
+        scan_limit: int = 500,
+    ) -> bool:
+        """Receive (peek-lock) the dead letter `sequence` of `queue`, run
+        `act` on it, then complete it; False when it is not there (already
+        settled by someone else). The others received on the way are
+        abandoned, untouched. A receiver of its own, closed after: actions are
+        rare and must not share the peek links' locks."""
+        receiver = self._client.get_queue_receiver(
+            queue,
+            sub_queue=ServiceBusSubQueue.DEAD_LETTER,
+            receive_mode=ServiceBusReceiveMode.PEEK_LOCK,
+            prefetch_count=0,
+        )
+        held: list[Any] = []
+        await asyncio.wait_for(receiver.__aenter__(), self._timeout)
+        try:
+            found = None
+            while found is None and len(held) < scan_limit:
+                batch = await asyncio.wait_for(
+                    receiver.receive_messages(max_message_count=50, max_wait_time=2),
+                    self._timeout,
+                )
+                if not batch:
+                    break
+                for m in batch:
+                    if found is None and m.sequence_number == sequence:
+                        found = m
+                    else:
+                        held.append(m)
+            if found is None:
+                return False
+            await act(found)
+            await asyncio.wait_for(receiver.complete_message(found), self._timeout)
+            return True
+        finally:
+            for m in held:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(receiver.abandon_message(m), self._timeout)
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(receiver.close(), self._timeout)
+
+    async def send(self, queue: str, message: Any) -> None:
+        """One message to `queue` on a sender of its own (never shared)."""
+        async with self._client.get_queue_sender(queue) as sender:
+            await asyncio.wait_for(sender.send_messages(message), self._timeout)
 
     async def close(self) -> None:
         for key in list(self._receivers):

@@ -1,6 +1,7 @@
 """The console's security: whether it is on at all (`console_enabled`), who is
-acting (`operator`), cross-site request forgery protection (`form_token`,
-`check_csrf`) and redaction of card numbers (`mask_for_display`).
+acting (`operator`), where links point (`base_path`), cross-site request
+forgery protection (`form_token`, `check_csrf`, single use through
+`record_version`) and redaction of card numbers (`mask_for_display`).
 Why each works this way: docs/adr/012-console-security.md."""
 
 from __future__ import annotations
@@ -27,9 +28,14 @@ _PAYMENT_KEY = re.compile(r"payment|card|pan$|cvv|cvc|iban|account.?number|expir
 _DIGIT_RUN = re.compile(r"(?<!\d)(?:\d[ -]?){11,18}\d(?!\d)")
 AZURE_HINTS = ("WEBSITE_SITE_NAME", *MANAGED_IDENTITY_ENDPOINTS)
 AUTH_CONFIRMED_SETTING = "CONSOLE_AUTH_CONFIRMED"
+LOCAL_MODE_SETTING = "CONSOLE_LOCAL_MODE"
+PUBLIC_URL_SETTING = "CONSOLE_PUBLIC_URL"
+LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 DISABLED_MESSAGE = (
-    "The operator console is disabled in this deployment: App Service authentication has not been "
-    f'confirmed to protect it ({AUTH_CONFIRMED_SETTING}). See infra/README.md, "The console in Azure".\n'
+    "The operator console is disabled in this deployment: it answers only behind an "
+    f"authentication that was confirmed to protect it ({AUTH_CONFIRMED_SETTING}=true, "
+    'see infra/README.md, "The console in Azure"), or in local mode on a loopback address '
+    f"({LOCAL_MODE_SETTING}=true, set by the local stack).\n"
 )
 
 
@@ -46,34 +52,103 @@ class Unmasked(str):
     is, never taken for a card number. A str subclass, so it is still escaped."""
 
 
+def _env(env: Mapping[str, str] | None) -> Mapping[str, str]:
+    return env if env is not None else os.environ
+
+
+def _true(value: str | None) -> bool:
+    return (value or "").strip().lower() == "true"
+
+
 def in_azure(env: Mapping[str, str] | None = None) -> bool:
-    env = env if env is not None else os.environ
+    env = _env(env)
     return any(env.get(name) for name in AZURE_HINTS)
 
 
+def local_mode(env: Mapping[str, str] | None = None) -> bool:
+    """Local mode: CONSOLE_LOCAL_MODE is a clear `true` and no Azure hint is
+    set (in Azure the setting is ignored: local mode never reaches a cloud)."""
+    env = _env(env)
+    return _true(env.get(LOCAL_MODE_SETTING)) and not in_azure(env)
+
+
 def console_enabled(env: Mapping[str, str] | None = None) -> bool:
-    """Whether the console may answer at all (see the module docstring)."""
-    env = env if env is not None else os.environ
-    if not in_azure(env):
-        return True
-    return (env.get(AUTH_CONFIRMED_SETTING) or "").strip().lower() == "true"
+    """Whether the console may answer at all: in local mode, or once the
+    deployer confirmed that an authentication in front of it sets the
+    principal header (and removes a client-sent one). Anything else, in
+    Azure or not (a container, Kubernetes), keeps it off: it fails closed."""
+    env = _env(env)
+    return local_mode(env) or _true(env.get(AUTH_CONFIRMED_SETTING))
 
 
-def operator(headers: Mapping[str, str], env: Mapping[str, str] | None = None) -> str:
-    """The signed-in operator's name (see the module docstring); raises
-    Unauthenticated in Azure when App Service authentication sent none."""
+def operator(
+    headers: Mapping[str, str], request_url: str = "", env: Mapping[str, str] | None = None
+) -> str:
+    """The signed-in operator's name. In local mode `local`, for a request
+    addressed to a loopback host only (a page of another site that a DNS
+    name pointed at 127.0.0.1 gets nothing); otherwise the principal that
+    authentication set, and Unauthenticated without one."""
+    env = _env(env)
+    if local_mode(env):
+        host = (urlsplit(request_url).hostname or "") if request_url else ""
+        if host.strip("[]") not in LOOPBACK_HOSTS:
+            raise Forbidden("local mode answers requests to a loopback address only")
+        return LOCAL_OPERATOR
     name = (_header(headers, PRINCIPAL_HEADER) or "").strip()
-    if in_azure(env):
-        if not name:
-            raise Unauthenticated(
-                "no authenticated principal: sign in (App Service authentication)"
-            )
-        return name[:80]
-    return LOCAL_OPERATOR
+    if not name:
+        raise Unauthenticated("no authenticated principal: sign in (App Service authentication)")
+    return name[:80]
+
+
+def public_base(env: Mapping[str, str] | None = None) -> str | None:
+    """CONSOLE_PUBLIC_URL without a trailing slash (`https://ops.example.net/api/console`),
+    or None: then every link is a path, never a URL built from the request's Host."""
+    raw = (_env(env).get(PUBLIC_URL_SETTING) or "").strip().rstrip("/")
+    if not raw:
+        return None
+    parts = urlsplit(raw)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return None
+    return raw
+
+
+def base_path(request_url: str, env: Mapping[str, str] | None = None) -> str:
+    """Where the console's links start: the configured public URL, else the
+    console's own path prefix from the request's path (host routePrefix
+    included), never its host."""
+    configured = public_base(env)
+    if configured is not None:
+        return configured
+    path = urlsplit(request_url).path or ""
+    marker = "/console"
+    i = path.find(marker)
+    return path[: i + len(marker)] if i >= 0 else "/api/console"
+
+
+def allowed_origin(origin: str, env: Mapping[str, str] | None = None) -> bool:
+    """Whether a POST's Origin is the console's own: the configured public
+    URL's origin; in Azure the app's own default host (WEBSITE_HOSTNAME, set
+    by the platform, not by the request); in local mode any loopback origin.
+    Never compared with the request's Host header."""
+    env = _env(env)
+    theirs = urlsplit(origin)
+    if theirs.scheme not in ("http", "https") or not theirs.hostname:
+        return False
+    ours = []
+    configured = public_base(env)
+    if configured is not None:
+        parts = urlsplit(configured)
+        ours.append((parts.scheme, parts.netloc.lower()))
+    site = (env.get("WEBSITE_HOSTNAME") or "").strip().lower()
+    if site and in_azure(env):
+        ours.append(("https", site))
+    if (theirs.scheme, theirs.netloc.lower()) in ours:
+        return True
+    return local_mode(env) and theirs.hostname.strip("[]") in LOOPBACK_HOSTS
 
 
 def _secret(env: Mapping[str, str] | None = None) -> bytes:
-    configured = (env if env is not None else os.environ).get("CONSOLE_CSRF_SECRET")
+    configured = _env(env).get("CONSOLE_CSRF_SECRET")
     return configured.encode() if configured else _PROCESS_SECRET
 
 
@@ -81,46 +156,68 @@ def form_token(
     who: str,
     order_id: str,
     action: str,
+    version: str,
     now: float | None = None,
     env: Mapping[str, str] | None = None,
 ) -> str:
+    """The confirmation form's token, bound to the operator, the order, the
+    action and the record's version (`record_version`): once the action is
+    done the record has changed, so the same token is refused (single use,
+    on any instance, with no session store)."""
     expiry = int((now if now is not None else time.time()) + TOKEN_LIFETIME)
-    return f"{expiry}.{_sign(who, order_id, action, expiry, env)}"
+    return f"{expiry}.{_sign(who, order_id, action, version, expiry, env)}"
 
 
-def _sign(who: str, order_id: str, action: str, expiry: int, env: Mapping[str, str] | None) -> str:
-    message = "\x1f".join((who, order_id, action, str(expiry))).encode()
+def record_version(record: Any) -> str:
+    """What an action changes on the record: its last update and state."""
+    return "\x1e".join(
+        (
+            record.UpdatedAt.isoformat(),
+            str(getattr(record.ProcessState, "value", record.ProcessState)),
+            str(record.Attempt),
+            str(record.CompensationRequested),
+        )
+    )
+
+
+def _sign(
+    who: str, order_id: str, action: str, version: str, expiry: int, env: Mapping[str, str] | None
+) -> str:
+    message = "\x1f".join((who, order_id, action, version, str(expiry))).encode()
     return hmac.new(_secret(env), message, hashlib.sha256).hexdigest()
 
 
 def check_csrf(
     headers: Mapping[str, str],
     form: Mapping[str, str],
-    request_url: str,
     who: str,
     order_id: str,
     action: str,
+    version: str,
     now: float | None = None,
     env: Mapping[str, str] | None = None,
 ) -> None:
-    """Raise Forbidden unless the POST came from our own, fresh confirmation form
-    for this operator, order and action."""
+    """Raise Forbidden unless the POST came from our own, fresh confirmation
+    form for this operator, order, action and version of the record."""
     site = (_header(headers, "sec-fetch-site") or "").lower()
     if site and site not in ("same-origin", "none"):
         raise Forbidden("cross-site request refused")
     origin = _header(headers, "origin")
-    if origin and origin != "null":
-        ours = urlsplit(request_url)
-        theirs = urlsplit(origin)
-        if (theirs.scheme, theirs.netloc) != (ours.scheme, ours.netloc):
-            raise Forbidden("request from another origin refused")
+    if origin is not None and not allowed_origin(origin, env):
+        raise Forbidden(
+            "request from another origin refused"
+            + ("" if public_base(env) else f" (set {PUBLIC_URL_SETTING} to the console's URL)")
+        )
     expiry_raw, _, signature = (form.get(CSRF_FIELD) or "").partition(".")
-    if not expiry_raw.isdigit() or not signature:
+    if not (expiry_raw.isascii() and expiry_raw.isdigit()) or len(expiry_raw) > 12 or not signature:
         raise Forbidden("missing form token; open the confirmation page again")
     expiry = int(expiry_raw)
-    expected = _sign(who, order_id, action, expiry, env)
-    if not hmac.compare_digest(expected, signature):
-        raise Forbidden("wrong form token; open the confirmation page again")
+    expected = _sign(who, order_id, action, version, expiry, env)
+    if not hmac.compare_digest(expected.encode(), signature.encode("utf-8", "replace")):
+        raise Forbidden(
+            "this confirmation was already used, the order changed since it was opened, "
+            "or the token is wrong; open the confirmation page again"
+        )
     if expiry < (now if now is not None else time.time()):
         raise Forbidden("the confirmation expired; open it again")
 

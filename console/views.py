@@ -10,21 +10,23 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from adapters.console_reads import ConsoleReads, OrderRow
+from adapters.console_reads import ConsoleReads, OrderRow, decode_page_token
 from adapters.ports import ANY_OWNER
 from adapters.servicebus import AGENT_REQUESTS_QUEUE, AGENT_RESPONSES_QUEUE, ALERTS_QUEUE
 from adapters.settings import Settings
-from adapters.state_store import CosmosStateStore
+from adapters.state_store import CosmosStateStore, decode_cursor
+from console import timeline as story
 from console.peek import QueuePeeker
-from console.security import in_azure, redact
+from console.security import Forbidden, in_azure, record_version, redact
 from domain import state_machine as sm
 from domain.errors import DomainError, NotFoundError
-from domain.ids import attempt_instance_id, check_order_id, parse_attempt_instance_id
-from domain.models import OrderState, ProcessState, StepStatus
+from domain.ids import attempt_instance_id, check_order_id
+from domain.models import OrderState, ProcessState
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +82,10 @@ async def overview(deps: Deps) -> dict[str, Any]:
     finished, finished_cut = await deps.reads.finished_since(since)
     decisions, decisions_cut = await deps.reads.supervisor_decisions(since)
     alerts = await peek(deps, ALERTS_QUEUE, limit=10)
+    dead = await dead_letter_counts(deps)
     return {
+        "dead_letters": dead,
+        "dead_total": sum(c["count"] for c in dead.values()),
         "counts": counts,
         "count_bars": _bars(counts),
         "gauge": gauge,
@@ -177,22 +182,69 @@ def _decision_buckets(decisions, since: datetime) -> list[dict[str, Any]]:
 
 
 class BadRequest(ValueError):
-    """A filter the console cannot use; the message is shown to the operator."""
+    """A parameter the console cannot use; the message is shown to the operator (400)."""
+
+
+class NotFound(BadRequest):
+    """A path naming nothing the console shows (404)."""
+
+
+MAX_OLDER_MINUTES = 10 * 366 * 24 * 60  # ten years: older than that is any order
+MAX_SEQUENCE = 2**63 - 1  # Service Bus sequence numbers are signed 64-bit
+MAX_TOKEN = 512  # characters of a page token
+_ASCII_DIGITS = re.compile(r"[0-9]{1,19}")
+_APP_ID = re.compile(r"[a-z0-9][a-z0-9-]{0,63}")
+
+
+def parse_sequence(raw: str | None) -> int | None:
+    """`from=`: a Service Bus sequence number to start a page at, or None.
+    ASCII digits only (`²` and other Unicode digits are refused, not read)."""
+    if raw is None or raw == "":
+        return None
+    if not _ASCII_DIGITS.fullmatch(raw) or int(raw) > MAX_SEQUENCE:
+        raise BadRequest(f"'from' must be a sequence number from 0 to {MAX_SEQUENCE}")
+    return int(raw)
+
+
+def parse_minutes(raw: str | None) -> int | None:
+    if raw is None or raw == "":
+        return None
+    if not _ASCII_DIGITS.fullmatch(raw) or not 1 <= int(raw) <= MAX_OLDER_MINUTES:
+        raise BadRequest(f"'older' must be a whole number of minutes from 1 to {MAX_OLDER_MINUTES}")
+    return int(raw)
+
+
+def parse_page_token(raw: str | None, decode: Any) -> str | None:
+    """A page token, checked by `decode` (which raises on a bad one) before
+    any query uses it."""
+    if raw is None or raw == "":
+        return None
+    if len(raw) > MAX_TOKEN:
+        raise BadRequest("the page token is too long; start again from the first page")
+    try:
+        decode(raw)
+    except Exception:  # noqa: BLE001 - any token that does not decode is the caller's mistake
+        raise BadRequest(
+            "the page token is not one this console made; start again from the first page"
+        ) from None
+    return raw
 
 
 def parse_filters(params: dict[str, str]) -> dict[str, Any]:
+    """The orders list's query parameters, each checked and bounded: a
+    refused one raises BadRequest naming it (400), never reaches a query."""
     state = params.get("state") or ProcessState.ERROR.value
     if state not in STATES:
-        raise BadRequest(f"unknown state {state!r}")
+        raise BadRequest(f"unknown state {state[:40]!r}; one of {', '.join(STATES)}")
     app = params.get("app") or None
-    if app is not None and not app.replace("-", "").isalnum():
-        raise BadRequest("an application id is letters, digits and '-'")
-    older = params.get("older") or None
-    try:
-        older_minutes = int(older) if older else None
-    except ValueError:
-        raise BadRequest("age must be a whole number of minutes") from None
-    return {"state": state, "app": app, "older": older_minutes, "page": params.get("page") or None}
+    if app is not None and not _APP_ID.fullmatch(app):
+        raise BadRequest("an application id is lowercase letters, digits and '-' (at most 64)")
+    return {
+        "state": state,
+        "app": app,
+        "older": parse_minutes(params.get("older")),
+        "page": parse_page_token(params.get("page"), decode_page_token),
+    }
 
 
 async def orders(deps: Deps, filters: dict[str, Any]) -> dict[str, Any]:
@@ -235,6 +287,7 @@ def _human(delta: timedelta) -> str:
 async def stuck(deps: Deps, page: str | None) -> dict[str, Any]:
     """Processing records past their deadline (the Supervisor's next work), by
     the Supervisor's own bounded query."""
+    page = parse_page_token(page, decode_cursor)
     try:
         found, token = await deps.store.query_expired(deps.now, _EPOCH, PAGE_SIZE, page)
     except DomainError as exc:
@@ -273,12 +326,17 @@ async def order_detail(deps: Deps, order_id: str) -> dict[str, Any] | None:
     except NotFoundError:
         pass
     statuses = await orchestration_statuses(deps, record)
+    attempts = story.timeline(record, statuses)
     return {
         "record": record,
         "order": order,
-        "attempts": timeline(record, statuses),
-        "steps": record.Steps,
-        "compensation": record.Compensation,
+        "attempts": attempts,
+        "effects": story.side_effects(record, attempts),
+        # the log lists planned undos from the first completed step on: shown
+        # only once a compensation ran
+        "compensation": record.Compensation
+        if any(e.At is not None for e in record.Compensation)
+        else [],
         "status_messages": await status_messages(deps, record),
         "can_resubmit": record.ProcessState is ProcessState.ERROR,
         "can_compensate": record.ProcessState
@@ -288,14 +346,17 @@ async def order_detail(deps: Deps, order_id: str) -> dict[str, Any] | None:
 
 
 async def orchestration_statuses(deps: Deps, record: OrderState) -> dict[int, dict[str, Any]]:
-    """The durable client's status (with history) of the latest attempts."""
+    """The durable client's status, with history and activity results, of the
+    latest attempts (console.timeline reads them; nothing is shown raw)."""
     out: dict[int, dict[str, Any]] = {}
     if deps.durable is None or record.Attempt < 1:
         return out
     for attempt in range(max(1, record.Attempt - DETAIL_ATTEMPTS + 1), record.Attempt + 1):
         instance = attempt_instance_id(record.id, attempt)
         try:
-            status = await deps.durable.get_status(instance, show_history=True)
+            status = await deps.durable.get_status(
+                instance, show_history=True, show_history_output=True
+            )
         except Exception as exc:  # noqa: BLE001 - the page still shows the record
             log.warning("console: status of %s unavailable: %s", instance, exc)
             out[attempt] = {"instance": instance, "error": "status unavailable"}
@@ -303,193 +364,17 @@ async def orchestration_statuses(deps: Deps, record: OrderState) -> dict[int, di
         if status is None or not getattr(status, "runtime_status", None):
             out[attempt] = {"instance": instance, "runtime_status": "not found"}
             continue
+        # The extension answers `historyEvents`; the SDK keeps unknown keys as attributes.
+        history = getattr(status, "historyEvents", None) or status.history or []
         out[attempt] = {
             "instance": instance,
             "runtime_status": getattr(status.runtime_status, "value", str(status.runtime_status)),
             "created": status.created_time,
             "updated": status.last_updated_time,
-            "custom_status": redact(status.custom_status),
-            "output": redact(status.output),
-            # The extension answers `historyEvents`; the SDK keeps unknown keys as attributes.
-            "events": _orchestration_events(
-                getattr(status, "historyEvents", None) or status.history or []
-            ),
+            "output": status.output,
+            "history": history if isinstance(history, list) else [],
         }
     return out
-
-
-_SHOWN_EVENTS = {
-    "ExecutionStarted",
-    "TaskCompleted",
-    "TaskFailed",
-    "TimerCreated",
-    "TimerFired",
-    "EventRaised",
-    "ExecutionCompleted",
-    "ExecutionTerminated",
-    "ExecutionFailed",
-}
-# Fields of activity inputs and replies worth showing; never payloads (which
-# may carry payment references).
-_INPUT_FIELDS = ("Kind", "Step", "Action", "Status", "Detail", "Reason", "Outcome", "Error")
-
-
-def _fields(raw: Any) -> dict[str, Any]:
-    value = raw
-    for _ in range(2):  # event inputs arrive JSON-encoded, sometimes twice
-        if isinstance(value, str):
-            try:
-                value = json.loads(value)
-            except ValueError:
-                return {}
-    if not isinstance(value, dict):
-        return {}
-    return {k: value[k] for k in _INPUT_FIELDS if value.get(k) not in (None, "")}
-
-
-def _orchestration_events(history: list[Any]) -> list[dict[str, Any]]:
-    events = []
-    for e in history:
-        if not isinstance(e, dict):
-            continue
-        kind = str(e.get("EventType") or "")
-        if kind not in _SHOWN_EVENTS:
-            continue
-        fields = _fields(e.get("Input"))
-        detail = " ".join(str(v) for v in fields.values())
-        if kind in ("TaskCompleted", "TaskFailed"):
-            what = f"{e.get('FunctionName') or ''} {detail}"
-            if kind == "TaskFailed":
-                what += f" failed: {e.get('Reason') or ''}"
-        elif kind == "TimerCreated":
-            what = f"deadline timer set for {e.get('FireAt', '')}"
-        elif kind == "TimerFired":
-            what = "deadline timer fired: the step's reply did not come in time"
-        elif kind == "EventRaised":
-            what = f"reply {e.get('Name') or ''}: {detail}"
-        elif kind.startswith("Execution") and kind != "ExecutionStarted":
-            what = f"finished: {e.get('OrchestrationStatus') or kind.removeprefix('Execution').lower()}"
-        else:
-            what = "started"
-        tone = (
-            "warn"
-            if kind == "TimerFired" or fields.get("Outcome") == "transient"
-            else (
-                "bad"
-                if kind in ("TaskFailed", "ExecutionFailed") or fields.get("Outcome") == "permanent"
-                else ""
-            )
-        )
-        events.append(
-            {
-                "at": _parse_time(e.get("Timestamp")),
-                "kind": kind,
-                "text": redact(what.strip())[:400],
-                "tone": tone,
-            }
-        )
-    return events
-
-
-def _parse_time(value: Any) -> datetime | None:
-    if isinstance(value, datetime):
-        return value
-    if isinstance(value, str):
-        try:
-            return datetime.fromisoformat(value.replace("Z", "+00:00"))
-        except ValueError:
-            return None
-    return None
-
-
-def timeline(record: OrderState, statuses: dict[int, dict[str, Any]]) -> list[dict[str, Any]]:
-    """Every attempt, oldest first, each with its events in time order: the
-    record's History (claims, Supervisor decisions, operator actions), its
-    steps' start, deadline and outcome, the compensation log, and the
-    orchestration's own history (timers, replies, activities)."""
-    events: dict[int, list[dict[str, Any]]] = {}
-
-    def add(attempt: int, at: datetime | None, source: str, text: str, tone: str = "") -> None:
-        events.setdefault(attempt, []).append(
-            {"at": at, "source": source, "text": text, "tone": tone}
-        )
-
-    # History is bounded (oldest entries dropped), so attempts are counted back
-    # from the record's current one: each claim started the attempt it names.
-    attempt = record.Attempt
-    for h in reversed(record.History):
-        owner = _attempt_of(h.By)
-        at_attempt = owner if owner is not None else attempt
-        text = f"{h.From.value if h.From else '(new)'} → {h.To.value} by {h.By}"
-        if h.Reason:
-            text += f": {h.Reason}"
-        tone = (
-            "bad"
-            if h.To in (ProcessState.ERROR, ProcessState.COMPENSATION_FAILED)
-            else ("warn" if h.By == "supervisor" else "")
-        )
-        add(at_attempt, h.At, "state", text, tone)
-        if h.To in (ProcessState.PROCESSING, ProcessState.COMPENSATING) and h.From in (
-            ProcessState.PENDING,
-            ProcessState.ERROR,
-            ProcessState.COMPENSATION_FAILED,
-        ):
-            attempt = max(0, attempt - 1)
-    for name, step in record.Steps.items():
-        a = step.Attempt
-        if step.StartedAt:
-            add(a, step.StartedAt, "step", f"{name} started")
-        if step.CompleteBy and not (step.CompletedAt and step.CompletedAt <= step.CompleteBy):
-            add(a, step.CompleteBy, "deadline", f"{name} deadline", "muted")
-        if step.CompletedAt:
-            add(
-                a,
-                step.CompletedAt,
-                "step",
-                f"{name} {step.Status.value.lower()}",
-                "good" if step.Status is StepStatus.COMPLETED else "",
-            )
-        elif step.Status in (StepStatus.FAILED, StepStatus.RUNNING):
-            add(
-                a,
-                step.StartedAt,
-                "step",
-                f"{name} {step.Status.value.lower()}",
-                "bad" if step.Status is StepStatus.FAILED else "",
-            )
-    for entry in record.Compensation:
-        if entry.At is None:
-            continue  # a planned undo, not yet tried
-        text = f"undo {entry.Step}: {entry.Outcome}" + (f" ({entry.Error})" if entry.Error else "")
-        add(
-            record.Attempt,
-            entry.At,
-            "compensation",
-            text,
-            "bad" if entry.Outcome == "Failed" else "",
-        )
-    for a, status in statuses.items():
-        for e in status.get("events", []):
-            add(a, e["at"], "orchestration", e["text"], e["tone"])
-    out = []
-    for a in sorted(events):
-        items = sorted(events[a], key=lambda e: (e["at"] is None, e["at"] or _EPOCH))
-        out.append(
-            {
-                "attempt": a,
-                "instance": attempt_instance_id(record.id, a) if a else None,
-                "orchestration": statuses.get(a),
-                "events": items,
-            }
-        )
-    return out
-
-
-def _attempt_of(by: str) -> int | None:
-    try:
-        return parse_attempt_instance_id(by)[1]
-    except ValueError:
-        return None
 
 
 async def status_messages(deps: Deps, record: OrderState) -> dict[str, Any]:
@@ -538,30 +423,149 @@ async def peek(
     }
 
 
-def _message(m: Any, body_limit: int) -> dict[str, Any]:
-    raw = b"".join(m.body) if not isinstance(m.body, bytes | str) else m.body
-    text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
+MAX_DEPTH = 32  # nesting of a body's JSON the console parses; deeper is shown as text
+_SCAN_BYTES = 256 * 1024  # of a body the console reads at most
+
+
+def _depth(text: str, limit: int) -> int:
+    """How deep JSON brackets nest in `text` (strings skipped), counting
+    only up to `limit` + 1: linear, no recursion, whatever the body."""
+    depth = top = 0
+    in_string = escaped = False
+    for ch in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch in "[{":
+            depth += 1
+            if depth > top:
+                top = depth
+                if top > limit:
+                    return top
+        elif ch in "]}":
+            depth -= 1
+    return top
+
+
+def _short(value: Any, limit: int = 200) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, bytes | bytearray | memoryview):
+        text = bytes(value[:limit]).decode("utf-8", "replace")
+    else:
+        text = value if isinstance(value, str) else repr(value)
+    return text[:limit]
+
+
+def body_text(m: Any) -> tuple[str, str | None]:
+    """(the body as text, a note on what kind it is) for any AMQP body:
+    data sections (bytes), a value (null, number, string, list, map) or a
+    sequence. Never raises."""
+    kind = str(getattr(getattr(m, "body_type", None), "value", "") or "data").lower()
     try:
-        parsed = json.loads(text)
-        body = json.dumps(redact(parsed), indent=1, ensure_ascii=False)
-    except ValueError:
-        parsed = None
+        body = m.body
+        if kind == "value" or isinstance(body, dict | int | float | bool) or body is None:
+            if isinstance(body, bytes | str):
+                return _short(body, _SCAN_BYTES) or "", "AMQP value body"
+            return _short(body, _SCAN_BYTES) or "None", f"AMQP value body ({type(body).__name__})"
+        if isinstance(body, bytes | bytearray | memoryview | str):
+            sections: list[Any] = [body]
+        else:
+            sections = []
+            for section in body:
+                sections.append(section)
+                if len(sections) > 64:
+                    break
+        if kind == "sequence" or any(
+            not isinstance(x, bytes | bytearray | memoryview | str) for x in sections
+        ):
+            return _short(sections, _SCAN_BYTES) or "", "AMQP sequence body"
+        raw = b"".join(x.encode() if isinstance(x, str) else bytes(x) for x in sections)
+        return raw[:_SCAN_BYTES].decode("utf-8", "replace"), None
+    except Exception as exc:  # noqa: BLE001 - a body the SDK cannot even hand over
+        return "", f"body unreadable ({type(exc).__name__})"
+
+
+def _message(m: Any, body_limit: int) -> dict[str, Any]:
+    """One peeked message for the templates, whatever it holds: any body
+    kind, any nesting, any property types. Never raises: a message the
+    console cannot read is shown as unreadable, with what could be read."""
+    try:
+        return _read_message(m, body_limit)
+    except Exception as exc:  # noqa: BLE001 - one message must not break a page
+        log.warning("console: a message could not be shown: %s", exc)
+        return {
+            "id": _safe(lambda: _short(m.message_id)),
+            "sequence": _safe(lambda: _int(m.sequence_number)),
+            "enqueued": None,
+            "reason": _safe(lambda: _short(m.dead_letter_reason)),
+            "description": None,
+            "delivery_count": None,
+            "properties": {},
+            "parsed": None,
+            "note": f"message unreadable ({type(exc).__name__})",
+            "body": "",
+        }
+
+
+def _order_of(parsed: Any, props: dict[str, Any]) -> str | None:
+    """The OrderID a message names (body, else properties), when it is a
+    valid one: the console links to it."""
+    oid = parsed.get("OrderID") if isinstance(parsed, dict) else None
+    oid = oid if isinstance(oid, str) else props.get("OrderID")
+    return oid if isinstance(oid, str) and valid_order_id(oid) else None
+
+
+def _safe(read: Any) -> Any:
+    try:
+        return read()
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _read_message(m: Any, body_limit: int) -> dict[str, Any]:
+    text, note = body_text(m)
+    parsed: Any = None
+    if note is None and text:
+        if _depth(text, MAX_DEPTH) > MAX_DEPTH:
+            note = f"JSON nested deeper than {MAX_DEPTH} levels, shown as text"
+        else:
+            try:
+                parsed = json.loads(text)
+            except (ValueError, RecursionError):
+                parsed = None
+    if parsed is not None:
+        body = json.dumps(redact(parsed), indent=1, ensure_ascii=False, default=str)
+    else:
         body = redact(text)
-    props = {
-        (k.decode() if isinstance(k, bytes) else str(k)): (
-            v.decode() if isinstance(v, bytes) else v
-        )
-        for k, v in (m.application_properties or {}).items()
-    }
+    props: dict[str, Any] = {}
+    for k, v in list((m.application_properties or {}).items())[:64]:
+        key = _short(k.decode("utf-8", "replace") if isinstance(k, bytes) else k, 100) or ""
+        value = v.decode("utf-8", "replace") if isinstance(v, bytes) else v
+        props[key] = value if isinstance(value, str | int | float | bool) else _short(value)
+    enqueued = m.enqueued_time_utc
     return {
-        "id": m.message_id,
-        "sequence": m.sequence_number,
-        "enqueued": m.enqueued_time_utc,
-        "reason": m.dead_letter_reason,
-        "description": redact(m.dead_letter_error_description or "") or None,
-        "delivery_count": m.delivery_count,
+        "id": _short(m.message_id),
+        "sequence": _int(m.sequence_number),
+        "enqueued": enqueued if isinstance(enqueued, datetime) else None,
+        "reason": _short(m.dead_letter_reason),
+        "description": redact(_short(m.dead_letter_error_description, 1024) or "") or None,
+        "delivery_count": _int(m.delivery_count),
         "properties": redact(props),
         "parsed": redact(parsed) if isinstance(parsed, dict) else None,
+        "note": note,
+        "data_body": note is None or note.startswith("JSON nested"),
+        "order_id": _order_of(parsed, props),
         "body": body[:body_limit] + ("…" if len(body) > body_limit else ""),
     }
 
@@ -570,26 +574,166 @@ async def alerts(deps: Deps, from_sequence: int | None) -> dict[str, Any]:
     return await peek(deps, ALERTS_QUEUE, from_sequence=from_sequence)
 
 
+COUNT_CAP = 500  # dead letters counted per queue at most (peeked page by page)
+ALERT_SCAN = 250  # alerts peeked to link dead letters to theirs
+RESENDABLE = ("RetriesExhausted", "ProcessingFailed")
+
+
+async def dead_letter_counts(deps: Deps) -> dict[str, dict[str, Any]]:
+    """Per queue the console shows: how many dead letters (up to COUNT_CAP),
+    whether there are more, or why it could not count."""
+    queues = deps.queues()
+
+    async def one(queue: str) -> dict[str, Any]:
+        if deps.servicebus is None:
+            return {"count": 0, "more": False, "error": "Service Bus not configured"}
+        try:
+            n, more = await deps.servicebus.count(queue, COUNT_CAP)
+        except Exception as exc:  # noqa: BLE001 - one queue must not break the page
+            log.warning("console: counting %s failed: %s", queue, exc)
+            return {"count": 0, "more": False, "error": f"could not count: {type(exc).__name__}"}
+        return {"count": n, "more": more, "error": None}
+
+    counted = await asyncio.gather(*(one(q) for q in queues))
+    return dict(zip(queues, counted, strict=True))
+
+
+async def _alert_index(deps: Deps) -> dict[tuple[str, str], int]:
+    """(dead letter's MessageId, queue) -> the sequence number of its alert."""
+    peeked = await peek(deps, ALERTS_QUEUE, limit=ALERT_SCAN)
+    out: dict[tuple[str, str], int] = {}
+    for m in peeked["messages"]:
+        p = m["parsed"] or {}
+        if m["sequence"] is not None and isinstance(p.get("MessageId"), str):
+            out.setdefault((p["MessageId"], str(p.get("Queue") or "")), m["sequence"])
+    return out
+
+
+def _links(queue: str, messages: list[dict[str, Any]], alerts: dict, replies: set[str]) -> None:
+    """Each dead letter's order (when it names a valid OrderID), its alert
+    (joined on MessageId and queue) and whether it may be resent."""
+    for m in messages:
+        m["alert"] = alerts.get((m["id"] or "", queue))
+        m["can_resend"] = (
+            m["reason"] in RESENDABLE
+            and m.get("data_body", False)
+            and queue not in replies
+            and m["sequence"] is not None
+        )
+
+
 async def dead_letters(deps: Deps, queue: str | None, from_sequence: int | None) -> dict[str, Any]:
     queues = deps.queues()
     if queue is not None and queue not in queues:
-        raise BadRequest(f"no queue {queue!r} here")
+        raise NotFound(f"no queue {queue[:100]!r} here")
     replies_left_out = deps.azure and bool(deps.settings.reply_queues)
+    counts = await dead_letter_counts(deps)
+    alerts = await _alert_index(deps)
+    replies = set(deps.settings.reply_queues.values())
     if queue is None:
-        # the summary: a few of each queue's dead letters
-        peeked = await asyncio.gather(*(peek(deps, q, limit=5, dead_letter=True) for q in queues))
+        # the summary: a few of each non-empty queue's dead letters; empty ones collapsed
+        busy = [q for q in queues if counts[q]["count"] or counts[q]["error"]]
+        peeked = await asyncio.gather(*(peek(deps, q, limit=5, dead_letter=True) for q in busy))
+        for q, p in zip(busy, peeked, strict=True):
+            _links(q, p["messages"], alerts, replies)
         return {
             "queues": queues,
-            "per_queue": dict(zip(queues, peeked, strict=True)),
+            "counts": counts,
+            "total": sum(c["count"] for c in counts.values()),
+            "per_queue": dict(zip(busy, peeked, strict=True)),
+            "empty": [q for q in queues if q not in busy],
             "queue": None,
             "replies_left_out": replies_left_out,
         }
+    page = await peek(deps, queue, dead_letter=True, from_sequence=from_sequence)
+    _links(queue, page["messages"], alerts, replies)
     return {
         "queues": queues,
+        "counts": counts,
         "queue": queue,
         "replies_left_out": replies_left_out,
-        "peeked": await peek(deps, queue, dead_letter=True, from_sequence=from_sequence),
+        "peeked": page,
     }
+
+
+DEAD_LETTER_ACTIONS = {
+    "resend": (
+        "Resend",
+        "Send this message again to its queue (as a new message with the same body and "
+        "properties) and remove the dead letter. For a failure that is fixed now: an order "
+        "resent to Submit is taken once (Submit is idempotent).",
+    ),
+    "discard": ("Discard", "Remove this dead letter for good; nothing is sent."),
+}
+
+
+async def dead_letter(deps: Deps, queue: str, sequence: int) -> dict[str, Any]:
+    """One dead letter (for the confirmation page), or NotFound."""
+    if queue not in deps.queues():
+        raise NotFound(f"no queue {queue[:100]!r} here")
+    page = await peek(deps, queue, limit=1, dead_letter=True, from_sequence=sequence)
+    found = [m for m in page["messages"] if m["sequence"] == sequence]
+    if not found:
+        raise NotFound(f"no dead letter {sequence} on {queue} (already resent or discarded?)")
+    _links(queue, found, {}, set(deps.settings.reply_queues.values()))
+    return found[0]
+
+
+async def act_on_dead_letter(deps: Deps, queue: str, sequence: int, action: str, who: str) -> None:
+    """Resend or discard one dead letter, logged with who did it (and the
+    resent copy says so in its properties). NotFound when it is gone."""
+    bus = deps.servicebus
+    if bus is None:
+        raise BadRequest("Service Bus not configured")
+    shown = await dead_letter(deps, queue, sequence)
+    if action == "resend" and not shown["can_resend"]:
+        raise BadRequest(
+            f"only {' and '.join(RESENDABLE)} dead letters with a data body are resent; discard it"
+        )
+
+    async def act(message: Any) -> None:
+        if action == "resend":
+            await bus.send(queue, _resent_copy(message, queue, sequence, who))
+
+    if not await bus.take_dead_letter(queue, sequence, act):
+        raise NotFound(f"no dead letter {sequence} on {queue} (already resent or discarded?)")
+    log.warning(
+        "console: dead letter %s of %s (message %s, %s) %s by operator %s",
+        sequence,
+        queue,
+        shown["id"],
+        shown["reason"],
+        "resent" if action == "resend" else "discarded",
+        who,
+        extra={"order_id": shown.get("order_id")},
+    )
+
+
+def _resent_copy(message: Any, queue: str, sequence: int, who: str) -> Any:
+    from azure.servicebus import ServiceBusMessage
+
+    from adapters.settlement import MAX_MESSAGE_ID, ORIGINAL_ID_PROPERTY, RETRY_PROPERTY
+
+    body = b"".join(bytes(x) for x in message.body)
+    props: dict[str | bytes, Any] = {
+        (k.decode() if isinstance(k, bytes) else str(k)): v
+        for k, v in (message.application_properties or {}).items()
+    }
+    original = props.pop(ORIGINAL_ID_PROPERTY, None)
+    original = original.decode() if isinstance(original, bytes) else original
+    props.pop(RETRY_PROPERTY, None)
+    first_id = str(original or message.message_id or f"{queue}-{sequence}")
+    props[ORIGINAL_ID_PROPERTY] = first_id
+    props["ResentBy"] = f"operator:{who}"[:100]
+    props["ResentFrom"] = f"{queue}/$deadletterqueue/{sequence}"
+    return ServiceBusMessage(
+        body,
+        message_id=f"{first_id}/resent-{sequence}"[:MAX_MESSAGE_ID],
+        content_type=message.content_type,
+        correlation_id=message.correlation_id,
+        subject=message.subject,
+        application_properties=props,
+    )
 
 
 # --- actions ----------------------------------------------------------------------------
@@ -608,9 +752,15 @@ ACTIONS = {
 }
 
 
-async def act(deps: Deps, order_id: str, action: str, who: str) -> OrderState:
+async def act(
+    deps: Deps, order_id: str, action: str, who: str, expected_version: str | None = None
+) -> OrderState:
     """The operator commands of cli/ (the same store call and transition),
-    recorded in the order's history as done by `who`."""
+    recorded in the order's history as done by `who`. With `expected_version`
+    (the record's version the confirmation form was made for) the transition
+    is refused when the record is another version by the time it is applied,
+    inside the etag-guarded update: a confirmation acts once, even when two
+    of its POSTs race."""
     by = f"operator:{who}"[:100]
     if action == "resubmit":
         transition = sm.resubmit
@@ -618,8 +768,15 @@ async def act(deps: Deps, order_id: str, action: str, who: str) -> OrderState:
         transition = sm.request_compensation
     else:
         raise BadRequest(f"unknown action {action!r}")
-    record, _ = await deps.store.update(
-        order_id, lambda r: transition(r, datetime.now(UTC), by=by), ANY_OWNER
-    )
+
+    def change(r: OrderState) -> OrderState:
+        if expected_version is not None and record_version(r) != expected_version:
+            raise Forbidden(
+                "this confirmation was already used or the order changed since it was opened; "
+                "open the confirmation page again"
+            )
+        return transition(r, datetime.now(UTC), by=by)
+
+    record, _ = await deps.store.update(order_id, change, ANY_OWNER)
     log.info("console: %s %s by %s", action, order_id, who)
     return record

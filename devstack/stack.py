@@ -178,6 +178,7 @@ def app_settings(ports: Ports, overrides: dict[str, str] | None = None) -> dict[
             "COSMOS_VERIFY_TLS": "false",
             "COSMOS_CREATE_CONTAINERS": "true",
             "REMOTE_SERVICE_URL": f"http://127.0.0.1:{ports.remote}",
+            "CONSOLE_LOCAL_MODE": "true",  # the local host listens on 127.0.0.1 only
         }
     )
     values.update(overrides or {})

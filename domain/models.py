@@ -494,6 +494,20 @@ class AgentRequest(_StepCall):
     ListenUntil: AwareDatetime | None = None
 
 
+class AgentCall(Contract):
+    """One call an agent made to the remote service for a request: when it
+    started, how long it took, how it ended. What operators see of an
+    agent's retries (docs/adr/017d-agent-call-record.md)."""
+
+    SchemaVersion: Literal[1] = Field(default=SCHEMA_VERSION, exclude=True)
+    At: AwareDatetime
+    Ms: Annotated[int, Field(strict=True, ge=0, le=86_400_000)]
+    Outcome: Literal["ok", "transient", "permanent", "error"]
+
+
+MAX_AGENT_CALLS: Final = 16
+
+
 class AgentReply(_StepCall):
     EventName: Text100
     EventId: Text100
@@ -501,6 +515,9 @@ class AgentReply(_StepCall):
     Result: PayloadDict | None = None
     # A provider's words: cleaned and card numbers masked when the agent builds the reply.
     Error: ProviderText500 | None = None
+    # The calls behind this answer, oldest first (none when no call was made);
+    # optional, so a reply from an agent without it still validates.
+    Calls: Annotated[list[AgentCall], Field(max_length=MAX_AGENT_CALLS)] | None = None
 
     @model_validator(mode="after")
     def _error_when_not_ok(self) -> AgentReply:

@@ -1,7 +1,8 @@
-"""In Azure every console route answers 404 until CONSOLE_AUTH_CONFIRMED says
-App Service authentication was checked on the deployment, and then refuses a
-request without authentication's principal header (401), reads as much as
-actions; locally the console is always on. The
+"""Every console route answers 403 unless CONSOLE_AUTH_CONFIRMED says
+authentication was checked on the deployment (App Service authentication in
+Azure) or CONSOLE_LOCAL_MODE is on outside Azure, and with authentication
+confirmed refuses a request without its principal header (401), reads as
+much as actions; local mode answers loopback addresses only. The
 reply-queue peek and the reply queues' dead letters are left out there,
 since the app may not read a client's reply queue."""
 
@@ -16,22 +17,33 @@ import pytest
 
 import console.functions as console_functions
 from console import views
-from console.security import AUTH_CONFIRMED_SETTING, AZURE_HINTS, PRINCIPAL_HEADER
+from console.security import (
+    AUTH_CONFIRMED_SETTING,
+    AZURE_HINTS,
+    LOCAL_MODE_SETTING,
+    PRINCIPAL_HEADER,
+)
 from tests.console.conftest import pending
 
 ROUTES = [b._function for b in console_functions.bp._function_builders]
 
 
-def _request(route: str, headers: dict[str, str]) -> func.HttpRequest:
-    path = "/api/" + route.replace("{queue?}", "orders").replace("{order_id}", "O-1").replace(
-        "{action:alpha}", "resubmit"
+def _request(
+    route: str, headers: dict[str, str], host: str = "https://orders.example.net"
+) -> func.HttpRequest:
+    path = "/api/" + (
+        route.replace("{queue?}", "orders")
+        .replace("{queue}", "orders")
+        .replace("{sequence:int}", "7")
+        .replace("{order_id}", "O-1")
+        .replace("{action:alpha}", "resubmit")
     )
     return func.HttpRequest(
         method="GET",
-        url=f"https://orders.example.net{path}",
+        url=f"{host}{path}",
         headers=headers,
         params={},
-        route_params={"order_id": "O-1", "action": "resubmit", "queue": "orders"},
+        route_params={"order_id": "O-1", "action": "resubmit", "queue": "orders", "sequence": "7"},
         body=b"",
     )
 
@@ -52,7 +64,7 @@ async def _call(fn, req: func.HttpRequest) -> func.HttpResponse:
 
 
 def test_every_console_route_is_covered():
-    assert len(ROUTES) == 9
+    assert len(ROUTES) == 10
     assert all(_route_from_json(fn).startswith("console") for fn in ROUTES)
 
 
@@ -69,7 +81,9 @@ async def test_in_azure_every_route_refuses_a_request_without_a_principal(fn, hi
         assert response.status_code == 401, (fn.get_function_name(), headers)
         body = response.get_body().decode()
         assert "sign in" in body
-        assert 'href="/.auth/login/aad?post_login_redirect_uri=https' in body
+        # back to the console's path after sign-in: no URL built from the Host header
+        assert 'href="/.auth/login/aad?post_login_redirect_uri=%2Fapi%2Fconsole"' in body
+        assert "orders.example.net" not in body
         # Refused before anything was read: no cost footer, no data.
         assert "O-1" not in body or fn.get_function_name() in (
             "console_action",
@@ -95,9 +109,10 @@ async def test_in_azure_every_route_is_off_until_authentication_is_confirmed(
     fn, hint, confirmed, monkeypatch
 ):
     """Even with a principal header (forgeable where the platform does not
-    enforce authentication), nothing is shown or done: 404 before any read.
-    Only a clear "true" turns the console on."""
+    enforce authentication), nothing is shown or done: 403 before any read.
+    Only a clear "true" turns the console on; local mode does not, in Azure."""
     _in_azure(monkeypatch, hint, confirmed)
+    monkeypatch.setenv(LOCAL_MODE_SETTING, "true")
 
     async def no_reads(*args, **kwargs):
         raise AssertionError("the disabled console must not read anything")
@@ -105,7 +120,7 @@ async def test_in_azure_every_route_is_off_until_authentication_is_confirmed(
     monkeypatch.setattr(console_functions, "_deps", no_reads)
     for headers in ({}, {PRINCIPAL_HEADER: "eve"}):
         response = await _call(fn, _request(_route_from_json(fn), headers))
-        assert response.status_code == 404, (fn.get_function_name(), headers, confirmed)
+        assert response.status_code == 403, (fn.get_function_name(), headers, confirmed)
         body = response.get_body().decode()
         assert AUTH_CONFIRMED_SETTING in body
         assert "eve" not in body
@@ -123,26 +138,69 @@ async def test_in_azure_a_confirmed_console_answers_a_signed_in_operator(confirm
     assert (await _call(fn, _request("console/static/console.css", {}))).status_code == 401
 
 
-@pytest.mark.parametrize("confirmed", [None, "false"])
-async def test_locally_the_console_is_on_whatever_the_setting(confirmed, monkeypatch):
-    for name in AZURE_HINTS:
+def _off_azure(monkeypatch, local: str | None, confirmed: str | None = None) -> None:
+    for name in (*AZURE_HINTS, LOCAL_MODE_SETTING, AUTH_CONFIRMED_SETTING):
         monkeypatch.delenv(name, raising=False)
-    if confirmed is None:
-        monkeypatch.delenv(AUTH_CONFIRMED_SETTING, raising=False)
-    else:
+    if local is not None:
+        monkeypatch.setenv(LOCAL_MODE_SETTING, local)
+    if confirmed is not None:
         monkeypatch.setenv(AUTH_CONFIRMED_SETTING, confirmed)
+
+
+@pytest.mark.parametrize("local", [None, "", "false", "1", "yes"])
+@pytest.mark.parametrize("fn", ROUTES, ids=lambda fn: fn.get_function_name())
+async def test_outside_azure_the_console_fails_closed_without_local_mode(fn, local, monkeypatch):
+    """A container or Kubernetes deploy (no Azure hint) is not "local": without
+    local mode or confirmed authentication every route answers 403, reading nothing."""
+    _off_azure(monkeypatch, local)
+
+    async def no_reads(*args, **kwargs):
+        raise AssertionError("the disabled console must not read anything")
+
+    monkeypatch.setattr(console_functions, "_deps", no_reads)
+    for host in ("http://127.0.0.1:7071", "https://orders.example.net"):
+        response = await _call(fn, _request(_route_from_json(fn), {}, host))
+        assert response.status_code == 403, (fn.get_function_name(), local, host)
+        assert LOCAL_MODE_SETTING in response.get_body().decode()
+        assert response.headers["Content-Security-Policy"].startswith("default-src 'none'")
+
+
+async def test_outside_azure_confirmed_authentication_needs_the_principal(monkeypatch):
+    _off_azure(monkeypatch, None, confirmed="true")
     fn = next(f for f in ROUTES if f.get_function_name() == "console_static")
-    response = await _call(fn, _request("console/static/console.css", {}))
+    assert (await _call(fn, _request("console/static/console.css", {}))).status_code == 401
+    assert (
+        await _call(fn, _request("console/static/console.css", {PRINCIPAL_HEADER: "ops"}))
+    ).status_code == 200
+
+
+@pytest.mark.parametrize("fn", ROUTES, ids=lambda fn: fn.get_function_name())
+async def test_local_mode_answers_loopback_only(fn, monkeypatch):
+    _off_azure(monkeypatch, "true")
+
+    async def no_reads(*args, **kwargs):
+        raise AssertionError("a refused request must not read anything")
+
+    monkeypatch.setattr(console_functions, "_deps", no_reads)
+    for host in ("http://evil.example.com:7071", "http://192.168.1.20:7071"):
+        response = await _call(fn, _request(_route_from_json(fn), {}, host))
+        assert response.status_code == 403, (fn.get_function_name(), host)
+        assert "loopback" in response.get_body().decode()
+
+
+async def test_in_local_mode_the_console_is_on_without_sign_in(monkeypatch):
+    _off_azure(monkeypatch, "true")
+    fn = next(f for f in ROUTES if f.get_function_name() == "console_static")
+    response = await _call(fn, _request("console/static/console.css", {}, "http://127.0.0.1:7071"))
     assert response.status_code == 200
 
 
 async def test_locally_the_stylesheet_is_served_from_memory(monkeypatch, tmp_path):
-    for name in AZURE_HINTS:
-        monkeypatch.delenv(name, raising=False)
+    _off_azure(monkeypatch, "true")
     fn = next(f for f in ROUTES if f.get_function_name() == "console_static")
     # The file is not read per request: moving the package's directory away changes nothing.
     monkeypatch.setattr(console_functions, "HERE", tmp_path)
-    response = await _call(fn, _request("console/static/console.css", {}))
+    response = await _call(fn, _request("console/static/console.css", {}, "http://127.0.0.1:7071"))
     assert response.status_code == 200
     assert response.mimetype == "text/css"
     assert (

@@ -88,6 +88,12 @@ async def test_order_timeline_shows_each_attempt_and_escapes_what_providers_sent
                 [
                     {"EventType": "ExecutionStarted", "Timestamp": now.isoformat()},
                     {
+                        "EventType": "TaskCompleted",
+                        "Timestamp": now.isoformat(),
+                        "FunctionName": "write_state",
+                        "Input": json.dumps({"Kind": "start_step", "Step": STEPS[0]}),
+                    },
+                    {
                         "EventType": "TimerCreated",
                         "Timestamp": now.isoformat(),
                         "FireAt": "2026-01-01T00:00:00Z",
@@ -95,6 +101,7 @@ async def test_order_timeline_shows_each_attempt_and_escapes_what_providers_sent
                     {
                         "EventType": "TimerFired",
                         "Timestamp": (now + timedelta(seconds=60)).isoformat(),
+                        "FireAt": "2026-01-01T00:00:00Z",
                     },
                 ],
             ),
@@ -123,11 +130,14 @@ async def test_order_timeline_shows_each_attempt_and_escapes_what_providers_sent
     data = await views.order_detail(deps, "T-1")
     assert [a["attempt"] for a in data["attempts"]] == [0, 1, 2]
     assert deps.durable.asked == [(instance("T-1", 1), True), (instance("T-1", 2), True)]
-    first = [e["text"] for e in data["attempts"][1]["events"]]
-    assert any("missed its deadline" in t for t in first)
-    assert any("deadline timer fired" in t for t in first)
-    second = [e["text"] for e in data["attempts"][2]["events"]]
-    assert any(t.startswith("reply reply-reserve-inventory-2") and "permanent" in t for t in second)
+    first = [e.text for e in data["attempts"][1]["events"]]
+    assert any(t.startswith("Supervisor: attempt 1 missed its deadline") for t in first), first
+    assert "reserve inventory: no answer by its deadline: deadline missed" in first
+    second = data["attempts"][2]["events"]
+    (refused,) = [e for e in second if e.kind == "reply"]
+    assert refused.text.startswith("reserve inventory: refused (permanent)")
+    assert refused.detail is not None
+    assert HOSTILE in refused.detail
     assert data["can_resubmit"]
     assert data["can_compensate"]
 

@@ -7,48 +7,93 @@ import pytest
 from console import security
 
 URL = "https://orders.example.net/api/console/orders/O-1/resubmit"
+LOCAL = {"CONSOLE_LOCAL_MODE": "true"}
+V = "2026-01-01T12:00:00+00:00\x1eError\x1e2\x1eFalse"  # a record version
+# The console's own origin, configured: never taken from the request's Host.
+PUBLIC = {
+    "CONSOLE_CSRF_SECRET": "s3",
+    "CONSOLE_PUBLIC_URL": "https://orders.example.net/api/console",
+}
 
 
-def test_operator_is_local_off_azure_and_the_principal_in_azure():
-    assert security.operator({}, env={}) == "local"
+def test_operator_is_local_in_local_mode_only_and_the_principal_otherwise():
+    assert security.operator({}, "http://127.0.0.1:7071/api/console", env=LOCAL) == "local"
+    assert security.operator({}, "http://localhost:7071/api/console", env=LOCAL) == "local"
+    assert security.operator({}, "http://[::1]:7071/api/console", env=LOCAL) == "local"
     assert (
         security.operator(
             {"X-MS-CLIENT-PRINCIPAL-NAME": "ada@example.com"}, env={"WEBSITE_SITE_NAME": "app"}
         )
         == "ada@example.com"
     )
-    with pytest.raises(security.Forbidden):
-        security.operator({}, env={"WEBSITE_SITE_NAME": "app"})
-
-
-def test_a_fresh_token_for_this_operator_order_and_action_passes():
-    env = {"CONSOLE_CSRF_SECRET": "s3"}
-    token = security.form_token("ada", "O-1", "resubmit", now=1000, env=env)
-    security.check_csrf({}, {"csrf": token}, URL, "ada", "O-1", "resubmit", now=1001, env=env)
+    for env in ({"WEBSITE_SITE_NAME": "app"}, {}, {"CONSOLE_LOCAL_MODE": "yes"}):
+        with pytest.raises(security.Unauthenticated):
+            security.operator({}, "http://127.0.0.1:7071/api/console", env=env)
+    # local mode is ignored in Azure
+    with pytest.raises(security.Unauthenticated):
+        security.operator(
+            {}, "http://127.0.0.1:7071/api/console", env={**LOCAL, "WEBSITE_SITE_NAME": "app"}
+        )
 
 
 @pytest.mark.parametrize(
-    ("who", "order", "action", "now", "secret"),
+    "url", ["http://evil.example.com:7071/api/console", "http://10.0.0.5:7071/api/console", ""]
+)
+def test_local_mode_answers_loopback_addresses_only(url):
+    """A DNS name pointed at 127.0.0.1 (rebinding) or a LAN address gets nothing."""
+    with pytest.raises(security.Forbidden):
+        security.operator({}, url, env=LOCAL)
+
+
+def test_the_console_is_off_unless_local_mode_or_confirmed_authentication():
+    assert not security.console_enabled({})
+    assert not security.console_enabled({"CONSOLE_LOCAL_MODE": "1"})
+    assert not security.console_enabled({**LOCAL, "IDENTITY_ENDPOINT": "x"})
+    assert security.console_enabled(LOCAL)
+    assert security.console_enabled({"CONSOLE_AUTH_CONFIRMED": "true"})
+    assert security.console_enabled({"CONSOLE_AUTH_CONFIRMED": "true", "WEBSITE_SITE_NAME": "a"})
+
+
+def test_links_are_paths_or_the_configured_url_never_the_host():
+    url = "https://evil.example.com/api/console/orders/O-1"
+    assert security.base_path(url, env={}) == "/api/console"
+    assert security.base_path("http://h/console/x", env={}) == "/console"
+    assert security.base_path(url, env=PUBLIC) == "https://orders.example.net/api/console"
+    # a malformed setting is ignored, not trusted
+    assert security.base_path(url, env={"CONSOLE_PUBLIC_URL": "javascript:alert(1)"}) == (
+        "/api/console"
+    )
+
+
+def test_a_fresh_token_for_this_operator_order_action_and_version_passes():
+    env = {"CONSOLE_CSRF_SECRET": "s3"}
+    token = security.form_token("ada", "O-1", "resubmit", V, now=1000, env=env)
+    security.check_csrf({}, {"csrf": token}, "ada", "O-1", "resubmit", V, now=1001, env=env)
+
+
+@pytest.mark.parametrize(
+    ("who", "order", "action", "version", "now", "secret"),
     [
-        ("eve", "O-1", "resubmit", 1001, "s3"),  # another operator
-        ("ada", "O-2", "resubmit", 1001, "s3"),  # another order
-        ("ada", "O-1", "compensate", 1001, "s3"),  # another action
-        ("ada", "O-1", "resubmit", 1000 + security.TOKEN_LIFETIME + 1, "s3"),  # expired
-        ("ada", "O-1", "resubmit", 1001, "other"),  # another app's secret
+        ("eve", "O-1", "resubmit", V, 1001, "s3"),  # another operator
+        ("ada", "O-2", "resubmit", V, 1001, "s3"),  # another order
+        ("ada", "O-1", "compensate", V, 1001, "s3"),  # another action
+        ("ada", "O-1", "resubmit", V + "x", 1001, "s3"),  # the record changed: used already
+        ("ada", "O-1", "resubmit", V, 1000 + security.TOKEN_LIFETIME + 1, "s3"),  # expired
+        ("ada", "O-1", "resubmit", V, 1001, "other"),  # another app's secret
     ],
 )
-def test_a_token_for_anything_else_is_refused(who, order, action, now, secret):
+def test_a_token_for_anything_else_is_refused(who, order, action, version, now, secret):
     token = security.form_token(
-        "ada", "O-1", "resubmit", now=1000, env={"CONSOLE_CSRF_SECRET": "s3"}
+        "ada", "O-1", "resubmit", V, now=1000, env={"CONSOLE_CSRF_SECRET": "s3"}
     )
     with pytest.raises(security.Forbidden):
         security.check_csrf(
             {},
             {"csrf": token},
-            URL,
             who,
             order,
             action,
+            version,
             now=now,
             env={"CONSOLE_CSRF_SECRET": secret},
         )
@@ -61,36 +106,65 @@ def test_a_token_for_anything_else_is_refused(who, order, action, now, secret):
         {"Sec-Fetch-Site": "same-site"},
         {"Origin": "https://evil.example.com"},
         {"Origin": "http://orders.example.net"},  # scheme differs
+        {"Origin": "null"},  # a sandboxed frame of any site
+        # Host and Origin both another site's: the Host is never what Origin is checked against
+        {"Origin": "https://evil.example.com", "Host": "evil.example.com"},
+        {"Origin": "http://127.0.0.1:7071"},  # loopback counts in local mode only
     ],
 )
 def test_cross_site_posts_are_refused_even_with_a_valid_token(headers):
-    env = {"CONSOLE_CSRF_SECRET": "s3"}
-    token = security.form_token("ada", "O-1", "resubmit", now=1000, env=env)
+    token = security.form_token("ada", "O-1", "resubmit", V, now=1000, env=PUBLIC)
     with pytest.raises(security.Forbidden):
         security.check_csrf(
-            headers, {"csrf": token}, URL, "ada", "O-1", "resubmit", now=1001, env=env
+            headers, {"csrf": token}, "ada", "O-1", "resubmit", V, now=1001, env=PUBLIC
         )
 
 
-def test_same_origin_post_passes():
-    env = {"CONSOLE_CSRF_SECRET": "s3"}
-    token = security.form_token("ada", "O-1", "resubmit", now=1000, env=env)
-    security.check_csrf(
-        {"Origin": "https://orders.example.net", "Sec-Fetch-Site": "same-origin"},
-        {"csrf": token},
-        URL,
-        "ada",
-        "O-1",
-        "resubmit",
-        now=1001,
-        env=env,
-    )
+@pytest.mark.parametrize(
+    ("headers", "env"),
+    [
+        ({"Origin": "https://orders.example.net", "Sec-Fetch-Site": "same-origin"}, PUBLIC),
+        (
+            {"Origin": "https://app-1.azurewebsites.net"},
+            {
+                "CONSOLE_CSRF_SECRET": "s3",
+                "WEBSITE_SITE_NAME": "app-1",
+                "WEBSITE_HOSTNAME": "app-1.azurewebsites.net",
+            },
+        ),
+        ({"Origin": "http://127.0.0.1:7071"}, {"CONSOLE_CSRF_SECRET": "s3", **LOCAL}),
+        ({}, PUBLIC),  # no Origin at all: the token alone
+    ],
+)
+def test_same_origin_post_passes(headers, env):
+    token = security.form_token("ada", "O-1", "resubmit", V, now=1000, env=env)
+    security.check_csrf(headers, {"csrf": token}, "ada", "O-1", "resubmit", V, now=1001, env=env)
 
 
-@pytest.mark.parametrize("form", [{}, {"csrf": ""}, {"csrf": "nodot"}, {"csrf": "123.abc"}])
+def test_without_a_known_origin_a_post_with_an_origin_is_refused():
+    """Outside local mode and Azure, with no CONSOLE_PUBLIC_URL, nothing says
+    which origin is ours: refused, and the message says what to set."""
+    env = {"CONSOLE_CSRF_SECRET": "s3", "CONSOLE_AUTH_CONFIRMED": "true"}
+    token = security.form_token("ada", "O-1", "resubmit", V, now=1000, env=env)
+    with pytest.raises(security.Forbidden, match="CONSOLE_PUBLIC_URL"):
+        security.check_csrf(
+            {"Origin": "https://orders.example.net"},
+            {"csrf": token},
+            "ada",
+            "O-1",
+            "resubmit",
+            V,
+            now=1001,
+            env=env,
+        )
+
+
+@pytest.mark.parametrize(
+    "form", [{}, {"csrf": ""}, {"csrf": "nodot"}, {"csrf": "123.abc"}, {"csrf": "²³.abc"}]
+)
 def test_missing_or_forged_tokens_are_refused(form):
     with pytest.raises(security.Forbidden):
-        security.check_csrf({}, form, URL, "ada", "O-1", "resubmit")
+        security.check_csrf({}, form, "ada", "O-1", "resubmit", V)
 
 
 def test_redact_drops_payment_fields_and_masks_card_numbers():
@@ -116,7 +190,7 @@ def test_azure_is_any_of_its_hints_and_a_blank_principal_is_none():
     for hint in security.AZURE_HINTS:
         assert security.in_azure({hint: "x"})
         with pytest.raises(security.Unauthenticated):
-            security.operator({"x-ms-client-principal-name": " "}, env={hint: "x"})
+            security.operator({"x-ms-client-principal-name": " "}, env={hint: "x", **LOCAL})
     assert not security.in_azure({})
 
 

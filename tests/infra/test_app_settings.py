@@ -369,9 +369,11 @@ NOT_SET_IN_AZURE = {
     "CosmosDbConnection": "connection-string form; Azure sets CosmosDbConnection__accountEndpoint",
     "OrdersDbConnection": "connection-string form; Azure sets OrdersDbConnection__accountEndpoint",
     "COSMOS_CREATE_CONTAINERS": "local only: the templates create the containers",
+    "CONSOLE_LOCAL_MODE": "local only: set by devstack/stack.py, ignored where an Azure hint is set",
+    "CONSOLE_PUBLIC_URL": "optional: only behind a custom domain or proxy (docs/adr/012)",
 }
 # Set by the platform, not by us.
-PLATFORM = {"IDENTITY_ENDPOINT", "MSI_ENDPOINT", "WEBSITE_SITE_NAME"}
+PLATFORM = {"IDENTITY_ENDPOINT", "MSI_ENDPOINT", "WEBSITE_SITE_NAME", "WEBSITE_HOSTNAME"}
 _ENV_FUNCS = {
     "_int": 1,
     "_bool": 1,

@@ -147,7 +147,7 @@ def test_the_console_is_off_in_azure_until_authentication_is_confirmed():
     supported and let unauthenticated callers through; nothing since says it
     is enforced (infra/README.md, "The console in Azure"). So the console's own
     switch, CONSOLE_AUTH_CONFIRMED, is 'false' unless the deployer sets it after
-    checking, and the app (console.security.console_enabled) answers 404 until then."""
+    checking, and the app (console.security.console_enabled) answers 403 until then."""
     main = parse(MAIN)
     spec = main["parameters"]["consoleAuthConfirmed"]
     assert spec["default"] == "false"
@@ -168,7 +168,10 @@ def test_the_console_is_off_in_azure_until_authentication_is_confirmed():
     assert not security.console_enabled(azure)
     assert not security.console_enabled({**azure, "CONSOLE_AUTH_CONFIRMED": "false"})
     assert security.console_enabled({**azure, "CONSOLE_AUTH_CONFIRMED": "true"})
-    assert security.console_enabled({})
+    # outside Azure too: on only in local mode (the local stack sets it)
+    assert not security.console_enabled({})
+    assert security.console_enabled({"CONSOLE_LOCAL_MODE": "true"})
+    assert not security.console_enabled({**azure, "CONSOLE_LOCAL_MODE": "true"})
     # The README states the finding and its source.
     readme = (INFRA / "README.md").read_text()
     assert "CONSOLE_AUTH_CONFIRMED" in readme

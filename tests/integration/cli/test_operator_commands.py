@@ -62,9 +62,9 @@ def cli(monkeypatch, cosmos_account: CosmosAccount, cosmos_database: str, tmp_pa
     for name, value in env.items():
         monkeypatch.setenv(name, value)
 
-    def run(*argv: str) -> tuple[int, str]:
+    def run(*argv: str, width: int = 300) -> tuple[int, str]:
         out = io.StringIO()
-        monkeypatch.setattr(tool, "console", Console(file=out, width=300))
+        monkeypatch.setattr(tool, "console", Console(file=out, width=width))
         monkeypatch.setattr(sys, "argv", ["cli", *argv])
         try:
             code = tool.main()
@@ -133,7 +133,7 @@ def test_show_list_and_stuck_read_the_records(store, cli):
     assert "CLI-4" in shown
     assert "card declined" in shown
 
-    code, listed = cli("list", "--state", "Error")
+    code, listed = cli("list", "--state", "Error", width=200)
     assert code == 0, listed
     assert "CLI-4" in listed
     assert "CLI-5" not in listed
@@ -142,3 +142,71 @@ def test_show_list_and_stuck_read_the_records(store, cli):
     assert code == 0, stuck
     assert "1 stuck Processing orders" in stuck
     assert "CLI-5" in stuck
+
+
+LONG = (
+    "payment/charge for CLI-6/charge-payment: HTTP 422: the card issuer declined the "
+    "charge after a second look at the account, reason code 05, do not honour; ask the "
+    "customer for another card"
+)
+
+
+def _squeezed(text: str) -> str:
+    return "".join(text.split())
+
+
+def test_at_80_columns_nothing_is_cut(store, cli):
+    """`show`, `list --state` and `stuck` on an 80-column terminal: every time
+    in full (microseconds and offset) and every reason whole, wrapped."""
+    now = datetime.now(UTC) - timedelta(minutes=5)
+    claimed = sm.claim(make_record("CLI-6", now), now, POLICY)
+    failed = sm.mark_failed(claimed, claimed.LockedBy, None, LONG, now)
+    store(lambda s: s.create_if_absent(failed))
+    store(lambda s: s.create_if_absent(_stuck("CLI-7")))
+    record, _ = store(lambda s: s.read("CLI-6"))
+    stuck, _ = store(lambda s: s.read("CLI-7"))
+
+    code, shown = cli("show", "CLI-6", width=80)
+    assert code == 0, shown
+    assert all(len(line) <= 80 for line in shown.splitlines())
+    assert _squeezed(LONG) in _squeezed(shown)
+    for h in record.History:
+        assert h.At.isoformat() in shown
+    assert "…" not in shown
+    assert "--json" in shown  # says where the whole record is
+
+    code, listed = cli("list", "--state", "Error", width=80)
+    assert code == 0, listed
+    assert all(len(line) <= 80 for line in listed.splitlines())
+    assert _squeezed(LONG) in _squeezed(listed)
+    assert "…" not in listed
+
+    code, late = cli("stuck", width=80)
+    assert code == 0, late
+    assert stuck.CompleteBy.isoformat() in late
+
+
+def test_show_json_is_the_whole_record(store, cli):
+    store(lambda s: s.create_if_absent(_failed("CLI-8")))
+    record, _ = store(lambda s: s.read("CLI-8"))
+
+    code, raw = cli("show", "CLI-8", "--json", width=80)
+    assert code == 0, raw
+    assert OrderState.model_validate_json(raw) == record
+
+
+def test_list_without_a_state_counts_every_state(store, cli):
+    store(lambda s: s.create_if_absent(_failed("CLI-9")))
+    store(lambda s: s.create_if_absent(make_record("CLI-10")))
+
+    code, counts = cli("list", width=80)
+    assert code == 0, counts
+    lines = {
+        line.split()[0]: line.split()[1]
+        for line in counts.splitlines()[1:]
+        if len(line.split()) == 2
+    }
+    assert lines["Error"] == "1"
+    assert lines["Pending"] == "1"
+    assert set(lines) == {s.value for s in ProcessState}
+    assert "--state" in counts

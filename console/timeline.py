@@ -1,0 +1,611 @@
+"""An order's story for the operator: per attempt, what happened in causal
+order and in the domain's words, and per step what really happened to its
+side effect. Pure functions of the state record and the orchestration
+statuses (with history) the durable client returned; no I/O, so every rule
+here is tested on recorded histories.
+
+Rules (issue 25, docs/console.md "Reading an order"):
+
+- order: the orchestration's history is causal (Durable appends each event
+  after what caused it), so its order is kept as it is; the record's own
+  History (claims, Supervisor decisions, operator actions) is merged into it
+  by time, never re-sorted by wall-clock seconds;
+- each error once: an agent's reply carries the reason; the record's writes
+  that copy it (the state write, the alert, the status, LastError) are not
+  repeated as events;
+- domain words: a step call is "charge payment" / "refund payment", a write
+  is what it changed ("order Processed"), never an activity's name;
+- deadlines are shown on the call they bound (met, with time to spare, or
+  missed), not as events;
+- an agent's calls (AgentReply.Calls, docs/adr/017d-agent-call-record.md)
+  are shown on its reply, with their outcomes and durations."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from domain.ids import parse_attempt_instance_id
+from domain.models import OrderState, ProcessState, StepStatus
+
+_MAX_TEXT = 400
+
+
+@dataclass
+class Event:
+    at: datetime | None
+    kind: str  # request, reply, state, deadline, note
+    text: str
+    tone: str = ""
+    detail: str | None = None  # the one place an error's text is shown
+    calls: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass
+class Call:
+    """One request of a step (do, or one undo try) and what became of it."""
+
+    step: str
+    action: str
+    requested_at: datetime | None
+    deadline: datetime | None = None
+    reply: dict[str, Any] | None = None
+    replied_at: datetime | None = None
+    missed: bool = False
+
+
+def parse_time(value: Any) -> datetime | None:
+    if isinstance(value, datetime):
+        return value
+    if isinstance(value, str):
+        try:
+            return datetime.fromisoformat(value.replace("Z", "+00:00"))
+        except ValueError:
+            return None
+    return None
+
+
+def _data(raw: Any) -> dict[str, Any]:
+    """An event's input or result as a dict: they arrive as objects or JSON,
+    sometimes JSON-encoded twice. Anything else is an empty dict."""
+    value = raw
+    for _ in range(3):
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except (ValueError, RecursionError):
+                return {}
+        else:
+            break
+    return value if isinstance(value, dict) else {}
+
+
+def _text(value: Any, limit: int = _MAX_TEXT) -> str:
+    text = value if isinstance(value, str) else ("" if value is None else str(value))
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+# --- domain words ---------------------------------------------------------------------
+
+_OPERATIONS = {
+    "reserve-inventory": ("reserve inventory", "release inventory"),
+    "charge-payment": ("charge payment", "refund payment"),
+    "arrange-shipment": ("arrange shipment", "cancel shipment"),
+}
+
+
+def label(step: str | None, action: str = "do") -> str:
+    """A step call in the domain's words: `charge payment`, `refund payment`."""
+    if not step:
+        return "a step"
+    names = _OPERATIONS.get(step)
+    if names is None:
+        return step if action == "do" else f"undo {step}"
+    return names[0] if action == "do" else names[1]
+
+
+def duration(seconds: float) -> str:
+    if seconds < 1:
+        return f"{seconds * 1000:.0f} ms"
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    return f"{seconds / 60:.1f} min"
+
+
+def outcome(status: dict[str, Any] | None) -> tuple[str, str]:
+    """An attempt's badge: its outcome in words, and a tone."""
+    if not status:
+        return "history not available", "muted"
+    if status.get("error"):
+        return "status unavailable", "muted"
+    runtime = str(status.get("runtime_status") or "")
+    if runtime in ("Running", "Pending"):
+        return "running", "warn"
+    if runtime == "not found":
+        return "history not available", "muted"
+    output = _data(status.get("output"))
+    kind, step = output.get("Outcome"), output.get("Step")
+    if kind == "processed":
+        return "Processed", "good"
+    if kind == "compensated":
+        return "compensated: every requested step undone", "warn"
+    if kind == "compensation_failed":
+        return "compensation failed", "bad"
+    if kind == "failed":
+        return f"failed at {label(step)}", "bad"
+    if kind == "timed_out":
+        detail = str(output.get("Detail") or "")
+        if detail == "deadline passed":
+            return f"timed out at {label(step)}: no reply by the deadline", "warn"
+        if "no answer within" in detail or "deadline reached" in detail:
+            return f"timed out at {label(step)}: the service did not answer in time", "warn"
+        return f"gave up at {label(step)} for now (transient)", "warn"
+    if kind == "stale":
+        return "superseded by a later attempt", "muted"
+    if kind == "unconfirmed":
+        return "finished, final write unconfirmed", "warn"
+    if runtime in ("Failed", "Terminated"):
+        return f"orchestration {runtime.lower()}", "bad"
+    return (runtime.lower() or "unknown"), "muted"
+
+
+def _reply_words(call: Call) -> tuple[str, str, str | None]:
+    """(what the reply said, tone, the error's text if any)."""
+    reply = call.reply or {}
+    said = str(reply.get("Outcome") or "")
+    raw_result = reply.get("Result")
+    result: dict[str, Any] = raw_result if isinstance(raw_result, dict) else {}
+    what = label(call.step, call.action)
+    if said == "ok":
+        if call.action == "undo" and result.get("Status") == "nothing-to-undo":
+            return f"{what}: nothing to undo (the service had no effect to reverse)", "good", None
+        ref = result.get("Reference")
+        return f"{what}: done" + (f" ({_text(ref, 80)})" if ref else ""), "good", None
+    error = _text(reply.get("Error")) or None
+    if said == "permanent":
+        return f"{what}: refused (permanent)", "bad", error
+    if said == "transient":
+        return f"{what}: the agent gave up for now (transient)", "warn", error
+    return f"{what}: answered {said or 'nothing'}", "", error
+
+
+def _calls(reply: dict[str, Any] | None) -> list[dict[str, Any]]:
+    raw = (reply or {}).get("Calls")
+    if not isinstance(raw, list):
+        return []
+    out: list[dict[str, Any]] = []
+    first: datetime | None = None
+    for c in raw[:32]:
+        if not isinstance(c, dict):
+            continue
+        at = parse_time(c.get("At"))
+        ms = c.get("Ms") if isinstance(c.get("Ms"), int) else None
+        if first is None:
+            first = at
+        out.append(
+            {
+                "at": at,
+                "after": duration((at - first).total_seconds()) if at and first else None,
+                "took": duration(ms / 1000) if ms is not None else "?",
+                "outcome": _text(c.get("Outcome"), 20),
+            }
+        )
+    return out
+
+
+def _deadline_words(call: Call) -> tuple[str, str]:
+    if call.deadline is None:
+        return "", ""
+    if call.replied_at is None:
+        return ("deadline missed" if call.missed else "deadline pending"), (
+            "bad" if call.missed else ""
+        )
+    spare = (call.deadline - call.replied_at).total_seconds()
+    if spare >= 0:
+        return f"deadline met ({duration(spare)} to spare)", ""
+    return f"deadline missed by {duration(-spare)}", "bad"
+
+
+# --- one attempt's orchestration history ---------------------------------------------
+
+
+_WRITES = {
+    "begin_compensation": ("compensating: every requested step is undone, newest first", "warn"),
+    "mark_failed": ("order failed (Error): nothing to undo", "bad"),
+    "mark_processed": ("order Processed", "good"),
+}
+
+
+def _walk(history: list[Any]) -> tuple[list[Event], list[Call]]:
+    """The attempt's events in history order, and its step calls."""
+    events: list[Event] = []
+    calls: list[Call] = []
+    awaiting_timer: Call | None = None
+
+    def request(step: str | None, action: str, at: datetime | None, attempt_try: Any = None):
+        nonlocal awaiting_timer
+        if not step:
+            return None
+        call = Call(step=step, action=action, requested_at=at)
+        calls.append(call)
+        awaiting_timer = call
+        what = label(step, action)
+        if action == "undo" and isinstance(attempt_try, int) and attempt_try > 0:
+            what += f" (try {attempt_try + 1})"
+        events.append(Event(at, "request", f"{what}: requested"))
+        return call
+
+    def answered(call: Call, reply: dict[str, Any], at: datetime | None) -> None:
+        call.reply, call.replied_at = reply, at
+        text, tone, error = _reply_words(call)
+        took = (
+            f" after {duration((at - call.requested_at).total_seconds())}"
+            if at and call.requested_at
+            else ""
+        )
+        deadline, deadline_tone = _deadline_words(call)
+        detail = " · ".join(x for x in (deadline, error) if x) or None
+        events.append(Event(at, "reply", text + took, tone or deadline_tone, detail, _calls(reply)))
+
+    def open_call(step: Any, action: Any) -> Call | None:
+        for c in reversed(calls):
+            if c.step == step and c.action == action and c.reply is None:
+                return c
+        return None
+
+    for raw in history:
+        if not isinstance(raw, dict):
+            continue
+        kind = str(raw.get("EventType") or "")
+        at = parse_time(raw.get("Timestamp"))
+        fn = str(raw.get("FunctionName") or "")
+        inp = _data(raw.get("Input"))
+        res = _data(raw.get("Result"))
+        if kind == "ExecutionStarted":
+            events.append(Event(at, "state", "attempt began"))
+        elif kind == "TaskCompleted":
+            if res.get("Stale"):
+                events.append(
+                    Event(at, "state", "superseded: another attempt owns the order", "muted")
+                )
+                continue
+            if fn in ("begin_attempt", "advance_attempt"):
+                if inp.get("Finish") and res.get("State") == ProcessState.PROCESSED.value:
+                    events.append(Event(at, "state", "order Processed", "good"))
+                started = res.get("Started") or inp.get("Start")
+                if started:
+                    request(started, "do", at)
+            elif fn == "write_state":
+                write = str(inp.get("Kind") or "")
+                if write == "start_step":
+                    request(inp.get("Step"), "do", at)
+                elif write == "finish_compensation":
+                    state = res.get("State")
+                    events.append(
+                        Event(
+                            at,
+                            "state",
+                            f"order {state}",
+                            "good" if state == ProcessState.COMPENSATED.value else "bad",
+                        )
+                    )
+                elif write in _WRITES:
+                    text, tone = _WRITES[write]
+                    events.append(Event(at, "state", text, tone))
+                # complete_step, transient, undo_done, undo_failed: the reply said it
+            elif fn == "send_agent_request":
+                request(inp.get("Step"), str(inp.get("Action") or "do"), at, inp.get("Try"))
+            elif fn == "run_inline_step":
+                # the write that started the step already "requested" it
+                call = open_call(inp.get("Step"), inp.get("Action") or "do") or request(
+                    inp.get("Step"),
+                    str(inp.get("Action") or "do"),
+                    parse_time(raw.get("ScheduledTime")) or at,
+                )
+                if call is not None and res:
+                    call.deadline = parse_time(inp.get("Deadline"))
+                    answered(call, res, at)
+            elif fn == "report_status":
+                events.append(
+                    Event(at, "note", f"client told: {_text(inp.get('Status'), 40)}", "muted")
+                )
+            elif fn == "raise_alert":
+                events.append(
+                    Event(
+                        at, "note", f"operator alert raised ({_text(inp.get('Kind'), 40)})", "warn"
+                    )
+                )
+        elif kind == "TaskFailed":
+            events.append(
+                Event(
+                    at,
+                    "state",
+                    f"{_ACTIVITY_WORDS.get(fn, 'a workflow step')} failed",
+                    "bad",
+                    _text(raw.get("Reason")),
+                )
+            )
+        elif kind == "TimerCreated":
+            if awaiting_timer is not None and awaiting_timer.deadline is None:
+                awaiting_timer.deadline = parse_time(raw.get("FireAt"))
+                awaiting_timer = None
+        elif kind == "TimerFired":
+            fire = parse_time(raw.get("FireAt"))
+            for c in calls:
+                if c.reply is None and c.deadline is not None and c.deadline == fire:
+                    c.missed = True
+                    events.append(
+                        Event(
+                            at,
+                            "deadline",
+                            f"{label(c.step, c.action)}: no answer by its deadline: deadline missed",
+                            "bad",
+                        )
+                    )
+        elif kind == "EventRaised":
+            reply = _data(raw.get("Input"))
+            call = open_call(reply.get("Step"), reply.get("Action") or "do")
+            if call is None:
+                # an answer to a try whose deadline already passed (ADR 005) or unknown
+                call = Call(
+                    step=str(reply.get("Step") or "?"),
+                    action=str(reply.get("Action") or "do"),
+                    requested_at=None,
+                )
+                calls.append(call)
+            answered(call, reply, at)
+    return events, calls
+
+
+_ACTIVITY_WORDS = {
+    "begin_attempt": "starting the attempt",
+    "advance_attempt": "recording the step",
+    "write_state": "recording the order's state",
+    "send_agent_request": "sending the request",
+    "report_status": "telling the client",
+    "raise_alert": "raising the alert",
+    "load_plan": "reading the order",
+    "run_inline_step": "the in-app step",
+}
+
+
+# --- the record's history -------------------------------------------------------------
+
+
+def _attempt_of(by: str) -> int | None:
+    try:
+        return parse_attempt_instance_id(by)[1]
+    except ValueError:
+        return None
+
+
+def _record_events(record: OrderState) -> dict[int, list[tuple[Event, str]]]:
+    """The record's History per attempt, each with who made it. Attempts are
+    counted back from the record's current one (History drops its oldest
+    entries): each claim started the attempt it names."""
+    out: dict[int, list[tuple[Event, str]]] = {}
+    attempt = record.Attempt
+    for h in reversed(record.History):
+        owner = _attempt_of(h.By)
+        at_attempt = owner if owner is not None else attempt
+        out.setdefault(at_attempt, []).append((_history_event(h), h.By))
+        if h.To in (ProcessState.PROCESSING, ProcessState.COMPENSATING) and h.From in (
+            ProcessState.PENDING,
+            ProcessState.ERROR,
+            ProcessState.COMPENSATION_FAILED,
+        ):
+            attempt = max(0, attempt - 1)
+    for events in out.values():
+        events.reverse()
+    return out
+
+
+def _history_event(h: Any) -> Event:
+    to = h.To.value
+    reason = h.Reason or ""
+    if h.By == "submit":
+        return Event(h.At, "state", "order received (Pending)")
+    if h.By == "starter" and h.To is ProcessState.PROCESSING:
+        return Event(h.At, "state", "claimed by the Starter")
+    if h.To is ProcessState.COMPENSATING and h.From is not ProcessState.PROCESSING:
+        return Event(
+            h.At, "state", "claimed by the Starter to compensate, as an operator asked", "warn"
+        )
+    if h.By.startswith("operator"):
+        who = h.By.partition(":")[2] or "an operator"
+        return Event(h.At, "state", f"operator {who}: {reason or to}", "warn")
+    if h.By == "supervisor":
+        tone = "bad" if h.To is ProcessState.ERROR else "warn"
+        # The Supervisor quotes the step's error; the reply above already says it.
+        said = reason.split(" (step ", 1)[0]
+        then = {
+            ProcessState.PENDING.value: "another attempt follows",
+            ProcessState.ERROR.value: "order Error: retry budget spent",
+        }.get(to, to)
+        return Event(h.At, "state", f"Supervisor: {said}; {then}", tone)
+    return Event(
+        h.At,
+        "state",
+        f"{h.From.value if h.From else '(new)'} → {to} by {h.By}",
+        "bad" if h.To in (ProcessState.ERROR, ProcessState.COMPENSATION_FAILED) else "",
+        _text(reason) or None,
+    )
+
+
+def _before(a: datetime | None, b: datetime | None) -> bool:
+    return a is not None and b is not None and a < b
+
+
+def _merge(record_events: list[Event], history_events: list[Event]) -> list[Event]:
+    """Both lists keep their own order (each is causal); the record's
+    entries go in by time between the orchestration's."""
+    out: list[Event] = []
+    i = 0
+    for e in history_events:
+        while i < len(record_events) and _before(record_events[i].at, e.at):
+            out.append(record_events[i])
+            i += 1
+        out.append(e)
+    out.extend(record_events[i:])
+    return out
+
+
+def _fallback_events(record: OrderState, attempt: int) -> list[Event]:
+    """Without the orchestration's history (purged, or no durable client):
+    what the record knows of this attempt's steps."""
+    out: list[Event] = []
+    for name, step in record.Steps.items():
+        if step.Attempt != attempt:
+            continue
+        if step.StartedAt:
+            out.append(Event(step.StartedAt, "request", f"{label(name)}: requested"))
+        if step.CompletedAt:
+            met = ""
+            if step.CompleteBy:
+                spare = (step.CompleteBy - step.CompletedAt).total_seconds()
+                met = (
+                    f"deadline met ({duration(spare)} to spare)"
+                    if spare >= 0
+                    else "deadline missed"
+                )
+            out.append(
+                Event(step.CompletedAt, "reply", f"{label(name)}: done", "good", met or None)
+            )
+        elif step.Error:
+            out.append(
+                Event(step.StartedAt, "reply", f"{label(name)}: failed", "warn", _text(step.Error))
+            )
+    out.sort(key=lambda e: (e.at is None, e.at or datetime.min))
+    return out
+
+
+def timeline(record: OrderState, statuses: dict[int, dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every attempt, oldest first: its badge, its events in causal order and
+    its step calls."""
+    by_attempt = _record_events(record)
+    attempts = sorted(set(by_attempt) | set(statuses))
+    out = []
+    for a in attempts:
+        status = statuses.get(a)
+        history = (status or {}).get("history") or []
+        instance = status.get("instance") if status else None
+        own = [(e, by) for e, by in by_attempt.get(a, [])]
+        if history:
+            walked, calls = _walk(history)
+            # the attempt's own writes are in its history already, in its words
+            others = [e for e, by in own if by != instance]
+            events = _merge(others, walked)
+        else:
+            calls = []
+            events = sorted(
+                [e for e, _ in own] + _fallback_events(record, a),
+                key=lambda e: (e.at is None, e.at or datetime.min),
+            )
+        badge, tone = outcome(status) if a else ("before the first attempt", "muted")
+        if not history and a and status is None:
+            badge, tone = _badge_from_record(record, a)
+        out.append(
+            {
+                "attempt": a,
+                "instance": instance,
+                "badge": badge,
+                "tone": tone,
+                "events": events,
+                "calls": calls,
+                "retried_calls": sum(1 for c in calls if len(_calls(c.reply)) > 1),
+            }
+        )
+    return out
+
+
+def _badge_from_record(record: OrderState, attempt: int) -> tuple[str, str]:
+    if attempt == record.Attempt:
+        state = record.ProcessState
+        if state is ProcessState.PROCESSED:
+            return "Processed", "good"
+        if state in (ProcessState.PROCESSING, ProcessState.COMPENSATING):
+            return "running", "warn"
+        return state.value, "bad" if state is ProcessState.ERROR else "warn"
+    return "history not available", "muted"
+
+
+# --- side effects ---------------------------------------------------------------------
+
+
+def side_effects(record: OrderState, attempts: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per step, what happened to its effect at the service: applied, undone,
+    nothing to undo (refused before taking effect), unknown (answer lost),
+    not started, or in progress; from the record and the replies in the
+    attempts' histories, and saying so where neither can know."""
+    last: dict[tuple[str, str], Call] = {}
+    for a in attempts:
+        for c in a["calls"]:
+            if c.reply is not None or (c.step, c.action) not in last:
+                last[(c.step, c.action)] = c
+    undo_log = {e.Step: e for e in record.Compensation if e.At is not None}
+    out = []
+    for name, step in record.Steps.items():
+        do, undo = last.get((name, "do")), last.get((name, "undo"))
+        entry = undo_log.get(name)
+        state, tone, detail = _effect(record, step, do, undo, entry)
+        took = (
+            duration((step.CompletedAt - step.StartedAt).total_seconds())
+            if step.CompletedAt and step.StartedAt
+            else None
+        )
+        out.append(
+            {
+                "step": name,
+                "label": label(name),
+                "state": state,
+                "tone": tone,
+                "detail": detail,
+                "reference": step.Reference,
+                "attempt": step.Attempt,
+                "started": step.StartedAt,
+                "completed": step.CompletedAt,
+                "deadline": step.CompleteBy,
+                "took": took,
+            }
+        )
+    return out
+
+
+def _said(call: Call | None) -> str | None:
+    return str((call.reply or {}).get("Outcome")) if call and call.reply else None
+
+
+def _effect(
+    record: OrderState, step: Any, do: Call | None, undo: Call | None, entry: Any
+) -> tuple[str, str, str | None]:
+    status = step.Status
+    if entry is not None and entry.Outcome == "Failed":
+        return "unknown", "bad", "the undo failed: " + _text(entry.Error or "no reason given", 200)
+    if status is StepStatus.NOT_STARTED:
+        return "not started", "muted", None
+    if status is StepStatus.COMPLETED:
+        return "applied", "good", None
+    if status is StepStatus.COMPENSATED:
+        undo_result = (undo.reply or {}).get("Result") if undo and undo.reply else None
+        if isinstance(undo_result, dict) and undo_result.get("Status") == "nothing-to-undo":
+            return "nothing to undo", "muted", "the service had no effect to reverse"
+        if step.CompletedAt is None and _said(do) in (None, "permanent"):
+            # Only a refusal (permanent) begins a compensation, and it took no effect.
+            return "nothing to undo", "muted", "refused before taking effect; its undo was a no-op"
+        return "undone", "good", None
+    if status is StepStatus.FAILED:
+        return "nothing to undo", "muted", "refused before taking effect"
+    # Running: requested, no answer recorded on the record
+    live = record.ProcessState is ProcessState.PROCESSING and step.Attempt == record.Attempt
+    if _said(do) == "transient":
+        return (
+            "unknown",
+            "warn",
+            "the agent gave up without a clear answer; the service may have applied it"
+            + ("" if live else "; the next attempt repeats it under the same idempotency key"),
+        )
+    if live and not (do and do.missed):
+        return "in progress", "warn", None
+    return "unknown", "warn", "no answer before the deadline (answer lost)"

@@ -1,0 +1,171 @@
+"""The order story (console.timeline) on histories recorded from the local
+stack (tests/console/histories/*.json: the state record and each attempt's
+status from the host's durable API, with activity payloads and records
+trimmed): a declined payment, an order retried after its agent's call timed
+out, a compensation that failed and then succeeded, and a payment the agent
+retried twice. Each attempt's outcome in words, causal order, each error
+once, side-effect states, and the agent's calls.
+
+The recordings were made by driving those four orders through the stack
+with the remote service's fault injection, as tests/e2e/test_console_browser.py
+does; the browser test checks the same on live histories."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from console import timeline as story
+from domain.ids import parse_attempt_instance_id
+from domain.models import OrderState
+
+HERE = Path(__file__).parent / "histories"
+
+
+def _load(name: str) -> tuple[OrderState, list[dict]]:
+    data = json.loads((HERE / f"{name}.json").read_text())
+    record = OrderState.model_validate(data["record"])
+    statuses = {
+        parse_attempt_instance_id(iid)[1]: {
+            "instance": iid,
+            "runtime_status": st.get("runtimeStatus"),
+            "output": st.get("output"),
+            "history": st.get("historyEvents"),
+        }
+        for iid, st in data["statuses"].items()
+    }
+    return record, story.timeline(record, statuses)
+
+
+def _texts(attempt: dict) -> list[str]:
+    return [e.text for e in attempt["events"]]
+
+
+def _index(texts: list[str], start: str) -> int:
+    return next(i for i, t in enumerate(texts) if t.startswith(start))
+
+
+def _effects(record, attempts) -> dict[str, str]:
+    return {e["step"]: e["state"] for e in story.side_effects(record, attempts)}
+
+
+def test_a_declined_payment_reads_as_refused_then_compensated_with_nothing_to_refund():
+    record, attempts = _load("declined")
+    first = attempts[1]
+    assert first["badge"] == "compensated: every requested step undone"
+    texts = _texts(first)
+    # causal order: the charge was asked, refused, then compensation, newest step first
+    order = [
+        _index(texts, "claimed by the Starter"),
+        _index(texts, "attempt began"),
+        _index(texts, "reserve inventory: requested"),
+        _index(texts, "reserve inventory: done"),
+        _index(texts, "charge payment: requested"),
+        _index(texts, "charge payment: refused (permanent)"),
+        _index(texts, "compensating:"),
+        _index(texts, "refund payment: requested"),
+        _index(texts, "refund payment: nothing to undo"),
+        _index(texts, "release inventory: requested"),
+        _index(texts, "release inventory: done"),
+        _index(texts, "order Compensated"),
+    ]
+    assert order == sorted(order)
+    # the provider's reason once, on the reply that carried it
+    shown = [t for e in first["events"] for t in (e.text, e.detail or "")]
+    assert sum("card declined" in t for t in shown) == 1
+    # no activity names, no deadlines as events
+    assert not any(
+        name in t for t in shown for name in ("write_state", "raise_alert", "report_status")
+    )
+    assert not any(e.kind == "deadline" for e in first["events"])
+    refused = next(e for e in first["events"] if e.text.startswith("charge payment: refused"))
+    assert refused.detail.startswith("deadline met")
+    assert _effects(record, attempts) == {
+        "reserve-inventory": "undone",
+        "charge-payment": "nothing to undo",
+        "arrange-shipment": "not started",
+    }
+
+
+def test_an_order_retried_after_a_timeout_shows_two_attempts_and_their_outcomes():
+    record, attempts = _load("retried")
+    assert [a["attempt"] for a in attempts] == [0, 1, 2]
+    first, second = attempts[1], attempts[2]
+    assert first["badge"] == "timed out at reserve inventory: the service did not answer in time"
+    assert second["badge"] == "Processed"
+    texts = _texts(first)
+    assert (
+        _index(texts, "reserve inventory: requested")
+        < _index(texts, "reserve inventory: the agent gave up")
+        < _index(texts, "Supervisor: attempt 1 missed its deadline")
+    )
+    # the Supervisor's decision does not repeat the step's error
+    supervisor = texts[_index(texts, "Supervisor:")]
+    assert "no answer within" not in supervisor
+    gave_up = next(e for e in first["events"] if "gave up" in e.text)
+    assert [c["outcome"] for c in gave_up.calls] == ["transient"]
+    assert _texts(second)[-1] == "order Processed"
+    assert set(_effects(record, attempts).values()) == {"applied"}
+
+
+def test_a_compensation_that_failed_then_succeeded():
+    record, attempts = _load("compfail")
+    first, second = attempts[1], attempts[2]
+    assert first["badge"] == "compensation failed"
+    assert second["badge"] == "compensated: every requested step undone"
+    texts = _texts(first)
+    assert _index(texts, "release inventory: refused (permanent)") < _index(
+        texts, "order CompensationFailed"
+    )
+    # the operator's request closes the first attempt; the Starter's claim opens the second
+    assert texts[-1] == "operator local: compensation requested"
+    assert _texts(second)[0] == "claimed by the Starter to compensate, as an operator asked"
+    assert "release inventory: done" in " ".join(_texts(second))
+    assert _effects(record, attempts)["reserve-inventory"] == "undone"
+    assert _effects(record, attempts)["charge-payment"] == "nothing to undo"
+
+
+def test_an_agent_that_retried_shows_each_call():
+    _record, attempts = _load("agentretry")
+    (attempt,) = attempts[1:]
+    assert attempt["badge"] == "Processed"
+    charge = next(e for e in attempt["events"] if e.text.startswith("charge payment: done"))
+    assert [c["outcome"] for c in charge.calls] == ["transient", "transient", "ok"]
+    assert all(c["took"].endswith("ms") for c in charge.calls)
+    assert charge.calls[0]["after"] == "0 ms"
+    assert charge.calls[2]["after"] is not None
+    assert attempt["retried_calls"] == 1
+    # the in-app step is requested once, answered once
+    texts = _texts(attempt)
+    assert texts.count("arrange shipment: requested") == 1
+
+
+def test_without_history_the_record_still_tells_the_steps():
+    record, _ = _load("declined")
+    attempts = story.timeline(record, {})
+    assert attempts[1]["badge"] == "Compensated"
+    texts = _texts(attempts[1])
+    assert "reserve inventory: requested" in texts
+    assert any(t.startswith("reserve inventory: done") for t in texts)
+
+
+@pytest.mark.parametrize(
+    ("output", "badge"),
+    [
+        ({"Outcome": "processed"}, "Processed"),
+        (
+            {"Outcome": "timed_out", "Step": "charge-payment", "Detail": "deadline passed"},
+            "timed out at charge payment: no reply by the deadline",
+        ),
+        (
+            {"Outcome": "failed", "Step": "arrange-shipment", "Detail": "x"},
+            "failed at arrange shipment",
+        ),
+        ({"Outcome": "stale", "Step": "charge-payment"}, "superseded by a later attempt"),
+        ({"Outcome": "compensation_failed"}, "compensation failed"),
+    ],
+)
+def test_badges_are_outcomes_in_words_never_the_runtime_status(output, badge):
+    assert story.outcome({"runtime_status": "Completed", "output": output})[0] == badge
