@@ -16,7 +16,7 @@ from adapters.servicebus import ALERTS_QUEUE
 from domain import state_machine as sm
 from domain.codec import encode
 from domain.errors import NotFoundError, StaleError
-from domain.ids import status_message_id
+from domain.ids import client_order_id, status_message_id
 from domain.models import OperatorAlert, OrderState, PendingStatus, StatusKind, StatusUpdate
 
 log = logging.getLogger(__name__)
@@ -33,24 +33,26 @@ class StatusReporter:
     async def send(
         self,
         reply_to: str,
-        order_id: str,
+        key: str,
         status: StatusKind,
         now: datetime,
         detail: str | None = None,
         step: str | None = None,
         qualifier: str = "",
     ) -> None:
-        """`qualifier` separates repeated statuses of one kind (a step, an
-        attempt) so that duplicate detection drops only true re-sends."""
-        message_id = status_message_id(order_id, status.value, qualifier or (step or ""))
-        await self._send(reply_to, order_id, status, now, detail, step, message_id)
+        """A status of the order `key` (domain.ids.order_key; the message
+        carries the client's own OrderID). `qualifier` separates repeated
+        statuses of one kind (a step, an attempt) so that duplicate detection
+        drops only true re-sends."""
+        message_id = status_message_id(key, status.value, qualifier or (step or ""))
+        await self._send(reply_to, key, status, now, detail, step, message_id)
 
-    async def send_pending(self, reply_to: str, order_id: str, pending: PendingStatus) -> None:
+    async def send_pending(self, reply_to: str, key: str, pending: PendingStatus) -> None:
         """Send an outbox entry as it was written: same message id, same
         timestamp, so every retry is the same message."""
         await self._send(
             reply_to,
-            order_id,
+            key,
             pending.Status,
             pending.At,
             pending.Detail,
@@ -58,7 +60,9 @@ class StatusReporter:
             pending.MessageId,
         )
 
-    async def _send(self, reply_to, order_id, status, now, detail, step, message_id) -> None:
+    async def _send(self, reply_to, key, status, now, detail, step, message_id) -> None:
+        # Callers name the order by its key; the client knows only its own OrderID.
+        order_id = client_order_id(key)
         update = StatusUpdate(
             OrderID=order_id,
             Status=status,
@@ -71,7 +75,7 @@ class StatusReporter:
         )
         log.info(
             "status sent",
-            extra={"order_id": order_id, "status": status.value, "queue": reply_to, "step": step},
+            extra={"order_id": key, "status": status.value, "queue": reply_to, "step": step},
         )
         telemetry.count_terminal_status(status.value)
 

@@ -27,6 +27,7 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions as ec
 from selenium.webdriver.support.ui import Select, WebDriverWait
 
+from domain.ids import order_key
 from domain.models import ProcessState
 from tests.e2e.conftest import E2E
 
@@ -145,7 +146,10 @@ async def test_operator_reads_and_acts_in_the_browser(stack, browser):
         wait.until(ec.presence_of_element_located((By.ID, "orders")))
         Select(browser.find_element(By.NAME, "state")).select_by_visible_text("Processed")
         browser.find_element(By.CSS_SELECTOR, "form.filters button").click()
-        wait.until(ec.presence_of_element_located((By.LINK_TEXT, retried))).click()
+        # The console names orders by their key: the application and its OrderID.
+        wait.until(
+            ec.presence_of_element_located((By.LINK_TEXT, order_key("webshop", retried)))
+        ).click()
         wait.until(ec.text_to_be_present_in_element((By.ID, "order-id"), retried))
         first = browser.find_element(By.ID, "attempt-1").text
         assert "missed its deadline" in first, first  # the Supervisor's decision
@@ -160,7 +164,7 @@ async def test_operator_reads_and_acts_in_the_browser(stack, browser):
 
         # --- resubmit the Error order and see it go Pending ---------------------------------
         await _clear_faults(e2e)
-        await asyncio.to_thread(browser.get, f"{base}/orders/{failing}")
+        await asyncio.to_thread(browser.get, f"{base}/orders/{order_key('webshop', failing)}")
         assert browser.find_element(By.ID, "order-state").text == "Error"
         browser.find_element(By.ID, "resubmit").click()
         wait.until(ec.presence_of_element_located((By.ID, "confirm")))
@@ -172,7 +176,7 @@ async def test_operator_reads_and_acts_in_the_browser(stack, browser):
         wait.until(ec.presence_of_element_located((By.ID, "notice")))
         page = browser.find_element(By.TAG_NAME, "main").text
         assert "Error → Pending by operator:local: resubmitted" in page
-        record, _ = await e2e.store.read(failing)
+        record, _ = await e2e.store.read(order_key("webshop", failing))
         entry = next(h for h in reversed(record.History) if h.By == "operator:local")
         assert (entry.From, entry.To) == (ProcessState.ERROR, ProcessState.PENDING)
         # the state right after: Pending, or already claimed again by the Starter
@@ -183,7 +187,7 @@ async def test_operator_reads_and_acts_in_the_browser(stack, browser):
         )
         # reloading the page after the redirect does not act again
         await asyncio.to_thread(browser.refresh)
-        record_after, _ = await e2e.store.read(failing)
+        record_after, _ = await e2e.store.read(order_key("webshop", failing))
         assert sum(1 for h in record_after.History if h.By == "operator:local") == 1
 
         # --- a hostile OrderID renders as text --------------------------------------------

@@ -125,12 +125,12 @@ def rig():
 async def test_new_order_is_written_and_received_sent(rig):
     outcome = await rig.submit()
     assert outcome.kind is SettleKind.COMPLETE
-    record, _ = await rig.store.read("ORD-1")
+    record, _ = await rig.store.read("webshop:ORD-1")
     assert record.ProcessState is ProcessState.PENDING
     assert record.LockedBy is None
     assert record.ReceivedSent
     assert record.ReplyTo == "replies-webshop"
-    assert "ORD-1" in rig.orders.orders
+    assert "webshop:ORD-1" in rig.orders.orders
     assert rig.statuses() == ["Received"]
 
 
@@ -151,7 +151,7 @@ async def test_crash_between_orders_and_state_is_healed_by_redelivery(rig):
     rig.store.create_if_absent = crash
     with pytest.raises(Killed):
         await rig.submit()
-    assert "ORD-1" in rig.orders.orders
+    assert "webshop:ORD-1" in rig.orders.orders
     assert not rig.store.docs
     rig.store.create_if_absent = real
     assert (await rig.submit()).kind is SettleKind.COMPLETE
@@ -172,7 +172,7 @@ async def test_crash_after_status_before_mark_resends_same_message_id(rig):
     await rig.submit()
     # the publisher (like the reply queue's duplicate detection) dropped the re-send
     assert rig.statuses() == ["Received"]
-    assert (await rig.store.read("ORD-1"))[0].ReceivedSent
+    assert (await rig.store.read("webshop:ORD-1"))[0].ReceivedSent
 
 
 @pytest.mark.parametrize(
@@ -229,7 +229,7 @@ async def test_a_malformed_order_id_is_not_echoed_as_the_alerts_order(rig):
 
 
 async def test_an_unexpected_exception_is_dead_lettered_processing_failed_and_alerted(rig):
-    async def broken(order):
+    async def broken(order, key):
         raise KeyError("surprise")
 
     rig.orders.create_if_absent = broken
@@ -271,16 +271,16 @@ async def test_backlog_above_threshold_rejects_visibly(rig):
     outcome = await rig.submit()
     assert outcome.kind is SettleKind.COMPLETE
     assert rig.statuses() == ["Rejected"]
-    record, _ = await rig.store.read("ORD-1")
+    record, _ = await rig.store.read("webshop:ORD-1")
     assert record.ProcessState is ProcessState.REJECTED
-    assert "ORD-1" not in rig.orders.orders
+    assert "webshop:ORD-1" not in rig.orders.orders
     # a redelivery of the rejected order changes nothing and sends nothing new:
     # whatever it sends repeats the first send's message id, which duplicate
     # detection drops
     sends_before = len(rig.bus.sends)
     await rig.submit()
     assert rig.statuses() == ["Rejected"]
-    assert "ORD-1" not in rig.orders.orders
+    assert "webshop:ORD-1" not in rig.orders.orders
     assert len(rig.bus.resent()) == len(rig.bus.sends) - sends_before
 
 
@@ -295,8 +295,8 @@ async def test_a_rejected_status_lost_on_send_is_sent_by_the_redelivery(rig):
     await rig.store.write_backlog_gauge(0, NOW)
     assert (await rig.submit()).kind is SettleKind.COMPLETE
     assert rig.statuses() == ["Rejected"]
-    assert (await rig.store.read("ORD-1"))[0].ProcessState is ProcessState.REJECTED
-    assert "ORD-1" not in rig.orders.orders
+    assert (await rig.store.read("webshop:ORD-1"))[0].ProcessState is ProcessState.REJECTED
+    assert "webshop:ORD-1" not in rig.orders.orders
 
 
 async def test_backlog_does_not_reject_a_redelivery_of_an_accepted_order(rig):
@@ -431,7 +431,7 @@ async def test_the_app_id_comes_from_the_queue_not_the_body(rig):
     rig.app_id = "partner"
     outcome = await rig.submit(AppId="partner", ReplyTo="replies-partner")
     assert outcome.kind is SettleKind.COMPLETE
-    assert (await rig.store.read("ORD-1"))[0].AppId == "partner"
+    assert (await rig.store.read("partner:ORD-1"))[0].AppId == "partner"
     assert rig.statuses("replies-partner") == ["Received"]
 
 
@@ -467,9 +467,9 @@ class CountingOrders(FakeOrders):
         super().__init__()
         self.requests: list[str] = []
 
-    async def create_if_absent(self, order):
+    async def create_if_absent(self, order, key=None):
         self.requests.append("order_create")
-        return await super().create_if_absent(order)
+        return await super().create_if_absent(order, key)
 
     async def get(self, order_id):
         self.requests.append("order_read")
@@ -480,8 +480,8 @@ class CountingOrders(FakeOrders):
         return await super().discard(order_id)
 
 
-def counting_rig() -> Rig:
-    rig = Rig()
+def counting_rig(**env) -> Rig:
+    rig = Rig(**env)
     rig.store, rig.orders = Cosmos(), CountingOrders()
     rig.handler._store, rig.handler._orders = rig.store, rig.orders
     rig.handler._backlog = BacklogReader(
@@ -490,12 +490,15 @@ def counting_rig() -> Rig:
     return rig
 
 
-async def test_a_new_order_costs_two_creates_and_one_conditional_replace():
-    rig = counting_rig()
+@pytest.mark.parametrize("legacy", ["true", "false"])
+async def test_a_new_order_costs_two_creates_and_one_conditional_replace(legacy):
+    rig = counting_rig(LEGACY_ORDER_KEYS=legacy)
     await rig.submit()
     assert rig.orders.requests == ["order_create"]
-    # no read before the creates, no read+replace for ReceivedSent
-    assert rig.store.requests == ["create", "replace"]
+    # No read+replace for ReceivedSent. The one read before the creates looks
+    # for a record under the bare OrderID (written before keys named the
+    # application), and only while LEGACY_ORDER_KEYS is on (ADR 017e).
+    assert rig.store.requests == (["read"] if legacy == "true" else []) + ["create", "replace"]
 
 
 async def test_received_sent_after_a_concurrent_write_falls_back_to_a_guarded_update():
@@ -512,7 +515,7 @@ async def test_received_sent_after_a_concurrent_write_falls_back_to_a_guarded_up
 
     rig.store.replace = someone_wrote_first
     assert (await rig.submit()).kind is SettleKind.COMPLETE
-    assert (await rig.store.read("ORD-1"))[0].ReceivedSent
+    assert (await rig.store.read("webshop:ORD-1"))[0].ReceivedSent
     assert rig.statuses() == ["Received"]
 
 
@@ -524,8 +527,8 @@ async def test_a_rejected_order_resent_after_the_backlog_fell_leaves_no_order_be
     rig.orders.requests.clear()
     assert (await rig.submit()).kind is SettleKind.COMPLETE
     assert rig.orders.requests == ["order_create", "order_delete"]
-    assert "ORD-1" not in rig.orders.orders
-    assert (await rig.store.read("ORD-1"))[0].ProcessState is ProcessState.REJECTED
+    assert "webshop:ORD-1" not in rig.orders.orders
+    assert (await rig.store.read("webshop:ORD-1"))[0].ProcessState is ProcessState.REJECTED
 
 
 class FastStart:
@@ -553,7 +556,7 @@ async def test_the_fast_path_starts_the_order_with_the_etag_of_the_last_write(mo
     rig.client = client = object()
     assert (await rig.submit()).kind is SettleKind.COMPLETE
     # Received is sent first; the claim marks it sent in the same write (one replace, not two)
-    assert fast.calls == [(client, "ORD-1", False, "ORD-1", NOW)]
+    assert fast.calls == [(client, "webshop:ORD-1", False, "ORD-1", NOW)]
     assert rig.statuses() == ["Received"]
     assert rig.actions.calls == [("complete",)]  # settled after the start
 
@@ -566,12 +569,12 @@ async def test_when_the_fast_path_does_not_claim_submit_marks_received_itself(mo
     monkeypatch.setattr(orchestrators.starter, "start_submitted", fast)
     rig.client = client = object()
     assert (await rig.submit()).kind is SettleKind.COMPLETE
-    record, _ = await rig.store.read("ORD-1")
+    record, _ = await rig.store.read("webshop:ORD-1")
     assert record.ReceivedSent is not None
     # tried once with the mark, once more after marking (the timer Starter is the safety net)
     assert fast.calls == [
-        (client, "ORD-1", False, "ORD-1", NOW),
-        (client, "ORD-1", True, "ORD-1", None),
+        (client, "webshop:ORD-1", False, "ORD-1", NOW),
+        (client, "webshop:ORD-1", True, "ORD-1", None),
     ]
 
 
@@ -596,8 +599,8 @@ async def test_a_different_order_reusing_a_rejected_orders_id_is_a_conflict_and_
     outcome = await rig.submit(Currency="USD")
     assert outcome.kind is SettleKind.DEAD_LETTER
     assert outcome.reason == "OrderConflict"
-    assert "ORD-1" not in rig.orders.orders
-    assert (await rig.store.read("ORD-1"))[0].ProcessState is ProcessState.REJECTED
+    assert "webshop:ORD-1" not in rig.orders.orders
+    assert (await rig.store.read("webshop:ORD-1"))[0].ProcessState is ProcessState.REJECTED
 
 
 async def test_an_order_written_by_a_delivery_that_died_is_taken_back_when_the_next_is_rejected(
@@ -610,10 +613,10 @@ async def test_an_order_written_by_a_delivery_that_died_is_taken_back_when_the_n
     from domain.models import OrderSubmitted
 
     await rig.orders.create_if_absent(OrderSubmitted.model_validate(order_payload()))
-    assert "ORD-1" in rig.orders.orders
+    assert "webshop:ORD-1" in rig.orders.orders
     assert not rig.store.docs
     await rig.store.write_backlog_gauge(3, NOW)
     assert (await rig.submit()).kind is SettleKind.COMPLETE
     assert rig.statuses() == ["Rejected"]
-    assert (await rig.store.read("ORD-1"))[0].ProcessState is ProcessState.REJECTED
-    assert "ORD-1" not in rig.orders.orders
+    assert (await rig.store.read("webshop:ORD-1"))[0].ProcessState is ProcessState.REJECTED
+    assert "webshop:ORD-1" not in rig.orders.orders
