@@ -157,3 +157,17 @@ def status_message_id(key: str, status: str, qualifier: str = "") -> str:
     application's own, and a record keyed either way sends the same ids."""
     tail = f"/{qualifier}" if qualifier else ""
     return f"{client_order_id(key)}/status/{status}{tail}"
+
+
+def outbox_alert_message_id(key: str, status_id: str) -> str:
+    """The alert that rides with a terminal status in the outbox: one id per
+    (order, status id), on the alerts queue that every application's orders
+    share, so named by the order key (a status id names only the client's
+    OrderID: two applications' failures of one OrderID must be two alerts).
+    For a bare-OrderID key it is the id such alerts always had."""
+    _, sep, rest = status_id.partition("/status/")
+    source = f"{key}/status/{rest}" if sep and not is_legacy_key(key) else status_id
+    message_id = f"alert/{source}"
+    if len(message_id) > MAX_MESSAGE_ID:
+        message_id = "alert/" + hashlib.sha256(source.encode()).hexdigest()[:64]
+    return message_id

@@ -5,7 +5,6 @@ outbox that makes terminal statuses survive a failed send
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import logging
 from datetime import datetime
 
@@ -16,7 +15,7 @@ from adapters.servicebus import ALERTS_QUEUE
 from domain import state_machine as sm
 from domain.codec import encode
 from domain.errors import NotFoundError, StaleError
-from domain.ids import client_order_id, status_message_id
+from domain.ids import client_order_id, outbox_alert_message_id, status_message_id
 from domain.models import OperatorAlert, OrderState, PendingStatus, StatusKind, StatusUpdate
 
 log = logging.getLogger(__name__)
@@ -162,10 +161,9 @@ class StatusOutbox:
                 "custom_dimensions": {"AlertKind": kind},
             },
         )
-        message_id = f"alert/{pending.MessageId}"
-        if len(message_id) > 128:  # Service Bus's limit on a message id
-            message_id = "alert/" + hashlib.sha256(pending.MessageId.encode()).hexdigest()[:64]
-        await self._reporter.send_alert(alert, message_id)
+        await self._reporter.send_alert(
+            alert, outbox_alert_message_id(record.id, pending.MessageId)
+        )
 
     async def deliver_order(self, order_id: str) -> bool:
         try:

@@ -36,7 +36,7 @@ from adapters.cosmos_client import RequestCharges
 from adapters.orders_db import CosmosOrdersRepository
 from adapters.ports import ANY_OWNER, NoIndex
 from adapters.recovery_index import MAX_BUCKETS_PER_PAGE, CosmosRecoveryIndex
-from adapters.settings import CosmosAccount, ServiceBusAccess, Settings
+from adapters.settings import CosmosAccount, ServiceBusAccess, Settings, ingress_queues
 from adapters.settlement import BackoffPolicy, MessageGate
 from adapters.state_store import CosmosStateStore
 from agents.agent import Agent, AgentPolicy
@@ -48,7 +48,7 @@ from devstack.host.invoke import call_function
 from devstack.remote_service.ledger import Ledger
 from domain import state_machine as sm
 from domain.errors import DomainError
-from domain.ids import reply_event_name
+from domain.ids import order_key, reply_event_name
 from domain.steps import STEP_NAMES
 from orchestrators.reply_bridge import on_reply_message
 from orchestrators.starter import Starter
@@ -71,9 +71,14 @@ _history_event = importlib.import_module("azure.durable_functions.models.history
 _alerts_module = importlib.import_module("reporting.alerts")
 _settlement_module = importlib.import_module("adapters.settlement")
 
-APP = "webshop"
-REPLY_QUEUE = "replies-webshop"
-INGRESS = "orders-webshop"  # the webshop's own ingress queue: Submit takes the AppId from it
+# The client applications, as the registry the app reads names them
+# (REPLY_QUEUE_REGISTRY; each ingress queue is the one adapters.settings
+# derives from it). Two, sending colliding OrderIDs: an OrderID is unique per
+# application only (docs/adr/017e-order-keys.md).
+REGISTRY = {"webshop": "replies-webshop", "partner-portal": "replies-partner-portal"}
+INGRESS_OF = ingress_queues({"REPLY_QUEUE_REGISTRY": json.dumps(REGISTRY)})
+APP_OF_INGRESS = {queue: app for app, queue in INGRESS_OF.items()}
+APPS = tuple(sorted(REGISTRY))
 STARTER_PERIOD = 10.0
 SUPERVISOR_PERIOD = 10.0
 SLACK = timedelta(seconds=5)
@@ -321,7 +326,9 @@ def _patched(sim: Simulation):
         return sim.new_supervisor()
 
     async def message_gate(queue: str):
-        consumer = {INGRESS: "submit", "agent-responses": "bridge"}.get(queue, queue)
+        consumer = (
+            "submit" if queue in APP_OF_INGRESS else {"agent-responses": "bridge"}.get(queue, queue)
+        )
         return MessageGate(
             queue,
             Alerts(sim.publisher),
@@ -409,14 +416,15 @@ class Simulation:
             state_account=account,
             orders_account=account,
             servicebus=ServiceBusAccess(connection_string="sim"),
-            reply_queues={APP: REPLY_QUEUE},
+            reply_queues=dict(REGISTRY),
+            ingress_queues=dict(INGRESS_OF),
             pending_backlog_limit=self.o.backlog_limit,
             step_timeout=self.o.step_timeout,
             supervisor_page_size=self.o.page_size,
             supervisor_scan=self.o.scan,
             retry=self.o.retry,
         )
-        self.publisher = SimPublisher(w, self.bus, {REPLY_QUEUE})
+        self.publisher = SimPublisher(w, self.bus, set(REGISTRY.values()))
         self.publisher.on_sent = self._on_sent
         self.request_sender: dict[str, tuple[str, int]] = {}
         self.lost_requests: list[str] = []
@@ -424,7 +432,13 @@ class Simulation:
         self.orders_repo = CosmosOrdersRepository(self.orders_c)
         self.index = CosmosRecoveryIndex(self.index_c) if self.o.scan == "index" else NoIndex()
         rng = w.data_rng
-        self.order_ids = [f"ORD-{seed}-{i}" for i in range(self.o.orders)]
+        # Order i comes from application i % 2 with OrderID i // 2: every
+        # OrderID but the last of an odd count is used by both applications.
+        self.orders: dict[str, tuple[str, str]] = {}  # order key -> (app, OrderID)
+        for i in range(self.o.orders):
+            app, oid = APPS[i % len(APPS)], f"ORD-{seed}-{i // len(APPS)}"
+            self.orders[order_key(app, oid)] = (app, oid)
+        self.order_ids = list(self.orders)  # order keys
         declines = {}
         for oid in self.order_ids:
             if w.faults.draw(self.o.faults.decline, "decline", oid):
@@ -661,11 +675,12 @@ class Simulation:
         return name.split(":")[0].rstrip("0123456789")
 
     # --- actors
-    def _order_body(self, oid: str, total: str = "20.00") -> bytes:
+    def _order_body(self, key: str, total: str = "20.00", oid: str | None = None) -> bytes:
+        app, own = self.orders[key]
         payload = {
-            "OrderID": oid,
-            "AppId": APP,
-            "ReplyTo": REPLY_QUEUE,
+            "OrderID": oid or own,
+            "AppId": app,
+            "ReplyTo": REGISTRY[app],
             "Customer": {"CustomerId": "C-7", "Name": "Ada"},
             "Lines": [
                 {"Sku": "SKU-1", "Quantity": 2, "UnitPrice": str(int(float(total)) // 2) + ".00"}
@@ -676,20 +691,23 @@ class Simulation:
         }
         return json.dumps(payload).encode()
 
-    def _bad_message(self, oid: str) -> None:
-        """A conflicting copy of an order, a malformed body, or a body sent as
-        an AMQP value instead of data sections: each must be dead-lettered with
-        a reason and alerted, and never overwrite anything."""
+    def _bad_message(self, key: str) -> None:
+        """A conflicting copy of an order (by its own application), a
+        malformed body, or a body sent as an AMQP value instead of data
+        sections: each must be dead-lettered with a reason and alerted, and
+        never overwrite anything. Message ids: `{order key}/{kind}`."""
+        app, oid = self.orders[key]
+        queue = INGRESS_OF[app]
         kind = self.world.data_rng.choice(("conflict", "malformed", "amqp-value"))
-        self.bad[f"{oid}/{kind}"] = kind
+        self.bad[f"{key}/{kind}"] = kind
         if kind == "conflict":
-            self.bus.send(INGRESS, self._order_body(oid, "40.00"), f"{oid}/{kind}")
+            self.bus.send(queue, self._order_body(key, "40.00"), f"{key}/{kind}")
         elif kind == "malformed":
             self.bus.send(
-                INGRESS, b'{"OrderID": "' + oid.encode() + b'", "Lines": "x"', f"{oid}/{kind}"
+                queue, b'{"OrderID": "' + oid.encode() + b'", "Lines": "x"', f"{key}/{kind}"
             )
         else:
-            self.bus.send(INGRESS, json.loads(self._order_body(f"{oid}-V")), f"{oid}/{kind}")
+            self.bus.send(queue, json.loads(self._order_body(key, oid=f"{oid}-V")), f"{key}/{kind}")
 
     def _pump(self, queue: str) -> None:
         while True:
@@ -726,7 +744,9 @@ class Simulation:
             )
 
     def _consumer_name(self, queue: str) -> str:
-        return {INGRESS: "submit", "agent-requests": "agent", "agent-responses": "bridge"}[queue]
+        if queue in APP_OF_INGRESS:
+            return "submit"
+        return {"agent-requests": "agent", "agent-responses": "bridge"}[queue]
 
     async def _handle(self, d: Delivery) -> None:
         try:
@@ -740,14 +760,16 @@ class Simulation:
                 )
             elif d.queue == "agent-responses":
                 await on_reply_message(d, SimActions(d), self.durable)
-            elif d.queue == INGRESS:
+            elif d.queue in APP_OF_INGRESS:
                 # Submit's function body (submit.functions): its durable client
                 # binding cannot be passed in-process, so the use case runs with
-                # the simulation's Durable as the client (the fast path).
+                # the simulation's Durable as the client (the fast path). The
+                # application is the one whose ingress queue it came on.
                 handler = await bootstrap.submit_handler()
                 gate = await bootstrap.message_gate(d.queue)
+                app = APP_OF_INGRESS[d.queue]
                 await gate.run(
-                    d, SimActions(d), lambda body: handler.handle(body, APP, self.durable)
+                    d, SimActions(d), lambda body: handler.handle(body, app, self.durable)
                 )
             else:
                 spec = self.functions[d.queue]
@@ -848,9 +870,10 @@ class Simulation:
         for oid in self.order_ids:
             doc = self.state_c.docs.get((oid, oid))
             if doc is None:
+                app, own = self.orders[oid]
                 if any(
-                    m.message_id.endswith(oid) or oid.encode() in m.body
-                    for m in self.bus.queue(INGRESS).messages
+                    m.message_id.startswith(oid) or own.encode() in m.body
+                    for m in self.bus.queue(INGRESS_OF[app]).messages
                 ):
                     return False
                 continue
@@ -864,7 +887,7 @@ class Simulation:
         return self._quiet()
 
     def _quiet(self) -> bool:
-        for q in (INGRESS, "agent-requests", "agent-responses"):
+        for q in (*APP_OF_INGRESS, "agent-requests", "agent-responses"):
             if self.bus.queue(q).messages:
                 return False
         return not any(i.status in ("Pending", "Running") for i in self.durable.instances.values())
@@ -930,7 +953,10 @@ class Simulation:
                 "client",
                 lambda oid=oid: (
                     self.submitted.add(oid),
-                    self.bus.send(INGRESS, self._order_body(oid), oid),
+                    # The client's message id is its OrderID (docs/client-guide.md).
+                    self.bus.send(
+                        INGRESS_OF[self.orders[oid][0]], self._order_body(oid), self.orders[oid][1]
+                    ),
                 ),
             )
             if w.faults.draw(f.bad_messages, "bad_message", oid):
@@ -973,7 +999,7 @@ class Simulation:
             end,
             copies=2 if f.two_supervisors and w.faults.draw(1.0, "two_supervisors") else 1,
         )
-        consumed = (INGRESS, "agent-requests", "agent-responses")
+        consumed = (*APP_OF_INGRESS, "agent-requests", "agent-responses")
         self.bus.after_send = lambda q, when: (
             w.at(when, "pump", lambda: self._pump(q)) if q in consumed else None
         )
@@ -989,12 +1015,15 @@ class Simulation:
 
     # --- checks
     def _statuses(self) -> dict[str, list[dict]]:
+        """Statuses by order key, each read from its application's reply queue
+        (a status names the client's OrderID only: the queue names the app)."""
         out: dict[str, list[dict]] = {}
-        for m in self.bus.queue(REPLY_QUEUE).sent:
-            body = json.loads(m.body)
-            out.setdefault(body["OrderID"], []).append(
-                {"Status": body["Status"], "id": m.message_id}
-            )
+        for app, queue in REGISTRY.items():
+            for m in self.bus.queue(queue).sent:
+                body = json.loads(m.body)
+                out.setdefault(order_key(app, body["OrderID"]), []).append(
+                    {"Status": body["Status"], "id": m.message_id}
+                )
         return out
 
     def _alerted(self) -> set[str | None]:
@@ -1027,15 +1056,19 @@ class Simulation:
         # 8 liveness
         for oid, doc in docs.items():
             if doc is None:
-                dead = [m for m in self.bus.queue(INGRESS).dead if m.message_id == oid]
+                ingress = self.bus.queue(INGRESS_OF[self.orders[oid][0]])
+                client_id = self.orders[oid][1]
+                dead = [m for m in ingress.dead if m.message_id == client_id]
                 if dead:
-                    if oid not in alerted or not statuses.get(oid):
+                    # The alert names the order by its key, or (a message the
+                    # handler could not take apart) by the OrderID it carried.
+                    if not ({oid, client_id} & alerted) or not statuses.get(oid):
                         self.fail(
                             "dead-lettered silently",
-                            f"{oid}: {dead[0].dead_letter_reason}, alert={oid in alerted}, "
+                            f"{oid}: {dead[0].dead_letter_reason}, alert={bool({oid, client_id} & alerted)}, "
                             f"statuses={[s['Status'] for s in statuses.get(oid, [])]}",
                         )
-                elif any(m.message_id == oid for m in self.bus.queue(INGRESS).sent):
+                elif any(m.message_id == client_id for m in ingress.sent):
                     self.fail(
                         "liveness", f"{oid}: submitted but no record after the bound {self.bound}"
                     )
@@ -1168,9 +1201,10 @@ class Simulation:
                     self.fail("4 dead-lettered with a reason", f"{q.name} {m.message_id}")
         for mid, kind in sorted(self.bad.items()):
             oid = mid.split("/")[0]
-            dead = [m for m in self.bus.queue(INGRESS).dead if m.message_id == mid]
+            ingress = self.bus.queue(INGRESS_OF[self.orders[oid][0]])
+            dead = [m for m in ingress.dead if m.message_id == mid]
             if not dead:
-                if any(m.message_id == mid for m in self.bus.queue(INGRESS).messages):
+                if any(m.message_id == mid for m in ingress.messages):
                     self.fail(
                         "4 bad submission dead-lettered", f"{mid} ({kind}) still on the queue"
                     )
@@ -1190,6 +1224,68 @@ class Simulation:
                 )
         for oid in self.overwritten[:1]:
             self.fail("4 nothing overwritten", f"the orders DB document of {oid} was written twice")
+        self._check_applications_apart(docs, statuses)
+
+    def _check_applications_apart(
+        self, docs: dict[str, dict | None], statuses: dict[str, list[dict]]
+    ) -> None:
+        """OrderIDs belong to their application: two applications posting one
+        OrderID get two orders, and nothing of one (record, order document,
+        status, conflict) reaches the other."""
+        for key, (app, oid) in self.orders.items():
+            doc = docs.get(key)
+            if doc is not None and (doc.get("AppId") != app or doc.get("ReplyTo") != REGISTRY[app]):
+                self.fail(
+                    "order crossed applications",
+                    f"{key}: record of {doc.get('AppId')} (reply queue {doc.get('ReplyTo')})",
+                )
+            stored = self.orders_c.docs.get((key, key))
+            if stored is not None and (stored.get("AppId"), stored.get("OrderID")) != (app, oid):
+                self.fail(
+                    "order crossed applications",
+                    f"{key}: orders DB holds {stored.get('AppId')}'s {stored.get('OrderID')}",
+                )
+            # Terminal statuses on an application's queue are those of its own
+            # record (an operator's action may add a second one).
+            if doc is None or any(o == key for o, _ in self.operator_done):
+                continue
+            want = TERMINAL_STATUS.get(doc["ProcessState"])
+            other = {
+                s["Status"]
+                for s in statuses.get(key, [])
+                if s["Status"] in TERMINAL_STATUS.values() and s["Status"] != want
+            }
+            if want and other:
+                self.fail(
+                    "status crossed applications",
+                    f"{key} is {doc['ProcessState']} but {REGISTRY[app]} got {sorted(other)}",
+                )
+        # Every status names an order its queue's application sent.
+        sent = {(app, oid) for app, oid in self.orders.values()}
+        for app, queue in REGISTRY.items():
+            for m in self.bus.queue(queue).sent:
+                own = json.loads(m.body)["OrderID"]
+                if (app, own) not in sent and not own.endswith("-V"):
+                    self.fail("status crossed applications", f"{queue} got a status of {own}")
+        # A conflict is only ever an application's own second order under one OrderID.
+        deliberate = {mid for mid, kind in self.bad.items() if kind == "conflict"}
+        for queue in APP_OF_INGRESS:
+            for m in self.bus.queue(queue).dead:
+                if m.dead_letter_reason == "OrderConflict" and m.message_id not in deliberate:
+                    self.fail(
+                        "conflict crossed applications",
+                        f"{queue} {m.message_id} dead-lettered OrderConflict: "
+                        f"{m.dead_letter_description}",
+                    )
+        for m in self.bus.queue("alerts").sent:
+            alert = json.loads(m.body)
+            if alert.get("Kind") == "OrderConflict" and not any(
+                mid.startswith(f"{alert.get('OrderID')}/") for mid in deliberate
+            ):
+                self.fail(
+                    "conflict crossed applications",
+                    f"OrderConflict alert for {alert.get('OrderID')}: {alert.get('Reason')}",
+                )
 
 
 _BOOKKEEPING = frozenset(
