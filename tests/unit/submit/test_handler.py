@@ -38,11 +38,14 @@ class Killed(BaseException):
 class FakeMessage:
     """The attributes of a received message the gate reads."""
 
-    def __init__(self, body: bytes, delivery_count=0, message_id="msg-1", properties=None):
+    def __init__(
+        self, body: bytes, delivery_count=0, message_id="msg-1", properties=None, sequence_number=7
+    ):
         self.body = iter([body])
         self.body_type = "data"
         self.delivery_count = delivery_count
         self.message_id = message_id
+        self.sequence_number = sequence_number  # the broker's, never the client's
         self.application_properties = properties
 
 
@@ -324,7 +327,8 @@ async def test_transient_store_error_schedules_a_delayed_copy_and_completes(rig)
     assert queue == "orders-webshop"
     assert json.loads(body)["OrderID"] == "ORD-1"
     assert at == NOW + timedelta(seconds=5)
-    assert message_id == "msg-1/retry-1"
+    # Named by the broker's sequence number, not by anything the client set.
+    assert message_id == "retry/seq-7/1"
     assert props == {"x-retry-count": 1, "x-original-message-id": "msg-1"}
     assert not rig.bus.sent
 
@@ -337,20 +341,23 @@ async def test_the_back_off_grows_and_then_dead_letters_with_a_reason_and_an_ale
     body = json.dumps(order_payload()).encode()
     await rig.deliver(
         body,
-        message_id="msg-1/retry-1",
+        message_id="retry/seq-7/1",
         properties={"x-retry-count": 1, "x-original-message-id": "msg-1"},
+        sequence_number=8,
     )
     [(_, _, message_id, at, props)] = rig.scheduler.scheduled
     assert at == NOW + timedelta(seconds=15)
-    assert message_id == "msg-1/retry-2"
+    assert message_id == "retry/seq-8/2"
     assert props["x-retry-count"] == 2
-    outcome = await rig.deliver(body, message_id="msg-1/retry-2", properties={b"x-retry-count": 2})
+    outcome = await rig.deliver(
+        body, message_id="retry/seq-8/2", properties={b"x-retry-count": 2}, sequence_number=9
+    )
     assert outcome.kind is SettleKind.DEAD_LETTER
     assert outcome.reason == "RetriesExhausted"
     assert "429" in outcome.description
     [alert] = rig.alert_bodies()
     assert alert["Kind"] == "RetriesExhausted"
-    assert alert["MessageId"] == "msg-1/retry-2"
+    assert alert["MessageId"] == "retry/seq-8/2"
     assert alert["OrderID"] == "ORD-1"
 
 
