@@ -19,7 +19,7 @@ REGRESSIONS = Path(__file__).with_name("regressions.json")
 
 
 def shrink(
-    result: Result, orders: int, budget: int = 40, version: str | None = None
+    result: Result, orders: int, budget: int = 40, version: str | None = None, apps: int = 2
 ) -> tuple[frozenset[int], Result]:
     """Drop faults one at a time while the same check still fails."""
     check = result.violations[0][0]
@@ -30,20 +30,27 @@ def shrink(
             break
         budget -= 1
         trial = drop | {fault.index}
-        again = run_schedule(result.seed, orders, trial, version)
+        again = run_schedule(result.seed, orders, trial, version, apps)
         if again.violations and again.violations[0][0] == check:
             drop, best = trial, again
     return drop, best
 
 
-def command(seed: int, orders: int, drop: frozenset[int], version: str | None = None) -> str:
+def command(
+    seed: int, orders: int, drop: frozenset[int], version: str | None = None, apps: int = 2
+) -> str:
     extra = f" --drop {','.join(map(str, sorted(drop)))}" if drop else ""
     extra += f" --version {version}" if version else ""
+    extra += f" --apps {apps}" if apps != 2 else ""
     return f"python -m sim --seed {seed} --orders {orders}{extra}"
 
 
 def record(
-    seed: int, orders: int, violations: list[tuple[str, str]], version: str | None = None
+    seed: int,
+    orders: int,
+    violations: list[tuple[str, str]],
+    version: str | None = None,
+    apps: int = 2,
 ) -> None:
     entries = json.loads(REGRESSIONS.read_text()) if REGRESSIONS.exists() else []
     if any(
@@ -60,6 +67,8 @@ def record(
     }
     if version:
         entry["version"] = version
+    # Entries without "apps" were recorded in the one-application world.
+    entry["apps"] = apps
     entries.append(entry)
     REGRESSIONS.write_text(json.dumps(entries, indent=1, ensure_ascii=False) + "\n")
 
@@ -83,6 +92,13 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="workflow version new attempts run (default: host.json's defaultVersion)",
     )
+    p.add_argument(
+        "--apps",
+        type=int,
+        choices=(1, 2),
+        default=2,
+        help="client applications (2: colliding OrderIDs; 1: the world of older regression seeds)",
+    )
     args = p.parse_args(argv)
 
     seeds = [args.seed] if args.seed is not None else range(args.start, args.start + args.seeds)
@@ -100,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     n = 0
     for seed in seeds:
-        result = run_schedule(seed, args.orders, drop, args.version)
+        result = run_schedule(seed, args.orders, drop, args.version, args.apps)
         n += 1
         faults.update(f.kind for f in result.faults)
         rows.update(result.rows)
@@ -122,7 +138,9 @@ def main(argv: list[str] | None = None) -> int:
         again = check in first_seed and first_seed[check] != seed
         quick = args.no_shrink or args.seed is not None or again
         shrunk, best = (
-            (drop, result) if quick else shrink(result, args.orders, version=args.version)
+            (drop, result)
+            if quick
+            else shrink(result, args.orders, version=args.version, apps=args.apps)
         )
         print("  fault trace (shrunk):" if shrunk != drop else "  fault trace:")
         kept = [f for f in best.faults]
@@ -130,9 +148,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"    {fault.line()[:160]}")
         if len(kept) > 30:
             print(f"    ... {len(kept) - 30} more")
-        print(f"  replay: {command(seed, args.orders, shrunk, args.version)}")
+        print(f"  replay: {command(seed, args.orders, shrunk, args.version, args.apps)}")
         if args.record:
-            record(seed, args.orders, result.violations, args.version)
+            record(seed, args.orders, result.violations, args.version, args.apps)
     elapsed = time.perf_counter() - started
     print(f"{n / elapsed:.1f} schedules/s ({n} in {elapsed:.1f} s)")
     print(

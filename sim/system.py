@@ -141,9 +141,12 @@ class Options:
     # The workflow version new instances run: host.json's defaultVersion
     # (None) or one named (e.g. "1.1", still registered for attempts in flight).
     version: str | None = None
+    # Client applications sending orders: 2 (colliding OrderIDs), or 1, the
+    # world regression seeds recorded before there were two replay in.
+    apps: int = 2
 
 
-def options_for(seed: int, orders: int, version: str | None = None) -> Options:
+def options_for(seed: int, orders: int, version: str | None = None, apps: int = 2) -> Options:
     """Everything about a schedule, drawn from its seed."""
     rng = random.Random(f"options/{seed}")
     quiet = rng.random() < 0.15
@@ -179,6 +182,7 @@ def options_for(seed: int, orders: int, version: str | None = None) -> Options:
         backlog_limit=rng.choice((5000, 5000, 5000, 0)),
         faults=f,
         version=version,
+        apps=apps,
     )
 
 
@@ -390,9 +394,10 @@ class Simulation:
         drop: frozenset[int] = frozenset(),
         options: Options | None = None,
         version: str | None = None,
+        apps: int = 2,
     ) -> None:
         self.seed = seed
-        self.o = options or options_for(seed, orders, version)
+        self.o = options or options_for(seed, orders, version, apps)
         self.world = World(seed, self.o.faults, drop)
         w = self.world
         self.bus = Bus(w)
@@ -423,6 +428,10 @@ class Simulation:
             supervisor_page_size=self.o.page_size,
             supervisor_scan=self.o.scan,
             retry=self.o.retry,
+            # Submit's look-up of a record keyed by the bare OrderID (ADR
+            # 017e) in the two-application world; the one-application world
+            # is a deployment with no such records, the lookup off.
+            legacy_order_keys=self.o.apps > 1,
         )
         self.publisher = SimPublisher(w, self.bus, set(REGISTRY.values()))
         self.publisher.on_sent = self._on_sent
@@ -432,11 +441,13 @@ class Simulation:
         self.orders_repo = CosmosOrdersRepository(self.orders_c)
         self.index = CosmosRecoveryIndex(self.index_c) if self.o.scan == "index" else NoIndex()
         rng = w.data_rng
-        # Order i comes from application i % 2 with OrderID i // 2: every
-        # OrderID but the last of an odd count is used by both applications.
+        # With two applications, order i comes from application i % 2 with
+        # OrderID i // 2: every OrderID but the last of an odd count is used by
+        # both. With one, every order is the webshop's.
         self.orders: dict[str, tuple[str, str]] = {}  # order key -> (app, OrderID)
+        apps = APPS if self.o.apps > 1 else ("webshop",)
         for i in range(self.o.orders):
-            app, oid = APPS[i % len(APPS)], f"ORD-{seed}-{i // len(APPS)}"
+            app, oid = apps[i % len(apps)], f"ORD-{seed}-{i // len(apps)}"
             self.orders[order_key(app, oid)] = (app, oid)
         self.order_ids = list(self.orders)  # order keys
         declines = {}
@@ -1267,21 +1278,24 @@ class Simulation:
                 own = json.loads(m.body)["OrderID"]
                 if (app, own) not in sent and not own.endswith("-V"):
                     self.fail("status crossed applications", f"{queue} got a status of {own}")
-        # A conflict is only ever an application's own second order under one OrderID.
-        deliberate = {mid for mid, kind in self.bad.items() if kind == "conflict"}
-        for queue in APP_OF_INGRESS:
+        # A conflict is only ever an application's own second order under one
+        # OrderID: the orders whose application also sent a conflicting copy
+        # (either of the two may be the one refused, whichever came second).
+        deliberate = {mid.split("/")[0] for mid, kind in self.bad.items() if kind == "conflict"}
+        for queue, app in APP_OF_INGRESS.items():
             for m in self.bus.queue(queue).dead:
-                if m.dead_letter_reason == "OrderConflict" and m.message_id not in deliberate:
+                if m.dead_letter_reason != "OrderConflict":
+                    continue
+                key = order_key(app, json.loads(m.body)["OrderID"])
+                if key not in deliberate:
                     self.fail(
                         "conflict crossed applications",
-                        f"{queue} {m.message_id} dead-lettered OrderConflict: "
+                        f"{queue} {m.message_id} ({key}) dead-lettered OrderConflict: "
                         f"{m.dead_letter_description}",
                     )
         for m in self.bus.queue("alerts").sent:
             alert = json.loads(m.body)
-            if alert.get("Kind") == "OrderConflict" and not any(
-                mid.startswith(f"{alert.get('OrderID')}/") for mid in deliberate
-            ):
+            if alert.get("Kind") == "OrderConflict" and alert.get("OrderID") not in deliberate:
                 self.fail(
                     "conflict crossed applications",
                     f"OrderConflict alert for {alert.get('OrderID')}: {alert.get('Reason')}",
@@ -1333,11 +1347,15 @@ class Result:
 
 
 def run_schedule(
-    seed: int, orders: int = 3, drop: frozenset[int] = frozenset(), version: str | None = None
+    seed: int,
+    orders: int = 3,
+    drop: frozenset[int] = frozenset(),
+    version: str | None = None,
+    apps: int = 2,
 ) -> Result:
     logging.disable(logging.CRITICAL)
     warnings.filterwarnings("ignore", message="Potential duplicate Task completion")
-    sim = Simulation(seed, orders, drop, version=version)
+    sim = Simulation(seed, orders, drop, version=version, apps=apps)
     loop = asyncio.new_event_loop()
     try:
         loop.run_until_complete(sim.run())
