@@ -8,7 +8,7 @@ import pytest
 from azure.servicebus import ServiceBusMessage
 
 from domain.codec import encode
-from domain.ids import reply_event_name
+from domain.ids import order_key, reply_event_name
 from domain.models import AgentReply, ProcessState, ReplyOutcome, StepStatus
 from tests.e2e.conftest import E2E
 
@@ -72,7 +72,11 @@ async def test_agent_loses_the_answer_after_the_side_effect(stack):
         records = await e2e.wait_terminal({oid})
         assert records[oid].ProcessState is ProcessState.PROCESSED
         assert await e2e.check({oid}) == []
-        effects = [r for r in e2e.observed.side_effects["effects"] if r["order_id"] == oid]
+        effects = [
+            r
+            for r in e2e.observed.side_effects["effects"]
+            if r["order_id"] == order_key("webshop", oid)
+        ]
         assert {(r["step"], r["count"]) for r in effects} == {
             ("reserve-inventory", 1),
             ("charge-payment", 1),
@@ -143,5 +147,9 @@ async def test_late_reply_from_attempt_one_changes_nothing(stack):
         assert record.Steps["reserve-inventory"].Reference != "from-attempt-1"
         assert await e2e.check({oid}) == []
         assert f"late reply for {oid}:1" in e2e.host_log()
-        effects = [r for r in e2e.observed.side_effects["effects"] if r["order_id"] == oid]
+        effects = [
+            r
+            for r in e2e.observed.side_effects["effects"]
+            if r["order_id"] == order_key("webshop", oid)
+        ]
         assert ("reserve-inventory", 1) in {(r["step"], r["count"]) for r in effects}

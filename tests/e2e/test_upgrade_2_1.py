@@ -71,7 +71,7 @@ async def test_a_compensation_in_flight_on_2_0_finishes_on_2_0_after_the_upgrade
         assert records[new.OrderID].ProcessState is ProcessState.PROCESSED
         # The attempt in flight finished the compensation: no second attempt.
         assert records[old.OrderID].Attempt == 1
-        assert records[old.OrderID].History[-1].By == f"{old.OrderID}:1"
+        assert records[old.OrderID].History[-1].By == f"{records[old.OrderID].id}:1"
         assert await e2e.check(ids) == []
         assert e2e.observed.replies[old.OrderID][-1] == "Compensated"
         assert e2e.observed.replies[new.OrderID] == ["Received", "Processed"]

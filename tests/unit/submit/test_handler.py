@@ -627,3 +627,105 @@ async def test_an_order_written_by_a_delivery_that_died_is_taken_back_when_the_n
     assert rig.statuses() == ["Rejected"]
     assert (await rig.store.read("webshop:ORD-1"))[0].ProcessState is ProcessState.REJECTED
     assert "webshop:ORD-1" not in rig.orders.orders
+
+
+# --- OrderIDs belong to their application (ADR 017e) ------------------------------------
+
+
+def _partner(**overrides):
+    return {"AppId": "partner", "ReplyTo": "replies-partner", **overrides}
+
+
+async def test_two_applications_may_use_one_order_id(rig):
+    """Each is accepted as its own order, whichever comes first: no conflict,
+    each hears only of its own order, and nothing of the other's shows."""
+    assert (await rig.submit()).kind is SettleKind.COMPLETE
+    rig.app_id = "partner"
+    # Different content under the same OrderID: another application's own order.
+    lines = [{"Sku": "P-9", "Quantity": 1, "UnitPrice": "7.00"}]
+    outcome = await rig.submit(**_partner(Lines=lines, Total="7.00"))
+    assert outcome.kind is SettleKind.COMPLETE
+    assert rig.actions.calls == [("complete",), ("complete",)]
+    webshop, _ = await rig.store.read("webshop:ORD-1")
+    partner, _ = await rig.store.read("partner:ORD-1")
+    assert (webshop.AppId, webshop.ReplyTo) == ("webshop", "replies-webshop")
+    assert (partner.AppId, partner.ReplyTo) == ("partner", "replies-partner")
+    assert webshop.OrderDigest != partner.OrderDigest
+    assert set(rig.orders.orders) == {"webshop:ORD-1", "partner:ORD-1"}
+    assert rig.orders.orders["partner:ORD-1"].Total == 7
+    assert rig.statuses("replies-webshop") == ["Received"]
+    assert rig.statuses("replies-partner") == ["Received"]
+    # The client's own OrderID on each status, never the key.
+    for queue in ("replies-webshop", "replies-partner"):
+        assert [json.loads(b)["OrderID"] for b in rig.bus.to(queue)] == ["ORD-1"]
+    assert rig.alert_bodies() == []
+
+
+async def test_an_application_reusing_its_own_order_id_is_still_a_conflict(rig):
+    await rig.submit()
+    rig.app_id = "partner"
+    await rig.submit(**_partner())
+    rig.app_id = "webshop"
+    outcome = await rig.submit(
+        Total="30.50", Lines=[{"Sku": "X", "Quantity": 1, "UnitPrice": "30.50"}]
+    )
+    assert outcome.kind is SettleKind.DEAD_LETTER
+    assert outcome.reason == "OrderConflict"
+    assert outcome.order_id == "webshop:ORD-1"
+    assert "of webshop" in outcome.description
+    [alert] = rig.alert_bodies()
+    assert (alert["Kind"], alert["OrderID"]) == ("OrderConflict", "webshop:ORD-1")
+
+
+async def test_a_record_of_the_previous_version_is_still_its_orders(rig):
+    """A record keyed by the bare OrderID (written before keys named the
+    application) is found by its own application: a redelivery or a resend
+    goes on with it, and no second record is made."""
+    from domain import state_machine as sm
+    from domain.models import OrderSubmitted
+
+    order = OrderSubmitted.model_validate(order_payload())
+    await rig.orders.create_if_absent(order, "ORD-1")
+    await rig.store.create_if_absent(sm.new_record(order, NOW, STEPS, key="ORD-1"))
+    assert (await rig.submit()).kind is SettleKind.COMPLETE
+    assert set(rig.store.docs) == {"ORD-1"}
+    assert set(rig.orders.orders) == {"ORD-1"}
+    assert (await rig.store.read("ORD-1"))[0].ReceivedSent
+    assert rig.statuses() == ["Received"]
+    # ...and a different order under it is this application's conflict.
+    outcome = await rig.submit(
+        Total="30.50", Lines=[{"Sku": "X", "Quantity": 1, "UnitPrice": "30.50"}]
+    )
+    assert outcome.reason == "OrderConflict"
+
+
+async def test_a_record_of_the_previous_version_of_another_application_is_not_seen(rig):
+    from domain import state_machine as sm
+    from domain.models import OrderSubmitted
+
+    theirs = OrderSubmitted.model_validate(
+        order_payload(
+            **_partner(Total="7.00", Lines=[{"Sku": "P", "Quantity": 1, "UnitPrice": "7.00"}])
+        )
+    )
+    await rig.orders.create_if_absent(theirs, "ORD-1")
+    await rig.store.create_if_absent(sm.new_record(theirs, NOW, STEPS, key="ORD-1"))
+    before = rig.store.docs["ORD-1"]
+    assert (await rig.submit()).kind is SettleKind.COMPLETE
+    assert set(rig.store.docs) == {"ORD-1", "webshop:ORD-1"}
+    assert rig.store.docs["ORD-1"] == before  # the partner's order is untouched
+    assert (await rig.store.read("webshop:ORD-1"))[0].AppId == "webshop"
+    assert rig.statuses() == ["Received"]
+    assert rig.statuses("replies-partner") == []
+    assert rig.alert_bodies() == []
+
+
+async def test_with_legacy_keys_off_a_bare_key_record_is_not_looked_for():
+    from domain import state_machine as sm
+    from domain.models import OrderSubmitted
+
+    rig = Rig(LEGACY_ORDER_KEYS="false")
+    order = OrderSubmitted.model_validate(order_payload())
+    await rig.store.create_if_absent(sm.new_record(order, NOW, STEPS, key="ORD-1"))
+    assert (await rig.submit()).kind is SettleKind.COMPLETE
+    assert set(rig.store.docs) == {"ORD-1", "webshop:ORD-1"}
