@@ -1322,7 +1322,8 @@ class Simulation:
             for m in self.bus.queue(queue).dead:
                 if m.dead_letter_reason != "OrderConflict":
                     continue
-                key = order_key(app, json.loads(m.body)["OrderID"])
+                own = json.loads(m.body)["OrderID"]
+                key = self.key_of.get((app, own), order_key(app, own))
                 if key not in deliberate:
                     self.fail(
                         "conflict crossed applications",
