@@ -76,7 +76,7 @@ async def test_undo_that_fails_for_good_alerts_and_an_operator_retries_it(stack)
         async with e2e.http.delete(f"{e2e.remote}/_admin/faults"):
             pass
         await e2e.store.update(
-            oid, lambda r: sm.request_compensation(r, datetime.now(UTC)), ANY_OWNER
+            record.id, lambda r: sm.request_compensation(r, datetime.now(UTC)), ANY_OWNER
         )
         records = await e2e.wait_for(
             lambda rs: rs[oid].ProcessState is ProcessState.COMPENSATED,

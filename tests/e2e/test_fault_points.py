@@ -128,25 +128,26 @@ async def test_late_reply_from_attempt_one_changes_nothing(stack):
             lambda rs: oid in rs and rs[oid].Attempt >= 2, timeout=90, what="attempt 2"
         )
         # now attempt 1's reply turns up, claiming success
+        key = order_key("webshop", oid)
         late = AgentReply(
-            InstanceId=f"{oid}:1",
-            OrderID=oid,
+            InstanceId=f"{key}:1",
+            OrderID=key,
             Step="reserve-inventory",
             Attempt=1,
             EventName=reply_event_name("reserve-inventory", 1),
-            EventId=f"{oid}:1/late",
+            EventId=f"{key}:1/late",
             Outcome=ReplyOutcome.OK,
             Result={"Reference": "from-attempt-1"},
         )
         async with e2e.bus.get_queue_sender("agent-responses") as sender:
-            await sender.send_messages(ServiceBusMessage(encode(late), message_id=f"{oid}:1/late"))
+            await sender.send_messages(ServiceBusMessage(encode(late), message_id=f"{key}:1/late"))
         records = await e2e.wait_terminal({oid}, timeout=200)
         record = records[oid]
         assert record.ProcessState is ProcessState.PROCESSED
         assert record.Attempt >= 2
         assert record.Steps["reserve-inventory"].Reference != "from-attempt-1"
         assert await e2e.check({oid}) == []
-        assert f"late reply for {oid}:1" in e2e.host_log()
+        assert f"late reply for {key}:1" in e2e.host_log()
         effects = [
             r
             for r in e2e.observed.side_effects["effects"]
