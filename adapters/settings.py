@@ -16,6 +16,7 @@ from datetime import timedelta
 from functools import lru_cache
 from typing import Any, TypeVar
 
+from domain.ids import app_tag
 from domain.signing import BadKey, KeyRing, SchedulerKeys, parse_keys
 from domain.state_machine import RetryPolicy
 
@@ -146,6 +147,11 @@ class Settings:
             agents=require_keys(self.agent_keys, AGENT_SIGNING_KEYS),
         )
 
+    # Submit also looks an order up under its bare OrderID, the key records had
+    # before keys named the application (LEGACY_ORDER_KEYS; one point read per
+    # order): off once no such record is left (docs/adr/017e-order-keys.md).
+    legacy_order_keys: bool = True
+
 
 def int_setting(env: Mapping[str, str], name: str, default: int, minimum: int = 0) -> int:
     """A whole-number setting, `default` when unset or empty; anything else
@@ -248,7 +254,35 @@ def _registry(env: Mapping[str, str]) -> dict[str, Any]:
             or set(entry) - {"queue", "progress"}
         ):
             raise SettingsError(f"{shape} (entry {app!r})")
+    _check_apps_apart(registry)
     return registry
+
+
+def _check_apps_apart(registry: Mapping[str, Any]) -> None:
+    """Applications may use the same OrderIDs (docs/adr/017e-order-keys.md), so
+    nothing of one may be another's: each needs a valid AppId with its own
+    order-key tag, and its own reply queue (status message ids are named by
+    the OrderID, and a reply queue is read by its application alone)."""
+    tags: dict[str, str] = {}
+    queues: dict[str, str] = {}
+    for app, entry in registry.items():
+        try:
+            tag = app_tag(app)
+        except ValueError as exc:
+            raise SettingsError(f"setting REPLY_QUEUE_REGISTRY: {exc}") from None
+        if tag in tags:
+            raise SettingsError(
+                f"setting REPLY_QUEUE_REGISTRY: applications {tags[tag]!r} and {app!r} "
+                f"share the order-key tag {tag!r}; rename one"
+            )
+        tags[tag] = app
+        queue = entry if isinstance(entry, str) else entry["queue"]
+        if queue in queues:
+            raise SettingsError(
+                f"setting REPLY_QUEUE_REGISTRY: applications {queues[queue]!r} and {app!r} "
+                f"share the reply queue {queue!r}; each application needs its own"
+            )
+        queues[queue] = app
 
 
 def _reply_queues(env: Mapping[str, str]) -> dict[str, str]:
@@ -344,6 +378,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         create_containers=_bool(env, "COSMOS_CREATE_CONTAINERS", False),
         agent_keys=key_ring(env, AGENT_SIGNING_KEYS),
         reply_token_keys=key_ring(env, REPLY_TOKEN_KEYS),
+        legacy_order_keys=_bool(env, "LEGACY_ORDER_KEYS", True),
     )
 
 

@@ -33,8 +33,11 @@ INVALID_MESSAGE = "InvalidMessage"
 PROCESSING_FAILED = "ProcessingFailed"
 RETRIES_EXHAUSTED = "RetriesExhausted"
 
-# Application property on a rescheduled copy: how many back-off retries came
-# before it. Set only by us; a client that sets it only shortens its own budget.
+# Application properties on a rescheduled copy: how many back-off retries came
+# before it, and the id of the message the chain began with (for operators to
+# follow it). A client can set either on its own messages, so neither names
+# anything: a client that sets the count only shortens its own budget. Copies
+# and alerts are named by the broker's sequence number (`_retry_message_id`).
 RETRY_PROPERTY = "x-retry-count"
 ORIGINAL_ID_PROPERTY = "x-original-message-id"
 
@@ -169,13 +172,25 @@ def message_label(message: Any) -> str:
     return f"sequence-number:{getattr(message, 'sequence_number', '?')}"
 
 
-def _retry_message_id(message: Any, attempt: int) -> str:
-    original = _prop(message, ORIGINAL_ID_PROPERTY)
-    base = original.decode() if isinstance(original, bytes) else original or message_label(message)
-    mid = f"{base}/retry-{attempt}"
-    if len(mid) > MAX_MESSAGE_ID:
-        mid = f"retry-{attempt}-" + hashlib.sha256(str(base).encode()).hexdigest()[:48]
-    return mid
+def _broker_name(message: Any, body: bytes | None) -> str:
+    """What names `message` for our own ids: its sequence number, which the
+    broker assigns (unique in its queue, the same on every redelivery), never
+    an id or property the sender chose: two messages a client gave the same
+    id or properties still get two names. Without one (a message no broker
+    delivered), a digest of its id and body."""
+    seq = getattr(message, "sequence_number", None)
+    if type(seq) is int and seq >= 0:
+        return f"seq-{seq}"
+    digest = hashlib.sha256(message_label(message).encode("utf-8", "surrogatepass"))
+    digest.update(body or b"")
+    return f"sha-{digest.hexdigest()[:48]}"
+
+
+def _retry_message_id(message: Any, attempt: int, body: bytes | None = None) -> str:
+    """The back-off copy of `message`: one per received message and retry,
+    so the queue's duplicate detection drops only a second copy of the same
+    message (a redelivery scheduling again), never another order's."""
+    return f"retry/{_broker_name(message, body)}/{attempt}"
 
 
 # --- the gate ------------------------------------------------------------------------
@@ -275,7 +290,6 @@ class MessageGate:
     async def alert(self, message: Any, outcome: Settle) -> None:
         # The description as dead-lettered (ASCII), so the two match exactly.
         reason = outcome.reason or PROCESSING_FAILED
-        original = str(_prop(message, ORIGINAL_ID_PROPERTY) or message_label(message))
         await self._alerts.raise_alert(
             reason,
             outcome.description or "",
@@ -283,7 +297,7 @@ class MessageGate:
             outcome.order_id,
             message_id=message_label(message),
             queue=self.queue,
-            alert_id=_alert_id(self.queue, original, reason),
+            alert_id=_alert_id(self.queue, _alert_source(message), reason),
             required=True,
         )
 
@@ -302,7 +316,7 @@ class MessageGate:
                 await self._scheduler.schedule(
                     self.queue,
                     body,
-                    _retry_message_id(message, done + 1),
+                    _retry_message_id(message, done + 1, body),
                     enqueue_at,
                     {
                         RETRY_PROPERTY: done + 1,
@@ -331,6 +345,14 @@ class MessageGate:
                 outcome.order_id,
             )
         return Settle.abandon(outcome.description or "", outcome.order_id)
+
+
+def _alert_source(message: Any) -> str:
+    """What an alert about `message` is named by: its sequence number (a
+    redelivery alerts under the same id, another message never does), or,
+    from a message no broker numbered, its id."""
+    seq = getattr(message, "sequence_number", None)
+    return f"seq-{seq}" if type(seq) is int and seq >= 0 else message_label(message)
 
 
 def _alert_id(queue: str, original_id: str, reason: str) -> str:

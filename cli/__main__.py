@@ -44,8 +44,8 @@ from cli import orders as order_source
 from cli import render
 from cli.config import tool_settings
 from domain import state_machine as sm
-from domain.boundary import check_order_id
 from domain.codec import encode
+from domain.ids import check_order_key
 from domain.models import OrderState, ProcessState
 
 app = typer.Typer(
@@ -224,8 +224,9 @@ def watch(
 
 
 def _order_id(order_id: str) -> str:
+    """An order key: `{app}:{OrderID}` (or a bare OrderID written before keys named the application)."""
     try:
-        return check_order_id(order_id)
+        return check_order_key(order_id)
     except ValueError as exc:
         raise ToolError(str(exc)) from None
 

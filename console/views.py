@@ -25,7 +25,7 @@ from console.peek import QueuePeeker
 from console.security import Forbidden, in_azure, record_version, redact
 from domain import state_machine as sm
 from domain.errors import DomainError, NotFoundError
-from domain.ids import attempt_instance_id, check_order_id
+from domain.ids import attempt_instance_id, check_order_key
 from domain.models import OrderState, ProcessState
 
 log = logging.getLogger(__name__)
@@ -305,8 +305,9 @@ async def stuck(deps: Deps, page: str | None) -> dict[str, Any]:
 
 
 def valid_order_id(order_id: str) -> bool:
+    """An order key (`{app}:{OrderID}`, or a record's bare OrderID from before keys named the application)."""
     try:
-        check_order_id(order_id)
+        check_order_key(order_id)
         return True
     except ValueError:
         return False
@@ -384,7 +385,7 @@ async def status_messages(deps: Deps, record: OrderState) -> dict[str, Any]:
     if deps.azure:
         return {"queue": record.ReplyTo, "messages": [], "error": None, "local_only": False}
     peeked = await peek(deps, record.ReplyTo, limit=STATUS_PEEK_LIMIT, body_limit=600)
-    mine = [m for m in peeked["messages"] if m["properties"].get("OrderID") == record.id]
+    mine = [m for m in peeked["messages"] if m["properties"].get("OrderID") == record.order_id]
     return {"queue": record.ReplyTo, "messages": mine, "error": peeked["error"], "local_only": True}
 
 

@@ -38,12 +38,16 @@ class Observed:
     supervisor_reads: list[int] = field(default_factory=list)
 
 
-async def records_with_prefix(store: CosmosStateStore, prefix: str) -> dict[str, OrderState]:
+async def records_with_prefix(
+    store: CosmosStateStore, prefix: str, app: str = "webshop"
+) -> dict[str, OrderState]:
+    """`app`'s records whose OrderID starts with `prefix`, by OrderID (the
+    client's: its own ids, whatever another application uses)."""
     out = {}
     for state in ProcessState:
         for record in await store.query_in_state(state, 10_000):
-            if record.id.startswith(prefix):
-                out[record.id] = record
+            if record.AppId == app and record.order_id.startswith(prefix):
+                out[record.order_id] = record
     return out
 
 
@@ -71,8 +75,9 @@ async def observe(
     log_dir: Path,
     reply_queue: str = "replies-webshop",
     ingress_queue: str = INGRESS_QUEUE,
+    app: str = "webshop",
 ) -> Observed:
-    observed = Observed(records=await records_with_prefix(store, prefix))
+    observed = Observed(records=await records_with_prefix(store, prefix, app))
     for message in await drain(bus, reply_queue):
         update = json.loads(b"".join(message.body))
         observed.replies.setdefault(update["OrderID"], []).append(update["Status"])
@@ -85,7 +90,10 @@ async def observe(
         http.get(f"{remote_url}/_admin/side-effects") as response,
     ):
         effects = await response.json()
-    effects["duplicates"] = [r for r in effects["duplicates"] if r["order_id"].startswith(prefix)]
+    # The service names an order by its key's order part (`{app}:{OrderID}`).
+    effects["duplicates"] = [
+        r for r in effects["duplicates"] if r["order_id"].rpartition(":")[2].startswith(prefix)
+    ]
     observed.side_effects = effects
     log = "".join(p.read_text(errors="replace") for p in log_dir.glob("host*.log"))
     observed.supervisor_reads = [int(n) for n in re.findall(r"supervisor: read=(\d+)", log)]
@@ -125,7 +133,7 @@ def violations(
         attempts = [
             int(m.group(1))
             for h in record.History
-            if (m := re.fullmatch(rf"{re.escape(oid)}:(\d+)", h.By))
+            if (m := re.fullmatch(rf"{re.escape(record.id)}:(\d+)", h.By))
         ]
         if attempts != sorted(attempts):
             found.append(f"3: {oid} was written by attempts out of order: {attempts}")

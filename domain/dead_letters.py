@@ -74,9 +74,11 @@ REASONS: tuple[Explanation, ...] = (
     ),
     Explanation(
         DeadLetterReason.ORDER_CONFLICT,
-        "An order with this OrderID exists with different data; the description lists the "
-        "fields that differ. Nothing was overwritten.",
-        "A new order needs a new OrderID.",
+        "The same application sent an order with this OrderID before, with different data "
+        "(OrderIDs are unique per application: another application's orders are never "
+        "compared); the description lists the fields that differ. Nothing was overwritten.",
+        "You already sent an order with this OrderID and other content (only your own "
+        "orders are compared): a new order needs a new OrderID.",
         "Ask the client whether it reused an OrderID.",
     ),
     Explanation(

@@ -1,8 +1,13 @@
 """Identity and fencing, each built by one named function.
 
-- attempt instance id  `{OrderID}:{Attempt}`  owns the record for one attempt
+- order key            `{app}:{OrderID}`      the order inside the system: the id
+  and partition key of its state record and of its orders-DB document. An
+  OrderID is unique per application only (docs/adr/017e-order-keys.md), so the
+  key names the application (`app_tag`); records written before it are keyed
+  by the bare OrderID, and every builder below accepts either form.
+- attempt instance id  `{order key}:{Attempt}` owns the record for one attempt
   (LockedBy) and names that attempt's orchestration instance.
-- idempotency key      `{OrderID}/{step}`     stable across attempts: the remote
+- idempotency key      `{order key}/{step}`   stable across attempts: the remote
   service applies one side effect per key.
 - fencing token        the Attempt number: remote services reject a token lower
   than one they have already seen.
@@ -10,7 +15,9 @@
   request, so Service Bus duplicate detection drops repeats.
 - reply event name     unique per step and attempt (SDK issue #507: two buffered
   events with one name lose the first).
-- reply message id     `{instance id}/{reply event}/reply`."""
+- reply message id     `{instance id}/{reply event}/reply`.
+- status message id    `{OrderID}/status/{status}[/...]`: the client's own
+  OrderID, since its reply queue is its own (the key never reaches a client)."""
 
 from __future__ import annotations
 
@@ -19,6 +26,19 @@ import re
 
 _ORDER_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _STEP = re.compile(r"^[a-z][a-z0-9-]{0,31}$")
+
+# An application's part of an order key: its AppId when that is short, else
+# a prefix of it and a hash ('~' is not in the AppId alphabet, so the two
+# forms never meet). Bounded so that a key (at most 81 characters) leaves room
+# in a Durable instance id (100), an idempotency key (120) and a request
+# message id (128) for the attempt and the step.
+MAX_APP_TAG = 16
+_APP_TAG = r"(?:[a-z0-9][a-z0-9-]{0,15}|[a-z0-9][a-z0-9-]{6}~[0-9a-f]{8})"
+ORDER_KEY_PATTERN = rf"^(?:{_APP_TAG}:)?[A-Za-z0-9][A-Za-z0-9._-]{{0,63}}$"
+ORDER_KEY_MAX_LENGTH = MAX_APP_TAG + 1 + 64
+_ORDER_KEY = re.compile(ORDER_KEY_PATTERN)
+_APP_ID = re.compile(r"^[a-z0-9][a-z0-9-]{0,63}$")
+MAX_MESSAGE_ID = 128  # Service Bus's limit
 
 
 def check_order_id(order_id: str) -> str:
@@ -32,28 +52,69 @@ def check_order_id(order_id: str) -> str:
     return order_id
 
 
+def app_tag(app_id: str) -> str:
+    """The application's part of its order keys: the AppId itself up to
+    MAX_APP_TAG characters, else its first 7 characters, '~' and 8 hex digits
+    of its SHA-256 (adapters.settings refuses a registry where two tags meet)."""
+    if not _APP_ID.fullmatch(app_id):
+        raise ValueError(f"AppId {app_id!r} must be 1-64 lowercase letters, digits or '-'")
+    if len(app_id) <= MAX_APP_TAG:
+        return app_id
+    return f"{app_id[:7]}~{hashlib.sha256(app_id.encode()).hexdigest()[:8]}"
+
+
+def order_key(app_id: str, order_id: str) -> str:
+    """The key of `app_id`'s order `order_id`: what the state record, the
+    orders DB, instance ids, idempotency keys and the recovery index use.
+    Two applications' orders with one OrderID have two keys."""
+    return f"{app_tag(app_id)}:{check_order_id(order_id)}"
+
+
+def check_order_key(key: str) -> str:
+    """An order key in either form: `{app}:{OrderID}`, or a bare OrderID (a
+    record written before keys named the application)."""
+    if not isinstance(key, str) or not _ORDER_KEY.fullmatch(key):
+        raise ValueError(
+            f"order key {key!r} must be '<app>:<OrderID>' or an OrderID written before "
+            "keys named the application (OrderID: 1-64 letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit)"
+        )
+    return key
+
+
+def client_order_id(key: str) -> str:
+    """The client's own OrderID of an order key (what its status messages carry)."""
+    return check_order_key(key).rpartition(":")[2]
+
+
+def is_legacy_key(key: str) -> bool:
+    """A key written before keys named the application: the bare OrderID."""
+    return ":" not in check_order_key(key)
+
+
 def _check_step(step: str) -> str:
     if not _STEP.match(step):
         raise ValueError(f"step name {step!r} must be lowercase letters, digits and '-'")
     return step
 
 
-def attempt_instance_id(order_id: str, attempt: int) -> str:
+def attempt_instance_id(key: str, attempt: int) -> str:
     if attempt < 1:
         raise ValueError("attempts are numbered from 1")
-    return f"{check_order_id(order_id)}:{attempt}"
+    return f"{check_order_key(key)}:{attempt}"
 
 
 def parse_attempt_instance_id(instance_id: str) -> tuple[str, int]:
-    """Inverse of attempt_instance_id; ValueError on anything else."""
-    order_id, sep, attempt = instance_id.rpartition(":")
+    """Inverse of attempt_instance_id: (order key, attempt); ValueError on
+    anything else."""
+    key, sep, attempt = instance_id.rpartition(":")
     if not sep or not attempt.isdigit():
         raise ValueError(f"{instance_id!r} is not an attempt instance id")
-    return check_order_id(order_id), int(attempt)
+    return check_order_key(key), int(attempt)
 
 
-def idempotency_key(order_id: str, step: str) -> str:
-    return f"{check_order_id(order_id)}/{_check_step(step)}"
+def idempotency_key(key: str, step: str) -> str:
+    return f"{check_order_key(key)}/{_check_step(step)}"
 
 
 def fencing_token(attempt: int) -> int:
@@ -66,7 +127,12 @@ def agent_request_message_id(instance_id: str, step: str, action: str = "do") ->
     """`action` separates a step's request from its compensation's request."""
     parse_attempt_instance_id(instance_id)
     suffix = "" if action == "do" else f"/{action}"
-    return f"{instance_id}/{_check_step(step)}{suffix}"
+    message_id = f"{instance_id}/{_check_step(step)}{suffix}"
+    if len(message_id) > MAX_MESSAGE_ID:
+        # Only a long application tag, a long OrderID and a long step together
+        # get here; hashed, it stays one stable id per request.
+        message_id = "request-" + hashlib.sha256(message_id.encode()).hexdigest()[:48]
+    return message_id
 
 
 def agent_reply_message_id(instance_id: str, reply_event: str) -> str:
@@ -84,8 +150,24 @@ def reply_event_name(step: str, attempt: int, action: str = "do") -> str:
     return f"reply-{_check_step(step)}{suffix}-{attempt}"
 
 
-def status_message_id(order_id: str, status: str, qualifier: str = "") -> str:
+def status_message_id(key: str, status: str, qualifier: str = "") -> str:
     """Stable id per (order, status[, step/attempt]) so a status re-sent after a
-    crash is dropped by the reply queue's duplicate detection."""
+    crash is dropped by the reply queue's duplicate detection. Named by the
+    client's OrderID (`key` may be either): the reply queue is the
+    application's own, and a record keyed either way sends the same ids."""
     tail = f"/{qualifier}" if qualifier else ""
-    return f"{check_order_id(order_id)}/status/{status}{tail}"
+    return f"{client_order_id(key)}/status/{status}{tail}"
+
+
+def outbox_alert_message_id(key: str, status_id: str) -> str:
+    """The alert that rides with a terminal status in the outbox: one id per
+    (order, status id), on the alerts queue that every application's orders
+    share, so named by the order key (a status id names only the client's
+    OrderID: two applications' failures of one OrderID must be two alerts).
+    For a bare-OrderID key it is the id such alerts always had."""
+    _, sep, rest = status_id.partition("/status/")
+    source = f"{key}/status/{rest}" if sep and not is_legacy_key(key) else status_id
+    message_id = f"alert/{source}"
+    if len(message_id) > MAX_MESSAGE_ID:
+        message_id = "alert/" + hashlib.sha256(source.encode()).hexdigest()[:64]
+    return message_id

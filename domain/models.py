@@ -27,12 +27,20 @@ from pydantic import (
 )
 
 from domain.boundary import check_order_id, check_text, clean_text, produced_text
+from domain.ids import ORDER_KEY_MAX_LENGTH, ORDER_KEY_PATTERN, check_order_key, client_order_id
 
 SCHEMA_VERSION: Final = 1
 MAX_LINES = 100
 MAX_PAYLOAD_KEYS = 50
 
 OrderId = Annotated[str, AfterValidator(check_order_id)]
+# The order inside the system (domain.ids.order_key): `{app}:{OrderID}`, or a
+# bare OrderID on a record written before keys named the application.
+OrderKey = Annotated[
+    str,
+    StringConstraints(pattern=ORDER_KEY_PATTERN, min_length=1, max_length=ORDER_KEY_MAX_LENGTH),
+    AfterValidator(check_order_key),
+]
 # Client text: refused unless it satisfies the text policy.
 Text = Annotated[str, AfterValidator(check_text)]
 ShortText = Annotated[
@@ -408,10 +416,12 @@ _PendingStatus = PendingStatus
 class OrderState(RecordPart):
     """The state record in Cosmos container `orderState` (partition key /id).
 
+    `id` is the order key (domain.ids.order_key: the application and its
+    OrderID), never the OrderID alone: two applications may use one OrderID.
     `_etag` and the other system properties are not part of the model: the
     store adapter strips them on read and hands the etag back separately."""
 
-    id: OrderId
+    id: OrderKey
     ProcessState: _ProcessState = _ProcessState.PENDING
     LockedBy: str | None = None
     CompleteBy: AwareDatetime | None = None
@@ -440,7 +450,8 @@ class OrderState(RecordPart):
 
     @property
     def order_id(self) -> str:
-        return self.id
+        """The client's own OrderID (what its status messages carry)."""
+        return client_order_id(self.id)
 
 
 # --- messages between Scheduler and Agents ------------------------------------------
@@ -464,7 +475,7 @@ class _StepCall(Contract):
     """What a request and its reply both name: which attempt's which step, done or undone."""
 
     InstanceId: Text100
-    OrderID: OrderId
+    OrderID: OrderKey  # the order key (domain.ids), not the client's OrderID alone
     Step: StepName
     Action: Literal["do", "undo"] = "do"
     Attempt: Annotated[int, Field(strict=True, ge=1)]

@@ -18,7 +18,7 @@ from datetime import datetime, timedelta
 from typing import overload
 
 from domain.errors import DomainError, StaleError
-from domain.ids import attempt_instance_id, status_message_id
+from domain.ids import attempt_instance_id, order_key, status_message_id
 from domain.models import (
     TERMINAL_STATES,
     CompensationEntry,
@@ -185,10 +185,15 @@ def _require(record: OrderState, *states: ProcessState, action: str) -> None:
 # --- Submit -------------------------------------------------------------------------
 
 
-def new_record(order: OrderSubmitted, now: datetime, steps: list[str]) -> OrderState:
-    """(none) -> Pending: the first write, by Submit."""
+def new_record(
+    order: OrderSubmitted, now: datetime, steps: list[str], key: str | None = None
+) -> OrderState:
+    """(none) -> Pending: the first write, by Submit. `key`: the order's key
+    (domain.ids.order_key of its application and OrderID unless given: Submit
+    gives the bare OrderID of an order accepted before keys named the
+    application, docs/adr/017e-order-keys.md)."""
     return OrderState(
-        id=order.OrderID,
+        id=key if key is not None else order_key(order.AppId, order.OrderID),
         ProcessState=ProcessState.PENDING,
         LockedBy=None,
         CompleteBy=None,
@@ -204,9 +209,11 @@ def new_record(order: OrderSubmitted, now: datetime, steps: list[str]) -> OrderS
     )
 
 
-def rejected_record(order: OrderSubmitted, now: datetime, reason: str) -> OrderState:
+def rejected_record(
+    order: OrderSubmitted, now: datetime, reason: str, key: str | None = None
+) -> OrderState:
     """(none) -> Rejected: admission control refused the order (backlog)."""
-    record = new_record(order, now, steps=[])
+    record = new_record(order, now, steps=[], key=key)
     return _finish(
         record,
         ProcessState.REJECTED,

@@ -5,7 +5,6 @@ outbox that makes terminal statuses survive a failed send
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import logging
 from datetime import datetime
 
@@ -16,7 +15,7 @@ from adapters.servicebus import ALERTS_QUEUE
 from domain import state_machine as sm
 from domain.codec import encode
 from domain.errors import NotFoundError, StaleError
-from domain.ids import status_message_id
+from domain.ids import client_order_id, outbox_alert_message_id, status_message_id
 from domain.models import OperatorAlert, OrderState, PendingStatus, StatusKind, StatusUpdate
 
 log = logging.getLogger(__name__)
@@ -33,24 +32,26 @@ class StatusReporter:
     async def send(
         self,
         reply_to: str,
-        order_id: str,
+        key: str,
         status: StatusKind,
         now: datetime,
         detail: str | None = None,
         step: str | None = None,
         qualifier: str = "",
     ) -> None:
-        """`qualifier` separates repeated statuses of one kind (a step, an
-        attempt) so that duplicate detection drops only true re-sends."""
-        message_id = status_message_id(order_id, status.value, qualifier or (step or ""))
-        await self._send(reply_to, order_id, status, now, detail, step, message_id)
+        """A status of the order `key` (domain.ids.order_key; the message
+        carries the client's own OrderID). `qualifier` separates repeated
+        statuses of one kind (a step, an attempt) so that duplicate detection
+        drops only true re-sends."""
+        message_id = status_message_id(key, status.value, qualifier or (step or ""))
+        await self._send(reply_to, key, status, now, detail, step, message_id)
 
-    async def send_pending(self, reply_to: str, order_id: str, pending: PendingStatus) -> None:
+    async def send_pending(self, reply_to: str, key: str, pending: PendingStatus) -> None:
         """Send an outbox entry as it was written: same message id, same
         timestamp, so every retry is the same message."""
         await self._send(
             reply_to,
-            order_id,
+            key,
             pending.Status,
             pending.At,
             pending.Detail,
@@ -58,7 +59,9 @@ class StatusReporter:
             pending.MessageId,
         )
 
-    async def _send(self, reply_to, order_id, status, now, detail, step, message_id) -> None:
+    async def _send(self, reply_to, key, status, now, detail, step, message_id) -> None:
+        # Callers name the order by its key; the client knows only its own OrderID.
+        order_id = client_order_id(key)
         update = StatusUpdate(
             OrderID=order_id,
             Status=status,
@@ -71,7 +74,7 @@ class StatusReporter:
         )
         log.info(
             "status sent",
-            extra={"order_id": order_id, "status": status.value, "queue": reply_to, "step": step},
+            extra={"order_id": key, "status": status.value, "queue": reply_to, "step": step},
         )
         telemetry.count_terminal_status(status.value)
 
@@ -158,10 +161,9 @@ class StatusOutbox:
                 "custom_dimensions": {"AlertKind": kind},
             },
         )
-        message_id = f"alert/{pending.MessageId}"
-        if len(message_id) > 128:  # Service Bus's limit on a message id
-            message_id = "alert/" + hashlib.sha256(pending.MessageId.encode()).hexdigest()[:64]
-        await self._reporter.send_alert(alert, message_id)
+        await self._reporter.send_alert(
+            alert, outbox_alert_message_id(record.id, pending.MessageId)
+        )
 
     async def deliver_order(self, order_id: str) -> bool:
         try:

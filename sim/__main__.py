@@ -24,6 +24,8 @@ def shrink(
     budget: int = 40,
     version: str | None = None,
     hostile: int | None = None,
+    apps: int = 2,
+    wider: bool = True,
 ) -> tuple[frozenset[int], Result]:
     """Drop faults one at a time while the same check still fails."""
     check = result.violations[0][0]
@@ -34,7 +36,7 @@ def shrink(
             break
         budget -= 1
         trial = drop | {fault.index}
-        again = run_schedule(result.seed, orders, trial, version, hostile)
+        again = run_schedule(result.seed, orders, trial, version, hostile, apps, wider)
         if again.violations and again.violations[0][0] == check:
             drop, best = trial, again
     return drop, best
@@ -46,10 +48,12 @@ def command(
     drop: frozenset[int],
     version: str | None = None,
     hostile: int | None = None,
+    apps: int = 2,
 ) -> str:
     extra = f" --drop {','.join(map(str, sorted(drop)))}" if drop else ""
     extra += f" --version {version}" if version else ""
     extra += f" --hostile {hostile}" if hostile is not None else ""
+    extra += f" --apps {apps}" if apps != 2 else ""
     return f"python -m sim --seed {seed} --orders {orders}{extra}"
 
 
@@ -59,6 +63,7 @@ def record(
     violations: list[tuple[str, str]],
     version: str | None = None,
     hostile: int = 0,
+    apps: int = 2,
 ) -> None:
     """Entries carry the schedule's number of forgeries (`hostile`); one
     without it was found before the hostile sender existed (replayed with 0)."""
@@ -78,6 +83,11 @@ def record(
     }
     if version:
         entry["version"] = version
+    # Entries without "apps" were recorded in the one-application world, and
+    # those without "wider" before the Durable client's faults, odd provider
+    # answers and foreign documents existed.
+    entry["apps"] = apps
+    entry["wider"] = True
     entries.append(entry)
     REGRESSIONS.write_text(json.dumps(entries, indent=1, ensure_ascii=False) + "\n")
 
@@ -107,6 +117,19 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="forged internal-queue messages per schedule (default: drawn from the seed)",
     )
+    p.add_argument(
+        "--apps",
+        type=int,
+        choices=(1, 2),
+        default=2,
+        help="client applications (2: colliding OrderIDs; 1: the world of older regression seeds)",
+    )
+    p.add_argument(
+        "--narrow",
+        action="store_true",
+        help="no Durable client faults, odd provider answers or foreign documents "
+        "(the world of regression seeds found before them)",
+    )
     args = p.parse_args(argv)
 
     seeds = [args.seed] if args.seed is not None else range(args.start, args.start + args.seeds)
@@ -125,7 +148,9 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     n = 0
     for seed in seeds:
-        result = run_schedule(seed, args.orders, drop, args.version, args.hostile)
+        result = run_schedule(
+            seed, args.orders, drop, args.version, args.hostile, args.apps, not args.narrow
+        )
         n += 1
         faults.update(f.kind for f in result.faults)
         forged += result.counters["forged"]
@@ -150,7 +175,14 @@ def main(argv: list[str] | None = None) -> int:
         shrunk, best = (
             (drop, result)
             if quick
-            else shrink(result, args.orders, version=args.version, hostile=args.hostile)
+            else shrink(
+                result,
+                args.orders,
+                version=args.version,
+                hostile=args.hostile,
+                apps=args.apps,
+                wider=not args.narrow,
+            )
         )
         print("  fault trace (shrunk):" if shrunk != drop else "  fault trace:")
         kept = [f for f in best.faults]
@@ -159,9 +191,9 @@ def main(argv: list[str] | None = None) -> int:
         if len(kept) > 30:
             print(f"    ... {len(kept) - 30} more")
         hostile = result.options.faults.hostile
-        print(f"  replay: {command(seed, args.orders, shrunk, args.version, hostile)}")
+        print(f"  replay: {command(seed, args.orders, shrunk, args.version, hostile, args.apps)}")
         if args.record:
-            record(seed, args.orders, result.violations, args.version, hostile)
+            record(seed, args.orders, result.violations, args.version, hostile, args.apps)
     elapsed = time.perf_counter() - started
     print(f"{n / elapsed:.1f} schedules/s ({n} in {elapsed:.1f} s)")
     print(

@@ -223,6 +223,7 @@ class Delivery:
         self.token = msg.lock_token
         self.message_id = msg.message_id
         self.delivery_count = msg.delivery_count
+        self.sequence_number = msg.seq  # assigned by the broker, unique in the bus
         self.body = msg.body
         self.application_properties = msg.props
 

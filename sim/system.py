@@ -37,7 +37,7 @@ from adapters.cosmos_client import RequestCharges
 from adapters.orders_db import CosmosOrdersRepository
 from adapters.ports import ANY_OWNER, NoIndex, bucket_of
 from adapters.recovery_index import MAX_BUCKETS_PER_PAGE, CosmosRecoveryIndex, entry_id
-from adapters.settings import CosmosAccount, ServiceBusAccess, Settings
+from adapters.settings import CosmosAccount, ServiceBusAccess, Settings, ingress_queues
 from adapters.settlement import BackoffPolicy, MessageGate
 from adapters.state_store import CosmosStateStore
 from agents.agent import Agent, AgentPolicy
@@ -49,7 +49,7 @@ from devstack.host.invoke import call_function
 from devstack.remote_service.ledger import Ledger
 from domain import state_machine as sm
 from domain.errors import DomainError, TransientError
-from domain.ids import reply_event_name
+from domain.ids import order_key, reply_event_name
 from domain.signing import KeyRing
 from domain.steps import STEP_NAMES
 from orchestrators.reply_bridge import on_reply_message
@@ -76,10 +76,15 @@ _history_event = importlib.import_module("azure.durable_functions.models.history
 _alerts_module = importlib.import_module("reporting.alerts")
 _settlement_module = importlib.import_module("adapters.settlement")
 
-APP = "webshop"
-REPLY_QUEUE = "replies-webshop"
+# The client applications, as the registry the app reads names them
+# (REPLY_QUEUE_REGISTRY; each ingress queue is the one adapters.settings
+# derives from it). Two, sending colliding OrderIDs: an OrderID is unique per
+# application only (docs/adr/017e-order-keys.md).
+REGISTRY = {"webshop": "replies-webshop", "partner-portal": "replies-partner-portal"}
+INGRESS_OF = ingress_queues({"REPLY_QUEUE_REGISTRY": json.dumps(REGISTRY)})
+APP_OF_INGRESS = {queue: app for app, queue in INGRESS_OF.items()}
+APPS = tuple(sorted(REGISTRY))
 ALERT_REPEAT = timedelta(hours=12)  # the least time between two pages for one incident
-INGRESS = "orders-webshop"  # the webshop's own ingress queue: Submit takes the AppId from it
 STARTER_PERIOD = 10.0
 SUPERVISOR_PERIOD = 10.0
 SLACK = timedelta(seconds=5)
@@ -142,14 +147,25 @@ class Options:
     # The workflow version new instances run: host.json's defaultVersion
     # (None) or one named (e.g. "1.1", still registered for attempts in flight).
     version: str | None = None
+    # Client applications sending orders: 2 (colliding OrderIDs), or 1, the
+    # world regression seeds recorded before there were two replay in.
+    apps: int = 2
 
 
 def options_for(
-    seed: int, orders: int, version: str | None = None, hostile: int | None = None
+    seed: int,
+    orders: int,
+    version: str | None = None,
+    hostile: int | None = None,
+    apps: int = 2,
+    wider: bool = True,
 ) -> Options:
     """Everything about a schedule, drawn from its seed; `hostile` fixes the
     number of forgeries (sim.hostile) instead (0 replays a schedule found
-    before the hostile sender existed)."""
+    before the hostile sender existed); `apps`: 1 for the one-application
+    world of older regression seeds; `wider` False leaves out the Durable
+    client's faults, odd provider answers and foreign documents (seeds found
+    before they existed)."""
     rng = random.Random(f"options/{seed}")
     quiet = rng.random() < 0.15
     f = FaultConfig()
@@ -189,8 +205,9 @@ def options_for(
         backlog_limit=rng.choice((5000, 5000, 5000, 0)),
         faults=f,
         version=version,
+        apps=apps,
     )
-    if not quiet:
+    if not quiet and wider:
         # Drawn last, so every earlier choice of a seed stays what it was.
         f.durable_fail = rng.choice((0.0, 0.02, 0.1, 0.3))
         f.odd_answers = rng.choice((0.0, 0.0, 0.3))
@@ -366,7 +383,9 @@ def _patched(sim: Simulation):
         return sim.new_supervisor()
 
     async def message_gate(queue: str):
-        consumer = {INGRESS: "submit", "agent-responses": "bridge"}.get(queue, queue)
+        consumer = (
+            "submit" if queue in APP_OF_INGRESS else {"agent-responses": "bridge"}.get(queue, queue)
+        )
         return MessageGate(
             queue,
             Alerts(sim.publisher),
@@ -432,11 +451,13 @@ class Simulation:
         options: Options | None = None,
         version: str | None = None,
         hostile: int | None = None,
+        apps: int = 2,
+        wider: bool = True,
     ) -> None:
         self.seed = seed
         self.junk: list[str] = []  # ids of the garbage documents (foreign_docs)
         self.newer_fields: set[str] = set()  # records a newer version added a field to
-        self.o = options or options_for(seed, orders, version, hostile)
+        self.o = options or options_for(seed, orders, version, hostile, apps, wider)
         self.world = World(seed, self.o.faults, drop)
         w = self.world
         self.bus = Bus(w)
@@ -460,7 +481,8 @@ class Simulation:
             state_account=account,
             orders_account=account,
             servicebus=ServiceBusAccess(connection_string="sim"),
-            reply_queues={APP: REPLY_QUEUE},
+            reply_queues=dict(REGISTRY),
+            ingress_queues=dict(INGRESS_OF),
             pending_backlog_limit=self.o.backlog_limit,
             step_timeout=self.o.step_timeout,
             supervisor_page_size=self.o.page_size,
@@ -470,8 +492,12 @@ class Simulation:
             # draw moves), as devstack generates a stack's (ADR 017e).
             agent_keys=KeyRing([random.Random(f"keys/agents/{seed}").randbytes(32)]),
             reply_token_keys=KeyRing([random.Random(f"keys/tokens/{seed}").randbytes(32)]),
+            # Submit's look-up of a record keyed by the bare OrderID (ADR
+            # 017e) in the two-application world; the one-application world
+            # is a deployment with no such records, the lookup off.
+            legacy_order_keys=self.o.apps > 1,
         )
-        self.publisher = SimPublisher(w, self.bus, {REPLY_QUEUE})
+        self.publisher = SimPublisher(w, self.bus, set(REGISTRY.values()))
         self.publisher.on_sent = self._on_sent
         self.request_sender: dict[str, tuple[str, int]] = {}
         self.lost_requests: list[str] = []
@@ -479,7 +505,28 @@ class Simulation:
         self.orders_repo = CosmosOrdersRepository(self.orders_c)
         self.index = CosmosRecoveryIndex(self.index_c) if self.o.scan == "index" else NoIndex()
         rng = w.data_rng
-        self.order_ids = [f"ORD-{seed}-{i}" for i in range(self.o.orders)]
+        # With two applications, order i comes from application i % 2 with
+        # OrderID i // 2: every OrderID but the last of an odd count is used by
+        # both. With one, every order is the webshop's.
+        self.orders: dict[str, tuple[str, str]] = {}  # order key -> (app, OrderID)
+        apps = APPS if self.o.apps > 1 else ("webshop",)
+        for i in range(self.o.orders):
+            app, oid = apps[i % len(apps)], f"ORD-{seed}-{i // len(apps)}"
+            self.orders[order_key(app, oid)] = (app, oid)
+        # Sometimes the webshop's first order was accepted by the version
+        # before keys named the application (ADR 017e): its records are keyed
+        # by the bare OrderID, the partner sends an order with the same
+        # OrderID, and the webshop's message comes again (a redelivery).
+        self.legacy: set[str] = set()
+        if self.o.apps > 1 and random.Random(f"legacy/{seed}").random() < 0.3:
+            key = order_key("webshop", f"ORD-{seed}-0")
+            if key in self.orders:
+                self.orders = {
+                    (f"ORD-{seed}-0" if k == key else k): v for k, v in self.orders.items()
+                }
+                self.legacy.add(f"ORD-{seed}-0")
+        self.key_of = {v: k for k, v in self.orders.items()}  # (app, OrderID) -> key
+        self.order_ids = list(self.orders)  # order keys
         declines = {}
         for oid in self.order_ids:
             if w.faults.draw(self.o.faults.decline, "decline", oid):
@@ -740,11 +787,12 @@ class Simulation:
         return name.split(":")[0].rstrip("0123456789")
 
     # --- actors
-    def _order_body(self, oid: str, total: str = "20.00") -> bytes:
+    def _order_body(self, key: str, total: str = "20.00", oid: str | None = None) -> bytes:
+        app, own = self.orders[key]
         payload = {
-            "OrderID": oid,
-            "AppId": APP,
-            "ReplyTo": REPLY_QUEUE,
+            "OrderID": oid or own,
+            "AppId": app,
+            "ReplyTo": REGISTRY[app],
             "Customer": {"CustomerId": "C-7", "Name": "Ada"},
             "Lines": [
                 {"Sku": "SKU-1", "Quantity": 2, "UnitPrice": str(int(float(total)) // 2) + ".00"}
@@ -755,20 +803,23 @@ class Simulation:
         }
         return json.dumps(payload).encode()
 
-    def _bad_message(self, oid: str) -> None:
-        """A conflicting copy of an order, a malformed body, or a body sent as
-        an AMQP value instead of data sections: each must be dead-lettered with
-        a reason and alerted, and never overwrite anything."""
+    def _bad_message(self, key: str) -> None:
+        """A conflicting copy of an order (by its own application), a
+        malformed body, or a body sent as an AMQP value instead of data
+        sections: each must be dead-lettered with a reason and alerted, and
+        never overwrite anything. Message ids: `{order key}/{kind}`."""
+        app, oid = self.orders[key]
+        queue = INGRESS_OF[app]
         kind = self.world.data_rng.choice(("conflict", "malformed", "amqp-value"))
-        self.bad[f"{oid}/{kind}"] = kind
+        self.bad[f"{key}/{kind}"] = kind
         if kind == "conflict":
-            self.bus.send(INGRESS, self._order_body(oid, "40.00"), f"{oid}/{kind}")
+            self.bus.send(queue, self._order_body(key, "40.00"), f"{key}/{kind}")
         elif kind == "malformed":
             self.bus.send(
-                INGRESS, b'{"OrderID": "' + oid.encode() + b'", "Lines": "x"', f"{oid}/{kind}"
+                queue, b'{"OrderID": "' + oid.encode() + b'", "Lines": "x"', f"{key}/{kind}"
             )
         else:
-            self.bus.send(INGRESS, json.loads(self._order_body(f"{oid}-V")), f"{oid}/{kind}")
+            self.bus.send(queue, json.loads(self._order_body(key, oid=f"{oid}-V")), f"{key}/{kind}")
 
     def _pump(self, queue: str) -> None:
         while True:
@@ -805,7 +856,9 @@ class Simulation:
             )
 
     def _consumer_name(self, queue: str) -> str:
-        return {INGRESS: "submit", "agent-requests": "agent", "agent-responses": "bridge"}[queue]
+        if queue in APP_OF_INGRESS:
+            return "submit"
+        return {"agent-requests": "agent", "agent-responses": "bridge"}[queue]
 
     async def _handle(self, d: Delivery) -> None:
         try:
@@ -820,14 +873,16 @@ class Simulation:
                 )
             elif d.queue == "agent-responses":
                 await on_reply_message(d, SimActions(d), self.durable)
-            elif d.queue == INGRESS:
+            elif d.queue in APP_OF_INGRESS:
                 # Submit's function body (submit.functions): its durable client
                 # binding cannot be passed in-process, so the use case runs with
-                # the simulation's Durable as the client (the fast path).
+                # the simulation's Durable as the client (the fast path). The
+                # application is the one whose ingress queue it came on.
                 handler = await bootstrap.submit_handler()
                 gate = await bootstrap.message_gate(d.queue)
+                app = APP_OF_INGRESS[d.queue]
                 await gate.run(
-                    d, SimActions(d), lambda body: handler.handle(body, APP, self.durable)
+                    d, SimActions(d), lambda body: handler.handle(body, app, self.durable)
                 )
             else:
                 spec = self.functions[d.queue]
@@ -992,9 +1047,10 @@ class Simulation:
         for oid in self.order_ids:
             doc = self.state_c.docs.get((oid, oid))
             if doc is None:
+                app, own = self.orders[oid]
                 if any(
-                    m.message_id.endswith(oid) or oid.encode() in m.body
-                    for m in self.bus.queue(INGRESS).messages
+                    m.message_id.startswith(oid) or own.encode() in m.body
+                    for m in self.bus.queue(INGRESS_OF[app]).messages
                 ):
                     return False
                 continue
@@ -1018,7 +1074,7 @@ class Simulation:
         return [junk for junk in self.junk if junk not in said]
 
     def _quiet(self) -> bool:
-        for q in (INGRESS, "agent-requests", "agent-responses"):
+        for q in (*APP_OF_INGRESS, "agent-requests", "agent-responses"):
             if self.bus.queue(q).messages:
                 return False
         return not any(i.status in ("Pending", "Running") for i in self.durable.instances.values())
@@ -1051,9 +1107,25 @@ class Simulation:
                 return False
         return True
 
+    def _previous_version_wrote(self) -> None:
+        """What the previous version's Submit left for a legacy order: its
+        order and a Pending record under the bare OrderID, Received sent."""
+        from adapters.orders_db import to_document as order_document
+        from adapters.state_store import to_document as state_document
+        from domain.models import OrderSubmitted
+
+        for key in self.legacy:
+            order = OrderSubmitted.model_validate_json(self._order_body(key))
+            record = sm.mark_received_sent(
+                sm.new_record(order, START, list(STEP_NAMES), key), START
+            )
+            self.orders_c.docs[(key, key)] = self.orders_c._stamp(order_document(order, key))
+            self.state_c.docs[(key, key)] = self.state_c._stamp(state_document(record))
+
     async def run(self) -> None:
         w, o = self.world, self.o
         f = o.faults
+        self._previous_version_wrote()
         fault_end = START + timedelta(seconds=o.fault_window)
         self.bound = liveness_bound(o)
         end = fault_end + self.bound
@@ -1086,7 +1158,10 @@ class Simulation:
                 "client",
                 lambda oid=oid: (
                     self.submitted.add(oid),
-                    self.bus.send(INGRESS, self._order_body(oid), oid),
+                    # The client's message id is its OrderID (docs/client-guide.md).
+                    self.bus.send(
+                        INGRESS_OF[self.orders[oid][0]], self._order_body(oid), self.orders[oid][1]
+                    ),
                 ),
             )
             if w.faults.draw(f.bad_messages, "bad_message", oid):
@@ -1131,7 +1206,7 @@ class Simulation:
             end,
             copies=2 if f.two_supervisors and w.faults.draw(1.0, "two_supervisors") else 1,
         )
-        consumed = (INGRESS, "agent-requests", "agent-responses")
+        consumed = (*APP_OF_INGRESS, "agent-requests", "agent-responses")
         self.bus.after_send = lambda q, when: (
             w.at(when, "pump", lambda: self._pump(q)) if q in consumed else None
         )
@@ -1147,12 +1222,14 @@ class Simulation:
 
     # --- checks
     def _statuses(self) -> dict[str, list[dict]]:
+        """Statuses by order key, each read from its application's reply queue
+        (a status names the client's OrderID only: the queue names the app)."""
         out: dict[str, list[dict]] = {}
-        for m in self.bus.queue(REPLY_QUEUE).sent:
-            body = json.loads(m.body)
-            out.setdefault(body["OrderID"], []).append(
-                {"Status": body["Status"], "id": m.message_id}
-            )
+        for app, queue in REGISTRY.items():
+            for m in self.bus.queue(queue).sent:
+                body = json.loads(m.body)
+                key = self.key_of.get((app, body["OrderID"]), order_key(app, body["OrderID"]))
+                out.setdefault(key, []).append({"Status": body["Status"], "id": m.message_id})
         return out
 
     def _alerted(self) -> set[str | None]:
@@ -1188,15 +1265,19 @@ class Simulation:
         # 8 liveness
         for oid, doc in docs.items():
             if doc is None:
-                dead = [m for m in self.bus.queue(INGRESS).dead if m.message_id == oid]
+                ingress = self.bus.queue(INGRESS_OF[self.orders[oid][0]])
+                client_id = self.orders[oid][1]
+                dead = [m for m in ingress.dead if m.message_id == client_id]
                 if dead:
-                    if oid not in alerted or not statuses.get(oid):
+                    # The alert names the order by its key, or (a message the
+                    # handler could not take apart) by the OrderID it carried.
+                    if not ({oid, client_id} & alerted) or not statuses.get(oid):
                         self.fail(
                             "dead-lettered silently",
-                            f"{oid}: {dead[0].dead_letter_reason}, alert={oid in alerted}, "
+                            f"{oid}: {dead[0].dead_letter_reason}, alert={bool({oid, client_id} & alerted)}, "
                             f"statuses={[s['Status'] for s in statuses.get(oid, [])]}",
                         )
-                elif any(m.message_id == oid for m in self.bus.queue(INGRESS).sent):
+                elif any(m.message_id == client_id for m in ingress.sent):
                     self.fail(
                         "liveness", f"{oid}: submitted but no record after the bound {self.bound}"
                     )
@@ -1362,9 +1443,10 @@ class Simulation:
                     self.fail("4 dead-lettered with a reason", f"{q.name} {m.message_id}")
         for mid, kind in sorted(self.bad.items()):
             oid = mid.split("/")[0]
-            dead = [m for m in self.bus.queue(INGRESS).dead if m.message_id == mid]
+            ingress = self.bus.queue(INGRESS_OF[self.orders[oid][0]])
+            dead = [m for m in ingress.dead if m.message_id == mid]
             if not dead:
-                if any(m.message_id == mid for m in self.bus.queue(INGRESS).messages):
+                if any(m.message_id == mid for m in ingress.messages):
                     self.fail(
                         "4 bad submission dead-lettered", f"{mid} ({kind}) still on the queue"
                     )
@@ -1396,6 +1478,80 @@ class Simulation:
                     )
         if self.hostile is not None:
             self.hostile.check()
+        self._check_applications_apart(docs, statuses)
+
+    def _check_applications_apart(
+        self, docs: dict[str, dict | None], statuses: dict[str, list[dict]]
+    ) -> None:
+        """OrderIDs belong to their application: two applications posting one
+        OrderID get two orders, and nothing of one (record, order document,
+        status, conflict) reaches the other."""
+        for key, (app, oid) in self.orders.items():
+            doc = docs.get(key)
+            if doc is not None and (doc.get("AppId") != app or doc.get("ReplyTo") != REGISTRY[app]):
+                self.fail(
+                    "order crossed applications",
+                    f"{key}: record of {doc.get('AppId')} (reply queue {doc.get('ReplyTo')})",
+                )
+            stored = self.orders_c.docs.get((key, key))
+            if stored is not None and (stored.get("AppId"), stored.get("OrderID")) != (app, oid):
+                self.fail(
+                    "order crossed applications",
+                    f"{key}: orders DB holds {stored.get('AppId')}'s {stored.get('OrderID')}",
+                )
+            # Terminal statuses on an application's queue are those of its own
+            # record (an operator's action may add a second one).
+            if doc is None or any(o == key for o, _ in self.operator_done):
+                continue
+            want = TERMINAL_STATUS.get(doc["ProcessState"])
+            other = {
+                s["Status"]
+                for s in statuses.get(key, [])
+                if s["Status"] in TERMINAL_STATUS.values() and s["Status"] != want
+            }
+            if want and other:
+                self.fail(
+                    "status crossed applications",
+                    f"{key} is {doc['ProcessState']} but {REGISTRY[app]} got {sorted(other)}",
+                )
+        # An order the previous version accepted keeps its bare key: never a
+        # second order under its application's key.
+        for key in sorted(self.legacy):
+            app, oid = self.orders[key]
+            if (order_key(app, oid), order_key(app, oid)) in self.state_c.docs:
+                self.fail(
+                    "previous version's order duplicated", f"{key} also as {order_key(app, oid)}"
+                )
+        # Every status names an order its queue's application sent.
+        sent = {(app, oid) for app, oid in self.orders.values()}
+        for app, queue in REGISTRY.items():
+            for m in self.bus.queue(queue).sent:
+                own = json.loads(m.body)["OrderID"]
+                if (app, own) not in sent and not own.endswith("-V"):
+                    self.fail("status crossed applications", f"{queue} got a status of {own}")
+        # A conflict is only ever an application's own second order under one
+        # OrderID: the orders whose application also sent a conflicting copy
+        # (either of the two may be the one refused, whichever came second).
+        deliberate = {mid.split("/")[0] for mid, kind in self.bad.items() if kind == "conflict"}
+        for queue, app in APP_OF_INGRESS.items():
+            for m in self.bus.queue(queue).dead:
+                if m.dead_letter_reason != "OrderConflict":
+                    continue
+                own = json.loads(m.body)["OrderID"]
+                key = self.key_of.get((app, own), order_key(app, own))
+                if key not in deliberate:
+                    self.fail(
+                        "conflict crossed applications",
+                        f"{queue} {m.message_id} ({key}) dead-lettered OrderConflict: "
+                        f"{m.dead_letter_description}",
+                    )
+        for m in self.bus.queue("alerts").sent:
+            alert = json.loads(m.body)
+            if alert.get("Kind") == "OrderConflict" and alert.get("OrderID") not in deliberate:
+                self.fail(
+                    "conflict crossed applications",
+                    f"OrderConflict alert for {alert.get('OrderID')}: {alert.get('Reason')}",
+                )
 
 
 _BOOKKEEPING = frozenset(
@@ -1448,10 +1604,12 @@ def run_schedule(
     drop: frozenset[int] = frozenset(),
     version: str | None = None,
     hostile: int | None = None,
+    apps: int = 2,
+    wider: bool = True,
 ) -> Result:
     logging.disable(logging.CRITICAL)
     warnings.filterwarnings("ignore", message="Potential duplicate Task completion")
-    sim = Simulation(seed, orders, drop, version=version, hostile=hostile)
+    sim = Simulation(seed, orders, drop, version=version, hostile=hostile, apps=apps, wider=wider)
     loop = asyncio.new_event_loop()
     try:
         loop.run_until_complete(sim.run())

@@ -24,6 +24,7 @@ from domain.errors import (
     TransientError,
     ValidationFailed,
 )
+from domain.ids import order_key
 from domain.models import OrderState, OrderSubmitted, ProcessState, StatusKind
 from reporting import Alerts, StatusReporter
 
@@ -130,22 +131,44 @@ class SubmitHandler:
             )
             return Settle.dead_letter("ReplyQueueNotAllowed", reason, order.OrderID)
 
+        key = await self._key_of(order)
+        telemetry.annotate(**{telemetry.ORDER_ID: key})
         if await self._over_backlog():
-            rejected = await self._reject(order, now)
+            rejected = await self._reject(order, key, now)
             if rejected is not None:
                 return rejected
-        return await self._admit(order, now, client)
+        return await self._admit(order, key, now, client)
 
-    async def _admit(self, order: OrderSubmitted, now: datetime, client: object | None) -> Settle:
+    async def _key_of(self, order: OrderSubmitted) -> str:
+        """The key this order lives under: its application's (domain.ids.
+        order_key), unless a version before keys named the application
+        accepted it under its bare OrderID; then that record is this order's
+        and keeps its key (in flight across a deploy, or sent again later).
+        A record under the bare OrderID of another application is not this
+        order's, and nothing about it shows: the order goes on under its own
+        key exactly as if that record did not exist (docs/adr/017e-order-keys.md)."""
+        if self._settings.legacy_order_keys:
+            try:
+                legacy, _ = await self._store.read(order.OrderID)
+            except NotFoundError:
+                pass
+            else:
+                if legacy.AppId == order.AppId:
+                    return order.OrderID
+        return order_key(order.AppId, order.OrderID)
+
+    async def _admit(
+        self, order: OrderSubmitted, key: str, now: datetime, client: object | None
+    ) -> Settle:
         try:
-            await self._orders.create_if_absent(order)
+            await self._orders.create_if_absent(order, key)
         except ConflictError as exc:
-            return await self._conflict(order, exc.fields)
+            return await self._conflict(order, key, exc.fields)
 
         # The record keeps Submit's trace context, so the first attempt joins
         # this trace even when the timer Starter claims it before the fast path.
         record, etag, created = await self._store.create_if_absent(
-            sm.new_record(order, now, self._steps).model_copy(
+            sm.new_record(order, now, self._steps, key).model_copy(
                 update={"Trace": telemetry.inject() or None}
             )
         )
@@ -153,10 +176,10 @@ class SubmitHandler:
             if record.ProcessState is ProcessState.REJECTED:
                 # A rejected order never wrote the orders DB, so the document
                 # there is the one this delivery just wrote: take it back.
-                await self._orders.discard(order.OrderID)
-            return await self._conflict(order)
+                await self._orders.discard(key)
+            return await self._conflict(order, key)
         if created:
-            log.info("order accepted", extra={"order_id": order.OrderID})
+            log.info("order accepted", extra={"order_id": key})
             telemetry.app_metrics().received.add(1, {"outcome": "accepted", "app.id": order.AppId})
 
         if record.ProcessState is ProcessState.REJECTED:
@@ -164,7 +187,7 @@ class SubmitHandler:
             # orders write above did not know: a rejected order must not stay
             # in the orders DB (a crash before this delete is healed by the
             # next delivery, which gets here again).
-            await self._orders.discard(order.OrderID)
+            await self._orders.discard(key)
             return await self._send_rejected(order, record, now)
         fast_path = (
             client is not None
@@ -172,13 +195,11 @@ class SubmitHandler:
             and record.LockedBy is None
         )
         if not record.ReceivedSent:
-            await self._status.send(order.ReplyTo, order.OrderID, StatusKind.RECEIVED, now)
+            await self._status.send(order.ReplyTo, key, StatusKind.RECEIVED, now)
             if fast_path and await self._fast_start(
                 client, record, etag, order, received_sent_at=now
             ):
-                return Settle.complete(
-                    order.OrderID
-                )  # the claim marked Received sent too: one write
+                return Settle.complete(key)  # the claim marked Received sent too: one write
             record = sm.mark_received_sent(record, now)
             try:
                 etag = await self._store.replace(record, etag)
@@ -186,7 +207,7 @@ class SubmitHandler:
                 # Someone wrote it since our create (the timer Starter claimed
                 # it, or a racing delivery marked it): mark on what is there.
                 record, etag = await self._store.update(
-                    order.OrderID, lambda r: sm.mark_received_sent(r, now), ANY_OWNER
+                    key, lambda r: sm.mark_received_sent(r, now), ANY_OWNER
                 )
             fast_path = (
                 fast_path
@@ -195,7 +216,7 @@ class SubmitHandler:
             )
         if fast_path:
             await self._fast_start(client, record, etag, order)
-        return Settle.complete(order.OrderID)
+        return Settle.complete(key)
 
     async def _fast_start(
         self,
@@ -212,7 +233,7 @@ class SubmitHandler:
         from orchestrators.starter import start_submitted
 
         # The attempt claimed here continues this order's trace.
-        with telemetry.order_scope(order.OrderID):
+        with telemetry.order_scope(record.id):
             return (
                 await start_submitted(
                     client, record, etag, order, received_sent_at=received_sent_at
@@ -224,24 +245,24 @@ class SubmitHandler:
         pending = await self._backlog.pending()
         return pending is not None and pending > self._settings.pending_backlog_limit
 
-    async def _reject(self, order: OrderSubmitted, now: datetime) -> Settle | None:
+    async def _reject(self, order: OrderSubmitted, key: str, now: datetime) -> Settle | None:
         """Reject a new order; None if the order was admitted before (a
         redelivery, or a delivery racing this one): the caller carries on."""
         reason = f"backlog above {self._settings.pending_backlog_limit} pending orders; try later"
         record, _, created = await self._store.create_if_absent(
-            sm.rejected_record(order, now, reason)
+            sm.rejected_record(order, now, reason, key)
         )
         if record.OrderDigest != order.digest():
-            return await self._conflict(order)
+            return await self._conflict(order, key)
         if record.ProcessState is not ProcessState.REJECTED:
             return None
         if created:
-            log.warning("order rejected: %s", reason, extra={"order_id": order.OrderID})
+            log.warning("order rejected: %s", reason, extra={"order_id": key})
             telemetry.app_metrics().received.add(1, {"outcome": "rejected", "app.id": order.AppId})
         # An earlier delivery may have been admitted and written the orders DB,
         # then died before the state record existed (the simulation found it,
         # seed 922): the order is rejected now, so that document must go too.
-        await self._orders.discard(order.OrderID)
+        await self._orders.discard(key)
         return await self._send_rejected(order, record, now)
 
     async def _send_rejected(
@@ -251,22 +272,26 @@ class SubmitHandler:
         first send may have failed, and its stable message id makes a repeat
         within the duplicate window a duplicate the reply queue drops."""
         await self._status.send(
-            order.ReplyTo, order.OrderID, StatusKind.REJECTED, now, detail=record.LastError
+            order.ReplyTo, record.id, StatusKind.REJECTED, now, detail=record.LastError
         )
-        return Settle.complete(order.OrderID)
+        return Settle.complete(record.id)
 
-    async def _conflict(self, order: OrderSubmitted, fields: list[str] | None = None) -> Settle:
+    async def _conflict(
+        self, order: OrderSubmitted, key: str, fields: list[str] | None = None
+    ) -> Settle:
+        """The application sent another order under an OrderID it has used:
+        only its own orders are ever compared (the key names it)."""
         if fields is None:
-            fields = await self._differing_fields(order)
+            fields = await self._differing_fields(order, key)
         description = (
-            f"order {order.OrderID} exists with different data in: {', '.join(fields) or 'unknown'}; "
-            "nothing was overwritten"
+            f"order {order.OrderID} of {order.AppId} exists with different data in: "
+            f"{', '.join(fields) or 'unknown'}; nothing was overwritten"
         )
-        return Settle.dead_letter("OrderConflict", description, order.OrderID)
+        return Settle.dead_letter("OrderConflict", description, key)
 
-    async def _differing_fields(self, order: OrderSubmitted) -> list[str]:
+    async def _differing_fields(self, order: OrderSubmitted, key: str) -> list[str]:
         try:
-            stored = await self._orders.get(order.OrderID)
+            stored = await self._orders.get(key)
         except (NotFoundError, PermanentError):
             return []
         mine, theirs = order.immutable_fields(), stored.immutable_fields()

@@ -13,6 +13,7 @@ from typing import Any
 from adapters.ports import ANY_OWNER, BacklogGauge
 from domain import state_machine as sm
 from domain.errors import ConflictError, NotFoundError, StaleError
+from domain.ids import order_key
 from domain.models import OrderState, OrderSubmitted, ProcessState
 
 
@@ -170,15 +171,16 @@ class FakeOrders:
     def __init__(self) -> None:
         self.orders: dict[str, OrderSubmitted] = {}
 
-    async def create_if_absent(self, order: OrderSubmitted) -> bool:
-        existing = self.orders.get(order.OrderID)
+    async def create_if_absent(self, order: OrderSubmitted, key: str | None = None) -> bool:
+        key = key or order_key(order.AppId, order.OrderID)
+        existing = self.orders.get(key)
         if existing is None:
-            self.orders[order.OrderID] = order
+            self.orders[key] = order
             return True
         mine, theirs = order.immutable_fields(), existing.immutable_fields()
         fields = sorted(k for k in mine if mine[k] != theirs.get(k))
         if fields:
-            raise ConflictError(f"order {order.OrderID} differs", fields)
+            raise ConflictError(f"order {key} differs", fields)
         return False
 
     async def get(self, order_id: str) -> OrderSubmitted:
@@ -279,9 +281,9 @@ class CountingOrders(FakeOrders):
     def total(self) -> int:
         return sum(self.requests.values())
 
-    async def create_if_absent(self, order):
+    async def create_if_absent(self, order, key=None):
         self.requests["create"] = self.requests.get("create", 0) + 1
-        return await super().create_if_absent(order)
+        return await super().create_if_absent(order, key)
 
     async def get(self, order_id):
         self.requests["read"] = self.requests.get("read", 0) + 1

@@ -80,7 +80,7 @@ class FaultRule(BaseModel):
         return (
             self.service in ("*", service)
             and self.operation in (None, operation)
-            and self.order_id in (None, order_id)
+            and self.order_id in (None, order_id, _client_part(order_id))
         )
 
 
@@ -205,3 +205,9 @@ class FaultBook:
     def _expire(self) -> None:
         now = self.monotonic()
         self.rules = [r for r in self.rules if r.until is None or now < r.until]
+
+
+def _client_part(order_id: str | None) -> str | None:
+    """A rule may name an order by its key (`{app}:{OrderID}`, the Idempotency-Key's
+    order part) or by the client's OrderID alone."""
+    return order_id.rpartition(":")[2] if order_id else None

@@ -31,7 +31,9 @@ def order(order_id: str, app: str = "webshop") -> OrderSubmitted:
 
 
 def pending(order_id: str, now: datetime, app: str = "webshop") -> OrderState:
-    return sm.new_record(order(order_id, app), now, STEPS)
+    # Keyed by `order_id` as given: the console reads keys from records and
+    # routes, in either form (domain.ids), and never builds one.
+    return sm.new_record(order(order_id, app), now, STEPS, key=order_id)
 
 
 def processing(order_id: str, now: datetime, app: str = "webshop") -> OrderState:

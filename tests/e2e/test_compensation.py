@@ -12,6 +12,7 @@ import pytest
 
 from adapters.ports import ANY_OWNER
 from domain import state_machine as sm
+from domain.ids import order_key
 from domain.models import ProcessState, StepStatus
 from tests.e2e.conftest import E2E
 
@@ -43,7 +44,7 @@ async def test_undo_that_fails_transiently_then_succeeds(stack):
         effects = {
             (r["step"], r["operation"]): r["count"]
             for r in e2e.observed.side_effects["effects"]
-            if r["order_id"] == oid
+            if r["order_id"] == order_key("webshop", oid)
         }
         assert effects == {
             ("reserve-inventory", "inventory/reserve"): 1,
@@ -75,7 +76,7 @@ async def test_undo_that_fails_for_good_alerts_and_an_operator_retries_it(stack)
         async with e2e.http.delete(f"{e2e.remote}/_admin/faults"):
             pass
         await e2e.store.update(
-            oid, lambda r: sm.request_compensation(r, datetime.now(UTC)), ANY_OWNER
+            record.id, lambda r: sm.request_compensation(r, datetime.now(UTC)), ANY_OWNER
         )
         records = await e2e.wait_for(
             lambda rs: rs[oid].ProcessState is ProcessState.COMPENSATED,
@@ -87,7 +88,7 @@ async def test_undo_that_fails_for_good_alerts_and_an_operator_retries_it(stack)
         effects = {
             (r["step"], r["operation"]): r["count"]
             for r in e2e.observed.side_effects["effects"]
-            if r["order_id"] == oid
+            if r["order_id"] == order_key("webshop", oid)
         }
         assert effects == {
             ("reserve-inventory", "inventory/reserve"): 1,

@@ -34,6 +34,7 @@ from selenium.webdriver.support import expected_conditions as ec
 from selenium.webdriver.support.ui import Select, WebDriverWait
 
 from domain.codec import encode
+from domain.ids import order_key
 from domain.models import ProcessState
 from tests.e2e.conftest import E2E
 
@@ -248,7 +249,9 @@ async def test_operator_reads_and_acts_in_the_browser(stack, browser):
         wait.until(ec.presence_of_element_located((By.ID, "orders")))
         Select(browser.find_element(By.NAME, "state")).select_by_visible_text("Processed")
         browser.find_element(By.CSS_SELECTOR, "form.filters button").click()
-        wait.until(ec.presence_of_element_located((By.LINK_TEXT, retried.OrderID))).click()
+        wait.until(
+            ec.presence_of_element_located((By.LINK_TEXT, order_key("webshop", retried.OrderID)))
+        ).click()
         wait.until(ec.text_to_be_present_in_element((By.ID, "order-id"), retried.OrderID))
         last = records[retried.OrderID].Attempt
         first = _outcome(browser, 1)
@@ -280,7 +283,7 @@ async def test_operator_reads_and_acts_in_the_browser(stack, browser):
         _screenshot(browser, "console-order-timeline.png")
 
         # --- a declined payment ---------------------------------------------------------------
-        await _open_order(browser, base, declined.OrderID)
+        await _open_order(browser, base, order_key("webshop", declined.OrderID))
         assert _outcome(browser, 1) == "compensated: every requested step undone"
         events = _events(browser, 1)
         _in_order(
@@ -306,7 +309,7 @@ async def test_operator_reads_and_acts_in_the_browser(stack, browser):
         _screenshot(browser, "console-order-compensated.png")
 
         # --- an agent that retried ---------------------------------------------------------------
-        await _open_order(browser, base, agent_retries.OrderID)
+        await _open_order(browser, base, order_key("webshop", agent_retries.OrderID))
         assert _outcome(browser, 1) == "Processed"
         charge = next(
             li
@@ -322,7 +325,7 @@ async def test_operator_reads_and_acts_in_the_browser(stack, browser):
 
         # --- a compensation that failed, then succeeded when an operator asked again -----------
         oid = undo_fails.OrderID
-        await _open_order(browser, base, oid)
+        await _open_order(browser, base, order_key("webshop", oid))
         assert _outcome(browser, 1) == "compensation failed"
         assert "release inventory: refused (permanent)" in " ".join(_events(browser, 1))
         assert _effects(browser)["reserve-inventory"] == "unknown"  # its undo failed
@@ -334,7 +337,7 @@ async def test_operator_reads_and_acts_in_the_browser(stack, browser):
             timeout=90,
             what="compensated",
         )
-        await _open_order(browser, base, oid)
+        await _open_order(browser, base, order_key("webshop", oid))
         assert _outcome(browser, 2) == "compensated: every requested step undone"
         assert _events(browser, 1)[-1].endswith("operator local: compensation requested")
         assert "release inventory: done" in " ".join(_events(browser, 2))
@@ -345,7 +348,9 @@ async def test_operator_reads_and_acts_in_the_browser(stack, browser):
         }
 
         # --- resubmit the Error order and see it go Pending ---------------------------------
-        await asyncio.to_thread(browser.get, f"{base}/orders/{failing.OrderID}")
+        await asyncio.to_thread(
+            browser.get, f"{base}/orders/{order_key('webshop', failing.OrderID)}"
+        )
         assert browser.find_element(By.ID, "order-state").text == "Error"
         browser.find_element(By.ID, "resubmit").click()
         wait.until(ec.presence_of_element_located((By.ID, "confirm")))
@@ -358,7 +363,7 @@ async def test_operator_reads_and_acts_in_the_browser(stack, browser):
         assert browser.current_url.startswith(base)  # a path redirect, kept on our origin
         page = browser.find_element(By.TAG_NAME, "main").text
         assert "operator local: resubmitted" in page
-        record, _ = await e2e.store.read(failing.OrderID)
+        record, _ = await e2e.store.read(order_key("webshop", failing.OrderID))
         entry = next(h for h in reversed(record.History) if h.By == "operator:local")
         assert (entry.From, entry.To) == (ProcessState.ERROR, ProcessState.PENDING)
         # the state right after: Pending, or already claimed again by the Starter
@@ -369,7 +374,7 @@ async def test_operator_reads_and_acts_in_the_browser(stack, browser):
         )
         # reloading the page after the redirect does not act again
         await asyncio.to_thread(browser.refresh)
-        record_after, _ = await e2e.store.read(failing.OrderID)
+        record_after, _ = await e2e.store.read(order_key("webshop", failing.OrderID))
         assert sum(1 for h in record_after.History if h.By == "operator:local") == 1
 
         # --- dead letters: counts, links, resend, discard -------------------------------------

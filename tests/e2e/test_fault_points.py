@@ -10,7 +10,7 @@ import pytest
 from azure.servicebus import ServiceBusMessage
 
 from domain.codec import encode
-from domain.ids import reply_event_name
+from domain.ids import order_key, reply_event_name
 from domain.models import AgentReply, AgentRequest, ProcessState, ReplyOutcome, StepStatus
 from domain.signing import reply_token, sign_reply
 from tests.e2e.conftest import E2E
@@ -75,7 +75,11 @@ async def test_agent_loses_the_answer_after_the_side_effect(stack):
         records = await e2e.wait_terminal({oid})
         assert records[oid].ProcessState is ProcessState.PROCESSED
         assert await e2e.check({oid}) == []
-        effects = [r for r in e2e.observed.side_effects["effects"] if r["order_id"] == oid]
+        effects = [
+            r
+            for r in e2e.observed.side_effects["effects"]
+            if r["order_id"] == order_key("webshop", oid)
+        ]
         assert {(r["step"], r["count"]) for r in effects} == {
             ("reserve-inventory", 1),
             ("charge-payment", 1),
@@ -146,27 +150,32 @@ async def test_late_reply_from_attempt_one_changes_nothing(stack):
         # now attempt 1's reply turns up, claiming success: a genuine one,
         # with its request's token and an agent's signature (ADR 017e)
         keys = e2e.settings.scheduler_keys()
+        key = order_key("webshop", oid)
         late = AgentReply(
-            InstanceId=f"{oid}:1",
-            OrderID=oid,
+            InstanceId=f"{key}:1",
+            OrderID=key,
             Step="reserve-inventory",
             Attempt=1,
             AppId="webshop",
             EventName=reply_event_name("reserve-inventory", 1),
-            EventId=f"{oid}:1/late",
+            EventId=f"{key}:1/late",
             Outcome=ReplyOutcome.OK,
             Result={"Reference": "from-attempt-1"},
         )
         token = token_of(keys, late)
         late = sign_reply(keys.agents, late.model_copy(update={"ReplyToken": token}))
         async with e2e.bus.get_queue_sender("agent-responses") as sender:
-            await sender.send_messages(ServiceBusMessage(encode(late), message_id=f"{oid}:1/late"))
+            await sender.send_messages(ServiceBusMessage(encode(late), message_id=f"{key}:1/late"))
         records = await e2e.wait_terminal({oid}, timeout=200)
         record = records[oid]
         assert record.ProcessState is ProcessState.PROCESSED
         assert record.Attempt >= 2
         assert record.Steps["reserve-inventory"].Reference != "from-attempt-1"
         assert await e2e.check({oid}) == []
-        assert f"late reply for {oid}:1" in e2e.host_log()
-        effects = [r for r in e2e.observed.side_effects["effects"] if r["order_id"] == oid]
+        assert f"late reply for {key}:1" in e2e.host_log()
+        effects = [
+            r
+            for r in e2e.observed.side_effects["effects"]
+            if r["order_id"] == order_key("webshop", oid)
+        ]
         assert ("reserve-inventory", 1) in {(r["step"], r["count"]) for r in effects}

@@ -20,6 +20,7 @@ from cli import trace as traces
 from devstack.invariants import INGRESS_QUEUE
 from devstack.stack import Stack
 from domain.codec import encode
+from domain.ids import order_key
 from domain.models import ProcessState
 from tests.e2e.conftest import E2E, E2E_SETTINGS
 
@@ -87,7 +88,8 @@ async def test_one_order_is_one_trace_across_submit_activities_agent_and_bridge(
             "send agent-responses",
             "send replies-webshop",
         }
-        found = await _spans_of(spans_file, oid, needed)
+        # Spans name the order by its key (what operators give `cli trace`).
+        found = await _spans_of(spans_file, order_key("webshop", oid), needed)
 
     names = {s.name for spans in found.values() for s in spans}
     assert needed <= names, f"missing spans: {sorted(needed - names)}"
@@ -102,10 +104,10 @@ async def test_one_order_is_one_trace_across_submit_activities_agent_and_bridge(
     (submit,) = [s for s in spans if s.name == "submit"]
     assert submit.parent_id == CLIENT_SPAN
     assert submit.kind == "consumer"
-    assert submit.attributes[telemetry.ORDER_ID] == oid
+    assert submit.attributes[telemetry.ORDER_ID] == order_key("webshop", oid)
 
     (start,) = [s for s in spans if s.name == "start attempt"]
-    assert start.attributes[telemetry.INSTANCE_ID] == f"{oid}:1"
+    assert start.attributes[telemetry.INSTANCE_ID] == f"{order_key('webshop', oid)}:1"
     # Submit's fast path claimed the attempt inside Submit's span.
     assert parent(start) is submit
     activities = [s for s in spans if s.name.startswith("activity ")]

@@ -55,7 +55,7 @@ async def test_an_attempt_in_flight_on_1_1_finishes_on_1_1_after_the_upgrade(sta
         )
         # The attempt in flight finished the order: no retry by a 2.x attempt.
         assert records[old.OrderID].Attempt == 1
-        assert records[old.OrderID].History[-1].By == f"{old.OrderID}:1"
+        assert records[old.OrderID].History[-1].By == f"{records[old.OrderID].id}:1"
         assert await e2e.check(ids) == []
         assert e2e.observed.replies[old.OrderID] == [
             "Received",

@@ -71,11 +71,9 @@ async def test_a_compensation_in_flight_on_2_0_finishes_on_2_0_after_the_upgrade
         assert records[new.OrderID].ProcessState is ProcessState.PROCESSED
         # The attempt in flight finished the compensation: no second attempt.
         assert records[old.OrderID].Attempt == 1
-        assert records[old.OrderID].History[-1].By == f"{old.OrderID}:1"
+        assert records[old.OrderID].History[-1].By == f"{records[old.OrderID].id}:1"
         assert await e2e.check(ids) == []
         assert e2e.observed.replies[old.OrderID][-1] == "Compensated"
         assert e2e.observed.replies[new.OrderID] == ["Received", "Processed"]
-        assert instance_versions(stack, {f"{old.OrderID}:1", f"{new.OrderID}:1"}) == {
-            f"{old.OrderID}:1": "2.0",
-            f"{new.OrderID}:1": "2.1",
-        }
+        first, later = (f"{records[o.OrderID].id}:1" for o in (old, new))
+        assert instance_versions(stack, {first, later}) == {first: "2.0", later: "2.1"}

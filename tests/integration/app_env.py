@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import uuid
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 from azure.servicebus import ServiceBusMessage, ServiceBusReceiveMode
@@ -85,10 +86,20 @@ class Bus:
     async def close(self) -> None:
         await self.client.close()
 
-    async def send(self, queue: str, body: bytes, message_id: str | None = None) -> None:
+    async def send(
+        self,
+        queue: str,
+        body: bytes,
+        message_id: str | None = None,
+        properties: dict[str, Any] | None = None,
+    ) -> None:
         async with self.client.get_queue_sender(queue) as sender:
             await sender.send_messages(
-                ServiceBusMessage(body, message_id=message_id or str(uuid.uuid4()))
+                ServiceBusMessage(
+                    body,
+                    message_id=message_id or str(uuid.uuid4()),
+                    application_properties=properties,
+                )
             )
 
     async def deliver(self, queue: str, function, wait: float = 10, **extra) -> tuple[str, ...]:

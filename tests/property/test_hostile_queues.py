@@ -34,6 +34,7 @@ from agents.agent import Agent
 from agents.messaging import RequestProcessor, ServiceBusReplySender
 from domain.codec import decode
 from domain.errors import NotFoundError, ValidationFailed
+from domain.ids import order_key
 from domain.models import AgentReply, AgentRequest, OrderSubmitted
 from orchestrators.functions import bp as orchestrator_blueprint
 from reporting import Alerts
@@ -323,7 +324,7 @@ async def test_every_order_message_is_accepted_valid_or_dead_lettered_with_a_rea
             order = decode(OrderSubmitted, body)  # accepted only as a valid contract
             assert order.AppId == "webshop"  # the queue's application, whatever else the body says
             assert oracle_accepts_text(body)
-            record, _ = await c.store.read(order.OrderID)
+            record, _ = await c.store.read(order_key(order.AppId, order.OrderID))
             assert record.OrderDigest == order.digest()
         else:
             assert call[0] == "deadletter", call
@@ -331,10 +332,11 @@ async def test_every_order_message_is_accepted_valid_or_dead_lettered_with_a_rea
             assert call[2], "a dead letter says why"
             dead[message_id] = call[1]
             for oid in {order_id, _readable(body)} - {None}:
-                with pytest.raises(NotFoundError):
-                    await c.store.read(oid)
-                with pytest.raises(NotFoundError):
-                    await c.orders.get(oid)
+                for key in (oid, order_key("webshop", oid)):
+                    with pytest.raises(NotFoundError):
+                        await c.store.read(key)
+                    with pytest.raises(NotFoundError):
+                        await c.orders.get(key)
     check_dead_letters_alerted(dead, await alerts_by_message_id(bus))
 
 

@@ -27,6 +27,8 @@ POLICY = sm.RetryPolicy(threshold=2, long_retries=0, claim_timeout=timedelta(sec
 
 
 def _order(oid: str) -> OrderSubmitted:
+    # Records here are keyed by the bare OrderID (`key=oid`): the fake, like
+    # the real container, stores whatever key it is given.
     return OrderSubmitted.model_validate(order_payload(oid))
 
 
@@ -43,9 +45,11 @@ def test_claims_updates_and_stale_etags_as_the_real_store():
     async def go():
         _, container = _store()
         store = CosmosStateStore(container)
-        record, _, created = await store.create_if_absent(sm.new_record(_order("A"), T0, []))
+        record, _, created = await store.create_if_absent(
+            sm.new_record(_order("A"), T0, [], key="A")
+        )
         assert created
-        _, _, again = await store.create_if_absent(sm.new_record(_order("A"), T0, []))
+        _, _, again = await store.create_if_absent(sm.new_record(_order("A"), T0, [], key="A"))
         assert not again
         assert [r.id for r in await store.query_pending(10, T0)] == ["A"]
         claimed = await store.claim("A", T0, POLICY)
@@ -71,7 +75,7 @@ def test_expired_scan_pages_by_keyset_in_deadline_order():
         rng = random.Random(3)
         for i in range(7):
             oid = f"O{i}"
-            await store.create_if_absent(sm.new_record(_order(oid), T0, []))
+            await store.create_if_absent(sm.new_record(_order(oid), T0, [], key=oid))
             await store.claim(oid, T0 + timedelta(seconds=rng.randint(0, 20)), POLICY)
         await store.update("O3", lambda r: sm.mark_processed(r, "O3:1", T0), "O3:1")
         now = T0 + timedelta(minutes=5)
@@ -146,7 +150,7 @@ def test_an_owner_is_not_refused_on_a_read_that_lags_its_claim():
         world = World(1, FaultConfig())
         container = LagOnce(world, "state", "/id")
         store = CosmosStateStore(container)
-        await store.create_if_absent(sm.new_record(_order("A"), T0, []))
+        await store.create_if_absent(sm.new_record(_order("A"), T0, [], key="A"))
         await store.claim("A", T0, POLICY)  # the previous version is Pending, unlocked
         container.lag = 1
         done, _ = await store.update(

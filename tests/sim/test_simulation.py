@@ -183,20 +183,28 @@ def _regression_params():
         marks = [] if entry.get("fixed") else [pytest.mark.xfail(strict=True, reason=reason)]
         version = entry.get("version")
         tag = f"-v{version}" if version else ""
+        apps = entry.get("apps", 1)  # recorded before the world had two applications
+        tag += "" if apps == 1 else f"-{apps}apps"
         yield pytest.param(
             entry["seed"],
             entry["orders"],
             version,
             # Entries found before the hostile sender existed replay without it.
             entry.get("hostile", 0),
+            apps,
+            # Entries found before the Durable client's faults, odd provider answers
+            # and foreign documents existed replay without them.
+            entry.get("wider", False),
             id=f"seed{entry['seed']}{tag}-{entry['check'][:30]}",
             marks=marks,
         )
 
 
-@pytest.mark.parametrize(("seed", "orders", "version", "hostile"), list(_regression_params()))
-def test_regression_seed(seed, orders, version, hostile):
-    result = run_schedule(seed, orders, version=version, hostile=hostile)
+@pytest.mark.parametrize(
+    ("seed", "orders", "version", "hostile", "apps", "wider"), list(_regression_params())
+)
+def test_regression_seed(seed, orders, version, hostile, apps, wider):
+    result = run_schedule(seed, orders, version=version, hostile=hostile, apps=apps, wider=wider)
     assert result.violations == []
 
 
@@ -230,3 +238,52 @@ def test_thousand_schedules():
 def test_schedules_on_version_1_1():
     """Attempts already in flight on 1.1 keep its guarantees: 200 schedules."""
     _bulk(range(200_001, 200_201), 1, "1.1")
+
+
+def test_application_checks_can_fail():
+    """Two applications, one OrderID: break what keeps them apart and see the
+    checks fire (an order, a status and a conflict crossing applications)."""
+    sim = _run(1, 2, Options(orders=2, faults=FaultConfig()))
+    first, second = sim.order_ids
+    assert [sim.orders[k][1] for k in (first, second)] == ["ORD-1-0", "ORD-1-0"]
+    assert sim.orders[first][0] != sim.orders[second][0]
+    assert sim.violations == []
+    doc = sim.state_c.docs[(first, first)]
+    doc["AppId"] = sim.orders[second][0]
+    sim.check()
+    assert "order crossed applications" in [c for c, _ in sim.violations]
+    doc["AppId"] = sim.orders[first][0]
+
+    from sim.system import INGRESS_OF, REGISTRY
+
+    sim.violations.clear()
+    failed = {"OrderID": "ORD-1-0", "Status": "Failed", "Timestamp": "2026-11-30T08:00:00Z"}
+    sim.bus.send(REGISTRY[sim.orders[first][0]], json.dumps(failed).encode(), "x/status")
+    sim.check()
+    assert "status crossed applications" in [c for c, _ in sim.violations]
+
+    sim.violations.clear()
+    sim.bus.queue(REGISTRY[sim.orders[first][0]]).sent.pop()
+    queue = INGRESS_OF[sim.orders[second][0]]
+    sim.bus.send(queue, sim._order_body(second), "refused")
+    refused = sim.bus.queue(queue).messages.pop()
+    refused.dead_letter_reason = "OrderConflict"
+    sim.bus.queue(queue).dead.append(refused)
+    sim.check()
+    assert "conflict crossed applications" in [c for c, _ in sim.violations]
+
+
+def test_an_order_the_previous_version_accepted_keeps_its_key():
+    """Seed 7 draws a webshop order written by the version before keys named
+    the application (bare OrderID); the partner sends the same OrderID."""
+    sim = _run(7, 3, Options(orders=3, faults=FaultConfig()))
+    assert sim.legacy == {"ORD-7-0"}
+    assert sim.orders["ORD-7-0"] == ("webshop", "ORD-7-0")
+    assert sim.orders["partner-portal:ORD-7-0"] == ("partner-portal", "ORD-7-0")
+    assert sim.state_c.docs[("ORD-7-0", "ORD-7-0")]["ProcessState"] == "Processed"
+    assert ("webshop:ORD-7-0", "webshop:ORD-7-0") not in sim.state_c.docs
+    assert sim.violations == []
+    doc = dict(sim.state_c.docs[("ORD-7-0", "ORD-7-0")], id="webshop:ORD-7-0")
+    sim.state_c.docs[("webshop:ORD-7-0", "webshop:ORD-7-0")] = doc
+    sim.check()
+    assert "previous version's order duplicated" in [c for c, _ in sim.violations]

@@ -55,3 +55,22 @@ def test_an_application_opts_in_to_progress_statuses():
 def test_malformed_entries_are_refused_by_name(entry):
     with pytest.raises(SettingsError, match="backoffice"):
         settings({"backoffice": entry})
+
+
+def test_two_applications_may_not_share_a_reply_queue():
+    """OrderIDs are unique per application only, and a status names just the
+    OrderID: two applications on one reply queue could not tell theirs apart."""
+    with pytest.raises(SettingsError, match="share the reply queue 'replies'"):
+        settings({"webshop": "replies", "partner": {"queue": "replies"}})
+
+
+def test_an_app_id_that_cannot_name_order_keys_is_refused():
+    with pytest.raises(SettingsError, match="AppId 'Web Shop'"):
+        settings({"Web Shop": "replies-web"})
+
+
+def test_two_long_app_ids_whose_order_key_tags_meet_are_refused():
+    # Found by search: the same first 7 characters and 8 hex digits of SHA-256.
+    a, b = "collide-app-00014271", "collide-app-00110258"
+    with pytest.raises(SettingsError, match="share the order-key tag"):
+        settings({a: "replies-a", b: "replies-b"})

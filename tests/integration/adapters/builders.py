@@ -21,7 +21,9 @@ def make_order(order_id: str = "ORD-1", **overrides: Any) -> OrderSubmitted:
 
 
 def make_record(order_id: str = "ORD-1", now: datetime = NOW) -> OrderState:
-    return sm.new_record(make_order(order_id), now, STEPS)
+    # Keyed by `order_id` as given: the store keeps whatever key it is given
+    # (Submit alone builds keys, domain.ids.order_key).
+    return sm.new_record(make_order(order_id), now, STEPS, key=order_id)
 
 
 def processing_record(order_id: str, complete_by: datetime, now: datetime = NOW) -> OrderState:

@@ -12,6 +12,7 @@ from adapters.orders_db import CosmosOrdersRepository
 from adapters.state_store import CosmosStateStore
 from domain import state_machine as sm
 from domain.errors import ConflictError, NotFoundError
+from domain.ids import order_key
 from domain.models import OrderSubmitted
 from tests.integration.adapters.builders import NOW, STEPS, make_order
 
@@ -51,21 +52,21 @@ async def test_a_redelivery_completes_a_submit_that_crashed_between_the_writes(
     order = make_order("ORD-DW")
     with pytest.raises(Crash):
         await submit(orders_repository, state_store, order, crash_between_writes=True)
-    assert await orders_repository.get("ORD-DW") == order
+    assert await orders_repository.get(order_key("webshop", "ORD-DW")) == order
     with pytest.raises(NotFoundError):
-        await state_store.read("ORD-DW")
+        await state_store.read(order_key("webshop", "ORD-DW"))
 
     # The message is redelivered (its lock expired with the process).
     assert await submit(orders_repository, state_store, order) == (False, True)
     # And once more, as Service Bus may: nothing changes.
     assert await submit(orders_repository, state_store, order) == (False, False)
 
-    record, _ = await state_store.read("ORD-DW")
+    record, _ = await state_store.read(order_key("webshop", "ORD-DW"))
     assert record == sm.new_record(order, NOW, STEPS)
     assert record.OrderDigest == order.digest()
     orders_container = orders_repository._container
-    assert await count(orders_container, "ORD-DW") == 1
-    assert await count(state_container, "ORD-DW") == 1
+    assert await count(orders_container, order_key("webshop", "ORD-DW")) == 1
+    assert await count(state_container, order_key("webshop", "ORD-DW")) == 1
 
 
 async def test_a_conflicting_redelivery_after_a_crash_writes_no_record(
@@ -80,4 +81,4 @@ async def test_a_conflicting_redelivery_after_a_crash_writes_no_record(
         await submit(orders_repository, state_store, different)
     assert caught.value.fields == ["Currency"]
     with pytest.raises(NotFoundError):
-        await state_store.read("ORD-DX")
+        await state_store.read(order_key("webshop", "ORD-DX"))

@@ -10,6 +10,7 @@ import pytest
 
 from adapters.orders_db import CosmosOrdersRepository
 from domain.errors import ConflictError, NotFoundError
+from domain.ids import order_key
 from domain.models import OrderSubmitted
 from tests.integration.adapters.builders import make_order, order_payload
 
@@ -20,7 +21,20 @@ async def test_an_order_is_stored_once_and_read_back(
     order = make_order("ORD-1")
     assert await orders_repository.create_if_absent(order) is True
     assert await orders_repository.create_if_absent(order) is False
-    assert await orders_repository.get("ORD-1") == order
+    assert await orders_repository.get(order_key("webshop", "ORD-1")) == order
+
+
+async def test_another_applications_order_with_the_same_order_id_is_another_document(
+    orders_repository: CosmosOrdersRepository,
+) -> None:
+    mine = make_order("ORD-S")
+    theirs = make_order("ORD-S", AppId="partner-portal", ReplyTo="replies-partner-portal")
+    assert await orders_repository.create_if_absent(mine) is True
+    assert await orders_repository.create_if_absent(theirs) is True  # no conflict
+    assert await orders_repository.get(order_key("webshop", "ORD-S")) == mine
+    assert await orders_repository.get(order_key("partner-portal", "ORD-S")) == theirs
+    with pytest.raises(NotFoundError):
+        await orders_repository.get("ORD-S")
 
 
 async def test_a_redelivery_in_another_canonical_form_is_the_same_order(
@@ -87,12 +101,15 @@ def test_every_immutable_field_has_a_conflict_case() -> None:
 async def test_a_different_order_under_an_existing_id_is_a_conflict_naming_the_field(
     field: str, orders_repository: CosmosOrdersRepository
 ) -> None:
+    # Both under one key (Submit gives an order its own application's key, so
+    # an AppId change there is another order: the test above).
+    key = order_key("webshop", "ORD-C")
     original = make_order("ORD-C")
-    await orders_repository.create_if_absent(original)
+    await orders_repository.create_if_absent(original, key)
     change, differing = CHANGES[field]
     different = OrderSubmitted.model_validate(order_payload("ORD-C", **change()))
 
     with pytest.raises(ConflictError) as caught:
-        await orders_repository.create_if_absent(different)
+        await orders_repository.create_if_absent(different, key)
     assert caught.value.fields == differing
-    assert await orders_repository.get("ORD-C") == original  # never overwritten
+    assert await orders_repository.get(key) == original  # never overwritten

@@ -26,6 +26,7 @@ from devstack.invariants import INGRESS_QUEUE
 from devstack.stack import Stack
 from domain.codec import encode
 from domain.errors import NotFoundError
+from domain.ids import order_key
 from domain.models import ProcessState
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
@@ -73,7 +74,7 @@ async def test_a_lone_order_is_started_by_submit_not_by_the_starters_timer(stack
                 )
             # generous: the 2-core machine is shared; not a speed assertion
             record = await _wait_for_state(
-                store, order.OrderID, ProcessState.PROCESSED, timeout=240
+                store, order_key("webshop", order.OrderID), ProcessState.PROCESSED, timeout=240
             )
     finally:
         await cosmos.close()

@@ -17,6 +17,7 @@ import bootstrap
 from adapters.state_store import CosmosStateStore
 from devstack.cosmos.faults import FaultRule, clear_faults, set_faults
 from domain.errors import NotFoundError
+from domain.ids import order_key
 from domain.models import ProcessState
 from submit.functions import function_name, register
 from tests.integration.app_env import INGRESS, Bus, app_env, registered  # noqa: F401
@@ -86,6 +87,7 @@ class Rig:
     def __init__(self, bus: Bus) -> None:
         self.bus = bus
         self.order_id = f"IT-{uuid.uuid4().hex[:10]}"
+        self.key = order_key("webshop", self.order_id)
 
     def body(self, **overrides) -> bytes:
         return json.dumps(order_payload(OrderID=self.order_id, **overrides)).encode()
@@ -106,7 +108,7 @@ class Rig:
 
     async def record(self):
         c = await bootstrap.container()
-        return (await c.store.read(self.order_id))[0]
+        return (await c.store.read(self.key))[0]
 
 
 async def test_new_order_written_and_received_sent(rig):
@@ -118,7 +120,7 @@ async def test_new_order_written_and_received_sent(rig):
     assert record.FailureCount == 0
     assert record.ReceivedSent
     c = await bootstrap.container()
-    assert (await c.orders.get(rig.order_id)).OrderID == rig.order_id
+    assert (await c.orders.get(rig.key)).OrderID == rig.order_id
     assert await rig.replies() == ["Received"]
 
 
@@ -151,8 +153,8 @@ async def test_crash_between_the_two_writes_is_healed_by_redelivery(rig, monkeyp
         i
         async for i in c.state_container.query_items(
             "SELECT VALUE COUNT(1) FROM c WHERE c.id = @id",
-            parameters=[{"name": "@id", "value": rig.order_id}],
-            partition_key=rig.order_id,
+            parameters=[{"name": "@id", "value": rig.key}],
+            partition_key=rig.key,
         )
     ]
     assert items == [1]
@@ -242,6 +244,44 @@ async def test_throttled_store_retries_after_a_delay_not_at_once(
     assert await rig.alerts() == []
 
 
+async def test_two_orders_with_the_same_client_properties_both_get_their_back_off_copy(
+    rig,
+    app_env,  # noqa: F811
+    cosmos_server,
+    cosmos_database,
+):
+    """A back-off copy is named by the broker's sequence number, not by a
+    property the client set: two orders that both carry one
+    `x-original-message-id` (and retry count) each get their copy past the
+    queue's duplicate detection, and both are accepted."""
+    app_env(REDELIVERY_DELAYS_SECONDS="2")  # both originals are taken before either copy
+    other = f"IT-{uuid.uuid4().hex[:10]}"
+    same = {"x-original-message-id": "chosen-by-the-client", "x-retry-count": 0}
+    for order_id in (rig.order_id, other):
+        body = json.dumps(order_payload(OrderID=order_id)).encode()
+        await rig.bus.send(ORDERS, body, message_id=order_id, properties=same)
+    set_faults(cosmos_server.endpoint, FaultRule(status=429, db=cosmos_database, retry_after_ms=10))
+    try:
+        # completed, each: its copy is scheduled instead
+        assert [await rig.bus.deliver(ORDERS, SUBMIT) for _ in range(2)] == [
+            ("complete",),
+            ("complete",),
+        ]
+    finally:
+        clear_faults(cosmos_server.endpoint)
+    assert [await rig.bus.deliver(ORDERS, SUBMIT, wait=15) for _ in range(2)] == [
+        ("complete",),
+        ("complete",),
+    ]
+    c = await bootstrap.container()
+    for order_id in (rig.order_id, other):
+        record, _ = await c.store.read(order_key("webshop", order_id))
+        assert record.ProcessState is ProcessState.PENDING
+    received = [m["OrderID"] for m in await rig.bus.drain("replies-webshop", wait=0.3)]
+    assert sorted(received) == sorted([rig.order_id, other])
+    assert await rig.alerts() == []
+
+
 async def test_throttling_that_outlasts_the_back_off_dead_letters_with_a_reason_and_an_alert(
     rig,
     app_env,  # noqa: F811
@@ -304,7 +344,7 @@ async def test_a_rejected_order_whose_status_send_failed_hears_rejected_on_redel
     from domain.errors import NotFoundError
 
     with pytest.raises(NotFoundError):
-        await c.orders.get(rig.order_id)
+        await c.orders.get(rig.key)
 
 
 async def test_an_order_on_the_webshop_ingress_becomes_a_webshop_order(rig):
@@ -319,7 +359,9 @@ async def test_each_application_has_its_own_submit_function_and_queue(rig):
     assert await rig.bus.deliver(INGRESS["partner-portal"], _submit_of("partner-portal")) == (
         "complete",
     )
-    assert (await rig.record()).AppId == "partner-portal"
+    c = await bootstrap.container()
+    record, _ = await c.store.read(order_key("partner-portal", rig.order_id))
+    assert record.AppId == "partner-portal"
     assert await rig.replies("replies-partner-portal") == ["Received"]
 
 
@@ -339,7 +381,7 @@ async def test_a_body_naming_partner_portal_on_the_webshop_ingress_is_dead_lette
         await rig.record()
     c = await bootstrap.container()
     with pytest.raises(NotFoundError):
-        await c.orders.get(rig.order_id)
+        await c.orders.get(rig.key)
     assert await rig.replies("replies-partner-portal") == []
     assert await rig.replies() == []
 
@@ -354,7 +396,9 @@ def _calls(*charges) -> dict[str, int]:
 
 async def test_a_new_order_costs_two_creates_and_one_replace_on_the_real_server(rig):
     """Counted from the Cosmos server's responses (each adapter call records
-    its response's charge), not timed."""
+    its response's charge), not timed. With LEGACY_ORDER_KEYS on (the
+    default) one point read first looks for a record keyed by the bare
+    OrderID (ADR 017e)."""
     c = await bootstrap.container()
     # The backlog gauge's point read is per process (cached 5 s), not per
     # order: counted apart.
@@ -364,6 +408,7 @@ async def test_a_new_order_costs_two_creates_and_one_replace_on_the_real_server(
     spent = {k: after[k] - before.get(k, 0) for k in after if after[k] != before.get(k, 0)}
     backlog = {k: v for k, v in spent.items() if "gauge" in k or "backlog" in k}
     assert {k: v for k, v in spent.items() if k not in backlog} == {
+        "read": 1,
         "order_create": 1,
         "create": 1,
         "replace": 1,

@@ -44,12 +44,12 @@ async def test_every_write_run_twice_is_one_write_and_never_stale(final):
         ]
     for kind, fields in writes:
         first = await _write(acts, iid, kind, **fields)
-        after_first = world.store.docs["A1"][0]
+        after_first = world.store.docs["webshop:A1"][0]
         again = await _write(acts, iid, kind, **fields)
         assert not first.Stale, (kind, first.Reason)
         assert not again.Stale, (kind, again.Reason)
         assert first.State == again.State
-        record = world.store.docs["A1"][0]
+        record = world.store.docs["webshop:A1"][0]
         assert record["ProcessState"] == after_first["ProcessState"]
         assert record["Compensation"] == after_first["Compensation"]
     expected = {
@@ -65,13 +65,13 @@ async def test_a_write_by_another_attempt_is_stale():
     iid = await world.claimed()
     result = await _write(
         world.activities(),
-        "A1:7",
+        "webshop:A1:7",
         "start_step",
         Step="reserve-inventory",
         Deadline=world.now + timedelta(minutes=1),
     )
     assert result.Stale
-    assert iid != "A1:7"
+    assert iid != "webshop:A1:7"
 
 
 async def test_agent_request_sent_twice_is_one_message():
@@ -125,7 +125,7 @@ async def test_an_error_records_alert_goes_with_its_status_and_survives_a_failed
     iid = await world.claimed()
     acts = world.activities()
     await _write(acts, iid, "failed", Step="reserve-inventory", Reason="declined")
-    await acts.raise_alert(AlertNote(Kind="OrderError", OrderID="A1", Reason="declined"))
+    await acts.raise_alert(AlertNote(Kind="OrderError", OrderID="webshop:A1", Reason="declined"))
     assert world.sent("alerts") == []
     note = StatusNote(
         InstanceId=iid, ReplyTo="replies-webshop", Status=StatusKind.FAILED, Detail="declined"

@@ -30,9 +30,9 @@ def run(monkeypatch, *argv: str) -> tuple[int, str]:
 @pytest.mark.parametrize(
     ("argv", "expected"),
     [
-        (["show", "ORD-1\n"], "OrderID 'ORD-1\\n' must be"),
-        (["resubmit", "[/]"], "OrderID '[/]' must be"),
-        (["compensate", "a/b"], "OrderID 'a/b' must be"),
+        (["show", "ORD-1\n"], "order key 'ORD-1\\n' must be"),
+        (["resubmit", "[/]"], "order key '[/]' must be"),
+        (["compensate", "a/b"], "order key 'a/b' must be"),
         (["deadletters", "Orders/../x"], "is not a queue name"),
         (["post", "--file", "/nonexistent/orders.json"], "no such file: /nonexistent/orders.json"),
     ],

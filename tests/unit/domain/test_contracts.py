@@ -140,10 +140,16 @@ def test_identities_have_one_builder_each():
     )
 
 
-@pytest.mark.parametrize("bad", ["", "a:b", "a/b", "-x", "x" * 65])
-def test_order_ids_that_would_break_separators_are_refused(bad):
+@pytest.mark.parametrize("bad", ["", "a:b:c", "A:b", "a/b", "-x", "x" * 65, "a" * 17 + ":b"])
+def test_order_keys_that_would_break_separators_are_refused(bad):
     with pytest.raises(ValueError, match="OrderID"):
         ids.attempt_instance_id(bad, 1)
+
+
+@pytest.mark.parametrize("bad", ["a:b", "a/b", "-x", "x" * 65])
+def test_order_ids_that_would_break_separators_are_refused(bad):
+    with pytest.raises(ValueError, match="OrderID"):
+        ids.order_key("webshop", bad)
 
 
 def test_attempts_start_at_one():

@@ -32,7 +32,8 @@ def test_new_record_is_pending_unlocked_with_no_deadline(order):
     assert record.FailureCount == 0
     assert record.Attempt == 0
     assert record.ReplyTo == "replies-webshop"
-    assert record.id == "ORD-1"
+    assert record.id == "webshop:ORD-1"
+    assert record.order_id == "ORD-1"
     assert record.OrderDigest == order.digest()
     assert set(record.Steps) == set(STEPS)
     assert all(s.Status is StepStatus.NOT_STARTED for s in record.Steps.values())
@@ -51,7 +52,7 @@ def test_rejected_record_is_terminal_with_reason(order):
 def test_claim_sets_lock_attempt_and_deadline(pending, policy):
     record = sm.claim(pending, NOW, policy)
     assert record.ProcessState is ProcessState.PROCESSING
-    assert record.LockedBy == "ORD-1:1"
+    assert record.LockedBy == "webshop:ORD-1:1"
     assert record.Attempt == 1
     # set at claim time so a starter crash before the start is still recovered
     assert record.CompleteBy == NOW + policy.claim_timeout
@@ -69,7 +70,7 @@ def test_claim_refused_outside_pending(pending, policy, state):
 
 def test_claim_refused_when_locked(pending, policy):
     with pytest.raises(sm.IllegalTransition):
-        sm.claim(pending.model_copy(update={"LockedBy": "ORD-1:9"}), NOW, policy)
+        sm.claim(pending.model_copy(update={"LockedBy": "webshop:ORD-1:9"}), NOW, policy)
 
 
 def test_claim_refused_during_long_retry_wait(pending, policy):
@@ -84,7 +85,7 @@ def test_second_attempt_gets_a_new_instance_id(pending, policy):
     first = sm.claim(pending, NOW, policy)
     back = sm.recover_expired(first, first.LockedBy, LATER, policy)
     second = sm.claim(back, LATER, policy)
-    assert second.LockedBy == "ORD-1:2"
+    assert second.LockedBy == "webshop:ORD-1:2"
     assert second.Attempt == 2
 
 
@@ -93,33 +94,33 @@ def test_second_attempt_gets_a_new_instance_id(pending, policy):
 
 def test_start_and_complete_step_by_owner(processing):
     deadline = NOW + timedelta(seconds=30)
-    record = sm.start_step(processing, "ORD-1:1", STEPS[0], NOW, deadline)
+    record = sm.start_step(processing, "webshop:ORD-1:1", STEPS[0], NOW, deadline)
     assert record.Steps[STEPS[0]].Status is StepStatus.RUNNING
     assert record.CompleteBy == deadline
-    record = sm.complete_step(record, "ORD-1:1", STEPS[0], NOW, reference="res-1")
+    record = sm.complete_step(record, "webshop:ORD-1:1", STEPS[0], NOW, reference="res-1")
     assert record.Steps[STEPS[0]].Status is StepStatus.COMPLETED
     assert [e.Step for e in record.Compensation] == [STEPS[0]]
 
 
 def test_complete_step_twice_is_idempotent(processing):
-    record = sm.complete_step(processing, "ORD-1:1", STEPS[0], NOW)
-    assert sm.complete_step(record, "ORD-1:1", STEPS[0], NOW) == record
+    record = sm.complete_step(processing, "webshop:ORD-1:1", STEPS[0], NOW)
+    assert sm.complete_step(record, "webshop:ORD-1:1", STEPS[0], NOW) == record
 
 
 def test_completed_step_cannot_restart(processing):
-    record = sm.complete_step(processing, "ORD-1:1", STEPS[0], NOW)
+    record = sm.complete_step(processing, "webshop:ORD-1:1", STEPS[0], NOW)
     with pytest.raises(sm.IllegalTransition):
-        sm.start_step(record, "ORD-1:1", STEPS[0], NOW, LATER)
+        sm.start_step(record, "webshop:ORD-1:1", STEPS[0], NOW, LATER)
 
 
 @pytest.mark.parametrize(
     "write",
     [
-        lambda r: sm.start_step(r, "ORD-1:0", STEPS[0], NOW, LATER),
-        lambda r: sm.complete_step(r, "ORD-1:0", STEPS[0], NOW),
-        lambda r: sm.mark_processed(r, "ORD-1:0", NOW),
-        lambda r: sm.mark_failed(r, "ORD-1:0", STEPS[0], "boom", NOW),
-        lambda r: sm.begin_compensation(r, "ORD-1:0", "boom", NOW),
+        lambda r: sm.start_step(r, "webshop:ORD-1:0", STEPS[0], NOW, LATER),
+        lambda r: sm.complete_step(r, "webshop:ORD-1:0", STEPS[0], NOW),
+        lambda r: sm.mark_processed(r, "webshop:ORD-1:0", NOW),
+        lambda r: sm.mark_failed(r, "webshop:ORD-1:0", STEPS[0], "boom", NOW),
+        lambda r: sm.begin_compensation(r, "webshop:ORD-1:0", "boom", NOW),
     ],
     ids=["start_step", "complete_step", "processed", "failed", "compensate"],
 )
@@ -133,7 +134,7 @@ def test_stale_attempt_never_writes(processing, write):
 
 
 def test_processed_when_all_steps_completed(processing):
-    record = sm.mark_processed(run_all_steps(processing), "ORD-1:1", NOW)
+    record = sm.mark_processed(run_all_steps(processing), "webshop:ORD-1:1", NOW)
     assert record.ProcessState is ProcessState.PROCESSED
     assert record.LockedBy is None
     assert record.CompleteBy is None
@@ -142,11 +143,11 @@ def test_processed_when_all_steps_completed(processing):
 
 def test_processed_refused_with_unfinished_steps(processing):
     with pytest.raises(sm.IllegalTransition, match="unfinished"):
-        sm.mark_processed(processing, "ORD-1:1", NOW)
+        sm.mark_processed(processing, "webshop:ORD-1:1", NOW)
 
 
 def test_error_on_permanent_agent_failure(processing):
-    record = sm.mark_failed(processing, "ORD-1:1", STEPS[0], "card declined", NOW)
+    record = sm.mark_failed(processing, "webshop:ORD-1:1", STEPS[0], "card declined", NOW)
     assert record.ProcessState is ProcessState.ERROR
     assert record.LastError == "card declined"
     assert record.Steps[STEPS[0]].Status is StepStatus.FAILED
@@ -159,16 +160,16 @@ def test_error_on_permanent_agent_failure(processing):
 def test_orchestration_writes_need_processing(processing, state):
     record = processing.model_copy(update={"ProcessState": state})
     with pytest.raises(sm.IllegalTransition):
-        sm.mark_failed(record, "ORD-1:1", None, "x", NOW)
+        sm.mark_failed(record, "webshop:ORD-1:1", None, "x", NOW)
     with pytest.raises(sm.IllegalTransition):
-        sm.start_step(record, "ORD-1:1", STEPS[0], NOW, LATER)
+        sm.start_step(record, "webshop:ORD-1:1", STEPS[0], NOW, LATER)
 
 
 # --- Supervisor ---------------------------------------------------------------------------
 
 
 def test_recover_expired_below_threshold_returns_to_pending(processing, policy):
-    record = sm.recover_expired(processing, "ORD-1:1", LATER, policy)
+    record = sm.recover_expired(processing, "webshop:ORD-1:1", LATER, policy)
     assert record.ProcessState is ProcessState.PENDING
     assert record.LockedBy is None
     assert record.CompleteBy is None
@@ -178,12 +179,12 @@ def test_recover_expired_below_threshold_returns_to_pending(processing, policy):
 
 def test_recover_refuses_unexpired(processing, policy):
     with pytest.raises(sm.IllegalTransition):
-        sm.recover_expired(processing, "ORD-1:1", NOW, policy)
+        sm.recover_expired(processing, "webshop:ORD-1:1", NOW, policy)
 
 
 def test_recover_refuses_when_owner_changed(processing, policy):
     with pytest.raises(StaleError):
-        sm.recover_expired(processing, "ORD-1:0", LATER, policy)
+        sm.recover_expired(processing, "webshop:ORD-1:0", LATER, policy)
 
 
 def test_clock_skew_slack_protects_a_live_attempt(processing, policy):
@@ -191,7 +192,9 @@ def test_clock_skew_slack_protects_a_live_attempt(processing, policy):
     assert sm.is_expired(processing, just_after)
     assert not sm.is_expired(processing, just_after, slack=timedelta(seconds=10))
     with pytest.raises(sm.IllegalTransition):
-        sm.recover_expired(processing, "ORD-1:1", just_after, policy, slack=timedelta(seconds=10))
+        sm.recover_expired(
+            processing, "webshop:ORD-1:1", just_after, policy, slack=timedelta(seconds=10)
+        )
 
 
 def test_budget_quick_then_long_retry_then_error(pending, policy):
@@ -226,22 +229,22 @@ def test_recover_refused_outside_processing(pending, policy):
 def test_compensation_in_reverse_order_to_compensated(processing):
     record = processing
     for step in STEPS[:2]:
-        record = sm.complete_step(record, "ORD-1:1", step, NOW, reference=f"ref-{step}")
-    record = sm.begin_compensation(record, "ORD-1:1", "shipping refused", NOW)
+        record = sm.complete_step(record, "webshop:ORD-1:1", step, NOW, reference=f"ref-{step}")
+    record = sm.begin_compensation(record, "webshop:ORD-1:1", "shipping refused", NOW)
     assert record.ProcessState is ProcessState.COMPENSATING
     assert [e.Step for e in record.Compensation] == STEPS[:2]
     for entry in reversed(record.Compensation):
-        record = sm.record_undo(record, "ORD-1:1", entry.Step, True, NOW)
-    record = sm.finish_compensation(record, "ORD-1:1", NOW)
+        record = sm.record_undo(record, "webshop:ORD-1:1", entry.Step, True, NOW)
+    record = sm.finish_compensation(record, "webshop:ORD-1:1", NOW)
     assert record.ProcessState is ProcessState.COMPENSATED
     assert record.Steps[STEPS[0]].Status is StepStatus.COMPENSATED
 
 
 def test_compensation_failure_names_the_step(processing):
-    record = sm.complete_step(processing, "ORD-1:1", STEPS[0], NOW)
-    record = sm.begin_compensation(record, "ORD-1:1", "later step refused", NOW)
-    record = sm.record_undo(record, "ORD-1:1", STEPS[0], False, NOW, error="refund refused")
-    record = sm.finish_compensation(record, "ORD-1:1", NOW)
+    record = sm.complete_step(processing, "webshop:ORD-1:1", STEPS[0], NOW)
+    record = sm.begin_compensation(record, "webshop:ORD-1:1", "later step refused", NOW)
+    record = sm.record_undo(record, "webshop:ORD-1:1", STEPS[0], False, NOW, error="refund refused")
+    record = sm.finish_compensation(record, "webshop:ORD-1:1", NOW)
     assert record.ProcessState is ProcessState.COMPENSATION_FAILED
     assert STEPS[0] in record.LastError
     # ... and the cause, which the alert and the client's status carry too
@@ -250,24 +253,24 @@ def test_compensation_failure_names_the_step(processing):
 
 
 def test_a_compensation_that_succeeds_clears_the_old_undo_failure(processing):
-    record = sm.complete_step(processing, "ORD-1:1", STEPS[0], NOW)
-    record = sm.begin_compensation(record, "ORD-1:1", "later step refused", NOW)
-    record = sm.record_undo(record, "ORD-1:1", STEPS[0], False, NOW, error="refund refused")
+    record = sm.complete_step(processing, "webshop:ORD-1:1", STEPS[0], NOW)
+    record = sm.begin_compensation(record, "webshop:ORD-1:1", "later step refused", NOW)
+    record = sm.record_undo(record, "webshop:ORD-1:1", STEPS[0], False, NOW, error="refund refused")
     assert record.LastError is not None
-    record = sm.record_undo(record, "ORD-1:1", STEPS[0], True, NOW)  # the operator's retry
-    record = sm.finish_compensation(record, "ORD-1:1", NOW)
+    record = sm.record_undo(record, "webshop:ORD-1:1", STEPS[0], True, NOW)  # the operator's retry
+    record = sm.finish_compensation(record, "webshop:ORD-1:1", NOW)
     assert record.ProcessState is ProcessState.COMPENSATED
     assert record.LastError is None
 
 
 def test_operator_compensation_takes_a_new_lock(processing, policy):
-    record = sm.complete_step(processing, "ORD-1:1", STEPS[0], NOW)
-    record = sm.mark_failed(record, "ORD-1:1", STEPS[1], "declined", NOW)
+    record = sm.complete_step(processing, "webshop:ORD-1:1", STEPS[0], NOW)
+    record = sm.mark_failed(record, "webshop:ORD-1:1", STEPS[1], "declined", NOW)
     record = sm.claim_compensation(record, LATER)
     assert record.ProcessState is ProcessState.COMPENSATING
-    assert record.LockedBy == "ORD-1:2"
+    assert record.LockedBy == "webshop:ORD-1:2"
     with pytest.raises(StaleError):
-        sm.record_undo(record, "ORD-1:1", STEPS[0], True, LATER)
+        sm.record_undo(record, "webshop:ORD-1:1", STEPS[0], True, LATER)
 
 
 @pytest.mark.parametrize(
@@ -283,8 +286,8 @@ def test_operator_compensation_only_from_error_states(processing, policy, state)
 
 
 def test_resubmit_error_to_pending_keeps_completed_steps(processing):
-    record = sm.complete_step(processing, "ORD-1:1", STEPS[0], NOW)
-    record = sm.mark_failed(record, "ORD-1:1", STEPS[1], "declined", NOW)
+    record = sm.complete_step(processing, "webshop:ORD-1:1", STEPS[0], NOW)
+    record = sm.mark_failed(record, "webshop:ORD-1:1", STEPS[1], "declined", NOW)
     record = sm.resubmit(record, LATER)
     assert record.ProcessState is ProcessState.PENDING
     assert record.LockedBy is None
@@ -308,8 +311,8 @@ def test_history_is_bounded(pending, policy):
 
 
 def test_operator_requests_compensation_then_starter_claims_it(processing, policy):
-    record = sm.complete_step(processing, "ORD-1:1", STEPS[0], NOW)
-    record = sm.mark_failed(record, "ORD-1:1", STEPS[1], "declined", NOW)
+    record = sm.complete_step(processing, "webshop:ORD-1:1", STEPS[0], NOW)
+    record = sm.mark_failed(record, "webshop:ORD-1:1", STEPS[1], "declined", NOW)
     record = sm.request_compensation(record, LATER)
     assert record.CompensationRequested
     assert record.ProcessState is ProcessState.ERROR
@@ -411,7 +414,7 @@ def test_claiming_a_compensation_keeps_an_undelivered_failed_status(processing, 
     """The Failed status still in the outbox (its send failed; the Starter has
     not delivered it yet) must reach the client: claiming the compensation
     keeps it for the Starter to deliver, instead of dropping it."""
-    record = sm.mark_failed(processing, "ORD-1:1", STEPS[1], "declined", NOW)
+    record = sm.mark_failed(processing, "webshop:ORD-1:1", STEPS[1], "declined", NOW)
     unsent = record.PendingStatus
     record = sm.request_compensation(record, LATER)
     claimed = sm.claim_compensation(record, LATER)
@@ -426,8 +429,8 @@ def test_the_final_status_replaces_one_still_undelivered_when_compensation_ends(
     """DESIGN §4: the client sees every terminal status, or at least the final
     one. An entry still undelivered when the compensation ends gives way to
     the final status (one outbox entry; the History keeps the transition)."""
-    record = sm.complete_step(processing, "ORD-1:1", STEPS[0], NOW)
-    record = sm.mark_failed(record, "ORD-1:1", STEPS[1], "declined", NOW)
+    record = sm.complete_step(processing, "webshop:ORD-1:1", STEPS[0], NOW)
+    record = sm.mark_failed(record, "webshop:ORD-1:1", STEPS[1], "declined", NOW)
     claimed = sm.claim_compensation(sm.request_compensation(record, LATER), LATER)
     assert claimed.PendingStatus.Status.value == "Failed"
     for step in (STEPS[1], STEPS[0]):

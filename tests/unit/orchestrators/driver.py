@@ -16,7 +16,7 @@ from activities.scheduler_activities import SchedulerActivities
 from adapters.settings import Settings
 from devstack.host.replay import SCHEDULING_EVENTS, run_episode
 from domain import state_machine as sm
-from domain.ids import parse_attempt_instance_id
+from domain.ids import order_key, parse_attempt_instance_id
 from domain.models import AgentReply, AgentRequest, OrderSubmitted
 from orchestrators.contracts import SendRequest
 from orchestrators.order_workflow import CURRENT_VERSION, order_workflow
@@ -148,11 +148,13 @@ class World:
         order = OrderSubmitted.model_validate(order_payload(OrderID=order_id))
         await self.orders.create_if_absent(order)
         await self.store.create_if_absent(sm.new_record(order, self.now, STEPS))
-        claimed = await self.store.claim(order_id, self.now, POLICY)
+        claimed = await self.store.claim(order_key("webshop", order_id), self.now, POLICY)
         return claimed.LockedBy
 
     async def record(self, order_id: str = "A1"):
-        return (await self.store.read(order_id))[0]
+        """The record of the webshop's order `order_id` (or of the key given)."""
+        key = order_id if ":" in order_id else order_key("webshop", order_id)
+        return (await self.store.read(key))[0]
 
     def statuses(self, queue: str = "replies-webshop") -> list[dict]:
         return [json.loads(body) for body in self.bus.to(queue)]

@@ -36,14 +36,14 @@ async def test_the_starter_calls_its_hook_after_the_claim_and_before_the_start()
     world = World()
     record, etag = await world.submitted()
     client = StartingClient()
-    hook = Recorder(lambda: (world.store.docs["A1"][0]["LockedBy"], dict(client.started)))
+    hook = Recorder(lambda: (world.store.docs["webshop:A1"][0]["LockedBy"], dict(client.started)))
     starter = Starter(
         SETTINGS, world.store, world.index, clock=ReadClock(lambda: world.now), crash_point=hook
     )
     instance_id = await starter.claim_and_start(client, record, etag)
-    assert instance_id == "A1:1"
-    assert hook.calls == [("starter.after_claim", ("A1:1", {}))]
-    assert list(client.started) == ["A1:1"]
+    assert instance_id == "webshop:A1:1"
+    assert hook.calls == [("starter.after_claim", ("webshop:A1:1", {}))]
+    assert list(client.started) == ["webshop:A1:1"]
 
 
 async def test_the_agent_request_send_calls_its_hook_after_the_send():
@@ -72,8 +72,8 @@ async def test_the_bridge_calls_its_hook_after_raising_the_event():
     client = RaisingClient()
     hook = Recorder(lambda: list(client.raised))
     reply = AgentReply(
-        InstanceId="A1:1",
-        OrderID="A1",
+        InstanceId="webshop:A1:1",
+        OrderID="webshop:A1",
         Step="reserve-inventory",
         Action="do",
         Attempt=1,
@@ -84,7 +84,9 @@ async def test_the_bridge_calls_its_hook_after_raising_the_event():
     )
     settle = await bridge_reply(encode(signed_reply(reply)), client, KEYS, crash_point=hook)
     assert settle.kind.value == "complete"
-    assert hook.calls == [("bridge.after_raise", [("A1:1", "reply-reserve-inventory-do-1")])]
+    assert hook.calls == [
+        ("bridge.after_raise", [("webshop:A1:1", "reply-reserve-inventory-do-1")])
+    ]
 
 
 def test_without_crash_points_in_the_environment_there_is_no_hook():

@@ -106,7 +106,7 @@ async def test_completing_a_step_moves_complete_by_past_the_old_step_deadline():
             and data["Kind"] == "start_step"
             and data["Step"] == "charge-payment"
         ):
-            seen["after_first"] = world.store.docs["A1"][0]["CompleteBy"]
+            seen["after_first"] = world.store.docs["webshop:A1"][0]["CompleteBy"]
 
     driver = Driver(
         world, await world.claimed(), ok, before_activity=watch, reply_delay=timedelta(seconds=59)
@@ -121,7 +121,7 @@ async def test_resume_skips_steps_a_previous_attempt_completed():
     world = World()
     iid = await world.claimed()
     await world.store.update(
-        "A1",
+        "webshop:A1",
         lambda r: sm.complete_step(
             sm.start_step(r, iid, "reserve-inventory", world.now, world.now + timedelta(minutes=1)),
             iid,
@@ -228,7 +228,7 @@ async def test_operator_compensation_undoes_running_steps_of_an_errored_order():
     iid = await world.claimed()
     t = world.now
     await world.store.update(
-        "A1",
+        "webshop:A1",
         lambda r: sm.start_step(
             sm.complete_step(
                 sm.start_step(r, iid, "reserve-inventory", t, t + timedelta(minutes=1)),
@@ -247,10 +247,12 @@ async def test_operator_compensation_undoes_running_steps_of_an_errored_order():
     )
     policy = sm.RetryPolicy(threshold=1, long_retries=0)
     await world.store.update(
-        "A1", lambda r: sm.recover_expired(r, iid, t + timedelta(minutes=5), policy), iid
+        "webshop:A1", lambda r: sm.recover_expired(r, iid, t + timedelta(minutes=5), policy), iid
     )
-    await world.store.update("A1", lambda r: sm.request_compensation(r, t), sm_any())
-    claimed, _ = await world.store.update("A1", lambda r: sm.claim_compensation(r, t), sm_any())
+    await world.store.update("webshop:A1", lambda r: sm.request_compensation(r, t), sm_any())
+    claimed, _ = await world.store.update(
+        "webshop:A1", lambda r: sm.claim_compensation(r, t), sm_any()
+    )
     driver = Driver(world, claimed.LockedBy, ok)
     await driver.run()
     assert driver.output["Outcome"] == "compensated"
@@ -345,7 +347,7 @@ async def test_restarted_compensation_sends_new_message_ids_and_finishes():
     starter = Starter(SETTINGS, world.store, clock=ReadClock(lambda: world.now))
     await starter.run(client)
     (restarted,) = [iid for iid in client.drivers if iid != first.instance_id]
-    assert restarted == "A1:2"
+    assert restarted == "webshop:A1:2"
     assert client.drivers[restarted].output["Outcome"] == "compensated"
     assert (await world.record()).ProcessState is ProcessState.COMPENSATED
     undo_ids = [
@@ -440,9 +442,9 @@ async def test_a_stale_write_at_any_point_ends_the_attempt_quietly(scenario, at_
         if name != "write_state":
             return
         if count["n"] == at_write:
-            doc, _ = world.store.docs["A1"]
-            doc = dict(doc, LockedBy="A1:99")
-            world.store.docs["A1"] = (doc, '"stolen"')
+            doc, _ = world.store.docs["webshop:A1"]
+            doc = dict(doc, LockedBy="webshop:A1:99")
+            world.store.docs["webshop:A1"] = (doc, '"stolen"')
             snapshot["doc"] = doc
         count["n"] += 1
 
@@ -450,8 +452,8 @@ async def test_a_stale_write_at_any_point_ends_the_attempt_quietly(scenario, at_
     await driver.run()
     assert driver.output["Outcome"] == "stale"
     assert count["n"] == at_write + 1  # nothing written after the stale one
-    assert world.store.docs["A1"][0] == snapshot["doc"]
-    assert world.store.docs["A1"][1] == '"stolen"'
+    assert world.store.docs["webshop:A1"][0] == snapshot["doc"]
+    assert world.store.docs["webshop:A1"][1] == '"stolen"'
 
 
 async def test_activity_retries_ride_out_brief_failures():
@@ -483,7 +485,7 @@ async def test_unversioned_instance_runs_version_1_0_not_the_newest(monkeypatch)
     monkeypatch.setattr(wf, "CURRENT_VERSION", "9.9")
     world = World()
     await Driver(world, await world.claimed(), ok, version="").run()
-    await Driver(world, "A1:1", ok, version="9.9").run()
+    await Driver(world, "webshop:A1:1", ok, version="9.9").run()
     assert ran == ["1.0", "9.9"]
 
 

@@ -9,6 +9,7 @@ from datetime import timedelta
 
 from adapters.ports import ANY_OWNER
 from domain import state_machine as sm
+from domain.ids import order_key
 from domain.models import OrderSubmitted, ProcessState
 from orchestrators.starter import Starter
 from tests.builders import ReadClock, order_payload
@@ -37,6 +38,7 @@ async def _pending(world, order_id):
 
 async def _errored_with_request(world, order_id):
     await _pending(world, order_id)
+    order_id = order_key("webshop", order_id)
     claimed = await world.store.claim(order_id, world.now, POLICY)
     t = world.now
     await world.store.update(
@@ -68,11 +70,11 @@ async def test_one_failing_compensation_start_does_not_abort_the_run():
     await _errored_with_request(world, "A1")
     await _errored_with_request(world, "B1")
     await _pending(world, "C1")
-    client = Client(fail_for={"A1:2"})
+    client = Client(fail_for={"webshop:A1:2"})
     report = await Starter(SETTINGS, world.store, clock=ReadClock(lambda: world.now)).run(client)
     assert report.start_failures == 1
     # A1's compensation never started: the same run restarts it as attempt 3.
-    assert sorted(client.started) == ["A1:3", "B1:2", "C1:1"]
+    assert sorted(client.started) == ["webshop:A1:3", "webshop:B1:2", "webshop:C1:1"]
     assert report.claimed == 1
 
 
@@ -80,9 +82,9 @@ async def test_a_failing_start_after_a_claim_leaves_the_record_for_the_superviso
     world = World()
     await _pending(world, "A1")
     await _pending(world, "B1")
-    client = Client(fail_for={"A1:1"})
+    client = Client(fail_for={"webshop:A1:1"})
     report = await Starter(SETTINGS, world.store, clock=ReadClock(lambda: world.now)).run(client)
-    assert (report.claimed, report.start_failures, client.started) == (2, 1, ["B1:1"])
+    assert (report.claimed, report.start_failures, client.started) == (2, 1, ["webshop:B1:1"])
     record = await world.record("A1")
     assert record.ProcessState is ProcessState.PROCESSING
     assert record.CompleteBy is not None
@@ -91,10 +93,12 @@ async def test_a_failing_start_after_a_claim_leaves_the_record_for_the_superviso
 async def test_outbox_entries_wait_their_grace_then_are_sent_once_with_their_id():
     world = World()
     await _pending(world, "A1")
-    claimed = await world.store.claim("A1", world.now, POLICY)
+    claimed = await world.store.claim("webshop:A1", world.now, POLICY)
     t = world.now
     await world.store.update(
-        "A1", lambda r: sm.mark_failed(r, claimed.LockedBy, None, "declined", t), claimed.LockedBy
+        "webshop:A1",
+        lambda r: sm.mark_failed(r, claimed.LockedBy, None, "declined", t),
+        claimed.LockedBy,
     )
     message_id = (await world.record()).PendingStatus.MessageId
     starter = Starter(
@@ -113,10 +117,12 @@ async def test_the_outbox_is_scanned_at_most_once_per_scan_interval():
     """Issue 12: not a query per tick; an entry waits at most grace + interval."""
     world = World()
     await _pending(world, "A1")
-    claimed = await world.store.claim("A1", world.now, POLICY)
+    claimed = await world.store.claim("webshop:A1", world.now, POLICY)
     t = world.now
     await world.store.update(
-        "A1", lambda r: sm.mark_failed(r, claimed.LockedBy, None, "declined", t), claimed.LockedBy
+        "webshop:A1",
+        lambda r: sm.mark_failed(r, claimed.LockedBy, None, "declined", t),
+        claimed.LockedBy,
     )
     starter = Starter(
         SETTINGS,
@@ -130,10 +136,12 @@ async def test_the_outbox_is_scanned_at_most_once_per_scan_interval():
     world.now += timedelta(seconds=31)
     assert (await starter.run(Client())).statuses_delivered == 1  # scanned again: past the grace
     await _pending(world, "B1")
-    claimed = await world.store.claim("B1", world.now, POLICY)
+    claimed = await world.store.claim("webshop:B1", world.now, POLICY)
     t = world.now - timedelta(minutes=5)  # already past its grace
     await world.store.update(
-        "B1", lambda r: sm.mark_failed(r, claimed.LockedBy, None, "declined", t), claimed.LockedBy
+        "webshop:B1",
+        lambda r: sm.mark_failed(r, claimed.LockedBy, None, "declined", t),
+        claimed.LockedBy,
     )
     world.now += timedelta(seconds=5)
     assert (await starter.run(Client())).statuses_delivered == 0  # within the interval: no scan
@@ -151,14 +159,14 @@ async def test_the_timer_leaves_new_orders_to_a_working_fast_path_for_a_few_seco
     starter = Starter(SETTINGS, world.store, clock=ReadClock(lambda: world.now))
     order = OrderSubmitted.model_validate(order_payload(OrderID="A1"))
     record, etag, _ = await world.store.create_if_absent(sm.new_record(order, world.now, STEPS))
-    assert await starter.start_submitted(client, record, etag) == "A1:1"
+    assert await starter.start_submitted(client, record, etag) == "webshop:A1:1"
     await _pending(world, "B1")  # its fast path did not run (or has not yet)
     report = await starter.run(client)
     assert (report.pending, report.claimed) == (1, 0)
     world.now += FAST_PATH_WINDOW + timedelta(seconds=1)
     report = await starter.run(client)
     assert report.claimed == 1
-    assert client.started == ["A1:1", "B1:1"]
+    assert client.started == ["webshop:A1:1", "webshop:B1:1"]
 
 
 async def test_an_unchanged_backlog_gauge_is_not_rewritten_every_run():
@@ -196,7 +204,7 @@ async def test_the_fast_path_claim_can_mark_received_sent_in_the_same_write():
     starter = Starter(SETTINGS, world.store, clock=ReadClock(lambda: world.now))
     assert (
         await starter.start_submitted(client, record, etag, order, received_sent_at=world.now)
-        == "A1:1"
+        == "webshop:A1:1"
     )
     assert world.store.total - before == 1
     stored = await world.record("A1")
@@ -221,10 +229,10 @@ async def test_a_failed_status_still_in_the_outbox_is_sent_before_its_compensati
     Failed, then the compensation's statuses: the claim no longer drops it."""
     world = World()
     await _pending(world, "A1")
-    claimed = await world.store.claim("A1", world.now, POLICY)
+    claimed = await world.store.claim("webshop:A1", world.now, POLICY)
     t = world.now
     await world.store.update(
-        "A1",
+        "webshop:A1",
         lambda r: sm.request_compensation(
             sm.mark_failed(r, claimed.LockedBy, None, "declined", t), t
         ),
@@ -244,7 +252,7 @@ async def test_a_failed_status_still_in_the_outbox_is_sent_before_its_compensati
     report = await Starter(
         SETTINGS, world.store, clock=ReadClock(lambda: world.now), publisher=world.bus
     ).run(client)
-    assert client.started == ["A1:2"]
+    assert client.started == ["webshop:A1:2"]
     assert report.compensations == 1
     assert seen_at_start == [failed_id]
     assert [mid for _, mid in world.sent("replies-webshop")] == [failed_id]
@@ -265,10 +273,10 @@ async def test_a_failed_status_that_cannot_be_sent_does_not_hold_up_the_compensa
     charge must not wait on a status), carrying the entry for a later run."""
     world = World()
     await _pending(world, "A1")
-    claimed = await world.store.claim("A1", world.now, POLICY)
+    claimed = await world.store.claim("webshop:A1", world.now, POLICY)
     t = world.now
     await world.store.update(
-        "A1",
+        "webshop:A1",
         lambda r: sm.request_compensation(
             sm.mark_failed(r, claimed.LockedBy, None, "declined", t), t
         ),
@@ -280,7 +288,7 @@ async def test_a_failed_status_that_cannot_be_sent_does_not_hold_up_the_compensa
     await Starter(SETTINGS, world.store, clock=ReadClock(lambda: world.now), publisher=_Down()).run(
         client
     )
-    assert client.started == ["A1:2"]
+    assert client.started == ["webshop:A1:2"]
     record = await world.record()
     assert record.ProcessState is ProcessState.COMPENSATING
     assert record.PendingStatus is not None

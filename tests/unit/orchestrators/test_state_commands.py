@@ -37,7 +37,7 @@ def old_shape(kind, step=None, deadline=None, reference=None, reason=None, trace
     """What the one all-optional StateWrite model dumped (field order included)."""
     return {
         "Trace": trace,
-        "InstanceId": "A1:1",
+        "InstanceId": "webshop:A1:1",
         "Kind": kind,
         "Step": step,
         "Deadline": deadline,
@@ -70,19 +70,19 @@ OLD_WRITES = [
 def test_an_old_state_write_parses_into_its_command_and_dumps_the_same_bytes(data, command):
     parsed = parse_state_write(data)
     assert type(parsed) is command
-    assert parsed.InstanceId == "A1:1"
+    assert parsed.InstanceId == "webshop:A1:1"
     assert json.dumps(parsed.dump()) == json.dumps(data)
     # As Durable hands it over again: from the JSON text of the history.
     assert type(parse_state_write(json.loads(json.dumps(data)))) is command
 
 
 def test_old_shapes_without_the_null_fields_parse_too():
-    assert parse_state_write({"InstanceId": "A1:1", "Kind": "processed"}) == MarkProcessed(
-        InstanceId="A1:1"
+    assert parse_state_write({"InstanceId": "webshop:A1:1", "Kind": "processed"}) == MarkProcessed(
+        InstanceId="webshop:A1:1"
     )
     assert parse_state_write(
-        {"InstanceId": "A1:1", "Kind": "undo_done", "Step": "pay"}
-    ) == UndoDone(InstanceId="A1:1", Step="pay")
+        {"InstanceId": "webshop:A1:1", "Kind": "undo_done", "Step": "pay"}
+    ) == UndoDone(InstanceId="webshop:A1:1", Step="pay")
 
 
 @pytest.mark.parametrize(
@@ -178,13 +178,13 @@ async def test_a_stale_write_ends_every_version_naming_where_it_was(version, age
         if name != "write_state":
             return
         if count["n"] == at_write:
-            doc, _ = world.store.docs["A1"]
-            world.store.docs["A1"] = (dict(doc, LockedBy="A1:99"), '"stolen"')
+            doc, _ = world.store.docs["webshop:A1"]
+            world.store.docs["webshop:A1"] = (dict(doc, LockedBy="webshop:A1:99"), '"stolen"')
         count["n"] += 1
 
     driver = Driver(world, iid, agent, version=version, before_activity=steal)
     assert await driver.run() == "completed"
     assert driver.output is not None
     assert {k: driver.output[k] for k in ("Outcome", "Step")} == {"Outcome": "stale", "Step": step}
-    assert "A1:99" in driver.output["Detail"]
+    assert "webshop:A1:99" in driver.output["Detail"]
     assert count["n"] == at_write + 1

@@ -151,7 +151,7 @@ async def test_the_timer_starter_claims_with_one_request_per_order():
     client = StartingClient()
     report = await world.starter().run(client)
     assert report.claimed == 3
-    assert sorted(client.started) == ["A1:1", "A2:1", "A3:1"]
+    assert sorted(client.started) == ["webshop:A1:1", "webshop:A2:1", "webshop:A3:1"]
     claims = world.store.requests.get("replace", 0) - before.get("replace", 0)
     reads = world.store.requests.get("read", 0) - before.get("read", 0)
     assert (claims, reads) == (3, 0)
@@ -239,7 +239,7 @@ async def test_resume_skips_steps_a_previous_attempt_completed():
     back = sm.recover_expired(claimed, claimed.LockedBy, t + timedelta(minutes=5), POLICY)
     await world.store.replace(back, etag)
     world.now = t + timedelta(minutes=5)
-    _, etag = await world.store.read("A1")
+    _, etag = await world.store.read("webshop:A1")
     client = StartingClient()
     instance_id = await world.starter().start_submitted(client, back, etag)
     driver = Driver(world, instance_id, ok, input=client.started[instance_id])
@@ -319,7 +319,7 @@ async def test_a_stale_attempt_never_changes_the_record(at_call):
         calls.append(name)
         if len(calls) - 1 != at_call:
             return
-        record, etag = await world.store.read("A1")
+        record, etag = await world.store.read("webshop:A1")
         later = world.now + timedelta(minutes=5)
         back = sm.recover_expired(record, record.LockedBy, later, POLICY)
         await world.store.replace(sm.claim(back, later, POLICY), etag)
@@ -328,7 +328,7 @@ async def test_a_stale_attempt_never_changes_the_record(at_call):
     assert await driver.run() == "completed"
     assert driver.output["Outcome"] == "stale"
     record = await world.record()
-    assert record.LockedBy == "A1:2"
+    assert record.LockedBy == "webshop:A1:2"
     assert record.ProcessState is ProcessState.PROCESSING
     # Steps completed before the steal stay (write k completes step k-1);
     # nothing after it was written.
@@ -348,7 +348,7 @@ async def test_an_etag_changed_by_another_writer_is_re_read_and_the_write_still_
 
     async def before(name, data):
         if name == "advance_attempt":
-            record, etag = await world.store.read("A1")
+            record, etag = await world.store.read("webshop:A1")
             await world.store.replace(record.model_copy(update={"UpdatedAt": world.now}), etag)
 
     driver = Driver(world, instance_id, ok, input=attempt_input, before_activity=before)
@@ -420,7 +420,7 @@ async def test_the_fast_path_and_the_timer_starter_never_both_claim():
     fast = await world.starter().start_submitted(fast_client, record, etag)
     assert report.claimed == 1
     assert fast is None
-    assert list(timer_client.started) == ["A1:1"]
+    assert list(timer_client.started) == ["webshop:A1:1"]
     assert fast_client.started == {}
     assert (await world.record()).Attempt == 1
 
@@ -464,9 +464,9 @@ async def test_an_operator_compensation_runs_on_2_0_from_the_record_log():
     t = world.now + timedelta(minutes=5)
     policy = sm.RetryPolicy(threshold=1, long_retries=0)
     await world.store.update(
-        "A1", lambda r: sm.recover_expired(r, instance_id, t, policy), instance_id
+        "webshop:A1", lambda r: sm.recover_expired(r, instance_id, t, policy), instance_id
     )
-    await world.store.update("A1", lambda r: sm.request_compensation(r, t), ANY_OWNER)
+    await world.store.update("webshop:A1", lambda r: sm.request_compensation(r, t), ANY_OWNER)
     world.now = t
     client = StartingClient()
     report = await world.starter().run(client)

@@ -152,8 +152,8 @@ async def test_an_abandon_becomes_a_delayed_retry_never_an_immediate_one():
     assert outcome.kind is SettleKind.COMPLETE
     assert actions.calls == ["complete"]
     [mid] = Scheduler.scheduled
-    assert len(mid) <= 128
-    assert mid.startswith("retry-1-")
+    # Named by the broker's sequence number, however long the sender's id is.
+    assert mid == "retry/seq-7/1"
 
 
 async def _refuse(body):
@@ -176,7 +176,7 @@ async def test_a_dead_letter_waits_for_its_alert_then_alerts_again_under_the_sam
     gate = MessageGate("orders-webshop", up, None, BackoffPolicy((1.0,), 5))
     outcome = await gate.run(Msg(iter([bad]), delivery_count=1), actions, _refuse)
     assert actions.calls == [("deadletter", "InvalidMessage")]
-    assert up.ids == down.ids == ["alert/orders-webshop/m/InvalidMessage"]
+    assert up.ids == down.ids == ["alert/orders-webshop/seq-7/InvalidMessage"]
 
 
 async def test_on_the_last_delivery_the_dead_letter_stands_without_a_queued_alert():

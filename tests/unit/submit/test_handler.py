@@ -38,11 +38,14 @@ class Killed(BaseException):
 class FakeMessage:
     """The attributes of a received message the gate reads."""
 
-    def __init__(self, body: bytes, delivery_count=0, message_id="msg-1", properties=None):
+    def __init__(
+        self, body: bytes, delivery_count=0, message_id="msg-1", properties=None, sequence_number=7
+    ):
         self.body = iter([body])
         self.body_type = "data"
         self.delivery_count = delivery_count
         self.message_id = message_id
+        self.sequence_number = sequence_number  # the broker's, never the client's
         self.application_properties = properties
 
 
@@ -125,12 +128,12 @@ def rig():
 async def test_new_order_is_written_and_received_sent(rig):
     outcome = await rig.submit()
     assert outcome.kind is SettleKind.COMPLETE
-    record, _ = await rig.store.read("ORD-1")
+    record, _ = await rig.store.read("webshop:ORD-1")
     assert record.ProcessState is ProcessState.PENDING
     assert record.LockedBy is None
     assert record.ReceivedSent
     assert record.ReplyTo == "replies-webshop"
-    assert "ORD-1" in rig.orders.orders
+    assert "webshop:ORD-1" in rig.orders.orders
     assert rig.statuses() == ["Received"]
 
 
@@ -151,7 +154,7 @@ async def test_crash_between_orders_and_state_is_healed_by_redelivery(rig):
     rig.store.create_if_absent = crash
     with pytest.raises(Killed):
         await rig.submit()
-    assert "ORD-1" in rig.orders.orders
+    assert "webshop:ORD-1" in rig.orders.orders
     assert not rig.store.docs
     rig.store.create_if_absent = real
     assert (await rig.submit()).kind is SettleKind.COMPLETE
@@ -172,7 +175,7 @@ async def test_crash_after_status_before_mark_resends_same_message_id(rig):
     await rig.submit()
     # the publisher (like the reply queue's duplicate detection) dropped the re-send
     assert rig.statuses() == ["Received"]
-    assert (await rig.store.read("ORD-1"))[0].ReceivedSent
+    assert (await rig.store.read("webshop:ORD-1"))[0].ReceivedSent
 
 
 @pytest.mark.parametrize(
@@ -229,7 +232,7 @@ async def test_a_malformed_order_id_is_not_echoed_as_the_alerts_order(rig):
 
 
 async def test_an_unexpected_exception_is_dead_lettered_processing_failed_and_alerted(rig):
-    async def broken(order):
+    async def broken(order, key):
         raise KeyError("surprise")
 
     rig.orders.create_if_absent = broken
@@ -271,16 +274,16 @@ async def test_backlog_above_threshold_rejects_visibly(rig):
     outcome = await rig.submit()
     assert outcome.kind is SettleKind.COMPLETE
     assert rig.statuses() == ["Rejected"]
-    record, _ = await rig.store.read("ORD-1")
+    record, _ = await rig.store.read("webshop:ORD-1")
     assert record.ProcessState is ProcessState.REJECTED
-    assert "ORD-1" not in rig.orders.orders
+    assert "webshop:ORD-1" not in rig.orders.orders
     # a redelivery of the rejected order changes nothing and sends nothing new:
     # whatever it sends repeats the first send's message id, which duplicate
     # detection drops
     sends_before = len(rig.bus.sends)
     await rig.submit()
     assert rig.statuses() == ["Rejected"]
-    assert "ORD-1" not in rig.orders.orders
+    assert "webshop:ORD-1" not in rig.orders.orders
     assert len(rig.bus.resent()) == len(rig.bus.sends) - sends_before
 
 
@@ -295,8 +298,8 @@ async def test_a_rejected_status_lost_on_send_is_sent_by_the_redelivery(rig):
     await rig.store.write_backlog_gauge(0, NOW)
     assert (await rig.submit()).kind is SettleKind.COMPLETE
     assert rig.statuses() == ["Rejected"]
-    assert (await rig.store.read("ORD-1"))[0].ProcessState is ProcessState.REJECTED
-    assert "ORD-1" not in rig.orders.orders
+    assert (await rig.store.read("webshop:ORD-1"))[0].ProcessState is ProcessState.REJECTED
+    assert "webshop:ORD-1" not in rig.orders.orders
 
 
 async def test_backlog_does_not_reject_a_redelivery_of_an_accepted_order(rig):
@@ -324,7 +327,8 @@ async def test_transient_store_error_schedules_a_delayed_copy_and_completes(rig)
     assert queue == "orders-webshop"
     assert json.loads(body)["OrderID"] == "ORD-1"
     assert at == NOW + timedelta(seconds=5)
-    assert message_id == "msg-1/retry-1"
+    # Named by the broker's sequence number, not by anything the client set.
+    assert message_id == "retry/seq-7/1"
     assert props == {"x-retry-count": 1, "x-original-message-id": "msg-1"}
     assert not rig.bus.sent
 
@@ -337,20 +341,23 @@ async def test_the_back_off_grows_and_then_dead_letters_with_a_reason_and_an_ale
     body = json.dumps(order_payload()).encode()
     await rig.deliver(
         body,
-        message_id="msg-1/retry-1",
+        message_id="retry/seq-7/1",
         properties={"x-retry-count": 1, "x-original-message-id": "msg-1"},
+        sequence_number=8,
     )
     [(_, _, message_id, at, props)] = rig.scheduler.scheduled
     assert at == NOW + timedelta(seconds=15)
-    assert message_id == "msg-1/retry-2"
+    assert message_id == "retry/seq-8/2"
     assert props["x-retry-count"] == 2
-    outcome = await rig.deliver(body, message_id="msg-1/retry-2", properties={b"x-retry-count": 2})
+    outcome = await rig.deliver(
+        body, message_id="retry/seq-8/2", properties={b"x-retry-count": 2}, sequence_number=9
+    )
     assert outcome.kind is SettleKind.DEAD_LETTER
     assert outcome.reason == "RetriesExhausted"
     assert "429" in outcome.description
     [alert] = rig.alert_bodies()
     assert alert["Kind"] == "RetriesExhausted"
-    assert alert["MessageId"] == "msg-1/retry-2"
+    assert alert["MessageId"] == "retry/seq-8/2"
     assert alert["OrderID"] == "ORD-1"
 
 
@@ -431,7 +438,7 @@ async def test_the_app_id_comes_from_the_queue_not_the_body(rig):
     rig.app_id = "partner"
     outcome = await rig.submit(AppId="partner", ReplyTo="replies-partner")
     assert outcome.kind is SettleKind.COMPLETE
-    assert (await rig.store.read("ORD-1"))[0].AppId == "partner"
+    assert (await rig.store.read("partner:ORD-1"))[0].AppId == "partner"
     assert rig.statuses("replies-partner") == ["Received"]
 
 
@@ -467,9 +474,9 @@ class CountingOrders(FakeOrders):
         super().__init__()
         self.requests: list[str] = []
 
-    async def create_if_absent(self, order):
+    async def create_if_absent(self, order, key=None):
         self.requests.append("order_create")
-        return await super().create_if_absent(order)
+        return await super().create_if_absent(order, key)
 
     async def get(self, order_id):
         self.requests.append("order_read")
@@ -480,8 +487,8 @@ class CountingOrders(FakeOrders):
         return await super().discard(order_id)
 
 
-def counting_rig() -> Rig:
-    rig = Rig()
+def counting_rig(**env) -> Rig:
+    rig = Rig(**env)
     rig.store, rig.orders = Cosmos(), CountingOrders()
     rig.handler._store, rig.handler._orders = rig.store, rig.orders
     rig.handler._backlog = BacklogReader(
@@ -490,12 +497,15 @@ def counting_rig() -> Rig:
     return rig
 
 
-async def test_a_new_order_costs_two_creates_and_one_conditional_replace():
-    rig = counting_rig()
+@pytest.mark.parametrize("legacy", ["true", "false"])
+async def test_a_new_order_costs_two_creates_and_one_conditional_replace(legacy):
+    rig = counting_rig(LEGACY_ORDER_KEYS=legacy)
     await rig.submit()
     assert rig.orders.requests == ["order_create"]
-    # no read before the creates, no read+replace for ReceivedSent
-    assert rig.store.requests == ["create", "replace"]
+    # No read+replace for ReceivedSent. The one read before the creates looks
+    # for a record under the bare OrderID (written before keys named the
+    # application), and only while LEGACY_ORDER_KEYS is on (ADR 017e).
+    assert rig.store.requests == (["read"] if legacy == "true" else []) + ["create", "replace"]
 
 
 async def test_received_sent_after_a_concurrent_write_falls_back_to_a_guarded_update():
@@ -512,7 +522,7 @@ async def test_received_sent_after_a_concurrent_write_falls_back_to_a_guarded_up
 
     rig.store.replace = someone_wrote_first
     assert (await rig.submit()).kind is SettleKind.COMPLETE
-    assert (await rig.store.read("ORD-1"))[0].ReceivedSent
+    assert (await rig.store.read("webshop:ORD-1"))[0].ReceivedSent
     assert rig.statuses() == ["Received"]
 
 
@@ -524,8 +534,8 @@ async def test_a_rejected_order_resent_after_the_backlog_fell_leaves_no_order_be
     rig.orders.requests.clear()
     assert (await rig.submit()).kind is SettleKind.COMPLETE
     assert rig.orders.requests == ["order_create", "order_delete"]
-    assert "ORD-1" not in rig.orders.orders
-    assert (await rig.store.read("ORD-1"))[0].ProcessState is ProcessState.REJECTED
+    assert "webshop:ORD-1" not in rig.orders.orders
+    assert (await rig.store.read("webshop:ORD-1"))[0].ProcessState is ProcessState.REJECTED
 
 
 class FastStart:
@@ -553,7 +563,7 @@ async def test_the_fast_path_starts_the_order_with_the_etag_of_the_last_write(mo
     rig.client = client = object()
     assert (await rig.submit()).kind is SettleKind.COMPLETE
     # Received is sent first; the claim marks it sent in the same write (one replace, not two)
-    assert fast.calls == [(client, "ORD-1", False, "ORD-1", NOW)]
+    assert fast.calls == [(client, "webshop:ORD-1", False, "ORD-1", NOW)]
     assert rig.statuses() == ["Received"]
     assert rig.actions.calls == [("complete",)]  # settled after the start
 
@@ -566,12 +576,12 @@ async def test_when_the_fast_path_does_not_claim_submit_marks_received_itself(mo
     monkeypatch.setattr(orchestrators.starter, "start_submitted", fast)
     rig.client = client = object()
     assert (await rig.submit()).kind is SettleKind.COMPLETE
-    record, _ = await rig.store.read("ORD-1")
+    record, _ = await rig.store.read("webshop:ORD-1")
     assert record.ReceivedSent is not None
     # tried once with the mark, once more after marking (the timer Starter is the safety net)
     assert fast.calls == [
-        (client, "ORD-1", False, "ORD-1", NOW),
-        (client, "ORD-1", True, "ORD-1", None),
+        (client, "webshop:ORD-1", False, "ORD-1", NOW),
+        (client, "webshop:ORD-1", True, "ORD-1", None),
     ]
 
 
@@ -596,8 +606,8 @@ async def test_a_different_order_reusing_a_rejected_orders_id_is_a_conflict_and_
     outcome = await rig.submit(Currency="USD")
     assert outcome.kind is SettleKind.DEAD_LETTER
     assert outcome.reason == "OrderConflict"
-    assert "ORD-1" not in rig.orders.orders
-    assert (await rig.store.read("ORD-1"))[0].ProcessState is ProcessState.REJECTED
+    assert "webshop:ORD-1" not in rig.orders.orders
+    assert (await rig.store.read("webshop:ORD-1"))[0].ProcessState is ProcessState.REJECTED
 
 
 async def test_an_order_written_by_a_delivery_that_died_is_taken_back_when_the_next_is_rejected(
@@ -610,10 +620,112 @@ async def test_an_order_written_by_a_delivery_that_died_is_taken_back_when_the_n
     from domain.models import OrderSubmitted
 
     await rig.orders.create_if_absent(OrderSubmitted.model_validate(order_payload()))
-    assert "ORD-1" in rig.orders.orders
+    assert "webshop:ORD-1" in rig.orders.orders
     assert not rig.store.docs
     await rig.store.write_backlog_gauge(3, NOW)
     assert (await rig.submit()).kind is SettleKind.COMPLETE
     assert rig.statuses() == ["Rejected"]
-    assert (await rig.store.read("ORD-1"))[0].ProcessState is ProcessState.REJECTED
-    assert "ORD-1" not in rig.orders.orders
+    assert (await rig.store.read("webshop:ORD-1"))[0].ProcessState is ProcessState.REJECTED
+    assert "webshop:ORD-1" not in rig.orders.orders
+
+
+# --- OrderIDs belong to their application (ADR 017e) ------------------------------------
+
+
+def _partner(**overrides):
+    return {"AppId": "partner", "ReplyTo": "replies-partner", **overrides}
+
+
+async def test_two_applications_may_use_one_order_id(rig):
+    """Each is accepted as its own order, whichever comes first: no conflict,
+    each hears only of its own order, and nothing of the other's shows."""
+    assert (await rig.submit()).kind is SettleKind.COMPLETE
+    rig.app_id = "partner"
+    # Different content under the same OrderID: another application's own order.
+    lines = [{"Sku": "P-9", "Quantity": 1, "UnitPrice": "7.00"}]
+    outcome = await rig.submit(**_partner(Lines=lines, Total="7.00"))
+    assert outcome.kind is SettleKind.COMPLETE
+    assert rig.actions.calls == [("complete",), ("complete",)]
+    webshop, _ = await rig.store.read("webshop:ORD-1")
+    partner, _ = await rig.store.read("partner:ORD-1")
+    assert (webshop.AppId, webshop.ReplyTo) == ("webshop", "replies-webshop")
+    assert (partner.AppId, partner.ReplyTo) == ("partner", "replies-partner")
+    assert webshop.OrderDigest != partner.OrderDigest
+    assert set(rig.orders.orders) == {"webshop:ORD-1", "partner:ORD-1"}
+    assert rig.orders.orders["partner:ORD-1"].Total == 7
+    assert rig.statuses("replies-webshop") == ["Received"]
+    assert rig.statuses("replies-partner") == ["Received"]
+    # The client's own OrderID on each status, never the key.
+    for queue in ("replies-webshop", "replies-partner"):
+        assert [json.loads(b)["OrderID"] for b in rig.bus.to(queue)] == ["ORD-1"]
+    assert rig.alert_bodies() == []
+
+
+async def test_an_application_reusing_its_own_order_id_is_still_a_conflict(rig):
+    await rig.submit()
+    rig.app_id = "partner"
+    await rig.submit(**_partner())
+    rig.app_id = "webshop"
+    outcome = await rig.submit(
+        Total="30.50", Lines=[{"Sku": "X", "Quantity": 1, "UnitPrice": "30.50"}]
+    )
+    assert outcome.kind is SettleKind.DEAD_LETTER
+    assert outcome.reason == "OrderConflict"
+    assert outcome.order_id == "webshop:ORD-1"
+    assert "of webshop" in outcome.description
+    [alert] = rig.alert_bodies()
+    assert (alert["Kind"], alert["OrderID"]) == ("OrderConflict", "webshop:ORD-1")
+
+
+async def test_a_record_of_the_previous_version_is_still_its_orders(rig):
+    """A record keyed by the bare OrderID (written before keys named the
+    application) is found by its own application: a redelivery or a resend
+    goes on with it, and no second record is made."""
+    from domain import state_machine as sm
+    from domain.models import OrderSubmitted
+
+    order = OrderSubmitted.model_validate(order_payload())
+    await rig.orders.create_if_absent(order, "ORD-1")
+    await rig.store.create_if_absent(sm.new_record(order, NOW, STEPS, key="ORD-1"))
+    assert (await rig.submit()).kind is SettleKind.COMPLETE
+    assert set(rig.store.docs) == {"ORD-1"}
+    assert set(rig.orders.orders) == {"ORD-1"}
+    assert (await rig.store.read("ORD-1"))[0].ReceivedSent
+    assert rig.statuses() == ["Received"]
+    # ...and a different order under it is this application's conflict.
+    outcome = await rig.submit(
+        Total="30.50", Lines=[{"Sku": "X", "Quantity": 1, "UnitPrice": "30.50"}]
+    )
+    assert outcome.reason == "OrderConflict"
+
+
+async def test_a_record_of_the_previous_version_of_another_application_is_not_seen(rig):
+    from domain import state_machine as sm
+    from domain.models import OrderSubmitted
+
+    theirs = OrderSubmitted.model_validate(
+        order_payload(
+            **_partner(Total="7.00", Lines=[{"Sku": "P", "Quantity": 1, "UnitPrice": "7.00"}])
+        )
+    )
+    await rig.orders.create_if_absent(theirs, "ORD-1")
+    await rig.store.create_if_absent(sm.new_record(theirs, NOW, STEPS, key="ORD-1"))
+    before = rig.store.docs["ORD-1"]
+    assert (await rig.submit()).kind is SettleKind.COMPLETE
+    assert set(rig.store.docs) == {"ORD-1", "webshop:ORD-1"}
+    assert rig.store.docs["ORD-1"] == before  # the partner's order is untouched
+    assert (await rig.store.read("webshop:ORD-1"))[0].AppId == "webshop"
+    assert rig.statuses() == ["Received"]
+    assert rig.statuses("replies-partner") == []
+    assert rig.alert_bodies() == []
+
+
+async def test_with_legacy_keys_off_a_bare_key_record_is_not_looked_for():
+    from domain import state_machine as sm
+    from domain.models import OrderSubmitted
+
+    rig = Rig(LEGACY_ORDER_KEYS="false")
+    order = OrderSubmitted.model_validate(order_payload())
+    await rig.store.create_if_absent(sm.new_record(order, NOW, STEPS, key="ORD-1"))
+    assert (await rig.submit()).kind is SettleKind.COMPLETE
+    assert set(rig.store.docs) == {"ORD-1", "webshop:ORD-1"}

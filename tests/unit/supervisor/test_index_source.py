@@ -26,6 +26,9 @@ POLICY = sm.RetryPolicy(threshold=2, long_retries=0, claim_timeout=timedelta(sec
 
 
 def _order(oid: str) -> OrderSubmitted:
+    # Records here are keyed by the bare OrderID (`key=oid`), as records
+    # written before keys named the application are: the index and the
+    # Supervisor take keys from records, in either form.
     return OrderSubmitted.model_validate(order_payload(oid))
 
 
@@ -59,7 +62,7 @@ async def _claimed_with_index():
     store = CosmosStateStore(SimContainer(world, "state", "/id"))
     index = CosmosRecoveryIndex(index_c)
     lagging = LaggingStore(store)
-    await store.create_if_absent(sm.new_record(_order("A"), T0, []))
+    await store.create_if_absent(sm.new_record(_order("A"), T0, [], key="A"))
     lagging.old = await store.read("A")  # Pending, Attempt 0: the version before the claim
     # As the Starter does: index the attempt's deadline, then claim.
     await index.add("A", T0 + timedelta(seconds=20), 1)
@@ -172,7 +175,7 @@ def test_an_entry_moved_behind_the_cursor_in_its_bucket_is_still_reached():
     async def go():
         store, index = _sim_store_and_index()
         for oid in ("A", "B", "C"):
-            await store.create_if_absent(sm.new_record(_order(oid), T0, []))
+            await store.create_if_absent(sm.new_record(_order(oid), T0, [], key=oid))
             await index.add(oid, T0 + timedelta(seconds=20), 1)
             await store.claim(oid, T0, POLICY)
         # A's attempt lives on to a later deadline in the same minute; B and C ended.
@@ -217,7 +220,7 @@ def test_a_skipped_candidate_never_moves_the_cursor_past_an_entry_not_yet_due():
     async def go():
         store, index = _sim_store_and_index()
         for oid, second in (("A", 55), ("B", 20)):
-            await store.create_if_absent(sm.new_record(_order(oid), T0, []))
+            await store.create_if_absent(sm.new_record(_order(oid), T0, [], key=oid))
             claimed_at = T0 + timedelta(seconds=second) - POLICY.claim_timeout
             await index.add(oid, claimed_at + POLICY.claim_timeout, 1)
             await store.claim(oid, claimed_at, POLICY)
@@ -262,7 +265,7 @@ def test_a_full_page_in_a_bucket_that_may_still_fill_keeps_the_cursor_at_its_sta
         store, index = _sim_store_and_index()
 
         async def claimed(oid: str, at: datetime) -> None:
-            await store.create_if_absent(sm.new_record(_order(oid), at, []))
+            await store.create_if_absent(sm.new_record(_order(oid), at, [], key=oid))
             await index.add(oid, at + POLICY.claim_timeout, 1)
             await store.claim(oid, at, POLICY)
 

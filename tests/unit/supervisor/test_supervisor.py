@@ -56,8 +56,10 @@ class Rig:
         )
 
     async def add(self, order_id: str, claimed_at: datetime) -> None:
+        # Keyed by the bare OrderID, as records written before keys named the
+        # application are: the Supervisor takes keys from records, in either form.
         order = OrderSubmitted.model_validate(order_payload(OrderID=order_id))
-        record = sm.claim(sm.new_record(order, claimed_at, STEPS), claimed_at, POLICY)
+        record = sm.claim(sm.new_record(order, claimed_at, STEPS, key=order_id), claimed_at, POLICY)
         await self.store.create_if_absent(record)
 
     async def state(self, order_id):

@@ -19,7 +19,7 @@ def ok(send):
 
 async def test_every_activity_of_a_fast_started_attempt_carries_submits_trace(spans):
     world = World()
-    with telemetry.span("submit") as submit, telemetry.order_scope("A1"):
+    with telemetry.span("submit") as submit, telemetry.order_scope("webshop:A1"):
         instance_id, attempt_input = await world.fast_started("A1")
     trace_id = f"{submit.get_span_context().trace_id:032x}"
     carrier = attempt_input["Trace"]
@@ -39,7 +39,7 @@ async def test_the_timer_starters_attempt_has_a_trace_of_its_own(spans):
         instance_id = await world.starter().claim_and_start(_Client(), record, etag)
     carrier = _Client.last["Trace"]
     assert carrier["traceparent"].split("-")[1] != f"{run.get_span_context().trace_id:032x}"
-    assert instance_id == "A2:1"
+    assert instance_id == "webshop:A2:1"
 
 
 async def test_an_instance_without_a_trace_sends_none():
@@ -58,7 +58,7 @@ def test_traced_ignores_inputs_that_are_not_a_carrier():
         def get_input(self):
             return self.value
 
-    data = {"InstanceId": "A:1"}
+    data = {"InstanceId": "webshop:A:1"}
     assert wf._traced(Ctx(None), data) == data
     assert wf._traced(Ctx("not json"), data) == data
     assert wf._traced(Ctx({"Trace": {"traceparent": 5}}), data) == data
@@ -102,7 +102,7 @@ async def test_submit_stores_its_trace_on_the_record_for_the_timer_starter(spans
     record = await world.record("A4")
     assert record.Trace["traceparent"].split("-")[1] == f"{submit.get_span_context().trace_id:032x}"
 
-    etag = (await world.store.read("A4"))[1]
+    etag = (await world.store.read("webshop:A4"))[1]
     await world.starter().claim_and_start(_Client(), record, etag)
     assert (
         _Client.last["Trace"]["traceparent"].split("-")[1]
