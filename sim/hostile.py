@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import re
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -263,13 +264,15 @@ class Hostile:
         sim = self.sim
         alerts: dict[str, int] = {}
         for m in sim.bus.queue("alerts").sent:
-            mid = json.loads(m.body).get("MessageId") or ""
+            mid = _origin(json.loads(m.body).get("MessageId") or "")
             if mid.startswith(PREFIX):
                 alerts[mid] = alerts.get(mid, 0) + 1
         for mid, (queue, kind) in sorted(self.forged.items()):
-            dead = [m for m in sim.bus.queue(queue).dead if m.message_id == mid]
+            # The gate may carry a message on as a delayed copy (its alert could
+            # not be queued yet); the copy is the one dead-lettered then.
+            dead = [m for m in sim.bus.queue(queue).dead if _origin(m.message_id) == mid]
             if not dead:
-                live = any(m.message_id == mid for m in sim.bus.queue(queue).messages)
+                live = any(_origin(m.message_id) == mid for m in sim.bus.queue(queue).messages)
                 sim.fail(
                     "forged message refused",
                     f"{mid} ({kind}) on {queue} was "
@@ -286,3 +289,14 @@ class Hostile:
                 )
         for effect in self.effects[:1]:
             sim.fail("forged message changes nothing", effect)
+
+
+_COPY = re.compile(r"/retry-\d+$")
+
+
+def _origin(message_id: str) -> str:
+    """The id a message was first sent under: the gate's delayed copies are
+    named `<id>/retry-<n>` (adapters.settlement)."""
+    while _COPY.search(message_id):
+        message_id = _COPY.sub("", message_id)
+    return message_id
