@@ -265,16 +265,24 @@ class MessageGate:
         return outcome, body
 
     async def run(self, message: Any, actions: Any, handle: Handler) -> Settle:
-        outcome, _ = await self.decide(message, handle)
+        outcome, body = await self.decide(message, handle)
         if outcome.kind is SettleKind.DEAD_LETTER:
             try:
                 await self.alert(message, outcome)
             except TransientError as exc:
                 # A dead letter goes with its alert: while the alert cannot be
-                # queued, keep the message (its next delivery alerts again under
-                # the same alert id); on the last delivery the log event stands.
+                # queued, keep the message, and come back to it later, as for any
+                # transient failure: a delayed copy (the back-off schedule), so a
+                # short alerts-queue outage does not use up every delivery at
+                # once. The copy alerts when it is handled.
+                # Once the schedule is spent, or on the last delivery, the dead
+                # letter goes with only its log event.
                 if not self._policy.is_last_delivery(message):
-                    outcome = Settle.abandon(f"alert not queued: {exc}", outcome.order_id)
+                    later = await self._retry(
+                        message, body, Settle.retry(f"alert not queued: {exc}", outcome.order_id)
+                    )
+                    if later.kind is not SettleKind.DEAD_LETTER:
+                        outcome = later
         log.info(
             "%s message %s (delivery %s): %s %s",
             self.queue,

@@ -21,6 +21,7 @@ import random
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+from adapters.settlement import ORIGINAL_ID_PROPERTY
 from domain.ids import reply_event_name
 from domain.steps import STEP_NAMES
 
@@ -262,14 +263,24 @@ class Hostile:
     def check(self) -> None:
         sim = self.sim
         alerts: dict[str, int] = {}
+        # The gate may carry a message on as a delayed copy (its alert could not
+        # be queued yet), named by the broker; the copy says whose it is.
+        origin: dict[str, str] = {}
+        for queue in {q for q, _ in self.forged.values()}:
+            for m in sim.bus.queue(queue).sent:
+                origin[m.message_id] = str(m.props.get(ORIGINAL_ID_PROPERTY) or m.message_id)
+
+        def _origin(message_id: str) -> str:
+            return origin.get(message_id, message_id)
+
         for m in sim.bus.queue("alerts").sent:
-            mid = json.loads(m.body).get("MessageId") or ""
+            mid = _origin(json.loads(m.body).get("MessageId") or "")
             if mid.startswith(PREFIX):
                 alerts[mid] = alerts.get(mid, 0) + 1
         for mid, (queue, kind) in sorted(self.forged.items()):
-            dead = [m for m in sim.bus.queue(queue).dead if m.message_id == mid]
+            dead = [m for m in sim.bus.queue(queue).dead if _origin(m.message_id) == mid]
             if not dead:
-                live = any(m.message_id == mid for m in sim.bus.queue(queue).messages)
+                live = any(_origin(m.message_id) == mid for m in sim.bus.queue(queue).messages)
                 sim.fail(
                     "forged message refused",
                     f"{mid} ({kind}) on {queue} was "

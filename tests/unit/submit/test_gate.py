@@ -184,3 +184,32 @@ async def test_on_the_last_delivery_the_dead_letter_stands_without_a_queued_aler
     gate = MessageGate("orders-webshop", down, None, BackoffPolicy((1.0,), 5))
     await gate.run(Msg(iter([b"not json"]), delivery_count=4), actions, _refuse)
     assert actions.calls == [("deadletter", "InvalidMessage")]  # the alert's log event stands
+
+
+async def test_while_its_alert_cannot_be_queued_a_dead_letter_comes_back_later_not_at_once():
+    """Seed 5082: an immediate abandon per failed alert used up every delivery
+    in a short alerts-queue outage, and the last one dead-lettered with only a
+    log event. Now the message waits the back-off schedule, as a transient
+    failure does, and its copy alerts when it is handled."""
+    down, actions = Alerts(fail_queueing=True), Actions()
+
+    class Scheduler:
+        scheduled: ClassVar[list[tuple[str, dict]]] = []
+
+        async def schedule(self, queue, body, message_id, enqueue_at, application_properties=None):
+            self.scheduled.append((message_id, application_properties))
+
+    gate = MessageGate("agent-responses", down, Scheduler(), BackoffPolicy((5.0, 15.0), 5))
+    outcome = await gate.run(Msg(iter([b"{}"]), delivery_count=0), actions, _refuse)
+    assert outcome.kind is SettleKind.COMPLETE  # a delayed copy carries it on
+    assert actions.calls == ["complete"]
+    [(copy_id, props)] = Scheduler.scheduled
+    assert copy_id == "retry/seq-7/1"
+    assert props["x-original-message-id"] == "m"
+    assert down.ids == ["alert/agent-responses/seq-7/InvalidMessage"]
+    # When the schedule is spent the dead letter stands, under its own reason.
+    spent = Msg(iter([b"{}"]), delivery_count=0)
+    spent.application_properties = {**props, "x-retry-count": 2}
+    actions = Actions()
+    outcome = await gate.run(spent, actions, _refuse)
+    assert actions.calls == [("deadletter", "InvalidMessage")]
