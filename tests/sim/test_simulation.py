@@ -210,9 +210,22 @@ def test_regression_seed(seed, orders, version, hostile, apps, wider):
     assert result.violations == []
 
 
+def _open_seeds(orders: int, version: str | None) -> set[int]:
+    """Seeds of this kind recorded as open defects: each is a strict xfail in
+    test_regression_seed, which fails as soon as it passes; the bulk runs
+    leave them to it, so any other broken schedule still fails them."""
+    return {
+        e["seed"]
+        for e in REGRESSIONS
+        if not e.get("fixed") and e["orders"] == orders and e.get("version") == version
+    }
+
+
 def _bulk(seeds, orders: int, version: str | None = None):
     import time
     from collections import Counter
+
+    seeds = [s for s in seeds if s not in _open_seeds(orders, version)]
 
     started = time.perf_counter()
     broken: Counter[str] = Counter()

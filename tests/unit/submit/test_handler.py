@@ -346,7 +346,7 @@ async def test_the_back_off_grows_and_then_dead_letters_with_a_reason_and_an_ale
     )
     [(_, _, message_id, at, props)] = rig.scheduler.scheduled
     assert at == NOW + timedelta(seconds=15)
-    assert message_id == "retry/seq-8/2"
+    assert message_id == "retry/seq-7/2"  # every copy is named by the message first copied
     assert props["x-retry-count"] == 2
     outcome = await rig.deliver(
         body, message_id="retry/seq-8/2", properties={b"x-retry-count": 2}, sequence_number=9
