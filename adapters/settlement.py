@@ -9,6 +9,7 @@ import asyncio
 import hashlib
 import logging
 import os
+import re
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, replace
 from datetime import timedelta
@@ -186,11 +187,18 @@ def _broker_name(message: Any, body: bytes | None) -> str:
     return f"sha-{digest.hexdigest()[:48]}"
 
 
+_COPY_ID = re.compile(r"^retry/(seq-\d+)/\d+$")
+
+
 def _retry_message_id(message: Any, attempt: int, body: bytes | None = None) -> str:
     """The back-off copy of `message`: one per received message and retry,
     so the queue's duplicate detection drops only a second copy of the same
     message (a redelivery scheduling again), never another order's."""
-    return f"retry/{_broker_name(message, body)}/{attempt}"
+    # A copy of a copy keeps the name of the message first copied, so every
+    # copy of one message, and its alert (_alert_source), is named by it.
+    copy = _COPY_ID.match(str(getattr(message, "message_id", None) or ""))
+    root = copy.group(1) if copy is not None else _broker_name(message, body)
+    return f"retry/{root}/{attempt}"
 
 
 # --- the gate ------------------------------------------------------------------------
@@ -268,7 +276,7 @@ class MessageGate:
         outcome, body = await self.decide(message, handle)
         if outcome.kind is SettleKind.DEAD_LETTER:
             try:
-                await self.alert(message, outcome)
+                await self.alert(message, outcome, body)
             except TransientError as exc:
                 # A dead letter goes with its alert: while the alert cannot be
                 # queued, keep the message, and come back to it later, as for any
@@ -295,7 +303,7 @@ class MessageGate:
         await settle(message, actions, outcome)
         return outcome
 
-    async def alert(self, message: Any, outcome: Settle) -> None:
+    async def alert(self, message: Any, outcome: Settle, body: bytes | None = None) -> None:
         # The description as dead-lettered (ASCII), so the two match exactly.
         reason = outcome.reason or PROCESSING_FAILED
         await self._alerts.raise_alert(
@@ -305,7 +313,7 @@ class MessageGate:
             outcome.order_id,
             message_id=message_label(message),
             queue=self.queue,
-            alert_id=_alert_id(self.queue, _alert_source(message), reason),
+            alert_id=_alert_id(self.queue, _alert_source(message, body), reason),
             required=True,
         )
 
@@ -355,12 +363,27 @@ class MessageGate:
         return Settle.abandon(outcome.description or "", outcome.order_id)
 
 
-def _alert_source(message: Any) -> str:
+def _alert_source(message: Any, body: bytes | None = None) -> str:
     """What an alert about `message` is named by: its sequence number (a
     redelivery alerts under the same id, another message never does), or,
-    from a message no broker numbered, its id."""
+    from a message no broker numbered, its id. A back-off copy the gate made
+    (`retry/seq-N/k`) is named by the message it copies, with the body's
+    digest: the copy of a dead letter whose alert could not be queued and a
+    redelivery of that original alert once between them. A sender who names
+    its own message like a copy merges only alerts of messages with its very
+    body, so it cannot silence the alert of another message."""
+    mid = str(getattr(message, "message_id", None) or "")
+    copy = _COPY_ID.match(mid)
     seq = getattr(message, "sequence_number", None)
-    return f"seq-{seq}" if type(seq) is int and seq >= 0 else message_label(message)
+    if copy is not None:
+        source = copy.group(1)
+    elif type(seq) is int and seq >= 0:
+        source = f"seq-{seq}"
+    else:
+        return message_label(message)
+    if body is None:
+        return source
+    return f"{source}/{hashlib.sha256(body).hexdigest()[:16]}"
 
 
 def _alert_id(queue: str, original_id: str, reason: str) -> str:

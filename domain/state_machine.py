@@ -224,6 +224,31 @@ def rejected_record(
     )
 
 
+def readmit(record: OrderState, now: datetime, steps: list[str]) -> OrderState:
+    """Rejected -> Pending: the client sent the order again, as a Rejected
+    status tells it to ("try later"), and the backlog now has room. The same
+    record (its key, history and digest) starts over as a new order would;
+    only Submit, after its own admission check, makes this transition."""
+    _require(record, ProcessState.REJECTED, action="readmit")
+    return _finish(
+        record,
+        ProcessState.PENDING,
+        "submit",
+        now,
+        reason="sent again with room in the backlog",
+        LockedBy=None,
+        CompleteBy=None,
+        NotBefore=None,
+        FailureCount=0,
+        LongRetries=0,
+        LastError=None,
+        ReceivedSent=False,
+        PendingStatus=None,
+        Steps={name: StepState() for name in steps},
+        Compensation=[],
+    )
+
+
 def mark_received_sent(record: OrderState, now: datetime) -> OrderState:
     """Remember that `Received` went out, so a redelivery sends no second one."""
     return record.model_copy(update={"ReceivedSent": True, "UpdatedAt": now}, deep=True)

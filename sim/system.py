@@ -212,6 +212,7 @@ def options_for(
         f.durable_fail = rng.choice((0.0, 0.02, 0.1, 0.3))
         f.odd_answers = rng.choice((0.0, 0.0, 0.3))
         f.foreign_docs = rng.random() < 0.3
+        f.resend = rng.choice((0.0, 0.0, 0.3, 0.8))
     return options
 
 
@@ -1164,6 +1165,17 @@ class Simulation:
                     ),
                 ),
             )
+            if w.faults.draw(f.resend, "resend", oid):
+                later = at + w.data_rng.uniform(1, o.fault_window + 300)
+                w.at(
+                    START + timedelta(seconds=later),
+                    "client resend",
+                    lambda oid=oid: self.bus.send(
+                        INGRESS_OF[self.orders[oid][0]],
+                        self._order_body(oid),
+                        f"{self.orders[oid][1]}/resend",
+                    ),
+                )
             if w.faults.draw(f.bad_messages, "bad_message", oid):
                 w.at(
                     START + timedelta(seconds=at + w.data_rng.uniform(0, 30)),
@@ -1504,10 +1516,17 @@ class Simulation:
             if doc is None or any(o == key for o, _ in self.operator_done):
                 continue
             want = TERMINAL_STATUS.get(doc["ProcessState"])
+            readmitted = any(
+                h.get("From") == "Rejected" and h.get("To") == "Pending"
+                for h in doc.get("History") or []
+            )
             other = {
                 s["Status"]
                 for s in statuses.get(key, [])
-                if s["Status"] in TERMINAL_STATUS.values() and s["Status"] != want
+                if s["Status"] in TERMINAL_STATUS.values()
+                and s["Status"] != want
+                # Rejected, then sent again with room: the same order, admitted
+                and not (readmitted and s["Status"] == "Rejected")
             }
             if want and other:
                 self.fail(

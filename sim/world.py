@@ -93,6 +93,10 @@ class FaultConfig:
     # documents this version did not write: garbage in the state and index
     # containers, and a newer version's unknown field on live records
     foreign_docs: bool = False
+    # per order: the client sends it again (a new message id) at a random moment
+    # after acceptance: while Pending, Processing, in a long retry, Compensating,
+    # after a terminal state or a Rejected status
+    resend: float = 0.0
     hostile: int = 0  # forged replies and requests on the internal queues (sim.hostile)
 
 

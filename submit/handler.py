@@ -183,12 +183,21 @@ class SubmitHandler:
             telemetry.app_metrics().received.add(1, {"outcome": "accepted", "app.id": order.AppId})
 
         if record.ProcessState is ProcessState.REJECTED:
-            # Rejected earlier (or by a delivery racing this one), and the
-            # orders write above did not know: a rejected order must not stay
-            # in the orders DB (a crash before this delete is healed by the
-            # next delivery, which gets here again).
-            await self._orders.discard(key)
-            return await self._send_rejected(order, record, now)
+            # Rejected earlier (or by a delivery racing this one), and sent
+            # again now that the backlog has room (this delivery passed the
+            # admission check): the client did what Rejected told it to ("try
+            # later"), so the order starts over on the same record. The orders
+            # write above stays. A redelivery finds it Pending and carries on.
+            steps = self._steps
+
+            def again(r: OrderState) -> OrderState:
+                return sm.readmit(r, now, steps) if r.ProcessState is ProcessState.REJECTED else r
+
+            record, etag = await self._store.update(key, again, ANY_OWNER)
+            log.info("rejected order sent again and admitted", extra={"order_id": key})
+            telemetry.app_metrics().received.add(
+                1, {"outcome": "readmitted", "app.id": order.AppId}
+            )
         fast_path = (
             client is not None
             and record.ProcessState is ProcessState.PENDING

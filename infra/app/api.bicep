@@ -167,6 +167,9 @@ var baseSettings = {
   SUPERVISOR_SCHEDULE: '*/${supervisorIntervalSeconds} * * * * *'
   SUPERVISOR_PAGE_SIZE: string(supervisorPageSize)
   SUPERVISOR_SCAN: supervisorScan
+  // Submit also finds orders keyed by their bare OrderID (accepted before keys named the
+  // application, docs/adr/017e-order-keys.md); 'false' once no such record is left.
+  LEGACY_ORDER_KEYS: 'true'
   INLINE_STEPS: inlineSteps
   CONSOLE_CSRF_SECRET: consoleCsrfSecret
   CONSOLE_AUTH_CONFIRMED: consoleAuthConfirmed

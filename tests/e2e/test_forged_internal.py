@@ -20,7 +20,7 @@ import pytest
 from azure.servicebus import ServiceBusMessage, ServiceBusReceiveMode
 
 from devstack.invariants import records_with_prefix
-from domain.ids import idempotency_key, reply_event_name
+from domain.ids import idempotency_key, order_key, reply_event_name
 from domain.models import AgentRequest, ProcessState, StepStatus
 from domain.signing import seal_request
 from tests.e2e.conftest import E2E
@@ -31,6 +31,7 @@ REQUESTS, REPLIES = "agent-requests", "agent-responses"
 
 
 def _reply(order_id: str, step: str, outcome: str = "ok", **changes) -> dict:
+    order_id = order_key("webshop", order_id)  # how the system names the webshop's order
     body = {
         "SchemaVersion": 1,
         "InstanceId": f"{order_id}:1",
@@ -52,6 +53,7 @@ def _reply(order_id: str, step: str, outcome: str = "ok", **changes) -> dict:
 
 
 def _request(order_id: str, step: str, action: str = "do", **changes) -> dict:
+    order_id = order_key("webshop", order_id)
     label = "do" if action == "do" else "undo-0"
     body = {
         "SchemaVersion": 1,
@@ -117,6 +119,7 @@ async def _drain(e2e: E2E, queue: str, idle: float = 1.0) -> list:
 
 
 async def _calls(e2e: E2E, order_id: str) -> list[dict]:
+    order_id = order_key("webshop", order_id)
     async with e2e.http.get(f"{e2e.remote}/_admin/requests", params={"order_id": order_id}) as r:
         assert r.status == 200, await r.text()
         return (await r.json())["requests"]
@@ -165,7 +168,7 @@ async def test_every_forged_reply_and_request_is_refused_and_changes_nothing(sta
                 _request(
                     ghost,
                     "launch-rockets",
-                    IdempotencyKey=f"{ghost}/launch-rockets",
+                    IdempotencyKey=f"{order_key('webshop', ghost)}/launch-rockets",
                     Deadline=datetime.now(UTC) + timedelta(seconds=60),
                 )
             ),
@@ -264,7 +267,7 @@ async def test_every_forged_reply_and_request_is_refused_and_changes_nothing(sta
         )
 
         # A refund for a Processed order: refused, the record unchanged.
-        before, etag = await e2e.store.read(steady.OrderID)
+        before, etag = await e2e.store.read(order_key("webshop", steady.OrderID))
         await forger.send(
             REQUESTS,
             _request(steady.OrderID, "charge-payment", "undo"),
@@ -272,7 +275,7 @@ async def test_every_forged_reply_and_request_is_refused_and_changes_nothing(sta
             "refund-processed",
         )
         dead, alerts = await forger.settled()
-        after, etag_after = await e2e.store.read(steady.OrderID)
+        after, etag_after = await e2e.store.read(order_key("webshop", steady.OrderID))
         assert (after, etag_after) == (before, etag)
         assert not any(c["operation"] == "refund" for c in await _calls(e2e, steady.OrderID))
 

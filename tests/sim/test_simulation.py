@@ -38,9 +38,11 @@ DEFECT_OF_CHECK = {
     "4 bad submission dead-lettered with a reason": "defect 10: an AMQP value body raises instead of being dead-lettered",
     "index entry of a live attempt kept": "new: the index source discards a live entry after a lagging read",
     "liveness": "defects 1/5/6 and a lagging read in the index source: an order never reaches a terminal state",
-    "forged message alerted once": "new (issue 22): a dead letter's alert is lost when the alerts "
-    "queue refuses the send on every delivery: the gate abandons for an immediate redelivery, "
-    "so a short alerts outage uses up every delivery and only the log event stands (seed 5082)",
+    "forged message alerted once": "issue 22: while a forgery's alert cannot be queued, the agents "
+    "abandon it at once (every delivery spent, no alert: seeds 5113, 5166), or the gate's delayed "
+    "copy and a redelivery of the original alert under two ids (seeds 56, 58)",
+    "forged message refused": "issue 22: the agents abandon a forged request at once while its "
+    "alert cannot be queued, so Service Bus dead-letters it MaxDeliveryCountExceeded",
 }
 
 
@@ -208,9 +210,22 @@ def test_regression_seed(seed, orders, version, hostile, apps, wider):
     assert result.violations == []
 
 
+def _open_seeds(orders: int, version: str | None) -> set[int]:
+    """Seeds of this kind recorded as open defects: each is a strict xfail in
+    test_regression_seed, which fails as soon as it passes; the bulk runs
+    leave them to it, so any other broken schedule still fails them."""
+    return {
+        e["seed"]
+        for e in REGRESSIONS
+        if not e.get("fixed") and e["orders"] == orders and e.get("version") == version
+    }
+
+
 def _bulk(seeds, orders: int, version: str | None = None):
     import time
     from collections import Counter
+
+    seeds = [s for s in seeds if s not in _open_seeds(orders, version)]
 
     started = time.perf_counter()
     broken: Counter[str] = Counter()

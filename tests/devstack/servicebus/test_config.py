@@ -49,7 +49,9 @@ def test_reads_the_project_config_with_its_queue_names() -> None:
     assert orders.duplicate_window == 600
     assert orders.dead_letter_on_expiration
     assert orders.default_ttl == 86400
-    assert not queues["alerts"].requires_duplicate_detection
+    # A repeated alert of one incident keeps its id: detection pages once a day at most.
+    assert queues["alerts"].requires_duplicate_detection
+    assert queues["alerts"].duplicate_window == 86400
 
 
 def test_every_registered_application_has_an_ingress_queue_alike() -> None:

@@ -49,7 +49,7 @@ async def _failed_with_pending_status(
 ) -> None:
     """A Failed record whose status (and alert) is still in its outbox, written at `at`."""
     order = make_order(order_id, ReplyTo=reply_to, AppId=reply_to.removeprefix("replies-"))
-    await store.create_if_absent(sm.new_record(order, NOW, STEPS))
+    await store.create_if_absent(sm.new_record(order, NOW, STEPS, key=order_id))
     claimed = await store.claim(order_id, NOW, POLICY)
     assert claimed is not None
     await store.update(

@@ -321,7 +321,7 @@ async def test_a_failed_status_call_does_not_restart_a_live_compensation():
     client = BlinkingClient()
     starter = Starter(SETTINGS, world.store, clock=ReadClock(lambda: world.now))
     await starter.run(client)
-    assert client.started == ["A1:2"]
+    assert client.started == ["webshop:A1:2"]
     client.blink = True
     for _ in range(5):
         report = await starter.run(client)
@@ -329,15 +329,15 @@ async def test_a_failed_status_call_does_not_restart_a_live_compensation():
     record = await world.record("A1")
     assert (record.ProcessState, record.LockedBy, record.CompensationRestarts) == (
         ProcessState.COMPENSATING,
-        "A1:2",
+        "webshop:A1:2",
         0,
     )
     # A gone instance (404) is still restarted once the status can be read.
     client.blink = False
-    client.started.remove("A1:2")
+    client.started.remove("webshop:A1:2")
     report = await starter.run(client)
     assert report.compensation_restarts == 1
-    assert (await world.record("A1")).LockedBy == "A1:3"
+    assert (await world.record("A1")).LockedBy == "webshop:A1:3"
 
 
 async def test_a_dead_compensation_behind_a_full_page_of_live_ones_is_restarted():
@@ -354,12 +354,12 @@ async def test_a_dead_compensation_behind_a_full_page_of_live_ones_is_restarted(
     while len(client.started) < len(names):  # the requests are claimed, a page a run
         await starter.run(client)
     dead = names[-1]  # sorts last: never on the first page
-    client.started.remove(f"{dead}:2")  # its instance died
+    client.started.remove(f"webshop:{dead}:2")  # its instance died
     restarts = 0
     for _ in range(len(names) // batch + 1):  # a full cycle of pages reaches it
         restarts += (await starter.run(client)).compensation_restarts
     assert restarts == 1
-    assert (await world.record(dead)).LockedBy == f"{dead}:3"
+    assert (await world.record(dead)).LockedBy == f"webshop:{dead}:3"
 
 
 async def test_a_resend_during_a_long_retry_adds_no_index_entry():
@@ -372,17 +372,17 @@ async def test_a_resend_during_a_long_retry_adds_no_index_entry():
     world = World()
     await _pending(world, "A1")
     await world.store.update(
-        "A1",
+        "webshop:A1",
         lambda r: r.model_copy(update={"NotBefore": world.now + timedelta(hours=1)}),
         ANY_OWNER,
     )
-    record, etag = await world.store.read("A1")
+    record, etag = await world.store.read("webshop:A1")
     index = FakeIndex()
     starter = Starter(SETTINGS, world.store, index=index, clock=ReadClock(lambda: world.now))
     assert await starter.start_submitted(Client(), record, etag) is None
     assert index.entries == {}
     # Once claimable, the claim indexes its attempt first, as before.
     world.now += timedelta(hours=1)
-    record, etag = await world.store.read("A1")
-    assert await starter.start_submitted(Client(), record, etag) == "A1:1"
+    record, etag = await world.store.read("webshop:A1")
+    assert await starter.start_submitted(Client(), record, etag) == "webshop:A1:1"
     assert list(index.entries.values()) == [1]

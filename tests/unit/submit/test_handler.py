@@ -294,8 +294,7 @@ async def test_a_rejected_status_lost_on_send_is_sent_by_the_redelivery(rig):
     assert first.kind is SettleKind.COMPLETE
     assert len(rig.scheduler.scheduled) == 1
     assert rig.statuses() == []
-    # the backlog has drained meanwhile: the order stays Rejected, never admitted
-    await rig.store.write_backlog_gauge(0, NOW)
+    # the backlog is still above the limit: the retry sends the Rejected status
     assert (await rig.submit()).kind is SettleKind.COMPLETE
     assert rig.statuses() == ["Rejected"]
     assert (await rig.store.read("webshop:ORD-1"))[0].ProcessState is ProcessState.REJECTED
@@ -347,7 +346,7 @@ async def test_the_back_off_grows_and_then_dead_letters_with_a_reason_and_an_ale
     )
     [(_, _, message_id, at, props)] = rig.scheduler.scheduled
     assert at == NOW + timedelta(seconds=15)
-    assert message_id == "retry/seq-8/2"
+    assert message_id == "retry/seq-7/2"  # every copy is named by the message first copied
     assert props["x-retry-count"] == 2
     outcome = await rig.deliver(
         body, message_id="retry/seq-8/2", properties={b"x-retry-count": 2}, sequence_number=9
@@ -526,16 +525,30 @@ async def test_received_sent_after_a_concurrent_write_falls_back_to_a_guarded_up
     assert rig.statuses() == ["Received"]
 
 
-async def test_a_rejected_order_resent_after_the_backlog_fell_leaves_no_order_behind():
+async def test_a_rejected_order_sent_again_after_the_backlog_fell_is_admitted():
+    """Issue 21 item 7: Rejected tells the client "try later"; a client that
+    did, with the same OrderID, was answered Rejected again for ever. The same
+    record now starts over, Pending, and the order is written."""
     rig = counting_rig()
     await rig.store.write_backlog_gauge(3, NOW)
     await rig.submit()
+    assert rig.statuses() == ["Rejected"]
     await rig.store.write_backlog_gauge(0, NOW)
     rig.orders.requests.clear()
     assert (await rig.submit()).kind is SettleKind.COMPLETE
-    assert rig.orders.requests == ["order_create", "order_delete"]
-    assert "webshop:ORD-1" not in rig.orders.orders
-    assert (await rig.store.read("webshop:ORD-1"))[0].ProcessState is ProcessState.REJECTED
+    assert rig.orders.requests == ["order_create"]
+    assert "webshop:ORD-1" in rig.orders.orders
+    record, _ = await rig.store.read("webshop:ORD-1")
+    assert record.ProcessState is ProcessState.PENDING
+    assert record.ReceivedSent
+    assert [(h.From, h.To) for h in record.History][-1] == (
+        ProcessState.REJECTED,
+        ProcessState.PENDING,
+    )
+    assert rig.statuses() == ["Rejected", "Received"]
+    # a redelivery of that resend changes nothing more
+    assert (await rig.submit()).kind is SettleKind.COMPLETE
+    assert rig.statuses() == ["Rejected", "Received"]
 
 
 class FastStart:
