@@ -149,7 +149,7 @@ class Settings:
 
     # Submit also looks an order up under its bare OrderID, the key records had
     # before keys named the application (LEGACY_ORDER_KEYS; one point read per
-    # order): off once no such record is left (docs/adr/017e-order-keys.md).
+    # order): off once no such record is left (docs/adr/017f-order-keys.md).
     legacy_order_keys: bool = True
 
 
@@ -259,7 +259,7 @@ def _registry(env: Mapping[str, str]) -> dict[str, Any]:
 
 
 def _check_apps_apart(registry: Mapping[str, Any]) -> None:
-    """Applications may use the same OrderIDs (docs/adr/017e-order-keys.md), so
+    """Applications may use the same OrderIDs (docs/adr/017f-order-keys.md), so
     nothing of one may be another's: each needs a valid AppId with its own
     order-key tag, and its own reply queue (status message ids are named by
     the OrderID, and a reply queue is read by its application alone)."""

@@ -2,7 +2,7 @@
 
 - order key            `{app}:{OrderID}`      the order inside the system: the id
   and partition key of its state record and of its orders-DB document. An
-  OrderID is unique per application only (docs/adr/017e-order-keys.md), so the
+  OrderID is unique per application only (docs/adr/017f-order-keys.md), so the
   key names the application (`app_tag`); records written before it are keyed
   by the bare OrderID, and every builder below accepts either form.
 - attempt instance id  `{order key}:{Attempt}` owns the record for one attempt

@@ -191,7 +191,7 @@ def new_record(
     """(none) -> Pending: the first write, by Submit. `key`: the order's key
     (domain.ids.order_key of its application and OrderID unless given: Submit
     gives the bare OrderID of an order accepted before keys named the
-    application, docs/adr/017e-order-keys.md)."""
+    application, docs/adr/017f-order-keys.md)."""
     return OrderState(
         id=key if key is not None else order_key(order.AppId, order.OrderID),
         ProcessState=ProcessState.PENDING,

@@ -79,7 +79,7 @@ _settlement_module = importlib.import_module("adapters.settlement")
 # The client applications, as the registry the app reads names them
 # (REPLY_QUEUE_REGISTRY; each ingress queue is the one adapters.settings
 # derives from it). Two, sending colliding OrderIDs: an OrderID is unique per
-# application only (docs/adr/017e-order-keys.md).
+# application only (docs/adr/017f-order-keys.md).
 REGISTRY = {"webshop": "replies-webshop", "partner-portal": "replies-partner-portal"}
 INGRESS_OF = ingress_queues({"REPLY_QUEUE_REGISTRY": json.dumps(REGISTRY)})
 APP_OF_INGRESS = {queue: app for app, queue in INGRESS_OF.items()}
@@ -494,7 +494,7 @@ class Simulation:
             agent_keys=KeyRing([random.Random(f"keys/agents/{seed}").randbytes(32)]),
             reply_token_keys=KeyRing([random.Random(f"keys/tokens/{seed}").randbytes(32)]),
             # Submit's look-up of a record keyed by the bare OrderID (ADR
-            # 017e) in the two-application world; the one-application world
+            # 017f) in the two-application world; the one-application world
             # is a deployment with no such records, the lookup off.
             legacy_order_keys=self.o.apps > 1,
         )
@@ -515,7 +515,7 @@ class Simulation:
             app, oid = apps[i % len(apps)], f"ORD-{seed}-{i // len(apps)}"
             self.orders[order_key(app, oid)] = (app, oid)
         # Sometimes the webshop's first order was accepted by the version
-        # before keys named the application (ADR 017e): its records are keyed
+        # before keys named the application (ADR 017f): its records are keyed
         # by the bare OrderID, the partner sends an order with the same
         # OrderID, and the webshop's message comes again (a redelivery).
         self.legacy: set[str] = set()

@@ -146,7 +146,7 @@ class SubmitHandler:
         and keeps its key (in flight across a deploy, or sent again later).
         A record under the bare OrderID of another application is not this
         order's, and nothing about it shows: the order goes on under its own
-        key exactly as if that record did not exist (docs/adr/017e-order-keys.md)."""
+        key exactly as if that record did not exist (docs/adr/017f-order-keys.md)."""
         if self._settings.legacy_order_keys:
             try:
                 legacy, _ = await self._store.read(order.OrderID)

@@ -1,7 +1,7 @@
 """OrderIDs belong to their application, through the local host: two
 applications post one OrderID and both orders are processed, each hearing
 only of its own; and an order the previous version accepted (its records
-keyed by the bare OrderID) is still processed and found (ADR 017e)."""
+keyed by the bare OrderID) is still processed and found (ADR 017f)."""
 
 from __future__ import annotations
 

@@ -398,7 +398,7 @@ async def test_a_new_order_costs_two_creates_and_one_replace_on_the_real_server(
     """Counted from the Cosmos server's responses (each adapter call records
     its response's charge), not timed. With LEGACY_ORDER_KEYS on (the
     default) one point read first looks for a record keyed by the bare
-    OrderID (ADR 017e)."""
+    OrderID (ADR 017f)."""
     c = await bootstrap.container()
     # The backlog gauge's point read is per process (cached 5 s), not per
     # order: counted apart.

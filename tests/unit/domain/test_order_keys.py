@@ -1,6 +1,6 @@
 """Order keys (domain.ids.order_key): an OrderID is unique per application,
 so the key names both; records written before keys named the application
-(bare OrderIDs) are still keys (docs/adr/017e-order-keys.md)."""
+(bare OrderIDs) are still keys (docs/adr/017f-order-keys.md)."""
 
 from __future__ import annotations
 

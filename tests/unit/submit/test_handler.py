@@ -503,7 +503,7 @@ async def test_a_new_order_costs_two_creates_and_one_conditional_replace(legacy)
     assert rig.orders.requests == ["order_create"]
     # No read+replace for ReceivedSent. The one read before the creates looks
     # for a record under the bare OrderID (written before keys named the
-    # application), and only while LEGACY_ORDER_KEYS is on (ADR 017e).
+    # application), and only while LEGACY_ORDER_KEYS is on (ADR 017f).
     assert rig.store.requests == (["read"] if legacy == "true" else []) + ["create", "replace"]
 
 
@@ -642,7 +642,7 @@ async def test_an_order_written_by_a_delivery_that_died_is_taken_back_when_the_n
     assert "webshop:ORD-1" not in rig.orders.orders
 
 
-# --- OrderIDs belong to their application (ADR 017e) ------------------------------------
+# --- OrderIDs belong to their application (ADR 017f) ------------------------------------
 
 
 def _partner(**overrides):
