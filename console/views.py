@@ -24,6 +24,7 @@ from console import timeline as story
 from console.peek import QueuePeeker
 from console.security import Forbidden, in_azure, record_version, redact
 from domain import state_machine as sm
+from domain.boundary import json_depth
 from domain.errors import DomainError, NotFoundError
 from domain.ids import attempt_instance_id, check_order_key
 from domain.models import OrderState, ProcessState
@@ -428,32 +429,6 @@ MAX_DEPTH = 32  # nesting of a body's JSON the console parses; deeper is shown a
 _SCAN_BYTES = 256 * 1024  # of a body the console reads at most
 
 
-def _depth(text: str, limit: int) -> int:
-    """How deep JSON brackets nest in `text` (strings skipped), counting
-    only up to `limit` + 1: linear, no recursion, whatever the body."""
-    depth = top = 0
-    in_string = escaped = False
-    for ch in text:
-        if in_string:
-            if escaped:
-                escaped = False
-            elif ch == "\\":
-                escaped = True
-            elif ch == '"':
-                in_string = False
-        elif ch == '"':
-            in_string = True
-        elif ch in "[{":
-            depth += 1
-            if depth > top:
-                top = depth
-                if top > limit:
-                    return top
-        elif ch in "]}":
-            depth -= 1
-    return top
-
-
 def _short(value: Any, limit: int = 200) -> str | None:
     if value is None:
         return None
@@ -538,7 +513,7 @@ def _read_message(m: Any, body_limit: int) -> dict[str, Any]:
     text, note = body_text(m)
     parsed: Any = None
     if note is None and text:
-        if _depth(text, MAX_DEPTH) > MAX_DEPTH:
+        if json_depth(text, MAX_DEPTH) > MAX_DEPTH:
             note = f"JSON nested deeper than {MAX_DEPTH} levels, shown as text"
         else:
             try:

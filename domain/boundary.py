@@ -145,25 +145,8 @@ def exact_json(raw: bytes, max_bytes: int, max_depth: int = MAX_DEPTH) -> Any:
     if text.startswith("\ufeff"):
         raise BoundaryError("body starts with a byte order mark")
     # Refuse deep nesting before parsing: the parser recurses per level.
-    depth = deepest = 0
-    in_string = escaped = False
-    for ch in text:
-        if in_string:
-            if escaped:
-                escaped = False
-            elif ch == "\\":
-                escaped = True
-            elif ch == '"':
-                in_string = False
-        elif ch == '"':
-            in_string = True
-        elif ch in "[{":
-            depth += 1
-            deepest = max(deepest, depth)
-            if deepest > max_depth:
-                raise BoundaryError(f"JSON is nested more than {max_depth} levels deep")
-        elif ch in "]}":
-            depth -= 1
+    if json_depth(text, max_depth) > max_depth:
+        raise BoundaryError(f"JSON is nested more than {max_depth} levels deep")
     try:
         value = json.loads(
             text,
@@ -196,3 +179,30 @@ def _no_lone_surrogates(value: Any, where: str) -> None:
     elif isinstance(value, list):
         for i, item in enumerate(value):
             _no_lone_surrogates(item, f"{where}.{i}" if where else str(i))
+
+
+def json_depth(text: str, limit: int) -> int:
+    """How deep JSON brackets nest in `text` (strings skipped), counting only
+    up to `limit` + 1: linear, no recursion, whatever the text (the Submit
+    boundary and the console's dead-letter rendering both ask before parsing)."""
+    depth = top = 0
+    in_string = escaped = False
+    for ch in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch in "[{":
+            depth += 1
+            if depth > top:
+                top = depth
+                if top > limit:
+                    return top
+        elif ch in "]}":
+            depth -= 1
+    return top
