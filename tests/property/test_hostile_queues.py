@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 from azure.servicebus import ServiceBusMessage, ServiceBusReceiveMode
+from azure.servicebus._pyamqp.types import TYPE, VALUE, AMQPTypes
 from azure.servicebus.amqp import AmqpAnnotatedMessage
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -152,6 +153,25 @@ def _clean_props(props: dict | None) -> dict | None:
     }
 
 
+def _amqp_typed(value: Any) -> Any:
+    """A JSON value as another SDK would put it in an AMQP map: the Python SDK
+    encodes every int as a 32-bit int and refuses a larger one, while a
+    JavaScript or Proton sender sends a long (or, past 64 bits, a double)."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int):
+        if -(2**31) <= value < 2**31:
+            return value
+        if -(2**63) <= value < 2**63:
+            return {TYPE: AMQPTypes.long, VALUE: value}
+        return float(value)
+    if isinstance(value, dict):
+        return {k: _amqp_typed(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_amqp_typed(v) for v in value]
+    return value
+
+
 def amqp_message(body: bytes, kind: str, message_id: str, props: dict | None):
     props = _clean_props(props)
     if kind == "data":
@@ -173,7 +193,8 @@ def amqp_message(body: bytes, kind: str, message_id: str, props: dict | None):
         except (ValueError, UnicodeEncodeError):
             value = {"OrderID": "x"}
         return AmqpAnnotatedMessage(
-            value_body=value if isinstance(value, dict) and value else {"a": 1}, **common
+            value_body=_amqp_typed(value) if isinstance(value, dict) and value else {"a": 1},
+            **common,
         )
     return AmqpAnnotatedMessage(sequence_body=[[1, 2, 3]], **common)
 
