@@ -11,6 +11,7 @@ import asyncio
 import json
 import logging
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -26,7 +27,7 @@ from console.security import Forbidden, in_azure, record_version, redact
 from domain import state_machine as sm
 from domain.boundary import json_depth
 from domain.errors import DomainError, NotFoundError
-from domain.ids import attempt_instance_id, check_order_key
+from domain.ids import attempt_instance_id, check_order_key, order_key
 from domain.models import OrderState, ProcessState
 
 log = logging.getLogger(__name__)
@@ -416,7 +417,8 @@ async def peek(
             "error": f"could not peek {queue}: {type(exc).__name__}",
             "next": None,
         }
-    out = [_message(m, body_limit) for m in messages]
+    apps = queue_apps(deps.settings)
+    out = [_message(m, body_limit, queue, apps) for m in messages]
     last = max((m["sequence"] for m in out if m["sequence"] is not None), default=None)
     return {
         "messages": out,
@@ -468,12 +470,14 @@ def body_text(m: Any) -> tuple[str, str | None]:
         return "", f"body unreadable ({type(exc).__name__})"
 
 
-def _message(m: Any, body_limit: int) -> dict[str, Any]:
+def _message(
+    m: Any, body_limit: int, queue: str | None = None, apps: Mapping[str, str] | None = None
+) -> dict[str, Any]:
     """One peeked message for the templates, whatever it holds: any body
     kind, any nesting, any property types. Never raises: a message the
     console cannot read is shown as unreadable, with what could be read."""
     try:
-        return _read_message(m, body_limit)
+        return _read_message(m, body_limit, queue, apps or {})
     except Exception as exc:  # noqa: BLE001 - one message must not break a page
         log.warning("console: a message could not be shown: %s", exc)
         return {
@@ -490,12 +494,39 @@ def _message(m: Any, body_limit: int) -> dict[str, Any]:
         }
 
 
-def _order_of(parsed: Any, props: dict[str, Any]) -> str | None:
-    """The OrderID a message names (body, else properties), when it is a
-    valid one: the console links to it."""
+def _order_of(
+    parsed: Any, props: dict[str, Any], queue: str | None, apps: Mapping[str, str]
+) -> str | None:
+    """The order a message names (its OrderID in the body, else in the
+    properties), as the key the console's order pages use, when it is a
+    valid one. A key that names its application is taken as it is. A bare
+    OrderID on an application's own queue (its ingress or reply queue, in
+    `apps`; for an alert, the queue its dead letter was on) is that
+    application's order; anywhere else it is a record written before keys
+    named the application (docs/adr/017f-order-keys.md)."""
     oid = parsed.get("OrderID") if isinstance(parsed, dict) else None
     oid = oid if isinstance(oid, str) else props.get("OrderID")
-    return oid if isinstance(oid, str) and valid_order_id(oid) else None
+    if not isinstance(oid, str) or not valid_order_id(oid):
+        return None
+    if ":" in oid:
+        return oid
+    if queue == ALERTS_QUEUE:
+        queue = parsed.get("Queue") if isinstance(parsed, dict) else None
+    app = apps.get(queue) if isinstance(queue, str) else None
+    try:
+        return order_key(app, oid) if app else oid
+    except ValueError:  # an AppId the settings should have refused
+        return oid
+
+
+def queue_apps(settings: Settings) -> dict[str, str]:
+    """Which application each of its own queues (ingress, reply) belongs to;
+    a queue two applications share names neither."""
+    owners: dict[str, set[str]] = {}
+    for mapping in (settings.ingress_queues, settings.reply_queues):
+        for app, q in mapping.items():
+            owners.setdefault(q, set()).add(app)
+    return {q: next(iter(a)) for q, a in owners.items() if len(a) == 1}
 
 
 def _safe(read: Any) -> Any:
@@ -509,7 +540,9 @@ def _int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def _read_message(m: Any, body_limit: int) -> dict[str, Any]:
+def _read_message(
+    m: Any, body_limit: int, queue: str | None, apps: Mapping[str, str]
+) -> dict[str, Any]:
     text, note = body_text(m)
     parsed: Any = None
     if note is None and text:
@@ -541,7 +574,7 @@ def _read_message(m: Any, body_limit: int) -> dict[str, Any]:
         "parsed": redact(parsed) if isinstance(parsed, dict) else None,
         "note": note,
         "data_body": note is None or note.startswith("JSON nested"),
-        "order_id": _order_of(parsed, props),
+        "order_id": _order_of(parsed, props, queue, apps),
         "body": body[:body_limit] + ("…" if len(body) > body_limit else ""),
     }
 

@@ -71,7 +71,8 @@ async def test_counts_links_resend_and_discard(servicebus_emulator):
             assert summary["total"] == 3
             assert "agent-requests" in summary["empty"]  # empty queues collapsed
             shown = {m["id"]: m for m in summary["per_queue"][queue]["messages"]}
-            assert shown["submit/O-0"]["order_id"] == "O-0"
+            # a bare OrderID on webshop's ingress queue is webshop's order
+            assert shown["submit/O-0"]["order_id"] == "webshop:O-0"
             assert shown["submit/O-0"]["alert"] is not None
             assert shown["submit/O-0"]["can_resend"]
             assert not shown["submit/O-1"]["can_resend"]  # InvalidMessage: discard only
@@ -107,3 +108,28 @@ async def test_counts_links_resend_and_discard(servicebus_emulator):
             assert "x-retry-count" not in props  # a fresh budget
             assert resent.message_id.startswith("submit/O-0/resent-")
             await receiver.complete_message(resent)
+
+
+def test_the_order_a_message_links_to_is_its_applications():
+    apps = views.queue_apps(
+        replace(
+            settings(),
+            ingress_queues={"webshop": "orders-webshop", "pos": "orders-pos"},
+            reply_queues={"webshop": "replies-webshop", "pos": "shared", "kiosk": "shared"},
+        )
+    )
+    link = views._order_of
+    assert link({"OrderID": "A-1"}, {}, "orders-webshop", apps) == "webshop:A-1"
+    assert link({"OrderID": "A-1"}, {}, "replies-webshop", apps) == "webshop:A-1"
+    assert link({}, {"OrderID": "A-1"}, "orders-pos", apps) == "pos:A-1"
+    # a key is taken as it is, wherever it is
+    assert link({"OrderID": "pos:A-1"}, {}, "agent-requests", apps) == "pos:A-1"
+    # a bare OrderID on a queue of no one application: a record from before keys
+    assert link({"OrderID": "A-1"}, {}, "agent-requests", apps) == "A-1"
+    assert link({"OrderID": "A-1"}, {}, "shared", apps) == "A-1"
+    # an alert names the queue of its dead letter; nothing else's body does
+    alert = {"OrderID": "A-1", "Queue": "orders-pos"}
+    assert link(alert, {}, "alerts", apps) == "pos:A-1"
+    assert link(alert, {}, "orders-webshop", apps) == "webshop:A-1"
+    assert link({"OrderID": "a/b"}, {}, "orders-webshop", apps) is None
+    assert link({"OrderID": 7}, {"OrderID": "A-2"}, "orders-webshop", apps) == "webshop:A-2"

@@ -390,7 +390,8 @@ async def test_operator_reads_and_acts_in_the_browser(stack, browser):
         wait.until(ec.presence_of_element_located((By.TAG_NAME, "table")))
         _no_markup_from(browser, HOSTILE)
         row = browser.find_element(By.CSS_SELECTOR, f"tr[data-message-id='{resent_id}']")
-        assert row.find_element(By.CSS_SELECTOR, ".order-link").text == resent.OrderID
+        link = row.find_element(By.CSS_SELECTOR, ".order-link")
+        assert link.text == order_key(resent.AppId, resent.OrderID)  # the order's own page
         row.find_element(By.CSS_SELECTOR, "a.resend").click()
         wait.until(ec.presence_of_element_located((By.ID, "confirm"))).click()
         wait.until(ec.presence_of_element_located((By.ID, "notice")))
