@@ -320,5 +320,16 @@ def request_processor(
     sender (returned with it) before them."""
     keys = require_agent_keys(cfg)  # before anything is opened: no keys, no agent
     replies = ServiceBusReplySender(client, cfg.responses_queue)
-    alerts = Alerts(ServiceBusPublisher(client))
-    return RequestProcessor(build_agent(session, cfg), replies, alerts, keys=keys), replies
+    publisher = ServiceBusPublisher(client)
+    alerts = Alerts(publisher)
+    from adapters.settlement import BackoffPolicy
+
+    processor = RequestProcessor(
+        build_agent(session, cfg),
+        replies,
+        alerts,
+        BackoffPolicy.from_env(),  # the gate's schedule and MAX_DELIVERY_COUNT
+        keys=keys,
+        scheduler=publisher,
+    )
+    return processor, replies

@@ -317,6 +317,16 @@ class MessageGate:
             required=True,
         )
 
+    async def later(
+        self, message: Any, body: bytes | None, description: str, order_id: str | None = None
+    ) -> Settle:
+        """Come back to `message` later, on the back-off schedule: complete
+        (a delayed copy is scheduled), abandon (the copy could not be sent:
+        the queue redelivers), or dead-letter RetriesExhausted (the schedule
+        is spent, or this is the last delivery and no copy could be sent).
+        For a caller that settles on its own (the agents' RequestProcessor)."""
+        return await self._retry(message, body, Settle.retry(description, order_id))
+
     async def _retry(self, message: Any, body: bytes | None, outcome: Settle) -> Settle:
         done = retry_count(message)
         delays = self._policy.delays

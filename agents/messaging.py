@@ -9,7 +9,14 @@ verify before anything else, so a fencing token, an undo or a charge is only
 ever honoured from a signed request. An unsigned or mis-signed request is
 dead-lettered `ForgedRequest`, a signed one for a step this agent does not
 know `UnknownStep`, each with one alert and no reply (ADR 017e). Every reply
-is signed, so the reply bridge can tell it from a forgery."""
+is signed, so the reply bridge can tell it from a forgery.
+
+A refused request goes with its alert. While the alert cannot be queued the
+request is carried on as a delayed copy on the back-off schedule (the
+message gate's, adapters.settlement.MessageGate.later), so an alerts-queue
+outage longer than a few redeliveries does not end in the broker's
+MaxDeliveryCountExceeded with no alert; once the schedule is spent, or on
+the last delivery, the dead letter goes with its log event only."""
 
 from __future__ import annotations
 
@@ -19,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from azure.servicebus.aio import ServiceBusClient, ServiceBusReceiver
 
 from adapters import telemetry
-from adapters.clock import SYSTEM_CLOCK
+from adapters.clock import SYSTEM_CLOCK, Clock
 from adapters.servicebus import AGENT_REQUESTS_QUEUE, ServiceBusPublisher
 from adapters.settlement import (
     INVALID_MESSAGE,
@@ -27,8 +34,11 @@ from adapters.settlement import (
     RETRIES_EXHAUSTED,
     BackoffPolicy,
     BodyRefused,
+    MessageGate,
+    Settle,
     SettleKind,
     _alert_id,
+    _alert_source,
     dead_letter_text,
     defuse_trace_headers,
     message_label,
@@ -43,6 +53,7 @@ from domain.models import AgentReply, AgentRequest
 from domain.signing import KeyRing, check_request, sign_reply
 
 if TYPE_CHECKING:
+    from adapters.servicebus import ServiceBusPublisher
     from reporting.alerts import Alerts
 
 log = logging.getLogger(__name__)
@@ -83,12 +94,25 @@ class RequestProcessor:
         policy: BackoffPolicy | None = None,
         *,
         keys: KeyRing,
+        scheduler: ServiceBusPublisher | None = None,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
+        """`scheduler` sends the delayed copy of a refused request whose alert
+        could not be queued (to agent-requests); without one, such a request
+        is abandoned to the queue's own redelivery."""
         self._keys = keys
         self._agent = agent
         self._replies = replies
         self._alerts = alerts
         self._policy = policy or BackoffPolicy()
+        self._clock = clock
+        self._later = MessageGate(
+            AGENT_REQUESTS_QUEUE,
+            alerts,  # type: ignore[arg-type]  # unused by `later`
+            scheduler,
+            self._policy,
+            clock,
+        )
 
     async def process_message(self, message: Any, settlement: Settlement) -> SettleKind:
         """A received message of any AMQP body kind, in a span that continues
@@ -110,6 +134,7 @@ class RequestProcessor:
         return await self.process(
             body,
             settlement,
+            message=message,
             message_id=label,
             last_delivery=self._policy.is_last_delivery(message),
             # 1-based in the Functions runtime, 0-based on the wire (the
@@ -124,11 +149,15 @@ class RequestProcessor:
         body: bytes | str,
         settlement: Settlement,
         *,
+        message: Any = None,
         message_id: str | None = None,
         last_delivery: bool = False,
         redelivered: bool = False,
     ) -> SettleKind:
-        """`redelivered`: the message's delivery count is above 1 (Agent.handle)."""
+        """`message`: the received message `body` is of (its sequence number
+        names its alert and delayed copies); `redelivered`: its delivery count
+        is above 1 (Agent.handle)."""
+        body_bytes = body.encode("utf-8", "surrogatepass") if isinstance(body, str) else body
         try:
             request = decode(AgentRequest, body)
         except ValidationFailed as exc:
@@ -148,6 +177,8 @@ class RequestProcessor:
                 message_id,
                 request.OrderID,
                 alert_required=not last_delivery,
+                message=message,
+                body=body_bytes,
             )
         telemetry.annotate(
             **{
@@ -214,19 +245,43 @@ class RequestProcessor:
         order_id: str | None,
         *,
         alert_required: bool = False,
+        message: Any = None,
+        body: bytes | None = None,
     ) -> SettleKind:
-        """Dead-letter with one alert; with `alert_required`, abandon instead
-        while the alert cannot be queued (the redelivery alerts again)."""
+        """Dead-letter with one alert. With `alert_required`, while the alert
+        cannot be queued, come back to the message later instead: a delayed
+        copy (then complete), else the queue's redelivery (abandon); once
+        neither is left, the dead letter goes with its log event."""
         description = dead_letter_text(description, MAX_DEAD_LETTER_DESCRIPTION)
         if self._alerts is not None:
             try:
-                await self._alert(reason, description, message_id, order_id, alert_required)
-            except TransientError as exc:
-                log.warning(
-                    "alert for agent request %s not queued, abandoning: %s", message_id, exc
+                await self._alert(
+                    reason, description, message_id, order_id, alert_required, message, body
                 )
-                await settlement.abandon()
-                return SettleKind.ABANDON
+            except TransientError as exc:
+                why = f"alert not queued: {exc}"
+                later = (
+                    await self._later.later(message, body, why, order_id)
+                    if message is not None  # nothing to name a copy by: redelivery
+                    else Settle.abandon(why, order_id)
+                )
+                if later.kind is SettleKind.COMPLETE:
+                    log.warning(
+                        "alert for agent request %s not queued, a delayed copy carries it: %s",
+                        message_id,
+                        exc,
+                    )
+                    await settlement.complete()
+                    return SettleKind.COMPLETE
+                if later.kind is SettleKind.ABANDON:
+                    log.warning(
+                        "alert for agent request %s not queued, abandoning: %s", message_id, exc
+                    )
+                    await settlement.abandon()
+                    return SettleKind.ABANDON
+                log.warning(
+                    "alert for agent request %s not queued and no retry left: %s", message_id, exc
+                )
         log.error("agent request %s dead-lettered %s: %s", message_id, reason, description)
         await settlement.dead_letter(reason, description)
         return SettleKind.DEAD_LETTER
@@ -238,20 +293,26 @@ class RequestProcessor:
         message_id: str | None,
         order_id: str | None,
         required: bool,
+        message: Any = None,
+        body: bytes | None = None,
     ) -> None:
+        # One alert per dead letter: a redelivery (a settlement that did not
+        # land) and every delayed copy of it raise the same id, which the
+        # alerts queue drops. Named by the broker's sequence number (never an
+        # id the sender chose) when there is a received message.
+        if message is not None:
+            source: str | None = _alert_source(message, body)
+        else:
+            source = message_id
         if self._alerts is not None:
             await self._alerts.raise_alert(
                 reason,
                 description,
-                SYSTEM_CLOCK.now(),
+                self._clock.now(),
                 order_id,
                 message_id=message_id,
                 queue=AGENT_REQUESTS_QUEUE,
-                # One alert per dead letter: a redelivery (a settlement that
-                # did not land) raises the same id, which the queue drops.
-                alert_id=_alert_id(AGENT_REQUESTS_QUEUE, message_id, reason)
-                if message_id
-                else None,
+                alert_id=_alert_id(AGENT_REQUESTS_QUEUE, source, reason) if source else None,
                 required=required,
             )
 

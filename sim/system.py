@@ -38,7 +38,7 @@ from adapters.orders_db import CosmosOrdersRepository
 from adapters.ports import ANY_OWNER, NoIndex, bucket_of
 from adapters.recovery_index import MAX_BUCKETS_PER_PAGE, CosmosRecoveryIndex, entry_id
 from adapters.settings import CosmosAccount, ServiceBusAccess, Settings, ingress_queues
-from adapters.settlement import BackoffPolicy, MessageGate
+from adapters.settlement import ORIGINAL_ID_PROPERTY, BackoffPolicy, MessageGate
 from adapters.state_store import CosmosStateStore
 from agents.agent import Agent, AgentPolicy
 from agents.messaging import RequestProcessor
@@ -552,7 +552,10 @@ class Simulation:
             self.agent,
             SimReplySender(w, self.bus),
             Alerts(self.publisher),
+            BackoffPolicy(max_delivery_count=rules_for("agent-requests").max_delivery),
             keys=self.settings.scheduler_keys().agents,
+            scheduler=self.publisher,
+            clock=SimClock(w, "agent"),
         )
         from activities.scheduler_activities import SchedulerActivities
         from submit.handler import BacklogReader, SubmitHandler
@@ -864,14 +867,13 @@ class Simulation:
     async def _handle(self, d: Delivery) -> None:
         try:
             if d.queue == "agent-requests":
-                if not d.message_id.startswith(FORGED):  # a forgery's deadline is its own
+                # A forgery's deadline is its own (so is a delayed copy of one).
+                origin = (d.application_properties or {}).get(ORIGINAL_ID_PROPERTY)
+                if not str(origin or d.message_id).startswith(FORGED):
                     self._check_deadline(d)
-                await self.processor.process(
-                    d.body,
-                    SimSettlement(d),
-                    message_id=d.message_id,
-                    redelivered=d.delivery_count > 1,  # as process_message reads it
-                )
+                # As the trigger hands it over: the received message (its
+                # body, delivery count, sequence number and properties).
+                await self.processor.process_message(d, SimSettlement(d))
             elif d.queue == "agent-responses":
                 await on_reply_message(d, SimActions(d), self.durable)
             elif d.queue in APP_OF_INGRESS:

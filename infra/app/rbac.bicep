@@ -38,7 +38,8 @@ var replyQueueNames = [for app in clientApplications: app.replyQueueName]
 // where the app posts.
 var appQueueGrants = [
   {
-    // The Scheduler posts step requests.
+    // The Scheduler posts step requests; the Agent, the delayed copy of a
+    // refused request whose alert could not be queued (agents/messaging.py).
     queue: 'agent-requests'
     role: 'serviceBusDataSender'
   }

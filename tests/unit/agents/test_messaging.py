@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import timedelta
 
 import azure.functions as func
 import pytest
@@ -334,3 +335,84 @@ async def test_a_forgery_whose_alert_cannot_be_queued_is_kept_for_its_next_deliv
     assert first.actions == [("abandon",)]
     assert last.actions[0][:2] == ("dead_letter", "ForgedRequest")  # the log event stands
     assert remote.calls == []
+
+
+@dataclass
+class FakeScheduler:
+    copies: list[tuple] = field(default_factory=list)
+    fail: bool = False
+
+    async def schedule(self, queue, body, message_id, enqueue_at, application_properties=None):
+        if self.fail:
+            raise RuntimeError("agent-requests unreachable")
+        self.copies.append((queue, body, message_id, enqueue_at, application_properties))
+
+
+class Received:
+    """A received request as the trigger hands it over."""
+
+    def __init__(self, body: bytes, message_id: str, sequence: int, count: int, props=None):
+        self.body, self.message_id, self.sequence_number = body, message_id, sequence
+        self.delivery_count, self.application_properties = count, props or {}
+
+
+async def test_a_forgery_whose_alert_cannot_be_queued_goes_on_as_a_delayed_copy():
+    # While the alerts queue is down, the queue's own redeliveries would be
+    # spent in seconds and end as MaxDeliveryCountExceeded with no alert: the
+    # request is copied on the back-off schedule instead, and the copy, named
+    # by the original's sequence number, raises the original's alert.
+    clock = FakeClock()
+    alerts = FakeAlerts(fail_with=TransientError("alerts queue unreachable"))
+    scheduler = FakeScheduler()
+    processor = RequestProcessor(
+        Agent(FakeRemote(clock), clock, POLICY),
+        FakeReplies(),
+        alerts,
+        keys=KEYS.agents,
+        scheduler=scheduler,
+        clock=clock,
+    )
+    body = _forged(Signature=None)
+    first = FakeSettlement()
+
+    assert await processor.process_message(Received(body, "evil", 41, 1), first) is (
+        SettleKind.COMPLETE
+    )
+
+    assert first.actions == [("complete",)]
+    [(queue, copied, copy_id, at, props)] = scheduler.copies
+    assert (queue, copied, copy_id) == ("agent-requests", body, "retry/seq-41/1")
+    assert at == clock.now() + timedelta(seconds=5)
+    assert props["x-retry-count"] == 1
+    assert props["x-original-message-id"] == "evil"
+
+    alerts.fail_with = None
+    copy = FakeSettlement()
+    await processor.process_message(Received(body, copy_id, 97, 1, props), copy)
+    assert copy.actions[0][:2] == ("dead_letter", "ForgedRequest")
+    [alert_id] = alerts.ids
+    assert alert_id.startswith("alert/agent-requests/seq-41/")  # the original's name
+
+
+async def test_a_forgery_whose_alert_and_copy_both_fail_is_redelivered_then_dead_lettered():
+    clock = FakeClock()
+    alerts = FakeAlerts(fail_with=TransientError("alerts queue unreachable"))
+    processor = RequestProcessor(
+        Agent(FakeRemote(clock), clock, POLICY),
+        FakeReplies(),
+        alerts,
+        keys=KEYS.agents,
+        scheduler=FakeScheduler(fail=True),
+        clock=clock,
+    )
+    body = _forged(Signature=None)
+    early, last, spent = FakeSettlement(), FakeSettlement(), FakeSettlement()
+
+    await processor.process_message(Received(body, "evil", 41, 1), early)
+    await processor.process_message(Received(body, "evil", 41, 4), last)  # 4 of 5: the last
+    spent_copy = Received(body, "retry/seq-41/6", 90, 1, {"x-retry-count": 6})
+    await processor.process_message(spent_copy, spent)
+
+    assert early.actions == [("abandon",)]
+    assert last.actions[0][:2] == ("dead_letter", "ForgedRequest")  # with its log event
+    assert spent.actions[0][:2] == ("dead_letter", "ForgedRequest")  # the schedule is spent
