@@ -1,5 +1,5 @@
 """One dead-letter reason table, rendered from domain.dead_letters into
-README.md and docs/client-guide.md, naming every reason the app and the
+docs/operations.md and docs/client-guide.md, naming every reason the app and the
 broker dead-letter with."""
 
 from __future__ import annotations
