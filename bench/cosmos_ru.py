@@ -18,7 +18,8 @@ are counted as one per indexed scalar (path, value) plus one per composite
 index the document fills, and the stored size is the compact JSON the SDK
 sends plus the system properties the service adds. Queries have no published
 formula: they are charged a base per request (an assumption, in limits.yaml)
-plus a point read of every document they return.
+plus a point read of every document they return; a request the service
+refuses (404, 409, 412) is charged 1 RU, also an assumption.
 
 The indexing policies are read from the Bicep (infra/app/state-store.bicep):
 a container with `indexingPolicy: null` gets Cosmos DB's default policy,
@@ -177,6 +178,7 @@ class Op:
     old: dict[str, Any] | None = None  # the version it replaced or deleted
     returned: list[dict[str, Any]] = field(default_factory=list)  # read/query results
     deleted: list[dict[str, Any]] = field(default_factory=list)  # batch deletes
+    failed: bool = False  # the service refused it (404, 409, 412)
 
 
 class RuModel:
@@ -195,6 +197,9 @@ class RuModel:
         return _interpolate(self.read_table, stored_bytes(doc) / 1024)
 
     def charge(self, op: Op) -> float:
+        if op.failed:
+            # No published figure for a refused request; charged as a 1 KB read.
+            return 1.0
         policy = self.policies[op.container]
         if op.kind in ("create", "upsert", "replace") and op.new is not None:
             if op.old is None:

@@ -161,7 +161,11 @@ class _Recorder:
                     if (str(pk), str(o[1][0])) in self.c.docs
                 ]
             self.ops.append(op)
-            result = await method(*args, **kwargs)
+            try:
+                result = await method(*args, **kwargs)
+            except Exception:
+                op.failed = True  # a 404, 409 or 412: charged as one (small) request
+                raise
             if kind == "read" and isinstance(result, dict):
                 op.returned = [result]
             return result
