@@ -27,7 +27,9 @@ Rules that turn counts into loads (approximations, stated as such):
   orchestrator (enqueue, delete), 4 per episode (dequeue, history read, history
   write, instance row), 3 per activity (work-item enqueue, dequeue, delete),
   1 for the instance row of the start. Our reading of the Durable Task
-  Framework's Azure Storage provider, not a published table.
+  Framework's Azure Storage provider (history and instance tables, control
+  and work-item queues: learn.microsoft.com/azure/azure-functions/durable/
+  durable-functions-azure-storage-provider), not a published table.
 - Durable Task Scheduler actions (its SKU page's rule): 1 per start, 2 per
   activity, 1 per timer that fires, 1 per external event.
 - Functions: instances busy = rate x host CPU s per order (an instance taken
