@@ -188,6 +188,7 @@ def measure(scan: str = "index", limits: dict[str, Any] | None = None) -> OrderC
 
     limits = limits or load_limits()
     model = RuModel(limits, bicep_policies())
+    was_disabled = logging.root.manager.disable
     logging.disable(logging.CRITICAL)
     warnings.filterwarnings("ignore", message="Potential duplicate Task completion")
     options = Options(orders=1, scan=scan, page_size=100, faults=FaultConfig(), apps=1)
@@ -209,7 +210,7 @@ def measure(scan: str = "index", limits: dict[str, Any] | None = None) -> OrderC
         loop.run_until_complete(sim.run())
     finally:
         loop.close()
-        logging.disable(logging.NOTSET)
+        logging.disable(was_disabled)
     if sim.violations:
         raise RuntimeError(f"the measured order broke a check: {sim.violations[0]}")
     oid = sim.order_ids[0]
