@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 PIP_STAMP := $(VENV)/.installed
 NPM_STAMP := node_modules/.installed
 
-.PHONY: install demo test test-unit lint preflight smoke bench bench-1000 bench-latency bench-servicebus bench-supervisor up down status clean browser simulate
+.PHONY: install demo test test-unit lint preflight smoke bench bench-1000 bench-latency bench-servicebus bench-supervisor capacity up down status clean browser simulate
 
 install: $(PIP_STAMP) $(NPM_STAMP)
 
@@ -96,6 +96,15 @@ bench-servicebus: install
 ## bench-supervisor: scan cost of the two Supervisor sources at 1k, 10k and 100k records
 bench-supervisor: install
 	$(BIN)/python bench/supervisor_bench.py
+
+## capacity: load on every component against its documented limit, the first bottleneck and
+## $ per million orders, from one measured order (docs/capacity.md); RATE=, PROFILE= (dev,
+## production), SHARDS=, e.g. make capacity RATE=10000 PROFILE=production SHARDS=4
+RATE ?= 1000
+PROFILE ?= dev
+SHARDS ?= 1
+capacity: install
+	$(BIN)/python -m bench.capacity --rate $(RATE) --profile $(PROFILE) --shards $(SHARDS)
 
 clean:
 	rm -rf $(VENV) node_modules .devstack

@@ -16,6 +16,14 @@ reply queue) until N orders are done, and prints per run:
 - host CPU seconds per order (user + system time of every host process), and
   stack_cpu_s_per_order: the same for every process of the local stack (hosts,
   Service Bus emulator, Cosmos server, Azurite, remote service) and the bench;
+- history_bytes_per_order: bytes of the Durable history the task hub holds
+  (the events' JSON, every instance) per order;
+- cosmos_ru_per_order: RU of one happy-path order, measured in the
+  simulation from the documents it writes and the Bicep's indexing policy
+  (bench/order_cost.py; the local Cosmos server charges nothing), and
+  usd_per_million_orders: the capacity model's list-price total for the dev
+  profile at the run's throughput (bench/capacity.py, docs/capacity.md; lines
+  with no published price are left out and named there);
 - first_attempt: the share of orders whose record ended Processed in attempt 1;
 - steady_throughput: orders/s while exactly K were in flight (from the first
   Processed to the one that let the last order be posted), which leaves out
@@ -31,7 +39,8 @@ the throughput of every configuration appended:
 
     bench: orders=N in_flight=K throughput=X/s p50=Y s p95=Z s cosmos_requests_per_order=A
            sb_messages_per_order=B activities_per_order=C history_events_per_order=D
-           host_cpu_s_per_order=E first_attempt=F% hosts=H throughput_1host=.. throughput_2hosts=..
+           host_cpu_s_per_order=E first_attempt=F% hosts=H ... history_bytes_per_order=I
+           cosmos_ru_per_order=J usd_per_million_orders=K throughput_1host=.. throughput_2hosts=..
 
     python bench/pipeline_bench.py [--orders 300] [--configs 1x50,2x50,1x200] [--transient 0]
 
@@ -167,16 +176,24 @@ def servicebus_sent(run_dir: Path) -> dict[str, int]:
 
 
 def durable_counts(run_dir: Path) -> dict[str, int]:
-    """History events, episodes (OrchestratorStarted) and activities (TaskScheduled) in the hub."""
+    """History events, their bytes, episodes (OrchestratorStarted) and activities
+    (TaskScheduled) in the hub."""
     db_path = next((run_dir / "host").glob("*.sqlite"))
     with sqlite3.connect(db_path) as db:
-        events = db.execute("SELECT COUNT(*) FROM history").fetchone()[0]
+        events, size = db.execute(
+            "SELECT COUNT(*), COALESCE(SUM(LENGTH(CAST(event AS BLOB))), 0) FROM history"
+        ).fetchone()
         kinds = dict(
             db.execute(
                 "SELECT json_extract(event, '$.EventType'), COUNT(*) FROM history GROUP BY 1"
             )
         )
-    return {"events": events, "episodes": kinds.get(12, 0), "activities": kinds.get(4, 0)}
+    return {
+        "events": events,
+        "history_bytes": size,
+        "episodes": kinds.get(12, 0),
+        "activities": kinds.get(4, 0),
+    }
 
 
 async def first_attempt_share(stack: Stack, prefix: str) -> tuple[int, int] | None:
@@ -228,6 +245,8 @@ class Run:
     stack_cpu: float = float("nan")
     steady: float = float("nan")
     others_cpu: float = float("nan")
+    cosmos_ru: float = float("nan")
+    usd_per_million: float = float("nan")
 
     def line(self) -> str:
         first = f"{self.first_attempt:.1f}%" if self.first_attempt is not None else "n/a"
@@ -240,7 +259,10 @@ class Run:
             f"history_events_per_order={self.durable.get('events', 0):.1f} "
             f"host_cpu_s_per_order={self.cpu:.3f} first_attempt={first} hosts={self.hosts} "
             f"steady_throughput={self.steady:.2f}/s stack_cpu_s_per_order={self.stack_cpu:.3f} "
-            f"others_cpu={100 * self.others_cpu:.0f}%"
+            f"others_cpu={100 * self.others_cpu:.0f}% "
+            f"history_bytes_per_order={self.durable.get('history_bytes', 0):.0f} "
+            f"cosmos_ru_per_order={self.cosmos_ru:.1f} "
+            f"usd_per_million_orders={self.usd_per_million:.2f}"
         )
 
 
@@ -352,8 +374,13 @@ async def run_once(
 ) -> Run:
     run_dir = Path(tempfile.mkdtemp(prefix="bench-"))
     calls_dir = run_dir / "cosmos-calls"
-    stack = start_stack(
-        run_dir, hosts, {**BENCH_SETTINGS, "COSMOS_CALL_STATS_DIR": str(calls_dir), **settings}
+    # In a worker thread: starting the stack blocks (and creates the Cosmos
+    # containers with asyncio.run of its own, which cannot run inside this loop).
+    stack = await asyncio.to_thread(
+        start_stack,
+        run_dir,
+        hosts,
+        {**BENCH_SETTINGS, "COSMOS_CALL_STATS_DIR": str(calls_dir), **settings},
     )
     result = Run(hosts=hosts, in_flight=in_flight, orders=orders)
     try:
@@ -434,6 +461,9 @@ def print_table(results: list[Run]) -> None:
         ("activities / order", lambda r: f"{r.durable.get('activities', 0):.1f}"),
         ("history events / order", lambda r: f"{r.durable.get('events', 0):.1f}"),
         ("orchestrator episodes / order", lambda r: f"{r.durable.get('episodes', 0):.1f}"),
+        ("history bytes / order", lambda r: f"{r.durable.get('history_bytes', 0):.0f}"),
+        ("cosmos RU / order (simulated)", lambda r: f"{r.cosmos_ru:.1f}"),
+        ("$ per million orders (dev)", lambda r: f"{r.usd_per_million:.2f}"),
         (
             "first attempt",
             lambda r: f"{r.first_attempt:.1f}%" if r.first_attempt is not None else "n/a",
@@ -486,10 +516,19 @@ def main() -> int:
     # end then do not make most of a run (300 orders at 200 in flight would be
     # two thirds first wave), and the configurations compare like with like.
     orders = max(args.orders, WAVES * max(in_flight for _, in_flight in configs))
+    # RU and $ per order: one happy-path order measured in the simulation
+    # (the local Cosmos server charges nothing), priced by the capacity model.
+    from bench.capacity import Model
+    from bench.order_cost import measure
+
+    cost = measure(args.scan)
     for hosts, in_flight in configs:
         r = asyncio.run(
             run_once(orders, in_flight, hosts, args.transient, {"SUPERVISOR_SCAN": args.scan})
         )
+        r.cosmos_ru = cost.cosmos_ru_per_order
+        if r.throughput > 0:
+            r.usd_per_million = Model(r.throughput, "dev", cost=cost).usd_per_million_orders()[0]
         print(f"bench-run: {r.line()}", flush=True)
         results.append(r)
     print_table(results)

@@ -1,0 +1,491 @@
+"""The capacity model: for an order rate, the load on every component against
+its documented limit, the first bottleneck, and $ per million orders at list
+prices beside AWS Step Functions Standard and Temporal Cloud.
+
+    python -m bench.capacity --rate 1000 --profile dev [--shards 1] [--scan index|query]
+    make capacity ARGS="--rate 10000 --profile production --shards 4"
+
+Inputs, and where each comes from:
+
+- per-order operation counts, measured now: one happy-path order runs through
+  the product's code in the simulation (bench/order_cost.py) and its Cosmos
+  requests, documents, Service Bus messages and Durable history are counted;
+- host CPU seconds per order and p50 latency: the local-stack bench's figures
+  (bench/baseline.json "bench", from `make bench-1000`);
+- limits and prices: bench/limits.yaml, each with its source and date; a
+  profile there says which limits a deployment meets (`dev` reads the Bicep's
+  defaults).
+
+Rules that turn counts into loads (approximations, stated as such):
+
+- Cosmos RU: bench/cosmos_ru.py. The Starter's and the Supervisor's periodic
+  runs add their measured RU per run at the Bicep's intervals.
+- Service Bus: every message is sent once and received once by our functions
+  or the client (1 credit each on Standard); billing counts send, receive and
+  complete (3 operations a message).
+- Durable on Azure Storage, transactions per order: 2 per message to the
+  orchestrator (enqueue, delete), 4 per episode (dequeue, history read, history
+  write, instance row), 3 per activity (work-item enqueue, dequeue, delete),
+  1 for the instance row of the start. Our reading of the Durable Task
+  Framework's Azure Storage provider (history and instance tables, control
+  and work-item queues: learn.microsoft.com/azure/azure-functions/durable/
+  durable-functions-azure-storage-provider), not a published table.
+- Durable Task Scheduler actions (its SKU page's rule): 1 per start, 2 per
+  activity, 1 per timer that fires, 1 per external event.
+- Functions: instances busy = rate x host CPU s per order (an instance taken
+  as one busy core); executions = deliveries + activities + episodes.
+- Step Functions Standard: one transition per activity and per reply awaited
+  (a callback task), plus the start. Temporal: 1 per workflow start,
+  activity, timer and signal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from bench.order_cost import OrderCost, load_limits, measure  # noqa: E402
+
+BASELINE = Path(__file__).with_name("baseline.json")
+MAIN_BICEP = ROOT / "infra" / "main.bicep"
+SECONDS_PER_MONTH = 730 * 3600  # the 730-hour month Azure's pricing pages use
+ALERT = 0.8  # share of a limit past which a component is flagged
+
+
+class ModelError(ValueError):
+    """Bad input to the model (an unknown profile, a missing figure)."""
+
+
+@cache
+def bicep_defaults(path: Path = MAIN_BICEP) -> dict[str, Any]:
+    from pycep import BicepParser
+
+    doc = BicepParser().parse(file_path=path)
+    return {name: p.get("default") for name, p in doc["parameters"].items()}
+
+
+def _resolve(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _resolve(v) for k, v in value.items()}
+    if isinstance(value, str) and value.startswith("bicep:"):
+        name = value.split(":", 1)[1]
+        defaults = bicep_defaults()
+        if name not in defaults or defaults[name] is None:
+            raise ModelError(f"infra/main.bicep has no default for parameter {name!r}")
+        return defaults[name]
+    return value
+
+
+def profile(limits: dict[str, Any], name: str) -> dict[str, Any]:
+    profiles = limits.get("profiles") or {}
+    if name not in profiles:
+        raise ModelError(f"unknown profile {name!r}; bench/limits.yaml has {sorted(profiles)}")
+    return _resolve(profiles[name])
+
+
+def figure(limits: dict[str, Any], path: str) -> float | None:
+    node: Any = limits
+    for part in path.split("."):
+        node = node[part]
+    value = node["value"]
+    return None if value is None else value
+
+
+def load_baseline(path: Path = BASELINE) -> dict[str, Any]:
+    return json.loads(path.read_text())
+
+
+@dataclass
+class Line:
+    component: str
+    load: float
+    limit: float | None
+    unit: str
+    note: str = ""
+
+    @property
+    def share(self) -> float | None:
+        return None if not self.limit else self.load / self.limit
+
+    def row(self) -> str:
+        share = "n/a" if self.share is None else f"{100 * self.share:6.1f}%"
+        limit = "n/a" if self.limit is None else f"{self.limit:,.0f}"
+        flag = " !" if self.share is not None and self.share > ALERT else ""
+        return (
+            f"  {self.component:38} {self.load:>14,.1f} / {limit:>12} {self.unit:12} {share:>7}{flag}"
+            + (f"  ({self.note})" if self.note else "")
+        )
+
+
+@dataclass
+class Cost:
+    line: str
+    usd_per_million: float | None
+    note: str = ""
+
+
+def derived(cost: OrderCost) -> dict[str, float]:
+    """Per-order counts derived from the measured ones by the rules above."""
+    messages = sum(cost.sb_sent.values())
+    to_orchestrator = 1 + cost.activities + cost.events_raised + cost.timers
+    return {
+        "sb_messages": messages,
+        "sb_credits": 2 * messages,
+        "sb_operations": 3 * messages,
+        "executions": sum(cost.sb_delivered.values()) + cost.activities + cost.episodes,
+        "storage_transactions": 2 * to_orchestrator + 4 * cost.episodes + 3 * cost.activities + 1,
+        "dts_actions": 1 + 2 * cost.activities + cost.timers_fired + cost.events_raised,
+        "sfn_transitions": cost.activities + cost.events_raised + 1,
+        "temporal_actions": 1 + cost.activities + cost.timers + cost.events_raised,
+    }
+
+
+def temporal_usd_per_million_actions(limits: dict[str, Any], actions_per_month: float) -> float:
+    """The average price per million actions over the month's tiers; past the
+    last published tier, the last tier's price."""
+    tiers = figure(limits, "comparison.temporal_cloud_per_million_actions")
+    assert isinstance(tiers, list)
+    millions = actions_per_month / 1e6
+    total, below = 0.0, 0.0
+    for upto, price in tiers:
+        part = max(0.0, min(millions, upto) - below)
+        total += part * price
+        below = upto
+    if millions > below:
+        total += (millions - below) * tiers[-1][1]
+    return total / millions if millions else float(tiers[0][1])
+
+
+class Model:
+    def __init__(
+        self,
+        rate: float,
+        profile_name: str,
+        shards: int = 1,
+        cost: OrderCost | None = None,
+        limits: dict[str, Any] | None = None,
+        baseline: dict[str, Any] | None = None,
+    ) -> None:
+        if not rate > 0 or not math.isfinite(rate):
+            raise ModelError(f"--rate must be a positive number of orders per second, not {rate}")
+        if shards < 1:
+            raise ModelError(f"--shards must be 1 or more, not {shards}")
+        self.rate, self.shards = rate, shards
+        self.limits = limits or load_limits()
+        self.profile_name = profile_name
+        self.p = profile(self.limits, profile_name)
+        scan = self.p["app"]["supervisor_scan"]
+        self.cost = cost or measure(scan)
+        self.baseline = baseline or load_baseline()
+        self.d = derived(self.cost)
+
+    # --- loads
+    def _periodic_ru_per_s(self) -> dict[str, float]:
+        app = self.p["app"]
+        return {
+            "starter": self.cost.periodic_ru_per_run["starter"] / app["starter_interval_s"],
+            "supervisor": self.cost.periodic_ru_per_run["supervisor"]
+            / app["supervisor_interval_s"],
+        }
+
+    def cosmos_ru_per_s(self) -> dict[str, float]:
+        """RU/s by container: the orders' own plus the periodic runs (which
+        read the state container and, with the index scan, the index)."""
+        out: dict[str, float] = {}
+        for key, ru in self.cost.cosmos_ru.items():
+            container = key.split()[0]
+            out[container] = out.get(container, 0.0) + self.rate * ru
+        for ru in self._periodic_ru_per_s().values():
+            out["state"] = out.get("state", 0.0) + ru
+        return out
+
+    def lines(self) -> list[Line]:
+        p, lim, d, r = self.p, self.limits, self.d, self.rate
+        out: list[Line] = []
+        ru = self.cosmos_ru_per_s()
+        mode = str(p["cosmos"]["mode"]).lower()
+        if mode == "serverless":
+            per_container = figure(lim, "cosmos.serverless_container_ru_per_s")
+            for container in sorted(ru):
+                out.append(
+                    Line(f"cosmos {container} container", ru[container], per_container, "RU/s")
+                )
+        else:
+            out.append(
+                Line(
+                    "cosmos account (autoscale max)",
+                    sum(ru.values()),
+                    p["cosmos"]["max_ru_per_s"],
+                    "RU/s",
+                )
+            )
+        # The recovery index's partition key is the deadline's minute: every
+        # order's index writes of a minute land on one logical partition.
+        index_ru = sum(v for k, v in self.cost.cosmos_ru.items() if k.startswith("index "))
+        if index_ru:
+            partition_limit = figure(lim, "cosmos.logical_partition_ru_per_s")
+            if mode == "serverless":
+                partition_limit = min(
+                    partition_limit or math.inf,
+                    figure(lim, "cosmos.serverless_container_ru_per_s") or math.inf,
+                )
+            out.append(
+                Line(
+                    "cosmos index hot partition (1 minute)",
+                    r * index_ru / self.shards,
+                    partition_limit,
+                    "RU/s",
+                    f"key sharded {self.shards} way(s)",
+                )
+            )
+        tier = str(p["servicebus"]["tier"]).lower()
+        namespaces = p["servicebus"].get("namespaces", 1)
+        if tier == "standard":
+            credits = figure(lim, "servicebus.standard_credits_per_s")
+            out.append(
+                Line(
+                    "service bus (Standard credits)",
+                    r * d["sb_credits"],
+                    None if credits is None else credits * namespaces,
+                    "credits/s",
+                )
+            )
+        else:
+            per_mu = figure(lim, "servicebus.premium_ops_per_s_per_mu")
+            mus = p["servicebus"].get("messaging_units", 1)
+            out.append(
+                Line(
+                    f"service bus (Premium, {mus} MU)",
+                    r * d["sb_operations"],
+                    None if per_mu is None else per_mu * mus * namespaces,
+                    "ops/s",
+                    "no published rate per MU" if per_mu is None else "",
+                )
+            )
+        backend = str(p["durable"]["backend"])
+        if backend == "azureStorage":
+            per_account = figure(lim, "storage.account_requests_per_s")
+            out.append(
+                Line(
+                    f"durable storage ({self.shards} account(s))",
+                    r * d["storage_transactions"],
+                    None if per_account is None else per_account * self.shards,
+                    "requests/s",
+                )
+            )
+        elif backend == "durableTaskScheduler":
+            if p["durable"].get("sku", "dedicated") == "dedicated":
+                per_cu = figure(lim, "durable_task_scheduler.dedicated_actions_per_s_per_cu")
+                cus = min(
+                    p["durable"].get("cus_per_shard", 1),
+                    figure(lim, "durable_task_scheduler.dedicated_max_cus") or 1,
+                )
+                limit = None if per_cu is None else per_cu * cus * self.shards
+                label = f"durable task scheduler ({self.shards} x {cus:g} CU)"
+            else:
+                limit = figure(lim, "durable_task_scheduler.consumption_actions_per_s")
+                limit = None if limit is None else limit * self.shards
+                label = f"durable task scheduler ({self.shards} x Consumption)"
+            out.append(Line(label, r * d["dts_actions"], limit, "actions/s"))
+        else:
+            raise ModelError(f"unknown durable backend {backend!r}")
+        cpu = float(self.baseline["bench"]["host_cpu_s_per_order"]["value"])
+        max_instances = min(
+            p["functions"]["max_instances"], figure(lim, "functions.flex_max_instances") or math.inf
+        )
+        out.append(Line("functions instances (Flex)", r * cpu, max_instances, "instances"))
+        latency = float(self.baseline["bench"]["p50_latency_s"]["value"])
+        out.append(
+            Line(
+                "MAX_PROCESSING (orders in flight)",
+                r * latency,
+                p["app"]["max_processing"],
+                "orders",
+                "checked on one host only",
+            )
+        )
+        return out
+
+    def bottleneck(self) -> Line | None:
+        known = [line for line in self.lines() if line.share is not None]
+        return max(known, key=lambda line: line.share or 0.0) if known else None
+
+    def max_rate(self) -> float | None:
+        """The rate at which the first component reaches its limit (loads are
+        linear in the rate, apart from the small periodic RU)."""
+        b = self.bottleneck()
+        return None if b is None or not b.share else self.rate / b.share
+
+    # --- prices
+    def costs(self) -> list[Cost]:
+        p, lim, d, r = self.p, self.limits, self.d, self.rate
+        out: list[Cost] = []
+        ru_per_order = sum(self.cosmos_ru_per_s().values()) / r
+        mode = str(p["cosmos"]["mode"]).lower()
+        if mode == "serverless":
+            price = figure(lim, "cosmos.serverless_price_per_million_ru")
+            out.append(
+                Cost("cosmos RU (serverless)", None if price is None else ru_per_order * price)
+            )
+        else:
+            price = figure(lim, "cosmos.autoscale_price_per_100_ru_s_hour")
+            # Autoscale bills the hour's highest RU/s; at a steady rate that is
+            # the RU/s used (above the 10 % floor of the maximum).
+            out.append(
+                Cost(
+                    "cosmos RU/s (autoscale, at the load)",
+                    None if price is None else ru_per_order / 100 * price / 3600 * 1e6,
+                    "steady load; the 10 % floor of the maximum ignored",
+                )
+            )
+        tier = str(p["servicebus"]["tier"]).lower()
+        if tier == "standard":
+            price = figure(lim, "servicebus.standard_price_per_million_ops")
+            out.append(
+                Cost(
+                    f"service bus ({d['sb_operations']:.0f} operations)",
+                    None if price is None else d["sb_operations"] * price,
+                )
+            )
+        else:
+            price = figure(lim, "servicebus.premium_price_per_mu_hour")
+            mus = p["servicebus"].get("messaging_units", 1)
+            out.append(
+                Cost(
+                    f"service bus Premium ({mus} MU)",
+                    None if price is None else mus * price / 3600 / r * 1e6,
+                )
+            )
+        backend = str(p["durable"]["backend"])
+        if backend == "azureStorage":
+            price = figure(lim, "storage.price_per_10k_transactions")
+            tx = d["storage_transactions"]
+            out.append(
+                Cost(
+                    f"durable storage ({tx:.0f} transactions)",
+                    None if price is None else tx / 1e4 * price * 1e6,
+                )
+            )
+        else:
+            price = figure(lim, "durable_task_scheduler.dedicated_price_per_cu_month")
+            cus = p["durable"].get("cus_per_shard", 1) * self.shards
+            out.append(
+                Cost(
+                    f"durable task scheduler ({cus} CU)",
+                    None if price is None else cus * price / SECONDS_PER_MONTH / r * 1e6,
+                )
+            )
+        gb = p["functions"]["instance_memory_mb"] / 1024
+        cpu = float(self.baseline["bench"]["host_cpu_s_per_order"]["value"])
+        gbs = figure(lim, "functions.flex_on_demand_price_per_gb_s")
+        execs = figure(lim, "functions.flex_price_per_million_executions")
+        out.append(
+            Cost(
+                f"functions ({cpu * gb:.3f} GB-s)",
+                None if gbs is None else cpu * gb * gbs * 1e6,
+            )
+        )
+        out.append(
+            Cost(
+                f"functions ({d['executions']:.0f} executions)",
+                None if execs is None else d["executions"] * execs,
+            )
+        )
+        return out
+
+    def usd_per_million_orders(self) -> tuple[float, list[str]]:
+        """The priced lines' sum, and the lines no price was found for."""
+        costs = self.costs()
+        return (
+            sum(c.usd_per_million for c in costs if c.usd_per_million is not None),
+            [c.line for c in costs if c.usd_per_million is None],
+        )
+
+    def comparison(self) -> dict[str, float]:
+        sfn = figure(self.limits, "comparison.step_functions_standard_per_1000_transitions")
+        actions_month = self.d["temporal_actions"] * self.rate * SECONDS_PER_MONTH
+        temporal = temporal_usd_per_million_actions(self.limits, actions_month)
+        return {
+            "step_functions_standard": self.d["sfn_transitions"] * (sfn or 0) * 1000,
+            "temporal_cloud": self.d["temporal_actions"] * temporal,
+        }
+
+    # --- report
+    def report(self) -> str:
+        c, d = self.cost, self.d
+        out = [
+            f"capacity: rate={self.rate:,.0f} orders/s profile={self.profile_name} shards={self.shards} "
+            f"scan={c.scan}",
+            f"  {self.p.get('description', '').strip()}",
+            "per order (measured in the simulation: one happy-path order, bench/order_cost.py):",
+            f"  cosmos {c.cosmos_requests_per_order} requests, {c.cosmos_ru_per_order:.1f} RU "
+            f"(+ periodic: starter {c.periodic_ru_per_run['starter']:.1f} RU/run, "
+            f"supervisor {c.periodic_ru_per_run['supervisor']:.1f} RU/run)",
+            f"  service bus {d['sb_messages']:.0f} messages; durable {c.history_events} history events, "
+            f"{c.history_bytes:,} bytes; {c.activities} activities, {c.episodes} episodes",
+            f"  derived: {d['storage_transactions']:.0f} storage transactions, {d['dts_actions']:.0f} "
+            f"scheduler actions, {d['executions']:.0f} executions, {d['sfn_transitions']:.0f} Step "
+            f"Functions transitions, {d['temporal_actions']:.0f} Temporal actions",
+            "load at this rate (load / limit, share; ! past 80 %):",
+        ]
+        out += [line.row() for line in self.lines()]
+        b = self.bottleneck()
+        if b is not None:
+            top = self.max_rate()
+            out.append(
+                f"first bottleneck: {b.component} at {100 * (b.share or 0):.0f} % "
+                f"(reaches its limit near {top:,.0f} orders/s)"
+            )
+        out.append("$ per million orders at list prices (bench/limits.yaml):")
+        for cost in self.costs():
+            value = (
+                "n/a (no price found)"
+                if cost.usd_per_million is None
+                else f"${cost.usd_per_million:,.2f}"
+            )
+            out.append(f"  {cost.line:42} {value}" + (f"  ({cost.note})" if cost.note else ""))
+        total, unpriced = self.usd_per_million_orders()
+        cmp = self.comparison()
+        out.append(
+            f"usd_per_million_orders={total:.2f}"
+            + (f" (not priced: {', '.join(unpriced)})" if unpriced else "")
+        )
+        out.append(
+            f"  beside: AWS Step Functions Standard ${cmp['step_functions_standard']:,.2f}, "
+            f"Temporal Cloud ${cmp['temporal_cloud']:,.2f} (the same saga's transitions / actions)"
+        )
+        return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m bench.capacity",
+        description=__doc__.splitlines()[0] if __doc__ else None,
+        epilog="Figures and their sources: bench/limits.yaml; method: docs/capacity.md.",
+    )
+    p.add_argument("--rate", type=float, required=True, help="orders per second")
+    p.add_argument(
+        "--profile", default="dev", help="a profile of bench/limits.yaml (dev, production)"
+    )
+    p.add_argument("--shards", type=int, default=1, help="task hubs / index key shards (default 1)")
+    args = p.parse_args(argv)
+    try:
+        model = Model(args.rate, args.profile, args.shards)
+    except ModelError as exc:
+        p.error(str(exc))
+    print(model.report())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
