@@ -67,13 +67,40 @@ STATE_COMPOSITE_INDEXES: list[list[dict[str, str]]] = [
         {"path": "/id", "order": "ascending"},
     ],
 ]
+# Only the paths a query filters or sorts on are indexed: every indexed
+# value of a write costs RU (docs/capacity.md), and a record's Steps,
+# History, Compensation and payload fields are only ever read whole, by id.
+# A query on a path missing here still runs (consistent indexing scans), but
+# ORDER BY needs its range or composite index: keep this list equal to the
+# fields the queries of adapters/state_store.py and adapters/console_reads.py
+# name (tests/infra/test_cosmos.py checks it). `id` is always indexed.
+STATE_QUERIED_PATHS: tuple[str, ...] = (
+    "ProcessState",
+    "LockedBy",
+    "NotBefore",
+    "CompleteBy",
+    "PendingStatus",
+    "ReplyTo",
+    "CompensationRequested",
+    "AppId",
+    "CreatedAt",
+    "UpdatedAt",
+    "FailureCount",
+    "Attempt",
+)
 STATE_INDEXING_POLICY: dict[str, Any] = {
     "indexingMode": "consistent",
     "automatic": True,
-    "includedPaths": [{"path": "/*"}],
-    "excludedPaths": [{"path": '/"_etag"/?'}, {"path": "/History/*"}, {"path": "/Steps/*"}],
+    "includedPaths": [
+        # PendingStatus is an object: the outbox filters and sorts on its At.
+        {"path": f"/{name}/*" if name == "PendingStatus" else f"/{name}/?"}
+        for name in STATE_QUERIED_PATHS
+    ],
+    "excludedPaths": [{"path": "/*"}],
     "compositeIndexes": STATE_COMPOSITE_INDEXES,
 }
+# The orders DB is read and written by id only: no index at all.
+ORDERS_INDEXING_POLICY: dict[str, Any] = {"indexingMode": "none", "automatic": False}
 # TTL on, no default expiry: only records that set `ttl` (terminal ones) expire.
 STATE_DEFAULT_TTL = -1
 
@@ -183,8 +210,10 @@ async def ensure_state_container(
 async def ensure_orders_container(
     client: CosmosClient, database: str, container: str
 ) -> ContainerProxy:
-    """The orders DB's container (local/dev only)."""
-    return await ensure_container(client, database, container)
+    """The orders DB's container, unindexed (local/dev only)."""
+    return await ensure_container(
+        client, database, container, indexing_policy=ORDERS_INDEXING_POLICY
+    )
 
 
 # --- queries -------------------------------------------------------------------------

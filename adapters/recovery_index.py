@@ -37,13 +37,26 @@ def entry_id(order_id: str, complete_by: datetime) -> str:
     return f"{order_id}|{complete_by.astimezone(UTC).isoformat()}"
 
 
+# The Supervisor's scan reads MIN(bucket) and one bucket's entries by id:
+# only `bucket` is indexed (`id` always is).
+INDEX_INDEXING_POLICY: dict[str, Any] = {
+    "indexingMode": "consistent",
+    "automatic": True,
+    "includedPaths": [{"path": "/bucket/?"}],
+    "excludedPaths": [{"path": "/*"}],
+}
+
+
 async def ensure_index_container(
     client: CosmosClient, database: str, container: str
 ) -> ContainerProxy:
     """Local/dev only; in Azure the Bicep templates create it."""
     db = await client.create_database_if_not_exists(database)
     return await db.create_container_if_not_exists(
-        id=container, partition_key=PartitionKey(path=PARTITION_KEY_PATH)
+        id=container,
+        partition_key=PartitionKey(path=PARTITION_KEY_PATH),
+        indexing_policy=INDEX_INDEXING_POLICY,
+        default_ttl=-1,  # entries expire on their own `ttl`
     )
 
 

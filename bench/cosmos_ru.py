@@ -120,6 +120,8 @@ class IndexPolicy:
 
     @classmethod
     def of(cls, policy: dict[str, Any]) -> IndexPolicy:
+        if str(policy.get("indexingMode", "consistent")).lower() == "none":
+            return cls((), ())  # no index at all: no term is written
         return cls(
             tuple(_pattern(p["path"]) for p in policy.get("includedPaths") or ()),
             tuple(_pattern(p["path"]) for p in policy.get("excludedPaths") or ()),

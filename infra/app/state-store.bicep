@@ -22,7 +22,7 @@ param ordersContainerName string
 
 var throughput = (capacityMode == 'Provisioned') ? autoscaleMaxThroughput : 0
 
-// orderState: one record per order, partition key /id (= OrderID).
+// orderState: one record per order, partition key /id (the order key).
 // The Supervisor's scan filters ProcessState = 'Processing' and orders by
 // CompleteBy, so it needs the composite index; the policy is the one the app
 // applies to the local emulator (adapters/cosmos_client.py). TTL is on with no default
@@ -35,20 +35,49 @@ var stateContainers = [
     indexingPolicy: {
       indexingMode: 'consistent'
       automatic: true
+      // Only what a query filters or sorts on (the list in adapters/cosmos_client.py,
+      // STATE_QUERIED_PATHS): each indexed value of a write costs RU.
       includedPaths: [
         {
-          path: '/*'
+          path: '/ProcessState/?'
+        }
+        {
+          path: '/LockedBy/?'
+        }
+        {
+          path: '/NotBefore/?'
+        }
+        {
+          path: '/CompleteBy/?'
+        }
+        {
+          path: '/PendingStatus/*'
+        }
+        {
+          path: '/ReplyTo/?'
+        }
+        {
+          path: '/CompensationRequested/?'
+        }
+        {
+          path: '/AppId/?'
+        }
+        {
+          path: '/CreatedAt/?'
+        }
+        {
+          path: '/UpdatedAt/?'
+        }
+        {
+          path: '/FailureCount/?'
+        }
+        {
+          path: '/Attempt/?'
         }
       ]
       excludedPaths: [
         {
-          path: '/"_etag"/?'
-        }
-        {
-          path: '/History/*'
-        }
-        {
-          path: '/Steps/*'
+          path: '/*'
         }
       ]
       compositeIndexes: [
@@ -87,7 +116,21 @@ var stateContainers = [
     name: recoveryIndexContainerName
     partitionKeyPath: '/bucket'
     defaultTtl: -1
-    indexingPolicy: null
+    // Read by MIN(bucket) and by bucket and id: only bucket is indexed (id always is).
+    indexingPolicy: {
+      indexingMode: 'consistent'
+      automatic: true
+      includedPaths: [
+        {
+          path: '/bucket/?'
+        }
+      ]
+      excludedPaths: [
+        {
+          path: '/*'
+        }
+      ]
+    }
   }
 ]
 
@@ -96,7 +139,11 @@ var ordersContainers = [
     name: ordersContainerName
     partitionKeyPath: '/id'
     defaultTtl: null
-    indexingPolicy: null
+    // Read and written by id only: no index (adapters/cosmos_client.py, ORDERS_INDEXING_POLICY).
+    indexingPolicy: {
+      indexingMode: 'none'
+      automatic: false
+    }
   }
 ]
 

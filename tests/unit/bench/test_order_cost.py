@@ -80,14 +80,20 @@ def test_create_and_replace_follow_the_published_examples(limits):
     assert 6.29 < model.size_write(big) < 6.67
 
 
-def test_the_bicep_policy_leaves_history_and_steps_unindexed():
+def test_the_bicep_policy_indexes_only_what_queries_name():
     state = IndexPolicy.of(bicep_policies()["state"])
     assert state.indexed(("ProcessState",))
+    assert state.indexed(("PendingStatus", "At"))
     assert not state.indexed(("History", "[]", "At"))
     assert not state.indexed(("Steps", "payment", "Status"))
+    assert not state.indexed(("Lines", "[]", "Sku"))
     assert not state.indexed(("_etag",))
     orders = IndexPolicy.of(bicep_policies()["orders"])
-    assert orders.indexed(("Lines", "[]", "Sku"))  # the default policy: every path
+    assert not orders.indexed(("Lines", "[]", "Sku"))  # indexingMode none
+    assert not orders.indexed(("AppId",))
+    index = IndexPolicy.of(bicep_policies()["index"])
+    assert index.indexed(("bucket",))
+    assert not index.indexed(("OrderID",))
 
 
 def test_dev_as_shipped_hits_its_ceilings(limits, cost):
