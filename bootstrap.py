@@ -283,6 +283,8 @@ async def supervisor():
         c.settings.retry,
         c.settings.supervisor_page_size,
         charges=charges,
+        max_pages=c.settings.supervisor_max_pages,
+        budget=c.settings.supervisor_run_budget,
     )
 
 

@@ -122,6 +122,10 @@ class Settings:
     step_timeout: timedelta = timedelta(seconds=60)
     starter_batch_size: int = 50
     supervisor_page_size: int = 100
+    # Pages one Supervisor run may read, and for how long it starts new ones:
+    # a backlog is worked through within a run, not one page per tick.
+    supervisor_max_pages: int = 20
+    supervisor_run_budget: timedelta = timedelta(seconds=8)
     supervisor_scan: str = "query"
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     # Client id of the user-assigned identity the app runs as in Azure
@@ -371,6 +375,10 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         step_timeout=timedelta(seconds=int_setting(env, "STEP_TIMEOUT_SECONDS", 60, 1)),
         starter_batch_size=int_setting(env, "STARTER_BATCH_SIZE", 50, 1),
         supervisor_page_size=int_setting(env, "SUPERVISOR_PAGE_SIZE", 100, 1),
+        supervisor_max_pages=int_setting(env, "SUPERVISOR_MAX_PAGES", 20, 1),
+        supervisor_run_budget=timedelta(
+            seconds=int_setting(env, "SUPERVISOR_RUN_BUDGET_SECONDS", 8, 1)
+        ),
         supervisor_scan=_choice(env, "SUPERVISOR_SCAN", ("query", "index"), "query"),
         retry=retry,
         managed_identity_client_id=env.get("AZURE_CLIENT_ID") or None,

@@ -233,7 +233,8 @@ class Demo:
         )
         t.add_row(
             "supervisor runs",
-            f"{len(reads)}, most documents read in one run: {max(reads) if reads else 0}",
+            f"{len(reads)}, most documents read in one run: "
+            f"{max((read for _pages, read in reads), default=0)}",
         )
         for event in self.events:
             t.add_row("event", event)

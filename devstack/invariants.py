@@ -35,7 +35,7 @@ class Observed:
     dead_letter_reasons: Counter = field(default_factory=Counter)
     alerts: Counter = field(default_factory=Counter)
     side_effects: dict = field(default_factory=dict)
-    supervisor_reads: list[int] = field(default_factory=list)
+    supervisor_reads: list[tuple[int, int]] = field(default_factory=list)  # (pages, read)
 
 
 async def records_with_prefix(
@@ -96,7 +96,10 @@ async def observe(
     ]
     observed.side_effects = effects
     log = "".join(p.read_text(errors="replace") for p in log_dir.glob("host*.log"))
-    observed.supervisor_reads = [int(n) for n in re.findall(r"supervisor: read=(\d+)", log)]
+    observed.supervisor_reads = [
+        (int(pages), int(read))
+        for pages, read in re.findall(r"supervisor: pages=(\d+) read=(\d+)", log)
+    ]
     return observed
 
 
@@ -151,14 +154,18 @@ def violations(
     for oid, record in records.items():
         if record.FailureCount > bound:
             found.append(f"5: {oid} failed {record.FailureCount} times (bound {bound})")
-    # 6. the Supervisor's cost per run is bounded by its page size (an index
-    #    page reads entries and then their records: twice the page at most)
-    if (
-        observed.supervisor_reads
-        and max(observed.supervisor_reads) > 2 * settings.supervisor_page_size
-    ):
-        found.append(
-            f"6: a Supervisor run read {max(observed.supervisor_reads)} documents "
-            f"(page size {settings.supervisor_page_size})"
-        )
+    # 6. the Supervisor's cost per run is bounded by its page size and page
+    #    count (an index page reads entries and then their records: twice the
+    #    page at most), never by the number of records
+    for pages, read in observed.supervisor_reads:
+        if (
+            pages > settings.supervisor_max_pages
+            or read > 2 * settings.supervisor_page_size * pages
+        ):
+            found.append(
+                f"6: a Supervisor run read {read} documents in {pages} pages "
+                f"(page size {settings.supervisor_page_size}, at most "
+                f"{settings.supervisor_max_pages} pages)"
+            )
+            break
     return found

@@ -107,6 +107,12 @@ param starterBatchSize int = 50
 @allowed([1, 2, 3, 4, 5, 6, 10, 12, 15, 20, 30])
 param supervisorIntervalSeconds int = 10
 param supervisorPageSize int = 100
+@description('A Supervisor run reads page after page while there is more, up to this many pages.')
+@minValue(1)
+param supervisorMaxPages int = 20
+@description('A Supervisor run starts no new page after this many seconds; keep it below supervisorIntervalSeconds (the next tick waits for a run: they never overlap).')
+@minValue(1)
+param supervisorRunBudgetSeconds int = 8
 @description('How the Supervisor finds expired records: a bounded cross-partition query, or the deadline-bucket recovery index.')
 @allowed(['query', 'index'])
 param supervisorScan string = 'query'
@@ -358,6 +364,8 @@ module api 'app/api.bicep' = {
     starterBatchSize: starterBatchSize
     supervisorIntervalSeconds: supervisorIntervalSeconds
     supervisorPageSize: supervisorPageSize
+    supervisorMaxPages: supervisorMaxPages
+    supervisorRunBudgetSeconds: supervisorRunBudgetSeconds
     supervisorScan: supervisorScan
     inlineSteps: inlineSteps
     consoleCsrfSecret: consoleCsrfSecret

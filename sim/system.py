@@ -467,7 +467,7 @@ class Simulation:
         self.index_c = SimContainer(w, "index", "/bucket")
         self.rows: Counter[str] = Counter()
         self.violations: list[tuple[str, str]] = []
-        self.supervisor_costs: list[int] = []
+        self.supervisor_costs: list[tuple[int, int]] = []  # (requests, pages) per run
         self.deadline_mismatch: list[str] = []
         self.state_c.on_write = self._on_state_write
         self.overwritten: list[str] = []
@@ -628,14 +628,17 @@ class Simulation:
             slack=SLACK,
             clock=SimClock(self.world, f"supervisor{self._sup_n % 2}"),
             charges=charges,
+            max_pages=self.settings.supervisor_max_pages,
+            budget=self.settings.supervisor_run_budget,
         )
         run = sup.run
 
         async def measured():
             report = await run()
-            self.supervisor_costs.append(report.requests)
+            self.supervisor_costs.append((report.requests, report.pages))
             self.world.log(
-                f"supervisor read={report.read} examined={report.examined} recovered={report.recovered} "
+                f"supervisor pages={report.pages} read={report.read} examined={report.examined} "
+                f"recovered={report.recovered} "
                 f"long_retry={report.long_retry} failed={report.failed} skipped={report.skipped} "
                 f"requests={report.requests}"
             )
@@ -1407,15 +1410,16 @@ class Simulation:
         for oid, doc in docs.items():
             if doc and doc["ProcessState"] == "Rejected" and (oid, oid) in self.orders_c.docs:
                 self.fail("rejected order not kept", f"{oid} is Rejected but in the orders DB")
-        # 6 supervisor cost bounded by its page size
-        limit = (
+        # 6 supervisor cost bounded by its page size and page count, per run
+        per_page = (
             4 * self.o.page_size + MAX_BUCKETS_PER_PAGE + 12
         )  # the index walks empty buckets too
-        for cost in self.supervisor_costs:
-            if cost > limit:
+        for cost, pages in self.supervisor_costs:
+            if pages > self.settings.supervisor_max_pages or cost > per_page * pages:
                 self.fail(
                     "6 supervisor cost bounded by page size",
-                    f"a run made {cost} requests > {limit}",
+                    f"a run made {cost} requests in {pages} pages > {per_page} per page "
+                    f"(at most {self.settings.supervisor_max_pages} pages)",
                 )
                 break
         # no Starter or Supervisor run is stopped by one document it cannot read

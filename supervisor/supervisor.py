@@ -1,9 +1,13 @@
-"""One Supervisor run: a bounded page of expired Processing records.
+"""One Supervisor run: bounded pages of expired Processing records.
 
-Bounded cost (invariant 6): each run reads at most `page_size` candidates from
-its source (supervisor.sources: the state container's query, or the recovery
-index) and saves the source's cursor as its checkpoint, so the next run —
-possibly in another process — resumes where this one stopped.
+Bounded cost (invariant 6): each page reads at most `page_size` candidates
+from its source (supervisor.sources: the state container's query, or the
+recovery index) and saves the source's cursor as its checkpoint, so the next
+page — in this run, or the next run, possibly in another process — resumes
+where it stopped. A run goes on to the next page while its source has more
+(a full page), for at most `max_pages` pages and while its time `budget`
+lasts, so a backlog of expired attempts is worked through at the rate the
+store allows rather than one page per timer tick.
 
 Safe with several supervisors at once: each recovery is a conditional update
 that requires the LockedBy value read (and the etag), so one expiry is
@@ -56,6 +60,7 @@ class SupervisorReport:
     skipped: int = 0
     status_unsent: int = 0
     pass_finished: bool = False
+    pages: int = 0
     requests: int = 0
     request_charge: float = 0.0
     failed_orders: list[str] = field(default_factory=list)
@@ -75,9 +80,18 @@ class Supervisor:
         slack: timedelta = timedelta(seconds=5),
         clock: Clock = SYSTEM_CLOCK,
         charges=None,
+        *,
+        max_pages: int = 1,
+        budget: timedelta | None = None,
     ) -> None:
         """`charges`: the request-charge recorder of the adapters this run uses
-        (its own, so the figures are this run's), or None."""
+        (its own, so the figures are this run's), or None. `max_pages` and
+        `budget`: how many pages one run may read, and for how long it starts
+        new ones (None: no limit but `max_pages`)."""
+        if max_pages < 1:
+            raise ValueError(f"max_pages must be at least 1, not {max_pages}")
+        self._max_pages = max_pages
+        self._budget = budget
         self._charges = charges
         self._store = store
         self._source = source
@@ -91,32 +105,25 @@ class Supervisor:
         self._outbox = StatusOutbox(store, status, clock)
 
     async def run(self) -> SupervisorReport:
-        now = self._clock.now()
+        started = now = self._clock.now()
         cursor = await self._checkpoints.load()
-        candidates, cursor, read = await self._source.page(
-            now - self._slack, self._page_size, cursor
-        )
-        report = SupervisorReport(read=read)
-        rewind: str | None = None
-        for candidate in candidates:
-            report.examined += 1
-            if await self._recover(candidate.record.id, candidate.record.LockedBy, now, report):
-                await candidate.done()
-            elif rewind is None and candidate.position is not None:
-                # Not recovered here: the source's read may have lagged a
-                # newer deadline of a live attempt, so passing the candidate
-                # could lose that attempt; the next run reads it again.
-                rewind = candidate.position
-        if rewind is not None:
-            cursor = rewind
+        report = SupervisorReport()
+        while True:
+            cursor, more = await self._page(now, cursor, report)
+            report.pages += 1
+            if not more or report.pages >= self._max_pages:
+                break
+            now = self._clock.now()
+            if self._budget is not None and now - started >= self._budget:
+                break
         report.pass_finished = cursor is None
-        await self._checkpoints.save(cursor)
         report.unreadable = await alert_unreadable(self._alerts, self._store.unreadable, now)
         if self._charges is not None:
             report.requests, report.request_charge = self._charges.calls, self._charges.total
         log.info(
-            "supervisor: read=%d examined=%d recovered=%d long_retry=%d failed=%d skipped=%d "
-            "requests=%d request_charge=%.1f",
+            "supervisor: pages=%d read=%d examined=%d recovered=%d long_retry=%d failed=%d "
+            "skipped=%d requests=%d request_charge=%.1f",
+            report.pages,
             report.read,
             report.examined,
             report.recovered,
@@ -133,6 +140,34 @@ class Supervisor:
         )
         _record_metrics(report)
         return report
+
+    async def _page(
+        self, now: datetime, cursor: str | None, report: SupervisorReport
+    ) -> tuple[str | None, bool]:
+        """One page from `cursor`, its checkpoint saved: (the cursor saved,
+        whether another page may follow at once)."""
+        start = cursor
+        candidates, cursor, read = await self._source.page(
+            now - self._slack, self._page_size, cursor
+        )
+        report.read += read
+        rewind: str | None = None
+        for candidate in candidates:
+            report.examined += 1
+            if await self._recover(candidate.record.id, candidate.record.LockedBy, now, report):
+                await candidate.done()
+            elif rewind is None and candidate.position is not None:
+                # Not recovered here: the source's read may have lagged a
+                # newer deadline of a live attempt, so passing the candidate
+                # could lose that attempt; the next run reads it again.
+                rewind = candidate.position
+        if rewind is not None:
+            cursor = rewind
+        await self._checkpoints.save(cursor)
+        # Another page now only after a full one that moved on: a short page
+        # reached the end of what is due, a rewind waits for the next run.
+        more = rewind is None and cursor is not None and cursor != start
+        return cursor, more and read >= self._page_size
 
     async def _recover(self, order_id: str, locked_by: str | None, now: datetime, report) -> bool:
         """Recover one expired attempt; False if it was skipped."""

@@ -62,6 +62,8 @@ param starterIntervalSeconds int
 param starterBatchSize int
 param supervisorIntervalSeconds int
 param supervisorPageSize int
+param supervisorMaxPages int
+param supervisorRunBudgetSeconds int
 @allowed(['query', 'index'])
 param supervisorScan string
 param inlineSteps string
@@ -166,9 +168,11 @@ var baseSettings = {
   STARTER_BATCH_SIZE: string(starterBatchSize)
   SUPERVISOR_SCHEDULE: '*/${supervisorIntervalSeconds} * * * * *'
   SUPERVISOR_PAGE_SIZE: string(supervisorPageSize)
+  SUPERVISOR_MAX_PAGES: string(supervisorMaxPages)
+  SUPERVISOR_RUN_BUDGET_SECONDS: string(supervisorRunBudgetSeconds)
   SUPERVISOR_SCAN: supervisorScan
   // Submit also finds orders keyed by their bare OrderID (accepted before keys named the
-  // application, docs/adr/017e-order-keys.md); 'false' once no such record is left.
+  // application, docs/adr/017f-order-keys.md); 'false' once no such record is left.
   LEGACY_ORDER_KEYS: 'true'
   INLINE_STEPS: inlineSteps
   CONSOLE_CSRF_SECRET: consoleCsrfSecret
