@@ -121,6 +121,9 @@ class Settings:
     max_processing: int = 500
     step_timeout: timedelta = timedelta(seconds=60)
     starter_batch_size: int = 50
+    # Batches one Starter run may claim, and for how long it starts new ones.
+    starter_max_batches: int = 10
+    starter_run_budget: timedelta = timedelta(seconds=4)
     supervisor_page_size: int = 100
     # Pages one Supervisor run may read, and for how long it starts new ones:
     # a backlog is worked through within a run, not one page per tick.
@@ -374,6 +377,8 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         max_processing=int_setting(env, "MAX_PROCESSING", 500, 1),
         step_timeout=timedelta(seconds=int_setting(env, "STEP_TIMEOUT_SECONDS", 60, 1)),
         starter_batch_size=int_setting(env, "STARTER_BATCH_SIZE", 50, 1),
+        starter_max_batches=int_setting(env, "STARTER_MAX_BATCHES", 10, 1),
+        starter_run_budget=timedelta(seconds=int_setting(env, "STARTER_RUN_BUDGET_SECONDS", 4, 1)),
         supervisor_page_size=int_setting(env, "SUPERVISOR_PAGE_SIZE", 100, 1),
         supervisor_max_pages=int_setting(env, "SUPERVISOR_MAX_PAGES", 20, 1),
         supervisor_run_budget=timedelta(

@@ -103,6 +103,12 @@ param longRetries int = 1
 @allowed([1, 2, 3, 4, 5, 6, 10, 12, 15, 20, 30])
 param starterIntervalSeconds int = 5
 param starterBatchSize int = 50
+@description('A Starter run claims batch after batch while there is more, up to this many batches.')
+@minValue(1)
+param starterMaxBatches int = 10
+@description('A Starter run claims no new batch after this many seconds; keep it below starterIntervalSeconds.')
+@minValue(1)
+param starterRunBudgetSeconds int = 4
 @description('SUPERVISOR_SCHEDULE runs every this many seconds.')
 @allowed([1, 2, 3, 4, 5, 6, 10, 12, 15, 20, 30])
 param supervisorIntervalSeconds int = 10
@@ -362,6 +368,8 @@ module api 'app/api.bicep' = {
     longRetries: longRetries
     starterIntervalSeconds: starterIntervalSeconds
     starterBatchSize: starterBatchSize
+    starterMaxBatches: starterMaxBatches
+    starterRunBudgetSeconds: starterRunBudgetSeconds
     supervisorIntervalSeconds: supervisorIntervalSeconds
     supervisorPageSize: supervisorPageSize
     supervisorMaxPages: supervisorMaxPages

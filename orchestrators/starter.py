@@ -3,8 +3,10 @@
 Each run (timer trigger, a singleton across hosts):
 1. measures the backlog once — a COUNT of Pending and of Processing records —
    and saves the Pending figure as the gauge Submit's admission control reads;
-2. claims up to min(batch size, MAX_PROCESSING - Processing) claimable records,
-   each with one conditional replace on the etag its query returned:
+2. claims claimable records batch after batch (each up to min(batch size,
+   room left under MAX_PROCESSING)) while the last batch was full, for at
+   most STARTER_MAX_BATCHES batches and STARTER_RUN_BUDGET_SECONDS, each
+   record with one conditional replace on the etag its query returned:
    Processing, LockedBy = the attempt's instance id, Attempt + 1, CompleteBy =
    now + claim timeout (the attempt's recovery-index entry is added first);
 3. starts that attempt's orchestration, with the claimed record and its etag
@@ -75,6 +77,7 @@ class StarterReport:
     processing: int = 0
     examined: int = 0
     claimed: int = 0
+    batches: int = 0
     started: list[str] = field(default_factory=list)
     lost: int = 0
     compensations: int = 0
@@ -321,24 +324,41 @@ class Starter:
         await self._compensation_requests(client, now, report)
         await self._resume_compensations(client, now, report)
         await self._deliver_statuses(now, report)
-        room = self._settings.max_processing - report.processing
-        batch = min(self._settings.starter_batch_size, room)
-        if batch <= 0:
-            log.info("starter: %d processing, at the cap; nothing claimed", report.processing)
-        else:
-            await self._claim_and_start(client, now, batch, report)
+        await self._claim_batches(client, now, report)
         report.unreadable = await alert_unreadable(self._alerts, self._store.unreadable, now)
         log.info(
-            "starter: pending=%d processing=%d claimed=%d lost=%d",
+            "starter: pending=%d processing=%d claimed=%d batches=%d lost=%d",
             report.pending,
             report.processing,
             report.claimed,
+            report.batches,
             report.lost,
             extra={
                 "custom_dimensions": {k: v for k, v in report.__dict__.items() if k != "started"}
             },
         )
         return report
+
+    async def _claim_batches(self, client, started: datetime, report: StarterReport) -> None:
+        """Claim batch after batch while the last one was full, within the
+        room MAX_PROCESSING leaves, the batch count and the run's time budget:
+        a backlog is worked through in one run, not one batch per tick."""
+        room = self._settings.max_processing - report.processing
+        if room <= 0:
+            log.info("starter: %d processing, at the cap; nothing claimed", report.processing)
+            return
+        now = started
+        while room > 0 and report.batches < self._settings.starter_max_batches:
+            batch = min(self._settings.starter_batch_size, room)
+            examined, claimed = report.examined, report.claimed
+            await self._claim_and_start(client, now, batch, report)
+            report.batches += 1
+            room -= report.claimed - claimed
+            if report.examined - examined < batch:
+                return  # a short batch: nothing more is claimable now
+            now = self._clock.now()
+            if now - started >= self._settings.starter_run_budget:
+                return
 
     async def _claim_and_start(
         self, client, now: datetime, batch: int, report: StarterReport

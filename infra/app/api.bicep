@@ -60,6 +60,8 @@ param longRetryDelaySeconds int
 param longRetries int
 param starterIntervalSeconds int
 param starterBatchSize int
+param starterMaxBatches int
+param starterRunBudgetSeconds int
 param supervisorIntervalSeconds int
 param supervisorPageSize int
 param supervisorMaxPages int
@@ -166,6 +168,8 @@ var baseSettings = {
   // NCRONTAB with seconds: every N seconds (N divides 60, see main.bicep).
   STARTER_SCHEDULE: '*/${starterIntervalSeconds} * * * * *'
   STARTER_BATCH_SIZE: string(starterBatchSize)
+  STARTER_MAX_BATCHES: string(starterMaxBatches)
+  STARTER_RUN_BUDGET_SECONDS: string(starterRunBudgetSeconds)
   SUPERVISOR_SCHEDULE: '*/${supervisorIntervalSeconds} * * * * *'
   SUPERVISOR_PAGE_SIZE: string(supervisorPageSize)
   SUPERVISOR_MAX_PAGES: string(supervisorMaxPages)

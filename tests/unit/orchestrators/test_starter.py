@@ -386,3 +386,41 @@ async def test_a_resend_during_a_long_retry_adds_no_index_entry():
     record, etag = await world.store.read("webshop:A1")
     assert await starter.start_submitted(Client(), record, etag) == "webshop:A1:1"
     assert list(index.entries.values()) == [1]
+
+
+async def test_one_run_claims_batch_after_batch_within_the_room_left():
+    # One batch per tick capped the claims at batch/interval whatever the backlog.
+    world = World()
+    for i in range(23):
+        await _pending(world, f"B{i:02d}")
+    client = Client()
+    settings = replace(SETTINGS, starter_batch_size=5, starter_max_batches=10, max_processing=17)
+    starter = Starter(settings, world.store, clock=ReadClock(lambda: world.now))
+
+    report = await starter.run(client)
+
+    assert report.claimed == 17  # the room MAX_PROCESSING left, in four batches
+    assert report.batches == 4
+    assert len(client.started) == 17
+    assert (await starter.run(client)).claimed == 0  # at the cap now
+
+
+async def test_a_run_stops_claiming_at_its_batch_count_and_its_budget():
+    world = World()
+    for i in range(23):
+        await _pending(world, f"C{i:02d}")
+    settings = replace(SETTINGS, starter_batch_size=5, starter_max_batches=2)
+    assert (
+        await Starter(settings, world.store, clock=ReadClock(lambda: world.now)).run(Client())
+    ).claimed == 10
+
+    reads = []
+
+    def slow():  # the first batch takes 10 s of the clock
+        reads.append(None)
+        return world.now if len(reads) <= 1 else world.now + timedelta(seconds=10)
+
+    settings = replace(settings, starter_max_batches=10, starter_run_budget=timedelta(seconds=4))
+    report = await Starter(settings, world.store, clock=ReadClock(slow)).run(Client())
+    assert report.batches == 1
+    assert report.claimed == 5
