@@ -27,11 +27,14 @@ guard alone applies."""
 
 
 class BacklogGauge(NamedTuple):
-    """The last measurement of the Pending backlog, written by the Starter once
-    per run and point-read by Submit's admission control."""
+    """The last measurement of the Pending backlog (and of the records in
+    flight), written by the Starter once per run and point-read by Submit's
+    admission control and fast path on every host. `processing` is None in a
+    gauge written before it was measured."""
 
     pending: int
     measured_at: datetime
+    processing: int | None = None
 
 
 class StateStore(Protocol):
@@ -89,7 +92,9 @@ class StateStore(Protocol):
 
     async def read_backlog_gauge(self) -> BacklogGauge | None: ...
 
-    async def write_backlog_gauge(self, pending: int, measured_at: datetime) -> None: ...
+    async def write_backlog_gauge(
+        self, pending: int, measured_at: datetime, processing: int | None = None
+    ) -> None: ...
 
 
 class OrdersRepository(Protocol):

@@ -480,17 +480,23 @@ class CosmosStateStore:
     # Submit's admission control must know roughly how many orders are Pending
     # without a cross-partition COUNT per message (it fans out to every
     # physical partition). The Starter counts once per run and writes
-    # {"id": "_backlog", "PendingCount", "MeasuredAt"} here; Submit point-reads
+    # {"id": "_backlog", "PendingCount", "ProcessingCount", "MeasuredAt"} here
+    # (ProcessingCount: what every host's fast path checks MAX_PROCESSING
+    # against; absent from a gauge written before it); Submit point-reads
     # it (1 RU) and may cache it. The id cannot be an OrderID (those start with
     # a letter or digit), and it has no ProcessState, so no state query sees it.
 
-    async def write_backlog_gauge(self, pending: int, measured_at: datetime) -> None:
+    async def write_backlog_gauge(
+        self, pending: int, measured_at: datetime, processing: int | None = None
+    ) -> None:
         """Store the Starter's measurement (an upsert of one small document)."""
-        doc = {
+        doc: dict[str, Any] = {
             "id": BACKLOG_GAUGE_ID,
             "PendingCount": pending,
             "MeasuredAt": cosmos_time(measured_at),
         }
+        if processing is not None:
+            doc["ProcessingCount"] = processing
         try:
             await self._container.upsert_item(
                 body=doc, response_hook=self.charges.hook("gauge_write")
@@ -513,7 +519,12 @@ class CosmosStateStore:
             return None
         try:
             measured_at = datetime.fromisoformat(doc["MeasuredAt"])
-            return BacklogGauge(int(doc["PendingCount"]), measured_at)
+            processing = doc.get("ProcessingCount")
+            return BacklogGauge(
+                int(doc["PendingCount"]),
+                measured_at,
+                int(processing) if processing is not None else None,
+            )
         except (KeyError, TypeError, ValueError) as exc:
             log.error("ignoring an invalid backlog gauge: %s", exc)
             return None

@@ -145,7 +145,9 @@ class Starter:
         self._fast_path_used: datetime | None = None  # when Submit last called start_submitted here
         # The last id of the previous run's full page of Compensating records (None: from the start).
         self._compensating_after: str | None = None
-        self._gauge_written: tuple[int, datetime] | None = None  # this process's last gauge write
+        self._gauge_written: tuple[tuple[int, int], datetime] | None = (
+            None  # this process's last gauge write
+        )
         # Reply queues that refused a send: queue -> (skipped until, last back-off).
         self._refusing: dict[str, tuple[datetime, timedelta]] = {}
 
@@ -163,19 +165,20 @@ class Starter:
         report.started.append(instance_id)
         return True
 
-    async def _write_gauge(self, pending: int, now: datetime) -> None:
-        """Save the Pending figure for Submit's admission control; a figure
-        this process saved recently is not written again unchanged (Submit
-        only needs it younger than `backlog_gauge_max_age`)."""
+    async def _write_gauge(self, pending: int, processing: int, now: datetime) -> None:
+        """Save the Pending and Processing figures for Submit's admission
+        control and every host's fast path; figures this process saved
+        recently are not written again unchanged (Submit only needs them
+        younger than `backlog_gauge_max_age`)."""
         last = self._gauge_written
         if (
             last is not None
-            and last[0] == pending
+            and last[0] == (pending, processing)
             and now - last[1] < self._settings.backlog_gauge_max_age / 4
         ):
             return
-        await self._store.write_backlog_gauge(pending, now)
-        self._gauge_written = (pending, now)
+        await self._store.write_backlog_gauge(pending, now, processing)
+        self._gauge_written = ((pending, processing), now)
 
     async def _compensation_requests(self, client, now: datetime, report: StarterReport) -> None:
         """Operators ask for compensation by flagging an Error or
@@ -317,7 +320,7 @@ class Starter:
         report.pending = await self._store.count_in_state(ProcessState.PENDING)
         report.processing = await self._store.count_in_state(ProcessState.PROCESSING)
         self._last_processing = report.processing
-        await self._write_gauge(report.pending, now)
+        await self._write_gauge(report.pending, report.processing, now)
         telemetry.app_metrics().backlog.set(report.pending, {"state": "Pending"})
         telemetry.app_metrics().backlog.set(report.processing, {"state": "Processing"})
 

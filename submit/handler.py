@@ -10,7 +10,7 @@ from datetime import datetime
 
 from adapters import telemetry
 from adapters.clock import SYSTEM_CLOCK, Clock
-from adapters.ports import ANY_OWNER, OrdersRepository, StateStore
+from adapters.ports import ANY_OWNER, BacklogGauge, OrdersRepository, StateStore
 from adapters.settings import Settings
 from adapters.settlement import Settle
 from domain import state_machine as sm
@@ -32,10 +32,11 @@ log = logging.getLogger(__name__)
 
 
 class BacklogReader:
-    """The Pending backlog as last measured by the Starter.
+    """The Pending backlog and the records in flight, as last measured by the
+    Starter.
 
     One point read per `cache_seconds` per process. A measurement older than
-    `max_age` means the Starter is not running: the backlog is then unknown
+    `max_age` means the Starter is not running: the figures are then unknown
     and orders are admitted (and the staleness logged), because refusing all
     orders while the Starter is down would turn one fault into two."""
 
@@ -50,9 +51,11 @@ class BacklogReader:
         self._max_age = max_age_seconds
         self._cache_seconds = cache_seconds
         self._clock = clock
-        self._cached: tuple[datetime, int | None] | None = None
+        self._cached: tuple[datetime, BacklogGauge | None] | None = None
 
-    async def pending(self) -> int | None:
+    async def gauge(self) -> BacklogGauge | None:
+        """The Starter's last measurement, or None when there is none young
+        enough to go by."""
         now = self._clock.now()
         if self._cached:
             # A clock stepped back counts as expired, not as a longer cache.
@@ -60,15 +63,22 @@ class BacklogReader:
             if 0 <= read_for < self._cache_seconds:
                 return self._cached[1]
         gauge = await self._store.read_backlog_gauge()
-        value: int | None = None
         if gauge is not None:
             age = (now - gauge.measured_at).total_seconds()
-            if age <= self._max_age:
-                value = gauge.pending
-            else:
+            if age > self._max_age:
                 log.warning("backlog gauge is %.0fs old: admitting without a backlog check", age)
-        self._cached = (now, value)
-        return value
+                gauge = None
+        self._cached = (now, gauge)
+        return gauge
+
+    async def pending(self) -> int | None:
+        gauge = await self.gauge()
+        return gauge.pending if gauge is not None else None
+
+    async def processing(self) -> int | None:
+        """Records in flight at the Starter's last run (on any host), or None."""
+        gauge = await self.gauge()
+        return gauge.processing if gauge is not None else None
 
 
 class SubmitHandler:
@@ -241,6 +251,13 @@ class SubmitHandler:
         `received_sent_at`, leaves marking Received sent to the caller)."""
         from orchestrators.starter import start_submitted
 
+        # MAX_PROCESSING holds on every host: the gauge's figure is the timer
+        # Starter's count, whichever host ran it (the Starter's own check sees
+        # only its own host's last run). At the cap the timer claims the order
+        # once there is room.
+        processing = await self._backlog.processing()
+        if processing is not None and processing >= self._settings.max_processing:
+            return False
         # The attempt claimed here continues this order's trace.
         with telemetry.order_scope(record.id):
             return (

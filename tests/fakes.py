@@ -163,8 +163,10 @@ class FakeStateStore:
     async def read_backlog_gauge(self) -> BacklogGauge | None:
         return self.gauge
 
-    async def write_backlog_gauge(self, pending: int, measured_at: datetime) -> None:
-        self.gauge = BacklogGauge(pending, measured_at)
+    async def write_backlog_gauge(
+        self, pending: int, measured_at: datetime, processing: int | None = None
+    ) -> None:
+        self.gauge = BacklogGauge(pending, measured_at, processing)
 
 
 class FakeOrders:

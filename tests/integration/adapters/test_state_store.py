@@ -262,19 +262,22 @@ async def test_backlog_gauge_is_refreshed_by_count_and_read_by_point_read(
         await state_store.create_if_absent(make_record(f"G-{i}"))
     await state_store.claim("G-0", NOW, POLICY)
     gauge = await state_store.refresh_backlog_gauge(NOW)
-    assert gauge == (2, NOW)
+    assert gauge == (2, NOW, None)
     assert await state_store.count_in_state(ProcessState.PROCESSING) == 1
     assert await state_store.count_in_state("Pending") == 2
 
     state_store.charges.reset()
-    pending, measured_at = await state_store.read_backlog_gauge()
-    assert (pending, measured_at) == (2, NOW)
+    pending, measured_at, processing = await state_store.read_backlog_gauge()
+    assert (pending, measured_at, processing) == (2, NOW, None)
     assert state_store.charges.snapshot() == {
         "gauge_read": {"calls": 1, "request_units": 1.0, "failures": 0}
     }
 
     await state_store.write_backlog_gauge(7, NOW + timedelta(seconds=5))
-    assert await state_store.read_backlog_gauge() == (7, NOW + timedelta(seconds=5))
+    assert await state_store.read_backlog_gauge() == (7, NOW + timedelta(seconds=5), None)
+    # with the records in flight, which every host's fast path checks the cap against
+    await state_store.write_backlog_gauge(7, NOW + timedelta(seconds=10), processing=3)
+    assert await state_store.read_backlog_gauge() == (7, NOW + timedelta(seconds=10), 3)
 
 
 async def test_request_charges_are_recorded_per_call_by_kind(

@@ -174,9 +174,9 @@ async def test_an_unchanged_backlog_gauge_is_not_rewritten_every_run():
     writes = []
     real = world.store.write_backlog_gauge
 
-    async def counting(pending, at):
+    async def counting(pending, at, processing=None):
         writes.append(pending)
-        await real(pending, at)
+        await real(pending, at, processing)
 
     world.store.write_backlog_gauge = counting
     starter = Starter(SETTINGS, world.store, clock=ReadClock(lambda: world.now))

@@ -742,3 +742,28 @@ async def test_with_legacy_keys_off_a_bare_key_record_is_not_looked_for():
     await rig.store.create_if_absent(sm.new_record(order, NOW, STEPS, key="ORD-1"))
     assert (await rig.submit()).kind is SettleKind.COMPLETE
     assert set(rig.store.docs) == {"ORD-1", "webshop:ORD-1"}
+
+
+async def test_the_fast_path_holds_to_max_processing_as_the_gauge_counts_it(monkeypatch):
+    # The Starter's own check knows only its host's last run: a host that never
+    # ran the timer would start every order it took. The gauge is every host's.
+    import orchestrators.starter
+
+    rig = counting_rig()
+    fast = FastStart(rig.store)
+    monkeypatch.setattr(orchestrators.starter, "start_submitted", fast)
+    rig.client = object()
+    max_processing = rig.handler._settings.max_processing
+    await rig.store.write_backlog_gauge(0, NOW, processing=max_processing)
+    assert (await rig.submit()).kind is SettleKind.COMPLETE
+    assert fast.calls == []  # at the cap: the timer claims it when there is room
+    record, _ = await rig.store.read("webshop:ORD-1")
+    assert record.ProcessState is ProcessState.PENDING
+    assert record.ReceivedSent is not None  # marked by Submit itself
+
+    await rig.store.write_backlog_gauge(0, NOW, processing=max_processing - 1)
+    await rig.submit(OrderID="ORD-2")
+    assert [c[1] for c in fast.calls] == ["webshop:ORD-2"]
+    await rig.store.write_backlog_gauge(0, NOW)  # a gauge from before it counted Processing
+    await rig.submit(OrderID="ORD-3")
+    assert [c[1] for c in fast.calls] == ["webshop:ORD-2", "webshop:ORD-3"]
