@@ -154,7 +154,10 @@ class IndexSource:
 
         The earliest bucket that holds a document, unless that lies further
         ahead than bucket_of(upper + SETTLE): then bucket_of(upper - SETTLE),
-        the first bucket that may still get entries. The earliest document can
+        the first bucket that may still get entries. (Up to there no entry can
+        appear before it later: a claim indexes at least a claim or step
+        timeout ahead of now, and a move takes a counted entry later.) The
+        earliest document can
         be far ahead: a live attempt's entry at a long step's deadline, or one
         set aside for UNREADABLE_RETRY (an unreadable record's entry, a
         document that is not an entry). Starting there put the cursor past
