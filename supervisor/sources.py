@@ -90,10 +90,9 @@ class IndexSource:
         self._settle = settle
 
     async def page(self, upper: datetime, max_items: int, cursor: str | None):
-        if cursor:
-            bucket, after = json.loads(cursor)
-        else:
-            bucket, after = (await self._index.earliest_bucket()) or bucket_of(upper), ""
+        bucket, after = json.loads(cursor) if cursor else (None, "")
+        if bucket is None or bucket > bucket_of(upper + self._settle):
+            bucket, after = await self._start(upper), ""
         entries, bucket, after, reached_end = await self._index.page(
             upper, bucket, after, max_items
         )
@@ -146,6 +145,33 @@ class IndexSource:
             # cursors sort as (bucket, id), so the earlier of the two is safe.
             candidate.position = json.dumps(list(min(own, at)))
         return candidates, json.dumps(list(at)), len(entries)
+
+    async def _start(self, upper: datetime) -> str:
+        """Where a scan starts without a usable checkpoint: none yet (a first
+        deployment, a lost checkpoint, a Supervisor that died before its first
+        save), or one further ahead than bucket_of(upper + SETTLE), which no
+        run saves under these rules (cursor rule 4, ADR 007).
+
+        The earliest bucket that holds a document, unless that lies further
+        ahead than bucket_of(upper + SETTLE): then bucket_of(upper - SETTLE),
+        the first bucket that may still get entries. (Up to there no entry can
+        appear before it later: a claim indexes at least a claim or step
+        timeout ahead of now, and a move takes a counted entry later.) The
+        earliest document can
+        be far ahead: a live attempt's entry at a long step's deadline, or one
+        set aside for UNREADABLE_RETRY (an unreadable record's entry, a
+        document that is not an entry). Starting there put the cursor past
+        every entry added from then on (a claim indexes its deadline a claim
+        timeout ahead of now), and a cursor never goes back: those attempts
+        were never recovered (simulation seeds 100545, 200182). A checkpoint
+        saved that way has passed entries that are still due, hence the scan
+        from here again."""
+        earliest = await self._index.earliest_bucket()
+        if earliest is None:
+            return bucket_of(upper)
+        if earliest > bucket_of(upper + self._settle):
+            return bucket_of(upper - self._settle)
+        return earliest
 
     async def _check(self, entry: IndexEntry, upper: datetime, removals: list[IndexEntry]):
         if entry.complete_by >= upper:

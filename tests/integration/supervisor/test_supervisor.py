@@ -11,7 +11,8 @@ from datetime import timedelta
 import pytest
 
 from adapters.checkpoints import CosmosCheckpointStore
-from adapters.recovery_index import CosmosRecoveryIndex, ensure_index_container
+from adapters.ports import UNREADABLE_RETRY, IndexEntry, bucket_of
+from adapters.recovery_index import CosmosRecoveryIndex, ensure_index_container, entry_id
 from domain import state_machine as sm
 from domain.models import ProcessState
 from reporting import Alerts, StatusReporter
@@ -367,3 +368,80 @@ async def test_documents_this_version_cannot_read_are_alerted_and_stop_no_run(ri
         assert entry_id("BAD-1", expired) not in ids  # moved ahead, to be read again
         assert any(i.startswith("BAD-1|") for i in ids)
     assert len(named) == len(set(named))  # the second run's repeats were dropped
+
+
+async def _ahead_of_the_scan(rig, kind: str) -> None:
+    """Leave the index holding only a document far ahead of now, the way a
+    first scan (no checkpoint yet: a first deployment, a lost checkpoint, a
+    Supervisor that died before its first save) finds it."""
+    if kind == "set aside":
+        # An unreadable record's entry and a document that is not an entry,
+        # both due: a run sets them aside UNREADABLE_RETRY (10 min) ahead.
+        await rig.state_container.create_item(
+            {"id": "BAD-1", "ProcessState": "Processing", "Attempt": 1, "FailureCount": "many"}
+        )
+        await rig.index.add("BAD-1", NOW + POLICY.claim_timeout, 1)
+        await rig.index._container.create_item(
+            {"id": "junk", "bucket": bucket_of(NOW), "OrderID": 7, "CompleteBy": "soon"}
+        )
+        await rig.supervisor(name="earlier").run()
+        buckets = [d["bucket"] async for d in rig.index._container.query_items("SELECT * FROM c")]
+        assert min(buckets) >= bucket_of(rig.now + timedelta(minutes=9))
+    else:
+        # A live attempt in a long step: its entry moved to the step's deadline.
+        claimed = await rig.add_claimed("LONG", rig.now)
+        step_deadline = rig.now + timedelta(minutes=30)
+        await rig.index.add("LONG", step_deadline, claimed.Attempt)
+        await rig.index.remove_many(
+            [
+                IndexEntry(
+                    entry_id("LONG", rig.now + POLICY.claim_timeout),
+                    bucket_of(rig.now + POLICY.claim_timeout),
+                    "LONG",
+                    rig.now + POLICY.claim_timeout,
+                    claimed.Attempt,
+                )
+            ]
+        )
+        await rig.store.update(
+            "LONG",
+            lambda r: sm.start_step(
+                r, claimed.LockedBy, "reserve-inventory", rig.now, step_deadline
+            ),
+            claimed.LockedBy,
+        )
+
+
+@pytest.mark.parametrize("rig", ["index"], indirect=True)
+@pytest.mark.parametrize("kind", ["set aside", "long step"])
+async def test_a_first_scan_never_starts_past_the_attempts_claimed_after_it(rig, kind):
+    """Simulation seeds 100545 and 200182 (issue 21, foreign documents): a
+    first scan started at the earliest bucket holding a document. When the
+    only documents lie ahead (set aside for UNREADABLE_RETRY, or a long step's
+    deadline), its cursor started there, past every entry added after it
+    (a claim indexes its deadline a claim timeout ahead), and a cursor never
+    goes back: an attempt claimed then expired and stayed Processing."""
+    await _ahead_of_the_scan(rig, kind)
+    fresh = rig.supervisor(name="fresh")
+    assert (await fresh.run()).recovered == 0
+    await rig.add_claimed("A", rig.now)
+    rig.now += POLICY.claim_timeout + timedelta(seconds=10)
+    report = await fresh.run()
+    assert report.recovered == 1
+    assert (await rig.state("A")).ProcessState is ProcessState.PENDING
+    if kind == "long step":
+        assert (await rig.state("LONG")).ProcessState is ProcessState.PROCESSING
+
+
+@pytest.mark.parametrize("rig", ["index"], indirect=True)
+async def test_a_checkpoint_saved_past_its_own_run_scans_again_from_the_start(rig):
+    """A checkpoint the cursor rules never save (further ahead than clock
+    skew, as the first scan above saved before its fix) has passed entries
+    that are due: the run scans again from the earliest bucket."""
+    await rig.add_claimed("A", NOW)
+    ahead = bucket_of(rig.now + UNREADABLE_RETRY)
+    await CosmosCheckpointStore(rig.state_container, rig.charges, "supervisor").save(
+        json.dumps([ahead, ""])
+    )
+    assert (await rig.supervisor().run()).recovered == 1
+    assert (await rig.state("A")).ProcessState is ProcessState.PENDING
