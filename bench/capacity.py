@@ -311,7 +311,7 @@ class Model:
                 r * latency,
                 p["app"]["max_processing"],
                 "orders",
-                "checked on one host only",
+                "every host checks the Starter's gauge: up to one interval old",
             )
         )
         return out
