@@ -1,7 +1,8 @@
 """`python -m sim --seeds N --orders K [--seed S] [--drop 1,4]`: run schedules and
 check them. On a violation: the seed, the first broken check, a shrunk fault
 trace and the one command that replays it. Last line:
-`simulate: N schedules, M violations`."""
+`simulate: N schedules, M violations`, or with `--fault-surface` the listing of
+sim/surface.py after it, ending `fault surface: C call sites, G gaps`."""
 
 from __future__ import annotations
 
