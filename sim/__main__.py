@@ -1,7 +1,8 @@
 """`python -m sim --seeds N --orders K [--seed S] [--drop 1,4]`: run schedules and
 check them. On a violation: the seed, the first broken check, a shrunk fault
 trace and the one command that replays it. Last line:
-`simulate: N schedules, M violations`."""
+`simulate: N schedules, M violations`, or with `--fault-surface` the listing of
+sim/surface.py after it, ending `fault surface: C call sites, G gaps`."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from . import surface
 from .durable import default_version
 from .system import ROWS, Result, liveness_bound, options_for, run_schedule
 
@@ -130,7 +132,26 @@ def main(argv: list[str] | None = None) -> int:
         help="no Durable client faults, odd provider answers or foreign documents "
         "(the world of regression seeds found before them)",
     )
+    p.add_argument(
+        "--fault-surface",
+        nargs="?",
+        const="report",
+        choices=("report", "strict"),
+        default=None,
+        help="after the run, list every SDK call site of the product with the fault kinds "
+        "injected there and the applicable ones missing (sim/surface.py); "
+        "=strict: exit 1 when there is a gap (otherwise gaps leave the exit status alone)",
+    )
     args = p.parse_args(argv)
+    recorder = surface.install() if args.fault_surface else None
+    try:
+        return _run(args, recorder)
+    finally:
+        if recorder is not None:
+            surface.uninstall()
+
+
+def _run(args: argparse.Namespace, recorder: surface.Recorder | None) -> int:
 
     seeds = [args.seed] if args.seed is not None else range(args.start, args.start + args.seeds)
     drop = frozenset(int(x) for x in args.drop.split(",") if x)
@@ -210,6 +231,11 @@ def main(argv: list[str] | None = None) -> int:
         for k, v in sorted(checks.items(), key=lambda kv: (-kv[1], kv[0])):
             print(f"  {k}: {v}; seed {first_seed[k]}")
     print(f"simulate: {n} schedules, {violations} violations")
+    if recorder is not None:
+        lines, gaps = surface.report(surface.scan(), recorder)
+        print("\n".join(lines))
+        if args.fault_surface == "strict" and gaps:
+            return 1
     return 1 if violations else 0
 
 

@@ -201,6 +201,7 @@ class Bus:
         description: str | None = None,
     ) -> None:
         if msg.lock_token != token or msg not in self.queue(queue).messages:
+            self.world.faults.hit("lock_lost")  # the fault surface
             raise MessageLockLostError(message=f"the lock on {msg.message_id} was lost")
         if kind == "complete":
             self.queue(queue).messages.remove(msg)

@@ -284,9 +284,12 @@ class SimRemote:
         # A partial outage: most calls fail outright; some are applied and
         # their answer is lost on the way back (a gateway timeout).
         lost = down and self.world.rng.random() < 0.3
+        if down:
+            self.world.faults.hit("outage_lost" if lost else "outage")  # the fault surface
         if down and not lost:
             status, text = 503, json.dumps({"code": "Unavailable", "error": "service unavailable"})
         elif op in self.declines.get(order_id, ((),))[0]:
+            self.world.faults.hit("decline")
             status, text = (
                 402,
                 json.dumps({"code": "Declined", "error": self.declines[order_id][1]}),

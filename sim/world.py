@@ -14,10 +14,12 @@ import asyncio
 import heapq
 import os
 import random
+import sys
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 
 class Crash(BaseException):
@@ -50,6 +52,11 @@ def _raised_in_simulator(exc: BaseException) -> bool:
 
 
 START = datetime(2026, 11, 30, 8, 0, 0, tzinfo=UTC)
+
+# The fault surface (`python -m sim --fault-surface`, sim/surface.py): when set,
+# every fault injected at a call is attributed to the product frame on the stack.
+# None (off) unless the flag is on; the hooks below cost one comparison then.
+SURFACE: Any = None
 
 
 class Clock:
@@ -128,6 +135,7 @@ class Faults:
         self.active = True
         self.storms: list[tuple[datetime, datetime]] = []
         self.outage: tuple[datetime, datetime, str] | None = None
+        self._throttle_runs: dict[asyncio.Task | None, int] = {}  # the fault surface's
 
     def draw(self, probability: float, kind: str, detail: str = "") -> bool:
         if probability <= 0:
@@ -140,14 +148,45 @@ class Faults:
         if index in self.drop:
             return False
         self.injected.append(Fault(index, kind, self.world.stamp(), detail))
+        if SURFACE is not None:
+            from .surface import CALL_KINDS
+
+            if kind in CALL_KINDS:
+                SURFACE.attribute(CALL_KINDS[kind], sys._getframe(1))
         return True
+
+    def hit(self, kind: str) -> None:
+        """A fault that answers a call without a draw of its own (an outage or
+        a decline met by a remote call, a lock found lost at a settlement):
+        attributed to the call on the stack when the fault surface is on."""
+        if SURFACE is not None:
+            SURFACE.attribute(kind, sys._getframe(1))
 
     def cosmos_throttle(self, container: str) -> int | None:
         now = self.world.clock.now
         if self.active and any(a <= now < b for a, b in self.storms):
             self.world.counters["throttled"] += 1
+            if SURFACE is not None:
+                self._throttled_call(True)
             return 1000
+        if SURFACE is not None:
+            self._throttled_call(False)
         return None
+
+    def _throttled_call(self, throttled: bool) -> None:
+        """Count one request's consecutive 429s (per actor): the one that the
+        SDK's retries no longer absorb reaches the product (sim/cosmos.py)."""
+        from adapters.cosmos_client import DEFAULT_THROTTLE_RETRIES
+
+        task = asyncio.current_task()
+        runs = self._throttle_runs
+        if not throttled:
+            runs.pop(task, None)
+            return
+        runs[task] = runs.get(task, 0) + 1
+        if runs[task] >= DEFAULT_THROTTLE_RETRIES + 1:
+            runs.pop(task, None)
+            SURFACE.attribute("throttle_429", sys._getframe(2))
 
     def session_lag(self, container: str) -> bool:
         return self.draw(self.config.lag, "session_lag", container)
@@ -161,6 +200,9 @@ class _Parked:
     label: str = field(compare=False)
     future: asyncio.Future = field(compare=False)
     task: asyncio.Task = field(compare=False)
+    # the fault surface: the product call parked here, and this actor's call before it
+    site: Any = field(default=None, compare=False)
+    previous: Any = field(default=None, compare=False)
 
 
 class World:
@@ -184,6 +226,7 @@ class World:
         self._new: list[asyncio.Task] = []
         self._parked_tasks: set[asyncio.Task] = set()
         self.error: SimulatorError | None = None
+        self._sites: dict[asyncio.Task, Any] = {}  # the fault surface's last call per actor
 
     # --- time and trace
     def stamp(self) -> str:
@@ -248,9 +291,14 @@ class World:
             delay = self.rng.choice((0.0, 0.0, 0.005, 0.02, 0.1))
         fut = asyncio.get_running_loop().create_future()
         self._seq += 1
-        self._parked.append(
-            _Parked(self.clock.now + timedelta(seconds=delay), self._seq, name, label, fut, task)
+        parked = _Parked(
+            self.clock.now + timedelta(seconds=delay), self._seq, name, label, fut, task
         )
+        if SURFACE is not None and task is not None:
+            parked.site = SURFACE.where(sys._getframe(1))
+            parked.previous = self._sites.get(task)
+            self._sites[task] = parked.site
+        self._parked.append(parked)
         self._parked_tasks.add(task)
         await fut
 
@@ -283,11 +331,17 @@ class World:
                 if self._crash_ok.get(chosen.task) and self.faults.draw(
                     self.faults.config.crash, "crash", f"{chosen.name} at {chosen.label}"
                 ):
+                    if SURFACE is not None:
+                        # died at this call (before its effect), and after its last one
+                        SURFACE.at(chosen.site, "crash")
+                        if chosen.previous is not None and not chosen.label.endswith("throttled"):
+                            SURFACE.at(chosen.previous, "crash_after")
                     chosen.future.set_exception(Crash())
                 else:
                     chosen.future.set_result(None)
                 await self._settle(chosen.task)
                 if chosen.task.done():
+                    self._sites.pop(chosen.task, None)
                     self._names.pop(chosen.task, None)
                     self._crash_ok.pop(chosen.task, None)
                 continue
