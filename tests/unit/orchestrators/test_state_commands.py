@@ -27,7 +27,7 @@ from orchestrators.commands import (
 from orchestrators.contracts import (
     WriteResult,
 )
-from orchestrators.workflow_steps import StaleAttempt, ends_stale, unless_stale
+from orchestrators.workflow_v2_1 import StaleAttempt, ends_stale, unless_stale
 from tests.unit.orchestrators.driver import Driver, World
 
 DEADLINE = "2026-01-01T12:01:00Z"

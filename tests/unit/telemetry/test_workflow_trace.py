@@ -9,7 +9,7 @@ import json
 from typing import ClassVar
 
 from adapters import telemetry
-from orchestrators import order_workflow as wf
+from orchestrators import workflow_v2_1 as wf
 from tests.unit.orchestrators.driver import Driver, World
 
 
