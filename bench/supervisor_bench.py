@@ -17,12 +17,19 @@ N because the server scans every document; in Azure the same query fans out to
 every physical partition, which is what the index avoids.
 
     python bench/supervisor_bench.py [--sizes 1000,10000,100000] [--page-size 100]
+        [--max-pages 20] [--expired-every 100]
+
+`--max-pages 1` is the Supervisor before a run paged through its backlog
+(ADR 018c); `--expired-every 1` makes every record an expired attempt (a
+backlog left by an outage): then `runs` is how many timer ticks the
+recovery takes.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 import time
 import uuid
@@ -112,7 +119,7 @@ async def load(container, index, n: int, expired_every: int) -> int:
 
 
 async def run_design(
-    design, store, index, state, page_size, charges
+    design, store, index, state, page_size, charges, max_pages=20
 ) -> tuple[int, int, int, float]:
     source = IndexSource(index, store) if design == "index" else QuerySource(store)
     sup = Supervisor(
@@ -124,6 +131,7 @@ async def run_design(
         POLICY,
         page_size,
         clock=FixedClock(),
+        max_pages=max_pages,
     )
     runs, most_docs, most_requests, elapsed = 0, 0, 0, 0.0
     while True:
@@ -132,6 +140,8 @@ async def run_design(
         report = await sup.run()
         elapsed += time.perf_counter() - start
         runs += 1
+        if os.environ.get("BENCH_DEBUG"):
+            print(design, report, file=sys.stderr)
         docs = report.read * (2 if design == "index" else 1)  # index: entry + point read
         most_docs, most_requests = max(most_docs, docs), max(most_requests, charges.calls)
         # query: the pass has reached its end; index: a run found nothing due
@@ -140,7 +150,14 @@ async def run_design(
     return runs, most_docs, most_requests, elapsed / runs
 
 
-async def bench(endpoint: str, key: str, sizes: list[int], page_size: int) -> None:
+async def bench(
+    endpoint: str,
+    key: str,
+    sizes: list[int],
+    page_size: int,
+    max_pages: int = 20,
+    expired_every: int = 100,
+) -> None:
     # A generous timeout: on the local server the query design's scan of every
     # document gets slow at 100,000 records, and that slowness is the figure.
     client = build_client(CosmosAccount(endpoint, key, verify_tls=False), connection_timeout=300)
@@ -154,15 +171,15 @@ async def bench(endpoint: str, key: str, sizes: list[int], page_size: int) -> No
             )
             store = CosmosStateStore(state, charges)
             t = time.perf_counter()
-            expired = await load(state, index, n, 100)
+            expired = await load(state, index, n, expired_every)
             print(f"# loaded {n} records in {time.perf_counter() - t:.1f}s", file=sys.stderr)
             for design in ("query", "index"):
                 if design == "index":
                     # the query pass recovered them; expire them again for a like-for-like pass
-                    await load(state, index, n, 100)
+                    await load(state, index, n, expired_every)
                 try:
                     runs, docs, requests, seconds = await run_design(
-                        design, store, index, state, page_size, charges
+                        design, store, index, state, page_size, charges, max_pages
                     )
                 except Exception as exc:  # noqa: BLE001 - a failed design is a result too
                     print(
@@ -172,7 +189,8 @@ async def bench(endpoint: str, key: str, sizes: list[int], page_size: int) -> No
                     )
                     continue
                 print(
-                    f"records={n} expired={expired} design={design} runs={runs} docs_read={docs} "
+                    f"records={n} expired={expired} design={design} max_pages={max_pages} "
+                    f"runs={runs} docs_read={docs} "
                     f"requests={requests} seconds={seconds:.3f}",
                     flush=True,
                 )
@@ -183,13 +201,22 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="1000,10000,100000")
     parser.add_argument("--page-size", type=int, default=100)
+    parser.add_argument("--max-pages", type=int, default=20)
+    parser.add_argument("--expired-every", type=int, default=100)
     args = parser.parse_args()
+    if args.max_pages < 1 or args.expired_every < 1 or args.page_size < 1:
+        parser.error("--page-size, --max-pages and --expired-every must be at least 1")
     exit_on_signals()  # SIGTERM/SIGHUP run the `finally` that stops the server
     server = start_server(port=0)
     try:
         asyncio.run(
             bench(
-                server.endpoint, server.key, [int(s) for s in args.sizes.split(",")], args.page_size
+                server.endpoint,
+                server.key,
+                [int(s) for s in args.sizes.split(",")],
+                args.page_size,
+                args.max_pages,
+                args.expired_every,
             )
         )
     finally:

@@ -146,7 +146,7 @@ class Supervisor:
     ) -> tuple[str | None, bool]:
         """One page from `cursor`, its checkpoint saved: (the cursor saved,
         whether another page may follow at once)."""
-        start = cursor
+        start, handled = cursor, _handled(report)
         candidates, cursor, read = await self._source.page(
             now - self._slack, self._page_size, cursor
         )
@@ -164,10 +164,15 @@ class Supervisor:
         if rewind is not None:
             cursor = rewind
         await self._checkpoints.save(cursor)
-        # Another page now only after a full one that moved on: a short page
-        # reached the end of what is due, a rewind waits for the next run.
-        more = rewind is None and cursor is not None and cursor != start
-        return cursor, more and read >= self._page_size
+        # Another page now only after one that made progress: it recovered
+        # something (the index's cursor may stay where it was, the entries
+        # before it being gone), or it was full and the cursor moved on. A
+        # page that did neither reached the end of what is due; a rewind
+        # waits for the next run.
+        if rewind is not None or cursor is None:
+            return cursor, False
+        progress = _handled(report) > handled or (cursor != start and read >= self._page_size)
+        return cursor, progress
 
     async def _recover(self, order_id: str, locked_by: str | None, now: datetime, report) -> bool:
         """Recover one expired attempt; False if it was skipped."""
@@ -196,6 +201,10 @@ class Supervisor:
         else:
             report.recovered += 1
         return True
+
+
+def _handled(report: SupervisorReport) -> int:
+    return report.recovered + report.long_retry + report.failed
 
 
 def _record_metrics(report: SupervisorReport) -> None:
