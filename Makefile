@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 PIP_STAMP := $(VENV)/.installed
 NPM_STAMP := node_modules/.installed
 
-.PHONY: install demo test test-unit lint preflight smoke bench bench-1000 bench-latency bench-servicebus bench-supervisor capacity up down status clean browser simulate
+.PHONY: install demo test test-unit lint preflight smoke bench bench-1000 bench-latency bench-servicebus bench-supervisor capacity up down status clean browser simulate mutate
 
 install: $(PIP_STAMP) $(NPM_STAMP)
 
@@ -114,3 +114,10 @@ SEEDS ?= 1000
 ORDERS ?= 3
 simulate: install
 	$(BIN)/python -m sim --seeds $(SEEDS) --orders $(ORDERS) --record
+
+## mutate: the simulation's mutation run: each mutant of sim/mutants.json (a one-line slip in the
+## protocol code) on a temporary copy of the tree against MUTATE_SEEDS schedules; prints what killed
+## each one and the score (make mutate SEEDS=200, ARGS="--only NAME,NAME" or ARGS=--all)
+MUTATE_SEEDS ?= 60
+mutate: install
+	$(BIN)/python -m sim.mutate --seeds $(if $(filter command line,$(origin SEEDS)),$(SEEDS),$(MUTATE_SEEDS)) --orders $(ORDERS) $(ARGS)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from azure.core import MatchConditions
 from azure.cosmos.exceptions import (
     CosmosAccessConditionFailedError,
     CosmosBatchOperationError,
@@ -341,8 +342,18 @@ class SimContainer:
             raise _error(
                 CosmosResourceNotFoundError, 404, "Entity with the specified id does not exist"
             )
-        if etag is not None and current["_etag"] != etag:
-            raise _error(CosmosAccessConditionFailedError, 412, "Precondition failed")
+        # As the SDK reads the two (azure.cosmos._base._get_match_headers): an
+        # etag is a condition only with its match condition, and one without
+        # the other is refused before any request.
+        if match_condition is None and etag is not None:
+            raise ValueError("'etag' specified without 'match_condition'.")
+        if match_condition is not None:
+            if match_condition != MatchConditions.IfNotModified:
+                raise TypeError(f"the fake supports IfNotModified only, not {match_condition}")
+            if not etag:
+                raise ValueError("'match_condition' specified without 'etag'.")
+            if current["_etag"] != etag:
+                raise _error(CosmosAccessConditionFailedError, 412, "Precondition failed")
         self.previous[key] = current
         self.docs[key] = self._stamp(body)
         self._wrote(current, self.docs[key])

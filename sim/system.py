@@ -21,6 +21,7 @@ import random
 import uuid
 import warnings
 from collections import Counter
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
@@ -267,8 +268,11 @@ class SimRemote:
         self.ledger = Ledger()
         self.declines = declines
         self.calls: list[tuple[str, str, int, str]] = []  # (key, op, token, outcome)
+        self.on_call: Callable[[RemoteCall], None] | None = None  # the simulation's check
 
     async def call(self, call: RemoteCall, *, timeout: float) -> dict[str, Any]:
+        if self.on_call is not None:
+            self.on_call(call)
         await self.world.point(
             f"remote.{call.service}.{call.operation}", delay=self.world.rng.choice((0.05, 0.2, 1.0))
         )
@@ -505,6 +509,12 @@ class Simulation:
         self.publisher.on_sent = self._on_sent
         self.request_sender: dict[str, tuple[str, int]] = {}
         self.lost_requests: list[str] = []
+        # The agent's delivery being handled, per task: until when its calls may start.
+        self._request_limit: dict[Any, datetime | None] = {}
+        self.late_calls: list[str] = []
+        self.bad_identity: list[str] = []
+        # Per instance, the steps its undo requests name, in the order it first sent them.
+        self.undo_sent: dict[str, list[str]] = {}
         self.store = CosmosStateStore(self.state_c)
         self.orders_repo = CosmosOrdersRepository(self.orders_c)
         self.index = CosmosRecoveryIndex(self.index_c) if self.o.scan == "index" else NoIndex()
@@ -547,6 +557,7 @@ class Simulation:
                 )
                 declines[oid] = (ops, _random_text(rng))
         self.remote = SimRemote(w, declines)
+        self.remote.on_call = self._on_remote_call
         self.agent = Agent(
             self.remote, SimClock(w, "agent"), AgentPolicy(), rng=random.Random(f"agent/{seed}")
         )
@@ -681,6 +692,8 @@ class Simulation:
             row = "8a"
         if row:
             self.rows[row] += 1
+        if old and actor == "supervisor" and before == "Processing":
+            self._check_recovery(old, new)
         if (
             old
             and actor == "starter"
@@ -707,6 +720,70 @@ class Simulation:
                         f"{writer} changed {new['id']} locked by {old.get('LockedBy')}",
                     )
                 )
+
+    def _check_recovery(self, old: dict, new: dict) -> None:
+        """A Supervisor's recovery (rows 6 and 7) at its allowed time and by
+        the budget's rule, checked as it is written (the path, not only the
+        end; issue 21): the attempt's CompleteBy had passed in the world's own
+        time (the Supervisor's slack is larger than any actor's skew),
+        FailureCount moved by exactly one, and that count says where the
+        record goes: a quick retry below the threshold, a long retry
+        (NotBefore set) below threshold + long retries, Error at the end."""
+        policy = self.settings.retry
+        oid = new.get("id")
+        complete_by = old.get("CompleteBy")
+        if not isinstance(complete_by, str) or (
+            datetime.fromisoformat(complete_by) >= self.world.clock.now
+        ):
+            self.violations.append(
+                (
+                    "recovery only after the deadline",
+                    f"supervisor recovered {oid} at {self.world.stamp()} "
+                    f"with CompleteBy {complete_by}",
+                )
+            )
+        counted = old.get("FailureCount")
+        if not isinstance(counted, int):
+            return  # a foreign document's count: its own alert names it
+        failures = counted + 1
+        if new.get("FailureCount") != failures:
+            self.violations.append(
+                (
+                    "FailureCount moves by one per recovery",
+                    f"{oid}: {counted} -> {new.get('FailureCount')}",
+                )
+            )
+            return
+        if failures < policy.threshold:
+            expected = ("Pending", False)
+        elif failures < policy.max_failures:
+            expected = ("Pending", True)
+        else:
+            expected = ("Error", False)
+        got = (new.get("ProcessState"), bool(new.get("NotBefore")))
+        if got != expected:
+            self.violations.append(
+                (
+                    "recovery follows the retry budget",
+                    f"{oid}: failure {failures} (threshold {policy.threshold}, "
+                    f"{policy.long_retries} long) went to {got[0]}"
+                    f"{' with NotBefore' if got[1] else ''}, not {expected[0]}"
+                    f"{' with NotBefore' if expected[1] else ''}",
+                )
+            )
+
+    def _on_remote_call(self, call: RemoteCall) -> None:
+        """No call starts after its request's deadline (DESIGN.md section 4,
+        agents: never start a new side effect after it), nor after the undo's
+        ListenUntil when it listens longer (ADR 005), in the world's own time:
+        the agent's margin before it is larger than any actor's skew."""
+        limit = self._request_limit.get(asyncio.current_task())
+        if limit is not None and self.world.clock.now >= limit:
+            self.late_calls.append(
+                f"{call.service}/{call.operation} for {call.idempotency_key} (token "
+                f"{call.fencing_token}) started at {self.world.stamp()}, after its "
+                f"request's deadline {limit.isoformat()}"
+            )
 
     def _on_index_delete(self, entry: dict) -> None:
         """An index entry removed while its attempt is still live (the record is
@@ -737,6 +814,9 @@ class Simulation:
         iid = self._instance()
         if queue != "agent-requests" or iid is None or iid not in self.durable.instances:
             return
+        step, _, action = message_id.removeprefix(f"{iid}/").partition("/")
+        if action.startswith("undo") and step not in self.undo_sent.setdefault(iid, []):
+            self.undo_sent[iid].append(step)
         execution = self.durable.instances[iid].execution
         if accepted:
             self.request_sender[message_id] = (iid, execution)
@@ -875,11 +955,17 @@ class Simulation:
             if d.queue == "agent-requests":
                 # A forgery's deadline is its own (so is a delayed copy of one).
                 origin = (d.application_properties or {}).get(ORIGINAL_ID_PROPERTY)
+                task = asyncio.current_task()
                 if not str(origin or d.message_id).startswith(FORGED):
                     self._check_deadline(d)
+                    self._check_identity(d)
+                    self._request_limit[task] = _call_limit(d.body)
                 # As the trigger hands it over: the received message (its
                 # body, delivery count, sequence number and properties).
-                await self.processor.process_message(d, SimSettlement(d))
+                try:
+                    await self.processor.process_message(d, SimSettlement(d))
+                finally:
+                    self._request_limit.pop(task, None)
             elif d.queue == "agent-responses":
                 await on_reply_message(d, SimActions(d), self.durable)
             elif d.queue in APP_OF_INGRESS:
@@ -909,6 +995,23 @@ class Simulation:
             raise
         finally:
             self.world.at(self.world.clock.now, "pump", lambda: self._pump(d.queue))
+
+    def _check_identity(self, d: Delivery) -> None:
+        """A real request carries its attempt as the fencing token and the
+        idempotency key `{order key}/{step}`, the same for every attempt and
+        for do and undo (DESIGN.md section 4, fencing)."""
+        try:
+            req = json.loads(d.body)
+            _, _, attempt = str(req["InstanceId"]).rpartition(":")
+            wanted = (int(attempt), f"{req['OrderID']}/{req['Step']}")
+        except (ValueError, TypeError, KeyError):
+            return
+        got = (req.get("FencingToken"), req.get("IdempotencyKey"))
+        if got != wanted:
+            self.bad_identity.append(
+                f"{d.message_id}: FencingToken {got[0]!r}, IdempotencyKey {got[1]!r}; "
+                f"the attempt and order step say {wanted[0]}, {wanted[1]!r}"
+            )
 
     def _check_deadline(self, d: Delivery) -> None:
         """Defect-7 check: the agent's deadline is the record's CompleteBy for that step."""
@@ -1387,6 +1490,30 @@ class Simulation:
                 permanent.setdefault((key, op), token)
         for detail in self.lost_requests[:1]:
             self.fail("a restarted orchestration's requests are delivered", detail)
+        # A schedule without faults (about one seed in seven; forgeries
+        # change nothing) ends every order Processed, unless admission control
+        # may reject: a system that only ever ended orders Error (every reply
+        # lost, say) would otherwise break no other check.
+        if replace(self.o.faults, hostile=0) == FaultConfig() and self.o.backlog_limit > 0:
+            for oid, doc in sorted(docs.items()):
+                if not doc or doc.get("ProcessState") != "Processed":
+                    state = doc.get("ProcessState") if doc else "no record"
+                    self.fail("a fault-free schedule processes every order", f"{oid}: {state}")
+                    break
+        for detail in self.bad_identity[:1]:
+            self.fail("a request carries its attempt's token and its step's key", detail)
+        for detail in self.late_calls[:1]:
+            self.fail("no call starts after its request's deadline", detail)
+        # Compensation undoes in reverse order (DESIGN.md section 4): every
+        # instance's first undo request of each step comes after the undo of
+        # every later step, whatever was completed, failed or resumed.
+        for iid, undone in sorted(self.undo_sent.items()):
+            order = [STEP_NAMES.index(s) for s in undone if s in STEP_NAMES]
+            if order != sorted(order, reverse=True):
+                self.fail(
+                    "compensation undoes in reverse order", f"{iid} undid {', '.join(undone)}"
+                )
+                break
         for detail in self.deadline_mismatch[:1]:
             self.fail("one deadline travels everywhere", detail)
         for detail in self.durable.invalid_own_data[:1]:
@@ -1585,6 +1712,17 @@ class Simulation:
 _BOOKKEEPING = frozenset(
     {"PendingStatus", "UpdatedAt", "_etag", "_ts", "_rid", "_self", "_attachments"}
 )
+
+
+def _call_limit(body: bytes) -> datetime | None:
+    """Until when a request's calls may start: its Deadline, or its
+    ListenUntil when that is later (an undo, ADR 005); None when unreadable."""
+    try:
+        req = json.loads(body)
+        limits = [datetime.fromisoformat(req[k]) for k in ("Deadline", "ListenUntil") if req.get(k)]
+    except (ValueError, TypeError, KeyError):
+        return None
+    return max(limits) if limits else None
 
 
 def _outbox_only(old: dict, new: dict) -> bool:

@@ -170,7 +170,11 @@ def test_checks_can_fail():
     sim.deadline_mismatch.clear()  # defect 7 shows on every schedule until it is fixed
     sim.violations.clear()
     sim.check()
-    assert [c for c, _ in sim.violations] == ["liveness"]
+    # A fault-free schedule (FaultConfig()) must also end every order Processed.
+    assert [c for c, _ in sim.violations] == [
+        "liveness",
+        "a fault-free schedule processes every order",
+    ]
     sim.remote.ledger.effects[f"{sim.order_ids[0]}|charge-payment|payment/charge"] += 1
     doc["ProcessState"] = "Processed"
     sim.violations.clear()
