@@ -182,6 +182,29 @@ def test_checks_can_fail():
     assert "2 side effect applied once" in [c for c, _ in sim.violations]
 
 
+def test_a_bad_submission_taken_as_valid_and_a_restart_past_the_budget_are_caught():
+    """Two holes the mutation run showed: a malformed submission completed as if
+    valid passed every check, and so did a compensation restarted once too often."""
+    from sim.system import INGRESS_OF
+
+    for seed in range(1, 40):  # the first schedule whose bad messages include a malformed one
+        sim = _run(seed, 2, Options(orders=2, faults=FaultConfig(bad_messages=1.0)))
+        bad = [m for m, k in sorted(sim.bad.items()) if k != "conflict"]
+        if bad:
+            break
+    assert sim.violations == []
+    mid = bad[0]
+    ingress = sim.bus.queue(INGRESS_OF[sim.orders[mid.split("/")[0]][0]])
+    ingress.dead[:] = [m for m in ingress.dead if m.message_id != mid]  # as if completed
+    sim.check()
+    assert [c for c, _ in sim.violations] == ["4 bad submission dead-lettered"]
+    sim.violations.clear()
+    key = sim.order_ids[0]
+    sim.state_c.docs[(key, key)]["CompensationRestarts"] = 4
+    sim.check()
+    assert "compensation restarts bounded" in [c for c, _ in sim.violations]
+
+
 def _regression_params():
     for entry in REGRESSIONS:
         checks = entry.get("checks_now") or entry["checks"]  # what still breaks on this branch
