@@ -53,7 +53,6 @@ from domain.models import AgentReply, AgentRequest
 from domain.signing import KeyRing, check_request, sign_reply
 
 if TYPE_CHECKING:
-    from adapters.servicebus import ServiceBusPublisher
     from reporting.alerts import Alerts
 
 log = logging.getLogger(__name__)

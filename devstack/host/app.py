@@ -151,8 +151,25 @@ def load_app(spec: str, app_dir: str | None = None) -> Any:
     return app
 
 
+# One catalog per app object: `get_functions()` is not idempotent (a second
+# call on the same app finds every function name twice and raises, and the
+# worker only ever calls it once), while two parts of one process may both
+# want the catalog (a test, then the simulation).
+_INDEXED: dict[int, tuple[Any, AppCatalog]] = {}
+
+
 def index_app(app: Any) -> AppCatalog:
-    """Read the registered functions and their bindings from the app object."""
+    """Read the registered functions and their bindings from the app object
+    (once per app object: later calls return the same catalog)."""
+    hit = _INDEXED.get(id(app))
+    if hit is not None and hit[0] is app:
+        return hit[1]
+    catalog = _index(app)
+    _INDEXED[id(app)] = (app, catalog)
+    return catalog
+
+
+def _index(app: Any) -> AppCatalog:
     functions: list[FunctionSpec] = []
     seen: set[str] = set()
     for fn in app.get_functions():
