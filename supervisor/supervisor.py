@@ -4,9 +4,9 @@ Bounded cost (invariant 6): each page reads at most `page_size` candidates
 from its source (supervisor.sources: the state container's query, or the
 recovery index) and saves the source's cursor as its checkpoint, so the next
 page — in this run, or the next run, possibly in another process — resumes
-where it stopped. A run goes on to the next page while its source has more
-(a full page), for at most `max_pages` pages and while its time `budget`
-lasts, so a backlog of expired attempts is worked through at the rate the
+where it stopped. A run goes on to the next page while the last one made
+progress (see `_page`), for at most `max_pages` pages and while its time
+`budget` lasts, so a backlog of expired attempts is worked through at the rate the
 store allows rather than one page per timer tick.
 
 Safe with several supervisors at once: each recovery is a conditional update
