@@ -99,12 +99,13 @@ bench-supervisor: install
 
 ## capacity: load on every component against its documented limit, the first bottleneck and
 ## $ per million orders, from one measured order (docs/capacity.md); RATE=, PROFILE= (dev,
-## production), SHARDS=, e.g. make capacity RATE=10000 PROFILE=production SHARDS=4
+## production), SHARDS= (default: the profile's; production: the fewest that fit),
+## e.g. make capacity RATE=10000 PROFILE=production
 RATE ?= 1000
 PROFILE ?= dev
-SHARDS ?= 1
+SHARDS ?=
 capacity: install
-	$(BIN)/python -m bench.capacity --rate $(RATE) --profile $(PROFILE) --shards $(SHARDS)
+	$(BIN)/python -m bench.capacity --rate $(RATE) --profile $(PROFILE) $(if $(SHARDS),--shards $(SHARDS))
 
 clean:
 	rm -rf $(VENV) node_modules .devstack

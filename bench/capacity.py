@@ -2,8 +2,10 @@
 its documented limit, the first bottleneck, and $ per million orders at list
 prices beside AWS Step Functions Standard and Temporal Cloud.
 
-    python -m bench.capacity --rate 1000 --profile dev [--shards 1] [--scan index|query]
-    make capacity ARGS="--rate 10000 --profile production --shards 4"
+    python -m bench.capacity --rate 1000 --profile dev [--shards N]
+    python -m bench.capacity --rate 10000 --profile production     # shards: the fewest that fit
+    python -m bench.capacity --size 400 [--profile production]      # one shard's parameters for 400/s
+    make capacity RATE=10000 PROFILE=production [SHARDS=N]
 
 Inputs, and where each comes from:
 
@@ -13,8 +15,16 @@ Inputs, and where each comes from:
 - host CPU seconds per order and p50 latency: the local-stack bench's figures
   (bench/baseline.json "bench", from `make bench-1000`);
 - limits and prices: bench/limits.yaml, each with its source and date; a
-  profile there says which limits a deployment meets (`dev` reads the Bicep's
-  defaults).
+  profile there says which limits a deployment meets, from infra/main.bicep's
+  parameters as its parameters file sets them (`dev`: main.parameters.json,
+  `production`: main.production.parameters.json).
+
+Shards: a shard is one deployment of infra/main.bicep (its own function app,
+task hub and scheduler or storage account, Cosmos account, Service Bus
+namespace), orders routed to it by a hash of their OrderID (docs/capacity.md,
+"Shards"). Every per-deployment limit is multiplied by the shard count and
+every periodic run happens once per shard; the subscription's regional Flex
+memory quota is shared by all of them.
 
 Rules that turn counts into loads (approximations, stated as such):
 
@@ -60,6 +70,7 @@ BASELINE = Path(__file__).with_name("baseline.json")
 MAIN_BICEP = ROOT / "infra" / "main.bicep"
 SECONDS_PER_MONTH = 730 * 3600  # the 730-hour month Azure's pricing pages use
 ALERT = 0.8  # share of a limit past which a component is flagged
+MAX_SHARDS = 10_000
 
 
 class ModelError(ValueError):
@@ -74,15 +85,38 @@ def bicep_defaults(path: Path = MAIN_BICEP) -> dict[str, Any]:
     return {name: p.get("default") for name, p in doc["parameters"].items()}
 
 
-def _resolve(value: Any) -> Any:
+def parameter_values(parameters_file: str | None = None) -> dict[str, Any]:
+    """main.bicep's parameters as a deployment with this parameters file gets
+    them: the file's literal values (azd's `${VAR}` placeholders are left to
+    the defaults) over the defaults; a default naming another parameter
+    (`ordersCosmosAutoscaleMaxThroughput = cosmosAutoscaleMaxThroughput`)
+    takes that parameter's value."""
+    declared = bicep_defaults()
+    values = dict(declared)
+    if parameters_file:
+        given = json.loads((ROOT / parameters_file).read_text())["parameters"]
+        for name, spec in given.items():
+            if name not in declared:
+                raise ModelError(
+                    f"{parameters_file}: infra/main.bicep declares no parameter {name!r}"
+                )
+            value = spec.get("value")
+            if not (isinstance(value, str) and "${" in value):
+                values[name] = value
+    for name, value in list(values.items()):
+        if isinstance(value, str) and value in declared and value != name:
+            values[name] = values[value]
+    return values
+
+
+def _resolve(value: Any, params: dict[str, Any]) -> Any:
     if isinstance(value, dict):
-        return {k: _resolve(v) for k, v in value.items()}
+        return {k: _resolve(v, params) for k, v in value.items()}
     if isinstance(value, str) and value.startswith("bicep:"):
         name = value.split(":", 1)[1]
-        defaults = bicep_defaults()
-        if name not in defaults or defaults[name] is None:
-            raise ModelError(f"infra/main.bicep has no default for parameter {name!r}")
-        return defaults[name]
+        if name not in params or params[name] is None:
+            raise ModelError(f"infra/main.bicep has no value for parameter {name!r}")
+        return params[name]
     return value
 
 
@@ -90,7 +124,12 @@ def profile(limits: dict[str, Any], name: str) -> dict[str, Any]:
     profiles = limits.get("profiles") or {}
     if name not in profiles:
         raise ModelError(f"unknown profile {name!r}; bench/limits.yaml has {sorted(profiles)}")
-    return _resolve(profiles[name])
+    spec = profiles[name]
+    return _resolve(spec, parameter_values(spec.get("parameters")))
+
+
+def _round_up(value: float, step: int) -> int:
+    return math.ceil(value / step - 1e-9) * step
 
 
 def figure(limits: dict[str, Any], path: str) -> float | None:
@@ -112,15 +151,21 @@ class Line:
     limit: float | None
     unit: str
     note: str = ""
+    shards: bool = True  # False: one limit for every shard (a regional quota)
 
     @property
     def share(self) -> float | None:
         return None if not self.limit else self.load / self.limit
 
+    @property
+    def over(self) -> bool:
+        # A hair of tolerance: a shard sized to exactly 80 % is not over it.
+        return self.share is not None and self.share > ALERT + 1e-9
+
     def row(self) -> str:
         share = "n/a" if self.share is None else f"{100 * self.share:6.1f}%"
         limit = "n/a" if self.limit is None else f"{self.limit:,.0f}"
-        flag = " !" if self.share is not None and self.share > ALERT else ""
+        flag = " !" if self.over else ""
         return (
             f"  {self.component:38} {self.load:>14,.1f} / {limit:>12} {self.unit:12} {share:>7}{flag}"
             + (f"  ({self.note})" if self.note else "")
@@ -171,16 +216,16 @@ class Model:
         self,
         rate: float,
         profile_name: str,
-        shards: int = 1,
+        shards: int | None = None,
         cost: OrderCost | None = None,
         limits: dict[str, Any] | None = None,
         baseline: dict[str, Any] | None = None,
     ) -> None:
         if not rate > 0 or not math.isfinite(rate):
             raise ModelError(f"--rate must be a positive number of orders per second, not {rate}")
-        if shards < 1:
-            raise ModelError(f"--shards must be 1 or more, not {shards}")
-        self.rate, self.shards = rate, shards
+        if shards is not None and not 1 <= shards <= MAX_SHARDS:
+            raise ModelError(f"--shards must be 1 to {MAX_SHARDS}, not {shards}")
+        self.rate = rate
         self.limits = limits or load_limits()
         self.profile_name = profile_name
         self.p = profile(self.limits, profile_name)
@@ -188,6 +233,28 @@ class Model:
         self.cost = cost or measure(scan)
         self.baseline = baseline or load_baseline()
         self.d = derived(self.cost)
+        wanted = shards if shards is not None else self.p.get("shards", 1)
+        self.auto_shards = wanted == "auto"
+        self.shards = 1
+        if self.auto_shards:
+            self.shards = self.fewest_shards()
+        elif isinstance(wanted, int) and wanted >= 1:
+            self.shards = wanted
+        else:
+            raise ModelError(f"profile {profile_name}: shards must be a number or 'auto'")
+
+    def fewest_shards(self) -> int:
+        """The fewest shards with every component that shards at or under 80 %
+        (a regional quota stays whatever the count: it is reported, not solved)."""
+        saved = self.shards
+        try:
+            for n in range(1, MAX_SHARDS + 1):
+                self.shards = n
+                if not any(line.over for line in self.lines() if line.shards):
+                    return n
+        finally:
+            self.shards = saved
+        raise ModelError(f"no shard count up to {MAX_SHARDS} takes {self.rate:,.0f} orders/s")
 
     # --- loads
     def _periodic_ru_per_s(self) -> dict[str, float]:
@@ -206,29 +273,39 @@ class Model:
             container = key.split()[0]
             out[container] = out.get(container, 0.0) + self.rate * ru
         for ru in self._periodic_ru_per_s().values():
-            out["state"] = out.get("state", 0.0) + ru
+            out["state"] = out.get("state", 0.0) + ru * self.shards  # each shard runs its own
         return out
 
     def lines(self) -> list[Line]:
         p, lim, d, r = self.p, self.limits, self.d, self.rate
         out: list[Line] = []
+        n = self.shards
         ru = self.cosmos_ru_per_s()
         mode = str(p["cosmos"]["mode"]).lower()
         if mode == "serverless":
             per_container = figure(lim, "cosmos.serverless_container_ru_per_s")
             for container in sorted(ru):
                 out.append(
-                    Line(f"cosmos {container} container", ru[container], per_container, "RU/s")
+                    Line(
+                        f"cosmos {container} container",
+                        ru[container],
+                        None if per_container is None else per_container * n,
+                        "RU/s",
+                    )
                 )
         else:
-            out.append(
-                Line(
-                    "cosmos account (autoscale max)",
-                    sum(ru.values()),
-                    p["cosmos"]["max_ru_per_s"],
-                    "RU/s",
-                )
-            )
+            # Provisioned: each database has its own autoscale maximum (the
+            # state database holds orderState and recoveryIndex).
+            state = ru.get("state", 0.0) + ru.get("index", 0.0)
+            for label, load, limit in (
+                ("cosmos state database (autoscale max)", state, p["cosmos"]["state_max_ru_per_s"]),
+                (
+                    "cosmos orders database (autoscale max)",
+                    ru.get("orders", 0.0),
+                    p["cosmos"]["orders_max_ru_per_s"],
+                ),
+            ):
+                out.append(Line(label, load, limit * n, "RU/s"))
         # The recovery index's partition key is the deadline's minute: every
         # order's index writes of a minute land on one logical partition.
         index_ru = sum(v for k, v in self.cost.cosmos_ru.items() if k.startswith("index "))
@@ -249,14 +326,13 @@ class Model:
                 )
             )
         tier = str(p["servicebus"]["tier"]).lower()
-        namespaces = p["servicebus"].get("namespaces", 1)
         if tier == "standard":
             credits = figure(lim, "servicebus.standard_credits_per_s")
             out.append(
                 Line(
-                    "service bus (Standard credits)",
+                    f"service bus ({n} x Standard credits)",
                     r * d["sb_credits"],
-                    None if credits is None else credits * namespaces,
+                    None if credits is None else credits * n,
                     "credits/s",
                 )
             )
@@ -265,11 +341,11 @@ class Model:
             mus = p["servicebus"].get("messaging_units", 1)
             out.append(
                 Line(
-                    f"service bus (Premium, {mus} MU)",
+                    f"service bus ({n} x Premium {mus} MU)",
                     r * d["sb_operations"],
-                    None if per_mu is None else per_mu * mus * namespaces,
+                    None if per_mu is None else per_mu * mus * n,
                     "ops/s",
-                    "no published rate per MU" if per_mu is None else "",
+                    "no published rate per MU: a load test must size it" if per_mu is None else "",
                 )
             )
         backend = str(p["durable"]["backend"])
@@ -284,7 +360,7 @@ class Model:
                 )
             )
         elif backend == "durableTaskScheduler":
-            if p["durable"].get("sku", "dedicated") == "dedicated":
+            if str(p["durable"].get("sku", "dedicated")).lower() == "dedicated":
                 per_cu = figure(lim, "durable_task_scheduler.dedicated_actions_per_s_per_cu")
                 cus = min(
                     p["durable"].get("cus_per_shard", 1),
@@ -297,24 +373,64 @@ class Model:
                 limit = None if limit is None else limit * self.shards
                 label = f"durable task scheduler ({self.shards} x Consumption)"
             out.append(Line(label, r * d["dts_actions"], limit, "actions/s"))
+            storage = self._scheduler_storage_line()
+            if storage is not None:
+                out.append(storage)
         else:
             raise ModelError(f"unknown durable backend {backend!r}")
         cpu = float(self.baseline["bench"]["host_cpu_s_per_order"]["value"])
         max_instances = min(
             p["functions"]["max_instances"], figure(lim, "functions.flex_max_instances") or math.inf
         )
-        out.append(Line("functions instances (Flex)", r * cpu, max_instances, "instances"))
+        out.append(
+            Line(f"functions instances ({n} Flex app(s))", r * cpu, max_instances * n, "instances")
+        )
+        raised = self.p.get("flex_memory_quota_mb")
+        out.append(
+            Line(
+                "functions memory (regional Flex quota)",
+                r * cpu * p["functions"]["instance_memory_mb"],
+                raised or figure(lim, "functions.flex_regional_memory_quota_mb"),
+                "MB",
+                "one quota for every shard in the region"
+                + ("; raised by a quota request" if raised else ""),
+                shards=False,
+            )
+        )
         latency = float(self.baseline["bench"]["p50_latency_s"]["value"])
         out.append(
             Line(
                 "MAX_PROCESSING (orders in flight)",
                 r * latency,
-                p["app"]["max_processing"],
+                p["app"]["max_processing"] * n,
                 "orders",
                 "every host checks the Starter's gauge: up to one interval old",
             )
         )
         return out
+
+    def _scheduler_storage_line(self) -> Line | None:
+        """History the scheduler holds: the orders in flight, plus the completed
+        ones its retention policy keeps (without a policy it only grows)."""
+        durable = self.p["durable"]
+        per_cu = figure(self.limits, "durable_task_scheduler.dedicated_storage_gb_per_cu")
+        if str(durable.get("sku", "")).lower() != "dedicated" or per_cu is None:
+            return None
+        limit = per_cu * durable.get("cus_per_shard", 1) * self.shards
+        days = durable.get("retention_days_completed", -1)
+        if days is None or days < 0:
+            return Line(
+                "durable task scheduler storage", math.inf, limit, "GB", "no retention policy"
+            )
+        latency = float(self.baseline["bench"]["p50_latency_s"]["value"])
+        per_hour = self.rate / self.shards * 3600 * self.cost.history_bytes / 1e9
+        return Line(
+            "durable task scheduler storage",
+            self.rate * (latency + days * 86400) * self.cost.history_bytes / 1e9,
+            limit,
+            "GB",
+            f"completed kept {days} day(s); each hour the purge lags adds {per_hour:,.0f} GB a shard",
+        )
 
     def bottleneck(self) -> Line | None:
         known = [line for line in self.lines() if line.share is not None]
@@ -325,6 +441,54 @@ class Model:
         linear in the rate, apart from the small periodic RU)."""
         b = self.bottleneck()
         return None if b is None or not b.share else self.rate / b.share
+
+    # --- sizing
+    def sized_parameters(self, rate_per_shard: float) -> dict[str, int]:
+        """main.bicep parameters one shard needs to take `rate_per_shard`
+        orders/s with each sized component at or under 80 % of its limit:
+        the Cosmos databases' autoscale maxima (whole thousands), the
+        scheduler's capacity units, the Flex app's instance cap (tens, 40 at
+        least) and MAX_PROCESSING (hundreds). Service Bus Premium's messaging
+        units are not sized: no rate per unit is published."""
+        if not rate_per_shard > 0 or not math.isfinite(rate_per_shard):
+            raise ModelError(
+                f"--size must be a positive number of orders per second, not {rate_per_shard}"
+            )
+        one: dict[str, float] = {}
+        for key, ru in self.cost.cosmos_ru.items():
+            container = key.split()[0]
+            one[container] = one.get(container, 0.0) + rate_per_shard * ru
+        periodic = sum(self._periodic_ru_per_s().values())
+        state = one.get("state", 0.0) + one.get("index", 0.0) + periodic
+        per_cu = figure(self.limits, "durable_task_scheduler.dedicated_actions_per_s_per_cu")
+        max_cus = figure(self.limits, "durable_task_scheduler.dedicated_max_cus") or 1
+        if per_cu is None:
+            raise ModelError("bench/limits.yaml has no actions per second per capacity unit")
+        cus = _round_up(rate_per_shard * self.d["dts_actions"] / ALERT / per_cu, 1)
+        cpu = float(self.baseline["bench"]["host_cpu_s_per_order"]["value"])
+        latency = float(self.baseline["bench"]["p50_latency_s"]["value"])
+        out = {
+            "cosmosAutoscaleMaxThroughput": max(1000, _round_up(state / ALERT, 1000)),
+            "ordersCosmosAutoscaleMaxThroughput": max(
+                1000, _round_up(one.get("orders", 0.0) / ALERT, 1000)
+            ),
+            "durableTaskSchedulerCapacity": cus,
+            "maximumInstanceCount": max(40, _round_up(rate_per_shard * cpu / ALERT, 10)),
+            "maxProcessing": _round_up(rate_per_shard * latency / ALERT, 100),
+        }
+        if cus > max_cus:
+            raise ModelError(
+                f"{rate_per_shard:,.0f} orders/s need {cus} scheduler capacity units and a "
+                f"scheduler takes at most {max_cus:g}: size a shard for a lower rate"
+            )
+        database_max = figure(self.limits, "cosmos.provisioned_database_max_ru_per_s") or math.inf
+        for name in ("cosmosAutoscaleMaxThroughput", "ordersCosmosAutoscaleMaxThroughput"):
+            if out[name] > database_max:
+                raise ModelError(
+                    f"{name}={out[name]:,} is past a database's default maximum "
+                    f"({database_max:,.0f} RU/s): size a shard for a lower rate"
+                )
+        return out
 
     # --- prices
     def costs(self) -> list[Cost]:
@@ -339,13 +503,24 @@ class Model:
             )
         else:
             price = figure(lim, "cosmos.autoscale_price_per_100_ru_s_hour")
-            # Autoscale bills the hour's highest RU/s; at a steady rate that is
-            # the RU/s used (above the 10 % floor of the maximum).
+            # Autoscale bills the hour's highest RU/s, never under 10 % of the
+            # maximum; at a steady rate the highest is the RU/s used.
+            ru = self.cosmos_ru_per_s()
+            billed = sum(
+                max(load, 0.1 * ceiling * self.shards)
+                for load, ceiling in (
+                    (
+                        ru.get("state", 0.0) + ru.get("index", 0.0),
+                        p["cosmos"]["state_max_ru_per_s"],
+                    ),
+                    (ru.get("orders", 0.0), p["cosmos"]["orders_max_ru_per_s"]),
+                )
+            )
             out.append(
                 Cost(
-                    "cosmos RU/s (autoscale, at the load)",
-                    None if price is None else ru_per_order / 100 * price / 3600 * 1e6,
-                    "steady load; the 10 % floor of the maximum ignored",
+                    "cosmos RU/s (autoscale)",
+                    None if price is None else billed / 100 * price / 3600 / r * 1e6,
+                    "a steady load, billed at the RU/s used or 10 % of the maximum",
                 )
             )
         tier = str(p["servicebus"]["tier"]).lower()
@@ -359,11 +534,12 @@ class Model:
             )
         else:
             price = figure(lim, "servicebus.premium_price_per_mu_hour")
-            mus = p["servicebus"].get("messaging_units", 1)
+            mus = p["servicebus"].get("messaging_units", 1) * self.shards
             out.append(
                 Cost(
                     f"service bus Premium ({mus} MU)",
                     None if price is None else mus * price / 3600 / r * 1e6,
+                    "a fixed price per MU-hour: the share per order falls as the rate rises",
                 )
             )
         backend = str(p["durable"]["backend"])
@@ -423,9 +599,14 @@ class Model:
     # --- report
     def report(self) -> str:
         c, d = self.cost, self.d
+        how = (
+            " (the fewest with every component that shards at or under 80 %)"
+            if self.auto_shards
+            else ""
+        )
         out = [
-            f"capacity: rate={self.rate:,.0f} orders/s profile={self.profile_name} shards={self.shards} "
-            f"scan={c.scan}",
+            f"capacity: rate={self.rate:,.0f} orders/s profile={self.profile_name} "
+            f"shards={self.shards}{how} scan={c.scan}",
             f"  {self.p.get('description', '').strip()}",
             "per order (measured in the simulation: one happy-path order, bench/order_cost.py):",
             f"  cosmos {c.cosmos_requests_per_order} requests, {c.cosmos_ru_per_order:.1f} RU "
@@ -444,8 +625,14 @@ class Model:
             top = self.max_rate()
             out.append(
                 f"first bottleneck: {b.component} at {100 * (b.share or 0):.0f} % "
-                f"(reaches its limit near {top:,.0f} orders/s)"
+                f"(reaches its limit near {top:,.0f} orders/s with {self.shards} shard(s))"
             )
+        over = [line.component for line in self.lines() if line.over]
+        unknown = [line.component for line in self.lines() if line.share is None]
+        out.append(
+            f"components over 80 %: {', '.join(over) if over else 'none'}"
+            + (f"; not checked (no published limit): {', '.join(unknown)}" if unknown else "")
+        )
         out.append("$ per million orders at list prices (bench/limits.yaml):")
         for cost in self.costs():
             value = (
@@ -473,14 +660,37 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__.splitlines()[0] if __doc__ else None,
         epilog="Figures and their sources: bench/limits.yaml; method: docs/capacity.md.",
     )
-    p.add_argument("--rate", type=float, required=True, help="orders per second")
-    p.add_argument(
-        "--profile", default="dev", help="a profile of bench/limits.yaml (dev, production)"
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument("--rate", type=float, help="orders per second")
+    what.add_argument(
+        "--size",
+        type=float,
+        metavar="RATE",
+        help="print the main.bicep parameters one shard needs for RATE orders/s",
     )
-    p.add_argument("--shards", type=int, default=1, help="task hubs / index key shards (default 1)")
+    p.add_argument(
+        "--profile", default=None, help="a profile of bench/limits.yaml (dev, production)"
+    )
+    p.add_argument(
+        "--shards",
+        type=int,
+        default=None,
+        help="deployments (shards) the orders are spread over; default: the profile's "
+        "(dev 1, production the fewest that fit)",
+    )
     args = p.parse_args(argv)
     try:
-        model = Model(args.rate, args.profile, args.shards)
+        if args.size is not None:
+            model = Model(args.size, args.profile or "production", 1)
+            sized = model.sized_parameters(args.size)
+            print(
+                f"# one shard for {args.size:,.0f} orders/s, each sized component at or under 80 % "
+                f"(profile {model.profile_name}; Service Bus messaging units are not sized: "
+                "no published rate per unit)"
+            )
+            print(json.dumps({k: {"value": v} for k, v in sized.items()}, indent=2))
+            return 0
+        model = Model(args.rate, args.profile or "dev", args.shards)
     except ModelError as exc:
         p.error(str(exc))
     print(model.report())

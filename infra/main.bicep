@@ -35,13 +35,23 @@ param durableTaskSchedulerName string = ''
 @description('Standard or Premium: Basic has no duplicate detection.')
 @allowed(['Standard', 'Premium'])
 param serviceBusSku string = 'Standard'
+@description('Premium only: messaging units of the namespace (the most a namespace takes is 16). No published rate per unit: a load test sizes it (docs/capacity.md).')
+@allowed([1, 2, 4, 8, 16])
+param serviceBusPremiumMessagingUnits int = 1
 @allowed(['Standard_LRS', 'Standard_ZRS', 'Standard_GRS', 'Standard_RAGRS'])
 param storageSku string = 'Standard_LRS'
 @description('Serverless (default) bills per request; Provisioned gives each database shared autoscale throughput.')
 @allowed(['Serverless', 'Provisioned'])
 param cosmosCapacityMode string = 'Serverless'
+@description('Provisioned only: autoscale maximum RU/s of the state database (orderState and recoveryIndex); the production profile sizes it with bench/capacity.py --size.')
 @minValue(1000)
 param cosmosAutoscaleMaxThroughput int = 1000
+@description('Provisioned only: autoscale maximum RU/s of the orders database.')
+@minValue(1000)
+param ordersCosmosAutoscaleMaxThroughput int = cosmosAutoscaleMaxThroughput
+@description('Seconds an order document lives after Submit wrote it (the orders container\'s defaultTtl); 0 keeps it forever. Keep it well past the state record\'s 90 days after the order finished: the Scheduler reads the document for every attempt, and an operator\'s compensation can start one while the record lives (docs/adr/019c-deployment-profiles.md).')
+@minValue(0)
+param ordersTtlSeconds int = 0
 @description('Put the orders database in an account of its own (OrdersDbConnection__accountEndpoint).')
 param ordersInSeparateAccount bool = false
 @allowed([512, 2048, 4096])
@@ -54,6 +64,14 @@ param ordersQueueMaxSizeInMegabytes int = 1024
 @minValue(30)
 @maxValue(730)
 param logRetentionInDays int = 30
+@description('Send the Cosmos DB and Service Bus resource logs (data-plane requests, runtime audit) to Log Analytics; false keeps their metrics only. One log row per request is the largest monitoring cost at scale (docs/capacity.md).')
+param resourceLogs bool = true
+@description('The Functions host\'s log level (logging.logLevel.default and Host.Triggers.DurableTask of host.json, overridden by app setting). Warning drops the per-execution Information lines; the operator alerts are logged as errors.')
+@allowed(['Information', 'Warning', 'Error'])
+param hostLogLevel string = 'Information'
+@description('Share of traces the app\'s OpenTelemetry exporter keeps (OTEL_TRACES_SAMPLER_ARG of the Azure Monitor distro\'s fixed-percentage sampler); 1 keeps every trace. Logs and metrics are not sampled.')
+@allowed(['1', '0.5', '0.25', '0.1', '0.05', '0.01'])
+param traceSamplingRatio string = '1'
 
 @description('Client applications: app id, reply queue name, and the object (principal) id of the identity the application uses; empty principalId grants nothing yet. At least one: each gets the ingress queue orders-<appId>, and there is no other way in.')
 @minLength(1)
@@ -134,6 +152,20 @@ param maxRemoteStepsPerAttempt int = 6
 param durableBackend string = 'azureStorage'
 @allowed(['Consumption', 'Dedicated'])
 param durableTaskSchedulerSku string = 'Consumption'
+@description('Dedicated only: capacity units of the scheduler (2,000 actions/s each, at most 3).')
+@minValue(1)
+@maxValue(3)
+param durableTaskSchedulerCapacity int = 1
+@description('Days the scheduler keeps a Completed orchestration\'s history before it purges it (its retention policy); 0 purges at once. -1: no retention policy (history kept).')
+@minValue(-1)
+param durableRetentionDaysCompleted int = -1
+@description('Days the scheduler keeps the history of orchestrations that ended otherwise (Failed, Terminated, ...); -1: no retention policy.')
+@minValue(-1)
+param durableRetentionDaysOther int = -1
+@description('azureStorage only: control-queue partitions of the task hub (extensions.durableTask.storageProvider.partitionCount); how many instances can run orchestrations at once. Fixed when the task hub is created: changing it needs a new taskHubName.')
+@minValue(1)
+@maxValue(16)
+param durablePartitionCount int = 4
 @description('CIDR ranges admitted to the scheduler (see core/durable/durable-task-scheduler.bicep).')
 param durableTaskSchedulerIpAllowlist string[] = [
   '0.0.0.0/0'
@@ -276,6 +308,8 @@ module messaging 'app/messaging.bicep' = {
     location: location
     tags: tags
     skuName: serviceBusSku
+    premiumMessagingUnits: serviceBusPremiumMessagingUnits
+    resourceLogs: resourceLogs
     clientApplications: clientApplications
     logAnalyticsWorkspaceId: monitoring.outputs.logAnalyticsWorkspaceId
     ordersQueueMaxSizeInMegabytes: ordersQueueMaxSizeInMegabytes
@@ -301,6 +335,9 @@ module stateStore 'app/state-store.bicep' = {
     logAnalyticsWorkspaceId: monitoring.outputs.logAnalyticsWorkspaceId
     capacityMode: cosmosCapacityMode
     autoscaleMaxThroughput: cosmosAutoscaleMaxThroughput
+    ordersAutoscaleMaxThroughput: ordersCosmosAutoscaleMaxThroughput
+    ordersTtlSeconds: ordersTtlSeconds
+    resourceLogs: resourceLogs
     stateDatabaseName: stateDatabaseName
     stateContainerName: stateContainerName
     recoveryIndexContainerName: recoveryIndexContainerName
@@ -317,7 +354,10 @@ module durableTaskScheduler 'core/durable/durable-task-scheduler.bicep' = if (us
     tags: tags
     taskHubName: taskHubName
     skuName: durableTaskSchedulerSku
+    skuCapacity: durableTaskSchedulerCapacity
     ipAllowlist: durableTaskSchedulerIpAllowlist
+    retentionDaysCompleted: durableRetentionDaysCompleted
+    retentionDaysOther: durableRetentionDaysOther
   }
 }
 
@@ -350,6 +390,9 @@ module api 'app/api.bicep' = {
     replyTokenKeys: replyTokenKeys
     taskHubName: taskHubName
     durableBackend: durableBackend
+    durablePartitionCount: durablePartitionCount
+    hostLogLevel: hostLogLevel
+    traceSamplingRatio: traceSamplingRatio
     durableTaskSchedulerEndpoint: useScheduler ? durableTaskScheduler.outputs.endpoint : ''
     ingressQueueRegistry: messaging.outputs.ingressQueueRegistry
     stateDatabaseName: stateDatabaseName

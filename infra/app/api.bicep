@@ -41,6 +41,15 @@ param taskHubName string
 param durableBackend string = 'azureStorage'
 @description('The scheduler endpoint (durableTaskScheduler only).')
 param durableTaskSchedulerEndpoint string = ''
+@description('azureStorage only: the task hub\'s control-queue partitions (host.json extensions.durableTask.storageProvider.partitionCount; 4 is the extension\'s default).')
+@minValue(1)
+@maxValue(16)
+param durablePartitionCount int = 4
+@description('The host\'s log level (host.json logging.logLevel), set by app setting.')
+@allowed(['Information', 'Warning', 'Error'])
+param hostLogLevel string = 'Information'
+@description('Share of traces the OpenTelemetry exporter keeps (1 = all).')
+param traceSamplingRatio string = '1'
 @description('Client applications\' ingress queues: {appId: queue}. Submit listens on each; the AppId of an order is the queue it came from.')
 param ingressQueueRegistry object
 param stateDatabaseName string
@@ -126,6 +135,15 @@ var baseSettings = {
   AzureFunctionsJobHost__telemetryMode: 'OpenTelemetry'
   PYTHON_APPLICATIONINSIGHTS_ENABLE_TELEMETRY: 'true'
   OTEL_SERVICE_NAME: 'order-processing'
+  // Sampling of traces (requests, dependencies, the app's spans) by the Azure
+  // Monitor distro's fixed-percentage sampler; 1 keeps all. Logs and metrics
+  // are not sampled, so the alerts (log lines, metrics) see everything.
+  OTEL_TRACES_SAMPLER: 'microsoft.fixed_percentage'
+  OTEL_TRACES_SAMPLER_ARG: traceSamplingRatio
+  // host.json's log levels (default, and the Durable extension's category it
+  // names), overridden per deployment: Warning in the production profile.
+  AzureFunctionsJobHost__logging__logLevel__default: hostLogLevel
+  'AzureFunctionsJobHost__logging__logLevel__Host.Triggers.DurableTask': hostLogLevel
   // The app's own packages (.python_packages) before the worker's: the
   // Service Bus SDK-type binding needs protobuf >= 6.31 and grpcio >= 1.74,
   // newer than the 3.11 worker ships, and without isolation the worker's
@@ -193,7 +211,11 @@ var durableBackendSettings = (durableBackend == 'durableTaskScheduler') ? {
   AzureFunctionsJobHost__extensions__durableTask__storageProvider__connectionStringName: 'DURABLE_TASK_SCHEDULER_CONNECTION_STRING'
   // Not a secret: an endpoint and the identity to authenticate as.
   DURABLE_TASK_SCHEDULER_CONNECTION_STRING: 'Endpoint=${durableTaskSchedulerEndpoint};Authentication=ManagedIdentity;ClientID=${identityClientId}'
-} : {}
+} : {
+  // The Azure Storage provider as host.json names it; only its partitions
+  // (control queues, each run by one instance at a time) are set here.
+  AzureFunctionsJobHost__extensions__durableTask__storageProvider__partitionCount: string(durablePartitionCount)
+}
 
 module plan '../core/host/flex-plan.bicep' = {
   name: 'flex-plan'

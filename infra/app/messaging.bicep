@@ -7,6 +7,11 @@ param location string = resourceGroup().location
 param tags object = {}
 @allowed(['Standard', 'Premium'])
 param skuName string = 'Standard'
+@description('Premium only: messaging units.')
+@allowed([1, 2, 4, 8, 16])
+param premiumMessagingUnits int = 1
+@description('Send the namespace\'s resource logs to Log Analytics; false keeps its metrics only.')
+param resourceLogs bool = true
 
 @description('Client applications; each gets its own ingress queue (orders-<appId>) and its own reply queue.')
 param clientApplications clientApplication[]
@@ -145,8 +150,10 @@ module namespace '../core/messaging/servicebus.bicep' = {
     location: location
     tags: tags
     skuName: skuName
+    premiumCapacity: premiumMessagingUnits
     queues: concat(fixedQueues, ingressQueues, replyQueues)
     logAnalyticsWorkspaceId: logAnalyticsWorkspaceId
+    resourceLogs: resourceLogs
   }
 }
 

@@ -13,6 +13,14 @@ param capacityMode string = 'Serverless'
 @description('Provisioned mode only: autoscale maximum RU/s shared by each database.')
 @minValue(1000)
 param autoscaleMaxThroughput int = 1000
+@description('Provisioned mode only: autoscale maximum RU/s of the orders database.')
+@minValue(1000)
+param ordersAutoscaleMaxThroughput int = autoscaleMaxThroughput
+@description('defaultTtl of the orders container in seconds; 0: TTL off (documents kept).')
+@minValue(0)
+param ordersTtlSeconds int = 0
+@description('Send the accounts\' resource logs to Log Analytics; false keeps their request metrics only.')
+param resourceLogs bool = true
 
 param stateDatabaseName string
 param stateContainerName string
@@ -21,6 +29,7 @@ param ordersDatabaseName string
 param ordersContainerName string
 
 var throughput = (capacityMode == 'Provisioned') ? autoscaleMaxThroughput : 0
+var ordersThroughput = (capacityMode == 'Provisioned') ? ordersAutoscaleMaxThroughput : 0
 
 // orderState: one record per order, partition key /id (the order key).
 // The Supervisor's scan filters ProcessState = 'Processing' and orders by
@@ -138,7 +147,9 @@ var ordersContainers = [
   {
     name: ordersContainerName
     partitionKeyPath: '/id'
-    defaultTtl: null
+    // Off by default; the production profile expires an order's document
+    // well after its state record (main.bicep, ordersTtlSeconds).
+    defaultTtl: (ordersTtlSeconds > 0) ? ordersTtlSeconds : null
     // Read and written by id only: no index (adapters/cosmos_client.py, ORDERS_INDEXING_POLICY).
     indexingPolicy: {
       indexingMode: 'none'
@@ -155,6 +166,7 @@ module account '../core/database/cosmos-account.bicep' = {
     tags: tags
     capacityMode: capacityMode
     logAnalyticsWorkspaceId: logAnalyticsWorkspaceId
+    resourceLogs: resourceLogs
   }
 }
 
@@ -166,6 +178,7 @@ module ordersAccount '../core/database/cosmos-account.bicep' = if (ordersInSepar
     tags: tags
     capacityMode: capacityMode
     logAnalyticsWorkspaceId: logAnalyticsWorkspaceId
+    resourceLogs: resourceLogs
   }
 }
 
@@ -184,7 +197,7 @@ module ordersDatabase '../core/database/cosmos-sql-database.bicep' = {
   params: {
     accountName: ordersInSeparateAccount ? ordersAccount.outputs.name : account.outputs.name
     databaseName: ordersDatabaseName
-    autoscaleMaxThroughput: throughput
+    autoscaleMaxThroughput: ordersThroughput
     containers: ordersContainers
   }
 }

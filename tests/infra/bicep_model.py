@@ -195,12 +195,20 @@ def interpolate(template: str, names: dict[str, int]) -> str:
     return re.sub(r"\$\{([^}]*)\}", lambda m: str(eval_int(m.group(1), names)), template)
 
 
+_COMPARISONS = {
+    "greater_than": lambda a, b: a > b,
+    "greater_than_or_equals": lambda a, b: a >= b,
+    "less_than": lambda a, b: a < b,
+    "less_than_or_equals": lambda a, b: a <= b,
+}
+
+
 def evaluate(value: Any, env: dict[str, Any], doc: dict[str, Any]) -> Any:
     """Evaluate the subset of Bicep expressions the role and queue lists use.
 
     Names resolve to `env` (parameters given by the test, loop items, lambda
     variables) before the document's variables; `${a.b}` interpolation, `a.b`,
-    `a[b]`, `!empty(x)`, `==`, `!=`, `?:`, array comprehensions (`[for x in xs: ...]`),
+    `a[b]`, `!empty(x)`, `==`, `!=`, `<`, `<=`, `>`, `>=`, `?:`, array comprehensions (`[for x in xs: ...]`),
     and the functions map, filter, flatten, concat, union, split, trim, empty,
     contains and take are understood. Anything else raises, so a test never silently
     reads an expression it does not understand as a literal."""
@@ -236,6 +244,8 @@ def evaluate(value: Any, env: dict[str, Any], doc: dict[str, Any]) -> Any:
                 return ev(ops["operand_1"], scope) == ev(ops["operand_2"], scope)
             if op == "not_equals":
                 return ev(ops["operand_1"], scope) != ev(ops["operand_2"], scope)
+            if op in _COMPARISONS:
+                return _COMPARISONS[op](ev(ops["operand_1"], scope), ev(ops["operand_2"], scope))
             if op == "conditional":
                 branch = "true_value" if ev(ops["condition"], scope) else "false_value"
                 return ev(ops[branch], scope)

@@ -275,11 +275,24 @@ def _backend_settings() -> dict:
     return ops
 
 
-def test_azure_storage_backend_adds_nothing_to_host_json():
-    assert _backend_settings()["false_value"] == {}
+def test_azure_storage_backend_sets_only_its_partition_count():
+    """host.json names the Azure Storage provider; Azure adds only its
+    partitionCount (4, the extension's default, unless a profile says 16)."""
+    prefix = "AzureFunctionsJobHost__extensions__durableTask__storageProvider__"
+    assert _backend_settings()["false_value"] == {
+        prefix + "partitionCount": {
+            "function": {
+                "type": "string",
+                "parameters": {"value_to_convert": "durablePartitionCount"},
+            }
+        }
+    }
     provider = json.loads(HOST_JSON.read_text())["extensions"]["durableTask"]["storageProvider"]
     assert provider["type"] == "AzureStorage"
+    assert "partitionCount" not in provider
     assert main_defaults()["durableBackend"] == "azureStorage"
+    assert main_defaults()["durablePartitionCount"] == 4
+    assert module_params(parse(MAIN), "api")["durablePartitionCount"] == "durablePartitionCount"
 
 
 def test_scheduler_backend_overrides_the_provider_by_app_setting():

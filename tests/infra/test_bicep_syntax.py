@@ -46,6 +46,7 @@ KNOWN_API_VERSIONS = {
     ("Microsoft.Insights/diagnosticSettings", "2021-05-01-preview"),
     ("Microsoft.DurableTask/schedulers", "2025-11-01"),
     ("Microsoft.DurableTask/schedulers/taskHubs", "2025-11-01"),
+    ("Microsoft.DurableTask/schedulers/retentionPolicies", "2025-11-01"),
 }
 
 

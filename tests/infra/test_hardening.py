@@ -41,7 +41,14 @@ def test_service_bus_and_cosmos_send_diagnostic_logs():
         assert config["scope"] == target, file
         props = config["properties"]
         assert props["workspaceId"] == "logAnalyticsWorkspaceId"
-        assert {"categoryGroup": "allLogs", "enabled": True} in props["logs"], file
+        # Every log by default; the production profile keeps metrics only
+        # (resourceLogs=false: one log row per request is its largest cost).
+        logs = props["logs"]["operator"]["operands"]
+        assert logs["condition"] == "resourceLogs", file
+        assert logs["true_value"] == [{"categoryGroup": "allLogs", "enabled": True}], file
+        assert logs["false_value"] == [], file
+        assert props["metrics"], file
+        assert parse(INFRA / file)["parameters"]["resourceLogs"]["default"] is True, file
     # main.bicep wires the workspace through to both.
     main = parse(MAIN)
     for module in ("messaging", "stateStore"):

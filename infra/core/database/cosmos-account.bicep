@@ -12,6 +12,8 @@ param consistencyLevel string = 'Session'
 param continuousBackupTier string = 'Continuous7Days'
 @description('Log Analytics workspace that receives the account\'s logs and request metrics; empty sends none.')
 param logAnalyticsWorkspaceId string = ''
+@description('Send the resource logs (one row per data-plane request) as well as the request metrics; false sends metrics only.')
+param resourceLogs bool = true
 
 resource account 'Microsoft.DocumentDB/databaseAccounts@2024-11-15' = {
   name: name
@@ -56,12 +58,12 @@ resource diagnostics 'Microsoft.Insights/diagnosticSettings@2021-05-01-preview' 
     workspaceId: logAnalyticsWorkspaceId
     // Resource-specific tables (CDBDataPlaneRequests, ...), not AzureDiagnostics.
     logAnalyticsDestinationType: 'Dedicated'
-    logs: [
+    logs: resourceLogs ? [
       {
         categoryGroup: 'allLogs'
         enabled: true
       }
-    ]
+    ] : []
     metrics: [
       {
         category: 'Requests'

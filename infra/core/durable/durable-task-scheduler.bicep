@@ -14,6 +14,12 @@ param skuCapacity int = 1
 param ipAllowlist string[] = [
   '0.0.0.0/0'
 ]
+@description('Days a Completed orchestration\'s history is kept before the scheduler purges it (0: at once); -1 with retentionDaysOther -1: no retention policy, history kept.')
+@minValue(-1)
+param retentionDaysCompleted int = -1
+@description('Days the history of orchestrations that ended otherwise (Failed, Terminated, Canceled) is kept; -1: no policy for them.')
+@minValue(-1)
+param retentionDaysOther int = -1
 
 resource scheduler 'Microsoft.DurableTask/schedulers@2025-11-01' = {
   name: name
@@ -33,6 +39,31 @@ resource scheduler 'Microsoft.DurableTask/schedulers@2025-11-01' = {
 resource taskHub 'Microsoft.DurableTask/schedulers/taskHubs@2025-11-01' = {
   parent: scheduler
   name: taskHubName
+}
+
+// The scheduler purges finished orchestrations itself (its "autopurge"):
+// one policy for Completed, one default for every other terminal state.
+// Running orchestrations are never purged.
+var retentionPolicies = concat(
+  (retentionDaysOther >= 0) ? [
+    {
+      retentionPeriodInDays: retentionDaysOther
+    }
+  ] : [],
+  (retentionDaysCompleted >= 0) ? [
+    {
+      orchestrationState: 'Completed'
+      retentionPeriodInDays: retentionDaysCompleted
+    }
+  ] : []
+)
+
+resource retention 'Microsoft.DurableTask/schedulers/retentionPolicies@2025-11-01' = if (!empty(retentionPolicies)) {
+  parent: scheduler
+  name: 'default'
+  properties: {
+    retentionPolicies: retentionPolicies
+  }
 }
 
 output id string = scheduler.id

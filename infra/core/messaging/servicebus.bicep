@@ -12,6 +12,8 @@ param premiumCapacity int = 1
 
 @description('Log Analytics workspace that receives the namespace\'s logs and metrics; empty sends none.')
 param logAnalyticsWorkspaceId string = ''
+@description('Send the resource logs (operational and runtime audit: one row per operation on Premium) as well as the metrics; false sends metrics only.')
+param resourceLogs bool = true
 
 @description('Queues: { name: string, properties: object } with properties in the Microsoft.ServiceBus/namespaces/queues shape.')
 param queues array
@@ -43,13 +45,13 @@ resource diagnostics 'Microsoft.Insights/diagnosticSettings@2021-05-01-preview' 
   scope: namespace
   properties: {
     workspaceId: logAnalyticsWorkspaceId
-    logs: [
+    logs: resourceLogs ? [
       {
         // Operational logs and runtime audit logs (who sent or received with which identity).
         categoryGroup: 'allLogs'
         enabled: true
       }
-    ]
+    ] : []
     metrics: [
       {
         category: 'AllMetrics'

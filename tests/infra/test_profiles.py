@@ -1,0 +1,300 @@
+"""The two deployment profiles: infra/main.parameters.json (dev: main.bicep's
+serverless defaults) and infra/main.production.parameters.json (production,
+docs/adr/019c-deployment-profiles.md). Bicep cannot be compiled here, so each
+value is checked against the declaration it must satisfy, the production
+profile's sizes against the capacity model (bench/capacity.py), and each new
+parameter along its way to the resource or app setting it changes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.infra.bicep_model import (
+    INFRA,
+    MAIN,
+    evaluate,
+    function_call,
+    literal_int,
+    main_defaults,
+    module_params,
+    parse,
+    variable,
+)
+from tests.infra.test_queues import retry_budget_seconds
+
+DEV = INFRA / "main.parameters.json"
+PRODUCTION = INFRA / "main.production.parameters.json"
+API = INFRA / "app" / "api.bicep"
+MESSAGING = INFRA / "app" / "messaging.bicep"
+STATE_STORE = INFRA / "app" / "state-store.bicep"
+SCHEDULER = INFRA / "core" / "durable" / "durable-task-scheduler.bicep"
+
+# What the production profile sets beyond the defaults, and nothing else.
+PROFILE_PARAMETERS = {
+    "cosmosCapacityMode",
+    "cosmosAutoscaleMaxThroughput",
+    "ordersCosmosAutoscaleMaxThroughput",
+    "ordersTtlSeconds",
+    "serviceBusSku",
+    "serviceBusPremiumMessagingUnits",
+    "durableBackend",
+    "durableTaskSchedulerSku",
+    "durableTaskSchedulerCapacity",
+    "durableRetentionDaysCompleted",
+    "durableRetentionDaysOther",
+    "maximumInstanceCount",
+    "maxProcessing",
+    "supervisorScan",
+    "hostLogLevel",
+    "traceSamplingRatio",
+    "resourceLogs",
+}
+
+
+def given(path) -> dict:
+    return {k: v["value"] for k, v in json.loads(path.read_text())["parameters"].items()}
+
+
+def _decorators(name: str) -> dict:
+    return {d["type"]: d.get("argument") for d in parse(MAIN)["parameters"][name]["decorators"]}
+
+
+@pytest.mark.parametrize("path", [DEV, PRODUCTION], ids=lambda p: p.name)
+def test_each_parameters_file_names_only_declared_parameters(path):
+    declared = parse(MAIN)["parameters"]
+    values = given(path)
+    assert values, path.name
+    assert set(values) <= set(declared), set(values) - set(declared)
+
+
+@pytest.mark.parametrize("name", sorted(PROFILE_PARAMETERS))
+def test_each_production_value_satisfies_its_declaration(name):
+    """What the compiler would check: the type, @allowed, @minValue, @maxValue."""
+    value = given(PRODUCTION)[name]
+    spec = parse(MAIN)["parameters"][name]
+    kind = {"int": int, "string": str, "bool": bool}[spec["type"]]
+    assert type(value) is kind, (name, value)
+    rules = _decorators(name)
+    if "allowed" in rules:
+        assert value in rules["allowed"], (name, value, rules["allowed"])
+    if "min_value" in rules:
+        assert value >= rules["min_value"], (name, value)
+    if "max_value" in rules:
+        assert value <= rules["max_value"], (name, value)
+
+
+def test_the_production_file_holds_the_profile_only():
+    """Per-deployment values (names, keys, the remote service, principals)
+    come from the command line or azd's main.parameters.json; the production
+    file is used with `az deployment group create`, which does not expand
+    azd's ${VAR} placeholders, so it has none."""
+    values = given(PRODUCTION)
+    assert set(values) == PROFILE_PARAMETERS
+    assert "${" not in PRODUCTION.read_text()
+
+
+def test_dev_is_the_serverless_defaults():
+    dev = given(DEV)
+    assert not (set(dev) & PROFILE_PARAMETERS) - {"durableBackend"}
+    assert dev["durableBackend"] == "${DURABLE_BACKEND=azureStorage}"
+    defaults = main_defaults()
+    assert defaults["cosmosCapacityMode"] == "Serverless"
+    assert defaults["serviceBusSku"] == "Standard"
+    assert defaults["durableBackend"] == "azureStorage"
+    assert defaults["hostLogLevel"] == "Information"
+    assert defaults["traceSamplingRatio"] == "1"
+    assert defaults["ordersTtlSeconds"] == 0  # orders kept, as before profiles
+    for name in ("durableRetentionDaysCompleted", "durableRetentionDaysOther"):
+        # -1: no retention policy, history kept as before profiles
+        assert literal_int(parse(MAIN)["parameters"][name]["default"]) == -1, name
+    assert parse(MAIN)["parameters"]["resourceLogs"]["default"] is True
+
+
+def test_production_is_what_the_issue_asks_for():
+    prod = given(PRODUCTION)
+    assert prod["cosmosCapacityMode"] == "Provisioned"
+    assert prod["serviceBusSku"] == "Premium"
+    assert (prod["durableBackend"], prod["durableTaskSchedulerSku"]) == (
+        "durableTaskScheduler",
+        "Dedicated",
+    )
+    # Completed histories purged by the scheduler's own policy; failed ones kept a week.
+    assert prod["durableRetentionDaysCompleted"] == 0
+    assert 0 < prod["durableRetentionDaysOther"] <= 90
+    assert prod["hostLogLevel"] == "Warning"
+    assert float(prod["traceSamplingRatio"]) < 1
+    assert prod["resourceLogs"] is False
+    assert prod["supervisorScan"] == "index"
+
+
+def test_orders_outlive_everything_that_reads_them():
+    """The Scheduler reads an order's document for every attempt and an
+    operator's compensation can start one while the state record lives (90
+    days after the order finished; a live record never expires). Cosmos
+    counts TTL from the document's last write, Submit's, so the TTL must cover
+    the order's longest life (the retry budget) plus the record's 90 days."""
+    from domain.state_machine import FINISHED_RECORD_TTL_SECONDS
+
+    ttl = given(PRODUCTION)["ordersTtlSeconds"]
+    assert ttl >= FINISHED_RECORD_TTL_SECONDS + retry_budget_seconds() + 7 * 86400
+    assert ttl == 120 * 86400
+
+
+def test_the_orders_container_takes_the_ttl():
+    orders = variable(parse(STATE_STORE), "ordersContainers")[0]
+    doc = parse(STATE_STORE)
+    assert evaluate(orders["defaultTtl"], {"ordersTtlSeconds": 0}, doc) is None
+    ttl = evaluate(orders["defaultTtl"], {"ordersTtlSeconds": 10368000}, doc)
+    assert ttl == 10368000
+    assert module_params(parse(MAIN), "stateStore")["ordersTtlSeconds"] == "ordersTtlSeconds"
+
+
+# --- the sizes against the capacity model ---------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def production_model():
+    from bench.capacity import Model
+
+    return Model(1, "production", 1)
+
+
+@pytest.fixture(scope="module")
+def sized(production_model):
+    return production_model.sized_parameters(production_model.p["orders_per_s_per_shard"])
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "cosmosAutoscaleMaxThroughput",
+        "ordersCosmosAutoscaleMaxThroughput",
+        "durableTaskSchedulerCapacity",
+        "maximumInstanceCount",
+        "maxProcessing",
+    ],
+)
+def test_production_sizes_are_what_the_capacity_model_sizes(name, sized):
+    """`python -m bench.capacity --size 400` prints these. The file must hold
+    the design rate (no less than the model sizes) without paying for much
+    more: past one rounding step and 10 % over, it is stale; regenerate it."""
+    value, needed = given(PRODUCTION)[name], sized[name]
+    step = {"cosmosAutoscaleMaxThroughput": 1000, "ordersCosmosAutoscaleMaxThroughput": 1000}
+    assert needed <= value <= needed * 1.1 + step.get(name, 0), (
+        f"{name}={value} in {PRODUCTION.name}, the model sizes {needed}: "
+        "run python -m bench.capacity --size 400 and copy the figure"
+    )
+
+
+def test_the_model_reads_the_production_file(production_model):
+    prod = given(PRODUCTION)
+    p = production_model.p
+    assert p["cosmos"]["state_max_ru_per_s"] == prod["cosmosAutoscaleMaxThroughput"]
+    assert p["cosmos"]["orders_max_ru_per_s"] == prod["ordersCosmosAutoscaleMaxThroughput"]
+    assert p["servicebus"]["messaging_units"] == prod["serviceBusPremiumMessagingUnits"]
+    assert p["durable"]["cus_per_shard"] == prod["durableTaskSchedulerCapacity"]
+    assert p["app"]["max_processing"] == prod["maxProcessing"]
+    assert p["app"]["supervisor_scan"] == prod["supervisorScan"]
+
+
+# --- each new parameter reaches what it changes ------------------------------------------
+
+
+def test_new_parameters_are_passed_to_their_modules():
+    main = parse(MAIN)
+    wiring = {
+        "messaging": {
+            "premiumMessagingUnits": "serviceBusPremiumMessagingUnits",
+            "resourceLogs": "resourceLogs",
+        },
+        "stateStore": {
+            "autoscaleMaxThroughput": "cosmosAutoscaleMaxThroughput",
+            "ordersAutoscaleMaxThroughput": "ordersCosmosAutoscaleMaxThroughput",
+            "ordersTtlSeconds": "ordersTtlSeconds",
+            "resourceLogs": "resourceLogs",
+        },
+        "durableTaskScheduler": {
+            "skuCapacity": "durableTaskSchedulerCapacity",
+            "retentionDaysCompleted": "durableRetentionDaysCompleted",
+            "retentionDaysOther": "durableRetentionDaysOther",
+        },
+        "api": {
+            "durablePartitionCount": "durablePartitionCount",
+            "hostLogLevel": "hostLogLevel",
+            "traceSamplingRatio": "traceSamplingRatio",
+        },
+    }
+    for module, params in wiring.items():
+        passed = module_params(main, module)
+        for param, source in params.items():
+            assert passed.get(param) == source, (module, param, passed.get(param))
+    # ... and on to the resources.
+    namespace = module_params(parse(MESSAGING), "namespace")
+    assert (namespace["premiumCapacity"], namespace["resourceLogs"]) == (
+        "premiumMessagingUnits",
+        "resourceLogs",
+    )
+    store = parse(STATE_STORE)
+    assert module_params(store, "ordersDatabase")["autoscaleMaxThroughput"] == "ordersThroughput"
+    assert module_params(store, "stateDatabase")["autoscaleMaxThroughput"] == "throughput"
+    for account in ("account", "ordersAccount"):
+        assert module_params(store, account)["resourceLogs"] == "resourceLogs"
+
+
+def test_orders_throughput_defaults_to_the_state_databases():
+    spec = parse(MAIN)["parameters"]["ordersCosmosAutoscaleMaxThroughput"]
+    assert spec["default"] == "cosmosAutoscaleMaxThroughput"
+
+
+def test_the_log_level_and_sampling_reach_the_app_settings():
+    settings = variable(parse(API), "baseSettings")
+    assert settings["AzureFunctionsJobHost__logging__logLevel__default"] == "hostLogLevel"
+    # A name with dots is quoted in Bicep (pycep keeps the quotes).
+    dotted = "'AzureFunctionsJobHost__logging__logLevel__Host.Triggers.DurableTask'"
+    assert settings[dotted] == "hostLogLevel"
+    assert settings["OTEL_TRACES_SAMPLER"] == "microsoft.fixed_percentage"
+    assert settings["OTEL_TRACES_SAMPLER_ARG"] == "traceSamplingRatio"
+    # The distro's own name for that sampler (what it compares the setting to).
+    from azure.monitor.opentelemetry._constants import FIXED_PERCENTAGE_SAMPLER
+
+    assert settings["OTEL_TRACES_SAMPLER"] == FIXED_PERCENTAGE_SAMPLER
+    # host.json's categories are the ones overridden.
+    host = json.loads((INFRA.parent / "host.json").read_text())["logging"]["logLevel"]
+    assert set(host) == {"default", "Host.Triggers.DurableTask"}
+
+
+def test_the_scheduler_gets_its_capacity_and_retention():
+    doc = parse(SCHEDULER)
+    sku = doc["resources"]["scheduler"]["config"]["properties"]["sku"]
+    assert sku["operator"]["operands"]["true_value"] == {
+        "name": "skuName",
+        "capacity": "skuCapacity",
+    }
+    retention = doc["resources"]["retention"]["config"]
+    assert retention["config"]["parent"] == "scheduler"
+    assert retention["config"]["name"] == "default"
+    assert retention["config"]["properties"]["retentionPolicies"] == "retentionPolicies"
+    policies = variable(doc, "retentionPolicies")
+    none = evaluate(policies, {"retentionDaysCompleted": -1, "retentionDaysOther": -1}, doc)
+    assert none == []  # and then no policy resource: the condition is !empty(retentionPolicies)
+    condition = retention["condition"]["operator"]
+    assert condition["type"] == "not"
+    assert function_call(condition["operands"]["bool_value"]) == (
+        "empty",
+        {"item_to_test": "retentionPolicies"},
+    )
+    prod = given(PRODUCTION)
+    chosen = evaluate(
+        policies,
+        {
+            "retentionDaysCompleted": prod["durableRetentionDaysCompleted"],
+            "retentionDaysOther": prod["durableRetentionDaysOther"],
+        },
+        doc,
+    )
+    assert chosen == [
+        {"retentionPeriodInDays": 7},
+        {"orchestrationState": "Completed", "retentionPeriodInDays": 0},
+    ]
