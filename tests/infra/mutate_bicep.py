@@ -274,6 +274,48 @@ MUTATIONS = [
         "",
     ),
     (
+        "production cosmos under the model",
+        "infra/main.production.parameters.json",
+        '"value": 48000',
+        '"value": 20000',
+    ),
+    (
+        "production keeps every history",
+        "infra/main.production.parameters.json",
+        '"durableRetentionDaysCompleted": {\n      "value": 0',
+        '"durableRetentionDaysCompleted": {\n      "value": -1',
+    ),
+    (
+        "orders expire before their record",
+        "infra/main.production.parameters.json",
+        '"value": 10368000',
+        '"value": 864000',
+    ),
+    (
+        "resource logs always sent",
+        "infra/core/messaging/servicebus.bicep",
+        "logs: resourceLogs ? [",
+        "logs: true ? [",
+    ),
+    (
+        "partition count not passed",
+        "infra/app/api.bicep",
+        "string(durablePartitionCount)",
+        "'4'",
+    ),
+    (
+        "scheduler capacity dropped",
+        "infra/main.bicep",
+        "    skuCapacity: durableTaskSchedulerCapacity\n",
+        "",
+    ),
+    (
+        "production file names an unknown parameter",
+        "infra/main.production.parameters.json",
+        '"maxProcessing": {',
+        '"maxInFlight": {',
+    ),
+    (
         "docker config stale",
         "devstack/docker/servicebus-config.json",
         '"DefaultMessageTimeToLive": "PT1H"',
