@@ -162,6 +162,9 @@ def _run(args: argparse.Namespace, recorder: surface.Recorder | None) -> int:
     )
     faults: Counter[str] = Counter()
     forged = 0
+    # Writes per recovery-index partition key per simulated second (ADR 019b):
+    # the peak of each schedule with the index Supervisor.
+    index_peaks: list[int] = []
     rows: Counter[str] = Counter()
     checks: Counter[str] = Counter()
     first_seed: dict[str, int] = {}
@@ -175,6 +178,8 @@ def _run(args: argparse.Namespace, recorder: surface.Recorder | None) -> int:
         n += 1
         faults.update(f.kind for f in result.faults)
         forged += result.counters["forged"]
+        if result.options.scan == "index":
+            index_peaks.append(result.counters["index partition-second peak"])
         rows.update(result.rows)
         if args.trace or args.seed is not None:
             print("\n".join(result.trace))
@@ -221,6 +226,12 @@ def _run(args: argparse.Namespace, recorder: surface.Recorder | None) -> int:
         "faults injected: " + (", ".join(f"{k}={v}" for k, v in sorted(faults.items())) or "none")
     )
     print(f"forged internal-queue messages (sim/hostile.py): {forged}")
+    if index_peaks:
+        print(
+            f"index Supervisor schedules: {len(index_peaks)}; recovery-index writes per "
+            f"partition key per simulated second: peak {max(index_peaks)}, "
+            f"mean of the schedules' peaks {sum(index_peaks) / len(index_peaks):.1f}"
+        )
     print("transition rows (DESIGN.md section 3):")
     for row, text, by in ROWS:
         print(

@@ -72,6 +72,7 @@ from .durable import SimDurable
 from .hostile import ALERT_KINDS as FORGERY_ALERTS
 from .hostile import PREFIX as FORGED
 from .hostile import Hostile
+from .partitions import PartitionWrites
 from .world import START, Crash, FaultConfig, World
 
 _history_event = importlib.import_module("azure.durable_functions.models.history.HistoryEvent")
@@ -482,6 +483,10 @@ class Simulation:
         self.last_write: datetime | None = None
         self.live_entry_deleted: list[str] = []
         self.index_c.on_delete = self._on_index_delete
+        # Writes per index partition key per simulated second (ADR 019b), and
+        # the shard count, fixed per container, from a stream of its own.
+        self.index_writes = PartitionWrites(self.index_c)
+        self.index_shards = random.Random(f"shards/{seed}").choice((1, 4, 16))
         self.orders_c.on_write = lambda old, new: (
             self.overwritten.append(new["id"]) if old else None
         )
@@ -518,7 +523,11 @@ class Simulation:
         self.undo_sent: dict[str, list[str]] = {}
         self.store = CosmosStateStore(self.state_c)
         self.orders_repo = CosmosOrdersRepository(self.orders_c)
-        self.index = CosmosRecoveryIndex(self.index_c) if self.o.scan == "index" else NoIndex()
+        self.index = (
+            CosmosRecoveryIndex(self.index_c, shards=self.index_shards)
+            if self.o.scan == "index"
+            else NoIndex()
+        )
         rng = w.data_rng
         # With two applications, order i comes from application i % 2 with
         # OrderID i // 2: every OrderID but the last of an odd count is used by
@@ -628,7 +637,7 @@ class Simulation:
         charges = RequestCharges()
         store = CosmosStateStore(self.state_c, charges)
         source = (
-            IndexSource(CosmosRecoveryIndex(self.index_c, charges), store)
+            IndexSource(CosmosRecoveryIndex(self.index_c, charges, shards=self.index_shards), store)
             if self.o.scan == "index"
             else QuerySource(store)
         )
@@ -1801,6 +1810,7 @@ def run_schedule(
         loop.run_until_complete(sim.run())
     finally:
         loop.close()
+    sim.world.counters["index partition-second peak"] = sim.index_writes.peak()
     return Result(
         seed,
         sim.violations,
