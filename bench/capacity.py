@@ -3,6 +3,7 @@ its documented limit, the first bottleneck, and $ per million orders at list
 prices beside AWS Step Functions Standard and Temporal Cloud.
 
     python -m bench.capacity --rate 1000 --profile dev [--shards 1] [--scan index|query]
+        [--index-shards 16]
     make capacity ARGS="--rate 10000 --profile production --shards 4"
 
 Inputs, and where each comes from:
@@ -175,12 +176,21 @@ class Model:
         cost: OrderCost | None = None,
         limits: dict[str, Any] | None = None,
         baseline: dict[str, Any] | None = None,
+        index_shards: int | None = None,
     ) -> None:
+        """`shards`: task hubs (the Durable backend); `index_shards`: the
+        recovery index's key shards (RECOVERY_INDEX_SHARDS; None: the Bicep's
+        default, infra/main.bicep recoveryIndexShards)."""
         if not rate > 0 or not math.isfinite(rate):
             raise ModelError(f"--rate must be a positive number of orders per second, not {rate}")
         if shards < 1:
             raise ModelError(f"--shards must be 1 or more, not {shards}")
         self.rate, self.shards = rate, shards
+        if index_shards is None:
+            index_shards = int(bicep_defaults().get("recoveryIndexShards") or 1)
+        if not 1 <= index_shards <= 999:
+            raise ModelError(f"--index-shards must be 1 to 999, not {index_shards}")
+        self.index_shards = index_shards
         self.limits = limits or load_limits()
         self.profile_name = profile_name
         self.p = profile(self.limits, profile_name)
@@ -229,8 +239,10 @@ class Model:
                     "RU/s",
                 )
             )
-        # The recovery index's partition key is the deadline's minute: every
-        # order's index writes of a minute land on one logical partition.
+        # The recovery index's partition key is the deadline's minute plus a
+        # hash shard of the OrderID (ADR 019b): a minute's index writes spread
+        # over RECOVERY_INDEX_SHARDS logical partitions, each taking 1/N
+        # (measured: bench/index_partitions.py, tests/sim/test_hot_partition.py).
         index_ru = sum(v for k, v in self.cost.cosmos_ru.items() if k.startswith("index "))
         if index_ru:
             partition_limit = figure(lim, "cosmos.logical_partition_ru_per_s")
@@ -241,11 +253,11 @@ class Model:
                 )
             out.append(
                 Line(
-                    "cosmos index hot partition (1 minute)",
-                    r * index_ru / self.shards,
+                    "cosmos index hot partition (1 minute, 1 shard)",
+                    r * index_ru / self.index_shards,
                     partition_limit,
                     "RU/s",
-                    f"key sharded {self.shards} way(s)",
+                    f"key sharded {self.index_shards} way(s): RECOVERY_INDEX_SHARDS",
                 )
             )
         tier = str(p["servicebus"]["tier"]).lower()
@@ -425,7 +437,7 @@ class Model:
         c, d = self.cost, self.d
         out = [
             f"capacity: rate={self.rate:,.0f} orders/s profile={self.profile_name} shards={self.shards} "
-            f"scan={c.scan}",
+            f"scan={c.scan} index_shards={self.index_shards}",
             f"  {self.p.get('description', '').strip()}",
             "per order (measured in the simulation: one happy-path order, bench/order_cost.py):",
             f"  cosmos {c.cosmos_requests_per_order} requests, {c.cosmos_ru_per_order:.1f} RU "
@@ -477,10 +489,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--profile", default="dev", help="a profile of bench/limits.yaml (dev, production)"
     )
-    p.add_argument("--shards", type=int, default=1, help="task hubs / index key shards (default 1)")
+    p.add_argument("--shards", type=int, default=1, help="task hubs (default 1)")
+    p.add_argument(
+        "--index-shards",
+        type=int,
+        default=None,
+        help="recovery index key shards (default: the Bicep's RECOVERY_INDEX_SHARDS)",
+    )
     args = p.parse_args(argv)
     try:
-        model = Model(args.rate, args.profile, args.shards)
+        model = Model(args.rate, args.profile, args.shards, index_shards=args.index_shards)
     except ModelError as exc:
         p.error(str(exc))
     print(model.report())

@@ -153,6 +153,8 @@ class Options:
     # Client applications sending orders: 2 (colliding OrderIDs), or 1, the
     # world regression seeds recorded before there were two replay in.
     apps: int = 2
+    # The recovery index's shard count (ADR 019b); None: drawn from the seed.
+    index_shards: int | None = None
 
 
 def options_for(
@@ -463,11 +465,14 @@ class Simulation:
         hostile: int | None = None,
         apps: int = 2,
         wider: bool = True,
+        scan: str | None = None,
     ) -> None:
         self.seed = seed
         self.junk: list[str] = []  # ids of the garbage documents (foreign_docs)
         self.newer_fields: set[str] = set()  # records a newer version added a field to
         self.o = options or options_for(seed, orders, version, hostile, apps, wider)
+        if scan is not None:  # `python -m sim --scan`: every schedule with this Supervisor
+            self.o = replace(self.o, scan=scan)
         self.world = World(seed, self.o.faults, drop)
         w = self.world
         self.bus = Bus(w)
@@ -486,7 +491,9 @@ class Simulation:
         # Writes per index partition key per simulated second (ADR 019b), and
         # the shard count, fixed per container, from a stream of its own.
         self.index_writes = PartitionWrites(self.index_c)
-        self.index_shards = random.Random(f"shards/{seed}").choice((1, 4, 16))
+        self.index_shards = self.o.index_shards or random.Random(f"shards/{seed}").choice(
+            (1, 4, 16)
+        )
         self.orders_c.on_write = lambda old, new: (
             self.overwritten.append(new["id"]) if old else None
         )
@@ -1801,10 +1808,13 @@ def run_schedule(
     hostile: int | None = None,
     apps: int = 2,
     wider: bool = True,
+    scan: str | None = None,
 ) -> Result:
     logging.disable(logging.CRITICAL)
     warnings.filterwarnings("ignore", message="Potential duplicate Task completion")
-    sim = Simulation(seed, orders, drop, version=version, hostile=hostile, apps=apps, wider=wider)
+    sim = Simulation(
+        seed, orders, drop, version=version, hostile=hostile, apps=apps, wider=wider, scan=scan
+    )
     loop = asyncio.new_event_loop()
     try:
         loop.run_until_complete(sim.run())
