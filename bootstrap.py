@@ -129,7 +129,15 @@ async def _build() -> Container:
         )
         # Refused here, before any entry is written or read, when the container
         # was set up with another shard count (ADR 019b).
-        await ensure_shard_count(index_container, cfg.recovery_index_shards)
+        try:
+            await ensure_shard_count(index_container, cfg.recovery_index_shards)
+        except BaseException:
+            await state_client.close()
+            if orders_client is not state_client:
+                await orders_client.close()
+            if credential is not None:
+                await credential.close()
+            raise
         index = CosmosRecoveryIndex(index_container, charges, shards=cfg.recovery_index_shards)
     session = aiohttp.ClientSession()
     # The in-app agent (INLINE_STEPS) keeps the agents' own settings (AGENT_*,

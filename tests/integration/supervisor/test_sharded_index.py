@@ -28,6 +28,7 @@ from supervisor.supervisor import Supervisor
 from tests.builders import ReadClock
 from tests.fakes import RecordingPublisher
 from tests.integration.adapters.builders import NOW, POLICY, make_record
+from tests.integration.app_env import app_env  # noqa: F401 - the fixture
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -146,3 +147,23 @@ async def test_an_empty_stretch_is_crossed_in_one_run(
     )
     report = await sup.run()
     assert report.recovered == 2
+
+
+async def test_the_app_refuses_to_start_with_another_count(app_env):  # noqa: F811
+    """bootstrap: the first build records the count; after a restart with
+    another RECOVERY_INDEX_SHARDS every function's container build fails
+    with the reason, before an entry is written or read."""
+    import bootstrap
+
+    app_env(SUPERVISOR_SCAN="index", RECOVERY_INDEX_SHARDS="4")
+    try:
+        c = await bootstrap.container()
+        assert c.settings.recovery_index_shards == 4
+        sup = await bootstrap.supervisor()
+        assert (await sup.run()).read == 0
+        await bootstrap.close()
+        app_env(SUPERVISOR_SCAN="index", RECOVERY_INDEX_SHARDS="8")
+        with pytest.raises(SettingsError, match="set up with 4 shards"):
+            await bootstrap.container()
+    finally:
+        await bootstrap.close()
