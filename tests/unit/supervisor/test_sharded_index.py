@@ -294,3 +294,23 @@ def test_an_empty_stretch_is_crossed_with_one_query_and_never_past_the_settled_b
         assert "NOW" in [c.record.id for c in candidates]
 
     _run(go())
+
+
+def test_recording_the_shard_count_under_throttling_is_a_transient_failure():
+    """The start-up check's read and create go through the adapters' error
+    translation: a throttled account fails the build as a retryable error,
+    not as a refused setting, and nothing is recorded."""
+    from adapters.recovery_index import ensure_shard_count
+    from domain.errors import TransientError
+
+    world = World(1, FaultConfig())
+    world.faults.storms.append((T0 - timedelta(seconds=1), T0 + timedelta(hours=1)))
+    container = SimContainer(world, "index", "/bucket")
+    container.id = "recoveryIndex"
+    with pytest.raises(TransientError):
+        _run(ensure_shard_count(container, 16))
+    assert container.docs == {}
+    world.faults.storms.clear()
+    _run(ensure_shard_count(container, 16))
+    with pytest.raises(SettingsError, match="set up with 16 shards"):
+        _run(ensure_shard_count(container, 4))
