@@ -32,7 +32,11 @@ from adapters.cosmos_client import (
 )
 from adapters.orders_db import CosmosOrdersRepository
 from adapters.ports import DeadlineIndex, NoIndex
-from adapters.recovery_index import CosmosRecoveryIndex, ensure_index_container
+from adapters.recovery_index import (
+    CosmosRecoveryIndex,
+    ensure_index_container,
+    ensure_shard_count,
+)
 from adapters.servicebus import ServiceBusPublisher, servicebus_client
 from adapters.settings import Settings, SettingsError, azure_credential, settings
 from adapters.state_store import CosmosStateStore
@@ -123,7 +127,18 @@ async def _build() -> Container:
             if cfg.create_containers
             else state_db.get_container_client(cfg.recovery_index_container)
         )
-        index = CosmosRecoveryIndex(index_container, charges)
+        # Refused here, before any entry is written or read, when the container
+        # was set up with another shard count (ADR 019b).
+        try:
+            await ensure_shard_count(index_container, cfg.recovery_index_shards)
+        except BaseException:
+            await state_client.close()
+            if orders_client is not state_client:
+                await orders_client.close()
+            if credential is not None:
+                await credential.close()
+            raise
+        index = CosmosRecoveryIndex(index_container, charges, shards=cfg.recovery_index_shards)
     session = aiohttp.ClientSession()
     # The in-app agent (INLINE_STEPS) keeps the agents' own settings (AGENT_*,
     # REMOTE_SERVICE_URL), as the queue-triggered agent and the worker do.
@@ -260,7 +275,7 @@ async def message_gate(queue: str):
 
 
 async def supervisor():
-    from supervisor.sources import IndexSource, QuerySource
+    from supervisor.sources import IndexSource, QuerySource, checkpoint_name
     from supervisor.supervisor import Supervisor
 
     c = await container()
@@ -268,7 +283,12 @@ async def supervisor():
     charges = RequestCharges()
     store = CosmosStateStore(c.state_container, charges)
     source = (
-        IndexSource(CosmosRecoveryIndex(c.index_container, charges), store)
+        IndexSource(
+            CosmosRecoveryIndex(
+                c.index_container, charges, shards=c.settings.recovery_index_shards
+            ),
+            store,
+        )
         if c.index_container is not None
         else QuerySource(store)
     )
@@ -276,7 +296,7 @@ async def supervisor():
         store,
         source,
         CosmosCheckpointStore(
-            c.state_container, charges, f"supervisor-{c.settings.supervisor_scan}"
+            c.state_container, charges, checkpoint_name(c.settings.supervisor_scan)
         ),
         StatusReporter(c.publisher),
         Alerts(c.publisher),

@@ -150,10 +150,20 @@ def bucket_of(moment: datetime) -> str:
     return floored.strftime("%Y-%m-%dT%H:%M:%S")
 
 
+def minute_of(partition: str) -> str:
+    """The bucket (minute) of a recovery-index partition key value:
+    `<minute>|<shard>` (sharded, docs/adr/019b-sharded-recovery-index.md) or a
+    bare `<minute>` (entries written before the key was sharded, and
+    documents set aside). A bare minute sorts before its shards, and every
+    shard of a minute before the next minute, so partitions sort as
+    (minute, shard)."""
+    return partition.split("|", 1)[0]
+
+
 @dataclass(frozen=True)
 class IndexEntry:
     id: str
-    bucket: str
+    bucket: str  # the entry's partition key value (`<minute>|<shard>` or `<minute>`)
     order_id: str
     complete_by: datetime
     attempt: int
@@ -162,14 +172,23 @@ class IndexEntry:
 class RecoveryIndex(DeadlineIndex, Protocol):
     """The recovery index as the Supervisor reads it (docs/adr/007-recovery-index.md)."""
 
-    async def earliest_bucket(self) -> str | None: ...
+    async def earliest_bucket(self) -> str | None:
+        """The smallest partition key value holding a document (see `minute_of`)."""
+        ...
 
     async def page(
-        self, upper: datetime, bucket: str, after: str, max_items: int
+        self,
+        upper: datetime,
+        bucket: str,
+        after: str,
+        max_items: int,
+        settled: str | None = None,
     ) -> tuple[list[IndexEntry], str, str, bool]:
-        """Entries from (bucket, after) on, up to the bucket of `upper`; the
-        (bucket, after) to resume from, and whether `upper`'s bucket was read
-        to its end."""
+        """Entries from (partition `bucket`, id `after`) on, partition by
+        partition in (minute, shard) order, up to the last partition of the
+        bucket of `upper`; the (partition, after) to resume from, and whether
+        `upper`'s bucket was read to its end. `settled`: the first bucket
+        that may still get entries (empty partitions before it may be skipped)."""
         ...
 
     async def remove(self, entry: IndexEntry) -> None: ...

@@ -106,6 +106,9 @@ class Settings:
     state_database: str = "orderprocessing"
     state_container: str = "orderState"
     recovery_index_container: str = "recoveryIndex"
+    # The recovery index's partition key shards per minute (ADR 019b): fixed
+    # per container, a change is refused (adapters.recovery_index.ensure_shard_count).
+    recovery_index_shards: int = 16
     orders_database: str = "orders"
     orders_container: str = "orders"
     reply_queues: Mapping[str, str] = field(default_factory=dict)
@@ -158,6 +161,13 @@ class Settings:
     # before keys named the application (LEGACY_ORDER_KEYS; one point read per
     # order): off once no such record is left (docs/adr/017f-order-keys.md).
     legacy_order_keys: bool = True
+
+
+def _recovery_index_shards(env: Mapping[str, str]) -> int:
+    shards = int_setting(env, "RECOVERY_INDEX_SHARDS", 16, 1)
+    if shards > 999:  # adapters.recovery_index.MAX_SHARDS: three-digit shard numbers
+        raise SettingsError(f"RECOVERY_INDEX_SHARDS must be 1 to 999, not {shards}")
+    return shards
 
 
 def int_setting(env: Mapping[str, str], name: str, default: int, minimum: int = 0) -> int:
@@ -364,6 +374,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         state_database=env.get("STATE_DATABASE_NAME") or "orderprocessing",
         state_container=env.get("STATE_CONTAINER_NAME") or "orderState",
         recovery_index_container=env.get("RECOVERY_INDEX_CONTAINER_NAME") or "recoveryIndex",
+        recovery_index_shards=_recovery_index_shards(env),
         orders_database=env.get("ORDERS_DATABASE_NAME") or "orders",
         orders_container=env.get("ORDERS_CONTAINER_NAME") or "orders",
         reply_queues=_reply_queues(env),

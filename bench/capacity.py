@@ -2,7 +2,7 @@
 its documented limit, the first bottleneck, and $ per million orders at list
 prices beside AWS Step Functions Standard and Temporal Cloud.
 
-    python -m bench.capacity --rate 1000 --profile dev [--shards N]
+    python -m bench.capacity --rate 1000 --profile dev [--shards N] [--index-shards 16]
     python -m bench.capacity --rate 10000 --profile production     # shards: the fewest that fit
     python -m bench.capacity --size 400 [--profile production]      # one shard's parameters for 400/s
     make capacity RATE=10000 PROFILE=production [SHARDS=N]
@@ -220,12 +220,21 @@ class Model:
         cost: OrderCost | None = None,
         limits: dict[str, Any] | None = None,
         baseline: dict[str, Any] | None = None,
+        index_shards: int | None = None,
     ) -> None:
+        """`shards`: deployments (see docs/capacity.md, Shards); `index_shards`: the
+        recovery index's key shards (RECOVERY_INDEX_SHARDS; None: the Bicep's
+        default, infra/main.bicep recoveryIndexShards)."""
         if not rate > 0 or not math.isfinite(rate):
             raise ModelError(f"--rate must be a positive number of orders per second, not {rate}")
         if shards is not None and not 1 <= shards <= MAX_SHARDS:
             raise ModelError(f"--shards must be 1 to {MAX_SHARDS}, not {shards}")
         self.rate = rate
+        if index_shards is None:
+            index_shards = int(bicep_defaults().get("recoveryIndexShards") or 1)
+        if not 1 <= index_shards <= 999:
+            raise ModelError(f"--index-shards must be 1 to 999, not {index_shards}")
+        self.index_shards = index_shards
         self.limits = limits or load_limits()
         self.profile_name = profile_name
         self.p = profile(self.limits, profile_name)
@@ -306,8 +315,11 @@ class Model:
                 ),
             ):
                 out.append(Line(label, load, limit * n, "RU/s"))
-        # The recovery index's partition key is the deadline's minute: every
-        # order's index writes of a minute land on one logical partition.
+        # The recovery index's partition key is the deadline's minute plus a
+        # hash shard of the OrderID (ADR 019b): a minute's index writes of one
+        # deployment spread over RECOVERY_INDEX_SHARDS logical partitions, each
+        # taking 1/N (measured: bench/index_partitions.py,
+        # tests/sim/test_hot_partition.py); each deployment has its own index.
         index_ru = sum(v for k, v in self.cost.cosmos_ru.items() if k.startswith("index "))
         if index_ru:
             partition_limit = figure(lim, "cosmos.logical_partition_ru_per_s")
@@ -318,11 +330,12 @@ class Model:
                 )
             out.append(
                 Line(
-                    "cosmos index hot partition (1 minute)",
-                    r * index_ru / self.shards,
+                    "cosmos index hot partition (1 minute, 1 shard)",
+                    r * index_ru / (n * self.index_shards),
                     partition_limit,
                     "RU/s",
-                    f"key sharded {self.shards} way(s)",
+                    f"key sharded {self.index_shards} way(s): RECOVERY_INDEX_SHARDS, "
+                    f"in each of {n} deployment(s)",
                 )
             )
         tier = str(p["servicebus"]["tier"]).lower()
@@ -606,7 +619,7 @@ class Model:
         )
         out = [
             f"capacity: rate={self.rate:,.0f} orders/s profile={self.profile_name} "
-            f"shards={self.shards}{how} scan={c.scan}",
+            f"shards={self.shards}{how} scan={c.scan} index_shards={self.index_shards}",
             f"  {self.p.get('description', '').strip()}",
             "per order (measured in the simulation: one happy-path order, bench/order_cost.py):",
             f"  cosmos {c.cosmos_requests_per_order} requests, {c.cosmos_ru_per_order:.1f} RU "
@@ -678,6 +691,12 @@ def main(argv: list[str] | None = None) -> int:
         help="deployments (shards) the orders are spread over; default: the profile's "
         "(dev 1, production the fewest that fit)",
     )
+    p.add_argument(
+        "--index-shards",
+        type=int,
+        default=None,
+        help="recovery index key shards (default: the Bicep's RECOVERY_INDEX_SHARDS)",
+    )
     args = p.parse_args(argv)
     try:
         if args.size is not None:
@@ -690,7 +709,7 @@ def main(argv: list[str] | None = None) -> int:
             )
             print(json.dumps({k: {"value": v} for k, v in sized.items()}, indent=2))
             return 0
-        model = Model(args.rate, args.profile or "dev", args.shards)
+        model = Model(args.rate, args.profile or "dev", args.shards, index_shards=args.index_shards)
     except ModelError as exc:
         p.error(str(exc))
     print(model.report())

@@ -181,6 +181,12 @@ def _partition(op: Op) -> str:
     return f"{op.container} {doc.get(key)}"
 
 
+def bicep_default_shards() -> int:
+    from bench.capacity import bicep_defaults
+
+    return int(bicep_defaults().get("recoveryIndexShards") or 1)
+
+
 def measure(scan: str = "index", limits: dict[str, Any] | None = None) -> OrderCost:
     """One happy-path order through the simulation, measured."""
     from sim.system import Options, Simulation
@@ -191,7 +197,14 @@ def measure(scan: str = "index", limits: dict[str, Any] | None = None) -> OrderC
     was_disabled = logging.root.manager.disable
     logging.disable(logging.CRITICAL)
     warnings.filterwarnings("ignore", message="Potential duplicate Task completion")
-    options = Options(orders=1, scan=scan, page_size=100, faults=FaultConfig(), apps=1)
+    options = Options(
+        orders=1,
+        scan=scan,
+        page_size=100,
+        faults=FaultConfig(),
+        apps=1,
+        index_shards=bicep_default_shards(),  # RECOVERY_INDEX_SHARDS as deployed (ADR 019b)
+    )
     sim = Simulation(SEED, 1, options=options, apps=1, hostile=0)
     ops: list[Op] = []
     for container in (sim.state_c, sim.orders_c, sim.index_c):

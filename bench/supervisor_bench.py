@@ -17,12 +17,26 @@ N because the server scans every document; in Azure the same query fans out to
 every physical partition, which is what the index avoids.
 
     python bench/supervisor_bench.py [--sizes 1000,10000,100000] [--page-size 100]
-        [--max-pages 20] [--expired-every 100]
+        [--max-pages 20] [--expired-every 100] [--designs query,index]
+        [--page-sizes 25,100,400] [--budget 8] [--shards 16]
 
 `--max-pages 1` is the Supervisor before a run paged through its backlog
 (ADR 018c); `--expired-every 1` makes every record an expired attempt (a
 backlog left by an outage): then `runs` is how many timer ticks the
-recovery takes.
+recovery takes. The index is sharded `--shards` ways (RECOVERY_INDEX_SHARDS,
+ADR 019b).
+
+Recovery time against the page size (issue 23 item 3): `--page-sizes`
+repeats each design once per page size (the backlog loaded again each
+time), and `--budget S` gives each run the time budget of
+SUPERVISOR_RUN_BUDGET_SECONDS (the run's clock then moves with the wall
+clock; without it the clock is stopped and only `--max-pages` ends a run).
+Each line then adds `recovery_seconds` (the runs' wall time summed) and
+`bound_seconds` = runs x the timer interval (10 s): when the backlog was
+recovered at the latest, with the Supervisor's timer as deployed.
+
+    python bench/supervisor_bench.py --sizes 5000 --expired-every 1 --designs index \
+        --page-sizes 25,100,400 --max-pages 1000 --budget 8
 """
 
 from __future__ import annotations
@@ -64,6 +78,21 @@ class FixedClock:
 
     async def sleep(self, seconds: float) -> None:
         await asyncio.sleep(seconds)
+
+
+class MovingClock(FixedClock):
+    """NOW plus the wall time since the bench started, so a run's time
+    budget runs out as it would in production (records stay due: they
+    expired before NOW)."""
+
+    def __init__(self) -> None:
+        self._start = time.monotonic()
+
+    def now(self) -> datetime:
+        return NOW + timedelta(seconds=time.monotonic() - self._start)
+
+
+INTERVAL_SECONDS = 10  # SUPERVISOR_SCHEDULE as deployed
 
 
 class NullPublisher:
@@ -119,19 +148,20 @@ async def load(container, index, n: int, expired_every: int) -> int:
 
 
 async def run_design(
-    design, store, index, state, page_size, charges, max_pages=20
+    design, store, index, state, page_size, charges, max_pages=20, budget=None
 ) -> tuple[int, int, int, float]:
     source = IndexSource(index, store) if design == "index" else QuerySource(store)
     sup = Supervisor(
         store,
         source,
-        CosmosCheckpointStore(state, charges, f"bench-{design}"),
+        CosmosCheckpointStore(state, charges, f"bench-{design}-{page_size}"),
         StatusReporter(NullPublisher()),
         Alerts(NullPublisher()),
         POLICY,
         page_size,
-        clock=FixedClock(),
+        clock=FixedClock() if budget is None else MovingClock(),
         max_pages=max_pages,
+        budget=budget,
     )
     runs, most_docs, most_requests, elapsed = 0, 0, 0, 0.0
     while True:
@@ -157,6 +187,10 @@ async def bench(
     page_size: int,
     max_pages: int = 20,
     expired_every: int = 100,
+    designs: tuple[str, ...] = ("query", "index"),
+    page_sizes: list[int] | None = None,
+    budget: timedelta | None = None,
+    shards: int = 16,
 ) -> None:
     # A generous timeout: on the local server the query design's scan of every
     # document gets slow at 100,000 records, and that slowness is the figure.
@@ -167,33 +201,45 @@ async def bench(
             charges = RequestCharges()
             state = await ensure_state_container(client, db, "orderState")
             index = CosmosRecoveryIndex(
-                await ensure_index_container(client, db, "recoveryIndex"), charges
+                await ensure_index_container(client, db, "recoveryIndex"), charges, shards=shards
             )
             store = CosmosStateStore(state, charges)
             t = time.perf_counter()
             expired = await load(state, index, n, expired_every)
             print(f"# loaded {n} records in {time.perf_counter() - t:.1f}s", file=sys.stderr)
-            for design in ("query", "index"):
-                if design == "index":
-                    # the query pass recovered them; expire them again for a like-for-like pass
-                    await load(state, index, n, expired_every)
-                try:
-                    runs, docs, requests, seconds = await run_design(
-                        design, store, index, state, page_size, charges, max_pages
+            first = True
+            for design in designs:
+                for size in page_sizes or [page_size]:
+                    if not first:
+                        # the last pass recovered them; expire them again for a like-for-like pass
+                        await load(state, index, n, expired_every)
+                    first = False
+                    try:
+                        runs, docs, requests, seconds = await run_design(
+                            design, store, index, state, size, charges, max_pages, budget
+                        )
+                    except Exception as exc:  # noqa: BLE001 - a failed design is a result too
+                        print(
+                            f"records={n} expired={expired} design={design} "
+                            f"failed={type(exc).__name__}: {str(exc)[:120]}",
+                            flush=True,
+                        )
+                        continue
+                    timed = (
+                        ""
+                        if budget is None
+                        else f" budget={budget.total_seconds():g} "
+                        f"recovery_seconds={runs * seconds:.1f} "
+                        f"bound_seconds={runs * INTERVAL_SECONDS}"
                     )
-                except Exception as exc:  # noqa: BLE001 - a failed design is a result too
                     print(
-                        f"records={n} expired={expired} design={design} failed={type(exc).__name__}: "
-                        f"{str(exc)[:120]}",
+                        f"records={n} expired={expired} design={design} "
+                        f"{'shards=' + str(shards) + ' ' if design == 'index' else ''}"
+                        f"page_size={size} max_pages={max_pages} "
+                        f"runs={runs} docs_read={docs} "
+                        f"requests={requests} seconds={seconds:.3f}{timed}",
                         flush=True,
                     )
-                    continue
-                print(
-                    f"records={n} expired={expired} design={design} max_pages={max_pages} "
-                    f"runs={runs} docs_read={docs} "
-                    f"requests={requests} seconds={seconds:.3f}",
-                    flush=True,
-                )
             await client.delete_database(db)
 
 
@@ -203,9 +249,24 @@ def main() -> int:
     parser.add_argument("--page-size", type=int, default=100)
     parser.add_argument("--max-pages", type=int, default=20)
     parser.add_argument("--expired-every", type=int, default=100)
+    parser.add_argument("--designs", default="query,index")
+    parser.add_argument("--page-sizes", default="", help="several page sizes, one pass each")
+    parser.add_argument("--budget", type=float, default=None, help="a run's time budget, seconds")
+    parser.add_argument("--shards", type=int, default=16, help="RECOVERY_INDEX_SHARDS")
     args = parser.parse_args()
     if args.max_pages < 1 or args.expired_every < 1 or args.page_size < 1:
         parser.error("--page-size, --max-pages and --expired-every must be at least 1")
+    designs = tuple(d for d in args.designs.split(",") if d)
+    if not designs or set(designs) - {"query", "index"}:
+        parser.error("--designs takes query and/or index")
+    try:
+        page_sizes = [int(p) for p in args.page_sizes.split(",") if p]
+    except ValueError:
+        parser.error("--page-sizes takes whole numbers")
+    if any(p < 1 for p in page_sizes) or not 1 <= args.shards <= 999:
+        parser.error("page sizes must be at least 1, --shards 1 to 999")
+    if args.budget is not None and not args.budget > 0:
+        parser.error("--budget must be a positive number of seconds")
     exit_on_signals()  # SIGTERM/SIGHUP run the `finally` that stops the server
     server = start_server(port=0)
     try:
@@ -217,6 +278,10 @@ def main() -> int:
                 args.page_size,
                 args.max_pages,
                 args.expired_every,
+                designs,
+                page_sizes,
+                None if args.budget is None else timedelta(seconds=args.budget),
+                args.shards,
             )
         )
     finally:

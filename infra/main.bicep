@@ -103,6 +103,10 @@ param taskHubName string = 'OrderProcessing'
 param stateDatabaseName string = 'orderprocessing'
 param stateContainerName string = 'orderState'
 param recoveryIndexContainerName string = 'recoveryIndex'
+@description('RECOVERY_INDEX_SHARDS: the recovery index partition key is the deadline minute plus a hash shard of the OrderID, this many per minute (docs/adr/019b-sharded-recovery-index.md). Fixed per container: a different count is refused at start.')
+@minValue(1)
+@maxValue(999)
+param recoveryIndexShards int = 16
 param ordersDatabaseName string = 'orders'
 param ordersContainerName string = 'orders'
 
@@ -398,6 +402,7 @@ module api 'app/api.bicep' = {
     stateDatabaseName: stateDatabaseName
     stateContainerName: stateContainerName
     recoveryIndexContainerName: recoveryIndexContainerName
+    recoveryIndexShards: recoveryIndexShards
     ordersDatabaseName: ordersDatabaseName
     ordersContainerName: ordersContainerName
     pendingBacklogLimit: pendingBacklogLimit

@@ -28,6 +28,7 @@ def shrink(
     hostile: int | None = None,
     apps: int = 2,
     wider: bool = True,
+    scan: str | None = None,
 ) -> tuple[frozenset[int], Result]:
     """Drop faults one at a time while the same check still fails."""
     check = result.violations[0][0]
@@ -38,7 +39,7 @@ def shrink(
             break
         budget -= 1
         trial = drop | {fault.index}
-        again = run_schedule(result.seed, orders, trial, version, hostile, apps, wider)
+        again = run_schedule(result.seed, orders, trial, version, hostile, apps, wider, scan)
         if again.violations and again.violations[0][0] == check:
             drop, best = trial, again
     return drop, best
@@ -51,8 +52,10 @@ def command(
     version: str | None = None,
     hostile: int | None = None,
     apps: int = 2,
+    scan: str | None = None,
 ) -> str:
     extra = f" --drop {','.join(map(str, sorted(drop)))}" if drop else ""
+    extra += f" --scan {scan}" if scan else ""
     extra += f" --version {version}" if version else ""
     extra += f" --hostile {hostile}" if hostile is not None else ""
     extra += f" --apps {apps}" if apps != 2 else ""
@@ -133,6 +136,13 @@ def main(argv: list[str] | None = None) -> int:
         "(the world of regression seeds found before them)",
     )
     p.add_argument(
+        "--scan",
+        choices=("query", "index"),
+        default=None,
+        help="every schedule with this Supervisor source (default: drawn from the seed, "
+        "about half each)",
+    )
+    p.add_argument(
         "--fault-surface",
         nargs="?",
         const="report",
@@ -162,6 +172,9 @@ def _run(args: argparse.Namespace, recorder: surface.Recorder | None) -> int:
     )
     faults: Counter[str] = Counter()
     forged = 0
+    # Writes per recovery-index partition key per simulated second (ADR 019b):
+    # the peak of each schedule with the index Supervisor.
+    index_peaks: list[int] = []
     rows: Counter[str] = Counter()
     checks: Counter[str] = Counter()
     first_seed: dict[str, int] = {}
@@ -170,11 +183,20 @@ def _run(args: argparse.Namespace, recorder: surface.Recorder | None) -> int:
     n = 0
     for seed in seeds:
         result = run_schedule(
-            seed, args.orders, drop, args.version, args.hostile, args.apps, not args.narrow
+            seed,
+            args.orders,
+            drop,
+            args.version,
+            args.hostile,
+            args.apps,
+            not args.narrow,
+            args.scan,
         )
         n += 1
         faults.update(f.kind for f in result.faults)
         forged += result.counters["forged"]
+        if result.options.scan == "index":
+            index_peaks.append(result.counters["index partition-second peak"])
         rows.update(result.rows)
         if args.trace or args.seed is not None:
             print("\n".join(result.trace))
@@ -203,6 +225,7 @@ def _run(args: argparse.Namespace, recorder: surface.Recorder | None) -> int:
                 hostile=args.hostile,
                 apps=args.apps,
                 wider=not args.narrow,
+                scan=args.scan,
             )
         )
         print("  fault trace (shrunk):" if shrunk != drop else "  fault trace:")
@@ -212,7 +235,10 @@ def _run(args: argparse.Namespace, recorder: surface.Recorder | None) -> int:
         if len(kept) > 30:
             print(f"    ... {len(kept) - 30} more")
         hostile = result.options.faults.hostile
-        print(f"  replay: {command(seed, args.orders, shrunk, args.version, hostile, args.apps)}")
+        print(
+            "  replay: "
+            + command(seed, args.orders, shrunk, args.version, hostile, args.apps, args.scan)
+        )
         if args.record:
             record(seed, args.orders, result.violations, args.version, hostile, args.apps)
     elapsed = time.perf_counter() - started
@@ -221,6 +247,12 @@ def _run(args: argparse.Namespace, recorder: surface.Recorder | None) -> int:
         "faults injected: " + (", ".join(f"{k}={v}" for k, v in sorted(faults.items())) or "none")
     )
     print(f"forged internal-queue messages (sim/hostile.py): {forged}")
+    if index_peaks:
+        print(
+            f"index Supervisor schedules: {len(index_peaks)}; recovery-index writes per "
+            f"partition key per simulated second: peak {max(index_peaks)}, "
+            f"mean of the schedules' peaks {sum(index_peaks) / len(index_peaks):.1f}"
+        )
     print("transition rows (DESIGN.md section 3):")
     for row, text, by in ROWS:
         print(

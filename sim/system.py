@@ -72,6 +72,7 @@ from .durable import SimDurable
 from .hostile import ALERT_KINDS as FORGERY_ALERTS
 from .hostile import PREFIX as FORGED
 from .hostile import Hostile
+from .partitions import PartitionWrites
 from .world import START, Crash, FaultConfig, World
 
 _history_event = importlib.import_module("azure.durable_functions.models.history.HistoryEvent")
@@ -152,6 +153,8 @@ class Options:
     # Client applications sending orders: 2 (colliding OrderIDs), or 1, the
     # world regression seeds recorded before there were two replay in.
     apps: int = 2
+    # The recovery index's shard count (ADR 019b); None: drawn from the seed.
+    index_shards: int | None = None
 
 
 def options_for(
@@ -462,11 +465,14 @@ class Simulation:
         hostile: int | None = None,
         apps: int = 2,
         wider: bool = True,
+        scan: str | None = None,
     ) -> None:
         self.seed = seed
         self.junk: list[str] = []  # ids of the garbage documents (foreign_docs)
         self.newer_fields: set[str] = set()  # records a newer version added a field to
         self.o = options or options_for(seed, orders, version, hostile, apps, wider)
+        if scan is not None:  # `python -m sim --scan`: every schedule with this Supervisor
+            self.o = replace(self.o, scan=scan)
         self.world = World(seed, self.o.faults, drop)
         w = self.world
         self.bus = Bus(w)
@@ -482,6 +488,12 @@ class Simulation:
         self.last_write: datetime | None = None
         self.live_entry_deleted: list[str] = []
         self.index_c.on_delete = self._on_index_delete
+        # Writes per index partition key per simulated second (ADR 019b), and
+        # the shard count, fixed per container, from a stream of its own.
+        self.index_writes = PartitionWrites(self.index_c)
+        self.index_shards = self.o.index_shards or random.Random(f"shards/{seed}").choice(
+            (1, 4, 16)
+        )
         self.orders_c.on_write = lambda old, new: (
             self.overwritten.append(new["id"]) if old else None
         )
@@ -518,7 +530,11 @@ class Simulation:
         self.undo_sent: dict[str, list[str]] = {}
         self.store = CosmosStateStore(self.state_c)
         self.orders_repo = CosmosOrdersRepository(self.orders_c)
-        self.index = CosmosRecoveryIndex(self.index_c) if self.o.scan == "index" else NoIndex()
+        self.index = (
+            CosmosRecoveryIndex(self.index_c, shards=self.index_shards)
+            if self.o.scan == "index"
+            else NoIndex()
+        )
         rng = w.data_rng
         # With two applications, order i comes from application i % 2 with
         # OrderID i // 2: every OrderID but the last of an odd count is used by
@@ -628,7 +644,7 @@ class Simulation:
         charges = RequestCharges()
         store = CosmosStateStore(self.state_c, charges)
         source = (
-            IndexSource(CosmosRecoveryIndex(self.index_c, charges), store)
+            IndexSource(CosmosRecoveryIndex(self.index_c, charges, shards=self.index_shards), store)
             if self.o.scan == "index"
             else QuerySource(store)
         )
@@ -1792,15 +1808,19 @@ def run_schedule(
     hostile: int | None = None,
     apps: int = 2,
     wider: bool = True,
+    scan: str | None = None,
 ) -> Result:
     logging.disable(logging.CRITICAL)
     warnings.filterwarnings("ignore", message="Potential duplicate Task completion")
-    sim = Simulation(seed, orders, drop, version=version, hostile=hostile, apps=apps, wider=wider)
+    sim = Simulation(
+        seed, orders, drop, version=version, hostile=hostile, apps=apps, wider=wider, scan=scan
+    )
     loop = asyncio.new_event_loop()
     try:
         loop.run_until_complete(sim.run())
     finally:
         loop.close()
+    sim.world.counters["index partition-second peak"] = sim.index_writes.peak()
     return Result(
         seed,
         sim.violations,

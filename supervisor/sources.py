@@ -11,7 +11,14 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from adapters.ports import UNREADABLE_RETRY, IndexEntry, RecoveryIndex, StateStore, bucket_of
+from adapters.ports import (
+    UNREADABLE_RETRY,
+    IndexEntry,
+    RecoveryIndex,
+    StateStore,
+    bucket_of,
+    minute_of,
+)
 from domain.errors import NotFoundError, PermanentError
 from domain.models import OrderState, ProcessState
 
@@ -75,6 +82,16 @@ class QuerySource:
 SETTLE = timedelta(seconds=10)
 
 
+def checkpoint_name(scan: str) -> str:
+    """The checkpoint document of a Supervisor. The index Supervisor's is
+    not the one of the version before the shards (`supervisor-index`): that
+    version reads only the bare-minute partitions, so a cursor it saved may
+    have passed sharded entries, and one this version saves names partitions
+    it cannot walk (ADR 019b). A first run without a checkpoint starts at the
+    earliest partition holding a document (cursor rule 4)."""
+    return "supervisor-index-sharded" if scan == "index" else f"supervisor-{scan}"
+
+
 class IndexSource:
     """Reads the recovery index up to `upper` and checks each entry against
     its record: entries of an attempt that ended (or was replaced by a newer
@@ -90,11 +107,14 @@ class IndexSource:
         self._settle = settle
 
     async def page(self, upper: datetime, max_items: int, cursor: str | None):
+        # The cursor: [partition, id]; partitions sort as (minute, shard), a
+        # minute's bare partition first (adapters.ports.minute_of). The cursor
+        # rules of ADR 007 are about minutes (buckets): see ADR 019b.
         bucket, after = json.loads(cursor) if cursor else (None, "")
-        if bucket is None or bucket > bucket_of(upper + self._settle):
+        if bucket is None or minute_of(bucket) > bucket_of(upper + self._settle):
             bucket, after = await self._start(upper), ""
         entries, bucket, after, reached_end = await self._index.page(
-            upper, bucket, after, max_items
+            upper, bucket, after, max_items, bucket_of(upper - self._settle)
         )
         # Entries the index could not read are the run's to alert, as records are.
         unreadable = getattr(self._index, "unreadable", None)
@@ -127,14 +147,16 @@ class IndexSource:
         # A finished pass restarts at the current bucket, which may still fill
         # up and holds entries not yet due.
         at = resume if resume is not None else (bucket, "" if reached_end else after)
-        if at[0] >= bucket_of(upper - self._settle):
+        if minute_of(at[0]) >= bucket_of(upper - self._settle):
             # A bucket this late may still get entries: claims index their
             # deadline ahead of now, and a Supervisor (this one or another
             # whose clock is behind) moves entries to deadlines at or after
             # its own upper bound. Such an entry may sort before the cursor's
-            # id (ids sort by order id, not deadline): keep to the bucket's
-            # start, or the cursor could leave the bucket without reaching it.
-            at = (at[0], "")
+            # id (ids sort by order id, not deadline), or land in a shard the
+            # cursor has passed: keep to the start of the bucket (its bare
+            # partition, first of its shards), or the cursor could leave the
+            # bucket without reaching it.
+            at = (minute_of(at[0]), "")
         # After every check: an entry left behind by a crash before this line
         # is only checked again by a later run.
         await self._index.remove_many(removals)
@@ -169,6 +191,9 @@ class IndexSource:
         earliest = await self._index.earliest_bucket()
         if earliest is None:
             return bucket_of(upper)
+        # A partition's minute; the start of that minute (its bare partition),
+        # so every shard of it is read.
+        earliest = minute_of(earliest)
         if earliest > bucket_of(upper + self._settle):
             return bucket_of(upper - self._settle)
         return earliest

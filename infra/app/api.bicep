@@ -55,6 +55,7 @@ param ingressQueueRegistry object
 param stateDatabaseName string
 param stateContainerName string
 param recoveryIndexContainerName string
+param recoveryIndexShards int
 param ordersDatabaseName string
 param ordersContainerName string
 
@@ -166,6 +167,7 @@ var baseSettings = {
   STATE_DATABASE_NAME: stateDatabaseName
   STATE_CONTAINER_NAME: stateContainerName
   RECOVERY_INDEX_CONTAINER_NAME: recoveryIndexContainerName
+  RECOVERY_INDEX_SHARDS: string(recoveryIndexShards)
   ORDERS_DATABASE_NAME: ordersDatabaseName
   ORDERS_CONTAINER_NAME: ordersContainerName
 

@@ -13,7 +13,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from azure.cosmos.exceptions import CosmosHttpResponseError
 
-from adapters.recovery_index import CosmosRecoveryIndex
+from adapters.ports import minute_of
+from adapters.recovery_index import CosmosRecoveryIndex, partition_of
 from adapters.state_store import CosmosStateStore
 from domain import state_machine as sm
 from domain.errors import StaleError, TransientError
@@ -93,22 +94,31 @@ def test_expired_scan_pages_by_keyset_in_deadline_order():
 
 
 def test_recovery_index_pages_buckets_and_earliest_bucket():
+    """The walk goes minute by minute, each minute's bare partition and then
+    its shards in order (ADR 019b); a page stops at `max_items` inside a
+    partition and resumes there."""
+
     async def go():
         world = World(1, FaultConfig())
-        index = CosmosRecoveryIndex(SimContainer(world, "index", "/bucket"))
+        index = CosmosRecoveryIndex(SimContainer(world, "index", "/bucket"), shards=4)
         for i, second in enumerate((5, 10, 70, 75, 130)):
             await index.add(f"O{i}", T0 + timedelta(seconds=second), 1)
-        assert await index.earliest_bucket() == "2026-11-30T08:00:00"
+        earliest = await index.earliest_bucket()
+        assert earliest is not None
+        assert minute_of(earliest) == "2026-11-30T08:00:00"
         entries, bucket, after, done = await index.page(
             T0 + timedelta(minutes=3), "2026-11-30T08:00:00", "", 3
         )
-        assert [e.order_id for e in entries] == ["O0", "O1", "O2"]
+        # Minute by minute; within a minute by shard (then id).
+        assert {e.order_id for e in entries[:2]} == {"O0", "O1"}
+        assert entries[2].order_id in ("O2", "O3")
+        assert all(e.bucket == partition_of(e.complete_by, e.order_id, 4) for e in entries)
         assert not done
-        entries, bucket, after, done = await index.page(
-            T0 + timedelta(minutes=3), bucket, after, 10
-        )
-        assert [e.order_id for e in entries] == ["O3", "O4"]
+        rest, bucket, after, done = await index.page(T0 + timedelta(minutes=3), bucket, after, 10)
+        assert {e.order_id for e in entries + rest} == {f"O{i}" for i in range(5)}
+        assert rest[-1].order_id == "O4"
         assert done
+        assert minute_of(bucket) == "2026-11-30T08:03:00"
 
     _run(go())
 
@@ -172,11 +182,11 @@ def test_a_batch_of_deletes_is_all_or_nothing_like_a_transactional_batch():
     async def go():
         world = World(1, FaultConfig())
         container = SimContainer(world, "index", "/bucket")
-        index = CosmosRecoveryIndex(container)
+        index = CosmosRecoveryIndex(container, shards=1)  # one partition for the three
         for oid in ("A", "B", "C"):
             await index.add(oid, T0 + timedelta(seconds=10), 1)
         ids = sorted(doc["id"] for doc in container.docs.values())
-        bucket = "2026-11-30T08:00:00"
+        bucket = "2026-11-30T08:00:00|000"
         with pytest.raises(CosmosBatchOperationError):
             await container.execute_item_batch(
                 [("delete", (ids[0],)), ("delete", ("missing",))], partition_key=bucket

@@ -1,7 +1,9 @@
 """The recovery index's batched removals against the real Cosmos server
 (issue 12): finished attempts' discards go as one transactional batch per
-bucket, an entry gone already does not keep the others, and the Supervisor
-removes the entries it visits in one batch per bucket too."""
+partition, an entry gone already does not keep the others, and the Supervisor
+removes the entries it visits in one batch per partition too. One shard here
+(a partition per minute, as the batches were first built); the sharded key:
+test_sharded_index.py."""
 
 from __future__ import annotations
 
@@ -9,12 +11,13 @@ from datetime import timedelta
 
 import pytest
 
-from adapters.ports import IndexEntry, bucket_of
+from adapters.ports import IndexEntry
 from adapters.recovery_index import (
     DISCARD_SPREAD,
     CosmosRecoveryIndex,
     ensure_index_container,
     entry_id,
+    partition_of,
 )
 from supervisor.sources import IndexSource
 from tests.integration.adapters.builders import NOW
@@ -27,7 +30,7 @@ MINUTE = NOW.replace(second=0, microsecond=0)
 @pytest.fixture
 async def index(cosmos_client, cosmos_database, request_charges):
     container = await ensure_index_container(cosmos_client, cosmos_database, "recoveryIndex")
-    return container, CosmosRecoveryIndex(container, request_charges, discard_batch=5)
+    return container, CosmosRecoveryIndex(container, request_charges, discard_batch=5, shards=1)
 
 
 async def _ids(container) -> list[str]:
@@ -62,7 +65,11 @@ async def test_an_entry_gone_already_does_not_keep_the_others(index):
     # The Supervisor visited G2 first.
     await idx.remove(
         IndexEntry(
-            entry_id("G2", deadlines["G2"]), bucket_of(deadlines["G2"]), "G2", deadlines["G2"], 1
+            entry_id("G2", deadlines["G2"]),
+            partition_of(deadlines["G2"], "G2", 1),
+            "G2",
+            deadlines["G2"],
+            1,
         )
     )
     for oid, at in deadlines.items():
@@ -82,13 +89,18 @@ async def test_discards_spread_over_time_go_without_waiting_for_a_full_batch(ind
 
 
 async def test_entries_of_buckets_go_in_a_batch_each(index):
+    """Discards gather per partition: the first bucket's four go once four
+    have gathered there; the second bucket's two wait, then go together."""
     container, idx = index
-    idx._discard_batch = 6
+    idx._discard_batch = 4
     deadlines = [MINUTE + timedelta(seconds=52 + 2 * i) for i in range(6)]  # 4 + 2 in two buckets
     for i, at in enumerate(deadlines):
         await idx.add(f"B{i}", at, 1)
     for i, at in enumerate(deadlines):
         await idx.discard(f"B{i}", at)
+    assert len(await _ids(container)) == 2
+    assert _calls(idx, "index_remove_batch") == 1
+    await idx.flush()
     assert await _ids(container) == []
     assert _calls(idx, "index_remove_batch") == 2
 

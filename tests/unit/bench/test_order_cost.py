@@ -115,6 +115,29 @@ def test_shards_multiply_the_durable_backend(limits, cost):
     assert four["durable storage"].load == one["durable storage"].load
 
 
+def test_the_index_hot_partition_takes_one_shards_share(limits, cost):
+    """RECOVERY_INDEX_SHARDS (ADR 019b): the busiest index partition takes
+    1/N of the index's writes, so its ceiling is N times one partition's;
+    the default is the Bicep's."""
+
+    def hot(model):
+        lines = [line for line in model.lines() if line.component.startswith("cosmos index hot")]
+        return lines[0] if lines else None
+
+    one = hot(Model(500, "dev", 1, cost, limits, index_shards=1))
+    if one is None:  # the query Supervisor writes no index
+        assert cost.scan == "query"
+        return
+    sixteen = hot(Model(500, "dev", 1, cost, limits, index_shards=16))
+    assert sixteen is not None
+    assert sixteen.load == pytest.approx(one.load / 16)
+    assert sixteen.limit == one.limit
+    default = Model(500, "dev", 1, cost, limits)
+    assert default.index_shards == 16  # infra/main.bicep recoveryIndexShards
+    with pytest.raises(ModelError, match="index-shards"):
+        Model(500, "dev", 1, cost, limits, index_shards=0)
+
+
 def test_bad_input_is_refused_with_the_reason(limits, cost):
     with pytest.raises(ModelError, match="unknown profile"):
         Model(10, "staging", cost=cost, limits=limits)

@@ -5,12 +5,15 @@ a record. The Supervisor's index source must never remove the index entry of a
 live attempt on such a read: that attempt would then never be recovered
 (found by the seeded simulation, seed 157 --orders 3; earlier seed 65). The
 index and the state store are the real adapters over the simulation's
-in-memory container."""
+in-memory container, with the key unsharded (one partition a minute, as
+the regressions were found) and sharded 16 ways (ADR 019b)."""
 
 from __future__ import annotations
 
 import asyncio
 from datetime import UTC, datetime, timedelta
+
+import pytest
 
 from adapters.recovery_index import CosmosRecoveryIndex
 from adapters.state_store import CosmosStateStore
@@ -23,6 +26,8 @@ from tests.builders import ReadClock, order_payload
 
 T0 = datetime(2026, 11, 30, 8, 0, tzinfo=UTC)
 POLICY = sm.RetryPolicy(threshold=2, long_retries=0, claim_timeout=timedelta(seconds=30))
+
+pytestmark = pytest.mark.parametrize("shards", [1, 16])
 
 
 def _order(oid: str) -> OrderSubmitted:
@@ -47,20 +52,20 @@ class LaggingStore:
         return self.old if self.old is not None else await self._store.read(order_id)
 
 
-def _sim_store_and_index() -> tuple[CosmosStateStore, CosmosRecoveryIndex]:
+def _sim_store_and_index(shards: int) -> tuple[CosmosStateStore, CosmosRecoveryIndex]:
     """The real adapters over the simulation's in-memory containers."""
     world = World(1, FaultConfig())
     return (
         CosmosStateStore(SimContainer(world, "state", "/id")),
-        CosmosRecoveryIndex(SimContainer(world, "index", "/bucket")),
+        CosmosRecoveryIndex(SimContainer(world, "index", "/bucket"), shards=shards),
     )
 
 
-async def _claimed_with_index():
+async def _claimed_with_index(shards: int):
     world = World(1, FaultConfig())
     index_c = SimContainer(world, "index", "/bucket")
     store = CosmosStateStore(SimContainer(world, "state", "/id"))
-    index = CosmosRecoveryIndex(index_c)
+    index = CosmosRecoveryIndex(index_c, shards=shards)
     lagging = LaggingStore(store)
     await store.create_if_absent(sm.new_record(_order("A"), T0, [], key="A"))
     lagging.old = await store.read("A")  # Pending, Attempt 0: the version before the claim
@@ -72,9 +77,9 @@ async def _claimed_with_index():
     return index_c, index, store, lagging
 
 
-def test_a_lagging_read_from_before_the_claim_keeps_the_live_attempts_entry():
+def test_a_lagging_read_from_before_the_claim_keeps_the_live_attempts_entry(shards):
     async def go():
-        index_c, index, _, lagging = await _claimed_with_index()
+        index_c, index, _, lagging = await _claimed_with_index(shards)
         source = IndexSource(index, lagging)
         for upper in (T0 + timedelta(seconds=10), T0 + timedelta(seconds=40)):  # not yet due; due
             candidates, cursor, _ = await source.page(upper, 10, None)
@@ -88,9 +93,9 @@ def test_a_lagging_read_from_before_the_claim_keeps_the_live_attempts_entry():
     asyncio.new_event_loop().run_until_complete(go())
 
 
-def test_once_the_read_catches_up_the_expired_attempt_is_recovered():
+def test_once_the_read_catches_up_the_expired_attempt_is_recovered(shards):
     async def go():
-        _index_c, index, _, lagging = await _claimed_with_index()
+        _index_c, index, _, lagging = await _claimed_with_index(shards)
         source = IndexSource(index, lagging)
         upper = T0 + timedelta(seconds=40)
         _, cursor, _ = await source.page(upper, 10, None)
@@ -101,9 +106,9 @@ def test_once_the_read_catches_up_the_expired_attempt_is_recovered():
     asyncio.new_event_loop().run_until_complete(go())
 
 
-def test_entries_of_ended_or_replaced_attempts_are_still_removed():
+def test_entries_of_ended_or_replaced_attempts_are_still_removed(shards):
     async def go():
-        index_c, index, store, lagging = await _claimed_with_index()
+        index_c, index, store, lagging = await _claimed_with_index(shards)
         source = IndexSource(index, lagging)
         await store.update("A", lambda r: sm.mark_processed(r, "A:1", T0), "A:1")
         lagging.old = None
@@ -126,7 +131,7 @@ def test_entries_of_ended_or_replaced_attempts_are_still_removed():
     asyncio.new_event_loop().run_until_complete(go())
 
 
-def test_a_skipped_candidate_read_from_a_lagging_version_keeps_its_entry():
+def test_a_skipped_candidate_read_from_a_lagging_version_keeps_its_entry(shards):
     """Seed 200 --orders 3: the source's read showed the claim's deadline (due),
     the Supervisor's guarded update then read the live attempt's later step
     deadline and skipped it; the entry was removed all the same, and the attempt
@@ -137,7 +142,7 @@ def test_a_skipped_candidate_read_from_a_lagging_version_keeps_its_entry():
     from tests.unit.supervisor.test_supervisor import MemoryCheckpoints
 
     async def go():
-        index_c, index, store, lagging = await _claimed_with_index()
+        index_c, index, store, lagging = await _claimed_with_index(shards)
         lagging.old = await store.read("A")  # the claim's version: CompleteBy T0 + 30 s
         step_deadline = T0 + timedelta(seconds=50)
         await store.update("A", lambda r: r.model_copy(update={"CompleteBy": step_deadline}), "A:1")
@@ -166,14 +171,14 @@ def test_a_skipped_candidate_read_from_a_lagging_version_keeps_its_entry():
     asyncio.new_event_loop().run_until_complete(go())
 
 
-def test_an_entry_moved_behind_the_cursor_in_its_bucket_is_still_reached():
+def test_an_entry_moved_behind_the_cursor_in_its_bucket_is_still_reached(shards):
     """Simulation seed 65 --orders 3 --version 1.1: an entry moved to its
     attempt's later deadline landed in the cursor's bucket but sorted before
     the cursor's id (ids sort by order id); the cursor then left the bucket and
     the attempt was never recovered."""
 
     async def go():
-        store, index = _sim_store_and_index()
+        store, index = _sim_store_and_index(shards)
         for oid in ("A", "B", "C"):
             await store.create_if_absent(sm.new_record(_order(oid), T0, [], key=oid))
             await index.add(oid, T0 + timedelta(seconds=20), 1)
@@ -197,7 +202,7 @@ def test_an_entry_moved_behind_the_cursor_in_its_bucket_is_still_reached():
     asyncio.new_event_loop().run_until_complete(go())
 
 
-def test_a_skipped_candidate_never_moves_the_cursor_past_an_entry_not_yet_due():
+def test_a_skipped_candidate_never_moves_the_cursor_past_an_entry_not_yet_due(shards):
     """Simulation seed 4455 --orders 3 (two Supervisors sharing a checkpoint):
     in one bucket A's entry (first by id) was not yet due, B's was. One
     Supervisor recovered B while the other held the same page; that one found
@@ -218,7 +223,7 @@ def test_a_skipped_candidate_never_moves_the_cursor_past_an_entry_not_yet_due():
             return result
 
     async def go():
-        store, index = _sim_store_and_index()
+        store, index = _sim_store_and_index(shards)
         for oid, second in (("A", 55), ("B", 20)):
             await store.create_if_absent(sm.new_record(_order(oid), T0, [], key=oid))
             claimed_at = T0 + timedelta(seconds=second) - POLICY.claim_timeout
@@ -254,7 +259,7 @@ def test_a_skipped_candidate_never_moves_the_cursor_past_an_entry_not_yet_due():
     asyncio.new_event_loop().run_until_complete(go())
 
 
-def test_a_full_page_in_a_bucket_that_may_still_fill_keeps_the_cursor_at_its_start():
+def test_a_full_page_in_a_bucket_that_may_still_fill_keeps_the_cursor_at_its_start(shards):
     """A page that ends inside the bucket of its upper bound must not leave the
     cursor at its last id: a claim indexes its deadline ahead of now, into that
     same bucket, under an id that may sort before the cursor's (ids sort by
@@ -262,7 +267,7 @@ def test_a_full_page_in_a_bucket_that_may_still_fill_keeps_the_cursor_at_its_sta
     over would never read A."""
 
     async def go():
-        store, index = _sim_store_and_index()
+        store, index = _sim_store_and_index(shards)
 
         async def claimed(oid: str, at: datetime) -> None:
             await store.create_if_absent(sm.new_record(_order(oid), at, [], key=oid))
