@@ -12,6 +12,7 @@ are built as in production, with the simulation's clocks."""
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 import importlib
 import itertools
@@ -152,6 +153,11 @@ class Options:
     # Client applications sending orders: 2 (colliding OrderIDs), or 1, the
     # world regression seeds recorded before there were two replay in.
     apps: int = 2
+    # Host processes of the Functions app, each with its own in-memory state
+    # (Submit's backlog cache, the Starter's Processing figure and fast-path
+    # window, the agent's circuit breakers): 1 is the world regression seeds
+    # recorded before there were several replay in.
+    hosts: int = 1
 
 
 def options_for(
@@ -161,13 +167,17 @@ def options_for(
     hostile: int | None = None,
     apps: int = 2,
     wider: bool = True,
+    hosts: int | None = None,
 ) -> Options:
     """Everything about a schedule, drawn from its seed; `hostile` fixes the
     number of forgeries (sim.hostile) instead (0 replays a schedule found
     before the hostile sender existed); `apps`: 1 for the one-application
     world of older regression seeds; `wider` False leaves out the Durable
     client's faults, odd provider answers and foreign documents (seeds found
-    before they existed)."""
+    before they existed); `hosts`: None draws the number of host processes
+    and their restarts from the seed, N fixes the number (restarts still
+    drawn), 0 is the one-host world of the seeds recorded before there were
+    several (no restarts)."""
     rng = random.Random(f"options/{seed}")
     quiet = rng.random() < 0.15
     f = FaultConfig()
@@ -197,6 +207,14 @@ def options_for(
     if hostile is None:
         hostile = random.Random(f"hostile/{seed}").choice((0, 0, 3, 8, 20))
     f = replace(f, hostile=hostile)
+    # Host processes, from a stream of their own too.
+    host_rng = random.Random(f"hosts/{seed}")
+    n_hosts, restarts = host_rng.choice((1, 2, 2, 3)), host_rng.choice((0, 0, 1, 2))
+    if not wider or hosts == 0:
+        n_hosts, restarts = 1, 0
+    elif hosts is not None:
+        n_hosts = hosts
+    f = replace(f, host_restarts=0 if quiet else restarts)
     scan = rng.choice(("query", "index"))
     options = Options(
         # An outage must outlast the whole retry budget: the faults run long enough for that.
@@ -208,6 +226,7 @@ def options_for(
         faults=f,
         version=version,
         apps=apps,
+        hosts=n_hosts,
     )
     if not quiet and wider:
         # Drawn last, so every earlier choice of a seed stays what it was.
@@ -377,13 +396,13 @@ def _patched(sim: Simulation):
             return sim.world.clock.now
 
     async def submit_handler():
-        return sim.submit
+        return sim.host.submit
 
     async def scheduler_activities():
         return sim.activities
 
     async def starter():
-        return sim.starter
+        return sim.host.starter
 
     async def alerts():
         return Alerts(sim.publisher)
@@ -451,6 +470,20 @@ def _cached_parse(text: str) -> datetime:
     return _dateutil_parse(text)
 
 
+# The host process the running task is on (Simulation.hosts); each delivery
+# and timer run is a task of its own, so this is set per task.
+_HOST: contextvars.ContextVar[int] = contextvars.ContextVar("sim_host", default=0)
+
+
+@dataclass
+class SimHost:
+    index: int
+    generation: int
+    submit: Any
+    starter: Starter
+    processor: RequestProcessor
+
+
 class Simulation:
     def __init__(
         self,
@@ -462,11 +495,12 @@ class Simulation:
         hostile: int | None = None,
         apps: int = 2,
         wider: bool = True,
+        hosts: int | None = None,
     ) -> None:
         self.seed = seed
         self.junk: list[str] = []  # ids of the garbage documents (foreign_docs)
         self.newer_fields: set[str] = set()  # records a newer version added a field to
-        self.o = options or options_for(seed, orders, version, hostile, apps, wider)
+        self.o = options or options_for(seed, orders, version, hostile, apps, wider, hosts)
         self.world = World(seed, self.o.faults, drop)
         w = self.world
         self.bus = Bus(w)
@@ -562,18 +596,7 @@ class Simulation:
         self.agent = Agent(
             self.remote, SimClock(w, "agent"), AgentPolicy(), rng=random.Random(f"agent/{seed}")
         )
-        # With its alerts, as bootstrap.request_processor builds it.
-        self.processor = RequestProcessor(
-            self.agent,
-            SimReplySender(w, self.bus),
-            Alerts(self.publisher),
-            BackoffPolicy(max_delivery_count=rules_for("agent-requests").max_delivery),
-            keys=self.settings.scheduler_keys().agents,
-            scheduler=self.publisher,
-            clock=SimClock(w, "agent"),
-        )
         from activities.scheduler_activities import SchedulerActivities
-        from submit.handler import BacklogReader, SubmitHandler
 
         self.activities = SchedulerActivities(
             self.settings,
@@ -586,27 +609,11 @@ class Simulation:
             self.index,
             clock=SimClock(w, "activities"),
         )
-        self.submit = SubmitHandler(
-            self.settings,
-            self.store,
-            self.orders_repo,
-            StatusReporter(self.publisher),
-            Alerts(self.publisher),
-            list(STEP_NAMES),
-            backlog=BacklogReader(
-                self.store,
-                self.settings.backlog_gauge_max_age.total_seconds(),
-                clock=SimClock(w, "submit"),
-            ),
-            clock=SimClock(w, "submit"),
-        )
-        self.starter = Starter(
-            self.settings,
-            self.store,
-            self.index,
-            clock=SimClock(w, "starter"),
-            publisher=self.publisher,
-        )
+        # The host processes (Options.hosts), each with what bootstrap builds
+        # once per process; the timers run on the one holding the singleton lock.
+        self.hosts = [self._new_host(k) for k in range(self.o.hosts)]
+        self.singleton = 0
+        self._host_pick = random.Random(f"hosts/pick/{seed}")
         self.durable = SimDurable(w, catalog(), self.o.version)
         self.durable.owner_of = self._owner_of
         self.functions = {
@@ -618,6 +625,84 @@ class Simulation:
         self.operator_done: set[tuple[str, str]] = set()
         self.operator_pending = 0
         self.hostile = Hostile(self, self.o.faults.hostile) if self.o.faults.hostile else None
+
+    # --- a host process: what bootstrap builds once per process and loop
+    def _new_host(self, k: int, generation: int = 0) -> SimHost:
+        """Host k's own Submit handler (its backlog cache), Starter (its
+        Processing figure and fast-path window) and agent (its circuit
+        breakers); a restarted host (generation > 1) starts with none of what
+        the one before had learnt. Host 0's first generation draws what the
+        one-host world drew."""
+        from submit.handler import BacklogReader, SubmitHandler
+
+        w = self.world
+        name = "" if k == 0 else f"@{k}"
+        rng = (
+            f"agent/{self.seed}"
+            if (k, generation) == (0, 0)
+            else f"agent/{self.seed}/{k}/{generation}"
+        )
+        agent = (
+            self.agent
+            if (k, generation) == (0, 0)
+            else Agent(
+                self.remote, SimClock(w, "agent" + name), AgentPolicy(), rng=random.Random(rng)
+            )
+        )
+        # With its alerts, as bootstrap.request_processor builds it.
+        processor = RequestProcessor(
+            agent,
+            SimReplySender(w, self.bus),
+            Alerts(self.publisher),
+            BackoffPolicy(max_delivery_count=rules_for("agent-requests").max_delivery),
+            keys=self.settings.scheduler_keys().agents,
+            scheduler=self.publisher,
+            clock=SimClock(w, "agent" + name),
+        )
+        submit = SubmitHandler(
+            self.settings,
+            self.store,
+            self.orders_repo,
+            StatusReporter(self.publisher),
+            Alerts(self.publisher),
+            list(STEP_NAMES),
+            backlog=BacklogReader(
+                self.store,
+                self.settings.backlog_gauge_max_age.total_seconds(),
+                clock=SimClock(w, "submit" + name),
+            ),
+            clock=SimClock(w, "submit" + name),
+        )
+        starter = Starter(
+            self.settings,
+            self.store,
+            self.index,
+            clock=SimClock(w, "starter" + name),
+            publisher=self.publisher,
+        )
+        return SimHost(k, generation, submit, starter, processor)
+
+    @property
+    def host(self) -> SimHost:
+        """The host the running task is on (a delivery's or a timer's)."""
+        return self.hosts[_HOST.get()]
+
+    def _pick_host(self) -> None:
+        """Put the running task (one delivery) on a host: the one host, or
+        any of several, as the Service Bus extension spreads messages."""
+        if len(self.hosts) > 1:
+            _HOST.set(self._host_pick.randrange(len(self.hosts)))
+
+    def _restart_host(self, k: int) -> None:
+        """Host k's process restarts: its in-memory state is gone. (Invocations
+        it was running are the crash fault's; the lock holder's timers move.)"""
+        old = self.hosts[k]
+        self.hosts[k] = self._new_host(k, old.generation + 1)
+        if k == self.singleton and len(self.hosts) > 1:
+            self.singleton = (k + 1) % len(self.hosts)
+        self.world.log(
+            f"host {k} restarted (generation {old.generation + 1}); timers on host {self.singleton}"
+        )
 
     # --- the supervisor, as bootstrap builds it (its own charges per run)
     def new_supervisor(self):
@@ -952,6 +1037,7 @@ class Simulation:
         return {"agent-requests": "agent", "agent-responses": "bridge"}[queue]
 
     async def _handle(self, d: Delivery) -> None:
+        self._pick_host()
         try:
             if d.queue == "agent-requests":
                 # A forgery's deadline is its own (so is a delayed copy of one).
@@ -964,7 +1050,7 @@ class Simulation:
                 # As the trigger hands it over: the received message (its
                 # body, delivery count, sequence number and properties).
                 try:
-                    await self.processor.process_message(d, SimSettlement(d))
+                    await self.host.processor.process_message(d, SimSettlement(d))
                 finally:
                     self._request_limit.pop(task, None)
             elif d.queue == "agent-responses":
@@ -1103,9 +1189,11 @@ class Simulation:
             w.at(when, "newer version write", newer_version_write)
 
     async def _starter_run(self) -> None:
-        await self.starter.run(self.durable)
+        _HOST.set(self.singleton)
+        await self.host.starter.run(self.durable)
 
     async def _supervisor_run(self) -> None:
+        _HOST.set(self.singleton)
         spec = next(s for s in catalog().of_type("timerTrigger") if s.name == "supervisor")
         await call_function(spec, {spec.trigger["name"]: None})
 
@@ -1255,6 +1343,13 @@ class Simulation:
                 ),
             )
             end += HOST_OUTAGE
+        # Host restarts, from a stream of their own (dropping one moves no other).
+        restarts = random.Random(f"hosts/restarts/{self.seed}")
+        for _ in range(f.host_restarts):
+            when = START + timedelta(seconds=restarts.uniform(0, o.fault_window))
+            k = restarts.randrange(len(self.hosts))
+            if w.faults.draw(1.0, "host_restart", f"host {k}"):
+                w.at(when, "host restart", lambda k=k: self._restart_host(k))
         self.until = end
         if self.hostile is not None:
             self.hostile.install()
@@ -1792,10 +1887,13 @@ def run_schedule(
     hostile: int | None = None,
     apps: int = 2,
     wider: bool = True,
+    hosts: int | None = None,
 ) -> Result:
     logging.disable(logging.CRITICAL)
     warnings.filterwarnings("ignore", message="Potential duplicate Task completion")
-    sim = Simulation(seed, orders, drop, version=version, hostile=hostile, apps=apps, wider=wider)
+    sim = Simulation(
+        seed, orders, drop, version=version, hostile=hostile, apps=apps, wider=wider, hosts=hosts
+    )
     loop = asyncio.new_event_loop()
     try:
         loop.run_until_complete(sim.run())

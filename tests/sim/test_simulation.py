@@ -227,16 +227,21 @@ def _regression_params():
             # Entries found before the Durable client's faults, odd provider answers
             # and foreign documents existed replay without them.
             entry.get("wider", False),
+            # Entries found before there were several host processes replay on one.
+            entry.get("hosts", 0),
             id=f"seed{entry['seed']}{tag}-{entry['check'][:30]}",
             marks=marks,
         )
 
 
 @pytest.mark.parametrize(
-    ("seed", "orders", "version", "hostile", "apps", "wider"), list(_regression_params())
+    ("seed", "orders", "version", "hostile", "apps", "wider", "hosts"),
+    list(_regression_params()),
 )
-def test_regression_seed(seed, orders, version, hostile, apps, wider):
-    result = run_schedule(seed, orders, version=version, hostile=hostile, apps=apps, wider=wider)
+def test_regression_seed(seed, orders, version, hostile, apps, wider, hosts):
+    result = run_schedule(
+        seed, orders, version=version, hostile=hostile, apps=apps, wider=wider, hosts=hosts
+    )
     assert result.violations == []
 
 
