@@ -613,6 +613,7 @@ class Simulation:
         # once per process; the timers run on the one holding the singleton lock.
         self.hosts = [self._new_host(k) for k in range(self.o.hosts)]
         self.singleton = 0
+        self.host_deliveries: Counter[int] = Counter()
         self._host_pick = random.Random(f"hosts/pick/{seed}")
         self.durable = SimDurable(w, catalog(), self.o.version)
         self.durable.owner_of = self._owner_of
@@ -692,6 +693,7 @@ class Simulation:
         any of several, as the Service Bus extension spreads messages."""
         if len(self.hosts) > 1:
             _HOST.set(self._host_pick.randrange(len(self.hosts)))
+        self.host_deliveries[_HOST.get()] += 1
 
     def _restart_host(self, k: int) -> None:
         """Host k's process restarts: its in-memory state is gone. (Invocations
