@@ -62,6 +62,7 @@ from reporting import Alerts, StatusReporter
 from .bus import (
     Bus,
     Delivery,
+    Msg,
     SimActions,
     SimPublisher,
     SimReplySender,
@@ -87,6 +88,7 @@ REGISTRY = {"webshop": "replies-webshop", "partner-portal": "replies-partner-por
 INGRESS_OF = ingress_queues({"REPLY_QUEUE_REGISTRY": json.dumps(REGISTRY)})
 APP_OF_INGRESS = {queue: app for app, queue in INGRESS_OF.items()}
 APPS = tuple(sorted(REGISTRY))
+IMPERSONATION = "impersonation"  # the message id of a client's order in another's name
 ALERT_REPEAT = timedelta(hours=12)  # the least time between two pages for one incident
 STARTER_PERIOD = 10.0
 SUPERVISOR_PERIOD = 10.0
@@ -158,6 +160,13 @@ class Options:
     # window, the agent's circuit breakers): 1 is the world regression seeds
     # recorded before there were several replay in.
     hosts: int = 1
+    # A client sends, on its own ingress queue, an order whose body names the
+    # other application (and its own reply queue): it must be dead-lettered
+    # and create nothing under the other application's keys.
+    impersonation: bool = False
+    # A declined "do" was applied before the provider refused it (an
+    # authorisation held, then the capture declined): its undo is owed.
+    applied_declines: bool = False
 
 
 def options_for(
@@ -227,6 +236,12 @@ def options_for(
         version=version,
         apps=apps,
         hosts=n_hosts,
+        # From a stream of its own; not in the worlds older regression seeds replay.
+        impersonation=wider
+        and hosts != 0
+        and apps > 1
+        and random.Random(f"impersonate/{seed}").random() < 0.3,
+        applied_declines=wider and hosts != 0 and random.Random(f"applied/{seed}").random() < 0.5,
     )
     if not quiet and wider:
         # Drawn last, so every earlier choice of a seed stays what it was.
@@ -287,6 +302,7 @@ class SimRemote:
         self.world = world
         self.ledger = Ledger()
         self.declines = declines
+        self.applied_declines = False  # Options.applied_declines
         self.calls: list[tuple[str, str, int, str]] = []  # (key, op, token, outcome)
         self.on_call: Callable[[RemoteCall], None] | None = None  # the simulation's check
 
@@ -314,6 +330,15 @@ class SimRemote:
             status, text = 503, json.dumps({"code": "Unavailable", "error": "service unavailable"})
         elif op in self.declines.get(order_id, ((),))[0]:
             self.world.faults.hit("decline")
+            if self.applied_declines and call.operation in ("reserve", "charge", "arrange"):
+                # Applied, then refused (idempotent: a retry applies nothing more).
+                self.ledger.apply(
+                    call.service,
+                    call.operation,
+                    call.idempotency_key,
+                    str(call.fencing_token),
+                    call.body,
+                )
             status, text = (
                 402,
                 json.dumps({"code": "Declined", "error": self.declines[order_id][1]}),
@@ -511,6 +536,12 @@ class Simulation:
         self.violations: list[tuple[str, str]] = []
         self.supervisor_costs: list[tuple[int, int]] = []  # (requests, pages) per run
         self.deadline_mismatch: list[str] = []
+        self.step_deadline_reused: list[str] = []
+        self.impersonated = False
+        self.due_not_recovered: list[str] = []
+        self.first_entry: dict[tuple[str, int], datetime] = {}  # (order key, attempt) -> entry
+        self.index_entry_late: list[str] = []
+        self.index_c.on_write = self._on_index_write
         self.state_c.on_write = self._on_state_write
         self.overwritten: list[str] = []
         self.last_write: datetime | None = None
@@ -593,6 +624,7 @@ class Simulation:
                 declines[oid] = (ops, _random_text(rng))
         self.remote = SimRemote(w, declines)
         self.remote.on_call = self._on_remote_call
+        self.remote.applied_declines = self.o.applied_declines
         self.agent = Agent(
             self.remote, SimClock(w, "agent"), AgentPolicy(), rng=random.Random(f"agent/{seed}")
         )
@@ -734,9 +766,28 @@ class Simulation:
             budget=self.settings.supervisor_run_budget,
         )
         run = sup.run
+        clock = sup._clock
 
         async def measured():
+            quiet = self._quiet_mark()
+            now = clock.now()
+            processing = {
+                key: (doc.get("LockedBy"), doc.get("CompleteBy"))
+                for key, doc in self.state_c.docs.items()
+                if doc.get("ProcessState") == "Processing"
+            }
+            checkpoint = f"_checkpoint-supervisor-{self.o.scan}"
+            resumed = (self.state_c.docs.get((checkpoint, checkpoint)) or {}).get("Cursor")
             report = await run()
+            # A query pass is bounded by the `upper` it began with: only a run
+            # that began a pass and finished it saw everything due at its start.
+            # (An index run stops at a bucket's first entry not yet due, by
+            # design, so entries of the current minute may wait for the next
+            # runs; what the index owes is an entry at or before each
+            # attempt's deadline: _check_index_entry.)
+            whole = self.o.scan == "query" and report.pass_finished and resumed is None
+            if whole and not report.skipped and self._quiet_mark() == quiet:
+                self._check_due_recovered(now, processing)
             self.supervisor_costs.append((report.requests, report.pages))
             self.world.log(
                 f"supervisor pages={report.pages} read={report.read} examined={report.examined} "
@@ -749,10 +800,46 @@ class Simulation:
         sup.run = measured
         return sup
 
+    def _quiet_mark(self) -> tuple[int, int, int, int]:
+        """Changes whenever a fault is injected, a store call is throttled or
+        an actor crashes or raises: equal before and after a run, the run met none."""
+        c = self.world.counters
+        return (len(self.world.faults.injected), c["throttled"], c["crash"], c["raised"])
+
+    def _check_due_recovered(
+        self, now: datetime, processing: dict[Any, tuple[str | None, str | None]]
+    ) -> None:
+        """A Supervisor run that met no fault and finished its pass has
+        visited every attempt that was past its deadline and slack when it
+        started: none is still Processing under the same owner and deadline
+        (a due entry visited late, or never, by an index placed too late or a
+        cursor that passed it)."""
+        for key, (owner, complete_by) in sorted(processing.items()):
+            if key[0] in self.junk:
+                continue  # a foreign document: skipped with an alert, not recovered
+            # An index entry may sit up to twice the clock skew after the
+            # record's deadline (the claim's clock against the orchestration's).
+            margin = SLACK + timedelta(seconds=2 * self.o.faults.skew)
+            if not complete_by or datetime.fromisoformat(complete_by) + margin >= now:
+                continue
+            doc = self.state_c.docs.get(key) or {}
+            if (
+                doc.get("ProcessState") == "Processing"
+                and doc.get("LockedBy") == owner
+                and doc.get("CompleteBy") == complete_by
+            ):
+                self.due_not_recovered.append(
+                    f"{key[0]}: CompleteBy {complete_by}, due at the run's start {now.isoformat()}, "
+                    f"still Processing under {owner} after a clean, finished pass"
+                )
+
     # --- bookkeeping of writes: transition rows and the stale-write check
     def _on_state_write(self, old: dict | None, new: dict) -> None:
         if "ProcessState" not in new:
             return
+        self._check_step_deadline(old, new)
+        if self.o.scan == "index":
+            self._check_index_entry(old, new)
         self.last_write = self.world.clock.now
         actor = self._actor()
         before = old.get("ProcessState") if old else None
@@ -999,6 +1086,35 @@ class Simulation:
         else:
             self.bus.send(queue, json.loads(self._order_body(key, oid=f"{oid}-V")), f"{key}/{kind}")
 
+    def _impersonate(self) -> None:
+        """The second application's client sends an order in the first's
+        name (its AppId) with its own reply queue, on its own ingress queue."""
+        victim, sender = APPS
+        payload = json.loads(self._order_body(self.order_ids[0]))
+        payload.update(OrderID=f"ORD-{self.seed}-IMP", AppId=victim, ReplyTo=REGISTRY[sender])
+        self.bus.send(INGRESS_OF[sender], json.dumps(payload).encode(), IMPERSONATION)
+        self.impersonated = True
+
+    def _check_impersonation(self) -> None:
+        victim, sender = APPS
+        key = order_key(victim, f"ORD-{self.seed}-IMP")
+        if (key, key) in self.state_c.docs or (key, key) in self.orders_c.docs:
+            self.fail(
+                "an application cannot order in another's name",
+                f"{sender}'s client created {key} with a body naming AppId {victim}",
+            )
+            return
+        ingress = self.bus.queue(INGRESS_OF[sender])
+
+        def mine(m: Msg) -> bool:
+            return str(m.props.get(ORIGINAL_ID_PROPERTY) or m.message_id) == IMPERSONATION
+
+        if not any(mine(m) for m in ingress.dead) and not any(mine(m) for m in ingress.messages):
+            self.fail(
+                "an application cannot order in another's name",
+                f"{IMPERSONATION} on {ingress.name} completed as if valid",
+            )
+
     def _pump(self, queue: str) -> None:
         while True:
             msg = self.bus.receivable(queue)
@@ -1130,6 +1246,61 @@ class Simulation:
                 f"CompleteBy {complete_by}"
             )
 
+    def _on_index_write(self, old: dict | None, new: dict) -> None:
+        try:
+            key = (str(new["OrderID"]), int(new["Attempt"]))
+            at = datetime.fromisoformat(new["CompleteBy"])
+        except (KeyError, TypeError, ValueError):
+            return  # garbage (foreign_docs): the product's to skip
+        if key not in self.first_entry or at < self.first_entry[key]:
+            self.first_entry[key] = at
+
+    def _check_index_entry(self, old: dict | None, new: dict) -> None:
+        """The recovery index holds an entry of each attempt at or before its
+        deadline (up to the skew of the clocks that wrote the two), so the
+        Supervisor visits the attempt when it expires, not later."""
+        if not old or new.get("ProcessState") != "Processing" or not new.get("CompleteBy"):
+            return
+        if old.get("LockedBy") != new.get("LockedBy") or old.get("ProcessState") != "Processing":
+            return  # the claim itself: its entry may be written just after
+        first = self.first_entry.get((str(new.get("id")), int(new.get("Attempt") or 0)))
+        due = datetime.fromisoformat(new["CompleteBy"])
+        if first is not None and first > due + timedelta(seconds=2 * self.o.faults.skew + 0.001):
+            self.index_entry_late.append(
+                f"{new.get('id')} attempt {new.get('Attempt')}: CompleteBy {new['CompleteBy']} "
+                f"but its first index entry is at {first.isoformat()}"
+            )
+
+    def _check_step_deadline(self, old: dict | None, new: dict) -> None:
+        """Each step gets its own deadline (DESIGN.md section 4): a write that
+        starts a step gives it a CompleteBy later than that of every step the
+        same attempt started before it (a step that reuses the previous step's
+        deadline times out while its agent still has time)."""
+        if not old or new.get("ProcessState") != "Processing":
+            return
+        steps, before = new.get("Steps") or {}, old.get("Steps") or {}
+        for name, step in steps.items():
+            started = step.get("StartedAt")
+            if step.get("Status") != "Running" or not started:
+                continue
+            if started == (before.get(name) or {}).get("StartedAt") or not step.get("CompleteBy"):
+                continue  # not started by this write
+            due = datetime.fromisoformat(step["CompleteBy"])
+            for other, prior in steps.items():
+                if (
+                    other != name
+                    and prior.get("Attempt") == step.get("Attempt")
+                    and prior.get("StartedAt")
+                    and prior.get("CompleteBy")
+                    and datetime.fromisoformat(prior["StartedAt"]) < datetime.fromisoformat(started)
+                    and datetime.fromisoformat(prior["CompleteBy"]) >= due
+                ):
+                    self.step_deadline_reused.append(
+                        f"{new.get('id')} attempt {step.get('Attempt')}: step {name} started "
+                        f"{started} with CompleteBy {step['CompleteBy']}, not after step "
+                        f"{other}'s {prior['CompleteBy']}"
+                    )
+
     # --- documents this version did not write
     def _foreign_documents(self, until: datetime) -> None:
         """Garbage a portal edit or another program leaves: a Compensating and a
@@ -1243,6 +1414,8 @@ class Simulation:
     def idle(self) -> bool:
         if len(self.submitted) < len(self.order_ids) or self.operator_pending:
             return False
+        if self.o.impersonation and not self.impersonated:
+            return False  # the impersonator's order is still to come
         if self._junk_unalerted():
             return False  # a bad document is not done with until an operator hears of it
         if self.hostile is not None and self.hostile.pending:
@@ -1384,6 +1557,15 @@ class Simulation:
                         self._order_body(oid),
                         f"{self.orders[oid][1]}/resend",
                     ),
+                )
+            if i == 0 and o.impersonation:
+                w.at(
+                    START
+                    + timedelta(
+                        seconds=random.Random(f"impersonate/at/{self.seed}").uniform(0, 60)
+                    ),
+                    "impersonator",
+                    self._impersonate,
                 )
             if w.faults.draw(f.bad_messages, "bad_message", oid):
                 w.at(
@@ -1614,6 +1796,12 @@ class Simulation:
                 break
         for detail in self.deadline_mismatch[:1]:
             self.fail("one deadline travels everywhere", detail)
+        for detail in self.step_deadline_reused[:1]:
+            self.fail("each step gets its own deadline", detail)
+        for detail in self.due_not_recovered[:1]:
+            self.fail("a clean Supervisor pass recovers every due attempt", detail)
+        for detail in self.index_entry_late[:1]:
+            self.fail("an attempt's index entry is at or before its deadline", detail)
         for detail in self.durable.invalid_own_data[:1]:
             self.fail("the product's own writes are valid", detail)
         # false CompensationFailed: every undo the log calls failed did succeed remotely
@@ -1634,6 +1822,28 @@ class Simulation:
                         "no false CompensationFailed",
                         f"{oid}: undo of {failed} succeeded remotely, record says CompensationFailed",
                     )
+        # An honest CompensationFailed tried every undo it did not finish: each
+        # step the log leaves undone had an undo request sent for it.
+        for oid, doc in sorted(docs.items()):
+            if not doc or doc["ProcessState"] != "CompensationFailed":
+                continue
+            tried = {
+                step
+                for iid, steps in self.undo_sent.items()
+                if iid.rpartition(":")[0] == oid
+                for step in steps
+            }
+            untried = [
+                c["Step"]
+                for c in doc.get("Compensation") or []
+                if c.get("Outcome") != "Done" and c["Step"] not in tried
+            ]
+            if untried:
+                self.fail(
+                    "CompensationFailed only after each undo was tried",
+                    f"{oid}: no undo request was ever sent for {untried}",
+                )
+                break
         # rejected orders are not written to the orders DB
         for oid, doc in docs.items():
             if doc and doc["ProcessState"] == "Rejected" and (oid, oid) in self.orders_c.docs:
@@ -1679,6 +1889,19 @@ class Simulation:
                 self.fail(
                     "one alert per incident",
                     f"{mid} reached the alerts queue {len(times)} times within {ALERT_REPEAT}",
+                )
+                break
+        if self.o.impersonation:
+            self._check_impersonation()
+        # A real reply (not a forgery, nor a delayed copy of one) is never
+        # dead-lettered: one that is late is completed, one whose event could
+        # not be raised is retried (a reply lost so loses the step's answer).
+        for m in self.bus.queue("agent-responses").dead:
+            origin = str(m.props.get(ORIGINAL_ID_PROPERTY) or m.message_id)
+            if not origin.startswith(FORGED):
+                self.fail(
+                    "a real reply is never dead-lettered",
+                    f"{m.message_id} {m.dead_letter_reason}: {m.dead_letter_description}",
                 )
                 break
         # 4 every dead-lettered message has a reason; a bad submission is alerted, nothing overwritten
