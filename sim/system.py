@@ -538,6 +538,8 @@ class Simulation:
         self.deadline_mismatch: list[str] = []
         self.step_deadline_reused: list[str] = []
         self.impersonated = False
+        self.changed_resends: list[tuple[str, str]] = []  # (order key, message id)
+        self.told_rejected: set[str] = set()
         self.due_not_recovered: list[str] = []
         self.first_entry: dict[tuple[str, int], datetime] = {}  # (order key, attempt) -> entry
         self.index_entry_late: list[str] = []
@@ -986,6 +988,8 @@ class Simulation:
     def _on_sent(self, queue: str, message_id: str, accepted: bool) -> None:
         """An agent request of a restarted orchestration that duplicate detection
         drops was never answered to that execution: it can only wait out its deadline."""
+        if accepted and message_id.endswith("/status/Rejected"):
+            self._told_rejected(queue, message_id)
         iid = self._instance()
         if queue != "agent-requests" or iid is None or iid not in self.durable.instances:
             return
@@ -1085,6 +1089,71 @@ class Simulation:
             )
         else:
             self.bus.send(queue, json.loads(self._order_body(key, oid=f"{oid}-V")), f"{key}/{kind}")
+
+    def _told_rejected(self, queue: str, message_id: str) -> None:
+        """A client told Rejected ("try later", docs/client-guide.md) sends
+        the order again a while later, sometimes changed (the customer edited
+        the cart): in the worlds after several hosts, from a stream of its own."""
+        if not (self.o.impersonation or self.o.applied_declines):
+            return
+        app = next((a for a, q in REGISTRY.items() if q == queue), None)
+        key = self.key_of.get((app, message_id.split("/")[0])) if app else None
+        if key is None or key in self.told_rejected:
+            return
+        self.told_rejected.add(key)
+        rng = random.Random(f"rejected/{self.seed}/{key}")
+        later = self.world.clock.now + timedelta(seconds=rng.uniform(20, 200))
+        self.operator_pending += 1  # the schedule waits for it, as for an operator
+
+        def resend() -> None:
+            self.operator_pending -= 1
+            self._resend(key, changed=rng.random() < 0.5)
+
+        self.world.at(later, "client resend after Rejected", resend)
+
+    def _resend(self, key: str, changed: bool = True) -> None:
+        """The client sends its order again (a new message id). One told
+        Rejected ("try later") may change it first, in the worlds after
+        several hosts (Options.impersonation's): a conflict, which must be
+        dead-lettered, never admitted over the first."""
+        app, own = self.orders[key]
+        doc = self.state_c.docs.get((key, key)) or {}
+        new_world = self.o.impersonation or self.o.applied_declines
+        if changed and new_world and doc.get("ProcessState") == "Rejected":
+            mid = f"{own}/resend-changed"
+            self.changed_resends.append((key, mid))
+            self.bus.send(INGRESS_OF[app], self._order_body(key, "40.00"), mid)
+            return
+        self.bus.send(INGRESS_OF[app], self._order_body(key), f"{own}/resend")
+
+    def _check_changed_resends(self) -> None:
+        for key, mid in self.changed_resends:
+            stored = self.orders_c.docs.get((key, key)) or {}
+            if stored and str(stored.get("Total")) not in ("20.00", "20.0", "20"):
+                self.fail(
+                    "a changed resend of a Rejected order is a conflict",
+                    f"{key}: the orders DB holds the changed copy (Total {stored.get('Total')}), "
+                    "not the order first accepted",
+                )
+                break
+            ingress = self.bus.queue(INGRESS_OF[self.orders[key][0]])
+
+            def mine(m: Msg, mid: str = mid) -> bool:
+                return str(m.props.get(ORIGINAL_ID_PROPERTY) or m.message_id) == mid
+
+            dead = [m for m in ingress.dead if mine(m)]
+            if not dead and not any(mine(m) for m in ingress.messages):
+                self.fail(
+                    "a changed resend of a Rejected order is a conflict",
+                    f"{mid} ({key}, Total changed) was completed as if valid",
+                )
+                break
+            if dead and dead[0].dead_letter_reason != "OrderConflict":
+                self.fail(
+                    "a changed resend of a Rejected order is a conflict",
+                    f"{mid} ({key}) dead-lettered {dead[0].dead_letter_reason}, not OrderConflict",
+                )
+                break
 
     def _impersonate(self) -> None:
         """The second application's client sends an order in the first's
@@ -1552,11 +1621,7 @@ class Simulation:
                 w.at(
                     START + timedelta(seconds=later),
                     "client resend",
-                    lambda oid=oid: self.bus.send(
-                        INGRESS_OF[self.orders[oid][0]],
-                        self._order_body(oid),
-                        f"{self.orders[oid][1]}/resend",
-                    ),
+                    lambda oid=oid: self._resend(oid),
                 )
             if i == 0 and o.impersonation:
                 w.at(
@@ -1893,6 +1958,7 @@ class Simulation:
                 break
         if self.o.impersonation:
             self._check_impersonation()
+        self._check_changed_resends()
         # A real reply (not a forgery, nor a delayed copy of one) is never
         # dead-lettered: one that is late is completed, one whose event could
         # not be raised is retried (a reply lost so loses the step's answer).
@@ -2028,6 +2094,7 @@ class Simulation:
         # OrderID: the orders whose application also sent a conflicting copy
         # (either of the two may be the one refused, whichever came second).
         deliberate = {mid.split("/")[0] for mid, kind in self.bad.items() if kind == "conflict"}
+        deliberate |= {key for key, _ in self.changed_resends}
         for queue, app in APP_OF_INGRESS.items():
             for m in self.bus.queue(queue).dead:
                 if m.dead_letter_reason != "OrderConflict":
