@@ -29,6 +29,7 @@ def shrink(
     apps: int = 2,
     wider: bool = True,
     scan: str | None = None,
+    hosts: int | None = None,
 ) -> tuple[frozenset[int], Result]:
     """Drop faults one at a time while the same check still fails."""
     check = result.violations[0][0]
@@ -39,7 +40,7 @@ def shrink(
             break
         budget -= 1
         trial = drop | {fault.index}
-        again = run_schedule(result.seed, orders, trial, version, hostile, apps, wider, scan)
+        again = run_schedule(result.seed, orders, trial, version, hostile, apps, wider, scan, hosts)
         if again.violations and again.violations[0][0] == check:
             drop, best = trial, again
     return drop, best
@@ -53,12 +54,14 @@ def command(
     hostile: int | None = None,
     apps: int = 2,
     scan: str | None = None,
+    hosts: int | None = None,
 ) -> str:
     extra = f" --drop {','.join(map(str, sorted(drop)))}" if drop else ""
     extra += f" --scan {scan}" if scan else ""
     extra += f" --version {version}" if version else ""
     extra += f" --hostile {hostile}" if hostile is not None else ""
     extra += f" --apps {apps}" if apps != 2 else ""
+    extra += f" --hosts {hosts}" if hosts is not None else ""
     return f"python -m sim --seed {seed} --orders {orders}{extra}"
 
 
@@ -69,6 +72,7 @@ def record(
     version: str | None = None,
     hostile: int = 0,
     apps: int = 2,
+    hosts: int | None = None,
 ) -> None:
     """Entries carry the schedule's number of forgeries (`hostile`); one
     without it was found before the hostile sender existed (replayed with 0)."""
@@ -93,6 +97,9 @@ def record(
     # answers and foreign documents existed.
     entry["apps"] = apps
     entry["wider"] = True
+    # Entries without "hosts" were recorded in the one-host world (replayed
+    # with 0); null draws the hosts from the seed, as the run that found it did.
+    entry["hosts"] = hosts
     entries.append(entry)
     REGRESSIONS.write_text(json.dumps(entries, indent=1, ensure_ascii=False) + "\n")
 
@@ -128,6 +135,13 @@ def main(argv: list[str] | None = None) -> int:
         choices=(1, 2),
         default=2,
         help="client applications (2: colliding OrderIDs; 1: the world of older regression seeds)",
+    )
+    p.add_argument(
+        "--hosts",
+        type=int,
+        default=None,
+        help="host processes of the app (default: drawn from the seed, with their restarts; "
+        "0: the one-host world of older regression seeds)",
     )
     p.add_argument(
         "--narrow",
@@ -191,6 +205,7 @@ def _run(args: argparse.Namespace, recorder: surface.Recorder | None) -> int:
             args.apps,
             not args.narrow,
             args.scan,
+            args.hosts,
         )
         n += 1
         faults.update(f.kind for f in result.faults)
@@ -226,6 +241,7 @@ def _run(args: argparse.Namespace, recorder: surface.Recorder | None) -> int:
                 apps=args.apps,
                 wider=not args.narrow,
                 scan=args.scan,
+                hosts=args.hosts,
             )
         )
         print("  fault trace (shrunk):" if shrunk != drop else "  fault trace:")
@@ -237,10 +253,14 @@ def _run(args: argparse.Namespace, recorder: surface.Recorder | None) -> int:
         hostile = result.options.faults.hostile
         print(
             "  replay: "
-            + command(seed, args.orders, shrunk, args.version, hostile, args.apps, args.scan)
+            + command(
+                seed, args.orders, shrunk, args.version, hostile, args.apps, args.scan, args.hosts
+            )
         )
         if args.record:
-            record(seed, args.orders, result.violations, args.version, hostile, args.apps)
+            record(
+                seed, args.orders, result.violations, args.version, hostile, args.apps, args.hosts
+            )
     elapsed = time.perf_counter() - started
     print(f"{n / elapsed:.1f} schedules/s ({n} in {elapsed:.1f} s)")
     print(

@@ -12,6 +12,7 @@ are built as in production, with the simulation's clocks."""
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 import importlib
 import itertools
@@ -61,6 +62,7 @@ from reporting import Alerts, StatusReporter
 from .bus import (
     Bus,
     Delivery,
+    Msg,
     SimActions,
     SimPublisher,
     SimReplySender,
@@ -87,6 +89,7 @@ REGISTRY = {"webshop": "replies-webshop", "partner-portal": "replies-partner-por
 INGRESS_OF = ingress_queues({"REPLY_QUEUE_REGISTRY": json.dumps(REGISTRY)})
 APP_OF_INGRESS = {queue: app for app, queue in INGRESS_OF.items()}
 APPS = tuple(sorted(REGISTRY))
+IMPERSONATION = "impersonation"  # the message id of a client's order in another's name
 ALERT_REPEAT = timedelta(hours=12)  # the least time between two pages for one incident
 STARTER_PERIOD = 10.0
 SUPERVISOR_PERIOD = 10.0
@@ -155,6 +158,18 @@ class Options:
     apps: int = 2
     # The recovery index's shard count (ADR 019b); None: drawn from the seed.
     index_shards: int | None = None
+    # Host processes of the Functions app, each with its own in-memory state
+    # (Submit's backlog cache, the Starter's Processing figure and fast-path
+    # window, the agent's circuit breakers): 1 is the world regression seeds
+    # recorded before there were several replay in.
+    hosts: int = 1
+    # A client sends, on its own ingress queue, an order whose body names the
+    # other application (and its own reply queue): it must be dead-lettered
+    # and create nothing under the other application's keys.
+    impersonation: bool = False
+    # A declined "do" was applied before the provider refused it (an
+    # authorisation held, then the capture declined): its undo is owed.
+    applied_declines: bool = False
 
 
 def options_for(
@@ -164,13 +179,17 @@ def options_for(
     hostile: int | None = None,
     apps: int = 2,
     wider: bool = True,
+    hosts: int | None = None,
 ) -> Options:
     """Everything about a schedule, drawn from its seed; `hostile` fixes the
     number of forgeries (sim.hostile) instead (0 replays a schedule found
     before the hostile sender existed); `apps`: 1 for the one-application
     world of older regression seeds; `wider` False leaves out the Durable
     client's faults, odd provider answers and foreign documents (seeds found
-    before they existed)."""
+    before they existed); `hosts`: None draws the number of host processes
+    and their restarts from the seed, N fixes the number (restarts still
+    drawn), 0 is the one-host world of the seeds recorded before there were
+    several (no restarts)."""
     rng = random.Random(f"options/{seed}")
     quiet = rng.random() < 0.15
     f = FaultConfig()
@@ -200,6 +219,14 @@ def options_for(
     if hostile is None:
         hostile = random.Random(f"hostile/{seed}").choice((0, 0, 3, 8, 20))
     f = replace(f, hostile=hostile)
+    # Host processes, from a stream of their own too.
+    host_rng = random.Random(f"hosts/{seed}")
+    n_hosts, restarts = host_rng.choice((1, 2, 2, 3)), host_rng.choice((0, 0, 1, 2))
+    if not wider or hosts == 0:
+        n_hosts, restarts = 1, 0
+    elif hosts is not None:
+        n_hosts = hosts
+    f = replace(f, host_restarts=0 if quiet else restarts)
     scan = rng.choice(("query", "index"))
     options = Options(
         # An outage must outlast the whole retry budget: the faults run long enough for that.
@@ -211,6 +238,13 @@ def options_for(
         faults=f,
         version=version,
         apps=apps,
+        hosts=n_hosts,
+        # From a stream of its own; not in the worlds older regression seeds replay.
+        impersonation=wider
+        and hosts != 0
+        and apps > 1
+        and random.Random(f"impersonate/{seed}").random() < 0.3,
+        applied_declines=wider and hosts != 0 and random.Random(f"applied/{seed}").random() < 0.5,
     )
     if not quiet and wider:
         # Drawn last, so every earlier choice of a seed stays what it was.
@@ -271,6 +305,7 @@ class SimRemote:
         self.world = world
         self.ledger = Ledger()
         self.declines = declines
+        self.applied_declines = False  # Options.applied_declines
         self.calls: list[tuple[str, str, int, str]] = []  # (key, op, token, outcome)
         self.on_call: Callable[[RemoteCall], None] | None = None  # the simulation's check
 
@@ -298,6 +333,15 @@ class SimRemote:
             status, text = 503, json.dumps({"code": "Unavailable", "error": "service unavailable"})
         elif op in self.declines.get(order_id, ((),))[0]:
             self.world.faults.hit("decline")
+            if self.applied_declines and call.operation in ("reserve", "charge", "arrange"):
+                # Applied, then refused (idempotent: a retry applies nothing more).
+                self.ledger.apply(
+                    call.service,
+                    call.operation,
+                    call.idempotency_key,
+                    str(call.fencing_token),
+                    call.body,
+                )
             status, text = (
                 402,
                 json.dumps({"code": "Declined", "error": self.declines[order_id][1]}),
@@ -380,13 +424,13 @@ def _patched(sim: Simulation):
             return sim.world.clock.now
 
     async def submit_handler():
-        return sim.submit
+        return sim.host.submit
 
     async def scheduler_activities():
         return sim.activities
 
     async def starter():
-        return sim.starter
+        return sim.host.starter
 
     async def alerts():
         return Alerts(sim.publisher)
@@ -454,6 +498,20 @@ def _cached_parse(text: str) -> datetime:
     return _dateutil_parse(text)
 
 
+# The host process the running task is on (Simulation.hosts); each delivery
+# and timer run is a task of its own, so this is set per task.
+_HOST: contextvars.ContextVar[int] = contextvars.ContextVar("sim_host", default=0)
+
+
+@dataclass
+class SimHost:
+    index: int
+    generation: int
+    submit: Any
+    starter: Starter
+    processor: RequestProcessor
+
+
 class Simulation:
     def __init__(
         self,
@@ -466,11 +524,12 @@ class Simulation:
         apps: int = 2,
         wider: bool = True,
         scan: str | None = None,
+        hosts: int | None = None,
     ) -> None:
         self.seed = seed
         self.junk: list[str] = []  # ids of the garbage documents (foreign_docs)
         self.newer_fields: set[str] = set()  # records a newer version added a field to
-        self.o = options or options_for(seed, orders, version, hostile, apps, wider)
+        self.o = options or options_for(seed, orders, version, hostile, apps, wider, hosts)
         if scan is not None:  # `python -m sim --scan`: every schedule with this Supervisor
             self.o = replace(self.o, scan=scan)
         self.world = World(seed, self.o.faults, drop)
@@ -483,6 +542,14 @@ class Simulation:
         self.violations: list[tuple[str, str]] = []
         self.supervisor_costs: list[tuple[int, int]] = []  # (requests, pages) per run
         self.deadline_mismatch: list[str] = []
+        self.step_deadline_reused: list[str] = []
+        self.impersonated = False
+        self.changed_resends: list[tuple[str, str]] = []  # (order key, message id)
+        self.told_rejected: set[str] = set()
+        self.due_not_recovered: list[str] = []
+        self.first_entry: dict[tuple[str, int], datetime] = {}  # (order key, attempt) -> entry
+        self.index_entry_late: list[str] = []
+        self.index_c.on_write = self._on_index_write
         self.state_c.on_write = self._on_state_write
         self.overwritten: list[str] = []
         self.last_write: datetime | None = None
@@ -575,21 +642,11 @@ class Simulation:
                 declines[oid] = (ops, _random_text(rng))
         self.remote = SimRemote(w, declines)
         self.remote.on_call = self._on_remote_call
+        self.remote.applied_declines = self.o.applied_declines
         self.agent = Agent(
             self.remote, SimClock(w, "agent"), AgentPolicy(), rng=random.Random(f"agent/{seed}")
         )
-        # With its alerts, as bootstrap.request_processor builds it.
-        self.processor = RequestProcessor(
-            self.agent,
-            SimReplySender(w, self.bus),
-            Alerts(self.publisher),
-            BackoffPolicy(max_delivery_count=rules_for("agent-requests").max_delivery),
-            keys=self.settings.scheduler_keys().agents,
-            scheduler=self.publisher,
-            clock=SimClock(w, "agent"),
-        )
         from activities.scheduler_activities import SchedulerActivities
-        from submit.handler import BacklogReader, SubmitHandler
 
         self.activities = SchedulerActivities(
             self.settings,
@@ -602,27 +659,12 @@ class Simulation:
             self.index,
             clock=SimClock(w, "activities"),
         )
-        self.submit = SubmitHandler(
-            self.settings,
-            self.store,
-            self.orders_repo,
-            StatusReporter(self.publisher),
-            Alerts(self.publisher),
-            list(STEP_NAMES),
-            backlog=BacklogReader(
-                self.store,
-                self.settings.backlog_gauge_max_age.total_seconds(),
-                clock=SimClock(w, "submit"),
-            ),
-            clock=SimClock(w, "submit"),
-        )
-        self.starter = Starter(
-            self.settings,
-            self.store,
-            self.index,
-            clock=SimClock(w, "starter"),
-            publisher=self.publisher,
-        )
+        # The host processes (Options.hosts), each with what bootstrap builds
+        # once per process; the timers run on the one holding the singleton lock.
+        self.hosts = [self._new_host(k) for k in range(self.o.hosts)]
+        self.singleton = 0
+        self.host_deliveries: Counter[int] = Counter()
+        self._host_pick = random.Random(f"hosts/pick/{seed}")
         self.durable = SimDurable(w, catalog(), self.o.version)
         self.durable.owner_of = self._owner_of
         self.functions = {
@@ -634,6 +676,85 @@ class Simulation:
         self.operator_done: set[tuple[str, str]] = set()
         self.operator_pending = 0
         self.hostile = Hostile(self, self.o.faults.hostile) if self.o.faults.hostile else None
+
+    # --- a host process: what bootstrap builds once per process and loop
+    def _new_host(self, k: int, generation: int = 0) -> SimHost:
+        """Host k's own Submit handler (its backlog cache), Starter (its
+        Processing figure and fast-path window) and agent (its circuit
+        breakers); a restarted host (generation > 1) starts with none of what
+        the one before had learnt. Host 0's first generation draws what the
+        one-host world drew."""
+        from submit.handler import BacklogReader, SubmitHandler
+
+        w = self.world
+        name = "" if k == 0 else f"@{k}"
+        rng = (
+            f"agent/{self.seed}"
+            if (k, generation) == (0, 0)
+            else f"agent/{self.seed}/{k}/{generation}"
+        )
+        agent = (
+            self.agent
+            if (k, generation) == (0, 0)
+            else Agent(
+                self.remote, SimClock(w, "agent" + name), AgentPolicy(), rng=random.Random(rng)
+            )
+        )
+        # With its alerts, as bootstrap.request_processor builds it.
+        processor = RequestProcessor(
+            agent,
+            SimReplySender(w, self.bus),
+            Alerts(self.publisher),
+            BackoffPolicy(max_delivery_count=rules_for("agent-requests").max_delivery),
+            keys=self.settings.scheduler_keys().agents,
+            scheduler=self.publisher,
+            clock=SimClock(w, "agent" + name),
+        )
+        submit = SubmitHandler(
+            self.settings,
+            self.store,
+            self.orders_repo,
+            StatusReporter(self.publisher),
+            Alerts(self.publisher),
+            list(STEP_NAMES),
+            backlog=BacklogReader(
+                self.store,
+                self.settings.backlog_gauge_max_age.total_seconds(),
+                clock=SimClock(w, "submit" + name),
+            ),
+            clock=SimClock(w, "submit" + name),
+        )
+        starter = Starter(
+            self.settings,
+            self.store,
+            self.index,
+            clock=SimClock(w, "starter" + name),
+            publisher=self.publisher,
+        )
+        return SimHost(k, generation, submit, starter, processor)
+
+    @property
+    def host(self) -> SimHost:
+        """The host the running task is on (a delivery's or a timer's)."""
+        return self.hosts[_HOST.get()]
+
+    def _pick_host(self) -> None:
+        """Put the running task (one delivery) on a host: the one host, or
+        any of several, as the Service Bus extension spreads messages."""
+        if len(self.hosts) > 1:
+            _HOST.set(self._host_pick.randrange(len(self.hosts)))
+        self.host_deliveries[_HOST.get()] += 1
+
+    def _restart_host(self, k: int) -> None:
+        """Host k's process restarts: its in-memory state is gone. (Invocations
+        it was running are the crash fault's; the lock holder's timers move.)"""
+        old = self.hosts[k]
+        self.hosts[k] = self._new_host(k, old.generation + 1)
+        if k == self.singleton and len(self.hosts) > 1:
+            self.singleton = (k + 1) % len(self.hosts)
+        self.world.log(
+            f"host {k} restarted (generation {old.generation + 1}); timers on host {self.singleton}"
+        )
 
     # --- the supervisor, as bootstrap builds it (its own charges per run)
     def new_supervisor(self):
@@ -663,9 +784,28 @@ class Simulation:
             budget=self.settings.supervisor_run_budget,
         )
         run = sup.run
+        clock = sup._clock
 
         async def measured():
+            quiet = self._quiet_mark()
+            now = clock.now()
+            processing = {
+                key: (doc.get("LockedBy"), doc.get("CompleteBy"))
+                for key, doc in self.state_c.docs.items()
+                if doc.get("ProcessState") == "Processing"
+            }
+            checkpoint = f"_checkpoint-supervisor-{self.o.scan}"
+            resumed = (self.state_c.docs.get((checkpoint, checkpoint)) or {}).get("Cursor")
             report = await run()
+            # A query pass is bounded by the `upper` it began with: only a run
+            # that began a pass and finished it saw everything due at its start.
+            # (An index run stops at a bucket's first entry not yet due, by
+            # design, so entries of the current minute may wait for the next
+            # runs; what the index owes is an entry at or before each
+            # attempt's deadline: _check_index_entry.)
+            whole = self.o.scan == "query" and report.pass_finished and resumed is None
+            if whole and not report.skipped and self._quiet_mark() == quiet:
+                self._check_due_recovered(now, processing)
             self.supervisor_costs.append((report.requests, report.pages))
             self.world.log(
                 f"supervisor pages={report.pages} read={report.read} examined={report.examined} "
@@ -678,10 +818,46 @@ class Simulation:
         sup.run = measured
         return sup
 
+    def _quiet_mark(self) -> tuple[int, int, int, int]:
+        """Changes whenever a fault is injected, a store call is throttled or
+        an actor crashes or raises: equal before and after a run, the run met none."""
+        c = self.world.counters
+        return (len(self.world.faults.injected), c["throttled"], c["crash"], c["raised"])
+
+    def _check_due_recovered(
+        self, now: datetime, processing: dict[Any, tuple[str | None, str | None]]
+    ) -> None:
+        """A Supervisor run that met no fault and finished its pass has
+        visited every attempt that was past its deadline and slack when it
+        started: none is still Processing under the same owner and deadline
+        (a due entry visited late, or never, by an index placed too late or a
+        cursor that passed it)."""
+        for key, (owner, complete_by) in sorted(processing.items()):
+            if key[0] in self.junk:
+                continue  # a foreign document: skipped with an alert, not recovered
+            # An index entry may sit up to twice the clock skew after the
+            # record's deadline (the claim's clock against the orchestration's).
+            margin = SLACK + timedelta(seconds=2 * self.o.faults.skew)
+            if not complete_by or datetime.fromisoformat(complete_by) + margin >= now:
+                continue
+            doc = self.state_c.docs.get(key) or {}
+            if (
+                doc.get("ProcessState") == "Processing"
+                and doc.get("LockedBy") == owner
+                and doc.get("CompleteBy") == complete_by
+            ):
+                self.due_not_recovered.append(
+                    f"{key[0]}: CompleteBy {complete_by}, due at the run's start {now.isoformat()}, "
+                    f"still Processing under {owner} after a clean, finished pass"
+                )
+
     # --- bookkeeping of writes: transition rows and the stale-write check
     def _on_state_write(self, old: dict | None, new: dict) -> None:
         if "ProcessState" not in new:
             return
+        self._check_step_deadline(old, new)
+        if self.o.scan == "index":
+            self._check_index_entry(old, new)
         self.last_write = self.world.clock.now
         actor = self._actor()
         before = old.get("ProcessState") if old else None
@@ -828,6 +1004,8 @@ class Simulation:
     def _on_sent(self, queue: str, message_id: str, accepted: bool) -> None:
         """An agent request of a restarted orchestration that duplicate detection
         drops was never answered to that execution: it can only wait out its deadline."""
+        if accepted and message_id.endswith("/status/Rejected"):
+            self._told_rejected(queue, message_id)
         iid = self._instance()
         if queue != "agent-requests" or iid is None or iid not in self.durable.instances:
             return
@@ -928,6 +1106,100 @@ class Simulation:
         else:
             self.bus.send(queue, json.loads(self._order_body(key, oid=f"{oid}-V")), f"{key}/{kind}")
 
+    def _told_rejected(self, queue: str, message_id: str) -> None:
+        """A client told Rejected ("try later", docs/client-guide.md) sends
+        the order again a while later, sometimes changed (the customer edited
+        the cart): in the worlds after several hosts, from a stream of its own."""
+        if not (self.o.impersonation or self.o.applied_declines):
+            return
+        app = next((a for a, q in REGISTRY.items() if q == queue), None)
+        key = self.key_of.get((app, message_id.split("/")[0])) if app else None
+        if key is None or key in self.told_rejected:
+            return
+        self.told_rejected.add(key)
+        rng = random.Random(f"rejected/{self.seed}/{key}")
+        later = self.world.clock.now + timedelta(seconds=rng.uniform(20, 200))
+        self.operator_pending += 1  # the schedule waits for it, as for an operator
+
+        def resend() -> None:
+            self.operator_pending -= 1
+            self._resend(key, changed=rng.random() < 0.5)
+
+        self.world.at(later, "client resend after Rejected", resend)
+
+    def _resend(self, key: str, changed: bool = True) -> None:
+        """The client sends its order again (a new message id). One told
+        Rejected ("try later") may change it first, in the worlds after
+        several hosts (Options.impersonation's): a conflict, which must be
+        dead-lettered, never admitted over the first."""
+        app, own = self.orders[key]
+        doc = self.state_c.docs.get((key, key)) or {}
+        new_world = self.o.impersonation or self.o.applied_declines
+        if changed and new_world and doc.get("ProcessState") == "Rejected":
+            mid = f"{own}/resend-changed"
+            self.changed_resends.append((key, mid))
+            self.bus.send(INGRESS_OF[app], self._order_body(key, "40.00"), mid)
+            return
+        self.bus.send(INGRESS_OF[app], self._order_body(key), f"{own}/resend")
+
+    def _check_changed_resends(self) -> None:
+        for key, mid in self.changed_resends:
+            stored = self.orders_c.docs.get((key, key)) or {}
+            if stored and str(stored.get("Total")) not in ("20.00", "20.0", "20"):
+                self.fail(
+                    "a changed resend of a Rejected order is a conflict",
+                    f"{key}: the orders DB holds the changed copy (Total {stored.get('Total')}), "
+                    "not the order first accepted",
+                )
+                break
+            ingress = self.bus.queue(INGRESS_OF[self.orders[key][0]])
+
+            def mine(m: Msg, mid: str = mid) -> bool:
+                return str(m.props.get(ORIGINAL_ID_PROPERTY) or m.message_id) == mid
+
+            dead = [m for m in ingress.dead if mine(m)]
+            if not dead and not any(mine(m) for m in ingress.messages):
+                self.fail(
+                    "a changed resend of a Rejected order is a conflict",
+                    f"{mid} ({key}, Total changed) was completed as if valid",
+                )
+                break
+            if dead and dead[0].dead_letter_reason != "OrderConflict":
+                self.fail(
+                    "a changed resend of a Rejected order is a conflict",
+                    f"{mid} ({key}) dead-lettered {dead[0].dead_letter_reason}, not OrderConflict",
+                )
+                break
+
+    def _impersonate(self) -> None:
+        """The second application's client sends an order in the first's
+        name (its AppId) with its own reply queue, on its own ingress queue."""
+        victim, sender = APPS
+        payload = json.loads(self._order_body(self.order_ids[0]))
+        payload.update(OrderID=f"ORD-{self.seed}-IMP", AppId=victim, ReplyTo=REGISTRY[sender])
+        self.bus.send(INGRESS_OF[sender], json.dumps(payload).encode(), IMPERSONATION)
+        self.impersonated = True
+
+    def _check_impersonation(self) -> None:
+        victim, sender = APPS
+        key = order_key(victim, f"ORD-{self.seed}-IMP")
+        if (key, key) in self.state_c.docs or (key, key) in self.orders_c.docs:
+            self.fail(
+                "an application cannot order in another's name",
+                f"{sender}'s client created {key} with a body naming AppId {victim}",
+            )
+            return
+        ingress = self.bus.queue(INGRESS_OF[sender])
+
+        def mine(m: Msg) -> bool:
+            return str(m.props.get(ORIGINAL_ID_PROPERTY) or m.message_id) == IMPERSONATION
+
+        if not any(mine(m) for m in ingress.dead) and not any(mine(m) for m in ingress.messages):
+            self.fail(
+                "an application cannot order in another's name",
+                f"{IMPERSONATION} on {ingress.name} completed as if valid",
+            )
+
     def _pump(self, queue: str) -> None:
         while True:
             msg = self.bus.receivable(queue)
@@ -968,6 +1240,7 @@ class Simulation:
         return {"agent-requests": "agent", "agent-responses": "bridge"}[queue]
 
     async def _handle(self, d: Delivery) -> None:
+        self._pick_host()
         try:
             if d.queue == "agent-requests":
                 # A forgery's deadline is its own (so is a delayed copy of one).
@@ -980,7 +1253,7 @@ class Simulation:
                 # As the trigger hands it over: the received message (its
                 # body, delivery count, sequence number and properties).
                 try:
-                    await self.processor.process_message(d, SimSettlement(d))
+                    await self.host.processor.process_message(d, SimSettlement(d))
                 finally:
                     self._request_limit.pop(task, None)
             elif d.queue == "agent-responses":
@@ -1058,6 +1331,61 @@ class Simulation:
                 f"CompleteBy {complete_by}"
             )
 
+    def _on_index_write(self, old: dict | None, new: dict) -> None:
+        try:
+            key = (str(new["OrderID"]), int(new["Attempt"]))
+            at = datetime.fromisoformat(new["CompleteBy"])
+        except (KeyError, TypeError, ValueError):
+            return  # garbage (foreign_docs): the product's to skip
+        if key not in self.first_entry or at < self.first_entry[key]:
+            self.first_entry[key] = at
+
+    def _check_index_entry(self, old: dict | None, new: dict) -> None:
+        """The recovery index holds an entry of each attempt at or before its
+        deadline (up to the skew of the clocks that wrote the two), so the
+        Supervisor visits the attempt when it expires, not later."""
+        if not old or new.get("ProcessState") != "Processing" or not new.get("CompleteBy"):
+            return
+        if old.get("LockedBy") != new.get("LockedBy") or old.get("ProcessState") != "Processing":
+            return  # the claim itself: its entry may be written just after
+        first = self.first_entry.get((str(new.get("id")), int(new.get("Attempt") or 0)))
+        due = datetime.fromisoformat(new["CompleteBy"])
+        if first is not None and first > due + timedelta(seconds=2 * self.o.faults.skew + 0.001):
+            self.index_entry_late.append(
+                f"{new.get('id')} attempt {new.get('Attempt')}: CompleteBy {new['CompleteBy']} "
+                f"but its first index entry is at {first.isoformat()}"
+            )
+
+    def _check_step_deadline(self, old: dict | None, new: dict) -> None:
+        """Each step gets its own deadline (DESIGN.md section 4): a write that
+        starts a step gives it a CompleteBy later than that of every step the
+        same attempt started before it (a step that reuses the previous step's
+        deadline times out while its agent still has time)."""
+        if not old or new.get("ProcessState") != "Processing":
+            return
+        steps, before = new.get("Steps") or {}, old.get("Steps") or {}
+        for name, step in steps.items():
+            started = step.get("StartedAt")
+            if step.get("Status") != "Running" or not started:
+                continue
+            if started == (before.get(name) or {}).get("StartedAt") or not step.get("CompleteBy"):
+                continue  # not started by this write
+            due = datetime.fromisoformat(step["CompleteBy"])
+            for other, prior in steps.items():
+                if (
+                    other != name
+                    and prior.get("Attempt") == step.get("Attempt")
+                    and prior.get("StartedAt")
+                    and prior.get("CompleteBy")
+                    and datetime.fromisoformat(prior["StartedAt"]) < datetime.fromisoformat(started)
+                    and datetime.fromisoformat(prior["CompleteBy"]) >= due
+                ):
+                    self.step_deadline_reused.append(
+                        f"{new.get('id')} attempt {step.get('Attempt')}: step {name} started "
+                        f"{started} with CompleteBy {step['CompleteBy']}, not after step "
+                        f"{other}'s {prior['CompleteBy']}"
+                    )
+
     # --- documents this version did not write
     def _foreign_documents(self, until: datetime) -> None:
         """Garbage a portal edit or another program leaves: a Compensating and a
@@ -1119,9 +1447,11 @@ class Simulation:
             w.at(when, "newer version write", newer_version_write)
 
     async def _starter_run(self) -> None:
-        await self.starter.run(self.durable)
+        _HOST.set(self.singleton)
+        await self.host.starter.run(self.durable)
 
     async def _supervisor_run(self) -> None:
+        _HOST.set(self.singleton)
         spec = next(s for s in catalog().of_type("timerTrigger") if s.name == "supervisor")
         await call_function(spec, {spec.trigger["name"]: None})
 
@@ -1169,6 +1499,8 @@ class Simulation:
     def idle(self) -> bool:
         if len(self.submitted) < len(self.order_ids) or self.operator_pending:
             return False
+        if self.o.impersonation and not self.impersonated:
+            return False  # the impersonator's order is still to come
         if self._junk_unalerted():
             return False  # a bad document is not done with until an operator hears of it
         if self.hostile is not None and self.hostile.pending:
@@ -1271,6 +1603,13 @@ class Simulation:
                 ),
             )
             end += HOST_OUTAGE
+        # Host restarts, from a stream of their own (dropping one moves no other).
+        restarts = random.Random(f"hosts/restarts/{self.seed}")
+        for _ in range(f.host_restarts):
+            when = START + timedelta(seconds=restarts.uniform(0, o.fault_window))
+            k = restarts.randrange(len(self.hosts))
+            if w.faults.draw(1.0, "host_restart", f"host {k}"):
+                w.at(when, "host restart", lambda k=k: self._restart_host(k))
         self.until = end
         if self.hostile is not None:
             self.hostile.install()
@@ -1298,11 +1637,16 @@ class Simulation:
                 w.at(
                     START + timedelta(seconds=later),
                     "client resend",
-                    lambda oid=oid: self.bus.send(
-                        INGRESS_OF[self.orders[oid][0]],
-                        self._order_body(oid),
-                        f"{self.orders[oid][1]}/resend",
+                    lambda oid=oid: self._resend(oid),
+                )
+            if i == 0 and o.impersonation:
+                w.at(
+                    START
+                    + timedelta(
+                        seconds=random.Random(f"impersonate/at/{self.seed}").uniform(0, 60)
                     ),
+                    "impersonator",
+                    self._impersonate,
                 )
             if w.faults.draw(f.bad_messages, "bad_message", oid):
                 w.at(
@@ -1533,6 +1877,12 @@ class Simulation:
                 break
         for detail in self.deadline_mismatch[:1]:
             self.fail("one deadline travels everywhere", detail)
+        for detail in self.step_deadline_reused[:1]:
+            self.fail("each step gets its own deadline", detail)
+        for detail in self.due_not_recovered[:1]:
+            self.fail("a clean Supervisor pass recovers every due attempt", detail)
+        for detail in self.index_entry_late[:1]:
+            self.fail("an attempt's index entry is at or before its deadline", detail)
         for detail in self.durable.invalid_own_data[:1]:
             self.fail("the product's own writes are valid", detail)
         # false CompensationFailed: every undo the log calls failed did succeed remotely
@@ -1553,6 +1903,28 @@ class Simulation:
                         "no false CompensationFailed",
                         f"{oid}: undo of {failed} succeeded remotely, record says CompensationFailed",
                     )
+        # An honest CompensationFailed tried every undo it did not finish: each
+        # step the log leaves undone had an undo request sent for it.
+        for oid, doc in sorted(docs.items()):
+            if not doc or doc["ProcessState"] != "CompensationFailed":
+                continue
+            tried = {
+                step
+                for iid, steps in self.undo_sent.items()
+                if iid.rpartition(":")[0] == oid
+                for step in steps
+            }
+            untried = [
+                c["Step"]
+                for c in doc.get("Compensation") or []
+                if c.get("Outcome") != "Done" and c["Step"] not in tried
+            ]
+            if untried:
+                self.fail(
+                    "CompensationFailed only after each undo was tried",
+                    f"{oid}: no undo request was ever sent for {untried}",
+                )
+                break
         # rejected orders are not written to the orders DB
         for oid, doc in docs.items():
             if doc and doc["ProcessState"] == "Rejected" and (oid, oid) in self.orders_c.docs:
@@ -1598,6 +1970,20 @@ class Simulation:
                 self.fail(
                     "one alert per incident",
                     f"{mid} reached the alerts queue {len(times)} times within {ALERT_REPEAT}",
+                )
+                break
+        if self.o.impersonation:
+            self._check_impersonation()
+        self._check_changed_resends()
+        # A real reply (not a forgery, nor a delayed copy of one) is never
+        # dead-lettered: one that is late is completed, one whose event could
+        # not be raised is retried (a reply lost so loses the step's answer).
+        for m in self.bus.queue("agent-responses").dead:
+            origin = str(m.props.get(ORIGINAL_ID_PROPERTY) or m.message_id)
+            if not origin.startswith(FORGED):
+                self.fail(
+                    "a real reply is never dead-lettered",
+                    f"{m.message_id} {m.dead_letter_reason}: {m.dead_letter_description}",
                 )
                 break
         # 4 every dead-lettered message has a reason; a bad submission is alerted, nothing overwritten
@@ -1724,6 +2110,7 @@ class Simulation:
         # OrderID: the orders whose application also sent a conflicting copy
         # (either of the two may be the one refused, whichever came second).
         deliberate = {mid.split("/")[0] for mid, kind in self.bad.items() if kind == "conflict"}
+        deliberate |= {key for key, _ in self.changed_resends}
         for queue, app in APP_OF_INGRESS.items():
             for m in self.bus.queue(queue).dead:
                 if m.dead_letter_reason != "OrderConflict":
@@ -1809,11 +2196,20 @@ def run_schedule(
     apps: int = 2,
     wider: bool = True,
     scan: str | None = None,
+    hosts: int | None = None,
 ) -> Result:
     logging.disable(logging.CRITICAL)
     warnings.filterwarnings("ignore", message="Potential duplicate Task completion")
     sim = Simulation(
-        seed, orders, drop, version=version, hostile=hostile, apps=apps, wider=wider, scan=scan
+        seed,
+        orders,
+        drop,
+        version=version,
+        hostile=hostile,
+        apps=apps,
+        wider=wider,
+        scan=scan,
+        hosts=hosts,
     )
     loop = asyncio.new_event_loop()
     try:

@@ -105,6 +105,9 @@ class FaultConfig:
     # after a terminal state or a Rejected status
     resend: float = 0.0
     hostile: int = 0  # forged replies and requests on the internal queues (sim.hostile)
+    # host processes that restart during the fault window, losing their
+    # in-memory state (a scale-in, a new instance, an out-of-memory kill)
+    host_restarts: int = 0
 
 
 @dataclass

@@ -227,16 +227,21 @@ def _regression_params():
             # Entries found before the Durable client's faults, odd provider answers
             # and foreign documents existed replay without them.
             entry.get("wider", False),
+            # Entries found before there were several host processes replay on one.
+            entry.get("hosts", 0),
             id=f"seed{entry['seed']}{tag}-{entry['check'][:30]}",
             marks=marks,
         )
 
 
 @pytest.mark.parametrize(
-    ("seed", "orders", "version", "hostile", "apps", "wider"), list(_regression_params())
+    ("seed", "orders", "version", "hostile", "apps", "wider", "hosts"),
+    list(_regression_params()),
 )
-def test_regression_seed(seed, orders, version, hostile, apps, wider):
-    result = run_schedule(seed, orders, version=version, hostile=hostile, apps=apps, wider=wider)
+def test_regression_seed(seed, orders, version, hostile, apps, wider, hosts):
+    result = run_schedule(
+        seed, orders, version=version, hostile=hostile, apps=apps, wider=wider, hosts=hosts
+    )
     assert result.violations == []
 
 
@@ -334,3 +339,31 @@ def test_an_order_the_previous_version_accepted_keeps_its_key():
     sim.state_c.docs[("webshop:ORD-7-0", "webshop:ORD-7-0")] = doc
     sim.check()
     assert "previous version's order duplicated" in [c for c, _ in sim.violations]
+
+
+def test_several_hosts_each_keep_their_own_state_and_lose_it_on_restart():
+    """Issue 21: deliveries spread over the hosts, each host's Submit handler
+    and Starter are its own objects, and a restart replaces them (the
+    in-memory state of the process is gone) and moves the timers' lock."""
+    sim = _run(
+        4,
+        6,
+        Options(orders=6, hosts=3, faults=FaultConfig(host_restarts=2, duplicate=0.2)),
+    )
+    assert sim.violations == []
+    assert len(sim.hosts) == 3
+    assert set(sim.host_deliveries) == {0, 1, 2}, sim.host_deliveries
+    assert len({id(h.submit) for h in sim.hosts}) == 3
+    assert len({id(h.starter) for h in sim.hosts}) == 3
+    restarted = [line for line in sim.world.trace if "restarted" in line]
+    # (a restart drawn after the schedule went idle never happens)
+    assert 1 <= len(restarted) <= 2, restarted
+    assert sum(h.generation for h in sim.hosts) == len(restarted)
+    assert sim.singleton != 0 or "timers on host 0" in restarted[-1]
+
+
+def test_the_one_host_world_is_the_world_before_hosts():
+    """Regression entries without "hosts" replay with 0: one host, no
+    restarts, whatever the seed draws."""
+    assert run_schedule(2, 3, hosts=0).options.hosts == 1
+    assert run_schedule(2, 3, hosts=0).options.faults.host_restarts == 0
