@@ -13,6 +13,8 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from domain.steps import load_catalog
+
 from . import surface
 from .durable import default_version
 from .system import ROWS, Result, liveness_bound, options_for, run_schedule
@@ -38,7 +40,9 @@ def shrink(
             break
         budget -= 1
         trial = drop | {fault.index}
-        again = run_schedule(result.seed, orders, trial, version, hostile, apps, wider)
+        again = run_schedule(
+            result.seed, orders, trial, version, hostile, apps, wider, steps=result.options.steps
+        )
         if again.violations and again.violations[0][0] == check:
             drop, best = trial, again
     return drop, best
@@ -51,8 +55,10 @@ def command(
     version: str | None = None,
     hostile: int | None = None,
     apps: int = 2,
+    steps_file: str | None = None,
 ) -> str:
     extra = f" --drop {','.join(map(str, sorted(drop)))}" if drop else ""
+    extra += f" --steps {steps_file}" if steps_file else ""
     extra += f" --version {version}" if version else ""
     extra += f" --hostile {hostile}" if hostile is not None else ""
     extra += f" --apps {apps}" if apps != 2 else ""
@@ -133,6 +139,12 @@ def main(argv: list[str] | None = None) -> int:
         "(the world of regression seeds found before them)",
     )
     p.add_argument(
+        "--steps",
+        default=None,
+        metavar="FILE",
+        help="a step catalog to run instead of domain/steps.json (e.g. one with a step added)",
+    )
+    p.add_argument(
         "--fault-surface",
         nargs="?",
         const="report",
@@ -154,6 +166,7 @@ def main(argv: list[str] | None = None) -> int:
 def _run(args: argparse.Namespace, recorder: surface.Recorder | None) -> int:
 
     seeds = [args.seed] if args.seed is not None else range(args.start, args.start + args.seeds)
+    steps = load_catalog(args.steps) if args.steps else None
     drop = frozenset(int(x) for x in args.drop.split(",") if x)
     print(
         f"workflow version: {args.version or default_version()}; liveness bound after faults stop: "
@@ -170,7 +183,14 @@ def _run(args: argparse.Namespace, recorder: surface.Recorder | None) -> int:
     n = 0
     for seed in seeds:
         result = run_schedule(
-            seed, args.orders, drop, args.version, args.hostile, args.apps, not args.narrow
+            seed,
+            args.orders,
+            drop,
+            args.version,
+            args.hostile,
+            args.apps,
+            not args.narrow,
+            steps=steps,
         )
         n += 1
         faults.update(f.kind for f in result.faults)
@@ -212,7 +232,8 @@ def _run(args: argparse.Namespace, recorder: surface.Recorder | None) -> int:
         if len(kept) > 30:
             print(f"    ... {len(kept) - 30} more")
         hostile = result.options.faults.hostile
-        print(f"  replay: {command(seed, args.orders, shrunk, args.version, hostile, args.apps)}")
+        replay = command(seed, args.orders, shrunk, args.version, hostile, args.apps, args.steps)
+        print(f"  replay: {replay}")
         if args.record:
             record(seed, args.orders, result.violations, args.version, hostile, args.apps)
     elapsed = time.perf_counter() - started
