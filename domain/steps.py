@@ -199,7 +199,7 @@ class StepCatalog(BaseModel):
     def with_steps(self, *extra: RemoteStep | Mapping[str, Any]) -> StepCatalog:
         """This catalog with `extra` appended (validated like a file's entries)."""
         return parse_catalog(
-            {"steps": [*(s.model_dump(by_alias=True) for s in self.steps), *extra]}, "steps"
+            {"steps": [*(s.model_dump(by_alias=True) for s in self.steps), *extra]}, "added steps"
         )
 
 
