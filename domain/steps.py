@@ -104,11 +104,11 @@ class RemoteStep(BaseModel):
             raise ValueError("payload names a field twice")
         return self
 
-    @property
+    @cached_property
     def do(self) -> RemoteOperation:
         return RemoteOperation(service=self.service, operation=self.do_operation)
 
-    @property
+    @cached_property
     def undo(self) -> RemoteOperation:
         return RemoteOperation(service=self.service, operation=self.undo_operation)
 
@@ -179,10 +179,14 @@ class StepCatalog(BaseModel):
             ops[step.undo_operation] = step.do_operation
         return served
 
+    @cached_property
+    def _by_name(self) -> dict[str, RemoteStep]:
+        return {step.name: step for step in self.steps}
+
     def step_named(self, name: str) -> RemoteStep:
-        for step in self.steps:
-            if step.name == name:
-                return step
+        step = self._by_name.get(name)
+        if step is not None:
+            return step
         raise UnknownStep(f"unknown step {name!r}; known steps: {', '.join(self.names)}")
 
     def compensation_order(self, completed: Iterable[str]) -> list[str]:
