@@ -44,7 +44,7 @@ from agents.agent import Agent
 from agents.config import AgentSettings, load_agent_settings, require_agent_keys
 from agents.messaging import RequestProcessor, ServiceBusReplySender
 from agents.remote_client import HttpRemoteService
-from domain.steps import STEP_NAMES
+from domain.steps import StepCatalog
 from orchestrators.hooks import CrashPoint, no_crash_point
 from reporting import Alerts, StatusReporter
 
@@ -85,11 +85,11 @@ _containers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Future
 )
 
 
-def _step_modes(cfg: Settings) -> dict[str, str]:
+def _step_modes(cfg: Settings, steps: StepCatalog) -> dict[str, str]:
     """INLINE_STEPS names the steps run as in-app activities instead of
     through the agent-requests queue (both agent paths exist; the article
     allows either)."""
-    unknown = set(cfg.inline_steps) - set(STEP_NAMES)
+    unknown = set(cfg.inline_steps) - set(steps.names)
     if unknown:
         raise SettingsError(f"INLINE_STEPS names unknown steps: {sorted(unknown)}")
     return {name: "inline" for name in cfg.inline_steps}
@@ -141,7 +141,8 @@ async def _build() -> Container:
         index = CosmosRecoveryIndex(index_container, charges, shards=cfg.recovery_index_shards)
     session = aiohttp.ClientSession()
     # The in-app agent (INLINE_STEPS) keeps the agents' own settings (AGENT_*,
-    # REMOTE_SERVICE_URL), as the queue-triggered agent and the worker do.
+    # REMOTE_SERVICE_URL[__<SERVICE>], STEP_CATALOG_FILE), as the
+    # queue-triggered agent and the worker do; its step catalog is the app's.
     agent = build_agent(session, load_agent_settings())
     # Closed in this order; the credential last, after the clients that use it.
     closers: list[Callable[[], Awaitable[Any]]] = [session.close, state_client.close]
@@ -219,7 +220,7 @@ async def submit_handler():
             c.orders,
             StatusReporter(c.publisher),
             Alerts(c.publisher),
-            list(STEP_NAMES),
+            list(c.agent.steps.names),
         )
     return c.submit
 
@@ -233,9 +234,9 @@ async def scheduler_activities():
         c.store,
         c.orders,
         c.publisher,
-        STEP_NAMES,
+        c.agent.steps.names,
         c.agent,
-        _step_modes(c.settings),
+        _step_modes(c.settings, c.agent.steps),
         c.index,
         crash_point=crash_point(),
     )
@@ -330,8 +331,14 @@ async def state_store(cfg: Settings) -> AsyncIterator[CosmosStateStore]:
 
 
 def build_agent(session: aiohttp.ClientSession, cfg: AgentSettings) -> Agent:
-    """The Agent with the agents' own settings (AGENT_*, REMOTE_SERVICE_URL)."""
-    return Agent(HttpRemoteService(session, cfg.remote_service_url), SYSTEM_CLOCK, cfg.policy)
+    """The Agent with the agents' own settings (AGENT_*, REMOTE_SERVICE_URL[__<SERVICE>],
+    STEP_CATALOG_FILE)."""
+    return Agent(
+        HttpRemoteService(session, cfg.remote_service_url, cfg.service_urls),
+        SYSTEM_CLOCK,
+        cfg.policy,
+        steps=cfg.steps,
+    )
 
 
 def request_processor(

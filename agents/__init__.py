@@ -2,17 +2,17 @@
 runners (the Functions trigger in agents.functions, the standalone worker in
 agents.worker). See docs/agents.md.
 
-The plan (the steps, in order) is domain.steps.STEP_NAMES; agents.steps maps
-each step to its remote operations."""
+The plan (the steps, in order, and each step's remote operations) is the step
+catalog, domain/steps.json (domain.steps); agents.steps re-exports it."""
 
 from adapters.clock import Clock, SystemClock
 from agents.agent import Agent, AgentPolicy, Breakers, reply_event_id
 from agents.ports import RemoteCall, RemoteService
 from agents.steps import (
-    STEP_NAMES,
-    STEPS,
+    DEFAULT_CATALOG,
     RemoteOperation,
     RemoteStep,
+    StepCatalog,
     UnknownStep,
     compensation_for,
     compensation_order,
@@ -20,8 +20,7 @@ from agents.steps import (
 )
 
 __all__ = [
-    "STEPS",
-    "STEP_NAMES",
+    "DEFAULT_CATALOG",
     "Agent",
     "AgentPolicy",
     "Breakers",
@@ -30,6 +29,7 @@ __all__ = [
     "RemoteOperation",
     "RemoteService",
     "RemoteStep",
+    "StepCatalog",
     "SystemClock",
     "UnknownStep",
     "compensation_for",

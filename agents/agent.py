@@ -20,7 +20,7 @@ from tenacity.wait import wait_base
 
 from adapters.clock import Clock
 from agents.ports import RemoteCall, RemoteService
-from agents.steps import RemoteStep, UnknownStep, step_named
+from agents.steps import DEFAULT_CATALOG, RemoteStep, StepCatalog, UnknownStep
 from domain.codec import describe
 from domain.errors import PermanentError, TransientError
 from domain.ids import agent_reply_message_id
@@ -154,7 +154,8 @@ class Agent:
     """Handles AgentRequests against the remote service.
 
     Receives its dependencies: the remote service port, a clock, the policy,
-    and (optionally) shared breakers and a random source for the jitter."""
+    (optionally) shared breakers and a random source for the jitter, and the
+    step catalog it serves (the shipped one unless told)."""
 
     def __init__(
         self,
@@ -163,8 +164,10 @@ class Agent:
         policy: AgentPolicy | None = None,
         breakers: Breakers | None = None,
         rng: random.Random | None = None,
+        steps: StepCatalog = DEFAULT_CATALOG,
     ) -> None:
         self._remote = remote
+        self._steps = steps
         self._clock = clock
         self._policy = policy or AgentPolicy()
         self._breakers = breakers or Breakers(
@@ -178,11 +181,15 @@ class Agent:
     def breakers(self) -> Breakers:
         return self._breakers
 
+    @property
+    def steps(self) -> StepCatalog:
+        return self._steps
+
     async def handle(self, request: AgentRequest, *, redelivered: bool = False) -> AgentReply:
         """`redelivered`: an earlier delivery of this very message did not
         finish (a crash, a lost lock), so it may never have answered."""
         try:
-            step = step_named(request.Step)
+            step = self._steps.step_named(request.Step)
         except UnknownStep as exc:
             return self._reply(request, ReplyOutcome.PERMANENT, error=str(exc))
         operation = step.operation(request.Action)
@@ -334,9 +341,14 @@ def _late_undo_wanted(request: AgentRequest, redelivered: bool) -> bool:
 
 
 def _body(request: AgentRequest, step: RemoteStep) -> dict[str, Any]:
+    """The call's body: the order, the step, and the order fields the step
+    takes (its catalog entry's `payload`), in the order the request has them."""
+    payload = request.Payload
+    if isinstance(payload, dict):
+        payload = {k: v for k, v in payload.items() if k in step.payload}
     return {
         "OrderID": request.OrderID,
         "Step": step.name,
         "Action": request.Action,
-        "Payload": request.Payload,
+        "Payload": payload,
     }

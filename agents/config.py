@@ -29,8 +29,14 @@ from adapters.settings import (
 )
 from agents.agent import AgentPolicy
 from domain.signing import KeyRing
+from domain.steps import DEFAULT_CATALOG, CatalogError, StepCatalog, load_catalog
 
 DEFAULT_REMOTE_SERVICE_URL = "http://127.0.0.1:7081"
+REMOTE_SERVICE_URL = "REMOTE_SERVICE_URL"
+# One service's base URL: REMOTE_SERVICE_URL__PAYMENT (the service upper-cased),
+# the "__" of the host's own settings that name a part of one.
+SERVICE_URL_PREFIX = f"{REMOTE_SERVICE_URL}__"
+STEP_CATALOG_FILE = "STEP_CATALOG_FILE"
 # Set by App Service / Functions in Azure, never by the local stack.
 _AZURE_HINTS = ("WEBSITE_SITE_NAME", *MANAGED_IDENTITY_ENDPOINTS)
 
@@ -39,6 +45,9 @@ _AZURE_HINTS = ("WEBSITE_SITE_NAME", *MANAGED_IDENTITY_ENDPOINTS)
 class AgentSettings:
     """Attributes:
     remote_service_url: base URL of the downstream systems (REMOTE_SERVICE_URL).
+    service_urls: a service's own base URL where it has one
+        (REMOTE_SERVICE_URL__<SERVICE>); the others use remote_service_url.
+    steps: the step catalog (the shipped one, or STEP_CATALOG_FILE's).
     servicebus: where the request/response queues are (ServiceBusConnection,
         or ServiceBusConnection__fullyQualifiedNamespace for identity access).
     policy: the Agent's retry budget and breaker (AGENT_* settings).
@@ -54,6 +63,8 @@ class AgentSettings:
     """
 
     remote_service_url: str = DEFAULT_REMOTE_SERVICE_URL
+    service_urls: Mapping[str, str] = field(default_factory=dict)
+    steps: StepCatalog = DEFAULT_CATALOG
     servicebus: ServiceBusAccess | None = None
     policy: AgentPolicy = field(default_factory=AgentPolicy)
     requests_queue: str = AGENT_REQUESTS_QUEUE
@@ -62,6 +73,24 @@ class AgentSettings:
     lock_renewal_slack: float = 60.0
     shutdown_grace: float = 30.0
     keys: KeyRing | None = field(default=None, repr=False)
+
+    def url_for(self, service: str) -> str:
+        """The base URL the calls of `service` go to."""
+        return self.service_urls.get(service, self.remote_service_url)
+
+
+def load_step_catalog(env: Mapping[str, str] | None = None) -> StepCatalog:
+    """The catalog this process runs: the file STEP_CATALOG_FILE names, else
+    the shipped domain/steps.json. Every process of one deployment (the app,
+    the agents, the worker) must read the same one."""
+    env = os.environ if env is None else env
+    path = env.get(STEP_CATALOG_FILE)
+    if not path:
+        return DEFAULT_CATALOG
+    try:
+        return load_catalog(path)
+    except CatalogError as exc:
+        raise SettingsError(f"setting {STEP_CATALOG_FILE}: {exc}") from None
 
 
 def load_agent_settings(env: Mapping[str, str] | None = None) -> AgentSettings:
@@ -80,18 +109,13 @@ def load_agent_settings(env: Mapping[str, str] | None = None) -> AgentSettings:
         ),
         min_call_time=float_setting(env, "AGENT_MIN_CALL_SECONDS", defaults.min_call_time),
     )
-    url = env.get("REMOTE_SERVICE_URL") or DEFAULT_REMOTE_SERVICE_URL
-    if not url.startswith(("http://", "https://")):
-        raise SettingsError(f"setting REMOTE_SERVICE_URL must be an http(s) URL, got {url!r}")
-    if any(env.get(name) for name in _AZURE_HINTS) and _is_loopback(url):
-        # In Azure the local default would send every step to nobody and fail
-        # each order only after the whole retry budget (issue 24, risk 4).
-        raise SettingsError(
-            f"setting REMOTE_SERVICE_URL is {url!r}, a loopback address, in Azure: "
-            "set it to the remote service's public https URL (azd env set REMOTE_SERVICE_URL ...)"
-        )
+    steps = load_step_catalog(env)
+    url = _url(env, REMOTE_SERVICE_URL, env.get(REMOTE_SERVICE_URL) or DEFAULT_REMOTE_SERVICE_URL)
+    service_urls = _service_urls(env, steps)
     return AgentSettings(
         remote_service_url=url,
+        service_urls=service_urls,
+        steps=steps,
         servicebus=servicebus,
         policy=policy,
         max_concurrency=int_setting(env, "AGENT_MAX_CONCURRENCY", 8, 1),
@@ -99,6 +123,39 @@ def load_agent_settings(env: Mapping[str, str] | None = None) -> AgentSettings:
         shutdown_grace=float_setting(env, "AGENT_SHUTDOWN_GRACE_SECONDS", 30.0),
         keys=key_ring(env, AGENT_SIGNING_KEYS),
     )
+
+
+def _service_urls(env: Mapping[str, str], steps: StepCatalog) -> dict[str, str]:
+    """REMOTE_SERVICE_URL__<SERVICE> for each service the catalog names; one
+    that names no service of the catalog is a mistake (a typo would silently
+    send that service's calls to the default URL)."""
+    known = {service.upper(): service for service in steps.services}
+    urls = {}
+    for name, value in env.items():
+        if not name.startswith(SERVICE_URL_PREFIX) or not value:
+            continue
+        suffix = name[len(SERVICE_URL_PREFIX) :]
+        service = known.get(suffix.upper())
+        if service is None:
+            raise SettingsError(
+                f"setting {name} names no service of the step catalog; "
+                f"services: {', '.join(sorted(known.values()))}"
+            )
+        urls[service] = _url(env, name, value)
+    return urls
+
+
+def _url(env: Mapping[str, str], name: str, url: str) -> str:
+    if not url.startswith(("http://", "https://")):
+        raise SettingsError(f"setting {name} must be an http(s) URL, got {url!r}")
+    if any(env.get(hint) for hint in _AZURE_HINTS) and _is_loopback(url):
+        # In Azure the local default would send every step to nobody and fail
+        # each order only after the whole retry budget (issue 24, risk 4).
+        raise SettingsError(
+            f"setting {name} is {url!r}, a loopback address, in Azure: "
+            f"set it to the remote service's public https URL (azd env set {name} ...)"
+        )
+    return url
 
 
 def _is_loopback(url: str) -> bool:

@@ -45,7 +45,7 @@ from adapters.settlement import (
     read_body,
 )
 from agents.agent import Agent, reply_event_id
-from agents.steps import UnknownStep, step_named
+from agents.steps import UnknownStep
 from domain.boundary import readable_order_id
 from domain.codec import decode, encode
 from domain.errors import TransientError, ValidationFailed
@@ -230,7 +230,7 @@ class RequestProcessor:
         if why is not None:
             return FORGED_REQUEST, f"request {what}: signature {why}; nothing called"
         try:
-            step_named(request.Step)
+            self._agent.steps.step_named(request.Step)
         except UnknownStep:
             return UNKNOWN_STEP, f"signed request {what}: no such step here; nothing called"
         return None

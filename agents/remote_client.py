@@ -6,6 +6,7 @@ fencing rejection is permanent: docs/adr/011-agent-retry-budget.md."""
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
 import aiohttp
@@ -41,15 +42,27 @@ class HttpRemoteService:
     """The RemoteService port over aiohttp.
 
     Receives its session (one per process: connection pooling, and the
-    runner owns its lifetime) and the service's base URL. It does not retry:
-    the Agent owns the one retry loop, inside the request's deadline."""
+    runner owns its lifetime), the base URL of the remote services and, for
+    a service that lives elsewhere, its own (`service_urls`: service -> base
+    URL; AgentSettings.url_for). A call goes to
+    `{base URL}/{service}/{operation}`. It does not retry: the Agent owns
+    the one retry loop, inside the request's deadline."""
 
-    def __init__(self, session: aiohttp.ClientSession, base_url: str) -> None:
+    def __init__(
+        self,
+        session: aiohttp.ClientSession,
+        base_url: str,
+        service_urls: Mapping[str, str] | None = None,
+    ) -> None:
         self._session = session
         self._base_url = base_url.rstrip("/")
+        self._service_urls = {s: u.rstrip("/") for s, u in (service_urls or {}).items()}
+
+    def base_url(self, service: str) -> str:
+        return self._service_urls.get(service, self._base_url)
 
     async def call(self, call: RemoteCall, *, timeout: float) -> dict[str, Any]:
-        url = f"{self._base_url}/{call.service}/{call.operation}"
+        url = f"{self.base_url(call.service)}/{call.service}/{call.operation}"
         headers = {
             IDEMPOTENCY_KEY_HEADER: call.idempotency_key,
             FENCING_TOKEN_HEADER: str(call.fencing_token),

@@ -61,12 +61,13 @@ from devstack.cosmos import start_server
 from devstack.process import exit_on_signals
 from domain import state_machine as sm
 from domain.models import OrderSubmitted, ProcessState
+from domain.steps import DEFAULT_CATALOG
 from reporting import Alerts, StatusReporter
 from supervisor.sources import IndexSource, QuerySource
 from supervisor.supervisor import Supervisor
 
 NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
-STEPS = ["reserve-inventory", "charge-payment", "arrange-shipment"]
+STEPS = list(DEFAULT_CATALOG.names)  # domain/steps.json
 POLICY = sm.RetryPolicy(threshold=10)
 
 

@@ -36,6 +36,7 @@ from rich.table import Table
 from adapters.cosmos_client import build_client
 from adapters.settings import load_settings
 from adapters.state_store import CosmosStateStore
+from agents.config import SERVICE_URL_PREFIX, load_step_catalog
 from cli.orders import generate
 from devstack.invariants import INGRESS_QUEUE, observe, records_with_prefix, violations
 from devstack.process import exit_on_signals
@@ -70,6 +71,7 @@ class Demo:
         self.timeout = timeout
         self.settings = load_settings(stack.settings)
         self.remote = stack.settings["REMOTE_SERVICE_URL"]
+        self.steps = load_step_catalog(stack.settings)
         self.prefix = f"DEMO-{uuid.uuid4().hex[:4]}"
         self.orders = list(generate("webshop", "replies-webshop", orders, self.prefix, seed=7))
         self.declined = {o.OrderID for i, o in enumerate(self.orders) if i % 40 == 13}
@@ -78,36 +80,54 @@ class Demo:
 
     # --- setting the scene -----------------------------------------------------------
 
+    def url_for(self, service: str) -> str:
+        """Where `service` is served (its REMOTE_SERVICE_URL__<SERVICE>, else the default)."""
+        return self.stack.settings.get(f"{SERVICE_URL_PREFIX}{service.upper()}") or self.remote
+
     async def faults(self) -> None:
+        """The scene, from the step catalog: crashes after the first step's
+        effect, an outage of the last step's service, and the refusing step
+        (the payment: "card declined") refused for a few orders."""
+        first, last = self.steps.steps[0], self.steps.steps[-1]
+        refused = (self.steps.refused or (first,))[0]
+        refusal = refused.refusal or "refused"
         rules = [
             {"kind": "transient", "service": "*", "rate": 0.1},
             {
                 "kind": "crash",
-                "service": "inventory",
-                "operation": "reserve",
+                "service": first.service,
+                "operation": first.do_operation,
                 "count": 3,
                 "mode": "drop",
             },
             # longer than a step deadline (30 s): those attempts time out and the Supervisor retries them
-            {"kind": "outage", "service": "shipping", "operation": "arrange", "seconds": 40},
+            {
+                "kind": "outage",
+                "service": last.service,
+                "operation": last.do_operation,
+                "seconds": 40,
+            },
         ]
         rules += [
             {
                 "kind": "permanent",
-                "service": "payment",
-                "operation": "charge",
+                "service": refused.service,
+                "operation": refused.do_operation,
                 "order_id": oid,
-                "message": "card declined",
+                "message": refusal,
             }
             for oid in sorted(self.declined)
         ]
+        urls = {self.url_for(service) for service in self.steps.services}
         async with aiohttp.ClientSession() as http:
             for rule in rules:
-                async with http.post(f"{self.remote}/_admin/faults", json=rule) as response:
-                    response.raise_for_status()
+                service = str(rule["service"])
+                for url in sorted(urls) if service == "*" else [self.url_for(service)]:
+                    async with http.post(f"{url}/_admin/faults", json=rule) as response:
+                        response.raise_for_status()
         self.events.append(
-            f"faults: 10% transient errors, 3 crashes after a side effect, a 40 s shipping "
-            f"outage, {len(self.declined)} payments declined"
+            f"faults: 10% transient errors, 3 crashes after a side effect, a 40 s {last.service} "
+            f"outage, {len(self.declined)} {refused.service} calls refused ({refusal})"
         )
 
     async def post(self, client: ServiceBusClient) -> None:

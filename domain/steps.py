@@ -1,9 +1,252 @@
-"""The order workflow's plan: its steps, in execution order.
+"""The step catalog: the order workflow's remote steps, in execution order, as
+data (domain/steps.json), validated here when it is loaded.
 
-Submit writes a state record with these steps, the Scheduler runs them in this
-order (and compensates in reverse order of completion), and the Agents map each
-name to the remote operation that does or undoes it (agents/steps.py)."""
+Each step names the service that runs it, the operation that does it and the
+one that undoes it, the order fields its request carries and, optionally, what
+its provider says when it refuses an order. Submit writes a state record with
+the catalog's steps, the Scheduler runs them in this order (and compensates in
+reverse order of completion), the Agents look up the remote operation of a step
+(or its undo) here, and the local remote service, the simulation, the demo, the
+bench and the tests read it too. Adding a step is one entry in the file plus
+its service's endpoint (a setting, agents/config.py); how, and why it is data:
+docs/adr/019d-one-step-catalog.md.
+
+A process reads one catalog: the shipped file, or the file the setting
+STEP_CATALOG_FILE names (agents.config.load_step_catalog); the simulation and
+the tests pass theirs explicitly."""
 
 from __future__ import annotations
 
-STEP_NAMES: tuple[str, ...] = ("reserve-inventory", "charge-payment", "arrange-shipment")
+import json
+from collections.abc import Iterable, Mapping
+from functools import cached_property
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    ValidationError,
+    model_validator,
+)
+
+Action = Literal["do", "undo"]
+
+# What a step is called on the wire: AgentRequest.Step, the state record's keys
+# and the idempotency key's second half (domain.models.StepName).
+StepNameText = Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9-]{0,31}$")]
+# A service or an operation: one path segment of POST /{service}/{operation},
+# and (upper-cased) the suffix of the service's URL setting.
+Word = Annotated[str, StringConstraints(pattern=r"^[a-z]{1,32}$")]
+
+PAYLOAD_FIELDS: tuple[str, ...] = ("CustomerId", "Lines", "Total", "Currency", "PaymentReference")
+"""The order's data a step's request can carry (orchestrators.contracts.step_payload
+builds them from the order, once per attempt); a step names the ones it needs."""
+
+DEFAULT_CATALOG_FILE = Path(__file__).with_name("steps.json")
+
+
+class CatalogError(ValueError):
+    """A step catalog that cannot be used, saying which entry and why."""
+
+
+class RemoteOperation(BaseModel):
+    """One call on a remote service: `POST /{service}/{operation}`."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    service: Word
+    operation: Word
+
+    @property
+    def path(self) -> str:
+        return f"/{self.service}/{self.operation}"
+
+
+class RemoteStep(BaseModel):
+    """A workflow step that changes a remote system, and how to undo it.
+
+    Attributes:
+        name: the step's name on the wire (AgentRequest.Step, state record keys).
+        service: the remote service that runs it; its base URL is a setting
+            (REMOTE_SERVICE_URL__<SERVICE>, else REMOTE_SERVICE_URL), and the
+            Agent keeps one circuit breaker per service.
+        do: the operation that makes the change.
+        undo: the compensating operation; safe to call when `do` never
+            happened (the service answers "nothing to undo").
+        payload: the order fields (PAYLOAD_FIELDS) its requests carry.
+        refusal: what its provider says when it refuses an order for a
+            business reason ("card declined"), if it does: the simulation and
+            the demo make this step's provider refuse most often.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+    name: StepNameText
+    service: Word
+    do_operation: Word = Field(alias="do")
+    undo_operation: Word = Field(alias="undo")
+    payload: tuple[str, ...] = PAYLOAD_FIELDS
+    refusal: Annotated[str, StringConstraints(min_length=1, max_length=100)] | None = None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> RemoteStep:
+        if self.do_operation == self.undo_operation:
+            raise ValueError(f"do and undo are both {self.do_operation!r}")
+        unknown = [f for f in self.payload if f not in PAYLOAD_FIELDS]
+        if unknown:
+            raise ValueError(
+                f"payload names {unknown}, not order fields; known: {', '.join(PAYLOAD_FIELDS)}"
+            )
+        if len(set(self.payload)) != len(self.payload):
+            raise ValueError("payload names a field twice")
+        return self
+
+    @cached_property
+    def do(self) -> RemoteOperation:
+        return RemoteOperation(service=self.service, operation=self.do_operation)
+
+    @cached_property
+    def undo(self) -> RemoteOperation:
+        return RemoteOperation(service=self.service, operation=self.undo_operation)
+
+    def operation(self, action: Action) -> RemoteOperation:
+        return self.do if action == "do" else self.undo
+
+
+class UnknownStep(KeyError):
+    """A request named a step the catalog does not know."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
+class StepCatalog(BaseModel):
+    """The workflow's steps, in execution order."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    about: str | None = None  # what the file says about itself; not used
+    steps: tuple[RemoteStep, ...]
+
+    @model_validator(mode="after")
+    def _unique(self) -> StepCatalog:
+        if not self.steps:
+            raise ValueError("a catalog needs at least one step")
+        names = [s.name for s in self.steps]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"steps named twice: {twice}")
+        ops: dict[str, str] = {}
+        for step in self.steps:
+            for op in (step.do.path, step.undo.path):
+                if op in ops:
+                    raise ValueError(f"{op} belongs to both {ops[op]!r} and {step.name!r}")
+                ops[op] = step.name
+        return self
+
+    @cached_property
+    def names(self) -> tuple[str, ...]:
+        return tuple(s.name for s in self.steps)
+
+    @cached_property
+    def services(self) -> tuple[str, ...]:
+        """Every service the steps call, in the order the steps first call it."""
+        return tuple(dict.fromkeys(s.service for s in self.steps))
+
+    @cached_property
+    def do_paths(self) -> frozenset[str]:
+        return frozenset(s.do.path.lstrip("/") for s in self.steps)
+
+    @cached_property
+    def undo_paths(self) -> frozenset[str]:
+        return frozenset(s.undo.path.lstrip("/") for s in self.steps)
+
+    @cached_property
+    def refused(self) -> tuple[RemoteStep, ...]:
+        """The steps whose providers refuse orders for business reasons."""
+        return tuple(s for s in self.steps if s.refusal is not None)
+
+    def operations(self) -> dict[str, dict[str, str | None]]:
+        """service -> operation -> the operation it undoes (None for a forward
+        operation): what a remote service serves."""
+        served: dict[str, dict[str, str | None]] = {}
+        for step in self.steps:
+            ops = served.setdefault(step.service, {})
+            ops[step.do_operation] = None
+            ops[step.undo_operation] = step.do_operation
+        return served
+
+    @cached_property
+    def _by_name(self) -> dict[str, RemoteStep]:
+        return {step.name: step for step in self.steps}
+
+    def step_named(self, name: str) -> RemoteStep:
+        step = self._by_name.get(name)
+        if step is not None:
+            return step
+        raise UnknownStep(f"unknown step {name!r}; known steps: {', '.join(self.names)}")
+
+    def compensation_order(self, completed: Iterable[str]) -> list[str]:
+        """The steps to undo, given those completed, in the order to undo them
+        (reverse of the workflow order, whatever order `completed` is in)."""
+        done = set(completed)
+        unknown = done - set(self.names)
+        if unknown:
+            raise UnknownStep(
+                f"unknown steps {sorted(unknown)}; known steps: {', '.join(self.names)}"
+            )
+        return [name for name in reversed(self.names) if name in done]
+
+    def with_steps(self, *extra: RemoteStep | Mapping[str, Any]) -> StepCatalog:
+        """This catalog with `extra` appended (validated like a file's entries)."""
+        return parse_catalog(
+            {"steps": [*(s.model_dump(by_alias=True) for s in self.steps), *extra]}, "added steps"
+        )
+
+
+def parse_catalog(data: Any, source: str = "step catalog") -> StepCatalog:
+    """Validate `data` (a file's JSON) as a catalog; CatalogError names the entry."""
+    if isinstance(data, dict) and isinstance(data.get("steps"), list | tuple):
+        steps = [
+            s.model_dump(by_alias=True) if isinstance(s, RemoteStep) else s for s in data["steps"]
+        ]
+        data = {**data, "steps": steps}
+    try:
+        return StepCatalog.model_validate(data)
+    except ValidationError as exc:
+        raise CatalogError(f"{source}: {_reasons(data, exc)}") from None
+
+
+def load_catalog(path: Path | str = DEFAULT_CATALOG_FILE) -> StepCatalog:
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise CatalogError(f"step catalog {path}: cannot read it: {exc}") from None
+    except ValueError as exc:
+        raise CatalogError(f"step catalog {path}: not JSON: {exc}") from None
+    return parse_catalog(data, f"step catalog {path}")
+
+
+def _reasons(data: Any, exc: ValidationError) -> str:
+    """Each error with the entry it is in: `steps[1] (charge-payment).do: ...`."""
+    out = []
+    for err in exc.errors():
+        loc = list(err["loc"])
+        where = ".".join(str(p) for p in loc) or "(catalog)"
+        if len(loc) >= 2 and loc[0] == "steps" and isinstance(loc[1], int):
+            entry = data["steps"][loc[1]]
+            name = entry.get("name") if isinstance(entry, dict) else None
+            rest = ".".join(str(p) for p in loc[2:])
+            where = (
+                f"steps[{loc[1]}]" + (f" ({name})" if name else "") + (f".{rest}" if rest else "")
+            )
+        out.append(f"{where}: {err['msg']}")
+    return "; ".join(out)
+
+
+DEFAULT_CATALOG: StepCatalog = load_catalog()
+"""The shipped catalog (domain/steps.json)."""

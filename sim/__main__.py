@@ -13,6 +13,8 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from domain.steps import load_catalog
+
 from . import surface
 from .durable import default_version
 from .system import ROWS, Result, liveness_bound, options_for, run_schedule
@@ -40,7 +42,18 @@ def shrink(
             break
         budget -= 1
         trial = drop | {fault.index}
-        again = run_schedule(result.seed, orders, trial, version, hostile, apps, wider, scan, hosts)
+        again = run_schedule(
+            result.seed,
+            orders,
+            trial,
+            version,
+            hostile,
+            apps,
+            wider,
+            scan,
+            hosts,
+            steps=result.options.steps,
+        )
         if again.violations and again.violations[0][0] == check:
             drop, best = trial, again
     return drop, best
@@ -55,9 +68,11 @@ def command(
     apps: int = 2,
     scan: str | None = None,
     hosts: int | None = None,
+    steps_file: str | None = None,
 ) -> str:
     extra = f" --drop {','.join(map(str, sorted(drop)))}" if drop else ""
     extra += f" --scan {scan}" if scan else ""
+    extra += f" --steps {steps_file}" if steps_file else ""
     extra += f" --version {version}" if version else ""
     extra += f" --hostile {hostile}" if hostile is not None else ""
     extra += f" --apps {apps}" if apps != 2 else ""
@@ -157,6 +172,12 @@ def main(argv: list[str] | None = None) -> int:
         "about half each)",
     )
     p.add_argument(
+        "--steps",
+        default=None,
+        metavar="FILE",
+        help="a step catalog to run instead of domain/steps.json (e.g. one with a step added)",
+    )
+    p.add_argument(
         "--fault-surface",
         nargs="?",
         const="report",
@@ -178,6 +199,7 @@ def main(argv: list[str] | None = None) -> int:
 def _run(args: argparse.Namespace, recorder: surface.Recorder | None) -> int:
 
     seeds = [args.seed] if args.seed is not None else range(args.start, args.start + args.seeds)
+    steps = load_catalog(args.steps) if args.steps else None
     drop = frozenset(int(x) for x in args.drop.split(",") if x)
     print(
         f"workflow version: {args.version or default_version()}; liveness bound after faults stop: "
@@ -206,6 +228,7 @@ def _run(args: argparse.Namespace, recorder: surface.Recorder | None) -> int:
             not args.narrow,
             args.scan,
             args.hosts,
+            steps=steps,
         )
         n += 1
         faults.update(f.kind for f in result.faults)
@@ -257,6 +280,8 @@ def _run(args: argparse.Namespace, recorder: surface.Recorder | None) -> int:
                 seed, args.orders, shrunk, args.version, hostile, args.apps, args.scan, args.hosts
             )
         )
+        replay = command(seed, args.orders, shrunk, args.version, hostile, args.apps, args.steps)
+        print(f"  replay: {replay}")
         if args.record:
             record(
                 seed, args.orders, result.violations, args.version, hostile, args.apps, args.hosts

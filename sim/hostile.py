@@ -23,7 +23,6 @@ from typing import TYPE_CHECKING, Any
 
 from adapters.settlement import ORIGINAL_ID_PROPERTY
 from domain.ids import reply_event_name
-from domain.steps import STEP_NAMES
 
 from .world import START
 
@@ -61,6 +60,11 @@ class Hostile:
         self.rng = random.Random(f"hostile/{sim.seed}")
         self.forged: dict[str, tuple[str, str]] = {}  # message id -> (queue, kind)
         self.effects: list[str] = []
+        steps = sim.o.steps
+        self.steps = steps.names
+        # The step a ghost charge and a forged refund aim at: the one whose
+        # provider refuses orders (the payment, in domain/steps.json).
+        self.money = (steps.refused or steps.steps)[0].name
 
     @property
     def pending(self) -> int:
@@ -146,7 +150,7 @@ class Hostile:
         if seen and self.rng.random() < 0.8:
             return dict(seen[-1] if self.rng.random() < 0.6 else self.rng.choice(seen))
         oid = self.rng.choice(self.sim.order_ids)
-        step = self.rng.choice(STEP_NAMES)
+        step = self.rng.choice(self.steps)
         attempt = self.rng.randint(1, 3)
         return {
             "SchemaVersion": 1,
@@ -197,7 +201,7 @@ class Hostile:
                 Error="card declined",
             )
         elif kind == "next-step-real-token":
-            later = [s for s in STEP_NAMES if s != req["Step"]]
+            later = [s for s in self.steps if s != req["Step"]]
             step = self.rng.choice(later)
             reply.update(
                 Step=step,
@@ -213,7 +217,7 @@ class Hostile:
         req = self._target(seen)
         if kind == "fence-999":
             oid = self.rng.choice(self.sim.order_ids)  # perhaps not submitted yet
-            step = self.rng.choice(STEP_NAMES)
+            step = self.rng.choice(self.steps)
             req.update(
                 InstanceId=f"{oid}:1",
                 OrderID=oid,
@@ -236,20 +240,20 @@ class Hostile:
             req.update(
                 InstanceId=f"{oid}:1",
                 OrderID=oid,
-                Step="charge-payment",
+                Step=self.money,
                 Action="do",
                 Attempt=1,
-                IdempotencyKey=f"{oid}/charge-payment",
+                IdempotencyKey=f"{oid}/{self.money}",
                 FencingToken=1,
-                ReplyEvent=reply_event_name("charge-payment", 1),
+                ReplyEvent=reply_event_name(self.money, 1),
                 Signature=None,
             )
         elif kind == "refund":
             req.update(
-                Step="charge-payment",
+                Step=self.money,
                 Action="undo",
-                IdempotencyKey=f"{req['OrderID']}/charge-payment",
-                ReplyEvent=reply_event_name("charge-payment", req["Attempt"], "undo-0"),
+                IdempotencyKey=f"{req['OrderID']}/{self.money}",
+                ReplyEvent=reply_event_name(self.money, req["Attempt"], "undo-0"),
                 Signature=None,
             )
         elif kind == "changed-payload":

@@ -54,7 +54,7 @@ from domain.errors import DomainError, TransientError
 from domain.ids import order_key, reply_event_name
 from domain.signing import KeyRing
 from domain.state_machine import MAX_COMPENSATION_RESTARTS
-from domain.steps import STEP_NAMES
+from domain.steps import DEFAULT_CATALOG, StepCatalog
 from orchestrators.reply_bridge import on_reply_message
 from orchestrators.starter import Starter
 from reporting import Alerts, StatusReporter
@@ -170,6 +170,8 @@ class Options:
     # A declined "do" was applied before the provider refused it (an
     # authorisation held, then the capture declined): its undo is owed.
     applied_declines: bool = False
+    # The workflow's steps (domain/steps.json unless a test adds one).
+    steps: StepCatalog = DEFAULT_CATALOG
 
 
 def options_for(
@@ -261,7 +263,7 @@ def liveness_bound(o: Options) -> timedelta:
     runs every step to its deadline and is found by the supervisor past its
     slack; then the long-retry delays; then a compensation that lets every
     undo try run to its deadline."""
-    steps = len(STEP_NAMES)
+    steps = len(o.steps.steps)
     attempt = (
         STARTER_PERIOD
         + o.retry.claim_timeout.total_seconds()
@@ -276,6 +278,25 @@ def liveness_bound(o: Options) -> timedelta:
         + compensation
         + 60
     )
+
+
+def refusals(steps: StepCatalog) -> tuple[tuple[str, ...], ...]:
+    """The operations a declined order's provider refuses (one is drawn per
+    declined order), from the catalog: mostly a step whose provider refuses
+    orders (its entry has a `refusal`; twice as often), sometimes another
+    step, sometimes the last step and then the undo of the first refusing
+    step (CompensationFailed). For domain/steps.json: the charge twice, the
+    reservation, the shipment, and the shipment with the refund."""
+    refusing = steps.refused
+    table = [(f"{s.service}/{s.do_operation}",) for s in refusing for _ in range(2)]
+    table += [(f"{s.service}/{s.do_operation}",) for s in steps.steps if s.refusal is None]
+    if refusing:
+        last = steps.steps[-1]
+        first = refusing[0]
+        table.append(
+            (f"{last.service}/{last.do_operation}", f"{first.service}/{first.undo_operation}")
+        )
+    return tuple(table)
 
 
 def status_ok(status: int) -> bool:
@@ -301,11 +322,17 @@ class SimRemote:
     idempotency and fencing, answers interpreted by the product's own HTTP
     client rules, and the seed's faults (outage, permanent decline)."""
 
-    def __init__(self, world: World, declines: dict[str, tuple[tuple[str, ...], str]]) -> None:
+    def __init__(
+        self,
+        world: World,
+        declines: dict[str, tuple[tuple[str, ...], str]],
+        steps: StepCatalog = DEFAULT_CATALOG,
+    ) -> None:
         self.world = world
-        self.ledger = Ledger()
+        self.ledger = Ledger(operations=steps.operations())
         self.declines = declines
         self.applied_declines = False  # Options.applied_declines
+        self.do_paths = steps.do_paths  # "service/operation" of every step's do
         self.calls: list[tuple[str, str, int, str]] = []  # (key, op, token, outcome)
         self.on_call: Callable[[RemoteCall], None] | None = None  # the simulation's check
 
@@ -333,7 +360,7 @@ class SimRemote:
             status, text = 503, json.dumps({"code": "Unavailable", "error": "service unavailable"})
         elif op in self.declines.get(order_id, ((),))[0]:
             self.world.faults.hit("decline")
-            if self.applied_declines and call.operation in ("reserve", "charge", "arrange"):
+            if self.applied_declines and op in self.do_paths:
                 # Applied, then refused (idempotent: a retry applies nothing more).
                 self.ledger.apply(
                     call.service,
@@ -628,23 +655,17 @@ class Simulation:
         declines = {}
         for oid in self.order_ids:
             if w.faults.draw(self.o.faults.decline, "decline", oid):
-                # Mostly the payment; sometimes another step; sometimes the
-                # shipment fails and then the refund is refused (CompensationFailed).
-                ops = rng.choice(
-                    (
-                        ("payment/charge",),
-                        ("payment/charge",),
-                        ("inventory/reserve",),
-                        ("shipping/arrange",),
-                        ("shipping/arrange", "payment/refund"),
-                    )
-                )
+                ops = rng.choice(refusals(self.o.steps))
                 declines[oid] = (ops, _random_text(rng))
-        self.remote = SimRemote(w, declines)
+        self.remote = SimRemote(w, declines, self.o.steps)
         self.remote.on_call = self._on_remote_call
         self.remote.applied_declines = self.o.applied_declines
         self.agent = Agent(
-            self.remote, SimClock(w, "agent"), AgentPolicy(), rng=random.Random(f"agent/{seed}")
+            self.remote,
+            SimClock(w, "agent"),
+            AgentPolicy(),
+            rng=random.Random(f"agent/{seed}"),
+            steps=self.o.steps,
         )
         from activities.scheduler_activities import SchedulerActivities
 
@@ -653,7 +674,7 @@ class Simulation:
             self.store,
             self.orders_repo,
             self.publisher,
-            STEP_NAMES,
+            self.o.steps.names,
             self.agent,
             {},
             self.index,
@@ -697,7 +718,11 @@ class Simulation:
             self.agent
             if (k, generation) == (0, 0)
             else Agent(
-                self.remote, SimClock(w, "agent" + name), AgentPolicy(), rng=random.Random(rng)
+                self.remote,
+                SimClock(w, "agent" + name),
+                AgentPolicy(),
+                rng=random.Random(rng),
+                steps=self.o.steps,
             )
         )
         # With its alerts, as bootstrap.request_processor builds it.
@@ -716,7 +741,7 @@ class Simulation:
             self.orders_repo,
             StatusReporter(self.publisher),
             Alerts(self.publisher),
-            list(STEP_NAMES),
+            list(self.o.steps.names),
             backlog=BacklogReader(
                 self.store,
                 self.settings.backlog_gauge_max_age.total_seconds(),
@@ -1578,7 +1603,7 @@ class Simulation:
         for key in self.legacy:
             order = OrderSubmitted.model_validate_json(self._order_body(key))
             record = sm.mark_received_sent(
-                sm.new_record(order, START, list(STEP_NAMES), key), START
+                sm.new_record(order, START, list(self.o.steps.names), key), START
             )
             self.orders_c.docs[(key, key)] = self.orders_c._stamp(order_document(order, key))
             self.state_c.docs[(key, key)] = self.state_c._stamp(state_document(record))
@@ -1678,7 +1703,7 @@ class Simulation:
             w.faults.outage = (
                 s,
                 s + timedelta(seconds=length),
-                w.data_rng.choice(("inventory", "payment", "shipping")),
+                w.data_rng.choice(self.o.steps.services),
             )
         if f.foreign_docs and w.faults.draw(1.0, "foreign_docs"):
             self._foreign_documents(fault_end)
@@ -1803,7 +1828,7 @@ class Simulation:
         net: Counter[tuple[str, str]] = Counter()
         for key, count in self.remote.ledger.effects.items():
             order, step, op = key.split("|")
-            forward = op.split("/")[1] in ("reserve", "charge", "arrange")
+            forward = op in self.o.steps.do_paths
             net[(order, step)] += count if forward else -count
         for (order, step), n in sorted(net.items()):
             if n <= 0:
@@ -1845,7 +1870,7 @@ class Simulation:
                 permanent[(key, op)] = 10**9
             if (
                 outcome == "permanent"
-                and not op.endswith(("release", "refund", "cancel"))
+                and op not in self.o.steps.undo_paths
                 and self._acted_on(key.partition("/")[0], key.partition("/")[2], token)
             ):
                 permanent.setdefault((key, op), token)
@@ -1869,7 +1894,8 @@ class Simulation:
         # instance's first undo request of each step comes after the undo of
         # every later step, whatever was completed, failed or resumed.
         for iid, undone in sorted(self.undo_sent.items()):
-            order = [STEP_NAMES.index(s) for s in undone if s in STEP_NAMES]
+            names = self.o.steps.names
+            order = [names.index(s) for s in undone if s in names]
             if order != sorted(order, reverse=True):
                 self.fail(
                     "compensation undoes in reverse order", f"{iid} undid {', '.join(undone)}"
@@ -1894,9 +1920,7 @@ class Simulation:
                 answered = {
                     k.split("/", 1)[1]
                     for k, op, _, out in self.remote.calls
-                    if k.startswith(oid + "/")
-                    and out == "ok"
-                    and op.endswith(("release", "refund", "cancel"))
+                    if k.startswith(oid + "/") and out == "ok" and op in self.o.steps.undo_paths
                 }
                 if failed and all(s in answered for s in failed):
                     self.fail(
@@ -2040,7 +2064,7 @@ class Simulation:
         # forged ok or a lost one would leave a step without it)
         for oid, doc in docs.items():
             if doc and doc["ProcessState"] == "Processed":
-                missing = [s for s in STEP_NAMES if net[(oid, s)] != 1]
+                missing = [s for s in self.o.steps.names if net[(oid, s)] != 1]
                 if missing:
                     self.fail(
                         "Processed order applied every step",
@@ -2197,20 +2221,17 @@ def run_schedule(
     wider: bool = True,
     scan: str | None = None,
     hosts: int | None = None,
+    *,
+    steps: StepCatalog | None = None,
 ) -> Result:
+    """`steps`: run this step catalog instead of domain/steps.json (the
+    seed's other choices stay what they are)."""
     logging.disable(logging.CRITICAL)
     warnings.filterwarnings("ignore", message="Potential duplicate Task completion")
-    sim = Simulation(
-        seed,
-        orders,
-        drop,
-        version=version,
-        hostile=hostile,
-        apps=apps,
-        wider=wider,
-        scan=scan,
-        hosts=hosts,
-    )
+    options = options_for(seed, orders, version, hostile, apps, wider, hosts)
+    if steps is not None:
+        options = replace(options, steps=steps)
+    sim = Simulation(seed, orders, drop, options=options, scan=scan)
     loop = asyncio.new_event_loop()
     try:
         loop.run_until_complete(sim.run())
@@ -2236,6 +2257,7 @@ __all__ = [
     "Simulation",
     "liveness_bound",
     "options_for",
+    "refusals",
     "replace",
     "run_schedule",
 ]

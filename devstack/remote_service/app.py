@@ -1,6 +1,7 @@
 """The aiohttp application of the remote service.
 
-Business calls: `POST /{service}/{operation}` (see ledger.CATALOG).
+Business calls: `POST /{service}/{operation}`, the operations of the step
+catalog it was started with (domain/steps.json unless told otherwise).
 
 Admin API (for tests and demos):
 
@@ -33,6 +34,7 @@ from pydantic import ValidationError
 
 from devstack.remote_service.faults import FaultBook, FaultRule
 from devstack.remote_service.ledger import Ledger
+from domain.steps import DEFAULT_CATALOG, StepCatalog
 
 log = logging.getLogger("remote_service")
 
@@ -59,12 +61,15 @@ def create_app(
     state_file: Path | None = None,
     seed: int | None = None,
     exit: Callable[[int], Any] = os._exit,
+    steps: StepCatalog = DEFAULT_CATALOG,
 ) -> web.Application:
     """Build the app; with `state_file` the ledger is loaded from it and
     written back after every change. `exit` is what a `crash` rule in mode
-    `exit` calls (the real process exit, unless a test passes its own)."""
+    `exit` calls (the real process exit, unless a test passes its own).
+    `steps`: the catalog whose operations it serves."""
     app = web.Application()
-    ledger = Ledger.load(state_file) if state_file else Ledger()
+    operations = steps.operations()
+    ledger = Ledger.load(state_file, operations) if state_file else Ledger(operations=operations)
     app[STATE] = ServiceState(ledger, FaultBook(rng=random.Random(seed)), state_file, exit)
     app.router.add_get("/_admin/health", _health)
     app.router.add_post("/_admin/faults", _add_faults)
@@ -157,7 +162,8 @@ async def _add_faults(request: web.Request) -> web.Response:
     if not isinstance(raw_rules, list) or not raw_rules:
         return _bad('send a rule object or {"rules": [rule, ...]}')
     try:
-        rules = [FaultRule.model_validate(raw) for raw in raw_rules]
+        context = {"operations": state.ledger.operations}
+        rules = [FaultRule.model_validate(raw, context=context) for raw in raw_rules]
     except ValidationError as exc:
         reasons = "; ".join(
             f"{'.'.join(str(p) for p in err['loc']) or '(rule)'}: {err['msg']}"
@@ -196,7 +202,7 @@ async def _requests(request: web.Request) -> web.Response:
 
 async def _reset(request: web.Request) -> web.Response:
     state = request.app[STATE]
-    state.ledger = Ledger()
+    state.ledger = Ledger(operations=state.ledger.operations)
     state.faults.clear()
     state.persist()
     return web.json_response({"status": "reset"})

@@ -27,9 +27,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, model_validator
 
-from devstack.remote_service.ledger import CATALOG
+from devstack.remote_service.ledger import CATALOG, Operations
 
 Kind = Literal["latency", "transient", "outage", "permanent", "crash"]
 
@@ -50,11 +50,13 @@ class FaultRule(BaseModel):
     mode: Literal["drop", "error", "exit"] = "drop"
 
     @model_validator(mode="after")
-    def _consistent(self) -> FaultRule:
-        if self.service != "*" and self.service not in CATALOG:
-            raise ValueError(f"unknown service {self.service!r}; known: {', '.join(CATALOG)}")
+    def _consistent(self, info: ValidationInfo) -> FaultRule:
+        # The service's own catalog when it validates (context "operations").
+        served: Operations = (info.context or {}).get("operations") or CATALOG
+        if self.service != "*" and self.service not in served:
+            raise ValueError(f"unknown service {self.service!r}; known: {', '.join(served)}")
         if self.operation is not None:
-            services = CATALOG if self.service == "*" else {self.service: CATALOG[self.service]}
+            services = served if self.service == "*" else {self.service: served[self.service]}
             if not any(self.operation in ops for ops in services.values()):
                 raise ValueError(f"unknown operation {self.operation!r} for {self.service!r}")
         if self.kind in ("latency", "outage") and self.seconds is None:

@@ -13,21 +13,26 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-# service -> operation -> the operation it undoes (None for a forward operation)
-CATALOG: dict[str, dict[str, str | None]] = {
-    "inventory": {"reserve": None, "release": "reserve"},
-    "payment": {"charge": None, "refund": "charge"},
-    "shipping": {"arrange": None, "cancel": "arrange"},
-}
+from domain.steps import DEFAULT_CATALOG
 
-_DONE_STATUS = {
-    "reserve": "reserved",
-    "release": "released",
-    "charge": "charged",
-    "refund": "refunded",
-    "arrange": "arranged",
-    "cancel": "cancelled",
-}
+Operations = dict[str, dict[str, str | None]]
+"""service -> operation -> the operation it undoes (None for a forward one):
+what the service serves, from the step catalog (StepCatalog.operations)."""
+
+CATALOG: Operations = DEFAULT_CATALOG.operations()
+"""The shipped step catalog's operations; a service started with another
+catalog (--catalog, STEP_CATALOG_FILE) serves that one's."""
+
+
+def done_status(operation: str) -> str:
+    """What an applied operation answers as its Status: reserve -> reserved,
+    charge -> charged, cancel -> cancelled, refund -> refunded."""
+    if operation.endswith("e"):
+        return f"{operation}d"
+    if operation.endswith("l"):
+        return f"{operation}led"
+    return f"{operation}ed"
+
 
 STATE_VERSION = 1
 
@@ -55,6 +60,7 @@ class Ledger:
     requests: Counter[str] = field(default_factory=Counter)
     replays: int = 0
     sequence: int = 0
+    operations: Operations = field(default_factory=lambda: CATALOG)
 
     # --- the business operation ---------------------------------------------------
 
@@ -62,7 +68,8 @@ class Ledger:
         self, service: str, operation: str, key: str | None, token_text: str | None, body: Any
     ) -> Answer:
         """Validate, fence, de-duplicate, then apply one operation."""
-        if service not in CATALOG or operation not in CATALOG[service]:
+        catalog = self.operations
+        if service not in catalog or operation not in catalog[service]:
             return _error(404, "UnknownOperation", f"no operation {service}/{operation}")
         if not key:
             return _error(400, "MissingIdempotencyKey", "header Idempotency-Key is required")
@@ -98,9 +105,9 @@ class Ledger:
             self.replays += 1
             return Answer(stored["status"], stored["body"], replayed=True)
 
-        undoes = CATALOG[service][operation]
+        undoes = catalog[service][operation]
         if undoes is None:
-            undo_ops = [o for o, target in CATALOG[service].items() if target == operation]
+            undo_ops = [o for o, target in catalog[service].items() if target == operation]
             if any(_join(key, f"{service}/{u}") in self.results for u in undo_ops):
                 # A late forward call after its compensation: refuse rather
                 # than leave an effect nobody will undo.
@@ -129,7 +136,7 @@ class Ledger:
         self.effects[_join(order_id, step, op)] += 1
         body = {
             "Reference": f"{op.replace('/', '-')}-{self.sequence:06d}",
-            "Status": _DONE_STATUS[operation],
+            "Status": done_status(operation),
             "OrderID": order_id,
             "Step": step,
             "Operation": op,
@@ -140,7 +147,7 @@ class Ledger:
     def count_request(self, service: str, operation: str, key: str | None) -> None:
         """Count a business call as it arrives, before faults or checks, so a
         test can tell "the agent did not call" from "the call failed"."""
-        if service in CATALOG and operation in CATALOG[service]:
+        if service in self.operations and operation in self.operations[service]:
             order_id = (key or "").partition("/")[0] or "(none)"
             self.requests[_join(service, operation, order_id.replace("|", "_"))] += 1
 
@@ -183,10 +190,11 @@ class Ledger:
         }
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Ledger:
+    def from_json(cls, data: dict[str, Any], operations: Operations | None = None) -> Ledger:
         if data.get("version") != STATE_VERSION:
             raise ValueError(f"state file version {data.get('version')!r} is not {STATE_VERSION}")
         return cls(
+            operations=operations or CATALOG,
             results=dict(data["results"]),
             fences={k: int(v) for k, v in data["fences"].items()},
             effects=Counter({k: int(v) for k, v in data["effects"].items()}),
@@ -211,10 +219,10 @@ class Ledger:
             raise
 
     @classmethod
-    def load(cls, path: Path) -> Ledger:
+    def load(cls, path: Path, operations: Operations | None = None) -> Ledger:
         if not path.exists():
-            return cls()
-        return cls.from_json(json.loads(path.read_text()))
+            return cls(operations=operations or CATALOG)
+        return cls.from_json(json.loads(path.read_text()), operations)
 
 
 def _join(*parts: str) -> str:

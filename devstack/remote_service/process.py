@@ -69,15 +69,19 @@ def start_remote_service(
     seed: int | None = None,
     ready_timeout: float = 20.0,
     log_level: str = "INFO",
+    catalog: Path | None = None,
 ) -> RemoteServiceProcess:
     """Start the service on 127.0.0.1 (`port` 0: a free one) and wait for its
-    ready line; raise RuntimeError with its log if it does not come."""
+    ready line; raise RuntimeError with its log if it does not come.
+    `catalog`: the step catalog file whose operations it serves."""
     args = [sys.executable, "-m", "devstack.remote_service", "--port", str(port)]
     args += ["--log-level", log_level]
     if state_file is not None:
         args += ["--state-file", str(state_file)]
     if seed is not None:
         args += ["--seed", str(seed)]
+    if catalog is not None:
+        args += ["--catalog", str(catalog)]
     fd, log_name = tempfile.mkstemp(prefix="remote-service-", suffix=".log")
     log_file = os.fdopen(fd, "w")
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}

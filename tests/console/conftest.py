@@ -13,9 +13,10 @@ from console.views import Deps
 from domain import state_machine as sm
 from domain.ids import attempt_instance_id
 from domain.models import OrderState, OrderSubmitted
+from domain.steps import DEFAULT_CATALOG
 from tests.builders import order_payload
 
-STEPS = ["reserve-inventory", "charge-payment", "arrange-shipment"]
+STEPS = list(DEFAULT_CATALOG.names)  # domain/steps.json
 POLICY = sm.RetryPolicy(
     threshold=2,
     long_retries=1,

@@ -22,7 +22,7 @@ from domain.codec import encode
 from domain.errors import NotFoundError
 from domain.ids import order_key
 from domain.models import ProcessState
-from domain.steps import STEP_NAMES
+from domain.steps import DEFAULT_CATALOG
 from tests.e2e.conftest import E2E
 
 pytestmark = [pytest.mark.timeout(300)]
@@ -112,7 +112,9 @@ async def test_two_applications_post_one_order_id_and_both_are_processed(stack):
             for r in effects
             if r["order_id"].rpartition(":")[2] in ids and r["count"] > 0
         )
-        assert applied == {order_key(a, oid): len(STEP_NAMES) for a in APPS for oid in ids}
+        assert applied == {
+            order_key(a, oid): len(DEFAULT_CATALOG.names) for a in APPS for oid in ids
+        }
 
 
 async def test_an_order_the_previous_version_accepted_is_processed_and_found(stack):
@@ -133,7 +135,9 @@ async def test_an_order_the_previous_version_accepted_is_processed_and_found(sta
             )
             await orders.create_if_absent(order, oid)
             now = datetime.now(UTC)
-            record = sm.mark_received_sent(sm.new_record(order, now, list(STEP_NAMES), oid), now)
+            record = sm.mark_received_sent(
+                sm.new_record(order, now, list(DEFAULT_CATALOG.names), oid), now
+            )
             await e2e.store.create_if_absent(record)
 
             records = await e2e.wait_terminal({oid}, timeout=150, revive=False)

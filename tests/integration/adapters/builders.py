@@ -7,10 +7,11 @@ from typing import Any
 
 from domain import state_machine as sm
 from domain.models import OrderState, OrderSubmitted
+from domain.steps import DEFAULT_CATALOG
 from tests.builders import order_payload
 
 NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
-STEPS = ["reserve-inventory", "charge-payment", "arrange-shipment"]
+STEPS = list(DEFAULT_CATALOG.names)  # domain/steps.json
 POLICY = sm.RetryPolicy(
     threshold=3, long_retries=1, long_delay=timedelta(hours=1), claim_timeout=timedelta(seconds=60)
 )

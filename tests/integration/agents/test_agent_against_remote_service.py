@@ -47,7 +47,7 @@ def make_request(
         attempt,
         action,
         datetime.now(UTC) + timedelta(seconds=deadline_in),
-        {"Amount": "10.00"},
+        {"Total": "10.00"},
     )
 
 

@@ -49,7 +49,7 @@ async def test_a_declined_card_quoted_by_the_provider_is_stored_nowhere(
         1,
         "do",
         datetime.now(UTC) + timedelta(seconds=10),
-        {"Amount": "10.00"},
+        {"Total": "10.00"},
     )
 
     reply = await agent.handle(request)

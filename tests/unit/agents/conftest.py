@@ -67,5 +67,5 @@ def request(
         attempt,
         action,
         T0 + timedelta(seconds=deadline_in),
-        {"Amount": "12.50", "Currency": "EUR"},
+        {"Total": "12.50", "Currency": "EUR"},
     )

@@ -3,16 +3,18 @@ and a clock that only moves when the agent sleeps or a call takes time."""
 
 from __future__ import annotations
 
+import random
 from datetime import timedelta
 
 import pytest
 
-from agents.agent import reply_event_id
+from agents.agent import Agent, reply_event_id
 from agents.remote_client import FencingRejected
 from domain.errors import PermanentError, TransientError
 from domain.models import ReplyOutcome
-from tests.unit.agents.conftest import request
-from tests.unit.agents.fakes import Outcome
+from tests.builders import agent_request
+from tests.unit.agents.conftest import POLICY, request
+from tests.unit.agents.fakes import T0, Outcome
 
 
 def transient(message: str = "HTTP 503", retry_after: float | None = None) -> Outcome:
@@ -42,7 +44,7 @@ async def test_ok_reply_carries_the_result_and_names_the_waiting_event(agent, re
     assert (made.call.service, made.call.operation) == ("payment", "charge")
     assert made.call.idempotency_key == "o-1/charge-payment"
     assert made.call.fencing_token == 2
-    assert made.call.body["Payload"] == {"Amount": "12.50", "Currency": "EUR"}
+    assert made.call.body["Payload"] == {"Total": "12.50", "Currency": "EUR"}
 
 
 async def test_undo_calls_the_compensating_operation_with_the_same_key(agent, remote):
@@ -332,3 +334,25 @@ def test_the_reply_id_is_stable_and_fits_the_contract_for_long_order_ids():
     assert event_id != reply_event_id(
         request("arrange-shipment", order_id=long_order, attempt=12345)
     )
+
+
+async def test_a_call_carries_only_the_order_fields_its_step_takes(remote, clock):
+    from tests.added_step import with_warehouse_step
+
+    agent = Agent(remote, clock, POLICY, rng=random.Random(1), steps=with_warehouse_step())
+    payload = {"CustomerId": "C-1", "Lines": [{"Sku": "S-1"}], "Total": "1.00", "Currency": "EUR"}
+    req = agent_request(
+        "o-1", "reserve-warehouse-slot", 1, "do", T0 + timedelta(seconds=60), payload
+    )
+
+    reply = await agent.handle(req)
+
+    assert reply.Outcome is ReplyOutcome.OK
+    [made] = remote.calls
+    assert (made.call.service, made.call.operation) == ("warehouse", "reserve")
+    assert made.call.body == {
+        "OrderID": "o-1",
+        "Step": "reserve-warehouse-slot",
+        "Action": "do",
+        "Payload": {"Lines": [{"Sku": "S-1"}]},
+    }

@@ -107,3 +107,54 @@ def test_the_app_reads_both_key_settings_and_says_which_is_missing():
         {**base, "REPLY_TOKEN_KEYS": new_key(), "AGENT_SIGNING_KEYS": new_key()}
     ).scheduler_keys()
     assert keys.tokens.current_id != keys.agents.current_id
+
+
+def test_a_service_may_live_at_its_own_base_url(tmp_path):
+    from tests.added_step import write_catalog
+
+    env = {
+        "REMOTE_SERVICE_URL": "http://remote:9000",
+        "REMOTE_SERVICE_URL__PAYMENT": "https://payments.example.com/api",
+        "REMOTE_SERVICE_URL__WAREHOUSE": "http://warehouse:9100",
+        "STEP_CATALOG_FILE": str(write_catalog(tmp_path / "steps.json")),
+    }
+    settings = load_agent_settings(env)
+
+    assert settings.steps.names[-1] == "reserve-warehouse-slot"
+    assert settings.url_for("payment") == "https://payments.example.com/api"
+    assert settings.url_for("warehouse") == "http://warehouse:9100"
+    assert settings.url_for("inventory") == "http://remote:9000"
+    assert settings.url_for("shipping") == "http://remote:9000"
+
+
+def test_a_service_url_for_no_service_of_the_catalog_is_refused():
+    """A typo would send the service's calls to the default URL unnoticed."""
+    with pytest.raises(SettingsError, match=r"REMOTE_SERVICE_URL__PAYMNET names no service"):
+        load_agent_settings({"REMOTE_SERVICE_URL__PAYMNET": "http://x"})
+    # The shipped catalog has no warehouse: its URL is refused until the step is added.
+    with pytest.raises(SettingsError, match="services: inventory, payment, shipping"):
+        load_agent_settings({"REMOTE_SERVICE_URL__WAREHOUSE": "http://x"})
+
+
+def test_a_service_url_is_checked_like_the_default():
+    with pytest.raises(SettingsError, match="REMOTE_SERVICE_URL__PAYMENT must be an http"):
+        load_agent_settings({"REMOTE_SERVICE_URL__PAYMENT": "payments:443"})
+    azure = {
+        "WEBSITE_SITE_NAME": "func-orders",
+        "REMOTE_SERVICE_URL": "https://remote.example.com",
+        "REMOTE_SERVICE_URL__PAYMENT": "http://127.0.0.1:7081",
+    }
+    with pytest.raises(SettingsError, match=r"REMOTE_SERVICE_URL__PAYMENT .* loopback"):
+        load_agent_settings(azure)
+
+
+def test_a_bad_catalog_file_is_refused_naming_the_setting_and_the_entry(tmp_path):
+    bad = tmp_path / "steps.json"
+    bad.write_text('{"steps": [{"name": "x", "service": "s", "do": "a", "undo": "a"}]}')
+    with pytest.raises(SettingsError, match=r"STEP_CATALOG_FILE: step catalog .*steps\[0\] \(x\)"):
+        load_agent_settings({"STEP_CATALOG_FILE": str(bad)})
+    assert load_agent_settings({}).steps.names == (
+        "reserve-inventory",
+        "charge-payment",
+        "arrange-shipment",
+    )

@@ -3,14 +3,15 @@ from __future__ import annotations
 import pytest
 
 from agents.steps import (
-    STEP_NAMES,
-    STEPS,
+    DEFAULT_CATALOG,
     UnknownStep,
     compensation_for,
     compensation_order,
     step_named,
 )
 from domain.ids import idempotency_key
+
+STEP_NAMES = DEFAULT_CATALOG.names
 
 
 def test_the_workflow_order_is_reserve_charge_ship():
@@ -49,4 +50,4 @@ def test_unknown_steps_are_named_in_the_error():
         step_named("polish-shoes")
     with pytest.raises(UnknownStep, match="polish-shoes"):
         compensation_order(["polish-shoes"])
-    assert len(STEPS) == 3
+    assert len(DEFAULT_CATALOG.steps) == 3

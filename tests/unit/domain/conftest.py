@@ -8,10 +8,11 @@ import pytest
 
 from domain import state_machine as sm
 from domain.models import OrderSubmitted
+from domain.steps import DEFAULT_CATALOG
 from tests.builders import order_payload
 
 NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
-STEPS = ["reserve-inventory", "charge-payment", "arrange-shipment"]
+STEPS = list(DEFAULT_CATALOG.names)  # domain/steps.json
 
 
 @pytest.fixture

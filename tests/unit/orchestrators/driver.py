@@ -18,6 +18,7 @@ from devstack.host.replay import SCHEDULING_EVENTS, run_episode
 from domain import state_machine as sm
 from domain.ids import order_key, parse_attempt_instance_id
 from domain.models import AgentReply, AgentRequest, OrderSubmitted
+from domain.steps import DEFAULT_CATALOG
 from orchestrators.contracts import SendRequest
 from orchestrators.order_workflow import CURRENT_VERSION, order_workflow
 from orchestrators.starter import Starter
@@ -25,7 +26,7 @@ from tests.builders import KEYS, ReadClock, order_payload
 from tests.fakes import FakeOrders, FakeStateStore, RecordingPublisher
 
 T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
-STEPS = ["reserve-inventory", "charge-payment", "arrange-shipment"]
+STEPS = list(DEFAULT_CATALOG.names)  # domain/steps.json
 POLICY = sm.RetryPolicy(
     threshold=3, long_retries=1, long_delay=timedelta(hours=1), claim_timeout=timedelta(seconds=60)
 )
