@@ -28,6 +28,7 @@ def shrink(
     hostile: int | None = None,
     apps: int = 2,
     wider: bool = True,
+    fallible: bool = True,
 ) -> tuple[frozenset[int], Result]:
     """Drop faults one at a time while the same check still fails."""
     check = result.violations[0][0]
@@ -38,7 +39,7 @@ def shrink(
             break
         budget -= 1
         trial = drop | {fault.index}
-        again = run_schedule(result.seed, orders, trial, version, hostile, apps, wider)
+        again = run_schedule(result.seed, orders, trial, version, hostile, apps, wider, fallible)
         if again.violations and again.violations[0][0] == check:
             drop, best = trial, again
     return drop, best
@@ -51,8 +52,10 @@ def command(
     version: str | None = None,
     hostile: int | None = None,
     apps: int = 2,
+    fallible: bool = True,
 ) -> str:
     extra = f" --drop {','.join(map(str, sorted(drop)))}" if drop else ""
+    extra += "" if fallible else " --infallible"
     extra += f" --version {version}" if version else ""
     extra += f" --hostile {hostile}" if hostile is not None else ""
     extra += f" --apps {apps}" if apps != 2 else ""
@@ -87,9 +90,12 @@ def record(
         entry["version"] = version
     # Entries without "apps" were recorded in the one-application world, and
     # those without "wider" before the Durable client's faults, odd provider
-    # answers and foreign documents existed.
+    # answers and foreign documents existed, those without "fallible" before
+    # the fallible world (Cosmos 503s, outages and lost answers, failing
+    # settlements and sends, slow remote answers).
     entry["apps"] = apps
     entry["wider"] = True
+    entry["fallible"] = True
     entries.append(entry)
     REGRESSIONS.write_text(json.dumps(entries, indent=1, ensure_ascii=False) + "\n")
 
@@ -133,6 +139,12 @@ def main(argv: list[str] | None = None) -> int:
         "(the world of regression seeds found before them)",
     )
     p.add_argument(
+        "--infallible",
+        action="store_true",
+        help="no Cosmos 503s, outages or lost write answers, failing settlements or sends, "
+        "slow remote answers, host starts (the world of regression seeds found before them)",
+    )
+    p.add_argument(
         "--fault-surface",
         nargs="?",
         const="report",
@@ -170,7 +182,14 @@ def _run(args: argparse.Namespace, recorder: surface.Recorder | None) -> int:
     n = 0
     for seed in seeds:
         result = run_schedule(
-            seed, args.orders, drop, args.version, args.hostile, args.apps, not args.narrow
+            seed,
+            args.orders,
+            drop,
+            args.version,
+            args.hostile,
+            args.apps,
+            not args.narrow,
+            not (args.narrow or args.infallible),
         )
         n += 1
         faults.update(f.kind for f in result.faults)
@@ -203,6 +222,7 @@ def _run(args: argparse.Namespace, recorder: surface.Recorder | None) -> int:
                 hostile=args.hostile,
                 apps=args.apps,
                 wider=not args.narrow,
+                fallible=not (args.narrow or args.infallible),
             )
         )
         print("  fault trace (shrunk):" if shrunk != drop else "  fault trace:")
@@ -212,7 +232,9 @@ def _run(args: argparse.Namespace, recorder: surface.Recorder | None) -> int:
         if len(kept) > 30:
             print(f"    ... {len(kept) - 30} more")
         hostile = result.options.faults.hostile
-        print(f"  replay: {command(seed, args.orders, shrunk, args.version, hostile, args.apps)}")
+        fallible = not (args.narrow or args.infallible)
+        replay = command(seed, args.orders, shrunk, args.version, hostile, args.apps, fallible)
+        print(f"  replay: {replay}")
         if args.record:
             record(seed, args.orders, result.violations, args.version, hostile, args.apps)
     elapsed = time.perf_counter() - started

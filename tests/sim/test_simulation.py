@@ -225,18 +225,23 @@ def _regression_params():
             entry.get("hostile", 0),
             apps,
             # Entries found before the Durable client's faults, odd provider answers
-            # and foreign documents existed replay without them.
+            # and foreign documents existed replay without them; so do those found
+            # before the fallible world (sim/system.py, _fallible).
             entry.get("wider", False),
+            entry.get("fallible", False),
             id=f"seed{entry['seed']}{tag}-{entry['check'][:30]}",
             marks=marks,
         )
 
 
 @pytest.mark.parametrize(
-    ("seed", "orders", "version", "hostile", "apps", "wider"), list(_regression_params())
+    ("seed", "orders", "version", "hostile", "apps", "wider", "fallible"),
+    list(_regression_params()),
 )
-def test_regression_seed(seed, orders, version, hostile, apps, wider):
-    result = run_schedule(seed, orders, version=version, hostile=hostile, apps=apps, wider=wider)
+def test_regression_seed(seed, orders, version, hostile, apps, wider, fallible):
+    result = run_schedule(
+        seed, orders, version=version, hostile=hostile, apps=apps, wider=wider, fallible=fallible
+    )
     assert result.violations == []
 
 
