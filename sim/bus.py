@@ -106,6 +106,10 @@ class Bus:
         self._seq = itertools.count(1)
         self._tokens = itertools.count(1)
         self.after_send = None  # (queue, visible_at): lets the simulation deliver it
+        # Per message id, the lock tokens of its deliveries that a fault ended
+        # (a crash, a lock expiry, a failing settlement): when every delivery
+        # did, Service Bus's own MaxDeliveryCountExceeded is the only verdict.
+        self.faulted: dict[str, set[int]] = {}
 
     def queue(self, name: str) -> Queue:
         if name not in self.queues:
@@ -185,6 +189,8 @@ class Bus:
         if msg.lock_token != token or msg not in self.queue(queue).messages:
             return
         msg.lock_token = None
+        if why != "abandon" and why != "function raised":
+            self.faulted.setdefault(msg.message_id, set()).add(token)
         self.world.log(f"bus {queue} {why} {msg.message_id} (delivery {msg.delivery_count})")
         if msg.delivery_count >= rules_for(queue).max_delivery:
             self._dead_letter(
@@ -217,6 +223,8 @@ class Bus:
             self.world.faults.hit("lock_lost")  # the fault surface
             raise MessageLockLostError(message=f"the lock on {msg.message_id} was lost")
         fault = self.world.faults.settle_fault(queue, kind)
+        if fault is not None:
+            self.faulted.setdefault(msg.message_id, set()).add(token)
         if fault == "dropped":
             self.world.log(f"bus {queue} {kind} {msg.message_id}: link dropped")
             raise ServiceBusConnectionError(message=f"{kind} of {msg.message_id}: link detached")
@@ -227,6 +235,9 @@ class Bus:
         if fault == "after":
             self.world.log(f"bus {queue} {kind} {msg.message_id} applied, answer lost")
             raise OperationTimeoutError(message=f"{kind} of {msg.message_id} timed out")
+
+    def every_delivery_faulted(self, msg: Msg) -> bool:
+        return len(self.faulted.get(msg.message_id, ())) >= msg.delivery_count
 
     def _settle(
         self,
