@@ -1217,6 +1217,7 @@ class Simulation:
             "resubmit": lambda r: sm.resubmit(r, now),
             "compensate": lambda r: sm.request_compensation(r, now),
         }[action]
+        history = self._operator_entries(oid, action)
         try:
             if self.o.faults.host_start:
                 await self._console_look(action)
@@ -1224,6 +1225,12 @@ class Simulation:
             self.world.log(f"operator {action} {oid}")
             self.operator_done.add((oid, action))
         except (sm.IllegalTransition, DomainError) as exc:
+            if self._operator_entries(oid, action) > history:
+                # The write was applied and its answer lost (the fallible
+                # world): the action took effect though the operator saw an error.
+                self.world.log(f"operator {action} {oid} applied, answer lost")
+                self.operator_done.add((oid, action))
+                return
             self.world.log(f"operator {action} {oid} refused: {type(exc).__name__}")
             if tries > 1:
                 self.operator_pending += 1
@@ -1236,6 +1243,13 @@ class Simulation:
                 )
         finally:
             self.operator_pending -= 1
+
+    def _operator_entries(self, oid: str, action: str) -> int:
+        """How many History entries of the record an operator's `action` wrote
+        (more after a refusal: its write landed, the answer was lost)."""
+        entries = (self.state_c.docs.get((oid, oid)) or {}).get("History") or []
+        reason = {"resubmit": "resubmitted", "compensate": "compensation requested"}[action]
+        return sum(1 for e in entries if e.get("By") == "operator" and e.get("Reason") == reason)
 
     def _ticks(self, name: str, period: float, fn, until: datetime, copies: int = 1) -> None:
         """A timer trigger: every `period`; after the host was down, it fires
