@@ -23,7 +23,7 @@ from pydantic import ValidationError
 
 from adapters.cosmos_client import SDK_ERRORS, RequestCharges, translate_error
 from adapters.state_store import strip_system
-from domain.errors import ConflictError, NotFoundError, PermanentError
+from domain.errors import ConflictError, NotFoundError, PermanentError, TransientError
 from domain.ids import check_order_key, order_key
 from domain.models import OrderSubmitted
 
@@ -73,7 +73,16 @@ class CosmosOrdersRepository:
             error = translate_error(exc, f"create order {key}", self.charges, "order_create")
             if not isinstance(error, ConflictError):
                 raise error from exc
-        stored = await self.get(key)
+        try:
+            stored = await self.get(key)
+        except NotFoundError as exc:
+            # It exists (the 409 says so) but this read did not find it: a
+            # replica that has not seen the create yet, or a discard racing
+            # this delivery. Either way the next try knows more (the
+            # simulation's `new_document_lag` found it, seed 202 of 1-400).
+            raise TransientError(
+                f"order {key}: the create conflicted but a read did not find it; try again"
+            ) from exc
         fields = differing_fields(stored, order)
         if fields:
             raise ConflictError(

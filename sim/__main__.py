@@ -32,6 +32,7 @@ def shrink(
     wider: bool = True,
     scan: str | None = None,
     hosts: int | None = None,
+    fallible: bool = True,
 ) -> tuple[frozenset[int], Result]:
     """Drop faults one at a time while the same check still fails."""
     check = result.violations[0][0]
@@ -52,6 +53,7 @@ def shrink(
             wider,
             scan,
             hosts,
+            fallible,
             steps=result.options.steps,
         )
         if again.violations and again.violations[0][0] == check:
@@ -69,10 +71,12 @@ def command(
     scan: str | None = None,
     hosts: int | None = None,
     steps_file: str | None = None,
+    fallible: bool = True,
 ) -> str:
     extra = f" --drop {','.join(map(str, sorted(drop)))}" if drop else ""
     extra += f" --scan {scan}" if scan else ""
     extra += f" --steps {steps_file}" if steps_file else ""
+    extra += "" if fallible else " --infallible"
     extra += f" --version {version}" if version else ""
     extra += f" --hostile {hostile}" if hostile is not None else ""
     extra += f" --apps {apps}" if apps != 2 else ""
@@ -109,12 +113,15 @@ def record(
         entry["version"] = version
     # Entries without "apps" were recorded in the one-application world, and
     # those without "wider" before the Durable client's faults, odd provider
-    # answers and foreign documents existed.
+    # answers and foreign documents existed, those without "fallible" before
+    # the fallible world (Cosmos 503s, outages and lost answers, failing
+    # settlements and sends, slow remote answers).
     entry["apps"] = apps
     entry["wider"] = True
     # Entries without "hosts" were recorded in the one-host world (replayed
     # with 0); null draws the hosts from the seed, as the run that found it did.
     entry["hosts"] = hosts
+    entry["fallible"] = True
     entries.append(entry)
     REGRESSIONS.write_text(json.dumps(entries, indent=1, ensure_ascii=False) + "\n")
 
@@ -178,6 +185,12 @@ def main(argv: list[str] | None = None) -> int:
         help="a step catalog to run instead of domain/steps.json (e.g. one with a step added)",
     )
     p.add_argument(
+        "--infallible",
+        action="store_true",
+        help="no Cosmos 503s, outages or lost write answers, failing settlements or sends, "
+        "slow remote answers, host starts (the world of regression seeds found before them)",
+    )
+    p.add_argument(
         "--fault-surface",
         nargs="?",
         const="report",
@@ -228,6 +241,7 @@ def _run(args: argparse.Namespace, recorder: surface.Recorder | None) -> int:
             not args.narrow,
             args.scan,
             args.hosts,
+            not (args.narrow or args.infallible),
             steps=steps,
         )
         n += 1
@@ -265,6 +279,7 @@ def _run(args: argparse.Namespace, recorder: surface.Recorder | None) -> int:
                 wider=not args.narrow,
                 scan=args.scan,
                 hosts=args.hosts,
+                fallible=not (args.narrow or args.infallible),
             )
         )
         print("  fault trace (shrunk):" if shrunk != drop else "  fault trace:")
@@ -274,13 +289,19 @@ def _run(args: argparse.Namespace, recorder: surface.Recorder | None) -> int:
         if len(kept) > 30:
             print(f"    ... {len(kept) - 30} more")
         hostile = result.options.faults.hostile
-        print(
-            "  replay: "
-            + command(
-                seed, args.orders, shrunk, args.version, hostile, args.apps, args.scan, args.hosts
-            )
+        fallible = not (args.narrow or args.infallible)
+        replay = command(
+            seed,
+            args.orders,
+            shrunk,
+            args.version,
+            hostile,
+            args.apps,
+            args.scan,
+            args.hosts,
+            args.steps,
+            fallible,
         )
-        replay = command(seed, args.orders, shrunk, args.version, hostile, args.apps, args.steps)
         print(f"  replay: {replay}")
         if args.record:
             record(

@@ -4,20 +4,33 @@ expire), abandon with immediate redelivery, delivery count up to max delivery
 then the dead-letter queue with a reason, duplicate detection on MessageId
 within a window, and scheduled (delayed) delivery.
 
-Behind the project's own ports: `SimPublisher` is the `MessagePublisher` the
-use cases receive, `SimReplySender` the agents' `ReplySender`, and
-`SimActions` the message-actions object the Service Bus triggers settle with."""
+Below the product's adapters (issue 21): `SimServiceBusClient` is the
+azure.servicebus.aio client the product's own `ServiceBusPublisher` (and the
+agents' `ServiceBusReplySender`) send through, `SimActions` the
+message-actions object the Service Bus triggers settle with (the agents'
+`FunctionsSettlement` over it), `SimReceiver` the receiver the standalone
+worker's `ReceiverSettlement` settles with. Faults are raised as the SDK
+raises them (ServiceBusConnectionError, MessageLockLostError,
+OperationTimeoutError), so the adapters' own translation runs.
+`SimPublisher`, `SimReplySender` and `SimSettlement` are the older fakes of
+the ports above the adapters (kept for tests that build a port directly)."""
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import itertools
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from azure.servicebus.exceptions import MessageLockLostError
+from azure.servicebus.exceptions import (
+    MessageLockLostError,
+    OperationTimeoutError,
+    ServiceBusConnectionError,
+)
 
 from devstack.servicebus.config import QueueSettings, load_config
 from domain.codec import encode
@@ -93,6 +106,10 @@ class Bus:
         self._seq = itertools.count(1)
         self._tokens = itertools.count(1)
         self.after_send = None  # (queue, visible_at): lets the simulation deliver it
+        # Per message id, the lock tokens of its deliveries that a fault ended
+        # (a crash, a lock expiry, a failing settlement): when every delivery
+        # did, Service Bus's own MaxDeliveryCountExceeded is the only verdict.
+        self.faulted: dict[str, set[int]] = {}
 
     def queue(self, name: str) -> Queue:
         if name not in self.queues:
@@ -172,6 +189,8 @@ class Bus:
         if msg.lock_token != token or msg not in self.queue(queue).messages:
             return
         msg.lock_token = None
+        if why != "abandon" and why != "function raised":
+            self.faulted.setdefault(msg.message_id, set()).add(token)
         self.world.log(f"bus {queue} {why} {msg.message_id} (delivery {msg.delivery_count})")
         if msg.delivery_count >= rules_for(queue).max_delivery:
             self._dead_letter(
@@ -203,6 +222,32 @@ class Bus:
         if msg.lock_token != token or msg not in self.queue(queue).messages:
             self.world.faults.hit("lock_lost")  # the fault surface
             raise MessageLockLostError(message=f"the lock on {msg.message_id} was lost")
+        fault = self.world.faults.settle_fault(queue, kind)
+        if fault is not None:
+            self.faulted.setdefault(msg.message_id, set()).add(token)
+        if fault == "dropped":
+            self.world.log(f"bus {queue} {kind} {msg.message_id}: link dropped")
+            raise ServiceBusConnectionError(message=f"{kind} of {msg.message_id}: link detached")
+        if fault == "lock_lost":
+            self.release(queue, msg, token, "lock lost at settlement")
+            raise MessageLockLostError(message=f"the lock on {msg.message_id} was lost")
+        self._settle(queue, msg, token, kind, reason, description)
+        if fault == "after":
+            self.world.log(f"bus {queue} {kind} {msg.message_id} applied, answer lost")
+            raise OperationTimeoutError(message=f"{kind} of {msg.message_id} timed out")
+
+    def every_delivery_faulted(self, msg: Msg) -> bool:
+        return len(self.faulted.get(msg.message_id, ())) >= msg.delivery_count
+
+    def _settle(
+        self,
+        queue: str,
+        msg: Msg,
+        token: int,
+        kind: str,
+        reason: str | None,
+        description: str | None,
+    ) -> None:
         if kind == "complete":
             self.queue(queue).messages.remove(msg)
             msg.lock_token = None
@@ -253,6 +298,23 @@ class SimActions:
             deadletter_reason,
             deadletter_error_description,
         )
+
+
+class SimReceiver:
+    """The azure.servicebus.aio receiver's settlement methods over one
+    delivery (what the standalone worker's ReceiverSettlement calls)."""
+
+    def __init__(self, delivery: Delivery) -> None:
+        self._a = SimActions(delivery)
+
+    async def complete_message(self, message) -> None:
+        self._a.complete(message)
+
+    async def abandon_message(self, message) -> None:
+        self._a.abandon(message)
+
+    async def dead_letter_message(self, message, reason=None, error_description=None) -> None:
+        self._a.deadletter(message, reason, error_description)
 
 
 class SimSettlement:
@@ -329,3 +391,155 @@ class SimReplySender:
         if faults.draw(faults.config.send_fail, "reply_send_fail", message_id):
             raise TransientError(f"sending reply {message_id}: simulated ServiceBusError")
         self.bus.send(self.queue, encode(reply), message_id, {"SchemaVersion": reply.SchemaVersion})
+
+
+# --- below the adapter: the azure.servicebus.aio client the product sends through
+
+
+class SimSender:
+    """`ServiceBusClient.get_queue_sender(queue)`: `send_messages` of one
+    ServiceBusMessage (scheduled when it has a scheduled enqueue time)."""
+
+    def __init__(self, client: SimServiceBusClient, queue: str) -> None:
+        self.client = client
+        self.queue = queue
+
+    async def __aenter__(self) -> SimSender:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+    async def send_messages(self, message, timeout: float | None = None, **_: Any) -> None:
+        c, queue = self.client, self.queue
+        world, faults = c.world, c.world.faults
+        message_id = message.message_id
+        scheduled = message.scheduled_enqueue_time_utc
+        label = "schedule" if scheduled else "send"
+        await world.point(
+            "bus.send.reply"
+            if queue == c.responses_queue and not scheduled
+            else f"bus.{label}.{queue}"
+        )
+        # The sends that could fail before the fallible world (statuses,
+        # alerts, replies; never a scheduled copy), drawn as they were.
+        kind = (
+            None
+            if scheduled
+            else "status"
+            if queue in c.reply_queues
+            else "alert"
+            if queue == "alerts"
+            else "reply"
+            if queue == c.responses_queue
+            else None
+        )
+        if kind and faults.draw(faults.config.send_fail, f"{kind}_send_fail", message_id):
+            raise ServiceBusConnectionError(message=f"sending to {queue}: link detached")
+        fault = faults.send_fault(queue, message_id)
+        if fault == "refused":
+            raise ServiceBusConnectionError(message=f"sending to {queue}: connection refused")
+        body = b"".join(message.body)
+        props = dict(message.application_properties or {})
+        accepted = c.bus.send(queue, body, message_id, props, enqueue_at=scheduled)
+        if not scheduled and queue != c.responses_queue and c.on_sent is not None:
+            c.on_sent(queue, message_id, accepted)
+        if fault == "after":
+            world.log(f"bus {queue} {message_id} accepted, answer lost")
+            raise OperationTimeoutError(message=f"sending to {queue}: no answer in time")
+
+
+class SimServiceBusClient:
+    """What `ServiceBusPublisher` needs of azure.servicebus.aio.ServiceBusClient."""
+
+    def __init__(
+        self,
+        world: World,
+        bus: Bus,
+        reply_queues: set[str],
+        responses_queue: str = "agent-responses",
+    ) -> None:
+        self.world = world
+        self.bus = bus
+        self.reply_queues = reply_queues
+        self.responses_queue = responses_queue
+        self.on_sent = None  # (queue, message id, accepted): the simulation's bookkeeping
+
+    def get_queue_sender(self, queue: str) -> SimSender:
+        return SimSender(self, queue)
+
+    async def close(self) -> None:
+        return None
+
+
+class _NoLock:
+    """The publisher's per-link lock in the simulation: a send parks inside
+    it (a scheduling point), and a second actor blocked on a real
+    asyncio.Lock would be neither parked nor finished. The simulated sender
+    has no link to protect: each send is atomic after its point."""
+
+    async def __aenter__(self) -> None:
+        return None
+
+    async def __aexit__(self, *exc: object) -> None:
+        return None
+
+
+class _AsyncioBelowTheAdapter:
+    """`asyncio` as the product's Service Bus adapters see it in the
+    simulation: `wait_for` awaits inline (on Python 3.11 it would run the send
+    in a task of its own, which is no actor of the world) and `Lock` is
+    `_NoLock`; `to_thread` runs the binding's synchronous settlement inline
+    (a thread would make the schedule depend on the OS); everything else is
+    asyncio's."""
+
+    Lock = _NoLock
+
+    @staticmethod
+    async def wait_for(aw, timeout):
+        return await aw
+
+    @staticmethod
+    async def to_thread(fn, /, *args, **kwargs):
+        return fn(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(asyncio, name)
+
+
+@contextmanager
+def below_the_adapters():
+    """Patch `asyncio` in adapters.servicebus and agents.functions (see
+    `_AsyncioBelowTheAdapter`) for the run."""
+    import importlib
+
+    modules = [importlib.import_module(m) for m in ("adapters.servicebus", "agents.functions")]
+    saved = [m.asyncio for m in modules]
+    for m in modules:
+        m.asyncio = _AsyncioBelowTheAdapter()
+    try:
+        yield
+    finally:
+        for m, a in zip(modules, saved, strict=True):
+            m.asyncio = a
+
+
+def publisher(client: SimServiceBusClient):
+    """The product's ServiceBusPublisher over the simulated client."""
+    from adapters.servicebus import ServiceBusPublisher
+
+    pub = ServiceBusPublisher(client)  # type: ignore[arg-type]
+    pub._lock = _NoLock()  # type: ignore[assignment]
+    return pub
+
+
+def reply_sender(client: SimServiceBusClient, queue: str = "agent-responses"):
+    """The agents' ServiceBusReplySender over the simulated client."""
+    from agents.messaging import ServiceBusReplySender
+
+    sender = ServiceBusReplySender(client, queue)  # type: ignore[arg-type]
+    sender._publisher._lock = _NoLock()  # type: ignore[assignment]
+    return sender

@@ -4,11 +4,19 @@ raising the real azure.cosmos exception types, so the adapters' own code (state
 store, recovery index, orders DB, checkpoints) runs unchanged in the simulation.
 
 Queries are evaluated by a small interpreter of the SQL subset the adapters use
-(SELECT [TOP n] * | VALUE COUNT(1) | VALUE MIN(c.f) FROM c [WHERE ...] [ORDER BY ...]),
+(SELECT [TOP n] * | c.f, ... | VALUE COUNT(1) | VALUE MIN(c.f) FROM c [WHERE ...] [ORDER BY ...]),
 not matched by their text, so a changed filter keeps working.
 
 Faults (drawn by the world's seed): 429 with retry-after, and a read that returns
-the previous version of a document (session-consistency lag across clients)."""
+the previous version of a document (session-consistency lag across clients).
+In the fallible world (issue 21, `FaultConfig.cosmos_fail` ...): a 429 past the
+SDK's own retries, a 503 or a refused connection before the effect, a lasting
+outage of the account (every call fails for a window), a write applied whose
+answer is lost (a reset connection, the client's timeout, a 408), and a query
+that returns a document's previous version. Each is raised as the SDK raises it
+(CosmosHttpResponseError with its status, azure.core's ServiceRequestError /
+ServiceResponseError, CosmosClientTimeoutError), so the adapters' own
+`translate_error` is what classifies it."""
 
 from __future__ import annotations
 
@@ -16,9 +24,11 @@ import re
 from typing import Any
 
 from azure.core import MatchConditions
+from azure.core.exceptions import ServiceRequestError, ServiceResponseError
 from azure.cosmos.exceptions import (
     CosmosAccessConditionFailedError,
     CosmosBatchOperationError,
+    CosmosClientTimeoutError,
     CosmosHttpResponseError,
     CosmosResourceExistsError,
     CosmosResourceNotFoundError,
@@ -88,9 +98,15 @@ class _Query:
             arg = self._next()[1]
             self._expect(")")
             self.select = (fn, arg)
-        else:
-            self._expect("*")
+        elif self._word("*"):
             self.select = ("*", None)
+        else:
+            # A projection `c.a, c.b, ...` (the console's lists): each named
+            # field that the document has, under its last name.
+            self.fields: list[str] = [self._next()[1]]
+            while self._word(","):
+                self.fields.append(self._next()[1])
+            self.select = ("FIELDS", None)
         self._expect_word("FROM")
         self._next()
         self.where = self._or() if self._word("WHERE") else (lambda d, p: True)
@@ -205,6 +221,15 @@ class _Query:
             top = params[top[1]]
         if top is not None:
             hits = hits[:top]
+        if fn == "FIELDS":
+            return [
+                {
+                    f.rpartition(".")[2]: _copy(_field(d, f))
+                    for f in self.fields
+                    if _field(d, f) is not _MISSING
+                }
+                for d in hits
+            ]
         return [_copy(d) for d in hits]
 
 
@@ -227,6 +252,25 @@ def _error(cls, status: int, message: str, headers: dict | None = None):
     return exc
 
 
+def _failure(kind: str, what: str) -> Exception:
+    """The exception the SDK raises for a fault kind of sim.world.Faults."""
+    if kind == "throttle_429":
+        return _error(
+            CosmosHttpResponseError, 429, "Request rate is large", {"x-ms-retry-after-ms": "500"}
+        )
+    if kind == "cosmos_503":
+        return _error(CosmosHttpResponseError, 503, "Service is currently unavailable")
+    if kind == "refused":
+        return ServiceRequestError(f"Cannot connect to host sim.invalid:443 ({what})")
+    if kind == "reset":
+        return ServiceResponseError(f"Connection reset by peer ({what})")
+    if kind == "client_timeout":
+        return CosmosClientTimeoutError()
+    if kind == "408":
+        return _error(CosmosHttpResponseError, 408, "Request timed out")
+    raise ValueError(f"no Cosmos fault {kind!r}")
+
+
 class _Pages:
     def __init__(self, items: list[Any]) -> None:
         self._items = items
@@ -239,6 +283,11 @@ class _Pages:
             yield item
 
 
+# How long after its create a document may still be missing on a lagging
+# replica (the fallible world's `query_lag`), in seconds.
+NEW_DOCUMENT_LAG = 2.0
+
+
 class SimContainer:
     """One container; `world` gives await points, faults and the trace."""
 
@@ -248,6 +297,7 @@ class SimContainer:
         self._pk = pk_path.strip("/")
         self.docs: dict[tuple[str, str], dict] = {}
         self.previous: dict[tuple[str, str], dict] = {}
+        self.created: dict[tuple[str, str], Any] = {}  # when create_item made a document
         self._etag = 0
         self.on_write = None  # (old doc or None, new doc): the simulation's bookkeeping
         self.on_delete = None  # (doc)
@@ -286,8 +336,22 @@ class SimContainer:
                 )
             waited += wait
             await self.world.point(f"cosmos.{self.name}.{op} throttled", delay=wait)
+        failure = self.world.faults.cosmos_call(self.name, op)
+        if failure == "outage":
+            # An account down answers 503 while its gateway is up, and refuses
+            # the connection when it is not (alternately, by the world's count).
+            failure = "cosmos_503" if self.world.counters["cosmos_outage"] % 2 else "refused"
+        if failure is not None:
+            raise _failure(failure, f"{self.name}.{op}")
         if hook is not None:
             hook({"x-ms-request-charge": "1"}, {})
+
+    def _answer_lost(self, op: str) -> None:
+        """After a write's effect: its answer may be lost on the way back."""
+        failure = self.world.faults.cosmos_answer_lost(self.name, op)
+        if failure is not None:
+            self.world.log(f"cosmos {self.name} {op} applied, answer lost ({failure})")
+            raise _failure(failure, f"{self.name}.{op}")
 
     async def create_item(self, body: dict, response_hook=None, **_: Any) -> dict:
         await self._op("create", response_hook)
@@ -297,7 +361,9 @@ class SimContainer:
                 CosmosResourceExistsError, 409, "Entity with the specified id already exists"
             )
         self.docs[key] = self._stamp(body)
+        self.created[key] = self.world.clock.now
         self._wrote(None, self.docs[key])
+        self._answer_lost("create")
         return _copy(self.docs[key])
 
     def _wrote(self, old, new) -> None:
@@ -312,6 +378,7 @@ class SimContainer:
             self.previous[key] = old
         self.docs[key] = self._stamp(body)
         self._wrote(old, self.docs[key])
+        self._answer_lost("upsert")
         return _copy(self.docs[key])
 
     async def read_item(self, item: str, partition_key: Any, response_hook=None, **_: Any) -> dict:
@@ -324,6 +391,18 @@ class SimContainer:
         if key in self.previous and self.world.faults.session_lag(f"{self.name} {item}"):
             self.world.log(f"cosmos {self.name} stale read of {item}")
             return _copy(self.previous[key])
+        created = self.created.get(key)
+        if (
+            key not in self.previous
+            and created is not None
+            and (self.world.clock.now - created).total_seconds() < NEW_DOCUMENT_LAG
+            and self.world.faults.new_document_lag(f"{self.name} {item}")
+        ):
+            # A replica another host reads from has not seen the create yet.
+            self.world.log(f"cosmos {self.name} read of {item} before it replicated: 404")
+            raise _error(
+                CosmosResourceNotFoundError, 404, "Entity with the specified id does not exist"
+            )
         return _copy(self.docs[key])
 
     async def replace_item(
@@ -357,6 +436,7 @@ class SimContainer:
         self.previous[key] = current
         self.docs[key] = self._stamp(body)
         self._wrote(current, self.docs[key])
+        self._answer_lost("replace")
         return _copy(self.docs[key])
 
     async def delete_item(
@@ -373,6 +453,7 @@ class SimContainer:
         del self.docs[key]
         self.previous.pop(key, None)
         self.world.log(f"cosmos {self.name} delete {item}")
+        self._answer_lost("delete")
 
     async def execute_item_batch(
         self, batch_operations: list, partition_key: Any, response_hook=None, **_: Any
@@ -401,7 +482,17 @@ class SimContainer:
             del self.docs[key]
             self.previous.pop(key, None)
             self.world.log(f"cosmos {self.name} delete {key[1]} (batch)")
+        self._answer_lost("batch")
         return [{"statusCode": 204} for _ in keys]
+
+    def _view(self) -> dict[tuple[str, str], dict]:
+        """The documents a query reads: now and then (the fallible world's
+        `query_lag`, one draw per query) a lagging replica's, where every
+        document written since holds its previous version."""
+        if self.previous and self.world.faults.query_lag(self.name):
+            self.world.log(f"cosmos {self.name} query on a lagging replica")
+            return {**self.docs, **{k: v for k, v in self.previous.items() if k in self.docs}}
+        return self.docs
 
     def query_items(
         self,
@@ -425,7 +516,7 @@ class SimContainer:
                 params = {p["name"]: p["value"] for p in (parameters or [])}
                 docs = [
                     d
-                    for (pk, _), d in sorted(container.docs.items())
+                    for (pk, _), d in sorted(container._view().items())
                     if partition_key is None or pk == str(partition_key)
                 ]
                 items = parsed.run(docs, params)
@@ -437,3 +528,39 @@ class SimContainer:
                     yield item
 
         return _Async()
+
+
+class SimDatabase:
+    """`CosmosClient.create_database_if_not_exists(...)`'s database proxy."""
+
+    def __init__(self, client: SimCosmosClient, name: str) -> None:
+        self.client = client
+        self.name = name
+
+    async def create_container_if_not_exists(self, id: str, partition_key: Any = None, **_: Any):
+        await self.client._setup(f"{self.name}/{id}")
+        return self.client.containers[id]
+
+
+class SimCosmosClient:
+    """What the local stack's container setup (adapters.cosmos_client.
+    ensure_container, adapters.recovery_index.ensure_index_container) needs of
+    azure.cosmos.aio.CosmosClient: the containers exist already (the
+    simulation builds them); each setup call is a scheduling point and meets
+    the same faults as any other call of the account."""
+
+    def __init__(self, world, containers: dict[str, SimContainer]) -> None:
+        self.world = world
+        self.containers = containers
+
+    async def create_database_if_not_exists(self, id: str, **_: Any) -> SimDatabase:
+        await self._setup(id)
+        return SimDatabase(self, id)
+
+    async def _setup(self, what: str) -> None:
+        await self.world.point(f"cosmos.setup.{what}")
+        failure = self.world.faults.cosmos_call("setup", what)
+        if failure == "outage":
+            failure = "cosmos_503" if self.world.counters["cosmos_outage"] % 2 else "refused"
+        if failure is not None:
+            raise _failure(failure, f"setup {what}")

@@ -292,7 +292,11 @@ class Hostile:
                 )
                 continue
             reason = dead[0].dead_letter_reason
-            if reason not in REFUSED:
+            if reason == "MaxDeliveryCountExceeded" and sim.bus.every_delivery_faulted(dead[0]):
+                # Every delivery ended in a fault (crash, lock expiry, failing
+                # settlement): the broker's verdict, which no handler can prevent.
+                reason = "every delivery faulted"
+            if reason not in (*REFUSED, "every delivery faulted"):
                 sim.fail("forged message refused", f"{mid} ({kind}) dead-lettered {reason}")
             if alerts.get(mid, 0) != 1:
                 sim.fail(

@@ -91,11 +91,27 @@ HTTP = {"get", "post", "put", "patch", "delete", "head", "request"}
 # Applicable kinds per service, as the simulation names them. A kind in
 # NOT_SIMULATED is applicable but the simulation has no such fault.
 APPLICABLE: dict[str, tuple[str, ...]] = {
-    # a 429 that reaches the product (after the SDK's own retries), a crash at
-    # the call (before its effect) and at the next await point after it
-    "cosmos write": ("throttle_429", "crash", "crash_after", "cosmos_503", "cosmos_timeout_after"),
-    "cosmos read": ("throttle_429", "session_lag", "crash", "crash_after", "cosmos_503"),
-    "cosmos setup": ("throttle_429", "cosmos_503"),
+    # a 429 that reaches the product (after the SDK's own retries), a 503 or
+    # refused connection, a call during an outage of the account, a crash at
+    # the call (before its effect) and at the next await point after it, and
+    # for a write its answer lost after its effect
+    "cosmos write": (
+        "throttle_429",
+        "crash",
+        "crash_after",
+        "cosmos_503",
+        "cosmos_outage",
+        "cosmos_timeout_after",
+    ),
+    "cosmos read": (
+        "throttle_429",
+        "session_lag",
+        "crash",
+        "crash_after",
+        "cosmos_503",
+        "cosmos_outage",
+    ),
+    "cosmos setup": ("throttle_429", "cosmos_503", "cosmos_outage", "crash"),
     "servicebus send": (
         "send_fail",
         "message_duplicate",
@@ -104,7 +120,7 @@ APPLICABLE: dict[str, tuple[str, ...]] = {
         "crash_after",
         "send_timeout_after",
     ),
-    "servicebus settle": ("lock_lost", "settle_fail"),
+    "servicebus settle": ("lock_lost", "settle_fail", "settle_timeout_after"),
     "servicebus receive": ("receive_fail",),
     "durable": ("durable_fail", "durable_fail_after", "crash", "crash_after"),
     "http": (
@@ -118,12 +134,7 @@ APPLICABLE: dict[str, tuple[str, ...]] = {
     ),
 }
 NOT_SIMULATED = {
-    "cosmos_503": "a 503 / lasting outage of Cosmos",
-    "cosmos_timeout_after": "a Cosmos write applied whose answer is lost (timeout after effect)",
-    "send_timeout_after": "a send accepted by the broker whose answer is lost",
-    "settle_fail": "a settlement failing with a ServiceBusError (link dropped)",
-    "receive_fail": "a receive failing (the standalone worker's receiver is not simulated)",
-    "http_timeout": "a remote answer slower than the client's timeout / after the deadline",
+    "receive_fail": "a receive failing (the standalone worker's receive loop is not simulated)",
 }
 # Sim kinds drawn at a call (attributed to the stack); every other drawn kind is
 # world-level (drawn at setup or by the world's own actors) and not attributed.
@@ -139,25 +150,10 @@ CALL_KINDS = {
     "odd_answer": "odd_answer",
 }
 # Fakes that stand in for a port above the adapter: their faults land on the
-# port's callers, and the adapter's SDK method (value) never runs.
-STAND_INS: dict[str, tuple[tuple[str, str], ...]] = {
-    "SimPublisher.send": (("adapters/servicebus.py", "send_messages"),),
-    "SimPublisher.schedule": (("adapters/servicebus.py", "send_messages"),),
-    "SimReplySender.send": (("adapters/servicebus.py", "send_messages"),),
-    "SimSettlement.complete": (
-        ("agents/messaging.py", "complete_message"),
-        ("agents/functions.py", "complete"),
-    ),
-    "SimSettlement.abandon": (
-        ("agents/messaging.py", "abandon_message"),
-        ("agents/functions.py", "abandon"),
-    ),
-    "SimSettlement.dead_letter": (
-        ("agents/messaging.py", "dead_letter_message"),
-        ("agents/functions.py", "deadletter"),
-    ),
-    "SimRemote.call": (("agents/remote_client.py", "post"),),
-}
+# port's callers, and the adapter's SDK method (value) never runs. None since
+# the simulation fakes the SDK clients below the adapters (sim/bus.py,
+# sim/remote.py): kept so that a new port faked above its adapter shows as such.
+STAND_INS: dict[str, tuple[tuple[str, str], ...]] = {}
 
 
 @dataclass(frozen=True)

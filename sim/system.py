@@ -64,17 +64,20 @@ from .bus import (
     Delivery,
     Msg,
     SimActions,
-    SimPublisher,
-    SimReplySender,
-    SimSettlement,
+    SimReceiver,
+    SimServiceBusClient,
+    below_the_adapters,
+    publisher,
+    reply_sender,
     rules_for,
 )
-from .cosmos import SimContainer
+from .cosmos import SimContainer, SimCosmosClient
 from .durable import SimDurable
 from .hostile import ALERT_KINDS as FORGERY_ALERTS
 from .hostile import PREFIX as FORGED
 from .hostile import Hostile
 from .partitions import PartitionWrites
+from .remote import http_remote
 from .world import START, Crash, FaultConfig, World
 
 _history_event = importlib.import_module("azure.durable_functions.models.history.HistoryEvent")
@@ -182,6 +185,7 @@ def options_for(
     apps: int = 2,
     wider: bool = True,
     hosts: int | None = None,
+    fallible: bool = True,
 ) -> Options:
     """Everything about a schedule, drawn from its seed; `hostile` fixes the
     number of forgeries (sim.hostile) instead (0 replays a schedule found
@@ -191,7 +195,8 @@ def options_for(
     before they existed); `hosts`: None draws the number of host processes
     and their restarts from the seed, N fixes the number (restarts still
     drawn), 0 is the one-host world of the seeds recorded before there were
-    several (no restarts)."""
+    several (no restarts); `fallible` False leaves out the fallible world's
+    faults (`_fallible`; seeds found before it)."""
     rng = random.Random(f"options/{seed}")
     quiet = rng.random() < 0.15
     f = FaultConfig()
@@ -254,7 +259,23 @@ def options_for(
         f.odd_answers = rng.choice((0.0, 0.0, 0.3))
         f.foreign_docs = rng.random() < 0.3
         f.resend = rng.choice((0.0, 0.0, 0.3, 0.8))
+        if fallible:
+            _fallible(rng, f)
     return options
+
+
+def _fallible(rng: random.Random, f: FaultConfig) -> None:
+    """The fallible world (issue 21: every external call can fail), drawn
+    after every other option so that those stay what they were."""
+    f.cosmos_fail = rng.choice((0.0, 0.01, 0.03, 0.1, 0.3))
+    f.cosmos_lost = rng.choice((0.0, 0.01, 0.03, 0.1, 0.3))
+    f.cosmos_outage = rng.random() < 0.3
+    f.cosmos_blips = rng.choice((0, 0, 4, 12))
+    f.query_lag = rng.choice((0.0, 0.05, 0.3))
+    f.settle_fail = rng.choice((0.0, 0.05, 0.2, 0.5))
+    f.send_lost = rng.choice((0.0, 0.02, 0.1))
+    f.slow_answers = rng.choice((0.0, 0.05, 0.2))
+    f.host_start = True
 
 
 def liveness_bound(o: Options) -> timedelta:
@@ -337,12 +358,18 @@ class SimRemote:
         self.on_call: Callable[[RemoteCall], None] | None = None  # the simulation's check
 
     async def call(self, call: RemoteCall, *, timeout: float) -> dict[str, Any]:
+        status, text = await self.answer(call, timeout=timeout)
+        what = f"{call.service}/{call.operation} for {call.idempotency_key}"
+        return _interpret(what, status, text, None, call.fencing_token)
+
+    async def answer(self, call: RemoteCall, *, timeout: float) -> tuple[int, str]:
+        """The service's HTTP answer (status, body text) to one call; what the
+        product's HttpRemoteService reads through sim.remote.SimSession."""
         if self.on_call is not None:
             self.on_call(call)
         await self.world.point(
             f"remote.{call.service}.{call.operation}", delay=self.world.rng.choice((0.05, 0.2, 1.0))
         )
-        what = f"{call.service}/{call.operation} for {call.idempotency_key}"
         op = f"{call.service}/{call.operation}"
         outage = self.world.faults.outage
         order_id = call.idempotency_key.partition("/")[0]
@@ -395,7 +422,7 @@ class SimRemote:
         outcome = "ok" if status < 300 else "transient" if status >= 500 else "permanent"
         self.calls.append((call.idempotency_key, op, call.fencing_token, outcome))
         self.world.log(f"remote {op} {call.idempotency_key} token {call.fencing_token} -> {status}")
-        return _interpret(what, status, text, None, call.fencing_token)
+        return status, text
 
 
 class SimClock:
@@ -503,7 +530,8 @@ def _patched(sim: Simulation):
     # back each replay, so remember the (immutable) results.
     _history_event.dt_parse = _cached_parse
     try:
-        yield
+        with below_the_adapters():
+            yield
     finally:
         for n, v in saved.items():
             setattr(bootstrap, n, v)
@@ -552,11 +580,15 @@ class Simulation:
         wider: bool = True,
         scan: str | None = None,
         hosts: int | None = None,
+        fallible: bool = True,
     ) -> None:
         self.seed = seed
         self.junk: list[str] = []  # ids of the garbage documents (foreign_docs)
+        self.faults_stopped = START  # set when they do (fixed_point)
         self.newer_fields: set[str] = set()  # records a newer version added a field to
-        self.o = options or options_for(seed, orders, version, hostile, apps, wider, hosts)
+        self.o = options or options_for(
+            seed, orders, version, hostile, apps, wider, hosts=hosts, fallible=fallible
+        )
         if scan is not None:  # `python -m sim --scan`: every schedule with this Supervisor
             self.o = replace(self.o, scan=scan)
         self.world = World(seed, self.o.faults, drop)
@@ -612,8 +644,10 @@ class Simulation:
             # is a deployment with no such records, the lookup off.
             legacy_order_keys=self.o.apps > 1,
         )
-        self.publisher = SimPublisher(w, self.bus, set(REGISTRY.values()))
-        self.publisher.on_sent = self._on_sent
+        # The product's own Service Bus adapters over a simulated client (issue 21).
+        self.servicebus = SimServiceBusClient(w, self.bus, set(REGISTRY.values()))
+        self.servicebus.on_sent = self._on_sent
+        self.publisher = publisher(self.servicebus)
         self.request_sender: dict[str, tuple[str, int]] = {}
         self.lost_requests: list[str] = []
         # The agent's delivery being handled, per task: until when its calls may start.
@@ -660,8 +694,9 @@ class Simulation:
         self.remote = SimRemote(w, declines, self.o.steps)
         self.remote.on_call = self._on_remote_call
         self.remote.applied_declines = self.o.applied_declines
+        # The product's HTTP adapter over the simulated services (sim/remote.py).
         self.agent = Agent(
-            self.remote,
+            http_remote(self.remote),
             SimClock(w, "agent"),
             AgentPolicy(),
             rng=random.Random(f"agent/{seed}"),
@@ -718,7 +753,7 @@ class Simulation:
             self.agent
             if (k, generation) == (0, 0)
             else Agent(
-                self.remote,
+                http_remote(self.remote),
                 SimClock(w, "agent" + name),
                 AgentPolicy(),
                 rng=random.Random(rng),
@@ -728,7 +763,7 @@ class Simulation:
         # With its alerts, as bootstrap.request_processor builds it.
         processor = RequestProcessor(
             agent,
-            SimReplySender(w, self.bus),
+            reply_sender(self.servicebus),
             Alerts(self.publisher),
             BackoffPolicy(max_delivery_count=rules_for("agent-requests").max_delivery),
             keys=self.settings.scheduler_keys().agents,
@@ -1068,11 +1103,12 @@ class Simulation:
         if not heard or _outcome_of(heard[0]) != "permanent":
             return False
         status, output, owner = self.durable.finished.get(iid, (None, None, None))
-        if status == "Failed" and "answered 429" in str(output):
+        if status == "Failed" and _store_unavailable(str(output)):
             # The store refused every write for longer than the activity
-            # retries (a throttling storm past the SDK's own retries): nothing
-            # could record the answer, and the next attempt asks again under
-            # the same idempotency key. Any other failure still counts.
+            # retries (a throttling storm past the SDK's own retries, a Cosmos
+            # outage, 503s, lost answers): nothing could record the answer,
+            # and the next attempt asks again under the same idempotency key.
+            # Any other failure still counts.
             return False
         if status == "Completed" and isinstance(output, dict):
             if (
@@ -1278,7 +1314,7 @@ class Simulation:
                 # As the trigger hands it over: the received message (its
                 # body, delivery count, sequence number and properties).
                 try:
-                    await self.host.processor.process_message(d, SimSettlement(d))
+                    await self.host.processor.process_message(d, _agent_settlement(d))
                 finally:
                     self._request_limit.pop(task, None)
             elif d.queue == "agent-responses":
@@ -1471,6 +1507,69 @@ class Simulation:
             when = START + timedelta(seconds=w.data_rng.uniform(0, (until - START).total_seconds()))
             w.at(when, "newer version write", newer_version_write)
 
+    def _fallible_world(self, fault_end: datetime) -> None:
+        """The fallible world's setup (issue 21): a Cosmos outage window, and
+        a host instance starting (scale-out or restart) that creates its
+        containers as bootstrap does on the local stack, retrying its start
+        as the Functions host restarts a worker that failed to start."""
+        w, f = self.world, self.o.faults
+        if f.cosmos_outage and w.faults.draw(1.0, "cosmos_outage"):
+            # Now and then from the start: the hosts come up during the outage.
+            early = w.data_rng.random() < 0.3
+            s = START + timedelta(
+                seconds=0.0 if early else w.data_rng.uniform(0, self.o.fault_window - 60)
+            )
+            w.faults.cosmos_down.append((s, s + timedelta(seconds=w.data_rng.uniform(5, 60))))
+        for _ in range(f.cosmos_blips):
+            if w.faults.draw(1.0, "cosmos_blip"):
+                at_call = w.data_rng.randint(1, 600)
+                w.faults.cosmos_blips[at_call] = round(w.data_rng.uniform(0.5, 3), 3)
+        if not f.host_start:
+            return
+
+        async def start(tries: int = 20) -> None:
+            from adapters.cosmos_client import ensure_orders_container, ensure_state_container
+            from adapters.recovery_index import ensure_index_container
+
+            cfg = self.settings
+            client = SimCosmosClient(
+                w,
+                {
+                    cfg.state_container: self.state_c,
+                    cfg.orders_container: self.orders_c,
+                    cfg.recovery_index_container: self.index_c,
+                },
+            )
+            for _ in range(tries):
+                try:
+                    await ensure_state_container(client, cfg.state_database, cfg.state_container)  # type: ignore[arg-type]
+                    await ensure_orders_container(client, cfg.orders_database, cfg.orders_container)  # type: ignore[arg-type]
+                    await ensure_index_container(
+                        client,  # type: ignore[arg-type]
+                        cfg.state_database,
+                        cfg.recovery_index_container,
+                    )
+                    w.log("host started")
+                    return
+                except Exception as exc:  # noqa: BLE001 - the host logs a failed start and restarts
+                    w.log(f"host start failed: {type(exc).__name__}: {str(exc)[:120]}")
+                    await w.point("host restart", delay=5.0)
+
+        w.at(
+            START + timedelta(seconds=w.data_rng.uniform(0, 60)),
+            "host start",
+            lambda: w.spawn("host", start),
+        )
+
+    async def _console_look(self, action: str) -> None:
+        """What an operator reads in the console before acting (the fallible
+        world): one page of the orders in the state the action is for."""
+        from adapters.console_reads import ConsoleReads
+
+        state = {"resubmit": "Error", "compensate": "Processing"}[action]
+        rows, _ = await ConsoleReads(self.state_c).list_orders(state, 20)
+        self.world.log(f"operator console: {len(rows)} {state}")
+
     async def _starter_run(self) -> None:
         _HOST.set(self.singleton)
         await self.host.starter.run(self.durable)
@@ -1488,11 +1587,20 @@ class Simulation:
             "resubmit": lambda r: sm.resubmit(r, now),
             "compensate": lambda r: sm.request_compensation(r, now),
         }[action]
+        history = self._operator_entries(oid, action)
         try:
+            if self.o.faults.host_start:
+                await self._console_look(action)
             await self.store.update(oid, transition, ANY_OWNER)
             self.world.log(f"operator {action} {oid}")
             self.operator_done.add((oid, action))
         except (sm.IllegalTransition, DomainError) as exc:
+            if self._operator_entries(oid, action) > history:
+                # The write was applied and its answer lost (the fallible
+                # world): the action took effect though the operator saw an error.
+                self.world.log(f"operator {action} {oid} applied, answer lost")
+                self.operator_done.add((oid, action))
+                return
             self.world.log(f"operator {action} {oid} refused: {type(exc).__name__}")
             if tries > 1:
                 self.operator_pending += 1
@@ -1505,6 +1613,13 @@ class Simulation:
                 )
         finally:
             self.operator_pending -= 1
+
+    def _operator_entries(self, oid: str, action: str) -> int:
+        """How many History entries of the record an operator's `action` wrote
+        (more after a refusal: its write landed, the answer was lost)."""
+        entries = (self.state_c.docs.get((oid, oid)) or {}).get("History") or []
+        reason = {"resubmit": "resubmitted", "compensate": "compensation requested"}[action]
+        return sum(1 for e in entries if e.get("By") == "operator" and e.get("Reason") == reason)
 
     def _ticks(self, name: str, period: float, fn, until: datetime, copies: int = 1) -> None:
         """A timer trigger: every `period`; after the host was down, it fires
@@ -1576,6 +1691,10 @@ class Simulation:
         now = self.world.clock.now
         settle = timedelta(seconds=3 * SUPERVISOR_PERIOD + STARTER_PERIOD) + SLACK
         if self.last_write is not None and now - self.last_write < settle:
+            return False
+        if now - self.faults_stopped < settle:
+            # Until faults stop, a Starter or Supervisor run may fail on every
+            # try (a Cosmos outage, 503s): a deadline long past proves nothing.
             return False
         for doc in self.state_c.docs.values():
             for name in ("CompleteBy", "NotBefore"):
@@ -1707,6 +1826,7 @@ class Simulation:
             )
         if f.foreign_docs and w.faults.draw(1.0, "foreign_docs"):
             self._foreign_documents(fault_end)
+        self._fallible_world(fault_end)
         self._ticks("starter", STARTER_PERIOD, self._starter_run, end)
         self._ticks(
             "supervisor",
@@ -1723,6 +1843,7 @@ class Simulation:
             await w.run(fault_end, idle=self.idle)
             # Faults stop here; from now on the world may also stop early at a fixed point.
             w.faults.active = False
+            self.faults_stopped = w.clock.now
             w.log("faults stop")
             await w.run(end, idle=lambda: self.idle() or self.fixed_point())
             # let actors still parked finish (no new ticks matter past the end)
@@ -2161,6 +2282,35 @@ _BOOKKEEPING = frozenset(
 )
 
 
+# What a Cosmos call the store could not answer looks like in an orchestration's
+# failure (adapters.cosmos_client.translate_error's transient texts).
+_STORE_UNAVAILABLE = (
+    "Cosmos DB answered 429",
+    "Cosmos DB answered 503",
+    "Cosmos DB answered 408",
+    "ServiceRequestError",
+    "ServiceResponseError",
+    "CosmosClientTimeoutError",
+)
+
+
+def _store_unavailable(failure: str) -> bool:
+    return any(text in failure for text in _STORE_UNAVAILABLE)
+
+
+def _agent_settlement(d: Delivery):
+    """The agents' Settlement over one delivery, as the product builds it:
+    the queue-triggered agent's FunctionsSettlement over the binding's
+    actions, or (every other delivery, by its sequence number) the
+    standalone worker's ReceiverSettlement over its receiver."""
+    from agents.functions import FunctionsSettlement
+    from agents.messaging import ReceiverSettlement
+
+    if d.sequence_number % 2:
+        return FunctionsSettlement(SimActions(d), d)
+    return ReceiverSettlement(SimReceiver(d), d)  # type: ignore[arg-type]
+
+
 def _call_limit(body: bytes) -> datetime | None:
     """Until when a request's calls may start: its Deadline, or its
     ListenUntil when that is later (an undo, ADR 005); None when unreadable."""
@@ -2221,6 +2371,7 @@ def run_schedule(
     wider: bool = True,
     scan: str | None = None,
     hosts: int | None = None,
+    fallible: bool = True,
     *,
     steps: StepCatalog | None = None,
 ) -> Result:
@@ -2228,7 +2379,9 @@ def run_schedule(
     seed's other choices stay what they are)."""
     logging.disable(logging.CRITICAL)
     warnings.filterwarnings("ignore", message="Potential duplicate Task completion")
-    options = options_for(seed, orders, version, hostile, apps, wider, hosts)
+    options = options_for(
+        seed, orders, version, hostile, apps, wider, hosts=hosts, fallible=fallible
+    )
     if steps is not None:
         options = replace(options, steps=steps)
     sim = Simulation(seed, orders, drop, options=options, scan=scan)

@@ -108,6 +108,29 @@ class FaultConfig:
     # host processes that restart during the fault window, losing their
     # in-memory state (a scale-in, a new instance, an out-of-memory kill)
     host_restarts: int = 0
+    # The fallible world (issue 21: every external call can fail), each raised
+    # as the real SDK raises it so the product's own classification runs:
+    # per Cosmos call: a 429 past the SDK's own retries, a 503, a refused connection
+    cosmos_fail: float = 0.0
+    # per Cosmos write: applied, its answer lost (reset connection, client timeout, 408)
+    cosmos_lost: float = 0.0
+    # one window (5-60 s) in which every Cosmos call of the account fails, and
+    # short ones (0.5-3 s: a failover, a gateway restart), each from a random call on
+    cosmos_outage: bool = False
+    cosmos_blips: int = 0
+    # per query: read on a lagging replica (every document's previous version)
+    query_lag: float = 0.0
+    # per settlement: the link drops before it, the lock is found lost, or it is
+    # applied and its answer lost
+    settle_fail: float = 0.0
+    # per send (every queue, scheduled sends too): refused by a dropped link, or
+    # accepted by the broker and its answer lost
+    send_lost: float = 0.0
+    # per remote call: the answer comes after the client's timeout (applied or not)
+    slow_answers: float = 0.0
+    # the host's start (container setup) and the operator's console reads run
+    # as actors, under the same faults
+    host_start: bool = False
 
 
 @dataclass
@@ -138,6 +161,13 @@ class Faults:
         self.active = True
         self.storms: list[tuple[datetime, datetime]] = []
         self.outage: tuple[datetime, datetime, str] | None = None
+        self.cosmos_down: list[tuple[datetime, datetime]] = []  # Cosmos outage windows
+        # Short outages that begin at a Cosmos call (its number in the schedule)
+        # and last this many seconds: an outage starts at any instant, also
+        # between two calls of one actor, which a start drawn in time almost
+        # never is (an actor's calls are milliseconds apart).
+        self.cosmos_blips: dict[int, float] = {}
+        self.cosmos_calls = 0
         self._throttle_runs: dict[asyncio.Task | None, int] = {}  # the fault surface's
 
     def draw(self, probability: float, kind: str, detail: str = "") -> bool:
@@ -193,6 +223,88 @@ class Faults:
 
     def session_lag(self, container: str) -> bool:
         return self.draw(self.config.lag, "session_lag", container)
+
+    # --- the fallible world (issue 21). Each returns the fault kind to raise
+    # (the fake builds the SDK's exception) and attributes it to the call.
+    def _variant(self, kinds: tuple[str, ...]) -> str:
+        """Which of `kinds` the fault just drawn is: by its index, so that no
+        randomness is consumed only when a fault is kept (shrinking)."""
+        return kinds[self.injected[-1].index % len(kinds)]
+
+    def cosmos_call(self, container: str, op: str) -> str | None:
+        """Before a Cosmos call's effect: None, or "outage" (every call fails
+        for a window), "throttle_429" (past the SDK's own retries),
+        "cosmos_503" or "refused" (no connection: a 503 to the caller)."""
+        now = self.world.clock.now
+        self.cosmos_calls += 1
+        blip = self.cosmos_blips.pop(self.cosmos_calls, None)
+        if blip is not None and self.active:
+            self.cosmos_down.append((now, now + timedelta(seconds=blip)))
+            self.world.log(f"cosmos outage for {blip}s from call {self.cosmos_calls}")
+        if self.active and any(a <= now < b for a, b in self.cosmos_down):
+            self.world.counters["cosmos_outage"] += 1
+            self.hit("cosmos_outage")
+            return "outage"
+        if self.draw(self.config.cosmos_fail, "cosmos_fail", f"{container} {op}"):
+            kind = self._variant(("throttle_429", "cosmos_503", "refused"))
+            self.hit("throttle_429" if kind == "throttle_429" else "cosmos_503")
+            return kind
+        return None
+
+    def cosmos_answer_lost(self, container: str, op: str) -> str | None:
+        """After a Cosmos write's effect: None, or how its answer was lost
+        ("reset", "client_timeout", "408")."""
+        if self.draw(self.config.cosmos_lost, "cosmos_answer_lost", f"{container} {op}"):
+            self.hit("cosmos_timeout_after")
+            return self._variant(("reset", "client_timeout", "408"))
+        return None
+
+    def query_lag(self, container: str) -> bool:
+        if self.draw(self.config.query_lag, "query_lag", container):
+            self.hit("session_lag")
+            return True
+        return False
+
+    def new_document_lag(self, container: str) -> bool:
+        """A point read of a document created moments ago, on a replica that
+        has not seen the create yet (a 404)."""
+        if self.draw(self.config.query_lag, "new_document_lag", container):
+            self.hit("session_lag")
+            return True
+        return False
+
+    def settle_fault(self, queue: str, kind: str) -> str | None:
+        """A settlement (complete/abandon/dead-letter): None, or "dropped"
+        (the link dropped before it: ServiceBusConnectionError), "lock_lost"
+        (MessageLockLostError; the message is released), "after" (applied,
+        its answer lost: OperationTimeoutError)."""
+        if self.draw(self.config.settle_fail, "settle_fail", f"{queue} {kind}"):
+            variant = self._variant(("dropped", "lock_lost", "after"))
+            self.hit(
+                {"dropped": "settle_fail", "lock_lost": "lock_lost"}.get(
+                    variant, "settle_timeout_after"
+                )
+            )
+            return variant
+        return None
+
+    def send_fault(self, queue: str, message_id: str) -> str | None:
+        """A send on any queue: None, or "refused" (ServiceBusConnectionError,
+        nothing sent) or "after" (the broker took it, the answer was lost:
+        OperationTimeoutError)."""
+        if self.draw(self.config.send_lost, "send_lost", f"{queue} {message_id}"):
+            variant = self._variant(("after", "refused"))
+            self.hit("send_timeout_after" if variant == "after" else "send_fail")
+            return variant
+        return None
+
+    def slow_answer(self, what: str) -> str | None:
+        """A remote call whose answer comes after the client's timeout: None,
+        or "applied" (the service did it) or "lost" (the request never got there)."""
+        if self.draw(self.config.slow_answers, "slow_answer", what):
+            self.hit("http_timeout")
+            return self._variant(("applied", "lost"))
+        return None
 
 
 @dataclass(order=True)

@@ -225,22 +225,31 @@ def _regression_params():
             entry.get("hostile", 0),
             apps,
             # Entries found before the Durable client's faults, odd provider answers
-            # and foreign documents existed replay without them.
+            # and foreign documents existed replay without them; so do those found
+            # before the fallible world (sim/system.py, _fallible).
             entry.get("wider", False),
             # Entries found before there were several host processes replay on one.
             entry.get("hosts", 0),
+            entry.get("fallible", False),
             id=f"seed{entry['seed']}{tag}-{entry['check'][:30]}",
             marks=marks,
         )
 
 
 @pytest.mark.parametrize(
-    ("seed", "orders", "version", "hostile", "apps", "wider", "hosts"),
+    ("seed", "orders", "version", "hostile", "apps", "wider", "hosts", "fallible"),
     list(_regression_params()),
 )
-def test_regression_seed(seed, orders, version, hostile, apps, wider, hosts):
+def test_regression_seed(seed, orders, version, hostile, apps, wider, hosts, fallible):
     result = run_schedule(
-        seed, orders, version=version, hostile=hostile, apps=apps, wider=wider, hosts=hosts
+        seed,
+        orders,
+        version=version,
+        hostile=hostile,
+        apps=apps,
+        wider=wider,
+        hosts=hosts,
+        fallible=fallible,
     )
     assert result.violations == []
 
