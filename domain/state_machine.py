@@ -38,6 +38,8 @@ HISTORY_LIMIT = 20
 FINISHED_RECORD_TTL_SECONDS = 90 * 24 * 3600
 REASON_LIMIT = 300  # HistoryEntry.Reason, StepState.Error
 ERROR_LIMIT = 500  # LastError, CompensationEntry.Error, PendingStatus.Detail
+# Restarts of a compensation whose instance died (docs/adr/003); a long retry
+# of an unconfirmed undo is not one (RetryPolicy.undo_long_retries, ADR 019a).
 MAX_COMPENSATION_RESTARTS = 3
 # Steps whose request may have reached the remote service: compensation undoes
 # them all (undo of what never happened is a no-op by the agent contract).
@@ -550,7 +552,11 @@ def restart_compensation(
     so every undo request's message id and reply event, is new, so duplicate
     detection cannot drop the restarted requests (it would, for the old ids,
     and each undo try would then wait out its deadline). The attempt number
-    is also the fencing token the remote service expects to grow."""
+    is also the fencing token the remote service expects to grow.
+
+    A record waiting for the long retry of an unconfirmed undo (NotBefore set
+    by defer_compensation) is woken instead, once NotBefore has passed: a new
+    attempt too, but no restart is counted (ADR 019a)."""
     if record.LockedBy != expected_locked_by:
         raise StaleError(f"order {record.id} changed owner since it was read")
     _require(record, ProcessState.COMPENSATING, action="restart compensating")

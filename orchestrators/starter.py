@@ -211,7 +211,9 @@ class Starter:
         starter died after the claim; or failed, terminated, finished without
         its last write) is restarted as a new attempt (undos are idempotent),
         within a budget: past it, CompensationFailed and an alert. Running
-        instances are left alone."""
+        instances are left alone, and so is a compensation waiting for the
+        long retry of an unconfirmed undo until its NotBefore (workflow 2.2,
+        ADR 019a); then it is restarted the same way, not counted as a restart."""
         batch = self._settings.starter_batch_size
         # Page by id across runs: with more live compensations than one page,
         # each run looks at the next page, so a dead one behind them is reached.
