@@ -356,7 +356,6 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         long_retries=int_setting(env, "LONG_RETRIES", 1, 0),
         long_delay=timedelta(seconds=int_setting(env, "LONG_RETRY_DELAY_SECONDS", 3600, 0)),
         claim_timeout=timedelta(seconds=int_setting(env, "CLAIM_TIMEOUT_SECONDS", 60, 1)),
-        undo_long_retries=int_setting(env, "UNDO_LONG_RETRIES", 24, 0),
     )
     return Settings(
         state_account=state,
