@@ -92,6 +92,8 @@ _TARGET_STATES: dict[type, tuple[ProcessState, ...]] = {
     commands.MarkFailed: (ProcessState.ERROR,),
     commands.BeginCompensation: (ProcessState.COMPENSATING,),
     commands.FinishCompensation: (ProcessState.COMPENSATED, ProcessState.COMPENSATION_FAILED),
+    # Its long retry keeps the lock (no stale re-run); giving up lets it go.
+    commands.DeferCompensation: (ProcessState.COMPENSATION_FAILED,),
 }
 
 # Statuses that end an order: sent from the record's outbox, never lost.
@@ -244,8 +246,13 @@ class SchedulerActivities:
                 return lambda r: sm.record_undo(r, i, step, True, now)
             case commands.UndoFailed(Step=step, Reason=reason):
                 return lambda r: sm.record_undo(r, i, step, False, now, reason)
+            case commands.UndoUnconfirmed(Step=step, Reason=reason):
+                return lambda r: sm.record_undo_unconfirmed(r, i, step, now, reason)
             case commands.FinishCompensation():
                 return lambda r: sm.finish_compensation(r, i, now)
+            case commands.DeferCompensation():
+                policy = self._settings.retry
+                return lambda r: sm.defer_compensation(r, i, now, policy)
         raise TypeError(f"not a state command: {write!r}")
 
     def _next_deadline(

@@ -133,6 +133,8 @@ def outcome(status: dict[str, Any] | None) -> tuple[str, str]:
         return "compensated: every requested step undone", "warn"
     if kind == "compensation_failed":
         return "compensation failed", "bad"
+    if kind == "compensation_deferred":  # workflow 2.2 (ADR 019a)
+        return "undo unconfirmed: the compensation waits for a long retry", "warn"
     if kind == "failed":
         return f"failed at {label(step)}", "bad"
     if kind == "timed_out":

@@ -435,6 +435,9 @@ class OrderState(RecordPart):
     ReceivedSent: bool = False
     CompensationRequested: bool = False
     CompensationRestarts: int = 0
+    # Long retries of a compensation whose undo ended unconfirmed (workflow
+    # 2.2, state_machine.defer_compensation); NotBefore is then its wake time.
+    CompensationLongRetries: int = 0
     PendingStatus: _PendingStatus | None = None
     Steps: dict[StepName, StepState] = Field(default_factory=dict)
     Compensation: list[CompensationEntry] = Field(default_factory=list)

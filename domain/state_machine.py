@@ -38,6 +38,8 @@ HISTORY_LIMIT = 20
 FINISHED_RECORD_TTL_SECONDS = 90 * 24 * 3600
 REASON_LIMIT = 300  # HistoryEntry.Reason, StepState.Error
 ERROR_LIMIT = 500  # LastError, CompensationEntry.Error, PendingStatus.Detail
+# Restarts of a compensation whose instance died (docs/adr/003); a long retry
+# of an unconfirmed undo is not one (RetryPolicy.undo_long_retries, ADR 019a).
 MAX_COMPENSATION_RESTARTS = 3
 # Steps whose request may have reached the remote service: compensation undoes
 # them all (undo of what never happened is a no-op by the agent contract).
@@ -106,6 +108,11 @@ class RetryPolicy:
     long_retries: int = 1
     long_delay: timedelta = timedelta(hours=1)
     claim_timeout: timedelta = timedelta(seconds=60)
+    # A compensation whose undo ended unconfirmed (workflow 2.2: every try
+    # transient, unanswered or lost) waits `long_delay` and is tried again, at
+    # most this many times (a day at the default delay), then CompensationFailed
+    # (docs/adr/019a-unconfirmed-undo-long-retry.md).
+    undo_long_retries: int = 24
 
     @property
     def max_failures(self) -> int:
@@ -526,6 +533,8 @@ def claim_compensation(record: OrderState, now: datetime) -> OrderState:
         Compensation=log,
         CompensationRequested=False,
         CompensationRestarts=0,
+        CompensationLongRetries=0,
+        NotBefore=None,
     )
 
 
@@ -543,10 +552,16 @@ def restart_compensation(
     so every undo request's message id and reply event, is new, so duplicate
     detection cannot drop the restarted requests (it would, for the old ids,
     and each undo try would then wait out its deadline). The attempt number
-    is also the fencing token the remote service expects to grow."""
+    is also the fencing token the remote service expects to grow.
+
+    A record waiting for the long retry of an unconfirmed undo (NotBefore set
+    by defer_compensation) is woken instead, once NotBefore has passed: a new
+    attempt too, but no restart is counted (ADR 019a)."""
     if record.LockedBy != expected_locked_by:
         raise StaleError(f"order {record.id} changed owner since it was read")
     _require(record, ProcessState.COMPENSATING, action="restart compensating")
+    if record.NotBefore is not None:
+        return _wake_compensation(record, now)
     if record.CompensationRestarts >= max_restarts:
         reason = (
             f"compensation restarted {record.CompensationRestarts} times without finishing; "
@@ -571,6 +586,113 @@ def restart_compensation(
         LockedBy=attempt_instance_id(record.id, attempt),
         Attempt=attempt,
         CompensationRestarts=record.CompensationRestarts + 1,
+    )
+
+
+def compensation_waits(record: OrderState, now: datetime) -> bool:
+    """A Compensating record in its long retry (defer_compensation): nothing
+    restarts it before its NotBefore."""
+    return (
+        record.ProcessState is ProcessState.COMPENSATING
+        and record.NotBefore is not None
+        and record.NotBefore > now
+    )
+
+
+def _wake_compensation(record: OrderState, now: datetime) -> OrderState:
+    """Compensating, its long retry due -> Compensating under a new attempt
+    (restart_compensation, for a record defer_compensation left waiting). Not
+    a restart of a dead instance: CompensationRestarts is left as it is; the
+    long retry was counted (and bounded) when it was deferred."""
+    if compensation_waits(record, now):
+        raise IllegalTransition(
+            f"compensation of order {record.id} waits for its long retry until "
+            f"{record.NotBefore.isoformat() if record.NotBefore else '?'}"
+        )
+    attempt = record.Attempt + 1
+    return _finish(
+        record,
+        ProcessState.COMPENSATING,
+        "starter",
+        now,
+        reason=f"compensation long retry {record.CompensationLongRetries} (unconfirmed undo)",
+        LockedBy=attempt_instance_id(record.id, attempt),
+        Attempt=attempt,
+        NotBefore=None,
+    )
+
+
+def record_undo_unconfirmed(
+    record: OrderState, instance_id: str, step: str, now: datetime, error: str | None = None
+) -> OrderState:
+    """Compensating -> Compensating: every try of `step`'s undo ended without
+    an answer that says what happened (transient, unanswered, lost). The
+    entry stays Pending (still to undo: the next attempt tries it again, and
+    the idempotent, fenced call answers what the remote did), with why."""
+    require_owner(record, instance_id)
+    _require(record, ProcessState.COMPENSATING, action="record an undo of")
+    said = f"unconfirmed: {error}" if error else "unconfirmed"
+    log = [
+        e.model_copy(update={"At": now, "Error": short_text(said, ERROR_LIMIT)})
+        if e.Step == step and e.Outcome != "Done"
+        else e
+        for e in record.Compensation
+    ]
+    return record.model_copy(update={"Compensation": log, "UpdatedAt": now}, deep=True)
+
+
+def defer_compensation(
+    record: OrderState, instance_id: str, now: datetime, policy: RetryPolicy
+) -> OrderState:
+    """Compensating -> Compensating, waiting until NotBefore (the long retry of
+    an unconfirmed undo, workflow 2.2), or CompensationFailed once
+    `policy.undo_long_retries` long retries are spent (the caller alerts).
+
+    The owner keeps the lock until the Starter restarts the compensation as a
+    new attempt after NotBefore (restart_compensation). Idempotent for its
+    owner: a record already waiting is left as it is (an activity retried
+    after its write landed counts no second long retry)."""
+    require_owner(record, instance_id)
+    _require(record, ProcessState.COMPENSATING, action="defer compensating")
+    if record.NotBefore is not None:
+        return record
+    if any(e.Outcome == "Failed" for e in record.Compensation):
+        raise IllegalTransition(
+            f"compensation of order {record.id} has a failed undo: finish it, do not defer it"
+        )
+    open_steps = [e for e in record.Compensation if e.Outcome != "Done"]
+    first = open_steps[0] if open_steps else None
+    what = f"undo of step {first.Step}" if first else "undo"
+    cause = f" ({first.Error})" if first and first.Error else ""
+    if record.CompensationLongRetries >= policy.undo_long_retries:
+        reason = short_text(
+            f"{what} still unconfirmed after {record.CompensationLongRetries} long retries"
+            f"{cause}; giving up",
+            ERROR_LIMIT,
+        )
+        return _end_in_failure(
+            record,
+            ProcessState.COMPENSATION_FAILED,
+            instance_id,
+            now,
+            reason,
+            f"unconfirmed/{record.Attempt}",
+            CompleteBy=None,
+            NotBefore=None,
+        )
+    wake = now + policy.long_delay
+    reason = short_text(
+        f"{what} unconfirmed{cause}; long retry after {wake.isoformat()}", ERROR_LIMIT
+    )
+    return _finish(
+        record,
+        ProcessState.COMPENSATING,
+        instance_id,
+        now,
+        reason=reason,
+        LastError=reason,
+        NotBefore=wake,
+        CompensationLongRetries=record.CompensationLongRetries + 1,
     )
 
 
@@ -607,7 +729,10 @@ def finish_compensation(record: OrderState, instance_id: str, now: datetime) -> 
     """Compensating -> Compensated, or CompensationFailed naming the failed step."""
     require_owner(record, instance_id)
     _require(record, ProcessState.COMPENSATING, action="finish compensating")
-    failed = [e for e in record.Compensation if e.Outcome != "Done"]
+    # A refused undo is named before one still open (unconfirmed, 2.2).
+    failed = sorted(
+        (e for e in record.Compensation if e.Outcome != "Done"), key=lambda e: e.Outcome != "Failed"
+    )
     qualifier = str(record.Attempt)
     if failed:
         # Name the step and the cause: the operator's alert and the client's

@@ -101,8 +101,25 @@ class UndoFailed(StateCommand):
     Reason: str
 
 
+class UndoUnconfirmed(StateCommand):
+    """Workflow 2.2: every try of the step's undo ended transient, unanswered
+    or lost; the entry stays to undo (ADR 019a). `Reason`: the last error."""
+
+    Kind: Literal["undo_unconfirmed"] = "undo_unconfirmed"
+    Step: str
+    Reason: str | None = None
+
+
 class FinishCompensation(StateCommand):
     Kind: Literal["finish_compensation"] = "finish_compensation"
+
+
+class DeferCompensation(StateCommand):
+    """Workflow 2.2: an undo is unconfirmed and none was refused: the
+    compensation waits for a long retry (or ends CompensationFailed once they
+    are spent, ADR 019a)."""
+
+    Kind: Literal["defer_compensation"] = "defer_compensation"
 
 
 StateWrite = Annotated[
@@ -114,7 +131,9 @@ StateWrite = Annotated[
     | RecordTransient
     | UndoDone
     | UndoFailed
-    | FinishCompensation,
+    | UndoUnconfirmed
+    | FinishCompensation
+    | DeferCompensation,
     Field(discriminator="Kind"),
 ]
 """Any state command, told apart by its `Kind`."""

@@ -122,6 +122,7 @@ class WorkflowResult(ActivityContract):
         "failed",
         "compensated",
         "compensation_failed",
+        "compensation_deferred",  # 2.2: an unconfirmed undo waits for a long retry
         "timed_out",
         "stale",
         "unconfirmed",

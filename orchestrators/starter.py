@@ -21,7 +21,10 @@ written, at once; the claim's etag race keeps it safe with the timer.
 Before claiming it also: starts compensations operators asked for; restarts a
 compensation whose instance died, as a new attempt (new instance id, so new
 message ids that duplicate detection cannot drop), at most
-`max_compensation_restarts` times, then CompensationFailed with an alert; and
+`max_compensation_restarts` times, then CompensationFailed with an alert;
+restarts a compensation whose long retry is due (workflow 2.2 left it
+Compensating with NotBefore after an unconfirmed undo, ADR 019a) the same
+way, not counted as a restart (its long retries are bounded when deferred); and
 delivers terminal statuses still in a record's outbox after `status_grace`
 (docs/adr/001-status-outbox.md). One failing start or send is logged and
 counted; it never ends the run. Every run ends with its `starter:` metric line.
@@ -51,6 +54,7 @@ from domain.state_machine import (
     MAX_COMPENSATION_RESTARTS,
     IllegalTransition,
     claim_compensation,
+    compensation_waits,
     is_claimable,
     mark_received_sent,
     restart_compensation,
@@ -83,6 +87,7 @@ class StarterReport:
     compensations: int = 0
     compensation_restarts: int = 0
     compensations_given_up: int = 0
+    compensations_waiting: int = 0  # in a long retry of an unconfirmed undo, not yet due
     start_failures: int = 0
     status_unknown: int = 0  # compensations whose instance status could not be read
     unreadable: int = 0  # documents skipped (and alerted) because this version cannot read them
@@ -206,7 +211,9 @@ class Starter:
         starter died after the claim; or failed, terminated, finished without
         its last write) is restarted as a new attempt (undos are idempotent),
         within a budget: past it, CompensationFailed and an alert. Running
-        instances are left alone."""
+        instances are left alone, and so is a compensation waiting for the
+        long retry of an unconfirmed undo until its NotBefore (workflow 2.2,
+        ADR 019a); then it is restarted the same way, not counted as a restart."""
         batch = self._settings.starter_batch_size
         # Page by id across runs: with more live compensations than one page,
         # each run looks at the next page, so a dead one behind them is reached.
@@ -215,6 +222,11 @@ class Starter:
         )
         for record in page:
             if record.LockedBy is None:
+                continue
+            if compensation_waits(record, now):
+                # An unconfirmed undo's long retry (workflow 2.2, ADR 019a):
+                # restarted once its NotBefore has passed, as below.
+                report.compensations_waiting += 1
                 continue
             try:
                 status = await client.get_status(record.LockedBy)

@@ -121,6 +121,7 @@ ROWS = [
     ("8a", "Processing/Error -> Compensating", "orchestration"),
     ("8b", "Compensating -> Compensated", "orchestration"),
     ("8c", "Compensating -> CompensationFailed", "orchestration"),
+    ("8d", "Compensating -> long retry (unconfirmed undo)", "orchestration"),
     ("9", "Error -> Pending (resubmit)", "operator"),
 ]
 
@@ -148,6 +149,8 @@ class Options:
             long_retries=1,
             long_delay=timedelta(seconds=120),
             claim_timeout=timedelta(seconds=30),
+            # An unconfirmed undo's long retries (2.2) outlast any outage here.
+            undo_long_retries=5,
         )
     )
     step_timeout: timedelta = timedelta(seconds=20)
@@ -259,6 +262,7 @@ def options_for(
         f.odd_answers = rng.choice((0.0, 0.0, 0.3))
         f.foreign_docs = rng.random() < 0.3
         f.resend = rng.choice((0.0, 0.0, 0.3, 0.8))
+        f.undo_blackout = _draws_undo_blackout(seed)
         if fallible:
             _fallible(rng, f)
     return options
@@ -276,6 +280,17 @@ def _fallible(rng: random.Random, f: FaultConfig) -> None:
     f.send_lost = rng.choice((0.0, 0.02, 0.1))
     f.slow_answers = rng.choice((0.0, 0.05, 0.2))
     f.host_start = True
+
+
+def _draws_undo_blackout(seed: int) -> bool:
+    """One wide schedule in ten has an undo blackout (FaultConfig.undo_blackout),
+    from a stream of its own, so no other draw of the seed moves."""
+    return random.Random(f"undo-blackout/{seed}").random() < 0.1
+
+
+def undo_budget(o: Options) -> float:
+    """Seconds one undo may take in one compensation: UndoTries x step timeout."""
+    return 3 * o.step_timeout.total_seconds()
 
 
 def liveness_bound(o: Options) -> timedelta:
@@ -297,6 +312,7 @@ def liveness_bound(o: Options) -> timedelta:
         seconds=(o.retry.max_failures + 1) * attempt
         + o.retry.long_retries * o.retry.long_delay.total_seconds()
         + compensation
+        + _undo_long_retry_bound(o)
         + 60
     )
 
@@ -318,6 +334,22 @@ def refusals(steps: StepCatalog) -> tuple[tuple[str, ...], ...]:
             (f"{last.service}/{last.do_operation}", f"{first.service}/{first.undo_operation}")
         )
     return tuple(table)
+
+
+def _undo_long_retry_bound(o: Options) -> float:
+    """What an unconfirmed undo adds (workflow 2.2, ADR 019a): a compensation
+    deferred just before faults stop waits one long retry, and the restarted
+    attempt runs; an undo blackout may outlast the faults by its length."""
+    extra = (
+        STARTER_PERIOD + o.retry.long_delay.total_seconds() + undo_budget(o) * len(o.steps.names)
+    )
+    if o.faults.undo_blackout:
+        extra += BLACKOUT_UNDO_BUDGETS[1] * undo_budget(o)
+    return extra
+
+
+# An undo blackout lasts this many whole undo budgets (drawn between the two).
+BLACKOUT_UNDO_BUDGETS = (1.5, 4.0)
 
 
 def status_ok(status: int) -> bool:
@@ -356,6 +388,7 @@ class SimRemote:
         self.do_paths = steps.do_paths  # "service/operation" of every step's do
         self.calls: list[tuple[str, str, int, str]] = []  # (key, op, token, outcome)
         self.on_call: Callable[[RemoteCall], None] | None = None  # the simulation's check
+        self.undo_budget = 60.0  # seconds; the simulation sets its own (undo_budget)
 
     async def call(self, call: RemoteCall, *, timeout: float) -> dict[str, Any]:
         status, text = await self.answer(call, timeout=timeout)
@@ -367,6 +400,7 @@ class SimRemote:
         product's HttpRemoteService reads through sim.remote.SimSession."""
         if self.on_call is not None:
             self.on_call(call)
+        self._undo_blackout(call)
         await self.world.point(
             f"remote.{call.service}.{call.operation}", delay=self.world.rng.choice((0.05, 0.2, 1.0))
         )
@@ -380,7 +414,7 @@ class SimRemote:
         )
         # A partial outage: most calls fail outright; some are applied and
         # their answer is lost on the way back (a gateway timeout).
-        lost = down and self.world.rng.random() < 0.3
+        lost = down and self.world.rng.random() < self.world.faults.outage_lost
         if down:
             self.world.faults.hit("outage_lost" if lost else "outage")  # the fault surface
         if down and not lost:
@@ -423,6 +457,24 @@ class SimRemote:
         self.calls.append((call.idempotency_key, op, call.fencing_token, outcome))
         self.world.log(f"remote {op} {call.idempotency_key} token {call.fencing_token} -> {status}")
         return status, text
+
+    def _undo_blackout(self, call: RemoteCall) -> None:
+        """The schedule's first undo call starts its undo blackout
+        (FaultConfig.undo_blackout): an outage of that service longer than the
+        whole undo budget, every call in it applied and its answer lost."""
+        faults = self.world.faults
+        if (
+            not faults.config.undo_blackout
+            or faults.outage is not None
+            or call.operation not in ("release", "refund", "cancel")
+            or not faults.draw(1.0, "undo_blackout", call.service)
+        ):
+            return
+        length = self.world.data_rng.uniform(*BLACKOUT_UNDO_BUDGETS) * self.undo_budget
+        now = self.world.clock.now
+        faults.outage = (now, now + timedelta(seconds=length), call.service)
+        faults.outage_lost = 1.0
+        self.world.log(f"undo blackout of {call.service} for {length:.0f} s")
 
 
 class SimClock:
@@ -692,6 +744,7 @@ class Simulation:
                 ops = rng.choice(refusals(self.o.steps))
                 declines[oid] = (ops, _random_text(rng))
         self.remote = SimRemote(w, declines, self.o.steps)
+        self.remote.undo_budget = undo_budget(self.o)
         self.remote.on_call = self._on_remote_call
         self.remote.applied_declines = self.o.applied_declines
         # The product's HTTP adapter over the simulated services (sim/remote.py).
@@ -911,6 +964,65 @@ class Simulation:
                     f"still Processing under {owner} after a clean, finished pass"
                 )
 
+    def _check_compensation_failed_is_true(self, docs: dict[str, dict | None]) -> None:
+        """No false CompensationFailed: a CompensationFailed record whose every
+        undo left open (Failed, or Pending: unconfirmed when 2.2's long
+        retries ran out, or given up by the Starter's restarts) was in fact
+        applied remotely, answered ok or with its answer lost (the ledger
+        holds its result: it happened), says the order failed though it did
+        not (N3; ADR 005, ADR 019a)."""
+        for oid, doc in docs.items():
+            if not doc or doc["ProcessState"] != "CompensationFailed":
+                continue
+            open_steps = [
+                c["Step"] for c in doc.get("Compensation") or [] if c.get("Outcome") != "Done"
+            ]
+            answered = {
+                k.split("/", 1)[1]
+                for k, op, _, out in self.remote.calls
+                if k.startswith(oid + "/") and out == "ok" and op in self.o.steps.undo_paths
+            }
+            applied = {
+                key.split("|")[0].split("/", 1)[1]
+                for key in self.remote.ledger.results
+                if key.startswith(oid + "/") and key.split("|")[1] in self.o.steps.undo_paths
+            }
+            if open_steps and all(s in answered | applied for s in open_steps):
+                self.fail(
+                    "no false CompensationFailed",
+                    f"{oid}: undo of {open_steps} succeeded remotely, record says CompensationFailed",
+                )
+
+    def _check_compensation_long_retry(self, old: dict, new: dict, actor: str) -> None:
+        """The long retry of an unconfirmed undo (2.2, ADR 019a), on the path:
+        the Starter restarts a deferred compensation only once its NotBefore
+        has passed, and the long retries stay within their bound."""
+        waits = old.get("NotBefore")
+        if (
+            actor == "starter"
+            and old.get("ProcessState") == "Compensating"
+            and isinstance(waits, str)
+            and new.get("LockedBy") != old.get("LockedBy")
+            # The Starter reads its own clock, which may run ahead by the skew.
+            and datetime.fromisoformat(waits) - timedelta(seconds=self.o.faults.skew)
+            > self.world.clock.now
+        ):
+            self.violations.append(
+                (
+                    "a compensation's long retry waits for its time",
+                    f"starter restarted {new.get('id')} at {self.world.stamp()}, NotBefore {waits}",
+                )
+            )
+        count = new.get("CompensationLongRetries")
+        if isinstance(count, int) and count > self.settings.retry.undo_long_retries:
+            self.violations.append(
+                (
+                    "compensation long retries bounded",
+                    f"{new.get('id')}: {count} long retries "
+                    f"(at most {self.settings.retry.undo_long_retries})",
+                )
+            )
+
     # --- bookkeeping of writes: transition rows and the stale-write check
     def _on_state_write(self, old: dict | None, new: dict) -> None:
         if "ProcessState" not in new:
@@ -937,6 +1049,8 @@ class Simulation:
                 ("Compensating", "Compensated"): "8b",
                 ("Compensating", "CompensationFailed"): "8c",
             }.get((before, after))
+            if (before, after) == ("Compensating", "Compensating") and new.get("NotBefore"):
+                row = None if (old or {}).get("NotBefore") else "8d"
         elif actor == "supervisor" and before == "Processing":
             row = "6" if after == "Pending" and not new.get("NotBefore") else "7"
         elif actor == "operator" and before == "Error" and after == "Pending":
@@ -945,6 +1059,8 @@ class Simulation:
             row = "8a"
         if row:
             self.rows[row] += 1
+        if old:
+            self._check_compensation_long_retry(old, new, actor)
         if old and actor == "supervisor" and before == "Processing":
             self._check_recovery(old, new)
         if (
@@ -2032,22 +2148,7 @@ class Simulation:
             self.fail("an attempt's index entry is at or before its deadline", detail)
         for detail in self.durable.invalid_own_data[:1]:
             self.fail("the product's own writes are valid", detail)
-        # false CompensationFailed: every undo the log calls failed did succeed remotely
-        for oid, doc in docs.items():
-            if doc and doc["ProcessState"] == "CompensationFailed":
-                failed = [
-                    c["Step"] for c in doc.get("Compensation") or [] if c.get("Outcome") == "Failed"
-                ]
-                answered = {
-                    k.split("/", 1)[1]
-                    for k, op, _, out in self.remote.calls
-                    if k.startswith(oid + "/") and out == "ok" and op in self.o.steps.undo_paths
-                }
-                if failed and all(s in answered for s in failed):
-                    self.fail(
-                        "no false CompensationFailed",
-                        f"{oid}: undo of {failed} succeeded remotely, record says CompensationFailed",
-                    )
+        self._check_compensation_failed_is_true(docs)
         # An honest CompensationFailed tried every undo it did not finish: each
         # step the log leaves undone had an undo request sent for it.
         for oid, doc in sorted(docs.items()):

@@ -81,6 +81,10 @@ class FaultConfig:
     send_fail: float = 0.0  # per status / alert / reply send
     decline: float = 0.0  # per order: payment declined permanently, message 0-4 KB
     outage: bool = False  # one downstream outage longer than the retry budget
+    # one outage that begins with the schedule's first undo call and outlasts
+    # the whole undo budget (UndoTries x step timeout), every call in it
+    # applied and its answer lost (N3's worst case, ADR 019a)
+    undo_blackout: bool = False
     lag: float = 0.0  # per read of a document with a previous version
     duplicate_activity: float = 0.0  # per activity: delivered twice
     two_supervisors: bool = False
@@ -168,6 +172,9 @@ class Faults:
         # never is (an actor's calls are milliseconds apart).
         self.cosmos_blips: dict[int, float] = {}
         self.cosmos_calls = 0
+        # The share of calls during the outage that are applied and answered
+        # with a lost answer (a gateway timeout); 1.0 in an undo blackout.
+        self.outage_lost = 0.3
         self._throttle_runs: dict[asyncio.Task | None, int] = {}  # the fault surface's
 
     def draw(self, probability: float, kind: str, detail: str = "") -> bool:

@@ -165,6 +165,10 @@ def test_without_history_the_record_still_tells_the_steps():
         ),
         ({"Outcome": "stale", "Step": "charge-payment"}, "superseded by a later attempt"),
         ({"Outcome": "compensation_failed"}, "compensation failed"),
+        (
+            {"Outcome": "compensation_deferred"},
+            "undo unconfirmed: the compensation waits for a long retry",
+        ),
     ],
 )
 def test_badges_are_outcomes_in_words_never_the_runtime_status(output, badge):

@@ -1,11 +1,11 @@
 """The upgrade from workflow 1.1 through the local host: an order whose 1.1
 attempt is in flight when the host is replaced by one with the repo's
-host.json (`defaultVersion: 2.1`) finishes on 1.1 (its history says 1.1, and
+host.json (`defaultVersion: 2.2`) finishes on 1.1 (its history says 1.1, and
 1.1's code is still registered), while an order posted after the upgrade runs
-the default (2.x). The 2.0 -> 2.1 upgrade: tests/e2e/test_upgrade_2_1.py.
+the default (2.x). The 2.0 and 2.1 -> 2.2 upgrades: tests/e2e/test_upgrade_2_1.py.
 
-Which code ran is visible from outside: 1.1 sends every progress status, 2.0
-and 2.1 only those the application opted in to (webshop did not)."""
+Which code ran is visible from outside: 1.1 sends every progress status, 2.x
+only those the application opted in to (webshop did not)."""
 
 from __future__ import annotations
 

@@ -32,8 +32,9 @@ DEFECT_OF_CHECK = {
     "one deadline travels everywhere": "defect 7: CompleteBy differs from the timer and agent deadline",
     "no false CompensationFailed": "defect 8 (restarted compensation reused message ids), and N3 on 2.0: "
     "an undo applied remotely whose every answer is lost (agent crashes, redeliveries past "
-    "the try's deadline answered without a call, an outage); fixed on 2.1, kept on 2.0 for "
-    "its histories (seeds 2209, 3416, 4390, 4621; ADR 005)",
+    "the try's deadline answered without a call, an outage); reduced on 2.1 (ADR 005), "
+    "closed on 2.2 (an unconfirmed undo waits for a long retry, ADR 019a); kept on 2.0 and "
+    "2.1 for their histories (seeds 4390, 4621 on 2.0; 6789 and the undo blackout seeds on 2.1)",
     "a restarted orchestration's requests are delivered": "defect 8: a restarted compensation reuses its message ids",
     "4 bad submission dead-lettered with a reason": "defect 10: an AMQP value body raises instead of being dead-lettered",
     "index entry of a live attempt kept": "new: the index source discards a live entry after a lagging read",
@@ -139,7 +140,7 @@ def test_happy_path_processes_every_order_and_reports_it():
     assert sim.violations == []
 
 
-@pytest.mark.parametrize("version", ["2.1", "2.0", "1.1"])
+@pytest.mark.parametrize("version", ["2.2", "2.1", "2.0", "1.1"])
 def test_happy_path_one_deadline(version):
     sim = _run(1, 3, Options(orders=3, faults=FaultConfig(), version=version))
     assert {i.version for i in sim.durable.instances.values()} == {version}
@@ -151,11 +152,11 @@ def test_new_attempts_run_host_json_default_version_with_the_starters_input():
 
     sim = _run(1, 1, Options(orders=1, faults=FaultConfig()))
     (instance,) = sim.durable.instances.values()
-    assert instance.version == default_version() == "2.1"
+    assert instance.version == default_version() == "2.2"
     given = json.loads(instance.input)
     assert given["Record"]["LockedBy"] == instance.instance_id
     assert given["Etag"]
-    # 2.1's happy path (2.0's): begin + one advance per further step + finish.
+    # 2.2's happy path (2.0's): begin + one advance per further step + finish.
     from devstack.host.durable import TASK_SCHEDULED
 
     scheduled = [e["Name"] for e in instance.history if e["EventType"] == TASK_SCHEDULED]
@@ -292,7 +293,7 @@ def _bulk(seeds, orders: int, version: str | None = None):
 
 
 def test_thousand_schedules():
-    """1,000 seeded one-order schedules on the default version (2.1): no check may break."""
+    """1,000 seeded one-order schedules on the default version (2.2): no check may break."""
     _bulk(range(100_001, 101_001), 1)
 
 

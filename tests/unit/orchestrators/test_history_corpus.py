@@ -23,9 +23,12 @@ from devstack.host.replay import SCHEDULING_EVENTS, EpisodeResult, run_episode
 
 CORPUS = Path(__file__).resolve().parents[2] / "fixtures" / "histories"
 FILES = sorted(CORPUS.glob("*.json"))
-LIVE = "2.1"
+LIVE = "2.2"
 OUTCOMES = ("processed", "compensated", "failed", "retried")
 UPGRADES = ("upgraded", "upgraded-retried")
+# Versions before the unconfirmed-undo long retry (ADR 019a); every later one
+# has an `unconfirmed` history: the deferral, the Starter's restart, the end.
+BEFORE_UNCONFIRMED = ("1.0", "1.1", "2.0", "2.1")
 
 EXECUTION_STARTED, EXECUTION_COMPLETED = 0, 1
 TASK_SCHEDULED, TIMER_CREATED = 4, 10
@@ -158,14 +161,23 @@ def test_the_corpus_holds_every_version_and_outcome() -> None:
     names = {p.stem for p in FILES}
     expected = {f"{v}-{o}" for v in VERSIONS for o in OUTCOMES}
     expected |= {f"{v}-{o}" for v in VERSIONS if v != LIVE for o in UPGRADES}
+    expected |= {f"{v}-unconfirmed" for v in VERSIONS if v not in BEFORE_UNCONFIRMED}
     assert names == expected
+    order = sorted(VERSIONS, key=lambda v: tuple(int(p) for p in v.split(".")))
     for path in FILES:
         version, outcome = path.stem.split("-", 1)
         versions = [i["version"] for i in json.loads(path.read_text())["instances"]]
         if outcome == "retried":
             assert versions == [version, version], path.name
         elif outcome == "upgraded-retried":
-            assert versions == [version, LIVE], path.name
+            # Attempt 2 ran the version that was live when it was recorded.
+            assert len(versions) == 2, path.name
+            assert versions[0] == version, path.name
+            assert order.index(versions[1]) > order.index(version), path.name
+        elif outcome == "unconfirmed":
+            # Attempt 1 deferred; each restart is an attempt on the same version.
+            assert len(versions) >= 2, path.name
+            assert set(versions) == {version}, path.name
         else:
             assert versions == [version], path.name
 

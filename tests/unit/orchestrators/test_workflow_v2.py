@@ -60,12 +60,13 @@ async def started(world, **fields):
     return instance_id, attempt_input
 
 
-def test_version_2_1_is_the_default_and_the_current_version():
+def test_version_2_2_is_the_default_and_the_current_version():
     with open("host.json") as f:
         host = json.load(f)
-    assert host["extensions"]["durableTask"]["defaultVersion"] == wf.CURRENT_VERSION == "2.1"
-    # 2.0 stays registered: instances started before the upgrade replay it (ADR 005).
-    assert set(wf.VERSIONS) == {"1.0", "1.1", "2.0", "2.1"}
+    assert host["extensions"]["durableTask"]["defaultVersion"] == wf.CURRENT_VERSION == "2.2"
+    # 2.0 and 2.1 stay registered: instances started before the upgrades replay
+    # them (ADR 005, ADR 019a).
+    assert set(wf.VERSIONS) == {"1.0", "1.1", "2.0", "2.1", "2.2"}
 
 
 # --- cost per order ------------------------------------------------------------------

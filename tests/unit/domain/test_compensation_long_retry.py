@@ -1,0 +1,124 @@
+"""The state machine's side of an unconfirmed undo (workflow 2.2, ADR 019a):
+recording it, deferring the compensation to a long retry, waking it, the
+bound, and what an operator's request resets."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import timedelta
+
+import pytest
+
+from domain import state_machine as sm
+from domain.errors import StaleError
+from domain.models import ProcessState
+from tests.unit.domain.conftest import NOW, STEPS
+
+
+@pytest.fixture
+def compensating(processing):
+    iid = processing.LockedBy
+    record = sm.start_step(processing, iid, STEPS[0], NOW, NOW + timedelta(seconds=60))
+    record = sm.complete_step(record, iid, STEPS[0], NOW, "ref-0")
+    record = sm.start_step(record, iid, STEPS[1], NOW, NOW + timedelta(seconds=60))
+    return sm.begin_compensation(record, iid, "declined", NOW, STEPS[1])
+
+
+def _unconfirmed(record, step=STEPS[0]):
+    return sm.record_undo_unconfirmed(record, record.LockedBy, step, NOW, "HTTP 504")
+
+
+def test_an_unconfirmed_undo_stays_to_undo_with_why(compensating):
+    record = _unconfirmed(compensating)
+    (entry,) = [e for e in record.Compensation if e.Step == STEPS[0]]
+    assert entry.Outcome == "Pending"
+    assert entry.Error == "unconfirmed: HTTP 504"
+    assert entry.At == NOW
+    assert record.ProcessState is ProcessState.COMPENSATING
+
+
+def test_defer_waits_a_long_delay_and_counts_it(compensating, policy):
+    iid = compensating.LockedBy
+    record = sm.record_undo(compensating, iid, STEPS[1], True, NOW)
+    record = sm.defer_compensation(_unconfirmed(record), iid, NOW, policy)
+    assert record.ProcessState is ProcessState.COMPENSATING
+    assert record.LockedBy == iid
+    assert record.NotBefore == NOW + policy.long_delay
+    assert record.CompensationLongRetries == 1
+    assert f"undo of step {STEPS[0]} unconfirmed (unconfirmed: HTTP 504)" in record.LastError
+    assert record.History[-1].By == iid
+    assert record.PendingStatus is None  # no verdict, no status
+    assert sm.compensation_waits(record, NOW + policy.long_delay - timedelta(seconds=1))
+    assert not sm.compensation_waits(record, NOW + policy.long_delay)
+    # An activity re-run after the write landed counts no second long retry.
+    assert sm.defer_compensation(record, iid, NOW + timedelta(seconds=5), policy) == record
+
+
+def test_a_refused_undo_is_finished_not_deferred(compensating, policy):
+    iid = compensating.LockedBy
+    record = sm.record_undo(compensating, iid, STEPS[1], False, NOW, "refund refused")
+    with pytest.raises(sm.IllegalTransition):
+        sm.defer_compensation(_unconfirmed(record), iid, NOW, policy)
+    finished = sm.finish_compensation(_unconfirmed(record), iid, NOW)
+    assert finished.ProcessState is ProcessState.COMPENSATION_FAILED
+    # The refused step is named before the one still open.
+    assert finished.LastError.startswith(f"undo failed for step {STEPS[1]}: refund refused")
+
+
+def test_the_starter_wakes_it_after_not_before_as_a_new_attempt(compensating, policy):
+    iid = compensating.LockedBy
+    deferred = sm.defer_compensation(_unconfirmed(compensating), iid, NOW, policy)
+    with pytest.raises(sm.IllegalTransition):
+        sm.restart_compensation(deferred, iid, NOW + timedelta(minutes=59))
+    with pytest.raises(StaleError):
+        sm.restart_compensation(deferred, "someone-else", NOW + policy.long_delay)
+    woken = sm.restart_compensation(deferred, iid, NOW + policy.long_delay)
+    assert woken.ProcessState is ProcessState.COMPENSATING
+    assert woken.Attempt == deferred.Attempt + 1
+    assert woken.LockedBy.endswith(f":{woken.Attempt}")
+    assert woken.NotBefore is None
+    assert woken.CompensationRestarts == deferred.CompensationRestarts == 0
+    assert woken.CompensationLongRetries == 1
+
+
+def test_waking_spends_no_restart_even_when_the_restarts_are_spent(compensating, policy):
+    iid = compensating.LockedBy
+    spent = compensating.model_copy(update={"CompensationRestarts": sm.MAX_COMPENSATION_RESTARTS})
+    deferred = sm.defer_compensation(_unconfirmed(spent), iid, NOW, policy)
+    woken = sm.restart_compensation(deferred, iid, NOW + policy.long_delay)
+    assert woken.ProcessState is ProcessState.COMPENSATING
+
+
+def test_past_its_long_retries_it_ends_compensation_failed(compensating, policy):
+    bounded = replace(policy, undo_long_retries=2)
+    record = _unconfirmed(compensating)
+    for n in range(2):
+        record = sm.defer_compensation(record, record.LockedBy, NOW, bounded)
+        assert record.CompensationLongRetries == n + 1
+        record = _unconfirmed(sm.restart_compensation(record, record.LockedBy, record.NotBefore))
+    last = record.LockedBy
+    ended = sm.defer_compensation(record, last, NOW, bounded)
+    assert ended.ProcessState is ProcessState.COMPENSATION_FAILED
+    assert ended.LockedBy is None
+    assert ended.NotBefore is None
+    assert "still unconfirmed after 2 long retries" in ended.LastError
+    assert ended.PendingStatus is not None
+    assert ended.PendingStatus.Status.value == "CompensationFailed"
+    assert ended.History[-1].By == last
+
+
+def test_an_operators_compensation_starts_with_fresh_counts(compensating, policy):
+    bounded = replace(policy, undo_long_retries=0)
+    ended = sm.defer_compensation(_unconfirmed(compensating), compensating.LockedBy, NOW, bounded)
+    assert ended.CompensationLongRetries == 0
+    ended = ended.model_copy(update={"CompensationLongRetries": 5})
+    claimed = sm.claim_compensation(sm.request_compensation(ended, NOW), NOW)
+    assert claimed.CompensationLongRetries == 0
+    assert claimed.NotBefore is None
+    assert [e.Outcome for e in claimed.Compensation if e.Step == STEPS[0]] == ["Pending"]
+
+
+def test_a_record_without_the_field_reads_as_none_spent(compensating):
+    data = compensating.model_dump(mode="json")
+    data.pop("CompensationLongRetries")
+    assert type(compensating).model_validate(data).CompensationLongRetries == 0
