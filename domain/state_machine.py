@@ -543,10 +543,17 @@ def restart_compensation(
     expected_locked_by: str,
     now: datetime,
     max_restarts: int = MAX_COMPENSATION_RESTARTS,
+    policy: RetryPolicy | None = None,
 ) -> OrderState:
     """Compensating, its instance gone (failed, terminated, never started) ->
-    Compensating under a new attempt, or CompensationFailed once
-    `max_restarts` restarts are spent (the caller raises the alert).
+    Compensating under a new attempt, or, once `max_restarts` restarts are
+    spent: with `policy`, a long retry (NotBefore = now + long_delay, the
+    restarts counted afresh after it, at most `policy.undo_long_retries` long
+    retries in all), unless an undo was refused; else CompensationFailed (the
+    caller raises the alert). An instance that keeps dying says nothing about
+    whether the undos it did not reach happened: a Cosmos throttling storm or
+    a host outage can kill three restarts within a minute, and a verdict then
+    would name undos never sent (simulation seeds 720021, 720209).
 
     A new attempt, not the same instance started again: its instance id, and
     so every undo request's message id and reply event, is new, so duplicate
@@ -563,6 +570,26 @@ def restart_compensation(
     if record.NotBefore is not None:
         return _wake_compensation(record, now)
     if record.CompensationRestarts >= max_restarts:
+        refused = any(e.Outcome == "Failed" for e in record.Compensation)
+        if (
+            policy is not None
+            and not refused
+            and record.CompensationLongRetries < policy.undo_long_retries
+        ):
+            retries = record.CompensationLongRetries + 1
+            return _finish(
+                record,
+                ProcessState.COMPENSATING,
+                "starter",
+                now,
+                reason=(
+                    f"compensation restarted {record.CompensationRestarts} times without "
+                    f"finishing; long retry {retries} of {policy.undo_long_retries}"
+                ),
+                NotBefore=now + policy.long_delay,
+                CompensationRestarts=0,
+                CompensationLongRetries=retries,
+            )
         reason = (
             f"compensation restarted {record.CompensationRestarts} times without finishing; "
             "giving up"

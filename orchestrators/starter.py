@@ -247,13 +247,25 @@ class Starter:
             dead: str = record.LockedBy
 
             def restart(r: OrderState, dead: str = dead) -> OrderState:
-                return restart_compensation(r, dead, now, self._max_restarts)
+                return restart_compensation(
+                    r, dead, now, self._max_restarts, self._settings.retry
+                )
 
             try:
                 restarted, etag = await self._store.update(record.id, restart, dead)
             except (StaleError, IllegalTransition, NotFoundError):
                 continue  # it moved on since the query: nothing to restart
             if restarted.ProcessState is ProcessState.COMPENSATING:
+                if compensation_waits(restarted, now):
+                    # Its restarts spent: a long retry, not a verdict (restart_compensation).
+                    report.compensations_waiting += 1
+                    log.warning(
+                        "starter: compensation of %s keeps dying; long retry at %s",
+                        record.id,
+                        restarted.NotBefore,
+                        extra={"order_id": record.id},
+                    )
+                    continue
                 report.compensation_restarts += 1
                 await self._start(client, _owner(restarted), report)
                 continue

@@ -122,3 +122,49 @@ def test_a_record_without_the_field_reads_as_none_spent(compensating):
     data = compensating.model_dump(mode="json")
     data.pop("CompensationLongRetries")
     assert type(compensating).model_validate(data).CompensationLongRetries == 0
+
+
+# --- a compensation whose instance keeps dying: a long retry, not a verdict ---
+
+
+def _restarted_until_spent(record):
+    """Restart the compensation's dead instance until the budget is spent."""
+    for _ in range(sm.MAX_COMPENSATION_RESTARTS):
+        record = sm.restart_compensation(record, record.LockedBy, NOW)
+    assert record.CompensationRestarts == sm.MAX_COMPENSATION_RESTARTS
+    return record
+
+
+def test_spent_restarts_wait_a_long_retry_instead_of_failing(compensating, policy):
+    """Seeds 720021 and 720209: a throttling storm killed three restarts in a
+    minute, and the verdict named undos never sent. With the policy, the
+    record waits a long retry, its restarts counted afresh."""
+    spent = _restarted_until_spent(compensating)
+    dead = spent.LockedBy
+    waiting = sm.restart_compensation(spent, dead, NOW, policy=policy)
+    assert waiting.ProcessState is ProcessState.COMPENSATING
+    assert waiting.LockedBy == dead  # the wake makes the new attempt
+    assert waiting.NotBefore == NOW + policy.long_delay
+    assert waiting.CompensationRestarts == 0
+    assert waiting.CompensationLongRetries == 1
+    assert waiting.PendingStatus is None  # no verdict, no status
+    assert sm.compensation_waits(waiting, NOW)
+    woken = sm.restart_compensation(waiting, dead, NOW + policy.long_delay, policy=policy)
+    assert woken.Attempt == waiting.Attempt + 1 and woken.NotBefore is None
+
+
+def test_spent_restarts_still_fail_without_the_policy_or_after_a_refusal(compensating, policy):
+    spent = _restarted_until_spent(compensating)
+    failed = sm.restart_compensation(spent, spent.LockedBy, NOW)
+    assert failed.ProcessState is ProcessState.COMPENSATION_FAILED
+    refused = sm.record_undo(spent, spent.LockedBy, STEPS[1], False, NOW, "refund refused")
+    failed = sm.restart_compensation(refused, refused.LockedBy, NOW, policy=policy)
+    assert failed.ProcessState is ProcessState.COMPENSATION_FAILED
+
+
+def test_spent_restarts_fail_once_the_long_retries_are_spent(compensating, policy):
+    spent = _restarted_until_spent(compensating)
+    spent = spent.model_copy(update={"CompensationLongRetries": policy.undo_long_retries})
+    failed = sm.restart_compensation(spent, spent.LockedBy, NOW, policy=policy)
+    assert failed.ProcessState is ProcessState.COMPENSATION_FAILED
+    assert failed.PendingStatus is not None
