@@ -150,7 +150,8 @@ def test_spent_restarts_wait_a_long_retry_instead_of_failing(compensating, polic
     assert waiting.PendingStatus is None  # no verdict, no status
     assert sm.compensation_waits(waiting, NOW)
     woken = sm.restart_compensation(waiting, dead, NOW + policy.long_delay, policy=policy)
-    assert woken.Attempt == waiting.Attempt + 1 and woken.NotBefore is None
+    assert woken.Attempt == waiting.Attempt + 1
+    assert woken.NotBefore is None
 
 
 def test_spent_restarts_still_fail_without_the_policy_or_after_a_refusal(compensating, policy):
