@@ -247,9 +247,7 @@ class Starter:
             dead: str = record.LockedBy
 
             def restart(r: OrderState, dead: str = dead) -> OrderState:
-                return restart_compensation(
-                    r, dead, now, self._max_restarts, self._settings.retry
-                )
+                return restart_compensation(r, dead, now, self._max_restarts, self._settings.retry)
 
             try:
                 restarted, etag = await self._store.update(record.id, restart, dead)
