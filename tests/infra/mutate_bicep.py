@@ -276,7 +276,7 @@ MUTATIONS = [
     (
         "production cosmos under the model",
         "infra/main.production.parameters.json",
-        '"value": 48000',
+        '"value": 49000',
         '"value": 20000',
     ),
     (

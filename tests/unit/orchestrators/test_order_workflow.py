@@ -6,6 +6,7 @@ own tests (test_workflow_v2.py)."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from datetime import datetime, timedelta
 
 import pytest
@@ -356,10 +357,9 @@ async def test_restarted_compensation_sends_new_message_ids_and_finishes():
     assert len(undo_ids) == len(set(undo_ids)) == 3  # 1 by the dead instance, 2 by the restart
 
 
-async def test_compensation_restarts_have_a_budget_then_an_alert():
-    """Defect 8 / note item 4: a compensation that keeps dying is not
-    restarted forever: CompensationFailed, an alert and its status."""
-    world = World()
+async def _keeps_dying(world, settings):
+    """Four Starter runs over a compensation whose every instance dies at
+    its first undo write, with a restart budget of 2."""
     first = await _dying_compensation(world)
 
     def dying(iid):
@@ -375,13 +375,39 @@ async def test_compensation_restarts_have_a_budget_then_an_alert():
     client = Client(world, dying)
     client.drivers[first.instance_id] = first
     starter = Starter(
-        SETTINGS,
+        settings,
         world.store,
         clock=ReadClock(lambda: world.now),
         publisher=world.bus,
         max_compensation_restarts=2,
     )
-    reports = [await starter.run(client) for _ in range(4)]
+    return [await starter.run(client) for _ in range(4)]
+
+
+async def test_compensation_restarts_have_a_budget_then_a_long_retry():
+    """Defect 8 / note item 4: a compensation that keeps dying is not
+    restarted forever; once its restarts are spent it waits a long retry
+    (ADR 019e: a dying instance says nothing about the undos it did not
+    reach), without an alert or a status."""
+    world = World()
+    reports = await _keeps_dying(world, SETTINGS)
+    assert [r.compensation_restarts for r in reports] == [1, 1, 0, 0]
+    assert [r.compensations_given_up for r in reports] == [0, 0, 0, 0]
+    assert [r.compensations_waiting for r in reports] == [0, 0, 1, 1]
+    record = await world.record()
+    assert record.ProcessState is ProcessState.COMPENSATING
+    assert record.NotBefore == world.now + SETTINGS.retry.long_delay
+    assert record.CompensationLongRetries == 1
+    assert record.CompensationRestarts == 0
+    assert alerts(world) == []
+
+
+async def test_compensation_restarts_end_in_an_alert_once_the_long_retries_are_spent():
+    """With no long retry left, the spent restart budget is the verdict:
+    CompensationFailed, an alert and its status."""
+    world = World()
+    spent = replace(SETTINGS, retry=replace(SETTINGS.retry, undo_long_retries=0))
+    reports = await _keeps_dying(world, spent)
     assert [r.compensation_restarts for r in reports] == [1, 1, 0, 0]
     assert [r.compensations_given_up for r in reports] == [0, 0, 1, 0]
     record = await world.record()
