@@ -81,6 +81,8 @@ class SimDurable:
         # record's owner at that moment (set by the simulation's hook).
         self.heard: dict[tuple[str, str], list[str | None]] = {}
         self.finished: dict[str, tuple[str, Any, str | None]] = {}
+        # (instance, event) of every raise_event answered "no such instance" or "gone"
+        self.gone_answers: set[tuple[str, str]] = set()
         self.owner_of: Any = lambda instance_id: None
         self.invalid_own_data: list[str] = []  # activities that failed validating their own output
 
@@ -138,6 +140,8 @@ class SimDurable:
         await self.world.point("durable.raise_event")
         self._fail_before("raise_event", instance_id)
         inst = self.instances.get(instance_id)
+        if inst is None or inst.status in _TERMINAL:
+            self.gone_answers.add((instance_id, event_name))  # for the simulation's checks
         if inst is None:
             raise Exception(f"No instance with ID {instance_id} found.")
         if inst.status in _TERMINAL:

@@ -2221,15 +2221,30 @@ class Simulation:
         if self.o.impersonation:
             self._check_impersonation()
         self._check_changed_resends()
-        # A real reply (not a forgery, nor a delayed copy of one) is never
-        # dead-lettered: one that is late is completed, one whose event could
-        # not be raised is retried (a reply lost so loses the step's answer).
+        # A real reply (not a forgery, nor a delayed copy of one) that comes
+        # too late (its instance gone) is completed, never retried into the
+        # dead-letter queue; one whose instance still waits may end there only
+        # as the gate's last resort (RetriesExhausted: its event could not be
+        # raised on any delivery and no retry could be scheduled), or by the
+        # broker when every delivery met an injected fault
+        # (sim.bus.Bus.every_delivery_faulted).
         for m in self.bus.queue("agent-responses").dead:
             origin = str(m.props.get(ORIGINAL_ID_PROPERTY) or m.message_id)
-            if not origin.startswith(FORGED):
+            if origin.startswith(FORGED):
+                continue
+            try:
+                body = json.loads(m.body)
+                asked = (str(body.get("InstanceId")), str(body.get("EventName")))
+            except (ValueError, AttributeError):
+                asked = ("", "")
+            late = asked in self.durable.gone_answers
+            last_resort = m.dead_letter_reason == "RetriesExhausted"
+            if late or not (last_resort or self.bus.every_delivery_faulted(m)):
                 self.fail(
                     "a real reply is never dead-lettered",
-                    f"{m.message_id} {m.dead_letter_reason}: {m.dead_letter_description}",
+                    f"{m.message_id} {m.dead_letter_reason}"
+                    + (" (its instance was gone: a late reply)" if late else "")
+                    + f": {m.dead_letter_description}",
                 )
                 break
         # 4 every dead-lettered message has a reason; a bad submission is alerted, nothing overwritten

@@ -275,6 +275,17 @@ class SubmitHandler:
         """Reject a new order; None if the order was admitted before (a
         redelivery, or a delivery racing this one): the caller carries on."""
         reason = f"backlog above {self._settings.pending_backlog_limit} pending orders; try later"
+        # An earlier delivery may have been admitted (its orders-DB document
+        # written) and died before the state record existed: that document is
+        # the order first accepted. A copy with other data is a conflict, not a
+        # rejection that would take the first one's place and turn the first
+        # one's own redeliveries into conflicts (simulation seed 257, 50 orders).
+        try:
+            stored = await self._orders.get(key)
+        except (NotFoundError, PermanentError):
+            stored = None
+        if stored is not None and stored.digest() != order.digest():
+            return await self._conflict(order, key)
         record, _, created = await self._store.create_if_absent(
             sm.rejected_record(order, now, reason, key)
         )

@@ -767,3 +767,24 @@ async def test_the_fast_path_holds_to_max_processing_as_the_gauge_counts_it(monk
     await rig.store.write_backlog_gauge(0, NOW)  # a gauge from before it counted Processing
     await rig.submit(OrderID="ORD-3")
     assert [c[1] for c in fast.calls] == ["webshop:ORD-2", "webshop:ORD-3"]
+
+
+async def test_a_different_copy_rejected_after_a_delivery_that_died_is_a_conflict(rig):
+    # Delivery 1 of the order was admitted and wrote the orders DB, then its
+    # process died before the state record existed; a copy with other data
+    # (same OrderID) arrives while the backlog is over the limit. It must not
+    # be rejected in the first one's place: the first one's redeliveries
+    # would then be conflicts and it would never run (simulation seed 257).
+    from domain.models import OrderSubmitted
+
+    await rig.orders.create_if_absent(OrderSubmitted.model_validate(order_payload()))
+    await rig.store.write_backlog_gauge(3, NOW)
+    outcome = await rig.submit(Currency="USD")
+    assert outcome.kind is SettleKind.DEAD_LETTER
+    assert outcome.reason == "OrderConflict"
+    assert not [k for k in rig.store.docs if "ORD-1" in str(k)]
+    assert "webshop:ORD-1" in rig.orders.orders  # the first one's document stays
+    # The first one's own redelivery is then rejected (and its document taken back).
+    assert (await rig.submit()).kind is SettleKind.COMPLETE
+    assert rig.statuses() == ["Rejected"]
+    assert (await rig.store.read("webshop:ORD-1"))[0].ProcessState is ProcessState.REJECTED
