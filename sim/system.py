@@ -55,6 +55,7 @@ from domain.ids import order_key, reply_event_name
 from domain.signing import KeyRing
 from domain.state_machine import MAX_COMPENSATION_RESTARTS
 from domain.steps import DEFAULT_CATALOG, StepCatalog
+from orchestrators.reply_bridge import _GONE as GONE_MARKERS
 from orchestrators.reply_bridge import on_reply_message
 from orchestrators.starter import Starter
 from reporting import Alerts, StatusReporter
@@ -1341,7 +1342,11 @@ class Simulation:
                     f"{mid} ({key}, Total changed) was completed as if valid",
                 )
                 break
-            if dead and dead[0].dead_letter_reason != "OrderConflict":
+            if (
+                dead
+                and dead[0].dead_letter_reason != "OrderConflict"
+                and not self.bus.every_delivery_faulted(dead[0])  # the broker's verdict
+            ):
                 self.fail(
                     "a changed resend of a Rejected order is a conflict",
                     f"{mid} ({key}) dead-lettered {dead[0].dead_letter_reason}, not OrderConflict",
@@ -2232,19 +2237,16 @@ class Simulation:
             origin = str(m.props.get(ORIGINAL_ID_PROPERTY) or m.message_id)
             if origin.startswith(FORGED):
                 continue
-            try:
-                body = json.loads(m.body)
-                asked = (str(body.get("InstanceId")), str(body.get("EventName")))
-            except (ValueError, AttributeError):
-                asked = ("", "")
-            late = asked in self.durable.gone_answers
-            last_resort = m.dead_letter_reason == "RetriesExhausted"
-            if late or not (last_resort or self.bus.every_delivery_faulted(m)):
+            said = m.dead_letter_description or ""
+            # The bridge's own markers of an instance that is gone (a late reply).
+            late = any(marker in said for marker in GONE_MARKERS)
+            last_resort = m.dead_letter_reason == "RetriesExhausted" and not late
+            if not (last_resort or self.bus.every_delivery_faulted(m)):
                 self.fail(
                     "a real reply is never dead-lettered",
                     f"{m.message_id} {m.dead_letter_reason}"
                     + (" (its instance was gone: a late reply)" if late else "")
-                    + f": {m.dead_letter_description}",
+                    + f": {said}",
                 )
                 break
         # 4 every dead-lettered message has a reason; a bad submission is alerted, nothing overwritten

@@ -788,3 +788,24 @@ async def test_a_different_copy_rejected_after_a_delivery_that_died_is_a_conflic
     assert (await rig.submit()).kind is SettleKind.COMPLETE
     assert rig.statuses() == ["Rejected"]
     assert (await rig.store.read("webshop:ORD-1"))[0].ProcessState is ProcessState.REJECTED
+
+
+async def test_a_different_copy_rejected_after_its_own_admitted_delivery_died_takes_its_document_back(
+    rig,
+):
+    # The order was Rejected; a changed copy's first delivery was admitted (the
+    # backlog had room) and wrote the orders DB, then died before its state
+    # write; its redelivery meets a full backlog. It is a conflict, and the
+    # document it wrote must go: a Rejected order keeps none (seed 49).
+    from domain.models import OrderSubmitted
+
+    await rig.store.write_backlog_gauge(3, NOW)
+    assert (await rig.submit()).kind is SettleKind.COMPLETE
+    await rig.orders.create_if_absent(
+        OrderSubmitted.model_validate(order_payload(Currency="USD")), "webshop:ORD-1"
+    )
+    outcome = await rig.submit(Currency="USD")
+    assert outcome.kind is SettleKind.DEAD_LETTER
+    assert outcome.reason == "OrderConflict"
+    assert "webshop:ORD-1" not in rig.orders.orders
+    assert (await rig.store.read("webshop:ORD-1"))[0].ProcessState is ProcessState.REJECTED
