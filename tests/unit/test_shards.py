@@ -95,3 +95,16 @@ async def test_submit_accepts_its_own_shards_order():
     assert outcome.kind is SettleKind.COMPLETE
     assert rig.store.docs
     assert rig.statuses() == ["Received"]
+
+
+def test_devstack_up_shard_names_the_shard_and_its_own_task_hub():
+    from devstack.__main__ import shard_overrides
+
+    assert shard_overrides("1/2") == {
+        "SHARD_COUNT": "2",
+        "SHARD_INDEX": "1",
+        "TASKHUB_NAME": "OrderProcessingS1",
+    }
+    for bad in ("2/2", "1", "a/2", "0/0"):
+        with pytest.raises(ValueError, match=r"INDEX/COUNT|numbered|1 to 999"):
+            shard_overrides(bad)
