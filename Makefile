@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 PIP_STAMP := $(VENV)/.installed
 NPM_STAMP := node_modules/.installed
 
-.PHONY: install demo test test-unit lint preflight smoke bench bench-1000 bench-latency bench-servicebus bench-supervisor capacity up down status clean browser simulate mutate
+.PHONY: install demo test test-unit lint preflight smoke bench bench-1000 bench-latency bench-shards bench-servicebus bench-supervisor capacity up down status clean browser simulate mutate
 
 install: $(PIP_STAMP) $(NPM_STAMP)
 
@@ -89,6 +89,10 @@ bench-latency: install
 ## bench-1000: 1,000 orders, 50 in flight, one host; first_attempt must be 100%
 bench-1000: install
 	BENCH_ORDERS=1000 $(BIN)/python bench/pipeline_bench.py --configs 1x50
+
+## bench-shards: throughput of 1, 2 and 4 shards (a local stack and task hub each) in one run
+bench-shards: install
+	$(BIN)/python bench/shard_bench.py
 
 bench-servicebus: install
 	$(BIN)/python bench/servicebus_bench.py

@@ -17,6 +17,7 @@ from functools import lru_cache
 from typing import Any, TypeVar
 
 from domain.ids import app_tag
+from domain.shards import MAX_SHARDS
 from domain.signing import BadKey, KeyRing, SchedulerKeys, parse_keys
 from domain.state_machine import RetryPolicy
 
@@ -157,6 +158,12 @@ class Settings:
             agents=require_keys(self.agent_keys, AGENT_SIGNING_KEYS),
         )
 
+    # This deployment's shard (SHARD_INDEX) of SHARD_COUNT whole deployments
+    # (docs/adr/020e-task-hub-shards.md): Submit refuses an order whose
+    # domain.shards.shard_of is another shard's. 1 and 0: one deployment, as before.
+    shard_count: int = 1
+    shard_index: int = 0
+
     # Submit also looks an order up under its bare OrderID, the key records had
     # before keys named the application (LEGACY_ORDER_KEYS; one point read per
     # order): off once no such record is left (docs/adr/017f-order-keys.md).
@@ -168,6 +175,19 @@ def _recovery_index_shards(env: Mapping[str, str]) -> int:
     if shards > 999:  # adapters.recovery_index.MAX_SHARDS: three-digit shard numbers
         raise SettingsError(f"RECOVERY_INDEX_SHARDS must be 1 to 999, not {shards}")
     return shards
+
+
+def _shard(env: Mapping[str, str]) -> tuple[int, int]:
+    count = int_setting(env, "SHARD_COUNT", 1, 1)
+    if count > MAX_SHARDS:
+        raise SettingsError(f"SHARD_COUNT must be 1 to {MAX_SHARDS}, not {count}")
+    index = int_setting(env, "SHARD_INDEX", 0, 0)
+    if index >= count:
+        raise SettingsError(
+            f"SHARD_INDEX must be below SHARD_COUNT ({count}): shards are numbered 0 to "
+            f"{count - 1}, not {index}"
+        )
+    return count, index
 
 
 def int_setting(env: Mapping[str, str], name: str, default: int, minimum: int = 0) -> int:
@@ -367,6 +387,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         long_delay=timedelta(seconds=int_setting(env, "LONG_RETRY_DELAY_SECONDS", 3600, 0)),
         claim_timeout=timedelta(seconds=int_setting(env, "CLAIM_TIMEOUT_SECONDS", 60, 1)),
     )
+    shard_count, shard_index = _shard(env)
     return Settings(
         state_account=state,
         orders_account=orders,
@@ -403,6 +424,8 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         agent_keys=key_ring(env, AGENT_SIGNING_KEYS),
         reply_token_keys=key_ring(env, REPLY_TOKEN_KEYS),
         legacy_order_keys=_bool(env, "LEGACY_ORDER_KEYS", True),
+        shard_count=shard_count,
+        shard_index=shard_index,
     )
 
 

@@ -64,7 +64,20 @@ def up(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
             return 1
-    stack = Stack(Path(args.run_dir), ports=ports, with_host=not args.no_host, keep_cosmos=True)
+    try:
+        overrides = shard_overrides(args.shard) if args.shard else {}
+    except ValueError as exc:
+        print(f"devstack: --shard: {exc}", file=sys.stderr)
+        return 2
+    if args.remote_service_url:
+        overrides["REMOTE_SERVICE_URL"] = args.remote_service_url
+    stack = Stack(
+        Path(args.run_dir),
+        ports=ports,
+        overrides=overrides,
+        with_host=not args.no_host,
+        keep_cosmos=True,
+    )
     reset = stack.reconcile_data()
     if reset:
         print(f"devstack: WARNING: {reset}", file=sys.stderr, flush=True)
@@ -105,6 +118,24 @@ def up(args: argparse.Namespace) -> int:
         print(
             f"devstack: stopped in {time.monotonic() - started:.1f}s", file=sys.stderr, flush=True
         )
+
+
+def shard_overrides(text: str) -> dict[str, str]:
+    """`I/N`: the settings of shard I of N (docs/adr/020e-task-hub-shards.md): its
+    SHARD_INDEX and SHARD_COUNT and a task hub of its own, OrderProcessingS<I>."""
+    index, sep, count = text.partition("/")
+    if not sep or not index.isdigit() or not count.isdigit():
+        raise ValueError(f"{text!r} is not INDEX/COUNT (e.g. 1/2)")
+    from domain.shards import check_shard_count
+
+    check_shard_count(int(count))
+    if int(index) >= int(count):
+        raise ValueError(f"shards of {count} are numbered 0 to {int(count) - 1}, not {index}")
+    return {
+        "SHARD_COUNT": str(int(count)),
+        "SHARD_INDEX": str(int(index)),
+        "TASKHUB_NAME": f"OrderProcessingS{int(index)}",
+    }
 
 
 CONNECTIONS = (
@@ -207,6 +238,18 @@ def main(argv: list[str] | None = None) -> int:
         default=0,
         help="seven consecutive ports from this one instead of the template's "
         "(blob, queue, table, cosmos, servicebus, remote, host)",
+    )
+    p_up.add_argument(
+        "--shard",
+        default="",
+        metavar="I/N",
+        help="run shard I of N (SHARD_INDEX, SHARD_COUNT, task hub OrderProcessingS<I>); "
+        "one stack per shard, each with its own --run-dir and ports",
+    )
+    p_up.add_argument(
+        "--remote-service-url",
+        default="",
+        help="call this remote service instead of the stack's own (shards share one)",
     )
     p_status = sub.add_parser("status", help="show stacks found in run directories")
     p_status.add_argument(

@@ -25,6 +25,7 @@ class DeadLetterReason(StrEnum):
     APP_ID_MISMATCH = "AppIdMismatch"
     REPLY_QUEUE_NOT_ALLOWED = "ReplyQueueNotAllowed"
     ORDER_CONFLICT = "OrderConflict"
+    WRONG_SHARD = "WrongShard"
     RETRIES_EXHAUSTED = "RetriesExhausted"
     PROCESSING_FAILED = "ProcessingFailed"
     #: Internal queues only (ADR 017e): messages that did not prove where they come from.
@@ -80,6 +81,16 @@ REASONS: tuple[Explanation, ...] = (
         "You already sent an order with this OrderID and other content (only your own "
         "orders are compared): a new order needs a new OrderID.",
         "Ask the client whether it reused an OrderID.",
+    ),
+    Explanation(
+        DeadLetterReason.WRONG_SHARD,
+        "A sharded deployment (`SHARD_COUNT` > 1): the order belongs to another shard "
+        "(`python -m domain.shards`), so this one wrote nothing; the description names "
+        "the order's shard.",
+        "Send it to the ingress queue of the shard the description names, computed as the "
+        'client guide\'s "Shards" says.',
+        "Check the client's shard count against `SHARD_COUNT`; the dead letter's body may "
+        "be sent to the shard it names unchanged.",
     ),
     Explanation(
         DeadLetterReason.RETRIES_EXHAUSTED,

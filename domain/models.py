@@ -562,6 +562,7 @@ class OperatorAlert(Contract):
         "InvalidMessage",
         "ReplyQueueNotAllowed",
         "AppIdMismatch",
+        "WrongShard",
         "RetriesExhausted",
         "ProcessingFailed",
         "OrderError",

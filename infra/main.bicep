@@ -107,6 +107,14 @@ param recoveryIndexContainerName string = 'recoveryIndex'
 @minValue(1)
 @maxValue(999)
 param recoveryIndexShards int = 16
+@description('SHARD_COUNT: how many whole deployments of this template share the orders, each order in the one domain.shards.shard_of names (docs/adr/020e-task-hub-shards.md; infra/shards.bicep deploys them). 1: this deployment takes every order.')
+@minValue(1)
+@maxValue(999)
+param shardCount int = 1
+@description('SHARD_INDEX: which of the shardCount shards this deployment is, 0 to shardCount - 1; Submit dead-letters an order of another shard (WrongShard).')
+@minValue(0)
+@maxValue(998)
+param shardIndex int = 0
 param ordersDatabaseName string = 'orders'
 param ordersContainerName string = 'orders'
 
@@ -403,6 +411,8 @@ module api 'app/api.bicep' = {
     stateContainerName: stateContainerName
     recoveryIndexContainerName: recoveryIndexContainerName
     recoveryIndexShards: recoveryIndexShards
+    shardCount: shardCount
+    shardIndex: shardIndex
     ordersDatabaseName: ordersDatabaseName
     ordersContainerName: ordersContainerName
     pendingBacklogLimit: pendingBacklogLimit

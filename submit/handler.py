@@ -26,6 +26,7 @@ from domain.errors import (
 )
 from domain.ids import order_key
 from domain.models import OrderState, OrderSubmitted, ProcessState, StatusKind
+from domain.shards import shard_of
 from reporting import Alerts, StatusReporter
 
 log = logging.getLogger(__name__)
@@ -140,6 +141,18 @@ class SubmitHandler:
                 f" (its queue is {allowed!r})" if allowed else " (application not registered)"
             )
             return Settle.dead_letter("ReplyQueueNotAllowed", reason, order.OrderID)
+
+        count, index = self._settings.shard_count, self._settings.shard_index
+        owner = shard_of(order.AppId, order.OrderID, count)
+        if owner != index:
+            # Another deployment owns this order (docs/adr/020e-task-hub-shards.md):
+            # accepted here it would have a second record and a second run.
+            reason = (
+                f"order {order.OrderID!r} of {app_id!r} belongs to shard {owner} of {count} "
+                f"(domain.shards.shard_of); this is shard {index}: send it to shard {owner}'s "
+                "ingress queue"
+            )
+            return Settle.dead_letter("WrongShard", reason, order.OrderID)
 
         key = await self._key_of(order)
         telemetry.annotate(**{telemetry.ORDER_ID: key})

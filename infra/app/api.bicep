@@ -56,6 +56,9 @@ param stateDatabaseName string
 param stateContainerName string
 param recoveryIndexContainerName string
 param recoveryIndexShards int
+@description('SHARD_COUNT and SHARD_INDEX: this deployment is shard shardIndex of shardCount (docs/adr/020e-task-hub-shards.md).')
+param shardCount int
+param shardIndex int
 param ordersDatabaseName string
 param ordersContainerName string
 
@@ -168,6 +171,8 @@ var baseSettings = {
   STATE_CONTAINER_NAME: stateContainerName
   RECOVERY_INDEX_CONTAINER_NAME: recoveryIndexContainerName
   RECOVERY_INDEX_SHARDS: string(recoveryIndexShards)
+  SHARD_COUNT: string(shardCount)
+  SHARD_INDEX: string(shardIndex)
   ORDERS_DATABASE_NAME: ordersDatabaseName
   ORDERS_CONTAINER_NAME: ordersContainerName
 

@@ -1,0 +1,58 @@
+"""Which shard an order belongs to (docs/adr/020e-task-hub-shards.md).
+
+A shard is one whole deployment (a function app and its task hub, its Cosmos
+account, its Service Bus namespace). Every client and every shard computes an
+order's shard with this one function, so it is stable across processes,
+languages and versions: SHA-256 of `{AppId}:{OrderID}` in UTF-8, its first 8
+bytes as a big-endian unsigned integer, modulo the shard count. Not Python's
+`hash` (salted per process); the AppId is in it because an OrderID is unique
+per application only (docs/adr/017f-order-keys.md), and ':' is in neither
+alphabet, so no two (AppId, OrderID) pairs hash the same text.
+
+    python -m domain.shards --count 4 webshop ORD-1   # prints 1, its shard
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import sys
+
+from domain.ids import check_order_id
+
+#: Shard counts a deployment may state (SHARD_COUNT); three digits are plenty.
+MAX_SHARDS = 999
+
+
+def check_shard_count(count: int) -> int:
+    if not 1 <= count <= MAX_SHARDS:
+        raise ValueError(f"a shard count must be 1 to {MAX_SHARDS}, not {count}")
+    return count
+
+
+def shard_of(app_id: str, order_id: str, count: int) -> int:
+    """The shard (0 .. count-1) of application `app_id`'s order `order_id`."""
+    check_shard_count(count)
+    check_order_id(order_id)
+    if count == 1:
+        return 0
+    digest = hashlib.sha256(f"{app_id}:{order_id}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") % count
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="print the shard of an order")
+    parser.add_argument("--count", type=int, required=True, help="the deployment's SHARD_COUNT")
+    parser.add_argument("app_id")
+    parser.add_argument("order_id")
+    args = parser.parse_args(argv)
+    try:
+        print(shard_of(args.app_id, args.order_id, args.count))
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
