@@ -126,15 +126,17 @@ class SchedulerActivities:
         index: DeadlineIndex | None = None,
         clock: Clock = SYSTEM_CLOCK,
         crash_point: CrashPoint = no_crash_point,
+        alerts: Alerts | None = None,
     ) -> None:
         """`crash_point`: the fault-injection hook the composition root
-        chooses (orchestrators.hooks); a no-op unless a fault test asks."""
+        chooses (orchestrators.hooks); a no-op unless a fault test asks.
+        `alerts`: where its alerts go (default: an Alerts over `publisher`)."""
         self._settings = settings
         self._store = store
         self._orders = orders
         self._publisher = publisher
         self._status = StatusReporter(publisher)
-        self._alerts = Alerts(publisher)
+        self._alerts = alerts if alerts is not None else Alerts(publisher)
         self._outbox = StatusOutbox(store, self._status, clock)
         self._step_names = list(step_names)
         self._inline_agent = inline_agent
