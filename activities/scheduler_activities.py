@@ -1,6 +1,6 @@
 """`SchedulerActivities` receives its clients (state store, orders DB,
 publisher, agent) so tests can build it with fakes or real adapters alike; the
-Durable activity triggers in activities/functions.py only decode, call, encode.
+Durable activity triggers in triggers/activities.py only decode, call, encode.
 
 Workflow 2.0's `begin` and `advance` are each one guarded write (carrying
 the etag of the previous write; re-read and decide on a precondition
@@ -147,7 +147,7 @@ class SchedulerActivities:
 
     async def run(self, name: str, data: Any) -> Any:
         """Run the activity `name` on its JSON input and return its JSON
-        result: what every activity trigger (activities.functions) does
+        result: what every activity trigger (triggers.activities) does
         between decoding and encoding, in one place."""
         result: Any
         match name:

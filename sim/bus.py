@@ -8,7 +8,7 @@ Below the product's adapters (issue 21): `SimServiceBusClient` is the
 azure.servicebus.aio client the product's own `ServiceBusPublisher` (and the
 agents' `ServiceBusReplySender`) send through, `SimActions` the
 message-actions object the Service Bus triggers settle with (the agents'
-`FunctionsSettlement` over it), `SimReceiver` the receiver the standalone
+`FunctionsSettlement` over it, triggers/agents.py), `SimReceiver` the receiver the standalone
 worker's `ReceiverSettlement` settles with. Faults are raised as the SDK
 raises them (ServiceBusConnectionError, MessageLockLostError,
 OperationTimeoutError), so the adapters' own translation runs.
