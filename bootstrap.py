@@ -1,22 +1,31 @@
 """The composition root: builds the real adapters from settings, once per
 process and event loop, and hands them to the use cases the triggers call.
-Every entry point builds through it: the Functions app's triggers, the
-queue-triggered agent and the standalone agent worker (`request_processor`),
-and the operator CLI (`state_store`).
 
-Async SDK clients are bound to the event loop that created them, so the
-container is cached per running loop (the Functions worker has one; tests
-have one per test)."""
+`build(settings, overrides=...)` returns the `App`; only the entry layer uses
+it: function_app.py (which builds the process's one and hands it to the
+trigger modules in triggers/), the operator CLI (`state_store`) and the
+standalone agent worker's entry (`request_processor`). The use cases import
+no root: they receive their collaborators (Submit its fast start, the reply
+bridge its gate and keys) and small policy objects built here from Settings
+(submit.policy, orchestrators.policy). docs/adr/020a-entry-layer.md.
+
+Async SDK clients are bound to the event loop that created them, so an App
+caches what it builds per running loop (the Functions worker has one; tests
+have one per test). The simulation builds its App with `Overrides`: its own
+use cases over simulated adapters, and the seams (alert ids, the settlement
+runner, the breakers' clock) instead of module patches."""
 
 from __future__ import annotations
 
 import asyncio
 import functools
 import logging
+import uuid
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
@@ -37,29 +46,85 @@ from adapters.recovery_index import (
     ensure_index_container,
     ensure_shard_count,
 )
-from adapters.servicebus import ServiceBusPublisher, servicebus_client
-from adapters.settings import Settings, SettingsError, azure_credential, settings
+from adapters.servicebus import (
+    AGENT_RESPONSES_QUEUE,
+    ServiceBusPublisher,
+    servicebus_client,
+)
+from adapters.settings import Settings, SettingsError, azure_credential
+from adapters.settings import settings as load_settings
+from adapters.settlement import BackoffPolicy, MessageGate, RunSync
 from adapters.state_store import CosmosStateStore
-from agents.agent import Agent
-from agents.config import AgentSettings, load_agent_settings, require_agent_keys
+from agents.agent import Agent, Breakers
+from agents.config import (
+    AgentSettings,
+    load_agent_settings,
+    require_agent_keys,
+    require_servicebus,
+)
 from agents.messaging import RequestProcessor, ServiceBusReplySender
 from agents.remote_client import HttpRemoteService
+from domain.signing import SchedulerKeys
 from domain.steps import StepCatalog
 from orchestrators.hooks import CrashPoint, no_crash_point
+from orchestrators.policy import StarterPolicy
+from orchestrators.reply_bridge import on_reply_message
+from orchestrators.starter import Starter, fast_start
 from reporting import Alerts, StatusReporter
+from submit.handler import SubmitHandler
+from submit.policy import SubmitPolicy
 
 if TYPE_CHECKING:
     from azure.core.credentials_async import AsyncTokenCredential
     from azure.cosmos.aio import ContainerProxy
     from azure.servicebus.aio import ServiceBusClient
 
-    from orchestrators.starter import Starter
-    from submit.handler import SubmitHandler
+    from activities.scheduler_activities import SchedulerActivities
+    from adapters.settlement import Settle
+    from console.views import Deps
+    from supervisor.supervisor import Supervisor
 
 log = logging.getLogger(__name__)
 
-# Once per process, before any trigger runs (every trigger module imports this one).
+# Once per process, before any trigger runs (function_app imports this module).
 telemetry.configure()
+
+
+def _utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+@dataclass(frozen=True)
+class Seams:
+    """What the app takes from the machine, handed to what the root builds:
+    the message id of an alert that names none, how a synchronous settlement
+    call is run off the loop, and the clock the agents' circuit breakers time
+    their open state on. The simulation hands its own (seeded ids, inline
+    settlement, its virtual clock)."""
+
+    new_id: Callable[[], uuid.UUID] = uuid.uuid4
+    run_sync: RunSync = asyncio.to_thread
+    breaker_now: Callable[[], datetime] = _utc_now
+
+
+_P = Callable[[], Awaitable[Any]]
+
+
+@dataclass(frozen=True)
+class Overrides:
+    """What a test or the simulation hands `build` instead of what it would
+    build from settings: the seams, and providers of the use cases (each
+    awaited where the trigger would have the root build its own)."""
+
+    seams: Seams = field(default_factory=Seams)
+    submit_handler: _P | None = None
+    starter: _P | None = None
+    scheduler_activities: _P | None = None
+    supervisor: _P | None = None
+    message_gate: Callable[[str], Awaitable[MessageGate]] | None = None
+    request_processor: _P | None = None
+    crash_point: CrashPoint | None = None
+    console_deps: Callable[..., Awaitable[Deps]] | None = None
 
 
 @dataclass
@@ -78,11 +143,10 @@ class Container:
     index_container: ContainerProxy | None
     submit: SubmitHandler | None = None
     starter: Starter | None = None
-
-
-_containers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Future] = (
-    weakref.WeakKeyDictionary()
-)
+    # The queue-triggered agent's processor (its own Service Bus client and
+    # session, from the agents' settings) and the console's queue peeker.
+    processor: RequestProcessor | None = None
+    peeker: Any = None
 
 
 def _step_modes(cfg: Settings, steps: StepCatalog) -> dict[str, str]:
@@ -93,75 +157,6 @@ def _step_modes(cfg: Settings, steps: StepCatalog) -> dict[str, str]:
     if unknown:
         raise SettingsError(f"INLINE_STEPS names unknown steps: {sorted(unknown)}")
     return {name: "inline" for name in cfg.inline_steps}
-
-
-async def _build() -> Container:
-    cfg = settings()
-    charges = RequestCharges()
-    credential = _credential(cfg)
-    state_client = build_client(cfg.state_account, credential=credential)
-    orders_client = (
-        state_client
-        if cfg.orders_account == cfg.state_account
-        else build_client(cfg.orders_account, credential=credential)
-    )
-    state_db = state_client.get_database_client(cfg.state_database)
-    if cfg.create_containers:
-        # Local stack only; in Azure the Bicep templates create them.
-        state = await ensure_state_container(state_client, cfg.state_database, cfg.state_container)
-        orders = await ensure_orders_container(
-            orders_client, cfg.orders_database, cfg.orders_container
-        )
-    else:
-        state = state_db.get_container_client(cfg.state_container)
-        orders = orders_client.get_database_client(cfg.orders_database).get_container_client(
-            cfg.orders_container
-        )
-    index: DeadlineIndex = NoIndex()
-    index_container = None
-    if cfg.supervisor_scan == "index":
-        index_container = (
-            await ensure_index_container(
-                state_client, cfg.state_database, cfg.recovery_index_container
-            )
-            if cfg.create_containers
-            else state_db.get_container_client(cfg.recovery_index_container)
-        )
-        # Refused here, before any entry is written or read, when the container
-        # was set up with another shard count (ADR 019b).
-        try:
-            await ensure_shard_count(index_container, cfg.recovery_index_shards)
-        except BaseException:
-            await state_client.close()
-            if orders_client is not state_client:
-                await orders_client.close()
-            if credential is not None:
-                await credential.close()
-            raise
-        index = CosmosRecoveryIndex(index_container, charges, shards=cfg.recovery_index_shards)
-    session = aiohttp.ClientSession()
-    # The in-app agent (INLINE_STEPS) keeps the agents' own settings (AGENT_*,
-    # REMOTE_SERVICE_URL[__<SERVICE>], STEP_CATALOG_FILE), as the
-    # queue-triggered agent and the worker do; its step catalog is the app's.
-    agent = build_agent(session, load_agent_settings())
-    # Closed in this order; the credential last, after the clients that use it.
-    closers: list[Callable[[], Awaitable[Any]]] = [session.close, state_client.close]
-    if orders_client is not state_client:
-        closers.append(orders_client.close)
-    if credential is not None:
-        closers.append(credential.close)
-    return Container(
-        settings=cfg,
-        store=CosmosStateStore(state, charges),
-        orders=CosmosOrdersRepository(orders, charges),
-        publisher=ServiceBusPublisher(servicebus_client(cfg.servicebus)),
-        agent=agent,
-        closers=closers,
-        charges=charges,
-        state_container=state,
-        index=index,
-        index_container=index_container,
-    )
 
 
 def _credential(cfg: Settings) -> AsyncTokenCredential | None:
@@ -180,133 +175,309 @@ def crash_point() -> CrashPoint:
     return crashpoints.from_environment() or no_crash_point
 
 
-async def container() -> Container:
-    loop = asyncio.get_running_loop()
-    future = _containers.get(loop)
-    if future is None:
-        future = loop.create_future()
-        _containers[loop] = future
-        try:
-            future.set_result(await _build())
-        except BaseException as exc:
-            _containers.pop(loop, None)
-            future.set_exception(exc)
-            raise
-    return await future
+def build(settings: Settings | None = None, *, overrides: Overrides | None = None) -> App:
+    """The app's root. `settings`: the app's settings, or None to read them
+    from the environment on first use (function_app builds its App at import,
+    before any setting is needed). `overrides`: see Overrides."""
+    return App(settings, overrides or Overrides())
 
 
-async def close() -> None:
-    """Close this loop's clients (tests; the host process just exits)."""
-    loop = asyncio.get_running_loop()
-    future = _containers.pop(loop, None)
-    if future is None or not future.done() or future.exception() is not None:
-        return
-    c = future.result()
-    await c.publisher.close()
-    for closer in c.closers:
-        await closer()
+class App:
+    """What the triggers need, built once per process and event loop."""
 
+    def __init__(self, settings: Settings | None, overrides: Overrides) -> None:
+        self._settings = settings
+        self.overrides = overrides
+        self.seams = overrides.seams
+        self._containers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Future] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._processors: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Future] = (
+            weakref.WeakKeyDictionary()
+        )
 
-async def submit_handler():
-    """One handler per process and loop: its backlog reader caches the gauge
-    between messages (a handler per message would read it for every order)."""
-    from submit.handler import SubmitHandler
+    @property
+    def settings(self) -> Settings:
+        """The settings given, else the environment's (adapters.settings.settings,
+        read again by each build, as a restarted process would)."""
+        return self._settings if self._settings is not None else load_settings()
 
-    c = await container()
-    if c.submit is None:
-        c.submit = SubmitHandler(
+    def crash_point(self) -> CrashPoint:
+        o = self.overrides.crash_point
+        return o if o is not None else crash_point()
+
+    def alerts_over(self, publisher: Any) -> Alerts:
+        return Alerts(publisher, new_id=self.seams.new_id)
+
+    # --- the per-loop container ------------------------------------------------
+
+    async def container(self) -> Container:
+        loop = asyncio.get_running_loop()
+        future = self._containers.get(loop)
+        if future is None:
+            future = loop.create_future()
+            self._containers[loop] = future
+            try:
+                future.set_result(await self._build())
+            except BaseException as exc:
+                self._containers.pop(loop, None)
+                future.set_exception(exc)
+                raise
+        return await future
+
+    async def close(self) -> None:
+        """Close this loop's clients (tests; the host process just exits)."""
+        loop = asyncio.get_running_loop()
+        future = self._containers.pop(loop, None)
+        if future is None or not future.done() or future.exception() is not None:
+            return
+        c = future.result()
+        await c.publisher.close()
+        for closer in c.closers:
+            await closer()
+
+    async def _build(self) -> Container:
+        cfg = self.settings
+        charges = RequestCharges()
+        credential = _credential(cfg)
+        state_client = build_client(cfg.state_account, credential=credential)
+        orders_client = (
+            state_client
+            if cfg.orders_account == cfg.state_account
+            else build_client(cfg.orders_account, credential=credential)
+        )
+        state_db = state_client.get_database_client(cfg.state_database)
+        if cfg.create_containers:
+            # Local stack only; in Azure the Bicep templates create them.
+            state = await ensure_state_container(
+                state_client, cfg.state_database, cfg.state_container
+            )
+            orders = await ensure_orders_container(
+                orders_client, cfg.orders_database, cfg.orders_container
+            )
+        else:
+            state = state_db.get_container_client(cfg.state_container)
+            orders = orders_client.get_database_client(cfg.orders_database).get_container_client(
+                cfg.orders_container
+            )
+        index: DeadlineIndex = NoIndex()
+        index_container = None
+        if cfg.supervisor_scan == "index":
+            index_container = (
+                await ensure_index_container(
+                    state_client, cfg.state_database, cfg.recovery_index_container
+                )
+                if cfg.create_containers
+                else state_db.get_container_client(cfg.recovery_index_container)
+            )
+            # Refused here, before any entry is written or read, when the container
+            # was set up with another shard count (ADR 019b).
+            try:
+                await ensure_shard_count(index_container, cfg.recovery_index_shards)
+            except BaseException:
+                await state_client.close()
+                if orders_client is not state_client:
+                    await orders_client.close()
+                if credential is not None:
+                    await credential.close()
+                raise
+            index = CosmosRecoveryIndex(index_container, charges, shards=cfg.recovery_index_shards)
+        session = aiohttp.ClientSession()
+        # The in-app agent (INLINE_STEPS) keeps the agents' own settings (AGENT_*,
+        # REMOTE_SERVICE_URL[__<SERVICE>], STEP_CATALOG_FILE), as the
+        # queue-triggered agent and the worker do; its step catalog is the app's.
+        agent = build_agent(session, load_agent_settings(), self.seams)
+        # Closed in this order; the credential last, after the clients that use it.
+        closers: list[Callable[[], Awaitable[Any]]] = [session.close, state_client.close]
+        if orders_client is not state_client:
+            closers.append(orders_client.close)
+        if credential is not None:
+            closers.append(credential.close)
+        return Container(
+            settings=cfg,
+            store=CosmosStateStore(state, charges),
+            orders=CosmosOrdersRepository(orders, charges),
+            publisher=ServiceBusPublisher(servicebus_client(cfg.servicebus)),
+            agent=agent,
+            closers=closers,
+            charges=charges,
+            state_container=state,
+            index=index,
+            index_container=index_container,
+        )
+
+    # --- the use cases the triggers call ------------------------------------------
+
+    async def submit_handler(self) -> SubmitHandler:
+        """One handler per process and loop: its backlog reader caches the gauge
+        between messages (a handler per message would read it for every order)."""
+        if self.overrides.submit_handler is not None:
+            return await self.overrides.submit_handler()
+        c = await self.container()
+        if c.submit is None:
+            c.submit = SubmitHandler(
+                SubmitPolicy.from_settings(c.settings),
+                c.store,
+                c.orders,
+                StatusReporter(c.publisher),
+                self.alerts_over(c.publisher),
+                list(c.agent.steps.names),
+                fast_start=fast_start(self.starter),
+            )
+        return c.submit
+
+    async def scheduler_activities(self) -> SchedulerActivities:
+        if self.overrides.scheduler_activities is not None:
+            return await self.overrides.scheduler_activities()
+        from activities.scheduler_activities import SchedulerActivities
+
+        c = await self.container()
+        return SchedulerActivities(
             c.settings,
             c.store,
             c.orders,
-            StatusReporter(c.publisher),
-            Alerts(c.publisher),
-            list(c.agent.steps.names),
+            c.publisher,
+            c.agent.steps.names,
+            c.agent,
+            _step_modes(c.settings, c.agent.steps),
+            c.index,
+            crash_point=self.crash_point(),
+            alerts=self.alerts_over(c.publisher),
         )
-    return c.submit
 
+    async def starter(self) -> Starter:
+        if self.overrides.starter is not None:
+            return await self.overrides.starter()
+        c = await self.container()
+        # One per process and loop: the fast path uses what the last timer run
+        # measured (the Processing count) instead of counting per order.
+        if c.starter is None:
+            c.starter = Starter(
+                StarterPolicy.from_settings(c.settings),
+                c.store,
+                c.index,
+                publisher=c.publisher,
+                crash_point=self.crash_point(),
+                alerts=self.alerts_over(c.publisher),
+            )
+        return c.starter
 
-async def scheduler_activities():
-    from activities.scheduler_activities import SchedulerActivities
+    async def alerts(self) -> Alerts:
+        return self.alerts_over((await self.container()).publisher)
 
-    c = await container()
-    return SchedulerActivities(
-        c.settings,
-        c.store,
-        c.orders,
-        c.publisher,
-        c.agent.steps.names,
-        c.agent,
-        _step_modes(c.settings, c.agent.steps),
-        c.index,
-        crash_point=crash_point(),
-    )
+    def reply_keys(self) -> SchedulerKeys:
+        """The keys the reply bridge checks a reply with (domain.signing.SchedulerKeys);
+        SettingsError naming the missing setting (ADR 017e)."""
+        return self.settings.scheduler_keys()
 
-
-async def starter():
-    from orchestrators.starter import Starter
-
-    c = await container()
-    # One per process and loop: the fast path uses what the last timer run
-    # measured (the Processing count) instead of counting per order.
-    if c.starter is None:
-        c.starter = Starter(
-            c.settings, c.store, c.index, publisher=c.publisher, crash_point=crash_point()
+    async def message_gate(self, queue: str) -> MessageGate:
+        """The gate a queue trigger runs its handler through: reads any body kind,
+        turns transient failures into delayed retries on the same queue, dead-letters
+        the rest with a reason and one alert (adapters.settlement.MessageGate)."""
+        if self.overrides.message_gate is not None:
+            return await self.overrides.message_gate(queue)
+        c = await self.container()
+        return MessageGate(
+            queue,
+            self.alerts_over(c.publisher),
+            c.publisher,
+            BackoffPolicy.from_env(),
+            run_sync=self.seams.run_sync,
         )
-    return c.starter
 
+    async def on_reply(self, message: Any, actions: Any, client: Any) -> Settle:
+        """The reply bridge's trigger body (orchestrators.reply_bridge) with its
+        gate, keys and fault-injection hook from here."""
+        gate = await self.message_gate(AGENT_RESPONSES_QUEUE)
+        return await on_reply_message(
+            message,
+            actions,
+            client,
+            gate=gate,
+            keys=self.reply_keys(),
+            crash_point=self.crash_point(),
+        )
 
-async def alerts() -> Alerts:
-    return Alerts((await container()).publisher)
+    async def supervisor(self) -> Supervisor:
+        if self.overrides.supervisor is not None:
+            return await self.overrides.supervisor()
+        from supervisor.sources import IndexSource, QuerySource, checkpoint_name
+        from supervisor.supervisor import Supervisor
 
-
-def reply_keys():
-    """The keys the reply bridge checks a reply with (domain.signing.SchedulerKeys);
-    SettingsError naming the missing setting (ADR 017e)."""
-    return settings().scheduler_keys()
-
-
-async def message_gate(queue: str):
-    """The gate a queue trigger runs its handler through: reads any body kind,
-    turns transient failures into delayed retries on the same queue, dead-letters
-    the rest with a reason and one alert (adapters.settlement.MessageGate)."""
-    from adapters.settlement import BackoffPolicy, MessageGate
-
-    c = await container()
-    return MessageGate(queue, Alerts(c.publisher), c.publisher, BackoffPolicy.from_env())
-
-
-async def supervisor():
-    from supervisor.sources import IndexSource, QuerySource, checkpoint_name
-    from supervisor.supervisor import Supervisor
-
-    c = await container()
-    # Adapters of its own, sharing the clients, so each run's request charge is its own.
-    charges = RequestCharges()
-    store = CosmosStateStore(c.state_container, charges)
-    source = (
-        IndexSource(
-            CosmosRecoveryIndex(
-                c.index_container, charges, shards=c.settings.recovery_index_shards
-            ),
+        c = await self.container()
+        # Adapters of its own, sharing the clients, so each run's request charge is its own.
+        charges = RequestCharges()
+        store = CosmosStateStore(c.state_container, charges)
+        source = (
+            IndexSource(
+                CosmosRecoveryIndex(
+                    c.index_container, charges, shards=c.settings.recovery_index_shards
+                ),
+                store,
+            )
+            if c.index_container is not None
+            else QuerySource(store)
+        )
+        return Supervisor(
             store,
+            source,
+            CosmosCheckpointStore(
+                c.state_container, charges, checkpoint_name(c.settings.supervisor_scan)
+            ),
+            StatusReporter(c.publisher),
+            self.alerts_over(c.publisher),
+            c.settings.retry,
+            c.settings.supervisor_page_size,
+            charges=charges,
+            max_pages=c.settings.supervisor_max_pages,
+            budget=c.settings.supervisor_run_budget,
         )
-        if c.index_container is not None
-        else QuerySource(store)
-    )
-    return Supervisor(
-        store,
-        source,
-        CosmosCheckpointStore(
-            c.state_container, charges, checkpoint_name(c.settings.supervisor_scan)
-        ),
-        StatusReporter(c.publisher),
-        Alerts(c.publisher),
-        c.settings.retry,
-        c.settings.supervisor_page_size,
-        charges=charges,
-        max_pages=c.settings.supervisor_max_pages,
-        budget=c.settings.supervisor_run_budget,
-    )
+
+    async def agent_processor(self) -> RequestProcessor:
+        """The queue-triggered agent's RequestProcessor: its own Service Bus
+        client and HTTP session from the agents' settings (AGENT_*), made on
+        first use inside the loop and reused by every invocation."""
+        if self.overrides.request_processor is not None:
+            return await self.overrides.request_processor()
+        loop = asyncio.get_running_loop()
+        future = self._processors.get(loop)
+        if future is None:
+            future = loop.create_future()
+            self._processors[loop] = future
+            try:
+                agent_cfg = load_agent_settings()
+                client = servicebus_client(require_servicebus(agent_cfg))
+                processor, _replies = request_processor(
+                    client, aiohttp.ClientSession(), agent_cfg, self.seams
+                )
+                future.set_result(processor)
+            except BaseException as exc:
+                self._processors.pop(loop, None)
+                future.set_exception(exc)
+                raise
+        return await future
+
+    async def console_deps(self, durable: Any | None = None) -> Deps:
+        """What a console page reads from and acts on: adapters of its own per
+        request (the page footer shows what it cost), the app's clients."""
+        if self.overrides.console_deps is not None:
+            return await self.overrides.console_deps(durable=durable)
+        from adapters.console_reads import ConsoleReads
+        from console.peek import QueuePeeker
+        from console.views import Deps
+
+        c = await self.container()
+        charges = RequestCharges()
+        if c.peeker is None:
+            c.peeker = QueuePeeker(servicebus_client(c.settings.servicebus))
+        return Deps(
+            settings=c.settings,
+            store=CosmosStateStore(c.state_container, charges),
+            reads=ConsoleReads(c.state_container, charges),
+            orders=c.orders,
+            servicebus=c.peeker,
+            durable=durable,
+        )
 
 
 # --- tools: the operator CLI -------------------------------------------------------
@@ -330,31 +501,39 @@ async def state_store(cfg: Settings) -> AsyncIterator[CosmosStateStore]:
 # --- the Agents: in the app (queue-triggered or inline) and the standalone worker ---
 
 
-def build_agent(session: aiohttp.ClientSession, cfg: AgentSettings) -> Agent:
+def build_agent(
+    session: aiohttp.ClientSession, cfg: AgentSettings, seams: Seams | None = None
+) -> Agent:
     """The Agent with the agents' own settings (AGENT_*, REMOTE_SERVICE_URL[__<SERVICE>],
     STEP_CATALOG_FILE)."""
+    seams = seams or Seams()
     return Agent(
         HttpRemoteService(session, cfg.remote_service_url, cfg.service_urls),
         SYSTEM_CLOCK,
         cfg.policy,
+        breakers=Breakers(
+            cfg.policy.breaker_fail_max, cfg.policy.breaker_reset_timeout, now=seams.breaker_now
+        ),
         steps=cfg.steps,
     )
 
 
 def request_processor(
-    client: ServiceBusClient, session: aiohttp.ClientSession, cfg: AgentSettings
+    client: ServiceBusClient,
+    session: aiohttp.ClientSession,
+    cfg: AgentSettings,
+    seams: Seams | None = None,
 ) -> tuple[RequestProcessor, ServiceBusReplySender]:
     """What handles one agent request, for the queue-triggered agent and the
     worker alike; the caller owns `client` and `session`, and closes the reply
     sender (returned with it) before them."""
     keys = require_agent_keys(cfg)  # before anything is opened: no keys, no agent
     replies = ServiceBusReplySender(client, cfg.responses_queue)
+    seams = seams or Seams()
     publisher = ServiceBusPublisher(client)
-    alerts = Alerts(publisher)
-    from adapters.settlement import BackoffPolicy
-
+    alerts = Alerts(publisher, new_id=seams.new_id)
     processor = RequestProcessor(
-        build_agent(session, cfg),
+        build_agent(session, cfg, seams),
         replies,
         alerts,
         BackoffPolicy.from_env(),  # the gate's schedule and MAX_DELIVERY_COUNT

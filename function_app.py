@@ -1,5 +1,7 @@
-"""The Functions app: wiring only. Each part of the pattern registers its own
-blueprint; the code lives in the folders named after the part.
+"""The Functions app: wiring only. The composition root (bootstrap) builds the
+process's App; each part of the pattern registers its blueprint over it from
+the entry layer (triggers/); the code the triggers call lives in the folders
+named after the part (docs/adr/020a-entry-layer.md).
 
 - submit/         Submit: each application's `orders-<appId>` queue into the orders DB and state store
 - orchestrators/  the Scheduler: starter, order workflow, reply bridge
@@ -12,14 +14,18 @@ blueprint; the code lives in the folders named after the part.
 import azure.durable_functions as df
 import azure.functions as func
 
-from activities.functions import bp as activities
-from agents.functions import bp as agents
-from console.functions import bp as console
-from orchestrators.functions import bp as scheduler
-from submit.functions import bp as submit
-from supervisor.functions import bp as supervisor
+import bootstrap
+from triggers import activities, agents, console, scheduler, submit, supervisor
 
-app = df.DFApp(http_auth_level=func.AuthLevel.FUNCTION)
 
-for blueprint in (submit, scheduler, activities, agents, supervisor, console):
-    app.register_functions(blueprint)
+def create_app(root: bootstrap.App) -> df.DFApp:
+    """The Functions app over `root`: every part's blueprint, registered in this order."""
+    app = df.DFApp(http_auth_level=func.AuthLevel.FUNCTION)
+    for part in (submit, scheduler, activities, agents, supervisor, console):
+        app.register_functions(part.blueprint(root))
+    return app
+
+
+# The process's root: settings are read from the environment on first use.
+root = bootstrap.build()
+app = create_app(root)

@@ -1,6 +1,6 @@
 """`SchedulerActivities` receives its clients (state store, orders DB,
 publisher, agent) so tests can build it with fakes or real adapters alike; the
-Durable activity triggers in activities/functions.py only decode, call, encode.
+Durable activity triggers in triggers/activities.py only decode, call, encode.
 
 Workflow 2.0's `begin` and `advance` are each one guarded write (carrying
 the etag of the previous write; re-read and decide on a precondition
@@ -126,15 +126,17 @@ class SchedulerActivities:
         index: DeadlineIndex | None = None,
         clock: Clock = SYSTEM_CLOCK,
         crash_point: CrashPoint = no_crash_point,
+        alerts: Alerts | None = None,
     ) -> None:
         """`crash_point`: the fault-injection hook the composition root
-        chooses (orchestrators.hooks); a no-op unless a fault test asks."""
+        chooses (orchestrators.hooks); a no-op unless a fault test asks.
+        `alerts`: where its alerts go (default: an Alerts over `publisher`)."""
         self._settings = settings
         self._store = store
         self._orders = orders
         self._publisher = publisher
         self._status = StatusReporter(publisher)
-        self._alerts = Alerts(publisher)
+        self._alerts = alerts if alerts is not None else Alerts(publisher)
         self._outbox = StatusOutbox(store, self._status, clock)
         self._step_names = list(step_names)
         self._inline_agent = inline_agent
@@ -145,7 +147,7 @@ class SchedulerActivities:
 
     async def run(self, name: str, data: Any) -> Any:
         """Run the activity `name` on its JSON input and return its JSON
-        result: what every activity trigger (activities.functions) does
+        result: what every activity trigger (triggers.activities) does
         between decoding and encoding, in one place."""
         result: Any
         match name:

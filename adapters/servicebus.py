@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
 from datetime import datetime
 from typing import Any
 
@@ -61,13 +63,28 @@ def servicebus_client(access: ServiceBusAccess) -> ServiceBusClient:
 
 
 class ServiceBusPublisher:
-    """Implements adapters.ports.MessagePublisher."""
+    """Implements adapters.ports.MessagePublisher.
 
-    def __init__(self, client: ServiceBusClient, send_timeout: float = 30.0) -> None:
+    `locks` makes the locks that serialise link opens and the sends on one
+    link, `wait_for` bounds a send by its timeout: asyncio's unless told (the
+    simulation, whose simulated sender has no link to protect and whose
+    actors must not spawn tasks of their own, hands in a no-op lock and an
+    inline await)."""
+
+    def __init__(
+        self,
+        client: ServiceBusClient,
+        send_timeout: float = 30.0,
+        *,
+        locks: Callable[[], AbstractAsyncContextManager[Any]] = asyncio.Lock,
+        wait_for: Callable[[Awaitable[Any], float], Awaitable[Any]] = asyncio.wait_for,
+    ) -> None:
         self._client = client
         self._senders: dict[str, ServiceBusSender] = {}
-        self._send_locks: dict[str, asyncio.Lock] = {}
-        self._lock = asyncio.Lock()
+        self._locks = locks
+        self._wait_for = wait_for
+        self._send_locks: dict[str, AbstractAsyncContextManager[Any]] = {}
+        self._lock = locks()
         self._send_timeout = send_timeout
 
     async def _sender(self, queue: str) -> ServiceBusSender:
@@ -153,10 +170,10 @@ class ServiceBusPublisher:
         # One send at a time per link: concurrent sends on one aio sender can
         # hang inside the SDK (seen as activities that never return), and a
         # send that does not finish in time is a transient failure, not a hang.
-        lock = self._send_locks.setdefault(queue, asyncio.Lock())
+        lock = self._send_locks.setdefault(queue, self._locks())
         try:
             async with lock:
-                await asyncio.wait_for(
+                await self._wait_for(
                     sender.send_messages(message, timeout=self._send_timeout),
                     self._send_timeout + 5,
                 )

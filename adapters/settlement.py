@@ -241,8 +241,10 @@ class MessageGate:
         scheduler: ServiceBusPublisher | None,
         policy: BackoffPolicy | None = None,
         clock: Clock = SYSTEM_CLOCK,
+        run_sync: RunSync = asyncio.to_thread,
     ) -> None:
         self.queue = queue
+        self._run_sync = run_sync
         self._alerts = alerts
         self._scheduler = scheduler
         self._policy = policy or BackoffPolicy()
@@ -300,7 +302,7 @@ class MessageGate:
             outcome.reason or "",
             extra={"order_id": outcome.order_id},
         )
-        await settle(message, actions, outcome)
+        await settle(message, actions, outcome, run_sync=self._run_sync)
         return outcome
 
     async def alert(self, message: Any, outcome: Settle, body: bytes | None = None) -> None:
@@ -442,20 +444,27 @@ def defuse_trace_headers(message: Any) -> None:
             del props[key]
 
 
-async def settle(message: Any, actions: Any, outcome: Settle) -> None:
+# How a synchronous settlement call is run off the event loop: a worker thread
+# (asyncio.to_thread), or inline where the actions are in memory (the simulation).
+RunSync = Callable[..., Awaitable[Any]]
+
+
+async def settle(
+    message: Any, actions: Any, outcome: Settle, *, run_sync: RunSync = asyncio.to_thread
+) -> None:
     """Carry out `outcome` through the binding's (synchronous) actions, off the loop."""
     defuse_trace_headers(message)
     if outcome.kind is SettleKind.COMPLETE:
-        await asyncio.to_thread(actions.complete, message)
+        await run_sync(actions.complete, message)
     elif outcome.kind is SettleKind.DEAD_LETTER:
-        await asyncio.to_thread(
+        await run_sync(
             actions.deadletter,
             message,
             deadletter_reason=outcome.reason,
             deadletter_error_description=outcome.description,
         )
     else:
-        await asyncio.to_thread(actions.abandon, message)
+        await run_sync(actions.abandon, message)
 
 
 def message_body(message: Any) -> bytes:

@@ -1,5 +1,5 @@
 """The Agents: one library that makes the workflow's remote calls, used by two
-runners (the Functions trigger in agents.functions, the standalone worker in
+runners (the Functions trigger in triggers.agents, the standalone worker in
 agents.worker). See docs/agents.md.
 
 The plan (the steps, in order, and each step's remote operations) is the step

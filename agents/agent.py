@@ -8,8 +8,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pybreaker
@@ -81,18 +82,64 @@ class DeadlineReached(Exception):
     """No time is left to start a call; never retried."""
 
 
-class Breakers:
-    """One circuit breaker per dependency, created on first use."""
+def _utc_now() -> datetime:
+    return datetime.now(UTC)
 
-    def __init__(self, fail_max: int, reset_timeout: float) -> None:
+
+class _ClockedOpenState(pybreaker.CircuitOpenState):
+    """pybreaker's open state, its timeout measured on the breaker's clock."""
+
+    _breaker: _ClockedBreaker
+
+    def before_call(self, func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        timeout = timedelta(seconds=self._breaker.reset_timeout)
+        opened_at = self._breaker._state_storage.opened_at
+        if opened_at and self._breaker.now() < opened_at + timeout:
+            raise pybreaker.CircuitBreakerError(
+                "Timeout not elapsed yet, circuit breaker still open"
+            )
+        self._breaker.half_open()
+        return self._breaker.call(func, *args, **kwargs)
+
+
+class _ClockedBreaker(pybreaker.CircuitBreaker):
+    """A pybreaker CircuitBreaker that reads the time from `now` (pybreaker
+    reads `datetime.now(UTC)` itself): the same decisions, on a clock the
+    caller chooses (the wall clock in the app, the simulation's virtual one)."""
+
+    def __init__(self, now: Callable[[], datetime], **kwargs: Any) -> None:
+        self.now = now
+        super().__init__(**kwargs)
+
+    def _create_new_state(self, new_state: str, prev_state: Any = None, notify: bool = False):
+        if new_state == pybreaker.STATE_OPEN:
+            return _ClockedOpenState(self, prev_state=prev_state, notify=notify)
+        return super()._create_new_state(new_state, prev_state, notify)
+
+    def open(self) -> bool:
+        with self._lock:
+            self._state_storage.opened_at = self.now()
+            self.state = self._state_storage.state = pybreaker.STATE_OPEN
+            return self._throw_new_error_on_trip
+
+
+class Breakers:
+    """One circuit breaker per dependency, created on first use. `now`: the
+    clock their open timeouts run on (the wall clock unless told)."""
+
+    def __init__(
+        self, fail_max: int, reset_timeout: float, now: Callable[[], datetime] = _utc_now
+    ) -> None:
         self._fail_max = fail_max
         self._reset_timeout = reset_timeout
+        self._now = now
         self._breakers: dict[str, pybreaker.CircuitBreaker] = {}
 
     def for_service(self, service: str) -> pybreaker.CircuitBreaker:
         breaker = self._breakers.get(service)
         if breaker is None:
-            breaker = pybreaker.CircuitBreaker(
+            breaker = _ClockedBreaker(
+                self._now,
                 fail_max=self._fail_max,
                 reset_timeout=self._reset_timeout,
                 # A 4xx means the dependency is up; a cancelled call (shutdown)

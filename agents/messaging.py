@@ -325,9 +325,15 @@ class ServiceBusReplySender:
     sends on one aio sender hang inside the SDK."""
 
     def __init__(
-        self, client: ServiceBusClient, queue_name: str, send_timeout: float = 30.0
+        self,
+        client: ServiceBusClient,
+        queue_name: str,
+        send_timeout: float = 30.0,
+        publisher: ServiceBusPublisher | None = None,
     ) -> None:
-        self._publisher = ServiceBusPublisher(client, send_timeout)
+        """`publisher`: the publisher to send through (default: one of its own
+        over `client`)."""
+        self._publisher = publisher or ServiceBusPublisher(client, send_timeout)
         self._queue_name = queue_name
 
     async def send(self, reply: AgentReply, message_id: str) -> None:

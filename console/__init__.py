@@ -1,2 +1,2 @@
 """The operator console: server-rendered pages served by HTTP functions of the
-app itself (console.functions registers them on its own blueprint)."""
+app itself (triggers.console registers them on its own blueprint)."""

@@ -44,7 +44,7 @@ _EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
 
 @dataclass
 class Deps:
-    """What the views read from and act on (built per request by console.functions)."""
+    """What the views read from and act on (built per request by the root: bootstrap.App.console_deps)."""
 
     settings: Settings
     store: CosmosStateStore

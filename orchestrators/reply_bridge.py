@@ -28,7 +28,7 @@ from typing import Any
 
 from adapters import telemetry
 from adapters.servicebus import AGENT_RESPONSES_QUEUE
-from adapters.settlement import Settle
+from adapters.settlement import MessageGate, Settle
 from domain.codec import decode
 from domain.errors import ValidationFailed
 from domain.ids import parse_attempt_instance_id
@@ -126,17 +126,22 @@ async def bridge_reply(
     return Settle.complete(reply.OrderID)
 
 
-async def on_reply_message(message: Any, actions: Any, client: Any) -> Settle:
+async def on_reply_message(
+    message: Any,
+    actions: Any,
+    client: Any,
+    *,
+    gate: MessageGate,
+    keys: SchedulerKeys,
+    crash_point: CrashPoint = no_crash_point,
+) -> Settle:
     """The trigger's whole body: gate, bridge, settle, in a span that
-    continues the agent's trace (the reply's `traceparent`)."""
-    import bootstrap
-
-    gate = await bootstrap.message_gate(AGENT_RESPONSES_QUEUE)
-    keys = bootstrap.reply_keys()
+    continues the agent's trace (the reply's `traceparent`). The gate of the
+    agent-responses queue, the keys replies are checked with and the
+    fault-injection hook come from the composition root."""
     with telemetry.consume(
         "reply bridge", message, **{"messaging.destination.name": AGENT_RESPONSES_QUEUE}
     ):
-        crash_point = bootstrap.crash_point()
         outcome = await gate.run(
             message, actions, lambda body: bridge_reply(body, client, keys, crash_point=crash_point)
         )

@@ -41,13 +41,14 @@ starve every other application's statuses.
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import Any
 
 from adapters import telemetry
 from adapters.clock import SYSTEM_CLOCK, Clock
 from adapters.ports import ANY_OWNER, DeadlineIndex, MessagePublisher, NoIndex, StateStore
-from adapters.settings import Settings
 from domain.errors import NotFoundError, StaleError
 from domain.models import OrderState, OrderSubmitted, ProcessState
 from domain.state_machine import (
@@ -62,6 +63,7 @@ from domain.state_machine import (
 from orchestrators.contracts import AttemptInput, step_payload
 from orchestrators.hooks import CrashPoint, no_crash_point
 from orchestrators.order_workflow import WORKFLOW_NAME
+from orchestrators.policy import StarterPolicy
 from reporting import Alerts, StatusOutbox, StatusReporter
 from reporting.alerts import alert_unreadable
 
@@ -112,7 +114,7 @@ async def start_attempt(client, instance_id: str, attempt_input: dict | None = N
 class Starter:
     def __init__(
         self,
-        settings: Settings,
+        settings: StarterPolicy,
         store: StateStore,
         index: DeadlineIndex | None = None,
         clock: Clock = SYSTEM_CLOCK,
@@ -121,6 +123,7 @@ class Starter:
         status_grace: timedelta = timedelta(seconds=30),
         status_scan_interval: timedelta | None = None,
         crash_point: CrashPoint = no_crash_point,
+        alerts: Alerts | None = None,
     ) -> None:
         """`publisher`: for alerts and outbox deliveries (without one, the
         Starter neither delivers statuses nor restarts compensations).
@@ -128,13 +131,18 @@ class Starter:
         sends it (the writer normally sends it itself at once).
         `status_scan_interval`: the least time between two outbox scans of
         this process (default: a third of the grace).
-        `crash_point`: the fault-injection hook (orchestrators.hooks)."""
+        `crash_point`: the fault-injection hook (orchestrators.hooks).
+        `settings`: the Starter's policy (orchestrators.policy, built from the
+        app's settings by the composition root). `alerts`: where its alerts
+        go (default: an Alerts over `publisher`)."""
         self._settings = settings
         self._store = store
         self._index = index or NoIndex()
         self._clock = clock
         self._crash_point = crash_point
-        self._alerts = Alerts(publisher) if publisher is not None else None
+        self._alerts = (
+            alerts if alerts is not None else Alerts(publisher) if publisher is not None else None
+        )
         self._outbox = (
             StatusOutbox(store, StatusReporter(publisher), clock) if publisher is not None else None
         )
@@ -493,28 +501,37 @@ class Starter:
             return None
 
 
-async def start_submitted(
-    client,
-    record: OrderState,
-    etag: str,
-    order: OrderSubmitted | None = None,
-    received_sent_at: datetime | None = None,
-) -> str | None:
-    """The call Submit makes after it has created the Pending record (with the
-    etag of its last write of it), given a Durable client binding:
-    `await orchestrators.starter.start_submitted(client, record, etag, order)`.
-    `order` (the validated OrderSubmitted) spares the attempt its orders-DB
-    read; `received_sent_at` lets the claim mark Received sent (see
+# What Submit calls after it has created the Pending record (with the etag of
+# its last write of it), given a Durable client binding: (client, record, etag,
+# order, received_sent_at) -> the instance started, or None. Built by
+# `fast_start` over the process's Starter; injected into Submit by the root.
+FastStart = Callable[
+    [Any, OrderState, str, "OrderSubmitted | None", "datetime | None"], Awaitable[str | None]
+]
+
+
+def fast_start(starter: Callable[[], Awaitable[Starter]]) -> FastStart:
+    """Submit's fast start over the Starter `starter()` gives (the process's
+    one). `order` (the validated OrderSubmitted) spares the attempt its
+    orders-DB read; `received_sent_at` lets the claim mark Received sent (see
     Starter.start_submitted). Never raises; None means the timer Starter will
     claim the order."""
-    import bootstrap
 
-    try:
-        starter = await bootstrap.starter()
-    except Exception:
-        log.exception("fast start of order %s: no starter; the timer will claim it", record.id)
-        return None
-    return await starter.start_submitted(client, record, etag, order, received_sent_at)
+    async def start_submitted(
+        client: Any,
+        record: OrderState,
+        etag: str,
+        order: OrderSubmitted | None = None,
+        received_sent_at: datetime | None = None,
+    ) -> str | None:
+        try:
+            s = await starter()
+        except Exception:
+            log.exception("fast start of order %s: no starter; the timer will claim it", record.id)
+            return None
+        return await s.start_submitted(client, record, etag, order, received_sent_at)
+
+    return start_submitted
 
 
 def _owner(record: OrderState) -> str:

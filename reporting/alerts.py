@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import uuid
-from collections.abc import MutableSequence
+from collections.abc import Callable, MutableSequence
 from datetime import datetime
 
 from adapters.ports import MessagePublisher
@@ -22,8 +22,13 @@ log = logging.getLogger("orders.alerts")
 
 
 class Alerts:
-    def __init__(self, publisher: MessagePublisher) -> None:
+    def __init__(
+        self, publisher: MessagePublisher, new_id: Callable[[], uuid.UUID] = uuid.uuid4
+    ) -> None:
+        """`new_id`: the message id of an alert that names none (a random one;
+        the simulation draws them from its seed)."""
         self._publisher = publisher
+        self._new_id = new_id
 
     async def raise_alert(
         self,
@@ -68,7 +73,7 @@ class Alerts:
         )
         try:
             await self._publisher.send(
-                ALERTS_QUEUE, encode(alert), alert_id or f"alert/{uuid.uuid4()}", {"Kind": kind}
+                ALERTS_QUEUE, encode(alert), alert_id or f"alert/{self._new_id()}", {"Kind": kind}
             )
         except DomainError as exc:
             log.exception("alert %s for order %s could not be queued", kind, order_id)

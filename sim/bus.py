@@ -8,7 +8,7 @@ Below the product's adapters (issue 21): `SimServiceBusClient` is the
 azure.servicebus.aio client the product's own `ServiceBusPublisher` (and the
 agents' `ServiceBusReplySender`) send through, `SimActions` the
 message-actions object the Service Bus triggers settle with (the agents'
-`FunctionsSettlement` over it), `SimReceiver` the receiver the standalone
+`FunctionsSettlement` over it, triggers/agents.py), `SimReceiver` the receiver the standalone
 worker's `ReceiverSettlement` settles with. Faults are raised as the SDK
 raises them (ServiceBusConnectionError, MessageLockLostError,
 OperationTimeoutError), so the adapters' own translation runs.
@@ -17,10 +17,8 @@ the ports above the adapters (kept for tests that build a port directly)."""
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import itertools
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -488,58 +486,28 @@ class _NoLock:
         return None
 
 
-class _AsyncioBelowTheAdapter:
-    """`asyncio` as the product's Service Bus adapters see it in the
-    simulation: `wait_for` awaits inline (on Python 3.11 it would run the send
-    in a task of its own, which is no actor of the world) and `Lock` is
-    `_NoLock`; `to_thread` runs the binding's synchronous settlement inline
-    (a thread would make the schedule depend on the OS); everything else is
-    asyncio's."""
-
-    Lock = _NoLock
-
-    @staticmethod
-    async def wait_for(aw, timeout):
-        return await aw
-
-    @staticmethod
-    async def to_thread(fn, /, *args, **kwargs):
-        return fn(*args, **kwargs)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(asyncio, name)
-
-
-@contextmanager
-def below_the_adapters():
-    """Patch `asyncio` in adapters.servicebus and agents.functions (see
-    `_AsyncioBelowTheAdapter`) for the run."""
-    import importlib
-
-    modules = [importlib.import_module(m) for m in ("adapters.servicebus", "agents.functions")]
-    saved = [m.asyncio for m in modules]
-    for m in modules:
-        m.asyncio = _AsyncioBelowTheAdapter()
-    try:
-        yield
-    finally:
-        for m, a in zip(modules, saved, strict=True):
-            m.asyncio = a
+async def _inline_wait_for(aw, timeout):
+    """`asyncio.wait_for` as the publisher's seam in the simulation: awaits
+    inline (on Python 3.11 wait_for runs the send in a task of its own,
+    which is no actor of the world)."""
+    return await aw
 
 
 def publisher(client: SimServiceBusClient):
-    """The product's ServiceBusPublisher over the simulated client."""
+    """The product's ServiceBusPublisher over the simulated client, with the
+    no-op lock and the inline wait (its seams: `_NoLock`, `_inline_wait_for`)."""
     from adapters.servicebus import ServiceBusPublisher
 
-    pub = ServiceBusPublisher(client)  # type: ignore[arg-type]
-    pub._lock = _NoLock()  # type: ignore[assignment]
-    return pub
+    return ServiceBusPublisher(
+        client,  # type: ignore[arg-type]
+        locks=_NoLock,
+        wait_for=_inline_wait_for,
+    )
 
 
 def reply_sender(client: SimServiceBusClient, queue: str = "agent-responses"):
-    """The agents' ServiceBusReplySender over the simulated client."""
+    """The agents' ServiceBusReplySender over the simulated client, through a
+    publisher of its own as `publisher` builds it."""
     from agents.messaging import ServiceBusReplySender
 
-    sender = ServiceBusReplySender(client, queue)  # type: ignore[arg-type]
-    sender._publisher._lock = _NoLock()  # type: ignore[assignment]
-    return sender
+    return ServiceBusReplySender(client, queue, publisher=publisher(client))  # type: ignore[arg-type]

@@ -42,6 +42,7 @@ PRODUCT = (
     "submit",
     "supervisor",
     "reporting",
+    "triggers",
     "bootstrap.py",
 )
 

@@ -4,17 +4,18 @@ a seed, then checked.
 The product is driven through its registered functions (function_app's
 Submit trigger, the orchestrator and activities through the Durable SDK's
 replay, the Supervisor's timer) and, where a function takes a durable client
-binding the simulator cannot hand in, through the use case that function calls
-(`Starter.run`, `bridge_reply`) and the agents' `RequestProcessor`. The
-composition root (`bootstrap`) is given the simulated adapters, so the use cases
-are built as in production, with the simulation's clocks."""
+binding the simulator cannot hand in, through what that function calls
+(`Starter.run`, the root's `App.on_reply`) and the agents' `RequestProcessor`.
+The app is built as production builds it (`bootstrap.build`, then
+function_app's `create_app` over it), with `Overrides`: the simulation's own
+use cases over the simulated adapters, with the simulation's clocks, and its
+seams (seeded alert ids, inline settlement, the breakers on the virtual
+clock); nothing in the product is patched (docs/adr/020a-entry-layer.md)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextvars
-import functools
-import importlib
 import itertools
 import json
 import logging
@@ -23,17 +24,10 @@ import uuid
 import warnings
 from collections import Counter
 from collections.abc import Callable
-from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
-from types import SimpleNamespace
 from typing import Any
 
-import pybreaker
-from dateutil import tz as _tz
-from dateutil.parser import parse as _dateutil_parse
-
-import bootstrap
 from adapters.checkpoints import CosmosCheckpointStore
 from adapters.cosmos_client import RequestCharges
 from adapters.orders_db import CosmosOrdersRepository
@@ -42,10 +36,11 @@ from adapters.recovery_index import MAX_BUCKETS_PER_PAGE, CosmosRecoveryIndex, e
 from adapters.settings import CosmosAccount, ServiceBusAccess, Settings, ingress_queues
 from adapters.settlement import ORIGINAL_ID_PROPERTY, BackoffPolicy, MessageGate
 from adapters.state_store import CosmosStateStore
-from agents.agent import Agent, AgentPolicy
+from agents.agent import Agent, AgentPolicy, Breakers
 from agents.messaging import RequestProcessor
 from agents.ports import RemoteCall
 from agents.remote_client import _interpret
+from bootstrap import App, Overrides, Seams, build
 from devstack.host.app import SERVICE_BUS_TRIGGER, index_app
 from devstack.host.invoke import call_function
 from devstack.remote_service.ledger import Ledger
@@ -55,10 +50,11 @@ from domain.ids import order_key, reply_event_name
 from domain.signing import KeyRing
 from domain.state_machine import MAX_COMPENSATION_RESTARTS
 from domain.steps import DEFAULT_CATALOG, StepCatalog
+from orchestrators.policy import StarterPolicy
 from orchestrators.reply_bridge import _GONE as GONE_MARKERS
-from orchestrators.reply_bridge import on_reply_message
-from orchestrators.starter import Starter
+from orchestrators.starter import Starter, fast_start
 from reporting import Alerts, StatusReporter
+from submit.policy import SubmitPolicy
 
 from .bus import (
     Bus,
@@ -67,7 +63,6 @@ from .bus import (
     SimActions,
     SimReceiver,
     SimServiceBusClient,
-    below_the_adapters,
     publisher,
     reply_sender,
     rules_for,
@@ -80,10 +75,6 @@ from .hostile import Hostile
 from .partitions import PartitionWrites
 from .remote import http_remote
 from .world import START, Crash, FaultConfig, World
-
-_history_event = importlib.import_module("azure.durable_functions.models.history.HistoryEvent")
-_alerts_module = importlib.import_module("reporting.alerts")
-_settlement_module = importlib.import_module("adapters.settlement")
 
 # The client applications, as the registry the app reads names them
 # (REPLY_QUEUE_REGISTRY; each ingress queue is the one adapters.settings
@@ -126,16 +117,12 @@ ROWS = [
     ("9", "Error -> Pending (resubmit)", "operator"),
 ]
 
-_APP_CATALOG = None
 
+def catalog(root: App):
+    """The functions of the Functions app over `root`, as the host indexes them."""
+    import function_app
 
-def catalog():
-    global _APP_CATALOG
-    if _APP_CATALOG is None:
-        import function_app
-
-        _APP_CATALOG = index_app(function_app.app)
-    return _APP_CATALOG
+    return index_app(function_app.create_app(root))
 
 
 @dataclass
@@ -511,99 +498,21 @@ def _random_text(rng: random.Random) -> str:
     return "".join(out)
 
 
-@contextmanager
-def _patched(sim: Simulation):
-    names = (
-        "submit_handler",
-        "scheduler_activities",
-        "starter",
-        "alerts",
-        "supervisor",
-        "message_gate",
-        "reply_keys",
-    )
-    saved = {n: getattr(bootstrap, n) for n in names}
-    saved_dt = pybreaker.datetime
-
-    class _VirtualDatetime(datetime):  # pybreaker's open timeout runs on the virtual clock
-        @classmethod
-        def now(cls, tz=None):
-            return sim.world.clock.now
-
-    async def submit_handler():
-        return sim.host.submit
-
-    async def scheduler_activities():
-        return sim.activities
-
-    async def starter():
-        return sim.host.starter
-
-    async def alerts():
-        return Alerts(sim.publisher)
-
-    async def supervisor():
-        return sim.new_supervisor()
-
-    async def message_gate(queue: str):
-        consumer = (
-            "submit" if queue in APP_OF_INGRESS else {"agent-responses": "bridge"}.get(queue, queue)
-        )
-        return MessageGate(
-            queue,
-            Alerts(sim.publisher),
-            sim.publisher,
-            BackoffPolicy(max_delivery_count=rules_for(queue).max_delivery),
-            clock=SimClock(sim.world, consumer),
-        )
-
-    def reply_keys():
-        return sim.settings.scheduler_keys()
-
-    async def inline(fn, /, *args, **kwargs):
-        # The gate settles through the binding's synchronous actions in a worker
-        # thread; the simulation's actions are in memory, and a thread would make
-        # the schedule depend on the OS, so they run inline.
-        return fn(*args, **kwargs)
-
-    for n in names:
-        setattr(bootstrap, n, locals()[n])
-    pybreaker.datetime = _VirtualDatetime
-    saved_asyncio = _settlement_module.asyncio
-    _settlement_module.asyncio = SimpleNamespace(to_thread=inline)
-    # Alerts get a random message id (uuid4); draw it from the seed instead.
-    ids = random.Random(f"uuid/{sim.seed}")
-    saved_uuid = _alerts_module.uuid
-    _alerts_module.uuid = SimpleNamespace(
-        uuid4=lambda: uuid.UUID(int=ids.getrandbits(128), version=4)
-    )
-    saved_parse = _history_event.dt_parse
-    # Replaying re-parses every history timestamp with dateutil on every
-    # episode (three quarters of a schedule's time); the same strings come
-    # back each replay, so remember the (immutable) results.
-    _history_event.dt_parse = _cached_parse
-    try:
-        with below_the_adapters():
-            yield
-    finally:
-        for n, v in saved.items():
-            setattr(bootstrap, n, v)
-        pybreaker.datetime = saved_dt
-        _settlement_module.asyncio = saved_asyncio
-        _alerts_module.uuid = saved_uuid
-        _history_event.dt_parse = saved_parse
+async def _inline(fn, /, *args, **kwargs):
+    """The settlement runner of the simulation: the gate and the agents settle
+    through the binding's synchronous actions in a worker thread; the
+    simulation's actions are in memory, and a thread would make the schedule
+    depend on the OS, so they run inline."""
+    return fn(*args, **kwargs)
 
 
-_TZUTC = _tz.tzutc()
+@dataclass
+class _MeasuredRun:
+    """What the Supervisor's timer gets from the root in the simulation: the
+    run of a Supervisor as the root builds it, with the simulation's checks
+    and figures around it."""
 
-
-@functools.lru_cache(maxsize=200_000)
-def _cached_parse(text: str) -> datetime:
-    # The host writes every history timestamp as YYYY-MM-DDTHH:MM:SS.ffffffZ;
-    # for that form dateutil's answer is the same instant with tzutc().
-    if len(text) == 27 and text[-1] == "Z" and text[10] == "T":
-        return datetime.fromisoformat(text[:-1]).replace(tzinfo=_TZUTC)
-    return _dateutil_parse(text)
+    run: Callable[[], Any]
 
 
 # The host process the running task is on (Simulation.hosts); each delivery
@@ -701,6 +610,15 @@ class Simulation:
         self.servicebus = SimServiceBusClient(w, self.bus, set(REGISTRY.values()))
         self.servicebus.on_sent = self._on_sent
         self.publisher = publisher(self.servicebus)
+        # The root's seams: alerts' message ids drawn from the seed (a random
+        # uuid4 in the app), settlement inline, the agents' circuit breakers
+        # timed on the world's clock.
+        ids = random.Random(f"uuid/{seed}")
+        self.seams = Seams(
+            new_id=lambda: uuid.UUID(int=ids.getrandbits(128), version=4),
+            run_sync=_inline,
+            breaker_now=lambda: self.world.clock.now,
+        )
         self.request_sender: dict[str, tuple[str, int]] = {}
         self.lost_requests: list[str] = []
         # The agent's delivery being handled, per task: until when its calls may start.
@@ -749,13 +667,7 @@ class Simulation:
         self.remote.on_call = self._on_remote_call
         self.remote.applied_declines = self.o.applied_declines
         # The product's HTTP adapter over the simulated services (sim/remote.py).
-        self.agent = Agent(
-            http_remote(self.remote),
-            SimClock(w, "agent"),
-            AgentPolicy(),
-            rng=random.Random(f"agent/{seed}"),
-            steps=self.o.steps,
-        )
+        self.agent = self._new_agent(SimClock(w, "agent"), random.Random(f"agent/{seed}"))
         from activities.scheduler_activities import SchedulerActivities
 
         self.activities = SchedulerActivities(
@@ -768,6 +680,7 @@ class Simulation:
             {},
             self.index,
             clock=SimClock(w, "activities"),
+            alerts=self.alerts(),
         )
         # The host processes (Options.hosts), each with what bootstrap builds
         # once per process; the timers run on the one holding the singleton lock.
@@ -775,10 +688,25 @@ class Simulation:
         self.singleton = 0
         self.host_deliveries: Counter[int] = Counter()
         self._host_pick = random.Random(f"hosts/pick/{seed}")
-        self.durable = SimDurable(w, catalog(), self.o.version)
+        # The app as production builds it, over what the simulation hands the
+        # root: each use case the one of the host the running task is on.
+        self.app = build(
+            self.settings,
+            overrides=Overrides(
+                seams=self.seams,
+                submit_handler=self._host_submit,
+                starter=self._host_starter,
+                scheduler_activities=self._activities,
+                supervisor=self._supervisor,
+                message_gate=self._message_gate,
+            ),
+        )
+        self.catalog = catalog(self.app)
+        self.durable = SimDurable(w, self.catalog, self.o.version)
         self.durable.owner_of = self._owner_of
         self.functions = {
-            spec.trigger.get("queueName"): spec for spec in catalog().of_type(SERVICE_BUS_TRIGGER)
+            spec.trigger.get("queueName"): spec
+            for spec in self.catalog.of_type(SERVICE_BUS_TRIGGER)
         }
         self._sup_n = 0
         self.submitted: set[str] = set()
@@ -786,6 +714,48 @@ class Simulation:
         self.operator_done: set[tuple[str, str]] = set()
         self.operator_pending = 0
         self.hostile = Hostile(self, self.o.faults.hostile) if self.o.faults.hostile else None
+
+    # --- what the root is handed (Overrides): the running task's host's use cases
+    def alerts(self) -> Alerts:
+        return Alerts(self.publisher, new_id=self.seams.new_id)
+
+    def _new_agent(self, clock: SimClock, rng: random.Random) -> Agent:
+        policy = AgentPolicy()
+        return Agent(
+            http_remote(self.remote),
+            clock,
+            policy,
+            breakers=Breakers(
+                policy.breaker_fail_max, policy.breaker_reset_timeout, now=self.seams.breaker_now
+            ),
+            rng=rng,
+            steps=self.o.steps,
+        )
+
+    async def _host_submit(self):
+        return self.host.submit
+
+    async def _host_starter(self) -> Starter:
+        return self.host.starter
+
+    async def _activities(self):
+        return self.activities
+
+    async def _supervisor(self):
+        return self.new_supervisor()
+
+    async def _message_gate(self, queue: str) -> MessageGate:
+        consumer = (
+            "submit" if queue in APP_OF_INGRESS else {"agent-responses": "bridge"}.get(queue, queue)
+        )
+        return MessageGate(
+            queue,
+            self.alerts(),
+            self.publisher,
+            BackoffPolicy(max_delivery_count=rules_for(queue).max_delivery),
+            clock=SimClock(self.world, consumer),
+            run_sync=self.seams.run_sync,
+        )
 
     # --- a host process: what bootstrap builds once per process and loop
     def _new_host(self, k: int, generation: int = 0) -> SimHost:
@@ -806,30 +776,24 @@ class Simulation:
         agent = (
             self.agent
             if (k, generation) == (0, 0)
-            else Agent(
-                http_remote(self.remote),
-                SimClock(w, "agent" + name),
-                AgentPolicy(),
-                rng=random.Random(rng),
-                steps=self.o.steps,
-            )
+            else self._new_agent(SimClock(w, "agent" + name), random.Random(rng))
         )
         # With its alerts, as bootstrap.request_processor builds it.
         processor = RequestProcessor(
             agent,
             reply_sender(self.servicebus),
-            Alerts(self.publisher),
+            self.alerts(),
             BackoffPolicy(max_delivery_count=rules_for("agent-requests").max_delivery),
             keys=self.settings.scheduler_keys().agents,
             scheduler=self.publisher,
             clock=SimClock(w, "agent" + name),
         )
         submit = SubmitHandler(
-            self.settings,
+            SubmitPolicy.from_settings(self.settings),
             self.store,
             self.orders_repo,
             StatusReporter(self.publisher),
-            Alerts(self.publisher),
+            self.alerts(),
             list(self.o.steps.names),
             backlog=BacklogReader(
                 self.store,
@@ -837,13 +801,17 @@ class Simulation:
                 clock=SimClock(w, "submit" + name),
             ),
             clock=SimClock(w, "submit" + name),
+            # As the root injects it: the fast path through the Starter of the
+            # host the delivery is on.
+            fast_start=fast_start(self._host_starter),
         )
         starter = Starter(
-            self.settings,
+            StarterPolicy.from_settings(self.settings),
             self.store,
             self.index,
             clock=SimClock(w, "starter" + name),
             publisher=self.publisher,
+            alerts=self.alerts(),
         )
         return SimHost(k, generation, submit, starter, processor)
 
@@ -876,6 +844,7 @@ class Simulation:
         from supervisor.supervisor import Supervisor
 
         self._sup_n += 1
+        clock = SimClock(self.world, f"supervisor{self._sup_n % 2}")
         charges = RequestCharges()
         store = CosmosStateStore(self.state_c, charges)
         source = (
@@ -888,17 +857,16 @@ class Simulation:
             source,
             CosmosCheckpointStore(self.state_c, charges, f"supervisor-{self.o.scan}"),
             StatusReporter(self.publisher),
-            Alerts(self.publisher),
+            self.alerts(),
             self.settings.retry,
             self.settings.supervisor_page_size,
             slack=SLACK,
-            clock=SimClock(self.world, f"supervisor{self._sup_n % 2}"),
+            clock=clock,
             charges=charges,
             max_pages=self.settings.supervisor_max_pages,
             budget=self.settings.supervisor_run_budget,
         )
         run = sup.run
-        clock = sup._clock
 
         async def measured():
             quiet = self._quiet_mark()
@@ -929,8 +897,7 @@ class Simulation:
             )
             return report
 
-        sup.run = measured
-        return sup
+        return _MeasuredRun(measured)
 
     def _quiet_mark(self) -> tuple[int, int, int, int]:
         """Changes whenever a fault is injected, a store call is throttled or
@@ -1439,14 +1406,14 @@ class Simulation:
                 finally:
                     self._request_limit.pop(task, None)
             elif d.queue == "agent-responses":
-                await on_reply_message(d, SimActions(d), self.durable)
+                await self.app.on_reply(d, SimActions(d), self.durable)
             elif d.queue in APP_OF_INGRESS:
-                # Submit's function body (submit.functions): its durable client
+                # Submit's function body (triggers/submit.py): its durable client
                 # binding cannot be passed in-process, so the use case runs with
                 # the simulation's Durable as the client (the fast path). The
                 # application is the one whose ingress queue it came on.
-                handler = await bootstrap.submit_handler()
-                gate = await bootstrap.message_gate(d.queue)
+                handler = await self.app.submit_handler()
+                gate = await self.app.message_gate(d.queue)
                 app = APP_OF_INGRESS[d.queue]
                 await gate.run(
                     d, SimActions(d), lambda body: handler.handle(body, app, self.durable)
@@ -1697,7 +1664,7 @@ class Simulation:
 
     async def _supervisor_run(self) -> None:
         _HOST.set(self.singleton)
-        spec = next(s for s in catalog().of_type("timerTrigger") if s.name == "supervisor")
+        spec = next(s for s in self.catalog.of_type("timerTrigger") if s.name == "supervisor")
         await call_function(spec, {spec.trigger["name"]: None})
 
     async def _operator(self, oid: str, action: str, tries: int = 6) -> None:
@@ -1960,15 +1927,14 @@ class Simulation:
         self.bus.after_send = lambda q, when: (
             w.at(when, "pump", lambda: self._pump(q)) if q in consumed else None
         )
-        with _patched(self):
-            await w.run(fault_end, idle=self.idle)
-            # Faults stop here; from now on the world may also stop early at a fixed point.
-            w.faults.active = False
-            self.faults_stopped = w.clock.now
-            w.log("faults stop")
-            await w.run(end, idle=lambda: self.idle() or self.fixed_point())
-            # let actors still parked finish (no new ticks matter past the end)
-            self.end = w.clock.now
+        await w.run(fault_end, idle=self.idle)
+        # Faults stop here; from now on the world may also stop early at a fixed point.
+        w.faults.active = False
+        self.faults_stopped = w.clock.now
+        w.log("faults stop")
+        await w.run(end, idle=lambda: self.idle() or self.fixed_point())
+        # let actors still parked finish (no new ticks matter past the end)
+        self.end = w.clock.now
         self.check()
 
     # --- checks
@@ -2421,11 +2387,11 @@ def _agent_settlement(d: Delivery):
     the queue-triggered agent's FunctionsSettlement over the binding's
     actions, or (every other delivery, by its sequence number) the
     standalone worker's ReceiverSettlement over its receiver."""
-    from agents.functions import FunctionsSettlement
     from agents.messaging import ReceiverSettlement
+    from triggers.agents import FunctionsSettlement
 
     if d.sequence_number % 2:
-        return FunctionsSettlement(SimActions(d), d)
+        return FunctionsSettlement(SimActions(d), d, run_sync=_inline)
     return ReceiverSettlement(SimReceiver(d), d)  # type: ignore[arg-type]
 
 

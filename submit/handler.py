@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import logging
 from datetime import datetime
+from typing import TYPE_CHECKING
 
 from adapters import telemetry
 from adapters.clock import SYSTEM_CLOCK, Clock
 from adapters.ports import ANY_OWNER, BacklogGauge, OrdersRepository, StateStore
-from adapters.settings import Settings
 from adapters.settlement import Settle
 from domain import state_machine as sm
 from domain.boundary import readable_order_id
@@ -28,6 +28,10 @@ from domain.ids import order_key
 from domain.models import OrderState, OrderSubmitted, ProcessState, StatusKind
 from domain.shards import shard_of
 from reporting import Alerts, StatusReporter
+from submit.policy import SubmitPolicy
+
+if TYPE_CHECKING:
+    from orchestrators.starter import FastStart
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +89,7 @@ class BacklogReader:
 class SubmitHandler:
     def __init__(
         self,
-        settings: Settings,
+        settings: SubmitPolicy,
         store: StateStore,
         orders: OrdersRepository,
         status: StatusReporter,
@@ -93,8 +97,14 @@ class SubmitHandler:
         steps: list[str],
         backlog: BacklogReader | None = None,
         clock: Clock = SYSTEM_CLOCK,
+        fast_start: FastStart | None = None,
     ) -> None:
+        """`settings`: Submit's policy (submit.policy, built from the app's
+        settings by the composition root). `fast_start`: the Starter's fast
+        path (orchestrators.starter.fast_start, injected by the root); without
+        one every order waits for the timer Starter."""
         self._settings = settings
+        self._start = fast_start
         self._store = store
         self._orders = orders
         self._status = status
@@ -262,23 +272,18 @@ class SubmitHandler:
         settling: a redelivery then finds the record claimed, which is harmless.
         Never raises; False leaves it to the timer Starter (and, with
         `received_sent_at`, leaves marking Received sent to the caller)."""
-        from orchestrators.starter import start_submitted
-
         # MAX_PROCESSING holds on every host: the gauge's figure is the timer
         # Starter's count, whichever host ran it (the Starter's own check sees
         # only its own host's last run). At the cap the timer claims the order
         # once there is room.
+        if self._start is None:
+            return False
         processing = await self._backlog.processing()
         if processing is not None and processing >= self._settings.max_processing:
             return False
         # The attempt claimed here continues this order's trace.
         with telemetry.order_scope(record.id):
-            return (
-                await start_submitted(
-                    client, record, etag, order, received_sent_at=received_sent_at
-                )
-                is not None
-            )
+            return await self._start(client, record, etag, order, received_sent_at) is not None
 
     async def _over_backlog(self) -> bool:
         pending = await self._backlog.pending()

@@ -15,7 +15,8 @@ from typing import ClassVar
 import azure.functions as func
 import pytest
 
-import console.functions as console_functions
+import bootstrap
+import triggers.console as console_functions
 from console import views
 from console.security import (
     AUTH_CONFIRMED_SETTING,
@@ -25,7 +26,23 @@ from console.security import (
 )
 from tests.console.conftest import pending
 
-ROUTES = [b._function for b in console_functions.bp._function_builders]
+
+class _Deps:
+    """What the console's pages get from the root in this test (its
+    `console_deps` override): set per test."""
+
+    provider = None
+
+
+async def _test_deps(durable=None):
+    return await _Deps.provider(durable=durable)
+
+
+BP = console_functions.blueprint(
+    bootstrap.build(overrides=bootstrap.Overrides(console_deps=_test_deps))
+)
+
+ROUTES = [b._function for b in BP._function_builders]
 
 
 def _request(
@@ -117,7 +134,7 @@ async def test_in_azure_every_route_is_off_until_authentication_is_confirmed(
     async def no_reads(*args, **kwargs):
         raise AssertionError("the disabled console must not read anything")
 
-    monkeypatch.setattr(console_functions, "_deps", no_reads)
+    monkeypatch.setattr(_Deps, "provider", no_reads)
     for headers in ({}, {PRINCIPAL_HEADER: "eve"}):
         response = await _call(fn, _request(_route_from_json(fn), headers))
         assert response.status_code == 403, (fn.get_function_name(), headers, confirmed)
@@ -157,7 +174,7 @@ async def test_outside_azure_the_console_fails_closed_without_local_mode(fn, loc
     async def no_reads(*args, **kwargs):
         raise AssertionError("the disabled console must not read anything")
 
-    monkeypatch.setattr(console_functions, "_deps", no_reads)
+    monkeypatch.setattr(_Deps, "provider", no_reads)
     for host in ("http://127.0.0.1:7071", "https://orders.example.net"):
         response = await _call(fn, _request(_route_from_json(fn), {}, host))
         assert response.status_code == 403, (fn.get_function_name(), local, host)
@@ -181,7 +198,7 @@ async def test_local_mode_answers_loopback_only(fn, monkeypatch):
     async def no_reads(*args, **kwargs):
         raise AssertionError("a refused request must not read anything")
 
-    monkeypatch.setattr(console_functions, "_deps", no_reads)
+    monkeypatch.setattr(_Deps, "provider", no_reads)
     for host in ("http://evil.example.com:7071", "http://192.168.1.20:7071"):
         response = await _call(fn, _request(_route_from_json(fn), {}, host))
         assert response.status_code == 403, (fn.get_function_name(), host)
@@ -206,7 +223,9 @@ async def test_locally_the_stylesheet_is_served_from_memory(monkeypatch, tmp_pat
     assert (
         response.get_body()
         == (
-            console_functions.Path(console_functions.__file__).parent / "static" / "console.css"
+            console_functions.Path(console_functions.console.__file__).parent
+            / "static"
+            / "console.css"
         ).read_bytes()
     )
 

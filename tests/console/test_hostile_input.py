@@ -26,7 +26,8 @@ from azure.servicebus.amqp import AmqpAnnotatedMessage
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import console.functions as console_functions
+import bootstrap
+import triggers.console as console_functions
 from console import views
 from console.peek import QueuePeeker
 from console.security import AUTH_CONFIRMED_SETTING, AZURE_HINTS, LOCAL_MODE_SETTING
@@ -35,9 +36,24 @@ from tests.console.conftest import errored_by_supervisor
 from tests.console.conftest import settings as console_settings
 
 HOST = "http://127.0.0.1:7071"
-ROUTES = {
-    b._function.get_function_name(): b._function for b in console_functions.bp._function_builders
-}
+
+
+class _Deps:
+    """What the console's pages get from the root in this test (its
+    `console_deps` override): set per test."""
+
+    provider = None
+
+
+async def _test_deps(durable=None):
+    return await _Deps.provider(durable=durable)
+
+
+BP = console_functions.blueprint(
+    bootstrap.build(overrides=bootstrap.Overrides(console_deps=_test_deps))
+)
+
+ROUTES = {b._function.get_function_name(): b._function for b in BP._function_builders}
 
 
 def _b64(value: object) -> str:
@@ -56,7 +72,7 @@ def local(monkeypatch, deps):
         deps.durable = durable
         return deps
 
-    monkeypatch.setattr(console_functions, "_deps", real_deps)
+    monkeypatch.setattr(_Deps, "provider", real_deps)
     return deps
 
 

@@ -12,10 +12,10 @@ import azure.functions as func
 from azure.durable_functions.models.DurableOrchestrationStatus import DurableOrchestrationStatus
 
 from console import views
-from console.functions import _render
 from domain import state_machine as sm
 from domain.models import ProcessState
 from tests.console.conftest import POLICY, STEPS, instance, order, pending
+from triggers.console import _render
 
 HOSTILE = '<img src=x onerror="alert(1)">'
 

@@ -19,6 +19,7 @@ APP_PACKAGES = [
     "submit",
     "supervisor",
     "console",
+    "triggers",
 ]
 
 

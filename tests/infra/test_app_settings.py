@@ -374,8 +374,8 @@ def test_ingress_registry_is_built_from_client_applications():
 # runs; adapters/settlement.py reads REDELIVERY_DELAYS_SECONDS and
 # MAX_DELIVERY_COUNT the same way. They are left out on purpose.)
 READERS = [ROOT / "adapters" / "settings.py", ROOT / "console" / "security.py"]
-# The composition roots build from Settings and read no setting themselves.
-ROOTS = [ROOT / "bootstrap.py", ROOT / "function_app.py"]
+# The composition root and the entry layer build from Settings and read no setting themselves.
+ROOTS = [ROOT / "bootstrap.py", ROOT / "function_app.py", *sorted((ROOT / "triggers").glob("*.py"))]
 # Read by the app, deliberately not an Azure app setting.
 NOT_SET_IN_AZURE = {
     "ServiceBusConnection": "connection-string form; Azure sets ServiceBusConnection__fullyQualifiedNamespace",

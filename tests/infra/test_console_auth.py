@@ -122,8 +122,8 @@ def test_the_console_is_the_apps_only_http_function():
         for p in product
         if re.search(r"\.route\(", p.read_text(errors="replace"))
     }
-    assert routes == {"console/functions.py"}, routes
-    text = (ROOT / "console" / "functions.py").read_text()
+    assert routes == {"triggers/console.py"}, routes
+    text = (ROOT / "triggers" / "console.py").read_text()
     assert set(re.findall(r'route="([^"/{]+)', text)) == {"console"}
 
 

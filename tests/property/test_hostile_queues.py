@@ -30,16 +30,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import bootstrap
-from agents import functions as agent_functions
 from agents.agent import Agent
 from agents.messaging import RequestProcessor, ServiceBusReplySender
 from domain.codec import decode
 from domain.errors import NotFoundError, ValidationFailed
 from domain.ids import order_key
 from domain.models import AgentReply, AgentRequest, OrderSubmitted
-from orchestrators.functions import bp as orchestrator_blueprint
 from reporting import Alerts
-from submit.functions import function_name, register
 from tests.builders import KEYS, agent_request, order_payload, signed_reply
 from tests.integration.app_env import INGRESS, Bus, RecordingActions, app_env, registered  # noqa: F401
 from tests.property.strategies import (
@@ -51,6 +48,9 @@ from tests.property.strategies import (
 )
 from tests.unit.agents.conftest import POLICY
 from tests.unit.agents.fakes import T0, FakeClock, FakeRemote
+from triggers import agents as agent_triggers
+from triggers import scheduler as scheduler_triggers
+from triggers.submit import function_name, register
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1200)]
 
@@ -80,20 +80,34 @@ SETTINGS = settings(
 ORDERS = INGRESS["webshop"]  # the property's messages arrive as the webshop's
 
 
+# The app's root, as function_app builds it (settings from app_env's
+# environment); the agent's trigger is over a root of its own, handed the
+# processor of the running test (the `agent_processor` fixture).
+ROOT = bootstrap.build()
+_PROCESSOR: list[RequestProcessor] = []
+
+
+async def _test_processor() -> RequestProcessor:
+    return _PROCESSOR[-1]
+
+
+AGENT_ROOT = bootstrap.build(overrides=bootstrap.Overrides(request_processor=_test_processor))
+
+
 def _submit_function():
     import azure.durable_functions as df
 
     blueprint = df.Blueprint()
-    register(blueprint, INGRESS)
+    register(blueprint, INGRESS, ROOT)
     # past the Durable middleware: run without a client (no fast path)
     return registered(blueprint, function_name("webshop")).__wrapped__
 
 
 SUBMIT = _submit_function()
-AGENT = registered(agent_functions.bp, "agent_requests")
+AGENT = registered(agent_triggers.blueprint(AGENT_ROOT), "agent_requests")
 # The durable-client middleware builds the client from the host's JSON; the
 # function it wraps is what runs after that, so it gets a recording client.
-BRIDGE = registered(orchestrator_blueprint, "reply_bridge").__wrapped__
+BRIDGE = registered(scheduler_triggers.blueprint(ROOT), "reply_bridge").__wrapped__
 
 BODY_KINDS = ["data", "data-chunks", "value", "sequence", "value-map", "sequence-ints"]
 
@@ -291,7 +305,7 @@ async def bus(app_env, servicebus_emulator):  # noqa: F811
     )
     yield bus
     await bus.close()
-    await bootstrap.close()
+    await ROOT.close()
 
 
 # --- orders --------------------------------------------------------------------------
@@ -329,7 +343,7 @@ def order_bodies(order_id: str):
 @SETTINGS
 @given(data=st.data())
 async def test_every_order_message_is_accepted_valid_or_dead_lettered_with_a_reason(bus, data):
-    c = await bootstrap.container()
+    c = await ROOT.container()
     dead: dict[str, str] = {}
     async with Queue(bus, ORDERS) as orders:
         order_id = f"P-{uuid.uuid4().hex[:12]}"
@@ -401,7 +415,7 @@ def request_bodies(draw, order_id: str) -> bytes:
 
 
 @pytest.fixture
-async def agent_processor(bus, monkeypatch):
+async def agent_processor(bus):
     from adapters.servicebus import ServiceBusPublisher
 
     clock = FakeClock()
@@ -411,8 +425,9 @@ async def agent_processor(bus, monkeypatch):
         Alerts(ServiceBusPublisher(bus.client)),
         keys=KEYS.agents,
     )
-    monkeypatch.setattr(agent_functions._runtime, "_processor", processor)
-    return processor
+    _PROCESSOR.append(processor)
+    yield processor
+    _PROCESSOR.remove(processor)
 
 
 @SETTINGS

@@ -26,7 +26,7 @@ from agents.ports import RemoteCall
 from domain import state_machine as sm
 from domain.errors import TransientError
 from domain.models import OrderSubmitted
-from sim.bus import Bus, Delivery, SimActions, SimServiceBusClient, below_the_adapters, publisher
+from sim.bus import Bus, Delivery, SimActions, SimServiceBusClient, publisher
 from sim.cosmos import SimContainer, SimCosmosClient
 from sim.remote import http_remote
 from sim.system import SimRemote
@@ -155,11 +155,10 @@ def test_a_send_accepted_whose_answer_is_lost_is_on_the_queue_and_transient():
     pub = publisher(SimServiceBusClient(world, bus, set()))
 
     async def go():
-        with below_the_adapters():
-            with pytest.raises(TransientError):  # fault 0: accepted, answer lost
-                await pub.send("q", b"{}", "m1")
-            with pytest.raises(TransientError):  # fault 1: refused, nothing sent
-                await pub.send("q", b"{}", "m2")
+        with pytest.raises(TransientError):  # fault 0: accepted, answer lost
+            await pub.send("q", b"{}", "m1")
+        with pytest.raises(TransientError):  # fault 1: refused, nothing sent
+            await pub.send("q", b"{}", "m2")
 
     _run(go())
     assert [m.message_id for m in bus.queue("q").messages] == ["m1"]

@@ -1,4 +1,4 @@
-"""agents.functions as registered, run by devstack.host (our stand-in for the
+"""triggers.agents as registered, run by devstack.host (our stand-in for the
 Functions host) against the Service Bus emulator and the remote service:
 request in, reply out, settled by hand; a malformed request dead-lettered as
 InvalidMessage."""

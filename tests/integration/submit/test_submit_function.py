@@ -19,19 +19,21 @@ from devstack.cosmos.faults import FaultRule, clear_faults, set_faults
 from domain.errors import NotFoundError
 from domain.ids import order_key
 from domain.models import ProcessState
-from submit.functions import function_name, register
 from tests.integration.app_env import INGRESS, Bus, app_env, registered  # noqa: F401
 from tests.unit.domain.conftest import order_payload
+from triggers.submit import function_name, register
 
 pytestmark = pytest.mark.timeout(120)
 ORDERS = INGRESS["webshop"]
+# The app's root, as function_app builds it (settings from app_env's environment).
+ROOT = bootstrap.build()
 
 
 def _submit_of(app_id: str):
     """The app's Submit function as the host sees it, without a Durable
     client (no fast path: these tests look at Submit alone)."""
     blueprint = df.Blueprint()
-    register(blueprint, INGRESS)
+    register(blueprint, INGRESS, ROOT)
     # __wrapped__: past the Durable middleware, which would build a client
     # from the host's binding JSON.
     function = registered(blueprint, function_name(app_id)).__wrapped__
@@ -63,7 +65,7 @@ async def rig(app_env, servicebus_emulator):  # noqa: F811
     )
     yield rig
     await rig.bus.close()
-    await bootstrap.close()
+    await ROOT.close()
 
 
 def _dies_like_a_process(function):
@@ -107,7 +109,7 @@ class Rig:
         return [m["Kind"] for m in await self.bus.drain("alerts", wait=0.3)]
 
     async def record(self):
-        c = await bootstrap.container()
+        c = await ROOT.container()
         return (await c.store.read(self.key))[0]
 
 
@@ -119,7 +121,7 @@ async def test_new_order_written_and_received_sent(rig):
     assert record.CompleteBy is None
     assert record.FailureCount == 0
     assert record.ReceivedSent
-    c = await bootstrap.container()
+    c = await ROOT.container()
     assert (await c.orders.get(rig.key)).OrderID == rig.order_id
     assert await rig.replies() == ["Received"]
 
@@ -148,7 +150,7 @@ async def test_crash_between_the_two_writes_is_healed_by_redelivery(rig, monkeyp
     assert await rig.bus.deliver(ORDERS, SUBMIT) == ("complete",)
     record = await rig.record()
     assert record.ProcessState is ProcessState.PENDING
-    c = await bootstrap.container()
+    c = await ROOT.container()
     items = [
         i
         async for i in c.state_container.query_items(
@@ -214,7 +216,7 @@ async def test_reply_queue_of_another_application_is_refused(rig):
 
 async def test_backlog_above_threshold_answers_rejected(rig, app_env):  # noqa: F811
     app_env(PENDING_BACKLOG_LIMIT="5")
-    c = await bootstrap.container()
+    c = await ROOT.container()
     from datetime import UTC, datetime
 
     await c.store.write_backlog_gauge(6, datetime.now(UTC))
@@ -273,7 +275,7 @@ async def test_two_orders_with_the_same_client_properties_both_get_their_back_of
         ("complete",),
         ("complete",),
     ]
-    c = await bootstrap.container()
+    c = await ROOT.container()
     for order_id in (rig.order_id, other):
         record, _ = await c.store.read(order_key("webshop", order_id))
         assert record.ProcessState is ProcessState.PENDING
@@ -321,7 +323,7 @@ async def test_a_rejected_order_whose_status_send_failed_hears_rejected_on_redel
     monkeypatch,
 ):
     app_env(PENDING_BACKLOG_LIMIT="5", REDELIVERY_DELAYS_SECONDS="0.2")
-    c = await bootstrap.container()
+    c = await ROOT.container()
     from datetime import UTC, datetime
 
     from adapters.servicebus import ServiceBusPublisher
@@ -359,7 +361,7 @@ async def test_each_application_has_its_own_submit_function_and_queue(rig):
     assert await rig.bus.deliver(INGRESS["partner-portal"], _submit_of("partner-portal")) == (
         "complete",
     )
-    c = await bootstrap.container()
+    c = await ROOT.container()
     record, _ = await c.store.read(order_key("partner-portal", rig.order_id))
     assert record.AppId == "partner-portal"
     assert await rig.replies("replies-partner-portal") == ["Received"]
@@ -379,7 +381,7 @@ async def test_a_body_naming_partner_portal_on_the_webshop_ingress_is_dead_lette
     ]
     with pytest.raises(NotFoundError):
         await rig.record()
-    c = await bootstrap.container()
+    c = await ROOT.container()
     with pytest.raises(NotFoundError):
         await c.orders.get(rig.key)
     assert await rig.replies("replies-partner-portal") == []
@@ -399,7 +401,7 @@ async def test_a_new_order_costs_two_creates_and_one_replace_on_the_real_server(
     its response's charge), not timed. With LEGACY_ORDER_KEYS on (the
     default) one point read first looks for a record keyed by the bare
     OrderID (ADR 017f)."""
-    c = await bootstrap.container()
+    c = await ROOT.container()
     # The backlog gauge's point read is per process (cached 5 s), not per
     # order: counted apart.
     before = _calls(c.store.charges, c.orders.charges)

@@ -155,15 +155,16 @@ async def test_the_app_refuses_to_start_with_another_count(app_env):  # noqa: F8
     with the reason, before an entry is written or read."""
     import bootstrap
 
+    root = bootstrap.build()  # settings from the environment, read by each build
     app_env(SUPERVISOR_SCAN="index", RECOVERY_INDEX_SHARDS="4")
     try:
-        c = await bootstrap.container()
+        c = await root.container()
         assert c.settings.recovery_index_shards == 4
-        sup = await bootstrap.supervisor()
+        sup = await root.supervisor()
         assert (await sup.run()).read == 0
-        await bootstrap.close()
+        await root.close()
         app_env(SUPERVISOR_SCAN="index", RECOVERY_INDEX_SHARDS="8")
         with pytest.raises(SettingsError, match="set up with 4 shards"):
-            await bootstrap.container()
+            await root.container()
     finally:
-        await bootstrap.close()
+        await root.close()

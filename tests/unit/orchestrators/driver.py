@@ -217,7 +217,7 @@ class Driver:
         if self.fail(name, call):
             raise ActivityFailure(f"scripted failure of {name} call {call}")
         before = len(self.world.bus.sent)
-        # As the activity triggers do (activities.functions): decode, run, encode.
+        # As the activity triggers do (triggers.activities): decode, run, encode.
         result = await self.world.activities().run(name, data)
         if name == "send_agent_request":
             if len(self.world.bus.sent) > before:  # duplicate detection drops a repeated id

@@ -16,6 +16,7 @@ from domain.errors import TransientError
 from domain.models import ProcessState
 from reporting import Alerts, StatusReporter
 from submit.handler import BacklogReader, SubmitHandler
+from submit.policy import SubmitPolicy
 from tests.builders import ReadClock
 from tests.fakes import FakeOrders, FakeStateStore, RecordingPublisher
 from tests.unit.domain.conftest import STEPS, order_payload
@@ -75,13 +76,21 @@ class FakeScheduler:
 
 
 class Rig:
+    async def _fast_start(self, client, record, etag, order, received_sent_at=None):
+        if self.fast is None:
+            return None
+        return await self.fast(client, record, etag, order, received_sent_at)
+
     def __init__(self, **env):
         self.store, self.orders, self.bus = FakeStateStore(), FakeOrders(), RecordingPublisher()
         self.app_id = "webshop"  # the application whose ingress queue the messages arrive on
         self.client = None
         settings = load_settings({**ENV, **env})
+        # Submit's fast start, as the root injects it (tests set a FastStart);
+        # by default none claims: the timer Starter would.
+        self.fast = None
         self.handler = SubmitHandler(
-            settings,
+            SubmitPolicy.from_settings(settings),
             self.store,
             self.orders,
             StatusReporter(self.bus),
@@ -89,6 +98,7 @@ class Rig:
             STEPS,
             backlog=BacklogReader(self.store, 60, cache_seconds=0, clock=ReadClock(lambda: NOW)),
             clock=ReadClock(lambda: NOW),
+            fast_start=self._fast_start,
         )
         self.scheduler = FakeScheduler()
         self.gate = MessageGate(
@@ -552,7 +562,7 @@ async def test_a_rejected_order_sent_again_after_the_backlog_fell_is_admitted():
 
 
 class FastStart:
-    """Stands in for orchestrators.starter.start_submitted (the Starter's own
+    """Stands in for Submit's fast start (orchestrators.starter.fast_start; the Starter's own
     tests cover the claim): records what Submit hands it."""
 
     def __init__(self, store, claims: bool = True):
@@ -567,12 +577,10 @@ class FastStart:
         return f"{record.id}:1" if self.claims else None
 
 
-async def test_the_fast_path_starts_the_order_with_the_etag_of_the_last_write(monkeypatch):
-    import orchestrators.starter
-
+async def test_the_fast_path_starts_the_order_with_the_etag_of_the_last_write():
     rig = counting_rig()
     fast = FastStart(rig.store)
-    monkeypatch.setattr(orchestrators.starter, "start_submitted", fast)
+    rig.fast = fast
     rig.client = client = object()
     assert (await rig.submit()).kind is SettleKind.COMPLETE
     # Received is sent first; the claim marks it sent in the same write (one replace, not two)
@@ -581,12 +589,10 @@ async def test_the_fast_path_starts_the_order_with_the_etag_of_the_last_write(mo
     assert rig.actions.calls == [("complete",)]  # settled after the start
 
 
-async def test_when_the_fast_path_does_not_claim_submit_marks_received_itself(monkeypatch):
-    import orchestrators.starter
-
+async def test_when_the_fast_path_does_not_claim_submit_marks_received_itself():
     rig = counting_rig()
     fast = FastStart(rig.store, claims=False)  # the Processing cap, or a failure before the claim
-    monkeypatch.setattr(orchestrators.starter, "start_submitted", fast)
+    rig.fast = fast
     rig.client = client = object()
     assert (await rig.submit()).kind is SettleKind.COMPLETE
     record, _ = await rig.store.read("webshop:ORD-1")
@@ -598,12 +604,10 @@ async def test_when_the_fast_path_does_not_claim_submit_marks_received_itself(mo
     ]
 
 
-async def test_no_fast_path_without_a_client_or_for_a_rejected_order(monkeypatch):
-    import orchestrators.starter
-
+async def test_no_fast_path_without_a_client_or_for_a_rejected_order():
     rig = counting_rig()
     fast = FastStart(rig.store)
-    monkeypatch.setattr(orchestrators.starter, "start_submitted", fast)
+    rig.fast = fast
     await rig.submit()  # no client: the timer Starter starts it
     rig.client = object()
     await rig.store.write_backlog_gauge(3, NOW)
@@ -744,14 +748,12 @@ async def test_with_legacy_keys_off_a_bare_key_record_is_not_looked_for():
     assert set(rig.store.docs) == {"ORD-1", "webshop:ORD-1"}
 
 
-async def test_the_fast_path_holds_to_max_processing_as_the_gauge_counts_it(monkeypatch):
+async def test_the_fast_path_holds_to_max_processing_as_the_gauge_counts_it():
     # The Starter's own check knows only its host's last run: a host that never
     # ran the timer would start every order it took. The gauge is every host's.
-    import orchestrators.starter
-
     rig = counting_rig()
     fast = FastStart(rig.store)
-    monkeypatch.setattr(orchestrators.starter, "start_submitted", fast)
+    rig.fast = fast
     rig.client = object()
     max_processing = rig.handler._settings.max_processing
     await rig.store.write_backlog_gauge(0, NOW, processing=max_processing)

@@ -148,7 +148,7 @@ def test_an_attempt_claimed_elsewhere_starts_its_own_trace_linked_to_the_current
 
 
 def test_an_activity_continues_the_trace_its_input_carries(spans):
-    from activities.functions import _span
+    from triggers.activities import _span
 
     with telemetry.span("start attempt") as start:
         carrier = telemetry.inject()
@@ -164,7 +164,7 @@ def test_an_activity_continues_the_trace_its_input_carries(spans):
 
 
 def test_an_activity_with_a_forged_trace_starts_a_new_one(spans):
-    from activities.functions import _span
+    from triggers.activities import _span
 
     with _span("write_state", {"InstanceId": "O-1:3", "Trace": {"traceparent": "nonsense"}}):
         pass

@@ -82,13 +82,14 @@ async def test_submit_stores_its_trace_on_the_record_for_the_timer_starter(spans
     from adapters.settings import Settings
     from reporting import Alerts, StatusReporter
     from submit.handler import SubmitHandler
+    from submit.policy import SubmitPolicy
     from tests.builders import order_payload
     from tests.unit.orchestrators.driver import SETTINGS, STEPS
 
     world = World()
     settings = Settings(**{**SETTINGS.__dict__, "reply_queues": {"webshop": "replies-webshop"}})
     handler = SubmitHandler(
-        settings,
+        SubmitPolicy.from_settings(settings),
         world.store,
         world.orders,
         StatusReporter(world.bus),

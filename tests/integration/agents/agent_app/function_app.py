@@ -1,9 +1,11 @@
 """A Functions app with only the Agents' blueprint, for running the trigger
-as registered (agents.functions.bp) under devstack.host."""
+as registered (triggers.agents.blueprint over the composition root) under
+devstack.host."""
 
 import azure.functions as func
 
-from agents.functions import bp
+import bootstrap
+from triggers.agents import blueprint
 
 app = func.FunctionApp()
-app.register_functions(bp)
+app.register_functions(blueprint(bootstrap.build()))

@@ -7,7 +7,10 @@ import inspect
 
 import azurefunctions.extensions.bindings.servicebus as servicebus
 
-from agents.functions import agent_requests, bp
+import bootstrap
+from triggers.agents import blueprint
+
+bp = blueprint(bootstrap.build())
 
 
 def built_functions():
@@ -30,4 +33,4 @@ def test_the_trigger_asks_for_sdk_types_so_it_can_settle_by_hand():
 
     assert parameters["message"].annotation is servicebus.ServiceBusReceivedMessage
     assert parameters["message_actions"].annotation is servicebus.ServiceBusMessageActions
-    assert inspect.iscoroutinefunction(agent_requests) or inspect.iscoroutinefunction(user_function)
+    assert inspect.iscoroutinefunction(user_function)

@@ -1,6 +1,6 @@
 """The Submit triggers: one Service Bus queue trigger per client application, on
-that application's ingress queue, each running submit.handler through the
-message gate (adapters.settlement). Why the queue, not the body, names the
+that application's ingress queue, each running submit.handler (the root's
+SubmitHandler) through the message gate (adapters.settlement). Why the queue, not the body, names the
 application: docs/adr/010-ingress-queue-identity.md."""
 
 # No `from __future__ import annotations`: the Functions worker reads the
@@ -12,11 +12,10 @@ import re
 import azure.durable_functions as df
 import azurefunctions.extensions.bindings.servicebus as servicebus
 
-import bootstrap
 from adapters import telemetry
 from adapters.settings import SERVICEBUS_CONNECTION, SettingsError, ingress_queues
+from bootstrap import App
 
-bp = df.Blueprint()
 log = logging.getLogger(__name__)
 
 # Function names the host accepts: a letter, then letters, digits, _ and -.
@@ -34,14 +33,14 @@ def function_name(app_id: str) -> str:
     return f"submit_order_{safe}"[:128]
 
 
-def _submit_function(app_id: str, queue: str):
+def _submit_function(root: App, app_id: str, queue: str):
     async def submit_order(
         message: servicebus.ServiceBusReceivedMessage,
         message_actions: servicebus.ServiceBusMessageActions,
         client: df.DurableOrchestrationClient,
     ) -> None:
-        handler = await bootstrap.submit_handler()
-        gate = await bootstrap.message_gate(queue)
+        handler = await root.submit_handler()
+        gate = await root.message_gate(queue)
         # The order's trace: the client's when its traceparent is valid
         # (docs/client-guide.md), a new one otherwise.
         with telemetry.consume(
@@ -59,12 +58,12 @@ def _submit_function(app_id: str, queue: str):
     return name, submit_order
 
 
-def register(blueprint: df.Blueprint, queues: dict[str, str]) -> dict[str, str]:
-    """Register one Submit function per application on `blueprint`;
-    function name -> queue."""
+def register(blueprint: df.Blueprint, queues: dict[str, str], root: App) -> dict[str, str]:
+    """Register one Submit function per application on `blueprint`, over
+    `root`'s handler and gates; function name -> queue."""
     registered: dict[str, str] = {}
     for app_id, queue in sorted(queues.items()):
-        name, function = _submit_function(app_id, queue)
+        name, function = _submit_function(root, app_id, queue)
         if name in registered:
             raise SettingsError(f"ORDER_INGRESS_QUEUES: two applications map to function {name}")
         blueprint.function_name(name)(
@@ -79,8 +78,13 @@ def register(blueprint: df.Blueprint, queues: dict[str, str]) -> dict[str, str]:
     return registered
 
 
-SUBMIT_FUNCTIONS = register(bp, ingress_queues())
-if not SUBMIT_FUNCTIONS:
-    log.warning(
-        "no client applications configured (ORDER_INGRESS_QUEUES, REPLY_QUEUE_REGISTRY): no Submit trigger"
-    )
+def blueprint(root: App, queues: dict[str, str] | None = None) -> df.Blueprint:
+    """Submit's blueprint: a function per client application of `queues`
+    (default: the registry the environment names, ORDER_INGRESS_QUEUES /
+    REPLY_QUEUE_REGISTRY, read when the app is indexed)."""
+    bp = df.Blueprint()
+    if not register(bp, ingress_queues() if queues is None else queues, root):
+        log.warning(
+            "no client applications configured (ORDER_INGRESS_QUEUES, REPLY_QUEUE_REGISTRY): no Submit trigger"
+        )
+    return bp

@@ -1,7 +1,7 @@
 """The standalone agent worker: the Agent in its own process, for the case
 where it runs in a separate runtime or trust boundary from the Functions app.
 
-    python -m agents.worker
+    python -m agents.worker   (the entry: agents/worker/__main__.py)
 
 Receives from `agent-requests` in PEEK_LOCK, keeps each message's lock
 renewed while handling it (AutoLockRenewer, bounded by the request's deadline
@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import signal
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
@@ -26,19 +25,16 @@ from azure.servicebus import ServiceBusReceiveMode
 from azure.servicebus.aio import AutoLockRenewer, ServiceBusClient, ServiceBusReceiver
 from azure.servicebus.exceptions import ServiceBusError
 
-import bootstrap
-from adapters import telemetry
 from adapters.servicebus import servicebus_client
 from adapters.settlement import BodyRefused
 from agents.config import (
     AgentSettings,
-    load_agent_settings,
-    require_agent_keys,
     require_servicebus,
 )
 from agents.messaging import (
     ReceiverSettlement,
     RequestProcessor,
+    ServiceBusReplySender,
     message_body,
 )
 from domain.codec import decode
@@ -161,35 +157,25 @@ async def _lock_renew_failed(renewable: Any, error: Exception | None) -> None:
     log.warning("lock renewal failed for %s: %s", getattr(renewable, "message_id", "?"), error)
 
 
-async def serve(settings: AgentSettings, stop: asyncio.Event, on_ready: Callable[[], Any]) -> None:
+# What handles one request, given the worker's Service Bus client and HTTP
+# session: the processor and its reply sender (closed before them). The entry
+# (agents/worker/__main__.py) hands in the composition root's.
+ProcessorFactory = Callable[
+    [ServiceBusClient, aiohttp.ClientSession, AgentSettings],
+    tuple[RequestProcessor, ServiceBusReplySender],
+]
+
+
+async def serve(
+    settings: AgentSettings,
+    stop: asyncio.Event,
+    on_ready: Callable[[], Any],
+    processors: ProcessorFactory,
+) -> None:
     access = require_servicebus(settings)
     async with aiohttp.ClientSession() as session, servicebus_client(access) as client:
-        processor, replies = bootstrap.request_processor(client, session, settings)
+        processor, replies = processors(client, session, settings)
         try:
             await AgentWorker(client, processor, settings).run(stop, on_ready)
         finally:
             await replies.close()
-
-
-def main() -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    logging.getLogger("azure").setLevel(logging.WARNING)
-    telemetry.configure()
-    settings = load_agent_settings()
-    require_agent_keys(settings)  # no keys: refuse to start, before connecting anywhere
-
-    async def run() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        await serve(settings, stop, lambda: print(READY_LINE, flush=True))
-
-    try:
-        asyncio.run(run())
-    finally:
-        telemetry.flush()
-
-
-if __name__ == "__main__":
-    main()

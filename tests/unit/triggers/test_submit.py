@@ -8,15 +8,16 @@ import json
 import azure.durable_functions as df
 import pytest
 
+import bootstrap
 from adapters.settings import SettingsError, ingress_queues
-from submit.functions import function_name, register
+from triggers.submit import function_name, register
 
 REGISTRY = json.dumps({"webshop": "replies-webshop", "partner-portal": "replies-partner-portal"})
 
 
 def bindings(queues: dict[str, str]) -> dict[str, dict[str, tuple]]:
     bp = df.Blueprint()
-    register(bp, queues)
+    register(bp, queues, bootstrap.build())
     app = df.DFApp()
     app.register_functions(bp)
     return {

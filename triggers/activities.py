@@ -1,5 +1,5 @@
 """Durable activity triggers of the Scheduler. Each hands its input to
-SchedulerActivities.run (built once per process by bootstrap), which decodes
+SchedulerActivities.run (built by the composition root, bootstrap), which decodes
 the input contract, calls the use case and returns plain JSON, inside a span
 that continues the attempt's trace (the input's `Trace`, copied there by the
 orchestration: adapters.telemetry)."""
@@ -12,12 +12,10 @@ from typing import Any
 
 import azure.durable_functions as df
 
-import bootstrap
 from activities.scheduler_activities import ACTIVITY_NAMES
 from adapters import telemetry
+from bootstrap import App
 from domain.ids import parse_attempt_instance_id
-
-bp = df.Blueprint()
 
 
 @contextmanager
@@ -37,19 +35,23 @@ def _span(name: str, data: dict) -> Iterator[None]:
         yield
 
 
-def _activity(name: str) -> None:
+def _activity(bp: df.Blueprint, root: App, name: str) -> None:
     """Register the activity trigger `name`: its span around
     SchedulerActivities.run, which decodes, calls and encodes."""
 
     async def activity(data: dict) -> Any:
         with _span(name, data):
-            acts = await bootstrap.scheduler_activities()
+            acts = await root.scheduler_activities()
             return await acts.run(name, data)
 
     activity.__name__ = activity.__qualname__ = name
     bp.function_name(name)(bp.activity_trigger(input_name="data")(activity))
 
 
-# 1.x's activities, then workflow 2.0's one-write-one-message pair.
-for _name in ACTIVITY_NAMES:
-    _activity(_name)
+def blueprint(root: App) -> df.Blueprint:
+    """The Scheduler's activities over `root`: 1.x's activities, then
+    workflow 2.0's one-write-one-message pair."""
+    bp = df.Blueprint()
+    for name in ACTIVITY_NAMES:
+        _activity(bp, root, name)
+    return bp

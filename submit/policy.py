@@ -1,0 +1,32 @@
+"""What Submit reads of the app's settings, and nothing else: its limits and
+the registry of client applications. Built from Settings by the composition
+root (bootstrap), so Submit depends on these figures, not on every setting."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+from adapters.settings import Settings
+
+
+@dataclass(frozen=True)
+class SubmitPolicy:
+    reply_queues: Mapping[str, str] = field(default_factory=dict)
+    pending_backlog_limit: int = 5000
+    backlog_gauge_max_age: timedelta = timedelta(seconds=300)
+    max_order_bytes: int = 64 * 1024
+    max_processing: int = 500
+    legacy_order_keys: bool = True
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> SubmitPolicy:
+        return cls(
+            reply_queues=settings.reply_queues,
+            pending_backlog_limit=settings.pending_backlog_limit,
+            backlog_gauge_max_age=settings.backlog_gauge_max_age,
+            max_order_bytes=settings.max_order_bytes,
+            max_processing=settings.max_processing,
+            legacy_order_keys=settings.legacy_order_keys,
+        )

@@ -1,0 +1,364 @@
+"""The console's HTTP functions: one blueprint over the composition root
+(`blueprint(root)`), registered by function_app.py; the pages' views,
+templates and security rules live in console/.
+Server-rendered pages (Jinja2, autoescaped) and confirm-then-POST actions, every
+route behind one sign-in guard (`_guarded`). Anonymous at the Functions level on
+purpose; who may use it and why: docs/adr/012-console-security.md."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qsl, quote, urlencode
+
+import azure.durable_functions as df
+import azure.functions as func
+from jinja2 import Environment, FileSystemLoader, select_autoescape
+from jinja2.filters import do_urlencode
+
+import console
+from bootstrap import App
+from console import security, views
+from domain import state_machine as sm
+from domain.errors import DomainError, NotFoundError, StaleError
+
+log = logging.getLogger(__name__)
+
+HERE = Path(console.__file__).parent  # the console's templates and stylesheet
+ANON = func.AuthLevel.ANONYMOUS
+
+_env = Environment(
+    loader=FileSystemLoader(HERE / "templates"),
+    autoescape=select_autoescape(default=True, default_for_string=True),
+    trim_blocks=True,
+    lstrip_blocks=True,
+    finalize=security.mask_for_display,
+)
+_env.filters["t"] = lambda v: v.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S") if v else ""
+_env.filters["hm"] = lambda v: v.astimezone(UTC).strftime("%H:%M:%S") if v else ""
+# to the millisecond: events of one second are told apart (and in causal order anyway)
+_env.filters["ms"] = lambda v: v.astimezone(UTC).strftime("%H:%M:%S.%f")[:-3] if v else ""
+_env.filters["js"] = lambda v: json.dumps(v, ensure_ascii=False, default=str)
+# URL parts the console builds are links, not text: an order id that happens
+# to look like a card number is masked where shown, never in its own link.
+_env.globals["qs"] = lambda **kw: security.Unmasked(
+    urlencode({k: v for k, v in kw.items() if v not in (None, "")})
+)
+_env.filters["urlencode"] = lambda v: security.Unmasked(do_urlencode(v))
+# Read once: a file read in the async handler would block the event loop.
+_CSS = (HERE / "static" / "console.css").read_bytes()
+
+_SECURITY_HEADERS = {
+    # Nothing but our own stylesheet: no script runs on these pages at all.
+    "Content-Security-Policy": "default-src 'none'; style-src 'self'; img-src 'self' data:; "
+    "form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "same-origin",
+    "Cache-Control": "no-store",
+}
+
+
+def _base(req: func.HttpRequest) -> str:
+    """Where the console's links start: a path (or CONSOLE_PUBLIC_URL), never
+    a URL built from the request's Host header (console.security.base_path)."""
+    return security.base_path(req.url)
+
+
+def _render(
+    req: func.HttpRequest,
+    template: str,
+    deps: views.Deps | None,
+    status: int = 200,
+    headers: dict[str, str] | None = None,
+    **context: Any,
+) -> func.HttpResponse:
+    charges = deps.store.charges if deps is not None else None
+    html = _env.get_template(template).render(
+        base=_base(req), now=datetime.now(UTC), cost=charges, **context
+    )
+    return func.HttpResponse(
+        html,
+        status_code=status,
+        mimetype="text/html",
+        charset="utf-8",
+        headers={**_SECURITY_HEADERS, **(headers or {})},
+    )
+
+
+def _error(
+    req: func.HttpRequest, status: int, message: str, deps: views.Deps | None = None
+) -> func.HttpResponse:
+    return _render(req, "error.html", deps, status=status, message=message, status_code=status)
+
+
+def _signed_in(req: func.HttpRequest) -> str | func.HttpResponse:
+    """The operator, or the answer that refuses the request: 403 while the
+    console is disabled (neither local mode nor confirmed authentication),
+    401 when nobody is signed in, 403 in local mode for a request not
+    addressed to a loopback host. Every route calls this before anything else."""
+    if not security.console_enabled():
+        return func.HttpResponse(
+            security.DISABLED_MESSAGE,
+            status_code=403,
+            mimetype="text/plain",
+            charset="utf-8",
+            headers=_SECURITY_HEADERS,
+        )
+    try:
+        return security.operator(req.headers, req.url)
+    except security.Unauthenticated as exc:
+        return _error(req, 401, str(exc))
+    except security.Forbidden as exc:
+        return _error(req, 403, str(exc))
+
+
+def _page(params: dict[str, str]) -> int | None:
+    return views.parse_sequence(params.get("from"))
+
+
+async def _guarded(
+    req: func.HttpRequest, respond: Callable[[str], Awaitable[func.HttpResponse]]
+) -> func.HttpResponse:
+    """Every route's answer: `respond(operator)` once `_signed_in` lets the
+    request through, its refusal otherwise (so no route can skip the check).
+    A refused parameter answers 400 with its reason; anything unforeseen is
+    logged and answered 500 with the same security headers as every page."""
+    who = _signed_in(req)
+    if isinstance(who, func.HttpResponse):
+        return who
+    try:
+        return await respond(who)
+    except views.BadRequest as exc:
+        return _error(req, 400, str(exc))
+    except Exception:
+        log.exception("console: %s %s failed", req.method, security.base_path(req.url))
+        return _error(req, 500, "the console failed to answer; the error is in the app's log")
+
+
+def blueprint(root: App) -> df.Blueprint:
+    """The console's routes over `root` (what a page reads from and acts on:
+    App.console_deps, adapters of its own per request)."""
+    bp = df.Blueprint()
+    deps_of = root.console_deps
+
+    async def _view_page(
+        req: func.HttpRequest,
+        template: str,
+        page: str,
+        view: Callable[[views.Deps], Awaitable[dict[str, Any]]],
+    ) -> func.HttpResponse:
+        """A read-only page: `view`'s data rendered into `template`; a refused
+        parameter answers 400 (views.BadRequest), an unknown queue 404 (views.NotFound)."""
+
+        async def respond(_who: str) -> func.HttpResponse:
+            deps = await deps_of()
+            try:
+                data = await view(deps)
+            except views.NotFound as exc:
+                return _error(req, 404, str(exc), deps)
+            except views.BadRequest as exc:
+                return _error(req, 400, str(exc), deps)
+            return _render(req, template, deps, page=page, **data)
+
+        return await _guarded(req, respond)
+
+    @bp.function_name("console_overview")
+    @bp.route(route="console", methods=["GET"], auth_level=ANON)
+    async def console_overview(req: func.HttpRequest) -> func.HttpResponse:
+        return await _view_page(req, "overview.html", "overview", views.overview)
+
+    @bp.function_name("console_orders")
+    @bp.route(route="console/orders", methods=["GET"], auth_level=ANON)
+    async def console_orders(req: func.HttpRequest) -> func.HttpResponse:
+        return await _view_page(
+            req,
+            "orders.html",
+            "orders",
+            lambda deps: views.orders(deps, views.parse_filters(dict(req.params))),
+        )
+
+    @bp.function_name("console_stuck")
+    @bp.route(route="console/stuck", methods=["GET"], auth_level=ANON)
+    async def console_stuck(req: func.HttpRequest) -> func.HttpResponse:
+        page = req.params.get("page") or None
+        return await _view_page(req, "stuck.html", "stuck", lambda deps: views.stuck(deps, page))
+
+    @bp.function_name("console_alerts")
+    @bp.route(route="console/alerts", methods=["GET"], auth_level=ANON)
+    async def console_alerts(req: func.HttpRequest) -> func.HttpResponse:
+        return await _view_page(
+            req, "alerts.html", "alerts", lambda deps: views.alerts(deps, _page(dict(req.params)))
+        )
+
+    @bp.function_name("console_deadletters")
+    @bp.route(route="console/deadletters/{queue?}", methods=["GET"], auth_level=ANON)
+    async def console_deadletters(req: func.HttpRequest) -> func.HttpResponse:
+        queue = req.route_params.get("queue") or None
+        done = (
+            req.params.get("done") if req.params.get("done") in views.DEAD_LETTER_ACTIONS else None
+        )
+
+        async def view(deps: views.Deps) -> dict[str, Any]:
+            data = await views.dead_letters(deps, queue, _page(dict(req.params)))
+            return {**data, "done": done, "done_seq": views.parse_sequence(req.params.get("seq"))}
+
+        return await _view_page(req, "deadletters.html", "deadletters", view)
+
+    @bp.function_name("console_deadletter_action")
+    @bp.route(
+        route="console/deadletters/{queue}/{sequence:int}/{action:alpha}",
+        methods=["GET", "POST"],
+        auth_level=ANON,
+    )
+    async def console_deadletter_action(req: func.HttpRequest) -> func.HttpResponse:
+        return await _guarded(req, lambda who: _dead_letter_action(req, who))
+
+    async def _dead_letter_action(req: func.HttpRequest, who: str) -> func.HttpResponse:
+        """Resend or discard one dead letter: GET shows it and the confirmation
+        form, POST checks the form's token (bound to this queue and sequence
+        number: a settled dead letter is gone, so a token acts once) and acts,
+        then redirects to the queue's page."""
+        queue = req.route_params.get("queue", "")
+        action = req.route_params.get("action", "")
+        sequence = views.parse_sequence(req.route_params.get("sequence"))
+        if action not in views.DEAD_LETTER_ACTIONS or sequence is None:
+            return _error(req, 404, f"No action {action} for a dead letter")
+        deps = await deps_of()
+        try:
+            message = await views.dead_letter(deps, queue, sequence)
+        except views.NotFound as exc:
+            return _error(req, 404, str(exc), deps)
+        target, version = f"{queue}/{sequence}", "dead-letter"
+        title, explanation = views.DEAD_LETTER_ACTIONS[action]
+        if req.method == "GET":
+            return _render(
+                req,
+                "confirm_deadletter.html",
+                deps,
+                page="deadletters",
+                queue=queue,
+                m=message,
+                action=action,
+                title=title,
+                explanation=explanation,
+                csrf=security.Unmasked(security.form_token(who, target, action, version)),
+                who=who,
+            )
+        form = dict(parse_qsl(req.get_body().decode("utf-8", "replace")))
+        try:
+            security.check_csrf(req.headers, form, who, target, action, version)
+            await views.act_on_dead_letter(deps, queue, sequence, action, who)
+        except security.Forbidden as exc:
+            return _error(req, 403, str(exc), deps)
+        except views.NotFound as exc:
+            return _error(req, 409, f"{action} refused: {exc}", deps)
+        location = f"{_base(req)}/deadletters/{quote(queue, safe='')}?" + urlencode(
+            {"done": action, "seq": sequence}
+        )
+        return func.HttpResponse(
+            status_code=303, headers={"Location": location, **_SECURITY_HEADERS}
+        )
+
+    @bp.function_name("console_order")
+    @bp.route(route="console/orders/{order_id}", methods=["GET"], auth_level=ANON)
+    @bp.durable_client_input(client_name="client")
+    async def console_order(
+        req: func.HttpRequest, client: df.DurableOrchestrationClient
+    ) -> func.HttpResponse:
+        order_id = req.route_params.get("order_id", "")
+
+        async def respond(_who: str) -> func.HttpResponse:
+            deps = await deps_of(durable=client)
+            data = await views.order_detail(deps, order_id)
+            if data is None:
+                return _error(req, 404, f"No order {order_id}", deps)
+            return _render(
+                req, "order.html", deps, page="orders", done=req.params.get("done"), **data
+            )
+
+        return await _guarded(req, respond)
+
+    @bp.function_name("console_action")
+    @bp.route(
+        route="console/orders/{order_id}/{action:alpha}", methods=["GET", "POST"], auth_level=ANON
+    )
+    async def console_action(req: func.HttpRequest) -> func.HttpResponse:
+        return await _guarded(req, lambda who: _action(req, who))
+
+    async def _action(req: func.HttpRequest, who: str) -> func.HttpResponse:
+        """Resubmit or compensate: GET shows the confirmation form, POST checks its
+        CSRF token and acts, then redirects to the order (Post/Redirect/Get)."""
+        order_id = req.route_params.get("order_id", "")
+        action = req.route_params.get("action", "")
+        if action not in views.ACTIONS or not views.valid_order_id(order_id):
+            return _error(req, 404, f"No action {action} for order {order_id}")
+        deps = await deps_of()
+        try:
+            record, _ = await deps.store.read(order_id)
+        except NotFoundError:
+            return _error(req, 404, f"No order {order_id}", deps)
+        version = security.record_version(record)
+        if req.method == "GET":
+            title, explanation = views.ACTIONS[action]
+            return _render(
+                req,
+                "confirm.html",
+                deps,
+                page="orders",
+                record=record,
+                action=action,
+                title=title,
+                explanation=explanation,
+                csrf=security.Unmasked(security.form_token(who, order_id, action, version)),
+                who=who,
+            )
+        form = dict(parse_qsl(req.get_body().decode("utf-8", "replace")))
+        try:
+            security.check_csrf(req.headers, form, who, order_id, action, version)
+            await views.act(deps, order_id, action, who, expected_version=version)
+        except security.Forbidden as exc:
+            return _error(req, 403, str(exc), deps)
+        except (sm.IllegalTransition, StaleError) as exc:
+            return _error(req, 409, f"{action} refused: {exc}", deps)
+        except DomainError as exc:
+            return _error(req, 503, f"{action} failed: {exc}", deps)
+        # Post/Redirect/Get: reloading the order page does not repeat the action.
+        location = f"{_base(req)}/orders/{quote(order_id, safe='')}?{urlencode({'done': action})}"
+        return func.HttpResponse(
+            status_code=303, headers={"Location": location, **_SECURITY_HEADERS}
+        )
+
+    @bp.function_name("console_static")
+    @bp.route(route="console/static/console.css", methods=["GET"], auth_level=ANON)
+    async def console_static(req: func.HttpRequest) -> func.HttpResponse:
+        return await _guarded(req, _stylesheet)
+
+    async def _stylesheet(_who: str) -> func.HttpResponse:
+        return func.HttpResponse(
+            _CSS,
+            mimetype="text/css",
+            headers={"Cache-Control": "max-age=300", "X-Content-Type-Options": "nosniff"},
+        )
+
+    @bp.function_name("console_find")
+    @bp.route(route="console/find", methods=["GET"], auth_level=ANON)
+    async def console_find(req: func.HttpRequest) -> func.HttpResponse:
+        return await _guarded(req, lambda _who: _find(req))
+
+    async def _find(req: func.HttpRequest) -> func.HttpResponse:
+        order_id = (req.params.get("id") or "").strip()
+        if not views.valid_order_id(order_id):
+            return _error(req, 404, f"No order {order_id}")
+        return func.HttpResponse(
+            status_code=303,
+            headers={
+                "Location": f"{_base(req)}/orders/{quote(order_id, safe='')}",
+                **_SECURITY_HEADERS,
+            },
+        )
+
+    return bp

@@ -1,0 +1,54 @@
+"""Durable and trigger wiring of the Scheduler: the orchestration, the starter
+timer and the reply bridge. Each function is thin: decode, call, settle."""
+
+from __future__ import annotations
+
+import logging
+
+import azure.durable_functions as df
+import azure.functions as func
+import azurefunctions.extensions.bindings.servicebus as servicebus
+
+from adapters.servicebus import AGENT_RESPONSES_QUEUE
+from adapters.settings import SERVICEBUS_CONNECTION
+from bootstrap import App
+from orchestrators.order_workflow import WORKFLOW_NAME, order_workflow
+
+log = logging.getLogger(__name__)
+
+
+def blueprint(root: App) -> df.Blueprint:
+    """The Scheduler's blueprint over `root` (its Starter, the reply bridge's gate)."""
+    bp = df.Blueprint()
+
+    @bp.function_name(WORKFLOW_NAME)
+    @bp.orchestration_trigger(context_name="context")
+    def order_workflow_orchestrator(context: df.DurableOrchestrationContext):
+        return (yield from order_workflow(context))
+
+    @bp.function_name("starter")
+    @bp.timer_trigger(arg_name="timer", schedule="%STARTER_SCHEDULE%", run_on_startup=False)
+    @bp.durable_client_input(client_name="client")
+    async def starter(
+        timer: func.TimerRequest,  # noqa: ARG001 - the binding's arg_name must be a parameter
+        client: df.DurableOrchestrationClient,
+    ) -> None:
+        start = await root.starter()
+        await start.run(client)
+
+    @bp.function_name("reply_bridge")
+    @bp.service_bus_queue_trigger(
+        arg_name="message",
+        queue_name=AGENT_RESPONSES_QUEUE,
+        connection=SERVICEBUS_CONNECTION,
+        auto_complete_messages=False,
+    )
+    @bp.durable_client_input(client_name="client")
+    async def reply_bridge(
+        message: servicebus.ServiceBusReceivedMessage,
+        message_actions: servicebus.ServiceBusMessageActions,
+        client: df.DurableOrchestrationClient,
+    ) -> None:
+        await root.on_reply(message, message_actions, client)
+
+    return bp
