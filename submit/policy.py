@@ -19,6 +19,9 @@ class SubmitPolicy:
     max_order_bytes: int = 64 * 1024
     max_processing: int = 500
     legacy_order_keys: bool = True
+    # Shards as whole deployments (ADR 020e): this deployment's index of SHARD_COUNT.
+    shard_count: int = 1
+    shard_index: int = 0
 
     @classmethod
     def from_settings(cls, settings: Settings) -> SubmitPolicy:
@@ -29,4 +32,6 @@ class SubmitPolicy:
             max_order_bytes=settings.max_order_bytes,
             max_processing=settings.max_processing,
             legacy_order_keys=settings.legacy_order_keys,
+            shard_count=settings.shard_count,
+            shard_index=settings.shard_index,
         )
