@@ -23,6 +23,7 @@ Idempotency under at-least-once delivery:
 from __future__ import annotations
 
 import logging
+from collections import OrderedDict
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
@@ -35,7 +36,13 @@ from adapters.servicebus import AGENT_REQUESTS_QUEUE
 from adapters.settings import Settings
 from domain import state_machine as sm
 from domain.codec import encode
-from domain.errors import NotFoundError, StaleError
+from domain.errors import (
+    InlineStepFailed,
+    NotConfigured,
+    NotFoundError,
+    StaleError,
+    StatusNotSent,
+)
 from domain.ids import (
     agent_request_message_id,
     fencing_token,
@@ -58,12 +65,17 @@ from orchestrators.contracts import (
     Advance,
     Advanced,
     AlertNote,
+    BeginWrite,
+    FinishWrite,
     LoadPlanInput,
     Plan,
     SendRequest,
     StatusNote,
     StepPlan,
+    StepWrite,
     WriteResult,
+    Wrote,
+    parse_advance,
     step_payload,
 )
 from orchestrators.hooks import CrashPoint, no_crash_point
@@ -144,6 +156,11 @@ class SchedulerActivities:
         self._index = index or NoIndex()
         self._clock = clock
         self._crash_point = crash_point
+        # 2.3: the last version of each record this process wrote, by order
+        # id, with its etag (see _version_at); bounded, oldest dropped first.
+        self._written: OrderedDict[str, tuple[OrderState, str]] = OrderedDict()
+        # 2.3: each order's step payload, from its begin (see _payload).
+        self._payloads: OrderedDict[str, dict] = OrderedDict()
 
     async def run(self, name: str, data: Any) -> Any:
         """Run the activity `name` on its JSON input and return its JSON
@@ -165,12 +182,12 @@ class SchedulerActivities:
             case "raise_alert":
                 await self.raise_alert(AlertNote.model_validate(data))
                 result = None
-            case "begin_attempt":
-                result = await self.begin(Advance.model_validate(data))
-            case "advance_attempt":
-                result = await self.advance(Advance.model_validate(data))
+            case "begin_attempt" | "advance_attempt":
+                result = await self.advance_any(name, parse_advance(data))
             case _:
                 raise ValueError(f"unknown activity {name!r}")
+        if isinstance(result, Wrote):
+            return result.dump()
         return result.model_dump(mode="json") if isinstance(result, BaseModel) else result
 
     # --- reading ------------------------------------------------------------------------
@@ -376,7 +393,7 @@ class SchedulerActivities:
                 # Durable retries this activity: the retry recognises its
                 # write and sends again (same message id). If every try
                 # fails, the entry stays for the Starter.
-                raise RuntimeError(f"status Processed of order {order_id} not sent")
+                raise StatusNotSent(f"status Processed of order {order_id} not sent")
             if data.IndexedAt is not None:
                 # The attempt is over: retire its recovery-index entry so the
                 # Supervisor never has to visit it. Best effort: an entry left
@@ -482,6 +499,192 @@ class SchedulerActivities:
             app_id=app_id,
         )
 
+    # --- version 2.3: ids and etags in, the new etag out ----------------------------------
+
+    async def advance_any(
+        self, name: str, data: Advance | BeginWrite | StepWrite | FinishWrite
+    ) -> Advanced | Wrote:
+        """begin_attempt / advance_attempt (`name`): 2.3's union by its
+        `Kind`, or 2.2's and older one-model `Advance` (the instances in
+        flight), by the activity's name as before."""
+        match data:
+            case BeginWrite():
+                return await self.begin_v3(data)
+            case StepWrite() | FinishWrite():
+                return await self.advance_v3(data)
+        if name == "begin_attempt":
+            return await self.begin(data)
+        return await self.advance(data)
+
+    _WRITTEN_MAX = 1024
+
+    def _remember(self, written: Advanced) -> Wrote:
+        """`written` as 2.3 answers it (no record), keeping the record it
+        wrote for this process's next write of the order (_version_at)."""
+        if written.Record is not None and written.Etag is not None:
+            record = OrderState.model_validate(written.Record)
+            self._written[record.id] = (record, written.Etag)
+            self._written.move_to_end(record.id)
+            while len(self._written) > self._WRITTEN_MAX:
+                self._written.popitem(last=False)
+        return Wrote(
+            Stale=written.Stale,
+            Reason=written.Reason,
+            State=written.State,
+            Etag=written.Etag,
+            StatusSent=written.StatusSent,
+            Plan=written.Plan,
+            Started=written.Started,
+        )
+
+    def _keep_payload(self, order_id: str, payload: dict) -> None:
+        self._payloads[order_id] = payload
+        self._payloads.move_to_end(order_id)
+        while len(self._payloads) > self._WRITTEN_MAX:
+            self._payloads.popitem(last=False)
+
+    async def _payload(self, order_id: str) -> dict:
+        """The order's step payload: this process's copy from the attempt's
+        begin (an order never changes: Submit never overwrites one), else
+        read from the orders DB."""
+        payload = self._payloads.get(order_id)
+        if payload is None:
+            payload = step_payload(await self._orders.get(order_id))
+            self._keep_payload(order_id, payload)
+        return payload
+
+    async def _version_at(self, order_id: str, etag: str | None) -> tuple[OrderState, str] | None:
+        """The record as the orchestration's last write left it (`etag`):
+        this process's own copy when it wrote that very version (the etag
+        proves the copy is the version stored then, and the replace on it
+        that nothing changed since), else one read (the stored version,
+        whatever its etag: the write re-checks LockedBy on it). None when
+        there is no record."""
+        known = self._written.get(order_id)
+        if known is not None and etag is not None and known[1] == etag:
+            return known
+        try:
+            return await self._store.read(order_id)
+        except NotFoundError:
+            return None
+
+    async def begin_v3(self, data: BeginWrite) -> Wrote:
+        """2.3's begin: 2.2's (plan, one write, the first request), on the
+        version the claim's etag names."""
+        order_id, _ = parse_attempt_instance_id(data.InstanceId)
+        known = await self._version_at(order_id, data.Etag)
+        if known is None:
+            return Wrote(Stale=True, Reason=f"order {order_id} has no state record")
+        record, etag = known
+        if etag != data.Etag:
+            again = await self._begun_before(data, record, etag)
+            if again is not None:
+                return again
+        written = await self.begin(
+            Advance(
+                InstanceId=data.InstanceId,
+                Begin=True,
+                Record=_dump(record),
+                Etag=etag,
+                Deadline=data.Deadline,
+                Payload=data.Payload or {},
+                Trace=data.Trace,
+            )
+        )
+        if written.Plan is not None:
+            self._keep_payload(order_id, written.Plan.Payload)
+            if data.Payload:
+                # The orchestration has the payload it gave: no second copy.
+                written = written.model_copy(
+                    update={"Plan": written.Plan.model_copy(update={"Payload": {}})}
+                )
+        return self._remember(written)
+
+    async def _begun_before(self, data: BeginWrite, record: OrderState, etag: str) -> Wrote | None:
+        """A begin that finds the record moved on since the claim (a retry
+        after its write landed, or a duplicate run after the attempt went
+        further): 2.2's begin planned from the claim's version, and so must
+        this one, or it would start a later step with the first step's
+        deadline. The first step this attempt started is the begin's; still
+        Running with this deadline: the write landed, send its request again
+        (duplicate detection drops it); moved on: nothing to do, answered as
+        2.2's refused write was (stale). None: this attempt began nothing yet."""
+        order_id, attempt = parse_attempt_instance_id(data.InstanceId)
+        if record.LockedBy != data.InstanceId:
+            return None  # the ordinary begin answers stale
+        first = next(
+            (
+                name
+                for name in self._step_names
+                if (step := record.Steps.get(name)) is not None
+                and step.Attempt == attempt
+                and step.Status in (StepStatus.RUNNING, StepStatus.COMPLETED)
+            ),
+            None,
+        )
+        if first is None:
+            return None
+        state = record.Steps[first]
+        if state.Status is not StepStatus.RUNNING or state.CompleteBy != data.Deadline:
+            return Wrote(
+                Stale=True,
+                Reason=f"begin of {data.InstanceId} ran again after the attempt moved past {first}",
+            )
+        plan = await self._plan(record, attempt, data.Payload)
+        self._keep_payload(order_id, plan.Payload)
+        resend = Advance(
+            InstanceId=data.InstanceId,
+            Start=first,
+            Deadline=data.Deadline,
+            Payload=plan.Payload,
+        )
+        await self._send_v2(resend, self._step_modes.get(first, "remote"), record.AppId)
+        if plan.Progress:  # as 2.2's begin does after its write (a stable id)
+            await self._status.send(
+                plan.ReplyTo,
+                order_id,
+                StatusKind.PROCESSING,
+                self._clock.now(),
+                f"attempt {attempt}",
+                None,
+                str(attempt),
+            )
+        if data.Payload:
+            plan = plan.model_copy(update={"Payload": {}})
+        return Wrote(State=record.ProcessState, Etag=etag, Plan=plan, Started=first)
+
+    async def advance_v3(self, data: StepWrite | FinishWrite) -> Wrote:
+        """2.3's step and finish: 2.2's advance (one write, then the next
+        request, or Processed and the outbox cleared), on the version the
+        previous write's etag names; whether the application gets progress
+        statuses is read from that record, not carried."""
+        order_id, _ = parse_attempt_instance_id(data.InstanceId)
+        known = await self._version_at(order_id, data.Etag)
+        if known is None:
+            return Wrote(Stale=True, Reason=f"order {order_id} has no state record")
+        record, etag = known
+        if isinstance(data, StepWrite):
+            then: dict[str, Any] = {
+                "Start": data.Start,
+                "Deadline": data.Deadline,
+                "Payload": await self._payload(order_id),
+            }
+        else:
+            then = {"Finish": True, "IndexedAt": data.IndexedAt}
+        written = await self.advance(
+            Advance(
+                InstanceId=data.InstanceId,
+                Record=_dump(record),
+                Etag=etag,
+                Complete=data.Complete,
+                Reference=data.Reference,
+                Progress=record.AppId in self._settings.progress_apps,
+                Trace=data.Trace,
+                **then,
+            )
+        )
+        return self._remember(written)
+
     # --- talking to agents ----------------------------------------------------------------
 
     def _request(self, send: SendRequest, app_id: str | None) -> AgentRequest:
@@ -521,7 +724,7 @@ class SchedulerActivities:
     async def run_inline_step(self, send: SendRequest) -> AgentReply:
         """The in-app agent path: the same Agent library, run in an activity."""
         if self._inline_agent is None:
-            raise RuntimeError("no inline agent configured")
+            raise NotConfigured("no inline agent configured")
         try:
             return await self._inline_agent.handle(self._request(send, send.AppId))
         except Exception as exc:
@@ -531,7 +734,7 @@ class SchedulerActivities:
             # details (a traceback quoting the original message).
             said = mask_card_numbers(f"{type(exc).__name__}: {exc}")
             log.warning("inline step %s of %s failed: %s", send.Step, send.InstanceId, said)
-            raise RuntimeError(said) from None
+            raise InlineStepFailed(said) from None
 
     # --- telling people -------------------------------------------------------------------
 
@@ -550,7 +753,7 @@ class SchedulerActivities:
                 if record.PendingStatus.Status is note.Status and not await self._outbox.deliver(
                     record, etag
                 ):
-                    raise RuntimeError(f"status {note.Status.value} of order {order_id} not sent")
+                    raise StatusNotSent(f"status {note.Status.value} of order {order_id} not sent")
                 return
             if record is not None and record.ProcessState.is_terminal:
                 return  # already delivered from the outbox (by a retry or the Starter)

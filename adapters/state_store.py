@@ -18,7 +18,12 @@ from azure.core import MatchConditions
 from azure.cosmos.aio import ContainerProxy
 from pydantic import ValidationError
 
-from adapters.cosmos_client import SDK_ERRORS, RequestCharges, translate_error
+from adapters.cosmos_client import (
+    SDK_ERRORS,
+    STATE_QUERIED_PATHS,
+    RequestCharges,
+    translate_error,
+)
 from adapters.ports import AnyOwner, BacklogGauge
 from domain.errors import (
     ConflictError,
@@ -69,10 +74,27 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
+# Written even when they hold their default: every field a query names (a
+# missing field is not null to Cosmos DB: IS_NULL(c.LockedBy) would miss it),
+# the id and the record's contract version.
+_ALWAYS_WRITTEN: Final = ("id", "SchemaVersion", *STATE_QUERIED_PATHS)
+
+
 def to_document(record: OrderState) -> dict[str, Any]:
+    """The record as stored: every field but those at their default (an
+    empty step, a null error, a zero counter), which reading restores
+    (from_document validates into OrderState, whose defaults they are);
+    the queried fields always. Every stored byte is paid for twice by each
+    replace (docs/adr/020b-workflow-2-3.md)."""
     # model_dump(mode="python") then our own datetime form; everything else in
     # OrderState is already plain JSON (str, int, bool, None, lists, dicts).
-    doc = _jsonable(record.model_dump(mode="python"))
+    doc = _jsonable(record.model_dump(mode="python", exclude_defaults=True))
+    full = None
+    for name in _ALWAYS_WRITTEN:
+        if name not in doc:
+            full = full if full is not None else _jsonable(record.model_dump(mode="python"))
+            if name in full:
+                doc[name] = full[name]
     if doc.get("ttl") is None:
         doc.pop("ttl", None)  # absent = container default (never expire)
     return doc

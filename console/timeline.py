@@ -274,7 +274,8 @@ def _walk(history: list[Any]) -> tuple[list[Event], list[Call]]:
                 )
                 continue
             if fn in ("begin_attempt", "advance_attempt"):
-                if inp.get("Finish") and res.get("State") == ProcessState.PROCESSED.value:
+                finish = inp.get("Finish") or inp.get("Kind") == "finish"  # 2.2 / 2.3
+                if finish and res.get("State") == ProcessState.PROCESSED.value:
                     events.append(Event(at, "state", "order Processed", "good"))
                 started = res.get("Started") or inp.get("Start")
                 if started:

@@ -52,3 +52,21 @@ class ValidationFailed(PermanentError):
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
+
+
+class StatusNotSent(TransientError):
+    """A terminal status (from the record's outbox) could not be sent yet.
+    An activity raises it so that Durable retries the activity (same message
+    id); if every try fails, the entry stays in the outbox for the Starter."""
+
+
+class InlineStepFailed(TransientError):
+    """An in-app step (run by an activity instead of an agent) raised. The
+    message is what the orchestration sees as Durable's failure reason: the
+    original exception's type and masked text, which the workflow turns into
+    a transient reply for the step."""
+
+
+class NotConfigured(PermanentError):
+    """A collaborator the call needs was not given to this process (for
+    example an inline step with no inline agent): retrying cannot help."""

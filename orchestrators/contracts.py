@@ -5,9 +5,9 @@ rather than silently."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, TypeAdapter
 
 from domain.models import AgentReply, OrderSubmitted, ProcessState, ReferenceText, StatusKind
 
@@ -210,3 +210,112 @@ class Advanced(ActivityContract):
     # there is nothing to start: compensating, or every step already done).
     Plan: _Plan | None = None
     Started: str | None = None
+
+
+# --- version 2.3: ids and etags, not the record ------------------------------------------
+#
+# 2.3's begin/advance inputs are a discriminated union on `Kind` (BeginWrite |
+# StepWrite | FinishWrite), each declaring only what its write needs: the
+# instance, the etag of the record as the previous write left it, and the few
+# plan fields the write or its message uses. No record rides in an input or a
+# result: the activity works on the version the etag names (its own last write,
+# kept in memory, or one read) and returns the new etag. 2.2's one-model
+# `Advance` (no `Kind`) is still parsed for the instances in flight
+# (`parse_advance`). Dumped without defaults: a history holds what was said.
+
+
+class _Compact(Traced):
+    def dump(self) -> dict:
+        return self.model_dump(mode="json", exclude_defaults=True)
+
+
+class BeginWrite(_Compact):
+    """Begin: plan the attempt and start its first unfinished step (one
+    write on the claim's etag), then that step's request. `Payload`: the
+    fast path's step payload (spares the orders-DB read; the plan answered
+    then leaves it out, the orchestration has it)."""
+
+    Kind: Literal["begin"]
+    InstanceId: str
+    Etag: str | None = None
+    Deadline: AwareDatetime | None = None
+    Payload: dict | None = None
+
+
+class StepWrite(_Compact):
+    """Complete `Complete` (with `Reference`) and start `Start` until
+    `Deadline`, one write on `Etag`; then `Start`'s request. Its payload is
+    the order's (immutable): the activity takes it from its begin in this
+    process, or reads the order."""
+
+    Kind: Literal["step"]
+    InstanceId: str
+    Etag: str | None = None
+    Complete: str
+    Reference: ReferenceText = None
+    Start: str
+    Deadline: AwareDatetime
+
+
+class FinishWrite(_Compact):
+    """Complete `Complete` and mark the order Processed (the status outbox
+    filled in the same write), then send Processed and clear the outbox;
+    `IndexedAt`: the attempt's recovery-index entry, retired."""
+
+    Kind: Literal["finish"]
+    InstanceId: str
+    Etag: str | None = None
+    Complete: str | None = None
+    Reference: ReferenceText = None
+    IndexedAt: AwareDatetime | None = None
+
+
+AdvanceWrite = Annotated[BeginWrite | StepWrite | FinishWrite, Field(discriminator="Kind")]
+"""2.3's begin/advance input, told apart by `Kind`."""
+
+_ADVANCE_WRITE: TypeAdapter[AdvanceWrite] = TypeAdapter(AdvanceWrite)
+
+
+def parse_advance(data: Any) -> Advance | BeginWrite | StepWrite | FinishWrite:
+    """begin_attempt's and advance_attempt's input: 2.3's union (it has a
+    `Kind`), or 2.2's and older one-model `Advance` (no `Kind`)."""
+    if isinstance(data, dict) and "Kind" in data:
+        return _ADVANCE_WRITE.validate_python(data)
+    return Advance.model_validate(data)
+
+
+class Wrote(ActivityContract):
+    """2.3's begin/advance result: no record, the new etag. `Plan` and
+    `Started`: begin only; `StatusSent`: finish only."""
+
+    Stale: bool = False
+    Reason: str | None = None
+    State: ProcessState | None = None
+    Etag: str | None = None
+    StatusSent: bool = True
+    Plan: _Plan | None = None
+    Started: str | None = None
+
+    def dump(self) -> dict:
+        return self.model_dump(mode="json", exclude_defaults=True)
+
+
+class AttemptStart(ActivityContract):
+    """2.3's orchestration input: what the claimer knows and the attempt
+    needs before its first activity, without the record (its etag names it)."""
+
+    Etag: str | None = None
+    StepTimeoutSeconds: int | None = None
+    IndexedAt: AwareDatetime | None = None
+    Payload: dict | None = None
+    Trace: dict[str, str] | None = None
+
+
+def event_payload(reply: AgentReply) -> dict:
+    """What the reply bridge raises on the instance: the reply without its
+    seal (the bridge checked it before raising; the orchestration never
+    reads it), its schema version (1, the default) and its empty fields.
+    Every version parses it (`reply_from_event`): all three are optional."""
+    return reply.model_dump(
+        mode="json", exclude={"ReplyToken", "Signature", "SchemaVersion"}, exclude_none=True
+    )

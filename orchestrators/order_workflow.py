@@ -3,9 +3,9 @@
 `defaultVersion` when it started) picks the file that runs it. One file per
 version (docs/adr/018d-one-file-per-workflow-version.md):
 
-- orchestrators/workflow_v2_2.py: 2.2, the live version, what new instances run;
-- orchestrators/workflow_v2_1.py, workflow_v2_0.py, workflow_v1_1.py,
-  workflow_v1_0.py: frozen,
+- orchestrators/workflow_v2_3.py: 2.3, the live version, what new instances run;
+- orchestrators/workflow_v2_2.py, workflow_v2_1.py, workflow_v2_0.py,
+  workflow_v1_1.py, workflow_v1_0.py: frozen,
   kept until no running instance needs them.
 
 An instance without a version was started before versions existed: it runs
@@ -20,16 +20,24 @@ from orchestrators import (
     workflow_v2_0,
     workflow_v2_1,
     workflow_v2_2,
+    workflow_v2_3,
 )
 
 WORKFLOW_NAME = "order_workflow"
-CURRENT_VERSION = workflow_v2_2.VERSION
+CURRENT_VERSION = workflow_v2_3.VERSION
 # What an instance without a version runs: the code of its time, not the newest.
 UNVERSIONED = "1.0"
 
 VERSIONS = {
     module.VERSION: module.run
-    for module in (workflow_v1_0, workflow_v1_1, workflow_v2_0, workflow_v2_1, workflow_v2_2)
+    for module in (
+        workflow_v1_0,
+        workflow_v1_1,
+        workflow_v2_0,
+        workflow_v2_1,
+        workflow_v2_2,
+        workflow_v2_3,
+    )
 }
 
 

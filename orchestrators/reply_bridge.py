@@ -34,6 +34,7 @@ from domain.errors import ValidationFailed
 from domain.ids import parse_attempt_instance_id
 from domain.models import AgentReply
 from domain.signing import SchedulerKeys, check_scheduler_reply
+from orchestrators.contracts import event_payload
 from orchestrators.hooks import CrashPoint, no_crash_point
 
 log = logging.getLogger(__name__)
@@ -102,7 +103,7 @@ async def bridge_reply(
         }
     )
     try:
-        await client.raise_event(reply.InstanceId, reply.EventName, reply.model_dump(mode="json"))
+        await client.raise_event(reply.InstanceId, reply.EventName, event_payload(reply))
     except Exception as exc:  # the durable client raises bare Exception with a message
         if any(marker in str(exc) for marker in _GONE):
             log.info(

@@ -60,7 +60,7 @@ from domain.state_machine import (
     mark_received_sent,
     restart_compensation,
 )
-from orchestrators.contracts import AttemptInput, step_payload
+from orchestrators.contracts import AttemptStart, step_payload
 from orchestrators.hooks import CrashPoint, no_crash_point
 from orchestrators.order_workflow import WORKFLOW_NAME
 from orchestrators.policy import StarterPolicy
@@ -455,8 +455,8 @@ class Starter:
         report.claimed += 1
         telemetry.app_metrics().attempts.add(1)
         self._crash_point("starter.after_claim")
-        attempt_input = AttemptInput(
-            Record=claimed.model_dump(mode="json"),
+        # Workflow 2.3's input: the claim's etag names the record (2.2 reads it).
+        attempt_input = AttemptStart(
             Etag=claimed_etag,
             StepTimeoutSeconds=int(self._settings.step_timeout.total_seconds()),
             IndexedAt=indexed_at,

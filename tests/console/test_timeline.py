@@ -173,3 +173,43 @@ def test_without_history_the_record_still_tells_the_steps():
 )
 def test_badges_are_outcomes_in_words_never_the_runtime_status(output, badge):
     assert story.outcome({"runtime_status": "Completed", "output": output})[0] == badge
+
+
+def test_workflow_2_3s_inputs_tell_the_same_story():
+    """Workflow 2.3 (docs/adr/020b-workflow-2-3.md) tags its begin/advance
+    inputs with `Kind` and carries no record: the finishing write is
+    `Kind: finish`, not `Finish: true`. The same recorded attempt, its
+    inputs rewritten to 2.3's shape, reads exactly as before."""
+    data = json.loads((HERE / "retried.json").read_text())
+    record = OrderState.model_validate(data["record"])
+
+    def statuses(rewrite: bool) -> dict[int, dict]:
+        out = {}
+        for iid, st in data["statuses"].items():
+            history = []
+            for event in st.get("historyEvents") or []:
+                event = dict(event)
+                name = event.get("FunctionName")
+                if rewrite and name in ("begin_attempt", "advance_attempt"):
+                    given = json.loads(event["Input"])
+                    kind = (
+                        "begin"
+                        if name == "begin_attempt"
+                        else ("finish" if given.get("Finish") else "step")
+                    )
+                    keep = ("InstanceId", "Etag", "Complete", "Reference", "Start", "Deadline")
+                    slim = {k: given[k] for k in keep if given.get(k) is not None}
+                    event["Input"] = json.dumps({"Kind": kind, **slim})
+                history.append(event)
+            out[parse_attempt_instance_id(iid)[1]] = {
+                "instance": iid,
+                "runtime_status": st.get("runtimeStatus"),
+                "output": st.get("output"),
+                "history": history,
+            }
+        return out
+
+    before = story.timeline(record, statuses(rewrite=False))
+    after = story.timeline(record, statuses(rewrite=True))
+    assert [_texts(a) for a in after] == [_texts(a) for a in before]
+    assert any("order Processed" in _texts(a) for a in after)

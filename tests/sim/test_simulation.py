@@ -140,7 +140,7 @@ def test_happy_path_processes_every_order_and_reports_it():
     assert sim.violations == []
 
 
-@pytest.mark.parametrize("version", ["2.2", "2.1", "2.0", "1.1"])
+@pytest.mark.parametrize("version", ["2.3", "2.2", "2.1", "2.0", "1.1"])
 def test_happy_path_one_deadline(version):
     sim = _run(1, 3, Options(orders=3, faults=FaultConfig(), version=version))
     assert {i.version for i in sim.durable.instances.values()} == {version}
@@ -152,11 +152,12 @@ def test_new_attempts_run_host_json_default_version_with_the_starters_input():
 
     sim = _run(1, 1, Options(orders=1, faults=FaultConfig()))
     (instance,) = sim.durable.instances.values()
-    assert instance.version == default_version() == "2.2"
+    assert instance.version == default_version() == "2.3"
     given = json.loads(instance.input)
-    assert given["Record"]["LockedBy"] == instance.instance_id
+    # 2.3: the claim's etag, not its record (docs/adr/020b-workflow-2-3.md).
+    assert "Record" not in given
     assert given["Etag"]
-    # 2.2's happy path (2.0's): begin + one advance per further step + finish.
+    # 2.3's happy path (2.0's): begin + one advance per further step + finish.
     from devstack.host.durable import TASK_SCHEDULED
 
     scheduled = [e["Name"] for e in instance.history if e["EventType"] == TASK_SCHEDULED]
@@ -293,7 +294,7 @@ def _bulk(seeds, orders: int, version: str | None = None):
 
 
 def test_thousand_schedules():
-    """1,000 seeded one-order schedules on the default version (2.2): no check may break."""
+    """1,000 seeded one-order schedules on the default version (2.3): no check may break."""
     _bulk(range(100_001, 101_001), 1)
 
 

@@ -7,6 +7,7 @@ from datetime import timedelta
 
 import pytest
 
+from domain.errors import StatusNotSent
 from domain.models import ProcessState, StatusKind
 from orchestrators.commands import parse_state_write
 from orchestrators.contracts import SendRequest, StatusNote
@@ -105,7 +106,7 @@ async def test_terminal_status_that_cannot_be_sent_raises_and_stays_in_the_outbo
     acts = world.activities()
     await _write(acts, iid, "failed", Step="reserve-inventory", Reason="declined")
     world.bus.fail_next = ConnectionError("down")
-    with pytest.raises(RuntimeError):
+    with pytest.raises(StatusNotSent):
         await acts.report_status(
             StatusNote(InstanceId=iid, ReplyTo="replies-webshop", Status=StatusKind.FAILED)
         )
@@ -131,7 +132,7 @@ async def test_an_error_records_alert_goes_with_its_status_and_survives_a_failed
         InstanceId=iid, ReplyTo="replies-webshop", Status=StatusKind.FAILED, Detail="declined"
     )
     world.bus.fail_next = ConnectionError("alerts queue down")
-    with pytest.raises(RuntimeError):
+    with pytest.raises(StatusNotSent):
         await acts.report_status(note)
     assert world.sent("alerts") == []
     assert world.sent("replies-webshop") == []
