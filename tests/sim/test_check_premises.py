@@ -81,3 +81,22 @@ def test_a_changed_resend_is_judged_against_the_order_first_rejected():
     stored["Total"] = CHANGED_TOTAL
     assert "a changed resend of a Rejected order is a conflict" in _checks(sim)
     assert float(CHANGED_TOTAL) not in (20.0, 40.0)
+
+
+def test_what_outlived_its_queues_time_to_live_is_told_apart():
+    """Seeds 100271 and 263: the bus keeps a message through an 8-day
+    whole-app outage, which Service Bus expires after its queue's
+    DefaultMessageTimeToLive (PT1H on the agents' queues): an alert raised by
+    such a message could not be raised in Azure, and the forged-message check
+    does not count it."""
+    from sim.bus import rules_for
+
+    sim = _run(1, 1)
+    assert rules_for("agent-responses").ttl == timedelta(hours=1)
+    sent_at = sim.world.clock.now
+    sim.bus.send("agent-responses", b"{}", "retry/seq-9/1", fault_free=True)
+    assert not sim.bus.outlived_ttl(
+        "agent-responses", "retry/seq-9/1", sent_at + timedelta(minutes=59)
+    )
+    assert sim.bus.outlived_ttl("agent-responses", "retry/seq-9/1", sent_at + timedelta(days=8))
+    assert not sim.bus.outlived_ttl("agent-responses", "never-sent", sent_at + timedelta(days=8))
