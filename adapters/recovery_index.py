@@ -23,7 +23,7 @@ from azure.cosmos.exceptions import (
 from adapters.cosmos_client import SDK_ERRORS, RequestCharges, translate_error
 from adapters.ports import BUCKET_SECONDS, UNREADABLE_RETRY, IndexEntry, bucket_of, minute_of
 from adapters.settings import SettingsError
-from domain.errors import NotFoundError
+from domain.errors import NotFoundError, TransientError
 
 log = logging.getLogger(__name__)
 
@@ -189,11 +189,31 @@ class CosmosRecoveryIndex:
         """Move a document that is not an entry UNREADABLE_RETRY past `upper`,
         as it is, so the cursor goes on and a later page meets it (and alerts)
         again until someone deletes it; its alert's repeats are dropped by the
-        alerts queue, a lost one is raised again."""
+        alerts queue, a lost one is raised again.
+
+        A copy that could not be written for now (throttled, the account
+        unreachable) fails the page with a TransientError: the cursor must not
+        pass a document that has no copy ahead of it, or no run would ever
+        read it again (simulation seed 100172: the copy's write refused, the
+        run's checkpoint saved past it). A write refused for good, or a
+        failed delete (the copy ahead exists), is logged and the page goes on,
+        so one bad document never stops every run."""
         body = {k: v for k, v in doc.items() if not k.startswith("_")}
         body["bucket"] = bucket_of(upper + UNREADABLE_RETRY)
         try:
             await self._container.upsert_item(body, response_hook=self.charges.hook("index_add"))
+        except SDK_ERRORS as exc:
+            error = translate_error(
+                exc,
+                f"set aside invalid index document {doc.get('id')!r}",
+                self.charges,
+                "index_add",
+            )
+            if isinstance(error, TransientError):
+                raise error from exc
+            log.error("could not set aside invalid index document %r: %s", doc.get("id"), exc)
+            return
+        try:
             await self._container.delete_item(
                 doc["id"],
                 partition_key=doc["bucket"],

@@ -51,6 +51,10 @@ class QueueRules:
     dedup: bool = True
     window: timedelta = DUPLICATE_WINDOW
     max_delivery: int = MAX_DELIVERY
+    # The queue's DefaultMessageTimeToLive. The bus does not expire messages
+    # (an 8-day whole-app outage keeps them all); checks use it to tell what
+    # Service Bus would have expired first (`Bus.outlived_ttl`). None: never.
+    ttl: timedelta | None = None
 
 
 @functools.cache
@@ -62,6 +66,7 @@ def deployed_rules() -> dict[str, QueueRules]:
                 dedup=entity.requires_duplicate_detection,
                 window=timedelta(seconds=entity.duplicate_window),
                 max_delivery=entity.max_delivery_count,
+                ttl=timedelta(seconds=entity.default_ttl),
             )
     return rules
 
@@ -233,6 +238,15 @@ class Bus:
         if fault == "after":
             self.world.log(f"bus {queue} {kind} {msg.message_id} applied, answer lost")
             raise OperationTimeoutError(message=f"{kind} of {msg.message_id} timed out")
+
+    def outlived_ttl(self, queue: str, message_id: str, at: datetime) -> bool:
+        """Whether a message `message_id` on `queue` handled at `at` had waited
+        longer than the queue's time to live since it was enqueued: Service
+        Bus would have expired it before any delivery (a scheduled copy's time
+        to live starts at the time it was scheduled for)."""
+        ttl = rules_for(queue).ttl
+        enqueued = [m.visible_at for m in self.queue(queue).sent if m.message_id == message_id]
+        return ttl is not None and bool(enqueued) and at - max(enqueued) > ttl
 
     def every_delivery_faulted(self, msg: Msg) -> bool:
         return len(self.faulted.get(msg.message_id, ())) >= msg.delivery_count

@@ -277,10 +277,29 @@ class Hostile:
         def _origin(message_id: str) -> str:
             return origin.get(message_id, message_id)
 
+        queue_of = {mid: queue for mid, (queue, _) in self.forged.items()}
+        expired: set[str] = set()
         for m in sim.bus.queue("alerts").sent:
-            mid = _origin(json.loads(m.body).get("MessageId") or "")
-            if mid.startswith(PREFIX):
-                alerts[mid] = alerts.get(mid, 0) + 1
+            raised_by = json.loads(m.body).get("MessageId") or ""
+            mid = _origin(raised_by)
+            if not mid.startswith(PREFIX):
+                continue
+            # An alert raised by a message that waited past its queue's time
+            # to live (PT1H on the agents' queues) could not be raised in
+            # Azure: Service Bus expires the message first, into the
+            # dead-letter queue, which the platform's dead-letter alert rule
+            # reports (infra/README.md). The bus keeps it through a whole-app
+            # outage (seeds 100271, 263: a back-off copy, or a duplicate of
+            # one, handled 8 days later, after the alerts queue's one-day
+            # duplicate window). Such alerts stand for that one expiry: they
+            # alert the forgery only when nothing else did (seed 100621).
+            queue = queue_of.get(mid)
+            if queue is not None and sim.bus.outlived_ttl(queue, raised_by, m.visible_at):
+                expired.add(mid)
+                continue
+            alerts[mid] = alerts.get(mid, 0) + 1
+        for mid in expired:
+            alerts.setdefault(mid, 1)
         for mid, (queue, kind) in sorted(self.forged.items()):
             dead = [m for m in sim.bus.queue(queue).dead if _origin(m.message_id) == mid]
             if not dead:

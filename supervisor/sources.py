@@ -113,14 +113,17 @@ class IndexSource:
         bucket, after = json.loads(cursor) if cursor else (None, "")
         if bucket is None or minute_of(bucket) > bucket_of(upper + self._settle):
             bucket, after = await self._start(upper), ""
-        entries, bucket, after, reached_end = await self._index.page(
-            upper, bucket, after, max_items, bucket_of(upper - self._settle)
-        )
-        # Entries the index could not read are the run's to alert, as records are.
-        unreadable = getattr(self._index, "unreadable", None)
-        if unreadable:
-            self._store.unreadable.extend(unreadable)
-            del unreadable[:]
+        try:
+            entries, bucket, after, reached_end = await self._index.page(
+                upper, bucket, after, max_items, bucket_of(upper - self._settle)
+            )
+        finally:
+            # Entries the index could not read are the run's to alert, as
+            # records are, also when the page then failed (seed 100172).
+            unreadable = getattr(self._index, "unreadable", None)
+            if unreadable:
+                self._store.unreadable.extend(unreadable)
+                del unreadable[:]
         candidates: list[Candidate] = []
         resume: tuple[str, str] | None = None
         positions: list[tuple[Candidate, tuple[str, str]]] = []

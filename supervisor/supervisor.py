@@ -108,14 +108,22 @@ class Supervisor:
         started = now = self._clock.now()
         cursor = await self._checkpoints.load()
         report = SupervisorReport()
-        while True:
-            cursor, more = await self._page(now, cursor, report)
-            report.pages += 1
-            if not more or report.pages >= self._max_pages:
-                break
-            now = self._clock.now()
-            if self._budget is not None and now - started >= self._budget:
-                break
+        try:
+            while True:
+                cursor, more = await self._page(now, cursor, report)
+                report.pages += 1
+                if not more or report.pages >= self._max_pages:
+                    break
+                now = self._clock.now()
+                if self._budget is not None and now - started >= self._budget:
+                    break
+        except Exception:
+            # A document this run could not read is alerted on first sight,
+            # even when the run then fails (a store outage): it may have been
+            # set aside, and no run meets it again before UNREADABLE_RETRY
+            # (simulation seed 100172). alert_unreadable never raises.
+            await alert_unreadable(self._alerts, self._store.unreadable, self._clock.now())
+            raise
         report.pass_finished = cursor is None
         report.unreadable = await alert_unreadable(self._alerts, self._store.unreadable, now)
         if self._charges is not None:

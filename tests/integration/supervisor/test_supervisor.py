@@ -445,3 +445,51 @@ async def test_a_checkpoint_saved_past_its_own_run_scans_again_from_the_start(ri
     )
     assert (await rig.supervisor().run()).recovered == 1
     assert (await rig.state("A")).ProcessState is ProcessState.PENDING
+
+
+class _UpsertRefusedOnce:
+    """The real index container, with its next upsert refused as the account
+    refuses it under an outage (503): the one call the test makes fail."""
+
+    def __init__(self, container):
+        self._container = container
+        self.refused = 0
+
+    def __getattr__(self, name):
+        return getattr(self._container, name)
+
+    async def upsert_item(self, *args, **kwargs):
+        if not self.refused:
+            from azure.cosmos.exceptions import CosmosHttpResponseError
+
+            self.refused += 1
+            raise CosmosHttpResponseError(status_code=503, message="Service Unavailable")
+        return await self._container.upsert_item(*args, **kwargs)
+
+
+@pytest.mark.parametrize("rig", ["index"], indirect=True)
+async def test_a_document_that_could_not_be_set_aside_is_read_again_and_alerted_at_once(rig):
+    """Simulation seed 100172: the index Supervisor met a document that is
+    not an entry, its copy ahead could not be written (503, swallowed), and
+    the run saved its checkpoint past it: no run ever read it again, and the
+    run's failure before its end lost the alert too. Now the refused copy
+    fails the page (TransientError, no checkpoint past the document), the
+    failing run alerts what it could not read on the way out, and the next
+    run sets the document aside."""
+    from domain.errors import TransientError
+
+    expired = NOW + POLICY.claim_timeout
+    refusing = _UpsertRefusedOnce(rig.index._container)
+    rig.index._container = refusing
+    await refusing.create_item(
+        {"id": "junk", "bucket": bucket_of(expired), "OrderID": 7, "CompleteBy": "soon"}
+    )
+    with pytest.raises(TransientError):
+        await rig.supervisor().run()
+    assert refusing.refused == 1
+    alerts = [json.loads(body) for queue, body, _, _ in rig.bus.sent if queue == "alerts"]
+    assert [a["Kind"] for a in alerts] == ["UnreadableRecord"]
+    assert "junk" in alerts[0]["Reason"]
+    await rig.supervisor().run()
+    buckets = {d["id"]: d["bucket"] async for d in refusing.query_items("SELECT * FROM c")}
+    assert buckets["junk"] >= bucket_of(rig.now + timedelta(minutes=9))  # read again, moved

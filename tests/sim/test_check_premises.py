@@ -1,0 +1,102 @@
+"""Two checks whose premises the 50-order schedules showed wrong (issue 21):
+each still fires on what it is there for, and no longer on what the broker
+or the schedule makes legitimate."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from datetime import timedelta
+
+from sim.bus import Msg
+from sim.system import CHANGED_TOTAL, Options, Simulation
+from sim.world import FaultConfig
+
+
+def _run(seed: int, orders: int) -> Simulation:
+    logging.disable(logging.CRITICAL)
+    sim = Simulation(seed, orders, options=Options(orders=orders, faults=FaultConfig()))
+    loop = asyncio.new_event_loop()
+    try:
+        loop.run_until_complete(sim.run())
+    finally:
+        loop.close()
+    sim.violations.clear()
+    return sim
+
+
+def _checks(sim: Simulation) -> list[str]:
+    sim.violations.clear()
+    sim.check()
+    return [c for c, _ in sim.violations]
+
+
+def test_a_reply_dead_lettered_by_the_broker_after_its_copy_went_on_is_no_loss():
+    """Seed 209 (50 orders): a back-off copy of a real reply (`retry/seq-72/1`)
+    scheduled the next copy, its complete failed, and its redeliveries met
+    faults or a refused schedule until the broker dead-lettered it
+    MaxDeliveryCountExceeded; the reply went on in `retry/seq-72/2`. Without
+    that next copy, the same dead letter is still a lost reply."""
+    sim = _run(1, 1)
+    responses = sim.bus.queue("agent-responses")
+    now = sim.world.clock.now
+    dead = Msg("retry/seq-72/1", b"{}", {}, 900, now, delivery_count=5)
+    dead.dead_letter_reason = "MaxDeliveryCountExceeded"
+    dead.dead_letter_description = "delivered 5 times"
+    responses.dead.append(dead)
+    assert "a real reply is never dead-lettered" in _checks(sim)
+    responses.sent.append(Msg("retry/seq-72/2", b"{}", {}, 901, now + timedelta(seconds=15)))
+    assert "a real reply is never dead-lettered" not in _checks(sim)
+    # An earlier copy, or one of another message, carries nothing on.
+    responses.sent[-1] = Msg("retry/seq-73/2", b"{}", {}, 901, now)
+    assert "a real reply is never dead-lettered" in _checks(sim)
+    dead.dead_letter_reason = "ProcessingFailed"  # the handler's own verdict: still a loss
+    responses.sent[-1] = Msg("retry/seq-72/2", b"{}", {}, 901, now)
+    assert "a real reply is never dead-lettered" in _checks(sim)
+
+
+def test_a_changed_resend_is_judged_against_the_order_first_rejected():
+    """Seeds 58 and 71 (50 orders): the order's conflicting copy (Total 40.00)
+    came first and was the order Rejected; the client's "changed" resend
+    carried 40.00 too, so it was the Rejected order sent again, rightly
+    admitted. The changed resend now carries a total of its own, and the
+    orders DB may hold the conflicting copy's content only when that copy
+    was sent."""
+    from sim.system import INGRESS_OF
+
+    sim = _run(1, 1)
+    key = sim.order_ids[0]
+    mid = f"{key.split(':')[-1]}/resend-changed"
+    sim.changed_resends.append((key, mid))
+    body = sim._order_body(key, CHANGED_TOTAL)
+    conflict = Msg(mid, body, {}, 900, sim.world.clock.now)
+    conflict.dead_letter_reason = "OrderConflict"
+    sim.bus.queue(INGRESS_OF[sim.orders[key][0]]).dead.append(conflict)  # as Submit does
+    stored = sim.orders_c.docs[(key, key)]
+    assert float(stored["Total"]) == 20.0
+    stored["Total"] = "40.00"
+    assert "a changed resend of a Rejected order is a conflict" in _checks(sim)
+    sim.bad[f"{key}/conflict"] = "conflict"
+    assert "a changed resend of a Rejected order is a conflict" not in _checks(sim)
+    stored["Total"] = CHANGED_TOTAL
+    assert "a changed resend of a Rejected order is a conflict" in _checks(sim)
+    assert float(CHANGED_TOTAL) not in (20.0, 40.0)
+
+
+def test_what_outlived_its_queues_time_to_live_is_told_apart():
+    """Seeds 100271 and 263: the bus keeps a message through an 8-day
+    whole-app outage, which Service Bus expires after its queue's
+    DefaultMessageTimeToLive (PT1H on the agents' queues): an alert raised by
+    such a message could not be raised in Azure, and the forged-message check
+    does not count it."""
+    from sim.bus import rules_for
+
+    sim = _run(1, 1)
+    assert rules_for("agent-responses").ttl == timedelta(hours=1)
+    sent_at = sim.world.clock.now
+    sim.bus.send("agent-responses", b"{}", "retry/seq-9/1", fault_free=True)
+    assert not sim.bus.outlived_ttl(
+        "agent-responses", "retry/seq-9/1", sent_at + timedelta(minutes=59)
+    )
+    assert sim.bus.outlived_ttl("agent-responses", "retry/seq-9/1", sent_at + timedelta(days=8))
+    assert not sim.bus.outlived_ttl("agent-responses", "never-sent", sent_at + timedelta(days=8))
