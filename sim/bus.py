@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import re
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -525,3 +526,15 @@ def reply_sender(client: SimServiceBusClient, queue: str = "agent-responses"):
     from agents.messaging import ServiceBusReplySender
 
     return ServiceBusReplySender(client, queue, publisher=publisher(client))  # type: ignore[arg-type]
+
+
+_COPY = re.compile(r"^retry/(seq-\d+)/(\d+)$")
+
+
+def later_copy(message: Msg, other: Msg) -> bool:
+    """`other` is a later back-off copy of `message` (the gate names a copy
+    `retry/<the first message's sequence number>/<retry>`)."""
+    mine = _COPY.match(message.message_id)
+    root, retry = (mine.group(1), int(mine.group(2))) if mine else (f"seq-{message.seq}", 0)
+    theirs = _COPY.match(other.message_id)
+    return theirs is not None and theirs.group(1) == root and int(theirs.group(2)) > retry

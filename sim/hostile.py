@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from adapters.settlement import ORIGINAL_ID_PROPERTY
 from domain.ids import reply_event_name
 
+from .bus import later_copy
 from .world import START
 
 if TYPE_CHECKING:
@@ -310,11 +311,24 @@ class Hostile:
                     + ("never settled" if live else "completed as if genuine"),
                 )
                 continue
-            reason = dead[0].dead_letter_reason
-            if reason == "MaxDeliveryCountExceeded" and sim.bus.every_delivery_faulted(dead[0]):
-                # Every delivery ended in a fault (crash, lock expiry, failing
-                # settlement): the broker's verdict, which no handler can prevent.
-                reason = "every delivery faulted"
+            # The lineage's verdict: a refusal on any of its messages (the
+            # original or a back-off copy); every other dead letter of it must
+            # be the broker's and explained: every delivery faulted, or the
+            # gate carried the message on in a copy the queue accepted (the
+            # copy's schedule applied with its answer lost, so the gate also
+            # abandoned the delivery) and the lineage was refused (seed 54).
+            refused = [m for m in dead if m.dead_letter_reason in REFUSED]
+            reason = refused[0].dead_letter_reason if refused else "every delivery faulted"
+            for m in dead:
+                if m.dead_letter_reason in REFUSED:
+                    continue
+                broker = m.dead_letter_reason == "MaxDeliveryCountExceeded"
+                if broker and sim.bus.every_delivery_faulted(m):
+                    continue  # the broker's verdict, which no handler can prevent
+                if broker and refused and any(later_copy(m, c) for c in sim.bus.queue(queue).sent):
+                    continue
+                reason = m.dead_letter_reason or "no reason"
+                break
             if reason not in (*REFUSED, "every delivery faulted"):
                 sim.fail("forged message refused", f"{mid} ({kind}) dead-lettered {reason}")
             if alerts.get(mid, 0) != 1:

@@ -20,7 +20,6 @@ import itertools
 import json
 import logging
 import random
-import re
 import uuid
 import warnings
 from collections import Counter
@@ -64,6 +63,7 @@ from .bus import (
     SimActions,
     SimReceiver,
     SimServiceBusClient,
+    later_copy,
     publisher,
     reply_sender,
     rules_for,
@@ -2224,7 +2224,7 @@ class Simulation:
             late = any(marker in said for marker in GONE_MARKERS)
             last_resort = m.dead_letter_reason == "RetriesExhausted" and not late
             carried_on = m.dead_letter_reason == "MaxDeliveryCountExceeded" and any(
-                _later_copy(m, c) for c in responses.sent
+                later_copy(m, c) for c in responses.sent
             )
             if not (last_resort or carried_on or self.bus.every_delivery_faulted(m)):
                 self.fail(
@@ -2462,18 +2462,6 @@ class Result:
     counters: Counter
     bound: timedelta
     options: Options
-
-
-_COPY = re.compile(r"^retry/(seq-\d+)/(\d+)$")
-
-
-def _later_copy(message: Msg, other: Msg) -> bool:
-    """`other` is a later back-off copy of `message` (the gate names a copy
-    `retry/<the first message's sequence number>/<retry>`)."""
-    mine = _COPY.match(message.message_id)
-    root, retry = (mine.group(1), int(mine.group(2))) if mine else (f"seq-{message.seq}", 0)
-    theirs = _COPY.match(other.message_id)
-    return theirs is not None and theirs.group(1) == root and int(theirs.group(2)) > retry
 
 
 def run_schedule(

@@ -100,3 +100,44 @@ def test_what_outlived_its_queues_time_to_live_is_told_apart():
     )
     assert sim.bus.outlived_ttl("agent-responses", "retry/seq-9/1", sent_at + timedelta(days=8))
     assert not sim.bus.outlived_ttl("agent-responses", "never-sent", sent_at + timedelta(days=8))
+
+
+def test_a_forgery_dead_lettered_by_the_broker_is_refused_when_its_copy_was():
+    """Seed 54: a forged reply's delivery scheduled its back-off copy (the
+    schedule applied, its answer lost, so the gate abandoned the delivery), the
+    other deliveries met faults, and the broker dead-lettered the original
+    MaxDeliveryCountExceeded; the copy was then dead-lettered ForgedReply. The
+    lineage was refused. Without the copy's refusal the broker's verdict is
+    still not one."""
+    import json
+
+    from adapters.settlement import ORIGINAL_ID_PROPERTY
+    from sim.hostile import Hostile
+
+    sim = _run(1, 1)
+    hostile = Hostile(sim, 1)
+    responses = sim.bus.queue("agent-responses")
+    alerts = sim.bus.queue("alerts")
+    now = sim.world.clock.now
+    mid = "forged/19"
+    hostile.forged[mid] = ("agent-responses", "other-application")
+    original = Msg(mid, b"{}", {}, 20, now, delivery_count=5)
+    original.dead_letter_reason = "MaxDeliveryCountExceeded"
+    responses.sent.append(original)
+    responses.dead.append(original)
+    alerts.sent.append(Msg("alert/forged-19", json.dumps({"MessageId": mid}).encode(), {}, 1, now))
+
+    def failures() -> list[str]:
+        sim.violations.clear()
+        hostile.check()
+        return [c for c, _ in sim.violations]
+
+    assert "forged message refused" in failures()
+    copy = Msg("retry/seq-20/1", b"{}", {ORIGINAL_ID_PROPERTY: mid}, 21, now)
+    responses.sent.append(copy)
+    assert "forged message refused" in failures()  # carried on, but not refused yet
+    copy.dead_letter_reason = "ForgedReply"
+    responses.dead.append(copy)
+    assert failures() == []
+    original.dead_letter_reason = "ProcessingFailed"  # a handler's verdict is never a refusal
+    assert "forged message refused" in failures()
