@@ -196,6 +196,7 @@ class SubmitHandler:
         try:
             await self._orders.create_if_absent(order, key)
         except ConflictError as exc:
+            await self._unless_in_the_way(order, key)
             return await self._conflict(order, key, exc.fields)
 
         # The record keeps Submit's trace context, so the first attempt joins
@@ -303,6 +304,7 @@ class SubmitHandler:
         except (NotFoundError, PermanentError):
             stored = None
         if stored is not None and stored.digest() != order.digest():
+            await self._unless_in_the_way(order, key)
             return await self._conflict(order, key)
         record, _, created = await self._store.create_if_absent(
             sm.rejected_record(order, now, reason, key)
@@ -336,6 +338,25 @@ class SubmitHandler:
             order.ReplyTo, record.id, StatusKind.REJECTED, now, detail=record.LastError
         )
         return Settle.complete(record.id)
+
+    async def _unless_in_the_way(self, order: OrderSubmitted, key: str) -> None:
+        """The orders DB holds other data under this key. If the state record
+        is this very order, Rejected, that document is not the order's (a
+        rejected order has none): it is a conflicting copy's, written a moment
+        ago by a delivery racing this one, which takes it back once it finds
+        the record (`_admit`, `_reject`). Raise TransientError so this delivery
+        is tried again after it, instead of dead-lettering the order itself as
+        a conflict (simulation seed 263, 50 orders: an original and its
+        client's changed resend delivered together after an outage)."""
+        try:
+            record, _ = await self._store.read(key)
+        except (NotFoundError, PermanentError):
+            return
+        if record.ProcessState is ProcessState.REJECTED and record.OrderDigest == order.digest():
+            raise TransientError(
+                f"order {order.OrderID} of {order.AppId}: a conflicting copy's document is in "
+                "the orders DB for a moment; trying again"
+            )
 
     async def _conflict(
         self, order: OrderSubmitted, key: str, fields: list[str] | None = None

@@ -811,3 +811,43 @@ async def test_a_different_copy_rejected_after_its_own_admitted_delivery_died_ta
     assert outcome.reason == "OrderConflict"
     assert "webshop:ORD-1" not in rig.orders.orders
     assert (await rig.store.read("webshop:ORD-1"))[0].ProcessState is ProcessState.REJECTED
+
+
+@pytest.mark.parametrize("backlog", [0, 3], ids=["room", "full"])
+async def test_a_rejected_order_meeting_a_changed_copys_document_tries_again_not_a_conflict(
+    rig, backlog
+):
+    # Seed 263 (50 orders): the order was Rejected; after an outage its
+    # retried delivery and the client's changed resend arrived together. The
+    # resend wrote the orders DB first (it takes it back once it finds the
+    # record), and the order itself, meeting that document, was dead-lettered
+    # OrderConflict: the client was never answered. The order is tried again.
+    from domain.models import OrderSubmitted
+
+    await rig.store.write_backlog_gauge(3, NOW)
+    assert (await rig.submit()).kind is SettleKind.COMPLETE
+    assert rig.statuses() == ["Rejected"]
+    await rig.orders.create_if_absent(
+        OrderSubmitted.model_validate(order_payload(Currency="USD")), "webshop:ORD-1"
+    )
+    await rig.store.write_backlog_gauge(backlog, NOW)
+    outcome = await rig.submit()
+    assert outcome.kind is SettleKind.COMPLETE  # carried on in a delayed copy
+    assert len(rig.scheduler.scheduled) == 1
+    assert "OrderConflict" not in rig.alerts()
+    # The resend takes its document back; the order's copy then goes on.
+    assert (await rig.submit(Currency="USD")).reason == "OrderConflict"
+    assert "webshop:ORD-1" not in rig.orders.orders
+    assert (await rig.submit()).kind is SettleKind.COMPLETE
+    state = (await rig.store.read("webshop:ORD-1"))[0].ProcessState
+    assert state is (ProcessState.PENDING if backlog == 0 else ProcessState.REJECTED)
+
+
+async def test_another_order_in_the_way_of_a_record_that_is_not_this_order_is_a_conflict(rig):
+    # The helper above asks the record: a changed copy meeting the order's
+    # own document (the record Pending, or Rejected with the other digest)
+    # is still a conflict at once.
+    await rig.submit()
+    outcome = await rig.submit(Currency="USD")
+    assert outcome.reason == "OrderConflict"
+    assert not rig.scheduler.scheduled
