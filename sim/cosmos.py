@@ -283,6 +283,9 @@ class _Pages:
             yield item
 
 
+# How long after its delete a document may still be seen by a lagging
+# replica (the simulation's lagging Supervisor), in seconds.
+DELETED_LAG = 5.0
 # How long after its create a document may still be missing on a lagging
 # replica (the fallible world's `query_lag`), in seconds.
 NEW_DOCUMENT_LAG = 2.0
@@ -301,6 +304,13 @@ class SimContainer:
         self._etag = 0
         self.on_write = None  # (old doc or None, new doc): the simulation's bookkeeping
         self.on_delete = None  # (doc)
+        # Whether this read (or query: "query") comes from a replica that has
+        # not seen the latest writes, besides the seed's own draws: the
+        # simulation's lagging Supervisor (sim.system, its own stream).
+        self.lagging: Any = lambda what: False
+        # Documents deleted in the last DELETED_LAG seconds (their last
+        # version, and when): what such a lagging replica still shows.
+        self.deleted: dict[tuple[str, str], tuple[dict, Any]] = {}
 
     def _key_of(self, body: dict) -> tuple[str, str]:
         return (str(body[self._pk]), str(body["id"]))
@@ -388,7 +398,9 @@ class SimContainer:
             raise _error(
                 CosmosResourceNotFoundError, 404, "Entity with the specified id does not exist"
             )
-        if key in self.previous and self.world.faults.session_lag(f"{self.name} {item}"):
+        if key in self.previous and (
+            self.world.faults.session_lag(f"{self.name} {item}") or self.lagging(item)
+        ):
             self.world.log(f"cosmos {self.name} stale read of {item}")
             return _copy(self.previous[key])
         created = self.created.get(key)
@@ -450,7 +462,7 @@ class SimContainer:
             )
         if self.on_delete is not None:
             self.on_delete(self.docs[key])
-        del self.docs[key]
+        self.deleted[key] = (self.docs.pop(key), self.world.clock.now)
         self.previous.pop(key, None)
         self.world.log(f"cosmos {self.name} delete {item}")
         self._answer_lost("delete")
@@ -479,7 +491,7 @@ class SimContainer:
         for key in keys:
             if self.on_delete is not None:
                 self.on_delete(self.docs[key])
-            del self.docs[key]
+            self.deleted[key] = (self.docs.pop(key), self.world.clock.now)
             self.previous.pop(key, None)
             self.world.log(f"cosmos {self.name} delete {key[1]} (batch)")
         self._answer_lost("batch")
@@ -492,6 +504,21 @@ class SimContainer:
         if self.previous and self.world.faults.query_lag(self.name):
             self.world.log(f"cosmos {self.name} query on a lagging replica")
             return {**self.docs, **{k: v for k, v in self.previous.items() if k in self.docs}}
+        now = self.world.clock.now
+        for key in [
+            k for k, (_, at) in self.deleted.items() if (now - at).total_seconds() > DELETED_LAG
+        ]:
+            del self.deleted[key]
+        if (self.previous or self.deleted) and self.lagging("query"):
+            # The lagging Supervisor's replica: every document written since
+            # in its previous version, and those deleted lately still there.
+            self.world.log(f"cosmos {self.name} query on a lagging replica (deletes unseen)")
+            gone = {k: doc for k, (doc, _) in self.deleted.items() if k not in self.docs}
+            return {
+                **gone,
+                **self.docs,
+                **{k: v for k, v in self.previous.items() if k in self.docs},
+            }
         return self.docs
 
     def query_items(

@@ -84,6 +84,10 @@ class SimDurable:
         # (instance, event) of every raise_event answered "no such instance" or "gone"
         self.gone_answers: set[tuple[str, str]] = set()
         self.owner_of: Any = lambda instance_id: None
+        # Whether an execution dies at this episode (the simulation's
+        # compensation deaths): it ends Failed instead of running it, as an
+        # instance whose orchestrator raised does.
+        self.dies: Any = lambda instance_id: False
         self.invalid_own_data: list[str] = []  # activities that failed validating their own output
 
     # --- the durable client (the methods the Starter and the bridge call)
@@ -215,6 +219,17 @@ class SimDurable:
                 self.heard.setdefault((inst.instance_id, e.get("Name")), []).append(e.get("Input"))
         if not inst.history and not any(e["EventType"] == EXECUTION_STARTED for e in new_events):
             inst.inbox = new_events
+            return
+        if self.dies(inst.instance_id):
+            inst.status = "Failed"
+            inst.output = "injected: the orchestration failed (an activity's retries spent)"
+            self.finished[inst.instance_id] = (
+                inst.status,
+                inst.output,
+                self.owner_of(inst.instance_id),
+            )
+            self.world.log(f"durable {inst.instance_id} FAILED (injected: the instance died)")
+            self.world.counters["compensation_died"] += 1
             return
         inst.status = "Running"
         marker = _event(ORCHESTRATOR_STARTED, now)

@@ -168,6 +168,17 @@ class Options:
     # A declined "do" was applied before the provider refused it (an
     # authorisation held, then the capture declined): its undo is owed.
     applied_declines: bool = False
+    # Compensation instances that die (issue 21, the restart budget on the
+    # path): the first N executions of each order's compensation end Failed
+    # at an episode while faults last, as an instance whose activities'
+    # retries were spent on a store that could not answer does.
+    # N past MAX_COMPENSATION_RESTARTS spends the restarts: a long retry.
+    compensation_deaths: int = 0
+    # A Supervisor on a lagging replica (issue 21, the paths a lagging read
+    # opens: a candidate whose record moved on, an entry whose record shows
+    # the attempt before): this share of its reads and queries, while faults
+    # last, see every document written since in its previous version.
+    lagging_supervisor: float = 0.0
     # The workflow's steps (domain/steps.json unless a test adds one).
     steps: StepCatalog = DEFAULT_CATALOG
 
@@ -247,6 +258,20 @@ def options_for(
         and apps > 1
         and random.Random(f"impersonate/{seed}").random() < 0.3,
         applied_declines=wider and hosts != 0 and random.Random(f"applied/{seed}").random() < 0.5,
+        # From a stream of its own, in the fallible world only (regression
+        # seeds recorded before it replay without it).
+        compensation_deaths=(
+            _compensation_deaths(seed) if wider and hosts != 0 and fallible and not quiet else 0
+        ),
+        lagging_supervisor=(
+            0.3
+            if wider
+            and hosts != 0
+            and fallible
+            and not quiet
+            and random.Random(f"lagging/{seed}").random() < 0.25
+            else 0.0
+        ),
     )
     if not quiet and wider:
         # Drawn last, so every earlier choice of a seed stays what it was.
@@ -258,6 +283,16 @@ def options_for(
         if fallible:
             _fallible(rng, f)
     return options
+
+
+def _compensation_deaths(seed: int) -> int:
+    """How many executions of each order's compensation die, in one
+    schedule in four: up to two more than the restarts the Starter has
+    before a long retry."""
+    rng = random.Random(f"dies/{seed}")
+    if rng.random() >= 0.25:
+        return 0
+    return rng.choice((2, 3, 4, 5))
 
 
 def _fallible(rng: random.Random, f: FaultConfig) -> None:
@@ -579,6 +614,7 @@ class Simulation:
         self.overwritten: list[str] = []
         self.last_write: datetime | None = None
         self.live_entry_deleted: list[str] = []
+        self.cursor_passed: list[str] = []
         self.index_c.on_delete = self._on_index_delete
         # Writes per index partition key per simulated second (ADR 019b), and
         # the shard count, fixed per container, from a stream of its own.
@@ -690,6 +726,8 @@ class Simulation:
         # once per process; the timers run on the one holding the singleton lock.
         self.hosts = [self._new_host(k) for k in range(self.o.hosts)]
         self.singleton = 0
+        self.lease_free_at = START  # until then no host holds the singleton lock
+        self._lease_rng = random.Random(f"hosts/lease/{seed}")
         self.host_deliveries: Counter[int] = Counter()
         self._host_pick = random.Random(f"hosts/pick/{seed}")
         # The app as production builds it, over what the simulation hands the
@@ -708,6 +746,10 @@ class Simulation:
         self.catalog = catalog(self.app)
         self.durable = SimDurable(w, self.catalog, self.o.version)
         self.durable.owner_of = self._owner_of
+        self.durable.dies = self._compensation_dies
+        self._lag_rng = random.Random(f"lagging/reads/{seed}")
+        self.state_c.lagging = self.index_c.lagging = self._supervisor_lags
+        self.compensation_died: Counter[str] = Counter()
         self.functions = {
             spec.trigger.get("queueName"): spec
             for spec in self.catalog.of_type(SERVICE_BUS_TRIGGER)
@@ -836,6 +878,14 @@ class Simulation:
         it was running are the crash fault's; the lock holder's timers move.)"""
         old = self.hosts[k]
         self.hosts[k] = self._new_host(k, old.generation + 1)
+        if k == self.singleton and self._lease_rng.random() < 0.5:
+            # The singleton lock's lease of the dead process runs out before
+            # another host takes it: no Starter or Supervisor run until then,
+            # and the runs after it find a backlog of due attempts (older
+            # index buckets, a rewind that matters).
+            pause = round(self._lease_rng.uniform(15, 45), 3)
+            self.lease_free_at = self.world.clock.now + timedelta(seconds=pause)
+            self.world.log(f"singleton lock unheld for {pause} s")
         if k == self.singleton and len(self.hosts) > 1:
             self.singleton = (k + 1) % len(self.hosts)
         self.world.log(
@@ -903,11 +953,17 @@ class Simulation:
 
         return _MeasuredRun(measured)
 
-    def _quiet_mark(self) -> tuple[int, int, int, int]:
+    def _quiet_mark(self) -> tuple[int, ...]:
         """Changes whenever a fault is injected, a store call is throttled or
         an actor crashes or raises: equal before and after a run, the run met none."""
         c = self.world.counters
-        return (len(self.world.faults.injected), c["throttled"], c["crash"], c["raised"])
+        return (
+            len(self.world.faults.injected),
+            c["throttled"],
+            c["crash"],
+            c["raised"],
+            c["supervisor_lagged"],
+        )
 
     def _check_due_recovered(
         self, now: datetime, processing: dict[Any, tuple[str | None, str | None]]
@@ -998,6 +1054,8 @@ class Simulation:
     # --- bookkeeping of writes: transition rows and the stale-write check
     def _on_state_write(self, old: dict | None, new: dict) -> None:
         if "ProcessState" not in new:
+            if self.o.scan == "index" and "Cursor" in new:
+                self._check_cursor(new)
             return
         self._check_step_deadline(old, new)
         if self.o.scan == "index":
@@ -1033,6 +1091,23 @@ class Simulation:
             self.rows[row] += 1
         if old:
             self._check_compensation_long_retry(old, new, actor)
+        restarts = new.get("CompensationRestarts")
+        if (
+            isinstance(restarts, int)
+            and restarts > MAX_COMPENSATION_RESTARTS
+            and restarts != (old or {}).get("CompensationRestarts")
+        ):
+            # On the path, as written (issue 21: every counter by its rule): a
+            # restart past the budget is reset by the long retry that follows,
+            # so the end state would not show it.
+            self.violations.append(
+                (
+                    "compensation restarts bounded",
+                    f"{actor} restarted the compensation of {new.get('id')} for the "
+                    f"{restarts}th time at {self.world.stamp()} "
+                    f"(at most {MAX_COMPENSATION_RESTARTS})",
+                )
+            )
         if old and actor == "supervisor" and before == "Processing":
             self._check_recovery(old, new)
         if (
@@ -1073,14 +1148,27 @@ class Simulation:
         policy = self.settings.retry
         oid = new.get("id")
         complete_by = old.get("CompleteBy")
-        if not isinstance(complete_by, str) or (
-            datetime.fromisoformat(complete_by) >= self.world.clock.now
-        ):
+        # Not before the deadline plus the Supervisor's slack on its own clock
+        # (supervisor/supervisor.py: the slack covers the clocks' skew), so in
+        # the world's time not before the deadline plus the slack less the
+        # largest skew. Earlier, a Supervisor whose clock runs ahead takes an
+        # attempt an orchestration whose clock is behind still runs (mutant
+        # `sm-expiry-no-slack`: the record re-read for the write has a
+        # deadline the scan's lagging read did not show).
+        allowed = (
+            datetime.fromisoformat(complete_by)
+            + SLACK
+            - timedelta(seconds=self.o.faults.skew + 0.001)
+            if isinstance(complete_by, str)
+            else None
+        )
+        if allowed is None or allowed >= self.world.clock.now:
             self.violations.append(
                 (
                     "recovery only after the deadline",
                     f"supervisor recovered {oid} at {self.world.stamp()} "
-                    f"with CompleteBy {complete_by}",
+                    f"with CompleteBy {complete_by} (slack {SLACK.total_seconds():.0f} s, "
+                    f"skew up to {self.o.faults.skew} s)",
                 )
             )
         counted = old.get("FailureCount")
@@ -1128,26 +1216,77 @@ class Simulation:
 
     def _on_index_delete(self, entry: dict) -> None:
         """An index entry removed while its attempt is still live (the record is
-        Processing with exactly that deadline) leaves the attempt with no entry:
-        nothing will ever recover it."""
-        doc = self.state_c.docs.get((entry["OrderID"], entry["OrderID"]))
-        # Another entry of the order (a move adds the new one before removing
+        Processing under the entry's attempt) leaves the attempt with no entry:
+        nothing will ever recover it. Not only the entry at the record's own
+        deadline: the Starter indexes an attempt at its earliest possible
+        deadline, before the record's (the claim's CompleteBy is later), and
+        that entry is the attempt's only one until a Supervisor moves it
+        (mutant `idx-lagging-read-removed`: the entry removed on a lagging
+        read that showed the attempt before)."""
+        oid, attempt = entry.get("OrderID"), entry.get("Attempt")
+        if not isinstance(oid, str):
+            return  # not an entry (the shard-count document, garbage): no attempt's
+        doc = self.state_c.docs.get((oid, oid))
+        # Another entry of the attempt (a move adds the new one before removing
         # the old) still brings the Supervisor back to it.
         others = [
             e
             for e in self.index_c.docs.values()
-            if e["OrderID"] == entry["OrderID"] and e["id"] != entry["id"]
+            if e.get("OrderID") == oid
+            and e.get("id") != entry.get("id")
+            and (e.get("Attempt") == attempt or not isinstance(attempt, int))
         ]
         if (
             doc
             and doc.get("ProcessState") == "Processing"
-            and doc.get("CompleteBy") == _cosmos(entry["CompleteBy"])
+            and (
+                doc.get("CompleteBy") == _cosmos(str(entry.get("CompleteBy")))
+                or (isinstance(attempt, int) and doc.get("Attempt") == attempt)
+            )
             and not others
         ):
             self.live_entry_deleted.append(
-                f"{entry['id']} removed at {self.world.stamp()} while "
-                f"{doc.get('LockedBy')} still has that deadline"
+                f"{entry.get('id')} (attempt {attempt}) removed at {self.world.stamp()} while "
+                f"{doc.get('LockedBy')} is still Processing (CompleteBy {doc.get('CompleteBy')})"
             )
+
+    def _check_cursor(self, checkpoint: dict) -> None:
+        """Every due index entry is visited (issue 21, on the path): the
+        cursor an index Supervisor saves never passes an entry of a live
+        attempt (the record Processing under the entry's attempt) that stays
+        in the index, unless the attempt has another entry the cursor has not
+        passed. A passed entry is never read again (a cursor only moves on),
+        so its attempt would be recovered by nothing; a run that did not
+        handle a candidate resumes at it (mutant `sup-no-rewind`: the rewind
+        dropped mid-pass). Partitions sort as strings (`<minute>|<shard>`, the
+        shard zero-padded; a bare minute first) and ids within one; `after`
+        is exclusive."""
+        try:
+            bucket, after = json.loads(checkpoint.get("Cursor") or "null") or (None, None)
+        except (TypeError, ValueError):
+            return
+        if not isinstance(bucket, str) or not isinstance(after, str):
+            return
+
+        def passed(e: dict) -> bool:
+            b, i = str(e.get("bucket")), str(e.get("id"))
+            return b < bucket or (b == bucket and i <= after)
+
+        live: dict[tuple[str, int], list[dict]] = {}
+        for e in self.index_c.docs.values():
+            oid, attempt = e.get("OrderID"), e.get("Attempt")
+            if not isinstance(oid, str) or not isinstance(attempt, int):
+                continue
+            doc = self.state_c.docs.get((oid, oid))
+            if doc and doc.get("ProcessState") == "Processing" and doc.get("Attempt") == attempt:
+                live.setdefault((oid, attempt), []).append(e)
+        for (oid, attempt), entries in sorted(live.items()):
+            if all(passed(e) for e in entries):
+                self.cursor_passed.append(
+                    f"{self._actor()} saved cursor {checkpoint.get('Cursor')} at "
+                    f"{self.world.stamp()}, past {entries[0].get('id')} (bucket "
+                    f"{entries[0].get('bucket')}), the only entry of {oid}'s live attempt {attempt}"
+                )
 
     def _on_sent(self, queue: str, message_id: str, accepted: bool) -> None:
         """An agent request of a restarted orchestration that duplicate detection
@@ -1168,6 +1307,34 @@ class Simulation:
                 f"{message_id}: sent again by execution {execution} of {iid}, "
                 f"dropped as a duplicate of execution {self.request_sender[message_id][1]}'s"
             )
+
+    def _supervisor_lags(self, what: str) -> bool:
+        """Does this read of a Supervisor come from its lagging replica
+        (Options.lagging_supervisor)? Its own stream: no other draw moves."""
+        if not self.o.lagging_supervisor or not self.world.faults.active:
+            return False
+        if self._actor() != "supervisor":
+            return False
+        if self._lag_rng.random() >= self.o.lagging_supervisor:
+            return False
+        self.world.counters["supervisor_lagged"] += 1  # a fault the run met (_quiet_mark)
+        self.world.faults.hit("session_lag")  # the fault surface's, at the read's call site
+        return True
+
+    def _compensation_dies(self, instance_id: str) -> bool:
+        """Does this compensation execution die (Options.compensation_deaths)?
+        Only while faults last, and only an instance that owns a Compensating
+        record (a compensation, not an attempt)."""
+        if not self.o.compensation_deaths or not self.world.faults.active:
+            return False
+        oid = instance_id.rpartition(":")[0]
+        doc = self.state_c.docs.get((oid, oid)) or {}
+        if doc.get("ProcessState") != "Compensating" or doc.get("LockedBy") != instance_id:
+            return False
+        if self.compensation_died[oid] >= self.o.compensation_deaths:
+            return False
+        self.compensation_died[oid] += 1
+        return True
 
     def _owner_of(self, instance_id: str) -> str | None:
         """The attempt that owns the record now (the latest write, not a lagged read)."""
@@ -1627,7 +1794,7 @@ class Simulation:
 
         async def start(tries: int = 20) -> None:
             from adapters.cosmos_client import ensure_orders_container, ensure_state_container
-            from adapters.recovery_index import ensure_index_container
+            from adapters.recovery_index import ensure_index_container, ensure_shard_count
 
             cfg = self.settings
             client = SimCosmosClient(
@@ -1642,11 +1809,16 @@ class Simulation:
                 try:
                     await ensure_state_container(client, cfg.state_database, cfg.state_container)  # type: ignore[arg-type]
                     await ensure_orders_container(client, cfg.orders_database, cfg.orders_container)  # type: ignore[arg-type]
-                    await ensure_index_container(
+                    index = await ensure_index_container(
                         client,  # type: ignore[arg-type]
                         cfg.state_database,
                         cfg.recovery_index_container,
                     )
+                    if self.o.scan == "index":
+                        # As bootstrap does, before any entry is written or
+                        # read: the container's shard count, recorded by the
+                        # first process (a `~config` document in the index).
+                        await ensure_shard_count(index, self.index_shards)  # type: ignore[arg-type]
                     w.log("host started")
                     return
                 except Exception as exc:  # noqa: BLE001 - the host logs a failed start and restarts
@@ -1669,10 +1841,14 @@ class Simulation:
         self.world.log(f"operator console: {len(rows)} {state}")
 
     async def _starter_run(self) -> None:
+        if self.world.clock.now < self.lease_free_at:
+            return  # no host holds the singleton lock yet (_restart_host)
         _HOST.set(self.singleton)
         await self.host.starter.run(self.durable)
 
     async def _supervisor_run(self) -> None:
+        if self.world.clock.now < self.lease_free_at:
+            return
         _HOST.set(self.singleton)
         spec = next(s for s in self.catalog.of_type("timerTrigger") if s.name == "supervisor")
         await call_function(spec, {spec.trigger["name"]: None})
@@ -1805,7 +1981,10 @@ class Simulation:
         # one of a Processing record is left, it still has work (a small page
         # and many entries can take longer than the settle time).
         for entry in self.index_c.docs.values():
-            doc = self.state_c.docs.get((entry["OrderID"], entry["OrderID"]))
+            # Not every document is an entry: the shard-count document
+            # (`~config`, ensure_shard_count), garbage (foreign_docs).
+            oid = entry.get("OrderID")
+            doc = self.state_c.docs.get((oid, oid)) if isinstance(oid, str) else None
             if doc and doc.get("ProcessState") == "Processing":
                 return False
         return True
@@ -1975,6 +2154,8 @@ class Simulation:
         # index entries that outlive their attempt unseen
         if self.o.scan == "index":
             for (_, _), entry in sorted(self.index_c.docs.items()):
+                if not isinstance(entry.get("OrderID"), str):
+                    continue  # not an entry: the shard-count document, garbage
                 doc = docs.get(entry["OrderID"])
                 if (
                     doc
@@ -1989,6 +2170,8 @@ class Simulation:
                     )
         for detail in self.live_entry_deleted[:1]:
             self.fail("index entry of a live attempt kept", detail)
+        for detail in self.cursor_passed[:1]:
+            self.fail("the index cursor never passes a live attempt's entry", detail)
         # 8 liveness
         for oid, doc in docs.items():
             if doc is None:

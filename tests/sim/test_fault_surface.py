@@ -108,3 +108,36 @@ def test_no_seeds_every_call_site_is_a_gap_and_strict_fails(capsys) -> None:
     assert out[-1] == f"fault surface: {len(sites)} call sites, {expected} gaps"
     assert main(["--seeds", "0", "--fault-surface=strict"]) == 1
     assert world.SURFACE is None
+
+
+def _simulate(seed: int, options):
+    import asyncio
+    import logging
+
+    from sim.system import Simulation
+
+    logging.disable(logging.CRITICAL)
+    sim = Simulation(seed, options.orders, options=options)
+    loop = asyncio.new_event_loop()
+    try:
+        loop.run_until_complete(sim.run())
+    finally:
+        loop.close()
+    sim.check()
+    return sim
+
+
+def test_the_host_start_records_the_shard_count_and_the_bookkeeping_skips_it() -> None:
+    """The host's start runs ensure_shard_count as bootstrap does (index
+    mode): its `~config` document lands in the index container, and the
+    simulation's index bookkeeping (which reads entries' OrderID) skips it
+    instead of failing with a KeyError."""
+    from sim.system import Options
+    from sim.world import FaultConfig
+
+    # (seed 7: the host starts before the fault-free schedule is over)
+    sim = _simulate(7, Options(orders=3, scan="index", faults=FaultConfig(host_start=True)))
+    assert sim.violations == []
+    doc = sim.index_c.docs[("~config", "shard-count")]
+    assert doc["shards"] == sim.index_shards
+    assert any("host started" in line for line in sim.world.trace)

@@ -171,3 +171,49 @@ def test_a_real_mutant_is_killed_by_the_real_simulation_and_the_worktree_is_unto
     assert {p: p.read_bytes() for p in (ROOT / "orchestrators").glob("*.py")} == before
     clean = mutate.run_sim(tree, 2, 1, 35, timeout=240, python=sys.executable)
     assert clean.kind == "clean", clean
+
+
+def _simulate(seed: int, options):
+    import asyncio
+    import logging
+
+    from sim.system import Simulation
+
+    logging.disable(logging.CRITICAL)
+    sim = Simulation(seed, options.orders, options=options)
+    loop = asyncio.new_event_loop()
+    try:
+        loop.run_until_complete(sim.run())
+    finally:
+        loop.close()
+    sim.check()
+    return sim
+
+
+@pytest.mark.slow
+def test_compensations_that_keep_dying_spend_the_restarts_then_wait_and_the_budget_is_checked():
+    """The world feature that kills `sm-restart-budget-off-by-one`: every
+    order is declined, and each compensation's first five executions die.
+    The Starter restarts each up to MAX_COMPENSATION_RESTARTS times, then
+    gives it a long retry, and every order still ends; the per-write check
+    sees a restart past the budget (planted by hand below)."""
+    import asyncio
+
+    from domain.state_machine import MAX_COMPENSATION_RESTARTS
+    from sim.system import Options
+    from sim.world import FaultConfig
+
+    options = Options(orders=2, compensation_deaths=5, faults=FaultConfig(decline=1.0))
+    sim = _simulate(11, options)
+    assert sim.violations == []
+    assert sim.world.counters["compensation_died"] >= MAX_COMPENSATION_RESTARTS + 1
+    # More deaths than restarts: the long retry took over, and was counted.
+    assert sim.rows["8a"] > MAX_COMPENSATION_RESTARTS
+    assert any((d.get("CompensationLongRetries") or 0) >= 1 for d in sim.state_c.docs.values())
+    old = {"id": "o", "ProcessState": "Compensating", "CompensationRestarts": 3}
+
+    async def planted() -> None:  # as the Starter's write would land
+        sim._on_state_write(old, {**old, "CompensationRestarts": MAX_COMPENSATION_RESTARTS + 1})
+
+    asyncio.new_event_loop().run_until_complete(planted())
+    assert [c for c, _ in sim.violations] == ["compensation restarts bounded"]
