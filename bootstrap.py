@@ -329,11 +329,12 @@ class App:
     async def scheduler_activities(self) -> SchedulerActivities:
         if self.overrides.scheduler_activities is not None:
             return await self.overrides.scheduler_activities()
+        from activities.policy import ActivityPolicy
         from activities.scheduler_activities import SchedulerActivities
 
         c = await self.container()
         return SchedulerActivities(
-            c.settings,
+            ActivityPolicy.from_settings(c.settings),
             c.store,
             c.orders,
             c.publisher,

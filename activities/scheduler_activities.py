@@ -30,10 +30,10 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from activities.policy import ActivityPolicy
 from adapters.clock import SYSTEM_CLOCK, Clock
 from adapters.ports import DeadlineIndex, MessagePublisher, NoIndex, OrdersRepository, StateStore
 from adapters.servicebus import AGENT_REQUESTS_QUEUE
-from adapters.settings import Settings
 from domain import state_machine as sm
 from domain.codec import encode
 from domain.errors import (
@@ -128,7 +128,7 @@ def _dump(record: OrderState) -> dict:
 class SchedulerActivities:
     def __init__(
         self,
-        settings: Settings,
+        policy: ActivityPolicy,
         store: StateStore,
         orders: OrdersRepository,
         publisher: MessagePublisher,
@@ -143,7 +143,7 @@ class SchedulerActivities:
         """`crash_point`: the fault-injection hook the composition root
         chooses (orchestrators.hooks); a no-op unless a fault test asks.
         `alerts`: where its alerts go (default: an Alerts over `publisher`)."""
-        self._settings = settings
+        self._settings = policy
         self._store = store
         self._orders = orders
         self._publisher = publisher

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from activities.policy import ActivityPolicy
 from activities.scheduler_activities import SchedulerActivities
 from adapters.settings import Settings
 from devstack.host.replay import SCHEDULING_EVENTS, run_episode
@@ -103,7 +104,7 @@ class World:
 
     def activities(self) -> SchedulerActivities:
         return SchedulerActivities(
-            self.settings,
+            ActivityPolicy.from_settings(self.settings),
             self.store,
             self.orders,
             self.bus,

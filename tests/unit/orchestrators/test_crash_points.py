@@ -10,6 +10,7 @@ import sys
 from datetime import timedelta
 from pathlib import Path
 
+from activities.policy import ActivityPolicy
 from activities.scheduler_activities import SchedulerActivities
 from adapters.crashpoints import EnvCrashPoints, from_environment
 from domain.codec import encode
@@ -51,7 +52,12 @@ async def test_the_agent_request_send_calls_its_hook_after_the_send():
     iid = await world.claimed()
     hook = Recorder(lambda: len(world.sent("agent-requests")))
     acts = SchedulerActivities(
-        world.settings, world.store, world.orders, world.bus, STEPS, crash_point=hook
+        ActivityPolicy.from_settings(world.settings),
+        world.store,
+        world.orders,
+        world.bus,
+        STEPS,
+        crash_point=hook,
     )
     deadline = world.now + timedelta(minutes=1)
     await acts.send_agent_request(

@@ -1,0 +1,37 @@
+"""What the Scheduler's activities read of the app's settings, and nothing
+else: the step timeout, the retry policy, which applications asked for
+progress statuses, and the keys requests are sealed with. Built from Settings
+by the composition root (bootstrap)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+from adapters.settings import Settings
+from domain.signing import SchedulerKeys
+from domain.state_machine import RetryPolicy
+
+
+def _no_keys() -> SchedulerKeys:
+    raise LookupError("no scheduler keys: build the policy from Settings")
+
+
+@dataclass(frozen=True)
+class ActivityPolicy:
+    step_timeout: timedelta = timedelta(seconds=60)
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    progress_apps: frozenset[str] = frozenset()
+    # Read when a request is sealed, not when the policy is built: a missing
+    # key is then a SettingsError naming the setting, as before.
+    scheduler_keys: Callable[[], SchedulerKeys] = _no_keys
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> ActivityPolicy:
+        return cls(
+            step_timeout=settings.step_timeout,
+            retry=settings.retry,
+            progress_apps=frozenset(settings.progress_apps),
+            scheduler_keys=settings.scheduler_keys,
+        )
