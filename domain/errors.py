@@ -70,3 +70,8 @@ class InlineStepFailed(TransientError):
 class NotConfigured(PermanentError):
     """A collaborator the call needs was not given to this process (for
     example an inline step with no inline agent): retrying cannot help."""
+
+
+class InstanceGone(PermanentError):
+    """The orchestration instance an event was for does not exist or has
+    finished: the event is late, and nothing will wait for it."""

@@ -27,10 +27,11 @@ import logging
 from typing import Any
 
 from adapters import telemetry
+from adapters.durable_client import raise_event
 from adapters.servicebus import AGENT_RESPONSES_QUEUE
 from adapters.settlement import MessageGate, Settle
 from domain.codec import decode
-from domain.errors import ValidationFailed
+from domain.errors import InstanceGone, ValidationFailed
 from domain.ids import parse_attempt_instance_id
 from domain.models import AgentReply
 from domain.signing import SchedulerKeys, check_scheduler_reply
@@ -40,9 +41,6 @@ from orchestrators.hooks import CrashPoint, no_crash_point
 log = logging.getLogger(__name__)
 
 FORGED_REPLY = "ForgedReply"
-
-
-_GONE = ("is gone", "No instance with ID")
 
 
 def _check_reply(body: bytes) -> AgentReply:
@@ -103,17 +101,17 @@ async def bridge_reply(
         }
     )
     try:
-        await client.raise_event(reply.InstanceId, reply.EventName, event_payload(reply))
-    except Exception as exc:  # the durable client raises bare Exception with a message
-        if any(marker in str(exc) for marker in _GONE):
-            log.info(
-                "late reply for %s (%s) ignored: %s",
-                reply.InstanceId,
-                reply.EventName,
-                exc,
-                extra={"order_id": reply.OrderID},
-            )
-            return Settle.complete(reply.OrderID)
+        await raise_event(client, reply.InstanceId, reply.EventName, event_payload(reply))
+    except InstanceGone as exc:
+        log.info(
+            "late reply for %s (%s) ignored: %s",
+            reply.InstanceId,
+            reply.EventName,
+            exc,
+            extra={"order_id": reply.OrderID},
+        )
+        return Settle.complete(reply.OrderID)
+    except Exception as exc:  # anything else the SDK raised: try again later
         log.warning("raising %s on %s failed: %s", reply.EventName, reply.InstanceId, exc)
         return Settle.retry(f"raising {reply.EventName} failed: {exc}", reply.OrderID)
     crash_point("bridge.after_raise")

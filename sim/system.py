@@ -30,6 +30,7 @@ from typing import Any
 
 from adapters.checkpoints import CosmosCheckpointStore
 from adapters.cosmos_client import RequestCharges
+from adapters.durable_client import GONE_MARKERS
 from adapters.orders_db import CosmosOrdersRepository
 from adapters.ports import ANY_OWNER, NoIndex, bucket_of
 from adapters.recovery_index import MAX_BUCKETS_PER_PAGE, CosmosRecoveryIndex, entry_id
@@ -51,7 +52,6 @@ from domain.signing import KeyRing
 from domain.state_machine import MAX_COMPENSATION_RESTARTS
 from domain.steps import DEFAULT_CATALOG, StepCatalog
 from orchestrators.policy import StarterPolicy
-from orchestrators.reply_bridge import _GONE as GONE_MARKERS
 from orchestrators.starter import Starter, fast_start
 from reporting import Alerts, StatusReporter
 from submit.policy import SubmitPolicy
@@ -708,10 +708,11 @@ class Simulation:
         self.remote.applied_declines = self.o.applied_declines
         # The product's HTTP adapter over the simulated services (sim/remote.py).
         self.agent = self._new_agent(SimClock(w, "agent"), random.Random(f"agent/{seed}"))
+        from activities.policy import ActivityPolicy
         from activities.scheduler_activities import SchedulerActivities
 
         self.activities = SchedulerActivities(
-            self.settings,
+            ActivityPolicy.from_settings(self.settings),
             self.store,
             self.orders_repo,
             self.publisher,
