@@ -24,8 +24,16 @@ from azure.servicebus import ServiceBusMessage, ServiceBusReceiveMode
 from devstack.invariants import INGRESS_QUEUE
 from devstack.stack import Stack
 from domain.ids import order_key
-from domain.models import ProcessState
+from domain.models import AgentReply, ProcessState
 from domain.shards import shard_of
+from domain.signing import (
+    REPLY_TOKEN,
+    SchedulerKeys,
+    _identity,
+    check_scheduler_reply,
+    parse_keys,
+    sign_reply,
+)
 from tests.e2e.conftest import E2E, E2E_SETTINGS
 
 pytestmark = [pytest.mark.timeout(600)]
@@ -128,7 +136,8 @@ async def test_a_reply_at_the_other_shards_bridge_changes_nothing_there(shards):
         assert records[order.OrderID].ProcessState is ProcessState.PROCESSED
         record = records[order.OrderID]
         # A reply shard 0's agent sent and shard 0's bridge raised: the
-        # EventRaised (type 15) in shard 0's hub holds it, token and signature.
+        # EventRaised (type 15) in shard 0's hub holds it, without its seal
+        # (workflow 2.3: orchestrators.contracts.event_payload).
         key = order_key("webshop", order.OrderID)
         instance = f"{key}:{record.Attempt}"
         history = one.stack.run_dir / "host" / f"{one.stack.settings['TASKHUB_NAME']}.sqlite"
@@ -146,8 +155,13 @@ async def test_a_reply_at_the_other_shards_bridge_changes_nothing_there(shards):
         while isinstance(reply, str):
             reply = json.loads(reply)
         assert reply["InstanceId"] == instance
-        assert reply["ReplyToken"]
-        body = json.dumps(reply)
+        # Sealed again as shard 0's agent sealed it (shard 0's token and agent
+        # keys): a reply genuine in shard 0, as its bridge checks.
+        genuine = _sealed_in(one.stack, AgentReply.model_validate(reply))
+        keys = _keys_of(one.stack)
+        assert check_scheduler_reply(keys, genuine) is None
+        assert check_scheduler_reply(_keys_of(two.stack), genuine) is not None
+        body = genuine.model_dump_json(exclude_none=True)
         async with two.bus.get_queue_sender("agent-responses") as sender:
             await sender.send_messages(ServiceBusMessage(body, message_id=f"{key}/copied"))
         dead = await receive_all(two, "agent-responses/$deadletterqueue", 1)
@@ -157,3 +171,29 @@ async def test_a_reply_at_the_other_shards_bridge_changes_nothing_there(shards):
         assert not [i for i in hub_instances(two.stack) if i.startswith(key + ":")]
         assert await two.store.count_in_state("Processing") == 0
         assert await one.check({order.OrderID}) == []
+
+
+def _keys_of(stack: Stack) -> SchedulerKeys:
+    return SchedulerKeys(
+        tokens=parse_keys(stack.settings["REPLY_TOKEN_KEYS"]),
+        agents=parse_keys(stack.settings["AGENT_SIGNING_KEYS"]),
+    )
+
+
+def _sealed_in(stack: Stack, reply: AgentReply) -> AgentReply:
+    """`reply` with the token shard `stack`'s Scheduler gives the request it
+    answers and the signature its agents put on it."""
+    keys = _keys_of(stack)
+    token = keys.tokens.prove(
+        REPLY_TOKEN,
+        _identity(
+            reply.AppId,
+            reply.InstanceId,
+            reply.OrderID,
+            reply.Step,
+            reply.Action,
+            reply.Attempt,
+            reply.EventName,
+        ),
+    )
+    return sign_reply(keys.agents, reply.model_copy(update={"ReplyToken": token}))

@@ -36,6 +36,7 @@ from domain.codec import decode
 from domain.errors import NotFoundError, ValidationFailed
 from domain.ids import order_key
 from domain.models import AgentReply, AgentRequest, OrderSubmitted
+from orchestrators.contracts import event_payload
 from reporting import Alerts
 from tests.builders import KEYS, agent_request, order_payload, signed_reply
 from tests.integration.app_env import INGRESS, Bus, RecordingActions, app_env, registered  # noqa: F401
@@ -533,7 +534,9 @@ async def test_every_agent_reply_reaches_the_workflow_valid_or_is_dead_lettered(
             if not reply.InstanceId.endswith(":3"):
                 [(instance, event, payload)] = client.raised
                 assert (instance, event) == (reply.InstanceId, reply.EventName)
-                assert AgentReply.model_validate(payload) == reply
+                # The reply as the bridge raises it: without its seal (workflow 2.3,
+                # orchestrators.contracts.event_payload), every other field as sent.
+                assert payload == event_payload(reply)
         else:
             assert call[0] == "deadletter", call
             assert call[1] in DOCUMENTED_REASONS, call
