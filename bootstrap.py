@@ -354,7 +354,9 @@ class App:
         # measured (the Processing count) instead of counting per order.
         if c.starter is None:
             c.starter = Starter(
-                StarterPolicy.from_settings(c.settings),
+                StarterPolicy.from_settings(
+                    c.settings, c.agent.steps.names, _step_modes(c.settings, c.agent.steps)
+                ),
                 c.store,
                 c.index,
                 publisher=c.publisher,

@@ -66,16 +66,18 @@ from orchestrators.contracts import (
     Advanced,
     AlertNote,
     BeginWrite,
+    FinishAll,
     FinishWrite,
     LoadPlanInput,
     Plan,
     SendRequest,
+    SendStep,
     StatusNote,
-    StepPlan,
     StepWrite,
     WriteResult,
     Wrote,
     parse_advance,
+    plan_for,
     step_payload,
 )
 from orchestrators.hooks import CrashPoint, no_crash_point
@@ -95,6 +97,8 @@ ACTIVITY_NAMES = (
     "raise_alert",
     "begin_attempt",
     "advance_attempt",
+    "send_step",
+    "finish_attempt",
 )
 
 # The state each write leaves the record in, to recognise a re-run whose write
@@ -184,6 +188,11 @@ class SchedulerActivities:
                 result = None
             case "begin_attempt" | "advance_attempt":
                 result = await self.advance_any(name, parse_advance(data))
+            case "send_step":
+                await self.send_step(SendStep.model_validate(data))
+                result = None
+            case "finish_attempt":
+                result = await self.finish_attempt(FinishAll.model_validate(data))
             case _:
                 raise ValueError(f"unknown activity {name!r}")
         if isinstance(result, Wrote):
@@ -217,27 +226,14 @@ class SchedulerActivities:
     async def _plan(self, record: OrderState, attempt: int, payload: dict | None = None) -> Plan:
         if not payload:
             payload = step_payload(await self._orders.get(record.id))
-        steps = [
-            StepPlan(
-                Name=name,
-                Mode=self._step_modes.get(name, "remote"),
-                Completed=record.Steps.get(name) is not None
-                and record.Steps[name].Status is StepStatus.COMPLETED,
-            )
-            for name in self._step_names
-        ]
-        undo = [e.Step for e in reversed(record.Compensation) if e.Outcome != "Done"]
-        return Plan(
-            OrderID=record.id,
-            Attempt=attempt,
-            ReplyTo=record.ReplyTo,
-            State=record.ProcessState,
-            Steps=steps,
-            StepTimeoutSeconds=int(self._settings.step_timeout.total_seconds()),
-            Payload=payload,
-            Undo=undo if record.ProcessState is ProcessState.COMPENSATING else [],
-            Progress=record.AppId in self._settings.progress_apps,
-            AppId=record.AppId,
+        return plan_for(
+            record,
+            attempt,
+            payload,
+            self._step_names,
+            self._step_modes,
+            int(self._settings.step_timeout.total_seconds()),
+            record.AppId in self._settings.progress_apps,
         )
 
     # --- writing the record ---------------------------------------------------------------
@@ -685,6 +681,124 @@ class SchedulerActivities:
         )
         return self._remember(written)
 
+    # --- version 2.4: the claim marked the steps; one write at the end -------------------
+
+    async def send_step(self, data: SendStep) -> None:
+        """2.4: the request of one step, no write (the claim marked it
+        Running until the attempt's deadline). A retry re-sends with the
+        same message id, which duplicate detection drops."""
+        order_id, _ = parse_attempt_instance_id(data.InstanceId)
+        if data.Payload:
+            self._keep_payload(order_id, data.Payload)
+        await self._send_v2(
+            Advance(
+                InstanceId=data.InstanceId,
+                Start=data.Step,
+                Deadline=data.Deadline,
+                Payload=data.Payload or await self._payload(order_id),
+            ),
+            self._step_modes.get(data.Step, "remote"),
+            data.AppId,
+        )
+
+    async def finish_attempt(self, data: FinishAll) -> Wrote:
+        """2.4's one write of an attempt, on the version the claim's etag
+        names (this process's copy, else one read): every step done
+        Completed, then Processed with its status in the outbox (sent and
+        cleared here, as 2.3's finish), or with `Failed` the compensation
+        begun. Fenced like every write: it lands only on a version that
+        LockedBy = this instance was checked on."""
+        order_id, _ = parse_attempt_instance_id(data.InstanceId)
+        instance = data.InstanceId
+        now = self._clock.now()
+
+        def mutate(record: OrderState) -> OrderState:
+            sm.require_owner(record, instance)
+            for step, reference in data.Done.items():
+                record = sm.complete_step(record, instance, step, now, reference)
+            if data.Failed is None:
+                return sm.mark_processed(record, instance, now)
+            record = sm.unmark_unsent(record, instance, data.Unsent)
+            reason = data.Reason or "failed"
+            if data.Compensate:
+                return sm.begin_compensation(record, instance, reason, now, data.Failed)
+            return sm.mark_failed(record, instance, data.Failed, reason, now)
+
+        target = (
+            ProcessState.PROCESSED
+            if data.Failed is None
+            else ProcessState.COMPENSATING
+            if data.Compensate
+            else ProcessState.ERROR
+        )
+
+        def landed(record: OrderState) -> bool:
+            last = record.History[-1] if record.History else None
+            return record.ProcessState is target and last is not None and last.By == instance
+
+        known = await self._version_at(order_id, data.Etag)
+        if known is None:
+            return Wrote(Stale=True, Reason=f"order {order_id} has no state record")
+        written = await self._write_on(order_id, instance, mutate, landed, known)
+        if written.Stale or data.Failed is not None:
+            if not written.Stale and data.Compensate and written.Record is not None:
+                # The plan of the compensation, from the version just written
+                # (a read after it could lag: the undo log would look empty).
+                _, attempt = parse_attempt_instance_id(instance)
+                begun = OrderState.model_validate(written.Record)
+                plan = await self._plan(begun, attempt, await self._payload(order_id))
+                written = written.model_copy(update={"Plan": plan})
+            return self._remember(written)
+        current = OrderState.model_validate(written.Record)
+        if not await self._outbox.deliver(current, written.Etag):
+            # Durable retries this activity: the retry recognises its write
+            # and sends again (same message id); the Starter, if every try fails.
+            raise StatusNotSent(f"status Processed of order {order_id} not sent")
+        if data.IndexedAt is not None:
+            try:
+                await self._index.discard(order_id, data.IndexedAt)
+            except Exception:
+                log.warning("index entry of %s not discarded", instance, exc_info=True)
+        return self._remember(written)
+
+    async def _write_on(
+        self,
+        order_id: str,
+        instance: str,
+        mutate: Callable[[OrderState], OrderState],
+        landed: Callable[[OrderState], bool],
+        known: tuple[OrderState, str],
+    ) -> Advanced:
+        """`mutate` replaced on `known` (no read); on a refusal, re-read and
+        decide as 2.2's write does: this write there already -> done (a
+        retried activity), else applied to the fresh version, whose LockedBy
+        store.update checks (another owner -> stale)."""
+        record, etag = known
+        if not landed(record):
+            try:
+                updated = mutate(record)
+                return Advanced(
+                    State=updated.ProcessState,
+                    Record=_dump(updated),
+                    Etag=await self._store.replace(updated, etag),
+                )
+            except (StaleError, sm.IllegalTransition, NotFoundError) as exc:
+                log.info("write by %s: %s; re-reading", instance, exc, extra={"order_id": order_id})
+        try:
+            fresh, fresh_etag = await self._store.read(order_id)
+        except NotFoundError:
+            return Advanced(Stale=True, Reason=f"order {order_id} has no state record")
+        if landed(fresh):
+            return Advanced(State=fresh.ProcessState, Record=_dump(fresh), Etag=fresh_etag)
+        try:
+            updated, new_etag = await self._store.update(
+                order_id, mutate, instance, confirm_refusal=True
+            )
+        except (StaleError, sm.IllegalTransition, NotFoundError) as exc:
+            log.info("stale write by %s: %s", instance, exc, extra={"order_id": order_id})
+            return Advanced(Stale=True, Reason=str(exc))
+        return Advanced(State=updated.ProcessState, Record=_dump(updated), Etag=new_etag)
+
     # --- talking to agents ----------------------------------------------------------------
 
     def _request(self, send: SendRequest, app_id: str | None) -> AgentRequest:
@@ -725,6 +839,10 @@ class SchedulerActivities:
         """The in-app agent path: the same Agent library, run in an activity."""
         if self._inline_agent is None:
             raise NotConfigured("no inline agent configured")
+        if not send.Payload and send.Action == "do":
+            # 2.4's plan carries no payload unless the fast path gave it.
+            order_id, _ = parse_attempt_instance_id(send.InstanceId)
+            send = send.model_copy(update={"Payload": await self._payload(order_id)})
         try:
             return await self._inline_agent.handle(self._request(send, send.AppId))
         except Exception as exc:

@@ -63,7 +63,12 @@ class StateStore(Protocol):
     ) -> OrderState | None: ...
 
     async def claim_known(
-        self, record: OrderState, etag: str, now: datetime, policy: RetryPolicy
+        self,
+        record: OrderState,
+        etag: str,
+        now: datetime,
+        policy: RetryPolicy,
+        marks: tuple[list[str], datetime] | None = None,
     ) -> tuple[OrderState, str] | None: ...
 
     async def query_pending(self, max_items: int, now: datetime) -> list[OrderState]: ...

@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from functools import lru_cache
+from pathlib import Path
 from typing import Any, TypeVar
 
 from domain.ids import app_tag
@@ -168,6 +169,12 @@ class Settings:
     # before keys named the application (LEGACY_ORDER_KEYS; one point read per
     # order): off once no such record is left (docs/adr/017f-order-keys.md).
     legacy_order_keys: bool = True
+
+    # The workflow version new orchestrations run: host.json's durableTask
+    # defaultVersion, or the app setting that overrides it on Azure Functions
+    # (AzureFunctionsJobHost__extensions__durableTask__defaultVersion). The
+    # claim of a 2.4 attempt marks its steps (ADR 021a); an older one's does not.
+    workflow_version: str = ""
 
 
 def _recovery_index_shards(env: Mapping[str, str]) -> int:
@@ -426,7 +433,38 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         legacy_order_keys=_bool(env, "LEGACY_ORDER_KEYS", True),
         shard_count=shard_count,
         shard_index=shard_index,
+        workflow_version=workflow_version(env),
     )
+
+
+DEFAULT_VERSION_SETTING = "AzureFunctionsJobHost__extensions__durableTask__defaultVersion"
+HOST_JSON = Path(__file__).resolve().parents[1] / "host.json"
+
+
+def workflow_version(env: Mapping[str, str] | None = None, host_json: Path = HOST_JSON) -> str:
+    """The Durable defaultVersion the Functions host stamps on new
+    instances: the app setting overriding host.json (as the host reads
+    `AzureFunctionsJobHost__<path>`), else host.json next to function_app.py;
+    "" when neither names one."""
+    env = os.environ if env is None else env
+    given = env.get(DEFAULT_VERSION_SETTING)
+    if given:
+        return given.strip()
+    try:
+        host = json.loads(host_json.read_text(encoding="utf-8-sig"))
+    except (OSError, ValueError):
+        return ""
+    durable = (host.get("extensions") or {}).get("durableTask") or {}
+    return str(durable.get("defaultVersion") or "")
+
+
+def version_at_least(version: str, least: tuple[int, ...]) -> bool:
+    """Whether the dotted `version` is `least` or newer ("" and a version
+    that is not dotted numbers are not)."""
+    try:
+        return tuple(int(part) for part in version.split(".")) >= least
+    except ValueError:
+        return False
 
 
 # Set by App Service and Functions wherever a managed identity can be used.

@@ -32,7 +32,7 @@ from domain.errors import (
     StaleError,
 )
 from domain.models import OrderState, ProcessState
-from domain.state_machine import IllegalTransition, RetryPolicy, is_claimable
+from domain.state_machine import IllegalTransition, RetryPolicy, claim_marking, is_claimable
 from domain.state_machine import claim as claim_transition
 
 log = logging.getLogger(__name__)
@@ -351,14 +351,24 @@ class CosmosStateStore:
         return claimed
 
     async def claim_known(
-        self, record: OrderState, etag: str, now: datetime, policy: RetryPolicy
+        self,
+        record: OrderState,
+        etag: str,
+        now: datetime,
+        policy: RetryPolicy,
+        marks: tuple[list[str], datetime] | None = None,
     ) -> tuple[OrderState, str] | None:
         """The claim of a record the caller already holds with its etag (the
         Starter's query result, Submit's create): one replace, no read. None
-        when it is not claimable or changed since (another claimer won)."""
+        when it is not claimable or changed since (another claimer won).
+        `marks`: workflow 2.4's claim, which also marks these steps Running
+        until this deadline (domain.state_machine.claim_marking)."""
         if not is_claimable(record, now):
             return None
-        claimed = claim_transition(record, now, policy)
+        if marks is None:
+            claimed = claim_transition(record, now, policy)
+        else:
+            claimed = claim_marking(record, now, policy, *marks)
         try:
             new_etag = await self.replace(claimed, etag)
         except (StaleError, NotFoundError):

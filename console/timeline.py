@@ -219,6 +219,13 @@ _WRITES = {
     "mark_processed": ("order Processed", "good"),
 }
 
+# What 2.4's finish_attempt wrote, by the state it left the record in.
+_FINISHES = {
+    ProcessState.PROCESSED.value: "mark_processed",
+    ProcessState.COMPENSATING.value: "begin_compensation",
+    ProcessState.ERROR.value: "mark_failed",
+}
+
 
 def _walk(history: list[Any]) -> tuple[list[Event], list[Call]]:
     """The attempt's events in history order, and its step calls."""
@@ -300,6 +307,12 @@ def _walk(history: list[Any]) -> tuple[list[Event], list[Call]]:
                 # complete_step, transient, undo_done, undo_failed: the reply said it
             elif fn == "send_agent_request":
                 request(inp.get("Step"), str(inp.get("Action") or "do"), at, inp.get("Try"))
+            elif fn == "send_step":  # 2.4: a request, no write (the claim marked the step)
+                request(inp.get("Step"), "do", at)
+            elif fn == "finish_attempt":  # 2.4's one write: Processed, or the failure's
+                end = _FINISHES.get(str(res.get("State") or ""))
+                if end is not None:
+                    events.append(Event(at, "state", *_WRITES[end]))
             elif fn == "run_inline_step":
                 # the write that started the step already "requested" it
                 call = open_call(inp.get("Step"), inp.get("Action") or "do") or request(
@@ -367,6 +380,8 @@ _ACTIVITY_WORDS = {
     "advance_attempt": "recording the step",
     "write_state": "recording the order's state",
     "send_agent_request": "sending the request",
+    "send_step": "sending the request",
+    "finish_attempt": "recording the attempt's end",
     "report_status": "telling the client",
     "raise_alert": "raising the alert",
     "load_plan": "reading the order",

@@ -298,6 +298,55 @@ def claim(record: OrderState, now: datetime, policy: RetryPolicy) -> OrderState:
     )
 
 
+def claim_marking(
+    record: OrderState, now: datetime, policy: RetryPolicy, steps: list[str], deadline: datetime
+) -> OrderState:
+    """Workflow 2.4's claim (docs/adr/021a-claim-marks-the-attempt.md): the
+    claim of `claim`, which also marks each of `steps` (the attempt's steps
+    to do: every step not Completed) Running for this attempt until
+    `deadline`, the attempt's one deadline, which is also the record's
+    CompleteBy. The record then shows every step this attempt may send as
+    possibly sent before any is, so compensation from the record alone undoes
+    whatever may have happened (undoing too much is safe), and the attempt
+    needs no write until its end. Nothing is marked on a step already
+    Completed (a 2.3 attempt's, kept by resume)."""
+    claimed = claim(record, now, policy)
+    marked = dict(claimed.Steps)
+    for name in steps:
+        current = marked.get(name, StepState())
+        if current.Status is StepStatus.COMPLETED:
+            raise IllegalTransition(f"step {name} of order {record.id} is already Completed")
+        marked[name] = current.model_copy(
+            update={
+                "Status": StepStatus.RUNNING,
+                "Attempt": claimed.Attempt,
+                "StartedAt": now,
+                "CompleteBy": deadline,
+                "Error": None,
+            }
+        )
+    return claimed.model_copy(update={"Steps": marked, "CompleteBy": deadline}, deep=True)
+
+
+def unmark_unsent(record: OrderState, instance_id: str, steps: list[str]) -> OrderState:
+    """2.4: `steps`, which this attempt's claim marked Running though no
+    attempt had sent them before (NotStarted then) and this attempt never
+    sent, are NotStarted again: the record shows possibly sent exactly what
+    may have been, so compensation does not undo what never happened. A step
+    not Running for this attempt is left as it is."""
+    require_owner(record, instance_id)
+    marked = dict(record.Steps)
+    for name in steps:
+        state = marked.get(name)
+        if (
+            state is not None
+            and state.Status is StepStatus.RUNNING
+            and state.Attempt == record.Attempt
+        ):
+            marked[name] = StepState()
+    return record.model_copy(update={"Steps": marked}, deep=True)
+
+
 # --- Scheduler (orchestration) ---------------------------------------------------------
 
 

@@ -5,11 +5,20 @@ rather than silently."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, TypeAdapter
 
-from domain.models import AgentReply, OrderSubmitted, ProcessState, ReferenceText, StatusKind
+from domain.models import (
+    AgentReply,
+    OrderState,
+    OrderSubmitted,
+    ProcessState,
+    ReferenceText,
+    StatusKind,
+    StepStatus,
+)
 
 
 class ActivityContract(BaseModel):
@@ -300,15 +309,101 @@ class Wrote(ActivityContract):
         return self.model_dump(mode="json", exclude_defaults=True)
 
 
+class SendStep(_Compact):
+    """2.4: send the request of `Step` until `Deadline` (the attempt's one
+    deadline), with no write: the claim marked the step Running. `Payload`:
+    the order's step payload when the orchestration has it (the fast path's),
+    else the activity keeps or reads it; `AppId`: the order's application."""
+
+    InstanceId: str
+    Step: str
+    Deadline: AwareDatetime
+    Payload: dict | None = None
+    AppId: str | None = None
+
+
+class FinishAll(_Compact):
+    """2.4's one write: complete every step this attempt did (`Done`, step ->
+    its reference, in the order done) and mark the order Processed with the
+    status outbox filled, on the claim's etag; then send Processed, clear the
+    outbox and retire the recovery-index entry at `IndexedAt`. Or, with
+    `Failed`, complete `Done` and begin the compensation."""
+
+    InstanceId: str
+    Etag: str | None = None
+    Done: dict[str, ReferenceText] = Field(default_factory=dict)
+    IndexedAt: AwareDatetime | None = None
+    # A step failed for good: the same write completes `Done`, makes the
+    # steps in `Unsent` NotStarted again (marked by this claim, never sent by
+    # any attempt) and begins the compensation (Compensating, the undo log
+    # from the record), or with `Compensate` false (nothing was done) fails
+    # the order (Error), with `Reason`; no status, no index change.
+    Failed: str | None = None
+    Reason: str | None = None
+    Unsent: list[str] = Field(default_factory=list)
+    Compensate: bool = True
+
+
+def plan_for(
+    record: OrderState,
+    attempt: int,
+    payload: dict | None,
+    steps: list[str] | tuple[str, ...],
+    modes: Mapping[str, str],
+    step_timeout_seconds: int,
+    progress: bool,
+) -> Plan:
+    """The Plan of `attempt` on `record`: what the begin activity answers and
+    what a 2.4 claimer puts in the attempt's input (one function for both)."""
+    undo = [e.Step for e in reversed(record.Compensation) if e.Outcome != "Done"]
+    return Plan(
+        OrderID=record.id,
+        Attempt=attempt,
+        ReplyTo=record.ReplyTo,
+        State=record.ProcessState,
+        Steps=[
+            StepPlan(
+                Name=name,
+                Mode="inline" if modes.get(name) == "inline" else "remote",
+                Completed=name in record.Steps
+                and record.Steps[name].Status is StepStatus.COMPLETED,
+            )
+            for name in steps
+        ],
+        StepTimeoutSeconds=step_timeout_seconds,
+        Payload=payload or {},
+        Undo=undo if record.ProcessState is ProcessState.COMPENSATING else [],
+        Progress=progress,
+        AppId=record.AppId,
+    )
+
+
 class AttemptStart(ActivityContract):
     """2.3's orchestration input: what the claimer knows and the attempt
-    needs before its first activity, without the record (its etag names it)."""
+    needs before its first activity, without the record (its etag names it).
+    2.4 adds `Deadline` and `Plan` when the claim marked the attempt's steps
+    (domain.state_machine.claim_marking): the attempt then runs from its
+    input, with no begin."""
 
     Etag: str | None = None
     StepTimeoutSeconds: int | None = None
     IndexedAt: AwareDatetime | None = None
     Payload: dict | None = None
+    Deadline: AwareDatetime | None = None
+    Plan: _Plan | None = None
+    # 2.4: the steps its claim marked that were NotStarted before it (no
+    # attempt had sent them): what a failure may make NotStarted again.
+    Fresh: list[str] | None = None
     Trace: dict[str, str] | None = None
+
+    def dump(self) -> dict:
+        """2.3's shape, plus 2.4's fields only when set: an older version's
+        input model (2.0's AttemptInput) refuses fields it does not know."""
+        data = self.model_dump(mode="json")
+        for name in ("Deadline", "Plan", "Fresh"):
+            if data.get(name) is None:
+                data.pop(name, None)
+        return data
 
 
 def event_payload(reply: AgentReply) -> dict:

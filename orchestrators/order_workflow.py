@@ -3,8 +3,8 @@
 `defaultVersion` when it started) picks the file that runs it. One file per
 version (docs/adr/018d-one-file-per-workflow-version.md):
 
-- orchestrators/workflow_v2_3.py: 2.3, the live version, what new instances run;
-- orchestrators/workflow_v2_2.py, workflow_v2_1.py, workflow_v2_0.py,
+- orchestrators/workflow_v2_4.py: 2.4, the live version, what new instances run;
+- orchestrators/workflow_v2_3.py, workflow_v2_2.py, workflow_v2_1.py, workflow_v2_0.py,
   workflow_v1_1.py, workflow_v1_0.py: frozen,
   kept until no running instance needs them.
 
@@ -21,10 +21,11 @@ from orchestrators import (
     workflow_v2_1,
     workflow_v2_2,
     workflow_v2_3,
+    workflow_v2_4,
 )
 
 WORKFLOW_NAME = "order_workflow"
-CURRENT_VERSION = workflow_v2_3.VERSION
+CURRENT_VERSION = workflow_v2_4.VERSION
 # What an instance without a version runs: the code of its time, not the newest.
 UNVERSIONED = "1.0"
 
@@ -37,6 +38,7 @@ VERSIONS = {
         workflow_v2_1,
         workflow_v2_2,
         workflow_v2_3,
+        workflow_v2_4,
     )
 }
 

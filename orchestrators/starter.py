@@ -49,8 +49,9 @@ from typing import Any
 from adapters import telemetry
 from adapters.clock import SYSTEM_CLOCK, Clock
 from adapters.ports import ANY_OWNER, DeadlineIndex, MessagePublisher, NoIndex, StateStore
+from adapters.settings import Settings
 from domain.errors import NotFoundError, StaleError
-from domain.models import OrderState, OrderSubmitted, ProcessState
+from domain.models import OrderState, OrderSubmitted, ProcessState, StepStatus
 from domain.state_machine import (
     MAX_COMPENSATION_RESTARTS,
     IllegalTransition,
@@ -60,7 +61,7 @@ from domain.state_machine import (
     mark_received_sent,
     restart_compensation,
 )
-from orchestrators.contracts import AttemptStart, step_payload
+from orchestrators.contracts import AttemptStart, plan_for, step_payload
 from orchestrators.hooks import CrashPoint, no_crash_point
 from orchestrators.order_workflow import WORKFLOW_NAME
 from orchestrators.policy import StarterPolicy
@@ -114,7 +115,7 @@ async def start_attempt(client, instance_id: str, attempt_input: dict | None = N
 class Starter:
     def __init__(
         self,
-        settings: StarterPolicy,
+        settings: StarterPolicy | Settings,
         store: StateStore,
         index: DeadlineIndex | None = None,
         clock: Clock = SYSTEM_CLOCK,
@@ -134,8 +135,14 @@ class Starter:
         `crash_point`: the fault-injection hook (orchestrators.hooks).
         `settings`: the Starter's policy (orchestrators.policy, built from the
         app's settings by the composition root). `alerts`: where its alerts
-        go (default: an Alerts over `publisher`)."""
-        self._settings = settings
+        go (default: an Alerts over `publisher`). The app's Settings given
+        instead (tools, tests) are read as a policy without a step catalog,
+        whose claims mark no steps."""
+        self._settings = (
+            settings
+            if isinstance(settings, StarterPolicy)
+            else StarterPolicy.from_settings(settings)
+        )
         self._store = store
         self._index = index or NoIndex()
         self._clock = clock
@@ -410,6 +417,25 @@ class Starter:
             if await self.claim_and_start(client, record, etag, now, report) is None:
                 report.lost += 1  # another starter (or the fast path) won the etag
 
+    def _marks(self, record: OrderState, now: datetime) -> tuple[list[str], datetime] | None:
+        """What a 2.4 claim marks (domain.state_machine.claim_marking): every
+        step not Completed, Running until the attempt's one deadline, a step
+        timeout per step to do from now. None: the claim marks nothing (an
+        older workflow version is live; an application that gets progress
+        statuses, whose attempt begins and advances as 2.3's does, sending
+        them; nothing left to do)."""
+        p = self._settings
+        if not p.marks_steps or record.AppId in p.progress_apps:
+            return None
+        todo = [
+            name
+            for name in p.steps
+            if name not in record.Steps or record.Steps[name].Status is not StepStatus.COMPLETED
+        ]
+        if not todo:
+            return None
+        return todo, now + len(todo) * p.step_timeout
+
     def _index_deadline(self, now: datetime) -> datetime:
         """Where the attempt's one recovery-index entry goes: no later than
         any deadline the attempt will have (its claim's, and each step's,
@@ -443,24 +469,46 @@ class Starter:
             # an entry newer than its record) until the next claim, up to the
             # long-retry delay, and other orders' recoveries with it.
             return None
-        indexed_at = self._index_deadline(now)
+        marks = self._marks(record, now)
+        indexed_at = marks[1] if marks is not None else self._index_deadline(now)
         # The deadline is indexed before the record carries it (see
         # adapters.recovery_index): a claim lost to another claimer leaves an
         # extra entry for the attempt that claimer took, which is harmless.
         await self._index.add(record.id, indexed_at, record.Attempt + 1)
-        won = await self._store.claim_known(record, etag, now, self._settings.retry)
+        won = await self._store.claim_known(record, etag, now, self._settings.retry, marks)
         if won is None:
             return None
         claimed, claimed_etag = won
         report.claimed += 1
         telemetry.app_metrics().attempts.add(1)
         self._crash_point("starter.after_claim")
-        # Workflow 2.3's input: the claim's etag names the record (2.2 reads it).
+        # Workflow 2.3's input: the claim's etag names the record (2.2 reads it);
+        # 2.4's adds the deadline and the plan when the claim marked the steps.
+        step_timeout = int(self._settings.step_timeout.total_seconds())
         attempt_input = AttemptStart(
             Etag=claimed_etag,
-            StepTimeoutSeconds=int(self._settings.step_timeout.total_seconds()),
+            StepTimeoutSeconds=step_timeout,
             IndexedAt=indexed_at,
             Payload=step_payload(order) if order is not None else None,
+            Deadline=marks[1] if marks is not None else None,
+            Plan=plan_for(
+                claimed,
+                claimed.Attempt,
+                None,
+                self._settings.steps,
+                self._settings.step_modes,
+                step_timeout,
+                False,
+            )
+            if marks is not None
+            else None,
+            Fresh=[
+                n
+                for n in marks[0]
+                if n not in record.Steps or record.Steps[n].Status is StepStatus.NOT_STARTED
+            ]
+            if marks is not None
+            else None,
             Trace=telemetry.start_attempt(
                 claimed.id, _owner(claimed), claimed.Attempt, claimed.Trace
             ),

@@ -69,7 +69,7 @@ from .bus import (
     rules_for,
 )
 from .cosmos import SimContainer, SimCosmosClient
-from .durable import SimDurable
+from .durable import SimDurable, default_version
 from .hostile import ALERT_KINDS as FORGERY_ALERTS
 from .hostile import PREFIX as FORGED
 from .hostile import Hostile
@@ -645,6 +645,9 @@ class Simulation:
             # 017f) in the two-application world; the one-application world
             # is a deployment with no such records, the lookup off.
             legacy_order_keys=self.o.apps > 1,
+            # The version new attempts run, as the app reads it (its claim
+            # marks the steps from 2.4 on, ADR 021a).
+            workflow_version=self.o.version or default_version(),
         )
         # The product's own Service Bus adapters over a simulated client (issue 21).
         self.servicebus = SimServiceBusClient(w, self.bus, set(REGISTRY.values()))
@@ -853,7 +856,7 @@ class Simulation:
             fast_start=fast_start(self._host_starter),
         )
         starter = Starter(
-            StarterPolicy.from_settings(self.settings),
+            StarterPolicy.from_settings(self.settings, self.o.steps.names, {}),
             self.store,
             self.index,
             clock=SimClock(w, "starter" + name),

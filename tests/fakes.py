@@ -80,11 +80,19 @@ class FakeStateStore:
         return claimed
 
     async def claim_known(
-        self, record: OrderState, etag: str, now: datetime, policy: sm.RetryPolicy
+        self,
+        record: OrderState,
+        etag: str,
+        now: datetime,
+        policy: sm.RetryPolicy,
+        marks: tuple[list[str], datetime] | None = None,
     ):
         if not sm.is_claimable(record, now):
             return None
-        claimed = sm.claim(record, now, policy)
+        if marks is None:
+            claimed = sm.claim(record, now, policy)
+        else:
+            claimed = sm.claim_marking(record, now, policy, *marks)
         try:
             return claimed, await self.replace(claimed, etag)
         except (StaleError, NotFoundError):

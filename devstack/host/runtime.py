@@ -29,7 +29,7 @@ from .app import (
     load_app,
 )
 from .clock import Clock, ControllableClock
-from .config import load_host_json, load_local_settings
+from .config import DEFAULT_VERSION_SETTING, load_host_json, load_local_settings
 from .durable import DurableEngine
 from .errors import HostError
 from .http_api import DurableHttpApi, client_binding
@@ -93,6 +93,9 @@ class Host:
         load_local_settings(settings)
         host_json = o.host_json or str(app_dir / "host.json")
         config = load_host_json(host_json)
+        # The app reads the version new instances get from the same place the
+        # host does: a host.json given with --host-json is not next to the app.
+        os.environ[DEFAULT_VERSION_SETTING] = config.durable.default_version
         app = load_app(o.app, str(app_dir))
         catalog = index_app(app)
         for f in catalog.functions:

@@ -298,7 +298,7 @@ async def test_operator_reads_and_acts_in_the_browser(stack, browser):
         )
         attempt_text = browser.find_element(By.ID, "attempt-1").text
         assert attempt_text.count("card declined") == 1, attempt_text  # each error once
-        for activity in ("write_state", "raise_alert", "report_status", "begin_attempt"):
+        for activity in ("write_state", "raise_alert", "report_status", "send_step"):
             assert activity not in attempt_text
         assert _effects(browser) == {
             "reserve-inventory": "undone",

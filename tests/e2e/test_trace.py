@@ -79,8 +79,8 @@ async def test_one_order_is_one_trace_across_submit_activities_agent_and_bridge(
         needed = {
             "submit",
             "start attempt",
-            "activity begin_attempt",
-            "activity advance_attempt",
+            "activity send_step",
+            "activity finish_attempt",
             "activity run_inline_step",
             "agent",
             "reply bridge",

@@ -140,7 +140,7 @@ def test_happy_path_processes_every_order_and_reports_it():
     assert sim.violations == []
 
 
-@pytest.mark.parametrize("version", ["2.3", "2.2", "2.1", "2.0", "1.1"])
+@pytest.mark.parametrize("version", ["2.4", "2.3", "2.2", "2.1", "2.0", "1.1"])
 def test_happy_path_one_deadline(version):
     sim = _run(1, 3, Options(orders=3, faults=FaultConfig(), version=version))
     assert {i.version for i in sim.durable.instances.values()} == {version}
@@ -152,16 +152,19 @@ def test_new_attempts_run_host_json_default_version_with_the_starters_input():
 
     sim = _run(1, 1, Options(orders=1, faults=FaultConfig()))
     (instance,) = sim.durable.instances.values()
-    assert instance.version == default_version() == "2.3"
+    assert instance.version == default_version() == "2.4"
     given = json.loads(instance.input)
-    # 2.3: the claim's etag, not its record (docs/adr/020b-workflow-2-3.md).
+    # 2.3: the claim's etag, not its record (docs/adr/020b-workflow-2-3.md);
+    # 2.4: the plan and the attempt's one deadline (docs/adr/021a-claim-marks-the-attempt.md).
     assert "Record" not in given
     assert given["Etag"]
-    # 2.3's happy path (2.0's): begin + one advance per further step + finish.
+    assert given["Plan"]["Steps"]
+    assert given["Deadline"] == given["IndexedAt"]
+    # 2.4's happy path: a send per step, then the one write.
     from devstack.host.durable import TASK_SCHEDULED
 
     scheduled = [e["Name"] for e in instance.history if e["EventType"] == TASK_SCHEDULED]
-    assert scheduled == ["begin_attempt", "advance_attempt", "advance_attempt", "advance_attempt"]
+    assert scheduled == ["send_step", "send_step", "send_step", "finish_attempt"]
 
 
 def test_checks_can_fail():

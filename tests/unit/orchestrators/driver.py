@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -22,6 +22,7 @@ from domain.models import AgentReply, AgentRequest, OrderSubmitted
 from domain.steps import DEFAULT_CATALOG
 from orchestrators.contracts import SendRequest
 from orchestrators.order_workflow import CURRENT_VERSION, order_workflow
+from orchestrators.policy import StarterPolicy
 from orchestrators.starter import Starter
 from tests.builders import KEYS, ReadClock, order_payload
 from tests.fakes import FakeOrders, FakeStateStore, RecordingPublisher
@@ -101,6 +102,9 @@ class World:
     # Steps run inline (INLINE_STEPS) and the agent library that runs them.
     step_modes: dict[str, str] | None = None
     inline_agent: Any = None
+    # The claim marks the attempt's steps (workflow 2.4's claimer, ADR 021a):
+    # the Starter gets its policy with the step catalog and version 2.4.
+    marking: bool = False
 
     def activities(self) -> SchedulerActivities:
         return SchedulerActivities(
@@ -116,8 +120,13 @@ class World:
         )
 
     def starter(self) -> Starter:
+        policy: Settings | StarterPolicy = self.settings
+        if self.marking:
+            policy = StarterPolicy.from_settings(
+                replace(self.settings, workflow_version="2.4"), STEPS, self.step_modes
+            )
         return Starter(
-            self.settings,
+            policy,
             self.store,
             self.index,
             clock=ReadClock(lambda: self.now),
@@ -223,7 +232,7 @@ class Driver:
         if name == "send_agent_request":
             if len(self.world.bus.sent) > before:  # duplicate detection drops a repeated id
                 self._answer(SendRequest.model_validate(data))
-        elif name in ("begin_attempt", "advance_attempt"):
+        elif name in ("begin_attempt", "advance_attempt", "send_step"):
             # Answer the request the activity sent (a re-send dropped by
             # duplicate detection gets no second answer).
             for queue, body, _, _ in self.world.bus.sent[before:]:

@@ -23,7 +23,7 @@ from devstack.host.replay import SCHEDULING_EVENTS, EpisodeResult, run_episode
 
 CORPUS = Path(__file__).resolve().parents[2] / "fixtures" / "histories"
 FILES = sorted(CORPUS.glob("*.json"))
-LIVE = "2.3"
+LIVE = "2.4"
 OUTCOMES = ("processed", "compensated", "failed", "retried")
 UPGRADES = ("upgraded", "upgraded-retried")
 # Versions before the unconfirmed-undo long retry (ADR 019a); every later one

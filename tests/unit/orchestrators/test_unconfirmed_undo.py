@@ -78,8 +78,8 @@ async def _first_attempt(world, undo_of_step_1, version=CURRENT_VERSION):
     return driver
 
 
-async def test_2_3_is_the_live_version_and_keeps_2_2s_compensation():
-    assert CURRENT_VERSION == "2.3"
+async def test_2_4_is_the_live_version_and_keeps_2_2s_compensation():
+    assert CURRENT_VERSION == "2.4"
 
 
 async def test_an_unconfirmed_undo_waits_for_a_long_retry_instead_of_failing():
