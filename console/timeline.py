@@ -366,7 +366,7 @@ _UNDO_TRY = re.compile(r"^(?P<step>.+)-undo-\d+$")
 
 def _answered_call(reply: dict[str, Any], name: Any, calls: list[Call]) -> tuple[Any, str]:
     """(step, action) a raised reply answers. A full AgentReply names them;
-    the reply event the bridge raises since workflow 2.3's ADR 021h does not
+    the reply event the bridge raises since ADR 021h does not
     (the event's name does: `domain.ids.reply_event_name`,
     `reply-{step}[-undo-{try}]-{attempt}`). The name is matched against the
     steps requested so far, newest first, so a step named like a suffix
