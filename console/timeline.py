@@ -23,6 +23,7 @@ Rules (issue 25, docs/console.md "Reading an order"):
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -362,17 +363,39 @@ def _walk(history: list[Any]) -> tuple[list[Event], list[Call]]:
                     )
         elif kind == "EventRaised":
             reply = _data(raw.get("Input"))
-            call = open_call(reply.get("Step"), reply.get("Action") or "do")
+            step, action = _answered_call(reply, raw.get("Name"), calls)
+            call = open_call(step, action)
             if call is None:
                 # an answer to a try whose deadline already passed (ADR 005) or unknown
-                call = Call(
-                    step=str(reply.get("Step") or "?"),
-                    action=str(reply.get("Action") or "do"),
-                    requested_at=None,
-                )
+                call = Call(step=str(step or "?"), action=action, requested_at=None)
                 calls.append(call)
             answered(call, reply, at)
     return events, calls
+
+
+_ATTEMPT_SUFFIX = re.compile(r"-\d+$")
+_UNDO_TRY = re.compile(r"^(?P<step>.+)-undo-\d+$")
+
+
+def _answered_call(reply: dict[str, Any], name: Any, calls: list[Call]) -> tuple[Any, str]:
+    """(step, action) a raised reply answers. A full AgentReply names them;
+    the reply event the bridge raises since ADR 021h does not
+    (the event's name does: `domain.ids.reply_event_name`,
+    `reply-{step}[-undo-{try}]-{attempt}`). The name is matched against the
+    steps requested so far, newest first, so a step named like a suffix
+    cannot be misread."""
+    if reply.get("Step"):
+        return reply.get("Step"), str(reply.get("Action") or "do")
+    if not isinstance(name, str) or not name.startswith("reply-"):
+        return None, "do"
+    stem = _ATTEMPT_SUFFIX.sub("", name[len("reply-") :])
+    for c in reversed(calls):
+        if stem == c.step:
+            return c.step, "do"
+        if stem.startswith(f"{c.step}-undo-") and stem[len(c.step) + 6 :].isdigit():
+            return c.step, "undo"
+    undo = _UNDO_TRY.match(stem)
+    return (undo["step"], "undo") if undo else (stem or None, "do")
 
 
 _ACTIVITY_WORDS = {

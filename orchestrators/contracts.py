@@ -5,17 +5,23 @@ rather than silently."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, cast
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, TypeAdapter, model_validator
 
 from domain.models import (
+    MAX_AGENT_CALLS,
+    AgentCall,
     AgentReply,
     OrderState,
     OrderSubmitted,
+    PayloadDict,
     ProcessState,
+    ProviderText500,
     ReferenceText,
+    ReplyOutcome,
     StatusKind,
     StepStatus,
 )
@@ -140,11 +146,82 @@ class WorkflowResult(ActivityContract):
     Detail: str | None = None
 
 
-def reply_from_event(value) -> AgentReply:
-    """External event payloads arrive as a dict or as its JSON string."""
-    if isinstance(value, str):
-        return AgentReply.model_validate_json(value)
-    return AgentReply.model_validate(value)
+# --- the reply, as the workflows read it ------------------------------------------------
+
+
+class ReplyEvent(ActivityContract):
+    """An agent's answer as the reply bridge raises it on the attempt's
+    instance (`event_payload`): what an orchestration or an operator reads
+    of it, and none of its identity. The bridge raises a reply only after its
+    token and signature proved that it answers exactly the request of that
+    instance, step, action, attempt and application that the event's name
+    stands for (ADR 017e), so the instance it is raised on and the event's
+    name already say everything the identity fields said
+    (docs/adr/021h-slim-reply-event.md).
+
+    - `Outcome`, `Error`: what every workflow decides on (and the record, the
+      Supervisor and the alerts quote);
+    - `Result`: of the agent's result, what is read: `Reference` (every
+      workflow records it on the step; the console shows it) and, on an
+      undo's reply, `Status` (the console tells by it an undo that had
+      nothing to undo). The remote's echo of the request (OrderID, Step,
+      Operation, FencingToken) and a do's Status are read by no one;
+    - `Calls`: the agent's call record (ADR 017d), which the console shows
+      on the reply."""
+
+    Outcome: ReplyOutcome
+    Result: PayloadDict | None = None
+    Error: ProviderText500 | None = None
+    Calls: Annotated[list[AgentCall], Field(max_length=MAX_AGENT_CALLS)] | None = None
+
+    @model_validator(mode="after")
+    def _error_when_not_ok(self) -> ReplyEvent:
+        if self.Outcome is not ReplyOutcome.OK and not self.Error:
+            raise ValueError("a transient or permanent reply must say why in Error")
+        return self
+
+    @classmethod
+    def of(cls, reply: AgentReply) -> ReplyEvent:
+        keys = ("Reference", "Status") if reply.Action == "undo" else ("Reference",)
+        kept = {k: v for k, v in (reply.Result or {}).items() if k in keys}
+        return cls(Outcome=reply.Outcome, Result=kept or None, Error=reply.Error, Calls=reply.Calls)
+
+    def dump(self) -> dict:
+        return self.model_dump(mode="json", exclude_none=True)
+
+
+def event_payload(reply: AgentReply) -> dict:
+    """What the reply bridge raises on the instance: the reply's `ReplyEvent`
+    (its outcome, error, the result's reference, its call record), without
+    its identity (the event's name and the instance say it), its seal (the
+    bridge checked it before raising) or its schema version."""
+    return ReplyEvent.of(reply).dump()
+
+
+def read_reply(value: Any) -> AgentReply | ReplyEvent:
+    """An awaited reply as a workflow gets it: the event's data (a dict, or
+    its JSON text: the Durable SDK's client encodes the data before posting
+    it as JSON, so Azure's history keeps it encoded twice and the SDK decodes
+    it once) or an inline step's activity result. The full AgentReply
+    (recorded histories, a bridge of an older build, the inline step's
+    result: it has an `InstanceId`) is validated as before and returned as it
+    is; anything else must be a `ReplyEvent`."""
+    data = json.loads(value) if isinstance(value, str) else value
+    if isinstance(data, dict) and "InstanceId" in data:
+        if isinstance(value, str):
+            return AgentReply.model_validate_json(value)
+        return AgentReply.model_validate(data)
+    return ReplyEvent.model_validate(data)
+
+
+def reply_from_event(value: Any) -> AgentReply:
+    """`read_reply` for workflows 1.0 to 2.3, whose files (frozen, ADR 018d)
+    type what this returns as AgentReply. Every one of them reads only
+    `Outcome`, `Error` and `Result` of it, which a ReplyEvent has too
+    (tests/unit/orchestrators/test_reply_event.py checks every version's
+    file for it); a ReplyEvent has no identity field to read, so a version
+    that reached for one would fail loudly, not read a wrong value."""
+    return cast(AgentReply, read_reply(value))
 
 
 # --- version 2.0 ---------------------------------------------------------------------
@@ -404,13 +481,3 @@ class AttemptStart(ActivityContract):
             if data.get(name) is None:
                 data.pop(name, None)
         return data
-
-
-def event_payload(reply: AgentReply) -> dict:
-    """What the reply bridge raises on the instance: the reply without its
-    seal (the bridge checked it before raising; the orchestration never
-    reads it), its schema version (1, the default) and its empty fields.
-    Every version parses it (`reply_from_event`): all three are optional."""
-    return reply.model_dump(
-        mode="json", exclude={"ReplyToken", "Signature", "SchemaVersion"}, exclude_none=True
-    )

@@ -272,7 +272,9 @@ def _run_marked(context, given: AttemptStart):
         if reply.Outcome is ReplyOutcome.TRANSIENT:
             return (yield from _transient(context, step.Name, reply.Error))
         if reply.Outcome is ReplyOutcome.PERMANENT:
-            return (yield from _permanent_marked(context, given, plan, step.Name, reply, done))
+            return (
+                yield from _permanent_marked(context, given, plan, step.Name, reply.Error, done)
+            )
         done[step.Name] = (reply.Result or {}).get("Reference")
     try:
         finished = yield from _finish_all(
@@ -293,14 +295,16 @@ def _finish_all(context, data: FinishAll):
     return Wrote.model_validate((yield _call(context, "finish_attempt", data.dump())))
 
 
-def _permanent_marked(context, given: AttemptStart, plan: Plan, step: str, reply, done: dict):
+def _permanent_marked(
+    context, given: AttemptStart, plan: Plan, step: str, error: str | None, done: dict
+):
     """A non-transient failure on a marked record: when a step was done (by
     this attempt, or Completed by an earlier one), one write completes what
     this attempt did and begins the compensation, whose log the record
     makes of every step it shows as possibly sent; the plan is then read
     again for that log. Otherwise the order fails outright, as in 2.3."""
     iid = context.instance_id
-    reason = f"step {step} failed: {reply.Error}"
+    reason = f"step {step} failed: {error}"
     names = [s.Name for s in plan.Steps]
     # The steps after the failed one were never sent by this attempt; those
     # NotStarted before its claim were never sent by any.

@@ -213,3 +213,77 @@ def test_workflow_2_3s_inputs_tell_the_same_story():
     after = story.timeline(record, statuses(rewrite=True))
     assert [_texts(a) for a in after] == [_texts(a) for a in before]
     assert any("order Processed" in _texts(a) for a in after)
+
+
+def _story(name: str, slim: bool) -> list[dict]:
+    """The recorded order's timeline; `slim`: every raised reply rewritten
+    to what the reply bridge raises since ADR 021h (no identity: the step
+    and action are the event's name's)."""
+    from domain.models import AgentReply
+    from orchestrators.contracts import event_payload
+
+    data = json.loads((HERE / f"{name}.json").read_text())
+    record = OrderState.model_validate(data["record"])
+    statuses = {}
+    for iid, st in data["statuses"].items():
+        history = []
+        for event in st.get("historyEvents") or []:
+            event = dict(event)
+            if slim and event.get("EventType") == "EventRaised":
+                reply = AgentReply.model_validate_json(event["Input"])
+                event["Input"] = json.dumps(event_payload(reply))
+                assert "Step" not in event["Input"]
+            history.append(event)
+        statuses[parse_attempt_instance_id(iid)[1]] = {
+            "instance": iid,
+            "runtime_status": st.get("runtimeStatus"),
+            "output": st.get("output"),
+            "history": history,
+        }
+    return story.timeline(record, statuses)
+
+
+def _shown(attempts: list[dict]) -> list:
+    """Everything the page shows of the attempts (not the raw reply dicts)."""
+    return [
+        (
+            a["badge"],
+            a["retried_calls"],
+            [(e.at, e.kind, e.text, e.tone, e.detail, e.calls) for e in a["events"]],
+            [
+                (c.step, c.action, c.requested_at, c.deadline, c.replied_at, c.missed)
+                for c in a["calls"]
+            ],
+        )
+        for a in attempts
+    ]
+
+
+@pytest.mark.parametrize("name", ["declined", "retried", "compfail", "agentretry"])
+def test_the_reply_event_without_its_identity_tells_the_same_story(name):
+    """The bridge raises a reply without its identity fields (ADR 021h): the
+    event's name says the step, the action and the undo's try. Every recorded
+    order reads exactly as it did with the full reply: the same events,
+    errors, references, undo outcomes and agent calls, on the same calls."""
+    before, after = _story(name, slim=False), _story(name, slim=True)
+    assert _shown(after) == _shown(before)
+    assert any(c.reply for a in after for c in a["calls"])
+
+
+@pytest.mark.parametrize(
+    ("event", "calls", "answered"),
+    [
+        ("reply-charge-payment-2", [("charge-payment", "do")], ("charge-payment", "do")),
+        (
+            "reply-charge-payment-undo-1-2",
+            [("charge-payment", "do"), ("charge-payment", "undo")],
+            ("charge-payment", "undo"),
+        ),
+        # a step whose name ends like an undo's try is told by the calls asked
+        ("reply-odd-undo-3-1", [("odd-undo-3", "do")], ("odd-undo-3", "do")),
+        ("reply-lost-step-undo-0-1", [], ("lost-step", "undo")),  # asked for before this page
+    ],
+)
+def test_a_reply_events_name_says_which_call_it_answers(event, calls, answered):
+    asked = [story.Call(step=s, action=a, requested_at=None) for s, a in calls]
+    assert story._answered_call({"Outcome": "ok"}, event, asked) == answered

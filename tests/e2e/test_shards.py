@@ -23,7 +23,7 @@ from azure.servicebus import ServiceBusMessage, ServiceBusReceiveMode
 
 from devstack.invariants import INGRESS_QUEUE
 from devstack.stack import Stack
-from domain.ids import order_key
+from domain.ids import agent_reply_message_id, order_key, reply_event_name
 from domain.models import AgentReply, ProcessState
 from domain.shards import shard_of
 from domain.signing import (
@@ -136,8 +136,9 @@ async def test_a_reply_at_the_other_shards_bridge_changes_nothing_there(shards):
         assert records[order.OrderID].ProcessState is ProcessState.PROCESSED
         record = records[order.OrderID]
         # A reply shard 0's agent sent and shard 0's bridge raised: the
-        # EventRaised (type 15) in shard 0's hub holds it, without its seal
-        # (workflow 2.3: orchestrators.contracts.event_payload).
+        # EventRaised (type 15) in shard 0's hub holds its answer, without its
+        # seal or identity (orchestrators.contracts.event_payload, ADR 021h):
+        # the instance and the event's name say those.
         key = order_key("webshop", order.OrderID)
         instance = f"{key}:{record.Attempt}"
         history = one.stack.run_dir / "host" / f"{one.stack.settings['TASKHUB_NAME']}.sqlite"
@@ -151,13 +152,27 @@ async def test_a_reply_at_the_other_shards_bridge_changes_nothing_there(shards):
                 )
             ]
         assert raised, "shard 0's hub shows no raised reply for its order"
-        reply = raised[0]["Input"]  # the event's data: JSON text, as the bridge raised it
-        while isinstance(reply, str):
-            reply = json.loads(reply)
-        assert reply["InstanceId"] == instance
-        # Sealed again as shard 0's agent sealed it (shard 0's token and agent
-        # keys): a reply genuine in shard 0, as its bridge checks.
-        genuine = _sealed_in(one.stack, AgentReply.model_validate(reply))
+        answer = raised[0]["Input"]  # the event's data: JSON text, as the bridge raised it
+        while isinstance(answer, str):
+            answer = json.loads(answer)
+        (step,) = [
+            s for s in record.Steps if reply_event_name(s, record.Attempt) == raised[0]["Name"]
+        ]
+        assert "InstanceId" not in answer
+        assert answer["Outcome"] == "ok"
+        # The reply shard 0's agent sent, sealed again as it sealed it (shard
+        # 0's token and agent keys): a reply genuine in shard 0, as its bridge checks.
+        reply = AgentReply(
+            InstanceId=instance,
+            OrderID=key,
+            Step=step,
+            Attempt=record.Attempt,
+            AppId="webshop",
+            EventName=raised[0]["Name"],
+            EventId=agent_reply_message_id(instance, raised[0]["Name"]),
+            **answer,
+        )
+        genuine = _sealed_in(one.stack, reply)
         keys = _keys_of(one.stack)
         assert check_scheduler_reply(keys, genuine) is None
         assert check_scheduler_reply(_keys_of(two.stack), genuine) is not None

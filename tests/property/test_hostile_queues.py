@@ -36,7 +36,7 @@ from domain.codec import decode
 from domain.errors import NotFoundError, ValidationFailed
 from domain.ids import order_key
 from domain.models import AgentReply, AgentRequest, OrderSubmitted
-from orchestrators.contracts import event_payload
+from orchestrators.contracts import event_payload, reply_from_event
 from reporting import Alerts
 from tests.builders import KEYS, agent_request, order_payload, signed_reply
 from tests.integration.app_env import INGRESS, Bus, RecordingActions, app_env, registered  # noqa: F401
@@ -534,9 +534,15 @@ async def test_every_agent_reply_reaches_the_workflow_valid_or_is_dead_lettered(
             if not reply.InstanceId.endswith(":3"):
                 [(instance, event, payload)] = client.raised
                 assert (instance, event) == (reply.InstanceId, reply.EventName)
-                # The reply as the bridge raises it: without its seal (workflow 2.3,
-                # orchestrators.contracts.event_payload), every other field as sent.
+                # The reply as the bridge raises it (orchestrators.contracts.event_payload,
+                # ADR 021h): its answer as sent, on the instance and under the event name
+                # its checked token binds, without that identity or its seal.
                 assert payload == event_payload(reply)
+                # A workflow reads of it what it read of the whole reply before.
+                whole = reply.model_dump(mode="json", exclude={"ReplyToken", "Signature"})
+                was, now = reply_from_event(whole), reply_from_event(payload)
+                assert (now.Outcome, now.Error, now.Calls) == (was.Outcome, was.Error, was.Calls)
+                assert (now.Result or {}).get("Reference") == (was.Result or {}).get("Reference")
         else:
             assert call[0] == "deadletter", call
             assert call[1] in DOCUMENTED_REASONS, call

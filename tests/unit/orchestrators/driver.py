@@ -20,7 +20,7 @@ from domain import state_machine as sm
 from domain.ids import order_key, parse_attempt_instance_id
 from domain.models import AgentReply, AgentRequest, OrderSubmitted
 from domain.steps import DEFAULT_CATALOG
-from orchestrators.contracts import SendRequest
+from orchestrators.contracts import SendRequest, event_payload
 from orchestrators.order_workflow import CURRENT_VERSION, order_workflow
 from orchestrators.policy import StarterPolicy
 from orchestrators.starter import Starter
@@ -271,9 +271,9 @@ class Driver:
             Error=None if outcome == "ok" else detail,
         )
         arrives = self.world.now + (later[0] if later else self.reply_delay)
-        self._events.append(
-            (arrives, _event(EVENT_RAISED, arrives, Name=event_name, Input=reply.model_dump_json()))
-        )
+        # Raised as the reply bridge raises it (orchestrators.contracts.event_payload).
+        raised = json.dumps(event_payload(reply))
+        self._events.append((arrives, _event(EVENT_RAISED, arrives, Name=event_name, Input=raised)))
 
     async def run(self, max_episodes: int = 200) -> str:
         new_events: list[dict] = []
