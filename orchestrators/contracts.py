@@ -480,4 +480,6 @@ class AttemptStart(ActivityContract):
         for name in ("Deadline", "Plan", "Fresh"):
             if data.get(name) is None:
                 data.pop(name, None)
+        if self.Plan is not None:  # its defaults restored when it is read
+            data["Plan"] = self.Plan.model_dump(mode="json", exclude_defaults=True)
         return data

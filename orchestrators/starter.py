@@ -488,7 +488,8 @@ class Starter:
         attempt_input = AttemptStart(
             Etag=claimed_etag,
             StepTimeoutSeconds=step_timeout,
-            IndexedAt=indexed_at,
+            # A marked attempt's entry is at its deadline (2.4 reads it there).
+            IndexedAt=indexed_at if marks is None else None,
             Payload=step_payload(order) if order is not None else None,
             Deadline=marks[1] if marks is not None else None,
             Plan=plan_for(

@@ -241,6 +241,10 @@ def _run_marked(context, given: AttemptStart):
     done: dict[str, str | None] = {}
     payload = given.Payload  # given to the first request only (the activity keeps it)
     last = None
+    # One durable timer for the whole attempt: every step races its reply
+    # against the same deadline, so one timer serves them all (the same task
+    # waited on again, as the undo's earlier tries are).
+    timer = None
     for step in plan.Steps:
         if step.Completed:
             continue
@@ -264,11 +268,15 @@ def _run_marked(context, given: AttemptStart):
                     ).dump(),
                 )
             payload = None
-        reply = yield from _await_step(context, plan, step, deadline)
+        if timer is None:
+            timer = context.create_timer(deadline)
+        reply = yield from _await_marked(context, plan, step, deadline, timer)
         if reply is None:
             # The record keeps CompleteBy = the attempt's deadline, which has
             # passed: the Supervisor retries or gives up.
             return finish("timed_out", step.Name, "deadline passed")
+        if reply.Outcome is not ReplyOutcome.OK and not timer.is_completed:
+            timer.cancel()
         if reply.Outcome is ReplyOutcome.TRANSIENT:
             return (yield from _transient(context, step.Name, reply.Error))
         if reply.Outcome is ReplyOutcome.PERMANENT:
@@ -276,10 +284,18 @@ def _run_marked(context, given: AttemptStart):
                 yield from _permanent_marked(context, given, plan, step.Name, reply.Error, done)
             )
         done[step.Name] = (reply.Result or {}).get("Reference")
+    if timer is not None and not timer.is_completed:
+        timer.cancel()
     try:
         finished = yield from _finish_all(
             context,
-            FinishAll(InstanceId=iid, Etag=given.Etag, Done=done, IndexedAt=given.IndexedAt),
+            FinishAll(
+                InstanceId=iid,
+                Etag=given.Etag,
+                Done=done,
+                # The attempt's one index entry is at its deadline.
+                IndexedAt=given.IndexedAt or deadline,
+            ),
         )
     except Exception:  # the SDK raises the activity's failure here after its retries
         # Either the write did not land (the record keeps the attempt's
@@ -289,6 +305,22 @@ def _run_marked(context, given: AttemptStart):
     # Outside the try: a stale finish ends as "stale", not "unconfirmed".
     unless_stale(finished, last)
     return finish("processed")
+
+
+def _await_marked(context, plan: Plan, step: StepPlan, deadline: datetime, timer):
+    """Wait for `step`'s reply (or run the inline step) until the attempt's
+    timer fires; the reply, or None when the deadline came first."""
+    if step.Mode == "inline":
+        request = SendRequest(
+            InstanceId=context.instance_id, Step=step.Name, Deadline=deadline, Payload=plan.Payload
+        )
+        task = context.call_activity("run_inline_step", _traced(context, request.dump()))
+    else:
+        task = context.wait_for_external_event(reply_event_name(step.Name, plan.Attempt, "do"))
+    winner = yield context.task_any([task, timer])
+    if winner is timer:
+        return None
+    return _reply(context, plan, step.Name, "do", task.result)
 
 
 def _finish_all(context, data: FinishAll):

@@ -13,7 +13,7 @@ from domain import state_machine as sm
 from domain.models import ProcessState, StepStatus
 from orchestrators import order_workflow as wf
 from tests.fakes import CountingOrders, CountingStateStore, FakeIndex
-from tests.unit.orchestrators.driver import POLICY, STEPS, StartingClient, World
+from tests.unit.orchestrators.driver import POLICY, STEPS, TIMER_CREATED, StartingClient, World
 from tests.unit.orchestrators.driver import Driver as _Driver
 
 STATUS_QUEUE = "replies-webshop"
@@ -67,7 +67,7 @@ async def test_the_claim_marks_every_step_running_until_the_attempts_one_deadlin
     }
     assert at(given["Deadline"]) == deadline
     assert [s["Name"] for s in given["Plan"]["Steps"]] == STEPS
-    assert given["IndexedAt"] == given["Deadline"]
+    assert "IndexedAt" not in given or given["IndexedAt"] is None  # the entry is at the deadline
 
 
 async def test_the_happy_path_writes_the_record_once_after_the_claim():
@@ -80,9 +80,11 @@ async def test_the_happy_path_writes_the_record_once_after_the_claim():
     assert [n for n, _ in driver.calls] == ["send_step"] * len(STEPS) + ["finish_attempt"]
     # The one write (Processed, outbox filled) and the outbox clear after the send.
     assert world.store.requests["replace"] - replaces_before == 2
-    # Every request, timer and the record carry the attempt's one deadline.
+    # Every request, the one timer and the record carry the attempt's one deadline.
     deadlines = {r["Deadline"] for r in requests(world)}
     assert deadlines == {given["Deadline"]}
+    timers = [e["FireAt"] for e in driver.history if e["EventType"] == TIMER_CREATED]
+    assert [at(t) for t in timers] == [at(given["Deadline"])]
     record = await world.record()
     assert record.ProcessState is ProcessState.PROCESSED
     assert [record.Steps[n].Reference for n in STEPS] == [f"ref-{n}-do" for n in STEPS]
