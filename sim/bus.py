@@ -111,9 +111,14 @@ class Bus:
         self._tokens = itertools.count(1)
         self.after_send = None  # (queue, visible_at): lets the simulation deliver it
         # Per message id, the lock tokens of its deliveries that a fault ended
-        # (a crash, a lock expiry, a failing settlement): when every delivery
-        # did, Service Bus's own MaxDeliveryCountExceeded is the only verdict.
+        # (a crash, a lock expiry, a failing settlement, or a send of its own
+        # back-off copy that faulted, after which the handler can only leave
+        # it to redelivery): when every delivery did, Service Bus's own
+        # MaxDeliveryCountExceeded is the only verdict.
         self.faulted: dict[str, set[int]] = {}
+        # Lock tokens of deliveries whose back-off copy's send faulted
+        # (`copy_send_faulted`): counted in `faulted` once they end unsettled.
+        self._copy_faulted: set[int] = set()
 
     def queue(self, name: str) -> Queue:
         if name not in self.queues:
@@ -193,7 +198,7 @@ class Bus:
         if msg.lock_token != token or msg not in self.queue(queue).messages:
             return
         msg.lock_token = None
-        if why != "abandon" and why != "function raised":
+        if (why != "abandon" and why != "function raised") or token in self._copy_faulted:
             self.faulted.setdefault(msg.message_id, set()).add(token)
         self.world.log(f"bus {queue} {why} {msg.message_id} (delivery {msg.delivery_count})")
         if msg.delivery_count >= rules_for(queue).max_delivery:
@@ -251,6 +256,24 @@ class Bus:
 
     def every_delivery_faulted(self, msg: Msg) -> bool:
         return len(self.faulted.get(msg.message_id, ())) >= msg.delivery_count
+
+    def copy_send_faulted(self, queue: str, copy_id: str) -> None:
+        """A scheduled send of `copy_id` to `queue` faulted (refused, or
+        applied with its answer lost). When it is a gate's back-off copy
+        (`retry/<root>/<retry>`), the delivery that was making it (a locked
+        message of that lineage one retry earlier) cannot carry the message on
+        and can only abandon it to redelivery: that delivery, if it ends
+        unsettled, was ended by the fault (seed 400174: a forged request's
+        copy abandoned after its alert and its next copy both faulted)."""
+        copy = _COPY.match(copy_id)
+        if copy is None:
+            return
+        root, retry = copy.group(1), int(copy.group(2))
+        for m in self.queue(queue).messages:
+            mine = _COPY.match(m.message_id)
+            parent = (mine.group(1), int(mine.group(2))) if mine else (f"seq-{m.seq}", 0)
+            if m.lock_token is not None and parent == (root, retry - 1):
+                self._copy_faulted.add(m.lock_token)
 
     def _settle(
         self,
@@ -453,7 +476,10 @@ class SimSender:
         if kind and faults.draw(faults.config.send_fail, f"{kind}_send_fail", message_id):
             raise ServiceBusConnectionError(message=f"sending to {queue}: link detached")
         fault = faults.send_fault(queue, message_id)
+        if fault is not None and scheduled:
+            c.bus.copy_send_faulted(queue, message_id)
         if fault == "refused":
+            world.log(f"bus {queue} {label} {message_id} refused")
             raise ServiceBusConnectionError(message=f"sending to {queue}: connection refused")
         body = b"".join(message.body)
         props = dict(message.application_properties or {})

@@ -313,7 +313,9 @@ class Hostile:
                 continue
             # The lineage's verdict: a refusal on any of its messages (the
             # original or a back-off copy); every other dead letter of it must
-            # be the broker's and explained: every delivery faulted, or the
+            # be the broker's and explained: every delivery faulted (counting
+            # one the gate could only abandon because the send of its next
+            # copy faulted: seed 400174, sim.bus.Bus.copy_send_faulted), or the
             # gate carried the message on in a copy the queue accepted (the
             # copy's schedule applied with its answer lost, so the gate also
             # abandoned the delivery) and the lineage was refused (seed 54).

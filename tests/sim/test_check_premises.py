@@ -141,3 +141,62 @@ def test_a_forgery_dead_lettered_by_the_broker_is_refused_when_its_copy_was():
     assert failures() == []
     original.dead_letter_reason = "ProcessingFailed"  # a handler's verdict is never a refusal
     assert "forged message refused" in failures()
+
+
+def test_a_delivery_left_to_redelivery_because_its_copy_faulted_was_ended_by_the_fault():
+    """Seed 400174: a forged request's alert could not be queued (applied, its
+    answer lost), so the agent carried it on as the copy `retry/seq-28/1` and
+    completed the original. Four of the copy's five deliveries met settlement
+    faults; on the other, the alert's answer was lost again and the next copy
+    `retry/seq-28/2` was refused, so the gate could only abandon it, and the
+    broker dead-lettered the copy MaxDeliveryCountExceeded. Every delivery was
+    ended by a fault. A delivery the handler abandons of its own accord (seeds
+    5113, 100220: no copy tried) still makes the broker's verdict a defect, and
+    so does one whose copy send that failed was another message's."""
+    import json
+
+    from adapters.settlement import ORIGINAL_ID_PROPERTY
+    from sim.bus import rules_for
+    from sim.hostile import Hostile
+
+    sim = _run(1, 1)
+    sim.bus.after_send = None  # nothing delivers: the test does
+    queue = "agent-requests"
+    requests = sim.bus.queue(queue)
+    requests.messages.clear()
+    alerts = sim.bus.queue("alerts")
+    assert rules_for(queue).max_delivery == 5
+
+    def failures(root: int, faulted_copy: str | None) -> list[str]:
+        """Forgery `forged/{root}` carried on as `retry/seq-{root}/1`, whose
+        delivery 2 abandons after the send of `faulted_copy` (if any) faulted
+        and whose other deliveries end in a lost lock."""
+        mid, copy_id = f"forged/{root}", f"retry/seq-{root}/1"
+        hostile = Hostile(sim, 1)
+        hostile.forged[mid] = (queue, "fence-999")
+        sim.bus.send(queue, b"{}", mid, fault_free=True)
+        requests.messages.pop()  # completed: carried on by its copy
+        sim.bus.send(queue, b"{}", copy_id, {ORIGINAL_ID_PROPERTY: mid}, fault_free=True)
+        body = json.dumps({"MessageId": copy_id}).encode()
+        alerts.sent.append(Msg(f"alert/{root}", body, {}, root, sim.world.clock.now))
+        for delivery in range(1, 6):
+            msg = sim.bus.receivable(queue)
+            assert msg is not None
+            assert msg.message_id == copy_id
+            assert msg.lock_token is not None
+            if delivery == 2:
+                if faulted_copy is not None:
+                    sim.bus.copy_send_faulted(queue, faulted_copy)
+                sim.bus.settle(queue, msg, msg.lock_token, "abandon")
+            else:
+                sim.bus.release(queue, msg, msg.lock_token, "lock lost at settlement")
+        (dead,) = [m for m in requests.dead if m.message_id == copy_id]
+        assert dead.dead_letter_reason == "MaxDeliveryCountExceeded"
+        sim.violations.clear()
+        hostile.check()
+        return [c for c, _ in sim.violations]
+
+    assert failures(28, "retry/seq-28/2") == []
+    assert failures(29, None) == ["forged message refused"]  # abandoned of its own accord
+    assert failures(30, "retry/seq-31/2") == ["forged message refused"]  # another lineage's copy
+    assert failures(32, "retry/seq-32/3") == ["forged message refused"]  # a later retry's copy
