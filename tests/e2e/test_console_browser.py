@@ -177,15 +177,18 @@ async def test_operator_reads_and_acts_in_the_browser(stack, browser):
         orders = e2e.orders(8)
         ok, retried, failing, declined, undo_fails, agent_retries, resent, _ = orders
         ids = {o.OrderID for o in (ok, retried, declined, undo_fails, agent_retries)}
-        # `retried`: its first reservation hangs past the agent's call timeout, so
-        # attempt 1 ends without an answer and the Supervisor hands the order to attempt 2.
+        # `retried`: its reservations hang (12 s) past the agent's call timeout (10 s)
+        # on every call attempt 1 can make before its one deadline (a step
+        # timeout per step, 18 s: ADR 021a), so attempt 1 ends without an
+        # answer and the Supervisor hands the order to attempt 2, whose retry
+        # after one more hang succeeds.
         await e2e.fault(
             kind="latency",
             service="inventory",
             operation="reserve",
             order_id=retried.OrderID,
-            seconds=10,
-            count=1,
+            seconds=12,
+            count=3,
         )
         await e2e.decline_charge(declined.OrderID)
         await e2e.decline_charge(undo_fails.OrderID)

@@ -13,7 +13,7 @@ from domain.codec import encode
 from domain.ids import order_key, reply_event_name
 from domain.models import AgentReply, AgentRequest, ProcessState, ReplyOutcome, StepStatus
 from domain.signing import reply_token, sign_reply
-from tests.e2e.conftest import E2E
+from tests.e2e.conftest import E2E, E2E_SETTINGS
 
 pytestmark = [pytest.mark.timeout(300)]
 
@@ -141,8 +141,12 @@ async def test_late_reply_from_attempt_one_changes_nothing(stack):
         e2e.host_with_crash_points()
         orders = e2e.orders(1)
         oid = orders[0].OrderID
-        # attempt 1 cannot reserve before its deadline; the Supervisor starts attempt 2
-        await e2e.fault(kind="outage", service="inventory", operation="reserve", seconds=10)
+        # attempt 1 cannot reserve before its deadline (its one deadline: a step
+        # timeout per step, ADR 021a); the Supervisor starts attempt 2, whose
+        # deadline outlasts the outage
+        steps, step_timeout = 3, int(E2E_SETTINGS["STEP_TIMEOUT_SECONDS"])
+        outage = steps * step_timeout + 12
+        await e2e.fault(kind="outage", service="inventory", operation="reserve", seconds=outage)
         await e2e.post(orders)
         await e2e.wait_for(
             lambda rs: oid in rs and rs[oid].Attempt >= 2, timeout=90, what="attempt 2"
