@@ -318,9 +318,7 @@ def _await_marked(context, plan: Plan, step: StepPlan, deadline: datetime, timer
     else:
         task = context.wait_for_external_event(reply_event_name(step.Name, plan.Attempt, "do"))
     winner = yield context.task_any([task, timer])
-    if winner is timer:
-        return None
-    return _reply(context, plan, step.Name, "do", task.result)
+    return None if winner is timer else _reply(context, plan, step.Name, "do", task.result)
 
 
 def _finish_all(context, data: FinishAll):

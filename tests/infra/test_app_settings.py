@@ -378,6 +378,7 @@ READERS = [ROOT / "adapters" / "settings.py", ROOT / "console" / "security.py"]
 ROOTS = [ROOT / "bootstrap.py", ROOT / "function_app.py", *sorted((ROOT / "triggers").glob("*.py"))]
 # Read by the app, deliberately not an Azure app setting.
 NOT_SET_IN_AZURE = {
+    "AzureFunctionsJobHost__extensions__durableTask__defaultVersion": "optional override of host.json's defaultVersion, which the deployed host.json already sets; the app reads host.json when it is not set",
     "ServiceBusConnection": "connection-string form; Azure sets ServiceBusConnection__fullyQualifiedNamespace",
     "CosmosDbConnection": "connection-string form; Azure sets CosmosDbConnection__accountEndpoint",
     "OrdersDbConnection": "connection-string form; Azure sets OrdersDbConnection__accountEndpoint",
