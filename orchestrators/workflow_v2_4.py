@@ -23,7 +23,7 @@ status outbox filled), after which the Processed status is sent and the
 outbox cleared. Happy path of n steps: n send activities and one write.
 
 One deadline per attempt, carried to the record (CompleteBy and each step's),
-to every durable timer and to every agent request (docs/adr/002-one-deadline.md).
+to the one durable timer every step races and to every agent request (docs/adr/002-one-deadline.md).
 Timer first: stop and leave the record to the Supervisor. An agent that gave
 up transiently: note its reason on the record, then stop the same way.
 Permanent failure: the same one write completes the steps this attempt did
