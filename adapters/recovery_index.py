@@ -108,6 +108,14 @@ async def ensure_shard_count(container: ContainerProxy, shards: int) -> None:
                 count = await recorded()  # another process recorded it first
     except SDK_ERRORS as exc:
         raise translate_error(exc, "record the recovery index's shard count") from exc
+    if count is _ABSENT:
+        # The create found the document, the read after it did not: a replica
+        # that has not seen another process's create yet. Not a refused
+        # setting: the start is retried and reads it then.
+        raise TransientError(
+            "the recovery index's shard count was just recorded by another process "
+            "and is not yet readable here; retry the start"
+        )
     if count != shards:
         raise SettingsError(
             f"RECOVERY_INDEX_SHARDS is {shards}, but the recovery index container "

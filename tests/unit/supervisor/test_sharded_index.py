@@ -314,3 +314,26 @@ def test_recording_the_shard_count_under_throttling_is_a_transient_failure():
     _run(ensure_shard_count(container, 16))
     with pytest.raises(SettingsError, match="set up with 16 shards"):
         _run(ensure_shard_count(container, 4))
+
+
+def test_a_shard_count_recorded_moments_ago_and_not_yet_readable_is_transient():
+    """Another process created the `~config` document moments ago and this
+    process's reads land on a replica that has not seen it (a 404 both before
+    and after its own create's 409): a retryable failure, not a SettingsError
+    naming a count that was never read. Found while closing the fault
+    surface's last gap there (session_lag at `ensure_shard_count.recorded`):
+    the simulation restarts a host whose start fails, so no check saw it."""
+    from adapters.recovery_index import SHARDS_DOCUMENT, ensure_shard_count
+    from domain.errors import TransientError
+
+    world = World(1, FaultConfig())
+    container = SimContainer(world, "index", "/bucket")
+    container.id = "recoveryIndex"
+    _run(container.create_item({**SHARDS_DOCUMENT, "shards": 16}))  # the other process
+    world.faults.config.query_lag = 1.0  # every read of a new document lags
+    with pytest.raises(TransientError, match="not yet readable"):
+        _run(ensure_shard_count(container, 16))
+    world.faults.config.query_lag = 0.0
+    _run(ensure_shard_count(container, 16))  # the retried start
+    with pytest.raises(SettingsError, match="set up with 16 shards"):
+        _run(ensure_shard_count(container, 4))
