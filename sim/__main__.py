@@ -72,6 +72,7 @@ def command(
     hosts: int | None = None,
     steps_file: str | None = None,
     fallible: bool = True,
+    target: str | None = None,
 ) -> str:
     extra = f" --drop {','.join(map(str, sorted(drop)))}" if drop else ""
     extra += f" --scan {scan}" if scan else ""
@@ -81,6 +82,7 @@ def command(
     extra += f" --hostile {hostile}" if hostile is not None else ""
     extra += f" --apps {apps}" if apps != 2 else ""
     extra += f" --hosts {hosts}" if hosts is not None else ""
+    extra += f" --target {target}" if target else ""
     return f"python -m sim --seed {seed} --orders {orders}{extra}"
 
 
@@ -92,9 +94,11 @@ def record(
     hostile: int = 0,
     apps: int = 2,
     hosts: int | None = None,
+    target: str | None = None,
 ) -> None:
     """Entries carry the schedule's number of forgeries (`hostile`); one
-    without it was found before the hostile sender existed (replayed with 0)."""
+    without it was found before the hostile sender existed (replayed with 0).
+    One found by the fault surface's targeted pass carries its `target`."""
     entries = json.loads(REGRESSIONS.read_text()) if REGRESSIONS.exists() else []
     if any(
         e["seed"] == seed and e["orders"] == orders and e.get("version") == version for e in entries
@@ -122,6 +126,8 @@ def record(
     # with 0); null draws the hosts from the seed, as the run that found it did.
     entry["hosts"] = hosts
     entry["fallible"] = True
+    if target:
+        entry["target"] = target
     entries.append(entry)
     REGRESSIONS.write_text(json.dumps(entries, indent=1, ensure_ascii=False) + "\n")
 
@@ -200,13 +206,167 @@ def main(argv: list[str] | None = None) -> int:
         "injected there and the applicable ones missing (sim/surface.py); "
         "=strict: exit 1 when there is a gap (otherwise gaps leave the exit status alone)",
     )
+    p.add_argument(
+        "--target",
+        default=None,
+        metavar="PATH:LINE:KIND",
+        help="force this fault kind at the first call of this SDK call site in each schedule "
+        "(the fault surface's targeted pass; its replay commands carry it)",
+    )
     args = p.parse_args(argv)
-    recorder = surface.install() if args.fault_surface else None
+    target = None
+    if args.target:
+        try:
+            target = surface.parse_target(args.target, surface.scan())
+        except ValueError as exc:
+            p.error(str(exc))
+    args.target_spec = target
+    recorder = surface.install() if args.fault_surface or target else None
     try:
         return _run(args, recorder)
     finally:
         if recorder is not None:
             surface.uninstall()
+
+
+def _schedule(args: argparse.Namespace, seed: int, drop: frozenset[int], steps) -> Result:
+    return run_schedule(
+        seed,
+        args.orders,
+        drop,
+        args.version,
+        args.hostile,
+        args.apps,
+        not args.narrow,
+        args.scan,
+        args.hosts,
+        not (args.narrow or args.infallible),
+        steps=steps,
+    )
+
+
+def _violation(
+    args: argparse.Namespace,
+    result: Result,
+    drop: frozenset[int],
+    checks: Counter[str],
+    first_seed: dict[str, int],
+    targeted: surface.Target | None = None,
+) -> None:
+    """Print one failing schedule: its checks, its (shrunk) fault trace and
+    the command that replays it; record it with --record."""
+    seed = result.seed
+    check, detail = result.violations[0]
+    for c, _ in result.violations:
+        if c not in checks:
+            first_seed[c] = seed
+    checks.update({c for c, _ in result.violations})
+    print(f"VIOLATION seed {seed}: {check}: {detail[:400]}")
+    for other, text in result.violations[1:4]:
+        print(f"  also: {other}: {text[:200]}")
+    # Shrink the first schedule of each broken check (shrinking re-runs the
+    # schedule once per fault); later ones print their replay command only. A
+    # targeted schedule is not shrunk: its forced fault is not one of the seed's.
+    again = check in first_seed and first_seed[check] != seed
+    quick = args.no_shrink or args.seed is not None or again or targeted is not None
+    shrunk, best = (
+        (drop, result)
+        if quick
+        else shrink(
+            result,
+            args.orders,
+            version=args.version,
+            hostile=args.hostile,
+            apps=args.apps,
+            wider=not args.narrow,
+            scan=args.scan,
+            hosts=args.hosts,
+            fallible=not (args.narrow or args.infallible),
+        )
+    )
+    print("  fault trace (shrunk):" if shrunk != drop else "  fault trace:")
+    kept = [f for f in best.faults]
+    for fault in kept[:30]:
+        print(f"    {fault.line()[:160]}")
+    if len(kept) > 30:
+        print(f"    ... {len(kept) - 30} more")
+    hostile = result.options.faults.hostile
+    fallible = not (args.narrow or args.infallible)
+    replay = command(
+        seed,
+        args.orders,
+        shrunk,
+        args.version,
+        hostile,
+        args.apps,
+        args.scan,
+        args.hosts,
+        args.steps,
+        fallible,
+        args.target,
+    )
+    print(f"  replay: {replay}")
+    if args.record:
+        record(
+            seed,
+            args.orders,
+            result.violations,
+            args.version,
+            hostile,
+            args.apps,
+            args.hosts,
+            args.target,
+        )
+
+
+def _targeted_pass(
+    args: argparse.Namespace,
+    recorder: surface.Recorder,
+    drop: frozenset[int],
+    steps,
+    checks: Counter[str],
+    first_seed: dict[str, int],
+) -> tuple[int, int]:
+    """The fault surface's second pass: for each (call site, kind) the seeds
+    left uncovered, replay a schedule that reached the site with that kind
+    forced at the site's first call (the schedule up to that call is the
+    seed's own), under every check. Returns (schedules, violations)."""
+    sites = surface.scan()
+    reached = surface.reached_sites(sites, recorder)
+    wanted = [(s, k) for s, k in surface.gaps(sites, recorder) if surface.forcible(k)]
+    runs = broken = injected = 0
+    never: list[str] = []
+    for site, kind in wanted:
+        seeds = reached.get(site, [])
+        if not seeds:
+            never.append(f"{site.label()} {kind}")
+            continue
+        for seed in seeds:
+            recorder.seed = seed
+            recorder.target = surface.Target(site, kind)
+            try:
+                result = _schedule(args, seed, drop, steps)
+            finally:
+                target, recorder.target = recorder.target, None
+            runs += 1
+            if result.violations:
+                broken += 1
+                args.target = target.spec()
+                try:
+                    _violation(args, result, drop, checks, first_seed, targeted=target)
+                finally:
+                    args.target = None
+            if target.done:
+                injected += 1
+                break
+    print(
+        f"targeted pass: {len(wanted)} uncovered (site, kind) pairs, {runs} schedules, "
+        f"{injected} injected, {broken} violations"
+        + (f"; never reached by the seeds: {len(never)}" if never else "")
+    )
+    for line in never:
+        print(f"  never reached: {line}")
+    return runs, broken
 
 
 def _run(args: argparse.Namespace, recorder: surface.Recorder | None) -> int:
@@ -229,22 +389,22 @@ def _run(args: argparse.Namespace, recorder: surface.Recorder | None) -> int:
     first_seed: dict[str, int] = {}
     violations = 0
     started = time.perf_counter()
-    n = 0
+    n = hit_target = 0
     for seed in seeds:
-        result = run_schedule(
-            seed,
-            args.orders,
-            drop,
-            args.version,
-            args.hostile,
-            args.apps,
-            not args.narrow,
-            args.scan,
-            args.hosts,
-            not (args.narrow or args.infallible),
-            steps=steps,
-        )
+        if recorder is not None:
+            recorder.seed = seed
+            if args.target_spec is not None:
+                recorder.target = surface.Target(args.target_spec.site, args.target_spec.kind)
+        result = _schedule(args, seed, drop, steps)
         n += 1
+        if args.target_spec is not None and recorder is not None and recorder.target is not None:
+            forced = [f.line() for f in result.faults if "targeted" in f.detail]
+            hit_target += bool(forced)
+            if args.seed is not None:
+                print(
+                    f"target {args.target}: "
+                    + (f"forced: {forced[0]}" if forced else "not reached in this schedule")
+                )
         faults.update(f.kind for f in result.faults)
         forged += result.counters["forged"]
         if result.options.scan == "index":
@@ -255,58 +415,11 @@ def _run(args: argparse.Namespace, recorder: surface.Recorder | None) -> int:
         if not result.violations:
             continue
         violations += 1
-        check, detail = result.violations[0]
-        for c, _ in result.violations:
-            if c not in checks:
-                first_seed[c] = seed
-        checks.update({c for c, _ in result.violations})
-        print(f"VIOLATION seed {seed}: {check}: {detail[:400]}")
-        for other, text in result.violations[1:4]:
-            print(f"  also: {other}: {text[:200]}")
-        # Shrink the first schedule of each broken check (shrinking re-runs the
-        # schedule once per fault); later ones print their replay command only.
-        again = check in first_seed and first_seed[check] != seed
-        quick = args.no_shrink or args.seed is not None or again
-        shrunk, best = (
-            (drop, result)
-            if quick
-            else shrink(
-                result,
-                args.orders,
-                version=args.version,
-                hostile=args.hostile,
-                apps=args.apps,
-                wider=not args.narrow,
-                scan=args.scan,
-                hosts=args.hosts,
-                fallible=not (args.narrow or args.infallible),
-            )
-        )
-        print("  fault trace (shrunk):" if shrunk != drop else "  fault trace:")
-        kept = [f for f in best.faults]
-        for fault in kept[:30]:
-            print(f"    {fault.line()[:160]}")
-        if len(kept) > 30:
-            print(f"    ... {len(kept) - 30} more")
-        hostile = result.options.faults.hostile
-        fallible = not (args.narrow or args.infallible)
-        replay = command(
-            seed,
-            args.orders,
-            shrunk,
-            args.version,
-            hostile,
-            args.apps,
-            args.scan,
-            args.hosts,
-            args.steps,
-            fallible,
-        )
-        print(f"  replay: {replay}")
-        if args.record:
-            record(
-                seed, args.orders, result.violations, args.version, hostile, args.apps, args.hosts
-            )
+        _violation(args, result, drop, checks, first_seed, targeted=args.target_spec)
+    if recorder is not None and args.fault_surface and args.seed is None and not args.target:
+        n_targeted, broken = _targeted_pass(args, recorder, drop, steps, checks, first_seed)
+        n += n_targeted
+        violations += broken
     elapsed = time.perf_counter() - started
     print(f"{n / elapsed:.1f} schedules/s ({n} in {elapsed:.1f} s)")
     print(
@@ -329,7 +442,9 @@ def _run(args: argparse.Namespace, recorder: surface.Recorder | None) -> int:
         for k, v in sorted(checks.items(), key=lambda kv: (-kv[1], kv[0])):
             print(f"  {k}: {v}; seed {first_seed[k]}")
     print(f"simulate: {n} schedules, {violations} violations")
-    if recorder is not None:
+    if args.target_spec is not None and args.seed is None:
+        print(f"target {args.target}: forced in {hit_target} of {n} schedules")
+    if recorder is not None and args.fault_surface:
         lines, gaps = surface.report(surface.scan(), recorder)
         print("\n".join(lines))
         if args.fault_surface == "strict" and gaps:

@@ -30,6 +30,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 # The product's packages and modules (console/ is the operator UI, which the
@@ -156,6 +157,42 @@ CALL_KINDS = {
 # sim/remote.py): kept so that a new port faked above its adapter shows as such.
 STAND_INS: dict[str, tuple[tuple[str, str], ...]] = {}
 
+# The targeted pass (`--fault-surface`, after the seeds): a kind a site still
+# lacks is injected at the site's first call in a schedule that reached it.
+# Per sim draw kind, the surface kinds it can be forced as, and the variant of
+# the draw that is that kind (None: the draw has one). World-level kinds (a
+# downstream outage window, a permanent decline) are not forcible at one call.
+FORCIBLE: dict[str, dict[str, str | None]] = {
+    "cosmos_fail": {"throttle_429": "throttle_429", "cosmos_503": "cosmos_503"},
+    "cosmos_answer_lost": {"cosmos_timeout_after": None},
+    "session_lag": {"session_lag": None},
+    "query_lag": {"session_lag": None},
+    "new_document_lag": {"session_lag": None},
+    "settle_fail": {
+        "settle_fail": "dropped",
+        "lock_lost": "lock_lost",
+        "settle_timeout_after": "after",
+    },
+    "send_lost": {"send_timeout_after": "after", "send_fail": "refused"},
+    "status_send_fail": {"send_fail": None},
+    "alert_send_fail": {"send_fail": None},
+    "reply_send_fail": {"send_fail": None},
+    "message_duplicate": {"message_duplicate": None},
+    "message_delay": {"message_delay": None},
+    "durable_fail": {"durable_fail": None},
+    "durable_fail_after": {"durable_fail_after": None},
+    "odd_answer": {"odd_answer": None},
+    "slow_answer": {"http_timeout": None},
+    "receive_fail": {"receive_fail": None},
+}
+# Kinds forced outside a draw: a crash at a scheduling point (sim.world.World.run)
+# and a short Cosmos outage opened at the call (sim.world.Faults.cosmos_call).
+FORCED_ELSEWHERE = {"crash", "crash_after", "cosmos_outage"}
+
+
+def forcible(kind: str) -> bool:
+    return kind in FORCED_ELSEWHERE or any(kind in kinds for kinds in FORCIBLE.values())
+
 
 @dataclass(frozen=True)
 class Site:
@@ -262,6 +299,38 @@ def scan(root: Path = ROOT, packages: tuple[str, ...] = PRODUCT) -> list[Site]:
 # --- dynamic attribution -------------------------------------------------------
 
 _SIM_DIR = Path(__file__).resolve().parent
+REACH_SEEDS = 6  # seeds kept per product call for the targeted pass
+
+
+@dataclass
+class Target:
+    """One (site, kind) to force at the site's first call in a schedule."""
+
+    site: Site
+    kind: str
+    done: bool = False
+
+    def spec(self) -> str:
+        return f"{self.site.path}:{self.site.line}:{self.kind}"
+
+
+def parse_target(spec: str, sites: list[Site]) -> Target:
+    """`path:line:kind` (as the replay command prints it) -> a Target."""
+    try:
+        path, line, kind = spec.rsplit(":", 2)
+        number = int(line)
+    except ValueError:
+        raise ValueError(f"--target {spec!r}: expected path:line:kind") from None
+    found = [s for s in sites if s.path == path and s.line == number]
+    if not found:
+        raise ValueError(f"--target {spec!r}: no SDK call site at {path}:{number}")
+    site = found[0]
+    if kind not in site.applicable or not forcible(kind):
+        raise ValueError(
+            f"--target {spec!r}: {kind} cannot be forced there "
+            f"(applicable: {' '.join(k for k in site.applicable if forcible(k))})"
+        )
+    return Target(site, kind)
 
 
 @dataclass
@@ -273,6 +342,14 @@ class Recorder:
     hits: Counter[tuple[str, int, str, str]] = field(default_factory=Counter)
     unattributed: Counter[str] = field(default_factory=Counter)
     _product: dict[str, str | None] = field(default_factory=dict)
+    # The targeted pass: the schedule running now (its seed), the seeds that
+    # reached each product call (first few, by (path, line, fakes)), and the
+    # one (site, kind) to force in this schedule.
+    seed: int | None = None
+    reached: dict[tuple[str, int, str], list[int]] = field(default_factory=dict)
+    target: Target | None = None
+    _sites: list[Site] | None = None
+    _matches: dict[tuple[str, int, str], list[Site]] = field(default_factory=dict)
 
     def _rel(self, filename: str) -> str | None:
         """The product-relative path of a code file, or None (cached per file)."""
@@ -299,7 +376,12 @@ class Recorder:
             code = frame.f_code
             rel = self._rel(code.co_filename)
             if rel is not None:
-                return rel, frame.f_lineno, "|".join(inner)
+                at = (rel, frame.f_lineno, "|".join(inner))
+                if self.seed is not None:
+                    seeds = self.reached.setdefault(at, [])
+                    if len(seeds) < REACH_SEEDS and self.seed not in seeds:
+                        seeds.append(self.seed)
+                return at
             inner.append(code.co_qualname)
             frame = frame.f_back
         return None
@@ -317,6 +399,59 @@ class Recorder:
         else:
             self.hits[(*where, kind)] += 1
 
+    # --- the targeted pass
+    def sites_at(self, where: tuple[str, int, str] | None) -> list[Site]:
+        """The static call sites a product frame position stands for (cached)."""
+        if where is None:
+            return []
+        if where not in self._matches:
+            if self._sites is None:
+                self._sites = scan(self.root, self.packages)
+            self._matches[where] = _sites_for(self._sites, *where)
+        return self._matches[where]
+
+    def _aimed(self, where: tuple[str, int, str] | None) -> bool:
+        t = self.target
+        return t is not None and not t.done and t.site in self.sites_at(where)
+
+    def force(self, draw_kind: str, frame: FrameType | None) -> str | None:
+        """In a targeted schedule: the surface kind to force this draw as, at
+        the target's first call, or None. Marks the target done."""
+        t = self.target
+        if t is None or t.done:
+            return None
+        kinds = FORCIBLE.get(draw_kind, {})
+        if t.kind not in kinds or not self._aimed(self.where(frame)):
+            return None
+        t.done = True
+        return t.kind
+
+    def variant(self, draw_kind: str, kind: str) -> str | None:
+        return FORCIBLE[draw_kind][kind]
+
+    def force_outage(self, frame: FrameType | None) -> bool:
+        t = self.target
+        if t is None or t.done or t.kind != "cosmos_outage":
+            return False
+        if not self._aimed(self.where(frame)):
+            return False
+        t.done = True
+        return True
+
+    def force_crash(self, site: Any, previous: Any, label: str) -> bool:
+        """A crash at this scheduling point: the target's call (before its
+        effect) or the actor's next point after it."""
+        t = self.target
+        if t is None or t.done:
+            return False
+        if t.kind == "crash" and self._aimed(site):
+            t.done = True
+            return True
+        if t.kind == "crash_after" and not label.endswith("throttled") and self._aimed(previous):
+            t.done = True
+            return True
+        return False
+
 
 def _parts(fakes: str) -> set[str]:
     return {p for q in fakes.split("|") for p in q.split(".")}
@@ -331,6 +466,33 @@ def _stand_in(fakes: str) -> tuple[str, tuple[tuple[str, str], ...]] | None:
     return None
 
 
+def _sites_for(sites: list[Site], path: str, line: int, fake: str) -> list[Site]:
+    """The static sites a fault (or call) at (path, line) through the fakes
+    `fake` belongs to: the call on that line of the fake's method, else the
+    nearest call of that method in the same function."""
+    parts = _parts(fake)
+    here = [s for s in sites if s.path == path and s.func_span[0] <= line <= s.func_span[1]]
+    exact = [s for s in here if s.line <= line <= s.end_line and s.method in parts]
+    named = [s for s in here if s.method in parts]
+    return exact or sorted(named, key=lambda s: abs(s.line - line))[:1]
+
+
+def reached_sites(sites: list[Site], recorder: Recorder) -> dict[Site, list[int]]:
+    """Per static site, the seeds whose schedules called it (a few)."""
+    out: dict[Site, list[int]] = {}
+    for (path, line, fake), seeds in recorder.reached.items():
+        for s in _sites_for(sites, path, line, fake):
+            have = out.setdefault(s, [])
+            have.extend(x for x in seeds if x not in have)
+    return out
+
+
+def gaps(sites: list[Site], recorder: Recorder) -> list[tuple[Site, str]]:
+    """The (site, kind) pairs applicable and never injected in the run so far."""
+    by_site, _ = resolve(sites, recorder)
+    return [(s, k) for s in sites for k in s.applicable if not by_site[s].get(k)]
+
+
 def resolve(
     sites: list[Site], recorder: Recorder
 ) -> tuple[dict[Site, Counter[str]], dict[tuple[str, int, str], Counter[str]]]:
@@ -338,11 +500,7 @@ def resolve(
     by_site: dict[Site, Counter[str]] = {s: Counter() for s in sites}
     other: dict[tuple[str, int, str], Counter[str]] = {}
     for (path, line, fake, kind), n in recorder.hits.items():
-        parts = _parts(fake)
-        here = [s for s in sites if s.path == path and s.func_span[0] <= line <= s.func_span[1]]
-        exact = [s for s in here if s.line <= line <= s.end_line and s.method in parts]
-        named = [s for s in here if s.method in parts]
-        targets = exact or sorted(named, key=lambda s: abs(s.line - line))[:1]
+        targets = _sites_for(sites, path, line, fake)
         if targets:
             for s in targets:
                 by_site[s][kind] += n
@@ -434,10 +592,15 @@ def uninstall() -> None:
 
 __all__ = [
     "APPLICABLE",
+    "FORCIBLE",
     "NOT_SIMULATED",
     "Recorder",
     "Site",
+    "Target",
+    "gaps",
     "install",
+    "parse_target",
+    "reached_sites",
     "report",
     "resolve",
     "scan",

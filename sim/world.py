@@ -57,6 +57,7 @@ START = datetime(2026, 11, 30, 8, 0, 0, tzinfo=UTC)
 # every fault injected at a call is attributed to the product frame on the stack.
 # None (off) unless the flag is on; the hooks below cost one comparison then.
 SURFACE: Any = None
+TARGETED_OUTAGE_SECONDS = 2.0  # a failover's length (the seed's blips: 0.5-3 s)
 
 
 class Clock:
@@ -176,16 +177,28 @@ class Faults:
         # with a lost answer (a gateway timeout); 1.0 in an undo blackout.
         self.outage_lost = 0.3
         self._throttle_runs: dict[asyncio.Task | None, int] = {}  # the fault surface's
+        self._forced_variant: str | None = None  # the targeted pass's, for _variant
 
     def draw(self, probability: float, kind: str, detail: str = "") -> bool:
-        if probability <= 0:
-            return False
-        hit = self.rng.random() < probability
-        if not hit or not self.active:
-            return False
+        forced = None
+        if SURFACE is not None and SURFACE.target is not None and self.active:
+            # the fault surface's targeted pass: this call is the target's
+            forced = SURFACE.force(kind, sys._getframe(1))
+        if forced is not None:
+            if probability > 0:
+                self.rng.random()  # the draw it replaces
+            self._forced_variant = SURFACE.variant(kind, forced)
+            detail = f"{detail} (targeted {forced})".lstrip()
+        else:
+            if probability <= 0:
+                return False
+            hit = self.rng.random() < probability
+            if not hit or not self.active:
+                return False
         index = self.count
         self.count += 1
         if index in self.drop:
+            self._forced_variant = None
             return False
         self.injected.append(Fault(index, kind, self.world.stamp(), detail))
         if SURFACE is not None:
@@ -194,6 +207,11 @@ class Faults:
             if kind in CALL_KINDS:
                 SURFACE.attribute(CALL_KINDS[kind], sys._getframe(1))
         return True
+
+    def record(self, kind: str, detail: str) -> None:
+        """A fault the targeted pass forced outside a draw (in the trace, not droppable)."""
+        self.injected.append(Fault(self.count, kind, self.world.stamp(), detail))
+        self.count += 1
 
     def hit(self, kind: str) -> None:
         """A fault that answers a call without a draw of its own (an outage or
@@ -236,6 +254,9 @@ class Faults:
     def _variant(self, kinds: tuple[str, ...]) -> str:
         """Which of `kinds` the fault just drawn is: by its index, so that no
         randomness is consumed only when a fault is kept (shrinking)."""
+        forced, self._forced_variant = self._forced_variant, None
+        if forced is not None:
+            return forced
         return kinds[self.injected[-1].index % len(kinds)]
 
     def cosmos_call(self, container: str, op: str) -> str | None:
@@ -248,6 +269,15 @@ class Faults:
         if blip is not None and self.active:
             self.cosmos_down.append((now, now + timedelta(seconds=blip)))
             self.world.log(f"cosmos outage for {blip}s from call {self.cosmos_calls}")
+        if (
+            SURFACE is not None
+            and SURFACE.target is not None
+            and self.active
+            and SURFACE.force_outage(sys._getframe(1))
+        ):
+            # the targeted pass: an outage (a failover) that begins at this call
+            self.cosmos_down.append((now, now + timedelta(seconds=TARGETED_OUTAGE_SECONDS)))
+            self.record("cosmos_outage", f"{container} {op} (targeted, {TARGETED_OUTAGE_SECONDS}s)")
         if self.active and any(a <= now < b for a, b in self.cosmos_down):
             self.world.counters["cosmos_outage"] += 1
             self.hit("cosmos_outage")
@@ -450,8 +480,20 @@ class World:
                 chosen = ready[self.rng.randrange(len(ready))] if len(ready) > 1 else ready[0]
                 self._parked.remove(chosen)
                 self._parked_tasks.discard(chosen.task)
-                if self._crash_ok.get(chosen.task) and self.faults.draw(
-                    self.faults.config.crash, "crash", f"{chosen.name} at {chosen.label}"
+                forced = (
+                    SURFACE is not None
+                    and SURFACE.target is not None
+                    and self.faults.active
+                    and self._crash_ok.get(chosen.task)
+                    and SURFACE.force_crash(chosen.site, chosen.previous, chosen.label)
+                )
+                if forced:
+                    self.faults.record("crash", f"{chosen.name} at {chosen.label} (targeted)")
+                if forced or (
+                    self._crash_ok.get(chosen.task)
+                    and self.faults.draw(
+                        self.faults.config.crash, "crash", f"{chosen.name} at {chosen.label}"
+                    )
                 ):
                     if SURFACE is not None:
                         # died at this call (before its effect), and after its last one

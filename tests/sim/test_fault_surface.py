@@ -141,3 +141,94 @@ def test_the_host_start_records_the_shard_count_and_the_bookkeeping_skips_it() -
     doc = sim.index_c.docs[("~config", "shard-count")]
     assert doc["shards"] == sim.index_shards
     assert any("host started" in line for line in sim.world.trace)
+
+
+def _site(path: str, method: str) -> surface.Site:
+    (site,) = [s for s in surface.scan() if s.path == path and s.method == method]
+    return site
+
+
+@pytest.mark.parametrize(
+    ("path", "method", "kind"),
+    [
+        ("adapters/state_store.py", "replace_item", "crash"),
+        ("adapters/state_store.py", "replace_item", "crash_after"),
+        ("adapters/state_store.py", "replace_item", "cosmos_outage"),
+        ("adapters/state_store.py", "replace_item", "cosmos_timeout_after"),
+        ("adapters/state_store.py", "create_if_absent", "throttle_429"),
+    ],
+)
+def test_a_target_forces_its_kind_at_the_sites_first_call(recorder, path, method, kind) -> None:
+    """The targeted pass's forcing: the kind lands at that site (the
+    recorder attributes it there), once, and the trace says it was forced."""
+    if method == "create_if_absent":
+        (site,) = [
+            s
+            for s in surface.scan()
+            if s.path == path and s.function == "CosmosStateStore.create_if_absent"
+        ]
+    else:
+        site = _site(path, method)
+    plain = run_schedule(1, 3)
+    before, _ = surface.resolve(surface.scan(), recorder)
+    recorder.seed = 1
+    recorder.target = surface.Target(site, kind)
+    forced = run_schedule(1, 3)
+    assert recorder.target.done
+    after, _ = surface.resolve(surface.scan(), recorder)
+    assert after[site][kind] > before[site][kind], (kind, after[site])
+    assert any("targeted" in f.detail for f in forced.faults)
+    assert [f.line() for f in forced.faults] != [f.line() for f in plain.faults]
+
+
+def test_a_run_records_which_seeds_reached_each_site(recorder) -> None:
+    recorder.seed = 4
+    run_schedule(4, 3)
+    reached = surface.reached_sites(surface.scan(), recorder)
+    assert reached[_site("adapters/state_store.py", "replace_item")] == [4]
+    assert all(seeds == [4] for seeds in reached.values())
+
+
+def test_a_bad_target_is_refused_with_what_would_do() -> None:
+    sites = surface.scan()
+    site = _site("adapters/state_store.py", "replace_item")
+    assert surface.parse_target(f"{site.path}:{site.line}:crash", sites).site == site
+    with pytest.raises(ValueError, match="expected path:line:kind"):
+        surface.parse_target("adapters/state_store.py:crash", sites)
+    with pytest.raises(ValueError, match="no SDK call site"):
+        surface.parse_target("adapters/state_store.py:1:crash", sites)
+    with pytest.raises(ValueError, match="cannot be forced there"):
+        surface.parse_target(f"{site.path}:{site.line}:decline", sites)
+    http = _site("agents/remote_client.py", "post")
+    # a downstream outage is a window of the world, not one call's fault
+    with pytest.raises(ValueError, match=r"applicable: .*odd_answer"):
+        surface.parse_target(f"{http.path}:{http.line}:outage", sites)
+
+
+def test_the_targeted_pass_covers_what_the_seeds_left(capsys) -> None:
+    """Three seeds leave most (site, kind) pairs uncovered; the pass replays
+    schedules that reached each site with the kind forced, under every
+    check, and the listing's gaps fall by what it injected."""
+    assert main(["--seeds", "3", "--fault-surface"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    (line,) = [x for x in out if x.startswith("targeted pass: ")]
+    wanted = int(line.split()[2])
+    injected = int(line.split(", ")[2].split()[0])
+    assert injected > 0
+    assert ", 0 violations" in line
+    gaps = int(out[-1].split()[-2])
+    assert gaps <= sum(len(s.applicable) for s in surface.scan()) - injected
+    assert gaps < wanted
+    assert world.SURFACE is None
+
+
+def test_the_replay_command_of_a_targeted_schedule_forces_it_again(capsys) -> None:
+    site = _site("adapters/state_store.py", "replace_item")
+    assert main(["--seed", "1", "--target", f"{site.path}:{site.line}:crash"]) == 0
+    out = capsys.readouterr().out
+    assert "\ntarget adapters/state_store.py:" in out
+    assert "crash" in out
+    assert "(targeted)" in out
+    assert world.SURFACE is None
+    with pytest.raises(SystemExit):
+        main(["--seed", "1", "--target", "nowhere.py:1:crash"])

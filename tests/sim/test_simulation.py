@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from sim import surface
 from sim.system import Options, Simulation, run_schedule
 from sim.world import FaultConfig
 
@@ -237,26 +238,39 @@ def _regression_params():
             # Entries found before there were several host processes replay on one.
             entry.get("hosts", 0),
             entry.get("fallible", False),
+            # Found by the fault surface's targeted pass: that fault forced again.
+            entry.get("target"),
             id=f"seed{entry['seed']}{tag}-{entry['check'][:30]}",
             marks=marks,
         )
 
 
 @pytest.mark.parametrize(
-    ("seed", "orders", "version", "hostile", "apps", "wider", "hosts", "fallible"),
+    ("seed", "orders", "version", "hostile", "apps", "wider", "hosts", "fallible", "target"),
     list(_regression_params()),
 )
-def test_regression_seed(seed, orders, version, hostile, apps, wider, hosts, fallible):
-    result = run_schedule(
-        seed,
-        orders,
-        version=version,
-        hostile=hostile,
-        apps=apps,
-        wider=wider,
-        hosts=hosts,
-        fallible=fallible,
-    )
+def test_regression_seed(seed, orders, version, hostile, apps, wider, hosts, fallible, target):
+    recorder = None
+    if target:
+        recorder = surface.install()
+        recorder.seed = seed
+        recorder.target = surface.parse_target(target, surface.scan())
+    try:
+        result = run_schedule(
+            seed,
+            orders,
+            version=version,
+            hostile=hostile,
+            apps=apps,
+            wider=wider,
+            hosts=hosts,
+            fallible=fallible,
+        )
+    finally:
+        if recorder is not None:
+            surface.uninstall()
+    if recorder is not None:
+        assert recorder.target.done, f"the target {target} is no longer reached"
     assert result.violations == []
 
 
