@@ -331,7 +331,7 @@ def _targeted_pass(
     left uncovered, replay a schedule that reached the site with that kind
     forced at the site's first call (the schedule up to that call is the
     seed's own), under every check. Returns (schedules, violations)."""
-    sites = surface.scan()
+    sites = recorder.sites()
     reached = surface.reached_sites(sites, recorder)
     wanted = [(s, k) for s, k in surface.gaps(sites, recorder) if surface.forcible(k)]
     runs = broken = injected = 0
@@ -445,7 +445,7 @@ def _run(args: argparse.Namespace, recorder: surface.Recorder | None) -> int:
     if args.target_spec is not None and args.seed is None:
         print(f"target {args.target}: forced in {hit_target} of {n} schedules")
     if recorder is not None and args.fault_surface:
-        lines, gaps = surface.report(surface.scan(), recorder)
+        lines, gaps = surface.report(recorder.sites(), recorder)
         print("\n".join(lines))
         if args.fault_surface == "strict" and gaps:
             return 1

@@ -400,14 +400,19 @@ class Recorder:
             self.hits[(*where, kind)] += 1
 
     # --- the targeted pass
+    def sites(self) -> list[Site]:
+        """The call sites, scanned once (at install: the code the run loaded,
+        whose line numbers the frames carry, even if a file changes meanwhile)."""
+        if self._sites is None:
+            self._sites = scan(self.root, self.packages)
+        return self._sites
+
     def sites_at(self, where: tuple[str, int, str] | None) -> list[Site]:
         """The static call sites a product frame position stands for (cached)."""
         if where is None:
             return []
         if where not in self._matches:
-            if self._sites is None:
-                self._sites = scan(self.root, self.packages)
-            self._matches[where] = _sites_for(self._sites, *where)
+            self._matches[where] = _sites_for(self.sites(), *where)
         return self._matches[where]
 
     def _aimed(self, where: tuple[str, int, str] | None) -> bool:
@@ -580,6 +585,7 @@ def install() -> Recorder:
     from . import world
 
     recorder = Recorder()
+    recorder.sites()
     world.SURFACE = recorder
     return recorder
 

@@ -1829,11 +1829,16 @@ class Simulation:
                     w.log(f"host start failed: {type(exc).__name__}: {str(exc)[:120]}")
                     await w.point("host restart", delay=5.0)
 
-        w.at(
-            START + timedelta(seconds=w.data_rng.uniform(0, 60)),
-            "host start",
-            lambda: w.spawn("host", start),
-        )
+        first = START + timedelta(seconds=w.data_rng.uniform(0, 60))
+        w.at(first, "host start", lambda: w.spawn("host", start))
+        # A scale-out adds instances together: now and then a second starts
+        # within the first's seconds, so both set up the containers at once
+        # (the shard count's create race, a read of a `~config` document
+        # created moments ago). Its own stream, so the seed's other draws stay.
+        pair = random.Random(f"host-starts/{self.seed}")
+        if pair.random() < 0.3:
+            second = first + timedelta(seconds=round(pair.uniform(0, 3), 3))
+            w.at(second, "host start", lambda: w.spawn("host-2", start))
 
     async def _console_look(self, action: str) -> None:
         """What an operator reads in the console before acting (the fallible

@@ -312,7 +312,7 @@ def _bulk(seeds, orders: int, version: str | None = None):
 
 
 def test_thousand_schedules():
-    """1,000 seeded one-order schedules on the default version (2.3): no check may break."""
+    """1,000 seeded one-order schedules on the default version (host.json): no check may break."""
     _bulk(range(100_001, 101_001), 1)
 
 
