@@ -113,7 +113,7 @@ APPLICABLE: dict[str, tuple[str, ...]] = {
         "cosmos_503",
         "cosmos_outage",
     ),
-    "cosmos setup": ("throttle_429", "cosmos_503", "cosmos_outage", "crash"),
+    "cosmos setup": ("throttle_429", "cosmos_503", "cosmos_outage", "crash", "crash_after"),
     "servicebus send": (
         "send_fail",
         "message_duplicate",
