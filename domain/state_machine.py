@@ -313,19 +313,25 @@ def claim_marking(
     claimed = claim(record, now, policy)
     marked = dict(claimed.Steps)
     for name in steps:
-        current = marked.get(name, StepState())
-        if current.Status is StepStatus.COMPLETED:
-            raise IllegalTransition(f"step {name} of order {record.id} is already Completed")
-        marked[name] = current.model_copy(
-            update={
-                "Status": StepStatus.RUNNING,
-                "Attempt": claimed.Attempt,
-                "StartedAt": now,
-                "CompleteBy": deadline,
-                "Error": None,
-            }
-        )
+        marked[name] = _running(claimed, name, now, deadline)
     return claimed.model_copy(update={"Steps": marked, "CompleteBy": deadline}, deep=True)
+
+
+def _running(record: OrderState, step: str, now: datetime, deadline: datetime) -> StepState:
+    """`step` Running for the record's attempt until `deadline` (a step
+    already Completed is never sent again)."""
+    current = record.Steps.get(step, StepState())
+    if current.Status is StepStatus.COMPLETED:
+        raise IllegalTransition(f"step {step} of order {record.id} is already Completed")
+    return current.model_copy(
+        update={
+            "Status": StepStatus.RUNNING,
+            "Attempt": record.Attempt,
+            "StartedAt": now,
+            "CompleteBy": deadline,
+            "Error": None,
+        }
+    )
 
 
 def unmark_unsent(record: OrderState, instance_id: str, steps: list[str]) -> OrderState:
@@ -358,18 +364,7 @@ def start_step(
     require_owner(record, instance_id)
     _require(record, ProcessState.PROCESSING, action="start a step of")
     steps = dict(record.Steps)
-    current = steps.get(step, StepState())
-    if current.Status is StepStatus.COMPLETED:
-        raise IllegalTransition(f"step {step} of order {record.id} is already Completed")
-    steps[step] = current.model_copy(
-        update={
-            "Status": StepStatus.RUNNING,
-            "Attempt": record.Attempt,
-            "StartedAt": now,
-            "CompleteBy": deadline,
-            "Error": None,
-        }
-    )
+    steps[step] = _running(record, step, now, deadline)
     return record.model_copy(
         update={"Steps": steps, "CompleteBy": deadline, "UpdatedAt": now}, deep=True
     )
