@@ -373,3 +373,33 @@ class Driver:
 
     def writes(self) -> list[str]:
         return [d["Kind"] for d in self.activity_calls("write_state")]
+
+
+# --- helpers the workflow tests share (test_workflow_v2.py, test_workflow_v2_4.py)
+STATUS_QUEUE = "replies-webshop"
+
+
+def ok(send: SendRequest) -> tuple[str, dict[str, str]]:
+    """An agent that does every step and undo: a reference per step and action."""
+    return ("ok", {"Reference": f"ref-{send.Step}-{send.Action}"})
+
+
+def fail_step(
+    step: str, outcome: str = "permanent", error: str = "card declined"
+) -> Callable[[SendRequest], tuple[str, Any]]:
+    """An agent whose `step` fails (`outcome`, `error`); everything else is ok."""
+
+    def agent(send: SendRequest) -> tuple[str, Any]:
+        if send.Action == "do" and send.Step == step:
+            return (outcome, error)
+        return ok(send)
+
+    return agent
+
+
+def statuses(world: World) -> list[str]:
+    return [json.loads(body)["Status"] for body in world.bus.to(STATUS_QUEUE)]
+
+
+def requests(world: World) -> list[dict[str, Any]]:
+    return [json.loads(body) for body, _ in world.sent("agent-requests")]

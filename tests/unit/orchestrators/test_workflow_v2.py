@@ -4,7 +4,6 @@ deterministic), and every guarantee of 1.1 kept at that cost."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 from datetime import datetime, timedelta
 
@@ -20,35 +19,17 @@ from tests.fakes import CountingOrders, CountingStateStore, FakeIndex
 from tests.unit.orchestrators.driver import (
     POLICY,
     SETTINGS,
+    STATUS_QUEUE,
     STEPS,
     TIMER_CREATED,
     Driver,
     StartingClient,
     World,
+    fail_step,
+    ok,
+    requests,
+    statuses,
 )
-
-STATUS_QUEUE = "replies-webshop"
-
-
-def ok(send):
-    return ("ok", {"Reference": f"ref-{send.Step}-{send.Action}"})
-
-
-def fail_step(step, outcome="permanent", error="card declined"):
-    def agent(send):
-        if send.Action == "do" and send.Step == step:
-            return (outcome, error)
-        return ok(send)
-
-    return agent
-
-
-def statuses(world):
-    return [json.loads(body)["Status"] for body in world.bus.to(STATUS_QUEUE)]
-
-
-def requests(world):
-    return [json.loads(body) for body, _ in world.sent("agent-requests")]
 
 
 def alerts(world):

@@ -13,31 +13,18 @@ from domain import state_machine as sm
 from domain.models import ProcessState, StepStatus
 from orchestrators import order_workflow as wf
 from tests.fakes import CountingOrders, CountingStateStore, FakeIndex
-from tests.unit.orchestrators.driver import POLICY, STEPS, TIMER_CREATED, StartingClient, World
+from tests.unit.orchestrators.driver import (
+    POLICY,
+    STEPS,
+    TIMER_CREATED,
+    StartingClient,
+    World,
+    fail_step,
+    ok,
+    requests,
+    statuses,
+)
 from tests.unit.orchestrators.driver import Driver as _Driver
-
-STATUS_QUEUE = "replies-webshop"
-
-
-def ok(send):
-    return ("ok", {"Reference": f"ref-{send.Step}-{send.Action}"})
-
-
-def fail_step(step, outcome="permanent", error="card declined"):
-    def agent(send):
-        if send.Action == "do" and send.Step == step:
-            return (outcome, error)
-        return ok(send)
-
-    return agent
-
-
-def requests(world):
-    return [json.loads(body) for body, _ in world.sent("agent-requests")]
-
-
-def statuses(world):
-    return [json.loads(body)["Status"] for body in world.bus.to(STATUS_QUEUE)]
 
 
 def at(text: str) -> datetime:
