@@ -237,16 +237,19 @@ def _regression_params():
             # Entries found before there were several host processes replay on one.
             entry.get("hosts", 0),
             entry.get("fallible", False),
+            # Entries found before the 2.4 mutation run's world (progress
+            # statuses, lost leases, the lagging Supervisor more often) replay without it.
+            entry.get("mutation_world", False),
             id=f"seed{entry['seed']}{tag}-{entry['check'][:30]}",
             marks=marks,
         )
 
 
 @pytest.mark.parametrize(
-    ("seed", "orders", "version", "hostile", "apps", "wider", "hosts", "fallible"),
+    ("seed", "orders", "version", "hostile", "apps", "wider", "hosts", "fallible", "newer"),
     list(_regression_params()),
 )
-def test_regression_seed(seed, orders, version, hostile, apps, wider, hosts, fallible):
+def test_regression_seed(seed, orders, version, hostile, apps, wider, hosts, fallible, newer):
     result = run_schedule(
         seed,
         orders,
@@ -256,6 +259,7 @@ def test_regression_seed(seed, orders, version, hostile, apps, wider, hosts, fal
         wider=wider,
         hosts=hosts,
         fallible=fallible,
+        mutation_world=newer,
     )
     assert result.violations == []
 
