@@ -43,6 +43,14 @@ from agents.ports import RemoteCall
 from agents.remote_client import _interpret
 from bootstrap import App, Overrides, Seams, build
 from devstack.host.app import SERVICE_BUS_TRIGGER, index_app
+from devstack.host.durable import (
+    EVENT_RAISED,
+    ORCHESTRATOR_STARTED,
+    TASK_COMPLETED,
+    TASK_FAILED,
+    TASK_SCHEDULED,
+    TIMER_FIRED,
+)
 from devstack.host.invoke import call_function
 from devstack.remote_service.ledger import Ledger
 from domain import state_machine as sm
@@ -179,6 +187,20 @@ class Options:
     # the attempt before): this share of its reads and queries, while faults
     # last, see every document written since in its previous version.
     lagging_supervisor: float = 0.0
+    # Applications that opted in to progress statuses (REPLY_QUEUE_REGISTRY's
+    # `"progress": true`): their attempts are claimed without marks and run
+    # as 2.3's do inside the live workflow (begin, one write per step, an
+    # index entry per step's deadline, compensation from the attempt's own
+    # list), the path an older claimer, a restart by hand or a compensation's
+    # restart also takes (issue 21: the mutation run showed that path unrun).
+    progress_apps: frozenset[str] = frozenset()
+    # Times the singleton lock's lease is lost while faults last (the host
+    # holding it stalls past its renewal): for 15-45 s no host holds it, no
+    # Starter or Supervisor run, and the runs after it meet due attempts in
+    # older index buckets, where a lagging read's skipped candidate or held
+    # entry must keep the cursor (issue 21, mutants `sup-no-rewind`,
+    # `idx-resume-last-not-due`).
+    lease_pauses: int = 0
     # The workflow's steps (domain/steps.json unless a test adds one).
     steps: StepCatalog = DEFAULT_CATALOG
 
@@ -192,6 +214,7 @@ def options_for(
     wider: bool = True,
     hosts: int | None = None,
     fallible: bool = True,
+    mutation_world: bool = True,
 ) -> Options:
     """Everything about a schedule, drawn from its seed; `hostile` fixes the
     number of forgeries (sim.hostile) instead (0 replays a schedule found
@@ -202,8 +225,12 @@ def options_for(
     and their restarts from the seed, N fixes the number (restarts still
     drawn), 0 is the one-host world of the seeds recorded before there were
     several (no restarts); `fallible` False leaves out the fallible world's
-    faults (`_fallible`; seeds found before it)."""
+    faults (`_fallible`; seeds found before it); `mutation_world` False
+    leaves out what the 2.4 mutation run added (an application with
+    progress statuses, lost leases, the lagging Supervisor in one schedule
+    in two rather than four), for regression seeds recorded before it."""
     rng = random.Random(f"options/{seed}")
+    newer = wider and hosts != 0 and fallible and mutation_world
     quiet = rng.random() < 0.15
     f = FaultConfig()
     if not quiet:
@@ -269,8 +296,14 @@ def options_for(
             and hosts != 0
             and fallible
             and not quiet
-            and random.Random(f"lagging/{seed}").random() < 0.25
+            # One schedule in two (one in four before issue 21's mutation
+            # run showed the lagged paths too rarely met in 60 seeds).
+            and random.Random(f"lagging/{seed}").random() < (0.5 if mutation_world else 0.25)
             else 0.0
+        ),
+        progress_apps=_progress_apps(seed, apps) if newer else frozenset(),
+        lease_pauses=(
+            random.Random(f"lease/{seed}").choice((0, 0, 1, 2)) if newer and not quiet else 0
         ),
     )
     if not quiet and wider:
@@ -283,6 +316,15 @@ def options_for(
         if fallible:
             _fallible(rng, f)
     return options
+
+
+def _progress_apps(seed: int, apps: int) -> frozenset[str]:
+    """In one schedule in two, from a stream of its own, one application
+    gets progress statuses (the partner's when there are two)."""
+    rng = random.Random(f"progress/{seed}")
+    if rng.random() >= 1 / 2:
+        return frozenset()
+    return frozenset({"webshop" if apps == 1 else "partner-portal"})
 
 
 def _compensation_deaths(seed: int) -> int:
@@ -607,6 +649,9 @@ class Simulation:
         self.changed_resends: list[tuple[str, str]] = []  # (order key, message id)
         self.told_rejected: set[str] = set()
         self.due_not_recovered: list[str] = []
+        self.index_not_visited: list[str] = []
+        self.undo_unheard: list[str] = []
+        self._sup_starts = self._sup_active = 0
         self.first_entry: dict[tuple[str, int], datetime] = {}  # (order key, attempt) -> entry
         self.index_entry_late: list[str] = []
         self.index_c.on_write = self._on_index_write
@@ -648,6 +693,7 @@ class Simulation:
             # The version new attempts run, as the app reads it (its claim
             # marks the steps from 2.4 on, ADR 021a).
             workflow_version=self.o.version or default_version(),
+            progress_apps=self.o.progress_apps,
         )
         # The product's own Service Bus adapters over a simulated client (issue 21).
         self.servicebus = SimServiceBusClient(w, self.bus, set(REGISTRY.values()))
@@ -896,6 +942,14 @@ class Simulation:
             f"host {k} restarted (generation {old.generation + 1}); timers on host {self.singleton}"
         )
 
+    def _lease_lost(self, length: float) -> None:
+        """The singleton lock's holder stalls past its lease renewal: no host
+        holds the lock for `length` seconds (Options.lease_pauses)."""
+        self.lease_free_at = max(
+            self.lease_free_at, self.world.clock.now + timedelta(seconds=length)
+        )
+        self.world.log(f"singleton lock's lease lost: unheld for {length} s")
+
     # --- the supervisor, as bootstrap builds it (its own charges per run)
     def new_supervisor(self):
         from supervisor.sources import IndexSource, QuerySource
@@ -936,7 +990,28 @@ class Simulation:
             }
             checkpoint = f"_checkpoint-supervisor-{self.o.scan}"
             resumed = (self.state_c.docs.get((checkpoint, checkpoint)) or {}).get("Cursor")
-            report = await run()
+            reachable = self._index_reachable(now, resumed) if self.o.scan == "index" else {}
+            first = self._sup_starts
+            self._sup_starts += 1
+            self._sup_active += 1
+            try:
+                report = await run()
+            finally:
+                self._sup_active -= 1
+            # No other Supervisor run began or ran meanwhile (two Supervisors
+            # share one checkpoint: the cursor this run loaded is `resumed`).
+            alone = self._sup_active == 0 and self._sup_starts == first + 1
+            if (
+                reachable
+                and alone
+                and not report.skipped
+                and not report.unreadable
+                and self._quiet_mark() == quiet
+                # A page that was not full walked to the end of the bucket of
+                # its upper bound (only a full page stops the walk early).
+                and report.read < report.pages * self.settings.supervisor_page_size
+            ):
+                self._check_index_visited(now, reachable)
             # A query pass is bounded by the `upper` it began with: only a run
             # that began a pass and finished it saw everything due at its start.
             # (An index run stops at a bucket's first entry not yet due, by
@@ -956,6 +1031,70 @@ class Simulation:
             return report
 
         return _MeasuredRun(measured)
+
+    def _index_reachable(self, now: datetime, resumed: str | None) -> dict:
+        """The due attempts an index run starting now from `resumed` must
+        reach (issue 21: every due index entry is visited): each live
+        attempt (Processing under the entry's attempt) whose deadline and
+        entry passed before the run, with the slack and twice the skew, and
+        whose entry lies after the cursor, up to the end of the bucket of
+        the run's upper bound. Only for a cursor in the bucket of `upper`
+        or the one before (a walk of at most two minutes' partitions, far
+        inside one page's MAX_BUCKETS_PER_PAGE); a run without a usable
+        checkpoint starts elsewhere (cursor rule 4). Partitions sort as
+        strings in walk order (a minute's bare partition, then its shards),
+        ids within one; `after` is exclusive."""
+        from adapters.ports import minute_of
+
+        try:
+            bucket, after = json.loads(resumed or "null") or (None, None)
+        except (TypeError, ValueError):
+            return {}
+        if not isinstance(bucket, str) or not isinstance(after, str):
+            return {}
+        upper = now - SLACK
+        last = bucket_of(upper)
+        if not bucket_of(upper - timedelta(seconds=60)) <= minute_of(bucket) <= last:
+            return {}
+        margin = SLACK + timedelta(seconds=2 * self.o.faults.skew)
+        out: dict[tuple[str, int], tuple[str, str | None, str]] = {}
+        for e in self.index_c.docs.values():
+            oid, attempt, at = e.get("OrderID"), e.get("Attempt"), e.get("CompleteBy")
+            b, i = e.get("bucket"), e.get("id")
+            if not all(isinstance(v, str) for v in (oid, at, b, i)) or not isinstance(attempt, int):
+                continue
+            if oid in self.junk or minute_of(b) > last or (b, i) <= (bucket, after):
+                continue
+            doc = self.state_c.docs.get((oid, oid)) or {}
+            due = doc.get("CompleteBy")
+            if (
+                doc.get("ProcessState") != "Processing"
+                or doc.get("Attempt") != attempt
+                or not isinstance(due, str)
+                or datetime.fromisoformat(due) + margin >= now
+                or datetime.fromisoformat(at) + margin >= now
+            ):
+                continue
+            out[(oid, attempt)] = (i, doc.get("LockedBy"), due)
+        return out
+
+    def _check_index_visited(self, now: datetime, reachable: dict) -> None:
+        """A quiet index run whose walk reached the end of the bucket of its
+        upper bound read every entry after its cursor, and so recovered
+        every attempt `_index_reachable` named (a walk that stops short of
+        the minute's shards leaves them until the minute has passed)."""
+        for (oid, attempt), (entry, owner, due) in sorted(reachable.items()):
+            doc = self.state_c.docs.get((oid, oid)) or {}
+            if (
+                doc.get("ProcessState") == "Processing"
+                and doc.get("LockedBy") == owner
+                and doc.get("CompleteBy") == due
+            ):
+                self.index_not_visited.append(
+                    f"{oid} attempt {attempt}: entry {entry} due (CompleteBy {due}) at the "
+                    f"start of a quiet index run at {now.isoformat()} whose walk reached the "
+                    "end of its bucket, still Processing after it"
+                )
 
     def _quiet_mark(self) -> tuple[int, ...]:
         """Changes whenever a fault is injected, a store call is throttled or
@@ -1140,6 +1279,97 @@ class Simulation:
                         f"{writer} changed {new['id']} locked by {old.get('LockedBy')}",
                     )
                 )
+
+    def _check_undo_answers_heard(self) -> None:
+        """Every try's answer counts until the undo's deadline (ADR 005), on
+        the path: an episode of a compensation that hears an OK answer to any
+        try of an undo (the first copy of that try's reply event, which is the
+        one the orchestration takes; earlier than the undo's ListenUntil less
+        the clocks' skew and a second) whose outcome it has not yet written,
+        while no activity of it is outstanding and no timer fired with it,
+        schedules that undo's UndoDone write in the same episode. (An undo
+        that listens only to its latest try leaves an earlier try's late OK
+        unheard, and waits on, or ends the undo unconfirmed.)"""
+        tries: dict[str, tuple[str, str, datetime]] = {}  # event -> (instance, step, until)
+        for m in self.bus.queue("agent-requests").sent:
+            if m.message_id.startswith(FORGED):
+                continue  # a forgery (sim.hostile) names real instances and events
+            try:
+                req = json.loads(m.body)
+                own = f"{req.get('InstanceId')}/{req.get('Step')}/undo-"
+                event = f"reply-{req.get('Step')}-undo-"
+                if not m.message_id.startswith(own) or not req["ReplyEvent"].startswith(event):
+                    continue
+                if req.get("Action") == "undo" and req.get("ListenUntil"):
+                    until = datetime.fromisoformat(req["ListenUntil"])
+                    key = f"{req['InstanceId']}/{req['ReplyEvent']}"
+                    tries[key] = (req["InstanceId"], req["Step"], until)
+            except (ValueError, TypeError, KeyError, AttributeError):
+                continue
+        if not tries:
+            return
+        margin = timedelta(seconds=1 + self.o.faults.skew)
+        settled = (TASK_COMPLETED, TASK_FAILED)
+        for iid, inst in sorted(self.durable.instances.items()):
+            outstanding: set[Any] = set()
+            written: set[str] = set()  # steps whose undo outcome was scheduled
+            heard: set[str] = set()
+            retrying = False
+            episodes: list[list[dict]] = []
+            for e in inst.history:
+                if e.get("EventType") == ORCHESTRATOR_STARTED or not episodes:
+                    episodes.append([])
+                episodes[-1].append(e)
+            for episode in episodes:
+                due: list[tuple[str, str]] = []  # (step, event) answered OK in time
+                fired = False
+                for e in episode:
+                    kind = e.get("EventType")
+                    if kind == TASK_FAILED:
+                        # The SDK retries a failed activity after a durable
+                        # timer: outstanding until its next scheduling.
+                        retrying = True
+                    if kind in settled:
+                        outstanding.discard(e.get("TaskScheduledId"))
+                    elif kind == TIMER_FIRED:
+                        fired = True
+                    elif kind == EVENT_RAISED:
+                        name = str(e.get("Name"))
+                        known = tries.get(f"{iid}/{name}")
+                        if known is None or name in heard:
+                            continue
+                        heard.add(name)
+                        at = datetime.fromisoformat(e["Timestamp"])
+                        step = known[1]
+                        if (
+                            _outcome_of(e.get("Input")) == "ok"
+                            and at + margin < known[2]
+                            and step not in written
+                        ):
+                            due.append((step, name))
+                scheduled = [e for e in episode if e.get("EventType") == TASK_SCHEDULED]
+                waiting_retry = retrying
+                if scheduled:
+                    retrying = False
+                outcomes = set()
+                for e in scheduled:
+                    outstanding.add(e.get("EventId"))
+                    if e.get("Name") == "write_state":
+                        try:
+                            cmd = json.loads(e.get("Input") or "null")
+                            cmd = json.loads(cmd) if isinstance(cmd, str) else cmd
+                        except ValueError:
+                            continue
+                        if isinstance(cmd, dict) and str(cmd.get("Kind", "")).startswith("undo_"):
+                            outcomes.add(cmd.get("Step"))
+                pending = outstanding - {e.get("EventId") for e in scheduled}
+                for step, name in due:
+                    if step not in outcomes and not pending and not fired and not waiting_retry:
+                        self.undo_unheard.append(
+                            f"{iid} heard {name} answer OK before the undo's deadline, with "
+                            f"nothing else outstanding, and did not record the undo of {step} done"
+                        )
+                written |= {str(s) for s in outcomes}
 
     def _check_recovery(self, old: dict, new: dict) -> None:
         """A Supervisor's recovery (rows 6 and 7) at its allowed time and by
@@ -2040,6 +2270,12 @@ class Simulation:
             k = restarts.randrange(len(self.hosts))
             if w.faults.draw(1.0, "host_restart", f"host {k}"):
                 w.at(when, "host restart", lambda k=k: self._restart_host(k))
+        # Lost leases of the singleton lock, from a stream of their own.
+        pauses = random.Random(f"lease/pauses/{self.seed}")
+        for _ in range(o.lease_pauses):
+            when = START + timedelta(seconds=pauses.uniform(0, o.fault_window))
+            length = round(pauses.uniform(15, 45), 3)
+            w.at(when, "lease lost", lambda length=length: self._lease_lost(length))
         self.until = end
         if self.hostile is not None:
             self.hostile.install()
@@ -2317,6 +2553,11 @@ class Simulation:
             self.fail("each step gets its own deadline", detail)
         for detail in self.due_not_recovered[:1]:
             self.fail("a clean Supervisor pass recovers every due attempt", detail)
+        for detail in self.index_not_visited[:1]:
+            self.fail("an index run visits every due entry after its cursor", detail)
+        self._check_undo_answers_heard()
+        for detail in self.undo_unheard[:1]:
+            self.fail("an undo hears every try's answer until its deadline", detail)
         for detail in self.index_entry_late[:1]:
             self.fail("an attempt's index entry is at or before its deadline", detail)
         for detail in self.durable.invalid_own_data[:1]:
@@ -2669,13 +2910,22 @@ def run_schedule(
     fallible: bool = True,
     *,
     steps: StepCatalog | None = None,
+    mutation_world: bool = True,
 ) -> Result:
     """`steps`: run this step catalog instead of domain/steps.json (the
     seed's other choices stay what they are)."""
     logging.disable(logging.CRITICAL)
     warnings.filterwarnings("ignore", message="Potential duplicate Task completion")
     options = options_for(
-        seed, orders, version, hostile, apps, wider, hosts=hosts, fallible=fallible
+        seed,
+        orders,
+        version,
+        hostile,
+        apps,
+        wider,
+        hosts=hosts,
+        fallible=fallible,
+        mutation_world=mutation_world,
     )
     if steps is not None:
         options = replace(options, steps=steps)

@@ -240,16 +240,32 @@ def _regression_params():
             entry.get("fallible", False),
             # Found by the fault surface's targeted pass: that fault forced again.
             entry.get("target"),
+            # Entries found before the 2.4 mutation run's world (progress
+            # statuses, lost leases, the lagging Supervisor more often) replay without it.
+            entry.get("mutation_world", False),
             id=f"seed{entry['seed']}{tag}-{entry['check'][:30]}",
             marks=marks,
         )
 
 
 @pytest.mark.parametrize(
-    ("seed", "orders", "version", "hostile", "apps", "wider", "hosts", "fallible", "target"),
+    (
+        "seed",
+        "orders",
+        "version",
+        "hostile",
+        "apps",
+        "wider",
+        "hosts",
+        "fallible",
+        "target",
+        "newer",
+    ),
     list(_regression_params()),
 )
-def test_regression_seed(seed, orders, version, hostile, apps, wider, hosts, fallible, target):
+def test_regression_seed(
+    seed, orders, version, hostile, apps, wider, hosts, fallible, target, newer
+):
     recorder = None
     if target:
         recorder = surface.install()
@@ -265,6 +281,7 @@ def test_regression_seed(seed, orders, version, hostile, apps, wider, hosts, fal
             wider=wider,
             hosts=hosts,
             fallible=fallible,
+            mutation_world=newer,
         )
     finally:
         if recorder is not None:

@@ -1,0 +1,113 @@
+"""What issue 21's mutation run added to the simulation (sim/system.py): the
+world that runs the live workflow's other path (an application with progress
+statuses), lost singleton leases and a lagging Supervisor more often, all
+drawn from the seed; and two path checks (every due index entry after the
+cursor is visited by a walk that reaches the end of its bucket; an undo
+hears every try's answer until its deadline), each shown to fire on the
+mutant it was written for and to hold on the code as it is."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+from pathlib import Path
+
+import pytest
+
+from sim import mutate
+from sim.system import Options, Simulation, options_for
+from sim.world import FaultConfig
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _run(seed: int, options: Options) -> Simulation:
+    logging.disable(logging.CRITICAL)
+    sim = Simulation(seed, options.orders, options=options)
+    loop = asyncio.new_event_loop()
+    try:
+        loop.run_until_complete(sim.run())
+    finally:
+        loop.close()
+    return sim
+
+
+def test_the_new_world_is_drawn_from_the_seed_and_only_in_the_fallible_wide_world():
+    drawn = [options_for(seed, 3) for seed in range(1, 61)]
+    assert [o.progress_apps for o in drawn] == [o.progress_apps for o in map(_again, range(1, 61))]
+    assert {o.progress_apps for o in drawn} == {frozenset(), frozenset({"partner-portal"})}
+    assert any(o.lease_pauses for o in drawn)
+    assert (
+        sum(1 for o in drawn if o.lagging_supervisor) >= 20
+    )  # one schedule in two, less quiet ones
+    for seed in range(1, 61):
+        # The worlds older regression seeds replay have none of it.
+        for older in (
+            options_for(seed, 3, wider=False),
+            options_for(seed, 3, fallible=False),
+            options_for(seed, 3, hosts=0),
+            options_for(seed, 3, mutation_world=False),
+        ):
+            assert older.progress_apps == frozenset()
+            assert older.lease_pauses == 0
+
+
+def _again(seed: int) -> Options:
+    return options_for(seed, 3)
+
+
+def test_an_application_with_progress_statuses_runs_the_unmarked_path_of_the_live_workflow():
+    from devstack.host.durable import TASK_SCHEDULED
+
+    sim = _run(
+        1, Options(orders=2, faults=FaultConfig(), progress_apps=frozenset({"partner-portal"}))
+    )
+    assert sim.violations == []
+    scheduled = {
+        iid: [e["Name"] for e in inst.history if e["EventType"] == TASK_SCHEDULED]
+        for iid, inst in sim.durable.instances.items()
+    }
+    (partner,) = [s for iid, s in scheduled.items() if iid.startswith("partner-portal:")]
+    (webshop,) = [s for iid, s in scheduled.items() if iid.startswith("webshop:")]
+    assert partner[0] == "begin_attempt"  # 2.3's path: begin, a write per step
+    assert "send_step" not in partner
+    assert webshop[:1] == ["send_step"]  # the claim marked the steps (2.4)
+
+
+def _mutated_tree(tmp_path: Path, name: str) -> Path:
+    tree = mutate.copy_tree(ROOT, tmp_path / "tree")
+    (m,) = [m for m in mutate.load_mutants() if m.name == name]
+    path = tree / m.file
+    path.write_text(mutate.mutated(path.read_text(encoding="utf-8"), m), encoding="utf-8")
+    return tree
+
+
+@pytest.mark.slow
+def test_a_walk_that_stops_short_of_the_minutes_shards_is_caught(tmp_path):
+    """`idx-walk-stops-at-first-shard`: the walk of the current minute ends
+    at its bare partition, so the due entries in its shards wait for the
+    minute to pass; seed 6 in index mode has a quiet run that should have
+    recovered one. The unmutated code is clean on the same seed."""
+    seed = 6
+    clean = mutate.run_sim(ROOT, 1, 3, seed, 300, python=sys.executable, extra=["--scan", "index"])
+    assert clean.kind == "clean", clean
+    tree = _mutated_tree(tmp_path, "idx-walk-stops-at-first-shard")
+    outcome = mutate.run_sim(
+        tree, 1, 3, seed, 300, python=sys.executable, extra=["--scan", "index"]
+    )
+    assert outcome.kind == "killed", outcome
+    assert "an index run visits every due entry after its cursor" in outcome.detail
+
+
+@pytest.mark.slow
+def test_an_undo_that_listens_only_to_its_latest_try_is_caught(tmp_path):
+    """`wf-undo-earlier-tries-ignored`: at seed 60 an earlier undo try's OK
+    arrives while the next try waits; the mutant leaves it unheard."""
+    seed = 60
+    clean = mutate.run_sim(ROOT, 1, 3, seed, 300, python=sys.executable)
+    assert clean.kind == "clean", clean
+    tree = _mutated_tree(tmp_path, "wf-undo-earlier-tries-ignored")
+    outcome = mutate.run_sim(tree, 1, 3, seed, 300, python=sys.executable)
+    assert outcome.kind == "killed", outcome
+    assert "an undo hears every try's answer until its deadline" in outcome.detail
