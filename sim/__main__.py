@@ -126,6 +126,9 @@ def record(
     # with 0); null draws the hosts from the seed, as the run that found it did.
     entry["hosts"] = hosts
     entry["fallible"] = True
+    # and those without "mutation_world" before the world of the 2.4
+    # mutation run (progress statuses, lost leases, more lag)
+    entry["mutation_world"] = True
     if target:
         entry["target"] = target
     entries.append(entry)
