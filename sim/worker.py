@@ -126,7 +126,7 @@ class SimQueueReceiver:
         count = max_message_count or 1
         if faults.draw(faults.config.receive_fail, "receive_fail", f"{QUEUE} {host.name}"):
             host.receive_failed.append(world.clock.now)
-            variant = ("dropped", "timeout", "locked")[faults.injected[-1].index % 3]
+            variant = faults._variant(("dropped", "timeout", "locked"))
             world.log(f"{host.name} receive from {QUEUE} failed ({variant})")
             if variant == "dropped":
                 raise ServiceBusConnectionError(message=f"receiving from {QUEUE}: link detached")
