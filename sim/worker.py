@@ -102,6 +102,7 @@ class _Handling:
     task: asyncio.Task | None = None
     settled: list[str] = field(default_factory=list)  # settlements it tried
     crashed: bool = False
+    ended: datetime | None = None  # when its handler ended
 
 
 class SimQueueReceiver:
@@ -217,7 +218,9 @@ class SimRuntime(WorkerRuntime):
             try:
                 await handling
             finally:
+                h.ended = world.clock.now
                 world.at(world.clock.now, "pump", lambda: host.sim._pump(QUEUE))
+                host.wake()  # as asyncio.wait would, at once
 
         def crashed() -> None:
             h.crashed = True
@@ -227,6 +230,9 @@ class SimRuntime(WorkerRuntime):
         task = world._new[-1]  # the actor's task (World.spawn keeps it there until it starts)
         assert world._names.get(task) == f"agent:{d.message_id}"
         h.task = task
+        if host.stop_when_busy and host.full():
+            host.stop_when_busy = False
+            world.at(world.clock.now, f"{host.name} stop", lambda: host._stop(force=True))
         return task
 
     async def wait(
@@ -279,6 +285,15 @@ class WorkerHost:
         self.to_spawn: list[ReceivedMessage] = []
         self.handlings: dict[int | None, _Handling] = {}
         self.stop = asyncio.Event()
+        self.task: asyncio.Task | None = None  # the loop's actor
+        # Half the runs with a limit of 1 or 2 are stopped while they are at
+        # their limit (the loop then waits on its handlers or the stop, and
+        # drains them at once): a stop that finds it below waits for that,
+        # until the end of the fault window. From a stream of its own.
+        self.busy_stop = (
+            run.concurrency <= 2 and random.Random(f"worker/busy/{sim.seed}/{k}").random() < 0.5
+        )
+        self.stop_when_busy = False
         w = self.world
         clock = SimClock(w, self.name)
         self.agent = sim._new_agent(clock, random.Random(f"agent/{sim.seed}/{self.name}"))
@@ -305,20 +320,42 @@ class WorkerHost:
         """Whether it takes the next request (instead of the Functions agent)."""
         return self.live and self.rng.random() < self.run.share
 
+    def wake(self) -> None:
+        """A wait of the worker loop (a free slot, the pause, the drain) ends
+        now, not at its next look: asyncio.wait returns when a task is done,
+        the stop's wait when it is set. It looks again and goes on or waits."""
+        now = self.world.clock.now
+        for p in self.world._parked:
+            if p.task is self.task and p.label == f"{self.name}.wait" and p.ready_at > now:
+                p.ready_at = now
+
+    def full(self) -> bool:
+        running = [h for h in self.handlings.values() if h.task is not None and not h.task.done()]
+        return len(running) >= self.run.concurrency
+
     def install(self, start: datetime) -> None:
         w = self.world
         w.at(start + timedelta(seconds=self.run.start), f"{self.name} start", self._start)
         w.at(start + timedelta(seconds=self.run.stop), f"{self.name} stop", self._stop)
+        latest = start + timedelta(seconds=self.sim.o.fault_window)
+        w.at(latest, f"{self.name} stop", lambda: self._stop(force=True))
 
     def _start(self) -> None:
         self.started = True
         self.world.log(f"{self.name} starts")
         self.world.spawn(self.name, self._serve, crashable=False)
 
-    def _stop(self) -> None:
+    def _stop(self, force: bool = False) -> None:
+        if self.stop.is_set() or not self.started:
+            return
+        if self.busy_stop and not force and not self.full():
+            self.stop_when_busy = True
+            self.world.log(f"{self.name} stop deferred until it is at its limit")
+            return
         self.stopped_at = self.world.clock.now
         self.world.log(f"{self.name} stop (SIGTERM)")
         self.stop.set()
+        self.wake()
 
     async def _serve(self) -> None:
         worker = AgentWorker(
@@ -328,6 +365,7 @@ class WorkerHost:
             clock=self.clock,
             runtime=SimRuntime(self),
         )
+        self.task = asyncio.current_task()
         try:
             await worker.run(self.stop)
         finally:

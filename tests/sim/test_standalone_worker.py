@@ -18,9 +18,12 @@ from sim.worker import CHECK, WorkerRun
 from sim.world import FaultConfig
 
 
-def _run(seed: int, options: Options) -> Simulation:
+def _run(seed: int, options: Options, busy_stop: bool | None = None) -> Simulation:
     logging.disable(logging.CRITICAL)
     sim = Simulation(seed, options.orders, options=options)
+    if busy_stop is not None:
+        for worker in sim.workers:
+            worker.busy_stop = busy_stop
     loop = asyncio.new_event_loop()
     try:
         loop.run_until_complete(sim.run())
@@ -77,7 +80,7 @@ def test_requests_are_handled_by_the_worker_loop_through_failing_receives(seed):
 
 
 def test_requests_in_flight_at_the_stop_are_abandoned_and_handled_again():
-    sim = _run(4, STOPPED_IN_FLIGHT)
+    sim = _run(5, STOPPED_IN_FLIGHT)
 
     assert sim.violations == []
     first = sim.workers[0]
@@ -86,6 +89,25 @@ def test_requests_in_flight_at_the_stop_are_abandoned_and_handled_again():
     assert all(h.settled == ["abandon"] for h in cancelled)
     again = {h.delivery.message_id for h in sim.workers[1].handlings.values()}
     assert {h.delivery.message_id for h in cancelled} <= again
+
+
+def test_requests_in_flight_at_the_stop_finish_within_the_grace():
+    # One at a time, stopped while it handles one: the loop waits on it or the
+    # stop, so the drain has it in flight, and 30 s are enough to finish it.
+    options = Options(
+        orders=3,
+        workers=(WorkerRun(start=0.0, stop=5.0, concurrency=1, grace=30.0, share=1.0),),
+    )
+    sim = _run(1, options, busy_stop=True)
+
+    assert sim.violations == []
+    (worker,) = sim.workers
+    assert worker.stopped_at is not None
+    in_flight = [h for h in worker.handlings.values() if h.ended and h.ended > worker.stopped_at]
+    assert in_flight
+    assert not [h for h in in_flight if h.task is None or h.task.cancelled()]
+    assert all(h.settled for h in in_flight)
+    assert "stop deferred until it is at its limit" in " ".join(sim.world.trace)
 
 
 def test_the_check_sees_a_worker_that_does_not_pause_after_a_failed_receive(monkeypatch):
@@ -106,7 +128,7 @@ def test_the_check_sees_a_handler_cancelled_without_abandoning(monkeypatch):
         return None
 
     monkeypatch.setattr(ReceiverSettlement, "abandon", kept)
-    sim = _run(4, STOPPED_IN_FLIGHT)
+    sim = _run(5, STOPPED_IN_FLIGHT)
 
     assert any(
         check == CHECK and "without abandoning" in detail for check, detail in sim.violations
