@@ -27,7 +27,9 @@ queue-triggered agent, over a simulated receiver of the bus's
 from __future__ import annotations
 
 import asyncio
+import itertools
 import random
+import weakref
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -230,6 +232,7 @@ class SimRuntime(WorkerRuntime):
         task = world._new[-1]  # the actor's task (World.spawn keeps it there until it starts)
         assert world._names.get(task) == f"agent:{d.message_id}"
         h.task = task
+        _SPAWNED[task] = next(_SPAWNS)
         if host.stop_when_busy and host.full():
             host.stop_when_busy = False
             world.at(world.clock.now, f"{host.name} stop", lambda: host._stop(force=True))
@@ -242,7 +245,7 @@ class SimRuntime(WorkerRuntime):
         _forget_cancelled(world)
         end = None if timeout is None else world.clock.now + timedelta(seconds=timeout)
         while True:
-            pending = {t for t in tasks if not t.done()}
+            pending = _Ordered(t for t in tasks if not t.done())
             if not pending or (first and len(pending) < len(tasks)):
                 return pending
             left = None if end is None else (end - world.clock.now).total_seconds()
@@ -254,6 +257,28 @@ class SimRuntime(WorkerRuntime):
 
     def renewer(self) -> Any:
         return SimLockRenewer(self.host)
+
+
+class _Ordered(set):
+    """The pending tasks a wait returns, iterated in the order the worker
+    started them: a set of tasks iterates by their ids (memory addresses),
+    and the drain cancels them in that order, which would make a schedule
+    differ from one process to the next."""
+
+    def __init__(self, tasks: Any) -> None:
+        self._order = sorted(tasks, key=_started)
+        super().__init__(self._order)
+
+    def __iter__(self) -> Any:
+        return iter([t for t in self._order if t in self])
+
+
+def _started(task: asyncio.Task[Any]) -> int:
+    return _SPAWNED.get(task, -1)
+
+
+_SPAWNED: weakref.WeakKeyDictionary[asyncio.Task[Any], int] = weakref.WeakKeyDictionary()
+_SPAWNS = itertools.count()
 
 
 def _forget_cancelled(world: Any) -> None:
