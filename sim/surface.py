@@ -135,9 +135,7 @@ APPLICABLE: dict[str, tuple[str, ...]] = {
         "http_timeout",
     ),
 }
-NOT_SIMULATED = {
-    "receive_fail": "a receive failing (the standalone worker's receive loop is not simulated)",
-}
+NOT_SIMULATED: dict[str, str] = {}
 # Sim kinds drawn at a call (attributed to the stack); every other drawn kind is
 # world-level (drawn at setup or by the world's own actors) and not attributed.
 CALL_KINDS = {
@@ -150,6 +148,7 @@ CALL_KINDS = {
     "durable_fail": "durable_fail",
     "durable_fail_after": "durable_fail_after",
     "odd_answer": "odd_answer",
+    "receive_fail": "receive_fail",
 }
 # Fakes that stand in for a port above the adapter: their faults land on the
 # port's callers, and the adapter's SDK method (value) never runs. None since

@@ -83,6 +83,7 @@ from .hostile import PREFIX as FORGED
 from .hostile import Hostile
 from .partitions import PartitionWrites
 from .remote import http_remote
+from .worker import WorkerHost, WorkerRun, draw_workers
 from .world import START, Crash, FaultConfig, World
 
 # The client applications, as the registry the app reads names them
@@ -203,6 +204,9 @@ class Options:
     lease_pauses: int = 0
     # The workflow's steps (domain/steps.json unless a test adds one).
     steps: StepCatalog = DEFAULT_CATALOG
+    # Runs of the standalone agent worker (agents/worker's own loop, beside
+    # the queue-triggered agent; sim/worker.py), from a stream of their own.
+    workers: tuple[WorkerRun, ...] = ()
 
 
 def options_for(
@@ -315,6 +319,8 @@ def options_for(
         f.undo_blackout = _draws_undo_blackout(seed)
         if fallible:
             _fallible(rng, f)
+    if wider and hosts != 0 and fallible and not quiet:
+        options.workers, f.receive_fail = draw_workers(seed, options.fault_window)
     return options
 
 
@@ -779,6 +785,8 @@ class Simulation:
         self.lease_free_at = START  # until then no host holds the singleton lock
         self._lease_rng = random.Random(f"hosts/lease/{seed}")
         self.host_deliveries: Counter[int] = Counter()
+        # The standalone worker's runs (Options.workers), each a process of its own.
+        self.workers = [WorkerHost(self, k, run) for k, run in enumerate(self.o.workers)]
         self._host_pick = random.Random(f"hosts/pick/{seed}")
         # The app as production builds it, over what the simulation hands the
         # root: each use case the one of the host the running task is on.
@@ -1762,6 +1770,8 @@ class Simulation:
 
     def _pump(self, queue: str) -> None:
         while True:
+            if queue == "agent-requests" and any(w.takes() for w in self.workers):
+                break  # left to a running standalone worker, which receives it
             msg = self.bus.receivable(queue)
             if msg is None:
                 break
@@ -1803,19 +1813,9 @@ class Simulation:
         self._pick_host()
         try:
             if d.queue == "agent-requests":
-                # A forgery's deadline is its own (so is a delayed copy of one).
-                origin = (d.application_properties or {}).get(ORIGINAL_ID_PROPERTY)
-                task = asyncio.current_task()
-                if not str(origin or d.message_id).startswith(FORGED):
-                    self._check_deadline(d)
-                    self._check_identity(d)
-                    self._request_limit[task] = _call_limit(d.body)
                 # As the trigger hands it over: the received message (its
                 # body, delivery count, sequence number and properties).
-                try:
-                    await self.host.processor.process_message(d, _agent_settlement(d))
-                finally:
-                    self._request_limit.pop(task, None)
+                await self._agent_request(d, self.host.processor, _agent_settlement(d))
             elif d.queue == "agent-responses":
                 await self.app.on_reply(d, SimActions(d), self.durable)
             elif d.queue in APP_OF_INGRESS:
@@ -1845,6 +1845,21 @@ class Simulation:
             raise
         finally:
             self.world.at(self.world.clock.now, "pump", lambda: self._pump(d.queue))
+
+    async def _agent_request(self, d: Delivery, processor: Any, settlement: Any) -> Any:
+        """One agent request handled by `processor` (the Functions agent's
+        or a standalone worker's), with the per-request checks around it."""
+        # A forgery's deadline is its own (so is a delayed copy of one).
+        origin = (d.application_properties or {}).get(ORIGINAL_ID_PROPERTY)
+        task = asyncio.current_task()
+        if not str(origin or d.message_id).startswith(FORGED):
+            self._check_deadline(d)
+            self._check_identity(d)
+            self._request_limit[task] = _call_limit(d.body)
+        try:
+            return await processor.process_message(d, settlement)
+        finally:
+            self._request_limit.pop(task, None)
 
     def _check_identity(self, d: Delivery) -> None:
         """A real request carries its attempt as the fencing token and the
@@ -2279,6 +2294,8 @@ class Simulation:
         self.until = end
         if self.hostile is not None:
             self.hostile.install()
+        for worker in self.workers:
+            worker.install(START)
         for i, oid in enumerate(self.order_ids):
             at = w.data_rng.uniform(0, 3 if f.burst else 60)
             if f.minute_edges:

@@ -133,6 +133,9 @@ class FaultConfig:
     send_lost: float = 0.0
     # per remote call: the answer comes after the client's timeout (applied or not)
     slow_answers: float = 0.0
+    # per receive of the standalone worker (sim/worker.py): the link dropped, or
+    # no answer in time (with or without messages locked to the dead link)
+    receive_fail: float = 0.0
     # the host's start (container setup) and the operator's console reads run
     # as actors, under the same faults
     host_start: bool = False

@@ -16,8 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
-from datetime import UTC, datetime
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import aiohttp
@@ -25,6 +24,7 @@ from azure.servicebus import ServiceBusReceiveMode
 from azure.servicebus.aio import AutoLockRenewer, ServiceBusClient, ServiceBusReceiver
 from azure.servicebus.exceptions import ServiceBusError
 
+from adapters.clock import SYSTEM_CLOCK, Clock
 from adapters.servicebus import servicebus_client
 from adapters.settlement import BodyRefused
 from agents.config import (
@@ -48,16 +48,49 @@ RECEIVE_WAIT_SECONDS = 1.0  # how quickly a stop request is noticed while idle
 RECEIVE_RETRY_SECONDS = 2.0
 
 
+class WorkerRuntime:
+    """What the worker's loop runs on: asyncio's tasks and waits, and the
+    SDK's lock renewer. A seam: the simulation hands in its own (sim/worker.py),
+    whose waits and renewals run on the world's virtual time."""
+
+    def spawn(self, handling: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        return asyncio.create_task(handling)
+
+    async def wait(
+        self, tasks: set[asyncio.Task[Any]], timeout: float | None = None, first: bool = False
+    ) -> set[asyncio.Task[Any]]:
+        """Until every one of `tasks` (or, with `first`, one) is done or
+        `timeout` passes; returns those still pending."""
+        _, pending = await asyncio.wait(
+            tasks,
+            timeout=timeout,
+            return_when=asyncio.FIRST_COMPLETED if first else asyncio.ALL_COMPLETED,
+        )
+        return pending
+
+    def renewer(self) -> AutoLockRenewer:
+        return AutoLockRenewer(on_lock_renew_failure=_lock_renew_failed)
+
+
 class AgentWorker:
     """Receives requests and hands each to the processor, `max_concurrency`
-    at a time. Receives its client, processor and settings."""
+    at a time. Receives its client, processor and settings; `clock` and
+    `runtime` are seams (the simulation's virtual time)."""
 
     def __init__(
-        self, client: ServiceBusClient, processor: RequestProcessor, settings: AgentSettings
+        self,
+        client: ServiceBusClient,
+        processor: RequestProcessor,
+        settings: AgentSettings,
+        *,
+        clock: Clock = SYSTEM_CLOCK,
+        runtime: WorkerRuntime | None = None,
     ) -> None:
         self._client = client
         self._processor = processor
         self._settings = settings
+        self._clock = clock
+        self._runtime = runtime or WorkerRuntime()
         self._in_flight: set[asyncio.Task[None]] = set()
 
     async def run(self, stop: asyncio.Event, on_ready: Callable[[], Any] | None = None) -> None:
@@ -68,7 +101,7 @@ class AgentWorker:
             # our buffer, unrenewed.
             prefetch_count=0,
         )
-        renewer = AutoLockRenewer(on_lock_renew_failure=_lock_renew_failed)
+        renewer = self._runtime.renewer()
         async with receiver:
             if on_ready is not None:
                 on_ready()
@@ -87,11 +120,7 @@ class AgentWorker:
         while not stop.is_set():
             free = limit - len(self._in_flight)
             if free <= 0:
-                stopping = asyncio.create_task(stop.wait())
-                await asyncio.wait(
-                    {*self._in_flight, stopping}, return_when=asyncio.FIRST_COMPLETED
-                )
-                stopping.cancel()
+                await self._until_stopped(stop, self._in_flight)
                 continue
             # Not cancelled on stop: a receive cut short could leave messages
             # locked to us that nobody handles until their lock expires.
@@ -103,16 +132,25 @@ class AgentWorker:
                 # The SDK reopens its link on the next receive; pause so a
                 # namespace that is down is not polled in a tight loop.
                 log.warning("receiving from %s failed: %s", self._settings.requests_queue, exc)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), RECEIVE_RETRY_SECONDS)
+                await self._until_stopped(stop, set(), RECEIVE_RETRY_SECONDS)
                 continue
             for message in messages:
                 renewer.register(
                     receiver, message, max_lock_renewal_duration=self._renewal_for(message)
                 )
-                task = asyncio.create_task(self._handle(receiver, message))
+                task = self._runtime.spawn(self._handle(receiver, message))
                 self._in_flight.add(task)
                 task.add_done_callback(self._in_flight.discard)
+
+    async def _until_stopped(
+        self, stop: asyncio.Event, tasks: set[asyncio.Task[None]], timeout: float | None = None
+    ) -> None:
+        """Until `stop` is set, one of `tasks` is done or `timeout` passes."""
+        stopping = asyncio.create_task(stop.wait())
+        try:
+            await self._runtime.wait({*tasks, stopping}, timeout=timeout, first=True)
+        finally:
+            stopping.cancel()
 
     async def _handle(self, receiver: ServiceBusReceiver, message: Any) -> None:
         settlement = ReceiverSettlement(receiver, message)
@@ -134,11 +172,13 @@ class AgentWorker:
         if not self._in_flight:
             return
         log.info("stopping: waiting for %d requests in flight", len(self._in_flight))
-        _, pending = await asyncio.wait(set(self._in_flight), timeout=self._settings.shutdown_grace)
+        pending = await self._runtime.wait(
+            set(self._in_flight), timeout=self._settings.shutdown_grace
+        )
         for task in pending:
             task.cancel()
         if pending:
-            await asyncio.wait(pending)
+            await self._runtime.wait(pending)
 
     def _renewal_for(self, message: Any) -> float:
         """Renew until the request's deadline plus the slack for replying and
@@ -149,7 +189,7 @@ class AgentWorker:
             request = decode(AgentRequest, message_body(message))
         except (ValidationFailed, BodyRefused):
             return slack  # dead-lettered at once by the processor
-        left = (request.Deadline - datetime.now(UTC)).total_seconds()
+        left = (request.Deadline - self._clock.now()).total_seconds()
         return max(left, 0.0) + slack
 
 
