@@ -87,6 +87,14 @@ class Msg:
     lock_token: int | None = None
     dead_letter_reason: str | None = None
     dead_letter_description: str | None = None
+    # When the queue took it (a scheduled message: the time it was scheduled
+    # for), which its time to live counts from; visible_at moves on with every
+    # redelivery, this does not (seed 1001500).
+    enqueued_at: datetime | None = None
+
+    def __post_init__(self) -> None:
+        if self.enqueued_at is None:
+            self.enqueued_at = self.visible_at
 
     # what a ServiceBusReceivedMessage offers the triggers
     @property
@@ -251,7 +259,7 @@ class Bus:
         Bus would have expired it before any delivery (a scheduled copy's time
         to live starts at the time it was scheduled for)."""
         ttl = rules_for(queue).ttl
-        enqueued = [m.visible_at for m in self.queue(queue).sent if m.message_id == message_id]
+        enqueued = [m.enqueued_at for m in self.queue(queue).sent if m.message_id == message_id]
         return ttl is not None and bool(enqueued) and at - max(enqueued) > ttl
 
     def every_delivery_faulted(self, msg: Msg) -> bool:
