@@ -310,11 +310,13 @@ class SubmitHandler:
             sm.rejected_record(order, now, reason, key)
         )
         if record.OrderDigest != order.digest():
-            if stored is not None and record.ProcessState is ProcessState.REJECTED:
-                # A rejected order has no orders-DB document: this one is this
+            if record.ProcessState is ProcessState.REJECTED:
+                # A rejected order has no orders-DB document: one there is this
                 # copy's own, from an earlier delivery admitted before the
                 # backlog rose that died before its state write (simulation
-                # seed 49, 50 orders). Take it back, as _admit does.
+                # seed 49, 50 orders). Take it back, as _admit does, also when
+                # the read above did not show it (a replica that had not seen
+                # the create yet: seeds 257 and 700209, 50 orders).
                 await self._orders.discard(key)
             return await self._conflict(order, key)
         if record.ProcessState is not ProcessState.REJECTED:

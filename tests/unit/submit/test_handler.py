@@ -813,6 +813,33 @@ async def test_a_different_copy_rejected_after_its_own_admitted_delivery_died_ta
     assert (await rig.store.read("webshop:ORD-1"))[0].ProcessState is ProcessState.REJECTED
 
 
+async def test_a_changed_copys_document_goes_even_when_the_read_before_the_rejection_missed_it(
+    rig,
+):
+    # As above, but the orders-DB read that decides between a rejection and a
+    # conflict lands on a replica that has not seen the copy's own document
+    # yet (a 404): the copy is still a conflict, and its document still goes
+    # (seeds 257 and 700209, 50 orders: a Rejected order left in the orders DB).
+    from domain.errors import NotFoundError
+    from domain.models import OrderSubmitted
+
+    await rig.store.write_backlog_gauge(3, NOW)
+    assert (await rig.submit()).kind is SettleKind.COMPLETE
+    await rig.orders.create_if_absent(
+        OrderSubmitted.model_validate(order_payload(Currency="USD")), "webshop:ORD-1"
+    )
+
+    async def lagging(key):
+        raise NotFoundError(key)
+
+    rig.orders.get = lagging
+    outcome = await rig.submit(Currency="USD")
+    assert outcome.kind is SettleKind.DEAD_LETTER
+    assert outcome.reason == "OrderConflict"
+    assert "webshop:ORD-1" not in rig.orders.orders
+    assert (await rig.store.read("webshop:ORD-1"))[0].ProcessState is ProcessState.REJECTED
+
+
 @pytest.mark.parametrize("backlog", [0, 3], ids=["room", "full"])
 async def test_a_rejected_order_meeting_a_changed_copys_document_tries_again_not_a_conflict(
     rig, backlog
