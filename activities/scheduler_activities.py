@@ -42,6 +42,7 @@ from domain.errors import (
     NotFoundError,
     StaleError,
     StatusNotSent,
+    TransientError,
 )
 from domain.ids import (
     agent_request_message_id,
@@ -348,16 +349,43 @@ class SchedulerActivities:
             return written
         await self._send_v2(step, start.Mode, record.AppId)
         if plan.Progress:
-            await self._status.send(
+            await self._progress(
                 plan.ReplyTo,
                 order_id,
                 StatusKind.PROCESSING,
-                self._clock.now(),
                 f"attempt {attempt}",
                 None,
                 str(attempt),
             )
         return written.model_copy(update={"Plan": plan, "Started": start.Name})
+
+    async def _progress(
+        self,
+        reply_to: str,
+        order_id: str,
+        status: StatusKind,
+        detail: str | None,
+        step: str | None,
+        qualifier: str,
+    ) -> None:
+        """A progress status after a write that landed: best effort. It has no
+        outbox (the next status, and the terminal one from its outbox,
+        supersede it), and failing the write activity for it would fail the
+        attempt after its request went out, so a later attempt would ask the
+        remote service again for a step it may have refused for good
+        (simulation seeds 100067, 100255, 100381: a reply queue's link down)."""
+        try:
+            await self._status.send(
+                reply_to, order_id, status, self._clock.now(), detail, step, qualifier
+            )
+        except TransientError as exc:
+            log.warning(
+                "progress status %s of %s not sent: %s",
+                status.value,
+                order_id,
+                exc,
+                extra={"order_id": order_id},
+            )
 
     async def advance(self, data: Advance) -> Advanced:
         """Complete a step and start the next one (one write, then the next
@@ -370,11 +398,10 @@ class SchedulerActivities:
             return written
         if data.Complete is not None and data.Progress:
             current = OrderState.model_validate(written.Record)
-            await self._status.send(
+            await self._progress(
                 current.ReplyTo,
                 order_id,
                 StatusKind.STEP_COMPLETED,
-                self._clock.now(),
                 None,
                 data.Complete,
                 f"{attempt}/{data.Complete}",
@@ -636,11 +663,10 @@ class SchedulerActivities:
         )
         await self._send_v2(resend, self._step_modes.get(first, "remote"), record.AppId)
         if plan.Progress:  # as 2.2's begin does after its write (a stable id)
-            await self._status.send(
+            await self._progress(
                 plan.ReplyTo,
                 order_id,
                 StatusKind.PROCESSING,
-                self._clock.now(),
                 f"attempt {attempt}",
                 None,
                 str(attempt),

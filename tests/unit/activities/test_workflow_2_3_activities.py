@@ -194,3 +194,35 @@ async def test_a_begin_retried_after_its_write_landed_writes_nothing_more():
     # Sent again under the same message id, which the queue's duplicate
     # detection (the fake's too) drops: one request on the queue.
     assert [mid for _, mid in world.sent("agent-requests")] == [f"{iid}/{STEPS[0]}"]
+
+
+async def test_a_progress_status_that_cannot_be_sent_does_not_fail_the_begin():
+    """An application with progress statuses whose reply queue is down: the
+    begin's write landed and its request went out, so the activity answers
+    as usual (the attempt waits for the reply) instead of failing after its
+    retries, which failed the attempt and had a later one ask the remote
+    service again for a step it had refused for good (simulation seeds
+    100067, 100255, 100381)."""
+    from dataclasses import replace
+
+    from domain.errors import TransientError
+    from tests.fakes import RecordingPublisher
+    from tests.unit.orchestrators.driver import SETTINGS
+
+    class ReplyQueueDown(RecordingPublisher):
+        async def send(self, queue, body, message_id, application_properties=None) -> None:
+            if queue.startswith("replies-"):
+                raise TransientError(f"sending to queue {queue!r} failed: link detached")
+            await super().send(queue, body, message_id, application_properties)
+
+    world = World(
+        bus=ReplyQueueDown(), settings=replace(SETTINGS, progress_apps=frozenset({"webshop"}))
+    )
+    iid = await world.claimed()
+    claim_etag = (await world.store.read("webshop:A1"))[1]
+    deadline = world.now + timedelta(seconds=60)
+    begin = BeginWrite(Kind="begin", InstanceId=iid, Etag=claim_etag, Deadline=deadline)
+    begun = await world.activities().run("begin_attempt", begin.dump())
+    assert begun["Started"] == STEPS[0]
+    assert [mid for _, mid in world.sent("agent-requests")] == [f"{iid}/{STEPS[0]}"]
+    assert world.bus.to("replies-webshop") == []
