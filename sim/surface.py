@@ -568,10 +568,11 @@ def report(sites: list[Site], recorder: Recorder) -> tuple[list[str], int]:
         f"{sum(recorder.unattributed.values())} with no product frame on the stack "
         f"({_counts(recorder.unattributed)})"
     )
-    lines.append(
-        "* = a kind the simulation cannot inject yet: "
-        + "; ".join(f"{k}: {v}" for k, v in NOT_SIMULATED.items())
-    )
+    if NOT_SIMULATED:
+        lines.append(
+            "* = a kind the simulation cannot inject yet: "
+            + "; ".join(f"{k}: {v}" for k, v in NOT_SIMULATED.items())
+        )
     lines.append(
         f"gaps: {missing_sim} of kinds the simulation has, {gaps - missing_sim} of kinds it lacks (*)"
     )
