@@ -1092,17 +1092,22 @@ class Simulation:
         every attempt `_index_reachable` named (a walk that stops short of
         the minute's shards leaves them until the minute has passed)."""
         for (oid, attempt), (entry, owner, due) in sorted(reachable.items()):
-            doc = self.state_c.docs.get((oid, oid)) or {}
-            if (
-                doc.get("ProcessState") == "Processing"
-                and doc.get("LockedBy") == owner
-                and doc.get("CompleteBy") == due
-            ):
+            if self._still_held((oid, oid), owner, due):
                 self.index_not_visited.append(
                     f"{oid} attempt {attempt}: entry {entry} due (CompleteBy {due}) at the "
                     f"start of a quiet index run at {now.isoformat()} whose walk reached the "
                     "end of its bucket, still Processing after it"
                 )
+
+    def _still_held(self, key: Any, owner: str | None, complete_by: str | None) -> bool:
+        """The record is still Processing under `owner` with deadline
+        `complete_by`: the attempt a run should have recovered was not."""
+        doc = self.state_c.docs.get(key) or {}
+        return (
+            doc.get("ProcessState") == "Processing"
+            and doc.get("LockedBy") == owner
+            and doc.get("CompleteBy") == complete_by
+        )
 
     def _quiet_mark(self) -> tuple[int, ...]:
         """Changes whenever a fault is injected, a store call is throttled or
@@ -1132,12 +1137,7 @@ class Simulation:
             margin = SLACK + timedelta(seconds=2 * self.o.faults.skew)
             if not complete_by or datetime.fromisoformat(complete_by) + margin >= now:
                 continue
-            doc = self.state_c.docs.get(key) or {}
-            if (
-                doc.get("ProcessState") == "Processing"
-                and doc.get("LockedBy") == owner
-                and doc.get("CompleteBy") == complete_by
-            ):
+            if self._still_held(key, owner, complete_by):
                 self.due_not_recovered.append(
                     f"{key[0]}: CompleteBy {complete_by}, due at the run's start {now.isoformat()}, "
                     f"still Processing under {owner} after a clean, finished pass"
