@@ -276,11 +276,17 @@ class Bus:
         copy = _COPY.match(copy_id)
         if copy is None:
             return
-        root, retry = copy.group(1), int(copy.group(2))
+        root, retry, maker = copy.group(1), int(copy.group(2)), copy.group(3)
         for m in self.queue(queue).messages:
+            if m.lock_token is None:
+                continue
+            if maker is not None:  # the copy names the delivery that made it
+                if maker == f"seq-{m.seq}.{m.delivery_count}":
+                    self._copy_faulted.add(m.lock_token)
+                continue
             mine = _COPY.match(m.message_id)
             parent = (mine.group(1), int(mine.group(2))) if mine else (f"seq-{m.seq}", 0)
-            if m.lock_token is not None and parent == (root, retry - 1):
+            if parent == (root, retry - 1):
                 self._copy_faulted.add(m.lock_token)
 
     def _settle(
@@ -562,12 +568,13 @@ def reply_sender(client: SimServiceBusClient, queue: str = "agent-responses"):
     return ServiceBusReplySender(client, queue, publisher=publisher(client))  # type: ignore[arg-type]
 
 
-_COPY = re.compile(r"^retry/(seq-\d+)/(\d+)$")
+# retry/<root>/<retry>[/<the delivery that made it: seq-N.count>] (ADR 021i)
+_COPY = re.compile(r"^retry/(seq-\d+)/(\d+)(?:/(seq-\d+\.\d+))?$")
 
 
 def later_copy(message: Msg, other: Msg) -> bool:
     """`other` is a later back-off copy of `message` (the gate names a copy
-    `retry/<the first message's sequence number>/<retry>`)."""
+    `retry/<the first message's sequence number>/<retry>/<its maker>`)."""
     mine = _COPY.match(message.message_id)
     root, retry = (mine.group(1), int(mine.group(2))) if mine else (f"seq-{message.seq}", 0)
     theirs = _COPY.match(other.message_id)

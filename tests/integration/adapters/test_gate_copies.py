@@ -2,11 +2,14 @@
 project's Config.json): when the settlement after scheduling a copy fails,
 the original comes back while its copy lives on. What keeps that to one page
 (simulation seeds 100271 and 263, issue 21): the copy is named by the
-original (`retry/seq-N/k`), so a redelivered original that schedules again
-is dropped by the queue's duplicate detection, and the copy alerts under the
-original's alert id, so the alerts queue drops the second alert of the two
-lineages; the agents' queues keep a message an hour (DefaultMessageTimeToLive
-PT1H), far inside the alerts queue's one-day duplicate window."""
+original (`retry/seq-N/k/...`) and alerts under the original's alert id, so
+the alerts queue drops the second alert of the two lineages; the agents'
+queues keep a message an hour (DefaultMessageTimeToLive PT1H), far inside the
+alerts queue's one-day duplicate window. A redelivered original that fails
+again makes a copy of its own (named by its delivery, ADR 021i): a copy named
+by the message alone was dropped as a duplicate of one that may already have
+run, and nothing came after that delivery's failure (simulation seed
+5000216)."""
 
 from __future__ import annotations
 
@@ -126,10 +129,11 @@ async def test_a_copy_outliving_its_failed_complete_and_the_original_page_once(
             await gate.run(message, actions, _refused)
         await receiver.abandon_message(message)
         await receiver.__aexit__(None, None, None)
-        copy_id = f"retry/seq-{message.sequence_number}/1"
+        seq = message.sequence_number
+        copy_ids = [f"retry/seq-{seq}/1/seq-{seq}.0", f"retry/seq-{seq}/1/seq-{seq}.1"]
 
-        # Delivery 2, alerts still down: the same copy again, which the
-        # queue's duplicate detection drops; this complete goes through.
+        # Delivery 2, alerts still down: a copy of its own; this complete
+        # goes through. Two lineages now, each with one copy.
         receiver, again = await _receive(bus, QUEUE)
         assert again.message_id == mid
         assert again.delivery_count == 1
@@ -137,24 +141,27 @@ async def test_a_copy_outliving_its_failed_complete_and_the_original_page_once(
         assert actions.calls[-1] == "complete"
         await _settle_as(receiver, again, actions.calls)
 
-        # The one copy: alerts up now, it alerts under the original's id.
+        # Alerts up now: each copy alerts under the original's id.
         channel.down = False
-        receiver, copy = await _receive(bus, QUEUE)
-        assert copy.message_id == copy_id
-        await gate.run(copy, actions, _refused)
-        assert actions.calls[-1] == "deadletter ForgedReply"
-        await _settle_as(receiver, copy, actions.calls)
-        await asyncio.sleep(1.5)  # past the copy's back-off delay: nothing else comes
+        seen = []
+        for _ in copy_ids:
+            receiver, copy = await _receive(bus, QUEUE)
+            seen.append(copy.message_id)
+            await gate.run(copy, actions, _refused)
+            assert actions.calls[-1] == "deadletter ForgedReply"
+            await _settle_as(receiver, copy, actions.calls)
+        assert sorted(seen) == copy_ids
+        await asyncio.sleep(1.5)  # past the copies' back-off delay: nothing else comes
         assert [m for m in await bus.drain(QUEUE, wait=0.5) if m.get("Nonce") == mid] == []
-        assert len(channel.tried) == 3
+        assert len(channel.tried) == 4
         assert len(set(channel.tried)) == 1
 
-        # A second lineage (the original dead-lettered on its own redelivery
-        # while the copy lives on) alerts again under that id: dropped.
+        # The alerts queue kept the first of the two lineages' alerts, and
+        # drops any further one under that id.
         [alert_id] = set(channel.tried)
         await publisher.send("alerts", b'{"Kind": "ForgedReply"}', alert_id)
         alerts = [a for a in await bus.drain("alerts", wait=0.5) if a["_message_id"] == alert_id]
-        assert [(a["Kind"], a.get("MessageId")) for a in alerts] == [("ForgedReply", copy_id)]
+        assert [(a["Kind"], a.get("MessageId")) for a in alerts] == [("ForgedReply", seen[0])]
     finally:
         await publisher.close()
         await bus.close()

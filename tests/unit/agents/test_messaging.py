@@ -381,7 +381,7 @@ async def test_a_forgery_whose_alert_cannot_be_queued_goes_on_as_a_delayed_copy(
 
     assert first.actions == [("complete",)]
     [(queue, copied, copy_id, at, props)] = scheduler.copies
-    assert (queue, copied, copy_id) == ("agent-requests", body, "retry/seq-41/1")
+    assert (queue, copied, copy_id) == ("agent-requests", body, "retry/seq-41/1/seq-41.1")
     assert at == clock.now() + timedelta(seconds=5)
     assert props["x-retry-count"] == 1
     assert props["x-original-message-id"] == "evil"

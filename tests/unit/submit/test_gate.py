@@ -153,7 +153,36 @@ async def test_an_abandon_becomes_a_delayed_retry_never_an_immediate_one():
     assert actions.calls == ["complete"]
     [mid] = Scheduler.scheduled
     # Named by the broker's sequence number, however long the sender's id is.
-    assert mid == "retry/seq-7/1"
+    assert mid == "retry/seq-7/1/seq-7.0"
+
+
+async def test_every_delivery_names_its_own_copy_and_older_copy_names_are_still_copies():
+    """A copy named by the message alone (`retry/seq-N/k`) let a redelivery
+    that failed again have its copy dropped by duplicate detection as the
+    copy an earlier delivery had made, which might already have run: nothing
+    then came after that failure (simulation seed 5000216, ADR 021i). Each
+    delivery makes its own copy; a schedule repeated within one delivery
+    keeps its name, so the queue still drops that one."""
+    scheduled: list[str] = []
+
+    class Scheduler:
+        async def schedule(self, queue, body, message_id, enqueue_at, application_properties=None):
+            scheduled.append(message_id)
+
+    gate = MessageGate("agent-responses", Alerts(), Scheduler(), BackoffPolicy((1.0, 2.0), 5))
+
+    async def busy(body):
+        return Settle.abandon("host busy")
+
+    for count in (0, 0, 3):  # the delivery, the same delivery again, a redelivery
+        await gate.run(Msg(iter([b"{}"]), delivery_count=count), Actions(), busy)
+    assert scheduled == ["retry/seq-7/1/seq-7.0", "retry/seq-7/1/seq-7.0", "retry/seq-7/1/seq-7.3"]
+    # A copy of a copy (also one named the older way) keeps the first message's name.
+    for old in ("retry/seq-7/1/seq-7.3", "retry/seq-7/1"):
+        copy = Msg(iter([b"{}"]), props={"x-retry-count": 1}, message_id=old)
+        copy.sequence_number = 12
+        await gate.run(copy, Actions(), busy)
+    assert scheduled[-2:] == ["retry/seq-7/2/seq-12.0", "retry/seq-7/2/seq-12.0"]
 
 
 async def _refuse(body):
@@ -207,7 +236,7 @@ async def test_while_its_alert_cannot_be_queued_a_dead_letter_comes_back_later_n
     assert outcome.kind is SettleKind.COMPLETE  # a delayed copy carries it on
     assert actions.calls == ["complete"]
     [(copy_id, props)] = Scheduler.scheduled
-    assert copy_id == "retry/seq-7/1"
+    assert copy_id == "retry/seq-7/1/seq-7.0"
     assert props["x-original-message-id"] == "m"
     [original_alert] = down.ids
     # The copy, when it is handled, alerts under the original's id (so a

@@ -337,7 +337,7 @@ async def test_transient_store_error_schedules_a_delayed_copy_and_completes(rig)
     assert json.loads(body)["OrderID"] == "ORD-1"
     assert at == NOW + timedelta(seconds=5)
     # Named by the broker's sequence number, not by anything the client set.
-    assert message_id == "retry/seq-7/1"
+    assert message_id == "retry/seq-7/1/seq-7.0"  # retry 1 of seq 7, made by its delivery 0
     assert props == {"x-retry-count": 1, "x-original-message-id": "msg-1"}
     assert not rig.bus.sent
 
@@ -356,7 +356,8 @@ async def test_the_back_off_grows_and_then_dead_letters_with_a_reason_and_an_ale
     )
     [(_, _, message_id, at, props)] = rig.scheduler.scheduled
     assert at == NOW + timedelta(seconds=15)
-    assert message_id == "retry/seq-7/2"  # every copy is named by the message first copied
+    # Every copy is named by the message first copied, and by the delivery making it.
+    assert message_id == "retry/seq-7/2/seq-8.0"
     assert props["x-retry-count"] == 2
     outcome = await rig.deliver(
         body, message_id="retry/seq-8/2", properties={b"x-retry-count": 2}, sequence_number=9
