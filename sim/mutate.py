@@ -11,7 +11,11 @@ copy, runs `python -m sim --seeds N --orders K --no-shrink` there in a
 subprocess, and restores the file. A mutant is killed when the simulation
 reports a violation (the run stops at the first one), crashed when the
 simulation dies without its summary line, timed out when it runs far longer
-than the clean run did, and survived otherwise.
+than the clean run did, and survived otherwise. A mutant the fresh seeds
+leave alive then meets the regression corpus (`python -m sim.corpus`: every
+fixed seed of sim/regressions.json in its recorded world, as
+tests/sim/test_simulation.py replays them; `--no-corpus` skips it); a kill
+there is shown as the corpus's, and the score says how many those were.
 
 Prints one line per mutant, then a table and the score `killed/total`
 (crashes and timeouts count as killed but are shown as such). A mutant
@@ -74,6 +78,7 @@ class Outcome:
     kind: str  # "killed", "crashed", "timeout", "survived", "clean"
     detail: str
     seconds: float
+    by_corpus: bool = False  # killed only by the regression corpus, not the fresh seeds
 
     @property
     def killed(self) -> bool:
@@ -140,7 +145,16 @@ def run_sim(
 ) -> Outcome:
     """`python -m sim` in `tree`, stopped at its first violation."""
     cmd = [python, "-m", "sim", "--seeds", str(seeds), "--orders", str(orders)]
-    cmd += ["--start", str(start), "--no-shrink", *(extra or [])]
+    return _run(tree, [*cmd, "--start", str(start), "--no-shrink", *(extra or [])], timeout)
+
+
+def run_corpus(tree: Path, timeout: float | None, python: str = sys.executable) -> Outcome:
+    """`python -m sim.corpus` in `tree`: the regression seeds, each in its
+    recorded world, stopped at its first violation."""
+    return _run(tree, [python, "-m", "sim.corpus", "--first"], timeout)
+
+
+def _run(tree: Path, cmd: list[str], timeout: float | None) -> Outcome:
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1"}
     env.pop("PYTHONPATH", None)
     began = time.monotonic()
@@ -199,13 +213,28 @@ def run_sim(
 
 
 def run_mutant(
-    tree: Path, mutant: Mutant, seeds: int, orders: int, start: int, timeout: float | None
+    tree: Path,
+    mutant: Mutant,
+    seeds: int,
+    orders: int,
+    start: int,
+    timeout: float | None,
+    corpus_timeout: float | None = None,
 ) -> Outcome:
+    """The fresh seeds first; a mutant they do not kill then meets the
+    regression corpus (unless `corpus_timeout` is None), and a kill there is
+    marked as the corpus's."""
     path = tree / mutant.file
     original = path.read_text(encoding="utf-8")
     path.write_text(mutated(original, mutant), encoding="utf-8")
     try:
         outcome = run_sim(tree, seeds, orders, start, timeout)
+        if outcome.kind == "clean" and corpus_timeout is not None:
+            fresh = outcome.seconds
+            outcome = run_corpus(tree, corpus_timeout)
+            outcome.seconds += fresh
+            if outcome.kind != "clean":
+                outcome.by_corpus = True
     finally:
         path.write_text(original, encoding="utf-8")
     if outcome.kind == "clean":
@@ -215,7 +244,7 @@ def run_mutant(
 
 def verdict(outcome: Outcome) -> str:
     if outcome.kind == "killed":
-        return f"killed: {outcome.detail}"
+        return f"killed{' by the corpus' if outcome.by_corpus else ''}: {outcome.detail}"
     if outcome.kind == "survived":
         return "SURVIVED"
     return f"{outcome.kind.upper()}: {outcome.detail}"
@@ -229,6 +258,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--only", default="", help="comma-separated mutant names to run")
     p.add_argument("--list", action="store_true", help="list the mutants and exit")
     p.add_argument("--all", action="store_true", help="also run the mutants marked equivalent")
+    p.add_argument(
+        "--no-corpus",
+        action="store_true",
+        help="do not replay the regression corpus (python -m sim.corpus) against a mutant "
+        "the fresh seeds leave alive",
+    )
     p.add_argument(
         "--timeout-factor",
         type=float,
@@ -267,9 +302,20 @@ def main(argv: list[str] | None = None) -> int:
                 )
             print(f"clean run: {clean.detail} in {clean.seconds:.1f} s", flush=True)
             timeout = max(60.0, clean.seconds * args.timeout_factor)
+            corpus_timeout = None
+            if not args.no_corpus:
+                corpus = run_corpus(tree, None)
+                if corpus.kind != "clean":
+                    raise Refused(
+                        f"the unmutated copy's regression corpus is not clean ({verdict(corpus)})"
+                    )
+                print(f"clean corpus: {corpus.detail} in {corpus.seconds:.1f} s", flush=True)
+                corpus_timeout = max(60.0, corpus.seconds * args.timeout_factor)
             results: list[tuple[Mutant, Outcome]] = []
             for i, mutant in enumerate(mutants, 1):
-                outcome = run_mutant(tree, mutant, args.seeds, args.orders, args.start, timeout)
+                outcome = run_mutant(
+                    tree, mutant, args.seeds, args.orders, args.start, timeout, corpus_timeout
+                )
                 results.append((mutant, outcome))
                 print(
                     f"[{i}/{len(mutants)}] {mutant.name}: {verdict(outcome)} "
@@ -295,9 +341,12 @@ def main(argv: list[str] | None = None) -> int:
         for m in equivalent:
             print(f"  {m.name}: {m.equivalent}")
     killed = sum(o.killed for _, o in results)
+    corpus_only = sum(o.killed and o.by_corpus for _, o in results)
     print(
         f"\nmutate: {killed}/{len(results)} killed "
-        f"(seeds {args.seeds} from {args.start}, {args.orders} orders)"
+        f"(seeds {args.seeds} from {args.start}, {args.orders} orders"
+        + ("" if args.no_corpus else f"; {corpus_only} of them only by the regression corpus")
+        + ")"
     )
     return 0 if not survivors else 1
 

@@ -154,6 +154,39 @@ def test_a_mutant_runs_on_the_copy_and_is_undone_after(tmp_path):
     assert (tree / "x.py").read_text() == "if a < b:\n    pass\n"
 
 
+def test_a_mutant_the_fresh_seeds_miss_meets_the_corpus_and_its_kill_is_marked(tmp_path):
+    """Fresh seeds first; only a survivor replays the regression corpus, and
+    a kill there is shown as the corpus's, not the fresh seeds'."""
+    tree = _fake_sim(
+        tmp_path,
+        """
+        from pathlib import Path
+        Path("fresh-ran").write_text("")
+        print("simulate: 1 schedules, 0 violations")
+        """,
+    )
+    (tree / "sim" / "corpus.py").write_text(
+        textwrap.dedent(
+            """
+            from pathlib import Path
+            if "a <= b" in Path("x.py").read_text():
+                print("VIOLATION seed 5000216: rejected order not kept: ORD-1")
+            else:
+                print("simulate: 1 schedules, 0 violations")
+            """
+        )
+    )
+    (tree / "x.py").write_text("if a < b:\n    pass\n")
+    outcome = mutate.run_mutant(tree, _mutant(), 1, 1, 1, timeout=50, corpus_timeout=50)
+    assert (tree / "fresh-ran").exists()
+    assert (outcome.kind, outcome.by_corpus) == ("killed", True)
+    assert mutate.verdict(outcome) == "killed by the corpus: rejected order not kept (seed 5000216)"
+    # Without the corpus stage the same mutant survives.
+    alone = mutate.run_mutant(tree, _mutant(), 1, 1, 1, timeout=50)
+    assert (alone.kind, alone.by_corpus) == ("survived", False)
+    assert mutate.run_corpus(tree, timeout=50).kind == "clean"  # the file is restored
+
+
 @pytest.mark.slow
 def test_a_real_mutant_is_killed_by_the_real_simulation_and_the_worktree_is_untouched(tmp_path):
     """The reply bridge raising events under the step's name (not the

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from sim import surface
+from sim import corpus
 from sim.system import Options, Simulation, run_schedule
 from sim.world import FaultConfig
 
-REGRESSIONS = json.loads((Path(__file__).parents[2] / "sim" / "regressions.json").read_text())
+REGRESSIONS = corpus.load()
 
 # The check each defect of issue 11 breaks first (sim/system.py, Simulation.check).
 DEFECT_OF_CHECK = {
@@ -216,79 +216,18 @@ def _regression_params():
     for entry in REGRESSIONS:
         checks = entry.get("checks_now") or entry["checks"]  # what still breaks on this branch
         reason = "; ".join(sorted({DEFECT_OF_CHECK.get(c, c) for c in checks}))
-        # `moved`: the schedule no longer reaches its defect (a change elsewhere
-        # moved it); a plain case, while other seeds show the defect.
-        plain = entry.get("fixed") or entry.get("moved")
-        marks = [] if plain else [pytest.mark.xfail(strict=True, reason=reason)]
+        marks = [] if corpus.plain(entry) else [pytest.mark.xfail(strict=True, reason=reason)]
         version = entry.get("version")
         tag = f"-v{version}" if version else ""
         apps = entry.get("apps", 1)  # recorded before the world had two applications
         tag += "" if apps == 1 else f"-{apps}apps"
-        yield pytest.param(
-            entry["seed"],
-            entry["orders"],
-            version,
-            # Entries found before the hostile sender existed replay without it.
-            entry.get("hostile", 0),
-            apps,
-            # Entries found before the Durable client's faults, odd provider answers
-            # and foreign documents existed replay without them; so do those found
-            # before the fallible world (sim/system.py, _fallible).
-            entry.get("wider", False),
-            # Entries found before there were several host processes replay on one.
-            entry.get("hosts", 0),
-            entry.get("fallible", False),
-            # Found by the fault surface's targeted pass: that fault forced again.
-            entry.get("target"),
-            # Entries found before the 2.4 mutation run's world (progress
-            # statuses, lost leases, the lagging Supervisor more often) replay without it.
-            entry.get("mutation_world", False),
-            id=f"seed{entry['seed']}{tag}-{entry['check'][:30]}",
-            marks=marks,
-        )
+        yield pytest.param(entry, id=f"seed{entry['seed']}{tag}-{entry['check'][:30]}", marks=marks)
 
 
-@pytest.mark.parametrize(
-    (
-        "seed",
-        "orders",
-        "version",
-        "hostile",
-        "apps",
-        "wider",
-        "hosts",
-        "fallible",
-        "target",
-        "newer",
-    ),
-    list(_regression_params()),
-)
-def test_regression_seed(
-    seed, orders, version, hostile, apps, wider, hosts, fallible, target, newer
-):
-    recorder = None
-    if target:
-        recorder = surface.install()
-        recorder.seed = seed
-        recorder.target = surface.parse_target(target, surface.scan())
-    try:
-        result = run_schedule(
-            seed,
-            orders,
-            version=version,
-            hostile=hostile,
-            apps=apps,
-            wider=wider,
-            hosts=hosts,
-            fallible=fallible,
-            mutation_world=newer,
-        )
-    finally:
-        if recorder is not None:
-            surface.uninstall()
-    if recorder is not None:
-        assert recorder.target.done, f"the target {target} is no longer reached"
-    assert result.violations == []
+@pytest.mark.parametrize("entry", list(_regression_params()))
+def test_regression_seed(entry):
+    """Each entry in the world it was recorded in (sim.corpus.world_of)."""
+    assert corpus.replay(entry).violations == []
 
 
 def _open_seeds(orders: int, version: str | None) -> set[int]:
