@@ -128,6 +128,15 @@ class SubmitHandler:
             # back-off delay (the gate schedules it), not at once.
             log.warning("transient failure, retrying later: %s", exc)
             return Settle.retry(str(exc), readable_order_id(body))
+        except NotFoundError as exc:
+            # Every read that may rightly find nothing handles it where it is
+            # made; one that escapes read a record this delivery knows exists
+            # (its create conflicted, or an earlier read showed it) from a
+            # replica that has not seen another host's create yet. A later
+            # try finds it; dead-lettering would lose a good order
+            # (simulation seed 5000057, 50 orders: the readmission's update).
+            log.warning("a record read did not find what exists, retrying later: %s", exc)
+            return Settle.retry(f"{exc} (a lagging read); try again", readable_order_id(body))
 
     async def _handle(self, body: bytes, app_id: str, client: object | None) -> Settle:
         now = self._clock.now()

@@ -376,6 +376,27 @@ async def test_the_sdk_absorbs_a_short_burst_of_throttling_within_its_budget(
         await client.close()
 
 
+async def test_a_create_that_conflicts_but_is_never_read_back_is_transient(
+    state_store: CosmosStateStore,
+    state_container: ContainerProxy,
+    cosmos_database: str,
+    cosmos_faults: Callable[..., None],
+) -> None:
+    """409 on the create, then 404 on every read of the record (a replica
+    that has not seen another host's create): no verdict on the order, only
+    "try again" (simulation seed 5000057). It was a StaleError, which Submit
+    dead-lettered ProcessingFailed."""
+    record = make_record("LAG-1")
+    await state_store.create_if_absent(record)
+    cosmos_faults(
+        FaultRule(status=404, db=cosmos_database, coll=state_container.id, method="GET", count=3)
+    )
+    with pytest.raises(TransientError, match="create conflicted but a read did not find it"):
+        await state_store.create_if_absent(record)
+    stored, _, created = await state_store.create_if_absent(record)  # the replica caught up
+    assert (stored, created) == (record, False)
+
+
 def test_naive_datetimes_are_refused() -> None:
     from adapters.state_store import cosmos_time
 

@@ -12,7 +12,7 @@ import pytest
 
 from adapters.settings import load_settings
 from adapters.settlement import BackoffPolicy, MessageGate, SettleKind
-from domain.errors import TransientError
+from domain.errors import NotFoundError, TransientError
 from domain.models import ProcessState
 from reporting import Alerts, StatusReporter
 from submit.handler import BacklogReader, SubmitHandler
@@ -559,6 +559,39 @@ async def test_a_rejected_order_sent_again_after_the_backlog_fell_is_admitted():
     assert rig.statuses() == ["Rejected", "Received"]
     # a redelivery of that resend changes nothing more
     assert (await rig.submit()).kind is SettleKind.COMPLETE
+    assert rig.statuses() == ["Rejected", "Received"]
+
+
+async def test_a_read_that_lags_another_hosts_create_retries_the_order_never_dead_letters_it():
+    """Simulation seed 5000057 (50 orders): two copies of a Rejected order's
+    lineage ran at once on two hosts; the one admitted wrote the orders DB,
+    then its reads of the record (created a moment before by the other
+    host) came from a replica that had not seen it: NotFoundError, and the
+    order was dead-lettered ProcessingFailed with its document left under a
+    Rejected record. A lagging read is tried again later."""
+    rig = counting_rig()
+    await rig.store.write_backlog_gauge(3, NOW)
+    await rig.submit()
+    await rig.store.write_backlog_gauge(0, NOW)
+    real_read, lagging = rig.store.read, {"left": 1}
+
+    async def lagging_read(order_id):
+        if order_id == "webshop:ORD-1" and lagging["left"]:
+            lagging["left"] -= 1
+            raise NotFoundError(f"read state {order_id}: not found")
+        return await real_read(order_id)
+
+    rig.store.read = lagging_read
+    rig.actions.calls.clear()
+    outcome = await rig.submit()
+    assert outcome.kind is SettleKind.COMPLETE  # carried on as a delayed copy
+    [(_, _, _, at, _)] = rig.scheduler.scheduled
+    assert at == NOW + timedelta(seconds=5)
+    assert rig.alerts() == []
+    # The copy, with the replica caught up, admits the order.
+    body = json.dumps(order_payload()).encode()
+    await rig.deliver(body, message_id="retry/seq-7/1/seq-7.0", properties={"x-retry-count": 1})
+    assert (await rig.store.read("webshop:ORD-1"))[0].ProcessState is ProcessState.PENDING
     assert rig.statuses() == ["Rejected", "Received"]
 
 
