@@ -17,6 +17,7 @@ from tests.unit.orchestrators.driver import (
     POLICY,
     STEPS,
     TIMER_CREATED,
+    ActivityFailure,
     StartingClient,
     World,
     fail_step,
@@ -221,3 +222,46 @@ async def test_without_a_plan_in_its_input_2_4_runs_2_3s_begin_and_step_writes()
     assert await driver.run() == "completed"
     assert [n for n, _ in driver.calls] == ["begin_attempt"] + ["advance_attempt"] * 3
     assert (await world.record()).ProcessState is ProcessState.PROCESSED
+
+
+class _AdvanceAnswerLost(_Driver):
+    """2.4 whose advance_attempt starting the second step lands (its write
+    and its request both) and then fails on every try, as after sends whose
+    answers were lost (the activity is idempotent: a retry sends again)."""
+
+    def __init__(self, *args, **kw) -> None:
+        super().__init__(*args, version="2.4", **kw)
+
+    async def _activity(self, name, data):
+        result = await super()._activity(name, data)
+        if name == "advance_attempt" and data.get("Start") == STEPS[1]:
+            raise ActivityFailure("sending to agent-requests: no answer in time")
+        return result
+
+
+async def test_a_refusal_to_a_step_whose_sending_write_failed_still_ends_the_order():
+    """Simulation seed 5000003 (50 orders): on the 2.3 path the write that
+    sent the charge failed after the request left; the decline came back, was
+    unheard, and attempt 2 charged the card again. The reply still counts."""
+    world = World()  # no marks: 2.3's begin and step writes
+    instance_id, given = await world.fast_started()
+    driver = _AdvanceAnswerLost(world, instance_id, fail_step(STEPS[1]), input=given)
+    assert await driver.run() == "completed"
+    assert driver.output["Outcome"] == "compensated"
+    record = await world.record()
+    assert record.ProcessState is ProcessState.COMPENSATED
+    assert [r["Step"] for r in requests(world) if r["Action"] == "do"] == STEPS[:2]
+
+
+async def test_an_answer_to_a_step_whose_sending_write_failed_leaves_the_attempt_to_the_supervisor():
+    world = World()
+    instance_id, given = await world.fast_started()
+    driver = _AdvanceAnswerLost(world, instance_id, ok, input=given)
+    assert await driver.run() == "completed"
+    assert driver.output["Outcome"] == "unconfirmed"
+    record = await world.record()
+    # The write landed: the step before is done, this one Running until its deadline.
+    assert record.ProcessState is ProcessState.PROCESSING
+    assert record.Steps[STEPS[0]].Status is StepStatus.COMPLETED
+    assert record.Steps[STEPS[1]].Status is StepStatus.RUNNING
+    assert record.CompleteBy == record.Steps[STEPS[1]].CompleteBy
