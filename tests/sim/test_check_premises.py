@@ -83,6 +83,36 @@ def test_a_changed_resend_is_judged_against_the_order_first_rejected():
     assert float(CHANGED_TOTAL) not in (20.0, 40.0)
 
 
+def test_a_changed_resend_is_judged_by_its_lineages_verdict():
+    """Seed 5000218 (50 orders): the changed resend's first copy was
+    dead-lettered RetriesExhausted on its last delivery, whose schedule of
+    the next copy was accepted with its answer lost; two copies later the
+    lineage was dead-lettered OrderConflict. The lineage's verdict counts;
+    without the later copy, that dead letter is still no conflict."""
+    from adapters.settlement import ORIGINAL_ID_PROPERTY
+    from sim.system import INGRESS_OF
+
+    sim = _run(1, 1)
+    key = sim.order_ids[0]
+    mid = f"{key.split(':')[-1]}/resend-changed"
+    sim.changed_resends.append((key, mid))
+    ingress = sim.bus.queue(INGRESS_OF[sim.orders[key][0]])
+    now = sim.world.clock.now
+    props = {ORIGINAL_ID_PROPERTY: mid}
+    body = sim._order_body(key, CHANGED_TOTAL)
+    spent = Msg("retry/seq-512/1/seq-512.1", body, props, 513, now, delivery_count=5)
+    spent.dead_letter_reason = "RetriesExhausted"
+    ingress.dead.append(spent)
+    check = "a changed resend of a Rejected order is a conflict"
+    assert check in _checks(sim)
+    ingress.sent.append(Msg("retry/seq-512/2/seq-513.5", body, props, 600, now))
+    assert check in _checks(sim)  # carried on, but completed as if valid
+    conflict = Msg("retry/seq-512/3/seq-600.1", body, props, 700, now)
+    conflict.dead_letter_reason = "OrderConflict"
+    ingress.dead.append(conflict)
+    assert check not in _checks(sim)
+
+
 def test_what_outlived_its_queues_time_to_live_is_told_apart():
     """Seeds 100271 and 263: the bus keeps a message through an 8-day
     whole-app outage, which Service Bus expires after its queue's
