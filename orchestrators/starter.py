@@ -22,6 +22,8 @@ Before claiming it also: starts compensations operators asked for; restarts a
 compensation whose instance died, as a new attempt (new instance id, so new
 message ids that duplicate detection cannot drop), at most
 `max_compensation_restarts` times, then CompensationFailed with an alert;
+starts a compensation whose attempt was written but whose instance does not
+exist (never started: no restart counted);
 restarts a compensation whose long retry is due (workflow 2.2 left it
 Compensating with NotBefore after an unconfirmed undo, ADR 019a) the same
 way, not counted as a restart (its long retries are bounded when deferred); and
@@ -89,6 +91,7 @@ class StarterReport:
     lost: int = 0
     compensations: int = 0
     compensation_restarts: int = 0
+    compensations_started: int = 0  # an attempt written but never started: started, not counted
     compensations_given_up: int = 0
     compensations_waiting: int = 0  # in a long retry of an unconfirmed undo, not yet due
     start_failures: int = 0
@@ -256,8 +259,22 @@ class Starter:
                     exc_info=True,
                 )
                 continue
+            if status is None or getattr(status, "runtime_status", None) is None:
+                # No such instance: its attempt was written (a restart, or a
+                # claim into Compensating) and never started: the writer died
+                # before start_new, or the write's answer was lost so it never
+                # called it. Nothing ran under this id, so it is started now
+                # and no restart is counted; counting it would spend the
+                # budget on write answers lost (simulation seed 5000250, 50
+                # orders: three restarts applied with their answers lost, no
+                # instance started, then CompensationFailed with an undo never
+                # sent). The Durable task hub is never purged here, so a
+                # missing instance is one that never started.
+                if await self._start(client, record.LockedBy, report):
+                    report.compensations_started += 1
+                continue
             runtime = getattr(getattr(status, "runtime_status", None), "name", None)
-            if runtime not in (None, "Failed", "Terminated", "Canceled", "Completed"):
+            if runtime not in ("Failed", "Terminated", "Canceled", "Completed"):
                 continue
             dead: str = record.LockedBy
 

@@ -3,12 +3,14 @@ does not end the run, outbox delivery."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from dataclasses import replace
 from datetime import timedelta
 
 from adapters.ports import ANY_OWNER
 from domain import state_machine as sm
+from domain.errors import TransientError
 from domain.ids import order_key
 from domain.models import OrderSubmitted, ProcessState
 from orchestrators.starter import Starter
@@ -19,6 +21,7 @@ from tests.unit.orchestrators.driver import POLICY, SETTINGS, STEPS, World
 class Client:
     def __init__(self, fail_for=()):
         self.started, self.fail_for = [], set(fail_for)
+        self.died: set[str] = set()  # started instances that failed
 
     async def start_new(self, name, instance_id, data):
         if instance_id in self.fail_for:
@@ -28,7 +31,8 @@ class Client:
     async def get_status(self, instance_id):
         if instance_id not in self.started:
             return None
-        return type("Status", (), {"runtime_status": type("R", (), {"name": "Running"})()})()
+        runtime = "Failed" if instance_id in self.died else "Running"
+        return type("Status", (), {"runtime_status": type("R", (), {"name": runtime})()})()
 
 
 async def _pending(world, order_id):
@@ -71,11 +75,18 @@ async def test_one_failing_compensation_start_does_not_abort_the_run():
     await _errored_with_request(world, "B1")
     await _pending(world, "C1")
     client = Client(fail_for={"webshop:A1:2"})
-    report = await Starter(SETTINGS, world.store, clock=ReadClock(lambda: world.now)).run(client)
-    assert report.start_failures == 1
-    # A1's compensation never started: the same run restarts it as attempt 3.
-    assert sorted(client.started) == ["webshop:A1:3", "webshop:B1:2", "webshop:C1:1"]
+    starter = Starter(SETTINGS, world.store, clock=ReadClock(lambda: world.now))
+    report = await starter.run(client)
+    # A1's compensation never started: the same run tries to start it again,
+    # under the same attempt (nothing ran under it, so no restart is spent).
+    assert report.start_failures == 2
+    assert sorted(client.started) == ["webshop:B1:2", "webshop:C1:1"]
     assert report.claimed == 1
+    client.fail_for.clear()
+    report = await starter.run(client)
+    assert (report.compensations_started, report.compensation_restarts) == (1, 0)
+    assert "webshop:A1:2" in client.started
+    assert (await world.record("A1")).CompensationRestarts == 0
 
 
 async def test_a_failing_start_after_a_claim_leaves_the_record_for_the_supervisor():
@@ -332,9 +343,9 @@ async def test_a_failed_status_call_does_not_restart_a_live_compensation():
         "webshop:A1:2",
         0,
     )
-    # A gone instance (404) is still restarted once the status can be read.
+    # A dead instance is still restarted once the status can be read.
     client.blink = False
-    client.started.remove("webshop:A1:2")
+    client.died.add("webshop:A1:2")
     report = await starter.run(client)
     assert report.compensation_restarts == 1
     assert (await world.record("A1")).LockedBy == "webshop:A1:3"
@@ -354,12 +365,49 @@ async def test_a_dead_compensation_behind_a_full_page_of_live_ones_is_restarted(
     while len(client.started) < len(names):  # the requests are claimed, a page a run
         await starter.run(client)
     dead = names[-1]  # sorts last: never on the first page
-    client.started.remove(f"webshop:{dead}:2")  # its instance died
+    client.died.add(f"webshop:{dead}:2")  # its instance died
     restarts = 0
     for _ in range(len(names) // batch + 1):  # a full cycle of pages reaches it
         restarts += (await starter.run(client)).compensation_restarts
     assert restarts == 1
     assert (await world.record(dead)).LockedBy == f"webshop:{dead}:3"
+
+
+async def test_a_compensation_written_but_never_started_is_started_without_spending_a_restart():
+    """Simulation seed 5000250 (50 orders): the Starter's restart writes were
+    applied with their answers lost (a 408), so it never started the new
+    attempt; each run then found no instance, counted another restart, and
+    the third ended the order CompensationFailed with an undo never sent. An
+    attempt whose instance does not exist never ran: it is started as it is."""
+    world = World()
+    await _errored_with_request(world, "A1")
+    client = Client()
+    starter = Starter(SETTINGS, world.store, clock=ReadClock(lambda: world.now))
+    await starter.run(client)
+    client.died.add("webshop:A1:2")
+    real_update = world.store.update
+
+    async def answer_lost(*args, **kw):
+        await real_update(*args, **kw)
+        raise TransientError("replace state: Cosmos DB answered 408")
+
+    world.store.update = answer_lost
+    with contextlib.suppress(TransientError):
+        await starter.run(client)  # the restart is written, its answer lost: nothing started
+    world.store.update = real_update
+    record = await world.record("A1")
+    assert (record.LockedBy, record.CompensationRestarts) == ("webshop:A1:3", 1)
+    assert "webshop:A1:3" not in client.started
+    for _ in range(3):
+        report = await starter.run(client)
+    assert client.started.count("webshop:A1:3") == 1
+    record = await world.record("A1")
+    assert (record.ProcessState, record.LockedBy, record.CompensationRestarts) == (
+        ProcessState.COMPENSATING,
+        "webshop:A1:3",
+        1,
+    )
+    assert report.compensation_restarts == 0
 
 
 async def test_a_resend_during_a_long_retry_adds_no_index_entry():
