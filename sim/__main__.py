@@ -129,6 +129,8 @@ def record(
     # and those without "mutation_world" before the world of the 2.4
     # mutation run (progress statuses, lost leases, more lag)
     entry["mutation_world"] = True
+    # and those without "bus_outages" before the Service Bus outages
+    entry["bus_outages"] = True
     if target:
         entry["target"] = target
     entries.append(entry)

@@ -188,6 +188,13 @@ class Bus:
     def receivable(self, queue: str) -> Msg | None:
         q = self.queue(queue)
         now = self.world.clock.now
+        down = self.world.faults.bus_down_until()
+        if down is not None:
+            # A Service Bus outage: nothing is delivered until it ends (the
+            # receive links are down too); then the queue is pumped again.
+            if self.after_send is not None:
+                self.after_send(queue, down)
+            return None
         ready = [m for m in q.messages if m.lock_token is None and m.visible_at <= now]
         if not ready:
             return None

@@ -49,6 +49,7 @@ def world_of(entry: dict[str, Any]) -> dict[str, Any]:
         "fallible": entry.get("fallible", False),  # before the fallible world
         # before the 2.4 mutation run's world (progress statuses, lost leases)
         "mutation_world": entry.get("mutation_world", False),
+        "bus_outages": entry.get("bus_outages", False),  # before the Service Bus outages
     }
 
 

@@ -219,6 +219,7 @@ def options_for(
     hosts: int | None = None,
     fallible: bool = True,
     mutation_world: bool = True,
+    bus_outages: bool = True,
 ) -> Options:
     """Everything about a schedule, drawn from its seed; `hostile` fixes the
     number of forgeries (sim.hostile) instead (0 replays a schedule found
@@ -232,7 +233,9 @@ def options_for(
     faults (`_fallible`; seeds found before it); `mutation_world` False
     leaves out what the 2.4 mutation run added (an application with
     progress statuses, lost leases, the lagging Supervisor in one schedule
-    in two rather than four), for regression seeds recorded before it."""
+    in two rather than four), for regression seeds recorded before it;
+    `bus_outages` False leaves out the Service Bus outages (seeds recorded
+    before them)."""
     rng = random.Random(f"options/{seed}")
     newer = wider and hosts != 0 and fallible and mutation_world
     quiet = rng.random() < 0.15
@@ -319,6 +322,7 @@ def options_for(
         f.undo_blackout = _draws_undo_blackout(seed)
         if fallible:
             _fallible(rng, f)
+            f.bus_blips = _bus_blips(seed) if bus_outages else 0
     if wider and hosts != 0 and fallible and not quiet:
         options.workers, f.receive_fail = draw_workers(seed, options.fault_window)
     return options
@@ -355,6 +359,13 @@ def _fallible(rng: random.Random, f: FaultConfig) -> None:
     f.send_lost = rng.choice((0.0, 0.02, 0.1))
     f.slow_answers = rng.choice((0.0, 0.05, 0.2))
     f.host_start = True
+
+
+def _bus_blips(seed: int) -> int:
+    """Service Bus outages in the fallible world, in one schedule in three,
+    from a stream of their own so that no other draw of the seed moves."""
+    rng = random.Random(f"bus-outage/{seed}")
+    return rng.choice((1, 3, 8)) if rng.random() < 1 / 3 else 0
 
 
 def _draws_undo_blackout(seed: int) -> bool:
@@ -2051,6 +2062,14 @@ class Simulation:
             if w.faults.draw(1.0, "cosmos_blip"):
                 at_call = w.data_rng.randint(1, 600)
                 w.faults.cosmos_blips[at_call] = round(w.data_rng.uniform(0.5, 3), 3)
+        # Service Bus outages, each from a bus call on (its own stream: the
+        # other draws of the seed stay where they were).
+        blips = random.Random(f"bus-blips/{self.seed}")
+        for _ in range(f.bus_blips):
+            if w.faults.draw(1.0, "bus_outage"):
+                w.faults.bus_blips[blips.randint(1, 400 * self.o.orders)] = round(
+                    blips.uniform(1, 8), 3
+                )
         if not f.host_start:
             return
 
@@ -2976,6 +2995,7 @@ def run_schedule(
     *,
     steps: StepCatalog | None = None,
     mutation_world: bool = True,
+    bus_outages: bool = True,
 ) -> Result:
     """`steps`: run this step catalog instead of domain/steps.json (the
     seed's other choices stay what they are)."""
@@ -2991,6 +3011,7 @@ def run_schedule(
         hosts=hosts,
         fallible=fallible,
         mutation_world=mutation_world,
+        bus_outages=bus_outages,
     )
     if steps is not None:
         options = replace(options, steps=steps)

@@ -133,6 +133,11 @@ class FaultConfig:
     send_lost: float = 0.0
     # per remote call: the answer comes after the client's timeout (applied or not)
     slow_answers: float = 0.0
+    # Service Bus outages (a namespace failover, a gateway restart, a long
+    # ServerBusy): short windows (1-8 s), each from a random bus call on, in
+    # which every send, schedule and settlement fails: refused, or for a share
+    # of them accepted with the answer lost
+    bus_blips: int = 0
     # per receive of the standalone worker (sim/worker.py): the link dropped, or
     # no answer in time (with or without messages locked to the dead link)
     receive_fail: float = 0.0
@@ -176,6 +181,11 @@ class Faults:
         # never is (an actor's calls are milliseconds apart).
         self.cosmos_blips: dict[int, float] = {}
         self.cosmos_calls = 0
+        # The same for Service Bus calls (sends, schedules, settlements).
+        self.bus_down: list[tuple[datetime, datetime]] = []
+        self.bus_blips: dict[int, float] = {}
+        self.bus_calls = 0
+        self.bus_outage_lost = 0.3
         # The share of calls during the outage that are applied and answered
         # with a lost answer (a gateway timeout); 1.0 in an undo blackout.
         self.outage_lost = 0.3
@@ -313,11 +323,43 @@ class Faults:
             return True
         return False
 
+    def bus_outage(self) -> bool:
+        """Whether this Service Bus call falls in an outage window (one may
+        begin at this very call)."""
+        now = self.world.clock.now
+        self.bus_calls += 1
+        blip = self.bus_blips.pop(self.bus_calls, None)
+        if blip is not None and self.active:
+            self.bus_down.append((now, now + timedelta(seconds=blip)))
+            self.world.log(f"bus outage for {blip}s from call {self.bus_calls}")
+        if self.active and any(a <= now < b for a, b in self.bus_down):
+            self.world.counters["bus_outage"] += 1
+            return True
+        return False
+
+    def bus_down_until(self) -> datetime | None:
+        """The end of the Service Bus outage under way, if one is (no call
+        counted: a receive that finds the namespace down)."""
+        now = self.world.clock.now
+        if not self.active:
+            return None
+        ends = [b for a, b in self.bus_down if a <= now < b]
+        return max(ends) if ends else None
+
+    def _lost_in_outage(self) -> bool:
+        """A call during an outage applied with its answer lost (a gateway
+        that forwarded it and timed out), from the world's own stream."""
+        return self.world.data_rng.random() < self.bus_outage_lost
+
     def settle_fault(self, queue: str, kind: str) -> str | None:
         """A settlement (complete/abandon/dead-letter): None, or "dropped"
         (the link dropped before it: ServiceBusConnectionError), "lock_lost"
         (MessageLockLostError; the message is released), "after" (applied,
         its answer lost: OperationTimeoutError)."""
+        if self.bus_outage():
+            variant = "after" if self._lost_in_outage() else "dropped"
+            self.hit("settle_timeout_after" if variant == "after" else "settle_fail")
+            return variant
         if self.draw(self.config.settle_fail, "settle_fail", f"{queue} {kind}"):
             variant = self._variant(("dropped", "lock_lost", "after"))
             self.hit(
@@ -332,6 +374,10 @@ class Faults:
         """A send on any queue: None, or "refused" (ServiceBusConnectionError,
         nothing sent) or "after" (the broker took it, the answer was lost:
         OperationTimeoutError)."""
+        if self.bus_outage():
+            variant = "after" if self._lost_in_outage() else "refused"
+            self.hit("send_timeout_after" if variant == "after" else "send_fail")
+            return variant
         if self.draw(self.config.send_lost, "send_lost", f"{queue} {message_id}"):
             variant = self._variant(("after", "refused"))
             self.hit("send_timeout_after" if variant == "after" else "send_fail")
