@@ -12,10 +12,12 @@ subprocess, and restores the file. A mutant is killed when the simulation
 reports a violation (the run stops at the first one), crashed when the
 simulation dies without its summary line, timed out when it runs far longer
 than the clean run did, and survived otherwise. A mutant the fresh seeds
-leave alive then meets the regression corpus (`python -m sim.corpus`: every
-fixed seed of sim/regressions.json in its recorded world, as
-tests/sim/test_simulation.py replays them; `--no-corpus` skips it); a kill
-there is shown as the corpus's, and the score says how many those were.
+leave alive then meets a few large schedules (`--large` of `--large-orders`
+orders: paging limits, many hosts' races; `--large 0` skips them), then the
+regression corpus (`python -m sim.corpus`: every fixed seed of
+sim/regressions.json in its recorded world, as tests/sim/test_simulation.py
+replays them; `--no-corpus` skips it); a kill there is shown as that stage's,
+and the score says how many each stage killed.
 
 Prints one line per mutant, then a table and the score `killed/total`
 (crashes and timeouts count as killed but are shown as such). A mutant
@@ -28,6 +30,7 @@ when every mutant is killed, 1 when one survived, 2 when the run was refused
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import re
@@ -78,7 +81,9 @@ class Outcome:
     kind: str  # "killed", "crashed", "timeout", "survived", "clean"
     detail: str
     seconds: float
-    by_corpus: bool = False  # killed only by the regression corpus, not the fresh seeds
+    # the stage that killed it: "fresh" (the N seeds), "large" (the 50-order
+    # schedules, for a survivor of the fresh ones), "corpus" (the regression seeds)
+    stage: str = "fresh"
 
     @property
     def killed(self) -> bool:
@@ -212,6 +217,24 @@ def _run(tree: Path, cmd: list[str], timeout: float | None) -> Outcome:
     return Outcome("crashed", f"exit {proc.returncode}: {last[:160]}", seconds)
 
 
+@dataclass(frozen=True)
+class Stage:
+    """A run a survivor of the stages before meets: `name`, and either
+    schedules (`seeds`, `orders`, `start`) or the corpus; its timeout."""
+
+    name: str
+    timeout: float | None
+    seeds: int = 0
+    orders: int = 0
+    start: int = 1
+    corpus: bool = False
+
+    def run(self, tree: Path) -> Outcome:
+        if self.corpus:
+            return run_corpus(tree, self.timeout)
+        return run_sim(tree, self.seeds, self.orders, self.start, self.timeout)
+
+
 def run_mutant(
     tree: Path,
     mutant: Mutant,
@@ -219,22 +242,23 @@ def run_mutant(
     orders: int,
     start: int,
     timeout: float | None,
-    corpus_timeout: float | None = None,
+    later: tuple[Stage, ...] = (),
 ) -> Outcome:
-    """The fresh seeds first; a mutant they do not kill then meets the
-    regression corpus (unless `corpus_timeout` is None), and a kill there is
-    marked as the corpus's."""
+    """The fresh seeds first; a mutant they do not kill then meets each of
+    the `later` stages in turn (a few large schedules, the regression
+    corpus), and a kill there is marked as that stage's."""
     path = tree / mutant.file
     original = path.read_text(encoding="utf-8")
     path.write_text(mutated(original, mutant), encoding="utf-8")
     try:
         outcome = run_sim(tree, seeds, orders, start, timeout)
-        if outcome.kind == "clean" and corpus_timeout is not None:
-            fresh = outcome.seconds
-            outcome = run_corpus(tree, corpus_timeout)
-            outcome.seconds += fresh
+        for stage in later:
             if outcome.kind != "clean":
-                outcome.by_corpus = True
+                break
+            spent = outcome.seconds
+            outcome = stage.run(tree)
+            outcome.seconds += spent
+            outcome.stage = stage.name
     finally:
         path.write_text(original, encoding="utf-8")
     if outcome.kind == "clean":
@@ -244,7 +268,8 @@ def run_mutant(
 
 def verdict(outcome: Outcome) -> str:
     if outcome.kind == "killed":
-        return f"killed{' by the corpus' if outcome.by_corpus else ''}: {outcome.detail}"
+        by = {"fresh": "", "large": " by a large schedule", "corpus": " by the corpus"}
+        return f"killed{by[outcome.stage]}: {outcome.detail}"
     if outcome.kind == "survived":
         return "SURVIVED"
     return f"{outcome.kind.upper()}: {outcome.detail}"
@@ -258,6 +283,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--only", default="", help="comma-separated mutant names to run")
     p.add_argument("--list", action="store_true", help="list the mutants and exit")
     p.add_argument("--all", action="store_true", help="also run the mutants marked equivalent")
+    p.add_argument(
+        "--large",
+        type=int,
+        default=20,
+        help="schedules of --large-orders orders a survivor of the fresh seeds then meets "
+        "(0: none)",
+    )
+    p.add_argument("--large-orders", type=int, default=50)
+    p.add_argument("--large-start", type=int, default=900001)
     p.add_argument(
         "--no-corpus",
         action="store_true",
@@ -302,19 +336,28 @@ def main(argv: list[str] | None = None) -> int:
                 )
             print(f"clean run: {clean.detail} in {clean.seconds:.1f} s", flush=True)
             timeout = max(60.0, clean.seconds * args.timeout_factor)
-            corpus_timeout = None
+            planned = []
+            if args.large:
+                planned.append(
+                    Stage("large", None, args.large, args.large_orders, args.large_start)
+                )
             if not args.no_corpus:
-                corpus = run_corpus(tree, None)
-                if corpus.kind != "clean":
+                planned.append(Stage("corpus", None, corpus=True))
+            later = []
+            for stage in planned:
+                baseline = stage.run(tree)
+                if baseline.kind != "clean":
                     raise Refused(
-                        f"the unmutated copy's regression corpus is not clean ({verdict(corpus)})"
+                        f"the unmutated copy is not clean in the {stage.name} stage "
+                        f"({verdict(baseline)})"
                     )
-                print(f"clean corpus: {corpus.detail} in {corpus.seconds:.1f} s", flush=True)
-                corpus_timeout = max(60.0, corpus.seconds * args.timeout_factor)
+                print(f"clean {stage.name}: {baseline.detail} in {baseline.seconds:.1f} s")
+                timeout_of = max(60.0, baseline.seconds * args.timeout_factor)
+                later.append(dataclasses.replace(stage, timeout=timeout_of))
             results: list[tuple[Mutant, Outcome]] = []
             for i, mutant in enumerate(mutants, 1):
                 outcome = run_mutant(
-                    tree, mutant, args.seeds, args.orders, args.start, timeout, corpus_timeout
+                    tree, mutant, args.seeds, args.orders, args.start, timeout, tuple(later)
                 )
                 results.append((mutant, outcome))
                 print(
@@ -341,12 +384,15 @@ def main(argv: list[str] | None = None) -> int:
         for m in equivalent:
             print(f"  {m.name}: {m.equivalent}")
     killed = sum(o.killed for _, o in results)
-    corpus_only = sum(o.killed and o.by_corpus for _, o in results)
+    by_stage = {
+        stage: sum(o.killed and o.stage == stage for _, o in results)
+        for stage in ("fresh", "large", "corpus")
+    }
     print(
         f"\nmutate: {killed}/{len(results)} killed "
-        f"(seeds {args.seeds} from {args.start}, {args.orders} orders"
-        + ("" if args.no_corpus else f"; {corpus_only} of them only by the regression corpus")
-        + ")"
+        f"(seeds {args.seeds} from {args.start}, {args.orders} orders: {by_stage['fresh']}; "
+        f"then {args.large} of {args.large_orders} orders: {by_stage['large']}; "
+        f"then the regression corpus: {by_stage['corpus']})"
     )
     return 0 if not survivors else 1
 

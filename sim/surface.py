@@ -121,8 +121,9 @@ APPLICABLE: dict[str, tuple[str, ...]] = {
         "crash",
         "crash_after",
         "send_timeout_after",
+        "servicebus_outage",
     ),
-    "servicebus settle": ("lock_lost", "settle_fail", "settle_timeout_after"),
+    "servicebus settle": ("lock_lost", "settle_fail", "settle_timeout_after", "servicebus_outage"),
     "servicebus receive": ("receive_fail",),
     "durable": ("durable_fail", "durable_fail_after", "crash", "crash_after"),
     "http": (
@@ -185,8 +186,9 @@ FORCIBLE: dict[str, dict[str, str | None]] = {
     "receive_fail": {"receive_fail": None},
 }
 # Kinds forced outside a draw: a crash at a scheduling point (sim.world.World.run)
-# and a short Cosmos outage opened at the call (sim.world.Faults.cosmos_call).
-FORCED_ELSEWHERE = {"crash", "crash_after", "cosmos_outage"}
+# and a short Cosmos or Service Bus outage opened at the call (sim.world.Faults.cosmos_call,
+# Faults.bus_outage).
+FORCED_ELSEWHERE = {"crash", "crash_after", "cosmos_outage", "servicebus_outage"}
 
 
 def forcible(kind: str) -> bool:
@@ -433,9 +435,9 @@ class Recorder:
     def variant(self, draw_kind: str, kind: str) -> str | None:
         return FORCIBLE[draw_kind][kind]
 
-    def force_outage(self, frame: FrameType | None) -> bool:
+    def force_outage(self, frame: FrameType | None, kind: str = "cosmos_outage") -> bool:
         t = self.target
-        if t is None or t.done or t.kind != "cosmos_outage":
+        if t is None or t.done or t.kind != kind:
             return False
         if not self._aimed(self.where(frame)):
             return False

@@ -323,15 +323,23 @@ class Faults:
             return True
         return False
 
-    def bus_outage(self) -> bool:
-        """Whether this Service Bus call falls in an outage window (one may
-        begin at this very call)."""
+    def bus_outage(self, frame: Any = None) -> bool:
+        """Whether this Service Bus call (its fake's frame) falls in an outage
+        window (one may begin at this very call, also as the targeted pass's)."""
         now = self.world.clock.now
         self.bus_calls += 1
         blip = self.bus_blips.pop(self.bus_calls, None)
         if blip is not None and self.active:
             self.bus_down.append((now, now + timedelta(seconds=blip)))
             self.world.log(f"bus outage for {blip}s from call {self.bus_calls}")
+        if (
+            SURFACE is not None
+            and SURFACE.target is not None
+            and self.active
+            and SURFACE.force_outage(frame, "servicebus_outage")
+        ):
+            self.bus_down.append((now, now + timedelta(seconds=TARGETED_OUTAGE_SECONDS)))
+            self.record("servicebus_outage", f"(targeted, {TARGETED_OUTAGE_SECONDS}s)")
         if self.active and any(a <= now < b for a, b in self.bus_down):
             self.world.counters["bus_outage"] += 1
             return True
@@ -356,10 +364,9 @@ class Faults:
         (the link dropped before it: ServiceBusConnectionError), "lock_lost"
         (MessageLockLostError; the message is released), "after" (applied,
         its answer lost: OperationTimeoutError)."""
-        if self.bus_outage():
-            variant = "after" if self._lost_in_outage() else "dropped"
-            self.hit("settle_timeout_after" if variant == "after" else "settle_fail")
-            return variant
+        if self.bus_outage(sys._getframe(1)):
+            self.hit("servicebus_outage")
+            return "after" if self._lost_in_outage() else "dropped"
         if self.draw(self.config.settle_fail, "settle_fail", f"{queue} {kind}"):
             variant = self._variant(("dropped", "lock_lost", "after"))
             self.hit(
@@ -374,10 +381,9 @@ class Faults:
         """A send on any queue: None, or "refused" (ServiceBusConnectionError,
         nothing sent) or "after" (the broker took it, the answer was lost:
         OperationTimeoutError)."""
-        if self.bus_outage():
-            variant = "after" if self._lost_in_outage() else "refused"
-            self.hit("send_timeout_after" if variant == "after" else "send_fail")
-            return variant
+        if self.bus_outage(sys._getframe(1)):
+            self.hit("servicebus_outage")
+            return "after" if self._lost_in_outage() else "refused"
         if self.draw(self.config.send_lost, "send_lost", f"{queue} {message_id}"):
             variant = self._variant(("after", "refused"))
             self.hit("send_timeout_after" if variant == "after" else "send_fail")

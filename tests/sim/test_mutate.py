@@ -177,13 +177,14 @@ def test_a_mutant_the_fresh_seeds_miss_meets_the_corpus_and_its_kill_is_marked(t
         )
     )
     (tree / "x.py").write_text("if a < b:\n    pass\n")
-    outcome = mutate.run_mutant(tree, _mutant(), 1, 1, 1, timeout=50, corpus_timeout=50)
+    corpus = mutate.Stage("corpus", 50, corpus=True)
+    outcome = mutate.run_mutant(tree, _mutant(), 1, 1, 1, timeout=50, later=(corpus,))
     assert (tree / "fresh-ran").exists()
-    assert (outcome.kind, outcome.by_corpus) == ("killed", True)
+    assert (outcome.kind, outcome.stage) == ("killed", "corpus")
     assert mutate.verdict(outcome) == "killed by the corpus: rejected order not kept (seed 5000216)"
     # Without the corpus stage the same mutant survives.
     alone = mutate.run_mutant(tree, _mutant(), 1, 1, 1, timeout=50)
-    assert (alone.kind, alone.by_corpus) == ("survived", False)
+    assert (alone.kind, alone.stage) == ("survived", "fresh")
     assert mutate.run_corpus(tree, timeout=50).kind == "clean"  # the file is restored
 
 
