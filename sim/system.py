@@ -2981,6 +2981,18 @@ class Result:
     options: Options
 
 
+def simulate(sim: Simulation) -> Simulation:
+    """Run `sim` to its end on an event loop of its own (its checks not run:
+    `sim.check()` does that); the tests' way in, as run_schedule's."""
+    logging.disable(logging.CRITICAL)
+    loop = asyncio.new_event_loop()
+    try:
+        loop.run_until_complete(sim.run())
+    finally:
+        loop.close()
+    return sim
+
+
 def run_schedule(
     seed: int,
     orders: int = 3,
@@ -3015,12 +3027,7 @@ def run_schedule(
     )
     if steps is not None:
         options = replace(options, steps=steps)
-    sim = Simulation(seed, orders, drop, options=options, scan=scan)
-    loop = asyncio.new_event_loop()
-    try:
-        loop.run_until_complete(sim.run())
-    finally:
-        loop.close()
+    sim = simulate(Simulation(seed, orders, drop, options=options, scan=scan))
     sim.world.counters["index partition-second peak"] = sim.index_writes.peak()
     return Result(
         seed,
@@ -3044,4 +3051,5 @@ __all__ = [
     "refusals",
     "replace",
     "run_schedule",
+    "simulate",
 ]

@@ -6,14 +6,12 @@ unchanged by the catalog (`python -m sim` output, compared in the ADR)."""
 
 from __future__ import annotations
 
-import asyncio
-import logging
 from collections import Counter
 from dataclasses import replace
 
 import pytest
 
-from sim.system import Simulation, options_for, refusals, run_schedule
+from sim.system import Simulation, options_for, refusals, run_schedule, simulate
 from tests.added_step import with_warehouse_step
 
 pytestmark = pytest.mark.filterwarnings("ignore:Potential duplicate Task completion")
@@ -23,14 +21,9 @@ STEP = "reserve-warehouse-slot"
 
 
 def _run(seed: int) -> Simulation:
-    logging.disable(logging.CRITICAL)
-    sim = Simulation(seed, 3, options=replace(options_for(seed, 3), steps=with_warehouse_step()))
-    loop = asyncio.new_event_loop()
-    try:
-        loop.run_until_complete(sim.run())
-    finally:
-        loop.close()
-    return sim
+    return simulate(
+        Simulation(seed, 3, options=replace(options_for(seed, 3), steps=with_warehouse_step()))
+    )
 
 
 def test_the_added_step_runs_through_the_simulation_with_every_check_holding():

@@ -4,23 +4,15 @@ or the schedule makes legitimate."""
 
 from __future__ import annotations
 
-import asyncio
-import logging
 from datetime import timedelta
 
 from sim.bus import Msg
-from sim.system import CHANGED_TOTAL, Options, Simulation
+from sim.system import CHANGED_TOTAL, Options, Simulation, simulate
 from sim.world import FaultConfig
 
 
 def _run(seed: int, orders: int) -> Simulation:
-    logging.disable(logging.CRITICAL)
-    sim = Simulation(seed, orders, options=Options(orders=orders, faults=FaultConfig()))
-    loop = asyncio.new_event_loop()
-    try:
-        loop.run_until_complete(sim.run())
-    finally:
-        loop.close()
+    sim = simulate(Simulation(seed, orders, options=Options(orders=orders, faults=FaultConfig())))
     sim.violations.clear()
     return sim
 

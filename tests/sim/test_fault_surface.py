@@ -111,18 +111,9 @@ def test_no_seeds_every_call_site_is_a_gap_and_strict_fails(capsys) -> None:
 
 
 def _simulate(seed: int, options):
-    import asyncio
-    import logging
+    from sim.system import Simulation, simulate
 
-    from sim.system import Simulation
-
-    logging.disable(logging.CRITICAL)
-    sim = Simulation(seed, options.orders, options=options)
-    loop = asyncio.new_event_loop()
-    try:
-        loop.run_until_complete(sim.run())
-    finally:
-        loop.close()
+    sim = simulate(Simulation(seed, options.orders, options=options))
     sim.check()
     return sim
 

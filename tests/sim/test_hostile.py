@@ -4,27 +4,18 @@ alert each, and the checks that say so can fail."""
 
 from __future__ import annotations
 
-import asyncio
 import json
-import logging
 from collections import Counter
 
 import pytest
 
 from sim.hostile import REPLY_KINDS, REQUEST_KINDS
-from sim.system import Options, Simulation
+from sim.system import Options, Simulation, simulate
 from sim.world import FaultConfig
 
 
 def _run(seed: int, options: Options) -> Simulation:
-    logging.disable(logging.CRITICAL)
-    sim = Simulation(seed, options.orders, options=options)
-    loop = asyncio.new_event_loop()
-    try:
-        loop.run_until_complete(sim.run())
-    finally:
-        loop.close()
-    return sim
+    return simulate(Simulation(seed, options.orders, options=options))
 
 
 def _hostile(seed: int, count: int = 20, **faults) -> Simulation:

@@ -208,18 +208,9 @@ def test_a_real_mutant_is_killed_by_the_real_simulation_and_the_worktree_is_unto
 
 
 def _simulate(seed: int, options):
-    import asyncio
-    import logging
+    from sim.system import Simulation, simulate
 
-    from sim.system import Simulation
-
-    logging.disable(logging.CRITICAL)
-    sim = Simulation(seed, options.orders, options=options)
-    loop = asyncio.new_event_loop()
-    try:
-        loop.run_until_complete(sim.run())
-    finally:
-        loop.close()
+    sim = simulate(Simulation(seed, options.orders, options=options))
     sim.check()
     return sim
 

@@ -8,29 +8,20 @@ mutant it was written for and to hold on the code as it is."""
 
 from __future__ import annotations
 
-import asyncio
-import logging
 import sys
 from pathlib import Path
 
 import pytest
 
 from sim import mutate
-from sim.system import Options, Simulation, options_for
+from sim.system import Options, Simulation, options_for, simulate
 from sim.world import FaultConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _run(seed: int, options: Options) -> Simulation:
-    logging.disable(logging.CRITICAL)
-    sim = Simulation(seed, options.orders, options=options)
-    loop = asyncio.new_event_loop()
-    try:
-        loop.run_until_complete(sim.run())
-    finally:
-        loop.close()
-    return sim
+    return simulate(Simulation(seed, options.orders, options=options))
 
 
 def test_the_new_world_is_drawn_from_the_seed_and_only_in_the_fallible_wide_world():
@@ -102,9 +93,10 @@ def test_a_walk_that_stops_short_of_the_minutes_shards_is_caught(tmp_path):
 
 @pytest.mark.slow
 def test_an_undo_that_listens_only_to_its_latest_try_is_caught(tmp_path):
-    """`wf-undo-earlier-tries-ignored`: at seed 60 an earlier undo try's OK
+    """`wf-undo-earlier-tries-ignored`: at seed 55 (60 before the Service Bus
+    outages moved it) an earlier undo try's OK
     arrives while the next try waits; the mutant leaves it unheard."""
-    seed = 60
+    seed = 55
     clean = mutate.run_sim(ROOT, 1, 3, seed, 300, python=sys.executable)
     assert clean.kind == "clean", clean
     tree = _mutated_tree(tmp_path, "wf-undo-earlier-tries-ignored")

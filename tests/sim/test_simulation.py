@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from sim import corpus
-from sim.system import Options, Simulation, run_schedule
+from sim.system import Options, Simulation, run_schedule, simulate
 from sim.world import FaultConfig
 
 REGRESSIONS = corpus.load()
@@ -49,17 +49,7 @@ DEFECT_OF_CHECK = {
 
 
 def _run(seed: int, orders: int, options: Options | None = None) -> Simulation:
-    import asyncio
-    import logging
-
-    logging.disable(logging.CRITICAL)
-    sim = Simulation(seed, orders, options=options)
-    loop = asyncio.new_event_loop()
-    try:
-        loop.run_until_complete(sim.run())
-    finally:
-        loop.close()
-    return sim
+    return simulate(Simulation(seed, orders, options=options))
 
 
 def test_same_seed_same_trace_byte_for_byte():

@@ -6,30 +6,21 @@ the checks that watch it can fail."""
 
 from __future__ import annotations
 
-import asyncio
-import logging
-
 import pytest
 
 from agents.messaging import ReceiverSettlement
 from agents.worker import AgentWorker
-from sim.system import Options, Simulation, options_for
+from sim.system import Options, Simulation, options_for, simulate
 from sim.worker import CHECK, WorkerRun
 from sim.world import FaultConfig
 
 
 def _run(seed: int, options: Options, busy_stop: bool | None = None) -> Simulation:
-    logging.disable(logging.CRITICAL)
     sim = Simulation(seed, options.orders, options=options)
     if busy_stop is not None:
         for worker in sim.workers:
             worker.busy_stop = busy_stop
-    loop = asyncio.new_event_loop()
-    try:
-        loop.run_until_complete(sim.run())
-    finally:
-        loop.close()
-    return sim
+    return simulate(sim)
 
 
 # Every agent request of the first 200 s goes to the worker (share 1.0), and

@@ -6,13 +6,11 @@ long retry and ends them Compensated. And the checks that watch it can fail."""
 
 from __future__ import annotations
 
-import asyncio
-import logging
 from datetime import timedelta
 
 import pytest
 
-from sim.system import Options, Simulation, options_for
+from sim.system import Options, Simulation, options_for, simulate
 from sim.world import START, FaultConfig
 
 # Every order declined (so every order compensates) and an undo blackout.
@@ -20,16 +18,11 @@ BLACKOUT = FaultConfig(decline=1.0, undo_blackout=True, crash=0.01, duplicate=0.
 
 
 def _run(seed: int, version: str) -> Simulation:
-    logging.disable(logging.CRITICAL)
-    sim = Simulation(
-        seed, 3, options=Options(orders=3, faults=BLACKOUT, version=version, fault_window=240.0)
+    return simulate(
+        Simulation(
+            seed, 3, options=Options(orders=3, faults=BLACKOUT, version=version, fault_window=240.0)
+        )
     )
-    loop = asyncio.new_event_loop()
-    try:
-        loop.run_until_complete(sim.run())
-    finally:
-        loop.close()
-    return sim
 
 
 def _blackout(sim: Simulation) -> tuple:
