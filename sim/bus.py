@@ -91,6 +91,9 @@ class Msg:
     # for), which its time to live counts from; visible_at moves on with every
     # redelivery, this does not (seed 1001500).
     enqueued_at: datetime | None = None
+    # Dead-lettered by a delivery whose send of its next back-off copy had
+    # faulted (Bus.copy_send_faulted): the handler had no way left to carry it on.
+    copy_faulted: bool = False
 
     def __post_init__(self) -> None:
         if self.enqueued_at is None:
@@ -310,6 +313,7 @@ class Bus:
             msg.lock_token = None
             self.world.log(f"bus {queue} complete {msg.message_id}")
         elif kind == "deadletter":
+            msg.copy_faulted = token in self._copy_faulted
             self._dead_letter(queue, msg, reason, description)
         else:
             self.release(queue, msg, token, "abandon")

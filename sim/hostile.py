@@ -333,7 +333,13 @@ class Hostile:
                 break
             if reason not in (*REFUSED, "every delivery faulted"):
                 sim.fail("forged message refused", f"{mid} ({kind}) dead-lettered {reason}")
-            if alerts.get(mid, 0) != 1:
+            # A refusal on a last delivery whose alert and next copy could
+            # both not be sent goes with its log event only (agents.messaging):
+            # the dead letter stands, which the platform's dead-letter alert
+            # rule reports (seed 100014: three deliveries lost at receive, the
+            # fourth met a failed alert send and a refused copy).
+            silent = bool(refused) and all(m.copy_faulted for m in refused)
+            if alerts.get(mid, 0) != 1 and not (silent and alerts.get(mid, 0) == 0):
                 sim.fail(
                     "forged message alerted once",
                     f"{mid} ({kind}): {alerts.get(mid, 0)} alerts",

@@ -394,6 +394,32 @@ async def test_a_forgery_whose_alert_cannot_be_queued_goes_on_as_a_delayed_copy(
     assert alert_id.startswith("alert/agent-requests/seq-41/")  # the original's name
 
 
+async def test_a_forgery_on_its_last_delivery_whose_alert_cannot_be_queued_goes_on_as_a_copy():
+    """Simulation seed 100014: three deliveries were lost at receive, so the
+    handler saw only the last, met the alerts queue down, and dead-lettered
+    the forgery with no alert. The last delivery makes a copy too, which
+    raises the alert later."""
+    clock = FakeClock()
+    alerts = FakeAlerts(fail_with=TransientError("alerts queue unreachable"))
+    scheduler = FakeScheduler()
+    processor = RequestProcessor(
+        Agent(FakeRemote(clock), clock, POLICY),
+        FakeReplies(),
+        alerts,
+        keys=KEYS.agents,
+        scheduler=scheduler,
+        clock=clock,
+    )
+    body = _forged(Signature=None)
+    last = FakeSettlement()
+    assert await processor.process_message(Received(body, "evil", 41, 4), last) is (
+        SettleKind.COMPLETE
+    )
+    [(queue, _, copy_id, _, _)] = scheduler.copies
+    assert (queue, copy_id) == ("agent-requests", "retry/seq-41/1/seq-41.4")
+    assert last.actions == [("complete",)]
+
+
 async def test_a_forgery_whose_alert_and_copy_both_fail_is_redelivered_then_dead_lettered():
     clock = FakeClock()
     alerts = FakeAlerts(fail_with=TransientError("alerts queue unreachable"))
