@@ -23,7 +23,7 @@ compensation whose instance died, as a new attempt (new instance id, so new
 message ids that duplicate detection cannot drop), at most
 `max_compensation_restarts` times, then CompensationFailed with an alert;
 starts a compensation whose attempt was written but whose instance does not
-exist (never started: no restart counted);
+exist and which nothing has written since (never started: no restart counted);
 restarts a compensation whose long retry is due (workflow 2.2 left it
 Compensating with NotBefore after an unconfirmed undo, ADR 019a) the same
 way, not counted as a restart (its long retries are bounded when deferred); and
@@ -259,21 +259,30 @@ class Starter:
                     exc_info=True,
                 )
                 continue
-            if status is None or getattr(status, "runtime_status", None) is None:
-                # No such instance: its attempt was written (a restart, or a
-                # claim into Compensating) and never started: the writer died
-                # before start_new, or the write's answer was lost so it never
-                # called it. Nothing ran under this id, so it is started now
-                # and no restart is counted; counting it would spend the
-                # budget on write answers lost (simulation seed 5000250, 50
-                # orders: three restarts applied with their answers lost, no
-                # instance started, then CompensationFailed with an undo never
-                # sent). The Durable task hub is never purged here, so a
-                # missing instance is one that never started.
+            missing = status is None or getattr(status, "runtime_status", None) is None
+            if missing and _never_started(record):
+                # No such instance, and nothing written since the Starter
+                # wrote this attempt (a restart, or a claim into
+                # Compensating): the writer died before start_new, or the
+                # write's answer was lost so it never called it. Nothing ran
+                # under this id, so it is started now and no restart is
+                # counted; counting it would spend the budget on write answers
+                # lost (simulation seed 5000250, 50 orders: three restarts
+                # applied with their answers lost, no instance started, then
+                # CompensationFailed with an undo never sent).
                 if await self._start(client, record.LockedBy, report):
                     report.compensations_started += 1
                 continue
-            runtime = getattr(getattr(status, "runtime_status", None), "name", None)
+            # A missing instance that wrote the record ran and is gone: the
+            # task hub's retention policy purged its history once it ended
+            # (infra: durableRetentionDays*, 0 for Completed in production).
+            # It is restarted under a new attempt, as a dead one is: its
+            # requests' ids are spent in the duplicate window.
+            runtime = (
+                "Completed"
+                if missing
+                else getattr(getattr(status, "runtime_status", None), "name", None)
+            )
             if runtime not in ("Failed", "Terminated", "Canceled", "Completed"):
                 continue
             dead: str = record.LockedBy
@@ -598,6 +607,20 @@ def fast_start(starter: Callable[[], Awaitable[Starter]]) -> FastStart:
         return await s.start_submitted(client, record, etag, order, received_sent_at)
 
     return start_submitted
+
+
+def _never_started(record: OrderState) -> bool:
+    """Nothing was written since the Starter (or an operator's claim) moved
+    the record to its current attempt: every write of a running compensation
+    moves UpdatedAt past that transition."""
+    if not record.History:
+        return False
+    last = record.History[-1]
+    return (
+        last.To is ProcessState.COMPENSATING
+        and last.By in ("starter", "operator")
+        and record.UpdatedAt <= last.At
+    )
 
 
 def _owner(record: OrderState) -> str:

@@ -410,6 +410,27 @@ async def test_a_compensation_written_but_never_started_is_started_without_spend
     assert report.compensation_restarts == 0
 
 
+async def test_a_compensation_purged_after_it_ran_is_restarted_under_a_new_attempt():
+    """A missing instance that wrote the record ran: the task hub's retention
+    policy purged it once it ended (production purges Completed histories at
+    once). Started again under its own id, its undo requests would reuse ids
+    the duplicate window still holds; it is restarted as a dead one is."""
+    world = World()
+    await _errored_with_request(world, "A1")
+    client = Client()
+    starter = Starter(SETTINGS, world.store, clock=ReadClock(lambda: world.now))
+    await starter.run(client)
+    later = world.now + timedelta(seconds=3)
+    await world.store.update(  # the compensation writes an undo's outcome, then ends
+        "webshop:A1", lambda r: r.model_copy(update={"UpdatedAt": later}), ANY_OWNER
+    )
+    client.started.remove("webshop:A1:2")  # its history purged
+    report = await starter.run(client)
+    assert (report.compensation_restarts, report.compensations_started) == (1, 0)
+    record = await world.record("A1")
+    assert (record.LockedBy, record.CompensationRestarts) == ("webshop:A1:3", 1)
+
+
 async def test_a_resend_during_a_long_retry_adds_no_index_entry():
     """Issue 21 item 1: a client resends an order while its record waits for
     its long retry; Submit's fast path used to index an attempt it could not
