@@ -356,11 +356,8 @@ class Received:
         self.delivery_count, self.application_properties = count, props or {}
 
 
-async def test_a_forgery_whose_alert_cannot_be_queued_goes_on_as_a_delayed_copy():
-    # While the alerts queue is down, the queue's own redeliveries would be
-    # spent in seconds and end as MaxDeliveryCountExceeded with no alert: the
-    # request is copied on the back-off schedule instead, and the copy, named
-    # by the original's sequence number, raises the original's alert.
+def _alerts_down():
+    """A processor whose alerts queue is down and whose scheduler works."""
     clock = FakeClock()
     alerts = FakeAlerts(fail_with=TransientError("alerts queue unreachable"))
     scheduler = FakeScheduler()
@@ -372,6 +369,15 @@ async def test_a_forgery_whose_alert_cannot_be_queued_goes_on_as_a_delayed_copy(
         scheduler=scheduler,
         clock=clock,
     )
+    return clock, alerts, scheduler, processor
+
+
+async def test_a_forgery_whose_alert_cannot_be_queued_goes_on_as_a_delayed_copy():
+    # While the alerts queue is down, the queue's own redeliveries would be
+    # spent in seconds and end as MaxDeliveryCountExceeded with no alert: the
+    # request is copied on the back-off schedule instead, and the copy, named
+    # by the original's sequence number, raises the original's alert.
+    clock, alerts, scheduler, processor = _alerts_down()
     body = _forged(Signature=None)
     first = FakeSettlement()
 
@@ -399,17 +405,7 @@ async def test_a_forgery_on_its_last_delivery_whose_alert_cannot_be_queued_goes_
     handler saw only the last, met the alerts queue down, and dead-lettered
     the forgery with no alert. The last delivery makes a copy too, which
     raises the alert later."""
-    clock = FakeClock()
-    alerts = FakeAlerts(fail_with=TransientError("alerts queue unreachable"))
-    scheduler = FakeScheduler()
-    processor = RequestProcessor(
-        Agent(FakeRemote(clock), clock, POLICY),
-        FakeReplies(),
-        alerts,
-        keys=KEYS.agents,
-        scheduler=scheduler,
-        clock=clock,
-    )
+    _, _, scheduler, processor = _alerts_down()
     body = _forged(Signature=None)
     last = FakeSettlement()
     assert await processor.process_message(Received(body, "evil", 41, 4), last) is (
