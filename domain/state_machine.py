@@ -593,8 +593,8 @@ def restart_compensation(
     Compensating under a new attempt, or, once `max_restarts` restarts are
     spent: with `policy`, a long retry (NotBefore = now + long_delay, the
     restarts counted afresh after it, at most `policy.undo_long_retries` long
-    retries in all), unless an undo was refused; else CompensationFailed (the
-    caller raises the alert). An instance that keeps dying says nothing about
+    retries in all), unless an undo was refused and none is left to try; else
+    CompensationFailed (the caller raises the alert). An instance that keeps dying says nothing about
     whether the undos it did not reach happened: a Cosmos throttling storm or
     a host outage can kill three restarts within a minute, and a verdict then
     would name undos never sent (simulation seeds 720021, 720209).
@@ -614,10 +614,16 @@ def restart_compensation(
     if record.NotBefore is not None:
         return _wake_compensation(record, now)
     if record.CompensationRestarts >= max_restarts:
+        # A refused undo settles the verdict, but not the undos after it: one
+        # still Pending (never reached, or unconfirmed) is tried before the
+        # verdict (simulation seed 2001677: a refused payment undo, then three
+        # executions killed by a Service Bus outage before the inventory undo
+        # was sent, ended CompensationFailed with the inventory still held).
         refused = any(e.Outcome == "Failed" for e in record.Compensation)
+        still_open = any(e.Outcome == "Pending" for e in record.Compensation)
         if (
             policy is not None
-            and not refused
+            and (still_open or not refused)
             and record.CompensationLongRetries < policy.undo_long_retries
         ):
             retries = record.CompensationLongRetries + 1

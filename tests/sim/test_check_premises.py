@@ -1,5 +1,5 @@
-"""Two checks whose premises the 50-order schedules showed wrong (issue 21):
-each still fires on what it is there for, and no longer on what the broker
+"""Checks whose premises the scale runs showed wrong (issue 21): each still
+fires on what it is there for, and no longer on what the broker
 or the schedule makes legitimate."""
 
 from __future__ import annotations
@@ -222,3 +222,31 @@ def test_a_delivery_left_to_redelivery_because_its_copy_faulted_was_ended_by_the
     assert failures(29, None) == ["forged message refused"]  # abandoned of its own accord
     assert failures(30, "retry/seq-31/2") == ["forged message refused"]  # another lineage's copy
     assert failures(32, "retry/seq-32/3") == ["forged message refused"]  # a later retry's copy
+
+
+def test_a_bad_submission_the_broker_dead_lettered_after_every_faulted_delivery_ended_there():
+    """Seed 2006810 (one order): a malformed submission's five deliveries each
+    ended in a fault (crashes, a dropped link at dead-lettering, a lost lock),
+    so Service Bus dead-lettered it MaxDeliveryCountExceeded with no copy
+    after it. The lineage ended in the dead-letter queue, not completed as if
+    valid; the same message completed with no copy still is."""
+    from sim.system import INGRESS_OF
+
+    sim = _run(1, 1)
+    key = next(iter(sim.orders))
+    mid = f"{key}/malformed"
+    sim.bad[mid] = "malformed"
+    ingress = sim.bus.queue(INGRESS_OF[sim.orders[key][0]])
+    msg = Msg(mid, b"{", {}, 900, sim.world.clock.now, delivery_count=5)
+    ingress.sent.append(msg)
+    assert "4 bad submission dead-lettered" in _checks(sim)  # completed: taken as valid
+    msg.dead_letter_reason = "MaxDeliveryCountExceeded"
+    msg.dead_letter_description = "delivered 5 times"
+    ingress.dead.append(msg)
+    sim.bus.faulted[mid] = {1, 2, 3, 4}
+    # One delivery ended unfaulted: the handler's own verdict was due.
+    assert "4 bad submission dead-lettered with a reason" in _checks(sim)
+    sim.bus.faulted[mid].add(5)
+    checks = _checks(sim)
+    assert "4 bad submission dead-lettered" not in checks
+    assert "4 bad submission dead-lettered with a reason" not in checks

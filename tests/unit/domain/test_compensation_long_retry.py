@@ -159,8 +159,31 @@ def test_spent_restarts_still_fail_without_the_policy_or_after_a_refusal(compens
     failed = sm.restart_compensation(spent, spent.LockedBy, NOW)
     assert failed.ProcessState is ProcessState.COMPENSATION_FAILED
     refused = sm.record_undo(spent, spent.LockedBy, STEPS[1], False, NOW, "refund refused")
-    failed = sm.restart_compensation(refused, refused.LockedBy, NOW, policy=policy)
+    settled = sm.record_undo(refused, refused.LockedBy, STEPS[0], True, NOW)
+    failed = sm.restart_compensation(settled, settled.LockedBy, NOW, policy=policy)
     assert failed.ProcessState is ProcessState.COMPENSATION_FAILED
+
+
+def test_a_refusal_still_waits_for_the_undos_not_yet_tried(compensating, policy):
+    """Seed 2001677: the payment's undo was refused, then three executions
+    died before the inventory's undo was sent. The verdict is settled, but
+    the undo left to try is tried first: a long retry, not CompensationFailed
+    with the inventory still held."""
+    spent = _restarted_until_spent(compensating)
+    refused = sm.record_undo(spent, spent.LockedBy, STEPS[1], False, NOW, "refund refused")
+    assert [e.Outcome for e in refused.Compensation if e.Step == STEPS[0]] == ["Pending"]
+    waiting = sm.restart_compensation(refused, refused.LockedBy, NOW, policy=policy)
+    assert waiting.ProcessState is ProcessState.COMPENSATING
+    assert waiting.NotBefore == NOW + policy.long_delay
+    assert waiting.PendingStatus is None
+    woken = sm.restart_compensation(waiting, waiting.LockedBy, waiting.NotBefore, policy=policy)
+    assert woken.Attempt == waiting.Attempt + 1
+    # The refusal is kept: the woken attempt tries the open undo, then ends
+    # CompensationFailed naming the refused one.
+    woken = sm.record_undo(woken, woken.LockedBy, STEPS[0], True, NOW)
+    ended = sm.finish_compensation(woken, woken.LockedBy, NOW)
+    assert ended.ProcessState is ProcessState.COMPENSATION_FAILED
+    assert "refund refused" in ended.LastError
 
 
 def test_spent_restarts_fail_once_the_long_retries_are_spent(compensating, policy):
