@@ -286,7 +286,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--large",
         type=int,
-        default=20,
+        # 40: sm-expiry-no-slack survived the fresh seeds and the first 20 at
+        # 1,000 seeds; 50-order seed 900039 kills it.
+        default=40,
         help="schedules of --large-orders orders a survivor of the fresh seeds then meets "
         "(0: none)",
     )

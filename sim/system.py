@@ -2057,17 +2057,17 @@ class Simulation:
             s = START + timedelta(
                 seconds=0.0 if early else w.data_rng.uniform(0, self.o.fault_window - 60)
             )
-            w.faults.cosmos_down.append((s, s + timedelta(seconds=w.data_rng.uniform(5, 60))))
+            w.faults.cosmos.begin(s, w.data_rng.uniform(5, 60))
         for _ in range(f.cosmos_blips):
             if w.faults.draw(1.0, "cosmos_blip"):
                 at_call = w.data_rng.randint(1, 600)
-                w.faults.cosmos_blips[at_call] = round(w.data_rng.uniform(0.5, 3), 3)
+                w.faults.cosmos.blips[at_call] = round(w.data_rng.uniform(0.5, 3), 3)
         # Service Bus outages, each from a bus call on (its own stream: the
         # other draws of the seed stay where they were).
         blips = random.Random(f"bus-blips/{self.seed}")
         for _ in range(f.bus_blips):
             if w.faults.draw(1.0, "bus_outage"):
-                w.faults.bus_blips[blips.randint(1, 400 * self.o.orders)] = round(
+                w.faults.bus.blips[blips.randint(1, 400 * self.o.orders)] = round(
                     blips.uniform(1, 8), 3
                 )
         if not f.host_start:

@@ -157,6 +157,39 @@ class Fault:
         return f"#{self.index} {self.at} {self.kind} {self.detail}".rstrip()
 
 
+@dataclass
+class Outages:
+    """One service's outage windows (Cosmos DB, Service Bus): windows drawn in
+    time, and short ones that begin at a call (its number among the service's
+    calls in the schedule) and last so many seconds. An outage starts at any
+    instant, also between two calls of one actor, which a start drawn in time
+    almost never is (an actor's calls are milliseconds apart)."""
+
+    name: str
+    windows: list[tuple[datetime, datetime]] = field(default_factory=list)
+    blips: dict[int, float] = field(default_factory=dict)
+    calls: int = 0
+
+    def call(self, now: datetime, log: Callable[[str], None], active: bool) -> None:
+        """Count a call; an outage drawn to begin at it opens now."""
+        self.calls += 1
+        blip = self.blips.pop(self.calls, None)
+        if blip is not None and active:
+            self.begin(now, blip)
+            log(f"{self.name} outage for {blip}s from call {self.calls}")
+
+    def begin(self, now: datetime, seconds: float) -> None:
+        self.windows.append((now, now + timedelta(seconds=seconds)))
+
+    def down(self, now: datetime) -> bool:
+        return any(a <= now < b for a, b in self.windows)
+
+    def until(self, now: datetime) -> datetime | None:
+        """The end of the outage under way at `now`, if one is."""
+        ends = [b for a, b in self.windows if a <= now < b]
+        return max(ends) if ends else None
+
+
 class Faults:
     """Every fault decision goes through `draw`, which consumes the fault RNG
     the same way whether or not the fault is dropped (shrinking), so dropping
@@ -174,17 +207,8 @@ class Faults:
         self.active = True
         self.storms: list[tuple[datetime, datetime]] = []
         self.outage: tuple[datetime, datetime, str] | None = None
-        self.cosmos_down: list[tuple[datetime, datetime]] = []  # Cosmos outage windows
-        # Short outages that begin at a Cosmos call (its number in the schedule)
-        # and last this many seconds: an outage starts at any instant, also
-        # between two calls of one actor, which a start drawn in time almost
-        # never is (an actor's calls are milliseconds apart).
-        self.cosmos_blips: dict[int, float] = {}
-        self.cosmos_calls = 0
-        # The same for Service Bus calls (sends, schedules, settlements).
-        self.bus_down: list[tuple[datetime, datetime]] = []
-        self.bus_blips: dict[int, float] = {}
-        self.bus_calls = 0
+        self.cosmos = Outages("cosmos")
+        self.bus = Outages("bus")  # sends, schedules, settlements
         self.bus_outage_lost = 0.3
         # The share of calls during the outage that are applied and answered
         # with a lost answer (a gateway timeout); 1.0 in an undo blackout.
@@ -277,11 +301,7 @@ class Faults:
         for a window), "throttle_429" (past the SDK's own retries),
         "cosmos_503" or "refused" (no connection: a 503 to the caller)."""
         now = self.world.clock.now
-        self.cosmos_calls += 1
-        blip = self.cosmos_blips.pop(self.cosmos_calls, None)
-        if blip is not None and self.active:
-            self.cosmos_down.append((now, now + timedelta(seconds=blip)))
-            self.world.log(f"cosmos outage for {blip}s from call {self.cosmos_calls}")
+        self.cosmos.call(now, self.world.log, self.active)
         if (
             SURFACE is not None
             and SURFACE.target is not None
@@ -289,9 +309,9 @@ class Faults:
             and SURFACE.force_outage(sys._getframe(1))
         ):
             # the targeted pass: an outage (a failover) that begins at this call
-            self.cosmos_down.append((now, now + timedelta(seconds=TARGETED_OUTAGE_SECONDS)))
+            self.cosmos.begin(now, TARGETED_OUTAGE_SECONDS)
             self.record("cosmos_outage", f"{container} {op} (targeted, {TARGETED_OUTAGE_SECONDS}s)")
-        if self.active and any(a <= now < b for a, b in self.cosmos_down):
+        if self.active and self.cosmos.down(now):
             self.world.counters["cosmos_outage"] += 1
             self.hit("cosmos_outage")
             return "outage"
@@ -327,20 +347,16 @@ class Faults:
         """Whether this Service Bus call (its fake's frame) falls in an outage
         window (one may begin at this very call, also as the targeted pass's)."""
         now = self.world.clock.now
-        self.bus_calls += 1
-        blip = self.bus_blips.pop(self.bus_calls, None)
-        if blip is not None and self.active:
-            self.bus_down.append((now, now + timedelta(seconds=blip)))
-            self.world.log(f"bus outage for {blip}s from call {self.bus_calls}")
+        self.bus.call(now, self.world.log, self.active)
         if (
             SURFACE is not None
             and SURFACE.target is not None
             and self.active
             and SURFACE.force_outage(frame, "servicebus_outage")
         ):
-            self.bus_down.append((now, now + timedelta(seconds=TARGETED_OUTAGE_SECONDS)))
+            self.bus.begin(now, TARGETED_OUTAGE_SECONDS)
             self.record("servicebus_outage", f"(targeted, {TARGETED_OUTAGE_SECONDS}s)")
-        if self.active and any(a <= now < b for a, b in self.bus_down):
+        if self.active and self.bus.down(now):
             self.world.counters["bus_outage"] += 1
             return True
         return False
@@ -348,11 +364,7 @@ class Faults:
     def bus_down_until(self) -> datetime | None:
         """The end of the Service Bus outage under way, if one is (no call
         counted: a receive that finds the namespace down)."""
-        now = self.world.clock.now
-        if not self.active:
-            return None
-        ends = [b for a, b in self.bus_down if a <= now < b]
-        return max(ends) if ends else None
+        return self.bus.until(self.world.clock.now) if self.active else None
 
     def _lost_in_outage(self) -> bool:
         """A call during an outage applied with its answer lost (a gateway

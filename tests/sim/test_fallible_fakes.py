@@ -87,7 +87,7 @@ def test_a_cosmos_outage_fails_every_call_in_its_window_only():
     world = _world(cosmos_outage=True)
     container = SimContainer(world, "state", "/id")
     checkpoints = CosmosCheckpointStore(container, RequestCharges())
-    world.faults.cosmos_down = [(world.clock.now, world.clock.now + timedelta(seconds=30))]
+    world.faults.cosmos.begin(world.clock.now, 30)
 
     async def go():
         for _ in range(2):  # a 503 and a refused connection, alternately
