@@ -124,6 +124,27 @@ def test_what_outlived_its_queues_time_to_live_is_told_apart():
     assert not sim.bus.outlived_ttl("agent-responses", "never-sent", sent_at + timedelta(days=8))
 
 
+def test_a_copy_made_by_a_message_past_its_time_to_live_outlived_it_too():
+    """Seed 4000374 (two orders): a forgery's first delivery alerted, then a
+    whole-app outage held it 8 days; its redelivery made a back-off copy,
+    which alerted again six seconds later. Service Bus would have expired the
+    forgery before that redelivery, so the copy could not exist either; a
+    copy made by a message within its time to live is judged on its own."""
+    sim = _run(1, 1)
+    start = sim.world.clock.now
+    sim.bus.send("agent-requests", b"{}", "forged/13", fault_free=True)
+    (original,) = [m for m in sim.bus.queue("agent-requests").sent if m.message_id == "forged/13"]
+    maker = f"seq-{original.seq}.2"
+    copy_id = f"retry/seq-{original.seq}/1/{maker}"
+    sim.world.clock.now = start + timedelta(days=8)
+    sim.bus.send("agent-requests", b"{}", copy_id, fault_free=True)
+    handled = sim.world.clock.now + timedelta(seconds=6)
+    assert sim.bus.outlived_ttl("agent-requests", copy_id, handled)
+    # Made within the original's time to live: the copy's own clock counts.
+    sim.bus.queue("agent-requests").sent[-1].sent_at = start + timedelta(minutes=5)
+    assert not sim.bus.outlived_ttl("agent-requests", copy_id, handled)
+
+
 def test_a_forgery_dead_lettered_by_the_broker_is_refused_when_its_copy_was():
     """Seed 54: a forged reply's delivery scheduled its back-off copy (the
     schedule applied, its answer lost, so the gate abandoned the delivery), the
