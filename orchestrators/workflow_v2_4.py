@@ -135,17 +135,23 @@ def run(context):
     step_timeout = timedelta(seconds=timeout)
     # The first step's one deadline, computed here from replayed time.
     deadline = context.current_utc_datetime + step_timeout
-    begun = yield from _advance(
-        context,
-        "begin_attempt",
-        BeginWrite(
-            Kind="begin",
-            InstanceId=iid,
-            Etag=given.Etag,
-            Deadline=deadline,
-            Payload=given.Payload,
-        ),
-    )
+    try:
+        begun = yield from _advance(
+            context,
+            "begin_attempt",
+            BeginWrite(
+                Kind="begin",
+                InstanceId=iid,
+                Etag=given.Etag,
+                Deadline=deadline,
+                Payload=given.Payload,
+            ),
+        )
+    except Exception as failure:  # the SDK raises the activity's failure here after its retries
+        ended = yield from _after_lost_begin(context, deadline)
+        if ended is None:
+            raise failure
+        return ended
     unless_stale(begun)
     plan = begun.Plan
     if plan is None:
@@ -257,6 +263,41 @@ def _after_lost_advance(
     if reply.Outcome is ReplyOutcome.PERMANENT:
         return (yield from _permanent(context, plan, step.Name, reply.Error, completed))
     return finish("unconfirmed", step.Name, "the write that sent this step failed")
+
+
+def _after_lost_begin(context, deadline: datetime):
+    """The write that begins the attempt (and sends its first step) failed
+    for good, but it may have landed and the request left (one try's write
+    applied with its answer lost, a later try's send accepted with its answer
+    lost): a reply to that step still counts until its deadline, as after a
+    lost advance (`_after_lost_advance`). Simulation seed 3005838: the
+    inventory service refused attempt 1's reservation, the refusal went
+    unheard, and attempt 2 asked again. The record, read again (load_plan),
+    names the step begin starts: its first one not completed. None when
+    nothing can have been sent, or the record cannot be read: the attempt
+    then fails as it did before, and the Supervisor retries it at its
+    deadline. (Replay-safe: before this, every history with a failed begin
+    ended there, so no running instance replays past one.)"""
+    try:
+        plan = yield from _load_plan(context)
+    except StaleAttempt:
+        raise
+    except Exception:  # the SDK raises the activity's failure here after its retries
+        return None
+    if plan.State is not ProcessState.PROCESSING:
+        return None
+    step = next((s for s in plan.Steps if not s.Completed), None)
+    if step is None or step.Mode == "inline":
+        return None
+    completed = [s.Name for s in plan.Steps if s.Completed]
+    reply = yield from _await_step(context, plan, step, deadline)
+    if reply is None:
+        return finish("timed_out", step.Name, "deadline passed")
+    if reply.Outcome is ReplyOutcome.TRANSIENT:
+        return (yield from _transient(context, step.Name, reply.Error))
+    if reply.Outcome is ReplyOutcome.PERMANENT:
+        return (yield from _permanent(context, plan, step.Name, reply.Error, completed))
+    return finish("unconfirmed", step.Name, "the write that began this attempt failed")
 
 
 def _run_marked(context, given: AttemptStart):

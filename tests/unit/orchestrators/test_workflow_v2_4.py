@@ -265,3 +265,63 @@ async def test_an_answer_to_a_step_whose_sending_write_failed_leaves_the_attempt
     assert record.Steps[STEPS[0]].Status is StepStatus.COMPLETED
     assert record.Steps[STEPS[1]].Status is StepStatus.RUNNING
     assert record.CompleteBy == record.Steps[STEPS[1]].CompleteBy
+
+
+class _BeginAnswerLost(_Driver):
+    """2.4 whose begin_attempt lands (its write and the first step's request)
+    and then fails on every try, as after a write and a send whose answers
+    were lost (simulation seed 3005838)."""
+
+    def __init__(self, *args, **kw) -> None:
+        super().__init__(*args, version="2.4", **kw)
+
+    async def _activity(self, name, data):
+        result = await super()._activity(name, data)
+        if name == "begin_attempt":
+            raise ActivityFailure("sending to agent-requests: no answer in time")
+        return result
+
+
+async def test_a_refusal_to_the_first_step_whose_beginning_write_failed_still_ends_the_order():
+    """Simulation seed 3005838 (3 orders): begin_attempt failed three times,
+    its write and its request having landed; the inventory service refused,
+    the refusal was unheard, and attempt 2 asked again. The reply counts."""
+    world = World()  # no marks: 2.3's begin and step writes
+    instance_id, given = await world.fast_started()
+    driver = _BeginAnswerLost(world, instance_id, fail_step(STEPS[0]), input=given)
+    assert await driver.run() == "completed"
+    assert driver.output["Outcome"] == "failed"
+    record = await world.record()
+    assert record.ProcessState is ProcessState.ERROR
+    assert [r["Step"] for r in requests(world) if r["Action"] == "do"] == STEPS[:1]
+    assert statuses(world)[-1] == "Failed"
+
+
+async def test_an_answer_to_the_first_step_whose_beginning_write_failed_leaves_the_attempt_to_the_supervisor():
+    world = World()
+    instance_id, given = await world.fast_started()
+    driver = _BeginAnswerLost(world, instance_id, ok, input=given)
+    assert await driver.run() == "completed"
+    assert driver.output["Outcome"] == "unconfirmed"
+    assert [n for n, _ in driver.calls][-1] == "load_plan"
+    record = await world.record()
+    assert record.ProcessState is ProcessState.PROCESSING
+    assert record.Steps[STEPS[0]].Status is StepStatus.RUNNING
+    assert record.CompleteBy == record.Steps[STEPS[0]].CompleteBy
+
+
+async def test_a_begin_that_failed_and_a_record_that_cannot_be_read_fail_the_attempt_as_before():
+    world = World()
+    instance_id, given = await world.fast_started()
+
+    class _Unreadable(_BeginAnswerLost):
+        async def _activity(self, name, data):
+            if name == "load_plan":
+                self.calls.append((name, data))
+                raise ActivityFailure("read state: Cosmos DB answered 503")
+            return await super()._activity(name, data)
+
+    driver = _Unreadable(world, instance_id, ok, input=given)
+    assert await driver.run() == "failed"
+    assert "no answer in time" in (driver.error or "")
+    assert [n for n, _ in driver.calls][-1] == "load_plan"
