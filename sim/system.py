@@ -2252,9 +2252,15 @@ class Simulation:
         settle = timedelta(seconds=3 * SUPERVISOR_PERIOD + STARTER_PERIOD) + SLACK
         if self.last_write is not None and now - self.last_write < settle:
             return False
-        if now - self.faults_stopped < settle:
+        if now - max(self.faults_stopped, self.lease_free_at) < settle:
             # Until faults stop, a Starter or Supervisor run may fail on every
             # try (a Cosmos outage, 503s): a deadline long past proves nothing.
+            # Nor while no host holds the singleton lock (a lease lost just
+            # before faults stop outlasts them): no Starter or Supervisor runs
+            # at all (seed 2004759, one order: the Failed status and its alert
+            # stayed in the outbox until the lease came back, 41 s after
+            # faults stopped, and the schedule was called done before the
+            # Starter's next run).
             return False
         for doc in self.state_c.docs.values():
             for name in ("CompleteBy", "NotBefore"):
@@ -2479,6 +2485,24 @@ class Simulation:
                     for m in ingress.dead
                     if client_id in (m.message_id, str(m.props.get(ORIGINAL_ID_PROPERTY) or ""))
                 ]
+                # Service Bus's own MaxDeliveryCountExceeded on a message whose
+                # every delivery a fault ended (crash, lock expiry, a failed
+                # settlement, an abandon forced by its next copy's refused
+                # send) left no handler to alert: the platform's dead-letter
+                # rule reports it (infra/app/alerts.bicep), and an order never
+                # accepted gets no status (seed 4004254, two orders; the
+                # other dead-letter checks excuse the same case).
+                judged = [
+                    m
+                    for m in dead
+                    if not (
+                        m.dead_letter_reason == "MaxDeliveryCountExceeded"
+                        and self.bus.every_delivery_faulted(m)
+                    )
+                ]
+                if dead and not judged:
+                    continue
+                dead = judged
                 if dead:
                     # The alert names the order by its key, or (a message the
                     # handler could not take apart) by the OrderID it carried.

@@ -271,3 +271,45 @@ def test_a_bad_submission_the_broker_dead_lettered_after_every_faulted_delivery_
     checks = _checks(sim)
     assert "4 bad submission dead-lettered" not in checks
     assert "4 bad submission dead-lettered with a reason" not in checks
+
+
+def test_a_schedule_is_no_fixed_point_while_no_host_can_hold_the_singleton_lock():
+    """Seed 2004759 (one order): a lost lease left no Starter running until
+    41 s after faults stopped, and the schedule was called done with the
+    Failed status and its alert still in the outbox. The settle time counts
+    from when the lock can be held again."""
+    sim = _run(1, 1)
+    sim.world.clock.now += timedelta(days=1)  # every deadline and write long past
+    assert sim.fixed_point()
+    sim.lease_free_at = sim.world.clock.now - timedelta(seconds=1)
+    assert not sim.fixed_point()
+    sim.lease_free_at = sim.world.clock.now - timedelta(hours=1)
+    assert sim.fixed_point()
+
+
+def test_a_submission_the_broker_dead_lettered_after_every_faulted_delivery_owes_no_alert():
+    """Seed 4004254 (two orders): a back-off copy's five deliveries each ended
+    in a fault (crashes, abandons after its next copy's refused schedule), so
+    Service Bus dead-lettered it MaxDeliveryCountExceeded and no handler was
+    left to alert: the platform's dead-letter rule reports it. One delivery
+    that ended unfaulted, or the handler's own dead letter, still owes one."""
+    from adapters.settlement import ORIGINAL_ID_PROPERTY
+    from sim.system import INGRESS_OF
+
+    sim = _run(1, 1)
+    oid = next(iter(sim.orders))
+    app, client_id = sim.orders[oid]
+    del sim.state_c.docs[(oid, oid)]  # never accepted
+    sim.bus.queue("alerts").sent.clear()
+    ingress = sim.bus.queue(INGRESS_OF[app])
+    copy = Msg("retry/seq-10/3/seq-13.1", b"{}", {}, 900, sim.world.clock.now, delivery_count=5)
+    copy.props[ORIGINAL_ID_PROPERTY] = client_id
+    copy.dead_letter_reason = "MaxDeliveryCountExceeded"
+    copy.dead_letter_description = "delivered 5 times"
+    ingress.dead.append(copy)
+    sim.bus.faulted[copy.message_id] = {1, 2, 3, 4}
+    assert "dead-lettered silently" in _checks(sim)
+    sim.bus.faulted[copy.message_id].add(5)
+    assert "dead-lettered silently" not in _checks(sim)
+    copy.dead_letter_reason = "ProcessingFailed"  # the handler's own verdict: it alerts
+    assert "dead-lettered silently" in _checks(sim)
