@@ -255,6 +255,21 @@ def _after_lost_advance(
     have landed."""
     if step.Mode == "inline":
         return finish("unconfirmed", step.Name, "the write that starts this step failed")
+    return (
+        yield from _hear_unconfirmed(
+            context, plan, step, deadline, completed, "the write that sent this step failed"
+        )
+    )
+
+
+def _hear_unconfirmed(
+    context, plan: Plan, step: StepPlan, deadline: datetime, completed: list[str], why: str
+):
+    """Wait until `deadline` for the reply to `step`, whose sending write
+    failed (`why`) and may have landed: a timeout or a transient answer
+    leaves the attempt to the Supervisor, a refusal ends the order as it
+    would have, and an OK finishes unconfirmed (nothing written without the
+    write's etag: the Supervisor's retry resumes after it)."""
     reply = yield from _await_step(context, plan, step, deadline)
     if reply is None:
         return finish("timed_out", step.Name, "deadline passed")
@@ -262,7 +277,7 @@ def _after_lost_advance(
         return (yield from _transient(context, step.Name, reply.Error))
     if reply.Outcome is ReplyOutcome.PERMANENT:
         return (yield from _permanent(context, plan, step.Name, reply.Error, completed))
-    return finish("unconfirmed", step.Name, "the write that sent this step failed")
+    return finish("unconfirmed", step.Name, why)
 
 
 def _after_lost_begin(context, deadline: datetime):
@@ -290,14 +305,11 @@ def _after_lost_begin(context, deadline: datetime):
     if step is None or step.Mode == "inline":
         return None
     completed = [s.Name for s in plan.Steps if s.Completed]
-    reply = yield from _await_step(context, plan, step, deadline)
-    if reply is None:
-        return finish("timed_out", step.Name, "deadline passed")
-    if reply.Outcome is ReplyOutcome.TRANSIENT:
-        return (yield from _transient(context, step.Name, reply.Error))
-    if reply.Outcome is ReplyOutcome.PERMANENT:
-        return (yield from _permanent(context, plan, step.Name, reply.Error, completed))
-    return finish("unconfirmed", step.Name, "the write that began this attempt failed")
+    return (
+        yield from _hear_unconfirmed(
+            context, plan, step, deadline, completed, "the write that began this attempt failed"
+        )
+    )
 
 
 def _run_marked(context, given: AttemptStart):
