@@ -396,6 +396,40 @@ def test_begin_compensation_logs_every_sent_step(processing):
     assert record.Steps["charge-payment"].Status.value == "Failed"
 
 
+def test_the_failed_step_is_undone_even_when_unmarked(processing):
+    """2.4's finish unmarks the steps this attempt never sent (unmark_unsent)
+    and then begins the compensation, or fails the order, naming the failed
+    step: that step is Failed, so in the undo log, even if a caller had made
+    it NotStarted first (the guard that makes sim/mutants.json's
+    wf24-unsent-includes-failed equivalent)."""
+    iid = processing.LockedBy
+    t = NOW
+    record = sm.complete_step(
+        sm.start_step(processing, iid, "reserve-inventory", t, t),
+        iid,
+        "reserve-inventory",
+        t,
+        "ref",
+        t,
+    )
+    record = sm.start_step(record, iid, "charge-payment", t, t)
+    unmarked = sm.unmark_unsent(record, iid, ["charge-payment"])
+    assert unmarked.Steps["charge-payment"].Status.value == "NotStarted"
+    begun = sm.begin_compensation(unmarked, iid, "declined", t, "charge-payment")
+    assert [e.Step for e in begun.Compensation] == ["reserve-inventory", "charge-payment"]
+    failed = sm.mark_failed(
+        sm.unmark_unsent(
+            sm.start_step(processing, iid, "reserve-inventory", t, t), iid, ["reserve-inventory"]
+        ),
+        iid,
+        "reserve-inventory",
+        "declined",
+        t,
+    )
+    assert failed.Steps["reserve-inventory"].Status.value == "Failed"
+    assert [e.Step for e in sm.undo_log(failed)] == ["reserve-inventory"]
+
+
 def test_complete_step_replaces_complete_by(processing):
     """Defect 7: the finished step's deadline is not kept as CompleteBy."""
     iid = processing.LockedBy
