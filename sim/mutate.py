@@ -16,8 +16,10 @@ leave alive then meets a few large schedules (`--large` of `--large-orders`
 orders: paging limits, many hosts' races; `--large 0` skips them), then the
 regression corpus (`python -m sim.corpus`: every fixed seed of
 sim/regressions.json in its recorded world, as tests/sim/test_simulation.py
-replays them; `--no-corpus` skips it); a kill there is shown as that stage's,
-and the score says how many each stage killed.
+replays them; `--no-corpus` skips it), then, for a mutant that names them
+(`tests`: pytest node ids of direct tests that need no server), its own
+tests; a kill there is shown as that stage's (one by the tests only is a
+slip the simulation missed), and the score says how many each stage killed.
 
 Prints one line per mutant, then a table and the score `killed/total`
 (crashes and timeouts count as killed but are shown as such). A mutant
@@ -74,6 +76,9 @@ class Mutant:
     # Why this mutant cannot change what the system does (another guard makes
     # the same check, or the condition is implied): not run unless --all.
     equivalent: str = ""
+    # The direct tests that pin this slip (pytest node ids of tests that need
+    # no server): the last stage, for a survivor of every simulated one.
+    tests: tuple[str, ...] = ()
 
 
 @dataclass
@@ -82,7 +87,8 @@ class Outcome:
     detail: str
     seconds: float
     # the stage that killed it: "fresh" (the N seeds), "large" (the 50-order
-    # schedules, for a survivor of the fresh ones), "corpus" (the regression seeds)
+    # schedules, for a survivor of the fresh ones), "corpus" (the regression
+    # seeds), "tests" (the mutant's own direct tests, which the simulation missed)
     stage: str = "fresh"
 
     @property
@@ -92,7 +98,7 @@ class Outcome:
 
 def load_mutants(path: Path = MUTANTS) -> list[Mutant]:
     entries = json.loads(path.read_text(encoding="utf-8"))
-    mutants = [Mutant(**entry) for entry in entries]
+    mutants = [Mutant(**{**e, "tests": tuple(e.get("tests", ()))}) for e in entries]
     names = [m.name for m in mutants]
     doubles = sorted({n for n in names if names.count(n) > 1})
     if doubles:
@@ -157,6 +163,39 @@ def run_corpus(tree: Path, timeout: float | None, python: str = sys.executable) 
     """`python -m sim.corpus` in `tree`: the regression seeds, each in its
     recorded world, stopped at its first violation."""
     return _run(tree, [python, "-m", "sim.corpus", "--first"], timeout)
+
+
+def run_tests(
+    tree: Path, tests: tuple[str, ...], timeout: float | None, python: str = sys.executable
+) -> Outcome:
+    """pytest on `tests` in `tree`: killed when a test fails, clean when all
+    pass, crashed otherwise (none collected, an error before running)."""
+    cmd = [python, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *tests]
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+    env.pop("PYTHONPATH", None)
+    began = time.monotonic()
+    try:
+        proc = subprocess.run(
+            cmd,
+            cwd=tree,
+            env=env,
+            capture_output=True,
+            text=True,
+            errors="replace",
+            timeout=timeout,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        return Outcome("timeout", f"no verdict after {timeout:.0f} s", time.monotonic() - began)
+    seconds = time.monotonic() - began
+    lines = [t.strip() for t in proc.stdout.splitlines() if t.strip()]
+    failed = next((t for t in lines if t.startswith("FAILED ")), None)
+    if proc.returncode == 1:
+        return Outcome("killed", (failed or lines[-1] if lines else "a test failed")[:160], seconds)
+    if proc.returncode == 0:
+        return Outcome("clean", f"{len(tests)} direct tests passed", seconds)
+    last = lines[-1] if lines else "(no output)"
+    return Outcome("crashed", f"pytest exit {proc.returncode}: {last[:160]}", seconds)
 
 
 def _run(tree: Path, cmd: list[str], timeout: float | None) -> Outcome:
@@ -228,8 +267,11 @@ class Stage:
     orders: int = 0
     start: int = 1
     corpus: bool = False
+    tests: tuple[str, ...] = ()
 
     def run(self, tree: Path) -> Outcome:
+        if self.tests:
+            return run_tests(tree, self.tests, self.timeout)
         if self.corpus:
             return run_corpus(tree, self.timeout)
         return run_sim(tree, self.seeds, self.orders, self.start, self.timeout)
@@ -250,6 +292,8 @@ def run_mutant(
     path = tree / mutant.file
     original = path.read_text(encoding="utf-8")
     path.write_text(mutated(original, mutant), encoding="utf-8")
+    if mutant.tests:
+        later = (*later, Stage("tests", timeout, tests=mutant.tests))
     try:
         outcome = run_sim(tree, seeds, orders, start, timeout)
         for stage in later:
@@ -268,7 +312,12 @@ def run_mutant(
 
 def verdict(outcome: Outcome) -> str:
     if outcome.kind == "killed":
-        by = {"fresh": "", "large": " by a large schedule", "corpus": " by the corpus"}
+        by = {
+            "fresh": "",
+            "large": " by a large schedule",
+            "corpus": " by the corpus",
+            "tests": " only by its direct tests",
+        }
         return f"killed{by[outcome.stage]}: {outcome.detail}"
     if outcome.kind == "survived":
         return "SURVIVED"
@@ -356,6 +405,16 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"clean {stage.name}: {baseline.detail} in {baseline.seconds:.1f} s")
                 timeout_of = max(60.0, baseline.seconds * args.timeout_factor)
                 later.append(dataclasses.replace(stage, timeout=timeout_of))
+            # Each mutant's direct tests pass on the unmutated copy, or a kill
+            # by them would mean nothing.
+            direct = tuple(sorted({t for m in mutants for t in m.tests}))
+            if direct:
+                baseline = run_tests(tree, direct, None)
+                if baseline.kind != "clean":
+                    raise Refused(
+                        f"the unmutated copy fails the mutants' direct tests ({verdict(baseline)})"
+                    )
+                print(f"clean direct tests: {baseline.detail} in {baseline.seconds:.1f} s")
             results: list[tuple[Mutant, Outcome]] = []
             for i, mutant in enumerate(mutants, 1):
                 outcome = run_mutant(
@@ -388,13 +447,14 @@ def main(argv: list[str] | None = None) -> int:
     killed = sum(o.killed for _, o in results)
     by_stage = {
         stage: sum(o.killed and o.stage == stage for _, o in results)
-        for stage in ("fresh", "large", "corpus")
+        for stage in ("fresh", "large", "corpus", "tests")
     }
     print(
         f"\nmutate: {killed}/{len(results)} killed "
         f"(seeds {args.seeds} from {args.start}, {args.orders} orders: {by_stage['fresh']}; "
         f"then {args.large} of {args.large_orders} orders: {by_stage['large']}; "
-        f"then the regression corpus: {by_stage['corpus']})"
+        f"then the regression corpus: {by_stage['corpus']}; "
+        f"then only their direct tests: {by_stage['tests']})"
     )
     return 0 if not survivors else 1
 

@@ -242,3 +242,22 @@ def test_compensations_that_keep_dying_spend_the_restarts_then_wait_and_the_budg
 
     asyncio.new_event_loop().run_until_complete(planted())
     assert [c for c, _ in sim.violations] == ["compensation restarts bounded"]
+
+
+def test_the_direct_tests_stage_reads_pytest_verdicts(tmp_path):
+    """A mutant's own tests (`tests` in sim/mutants.json): a failing test
+    kills it, passing tests leave it clean, nothing collected is a crash."""
+    (tmp_path / "test_x.py").write_text(
+        "def test_ok():\n    assert True\n\ndef test_bad():\n    assert 1 == 2\n"
+    )
+    killed = mutate.run_tests(tmp_path, ("test_x.py::test_bad",), 120)
+    assert killed.kind == "killed"
+    assert "test_bad" in killed.detail
+    assert mutate.run_tests(tmp_path, ("test_x.py::test_ok",), 120).kind == "clean"
+    assert mutate.run_tests(tmp_path, ("test_x.py::test_none",), 120).kind == "crashed"
+
+
+def test_a_mutant_names_its_direct_tests_by_existing_files():
+    for m in mutate.load_mutants():
+        for node in m.tests:
+            assert (ROOT / node.partition("::")[0]).is_file(), (m.name, node)
