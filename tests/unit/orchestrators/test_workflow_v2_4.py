@@ -325,3 +325,32 @@ async def test_a_begin_that_failed_and_a_record_that_cannot_be_read_fail_the_att
     assert await driver.run() == "failed"
     assert "no answer in time" in (driver.error or "")
     assert [n for n, _ in driver.calls][-1] == "load_plan"
+
+
+class _SendAnswerLost(_Driver):
+    """2.4 on a marked record whose send_step of the second step sends its
+    request and then fails on every try, as when the send's answer was lost
+    and the link stayed down for the retries (simulation seed 100510)."""
+
+    def __init__(self, *args, **kw) -> None:
+        super().__init__(*args, version="2.4", **kw)
+
+    async def _activity(self, name, data):
+        result = await super()._activity(name, data)
+        if name == "send_step" and data.get("Step") == STEPS[1]:
+            raise ActivityFailure("sending to agent-requests: no answer in time")
+        return result
+
+
+async def test_a_refusal_to_a_step_whose_send_failed_after_leaving_still_ends_the_order():
+    """The refusal of a request whose send_step failed (after the request
+    left) still reaches this attempt: the order compensates now, and no later
+    attempt asks the payment service again."""
+    world = World(marking=True)
+    instance_id, given = await world.fast_started()
+    driver = _SendAnswerLost(world, instance_id, fail_step(STEPS[1]), input=given)
+    assert await driver.run() == "completed"
+    assert driver.output["Outcome"] == "compensated"
+    assert [r["Step"] for r in requests(world) if r["Action"] == "do"] == STEPS[:2]
+    record = await world.record()
+    assert record.ProcessState is ProcessState.COMPENSATED
