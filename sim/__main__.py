@@ -131,6 +131,8 @@ def record(
     entry["mutation_world"] = True
     # and those without "bus_outages" before the Service Bus outages
     entry["bus_outages"] = True
+    # and those without "link_drops" before a lost send answer dropped the link
+    entry["link_drops"] = True
     if target:
         entry["target"] = target
     entries.append(entry)

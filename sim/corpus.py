@@ -50,6 +50,7 @@ def world_of(entry: dict[str, Any]) -> dict[str, Any]:
         # before the 2.4 mutation run's world (progress statuses, lost leases)
         "mutation_world": entry.get("mutation_world", False),
         "bus_outages": entry.get("bus_outages", False),  # before the Service Bus outages
+        "link_drops": entry.get("link_drops", False),  # before the dropped links
     }
 
 

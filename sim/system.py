@@ -220,6 +220,7 @@ def options_for(
     fallible: bool = True,
     mutation_world: bool = True,
     bus_outages: bool = True,
+    link_drops: bool = True,
 ) -> Options:
     """Everything about a schedule, drawn from its seed; `hostile` fixes the
     number of forgeries (sim.hostile) instead (0 replays a schedule found
@@ -235,7 +236,8 @@ def options_for(
     progress statuses, lost leases, the lagging Supervisor in one schedule
     in two rather than four), for regression seeds recorded before it;
     `bus_outages` False leaves out the Service Bus outages (seeds recorded
-    before them)."""
+    before them); `link_drops` False the dropped links after a lost send
+    answer (FaultConfig.link_drops; seeds recorded before them)."""
     rng = random.Random(f"options/{seed}")
     newer = wider and hosts != 0 and fallible and mutation_world
     quiet = rng.random() < 0.15
@@ -323,6 +325,7 @@ def options_for(
         if fallible:
             _fallible(rng, f)
             f.bus_blips = _bus_blips(seed) if bus_outages else 0
+            f.link_drops = _link_drops(seed) if link_drops else 0
     if wider and hosts != 0 and fallible and not quiet:
         options.workers, f.receive_fail = draw_workers(seed, options.fault_window)
     return options
@@ -366,6 +369,13 @@ def _bus_blips(seed: int) -> int:
     from a stream of their own so that no other draw of the seed moves."""
     rng = random.Random(f"bus-outage/{seed}")
     return rng.choice((1, 3, 8)) if rng.random() < 1 / 3 else 0
+
+
+def _link_drops(seed: int) -> int:
+    """How many lost send answers drop the link (FaultConfig.link_drops), in
+    one schedule in two, from a stream of its own so no other draw moves."""
+    rng = random.Random(f"link-drop/{seed}")
+    return rng.choice((1, 2, 4)) if rng.random() < 0.5 else 0
 
 
 def _draws_undo_blackout(seed: int) -> bool:
@@ -3044,6 +3054,7 @@ def run_schedule(
     steps: StepCatalog | None = None,
     mutation_world: bool = True,
     bus_outages: bool = True,
+    link_drops: bool = True,
 ) -> Result:
     """`steps`: run this step catalog instead of domain/steps.json (the
     seed's other choices stay what they are)."""
@@ -3060,6 +3071,7 @@ def run_schedule(
         fallible=fallible,
         mutation_world=mutation_world,
         bus_outages=bus_outages,
+        link_drops=link_drops,
     )
     if steps is not None:
         options = replace(options, steps=steps)

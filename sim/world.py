@@ -138,6 +138,13 @@ class FaultConfig:
     # which every send, schedule and settlement fails: refused, or for a share
     # of them accepted with the answer lost
     bus_blips: int = 0
+    # the first so many sends accepted with their answer lost are each the
+    # start of a dropped connection: the link stays down for a reconnect
+    # (1.5-6 s), so every retry of that send (and every other bus call) fails
+    # in it, refused or for a share accepted with the answer lost again. A few
+    # per schedule: one after every lost answer would chain into an outage
+    # that never ends in a schedule of 50 orders (seed 900021)
+    link_drops: int = 0
     # per receive of the standalone worker (sim/worker.py): the link dropped, or
     # no answer in time (with or without messages locked to the dead link)
     receive_fail: float = 0.0
@@ -210,6 +217,7 @@ class Faults:
         self.cosmos = Outages("cosmos")
         self.bus = Outages("bus")  # sends, schedules, settlements
         self.bus_outage_lost = 0.3
+        self.link_drops_left = config.link_drops
         # The share of calls during the outage that are applied and answered
         # with a lost answer (a gateway timeout); 1.0 in an undo blackout.
         self.outage_lost = 0.3
@@ -399,6 +407,11 @@ class Faults:
         if self.draw(self.config.send_lost, "send_lost", f"{queue} {message_id}"):
             variant = self._variant(("after", "refused"))
             self.hit("send_timeout_after" if variant == "after" else "send_fail")
+            if variant == "after" and self.link_drops_left > 0 and self.active:
+                self.link_drops_left -= 1
+                seconds = round(self.world.data_rng.uniform(1.5, 6.0), 3)
+                self.bus.begin(self.world.clock.now, seconds)
+                self.world.log(f"bus link dropped after {queue} {message_id}: down {seconds}s")
             return variant
         return None
 
