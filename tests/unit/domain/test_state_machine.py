@@ -377,18 +377,18 @@ def test_short_text_keeps_the_useful_start():
     assert len(short) == 100
 
 
+def _reserved(record, t):
+    """`record` with its first step (reserve-inventory) started and done at `t`."""
+    iid = record.LockedBy
+    started = sm.start_step(record, iid, "reserve-inventory", t, t)
+    return sm.complete_step(started, iid, "reserve-inventory", t, "ref", t)
+
+
 def test_begin_compensation_logs_every_sent_step(processing):
     """Defect 2: Running and Failed steps enter the undo log, not only Completed ones."""
     iid = processing.LockedBy
     t = NOW
-    record = sm.complete_step(
-        sm.start_step(processing, iid, "reserve-inventory", t, t),
-        iid,
-        "reserve-inventory",
-        t,
-        "ref",
-        t,
-    )
+    record = _reserved(processing, t)
     record = sm.begin_compensation(
         sm.start_step(record, iid, "charge-payment", t, t), iid, "declined", t, "charge-payment"
     )
@@ -404,15 +404,7 @@ def test_the_failed_step_is_undone_even_when_unmarked(processing):
     wf24-unsent-includes-failed equivalent)."""
     iid = processing.LockedBy
     t = NOW
-    record = sm.complete_step(
-        sm.start_step(processing, iid, "reserve-inventory", t, t),
-        iid,
-        "reserve-inventory",
-        t,
-        "ref",
-        t,
-    )
-    record = sm.start_step(record, iid, "charge-payment", t, t)
+    record = sm.start_step(_reserved(processing, t), iid, "charge-payment", t, t)
     unmarked = sm.unmark_unsent(record, iid, ["charge-payment"])
     assert unmarked.Steps["charge-payment"].Status.value == "NotStarted"
     begun = sm.begin_compensation(unmarked, iid, "declined", t, "charge-payment")

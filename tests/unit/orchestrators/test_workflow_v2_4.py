@@ -224,19 +224,29 @@ async def test_without_a_plan_in_its_input_2_4_runs_2_3s_begin_and_step_writes()
     assert (await world.record()).ProcessState is ProcessState.PROCESSED
 
 
-class _AdvanceAnswerLost(_Driver):
-    """2.4 whose advance_attempt starting the second step lands (its write
-    and its request both) and then fails on every try, as after sends whose
-    answers were lost (the activity is idempotent: a retry sends again)."""
+class _AnswerLost(_Driver):
+    """2.4 whose activity call matching `lost(name, data)` lands (its write,
+    its request) and then fails on every try, as after sends whose answers
+    were lost (the activities are idempotent: a retry sends again)."""
+
+    lost = staticmethod(lambda name, data: False)
 
     def __init__(self, *args, **kw) -> None:
         super().__init__(*args, version="2.4", **kw)
 
     async def _activity(self, name, data):
         result = await super()._activity(name, data)
-        if name == "advance_attempt" and data.get("Start") == STEPS[1]:
+        if self.lost(name, data):
             raise ActivityFailure("sending to agent-requests: no answer in time")
         return result
+
+
+class _AdvanceAnswerLost(_AnswerLost):
+    """The advance_attempt starting the second step (2.3's path)."""
+
+    lost = staticmethod(
+        lambda name, data: name == "advance_attempt" and data.get("Start") == STEPS[1]
+    )
 
 
 async def test_a_refusal_to_a_step_whose_sending_write_failed_still_ends_the_order():
@@ -267,19 +277,11 @@ async def test_an_answer_to_a_step_whose_sending_write_failed_leaves_the_attempt
     assert record.CompleteBy == record.Steps[STEPS[1]].CompleteBy
 
 
-class _BeginAnswerLost(_Driver):
-    """2.4 whose begin_attempt lands (its write and the first step's request)
-    and then fails on every try, as after a write and a send whose answers
-    were lost (simulation seed 3005838)."""
+class _BeginAnswerLost(_AnswerLost):
+    """The begin_attempt (its write and the first step's request; simulation
+    seed 3005838)."""
 
-    def __init__(self, *args, **kw) -> None:
-        super().__init__(*args, version="2.4", **kw)
-
-    async def _activity(self, name, data):
-        result = await super()._activity(name, data)
-        if name == "begin_attempt":
-            raise ActivityFailure("sending to agent-requests: no answer in time")
-        return result
+    lost = staticmethod(lambda name, data: name == "begin_attempt")
 
 
 async def test_a_refusal_to_the_first_step_whose_beginning_write_failed_still_ends_the_order():
@@ -327,19 +329,12 @@ async def test_a_begin_that_failed_and_a_record_that_cannot_be_read_fail_the_att
     assert [n for n, _ in driver.calls][-1] == "load_plan"
 
 
-class _SendAnswerLost(_Driver):
-    """2.4 on a marked record whose send_step of the second step sends its
-    request and then fails on every try, as when the send's answer was lost
-    and the link stayed down for the retries (simulation seed 100510)."""
+class _SendAnswerLost(_AnswerLost):
+    """On a marked record, the send_step of the second step, as when the
+    send's answer was lost and the link stayed down for the retries
+    (simulation seed 100510)."""
 
-    def __init__(self, *args, **kw) -> None:
-        super().__init__(*args, version="2.4", **kw)
-
-    async def _activity(self, name, data):
-        result = await super()._activity(name, data)
-        if name == "send_step" and data.get("Step") == STEPS[1]:
-            raise ActivityFailure("sending to agent-requests: no answer in time")
-        return result
+    lost = staticmethod(lambda name, data: name == "send_step" and data.get("Step") == STEPS[1])
 
 
 async def test_a_refusal_to_a_step_whose_send_failed_after_leaving_still_ends_the_order():
