@@ -191,7 +191,8 @@ def run_tests(
     lines = [t.strip() for t in proc.stdout.splitlines() if t.strip()]
     failed = next((t for t in lines if t.startswith("FAILED ")), None)
     if proc.returncode == 1:
-        return Outcome("killed", (failed or lines[-1] if lines else "a test failed")[:160], seconds)
+        detail = failed or (lines[-1] if lines else "a test failed")
+        return Outcome("killed", detail[:160], seconds)
     if proc.returncode == 0:
         return Outcome("clean", f"{len(tests)} direct tests passed", seconds)
     last = lines[-1] if lines else "(no output)"
