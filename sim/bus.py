@@ -17,6 +17,7 @@ the ports above the adapters (kept for tests that build a port directly)."""
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import itertools
 import re
@@ -97,6 +98,8 @@ class Msg:
     # When its sender sent it (a scheduled copy: when the delivery that made
     # it did), for the time to live of the message that made a copy.
     sent_at: datetime | None = None
+    # A gate's back-off copy: the lock token of the delivery that scheduled it.
+    made_by: int | None = None
 
     def __post_init__(self) -> None:
         if self.enqueued_at is None:
@@ -115,6 +118,11 @@ class Queue:
     dead: list[Msg] = field(default_factory=list)
     seen: dict[str, datetime] = field(default_factory=dict)
     sent: list[Msg] = field(default_factory=list)  # every accepted send, for the checks
+
+
+# The lock token of the delivery the running handler holds (set by the
+# simulation for each delivery it hands over): a back-off copy knows its maker.
+HANDLING: contextvars.ContextVar[int | None] = contextvars.ContextVar("sim_handling", default=None)
 
 
 class Bus:
@@ -147,6 +155,7 @@ class Bus:
         props: dict | None = None,
         fault_free: bool = False,
         enqueue_at: datetime | None = None,
+        made_by: int | None = None,
     ) -> bool:
         """False when duplicate detection dropped it."""
         q = self.queue(queue)
@@ -172,6 +181,7 @@ class Bus:
             next(self._seq),
             visible + timedelta(seconds=delay),
             sent_at=now,
+            made_by=made_by,
         )
         q.messages.append(msg)
         q.sent.append(msg)
@@ -535,9 +545,12 @@ class SimSender:
             raise ServiceBusConnectionError(message=f"sending to {queue}: connection refused")
         body = b"".join(message.body)
         props = dict(message.application_properties or {})
-        accepted = c.bus.send(queue, body, message_id, props, enqueue_at=scheduled)
+        maker = HANDLING.get() if scheduled else None
+        accepted = c.bus.send(queue, body, message_id, props, enqueue_at=scheduled, made_by=maker)
         if not scheduled and queue != c.responses_queue and c.on_sent is not None:
             c.on_sent(queue, message_id, accepted)
+        if scheduled and not accepted and c.on_copy_dropped is not None:
+            c.on_copy_dropped(queue, message_id, maker)
         if fault == "after":
             world.log(f"bus {queue} {message_id} accepted, answer lost")
             raise OperationTimeoutError(message=f"sending to {queue}: no answer in time")
@@ -558,6 +571,9 @@ class SimServiceBusClient:
         self.reply_queues = reply_queues
         self.responses_queue = responses_queue
         self.on_sent = None  # (queue, message id, accepted): the simulation's bookkeeping
+        # (queue, copy id, the lock token of the delivery making it): a
+        # scheduled back-off copy duplicate detection dropped.
+        self.on_copy_dropped = None
 
     def get_queue_sender(self, queue: str) -> SimSender:
         return SimSender(self, queue)

@@ -83,6 +83,8 @@ class SimDurable:
         self.finished: dict[str, tuple[str, Any, str | None]] = {}
         # (instance, event) of every raise_event answered "no such instance" or "gone"
         self.gone_answers: set[tuple[str, str]] = set()
+        # (instance, event name): an event raised on an instance that had ended.
+        self.on_gone_answer = None
         self.owner_of: Any = lambda instance_id: None
         # Whether an execution dies at this episode (the simulation's
         # compensation deaths): it ends Failed instead of running it, as an
@@ -146,6 +148,8 @@ class SimDurable:
         inst = self.instances.get(instance_id)
         if inst is None or inst.status in _TERMINAL:
             self.gone_answers.add((instance_id, event_name))  # for the simulation's checks
+            if inst is not None and self.on_gone_answer is not None:
+                self.on_gone_answer(inst, event_name)
         if inst is None:
             raise Exception(f"No instance with ID {instance_id} found.")
         if inst.status in _TERMINAL:
@@ -175,6 +179,18 @@ class SimDurable:
     # connection (its HTTP helper re-raises aiohttp's errors; any other status code
     # becomes a bare Exception). Before the effect, or after it (the host did the
     # work, the answer was lost).
+    @staticmethod
+    def failed_activity(inst: Instance) -> str | None:
+        """The activity whose failure (after its retries) the instance's last
+        TaskFailed records: the one that ended a Failed orchestration."""
+        names = {
+            e.get("EventId"): e.get("Name")
+            for e in inst.history
+            if e["EventType"] == TASK_SCHEDULED
+        }
+        failed = [e for e in inst.history if e["EventType"] == TASK_FAILED]
+        return names.get(failed[-1].get("TaskScheduledId")) if failed else None
+
     def _fail_before(self, method: str, instance_id: str | None) -> None:
         faults = self.world.faults
         if faults.draw(faults.config.durable_fail, "durable_fail", f"{method} {instance_id}"):

@@ -65,6 +65,7 @@ from reporting import Alerts, StatusReporter
 from submit.policy import SubmitPolicy
 
 from .bus import (
+    HANDLING,
     Bus,
     Delivery,
     Msg,
@@ -671,6 +672,7 @@ class Simulation:
         self.violations: list[tuple[str, str]] = []
         self.supervisor_costs: list[tuple[int, int]] = []  # (requests, pages) per run
         self.deadline_mismatch: list[str] = []
+        self.quit_early: list[str] = []
         self.step_deadline_reused: list[str] = []
         self.impersonated = False
         self.changed_resends: list[tuple[str, str]] = []  # (order key, message id)
@@ -725,6 +727,7 @@ class Simulation:
         # The product's own Service Bus adapters over a simulated client (issue 21).
         self.servicebus = SimServiceBusClient(w, self.bus, set(REGISTRY.values()))
         self.servicebus.on_sent = self._on_sent
+        self.servicebus.on_copy_dropped = self._on_copy_dropped
         self.publisher = publisher(self.servicebus)
         # The root's seams: alerts' message ids drawn from the seed (a random
         # uuid4 in the app), settlement inline, the agents' circuit breakers
@@ -737,6 +740,7 @@ class Simulation:
         )
         self.request_sender: dict[str, tuple[str, int]] = {}
         self.lost_requests: list[str] = []
+        self.lost_copies: list[str] = []
         # The agent's delivery being handled, per task: until when its calls may start.
         self._request_limit: dict[Any, datetime | None] = {}
         self.late_calls: list[str] = []
@@ -825,6 +829,7 @@ class Simulation:
         self.catalog = catalog(self.app)
         self.durable = SimDurable(w, self.catalog, self.o.version)
         self.durable.owner_of = self._owner_of
+        self.durable.on_gone_answer = self._on_gone_answer
         self.durable.dies = self._compensation_dies
         self._lag_rng = random.Random(f"lagging/reads/{seed}")
         self.state_c.lagging = self.index_c.lagging = self._supervisor_lags
@@ -1299,6 +1304,21 @@ class Simulation:
                         f"starter took {new['id']} from {old['LockedBy']} ({inst.status})",
                     )
                 )
+            # A counter by its rule: a restart is spent on an attempt that ran.
+            # One written and never started (its writer died before start_new,
+            # or the write's answer was lost) is started under its own id, not
+            # counted: nothing ran, so nothing was given up (seed 5000250).
+            # (The simulated task hub keeps every instance it started.)
+            if inst is None and (new.get("CompensationRestarts") or 0) > (
+                old.get("CompensationRestarts") or 0
+            ):
+                self.violations.append(
+                    (
+                        "a restart is counted only for an attempt that ran",
+                        f"starter counted restart {new.get('CompensationRestarts')} of "
+                        f"{new['id']} for {old['LockedBy']}, which was never started",
+                    )
+                )
         if old and actor == "orchestration":
             writer = self._instance()
             if writer and old.get("LockedBy") != writer and not _outbox_only(old, new):
@@ -1551,6 +1571,23 @@ class Simulation:
                     f"{entries[0].get('bucket')}), the only entry of {oid}'s live attempt {attempt}"
                 )
 
+    def _on_copy_dropped(self, queue: str, copy_id: str, maker: int | None) -> None:
+        """A delivery's back-off copy that duplicate detection dropped: right
+        only as a repeat of its own schedule (the SDK's retry after a lost
+        answer). Dropped as the copy another delivery made, one that has
+        already been delivered, nothing comes after this delivery's failure
+        though the gate completes it (ADR 021i, seed 5000216)."""
+        q = self.bus.queue(queue)
+        first = next((m for m in reversed(q.sent) if m.message_id == copy_id), None)
+        if first is None or maker is None or first.made_by in (None, maker):
+            return
+        if first.delivery_count > 0:
+            self.lost_copies.append(
+                f"{queue} {copy_id}: scheduled by delivery {maker} after its failure, "
+                f"dropped as a duplicate of delivery {first.made_by}'s copy, "
+                f"already delivered {first.delivery_count} time(s)"
+            )
+
     def _on_sent(self, queue: str, message_id: str, accepted: bool) -> None:
         """An agent request of a restarted orchestration that duplicate detection
         drops was never answered to that execution: it can only wait out its deadline."""
@@ -1598,6 +1635,45 @@ class Simulation:
             return False
         self.compensation_died[oid] += 1
         return True
+
+    def _on_gone_answer(self, inst: Any, event_name: str) -> None:
+        """A reply raised on an attempt that had already failed, on the path:
+        an attempt that may have sent its step's request listens for the reply
+        until the step's deadline (workflow 2.4: after a send, a begin or an
+        advance whose answer was lost), so a reply before that deadline, to
+        the step the record still gives the attempt, never finds it Failed.
+        Except when it could not go on: the store refused every read of the
+        plan it needed to know what was sent (a lost begin's reload, reported
+        as the store's), or an injected death."""
+        if inst.status != "Failed" or str(inst.output).startswith("injected:"):
+            return
+        iid = inst.instance_id
+        oid, _, token = iid.rpartition(":")
+        doc = self.state_c.docs.get((oid, oid)) or {}
+        if doc.get("ProcessState") != "Processing" or doc.get("LockedBy") != iid:
+            return
+        running = [
+            name
+            for name, s in (doc.get("Steps") or {}).items()
+            if isinstance(s, dict) and s.get("Status") == "Running"
+        ]
+        if not token.isdigit() or event_name not in {
+            reply_event_name(s, int(token)) for s in running
+        }:
+            return
+        if self.durable.heard.get((iid, event_name)):
+            return  # heard before it ended: a redelivered request's second answer
+        failed = self.durable.failed_activity(inst)
+        if failed == "load_plan" and _store_unavailable(str(inst.output)):
+            return
+        complete_by = doc.get("CompleteBy")
+        margin = timedelta(seconds=self.o.faults.skew + 1)
+        if not complete_by or self.world.clock.now + margin >= datetime.fromisoformat(complete_by):
+            return
+        self.quit_early.append(
+            f"{iid} failed ({failed}: {str(inst.output)[:100]}) with its record still its own, "
+            f"step {running} Running until {complete_by}; {event_name} came at {self.world.stamp()}"
+        )
 
     def _owner_of(self, instance_id: str) -> str | None:
         """The attempt that owns the record now (the latest write, not a lagged read)."""
@@ -1845,6 +1921,7 @@ class Simulation:
 
     async def _handle(self, d: Delivery) -> None:
         self._pick_host()
+        HANDLING.set(d.token)  # this task's: the back-off copies it schedules name it
         try:
             if d.queue == "agent-requests":
                 # As the trigger hands it over: the received message (its
@@ -1883,6 +1960,7 @@ class Simulation:
     async def _agent_request(self, d: Delivery, processor: Any, settlement: Any) -> Any:
         """One agent request handled by `processor` (the Functions agent's
         or a standalone worker's), with the per-request checks around it."""
+        HANDLING.set(d.token)  # a standalone worker's delivery too
         # A forgery's deadline is its own (so is a delayed copy of one).
         origin = (d.application_properties or {}).get(ORIGINAL_ID_PROPERTY)
         task = asyncio.current_task()
@@ -2617,6 +2695,8 @@ class Simulation:
                 permanent.setdefault((key, op), token)
         for detail in self.lost_requests[:1]:
             self.fail("a restarted orchestration's requests are delivered", detail)
+        for detail in self.lost_copies[:1]:
+            self.fail("a failed delivery's back-off copy comes after it", detail)
         # A schedule without faults (about one seed in seven; forgeries
         # change nothing) ends every order Processed, unless admission control
         # may reject: a system that only ever ended orders Error (every reply
@@ -2644,6 +2724,8 @@ class Simulation:
                 break
         for detail in self.deadline_mismatch[:1]:
             self.fail("one deadline travels everywhere", detail)
+        for detail in self.quit_early[:1]:
+            self.fail("an attempt listens for its step's reply until the deadline", detail)
         for detail in self.step_deadline_reused[:1]:
             self.fail("each step gets its own deadline", detail)
         for detail in self.due_not_recovered[:1]:

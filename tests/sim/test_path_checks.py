@@ -1,0 +1,154 @@
+"""Three checks on the path (issue 21) for slips that once only their own
+unit tests caught: a restart spent on an attempt that never ran, a failed
+delivery's back-off copy dropped as another delivery's, an attempt that
+quit before its step's deadline with the reply still to come. Each fires on
+what it is there for and stays quiet on its legitimate neighbours."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from datetime import timedelta
+
+from azure.servicebus import ServiceBusMessage
+
+from devstack.host.durable import TASK_FAILED, TASK_SCHEDULED, _event
+from domain.ids import reply_event_name
+from sim.bus import HANDLING
+from sim.durable import Instance
+from sim.system import Options, Simulation, simulate
+from sim.world import FaultConfig
+
+
+def _run() -> Simulation:
+    sim = simulate(Simulation(1, 1, options=Options(orders=1, faults=FaultConfig())))
+    sim.violations.clear()
+    return sim
+
+
+def _checks(sim: Simulation) -> list[str]:
+    sim.violations.clear()
+    sim.check()
+    return [c for c, _ in sim.violations]
+
+
+def _as(sim: Simulation, actor: str, body) -> None:
+    """Run `body()` as an actor of the simulation would (its task's name)."""
+
+    async def run() -> None:
+        sim.world._names[asyncio.current_task()] = actor
+        body()
+
+    asyncio.new_event_loop().run_until_complete(run())
+
+
+def test_a_restart_is_counted_only_for_an_attempt_the_task_hub_started():
+    """Seed 5000250 (mutant `starter-missing-instance-left`): a compensation
+    written and never started, restarted as if it had run and died, spends
+    a restart on nothing."""
+    sim = _run()
+    old = {
+        "id": "o",
+        "ProcessState": "Compensating",
+        "LockedBy": "o:2",
+        "CompensationRestarts": 0,
+    }
+    new = {**old, "LockedBy": "o:3", "CompensationRestarts": 1}
+    _as(sim, "starter", lambda: sim._on_state_write(old, new))
+    assert [c for c, _ in sim.violations] == ["a restart is counted only for an attempt that ran"]
+    sim.violations.clear()
+    # The attempt ran and failed: its restart is the budget's to count.
+    sim.durable.instances["o:2"] = Instance("o:2", "workflow", "2.4", 1, status="Failed")
+    _as(sim, "starter", lambda: sim._on_state_write(old, new))
+    assert sim.violations == []
+    # Started under its own id, with nothing counted: no restart spent.
+    del sim.durable.instances["o:2"]
+    _as(sim, "starter", lambda: sim._on_state_write(old, {**old, "LockedBy": "o:2"}))
+    assert sim.violations == []
+
+
+def test_a_failed_deliverys_copy_is_never_dropped_as_one_another_delivery_made():
+    """Seed 5000216 (mutant `gate-copy-named-by-message`): a redelivery that
+    failed again scheduled the copy an earlier delivery had made, which had
+    already run; duplicate detection dropped it, and nothing came after.
+    The SDK's own repeat of one delivery's schedule is dropped rightly."""
+    sim = _run()
+    queue = "orders-webshop"
+    sender = sim.servicebus.get_queue_sender(queue)
+    later = sim.world.clock.now + timedelta(seconds=5)
+
+    def schedule(token: int) -> None:
+        async def run() -> None:
+            HANDLING.set(token)
+            message = ServiceBusMessage(b"{}", message_id="retry/seq-9/1")
+            message.scheduled_enqueue_time_utc = later
+            await sender.send_messages(message)
+
+        asyncio.new_event_loop().run_until_complete(run())
+
+    schedule(41)
+    schedule(41)  # the same delivery's repeat (its answer lost): dropped, no loss
+    assert "a failed delivery's back-off copy comes after it" not in _checks(sim)
+    schedule(42)  # another delivery's, while the first copy still waits: it runs after both
+    assert "a failed delivery's back-off copy comes after it" not in _checks(sim)
+    (copy,) = [m for m in sim.bus.queue(queue).sent if m.message_id == "retry/seq-9/1"]
+    assert copy.made_by == 41
+    copy.delivery_count = 1  # the first copy ran; a later failure's copy is lost
+    schedule(43)
+    assert "a failed delivery's back-off copy comes after it" in _checks(sim)
+
+
+def _failed_attempt(sim: Simulation, activity: str, error: str, deadline_in: float):
+    """Order o's attempt o:1 failed after `activity` failed with `error`,
+    its record still Processing under it with step `pay` Running until
+    `deadline_in` seconds from now."""
+    now = sim.world.clock.now
+    inst = Instance("o:1", "workflow", "2.4", 1, status="Failed", output=error)
+    inst.history = [
+        _event(TASK_SCHEDULED, now, EventId=0, Name=activity),
+        _event(TASK_FAILED, now, TaskScheduledId=0),
+    ]
+    sim.durable.instances["o:1"] = inst
+    sim.state_c.docs[("o", "o")] = {
+        "id": "o",
+        "ProcessState": "Processing",
+        "LockedBy": "o:1",
+        "CompleteBy": (now + timedelta(seconds=deadline_in)).isoformat(),
+        "Steps": {"pay": {"Status": "Running"}},
+    }
+
+
+def _reply(sim: Simulation, step: str = "pay") -> list[str]:
+    async def run() -> None:
+        # The SDK raises for an instance that ended; the check has seen it by then.
+        with contextlib.suppress(Exception):
+            await sim.durable.raise_event("o:1", reply_event_name(step, 1), {})
+
+    sim.quit_early.clear()
+    asyncio.new_event_loop().run_until_complete(run())
+    return sim.quit_early
+
+
+def test_an_attempt_that_quit_before_its_deadline_with_a_reply_to_come_is_caught():
+    """Mutants `wf24-send-failure-ends-attempt` and
+    `wf24-lost-advance-fails-attempt`: a send or an advance whose answer was
+    lost ended the attempt, though its request had gone out; the reply then
+    found it Failed, before the step's deadline."""
+    sim = _run()
+    _failed_attempt(sim, "send_step", "sending to agent-requests: no answer in time", 60)
+    assert len(_reply(sim)) == 1
+    # A reply to a step the record does not give the attempt, or after the
+    # deadline (the attempt timed out rightly), is no sign of quitting.
+    assert _reply(sim, "ship") == []
+    _failed_attempt(sim, "send_step", "sending to agent-requests: no answer in time", 0.5)
+    assert _reply(sim) == []
+    # The store refused the plan a lost begin needs to know what was sent:
+    # the attempt could not go on (the Supervisor retries it).
+    _failed_attempt(sim, "load_plan", "read state o: Cosmos DB answered 503", 60)
+    assert _reply(sim) == []
+    # A store failure of an advance is no such excuse: the request had left.
+    _failed_attempt(sim, "advance_attempt", "replace state o: Cosmos DB answered 503", 60)
+    assert len(_reply(sim)) == 1
+    # An answer it had heard before it ended (a redelivered request's second).
+    sim.durable.heard[("o:1", reply_event_name("pay", 1))] = ["{}"]
+    assert _reply(sim) == []
