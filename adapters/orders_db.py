@@ -16,14 +16,22 @@ classification, and the state store must not depend on it."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
+from azure.core import MatchConditions
 from azure.cosmos.aio import ContainerProxy
 from pydantic import ValidationError
 
 from adapters.cosmos_client import SDK_ERRORS, RequestCharges, translate_error
 from adapters.state_store import strip_system
-from domain.errors import ConflictError, NotFoundError, PermanentError, TransientError
+from domain.errors import (
+    ConflictError,
+    NotFoundError,
+    PermanentError,
+    StaleError,
+    TransientError,
+)
 from domain.ids import check_order_key, order_key
 from domain.models import OrderSubmitted
 
@@ -105,6 +113,56 @@ class CosmosOrdersRepository:
             if not isinstance(error, NotFoundError):
                 raise error from exc
 
+    async def discard_own(self, key: str, order: OrderSubmitted) -> None:
+        """Delete the document under `key` if it is `order` (a copy whose
+        record turned out Rejected takes back what it wrote, and only that:
+        the document may since be another's)."""
+        await self._discard_if(key, lambda stored: stored is not None and _same(stored, order))
+
+    async def discard_other(self, key: str, order: OrderSubmitted) -> None:
+        """Delete the document under `key` unless it is `order`: for the order
+        whose state record is Rejected (so no document is its order's), when
+        a conflicting copy's document is in its way and that copy's delivery
+        may have died before taking it back (simulation seed 3005811)."""
+        await self._discard_if(key, lambda stored: stored is None or not _same(stored, order))
+
+    async def _discard_if(self, key: str, wanted: Callable[[OrderSubmitted | None], bool]) -> None:
+        """Delete the version read, if `wanted` says so (None: unreadable),
+        on its etag: a document put there since the read stays, and the
+        caller hears TransientError to look again."""
+        try:
+            doc = await self._container.read_item(
+                item=key, partition_key=key, response_hook=self.charges.hook("order_read")
+            )
+        except SDK_ERRORS as exc:
+            error = translate_error(exc, f"read order {key}", self.charges, "order_read")
+            if isinstance(error, NotFoundError):
+                return
+            raise error from exc
+        try:
+            stored: OrderSubmitted | None = from_document(doc)
+        except PermanentError:
+            stored = None
+        if not wanted(stored):
+            return
+        try:
+            await self._container.delete_item(
+                item=key,
+                partition_key=key,
+                etag=doc.get("_etag"),
+                match_condition=MatchConditions.IfNotModified,
+                response_hook=self.charges.hook("order_delete"),
+            )
+        except SDK_ERRORS as exc:
+            error = translate_error(exc, f"delete order {key}", self.charges, "order_delete")
+            if isinstance(error, NotFoundError):
+                return
+            if isinstance(error, StaleError):
+                raise TransientError(
+                    f"order {key} changed while it was being taken back; try again"
+                ) from exc
+            raise error from exc
+
     async def get(self, key: str) -> OrderSubmitted:
         """The order stored under `key`; NotFoundError if there is none."""
         try:
@@ -114,3 +172,7 @@ class CosmosOrdersRepository:
         except SDK_ERRORS as exc:
             raise translate_error(exc, f"read order {key}", self.charges, "order_read") from exc
         return from_document(doc)
+
+
+def _same(stored: OrderSubmitted, order: OrderSubmitted) -> bool:
+    return not differing_fields(stored, order)

@@ -112,6 +112,10 @@ class OrdersRepository(Protocol):
 
     async def discard(self, key: str) -> None: ...
 
+    async def discard_own(self, key: str, order: OrderSubmitted) -> None: ...
+
+    async def discard_other(self, key: str, order: OrderSubmitted) -> None: ...
+
 
 class MessagePublisher(Protocol):
     """Sends one message to a queue. `message_id` is stable for a logical

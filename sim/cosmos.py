@@ -417,6 +417,21 @@ class SimContainer:
             )
         return _copy(self.docs[key])
 
+    @staticmethod
+    def _match(current: dict, etag: str | None, match_condition: Any) -> None:
+        """As the SDK reads the two (azure.cosmos._base._get_match_headers): an
+        etag is a condition only with its match condition, and one without
+        the other is refused before any request."""
+        if match_condition is None and etag is not None:
+            raise ValueError("'etag' specified without 'match_condition'.")
+        if match_condition is not None:
+            if match_condition != MatchConditions.IfNotModified:
+                raise TypeError(f"the fake supports IfNotModified only, not {match_condition}")
+            if not etag:
+                raise ValueError("'match_condition' specified without 'etag'.")
+            if current["_etag"] != etag:
+                raise _error(CosmosAccessConditionFailedError, 412, "Precondition failed")
+
     async def replace_item(
         self,
         item: str,
@@ -433,18 +448,7 @@ class SimContainer:
             raise _error(
                 CosmosResourceNotFoundError, 404, "Entity with the specified id does not exist"
             )
-        # As the SDK reads the two (azure.cosmos._base._get_match_headers): an
-        # etag is a condition only with its match condition, and one without
-        # the other is refused before any request.
-        if match_condition is None and etag is not None:
-            raise ValueError("'etag' specified without 'match_condition'.")
-        if match_condition is not None:
-            if match_condition != MatchConditions.IfNotModified:
-                raise TypeError(f"the fake supports IfNotModified only, not {match_condition}")
-            if not etag:
-                raise ValueError("'match_condition' specified without 'etag'.")
-            if current["_etag"] != etag:
-                raise _error(CosmosAccessConditionFailedError, 412, "Precondition failed")
+        self._match(current, etag, match_condition)
         self.previous[key] = current
         self.docs[key] = self._stamp(body)
         self._wrote(current, self.docs[key])
@@ -452,7 +456,13 @@ class SimContainer:
         return _copy(self.docs[key])
 
     async def delete_item(
-        self, item: str, partition_key: Any, response_hook=None, **_: Any
+        self,
+        item: str,
+        partition_key: Any,
+        etag: str | None = None,
+        match_condition: Any = None,
+        response_hook=None,
+        **_: Any,
     ) -> None:
         await self._op("delete", response_hook)
         key = (str(partition_key), str(item))
@@ -460,6 +470,7 @@ class SimContainer:
             raise _error(
                 CosmosResourceNotFoundError, 404, "Entity with the specified id does not exist"
             )
+        self._match(self.docs[key], etag, match_condition)
         if self.on_delete is not None:
             self.on_delete(self.docs[key])
         self.deleted[key] = (self.docs.pop(key), self.world.clock.now)

@@ -218,8 +218,10 @@ class SubmitHandler:
         if not created and record.OrderDigest != order.digest():
             if record.ProcessState is ProcessState.REJECTED:
                 # A rejected order never wrote the orders DB, so the document
-                # there is the one this delivery just wrote: take it back.
-                await self._orders.discard(key)
+                # there is the one this delivery just wrote: take it back (only
+                # that one: the Rejected order may have cleared it and put its
+                # own there since, _unless_in_the_way).
+                await self._orders.discard_own(key, order)
             return await self._conflict(order, key)
         if created:
             log.info("order accepted", extra={"order_id": key})
@@ -326,7 +328,7 @@ class SubmitHandler:
                 # seed 49, 50 orders). Take it back, as _admit does, also when
                 # the read above did not show it (a replica that had not seen
                 # the create yet: seeds 257 and 700209, 50 orders).
-                await self._orders.discard(key)
+                await self._orders.discard_own(key, order)
             return await self._conflict(order, key)
         if record.ProcessState is not ProcessState.REJECTED:
             return None
@@ -353,20 +355,25 @@ class SubmitHandler:
     async def _unless_in_the_way(self, order: OrderSubmitted, key: str) -> None:
         """The orders DB holds other data under this key. If the state record
         is this very order, Rejected, that document is not the order's (a
-        rejected order has none): it is a conflicting copy's, written a moment
-        ago by a delivery racing this one, which takes it back once it finds
-        the record (`_admit`, `_reject`). Raise TransientError so this delivery
-        is tried again after it, instead of dead-lettering the order itself as
-        a conflict (simulation seed 263, 50 orders: an original and its
-        client's changed resend delivered together after an outage)."""
+        rejected order has none): it is a conflicting copy's, written by a
+        delivery that takes it back once it finds the record (`_admit`,
+        `_reject`), unless it died first. Take it back here (that version
+        only, on its etag), and raise TransientError so this delivery is tried
+        again, instead of dead-lettering the order itself as a conflict
+        (simulation seed 263, 50 orders: an original and its client's changed
+        resend delivered together after an outage; seed 3005811: the changed
+        resend's two deliveries at once, its lock expired, and the one that
+        wrote last died before taking its document back, which then stood in
+        the way of every later resend of the Rejected order)."""
         try:
             record, _ = await self._store.read(key)
         except (NotFoundError, PermanentError):
             return
         if record.ProcessState is ProcessState.REJECTED and record.OrderDigest == order.digest():
+            await self._orders.discard_other(key, order)
             raise TransientError(
-                f"order {order.OrderID} of {order.AppId}: a conflicting copy's document is in "
-                "the orders DB for a moment; trying again"
+                f"order {order.OrderID} of {order.AppId}: a conflicting copy's document was in "
+                "the orders DB; taken back, trying again"
             )
 
     async def _conflict(

@@ -201,6 +201,16 @@ class FakeOrders:
     async def discard(self, order_id: str) -> None:
         self.orders.pop(order_id, None)
 
+    async def discard_own(self, key: str, order: OrderSubmitted) -> None:
+        stored = self.orders.get(key)
+        if stored is not None and stored.immutable_fields() == order.immutable_fields():
+            del self.orders[key]
+
+    async def discard_other(self, key: str, order: OrderSubmitted) -> None:
+        stored = self.orders.get(key)
+        if stored is not None and stored.immutable_fields() != order.immutable_fields():
+            del self.orders[key]
+
 
 class RecordingPublisher:
     """Records every send, duplicates included (`sends`), and what the queues

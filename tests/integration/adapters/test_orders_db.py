@@ -113,3 +113,59 @@ async def test_a_different_order_under_an_existing_id_is_a_conflict_naming_the_f
         await orders_repository.create_if_absent(different, key)
     assert caught.value.fields == differing
     assert await orders_repository.get(key) == original  # never overwritten
+
+
+async def test_taking_back_a_document_deletes_only_the_order_named(
+    orders_repository: CosmosOrdersRepository,
+) -> None:
+    """discard_own deletes the document only when it is that order (a
+    conflicting copy takes back its own write); discard_other only when it
+    is not (the Rejected order clears a copy's document in its way:
+    simulation seed 3005811). Neither minds a missing document."""
+    key = order_key("webshop", "ORD-D")
+    order, changed = make_order("ORD-D"), make_order("ORD-D", Currency="USD")
+    await orders_repository.create_if_absent(changed)
+    await orders_repository.discard_own(key, order)
+    await orders_repository.discard_other(key, changed)
+    assert await orders_repository.get(key) == changed  # not theirs to take
+    await orders_repository.discard_other(key, order)
+    with pytest.raises(NotFoundError):
+        await orders_repository.get(key)
+    await orders_repository.create_if_absent(order)
+    await orders_repository.discard_own(key, order)
+    with pytest.raises(NotFoundError):
+        await orders_repository.get(key)
+    await orders_repository.discard_own(key, order)  # gone already: nothing to do
+    await orders_repository.discard_other(key, order)
+
+
+async def test_taking_back_a_document_replaced_since_its_read_leaves_the_new_one(
+    orders_repository: CosmosOrdersRepository,
+) -> None:
+    """The delete is conditional on the version read: when another delivery
+    swapped the document between the read and the delete (the copy's taken
+    back, the order's own written), the order's stays and the caller is told
+    to look again."""
+    from domain.errors import TransientError
+
+    key = order_key("webshop", "ORD-R")
+    order, changed = make_order("ORD-R"), make_order("ORD-R", Currency="USD")
+    await orders_repository.create_if_absent(changed)
+    real = orders_repository._container
+
+    class SwapBeforeDelete:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(real, name)
+
+        async def delete_item(self, **kwargs: Any) -> Any:
+            await real.delete_item(item=key, partition_key=key)  # the racing delivery
+            await real.create_item(body={"id": key, **order.model_dump(mode="json")})
+            return await real.delete_item(**kwargs)
+
+    orders_repository._container = SwapBeforeDelete()  # type: ignore[assignment]
+    try:
+        with pytest.raises(TransientError, match="changed while it was being taken back"):
+            await orders_repository.discard_own(key, changed)
+    finally:
+        orders_repository._container = real
+    assert await orders_repository.get(key) == order

@@ -496,6 +496,21 @@ class CountingOrders(FakeOrders):
         self.requests.append("order_delete")
         return await super().discard(order_id)
 
+    async def discard_own(self, key, order):
+        # As the adapter: a read, then a delete on its etag when it is this order.
+        self.requests.append("order_read")
+        before = len(self.orders)
+        await super().discard_own(key, order)
+        if len(self.orders) < before:
+            self.requests.append("order_delete")
+
+    async def discard_other(self, key, order):
+        self.requests.append("order_read")
+        before = len(self.orders)
+        await super().discard_other(key, order)
+        if len(self.orders) < before:
+            self.requests.append("order_delete")
+
 
 def counting_rig(**env) -> Rig:
     rig = Rig(**env)
@@ -902,6 +917,32 @@ async def test_a_rejected_order_meeting_a_changed_copys_document_tries_again_not
     assert (await rig.submit()).kind is SettleKind.COMPLETE
     state = (await rig.store.read("webshop:ORD-1"))[0].ProcessState
     assert state is (ProcessState.PENDING if backlog == 0 else ProcessState.REJECTED)
+
+
+async def test_a_changed_copys_document_left_by_a_dead_delivery_is_taken_back_by_the_order(rig):
+    # Seed 3005811 (3 orders): the client's changed resend of a Rejected
+    # order was delivered twice at once (its lock expired); one delivery
+    # dead-lettered it OrderConflict, the other wrote its document after that
+    # and died before taking it back. The document stood in the way of every
+    # later resend of the order. The order's delivery now takes it back.
+    from domain.models import OrderSubmitted
+
+    await rig.store.write_backlog_gauge(3, NOW)
+    assert (await rig.submit()).kind is SettleKind.COMPLETE
+    changed = OrderSubmitted.model_validate(order_payload(Currency="USD"))
+    await rig.orders.create_if_absent(changed, "webshop:ORD-1")  # nobody comes back for it
+    await rig.store.write_backlog_gauge(0, NOW)
+    assert (await rig.submit()).kind is SettleKind.COMPLETE  # carried on in a delayed copy
+    assert len(rig.scheduler.scheduled) == 1
+    assert "webshop:ORD-1" not in rig.orders.orders
+    assert (await rig.submit()).kind is SettleKind.COMPLETE
+    assert (await rig.store.read("webshop:ORD-1"))[0].ProcessState is ProcessState.PENDING
+    mine = rig.orders.orders["webshop:ORD-1"]
+    assert mine.immutable_fields() != changed.immutable_fields()
+    # A late delivery of the changed copy takes back only its own document.
+    assert (await rig.submit(Currency="USD")).reason == "OrderConflict"
+    assert rig.orders.orders["webshop:ORD-1"] == mine
+    assert "OrderConflict" in rig.alerts()
 
 
 async def test_another_order_in_the_way_of_a_record_that_is_not_this_order_is_a_conflict(rig):
