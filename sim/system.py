@@ -1647,6 +1647,8 @@ class Simulation:
         as the store's), or an injected death."""
         if inst.status != "Failed" or str(inst.output).startswith("injected:"):
             return
+        if inst.version not in LISTENING_VERSIONS:
+            return  # earlier versions fail the attempt there, as they were written to
         iid = inst.instance_id
         oid, _, token = iid.rpartition(":")
         doc = self.state_c.docs.get((oid, oid)) or {}
@@ -3119,6 +3121,13 @@ def simulate(sim: Simulation) -> Simulation:
     finally:
         loop.close()
     return sim
+
+
+# The workflow versions that listen for a step's reply until the deadline
+# after a send, begin or advance whose answer was lost (2.4's
+# _hear_unconfirmed); attempts in flight on the frozen earlier versions fail
+# there and leave the attempt to the Supervisor, their own contract.
+LISTENING_VERSIONS = frozenset({"2.4"})
 
 
 def run_schedule(
