@@ -261,8 +261,8 @@ class Starter:
                 continue
             missing = status is None or getattr(status, "runtime_status", None) is None
             if missing and _never_started(record):
-                # No such instance, and nothing written since the Starter
-                # wrote this attempt (a restart, or a claim into
+                # No such instance, and nothing the attempt writes written
+                # since the Starter wrote it (a restart, or a claim into
                 # Compensating): the writer died before start_new, or the
                 # write's answer was lost so it never called it. Nothing ran
                 # under this id, so it is started now and no restart is
@@ -610,16 +610,21 @@ def fast_start(starter: Callable[[], Awaitable[Starter]]) -> FastStart:
 
 
 def _never_started(record: OrderState) -> bool:
-    """Nothing was written since the Starter (or an operator's claim) moved
-    the record to its current attempt: every write of a running compensation
-    moves UpdatedAt past that transition."""
+    """The attempt wrote nothing since the Starter (or an operator's claim)
+    moved the record to it: a running compensation records each undo's
+    outcome (its entry's At) and ends with a transition (History). Not
+    UpdatedAt: others' bookkeeping moves it too (Submit marking Received
+    sent for a redelivered order, a status leaving the outbox), and a
+    restart counted for that spends the budget on an attempt that never ran
+    (simulation seed 100502: Submit's Received mark after a restart whose
+    answer was lost)."""
     if not record.History:
         return False
     last = record.History[-1]
     return (
         last.To is ProcessState.COMPENSATING
         and last.By in ("starter", "operator")
-        and record.UpdatedAt <= last.At
+        and not any(e.At is not None and e.At > last.At for e in record.Compensation)
     )
 
 

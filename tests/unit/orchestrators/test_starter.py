@@ -12,7 +12,7 @@ from adapters.ports import ANY_OWNER
 from domain import state_machine as sm
 from domain.errors import TransientError
 from domain.ids import order_key
-from domain.models import OrderSubmitted, ProcessState
+from domain.models import CompensationEntry, OrderSubmitted, ProcessState
 from orchestrators.starter import Starter
 from tests.builders import ReadClock, order_payload
 from tests.unit.orchestrators.driver import POLICY, SETTINGS, STEPS, World
@@ -410,6 +410,41 @@ async def test_a_compensation_written_but_never_started_is_started_without_spend
     assert report.compensation_restarts == 0
 
 
+async def test_others_bookkeeping_after_an_unstarted_restart_spends_no_restart():
+    """Simulation seed 100502: a restart's write was applied with its answer
+    lost, then Submit marked Received sent on the record (a redelivery of
+    the order) before the Starter's next run. That write moved UpdatedAt past
+    the restart, and the attempt that never ran was taken for one that had
+    written and been purged: a restart was counted for it. Only what the
+    attempt writes (an undo's outcome, a transition) says it ran."""
+    world = World()
+    await _errored_with_request(world, "A1")
+    client = Client()
+    starter = Starter(SETTINGS, world.store, clock=ReadClock(lambda: world.now))
+    await starter.run(client)
+    client.died.add("webshop:A1:2")
+    real_update = world.store.update
+
+    async def answer_lost(*args, **kw):
+        await real_update(*args, **kw)
+        raise TransientError("replace state: Cosmos DB answered 408")
+
+    world.store.update = answer_lost
+    with contextlib.suppress(TransientError):
+        await starter.run(client)  # the restart to :3 is written, its answer lost
+    world.store.update = real_update
+    world.now += timedelta(seconds=7)
+    t = world.now
+    await world.store.update(  # Submit, for a redelivered copy of the order
+        "webshop:A1", lambda r: sm.mark_received_sent(r, t), ANY_OWNER
+    )
+    report = await starter.run(client)
+    assert (report.compensation_restarts, report.compensations_started) == (0, 1)
+    record = await world.record("A1")
+    assert (record.LockedBy, record.CompensationRestarts) == ("webshop:A1:3", 1)
+    assert client.started.count("webshop:A1:3") == 1
+
+
 async def test_a_compensation_purged_after_it_ran_is_restarted_under_a_new_attempt():
     """A missing instance that wrote the record ran: the task hub's retention
     policy purged it once it ended (production purges Completed histories at
@@ -421,8 +456,11 @@ async def test_a_compensation_purged_after_it_ran_is_restarted_under_a_new_attem
     starter = Starter(SETTINGS, world.store, clock=ReadClock(lambda: world.now))
     await starter.run(client)
     later = world.now + timedelta(seconds=3)
+    undone = CompensationEntry(Step="reserve-inventory", Outcome="Done", At=later)
     await world.store.update(  # the compensation writes an undo's outcome, then ends
-        "webshop:A1", lambda r: r.model_copy(update={"UpdatedAt": later}), ANY_OWNER
+        "webshop:A1",
+        lambda r: r.model_copy(update={"Compensation": [undone], "UpdatedAt": later}),
+        ANY_OWNER,
     )
     client.started.remove("webshop:A1:2")  # its history purged
     report = await starter.run(client)
