@@ -16,7 +16,6 @@ classification, and the state store must not depend on it."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from azure.core import MatchConditions
@@ -25,13 +24,7 @@ from pydantic import ValidationError
 
 from adapters.cosmos_client import SDK_ERRORS, RequestCharges, translate_error
 from adapters.state_store import strip_system
-from domain.errors import (
-    ConflictError,
-    NotFoundError,
-    PermanentError,
-    StaleError,
-    TransientError,
-)
+from domain.errors import ConflictError, NotFoundError, PermanentError, StaleError, TransientError
 from domain.ids import check_order_key, order_key
 from domain.models import OrderSubmitted
 
@@ -70,19 +63,30 @@ class CosmosOrdersRepository:
         """True if this call stored the order under `key` (its own
         application's key unless given), False if the same order was already
         there; ConflictError(fields=[...]) if a different one was."""
+        created, _ = await self._store(order, key)
+        return created
+
+    async def store(self, order: OrderSubmitted, key: str | None = None) -> str:
+        """As create_if_absent, answering the etag of the document that is
+        this order (created now, or found), for a later `discard_version`;
+        the ConflictError of a different order carries that one's etag."""
+        _, etag = await self._store(order, key)
+        return etag
+
+    async def _store(self, order: OrderSubmitted, key: str | None) -> tuple[bool, str]:
         doc = to_document(order, key)
         key = doc["id"]
         try:
-            await self._container.create_item(
+            created = await self._container.create_item(
                 body=doc, response_hook=self.charges.hook("order_create")
             )
-            return True
+            return True, str(created.get("_etag", ""))
         except SDK_ERRORS as exc:
             error = translate_error(exc, f"create order {key}", self.charges, "order_create")
             if not isinstance(error, ConflictError):
                 raise error from exc
         try:
-            stored = await self.get(key)
+            found = await self._read(key)
         except NotFoundError as exc:
             # It exists (the 409 says so) but this read did not find it: a
             # replica that has not seen the create yet, or a discard racing
@@ -91,12 +95,15 @@ class CosmosOrdersRepository:
             raise TransientError(
                 f"order {key}: the create conflicted but a read did not find it; try again"
             ) from exc
+        stored, etag = from_document(found), str(found.get("_etag", ""))
         fields = differing_fields(stored, order)
         if fields:
             raise ConflictError(
-                f"order {key} exists with different {', '.join(fields)}", fields=fields
+                f"order {key} exists with different {', '.join(fields)}",
+                fields=fields,
+                version=etag,
             )
-        return False
+        return False, etag
 
     async def discard(self, key: str) -> None:
         """Delete the order if it is there. Only for an order whose state
@@ -113,66 +120,41 @@ class CosmosOrdersRepository:
             if not isinstance(error, NotFoundError):
                 raise error from exc
 
-    async def discard_own(self, key: str, order: OrderSubmitted) -> None:
-        """Delete the document under `key` if it is `order` (a copy whose
-        record turned out Rejected takes back what it wrote, and only that:
-        the document may since be another's)."""
-        await self._discard_if(key, lambda stored: stored is not None and _same(stored, order))
-
-    async def discard_other(self, key: str, order: OrderSubmitted) -> None:
-        """Delete the document under `key` unless it is `order`: for the order
-        whose state record is Rejected (so no document is its order's), when
-        a conflicting copy's document is in its way and that copy's delivery
-        may have died before taking it back (simulation seed 3005811)."""
-        await self._discard_if(key, lambda stored: stored is None or not _same(stored, order))
-
-    async def _discard_if(self, key: str, wanted: Callable[[OrderSubmitted | None], bool]) -> None:
-        """Delete the version read, if `wanted` says so (None: unreadable),
-        on its etag: a document put there since the read stays, and the
-        caller hears TransientError to look again."""
-        try:
-            doc = await self._container.read_item(
-                item=key, partition_key=key, response_hook=self.charges.hook("order_read")
-            )
-        except SDK_ERRORS as exc:
-            error = translate_error(exc, f"read order {key}", self.charges, "order_read")
-            if isinstance(error, NotFoundError):
-                return
-            raise error from exc
-        try:
-            stored: OrderSubmitted | None = from_document(doc)
-        except PermanentError:
-            stored = None
-        if not wanted(stored):
-            return
+    async def discard_version(self, key: str, version: str) -> bool:
+        """Delete the document under `key` if it is still at etag `version`
+        (the one a caller wrote or read): True if this call deleted it. A
+        document written there since stays; a missing one is nothing to do.
+        No read first: a replica that has not seen a recent create would
+        answer 404 for a document that is there (simulation seed 963)."""
         try:
             await self._container.delete_item(
                 item=key,
                 partition_key=key,
-                etag=doc.get("_etag"),
+                etag=version,
                 match_condition=MatchConditions.IfNotModified,
                 response_hook=self.charges.hook("order_delete"),
             )
         except SDK_ERRORS as exc:
             error = translate_error(exc, f"delete order {key}", self.charges, "order_delete")
-            if isinstance(error, NotFoundError):
-                return
-            if isinstance(error, StaleError):
-                raise TransientError(
-                    f"order {key} changed while it was being taken back; try again"
-                ) from exc
+            if isinstance(error, NotFoundError | StaleError):
+                return False
             raise error from exc
+        return True
 
     async def get(self, key: str) -> OrderSubmitted:
         """The order stored under `key`; NotFoundError if there is none."""
+        return from_document(await self._read(key))
+
+    async def get_version(self, key: str) -> tuple[OrderSubmitted, str]:
+        """The order stored under `key` and its etag, for a later
+        `discard_version`; NotFoundError if there is none."""
+        doc = await self._read(key)
+        return from_document(doc), str(doc.get("_etag", ""))
+
+    async def _read(self, key: str) -> dict[str, Any]:
         try:
-            doc = await self._container.read_item(
+            return await self._container.read_item(
                 item=key, partition_key=key, response_hook=self.charges.hook("order_read")
             )
         except SDK_ERRORS as exc:
             raise translate_error(exc, f"read order {key}", self.charges, "order_read") from exc
-        return from_document(doc)
-
-
-def _same(stored: OrderSubmitted, order: OrderSubmitted) -> bool:
-    return not differing_fields(stored, order)

@@ -35,11 +35,15 @@ class ConflictError(DomainError):
 
     Attributes:
         fields: names of the fields that differ.
+        version: the etag of the item in the way, when the caller read it.
     """
 
-    def __init__(self, message: str, fields: list[str] | None = None) -> None:
+    def __init__(
+        self, message: str, fields: list[str] | None = None, version: str | None = None
+    ) -> None:
         super().__init__(message)
         self.fields = fields or []
+        self.version = version
 
 
 class NotFoundError(DomainError):

@@ -5,6 +5,7 @@ admission reads a gauge: docs/adr/008-backlog-gauge.md."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from datetime import datetime
 from typing import TYPE_CHECKING
@@ -203,9 +204,9 @@ class SubmitHandler:
         self, order: OrderSubmitted, key: str, now: datetime, client: object | None
     ) -> Settle:
         try:
-            await self._orders.create_if_absent(order, key)
+            mine = await self._orders.store(order, key)
         except ConflictError as exc:
-            await self._unless_in_the_way(order, key)
+            await self._unless_in_the_way(order, key, exc.version)
             return await self._conflict(order, key, exc.fields)
 
         # The record keeps Submit's trace context, so the first attempt joins
@@ -218,10 +219,10 @@ class SubmitHandler:
         if not created and record.OrderDigest != order.digest():
             if record.ProcessState is ProcessState.REJECTED:
                 # A rejected order never wrote the orders DB, so the document
-                # there is the one this delivery just wrote: take it back (only
-                # that one: the Rejected order may have cleared it and put its
-                # own there since, _unless_in_the_way).
-                await self._orders.discard_own(key, order)
+                # there is the one this delivery just wrote: take it back (that
+                # version only: the Rejected order may have cleared it and put
+                # its own there since, _unless_in_the_way).
+                await self._orders.discard_version(key, mine)
             return await self._conflict(order, key)
         if created:
             log.info("order accepted", extra={"order_id": key})
@@ -310,12 +311,14 @@ class SubmitHandler:
         # the order first accepted. A copy with other data is a conflict, not a
         # rejection that would take the first one's place and turn the first
         # one's own redeliveries into conflicts (simulation seed 257, 50 orders).
+        stored: OrderSubmitted | None
+        version: str | None
         try:
-            stored = await self._orders.get(key)
+            stored, version = await self._orders.get_version(key)
         except (NotFoundError, PermanentError):
-            stored = None
+            stored = version = None
         if stored is not None and stored.digest() != order.digest():
-            await self._unless_in_the_way(order, key)
+            await self._unless_in_the_way(order, key, version)
             return await self._conflict(order, key)
         record, _, created = await self._store.create_if_absent(
             sm.rejected_record(order, now, reason, key)
@@ -328,7 +331,7 @@ class SubmitHandler:
                 # seed 49, 50 orders). Take it back, as _admit does, also when
                 # the read above did not show it (a replica that had not seen
                 # the create yet: seeds 257 and 700209, 50 orders).
-                await self._orders.discard_own(key, order)
+                await self._orders.discard(key)
             return await self._conflict(order, key)
         if record.ProcessState is not ProcessState.REJECTED:
             return None
@@ -352,13 +355,16 @@ class SubmitHandler:
         )
         return Settle.complete(record.id)
 
-    async def _unless_in_the_way(self, order: OrderSubmitted, key: str) -> None:
+    async def _unless_in_the_way(
+        self, order: OrderSubmitted, key: str, version: str | None = None
+    ) -> None:
         """The orders DB holds other data under this key. If the state record
         is this very order, Rejected, that document is not the order's (a
         rejected order has none): it is a conflicting copy's, written by a
         delivery that takes it back once it finds the record (`_admit`,
-        `_reject`), unless it died first. Take it back here (that version
-        only, on its etag), and raise TransientError so this delivery is tried
+        `_reject`), unless it died first. Take it back here (`version`, the
+        etag this delivery's create met, and only that one), and raise
+        TransientError so this delivery is tried
         again, instead of dead-lettering the order itself as a conflict
         (simulation seed 263, 50 orders: an original and its client's changed
         resend delivered together after an outage; seed 3005811: the changed
@@ -370,7 +376,11 @@ class SubmitHandler:
         except (NotFoundError, PermanentError):
             return
         if record.ProcessState is ProcessState.REJECTED and record.OrderDigest == order.digest():
-            await self._orders.discard_other(key, order)
+            if version is None:  # a conflict that did not say which version was in the way
+                with contextlib.suppress(NotFoundError, PermanentError):
+                    _, version = await self._orders.get_version(key)
+            if version is not None:
+                await self._orders.discard_version(key, version)
             raise TransientError(
                 f"order {order.OrderID} of {order.AppId}: a conflicting copy's document was in "
                 "the orders DB; taken back, trying again"

@@ -201,15 +201,27 @@ class FakeOrders:
     async def discard(self, order_id: str) -> None:
         self.orders.pop(order_id, None)
 
-    async def discard_own(self, key: str, order: OrderSubmitted) -> None:
-        stored = self.orders.get(key)
-        if stored is not None and stored.immutable_fields() == order.immutable_fields():
-            del self.orders[key]
+    async def get_version(self, key: str) -> tuple[OrderSubmitted, str]:
+        return await self.get(key), self.version(key)
 
-    async def discard_other(self, key: str, order: OrderSubmitted) -> None:
-        stored = self.orders.get(key)
-        if stored is not None and stored.immutable_fields() != order.immutable_fields():
+    def version(self, key: str) -> str:
+        """The etag of what is stored under `key`: the order's content."""
+        return self.orders[key].digest()
+
+    async def store(self, order: OrderSubmitted, key: str | None = None) -> str:
+        key = key or order_key(order.AppId, order.OrderID)
+        try:
+            await self.create_if_absent(order, key)
+        except ConflictError as exc:
+            exc.version = self.version(key)
+            raise
+        return self.version(key)
+
+    async def discard_version(self, key: str, version: str) -> bool:
+        if key in self.orders and self.version(key) == version:
             del self.orders[key]
+            return True
+        return False
 
 
 class RecordingPublisher:

@@ -313,3 +313,29 @@ def test_a_submission_the_broker_dead_lettered_after_every_faulted_delivery_owes
     assert "dead-lettered silently" not in _checks(sim)
     copy.dead_letter_reason = "ProcessingFailed"  # the handler's own verdict: it alerts
     assert "dead-lettered silently" in _checks(sim)
+
+
+def test_a_document_a_dead_delivery_left_after_its_message_was_settled_is_an_orphan():
+    """Seed 3005811: a changed resend of a Rejected order was delivered twice
+    at once; one delivery dead-lettered it OrderConflict, the other wrote
+    the orders DB again and its host died before taking the document back.
+    Nothing comes for that document until the order is sent again (Submit
+    then takes it back): not a kept order. A document whose writer finished,
+    or whose message was delivered again after the write, still counts."""
+    sim = _run(1, 1)
+    key = sim.order_ids[0]
+    doc = sim.state_c.docs[(key, key)]
+    doc["ProcessState"] = "Rejected"
+    sim.orders_c.docs[(key, key)] = {"id": key, "Total": "60.00"}
+    queue = "orders-webshop"
+    now = sim.world.clock.now
+    msg = Msg("ORD-X/resend-changed", b"{}", {}, 900, now, lock_token=77)
+    sim.delivery_of[77] = (f"{queue} {msg.message_id}", now)
+    sim.lineage_starts[f"{queue} {msg.message_id}"] = [now]
+    sim.orders_writer[key] = (77, now + timedelta(seconds=1))
+    assert "rejected order not kept" in _checks(sim)  # its writer finished
+    sim.unfinished.add(77)
+    assert "rejected order not kept" not in _checks(sim)
+    # A later delivery of that message would have taken it back: it counts.
+    sim.lineage_starts[f"{queue} {msg.message_id}"].append(now + timedelta(seconds=2))
+    assert "rejected order not kept" in _checks(sim)

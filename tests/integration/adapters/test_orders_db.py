@@ -115,57 +115,29 @@ async def test_a_different_order_under_an_existing_id_is_a_conflict_naming_the_f
     assert await orders_repository.get(key) == original  # never overwritten
 
 
-async def test_taking_back_a_document_deletes_only_the_order_named(
+async def test_a_stored_version_is_taken_back_and_no_other(
     orders_repository: CosmosOrdersRepository,
 ) -> None:
-    """discard_own deletes the document only when it is that order (a
-    conflicting copy takes back its own write); discard_other only when it
-    is not (the Rejected order clears a copy's document in its way:
-    simulation seed 3005811). Neither minds a missing document."""
+    """`store` answers the etag of the document that is the order (created,
+    or found the same), and a conflict carries the etag of the one in the
+    way; `discard_version` deletes only that version (a conflicting copy
+    takes back only what it wrote; the Rejected order only the copy's
+    document it met: simulation seeds 3005811 and 963). No read first."""
     key = order_key("webshop", "ORD-D")
     order, changed = make_order("ORD-D"), make_order("ORD-D", Currency="USD")
-    await orders_repository.create_if_absent(changed)
-    await orders_repository.discard_own(key, order)
-    await orders_repository.discard_other(key, changed)
-    assert await orders_repository.get(key) == changed  # not theirs to take
-    await orders_repository.discard_other(key, order)
-    with pytest.raises(NotFoundError):
-        await orders_repository.get(key)
-    await orders_repository.create_if_absent(order)
-    await orders_repository.discard_own(key, order)
-    with pytest.raises(NotFoundError):
-        await orders_repository.get(key)
-    await orders_repository.discard_own(key, order)  # gone already: nothing to do
-    await orders_repository.discard_other(key, order)
-
-
-async def test_taking_back_a_document_replaced_since_its_read_leaves_the_new_one(
-    orders_repository: CosmosOrdersRepository,
-) -> None:
-    """The delete is conditional on the version read: when another delivery
-    swapped the document between the read and the delete (the copy's taken
-    back, the order's own written), the order's stays and the caller is told
-    to look again."""
-    from domain.errors import TransientError
-
-    key = order_key("webshop", "ORD-R")
-    order, changed = make_order("ORD-R"), make_order("ORD-R", Currency="USD")
-    await orders_repository.create_if_absent(changed)
-    real = orders_repository._container
-
-    class SwapBeforeDelete:
-        def __getattr__(self, name: str) -> Any:
-            return getattr(real, name)
-
-        async def delete_item(self, **kwargs: Any) -> Any:
-            await real.delete_item(item=key, partition_key=key)  # the racing delivery
-            await real.create_item(body={"id": key, **order.model_dump(mode="json")})
-            return await real.delete_item(**kwargs)
-
-    orders_repository._container = SwapBeforeDelete()  # type: ignore[assignment]
-    try:
-        with pytest.raises(TransientError, match="changed while it was being taken back"):
-            await orders_repository.discard_own(key, changed)
-    finally:
-        orders_repository._container = real
+    theirs = await orders_repository.store(changed)
+    assert await orders_repository.store(changed) == theirs  # found the same
+    with pytest.raises(ConflictError) as met:
+        await orders_repository.store(order)
+    assert met.value.version == theirs
+    assert await orders_repository.get_version(key) == (changed, theirs)  # a read says the same
+    assert await orders_repository.discard_version(key, theirs) is True
+    assert await orders_repository.discard_version(key, theirs) is False  # gone: nothing to do
+    mine = await orders_repository.store(order)
+    assert mine != theirs
+    # The copy's late take-back names its own version: the order's stays.
+    assert await orders_repository.discard_version(key, theirs) is False
     assert await orders_repository.get(key) == order
+    assert await orders_repository.discard_version(key, mine) is True
+    with pytest.raises(NotFoundError):
+        await orders_repository.get(key)
