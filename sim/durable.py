@@ -180,16 +180,21 @@ class SimDurable:
     # becomes a bare Exception). Before the effect, or after it (the host did the
     # work, the answer was lost).
     @staticmethod
-    def failed_activity(inst: Instance) -> str | None:
-        """The activity whose failure (after its retries) the instance's last
-        TaskFailed records: the one that ended a Failed orchestration."""
+    def last_failure(inst: Instance) -> tuple[str | None, str]:
+        """The activity the instance's last TaskFailed records (after its
+        retries: the one that ended a Failed orchestration), and that try's
+        reason. Not the instance's output: an orchestration that caught one
+        failure and then met another may end with the first one's error (a
+        lost begin whose plan could not be read again, seed 2100043)."""
         names = {
             e.get("EventId"): e.get("Name")
             for e in inst.history
             if e["EventType"] == TASK_SCHEDULED
         }
         failed = [e for e in inst.history if e["EventType"] == TASK_FAILED]
-        return names.get(failed[-1].get("TaskScheduledId")) if failed else None
+        if not failed:
+            return None, ""
+        return names.get(failed[-1].get("TaskScheduledId")), str(failed[-1].get("Reason") or "")
 
     def _fail_before(self, method: str, instance_id: str | None) -> None:
         faults = self.world.faults

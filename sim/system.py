@@ -1669,8 +1669,9 @@ class Simulation:
         advance whose answer was lost), so a reply before that deadline, to
         the step the record still gives the attempt, never finds it Failed.
         Except when it could not go on: the store refused every read of the
-        plan it needed to know what was sent (a lost begin's reload, reported
-        as the store's), or an injected death."""
+        plan it needed to know what was sent (a lost begin's reload whose
+        last try the store answered so: the orchestration still ends with the
+        begin's own error), or an injected death."""
         if inst.status != "Failed" or str(inst.output).startswith("injected:"):
             return
         if inst.version not in LISTENING_VERSIONS:
@@ -1691,15 +1692,16 @@ class Simulation:
             return
         if self.durable.heard.get((iid, event_name)):
             return  # heard before it ended: a redelivered request's second answer
-        failed = self.durable.failed_activity(inst)
-        if failed == "load_plan" and _store_unavailable(str(inst.output)):
+        failed, reason = self.durable.last_failure(inst)
+        if failed == "load_plan" and _store_unavailable(reason):
             return
         complete_by = doc.get("CompleteBy")
         margin = timedelta(seconds=self.o.faults.skew + 1)
         if not complete_by or self.world.clock.now + margin >= datetime.fromisoformat(complete_by):
             return
         self.quit_early.append(
-            f"{iid} failed ({failed}: {str(inst.output)[:100]}) with its record still its own, "
+            f"{iid} failed ({failed}: {reason[:100]}; ended with {str(inst.output)[:100]}) "
+            "with its record still its own, "
             f"step {running} Running until {complete_by}; {event_name} came at {self.world.stamp()}"
         )
 

@@ -98,15 +98,18 @@ def test_a_failed_deliverys_copy_is_never_dropped_as_one_another_delivery_made()
     assert "a failed delivery's back-off copy comes after it" in _checks(sim)
 
 
-def _failed_attempt(sim: Simulation, activity: str, error: str, deadline_in: float):
-    """Order o's attempt o:1 failed after `activity` failed with `error`,
-    its record still Processing under it with step `pay` Running until
-    `deadline_in` seconds from now."""
+def _failed_attempt(
+    sim: Simulation, activity: str, error: str, deadline_in: float, output: str | None = None
+):
+    """Order o's attempt o:1 failed after `activity` failed with `error`
+    (ending with `output`, by default that error), its record still
+    Processing under it with step `pay` Running until `deadline_in` seconds
+    from now."""
     now = sim.world.clock.now
-    inst = Instance("o:1", "workflow", "2.4", 1, status="Failed", output=error)
+    inst = Instance("o:1", "workflow", "2.4", 1, status="Failed", output=output or error)
     inst.history = [
         _event(TASK_SCHEDULED, now, EventId=0, Name=activity),
-        _event(TASK_FAILED, now, TaskScheduledId=0),
+        _event(TASK_FAILED, now, TaskScheduledId=0, Reason=error),
     ]
     sim.durable.instances["o:1"] = inst
     sim.state_c.docs[("o", "o")] = {
@@ -145,6 +148,10 @@ def test_an_attempt_that_quit_before_its_deadline_with_a_reply_to_come_is_caught
     # The store refused the plan a lost begin needs to know what was sent:
     # the attempt could not go on (the Supervisor retries it).
     _failed_attempt(sim, "load_plan", "read state o: Cosmos DB answered 503", 60)
+    assert _reply(sim) == []
+    # As the workflow ends then: with the lost begin's own error (seed 2100043).
+    lost = "sending to agent-requests: no answer in time"
+    _failed_attempt(sim, "load_plan", "read state o: Cosmos DB answered 429", 60, output=lost)
     assert _reply(sim) == []
     # A store failure of an advance is no such excuse: the request had left.
     _failed_attempt(sim, "advance_attempt", "replace state o: Cosmos DB answered 503", 60)
