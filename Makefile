@@ -30,10 +30,11 @@ demo: install
 ## test against a local stack, the import of the app against the Python worker's own pins
 ## (a cached venv under the temp directory, WORKER_PINS_CACHE), and the parse of every Bicep file.
 # Two workers (pytest-xdist), a file each at a time: most tests wait on servers and
-# deadlines, so two fit on two cores; each worker starts its own servers.
+# deadlines, so two fit on two cores; each worker starts its own servers. The log ends
+# with the twenty slowest tests (--durations), to keep CI within its budget.
 TEST_WORKERS ?= 2
 test: install browser lint
-	REQUIRE_NO_SKIPS=1 $(BIN)/python -m pytest -q -rs -n $(TEST_WORKERS) --dist loadfile
+	REQUIRE_NO_SKIPS=1 $(BIN)/python -m pytest -q -rs -n $(TEST_WORKERS) --dist loadfile --durations=20
 
 ## preflight: check the subscription and the azd environment before `azd provision`
 ## (azure.yaml's preprovision hook runs the same; standard library only, needs az)
