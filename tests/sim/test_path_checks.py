@@ -16,20 +16,13 @@ from devstack.host.durable import TASK_FAILED, TASK_SCHEDULED, _event
 from domain.ids import reply_event_name
 from sim.bus import HANDLING
 from sim.durable import Instance
-from sim.system import Options, Simulation, simulate
-from sim.world import FaultConfig
+from sim.system import Simulation
+from tests.sim.test_check_premises import _checks
+from tests.sim.test_check_premises import _run as _run_seed
 
 
 def _run() -> Simulation:
-    sim = simulate(Simulation(1, 1, options=Options(orders=1, faults=FaultConfig())))
-    sim.violations.clear()
-    return sim
-
-
-def _checks(sim: Simulation) -> list[str]:
-    sim.violations.clear()
-    sim.check()
-    return [c for c, _ in sim.violations]
+    return _run_seed(1, 1)
 
 
 def _as(sim: Simulation, actor: str, body) -> None:

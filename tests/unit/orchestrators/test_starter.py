@@ -373,12 +373,9 @@ async def test_a_dead_compensation_behind_a_full_page_of_live_ones_is_restarted(
     assert (await world.record(dead)).LockedBy == f"webshop:{dead}:3"
 
 
-async def test_a_compensation_written_but_never_started_is_started_without_spending_a_restart():
-    """Simulation seed 5000250 (50 orders): the Starter's restart writes were
-    applied with their answers lost (a 408), so it never started the new
-    attempt; each run then found no instance, counted another restart, and
-    the third ended the order CompensationFailed with an undo never sent. An
-    attempt whose instance does not exist never ran: it is started as it is."""
+async def _restart_answer_lost():
+    """A1's compensation attempt :2 died, and the Starter's restart to :3 was
+    written with its answer lost (a 408): nothing started :3."""
     world = World()
     await _errored_with_request(world, "A1")
     client = Client()
@@ -393,8 +390,18 @@ async def test_a_compensation_written_but_never_started_is_started_without_spend
 
     world.store.update = answer_lost
     with contextlib.suppress(TransientError):
-        await starter.run(client)  # the restart is written, its answer lost: nothing started
+        await starter.run(client)
     world.store.update = real_update
+    return world, client, starter
+
+
+async def test_a_compensation_written_but_never_started_is_started_without_spending_a_restart():
+    """Simulation seed 5000250 (50 orders): the Starter's restart writes were
+    applied with their answers lost (a 408), so it never started the new
+    attempt; each run then found no instance, counted another restart, and
+    the third ended the order CompensationFailed with an undo never sent. An
+    attempt whose instance does not exist never ran: it is started as it is."""
+    world, client, starter = await _restart_answer_lost()
     record = await world.record("A1")
     assert (record.LockedBy, record.CompensationRestarts) == ("webshop:A1:3", 1)
     assert "webshop:A1:3" not in client.started
@@ -417,22 +424,7 @@ async def test_others_bookkeeping_after_an_unstarted_restart_spends_no_restart()
     the restart, and the attempt that never ran was taken for one that had
     written and been purged: a restart was counted for it. Only what the
     attempt writes (an undo's outcome, a transition) says it ran."""
-    world = World()
-    await _errored_with_request(world, "A1")
-    client = Client()
-    starter = Starter(SETTINGS, world.store, clock=ReadClock(lambda: world.now))
-    await starter.run(client)
-    client.died.add("webshop:A1:2")
-    real_update = world.store.update
-
-    async def answer_lost(*args, **kw):
-        await real_update(*args, **kw)
-        raise TransientError("replace state: Cosmos DB answered 408")
-
-    world.store.update = answer_lost
-    with contextlib.suppress(TransientError):
-        await starter.run(client)  # the restart to :3 is written, its answer lost
-    world.store.update = real_update
+    world, client, starter = await _restart_answer_lost()
     world.now += timedelta(seconds=7)
     t = world.now
     await world.store.update(  # Submit, for a redelivered copy of the order
