@@ -363,10 +363,10 @@ class SubmitHandler:
         rejected order has none): it is a conflicting copy's, written by a
         delivery that takes it back once it finds the record (`_admit`,
         `_reject`), unless it died first. Take it back here (`version`, the
-        etag this delivery's create met, and only that one), and raise
-        TransientError so this delivery is tried
-        again, instead of dead-lettering the order itself as a conflict
-        (simulation seed 263, 50 orders: an original and its client's changed
+        etag this delivery's create or read met, and only that one), and
+        raise TransientError so this delivery is tried again, instead of
+        dead-lettering the order itself as a conflict (simulation seed 263,
+        50 orders: an original and its client's changed
         resend delivered together after an outage; seed 3005811: the changed
         resend's two deliveries at once, its lock expired, and the one that
         wrote last died before taking its document back, which then stood in
