@@ -197,10 +197,25 @@ def _delivery_count(message: Any) -> int:
     return count if type(count) is int and count >= 0 else 0
 
 
+def _delivery_name(message: Any) -> str:
+    """What tells this delivery of a message from every other: a digest of
+    the lock token the broker gave it (a new one each delivery, the same
+    through lock renewals; digested, so a copy's id does not carry a live
+    lock), else its delivery count. Not the count alone: its base is the
+    consumer's (1-based from the Functions binding, 0-based from an SDK
+    receiver), so on agent-requests, which the queue-triggered agent and the
+    standalone worker both consume, the Functions agent's first delivery and
+    the worker's second both said 1 (simulation seed 2209711)."""
+    token = getattr(message, "lock_token", None)
+    if token:
+        return hashlib.sha256(str(token).encode()).hexdigest()[:16]
+    return str(_delivery_count(message))
+
+
 def _retry_message_id(message: Any, attempt: int, body: bytes | None = None) -> str:
     """The back-off copy one delivery of `message` makes: named by the
     message first copied (`root`), the retry it is, and the delivery making
-    it (its broker name and delivery count). A schedule the SDK repeats
+    it (its broker name and `_delivery_name`). A schedule the SDK repeats
     within that delivery (its answer lost) is dropped by the queue's
     duplicate detection; a redelivery makes a copy of its own. Naming the
     copy by the message alone let a redelivery that failed again have its
@@ -213,7 +228,11 @@ def _retry_message_id(message: Any, attempt: int, body: bytes | None = None) -> 
     own = _broker_name(message, body)
     copy = _COPY_ID.match(str(getattr(message, "message_id", None) or ""))
     root = copy.group(1) if copy is not None else own
-    return f"retry/{root}/{attempt}/{own}.{_delivery_count(message)}"
+    name = f"retry/{root}/{attempt}/{own}.{_delivery_name(message)}"
+    if len(name) > MAX_MESSAGE_ID:  # two digest names (no broker numbered them) and a token
+        delivery = hashlib.sha256(f"{own}.{_delivery_name(message)}".encode()).hexdigest()[:40]
+        name = f"retry/{root}/{attempt}/{delivery}"
+    return name
 
 
 # --- the gate ------------------------------------------------------------------------

@@ -32,6 +32,7 @@ from azure.servicebus.exceptions import (
     ServiceBusConnectionError,
 )
 
+from adapters.settlement import _delivery_name
 from devstack.servicebus.config import QueueSettings, load_config
 from domain.codec import encode
 from domain.errors import TransientError
@@ -328,7 +329,7 @@ class Bus:
             if m.lock_token is None:
                 continue
             if maker is not None:  # the copy names the delivery that made it
-                if maker == f"seq-{m.seq}.{m.delivery_count}":
+                if maker == f"seq-{m.seq}.{_delivery_name(m)}":
                     self._copy_faulted.add(m.lock_token)
                 continue
             mine = _COPY.match(m.message_id)
@@ -365,6 +366,7 @@ class Delivery:
         self.queue = queue
         self.msg = msg
         self.token = msg.lock_token
+        self.lock_token = msg.lock_token  # as the SDK's and the binding's messages carry it
         self.message_id = msg.message_id
         self.delivery_count = msg.delivery_count
         self.sequence_number = msg.seq  # assigned by the broker, unique in the bus
@@ -622,8 +624,9 @@ def reply_sender(client: SimServiceBusClient, queue: str = "agent-responses"):
     return ServiceBusReplySender(client, queue, publisher=publisher(client))  # type: ignore[arg-type]
 
 
-# retry/<root>/<retry>[/<the delivery that made it: seq-N.count>] (ADR 021i)
-_COPY = re.compile(r"^retry/(seq-\d+)/(\d+)(?:/(seq-\d+\.\d+))?$")
+# retry/<root>/<retry>[/<the delivery that made it: seq-N.<its delivery name>>]
+# (ADR 021i; the delivery's name: adapters.settlement._delivery_name)
+_COPY = re.compile(r"^retry/(seq-\d+)/(\d+)(?:/(seq-\d+\.[0-9a-f]+))?$")
 
 
 def later_copy(message: Msg, other: Msg) -> bool:

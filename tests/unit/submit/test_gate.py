@@ -185,6 +185,41 @@ async def test_every_delivery_names_its_own_copy_and_older_copy_names_are_still_
     assert scheduled[-2:] == ["retry/seq-7/2/seq-12.0", "retry/seq-7/2/seq-12.0"]
 
 
+async def test_a_delivery_is_named_by_its_lock_not_by_a_count_whose_base_is_the_consumers():
+    """Simulation seed 2209711: on agent-requests, which the queue-triggered
+    agent (the Functions binding counts deliveries from 1) and the standalone
+    worker (an SDK receiver counts from 0) both consume, the agent's first
+    delivery and the worker's second both had delivery count 1, so the
+    second's copy was dropped as a duplicate of the first's, which had run:
+    nothing came after the second's failure. A delivery is named by its lock
+    token (digested), new for every delivery and the same within one."""
+    scheduled: list[str] = []
+
+    class Scheduler:
+        async def schedule(self, queue, body, message_id, enqueue_at, application_properties=None):
+            scheduled.append(message_id)
+
+    gate = MessageGate("agent-requests", Alerts(), Scheduler(), BackoffPolicy((1.0, 2.0), 5))
+
+    async def busy(body):
+        return Settle.abandon("host busy")
+
+    deliveries = [  # (lock token, count): the agent's first, its repeat, the worker's second
+        ("9b0c3f5e-0000-4000-8000-000000000001", 1),
+        ("9b0c3f5e-0000-4000-8000-000000000001", 1),
+        ("2d41a7c2-0000-4000-8000-000000000002", 1),
+    ]
+    for token, count in deliveries:
+        message = Msg(iter([b"{}"]), delivery_count=count)
+        message.lock_token = token
+        await gate.run(message, Actions(), busy)
+    first, again, second = scheduled
+    assert first == again  # the SDK's repeat within one delivery: the queue drops it
+    assert second != first
+    assert all(name.startswith("retry/seq-7/1/seq-7.") for name in scheduled)
+    assert all(token not in name for token, _ in deliveries for name in scheduled)
+
+
 async def _refuse(body):
     return Settle.dead_letter("InvalidMessage", "Lines: not a list")
 
