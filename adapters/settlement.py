@@ -228,10 +228,10 @@ def _retry_message_id(message: Any, attempt: int, body: bytes | None = None) -> 
     own = _broker_name(message, body)
     copy = _COPY_ID.match(str(getattr(message, "message_id", None) or ""))
     root = copy.group(1) if copy is not None else own
-    name = f"retry/{root}/{attempt}/{own}.{_delivery_name(message)}"
+    delivery = f"{own}.{_delivery_name(message)}"
+    name = f"retry/{root}/{attempt}/{delivery}"
     if len(name) > MAX_MESSAGE_ID:  # two digest names (no broker numbered them) and a token
-        delivery = hashlib.sha256(f"{own}.{_delivery_name(message)}".encode()).hexdigest()[:40]
-        name = f"retry/{root}/{attempt}/{delivery}"
+        name = f"retry/{root}/{attempt}/{hashlib.sha256(delivery.encode()).hexdigest()[:40]}"
     return name
 
 

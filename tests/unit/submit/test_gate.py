@@ -156,6 +156,21 @@ async def test_an_abandon_becomes_a_delayed_retry_never_an_immediate_one():
     assert mid == "retry/seq-7/1/seq-7.0"
 
 
+def _copying_gate(queue: str) -> tuple[MessageGate, list[str]]:
+    """A gate on `queue` whose back-off copies' ids land in the list."""
+    scheduled: list[str] = []
+
+    class Scheduler:
+        async def schedule(self, queue, body, message_id, enqueue_at, application_properties=None):
+            scheduled.append(message_id)
+
+    return MessageGate(queue, Alerts(), Scheduler(), BackoffPolicy((1.0, 2.0), 5)), scheduled
+
+
+async def busy(body):
+    return Settle.abandon("host busy")
+
+
 async def test_every_delivery_names_its_own_copy_and_older_copy_names_are_still_copies():
     """A copy named by the message alone (`retry/seq-N/k`) let a redelivery
     that failed again have its copy dropped by duplicate detection as the
@@ -163,17 +178,7 @@ async def test_every_delivery_names_its_own_copy_and_older_copy_names_are_still_
     then came after that failure (simulation seed 5000216, ADR 021i). Each
     delivery makes its own copy; a schedule repeated within one delivery
     keeps its name, so the queue still drops that one."""
-    scheduled: list[str] = []
-
-    class Scheduler:
-        async def schedule(self, queue, body, message_id, enqueue_at, application_properties=None):
-            scheduled.append(message_id)
-
-    gate = MessageGate("agent-responses", Alerts(), Scheduler(), BackoffPolicy((1.0, 2.0), 5))
-
-    async def busy(body):
-        return Settle.abandon("host busy")
-
+    gate, scheduled = _copying_gate("agent-responses")
     for count in (0, 0, 3):  # the delivery, the same delivery again, a redelivery
         await gate.run(Msg(iter([b"{}"]), delivery_count=count), Actions(), busy)
     assert scheduled == ["retry/seq-7/1/seq-7.0", "retry/seq-7/1/seq-7.0", "retry/seq-7/1/seq-7.3"]
@@ -193,17 +198,7 @@ async def test_a_delivery_is_named_by_its_lock_not_by_a_count_whose_base_is_the_
     second's copy was dropped as a duplicate of the first's, which had run:
     nothing came after the second's failure. A delivery is named by its lock
     token (digested), new for every delivery and the same within one."""
-    scheduled: list[str] = []
-
-    class Scheduler:
-        async def schedule(self, queue, body, message_id, enqueue_at, application_properties=None):
-            scheduled.append(message_id)
-
-    gate = MessageGate("agent-requests", Alerts(), Scheduler(), BackoffPolicy((1.0, 2.0), 5))
-
-    async def busy(body):
-        return Settle.abandon("host busy")
-
+    gate, scheduled = _copying_gate("agent-requests")
     deliveries = [  # (lock token, count): the agent's first, its repeat, the worker's second
         ("9b0c3f5e-0000-4000-8000-000000000001", 1),
         ("9b0c3f5e-0000-4000-8000-000000000001", 1),
