@@ -225,6 +225,24 @@ def _is_actions_param(annotation: Any) -> bool:
     return isinstance(annotation, type) and issubclass(annotation, SdkMessageActions)
 
 
+def count_from_one(msg: ServiceBusReceivedMessage) -> ServiceBusReceivedMessage:
+    """`msg` as the Functions host hands it to a function, delivery count first.
+
+    On the wire (and to a standalone azure-servicebus receiver) the count is the AMQP
+    header's number of earlier attempts: 0 on a first delivery. The host reads messages
+    through the .NET SDK, whose received messages count from 1 (AmqpMessageConverter adds
+    1 to the header), and passes that count on to both trigger kinds: as `DeliveryCount`
+    in the trigger metadata of an `azure.functions.ServiceBusMessage`, and inside the
+    AMQP bytes (`GetRawAmqpMessage().ToBytes()`) an SDK-type `ServiceBusReceivedMessage`
+    is decoded from. So a function sees 1 on a first delivery, and MaxDeliveryCount on
+    the last. Called once per delivery, on the message the host then settles (the header
+    plays no part in settlement)."""
+    header = msg.raw_amqp_message.header
+    if header is not None and header.delivery_count is not None:
+        header.delivery_count += 1
+    return msg
+
+
 def to_functions_message(msg: ServiceBusReceivedMessage) -> FunctionsServiceBusMessage:
     """The `azure.functions.ServiceBusMessage` a plain trigger parameter receives."""
     body = b"".join(msg.body) if not isinstance(msg.body, (bytes, bytearray)) else bytes(msg.body)
@@ -587,6 +605,8 @@ class QueueListener:
         *,
         single: bool = False,
     ) -> None:
+        for m in messages:
+            count_from_one(m)
         tokens = [str(m.lock_token) for m in messages]
         for token in tokens:
             self._holders[token] = receiver
