@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 PIP_STAMP := $(VENV)/.installed
 NPM_STAMP := node_modules/.installed
 
-.PHONY: install demo test test-unit lint preflight smoke bench bench-1000 bench-latency bench-shards bench-servicebus bench-supervisor capacity up down status clean browser simulate mutate
+.PHONY: install demo test test-unit lint preflight smoke bench bench-1000 bench-latency bench-shards bench-servicebus bench-supervisor capacity up down status clean browser simulate mutate scale
 
 install: $(PIP_STAMP) $(NPM_STAMP)
 
@@ -127,3 +127,10 @@ simulate: install
 MUTATE_SEEDS ?= 60
 mutate: install
 	$(BIN)/python -m sim.mutate --seeds $(if $(filter command line,$(origin SEEDS)),$(SEEDS),$(MUTATE_SEEDS)) --orders $(ORDERS) $(ARGS)
+
+## scale: the simulation at scale on this commit (issue 21: 100,000 short schedules, 1,000 of 50
+## orders), in chunks on every core under nice, each chunk a line in .sim-scale/<commit>.jsonl;
+## run it again to resume, ARGS=--report for the summary (sim/scale.py). Hours of both cores.
+SCALE_RUNS ?= 1:6000001:50000 2:7000001:25000 3:8000001:25000 50:9000001:1000
+scale: install
+	$(BIN)/python -m sim.scale $(foreach r,$(SCALE_RUNS),--run $(r)) $(ARGS)
