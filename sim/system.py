@@ -2480,11 +2480,17 @@ class Simulation:
             )
             if w.faults.draw(f.resend, "resend", oid):
                 later = at + w.data_rng.uniform(1, o.fault_window + 300)
-                w.at(
-                    START + timedelta(seconds=later),
-                    "client resend",
-                    lambda oid=oid: self._resend(oid),
-                )
+                # The schedule waits for it, as for an operator: a resend after
+                # the order's terminal state, when every other actor is quiet, is
+                # one of the moments a client resends (issue 21), and ending the
+                # schedule at that quiet dropped it.
+                self.operator_pending += 1
+
+                def resend(oid: str = oid) -> None:
+                    self.operator_pending -= 1
+                    self._resend(oid)
+
+                w.at(START + timedelta(seconds=later), "client resend", resend)
             if i == 0 and o.impersonation:
                 w.at(
                     START
