@@ -179,10 +179,21 @@ def _ranges(starts: Iterable[tuple[int, int]]) -> str:
     return ", ".join(f"{a}-{b}" for a, b in spans)
 
 
+def latest(results: Iterable[Result], commit: str) -> list[Result]:
+    """Each chunk's last run on `commit` (a chunk that died and ran again
+    counts as it ran the second time)."""
+    last: dict[tuple[int, int, int], Result] = {}
+    for r in results:
+        if r.commit == commit:
+            last[r.key] = r
+    return list(last.values())
+
+
 def summary(results: Sequence[Result], commit: str) -> list[str]:
     """One line per order count (schedules, seed ranges, violations and their
-    seeds, the chunks' time and rate), then the total."""
-    mine = [r for r in results if r.commit == commit and r.schedules >= 0]
+    seeds, the chunks' time and rate), then the total: each chunk as it last ran."""
+    results = latest(results, commit)
+    mine = [r for r in results if r.schedules >= 0]
     lines = []
     total = sum(r.schedules for r in mine)
     bad = sum(r.violations for r in mine)
@@ -197,7 +208,7 @@ def summary(results: Sequence[Result], commit: str) -> list[str]:
             + (f" (seeds {', '.join(map(str, seeds))})" if seeds else "")
             + f"; {len(rs)} chunks, {seconds / 3600:.2f} chunk-hours, {n / seconds:.1f} schedules/s per chunk"
         )
-    died = [r for r in results if r.commit == commit and r.schedules < 0]
+    died = [r for r in results if r.schedules < 0]
     for r in died:
         lines.append(
             f"died without a summary: {Chunk(r.orders, r.start, r.count).label()} (exit {r.rc})"
@@ -354,7 +365,7 @@ def main(argv: list[str] | None = None) -> int:
         done = read_ledger(ledger)
         if args.report:
             print("\n".join(summary(done, commit)))
-            return 0 if all(r.clean for r in done if r.commit == commit) else 1
+            return 0 if all(r.clean for r in latest(done, commit)) else 1
         if not args.run:
             raise Refused("nothing to run: give --run ORDERS:START:COUNT (or --report)")
         if args.jobs < 1:
@@ -393,7 +404,7 @@ def main(argv: list[str] | None = None) -> int:
     results = read_ledger(ledger)
     print("\n".join(summary(results, commit)))
     print(f"this run: {finished} chunks in {wall / 60:.1f} min of wall time")
-    return 0 if all(r.clean for r in results if r.commit == commit) else 1
+    return 0 if all(r.clean for r in latest(results, commit)) else 1
 
 
 if __name__ == "__main__":

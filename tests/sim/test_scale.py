@@ -111,3 +111,11 @@ def test_a_plan_runs_resumes_and_reports_from_its_ledger(
         ledger.read_text() + json.dumps({**rows[0], "violations": 1, "seeds": [1]}) + "\n"
     )
     assert scale.main(["--report", "--allow-dirty", "--ledger", str(ledger)]) == 1
+
+
+def test_a_chunk_that_died_and_ran_again_counts_as_it_ran_the_second_time() -> None:
+    results = [_result(1, 1, 2, schedules=-1, rc=-9), _result(1, 1, 2)]
+    assert [r.clean for r in scale.latest(results, "abc")] == [True]
+    lines = summary(results, "abc")
+    assert not any("died" in line for line in lines)
+    assert lines[-1].startswith("scale at abc: 2 schedules, 0 violations")
