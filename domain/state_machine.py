@@ -128,6 +128,29 @@ def _with_history(
     return [*record.History, entry][-HISTORY_LIMIT:]
 
 
+def _after_undo_log(record: OrderState, now: datetime) -> datetime:
+    """When a new compensation attempt is written: `now`, or later than every
+    undo entry the record holds if one says so. The entries' At come from the
+    clocks of the hosts that wrote them, and one running ahead would otherwise
+    date an entry of the dead attempt after the restart that followed it; the
+    Starter would then take it for the new attempt's own write and count a
+    restart for an attempt that never started (_never_started; simulation
+    seed 3324363: an entry at 19.594 on its writer's clock, the restart after
+    it at 19.547 on the Starter's)."""
+    written = [e.At for e in record.Compensation if e.At is not None]
+    return max([now, *written])
+
+
+def _after_history(record: OrderState, now: datetime) -> datetime:
+    """When an attempt's undo entry is written: `now`, or just after the
+    record's last transition if the writer's clock is behind the clock that
+    dated it, so an entry the new attempt writes is never dated before the
+    restart that made it (_never_started)."""
+    if not record.History:
+        return now
+    return max(now, record.History[-1].At + timedelta(microseconds=1))
+
+
 def _finish(record: OrderState, to: ProcessState, by: str, now: datetime, **changes) -> OrderState:
     """Common tail of every transition: history, timestamps, TTL when terminal."""
     reason = changes.pop("reason", None)
@@ -658,7 +681,7 @@ def restart_compensation(
         record,
         ProcessState.COMPENSATING,
         "starter",
-        now,
+        _after_undo_log(record, now),
         reason=f"compensation restarted ({record.CompensationRestarts + 1} of {max_restarts})",
         LockedBy=attempt_instance_id(record.id, attempt),
         Attempt=attempt,
@@ -691,7 +714,7 @@ def _wake_compensation(record: OrderState, now: datetime) -> OrderState:
         record,
         ProcessState.COMPENSATING,
         "starter",
-        now,
+        _after_undo_log(record, now),
         reason=f"compensation long retry {record.CompensationLongRetries} (unconfirmed undo)",
         LockedBy=attempt_instance_id(record.id, attempt),
         Attempt=attempt,
@@ -709,8 +732,9 @@ def record_undo_unconfirmed(
     require_owner(record, instance_id)
     _require(record, ProcessState.COMPENSATING, action="record an undo of")
     said = f"unconfirmed: {error}" if error else "unconfirmed"
+    at = _after_history(record, now)
     log = [
-        e.model_copy(update={"At": now, "Error": short_text(said, ERROR_LIMIT)})
+        e.model_copy(update={"At": at, "Error": short_text(said, ERROR_LIMIT)})
         if e.Step == step and e.Outcome != "Done"
         else e
         for e in record.Compensation
@@ -789,7 +813,7 @@ def record_undo(
             entry = entry.model_copy(
                 update={
                     "Outcome": "Done" if ok else "Failed",
-                    "At": now,
+                    "At": _after_history(record, now),
                     "Error": short_text(error, ERROR_LIMIT),
                 }
             )

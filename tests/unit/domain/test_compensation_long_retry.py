@@ -33,7 +33,8 @@ def test_an_unconfirmed_undo_stays_to_undo_with_why(compensating):
     (entry,) = [e for e in record.Compensation if e.Step == STEPS[0]]
     assert entry.Outcome == "Pending"
     assert entry.Error == "unconfirmed: HTTP 504"
-    assert entry.At == NOW
+    # dated after the transition into Compensating, which is dated NOW too
+    assert entry.At == NOW + timedelta(microseconds=1)
     assert record.ProcessState is ProcessState.COMPENSATING
 
 

@@ -437,6 +437,67 @@ async def test_others_bookkeeping_after_an_unstarted_restart_spends_no_restart()
     assert client.started.count("webshop:A1:3") == 1
 
 
+async def test_a_dead_attempts_entry_dated_by_a_clock_ahead_does_not_pass_for_the_restarts():
+    """Simulation seed 3324363: attempt :2 wrote an undo's outcome dated by
+    its host's clock, which ran ahead, and died; the Starter, on its own
+    clock, restarted it as :3 with the answer lost, so :3 never started. The
+    entry's At was later than the restart's, and the next run took it for :3's
+    own write: a restart counted for an attempt that never ran. The restart is
+    now dated after every entry it saw, and an entry after the transition
+    before it, so the record's own order decides, not two hosts' clocks."""
+    world = World()
+    await _errored_with_request(world, "A1")
+    client = Client()
+    starter = Starter(SETTINGS, world.store, clock=ReadClock(lambda: world.now))
+    await starter.run(client)  # claims the compensation: :2 starts
+    ahead = world.now + timedelta(seconds=2)  # :2's host clock
+    undone = CompensationEntry(Step="reserve-inventory", Outcome="Done", At=ahead)
+    await world.store.update(
+        "webshop:A1",
+        lambda r: r.model_copy(update={"Compensation": [undone], "UpdatedAt": ahead}),
+        ANY_OWNER,
+    )
+    client.died.add("webshop:A1:2")
+    world.now += timedelta(seconds=1)  # the Starter's clock: behind :2's entry
+    real_update = world.store.update
+
+    async def answer_lost(*args, **kw):
+        await real_update(*args, **kw)
+        raise TransientError("replace state: Cosmos DB answered 408")
+
+    world.store.update = answer_lost
+    with contextlib.suppress(TransientError):
+        await starter.run(client)
+    world.store.update = real_update
+    record = await world.record("A1")
+    assert (record.LockedBy, record.CompensationRestarts) == ("webshop:A1:3", 1)
+    assert record.History[-1].At >= ahead
+    report = await starter.run(client)
+    assert (report.compensation_restarts, report.compensations_started) == (0, 1)
+    assert client.started.count("webshop:A1:3") == 1
+    record = await world.record("A1")
+    assert (record.LockedBy, record.CompensationRestarts) == ("webshop:A1:3", 1)
+
+
+async def test_an_entry_written_by_a_clock_behind_the_restart_is_dated_after_it():
+    """The other side: the new attempt's host runs behind the Starter's, and
+    its first undo outcome must still read as written after the restart."""
+    world = World()
+    await _errored_with_request(world, "A1")
+    await Starter(SETTINGS, world.store, clock=ReadClock(lambda: world.now)).run(Client())
+    await world.store.update(
+        "webshop:A1",
+        lambda r: r.model_copy(
+            update={"Compensation": [CompensationEntry(Step="reserve-inventory")]}
+        ),
+        ANY_OWNER,
+    )
+    record = await world.record("A1")
+    behind = record.History[-1].At - timedelta(seconds=2)
+    written = sm.record_undo(record, record.LockedBy, "reserve-inventory", True, behind)
+    assert written.Compensation[0].At > record.History[-1].At
+
+
 async def test_a_compensation_purged_after_it_ran_is_restarted_under_a_new_attempt():
     """A missing instance that wrote the record ran: the task hub's retention
     policy purged it once it ended (production purges Completed histories at
