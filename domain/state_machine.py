@@ -592,7 +592,7 @@ def claim_compensation(record: OrderState, now: datetime) -> OrderState:
         record,
         ProcessState.COMPENSATING,
         "operator",
-        now,
+        _after_undo_log(record, now),
         reason="compensation requested",
         LockedBy=attempt_instance_id(record.id, attempt),
         Attempt=attempt,

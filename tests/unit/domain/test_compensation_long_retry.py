@@ -193,3 +193,20 @@ def test_spent_restarts_fail_once_the_long_retries_are_spent(compensating, polic
     failed = sm.restart_compensation(spent, spent.LockedBy, NOW, policy=policy)
     assert failed.ProcessState is ProcessState.COMPENSATION_FAILED
     assert failed.PendingStatus is not None
+
+
+def test_a_new_compensation_attempt_is_dated_after_every_undo_entry_it_saw(compensating, policy):
+    """Simulation seed 3324363: an undo entry dated by a clock ahead of the
+    Starter's read as the next attempt's own write (orchestrators.starter
+    `_never_started`). Every write that hands the compensation to a new
+    attempt (a restart, a wake, an operator's claim) is dated after the
+    entries, whatever the writer's clock says."""
+    iid = compensating.LockedBy
+    ahead = NOW + timedelta(seconds=2)
+    record = sm.record_undo(compensating, iid, STEPS[0], False, ahead, "refused")
+    restarted = sm.restart_compensation(record, iid, NOW, policy=policy)
+    assert restarted.History[-1].At >= ahead
+    failed = sm.finish_compensation(record, iid, NOW)
+    assert failed.ProcessState is ProcessState.COMPENSATION_FAILED
+    claimed = sm.claim_compensation(sm.request_compensation(failed, NOW), NOW)
+    assert claimed.History[-1].At >= ahead
