@@ -373,6 +373,23 @@ async def test_a_dead_compensation_behind_a_full_page_of_live_ones_is_restarted(
     assert (await world.record(dead)).LockedBy == f"webshop:{dead}:3"
 
 
+async def _run_with_answers_lost(world, starter, client) -> None:
+    """One Starter run whose every state write is applied with its answer
+    lost (a 408)."""
+    real_update = world.store.update
+
+    async def answer_lost(*args, **kw):
+        await real_update(*args, **kw)
+        raise TransientError("replace state: Cosmos DB answered 408")
+
+    world.store.update = answer_lost
+    try:
+        with contextlib.suppress(TransientError):
+            await starter.run(client)
+    finally:
+        world.store.update = real_update
+
+
 async def _restart_answer_lost():
     """A1's compensation attempt :2 died, and the Starter's restart to :3 was
     written with its answer lost (a 408): nothing started :3."""
@@ -382,16 +399,7 @@ async def _restart_answer_lost():
     starter = Starter(SETTINGS, world.store, clock=ReadClock(lambda: world.now))
     await starter.run(client)
     client.died.add("webshop:A1:2")
-    real_update = world.store.update
-
-    async def answer_lost(*args, **kw):
-        await real_update(*args, **kw)
-        raise TransientError("replace state: Cosmos DB answered 408")
-
-    world.store.update = answer_lost
-    with contextlib.suppress(TransientError):
-        await starter.run(client)
-    world.store.update = real_update
+    await _run_with_answers_lost(world, starter, client)
     return world, client, starter
 
 
@@ -459,16 +467,7 @@ async def test_a_dead_attempts_entry_dated_by_a_clock_ahead_does_not_pass_for_th
     )
     client.died.add("webshop:A1:2")
     world.now += timedelta(seconds=1)  # the Starter's clock: behind :2's entry
-    real_update = world.store.update
-
-    async def answer_lost(*args, **kw):
-        await real_update(*args, **kw)
-        raise TransientError("replace state: Cosmos DB answered 408")
-
-    world.store.update = answer_lost
-    with contextlib.suppress(TransientError):
-        await starter.run(client)
-    world.store.update = real_update
+    await _run_with_answers_lost(world, starter, client)
     record = await world.record("A1")
     assert (record.LockedBy, record.CompensationRestarts) == ("webshop:A1:3", 1)
     assert record.History[-1].At >= ahead
