@@ -187,6 +187,36 @@ def _amqp_typed(value: Any) -> Any:
     return value
 
 
+# The SDK's AMQP decoder refuses a value nested deeper than 64 levels (as
+# .NET's does), so a receiver never gets one: the broker redelivers it until
+# its max delivery count dead-letters it, and no function sees it. Deeper maps
+# are sent at this depth, still twice the product's own limit (32). Much
+# deeper ones (some 300 levels) cannot even be encoded: the encoder overflows
+# the stack and raises with a context chain as deep, which Hypothesis cannot
+# hash (a CI failure of 2026-12-04).
+SDK_MAX_NESTING = 64
+
+
+def _nesting(value: Any) -> int:
+    """How deep containers nest in a JSON value (iteratively: it may be deep)."""
+    top, stack = 0, [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (dict, list)):
+            top = max(top, depth + 1)
+            stack.extend(
+                (v, depth + 1) for v in (item.values() if isinstance(item, dict) else item)
+            )
+    return top
+
+
+def _nested_list(depth: int) -> list:
+    value: list = []
+    for _ in range(depth - 1):
+        value = [value]
+    return value
+
+
 def amqp_message(body: bytes, kind: str, message_id: str, props: dict | None):
     props = _clean_props(props)
     if kind == "data":
@@ -207,6 +237,11 @@ def amqp_message(body: bytes, kind: str, message_id: str, props: dict | None):
             json.dumps(value, ensure_ascii=False).encode("utf-8")
         except (ValueError, UnicodeEncodeError):
             value = {"OrderID": "x"}
+        except RecursionError:  # deeper than json.loads goes: as deep as can be received
+            value = {"OrderID": "x", "Deep": _nested_list(SDK_MAX_NESTING - 1)}
+        if _nesting(value) > SDK_MAX_NESTING:
+            # No receiver can read it: see SDK_MAX_NESTING.
+            value = {"OrderID": "x", "Deep": _nested_list(SDK_MAX_NESTING - 1)}
         return AmqpAnnotatedMessage(
             value_body=_amqp_typed(value) if isinstance(value, dict) and value else {"a": 1},
             **common,
@@ -374,6 +409,22 @@ async def test_every_order_message_is_accepted_valid_or_dead_lettered_with_a_rea
                     with pytest.raises(NotFoundError):
                         await c.orders.get(key)
     check_dead_letters_alerted(dead, await alerts_by_message_id(bus))
+
+
+@pytest.mark.parametrize("depth", [250, 999, 3000])
+async def test_a_value_map_too_deep_for_the_sdk_is_sent_as_deep_as_it_can_be(bus, depth):
+    # The strategy's deepest bodies (raw_hostile_json "deep", up to 3,000
+    # levels) once made the SDK's encoder overflow the stack inside the test,
+    # a failure Hypothesis could not even report, and any past 64 levels never
+    # reach a receiver. They are now sent at SDK_MAX_NESTING levels, still
+    # deeper than the product reads.
+    order_id = f"P-{uuid.uuid4().hex[:12]}"
+    body = b'{"OrderID": "%s", "Deep": ' % order_id.encode() + b"[" * depth + b"]" * depth + b"}"
+    message = amqp_message(body, "value-map", f"deep-{uuid.uuid4().hex}", None)
+    assert _nesting(message.body) == SDK_MAX_NESTING
+    async with Queue(bus, ORDERS) as orders:
+        call = await orders.deliver(message, SUBMIT, client=None)
+    assert call[:2] == ("deadletter", "InvalidMessage"), call
 
 
 def _readable(body: bytes) -> str | None:
