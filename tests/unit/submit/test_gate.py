@@ -248,6 +248,27 @@ async def test_on_the_last_delivery_the_dead_letter_stands_without_a_queued_aler
     assert actions.calls == [("deadletter", "InvalidMessage")]  # the alert's log event stands
 
 
+async def test_on_the_last_delivery_a_dead_letter_whose_alert_cannot_be_queued_goes_on_as_a_copy():
+    """Simulation seed 9000518 (50 orders): a conflicting order's back-off copy
+    crashed on three deliveries and met the alerts queue down on its fourth,
+    the last by the gate's count, which dead-lettered it with no alert. The
+    last delivery now makes a copy too (the agents' RequestProcessor does
+    since seed 100014); the copy alerts when it is handled."""
+    down, actions = Alerts(fail_queueing=True), Actions()
+
+    class Scheduler:
+        scheduled: ClassVar[list[str]] = []
+
+        async def schedule(self, queue, body, message_id, enqueue_at, application_properties=None):
+            self.scheduled.append(message_id)
+
+    gate = MessageGate("orders-webshop", down, Scheduler(), BackoffPolicy((5.0, 15.0), 5))
+    outcome = await gate.run(Msg(iter([b"not json"]), delivery_count=4), actions, _refuse)
+    assert outcome.kind is SettleKind.COMPLETE
+    assert actions.calls == ["complete"]
+    assert Scheduler.scheduled == ["retry/seq-7/1/seq-7.4"]
+
+
 async def test_while_its_alert_cannot_be_queued_a_dead_letter_comes_back_later_not_at_once():
     """Seed 5082: an immediate abandon per failed alert used up every delivery
     in a short alerts-queue outage, and the last one dead-lettered with only a
