@@ -339,3 +339,36 @@ def test_a_document_a_dead_delivery_left_after_its_message_was_settled_is_an_orp
     # A later delivery of that message would have taken it back: it counts.
     sim.lineage_starts[f"{queue} {msg.message_id}"].append(now + timedelta(seconds=2))
     assert "rejected order not kept" in _checks(sim)
+
+
+def test_a_rejected_order_whose_every_message_the_broker_ended_owes_no_status():
+    """Seed 9000535 (50 orders): the order's five deliveries met four crashes
+    and a lost abandon; one wrote the Rejected record (and the orders-DB
+    document was left) before its host died, and the broker dead-lettered the
+    message MaxDeliveryCountExceeded. No handler finished with the order: the
+    platform's dead-letter rule reports it, a resend tells the client. A
+    delivery that was not ended by a fault, or a resend that completed, is
+    still owed its status and its clean-up."""
+    from sim.system import INGRESS_OF
+
+    sim = _run(1, 1)
+    key = sim.order_ids[0]
+    _, own = sim.orders[key]
+    ingress = sim.bus.queue(INGRESS_OF[sim.orders[key][0]])
+    sim.state_c.docs[(key, key)]["ProcessState"] = "Rejected"
+    assert (key, key) in sim.orders_c.docs
+    owed = {"terminal status reaches the reply queue", "rejected order not kept"}
+    assert owed <= set(_checks(sim))  # the message completed: a handler finished with it
+
+    first = next(m for m in ingress.sent if m.message_id == own)
+    first.dead_letter_reason = "MaxDeliveryCountExceeded"
+    first.delivery_count = 5
+    ingress.dead.append(first)
+    sim.bus.faulted[own] = {1, 2, 3, 4}
+    assert owed <= set(_checks(sim))  # one delivery was not ended by a fault
+    sim.bus.faulted[own].add(5)
+    assert not owed & set(_checks(sim))
+
+    resend = Msg(f"{own}/resend", first.body, {}, 900, sim.world.clock.now)
+    ingress.sent.append(resend)  # completed: its handler owed the status
+    assert owed <= set(_checks(sim))
