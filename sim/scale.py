@@ -10,7 +10,8 @@ stops its own simulations and no one else's). Every finished chunk appends one J
 status, seconds, schedules, violations and the failing seeds, each chunk's log
 beside it. A run started again with the same plan skips the chunks its ledger
 already holds, so a stopped run resumes where it was; `--report` only prints
-the ledger's summary. The tree must be clean (tracked files as committed), or
+the ledger's summary (of HEAD's commit; with `--ledger`, of every commit that
+ledger holds, whatever HEAD is now). The tree must be clean (tracked files as committed), or
 the figures would not be of that commit; `--allow-dirty` records the commit
 with `-dirty`. Exit status: 0 when every chunk ran clean, 1 when one found a
 violation or died without its summary line, 2 when the plan or the tree was
@@ -241,6 +242,21 @@ def _commit(tree: Path, allow_dirty: bool) -> str:
     return commit
 
 
+def _report_ledger(ledger: Path) -> int:
+    """`--report --ledger F`: the summary of each commit the ledger holds, in
+    the order it first ran, whatever HEAD is now (a ledger of an older commit
+    is read after HEAD has moved on, or from another worktree)."""
+    if not ledger.exists():
+        raise Refused(f"{ledger}: no such ledger")
+    done = read_ledger(ledger)
+    commits = list(dict.fromkeys(r.commit for r in done))
+    if not commits:
+        raise Refused(f"{ledger}: the ledger holds no chunk")
+    for commit in commits:
+        print("\n".join(summary(done, commit)))
+    return 0 if all(r.clean for c in commits for r in latest(done, c)) else 1
+
+
 class Runner:
     """Runs chunks as subprocesses of its own, each in its own process group."""
 
@@ -359,6 +375,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--allow-dirty", action="store_true", help="run on uncommitted changes")
     args = parser.parse_args(argv)
     try:
+        if args.report and args.ledger:
+            return _report_ledger(args.ledger)
         commit = _commit(ROOT, args.allow_dirty)
         ledger = args.ledger or ROOT / ".sim-scale" / f"{commit}.jsonl"
         ledger.parent.mkdir(parents=True, exist_ok=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -111,6 +112,34 @@ def test_a_plan_runs_resumes_and_reports_from_its_ledger(
         ledger.read_text() + json.dumps({**rows[0], "violations": 1, "seeds": [1]}) + "\n"
     )
     assert scale.main(["--report", "--allow-dirty", "--ledger", str(ledger)]) == 1
+
+
+def test_a_named_ledger_is_reported_for_its_own_commits_whatever_head_is(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ledger = tmp_path / "old.jsonl"
+    rows = [_result(1, 1, 5, commit="0ld0ld0ld0ld"), _result(3, 1, 2, commit="0ld0ld0ld0ld")]
+    ledger.write_text("".join(json.dumps(dataclasses.asdict(r)) + "\n" for r in rows))
+    assert scale.main(["--report", "--ledger", str(ledger)]) == 0
+    out = capsys.readouterr().out
+    assert "scale at 0ld0ld0ld0ld: 7 schedules, 0 violations" in out
+
+    newer = _result(2, 1, 4, commit="n3wn3wn3wn3w", violations=1, seeds=[3])
+    ledger.write_text(ledger.read_text() + json.dumps(dataclasses.asdict(newer)) + "\n")
+    assert scale.main(["--report", "--ledger", str(ledger)]) == 1
+    out = capsys.readouterr().out
+    assert "scale at 0ld0ld0ld0ld: 7 schedules, 0 violations" in out
+    assert "scale at n3wn3wn3wn3w: 4 schedules, 1 violations" in out
+
+
+def test_a_missing_or_empty_named_ledger_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert scale.main(["--report", "--ledger", str(tmp_path / "none.jsonl")]) == 2
+    assert "no such ledger" in capsys.readouterr().err
+    (tmp_path / "empty.jsonl").write_text("")
+    assert scale.main(["--report", "--ledger", str(tmp_path / "empty.jsonl")]) == 2
+    assert "holds no chunk" in capsys.readouterr().err
 
 
 def test_a_chunk_that_died_and_ran_again_counts_as_it_ran_the_second_time() -> None:
