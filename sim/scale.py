@@ -11,9 +11,9 @@ status, seconds, schedules, violations and the failing seeds, each chunk's log
 beside it. A run started again with the same plan skips the chunks its ledger
 already holds, so a stopped run resumes where it was; `--report` only prints
 the ledger's summary (of HEAD's commit; with `--ledger`, of every commit that
-ledger holds, whatever HEAD is now). The tree must be clean (tracked files as committed), or
-the figures would not be of that commit; `--allow-dirty` records the commit
-with `-dirty`. Exit status: 0 when every chunk ran clean, 1 when one found a
+ledger holds, whatever HEAD is now). The tree must be clean (tracked files as
+committed), or the figures would not be of that commit; `--allow-dirty`
+records the commit with `-dirty`. Exit status: 0 when every chunk ran clean, 1 when one found a
 violation or died without its summary line, 2 when the plan or the tree was
 refused.
 """
@@ -252,9 +252,16 @@ def _report_ledger(ledger: Path) -> int:
     commits = list(dict.fromkeys(r.commit for r in done))
     if not commits:
         raise Refused(f"{ledger}: the ledger holds no chunk")
+    return _report(done, commits)
+
+
+def _report(done: Sequence[Result], commits: Iterable[str]) -> int:
+    """Prints each commit's summary; 0 when every chunk of them ran clean."""
+    clean = True
     for commit in commits:
         print("\n".join(summary(done, commit)))
-    return 0 if all(r.clean for c in commits for r in latest(done, c)) else 1
+        clean = clean and all(r.clean for r in latest(done, commit))
+    return 0 if clean else 1
 
 
 class Runner:
@@ -382,8 +389,7 @@ def main(argv: list[str] | None = None) -> int:
         ledger.parent.mkdir(parents=True, exist_ok=True)
         done = read_ledger(ledger)
         if args.report:
-            print("\n".join(summary(done, commit)))
-            return 0 if all(r.clean for r in latest(done, commit)) else 1
+            return _report(done, [commit])
         if not args.run:
             raise Refused("nothing to run: give --run ORDERS:START:COUNT (or --report)")
         if args.jobs < 1:
