@@ -133,6 +133,8 @@ def record(
     entry["bus_outages"] = True
     # and those without "link_drops" before a lost send answer dropped the link
     entry["link_drops"] = True
+    # and those without "entity_full" before a queue could be full
+    entry["entity_full"] = True
     if target:
         entry["target"] = target
     entries.append(entry)

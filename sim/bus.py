@@ -30,6 +30,7 @@ from azure.servicebus.exceptions import (
     MessageLockLostError,
     OperationTimeoutError,
     ServiceBusConnectionError,
+    ServiceBusQuotaExceededError,
 )
 
 from adapters.settlement import _delivery_name
@@ -524,6 +525,13 @@ class SimSender:
             if queue == c.responses_queue and not scheduled
             else f"bus.{label}.{queue}"
         )
+        if faults.queue_full(queue):
+            if scheduled:
+                c.bus.copy_send_faulted(queue, message_id)
+            world.log(f"bus {queue} {label} {message_id} refused: the queue is full")
+            raise ServiceBusQuotaExceededError(
+                message=f"sending to {queue}: the entity is full (QuotaExceeded)"
+            )
         # The sends that could fail before the fallible world (statuses,
         # alerts, replies; never a scheduled copy), drawn as they were.
         kind = (

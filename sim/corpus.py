@@ -51,6 +51,7 @@ def world_of(entry: dict[str, Any]) -> dict[str, Any]:
         "mutation_world": entry.get("mutation_world", False),
         "bus_outages": entry.get("bus_outages", False),  # before the Service Bus outages
         "link_drops": entry.get("link_drops", False),  # before the dropped links
+        "entity_full": entry.get("entity_full", False),  # before the full queues
     }
 
 

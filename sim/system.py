@@ -85,7 +85,7 @@ from .hostile import Hostile
 from .partitions import PartitionWrites
 from .remote import http_remote
 from .worker import WorkerHost, WorkerRun, draw_workers
-from .world import START, Crash, FaultConfig, World
+from .world import START, Crash, FaultConfig, Outages, World
 
 # The client applications, as the registry the app reads names them
 # (REPLY_QUEUE_REGISTRY; each ingress queue is the one adapters.settings
@@ -222,6 +222,7 @@ def options_for(
     mutation_world: bool = True,
     bus_outages: bool = True,
     link_drops: bool = True,
+    entity_full: bool = True,
 ) -> Options:
     """Everything about a schedule, drawn from its seed; `hostile` fixes the
     number of forgeries (sim.hostile) instead (0 replays a schedule found
@@ -238,7 +239,8 @@ def options_for(
     in two rather than four), for regression seeds recorded before it;
     `bus_outages` False leaves out the Service Bus outages (seeds recorded
     before them); `link_drops` False the dropped links after a lost send
-    answer (FaultConfig.link_drops; seeds recorded before them)."""
+    answer (FaultConfig.link_drops; seeds recorded before them); `entity_full`
+    False the full queues (FaultConfig.entity_full; seeds recorded before them)."""
     rng = random.Random(f"options/{seed}")
     newer = wider and hosts != 0 and fallible and mutation_world
     quiet = rng.random() < 0.15
@@ -327,6 +329,7 @@ def options_for(
             _fallible(rng, f)
             f.bus_blips = _bus_blips(seed) if bus_outages else 0
             f.link_drops = _link_drops(seed) if link_drops else 0
+            f.entity_full = _entity_full(seed) if entity_full else 0
     if wider and hosts != 0 and fallible and not quiet:
         options.workers, f.receive_fail = draw_workers(seed, options.fault_window)
     return options
@@ -377,6 +380,13 @@ def _link_drops(seed: int) -> int:
     one schedule in two, from a stream of its own so no other draw moves."""
     rng = random.Random(f"link-drop/{seed}")
     return rng.choice((1, 2, 4)) if rng.random() < 0.5 else 0
+
+
+def _entity_full(seed: int) -> int:
+    """How many full-queue windows (FaultConfig.entity_full), in one schedule
+    in three, from a stream of its own so no other draw moves."""
+    rng = random.Random(f"entity-full/{seed}")
+    return rng.choice((1, 1, 2)) if rng.random() < 1 / 3 else 0
 
 
 def _draws_undo_blackout(seed: int) -> bool:
@@ -1597,19 +1607,24 @@ class Simulation:
         lineage = self.delivery_of[token][0]
         return not any(start > at for start in self.lineage_starts.get(lineage, ()))
 
-    def _ended_by_the_broker(self, key: str) -> bool:
+    def _ended_in_dead_letters(self, key: str, alerted: set) -> bool:
         """Every message of the order's own lineages (the client's message and
         its same-data resends, with their back-off copies) that the handler
-        did not carry to a settlement ended in the broker's
-        MaxDeliveryCountExceeded after every one of its deliveries faulted,
-        and none completed. No handler finished with the order, so no status
-        went out for it, and a Rejected record may keep the document its
-        dying delivery wrote: the platform's dead-letter rule reports the
-        message (infra/app/alerts.bicep), and the client's next resend, which
+        did not carry to a settlement ended in a dead letter that no handler
+        finished the order with, and none completed: the broker's
+        MaxDeliveryCountExceeded after every one of its deliveries faulted
+        (the platform's dead-letter rule reports it, infra/app/alerts.bicep),
+        or the gate's RetriesExhausted, with the order's alert, on a last
+        delivery whose back-off copy could not be scheduled (an outage, the
+        ingress queue full: seed 894, 3 orders, whose copies met their queue
+        full after deliveries that wrote the Rejected record, or admitted the
+        order to the orders DB, and then met failing stores).
+        No status went out for the order, and a Rejected record may keep the
+        document its dying delivery wrote; the client's next resend, which
         the same-data resend path admits or rejects again, tells it
         (simulation seed 9000535, 50 orders: five deliveries, four crashes
         and a lost abandon, one of which wrote the Rejected record; the
-        liveness check excuses the same case for an order with no record)."""
+        liveness check excuses the same cases for an order with no record)."""
         app, own = self.orders[key]
         ingress = self.bus.queue(INGRESS_OF[app])
         names = {own, f"{own}/resend"}
@@ -1621,8 +1636,11 @@ class Simulation:
         dead = [m for m in ingress.dead if lineage(m) in names]
         if not dead or any(
             not (
-                m.dead_letter_reason == "MaxDeliveryCountExceeded"
-                and self.bus.every_delivery_faulted(m)
+                (
+                    m.dead_letter_reason == "MaxDeliveryCountExceeded"
+                    and self.bus.every_delivery_faulted(m)
+                )
+                or (m.dead_letter_reason == "RetriesExhausted" and bool({key, own} & alerted))
             )
             for m in dead
         ):
@@ -2230,6 +2248,27 @@ class Simulation:
                 w.faults.bus.blips[blips.randint(1, 400 * self.o.orders)] = round(
                     blips.uniform(1, 8), 3
                 )
+        # Full queues, each on one queue the product sends to, from a stream
+        # of their own (the faults' draw keeps them droppable when shrinking).
+        full = random.Random(f"entity-full/windows/{self.seed}")
+        queues = sorted(
+            {
+                "alerts",
+                "agent-requests",
+                "agent-responses",
+                *REGISTRY.values(),
+                *INGRESS_OF.values(),
+            }
+        )
+        for _ in range(f.entity_full):
+            queue = full.choice(queues)
+            start = START + timedelta(seconds=full.uniform(0, self.o.fault_window - 20))
+            seconds = round(full.uniform(20, 240), 3)
+            if w.faults.draw(1.0, "entity_full", f"{queue} for {seconds}s"):
+                w.faults.full.setdefault(queue, Outages(f"queue {queue} full")).begin(
+                    start, seconds
+                )
+                w.log(f"queue {queue} full for {seconds}s from {start.isoformat()}")
         if not f.host_start:
             return
 
@@ -2704,7 +2743,7 @@ class Simulation:
                 self.fail(
                     "terminal status sent once (one message id)", f"{oid}: {want} sent as {ids}"
                 )
-            if not got and not (state == "Rejected" and self._ended_by_the_broker(oid)):
+            if not got and not (state == "Rejected" and self._ended_in_dead_letters(oid, alerted)):
                 self.fail(
                     "terminal status reaches the reply queue",
                     f"{oid} is {state} but no {want} status was sent "
@@ -2847,7 +2886,7 @@ class Simulation:
                 and doc["ProcessState"] == "Rejected"
                 and (oid, oid) in self.orders_c.docs
                 and not self._orphaned(oid)
-                and not self._ended_by_the_broker(oid)
+                and not self._ended_in_dead_letters(oid, alerted)
             ):
                 self.fail("rejected order not kept", f"{oid} is Rejected but in the orders DB")
         # 6 supervisor cost bounded by its page size and page count, per run
@@ -3228,6 +3267,7 @@ def run_schedule(
     mutation_world: bool = True,
     bus_outages: bool = True,
     link_drops: bool = True,
+    entity_full: bool = True,
 ) -> Result:
     """`steps`: run this step catalog instead of domain/steps.json (the
     seed's other choices stay what they are)."""
@@ -3245,6 +3285,7 @@ def run_schedule(
         mutation_world=mutation_world,
         bus_outages=bus_outages,
         link_drops=link_drops,
+        entity_full=entity_full,
     )
     if steps is not None:
         options = replace(options, steps=steps)

@@ -148,6 +148,16 @@ class FaultConfig:
     # per receive of the standalone worker (sim/worker.py): the link dropped, or
     # no answer in time (with or without messages locked to the dead link)
     receive_fail: float = 0.0
+    # One queue at a time full or throttled while the others work (the
+    # broker's QuotaExceeded at the queue's maximum size, an entity-level
+    # ServerBusy): a window (20-240 s) in which every send and schedule to
+    # that queue is refused with ServiceBusQuotaExceededError, while its
+    # receives and settlements go on. So many windows, each on a queue the
+    # product sends to (alerts, a reply queue, an ingress queue, the agents').
+    # The simulated clients' own orders still land on a full ingress queue: a
+    # real client retries its refused send, which the world's late and
+    # resent orders already cover.
+    entity_full: int = 0
     # the host's start (container setup) and the operator's console reads run
     # as actors, under the same faults
     host_start: bool = False
@@ -216,6 +226,7 @@ class Faults:
         self.outage: tuple[datetime, datetime, str] | None = None
         self.cosmos = Outages("cosmos")
         self.bus = Outages("bus")  # sends, schedules, settlements
+        self.full: dict[str, Outages] = {}  # per queue: sends refused (entity_full)
         self.bus_outage_lost = 0.3
         self.link_drops_left = config.link_drops
         # The share of calls during the outage that are applied and answered
@@ -366,6 +377,16 @@ class Faults:
             self.record("servicebus_outage", f"(targeted, {TARGETED_OUTAGE_SECONDS}s)")
         if self.active and self.bus.down(now):
             self.world.counters["bus_outage"] += 1
+            return True
+        return False
+
+    def queue_full(self, queue: str) -> bool:
+        """Whether a send or schedule to `queue` meets the queue full
+        (FaultConfig.entity_full): refused, nothing sent."""
+        window = self.full.get(queue)
+        if self.active and window is not None and window.down(self.world.clock.now):
+            self.world.counters["queue_full"] += 1
+            self.hit("send_fail")
             return True
         return False
 
