@@ -17,9 +17,11 @@ the ports above the adapters (kept for tests that build a port directly)."""
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import functools
 import itertools
+import json
 import re
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -514,6 +516,11 @@ class SimSender:
     async def close(self) -> None:
         return None
 
+    def _refused(self, message) -> None:
+        if self.queue == "alerts":
+            with contextlib.suppress(ValueError):
+                self.client.refused_alerts.append(json.loads(b"".join(message.body)))
+
     async def send_messages(self, message, timeout: float | None = None, **_: Any) -> None:
         c, queue = self.client, self.queue
         world, faults = c.world, c.world.faults
@@ -528,6 +535,7 @@ class SimSender:
         if faults.queue_full(queue):
             if scheduled:
                 c.bus.copy_send_faulted(queue, message_id)
+            self._refused(message)
             world.log(f"bus {queue} {label} {message_id} refused: the queue is full")
             raise ServiceBusQuotaExceededError(
                 message=f"sending to {queue}: the entity is full (QuotaExceeded)"
@@ -546,11 +554,13 @@ class SimSender:
             else None
         )
         if kind and faults.draw(faults.config.send_fail, f"{kind}_send_fail", message_id):
+            self._refused(message)
             raise ServiceBusConnectionError(message=f"sending to {queue}: link detached")
         fault = faults.send_fault(queue, message_id)
         if fault is not None and scheduled:
             c.bus.copy_send_faulted(queue, message_id)
         if fault == "refused":
+            self._refused(message)
             world.log(f"bus {queue} {label} {message_id} refused")
             raise ServiceBusConnectionError(message=f"sending to {queue}: connection refused")
         body = b"".join(message.body)
@@ -581,6 +591,10 @@ class SimServiceBusClient:
         self.reply_queues = reply_queues
         self.responses_queue = responses_queue
         self.on_sent = None  # (queue, message id, accepted): the simulation's bookkeeping
+        # The bodies of alerts a fault refused (nothing reached the queue): a
+        # dead letter whose alert and last back-off copy were both refused
+        # goes with only its log event (adapters.settlement.MessageGate.run).
+        self.refused_alerts: list[dict[str, Any]] = []
         # (queue, copy id, the lock token of the delivery making it): a
         # scheduled back-off copy duplicate detection dropped.
         self.on_copy_dropped = None

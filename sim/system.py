@@ -1650,6 +1650,28 @@ class Simulation:
             m.seq not in gone and not any(later_copy(m, c) for c in members) for m in members
         )
 
+    def _last_resort(self, queue: str, m: Msg) -> bool:
+        """The gate's last resort on `m`: dead-lettered RetriesExhausted by a
+        delivery whose back-off copy could not be scheduled (Msg.copy_faulted)
+        and whose alert was refused too. With nothing left to carry the alert,
+        the dead letter goes with only its log event
+        (adapters.settlement.MessageGate.run), and the platform's dead-letter
+        rule (infra/app/alerts.bicep: any dead letter on any queue) reports
+        it, as it reports the broker's MaxDeliveryCountExceeded (seed 2 with
+        its ingress queue full, in the fault surface's targeted pass: four
+        deliveries in 0.3 s, every copy refused, and the last one's alert
+        refused by a failing alerts send)."""
+        return (
+            m.dead_letter_reason == "RetriesExhausted"
+            and m.copy_faulted
+            and any(
+                a.get("Kind") == "RetriesExhausted"
+                and a.get("MessageId") == m.message_id
+                and a.get("Queue") == queue
+                for a in self.servicebus.refused_alerts
+            )
+        )
+
     def _on_copy_dropped(self, queue: str, copy_id: str, maker: int | None) -> None:
         """A delivery's back-off copy that duplicate detection dropped: right
         only as a repeat of its own schedule (the SDK's retry after a lost
@@ -2704,6 +2726,7 @@ class Simulation:
                         m.dead_letter_reason == "MaxDeliveryCountExceeded"
                         and self.bus.every_delivery_faulted(m)
                     )
+                    and not self._last_resort(ingress.name, m)
                 ]
                 if dead and not judged:
                     continue
