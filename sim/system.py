@@ -34,6 +34,7 @@ from adapters.durable_client import GONE_MARKERS
 from adapters.orders_db import CosmosOrdersRepository
 from adapters.ports import ANY_OWNER, NoIndex, bucket_of
 from adapters.recovery_index import MAX_BUCKETS_PER_PAGE, CosmosRecoveryIndex, entry_id
+from adapters.servicebus import AGENT_REQUESTS_QUEUE, AGENT_RESPONSES_QUEUE, ALERTS_QUEUE
 from adapters.settings import CosmosAccount, ServiceBusAccess, Settings, ingress_queues
 from adapters.settlement import ORIGINAL_ID_PROPERTY, BackoffPolicy, MessageGate
 from adapters.state_store import CosmosStateStore
@@ -1607,16 +1608,16 @@ class Simulation:
         lineage = self.delivery_of[token][0]
         return not any(start > at for start in self.lineage_starts.get(lineage, ()))
 
-    def _ended_in_dead_letters(self, key: str, alerted: set) -> bool:
+    def _ended_in_dead_letters(self, key: str) -> bool:
         """Every message of the order's own lineages (the client's message and
         its same-data resends, with their back-off copies) that the handler
         did not carry to a settlement ended in a dead letter that no handler
         finished the order with, and none completed: the broker's
         MaxDeliveryCountExceeded after every one of its deliveries faulted
         (the platform's dead-letter rule reports it, infra/app/alerts.bicep),
-        or the gate's RetriesExhausted, with the order's alert, on a last
-        delivery whose back-off copy could not be scheduled (an outage, the
-        ingress queue full: seed 894, 3 orders, whose copies met their queue
+        or the gate's RetriesExhausted on a last delivery whose back-off copy
+        could not be scheduled, with its alert or as the last resort
+        (`_unfinished_dead_letter`; seed 894, 3 orders: an ingress queue
         full after deliveries that wrote the Rejected record, or admitted the
         order to the orders DB, and then met failing stores).
         No status went out for the order, and a Rejected record may keep the
@@ -1634,15 +1635,8 @@ class Simulation:
 
         members = [m for m in ingress.sent if lineage(m) in names]
         dead = [m for m in ingress.dead if lineage(m) in names]
-        if not dead or any(
-            not (
-                (
-                    m.dead_letter_reason == "MaxDeliveryCountExceeded"
-                    and self.bus.every_delivery_faulted(m)
-                )
-                or (m.dead_letter_reason == "RetriesExhausted" and bool({key, own} & alerted))
-            )
-            for m in dead
+        if not dead or not all(
+            self._unfinished_dead_letter(ingress.name, m, alerted=True) for m in dead
         ):
             return False
         gone = {m.seq for m in ingress.dead} | {m.seq for m in ingress.messages}
@@ -1650,27 +1644,35 @@ class Simulation:
             m.seq not in gone and not any(later_copy(m, c) for c in members) for m in members
         )
 
-    def _last_resort(self, queue: str, m: Msg) -> bool:
-        """The gate's last resort on `m`: dead-lettered RetriesExhausted by a
-        delivery whose back-off copy could not be scheduled (Msg.copy_faulted)
-        and whose alert was refused too. With nothing left to carry the alert,
-        the dead letter goes with only its log event
-        (adapters.settlement.MessageGate.run), and the platform's dead-letter
-        rule (infra/app/alerts.bicep: any dead letter on any queue) reports
-        it, as it reports the broker's MaxDeliveryCountExceeded (seed 2 with
-        its ingress queue full, in the fault surface's targeted pass: four
-        deliveries in 0.3 s, every copy refused, and the last one's alert
-        refused by a failing alerts send)."""
-        return (
-            m.dead_letter_reason == "RetriesExhausted"
-            and m.copy_faulted
-            and any(
-                a.get("Kind") == "RetriesExhausted"
-                and a.get("MessageId") == m.message_id
-                and a.get("Queue") == queue
-                for a in self.servicebus.refused_alerts
+    def _unfinished_dead_letter(self, queue: str, m: Msg, alerted: bool = False) -> bool:
+        """`m` (on `queue`) is a dead letter no handler finished its work
+        with, and something reports it. The broker's MaxDeliveryCountExceeded
+        after every delivery faulted, which the platform's dead-letter rule
+        reports (infra/app/alerts.bicep: any dead letter on any queue); or
+        the gate's last resort, RetriesExhausted by a delivery whose back-off
+        copy could not be scheduled (Msg.copy_faulted) and whose alert was
+        refused too: with nothing left to carry the alert, it goes with only
+        its log event (adapters.settlement.MessageGate.run), and the same
+        rule reports it (seed 2 with its ingress queue full, in the fault
+        surface's targeted pass: four deliveries in 0.3 s, every copy
+        refused, and the last one's alert refused by a failing alerts send).
+        With `alerted`, also the gate's RetriesExhausted whose alert went out
+        (seed 894): a caller that asks no more of it than its alert."""
+        if m.dead_letter_reason == "MaxDeliveryCountExceeded":
+            return self.bus.every_delivery_faulted(m)
+        if m.dead_letter_reason != "RetriesExhausted":
+            return False
+
+        def names_m(alert: dict) -> bool:
+            return (
+                alert.get("Kind") == "RetriesExhausted"
+                and alert.get("MessageId") == m.message_id
+                and alert.get("Queue") == queue
             )
-        )
+
+        if alerted and any(names_m(json.loads(a.body)) for a in self.bus.queue(ALERTS_QUEUE).sent):
+            return True
+        return m.copy_faulted and any(names_m(a) for a in self.servicebus.refused_alerts)
 
     def _on_copy_dropped(self, queue: str, copy_id: str, maker: int | None) -> None:
         """A delivery's back-off copy that duplicate detection dropped: right
@@ -2275,9 +2277,9 @@ class Simulation:
         full = random.Random(f"entity-full/windows/{self.seed}")
         queues = sorted(
             {
-                "alerts",
-                "agent-requests",
-                "agent-responses",
+                ALERTS_QUEUE,
+                AGENT_REQUESTS_QUEUE,
+                AGENT_RESPONSES_QUEUE,
                 *REGISTRY.values(),
                 *INGRESS_OF.values(),
             }
@@ -2718,16 +2720,9 @@ class Simulation:
                 # send) left no handler to alert: the platform's dead-letter
                 # rule reports it (infra/app/alerts.bicep), and an order never
                 # accepted gets no status (seed 4004254, two orders; the
-                # other dead-letter checks excuse the same case).
-                judged = [
-                    m
-                    for m in dead
-                    if not (
-                        m.dead_letter_reason == "MaxDeliveryCountExceeded"
-                        and self.bus.every_delivery_faulted(m)
-                    )
-                    and not self._last_resort(ingress.name, m)
-                ]
+                # other dead-letter checks excuse the same case); and the
+                # gate's last resort, its alert and copy both refused (seed 2).
+                judged = [m for m in dead if not self._unfinished_dead_letter(ingress.name, m)]
                 if dead and not judged:
                     continue
                 dead = judged
@@ -2766,7 +2761,7 @@ class Simulation:
                 self.fail(
                     "terminal status sent once (one message id)", f"{oid}: {want} sent as {ids}"
                 )
-            if not got and not (state == "Rejected" and self._ended_in_dead_letters(oid, alerted)):
+            if not got and not (state == "Rejected" and self._ended_in_dead_letters(oid)):
                 self.fail(
                     "terminal status reaches the reply queue",
                     f"{oid} is {state} but no {want} status was sent "
@@ -2909,7 +2904,7 @@ class Simulation:
                 and doc["ProcessState"] == "Rejected"
                 and (oid, oid) in self.orders_c.docs
                 and not self._orphaned(oid)
-                and not self._ended_in_dead_letters(oid, alerted)
+                and not self._ended_in_dead_letters(oid)
             ):
                 self.fail("rejected order not kept", f"{oid} is Rejected but in the orders DB")
         # 6 supervisor cost bounded by its page size and page count, per run
