@@ -143,6 +143,7 @@ class Container:
     index_container: ContainerProxy | None
     submit: SubmitHandler | None = None
     starter: Starter | None = None
+    activities: SchedulerActivities | None = None
     # The queue-triggered agent's processor (its own Service Bus client and
     # session, from the agents' settings) and the console's queue peeker.
     processor: RequestProcessor | None = None
@@ -327,13 +328,18 @@ class App:
         return c.submit
 
     async def scheduler_activities(self) -> SchedulerActivities:
+        """One per process and loop, as every use case here: what the host
+        runs is what the simulation and the benches measure (a copy of an
+        order's payload kept from its first request serves its later ones)."""
         if self.overrides.scheduler_activities is not None:
             return await self.overrides.scheduler_activities()
         from activities.policy import ActivityPolicy
         from activities.scheduler_activities import SchedulerActivities
 
         c = await self.container()
-        return SchedulerActivities(
+        if c.activities is not None:
+            return c.activities
+        c.activities = SchedulerActivities(
             ActivityPolicy.from_settings(c.settings),
             c.store,
             c.orders,
@@ -345,6 +351,7 @@ class App:
             crash_point=self.crash_point(),
             alerts=self.alerts_over(c.publisher),
         )
+        return c.activities
 
     async def starter(self) -> Starter:
         if self.overrides.starter is not None:

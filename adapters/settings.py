@@ -172,8 +172,7 @@ class Settings:
 
     # The workflow version new orchestrations run: host.json's durableTask
     # defaultVersion, or the app setting that overrides it on Azure Functions
-    # (AzureFunctionsJobHost__extensions__durableTask__defaultVersion). The
-    # claim of a 2.4 attempt marks its steps (ADR 021a); an older one's does not.
+    # (AzureFunctionsJobHost__extensions__durableTask__defaultVersion).
     workflow_version: str = ""
 
 
@@ -456,15 +455,6 @@ def workflow_version(env: Mapping[str, str] | None = None, host_json: Path = HOS
         return ""
     durable = (host.get("extensions") or {}).get("durableTask") or {}
     return str(durable.get("defaultVersion") or "")
-
-
-def version_at_least(version: str, least: tuple[int, ...]) -> bool:
-    """Whether the dotted `version` is `least` or newer ("" and a version
-    that is not dotted numbers are not)."""
-    try:
-        return tuple(int(part) for part in version.split(".")) >= least
-    except ValueError:
-        return False
 
 
 # Set by App Service and Functions wherever a managed identity can be used.

@@ -9,7 +9,7 @@ import json
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal, cast
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, TypeAdapter, model_validator
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, model_validator
 
 from domain.models import (
     MAX_AGENT_CALLS,
@@ -38,7 +38,7 @@ class Traced(ActivityContract):
     """An activity input that may carry the attempt's W3C trace context
     (`traceparent`, `tracestate`), copied by the orchestration from its input
     so the activity's span joins the attempt's trace (adapters.telemetry).
-    Optional: older histories and 1.0 instances have none."""
+    Optional: an activity called without one starts its own trace."""
 
     Trace: dict[str, str] | None = None
 
@@ -82,7 +82,7 @@ class Plan(ActivityContract):
     # Compensating only: the steps to undo, in the order to undo them (every
     # step whose request was sent and is not undone yet; the record's log).
     Undo: list[str] = Field(default_factory=list)
-    # 2.0: the application opted in to progress statuses (Processing,
+    # The application opted in to progress statuses (Processing,
     # StepCompleted) in the reply-queue registry; otherwise only terminal ones.
     Progress: bool = False
     # The order's application, named in its agent requests (and so in their
@@ -137,10 +137,11 @@ class WorkflowResult(ActivityContract):
         "failed",
         "compensated",
         "compensation_failed",
-        "compensation_deferred",  # 2.2: an unconfirmed undo waits for a long retry
+        "compensation_deferred",  # an unconfirmed undo waits for a long retry
         "timed_out",
         "stale",
         "unconfirmed",
+        "unplanned",  # started without a claim's plan: sends nothing
     ]
     Step: str | None = None
     Detail: str | None = None
@@ -215,179 +216,44 @@ def read_reply(value: Any) -> AgentReply | ReplyEvent:
 
 
 def reply_from_event(value: Any) -> AgentReply:
-    """`read_reply` for workflows 1.0 to 2.3, whose files (frozen, ADR 018d)
-    type what this returns as AgentReply. Every one of them reads only
-    `Outcome`, `Error` and `Result` of it, which a ReplyEvent has too
-    (tests/unit/orchestrators/test_reply_event.py checks every version's
-    file for it); a ReplyEvent has no identity field to read, so a version
-    that reached for one would fail loudly, not read a wrong value."""
+    """`read_reply` typed as the AgentReply the workflow handles. It reads
+    only `Outcome`, `Error` and `Result` of it, which a ReplyEvent has too
+    (tests/unit/orchestrators/test_reply_event.py checks the workflow for
+    it); a ReplyEvent has no identity field to read, so code that reached
+    for one would fail loudly, not read a wrong value."""
     return cast(AgentReply, read_reply(value))
 
 
-# --- version 2.0 ---------------------------------------------------------------------
+# --- the attempt's activities --------------------------------------------------------
 
 
-class AttemptInput(ActivityContract):
-    """The orchestration input the claimer (Starter or Submit's fast path)
-    gives a 2.0 attempt: the record as its claim wrote it and that write's
-    etag, so the first guarded write needs no read; the step timeout, so the
-    orchestration computes the first deadline before its first activity; and
-    where the claim put the attempt's recovery-index entry, so the last write
-    can retire it; and, from Submit's fast path, the order's step payload. Everything is optional: an instance started without input
-    reads what it needs (one more activity)."""
-
-    Record: dict | None = None
-    Etag: str | None = None
-    StepTimeoutSeconds: int | None = None
-    IndexedAt: AwareDatetime | None = None
-    # Submit's fast path has the order in hand: its step payload spares the
-    # attempt the orders-DB read (the timer Starter leaves it out).
-    Payload: dict | None = None
-    # The W3C context of the attempt's "start attempt" span: every activity
-    # of the attempt continues it (one trace per attempt).
-    Trace: dict[str, str] | None = None
-
-
-class Advance(Traced):
-    """One guarded write by the attempt `InstanceId` and the message that must
-    follow it, in one idempotent activity (write first, then send with a
-    stable message id; a retry re-reads on the stale etag, recognises its own
-    write and sends again, which duplicate detection drops):
-
-    - begin (`Begin`): read the order, plan the attempt, and start `Start`;
-    - advance: complete `Complete` (with `Reference`) and start `Start`, one write;
-    - finish (`Finish`): complete `Complete` and mark the order Processed, one
-      write that also fills the status outbox; then send Processed and clear it.
-
-    `Record`/`Etag` are the record as the previous write left it: the write
-    replaces on that etag; on a precondition failure it re-reads, re-checks
-    LockedBy and decides (stale, already landed, or apply on the fresh one)."""
-
-    InstanceId: str
-    Begin: bool = False
-    Record: dict | None = None
-    Etag: str | None = None
-    Complete: str | None = None
-    Reference: ReferenceText = None
-    Start: str | None = None
-    Deadline: AwareDatetime | None = None
-    Finish: bool = False
-    IndexedAt: AwareDatetime | None = None
-    # Carried from the begin's plan (not re-read): the request payload, and
-    # whether this application opted in to progress statuses. Given to begin
-    # (from the fast path's input), the payload spares the orders-DB read.
-    Payload: dict = Field(default_factory=dict)
-    Progress: bool = False
-
-
-_Plan = Plan  # the field below is named Plan too
-
-
-class Advanced(ActivityContract):
-    Stale: bool = False
-    Reason: str | None = None
-    State: ProcessState | None = None
-    Record: dict | None = None
-    Etag: str | None = None
-    # Finish only: False when the status could not be sent yet (it stays in
-    # the record's outbox for the Starter).
-    StatusSent: bool = True
-    # Begin only: the plan of the attempt, and the step it started (None when
-    # there is nothing to start: compensating, or every step already done).
-    Plan: _Plan | None = None
-    Started: str | None = None
-
-
-# --- version 2.3: ids and etags, not the record ------------------------------------------
-#
-# 2.3's begin/advance inputs are a discriminated union on `Kind` (BeginWrite |
-# StepWrite | FinishWrite), each declaring only what its write needs: the
-# instance, the etag of the record as the previous write left it, and the few
-# plan fields the write or its message uses. No record rides in an input or a
-# result: the activity works on the version the etag names (its own last write,
-# kept in memory, or one read) and returns the new etag. 2.2's one-model
-# `Advance` (no `Kind`) is still parsed for the instances in flight
-# (`parse_advance`). Dumped without defaults: a history holds what was said.
+_Plan = Plan  # fields below are named Plan too
 
 
 class _Compact(Traced):
+    """Dumped without defaults: a history holds what was said."""
+
     def dump(self) -> dict:
         return self.model_dump(mode="json", exclude_defaults=True)
 
 
-class BeginWrite(_Compact):
-    """Begin: plan the attempt and start its first unfinished step (one
-    write on the claim's etag), then that step's request. `Payload`: the
-    fast path's step payload (spares the orders-DB read; the plan answered
-    then leaves it out, the orchestration has it)."""
-
-    Kind: Literal["begin"]
-    InstanceId: str
-    Etag: str | None = None
-    Deadline: AwareDatetime | None = None
-    Payload: dict | None = None
-
-
-class StepWrite(_Compact):
-    """Complete `Complete` (with `Reference`) and start `Start` until
-    `Deadline`, one write on `Etag`; then `Start`'s request. Its payload is
-    the order's (immutable): the activity takes it from its begin in this
-    process, or reads the order."""
-
-    Kind: Literal["step"]
-    InstanceId: str
-    Etag: str | None = None
-    Complete: str
-    Reference: ReferenceText = None
-    Start: str
-    Deadline: AwareDatetime
-
-
-class FinishWrite(_Compact):
-    """Complete `Complete` and mark the order Processed (the status outbox
-    filled in the same write), then send Processed and clear the outbox;
-    `IndexedAt`: the attempt's recovery-index entry, retired."""
-
-    Kind: Literal["finish"]
-    InstanceId: str
-    Etag: str | None = None
-    Complete: str | None = None
-    Reference: ReferenceText = None
-    IndexedAt: AwareDatetime | None = None
-
-
-AdvanceWrite = Annotated[BeginWrite | StepWrite | FinishWrite, Field(discriminator="Kind")]
-"""2.3's begin/advance input, told apart by `Kind`."""
-
-_ADVANCE_WRITE: TypeAdapter[AdvanceWrite] = TypeAdapter(AdvanceWrite)
-
-
-def parse_advance(data: Any) -> Advance | BeginWrite | StepWrite | FinishWrite:
-    """begin_attempt's and advance_attempt's input: 2.3's union (it has a
-    `Kind`), or 2.2's and older one-model `Advance` (no `Kind`)."""
-    if isinstance(data, dict) and "Kind" in data:
-        return _ADVANCE_WRITE.validate_python(data)
-    return Advance.model_validate(data)
-
-
 class Wrote(ActivityContract):
-    """2.3's begin/advance result: no record, the new etag. `Plan` and
-    `Started`: begin only; `StatusSent`: finish only."""
+    """finish_attempt's result: the state and etag it left the record in, or
+    why the attempt is stale; `Plan`: the compensation it began (the undo log
+    as that write left the record)."""
 
     Stale: bool = False
     Reason: str | None = None
     State: ProcessState | None = None
     Etag: str | None = None
-    StatusSent: bool = True
     Plan: _Plan | None = None
-    Started: str | None = None
 
     def dump(self) -> dict:
         return self.model_dump(mode="json", exclude_defaults=True)
 
 
 class SendStep(_Compact):
-    """2.4: send the request of `Step` until `Deadline` (the attempt's one
+    """Send the request of `Step` until `Deadline` (the attempt's one
     deadline), with no write: the claim marked the step Running. `Payload`:
     the order's step payload when the orchestration has it (the fast path's),
     else the activity keeps or reads it; `AppId`: the order's application."""
@@ -400,7 +266,7 @@ class SendStep(_Compact):
 
 
 class FinishAll(_Compact):
-    """2.4's one write: complete every step this attempt did (`Done`, step ->
+    """The attempt's one write: complete every step this attempt did (`Done`, step ->
     its reference, in the order done) and mark the order Processed with the
     status outbox filled, on the claim's etag; then send Processed, clear the
     outbox and retire the recovery-index entry at `IndexedAt`. Or, with
@@ -430,8 +296,8 @@ def plan_for(
     step_timeout_seconds: int,
     progress: bool,
 ) -> Plan:
-    """The Plan of `attempt` on `record`: what the begin activity answers and
-    what a 2.4 claimer puts in the attempt's input (one function for both)."""
+    """The Plan of `attempt` on `record`: what the claimer puts in the
+    attempt's input, and what load_plan answers a compensation."""
     undo = [e.Step for e in reversed(record.Compensation) if e.Outcome != "Done"]
     return Plan(
         OrderID=record.id,
@@ -456,11 +322,10 @@ def plan_for(
 
 
 class AttemptStart(ActivityContract):
-    """2.3's orchestration input: what the claimer knows and the attempt
-    needs before its first activity, without the record (its etag names it).
-    2.4 adds `Deadline` and `Plan` when the claim marked the attempt's steps
-    (domain.state_machine.claim_marking): the attempt then runs from its
-    input, with no begin."""
+    """The orchestration input: what the claimer knows and the attempt needs
+    to run without reading the record (the claim's etag names it): the plan
+    and the one deadline the claim marked the steps with
+    (domain.state_machine.claim_marking). A compensation's start has none."""
 
     Etag: str | None = None
     StepTimeoutSeconds: int | None = None
@@ -468,18 +333,13 @@ class AttemptStart(ActivityContract):
     Payload: dict | None = None
     Deadline: AwareDatetime | None = None
     Plan: _Plan | None = None
-    # 2.4: the steps its claim marked that were NotStarted before it (no
-    # attempt had sent them): what a failure may make NotStarted again.
+    # The steps its claim marked that were NotStarted before it (no attempt
+    # had sent them): what a failure may make NotStarted again.
     Fresh: list[str] | None = None
     Trace: dict[str, str] | None = None
 
     def dump(self) -> dict:
-        """2.3's shape, plus 2.4's fields only when set: an older version's
-        input model (2.0's AttemptInput) refuses fields it does not know."""
-        data = self.model_dump(mode="json")
-        for name in ("Deadline", "Plan", "Fresh"):
-            if data.get(name) is None:
-                data.pop(name, None)
+        data = self.model_dump(mode="json", exclude_none=True)
         if self.Plan is not None:  # its defaults restored when it is read
             data["Plan"] = self.Plan.model_dump(mode="json", exclude_defaults=True)
         return data

@@ -1,58 +1,649 @@
-"""The order workflow orchestration's dispatcher: one instance per attempt
-(instance id `{OrderID}:{Attempt}`), whose `context.version` (host.json
-`defaultVersion` when it started) picks the file that runs it. One file per
-version (docs/adr/018d-one-file-per-workflow-version.md):
+"""The order workflow: the Scheduler's Durable orchestration, one instance
+per attempt (instance id `{OrderID}:{Attempt}`). This file reads top to
+bottom: the version dispatch, the attempt, then the helpers it reaches, in
+the order it reaches them. It imports only the activity contracts, the state
+commands and the domain.
 
-- orchestrators/workflow_v2_4.py: 2.4, the live version, what new instances run;
-- orchestrators/workflow_v2_3.py, workflow_v2_2.py, workflow_v2_1.py, workflow_v2_0.py,
-  workflow_v1_1.py, workflow_v1_0.py: frozen,
-  kept until no running instance needs them.
+Deterministic by construction: it only yields Durable context calls, reads
+time from `context.current_utc_datetime`, and gets everything else (the
+order's plan, each write's etag) from its input or from activities, whose
+results the history replays.
 
-An instance without a version was started before versions existed: it runs
-1.0, never the newest. Every version replays its recorded histories
-unchanged (tests/fixtures/histories, tests/unit/orchestrators/test_history_corpus.py)."""
+One protocol for every attempt (docs/adr/021a-claim-marks-the-attempt.md):
+the claim that started the attempt (the Starter's, or Submit's fast path)
+marked every step to do Running until the attempt's one deadline
+(domain.state_machine.claim_marking) and put the plan and that deadline in
+the input (`AttemptStart.Plan`, `.Deadline`). The record then already shows
+every step this attempt may send as possibly sent, with the deadline the
+Supervisor recovers it at, so the happy path writes the record once, at its
+end: send step 1, wait for its reply, send step 2, ..., then one write that
+completes every step and marks the order Processed (the status outbox
+filled), after which the Processed status is sent and the outbox cleared.
+Happy path of n steps: n send activities and one write. An application that
+asked for progress statuses gets Processing and StepCompleted on the way,
+best effort, with no write of their own.
+
+One deadline per attempt, carried to the record (CompleteBy and each
+step's), to the one durable timer every step races and to every agent
+request (docs/adr/002-one-deadline.md). Timer first: stop and leave the
+record to the Supervisor. An agent that gave up transiently: note its reason
+on the record, then stop the same way. Permanent failure: the same one write
+completes the steps this attempt did and begins the compensation of every
+step the record shows as possibly sent (the failed one, the done ones, and
+those the claim marked but this attempt never reached: undo of what never
+happened is a no-op), or the order fails outright if no step was done.
+Every write is guarded by LockedBy = this instance: a stale write ends the
+attempt quietly.
+
+A new attempt of an order whose earlier attempt timed out sends every step
+again (the record shows none Completed): each request carries the
+idempotency key `{OrderID}/{step}`, stable across attempts, so the remote
+service answers a step it has done with that answer and does nothing twice.
+
+An attempt started without a plan is a compensation (an operator's request,
+or the Starter's restart of one that died): it reads the record's undo log
+and compensates. Status sends never hold up the work: a progress or
+Compensating status that cannot be sent is skipped, and a terminal one stays
+in the record's outbox for the Starter.
+
+Versions (docs/adr/018d-versioning.md): `context.version` (host.json
+`defaultVersion` when the instance started) picks the code. Until a version
+is deployed there is only this one. After that, a change the replay would
+notice is a branch on `context.version` in this file; a frozen copy of a
+whole version is passed to `orchestrator(frozen=...)` only while a deployed
+version has instances in flight."""
 
 from __future__ import annotations
 
-from orchestrators import (
-    workflow_v1_0,
-    workflow_v1_1,
-    workflow_v2_0,
-    workflow_v2_1,
-    workflow_v2_2,
-    workflow_v2_3,
-    workflow_v2_4,
+import contextlib
+import functools
+import json
+import weakref
+from collections.abc import Callable, Generator, Mapping
+from datetime import datetime, timedelta
+from typing import Any, Protocol, TypeVar
+
+from azure.durable_functions import RetryOptions
+
+from domain.ids import reply_event_name
+from domain.models import AgentReply, ProcessState, ReplyOutcome, StatusKind
+from orchestrators import commands
+from orchestrators.contracts import (
+    AlertNote,
+    AttemptStart,
+    FinishAll,
+    LoadPlanInput,
+    Plan,
+    SendRequest,
+    SendStep,
+    StatusNote,
+    StepPlan,
+    WorkflowResult,
+    WriteResult,
+    Wrote,
+    reply_from_event,
 )
 
 WORKFLOW_NAME = "order_workflow"
-CURRENT_VERSION = workflow_v2_4.VERSION
-# What an instance without a version runs: the code of its time, not the newest.
-UNVERSIONED = "1.0"
+VERSION = "1.0"
+CURRENT_VERSION = VERSION
 
-VERSIONS = {
-    module.VERSION: module.run
-    for module in (
-        workflow_v1_0,
-        workflow_v1_1,
-        workflow_v2_0,
-        workflow_v2_1,
-        workflow_v2_2,
-        workflow_v2_3,
-        workflow_v2_4,
-    )
-}
+# Activities are idempotent, so a brief store or bus hiccup is retried here
+# rather than failing the attempt (which the Supervisor would then retry as a
+# whole). Three tries inside a few seconds stay well inside a step deadline.
+ACTIVITY_RETRY = RetryOptions(first_retry_interval_in_milliseconds=500, max_number_of_attempts=3)
+
+Body = Callable[[Any], Generator[Any, Any, Any]]
 
 
 class UnknownWorkflowVersion(Exception):
     pass
 
 
-def order_workflow(context):
-    version = context.version or UNVERSIONED
-    runner = VERSIONS.get(version)
-    if runner is None:
-        raise UnknownWorkflowVersion(
-            f"instance {context.instance_id} has version {version!r}; this build knows "
-            f"{', '.join(sorted(VERSIONS))}"
+class StaleAttempt(Exception):
+    """Another attempt owns the order now (a write or the plan came back
+    stale): this attempt ends quietly. Raised by `unless_stale` only, and
+    caught by `ends_stale`."""
+
+    def __init__(self, reason: str | None, step: str | None = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.step = step
+
+
+def finish(outcome: str, step: str | None = None, detail: str | None = None) -> dict:
+    return WorkflowResult(Outcome=outcome, Step=step, Detail=detail).dump()
+
+
+def ends_stale(body: Body) -> Body:
+    """Decorates a workflow body (a generator of the context): a StaleAttempt
+    from anywhere in it ends the orchestration with the "stale" result,
+    naming the step it was at and the reason."""
+
+    @functools.wraps(body)
+    def run(context):
+        try:
+            return (yield from body(context))
+        except StaleAttempt as stale:
+            return finish("stale", stale.step, stale.reason)
+
+    return run
+
+
+# --- which code runs an instance --------------------------------------------------------
+
+
+def orchestrator(frozen: Mapping[str, Body] | None = None) -> Body:
+    """The orchestrator function: each instance runs the code of the version
+    it started on (`context.version`), this file's `run` for VERSION (and for
+    an instance without a version: none predates versioning), `frozen[v]`
+    for a deployed earlier version v still in flight. An unknown version is
+    refused by name rather than run on code it was not written for."""
+    known: dict[str, Body] = {**(frozen or {}), VERSION: run}
+
+    def order_workflow(context):
+        version = context.version or VERSION
+        body = known.get(version)
+        if body is None:
+            raise UnknownWorkflowVersion(
+                f"instance {context.instance_id} has version {version!r}; this build knows "
+                f"{', '.join(sorted(known))}"
+            )
+        return (yield from body(context))
+
+    return order_workflow
+
+
+# --- the attempt ---------------------------------------------------------------------------
+
+
+@ends_stale
+def run(context):
+    """One attempt, from the plan its claim put in its input; without one,
+    the compensation the record's log asks for."""
+    given = _attempt_input(context)
+    if given.Plan is not None and given.Deadline is not None:
+        return (yield from _run_planned(context, given))
+    plan = yield from _load_plan(context)
+    if plan.State is ProcessState.COMPENSATING:
+        # An operator asked for compensation, or a compensation is restarted:
+        # the record's log says what is still to undo.
+        return (yield from _compensate(context, plan, plan.Undo))
+    # Started by hand, with no claim behind it: nothing is marked for it to
+    # send, so it sends nothing. The record keeps its deadline, at which the
+    # Supervisor returns it to the Starter, whose claim plans the attempt.
+    return finish("unplanned", detail=f"no plan in the input; record {plan.State.value}")
+
+
+def _run_planned(context, given: AttemptStart):
+    """The attempt its claim planned: each step's request and reply under the
+    attempt's one deadline, then one write."""
+    iid = context.instance_id
+    plan = given.Plan
+    deadline = given.Deadline
+    if plan is None or deadline is None:
+        raise ValueError(f"attempt {iid} has no plan or deadline in its input")
+    if given.Payload:
+        plan = plan.model_copy(update={"Payload": given.Payload})
+    done: dict[str, str | None] = {}
+    payload = given.Payload  # given to the first request only (the activity keeps it)
+    last = None
+    # One durable timer for the whole attempt: every step races its reply
+    # against the same deadline, so one timer serves them all (the same task
+    # waited on again, as the undo's earlier tries are).
+    timer = None
+    yield from _progress(context, plan, StatusKind.PROCESSING, detail=f"attempt {plan.Attempt}")
+    for step in plan.Steps:
+        if step.Completed:
+            continue
+        last = step.Name
+        if step.Mode != "inline":
+            # The SDK raises the activity's failure here after its retries. A
+            # send whose answer was lost may have left: its reply still counts
+            # until the deadline, when the Supervisor would take the attempt
+            # anyway. Waiting costs nothing; failing here would leave a reply
+            # (a refusal, say) to a later attempt to ask for again.
+            with contextlib.suppress(Exception):
+                yield _call(
+                    context,
+                    "send_step",
+                    SendStep(
+                        InstanceId=iid,
+                        Step=step.Name,
+                        Deadline=deadline,
+                        Payload=payload,
+                        AppId=plan.AppId,
+                    ).dump(),
+                )
+            payload = None
+        if timer is None:
+            timer = context.create_timer(deadline)
+        reply = yield from _await_marked(context, plan, step, deadline, timer)
+        if reply is None:
+            # The record keeps CompleteBy = the attempt's deadline, which has
+            # passed: the Supervisor retries or gives up.
+            return finish("timed_out", step.Name, "deadline passed")
+        if reply.Outcome is not ReplyOutcome.OK and not timer.is_completed:
+            timer.cancel()
+        if reply.Outcome is ReplyOutcome.TRANSIENT:
+            return (yield from _transient(context, step.Name, reply.Error))
+        if reply.Outcome is ReplyOutcome.PERMANENT:
+            return (yield from _permanent(context, given, plan, step.Name, reply.Error, done))
+        done[step.Name] = (reply.Result or {}).get("Reference")
+        yield from _progress(context, plan, StatusKind.STEP_COMPLETED, step=step.Name)
+    if timer is not None and not timer.is_completed:
+        timer.cancel()
+    try:
+        finished = yield from _finish_all(
+            context,
+            FinishAll(
+                InstanceId=iid,
+                Etag=given.Etag,
+                Done=done,
+                # The attempt's one index entry is at its deadline.
+                IndexedAt=given.IndexedAt or deadline,
+            ),
         )
-    return (yield from runner(context))
+    except Exception:  # the SDK raises the activity's failure here after its retries
+        # Either the write did not land (the record keeps the attempt's
+        # deadline: the Supervisor retries the attempt) or the status is still
+        # in the outbox (the Starter sends it).
+        return finish("unconfirmed", last, "finishing write or its status failed")
+    # Outside the try: a stale finish ends as "stale", not "unconfirmed".
+    unless_stale(finished, last)
+    return finish("processed")
+
+
+def _await_marked(context, plan: Plan, step: StepPlan, deadline: datetime, timer):
+    """Wait for `step`'s reply (or run the inline step) until the attempt's
+    timer fires; the reply, or None when the deadline came first."""
+    if step.Mode == "inline":
+        request = SendRequest(
+            InstanceId=context.instance_id, Step=step.Name, Deadline=deadline, Payload=plan.Payload
+        )
+        task = context.call_activity("run_inline_step", _traced(context, request.dump()))
+    else:
+        task = context.wait_for_external_event(reply_event_name(step.Name, plan.Attempt, "do"))
+    winner = yield context.task_any([task, timer])
+    return None if winner is timer else _reply(context, plan, step.Name, "do", task.result)
+
+
+def _finish_all(context, data: FinishAll):
+    return Wrote.model_validate((yield _call(context, "finish_attempt", data.dump())))
+
+
+def _permanent(context, given: AttemptStart, plan: Plan, step: str, error: str | None, done: dict):
+    """A non-transient failure: when a step was done (by
+    this attempt, or Completed by an earlier one), one write completes what
+    this attempt did and begins the compensation, whose log the record
+    makes of every step it shows as possibly sent; the plan is then read
+    again for that log. Otherwise the order fails outright."""
+    iid = context.instance_id
+    reason = f"step {step} failed: {error}"
+    names = [s.Name for s in plan.Steps]
+    # The steps after the failed one were never sent by this attempt; those
+    # NotStarted before its claim were never sent by any.
+    unsent = [n for n in names[names.index(step) + 1 :] if n in (given.Fresh or [])]
+    compensate = bool(done) or any(s.Completed for s in plan.Steps)
+    ended = yield from _finish_all(
+        context,
+        FinishAll(
+            InstanceId=iid,
+            Etag=given.Etag,
+            Done=done,
+            Failed=step,
+            Reason=reason,
+            Unsent=unsent,
+            Compensate=compensate,
+        ),
+    )
+    unless_stale(ended, step)
+    if compensate:
+        # The plan as that write left the record: Compensating, its undo log.
+        logged = ended.Plan
+        if logged is None:
+            raise ValueError(f"finish_attempt of {iid} began a compensation without its plan")
+        return (yield from _compensate(context, logged, logged.Undo))
+    yield from _alert(context, plan, "OrderError", reason)
+    yield from _terminal_status(context, plan, StatusKind.FAILED, step, reason)
+    return finish("failed", step, reason)
+
+
+# --- scheduling an activity, with the attempt's trace context ---------------------------
+
+
+def _call(context, name: str, data: dict):
+    return context.call_activity_with_retry(name, ACTIVITY_RETRY, _traced(context, data))
+
+
+def _traced(context, data: dict) -> dict:
+    """`data` with the attempt's trace context (AttemptStart.Trace), so the
+    activity's span joins the attempt's trace. The orchestrator opens no span
+    itself: it copies a value from its own input, which replays identically."""
+    trace = _input_trace(context)
+    return {**data, "Trace": trace} if trace else data
+
+
+# The trace context read from each episode's input once, not on every
+# activity call: get_input() decodes the whole input (the record, the payload)
+# again each time. Keyed weakly by the episode's context object, so the value
+# lives exactly as long as the episode, and a replay reads the same input.
+_episode_traces: weakref.WeakKeyDictionary[Any, dict | None] = weakref.WeakKeyDictionary()
+
+
+def _input_trace(context) -> dict | None:
+    try:
+        return _episode_traces[context]
+    except (KeyError, TypeError):
+        pass
+    trace = _read_input_trace(context)
+    with contextlib.suppress(TypeError):  # a context that takes no weak reference
+        _episode_traces[context] = trace
+    return trace
+
+
+def _read_input_trace(context) -> dict | None:
+    raw = context.get_input()
+    if isinstance(raw, str) and raw.startswith("{"):
+        try:
+            raw = json.loads(raw)
+        except ValueError:
+            return None
+    trace = raw.get("Trace") if isinstance(raw, dict) else None
+    if isinstance(trace, dict) and all(
+        isinstance(k, str) and isinstance(v, str) for k, v in trace.items()
+    ):
+        return trace
+    return None
+
+
+# --- reading the input and the record --------------------------------------------------------------
+
+
+def _attempt_input(context) -> AttemptStart:
+    raw = context.get_input()
+    if isinstance(raw, str) and raw:
+        raw = json.loads(raw)
+    if isinstance(raw, dict):
+        return AttemptStart.model_validate(raw)
+    return AttemptStart()
+
+
+def _load_plan(context):
+    plan = Plan.model_validate(
+        (yield _call(context, "load_plan", LoadPlanInput(InstanceId=context.instance_id).dump()))
+    )
+    return unless_stale(plan)
+
+
+class _MaybeStale(Protocol):
+    @property
+    def Stale(self) -> bool: ...  # noqa: N802 (the contracts' field name)
+
+    @property
+    def Reason(self) -> str | None: ...  # noqa: N802
+
+
+R = TypeVar("R", bound=_MaybeStale)
+
+
+def unless_stale(result: R, step: str | None = None) -> R:
+    """`result`, unless it says the attempt is stale: then StaleAttempt,
+    naming `step` (the step the attempt was at) in the workflow's result."""
+    if result.Stale:
+        raise StaleAttempt(result.Reason, step)
+    return result
+
+
+def _reply(context, plan: Plan, step: str, action: str, result) -> AgentReply | None:
+    """The race's result as a reply: None when the deadline won; a transient
+    reply naming the step and the failure when the inline step's activity
+    failed (the SDK hands the failed task's exception over as its result)."""
+    if result is None:
+        return None
+    if isinstance(result, Exception):
+        return _inline_failure(context, plan, step, action, result)
+    return reply_from_event(result)
+
+
+def _inline_failure(context, plan: Plan, step: str, action: str, failure: Exception) -> AgentReply:
+    """A failed inline step as the transient reply an agent would have sent:
+    the attempt then stops like any transient failure, with this reason on
+    the record (LastError, the step's error), which the Supervisor's retry,
+    Error and alert quote. The failure's text is Durable's
+    "{Reason} \\n {Details}"; the reason is the useful part (the activity
+    puts the exception's type in it), the details a stack trace. Card
+    numbers are masked and the text is cut by the reply's Error type, and
+    again by the state machine when it is stored."""
+    said = str(failure).split(" \n ", 1)[0].strip() or type(failure).__name__
+    return AgentReply(
+        InstanceId=context.instance_id,
+        OrderID=plan.OrderID,
+        Step=step,
+        Action=action,
+        Attempt=max(plan.Attempt, 1),
+        EventName="inline",
+        EventId="inline",
+        Outcome=ReplyOutcome.TRANSIENT,
+        Error=f"inline step {step} failed: {said}",
+    )
+
+
+# --- failures ------------------------------------------------------------------------------
+
+
+def _transient(context, step: str, error: str | None):
+    """A transient failure: note the agent's reason on the record and stop;
+    the record keeps the step's deadline for the Supervisor."""
+    yield from _write(
+        context, commands.RecordTransient(InstanceId=context.instance_id, Step=step, Reason=error)
+    )
+    return finish("timed_out", step, error)
+
+
+def _write(context, command: commands.StateWrite, step: str | None = None):
+    """Write `command`; stale names `step`, by default the command's own."""
+    result = WriteResult.model_validate((yield _call(context, "write_state", command.dump())))
+    return unless_stale(result, step or getattr(command, "Step", None))
+
+
+def _status(
+    context, plan: Plan, kind: StatusKind, step: str | None = None, detail: str | None = None
+):
+    yield _call(
+        context,
+        "report_status",
+        StatusNote(
+            InstanceId=context.instance_id,
+            ReplyTo=plan.ReplyTo,
+            Status=kind,
+            Step=step,
+            Detail=detail,
+        ).dump(),
+    )
+
+
+def _progress(
+    context, plan: Plan, kind: StatusKind, step: str | None = None, detail: str | None = None
+):
+    """A progress status, for an application that asked for them: best
+    effort. It has no outbox (the terminal status supersedes it), and a reply
+    queue that refuses must not stop the attempt whose requests are out."""
+    if not plan.Progress:
+        return
+    with contextlib.suppress(Exception):  # the SDK raises the activity's failure after its retries
+        yield from _status(context, plan, kind, step, detail)
+
+
+def _terminal_status(
+    context, plan: Plan, status: StatusKind, step: str | None = None, detail: str | None = None
+):
+    """Send the terminal status from the record's outbox. If every try fails,
+    the entry stays in the outbox and the Starter delivers it: the
+    orchestration still finishes with its outcome."""
+    try:
+        yield from _status(context, plan, status, step, detail)
+    except Exception:  # the SDK raises the activity's failure here after its retries
+        return False
+    return True
+
+
+def _alert(context, plan: Plan, kind: str, reason: str):
+    yield _call(
+        context, "raise_alert", AlertNote(Kind=kind, OrderID=plan.OrderID, Reason=reason).dump()
+    )
+
+
+# --- compensation ---------------------------------------------------------------------------
+
+
+def _compensate(context, plan: Plan, undo: list[str]):
+    """Undo `undo` (step names, in that order), each step's undo taken from
+    whichever of its tries answers first (`_undo_step`), record each outcome
+    (done, refused, or unconfirmed), then finish: Compensated when every undo
+    is done, CompensationFailed when one was refused, and otherwise (some undo
+    unconfirmed) a long retry of the compensation."""
+    # Best effort: a reply queue that refuses must not keep any undo from
+    # being sent (the terminal status has the outbox).
+    with contextlib.suppress(Exception):  # the SDK raises the activity's failure after its retries
+        yield from _status(context, plan, StatusKind.COMPENSATING)
+    steps = {s.Name: s for s in plan.Steps}
+    iid = context.instance_id
+    unconfirmed = refused = False
+    for name in undo:
+        outcome, error = yield from _undo_step(
+            context, plan, steps.get(name) or StepPlan(Name=name)
+        )
+        if outcome is ReplyOutcome.OK:
+            command: commands.StateWrite = commands.UndoDone(InstanceId=iid, Step=name)
+        elif outcome is ReplyOutcome.PERMANENT:
+            refused = True
+            command = commands.UndoFailed(InstanceId=iid, Step=name, Reason=error)
+        else:
+            unconfirmed = True
+            command = commands.UndoUnconfirmed(InstanceId=iid, Step=name, Reason=error)
+        yield from _write(context, command)
+    if unconfirmed and not refused:
+        return (yield from _defer_compensation(context, plan))
+    return (yield from _finish_compensation(context, plan))
+
+
+def _undo_step(context, plan: Plan, step: StepPlan):
+    """Undo `step` within plan.UndoTries tries, each with its own request (own
+    message id and reply event) and deadline. While a try waits, the replies
+    of earlier tries still count: an earlier try's late success ends the undo
+    as done (the remote service applied it: the idempotency key is the same
+    for every try). Late failures of earlier tries only keep the last error;
+    a permanent answer from any try ends the undo as failed. The
+    last try, answered transiently, still waits until its deadline for the
+    earlier tries that have not answered.
+
+    Each pending task is waited on again in the next race as the same task
+    object, never a second wait for the same event name (issue #507), and an
+    answer that arrived while no race was running resolves the next race at
+    once.
+
+    The undo has one deadline, `undo_by` (its first try's start + UndoTries x
+    step timeout); the last try waits until then. Every try's
+    request carries it as ListenUntil: an agent that gets a try again after
+    that try's own deadline (its earlier delivery crashed or lost its lock,
+    so it may never have answered) still makes the idempotent call, and its
+    answer still counts (ADR 005).
+
+    Returns (outcome, error): OK (undone), PERMANENT (refused for good), or
+    TRANSIENT when no try's answer says what happened (every one transient,
+    unanswered or lost: unconfirmed, which the long retry tries again rather than
+    calling it failed)."""
+    result: tuple[ReplyOutcome, str | None] = (
+        ReplyOutcome.TRANSIENT,
+        "no reply before the deadline",
+    )
+    earlier: list = []  # tasks of earlier tries that have not answered yet
+    undo_by = context.current_utc_datetime + timedelta(
+        seconds=plan.StepTimeoutSeconds * plan.UndoTries
+    )
+    for attempt_try in range(plan.UndoTries):
+        deadline = min(
+            context.current_utc_datetime + timedelta(seconds=plan.StepTimeoutSeconds), undo_by
+        )
+        current = yield from _request_undo(context, plan, step, deadline, attempt_try, undo_by)
+        # The last try waits for the earlier ones until the undo's deadline.
+        timer = context.create_timer(undo_by if attempt_try + 1 == plan.UndoTries else deadline)
+        waiting = [current, *earlier]
+        while True:
+            winner = yield context.task_any([*waiting, timer])
+            if winner is timer:
+                break  # this try's deadline: its task joins the earlier ones
+            waiting.remove(winner)
+            reply = _reply(context, plan, step.Name, "undo", winner.result)
+            if reply is None:  # an event without data answers nothing (the bridge always sends one)
+                continue
+            if reply.Outcome is ReplyOutcome.OK:
+                if not timer.is_completed:
+                    timer.cancel()
+                return ReplyOutcome.OK, None
+            result = (reply.Outcome, reply.Error or reply.Outcome.value)
+            if reply.Outcome is ReplyOutcome.PERMANENT:
+                if not timer.is_completed:
+                    timer.cancel()
+                return result
+            if winner is current and (attempt_try + 1 < plan.UndoTries or not waiting):
+                if not timer.is_completed:
+                    timer.cancel()
+                break  # this try gave up for now: the next try, earlier ones still count
+            # An earlier try's late failure, or the last try's: earlier tries
+            # may still answer until this try's deadline.
+        earlier = waiting
+    return result
+
+
+def _request_undo(context, plan: Plan, step: StepPlan, deadline, attempt_try: int, listen_until):
+    """Send try `attempt_try` of `step`'s undo (or start its inline activity)
+    and return the task its answer completes. Each try has its own message
+    id and reply event (SendRequest.label)."""
+    request = SendRequest(
+        InstanceId=context.instance_id,
+        Step=step.Name,
+        Action="undo",
+        Try=attempt_try,
+        Deadline=deadline,
+        Payload=plan.Payload,
+        ListenUntil=listen_until,
+        AppId=plan.AppId,
+    )
+    if step.Mode == "inline":
+        return context.call_activity("run_inline_step", _traced(context, request.dump()))
+    yield _call(context, "send_agent_request", request.dump())
+    return context.wait_for_external_event(reply_event_name(step.Name, plan.Attempt, request.label))
+
+
+def _finish_compensation(context, plan: Plan):
+    """The compensation's terminal write and its status (and alert)."""
+    written = yield from _write(
+        context, commands.FinishCompensation(InstanceId=context.instance_id)
+    )
+    if written.State is ProcessState.COMPENSATED:
+        yield from _terminal_status(context, plan, StatusKind.COMPENSATED)
+        return finish("compensated")
+    reason = f"compensation of order {plan.OrderID} failed"
+    yield from _alert(context, plan, "CompensationFailed", reason)
+    yield from _terminal_status(context, plan, StatusKind.COMPENSATION_FAILED, detail=reason)
+    return finish("compensation_failed", detail=reason)
+
+
+def _defer_compensation(context, plan: Plan):
+    """An undo is unconfirmed and none was refused: the compensation waits for
+    its long retry (the record keeps Compensating with NotBefore; the Starter
+    restarts it as a new attempt then), unless the long retries are spent:
+    then the same write ends it CompensationFailed, with its alert and status."""
+    written = yield from _write(context, commands.DeferCompensation(InstanceId=context.instance_id))
+    if written.State is ProcessState.COMPENSATING:
+        return finish("compensation_deferred", detail="undo unconfirmed; long retry")
+    reason = f"compensation of order {plan.OrderID} failed: undo unconfirmed after its long retries"
+    yield from _alert(context, plan, "CompensationFailed", reason)
+    yield from _terminal_status(context, plan, StatusKind.COMPENSATION_FAILED, detail=reason)
+    return finish("compensation_failed", detail=reason)
+
+
+# The orchestrator function_app.py registers: the live version only.
+order_workflow = orchestrator()

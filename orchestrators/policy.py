@@ -1,7 +1,7 @@
 """What the Starter reads of the app's settings, and nothing else: its batch
-and time limits, the attempt's step timeout and the retry policy, and for a
-claim that marks the attempt's steps (workflow 2.4, ADR 021a) the steps, how
-each runs and which applications get progress statuses. Built from Settings
+and time limits, the attempt's step timeout and the retry policy, and for the
+claim that marks the attempt's steps (ADR 021a) the steps, how each runs and
+which applications get progress statuses. Built from Settings
 and the step catalog by the composition root (bootstrap)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 
-from adapters.settings import Settings, version_at_least
+from adapters.settings import Settings
 from domain.state_machine import RetryPolicy
 
 
@@ -23,9 +23,8 @@ class StarterPolicy:
     starter_max_batches: int = 10
     starter_run_budget: timedelta = timedelta(seconds=4)
     retry: RetryPolicy = field(default_factory=RetryPolicy)
-    # Workflow 2.4 and later: the claim marks every step to do Running until
-    # the attempt's one deadline and gives the attempt its plan (ADR 021a).
-    marks_steps: bool = False
+    # The claim marks every step to do Running until the attempt's one
+    # deadline and gives the attempt its plan (ADR 021a).
     steps: tuple[str, ...] = ()
     step_modes: Mapping[str, str] = field(default_factory=dict)
     progress_apps: frozenset[str] = frozenset()
@@ -38,7 +37,6 @@ class StarterPolicy:
         step_modes: Mapping[str, str] | None = None,
     ) -> StarterPolicy:
         return cls(
-            marks_steps=bool(steps) and version_at_least(settings.workflow_version, (2, 4)),
             steps=tuple(steps),
             step_modes=dict(step_modes or {}),
             progress_apps=frozenset(settings.progress_apps),

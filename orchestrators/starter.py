@@ -7,10 +7,11 @@ Each run (timer trigger, a singleton across hosts):
    room left under MAX_PROCESSING)) while the last batch was full, for at
    most STARTER_MAX_BATCHES batches and STARTER_RUN_BUDGET_SECONDS, each
    record with one conditional replace on the etag its query returned:
-   Processing, LockedBy = the attempt's instance id, Attempt + 1, CompleteBy =
-   now + claim timeout (the attempt's recovery-index entry is added first);
-3. starts that attempt's orchestration, with the claimed record and its etag
-   as input (workflow 2.0's first write needs no read). The claim comes first
+   Processing, LockedBy = the attempt's instance id, Attempt + 1, every step
+   to do Running and CompleteBy = the attempt's one deadline, now + steps to
+   do x step timeout (the attempt's recovery-index entry is added first);
+3. starts that attempt's orchestration, with the claim's etag, the plan and
+   the deadline as input (the attempt reads nothing to run). The claim comes first
    and sets CompleteBy, so a starter that dies between claim and start leaves a
    record the Supervisor recovers; starting an instance id that already exists
    (a re-run after a crash) is not an error.
@@ -24,7 +25,7 @@ message ids that duplicate detection cannot drop), at most
 `max_compensation_restarts` times, then CompensationFailed with an alert;
 starts a compensation whose attempt was written but whose instance does not
 exist and which nothing has written since (never started: no restart counted);
-restarts a compensation whose long retry is due (workflow 2.2 left it
+restarts a compensation whose long retry is due (the workflow left it
 Compensating with NotBefore after an unconfirmed undo, ADR 019a) the same
 way, not counted as a restart (its long retries are bounded when deferred); and
 delivers terminal statuses still in a record's outbox after `status_grace`
@@ -104,8 +105,8 @@ class StarterReport:
 
 async def start_attempt(client, instance_id: str, attempt_input: dict | None = None) -> None:
     """Start the attempt's orchestration; an existing instance is fine.
-    `attempt_input` (orchestrators.contracts.AttemptInput) spares a 2.0
-    attempt its first read; older versions ignore it."""
+    `attempt_input`: orchestrators.contracts.AttemptStart, or None for a
+    compensation, which reads the record's undo log."""
     try:
         await client.start_new(WORKFLOW_NAME, instance_id, attempt_input)
     except Exception:
@@ -230,8 +231,7 @@ class Starter:
         its last write) is restarted as a new attempt (undos are idempotent),
         within a budget: past it, CompensationFailed and an alert. Running
         instances are left alone, and so is a compensation waiting for the
-        long retry of an unconfirmed undo until its NotBefore (workflow 2.2,
-        ADR 019a); then it is restarted the same way, not counted as a restart."""
+        long retry of an unconfirmed undo until its NotBefore (ADR 019a); then it is restarted the same way, not counted as a restart."""
         batch = self._settings.starter_batch_size
         # Page by id across runs: with more live compensations than one page,
         # each run looks at the next page, so a dead one behind them is reached.
@@ -242,7 +242,7 @@ class Starter:
             if record.LockedBy is None:
                 continue
             if compensation_waits(record, now):
-                # An unconfirmed undo's long retry (workflow 2.2, ADR 019a):
+                # An unconfirmed undo's long retry (ADR 019a):
                 # restarted once its NotBefore has passed, as below.
                 report.compensations_waiting += 1
                 continue
@@ -443,30 +443,18 @@ class Starter:
             if await self.claim_and_start(client, record, etag, now, report) is None:
                 report.lost += 1  # another starter (or the fast path) won the etag
 
-    def _marks(self, record: OrderState, now: datetime) -> tuple[list[str], datetime] | None:
-        """What a 2.4 claim marks (domain.state_machine.claim_marking): every
-        step not Completed, Running until the attempt's one deadline, a step
-        timeout per step to do from now. None: the claim marks nothing (an
-        older workflow version is live; an application that gets progress
-        statuses, whose attempt begins and advances as 2.3's does, sending
-        them; nothing left to do)."""
+    def _marks(self, record: OrderState, now: datetime) -> tuple[list[str], datetime]:
+        """What a claim marks (domain.state_machine.claim_marking): every step
+        not Completed, Running until the attempt's one deadline, a step
+        timeout per step to do from now (one at least: an attempt with
+        nothing left to do still has its finishing write to make)."""
         p = self._settings
-        if not p.marks_steps or record.AppId in p.progress_apps:
-            return None
         todo = [
             name
             for name in p.steps
             if name not in record.Steps or record.Steps[name].Status is not StepStatus.COMPLETED
         ]
-        if not todo:
-            return None
-        return todo, now + len(todo) * p.step_timeout
-
-    def _index_deadline(self, now: datetime) -> datetime:
-        """Where the attempt's one recovery-index entry goes: no later than
-        any deadline the attempt will have (its claim's, and each step's,
-        which starts after the claim), so the Supervisor never visits it late."""
-        return now + min(self._settings.retry.claim_timeout, self._settings.step_timeout)
+        return todo, now + max(len(todo), 1) * p.step_timeout
 
     async def claim_and_start(
         self,
@@ -495,29 +483,28 @@ class Starter:
             # an entry newer than its record) until the next claim, up to the
             # long-retry delay, and other orders' recoveries with it.
             return None
-        marks = self._marks(record, now)
-        indexed_at = marks[1] if marks is not None else self._index_deadline(now)
+        todo, deadline = self._marks(record, now)
         # The deadline is indexed before the record carries it (see
         # adapters.recovery_index): a claim lost to another claimer leaves an
         # extra entry for the attempt that claimer took, which is harmless.
-        await self._index.add(record.id, indexed_at, record.Attempt + 1)
-        won = await self._store.claim_known(record, etag, now, self._settings.retry, marks)
+        await self._index.add(record.id, deadline, record.Attempt + 1)
+        won = await self._store.claim_known(
+            record, etag, now, self._settings.retry, (todo, deadline)
+        )
         if won is None:
             return None
         claimed, claimed_etag = won
         report.claimed += 1
         telemetry.app_metrics().attempts.add(1)
         self._crash_point("starter.after_claim")
-        # Workflow 2.3's input: the claim's etag names the record (2.2 reads it);
-        # 2.4's adds the deadline and the plan when the claim marked the steps.
+        # The attempt's input: the claim's etag names the record, and the
+        # plan and the one deadline let it run without reading it.
         step_timeout = int(self._settings.step_timeout.total_seconds())
         attempt_input = AttemptStart(
             Etag=claimed_etag,
             StepTimeoutSeconds=step_timeout,
-            # A marked attempt's entry is at its deadline (2.4 reads it there).
-            IndexedAt=indexed_at if marks is None else None,
             Payload=step_payload(order) if order is not None else None,
-            Deadline=marks[1] if marks is not None else None,
+            Deadline=deadline,
             Plan=plan_for(
                 claimed,
                 claimed.Attempt,
@@ -525,17 +512,15 @@ class Starter:
                 self._settings.steps,
                 self._settings.step_modes,
                 step_timeout,
-                False,
-            )
-            if marks is not None
-            else None,
+                claimed.AppId in self._settings.progress_apps,
+            ),
+            # What no attempt had sent before this claim: what a failure may
+            # make NotStarted again.
             Fresh=[
                 n
-                for n in marks[0]
+                for n in todo
                 if n not in record.Steps or record.Steps[n].Status is StepStatus.NOT_STARTED
-            ]
-            if marks is not None
-            else None,
+            ],
             Trace=telemetry.start_attempt(
                 claimed.id, _owner(claimed), claimed.Attempt, claimed.Trace
             ),
