@@ -53,7 +53,7 @@ def stack_on_version(run_dir: Path, version: str) -> Iterator[Stack]:
     """A stack whose host starts new orchestrations on workflow `version` (the
     repo's host.json with another defaultVersion); `upgrade` replaces it."""
     host = json.loads((REPO / "host.json").read_text())
-    assert host["extensions"]["durableTask"]["defaultVersion"] == "2.4"
+    assert host["extensions"]["durableTask"]["defaultVersion"] == "1.0"
     host["extensions"]["durableTask"]["defaultVersion"] = version
     old_host_json = run_dir / f"host-{version}.json"
     old_host_json.write_text(json.dumps(host))
@@ -64,7 +64,7 @@ def stack_on_version(run_dir: Path, version: str) -> Iterator[Stack]:
 
 
 async def upgrade(stack: Stack) -> None:
-    """Replace the host by one with the repo's host.json (defaultVersion 2.4)."""
+    """Replace the host by one with the repo's host.json (defaultVersion 1.0)."""
     stack.host_args = []
     await asyncio.to_thread(stack.replace_host)
 

@@ -78,7 +78,7 @@ def test_queries_match_the_apps_log_messages():
     alerts_source = (ROOT / "reporting" / "alerts.py").read_text()
     assert '"operator alert %s for %s: %s"' in alerts_source
     assert 'f"order {alert.OrderID}"' in alerts_source
-    assert '"CompensationFailed"' in (ROOT / "orchestrators" / "workflow_v2_1.py").read_text()
+    assert '"CompensationFailed"' in (ROOT / "orchestrators" / "order_workflow.py").read_text()
     # The Supervisor's Error and the workflow's Failed/CompensationFailed send
     # their alert from the record's outbox, with these kinds.
     outbox = (ROOT / "reporting" / "status.py").read_text()

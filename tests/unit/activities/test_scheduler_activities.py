@@ -10,12 +10,20 @@ import pytest
 from domain.errors import StatusNotSent
 from domain.models import ProcessState, StatusKind
 from orchestrators.commands import parse_state_write
-from orchestrators.contracts import SendRequest, StatusNote
-from tests.unit.orchestrators.driver import World
+from orchestrators.contracts import FinishAll, SendRequest, StatusNote
+from tests.unit.orchestrators.driver import STEPS, World
 
 
 async def _write(acts, iid, kind, **fields):
     return await acts.write_state(parse_state_write({"InstanceId": iid, "Kind": kind, **fields}))
+
+
+async def _fail(acts, iid, step="reserve-inventory", compensate=False):
+    """The attempt's finishing write for a refusal of `step`: Error, or
+    with `compensate` the compensation begun."""
+    return await acts.finish_attempt(
+        FinishAll(InstanceId=iid, Failed=step, Reason="declined", Compensate=compensate)
+    )
 
 
 @pytest.mark.parametrize("final", ["processed", "failed", "compensate"])
@@ -23,25 +31,28 @@ async def test_every_write_run_twice_is_one_write_and_never_stale(final):
     world = World()
     iid = await world.claimed()
     acts = world.activities()
-    deadline = world.now + timedelta(minutes=1)
-    steps = ["reserve-inventory", "charge-payment", "arrange-shipment"]
-    writes = []
-    for step in steps if final == "processed" else steps[:1]:
-        writes += [
-            ("start_step", {"Step": step, "Deadline": deadline}),
-            ("complete_step", {"Step": step, "Reference": f"r-{step}", "Deadline": deadline}),
-        ]
     if final == "processed":
-        writes.append(("processed", {}))
-    elif final == "failed":
-        writes.append(("failed", {"Step": "charge-payment", "Reason": "declined"}))
+        finish = FinishAll(InstanceId=iid, Done={s: f"r-{s}" for s in STEPS})
     else:
-        writes += [
-            ("start_step", {"Step": "charge-payment", "Deadline": deadline}),
-            ("begin_compensation", {"Step": "charge-payment", "Reason": "declined"}),
-            ("undo_done", {"Step": "charge-payment"}),
-            ("undo_done", {"Step": "reserve-inventory"}),
-            ("finish_compensation", {}),
+        done = {STEPS[0]: "r-0"} if final == "compensate" else {}
+        finish = FinishAll(
+            InstanceId=iid,
+            Done=done,
+            Failed=STEPS[1] if done else STEPS[0],
+            Reason="declined",
+            Compensate=bool(done),
+        )
+    first = await acts.finish_attempt(finish)
+    after_first = world.store.docs["webshop:A1"][0]
+    again = await acts.finish_attempt(finish)
+    assert not first.Stale, first.Reason
+    assert not again.Stale, again.Reason
+    assert first.State == again.State
+    assert world.store.docs["webshop:A1"][0]["History"] == after_first["History"]
+    writes = []
+    if final == "compensate":
+        writes = [("undo_done", {"Step": s}) for s in first.Plan.Undo] + [
+            ("finish_compensation", {})
         ]
     for kind, fields in writes:
         first = await _write(acts, iid, kind, **fields)
@@ -64,15 +75,11 @@ async def test_every_write_run_twice_is_one_write_and_never_stale(final):
 async def test_a_write_by_another_attempt_is_stale():
     world = World()
     iid = await world.claimed()
-    result = await _write(
-        world.activities(),
-        "webshop:A1:7",
-        "start_step",
-        Step="reserve-inventory",
-        Deadline=world.now + timedelta(minutes=1),
-    )
-    assert result.Stale
+    acts = world.activities()
+    assert (await _write(acts, "webshop:A1:7", "transient", Step=STEPS[0])).Stale
+    assert (await acts.finish_attempt(FinishAll(InstanceId="webshop:A1:7"))).Stale
     assert iid != "webshop:A1:7"
+    assert (await world.record()).ProcessState is ProcessState.PROCESSING
 
 
 async def test_agent_request_sent_twice_is_one_message():
@@ -90,7 +97,7 @@ async def test_terminal_status_run_twice_is_one_message_from_the_outbox():
     world = World()
     iid = await world.claimed()
     acts = world.activities()
-    await _write(acts, iid, "failed", Step="reserve-inventory", Reason="declined")
+    await _fail(acts, iid)
     note = StatusNote(
         InstanceId=iid, ReplyTo="replies-webshop", Status=StatusKind.FAILED, Detail="declined"
     )
@@ -104,7 +111,7 @@ async def test_terminal_status_that_cannot_be_sent_raises_and_stays_in_the_outbo
     world = World()
     iid = await world.claimed()
     acts = world.activities()
-    await _write(acts, iid, "failed", Step="reserve-inventory", Reason="declined")
+    await _fail(acts, iid)
     world.bus.fail_next = ConnectionError("down")
     with pytest.raises(StatusNotSent):
         await acts.report_status(
@@ -125,7 +132,7 @@ async def test_an_error_records_alert_goes_with_its_status_and_survives_a_failed
     world = World()
     iid = await world.claimed()
     acts = world.activities()
-    await _write(acts, iid, "failed", Step="reserve-inventory", Reason="declined")
+    await _fail(acts, iid)
     await acts.raise_alert(AlertNote(Kind="OrderError", OrderID="webshop:A1", Reason="declined"))
     assert world.sent("alerts") == []
     note = StatusNote(
@@ -144,17 +151,16 @@ async def test_an_error_records_alert_goes_with_its_status_and_survives_a_failed
 
 
 async def test_a_terminal_status_sent_without_its_outbox_entry_uses_the_entrys_id():
-    """Simulation seed 42 --orders 3 --version 1.1: report_status read a version
-    lagging the Failed write (no outbox entry yet) and sent Failed under its own
-    id ".../Failed/1/reserve-inventory"; the outbox then sent ".../Failed/1":
-    one terminal status, two message ids, both delivered."""
+    """report_status reading a version lagging the Failed write (no outbox
+    entry yet) sends Failed under the id the entry has, so the outbox's send
+    of it is dropped as a duplicate: one terminal status, one message id."""
     from domain.models import OrderState
 
     world = World()
     iid = await world.claimed()
     acts = world.activities()
     before = await world.record()
-    await _write(acts, iid, "failed", Step="reserve-inventory", Reason="declined")
+    await _fail(acts, iid)
     real_read = world.store.read
     lagging = {"left": 1}
 

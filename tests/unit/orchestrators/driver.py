@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -102,9 +102,8 @@ class World:
     # Steps run inline (INLINE_STEPS) and the agent library that runs them.
     step_modes: dict[str, str] | None = None
     inline_agent: Any = None
-    # The claim marks the attempt's steps (workflow 2.4's claimer, ADR 021a):
-    # the Starter gets its policy with the step catalog and version 2.4.
-    marking: bool = False
+    # The input each claimed attempt was started with, by instance id.
+    inputs: dict[str, dict] = field(default_factory=dict)
 
     def activities(self) -> SchedulerActivities:
         return SchedulerActivities(
@@ -120,13 +119,9 @@ class World:
         )
 
     def starter(self) -> Starter:
-        policy: Settings | StarterPolicy = self.settings
-        if self.marking:
-            policy = StarterPolicy.from_settings(
-                replace(self.settings, workflow_version="2.4"), STEPS, self.step_modes
-            )
+        """The Starter as the root builds it: its claim marks the steps."""
         return Starter(
-            policy,
+            StarterPolicy.from_settings(self.settings, STEPS, self.step_modes),
             self.store,
             self.index,
             clock=ReadClock(lambda: self.now),
@@ -154,13 +149,15 @@ class World:
         assert instance_id is not None
         return instance_id, client.started[instance_id]
 
-    async def claimed(self, order_id: str = "A1") -> str:
-        """A Pending record claimed by the Starter: its attempt's instance id."""
-        order = OrderSubmitted.model_validate(order_payload(OrderID=order_id))
-        await self.orders.create_if_absent(order)
-        await self.store.create_if_absent(sm.new_record(order, self.now, STEPS))
-        claimed = await self.store.claim(order_key("webshop", order_id), self.now, POLICY)
-        return claimed.LockedBy
+    async def claimed(self, order_id: str = "A1", **fields) -> str:
+        """A Pending record claimed by the timer Starter: its attempt's
+        instance id (its input kept in `inputs`, where Driver finds it)."""
+        record, etag, _ = await self._submit(order_id, **fields)
+        client = StartingClient()
+        instance_id = await self.starter().claim_and_start(client, record, etag)
+        assert instance_id is not None
+        self.inputs[instance_id] = client.started[instance_id]
+        return instance_id
 
     async def record(self, order_id: str = "A1"):
         """The record of the webshop's order `order_id` (or of the key given)."""
@@ -191,8 +188,17 @@ class Driver:
         fail: Callable[[str, int], bool] = lambda name, call: False,
         before_activity: Callable[[str, dict], Any] | None = None,
         reply_delay: timedelta = timedelta(seconds=1),
-        input: dict | None = None,
+        input: dict | str | None = "claimed",
+        orchestrator: Callable[[Any], Any] = order_workflow,
     ) -> None:
+        """`input`: the orchestration's input; by default the one its claim
+        gave it (World.claimed), None for an instance started without one
+        (a compensation)."""
+        if input == "claimed":
+            input = world.inputs.get(instance_id)
+        assert not isinstance(input, str)
+        # The code each episode replays with: changed between episodes, an upgrade.
+        self.orchestrator = orchestrator
         self.world, self.instance_id, self.agent = world, instance_id, agent
         self.fail, self.before_activity, self.reply_delay = fail, before_activity, reply_delay
         self.history: list[dict] = [
@@ -285,7 +291,7 @@ class Driver:
             started = _event(ORCHESTRATOR_STARTED, self.world.now)
             replay = [dict(e, IsPlayed=True) for e in self.history] + [started] + new_events
             result = run_episode(
-                order_workflow,
+                self.orchestrator,
                 instance_id=self.instance_id,
                 history=replay,
                 input_json=None if self.input is None else json.dumps(self.input),

@@ -1,12 +1,14 @@
-"""The history corpus replayed, as Temporal's `Replayer` does: every recorded
-history of tests/fixtures/histories (real order_workflow instances of every
-version, recorded by the local host: tests/fixtures/histories/record.py) goes
+"""The history corpus replayed, as Temporal's `Replayer` does: the
+determinism guard of the live version (docs/adr/018d-versioning.md). Every
+recorded history of tests/fixtures/histories (real order_workflow instances,
+recorded by the local host: tests/fixtures/histories/record.py) goes
 episode by episode through the Durable SDK's replay engine
 (devstack.host.replay.run_episode) with the orchestrator function_app.py
 registers, and must decide exactly what the host recorded: the same
 activities (name and input) and timers (fire time) at the same task ids, and
-the same end and output. A change that alters what a frozen version does on
-replay fails here, named by file, instance and episode."""
+the same end and output. A change that alters what an instance in flight
+does on replay fails here, named by file, instance and episode: such a change
+is a branch on `context.version`, with histories of the new version recorded."""
 
 from __future__ import annotations
 
@@ -23,12 +25,7 @@ from devstack.host.replay import SCHEDULING_EVENTS, EpisodeResult, run_episode
 
 CORPUS = Path(__file__).resolve().parents[2] / "fixtures" / "histories"
 FILES = sorted(CORPUS.glob("*.json"))
-LIVE = "2.4"
-OUTCOMES = ("processed", "compensated", "failed", "retried")
-UPGRADES = ("upgraded", "upgraded-retried")
-# Versions before the unconfirmed-undo long retry (ADR 019a); every later one
-# has an `unconfirmed` history: the deferral, the Starter's restart, the end.
-BEFORE_UNCONFIRMED = ("1.0", "1.1", "2.0", "2.1")
+OUTCOMES = ("processed", "compensated", "failed", "retried", "unconfirmed")
 
 EXECUTION_STARTED, EXECUTION_COMPLETED = 0, 1
 TASK_SCHEDULED, TIMER_CREATED = 4, 10
@@ -155,25 +152,15 @@ def test_every_recorded_history_replays_to_what_the_host_recorded(
     assert replay_differences(orchestrator, instance) == []
 
 
-def test_the_corpus_holds_every_version_and_outcome() -> None:
-    from orchestrators.order_workflow import VERSIONS
+def test_the_corpus_holds_every_outcome_of_the_live_version() -> None:
+    from orchestrators.order_workflow import VERSION
 
-    names = {p.stem for p in FILES}
-    expected = {f"{v}-{o}" for v in VERSIONS for o in OUTCOMES}
-    expected |= {f"{v}-{o}" for v in VERSIONS if v != LIVE for o in UPGRADES}
-    expected |= {f"{v}-unconfirmed" for v in VERSIONS if v not in BEFORE_UNCONFIRMED}
-    assert names == expected
-    order = sorted(VERSIONS, key=lambda v: tuple(int(p) for p in v.split(".")))
+    assert {p.stem for p in FILES} == {f"{VERSION}-{o}" for o in OUTCOMES}
     for path in FILES:
         version, outcome = path.stem.split("-", 1)
         versions = [i["version"] for i in json.loads(path.read_text())["instances"]]
         if outcome == "retried":
             assert versions == [version, version], path.name
-        elif outcome == "upgraded-retried":
-            # Attempt 2 ran the version that was live when it was recorded.
-            assert len(versions) == 2, path.name
-            assert versions[0] == version, path.name
-            assert order.index(versions[1]) > order.index(version), path.name
         elif outcome == "unconfirmed":
             # Attempt 1 deferred; each restart is an attempt on the same version.
             assert len(versions) >= 2, path.name
@@ -183,7 +170,9 @@ def test_the_corpus_holds_every_version_and_outcome() -> None:
 
 
 def _a_history_with_activities() -> dict[str, Any]:
-    return json.loads((CORPUS / "1.1-compensated.json").read_text())["instances"][0]
+    from orchestrators.order_workflow import VERSION
+
+    return json.loads((CORPUS / f"{VERSION}-compensated.json").read_text())["instances"][0]
 
 
 def test_a_changed_activity_input_in_the_history_is_a_difference(orchestrator: Any) -> None:

@@ -1,15 +1,12 @@
-"""Workflow 2.1 (known defect N3, simulation seeds 1296 and 1377): an undo
-try whose deadline passed may still be answered, and that answer counts while
-a later try waits. 2.0 ignored it: when the later tries failed too (an
-outage), the order ended CompensationFailed although the remote service had
-undone the step. 2.0 instances keep 2.0's behaviour (their histories replay it)."""
+"""Late undo answers (ADR 005): an undo try whose deadline passed may still
+be answered, and that answer counts while a later try waits, so an outage
+during the later tries does not end the order CompensationFailed when the
+remote service had undone the step."""
 
 from __future__ import annotations
 
 import json
 from datetime import datetime, timedelta
-
-import pytest
 
 from domain.models import ProcessState
 from orchestrators import order_workflow as wf
@@ -57,7 +54,7 @@ def late_success_then_outage(attempt_try):
 
 
 async def test_a_late_success_of_an_earlier_undo_try_counts():
-    world, driver = await _run("2.1", late_success_then_outage)
+    world, driver = await _run(wf.CURRENT_VERSION, late_success_then_outage)
     assert driver.output["Outcome"] == "compensated"
     record = await world.record()
     assert record.ProcessState is ProcessState.COMPENSATED
@@ -67,20 +64,13 @@ async def test_a_late_success_of_an_earlier_undo_try_counts():
     assert [json.loads(b)["Status"] for b in world.bus.to("replies-webshop")][-1] == "Compensated"
 
 
-async def test_version_2_0_keeps_ignoring_it():
-    """What a 2.0 history replays: the defect, kept for instances started on 2.0."""
-    world, driver = await _run("2.0", late_success_then_outage)
-    assert driver.output["Outcome"] == "compensation_failed"
-    assert len(undo_requests(world, STEPS[1])) == 3
-
-
 async def test_a_late_failure_of_an_earlier_try_does_not_end_the_current_one():
     def answers(attempt_try):
         if attempt_try == 0:
             return ("transient", "refund service busy", LATE)
         return ("ok", {"Reference": "refund-1"}, timedelta(seconds=20))
 
-    world, driver = await _run("2.1", answers)
+    world, driver = await _run(wf.CURRENT_VERSION, answers)
     assert driver.output["Outcome"] == "compensated"
     assert len(undo_requests(world, STEPS[1])) == 2
 
@@ -89,31 +79,12 @@ async def test_a_permanent_refusal_from_any_try_ends_the_undo_as_failed():
     def answers(attempt_try):
         return ("permanent", "refund refused: charge disputed", LATE) if attempt_try == 0 else None
 
-    world, driver = await _run("2.1", answers)
+    world, driver = await _run(wf.CURRENT_VERSION, answers)
     assert driver.output["Outcome"] == "compensation_failed"
     record = await world.record()
     assert record.ProcessState is ProcessState.COMPENSATION_FAILED
     assert "charge disputed" in record.LastError
     assert len(undo_requests(world, STEPS[1])) == 2
-
-
-async def test_no_answer_at_all_still_gives_up_after_the_tries():
-    world, driver = await _run("2.1", lambda attempt_try: None)
-    assert driver.output["Outcome"] == "compensation_failed"
-    assert len(undo_requests(world, STEPS[1])) == 3
-    record = await world.record()
-    assert "no reply before the deadline" in record.LastError
-
-
-@pytest.mark.parametrize("version", ["2.0", "2.1"])
-async def test_happy_compensation_is_the_same_on_both_versions(version):
-    world, driver = await _run(version, lambda attempt_try: ("ok", {"Reference": "r"}))
-    assert driver.output["Outcome"] == "compensated"
-    assert [len(undo_requests(world, s)) for s in STEPS] == [1, 1, 1]
-
-
-def test_2_1_is_registered_and_2_0_stays():
-    assert {"1.0", "1.1", "2.0", "2.1"} <= set(wf.VERSIONS)
 
 
 async def test_the_last_try_giving_up_still_waits_for_an_earlier_tries_answer():
@@ -128,23 +99,9 @@ async def test_the_last_try_giving_up_still_waits_for_an_earlier_tries_answer():
             return ("transient", "circuit open for inventory", timedelta(seconds=1))
         return None
 
-    world, driver = await _run("2.1", answers)
+    world, driver = await _run(wf.CURRENT_VERSION, answers)
     assert driver.output["Outcome"] == "compensated"
     assert len(undo_requests(world, STEPS[1])) == 3
-
-
-async def test_the_last_try_gives_up_at_its_deadline_when_nothing_else_answers():
-    def answers(attempt_try):
-        return (
-            ("transient", "circuit open for inventory", timedelta(seconds=1))
-            if attempt_try == 2
-            else None
-        )
-
-    world, driver = await _run("2.1", answers)
-    assert driver.output["Outcome"] == "compensation_failed"
-    record = await world.record()
-    assert "circuit open" in record.LastError
 
 
 def undo_deadlines(world, step):
@@ -161,20 +118,13 @@ async def test_every_undo_try_of_2_1_says_until_when_its_answer_counts():
     """Each try keeps its own deadline (no call starts after it on a first
     delivery) and carries the undo's one deadline as ListenUntil (first try
     + 3 x 60 s): a try redelivered after its own deadline may still call."""
-    world, _ = await _run("2.1", lambda attempt_try: None)
+    world, _ = await _run(wf.CURRENT_VERSION, lambda attempt_try: None)
     sent = undo_deadlines(world, STEPS[1])
     assert len(sent) == 3
     deadlines = [datetime.fromisoformat(d) for d, _ in sent]
     (listen_until,) = {datetime.fromisoformat(u) for _, u in sent}
     assert deadlines == [deadlines[0] + timedelta(seconds=60 * k) for k in range(3)]
     assert listen_until == deadlines[0] + timedelta(seconds=120)
-
-
-async def test_version_2_0_undo_requests_say_nothing_past_their_deadline():
-    world, _ = await _run("2.0", lambda attempt_try: None)
-    sent = undo_deadlines(world, STEPS[1])
-    assert len({d for d, _ in sent}) == 3
-    assert {u for _, u in sent} == {None}
 
 
 async def test_the_last_try_waits_for_an_earlier_try_until_the_undo_deadline():
@@ -189,6 +139,6 @@ async def test_the_last_try_waits_for_an_earlier_try_until_the_undo_deadline():
             return ("ok", {"Reference": "refund-1"}, timedelta(seconds=150))
         return ("transient", "circuit open for payment", timedelta(seconds=1))
 
-    world, driver = await _run("2.1", answers)
+    world, driver = await _run(wf.CURRENT_VERSION, answers)
     assert driver.output["Outcome"] == "compensated"
     assert len(undo_requests(world, STEPS[1])) == 3

@@ -12,7 +12,6 @@ version reads both that and the full AgentReply it was recorded with.
 from __future__ import annotations
 
 import ast
-import copy
 import json
 from pathlib import Path
 from typing import Any
@@ -25,10 +24,9 @@ from orchestrators.contracts import ReplyEvent, event_payload, read_reply, reply
 from tests.unit.orchestrators.test_history_corpus import (
     _instances,
     orchestrator,  # noqa: F401 - the fixture
-    replay_differences,
 )
 
-WORKFLOWS = sorted((Path(__file__).resolve().parents[3] / "orchestrators").glob("workflow_v*.py"))
+WORKFLOWS = [Path(__file__).resolve().parents[3] / "orchestrators" / "order_workflow.py"]
 EVENT_RAISED = 15
 ANSWER_FIELDS = {"Outcome", "Error", "Result"}
 
@@ -217,7 +215,7 @@ def _reads_of_replies(path: Path) -> tuple[set[str], list[str]]:
 
 
 @pytest.mark.parametrize("path", WORKFLOWS, ids=[p.stem for p in WORKFLOWS])
-def test_no_version_reads_more_of_a_reply_than_the_event_has(path):
+def test_the_workflow_reads_no_more_of_a_reply_than_the_event_has(path):
     attributes, other = _reads_of_replies(path)
     assert attributes, f"{path.name}: no reply read found (has the file changed shape?)"
     assert attributes <= ANSWER_FIELDS, sorted(attributes - ANSWER_FIELDS)
@@ -225,9 +223,9 @@ def test_no_version_reads_more_of_a_reply_than_the_event_has(path):
 
 
 def test_the_check_sees_a_read_of_an_identity_field(tmp_path):
-    """The check above can fail: a version that reads `reply.Step` is caught."""
+    """The check above can fail: a workflow that reads `reply.Step` is caught."""
     source = WORKFLOWS[-1].read_text()
-    marker = 'reference = (reply.Result or {}).get("Reference")'
+    marker = 'done[step.Name] = (reply.Result or {}).get("Reference")'
     assert marker in source
     changed = tmp_path / "workflow_changed.py"
     changed.write_text(source.replace(marker, f"{marker}\n        _ = reply.Step"))
@@ -256,49 +254,10 @@ def _full(data: Any) -> bool:
     return isinstance(data, dict) and "InstanceId" in data
 
 
-def _slimmed(instance: dict[str, Any]) -> tuple[dict[str, Any], int]:
-    """`instance` with every raised reply that is a whole reply rewritten to
-    its event_payload, encoded as the recording host stored it. The count of
-    events rewritten."""
-    instance = copy.deepcopy(instance)
-    rewritten = 0
-    for event, data, twice in _raised(instance):
-        if not _full(data):
-            continue  # recorded from a bridge that raised the slim event already
-        payload = json.dumps(event_payload(AgentReply.model_validate(data)))
-        event["Input"] = json.dumps(payload) if twice else payload
-        rewritten += 1
-    return instance, rewritten
-
-
-# The recorded instances that hold a whole reply somewhere (every version's
-# histories recorded before ADR 021h; those recorded after hold slim events).
-WITH_FULL_REPLIES = [
-    p for p in _instances() if any(_full(data) for _, data, _ in _raised(p.values[0]))
-]
-
-
-@pytest.mark.parametrize("instance", WITH_FULL_REPLIES)
-def test_every_recorded_history_replays_the_same_with_the_event_the_bridge_raises_now(
-    orchestrator: Any,  # noqa: F811 - the fixture
-    instance: dict[str, Any],
-) -> None:
-    slim, rewritten = _slimmed(instance)
-    assert rewritten
-    assert slim != instance
-    assert replay_differences(orchestrator, slim) == []
-
-
-def test_the_corpus_has_raised_replies_of_every_version():
-    from orchestrators.order_workflow import VERSIONS
-
-    raised = {inst["version"] for p in _instances() for inst in p.values if _raised(inst)}
-    assert raised == set(VERSIONS)
-    # Every version before 2.4 was recorded with the whole reply (rewritten above).
-    full = {inst["version"] for p in WITH_FULL_REPLIES for inst in p.values}
-    assert full == set(VERSIONS) - {"2.4"}
-    # 2.4's histories were recorded with the event the bridge raises now.
-    for p in _instances():
-        for inst in p.values:
-            if inst["version"] == "2.4":
-                assert not any(_full(data) for _, data, _ in _raised(inst)), p.id
+def test_the_corpus_holds_replies_as_the_bridge_raises_them():
+    """Every recorded reply is the slim event (ADR 021h), encoded twice as
+    the SDK's client posts it."""
+    raised = [r for p in _instances() for r in _raised(p.values[0])]
+    assert raised
+    assert not any(_full(data) for _, data, _ in raised)
+    assert all(twice for _, _, twice in raised)

@@ -1,25 +1,16 @@
-"""The typed state commands and the one way a stale attempt ends.
-
-Histories already written (1.0 and 2.x instances in flight) hold the old
-all-optional StateWrite shape: every kind must still parse into its command
-and dump back to the same bytes. And a stale write ends each workflow version
-with the same result as before the commands (the step it was at, the reason)."""
+"""The typed state commands and the one way a stale attempt ends: every
+kind parses into its command and dumps back what it read, a malformed one
+is refused, and a stale write ends the attempt naming the step it was at
+and the store's reason."""
 
 from __future__ import annotations
-
-import json
 
 import pytest
 from pydantic import ValidationError
 
 from orchestrators.commands import (
-    BeginCompensation,
-    CompleteStep,
     FinishCompensation,
-    MarkFailed,
-    MarkProcessed,
     RecordTransient,
-    StartStep,
     UndoDone,
     UndoFailed,
     parse_state_write,
@@ -27,75 +18,39 @@ from orchestrators.commands import (
 from orchestrators.contracts import (
     WriteResult,
 )
-from orchestrators.workflow_v2_1 import StaleAttempt, ends_stale, unless_stale
+from orchestrators.order_workflow import StaleAttempt, ends_stale, unless_stale
 from tests.unit.orchestrators.driver import Driver, World
 
-DEADLINE = "2026-01-01T12:01:00Z"
-
-
-def old_shape(kind, step=None, deadline=None, reference=None, reason=None, trace=None):
-    """What the one all-optional StateWrite model dumped (field order included)."""
-    return {
-        "Trace": trace,
-        "InstanceId": "webshop:A1:1",
-        "Kind": kind,
-        "Step": step,
-        "Deadline": deadline,
-        "Reference": reference,
-        "Reason": reason,
-    }
-
-
-OLD_WRITES = [
-    (old_shape("start_step", "pay", DEADLINE), StartStep),
-    (old_shape("start_step", "pay", DEADLINE, trace={"traceparent": "00-ab-cd-01"}), StartStep),
-    (old_shape("complete_step", "pay", DEADLINE, "ref-1"), CompleteStep),
-    # 1.0 sends no deadline; a reply may carry no reference.
-    (old_shape("complete_step", "pay"), CompleteStep),
-    (old_shape("processed"), MarkProcessed),
-    (old_shape("failed", "pay", reason="step pay failed: declined"), MarkFailed),
-    (old_shape("begin_compensation", "pay", reason="step pay failed"), BeginCompensation),
-    # 1.0 names no step when it begins compensating.
-    (old_shape("begin_compensation", reason="step pay failed"), BeginCompensation),
-    (old_shape("transient", "pay", reason="busy"), RecordTransient),
+WRITES = [
+    (
+        {"InstanceId": "webshop:A1:1", "Kind": "transient", "Step": "pay", "Reason": "busy"},
+        RecordTransient,
+    ),
     # A transient reply may carry no error text.
-    (old_shape("transient", "pay"), RecordTransient),
-    (old_shape("undo_done", "pay"), UndoDone),
-    (old_shape("undo_failed", "pay", reason="no reply before the deadline"), UndoFailed),
-    (old_shape("finish_compensation"), FinishCompensation),
+    ({"InstanceId": "webshop:A1:1", "Kind": "transient", "Step": "pay"}, RecordTransient),
+    ({"InstanceId": "webshop:A1:1", "Kind": "undo_done", "Step": "pay"}, UndoDone),
+    (
+        {"InstanceId": "webshop:A1:1", "Kind": "undo_failed", "Step": "pay", "Reason": "no"},
+        UndoFailed,
+    ),
+    ({"InstanceId": "webshop:A1:1", "Kind": "finish_compensation"}, FinishCompensation),
 ]
 
 
-@pytest.mark.parametrize(("data", "command"), OLD_WRITES)
-def test_an_old_state_write_parses_into_its_command_and_dumps_the_same_bytes(data, command):
+@pytest.mark.parametrize(("data", "command"), WRITES)
+def test_a_state_write_parses_into_its_command_and_dumps_what_it_read(data, command):
     parsed = parse_state_write(data)
     assert type(parsed) is command
-    assert parsed.InstanceId == "webshop:A1:1"
-    assert json.dumps(parsed.dump()) == json.dumps(data)
-    # As Durable hands it over again: from the JSON text of the history.
-    assert type(parse_state_write(json.loads(json.dumps(data)))) is command
-
-
-def test_old_shapes_without_the_null_fields_parse_too():
-    assert parse_state_write({"InstanceId": "webshop:A1:1", "Kind": "processed"}) == MarkProcessed(
-        InstanceId="webshop:A1:1"
-    )
-    assert parse_state_write(
-        {"InstanceId": "webshop:A1:1", "Kind": "undo_done", "Step": "pay"}
-    ) == UndoDone(InstanceId="webshop:A1:1", Step="pay")
+    assert {k: v for k, v in parsed.dump().items() if v is not None} == data
 
 
 @pytest.mark.parametrize(
     "data",
     [
-        old_shape("processed", step="pay"),  # a field this kind does not use, not null
-        old_shape("start_step", "pay"),  # a step is started with its deadline
-        old_shape("start_step", deadline=DEADLINE),
-        old_shape("failed", "pay"),  # failing needs its reason
-        old_shape("undo_failed", "pay"),
-        old_shape("undo_done"),
-        old_shape("complete"),  # no such kind
-        {**old_shape("processed"), "Extra": 1},
+        {"InstanceId": "webshop:A1:1", "Kind": "undo_failed", "Step": "pay"},  # no reason
+        {"InstanceId": "webshop:A1:1", "Kind": "undo_done"},  # no step
+        {"InstanceId": "webshop:A1:1", "Kind": "processed"},  # not a write_state kind
+        {"InstanceId": "webshop:A1:1", "Kind": "finish_compensation", "Extra": 1},
     ],
 )
 def test_a_malformed_state_write_is_refused(data):
@@ -136,6 +91,15 @@ def ok(send):
     return ("ok", {"Reference": f"ref-{send.Step}-{send.Action}"})
 
 
+def decline_transiently(step):
+    def agent(send):
+        if send.Action == "do" and send.Step == step:
+            return ("transient", "card service busy")
+        return ok(send)
+
+    return agent
+
+
 def decline(step):
     def agent(send):
         if send.Action == "do" and send.Step == step:
@@ -146,27 +110,17 @@ def decline(step):
 
 
 @pytest.mark.parametrize(
-    ("version", "agent", "at_write", "step"),
+    ("agent", "at_write", "step"),
     [
-        # 1.0: start, complete, start, complete, start, complete, processed.
-        ("1.0", ok, 2, "charge-payment"),
-        ("1.0", ok, 6, None),
-        # 1.0's begin_compensation names no step; the result still does.
-        ("1.0", decline("charge-payment"), 3, "charge-payment"),
-        ("1.0", decline("charge-payment"), 4, "reserve-inventory"),  # its undo
-        ("1.0", decline("charge-payment"), 5, None),  # finish compensation
-        ("1.1", ok, 3, "charge-payment"),
-        ("1.1", ok, 6, None),
-        ("1.1", decline("charge-payment"), 3, "charge-payment"),
-        ("1.1", decline("charge-payment"), 5, "reserve-inventory"),
-        ("1.1", decline("charge-payment"), 6, None),
-        # 2.0 writes through write_state only off the happy path.
-        ("2.0", decline("charge-payment"), 0, "charge-payment"),
-        ("2.0", decline("charge-payment"), 2, "reserve-inventory"),
-        ("2.1", decline("charge-payment"), 3, None),
+        # The compensation's writes: each undo's outcome, then its end.
+        (decline("charge-payment"), 0, "charge-payment"),
+        (decline("charge-payment"), 1, "reserve-inventory"),
+        (decline("charge-payment"), 2, None),
+        # A transient failure's note.
+        (decline_transiently("charge-payment"), 0, "charge-payment"),
     ],
 )
-async def test_a_stale_write_ends_every_version_naming_where_it_was(version, agent, at_write, step):
+async def test_a_stale_write_ends_the_attempt_naming_where_it_was(agent, at_write, step):
     """Another attempt takes the record just before write_state call
     `at_write`: the run ends "stale", naming the step it was at (or none at
     the terminal writes) and the store's reason, and writes nothing more."""
@@ -182,7 +136,7 @@ async def test_a_stale_write_ends_every_version_naming_where_it_was(version, age
             world.store.docs["webshop:A1"] = (dict(doc, LockedBy="webshop:A1:99"), '"stolen"')
         count["n"] += 1
 
-    driver = Driver(world, iid, agent, version=version, before_activity=steal)
+    driver = Driver(world, iid, agent, before_activity=steal)
     assert await driver.run() == "completed"
     assert driver.output is not None
     assert {k: driver.output[k] for k in ("Outcome", "Step")} == {"Outcome": "stale", "Step": step}

@@ -1,4 +1,4 @@
-"""Workflow 2.2 (N3 closed, ADR 019a): an undo whose every try ended
+"""Unconfirmed undo (ADR 019a): an undo whose every try ended
 unconfirmed (transient, unanswered, lost) is no verdict. The record stays
 Compensating with a NotBefore (its long retry), the Starter restarts the
 compensation as a new attempt after that time, and the idempotent, fenced undo
@@ -76,10 +76,6 @@ async def _first_attempt(world, undo_of_step_1, version=CURRENT_VERSION):
     driver = Driver(world, instance_id, agent(undo_of_step_1), version=version, input=attempt_input)
     assert await driver.run() == "completed", driver.error
     return driver
-
-
-async def test_2_4_is_the_live_version_and_keeps_2_2s_compensation():
-    assert CURRENT_VERSION == "2.4"
 
 
 async def test_an_unconfirmed_undo_waits_for_a_long_retry_instead_of_failing():
@@ -205,13 +201,3 @@ async def test_the_long_retries_are_bounded_then_compensation_failed_with_its_al
     assert record.NotBefore is None
     assert alerts(world).count("CompensationFailed") == 1
     assert [s["Status"] for s in world.statuses()][-1] == "CompensationFailed"
-
-
-async def test_version_2_1_keeps_its_verdict():
-    """What a 2.1 history replays: the false CompensationFailed, kept for
-    instances started on 2.1 (sim seed 6789 stays a strict xfail there)."""
-    world = World()
-    driver = await _first_attempt(world, lost, version="2.1")
-    assert driver.output["Outcome"] == "compensation_failed"
-    assert (await world.record()).ProcessState is ProcessState.COMPENSATION_FAILED
-    assert len(undo_tries(world, STEPS[1])) == 3

@@ -9,7 +9,7 @@ import json
 from typing import ClassVar
 
 from adapters import telemetry
-from orchestrators import workflow_v2_1 as wf
+from orchestrators import order_workflow as wf
 from tests.unit.orchestrators.driver import Driver, World
 
 
@@ -27,7 +27,7 @@ async def test_every_activity_of_a_fast_started_attempt_carries_submits_trace(sp
 
     driver = Driver(world, instance_id, ok, input=attempt_input)
     assert await driver.run() == "completed"
-    assert [name for name, _ in driver.calls] == ["begin_attempt"] + ["advance_attempt"] * 3
+    assert [name for name, _ in driver.calls] == ["send_step"] * 3 + ["finish_attempt"]
     # every replay gave every activity the same carrier
     assert all(data["Trace"] == carrier for _, data in driver.calls)
 
@@ -44,8 +44,9 @@ async def test_the_timer_starters_attempt_has_a_trace_of_its_own(spans):
 
 async def test_an_instance_without_a_trace_sends_none():
     world = World()
-    instance_id = await world.claimed("A3")  # started by hand: no input at all
-    driver = Driver(world, instance_id, ok)
+    instance_id = await world.claimed("A3")
+    given = {k: v for k, v in world.inputs[instance_id].items() if k != "Trace"}
+    driver = Driver(world, instance_id, ok, input=given)
     assert await driver.run() == "completed"
     assert all(data.get("Trace") is None for _, data in driver.calls)
 

@@ -1,20 +1,21 @@
-"""Workflow 2.4 on a record its claim marked (ADR 021a), through the Durable
-SDK's replay with the real activities over fakes (driver.py): one write on
-the happy path, the attempt's one deadline everywhere, compensation of every
-step the record shows as possibly sent, a retry that sends every step again
-under the same idempotency keys, and the 2.3 path when the claim marked nothing."""
+"""The attempt its claim planned (ADR 021a), through the Durable SDK's
+replay with the real activities over fakes (driver.py): one write on the
+happy path, the attempt's one deadline everywhere, compensation of every step
+the record shows as possibly sent, a retry that sends every step again under
+the same idempotency keys, and progress statuses that never stop the work."""
 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from datetime import datetime
 
 from domain import state_machine as sm
 from domain.models import ProcessState, StepStatus
-from orchestrators import order_workflow as wf
 from tests.fakes import CountingOrders, CountingStateStore, FakeIndex
 from tests.unit.orchestrators.driver import (
     POLICY,
+    SETTINGS,
     STEPS,
     TIMER_CREATED,
     ActivityFailure,
@@ -32,19 +33,11 @@ def at(text: str) -> datetime:
     return datetime.fromisoformat(text.replace("Z", "+00:00"))
 
 
-def Driver(world, instance_id, agent, **kw):  # noqa: N802 (the driver's class, on 2.4)
-    return _Driver(world, instance_id, agent, version="2.4", **kw)
-
-
-def test_2_4_is_the_live_version():
-    with open("host.json") as f:
-        host = json.load(f)
-    assert host["extensions"]["durableTask"]["defaultVersion"] == wf.CURRENT_VERSION == "2.4"
-    assert set(wf.VERSIONS) == {"1.0", "1.1", "2.0", "2.1", "2.2", "2.3", "2.4"}
+Driver = _Driver
 
 
 async def test_the_claim_marks_every_step_running_until_the_attempts_one_deadline():
-    world = World(marking=True)
+    world = World()
     _instance_id, given = await world.fast_started()
     record = await world.record()
     deadline = world.now + len(STEPS) * world.settings.step_timeout
@@ -59,7 +52,7 @@ async def test_the_claim_marks_every_step_running_until_the_attempts_one_deadlin
 
 
 async def test_the_happy_path_writes_the_record_once_after_the_claim():
-    world = World(marking=True, store=CountingStateStore(), orders=CountingOrders())
+    world = World(store=CountingStateStore(), orders=CountingOrders())
     instance_id, given = await world.fast_started()
     replaces_before = world.store.requests.get("replace", 0)
     driver = Driver(world, instance_id, ok, input=given)
@@ -86,7 +79,7 @@ async def test_the_happy_path_writes_the_record_once_after_the_claim():
 
 
 async def test_the_finish_retires_the_attempts_index_entry():
-    world = World(marking=True, index=FakeIndex())
+    world = World(index=FakeIndex())
     instance_id, given = await world.fast_started()
     assert world.index.entries  # indexed at the attempt's deadline by the claim
     assert await Driver(world, instance_id, ok, input=given).run() == "completed"
@@ -95,7 +88,7 @@ async def test_the_finish_retires_the_attempts_index_entry():
 
 
 async def test_a_decline_after_a_done_step_compensates_exactly_what_may_have_happened():
-    world = World(marking=True)
+    world = World()
     instance_id, given = await world.fast_started()
     assert given["Fresh"] == STEPS
     driver = Driver(world, instance_id, fail_step(STEPS[1]), input=given)
@@ -114,7 +107,7 @@ async def test_a_decline_after_a_done_step_compensates_exactly_what_may_have_hap
 
 
 async def test_a_step_an_earlier_attempt_may_have_sent_is_undone_on_a_later_decline():
-    world = World(marking=True)
+    world = World()
     instance_id, given = await world.fast_started()
     # Attempt 1 hears nothing from step 1: every step stays marked by its claim.
     first = Driver(world, instance_id, lambda send: None, input=given)
@@ -137,7 +130,7 @@ async def test_a_step_an_earlier_attempt_may_have_sent_is_undone_on_a_later_decl
 
 
 async def test_a_decline_of_the_first_step_fails_the_order_outright():
-    world = World(marking=True)
+    world = World()
     instance_id, given = await world.fast_started()
     driver = Driver(world, instance_id, fail_step(STEPS[0]), input=given)
     assert await driver.run() == "completed"
@@ -151,7 +144,7 @@ async def test_a_decline_of_the_first_step_fails_the_order_outright():
 
 
 async def test_timer_first_leaves_the_marked_record_to_the_supervisor():
-    world = World(marking=True)
+    world = World()
     instance_id, given = await world.fast_started()
     driver = Driver(
         world, instance_id, lambda send: None if send.Step == STEPS[1] else ok(send), input=given
@@ -167,7 +160,7 @@ async def test_timer_first_leaves_the_marked_record_to_the_supervisor():
 
 
 async def test_a_retry_sends_every_step_again_under_the_same_idempotency_keys():
-    world = World(marking=True)
+    world = World()
     instance_id, given = await world.fast_started()
     first = Driver(
         world, instance_id, lambda send: None if send.Step == STEPS[2] else ok(send), input=given
@@ -195,7 +188,7 @@ async def test_a_retry_sends_every_step_again_under_the_same_idempotency_keys():
 
 
 async def test_a_stale_attempt_cannot_finish():
-    world = World(marking=True)
+    world = World()
     instance_id, given = await world.fast_started()
 
     async def recovered_meanwhile(name, data):
@@ -213,135 +206,24 @@ async def test_a_stale_attempt_cannot_finish():
     assert statuses(world) == []
 
 
-async def test_without_a_plan_in_its_input_2_4_runs_2_3s_begin_and_step_writes():
-    world = World()  # a claimer that marks nothing (an older build's)
-    instance_id, given = await world.fast_started()
-    assert "Plan" not in given
-    assert "Deadline" not in given
-    driver = Driver(world, instance_id, ok, input=given)
-    assert await driver.run() == "completed"
-    assert [n for n, _ in driver.calls] == ["begin_attempt"] + ["advance_attempt"] * 3
-    assert (await world.record()).ProcessState is ProcessState.PROCESSED
-
-
-class _AnswerLost(_Driver):
-    """2.4 whose activity call matching `lost(name, data)` lands (its write,
-    its request) and then fails on every try, as after sends whose answers
-    were lost (the activities are idempotent: a retry sends again)."""
-
-    lost = staticmethod(lambda name, data: False)
-
-    def __init__(self, *args, **kw) -> None:
-        super().__init__(*args, version="2.4", **kw)
+class _SendAnswerLost(_Driver):
+    """The send_step of the second step lands (its request leaves) and then
+    fails on every try, as when the send's answer was lost and the link
+    stayed down for the retries (the activity is idempotent: a retry sends
+    again)."""
 
     async def _activity(self, name, data):
         result = await super()._activity(name, data)
-        if self.lost(name, data):
+        if name == "send_step" and data.get("Step") == STEPS[1]:
             raise ActivityFailure("sending to agent-requests: no answer in time")
         return result
-
-
-class _AdvanceAnswerLost(_AnswerLost):
-    """The advance_attempt starting the second step (2.3's path)."""
-
-    lost = staticmethod(
-        lambda name, data: name == "advance_attempt" and data.get("Start") == STEPS[1]
-    )
-
-
-async def test_a_refusal_to_a_step_whose_sending_write_failed_still_ends_the_order():
-    """Simulation seed 5000003 (50 orders): on the 2.3 path the write that
-    sent the charge failed after the request left; the decline came back, was
-    unheard, and attempt 2 charged the card again. The reply still counts."""
-    world = World()  # no marks: 2.3's begin and step writes
-    instance_id, given = await world.fast_started()
-    driver = _AdvanceAnswerLost(world, instance_id, fail_step(STEPS[1]), input=given)
-    assert await driver.run() == "completed"
-    assert driver.output["Outcome"] == "compensated"
-    record = await world.record()
-    assert record.ProcessState is ProcessState.COMPENSATED
-    assert [r["Step"] for r in requests(world) if r["Action"] == "do"] == STEPS[:2]
-
-
-async def test_an_answer_to_a_step_whose_sending_write_failed_leaves_the_attempt_to_the_supervisor():
-    world = World()
-    instance_id, given = await world.fast_started()
-    driver = _AdvanceAnswerLost(world, instance_id, ok, input=given)
-    assert await driver.run() == "completed"
-    assert driver.output["Outcome"] == "unconfirmed"
-    record = await world.record()
-    # The write landed: the step before is done, this one Running until its deadline.
-    assert record.ProcessState is ProcessState.PROCESSING
-    assert record.Steps[STEPS[0]].Status is StepStatus.COMPLETED
-    assert record.Steps[STEPS[1]].Status is StepStatus.RUNNING
-    assert record.CompleteBy == record.Steps[STEPS[1]].CompleteBy
-
-
-class _BeginAnswerLost(_AnswerLost):
-    """The begin_attempt (its write and the first step's request; simulation
-    seed 3005838)."""
-
-    lost = staticmethod(lambda name, data: name == "begin_attempt")
-
-
-async def test_a_refusal_to_the_first_step_whose_beginning_write_failed_still_ends_the_order():
-    """Simulation seed 3005838 (3 orders): begin_attempt failed three times,
-    its write and its request having landed; the inventory service refused,
-    the refusal was unheard, and attempt 2 asked again. The reply counts."""
-    world = World()  # no marks: 2.3's begin and step writes
-    instance_id, given = await world.fast_started()
-    driver = _BeginAnswerLost(world, instance_id, fail_step(STEPS[0]), input=given)
-    assert await driver.run() == "completed"
-    assert driver.output["Outcome"] == "failed"
-    record = await world.record()
-    assert record.ProcessState is ProcessState.ERROR
-    assert [r["Step"] for r in requests(world) if r["Action"] == "do"] == STEPS[:1]
-    assert statuses(world)[-1] == "Failed"
-
-
-async def test_an_answer_to_the_first_step_whose_beginning_write_failed_leaves_the_attempt_to_the_supervisor():
-    world = World()
-    instance_id, given = await world.fast_started()
-    driver = _BeginAnswerLost(world, instance_id, ok, input=given)
-    assert await driver.run() == "completed"
-    assert driver.output["Outcome"] == "unconfirmed"
-    assert [n for n, _ in driver.calls][-1] == "load_plan"
-    record = await world.record()
-    assert record.ProcessState is ProcessState.PROCESSING
-    assert record.Steps[STEPS[0]].Status is StepStatus.RUNNING
-    assert record.CompleteBy == record.Steps[STEPS[0]].CompleteBy
-
-
-async def test_a_begin_that_failed_and_a_record_that_cannot_be_read_fail_the_attempt_as_before():
-    world = World()
-    instance_id, given = await world.fast_started()
-
-    class _Unreadable(_BeginAnswerLost):
-        async def _activity(self, name, data):
-            if name == "load_plan":
-                self.calls.append((name, data))
-                raise ActivityFailure("read state: Cosmos DB answered 503")
-            return await super()._activity(name, data)
-
-    driver = _Unreadable(world, instance_id, ok, input=given)
-    assert await driver.run() == "failed"
-    assert "no answer in time" in (driver.error or "")
-    assert [n for n, _ in driver.calls][-1] == "load_plan"
-
-
-class _SendAnswerLost(_AnswerLost):
-    """On a marked record, the send_step of the second step, as when the
-    send's answer was lost and the link stayed down for the retries
-    (simulation seed 100510)."""
-
-    lost = staticmethod(lambda name, data: name == "send_step" and data.get("Step") == STEPS[1])
 
 
 async def test_a_refusal_to_a_step_whose_send_failed_after_leaving_still_ends_the_order():
     """The refusal of a request whose send_step failed (after the request
     left) still reaches this attempt: the order compensates now, and no later
     attempt asks the payment service again."""
-    world = World(marking=True)
+    world = World()
     instance_id, given = await world.fast_started()
     driver = _SendAnswerLost(world, instance_id, fail_step(STEPS[1]), input=given)
     assert await driver.run() == "completed"
@@ -349,3 +231,95 @@ async def test_a_refusal_to_a_step_whose_send_failed_after_leaving_still_ends_th
     assert [r["Step"] for r in requests(world) if r["Action"] == "do"] == STEPS[:2]
     record = await world.record()
     assert record.ProcessState is ProcessState.COMPENSATED
+
+
+def _refusing(world, refused):
+    """The bus refuses every send whose message id `refused(message_id)`
+    names, for good (a reply queue disabled, deleted, or its role gone)."""
+    real_send = world.bus.send
+
+    async def send(queue, body, message_id, props=None):
+        if refused(queue, message_id):
+            raise PermissionError(f"send to {queue} refused: Unauthorized")
+        await real_send(queue, body, message_id, props)
+
+    world.bus.send = send
+
+
+async def test_progress_statuses_come_without_a_write_of_their_own():
+    world = World(settings=replace(SETTINGS, progress_apps=frozenset({"webshop"})))
+    driver = Driver(world, await world.claimed(), ok)
+    assert await driver.run() == "completed"
+    assert statuses(world) == ["Processing", *(["StepCompleted"] * len(STEPS)), "Processed"]
+    assert [n for n, _ in driver.calls if n in ("write_state", "finish_attempt")] == [
+        "finish_attempt"
+    ]
+
+
+async def test_a_reply_queue_that_refuses_for_good_does_not_stop_a_progress_attempt():
+    """Progress statuses are best effort: a permanent refusal of the
+    application's reply queue leaves every step to run (issue 43, item 3)."""
+    world = World(settings=replace(SETTINGS, progress_apps=frozenset({"webshop"})))
+    _refusing(world, lambda queue, mid: queue == "replies-webshop" and "/Processed/" not in mid)
+    driver = Driver(world, await world.claimed(), ok)
+    assert await driver.run() == "completed"
+    assert driver.output["Outcome"] == "processed"
+    assert [r["Step"] for r in requests(world)] == STEPS
+    assert (await world.record()).ProcessState is ProcessState.PROCESSED
+
+
+async def test_a_reply_queue_that_refuses_for_good_does_not_stop_a_compensation():
+    """The Compensating status is best effort: every undo is still sent, and
+    the terminal status waits in the outbox (issue 43, item 2)."""
+    world = World()
+    _refusing(world, lambda queue, mid: queue == "replies-webshop")
+    driver = Driver(world, await world.claimed(), fail_step(STEPS[1]))
+    assert await driver.run() == "completed"
+    assert driver.output["Outcome"] == "compensated"
+    # The refused step and the one done before it; the shipment was never sent.
+    assert [r["Step"] for r in requests(world) if r["Action"] == "undo"] == [STEPS[1], STEPS[0]]
+    record = await world.record()
+    assert record.ProcessState is ProcessState.COMPENSATED
+    assert record.PendingStatus is not None
+    assert record.PendingStatus.Status.value == "Compensated"
+
+
+async def test_an_etag_changed_by_another_writer_is_re_read_and_the_write_still_lands():
+    """A precondition failure while this attempt still owns the record (here
+    a write that changes nothing of the protocol) is re-read and decided:
+    the finishing write is applied to the fresh version."""
+    world = World()
+    instance_id = await world.claimed()
+
+    async def before(name, data):
+        if name == "finish_attempt":
+            record, etag = await world.store.read("webshop:A1")
+            await world.store.replace(record.model_copy(update={"UpdatedAt": world.now}), etag)
+
+    driver = Driver(world, instance_id, ok, before_activity=before)
+    assert await driver.run() == "completed"
+    assert driver.output["Outcome"] == "processed"
+    assert statuses(world) == ["Processed"]
+
+
+async def test_the_fast_path_and_the_timer_starter_never_both_claim():
+    world = World()
+    record, etag = await world.submitted()
+    timer_client, fast_client = StartingClient(), StartingClient()
+    report = await world.starter().run(timer_client)
+    fast = await world.starter().start_submitted(fast_client, record, etag)
+    assert report.claimed == 1
+    assert fast is None
+    assert list(timer_client.started) == ["webshop:A1:1"]
+    assert fast_client.started == {}
+    assert (await world.record()).Attempt == 1
+
+
+async def test_the_fast_path_respects_the_processing_cap_the_last_run_saw():
+    world = World(settings=replace(SETTINGS, max_processing=1))
+    await world.fast_started("A0")
+    starter = world.starter()
+    await starter.run(StartingClient())  # measures Processing = 1: at the cap
+    record, etag = await world.submitted("A2")
+    assert await starter.start_submitted(StartingClient(), record, etag) is None
+    assert (await world.record("A2")).ProcessState is ProcessState.PENDING
