@@ -91,7 +91,7 @@ class CosmosOrdersRepository:
             # It exists (the 409 says so) but this read did not find it: a
             # replica that has not seen the create yet, or a discard racing
             # this delivery. Either way the next try knows more (the
-            # simulation's `new_document_lag` found it, seed 202 of 1-400).
+            # simulation's `new_document_lag` found it).
             raise TransientError(
                 f"order {key}: the create conflicted but a read did not find it; try again"
             ) from exc
@@ -125,7 +125,7 @@ class CosmosOrdersRepository:
         (the one a caller wrote or read): True if this call deleted it. A
         document written there since stays; a missing one is nothing to do.
         No read first: a replica that has not seen a recent create would
-        answer 404 for a document that is there (simulation seed 963)."""
+        answer 404 for a document that is there (found by the simulation)."""
         try:
             await self._container.delete_item(
                 item=key,

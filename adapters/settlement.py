@@ -205,7 +205,7 @@ def _delivery_name(message: Any) -> str:
     consumer's (1-based from the Functions binding, 0-based from an SDK
     receiver), so on agent-requests, which the queue-triggered agent and the
     standalone worker both consume, the Functions agent's first delivery and
-    the worker's second both said 1 (simulation seed 2209711)."""
+    the worker's second both said 1 (found by the simulation)."""
     token = getattr(message, "lock_token", None)
     if token:
         return hashlib.sha256(str(token).encode()).hexdigest()[:16]
@@ -220,8 +220,8 @@ def _retry_message_id(message: Any, attempt: int, body: bytes | None = None) -> 
     duplicate detection; a redelivery makes a copy of its own. Naming the
     copy by the message alone let a redelivery that failed again have its
     copy dropped as a duplicate of one that had already run before it, so
-    nothing came after that delivery's failure (simulation seed 5000216,
-    50 orders: an orders-DB write whose answer was lost stayed behind a
+    nothing came after that delivery's failure (the simulation found it:
+    an orders-DB write whose answer was lost stayed behind a
     Rejected record; ADR 021i)."""
     # A copy of a copy keeps the name of the message first copied, so every
     # copy of one message, and its alert (_alert_source), is named by it.
@@ -319,10 +319,10 @@ class MessageGate:
                 # transient failure: a delayed copy (the back-off schedule), so a
                 # short alerts-queue outage does not use up every delivery at
                 # once. The copy alerts when it is handled. The last delivery
-                # makes a copy too (simulation seed 9000518, 50 orders: a
+                # makes a copy too (the simulation found it: a
                 # conflict's copy crashed on three deliveries and met the
                 # alerts queue down on its fourth, which dead-lettered it with
-                # no alert), as the agents' RequestProcessor does (seed 100014).
+                # no alert), as the agents' RequestProcessor does.
                 # Once the schedule is spent, or on the last delivery when no
                 # copy can be scheduled, the dead letter goes with only its log
                 # event.

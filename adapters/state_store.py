@@ -250,7 +250,7 @@ class CosmosStateStore:
         # It exists (each create conflicted) but no read found it: a replica
         # that has not seen another host's create yet, most likely. The next
         # try knows more; a verdict here would dead-letter a good order
-        # (simulation seed 5000057, 50 orders), as orders_db's create does.
+        # (found by the simulation), as orders_db's create does.
         raise TransientError(
             f"state record {record.id}: the create conflicted but a read did not find it; try again"
         )

@@ -16,7 +16,7 @@ request is carried on as a delayed copy on the back-off schedule (the
 message gate's, adapters.settlement.MessageGate.later), so an alerts-queue
 outage longer than a few redeliveries does not end in the broker's
 MaxDeliveryCountExceeded with no alert; also on the last delivery (the ones
-before may have been lost at receive: simulation seed 100014). Once the
+before may have been lost at receive). Once the
 schedule is spent, or no copy can be sent on the last delivery, the dead
 letter goes with its log event only."""
 

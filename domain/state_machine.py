@@ -134,8 +134,8 @@ def _after_undo_log(record: OrderState, now: datetime) -> datetime:
     clocks of the hosts that wrote them, and one running ahead would otherwise
     date an entry of the dead attempt after the restart that followed it; the
     Starter would then take it for the new attempt's own write and count a
-    restart for an attempt that never started (_never_started; simulation
-    seed 3324363: an entry at 19.594 on its writer's clock, the restart after
+    restart for an attempt that never started (_never_started; the simulation
+    found an entry at 19.594 on its writer's clock, the restart after
     it at 19.547 on the Starter's)."""
     written = [e.At for e in record.Compensation if e.At is not None]
     return max([now, *written])
@@ -620,7 +620,7 @@ def restart_compensation(
     CompensationFailed (the caller raises the alert). An instance that keeps dying says nothing about
     whether the undos it did not reach happened: a Cosmos throttling storm or
     a host outage can kill three restarts within a minute, and a verdict then
-    would name undos never sent (simulation seeds 720021, 720209).
+    would name undos never sent (found by the simulation).
 
     A new attempt, not the same instance started again: its instance id, and
     so every undo request's message id and reply event, is new, so duplicate
@@ -639,7 +639,7 @@ def restart_compensation(
     if record.CompensationRestarts >= max_restarts:
         # A refused undo settles the verdict, but not the undos after it: one
         # still Pending (never reached, or unconfirmed) is tried before the
-        # verdict (simulation seed 2001677: a refused payment undo, then three
+        # verdict (the simulation found it: a refused payment undo, then three
         # executions killed by a Service Bus outage before the inventory undo
         # was sent, ended CompensationFailed with the inventory still held).
         refused = any(e.Outcome == "Failed" for e in record.Compensation)

@@ -267,7 +267,7 @@ class Starter:
                 # write's answer was lost so it never called it. Nothing ran
                 # under this id, so it is started now and no restart is
                 # counted; counting it would spend the budget on write answers
-                # lost (simulation seed 5000250, 50 orders: three restarts
+                # lost (the simulation found it: three restarts
                 # applied with their answers lost, no instance started, then
                 # CompensationFailed with an undo never sent).
                 if await self._start(client, record.LockedBy, report):
@@ -601,7 +601,7 @@ def _never_started(record: OrderState) -> bool:
     UpdatedAt: others' bookkeeping moves it too (Submit marking Received
     sent for a redelivered order, a status leaving the outbox), and a
     restart counted for that spends the budget on an attempt that never ran
-    (simulation seed 100502: Submit's Received mark after a restart whose
+    (the simulation found it: Submit's Received mark after a restart whose
     answer was lost)."""
     if not record.History:
         return False

@@ -135,7 +135,7 @@ class SubmitHandler:
             # (its create conflicted, or an earlier read showed it) from a
             # replica that has not seen another host's create yet. A later
             # try finds it; dead-lettering would lose a good order
-            # (simulation seed 5000057, 50 orders: the readmission's update).
+            # (the simulation found it: the readmission's update).
             log.warning("a record read did not find what exists, retrying later: %s", exc)
             return Settle.retry(f"{exc} (a lagging read); try again", readable_order_id(body))
 
@@ -310,7 +310,7 @@ class SubmitHandler:
         # written) and died before the state record existed: that document is
         # the order first accepted. A copy with other data is a conflict, not a
         # rejection that would take the first one's place and turn the first
-        # one's own redeliveries into conflicts (simulation seed 257, 50 orders).
+        # one's own redeliveries into conflicts (found by the simulation).
         stored: OrderSubmitted | None
         version: str | None
         try:
@@ -327,10 +327,9 @@ class SubmitHandler:
             if record.ProcessState is ProcessState.REJECTED:
                 # A rejected order has no orders-DB document: one there is this
                 # copy's own, from an earlier delivery admitted before the
-                # backlog rose that died before its state write (simulation
-                # seed 49, 50 orders). Take it back, as _admit does, also when
-                # the read above did not show it (a replica that had not seen
-                # the create yet: seeds 257 and 700209, 50 orders).
+                # backlog rose that died before its state write. Take it back, as
+                # _admit does, also when the read above did not show it (a
+                # replica that had not seen the create yet).
                 await self._orders.discard(key)
             return await self._conflict(order, key)
         if record.ProcessState is not ProcessState.REJECTED:
@@ -339,8 +338,8 @@ class SubmitHandler:
             log.warning("order rejected: %s", reason, extra={"order_id": key})
             telemetry.app_metrics().received.add(1, {"outcome": "rejected", "app.id": order.AppId})
         # An earlier delivery may have been admitted and written the orders DB,
-        # then died before the state record existed (the simulation found it,
-        # seed 922): the order is rejected now, so that document must go too.
+        # then died before the state record existed: the order is rejected
+        # now, so that document must go too.
         await self._orders.discard(key)
         return await self._send_rejected(order, record, now)
 
@@ -365,9 +364,9 @@ class SubmitHandler:
         `_reject`), unless it died first. Take it back here (`version`, the
         etag this delivery's create or read met, and only that one), and
         raise TransientError so this delivery is tried again, instead of
-        dead-lettering the order itself as a conflict (simulation seed 263,
-        50 orders: an original and its client's changed
-        resend delivered together after an outage; seed 3005811: the changed
+        dead-lettering the order itself as a conflict (the simulation found it:
+        an original and its client's changed
+        resend delivered together after an outage; the changed
         resend's two deliveries at once, its lock expired, and the one that
         wrote last died before taking its document back, which then stood in
         the way of every later resend of the Rejected order)."""

@@ -119,7 +119,7 @@ class IndexSource:
             )
         finally:
             # Entries the index could not read are the run's to alert, as
-            # records are, also when the page then failed (seed 100172).
+            # records are, also when the page then failed.
             unreadable = getattr(self._index, "unreadable", None)
             if unreadable:
                 self._store.unreadable.extend(unreadable)
@@ -188,7 +188,7 @@ class IndexSource:
         document that is not an entry). Starting there put the cursor past
         every entry added from then on (a claim indexes its deadline a claim
         timeout ahead of now), and a cursor never goes back: those attempts
-        were never recovered (simulation seeds 100545, 200182). A checkpoint
+        were never recovered (found by the simulation). A checkpoint
         saved that way has passed entries that are still due, hence the scan
         from here again."""
         earliest = await self._index.earliest_bucket()

@@ -121,7 +121,7 @@ class Supervisor:
             # A document this run could not read is alerted on first sight,
             # even when the run then fails (a store outage): it may have been
             # set aside, and no run meets it again before UNREADABLE_RETRY
-            # (simulation seed 100172). alert_unreadable never raises.
+            # (found by the simulation). alert_unreadable never raises.
             await alert_unreadable(self._alerts, self._store.unreadable, self._clock.now())
             raise
         report.pass_finished = cursor is None
