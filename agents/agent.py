@@ -45,6 +45,14 @@ def _is_permanent(exc: BaseException) -> bool:
     return isinstance(exc, PermanentError)
 
 
+def _is_pacing(exc: BaseException) -> bool:
+    """A 429, or a call our own deadline cut short: the dependency is not
+    failing, we are asking too much of it or too late (TransientError.pacing).
+    Counting these would open the breaker under a burst, and every request
+    behind it would then be refused unasked."""
+    return isinstance(exc, TransientError) and exc.pacing
+
+
 def _is_cancelled(exc: BaseException) -> bool:
     """A cancelled call (shutdown) says nothing about the dependency."""
     return isinstance(exc, asyncio.CancelledError)
@@ -144,7 +152,7 @@ class Breakers:
                 reset_timeout=self._reset_timeout,
                 # A 4xx means the dependency is up; a cancelled call (shutdown)
                 # says nothing about it.
-                exclude=(_is_permanent, _is_cancelled),
+                exclude=(_is_permanent, _is_pacing, _is_cancelled),
                 name=service,
                 # Let the call that trips the breaker surface its own error;
                 # later calls get CircuitBreakerError without being made.
@@ -155,6 +163,18 @@ class Breakers:
 
     def state(self, service: str) -> str:
         return self.for_service(service).current_state
+
+    def reopens_in(self, service: str) -> float:
+        """Seconds until `service`'s open breaker lets a trial call through
+        (0 when it is not open)."""
+        breaker = self.for_service(service)
+        opened_at = breaker._state_storage.opened_at
+        if breaker.current_state != pybreaker.STATE_OPEN or opened_at is None:
+            return 0.0
+        if opened_at.tzinfo is None:
+            opened_at = opened_at.replace(tzinfo=UTC)
+        reopen = opened_at + timedelta(seconds=breaker.reset_timeout)
+        return max(0.0, (reopen - self._now()).total_seconds())
 
 
 class _BackoffWithJitter(wait_base):
@@ -174,6 +194,27 @@ class _BackoffWithJitter(wait_base):
         exc = retry_state.outcome.exception() if retry_state.outcome else None
         if isinstance(exc, TransientError) and exc.retry_after:
             wait = max(wait, exc.retry_after)
+        return wait
+
+
+class _UntilBreakerReopens(wait_base):
+    """`backoff`, and after a call the open breaker refused unmade, the time
+    until it lets a trial call through: a request that meets an open breaker
+    waits for its reset inside its deadline (the stop ends it before that
+    when the reset comes too late), so an undo or an operator's action is
+    not answered "not called" three times in a row while the service is
+    about to be tried again."""
+
+    def __init__(self, backoff: wait_base, breakers: Breakers, service: str) -> None:
+        self._backoff = backoff
+        self._breakers = breakers
+        self._service = service
+
+    def __call__(self, retry_state: RetryCallState) -> float:
+        wait = self._backoff(retry_state)
+        exc = retry_state.outcome.exception() if retry_state.outcome else None
+        if isinstance(exc, pybreaker.CircuitBreakerError):
+            wait = max(wait, self._breakers.reopens_in(self._service))
         return wait
 
 
@@ -270,8 +311,8 @@ class Agent:
         try:
             result: dict[str, Any] = {}
             async for attempt in AsyncRetrying(
-                retry=retry_if_exception_type(TransientError),
-                wait=self._wait,
+                retry=retry_if_exception_type((TransientError, pybreaker.CircuitBreakerError)),
+                wait=_UntilBreakerReopens(self._wait, self._breakers, operation.service),
                 stop=stop_after_attempt(self._policy.max_attempts)
                 | _StopBeforeDeadline(self._clock, last_start),
                 sleep=self._clock.sleep,
@@ -291,6 +332,9 @@ class Agent:
                             )
                         except TransientError as exc:
                             last_error = exc
+                            if exc.no_answer_within is not None:
+                                # Cut short by our deadline: slowness, not failure.
+                                exc.pacing = exc.no_answer_within < self._policy.call_timeout
                             _note_call(record, started, self._clock.now(), "transient")
                             raise
                         except PermanentError:

@@ -105,7 +105,9 @@ class HttpRemoteService:
         except TimeoutError:
             # The request may have reached the service; the next try carries
             # the same idempotency key, so it cannot apply the effect twice.
-            raise TransientError(f"{what}: no answer within {timeout:.3g}s") from None
+            raise TransientError(
+                f"{what}: no answer within {timeout:.3g}s", no_answer_within=timeout
+            ) from None
         except aiohttp.ClientError as exc:
             raise TransientError(f"{what}: {type(exc).__name__}: {exc}") from exc
         return _interpret(what, status, text, retry_after, call.fencing_token)
@@ -122,7 +124,10 @@ def _interpret(
         return body
     reason = _reason(body, text)
     if status >= 500 or status in _TRANSIENT_4XX:
-        raise TransientError(f"{what}: HTTP {status}: {reason}", retry_after=retry_after)
+        # A 429 paces us: the service is up, so no breaker counts it.
+        raise TransientError(
+            f"{what}: HTTP {status}: {reason}", retry_after=retry_after, pacing=status == 429
+        )
     if status == 409 and isinstance(body, dict) and body.get("code") == FENCING_REJECTED_CODE:
         highest = body.get("highest")
         raise FencingRejected(

@@ -14,11 +14,24 @@ class TransientError(DomainError):
 
     Attributes:
         retry_after: seconds the source asked us to wait, if it said.
+        pacing: the source is up and asks us to slow down (a 429), or only
+            our own deadline cut the wait for its answer short: not the
+            failure a circuit breaker counts.
+        no_answer_within: for a call that timed out, the seconds it was given.
     """
 
-    def __init__(self, message: str, retry_after: float | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        retry_after: float | None = None,
+        *,
+        pacing: bool = False,
+        no_answer_within: float | None = None,
+    ) -> None:
         super().__init__(message)
         self.retry_after = retry_after
+        self.pacing = pacing
+        self.no_answer_within = no_answer_within
 
 
 class PermanentError(DomainError):

@@ -1,0 +1,84 @@
+"""What a circuit breaker counts and how a request meets an open one
+(issue 43, items 1 and 6): a breaker is for a failing dependency. A 429 and
+a call cut short by the request's own deadline say the dependency is up and
+we ask too much or too late: they do not open it. A request that meets an
+open breaker waits for its reset inside its deadline and is then tried,
+instead of being answered "not called" at once."""
+
+from __future__ import annotations
+
+import random
+
+from agents.agent import Agent, AgentPolicy, Breakers
+from domain.errors import TransientError
+from domain.models import ReplyOutcome
+from tests.unit.agents.conftest import POLICY, request
+from tests.unit.agents.fakes import Outcome
+
+
+def _agent(remote, clock, **changes) -> Agent:
+    policy = AgentPolicy(**{**POLICY.__dict__, **changes})
+    breakers = Breakers(policy.breaker_fail_max, policy.breaker_reset_timeout, now=clock.now)
+    return Agent(remote, clock, policy, breakers=breakers, rng=random.Random(7))
+
+
+def _trip(agent: Agent) -> None:
+    breaker = agent.breakers.for_service("payment")
+    breaker.open()
+    assert agent.breakers.state("payment") == "open"
+
+
+async def test_a_request_that_meets_an_open_breaker_waits_for_its_reset_and_is_tried(remote, clock):
+    agent = _agent(remote, clock, breaker_fail_max=2, breaker_reset_timeout=20.0)
+    _trip(agent)
+    started = clock.now()
+
+    reply = await agent.handle(request(action="undo", deadline_in=60))
+
+    assert reply.Outcome is ReplyOutcome.OK
+    assert len(remote.calls) == 1
+    assert (remote.calls[0].at - started).total_seconds() >= 20.0
+    assert agent.breakers.state("payment") == "closed"
+
+
+async def test_a_reset_after_the_deadline_still_answers_not_called_without_waiting_past_it(
+    remote, clock
+):
+    agent = _agent(remote, clock, breaker_fail_max=2, breaker_reset_timeout=300.0)
+    _trip(agent)
+    started = clock.now()
+
+    reply = await agent.handle(request(deadline_in=60))
+
+    assert reply.Outcome is ReplyOutcome.TRANSIENT
+    assert "circuit open for payment" in reply.Error
+    assert remote.calls == []
+    assert (clock.now() - started).total_seconds() < 60
+
+
+async def test_429s_do_not_open_the_breaker(remote, clock):
+    agent = _agent(remote, clock, breaker_fail_max=2, max_attempts=3)
+    remote.default = Outcome(
+        error=TransientError("HTTP 429: slow down", retry_after=1.0, pacing=True)
+    )
+
+    for n in range(3):
+        await agent.handle(request(order_id=f"o-{n}"))
+
+    assert agent.breakers.state("payment") == "closed"
+    assert len(remote.calls) == 9
+
+
+async def test_a_call_cut_short_by_the_deadline_is_not_a_failure_but_a_full_timeout_is(
+    remote, clock
+):
+    agent = _agent(remote, clock, breaker_fail_max=2, max_attempts=1, call_timeout=5.0)
+    remote.default = Outcome(error=TransientError("no answer", no_answer_within=2.0))
+    for n in range(3):
+        await agent.handle(request(order_id=f"short-{n}"))
+    assert agent.breakers.state("payment") == "closed"
+
+    remote.default = Outcome(error=TransientError("no answer", no_answer_within=5.0))
+    for n in range(2):
+        await agent.handle(request(order_id=f"full-{n}"))
+    assert agent.breakers.state("payment") == "open"
