@@ -569,6 +569,9 @@ class OperatorAlert(Contract):
         "CompensationFailed",
         "AgentFailure",
         "UnreadableRecord",
+        # A reply queue that keeps refusing terminal statuses (they wait in
+        # the outbox): one alert for the spell, naming the queue.
+        "StatusUndeliverable",
         # Internal-queue messages that did not prove where they come from
         # (ADR 017e): dead-lettered, changing nothing.
         "ForgedReply",

@@ -38,7 +38,10 @@ on every tick, oldest entry first. A reply queue that refuses a send is left
 out of the scans for a while (STATUS_BACKOFF_FIRST, doubling up to
 STATUS_BACKOFF_MAX, then probed with one send again), and the same run scans
 again without it: a queue that refuses everything cannot hold the page and
-starve every other application's statuses.
+starve every other application's statuses. A queue that keeps refusing
+(STATUS_ALERT_AFTER sends in a row: disabled, deleted, full, or the app's
+Sender role gone) raises one StatusUndeliverable alert for the spell; its
+statuses stay in the outbox and go out by themselves once it takes them.
 """
 
 from __future__ import annotations
@@ -77,6 +80,9 @@ log = logging.getLogger(__name__)
 # a Starter period or two (the simulation's settle time after faults stop).
 STATUS_BACKOFF_FIRST = timedelta(seconds=10)
 STATUS_BACKOFF_MAX = timedelta(seconds=30)
+# Refusals in a row after which a reply queue's operators hear of it: one
+# StatusUndeliverable alert for the whole spell, however many orders wait.
+STATUS_ALERT_AFTER = 10
 MAX_OUTBOX_PAGES = 3  # per run: the first page, and rescans after a queue refused
 FAST_PATH_WINDOW = timedelta(seconds=3)  # how long the timer leaves a new order to the fast path
 
@@ -174,6 +180,8 @@ class Starter:
         )
         # Reply queues that refused a send: queue -> (skipped until, last back-off).
         self._refusing: dict[str, tuple[datetime, timedelta]] = {}
+        # Per refusing reply queue: (first refusal of the spell, refusals in a row).
+        self._refusals: dict[str, tuple[datetime, int]] = {}
 
     async def _start(
         self, client, instance_id: str, report: StarterReport, attempt_input: dict | None = None
@@ -341,13 +349,31 @@ class Starter:
             report.statuses_unsent += 1
         return sent
 
-    def _back_off(self, queue: str, now: datetime) -> None:
+    async def _back_off(self, queue: str, now: datetime, order_id: str) -> None:
         previous = self._refusing.get(queue)
         delay = (
             STATUS_BACKOFF_FIRST if previous is None else min(previous[1] * 2, STATUS_BACKOFF_MAX)
         )
         self._refusing[queue] = (now + delay, delay)
         log.warning("starter: reply queue %s refused a status; skipping it for %s", queue, delay)
+        since, count = self._refusals.get(queue, (now, 0))
+        self._refusals[queue] = (since, count + 1)
+        if count + 1 == STATUS_ALERT_AFTER and self._alerts is not None:
+            reason = (
+                f"reply queue {queue} has refused {count + 1} terminal statuses in a row since "
+                f"{since.isoformat()}; they stay in the outbox and are sent once it takes them"
+            )
+            try:
+                await self._alerts.raise_alert(
+                    "StatusUndeliverable",
+                    reason,
+                    now,
+                    order_id,
+                    queue=queue,
+                    alert_id=f"status-undeliverable/{queue}/{since.isoformat()}",
+                )
+            except Exception:
+                log.exception("starter: alert StatusUndeliverable for %s not sent", queue)
 
     async def _deliver_statuses(self, now: datetime, report: StarterReport) -> None:
         """Terminal statuses whose first send failed (or whose sender died),
@@ -371,8 +397,9 @@ class Starter:
                     continue
                 if await self._deliver(record, etag, report):
                     self._refusing.pop(record.ReplyTo, None)
+                    self._refusals.pop(record.ReplyTo, None)
                 else:
-                    self._back_off(record.ReplyTo, now)
+                    await self._back_off(record.ReplyTo, now, record.id)
                     refused = True
             if not refused or len(page) < batch:
                 return

@@ -15,7 +15,7 @@ from domain.ids import order_key
 from domain.models import CompensationEntry, OrderSubmitted, ProcessState
 from orchestrators.starter import Starter
 from tests.builders import ReadClock, order_payload
-from tests.unit.orchestrators.driver import POLICY, SETTINGS, STEPS, World
+from tests.unit.orchestrators.driver import POLICY, SETTINGS, STEPS, StartingClient, World
 
 
 class Client:
@@ -583,3 +583,48 @@ async def test_a_run_stops_claiming_at_its_batch_count_and_its_budget():
     report = await Starter(settings, world.store, clock=ReadClock(slow)).run(Client())
     assert report.batches == 1
     assert report.claimed == 5
+
+
+async def test_a_reply_queue_that_keeps_refusing_raises_one_alert_and_its_statuses_wait():
+    """Issue 43 item 4: a terminal status its reply queue refuses for good is
+    not retried in silence. After STATUS_ALERT_AFTER refusals in a row one
+    StatusUndeliverable alert names the queue (one for the spell, however
+    many runs); the status stays in the outbox and goes out once the queue
+    takes it, and a new spell alerts again."""
+    from orchestrators.starter import STATUS_ALERT_AFTER
+
+    world = World()
+    await _pending(world, "A1")
+    claimed = await world.store.claim("webshop:A1", world.now, POLICY)
+    t = world.now
+    await world.store.update(
+        "webshop:A1",
+        lambda r: sm.mark_failed(r, claimed.LockedBy, None, "declined", t),
+        claimed.LockedBy,
+    )
+    real_send = world.bus.send
+    refusing = {"on": True}
+
+    async def send(queue, body, message_id, props=None):
+        if queue == "replies-webshop" and refusing["on"]:
+            raise TransientError("replies-webshop: QuotaExceeded")
+        await real_send(queue, body, message_id, props)
+
+    world.bus.send = send
+    starter = world.starter()
+
+    def undeliverable():
+        return [a for a, _ in world.sent("alerts") if b"StatusUndeliverable" in a]
+
+    for _ in range(3 * STATUS_ALERT_AFTER):
+        world.now += timedelta(minutes=1)
+        await starter.run(StartingClient())
+    assert len(undeliverable()) == 1
+    assert b"replies-webshop" in undeliverable()[0]
+    assert (await world.record()).PendingStatus is not None
+
+    refusing["on"] = False
+    world.now += timedelta(minutes=1)
+    assert (await starter.run(StartingClient())).statuses_delivered == 1
+    assert (await world.record()).PendingStatus is None
+    assert len(undeliverable()) == 1
