@@ -46,7 +46,13 @@ def test_every_reason_the_code_uses_is_explained():
 
 def test_every_dead_letter_alert_kind_is_a_reason():
     kinds = set(typing.get_args(OperatorAlert.model_fields["Kind"].annotation))
-    not_dead_letters = {"OrderError", "CompensationFailed", "AgentFailure", "UnreadableRecord"}
+    not_dead_letters = {
+        "OrderError",
+        "CompensationFailed",
+        "AgentFailure",
+        "UnreadableRecord",
+        "StatusUndeliverable",
+    }
     assert kinds - not_dead_letters <= {r.value for r in DeadLetterReason}
 
 
