@@ -9,7 +9,7 @@ import asyncio
 import logging
 import random
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -238,6 +238,16 @@ def reply_event_id(request: AgentRequest) -> str:
     return agent_reply_message_id(request.InstanceId, request.ReplyEvent)
 
 
+@dataclass
+class _Tries:
+    """What one request's calls did: how many, the last transient error, and
+    each call for the reply's record (what operators see)."""
+
+    calls: int = 0
+    last_error: TransientError | None = None
+    record: list[AgentCall] = field(default_factory=list)
+
+
 class Agent:
     """Handles AgentRequests against the remote service.
 
@@ -281,16 +291,7 @@ class Agent:
         except UnknownStep as exc:
             return self._reply(request, ReplyOutcome.PERMANENT, error=str(exc))
         operation = step.operation(request.Action)
-        stop_at = request.Deadline - timedelta(seconds=self._policy.reply_margin)
-        last_start = stop_at - timedelta(seconds=self._policy.min_call_time)
-        if self._clock.now() > last_start and _late_undo_wanted(request, redelivered):
-            # The undo's own budget (ADR 005): undo is always wanted and
-            # idempotent, and the workflow still takes this answer. Only for a
-            # redelivery: a copy of a request that already answered would
-            # answer under a reply id that was already used, and be dropped.
-            assert request.ListenUntil is not None
-            stop_at = request.ListenUntil - timedelta(seconds=self._policy.reply_margin)
-            last_start = stop_at - timedelta(seconds=self._policy.min_call_time)
+        stop_at, last_start = self._budget(request, redelivered)
         if self._clock.now() > last_start:
             return self._reply(
                 request,
@@ -305,66 +306,30 @@ class Agent:
             fencing_token=request.FencingToken,
             body=_body(request, step),
         )
-        calls = 0
-        last_error: TransientError | None = None
-        record: list[AgentCall] = []  # each call, for the reply (what operators see)
+        tries = _Tries()
         try:
-            result: dict[str, Any] = {}
-            async for attempt in AsyncRetrying(
-                retry=retry_if_exception_type((TransientError, pybreaker.CircuitBreakerError)),
-                wait=_UntilBreakerReopens(self._wait, self._breakers, operation.service),
-                stop=stop_after_attempt(self._policy.max_attempts)
-                | _StopBeforeDeadline(self._clock, last_start),
-                sleep=self._clock.sleep,
-                reraise=True,
-            ):
-                with attempt:
-                    # A sleep can wake late on a loaded machine: check again.
-                    if self._clock.now() > last_start:
-                        raise DeadlineReached()
-                    remaining = (stop_at - self._clock.now()).total_seconds()
-                    with self._breakers.for_service(operation.service).calling():
-                        calls += 1
-                        started = self._clock.now()
-                        try:
-                            result = await self._remote.call(
-                                call, timeout=min(self._policy.call_timeout, remaining)
-                            )
-                        except TransientError as exc:
-                            last_error = exc
-                            if exc.no_answer_within is not None:
-                                # Cut short by our deadline: slowness, not failure.
-                                exc.pacing = exc.no_answer_within < self._policy.call_timeout
-                            _note_call(record, started, self._clock.now(), "transient")
-                            raise
-                        except PermanentError:
-                            _note_call(record, started, self._clock.now(), "permanent")
-                            raise
-                        except Exception:
-                            _note_call(record, started, self._clock.now(), "error")
-                            raise
-                        _note_call(record, started, self._clock.now(), "ok")
+            result = await self._call(call, operation.service, stop_at, last_start, tries)
         except pybreaker.CircuitBreakerError:
             error = f"circuit open for {operation.service}: {operation.path} not called"
-            if last_error is not None:
-                error += f" again after {calls} calls; last error: {last_error}"
-            return self._reply(request, ReplyOutcome.TRANSIENT, error=error, calls=record)
+            if tries.last_error is not None:
+                error += f" again after {tries.calls} calls; last error: {tries.last_error}"
+            return self._reply(request, ReplyOutcome.TRANSIENT, error=error, calls=tries.record)
         except DeadlineReached:
-            error = f"deadline reached after {calls} calls to {operation.path}"
-            if last_error is not None:
-                error += f"; last error: {last_error}"
-            return self._reply(request, ReplyOutcome.TRANSIENT, error=error, calls=record)
+            error = f"deadline reached after {tries.calls} calls to {operation.path}"
+            if tries.last_error is not None:
+                error += f"; last error: {tries.last_error}"
+            return self._reply(request, ReplyOutcome.TRANSIENT, error=error, calls=tries.record)
         except TransientError as exc:
             return self._reply(
                 request,
                 ReplyOutcome.TRANSIENT,
-                error=f"gave up after {calls} calls within the deadline: {exc}",
-                calls=record,
+                error=f"gave up after {tries.calls} calls within the deadline: {exc}",
+                calls=tries.record,
             )
         except PermanentError as exc:
-            return self._reply(request, ReplyOutcome.PERMANENT, error=str(exc), calls=record)
+            return self._reply(request, ReplyOutcome.PERMANENT, error=str(exc), calls=tries.record)
         try:
-            return self._reply(request, ReplyOutcome.OK, result=result, calls=record)
+            return self._reply(request, ReplyOutcome.OK, result=result, calls=tries.record)
         except ValidationError as exc:
             # The effect happened but its answer does not fit the reply
             # contract: an operator must look, retrying cannot fix it.
@@ -373,8 +338,65 @@ class Agent:
                 ReplyOutcome.PERMANENT,
                 error=f"{operation.path} answered a result the reply cannot carry: "
                 f"{describe(AgentReply, exc)}",
-                calls=record,
+                calls=tries.record,
             )
+
+    def _budget(self, request: AgentRequest, redelivered: bool) -> tuple[datetime, datetime]:
+        """When the agent stops (the reply must reach the Scheduler before its
+        timer fires) and the last moment a call may start."""
+        stop_at = request.Deadline - timedelta(seconds=self._policy.reply_margin)
+        last_start = stop_at - timedelta(seconds=self._policy.min_call_time)
+        if self._clock.now() > last_start and _late_undo_wanted(request, redelivered):
+            # The undo's own budget (ADR 005): undo is always wanted and
+            # idempotent, and the workflow still takes this answer. Only for a
+            # redelivery: a copy of a request that already answered would
+            # answer under a reply id that was already used, and be dropped.
+            assert request.ListenUntil is not None
+            stop_at = request.ListenUntil - timedelta(seconds=self._policy.reply_margin)
+            last_start = stop_at - timedelta(seconds=self._policy.min_call_time)
+        return stop_at, last_start
+
+    async def _call(
+        self, call: RemoteCall, service: str, stop_at: datetime, last_start: datetime, tries: _Tries
+    ) -> dict[str, Any]:
+        """`call` with retries and backoff inside the budget, through the
+        service's breaker; each call noted in `tries`. Raises what ended it."""
+        result: dict[str, Any] = {}
+        async for attempt in AsyncRetrying(
+            retry=retry_if_exception_type((TransientError, pybreaker.CircuitBreakerError)),
+            wait=_UntilBreakerReopens(self._wait, self._breakers, service),
+            stop=stop_after_attempt(self._policy.max_attempts)
+            | _StopBeforeDeadline(self._clock, last_start),
+            sleep=self._clock.sleep,
+            reraise=True,
+        ):
+            with attempt:
+                # A sleep can wake late on a loaded machine: check again.
+                if self._clock.now() > last_start:
+                    raise DeadlineReached()
+                remaining = (stop_at - self._clock.now()).total_seconds()
+                with self._breakers.for_service(service).calling():
+                    tries.calls += 1
+                    started = self._clock.now()
+                    try:
+                        result = await self._remote.call(
+                            call, timeout=min(self._policy.call_timeout, remaining)
+                        )
+                    except TransientError as exc:
+                        tries.last_error = exc
+                        if exc.no_answer_within is not None:
+                            # Cut short by our deadline: slowness, not failure.
+                            exc.pacing = exc.no_answer_within < self._policy.call_timeout
+                        _note_call(tries.record, started, self._clock.now(), "transient")
+                        raise
+                    except PermanentError:
+                        _note_call(tries.record, started, self._clock.now(), "permanent")
+                        raise
+                    except Exception:
+                        _note_call(tries.record, started, self._clock.now(), "error")
+                        raise
+                    _note_call(tries.record, started, self._clock.now(), "ok")
+        return result
 
     def _reply(
         self,
