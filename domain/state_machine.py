@@ -637,45 +637,7 @@ def restart_compensation(
     if record.NotBefore is not None:
         return _wake_compensation(record, now)
     if record.CompensationRestarts >= max_restarts:
-        # A refused undo settles the verdict, but not the undos after it: one
-        # still Pending (never reached, or unconfirmed) is tried before the
-        # verdict (the simulation found it: a refused payment undo, then three
-        # executions killed by a Service Bus outage before the inventory undo
-        # was sent, ended CompensationFailed with the inventory still held).
-        refused = any(e.Outcome == "Failed" for e in record.Compensation)
-        still_open = any(e.Outcome == "Pending" for e in record.Compensation)
-        if (
-            policy is not None
-            and (still_open or not refused)
-            and record.CompensationLongRetries < policy.undo_long_retries
-        ):
-            retries = record.CompensationLongRetries + 1
-            return _finish(
-                record,
-                ProcessState.COMPENSATING,
-                "starter",
-                now,
-                reason=(
-                    f"compensation restarted {record.CompensationRestarts} times without "
-                    f"finishing; long retry {retries} of {policy.undo_long_retries}"
-                ),
-                NotBefore=now + policy.long_delay,
-                CompensationRestarts=0,
-                CompensationLongRetries=retries,
-            )
-        reason = (
-            f"compensation restarted {record.CompensationRestarts} times without finishing; "
-            "giving up"
-        )
-        return _end_in_failure(
-            record,
-            ProcessState.COMPENSATION_FAILED,
-            "starter",
-            now,
-            reason,
-            f"restarts/{record.Attempt}",
-            CompleteBy=None,
-        )
+        return _restarts_spent(record, now, policy)
     attempt = record.Attempt + 1
     return _finish(
         record,
@@ -686,6 +648,49 @@ def restart_compensation(
         LockedBy=attempt_instance_id(record.id, attempt),
         Attempt=attempt,
         CompensationRestarts=record.CompensationRestarts + 1,
+    )
+
+
+def _restarts_spent(record: OrderState, now: datetime, policy: RetryPolicy | None) -> OrderState:
+    """restart_compensation once the restarts are spent: a long retry, or
+    CompensationFailed."""
+    # A refused undo settles the verdict, but not the undos after it: one
+    # still Pending (never reached, or unconfirmed) is tried before the
+    # verdict (the simulation found it: a refused payment undo, then three
+    # executions killed by a Service Bus outage before the inventory undo
+    # was sent, ended CompensationFailed with the inventory still held).
+    refused = any(e.Outcome == "Failed" for e in record.Compensation)
+    still_open = any(e.Outcome == "Pending" for e in record.Compensation)
+    if (
+        policy is not None
+        and (still_open or not refused)
+        and record.CompensationLongRetries < policy.undo_long_retries
+    ):
+        retries = record.CompensationLongRetries + 1
+        return _finish(
+            record,
+            ProcessState.COMPENSATING,
+            "starter",
+            now,
+            reason=(
+                f"compensation restarted {record.CompensationRestarts} times without "
+                f"finishing; long retry {retries} of {policy.undo_long_retries}"
+            ),
+            NotBefore=now + policy.long_delay,
+            CompensationRestarts=0,
+            CompensationLongRetries=retries,
+        )
+    reason = (
+        f"compensation restarted {record.CompensationRestarts} times without finishing; giving up"
+    )
+    return _end_in_failure(
+        record,
+        ProcessState.COMPENSATION_FAILED,
+        "starter",
+        now,
+        reason,
+        f"restarts/{record.Attempt}",
+        CompleteBy=None,
     )
 
 
@@ -868,6 +873,21 @@ def is_expired(record: OrderState, now: datetime, slack: timedelta = timedelta(0
     )
 
 
+def _expiry_reason(record: OrderState) -> str:
+    """Why the attempt is being recovered: its missed deadline, and any
+    transient reason an agent gave during it."""
+    deadline = record.CompleteBy.isoformat() if record.CompleteBy else "(none)"
+    reason = f"attempt {record.Attempt} missed its deadline {deadline}"
+    said = [
+        f"step {name}: {state.Error}"
+        for name, state in record.Steps.items()
+        if state.Error and state.Attempt == record.Attempt and state.Status is StepStatus.RUNNING
+    ]
+    if said:
+        reason = short_text(f"{reason} ({'; '.join(said)})", ERROR_LIMIT)
+    return reason
+
+
 def recover_expired(
     record: OrderState,
     expected_locked_by: str | None,
@@ -885,16 +905,7 @@ def recover_expired(
     if not is_expired(record, now, slack):
         raise IllegalTransition(f"order {record.id} has not expired")
     failures = record.FailureCount + 1
-    deadline = record.CompleteBy.isoformat() if record.CompleteBy else "(none)"
-    reason = f"attempt {record.Attempt} missed its deadline {deadline}"
-    # A transient reason the agent gave during this attempt says why.
-    said = [
-        f"step {name}: {state.Error}"
-        for name, state in record.Steps.items()
-        if state.Error and state.Attempt == record.Attempt and state.Status is StepStatus.RUNNING
-    ]
-    if said:
-        reason = short_text(f"{reason} ({'; '.join(said)})", ERROR_LIMIT)
+    reason = _expiry_reason(record)
     if failures < policy.threshold:
         return _finish(
             record,

@@ -178,11 +178,10 @@ def run(context):
 def _run_planned(context, given: AttemptStart):
     """The attempt its claim planned: each step's request and reply under the
     attempt's one deadline, then one write."""
-    iid = context.instance_id
     plan = given.Plan
     deadline = given.Deadline
     if plan is None or deadline is None:
-        raise ValueError(f"attempt {iid} has no plan or deadline in its input")
+        raise ValueError(f"attempt {context.instance_id} has no plan or deadline in its input")
     if given.Payload:
         plan = plan.model_copy(update={"Payload": given.Payload})
     done: dict[str, str | None] = {}
@@ -198,23 +197,7 @@ def _run_planned(context, given: AttemptStart):
             continue
         last = step.Name
         if step.Mode != "inline":
-            # The SDK raises the activity's failure here after its retries. A
-            # send whose answer was lost may have left: its reply still counts
-            # until the deadline, when the Supervisor would take the attempt
-            # anyway. Waiting costs nothing; failing here would leave a reply
-            # (a refusal, say) to a later attempt to ask for again.
-            with contextlib.suppress(Exception):
-                yield _call(
-                    context,
-                    "send_step",
-                    SendStep(
-                        InstanceId=iid,
-                        Step=step.Name,
-                        Deadline=deadline,
-                        Payload=payload,
-                        AppId=plan.AppId,
-                    ).dump(),
-                )
+            yield from _send_step(context, plan, step, deadline, payload)
             payload = None
         if timer is None:
             timer = context.create_timer(deadline)
@@ -233,11 +216,39 @@ def _run_planned(context, given: AttemptStart):
         yield from _progress(context, plan, StatusKind.STEP_COMPLETED, step=step.Name)
     if timer is not None and not timer.is_completed:
         timer.cancel()
+    return (yield from _finish_planned(context, given, done, deadline, last))
+
+
+def _send_step(context, plan: Plan, step: StepPlan, deadline: datetime, payload: dict | None):
+    """Send `step`'s request. A send whose answer was lost may have left:
+    its reply still counts until the deadline, when the Supervisor would take
+    the attempt anyway. Waiting costs nothing; failing here would leave a
+    reply (a refusal, say) to a later attempt to ask for again."""
+    # The SDK raises the activity's failure here after its retries.
+    with contextlib.suppress(Exception):
+        yield _call(
+            context,
+            "send_step",
+            SendStep(
+                InstanceId=context.instance_id,
+                Step=step.Name,
+                Deadline=deadline,
+                Payload=payload,
+                AppId=plan.AppId,
+            ).dump(),
+        )
+
+
+def _finish_planned(
+    context, given: AttemptStart, done: dict[str, str | None], deadline: datetime, last
+):
+    """The attempt's one write: every step done Completed, the order
+    Processed and its status sent."""
     try:
         finished = yield from _finish_all(
             context,
             FinishAll(
-                InstanceId=iid,
+                InstanceId=context.instance_id,
                 Etag=given.Etag,
                 Done=done,
                 # The attempt's one index entry is at its deadline.
@@ -529,31 +540,18 @@ def _compensate(context, plan: Plan, undo: list[str]):
 
 
 def _undo_step(context, plan: Plan, step: StepPlan):
-    """Undo `step` within plan.UndoTries tries, each with its own request (own
-    message id and reply event) and deadline. While a try waits, the replies
-    of earlier tries still count: an earlier try's late success ends the undo
-    as done (the remote service applied it: the idempotency key is the same
-    for every try). Late failures of earlier tries only keep the last error;
-    a permanent answer from any try ends the undo as failed. The
-    last try, answered transiently, still waits until its deadline for the
-    earlier tries that have not answered.
+    """Undo `step` within plan.UndoTries tries, each with its own request
+    (message id, reply event) and deadline, all under the undo's one
+    deadline `undo_by` (first try's start + UndoTries x step timeout), which
+    every request carries as ListenUntil (ADR 005). While a try waits, the
+    earlier tries' replies still count: a late success ends the undo as done
+    (same idempotency key), a permanent answer from any try as refused; the
+    last try waits for the others until `undo_by`. Each pending task is
+    waited on again as the same task object, never a second wait for the
+    same event name (azure-functions-durable-python#507).
 
-    Each pending task is waited on again in the next race as the same task
-    object, never a second wait for the same event name (issue #507), and an
-    answer that arrived while no race was running resolves the next race at
-    once.
-
-    The undo has one deadline, `undo_by` (its first try's start + UndoTries x
-    step timeout); the last try waits until then. Every try's
-    request carries it as ListenUntil: an agent that gets a try again after
-    that try's own deadline (its earlier delivery crashed or lost its lock,
-    so it may never have answered) still makes the idempotent call, and its
-    answer still counts (ADR 005).
-
-    Returns (outcome, error): OK (undone), PERMANENT (refused for good), or
-    TRANSIENT when no try's answer says what happened (every one transient,
-    unanswered or lost: unconfirmed, which the long retry tries again rather than
-    calling it failed)."""
+    Returns (outcome, error): OK, PERMANENT, or TRANSIENT when no answer says
+    what happened (unconfirmed: the long retry tries again, ADR 019a)."""
     result: tuple[ReplyOutcome, str | None] = (
         ReplyOutcome.TRANSIENT,
         "no reply before the deadline",
