@@ -371,9 +371,9 @@ def ingress_queues(env: Mapping[str, str] | None = None) -> dict[str, str]:
     return queues
 
 
-def load_settings(env: Mapping[str, str] | None = None) -> Settings:
-    """Read every setting; raise SettingsError naming the first bad one."""
-    env = os.environ if env is None else env
+def _connections(env: Mapping[str, str]) -> tuple[CosmosAccount, CosmosAccount, ServiceBusAccess]:
+    """The state account, the orders account (the state's unless set) and
+    Service Bus; SettingsError when one that is required is not set."""
     verify_tls = _bool(env, "COSMOS_VERIFY_TLS", True)
     state = _cosmos_account(env, COSMOS_CONNECTION, verify_tls)
     if state is None:
@@ -387,12 +387,22 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
             f"set {SERVICEBUS_CONNECTION} (a connection string) or "
             f"{SERVICEBUS_CONNECTION}__fullyQualifiedNamespace"
         )
-    retry = RetryPolicy(
+    return state, orders, servicebus
+
+
+def _retry_policy(env: Mapping[str, str]) -> RetryPolicy:
+    return RetryPolicy(
         threshold=int_setting(env, "FAILURE_THRESHOLD", 10, 1),
         long_retries=int_setting(env, "LONG_RETRIES", 1, 0),
         long_delay=timedelta(seconds=int_setting(env, "LONG_RETRY_DELAY_SECONDS", 3600, 0)),
         claim_timeout=timedelta(seconds=int_setting(env, "CLAIM_TIMEOUT_SECONDS", 60, 1)),
     )
+
+
+def load_settings(env: Mapping[str, str] | None = None) -> Settings:
+    """Read every setting; raise SettingsError naming the first bad one."""
+    env = os.environ if env is None else env
+    state, orders, servicebus = _connections(env)
     shard_count, shard_index = _shard(env)
     return Settings(
         state_account=state,
@@ -423,7 +433,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
             seconds=int_setting(env, "SUPERVISOR_RUN_BUDGET_SECONDS", 8, 1)
         ),
         supervisor_scan=_choice(env, "SUPERVISOR_SCAN", ("query", "index"), "query"),
-        retry=retry,
+        retry=_retry_policy(env),
         managed_identity_client_id=env.get("AZURE_CLIENT_ID") or None,
         inline_steps=tuple(n.strip() for n in env.get("INLINE_STEPS", "").split(",") if n.strip()),
         create_containers=_bool(env, "COSMOS_CREATE_CONTAINERS", False),

@@ -85,17 +85,21 @@ def _configure(env: Mapping[str, str]) -> str:
         configure_azure_monitor(**kwargs)
         return "azure-monitor"
 
-    from opentelemetry.sdk.metrics import MeterProvider
-    from opentelemetry.sdk.metrics.export import (
-        ConsoleMetricExporter,
-        MetricExporter,
-        PeriodicExportingMetricReader,
-    )
     from opentelemetry.sdk.resources import Resource
+
+    resource = Resource.create({"service.name": env.get("OTEL_SERVICE_NAME") or SERVICE_NAME})
+    chosen = _configure_traces(env, resource)
+    if _configure_metrics(env, resource) and chosen == "none":
+        chosen = "file" if env.get(METRICS_FILE) else "console"
+    return chosen
+
+
+def _configure_traces(env: Mapping[str, str], resource: Any) -> str:
+    """The local tracer provider, exporting to the OTLP/JSON file or the
+    console when asked; which one ("none" without)."""
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
 
-    resource = Resource.create({"service.name": env.get("OTEL_SERVICE_NAME") or SERVICE_NAME})
     chosen = "none"
     span_exporter: SpanExporter | None = None
     if env.get(TRACES_FILE) and _file_exporter_installed(TRACES_FILE):
@@ -115,6 +119,18 @@ def _configure(env: Mapping[str, str]) -> str:
     # malformed would get statuses with none. With a provider every message we
     # send carries a valid context: the client's, or a fresh trace.
     trace.set_tracer_provider(provider)
+    return chosen
+
+
+def _configure_metrics(env: Mapping[str, str], resource: Any) -> bool:
+    """The local meter provider, when metrics are to go to the file or the
+    console; whether one was set."""
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import (
+        ConsoleMetricExporter,
+        MetricExporter,
+        PeriodicExportingMetricReader,
+    )
 
     metric_exporter: MetricExporter | None = None
     if env.get(METRICS_FILE) and _file_exporter_installed(METRICS_FILE):
@@ -123,12 +139,12 @@ def _configure(env: Mapping[str, str]) -> str:
         metric_exporter = FileMetricExporter(env[METRICS_FILE])
     elif env.get("OTEL_METRICS_EXPORTER") == "console":
         metric_exporter = ConsoleMetricExporter()
-    if metric_exporter is not None:
-        interval = int(env.get("OTEL_METRIC_EXPORT_INTERVAL") or 10000)
-        reader = PeriodicExportingMetricReader(metric_exporter, export_interval_millis=interval)
-        metrics.set_meter_provider(MeterProvider(resource=resource, metric_readers=[reader]))
-        chosen = chosen if chosen != "none" else "file" if env.get(METRICS_FILE) else "console"
-    return chosen
+    if metric_exporter is None:
+        return False
+    interval = int(env.get("OTEL_METRIC_EXPORT_INTERVAL") or 10000)
+    reader = PeriodicExportingMetricReader(metric_exporter, export_interval_millis=interval)
+    metrics.set_meter_provider(MeterProvider(resource=resource, metric_readers=[reader]))
+    return True
 
 
 def _file_exporter_installed(setting: str) -> bool:
