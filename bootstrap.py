@@ -261,37 +261,23 @@ class App:
             orders = orders_client.get_database_client(cfg.orders_database).get_container_client(
                 cfg.orders_container
             )
-        index: DeadlineIndex = NoIndex()
-        index_container = None
-        if cfg.supervisor_scan == "index":
-            index_container = (
-                await ensure_index_container(
-                    state_client, cfg.state_database, cfg.recovery_index_container
-                )
-                if cfg.create_containers
-                else state_db.get_container_client(cfg.recovery_index_container)
-            )
-            # Refused here, before any entry is written or read, when the container
-            # was set up with another shard count (ADR 019b).
-            try:
-                await ensure_shard_count(index_container, cfg.recovery_index_shards)
-            except BaseException:
-                await state_client.close()
-                if orders_client is not state_client:
-                    await orders_client.close()
-                if credential is not None:
-                    await credential.close()
-                raise
-            index = CosmosRecoveryIndex(index_container, charges, shards=cfg.recovery_index_shards)
+        clients = [state_client] if orders_client is state_client else [state_client, orders_client]
+        try:
+            index_container, index = await self._recovery_index(state_client, charges)
+        except BaseException:
+            for client in clients:
+                await client.close()
+            if credential is not None:
+                await credential.close()
+            raise
         session = aiohttp.ClientSession()
         # The in-app agent (INLINE_STEPS) keeps the agents' own settings (AGENT_*,
         # REMOTE_SERVICE_URL[__<SERVICE>], STEP_CATALOG_FILE), as the
         # queue-triggered agent and the worker do; its step catalog is the app's.
         agent = build_agent(session, load_agent_settings(), self.seams)
         # Closed in this order; the credential last, after the clients that use it.
-        closers: list[Callable[[], Awaitable[Any]]] = [session.close, state_client.close]
-        if orders_client is not state_client:
-            closers.append(orders_client.close)
+        closers: list[Callable[[], Awaitable[Any]]] = [session.close]
+        closers += [client.close for client in clients]
         if credential is not None:
             closers.append(credential.close)
         return Container(
@@ -306,6 +292,28 @@ class App:
             index=index,
             index_container=index_container,
         )
+
+    async def _recovery_index(
+        self, state_client: Any, charges: RequestCharges
+    ) -> tuple[ContainerProxy | None, DeadlineIndex]:
+        """The recovery index's container and adapter, with SUPERVISOR_SCAN=index
+        (no container and the no-op index otherwise)."""
+        cfg = self.settings
+        if cfg.supervisor_scan != "index":
+            return None, NoIndex()
+        container = (
+            await ensure_index_container(
+                state_client, cfg.state_database, cfg.recovery_index_container
+            )
+            if cfg.create_containers
+            else state_client.get_database_client(cfg.state_database).get_container_client(
+                cfg.recovery_index_container
+            )
+        )
+        # Refused here, before any entry is written or read, when the container
+        # was set up with another shard count (ADR 019b).
+        await ensure_shard_count(container, cfg.recovery_index_shards)
+        return container, CosmosRecoveryIndex(container, charges, shards=cfg.recovery_index_shards)
 
     # --- the use cases the triggers call ------------------------------------------
 
