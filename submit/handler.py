@@ -229,21 +229,7 @@ class SubmitHandler:
             telemetry.app_metrics().received.add(1, {"outcome": "accepted", "app.id": order.AppId})
 
         if record.ProcessState is ProcessState.REJECTED:
-            # Rejected earlier (or by a delivery racing this one), and sent
-            # again now that the backlog has room (this delivery passed the
-            # admission check): the client did what Rejected told it to ("try
-            # later"), so the order starts over on the same record. The orders
-            # write above stays. A redelivery finds it Pending and carries on.
-            steps = self._steps
-
-            def again(r: OrderState) -> OrderState:
-                return sm.readmit(r, now, steps) if r.ProcessState is ProcessState.REJECTED else r
-
-            record, etag = await self._store.update(key, again, ANY_OWNER)
-            log.info("rejected order sent again and admitted", extra={"order_id": key})
-            telemetry.app_metrics().received.add(
-                1, {"outcome": "readmitted", "app.id": order.AppId}
-            )
+            record, etag = await self._readmit(order, key, now)
         fast_path = (
             client is not None
             and record.ProcessState is ProcessState.PENDING
@@ -272,6 +258,24 @@ class SubmitHandler:
         if fast_path:
             await self._fast_start(client, record, etag, order)
         return Settle.complete(key)
+
+    async def _readmit(
+        self, order: OrderSubmitted, key: str, now: datetime
+    ) -> tuple[OrderState, str]:
+        """A Rejected order (rejected earlier, or by a delivery racing this
+        one) sent again now that the backlog has room (this delivery passed
+        the admission check): the client did what Rejected told it to ("try
+        later"), so the order starts over on the same record. The orders
+        write stays. A redelivery finds it Pending and carries on."""
+        steps = self._steps
+
+        def again(r: OrderState) -> OrderState:
+            return sm.readmit(r, now, steps) if r.ProcessState is ProcessState.REJECTED else r
+
+        record, etag = await self._store.update(key, again, ANY_OWNER)
+        log.info("rejected order sent again and admitted", extra={"order_id": key})
+        telemetry.app_metrics().received.add(1, {"outcome": "readmitted", "app.id": order.AppId})
+        return record, etag
 
     async def _fast_start(
         self,
