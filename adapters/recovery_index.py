@@ -370,24 +370,7 @@ class CosmosRecoveryIndex:
         while len(out) < max_items and visited < MAX_BUCKETS_PER_PAGE:
             visited += 1
             want = max_items - len(out)
-            try:
-                docs = [
-                    doc
-                    async for doc in self._container.query_items(
-                        "SELECT TOP @n * FROM c WHERE c.bucket = @b AND c.id > @after ORDER BY c.id",
-                        parameters=[
-                            {"name": "@n", "value": want},
-                            {"name": "@b", "value": bucket},
-                            {"name": "@after", "value": after},
-                        ],
-                        partition_key=bucket,
-                        response_hook=self.charges.hook("index_query"),
-                    )
-                ]
-            except SDK_ERRORS as exc:
-                raise translate_error(
-                    exc, f"read index partition {bucket}", self.charges, "index_query"
-                ) from exc
+            docs = await self._partition_page(bucket, after, want)
             for doc in docs:
                 entry = self._entry(doc)
                 if entry is not None:
@@ -414,6 +397,27 @@ class CosmosRecoveryIndex:
                 # appear before `settled` (ADR 007 cursor rule 2).
                 bucket = ahead if ahead is not None and minute_of(ahead) < settled else settled
         return out, bucket, after, False
+
+    async def _partition_page(self, bucket: str, after: str, want: int) -> list[dict]:
+        """Up to `want` documents of partition `bucket` after id `after`, in id order."""
+        try:
+            return [
+                doc
+                async for doc in self._container.query_items(
+                    "SELECT TOP @n * FROM c WHERE c.bucket = @b AND c.id > @after ORDER BY c.id",
+                    parameters=[
+                        {"name": "@n", "value": want},
+                        {"name": "@b", "value": bucket},
+                        {"name": "@after", "value": after},
+                    ],
+                    partition_key=bucket,
+                    response_hook=self.charges.hook("index_query"),
+                )
+            ]
+        except SDK_ERRORS as exc:
+            raise translate_error(
+                exc, f"read index partition {bucket}", self.charges, "index_query"
+            ) from exc
 
     async def _next_holding(self, start: str) -> str | None:
         """The first partition from `start` on that holds a document."""
