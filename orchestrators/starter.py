@@ -67,6 +67,7 @@ from domain.state_machine import (
     mark_received_sent,
     restart_compensation,
 )
+from domain.steps import DEFAULT_CATALOG
 from orchestrators.contracts import AttemptStart, plan_for, step_payload
 from orchestrators.hooks import CrashPoint, no_crash_point
 from orchestrators.order_workflow import WORKFLOW_NAME
@@ -151,7 +152,7 @@ class Starter:
         self._settings = (
             settings
             if isinstance(settings, StarterPolicy)
-            else StarterPolicy.from_settings(settings)
+            else StarterPolicy.from_settings(settings, DEFAULT_CATALOG.names)
         )
         self._store = store
         self._index = index or NoIndex()
@@ -476,6 +477,8 @@ class Starter:
         timeout per step to do from now (one at least: an attempt with
         nothing left to do still has its finishing write to make)."""
         p = self._settings
+        if not p.steps:
+            raise ValueError("the Starter claims with a step catalog: its policy has no steps")
         todo = [
             name
             for name in p.steps
