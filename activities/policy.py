@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 
-from adapters.settings import Settings
+from adapters.settings import Settings, policy_from
 from domain.signing import SchedulerKeys
 from domain.state_machine import RetryPolicy
 
@@ -29,9 +29,4 @@ class ActivityPolicy:
 
     @classmethod
     def from_settings(cls, settings: Settings) -> ActivityPolicy:
-        return cls(
-            step_timeout=settings.step_timeout,
-            retry=settings.retry,
-            progress_apps=frozenset(settings.progress_apps),
-            scheduler_keys=settings.scheduler_keys,
-        )
+        return policy_from(cls, settings, progress_apps=frozenset(settings.progress_apps))

@@ -8,6 +8,7 @@ identity-based access (Azure), with no key anywhere in settings."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from collections.abc import Callable, Mapping
@@ -397,6 +398,17 @@ def _retry_policy(env: Mapping[str, str]) -> RetryPolicy:
         long_delay=timedelta(seconds=int_setting(env, "LONG_RETRY_DELAY_SECONDS", 3600, 0)),
         claim_timeout=timedelta(seconds=int_setting(env, "CLAIM_TIMEOUT_SECONDS", 60, 1)),
     )
+
+
+P = TypeVar("P")
+
+
+def policy_from(cls: type[P], settings: Settings, **given: Any) -> P:
+    """The policy dataclass `cls` (what one use case reads of the settings),
+    each field from the setting of the same name unless `given`."""
+    names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    taken = {name: getattr(settings, name) for name in names if hasattr(settings, name)}
+    return cls(**{**taken, **given})
 
 
 def load_settings(env: Mapping[str, str] | None = None) -> Settings:

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 
-from adapters.settings import Settings
+from adapters.settings import Settings, policy_from
 from domain.state_machine import RetryPolicy
 
 
@@ -36,15 +36,10 @@ class StarterPolicy:
         steps: tuple[str, ...] | list[str] = (),
         step_modes: Mapping[str, str] | None = None,
     ) -> StarterPolicy:
-        return cls(
+        return policy_from(
+            cls,
+            settings,
             steps=tuple(steps),
             step_modes=dict(step_modes or {}),
             progress_apps=frozenset(settings.progress_apps),
-            backlog_gauge_max_age=settings.backlog_gauge_max_age,
-            max_processing=settings.max_processing,
-            step_timeout=settings.step_timeout,
-            starter_batch_size=settings.starter_batch_size,
-            starter_max_batches=settings.starter_max_batches,
-            starter_run_budget=settings.starter_run_budget,
-            retry=settings.retry,
         )

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 
-from adapters.settings import Settings
+from adapters.settings import Settings, policy_from
 
 
 @dataclass(frozen=True)
@@ -25,13 +25,4 @@ class SubmitPolicy:
 
     @classmethod
     def from_settings(cls, settings: Settings) -> SubmitPolicy:
-        return cls(
-            reply_queues=settings.reply_queues,
-            pending_backlog_limit=settings.pending_backlog_limit,
-            backlog_gauge_max_age=settings.backlog_gauge_max_age,
-            max_order_bytes=settings.max_order_bytes,
-            max_processing=settings.max_processing,
-            legacy_order_keys=settings.legacy_order_keys,
-            shard_count=settings.shard_count,
-            shard_index=settings.shard_index,
-        )
+        return policy_from(cls, settings)
