@@ -15,7 +15,7 @@ from __future__ import annotations
 import unicodedata
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import overload
+from typing import Any, overload
 
 from domain.errors import DomainError, StaleError
 from domain.ids import attempt_instance_id, order_key, status_message_id
@@ -583,25 +583,39 @@ def claim_compensation(record: OrderState, now: datetime) -> OrderState:
         ProcessState.COMPENSATION_FAILED,
         action="start compensating",
     )
-    attempt = record.Attempt + 1
     log = [
         e.model_copy(update={"Outcome": "Pending", "Error": None}) if e.Outcome == "Failed" else e
         for e in undo_log(record)
     ]
-    return _finish(
+    return _compensation_attempt(
         record,
-        ProcessState.COMPENSATING,
         "operator",
-        _after_undo_log(record, now),
-        reason="compensation requested",
-        LockedBy=attempt_instance_id(record.id, attempt),
-        Attempt=attempt,
+        now,
+        "compensation requested",
         CompleteBy=None,
         Compensation=log,
         CompensationRequested=False,
         CompensationRestarts=0,
         CompensationLongRetries=0,
         NotBefore=None,
+    )
+
+
+def _compensation_attempt(
+    record: OrderState, by: str, now: datetime, reason: str, **changes: Any
+) -> OrderState:
+    """Compensating under a new attempt (a new instance id, so new message
+    ids and reply events for every undo), dated after the undo log."""
+    attempt = record.Attempt + 1
+    return _finish(
+        record,
+        ProcessState.COMPENSATING,
+        by,
+        _after_undo_log(record, now),
+        reason=reason,
+        LockedBy=attempt_instance_id(record.id, attempt),
+        Attempt=attempt,
+        **changes,
     )
 
 
@@ -638,15 +652,11 @@ def restart_compensation(
         return _wake_compensation(record, now)
     if record.CompensationRestarts >= max_restarts:
         return _restarts_spent(record, now, policy)
-    attempt = record.Attempt + 1
-    return _finish(
+    return _compensation_attempt(
         record,
-        ProcessState.COMPENSATING,
         "starter",
-        _after_undo_log(record, now),
-        reason=f"compensation restarted ({record.CompensationRestarts + 1} of {max_restarts})",
-        LockedBy=attempt_instance_id(record.id, attempt),
-        Attempt=attempt,
+        now,
+        f"compensation restarted ({record.CompensationRestarts + 1} of {max_restarts})",
         CompensationRestarts=record.CompensationRestarts + 1,
     )
 
@@ -714,15 +724,11 @@ def _wake_compensation(record: OrderState, now: datetime) -> OrderState:
             f"compensation of order {record.id} waits for its long retry until "
             f"{record.NotBefore.isoformat() if record.NotBefore else '?'}"
         )
-    attempt = record.Attempt + 1
-    return _finish(
+    return _compensation_attempt(
         record,
-        ProcessState.COMPENSATING,
         "starter",
-        _after_undo_log(record, now),
-        reason=f"compensation long retry {record.CompensationLongRetries} (unconfirmed undo)",
-        LockedBy=attempt_instance_id(record.id, attempt),
-        Attempt=attempt,
+        now,
+        f"compensation long retry {record.CompensationLongRetries} (unconfirmed undo)",
         NotBefore=None,
     )
 
