@@ -270,7 +270,11 @@ def _await_marked(context, plan: Plan, step: StepPlan, deadline: datetime, timer
     timer fires; the reply, or None when the deadline came first."""
     if step.Mode == "inline":
         request = SendRequest(
-            InstanceId=context.instance_id, Step=step.Name, Deadline=deadline, Payload=plan.Payload
+            InstanceId=context.instance_id,
+            Step=step.Name,
+            Deadline=deadline,
+            Payload=plan.Payload,
+            AppId=plan.AppId,
         )
         task = context.call_activity("run_inline_step", _traced(context, request.dump()))
     else:
