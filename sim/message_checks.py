@@ -101,73 +101,81 @@ class MessageChecks(Observed):
         original and its back-off copies)."""
         kinds = Counter(json.loads(m.body).get("Kind") for m in self.bus.queue("alerts").sent)
         for mid, kind in sorted(self.bad.items()):
-            oid = mid.split("/")[0]
-            ingress = self.bus.queue(INGRESS_OF[self.orders[oid][0]])
-            # The gate may carry a message on as a delayed copy, which names it.
-            origin = {
-                m.message_id: str(m.props.get(ORIGINAL_ID_PROPERTY) or m.message_id)
-                for m in ingress.sent
-            }
-            dead = [m for m in ingress.dead if origin.get(m.message_id, m.message_id) == mid]
-            # The lineage's verdict: the handler's dead letter on any of its
-            # messages (the original or a back-off copy). A lineage can go on
-            # past a member the broker dead-lettered once each of its
-            # deliveries faulted at settlement, or once the gate had carried it
-            # on in a later copy the queue accepted (its schedule's answer
-            # lost, so the gate also abandoned the delivery), as the
-            # forgeries' check allows (sim.hostile). Seed 700077, 50 orders:
-            # retry/seq-156/2 MaxDeliveryCountExceeded while its copies went
-            # on, and the last one, arriving before its original was written,
-            # was accepted as the order.
-            verdicts = [m for m in dead if m.dead_letter_reason != "MaxDeliveryCountExceeded"]
-            unexplained = [
+            self._check_bad_submission(mid, kind, kinds, alerted)
+
+    def _check_bad_submission(
+        self, mid: str, kind: str, kinds: Counter, alerted: set[str | None]
+    ) -> None:
+        """One bad submission's lineage (check_bad_submissions): a verdict of
+        its handler, or, when the broker's dead letters are explained, no
+        member completed as if valid."""
+        oid = mid.split("/")[0]
+        ingress = self.bus.queue(INGRESS_OF[self.orders[oid][0]])
+        # The gate may carry a message on as a delayed copy, which names it.
+        origin = {
+            m.message_id: str(m.props.get(ORIGINAL_ID_PROPERTY) or m.message_id)
+            for m in ingress.sent
+        }
+        dead = [m for m in ingress.dead if origin.get(m.message_id, m.message_id) == mid]
+        # The lineage's verdict: the handler's dead letter on any of its
+        # messages (the original or a back-off copy). A lineage can go on
+        # past a member the broker dead-lettered once each of its
+        # deliveries faulted at settlement, or once the gate had carried it
+        # on in a later copy the queue accepted (its schedule's answer
+        # lost, so the gate also abandoned the delivery), as the
+        # forgeries' check allows (sim.hostile). Seed 700077, 50 orders:
+        # retry/seq-156/2 MaxDeliveryCountExceeded while its copies went
+        # on, and the last one, arriving before its original was written,
+        # was accepted as the order.
+        verdicts = [m for m in dead if m.dead_letter_reason != "MaxDeliveryCountExceeded"]
+        unexplained = [
+            m
+            for m in dead
+            if m.dead_letter_reason == "MaxDeliveryCountExceeded"
+            and not self.bus.every_delivery_faulted(m)
+            and not any(later_copy(m, c) for c in ingress.sent)
+        ]
+        if dead and not verdicts and not unexplained:
+            dead = []  # the broker's, explained: judged by where the lineage went
+        if not dead:
+            live = any(origin.get(m.message_id, m.message_id) == mid for m in ingress.messages)
+            # Where the lineage went: a member completed with no later
+            # copy to carry it on was taken as valid. One the broker
+            # dead-lettered after every delivery faulted, with no copy
+            # after it, ended there (seed 2006810: crashes, a dropped link
+            # and a lost lock on each of its five deliveries).
+            gone = {m.seq for m in ingress.dead} | {m.seq for m in ingress.messages}
+            members = [m for m in ingress.sent if origin.get(m.message_id, m.message_id) == mid]
+            completed = [
                 m
-                for m in dead
-                if m.dead_letter_reason == "MaxDeliveryCountExceeded"
-                and not self.bus.every_delivery_faulted(m)
-                and not any(later_copy(m, c) for c in ingress.sent)
+                for m in members
+                if m.seq not in gone and not any(later_copy(m, c) for c in members)
             ]
-            if dead and not verdicts and not unexplained:
-                dead = []  # the broker's, explained: judged by where the lineage went
-            if not dead:
-                live = any(origin.get(m.message_id, m.message_id) == mid for m in ingress.messages)
-                # Where the lineage went: a member completed with no later
-                # copy to carry it on was taken as valid. One the broker
-                # dead-lettered after every delivery faulted, with no copy
-                # after it, ended there (seed 2006810: crashes, a dropped link
-                # and a lost lock on each of its five deliveries).
-                gone = {m.seq for m in ingress.dead} | {m.seq for m in ingress.messages}
-                members = [m for m in ingress.sent if origin.get(m.message_id, m.message_id) == mid]
-                completed = [
-                    m
-                    for m in members
-                    if m.seq not in gone and not any(later_copy(m, c) for c in members)
-                ]
-                # A conflicting copy that arrives first is the order, and the
-                # original is the conflict; nothing else is ever valid.
-                if live or ((completed or not members) and kind != "conflict"):
-                    self.fail(
-                        "4 bad submission dead-lettered",
-                        f"{mid} ({kind}) "
-                        + ("still on the queue" if live else "completed as if valid"),
-                    )
-                continue
-            # (A conflict's alert names it by its key, or, when the gate gave
-            # up on it before its handler could read the record, by the
-            # OrderID its body carries: seed 700163 on the merged world.)
-            reason = (verdicts or dead)[0].dead_letter_reason
-            if not verdicts or unexplained:
+            # A conflicting copy that arrives first is the order, and the
+            # original is the conflict; nothing else is ever valid.
+            if live or ((completed or not members) and kind != "conflict"):
                 self.fail(
-                    "4 bad submission dead-lettered with a reason",
-                    f"{mid} ({kind}) dead-lettered only by the delivery count, not by its handler",
+                    "4 bad submission dead-lettered",
+                    f"{mid} ({kind}) "
+                    + ("still on the queue" if live else "completed as if valid"),
                 )
-            elif (kind == "conflict" and not ({oid, self.orders[oid][1]} & alerted)) or (
-                kind != "conflict" and not kinds["InvalidMessage"]
-            ):
-                self.fail(
-                    "4 bad submission alerted",
-                    f"{mid} ({kind}) dead-lettered with {reason}, no alert",
-                )
+            return
+        # (A conflict's alert names it by its key, or, when the gate gave
+        # up on it before its handler could read the record, by the
+        # OrderID its body carries: seed 700163 on the merged world.)
+        reason = (verdicts or dead)[0].dead_letter_reason
+        if not verdicts or unexplained:
+            self.fail(
+                "4 bad submission dead-lettered with a reason",
+                f"{mid} ({kind}) dead-lettered only by the delivery count, not by its handler",
+            )
+        elif (kind == "conflict" and not ({oid, self.orders[oid][1]} & alerted)) or (
+            kind != "conflict" and not kinds["InvalidMessage"]
+        ):
+            self.fail(
+                "4 bad submission alerted",
+                f"{mid} ({kind}) dead-lettered with {reason}, no alert",
+            )
 
     def check_changed_resends(self) -> None:
         """Invariant 4 (no record overwritten) and section 4's idempotent
