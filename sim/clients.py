@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import random
 from datetime import timedelta
+from typing import Any
 
 from adapters.ports import ANY_OWNER
 from domain import state_machine as sm
@@ -33,6 +34,7 @@ class Clients(Observed):
     operator_pending: int  # actions and resends still to come: the schedule waits
     impersonated: bool
     told_rejected: set[str]
+    store: Any  # the product's state store (adapters.state_store.CosmosStateStore)
 
     def _order_body(self, key: str, total: str = "20.00", oid: str | None = None) -> bytes:
         app, own = self.orders[key]

@@ -10,6 +10,7 @@ execution that dies)."""
 from __future__ import annotations
 
 import random
+from collections import Counter
 from datetime import UTC, datetime, timedelta
 
 from adapters.ports import bucket_of
@@ -24,6 +25,10 @@ from .world import START, Outages
 
 class WorldFaults(Observed):
     """The faults of the world set up over the schedule's state (see the module)."""
+
+    index_shards: int
+    compensation_died: Counter[str]  # order key -> compensation executions that died
+    _lag_rng: random.Random  # the lagging Supervisor's reads, a stream of its own
 
     def _install_faults(self, fault_end: datetime) -> None:
         """The stores' and services' faults of the schedule, in the order

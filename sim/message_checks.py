@@ -37,6 +37,13 @@ from .world import START
 class MessageChecks(Observed):
     """The queue checks (see the module); EndChecks runs them."""
 
+    # Who wrote each orders-DB document last, each delivery's lineage and
+    # start, and the deliveries that ended before they finished (the drive's).
+    orders_writer: dict[str, tuple[int | None, datetime]]
+    delivery_of: dict[int, tuple[str, datetime]]
+    lineage_starts: dict[str, list[datetime]]
+    unfinished: set[int]
+
     def check_one_alert_per_incident(self) -> None:
         """Section 4, operational visibility: an alert raised again under its own
         stable id (a retried outbox entry, a redelivered dead letter)

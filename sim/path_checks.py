@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -46,6 +47,13 @@ class PathChecks(Observed):
     lost_requests: list[str]
     lost_copies: list[str]
     overwritten: list[str]
+    # Its own bookkeeping (set by Simulation.__init__).
+    first_entry: dict[tuple[str, int], datetime]  # (order key, attempt) -> first index entry
+    orders_writer: dict[str, tuple[int | None, datetime]]  # order key -> (lock token, when)
+    request_sender: dict[str, tuple[str, int]]  # request id -> (instance, execution)
+    _request_limit: dict[Any, datetime | None]  # task -> until when its calls may start
+    last_write: datetime | None
+    _told_rejected: Callable[[str, str], None]  # sim.clients.Clients
 
     def _index_reachable(self, now: datetime, resumed: str | None) -> dict:
         """The due attempts an index run starting now from `resumed` must
