@@ -26,7 +26,6 @@ def shrink(
     result: Result,
     orders: int,
     budget: int = 40,
-    version: str | None = None,
     hostile: int | None = None,
     apps: int = 2,
     wider: bool = True,
@@ -47,7 +46,6 @@ def shrink(
             result.seed,
             orders,
             trial,
-            version,
             hostile,
             apps,
             wider,
@@ -65,7 +63,6 @@ def command(
     seed: int,
     orders: int,
     drop: frozenset[int],
-    version: str | None = None,
     hostile: int | None = None,
     apps: int = 2,
     scan: str | None = None,
@@ -78,7 +75,6 @@ def command(
     extra += f" --scan {scan}" if scan else ""
     extra += f" --steps {steps_file}" if steps_file else ""
     extra += "" if fallible else " --infallible"
-    extra += f" --version {version}" if version else ""
     extra += f" --hostile {hostile}" if hostile is not None else ""
     extra += f" --apps {apps}" if apps != 2 else ""
     extra += f" --hosts {hosts}" if hosts is not None else ""
@@ -90,7 +86,6 @@ def record(
     seed: int,
     orders: int,
     violations: list[tuple[str, str]],
-    version: str | None = None,
     hostile: int = 0,
     apps: int = 2,
     hosts: int | None = None,
@@ -98,11 +93,11 @@ def record(
 ) -> None:
     """Entries carry the schedule's number of forgeries (`hostile`); one
     without it was found before the hostile sender existed (replayed with 0).
-    One found by the fault surface's targeted pass carries its `target`."""
+    One found by the fault surface's targeted pass carries its `target`.
+    Entries name no workflow version: every attempt runs the live one
+    (an older entry's "version" is ignored)."""
     entries = json.loads(REGRESSIONS.read_text()) if REGRESSIONS.exists() else []
-    if any(
-        e["seed"] == seed and e["orders"] == orders and e.get("version") == version for e in entries
-    ):
+    if any(e["seed"] == seed and e["orders"] == orders and not e.get("version") for e in entries):
         return
     check, detail = violations[0]
     entry = {
@@ -113,8 +108,6 @@ def record(
         "checks": sorted({c for c, _ in violations}),
         "hostile": hostile,
     }
-    if version:
-        entry["version"] = version
     # Entries without "apps" were recorded in the one-application world, and
     # those without "wider" before the Durable client's faults, odd provider
     # answers and foreign documents existed, those without "fallible" before
@@ -155,11 +148,6 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--no-shrink", action="store_true")
     p.add_argument("--trace", action="store_true", help="print every schedule's trace")
-    p.add_argument(
-        "--version",
-        default=None,
-        help="workflow version new attempts run (default: host.json's defaultVersion)",
-    )
     p.add_argument(
         "--hostile",
         type=int,
@@ -243,7 +231,6 @@ def _schedule(args: argparse.Namespace, seed: int, drop: frozenset[int], steps) 
         seed,
         args.orders,
         drop,
-        args.version,
         args.hostile,
         args.apps,
         not args.narrow,
@@ -284,7 +271,6 @@ def _violation(
         else shrink(
             result,
             args.orders,
-            version=args.version,
             hostile=args.hostile,
             apps=args.apps,
             wider=not args.narrow,
@@ -305,7 +291,6 @@ def _violation(
         seed,
         args.orders,
         shrunk,
-        args.version,
         hostile,
         args.apps,
         args.scan,
@@ -320,7 +305,6 @@ def _violation(
             seed,
             args.orders,
             result.violations,
-            args.version,
             hostile,
             args.apps,
             args.hosts,
@@ -384,7 +368,7 @@ def _run(args: argparse.Namespace, recorder: surface.Recorder | None) -> int:
     steps = load_catalog(args.steps) if args.steps else None
     drop = frozenset(int(x) for x in args.drop.split(",") if x)
     print(
-        f"workflow version: {args.version or default_version()}; liveness bound after faults stop: "
+        f"workflow version: {default_version()}; liveness bound after faults stop: "
         f"{liveness_bound(options_for(0, args.orders))} "
         "(from the settings: (max_failures+1) x attempt + long retries + compensation)"
     )

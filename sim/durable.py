@@ -70,10 +70,11 @@ def default_version() -> str:
 
 
 class SimDurable:
-    def __init__(self, world: World, catalog, version: str | None = None) -> None:
+    def __init__(self, world: World, catalog) -> None:
         self.world = world
         self.catalog = catalog
-        self.version = version if version is not None else default_version()
+        # What a new instance runs when its client names no version (host.json).
+        self.version = default_version()
         self.instances: dict[str, Instance] = {}
         self.starts: list[str] = []
         # (instance id, event name) of every external event an episode handed

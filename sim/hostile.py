@@ -28,7 +28,7 @@ from .bus import later_copy
 from .world import START
 
 if TYPE_CHECKING:
-    from .system import Simulation
+    from .observed import Observed as Simulation  # what it reads of the schedule
 
 REQUESTS, REPLIES = "agent-requests", "agent-responses"
 # What a refused forgery is dead-lettered with (agents.messaging, orchestrators.reply_bridge).

@@ -1,8 +1,10 @@
-"""The remote services below the product's HTTP adapter (issue 21): an
+"""The remote services: `SimRemote`, the services themselves (the devstack
+ledger's idempotency and fencing, the seed's outages, declines, odd
+references and undo blackouts), and below the product's HTTP adapter (issue 21) an
 aiohttp.ClientSession as `agents.remote_client.HttpRemoteService` uses it
 (`session.post(url, json=, headers=, timeout=)` as an async context manager
 whose response has `status`, `headers` and `text()`), answering with the
-simulation's remote services (`sim.system.SimRemote.answer`). So the adapter's
+simulation's remote services (`SimRemote.answer`). So the adapter's
 own code (headers, timeout, status mapping, its handling of a timeout) runs.
 
 Its own fault (the fallible world's `slow_answers`): the answer comes after
@@ -12,11 +14,20 @@ raises it for `ClientTimeout(total=...)`."""
 
 from __future__ import annotations
 
+import json
+import random
+from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 from urllib.parse import urlsplit
 
 from agents.ports import RemoteCall
-from agents.remote_client import FENCING_TOKEN_HEADER, IDEMPOTENCY_KEY_HEADER
+from agents.remote_client import FENCING_TOKEN_HEADER, IDEMPOTENCY_KEY_HEADER, _interpret
+from devstack.remote_service.ledger import Ledger
+from domain.steps import DEFAULT_CATALOG, StepCatalog
+
+from .options import BLACKOUT_UNDO_BUDGETS
+from .world import World
 
 BASE_URL = "http://remote.sim.invalid"
 
@@ -98,3 +109,146 @@ def http_remote(remote: Any):
     from agents.remote_client import HttpRemoteService
 
     return HttpRemoteService(SimSession(remote), BASE_URL)  # type: ignore[arg-type]
+
+
+def status_ok(status: int) -> bool:
+    return 200 <= status < 300
+
+
+# What providers really send back as a reference now and then.
+ODD_REFERENCES: tuple[Any, ...] = (
+    "R" * 5000,
+    "",
+    "   ",
+    "réf-ünïcødé-参照-🧾" * 20,
+    "line\nbreak\x00nul\u202etrl",
+    "4111 1111 1111 1111",
+    12345678901234567890,
+    {"nested": {"Reference": ["a", 1, None]}},
+    None,
+)
+
+
+class SimRemote:
+    """The remote services (the RemoteService port): the devstack ledger's
+    idempotency and fencing, answers interpreted by the product's own HTTP
+    client rules, and the seed's faults (outage, permanent decline)."""
+
+    def __init__(
+        self,
+        world: World,
+        declines: dict[str, tuple[tuple[str, ...], str]],
+        steps: StepCatalog = DEFAULT_CATALOG,
+    ) -> None:
+        self.world = world
+        self.ledger = Ledger(operations=steps.operations())
+        self.declines = declines
+        self.applied_declines = False  # Options.applied_declines
+        self.do_paths = steps.do_paths  # "service/operation" of every step's do
+        self.calls: list[tuple[str, str, int, str]] = []  # (key, op, token, outcome)
+        self.on_call: Callable[[RemoteCall], None] | None = None  # the simulation's check
+        self.undo_budget = 60.0  # seconds; the simulation sets its own (undo_budget)
+
+    async def call(self, call: RemoteCall, *, timeout: float) -> dict[str, Any]:
+        status, text = await self.answer(call, timeout=timeout)
+        what = f"{call.service}/{call.operation} for {call.idempotency_key}"
+        return _interpret(what, status, text, None, call.fencing_token)
+
+    async def answer(self, call: RemoteCall, *, timeout: float) -> tuple[int, str]:
+        """The service's HTTP answer (status, body text) to one call; what the
+        product's HttpRemoteService reads through sim.remote.SimSession."""
+        if self.on_call is not None:
+            self.on_call(call)
+        self._undo_blackout(call)
+        await self.world.point(
+            f"remote.{call.service}.{call.operation}", delay=self.world.rng.choice((0.05, 0.2, 1.0))
+        )
+        op = f"{call.service}/{call.operation}"
+        outage = self.world.faults.outage
+        order_id = call.idempotency_key.partition("/")[0]
+        down = (
+            bool(outage)
+            and outage[0] <= self.world.clock.now < outage[1]
+            and outage[2] == call.service
+        )
+        # A partial outage: most calls fail outright; some are applied and
+        # their answer is lost on the way back (a gateway timeout).
+        lost = down and self.world.rng.random() < self.world.faults.outage_lost
+        if down:
+            self.world.faults.hit("outage_lost" if lost else "outage")  # the fault surface
+        if down and not lost:
+            status, text = 503, json.dumps({"code": "Unavailable", "error": "service unavailable"})
+        elif op in self.declines.get(order_id, ((),))[0]:
+            self.world.faults.hit("decline")
+            if self.applied_declines and op in self.do_paths:
+                # Applied, then refused (idempotent: a retry applies nothing more).
+                self.ledger.apply(
+                    call.service,
+                    call.operation,
+                    call.idempotency_key,
+                    str(call.fencing_token),
+                    call.body,
+                )
+            status, text = (
+                402,
+                json.dumps({"code": "Declined", "error": self.declines[order_id][1]}),
+            )
+        else:
+            answer = self.ledger.apply(
+                call.service,
+                call.operation,
+                call.idempotency_key,
+                str(call.fencing_token),
+                call.body,
+            )
+            body = answer.body
+            if status_ok(answer.status) and self.world.faults.draw(
+                self.world.faults.config.odd_answers, "odd_answer", call.idempotency_key
+            ):
+                body = {**body, "Reference": self.world.rng.choice(ODD_REFERENCES)}
+            status, text = answer.status, json.dumps(body)
+            if lost:
+                status, text = (
+                    504,
+                    json.dumps({"code": "GatewayTimeout", "error": "no answer from upstream"}),
+                )
+        outcome = "ok" if status < 300 else "transient" if status >= 500 else "permanent"
+        self.calls.append((call.idempotency_key, op, call.fencing_token, outcome))
+        self.world.log(f"remote {op} {call.idempotency_key} token {call.fencing_token} -> {status}")
+        return status, text
+
+    def _undo_blackout(self, call: RemoteCall) -> None:
+        """The schedule's first undo call starts its undo blackout
+        (FaultConfig.undo_blackout): an outage of that service longer than the
+        whole undo budget, every call in it applied and its answer lost."""
+        faults = self.world.faults
+        if (
+            not faults.config.undo_blackout
+            or faults.outage is not None
+            or call.operation not in ("release", "refund", "cancel")
+            or not faults.draw(1.0, "undo_blackout", call.service)
+        ):
+            return
+        length = self.world.data_rng.uniform(*BLACKOUT_UNDO_BUDGETS) * self.undo_budget
+        now = self.world.clock.now
+        faults.outage = (now, now + timedelta(seconds=length), call.service)
+        faults.outage_lost = 1.0
+        self.world.log(f"undo blackout of {call.service} for {length:.0f} s")
+
+
+def random_text(rng: random.Random) -> str:
+    length = rng.choice((0, 10, 200, 230, 600, 4096))
+    if length == 0:
+        return ""
+    alphabets = [
+        (0x20, 0x7E),
+        (0xA0, 0x2FF),
+        (0x3040, 0x30FF),
+        (0x1F300, 0x1F64F),
+        (0x4E00, 0x9FFF),
+    ]
+    out = []
+    for _ in range(length):
+        lo, hi = rng.choice(alphabets)
+        out.append(chr(rng.randint(lo, hi)))
+    return "".join(out)

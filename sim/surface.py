@@ -387,6 +387,12 @@ class Recorder:
             frame = frame.f_back
         return None
 
+    def attribute_draw(self, drawn: str, frame: FrameType | None) -> None:
+        """A fault drawn by sim.world.Faults.draw, at the call in `frame`:
+        attributed under its call kind, when it is one (CALL_KINDS)."""
+        if drawn in CALL_KINDS:
+            self.attribute(CALL_KINDS[drawn], frame)
+
     def attribute(self, kind: str, frame: FrameType | None) -> None:
         at = self.where(frame)
         if at is None:

@@ -32,20 +32,43 @@ import random
 import weakref
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from azure.servicebus.exceptions import OperationTimeoutError, ServiceBusConnectionError
 
+from adapters.settings import Settings
 from adapters.settlement import BackoffPolicy
 from agents.config import AgentSettings
 from agents.messaging import RequestProcessor
 from agents.worker import RECEIVE_RETRY_SECONDS, RECEIVE_WAIT_SECONDS, AgentWorker, WorkerRuntime
+from reporting import Alerts
 
-from .bus import LOCK_DURATION, Delivery, Msg, SimActions, reply_sender, rules_for
-from .world import START
+from .bus import LOCK_DURATION, Bus, Delivery, Msg, SimActions, reply_sender, rules_for
+from .world import START, SimClock, World
 
-if TYPE_CHECKING:
-    from .system import Simulation
+
+class WorkerSchedule(Protocol):
+    """What a worker run uses of its schedule (sim.drive.Simulation, which
+    imports this module through sim.options: hence a protocol)."""
+
+    seed: int
+    world: World
+    bus: Bus
+    o: Any  # sim.options.Options
+    settings: Settings
+    servicebus: Any  # sim.bus.SimServiceBusClient
+    publisher: Any
+
+    def alerts(self) -> Alerts: ...
+
+    def fail(self, check: str, detail: str) -> None: ...
+
+    def _pump(self, queue: str) -> None: ...
+
+    def _new_agent(self, clock: SimClock, rng: random.Random) -> Any: ...
+
+    async def _agent_request(self, d: Delivery, processor: Any, settlement: Any) -> Any: ...
+
 
 QUEUE = "agent-requests"
 POLL = 0.25  # seconds of world time between two looks of a waiting worker
@@ -293,9 +316,7 @@ def _forget_cancelled(world: Any) -> None:
 class WorkerHost:
     """One run of the standalone worker process (`WorkerRun`)."""
 
-    def __init__(self, sim: Simulation, k: int, run: WorkerRun) -> None:
-        from .system import SimClock  # (sim.system imports this module)
-
+    def __init__(self, sim: WorkerSchedule, k: int, run: WorkerRun) -> None:
         self.sim = sim
         self.world = sim.world
         self.run = run
@@ -485,7 +506,7 @@ class _Checked:
     """The worker's RequestProcessor with the simulation's per-delivery checks
     around it, as `Simulation._handle` has them for the Functions agent."""
 
-    def __init__(self, sim: Simulation, processor: Any) -> None:
+    def __init__(self, sim: WorkerSchedule, processor: Any) -> None:
         self.sim = sim
         self.processor = processor
 

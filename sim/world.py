@@ -258,10 +258,7 @@ class Faults:
             return False
         self.injected.append(Fault(index, kind, self.world.stamp(), detail))
         if SURFACE is not None:
-            from .surface import CALL_KINDS
-
-            if kind in CALL_KINDS:
-                SURFACE.attribute(CALL_KINDS[kind], sys._getframe(1))
+            SURFACE.attribute_draw(kind, sys._getframe(1))
         return True
 
     def record(self, kind: str, detail: str) -> None:
@@ -635,4 +632,19 @@ def utc(ts: datetime) -> datetime:
     return ts.astimezone(UTC)
 
 
-__all__ = ["START", "Clock", "Crash", "Fault", "FaultConfig", "Faults", "World", "utc"]
+class SimClock:
+    """The product's Clock (adapters.clock) for one actor of the simulation:
+    the world's time with the actor's skew; sleeping is a scheduling point."""
+
+    def __init__(self, world: World, actor: str) -> None:
+        self.world = world
+        self.actor = actor
+
+    def now(self) -> datetime:
+        return self.world.clock.at(self.world.skew(self.actor))
+
+    async def sleep(self, seconds: float) -> None:
+        await self.world.point(f"{self.actor}.sleep", delay=seconds)
+
+
+__all__ = ["START", "Clock", "Crash", "Fault", "FaultConfig", "Faults", "SimClock", "World", "utc"]

@@ -28,8 +28,7 @@ from domain.errors import TransientError
 from domain.models import OrderSubmitted
 from sim.bus import Bus, Delivery, SimActions, SimServiceBusClient, publisher
 from sim.cosmos import SimContainer, SimCosmosClient
-from sim.remote import http_remote
-from sim.system import SimRemote
+from sim.remote import SimRemote, http_remote
 from sim.world import Fault, FaultConfig, World
 from tests.builders import order_payload
 

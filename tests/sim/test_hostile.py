@@ -7,8 +7,6 @@ from __future__ import annotations
 import json
 from collections import Counter
 
-import pytest
-
 from sim.hostile import REPLY_KINDS, REQUEST_KINDS
 from sim.system import Options, Simulation, simulate
 from sim.world import FaultConfig
@@ -75,9 +73,3 @@ def test_the_hostile_checks_can_fail(monkeypatch):
     alerts.sent = [m for m in alerts.sent if "forged/" not in json.loads(m.body)["MessageId"]]
     sim.check()
     assert "forged message alerted once" in {c for c, _ in sim.violations}
-
-
-@pytest.mark.parametrize("version", ["2.0", "1.1"])
-def test_forgeries_against_older_workflow_versions_change_nothing(version):
-    sim = _run(4, Options(orders=3, faults=FaultConfig(hostile=20, decline=0.5), version=version))
-    assert sim.violations == []

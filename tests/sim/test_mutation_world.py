@@ -1,4 +1,4 @@
-"""What issue 21's mutation run added to the simulation (sim/system.py): the
+"""What issue 21's mutation run added to the simulation (sim/options.py): the
 world that runs the live workflow's other path (an application with progress
 statuses), lost singleton leases and a lagging Supervisor more often, all
 drawn from the seed; and two path checks (every due index entry after the

@@ -152,16 +152,3 @@ def test_an_attempt_that_quit_before_its_deadline_with_a_reply_to_come_is_caught
     # An answer it had heard before it ended (a redelivered request's second).
     sim.durable.heard[("o:1", reply_event_name("pay", 1))] = ["{}"]
     assert _reply(sim) == []
-
-
-def test_an_attempt_on_a_frozen_version_may_quit_as_it_was_written_to():
-    """Only 2.4 listens for a step's reply until the deadline after a lost
-    send answer; an attempt in flight on 1.1 fails there and leaves the
-    attempt to the Supervisor, its own contract (make test's version-1.1
-    schedules, seed 200002, at 1faf3fb)."""
-    sim = _run()
-    _failed_attempt(sim, "send_step", "sending to agent-requests: no answer in time", 60)
-    sim.durable.instances["o:1"].version = "1.1"
-    assert _reply(sim) == []
-    sim.durable.instances["o:1"].version = "2.4"
-    assert len(_reply(sim)) == 1

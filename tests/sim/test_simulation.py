@@ -4,8 +4,9 @@ seeds of every schedule that ever failed, and a bulk run of 1,000 schedules.
 Regression seeds whose defect is fixed (`"fixed": true` in sim/regressions.json)
 run as plain cases and must stay clean; the others are strict xfails naming
 the defect they show, so its fix turns them into an unexpected pass (then set
-`"fixed": true`). An entry may name the workflow `version` it runs (default:
-host.json's defaultVersion)."""
+`"fixed": true`). Every entry runs the live workflow version (host.json's
+defaultVersion): one that names the frozen version it was recorded on
+replays on the live one, which must run it clean (sim.corpus.plain)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from sim.world import FaultConfig
 
 REGRESSIONS = corpus.load()
 
-# The check each defect of issue 11 breaks first (sim/system.py, Simulation.check).
+# The check each defect of issue 11 breaks first (sim/checks.py, EndChecks.check).
 DEFECT_OF_CHECK = {
     "index entry outlived its attempt unseen": "defect 1: recovery-index cursor passes entries at a minute rollover",
     "7 side effects undone by compensation": "defect 2: compensation skips Running/Failed steps",
@@ -131,10 +132,9 @@ def test_happy_path_processes_every_order_and_reports_it():
     assert sim.violations == []
 
 
-@pytest.mark.parametrize("version", ["2.4", "2.3", "2.2", "2.1", "2.0", "1.1"])
-def test_happy_path_one_deadline(version):
-    sim = _run(1, 3, Options(orders=3, faults=FaultConfig(), version=version))
-    assert {i.version for i in sim.durable.instances.values()} == {version}
+def test_happy_path_one_deadline():
+    sim = _run(1, 3, Options(orders=3, faults=FaultConfig()))
+    assert {i.version for i in sim.durable.instances.values()} == {"2.4"}
     assert sim.violations == []
 
 
@@ -207,7 +207,7 @@ def _regression_params():
         checks = entry.get("checks_now") or entry["checks"]  # what still breaks on this branch
         reason = "; ".join(sorted({DEFECT_OF_CHECK.get(c, c) for c in checks}))
         marks = [] if corpus.plain(entry) else [pytest.mark.xfail(strict=True, reason=reason)]
-        version = entry.get("version")
+        version = entry.get("version")  # recorded on a frozen version, replayed on the live one
         tag = f"-v{version}" if version else ""
         apps = entry.get("apps", 1)  # recorded before the world had two applications
         tag += "" if apps == 1 else f"-{apps}apps"
@@ -220,38 +220,30 @@ def test_regression_seed(entry):
     assert corpus.replay(entry).violations == []
 
 
-def _open_seeds(orders: int, version: str | None) -> set[int]:
+def _open_seeds(orders: int) -> set[int]:
     """Seeds of this kind recorded as open defects: each is a strict xfail in
     test_regression_seed, which fails as soon as it passes; the bulk runs
     leave them to it, so any other broken schedule still fails them."""
-    return {
-        e["seed"]
-        for e in REGRESSIONS
-        if not (e.get("fixed") or e.get("moved"))
-        and e["orders"] == orders
-        and e.get("version") == version
-    }
+    return {e["seed"] for e in REGRESSIONS if not corpus.plain(e) and e["orders"] == orders}
 
 
-def _bulk(seeds, orders: int, version: str | None = None):
+def _bulk(seeds, orders: int):
     import time
     from collections import Counter
 
-    seeds = [s for s in seeds if s not in _open_seeds(orders, version)]
+    seeds = [s for s in seeds if s not in _open_seeds(orders)]
 
     started = time.perf_counter()
     broken: Counter[str] = Counter()
     first: dict[str, int] = {}
     for seed in seeds:
-        violations = run_schedule(seed, orders, version=version).violations
+        violations = run_schedule(seed, orders).violations
         for check in {c for c, _ in violations}:
             broken[check] += 1
             first.setdefault(check, seed)
     elapsed = time.perf_counter() - started
     n = len(seeds)
-    print(
-        f"{n} schedules (version {version or 'default'}) in {elapsed:.1f} s ({n / elapsed:.1f} schedules/s)"
-    )
+    print(f"{n} schedules in {elapsed:.1f} s ({n / elapsed:.1f} schedules/s)")
     assert broken == {}, "broken checks (check: schedules, first seed): " + "; ".join(
         f"{c}: {k}, seed {first[c]} --orders {orders}" for c, k in broken.most_common()
     )
@@ -263,11 +255,6 @@ def _bulk(seeds, orders: int, version: str | None = None):
 def test_thousand_schedules():
     """1,000 seeded one-order schedules on the default version (host.json): no check may break."""
     _bulk(range(100_001, 101_001), 1)
-
-
-def test_schedules_on_version_1_1():
-    """Attempts already in flight on 1.1 keep its guarantees: 200 schedules."""
-    _bulk(range(200_001, 200_201), 1, "1.1")
 
 
 def test_application_checks_can_fail():
@@ -345,33 +332,3 @@ def test_the_one_host_world_is_the_world_before_hosts():
     restarts, whatever the seed draws."""
     assert run_schedule(2, 3, hosts=0).options.hosts == 1
     assert run_schedule(2, 3, hosts=0).options.faults.host_restarts == 0
-
-
-def _frozen_n3_params():
-    for entry in REGRESSIONS:
-        if entry.get("fixed") or entry.get("moved") or not entry.get("version"):
-            continue
-        checks = entry.get("checks_now") or entry["checks"]
-        if "no false CompensationFailed" not in checks:
-            continue
-        yield pytest.param(entry, id=f"seed{entry['seed']}-v{entry['version']}")
-
-
-@pytest.mark.parametrize("entry", list(_frozen_n3_params()))
-def test_n3_seed_of_a_frozen_version_is_clean_on_the_live_one(entry):
-    """N3 (an undo applied remotely whose answers were all lost ends
-    CompensationFailed) stays in the frozen workflow versions, whose replay may
-    not change: their seeds are strict xfails above. The live version closes it
-    (ADR 019a): the same schedule, in the same world, run by new attempts on
-    host.json's defaultVersion breaks no check."""
-    result = run_schedule(
-        entry["seed"],
-        entry["orders"],
-        version=None,
-        hostile=entry.get("hostile", 0),
-        apps=entry.get("apps", 1),
-        wider=entry.get("wider", False),
-        hosts=entry.get("hosts", 0),
-        fallible=entry.get("fallible", False),
-    )
-    assert result.violations == []

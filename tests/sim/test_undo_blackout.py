@@ -1,8 +1,9 @@
 """N3's worst case in the simulation (ADR 019a): an undo blackout, an outage
 that begins with a schedule's first undo call and outlasts the whole undo
-budget, every call in it applied and its answer lost. Workflow 2.1 ends such
-compensations CompensationFailed though the undo happened; 2.2 waits for a
-long retry and ends them Compensated. And the checks that watch it can fail."""
+budget, every call in it applied and its answer lost. The workflow (since
+2.2) waits for a long retry and ends such compensations Compensated, not
+CompensationFailed though the undo happened. And the checks that watch it
+can fail."""
 
 from __future__ import annotations
 
@@ -17,11 +18,9 @@ from sim.world import START, FaultConfig
 BLACKOUT = FaultConfig(decline=1.0, undo_blackout=True, crash=0.01, duplicate=0.05, delay=0.05)
 
 
-def _run(seed: int, version: str) -> Simulation:
+def _run(seed: int) -> Simulation:
     return simulate(
-        Simulation(
-            seed, 3, options=Options(orders=3, faults=BLACKOUT, version=version, fault_window=240.0)
-        )
+        Simulation(seed, 3, options=Options(orders=3, faults=BLACKOUT, fault_window=240.0))
     )
 
 
@@ -33,7 +32,7 @@ def _blackout(sim: Simulation) -> tuple:
 
 
 def test_an_undo_blackout_outlasts_the_undo_budget_and_loses_every_answer():
-    sim = _run(2, "2.2")
+    sim = _run(2)
     _, length, service = _blackout(sim)
     assert length > 3 * sim.o.step_timeout.total_seconds()  # the whole undo budget
     assert sim.world.faults.outage_lost == 1.0
@@ -54,15 +53,10 @@ def test_an_undo_blackout_outlasts_the_undo_budget_and_loses_every_answer():
     assert sim.violations == []
 
 
-def test_workflow_2_1_ends_it_falsely_compensation_failed():
-    """Seed 2 with the blackout (the first of seeds 1-30 that breaks on 2.1:
-    23 of those 30 do)."""
-    sim = _run(2, "2.1")
-    assert "no false CompensationFailed" in {c for c, _ in sim.violations}
-
-
-def test_workflow_2_2_waits_for_a_long_retry_and_compensates():
-    sim = _run(2, "2.2")
+def test_the_workflow_waits_for_a_long_retry_and_compensates():
+    """Seed 2 with the blackout (one that ended falsely CompensationFailed
+    on workflow 2.1, before the long retry of an unconfirmed undo)."""
+    sim = _run(2)
     assert sim.violations == []
     assert sim.rows["8d"] >= 1  # a compensation deferred for its long retry
     assert sim.rows["8b"] >= 1
@@ -91,7 +85,7 @@ def test_wide_schedules_draw_it_from_a_stream_of_their_own():
 
 
 def test_the_long_retry_checks_can_fail():
-    sim = _run(2, "2.2")
+    sim = _run(2)
     key = sim.order_ids[0]
     doc = dict(sim.state_c.docs[(key, key)])
     waiting = {
@@ -115,7 +109,7 @@ def test_a_compensation_failed_whose_open_undo_was_applied_is_caught(outcome):
     """The record says CompensationFailed with an undo open (Failed, or
     Pending: unconfirmed when the long retries ran out) that the remote
     applied, its answer lost or not: a false CompensationFailed."""
-    sim = _run(2, "2.2")
+    sim = _run(2)
     compensated = [
         oid
         for oid in sim.order_ids

@@ -1,0 +1,427 @@
+"""The end's checks of what went through the queues (docs/design.md section 7,
+invariant 4, and section 4's messaging protocols): dead letters and their
+reasons, bad submissions, alerts, late replies, applications kept apart, and
+the lineage predicates (a message, its redeliveries and its back-off copies)
+the other checks judge dead letters by."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections import Counter
+from datetime import datetime
+
+from adapters.durable_client import GONE_MARKERS
+from adapters.servicebus import ALERTS_QUEUE
+from adapters.settlement import ORIGINAL_ID_PROPERTY
+from domain.ids import order_key
+
+from .bus import (
+    Msg,
+    later_copy,
+)
+from .hostile import PREFIX as FORGED
+from .observed import Observed
+from .options import (
+    ALERT_REPEAT,
+    APP_OF_INGRESS,
+    APPS,
+    IMPERSONATION,
+    INGRESS_OF,
+    REGISTRY,
+    TERMINAL_STATUS,
+)
+from .world import START
+
+
+class MessageChecks(Observed):
+    """The queue checks (see the module); EndChecks runs them."""
+
+    # Who wrote each orders-DB document last, each delivery's lineage and
+    # start, and the deliveries that ended before they finished (the drive's).
+    orders_writer: dict[str, tuple[int | None, datetime]]
+    delivery_of: dict[int, tuple[str, datetime]]
+    lineage_starts: dict[str, list[datetime]]
+    unfinished: set[int]
+
+    def check_one_alert_per_incident(self) -> None:
+        """Section 4, operational visibility: an alert raised again under its own
+        stable id (a retried outbox entry, a redelivered dead letter)
+        reaches operators once; an incident that lasts days may page again
+        once per ALERT_REPEAT."""
+        sent_at: dict[str, list[datetime]] = {}
+        for m in self.bus.queue("alerts").sent:
+            sent_at.setdefault(m.message_id, []).append(m.visible_at)
+        for mid, times in sorted(sent_at.items()):
+            gaps = [b - a for a, b in itertools.pairwise(sorted(times))]
+            if any(gap < ALERT_REPEAT for gap in gaps):
+                self.fail(
+                    "one alert per incident",
+                    f"{mid} reached the alerts queue {len(times)} times within {ALERT_REPEAT}",
+                )
+                return
+
+    def check_real_replies_not_dead_lettered(self) -> None:
+        """Section 4, late replies change nothing: a real reply (not a forgery, nor a
+        delayed copy of one) that comes too late (its instance gone) is
+        completed, never retried into the dead-letter queue; one whose
+        instance still waits may end there only as the gate's last resort
+        (RetriesExhausted: its event could not be raised on any delivery and
+        no retry could be scheduled), or by the broker when every delivery
+        met an injected fault (Bus.every_delivery_faulted). The broker may
+        also dead-letter (MaxDeliveryCountExceeded) a message whose back-off
+        copy the queue already accepted: the reply goes on in that copy, and
+        the dead letter is a leftover of its lineage (seed 209, 50 orders:
+        the copy's complete failed after it scheduled the next copy, and its
+        redeliveries met faults or a refused schedule)."""
+        responses = self.bus.queue("agent-responses")
+        for m in responses.dead:
+            origin = str(m.props.get(ORIGINAL_ID_PROPERTY) or m.message_id)
+            if origin.startswith(FORGED):
+                continue
+            said = m.dead_letter_description or ""
+            # The bridge's own markers of an instance that is gone (a late reply).
+            late = any(marker in said for marker in GONE_MARKERS)
+            last_resort = m.dead_letter_reason == "RetriesExhausted" and not late
+            carried_on = m.dead_letter_reason == "MaxDeliveryCountExceeded" and any(
+                later_copy(m, c) for c in responses.sent
+            )
+            if not (last_resort or carried_on or self.bus.every_delivery_faulted(m)):
+                self.fail(
+                    "a real reply is never dead-lettered",
+                    f"{m.message_id} {m.dead_letter_reason}"
+                    + (" (its instance was gone: a late reply)" if late else "")
+                    + f": {said}",
+                )
+                return
+
+    def check_dead_letters_have_reasons(self) -> None:
+        """Invariant 4: every dead-lettered message, on any queue, has a reason."""
+        for q in self.bus.queues.values():
+            for m in q.dead:
+                if not m.dead_letter_reason:
+                    self.fail("4 dead-lettered with a reason", f"{q.name} {m.message_id}")
+
+    def check_bad_submissions(self, alerted: set[str | None]) -> None:
+        """Invariant 4: every conflicting or malformed submission is dead-lettered by
+        its handler with a reason and alerted (judged by its lineage: the
+        original and its back-off copies)."""
+        kinds = Counter(json.loads(m.body).get("Kind") for m in self.bus.queue("alerts").sent)
+        for mid, kind in sorted(self.bad.items()):
+            self._check_bad_submission(mid, kind, kinds, alerted)
+
+    def _check_bad_submission(
+        self, mid: str, kind: str, kinds: Counter, alerted: set[str | None]
+    ) -> None:
+        """One bad submission's lineage (check_bad_submissions): a verdict of
+        its handler, or, when the broker's dead letters are explained, no
+        member completed as if valid."""
+        oid = mid.split("/")[0]
+        ingress = self.bus.queue(INGRESS_OF[self.orders[oid][0]])
+        # The gate may carry a message on as a delayed copy, which names it.
+        origin = {
+            m.message_id: str(m.props.get(ORIGINAL_ID_PROPERTY) or m.message_id)
+            for m in ingress.sent
+        }
+        dead = [m for m in ingress.dead if origin.get(m.message_id, m.message_id) == mid]
+        # The lineage's verdict: the handler's dead letter on any of its
+        # messages (the original or a back-off copy). A lineage can go on
+        # past a member the broker dead-lettered once each of its
+        # deliveries faulted at settlement, or once the gate had carried it
+        # on in a later copy the queue accepted (its schedule's answer
+        # lost, so the gate also abandoned the delivery), as the
+        # forgeries' check allows (sim.hostile). Seed 700077, 50 orders:
+        # retry/seq-156/2 MaxDeliveryCountExceeded while its copies went
+        # on, and the last one, arriving before its original was written,
+        # was accepted as the order.
+        verdicts = [m for m in dead if m.dead_letter_reason != "MaxDeliveryCountExceeded"]
+        unexplained = [
+            m
+            for m in dead
+            if m.dead_letter_reason == "MaxDeliveryCountExceeded"
+            and not self.bus.every_delivery_faulted(m)
+            and not any(later_copy(m, c) for c in ingress.sent)
+        ]
+        if dead and not verdicts and not unexplained:
+            dead = []  # the broker's, explained: judged by where the lineage went
+        if not dead:
+            live = any(origin.get(m.message_id, m.message_id) == mid for m in ingress.messages)
+            # Where the lineage went: a member completed with no later
+            # copy to carry it on was taken as valid. One the broker
+            # dead-lettered after every delivery faulted, with no copy
+            # after it, ended there (seed 2006810: crashes, a dropped link
+            # and a lost lock on each of its five deliveries).
+            gone = {m.seq for m in ingress.dead} | {m.seq for m in ingress.messages}
+            members = [m for m in ingress.sent if origin.get(m.message_id, m.message_id) == mid]
+            completed = [
+                m
+                for m in members
+                if m.seq not in gone and not any(later_copy(m, c) for c in members)
+            ]
+            # A conflicting copy that arrives first is the order, and the
+            # original is the conflict; nothing else is ever valid.
+            if live or ((completed or not members) and kind != "conflict"):
+                self.fail(
+                    "4 bad submission dead-lettered",
+                    f"{mid} ({kind}) "
+                    + ("still on the queue" if live else "completed as if valid"),
+                )
+            return
+        # (A conflict's alert names it by its key, or, when the gate gave
+        # up on it before its handler could read the record, by the
+        # OrderID its body carries: seed 700163 on the merged world.)
+        reason = (verdicts or dead)[0].dead_letter_reason
+        if not verdicts or unexplained:
+            self.fail(
+                "4 bad submission dead-lettered with a reason",
+                f"{mid} ({kind}) dead-lettered only by the delivery count, not by its handler",
+            )
+        elif (kind == "conflict" and not ({oid, self.orders[oid][1]} & alerted)) or (
+            kind != "conflict" and not kinds["InvalidMessage"]
+        ):
+            self.fail(
+                "4 bad submission alerted",
+                f"{mid} ({kind}) dead-lettered with {reason}, no alert",
+            )
+
+    def check_changed_resends(self) -> None:
+        """Invariant 4 (no record overwritten) and section 4's idempotent
+        submit: a client's changed resend of a Rejected order is a conflict,
+        dead-lettered OrderConflict; the orders DB keeps the order first
+        accepted."""
+        for key, mid in self.changed_resends:
+            stored = self.orders_c.docs.get((key, key)) or {}
+            # The order first accepted: the client's (Total 20.00), or its
+            # conflicting copy (40.00, `_bad_message`) when that one came
+            # first and was the order Rejected (seeds 58 and 71, 50 orders:
+            # then a resend with the copy's content is no change at all, so
+            # the changed resend carries a total of its own, CHANGED_TOTAL).
+            first = {20.0, 40.0} if f"{key}/conflict" in self.bad else {20.0}
+            if stored and float(stored.get("Total") or 0) not in first and not self._orphaned(key):
+                self.fail(
+                    "a changed resend of a Rejected order is a conflict",
+                    f"{key}: the orders DB holds the changed copy (Total {stored.get('Total')}), "
+                    "not the order first accepted",
+                )
+                break
+            ingress = self.bus.queue(INGRESS_OF[self.orders[key][0]])
+
+            def mine(m: Msg, mid: str = mid) -> bool:
+                return str(m.props.get(ORIGINAL_ID_PROPERTY) or m.message_id) == mid
+
+            # The lineage's verdict, as for the bad submissions (check 4): an
+            # OrderConflict on any of its messages. A member dead-lettered
+            # otherwise is explained when the broker did it (every delivery
+            # faulted at settlement) or when the lineage went on in a later
+            # copy (seed 5000218, 50 orders: the last delivery's schedule was
+            # accepted with its answer lost, so the gate dead-lettered
+            # RetriesExhausted, and the next copy but one was the conflict).
+            dead = [m for m in ingress.dead if mine(m)]
+            if any(m.dead_letter_reason == "OrderConflict" for m in dead):
+                continue
+            unexplained = [
+                m
+                for m in dead
+                if not self.bus.every_delivery_faulted(m)  # the broker's verdict
+                and not any(later_copy(m, c) for c in ingress.sent)
+            ]
+            if unexplained:
+                self.fail(
+                    "a changed resend of a Rejected order is a conflict",
+                    f"{mid} ({key}) dead-lettered {unexplained[0].dead_letter_reason}, "
+                    "not OrderConflict",
+                )
+                break
+            broker = any(self.bus.every_delivery_faulted(m) for m in dead)
+            if not broker and not any(mine(m) for m in ingress.messages):
+                self.fail(
+                    "a changed resend of a Rejected order is a conflict",
+                    f"{mid} ({key}, Total changed) was completed as if valid",
+                )
+                break
+
+    def check_impersonation(self) -> None:
+        """Section 4, reply queues are access-controlled (ADR 017f): an order
+        sent on one application's ingress queue in another's name creates
+        nothing under the other's keys and is dead-lettered."""
+        victim, sender = APPS
+        key = order_key(victim, f"ORD-{self.seed}-IMP")
+        if (key, key) in self.state_c.docs or (key, key) in self.orders_c.docs:
+            self.fail(
+                "an application cannot order in another's name",
+                f"{sender}'s client created {key} with a body naming AppId {victim}",
+            )
+            return
+        ingress = self.bus.queue(INGRESS_OF[sender])
+
+        def mine(m: Msg) -> bool:
+            return str(m.props.get(ORIGINAL_ID_PROPERTY) or m.message_id) == IMPERSONATION
+
+        if not any(mine(m) for m in ingress.dead) and not any(mine(m) for m in ingress.messages):
+            self.fail(
+                "an application cannot order in another's name",
+                f"{IMPERSONATION} on {ingress.name} completed as if valid",
+            )
+
+    def check_applications_apart(
+        self, docs: dict[str, dict | None], statuses: dict[str, list[dict]]
+    ) -> None:
+        """Section 4, reply queues are access-controlled, and ADR 017f (order
+        keys): OrderIDs belong to their application: two applications posting one
+        OrderID get two orders, and nothing of one (record, order document,
+        status, conflict) reaches the other."""
+        for key, (app, oid) in self.orders.items():
+            doc = docs.get(key)
+            if doc is not None and (doc.get("AppId") != app or doc.get("ReplyTo") != REGISTRY[app]):
+                self.fail(
+                    "order crossed applications",
+                    f"{key}: record of {doc.get('AppId')} (reply queue {doc.get('ReplyTo')})",
+                )
+            stored = self.orders_c.docs.get((key, key))
+            if stored is not None and (stored.get("AppId"), stored.get("OrderID")) != (app, oid):
+                self.fail(
+                    "order crossed applications",
+                    f"{key}: orders DB holds {stored.get('AppId')}'s {stored.get('OrderID')}",
+                )
+            # Terminal statuses on an application's queue are those of its own
+            # record (an operator's action may add a second one).
+            if doc is None or any(o == key for o, _ in self.operator_done):
+                continue
+            want = TERMINAL_STATUS.get(doc["ProcessState"])
+            readmitted = any(
+                h.get("From") == "Rejected" and h.get("To") == "Pending"
+                for h in doc.get("History") or []
+            )
+            other = {
+                s["Status"]
+                for s in statuses.get(key, [])
+                if s["Status"] in TERMINAL_STATUS.values()
+                and s["Status"] != want
+                # Rejected, then sent again with room: the same order, admitted
+                and not (readmitted and s["Status"] == "Rejected")
+            }
+            if want and other:
+                self.fail(
+                    "status crossed applications",
+                    f"{key} is {doc['ProcessState']} but {REGISTRY[app]} got {sorted(other)}",
+                )
+        # An order the previous version accepted keeps its bare key: never a
+        # second order under its application's key.
+        for key in sorted(self.legacy):
+            app, oid = self.orders[key]
+            if (order_key(app, oid), order_key(app, oid)) in self.state_c.docs:
+                self.fail(
+                    "previous version's order duplicated", f"{key} also as {order_key(app, oid)}"
+                )
+        # Every status names an order its queue's application sent.
+        sent = {(app, oid) for app, oid in self.orders.values()}
+        for app, queue in REGISTRY.items():
+            for m in self.bus.queue(queue).sent:
+                own = json.loads(m.body)["OrderID"]
+                if (app, own) not in sent and not own.endswith("-V"):
+                    self.fail("status crossed applications", f"{queue} got a status of {own}")
+        # A conflict is only ever an application's own second order under one
+        # OrderID: the orders whose application also sent a conflicting copy
+        # (either of the two may be the one refused, whichever came second).
+        deliberate = {mid.split("/")[0] for mid, kind in self.bad.items() if kind == "conflict"}
+        deliberate |= {key for key, _ in self.changed_resends}
+        for queue, app in APP_OF_INGRESS.items():
+            for m in self.bus.queue(queue).dead:
+                if m.dead_letter_reason != "OrderConflict":
+                    continue
+                own = json.loads(m.body)["OrderID"]
+                key = self.key_of.get((app, own), order_key(app, own))
+                if key not in deliberate:
+                    self.fail(
+                        "conflict crossed applications",
+                        f"{queue} {m.message_id} ({key}) dead-lettered OrderConflict: "
+                        f"{m.dead_letter_description}",
+                    )
+        for m in self.bus.queue("alerts").sent:
+            alert = json.loads(m.body)
+            if alert.get("Kind") == "OrderConflict" and alert.get("OrderID") not in deliberate:
+                self.fail(
+                    "conflict crossed applications",
+                    f"OrderConflict alert for {alert.get('OrderID')}: {alert.get('Reason')}",
+                )
+
+    def _orphaned(self, key: str) -> bool:
+        """The orders-DB document under `key` was last written by a delivery
+        that ended before it finished (its host died, or it raised), and no
+        delivery of that message's lineage started after the write: nothing
+        in the product knows of it any more until the order is sent again,
+        when Submit takes a conflicting copy's document back
+        (_unless_in_the_way; seed 3005811: the changed resend's two deliveries
+        ran at once, one dead-lettered the message, the other wrote the
+        document again and its host died). Garbage, not a kept order."""
+        token, at = self.orders_writer.get(key, (None, START))
+        if token is None or token not in self.unfinished or token not in self.delivery_of:
+            return False
+        lineage = self.delivery_of[token][0]
+        return not any(start > at for start in self.lineage_starts.get(lineage, ()))
+
+    def _ended_in_dead_letters(self, key: str) -> bool:
+        """Every message of the order's own lineages (the client's message and
+        its same-data resends, with their back-off copies) that the handler
+        did not carry to a settlement ended in a dead letter that no handler
+        finished the order with, and none completed: the broker's
+        MaxDeliveryCountExceeded after every one of its deliveries faulted
+        (the platform's dead-letter rule reports it, infra/app/alerts.bicep),
+        or the gate's RetriesExhausted on a last delivery whose back-off copy
+        could not be scheduled, with its alert or as the last resort
+        (`_unfinished_dead_letter`; seed 894, 3 orders: an ingress queue
+        full after deliveries that wrote the Rejected record, or admitted the
+        order to the orders DB, and then met failing stores).
+        No status went out for the order, and a Rejected record may keep the
+        document its dying delivery wrote; the client's next resend, which
+        the same-data resend path admits or rejects again, tells it
+        (simulation seed 9000535, 50 orders: five deliveries, four crashes
+        and a lost abandon, one of which wrote the Rejected record; the
+        liveness check excuses the same cases for an order with no record)."""
+        app, own = self.orders[key]
+        ingress = self.bus.queue(INGRESS_OF[app])
+        names = {own, f"{own}/resend"}
+
+        def lineage(m: Msg) -> str:
+            return str(m.props.get(ORIGINAL_ID_PROPERTY) or m.message_id)
+
+        members = [m for m in ingress.sent if lineage(m) in names]
+        dead = [m for m in ingress.dead if lineage(m) in names]
+        if not dead or not all(
+            self._unfinished_dead_letter(ingress.name, m, alerted=True) for m in dead
+        ):
+            return False
+        gone = {m.seq for m in ingress.dead} | {m.seq for m in ingress.messages}
+        return not any(
+            m.seq not in gone and not any(later_copy(m, c) for c in members) for m in members
+        )
+
+    def _unfinished_dead_letter(self, queue: str, m: Msg, alerted: bool = False) -> bool:
+        """`m` (on `queue`) is a dead letter no handler finished its work
+        with, and something reports it. The broker's MaxDeliveryCountExceeded
+        after every delivery faulted, which the platform's dead-letter rule
+        reports (infra/app/alerts.bicep: any dead letter on any queue); or
+        the gate's last resort, RetriesExhausted by a delivery whose back-off
+        copy could not be scheduled (Msg.copy_faulted) and whose alert was
+        refused too: with nothing left to carry the alert, it goes with only
+        its log event (adapters.settlement.MessageGate.run), and the same
+        rule reports it (seed 2 with its ingress queue full, in the fault
+        surface's targeted pass: four deliveries in 0.3 s, every copy
+        refused, and the last one's alert refused by a failing alerts send).
+        With `alerted`, also the gate's RetriesExhausted whose alert went out
+        (seed 894): a caller that asks no more of it than its alert."""
+        if m.dead_letter_reason == "MaxDeliveryCountExceeded":
+            return self.bus.every_delivery_faulted(m)
+        if m.dead_letter_reason != "RetriesExhausted":
+            return False
+
+        def names_m(alert: dict) -> bool:
+            return (
+                alert.get("Kind") == "RetriesExhausted"
+                and alert.get("MessageId") == m.message_id
+                and alert.get("Queue") == queue
+            )
+
+        if alerted and any(names_m(json.loads(a.body)) for a in self.bus.queue(ALERTS_QUEUE).sent):
+            return True
+        return m.copy_faulted and any(names_m(a) for a in self.servicebus.refused_alerts)

@@ -1,0 +1,378 @@
+"""What a schedule is made of, drawn from its seed: the client applications
+and the periods of the app's timers (the settings the checks' bounds follow
+from), `Options` (every fault and world choice of one schedule) and
+`options_for`, which draws them; the liveness bound and the providers'
+refusals follow from them."""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass, field, replace
+from datetime import timedelta
+
+from adapters.settings import ingress_queues
+from domain import state_machine as sm
+from domain.steps import DEFAULT_CATALOG, StepCatalog
+
+from .worker import WorkerRun, draw_workers
+from .world import FaultConfig
+
+# The client applications, as the registry the app reads names them
+# (REPLY_QUEUE_REGISTRY; each ingress queue is the one adapters.settings
+# derives from it). Two, sending colliding OrderIDs: an OrderID is unique per
+# application only (docs/adr/017f-order-keys.md).
+REGISTRY = {"webshop": "replies-webshop", "partner-portal": "replies-partner-portal"}
+INGRESS_OF = ingress_queues({"REPLY_QUEUE_REGISTRY": json.dumps(REGISTRY)})
+APP_OF_INGRESS = {queue: app for app, queue in INGRESS_OF.items()}
+APPS = tuple(sorted(REGISTRY))
+IMPERSONATION = "impersonation"  # the message id of a client's order in another's name
+ALERT_REPEAT = timedelta(hours=12)  # the least time between two pages for one incident
+STARTER_PERIOD = 10.0
+SUPERVISOR_PERIOD = 10.0
+SLACK = timedelta(seconds=5)
+STATUS_GRACE = timedelta(
+    seconds=30
+)  # the Starter's default: outbox entries older than this are its to send
+HOST_OUTAGE = timedelta(days=8)
+# A client's changed resend of a Rejected order (the customer edited the
+# cart): a total neither the order (20.00) nor its conflicting copy (40.00) has.
+CHANGED_TOTAL = "60.00"
+
+TERMINAL_STATUS = {
+    "Processed": "Processed",
+    "Error": "Failed",
+    "Compensated": "Compensated",
+    "CompensationFailed": "CompensationFailed",
+    "Rejected": "Rejected",
+}
+
+ROWS = [
+    ("1", "(none) -> Pending", "submit"),
+    ("2", "Pending -> Processing", "starter"),
+    ("3", "Processing -> Processing (CompleteBy, Steps)", "orchestration"),
+    ("4", "Processing -> Processed", "orchestration"),
+    ("5", "Processing -> Error", "orchestration"),
+    ("6", "Processing -> Pending (FailureCount+1)", "supervisor"),
+    ("7", "Processing -> Error or long-retry wait", "supervisor"),
+    ("8a", "Processing/Error -> Compensating", "orchestration"),
+    ("8b", "Compensating -> Compensated", "orchestration"),
+    ("8c", "Compensating -> CompensationFailed", "orchestration"),
+    ("8d", "Compensating -> long retry (unconfirmed undo)", "orchestration"),
+    ("9", "Error -> Pending (resubmit)", "operator"),
+]
+
+
+@dataclass
+class Options:
+    orders: int = 3
+    scan: str = "query"  # or "index"
+    page_size: int = 100
+    backlog_limit: int = 5000
+    retry: sm.RetryPolicy = field(
+        default_factory=lambda: sm.RetryPolicy(
+            threshold=3,
+            long_retries=1,
+            long_delay=timedelta(seconds=120),
+            claim_timeout=timedelta(seconds=30),
+            # An unconfirmed undo's long retries (2.2) outlast any outage here.
+            undo_long_retries=5,
+        )
+    )
+    step_timeout: timedelta = timedelta(seconds=20)
+    faults: FaultConfig = field(default_factory=FaultConfig)
+    fault_window: float = 240.0
+    # Client applications sending orders: 2 (colliding OrderIDs), or 1, the
+    # world regression seeds recorded before there were two replay in.
+    apps: int = 2
+    # The recovery index's shard count (ADR 019b); None: drawn from the seed.
+    index_shards: int | None = None
+    # Host processes of the Functions app, each with its own in-memory state
+    # (Submit's backlog cache, the Starter's Processing figure and fast-path
+    # window, the agent's circuit breakers): 1 is the world regression seeds
+    # recorded before there were several replay in.
+    hosts: int = 1
+    # A client sends, on its own ingress queue, an order whose body names the
+    # other application (and its own reply queue): it must be dead-lettered
+    # and create nothing under the other application's keys.
+    impersonation: bool = False
+    # A declined "do" was applied before the provider refused it (an
+    # authorisation held, then the capture declined): its undo is owed.
+    applied_declines: bool = False
+    # Compensation instances that die (issue 21, the restart budget on the
+    # path): the first N executions of each order's compensation end Failed
+    # at an episode while faults last, as an instance whose activities'
+    # retries were spent on a store that could not answer does.
+    # N past MAX_COMPENSATION_RESTARTS spends the restarts: a long retry.
+    compensation_deaths: int = 0
+    # A Supervisor on a lagging replica (issue 21, the paths a lagging read
+    # opens: a candidate whose record moved on, an entry whose record shows
+    # the attempt before): this share of its reads and queries, while faults
+    # last, see every document written since in its previous version.
+    lagging_supervisor: float = 0.0
+    # Applications that opted in to progress statuses (REPLY_QUEUE_REGISTRY's
+    # `"progress": true`): their attempts are claimed without marks and run
+    # as 2.3's do inside the live workflow (begin, one write per step, an
+    # index entry per step's deadline, compensation from the attempt's own
+    # list), the path an older claimer, a restart by hand or a compensation's
+    # restart also takes (issue 21: the mutation run showed that path unrun).
+    progress_apps: frozenset[str] = frozenset()
+    # Times the singleton lock's lease is lost while faults last (the host
+    # holding it stalls past its renewal): for 15-45 s no host holds it, no
+    # Starter or Supervisor run, and the runs after it meet due attempts in
+    # older index buckets, where a lagging read's skipped candidate or held
+    # entry must keep the cursor (issue 21, mutants `sup-no-rewind`,
+    # `idx-resume-last-not-due`).
+    lease_pauses: int = 0
+    # The workflow's steps (domain/steps.json unless a test adds one).
+    steps: StepCatalog = DEFAULT_CATALOG
+    # Runs of the standalone agent worker (agents/worker's own loop, beside
+    # the queue-triggered agent; sim/worker.py), from a stream of their own.
+    workers: tuple[WorkerRun, ...] = ()
+
+
+def options_for(
+    seed: int,
+    orders: int,
+    hostile: int | None = None,
+    apps: int = 2,
+    wider: bool = True,
+    hosts: int | None = None,
+    fallible: bool = True,
+    mutation_world: bool = True,
+    bus_outages: bool = True,
+    link_drops: bool = True,
+    entity_full: bool = True,
+) -> Options:
+    """Everything about a schedule, drawn from its seed; `hostile` fixes the
+    number of forgeries (sim.hostile) instead (0 replays a schedule found
+    before the hostile sender existed); `apps`: 1 for the one-application
+    world of older regression seeds; `wider` False leaves out the Durable
+    client's faults, odd provider answers and foreign documents (seeds found
+    before they existed); `hosts`: None draws the number of host processes
+    and their restarts from the seed, N fixes the number (restarts still
+    drawn), 0 is the one-host world of the seeds recorded before there were
+    several (no restarts); `fallible` False leaves out the fallible world's
+    faults (`_fallible`; seeds found before it); `mutation_world` False
+    leaves out what the 2.4 mutation run added (an application with
+    progress statuses, lost leases, the lagging Supervisor in one schedule
+    in two rather than four), for regression seeds recorded before it;
+    `bus_outages` False leaves out the Service Bus outages (seeds recorded
+    before them); `link_drops` False the dropped links after a lost send
+    answer (FaultConfig.link_drops; seeds recorded before them); `entity_full`
+    False the full queues (FaultConfig.entity_full; seeds recorded before them)."""
+    rng = random.Random(f"options/{seed}")
+    newer = wider and hosts != 0 and fallible and mutation_world
+    quiet = rng.random() < 0.15
+    f = FaultConfig()
+    if not quiet:
+        f = FaultConfig(
+            crash=rng.choice((0.0, 0.01, 0.03)),
+            duplicate=rng.choice((0.0, 0.05, 0.2)),
+            delay=rng.choice((0.0, 0.05, 0.2)),
+            lock_expiry=rng.choice((0.0, 0.05, 0.2)),
+            throttle_storm=rng.random() < 0.2,
+            throttle_bursts=rng.choice((0, 0, 3, 8)),
+            host_outage=rng.random() < 0.02,
+            send_fail=rng.choice((0.0, 0.05, 0.3)),
+            decline=rng.choice((0.0, 0.2, 0.5)),
+            outage=rng.random() < 0.15,
+            lag=rng.choice((0.0, 0.05)),
+            duplicate_activity=rng.choice((0.0, 0.05)),
+            two_supervisors=rng.random() < 0.3,
+            operator=rng.choice((0.0, 0.3, 0.7)),
+            skew=rng.choice((0.0, 1.0, 2.0)),
+            minute_edges=rng.random() < 0.3,
+            burst=rng.random() < 0.3,
+            bad_messages=rng.choice((0.0, 0.0, 0.2)),
+        )
+    # Forgeries on the internal queues, from a stream of their own so that
+    # every other option of the seed stays what it was.
+    if hostile is None:
+        hostile = random.Random(f"hostile/{seed}").choice((0, 0, 3, 8, 20))
+    f = replace(f, hostile=hostile)
+    # Host processes, from a stream of their own too.
+    host_rng = random.Random(f"hosts/{seed}")
+    n_hosts, restarts = host_rng.choice((1, 2, 2, 3)), host_rng.choice((0, 0, 1, 2))
+    if not wider or hosts == 0:
+        n_hosts, restarts = 1, 0
+    elif hosts is not None:
+        n_hosts = hosts
+    f = replace(f, host_restarts=0 if quiet else restarts)
+    scan = rng.choice(("query", "index"))
+    options = Options(
+        # An outage must outlast the whole retry budget: the faults run long enough for that.
+        fault_window=450.0 if f.outage else 240.0,
+        orders=orders,
+        scan=scan,
+        page_size=rng.choice((1, 2, 3, 100)),
+        backlog_limit=rng.choice((5000, 5000, 5000, 0)),
+        faults=f,
+        apps=apps,
+        hosts=n_hosts,
+        # From a stream of its own; not in the worlds older regression seeds replay.
+        impersonation=wider
+        and hosts != 0
+        and apps > 1
+        and random.Random(f"impersonate/{seed}").random() < 0.3,
+        applied_declines=wider and hosts != 0 and random.Random(f"applied/{seed}").random() < 0.5,
+        # From a stream of its own, in the fallible world only (regression
+        # seeds recorded before it replay without it).
+        compensation_deaths=(
+            _compensation_deaths(seed) if wider and hosts != 0 and fallible and not quiet else 0
+        ),
+        lagging_supervisor=(
+            0.3
+            if wider
+            and hosts != 0
+            and fallible
+            and not quiet
+            # One schedule in two (one in four before issue 21's mutation
+            # run showed the lagged paths too rarely met in 60 seeds).
+            and random.Random(f"lagging/{seed}").random() < (0.5 if mutation_world else 0.25)
+            else 0.0
+        ),
+        progress_apps=_progress_apps(seed, apps) if newer else frozenset(),
+        lease_pauses=(
+            random.Random(f"lease/{seed}").choice((0, 0, 1, 2)) if newer and not quiet else 0
+        ),
+    )
+    if not quiet and wider:
+        # Drawn last, so every earlier choice of a seed stays what it was.
+        f.durable_fail = rng.choice((0.0, 0.02, 0.1, 0.3))
+        f.odd_answers = rng.choice((0.0, 0.0, 0.3))
+        f.foreign_docs = rng.random() < 0.3
+        f.resend = rng.choice((0.0, 0.0, 0.3, 0.8))
+        f.undo_blackout = _draws_undo_blackout(seed)
+        if fallible:
+            _fallible(rng, f)
+            f.bus_blips = _bus_blips(seed) if bus_outages else 0
+            f.link_drops = _link_drops(seed) if link_drops else 0
+            f.entity_full = _entity_full(seed) if entity_full else 0
+    if wider and hosts != 0 and fallible and not quiet:
+        options.workers, f.receive_fail = draw_workers(seed, options.fault_window)
+    return options
+
+
+def _progress_apps(seed: int, apps: int) -> frozenset[str]:
+    """In one schedule in two, from a stream of its own, one application
+    gets progress statuses (the partner's when there are two)."""
+    rng = random.Random(f"progress/{seed}")
+    if rng.random() >= 1 / 2:
+        return frozenset()
+    return frozenset({"webshop" if apps == 1 else "partner-portal"})
+
+
+def _compensation_deaths(seed: int) -> int:
+    """How many executions of each order's compensation die, in one
+    schedule in four: up to two more than the restarts the Starter has
+    before a long retry."""
+    rng = random.Random(f"dies/{seed}")
+    if rng.random() >= 0.25:
+        return 0
+    return rng.choice((2, 3, 4, 5))
+
+
+def _fallible(rng: random.Random, f: FaultConfig) -> None:
+    """The fallible world (issue 21: every external call can fail), drawn
+    after every other option so that those stay what they were."""
+    f.cosmos_fail = rng.choice((0.0, 0.01, 0.03, 0.1, 0.3))
+    f.cosmos_lost = rng.choice((0.0, 0.01, 0.03, 0.1, 0.3))
+    f.cosmos_outage = rng.random() < 0.3
+    f.cosmos_blips = rng.choice((0, 0, 4, 12))
+    f.query_lag = rng.choice((0.0, 0.05, 0.3))
+    f.settle_fail = rng.choice((0.0, 0.05, 0.2, 0.5))
+    f.send_lost = rng.choice((0.0, 0.02, 0.1))
+    f.slow_answers = rng.choice((0.0, 0.05, 0.2))
+    f.host_start = True
+
+
+def _bus_blips(seed: int) -> int:
+    """Service Bus outages in the fallible world, in one schedule in three,
+    from a stream of their own so that no other draw of the seed moves."""
+    rng = random.Random(f"bus-outage/{seed}")
+    return rng.choice((1, 3, 8)) if rng.random() < 1 / 3 else 0
+
+
+def _link_drops(seed: int) -> int:
+    """How many lost send answers drop the link (FaultConfig.link_drops), in
+    one schedule in two, from a stream of its own so no other draw moves."""
+    rng = random.Random(f"link-drop/{seed}")
+    return rng.choice((1, 2, 4)) if rng.random() < 0.5 else 0
+
+
+def _entity_full(seed: int) -> int:
+    """How many full-queue windows (FaultConfig.entity_full), in one schedule
+    in three, from a stream of its own so no other draw moves."""
+    rng = random.Random(f"entity-full/{seed}")
+    return rng.choice((1, 1, 2)) if rng.random() < 1 / 3 else 0
+
+
+def _draws_undo_blackout(seed: int) -> bool:
+    """One wide schedule in ten has an undo blackout (FaultConfig.undo_blackout),
+    from a stream of its own, so no other draw of the seed moves."""
+    return random.Random(f"undo-blackout/{seed}").random() < 0.1
+
+
+def undo_budget(o: Options) -> float:
+    """Seconds one undo may take in one compensation: UndoTries x step timeout."""
+    return 3 * o.step_timeout.total_seconds()
+
+
+def liveness_bound(o: Options) -> timedelta:
+    """Once faults stop, every order is terminal within this (from the
+    settings): each of the max_failures + 1 attempts waits for the starter,
+    runs every step to its deadline and is found by the supervisor past its
+    slack; then the long-retry delays; then a compensation that lets every
+    undo try run to its deadline."""
+    steps = len(o.steps.steps)
+    attempt = (
+        STARTER_PERIOD
+        + o.retry.claim_timeout.total_seconds()
+        + steps * o.step_timeout.total_seconds()
+        + 2 * SUPERVISOR_PERIOD
+        + SLACK.total_seconds()
+    )
+    compensation = STARTER_PERIOD + steps * 3 * o.step_timeout.total_seconds()
+    return timedelta(
+        seconds=(o.retry.max_failures + 1) * attempt
+        + o.retry.long_retries * o.retry.long_delay.total_seconds()
+        + compensation
+        + _undo_long_retry_bound(o)
+        + 60
+    )
+
+
+def refusals(steps: StepCatalog) -> tuple[tuple[str, ...], ...]:
+    """The operations a declined order's provider refuses (one is drawn per
+    declined order), from the catalog: mostly a step whose provider refuses
+    orders (its entry has a `refusal`; twice as often), sometimes another
+    step, sometimes the last step and then the undo of the first refusing
+    step (CompensationFailed). For domain/steps.json: the charge twice, the
+    reservation, the shipment, and the shipment with the refund."""
+    refusing = steps.refused
+    table = [(f"{s.service}/{s.do_operation}",) for s in refusing for _ in range(2)]
+    table += [(f"{s.service}/{s.do_operation}",) for s in steps.steps if s.refusal is None]
+    if refusing:
+        last = steps.steps[-1]
+        first = refusing[0]
+        table.append(
+            (f"{last.service}/{last.do_operation}", f"{first.service}/{first.undo_operation}")
+        )
+    return tuple(table)
+
+
+def _undo_long_retry_bound(o: Options) -> float:
+    """What an unconfirmed undo adds (workflow 2.2, ADR 019a): a compensation
+    deferred just before faults stop waits one long retry, and the restarted
+    attempt runs; an undo blackout may outlast the faults by its length."""
+    extra = (
+        STARTER_PERIOD + o.retry.long_delay.total_seconds() + undo_budget(o) * len(o.steps.names)
+    )
+    if o.faults.undo_blackout:
+        extra += BLACKOUT_UNDO_BUDGETS[1] * undo_budget(o)
+    return extra
+
+
+# An undo blackout lasts this many whole undo budgets (drawn between the two).
+BLACKOUT_UNDO_BUDGETS = (1.5, 4.0)
