@@ -21,10 +21,11 @@ from tenacity.wait import wait_base
 
 from adapters.clock import Clock
 from agents.ports import RemoteCall, RemoteService
+from agents.smoke import NoOpRemoteService
 from agents.steps import DEFAULT_CATALOG, RemoteStep, StepCatalog, UnknownStep
 from domain.codec import describe
 from domain.errors import PermanentError, TransientError
-from domain.ids import agent_reply_message_id
+from domain.ids import agent_reply_message_id, is_smoke_order
 from domain.models import (
     MAX_AGENT_CALLS,
     AgentCall,
@@ -202,7 +203,9 @@ class Agent:
 
     Receives its dependencies: the remote service port, a clock, the policy,
     (optionally) shared breakers and a random source for the jitter, and the
-    step catalog it serves (the shipped one unless told)."""
+    step catalog it serves (the shipped one unless told). The smoke
+    application's requests are answered by a built-in no-op (agents.smoke),
+    never by `remote`."""
 
     def __init__(
         self,
@@ -214,6 +217,7 @@ class Agent:
         steps: StepCatalog = DEFAULT_CATALOG,
     ) -> None:
         self._remote = remote
+        self._smoke_remote = NoOpRemoteService()
         self._steps = steps
         self._clock = clock
         self._policy = policy or AgentPolicy()
@@ -264,6 +268,10 @@ class Agent:
             fencing_token=request.FencingToken,
             body=_body(request, step),
         )
+        # A smoke order never reaches the configured remote service (the
+        # in-app path may not carry its AppId: its order key names it too).
+        smoke = is_smoke_order(request.OrderID, request.AppId)
+        remote = self._smoke_remote if smoke else self._remote
         calls = 0
         last_error: TransientError | None = None
         record: list[AgentCall] = []  # each call, for the reply (what operators see)
@@ -286,7 +294,7 @@ class Agent:
                         calls += 1
                         started = self._clock.now()
                         try:
-                            result = await self._remote.call(
+                            result = await remote.call(
                                 call, timeout=min(self._policy.call_timeout, remaining)
                             )
                         except TransientError as exc:

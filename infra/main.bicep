@@ -88,6 +88,9 @@ param clientApplications clientApplication[] = [
   }
 ]
 
+@description('Deploy the smoke application (appId smoke: queues orders-smoke and replies-smoke), whose orders travel the whole path while the agents answer their steps from a built-in no-op, so the postdeploy smoke test (deploy/smoke.py) never reaches remoteServiceUrl. Only the operators may send to orders-smoke and read replies-smoke; no client application may be called smoke.')
+param smokeApplication bool = true
+
 @description('Base URL of the remote service the agents call (REMOTE_SERVICE_URL), a public https URL; the local default points at the devstack fake, so Azure needs a real one. An empty value is refused here, a loopback one by the preflight (deploy/preflight.py) and by the app at start.')
 @minLength(12)
 param remoteServiceUrl string
@@ -241,6 +244,15 @@ var names = {
   durableTaskScheduler: (!empty(durableTaskSchedulerName)) ? durableTaskSchedulerName : 'dts-orders-${resourceToken}'
 }
 var useScheduler = durableBackend == 'durableTaskScheduler'
+// The client applications and, unless turned off, the smoke application.
+var smokeAppId = 'smoke'
+var applications = smokeApplication ? concat(clientApplications, [
+  {
+    appId: smokeAppId
+    replyQueueName: 'replies-${smokeAppId}'
+    principalId: ''
+  }
+]) : clientApplications
 
 // host.json: extensions.durableTask.storageProvider.maxQueuePollingInterval
 // (tests/infra check the two agree).
@@ -273,9 +285,12 @@ var operatorsGiven = concat(
     principalType: contains(entry, ':') ? trim(split(entry, ':')[1]) : ''
   })
 )
-// Each once (azd's own principal is often also listed among the operators):
-// union() of arrays keeps one copy of each value, within an array too.
-var operators = union(operatorsGiven, [])
+// Each principal once, with the first type given (azd's own principal,
+// typed by azd, is often also listed among the operators without a type):
+// two assignments of one role to one principal on one scope would share a
+// name, and the deployment would fail.
+var operatorIds = map(operatorsGiven, op => op.principalId)
+var operators = map(filter(range(0, length(operatorsGiven)), i => indexOf(operatorIds, operatorsGiven[i].principalId) == i), i => operatorsGiven[i])
 
 // Created before everything that grants it access, and before the app.
 module identity 'core/identity/user-assigned-identity.bicep' = {
@@ -322,7 +337,7 @@ module messaging 'app/messaging.bicep' = {
     skuName: serviceBusSku
     premiumMessagingUnits: serviceBusPremiumMessagingUnits
     resourceLogs: resourceLogs
-    clientApplications: clientApplications
+    clientApplications: applications
     logAnalyticsWorkspaceId: monitoring.outputs.logAnalyticsWorkspaceId
     ordersQueueMaxSizeInMegabytes: ordersQueueMaxSizeInMegabytes
     claimTimeoutSeconds: azureClaimTimeoutSeconds
@@ -396,7 +411,7 @@ module api 'app/api.bicep' = {
     serviceBusFullyQualifiedNamespace: messaging.outputs.fullyQualifiedNamespace
     cosmosEndpoint: stateStore.outputs.endpoint
     ordersCosmosEndpoint: stateStore.outputs.ordersEndpoint
-    clientApplications: clientApplications
+    clientApplications: applications
     remoteServiceUrl: remoteServiceUrl
     agentSigningKeys: agentSigningKeys
     replyTokenKeys: replyTokenKeys
@@ -451,7 +466,7 @@ module rbac 'app/rbac.bicep' = {
   name: 'rbac'
   params: {
     functionAppPrincipalId: identity.outputs.principalId
-    clientApplications: clientApplications
+    clientApplications: applications
     serviceBusNamespaceName: messaging.outputs.namespaceName
     storageAccountName: storage.outputs.name
     applicationInsightsName: monitoring.outputs.applicationInsightsName
@@ -461,6 +476,7 @@ module rbac 'app/rbac.bicep' = {
     ordersDatabaseName: ordersDatabaseName
     durableTaskSchedulerName: useScheduler ? durableTaskScheduler.outputs.name : ''
     operators: operators
+    smokeAppId: smokeApplication ? smokeAppId : ''
   }
 }
 

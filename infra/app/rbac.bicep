@@ -16,6 +16,8 @@ param ordersDatabaseName string
 param durableTaskSchedulerName string = ''
 @description('Operators (people, groups or CI principals running `python -m cli` and the portal\'s Data Explorer), each with its own principal type.')
 param operators operatorPrincipal[] = []
+@description('AppId of the smoke application (its queues orders-<id> and replies-<id>); empty when it is not deployed. The operators send the smoke test\'s order and receive its statuses, so `azd up` needs no client identity.')
+param smokeAppId string = ''
 
 // Built-in role definitions (ids are the same in every tenant).
 var roles = {
@@ -96,12 +98,25 @@ var appStorageRoles = [
 // app's identity peeks them); `cli deadletters`, `cli watch` and `cli post`
 // are for the local stack, or for a principal granted that queue on purpose.
 // The smoke test posts with a client application's identity (deploy/smoke.py).
-var operatorQueueGrants = map(operators, operator => {
+var operatorQueueGrants = concat(map(operators, operator => {
   principalId: operator.principalId
   principalType: operator.principalType
   queue: 'alerts'
   role: 'serviceBusDataReceiver'
-})
+}), empty(smokeAppId) ? [] : flatten(map(operators, operator => [
+  {
+    principalId: operator.principalId
+    principalType: operator.principalType
+    queue: 'orders-${smokeAppId}'
+    role: 'serviceBusDataSender'
+  }
+  {
+    principalId: operator.principalId
+    principalType: operator.principalType
+    queue: 'replies-${smokeAppId}'
+    role: 'serviceBusDataReceiver'
+  }
+])))
 
 // The Service Bus trigger's target-based scaler reads each trigger queue's
 // message count (GetQueueRuntimeProperties), which needs the Manage right;

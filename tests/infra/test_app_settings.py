@@ -51,6 +51,7 @@ from tests.infra.bicep_model import (
     accessor,
     evaluate,
     function_call,
+    main_applications,
     main_defaults,
     module_params,
     parse,
@@ -354,7 +355,7 @@ def test_ingress_registry_is_built_from_client_applications():
     messaging = parse(INFRA / "app" / "messaging.bicep")
     registry = evaluate(
         messaging["outputs"]["ingressQueueRegistry"]["value"],
-        {"clientApplications": main_defaults()["clientApplications"]},
+        {"clientApplications": main_applications()},
         messaging,
     )
     assert registry == json.loads(template_settings()["ORDER_INGRESS_QUEUES"])
@@ -362,9 +363,7 @@ def test_ingress_registry_is_built_from_client_applications():
     ingress = variable(messaging, "ingressQueues")
     item = ingress["loop_type"]["detail"]["item_name"]
     assert ingress["config"]["name"] == f"orders-${{{item}.appId}}"
-    assert set(registry.values()) == {
-        f"orders-{app['appId']}" for app in main_defaults()["clientApplications"]
-    }
+    assert set(registry.values()) == {f"orders-{app['appId']}" for app in main_applications()}
 
 
 # --- every setting the app reads is set in Azure, or excluded here with a reason ---
@@ -583,8 +582,8 @@ def test_reply_queue_registry_is_built_from_client_applications():
     key, value = (args[k]["detail"] for k in ("arg_2", "arg_3"))
     assert accessor(key["expression"]) == (key["var_1"], "appId")
     assert accessor(value["expression"]) == (value["var_1"], "replyQueueName")
-    # With main.bicep's default client applications, the registry equals the template's.
-    registry = {
-        app["appId"]: app["replyQueueName"] for app in main_defaults()["clientApplications"]
-    }
+    # With main.bicep's default client applications and the smoke application,
+    # the registry equals the template's.
+    assert module_params(parse(MAIN), "api")["clientApplications"] == "applications"
+    registry = {app["appId"]: app["replyQueueName"] for app in main_applications()}
     assert registry == json.loads(template_settings()["REPLY_QUEUE_REGISTRY"])

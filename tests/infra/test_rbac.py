@@ -44,6 +44,7 @@ from tests.infra.bicep_model import (
     MAIN,
     bicep_files,
     evaluate,
+    main_applications,
     main_defaults,
     module_params,
     parse,
@@ -125,19 +126,29 @@ def expected_grants(
             # Its own ingress queue and its own reply queue, nothing else.
             app.add((f"client:{c['appId']}", f"queue:{c['replyQueueName']}", RECEIVER))
             app.add((f"client:{c['appId']}", f"queue:{ingress}", SENDER))
+    smoke = any(c["appId"] == SMOKE for c in clients)
     for op in operators:
         # python -m cli alerts (settles operator alerts), and
         # show/list/stuck/resubmit/compensate (the state database). Nothing else.
         who = f"operator:{op['principalId']}"
         app.add((who, "queue:alerts", RECEIVER))
         app.add((who, "cosmos-database:stateDatabaseName", DATA_CONTRIBUTOR))
+        if smoke:
+            # The smoke test after a deploy (deploy/smoke.py), run as the deployer.
+            app.add((who, "queue:orders-smoke", SENDER))
+            app.add((who, "queue:replies-smoke", RECEIVER))
     return app
 
 
+SMOKE = "smoke"
+
+
 def _clients_with_identity() -> list[dict]:
+    """main.bicep's applications as rbac.bicep gets them: the default client
+    applications, each given an identity, and the smoke application (none)."""
     return [
-        dict(c, principalId=f"principal-of-{c['appId']}")
-        for c in main_defaults()["clientApplications"]
+        c if c["appId"] == SMOKE else dict(c, principalId=f"principal-of-{c['appId']}")
+        for c in main_applications()
     ]
 
 
@@ -146,6 +157,7 @@ def _env(clients: list[dict], operators: list[dict], scheduler: bool) -> dict:
         "functionAppPrincipalId": "app",
         "clientApplications": clients,
         "operators": list(operators),
+        "smokeAppId": SMOKE if any(c["appId"] == SMOKE for c in clients) else "",
         "durableTaskSchedulerName": "dts" if scheduler else "",
         # Names of the scope, kept symbolic.
         "stateDatabaseName": "stateDatabaseName",
@@ -222,6 +234,8 @@ def test_a_client_can_send_only_to_its_own_ingress_and_read_only_its_own_replies
     clients = _clients_with_identity()
     grants = actual_grants(clients)
     for c in clients:
+        if c["appId"] == SMOKE:
+            continue  # no identity: the operators send and read its queues
         mine = {g for g in grants if g[0] == f"client:{c['appId']}"}
         assert mine == {
             (f"client:{c['appId']}", f"queue:orders-{c['appId']}", SENDER),
@@ -317,6 +331,33 @@ def test_operators_come_from_azd_and_the_operator_list_each_with_its_type():
     ]
     none = {"principalId": "", "principalType": "User", "operatorPrincipalIds": ""}
     assert evaluate("operators", none, main) == []
+
+
+@pytest.mark.parametrize("listed", ["me", "me:User", "ops:Group,me,me:ServicePrincipal"])
+def test_one_operator_listed_twice_gets_one_assignment_of_each_role(listed):
+    """Issue 46, item 4: azd's own id listed again in OPERATOR_PRINCIPAL_IDS
+    (without a type when the preflight's rewrite was skipped: --no-hooks, az
+    deployment) made two assignments with one name. Each principal counts
+    once, with the first type given (azd's)."""
+    main = parse(MAIN)
+    env = {"principalId": "me", "principalType": "User", "operatorPrincipalIds": listed}
+    operators = evaluate("operators", env, main)
+    assert [op["principalId"] for op in operators].count("me") == 1
+    assert operators[0] == {"principalId": "me", "principalType": "User"}
+    # Every role module's deployment name is unique, so no assignment is made twice.
+    doc = parse(RBAC)
+    rbac_env = _env(_clients_with_identity(), operators, True)
+    for name, module in doc["modules"].items():
+        config = module["config"]
+        if "loop_type" not in config:
+            continue
+        detail = config["loop_type"]["detail"]
+        items = evaluate(detail["array_name"], rbac_env, doc)
+        names = [
+            evaluate(config["config"]["name"], {**rbac_env, detail["item_name"]: item}, doc)
+            for item in items
+        ]
+        assert len(names) == len(set(names)), (name, names)
     assert module_params(main, "rbac")["operators"] == "operators"
     given = json.loads((INFRA / "main.parameters.json").read_text())["parameters"]
     assert given["principalId"]["value"] == "${AZURE_PRINCIPAL_ID}"
@@ -349,7 +390,12 @@ def test_operators_consume_no_work_queue_and_send_as_no_client():
     grants = actual_grants(_clients_with_identity(), OPERATORS, True)
     mine = {g for g in grants if g[0].startswith("operator:")}
     queues = {(g[1], g[2]) for g in mine if g[1].startswith("queue:")}
-    assert queues == {("queue:alerts", RECEIVER)}
+    # The alerts, and the smoke application's two queues (the smoke test).
+    assert queues == {
+        ("queue:alerts", RECEIVER),
+        ("queue:orders-smoke", SENDER),
+        ("queue:replies-smoke", RECEIVER),
+    }
 
 
 def test_data_owner_only_for_the_app_on_its_trigger_queues():
