@@ -57,6 +57,7 @@ PROVIDERS = (
     "Microsoft.OperationalInsights",
     "Microsoft.Insights",
     "Microsoft.ManagedIdentity",
+    "Microsoft.KeyVault",
 )
 SCHEDULER_PROVIDER = "Microsoft.DurableTask"
 BACKENDS = ("azureStorage", "durableTaskScheduler")

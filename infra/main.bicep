@@ -94,12 +94,16 @@ param smokeApplication bool = true
 @description('Base URL of the remote service the agents call (REMOTE_SERVICE_URL), a public https URL; the local default points at the devstack fake, so Azure needs a real one. An empty value is refused here, a loopback one by the preflight (deploy/preflight.py) and by the app at start.')
 @minLength(12)
 param remoteServiceUrl string
-@description('AGENT_SIGNING_KEYS (azd: AGENT_SIGNING_KEYS): the keys requests and replies on the internal queues are signed with, held by the app and every agent worker. Best a Key Vault reference, @Microsoft.KeyVault(SecretUri=https://VAULT.vault.azure.net/secrets/agent-signing-keys/), resolved with the app\'s identity (Key Vault Secrets User on the vault); no default: docs/adr/017e-internal-queue-keys.md.')
+@description('AGENT_SIGNING_KEYS (azd: AGENT_SIGNING_KEYS): the keys requests and replies on the internal queues are signed with, held by the app and every agent worker (docs/adr/017e-internal-queue-keys.md). Empty (the default): a Key Vault reference to the secret agent-signing-keys of the vault (keyVaultName, else the template\'s own), which deploy/keys.py creates after provision when absent. Else a Key Vault reference of your own, @Microsoft.KeyVault(SecretUri=https://VAULT.vault.azure.net/secrets/NAME/), resolved with the app\'s identity, which needs Key Vault Secrets User on that vault (granted here only on keyVaultName\'s or the template\'s vault).')
 @secure()
-param agentSigningKeys string
-@description('REPLY_TOKEN_KEYS (azd: REPLY_TOKEN_KEYS): the keys of the reply tokens, held by the app only; a Key Vault reference like agentSigningKeys (secret reply-token-keys).')
+param agentSigningKeys string = ''
+@description('REPLY_TOKEN_KEYS (azd: REPLY_TOKEN_KEYS): the keys of the reply tokens, held by the app only; like agentSigningKeys (secret reply-token-keys).')
 @secure()
-param replyTokenKeys string
+param replyTokenKeys string = ''
+@description('An existing Key Vault (Azure RBAC authorization) for the keys; empty: the template creates a vault of its own. Either way the app\'s identity gets Key Vault Secrets User on it; on the template\'s own vault azd\'s principal also gets Key Vault Secrets Officer, so that deploy/keys.py can create the keys after provision.')
+param keyVaultName string = ''
+@description('Resource group of the existing vault (keyVaultName).')
+param keyVaultResourceGroupName string = resourceGroup().name
 
 // Data names (app settings of the same meaning).
 param taskHubName string = 'OrderProcessing'
@@ -242,7 +246,18 @@ var names = {
   actionGroup: 'ag-orders-${resourceToken}'
   identity: (!empty(identityName)) ? identityName : 'id-orders-${resourceToken}'
   durableTaskScheduler: (!empty(durableTaskSchedulerName)) ? durableTaskSchedulerName : 'dts-orders-${resourceToken}'
+  keyVault: (!empty(keyVaultName)) ? keyVaultName : 'kv-orders-${take(resourceToken, 13)}'
 }
+// The keys' vault: the template's own unless an existing one is named.
+var ownKeyVault = empty(keyVaultName)
+var keysVaultResourceGroup = ownKeyVault ? resourceGroup().name : keyVaultResourceGroupName
+// Secret names in the vault (deploy/keys.py creates them when absent).
+var keySecretNames = {
+  agentSigningKeys: 'agent-signing-keys'
+  replyTokenKeys: 'reply-token-keys'
+}
+var agentSigningKeysSetting = empty(agentSigningKeys) ? '@Microsoft.KeyVault(VaultName=${names.keyVault};SecretName=${keySecretNames.agentSigningKeys})' : agentSigningKeys
+var replyTokenKeysSetting = empty(replyTokenKeys) ? '@Microsoft.KeyVault(VaultName=${names.keyVault};SecretName=${keySecretNames.replyTokenKeys})' : replyTokenKeys
 var useScheduler = durableBackend == 'durableTaskScheduler'
 // The client applications and, unless turned off, the smoke application.
 var smokeAppId = 'smoke'
@@ -303,6 +318,15 @@ module identity 'core/identity/user-assigned-identity.bicep' = {
 }
 // Flex Consumption reads the deployment package from this blob container.
 var deploymentContainerName = 'app-package-${take(resourceToken, 7)}'
+
+module keyVault 'core/keyvault/key-vault.bicep' = if (ownKeyVault) {
+  name: 'key-vault'
+  params: {
+    name: names.keyVault
+    location: location
+    tags: tags
+  }
+}
 
 module monitoring 'core/monitor/monitoring.bicep' = {
   name: 'monitoring'
@@ -413,8 +437,8 @@ module api 'app/api.bicep' = {
     ordersCosmosEndpoint: stateStore.outputs.ordersEndpoint
     clientApplications: applications
     remoteServiceUrl: remoteServiceUrl
-    agentSigningKeys: agentSigningKeys
-    replyTokenKeys: replyTokenKeys
+    agentSigningKeys: agentSigningKeysSetting
+    replyTokenKeys: replyTokenKeysSetting
     taskHubName: taskHubName
     durableBackend: durableBackend
     durablePartitionCount: durablePartitionCount
@@ -477,7 +501,19 @@ module rbac 'app/rbac.bicep' = {
     durableTaskSchedulerName: useScheduler ? durableTaskScheduler.outputs.name : ''
     operators: operators
     smokeAppId: smokeApplication ? smokeAppId : ''
+    keyVaultName: names.keyVault
+    keyVaultResourceGroupName: keysVaultResourceGroup
+    keyVaultSecretsOfficers: ownKeyVault && !empty(principalId) ? [
+      {
+        principalId: principalId
+        principalType: principalType
+      }
+    ] : []
   }
+  // The vault exists before its role assignments (its name is known up front).
+  dependsOn: [
+    keyVault
+  ]
 }
 
 module actionGroup 'core/monitor/action-group.bicep' = {
@@ -521,4 +557,9 @@ output STEP_TIMEOUT_SECONDS int = azureStepTimeoutSeconds
 output AZURE_FUNCTION_APP_CLIENT_ID string = identity.outputs.clientId
 output ORDER_INGRESS_QUEUES object = messaging.outputs.ingressQueueRegistry
 output DURABLE_BACKEND string = durableBackend
+// deploy/keys.py (postprovision) creates these vault entries when absent
+// (names only, no value; nothing here reads the secure parameters).
+output INTERNAL_VAULT_NAME string = names.keyVault
+output INTERNAL_VAULT_RESOURCE_GROUP string = keysVaultResourceGroup
+output INTERNAL_VAULT_ENTRIES string = '${keySecretNames.agentSigningKeys},${keySecretNames.replyTokenKeys}'
 output DURABLE_TASK_SCHEDULER_ENDPOINT string = useScheduler ? durableTaskScheduler.outputs.endpoint : ''

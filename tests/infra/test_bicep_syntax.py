@@ -48,6 +48,7 @@ KNOWN_API_VERSIONS = {
     ("Microsoft.DurableTask/schedulers/taskHubs", "2025-11-01"),
     ("Microsoft.DurableTask/schedulers/retentionPolicies", "2025-11-01"),
     ("Microsoft.Resources/resourceGroups", "2024-03-01"),
+    ("Microsoft.KeyVault/vaults", "2023-07-01"),
 }
 
 

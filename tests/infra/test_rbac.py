@@ -57,6 +57,8 @@ SECURITY = INFRA / "core" / "security"
 DATA_OWNER_GUID = "090c5cfd-751d-490a-894a-3ce6f1109419"
 # Built-in role definition ids, from Azure's built-in roles reference.
 BUILT_IN = {
+    "4633458b-17de-408a-b874-0445c86b69e6": "Key Vault Secrets User",
+    "b86a8fe4-44ce-4948-aee5-eccb2c155cd7": "Key Vault Secrets Officer",
     "69a216fc-b8fb-44d8-bc22-1f3c2cd27a39": "Azure Service Bus Data Sender",
     "4f6d3b9b-027b-4f4c-9142-0e5a2a2247e0": "Azure Service Bus Data Receiver",
     "b7e6dc6d-f1e8-4753-8033-0f276bb0955b": "Storage Blob Data Owner",
@@ -80,6 +82,7 @@ SCOPE_BY_MODULE = {
     "appinsights-role.bicep": "appinsights",
     "cosmos-sql-role.bicep": "cosmos-database",
     "durabletask-role.bicep": "durabletask",
+    "keyvault-role.bicep": "keyvault",
 }
 
 SENDER, RECEIVER = "Azure Service Bus Data Sender", "Azure Service Bus Data Receiver"
@@ -113,6 +116,8 @@ def expected_grants(
         ("app", "appinsights", "Monitoring Metrics Publisher"),
         ("app", "cosmos-database:stateDatabaseName", DATA_CONTRIBUTOR),
         ("app", "cosmos-database:ordersDatabaseName", DATA_CONTRIBUTOR),
+        # AGENT_SIGNING_KEYS and REPLY_TOKEN_KEYS: Key Vault references.
+        ("app", "keyvault", "Key Vault Secrets User"),
     }
     if scheduler:
         app.add(("app", "durabletask", "Durable Task Data Contributor"))
@@ -127,6 +132,12 @@ def expected_grants(
             app.add((f"client:{c['appId']}", f"queue:{c['replyQueueName']}", RECEIVER))
             app.add((f"client:{c['appId']}", f"queue:{ingress}", SENDER))
     smoke = any(c["appId"] == SMOKE for c in clients)
+    if operators:
+        # azd's principal (the first operator) creates the keys after provision
+        # (deploy/keys.py) in the template's own vault.
+        app.add(
+            (f"operator:{operators[0]['principalId']}", "keyvault", "Key Vault Secrets Officer")
+        )
     for op in operators:
         # python -m cli alerts (settles operator alerts), and
         # show/list/stuck/resubmit/compensate (the state database). Nothing else.
@@ -158,6 +169,10 @@ def _env(clients: list[dict], operators: list[dict], scheduler: bool) -> dict:
         "clientApplications": clients,
         "operators": list(operators),
         "smokeAppId": SMOKE if any(c["appId"] == SMOKE for c in clients) else "",
+        "keyVaultName": "kv",
+        "keyVaultResourceGroupName": "rg",
+        # main.bicep: azd's principal (first) on the template's own vault.
+        "keyVaultSecretsOfficers": list(operators)[:1],
         "durableTaskSchedulerName": "dts" if scheduler else "",
         # Names of the scope, kept symbolic.
         "stateDatabaseName": "stateDatabaseName",
