@@ -66,7 +66,7 @@ param ordersQueueMaxSizeInMegabytes int = 1024
 param logRetentionInDays int = 30
 @description('Send the Cosmos DB and Service Bus resource logs (data-plane requests, runtime audit) to Log Analytics; false keeps their metrics only. One log row per request is the largest monitoring cost at scale (docs/capacity.md).')
 param resourceLogs bool = true
-@description('The Functions host\'s log level (logging.logLevel.default and Host.Triggers.DurableTask of host.json, overridden by app setting). Warning drops the per-execution Information lines; the operator alerts are logged as errors.')
+@description('The Functions host\'s log level (logging.logLevel.default of host.json, which covers the Durable extension\'s categories, overridden by app setting). Warning drops the per-execution Information lines; the operator alerts are logged as errors.')
 @allowed(['Information', 'Warning', 'Error'])
 param hostLogLevel string = 'Information'
 @description('Share of traces the app\'s OpenTelemetry exporter keeps (OTEL_TRACES_SAMPLER_ARG of the Azure Monitor distro\'s fixed-percentage sampler); 1 keeps every trace. Logs and metrics are not sampled.')
@@ -444,7 +444,7 @@ module api 'app/api.bicep' = {
     durablePartitionCount: durablePartitionCount
     hostLogLevel: hostLogLevel
     traceSamplingRatio: traceSamplingRatio
-    durableTaskSchedulerEndpoint: useScheduler ? durableTaskScheduler.outputs.endpoint : ''
+    durableTaskSchedulerEndpoint: useScheduler ? durableTaskScheduler!.outputs.endpoint : ''
     ingressQueueRegistry: messaging.outputs.ingressQueueRegistry
     stateDatabaseName: stateDatabaseName
     stateContainerName: stateContainerName
@@ -498,7 +498,7 @@ module rbac 'app/rbac.bicep' = {
     ordersCosmosAccountName: stateStore.outputs.ordersAccountName
     stateDatabaseName: stateDatabaseName
     ordersDatabaseName: ordersDatabaseName
-    durableTaskSchedulerName: useScheduler ? durableTaskScheduler.outputs.name : ''
+    durableTaskSchedulerName: useScheduler ? durableTaskScheduler!.outputs.name : ''
     operators: operators
     smokeAppId: smokeApplication ? smokeAppId : ''
     keyVaultName: names.keyVault
@@ -562,4 +562,4 @@ output DURABLE_BACKEND string = durableBackend
 output INTERNAL_VAULT_NAME string = names.keyVault
 output INTERNAL_VAULT_RESOURCE_GROUP string = keysVaultResourceGroup
 output INTERNAL_VAULT_ENTRIES string = '${keySecretNames.agentSigningKeys},${keySecretNames.replyTokenKeys}'
-output DURABLE_TASK_SCHEDULER_ENDPOINT string = useScheduler ? durableTaskScheduler.outputs.endpoint : ''
+output DURABLE_TASK_SCHEDULER_ENDPOINT string = useScheduler ? durableTaskScheduler!.outputs.endpoint : ''

@@ -35,6 +35,7 @@ var roles = {
   storageTableDataContributor: '0a9a7e1f-b9d0-4cc4-a60d-0319b160aaa3'
   monitoringMetricsPublisher: '3913510d-42f4-4e42-8a64-420c390055eb'
   durableTaskDataContributor: '0ad04412-c4d5-4796-b79c-f76d14c8d402'
+  durableTaskDataReader: 'd6a5505f-6ebb-45a4-896e-ac8274cfc0ac'
   keyVaultSecretsUser: '4633458b-17de-408a-b874-0445c86b69e6'
   keyVaultSecretsOfficer: 'b86a8fe4-44ce-4948-aee5-eccb2c155cd7'
 }
@@ -256,6 +257,19 @@ module appDurableTask '../core/security/durabletask-role.bicep' = if (!empty(dur
 // answers a concurrent one with 412 ("another operation in progress"), so
 // the SQL role assignments run one after another: each depends on the one
 // before, and the operators' loop runs with a batch size of one.
+// The scheduler's dashboard (https://dashboard.durabletask.io) shows an
+// operator the orchestrations of the task hub: Durable Task Data Reader,
+// read-only (terminating from the dashboard needs Data Contributor).
+module operatorDurableTaskDashboard '../core/security/durabletask-role.bicep' = [for operator in (empty(durableTaskSchedulerName) ? [] : operators): {
+  name: take('rbac-op-${uniqueString(operator.principalId)}-durabletask-dashboard', 64)
+  params: {
+    schedulerName: durableTaskSchedulerName
+    roleDefinitionId: roles.durableTaskDataReader
+    principalId: operator.principalId
+    principalType: operator.principalType
+  }
+}]
+
 module appStateData '../core/security/cosmos-sql-role.bicep' = {
   name: 'rbac-app-cosmos-state'
   params: {

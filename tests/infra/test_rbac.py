@@ -57,6 +57,7 @@ SECURITY = INFRA / "core" / "security"
 DATA_OWNER_GUID = "090c5cfd-751d-490a-894a-3ce6f1109419"
 # Built-in role definition ids, from Azure's built-in roles reference.
 BUILT_IN = {
+    "d6a5505f-6ebb-45a4-896e-ac8274cfc0ac": "Durable Task Data Reader",
     "4633458b-17de-408a-b874-0445c86b69e6": "Key Vault Secrets User",
     "b86a8fe4-44ce-4948-aee5-eccb2c155cd7": "Key Vault Secrets Officer",
     "69a216fc-b8fb-44d8-bc22-1f3c2cd27a39": "Azure Service Bus Data Sender",
@@ -144,6 +145,9 @@ def expected_grants(
         who = f"operator:{op['principalId']}"
         app.add((who, "queue:alerts", RECEIVER))
         app.add((who, "cosmos-database:stateDatabaseName", DATA_CONTRIBUTOR))
+        if scheduler:
+            # The scheduler's dashboard, read-only.
+            app.add((who, "durabletask", "Durable Task Data Reader"))
         if smoke:
             # The smoke test after a deploy (deploy/smoke.py), run as the deployer.
             app.add((who, "queue:orders-smoke", SENDER))
