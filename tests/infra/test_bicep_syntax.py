@@ -196,9 +196,7 @@ def test_a_conditional_modules_outputs_are_read_with_a_null_assertion(path: Path
 
 
 def test_the_null_assertion_check_finds_an_unguarded_read():
-    planted = (
-        "module m 'x.bicep' = if (c) {\n  name: 'm'\n}\nvar v = c ? m.outputs.endpoint : ''\n"
-    )
+    planted = "module m 'x.bicep' = if (c) {\n  name: 'm'\n}\nvar v = c ? m.outputs.endpoint : ''\n"
     symbols = _CONDITIONAL.findall(planted)
     assert symbols == ["m"]
     assert re.findall(r"\bm\.(?:outputs|properties|id|name)\b", planted)
