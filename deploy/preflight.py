@@ -58,6 +58,7 @@ PROVIDERS = (
     "Microsoft.Insights",
     "Microsoft.ManagedIdentity",
     "Microsoft.KeyVault",
+    "Microsoft.Network",
 )
 SCHEDULER_PROVIDER = "Microsoft.DurableTask"
 BACKENDS = ("azureStorage", "durableTaskScheduler")

@@ -165,6 +165,11 @@ param inlineSteps string = ''
 @minValue(1)
 param maxRemoteStepsPerAttempt int = 6
 
+// Networking (docs/deploying.md, "vnetEnabled").
+@description('A virtual network as in the official Flex Consumption templates: the app integrates with a subnet of it, the host storage (blob, queue, table), the Service Bus namespace (Premium) and the Cosmos DB accounts get private endpoints with private DNS zones, and the host storage refuses public network access. Service Bus and Cosmos DB stay reachable publicly, with Entra ID only, for the client applications, the operators and the smoke test.')
+param vnetEnabled bool = false
+param vnetName string = ''
+
 // Durable Functions backend.
 @description('azureStorage: the task hub lives in the host storage account (host.json as written). durableTaskScheduler: a Durable Task Scheduler and task hub are deployed and app settings switch the provider to it. Switching strands in-flight orchestrations (infra/README.md, "Choosing the Durable backend").')
 @allowed(['azureStorage', 'durableTaskScheduler'])
@@ -246,6 +251,7 @@ var names = {
   actionGroup: 'ag-orders-${resourceToken}'
   identity: (!empty(identityName)) ? identityName : 'id-orders-${resourceToken}'
   durableTaskScheduler: (!empty(durableTaskSchedulerName)) ? durableTaskSchedulerName : 'dts-orders-${resourceToken}'
+  vnet: (!empty(vnetName)) ? vnetName : 'vnet-orders-${resourceToken}'
   keyVault: (!empty(keyVaultName)) ? keyVaultName : 'kv-orders-${take(resourceToken, 13)}'
 }
 // The keys' vault: the template's own unless an existing one is named.
@@ -346,6 +352,7 @@ module storage 'core/storage/storage-account.bicep' = {
     location: location
     tags: tags
     skuName: storageSku
+    publicNetworkAccess: vnetEnabled ? 'Disabled' : 'Enabled'
     containerNames: [
       deploymentContainerName
     ]
@@ -412,6 +419,22 @@ module durableTaskScheduler 'core/durable/durable-task-scheduler.bicep' = if (us
   }
 }
 
+module network 'app/network.bicep' = if (vnetEnabled) {
+  name: 'network'
+  params: {
+    vnetName: names.vnet
+    location: location
+    tags: tags
+    storageAccountName: storage.outputs.name
+    serviceBusNamespaceName: messaging.outputs.namespaceName
+    serviceBusPremium: serviceBusSku == 'Premium'
+    cosmosAccountNames: [
+      stateStore.outputs.accountName
+      stateStore.outputs.ordersAccountName
+    ]
+  }
+}
+
 module api 'app/api.bicep' = {
   name: 'api'
   params: {
@@ -430,6 +453,7 @@ module api 'app/api.bicep' = {
       }
     ]
     storageAccountName: storage.outputs.name
+    virtualNetworkSubnetId: vnetEnabled ? network!.outputs.appSubnetId : ''
     deploymentContainerName: deploymentContainerName
     applicationInsightsName: monitoring.outputs.applicationInsightsName
     serviceBusFullyQualifiedNamespace: messaging.outputs.fullyQualifiedNamespace

@@ -20,6 +20,8 @@ param identityClientId string
 param alwaysReady array
 
 param storageAccountName string
+@description('vnetEnabled: the app\'s integration subnet; empty: none.')
+param virtualNetworkSubnetId string = ''
 param deploymentContainerName string
 param applicationInsightsName string
 param serviceBusFullyQualifiedNamespace string
@@ -257,6 +259,7 @@ module functionApp '../core/host/flex-function.bicep' = {
     authAllowedIdentities: consoleAllowedIdentities
     authAllowedGroups: consoleAllowedGroups
     authExcludedPaths: authExcludedPaths
+    virtualNetworkSubnetId: virtualNetworkSubnetId
   }
 }
 

@@ -49,6 +49,11 @@ KNOWN_API_VERSIONS = {
     ("Microsoft.DurableTask/schedulers/retentionPolicies", "2025-11-01"),
     ("Microsoft.Resources/resourceGroups", "2024-03-01"),
     ("Microsoft.KeyVault/vaults", "2023-07-01"),
+    ("Microsoft.Network/virtualNetworks", "2024-05-01"),
+    ("Microsoft.Network/privateEndpoints", "2024-05-01"),
+    ("Microsoft.Network/privateEndpoints/privateDnsZoneGroups", "2024-05-01"),
+    ("Microsoft.Network/privateDnsZones", "2020-06-01"),
+    ("Microsoft.Network/privateDnsZones/virtualNetworkLinks", "2020-06-01"),
 }
 
 
@@ -118,7 +123,9 @@ def test_resource_types_and_api_versions_are_known(path: Path):
             f"{path.name}: {symbol} uses {rtype}@{version}"
         )
     for child in _nested_children(path):
-        assert child in {"config", "blobServices", "containers"}, f"{path.name}: nested {child}"
+        assert child in {"config", "blobServices", "containers", "privateDnsZoneGroups"}, (
+            f"{path.name}: nested {child}"
+        )
 
 
 def _module_targets():
