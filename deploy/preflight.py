@@ -61,6 +61,9 @@ PROVIDERS = (
     "Microsoft.Network",
 )
 SCHEDULER_PROVIDER = "Microsoft.DurableTask"
+# domain.ids.SMOKE_APP_ID (the preflight imports nothing of the app: it runs
+# before any venv exists; tests/deploy/test_preflight.py checks they agree).
+SMOKE_APP_ID = "smoke"
 BACKENDS = ("azureStorage", "durableTaskScheduler")
 PRINCIPAL_TYPES = ("User", "Group", "ServicePrincipal")
 GRAPH_TYPES = {
@@ -525,6 +528,13 @@ def run_checks(
 
     # Client applications: at least one that can send, each a service principal.
     apps = client_applications(env)
+    for app in apps:
+        if app["appId"] == SMOKE_APP_ID:
+            report.fail(
+                f"client application {SMOKE_APP_ID!r} is the smoke application's name",
+                "rename it in infra/main.parameters.json: the smoke application's orders "
+                "are answered by a no-op and never reach the remote service",
+            )
     with_identity = [app for app in apps if app.get("principalId")]
     if not with_identity:
         names = ", ".join(

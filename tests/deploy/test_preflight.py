@@ -528,3 +528,22 @@ def test_the_cli_adapter_reads_graph_types_and_not_found(monkeypatch):
     )
     with pytest.raises(Unavailable):
         refused.principal_type(GROUP)
+
+
+def test_no_client_application_may_take_the_smoke_applications_name(monkeypatch, tmp_path):
+    from deploy import preflight
+    from domain.ids import SMOKE_APP_ID
+
+    assert preflight.SMOKE_APP_ID == SMOKE_APP_ID
+    parameters = json.loads(preflight.PARAMETERS.read_text())
+    parameters["parameters"]["clientApplications"]["value"][1]["appId"] = SMOKE_APP_ID
+    path = tmp_path / "main.parameters.json"
+    path.write_text(json.dumps(parameters))
+    monkeypatch.setattr(preflight, "PARAMETERS", path)
+    report, _, _ = check(ready())
+    fails = [line for line in report.lines if line.startswith("preflight: FAIL ")]
+    assert fails == [
+        "preflight: FAIL client application 'smoke' is the smoke application's name: rename it "
+        "in infra/main.parameters.json: the smoke application's orders are answered by a no-op "
+        "and never reach the remote service"
+    ]
