@@ -306,7 +306,7 @@ MUTATIONS = [
     (
         "production cosmos under the model",
         "infra/main.production.parameters.json",
-        '"value": 49000',
+        '"value": 28000',
         '"value": 20000',
     ),
     (
