@@ -21,10 +21,11 @@ from tenacity.wait import wait_base
 
 from adapters.clock import Clock
 from agents.ports import RemoteCall, RemoteService
+from agents.smoke import NoOpRemoteService
 from agents.steps import DEFAULT_CATALOG, RemoteStep, StepCatalog, UnknownStep
 from domain.codec import describe
 from domain.errors import PermanentError, TransientError
-from domain.ids import agent_reply_message_id
+from domain.ids import agent_reply_message_id, is_smoke_order
 from domain.models import (
     MAX_AGENT_CALLS,
     AgentCall,
@@ -253,7 +254,9 @@ class Agent:
 
     Receives its dependencies: the remote service port, a clock, the policy,
     (optionally) shared breakers and a random source for the jitter, and the
-    step catalog it serves (the shipped one unless told)."""
+    step catalog it serves (the shipped one unless told). The smoke
+    application's requests are answered by a built-in no-op (agents.smoke),
+    never by `remote`."""
 
     def __init__(
         self,
@@ -265,6 +268,7 @@ class Agent:
         steps: StepCatalog = DEFAULT_CATALOG,
     ) -> None:
         self._remote = remote
+        self._smoke_remote = NoOpRemoteService()
         self._steps = steps
         self._clock = clock
         self._policy = policy or AgentPolicy()
@@ -306,9 +310,13 @@ class Agent:
             fencing_token=request.FencingToken,
             body=_body(request, step),
         )
+        # A smoke order never reaches the configured remote service (the
+        # in-app path may not carry its AppId: its order key names it too).
+        smoke = is_smoke_order(request.OrderID, request.AppId)
+        remote = self._smoke_remote if smoke else self._remote
         tries = _Tries()
         try:
-            result = await self._call(call, operation.service, stop_at, last_start, tries)
+            result = await self._call(remote, call, operation.service, stop_at, last_start, tries)
         except pybreaker.CircuitBreakerError:
             error = f"circuit open for {operation.service}: {operation.path} not called"
             if tries.last_error is not None:
@@ -357,7 +365,13 @@ class Agent:
         return stop_at, last_start
 
     async def _call(
-        self, call: RemoteCall, service: str, stop_at: datetime, last_start: datetime, tries: _Tries
+        self,
+        remote: RemoteService,
+        call: RemoteCall,
+        service: str,
+        stop_at: datetime,
+        last_start: datetime,
+        tries: _Tries,
     ) -> dict[str, Any]:
         """`call` with retries and backoff inside the budget, through the
         service's breaker; each call noted in `tries`. Raises what ended it."""
@@ -379,7 +393,7 @@ class Agent:
                     tries.calls += 1
                     started = self._clock.now()
                     try:
-                        result = await self._remote.call(
+                        result = await remote.call(
                             call, timeout=min(self._policy.call_timeout, remaining)
                         )
                     except TransientError as exc:

@@ -8,20 +8,25 @@
    (deploy/app_functions.py: what `import function_app` registers with the
    same client applications). A host that indexed fewer is named with the
    missing functions and where its indexing errors are logged.
-2. Posts one order (OrderID SMOKE-...) to a client application's ingress
-   queue with that client's own identity: only the client holds Sender there.
-3. Peeks the client's reply queue (nothing is consumed: the statuses stay for
-   the application, which can skip OrderIDs starting with SMOKE-) until the
-   order is Processed, and prints how long that took from the send; on any
-   other final status or a timeout, the last status seen and where to look.
+2. Posts one order (OrderID SMOKE-...) of the smoke application
+   (domain.ids.SMOKE_APP_ID) to its ingress queue orders-smoke. The order
+   travels the whole path (Submit, the workflow, an agent per step, the reply
+   bridge, the status), but the agents answer a smoke order's steps from a
+   built-in no-op (agents.smoke): nothing reaches REMOTE_SERVICE_URL, so no
+   reservation, charge or shipment is made.
+3. Receives its statuses from the smoke application's reply queue
+   replies-smoke, which no client reads, until the order is Processed, and
+   prints how long that took from the send; on any other final status or a
+   timeout, the last status seen and where to look.
 
-The client's identity in Azure: SMOKE_CLIENT_ID (application id of the
-client's service principal) with SMOKE_CLIENT_SECRET or
-SMOKE_CLIENT_CERTIFICATE_PATH (tenant AZURE_TENANT_ID), or
-SMOKE_CLIENT_CREDENTIAL=cli to use the az CLI's login when az is signed in as
-the client's service principal. SMOKE_CLIENT_APP picks the application
-(default: the first with a principal id). SMOKE_TEST=skip skips the test (the
-hook then says so). Exit 0 only when the order was Processed."""
+Right after a first `azd provision` the deployer's role assignments on the
+smoke queues may not have reached Service Bus yet (Azure RBAC takes up to 10
+minutes): a refused send or receive is retried for --propagation seconds,
+each wait said out loud. In Azure the test runs as the deployer (azd's login,
+else the az CLI's): main.bicep grants every operator Sender on orders-smoke
+and Receiver on replies-smoke, and nothing else of a client's. SMOKE_TEST=skip
+skips the test (the hook then says so). Exit 0 only when the order was
+Processed."""
 
 from __future__ import annotations
 
@@ -38,9 +43,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from domain.ids import SMOKE_APP_ID
+
 ROOT = Path(__file__).resolve().parents[1]
 FINAL = {"Processed", "Failed", "Rejected", "Compensated", "CompensationFailed"}
-DEFAULT_TIMEOUT = 300.0
+# Flex scales each function group from zero (the first order may wait for
+# three cold starts: Submit, the agents, the reply bridge) after the role
+# assignments have propagated.
+DEFAULT_TIMEOUT = 900.0
+# Azure RBAC: "role assignment changes can take up to 10 minutes".
+DEFAULT_PROPAGATION = 600.0
+PROGRESS_EVERY = 30.0
 
 
 @dataclass
@@ -52,8 +65,8 @@ class Target:
         settings: the app settings that decide the function list
             (ORDER_INGRESS_QUEUES, REPLY_QUEUE_REGISTRY).
         indexed: the function names the host indexed.
-        servicebus: a new aio ServiceBusClient authenticated as the client.
-        app_id: the client application the order is sent as.
+        servicebus: a new aio ServiceBusClient authenticated as the sender.
+        app_id: the application the order is sent as (the smoke application).
         where_to_look: lines printed when the order does not come back Processed.
         where_functions_log: where the host logs its indexing (missing functions).
     """
@@ -62,7 +75,7 @@ class Target:
     settings: dict[str, str]
     indexed: Callable[[], Awaitable[list[str]]]
     servicebus: Callable[[], Any]
-    app_id: str
+    app_id: str = SMOKE_APP_ID
     where_to_look: list[str] = field(default_factory=list)
     where_functions_log: str = ""
 
@@ -75,12 +88,49 @@ class Result:
     seconds: float | None = None
 
 
-async def run(target: Target, timeout: float = DEFAULT_TIMEOUT, out=print) -> Result:
-    from azure.servicebus import ServiceBusMessage
+@dataclass
+class _Waiter:
+    """Retries what Service Bus refuses while role assignments propagate."""
 
-    from cli.orders import generate
+    say: Callable[[str], None]
+    propagation: float
+    pause: float = 15.0
+    started: float = field(default_factory=time.monotonic)
+
+    async def until_allowed(
+        self, what: str, role: str, action: Callable[[], Awaitable[Any]]
+    ) -> Any:
+        from azure.servicebus.exceptions import (
+            ServiceBusAuthenticationError,
+            ServiceBusAuthorizationError,
+        )
+
+        while True:
+            try:
+                return await action()
+            except (ServiceBusAuthorizationError, ServiceBusAuthenticationError) as error:
+                waited = time.monotonic() - self.started
+                if waited >= self.propagation:
+                    raise _Refused(f"{what} still refused after {waited:.0f} s: {error}") from error
+                self.say(
+                    f"waiting for the role assignment {role} to propagate "
+                    f"({what} refused after {waited:.0f} s; Azure RBAC takes up to "
+                    f"{self.propagation:.0f} s here)"
+                )
+                await asyncio.sleep(self.pause)
+
+
+class _Refused(Exception):
+    pass
+
+
+async def run(
+    target: Target,
+    timeout: float = DEFAULT_TIMEOUT,
+    out: Callable[[str], None] = print,
+    propagation: float = DEFAULT_PROPAGATION,
+) -> Result:
     from deploy.app_functions import expected_functions
-    from domain.codec import encode
 
     lines: list[str] = []
 
@@ -97,59 +147,107 @@ async def run(target: Target, timeout: float = DEFAULT_TIMEOUT, out=print) -> Re
         say(f"FAIL not indexed: {', '.join(missing)}")
         say(f"look at the host's indexing errors: {target.where_functions_log}")
         return Result(False, lines)
-
-    # 2. One order, as the client.
-    ingress = json.loads(target.settings["ORDER_INGRESS_QUEUES"])[target.app_id]
-    reply_entry = json.loads(target.settings["REPLY_QUEUE_REGISTRY"])[target.app_id]
+    ingress = json.loads(target.settings["ORDER_INGRESS_QUEUES"]).get(target.app_id)
+    reply_entry = json.loads(target.settings["REPLY_QUEUE_REGISTRY"]).get(target.app_id)
+    if ingress is None or reply_entry is None:
+        say(
+            f"FAIL the deployment has no {target.app_id} application (queues orders-{target.app_id}, "
+            f"replies-{target.app_id}): deploy with smokeApplication=true"
+        )
+        return Result(False, lines)
     reply_queue = reply_entry["queue"] if isinstance(reply_entry, dict) else reply_entry
+    waiter = _Waiter(say, propagation)
+    try:
+        return await _order_round_trip(target, ingress, reply_queue, timeout, waiter, say, lines)
+    except _Refused as error:
+        say(f"FAIL {error}")
+        say(
+            "the deployer needs Azure Service Bus Data Sender on orders-smoke and Receiver on "
+            "replies-smoke (main.bicep grants them to AZURE_PRINCIPAL_ID and OPERATOR_PRINCIPAL_IDS)"
+        )
+        return Result(False, lines)
+
+
+async def _order_round_trip(
+    target: Target,
+    ingress: str,
+    reply_queue: str,
+    timeout: float,
+    waiter: _Waiter,
+    say: Callable[[str], None],
+    lines: list[str],
+) -> Result:
+    """2. and 3.: one order sent, its statuses received until a final one."""
+    from azure.servicebus import ServiceBusMessage
+
+    from cli.orders import generate
+    from domain.codec import encode
+
     order = next(generate(target.app_id, reply_queue, 1, f"SMOKE-{uuid.uuid4().hex[:8]}"))
     order_id = order.OrderID
-    latest: tuple[str, str | None] | None = None
+    message = ServiceBusMessage(
+        encode(order), message_id=f"submit/{order_id}", content_type="application/json"
+    )
     async with target.servicebus() as client:
-        async with client.get_queue_sender(ingress) as sender:
-            await sender.send_messages(
-                ServiceBusMessage(
-                    encode(order),
-                    message_id=f"submit/{order_id}",
-                    content_type="application/json",
-                )
-            )
-        sent = time.monotonic()
-        say(
-            f"posted {order_id} to {ingress} as {target.app_id}; waiting for Processed on {reply_queue}"
-        )
 
-        # 3. Its statuses, peeked.
-        next_sequence = 0
-        async with client.get_queue_receiver(reply_queue) as receiver:
-            while time.monotonic() - sent < timeout:
-                batch = await receiver.peek_messages(
-                    max_message_count=100, sequence_number=next_sequence
+        async def send() -> None:
+            async with client.get_queue_sender(ingress) as sender:
+                await sender.send_messages(message)
+
+        await waiter.until_allowed(f"sending to {ingress}", f"Sender on {ingress}", send)
+        sent = time.monotonic()
+        say(f"posted {order_id} to {ingress}; waiting for its status on {reply_queue}")
+        latest: tuple[str, str | None] | None = None
+        last_said = sent
+        while (elapsed := time.monotonic() - sent) < timeout:
+            batch = await waiter.until_allowed(
+                f"receiving from {reply_queue}",
+                f"Receiver on {reply_queue}",
+                lambda: _receive(client, reply_queue),
+            )
+            for status in batch:
+                if status[0] != order_id:
+                    continue
+                latest = (status[1], status[2])
+                say(f"{order_id} {status[1]} after {time.monotonic() - sent:.1f} s")
+            if latest and latest[0] == "Processed":
+                seconds = time.monotonic() - sent
+                say(f"ok: {order_id} Processed {seconds:.1f} s after it was sent")
+                return Result(True, lines, order_id, seconds)
+            if latest and latest[0] in FINAL:
+                say(f"FAIL {order_id} ended {latest[0]}: {latest[1] or 'no detail'}")
+                _where(target, order_id, say)
+                return Result(False, lines, order_id)
+            if time.monotonic() - last_said >= PROGRESS_EVERY:
+                last_said = time.monotonic()
+                seen = f"last status {latest[0]}" if latest else "no status yet"
+                say(
+                    f"still waiting for {order_id} on {reply_queue} after {elapsed:.0f} s "
+                    f"({seen}; the first order after a deploy waits for cold starts)"
                 )
-                if batch:
-                    next_sequence = max(m.sequence_number or 0 for m in batch) + 1
-                else:
-                    await asyncio.sleep(1)
-                for message in batch:
-                    status = _status(message)
-                    if status is None or status[0] != order_id:
-                        continue
-                    latest = (status[1], status[2])
-                    say(f"{order_id} {status[1]} after {time.monotonic() - sent:.1f} s")
-                    if status[1] == "Processed":
-                        seconds = time.monotonic() - sent
-                        say(f"ok: {order_id} Processed {seconds:.1f} s after it was sent")
-                        return Result(True, lines, order_id, seconds)
-                    if status[1] in FINAL:
-                        say(f"FAIL {order_id} ended {status[1]}: {status[2] or 'no detail'}")
-                        for hint in target.where_to_look:
-                            say(f"look at {hint.format(order_id=order_id)}")
-                        return Result(False, lines, order_id)
     last = f"last status {latest[0]}" if latest else "no status at all"
     say(f"FAIL {order_id} not Processed within {timeout:.0f} s ({last})")
+    _where(target, order_id, say)
+    return Result(False, lines, order_id)
+
+
+async def _receive(client: Any, queue: str) -> list[tuple[str, str, str | None]]:
+    """One batch of statuses, each completed: the queue is the smoke
+    application's, read by nobody else (another smoke order's statuses are
+    dropped with it)."""
+    statuses = []
+    async with client.get_queue_receiver(queue, max_wait_time=5) as receiver:
+        for message in await receiver.receive_messages(max_message_count=50, max_wait_time=5):
+            status = _status(message)
+            if status is not None:
+                statuses.append(status)
+            await receiver.complete_message(message)
+    return statuses
+
+
+def _where(target: Target, order_id: str, say: Callable[[str], None]) -> None:
     for hint in target.where_to_look:
         say(f"look at {hint.format(order_id=order_id)}")
-    return Result(False, lines, order_id)
 
 
 def _status(message: Any) -> tuple[str, str, str | None] | None:
@@ -188,7 +286,6 @@ def local_target(settings: Mapping[str, str], host_url: str, log_hint: str) -> T
         servicebus=lambda: ServiceBusClient.from_connection_string(
             settings["ServiceBusConnection"]
         ),
-        app_id=next(iter(json.loads(settings["ORDER_INGRESS_QUEUES"]))),
         where_to_look=[
             f"the host's log, {log_hint}",
             "the state record: python -m cli show {order_id}",
@@ -220,22 +317,16 @@ def azure_target(env: Mapping[str, str]) -> Target:
 
     from deploy.preflight import client_applications
 
-    apps = [a for a in client_applications(env) if a.get("principalId")]
-    wanted = env.get("SMOKE_CLIENT_APP") or (apps[0]["appId"] if apps else "")
-    if not wanted:
-        raise SystemExit(
-            "smoke: FAIL no client application has an identity: set <APP>_PRINCIPAL_ID and deploy again"
-        )
-    all_apps = client_applications(env)
-    app = next((a for a in all_apps if a["appId"] == wanted), None)
-    if app is None:
-        raise SystemExit(f"smoke: FAIL SMOKE_CLIENT_APP {wanted!r} is not a client application")
-    credential = _client_credential(env)
+    apps = [
+        *client_applications(env),
+        {"appId": SMOKE_APP_ID, "replyQueueName": f"replies-{SMOKE_APP_ID}"},
+    ]
+    credential = _deployer_credential()
     namespace = _need(env, "SERVICEBUS_FULLY_QUALIFIED_NAMESPACE")
     name, group = _need(env, "AZURE_FUNCTION_APP_NAME"), _need(env, "AZURE_RESOURCE_GROUP")
     settings = {
-        "ORDER_INGRESS_QUEUES": json.dumps({a["appId"]: f"orders-{a['appId']}" for a in all_apps}),
-        "REPLY_QUEUE_REGISTRY": json.dumps({a["appId"]: a["replyQueueName"] for a in all_apps}),
+        "ORDER_INGRESS_QUEUES": json.dumps({a["appId"]: f"orders-{a['appId']}" for a in apps}),
+        "REPLY_QUEUE_REGISTRY": json.dumps({a["appId"]: a["replyQueueName"] for a in apps}),
     }
 
     async def indexed() -> list[str]:
@@ -278,15 +369,14 @@ def azure_target(env: Mapping[str, str]) -> Target:
         settings=settings,
         indexed=indexed,
         servicebus=lambda: ServiceBusClient(namespace, credential),
-        app_id=app["appId"],
         where_to_look=[
             "Application Insights ("
             + portal
             + "): traces | where message has '{order_id}' | order by timestamp",
             "the state record, as an operator: python -m cli show {order_id} (infra/README.md, Running the CLI against Azure)",
-            "operator alerts: python -m cli alerts; the console's Dead letters page for orders-"
-            + app["appId"],
-            "the agents' remote service: REMOTE_SERVICE_URL must answer from Azure",
+            f"operator alerts: python -m cli alerts; the console's Dead letters page for orders-{SMOKE_APP_ID}",
+            "the app's settings: an unresolved Key Vault reference stops every function "
+            "(az functionapp config appsettings list; docs/deploying.md, The keys)",
         ],
         where_functions_log=(
             f"Application Insights of {portal}: traces | where message has 'indexing' or "
@@ -304,25 +394,15 @@ def _need(env: Mapping[str, str], name: str) -> str:
     return value
 
 
-def _client_credential(env: Mapping[str, str]) -> Any:
+def _deployer_credential() -> Any:
+    """The deployer: azd's login in the hook, else the az CLI's."""
     from azure.identity.aio import (
         AzureCliCredential,
-        CertificateCredential,
-        ClientSecretCredential,
+        AzureDeveloperCliCredential,
+        ChainedTokenCredential,
     )
 
-    if env.get("SMOKE_CLIENT_CREDENTIAL") == "cli":
-        return AzureCliCredential()
-    client_id, tenant = env.get("SMOKE_CLIENT_ID"), env.get("AZURE_TENANT_ID")
-    if client_id and tenant and env.get("SMOKE_CLIENT_SECRET"):
-        return ClientSecretCredential(tenant, client_id, env["SMOKE_CLIENT_SECRET"])
-    if client_id and tenant and env.get("SMOKE_CLIENT_CERTIFICATE_PATH"):
-        return CertificateCredential(tenant, client_id, env["SMOKE_CLIENT_CERTIFICATE_PATH"])
-    raise SystemExit(
-        "smoke: FAIL no client identity to send the order as: set SMOKE_CLIENT_ID and "
-        "SMOKE_CLIENT_SECRET (or SMOKE_CLIENT_CERTIFICATE_PATH) of the client application's "
-        "service principal, or SMOKE_CLIENT_CREDENTIAL=cli; SMOKE_TEST=skip skips the test"
-    )
+    return ChainedTokenCredential(AzureDeveloperCliCredential(), AzureCliCredential())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -330,7 +410,18 @@ def main(argv: list[str] | None = None) -> int:
     where = parser.add_mutually_exclusive_group(required=True)
     where.add_argument("--azure", action="store_true", help="the azd environment's deployment")
     where.add_argument("--local", action="store_true", help="the running local stack")
-    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT)
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=DEFAULT_TIMEOUT,
+        help="seconds the order may take from its send to Processed",
+    )
+    parser.add_argument(
+        "--propagation",
+        type=float,
+        default=DEFAULT_PROPAGATION,
+        help="seconds a refused send or receive is retried while role assignments propagate",
+    )
     parser.add_argument(
         "--runs", type=Path, default=ROOT / ".devstack", help="where local stacks run (--local)"
     )
@@ -345,7 +436,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         settings, host, log = _running_local_stack(args.runs)
         target = local_target(settings, host, log)
-    return 0 if asyncio.run(run(target, args.timeout)).ok else 1
+    return 0 if asyncio.run(run(target, args.timeout, propagation=args.propagation)).ok else 1
 
 
 def _azd_env() -> dict[str, str]:

@@ -40,6 +40,14 @@ _ORDER_KEY = re.compile(ORDER_KEY_PATTERN)
 _APP_ID = re.compile(r"^[a-z0-9][a-z0-9-]{0,63}$")
 MAX_MESSAGE_ID = 128  # Service Bus's limit
 
+# The smoke application (deploy/smoke.py, docs/deploying.md): its orders travel
+# the whole path (Submit, the workflow, an agent per step, the reply bridge,
+# the status on its own reply queue) but the agents answer their steps from a
+# built-in no-op (agents.smoke) instead of calling REMOTE_SERVICE_URL, so a
+# smoke order reserves, charges and ships nothing. Only its ingress queue
+# gives an order this AppId (Submit takes the AppId from the queue).
+SMOKE_APP_ID = "smoke"
+
 
 def check_order_id(order_id: str) -> str:
     """Order ids become parts of instance ids, keys and message ids: keep them
@@ -68,6 +76,16 @@ def order_key(app_id: str, order_id: str) -> str:
     orders DB, instance ids, idempotency keys and the recovery index use.
     Two applications' orders with one OrderID have two keys."""
     return f"{app_tag(app_id)}:{check_order_id(order_id)}"
+
+
+def is_smoke_order(key: str, app_id: str | None = None) -> bool:
+    """Whether an order (its key, and its AppId when the caller has it) is the
+    smoke application's. The key alone answers: its tag is the application's
+    own, and no other application may share a tag (adapters.settings)."""
+    if app_id == SMOKE_APP_ID:
+        return True
+    tag, sep, _ = key.partition(":")
+    return bool(sep) and tag == app_tag(SMOKE_APP_ID)
 
 
 def check_order_key(key: str) -> str:

@@ -66,7 +66,7 @@ param ordersQueueMaxSizeInMegabytes int = 1024
 param logRetentionInDays int = 30
 @description('Send the Cosmos DB and Service Bus resource logs (data-plane requests, runtime audit) to Log Analytics; false keeps their metrics only. One log row per request is the largest monitoring cost at scale (docs/capacity.md).')
 param resourceLogs bool = true
-@description('The Functions host\'s log level (logging.logLevel.default and Host.Triggers.DurableTask of host.json, overridden by app setting). Warning drops the per-execution Information lines; the operator alerts are logged as errors.')
+@description('The Functions host\'s log level (logging.logLevel.default of host.json, which covers the Durable extension\'s categories, overridden by app setting). Warning drops the per-execution Information lines; the operator alerts are logged as errors.')
 @allowed(['Information', 'Warning', 'Error'])
 param hostLogLevel string = 'Information'
 @description('Share of traces the app\'s OpenTelemetry exporter keeps (OTEL_TRACES_SAMPLER_ARG of the Azure Monitor distro\'s fixed-percentage sampler); 1 keeps every trace. Logs and metrics are not sampled.')
@@ -88,15 +88,22 @@ param clientApplications clientApplication[] = [
   }
 ]
 
+@description('Deploy the smoke application (appId smoke: queues orders-smoke and replies-smoke), whose orders travel the whole path while the agents answer their steps from a built-in no-op, so the postdeploy smoke test (deploy/smoke.py) never reaches remoteServiceUrl. Only the operators may send to orders-smoke and read replies-smoke; no client application may be called smoke.')
+param smokeApplication bool = true
+
 @description('Base URL of the remote service the agents call (REMOTE_SERVICE_URL), a public https URL; the local default points at the devstack fake, so Azure needs a real one. An empty value is refused here, a loopback one by the preflight (deploy/preflight.py) and by the app at start.')
 @minLength(12)
 param remoteServiceUrl string
-@description('AGENT_SIGNING_KEYS (azd: AGENT_SIGNING_KEYS): the keys requests and replies on the internal queues are signed with, held by the app and every agent worker. Best a Key Vault reference, @Microsoft.KeyVault(SecretUri=https://VAULT.vault.azure.net/secrets/agent-signing-keys/), resolved with the app\'s identity (Key Vault Secrets User on the vault); no default: docs/adr/017e-internal-queue-keys.md.')
+@description('AGENT_SIGNING_KEYS (azd: AGENT_SIGNING_KEYS): the keys requests and replies on the internal queues are signed with, held by the app and every agent worker (docs/adr/017e-internal-queue-keys.md). Empty (the default): a Key Vault reference to the secret agent-signing-keys of the vault (keyVaultName, else the template\'s own), which deploy/keys.py creates after provision when absent. Else a Key Vault reference of your own, @Microsoft.KeyVault(SecretUri=https://VAULT.vault.azure.net/secrets/NAME/), resolved with the app\'s identity, which needs Key Vault Secrets User on that vault (granted here only on keyVaultName\'s or the template\'s vault).')
 @secure()
-param agentSigningKeys string
-@description('REPLY_TOKEN_KEYS (azd: REPLY_TOKEN_KEYS): the keys of the reply tokens, held by the app only; a Key Vault reference like agentSigningKeys (secret reply-token-keys).')
+param agentSigningKeys string = ''
+@description('REPLY_TOKEN_KEYS (azd: REPLY_TOKEN_KEYS): the keys of the reply tokens, held by the app only; like agentSigningKeys (secret reply-token-keys).')
 @secure()
-param replyTokenKeys string
+param replyTokenKeys string = ''
+@description('An existing Key Vault (Azure RBAC authorization) for the keys; empty: the template creates a vault of its own. Either way the app\'s identity gets Key Vault Secrets User on it; on the template\'s own vault azd\'s principal also gets Key Vault Secrets Officer, so that deploy/keys.py can create the keys after provision.')
+param keyVaultName string = ''
+@description('Resource group of the existing vault (keyVaultName).')
+param keyVaultResourceGroupName string = resourceGroup().name
 
 // Data names (app settings of the same meaning).
 param taskHubName string = 'OrderProcessing'
@@ -157,6 +164,11 @@ param inlineSteps string = ''
 @description('Most remote (agent) calls one attempt can wait on: the workflow\'s 3 steps (agents/steps.py) and, when it compensates, their 3 undo calls. Sizes the duplicate detection window.')
 @minValue(1)
 param maxRemoteStepsPerAttempt int = 6
+
+// Networking (docs/deploying.md, "vnetEnabled").
+@description('A virtual network as in the official Flex Consumption templates: the app integrates with a subnet of it, the host storage (blob, queue, table), the Service Bus namespace (Premium) and the Cosmos DB accounts get private endpoints with private DNS zones, and the host storage refuses public network access. Service Bus and Cosmos DB stay reachable publicly, with Entra ID only, for the client applications, the operators and the smoke test.')
+param vnetEnabled bool = false
+param vnetName string = ''
 
 // Durable Functions backend.
 @description('azureStorage: the task hub lives in the host storage account (host.json as written). durableTaskScheduler: a Durable Task Scheduler and task hub are deployed and app settings switch the provider to it. Switching strands in-flight orchestrations (infra/README.md, "Choosing the Durable backend").')
@@ -239,8 +251,29 @@ var names = {
   actionGroup: 'ag-orders-${resourceToken}'
   identity: (!empty(identityName)) ? identityName : 'id-orders-${resourceToken}'
   durableTaskScheduler: (!empty(durableTaskSchedulerName)) ? durableTaskSchedulerName : 'dts-orders-${resourceToken}'
+  vnet: (!empty(vnetName)) ? vnetName : 'vnet-orders-${resourceToken}'
+  keyVault: (!empty(keyVaultName)) ? keyVaultName : 'kv-orders-${take(resourceToken, 13)}'
 }
+// The keys' vault: the template's own unless an existing one is named.
+var ownKeyVault = empty(keyVaultName)
+var keysVaultResourceGroup = ownKeyVault ? resourceGroup().name : keyVaultResourceGroupName
+// Secret names in the vault (deploy/keys.py creates them when absent).
+var keySecretNames = {
+  agentSigningKeys: 'agent-signing-keys'
+  replyTokenKeys: 'reply-token-keys'
+}
+var agentSigningKeysSetting = empty(agentSigningKeys) ? '@Microsoft.KeyVault(VaultName=${names.keyVault};SecretName=${keySecretNames.agentSigningKeys})' : agentSigningKeys
+var replyTokenKeysSetting = empty(replyTokenKeys) ? '@Microsoft.KeyVault(VaultName=${names.keyVault};SecretName=${keySecretNames.replyTokenKeys})' : replyTokenKeys
 var useScheduler = durableBackend == 'durableTaskScheduler'
+// The client applications and, unless turned off, the smoke application.
+var smokeAppId = 'smoke'
+var applications = smokeApplication ? concat(clientApplications, [
+  {
+    appId: smokeAppId
+    replyQueueName: 'replies-${smokeAppId}'
+    principalId: ''
+  }
+]) : clientApplications
 
 // host.json: extensions.durableTask.storageProvider.maxQueuePollingInterval
 // (tests/infra check the two agree).
@@ -273,9 +306,12 @@ var operatorsGiven = concat(
     principalType: contains(entry, ':') ? trim(split(entry, ':')[1]) : ''
   })
 )
-// Each once (azd's own principal is often also listed among the operators):
-// union() of arrays keeps one copy of each value, within an array too.
-var operators = union(operatorsGiven, [])
+// Each principal once, with the first type given (azd's own principal,
+// typed by azd, is often also listed among the operators without a type):
+// two assignments of one role to one principal on one scope would share a
+// name, and the deployment would fail.
+var operatorIds = map(operatorsGiven, op => op.principalId)
+var operators = map(filter(range(0, length(operatorsGiven)), i => indexOf(operatorIds, operatorsGiven[i].principalId) == i), i => operatorsGiven[i])
 
 // Created before everything that grants it access, and before the app.
 module identity 'core/identity/user-assigned-identity.bicep' = {
@@ -288,6 +324,15 @@ module identity 'core/identity/user-assigned-identity.bicep' = {
 }
 // Flex Consumption reads the deployment package from this blob container.
 var deploymentContainerName = 'app-package-${take(resourceToken, 7)}'
+
+module keyVault 'core/keyvault/key-vault.bicep' = if (ownKeyVault) {
+  name: 'key-vault'
+  params: {
+    name: names.keyVault
+    location: location
+    tags: tags
+  }
+}
 
 module monitoring 'core/monitor/monitoring.bicep' = {
   name: 'monitoring'
@@ -307,6 +352,7 @@ module storage 'core/storage/storage-account.bicep' = {
     location: location
     tags: tags
     skuName: storageSku
+    publicNetworkAccess: vnetEnabled ? 'Disabled' : 'Enabled'
     containerNames: [
       deploymentContainerName
     ]
@@ -322,7 +368,7 @@ module messaging 'app/messaging.bicep' = {
     skuName: serviceBusSku
     premiumMessagingUnits: serviceBusPremiumMessagingUnits
     resourceLogs: resourceLogs
-    clientApplications: clientApplications
+    clientApplications: applications
     logAnalyticsWorkspaceId: monitoring.outputs.logAnalyticsWorkspaceId
     ordersQueueMaxSizeInMegabytes: ordersQueueMaxSizeInMegabytes
     claimTimeoutSeconds: azureClaimTimeoutSeconds
@@ -373,6 +419,22 @@ module durableTaskScheduler 'core/durable/durable-task-scheduler.bicep' = if (us
   }
 }
 
+module network 'app/network.bicep' = if (vnetEnabled) {
+  name: 'network'
+  params: {
+    vnetName: names.vnet
+    location: location
+    tags: tags
+    storageAccountName: storage.outputs.name
+    serviceBusNamespaceName: messaging.outputs.namespaceName
+    serviceBusPremium: serviceBusSku == 'Premium'
+    cosmosAccountNames: [
+      stateStore.outputs.accountName
+      stateStore.outputs.ordersAccountName
+    ]
+  }
+}
+
 module api 'app/api.bicep' = {
   name: 'api'
   params: {
@@ -391,21 +453,22 @@ module api 'app/api.bicep' = {
       }
     ]
     storageAccountName: storage.outputs.name
+    virtualNetworkSubnetId: vnetEnabled ? network!.outputs.appSubnetId : ''
     deploymentContainerName: deploymentContainerName
     applicationInsightsName: monitoring.outputs.applicationInsightsName
     serviceBusFullyQualifiedNamespace: messaging.outputs.fullyQualifiedNamespace
     cosmosEndpoint: stateStore.outputs.endpoint
     ordersCosmosEndpoint: stateStore.outputs.ordersEndpoint
-    clientApplications: clientApplications
+    clientApplications: applications
     remoteServiceUrl: remoteServiceUrl
-    agentSigningKeys: agentSigningKeys
-    replyTokenKeys: replyTokenKeys
+    agentSigningKeys: agentSigningKeysSetting
+    replyTokenKeys: replyTokenKeysSetting
     taskHubName: taskHubName
     durableBackend: durableBackend
     durablePartitionCount: durablePartitionCount
     hostLogLevel: hostLogLevel
     traceSamplingRatio: traceSamplingRatio
-    durableTaskSchedulerEndpoint: useScheduler ? durableTaskScheduler.outputs.endpoint : ''
+    durableTaskSchedulerEndpoint: useScheduler ? durableTaskScheduler!.outputs.endpoint : ''
     ingressQueueRegistry: messaging.outputs.ingressQueueRegistry
     stateDatabaseName: stateDatabaseName
     stateContainerName: stateContainerName
@@ -451,7 +514,7 @@ module rbac 'app/rbac.bicep' = {
   name: 'rbac'
   params: {
     functionAppPrincipalId: identity.outputs.principalId
-    clientApplications: clientApplications
+    clientApplications: applications
     serviceBusNamespaceName: messaging.outputs.namespaceName
     storageAccountName: storage.outputs.name
     applicationInsightsName: monitoring.outputs.applicationInsightsName
@@ -459,9 +522,22 @@ module rbac 'app/rbac.bicep' = {
     ordersCosmosAccountName: stateStore.outputs.ordersAccountName
     stateDatabaseName: stateDatabaseName
     ordersDatabaseName: ordersDatabaseName
-    durableTaskSchedulerName: useScheduler ? durableTaskScheduler.outputs.name : ''
+    durableTaskSchedulerName: useScheduler ? durableTaskScheduler!.outputs.name : ''
     operators: operators
+    smokeAppId: smokeApplication ? smokeAppId : ''
+    keyVaultName: names.keyVault
+    keyVaultResourceGroupName: keysVaultResourceGroup
+    keyVaultSecretsOfficers: ownKeyVault && !empty(principalId) ? [
+      {
+        principalId: principalId
+        principalType: principalType
+      }
+    ] : []
   }
+  // The vault exists before its role assignments (its name is known up front).
+  dependsOn: [
+    keyVault
+  ]
 }
 
 module actionGroup 'core/monitor/action-group.bicep' = {
@@ -505,4 +581,9 @@ output STEP_TIMEOUT_SECONDS int = azureStepTimeoutSeconds
 output AZURE_FUNCTION_APP_CLIENT_ID string = identity.outputs.clientId
 output ORDER_INGRESS_QUEUES object = messaging.outputs.ingressQueueRegistry
 output DURABLE_BACKEND string = durableBackend
-output DURABLE_TASK_SCHEDULER_ENDPOINT string = useScheduler ? durableTaskScheduler.outputs.endpoint : ''
+// deploy/keys.py (postprovision) creates these vault entries when absent
+// (names only, no value; nothing here reads the secure parameters).
+output INTERNAL_VAULT_NAME string = names.keyVault
+output INTERNAL_VAULT_RESOURCE_GROUP string = keysVaultResourceGroup
+output INTERNAL_VAULT_ENTRIES string = '${keySecretNames.agentSigningKeys},${keySecretNames.replyTokenKeys}'
+output DURABLE_TASK_SCHEDULER_ENDPOINT string = useScheduler ? durableTaskScheduler!.outputs.endpoint : ''

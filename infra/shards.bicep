@@ -78,6 +78,7 @@ module shards 'main.bicep' = [for i in range(0, shardCount): {
     hostLogLevel: production.hostLogLevel.value
     traceSamplingRatio: production.traceSamplingRatio.value
     resourceLogs: production.resourceLogs.value
+    vnetEnabled: production.vnetEnabled.value
   }
 }]
 

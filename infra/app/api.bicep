@@ -20,6 +20,8 @@ param identityClientId string
 param alwaysReady array
 
 param storageAccountName string
+@description('vnetEnabled: the app\'s integration subnet; empty: none.')
+param virtualNetworkSubnetId string = ''
 param deploymentContainerName string
 param applicationInsightsName string
 param serviceBusFullyQualifiedNamespace string
@@ -144,10 +146,11 @@ var baseSettings = {
   // are not sampled, so the alerts (log lines, metrics) see everything.
   OTEL_TRACES_SAMPLER: 'microsoft.fixed_percentage'
   OTEL_TRACES_SAMPLER_ARG: traceSamplingRatio
-  // host.json's log levels (default, and the Durable extension's category it
-  // names), overridden per deployment: Warning in the production profile.
+  // host.json's log level (default, which covers the Durable extension's
+  // Host.Triggers.DurableTask too), overridden per deployment: Warning in the
+  // production profile. Only letters, digits and underscores: a setting
+  // named after a category with dots may not reach the host on Linux.
   AzureFunctionsJobHost__logging__logLevel__default: hostLogLevel
-  'AzureFunctionsJobHost__logging__logLevel__Host.Triggers.DurableTask': hostLogLevel
   // The app's own packages (.python_packages) before the worker's: the
   // Service Bus SDK-type binding needs protobuf >= 6.31 and grpcio >= 1.74,
   // newer than the 3.11 worker ships, and without isolation the worker's
@@ -256,6 +259,7 @@ module functionApp '../core/host/flex-function.bicep' = {
     authAllowedIdentities: consoleAllowedIdentities
     authAllowedGroups: consoleAllowedGroups
     authExcludedPaths: authExcludedPaths
+    virtualNetworkSubnetId: virtualNetworkSubnetId
   }
 }
 

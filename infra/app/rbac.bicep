@@ -16,6 +16,14 @@ param ordersDatabaseName string
 param durableTaskSchedulerName string = ''
 @description('Operators (people, groups or CI principals running `python -m cli` and the portal\'s Data Explorer), each with its own principal type.')
 param operators operatorPrincipal[] = []
+@description('Key Vault holding AGENT_SIGNING_KEYS and REPLY_TOKEN_KEYS, which the app resolves as its identity (Key Vault Secrets User); empty grants nothing.')
+param keyVaultName string = ''
+@description('Resource group of that vault (the deployment\'s own unless an existing vault is used).')
+param keyVaultResourceGroupName string = resourceGroup().name
+@description('Who creates the keys in the template\'s own vault after provision (deploy/keys.py, azd\'s postprovision hook): Key Vault Secrets Officer there. Empty for an existing vault, whose owner grants it.')
+param keyVaultSecretsOfficers operatorPrincipal[] = []
+@description('AppId of the smoke application (its queues orders-<id> and replies-<id>); empty when it is not deployed. The operators send the smoke test\'s order and receive its statuses, so `azd up` needs no client identity.')
+param smokeAppId string = ''
 
 // Built-in role definitions (ids are the same in every tenant).
 var roles = {
@@ -27,6 +35,9 @@ var roles = {
   storageTableDataContributor: '0a9a7e1f-b9d0-4cc4-a60d-0319b160aaa3'
   monitoringMetricsPublisher: '3913510d-42f4-4e42-8a64-420c390055eb'
   durableTaskDataContributor: '0ad04412-c4d5-4796-b79c-f76d14c8d402'
+  durableTaskDataReader: 'd6a5505f-6ebb-45a4-896e-ac8274cfc0ac'
+  keyVaultSecretsUser: '4633458b-17de-408a-b874-0445c86b69e6'
+  keyVaultSecretsOfficer: 'b86a8fe4-44ce-4948-aee5-eccb2c155cd7'
 }
 // Cosmos DB data-plane role (sqlRoleDefinitions of the account).
 var cosmosBuiltInDataContributor = '00000000-0000-0000-0000-000000000002'
@@ -96,12 +107,25 @@ var appStorageRoles = [
 // app's identity peeks them); `cli deadletters`, `cli watch` and `cli post`
 // are for the local stack, or for a principal granted that queue on purpose.
 // The smoke test posts with a client application's identity (deploy/smoke.py).
-var operatorQueueGrants = map(operators, operator => {
+var operatorQueueGrants = concat(map(operators, operator => {
   principalId: operator.principalId
   principalType: operator.principalType
   queue: 'alerts'
   role: 'serviceBusDataReceiver'
-})
+}), empty(smokeAppId) ? [] : flatten(map(operators, operator => [
+  {
+    principalId: operator.principalId
+    principalType: operator.principalType
+    queue: 'orders-${smokeAppId}'
+    role: 'serviceBusDataSender'
+  }
+  {
+    principalId: operator.principalId
+    principalType: operator.principalType
+    queue: 'replies-${smokeAppId}'
+    role: 'serviceBusDataReceiver'
+  }
+])))
 
 // The Service Bus trigger's target-based scaler reads each trigger queue's
 // message count (GetQueueRuntimeProperties), which needs the Manage right;
@@ -233,6 +257,19 @@ module appDurableTask '../core/security/durabletask-role.bicep' = if (!empty(dur
 // answers a concurrent one with 412 ("another operation in progress"), so
 // the SQL role assignments run one after another: each depends on the one
 // before, and the operators' loop runs with a batch size of one.
+// The scheduler's dashboard (https://dashboard.durabletask.io) shows an
+// operator the orchestrations of the task hub: Durable Task Data Reader,
+// read-only (terminating from the dashboard needs Data Contributor).
+module operatorDurableTaskDashboard '../core/security/durabletask-role.bicep' = [for operator in (empty(durableTaskSchedulerName) ? [] : operators): {
+  name: take('rbac-op-${uniqueString(operator.principalId)}-durabletask-dashboard', 64)
+  params: {
+    schedulerName: durableTaskSchedulerName
+    roleDefinitionId: roles.durableTaskDataReader
+    principalId: operator.principalId
+    principalType: operator.principalType
+  }
+}]
+
 module appStateData '../core/security/cosmos-sql-role.bicep' = {
   name: 'rbac-app-cosmos-state'
   params: {
@@ -281,5 +318,26 @@ module operatorQueueRoles '../core/security/servicebus-queue-role.bicep' = [for 
     roleDefinitionId: roles[grant.role]
     principalId: grant.principalId
     principalType: grant.principalType
+  }
+}]
+
+module appKeyVault '../core/security/keyvault-role.bicep' = if (!empty(keyVaultName)) {
+  name: 'rbac-app-keyvault-secrets-user'
+  scope: resourceGroup(keyVaultResourceGroupName)
+  params: {
+    vaultName: keyVaultName
+    roleDefinitionId: roles.keyVaultSecretsUser
+    principalId: functionAppPrincipalId
+  }
+}
+
+module keyVaultOfficers '../core/security/keyvault-role.bicep' = [for officer in keyVaultSecretsOfficers: {
+  name: take('rbac-keys-${uniqueString(officer.principalId)}-officer', 64)
+  scope: resourceGroup(keyVaultResourceGroupName)
+  params: {
+    vaultName: keyVaultName
+    roleDefinitionId: roles.keyVaultSecretsOfficer
+    principalId: officer.principalId
+    principalType: officer.principalType
   }
 }]

@@ -195,7 +195,7 @@ module stateDatabase '../core/database/cosmos-sql-database.bicep' = {
 module ordersDatabase '../core/database/cosmos-sql-database.bicep' = {
   name: 'cosmos-orders-database'
   params: {
-    accountName: ordersInSeparateAccount ? ordersAccount.outputs.name : account.outputs.name
+    accountName: ordersInSeparateAccount ? ordersAccount!.outputs.name : account.outputs.name
     databaseName: ordersDatabaseName
     autoscaleMaxThroughput: ordersThroughput
     containers: ordersContainers
@@ -204,5 +204,5 @@ module ordersDatabase '../core/database/cosmos-sql-database.bicep' = {
 
 output accountName string = account.outputs.name
 output endpoint string = account.outputs.endpoint
-output ordersAccountName string = ordersInSeparateAccount ? ordersAccount.outputs.name : account.outputs.name
-output ordersEndpoint string = ordersInSeparateAccount ? ordersAccount.outputs.endpoint : account.outputs.endpoint
+output ordersAccountName string = ordersInSeparateAccount ? ordersAccount!.outputs.name : account.outputs.name
+output ordersEndpoint string = ordersInSeparateAccount ? ordersAccount!.outputs.endpoint : account.outputs.endpoint

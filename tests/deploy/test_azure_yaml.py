@@ -38,6 +38,9 @@ def test_the_hooks_run_the_preflight_and_the_smoke_test():
     for os_name in ("posix", "windows"):
         assert hooks["preprovision"][os_name]["run"].endswith("-m deploy.preflight")
         assert hooks["postdeploy"][os_name]["run"].endswith("-m deploy.smoke --azure")
+        # The keys exist in the vault before the app's first deploy.
+        assert hooks["postprovision"][os_name]["run"].endswith("-m deploy.keys")
+        assert hooks["postprovision"][os_name]["continueOnError"] is False
         # A failed check stops azd.
         assert hooks["preprovision"][os_name]["continueOnError"] is False
         assert hooks["postdeploy"][os_name]["continueOnError"] is False

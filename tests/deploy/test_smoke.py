@@ -1,9 +1,12 @@
 """The smoke test (deploy/smoke.py) against the local stack, started as
 tests/e2e/conftest.py starts it, so the script `azd deploy` runs afterwards
 cannot rot: it counts the host's functions against the app's own list, sends
-one order as the client, and sees it Processed on the client's reply queue;
-and it fails, saying so, when a function is missing or the order does not
-come back Processed."""
+one order of the smoke application, and receives it Processed from the smoke
+application's own reply queue, with the remote service's ledger untouched
+(the agents answer a smoke order from their built-in no-op); and it fails,
+saying so, when a function is missing or the order does not come back
+Processed. A send or receive that Service Bus refuses (a role assignment
+still propagating) is retried and said, until the propagation time runs out."""
 
 from __future__ import annotations
 
@@ -15,8 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from deploy.smoke import local_target, run
+from deploy.smoke import _Refused, _Waiter, local_target, run
 from devstack.stack import Stack
+from domain.ids import SMOKE_APP_ID
 from tests.e2e.conftest import E2E_SETTINGS
 from tests.infra.bicep_model import ROOT
 
@@ -35,30 +39,59 @@ def _target(stack: Stack):
     return local_target(stack.settings, host, str(stack.run_dir / "logs" / "host.log"))
 
 
-async def test_the_smoke_test_sees_an_order_processed_on_the_local_stack(stack):
+async def _remote_ledger(remote: str) -> tuple[dict, dict]:
+    import aiohttp
+
+    async with aiohttp.ClientSession() as http:
+        async with http.get(f"{remote}/_admin/side-effects") as response:
+            effects = await response.json()
+        async with http.get(f"{remote}/_admin/requests") as response:
+            requests = await response.json()
+    requests.pop("in_flight", None)
+    return effects, requests
+
+
+async def _peek_all(stack: Stack, queue: str) -> list:
+    from azure.servicebus.aio import ServiceBusClient
+
+    async with (
+        ServiceBusClient.from_connection_string(stack.settings["ServiceBusConnection"]) as client,
+        client.get_queue_receiver(queue) as receiver,
+    ):
+        return await receiver.peek_messages(max_message_count=200)
+
+
+async def test_a_smoke_order_is_processed_and_touches_no_remote_service(stack):
+    remote = stack.settings["REMOTE_SERVICE_URL"]
+    before = await _remote_ledger(remote)
     lines: list[str] = []
     result = await run(_target(stack), timeout=120, out=lines.append)
     print("\n".join(lines))
     assert result.ok, "\n".join(lines)
     ingress = json.loads(stack.settings["ORDER_INGRESS_QUEUES"])
+    assert ingress[SMOKE_APP_ID] == "orders-smoke"
     assert lines[0].endswith("functions indexed"), lines[0]
     indexed, _, expected = lines[0].split(": ")[-1].split()[:3]
     assert indexed == expected
     assert int(expected) >= 20 + len(ingress)
     assert result.order_id.startswith("SMOKE-")
     assert (
+        f"smoke: posted {result.order_id} to orders-smoke; waiting for its status on replies-smoke"
+        in lines
+    )
+    assert (
         lines[-1]
         == f"smoke: ok: {result.order_id} Processed {result.seconds:.1f} s after it was sent"
     )
-    # The statuses were peeked, not consumed: the client still gets them.
-    from azure.servicebus.aio import ServiceBusClient
-
-    async with (
-        ServiceBusClient.from_connection_string(stack.settings["ServiceBusConnection"]) as client,
-        client.get_queue_receiver("replies-webshop") as receiver,
-    ):
-        peeked = await receiver.peek_messages(max_message_count=200)
-    assert any(result.order_id.encode() in b"".join(m.body) for m in peeked)
+    # The remote service's ledger is untouched: no effect, not even a request.
+    assert await _remote_ledger(remote) == before
+    # The statuses were received from the smoke application's own queue, and
+    # no client's reply queue got anything.
+    assert not any(
+        result.order_id.encode() in b"".join(m.body)
+        for m in await _peek_all(stack, "replies-smoke")
+    )
+    assert await _peek_all(stack, "replies-webshop") == []
 
 
 async def test_a_missing_function_fails_the_smoke_test_naming_it(stack):
@@ -77,8 +110,9 @@ async def test_a_missing_function_fails_the_smoke_test_naming_it(stack):
 
 
 async def test_an_order_that_is_not_processed_fails_with_where_to_look(stack):
-    """The remote service declines every payment: the order compensates, and
-    the smoke test says so and where to look."""
+    """The remote service declines every payment: a webshop order (the smoke
+    application's never reaches it) compensates, and the smoke test says so
+    and where to look."""
     import aiohttp
 
     remote = stack.settings["REMOTE_SERVICE_URL"]
@@ -93,7 +127,9 @@ async def test_an_order_that_is_not_processed_fails_with_where_to_look(stack):
             assert response.status < 300, await response.text()
         try:
             lines: list[str] = []
-            result = await run(_target(stack), timeout=120, out=lines.append)
+            target = _target(stack)
+            target.app_id = "webshop"
+            result = await run(target, timeout=120, out=lines.append)
         finally:
             async with http.delete(f"{remote}/_admin/faults"):
                 pass
@@ -130,3 +166,43 @@ def test_skipping_is_said_out_loud():
     )
     assert done.returncode == 0
     assert "skipped (SMOKE_TEST=skip)" in done.stdout
+
+
+async def test_a_refused_send_is_retried_and_said_while_roles_propagate():
+    from azure.servicebus.exceptions import ServiceBusAuthorizationError
+
+    said: list[str] = []
+    tries = []
+
+    async def send():
+        tries.append(1)
+        if len(tries) < 3:
+            raise ServiceBusAuthorizationError(
+                message="Unauthorized access. 'Send' claim(s) are required"
+            )
+        return "sent"
+
+    waiter = _Waiter(said.append, propagation=60, pause=0.01)
+    assert (
+        await waiter.until_allowed("sending to orders-smoke", "Sender on orders-smoke", send)
+        == "sent"
+    )
+    assert len(tries) == 3
+    assert len(said) == 2
+    assert all(
+        line.startswith("waiting for the role assignment Sender on orders-smoke to propagate")
+        for line in said
+    )
+
+
+async def test_a_send_refused_past_the_propagation_time_fails_naming_it():
+    from azure.servicebus.exceptions import ServiceBusAuthorizationError
+
+    async def send():
+        raise ServiceBusAuthorizationError(
+            message="Unauthorized access. 'Send' claim(s) are required"
+        )
+
+    waiter = _Waiter(lambda line: None, propagation=0.05, pause=0.01)
+    with pytest.raises(_Refused, match="sending to orders-smoke still refused after"):
+        await waiter.until_allowed("sending to orders-smoke", "Sender on orders-smoke", send)

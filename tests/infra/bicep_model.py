@@ -181,13 +181,20 @@ def passthrough_defaults(module: str) -> dict[str, Any]:
     """Values main.bicep gives a module, for the params it passes straight
     through from a main.bicep parameter with a literal default or from one of
     its timing variables."""
-    defaults = {**main_defaults(), **main_timing()}
+    defaults = {**main_defaults(), **main_timing(), "applications": main_applications()}
     params = module_params(parse(MAIN), module)
     return {
         name: defaults[value]
         for name, value in params.items()
         if isinstance(value, str) and value in defaults
     }
+
+
+def main_applications(smoke: bool = True) -> list[dict[str, Any]]:
+    """main.bicep's `applications`: the default client applications and,
+    with smokeApplication (its default), the smoke application."""
+    env = {"clientApplications": main_defaults()["clientApplications"], "smokeApplication": smoke}
+    return evaluate("applications", env, parse(MAIN))
 
 
 def interpolate(template: str, names: dict[str, int]) -> str:
@@ -210,7 +217,7 @@ def evaluate(value: Any, env: dict[str, Any], doc: dict[str, Any]) -> Any:
     variables) before the document's variables; `${a.b}` interpolation, `a.b`,
     `a[b]`, `!empty(x)`, `==`, `!=`, `<`, `<=`, `>`, `>=`, `?:`, array comprehensions (`[for x in xs: ...]`),
     and the functions map, filter, flatten, concat, union, split, trim, empty,
-    contains and take are understood. Anything else raises, so a test never silently
+    contains, range, length, indexOf and take are understood. Anything else raises, so a test never silently
     reads an expression it does not understand as a literal."""
 
     def ev(v: Any, scope: dict[str, Any]) -> Any:
@@ -281,6 +288,15 @@ def evaluate(value: Any, env: dict[str, Any], doc: dict[str, Any]) -> Any:
                 return not ev(values[0], scope)
             if name == "contains":
                 return ev(values[1], scope) in ev(values[0], scope)
+            if name == "range":
+                start = ev(values[0], scope)
+                return list(range(start, start + ev(values[1], scope)))
+            if name == "length":
+                return len(ev(values[0], scope))
+            if name in ("indexOf", "index_of"):
+                found = ev(values[0], scope)
+                item = ev(values[1], scope)
+                return found.index(item) if item in found else -1
             if name == "take":
                 return ev(values[0], scope)[: ev(values[1], scope)]
             if name == "toObject":

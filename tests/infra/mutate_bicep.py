@@ -274,9 +274,39 @@ MUTATIONS = [
         "",
     ),
     (
+        "app not granted on the keys' vault",
+        "infra/app/rbac.bicep",
+        "    roleDefinitionId: roles.keyVaultSecretsUser\n",
+        "    roleDefinitionId: roles.keyVaultSecretsOfficer\n",
+    ),
+    (
+        "operator listed twice, assigned twice",
+        "infra/main.bicep",
+        "i => indexOf(operatorIds, operatorsGiven[i].principalId) == i",
+        "i => i >= 0",
+    ),
+    (
+        "conditional module output read unguarded (BCP318)",
+        "infra/main.bicep",
+        "useScheduler ? durableTaskScheduler!.outputs.endpoint : ''",
+        "useScheduler ? durableTaskScheduler.outputs.endpoint : ''",
+    ),
+    (
+        "smoke queues not granted to operators",
+        "infra/app/rbac.bicep",
+        "    queue: 'orders-${smokeAppId}'\n    role: 'serviceBusDataSender'\n",
+        "    queue: 'orders-${smokeAppId}'\n    role: 'serviceBusDataReceiver'\n",
+    ),
+    (
+        "app integrated with no subnet under vnetEnabled",
+        "infra/app/api.bicep",
+        "    virtualNetworkSubnetId: virtualNetworkSubnetId\n",
+        "",
+    ),
+    (
         "production cosmos under the model",
         "infra/main.production.parameters.json",
-        '"value": 49000',
+        '"value": 28000',
         '"value": 20000',
     ),
     (

@@ -16,8 +16,8 @@ the Function App sets (app/api.bicep, `appSettings`):
 | CosmosDbConnection           | CosmosDbConnection__accountEndpoint                         |
 | COSMOS_VERIFY_TLS            | same name, and it must be "true"                            |
 | REMOTE_SERVICE_URL           | same name, from a required parameter (local value is local) |
-| AGENT_SIGNING_KEYS,          | same names, from required @secure() parameters: Key Vault   |
-| REPLY_TOKEN_KEYS             | references resolved with the app's identity (ADR 017e)      |
+| AGENT_SIGNING_KEYS,          | same names: Key Vault references, by default to the         |
+| REPLY_TOKEN_KEYS             | deployment's vault, resolved as the app's identity (017e)   |
 | every other name             | same name, default equal to the template's value            |
 
 On top of those: TASKHUB_NAME (host.json reads it), RECOVERY_INDEX_CONTAINER_NAME,
@@ -51,6 +51,7 @@ from tests.infra.bicep_model import (
     accessor,
     evaluate,
     function_call,
+    main_applications,
     main_defaults,
     module_params,
     parse,
@@ -76,12 +77,16 @@ IDENTITY_FORMS = {
 }
 # Settings whose local value means nothing in Azure: set from a required
 # main.bicep parameter (no default), which azd asks for.
-# The internal queues' keys too: a Key Vault reference per deployment (ADR 017e),
-# never a default that every deployment would share.
 DEPLOYMENT_SPECIFIC = {
     "REMOTE_SERVICE_URL": "remoteServiceUrl",
-    "AGENT_SIGNING_KEYS": "agentSigningKeys",
-    "REPLY_TOKEN_KEYS": "replyTokenKeys",
+}
+# The internal queues' keys (ADR 017e): a Key Vault reference per deployment,
+# never a default every deployment would share. Unless given, a reference to
+# the deployment's own vault (deploy/keys.py creates the secret after
+# provision): setting -> (@secure() parameter, main.bicep variable, secret).
+VAULT_BACKED = {
+    "AGENT_SIGNING_KEYS": ("agentSigningKeys", "agentSigningKeysSetting", "agent-signing-keys"),
+    "REPLY_TOKEN_KEYS": ("replyTokenKeys", "replyTokenKeysSetting", "reply-token-keys"),
 }
 # Parameter names that are not the camelCase of the setting.
 PARAM_NAMES = {"TASKHUB_NAME": "taskHubName"}
@@ -166,6 +171,8 @@ def test_plain_setting_default_equals_template(name: str):
         return
     if name in ("REPLY_QUEUE_REGISTRY", "ORDER_INGRESS_QUEUES"):
         return  # built from clientApplications: test_reply_queue_registry..., test_ingress_registry...
+    if name in VAULT_BACKED:
+        return  # test_the_keys_are_key_vault_references_to_the_deployments_vault
     call = function_call(value)
     param = call[1]["value_to_convert"] if call and call[0] == "string" else value
     assert param == camel(name), f"{name} is set from {param!r}, expected parameter {camel(name)}"
@@ -180,6 +187,31 @@ def test_plain_setting_default_equals_template(name: str):
     assert str(defaults[param]) == template, (
         f"{name}: Bicep default {defaults[param]!r}, template {template!r}"
     )
+
+
+@pytest.mark.parametrize("name", sorted(VAULT_BACKED))
+def test_the_keys_are_key_vault_references_to_the_deployments_vault(name: str):
+    """Issue 46, item 1: the first `azd up` works with the keys' vault the
+    template owns (or keyVaultName's), the app's identity granted on it."""
+    param, var, secret = VAULT_BACKED[name]
+    main = parse(MAIN)
+    assert app_settings()[name] == param
+    assert module_params(main, "api")[param] == var
+    spec = main["parameters"][param]
+    assert spec["default"] == ""
+    assert {"type": "secure"} in spec["decorators"]
+    names = {"keyVault": "kv-orders-test"}
+    assert evaluate(var, {param: "", "names": names}, main) == (
+        f"@Microsoft.KeyVault(VaultName=kv-orders-test;SecretName={secret})"
+    )
+    given = "@Microsoft.KeyVault(SecretUri=https://mine.vault.azure.net/secrets/k/)"
+    assert evaluate(var, {param: given, "names": names}, main) == given
+    # deploy/keys.py creates that secret when absent, in the vault main.bicep names.
+    from deploy.keys import SECRETS
+
+    assert secret in SECRETS
+    entries = evaluate(main["outputs"]["INTERNAL_VAULT_ENTRIES"]["value"], {}, main)
+    assert secret in entries.split(",")
 
 
 def test_forbidden_setting_names_are_absent():
@@ -354,7 +386,7 @@ def test_ingress_registry_is_built_from_client_applications():
     messaging = parse(INFRA / "app" / "messaging.bicep")
     registry = evaluate(
         messaging["outputs"]["ingressQueueRegistry"]["value"],
-        {"clientApplications": main_defaults()["clientApplications"]},
+        {"clientApplications": main_applications()},
         messaging,
     )
     assert registry == json.loads(template_settings()["ORDER_INGRESS_QUEUES"])
@@ -362,9 +394,7 @@ def test_ingress_registry_is_built_from_client_applications():
     ingress = variable(messaging, "ingressQueues")
     item = ingress["loop_type"]["detail"]["item_name"]
     assert ingress["config"]["name"] == f"orders-${{{item}.appId}}"
-    assert set(registry.values()) == {
-        f"orders-{app['appId']}" for app in main_defaults()["clientApplications"]
-    }
+    assert set(registry.values()) == {f"orders-{app['appId']}" for app in main_applications()}
 
 
 # --- every setting the app reads is set in Azure, or excluded here with a reason ---
@@ -583,8 +613,8 @@ def test_reply_queue_registry_is_built_from_client_applications():
     key, value = (args[k]["detail"] for k in ("arg_2", "arg_3"))
     assert accessor(key["expression"]) == (key["var_1"], "appId")
     assert accessor(value["expression"]) == (value["var_1"], "replyQueueName")
-    # With main.bicep's default client applications, the registry equals the template's.
-    registry = {
-        app["appId"]: app["replyQueueName"] for app in main_defaults()["clientApplications"]
-    }
+    # With main.bicep's default client applications and the smoke application,
+    # the registry equals the template's.
+    assert module_params(parse(MAIN), "api")["clientApplications"] == "applications"
+    registry = {app["appId"]: app["replyQueueName"] for app in main_applications()}
     assert registry == json.loads(template_settings()["REPLY_QUEUE_REGISTRY"])

@@ -48,6 +48,12 @@ KNOWN_API_VERSIONS = {
     ("Microsoft.DurableTask/schedulers/taskHubs", "2025-11-01"),
     ("Microsoft.DurableTask/schedulers/retentionPolicies", "2025-11-01"),
     ("Microsoft.Resources/resourceGroups", "2024-03-01"),
+    ("Microsoft.KeyVault/vaults", "2023-07-01"),
+    ("Microsoft.Network/virtualNetworks", "2024-05-01"),
+    ("Microsoft.Network/privateEndpoints", "2024-05-01"),
+    ("Microsoft.Network/privateEndpoints/privateDnsZoneGroups", "2024-05-01"),
+    ("Microsoft.Network/privateDnsZones", "2020-06-01"),
+    ("Microsoft.Network/privateDnsZones/virtualNetworkLinks", "2020-06-01"),
 }
 
 
@@ -117,7 +123,9 @@ def test_resource_types_and_api_versions_are_known(path: Path):
             f"{path.name}: {symbol} uses {rtype}@{version}"
         )
     for child in _nested_children(path):
-        assert child in {"config", "blobServices", "containers"}, f"{path.name}: nested {child}"
+        assert child in {"config", "blobServices", "containers", "privateDnsZoneGroups"}, (
+            f"{path.name}: nested {child}"
+        )
 
 
 def _module_targets():
@@ -177,3 +185,25 @@ def test_each_real_file_fails_the_parse_once_broken(path: Path):
     cut = text.rindex("}")
     broken = text[:cut] + text[cut + 1 :]
     assert _syntax_errors(_tree_sitter_parser(), broken.encode()), path.name
+
+
+_CONDITIONAL = re.compile(r"^(?:module|resource)\s+(\w+)\s+'[^']+'\s*=\s*if\s*\(", re.MULTILINE)
+
+
+@pytest.mark.parametrize("path", FILES, ids=IDS)
+def test_a_conditional_modules_outputs_are_read_with_a_null_assertion(path: Path):
+    """Issue 46, item 6 (BCP318): the outputs of a module or resource deployed
+    under a condition may be null; the compiler warns unless the access is
+    asserted (`x!.outputs`, under the same condition) or safe (`x.?outputs`)."""
+    text = path.read_text()
+    code = "\n".join(line.split("//", 1)[0] for line in text.splitlines())
+    for symbol in _CONDITIONAL.findall(code):
+        unguarded = re.findall(rf"\b{symbol}\.(?:outputs|properties|id|name)\b", code)
+        assert not unguarded, f"{path.name}: {symbol} is conditional, read as {unguarded}"
+
+
+def test_the_null_assertion_check_finds_an_unguarded_read():
+    planted = "module m 'x.bicep' = if (c) {\n  name: 'm'\n}\nvar v = c ? m.outputs.endpoint : ''\n"
+    symbols = _CONDITIONAL.findall(planted)
+    assert symbols == ["m"]
+    assert re.findall(r"\bm\.(?:outputs|properties|id|name)\b", planted)

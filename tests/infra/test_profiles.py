@@ -50,6 +50,7 @@ PROFILE_PARAMETERS = {
     "hostLogLevel",
     "traceSamplingRatio",
     "resourceLogs",
+    "vnetEnabled",
 }
 
 
@@ -114,6 +115,9 @@ def test_dev_is_the_serverless_defaults():
 
 def test_production_is_what_the_issue_asks_for():
     prod = given(PRODUCTION)
+    # Issue 46, item 6: private networking as in the official Flex templates.
+    assert prod["vnetEnabled"] is True
+    assert parse(MAIN)["parameters"]["vnetEnabled"]["default"] is False
     assert prod["cosmosCapacityMode"] == "Provisioned"
     assert prod["serviceBusSku"] == "Premium"
     assert (prod["durableBackend"], prod["durableTaskSchedulerSku"]) == (
@@ -251,18 +255,18 @@ def test_orders_throughput_defaults_to_the_state_databases():
 def test_the_log_level_and_sampling_reach_the_app_settings():
     settings = variable(parse(API), "baseSettings")
     assert settings["AzureFunctionsJobHost__logging__logLevel__default"] == "hostLogLevel"
-    # A name with dots is quoted in Bicep (pycep keeps the quotes).
-    dotted = "'AzureFunctionsJobHost__logging__logLevel__Host.Triggers.DurableTask'"
-    assert settings[dotted] == "hostLogLevel"
+    # Issue 46, item 6: no setting name with dots (quoted in Bicep, and it may
+    # not reach the host on Linux): host.json's default covers Durable's categories.
+    assert not [name for name in settings if "." in name]
     assert settings["OTEL_TRACES_SAMPLER"] == "microsoft.fixed_percentage"
     assert settings["OTEL_TRACES_SAMPLER_ARG"] == "traceSamplingRatio"
     # The distro's own name for that sampler (what it compares the setting to).
     from azure.monitor.opentelemetry._constants import FIXED_PERCENTAGE_SAMPLER
 
     assert settings["OTEL_TRACES_SAMPLER"] == FIXED_PERCENTAGE_SAMPLER
-    # host.json's categories are the ones overridden.
+    # host.json's only category is the one overridden.
     host = json.loads((INFRA.parent / "host.json").read_text())["logging"]["logLevel"]
-    assert set(host) == {"default", "Host.Triggers.DurableTask"}
+    assert set(host) == {"default"}
 
 
 def test_the_scheduler_gets_its_capacity_and_retention():
@@ -298,3 +302,47 @@ def test_the_scheduler_gets_its_capacity_and_retention():
         {"retentionPeriodInDays": 7},
         {"orchestrationState": "Completed", "retentionPeriodInDays": 0},
     ]
+
+
+NETWORK = INFRA / "app" / "network.bicep"
+
+
+def test_vnet_enabled_integrates_the_app_and_gives_private_endpoints():
+    """vnetEnabled, as the official Flex Consumption templates lay it out: a
+    subnet delegated to Microsoft.App/environments for the app, private
+    endpoints with private DNS zones for the host storage's blob, queue and
+    table, the Service Bus namespace (Premium only) and each Cosmos DB
+    account, and the host storage closed to the public network."""
+    main = parse(MAIN)
+    assert main["modules"]["network"]["config"]["condition"] == "vnetEnabled"
+    assert module_params(main, "storage")["publicNetworkAccess"]["operator"]["operands"] == {
+        "condition": "vnetEnabled",
+        "true_value": "Disabled",
+        "false_value": "Enabled",
+    }
+    api = module_params(main, "api")["virtualNetworkSubnetId"]["operator"]["operands"]
+    assert api["condition"] == "vnetEnabled"
+    assert (
+        module_params(parse(INFRA / "app" / "api.bicep"), "functionApp")["virtualNetworkSubnetId"]
+        == "virtualNetworkSubnetId"
+    )
+    vnet = parse(INFRA / "core" / "network" / "vnet.bicep")
+    subnets = vnet["resources"]["vnet"]["config"]["properties"]["subnets"]
+    app = next(s for s in subnets if s["name"] == "appSubnetName")
+    assert app["properties"]["delegations"][0]["properties"]["serviceName"] == (
+        "Microsoft.App/environments"
+    )
+    network = parse(NETWORK)
+    storage = network["modules"]["storageEndpoints"]["config"]
+    assert storage["loop_type"]["detail"]["array_name"] == ["blob", "queue", "table"]
+    assert network["modules"]["serviceBusEndpoint"]["config"]["condition"] == "serviceBusPremium"
+    sb = network["modules"]["serviceBusEndpoint"]["config"]["config"]["params"]
+    assert sb["groupId"] == "namespace"
+    cosmos = network["modules"]["cosmosEndpoints"]["config"]
+    assert cosmos["config"]["params"]["groupId"] == "Sql"
+    zones = variable(network, "zones")
+    assert zones["namespace"] == "privatelink.servicebus.windows.net"
+    assert zones["Sql"] == "privatelink.documents.azure.com"
+    assert zones["blob"] == "privatelink.blob.${storageSuffix}"
+    site = parse(INFRA / "core" / "host" / "flex-function.bicep")["resources"]["site"]
+    assert "virtualNetworkSubnetId" in site["config"]["properties"]

@@ -37,6 +37,7 @@ from tests.infra.bicep_model import (
     duration_seconds,
     eval_int,
     interpolate,
+    main_applications,
     main_defaults,
     main_timing,
     parse,
@@ -49,7 +50,8 @@ from tests.infra.bicep_model import (
 MESSAGING = INFRA / "app" / "messaging.bicep"
 NAMESPACE = INFRA / "core" / "messaging" / "servicebus.bicep"
 FIXED = ["agent-requests", "agent-responses", "alerts"]
-CLIENTS = main_defaults()["clientApplications"]
+# The default client applications and the smoke application (main.bicep's `applications`).
+CLIENTS = main_applications()
 INGRESS = [f"orders-{c['appId']}" for c in CLIENTS]
 REPLIES = [c["replyQueueName"] for c in CLIENTS]
 CONSUMED = [*INGRESS, "agent-requests", "agent-responses"]  # queues the app triggers on

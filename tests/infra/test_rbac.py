@@ -44,6 +44,7 @@ from tests.infra.bicep_model import (
     MAIN,
     bicep_files,
     evaluate,
+    main_applications,
     main_defaults,
     module_params,
     parse,
@@ -56,6 +57,9 @@ SECURITY = INFRA / "core" / "security"
 DATA_OWNER_GUID = "090c5cfd-751d-490a-894a-3ce6f1109419"
 # Built-in role definition ids, from Azure's built-in roles reference.
 BUILT_IN = {
+    "d6a5505f-6ebb-45a4-896e-ac8274cfc0ac": "Durable Task Data Reader",
+    "4633458b-17de-408a-b874-0445c86b69e6": "Key Vault Secrets User",
+    "b86a8fe4-44ce-4948-aee5-eccb2c155cd7": "Key Vault Secrets Officer",
     "69a216fc-b8fb-44d8-bc22-1f3c2cd27a39": "Azure Service Bus Data Sender",
     "4f6d3b9b-027b-4f4c-9142-0e5a2a2247e0": "Azure Service Bus Data Receiver",
     "b7e6dc6d-f1e8-4753-8033-0f276bb0955b": "Storage Blob Data Owner",
@@ -79,6 +83,7 @@ SCOPE_BY_MODULE = {
     "appinsights-role.bicep": "appinsights",
     "cosmos-sql-role.bicep": "cosmos-database",
     "durabletask-role.bicep": "durabletask",
+    "keyvault-role.bicep": "keyvault",
 }
 
 SENDER, RECEIVER = "Azure Service Bus Data Sender", "Azure Service Bus Data Receiver"
@@ -112,6 +117,8 @@ def expected_grants(
         ("app", "appinsights", "Monitoring Metrics Publisher"),
         ("app", "cosmos-database:stateDatabaseName", DATA_CONTRIBUTOR),
         ("app", "cosmos-database:ordersDatabaseName", DATA_CONTRIBUTOR),
+        # AGENT_SIGNING_KEYS and REPLY_TOKEN_KEYS: Key Vault references.
+        ("app", "keyvault", "Key Vault Secrets User"),
     }
     if scheduler:
         app.add(("app", "durabletask", "Durable Task Data Contributor"))
@@ -125,19 +132,38 @@ def expected_grants(
             # Its own ingress queue and its own reply queue, nothing else.
             app.add((f"client:{c['appId']}", f"queue:{c['replyQueueName']}", RECEIVER))
             app.add((f"client:{c['appId']}", f"queue:{ingress}", SENDER))
+    smoke = any(c["appId"] == SMOKE for c in clients)
+    if operators:
+        # azd's principal (the first operator) creates the keys after provision
+        # (deploy/keys.py) in the template's own vault.
+        app.add(
+            (f"operator:{operators[0]['principalId']}", "keyvault", "Key Vault Secrets Officer")
+        )
     for op in operators:
         # python -m cli alerts (settles operator alerts), and
         # show/list/stuck/resubmit/compensate (the state database). Nothing else.
         who = f"operator:{op['principalId']}"
         app.add((who, "queue:alerts", RECEIVER))
         app.add((who, "cosmos-database:stateDatabaseName", DATA_CONTRIBUTOR))
+        if scheduler:
+            # The scheduler's dashboard, read-only.
+            app.add((who, "durabletask", "Durable Task Data Reader"))
+        if smoke:
+            # The smoke test after a deploy (deploy/smoke.py), run as the deployer.
+            app.add((who, "queue:orders-smoke", SENDER))
+            app.add((who, "queue:replies-smoke", RECEIVER))
     return app
 
 
+SMOKE = "smoke"
+
+
 def _clients_with_identity() -> list[dict]:
+    """main.bicep's applications as rbac.bicep gets them: the default client
+    applications, each given an identity, and the smoke application (none)."""
     return [
-        dict(c, principalId=f"principal-of-{c['appId']}")
-        for c in main_defaults()["clientApplications"]
+        c if c["appId"] == SMOKE else dict(c, principalId=f"principal-of-{c['appId']}")
+        for c in main_applications()
     ]
 
 
@@ -146,6 +172,11 @@ def _env(clients: list[dict], operators: list[dict], scheduler: bool) -> dict:
         "functionAppPrincipalId": "app",
         "clientApplications": clients,
         "operators": list(operators),
+        "smokeAppId": SMOKE if any(c["appId"] == SMOKE for c in clients) else "",
+        "keyVaultName": "kv",
+        "keyVaultResourceGroupName": "rg",
+        # main.bicep: azd's principal (first) on the template's own vault.
+        "keyVaultSecretsOfficers": list(operators)[:1],
         "durableTaskSchedulerName": "dts" if scheduler else "",
         # Names of the scope, kept symbolic.
         "stateDatabaseName": "stateDatabaseName",
@@ -222,6 +253,8 @@ def test_a_client_can_send_only_to_its_own_ingress_and_read_only_its_own_replies
     clients = _clients_with_identity()
     grants = actual_grants(clients)
     for c in clients:
+        if c["appId"] == SMOKE:
+            continue  # no identity: the operators send and read its queues
         mine = {g for g in grants if g[0] == f"client:{c['appId']}"}
         assert mine == {
             (f"client:{c['appId']}", f"queue:orders-{c['appId']}", SENDER),
@@ -317,6 +350,33 @@ def test_operators_come_from_azd_and_the_operator_list_each_with_its_type():
     ]
     none = {"principalId": "", "principalType": "User", "operatorPrincipalIds": ""}
     assert evaluate("operators", none, main) == []
+
+
+@pytest.mark.parametrize("listed", ["me", "me:User", "ops:Group,me,me:ServicePrincipal"])
+def test_one_operator_listed_twice_gets_one_assignment_of_each_role(listed):
+    """Issue 46, item 4: azd's own id listed again in OPERATOR_PRINCIPAL_IDS
+    (without a type when the preflight's rewrite was skipped: --no-hooks, az
+    deployment) made two assignments with one name. Each principal counts
+    once, with the first type given (azd's)."""
+    main = parse(MAIN)
+    env = {"principalId": "me", "principalType": "User", "operatorPrincipalIds": listed}
+    operators = evaluate("operators", env, main)
+    assert [op["principalId"] for op in operators].count("me") == 1
+    assert operators[0] == {"principalId": "me", "principalType": "User"}
+    # Every role module's deployment name is unique, so no assignment is made twice.
+    doc = parse(RBAC)
+    rbac_env = _env(_clients_with_identity(), operators, True)
+    for name, module in doc["modules"].items():
+        config = module["config"]
+        if "loop_type" not in config:
+            continue
+        detail = config["loop_type"]["detail"]
+        items = evaluate(detail["array_name"], rbac_env, doc)
+        names = [
+            evaluate(config["config"]["name"], {**rbac_env, detail["item_name"]: item}, doc)
+            for item in items
+        ]
+        assert len(names) == len(set(names)), (name, names)
     assert module_params(main, "rbac")["operators"] == "operators"
     given = json.loads((INFRA / "main.parameters.json").read_text())["parameters"]
     assert given["principalId"]["value"] == "${AZURE_PRINCIPAL_ID}"
@@ -349,7 +409,12 @@ def test_operators_consume_no_work_queue_and_send_as_no_client():
     grants = actual_grants(_clients_with_identity(), OPERATORS, True)
     mine = {g for g in grants if g[0].startswith("operator:")}
     queues = {(g[1], g[2]) for g in mine if g[1].startswith("queue:")}
-    assert queues == {("queue:alerts", RECEIVER)}
+    # The alerts, and the smoke application's two queues (the smoke test).
+    assert queues == {
+        ("queue:alerts", RECEIVER),
+        ("queue:orders-smoke", SENDER),
+        ("queue:replies-smoke", RECEIVER),
+    }
 
 
 def test_data_owner_only_for_the_app_on_its_trigger_queues():

@@ -38,6 +38,8 @@ param authAllowedIdentities string[] = []
 param authAllowedGroups string[] = []
 @description('Paths that keep the host\'s own key-based authorization instead of Entra sign-in: every HTTP endpoint that is not the console.')
 param authExcludedPaths string[]
+@description('vnetEnabled: the subnet (delegated to Microsoft.App/environments) the app integrates with; empty: no virtual network integration.')
+param virtualNetworkSubnetId string = ''
 
 resource storage 'Microsoft.Storage/storageAccounts@2023-05-01' existing = {
   name: storageAccountName
@@ -60,6 +62,7 @@ resource site 'Microsoft.Web/sites@2024-04-01' = {
     // Key Vault references in the app settings (AGENT_SIGNING_KEYS,
     // REPLY_TOKEN_KEYS) are resolved as this identity, the app's only one.
     keyVaultReferenceIdentity: identityId
+    virtualNetworkSubnetId: empty(virtualNetworkSubnetId) ? null : virtualNetworkSubnetId
     siteConfig: {
       minTlsVersion: '1.2'
       ftpsState: 'Disabled'

@@ -7,6 +7,9 @@ param tags object = {}
 param skuName string = 'Standard_LRS'
 @description('Blob containers to create (the Flex deployment package container).')
 param containerNames string[] = []
+@description('Disabled with vnetEnabled: only the app (through its private endpoints) and Azure\'s trusted services (the Flex deployment) reach it.')
+@allowed(['Enabled', 'Disabled'])
+param publicNetworkAccess string = 'Enabled'
 
 resource storage 'Microsoft.Storage/storageAccounts@2023-05-01' = {
   name: name
@@ -23,10 +26,10 @@ resource storage 'Microsoft.Storage/storageAccounts@2023-05-01' = {
     defaultToOAuthAuthentication: true
     minimumTlsVersion: 'TLS1_2'
     supportsHttpsTrafficOnly: true
-    publicNetworkAccess: 'Enabled'
+    publicNetworkAccess: publicNetworkAccess
     networkAcls: {
       bypass: 'AzureServices'
-      defaultAction: 'Allow'
+      defaultAction: publicNetworkAccess == 'Enabled' ? 'Allow' : 'Deny'
     }
   }
 

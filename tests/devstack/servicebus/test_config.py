@@ -36,11 +36,13 @@ def test_reads_the_project_config_with_its_queue_names() -> None:
     assert set(queues) == {
         "orders-webshop",
         "orders-partner-portal",
+        "orders-smoke",
         "agent-requests",
         "agent-responses",
         "alerts",
         "replies-webshop",
         "replies-partner-portal",
+        "replies-smoke",
     }
     orders = queues["orders-webshop"]
     assert orders.lock_duration == 60
