@@ -564,7 +564,7 @@ class Model:
             self._servicebus_cost(),
             self._durable_cost(),
             *self._functions_costs(),
-            self._monitoring_cost(),
+            *self._monitoring_costs(),
         ]
 
     def _cosmos_costs(self) -> list[Cost]:
@@ -701,9 +701,10 @@ class Model:
             ),
         ]
 
-    def _monitoring_cost(self) -> Cost:
+    def _monitoring_costs(self) -> list[Cost]:
         """Application Insights: a request item per execution and a dependency
-        item per Cosmos request and message sent, sampled."""
+        item per Cosmos request and message sent, sampled; and the app's own
+        log records, which are not sampled."""
         lim, d = self.limits, self.d
         price = figure(lim, "monitoring.log_ingestion_price_per_gb")
         size = figure(lim, "monitoring.telemetry_bytes_per_item")
@@ -711,12 +712,23 @@ class Model:
         items = (
             d["executions"] + self.cost.cosmos_requests_per_order + d["sb_messages"]
         ) * sampling
-        return Cost(
-            f"application insights ({items:.1f} items)",
-            None if price is None or size is None else items * size / 1e9 * price * 1e6,
-            f"trace sampling {sampling:g}",
-            estimate=estimated(lim, "monitoring.telemetry_bytes_per_item"),
-        )
+        logs = float(self.p.get("app_log_records_per_order") or 0.0)
+        usd = None if price is None or size is None else size / 1e9 * price * 1e6
+        return [
+            Cost(
+                f"application insights traces ({items:.1f} items)",
+                None if usd is None else items * usd,
+                f"trace sampling {sampling:g}",
+                estimate=estimated(lim, "monitoring.telemetry_bytes_per_item"),
+            ),
+            Cost(
+                f"application insights app logs ({logs:g} records)",
+                None if usd is None else logs * usd,
+                "the app's INFO records an order writes (measured in the simulation), "
+                "if the worker exports them: not verified without Azure",
+                estimate=True,
+            ),
+        ]
 
     def usd_per_million_orders(self) -> tuple[float, list[str]]:
         """The priced lines' sum, and the lines no price was found for."""

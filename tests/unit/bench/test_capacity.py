@@ -230,7 +230,8 @@ def test_every_line_of_the_bill_is_priced(limits, index_cost, query_cost):
             "functions memory-time",
             "executions",
             "always ready",
-            "application insights",
+            "application insights traces",
+            "application insights app logs",
         ):
             assert service in names, (rate, service)
         assert 0 < model.estimated_usd_per_million() < total
