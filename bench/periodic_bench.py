@@ -25,7 +25,8 @@ backlog is slow in both. RU are priced by the model (bench/capacity.py,
 
 `--count-interval S` gives the Starter its count_interval (the backlog COUNTs
 and compensation scans once every S seconds; the ticks are spaced by the
-Starter's 5 s period, so a tick between counts is timed too).
+Starter's 5 s period, so a tick between counts is timed too); `none,30`
+times a set of ticks without it, then a set with it, on the same records.
 """
 
 from __future__ import annotations
@@ -161,11 +162,12 @@ def tick_line(n: int, kind: str, interval: int, seconds: list[float], extra: str
     return (
         f"records={n} tick={kind} interval={interval} ticks={len(seconds)} "
         f"seconds_max={worst:.3f} seconds_mean={statistics.mean(seconds):.3f} "
-        f"inside={'yes' if worst < interval else 'no'}{extra}"
+        f"inside={'yes' if worst < interval else 'no'} "
+        f"each={','.join(f'{x:.2f}' for x in seconds)}{extra}"
     )
 
 
-async def ticks(store, index, state, n: int, count: int, count_interval: float | None) -> None:
+async def starter_ticks(store, index, n: int, count: int, count_interval: float | None) -> None:
     starter = Starter(
         StarterPolicy(),
         store,
@@ -181,7 +183,12 @@ async def ticks(store, index, state, n: int, count: int, count_interval: float |
         seconds.append(time.perf_counter() - start)
         await asyncio.sleep(max(0.0, STARTER_INTERVAL_S - seconds[-1]))  # the timer's period
     extra = f" count_interval={count_interval} started={len(client.started)}"
-    print(tick_line(n, "starter", STARTER_INTERVAL_S, seconds, extra))
+    print(tick_line(n, "starter", STARTER_INTERVAL_S, seconds, extra), flush=True)
+
+
+async def ticks(store, index, state, n: int, count: int, intervals: list[float | None]) -> None:
+    for count_interval in intervals:
+        await starter_ticks(store, index, n, count, count_interval)
     sup = Supervisor(
         store,
         IndexSource(index, store),
@@ -229,9 +236,10 @@ def main() -> int:
     parser.add_argument("--no-queries", action="store_true", help="time whole ticks only")
     parser.add_argument(
         "--count-interval",
-        type=float,
-        default=None,
-        help="the Starter's count_interval in seconds (default: none, every tick counts)",
+        type=lambda v: [None if x == "none" else float(x) for x in v.split(",")],
+        default=[None],
+        help="the Starter's count_interval in seconds, or a list (none,30): one set of "
+        "ticks each (default: none, every tick counts)",
     )
     args = parser.parse_args()
     if min(args.ticks, args.pending_every, args.processing_every) < 1:
