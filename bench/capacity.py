@@ -44,9 +44,20 @@ Rules that turn counts into loads (approximations, stated as such):
   activity, 1 per timer that fires, 1 per external event.
 - Functions: instances busy = rate x host CPU s per order (an instance taken
   as one busy core); executions = deliveries + activities + episodes.
-- Step Functions Standard: one transition per activity and per reply awaited
-  (a callback task), plus the start. Temporal: 1 per workflow start,
-  activity, timer and signal.
+- Step Functions Standard with callbacks: one transition per activity (a
+  Task that waits for its reply's token is one transition) plus the end;
+  Express: one execution per message the saga handles. Temporal: 1 per
+  workflow start, activity, timer and signal, plus the Business plan's fee.
+- Prices (issue 44): every service of the bill, autoscale and every fixed
+  charge per hour at the hour's peak (the rate given; the profile's
+  hourly_peak_to_average), Flex by instance memory for the time executions
+  run, waits included (the profile's active_cpu_share), Cosmos storage for
+  the documents' retention, Application Insights traces (sampled) and the
+  app's log records. A figure limits.yaml marks `estimate: true` marks its
+  line "est.".
+- Periodic work (bench/periodic_cost.py): the Starter's, the outbox's and the
+  Supervisor's queries per tick and per hour at 10,000, 100,000 and
+  1,000,000 records a shard.
 """
 
 from __future__ import annotations
