@@ -21,7 +21,8 @@ backlog is slow in both. RU are priced by the model (bench/capacity.py,
 `periodic`), not here: the local server charges 1 RU for everything.
 
     python bench/periodic_bench.py [--sizes 10000,100000] [--ticks 3]
-        [--pending-every 10] [--processing-every 100] [--count-interval 30] [--no-queries]
+        [--pending-every 10] [--processing-every 100] [--count-interval none,30]
+        [--max-processing 1900] [--no-queries]
 
 `--count-interval S` gives the Starter its count_interval (the backlog COUNTs
 and compensation scans once every S seconds; the ticks are spaced by the
@@ -167,9 +168,11 @@ def tick_line(n: int, kind: str, interval: int, seconds: list[float], extra: str
     )
 
 
-async def starter_ticks(store, index, n: int, count: int, count_interval: float | None) -> None:
+async def starter_ticks(
+    store, index, n: int, count: int, count_interval: float | None, max_processing: int
+) -> None:
     starter = Starter(
-        StarterPolicy(),
+        StarterPolicy(max_processing=max_processing),
         store,
         index,
         publisher=NullPublisher(),
@@ -186,9 +189,9 @@ async def starter_ticks(store, index, n: int, count: int, count_interval: float 
     print(tick_line(n, "starter", STARTER_INTERVAL_S, seconds, extra), flush=True)
 
 
-async def ticks(store, index, state, n: int, count: int, intervals: list[float | None]) -> None:
-    for count_interval in intervals:
-        await starter_ticks(store, index, n, count, count_interval)
+async def ticks(store, index, state, n: int, args: argparse.Namespace) -> None:
+    for count_interval in args.count_interval:
+        await starter_ticks(store, index, n, args.ticks, count_interval, args.max_processing)
     sup = Supervisor(
         store,
         IndexSource(index, store),
@@ -199,7 +202,7 @@ async def ticks(store, index, state, n: int, count: int, intervals: list[float |
         100,
     )
     seconds = []
-    for _ in range(count):
+    for _ in range(args.ticks):
         start = time.perf_counter()
         await sup.run()
         seconds.append(time.perf_counter() - start)
@@ -223,7 +226,7 @@ async def bench(endpoint: str, key: str, sizes: list[int], args: argparse.Namesp
             print(f"# loaded {n} records in {time.perf_counter() - t:.1f}s", file=sys.stderr)
             if not args.no_queries:
                 await queries(store, n, datetime.now(UTC), StarterPolicy().starter_batch_size)
-            await ticks(store, index, state, n, args.ticks, args.count_interval)
+            await ticks(store, index, state, n, args)
             await client.delete_database(db)
 
 
@@ -234,6 +237,12 @@ def main() -> int:
     parser.add_argument("--pending-every", type=int, default=10)
     parser.add_argument("--processing-every", type=int, default=100)
     parser.add_argument("--no-queries", action="store_true", help="time whole ticks only")
+    parser.add_argument(
+        "--max-processing",
+        type=int,
+        default=1900,
+        help="MAX_PROCESSING of the bench's Starter (default: production's 1,900)",
+    )
     parser.add_argument(
         "--count-interval",
         type=lambda v: [None if x == "none" else float(x) for x in v.split(",")],
