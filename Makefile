@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 PIP_STAMP := $(VENV)/.installed
 NPM_STAMP := node_modules/.installed
 
-.PHONY: install demo test test-unit lint preflight smoke bench bench-1000 bench-latency bench-shards bench-servicebus bench-supervisor capacity up down status clean browser simulate mutate scale
+.PHONY: install demo test test-unit lint preflight smoke bench bench-1000 bench-latency bench-shards bench-servicebus bench-supervisor bench-periodic capacity up down status clean browser simulate mutate scale
 
 install: $(PIP_STAMP) $(NPM_STAMP)
 
@@ -101,6 +101,12 @@ bench-servicebus: install
 ## bench-supervisor: scan cost of the two Supervisor sources at 1k, 10k and 100k records
 bench-supervisor: install
 	$(BIN)/python bench/supervisor_bench.py
+
+## bench-periodic: the Starter's and the Supervisor's ticks timed at N records on the local
+## Cosmos server (SIZES=10000,100000; ARGS=--count-interval 30 gives the Starter its count_interval)
+SIZES ?= 10000,100000
+bench-periodic: install
+	$(BIN)/python bench/periodic_bench.py --sizes $(SIZES) $(ARGS)
 
 ## capacity: load on every component against its documented limit, the first bottleneck and
 ## $ per million orders, from one measured order (docs/capacity.md); RATE=, PROFILE= (dev,

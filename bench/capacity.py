@@ -44,9 +44,20 @@ Rules that turn counts into loads (approximations, stated as such):
   activity, 1 per timer that fires, 1 per external event.
 - Functions: instances busy = rate x host CPU s per order (an instance taken
   as one busy core); executions = deliveries + activities + episodes.
-- Step Functions Standard: one transition per activity and per reply awaited
-  (a callback task), plus the start. Temporal: 1 per workflow start,
-  activity, timer and signal.
+- Step Functions Standard with callbacks: one transition per activity (a
+  Task that waits for its reply's token is one transition) plus the end;
+  Express: one execution per message the saga handles. Temporal: 1 per
+  workflow start, activity, timer and signal, plus the Business plan's fee.
+- Prices (issue 44): every service of the bill, autoscale and every fixed
+  charge per hour at the hour's peak (the rate given; the profile's
+  hourly_peak_to_average), Flex by instance memory for the time executions
+  run, waits included (the profile's active_cpu_share), Cosmos storage for
+  the documents' retention, Application Insights traces (sampled) and the
+  app's log records. A figure limits.yaml marks `estimate: true` marks its
+  line "est.".
+- Periodic work (bench/periodic_cost.py): the Starter's, the outbox's and the
+  Supervisor's queries per tick and per hour at 10,000, 100,000 and
+  1,000,000 records a shard.
 """
 
 from __future__ import annotations
@@ -64,6 +75,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from bench import periodic_cost as pc  # noqa: E402
 from bench.order_cost import OrderCost, load_limits, measure  # noqa: E402
 
 BASELINE = Path(__file__).with_name("baseline.json")
@@ -71,6 +83,9 @@ MAIN_BICEP = ROOT / "infra" / "main.bicep"
 SECONDS_PER_MONTH = 730 * 3600  # the 730-hour month Azure's pricing pages use
 ALERT = 0.8  # share of a limit past which a component is flagged
 MAX_SHARDS = 10_000
+BACKLOGS = (10_000, 100_000, 1_000_000)  # records in one shard's state container
+COUNT_INTERVAL_S = 30.0  # the Starter's count_interval once the host passes it
+STATUS_SCAN_INTERVAL_S = 10.0  # a third of the Starter's 30 s status grace
 
 
 class ModelError(ValueError):
@@ -140,6 +155,24 @@ def figure(limits: dict[str, Any], path: str) -> float | None:
     return None if value is None else value
 
 
+def estimated(limits: dict[str, Any], path: str) -> bool:
+    node: Any = limits
+    for part in path.split("."):
+        node = node[part]
+    return bool(node.get("estimate"))
+
+
+def tiered_usd(tiers: list[list[Any]], millions: float) -> float:
+    """USD for `millions` units priced by [[up to millions, USD per million],
+    ...] tiers counted from zero (None: no upper bound)."""
+    total, below = 0.0, 0.0
+    for upto, price in tiers:
+        top = math.inf if upto is None else upto
+        total += max(0.0, min(millions, top) - below) * price
+        below = top
+    return total
+
+
 def load_baseline(path: Path = BASELINE) -> dict[str, Any]:
     return json.loads(path.read_text())
 
@@ -177,6 +210,7 @@ class Cost:
     line: str
     usd_per_million: float | None
     note: str = ""
+    estimate: bool = False  # a figure limits.yaml marks `estimate: true`
 
 
 def derived(cost: OrderCost) -> dict[str, float]:
@@ -190,7 +224,14 @@ def derived(cost: OrderCost) -> dict[str, float]:
         "executions": sum(cost.sb_delivered.values()) + cost.activities + cost.episodes,
         "storage_transactions": 2 * to_orchestrator + 4 * cost.episodes + 3 * cost.activities + 1,
         "dts_actions": 1 + 2 * cost.activities + cost.timers_fired + cost.events_raised,
-        "sfn_transitions": cost.activities + cost.events_raised + 1,
+        # Standard with callbacks: each activity a Task state that waits for
+        # its reply's token (.waitForTaskToken: one transition, the reply adds
+        # none), plus the end state.
+        "sfn_transitions": cost.activities + 1,
+        # Express where it applies: it has no task-token wait, so each
+        # message the saga handles (the start and every reply) is one short
+        # execution that records the state elsewhere.
+        "sfn_express_requests": 1 + cost.events_raised,
         "temporal_actions": 1 + cost.activities + cost.timers + cost.events_raised,
     }
 
@@ -267,11 +308,24 @@ class Model:
 
     # --- loads
     def _periodic_ru_per_s(self) -> dict[str, float]:
+        """RU/s of one shard's Starter and Supervisor: the larger of the runs
+        measured in the simulation (an almost empty store) and the model's
+        idle ticks at the largest backlog priced (BACKLOGS, as deployed)."""
         app = self.p["app"]
+        modelled = self.periodic(BACKLOGS[-1], None)
+        per_hour = {
+            actor: pc.per_hour([q for q in modelled if (q.name.split()[0] == "supervisor") == sup])
+            for actor, sup in (("starter", False), ("supervisor", True))
+        }
         return {
-            "starter": self.cost.periodic_ru_per_run["starter"] / app["starter_interval_s"],
-            "supervisor": self.cost.periodic_ru_per_run["supervisor"]
-            / app["supervisor_interval_s"],
+            "starter": max(
+                self.cost.periodic_ru_per_run["starter"] / app["starter_interval_s"],
+                per_hour["starter"] / 3600,
+            ),
+            "supervisor": max(
+                self.cost.periodic_ru_per_run["supervisor"] / app["supervisor_interval_s"],
+                per_hour["supervisor"] / 3600,
+            ),
         }
 
     def cosmos_ru_per_s(self) -> dict[str, float]:
@@ -504,93 +558,188 @@ class Model:
         return out
 
     # --- prices
+    @property
+    def peak_to_average(self) -> float:
+        """The hour's highest rate over its average (the profile's
+        `hourly_peak_to_average`; 1: a steady rate). The model's rate is the
+        peak the plan must carry; the orders billed in an hour are the average's."""
+        return float(self.p.get("hourly_peak_to_average", 1.0))
+
+    def _per_million_from_hourly(self, usd_per_hour: float) -> float:
+        """A charge per hour (all shards), per million orders at the average rate."""
+        return usd_per_hour / (self.rate / self.peak_to_average * 3600) * 1e6
+
     def costs(self) -> list[Cost]:
-        p, lim, d, r = self.p, self.limits, self.d, self.rate
+        return [
+            *self._cosmos_costs(),
+            self._servicebus_cost(),
+            self._durable_cost(),
+            *self._functions_costs(),
+            *self._monitoring_costs(),
+        ]
+
+    def _cosmos_costs(self) -> list[Cost]:
+        p, lim, r = self.p, self.limits, self.rate
         out: list[Cost] = []
-        ru_per_order = sum(self.cosmos_ru_per_s().values()) / r
+        ru = self.cosmos_ru_per_s()
         mode = str(p["cosmos"]["mode"]).lower()
         if mode == "serverless":
             price = figure(lim, "cosmos.serverless_price_per_million_ru")
-            out.append(
-                Cost("cosmos RU (serverless)", None if price is None else ru_per_order * price)
-            )
+            per_order = sum(ru.values()) / r
+            out.append(Cost("cosmos RU (serverless)", None if price is None else per_order * price))
         else:
             price = figure(lim, "cosmos.autoscale_price_per_100_ru_s_hour")
-            # Autoscale bills the hour's highest RU/s, never under 10 % of the
-            # maximum; at a steady rate the highest is the RU/s used.
-            ru = self.cosmos_ru_per_s()
-            billed = sum(
-                max(load, 0.1 * ceiling * self.shards)
-                for load, ceiling in (
-                    (
-                        ru.get("state", 0.0) + ru.get("index", 0.0),
-                        p["cosmos"]["state_max_ru_per_s"],
-                    ),
-                    (ru.get("orders", 0.0), p["cosmos"]["orders_max_ru_per_s"]),
-                )
-            )
+            # Billed per hour at the hour's highest RU/s (the load at this
+            # rate, the peak), never under 10 % of the maximum nor over it.
+            billed = 0.0
+            for load, ceiling in (
+                (ru.get("state", 0.0) + ru.get("index", 0.0), p["cosmos"]["state_max_ru_per_s"]),
+                (ru.get("orders", 0.0), p["cosmos"]["orders_max_ru_per_s"]),
+            ):
+                top = ceiling * self.shards
+                billed += min(top, max(load, 0.1 * top))
             out.append(
                 Cost(
-                    "cosmos RU/s (autoscale)",
-                    None if price is None else billed / 100 * price / 3600 / r * 1e6,
-                    "a steady load, billed at the RU/s used or 10 % of the maximum",
+                    "cosmos RU/s (autoscale, hourly peak)",
+                    None if price is None else self._per_million_from_hourly(billed / 100 * price),
+                    f"the hour's peak RU/s ({billed:,.0f}) over orders at peak / "
+                    f"{self.peak_to_average:g}",
                 )
             )
+        out.append(self._cosmos_storage_cost())
+        return out
+
+    def retention_days(self) -> dict[str, float]:
+        """Days a container keeps an order's document: the state record 90
+        days after it finished (its per-item TTL); the order its container's
+        TTL (ordersTtlSeconds), or a year when it is kept forever."""
+        ttl = float(self.p.get("orders_ttl_seconds") or 0)
+        return {"state": 90.0, "orders": ttl / 86400 if ttl > 0 else 365.0}
+
+    def _cosmos_storage_cost(self) -> Cost:
+        price = figure(self.limits, "cosmos.storage_price_per_gb_month")
+        overhead = figure(self.limits, "cosmos.index_overhead") or 0.0
+        days = self.retention_days()
+        gb_months = sum(
+            size * (1 + overhead) / 1e9 * days.get(container, 90.0) / (730 / 24)
+            for container, size in self.cost.cosmos_docs.items()
+        )
+        kept = ", ".join(f"{c} {d:g} d" for c, d in days.items())
+        return Cost(
+            "cosmos storage",
+            None if price is None else gb_months * price * 1e6,
+            f"the order's documents + {overhead:.0%} index, kept {kept}",
+        )
+
+    def _servicebus_cost(self) -> Cost:
+        p, lim, d = self.p, self.limits, self.d
         tier = str(p["servicebus"]["tier"]).lower()
         if tier == "standard":
-            price = figure(lim, "servicebus.standard_price_per_million_ops")
-            out.append(
-                Cost(
-                    f"service bus ({d['sb_operations']:.0f} operations)",
-                    None if price is None else d["sb_operations"] * price,
-                )
+            base = figure(lim, "servicebus.standard_base_per_hour")
+            tiers = figure(lim, "servicebus.standard_price_per_million_ops")
+            included = figure(lim, "servicebus.standard_included_ops_per_month") or 0.0
+            if base is None or tiers is None:
+                return Cost("service bus Standard", None)
+            ops_month = d["sb_operations"] * self.rate / self.peak_to_average * SECONDS_PER_MONTH
+            per_shard = ops_month / self.shards
+            # The tiers' bounds count every operation; the first `included` are free.
+            usd_month = self.shards * (
+                base * 730 + tiered_usd([[included / 1e6, 0.0], *tiers], per_shard / 1e6)
             )
-        else:
-            price = figure(lim, "servicebus.premium_price_per_mu_hour")
-            mus = p["servicebus"].get("messaging_units", 1) * self.shards
-            out.append(
-                Cost(
-                    f"service bus Premium ({mus} MU)",
-                    None if price is None else mus * price / 3600 / r * 1e6,
-                    "a fixed price per MU-hour: the share per order falls as the rate rises",
-                )
+            return Cost(
+                f"service bus Standard ({d['sb_operations']:.0f} operations)",
+                self._per_million_from_hourly(usd_month / 730),
+                f"base + tiered operations, {self.shards} namespace(s)",
             )
-        backend = str(p["durable"]["backend"])
-        if backend == "azureStorage":
+        price = figure(lim, "servicebus.premium_price_per_mu_hour")
+        mus = p["servicebus"].get("messaging_units", 1) * self.shards
+        return Cost(
+            f"service bus Premium ({mus} MU)",
+            None if price is None else self._per_million_from_hourly(mus * price),
+            "a fixed price per MU-hour: the share per order falls as the rate rises",
+        )
+
+    def _durable_cost(self) -> Cost:
+        p, lim, d = self.p, self.limits, self.d
+        if str(p["durable"]["backend"]) == "azureStorage":
             price = figure(lim, "storage.price_per_10k_transactions")
             tx = d["storage_transactions"]
-            out.append(
-                Cost(
-                    f"durable storage ({tx:.0f} transactions)",
-                    None if price is None else tx / 1e4 * price * 1e6,
-                )
+            return Cost(
+                f"durable storage ({tx:.0f} transactions)",
+                None if price is None else tx / 1e4 * price * 1e6,
+                "every transaction at the queue rate (an upper bound)",
+                estimate=estimated(lim, "storage.price_per_10k_transactions"),
             )
-        else:
-            price = figure(lim, "durable_task_scheduler.dedicated_price_per_cu_month")
-            cus = p["durable"].get("cus_per_shard", 1) * self.shards
-            out.append(
-                Cost(
-                    f"durable task scheduler ({cus} CU)",
-                    None if price is None else cus * price / SECONDS_PER_MONTH / r * 1e6,
-                )
-            )
+        path = "durable_task_scheduler.dedicated_price_per_cu_month"
+        price = figure(lim, path)
+        cus = p["durable"].get("cus_per_shard", 1) * self.shards
+        return Cost(
+            f"durable task scheduler ({cus} CU)",
+            None if price is None else self._per_million_from_hourly(cus * price / 730),
+            "a fixed price per CU-month",
+            estimate=estimated(lim, path),
+        )
+
+    def _functions_costs(self) -> list[Cost]:
+        p, lim, d = self.p, self.limits, self.d
         gb = p["functions"]["instance_memory_mb"] / 1024
         cpu = float(self.baseline["bench"]["host_cpu_s_per_order"]["value"])
+        share = float(p.get("active_cpu_share", 1.0))
         gbs = figure(lim, "functions.flex_on_demand_price_per_gb_s")
         execs = figure(lim, "functions.flex_price_per_million_executions")
-        out.append(
+        baseline = figure(lim, "functions.flex_always_ready_baseline_per_gb_s")
+        ready = int(p["functions"].get("always_ready", 0) or 0) * self.shards
+        billed_s = cpu / share
+        return [
             Cost(
-                f"functions ({cpu * gb:.3f} GB-s)",
-                None if gbs is None else cpu * gb * gbs * 1e6,
-            )
-        )
-        out.append(
+                f"functions memory-time ({billed_s * gb:.3f} GB-s)",
+                None if gbs is None else billed_s * gb * gbs * 1e6,
+                f"{gb:g} GB for the time executions run, waits included: "
+                f"{cpu:.3f} CPU s / {share:.0%} busy",
+                estimate="active_cpu_share" in p,
+            ),
             Cost(
                 f"functions ({d['executions']:.0f} executions)",
                 None if execs is None else d["executions"] * execs,
-            )
-        )
-        return out
+            ),
+            Cost(
+                f"functions always ready ({ready} instance(s))",
+                None
+                if baseline is None
+                else self._per_million_from_hourly(ready * gb * baseline * 3600),
+                "baseline memory of the always-ready instances, all the time",
+                estimate=estimated(lim, "functions.flex_always_ready_baseline_per_gb_s"),
+            ),
+        ]
+
+    def _monitoring_costs(self) -> list[Cost]:
+        """Application Insights: a request item per execution and a dependency
+        item per Cosmos request and message sent, sampled; and the app's own
+        log records, which are not sampled."""
+        lim, d = self.limits, self.d
+        price = figure(lim, "monitoring.log_ingestion_price_per_gb")
+        size = figure(lim, "monitoring.telemetry_bytes_per_item")
+        sampling = float(self.p.get("trace_sampling_ratio") or 1.0)
+        items = (
+            d["executions"] + self.cost.cosmos_requests_per_order + d["sb_messages"]
+        ) * sampling
+        logs = float(self.p.get("app_log_records_per_order") or 0.0)
+        usd = None if price is None or size is None else size / 1e9 * price * 1e6
+        return [
+            Cost(
+                f"application insights traces ({items:.1f} items)",
+                None if usd is None else items * usd,
+                f"trace sampling {sampling:g}",
+                estimate=estimated(lim, "monitoring.telemetry_bytes_per_item"),
+            ),
+            Cost(
+                f"application insights app logs ({logs:g} records)",
+                None if usd is None else logs * usd,
+                "the app's INFO records an order writes (measured in the simulation), "
+                "if the worker exports them: not verified without Azure",
+                estimate=True,
+            ),
+        ]
 
     def usd_per_million_orders(self) -> tuple[float, list[str]]:
         """The priced lines' sum, and the lines no price was found for."""
@@ -600,14 +749,98 @@ class Model:
             [c.line for c in costs if c.usd_per_million is None],
         )
 
+    def estimated_usd_per_million(self) -> float:
+        """The part of the total that rests on an estimated figure."""
+        return sum(c.usd_per_million or 0.0 for c in self.costs() if c.estimate)
+
     def comparison(self) -> dict[str, float]:
-        sfn = figure(self.limits, "comparison.step_functions_standard_per_1000_transitions")
-        actions_month = self.d["temporal_actions"] * self.rate * SECONDS_PER_MONTH
-        temporal = temporal_usd_per_million_actions(self.limits, actions_month)
+        """The same saga's $ per million orders on its peers (docs/capacity.md,
+        "Peers", explains every count)."""
+        lim, d = self.limits, self.d
+        sfn = figure(lim, "comparison.step_functions_standard_per_1000_transitions")
+        express = figure(lim, "comparison.step_functions_express_per_million_requests") or 0.0
+        express_gb_s = figure(lim, "comparison.step_functions_express_per_gb_s") or 0.0
+        actions_month = d["temporal_actions"] * self.rate / self.peak_to_average * SECONDS_PER_MONTH
+        temporal = d["temporal_actions"] * temporal_usd_per_million_actions(lim, actions_month)
+        plan = figure(lim, "comparison.temporal_cloud_plan_fee")
+        assert isinstance(plan, dict)
+        orders_month = self.rate / self.peak_to_average * SECONDS_PER_MONTH
+        fee = max(
+            plan["minimum_usd_per_month"] / orders_month * 1e6, plan["share_of_usage"] * temporal
+        )
+        storage = figure(lim, "storage.price_per_10k_transactions") or 0.0
         return {
-            "step_functions_standard": self.d["sfn_transitions"] * (sfn or 0) * 1000,
-            "temporal_cloud": self.d["temporal_actions"] * temporal,
+            "step_functions_standard": d["sfn_transitions"] * (sfn or 0) * 1000,
+            # 100 ms at the 64 MB minimum per execution.
+            "step_functions_express": d["sfn_express_requests"]
+            * (express + 0.1 * 0.0625 * express_gb_s * 1e6),
+            "temporal_cloud": temporal + fee,
+            "durable_azure_storage": d["storage_transactions"] / 1e4 * storage * 1e6,
         }
+
+    # --- periodic work
+    def periodic(self, records: int, count_interval_s: float | None) -> list[pc.Query]:
+        """One shard's periodic queries at `records` records (bench/periodic_cost.py);
+        `count_interval_s` None: the Starter counts on every tick (as deployed)."""
+        app, p = self.p["app"], self.p
+        rules = pc.Rules.of(self.limits)
+        backlog = pc.Backlog.of(
+            records,
+            self.cost.cosmos_docs.get("state", 2048),
+            int(bicep_defaults().get("pendingBacklogLimit") or 5000),
+            int(app["max_processing"]),
+        )
+        schedule = pc.Schedule(
+            starter_interval_s=app["starter_interval_s"],
+            supervisor_interval_s=app["supervisor_interval_s"],
+            count_interval_s=count_interval_s or app["starter_interval_s"],
+            outbox_interval_s=STATUS_SCAN_INTERVAL_S,
+            batch=int(bicep_defaults().get("starterBatchSize") or 50),
+        )
+        provisioned = str(p["cosmos"]["mode"]).lower() != "serverless"
+        state_max = p["cosmos"]["state_max_ru_per_s"] if provisioned else 5000
+        parts = rules.partitions(backlog, state_max)
+        index_parts = rules.partitions(pc.Backlog(0, 0, 0, 0), state_max)
+        return [
+            *pc.starter_queries(rules, backlog, schedule, parts),
+            *pc.supervisor_queries(rules, schedule, parts, app["supervisor_scan"], index_parts),
+        ]
+
+    def _usd_per_hour_of(self, ru_per_hour: float) -> float:
+        """What a steady load of `ru_per_hour` costs an hour: RU consumed
+        (serverless), or autoscale RU/s-hours (provisioned, above its floor)."""
+        if str(self.p["cosmos"]["mode"]).lower() == "serverless":
+            return (
+                ru_per_hour
+                * (figure(self.limits, "cosmos.serverless_price_per_million_ru") or 0)
+                / 1e6
+            )
+        price = figure(self.limits, "cosmos.autoscale_price_per_100_ru_s_hour") or 0.0
+        return ru_per_hour / 3600 / 100 * price
+
+    def periodic_report(self) -> list[str]:
+        out = [
+            "periodic work per shard (bench/periodic_cost.py; idle ticks, RU by Azure's rules, "
+            "$ at this profile's Cosmos price):"
+        ]
+        for records in BACKLOGS:
+            for label, interval in (("counts every tick", None), ("counts every 30 s", 30.0)):
+                queries = self.periodic(records, interval)
+                hour = pc.per_hour(queries)
+                starter = [q for q in queries if not q.name.startswith("supervisor")]
+                tick = sum(
+                    q.ru for q in starter if q.every_s == self.p["app"]["starter_interval_s"]
+                )
+                grows = ", ".join(
+                    f"{q.name} {q.ru:,.1f} RU" for q in queries if q.grows and q.ru > 1
+                )
+                out.append(
+                    f"  records={records:>9,} {label:17} starter tick {tick:7.1f} RU, "
+                    f"all periodic {hour:>9,.0f} RU/hour = {hour / 3600:5.1f} RU/s "
+                    f"(${self._usd_per_hour_of(hour):,.4f}/hour)"
+                    + (f"; grows with the backlog: {grows}" if grows else "")
+                )
+        return out
 
     # --- report
     def report(self) -> str:
@@ -646,24 +879,34 @@ class Model:
             f"components over 80 %: {', '.join(over) if over else 'none'}"
             + (f"; not checked (no published limit): {', '.join(unknown)}" if unknown else "")
         )
-        out.append("$ per million orders at list prices (bench/limits.yaml):")
+        out.append(
+            "$ per million orders at list prices (bench/limits.yaml; est.: an estimated figure; "
+            f"hourly peak / average {self.peak_to_average:g}):"
+        )
         for cost in self.costs():
             value = (
                 "n/a (no price found)"
                 if cost.usd_per_million is None
-                else f"${cost.usd_per_million:,.2f}"
+                else f"${cost.usd_per_million:,.2f}" + (" est." if cost.estimate else "")
             )
-            out.append(f"  {cost.line:42} {value}" + (f"  ({cost.note})" if cost.note else ""))
+            out.append(f"  {cost.line:44} {value:>12}" + (f"  ({cost.note})" if cost.note else ""))
         total, unpriced = self.usd_per_million_orders()
         cmp = self.comparison()
         out.append(
             f"usd_per_million_orders={total:.2f}"
-            + (f" (not priced: {', '.join(unpriced)})" if unpriced else "")
+            + (f" (not priced: {', '.join(unpriced)})" if unpriced else " (every line priced")
+            + (f"; ${self.estimated_usd_per_million():,.2f} of it on estimated figures)")
         )
         out.append(
-            f"  beside: AWS Step Functions Standard ${cmp['step_functions_standard']:,.2f}, "
-            f"Temporal Cloud ${cmp['temporal_cloud']:,.2f} (the same saga's transitions / actions)"
+            f'  beside (orchestration alone, docs/capacity.md "Peers"): AWS Step Functions '
+            f"Standard with callbacks ${cmp['step_functions_standard']:,.2f} "
+            f"({d['sfn_transitions']:.0f} transitions), Express per message "
+            f"${cmp['step_functions_express']:,.2f} ({d['sfn_express_requests']:.0f} executions), "
+            f"Temporal Cloud with its plan fee ${cmp['temporal_cloud']:,.2f} "
+            f"({d['temporal_actions']:.0f} actions), Durable Functions on Azure Storage "
+            f"${cmp['durable_azure_storage']:,.2f} ({d['storage_transactions']:.0f} transactions)"
         )
+        out += self.periodic_report()
         return "\n".join(out)
 
 

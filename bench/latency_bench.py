@@ -70,7 +70,9 @@ def pct(values: list[float], q: float) -> float:
 
 async def run(singles: int, burst: int, overrides: dict[str, str], pause: float) -> int:
     run_dir = Path(tempfile.mkdtemp(prefix="bench-latency-"))
-    stack = start_stack(run_dir, 1, overrides)
+    # In a worker thread: starting the stack blocks, and it creates the Cosmos
+    # containers with an asyncio.run of its own, which cannot run inside this loop.
+    stack = await asyncio.to_thread(start_stack, run_dir, 1, overrides)
     try:
         prefix = f"LAT-{uuid.uuid4().hex[:4]}"
         batch = list(generate("webshop", "replies-webshop", 1 + singles + burst, prefix, seed=2))
@@ -109,7 +111,7 @@ async def run(singles: int, burst: int, overrides: dict[str, str], pause: float)
         )
         return 0
     finally:
-        stop_stack(stack)
+        await asyncio.to_thread(stop_stack, stack)
         remove_run_dir(run_dir)
 
 

@@ -108,6 +108,7 @@ class StarterReport:
     statuses_delivered: int = 0
     statuses_unsent: int = 0
     statuses_deferred: int = 0  # entries of a reply queue in back-off, left for a later run
+    counted: bool = True  # False: pending/processing are the last count's (count_interval)
 
 
 async def start_attempt(client, instance_id: str, attempt_input: dict | None = None) -> None:
@@ -136,6 +137,7 @@ class Starter:
         status_scan_interval: timedelta | None = None,
         crash_point: CrashPoint = no_crash_point,
         alerts: Alerts | None = None,
+        count_interval: timedelta | None = None,
     ) -> None:
         """`publisher`: for alerts and outbox deliveries (without one, the
         Starter neither delivers statuses nor restarts compensations).
@@ -148,7 +150,14 @@ class Starter:
         app's settings by the composition root). `alerts`: where its alerts
         go (default: an Alerts over `publisher`). The app's Settings given
         instead (tools, tests) are read as a policy without a step catalog,
-        whose claims mark no steps."""
+        whose claims mark no steps.
+        `count_interval`: the least time between two runs of this process's
+        scans that do not page (the Pending and Processing COUNTs, whose cost
+        grows with the entries they match, and the gauge they write) and of
+        its compensation scans; the runs between them claim with the last
+        counts, the Processing one raised by what this process claimed since
+        (never lowered: the cap errs on the safe side). None (the default):
+        every run."""
         self._settings = (
             settings
             if isinstance(settings, StarterPolicy)
@@ -173,6 +182,10 @@ class Starter:
             status_grace / 3 if status_scan_interval is None else status_scan_interval
         )
         self._next_status_scan: datetime | None = None
+        self._count_interval = count_interval
+        self._next_count: datetime | None = None  # the next run that counts (None: the next one)
+        self._counted: tuple[int, int] = (0, 0)  # (pending, processing) at the last count
+        self._claimed_since_count = 0
         self._fast_path_used: datetime | None = None  # when Submit last called start_submitted here
         # The last id of the previous run's full page of Compensating records (None: from the start).
         self._compensating_after: str | None = None
@@ -408,17 +421,21 @@ class Starter:
     async def run(self, client) -> StarterReport:
         now = self._clock.now()
         report = StarterReport()
-        report.pending = await self._store.count_in_state(ProcessState.PENDING)
-        report.processing = await self._store.count_in_state(ProcessState.PROCESSING)
+        counts = self._counts_due(now)
+        if counts:
+            await self._count(report, now)
+        else:
+            report.pending, processing = self._counted
+            report.processing = processing + self._claimed_since_count
+            report.counted = False
         self._last_processing = report.processing
-        await self._write_gauge(report.pending, report.processing, now)
-        telemetry.app_metrics().backlog.set(report.pending, {"state": "Pending"})
-        telemetry.app_metrics().backlog.set(report.processing, {"state": "Processing"})
 
-        await self._compensation_requests(client, now, report)
-        await self._resume_compensations(client, now, report)
+        if counts:
+            await self._compensation_requests(client, now, report)
+            await self._resume_compensations(client, now, report)
         await self._deliver_statuses(now, report)
         await self._claim_batches(client, now, report)
+        self._claimed_since_count += report.claimed
         report.unreadable = await alert_unreadable(self._alerts, self._store.unreadable, now)
         log.info(
             "starter: pending=%d processing=%d claimed=%d batches=%d lost=%d",
@@ -432,6 +449,25 @@ class Starter:
             },
         )
         return report
+
+    def _counts_due(self, now: datetime) -> bool:
+        """Whether this run counts the backlog (see `count_interval`). A tenth
+        early still counts, as for the outbox scan."""
+        if self._count_interval is None or self._next_count is None or now >= self._next_count:
+            if self._count_interval is not None:
+                self._next_count = now + self._count_interval * 0.9
+            return True
+        return False
+
+    async def _count(self, report: StarterReport, now: datetime) -> None:
+        """Count the Pending and Processing records and save the gauge."""
+        report.pending = await self._store.count_in_state(ProcessState.PENDING)
+        report.processing = await self._store.count_in_state(ProcessState.PROCESSING)
+        self._counted = (report.pending, report.processing)
+        self._claimed_since_count = 0
+        await self._write_gauge(report.pending, report.processing, now)
+        telemetry.app_metrics().backlog.set(report.pending, {"state": "Pending"})
+        telemetry.app_metrics().backlog.set(report.processing, {"state": "Processing"})
 
     async def _claim_batches(self, client, started: datetime, report: StarterReport) -> None:
         """Claim batch after batch while the last one was full, within the
@@ -457,7 +493,7 @@ class Starter:
     async def _claim_and_start(
         self, client, now: datetime, batch: int, report: StarterReport
     ) -> None:
-        if report.pending == 0:
+        if report.pending == 0 and report.counted:
             return  # counted at the start of this run: nothing to query for
         young = None
         if self._fast_path_used is not None and now - self._fast_path_used < FAST_PATH_WINDOW * 10:

@@ -176,6 +176,36 @@ const applied = [];
   applied.push("batch-partition-key-header");
 }
 
+// Bug 11: every query is quadratic in the container's documents. The query
+// compiler (@zeit/cosmosdb-query) turns `FROM c` into
+// `$c.reduce(($, c) => ... [...$, { c: c }] ..., [])`, which copies the
+// accumulated array once per document: about 1 s at 10,000 documents, 30 s at
+// 40,000 (issue 44), whatever the filter or TOP. The same list is built with
+// a filter and a map; other shapes (JOIN, subqueries) are left as compiled.
+{
+  const queryModule = require(require.resolve("@zeit/cosmosdb-query", {
+    paths: [require.resolve(`${PKG}/package.json`)]
+  }));
+  const proto = Object.getPrototypeOf(queryModule.default("SELECT * FROM c"));
+  const codeOf = Object.getOwnPropertyDescriptor(proto, "code");
+  const quadraticFrom =
+    /\$c\.reduce\(\(\$, (\w+)\) => typeof \1 !== "undefined" \? \[\.\.\.\$, \{\s*(\w+): \1\s*\}\] : \$, \[\]\)/g;
+  Object.defineProperty(proto, "code", {
+    configurable: true,
+    get() {
+      const code = codeOf.get.call(this);
+      const linear = code.replace(
+        quadraticFrom,
+        (_, doc, alias) =>
+          `$c.filter(${doc} => typeof ${doc} !== "undefined").map(${doc} => ({ ${alias}: ${doc} }))`
+      );
+      this._code = linear;
+      return linear;
+    }
+  });
+  applied.push("linear-from");
+}
+
 // --- persistence (--data-file) -------------------------------------------------------
 //
 // The package keeps everything in memory. With --data-file, the account's databases,

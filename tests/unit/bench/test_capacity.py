@@ -172,31 +172,33 @@ def test_the_command_line(capsys):
         capacity.main(["--rate", "10", "--shards", "0"])
 
 
-def readme_row(model: Model) -> str:
-    """The README's capacity-table row for a model run."""
+def table_row(model: Model) -> str:
+    """docs/capacity.md's summary-table row for a model run."""
     b = model.bottleneck()
     assert b is not None
     cmp = model.comparison()
+    total, unpriced = model.usd_per_million_orders()
+    assert unpriced == []
     return (
         f"| {model.rate:,.0f} | {model.profile_name} | {model.shards} | "
         f"{b.component.split(' (')[0]} at {round(100 * (b.share or 0))} % | "
-        f"${model.usd_per_million_orders()[0]:.2f} | ${cmp['step_functions_standard']:.2f} | "
-        f"${cmp['temporal_cloud']:.2f} |"
+        f"${total:.2f} | ${model.estimated_usd_per_million():.2f} | "
+        f"${cmp['step_functions_standard']:.2f} | ${cmp['temporal_cloud']:.2f} |"
     )
 
 
-def test_the_readme_table_is_what_the_model_prints(limits, index_cost, query_cost):
-    """Every figure of the README's capacity table comes from
+def test_the_summary_table_is_what_the_model_prints(limits, index_cost, query_cost):
+    """Every figure of docs/capacity.md's summary table comes from
     `python -m bench.capacity --rate R --profile P` (the command beside it).
-    A change to the per-order counts changes them: the message prints the
-    table to paste."""
-    readme = (ROOT / "README.md").read_text()
-    section = readme[readme.index("## Capacity") :]
+    A change to the per-order counts or a price changes them: the message
+    prints the table to paste."""
+    doc = (ROOT / "docs" / "capacity.md").read_text()
+    section = doc[doc.index("## Summary") :]
     rows = re.findall(r"^\| ([\d,]+) \| (dev|production) \| .*\|$", section, re.MULTILINE)
     assert len(rows) >= 4, rows
     given = re.findall(r"^\| [\d,]+ \| (?:dev|production) \| .*\|$", section, re.MULTILINE)
     expected = [
-        readme_row(
+        table_row(
             Model(
                 float(rate.replace(",", "")),
                 name,
@@ -208,5 +210,89 @@ def test_the_readme_table_is_what_the_model_prints(limits, index_cost, query_cos
         for rate, name in rows
     ]
     assert given == expected, (
-        "README.md's capacity table is stale; the model prints:\n" + "\n".join(expected)
+        "docs/capacity.md's summary table is stale; the model prints:\n" + "\n".join(expected)
     )
+
+
+def test_every_line_of_the_bill_is_priced(limits, index_cost, query_cost):
+    """Issue 44 item 2: no unpriced line, in either profile, at any rate; a
+    line resting on an estimated figure says so."""
+    for rate in (100, 1_000, 10_000):
+        model = production(rate, limits, index_cost)
+        total, unpriced = model.usd_per_million_orders()
+        assert unpriced == [], (rate, unpriced)
+        names = " ".join(c.line for c in model.costs())
+        for service in (
+            "cosmos RU",
+            "cosmos storage",
+            "service bus",
+            "durable task scheduler",
+            "functions memory-time",
+            "executions",
+            "always ready",
+            "application insights traces",
+            "application insights app logs",
+        ):
+            assert service in names, (rate, service)
+        assert 0 < model.estimated_usd_per_million() < total
+        assert "est." in model.report()
+    dev = Model(100, "dev", None, query_cost, limits)
+    assert dev.usd_per_million_orders()[1] == []
+    assert any(c.line.startswith("durable storage") for c in dev.costs())
+
+
+def test_fixed_charges_follow_the_hourly_peak(limits, index_cost):
+    """Autoscale and every fixed charge are billed per hour at the peak: with
+    the peak twice the average, a fixed line costs twice as much per order."""
+    steady = production(1_000, limits, index_cost)
+    steady.p["hourly_peak_to_average"] = 1.0
+    peaky = production(1_000, limits, index_cost)
+    peaky.p["hourly_peak_to_average"] = 2.0
+    fixed = {c.line: c.usd_per_million for c in steady.costs()}
+    for cost in peaky.costs():
+        before = fixed[cost.line]
+        assert before is not None
+        assert cost.usd_per_million is not None
+        if cost.line.startswith(("service bus Premium", "durable task scheduler", "cosmos RU/s")):
+            assert cost.usd_per_million == pytest.approx(2 * before), cost.line
+        if cost.line.startswith(("functions (", "cosmos storage")):
+            assert cost.usd_per_million == pytest.approx(before), cost.line
+
+
+def test_the_peers_are_priced_for_the_same_saga(limits, index_cost):
+    """Step Functions Standard with callbacks: a transition per activity (the
+    reply's token adds none) and the end; Temporal: its actions plus the
+    Business plan's 10 % (issue 44 item 3)."""
+    model = production(1_000, limits, index_cost)
+    d = model.d
+    assert d["sfn_transitions"] == index_cost.activities + 1
+    cmp = model.comparison()
+    assert cmp["step_functions_standard"] == pytest.approx(d["sfn_transitions"] * 25)
+    assert cmp["temporal_cloud"] > d["temporal_actions"] * 25  # the tiers, then the fee
+    assert cmp["durable_azure_storage"] == pytest.approx(d["storage_transactions"] * 0.4)
+
+
+def test_periodic_work_is_priced_at_each_backlog(limits, index_cost):
+    """Issue 44 item 4: the Starter's, the outbox's and the Supervisor's
+    queries at 10,000, 100,000 and 1,000,000 records; only the COUNTs grow,
+    and counting once per 30 s takes them off the 5 s tick."""
+    model = production(1_000, limits, index_cost)
+    for records in capacity.BACKLOGS:
+        every_tick = model.periodic(records, None)
+        spaced = model.periodic(records, 30.0)
+        assert {q.name for q in every_tick if q.grows} == {
+            "starter COUNT Pending",
+            "starter COUNT Processing",
+        }
+        tick = [q for q in spaced if q.every_s == model.p["app"]["starter_interval_s"]]
+        assert not any(q.grows for q in tick)
+        assert pc_per_hour(spaced) < pc_per_hour(every_tick)
+    report = model.report()
+    for records in ("10,000", "100,000", "1,000,000"):
+        assert f"records={records:>9}" in report
+
+
+def pc_per_hour(queries):
+    from bench.periodic_cost import per_hour
+
+    return per_hour(queries)
