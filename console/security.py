@@ -233,13 +233,34 @@ def redact(value: Any) -> Any:
     return value
 
 
+# A lone surrogate (JSON's "\ud800" decodes to one) cannot be encoded as
+# UTF-8; control characters other than tab and newlines do not belong in HTML
+# text. Both are shown as their escapes, so the operator sees what was stored.
+_UNPRINTABLE = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\ud800-\udfff]")
+
+
+def _escape_unprintable(m: re.Match[str]) -> str:
+    code = ord(m.group(0))
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def printable(text: str) -> str:
+    """`text` with lone surrogates and control characters (but tab, CR, LF)
+    replaced by their backslash escapes: always encodable as UTF-8."""
+    return _UNPRINTABLE.sub(_escape_unprintable, text)
+
+
 def mask_for_display(value: Any) -> Any:
-    """The templates' finalize: every rendered string with card numbers masked.
-    Markup (already escaped) stays Markup: masking only swaps digits for text
-    without markup characters."""
-    if isinstance(value, Unmasked) or not isinstance(value, str):
+    """The templates' finalize: every rendered string with card numbers masked
+    and unprintable characters escaped (`printable`). Markup (already
+    escaped) stays Markup: both only swap characters for text without markup
+    characters."""
+    if not isinstance(value, str):
         return value
-    masked = mask_card_numbers(value)
+    if isinstance(value, Unmasked):
+        cleaned = printable(value)
+        return value if cleaned == value else Unmasked(cleaned)
+    masked = printable(mask_card_numbers(value))
     if masked == value:
         return value
     return masked if type(value) is str else type(value)(masked)

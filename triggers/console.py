@@ -45,10 +45,16 @@ _env.filters["ms"] = lambda v: v.astimezone(UTC).strftime("%H:%M:%S.%f")[:-3] if
 _env.filters["js"] = lambda v: json.dumps(v, ensure_ascii=False, default=str)
 # URL parts the console builds are links, not text: an order id that happens
 # to look like a card number is masked where shown, never in its own link.
+# A lone surrogate in a stored value cannot be percent-encoded (as UTF-8):
+# it is escaped first (security.printable), as it is where shown.
 _env.globals["qs"] = lambda **kw: security.Unmasked(
-    urlencode({k: v for k, v in kw.items() if v not in (None, "")})
+    urlencode(
+        {k: security.printable(str(v)) for k, v in kw.items() if v not in (None, "")}
+    )
 )
-_env.filters["urlencode"] = lambda v: security.Unmasked(do_urlencode(v))
+_env.filters["urlencode"] = lambda v: security.Unmasked(
+    do_urlencode(security.printable(v) if isinstance(v, str) else v)
+)
 # Read once: a file read in the async handler would block the event loop.
 _CSS = (HERE / "static" / "console.css").read_bytes()
 
@@ -81,7 +87,9 @@ def _render(
         base=_base(req), now=datetime.now(UTC), cost=charges, **context
     )
     return func.HttpResponse(
-        html,
+        # the finalize escaped every value; a surrogate in the template's own
+        # text (a filter's output) still must not turn a page into a 500
+        html.encode("utf-8", "backslashreplace"),
         status_code=status,
         mimetype="text/html",
         charset="utf-8",
