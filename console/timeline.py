@@ -455,8 +455,9 @@ def _history_event(h: Any) -> Event:
             h.At, "state", "claimed by the Starter to compensate, as an operator asked", "warn"
         )
     if h.By.startswith("operator"):
-        who = h.By.partition(":")[2] or "an operator"
-        return Event(h.At, "state", f"operator {who}: {reason or to}", "warn")
+        who = h.By.partition(":")[2]
+        actor = f"operator {who}" if who else "an operator"  # the CLI before names were asked
+        return Event(h.At, "state", f"{actor}: {reason or to}", "warn")
     if h.By == "supervisor":
         tone = "bad" if h.To is ProcessState.ERROR else "warn"
         # The Supervisor quotes the step's error; the reply above already says it.

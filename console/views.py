@@ -21,10 +21,10 @@ from adapters.ports import ANY_OWNER
 from adapters.servicebus import AGENT_REQUESTS_QUEUE, AGENT_RESPONSES_QUEUE, ALERTS_QUEUE
 from adapters.settings import Settings
 from adapters.state_store import CosmosStateStore, decode_cursor
+from console import actions
 from console import timeline as story
 from console.peek import QueuePeeker
 from console.security import Forbidden, in_azure, record_version, redact
-from domain import state_machine as sm
 from domain.boundary import json_depth
 from domain.errors import DomainError, NotFoundError
 from domain.ids import attempt_instance_id, check_order_key, order_key
@@ -688,12 +688,18 @@ async def dead_letter(deps: Deps, queue: str, sequence: int) -> dict[str, Any]:
     return found[0]
 
 
-async def act_on_dead_letter(deps: Deps, queue: str, sequence: int, action: str, who: str) -> None:
-    """Resend or discard one dead letter, logged with who did it (and the
-    resent copy says so in its properties). NotFound when it is gone."""
+async def act_on_dead_letter(
+    deps: Deps, queue: str, sequence: int, action: str, who: str, reason: str
+) -> None:
+    """Resend or discard one dead letter, logged with who did it and why (and
+    the resent copy says so in its properties). NotFound when it is gone."""
     bus = deps.servicebus
     if bus is None:
         raise BadRequest("Service Bus not configured")
+    try:
+        reason = actions.check_reason(reason)
+    except actions.RefusedInput as exc:
+        raise BadRequest(str(exc)) from None
     shown = await dead_letter(deps, queue, sequence)
     if action == "resend" and not shown["can_resend"]:
         raise BadRequest(
@@ -702,23 +708,24 @@ async def act_on_dead_letter(deps: Deps, queue: str, sequence: int, action: str,
 
     async def act(message: Any) -> None:
         if action == "resend":
-            await bus.send(queue, _resent_copy(message, queue, sequence, who))
+            await bus.send(queue, _resent_copy(message, queue, sequence, who, reason))
 
     if not await bus.take_dead_letter(queue, sequence, act):
         raise NotFound(f"no dead letter {sequence} on {queue} (already resent or discarded?)")
     log.warning(
-        "console: dead letter %s of %s (message %s, %s) %s by operator %s",
+        "console: dead letter %s of %s (message %s, %s) %s by operator %s: %s",
         sequence,
         queue,
         shown["id"],
         shown["reason"],
         "resent" if action == "resend" else "discarded",
         who,
+        reason,
         extra={"order_id": shown.get("order_id")},
     )
 
 
-def _resent_copy(message: Any, queue: str, sequence: int, who: str) -> Any:
+def _resent_copy(message: Any, queue: str, sequence: int, who: str, reason: str) -> Any:
     from azure.servicebus import ServiceBusMessage
 
     from adapters.settlement import MAX_MESSAGE_ID, ORIGINAL_ID_PROPERTY, RETRY_PROPERTY
@@ -733,7 +740,8 @@ def _resent_copy(message: Any, queue: str, sequence: int, who: str) -> Any:
     props.pop(RETRY_PROPERTY, None)
     first_id = str(original or message.message_id or f"{queue}-{sequence}")
     props[ORIGINAL_ID_PROPERTY] = first_id
-    props["ResentBy"] = f"operator:{who}"[:100]
+    props["ResentBy"] = actions.by(who)
+    props["ResentReason"] = reason
     props["ResentFrom"] = f"{queue}/$deadletterqueue/{sequence}"
     return ServiceBusMessage(
         body,
@@ -747,36 +755,29 @@ def _resent_copy(message: Any, queue: str, sequence: int, who: str) -> Any:
 
 # --- actions ----------------------------------------------------------------------------
 
-ACTIONS = {
-    "resubmit": (
-        "Resubmit",
-        "Put this Error order back to Pending with a fresh retry budget; "
-        "completed steps stay completed and the next attempt resumes after them.",
-    ),
-    "compensate": (
-        "Compensate",
-        "Undo this order's completed steps in reverse order; the Starter "
-        "runs the compensation as a new attempt.",
-    ),
-}
+ACTIONS = actions.ORDER_ACTIONS
 
 
 async def act(
-    deps: Deps, order_id: str, action: str, who: str, expected_version: str | None = None
+    deps: Deps,
+    order_id: str,
+    action: str,
+    who: str,
+    reason: str,
+    expected_version: str | None = None,
 ) -> OrderState:
-    """The operator commands of cli/ (the same store call and transition),
-    recorded in the order's history as done by `who`. With `expected_version`
-    (the record's version the confirmation form was made for) the transition
-    is refused when the record is another version by the time it is applied,
-    inside the etag-guarded update: a confirmation acts once, even when two
-    of its POSTs race."""
-    by = f"operator:{who}"[:100]
-    if action == "resubmit":
-        transition = sm.resubmit
-    elif action == "compensate":
-        transition = sm.request_compensation
-    else:
+    """The operator commands of cli/ (the same transition, console.actions),
+    recorded in the order's history as done by `who` for `reason`. With
+    `expected_version` (the record's version the confirmation form was made
+    for) the transition is refused when the record is another version by the
+    time it is applied, inside the etag-guarded update: a confirmation acts
+    once, even when two of its POSTs race."""
+    if action not in ACTIONS:
         raise BadRequest(f"unknown action {action!r}")
+    try:
+        reason = actions.check_reason(reason)
+    except actions.RefusedInput as exc:
+        raise BadRequest(str(exc)) from None
 
     def change(r: OrderState) -> OrderState:
         if expected_version is not None and record_version(r) != expected_version:
@@ -784,8 +785,8 @@ async def act(
                 "this confirmation was already used or the order changed since it was opened; "
                 "open the confirmation page again"
             )
-        return transition(r, datetime.now(UTC), by=by)
+        return actions.apply(r, action, who, reason, datetime.now(UTC))
 
     record, _ = await deps.store.update(order_id, change, ANY_OWNER)
-    log.info("console: %s %s by %s", action, order_id, who)
+    log.info("console: %s %s by %s: %s", action, order_id, who, reason)
     return record

@@ -48,9 +48,7 @@ _env.filters["js"] = lambda v: json.dumps(v, ensure_ascii=False, default=str)
 # A lone surrogate in a stored value cannot be percent-encoded (as UTF-8):
 # it is escaped first (security.printable), as it is where shown.
 _env.globals["qs"] = lambda **kw: security.Unmasked(
-    urlencode(
-        {k: security.printable(str(v)) for k, v in kw.items() if v not in (None, "")}
-    )
+    urlencode({k: security.printable(str(v)) for k, v in kw.items() if v not in (None, "")})
 )
 _env.filters["urlencode"] = lambda v: security.Unmasked(
     do_urlencode(security.printable(v) if isinstance(v, str) else v)
@@ -258,8 +256,12 @@ def blueprint(root: App) -> df.Blueprint:
             )
         form = dict(parse_qsl(req.get_body().decode("utf-8", "replace")))
         try:
-            security.check_csrf(req.headers, form, who, target, action, version)
-            await views.act_on_dead_letter(deps, queue, sequence, action, who)
+            security.check_csrf(
+                req.headers, form, who, target, action, version, request_url=req.url
+            )
+            await views.act_on_dead_letter(
+                deps, queue, sequence, action, who, form.get("reason", "")
+            )
         except security.Forbidden as exc:
             return _error(req, 403, str(exc), deps)
         except views.NotFound as exc:
@@ -326,8 +328,12 @@ def blueprint(root: App) -> df.Blueprint:
             )
         form = dict(parse_qsl(req.get_body().decode("utf-8", "replace")))
         try:
-            security.check_csrf(req.headers, form, who, order_id, action, version)
-            await views.act(deps, order_id, action, who, expected_version=version)
+            security.check_csrf(
+                req.headers, form, who, order_id, action, version, request_url=req.url
+            )
+            await views.act(
+                deps, order_id, action, who, form.get("reason", ""), expected_version=version
+            )
         except security.Forbidden as exc:
             return _error(req, 403, str(exc), deps)
         except (sm.IllegalTransition, StaleError) as exc:
@@ -349,7 +355,7 @@ def blueprint(root: App) -> df.Blueprint:
         return func.HttpResponse(
             _CSS,
             mimetype="text/css",
-            headers={"Cache-Control": "max-age=300", "X-Content-Type-Options": "nosniff"},
+            headers={**_SECURITY_HEADERS, "Cache-Control": "max-age=300"},
         )
 
     @bp.function_name("console_find")

@@ -79,18 +79,18 @@ async def test_counts_links_resend_and_discard(servicebus_emulator):
 
             with pytest.raises(views.BadRequest):
                 await views.act_on_dead_letter(
-                    deps, queue, shown["submit/O-1"]["sequence"], "resend", "ada"
+                    deps, queue, shown["submit/O-1"]["sequence"], "resend", "ada", "provider fixed"
                 )
             await views.act_on_dead_letter(
-                deps, queue, shown["submit/O-0"]["sequence"], "resend", "ada"
+                deps, queue, shown["submit/O-0"]["sequence"], "resend", "ada", "provider fixed"
             )
             await views.act_on_dead_letter(
-                deps, queue, shown["submit/O-1"]["sequence"], "discard", "ada"
+                deps, queue, shown["submit/O-1"]["sequence"], "discard", "ada", "duplicate"
             )
             # acting again on a settled dead letter: it is gone
             with pytest.raises(views.NotFound):
                 await views.act_on_dead_letter(
-                    deps, queue, shown["submit/O-1"]["sequence"], "discard", "ada"
+                    deps, queue, shown["submit/O-1"]["sequence"], "discard", "ada", "duplicate"
                 )
             after = await views.dead_letters(deps, queue, None)
             assert [m["id"] for m in after["peeked"]["messages"]] == ["submit/O-2"]

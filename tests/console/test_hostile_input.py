@@ -239,7 +239,7 @@ async def _confirm_then_post(action: str, order_id: str, headers: dict[str, str]
                     **(headers or {}),
                     **(extra or {}),
                 },
-                body=urlencode({"csrf": token}).encode(),
+                body=urlencode({"csrf": token, "reason": "cause fixed"}).encode(),
             ),
         )
 
@@ -284,6 +284,9 @@ async def test_a_resubmit_confirmation_acts_once(local, now):
         {"Origin": "https://evil.example.com", "Host": "evil.example.com"},
         {"Origin": "null"},
         {"Sec-Fetch-Site": "cross-site"},
+        {"Origin": "https://127.0.0.1:7071"},  # the local host serves no https
+        {"Origin": "http://127.0.0.1:8000"},  # another local server
+        {"Origin": "http://localhost:7071", "Sec-Fetch-Site": "same-site"},
     ],
 )
 async def test_a_valid_token_from_another_origin_does_nothing(local, now, headers):

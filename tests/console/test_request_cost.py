@@ -124,7 +124,7 @@ async def test_resubmit_costs_a_read_and_a_conditional_replace(deps, now):
     record = errored_by_supervisor("G-1", now - timedelta(minutes=10))
     await deps.store.create_if_absent(record)
     calls, updated = await _cost(
-        deps, lambda: views.act(deps, "G-1", "resubmit", "ada@example.com")
+        deps, lambda: views.act(deps, "G-1", "resubmit", "ada@example.com", "cause fixed")
     )
     assert calls == 2
     assert updated.ProcessState is ProcessState.PENDING
