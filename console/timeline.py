@@ -29,7 +29,7 @@ from datetime import datetime
 from typing import Any
 
 from domain.ids import parse_attempt_instance_id
-from domain.models import OrderState, ProcessState, StepStatus
+from domain.models import OrderState, ProcessState
 
 _MAX_TEXT = 400
 
@@ -571,83 +571,3 @@ def _badge_from_record(record: OrderState, attempt: int) -> tuple[str, str]:
             return "running", "warn"
         return state.value, "bad" if state is ProcessState.ERROR else "warn"
     return "history not available", "muted"
-
-
-# --- side effects ---------------------------------------------------------------------
-
-
-def side_effects(record: OrderState, attempts: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per step, what happened to its effect at the service: applied, undone,
-    nothing to undo (refused before taking effect), unknown (answer lost),
-    not started, or in progress; from the record and the replies in the
-    attempts' histories, and saying so where neither can know."""
-    last: dict[tuple[str, str], Call] = {}
-    for a in attempts:
-        for c in a["calls"]:
-            if c.reply is not None or (c.step, c.action) not in last:
-                last[(c.step, c.action)] = c
-    undo_log = {e.Step: e for e in record.Compensation if e.At is not None}
-    out = []
-    for name, step in record.Steps.items():
-        do, undo = last.get((name, "do")), last.get((name, "undo"))
-        entry = undo_log.get(name)
-        state, tone, detail = _effect(record, step, do, undo, entry)
-        took = (
-            duration((step.CompletedAt - step.StartedAt).total_seconds())
-            if step.CompletedAt and step.StartedAt
-            else None
-        )
-        out.append(
-            {
-                "step": name,
-                "label": label(name),
-                "state": state,
-                "tone": tone,
-                "detail": detail,
-                "reference": step.Reference,
-                "attempt": step.Attempt,
-                "started": step.StartedAt,
-                "completed": step.CompletedAt,
-                "deadline": step.CompleteBy,
-                "took": took,
-            }
-        )
-    return out
-
-
-def _said(call: Call | None) -> str | None:
-    return str((call.reply or {}).get("Outcome")) if call and call.reply else None
-
-
-def _effect(
-    record: OrderState, step: Any, do: Call | None, undo: Call | None, entry: Any
-) -> tuple[str, str, str | None]:
-    status = step.Status
-    if entry is not None and entry.Outcome == "Failed":
-        return "unknown", "bad", "the undo failed: " + _text(entry.Error or "no reason given", 200)
-    if status is StepStatus.NOT_STARTED:
-        return "not started", "muted", None
-    if status is StepStatus.COMPLETED:
-        return "applied", "good", None
-    if status is StepStatus.COMPENSATED:
-        undo_result = (undo.reply or {}).get("Result") if undo and undo.reply else None
-        if isinstance(undo_result, dict) and undo_result.get("Status") == "nothing-to-undo":
-            return "nothing to undo", "muted", "the service had no effect to reverse"
-        if step.CompletedAt is None and _said(do) in (None, "permanent"):
-            # Only a refusal (permanent) begins a compensation, and it took no effect.
-            return "nothing to undo", "muted", "refused before taking effect; its undo was a no-op"
-        return "undone", "good", None
-    if status is StepStatus.FAILED:
-        return "nothing to undo", "muted", "refused before taking effect"
-    # Running: requested, no answer recorded on the record
-    live = record.ProcessState is ProcessState.PROCESSING and step.Attempt == record.Attempt
-    if _said(do) == "transient":
-        return (
-            "unknown",
-            "warn",
-            "the agent gave up without a clear answer; the service may have applied it"
-            + ("" if live else "; the next attempt repeats it under the same idempotency key"),
-        )
-    if live and not (do and do.missed):
-        return "in progress", "warn", None
-    return "unknown", "warn", "no answer before the deadline (answer lost)"

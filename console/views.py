@@ -21,7 +21,7 @@ from adapters.ports import ANY_OWNER
 from adapters.servicebus import AGENT_REQUESTS_QUEUE, AGENT_RESPONSES_QUEUE, ALERTS_QUEUE
 from adapters.settings import Settings
 from adapters.state_store import CosmosStateStore, decode_cursor
-from console import actions
+from console import actions, effects
 from console import timeline as story
 from console.peek import QueuePeeker
 from console.security import Forbidden, in_azure, record_version, redact
@@ -330,11 +330,13 @@ async def order_detail(deps: Deps, order_id: str) -> dict[str, Any] | None:
         pass
     statuses = await orchestration_statuses(deps, record)
     attempts = story.timeline(record, statuses)
+    step_effects = effects.side_effects(record, attempts)
     return {
         "record": record,
         "order": order,
         "attempts": attempts,
-        "effects": story.side_effects(record, attempts),
+        "effects": step_effects,
+        "held": effects.still_held(record, step_effects),
         # the log lists planned undos from the first completed step on: shown
         # only once a compensation ran
         "compensation": record.Compensation

@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from adapters.console_reads import OrderRow
-from console import security, views
+from console import effects, security, views
 from console import timeline as story
 from console.peek import QueuePeeker
 from domain.models import HistoryEntry, ProcessState
@@ -118,7 +118,8 @@ def _pages(text: str) -> dict[str, tuple[str, dict[str, Any]]]:
                 "record": record,
                 "order": {"Customer": {"CustomerId": text}, "Lines": [{"Sku": text}]},
                 "attempts": attempts,
-                "effects": story.side_effects(record, attempts),
+                "effects": (found := effects.side_effects(record, attempts)),
+                "held": effects.still_held(record, found),
                 "compensation": [],
                 "status_messages": {"queue": text, "messages": [message], "local_only": True},
                 "can_resubmit": True,

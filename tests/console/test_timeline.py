@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from console import effects
 from console import timeline as story
 from domain.ids import parse_attempt_instance_id
 from domain.models import OrderState
@@ -48,7 +49,7 @@ def _index(texts: list[str], start: str) -> int:
 
 
 def _effects(record, attempts) -> dict[str, str]:
-    return {e["step"]: e["state"] for e in story.side_effects(record, attempts)}
+    return {e["step"]: e["state"] for e in effects.side_effects(record, attempts)}
 
 
 def test_a_declined_payment_reads_as_refused_then_compensated_with_nothing_to_refund():
@@ -84,8 +85,8 @@ def test_a_declined_payment_reads_as_refused_then_compensated_with_nothing_to_re
     assert refused.detail.startswith("deadline met")
     assert _effects(record, attempts) == {
         "reserve-inventory": "undone",
-        "charge-payment": "nothing to undo",
-        "arrange-shipment": "not started",
+        "charge-payment": "refused",
+        "arrange-shipment": "not called",
     }
 
 
@@ -124,7 +125,7 @@ def test_a_compensation_that_failed_then_succeeded():
     assert _texts(second)[0] == "claimed by the Starter to compensate, as an operator asked"
     assert "release inventory: done" in " ".join(_texts(second))
     assert _effects(record, attempts)["reserve-inventory"] == "undone"
-    assert _effects(record, attempts)["charge-payment"] == "nothing to undo"
+    assert _effects(record, attempts)["charge-payment"] == "refused"
 
 
 def test_an_agent_that_retried_shows_each_call():

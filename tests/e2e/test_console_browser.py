@@ -312,8 +312,8 @@ async def test_operator_reads_and_acts_in_the_browser(stack, browser):
             assert activity not in attempt_text
         assert _effects(browser) == {
             "reserve-inventory": "undone",
-            "charge-payment": "nothing to undo",
-            "arrange-shipment": "not started",
+            "charge-payment": "refused",
+            "arrange-shipment": "not called",
         }
         assert browser.find_elements(By.ID, "compensation-log") != []
         _screenshot(browser, "console-order-compensated.png")
@@ -338,7 +338,11 @@ async def test_operator_reads_and_acts_in_the_browser(stack, browser):
         await _open_order(browser, base, order_key("webshop", oid))
         assert _outcome(browser, 1) == "compensation failed"
         assert "release inventory: refused (permanent)" in " ".join(_events(browser, 1))
-        assert _effects(browser)["reserve-inventory"] == "unknown"  # its undo failed
+        assert _effects(browser)["reserve-inventory"] == "undo refused"  # still held
+        assert (
+            "reserve inventory (release inventory refused)"
+            in browser.find_element(By.ID, "held").text
+        )
         browser.find_element(By.ID, "compensate").click()
         _confirm(browser, wait, "the provider fixed its release")
         wait.until(ec.presence_of_element_located((By.ID, "notice")))
@@ -355,8 +359,8 @@ async def test_operator_reads_and_acts_in_the_browser(stack, browser):
         assert "release inventory: done" in " ".join(_events(browser, 2))
         assert _effects(browser) == {
             "reserve-inventory": "undone",
-            "charge-payment": "nothing to undo",
-            "arrange-shipment": "not started",
+            "charge-payment": "refused",
+            "arrange-shipment": "not called",
         }
 
         # --- resubmit the Error order and see it go Pending ---------------------------------
