@@ -19,6 +19,14 @@ from adapters.state_store import cosmos_time
 from domain.errors import PermanentError
 from domain.models import ProcessState
 
+# The states an order ends in, as the throughput chart shows them.
+FINISHED_STATES: Final = (
+    ProcessState.PROCESSED,
+    ProcessState.COMPENSATED,
+    ProcessState.ERROR,
+    ProcessState.COMPENSATION_FAILED,
+)
+
 MAX_PAGE: Final = 200
 MAX_RECENT: Final = 1000
 
@@ -150,22 +158,34 @@ class ConsoleReads:
         token = encode_page_token(rows[-1].id) if len(rows) == page_size else None
         return rows, token
 
+    async def stored(self, ids: list[str]) -> set[str]:
+        """Which of `ids` (at most MAX_PAGE) have a record: the console links
+        an id to its order only then (an order Submit refused is never
+        stored). One query, none for no ids."""
+        wanted = list(dict.fromkeys(ids))[:MAX_PAGE]
+        if not wanted:
+            return set()
+        names = {f"i{n}": v for n, v in enumerate(wanted)}
+        query = "SELECT VALUE c.id FROM c WHERE c.id IN (" + ", ".join(f"@{k}" for k in names) + ")"
+        found = await query_all(
+            self._container, query, _params(**names), len(wanted), self.charges, "console_stored"
+        )
+        return {f for f in found if isinstance(f, str)}
+
     async def finished_since(
         self, since: datetime, limit: int = MAX_RECENT
     ) -> tuple[list[tuple[str, datetime]], bool]:
-        """(state, UpdatedAt) of records that reached Processed or Error since
-        `since` (for the throughput chart), at most `limit`; and whether the
-        limit cut the answer short. One query of two small fields per record."""
+        """(state, UpdatedAt) of records that reached a final state (Processed,
+        Compensated, Error, CompensationFailed) since `since` (for the
+        throughput chart), at most `limit`; and whether the limit cut the
+        answer short. One query of two small fields per record."""
+        states = {f"s{i}": s.value for i, s in enumerate(FINISHED_STATES)}
         query = (
-            "SELECT TOP @max c.ProcessState, c.UpdatedAt FROM c WHERE c.UpdatedAt >= @since"
-            " AND (c.ProcessState = @processed OR c.ProcessState = @error)"
+            "SELECT TOP @max c.ProcessState, c.UpdatedAt FROM c WHERE c.UpdatedAt >= @since AND ("
+            + " OR ".join(f"c.ProcessState = @{name}" for name in states)
+            + ")"
         )
-        params = _params(
-            max=limit,
-            since=cosmos_time(since),
-            processed=ProcessState.PROCESSED.value,
-            error=ProcessState.ERROR.value,
-        )
+        params = _params(max=limit, since=cosmos_time(since), **states)
         docs = await query_all(
             self._container, query, params, limit, self.charges, "console_throughput"
         )

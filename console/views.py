@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from adapters.console_reads import ConsoleReads, OrderRow, decode_page_token
+from adapters.console_reads import FINISHED_STATES, ConsoleReads, OrderRow, decode_page_token
 from adapters.ports import ANY_OWNER
 from adapters.servicebus import AGENT_REQUESTS_QUEUE, AGENT_RESPONSES_QUEUE, ALERTS_QUEUE
 from adapters.settings import Settings
@@ -84,6 +84,7 @@ async def overview(deps: Deps) -> dict[str, Any]:
     finished, finished_cut = await deps.reads.finished_since(since)
     decisions, decisions_cut = await deps.reads.supervisor_decisions(since)
     alerts = await peek(deps, ALERTS_QUEUE, limit=10)
+    await link_stored(deps, alerts["messages"])
     dead = await dead_letter_counts(deps)
     return {
         "dead_letters": dead,
@@ -128,33 +129,36 @@ def _admission(cfg: Settings, counts: dict[str, int], gauge, now: datetime) -> d
     }
 
 
+FINISHED = [s.value for s in FINISHED_STATES]  # stacked in this order, bottom first
+
+
 def _throughput(
     finished: list[tuple[str, datetime]], since: datetime, now: datetime
 ) -> dict[str, Any]:
+    """Orders that reached each final state per 5 minutes, as stacked SVG bars."""
     n = -(-(now - since) // BUCKET)  # the last bucket is the current, partial one
     buckets: list[dict[str, Any]] = [
-        {"start": since + i * BUCKET, "Processed": 0, "Error": 0} for i in range(n)
+        {"start": since + i * BUCKET, **dict.fromkeys(FINISHED, 0)} for i in range(n)
     ]
     for state, at in finished:
         i = int((at - since) / BUCKET)
-        if 0 <= i < n and state in ("Processed", "Error"):
+        if 0 <= i < n and state in FINISHED:
             buckets[i][state] += 1
-    top = max((b["Processed"] + b["Error"] for b in buckets), default=0) or 1
+    top = max((sum(b[s] for s in FINISHED) for b in buckets), default=0) or 1
     width, height = 24, 100
     for i, b in enumerate(buckets):
         b["x"] = 30 + i * (width + 4)
-        b["h_ok"] = round(height * b["Processed"] / top, 1)
-        b["h_err"] = round(height * b["Error"] / top, 1)
-        b["y_ok"] = 10 + height - b["h_ok"]
-        b["y_err"] = b["y_ok"] - b["h_err"]
+        y = 10 + height
+        b["bars"] = []
+        for state in FINISHED:
+            h = round(height * b[state] / top, 1)
+            y = round(y - h, 1)
+            b["bars"].append({"state": state, "count": b[state], "y": y, "h": h})
         b["label"] = b["start"].strftime("%H:%M")
     return {
         "buckets": buckets,
         "top": top,
-        "total": {
-            "Processed": sum(b["Processed"] for b in buckets),
-            "Error": sum(b["Error"] for b in buckets),
-        },
+        "total": {s: sum(b[s] for b in buckets) for s in FINISHED},
         "bar_width": width,
         "svg_width": 30 + n * (width + 4) + 24,
     }
@@ -581,8 +585,27 @@ def _read_message(
     }
 
 
+async def link_stored(deps: Deps, messages: list[dict[str, Any]]) -> None:
+    """Keep a message's order link only when the order is stored: one Submit
+    refused (invalid, or turned away) never was, so its link would 404. Such
+    a message keeps the id as `unstored_order`, shown without a link."""
+    named = [m["order_id"] for m in messages if m.get("order_id")]
+    if not named or deps.reads is None:
+        return
+    try:
+        stored = await deps.reads.stored(named)
+    except DomainError as exc:  # the links stay: a 404 is better than no page
+        log.warning("console: could not check which orders are stored: %s", exc)
+        return
+    for m in messages:
+        if m.get("order_id") and m["order_id"] not in stored:
+            m["unstored_order"], m["order_id"] = m["order_id"], None
+
+
 async def alerts(deps: Deps, from_sequence: int | None) -> dict[str, Any]:
-    return await peek(deps, ALERTS_QUEUE, from_sequence=from_sequence)
+    page = await peek(deps, ALERTS_QUEUE, from_sequence=from_sequence)
+    await link_stored(deps, page["messages"])
+    return page
 
 
 COUNT_CAP = 500  # dead letters counted per queue at most (peeked page by page)
@@ -647,6 +670,7 @@ async def dead_letters(deps: Deps, queue: str | None, from_sequence: int | None)
         peeked = await asyncio.gather(*(peek(deps, q, limit=5, dead_letter=True) for q in busy))
         for q, p in zip(busy, peeked, strict=True):
             _links(q, p["messages"], alerts, replies)
+        await link_stored(deps, [m for p in peeked for m in p["messages"]])
         return {
             "queues": queues,
             "counts": counts,
@@ -658,6 +682,7 @@ async def dead_letters(deps: Deps, queue: str | None, from_sequence: int | None)
         }
     page = await peek(deps, queue, dead_letter=True, from_sequence=from_sequence)
     _links(queue, page["messages"], alerts, replies)
+    await link_stored(deps, page["messages"])
     return {
         "queues": queues,
         "counts": counts,
@@ -687,6 +712,7 @@ async def dead_letter(deps: Deps, queue: str, sequence: int) -> dict[str, Any]:
     if not found:
         raise NotFound(f"no dead letter {sequence} on {queue} (already resent or discarded?)")
     _links(queue, found, {}, set(deps.settings.reply_queues.values()))
+    await link_stored(deps, found)
     return found[0]
 
 

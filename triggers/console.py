@@ -66,6 +66,12 @@ _SECURITY_HEADERS = {
 }
 
 
+_NEVER_STORED = (
+    "An order Submit refused (invalid, or turned away) never is: "
+    "its dead letter and its alert say why."
+)
+
+
 def _base(req: func.HttpRequest) -> str:
     """Where the console's links start: a path (or CONSOLE_PUBLIC_URL), never
     a URL built from the request's Host header (console.security.base_path)."""
@@ -285,7 +291,7 @@ def blueprint(root: App) -> df.Blueprint:
             deps = await deps_of(durable=client)
             data = await views.order_detail(deps, order_id)
             if data is None:
-                return _error(req, 404, f"No order {order_id}", deps)
+                return _error(req, 404, f"No order {order_id} is stored. {_NEVER_STORED}", deps)
             return _render(
                 req, "order.html", deps, page="orders", done=req.params.get("done"), **data
             )

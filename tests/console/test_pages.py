@@ -207,13 +207,26 @@ def test_throughput_buckets_the_last_hour(now):
             ("Error", now - timedelta(minutes=1)),
             ("Processed", since + timedelta(minutes=2)),
             ("Processed", since - timedelta(1)),
+            ("Compensated", now - timedelta(minutes=1)),
+            ("CompensationFailed", since + timedelta(minutes=2)),
         ],
         since,
         now,
     )
     assert len(data["buckets"]) == 12
-    assert data["total"] == {"Processed": 2, "Error": 1}
+    # issue 45: the compensated and the compensation-failed orders are counted too
+    assert data["total"] == {
+        "Processed": 2,
+        "Compensated": 1,
+        "Error": 1,
+        "CompensationFailed": 1,
+    }
     assert (data["buckets"][0]["Processed"], data["buckets"][-1]["Error"]) == (1, 1)
+    last = {bar["state"]: bar for bar in data["buckets"][-1]["bars"]}
+    # stacked: each state's bar sits on the one below it
+    assert last["Compensated"]["y"] + last["Compensated"]["h"] == pytest.approx(
+        last["Processed"]["y"]
+    )
 
 
 PANS = [

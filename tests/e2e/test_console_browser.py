@@ -405,8 +405,10 @@ async def test_operator_reads_and_acts_in_the_browser(stack, browser):
         wait.until(ec.presence_of_element_located((By.TAG_NAME, "table")))
         _no_markup_from(browser, HOSTILE)
         row = browser.find_element(By.CSS_SELECTOR, f"tr[data-message-id='{resent_id}']")
-        link = row.find_element(By.CSS_SELECTOR, ".order-link")
-        assert link.text == order_key(resent.AppId, resent.OrderID)  # the order's own page
+        # Submit never took it, so no record is stored: named, not linked (it would 404)
+        assert row.find_elements(By.CSS_SELECTOR, ".order-link") == []
+        unstored = row.find_element(By.CSS_SELECTOR, ".unstored").text
+        assert unstored == f"{order_key(resent.AppId, resent.OrderID)} (never stored)"
         row.find_element(By.CSS_SELECTOR, "a.resend").click()
         _confirm(browser, wait, "Submit is back")
         assert "resent" in browser.find_element(By.ID, "notice").text
