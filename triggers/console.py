@@ -151,43 +151,186 @@ async def _guarded(
         return _error(req, 500, "the console failed to answer; the error is in the app's log")
 
 
+DepsOf = Callable[..., Awaitable[views.Deps]]  # App.console_deps
+
+
+async def _view_page(
+    req: func.HttpRequest,
+    deps_of: DepsOf,
+    template: str,
+    page: str,
+    view: Callable[[views.Deps], Awaitable[dict[str, Any]]],
+) -> func.HttpResponse:
+    """A read-only page: `view`'s data rendered into `template`; a refused
+    parameter answers 400 (views.BadRequest), an unknown queue 404 (views.NotFound)."""
+
+    async def respond(_who: str) -> func.HttpResponse:
+        deps = await deps_of()
+        try:
+            data = await view(deps)
+        except views.NotFound as exc:
+            return _error(req, 404, str(exc), deps)
+        except views.BadRequest as exc:
+            return _error(req, 400, str(exc), deps)
+        return _render(req, template, deps, page=page, **data)
+
+    return await _guarded(req, respond)
+
+
+def _dead_letters_view(req: func.HttpRequest) -> Callable[[views.Deps], Awaitable[dict[str, Any]]]:
+    queue = req.route_params.get("queue") or None
+    done = req.params.get("done") if req.params.get("done") in views.DEAD_LETTER_ACTIONS else None
+
+    async def view(deps: views.Deps) -> dict[str, Any]:
+        data = await views.dead_letters(deps, queue, _page(dict(req.params)))
+        return {**data, "done": done, "done_seq": views.parse_sequence(req.params.get("seq"))}
+
+    return view
+
+
+def _form(req: func.HttpRequest) -> dict[str, str]:
+    return dict(parse_qsl(req.get_body().decode("utf-8", "replace")))
+
+
+def _see_other(location: str) -> func.HttpResponse:
+    """Post/Redirect/Get: reloading the page redirected to does not act again."""
+    return func.HttpResponse(status_code=303, headers={"Location": location, **_SECURITY_HEADERS})
+
+
+async def _dead_letter_action(
+    req: func.HttpRequest, who: str, deps_of: DepsOf
+) -> func.HttpResponse:
+    """Resend or discard one dead letter: GET shows it and the confirmation
+    form, POST checks the form's token (bound to this queue and sequence
+    number: a settled dead letter is gone, so a token acts once) and acts,
+    then redirects to the queue's page."""
+    queue = req.route_params.get("queue", "")
+    action = req.route_params.get("action", "")
+    sequence = views.parse_sequence(req.route_params.get("sequence"))
+    if action not in views.DEAD_LETTER_ACTIONS or sequence is None:
+        return _error(req, 404, f"No action {action} for a dead letter")
+    deps = await deps_of()
+    try:
+        message = await views.dead_letter(deps, queue, sequence)
+    except views.NotFound as exc:
+        return _error(req, 404, str(exc), deps)
+    target, version = f"{queue}/{sequence}", "dead-letter"
+    if req.method == "GET":
+        title, explanation = views.DEAD_LETTER_ACTIONS[action]
+        return _render(
+            req,
+            "confirm_deadletter.html",
+            deps,
+            page="deadletters",
+            queue=queue,
+            m=message,
+            action=action,
+            title=title,
+            explanation=explanation,
+            csrf=security.Unmasked(security.form_token(who, target, action, version)),
+            who=who,
+        )
+    form = _form(req)
+    try:
+        security.check_csrf(req.headers, form, who, target, action, version, request_url=req.url)
+        await views.act_on_dead_letter(deps, queue, sequence, action, who, form.get("reason", ""))
+    except security.Forbidden as exc:
+        return _error(req, 403, str(exc), deps)
+    except views.NotFound as exc:
+        return _error(req, 409, f"{action} refused: {exc}", deps)
+    query = urlencode({"done": action, "seq": sequence})
+    return _see_other(f"{_base(req)}/deadletters/{quote(queue, safe='')}?{query}")
+
+
+async def _order_page(
+    req: func.HttpRequest, deps_of: DepsOf, client: df.DurableOrchestrationClient
+) -> func.HttpResponse:
+    order_id = req.route_params.get("order_id", "")
+
+    async def respond(_who: str) -> func.HttpResponse:
+        deps = await deps_of(durable=client)
+        data = await views.order_detail(deps, order_id)
+        if data is None:
+            return _error(req, 404, f"No order {order_id} is stored. {_NEVER_STORED}", deps)
+        return _render(req, "order.html", deps, page="orders", done=req.params.get("done"), **data)
+
+    return await _guarded(req, respond)
+
+
+async def _action(req: func.HttpRequest, who: str, deps_of: DepsOf) -> func.HttpResponse:
+    """Resubmit or compensate: GET shows the confirmation form, POST checks its
+    CSRF token and acts, then redirects to the order (Post/Redirect/Get)."""
+    order_id = req.route_params.get("order_id", "")
+    action = req.route_params.get("action", "")
+    if action not in views.ACTIONS or not views.valid_order_id(order_id):
+        return _error(req, 404, f"No action {action} for order {order_id}")
+    deps = await deps_of()
+    try:
+        record, _ = await deps.store.read(order_id)
+    except NotFoundError:
+        return _error(req, 404, f"No order {order_id}", deps)
+    version = security.record_version(record)
+    if req.method == "GET":
+        title, explanation = views.ACTIONS[action]
+        return _render(
+            req,
+            "confirm.html",
+            deps,
+            page="orders",
+            record=record,
+            action=action,
+            title=title,
+            explanation=explanation,
+            csrf=security.Unmasked(security.form_token(who, order_id, action, version)),
+            who=who,
+        )
+    form = _form(req)
+    try:
+        security.check_csrf(req.headers, form, who, order_id, action, version, request_url=req.url)
+        reason = form.get("reason", "")
+        await views.act(deps, order_id, action, who, reason, expected_version=version)
+    except security.Forbidden as exc:
+        return _error(req, 403, str(exc), deps)
+    except (sm.IllegalTransition, StaleError) as exc:
+        return _error(req, 409, f"{action} refused: {exc}", deps)
+    except DomainError as exc:
+        return _error(req, 503, f"{action} failed: {exc}", deps)
+    return _see_other(
+        f"{_base(req)}/orders/{quote(order_id, safe='')}?{urlencode({'done': action})}"
+    )
+
+
+async def _stylesheet(_who: str) -> func.HttpResponse:
+    return func.HttpResponse(
+        _CSS, mimetype="text/css", headers={**_SECURITY_HEADERS, "Cache-Control": "max-age=300"}
+    )
+
+
+async def _find(req: func.HttpRequest) -> func.HttpResponse:
+    order_id = (req.params.get("id") or "").strip()
+    if not views.valid_order_id(order_id):
+        return _error(req, 404, f"No order {order_id}")
+    return _see_other(f"{_base(req)}/orders/{quote(order_id, safe='')}")
+
+
 def blueprint(root: App) -> df.Blueprint:
     """The console's routes over `root` (what a page reads from and acts on:
-    App.console_deps, adapters of its own per request)."""
+    App.console_deps, adapters of its own per request). Each route is the
+    handler above behind `_guarded`."""
     bp = df.Blueprint()
     deps_of = root.console_deps
-
-    async def _view_page(
-        req: func.HttpRequest,
-        template: str,
-        page: str,
-        view: Callable[[views.Deps], Awaitable[dict[str, Any]]],
-    ) -> func.HttpResponse:
-        """A read-only page: `view`'s data rendered into `template`; a refused
-        parameter answers 400 (views.BadRequest), an unknown queue 404 (views.NotFound)."""
-
-        async def respond(_who: str) -> func.HttpResponse:
-            deps = await deps_of()
-            try:
-                data = await view(deps)
-            except views.NotFound as exc:
-                return _error(req, 404, str(exc), deps)
-            except views.BadRequest as exc:
-                return _error(req, 400, str(exc), deps)
-            return _render(req, template, deps, page=page, **data)
-
-        return await _guarded(req, respond)
 
     @bp.function_name("console_overview")
     @bp.route(route="console", methods=["GET"], auth_level=ANON)
     async def console_overview(req: func.HttpRequest) -> func.HttpResponse:
-        return await _view_page(req, "overview.html", "overview", views.overview)
+        return await _view_page(req, deps_of, "overview.html", "overview", views.overview)
 
     @bp.function_name("console_orders")
     @bp.route(route="console/orders", methods=["GET"], auth_level=ANON)
     async def console_orders(req: func.HttpRequest) -> func.HttpResponse:
         return await _view_page(
             req,
+            deps_of,
             "orders.html",
             "orders",
             lambda deps: views.orders(deps, views.parse_filters(dict(req.params))),
@@ -197,28 +340,20 @@ def blueprint(root: App) -> df.Blueprint:
     @bp.route(route="console/stuck", methods=["GET"], auth_level=ANON)
     async def console_stuck(req: func.HttpRequest) -> func.HttpResponse:
         page = req.params.get("page") or None
-        return await _view_page(req, "stuck.html", "stuck", lambda deps: views.stuck(deps, page))
+        view = lambda deps: views.stuck(deps, page)  # noqa: E731
+        return await _view_page(req, deps_of, "stuck.html", "stuck", view)
 
     @bp.function_name("console_alerts")
     @bp.route(route="console/alerts", methods=["GET"], auth_level=ANON)
     async def console_alerts(req: func.HttpRequest) -> func.HttpResponse:
-        return await _view_page(
-            req, "alerts.html", "alerts", lambda deps: views.alerts(deps, _page(dict(req.params)))
-        )
+        view = lambda deps: views.alerts(deps, _page(dict(req.params)))  # noqa: E731
+        return await _view_page(req, deps_of, "alerts.html", "alerts", view)
 
     @bp.function_name("console_deadletters")
     @bp.route(route="console/deadletters/{queue?}", methods=["GET"], auth_level=ANON)
     async def console_deadletters(req: func.HttpRequest) -> func.HttpResponse:
-        queue = req.route_params.get("queue") or None
-        done = (
-            req.params.get("done") if req.params.get("done") in views.DEAD_LETTER_ACTIONS else None
-        )
-
-        async def view(deps: views.Deps) -> dict[str, Any]:
-            data = await views.dead_letters(deps, queue, _page(dict(req.params)))
-            return {**data, "done": done, "done_seq": views.parse_sequence(req.params.get("seq"))}
-
-        return await _view_page(req, "deadletters.html", "deadletters", view)
+        view = _dead_letters_view(req)
+        return await _view_page(req, deps_of, "deadletters.html", "deadletters", view)
 
     @bp.function_name("console_deadletter_action")
     @bp.route(
@@ -227,57 +362,7 @@ def blueprint(root: App) -> df.Blueprint:
         auth_level=ANON,
     )
     async def console_deadletter_action(req: func.HttpRequest) -> func.HttpResponse:
-        return await _guarded(req, lambda who: _dead_letter_action(req, who))
-
-    async def _dead_letter_action(req: func.HttpRequest, who: str) -> func.HttpResponse:
-        """Resend or discard one dead letter: GET shows it and the confirmation
-        form, POST checks the form's token (bound to this queue and sequence
-        number: a settled dead letter is gone, so a token acts once) and acts,
-        then redirects to the queue's page."""
-        queue = req.route_params.get("queue", "")
-        action = req.route_params.get("action", "")
-        sequence = views.parse_sequence(req.route_params.get("sequence"))
-        if action not in views.DEAD_LETTER_ACTIONS or sequence is None:
-            return _error(req, 404, f"No action {action} for a dead letter")
-        deps = await deps_of()
-        try:
-            message = await views.dead_letter(deps, queue, sequence)
-        except views.NotFound as exc:
-            return _error(req, 404, str(exc), deps)
-        target, version = f"{queue}/{sequence}", "dead-letter"
-        title, explanation = views.DEAD_LETTER_ACTIONS[action]
-        if req.method == "GET":
-            return _render(
-                req,
-                "confirm_deadletter.html",
-                deps,
-                page="deadletters",
-                queue=queue,
-                m=message,
-                action=action,
-                title=title,
-                explanation=explanation,
-                csrf=security.Unmasked(security.form_token(who, target, action, version)),
-                who=who,
-            )
-        form = dict(parse_qsl(req.get_body().decode("utf-8", "replace")))
-        try:
-            security.check_csrf(
-                req.headers, form, who, target, action, version, request_url=req.url
-            )
-            await views.act_on_dead_letter(
-                deps, queue, sequence, action, who, form.get("reason", "")
-            )
-        except security.Forbidden as exc:
-            return _error(req, 403, str(exc), deps)
-        except views.NotFound as exc:
-            return _error(req, 409, f"{action} refused: {exc}", deps)
-        location = f"{_base(req)}/deadletters/{quote(queue, safe='')}?" + urlencode(
-            {"done": action, "seq": sequence}
-        )
-        return func.HttpResponse(
-            status_code=303, headers={"Location": location, **_SECURITY_HEADERS}
-        )
+        return await _guarded(req, lambda who: _dead_letter_action(req, who, deps_of))
 
     @bp.function_name("console_order")
     @bp.route(route="console/orders/{order_id}", methods=["GET"], auth_level=ANON)
@@ -285,100 +370,23 @@ def blueprint(root: App) -> df.Blueprint:
     async def console_order(
         req: func.HttpRequest, client: df.DurableOrchestrationClient
     ) -> func.HttpResponse:
-        order_id = req.route_params.get("order_id", "")
-
-        async def respond(_who: str) -> func.HttpResponse:
-            deps = await deps_of(durable=client)
-            data = await views.order_detail(deps, order_id)
-            if data is None:
-                return _error(req, 404, f"No order {order_id} is stored. {_NEVER_STORED}", deps)
-            return _render(
-                req, "order.html", deps, page="orders", done=req.params.get("done"), **data
-            )
-
-        return await _guarded(req, respond)
+        return await _order_page(req, deps_of, client)
 
     @bp.function_name("console_action")
     @bp.route(
         route="console/orders/{order_id}/{action:alpha}", methods=["GET", "POST"], auth_level=ANON
     )
     async def console_action(req: func.HttpRequest) -> func.HttpResponse:
-        return await _guarded(req, lambda who: _action(req, who))
-
-    async def _action(req: func.HttpRequest, who: str) -> func.HttpResponse:
-        """Resubmit or compensate: GET shows the confirmation form, POST checks its
-        CSRF token and acts, then redirects to the order (Post/Redirect/Get)."""
-        order_id = req.route_params.get("order_id", "")
-        action = req.route_params.get("action", "")
-        if action not in views.ACTIONS or not views.valid_order_id(order_id):
-            return _error(req, 404, f"No action {action} for order {order_id}")
-        deps = await deps_of()
-        try:
-            record, _ = await deps.store.read(order_id)
-        except NotFoundError:
-            return _error(req, 404, f"No order {order_id}", deps)
-        version = security.record_version(record)
-        if req.method == "GET":
-            title, explanation = views.ACTIONS[action]
-            return _render(
-                req,
-                "confirm.html",
-                deps,
-                page="orders",
-                record=record,
-                action=action,
-                title=title,
-                explanation=explanation,
-                csrf=security.Unmasked(security.form_token(who, order_id, action, version)),
-                who=who,
-            )
-        form = dict(parse_qsl(req.get_body().decode("utf-8", "replace")))
-        try:
-            security.check_csrf(
-                req.headers, form, who, order_id, action, version, request_url=req.url
-            )
-            await views.act(
-                deps, order_id, action, who, form.get("reason", ""), expected_version=version
-            )
-        except security.Forbidden as exc:
-            return _error(req, 403, str(exc), deps)
-        except (sm.IllegalTransition, StaleError) as exc:
-            return _error(req, 409, f"{action} refused: {exc}", deps)
-        except DomainError as exc:
-            return _error(req, 503, f"{action} failed: {exc}", deps)
-        # Post/Redirect/Get: reloading the order page does not repeat the action.
-        location = f"{_base(req)}/orders/{quote(order_id, safe='')}?{urlencode({'done': action})}"
-        return func.HttpResponse(
-            status_code=303, headers={"Location": location, **_SECURITY_HEADERS}
-        )
+        return await _guarded(req, lambda who: _action(req, who, deps_of))
 
     @bp.function_name("console_static")
     @bp.route(route="console/static/console.css", methods=["GET"], auth_level=ANON)
     async def console_static(req: func.HttpRequest) -> func.HttpResponse:
         return await _guarded(req, _stylesheet)
 
-    async def _stylesheet(_who: str) -> func.HttpResponse:
-        return func.HttpResponse(
-            _CSS,
-            mimetype="text/css",
-            headers={**_SECURITY_HEADERS, "Cache-Control": "max-age=300"},
-        )
-
     @bp.function_name("console_find")
     @bp.route(route="console/find", methods=["GET"], auth_level=ANON)
     async def console_find(req: func.HttpRequest) -> func.HttpResponse:
         return await _guarded(req, lambda _who: _find(req))
-
-    async def _find(req: func.HttpRequest) -> func.HttpResponse:
-        order_id = (req.params.get("id") or "").strip()
-        if not views.valid_order_id(order_id):
-            return _error(req, 404, f"No order {order_id}")
-        return func.HttpResponse(
-            status_code=303,
-            headers={
-                "Location": f"{_base(req)}/orders/{quote(order_id, safe='')}",
-                **_SECURITY_HEADERS,
-            },
-        )
 
     return bp
