@@ -126,25 +126,39 @@ class ConsoleReads:
 
     async def list_orders(
         self,
-        state: ProcessState | str,
+        state: ProcessState | str | None,
         page_size: int,
         app_id: str | None = None,
         created_before: datetime | None = None,
         page_token: str | None = None,
+        id_prefix: str | None = None,
+        created_after: datetime | None = None,
     ) -> tuple[list[OrderRow], str | None]:
-        """One page of the records in `state` (optionally of one application,
-        optionally created before a time), by OrderID. Returns (rows, token of
-        the next page or None when this page came back short). One query."""
+        """One page of the records in `state` (every state when None; optionally of one application,
+        whose OrderID starts with `id_prefix`, created before or after a
+        time), by OrderID. Returns (rows, token of the next page or None when
+        this page came back short). One query."""
         if not 1 <= page_size <= MAX_PAGE:
             raise ValueError(f"page_size must be 1..{MAX_PAGE}")
-        where = ["c.ProcessState = @state"]
-        params = _params(max=page_size, state=ProcessState(state).value)
+        where = ["true"]
+        params = _params(max=page_size)
+        if state is not None:
+            where.append("c.ProcessState = @state")
+            params += _params(state=ProcessState(state).value)
         if app_id:
             where.append("c.AppId = @app")
             params += _params(app=app_id)
         if created_before is not None:
             where.append("c.CreatedAt < @before")
             params += _params(before=cosmos_time(created_before))
+        if created_after is not None:
+            where.append("c.CreatedAt >= @since")
+            params += _params(since=cosmos_time(created_after))
+        if id_prefix:
+            # the key is `{app}:{OrderID}` (or a bare OrderID, from before keys
+            # named the application); an OrderID holds no ':'
+            where.append("(STARTSWITH(c.id, @prefix) OR CONTAINS(c.id, @keyed))")
+            params += _params(prefix=id_prefix, keyed=f":{id_prefix}")
         if page_token:
             where.append("c.id > @after")
             params += _params(after=decode_page_token(page_token))

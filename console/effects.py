@@ -120,8 +120,10 @@ def _undo_verdict(
     return Verdict(unanswered.state, unanswered.detail, do.call, do.reference, last)
 
 
-def _from_record(record: OrderState, name: str) -> Verdict:
-    """Without a call in the histories read: what the record says."""
+def _from_record(record: OrderState, name: str, read: set[int]) -> Verdict:
+    """Without a call in the histories read: what the record says. A step the
+    record marks Running in an attempt whose history was read, and which that
+    history never asked, was not called (a claim marks every step it plans)."""
     step = record.Steps[name]
     entry = next((e for e in record.Compensation if e.Step == name and e.At is not None), None)
     if entry is not None and entry.Outcome == "Failed":
@@ -136,6 +138,8 @@ def _from_record(record: OrderState, name: str) -> Verdict:
     if status is StepStatus.FAILED:
         return Verdict(REFUSED, step.Error or "no reason recorded")
     if status is StepStatus.RUNNING:
+        if step.Attempt in read:
+            return Verdict(NOT_CALLED)
         if step.Attempt == _running_attempt(record):
             return Verdict(IN_FLIGHT, "asked, no answer recorded yet")
         return Verdict(UNKNOWN, "asked; no answer was recorded")
@@ -147,11 +151,18 @@ def _running_attempt(record: OrderState) -> int | None:
     return record.Attempt if record.ProcessState in live else None
 
 
-def verdict(record: OrderState, name: str, calls: list[tuple[int, Call]]) -> Verdict:
+def verdict(
+    record: OrderState,
+    name: str,
+    calls: list[tuple[int, Call]],
+    read: frozenset[int] | set[int] = frozenset(),
+) -> Verdict:
+    """`name`'s effect from its calls (`calls`, with their attempts), the
+    record where they say nothing; `read`: the attempts whose history was read."""
     running = _running_attempt(record)
     do = _do_verdict(calls, running)
     if do is None:
-        base = _from_record(record, name)
+        base = _from_record(record, name, set(read))
         if base.state not in (APPLIED, UNKNOWN) or not any(c.action == "undo" for _, c in calls):
             return base
         do = base
@@ -173,6 +184,8 @@ def _times(v: Verdict, calls: list[tuple[int, Call]], step: Any) -> dict[str, An
     do call that decided it, in that call's attempt, to its answer; the
     record's own times when no call in the histories decided it. The undo's
     answer, when there was one, separately."""
+    if v.state == NOT_CALLED:
+        return {"started": None, "completed": None, "took": None, "undo_answered": None}
     if v.call is not None:
         attempt = next(a for a, c in calls if c is v.call)
         first = next(
@@ -199,10 +212,11 @@ def _times(v: Verdict, calls: list[tuple[int, Call]], step: Any) -> dict[str, An
 def side_effects(record: OrderState, attempts: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per step of the record: its effect at the service, why, and its own times."""
     by_step = _calls_by_step(attempts)
+    read = {a["attempt"] for a in attempts if a.get("has_history")}
     out = []
     for name, step in record.Steps.items():
         calls = by_step.get(name, [])
-        v = verdict(record, name, calls)
+        v = verdict(record, name, calls, read)
         out.append(
             {
                 "step": name,

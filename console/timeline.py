@@ -553,6 +553,7 @@ def timeline(record: OrderState, statuses: dict[int, dict[str, Any]]) -> list[di
                 "events": events,
                 "calls": calls,
                 "retried_calls": sum(1 for c in calls if len(_calls(c.reply)) > 1),
+                "has_history": bool(history),
             }
         )
     return out

@@ -39,6 +39,7 @@ DETAIL_ATTEMPTS = 5  # orchestration statuses read per order (the latest attempt
 BUCKET = timedelta(minutes=5)
 WORK_QUEUES = (AGENT_REQUESTS_QUEUE, AGENT_RESPONSES_QUEUE, ALERTS_QUEUE)
 STATES = [s.value for s in ProcessState]
+ANY_STATE = "any"  # the orders list's filter for every state
 _EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
 
 
@@ -200,6 +201,7 @@ MAX_SEQUENCE = 2**63 - 1  # Service Bus sequence numbers are signed 64-bit
 MAX_TOKEN = 512  # characters of a page token
 _ASCII_DIGITS = re.compile(r"[0-9]{1,19}")
 _APP_ID = re.compile(r"[a-z0-9][a-z0-9-]{0,63}")
+_ORDER_ID_PREFIX = re.compile(r"[A-Za-z0-9._-]{1,64}")
 
 
 def parse_sequence(raw: str | None) -> int | None:
@@ -212,11 +214,13 @@ def parse_sequence(raw: str | None) -> int | None:
     return int(raw)
 
 
-def parse_minutes(raw: str | None) -> int | None:
+def parse_minutes(raw: str | None, name: str = "older") -> int | None:
     if raw is None or raw == "":
         return None
     if not _ASCII_DIGITS.fullmatch(raw) or not 1 <= int(raw) <= MAX_OLDER_MINUTES:
-        raise BadRequest(f"'older' must be a whole number of minutes from 1 to {MAX_OLDER_MINUTES}")
+        raise BadRequest(
+            f"'{name}' must be a whole number of minutes from 1 to {MAX_OLDER_MINUTES}"
+        )
     return int(raw)
 
 
@@ -240,28 +244,38 @@ def parse_filters(params: dict[str, str]) -> dict[str, Any]:
     """The orders list's query parameters, each checked and bounded: a
     refused one raises BadRequest naming it (400), never reaches a query."""
     state = params.get("state") or ProcessState.ERROR.value
-    if state not in STATES:
-        raise BadRequest(f"unknown state {state[:40]!r}; one of {', '.join(STATES)}")
+    if state not in STATES and state != ANY_STATE:
+        raise BadRequest(f"unknown state {state[:40]!r}; one of {', '.join(STATES)} or {ANY_STATE}")
     app = params.get("app") or None
     if app is not None and not _APP_ID.fullmatch(app):
         raise BadRequest("an application id is lowercase letters, digits and '-' (at most 64)")
+    prefix = (params.get("prefix") or "").strip() or None
+    if prefix is not None and not _ORDER_ID_PREFIX.fullmatch(prefix):
+        raise BadRequest(
+            "an OrderID prefix is letters, digits, '.', '_' or '-' (at most 64), as OrderIDs are"
+        )
     return {
         "state": state,
         "app": app,
         "older": parse_minutes(params.get("older")),
+        "newer": parse_minutes(params.get("newer"), "newer"),
+        "prefix": prefix,
         "page": parse_page_token(params.get("page"), decode_page_token),
     }
 
 
 async def orders(deps: Deps, filters: dict[str, Any]) -> dict[str, Any]:
     before = deps.now - timedelta(minutes=filters["older"]) if filters["older"] else None
+    after = deps.now - timedelta(minutes=filters["newer"]) if filters.get("newer") else None
     try:
         rows, token = await deps.reads.list_orders(
-            filters["state"],
+            None if filters["state"] == ANY_STATE else filters["state"],
             PAGE_SIZE,
             app_id=filters["app"],
             created_before=before,
             page_token=filters["page"],
+            id_prefix=filters.get("prefix"),
+            created_after=after,
         )
     except DomainError as exc:
         raise BadRequest(str(exc)) from exc
@@ -269,7 +283,7 @@ async def orders(deps: Deps, filters: dict[str, Any]) -> dict[str, Any]:
         "rows": [_with_age(r, deps.now) for r in rows],
         "next_page": token,
         "filters": filters,
-        "states": STATES,
+        "states": [*STATES, ANY_STATE],
         "apps": sorted(deps.settings.reply_queues),
     }
 

@@ -30,6 +30,7 @@ log = logging.getLogger(__name__)
 
 HERE = Path(console.__file__).parent  # the console's templates and stylesheet
 ANON = func.AuthLevel.ANONYMOUS
+REFRESH_CHOICES = (10, 30, 60)  # auto-refresh periods the footer offers, in seconds
 
 _env = Environment(
     loader=FileSystemLoader(HERE / "templates"),
@@ -50,6 +51,7 @@ _env.filters["js"] = lambda v: json.dumps(v, ensure_ascii=False, default=str)
 _env.globals["qs"] = lambda **kw: security.Unmasked(
     urlencode({k: security.printable(str(v)) for k, v in kw.items() if v not in (None, "")})
 )
+_env.globals["refresh_choices"] = REFRESH_CHOICES
 _env.filters["urlencode"] = lambda v: security.Unmasked(
     do_urlencode(security.printable(v) if isinstance(v, str) else v)
 )
@@ -88,7 +90,7 @@ def _render(
 ) -> func.HttpResponse:
     charges = deps.store.charges if deps is not None else None
     html = _env.get_template(template).render(
-        base=_base(req), now=datetime.now(UTC), cost=charges, **context
+        base=_base(req), now=datetime.now(UTC), cost=charges, **_refreshing(req), **context
     )
     return func.HttpResponse(
         # the finalize escaped every value; a surrogate in the template's own
@@ -99,6 +101,22 @@ def _render(
         charset="utf-8",
         headers={**_SECURITY_HEADERS, **(headers or {})},
     )
+
+
+_ONCE = ("refresh", "done", "seq")  # what a reload must not repeat
+
+
+def _refreshing(req: func.HttpRequest) -> dict[str, Any]:
+    """Auto-refresh without a script: `?refresh=N` (5 to 600 seconds) on a
+    page read with GET makes it reload itself every N seconds (a meta
+    refresh, which the Content-Security-Policy allows); `here` is the page's
+    own query without it, for the footer's links."""
+    if req.method != "GET":
+        return {"refresh": None, "here": None}
+    raw = req.params.get("refresh") or ""
+    seconds = int(raw) if raw.isascii() and raw.isdigit() and len(raw) <= 3 else 0
+    here = {k: v for k, v in req.params.items() if k not in _ONCE}
+    return {"refresh": seconds if 5 <= seconds <= 600 else None, "here": here}
 
 
 def _error(
@@ -307,10 +325,18 @@ async def _stylesheet(_who: str) -> func.HttpResponse:
 
 
 async def _find(req: func.HttpRequest) -> func.HttpResponse:
+    """The header's search box: an order key (`webshop:ORD-1`) opens that
+    order; an OrderID or the start of one lists the orders, in any state and
+    application, whose OrderID starts with it."""
     order_id = (req.params.get("id") or "").strip()
-    if not views.valid_order_id(order_id):
+    if ":" in order_id and views.valid_order_id(order_id):
+        return _see_other(f"{_base(req)}/orders/{quote(order_id, safe='')}")
+    try:
+        views.parse_filters({"state": views.ANY_STATE, "prefix": order_id})
+    except views.BadRequest:
         return _error(req, 404, f"No order {order_id}")
-    return _see_other(f"{_base(req)}/orders/{quote(order_id, safe='')}")
+    query = urlencode({"state": views.ANY_STATE, "prefix": order_id})
+    return _see_other(f"{_base(req)}/orders?{query}")
 
 
 def blueprint(root: App) -> df.Blueprint:

@@ -14,7 +14,7 @@ from pathlib import Path
 from console import effects
 from console import timeline as story
 from domain.ids import parse_attempt_instance_id
-from domain.models import OrderState, ProcessState, StepState
+from domain.models import OrderState, ProcessState, StepState, StepStatus
 
 HERE = Path(__file__).parent / "histories"
 
@@ -24,14 +24,22 @@ def _load(
     attempts: set[int] | None = None,
     cut: int | None = None,
     unasked: tuple[str, ...] = (),
+    marked: tuple[str, ...] = (),
     **record_update,
 ):
     """A recorded order as it stood earlier: only `attempts` of its statuses,
     the last one's history cut after `cut` events, the record changed by
-    `record_update` and its `unasked` steps not started yet."""
+    `record_update`, its `unasked` steps not started yet and its `marked` ones
+    Running in its attempt, as a claim marks the steps it plans."""
     data = json.loads((HERE / f"{name}.json").read_text())
     record = OrderState.model_validate(data["record"])
-    steps = {n: (StepState() if n in unasked else s) for n, s in record.Steps.items()}
+    claimed = StepState(
+        Status=StepStatus.RUNNING, Attempt=record.Attempt, StartedAt=record.CreatedAt
+    )
+    steps = {
+        n: (StepState() if n in unasked else claimed if n in marked else s)
+        for n, s in record.Steps.items()
+    }
     record = record.model_copy(update={**record_update, "Steps": steps})
     statuses = {}
     for iid, st in data["statuses"].items():
@@ -153,12 +161,13 @@ def test_a_step_answered_in_a_running_attempt_is_applied_and_the_next_in_flight(
     record, _, found = _load(
         "agentretry",
         cut=cut,
-        unasked=("arrange-shipment",),
+        marked=("arrange-shipment",),  # the claim marked it; the history never asked it
         ProcessState=ProcessState.PROCESSING,
     )
     assert found["reserve-inventory"]["state"] == "applied"
     assert found["charge-payment"]["state"] == "in flight"
     assert found["arrange-shipment"]["state"] == "not called"
+    assert found["arrange-shipment"]["started"] is None  # not the claim's time
     held = effects.still_held(record, list(found.values()))
     assert held["text"] == "Still held: reserve inventory; in flight: charge payment."
 
