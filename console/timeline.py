@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from console.security import redact
 from domain.ids import parse_attempt_instance_id
 from domain.models import OrderState, ProcessState
 
@@ -42,6 +43,20 @@ class Event:
     tone: str = ""
     detail: str | None = None  # the one place an error's text is shown
     calls: list[dict[str, Any]] = field(default_factory=list)
+    raw: str | None = None  # the request's input or the reply as sent, redacted
+
+
+RAW_LIMIT = 4000  # characters of a raw input or output shown
+
+
+def raw_text(value: Any) -> str | None:
+    """An activity's input or a reply as the operator may read it: payment
+    data dropped and card numbers masked (console.security.redact), indented
+    JSON, cut at RAW_LIMIT characters."""
+    if not value:
+        return None
+    text = json.dumps(redact(value), indent=1, ensure_ascii=False, default=str)
+    return text if len(text) <= RAW_LIMIT else text[: RAW_LIMIT - 1] + "…"
 
 
 @dataclass
@@ -237,7 +252,12 @@ class _Walk:
         self.awaiting_timer: Call | None = None
 
     def request(
-        self, step: Any, action: str, at: datetime | None, attempt_try: Any = None
+        self,
+        step: Any,
+        action: str,
+        at: datetime | None,
+        attempt_try: Any = None,
+        raw: Any = None,
     ) -> Call | None:
         if not step:
             return None
@@ -247,7 +267,7 @@ class _Walk:
         what = label(step, action)
         if action == "undo" and isinstance(attempt_try, int) and attempt_try > 0:
             what += f" (try {attempt_try + 1})"
-        self.events.append(Event(at, "request", f"{what}: requested"))
+        self.events.append(Event(at, "request", f"{what}: requested", raw=raw_text(raw)))
         return call
 
     def answered(self, call: Call, reply: dict[str, Any], at: datetime | None) -> None:
@@ -261,7 +281,15 @@ class _Walk:
         deadline, deadline_tone = _deadline_words(call)
         detail = " · ".join(x for x in (deadline, error) if x) or None
         self.events.append(
-            Event(at, "reply", text + took, tone or deadline_tone, detail, _calls(reply))
+            Event(
+                at,
+                "reply",
+                text + took,
+                tone or deadline_tone,
+                detail,
+                _calls(reply),
+                raw_text(reply),
+            )
         )
 
     def open_call(self, step: Any, action: Any) -> Call | None:
@@ -324,9 +352,10 @@ class _Walk:
         elif fn == "write_state":
             self.write_state(inp, res, at)
         elif fn == "send_agent_request":
-            self.request(inp.get("Step"), str(inp.get("Action") or "do"), at, inp.get("Try"))
+            step, action = inp.get("Step"), str(inp.get("Action") or "do")
+            self.request(step, action, at, inp.get("Try"), raw=inp)
         elif fn == "send_step":  # 2.4: a request, no write (the claim marked the step)
-            self.request(inp.get("Step"), "do", at)
+            self.request(inp.get("Step"), "do", at, raw=inp)
         elif fn == "finish_attempt":  # 2.4's one write: Processed, or the failure's
             end = _FINISHES.get(str(res.get("State") or ""))
             if end is not None:
@@ -335,7 +364,7 @@ class _Walk:
             # the write that started the step already "requested" it
             action = str(inp.get("Action") or "do")
             call = self.open_call(inp.get("Step"), action) or self.request(
-                inp.get("Step"), action, parse_time(raw.get("ScheduledTime")) or at
+                inp.get("Step"), action, parse_time(raw.get("ScheduledTime")) or at, raw=inp
             )
             if call is not None and res:
                 call.deadline = parse_time(inp.get("Deadline"))

@@ -288,3 +288,21 @@ def test_the_reply_event_without_its_identity_tells_the_same_story(name):
 def test_a_reply_events_name_says_which_call_it_answers(event, calls, answered):
     asked = [story.Call(step=s, action=a, requested_at=None) for s, a in calls]
     assert story._answered_call({"Outcome": "ok"}, event, asked) == answered
+
+
+def test_each_request_and_reply_carries_its_raw_input_or_output_redacted():
+    """Issue 45: the raw input and output of each step call, as Temporal's
+    Web UI shows them; payment data dropped, card numbers masked."""
+    _record, attempts = _load("declined")
+    events = {e.text.split(" after ")[0]: e for e in attempts[1]["events"]}
+    refused = json.loads(events["charge payment: refused (permanent)"].raw)
+    assert refused["Outcome"] == "permanent"
+    assert "card declined" in refused["Error"]
+    request = json.loads(events["refund payment: requested"].raw)
+    assert (request["Step"], request["Action"]) == ("charge-payment", "undo")
+    hostile = story.raw_text(
+        {"Result": {"PaymentReference": "pay-1", "Note": "card 4111 1111 1111 1111"}}
+    )
+    assert "pay-1" not in hostile
+    assert "4111" not in hostile
+    assert len(story.raw_text({"x": "y" * 10_000})) == story.RAW_LIMIT
