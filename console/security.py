@@ -270,6 +270,12 @@ def record_version(record: Any) -> str:
     )
 
 
+def version_digest(version: str) -> str:
+    """A record version (`record_version`) as a form may carry it: hex, no
+    control characters."""
+    return hashlib.sha256(version.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+
+
 def _sign(
     who: str, order_id: str, action: str, version: str, expiry: int, env: Mapping[str, str] | None
 ) -> str:

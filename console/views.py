@@ -24,7 +24,8 @@ from adapters.state_store import CosmosStateStore, decode_cursor
 from console import actions, effects
 from console import timeline as story
 from console.peek import QueuePeeker
-from console.security import Forbidden, in_azure, record_version, redact
+from console.security import Forbidden, in_azure, record_version, redact, version_digest
+from domain import state_machine as sm
 from domain.boundary import json_depth
 from domain.errors import DomainError, NotFoundError
 from domain.ids import attempt_instance_id, check_order_key, order_key
@@ -807,6 +808,7 @@ async def act(
     who: str,
     reason: str,
     expected_version: str | None = None,
+    expected_digest: str | None = None,
 ) -> OrderState:
     """The operator commands of cli/ (the same transition, console.actions),
     recorded in the order's history as done by `who` for `reason`. With
@@ -822,7 +824,10 @@ async def act(
         raise BadRequest(str(exc)) from None
 
     def change(r: OrderState) -> OrderState:
-        if expected_version is not None and record_version(r) != expected_version:
+        current = record_version(r)
+        if (expected_version is not None and current != expected_version) or (
+            expected_digest is not None and version_digest(current) != expected_digest
+        ):
             raise Forbidden(
                 "this confirmation was already used or the order changed since it was opened; "
                 "open the confirmation page again"
@@ -832,3 +837,58 @@ async def act(
     record, _ = await deps.store.update(order_id, change, ANY_OWNER)
     log.info("console: %s %s by %s: %s", action, order_id, who, reason)
     return record
+
+
+# --- bulk actions -------------------------------------------------------------------------
+
+BULK_LIMIT = 50  # orders one bulk confirmation acts on at most
+
+
+def bulk_ids(pairs: list[tuple[str, str]]) -> list[str]:
+    """The order keys a bulk form names (`id=` repeated), checked, each once."""
+    ids = list(dict.fromkeys(v.strip() for k, v in pairs if k == "id" and v.strip()))
+    if not ids:
+        raise BadRequest("choose at least one order")
+    if len(ids) > BULK_LIMIT:
+        raise BadRequest(f"at most {BULK_LIMIT} orders at once; you chose {len(ids)}")
+    bad = [i for i in ids if not valid_order_id(i)]
+    if bad:
+        raise BadRequest(f"not an order key: {bad[0][:80]!r}")
+    return ids
+
+
+async def bulk_targets(deps: Deps, ids: list[str], action: str) -> list[dict[str, Any]]:
+    """Each chosen order for the bulk confirmation: its record and version
+    (the form's token is bound to them), or why it is left out."""
+    if action not in ACTIONS:
+        raise NotFound(f"no bulk action {action[:40]!r}")
+    out: list[dict[str, Any]] = []
+    for order_id in ids:
+        try:
+            record, _ = await deps.store.read(order_id)
+        except NotFoundError:
+            out.append({"id": order_id, "record": None, "version": "", "why": "no such order"})
+            continue
+        try:
+            actions.apply(record, action, "check", "-", deps.now)
+            why = None
+        except sm.IllegalTransition as exc:
+            why = str(exc)
+        version = version_digest(record_version(record))
+        out.append({"id": order_id, "record": record, "version": version, "why": why})
+    return out
+
+
+async def bulk_act(
+    deps: Deps, targets: list[tuple[str, str]], action: str, who: str, reason: str
+) -> list[dict[str, Any]]:
+    """`action` on each (order key, version shown), one by one, each refused on
+    its own when it changed since the confirmation; what became of each."""
+    done = []
+    for order_id, version in targets:
+        try:
+            await act(deps, order_id, action, who, reason, expected_digest=version)
+            done.append({"id": order_id, "ok": True, "said": "done"})
+        except (Forbidden, sm.IllegalTransition, DomainError) as exc:
+            done.append({"id": order_id, "ok": False, "said": str(exc)[:300]})
+    return done

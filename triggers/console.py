@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qsl, quote, urlencode
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit
 
 import azure.durable_functions as df
 import azure.functions as func
@@ -318,6 +318,54 @@ async def _action(req: func.HttpRequest, who: str, deps_of: DepsOf) -> func.Http
     )
 
 
+_BULK = "bulk"  # the token's target prefix: a bulk form acts on its list only
+
+
+async def _bulk_action(req: func.HttpRequest, who: str, deps_of: DepsOf) -> func.HttpResponse:
+    """Resubmit (or compensate) several orders: GET (the orders list's
+    checkboxes) shows each chosen order and a confirmation form whose token
+    is bound to the list and each order's version; POST acts on each order
+    still at the version shown and lists what became of each."""
+    action = req.route_params.get("action", "")
+    deps = await deps_of()
+    if req.method == "GET":
+        ids = views.bulk_ids(parse_qsl(urlsplit(req.url).query))
+        targets = await views.bulk_targets(deps, ids, action)
+        ready = [t for t in targets if t["why"] is None]
+        target, version = _bulk_token_parts([(t["id"], t["version"]) for t in ready])
+        title, explanation = views.ACTIONS[action]
+        return _render(
+            req,
+            "confirm_bulk.html",
+            deps,
+            page="orders",
+            action=action,
+            title=title,
+            explanation=explanation,
+            targets=targets,
+            ready=ready,
+            csrf=security.Unmasked(security.form_token(who, target, action, version)),
+            who=who,
+        )
+    pairs = parse_qsl(req.get_body().decode("utf-8", "replace"))
+    chosen = list(zip(views.bulk_ids(pairs), [v for k, v in pairs if k == "version"], strict=False))
+    target, version = _bulk_token_parts(chosen)
+    try:
+        security.check_csrf(
+            req.headers, dict(pairs), who, target, action, version, request_url=req.url
+        )
+    except security.Forbidden as exc:
+        return _error(req, 403, str(exc), deps)
+    reason = dict(pairs).get("reason", "")
+    results = await views.bulk_act(deps, chosen, action, who, reason)
+    return _render(req, "bulk_done.html", deps, page="orders", action=action, results=results)
+
+
+def _bulk_token_parts(chosen: list[tuple[str, str]]) -> tuple[str, str]:
+    """(target, version) a bulk form's token is bound to: the list and each version."""
+    return _BULK + "\x1f".join(i for i, _ in chosen), "\x1e".join(v for _, v in chosen)
+
+
 async def _stylesheet(_who: str) -> func.HttpResponse:
     return func.HttpResponse(
         _CSS, mimetype="text/css", headers={**_SECURITY_HEADERS, "Cache-Control": "max-age=300"}
@@ -404,6 +452,11 @@ def blueprint(root: App) -> df.Blueprint:
     )
     async def console_action(req: func.HttpRequest) -> func.HttpResponse:
         return await _guarded(req, lambda who: _action(req, who, deps_of))
+
+    @bp.function_name("console_bulk_action")
+    @bp.route(route="console/bulk/{action:alpha}", methods=["GET", "POST"], auth_level=ANON)
+    async def console_bulk_action(req: func.HttpRequest) -> func.HttpResponse:
+        return await _guarded(req, lambda who: _bulk_action(req, who, deps_of))
 
     @bp.function_name("console_static")
     @bp.route(route="console/static/console.css", methods=["GET"], auth_level=ANON)
