@@ -892,3 +892,89 @@ async def bulk_act(
         except (Forbidden, sm.IllegalTransition, DomainError) as exc:
             done.append({"id": order_id, "ok": False, "said": str(exc)[:300]})
     return done
+
+
+# --- alerts: acknowledge, close -------------------------------------------------------------
+
+ALERT_ACTIONS = {
+    "acknowledge": (
+        "Acknowledge",
+        "Mark this alert as seen and being handled: it stays on the alerts queue, as a copy "
+        "that names you, your reason and when (at the end of the queue), and the original goes.",
+    ),
+    "close": ("Close", "Remove this alert from the alerts queue for good: it is resolved."),
+}
+ACK_BY, ACK_REASON, ACK_AT = "AcknowledgedBy", "AcknowledgedReason", "AcknowledgedAt"
+
+
+async def alert(deps: Deps, sequence: int) -> dict[str, Any]:
+    """One alert (for the confirmation page), or NotFound."""
+    page = await peek(deps, ALERTS_QUEUE, limit=1, from_sequence=sequence)
+    found = [m for m in page["messages"] if m["sequence"] == sequence]
+    if not found:
+        raise NotFound(f"no alert {sequence} (already acknowledged or closed?)")
+    await link_stored(deps, found)
+    return found[0]
+
+
+async def act_on_alert(deps: Deps, sequence: int, action: str, who: str, reason: str) -> None:
+    """Acknowledge (a marked copy replaces it) or close (it is completed) one
+    alert, logged with who and why. NotFound when it is gone."""
+    bus = deps.servicebus
+    if bus is None:
+        raise BadRequest("Service Bus not configured")
+    if action not in ALERT_ACTIONS:
+        raise NotFound(f"no action {action[:40]!r} for an alert")
+    try:
+        reason = actions.check_reason(reason)
+    except actions.RefusedInput as exc:
+        raise BadRequest(str(exc)) from None
+    shown = await alert(deps, sequence)
+
+    async def act(message: Any) -> None:
+        if action == "acknowledge":
+            await bus.send(ALERTS_QUEUE, _acknowledged_copy(message, who, reason, deps.now))
+
+    if not await bus.take(ALERTS_QUEUE, sequence, act):
+        raise NotFound(f"no alert {sequence} (already acknowledged or closed?)")
+    log.warning(
+        "console: alert %s (message %s) %s by operator %s: %s",
+        sequence,
+        shown["id"],
+        "acknowledged" if action == "acknowledge" else "closed",
+        who,
+        reason,
+        extra={"order_id": shown.get("order_id")},
+    )
+
+
+def _acknowledged_copy(message: Any, who: str, reason: str, now: datetime) -> Any:
+    from azure.servicebus import ServiceBusMessage
+
+    from adapters.settlement import MAX_MESSAGE_ID, ORIGINAL_ID_PROPERTY
+
+    props: dict[str | bytes, Any] = {
+        (k.decode() if isinstance(k, bytes) else str(k)): v
+        for k, v in (message.application_properties or {}).items()
+    }
+    first_id = str(props.get(ORIGINAL_ID_PROPERTY) or message.message_id or "alert")
+    props.update(
+        {
+            ORIGINAL_ID_PROPERTY: first_id,
+            ACK_BY: actions.by(who),
+            ACK_REASON: reason,
+            ACK_AT: now.isoformat(),
+        }
+    )
+    try:
+        body = b"".join(bytes(x) for x in message.body)
+    except TypeError:  # not a data body: nothing the app raised
+        raise BadRequest("only an alert with a data body is acknowledged; close it") from None
+    return ServiceBusMessage(
+        body,
+        message_id=f"{first_id}/ack-{message.sequence_number}"[:MAX_MESSAGE_ID],
+        content_type=message.content_type,
+        correlation_id=message.correlation_id,
+        subject=message.subject,
+        application_properties=props,
+    )

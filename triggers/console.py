@@ -260,6 +260,46 @@ async def _dead_letter_action(
     return _see_other(f"{_base(req)}/deadletters/{quote(queue, safe='')}?{query}")
 
 
+async def _alert_action(req: func.HttpRequest, who: str, deps_of: DepsOf) -> func.HttpResponse:
+    """Acknowledge or close one alert: GET shows it and the confirmation form,
+    POST checks the token (bound to its sequence number: an alert acted on is
+    gone, so a token acts once) and acts, then redirects to the alerts."""
+    action = req.route_params.get("action", "")
+    sequence = views.parse_sequence(req.route_params.get("sequence"))
+    if action not in views.ALERT_ACTIONS or sequence is None:
+        return _error(req, 404, f"No action {action} for an alert")
+    deps = await deps_of()
+    try:
+        message = await views.alert(deps, sequence)
+    except views.NotFound as exc:
+        return _error(req, 404, str(exc), deps)
+    target, version = f"alerts/{sequence}", "alert"
+    title, explanation = views.ALERT_ACTIONS[action]
+    if req.method == "GET":
+        token = security.form_token(who, target, action, version)
+        return _render(
+            req,
+            "confirm_alert.html",
+            deps,
+            page="alerts",
+            m=message,
+            action=action,
+            title=title,
+            explanation=explanation,
+            csrf=security.Unmasked(token),
+            who=who,
+        )
+    form = _form(req)
+    try:
+        security.check_csrf(req.headers, form, who, target, action, version, request_url=req.url)
+        await views.act_on_alert(deps, sequence, action, who, form.get("reason", ""))
+    except security.Forbidden as exc:
+        return _error(req, 403, str(exc), deps)
+    except views.NotFound as exc:
+        return _error(req, 409, f"{action} refused: {exc}", deps)
+    return _see_other(f"{_base(req)}/alerts?{urlencode({'done': action, 'seq': sequence})}")
+
+
 async def _order_page(
     req: func.HttpRequest, deps_of: DepsOf, client: df.DurableOrchestrationClient
 ) -> func.HttpResponse:
@@ -420,7 +460,11 @@ def blueprint(root: App) -> df.Blueprint:
     @bp.function_name("console_alerts")
     @bp.route(route="console/alerts", methods=["GET"], auth_level=ANON)
     async def console_alerts(req: func.HttpRequest) -> func.HttpResponse:
-        view = lambda deps: views.alerts(deps, _page(dict(req.params)))  # noqa: E731
+        done = req.params.get("done") if req.params.get("done") in views.ALERT_ACTIONS else None
+
+        async def view(deps: views.Deps) -> dict[str, Any]:
+            return {**await views.alerts(deps, _page(dict(req.params))), "done": done}
+
         return await _view_page(req, deps_of, "alerts.html", "alerts", view)
 
     @bp.function_name("console_deadletters")
@@ -457,6 +501,15 @@ def blueprint(root: App) -> df.Blueprint:
     @bp.route(route="console/bulk/{action:alpha}", methods=["GET", "POST"], auth_level=ANON)
     async def console_bulk_action(req: func.HttpRequest) -> func.HttpResponse:
         return await _guarded(req, lambda who: _bulk_action(req, who, deps_of))
+
+    @bp.function_name("console_alert_action")
+    @bp.route(
+        route="console/alerts/{sequence:int}/{action:alpha}",
+        methods=["GET", "POST"],
+        auth_level=ANON,
+    )
+    async def console_alert_action(req: func.HttpRequest) -> func.HttpResponse:
+        return await _guarded(req, lambda who: _alert_action(req, who, deps_of))
 
     @bp.function_name("console_static")
     @bp.route(route="console/static/console.css", methods=["GET"], auth_level=ANON)
