@@ -7,6 +7,7 @@
     python -m cli stuck
     python -m cli resubmit ORDER_ID      (asks why and to confirm; --reason, --operator, --yes)
     python -m cli compensate ORDER_ID    (the same)
+    python -m cli retry ORDER_ID         (a Pending order in its long retry, now; the same)
     python -m cli alerts                 (newest first; --oldest-first)
     python -m cli deadletters            (every queue; or name one: deadletters orders-webshop)
     python -m cli deadletters QUEUE --resend SEQ   (or --discard SEQ; asks why and to confirm)
@@ -381,6 +382,19 @@ def compensate(
         console.print(
             Text(f"{visible(record.id)}: compensation requested; the starter will run it")
         )
+
+
+@app.command(name="retry")
+def retry_now(
+    order_id: str,
+    reason: str | None = typer.Option(None, "--reason", "-r", help=REASON_HELP),
+    operator: str | None = typer.Option(None, "--operator", help=OPERATOR_HELP),
+    yes: bool = typer.Option(False, "--yes", "-y", help=YES_HELP),
+) -> None:
+    """Take a Pending order in its long retry now, not at its next try."""
+    record = _order_action("retry", order_id, reason, operator, yes)
+    if record is not None:
+        console.print(Text(f"{visible(record.id)}: due now; the starter will pick it up"))
 
 
 _QUEUE_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,259}")

@@ -10,7 +10,7 @@ from datetime import datetime
 
 from console.security import printable
 from domain import state_machine as sm
-from domain.models import OrderState
+from domain.models import HistoryEntry, OrderState, ProcessState
 
 MAX_REASON = 200  # characters; the History entry's Reason holds 300
 MAX_OPERATOR = 80
@@ -27,11 +27,47 @@ ORDER_ACTIONS = {
         "Undo this order's completed steps in reverse order; the Starter "
         "runs the compensation as a new attempt.",
     ),
+    "retry": (
+        "Retry now",
+        "Take this Pending order now instead of at its next try (a long retry waits "
+        "hours): the Starter claims it on its next run. Its retry budget is unchanged.",
+    ),
 }
+
+
+def retry_now(record: OrderState, now: datetime, by: str = "operator") -> OrderState:
+    """A Pending order waiting for its next try (NotBefore, a long retry) is
+    due now: the Starter's query takes Pending orders whose NotBefore has
+    passed. Refused for any other order."""
+    if record.ProcessState is not ProcessState.PENDING or not (
+        record.NotBefore and record.NotBefore > now
+    ):
+        raise sm.IllegalTransition(
+            f"cannot retry order {record.id} now: only a Pending order waiting for its "
+            f"next try can be (it is {record.ProcessState.value}"
+            + (f", due {record.NotBefore.isoformat()})" if record.NotBefore else ", due now)")
+        )
+    entry = HistoryEntry(
+        At=now,
+        From=record.ProcessState,
+        To=record.ProcessState,
+        By=by,
+        Reason=f"retry now, not at {record.NotBefore.isoformat()}",
+    )
+    return record.model_copy(
+        update={
+            "NotBefore": now,
+            "History": [*record.History, entry][-sm.HISTORY_LIMIT :],
+            "UpdatedAt": now,
+        },
+        deep=True,
+    )
+
 
 _TRANSITIONS: dict[str, Callable[..., OrderState]] = {
     "resubmit": sm.resubmit,
     "compensate": sm.request_compensation,
+    "retry": retry_now,
 }
 
 

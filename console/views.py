@@ -363,6 +363,9 @@ async def order_detail(deps: Deps, order_id: str) -> dict[str, Any] | None:
         else [],
         "status_messages": await status_messages(deps, record),
         "can_resubmit": record.ProcessState is ProcessState.ERROR,
+        "can_retry": record.ProcessState is ProcessState.PENDING
+        and record.NotBefore is not None
+        and record.NotBefore > deps.now,
         "can_compensate": record.ProcessState
         in (ProcessState.ERROR, ProcessState.COMPENSATION_FAILED)
         and not record.CompensationRequested,

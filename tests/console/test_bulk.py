@@ -8,10 +8,15 @@ order changed in between is refused order by order, nothing is done twice."""
 from __future__ import annotations
 
 import html
+from datetime import UTC, datetime, timedelta
 from urllib.parse import urlencode
 
+import pytest
+
+from console import views
+from domain import state_machine as sm
 from domain.models import ProcessState
-from tests.console.conftest import errored_by_supervisor, pending
+from tests.console.conftest import POLICY, errored_by_supervisor, pending
 from tests.console.test_hostile_input import HOST, _call, _request
 from tests.console.test_hostile_input import local as local_mode
 
@@ -76,8 +81,6 @@ async def test_bulk_resubmit_confirms_acts_once_per_order_and_says_what_became_o
     assert (await local.store.read("BK-1"))[0].ProcessState is ProcessState.ERROR
 
     # BK-2 changes after the confirmation was shown: it alone is left as it is
-    from console import views
-
     await views.act(local, "BK-2", "compensate", "someone", "asked by the customer")
     done = await _post([*form, ("reason", "payment provider fixed")])
     body = html.unescape(done.get_body().decode())
@@ -112,3 +115,36 @@ async def test_bulk_is_bounded(local):
     assert "at most 50" in page.get_body().decode()
     page = await _confirm_page([])
     assert page.status_code == 400
+
+
+def _long_retry(order_id: str, now):
+    """Pending again, waiting for its long retry (NotBefore in the future)."""
+    record, t = pending(order_id, now), now
+    while not (record.LongRetries and record.ProcessState is ProcessState.PENDING):
+        record = sm.claim(record, t, POLICY)
+        t = record.CompleteBy + timedelta(seconds=1)
+        record = sm.recover_expired(record, record.LockedBy, t, POLICY)
+    return record
+
+
+async def test_retry_now_makes_a_long_retry_claimable_at_once(local, now):
+    """Issue 45 item 6: an order in a long retry (next try hours away) is
+    taken now, on the operator's word, with its budget unchanged."""
+    record = _long_retry("LR-1", now)
+    assert record.NotBefore > datetime.now(UTC)
+    await local.store.create_if_absent(record)
+    waiting = {r.id for r in await local.store.query_pending(50, datetime.now(UTC))}
+    assert "LR-1" not in waiting
+    page = await _call("console_order", _request("GET", "/orders/LR-1", route={"order_id": "LR-1"}))
+    assert 'id="retry"' in page.get_body().decode()
+
+    updated = await views.act(local, "LR-1", "retry", "local", "the provider is back")
+    assert updated.NotBefore <= datetime.now(UTC)
+    assert (updated.LongRetries, updated.FailureCount) == (record.LongRetries, record.FailureCount)
+    assert updated.History[-1].Reason.endswith(": the provider is back")
+    assert updated.History[-1].Reason.startswith("retry now, not at ")
+    ready = {r.id for r in await local.store.query_pending(50, datetime.now(UTC))}
+    assert "LR-1" in ready  # the Starter's own query takes it
+    # nothing to retry any more: refused, nothing changed
+    with pytest.raises(sm.IllegalTransition):
+        await views.act(local, "LR-1", "retry", "local", "again please")

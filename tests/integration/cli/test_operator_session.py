@@ -122,6 +122,14 @@ def test_pending_lists_a_long_retrys_next_try(store, session):
     _narrow(text)
     assert f"next try {record.NotBefore.isoformat()} (long retry 1)" in text
 
+    code, text = session("retry", "CLI-LR1", "--reason", "provider is back", "--yes")
+    assert code == 0, text
+    _narrow(text)
+    assert "CLI-LR1: due now; the starter will pick it up" in text
+    record, _ = store(lambda s: s.read("CLI-LR1"))
+    assert record.NotBefore <= datetime.now(UTC)
+    assert record.History[-1].By == "operator:ada"
+
 
 def test_resubmit_and_compensate_ask_why_and_record_who(store, session):
     for oid in ("CLI-R1", "CLI-R2", "CLI-C1"):
