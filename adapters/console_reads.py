@@ -133,10 +133,11 @@ class ConsoleReads:
         page_token: str | None = None,
         id_prefix: str | None = None,
         created_after: datetime | None = None,
+        ids: list[str] | None = None,
     ) -> tuple[list[OrderRow], str | None]:
         """One page of the records in `state` (every state when None; optionally of one application,
         whose OrderID starts with `id_prefix`, created before or after a
-        time), by OrderID. Returns (rows, token of the next page or None when
+        time, among `ids`), by OrderID. Returns (rows, token of the next page or None when
         this page came back short). One query."""
         if not 1 <= page_size <= MAX_PAGE:
             raise ValueError(f"page_size must be 1..{MAX_PAGE}")
@@ -154,6 +155,10 @@ class ConsoleReads:
         if created_after is not None:
             where.append("c.CreatedAt >= @since")
             params += _params(since=cosmos_time(created_after))
+        if ids is not None:  # only these records (at most MAX_PAGE): a customer's orders
+            names = {f"k{n}": v for n, v in enumerate(ids[:MAX_PAGE])} or {"k0": ""}
+            where.append("c.id IN (" + ", ".join(f"@{k}" for k in names) + ")")
+            params += _params(**names)
         if id_prefix:
             # the key is `{app}:{OrderID}` (or a bare OrderID, from before keys
             # named the application); an OrderID holds no ':'

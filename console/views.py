@@ -255,9 +255,13 @@ def parse_filters(params: dict[str, str]) -> dict[str, Any]:
         raise BadRequest(
             "an OrderID prefix is letters, digits, '.', '_' or '-' (at most 64), as OrderIDs are"
         )
+    customer = (params.get("customer") or "").strip() or None
+    if customer is not None and (len(customer) > 64 or not customer.isprintable()):
+        raise BadRequest("a customer id is at most 64 printable characters")
     return {
         "state": state,
         "app": app,
+        "customer": customer,
         "older": parse_minutes(params.get("older")),
         "newer": parse_minutes(params.get("newer"), "newer"),
         "prefix": prefix,
@@ -269,6 +273,11 @@ async def orders(deps: Deps, filters: dict[str, Any]) -> dict[str, Any]:
     before = deps.now - timedelta(minutes=filters["older"]) if filters["older"] else None
     after = deps.now - timedelta(minutes=filters["newer"]) if filters.get("newer") else None
     try:
+        ids = (
+            await deps.orders.keys_of_customer(filters["customer"])
+            if filters.get("customer")
+            else None
+        )
         rows, token = await deps.reads.list_orders(
             None if filters["state"] == ANY_STATE else filters["state"],
             PAGE_SIZE,
@@ -277,6 +286,7 @@ async def orders(deps: Deps, filters: dict[str, Any]) -> dict[str, Any]:
             page_token=filters["page"],
             id_prefix=filters.get("prefix"),
             created_after=after,
+            ids=ids,
         )
     except DomainError as exc:
         raise BadRequest(str(exc)) from exc

@@ -162,7 +162,7 @@ _text = st.text(st.characters(codec="utf-8"), max_size=40)
 @settings(max_examples=300, deadline=None)
 @given(
     st.dictionaries(
-        st.sampled_from(["state", "app", "older", "newer", "prefix", "page", "other"]),
+        st.sampled_from(["state", "app", "older", "newer", "prefix", "customer", "page", "other"]),
         st.one_of(
             _text,
             st.integers(-(10**40), 10**40).map(str),
@@ -194,6 +194,7 @@ def test_any_orders_query_is_parsed_or_refused_with_bad_request(params):
     assert filters["older"] is None or 1 <= filters["older"] <= views.MAX_OLDER_MINUTES
     assert filters["newer"] is None or 1 <= filters["newer"] <= views.MAX_OLDER_MINUTES
     assert filters["prefix"] is None or views._ORDER_ID_PREFIX.fullmatch(filters["prefix"])
+    assert filters["customer"] is None or len(filters["customer"]) <= 64
     # the bound is one that date arithmetic takes
     if filters["older"]:
         datetime.now(UTC) - __import__("datetime").timedelta(minutes=filters["older"])

@@ -11,7 +11,8 @@ import pytest
 
 from console import views
 from domain import state_machine as sm
-from domain.models import ProcessState
+from domain.models import OrderSubmitted, ProcessState
+from tests.builders import order_payload
 from tests.console.conftest import POLICY, STEPS, order
 from tests.console.test_hostile_input import _call, _request
 from tests.console.test_hostile_input import local as local_mode
@@ -122,3 +123,21 @@ async def test_a_page_refreshes_itself_when_asked_and_a_confirmation_never(local
     )
     assert confirm.status_code == 200
     assert 'http-equiv="refresh"' not in confirm.get_body().decode()
+
+
+async def test_by_customer(deps, now):
+    """The orders of one customer: their keys from the orders database, then
+    one page of their records (two queries), in any state or one."""
+    for oid, customer in (("CU-1", "C-42"), ("CU-2", "C-42"), ("CU-3", "C-7")):
+        submitted = OrderSubmitted.model_validate(
+            order_payload(oid, Customer={"CustomerId": customer, "Name": "Ada"})
+        )
+        await deps.orders.create_if_absent(submitted, f"webshop:{oid}")
+        await deps.store.create_if_absent(_keyed(oid, now))
+    before = deps.store.charges.calls
+    assert await _ids(deps, state="any", customer="C-42") == ["webshop:CU-1", "webshop:CU-2"]
+    assert await _ids(deps, state="Error", customer="C-42") == []
+    assert await _ids(deps, state="any", customer="nobody") == []
+    assert deps.store.charges.calls - before == 3  # the records' page, one query each
+    with pytest.raises(views.BadRequest, match="customer"):
+        views.parse_filters({"customer": "x" * 65})
