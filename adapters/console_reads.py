@@ -19,6 +19,14 @@ from adapters.state_store import cosmos_time
 from domain.errors import PermanentError
 from domain.models import ProcessState
 
+# The states an order ends in, as the throughput chart shows them.
+FINISHED_STATES: Final = (
+    ProcessState.PROCESSED,
+    ProcessState.COMPENSATED,
+    ProcessState.ERROR,
+    ProcessState.COMPENSATION_FAILED,
+)
+
 MAX_PAGE: Final = 200
 MAX_RECENT: Final = 1000
 
@@ -118,25 +126,44 @@ class ConsoleReads:
 
     async def list_orders(
         self,
-        state: ProcessState | str,
+        state: ProcessState | str | None,
         page_size: int,
         app_id: str | None = None,
         created_before: datetime | None = None,
         page_token: str | None = None,
+        id_prefix: str | None = None,
+        created_after: datetime | None = None,
+        ids: list[str] | None = None,
     ) -> tuple[list[OrderRow], str | None]:
-        """One page of the records in `state` (optionally of one application,
-        optionally created before a time), by OrderID. Returns (rows, token of
-        the next page or None when this page came back short). One query."""
+        """One page of the records in `state` (every state when None; optionally of one application,
+        whose OrderID starts with `id_prefix`, created before or after a
+        time, among `ids`), by OrderID. Returns (rows, token of the next page or None when
+        this page came back short). One query."""
         if not 1 <= page_size <= MAX_PAGE:
             raise ValueError(f"page_size must be 1..{MAX_PAGE}")
-        where = ["c.ProcessState = @state"]
-        params = _params(max=page_size, state=ProcessState(state).value)
+        where = ["true"]
+        params = _params(max=page_size)
+        if state is not None:
+            where.append("c.ProcessState = @state")
+            params += _params(state=ProcessState(state).value)
         if app_id:
             where.append("c.AppId = @app")
             params += _params(app=app_id)
         if created_before is not None:
             where.append("c.CreatedAt < @before")
             params += _params(before=cosmos_time(created_before))
+        if created_after is not None:
+            where.append("c.CreatedAt >= @since")
+            params += _params(since=cosmos_time(created_after))
+        if ids is not None:  # only these records (at most MAX_PAGE): a customer's orders
+            names = {f"k{n}": v for n, v in enumerate(ids[:MAX_PAGE])} or {"k0": ""}
+            where.append("c.id IN (" + ", ".join(f"@{k}" for k in names) + ")")
+            params += _params(**names)
+        if id_prefix:
+            # the key is `{app}:{OrderID}` (or a bare OrderID, from before keys
+            # named the application); an OrderID holds no ':'
+            where.append("(STARTSWITH(c.id, @prefix) OR CONTAINS(c.id, @keyed))")
+            params += _params(prefix=id_prefix, keyed=f":{id_prefix}")
         if page_token:
             where.append("c.id > @after")
             params += _params(after=decode_page_token(page_token))
@@ -150,22 +177,34 @@ class ConsoleReads:
         token = encode_page_token(rows[-1].id) if len(rows) == page_size else None
         return rows, token
 
+    async def stored(self, ids: list[str]) -> set[str]:
+        """Which of `ids` (at most MAX_PAGE) have a record: the console links
+        an id to its order only then (an order Submit refused is never
+        stored). One query, none for no ids."""
+        wanted = list(dict.fromkeys(ids))[:MAX_PAGE]
+        if not wanted:
+            return set()
+        names = {f"i{n}": v for n, v in enumerate(wanted)}
+        query = "SELECT VALUE c.id FROM c WHERE c.id IN (" + ", ".join(f"@{k}" for k in names) + ")"
+        found = await query_all(
+            self._container, query, _params(**names), len(wanted), self.charges, "console_stored"
+        )
+        return {f for f in found if isinstance(f, str)}
+
     async def finished_since(
         self, since: datetime, limit: int = MAX_RECENT
     ) -> tuple[list[tuple[str, datetime]], bool]:
-        """(state, UpdatedAt) of records that reached Processed or Error since
-        `since` (for the throughput chart), at most `limit`; and whether the
-        limit cut the answer short. One query of two small fields per record."""
+        """(state, UpdatedAt) of records that reached a final state (Processed,
+        Compensated, Error, CompensationFailed) since `since` (for the
+        throughput chart), at most `limit`; and whether the limit cut the
+        answer short. One query of two small fields per record."""
+        states = {f"s{i}": s.value for i, s in enumerate(FINISHED_STATES)}
         query = (
-            "SELECT TOP @max c.ProcessState, c.UpdatedAt FROM c WHERE c.UpdatedAt >= @since"
-            " AND (c.ProcessState = @processed OR c.ProcessState = @error)"
+            "SELECT TOP @max c.ProcessState, c.UpdatedAt FROM c WHERE c.UpdatedAt >= @since AND ("
+            + " OR ".join(f"c.ProcessState = @{name}" for name in states)
+            + ")"
         )
-        params = _params(
-            max=limit,
-            since=cosmos_time(since),
-            processed=ProcessState.PROCESSED.value,
-            error=ProcessState.ERROR.value,
-        )
+        params = _params(max=limit, since=cosmos_time(since), **states)
         docs = await query_all(
             self._container, query, params, limit, self.charges, "console_throughput"
         )

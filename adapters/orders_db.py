@@ -22,7 +22,7 @@ from azure.core import MatchConditions
 from azure.cosmos.aio import ContainerProxy
 from pydantic import ValidationError
 
-from adapters.cosmos_client import SDK_ERRORS, RequestCharges, translate_error
+from adapters.cosmos_client import SDK_ERRORS, RequestCharges, query_all, translate_error
 from adapters.state_store import strip_system
 from domain.errors import ConflictError, NotFoundError, PermanentError, StaleError, TransientError
 from domain.ids import check_order_key, order_key
@@ -140,6 +140,19 @@ class CosmosOrdersRepository:
                 return False
             raise error from exc
         return True
+
+    async def keys_of_customer(self, customer_id: str, limit: int = 200) -> list[str]:
+        """The keys of up to `limit` orders of one customer (the console's
+        search by customer). One cross-partition query of the ids only."""
+        query = "SELECT TOP @max VALUE c.id FROM c WHERE c.Customer.CustomerId = @customer"
+        params: list[dict[str, Any]] = [
+            {"name": "@max", "value": limit},
+            {"name": "@customer", "value": customer_id},
+        ]
+        found = await query_all(
+            self._container, query, params, limit, self.charges, "console_customer"
+        )
+        return [k for k in found if isinstance(k, str)]
 
     async def get(self, key: str) -> OrderSubmitted:
         """The order stored under `key`; NotFoundError if there is none."""

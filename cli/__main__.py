@@ -5,9 +5,12 @@
     python -m cli show ORDER_ID          (a summary; --json for the whole record)
     python -m cli list                   (counts per state; --state Error lists them)
     python -m cli stuck
-    python -m cli resubmit ORDER_ID
+    python -m cli resubmit ORDER_ID      (asks why and to confirm; --reason, --operator, --yes)
+    python -m cli compensate ORDER_ID    (the same)
+    python -m cli retry ORDER_ID         (a Pending order in its long retry, now; the same)
     python -m cli alerts                 (newest first; --oldest-first)
     python -m cli deadletters            (every queue; or name one: deadletters orders-webshop)
+    python -m cli deadletters QUEUE --resend SEQ   (or --discard SEQ; asks why and to confirm)
     python -m cli trace ORDER_ID         (the local spans file: OTEL_TRACES_FILE or --file)
 
 Text that clients wrote is printed literally, through cli.render.
@@ -22,7 +25,7 @@ import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar, cast
 
 import typer
 from azure.servicebus import ServiceBusMessage, ServiceBusReceiveMode
@@ -43,6 +46,9 @@ from adapters.state_store import CosmosStateStore
 from cli import orders as order_source
 from cli import render
 from cli.config import tool_settings
+from cli.render import visible
+from console import actions, views
+from console.security import record_version
 from domain import state_machine as sm
 from domain.codec import encode
 from domain.ids import check_order_key
@@ -80,15 +86,6 @@ def _with_store(use: Callable[[CosmosStateStore], Awaitable[T]]) -> T:
             return await use(store)
 
     return _run(run())
-
-
-def _transition(order_id: str, change: Callable[[OrderState, datetime], OrderState]) -> OrderState:
-    """An operator's transition of one record (any owner: the etag guards it)."""
-    checked = _order_id(order_id)
-    record, _etag = _with_store(
-        lambda store: store.update(checked, lambda r: change(r, datetime.now(UTC)), ANY_OWNER)
-    )
-    return record
 
 
 @app.command()
@@ -287,18 +284,117 @@ def stuck(limit: int = typer.Option(100)) -> None:
     _list(ProcessState.PROCESSING, stuck_only=True, limit=limit)
 
 
+REASON_HELP = "why (recorded with your name in the order's history; asked when not given)"
+OPERATOR_HELP = "your name as the history records it (default: $CLI_OPERATOR, else your login)"
+YES_HELP = "act without asking for confirmation"
+
+
+def _operator(name: str | None) -> str:
+    """Who is acting: --operator, else $CLI_OPERATOR, else the login name."""
+    import getpass
+    import os
+
+    raw = name or os.environ.get("CLI_OPERATOR") or ""
+    if not raw:
+        try:
+            raw = getpass.getuser()
+        except (OSError, KeyError):  # no login name on this machine (a bare container)
+            raw = ""
+    try:
+        return actions.check_operator(raw)
+    except actions.RefusedInput as exc:
+        raise ToolError(f"{exc} (--operator NAME)") from None
+
+
+def _reason(given: str | None) -> str:
+    """The reason: --reason, else asked for (on the terminal or stdin)."""
+    try:
+        raw = given if given is not None else typer.prompt("Why (recorded with your name)")
+    except typer.Abort:  # nothing to read the answer from
+        raise ToolError("say why: --reason TEXT (it is recorded with your name)") from None
+    try:
+        return actions.check_reason(raw)
+    except actions.RefusedInput as exc:
+        raise ToolError(str(exc)) from None
+
+
+def _confirmed(question: str, yes: bool) -> bool:
+    """True with --yes; else the operator's answer (no unless y or yes)."""
+    if yes:
+        return True
+    try:
+        return typer.confirm(question, default=False)
+    except typer.Abort:  # nothing to read the answer from
+        raise ToolError("not confirmed; nothing done (answer at a terminal, or --yes)") from None
+
+
+def _order_action(action: str, order_id: str, reason: str | None, name: str | None, yes: bool):
+    """Resubmit or compensate one order, as the console does (console.actions):
+    show it, ask why and for confirmation, then apply the transition only if
+    the record is still the version shown (etag-guarded)."""
+    checked = _order_id(order_id)
+    who = _operator(name)
+    record, _ = _with_store(lambda store: store.read(checked))
+    # refused here, in one line, when the state does not allow the action
+    actions.apply(record, action, who, "-", datetime.now(UTC))
+    title, explanation = actions.ORDER_ACTIONS[action]
+    render.print_action_target(console, record, title, explanation, who)
+    why = _reason(reason)
+    if not _confirmed(f"{title} {visible(checked)} as {visible(who)}?", yes):
+        console.print(Text("nothing done"))
+        return None
+    shown = record_version(record)
+
+    def change(r: OrderState) -> OrderState:
+        if record_version(r) != shown:
+            raise ToolError("the order changed since it was shown; nothing done, run it again")
+        return actions.apply(r, action, who, why, datetime.now(UTC))
+
+    updated, _ = _with_store(lambda store: store.update(checked, change, ANY_OWNER))
+    return updated
+
+
 @app.command()
-def resubmit(order_id: str) -> None:
+def resubmit(
+    order_id: str,
+    reason: str | None = typer.Option(None, "--reason", "-r", help=REASON_HELP),
+    operator: str | None = typer.Option(None, "--operator", help=OPERATOR_HELP),
+    yes: bool = typer.Option(False, "--yes", "-y", help=YES_HELP),
+) -> None:
     """Put an Error order back to Pending with a fresh retry budget."""
-    record = _transition(order_id, sm.resubmit)
-    console.print(f"{record.id}: {record.ProcessState.value}; the starter will pick it up")
+    record = _order_action("resubmit", order_id, reason, operator, yes)
+    if record is not None:
+        console.print(
+            Text(f"{visible(record.id)}: {record.ProcessState.value}; the starter will pick it up")
+        )
 
 
 @app.command()
-def compensate(order_id: str) -> None:
+def compensate(
+    order_id: str,
+    reason: str | None = typer.Option(None, "--reason", "-r", help=REASON_HELP),
+    operator: str | None = typer.Option(None, "--operator", help=OPERATOR_HELP),
+    yes: bool = typer.Option(False, "--yes", "-y", help=YES_HELP),
+) -> None:
     """Undo an Error or CompensationFailed order's completed steps (again)."""
-    record = _transition(order_id, sm.request_compensation)
-    console.print(f"{record.id}: compensation requested; the starter will run it")
+    record = _order_action("compensate", order_id, reason, operator, yes)
+    if record is not None:
+        console.print(
+            Text(f"{visible(record.id)}: compensation requested; the starter will run it")
+        )
+
+
+@app.command(name="retry")
+def retry_now(
+    order_id: str,
+    reason: str | None = typer.Option(None, "--reason", "-r", help=REASON_HELP),
+    operator: str | None = typer.Option(None, "--operator", help=OPERATOR_HELP),
+    yes: bool = typer.Option(False, "--yes", "-y", help=YES_HELP),
+) -> None:
+    """Take a Pending order in its long retry now, not at its next try."""
+    record = _order_action("retry", order_id, reason, operator, yes)
+    if record is not None:
+        console.print(Text(f"{visible(record.id)}: due now; the starter will pick it up"))
 
 
 _QUEUE_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,259}")
@@ -355,19 +451,46 @@ def alerts(
 def deadletters(
     queue: str | None = typer.Argument(None, help="one queue; without it, every queue"),
     limit: int = typer.Option(50, help="dead letters shown per queue"),
+    resend: int | None = typer.Option(
+        None, help="resend dead letter SEQ of QUEUE (RetriesExhausted/ProcessingFailed only)"
+    ),
+    discard: int | None = typer.Option(None, help="discard dead letter SEQ of QUEUE"),
+    reason: str | None = typer.Option(None, "--reason", "-r", help=REASON_HELP),
+    operator: str | None = typer.Option(None, "--operator", help=OPERATOR_HELP),
+    yes: bool = typer.Option(False, "--yes", "-y", help=YES_HELP),
 ) -> None:
     """Peek the dead letters of QUEUE, or of every queue (each application's
-    ingress and reply queue, agent-requests, agent-responses, alerts), with reasons."""
+    ingress and reply queue, agent-requests, agent-responses, alerts), with
+    reasons and sequence numbers; or resend or discard one (--resend SEQ /
+    --discard SEQ), as the console does."""
+    if queue is not None and not _QUEUE_NAME.fullmatch(queue):
+        raise ToolError(f"{queue!r} is not a queue name (lowercase letters, digits, '.', '_', '-')")
+    if resend is not None or discard is not None:
+        if queue is None or (resend is not None and discard is not None):
+            raise ToolError("name one queue and one of --resend SEQ or --discard SEQ")
+        action, sequence = ("resend", resend) if resend is not None else ("discard", discard)
+        assert sequence is not None
+        _dead_letter_action(queue, sequence, action, reason, operator, yes)
+        return
     if queue is not None:
-        if not _QUEUE_NAME.fullmatch(queue):
-            raise ToolError(
-                f"{queue!r} is not a queue name (lowercase letters, digits, '.', '_', '-')"
-            )
         messages = _read_queue(f"{queue}/$deadletterqueue", True, None)[:limit]
         render.print_dead_letters(console, queue, messages)
         return
-    cfg = _settings()
-    queues = list(
+    found: dict[str, list] = {}
+    for name in _all_queues(_settings()):
+        try:
+            found[name] = _read_queue(f"{name}/$deadletterqueue", True, None)
+        except ToolError as exc:
+            console.print(Text.assemble(("skipped: ", "yellow"), render.literal(str(exc))))
+    for name, messages in found.items():
+        if messages:
+            render.print_dead_letters(console, name, messages[:limit])
+    # last, so that the counts stay on the screen after a long list
+    render.print_queue_counts(console, {name: len(m) for name, m in found.items()})
+
+
+def _all_queues(cfg: Settings) -> list[str]:
+    return list(
         dict.fromkeys(
             [
                 *sorted(cfg.ingress_queues.values()),
@@ -378,19 +501,54 @@ def deadletters(
             ]
         )
     )
-    found: dict[str, list] = {}
-    for name in queues:
-        try:
-            found[name] = _read_queue(f"{name}/$deadletterqueue", True, None)
-        except ToolError as exc:
-            console.print(Text.assemble(("skipped: ", "yellow"), render.literal(str(exc))))
-    total = sum(len(m) for m in found.values())
-    console.print(Text(f"{total} dead letters on {len(found)} queues", style="bold"))
-    for name, messages in found.items():
-        console.print(Text(f"  {render.visible(name)}  {len(messages)}"))
-    for name, messages in found.items():
-        if messages:
-            render.print_dead_letters(console, name, messages[:limit])
+
+
+def _on_dead_letters(use: Callable[[views.Deps], Awaitable[T]]) -> T:
+    """Run `use` on the console's dead-letter views (console.views.Deps) over
+    a Service Bus client of its own; a refusal of the views is a ToolError."""
+    from console.peek import QueuePeeker
+
+    cfg = _settings()
+
+    async def run() -> T:
+        async with servicebus_client(cfg.servicebus) as client:
+            peeker = QueuePeeker(client)
+            # the dead-letter views read Service Bus only: no store, no order links
+            deps = views.Deps(
+                settings=cfg,
+                store=cast(Any, None),
+                reads=cast(Any, None),
+                orders=None,
+                servicebus=peeker,
+                azure=False,
+            )
+            try:
+                return await use(deps)
+            finally:
+                await peeker.close()
+
+    try:
+        return _run(run())
+    except views.BadRequest as exc:  # NotFound too
+        raise ToolError(str(exc)) from None
+
+
+def _dead_letter_action(
+    queue: str, sequence: int, action: str, reason: str | None, name: str | None, yes: bool
+) -> None:
+    """Show the dead letter, ask why and for confirmation (not inside the
+    event loop), then resend or discard it as the console does."""
+    who = _operator(name)
+    shown = _on_dead_letters(lambda deps: views.dead_letter(deps, queue, sequence))
+    title, explanation = views.DEAD_LETTER_ACTIONS[action]
+    render.print_dead_letter_target(console, queue, shown, title, explanation, who)
+    why = _reason(reason)
+    if not _confirmed(f"{title} dead letter {sequence} of {queue} as {visible(who)}?", yes):
+        console.print(Text("nothing done"))
+        return
+    _on_dead_letters(lambda deps: views.act_on_dead_letter(deps, queue, sequence, action, who, why))
+    done = "resent" if action == "resend" else "discarded"
+    console.print(Text(f"dead letter {sequence} of {queue} {done} by {visible(who)}"))
 
 
 @app.command()

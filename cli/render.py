@@ -22,6 +22,7 @@ from datetime import datetime
 from typing import Any
 
 from rich.console import Console
+from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
@@ -133,24 +134,64 @@ def print_alerts(
     return len(shown)
 
 
+BODY_LINES = 24  # lines of a dead letter's body printed; the console shows it whole
+
+
+def body_lines(message: Any) -> list[str]:
+    """A dead letter's body as lines to print: JSON indented (so it wraps at
+    its own structure, not mid-token), anything else as it is; escaped."""
+    text = body_text(message)
+    try:
+        data = json.loads(text)
+    except (ValueError, RecursionError):
+        data = None
+    if isinstance(data, dict | list):
+        text = json.dumps(data, indent=2, ensure_ascii=False)
+    return [visible(line) for line in text.splitlines()] or [""]
+
+
+def _indented(console: Console, text: Text, indent: int) -> None:
+    """`text` wrapped at word boundaries, every line (continuations too) indented."""
+    console.print(Padding(text, (0, 0, 0, indent)))
+
+
 def print_dead_letters(console: Console, queue: str, messages: Iterable[Any]) -> int:
+    """Each dead letter: its sequence number (what `deadletters QUEUE --resend
+    SEQ` / `--discard SEQ` take), id and reason on one line; its description
+    and body under it, indented and wrapped at word boundaries."""
     items = list(messages)
     if not items:
         console.print(Text.assemble("no dead letters on ", literal(queue)))
         return 0
     console.print(Text.assemble(f"{len(items)} dead letters on ", literal(queue), style="bold"))
     for message in items:
+        seq = getattr(message, "sequence_number", None)
         console.print(
             Text.assemble(
+                (f"#{seq} " if isinstance(seq, int) else "", "cyan"),
                 literal(getattr(message, "message_id", None) or "(no message id)", 140, "bold"),
                 " ",
                 literal(getattr(message, "dead_letter_reason", None) or "(no reason)", 200, "red"),
-                " ",
-                literal(getattr(message, "dead_letter_error_description", None) or "", 4096),
             )
         )
-        console.print(Text.assemble("  ", literal(body_text(message), 300)))
+        description = getattr(message, "dead_letter_error_description", None)
+        if description:
+            _indented(console, literal(description, 4096), 2)
+        lines = body_lines(message)
+        shown = lines[:BODY_LINES]
+        if len(lines) > BODY_LINES:
+            shown.append(f"… {len(lines) - BODY_LINES} more lines")
+        _indented(console, Text("\n".join(shown), style="dim"), 4)
     return len(items)
+
+
+def print_queue_counts(console: Console, counts: dict[str, int]) -> None:
+    """The per-queue counts, printed last so they stay on the screen."""
+    total = sum(counts.values())
+    console.print(Text(f"{total} dead letters on {len(counts)} queues", style="bold"))
+    width = max((len(visible(q)) for q in counts), default=0)
+    for name, n in counts.items():
+        console.print(Text(f"  {visible(name):<{width}}  {n}"))
 
 
 def status_table(queue: str, latest: dict[str, str]) -> Table:
@@ -186,11 +227,29 @@ def _time(value: Any) -> str:
     return value.isoformat() if isinstance(value, datetime) else ""
 
 
+def _next_try(record: Any) -> str:
+    """When a Pending order is taken again: its NotBefore, saying when it is a
+    long retry (the Supervisor's LongRetries), empty when it may go now."""
+    at = getattr(record, "NotBefore", None)
+    if not isinstance(at, datetime):
+        return ""
+    long = getattr(record, "LongRetries", 0)
+    return _time(at) + (f" (long retry {long})" if long else "")
+
+
 def records_table(title: str, records: Iterable[Any]) -> Table:
     """Records as a table whose cells wrap (fold), never cut: times and
     errors are shown whole at any width."""
     table = Table(title=Text(title))
-    for col in ("OrderID", "attempt", "failures", "CompleteBy", "LockedBy", "LastError"):
+    for col in (
+        "OrderID",
+        "attempt",
+        "failures",
+        "CompleteBy",
+        "next try",
+        "LockedBy",
+        "LastError",
+    ):
         table.add_column(col, overflow="fold")
     for r in records:
         table.add_row(
@@ -198,6 +257,7 @@ def records_table(title: str, records: Iterable[Any]) -> Table:
             Text(str(r.Attempt)),
             Text(str(r.FailureCount)),
             Text(_time(r.CompleteBy)),
+            Text(_next_try(r)),
             literal(r.LockedBy or "", 200),
             literal(r.LastError or ""),
         )
@@ -219,10 +279,55 @@ def print_records(console: Console, title: str, records: list[Any]) -> None:
         )
         if r.CompleteBy:
             console.print(Text(f"  deadline {_time(r.CompleteBy)}"))
+        if getattr(r, "NotBefore", None):
+            console.print(Text(f"  next try {_next_try(r)}"))
         if r.LockedBy:
             console.print(Text.assemble("  locked by ", literal(r.LockedBy)))
         if r.LastError:
             console.print(Text.assemble("  last error: ", literal(r.LastError)))
+
+
+def print_action_target(
+    console: Console, record: Any, title: str, explanation: str, who: str
+) -> None:
+    """What an operator is about to act on, before the confirmation: the
+    order, its state and last error, what the action does and who acts."""
+    state = getattr(record.ProcessState, "value", record.ProcessState)
+    console.print(
+        Text.assemble(
+            (f"{title} ", "bold"),
+            literal(record.id, style="bold"),
+            f"  {state}, attempt {record.Attempt}, failures {record.FailureCount}",
+        )
+    )
+    if record.LastError:
+        _indented(console, Text.assemble(("last error: ", "red"), literal(record.LastError)), 2)
+    _indented(console, Text(explanation), 2)
+    _indented(console, Text.assemble("recorded as done by ", literal(who, style="bold")), 2)
+
+
+def print_dead_letter_target(
+    console: Console, queue: str, m: dict[str, Any], title: str, explanation: str, who: str
+) -> None:
+    """A dead letter as console.views shows it, before an operator acts on it."""
+    console.print(
+        Text.assemble(
+            (f"{title} dead letter {m.get('sequence')} of ", "bold"),
+            literal(queue, style="bold"),
+            "  ",
+            literal(m.get("id") or "(no message id)", 140),
+            " ",
+            literal(m.get("reason") or "(no reason)", 200, "red"),
+        )
+    )
+    if m.get("description"):
+        _indented(console, literal(m["description"], 4096), 2)
+    order = m.get("order_id") or m.get("unstored_order")
+    if order:
+        _indented(console, Text.assemble("order ", literal(order)), 2)
+    _indented(console, Text("\n".join(visible(x) for x in str(m.get("body", "")).splitlines())), 4)
+    _indented(console, Text(explanation), 2)
+    _indented(console, Text.assemble("recorded as done by ", literal(who, style="bold")), 2)
 
 
 def print_state_counts(console: Console, counts: dict[str, int]) -> None:

@@ -100,14 +100,25 @@ class QueuePeeker:
         act: Callable[[Any], Awaitable[None]],
         scan_limit: int = 500,
     ) -> bool:
-        """Receive (peek-lock) the dead letter `sequence` of `queue`, run
-        `act` on it, then complete it; False when it is not there (already
-        settled by someone else). The others received on the way are
-        abandoned, untouched. A receiver of its own, closed after: actions are
-        rare and must not share the peek links' locks."""
+        """`take` on the dead-letter queue of `queue`."""
+        return await self.take(queue, sequence, act, scan_limit, dead_letter=True)
+
+    async def take(
+        self,
+        queue: str,
+        sequence: int,
+        act: Callable[[Any], Awaitable[None]],
+        scan_limit: int = 500,
+        dead_letter: bool = False,
+    ) -> bool:
+        """Receive (peek-lock) message `sequence` of `queue` (or of its
+        dead-letter queue), run `act` on it, then complete it; False when it
+        is not there (already settled by someone else). The others received
+        on the way are abandoned, untouched. A receiver of its own, closed
+        after: actions are rare and must not share the peek links' locks."""
         receiver = self._client.get_queue_receiver(
             queue,
-            sub_queue=ServiceBusSubQueue.DEAD_LETTER,
+            sub_queue=ServiceBusSubQueue.DEAD_LETTER if dead_letter else None,
             receive_mode=ServiceBusReceiveMode.PEEK_LOCK,
             prefetch_count=0,
         )

@@ -6,8 +6,11 @@ Why each works this way: docs/adr/012-console-security.md."""
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 import hmac
+import json
 import os
 import re
 import secrets
@@ -19,6 +22,11 @@ from urllib.parse import urlsplit
 from adapters.settings import MANAGED_IDENTITY_ENDPOINTS
 
 PRINCIPAL_HEADER = "x-ms-client-principal-name"
+PRINCIPAL_ID_HEADER = "x-ms-client-principal-id"
+CLAIMS_HEADER = "x-ms-client-principal"  # base64 JSON of the token's claims (Easy Auth)
+OPERATORS_SETTING = "CONSOLE_OPERATORS"
+OPERATOR_ROLE_SETTING = "CONSOLE_OPERATOR_ROLE"
+_ROLE_CLAIMS = ("roles", "http://schemas.microsoft.com/ws/2008/06/identity/claims/role")
 CSRF_FIELD = "csrf"
 LOCAL_OPERATOR = "local"
 TOKEN_LIFETIME = 15 * 60  # seconds a confirmation form stays valid
@@ -87,7 +95,9 @@ def operator(
     """The signed-in operator's name. In local mode `local`, for a request
     addressed to a loopback host only (a page of another site that a DNS
     name pointed at 127.0.0.1 gets nothing); otherwise the principal that
-    authentication set, and Unauthenticated without one."""
+    authentication set, and Unauthenticated without one, and only when the
+    app's own operator list admits it (`may_operate`): the app does not rest
+    on the proxy alone."""
     env = _env(env)
     if local_mode(env):
         host = (urlsplit(request_url).hostname or "") if request_url else ""
@@ -95,9 +105,74 @@ def operator(
             raise Forbidden("local mode answers requests to a loopback address only")
         return LOCAL_OPERATOR
     name = (_header(headers, PRINCIPAL_HEADER) or "").strip()
-    if not name:
+    principal_id = (_header(headers, PRINCIPAL_ID_HEADER) or "").strip()
+    if not name and not principal_id:
         raise Unauthenticated("no authenticated principal: sign in (App Service authentication)")
-    return name[:80]
+    roles, groups = _claims(headers)
+    may_operate(principal_id, roles, env, groups)
+    return (name or principal_id)[:80]
+
+
+def operator_ids(env: Mapping[str, str] | None = None) -> frozenset[str]:
+    """CONSOLE_OPERATORS: the principal (object) ids that may operate,
+    separated by commas or spaces, compared without case."""
+    raw = _env(env).get(OPERATORS_SETTING) or ""
+    return frozenset(p.strip().lower() for p in re.split(r"[,\s]+", raw) if p.strip())
+
+
+def may_operate(
+    principal_id: str,
+    roles: frozenset[str],
+    env: Mapping[str, str],
+    groups: frozenset[str] = frozenset(),
+) -> None:
+    """Raise Forbidden unless the principal, or a group its token names (the
+    `groups` claim, when the app registration emits it), is on
+    CONSOLE_OPERATORS, or it holds the app role CONSOLE_OPERATOR_ROLE. With
+    neither set nobody may: the console fails closed, as it does without
+    confirmed authentication."""
+    ids = operator_ids(env)
+    role = (env.get(OPERATOR_ROLE_SETTING) or "").strip()
+    if not ids and not role:
+        raise Forbidden(
+            f"no operator is configured: set {OPERATORS_SETTING} (principal ids) or "
+            f"{OPERATOR_ROLE_SETTING} (an app role) in the app's settings"
+        )
+    if principal_id and principal_id.lower() in ids:
+        return
+    if any(g.lower() in ids for g in groups):
+        return
+    if role and role in roles:
+        return
+    raise Forbidden(
+        "you are signed in but not an operator of this console "
+        f"(principal id {principal_id[:64] or 'not sent'}); ask for your id to be added to "
+        f"{OPERATORS_SETTING}" + (f" or for the app role {role!r}" if role else "")
+    )
+
+
+def _claims(headers: Mapping[str, str]) -> tuple[frozenset[str], frozenset[str]]:
+    """(app roles, group ids) in App Service authentication's claims header
+    (`x-ms-client-principal`: base64 JSON, `claims` of `typ`/`val`, the role
+    claim's type named by `role_typ`). Nothing when absent or unreadable."""
+    raw = _header(headers, CLAIMS_HEADER)
+    if not raw or len(raw) > 64_000:
+        return frozenset(), frozenset()
+    try:
+        principal = json.loads(base64.b64decode(raw + "=" * (-len(raw) % 4)))
+    except (binascii.Error, ValueError, RecursionError):
+        return frozenset(), frozenset()
+    if not isinstance(principal, dict) or not isinstance(principal.get("claims"), list):
+        return frozenset(), frozenset()
+    role_kinds = {*_ROLE_CLAIMS, str(principal.get("role_typ") or "roles")}
+    claims = [
+        (c.get("typ"), str(c.get("val")))
+        for c in principal["claims"]
+        if isinstance(c, dict) and c.get("val")
+    ]
+    roles = frozenset(v for t, v in claims if t in role_kinds)
+    groups = frozenset(v for t, v in claims if t == "groups")
+    return roles, groups
 
 
 def public_base(env: Mapping[str, str] | None = None) -> str | None:
@@ -125,11 +200,15 @@ def base_path(request_url: str, env: Mapping[str, str] | None = None) -> str:
     return path[: i + len(marker)] if i >= 0 else "/api/console"
 
 
-def allowed_origin(origin: str, env: Mapping[str, str] | None = None) -> bool:
+def allowed_origin(
+    origin: str, env: Mapping[str, str] | None = None, request_url: str = ""
+) -> bool:
     """Whether a POST's Origin is the console's own: the configured public
     URL's origin; in Azure the app's own default host (WEBSITE_HOSTNAME, set
-    by the platform, not by the request); in local mode any loopback origin.
-    Never compared with the request's Host header."""
+    by the platform, not by the request); in local mode a loopback origin
+    over http (the local host serves no https) on the port the request came
+    to, when it is known (another local server is another origin). Never
+    compared with the request's Host name."""
     env = _env(env)
     theirs = urlsplit(origin)
     if theirs.scheme not in ("http", "https") or not theirs.hostname:
@@ -144,7 +223,18 @@ def allowed_origin(origin: str, env: Mapping[str, str] | None = None) -> bool:
         ours.append(("https", site))
     if (theirs.scheme, theirs.netloc.lower()) in ours:
         return True
-    return local_mode(env) and theirs.hostname.strip("[]") in LOOPBACK_HOSTS
+    if not local_mode(env) or theirs.scheme != "http":
+        return False
+    if theirs.hostname.strip("[]") not in LOOPBACK_HOSTS:
+        return False
+    return not request_url or _port(theirs) == _port(urlsplit(request_url))
+
+
+def _port(parts: Any) -> int | None:
+    try:
+        return parts.port or {"http": 80, "https": 443}.get(parts.scheme)
+    except ValueError:  # a port out of range
+        return None
 
 
 def _secret(env: Mapping[str, str] | None = None) -> bytes:
@@ -180,6 +270,12 @@ def record_version(record: Any) -> str:
     )
 
 
+def version_digest(version: str) -> str:
+    """A record version (`record_version`) as a form may carry it: hex, no
+    control characters."""
+    return hashlib.sha256(version.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+
+
 def _sign(
     who: str, order_id: str, action: str, version: str, expiry: int, env: Mapping[str, str] | None
 ) -> str:
@@ -196,14 +292,16 @@ def check_csrf(
     version: str,
     now: float | None = None,
     env: Mapping[str, str] | None = None,
+    request_url: str = "",
 ) -> None:
     """Raise Forbidden unless the POST came from our own, fresh confirmation
-    form for this operator, order, action and version of the record."""
+    form for this operator, order, action and version of the record
+    (`request_url`: where the POST was sent, for a local origin's port)."""
     site = (_header(headers, "sec-fetch-site") or "").lower()
     if site and site not in ("same-origin", "none"):
         raise Forbidden("cross-site request refused")
     origin = _header(headers, "origin")
-    if origin is not None and not allowed_origin(origin, env):
+    if origin is not None and not allowed_origin(origin, env, request_url):
         raise Forbidden(
             "request from another origin refused"
             + ("" if public_base(env) else f" (set {PUBLIC_URL_SETTING} to the console's URL)")
@@ -233,13 +331,34 @@ def redact(value: Any) -> Any:
     return value
 
 
+# A lone surrogate (JSON's "\ud800" decodes to one) cannot be encoded as
+# UTF-8; control characters other than tab and newlines do not belong in HTML
+# text. Both are shown as their escapes, so the operator sees what was stored.
+_UNPRINTABLE = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\ud800-\udfff]")
+
+
+def _escape_unprintable(m: re.Match[str]) -> str:
+    code = ord(m.group(0))
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def printable(text: str) -> str:
+    """`text` with lone surrogates and control characters (but tab, CR, LF)
+    replaced by their backslash escapes: always encodable as UTF-8."""
+    return _UNPRINTABLE.sub(_escape_unprintable, text)
+
+
 def mask_for_display(value: Any) -> Any:
-    """The templates' finalize: every rendered string with card numbers masked.
-    Markup (already escaped) stays Markup: masking only swaps digits for text
-    without markup characters."""
-    if isinstance(value, Unmasked) or not isinstance(value, str):
+    """The templates' finalize: every rendered string with card numbers masked
+    and unprintable characters escaped (`printable`). Markup (already
+    escaped) stays Markup: both only swap characters for text without markup
+    characters."""
+    if not isinstance(value, str):
         return value
-    masked = mask_card_numbers(value)
+    if isinstance(value, Unmasked):
+        cleaned = printable(value)
+        return value if cleaned == value else Unmasked(cleaned)
+    masked = printable(mask_card_numbers(value))
     if masked == value:
         return value
     return masked if type(value) is str else type(value)(masked)

@@ -28,8 +28,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from console.security import redact
 from domain.ids import parse_attempt_instance_id
-from domain.models import OrderState, ProcessState, StepStatus
+from domain.models import OrderState, ProcessState
 
 _MAX_TEXT = 400
 
@@ -42,6 +43,20 @@ class Event:
     tone: str = ""
     detail: str | None = None  # the one place an error's text is shown
     calls: list[dict[str, Any]] = field(default_factory=list)
+    raw: str | None = None  # the request's input or the reply as sent, redacted
+
+
+RAW_LIMIT = 4000  # characters of a raw input or output shown
+
+
+def raw_text(value: Any) -> str | None:
+    """An activity's input or a reply as the operator may read it: payment
+    data dropped and card numbers masked (console.security.redact), indented
+    JSON, cut at RAW_LIMIT characters."""
+    if not value:
+        return None
+    text = json.dumps(redact(value), indent=1, ensure_ascii=False, default=str)
+    return text if len(text) <= RAW_LIMIT else text[: RAW_LIMIT - 1] + "…"
 
 
 @dataclass
@@ -228,26 +243,34 @@ _FINISHES = {
 }
 
 
-def _walk(history: list[Any]) -> tuple[list[Event], list[Call]]:
-    """The attempt's events in history order, and its step calls."""
-    events: list[Event] = []
-    calls: list[Call] = []
-    awaiting_timer: Call | None = None
+class _Walk:
+    """One attempt's history read in order: its events and its step calls."""
 
-    def request(step: str | None, action: str, at: datetime | None, attempt_try: Any = None):
-        nonlocal awaiting_timer
+    def __init__(self) -> None:
+        self.events: list[Event] = []
+        self.calls: list[Call] = []
+        self.awaiting_timer: Call | None = None
+
+    def request(
+        self,
+        step: Any,
+        action: str,
+        at: datetime | None,
+        attempt_try: Any = None,
+        raw: Any = None,
+    ) -> Call | None:
         if not step:
             return None
         call = Call(step=step, action=action, requested_at=at)
-        calls.append(call)
-        awaiting_timer = call
+        self.calls.append(call)
+        self.awaiting_timer = call
         what = label(step, action)
         if action == "undo" and isinstance(attempt_try, int) and attempt_try > 0:
             what += f" (try {attempt_try + 1})"
-        events.append(Event(at, "request", f"{what}: requested"))
+        self.events.append(Event(at, "request", f"{what}: requested", raw=raw_text(raw)))
         return call
 
-    def answered(call: Call, reply: dict[str, Any], at: datetime | None) -> None:
+    def answered(self, call: Call, reply: dict[str, Any], at: datetime | None) -> None:
         call.reply, call.replied_at = reply, at
         text, tone, error = _reply_words(call)
         took = (
@@ -257,120 +280,122 @@ def _walk(history: list[Any]) -> tuple[list[Event], list[Call]]:
         )
         deadline, deadline_tone = _deadline_words(call)
         detail = " · ".join(x for x in (deadline, error) if x) or None
-        events.append(Event(at, "reply", text + took, tone or deadline_tone, detail, _calls(reply)))
+        self.events.append(
+            Event(
+                at,
+                "reply",
+                text + took,
+                tone or deadline_tone,
+                detail,
+                _calls(reply),
+                raw_text(reply),
+            )
+        )
 
-    def open_call(step: Any, action: Any) -> Call | None:
-        for c in reversed(calls):
+    def open_call(self, step: Any, action: Any) -> Call | None:
+        for c in reversed(self.calls):
             if c.step == step and c.action == action and c.reply is None:
                 return c
         return None
 
-    for raw in history:
+    def event(self, raw: Any) -> None:
         if not isinstance(raw, dict):
-            continue
+            return
         kind = str(raw.get("EventType") or "")
         at = parse_time(raw.get("Timestamp"))
-        fn = str(raw.get("FunctionName") or "")
-        inp = _data(raw.get("Input"))
-        res = _data(raw.get("Result"))
         if kind == "ExecutionStarted":
-            events.append(Event(at, "state", "attempt began"))
+            self.events.append(Event(at, "state", "attempt began"))
         elif kind == "TaskCompleted":
-            if res.get("Stale"):
-                events.append(
-                    Event(at, "state", "superseded: another attempt owns the order", "muted")
-                )
-                continue
-            if fn in ("begin_attempt", "advance_attempt"):
-                finish = inp.get("Finish") or inp.get("Kind") == "finish"  # 2.2 / 2.3
-                if finish and res.get("State") == ProcessState.PROCESSED.value:
-                    events.append(Event(at, "state", "order Processed", "good"))
-                started = res.get("Started") or inp.get("Start")
-                if started:
-                    request(started, "do", at)
-            elif fn == "write_state":
-                write = str(inp.get("Kind") or "")
-                if write == "start_step":
-                    request(inp.get("Step"), "do", at)
-                elif write == "finish_compensation":
-                    state = res.get("State")
-                    events.append(
-                        Event(
-                            at,
-                            "state",
-                            f"order {state}",
-                            "good" if state == ProcessState.COMPENSATED.value else "bad",
-                        )
-                    )
-                elif write in _WRITES:
-                    text, tone = _WRITES[write]
-                    events.append(Event(at, "state", text, tone))
-                # complete_step, transient, undo_done, undo_failed: the reply said it
-            elif fn == "send_agent_request":
-                request(inp.get("Step"), str(inp.get("Action") or "do"), at, inp.get("Try"))
-            elif fn == "send_step":  # 2.4: a request, no write (the claim marked the step)
-                request(inp.get("Step"), "do", at)
-            elif fn == "finish_attempt":  # 2.4's one write: Processed, or the failure's
-                end = _FINISHES.get(str(res.get("State") or ""))
-                if end is not None:
-                    events.append(Event(at, "state", *_WRITES[end]))
-            elif fn == "run_inline_step":
-                # the write that started the step already "requested" it
-                call = open_call(inp.get("Step"), inp.get("Action") or "do") or request(
-                    inp.get("Step"),
-                    str(inp.get("Action") or "do"),
-                    parse_time(raw.get("ScheduledTime")) or at,
-                )
-                if call is not None and res:
-                    call.deadline = parse_time(inp.get("Deadline"))
-                    answered(call, res, at)
-            elif fn == "report_status":
-                events.append(
-                    Event(at, "note", f"client told: {_text(inp.get('Status'), 40)}", "muted")
-                )
-            elif fn == "raise_alert":
-                events.append(
-                    Event(
-                        at, "note", f"operator alert raised ({_text(inp.get('Kind'), 40)})", "warn"
-                    )
-                )
+            self.task_completed(raw, at)
         elif kind == "TaskFailed":
-            events.append(
-                Event(
-                    at,
-                    "state",
-                    f"{_ACTIVITY_WORDS.get(fn, 'a workflow step')} failed",
-                    "bad",
-                    _text(raw.get("Reason")),
-                )
-            )
+            fn = str(raw.get("FunctionName") or "")
+            what = f"{_ACTIVITY_WORDS.get(fn, 'a workflow step')} failed"
+            self.events.append(Event(at, "state", what, "bad", _text(raw.get("Reason"))))
         elif kind == "TimerCreated":
-            if awaiting_timer is not None and awaiting_timer.deadline is None:
-                awaiting_timer.deadline = parse_time(raw.get("FireAt"))
-                awaiting_timer = None
+            if self.awaiting_timer is not None and self.awaiting_timer.deadline is None:
+                self.awaiting_timer.deadline = parse_time(raw.get("FireAt"))
+                self.awaiting_timer = None
         elif kind == "TimerFired":
-            fire = parse_time(raw.get("FireAt"))
-            for c in calls:
-                if c.reply is None and c.deadline is not None and c.deadline == fire:
-                    c.missed = True
-                    events.append(
-                        Event(
-                            at,
-                            "deadline",
-                            f"{label(c.step, c.action)}: no answer by its deadline: deadline missed",
-                            "bad",
-                        )
-                    )
+            self.timer_fired(parse_time(raw.get("FireAt")), at)
         elif kind == "EventRaised":
             reply = _data(raw.get("Input"))
-            step, action = _answered_call(reply, raw.get("Name"), calls)
-            call = open_call(step, action)
+            step, action = _answered_call(reply, raw.get("Name"), self.calls)
+            call = self.open_call(step, action)
             if call is None:
                 # an answer to a try whose deadline already passed (ADR 005) or unknown
                 call = Call(step=str(step or "?"), action=action, requested_at=None)
-                calls.append(call)
-            answered(call, reply, at)
-    return events, calls
+                self.calls.append(call)
+            self.answered(call, reply, at)
+
+    def timer_fired(self, fire: datetime | None, at: datetime | None) -> None:
+        for c in self.calls:
+            if c.reply is None and c.deadline is not None and c.deadline == fire:
+                c.missed = True
+                what = f"{label(c.step, c.action)}: no answer by its deadline: deadline missed"
+                self.events.append(Event(at, "deadline", what, "bad"))
+
+    def task_completed(self, raw: dict[str, Any], at: datetime | None) -> None:
+        fn = str(raw.get("FunctionName") or "")
+        inp = _data(raw.get("Input"))
+        res = _data(raw.get("Result"))
+        if res.get("Stale"):
+            self.events.append(
+                Event(at, "state", "superseded: another attempt owns the order", "muted")
+            )
+        elif fn in ("begin_attempt", "advance_attempt"):
+            finish = inp.get("Finish") or inp.get("Kind") == "finish"  # 2.2 / 2.3
+            if finish and res.get("State") == ProcessState.PROCESSED.value:
+                self.events.append(Event(at, "state", "order Processed", "good"))
+            started = res.get("Started") or inp.get("Start")
+            if started:
+                self.request(started, "do", at)
+        elif fn == "write_state":
+            self.write_state(inp, res, at)
+        elif fn == "send_agent_request":
+            step, action = inp.get("Step"), str(inp.get("Action") or "do")
+            self.request(step, action, at, inp.get("Try"), raw=inp)
+        elif fn == "send_step":  # 2.4: a request, no write (the claim marked the step)
+            self.request(inp.get("Step"), "do", at, raw=inp)
+        elif fn == "finish_attempt":  # 2.4's one write: Processed, or the failure's
+            end = _FINISHES.get(str(res.get("State") or ""))
+            if end is not None:
+                self.events.append(Event(at, "state", *_WRITES[end]))
+        elif fn == "run_inline_step":
+            # the write that started the step already "requested" it
+            action = str(inp.get("Action") or "do")
+            call = self.open_call(inp.get("Step"), action) or self.request(
+                inp.get("Step"), action, parse_time(raw.get("ScheduledTime")) or at, raw=inp
+            )
+            if call is not None and res:
+                call.deadline = parse_time(inp.get("Deadline"))
+                self.answered(call, res, at)
+        elif fn == "report_status":
+            told = f"client told: {_text(inp.get('Status'), 40)}"
+            self.events.append(Event(at, "note", told, "muted"))
+        elif fn == "raise_alert":
+            raised = f"operator alert raised ({_text(inp.get('Kind'), 40)})"
+            self.events.append(Event(at, "note", raised, "warn"))
+
+    def write_state(self, inp: dict[str, Any], res: dict[str, Any], at: datetime | None) -> None:
+        write = str(inp.get("Kind") or "")
+        if write == "start_step":
+            self.request(inp.get("Step"), "do", at)
+        elif write == "finish_compensation":
+            state = res.get("State")
+            tone = "good" if state == ProcessState.COMPENSATED.value else "bad"
+            self.events.append(Event(at, "state", f"order {state}", tone))
+        elif write in _WRITES:
+            text, tone = _WRITES[write]
+            self.events.append(Event(at, "state", text, tone))
+        # complete_step, transient, undo_done, undo_failed: the reply said it
+
+
+def _walk(history: list[Any]) -> tuple[list[Event], list[Call]]:
+    """The attempt's events in history order, and its step calls."""
+    walk = _Walk()
+    for raw in history:
+        walk.event(raw)
+    return walk.events, walk.calls
 
 
 _ATTEMPT_SUFFIX = re.compile(r"-\d+$")
@@ -455,8 +480,9 @@ def _history_event(h: Any) -> Event:
             h.At, "state", "claimed by the Starter to compensate, as an operator asked", "warn"
         )
     if h.By.startswith("operator"):
-        who = h.By.partition(":")[2] or "an operator"
-        return Event(h.At, "state", f"operator {who}: {reason or to}", "warn")
+        who = h.By.partition(":")[2]
+        actor = f"operator {who}" if who else "an operator"  # the CLI before names were asked
+        return Event(h.At, "state", f"{actor}: {reason or to}", "warn")
     if h.By == "supervisor":
         tone = "bad" if h.To is ProcessState.ERROR else "warn"
         # The Supervisor quotes the step's error; the reply above already says it.
@@ -556,6 +582,7 @@ def timeline(record: OrderState, statuses: dict[int, dict[str, Any]]) -> list[di
                 "events": events,
                 "calls": calls,
                 "retried_calls": sum(1 for c in calls if len(_calls(c.reply)) > 1),
+                "has_history": bool(history),
             }
         )
     return out
@@ -570,83 +597,3 @@ def _badge_from_record(record: OrderState, attempt: int) -> tuple[str, str]:
             return "running", "warn"
         return state.value, "bad" if state is ProcessState.ERROR else "warn"
     return "history not available", "muted"
-
-
-# --- side effects ---------------------------------------------------------------------
-
-
-def side_effects(record: OrderState, attempts: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per step, what happened to its effect at the service: applied, undone,
-    nothing to undo (refused before taking effect), unknown (answer lost),
-    not started, or in progress; from the record and the replies in the
-    attempts' histories, and saying so where neither can know."""
-    last: dict[tuple[str, str], Call] = {}
-    for a in attempts:
-        for c in a["calls"]:
-            if c.reply is not None or (c.step, c.action) not in last:
-                last[(c.step, c.action)] = c
-    undo_log = {e.Step: e for e in record.Compensation if e.At is not None}
-    out = []
-    for name, step in record.Steps.items():
-        do, undo = last.get((name, "do")), last.get((name, "undo"))
-        entry = undo_log.get(name)
-        state, tone, detail = _effect(record, step, do, undo, entry)
-        took = (
-            duration((step.CompletedAt - step.StartedAt).total_seconds())
-            if step.CompletedAt and step.StartedAt
-            else None
-        )
-        out.append(
-            {
-                "step": name,
-                "label": label(name),
-                "state": state,
-                "tone": tone,
-                "detail": detail,
-                "reference": step.Reference,
-                "attempt": step.Attempt,
-                "started": step.StartedAt,
-                "completed": step.CompletedAt,
-                "deadline": step.CompleteBy,
-                "took": took,
-            }
-        )
-    return out
-
-
-def _said(call: Call | None) -> str | None:
-    return str((call.reply or {}).get("Outcome")) if call and call.reply else None
-
-
-def _effect(
-    record: OrderState, step: Any, do: Call | None, undo: Call | None, entry: Any
-) -> tuple[str, str, str | None]:
-    status = step.Status
-    if entry is not None and entry.Outcome == "Failed":
-        return "unknown", "bad", "the undo failed: " + _text(entry.Error or "no reason given", 200)
-    if status is StepStatus.NOT_STARTED:
-        return "not started", "muted", None
-    if status is StepStatus.COMPLETED:
-        return "applied", "good", None
-    if status is StepStatus.COMPENSATED:
-        undo_result = (undo.reply or {}).get("Result") if undo and undo.reply else None
-        if isinstance(undo_result, dict) and undo_result.get("Status") == "nothing-to-undo":
-            return "nothing to undo", "muted", "the service had no effect to reverse"
-        if step.CompletedAt is None and _said(do) in (None, "permanent"):
-            # Only a refusal (permanent) begins a compensation, and it took no effect.
-            return "nothing to undo", "muted", "refused before taking effect; its undo was a no-op"
-        return "undone", "good", None
-    if status is StepStatus.FAILED:
-        return "nothing to undo", "muted", "refused before taking effect"
-    # Running: requested, no answer recorded on the record
-    live = record.ProcessState is ProcessState.PROCESSING and step.Attempt == record.Attempt
-    if _said(do) == "transient":
-        return (
-            "unknown",
-            "warn",
-            "the agent gave up without a clear answer; the service may have applied it"
-            + ("" if live else "; the next attempt repeats it under the same idempotency key"),
-        )
-    if live and not (do and do.missed):
-        return "in progress", "warn", None
-    return "unknown", "warn", "no answer before the deadline (answer lost)"

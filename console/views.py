@@ -16,14 +16,15 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from adapters.console_reads import ConsoleReads, OrderRow, decode_page_token
+from adapters.console_reads import FINISHED_STATES, ConsoleReads, OrderRow, decode_page_token
 from adapters.ports import ANY_OWNER
 from adapters.servicebus import AGENT_REQUESTS_QUEUE, AGENT_RESPONSES_QUEUE, ALERTS_QUEUE
 from adapters.settings import Settings
 from adapters.state_store import CosmosStateStore, decode_cursor
+from console import actions, effects
 from console import timeline as story
 from console.peek import QueuePeeker
-from console.security import Forbidden, in_azure, record_version, redact
+from console.security import Forbidden, in_azure, record_version, redact, version_digest
 from domain import state_machine as sm
 from domain.boundary import json_depth
 from domain.errors import DomainError, NotFoundError
@@ -39,6 +40,7 @@ DETAIL_ATTEMPTS = 5  # orchestration statuses read per order (the latest attempt
 BUCKET = timedelta(minutes=5)
 WORK_QUEUES = (AGENT_REQUESTS_QUEUE, AGENT_RESPONSES_QUEUE, ALERTS_QUEUE)
 STATES = [s.value for s in ProcessState]
+ANY_STATE = "any"  # the orders list's filter for every state
 _EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
 
 
@@ -84,6 +86,7 @@ async def overview(deps: Deps) -> dict[str, Any]:
     finished, finished_cut = await deps.reads.finished_since(since)
     decisions, decisions_cut = await deps.reads.supervisor_decisions(since)
     alerts = await peek(deps, ALERTS_QUEUE, limit=10)
+    await link_stored(deps, alerts["messages"])
     dead = await dead_letter_counts(deps)
     return {
         "dead_letters": dead,
@@ -128,33 +131,36 @@ def _admission(cfg: Settings, counts: dict[str, int], gauge, now: datetime) -> d
     }
 
 
+FINISHED = [s.value for s in FINISHED_STATES]  # stacked in this order, bottom first
+
+
 def _throughput(
     finished: list[tuple[str, datetime]], since: datetime, now: datetime
 ) -> dict[str, Any]:
+    """Orders that reached each final state per 5 minutes, as stacked SVG bars."""
     n = -(-(now - since) // BUCKET)  # the last bucket is the current, partial one
     buckets: list[dict[str, Any]] = [
-        {"start": since + i * BUCKET, "Processed": 0, "Error": 0} for i in range(n)
+        {"start": since + i * BUCKET, **dict.fromkeys(FINISHED, 0)} for i in range(n)
     ]
     for state, at in finished:
         i = int((at - since) / BUCKET)
-        if 0 <= i < n and state in ("Processed", "Error"):
+        if 0 <= i < n and state in FINISHED:
             buckets[i][state] += 1
-    top = max((b["Processed"] + b["Error"] for b in buckets), default=0) or 1
+    top = max((sum(b[s] for s in FINISHED) for b in buckets), default=0) or 1
     width, height = 24, 100
     for i, b in enumerate(buckets):
         b["x"] = 30 + i * (width + 4)
-        b["h_ok"] = round(height * b["Processed"] / top, 1)
-        b["h_err"] = round(height * b["Error"] / top, 1)
-        b["y_ok"] = 10 + height - b["h_ok"]
-        b["y_err"] = b["y_ok"] - b["h_err"]
+        y = 10 + height
+        b["bars"] = []
+        for state in FINISHED:
+            h = round(height * b[state] / top, 1)
+            y = round(y - h, 1)
+            b["bars"].append({"state": state, "count": b[state], "y": y, "h": h})
         b["label"] = b["start"].strftime("%H:%M")
     return {
         "buckets": buckets,
         "top": top,
-        "total": {
-            "Processed": sum(b["Processed"] for b in buckets),
-            "Error": sum(b["Error"] for b in buckets),
-        },
+        "total": {s: sum(b[s] for b in buckets) for s in FINISHED},
         "bar_width": width,
         "svg_width": 30 + n * (width + 4) + 24,
     }
@@ -196,6 +202,7 @@ MAX_SEQUENCE = 2**63 - 1  # Service Bus sequence numbers are signed 64-bit
 MAX_TOKEN = 512  # characters of a page token
 _ASCII_DIGITS = re.compile(r"[0-9]{1,19}")
 _APP_ID = re.compile(r"[a-z0-9][a-z0-9-]{0,63}")
+_ORDER_ID_PREFIX = re.compile(r"[A-Za-z0-9._-]{1,64}")
 
 
 def parse_sequence(raw: str | None) -> int | None:
@@ -208,11 +215,13 @@ def parse_sequence(raw: str | None) -> int | None:
     return int(raw)
 
 
-def parse_minutes(raw: str | None) -> int | None:
+def parse_minutes(raw: str | None, name: str = "older") -> int | None:
     if raw is None or raw == "":
         return None
     if not _ASCII_DIGITS.fullmatch(raw) or not 1 <= int(raw) <= MAX_OLDER_MINUTES:
-        raise BadRequest(f"'older' must be a whole number of minutes from 1 to {MAX_OLDER_MINUTES}")
+        raise BadRequest(
+            f"'{name}' must be a whole number of minutes from 1 to {MAX_OLDER_MINUTES}"
+        )
     return int(raw)
 
 
@@ -236,28 +245,48 @@ def parse_filters(params: dict[str, str]) -> dict[str, Any]:
     """The orders list's query parameters, each checked and bounded: a
     refused one raises BadRequest naming it (400), never reaches a query."""
     state = params.get("state") or ProcessState.ERROR.value
-    if state not in STATES:
-        raise BadRequest(f"unknown state {state[:40]!r}; one of {', '.join(STATES)}")
+    if state not in STATES and state != ANY_STATE:
+        raise BadRequest(f"unknown state {state[:40]!r}; one of {', '.join(STATES)} or {ANY_STATE}")
     app = params.get("app") or None
     if app is not None and not _APP_ID.fullmatch(app):
         raise BadRequest("an application id is lowercase letters, digits and '-' (at most 64)")
+    prefix = (params.get("prefix") or "").strip() or None
+    if prefix is not None and not _ORDER_ID_PREFIX.fullmatch(prefix):
+        raise BadRequest(
+            "an OrderID prefix is letters, digits, '.', '_' or '-' (at most 64), as OrderIDs are"
+        )
+    customer = (params.get("customer") or "").strip() or None
+    if customer is not None and (len(customer) > 64 or not customer.isprintable()):
+        raise BadRequest("a customer id is at most 64 printable characters")
     return {
         "state": state,
         "app": app,
+        "customer": customer,
         "older": parse_minutes(params.get("older")),
+        "newer": parse_minutes(params.get("newer"), "newer"),
+        "prefix": prefix,
         "page": parse_page_token(params.get("page"), decode_page_token),
     }
 
 
 async def orders(deps: Deps, filters: dict[str, Any]) -> dict[str, Any]:
     before = deps.now - timedelta(minutes=filters["older"]) if filters["older"] else None
+    after = deps.now - timedelta(minutes=filters["newer"]) if filters.get("newer") else None
     try:
+        ids = (
+            await deps.orders.keys_of_customer(filters["customer"])
+            if filters.get("customer")
+            else None
+        )
         rows, token = await deps.reads.list_orders(
-            filters["state"],
+            None if filters["state"] == ANY_STATE else filters["state"],
             PAGE_SIZE,
             app_id=filters["app"],
             created_before=before,
             page_token=filters["page"],
+            id_prefix=filters.get("prefix"),
+            created_after=after,
+            ids=ids,
         )
     except DomainError as exc:
         raise BadRequest(str(exc)) from exc
@@ -265,7 +294,7 @@ async def orders(deps: Deps, filters: dict[str, Any]) -> dict[str, Any]:
         "rows": [_with_age(r, deps.now) for r in rows],
         "next_page": token,
         "filters": filters,
-        "states": STATES,
+        "states": [*STATES, ANY_STATE],
         "apps": sorted(deps.settings.reply_queues),
     }
 
@@ -330,11 +359,13 @@ async def order_detail(deps: Deps, order_id: str) -> dict[str, Any] | None:
         pass
     statuses = await orchestration_statuses(deps, record)
     attempts = story.timeline(record, statuses)
+    step_effects = effects.side_effects(record, attempts)
     return {
         "record": record,
         "order": order,
         "attempts": attempts,
-        "effects": story.side_effects(record, attempts),
+        "effects": step_effects,
+        "held": effects.still_held(record, step_effects),
         # the log lists planned undos from the first completed step on: shown
         # only once a compensation ran
         "compensation": record.Compensation
@@ -342,6 +373,9 @@ async def order_detail(deps: Deps, order_id: str) -> dict[str, Any] | None:
         else [],
         "status_messages": await status_messages(deps, record),
         "can_resubmit": record.ProcessState is ProcessState.ERROR,
+        "can_retry": record.ProcessState is ProcessState.PENDING
+        and record.NotBefore is not None
+        and record.NotBefore > deps.now,
         "can_compensate": record.ProcessState
         in (ProcessState.ERROR, ProcessState.COMPENSATION_FAILED)
         and not record.CompensationRequested,
@@ -579,8 +613,27 @@ def _read_message(
     }
 
 
+async def link_stored(deps: Deps, messages: list[dict[str, Any]]) -> None:
+    """Keep a message's order link only when the order is stored: one Submit
+    refused (invalid, or turned away) never was, so its link would 404. Such
+    a message keeps the id as `unstored_order`, shown without a link."""
+    named = [m["order_id"] for m in messages if m.get("order_id")]
+    if not named or deps.reads is None:
+        return
+    try:
+        stored = await deps.reads.stored(named)
+    except DomainError as exc:  # the links stay: a 404 is better than no page
+        log.warning("console: could not check which orders are stored: %s", exc)
+        return
+    for m in messages:
+        if m.get("order_id") and m["order_id"] not in stored:
+            m["unstored_order"], m["order_id"] = m["order_id"], None
+
+
 async def alerts(deps: Deps, from_sequence: int | None) -> dict[str, Any]:
-    return await peek(deps, ALERTS_QUEUE, from_sequence=from_sequence)
+    page = await peek(deps, ALERTS_QUEUE, from_sequence=from_sequence)
+    await link_stored(deps, page["messages"])
+    return page
 
 
 COUNT_CAP = 500  # dead letters counted per queue at most (peeked page by page)
@@ -645,6 +698,7 @@ async def dead_letters(deps: Deps, queue: str | None, from_sequence: int | None)
         peeked = await asyncio.gather(*(peek(deps, q, limit=5, dead_letter=True) for q in busy))
         for q, p in zip(busy, peeked, strict=True):
             _links(q, p["messages"], alerts, replies)
+        await link_stored(deps, [m for p in peeked for m in p["messages"]])
         return {
             "queues": queues,
             "counts": counts,
@@ -656,6 +710,7 @@ async def dead_letters(deps: Deps, queue: str | None, from_sequence: int | None)
         }
     page = await peek(deps, queue, dead_letter=True, from_sequence=from_sequence)
     _links(queue, page["messages"], alerts, replies)
+    await link_stored(deps, page["messages"])
     return {
         "queues": queues,
         "counts": counts,
@@ -685,15 +740,22 @@ async def dead_letter(deps: Deps, queue: str, sequence: int) -> dict[str, Any]:
     if not found:
         raise NotFound(f"no dead letter {sequence} on {queue} (already resent or discarded?)")
     _links(queue, found, {}, set(deps.settings.reply_queues.values()))
+    await link_stored(deps, found)
     return found[0]
 
 
-async def act_on_dead_letter(deps: Deps, queue: str, sequence: int, action: str, who: str) -> None:
-    """Resend or discard one dead letter, logged with who did it (and the
-    resent copy says so in its properties). NotFound when it is gone."""
+async def act_on_dead_letter(
+    deps: Deps, queue: str, sequence: int, action: str, who: str, reason: str
+) -> None:
+    """Resend or discard one dead letter, logged with who did it and why (and
+    the resent copy says so in its properties). NotFound when it is gone."""
     bus = deps.servicebus
     if bus is None:
         raise BadRequest("Service Bus not configured")
+    try:
+        reason = actions.check_reason(reason)
+    except actions.RefusedInput as exc:
+        raise BadRequest(str(exc)) from None
     shown = await dead_letter(deps, queue, sequence)
     if action == "resend" and not shown["can_resend"]:
         raise BadRequest(
@@ -702,23 +764,24 @@ async def act_on_dead_letter(deps: Deps, queue: str, sequence: int, action: str,
 
     async def act(message: Any) -> None:
         if action == "resend":
-            await bus.send(queue, _resent_copy(message, queue, sequence, who))
+            await bus.send(queue, _resent_copy(message, queue, sequence, who, reason))
 
     if not await bus.take_dead_letter(queue, sequence, act):
         raise NotFound(f"no dead letter {sequence} on {queue} (already resent or discarded?)")
     log.warning(
-        "console: dead letter %s of %s (message %s, %s) %s by operator %s",
+        "console: dead letter %s of %s (message %s, %s) %s by operator %s: %s",
         sequence,
         queue,
         shown["id"],
         shown["reason"],
         "resent" if action == "resend" else "discarded",
         who,
+        reason,
         extra={"order_id": shown.get("order_id")},
     )
 
 
-def _resent_copy(message: Any, queue: str, sequence: int, who: str) -> Any:
+def _resent_copy(message: Any, queue: str, sequence: int, who: str, reason: str) -> Any:
     from azure.servicebus import ServiceBusMessage
 
     from adapters.settlement import MAX_MESSAGE_ID, ORIGINAL_ID_PROPERTY, RETRY_PROPERTY
@@ -733,7 +796,8 @@ def _resent_copy(message: Any, queue: str, sequence: int, who: str) -> Any:
     props.pop(RETRY_PROPERTY, None)
     first_id = str(original or message.message_id or f"{queue}-{sequence}")
     props[ORIGINAL_ID_PROPERTY] = first_id
-    props["ResentBy"] = f"operator:{who}"[:100]
+    props["ResentBy"] = actions.by(who)
+    props["ResentReason"] = reason
     props["ResentFrom"] = f"{queue}/$deadletterqueue/{sequence}"
     return ServiceBusMessage(
         body,
@@ -747,45 +811,183 @@ def _resent_copy(message: Any, queue: str, sequence: int, who: str) -> Any:
 
 # --- actions ----------------------------------------------------------------------------
 
-ACTIONS = {
-    "resubmit": (
-        "Resubmit",
-        "Put this Error order back to Pending with a fresh retry budget; "
-        "completed steps stay completed and the next attempt resumes after them.",
-    ),
-    "compensate": (
-        "Compensate",
-        "Undo this order's completed steps in reverse order; the Starter "
-        "runs the compensation as a new attempt.",
-    ),
-}
+ACTIONS = actions.ORDER_ACTIONS
 
 
 async def act(
-    deps: Deps, order_id: str, action: str, who: str, expected_version: str | None = None
+    deps: Deps,
+    order_id: str,
+    action: str,
+    who: str,
+    reason: str,
+    expected_version: str | None = None,
+    expected_digest: str | None = None,
 ) -> OrderState:
-    """The operator commands of cli/ (the same store call and transition),
-    recorded in the order's history as done by `who`. With `expected_version`
-    (the record's version the confirmation form was made for) the transition
-    is refused when the record is another version by the time it is applied,
-    inside the etag-guarded update: a confirmation acts once, even when two
-    of its POSTs race."""
-    by = f"operator:{who}"[:100]
-    if action == "resubmit":
-        transition = sm.resubmit
-    elif action == "compensate":
-        transition = sm.request_compensation
-    else:
+    """The operator commands of cli/ (the same transition, console.actions),
+    recorded in the order's history as done by `who` for `reason`. With
+    `expected_version` (the record's version the confirmation form was made
+    for) the transition is refused when the record is another version by the
+    time it is applied, inside the etag-guarded update: a confirmation acts
+    once, even when two of its POSTs race."""
+    if action not in ACTIONS:
         raise BadRequest(f"unknown action {action!r}")
+    try:
+        reason = actions.check_reason(reason)
+    except actions.RefusedInput as exc:
+        raise BadRequest(str(exc)) from None
 
     def change(r: OrderState) -> OrderState:
-        if expected_version is not None and record_version(r) != expected_version:
+        current = record_version(r)
+        if (expected_version is not None and current != expected_version) or (
+            expected_digest is not None and version_digest(current) != expected_digest
+        ):
             raise Forbidden(
                 "this confirmation was already used or the order changed since it was opened; "
                 "open the confirmation page again"
             )
-        return transition(r, datetime.now(UTC), by=by)
+        return actions.apply(r, action, who, reason, datetime.now(UTC))
 
     record, _ = await deps.store.update(order_id, change, ANY_OWNER)
-    log.info("console: %s %s by %s", action, order_id, who)
+    log.info("console: %s %s by %s: %s", action, order_id, who, reason)
     return record
+
+
+# --- bulk actions -------------------------------------------------------------------------
+
+BULK_LIMIT = 50  # orders one bulk confirmation acts on at most
+
+
+def bulk_ids(pairs: list[tuple[str, str]]) -> list[str]:
+    """The order keys a bulk form names (`id=` repeated), checked, each once."""
+    ids = list(dict.fromkeys(v.strip() for k, v in pairs if k == "id" and v.strip()))
+    if not ids:
+        raise BadRequest("choose at least one order")
+    if len(ids) > BULK_LIMIT:
+        raise BadRequest(f"at most {BULK_LIMIT} orders at once; you chose {len(ids)}")
+    bad = [i for i in ids if not valid_order_id(i)]
+    if bad:
+        raise BadRequest(f"not an order key: {bad[0][:80]!r}")
+    return ids
+
+
+async def bulk_targets(deps: Deps, ids: list[str], action: str) -> list[dict[str, Any]]:
+    """Each chosen order for the bulk confirmation: its record and version
+    (the form's token is bound to them), or why it is left out."""
+    if action not in ACTIONS:
+        raise NotFound(f"no bulk action {action[:40]!r}")
+    out: list[dict[str, Any]] = []
+    for order_id in ids:
+        try:
+            record, _ = await deps.store.read(order_id)
+        except NotFoundError:
+            out.append({"id": order_id, "record": None, "version": "", "why": "no such order"})
+            continue
+        try:
+            actions.apply(record, action, "check", "-", deps.now)
+            why = None
+        except sm.IllegalTransition as exc:
+            why = str(exc)
+        version = version_digest(record_version(record))
+        out.append({"id": order_id, "record": record, "version": version, "why": why})
+    return out
+
+
+async def bulk_act(
+    deps: Deps, targets: list[tuple[str, str]], action: str, who: str, reason: str
+) -> list[dict[str, Any]]:
+    """`action` on each (order key, version shown), one by one, each refused on
+    its own when it changed since the confirmation; what became of each."""
+    done = []
+    for order_id, version in targets:
+        try:
+            await act(deps, order_id, action, who, reason, expected_digest=version)
+            done.append({"id": order_id, "ok": True, "said": "done"})
+        except (Forbidden, sm.IllegalTransition, DomainError) as exc:
+            done.append({"id": order_id, "ok": False, "said": str(exc)[:300]})
+    return done
+
+
+# --- alerts: acknowledge, close -------------------------------------------------------------
+
+ALERT_ACTIONS = {
+    "acknowledge": (
+        "Acknowledge",
+        "Mark this alert as seen and being handled: it stays on the alerts queue, as a copy "
+        "that names you, your reason and when (at the end of the queue), and the original goes.",
+    ),
+    "close": ("Close", "Remove this alert from the alerts queue for good: it is resolved."),
+}
+ACK_BY, ACK_REASON, ACK_AT = "AcknowledgedBy", "AcknowledgedReason", "AcknowledgedAt"
+
+
+async def alert(deps: Deps, sequence: int) -> dict[str, Any]:
+    """One alert (for the confirmation page), or NotFound."""
+    page = await peek(deps, ALERTS_QUEUE, limit=1, from_sequence=sequence)
+    found = [m for m in page["messages"] if m["sequence"] == sequence]
+    if not found:
+        raise NotFound(f"no alert {sequence} (already acknowledged or closed?)")
+    await link_stored(deps, found)
+    return found[0]
+
+
+async def act_on_alert(deps: Deps, sequence: int, action: str, who: str, reason: str) -> None:
+    """Acknowledge (a marked copy replaces it) or close (it is completed) one
+    alert, logged with who and why. NotFound when it is gone."""
+    bus = deps.servicebus
+    if bus is None:
+        raise BadRequest("Service Bus not configured")
+    if action not in ALERT_ACTIONS:
+        raise NotFound(f"no action {action[:40]!r} for an alert")
+    try:
+        reason = actions.check_reason(reason)
+    except actions.RefusedInput as exc:
+        raise BadRequest(str(exc)) from None
+    shown = await alert(deps, sequence)
+
+    async def act(message: Any) -> None:
+        if action == "acknowledge":
+            await bus.send(ALERTS_QUEUE, _acknowledged_copy(message, who, reason, deps.now))
+
+    if not await bus.take(ALERTS_QUEUE, sequence, act):
+        raise NotFound(f"no alert {sequence} (already acknowledged or closed?)")
+    log.warning(
+        "console: alert %s (message %s) %s by operator %s: %s",
+        sequence,
+        shown["id"],
+        "acknowledged" if action == "acknowledge" else "closed",
+        who,
+        reason,
+        extra={"order_id": shown.get("order_id")},
+    )
+
+
+def _acknowledged_copy(message: Any, who: str, reason: str, now: datetime) -> Any:
+    from azure.servicebus import ServiceBusMessage
+
+    from adapters.settlement import MAX_MESSAGE_ID, ORIGINAL_ID_PROPERTY
+
+    props: dict[str | bytes, Any] = {
+        (k.decode() if isinstance(k, bytes) else str(k)): v
+        for k, v in (message.application_properties or {}).items()
+    }
+    first_id = str(props.get(ORIGINAL_ID_PROPERTY) or message.message_id or "alert")
+    props.update(
+        {
+            ORIGINAL_ID_PROPERTY: first_id,
+            ACK_BY: actions.by(who),
+            ACK_REASON: reason,
+            ACK_AT: now.isoformat(),
+        }
+    )
+    try:
+        body = b"".join(bytes(x) for x in message.body)
+    except TypeError:  # not a data body: nothing the app raised
+        raise BadRequest("only an alert with a data body is acknowledged; close it") from None
+    return ServiceBusMessage(
+        body,
+        message_id=f"{first_id}/ack-{message.sequence_number}"[:MAX_MESSAGE_ID],
+        content_type=message.content_type,
+        correlation_id=message.correlation_id,
+        subject=message.subject,
+        application_properties=props,
+    )

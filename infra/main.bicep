@@ -228,6 +228,12 @@ param consoleCsrfSecret string = newGuid()
 @allowed(['true', 'false'])
 param consoleAuthConfirmed string = 'false'
 
+@description('Principal (object) ids the app itself admits as console operators (azd: CONSOLE_OPERATORS), comma-separated, besides principalId and OPERATOR_PRINCIPAL_IDS, which are always admitted. The app checks its own list (console.security.may_operate) as well as sign-in: the principal header alone makes nobody an operator.')
+param consoleOperators string = ''
+
+@description('An app role of the console\'s app registration whose holders the app admits as operators (azd: CONSOLE_OPERATOR_ROLE). Empty: none; the ids above decide.')
+param consoleOperatorRole string = ''
+
 // Alerting.
 @description('Comma-separated e-mail addresses that receive the alerts (azd: ALERT_EMAIL_ADDRESSES). Empty: the alerts fire and reach nobody.')
 param alertEmailAddresses string = ''
@@ -312,6 +318,8 @@ var operatorsGiven = concat(
 // name, and the deployment would fail.
 var operatorIds = map(operatorsGiven, op => op.principalId)
 var operators = map(filter(range(0, length(operatorsGiven)), i => indexOf(operatorIds, operatorsGiven[i].principalId) == i), i => operatorsGiven[i])
+// The console's own list of operators: every operator named above, and any further ids.
+var azureConsoleOperators = join(union(filter(map(split(consoleOperators, ','), id => trim(id)), id => !empty(id)), map(operators, op => op.principalId)), ',')
 
 // Created before everything that grants it access, and before the app.
 module identity 'core/identity/user-assigned-identity.bicep' = {
@@ -500,6 +508,8 @@ module api 'app/api.bicep' = {
     consoleCsrfSecret: consoleCsrfSecret
     consoleAuthClientId: consoleAuthClientId
     consoleAuthConfirmed: consoleAuthConfirmed
+    consoleOperators: azureConsoleOperators
+    consoleOperatorRole: consoleOperatorRole
     // Only the operators may sign in to the console, when any are named.
     consoleAllowedIdentities: map(filter(operators, op => 'Group' != op.principalType), op => op.principalId)
     consoleAllowedGroups: map(filter(operators, op => 'Group' == op.principalType), op => op.principalId)

@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qsl, quote, urlencode
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit
 
 import azure.durable_functions as df
 import azure.functions as func
@@ -30,6 +30,7 @@ log = logging.getLogger(__name__)
 
 HERE = Path(console.__file__).parent  # the console's templates and stylesheet
 ANON = func.AuthLevel.ANONYMOUS
+REFRESH_CHOICES = (10, 30, 60)  # auto-refresh periods the footer offers, in seconds
 
 _env = Environment(
     loader=FileSystemLoader(HERE / "templates"),
@@ -45,10 +46,15 @@ _env.filters["ms"] = lambda v: v.astimezone(UTC).strftime("%H:%M:%S.%f")[:-3] if
 _env.filters["js"] = lambda v: json.dumps(v, ensure_ascii=False, default=str)
 # URL parts the console builds are links, not text: an order id that happens
 # to look like a card number is masked where shown, never in its own link.
+# A lone surrogate in a stored value cannot be percent-encoded (as UTF-8):
+# it is escaped first (security.printable), as it is where shown.
 _env.globals["qs"] = lambda **kw: security.Unmasked(
-    urlencode({k: v for k, v in kw.items() if v not in (None, "")})
+    urlencode({k: security.printable(str(v)) for k, v in kw.items() if v not in (None, "")})
 )
-_env.filters["urlencode"] = lambda v: security.Unmasked(do_urlencode(v))
+_env.globals["refresh_choices"] = REFRESH_CHOICES
+_env.filters["urlencode"] = lambda v: security.Unmasked(
+    do_urlencode(security.printable(v) if isinstance(v, str) else v)
+)
 # Read once: a file read in the async handler would block the event loop.
 _CSS = (HERE / "static" / "console.css").read_bytes()
 
@@ -60,6 +66,12 @@ _SECURITY_HEADERS = {
     "Referrer-Policy": "same-origin",
     "Cache-Control": "no-store",
 }
+
+
+_NEVER_STORED = (
+    "An order Submit refused (invalid, or turned away) never is: "
+    "its dead letter and its alert say why."
+)
 
 
 def _base(req: func.HttpRequest) -> str:
@@ -78,15 +90,33 @@ def _render(
 ) -> func.HttpResponse:
     charges = deps.store.charges if deps is not None else None
     html = _env.get_template(template).render(
-        base=_base(req), now=datetime.now(UTC), cost=charges, **context
+        base=_base(req), now=datetime.now(UTC), cost=charges, **_refreshing(req), **context
     )
     return func.HttpResponse(
-        html,
+        # the finalize escaped every value; a surrogate in the template's own
+        # text (a filter's output) still must not turn a page into a 500
+        html.encode("utf-8", "backslashreplace"),
         status_code=status,
         mimetype="text/html",
         charset="utf-8",
         headers={**_SECURITY_HEADERS, **(headers or {})},
     )
+
+
+_ONCE = ("refresh", "done", "seq")  # what a reload must not repeat
+
+
+def _refreshing(req: func.HttpRequest) -> dict[str, Any]:
+    """Auto-refresh without a script: `?refresh=N` (5 to 600 seconds) on a
+    page read with GET makes it reload itself every N seconds (a meta
+    refresh, which the Content-Security-Policy allows); `here` is the page's
+    own query without it, for the footer's links."""
+    if req.method != "GET":
+        return {"refresh": None, "here": None}
+    raw = req.params.get("refresh") or ""
+    seconds = int(raw) if raw.isascii() and raw.isdigit() and len(raw) <= 3 else 0
+    here = {k: v for k, v in req.params.items() if k not in _ONCE}
+    return {"refresh": seconds if 5 <= seconds <= 600 else None, "here": here}
 
 
 def _error(
@@ -139,43 +169,282 @@ async def _guarded(
         return _error(req, 500, "the console failed to answer; the error is in the app's log")
 
 
+DepsOf = Callable[..., Awaitable[views.Deps]]  # App.console_deps
+
+
+async def _view_page(
+    req: func.HttpRequest,
+    deps_of: DepsOf,
+    template: str,
+    page: str,
+    view: Callable[[views.Deps], Awaitable[dict[str, Any]]],
+) -> func.HttpResponse:
+    """A read-only page: `view`'s data rendered into `template`; a refused
+    parameter answers 400 (views.BadRequest), an unknown queue 404 (views.NotFound)."""
+
+    async def respond(_who: str) -> func.HttpResponse:
+        deps = await deps_of()
+        try:
+            data = await view(deps)
+        except views.NotFound as exc:
+            return _error(req, 404, str(exc), deps)
+        except views.BadRequest as exc:
+            return _error(req, 400, str(exc), deps)
+        return _render(req, template, deps, page=page, **data)
+
+    return await _guarded(req, respond)
+
+
+def _dead_letters_view(req: func.HttpRequest) -> Callable[[views.Deps], Awaitable[dict[str, Any]]]:
+    queue = req.route_params.get("queue") or None
+    done = req.params.get("done") if req.params.get("done") in views.DEAD_LETTER_ACTIONS else None
+
+    async def view(deps: views.Deps) -> dict[str, Any]:
+        data = await views.dead_letters(deps, queue, _page(dict(req.params)))
+        return {**data, "done": done, "done_seq": views.parse_sequence(req.params.get("seq"))}
+
+    return view
+
+
+def _form(req: func.HttpRequest) -> dict[str, str]:
+    return dict(parse_qsl(req.get_body().decode("utf-8", "replace")))
+
+
+def _see_other(location: str) -> func.HttpResponse:
+    """Post/Redirect/Get: reloading the page redirected to does not act again."""
+    return func.HttpResponse(status_code=303, headers={"Location": location, **_SECURITY_HEADERS})
+
+
+async def _dead_letter_action(
+    req: func.HttpRequest, who: str, deps_of: DepsOf
+) -> func.HttpResponse:
+    """Resend or discard one dead letter: GET shows it and the confirmation
+    form, POST checks the form's token (bound to this queue and sequence
+    number: a settled dead letter is gone, so a token acts once) and acts,
+    then redirects to the queue's page."""
+    queue = req.route_params.get("queue", "")
+    action = req.route_params.get("action", "")
+    sequence = views.parse_sequence(req.route_params.get("sequence"))
+    if action not in views.DEAD_LETTER_ACTIONS or sequence is None:
+        return _error(req, 404, f"No action {action} for a dead letter")
+    deps = await deps_of()
+    try:
+        message = await views.dead_letter(deps, queue, sequence)
+    except views.NotFound as exc:
+        return _error(req, 404, str(exc), deps)
+    target, version = f"{queue}/{sequence}", "dead-letter"
+    if req.method == "GET":
+        title, explanation = views.DEAD_LETTER_ACTIONS[action]
+        return _render(
+            req,
+            "confirm_deadletter.html",
+            deps,
+            page="deadletters",
+            queue=queue,
+            m=message,
+            action=action,
+            title=title,
+            explanation=explanation,
+            csrf=security.Unmasked(security.form_token(who, target, action, version)),
+            who=who,
+        )
+    form = _form(req)
+    try:
+        security.check_csrf(req.headers, form, who, target, action, version, request_url=req.url)
+        await views.act_on_dead_letter(deps, queue, sequence, action, who, form.get("reason", ""))
+    except security.Forbidden as exc:
+        return _error(req, 403, str(exc), deps)
+    except views.NotFound as exc:
+        return _error(req, 409, f"{action} refused: {exc}", deps)
+    query = urlencode({"done": action, "seq": sequence})
+    return _see_other(f"{_base(req)}/deadletters/{quote(queue, safe='')}?{query}")
+
+
+async def _alert_action(req: func.HttpRequest, who: str, deps_of: DepsOf) -> func.HttpResponse:
+    """Acknowledge or close one alert: GET shows it and the confirmation form,
+    POST checks the token (bound to its sequence number: an alert acted on is
+    gone, so a token acts once) and acts, then redirects to the alerts."""
+    action = req.route_params.get("action", "")
+    sequence = views.parse_sequence(req.route_params.get("sequence"))
+    if action not in views.ALERT_ACTIONS or sequence is None:
+        return _error(req, 404, f"No action {action} for an alert")
+    deps = await deps_of()
+    try:
+        message = await views.alert(deps, sequence)
+    except views.NotFound as exc:
+        return _error(req, 404, str(exc), deps)
+    target, version = f"alerts/{sequence}", "alert"
+    title, explanation = views.ALERT_ACTIONS[action]
+    if req.method == "GET":
+        token = security.form_token(who, target, action, version)
+        return _render(
+            req,
+            "confirm_alert.html",
+            deps,
+            page="alerts",
+            m=message,
+            action=action,
+            title=title,
+            explanation=explanation,
+            csrf=security.Unmasked(token),
+            who=who,
+        )
+    form = _form(req)
+    try:
+        security.check_csrf(req.headers, form, who, target, action, version, request_url=req.url)
+        await views.act_on_alert(deps, sequence, action, who, form.get("reason", ""))
+    except security.Forbidden as exc:
+        return _error(req, 403, str(exc), deps)
+    except views.NotFound as exc:
+        return _error(req, 409, f"{action} refused: {exc}", deps)
+    return _see_other(f"{_base(req)}/alerts?{urlencode({'done': action, 'seq': sequence})}")
+
+
+async def _order_page(
+    req: func.HttpRequest, deps_of: DepsOf, client: df.DurableOrchestrationClient
+) -> func.HttpResponse:
+    order_id = req.route_params.get("order_id", "")
+
+    async def respond(_who: str) -> func.HttpResponse:
+        deps = await deps_of(durable=client)
+        data = await views.order_detail(deps, order_id)
+        if data is None:
+            return _error(req, 404, f"No order {order_id} is stored. {_NEVER_STORED}", deps)
+        return _render(req, "order.html", deps, page="orders", done=req.params.get("done"), **data)
+
+    return await _guarded(req, respond)
+
+
+async def _action(req: func.HttpRequest, who: str, deps_of: DepsOf) -> func.HttpResponse:
+    """Resubmit or compensate: GET shows the confirmation form, POST checks its
+    CSRF token and acts, then redirects to the order (Post/Redirect/Get)."""
+    order_id = req.route_params.get("order_id", "")
+    action = req.route_params.get("action", "")
+    if action not in views.ACTIONS or not views.valid_order_id(order_id):
+        return _error(req, 404, f"No action {action} for order {order_id}")
+    deps = await deps_of()
+    try:
+        record, _ = await deps.store.read(order_id)
+    except NotFoundError:
+        return _error(req, 404, f"No order {order_id}", deps)
+    version = security.record_version(record)
+    if req.method == "GET":
+        title, explanation = views.ACTIONS[action]
+        return _render(
+            req,
+            "confirm.html",
+            deps,
+            page="orders",
+            record=record,
+            action=action,
+            title=title,
+            explanation=explanation,
+            csrf=security.Unmasked(security.form_token(who, order_id, action, version)),
+            who=who,
+        )
+    form = _form(req)
+    try:
+        security.check_csrf(req.headers, form, who, order_id, action, version, request_url=req.url)
+        reason = form.get("reason", "")
+        await views.act(deps, order_id, action, who, reason, expected_version=version)
+    except security.Forbidden as exc:
+        return _error(req, 403, str(exc), deps)
+    except (sm.IllegalTransition, StaleError) as exc:
+        return _error(req, 409, f"{action} refused: {exc}", deps)
+    except DomainError as exc:
+        return _error(req, 503, f"{action} failed: {exc}", deps)
+    return _see_other(
+        f"{_base(req)}/orders/{quote(order_id, safe='')}?{urlencode({'done': action})}"
+    )
+
+
+_BULK = "bulk"  # the token's target prefix: a bulk form acts on its list only
+
+
+async def _bulk_action(req: func.HttpRequest, who: str, deps_of: DepsOf) -> func.HttpResponse:
+    """Resubmit (or compensate) several orders: GET (the orders list's
+    checkboxes) shows each chosen order and a confirmation form whose token
+    is bound to the list and each order's version; POST acts on each order
+    still at the version shown and lists what became of each."""
+    action = req.route_params.get("action", "")
+    deps = await deps_of()
+    if req.method == "GET":
+        ids = views.bulk_ids(parse_qsl(urlsplit(req.url).query))
+        targets = await views.bulk_targets(deps, ids, action)
+        ready = [t for t in targets if t["why"] is None]
+        target, version = _bulk_token_parts([(t["id"], t["version"]) for t in ready])
+        title, explanation = views.ACTIONS[action]
+        return _render(
+            req,
+            "confirm_bulk.html",
+            deps,
+            page="orders",
+            action=action,
+            title=title,
+            explanation=explanation,
+            targets=targets,
+            ready=ready,
+            csrf=security.Unmasked(security.form_token(who, target, action, version)),
+            who=who,
+        )
+    pairs = parse_qsl(req.get_body().decode("utf-8", "replace"))
+    chosen = list(zip(views.bulk_ids(pairs), [v for k, v in pairs if k == "version"], strict=False))
+    target, version = _bulk_token_parts(chosen)
+    try:
+        security.check_csrf(
+            req.headers, dict(pairs), who, target, action, version, request_url=req.url
+        )
+    except security.Forbidden as exc:
+        return _error(req, 403, str(exc), deps)
+    reason = dict(pairs).get("reason", "")
+    results = await views.bulk_act(deps, chosen, action, who, reason)
+    return _render(req, "bulk_done.html", deps, page="orders", action=action, results=results)
+
+
+def _bulk_token_parts(chosen: list[tuple[str, str]]) -> tuple[str, str]:
+    """(target, version) a bulk form's token is bound to: the list and each version."""
+    return _BULK + "\x1f".join(i for i, _ in chosen), "\x1e".join(v for _, v in chosen)
+
+
+async def _stylesheet(_who: str) -> func.HttpResponse:
+    return func.HttpResponse(
+        _CSS, mimetype="text/css", headers={**_SECURITY_HEADERS, "Cache-Control": "max-age=300"}
+    )
+
+
+async def _find(req: func.HttpRequest) -> func.HttpResponse:
+    """The header's search box: an order key (`webshop:ORD-1`) opens that
+    order; an OrderID or the start of one lists the orders, in any state and
+    application, whose OrderID starts with it."""
+    order_id = (req.params.get("id") or "").strip()
+    if ":" in order_id and views.valid_order_id(order_id):
+        return _see_other(f"{_base(req)}/orders/{quote(order_id, safe='')}")
+    try:
+        views.parse_filters({"state": views.ANY_STATE, "prefix": order_id})
+    except views.BadRequest:
+        return _error(req, 404, f"No order {order_id}")
+    query = urlencode({"state": views.ANY_STATE, "prefix": order_id})
+    return _see_other(f"{_base(req)}/orders?{query}")
+
+
 def blueprint(root: App) -> df.Blueprint:
     """The console's routes over `root` (what a page reads from and acts on:
-    App.console_deps, adapters of its own per request)."""
+    App.console_deps, adapters of its own per request). Each route is the
+    handler above behind `_guarded`."""
     bp = df.Blueprint()
     deps_of = root.console_deps
-
-    async def _view_page(
-        req: func.HttpRequest,
-        template: str,
-        page: str,
-        view: Callable[[views.Deps], Awaitable[dict[str, Any]]],
-    ) -> func.HttpResponse:
-        """A read-only page: `view`'s data rendered into `template`; a refused
-        parameter answers 400 (views.BadRequest), an unknown queue 404 (views.NotFound)."""
-
-        async def respond(_who: str) -> func.HttpResponse:
-            deps = await deps_of()
-            try:
-                data = await view(deps)
-            except views.NotFound as exc:
-                return _error(req, 404, str(exc), deps)
-            except views.BadRequest as exc:
-                return _error(req, 400, str(exc), deps)
-            return _render(req, template, deps, page=page, **data)
-
-        return await _guarded(req, respond)
 
     @bp.function_name("console_overview")
     @bp.route(route="console", methods=["GET"], auth_level=ANON)
     async def console_overview(req: func.HttpRequest) -> func.HttpResponse:
-        return await _view_page(req, "overview.html", "overview", views.overview)
+        return await _view_page(req, deps_of, "overview.html", "overview", views.overview)
 
     @bp.function_name("console_orders")
     @bp.route(route="console/orders", methods=["GET"], auth_level=ANON)
     async def console_orders(req: func.HttpRequest) -> func.HttpResponse:
         return await _view_page(
             req,
+            deps_of,
             "orders.html",
             "orders",
             lambda deps: views.orders(deps, views.parse_filters(dict(req.params))),
@@ -185,28 +454,24 @@ def blueprint(root: App) -> df.Blueprint:
     @bp.route(route="console/stuck", methods=["GET"], auth_level=ANON)
     async def console_stuck(req: func.HttpRequest) -> func.HttpResponse:
         page = req.params.get("page") or None
-        return await _view_page(req, "stuck.html", "stuck", lambda deps: views.stuck(deps, page))
+        view = lambda deps: views.stuck(deps, page)  # noqa: E731
+        return await _view_page(req, deps_of, "stuck.html", "stuck", view)
 
     @bp.function_name("console_alerts")
     @bp.route(route="console/alerts", methods=["GET"], auth_level=ANON)
     async def console_alerts(req: func.HttpRequest) -> func.HttpResponse:
-        return await _view_page(
-            req, "alerts.html", "alerts", lambda deps: views.alerts(deps, _page(dict(req.params)))
-        )
+        done = req.params.get("done") if req.params.get("done") in views.ALERT_ACTIONS else None
+
+        async def view(deps: views.Deps) -> dict[str, Any]:
+            return {**await views.alerts(deps, _page(dict(req.params))), "done": done}
+
+        return await _view_page(req, deps_of, "alerts.html", "alerts", view)
 
     @bp.function_name("console_deadletters")
     @bp.route(route="console/deadletters/{queue?}", methods=["GET"], auth_level=ANON)
     async def console_deadletters(req: func.HttpRequest) -> func.HttpResponse:
-        queue = req.route_params.get("queue") or None
-        done = (
-            req.params.get("done") if req.params.get("done") in views.DEAD_LETTER_ACTIONS else None
-        )
-
-        async def view(deps: views.Deps) -> dict[str, Any]:
-            data = await views.dead_letters(deps, queue, _page(dict(req.params)))
-            return {**data, "done": done, "done_seq": views.parse_sequence(req.params.get("seq"))}
-
-        return await _view_page(req, "deadletters.html", "deadletters", view)
+        view = _dead_letters_view(req)
+        return await _view_page(req, deps_of, "deadletters.html", "deadletters", view)
 
     @bp.function_name("console_deadletter_action")
     @bp.route(
@@ -215,53 +480,7 @@ def blueprint(root: App) -> df.Blueprint:
         auth_level=ANON,
     )
     async def console_deadletter_action(req: func.HttpRequest) -> func.HttpResponse:
-        return await _guarded(req, lambda who: _dead_letter_action(req, who))
-
-    async def _dead_letter_action(req: func.HttpRequest, who: str) -> func.HttpResponse:
-        """Resend or discard one dead letter: GET shows it and the confirmation
-        form, POST checks the form's token (bound to this queue and sequence
-        number: a settled dead letter is gone, so a token acts once) and acts,
-        then redirects to the queue's page."""
-        queue = req.route_params.get("queue", "")
-        action = req.route_params.get("action", "")
-        sequence = views.parse_sequence(req.route_params.get("sequence"))
-        if action not in views.DEAD_LETTER_ACTIONS or sequence is None:
-            return _error(req, 404, f"No action {action} for a dead letter")
-        deps = await deps_of()
-        try:
-            message = await views.dead_letter(deps, queue, sequence)
-        except views.NotFound as exc:
-            return _error(req, 404, str(exc), deps)
-        target, version = f"{queue}/{sequence}", "dead-letter"
-        title, explanation = views.DEAD_LETTER_ACTIONS[action]
-        if req.method == "GET":
-            return _render(
-                req,
-                "confirm_deadletter.html",
-                deps,
-                page="deadletters",
-                queue=queue,
-                m=message,
-                action=action,
-                title=title,
-                explanation=explanation,
-                csrf=security.Unmasked(security.form_token(who, target, action, version)),
-                who=who,
-            )
-        form = dict(parse_qsl(req.get_body().decode("utf-8", "replace")))
-        try:
-            security.check_csrf(req.headers, form, who, target, action, version)
-            await views.act_on_dead_letter(deps, queue, sequence, action, who)
-        except security.Forbidden as exc:
-            return _error(req, 403, str(exc), deps)
-        except views.NotFound as exc:
-            return _error(req, 409, f"{action} refused: {exc}", deps)
-        location = f"{_base(req)}/deadletters/{quote(queue, safe='')}?" + urlencode(
-            {"done": action, "seq": sequence}
-        )
-        return func.HttpResponse(
-            status_code=303, headers={"Location": location, **_SECURITY_HEADERS}
-        )
+        return await _guarded(req, lambda who: _dead_letter_action(req, who, deps_of))
 
     @bp.function_name("console_order")
     @bp.route(route="console/orders/{order_id}", methods=["GET"], auth_level=ANON)
@@ -269,96 +488,37 @@ def blueprint(root: App) -> df.Blueprint:
     async def console_order(
         req: func.HttpRequest, client: df.DurableOrchestrationClient
     ) -> func.HttpResponse:
-        order_id = req.route_params.get("order_id", "")
-
-        async def respond(_who: str) -> func.HttpResponse:
-            deps = await deps_of(durable=client)
-            data = await views.order_detail(deps, order_id)
-            if data is None:
-                return _error(req, 404, f"No order {order_id}", deps)
-            return _render(
-                req, "order.html", deps, page="orders", done=req.params.get("done"), **data
-            )
-
-        return await _guarded(req, respond)
+        return await _order_page(req, deps_of, client)
 
     @bp.function_name("console_action")
     @bp.route(
         route="console/orders/{order_id}/{action:alpha}", methods=["GET", "POST"], auth_level=ANON
     )
     async def console_action(req: func.HttpRequest) -> func.HttpResponse:
-        return await _guarded(req, lambda who: _action(req, who))
+        return await _guarded(req, lambda who: _action(req, who, deps_of))
 
-    async def _action(req: func.HttpRequest, who: str) -> func.HttpResponse:
-        """Resubmit or compensate: GET shows the confirmation form, POST checks its
-        CSRF token and acts, then redirects to the order (Post/Redirect/Get)."""
-        order_id = req.route_params.get("order_id", "")
-        action = req.route_params.get("action", "")
-        if action not in views.ACTIONS or not views.valid_order_id(order_id):
-            return _error(req, 404, f"No action {action} for order {order_id}")
-        deps = await deps_of()
-        try:
-            record, _ = await deps.store.read(order_id)
-        except NotFoundError:
-            return _error(req, 404, f"No order {order_id}", deps)
-        version = security.record_version(record)
-        if req.method == "GET":
-            title, explanation = views.ACTIONS[action]
-            return _render(
-                req,
-                "confirm.html",
-                deps,
-                page="orders",
-                record=record,
-                action=action,
-                title=title,
-                explanation=explanation,
-                csrf=security.Unmasked(security.form_token(who, order_id, action, version)),
-                who=who,
-            )
-        form = dict(parse_qsl(req.get_body().decode("utf-8", "replace")))
-        try:
-            security.check_csrf(req.headers, form, who, order_id, action, version)
-            await views.act(deps, order_id, action, who, expected_version=version)
-        except security.Forbidden as exc:
-            return _error(req, 403, str(exc), deps)
-        except (sm.IllegalTransition, StaleError) as exc:
-            return _error(req, 409, f"{action} refused: {exc}", deps)
-        except DomainError as exc:
-            return _error(req, 503, f"{action} failed: {exc}", deps)
-        # Post/Redirect/Get: reloading the order page does not repeat the action.
-        location = f"{_base(req)}/orders/{quote(order_id, safe='')}?{urlencode({'done': action})}"
-        return func.HttpResponse(
-            status_code=303, headers={"Location": location, **_SECURITY_HEADERS}
-        )
+    @bp.function_name("console_bulk_action")
+    @bp.route(route="console/bulk/{action:alpha}", methods=["GET", "POST"], auth_level=ANON)
+    async def console_bulk_action(req: func.HttpRequest) -> func.HttpResponse:
+        return await _guarded(req, lambda who: _bulk_action(req, who, deps_of))
+
+    @bp.function_name("console_alert_action")
+    @bp.route(
+        route="console/alerts/{sequence:int}/{action:alpha}",
+        methods=["GET", "POST"],
+        auth_level=ANON,
+    )
+    async def console_alert_action(req: func.HttpRequest) -> func.HttpResponse:
+        return await _guarded(req, lambda who: _alert_action(req, who, deps_of))
 
     @bp.function_name("console_static")
     @bp.route(route="console/static/console.css", methods=["GET"], auth_level=ANON)
     async def console_static(req: func.HttpRequest) -> func.HttpResponse:
         return await _guarded(req, _stylesheet)
 
-    async def _stylesheet(_who: str) -> func.HttpResponse:
-        return func.HttpResponse(
-            _CSS,
-            mimetype="text/css",
-            headers={"Cache-Control": "max-age=300", "X-Content-Type-Options": "nosniff"},
-        )
-
     @bp.function_name("console_find")
     @bp.route(route="console/find", methods=["GET"], auth_level=ANON)
     async def console_find(req: func.HttpRequest) -> func.HttpResponse:
         return await _guarded(req, lambda _who: _find(req))
-
-    async def _find(req: func.HttpRequest) -> func.HttpResponse:
-        order_id = (req.params.get("id") or "").strip()
-        if not views.valid_order_id(order_id):
-            return _error(req, 404, f"No order {order_id}")
-        return func.HttpResponse(
-            status_code=303,
-            headers={
-                "Location": f"{_base(req)}/orders/{quote(order_id, safe='')}",
-                **_SECURITY_HEADERS,
-            },
-        )
 
     return bp

@@ -95,6 +95,10 @@ param consoleAuthClientId string
 param consoleAuthConfirmed string
 param consoleAllowedIdentities string[]
 param consoleAllowedGroups string[]
+@description('CONSOLE_OPERATORS: the principal (object) ids of users, groups or service principals the app itself admits as console operators, comma-separated.')
+param consoleOperators string
+@description('CONSOLE_OPERATOR_ROLE: an app role of the console\'s app registration whose holders the app admits as operators besides CONSOLE_OPERATORS. Empty: none.')
+param consoleOperatorRole string
 
 // HTTP endpoints that keep the host's own key-based authorization instead of
 // the console's Entra sign-in: the durable extension's webhooks (system key)
@@ -209,6 +213,10 @@ var baseSettings = {
   INLINE_STEPS: inlineSteps
   CONSOLE_CSRF_SECRET: consoleCsrfSecret
   CONSOLE_AUTH_CONFIRMED: consoleAuthConfirmed
+  // The app's own list of who may operate (console.security.may_operate), the
+  // same principals sign-in admits: it does not rest on the principal header alone.
+  CONSOLE_OPERATORS: consoleOperators
+  CONSOLE_OPERATOR_ROLE: consoleOperatorRole
   // COSMOS_CREATE_CONTAINERS stays unset (false): these templates create the
   // databases and containers, and the app's data-plane role could not.
 }

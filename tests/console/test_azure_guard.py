@@ -8,6 +8,7 @@ since the app may not read a client's reply queue."""
 
 from __future__ import annotations
 
+import base64
 import inspect
 import json
 from typing import ClassVar
@@ -21,8 +22,12 @@ from console import views
 from console.security import (
     AUTH_CONFIRMED_SETTING,
     AZURE_HINTS,
+    CLAIMS_HEADER,
     LOCAL_MODE_SETTING,
+    OPERATOR_ROLE_SETTING,
+    OPERATORS_SETTING,
     PRINCIPAL_HEADER,
+    PRINCIPAL_ID_HEADER,
 )
 from tests.console.conftest import pending
 
@@ -81,7 +86,7 @@ async def _call(fn, req: func.HttpRequest) -> func.HttpResponse:
 
 
 def test_every_console_route_is_covered():
-    assert len(ROUTES) == 10
+    assert len(ROUTES) == 12
     assert all(_route_from_json(fn).startswith("console") for fn in ROUTES)
 
 
@@ -145,14 +150,88 @@ async def test_in_azure_every_route_is_off_until_authentication_is_confirmed(
         assert response.headers["Content-Security-Policy"].startswith("default-src 'none'")
 
 
+OPS_ID = "0b6a1f2e-0000-4000-8000-000000000001"
+OPS = {PRINCIPAL_HEADER: "ops@example.net", PRINCIPAL_ID_HEADER: OPS_ID}
+
+
 @pytest.mark.parametrize("confirmed", ["true", "TRUE", " True "])
 async def test_in_azure_a_confirmed_console_answers_a_signed_in_operator(confirmed, monkeypatch):
     _in_azure(monkeypatch, AZURE_HINTS[0], confirmed)
+    monkeypatch.setenv(OPERATORS_SETTING, f"someone-else, {OPS_ID.upper()}")
     fn = next(f for f in ROUTES if f.get_function_name() == "console_static")
-    assert (
-        await _call(fn, _request("console/static/console.css", {PRINCIPAL_HEADER: "ops"}))
-    ).status_code == 200
+    assert (await _call(fn, _request("console/static/console.css", OPS))).status_code == 200
     assert (await _call(fn, _request("console/static/console.css", {}))).status_code == 401
+
+
+def _claims(*roles: str, role_typ: str = "roles") -> str:
+    principal = {
+        "auth_typ": "aad",
+        "name_typ": "name",
+        "role_typ": role_typ,
+        "claims": [{"typ": "name", "val": "Ops"}, *({"typ": role_typ, "val": r} for r in roles)],
+    }
+    return base64.b64encode(json.dumps(principal).encode()).decode()
+
+
+@pytest.mark.parametrize(
+    ("env", "headers", "status"),
+    [
+        # neither list nor role configured: nobody operates, whatever the proxy sent
+        ({}, OPS, 403),
+        ({OPERATORS_SETTING: OPS_ID}, OPS, 200),
+        ({OPERATORS_SETTING: OPS_ID}, {PRINCIPAL_HEADER: "ops@example.net"}, 403),  # no id
+        ({OPERATORS_SETTING: OPS_ID}, {**OPS, PRINCIPAL_ID_HEADER: "another-id"}, 403),
+        ({OPERATOR_ROLE_SETTING: "Console.Operate"}, OPS, 403),  # no role claim
+        ({OPERATOR_ROLE_SETTING: "Console.Operate"}, {**OPS, CLAIMS_HEADER: _claims("X")}, 403),
+        (
+            {OPERATOR_ROLE_SETTING: "Console.Operate"},
+            {**OPS, CLAIMS_HEADER: _claims("Reader", "Console.Operate")},
+            200,
+        ),
+        (
+            {OPERATOR_ROLE_SETTING: "Console.Operate"},
+            {
+                **OPS,
+                CLAIMS_HEADER: _claims(
+                    "Console.Operate",
+                    role_typ="http://schemas.microsoft.com/ws/2008/06/identity/claims/role",
+                ),
+            },
+            200,
+        ),
+        ({OPERATOR_ROLE_SETTING: "Console.Operate"}, {**OPS, CLAIMS_HEADER: "%%%"}, 403),
+        # a group on the list, named in the token's groups claim
+        (
+            {OPERATORS_SETTING: "ops-group-id"},
+            {**OPS, CLAIMS_HEADER: _claims("ops-group-id", role_typ="groups")},
+            200,
+        ),
+    ],
+)
+async def test_the_app_admits_only_its_configured_operators(env, headers, status, monkeypatch):
+    """Issue 45: the principal header alone does not make an operator; the
+    app's own list (principal ids) or app role must admit it."""
+    _in_azure(monkeypatch, AZURE_HINTS[0], "true")
+    for name in (OPERATORS_SETTING, OPERATOR_ROLE_SETTING):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+
+    async def no_reads(*args, **kwargs):
+        raise AssertionError("a refused operator must not read anything")
+
+    monkeypatch.setattr(_Deps, "provider", no_reads)
+    fn = next(f for f in ROUTES if f.get_function_name() == "console_static")
+    response = await _call(fn, _request("console/static/console.css", headers))
+    assert response.status_code == status, response.get_body()
+    if status == 403:
+        body = response.get_body().decode()
+        assert OPERATORS_SETTING in body
+        assert response.headers["Content-Security-Policy"].startswith("default-src 'none'")
+    for route in ("console", "console/orders/{order_id}/{action:alpha}"):
+        fn = next(f for f in ROUTES if _route_from_json(f) == route)
+        if status == 403:
+            assert (await _call(fn, _request(route, headers))).status_code == 403
 
 
 def _off_azure(monkeypatch, local: str | None, confirmed: str | None = None) -> None:
@@ -184,11 +263,10 @@ async def test_outside_azure_the_console_fails_closed_without_local_mode(fn, loc
 
 async def test_outside_azure_confirmed_authentication_needs_the_principal(monkeypatch):
     _off_azure(monkeypatch, None, confirmed="true")
+    monkeypatch.setenv(OPERATORS_SETTING, OPS_ID)
     fn = next(f for f in ROUTES if f.get_function_name() == "console_static")
     assert (await _call(fn, _request("console/static/console.css", {}))).status_code == 401
-    assert (
-        await _call(fn, _request("console/static/console.css", {PRINCIPAL_HEADER: "ops"}))
-    ).status_code == 200
+    assert (await _call(fn, _request("console/static/console.css", OPS))).status_code == 200
 
 
 @pytest.mark.parametrize("fn", ROUTES, ids=lambda fn: fn.get_function_name())

@@ -14,7 +14,8 @@ from azure.servicebus.aio import ServiceBusClient
 
 from console import views
 from console.peek import QueuePeeker
-from tests.console.conftest import settings
+from domain import state_machine as sm
+from tests.console.conftest import STEPS, order, settings
 
 
 async def test_counts_links_resend_and_discard(servicebus_emulator):
@@ -79,18 +80,18 @@ async def test_counts_links_resend_and_discard(servicebus_emulator):
 
             with pytest.raises(views.BadRequest):
                 await views.act_on_dead_letter(
-                    deps, queue, shown["submit/O-1"]["sequence"], "resend", "ada"
+                    deps, queue, shown["submit/O-1"]["sequence"], "resend", "ada", "provider fixed"
                 )
             await views.act_on_dead_letter(
-                deps, queue, shown["submit/O-0"]["sequence"], "resend", "ada"
+                deps, queue, shown["submit/O-0"]["sequence"], "resend", "ada", "provider fixed"
             )
             await views.act_on_dead_letter(
-                deps, queue, shown["submit/O-1"]["sequence"], "discard", "ada"
+                deps, queue, shown["submit/O-1"]["sequence"], "discard", "ada", "duplicate"
             )
             # acting again on a settled dead letter: it is gone
             with pytest.raises(views.NotFound):
                 await views.act_on_dead_letter(
-                    deps, queue, shown["submit/O-1"]["sequence"], "discard", "ada"
+                    deps, queue, shown["submit/O-1"]["sequence"], "discard", "ada", "duplicate"
                 )
             after = await views.dead_letters(deps, queue, None)
             assert [m["id"] for m in after["peeked"]["messages"]] == ["submit/O-2"]
@@ -133,3 +134,52 @@ def test_the_order_a_message_links_to_is_its_applications():
     assert link(alert, {}, "orders-webshop", apps) == "webshop:A-1"
     assert link({"OrderID": "a/b"}, {}, "orders-webshop", apps) is None
     assert link({"OrderID": 7}, {"OrderID": "A-2"}, "orders-webshop", apps) == "webshop:A-2"
+
+
+async def test_only_stored_orders_are_linked(servicebus_emulator, deps, now):
+    """Issue 45: a dead letter or alert naming an order Submit refused (never
+    stored) linked to a 404; now only a stored order is linked, and the
+    refused one is shown as never stored, on the page and in its alert."""
+    queue = f"orders-st-{uuid.uuid4().hex[:6]}"
+    spec = {"MaxDeliveryCount": 3, "LockDuration": "PT5S"}
+    emulator = servicebus_emulator.start({queue: spec, **{q: spec for q in views.WORK_QUEUES}})
+    await deps.store.create_if_absent(
+        sm.new_record(order("STORED-1"), now, STEPS, key="webshop:STORED-1")
+    )
+    async with ServiceBusClient.from_connection_string(emulator.connection_string) as client:
+        async with client.get_queue_sender(queue) as sender:
+            await sender.send_messages(
+                [
+                    ServiceBusMessage(json.dumps({"OrderID": oid}), message_id=f"submit/{oid}")
+                    for oid in ("STORED-1", "REFUSED-1")
+                ]
+            )
+        async with client.get_queue_receiver(queue) as receiver:
+            got: list = []
+            while len(got) < 2:
+                got += await receiver.receive_messages(max_message_count=2, max_wait_time=3)
+            for m in got:
+                await receiver.dead_letter_message(m, reason="InvalidMessage")
+        async with client.get_queue_sender("alerts") as sender:
+            await sender.send_messages(
+                ServiceBusMessage(
+                    json.dumps({"Kind": "InvalidMessage", "OrderID": "REFUSED-1", "Queue": queue})
+                )
+            )
+        deps.servicebus = QueuePeeker(client)
+        deps.settings = replace(settings(), ingress_queues={"webshop": queue})
+        try:
+            page = await views.dead_letters(deps, queue, None)
+            shown = {m["id"]: m for m in page["peeked"]["messages"]}
+            assert shown["submit/STORED-1"]["order_id"] == "webshop:STORED-1"
+            assert shown["submit/REFUSED-1"]["order_id"] is None
+            assert shown["submit/REFUSED-1"]["unstored_order"] == "webshop:REFUSED-1"
+            summary = await views.dead_letters(deps, None, None)
+            linked = [m["order_id"] for m in summary["per_queue"][queue]["messages"]]
+            assert set(linked) == {"webshop:STORED-1", None}
+            alerts = await views.alerts(deps, None)
+            (alert,) = [m for m in alerts["messages"] if (m["parsed"] or {}).get("OrderID")]
+            assert alert["order_id"] is None
+            assert alert["unstored_order"] == "webshop:REFUSED-1"
+        finally:
+            await deps.servicebus.close()

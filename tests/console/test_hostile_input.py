@@ -162,7 +162,7 @@ _text = st.text(st.characters(codec="utf-8"), max_size=40)
 @settings(max_examples=300, deadline=None)
 @given(
     st.dictionaries(
-        st.sampled_from(["state", "app", "older", "page", "other"]),
+        st.sampled_from(["state", "app", "older", "newer", "prefix", "customer", "page", "other"]),
         st.one_of(
             _text,
             st.integers(-(10**40), 10**40).map(str),
@@ -190,8 +190,11 @@ def test_any_orders_query_is_parsed_or_refused_with_bad_request(params):
     if refused is not None:
         assert refused
         return
-    assert filters["state"] in views.STATES
+    assert filters["state"] in [*views.STATES, views.ANY_STATE]
     assert filters["older"] is None or 1 <= filters["older"] <= views.MAX_OLDER_MINUTES
+    assert filters["newer"] is None or 1 <= filters["newer"] <= views.MAX_OLDER_MINUTES
+    assert filters["prefix"] is None or views._ORDER_ID_PREFIX.fullmatch(filters["prefix"])
+    assert filters["customer"] is None or len(filters["customer"]) <= 64
     # the bound is one that date arithmetic takes
     if filters["older"]:
         datetime.now(UTC) - __import__("datetime").timedelta(minutes=filters["older"])
@@ -239,7 +242,7 @@ async def _confirm_then_post(action: str, order_id: str, headers: dict[str, str]
                     **(headers or {}),
                     **(extra or {}),
                 },
-                body=urlencode({"csrf": token}).encode(),
+                body=urlencode({"csrf": token, "reason": "cause fixed"}).encode(),
             ),
         )
 
@@ -284,6 +287,9 @@ async def test_a_resubmit_confirmation_acts_once(local, now):
         {"Origin": "https://evil.example.com", "Host": "evil.example.com"},
         {"Origin": "null"},
         {"Sec-Fetch-Site": "cross-site"},
+        {"Origin": "https://127.0.0.1:7071"},  # the local host serves no https
+        {"Origin": "http://127.0.0.1:8000"},  # another local server
+        {"Origin": "http://localhost:7071", "Sec-Fetch-Site": "same-site"},
     ],
 )
 async def test_a_valid_token_from_another_origin_does_nothing(local, now, headers):

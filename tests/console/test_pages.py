@@ -9,12 +9,13 @@ import json
 from datetime import timedelta
 
 import azure.functions as func
+import pytest
 from azure.durable_functions.models.DurableOrchestrationStatus import DurableOrchestrationStatus
 
 from console import views
 from domain import state_machine as sm
 from domain.models import ProcessState
-from tests.console.conftest import POLICY, STEPS, instance, order, pending
+from tests.console.conftest import POLICY, STEPS, errored_by_supervisor, instance, order, pending
 from triggers.console import _render
 
 HOSTILE = '<img src=x onerror="alert(1)">'
@@ -176,10 +177,11 @@ async def test_unknown_and_malformed_ids_are_not_found(deps):
 async def test_compensate_is_recorded_with_who_asked(deps, now):
     record = _two_attempts_then_failed(now)
     await deps.store.create_if_absent(record)
-    updated = await views.act(deps, "T-1", "compensate", "local")
+    updated = await views.act(deps, "T-1", "compensate", "local", "customer cancelled")
     assert updated.CompensationRequested
     assert updated.ProcessState is ProcessState.ERROR
     assert updated.History[-1].By == "operator:local"
+    assert updated.History[-1].Reason == "compensation requested: customer cancelled"
     data = await views.order_detail(deps, "T-1")
     assert not data["can_compensate"]  # asked already: the Starter will run it
 
@@ -187,7 +189,7 @@ async def test_compensate_is_recorded_with_who_asked(deps, now):
 async def test_resubmit_refuses_an_order_not_in_error(deps, now):
     await deps.store.create_if_absent(pending("T-2", now))
     try:
-        await views.act(deps, "T-2", "resubmit", "local")
+        await views.act(deps, "T-2", "resubmit", "local", "try again")
     except sm.IllegalTransition:
         pass
     else:
@@ -205,13 +207,26 @@ def test_throughput_buckets_the_last_hour(now):
             ("Error", now - timedelta(minutes=1)),
             ("Processed", since + timedelta(minutes=2)),
             ("Processed", since - timedelta(1)),
+            ("Compensated", now - timedelta(minutes=1)),
+            ("CompensationFailed", since + timedelta(minutes=2)),
         ],
         since,
         now,
     )
     assert len(data["buckets"]) == 12
-    assert data["total"] == {"Processed": 2, "Error": 1}
+    # issue 45: the compensated and the compensation-failed orders are counted too
+    assert data["total"] == {
+        "Processed": 2,
+        "Compensated": 1,
+        "Error": 1,
+        "CompensationFailed": 1,
+    }
     assert (data["buckets"][0]["Processed"], data["buckets"][-1]["Error"]) == (1, 1)
+    last = {bar["state"]: bar for bar in data["buckets"][-1]["bars"]}
+    # stacked: each state's bar sits on the one below it
+    assert last["Compensated"]["y"] + last["Compensated"]["h"] == pytest.approx(
+        last["Processed"]["y"]
+    )
 
 
 PANS = [
@@ -320,3 +335,12 @@ async def test_an_order_id_that_looks_like_a_card_is_masked_as_text_but_still_li
     )
     assert 'id="order-id">[redacted]<' in html
     assert '/api/console/orders/4111111111111111/resubmit"' in html
+
+
+async def test_an_action_without_a_reason_is_refused_and_changes_nothing(deps, now):
+    await deps.store.create_if_absent(errored_by_supervisor("T-3", now))
+    for reason in ("", "  ", "ok", "x" * 201):
+        with pytest.raises(views.BadRequest, match="reason"):
+            await views.act(deps, "T-3", "resubmit", "local", reason)
+    stored, _ = await deps.store.read("T-3")
+    assert stored.ProcessState is ProcessState.ERROR

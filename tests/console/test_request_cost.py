@@ -6,6 +6,7 @@ the page size, not with the container."""
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 
 from adapters.console_reads import MAX_PAGE
@@ -59,15 +60,24 @@ async def test_every_view_costs_the_same_with_ten_times_the_records(deps, now):
     assert small == large == {"overview": OVERVIEW_REQUESTS, "orders": 1, "stuck": 1, "detail": 1}
 
 
-async def test_overview_reads_what_it_shows(deps, now):
+async def test_overview_reads_what_it_shows(deps, state_container, now):
     await _seed(deps.store, now, "C", errors=2, others=9)
+    # an order that ended Compensated, one CompensationFailed (stored as such)
+    for oid, state in (("C-C0", "Compensated"), ("C-F0", "CompensationFailed")):
+        doc = json.loads(processed(oid, now - timedelta(minutes=3)).model_dump_json())
+        await state_container.upsert_item({**doc, "ProcessState": state})
     calls, data = await _cost(deps, lambda: views.overview(deps))
     assert calls == OVERVIEW_REQUESTS
     assert data["counts"]["Error"] == 2
     assert data["counts"]["Processed"] == 3
     assert data["counts"]["Processing"] == 3
     assert data["counts"]["Pending"] == 3
-    assert data["throughput"]["total"] == {"Processed": 3, "Error": 2}
+    assert data["throughput"]["total"] == {
+        "Processed": 3,
+        "Compensated": 1,
+        "Error": 2,
+        "CompensationFailed": 1,
+    }
     # each errored record: two recoveries, one long retry and the final failure
     assert data["decision_totals"] == {"recovered": 2, "long-retry": 2, "failed": 2}
 
@@ -124,7 +134,7 @@ async def test_resubmit_costs_a_read_and_a_conditional_replace(deps, now):
     record = errored_by_supervisor("G-1", now - timedelta(minutes=10))
     await deps.store.create_if_absent(record)
     calls, updated = await _cost(
-        deps, lambda: views.act(deps, "G-1", "resubmit", "ada@example.com")
+        deps, lambda: views.act(deps, "G-1", "resubmit", "ada@example.com", "cause fixed")
     )
     assert calls == 2
     assert updated.ProcessState is ProcessState.PENDING

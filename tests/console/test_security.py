@@ -20,12 +20,15 @@ def test_operator_is_local_in_local_mode_only_and_the_principal_otherwise():
     assert security.operator({}, "http://127.0.0.1:7071/api/console", env=LOCAL) == "local"
     assert security.operator({}, "http://localhost:7071/api/console", env=LOCAL) == "local"
     assert security.operator({}, "http://[::1]:7071/api/console", env=LOCAL) == "local"
-    assert (
-        security.operator(
-            {"X-MS-CLIENT-PRINCIPAL-NAME": "ada@example.com"}, env={"WEBSITE_SITE_NAME": "app"}
-        )
-        == "ada@example.com"
-    )
+    signed_in = {
+        "X-MS-CLIENT-PRINCIPAL-NAME": "ada@example.com",
+        "X-MS-CLIENT-PRINCIPAL-ID": "id-1",
+    }
+    azure = {"WEBSITE_SITE_NAME": "app", "CONSOLE_OPERATORS": "id-1"}
+    assert security.operator(signed_in, env=azure) == "ada@example.com"
+    # signed in, but not on the app's own list: refused by the app, not only by the proxy
+    with pytest.raises(security.Forbidden, match="not an operator"):
+        security.operator(signed_in, env={**azure, "CONSOLE_OPERATORS": "id-2"})
     for env in ({"WEBSITE_SITE_NAME": "app"}, {}, {"CONSOLE_LOCAL_MODE": "yes"}):
         with pytest.raises(security.Unauthenticated):
             security.operator({}, "http://127.0.0.1:7071/api/console", env=env)
@@ -220,3 +223,22 @@ def test_display_masking_leaves_marked_and_non_text_values_alone():
     assert isinstance(masked, Markup)
     assert masked == Markup("<b>[redacted]</b>")
     assert security.mask_for_display("11 digits 12345678903") == "11 digits 12345678903"
+
+
+@pytest.mark.parametrize(
+    ("origin", "allowed"),
+    [
+        ("http://127.0.0.1:7071", True),
+        ("http://localhost:7071", True),
+        ("http://[::1]:7071", True),
+        ("https://127.0.0.1:7071", False),  # the local host serves http only
+        ("https://localhost:7071", False),
+        ("http://127.0.0.1:8000", False),  # another local server is another origin
+        ("http://127.0.0.1", False),
+        ("http://127.0.0.1:99999", False),
+        ("http://evil.example:7071", False),
+    ],
+)
+def test_local_mode_takes_a_loopback_http_origin_on_the_requests_port_only(origin, allowed):
+    url = "http://127.0.0.1:7071/api/console/orders/O-1/resubmit"
+    assert security.allowed_origin(origin, LOCAL, request_url=url) is allowed

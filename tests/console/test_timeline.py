@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from console import effects
 from console import timeline as story
 from domain.ids import parse_attempt_instance_id
 from domain.models import OrderState
@@ -48,7 +49,7 @@ def _index(texts: list[str], start: str) -> int:
 
 
 def _effects(record, attempts) -> dict[str, str]:
-    return {e["step"]: e["state"] for e in story.side_effects(record, attempts)}
+    return {e["step"]: e["state"] for e in effects.side_effects(record, attempts)}
 
 
 def test_a_declined_payment_reads_as_refused_then_compensated_with_nothing_to_refund():
@@ -84,8 +85,8 @@ def test_a_declined_payment_reads_as_refused_then_compensated_with_nothing_to_re
     assert refused.detail.startswith("deadline met")
     assert _effects(record, attempts) == {
         "reserve-inventory": "undone",
-        "charge-payment": "nothing to undo",
-        "arrange-shipment": "not started",
+        "charge-payment": "refused",
+        "arrange-shipment": "not called",
     }
 
 
@@ -124,7 +125,7 @@ def test_a_compensation_that_failed_then_succeeded():
     assert _texts(second)[0] == "claimed by the Starter to compensate, as an operator asked"
     assert "release inventory: done" in " ".join(_texts(second))
     assert _effects(record, attempts)["reserve-inventory"] == "undone"
-    assert _effects(record, attempts)["charge-payment"] == "nothing to undo"
+    assert _effects(record, attempts)["charge-payment"] == "refused"
 
 
 def test_an_agent_that_retried_shows_each_call():
@@ -287,3 +288,21 @@ def test_the_reply_event_without_its_identity_tells_the_same_story(name):
 def test_a_reply_events_name_says_which_call_it_answers(event, calls, answered):
     asked = [story.Call(step=s, action=a, requested_at=None) for s, a in calls]
     assert story._answered_call({"Outcome": "ok"}, event, asked) == answered
+
+
+def test_each_request_and_reply_carries_its_raw_input_or_output_redacted():
+    """Issue 45: the raw input and output of each step call, as Temporal's
+    Web UI shows them; payment data dropped, card numbers masked."""
+    _record, attempts = _load("declined")
+    events = {e.text.split(" after ")[0]: e for e in attempts[1]["events"]}
+    refused = json.loads(events["charge payment: refused (permanent)"].raw)
+    assert refused["Outcome"] == "permanent"
+    assert "card declined" in refused["Error"]
+    request = json.loads(events["refund payment: requested"].raw)
+    assert (request["Step"], request["Action"]) == ("charge-payment", "undo")
+    hostile = story.raw_text(
+        {"Result": {"PaymentReference": "pay-1", "Note": "card 4111 1111 1111 1111"}}
+    )
+    assert "pay-1" not in hostile
+    assert "4111" not in hostile
+    assert len(story.raw_text({"x": "y" * 10_000})) == story.RAW_LIMIT

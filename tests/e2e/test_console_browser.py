@@ -134,6 +134,13 @@ def _effects(driver) -> dict[str, str]:
     }
 
 
+def _confirm(driver, wait, reason: str) -> None:
+    """On a confirmation page: give the reason, confirm, and wait for the notice."""
+    wait.until(ec.presence_of_element_located((By.ID, "reason"))).send_keys(reason)
+    driver.find_element(By.ID, "confirm").click()
+    wait.until(ec.presence_of_element_located((By.ID, "notice")))
+
+
 async def _open_order(driver, base: str, order_id: str) -> None:
     await asyncio.to_thread(driver.get, f"{base}/orders/{order_id}")
     assert driver.find_element(By.ID, "order-id").text == order_id
@@ -305,8 +312,8 @@ async def test_operator_reads_and_acts_in_the_browser(stack, browser):
             assert activity not in attempt_text
         assert _effects(browser) == {
             "reserve-inventory": "undone",
-            "charge-payment": "nothing to undo",
-            "arrange-shipment": "not started",
+            "charge-payment": "refused",
+            "arrange-shipment": "not called",
         }
         assert browser.find_elements(By.ID, "compensation-log") != []
         _screenshot(browser, "console-order-compensated.png")
@@ -331,9 +338,13 @@ async def test_operator_reads_and_acts_in_the_browser(stack, browser):
         await _open_order(browser, base, order_key("webshop", oid))
         assert _outcome(browser, 1) == "compensation failed"
         assert "release inventory: refused (permanent)" in " ".join(_events(browser, 1))
-        assert _effects(browser)["reserve-inventory"] == "unknown"  # its undo failed
+        assert _effects(browser)["reserve-inventory"] == "undo refused"  # still held
+        assert (
+            "reserve inventory (release inventory refused)"
+            in browser.find_element(By.ID, "held").text
+        )
         browser.find_element(By.ID, "compensate").click()
-        wait.until(ec.presence_of_element_located((By.ID, "confirm"))).click()
+        _confirm(browser, wait, "the provider fixed its release")
         wait.until(ec.presence_of_element_located((By.ID, "notice")))
         await e2e.wait_for(
             lambda rs: oid in rs and rs[oid].ProcessState is ProcessState.COMPENSATED,
@@ -342,12 +353,14 @@ async def test_operator_reads_and_acts_in_the_browser(stack, browser):
         )
         await _open_order(browser, base, order_key("webshop", oid))
         assert _outcome(browser, 2) == "compensated: every requested step undone"
-        assert _events(browser, 1)[-1].endswith("operator local: compensation requested")
+        assert _events(browser, 1)[-1].endswith(
+            "operator local: compensation requested: the provider fixed its release"
+        )
         assert "release inventory: done" in " ".join(_events(browser, 2))
         assert _effects(browser) == {
             "reserve-inventory": "undone",
-            "charge-payment": "nothing to undo",
-            "arrange-shipment": "not started",
+            "charge-payment": "refused",
+            "arrange-shipment": "not called",
         }
 
         # --- resubmit the Error order and see it go Pending ---------------------------------
@@ -361,11 +374,10 @@ async def test_operator_reads_and_acts_in_the_browser(stack, browser):
             "recorded in the order's history as done by local"
             in browser.find_element(By.TAG_NAME, "main").text
         )
-        browser.find_element(By.ID, "confirm").click()
-        wait.until(ec.presence_of_element_located((By.ID, "notice")))
+        _confirm(browser, wait, "payment provider fixed")
         assert browser.current_url.startswith(base)  # a path redirect, kept on our origin
         page = browser.find_element(By.TAG_NAME, "main").text
-        assert "operator local: resubmitted" in page
+        assert "operator local: resubmitted: payment provider fixed" in page
         record, _ = await e2e.store.read(order_key("webshop", failing.OrderID))
         entry = next(h for h in reversed(record.History) if h.By == "operator:local")
         assert (entry.From, entry.To) == (ProcessState.ERROR, ProcessState.PENDING)
@@ -393,11 +405,12 @@ async def test_operator_reads_and_acts_in_the_browser(stack, browser):
         wait.until(ec.presence_of_element_located((By.TAG_NAME, "table")))
         _no_markup_from(browser, HOSTILE)
         row = browser.find_element(By.CSS_SELECTOR, f"tr[data-message-id='{resent_id}']")
-        link = row.find_element(By.CSS_SELECTOR, ".order-link")
-        assert link.text == order_key(resent.AppId, resent.OrderID)  # the order's own page
+        # Submit never took it, so no record is stored: named, not linked (it would 404)
+        assert row.find_elements(By.CSS_SELECTOR, ".order-link") == []
+        unstored = row.find_element(By.CSS_SELECTOR, ".unstored").text
+        assert unstored == f"{order_key(resent.AppId, resent.OrderID)} (never stored)"
         row.find_element(By.CSS_SELECTOR, "a.resend").click()
-        wait.until(ec.presence_of_element_located((By.ID, "confirm"))).click()
-        wait.until(ec.presence_of_element_located((By.ID, "notice")))
+        _confirm(browser, wait, "Submit is back")
         assert "resent" in browser.find_element(By.ID, "notice").text
         records = await e2e.wait_terminal({resent.OrderID}, timeout=120, revive=False)
         assert records[resent.OrderID].ProcessState is ProcessState.PROCESSED  # Submit took it
@@ -409,8 +422,7 @@ async def test_operator_reads_and_acts_in_the_browser(stack, browser):
         assert hostile.find_elements(By.CSS_SELECTOR, ".order-link") == []
         alert_link = hostile.find_element(By.CSS_SELECTOR, ".alert-link").get_attribute("href")
         hostile.find_element(By.CSS_SELECTOR, "a.discard").click()
-        wait.until(ec.presence_of_element_located((By.ID, "confirm"))).click()
-        wait.until(ec.presence_of_element_located((By.ID, "notice")))
+        _confirm(browser, wait, "a hostile test message")
         assert "submit/console-hostile" not in await _dead_letter_ids(e2e.bus, "orders-webshop")
         count = browser.find_element(
             By.CSS_SELECTOR, "#dlq-counts [data-queue='orders-webshop'] .count"

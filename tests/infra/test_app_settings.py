@@ -95,6 +95,7 @@ PARAM_NAMES = {"TASKHUB_NAME": "taskHubName"}
 DERIVED = {
     "claimTimeoutSeconds": "azureClaimTimeoutSeconds",
     "stepTimeoutSeconds": "azureStepTimeoutSeconds",
+    "consoleOperators": "azureConsoleOperators",  # with every operator named for sign-in
 }
 # Names whose Azure value is a schedule built from an interval parameter.
 SCHEDULES = {

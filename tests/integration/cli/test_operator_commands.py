@@ -102,19 +102,20 @@ def test_an_operator_transition_changes_an_error_order(store, cli, command, said
     order_id = f"CLI-{command}"
     store(lambda s: s.create_if_absent(_failed(order_id)))
 
-    code, text = cli(command, order_id)
+    code, text = cli(command, order_id, "--reason", "cause fixed", "--operator", "ada", "--yes")
 
     assert code == 0, text
     assert f"{order_id}: {said}" in text
     record, _ = store(lambda s: s.read(order_id))
     assert changed(record)
-    assert record.History[-1].By == "operator"
+    assert record.History[-1].By == "operator:ada"
+    assert record.History[-1].Reason.endswith(": cause fixed")
 
 
 def test_a_refused_transition_is_one_line_and_changes_nothing(store, cli):
     store(lambda s: s.create_if_absent(make_record("CLI-3")))
 
-    code, text = cli("resubmit", "CLI-3")
+    code, text = cli("resubmit", "CLI-3", "--reason", "cause fixed", "--yes")
 
     assert code == 1
     assert text.startswith("error: "), text

@@ -1,0 +1,263 @@
+"""What each step did at its service, from the agents' recorded answers call
+by call (the replies in the attempts' orchestration histories, console.timeline),
+and the record only where no history says more (purged, or older than the
+attempts the console reads). Pure: tested on recorded histories.
+
+A step's effect is one of (docs/console.md, "Reading an order"):
+
+- applied: a call was answered ok (its reference shown);
+- refused: the service refused it (a permanent answer), with its reason;
+- undone: it was applied, and its undo was answered ok;
+- undo refused: it was applied and the service refused the undo, with its
+  reason: the effect is still held;
+- not called: no attempt asked for it;
+- in flight: asked in the running attempt, the deadline not passed yet;
+- unknown: asked, and no clear answer came back (no reply by the deadline,
+  or the agent gave up on transient failures): only the service knows."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from console.timeline import Call, duration, label
+from domain.models import OrderState, ProcessState, StepStatus
+
+_TEXT = 300
+
+APPLIED = "applied"
+REFUSED = "refused"
+UNDONE = "undone"
+UNDO_REFUSED = "undo refused"
+NOT_CALLED = "not called"
+IN_FLIGHT = "in flight"
+UNKNOWN = "unknown"
+
+_TONES = {
+    APPLIED: "good",
+    REFUSED: "muted",
+    UNDONE: "good",
+    UNDO_REFUSED: "bad",
+    NOT_CALLED: "muted",
+    IN_FLIGHT: "warn",
+    UNKNOWN: "warn",
+}
+
+
+@dataclass
+class Verdict:
+    state: str
+    detail: str | None = None
+    call: Call | None = None  # the do call whose answer decided it
+    reference: str | None = None
+    undo: Call | None = None  # the undo call whose answer decided it, if any
+
+
+def _reply(call: Call) -> dict[str, Any]:
+    return call.reply or {}
+
+
+def _reason(call: Call) -> str:
+    error = _reply(call).get("Error")
+    text = error if isinstance(error, str) and error else "no reason given"
+    return text if len(text) <= _TEXT else text[: _TEXT - 1] + "…"
+
+
+def _result(call: Call) -> dict[str, Any]:
+    result = _reply(call).get("Result")
+    return result if isinstance(result, dict) else {}
+
+
+def _unanswered(call: Call, running: bool, what: str) -> Verdict:
+    """A call without a reply: in flight while its attempt runs and its
+    deadline has not passed, unknown after."""
+    if running and not call.missed:
+        return Verdict(IN_FLIGHT, f"{what} requested, no answer yet", call)
+    return Verdict(UNKNOWN, f"{what}: no answer came back before the deadline", call)
+
+
+def _do_verdict(calls: list[tuple[int, Call]], running_attempt: int | None) -> Verdict | None:
+    """The do calls' verdict: applied if any was answered ok (a repeat is
+    under the same idempotency key), else what the last one was told."""
+    dos = [(a, c) for a, c in calls if c.action == "do"]
+    if not dos:
+        return None
+    for _, c in dos:
+        if _reply(c).get("Outcome") == "ok":
+            ref = _result(c).get("Reference")
+            return Verdict(APPLIED, None, c, ref if isinstance(ref, str) else None)
+    attempt, last = dos[-1]
+    said = _reply(last).get("Outcome")
+    if said == "permanent":
+        return Verdict(REFUSED, _reason(last), last)
+    if last.reply is not None:
+        return Verdict(UNKNOWN, f"the agent gave up without a clear answer: {_reason(last)}", last)
+    return _unanswered(last, attempt == running_attempt, "asked")
+
+
+def _undo_verdict(
+    calls: list[tuple[int, Call]], running_attempt: int | None, do: Verdict
+) -> Verdict | None:
+    """The undo calls' verdict on a step that took (or may have taken) effect."""
+    undos = [(a, c) for a, c in calls if c.action == "undo"]
+    if not undos:
+        return None
+    for _, c in undos:
+        if _reply(c).get("Outcome") == "ok":
+            if _result(c).get("Status") == "nothing-to-undo":
+                return Verdict(
+                    UNDONE, "the service had no effect to reverse", do.call, do.reference, c
+                )
+            return Verdict(UNDONE, None, do.call, do.reference, c)
+    attempt, last = undos[-1]
+    said = _reply(last).get("Outcome")
+    if said == "permanent":
+        return Verdict(UNDO_REFUSED, _reason(last), do.call, do.reference, last)
+    if last.reply is not None:
+        detail = f"its undo got no clear answer: {_reason(last)}"
+        return Verdict(UNKNOWN, detail, do.call, do.reference, last)
+    unanswered = _unanswered(last, attempt == running_attempt, "its undo")
+    return Verdict(unanswered.state, unanswered.detail, do.call, do.reference, last)
+
+
+def _from_record(record: OrderState, name: str, read: set[int]) -> Verdict:
+    """Without a call in the histories read: what the record says. A step the
+    record marks Running in an attempt whose history was read, and which that
+    history never asked, was not called (a claim marks every step it plans)."""
+    step = record.Steps[name]
+    entry = next((e for e in record.Compensation if e.Step == name and e.At is not None), None)
+    if entry is not None and entry.Outcome == "Failed":
+        return Verdict(UNDO_REFUSED, entry.Error or "no reason recorded", None, step.Reference)
+    status = step.Status
+    if status is StepStatus.COMPLETED:
+        return Verdict(APPLIED, None, None, step.Reference)
+    if status is StepStatus.COMPENSATED:
+        if step.CompletedAt is None:
+            return Verdict(REFUSED, step.Error or "refused before taking effect")
+        return Verdict(UNDONE, None, None, step.Reference)
+    if status is StepStatus.FAILED:
+        return Verdict(REFUSED, step.Error or "no reason recorded")
+    if status is StepStatus.RUNNING:
+        if step.Attempt in read:
+            return Verdict(NOT_CALLED)
+        if step.Attempt == _running_attempt(record):
+            return Verdict(IN_FLIGHT, "asked, no answer recorded yet")
+        return Verdict(UNKNOWN, "asked; no answer was recorded")
+    return Verdict(NOT_CALLED)
+
+
+def _running_attempt(record: OrderState) -> int | None:
+    live = (ProcessState.PROCESSING, ProcessState.COMPENSATING)
+    return record.Attempt if record.ProcessState in live else None
+
+
+def verdict(
+    record: OrderState,
+    name: str,
+    calls: list[tuple[int, Call]],
+    read: frozenset[int] | set[int] = frozenset(),
+) -> Verdict:
+    """`name`'s effect from its calls (`calls`, with their attempts), the
+    record where they say nothing; `read`: the attempts whose history was read."""
+    running = _running_attempt(record)
+    do = _do_verdict(calls, running)
+    if do is None:
+        base = _from_record(record, name, set(read))
+        if base.state not in (APPLIED, UNKNOWN) or not any(c.action == "undo" for _, c in calls):
+            return base
+        do = base
+    if do.state in (REFUSED, NOT_CALLED):
+        return do
+    return _undo_verdict(calls, running, do) or do
+
+
+def _calls_by_step(attempts: list[dict[str, Any]]) -> dict[str, list[tuple[int, Call]]]:
+    out: dict[str, list[tuple[int, Call]]] = {}
+    for a in attempts:
+        for c in a.get("calls") or []:
+            out.setdefault(c.step, []).append((a["attempt"], c))
+    return out
+
+
+def _times(v: Verdict, calls: list[tuple[int, Call]], step: Any) -> dict[str, Any]:
+    """The step's own start, end and duration: from the first request of the
+    do call that decided it, in that call's attempt, to its answer; the
+    record's own times when no call in the histories decided it. The undo's
+    answer, when there was one, separately."""
+    if v.state == NOT_CALLED:
+        return {"started": None, "completed": None, "took": None, "undo_answered": None}
+    if v.call is not None:
+        attempt = next(a for a, c in calls if c is v.call)
+        first = next(
+            (
+                c.requested_at
+                for a, c in calls
+                if a == attempt and c.action == "do" and c.requested_at
+            ),
+            v.call.requested_at,
+        )
+        started, ended = first, v.call.replied_at
+    else:
+        started, ended = step.StartedAt, step.CompletedAt
+    took = duration((ended - started).total_seconds()) if started and ended else None
+    undo = v.undo
+    return {
+        "started": started,
+        "completed": ended,
+        "took": took,
+        "undo_answered": undo.replied_at if undo is not None else None,
+    }
+
+
+def side_effects(record: OrderState, attempts: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per step of the record: its effect at the service, why, and its own times."""
+    by_step = _calls_by_step(attempts)
+    read = {a["attempt"] for a in attempts if a.get("has_history")}
+    out = []
+    for name, step in record.Steps.items():
+        calls = by_step.get(name, [])
+        v = verdict(record, name, calls, read)
+        out.append(
+            {
+                "step": name,
+                "label": label(name),
+                "state": v.state,
+                "tone": _TONES[v.state],
+                "detail": v.detail,
+                "reference": v.reference or step.Reference,
+                "attempt": step.Attempt,
+                "deadline": v.call.deadline if v.call else step.CompleteBy,
+                "undo_label": label(name, "undo"),
+                **_times(v, calls, step),
+            }
+        )
+    return out
+
+
+def still_held(record: OrderState, effects: list[dict[str, Any]]) -> dict[str, str] | None:
+    """One line for the top of an order that is not Processed: what its
+    services still hold, what may be held, and what is in flight (`text`),
+    and `tone` warn when anything is or may be."""
+    if record.ProcessState is ProcessState.PROCESSED:
+        return None
+    held, maybe, flying = [], [], []
+    for e in effects:
+        if e["state"] == APPLIED:
+            held.append(e["label"])
+        elif e["state"] == UNDO_REFUSED:
+            held.append(f"{e['label']} ({e['undo_label']} refused)")
+        elif e["state"] == UNKNOWN:
+            maybe.append(e["label"])
+        elif e["state"] == IN_FLIGHT:
+            flying.append(e["label"])
+    parts = []
+    if held:
+        parts.append("still held: " + ", ".join(held))
+    if maybe:
+        parts.append("perhaps held (no clear answer): " + ", ".join(maybe))
+    if flying:
+        parts.append("in flight: " + ", ".join(flying))
+    if not parts:
+        return {"text": "Nothing is held at the services.", "tone": ""}
+    line = "; ".join(parts)
+    return {"text": line[0].upper() + line[1:] + ".", "tone": "warn"}
