@@ -377,6 +377,7 @@ class App:
                 publisher=c.publisher,
                 crash_point=self.crash_point(),
                 alerts=self.alerts_over(c.publisher),
+                count_interval=c.settings.starter_count_interval or None,
             )
         return c.starter
 

@@ -130,6 +130,7 @@ class Settings:
     # Batches one Starter run may claim, and for how long it starts new ones.
     starter_max_batches: int = 10
     starter_run_budget: timedelta = timedelta(seconds=4)
+    starter_count_interval: timedelta = timedelta(0)
     supervisor_page_size: int = 100
     # Pages one Supervisor run may read, and for how long it starts new ones:
     # a backlog is worked through within a run, not one page per tick.
@@ -439,6 +440,9 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         starter_batch_size=int_setting(env, "STARTER_BATCH_SIZE", 50, 1),
         starter_max_batches=int_setting(env, "STARTER_MAX_BATCHES", 10, 1),
         starter_run_budget=timedelta(seconds=int_setting(env, "STARTER_RUN_BUDGET_SECONDS", 4, 1)),
+        starter_count_interval=timedelta(
+            seconds=int_setting(env, "STARTER_COUNT_INTERVAL_SECONDS", 0, 0)
+        ),
         supervisor_page_size=int_setting(env, "SUPERVISOR_PAGE_SIZE", 100, 1),
         supervisor_max_pages=int_setting(env, "SUPERVISOR_MAX_PAGES", 20, 1),
         supervisor_run_budget=timedelta(

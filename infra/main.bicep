@@ -146,6 +146,9 @@ param starterMaxBatches int = 10
 @description('A Starter run claims no new batch after this many seconds; keep it below starterIntervalSeconds.')
 @minValue(1)
 param starterRunBudgetSeconds int = 4
+@description('The Starter counts the Pending and Processing backlog (two COUNT queries whose cost grows with it) and scans compensations at most this often; 0: every run.')
+@minValue(0)
+param starterCountIntervalSeconds int = 0
 @description('SUPERVISOR_SCHEDULE runs every this many seconds.')
 @allowed([1, 2, 3, 4, 5, 6, 10, 12, 15, 20, 30])
 param supervisorIntervalSeconds int = 10
@@ -499,6 +502,7 @@ module api 'app/api.bicep' = {
     starterBatchSize: starterBatchSize
     starterMaxBatches: starterMaxBatches
     starterRunBudgetSeconds: starterRunBudgetSeconds
+    starterCountIntervalSeconds: starterCountIntervalSeconds
     supervisorIntervalSeconds: supervisorIntervalSeconds
     supervisorPageSize: supervisorPageSize
     supervisorMaxPages: supervisorMaxPages

@@ -79,6 +79,7 @@ module shards 'main.bicep' = [for i in range(0, shardCount): {
     traceSamplingRatio: production.traceSamplingRatio.value
     resourceLogs: production.resourceLogs.value
     vnetEnabled: production.vnetEnabled.value
+    starterCountIntervalSeconds: production.starterCountIntervalSeconds.value
   }
 }]
 

@@ -77,6 +77,7 @@ param starterIntervalSeconds int
 param starterBatchSize int
 param starterMaxBatches int
 param starterRunBudgetSeconds int
+param starterCountIntervalSeconds int
 param supervisorIntervalSeconds int
 param supervisorPageSize int
 param supervisorMaxPages int
@@ -202,6 +203,7 @@ var baseSettings = {
   STARTER_BATCH_SIZE: string(starterBatchSize)
   STARTER_MAX_BATCHES: string(starterMaxBatches)
   STARTER_RUN_BUDGET_SECONDS: string(starterRunBudgetSeconds)
+  STARTER_COUNT_INTERVAL_SECONDS: string(starterCountIntervalSeconds)
   SUPERVISOR_SCHEDULE: '*/${supervisorIntervalSeconds} * * * * *'
   SUPERVISOR_PAGE_SIZE: string(supervisorPageSize)
   SUPERVISOR_MAX_PAGES: string(supervisorMaxPages)

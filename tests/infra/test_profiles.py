@@ -51,6 +51,7 @@ PROFILE_PARAMETERS = {
     "traceSamplingRatio",
     "resourceLogs",
     "vnetEnabled",
+    "starterCountIntervalSeconds",
 }
 
 
