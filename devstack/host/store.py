@@ -9,7 +9,8 @@ in one transaction, so a process killed at any moment leaves either the state be
 the episode or the state after it.
 
 Work is owned through host leases: a host writes a heartbeat; a lock whose owner's
-heartbeat is older than `lease_seconds` (real time) is free again. Several host
+heartbeat is older than `lease_seconds` (real time) is free again, to other hosts: a
+host never claims a row its own process holds. Several host
 processes may share one file (SQLite WAL).
 """
 
@@ -120,6 +121,7 @@ class Store:
         self.path = path
         self.host_id = host_id
         self.lease_seconds = lease_seconds
+        self._stalled_until = 0.0
         self.db = sqlite3.connect(path, isolation_level=None, timeout=30, check_same_thread=False)
         self.db.row_factory = sqlite3.Row
         self.db.execute("PRAGMA journal_mode=WAL")
@@ -152,13 +154,21 @@ class Store:
 
     def start_heartbeats(self, every: float) -> Callable[[], None]:
         """Write this host's heartbeat every `every` seconds from a thread with its own
-        connection (one autocommitted statement each). Returns the function that stops it."""
+        connection (one autocommitted statement each). Returns the function that stops it.
+
+        A beat that comes more than half a lease after the last one written is logged: other
+        hosts may take this host's work over meanwhile (the lease's purpose), but this host
+        never takes its own rows back (see `_free_owner_sql`), so a stall cannot make it run
+        an activity or an episode twice."""
         stop = threading.Event()
 
         def beat() -> None:
             db = sqlite3.connect(self.path, isolation_level=None, timeout=30)
+            last = time.monotonic()
             try:
                 while not stop.wait(every):
+                    if time.monotonic() < self._stalled_until:
+                        continue  # a stall asked for by `stall_heartbeat` (tests)
                     try:
                         db.execute(
                             "INSERT INTO hosts(host_id, heartbeat) VALUES(?, ?) "
@@ -167,6 +177,8 @@ class Store:
                         )
                     except sqlite3.Error as exc:  # busy past the timeout: the next beat tries again
                         log.warning("heartbeat of host %s not written: %s", self.host_id, exc)
+                        continue
+                    last = self._log_stall(last)
             finally:
                 db.close()
 
@@ -179,6 +191,26 @@ class Store:
 
         return stop_beating
 
+    def _log_stall(self, last: float) -> float:
+        """Log a beat written late (the gap since `last`); returns the new beat's time."""
+        now = time.monotonic()
+        if now - last > self.lease_seconds / 2:
+            log.warning(
+                "heartbeat of host %s stalled for %.1f s (lease %.1f s)%s; it does not reclaim "
+                "its own work",
+                self.host_id,
+                now - last,
+                self.lease_seconds,
+                ": other hosts may have taken its work over"
+                if now - last > self.lease_seconds
+                else "",
+            )
+        return now
+
+    def stall_heartbeat(self, seconds: float) -> None:
+        """Write no heartbeat for `seconds` (what a starved thread or a locked file does)."""
+        self._stalled_until = time.monotonic() + seconds
+
     def release_host(self) -> None:
         with self.tx() as db:
             db.execute("DELETE FROM hosts WHERE host_id=?", (self.host_id,))
@@ -187,9 +219,13 @@ class Store:
             db.execute("UPDATE entities SET lock_owner=NULL WHERE lock_owner=?", (self.host_id,))
 
     def _free_owner_sql(self) -> tuple[str, tuple[Any, ...]]:
+        """A row is free when unlocked, or locked by another host whose heartbeat is older
+        than the lease. Never when this host holds it: its own heartbeat going stale (a
+        stalled thread) must not make every poll claim its running work again."""
         return (
-            "(lock_owner IS NULL OR lock_owner NOT IN (SELECT host_id FROM hosts WHERE heartbeat > ?))",
-            (time.time() - self.lease_seconds,),
+            "(lock_owner IS NULL OR (lock_owner != ? AND lock_owner NOT IN "
+            "(SELECT host_id FROM hosts WHERE heartbeat > ?)))",
+            (self.host_id, time.time() - self.lease_seconds),
         )
 
     # ---- instances ---------------------------------------------------------------------
@@ -359,8 +395,8 @@ class Store:
     _READY_SQL = (
         "SELECT m.id, m.instance_id FROM inbox m "
         "LEFT JOIN instances i ON i.instance_id = m.instance_id WHERE {where} "
-        "AND (i.lock_owner IS NULL OR i.lock_owner NOT IN "
-        "(SELECT host_id FROM hosts WHERE heartbeat > ?)) "
+        "AND (i.lock_owner IS NULL OR (i.lock_owner != ? AND i.lock_owner NOT IN "
+        "(SELECT host_id FROM hosts WHERE heartbeat > ?))) "
         # A suspended instance is claimed only for what can change it: resume, suspend, terminate.
         "AND (i.status IS NULL OR i.status != 'Suspended' "
         "OR json_extract(m.event, '$.EventType') IN (3, 19, 20)) ORDER BY m.id"
@@ -372,8 +408,8 @@ class Store:
         """Up to `limit` unowned instances not in `busy` with visible messages, oldest
         message first (the order of MIN(id) over each instance's visible messages)."""
         live = time.time() - self.lease_seconds
-        immediate = self.db.execute(self._READY_NOW, (live,))
-        fired = self.db.execute(self._READY_FIRED, (now_epoch, live))
+        immediate = self.db.execute(self._READY_NOW, (self.host_id, live))
+        fired = self.db.execute(self._READY_FIRED, (now_epoch, self.host_id, live))
         seen: set[str] = set()
         ready: list[str] = []
         try:
