@@ -94,16 +94,27 @@ class AppCatalog:
         return [f for f in self.functions if f.trigger_type == trigger_type]
 
     def orchestrator(self, name: str) -> FunctionSpec | None:
+        key = fold_name(name)
         for f in self.of_type(ORCHESTRATION_TRIGGER):
-            if f.orchestration_name == name or f.name == name:
+            if fold_name(f.orchestration_name) == key or fold_name(f.name) == key:
                 return f
         return None
 
     def activity(self, name: str) -> FunctionSpec | None:
+        key = fold_name(name)
         for f in self.of_type(ACTIVITY_TRIGGER):
-            if f.activity_name == name or f.name == name:
+            if fold_name(f.activity_name) == key or fold_name(f.name) == key:
                 return f
         return None
+
+
+def fold_name(name: str) -> str:
+    """A function name as the host compares it: the Durable extension's `FunctionName` is
+    equal under `StringComparison.OrdinalIgnoreCase` (and the host's function table is
+    keyed the same way), so `call_activity('Hello')` runs the activity `hello`.
+    OrdinalIgnoreCase upper-cases each character on its own (simple case mapping): a
+    character whose upper case is several characters (ß) stays as it is."""
+    return "".join(u if len(u := c.upper()) == 1 else c for c in name)
 
 
 def _binding_json(binding: Any) -> dict[str, Any]:
