@@ -27,6 +27,15 @@ def pytest_pycollect_makeitem(collector: Any, name: str, obj: Any) -> Any:
     return None
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Our marks for them: they talk to a real emulator, and most wait for locks, schedules
+    or expiry in real time (the schedule tests wait two minutes, as on Azure)."""
+    for item in items:
+        if item.get_closest_marker("sdk_queue") is not None:
+            item.add_marker(pytest.mark.integration)
+            item.add_marker(pytest.mark.slow)
+
+
 def _queue_name(item: pytest.Item) -> str:
     return item.name.removeprefix("test_").replace("_", "-")[:200]
 

@@ -60,6 +60,8 @@ class AzureMgmtTestCase:
 
 
 def get_logger(level: int) -> logging.Logger:
-    logger = logging.getLogger("servicebus.sdk_live_tests")
+    """The SDK's utilities.get_logger sets the whole `azure` logger to `level` with a stdout
+    handler, for the rest of the process; here a logger of the copied tests' own."""
+    logger = logging.getLogger("tests.sdk_live_tests")
     logger.setLevel(level)
     return logger
