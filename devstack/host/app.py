@@ -13,6 +13,7 @@ import sys
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -94,18 +95,24 @@ class AppCatalog:
         return [f for f in self.functions if f.trigger_type == trigger_type]
 
     def orchestrator(self, name: str) -> FunctionSpec | None:
-        key = fold_name(name)
-        for f in self.of_type(ORCHESTRATION_TRIGGER):
-            if fold_name(f.orchestration_name) == key or fold_name(f.name) == key:
-                return f
-        return None
+        return self._by_name[ORCHESTRATION_TRIGGER].get(fold_name(name))
 
     def activity(self, name: str) -> FunctionSpec | None:
-        key = fold_name(name)
-        for f in self.of_type(ACTIVITY_TRIGGER):
-            if fold_name(f.activity_name) == key or fold_name(f.name) == key:
-                return f
-        return None
+        return self._by_name[ACTIVITY_TRIGGER].get(fold_name(name))
+
+    @cached_property
+    def _by_name(self) -> dict[str, dict[str, FunctionSpec]]:
+        """Orchestrators and activities by folded name (the orchestration/activity name of
+        the trigger, and the function name), first registration first; built once, as a
+        lookup runs for every episode and activity."""
+        index: dict[str, dict[str, FunctionSpec]] = {}
+        for kind in (ORCHESTRATION_TRIGGER, ACTIVITY_TRIGGER):
+            table = index[kind] = {}
+            for f in self.of_type(kind):
+                own = f.orchestration_name if kind == ORCHESTRATION_TRIGGER else f.activity_name
+                for name in (own, f.name):
+                    table.setdefault(fold_name(name), f)
+        return index
 
 
 def fold_name(name: str) -> str:
