@@ -13,7 +13,7 @@ import sys
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -115,6 +115,7 @@ class AppCatalog:
         return index
 
 
+@lru_cache(maxsize=4096)
 def fold_name(name: str) -> str:
     """A function name as the host compares it: the Durable extension's `FunctionName` is
     equal under `StringComparison.OrdinalIgnoreCase` (and the host's function table is
