@@ -279,20 +279,16 @@ class Store:
     ) -> tuple[int, int | None, list[tuple[int, dict[str, Any]]]]:
         """(row count, highest seq, the (seq, event) rows after `after_seq` in order), read in
         one snapshot: what a caller that holds the earlier rows needs to extend its copy and to
-        see whether anything before `after_seq` changed (rewind, reset) since it read them."""
-        self.db.execute("BEGIN")  # one read snapshot for both statements
-        try:
-            shape = self.db.execute(
-                "SELECT COUNT(*) AS n, MAX(seq) AS m FROM history WHERE instance_id=?",
-                (instance_id,),
-            ).fetchone()
-            rows = self.db.execute(
-                "SELECT seq, event FROM history WHERE instance_id=? AND seq > ? ORDER BY seq",
-                (instance_id, after_seq),
-            ).fetchall()
-        finally:
-            self.db.execute("COMMIT")
-        return shape["n"], shape["m"], [(r["seq"], json.loads(r["event"])) for r in rows]
+        see whether anything before `after_seq` changed (rewind, reset) since it read them.
+        One statement (its own read snapshot): the shape, joined to the new rows if any."""
+        rows = self.db.execute(
+            "SELECT s.n, s.m, h.seq, h.event FROM "
+            "(SELECT COUNT(*) AS n, MAX(seq) AS m FROM history WHERE instance_id=?1) AS s "
+            "LEFT JOIN history AS h ON h.instance_id=?1 AND h.seq > ?2 ORDER BY h.seq",
+            (instance_id, after_seq),
+        ).fetchall()
+        n, m = rows[0][0], rows[0][1]
+        return n, m, [(r[2], json.loads(r[3])) for r in rows if r[2] is not None]
 
     def create_or_restart_instance(
         self,
@@ -428,25 +424,28 @@ class Store:
         return ready
 
     def claim_instances(self, now_epoch: float, limit: int, busy: set[str]) -> list[str]:
-        """Lock up to `limit` instances that have visible messages and no live owner."""
+        """Lock up to `limit` instances that have visible messages and no live owner (one
+        write transaction for the batch)."""
         rows = self._ready_instances(now_epoch, limit, busy)
+        if not rows:
+            return []
         claimed: list[str] = []
         free_sql, free_args = self._free_owner_sql()
-        for iid in rows:
-            with self.tx() as db:
+        with self.tx() as db:
+            for iid in rows:
                 cur = db.execute(
                     f"UPDATE instances SET lock_owner=? WHERE instance_id=? AND {free_sql}",
                     (self.host_id, iid, *free_args),
                 )
-                if cur.rowcount == 0:
-                    exists = db.execute(
-                        "SELECT 1 FROM instances WHERE instance_id=?", (iid,)
-                    ).fetchone()
-                    if exists is None:
-                        # Messages for an instance that no longer exists (purged): drop them.
-                        db.execute("DELETE FROM inbox WHERE instance_id=?", (iid,))
+                if cur.rowcount:
+                    claimed.append(iid)
                     continue
-            claimed.append(iid)
+                exists = db.execute(
+                    "SELECT 1 FROM instances WHERE instance_id=?", (iid,)
+                ).fetchone()
+                if exists is None:
+                    # Messages for an instance that no longer exists (purged): drop them.
+                    db.execute("DELETE FROM inbox WHERE instance_id=?", (iid,))
         return claimed
 
     def visible_messages(
@@ -483,7 +482,9 @@ class Store:
         `create_or_restart_instance`); an existing running one is left alone."""
         with self.tx() as db:
             owner = db.execute(
-                "SELECT lock_owner FROM instances WHERE instance_id=?", (instance_id,)
+                "SELECT lock_owner, (SELECT MAX(seq) FROM history WHERE instance_id=?1) AS m "
+                "FROM instances WHERE instance_id=?1",
+                (instance_id,),
             ).fetchone()
             if owner is None or owner["lock_owner"] != self.host_id:
                 return False
@@ -491,31 +492,34 @@ class Store:
                 db.execute("DELETE FROM history WHERE instance_id=?", (instance_id,))
                 start = 0
             else:
-                row = db.execute(
-                    "SELECT MAX(seq) AS m FROM history WHERE instance_id=?", (instance_id,)
-                ).fetchone()
-                start = (row["m"] + 1) if row["m"] is not None else 0
-            db.executemany(
-                "INSERT INTO history(instance_id, seq, execution_id, event) VALUES(?, ?, ?, ?)",
-                [
-                    (instance_id, start + i, execution_id, json.dumps(e))
-                    for i, e in enumerate(new_history)
-                ],
-            )
+                start = (owner["m"] + 1) if owner["m"] is not None else 0
+            # Empty lists are skipped: most episodes write only some of these.
+            if new_history:
+                db.executemany(
+                    "INSERT INTO history(instance_id, seq, execution_id, event) VALUES(?, ?, ?, ?)",
+                    [
+                        (instance_id, start + i, execution_id, json.dumps(e))
+                        for i, e in enumerate(new_history)
+                    ],
+                )
             if consumed:
                 db.executemany("DELETE FROM inbox WHERE id=?", [(i,) for i in consumed])
-            db.executemany(
-                "INSERT INTO activities(instance_id, execution_id, task_id, name, input) VALUES(?, ?, ?, ?, ?)",
-                [(instance_id, execution_id, tid, name, inp) for tid, name, inp in activities],
-            )
-            db.executemany(
-                "INSERT INTO inbox(instance_id, execution_id, event, visible_at) VALUES(?, ?, ?, ?)",
-                [(instance_id, execution_id, json.dumps(ev), at) for ev, at in timers],
-            )
-            db.executemany(
-                "INSERT INTO inbox(instance_id, execution_id, event, visible_at) VALUES(?, ?, ?, 0)",
-                [(iid, eid, json.dumps(ev)) for iid, eid, ev in messages],
-            )
+            if activities:
+                db.executemany(
+                    "INSERT INTO activities(instance_id, execution_id, task_id, name, input) "
+                    "VALUES(?, ?, ?, ?, ?)",
+                    [(instance_id, execution_id, tid, name, inp) for tid, name, inp in activities],
+                )
+            if timers:
+                db.executemany(
+                    "INSERT INTO inbox(instance_id, execution_id, event, visible_at) VALUES(?, ?, ?, ?)",
+                    [(instance_id, execution_id, json.dumps(ev), at) for ev, at in timers],
+                )
+            if messages:
+                db.executemany(
+                    "INSERT INTO inbox(instance_id, execution_id, event, visible_at) VALUES(?, ?, ?, 0)",
+                    [(iid, eid, json.dumps(ev)) for iid, eid, ev in messages],
+                )
             for child in new_instances or []:
                 self._create_in_tx(db, **child)
             for op in entity_ops or []:
