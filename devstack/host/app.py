@@ -13,6 +13,7 @@ import sys
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -94,16 +95,34 @@ class AppCatalog:
         return [f for f in self.functions if f.trigger_type == trigger_type]
 
     def orchestrator(self, name: str) -> FunctionSpec | None:
-        for f in self.of_type(ORCHESTRATION_TRIGGER):
-            if f.orchestration_name == name or f.name == name:
-                return f
-        return None
+        return self._by_name[ORCHESTRATION_TRIGGER].get(fold_name(name))
 
     def activity(self, name: str) -> FunctionSpec | None:
-        for f in self.of_type(ACTIVITY_TRIGGER):
-            if f.activity_name == name or f.name == name:
-                return f
-        return None
+        return self._by_name[ACTIVITY_TRIGGER].get(fold_name(name))
+
+    @cached_property
+    def _by_name(self) -> dict[str, dict[str, FunctionSpec]]:
+        """Orchestrators and activities by folded name (the orchestration/activity name of
+        the trigger, and the function name), first registration first; built once, as a
+        lookup runs for every episode and activity."""
+        index: dict[str, dict[str, FunctionSpec]] = {}
+        for kind in (ORCHESTRATION_TRIGGER, ACTIVITY_TRIGGER):
+            table = index[kind] = {}
+            for f in self.of_type(kind):
+                own = f.orchestration_name if kind == ORCHESTRATION_TRIGGER else f.activity_name
+                for name in (own, f.name):
+                    table.setdefault(fold_name(name), f)
+        return index
+
+
+@lru_cache(maxsize=4096)
+def fold_name(name: str) -> str:
+    """A function name as the host compares it: the Durable extension's `FunctionName` is
+    equal under `StringComparison.OrdinalIgnoreCase` (and the host's function table is
+    keyed the same way), so `call_activity('Hello')` runs the activity `hello`.
+    OrdinalIgnoreCase upper-cases each character on its own (simple case mapping): a
+    character whose upper case is several characters (ß) stays as it is."""
+    return "".join(u if len(u := c.upper()) == 1 else c for c in name)
 
 
 def _binding_json(binding: Any) -> dict[str, Any]:

@@ -249,6 +249,7 @@ class DurableHttpApi:
             web.get("/admin/clock", self.get_clock),
             web.get("/admin/timers", self.get_timers),
             web.post("/admin/clock/advance", self.advance_clock),
+            web.post("/admin/heartbeat/stall", self.stall_heartbeat),
         ]
         return out
 
@@ -493,6 +494,14 @@ class DurableHttpApi:
         return web.json_response(
             {"now": self.clock.now().isoformat(), "controllable": self.clock.controllable}
         )
+
+    async def stall_heartbeat(self, request: web.Request) -> web.Response:
+        """POST /admin/heartbeat/stall {"seconds": N}: write no hub heartbeat for N seconds, as
+        a starved heartbeat thread would (the tests of lease expiry use it)."""
+        body = await request.json()
+        seconds = float(body.get("seconds", 0))
+        self.engine.store.stall_heartbeat(seconds)
+        return web.json_response({"stalled_seconds": seconds})
 
     async def advance_clock(self, request: web.Request) -> web.Response:
         if not isinstance(self.clock, ControllableClock):

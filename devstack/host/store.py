@@ -9,7 +9,8 @@ in one transaction, so a process killed at any moment leaves either the state be
 the episode or the state after it.
 
 Work is owned through host leases: a host writes a heartbeat; a lock whose owner's
-heartbeat is older than `lease_seconds` (real time) is free again. Several host
+heartbeat is older than `lease_seconds` (real time) is free again, to other hosts: a
+host never claims a row its own process holds. Several host
 processes may share one file (SQLite WAL).
 """
 
@@ -120,6 +121,7 @@ class Store:
         self.path = path
         self.host_id = host_id
         self.lease_seconds = lease_seconds
+        self._stalled_until = 0.0
         self.db = sqlite3.connect(path, isolation_level=None, timeout=30, check_same_thread=False)
         self.db.row_factory = sqlite3.Row
         self.db.execute("PRAGMA journal_mode=WAL")
@@ -152,13 +154,21 @@ class Store:
 
     def start_heartbeats(self, every: float) -> Callable[[], None]:
         """Write this host's heartbeat every `every` seconds from a thread with its own
-        connection (one autocommitted statement each). Returns the function that stops it."""
+        connection (one autocommitted statement each). Returns the function that stops it.
+
+        A beat that comes more than half a lease after the last one written is logged: other
+        hosts may take this host's work over meanwhile (the lease's purpose), but this host
+        never takes its own rows back (see `_free_owner_sql`), so a stall cannot make it run
+        an activity or an episode twice."""
         stop = threading.Event()
 
         def beat() -> None:
             db = sqlite3.connect(self.path, isolation_level=None, timeout=30)
+            last = time.monotonic()
             try:
                 while not stop.wait(every):
+                    if time.monotonic() < self._stalled_until:
+                        continue  # a stall asked for by `stall_heartbeat` (tests)
                     try:
                         db.execute(
                             "INSERT INTO hosts(host_id, heartbeat) VALUES(?, ?) "
@@ -167,6 +177,8 @@ class Store:
                         )
                     except sqlite3.Error as exc:  # busy past the timeout: the next beat tries again
                         log.warning("heartbeat of host %s not written: %s", self.host_id, exc)
+                        continue
+                    last = self._log_stall(last)
             finally:
                 db.close()
 
@@ -179,6 +191,26 @@ class Store:
 
         return stop_beating
 
+    def _log_stall(self, last: float) -> float:
+        """Log a beat written late (the gap since `last`); returns the new beat's time."""
+        now = time.monotonic()
+        if now - last > self.lease_seconds / 2:
+            log.warning(
+                "heartbeat of host %s stalled for %.1f s (lease %.1f s)%s; it does not reclaim "
+                "its own work",
+                self.host_id,
+                now - last,
+                self.lease_seconds,
+                ": other hosts may have taken its work over"
+                if now - last > self.lease_seconds
+                else "",
+            )
+        return now
+
+    def stall_heartbeat(self, seconds: float) -> None:
+        """Write no heartbeat for `seconds` (what a starved thread or a locked file does)."""
+        self._stalled_until = time.monotonic() + seconds
+
     def release_host(self) -> None:
         with self.tx() as db:
             db.execute("DELETE FROM hosts WHERE host_id=?", (self.host_id,))
@@ -187,9 +219,13 @@ class Store:
             db.execute("UPDATE entities SET lock_owner=NULL WHERE lock_owner=?", (self.host_id,))
 
     def _free_owner_sql(self) -> tuple[str, tuple[Any, ...]]:
+        """A row is free when unlocked, or locked by another host whose heartbeat is older
+        than the lease. Never when this host holds it: its own heartbeat going stale (a
+        stalled thread) must not make every poll claim its running work again."""
         return (
-            "(lock_owner IS NULL OR lock_owner NOT IN (SELECT host_id FROM hosts WHERE heartbeat > ?))",
-            (time.time() - self.lease_seconds,),
+            "(lock_owner IS NULL OR (lock_owner != ? AND lock_owner NOT IN "
+            "(SELECT host_id FROM hosts WHERE heartbeat > ?)))",
+            (self.host_id, time.time() - self.lease_seconds),
         )
 
     # ---- instances ---------------------------------------------------------------------
@@ -243,20 +279,16 @@ class Store:
     ) -> tuple[int, int | None, list[tuple[int, dict[str, Any]]]]:
         """(row count, highest seq, the (seq, event) rows after `after_seq` in order), read in
         one snapshot: what a caller that holds the earlier rows needs to extend its copy and to
-        see whether anything before `after_seq` changed (rewind, reset) since it read them."""
-        self.db.execute("BEGIN")  # one read snapshot for both statements
-        try:
-            shape = self.db.execute(
-                "SELECT COUNT(*) AS n, MAX(seq) AS m FROM history WHERE instance_id=?",
-                (instance_id,),
-            ).fetchone()
-            rows = self.db.execute(
-                "SELECT seq, event FROM history WHERE instance_id=? AND seq > ? ORDER BY seq",
-                (instance_id, after_seq),
-            ).fetchall()
-        finally:
-            self.db.execute("COMMIT")
-        return shape["n"], shape["m"], [(r["seq"], json.loads(r["event"])) for r in rows]
+        see whether anything before `after_seq` changed (rewind, reset) since it read them.
+        One statement (its own read snapshot): the shape, joined to the new rows if any."""
+        rows = self.db.execute(
+            "SELECT s.n, s.m, h.seq, h.event FROM "
+            "(SELECT COUNT(*) AS n, MAX(seq) AS m FROM history WHERE instance_id=?1) AS s "
+            "LEFT JOIN history AS h ON h.instance_id=?1 AND h.seq > ?2 ORDER BY h.seq",
+            (instance_id, after_seq),
+        ).fetchall()
+        n, m = rows[0][0], rows[0][1]
+        return n, m, [(r[2], json.loads(r[3])) for r in rows if r[2] is not None]
 
     def create_or_restart_instance(
         self,
@@ -359,8 +391,8 @@ class Store:
     _READY_SQL = (
         "SELECT m.id, m.instance_id FROM inbox m "
         "LEFT JOIN instances i ON i.instance_id = m.instance_id WHERE {where} "
-        "AND (i.lock_owner IS NULL OR i.lock_owner NOT IN "
-        "(SELECT host_id FROM hosts WHERE heartbeat > ?)) "
+        "AND (i.lock_owner IS NULL OR (i.lock_owner != ? AND i.lock_owner NOT IN "
+        "(SELECT host_id FROM hosts WHERE heartbeat > ?))) "
         # A suspended instance is claimed only for what can change it: resume, suspend, terminate.
         "AND (i.status IS NULL OR i.status != 'Suspended' "
         "OR json_extract(m.event, '$.EventType') IN (3, 19, 20)) ORDER BY m.id"
@@ -372,8 +404,8 @@ class Store:
         """Up to `limit` unowned instances not in `busy` with visible messages, oldest
         message first (the order of MIN(id) over each instance's visible messages)."""
         live = time.time() - self.lease_seconds
-        immediate = self.db.execute(self._READY_NOW, (live,))
-        fired = self.db.execute(self._READY_FIRED, (now_epoch, live))
+        immediate = self.db.execute(self._READY_NOW, (self.host_id, live))
+        fired = self.db.execute(self._READY_FIRED, (now_epoch, self.host_id, live))
         seen: set[str] = set()
         ready: list[str] = []
         try:
@@ -392,25 +424,28 @@ class Store:
         return ready
 
     def claim_instances(self, now_epoch: float, limit: int, busy: set[str]) -> list[str]:
-        """Lock up to `limit` instances that have visible messages and no live owner."""
+        """Lock up to `limit` instances that have visible messages and no live owner (one
+        write transaction for the batch)."""
         rows = self._ready_instances(now_epoch, limit, busy)
+        if not rows:
+            return []
         claimed: list[str] = []
         free_sql, free_args = self._free_owner_sql()
-        for iid in rows:
-            with self.tx() as db:
+        with self.tx() as db:
+            for iid in rows:
                 cur = db.execute(
                     f"UPDATE instances SET lock_owner=? WHERE instance_id=? AND {free_sql}",
                     (self.host_id, iid, *free_args),
                 )
-                if cur.rowcount == 0:
-                    exists = db.execute(
-                        "SELECT 1 FROM instances WHERE instance_id=?", (iid,)
-                    ).fetchone()
-                    if exists is None:
-                        # Messages for an instance that no longer exists (purged): drop them.
-                        db.execute("DELETE FROM inbox WHERE instance_id=?", (iid,))
+                if cur.rowcount:
+                    claimed.append(iid)
                     continue
-            claimed.append(iid)
+                exists = db.execute(
+                    "SELECT 1 FROM instances WHERE instance_id=?", (iid,)
+                ).fetchone()
+                if exists is None:
+                    # Messages for an instance that no longer exists (purged): drop them.
+                    db.execute("DELETE FROM inbox WHERE instance_id=?", (iid,))
         return claimed
 
     def visible_messages(
@@ -447,7 +482,9 @@ class Store:
         `create_or_restart_instance`); an existing running one is left alone."""
         with self.tx() as db:
             owner = db.execute(
-                "SELECT lock_owner FROM instances WHERE instance_id=?", (instance_id,)
+                "SELECT lock_owner, (SELECT MAX(seq) FROM history WHERE instance_id=?1) AS m "
+                "FROM instances WHERE instance_id=?1",
+                (instance_id,),
             ).fetchone()
             if owner is None or owner["lock_owner"] != self.host_id:
                 return False
@@ -455,31 +492,34 @@ class Store:
                 db.execute("DELETE FROM history WHERE instance_id=?", (instance_id,))
                 start = 0
             else:
-                row = db.execute(
-                    "SELECT MAX(seq) AS m FROM history WHERE instance_id=?", (instance_id,)
-                ).fetchone()
-                start = (row["m"] + 1) if row["m"] is not None else 0
-            db.executemany(
-                "INSERT INTO history(instance_id, seq, execution_id, event) VALUES(?, ?, ?, ?)",
-                [
-                    (instance_id, start + i, execution_id, json.dumps(e))
-                    for i, e in enumerate(new_history)
-                ],
-            )
+                start = (owner["m"] + 1) if owner["m"] is not None else 0
+            # Empty lists are skipped: most episodes write only some of these.
+            if new_history:
+                db.executemany(
+                    "INSERT INTO history(instance_id, seq, execution_id, event) VALUES(?, ?, ?, ?)",
+                    [
+                        (instance_id, start + i, execution_id, json.dumps(e))
+                        for i, e in enumerate(new_history)
+                    ],
+                )
             if consumed:
                 db.executemany("DELETE FROM inbox WHERE id=?", [(i,) for i in consumed])
-            db.executemany(
-                "INSERT INTO activities(instance_id, execution_id, task_id, name, input) VALUES(?, ?, ?, ?, ?)",
-                [(instance_id, execution_id, tid, name, inp) for tid, name, inp in activities],
-            )
-            db.executemany(
-                "INSERT INTO inbox(instance_id, execution_id, event, visible_at) VALUES(?, ?, ?, ?)",
-                [(instance_id, execution_id, json.dumps(ev), at) for ev, at in timers],
-            )
-            db.executemany(
-                "INSERT INTO inbox(instance_id, execution_id, event, visible_at) VALUES(?, ?, ?, 0)",
-                [(iid, eid, json.dumps(ev)) for iid, eid, ev in messages],
-            )
+            if activities:
+                db.executemany(
+                    "INSERT INTO activities(instance_id, execution_id, task_id, name, input) "
+                    "VALUES(?, ?, ?, ?, ?)",
+                    [(instance_id, execution_id, tid, name, inp) for tid, name, inp in activities],
+                )
+            if timers:
+                db.executemany(
+                    "INSERT INTO inbox(instance_id, execution_id, event, visible_at) VALUES(?, ?, ?, ?)",
+                    [(instance_id, execution_id, json.dumps(ev), at) for ev, at in timers],
+                )
+            if messages:
+                db.executemany(
+                    "INSERT INTO inbox(instance_id, execution_id, event, visible_at) VALUES(?, ?, ?, 0)",
+                    [(iid, eid, json.dumps(ev)) for iid, eid, ev in messages],
+                )
             for child in new_instances or []:
                 self._create_in_tx(db, **child)
             for op in entity_ops or []:

@@ -36,6 +36,11 @@ DEFAULT_LOCK_DURATION_S = 60.0
 DEFAULT_MAX_DELIVERY_COUNT = 10
 DEFAULT_TTL_S = 14 * 24 * 3600.0  # the official emulator's ceiling for a message's TTL
 DEFAULT_DUPLICATE_WINDOW_S = 600.0
+# Azure's range for DuplicateDetectionHistoryTimeWindow: "Max value is 7 days and minimum is
+# 20 seconds" (QueueProperties.DuplicateDetectionHistoryTimeWindow, Azure.Messaging.ServiceBus
+# .Administration). Azure refuses an entity outside it; so does this emulator.
+MIN_DUPLICATE_WINDOW_S = 20.0
+MAX_DUPLICATE_WINDOW_S = 7 * 86400.0
 DEFAULT_MAX_SIZE_MB = 1024
 
 _DURATION = re.compile(
@@ -206,11 +211,23 @@ def _topic_settings(entry: dict[str, Any]) -> TopicSettings:
         name=name,
         default_ttl=ttl,
         requires_duplicate_detection=bool(props.get("RequiresDuplicateDetection", False)),
-        duplicate_window=parse_duration(props["DuplicateDetectionHistoryTimeWindow"])
-        if props.get("DuplicateDetectionHistoryTimeWindow")
-        else DEFAULT_DUPLICATE_WINDOW_S,
+        duplicate_window=_duplicate_window(f"topic {name!r}", props),
         subscriptions=tuple(subscriptions),
     )
+
+
+def _duplicate_window(owner: str, props: dict[str, Any]) -> float:
+    """The entity's DuplicateDetectionHistoryTimeWindow in seconds, within Azure's range."""
+    text = props.get("DuplicateDetectionHistoryTimeWindow")
+    if not text:
+        return DEFAULT_DUPLICATE_WINDOW_S
+    seconds = parse_duration(text)
+    if not MIN_DUPLICATE_WINDOW_S <= seconds <= MAX_DUPLICATE_WINDOW_S:
+        raise ConfigError(
+            f"{owner}: DuplicateDetectionHistoryTimeWindow {text} is outside Azure's range, "
+            "20 seconds (PT20S) to 7 days (P7D)"
+        )
+    return seconds
 
 
 def _queue_settings(entry: dict[str, Any]) -> QueueSettings:
@@ -231,9 +248,7 @@ def _queue_settings(entry: dict[str, Any]) -> QueueSettings:
         default_ttl=duration("DefaultMessageTimeToLive", DEFAULT_TTL_S),
         dead_letter_on_expiration=bool(props.get("DeadLetteringOnMessageExpiration", False)),
         requires_duplicate_detection=bool(props.get("RequiresDuplicateDetection", False)),
-        duplicate_window=duration(
-            "DuplicateDetectionHistoryTimeWindow", DEFAULT_DUPLICATE_WINDOW_S
-        ),
+        duplicate_window=_duplicate_window(f"queue {name!r}", props),
         max_size_bytes=int(props.get("MaxSizeInMegabytes", DEFAULT_MAX_SIZE_MB)) * 1024 * 1024,
         max_message_count=int(max_count) if max_count is not None else None,
         requires_session=bool(props.get("RequiresSession", False)),

@@ -43,7 +43,15 @@ from .filters import (
 _LOG = logging.getLogger("devstack.servicebus")
 
 DEAD_LETTER_SUFFIX = "/$deadletterqueue"
-MAX_MESSAGE_SIZE = 256 * 1024  # Service Bus Standard tier
+# Service Bus Standard tier quotas (learn.microsoft.com, "Service Bus quotas"):
+# "Message size ... 256 KB for Standard tier ... The message size includes the size of
+# properties (system and user) and the size of payload": `ParsedMessage.size` counts every
+# section the sender wrote, header sections included.
+MAX_MESSAGE_SIZE = 256 * 1024
+# "Cumulative size of all properties can't exceed 64 KB. This limit applies to the entire
+# header of the brokered message, which has both user properties and system properties";
+# here: the encoded message annotations, properties and application properties.
+MAX_HEADER_SIZE = 64 * 1024
 
 AVAILABLE, LOCKED, DEFERRED, SCHEDULED = "available", "locked", "deferred", "scheduled"
 
@@ -85,6 +93,20 @@ class MessageTooLarge(BrokerError):
     """A single message exceeds the tier's maximum message size."""
 
     condition = b"amqp:link:message-size-exceeded"
+
+
+def check_message_size(body: ParsedMessage) -> None:
+    """Refuse a message over the Standard tier's message or header size quota."""
+    if body.size > MAX_MESSAGE_SIZE:
+        raise MessageTooLarge(f"The message is larger than {MAX_MESSAGE_SIZE} bytes.")
+    header = len(body.annotation_items) + len(body.properties_raw) + len(body.app_items)
+    if header > MAX_HEADER_SIZE:
+        # Azure's words for it (its SerializationException, sent as message-size-exceeded).
+        raise MessageTooLarge(
+            "A serialization error occurred while processing the message header stream. The "
+            f"serialization process return the following message: The size quota for this "
+            f"stream ({MAX_HEADER_SIZE}) has been exceeded."
+        )
 
 
 class MessageNotFound(BrokerError):
@@ -459,8 +481,7 @@ class Queue:
 
     def check(self, body: ParsedMessage) -> None:
         """Refuse a message this entity can never take, whatever its fill level."""
-        if body.size > MAX_MESSAGE_SIZE:
-            raise MessageTooLarge(f"The message is larger than {MAX_MESSAGE_SIZE} bytes.")
+        check_message_size(body)
         if self.sessionful and body.session_id is None:
             raise NotAllowed(
                 f"The SessionId was not set on a message, and it cannot be sent to the entity "
@@ -907,8 +928,7 @@ class Topic:
         return self.path.lower()
 
     def check(self, body: ParsedMessage) -> None:
-        if body.size > MAX_MESSAGE_SIZE:
-            raise MessageTooLarge(f"The message is larger than {MAX_MESSAGE_SIZE} bytes.")
+        check_message_size(body)
 
     def _copies(self, body: ParsedMessage, sequence_number: int) -> list[tuple[Queue, Any]]:
         """(subscription, copy or FilterEvaluationError) for every copy the rules make."""

@@ -188,7 +188,7 @@ class Link:
         self.delivery_count += 1
         self.credit -= 1
         if lock is not None:
-            self.session.unsettled[delivery_id] = lock.token
+            self.session.unsettled[delivery_id] = (lock.token, self)
 
     def session_granted(self, session: MessageSession) -> None:
         self.session.connection.session_granted(self, session)
@@ -223,7 +223,7 @@ class Session:
         self.next_incoming_id = remote_next_outgoing_id
         self.incoming_window = SESSION_WINDOW
         self.remote_incoming_window = remote_incoming_window
-        self.unsettled: dict[int, uuid.UUID] = {}
+        self.unsettled: dict[int, tuple[uuid.UUID, Link]] = {}  # delivery id -> lock, link
 
     def send(self, performative: Any) -> None:
         self.connection.send(self.channel, performative)
@@ -713,6 +713,14 @@ class Connection:
         if link is None:
             return
         link.forget()
+        # The link's unsettled deliveries go with it (AMQP 1.0: closing a link ends its state,
+        # unsettled map included, is gone): a disposition that names them later is not
+        # applied. Their locks stay until they expire, so the message can still be settled
+        # through the management link (update-disposition with its lock token), which is
+        # what the SDK falls back to; Azure answers that with success
+        # (test_queue_message_settle_through_mgmt_link_due_to_broken_receiver_link).
+        for delivery_id in [d for d, (_, held) in session.unsettled.items() if held is link]:
+            del session.unsettled[delivery_id]
         session.send(pf.DetachFrame(handle=link.handle, closed=True, error=None))
 
     def _on_flow(self, session: Session, fields: list[Any]) -> None:
@@ -858,8 +866,8 @@ class Connection:
             return
         last = first if last is None else last
         for delivery_id in range(first, last + 1):
-            token = session.unsettled.pop(delivery_id, None)
-            if token is None:
+            held = session.unsettled.pop(delivery_id, None)
+            if held is None:
                 if settled:
                     continue
                 # Settled twice, or never locked: answer rather than let the SDK wait for an echo.
@@ -871,7 +879,7 @@ class Connection:
                     )
                 )
             else:
-                echo = self._settle(token, state)
+                echo = self._settle(held[0], state)
             if not settled:
                 session.send(
                     pf.DispositionFrame(

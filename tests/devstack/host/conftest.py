@@ -155,6 +155,17 @@ class HostProcess:
         with urllib.request.urlopen(req, timeout=10) as r:
             assert r.status == 200
 
+    def post(self, path: str, body: dict[str, Any]) -> Any:
+        """POST JSON to one of the host's admin endpoints (a blocking call)."""
+        req = urllib.request.Request(
+            f"{self.base}{path}",
+            data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+            method="POST",
+        )
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return json.loads(r.read())
+
     def events(self, kind: str | None = None, **match: Any) -> list[dict[str, Any]]:
         path = self.out_dir / "events.jsonl"
         if not path.exists():

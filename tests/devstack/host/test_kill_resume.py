@@ -33,6 +33,7 @@ async def test_every_instance_completes_once_after_kill_9(host_factory: Any) -> 
     for iid in ("in-wait", "in-timer"):
         await wait_for(lambda iid=iid: _at(client, iid, "waiting"), what=f"{iid} waiting")
     await client.raise_event("in-wait", "go", "before-kill")  # accepted, maybe not yet processed
+    killed_pid = host.proc.pid if host.proc else None
     host.kill()
 
     host = host_factory(clock="controllable")  # same hub file; the dead host's locks expire
@@ -68,7 +69,11 @@ async def test_every_instance_completes_once_after_kill_9(host_factory: Any) -> 
             s.instance_id
         )  # completed once
     assert len(host.events("effect", instance="in-activity")) == 1
-    assert len(host.events("effect", instance="in-wait")) == 1
+    # The event may have been processed before the kill, and its activity cut short after it
+    # ran but before its completion was committed: the restarted host then runs it once more
+    # (at least once, as on Azure). Never twice in one process, never more than that one retry.
+    runs = [e["pid"] for e in host.events("effect", instance="in-wait")]
+    assert runs in ([runs[0]], [killed_pid, host.proc.pid if host.proc else None]), runs
 
 
 async def _at(client: Any, iid: str, stage: str) -> bool:

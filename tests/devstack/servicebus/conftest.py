@@ -45,7 +45,7 @@ TEST_QUEUES: dict[str, dict[str, Any]] = {
     "dedup-short": {
         **LONG_LOCK,
         "RequiresDuplicateDetection": True,
-        "DuplicateDetectionHistoryTimeWindow": "PT1S",
+        "DuplicateDetectionHistoryTimeWindow": "PT20S",  # Azure's minimum
     },
     "no-dedup": {**LONG_LOCK, "RequiresDuplicateDetection": False},
     "ttl-dead-letter": {
@@ -65,6 +65,8 @@ TEST_QUEUES: dict[str, dict[str, Any]] = {
     },
     "limited-count": {**LONG_LOCK, "MaxMessageCount": 3},
     "limited-size": {**LONG_LOCK, "MaxSizeInMegabytes": 1},
+    "limit-header": LONG_LOCK,
+    "limit-size": LONG_LOCK,
     "refusals": LONG_LOCK,
     # Session queues: one per test, so no test sees another's sessions.
     **{

@@ -134,3 +134,40 @@ def test_reads_sessions_and_forwarding() -> None:
     assert queue.requires_session
     assert queue.forward_to is None  # the official emulator writes "" for "none"
     assert queue.forward_dead_lettered_to == "dead-ends"
+
+
+def _one_queue(props: dict) -> dict:
+    return {
+        "UserConfig": {
+            "Namespaces": [{"Name": "ns", "Queues": [{"Name": "q", "Properties": props}]}]
+        }
+    }
+
+
+@pytest.mark.parametrize("window", ["PT20S", "PT10M", "P7D"])
+def test_a_duplicate_detection_window_within_azure_range_is_taken(window: str) -> None:
+    """Azure: "Max value is 7 days and minimum is 20 seconds" (QueueProperties.
+    DuplicateDetectionHistoryTimeWindow, Azure.Messaging.ServiceBus.Administration)."""
+    [queue] = parse_config(_one_queue({"DuplicateDetectionHistoryTimeWindow": window}))
+    assert queue.duplicate_window == parse_duration(window)
+
+
+@pytest.mark.parametrize("window", ["PT1S", "PT19S", "P7DT1S", "P8D"])
+def test_a_duplicate_detection_window_outside_azure_range_is_refused(window: str) -> None:
+    """Below Azure's 20 s minimum or above its 7-day maximum: refused, as Azure refuses it."""
+    with pytest.raises(ConfigError, match=r"outside Azure's range, 20 seconds \(PT20S\) to 7 days"):
+        parse_config(_one_queue({"DuplicateDetectionHistoryTimeWindow": window}))
+    topic = {
+        "UserConfig": {
+            "Namespaces": [
+                {
+                    "Name": "ns",
+                    "Topics": [
+                        {"Name": "t", "Properties": {"DuplicateDetectionHistoryTimeWindow": window}}
+                    ],
+                }
+            ]
+        }
+    }
+    with pytest.raises(ConfigError, match="topic 't'"):
+        parse_config(topic)
