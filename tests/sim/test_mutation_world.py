@@ -48,7 +48,7 @@ def _again(seed: int) -> Options:
     return options_for(seed, 3)
 
 
-def test_an_application_with_progress_statuses_runs_the_unmarked_path_of_the_live_workflow():
+def test_an_application_with_progress_statuses_runs_the_same_planned_attempt():
     from devstack.host.durable import TASK_SCHEDULED
 
     sim = _run(
@@ -61,9 +61,12 @@ def test_an_application_with_progress_statuses_runs_the_unmarked_path_of_the_liv
     }
     (partner,) = [s for iid, s in scheduled.items() if iid.startswith("partner-portal:")]
     (webshop,) = [s for iid, s in scheduled.items() if iid.startswith("webshop:")]
-    assert partner[0] == "begin_attempt"  # 2.3's path: begin, a write per step
-    assert "send_step" not in partner
-    assert webshop[:1] == ["send_step"]  # the claim marked the steps (2.4)
+    # The same planned attempt, with its progress statuses on the way and no
+    # write of their own: one finishing write for both.
+    assert [n for n in partner if n != "report_status"] == webshop
+    assert partner[0] == "report_status"  # Processing
+    assert webshop[:1] == ["send_step"]
+    assert webshop.count("finish_attempt") == 1
 
 
 def _mutated_tree(tmp_path: Path, name: str) -> Path:

@@ -133,8 +133,10 @@ def test_happy_path_processes_every_order_and_reports_it():
 
 
 def test_happy_path_one_deadline():
+    from sim.durable import default_version
+
     sim = _run(1, 3, Options(orders=3, faults=FaultConfig()))
-    assert {i.version for i in sim.durable.instances.values()} == {"2.4"}
+    assert {i.version for i in sim.durable.instances.values()} == {default_version()}
     assert sim.violations == []
 
 
@@ -143,16 +145,16 @@ def test_new_attempts_run_host_json_default_version_with_the_starters_input():
 
     sim = _run(1, 1, Options(orders=1, faults=FaultConfig()))
     (instance,) = sim.durable.instances.values()
-    assert instance.version == default_version() == "2.4"
+    assert instance.version == default_version() == "1.0"
     given = json.loads(instance.input)
-    # 2.3: the claim's etag, not its record (docs/adr/020b-workflow-2-3.md);
-    # 2.4: the plan and the attempt's one deadline (docs/adr/021a-claim-marks-the-attempt.md).
+    # The claim's etag, not its record; the plan and the attempt's one
+    # deadline (docs/adr/021a-claim-marks-the-attempt.md).
     assert "Record" not in given
     assert given["Etag"]
     assert given["Plan"]["Steps"]
     assert given["Deadline"]
     assert given.get("IndexedAt") is None  # a marked attempt's entry is at its deadline
-    # 2.4's happy path: a send per step, then the one write.
+    # The happy path: a send per step, then the one write.
     from devstack.host.durable import TASK_SCHEDULED
 
     scheduled = [e["Name"] for e in instance.history if e["EventType"] == TASK_SCHEDULED]
