@@ -44,20 +44,6 @@ from .world import FaultConfig
 class EndChecks(MessageChecks):
     """The end's checks (see the module)."""
 
-    # What the path checks recorded (sim.path_checks.PathChecks), reported here.
-    deadline_mismatch: list[str]
-    quit_early: list[str]
-    step_deadline_reused: list[str]
-    due_not_recovered: list[str]
-    index_not_visited: list[str]
-    index_entry_late: list[str]
-    live_entry_deleted: list[str]
-    cursor_passed: list[str]
-    late_calls: list[str]
-    bad_identity: list[str]
-    lost_requests: list[str]
-    lost_copies: list[str]
-    overwritten: list[str]
     undo_unheard: list[str]
 
     def check(self) -> None:

@@ -38,6 +38,21 @@ class Observed:
     remote: SimRemote
     durable: SimDurable
     settings: Settings
+    # What the path checks record as they go (sim.path_checks.PathChecks) and
+    # the end reports (EndChecks.report_path_findings).
+    deadline_mismatch: list[str]
+    quit_early: list[str]
+    step_deadline_reused: list[str]
+    due_not_recovered: list[str]
+    index_not_visited: list[str]
+    index_entry_late: list[str]
+    live_entry_deleted: list[str]
+    cursor_passed: list[str]
+    late_calls: list[str]
+    bad_identity: list[str]
+    lost_requests: list[str]
+    lost_copies: list[str]
+    overwritten: list[str]
     servicebus: Any  # sim.bus.SimServiceBusClient
     hostile: Any  # sim.hostile.Hostile, or None: no forgeries in this schedule
     # The orders: order key -> (application, OrderID), and back.

@@ -33,20 +33,6 @@ from .options import SLACK
 class PathChecks(Observed):
     """The hooks and the per-run checks of the Supervisor (see the module)."""
 
-    # What the path checks record, reported at the end (EndChecks.report_path_findings).
-    deadline_mismatch: list[str]
-    quit_early: list[str]
-    step_deadline_reused: list[str]
-    due_not_recovered: list[str]
-    index_not_visited: list[str]
-    index_entry_late: list[str]
-    live_entry_deleted: list[str]
-    cursor_passed: list[str]
-    late_calls: list[str]
-    bad_identity: list[str]
-    lost_requests: list[str]
-    lost_copies: list[str]
-    overwritten: list[str]
     # Its own bookkeeping (set by Simulation.__init__).
     first_entry: dict[tuple[str, int], datetime]  # (order key, attempt) -> first index entry
     orders_writer: dict[str, tuple[int | None, datetime]]  # order key -> (lock token, when)
