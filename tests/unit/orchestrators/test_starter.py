@@ -40,6 +40,17 @@ async def _pending(world, order_id):
     await world.store.create_if_absent(sm.new_record(order, world.now, STEPS))
 
 
+async def _failed(world, order_id):
+    """A claimed order failed by its attempt: Error, its Failed status in the outbox."""
+    await _pending(world, order_id)
+    key = order_key("webshop", order_id)
+    claimed = await world.store.claim(key, world.now, POLICY)
+    t = world.now
+    await world.store.update(
+        key, lambda r: sm.mark_failed(r, claimed.LockedBy, None, "declined", t), claimed.LockedBy
+    )
+
+
 async def _errored_with_request(world, order_id):
     await _pending(world, order_id)
     order_id = order_key("webshop", order_id)
@@ -103,14 +114,7 @@ async def test_a_failing_start_after_a_claim_leaves_the_record_for_the_superviso
 
 async def test_outbox_entries_wait_their_grace_then_are_sent_once_with_their_id():
     world = World()
-    await _pending(world, "A1")
-    claimed = await world.store.claim("webshop:A1", world.now, POLICY)
-    t = world.now
-    await world.store.update(
-        "webshop:A1",
-        lambda r: sm.mark_failed(r, claimed.LockedBy, None, "declined", t),
-        claimed.LockedBy,
-    )
+    await _failed(world, "A1")
     message_id = (await world.record()).PendingStatus.MessageId
     starter = Starter(
         SETTINGS, world.store, clock=ReadClock(lambda: world.now), publisher=world.bus
@@ -127,14 +131,7 @@ async def test_outbox_entries_wait_their_grace_then_are_sent_once_with_their_id(
 async def test_the_outbox_is_scanned_at_most_once_per_scan_interval():
     """Issue 12: not a query per tick; an entry waits at most grace + interval."""
     world = World()
-    await _pending(world, "A1")
-    claimed = await world.store.claim("webshop:A1", world.now, POLICY)
-    t = world.now
-    await world.store.update(
-        "webshop:A1",
-        lambda r: sm.mark_failed(r, claimed.LockedBy, None, "declined", t),
-        claimed.LockedBy,
-    )
+    await _failed(world, "A1")
     starter = Starter(
         SETTINGS,
         world.store,
@@ -594,14 +591,7 @@ async def test_a_reply_queue_that_keeps_refusing_raises_one_alert_and_its_status
     from orchestrators.starter import STATUS_ALERT_AFTER
 
     world = World()
-    await _pending(world, "A1")
-    claimed = await world.store.claim("webshop:A1", world.now, POLICY)
-    t = world.now
-    await world.store.update(
-        "webshop:A1",
-        lambda r: sm.mark_failed(r, claimed.LockedBy, None, "declined", t),
-        claimed.LockedBy,
-    )
+    await _failed(world, "A1")
     real_send = world.bus.send
     refusing = {"on": True}
 
