@@ -3,6 +3,7 @@ absent: azure.yaml's `postprovision` hook, so the first `azd up` works with
 no key given (docs/deploying.md, "The keys").
 
     python -m deploy.keys                  # the azd environment's vault (INTERNAL_VAULT_NAME)
+    python -m deploy.keys --shards [NAME]  # every shard's vault (infra/shards.bicep's deployment)
 
 main.bicep points AGENT_SIGNING_KEYS and REPLY_TOKEN_KEYS at the secrets
 agent-signing-keys and reply-token-keys of its vault (its own, or
@@ -158,18 +159,65 @@ def restart_app(env: Mapping[str, str], say: Callable[[str], None]) -> None:
         say(f"keys: restart {name} yourself ({done.stderr.strip()})")
 
 
-def main(argv: list[str] | None = None, env: Mapping[str, str] | None = None) -> int:
+def main(
+    argv: list[str] | None = None,
+    env: Mapping[str, str] | None = None,
+    run: Callable[..., subprocess.CompletedProcess[str]] = subprocess.run,
+) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--propagation", type=float, default=DEFAULT_PROPAGATION)
+    parser.add_argument(
+        "--shards",
+        metavar="DEPLOYMENT",
+        nargs="?",
+        const="shards",
+        help="every shard of infra/shards.bicep's subscription deployment (default name: shards)",
+    )
     args = parser.parse_args(argv)
-    env = _azd_env() if env is None else env
+    if args.shards:
+        try:
+            shards = shard_environments(args.shards, run)
+        except Failed as error:
+            print(f"keys: FAIL deployment {args.shards}: {error}")
+            return 1
+        failed = [i for i, shard in enumerate(shards) if _one(shard, args.propagation) != 0]
+        if failed:
+            print(f"keys: FAIL shards {', '.join(map(str, failed))}; run the command again")
+        return 1 if failed else 0
+    return _one(_azd_env() if env is None else env, args.propagation)
+
+
+def shard_environments(
+    deployment: str, run: Callable[..., subprocess.CompletedProcess[str]] = subprocess.run
+) -> list[dict[str, str]]:
+    """Each shard's vault, keys and app: the output SHARD_VAULTS of
+    infra/shards.bicep's subscription deployment."""
+    if shutil.which("az") is None:
+        raise Failed("the Azure CLI (az) is not installed")
+    done = run(
+        ["az", "deployment", "sub", "show", "--name", deployment, "--query",
+         "properties.outputs.SHARD_VAULTS.value", "--only-show-errors", "-o", "json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )  # fmt: skip
+    if done.returncode != 0:
+        raise Failed((done.stderr or done.stdout).strip() or "az deployment sub show failed")
+    shards = json.loads(done.stdout or "null")
+    if not isinstance(shards, list) or not shards:
+        raise Failed("no output SHARD_VAULTS: is it a deployment of infra/shards.bicep?")
+    return shards
+
+
+def _one(env: Mapping[str, str], propagation: float) -> int:
     vault = env.get("INTERNAL_VAULT_NAME")
     if not vault:
         print("keys: FAIL INTERNAL_VAULT_NAME is not set: run after `azd provision`")
         return 1
     names = [n for n in (env.get("INTERNAL_VAULT_ENTRIES") or ",".join(SECRETS)).split(",") if n]
     try:
-        created = Keys(AzVault(vault), propagation=args.propagation).ensure(names)
+        created = Keys(AzVault(vault), propagation=propagation).ensure(names)
     except (Refused, Failed) as error:
         print(f"keys: FAIL vault {vault}: {error}")
         print(

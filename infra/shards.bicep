@@ -2,7 +2,8 @@ metadata description = 'Shards of the production profile: shardCount whole deplo
 
 // Subscription scope: az deployment sub create --location <region>
 //   --template-file infra/shards.bicep --parameters @infra/shards.production.parameters.json
-//   --parameters environmentName=... remoteServiceUrl=... shardKeys=@keys.json
+//   --parameters environmentName=... remoteServiceUrl=... clientApplications=@clients.json
+// then: python -m deploy.keys --shards   (each shard's keys in its own vault)
 targetScope = 'subscription'
 
 import { clientApplication } from 'types.bicep'
@@ -23,10 +24,6 @@ param shardCount int
 @description('As main.bicep: the remote services every shard calls.')
 @minLength(12)
 param remoteServiceUrl string
-
-@description('Each shard\'s internal-queue keys, one entry per shard in shard order: {"agentSigningKeys": ["<Key Vault reference of shard 0>", ...], "replyTokenKeys": [...]}. Every shard holds keys of its own, so a message copied from one shard\'s queues to another\'s does not verify there (ADR 017e).')
-@secure()
-param shardKeys object
 
 @description('As main.bicep: the client applications, registered in every shard (each sends an order to the shard domain.shards.shard_of names).')
 @minLength(1)
@@ -57,8 +54,6 @@ module shards 'main.bicep' = [for i in range(0, shardCount): {
     shardIndex: i
     taskHubName: 'OrderProcessingS${i}'
     remoteServiceUrl: remoteServiceUrl
-    agentSigningKeys: shardKeys.agentSigningKeys[i]
-    replyTokenKeys: shardKeys.replyTokenKeys[i]
     clientApplications: clientApplications
     principalId: principalId
     cosmosCapacityMode: production.cosmosCapacityMode.value
@@ -84,3 +79,12 @@ module shards 'main.bicep' = [for i in range(0, shardCount): {
 }]
 
 output shardResourceGroups string[] = [for i in range(0, shardCount): shardGroups[i].name]
+// Every shard keeps its internal-queue keys in a vault of its own (main.bicep's default), so a
+// message copied from one shard's queues to another's does not verify there (ADR 017e).
+// `python -m deploy.keys --shards` reads this output and creates each shard's keys.
+output SHARD_VAULTS array = [for i in range(0, shardCount): {
+  INTERNAL_VAULT_NAME: shards[i].outputs.INTERNAL_VAULT_NAME
+  INTERNAL_VAULT_ENTRIES: shards[i].outputs.INTERNAL_VAULT_ENTRIES
+  AZURE_FUNCTION_APP_NAME: shards[i].outputs.AZURE_FUNCTION_APP_NAME
+  AZURE_RESOURCE_GROUP: shards[i].outputs.AZURE_RESOURCE_GROUP
+}]

@@ -6,11 +6,12 @@ command line."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 
 import pytest
 
-from deploy.keys import SECRETS, AzVault, Failed, Keys, Refused, main
+from deploy.keys import SECRETS, AzVault, Failed, Keys, Refused, main, shard_environments
 from domain.signing import parse_keys
 
 
@@ -115,3 +116,38 @@ def test_the_az_adapter_reads_absence_and_writes_through_a_file(monkeypatch):
 def test_the_command_needs_the_vault_name(capsys):
     assert main([], env={}) == 1
     assert "INTERNAL_VAULT_NAME is not set" in capsys.readouterr().out
+
+
+def _deployment(code: int, out: str, calls: list[list[str]]):
+    def run(args, **_kwargs):
+        calls.append(list(args))
+        return subprocess.CompletedProcess(
+            args, code, out if code == 0 else "", out if code else ""
+        )
+
+    return run
+
+
+def test_the_shards_vaults_are_read_from_the_subscription_deployments_output(monkeypatch):
+    """infra/shards.bicep gives every shard a vault of its own (ADR 017e: keys per shard) and
+    outputs SHARD_VAULTS; `--shards` reads that output and handles each shard."""
+    monkeypatch.setattr("shutil.which", lambda _name: "/usr/bin/az")
+    shards = [
+        {"INTERNAL_VAULT_NAME": f"kv-orders-s{i}", "AZURE_FUNCTION_APP_NAME": f"func-s{i}"}
+        for i in range(3)
+    ]
+    calls: list[list[str]] = []
+    assert shard_environments("prod", _deployment(0, json.dumps(shards), calls)) == shards
+    assert calls[0][:6] == ["az", "deployment", "sub", "show", "--name", "prod"]
+    assert "properties.outputs.SHARD_VAULTS.value" in calls[0]
+
+
+def test_a_deployment_without_the_shards_output_is_refused_by_name(monkeypatch, capsys):
+    monkeypatch.setattr("shutil.which", lambda _name: "/usr/bin/az")
+    assert main(["--shards"], env={}, run=_deployment(0, "null", [])) == 1
+    assert "no output SHARD_VAULTS" in capsys.readouterr().out
+    missing = _deployment(
+        1, "ERROR: (DeploymentNotFound) Deployment 'shards' could not be found", []
+    )
+    assert main(["--shards"], env={}, run=missing) == 1
+    assert "FAIL deployment shards: ERROR: (DeploymentNotFound)" in capsys.readouterr().out

@@ -5,7 +5,6 @@ model states, each shard told its index."""
 from __future__ import annotations
 
 import json
-import re
 
 from bench.capacity import Model
 from tests.infra.bicep_model import INFRA, MAIN, parse
@@ -71,15 +70,38 @@ def test_every_shard_is_the_production_profile_read_from_its_file():
         }, f"{name} of the production profile is not passed to the shards as its file says"
 
 
-def test_each_shard_has_keys_of_its_own():
+def test_each_shard_has_keys_of_its_own_in_its_own_vault():
+    """ADR 017e: a message copied from one shard's queues to another's does not verify there.
+    Each shard is main.bicep with its default keys: Key Vault references to the secrets of
+    the vault it creates and grants its app (no vault created beside keys kept elsewhere, no
+    reference to a vault the app is not granted on); `python -m deploy.keys --shards` creates
+    them from the output SHARD_VAULTS, one entry per shard with main.bicep's own outputs."""
     params = _shard_module()["config"]["params"]
-    for name in ("agentSigningKeys", "replyTokenKeys"):
-        assert params[name]["operator"]["operands"]["operand_1"] == "shardKeys"
-        assert params[name]["operator"]["operands"]["operand_2"]["operator"]["operands"] == {
-            "operand_1": name,
+    for name in ("agentSigningKeys", "replyTokenKeys", "keyVaultName"):
+        assert name not in params
+    main_outputs = parse(MAIN)["outputs"]
+    output = parse(SHARDS)["outputs"]["SHARD_VAULTS"]["value"]
+    assert output["loop_type"]["detail"]["array_name"]["function"]["parameters"] == {
+        "start_index": 0,
+        "count": "shardCount",
+    }
+    for name, value in output["config"].items():
+        operands = value["operator"]["operands"]
+        assert operands["operand_1"]["operator"]["operands"] == {
+            "operand_1": "shards",
             "operand_2": "i",
         }
-    assert re.search(r"@secure\(\)\nparam shardKeys object", SHARDS.read_text())
+        assert operands["operand_2"]["operator"]["operands"] == {
+            "operand_1": "outputs",
+            "operand_2": name,
+        }
+        assert name in main_outputs
+    assert set(output["config"]) == {
+        "INTERNAL_VAULT_NAME",
+        "INTERNAL_VAULT_ENTRIES",
+        "AZURE_FUNCTION_APP_NAME",
+        "AZURE_RESOURCE_GROUP",
+    }
 
 
 def test_the_shard_count_is_the_one_the_capacity_model_states_for_10000_orders_per_s():
