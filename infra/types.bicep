@@ -6,6 +6,9 @@ type clientApplication = {
   appId: string
   replyQueueName: string
   principalId: string
+  // Whether it also receives progress statuses (Processing, StepCompleted), best effort;
+  // absent: the final statuses only (docs/client-guide.md).
+  progress: bool?
 }
 
 @export()

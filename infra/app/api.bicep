@@ -117,8 +117,9 @@ resource appInsights 'Microsoft.Insights/components@2020-02-02' existing = {
   name: applicationInsightsName
 }
 
-// {appId: replyQueueName}: the only reply queues the app will send to.
-var replyQueueRegistry = toObject(clientApplications, app => app.appId, app => app.replyQueueName)
+// {appId: replyQueueName, or {queue, progress: true} for an application that asked for
+// progress statuses}: the only reply queues the app will send to (docs/settings.md).
+var replyQueueRegistry = toObject(clientApplications, app => app.appId, app => (app.?progress ?? false) ? { queue: app.replyQueueName, progress: true } : app.replyQueueName)
 
 var appSettings = union(baseSettings, durableBackendSettings)
 

@@ -43,6 +43,7 @@ import re
 
 import pytest
 
+from adapters.settings import load_settings
 from tests.infra.bicep_model import (
     HOST_JSON,
     INFRA,
@@ -613,7 +614,19 @@ def test_reply_queue_registry_is_built_from_client_applications():
     assert args["arg_1"] == "clientApplications"
     key, value = (args[k]["detail"] for k in ("arg_2", "arg_3"))
     assert accessor(key["expression"]) == (key["var_1"], "appId")
-    assert accessor(value["expression"]) == (value["var_1"], "replyQueueName")
+    # An application with `progress: true` is registered as {queue, progress: true}, the
+    # form the app reads as opting in to progress statuses; any other, by its queue's name.
+    chosen = value["expression"]["operator"]
+    assert chosen["type"] == "conditional"
+    assert "app.?progress ?? false" in API.read_text()
+    branches = chosen["operands"]
+    assert accessor(branches["false_value"]) == (value["var_1"], "replyQueueName")
+    opted = branches["true_value"]
+    assert accessor(opted["queue"]) == (value["var_1"], "replyQueueName")
+    assert opted["progress"] is True
+    opted_in = {"webshop": {"queue": "replies-webshop", "progress": True}}
+    settings = load_settings({**template_settings(), "REPLY_QUEUE_REGISTRY": json.dumps(opted_in)})
+    assert settings.progress_apps == frozenset({"webshop"})
     # With main.bicep's default client applications and the smoke application,
     # the registry equals the template's.
     assert module_params(parse(MAIN), "api")["clientApplications"] == "applications"
