@@ -18,7 +18,7 @@ the tests pass theirs explicitly."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from functools import cached_property
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -200,20 +200,9 @@ class StepCatalog(BaseModel):
             )
         return [name for name in reversed(self.names) if name in done]
 
-    def with_steps(self, *extra: RemoteStep | Mapping[str, Any]) -> StepCatalog:
-        """This catalog with `extra` appended (validated like a file's entries)."""
-        return parse_catalog(
-            {"steps": [*(s.model_dump(by_alias=True) for s in self.steps), *extra]}, "added steps"
-        )
-
 
 def parse_catalog(data: Any, source: str = "step catalog") -> StepCatalog:
     """Validate `data` (a file's JSON) as a catalog; CatalogError names the entry."""
-    if isinstance(data, dict) and isinstance(data.get("steps"), list | tuple):
-        steps = [
-            s.model_dump(by_alias=True) if isinstance(s, RemoteStep) else s for s in data["steps"]
-        ]
-        data = {**data, "steps": steps}
     try:
         return StepCatalog.model_validate(data)
     except ValidationError as exc:

@@ -21,8 +21,8 @@ from adapters.state_store import (
 )
 from devstack.cosmos import CosmosServer, FaultRule, get_faults, set_faults
 from domain import state_machine as sm
+from domain.boundary import check_order_id
 from domain.errors import NotFoundError, PermanentError, StaleError, TransientError
-from domain.ids import check_order_id
 from domain.models import OrderState, ProcessState
 from tests.integration.adapters.builders import NOW, POLICY, STEPS, make_record
 
