@@ -26,7 +26,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import aiohttp
 
@@ -176,6 +176,30 @@ def crash_point() -> CrashPoint:
     return crashpoints.from_environment() or no_crash_point
 
 
+_T = TypeVar("_T")
+
+
+async def _once_per_loop(
+    cache: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Future],
+    make: Callable[[], Awaitable[_T]],
+) -> _T:
+    """What `make` builds, once per running loop: concurrent first callers
+    wait for the one build; a failed build is forgotten, so the next call
+    tries again."""
+    loop = asyncio.get_running_loop()
+    future = cache.get(loop)
+    if future is None:
+        future = loop.create_future()
+        cache[loop] = future
+        try:
+            future.set_result(await make())
+        except BaseException as exc:
+            cache.pop(loop, None)
+            future.set_exception(exc)
+            raise
+    return await future
+
+
 def build(settings: Settings | None = None, *, overrides: Overrides | None = None) -> App:
     """The app's root. `settings`: the app's settings, or None to read them
     from the environment on first use (function_app builds its App at import,
@@ -213,18 +237,7 @@ class App:
     # --- the per-loop container ------------------------------------------------
 
     async def container(self) -> Container:
-        loop = asyncio.get_running_loop()
-        future = self._containers.get(loop)
-        if future is None:
-            future = loop.create_future()
-            self._containers[loop] = future
-            try:
-                future.set_result(await self._build())
-            except BaseException as exc:
-                self._containers.pop(loop, None)
-                future.set_exception(exc)
-                raise
-        return await future
+        return await _once_per_loop(self._containers, self._build)
 
     async def close(self) -> None:
         """Close this loop's clients (tests; the host process just exits)."""
@@ -458,23 +471,16 @@ class App:
         first use inside the loop and reused by every invocation."""
         if self.overrides.request_processor is not None:
             return await self.overrides.request_processor()
-        loop = asyncio.get_running_loop()
-        future = self._processors.get(loop)
-        if future is None:
-            future = loop.create_future()
-            self._processors[loop] = future
-            try:
-                agent_cfg = load_agent_settings()
-                client = servicebus_client(require_servicebus(agent_cfg))
-                processor, _replies = request_processor(
-                    client, aiohttp.ClientSession(), agent_cfg, self.seams
-                )
-                future.set_result(processor)
-            except BaseException as exc:
-                self._processors.pop(loop, None)
-                future.set_exception(exc)
-                raise
-        return await future
+
+        async def build() -> RequestProcessor:
+            agent_cfg = load_agent_settings()
+            client = servicebus_client(require_servicebus(agent_cfg))
+            processor, _replies = request_processor(
+                client, aiohttp.ClientSession(), agent_cfg, self.seams
+            )
+            return processor
+
+        return await _once_per_loop(self._processors, build)
 
     async def console_deps(self, durable: Any | None = None) -> Deps:
         """What a console page reads from and acts on: adapters of its own per
