@@ -513,20 +513,17 @@ def undo_log(
 
 
 def begin_compensation(
-    record: OrderState, instance_id: str, reason: str, now: datetime, step: str | None = None
+    record: OrderState, instance_id: str, reason: str, now: datetime, step: str
 ) -> OrderState:
     """Processing -> Compensating: step `step` failed for good after earlier
     steps completed; the attempt that owns the record undoes every step whose
-    request was sent, the failed one included.
-
-    Without `step` (workflow 1.0, which undoes only Completed steps) the log
-    is left as it is, so 1.0 instances finish as they were written."""
+    request was sent, the failed one included."""
     require_owner(record, instance_id)
     _require(record, ProcessState.PROCESSING, action="compensate")
     steps = dict(record.Steps)
-    if step is not None and step in steps and steps[step].Status is not StepStatus.COMPLETED:
+    if step in steps and steps[step].Status is not StepStatus.COMPLETED:
         steps[step] = steps[step].model_copy(update={"Status": StepStatus.FAILED})
-    log = undo_log(record, steps) if step is not None else list(record.Compensation)
+    log = undo_log(record, steps)
     reason = short_text(reason, ERROR_LIMIT)
     return _finish(
         record,

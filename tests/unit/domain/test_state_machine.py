@@ -120,7 +120,7 @@ def test_completed_step_cannot_restart(processing):
         lambda r: sm.complete_step(r, "webshop:ORD-1:0", STEPS[0], NOW),
         lambda r: sm.mark_processed(r, "webshop:ORD-1:0", NOW),
         lambda r: sm.mark_failed(r, "webshop:ORD-1:0", STEPS[0], "boom", NOW),
-        lambda r: sm.begin_compensation(r, "webshop:ORD-1:0", "boom", NOW),
+        lambda r: sm.begin_compensation(r, "webshop:ORD-1:0", "boom", NOW, STEPS[0]),
     ],
     ids=["start_step", "complete_step", "processed", "failed", "compensate"],
 )
@@ -230,9 +230,9 @@ def test_compensation_in_reverse_order_to_compensated(processing):
     record = processing
     for step in STEPS[:2]:
         record = sm.complete_step(record, "webshop:ORD-1:1", step, NOW, reference=f"ref-{step}")
-    record = sm.begin_compensation(record, "webshop:ORD-1:1", "shipping refused", NOW)
+    record = sm.begin_compensation(record, "webshop:ORD-1:1", "shipping refused", NOW, STEPS[2])
     assert record.ProcessState is ProcessState.COMPENSATING
-    assert [e.Step for e in record.Compensation] == STEPS[:2]
+    assert [e.Step for e in record.Compensation] == STEPS  # the failed step's too
     for entry in reversed(record.Compensation):
         record = sm.record_undo(record, "webshop:ORD-1:1", entry.Step, True, NOW)
     record = sm.finish_compensation(record, "webshop:ORD-1:1", NOW)
@@ -242,7 +242,8 @@ def test_compensation_in_reverse_order_to_compensated(processing):
 
 def test_compensation_failure_names_the_step(processing):
     record = sm.complete_step(processing, "webshop:ORD-1:1", STEPS[0], NOW)
-    record = sm.begin_compensation(record, "webshop:ORD-1:1", "later step refused", NOW)
+    record = sm.begin_compensation(record, "webshop:ORD-1:1", "later step refused", NOW, STEPS[1])
+    record = sm.record_undo(record, "webshop:ORD-1:1", STEPS[1], True, NOW)
     record = sm.record_undo(record, "webshop:ORD-1:1", STEPS[0], False, NOW, error="refund refused")
     record = sm.finish_compensation(record, "webshop:ORD-1:1", NOW)
     assert record.ProcessState is ProcessState.COMPENSATION_FAILED
@@ -254,7 +255,8 @@ def test_compensation_failure_names_the_step(processing):
 
 def test_a_compensation_that_succeeds_clears_the_old_undo_failure(processing):
     record = sm.complete_step(processing, "webshop:ORD-1:1", STEPS[0], NOW)
-    record = sm.begin_compensation(record, "webshop:ORD-1:1", "later step refused", NOW)
+    record = sm.begin_compensation(record, "webshop:ORD-1:1", "later step refused", NOW, STEPS[1])
+    record = sm.record_undo(record, "webshop:ORD-1:1", STEPS[1], True, NOW)
     record = sm.record_undo(record, "webshop:ORD-1:1", STEPS[0], False, NOW, error="refund refused")
     assert record.LastError is not None
     record = sm.record_undo(record, "webshop:ORD-1:1", STEPS[0], True, NOW)  # the operator's retry
