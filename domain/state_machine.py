@@ -399,15 +399,9 @@ def complete_step(
     step: str,
     now: datetime,
     reference: str | None = None,
-    deadline: datetime | None = None,
 ) -> OrderState:
     """Processing -> Processing: the step is Completed and enters the
-    compensation log (what to undo, should a later step fail for good).
-
-    `deadline` becomes the record's CompleteBy: the time the attempt has to
-    reach its next write (the next step's start, or Processed). Keeping the
-    finished step's deadline would let the Supervisor take a live attempt
-    that completed its step just before that deadline."""
+    compensation log (what to undo, should a later step fail for good)."""
     require_owner(record, instance_id)
     _require(record, ProcessState.PROCESSING, action="complete a step of")
     # model_copy does not validate: bound the provider's text here, or a long
@@ -427,10 +421,9 @@ def complete_step(
     )
     log = [e for e in record.Compensation if e.Step != step]
     log.append(CompensationEntry(Step=step, Reference=reference))
-    update = {"Steps": steps, "Compensation": log, "UpdatedAt": now}
-    if deadline is not None:
-        update["CompleteBy"] = deadline
-    return record.model_copy(update=update, deep=True)
+    return record.model_copy(
+        update={"Steps": steps, "Compensation": log, "UpdatedAt": now}, deep=True
+    )
 
 
 def record_transient(

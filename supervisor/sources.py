@@ -46,31 +46,28 @@ class Candidate:
     position: str | None = None
 
 
-# No lower bound by default: a Processing record whose deadline passed long
-# ago (an outage longer than any window) is still the Supervisor's to recover.
-# The page stays bounded by `max_items` (TOP n on the composite index), so the
+# No lower bound: a Processing record whose deadline passed long ago (an
+# outage longer than any window) is still the Supervisor's to recover. The
+# page stays bounded by `max_items` (TOP n on the composite index), so the
 # open window costs nothing per run.
 EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 class QuerySource:
     """Pages the state container; the cursor is the store's keyset token plus
-    the pass's fixed bounds (a pass keeps its bounds until it ends).
+    the pass's fixed upper bound (a pass keeps it until it ends)."""
 
-    `window`: only look back this far (None, the default: no limit). A
-    window loses every record whose deadline is older than it."""
-
-    def __init__(self, store: StateStore, window: timedelta | None = None) -> None:
+    def __init__(self, store: StateStore) -> None:
         self._store = store
-        self._window = window
 
     async def page(self, upper: datetime, max_items: int, cursor: str | None):
         state: dict[str, Any] = (
             json.loads(cursor) if cursor else {"upper": upper.isoformat(), "token": None}
         )
         pass_upper = datetime.fromisoformat(state["upper"])
-        start = EARLIEST if self._window is None else pass_upper - self._window
-        page, token = await self._store.query_expired(pass_upper, start, max_items, state["token"])
+        page, token = await self._store.query_expired(
+            pass_upper, EARLIEST, max_items, state["token"]
+        )
         candidates = [Candidate(record, etag) for record, etag in page]
         next_cursor = (
             None if token is None else json.dumps({"upper": state["upper"], "token": token})

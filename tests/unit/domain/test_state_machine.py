@@ -360,7 +360,6 @@ def test_any_provider_text_fits_every_record_field(processing, text):
         "reserve-inventory",
         t,
         "ref",
-        t,
     )
     comp = sm.begin_compensation(
         sm.start_step(started, iid, "charge-payment", t, t), iid, text, t, "charge-payment"
@@ -383,7 +382,7 @@ def _reserved(record, t):
     """`record` with its first step (reserve-inventory) started and done at `t`."""
     iid = record.LockedBy
     started = sm.start_step(record, iid, "reserve-inventory", t, t)
-    return sm.complete_step(started, iid, "reserve-inventory", t, "ref", t)
+    return sm.complete_step(started, iid, "reserve-inventory", t, "ref")
 
 
 def test_begin_compensation_logs_every_sent_step(processing):
@@ -422,17 +421,6 @@ def test_the_failed_step_is_undone_even_when_unmarked(processing):
     )
     assert failed.Steps["reserve-inventory"].Status.value == "Failed"
     assert [e.Step for e in sm.undo_log(failed)] == ["reserve-inventory"]
-
-
-def test_complete_step_replaces_complete_by(processing):
-    """Defect 7: the finished step's deadline is not kept as CompleteBy."""
-    iid = processing.LockedBy
-    step_deadline, next_deadline = NOW + timedelta(seconds=60), NOW + timedelta(seconds=119)
-    record = sm.start_step(processing, iid, "reserve-inventory", NOW, step_deadline)
-    record = sm.complete_step(
-        record, iid, "reserve-inventory", NOW + timedelta(seconds=59), "r", next_deadline
-    )
-    assert record.CompleteBy == next_deadline
 
 
 # --- an undelivered terminal status survives an operator's compensation (review defect 2) --

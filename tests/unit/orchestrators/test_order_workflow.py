@@ -148,7 +148,6 @@ async def test_operator_compensation_undoes_running_steps_of_an_errored_order():
                 "reserve-inventory",
                 t,
                 "ref-1",
-                t + timedelta(minutes=1),
             ),
             iid,
             "charge-payment",
