@@ -379,20 +379,6 @@ def unmark_unsent(record: OrderState, instance_id: str, steps: list[str]) -> Ord
 # --- Scheduler (orchestration) ---------------------------------------------------------
 
 
-def start_step(
-    record: OrderState, instance_id: str, step: str, now: datetime, deadline: datetime
-) -> OrderState:
-    """Processing -> Processing: the step is Running until `deadline`, which is
-    also the record's CompleteBy (the Supervisor's view of this attempt)."""
-    require_owner(record, instance_id)
-    _require(record, ProcessState.PROCESSING, action="start a step of")
-    steps = dict(record.Steps)
-    steps[step] = _running(record, step, now, deadline)
-    return record.model_copy(
-        update={"Steps": steps, "CompleteBy": deadline, "UpdatedAt": now}, deep=True
-    )
-
-
 def complete_step(
     record: OrderState,
     instance_id: str,

@@ -24,6 +24,7 @@ from domain import state_machine as sm
 from domain.boundary import check_order_id
 from domain.errors import NotFoundError, PermanentError, StaleError, TransientError
 from domain.models import OrderState, ProcessState
+from tests.builders import start_step
 from tests.integration.adapters.builders import NOW, POLICY, STEPS, make_record
 
 FIXED_WIDTH_UTC = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z$")
@@ -137,7 +138,7 @@ async def test_update_by_the_lock_owner_applies_the_transition(
     deadline = NOW + timedelta(minutes=5)
 
     updated, etag = await state_store.update(
-        "ORD-6", lambda r: sm.start_step(r, owner, STEPS[0], NOW, deadline), owner
+        "ORD-6", lambda r: start_step(r, STEPS[0], NOW, deadline), owner
     )
     assert updated.CompleteBy == deadline
     assert await state_store.read("ORD-6") == (updated, etag)
