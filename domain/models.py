@@ -502,8 +502,8 @@ class AgentRequest(_StepCall):
     Deadline: AwareDatetime
     ReplyEvent: Text100
     Payload: PayloadDict = Field(default_factory=dict)
-    # Set by a workflow that still takes this request's answer after Deadline
-    # (2.1's undo tries, ADR 005): a redelivered undo may still be called until
+    # Set when the workflow still takes this request's answer after Deadline
+    # (an undo try, ADR 005): a redelivered undo may still be called until
     # then. None: the answer counts only before Deadline.
     ListenUntil: AwareDatetime | None = None
 

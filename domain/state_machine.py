@@ -108,8 +108,8 @@ class RetryPolicy:
     long_retries: int = 1
     long_delay: timedelta = timedelta(hours=1)
     claim_timeout: timedelta = timedelta(seconds=60)
-    # A compensation whose undo ended unconfirmed (workflow 2.2: every try
-    # transient, unanswered or lost) waits `long_delay` and is tried again, at
+    # A compensation whose undo ended unconfirmed (every try transient,
+    # unanswered or lost) waits `long_delay` and is tried again, at
     # most this many times (a day at the default delay), then CompensationFailed
     # (docs/adr/019a-unconfirmed-undo-long-retry.md).
     undo_long_retries: int = 24
@@ -324,15 +324,15 @@ def claim(record: OrderState, now: datetime, policy: RetryPolicy) -> OrderState:
 def claim_marking(
     record: OrderState, now: datetime, policy: RetryPolicy, steps: list[str], deadline: datetime
 ) -> OrderState:
-    """Workflow 2.4's claim (docs/adr/021a-claim-marks-the-attempt.md): the
+    """The Starter's claim (docs/adr/021a-claim-marks-the-attempt.md): the
     claim of `claim`, which also marks each of `steps` (the attempt's steps
     to do: every step not Completed) Running for this attempt until
     `deadline`, the attempt's one deadline, which is also the record's
     CompleteBy. The record then shows every step this attempt may send as
     possibly sent before any is, so compensation from the record alone undoes
     whatever may have happened (undoing too much is safe), and the attempt
-    needs no write until its end. Nothing is marked on a step already
-    Completed (a 2.3 attempt's, kept by resume)."""
+    needs no write until its end. A step already Completed is never
+    marked (it is not one of `steps`: resume skips it)."""
     claimed = claim(record, now, policy)
     marked = dict(claimed.Steps)
     for name in steps:
@@ -358,7 +358,7 @@ def _running(record: OrderState, step: str, now: datetime, deadline: datetime) -
 
 
 def unmark_unsent(record: OrderState, instance_id: str, steps: list[str]) -> OrderState:
-    """2.4: `steps`, which this attempt's claim marked Running though no
+    """`steps`, which this attempt's claim marked Running though no
     attempt had sent them before (NotStarted then) and this attempt never
     sent, are NotStarted again: the record shows possibly sent exactly what
     may have been, so compensation does not undo what never happened. A step
@@ -733,7 +733,7 @@ def defer_compensation(
     record: OrderState, instance_id: str, now: datetime, policy: RetryPolicy
 ) -> OrderState:
     """Compensating -> Compensating, waiting until NotBefore (the long retry of
-    an unconfirmed undo, workflow 2.2), or CompensationFailed once
+    an unconfirmed undo), or CompensationFailed once
     `policy.undo_long_retries` long retries are spent (the caller alerts).
 
     The owner keeps the lock until the Starter restarts the compensation as a
@@ -817,7 +817,7 @@ def finish_compensation(record: OrderState, instance_id: str, now: datetime) -> 
     """Compensating -> Compensated, or CompensationFailed naming the failed step."""
     require_owner(record, instance_id)
     _require(record, ProcessState.COMPENSATING, action="finish compensating")
-    # A refused undo is named before one still open (unconfirmed, 2.2).
+    # A refused undo is named before one still open (unconfirmed).
     failed = sorted(
         (e for e in record.Compensation if e.Outcome != "Done"), key=lambda e: e.Outcome != "Failed"
     )

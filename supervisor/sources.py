@@ -249,11 +249,9 @@ class IndexSource:
             return None
         if record.CompleteBy < upper:
             return Candidate(record, etag, lambda: self._index.remove(entry))
-        # The attempt lives on past this entry: workflow 2.0 indexes an
-        # attempt once, at its earliest possible deadline, and the record's
-        # CompleteBy has moved on with its steps. Move the entry there (added
-        # before removed, so the attempt is never without one); only slow
-        # attempts pay for this.
+        # The attempt lives on past this entry (its record's CompleteBy is
+        # later). Move the entry there (added before removed, so the attempt
+        # is never without one); only slow attempts pay for this.
         await self._index.add(record.id, record.CompleteBy, record.Attempt)
         removals.append(entry)
         # Not before this run's upper bound, so in the cursor's bucket or a

@@ -49,8 +49,7 @@ def _activity(bp: df.Blueprint, root: App, name: str) -> None:
 
 
 def blueprint(root: App) -> df.Blueprint:
-    """The Scheduler's activities over `root`: 1.x's activities, then
-    workflow 2.0's one-write-one-message pair."""
+    """The Scheduler's activities over `root` (activities.ACTIVITY_NAMES)."""
     bp = df.Blueprint()
     for name in ACTIVITY_NAMES:
         _activity(bp, root, name)
