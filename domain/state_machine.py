@@ -134,9 +134,7 @@ def _after_undo_log(record: OrderState, now: datetime) -> datetime:
     clocks of the hosts that wrote them, and one running ahead would otherwise
     date an entry of the dead attempt after the restart that followed it; the
     Starter would then take it for the new attempt's own write and count a
-    restart for an attempt that never started (_never_started; the simulation
-    found an entry at 19.594 on its writer's clock, the restart after
-    it at 19.547 on the Starter's)."""
+    restart for an attempt that never started (orchestrators.starter)."""
     written = [e.At for e in record.Compensation if e.At is not None]
     return max([now, *written])
 
@@ -607,10 +605,10 @@ def restart_compensation(
     spent: with `policy`, a long retry (NotBefore = now + long_delay, the
     restarts counted afresh after it, at most `policy.undo_long_retries` long
     retries in all), unless an undo was refused and none is left to try; else
-    CompensationFailed (the caller raises the alert). An instance that keeps dying says nothing about
-    whether the undos it did not reach happened: a Cosmos throttling storm or
-    a host outage can kill three restarts within a minute, and a verdict then
-    would name undos never sent (found by the simulation).
+    CompensationFailed (the caller raises the alert). An instance that keeps
+    dying says nothing about whether the undos it did not reach happened: a
+    Cosmos throttling storm or a host outage can kill three restarts within a
+    minute, and a verdict then would name undos never sent.
 
     A new attempt, not the same instance started again: its instance id, and
     so every undo request's message id and reply event, is new, so duplicate
@@ -642,9 +640,7 @@ def _restarts_spent(record: OrderState, now: datetime, policy: RetryPolicy | Non
     CompensationFailed."""
     # A refused undo settles the verdict, but not the undos after it: one
     # still Pending (never reached, or unconfirmed) is tried before the
-    # verdict (the simulation found it: a refused payment undo, then three
-    # executions killed by a Service Bus outage before the inventory undo
-    # was sent, ended CompensationFailed with the inventory still held).
+    # verdict, or what it holds (reserved inventory) stays held.
     refused = any(e.Outcome == "Failed" for e in record.Compensation)
     still_open = any(e.Outcome == "Pending" for e in record.Compensation)
     if (

@@ -179,13 +179,10 @@ class IndexSource:
         the first bucket that may still get entries. (Up to there no entry can
         appear before it later: a claim indexes at least a claim or step
         timeout ahead of now, and a move takes a counted entry later.) The
-        earliest document can
-        be far ahead: a live attempt's entry at a long step's deadline, or one
-        set aside for UNREADABLE_RETRY (an unreadable record's entry, a
-        document that is not an entry). Starting there put the cursor past
-        every entry added from then on (a claim indexes its deadline a claim
-        timeout ahead of now), and a cursor never goes back: those attempts
-        were never recovered (found by the simulation). A checkpoint
+        earliest document can be far ahead: a live attempt's entry at a long
+        step's deadline, or one set aside for UNREADABLE_RETRY. Starting there
+        would put the cursor past every entry added from then on, and a cursor
+        never goes back: those attempts would never be recovered. A checkpoint
         saved that way has passed entries that are still due, hence the scan
         from here again."""
         earliest = await self._index.earliest_bucket()

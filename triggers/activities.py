@@ -49,7 +49,7 @@ def _activity(bp: df.Blueprint, root: App, name: str) -> None:
 
 
 def blueprint(root: App) -> df.Blueprint:
-    """The Scheduler's activities over `root` (activities.ACTIVITY_NAMES)."""
+    """The Scheduler's activities over `root` (activities.scheduler_activities.ACTIVITY_NAMES)."""
     bp = df.Blueprint()
     for name in ACTIVITY_NAMES:
         _activity(bp, root, name)
