@@ -134,7 +134,7 @@ def _after_undo_log(record: OrderState, now: datetime) -> datetime:
     clocks of the hosts that wrote them, and one running ahead would otherwise
     date an entry of the dead attempt after the restart that followed it; the
     Starter would then take it for the new attempt's own write and count a
-    restart for an attempt that never started (orchestrators.starter)."""
+    restart for an attempt that never started (orchestrators.starter._never_started)."""
     written = [e.At for e in record.Compensation if e.At is not None]
     return max([now, *written])
 
