@@ -64,7 +64,6 @@ from agents.config import (
 )
 from agents.messaging import RequestProcessor, ServiceBusReplySender
 from agents.remote_client import HttpRemoteService
-from domain.signing import SchedulerKeys
 from domain.steps import StepCatalog
 from orchestrators.hooks import CrashPoint, no_crash_point
 from orchestrators.policy import StarterPolicy
@@ -394,14 +393,6 @@ class App:
             )
         return c.starter
 
-    async def alerts(self) -> Alerts:
-        return self.alerts_over((await self.container()).publisher)
-
-    def reply_keys(self) -> SchedulerKeys:
-        """The keys the reply bridge checks a reply with (domain.signing.SchedulerKeys);
-        SettingsError naming the missing setting (ADR 017e)."""
-        return self.settings.scheduler_keys()
-
     async def message_gate(self, queue: str) -> MessageGate:
         """The gate a queue trigger runs its handler through: reads any body kind,
         turns transient failures into delayed retries on the same queue, dead-letters
@@ -419,14 +410,15 @@ class App:
 
     async def on_reply(self, message: Any, actions: Any, client: Any) -> Settle:
         """The reply bridge's trigger body (orchestrators.reply_bridge) with its
-        gate, keys and fault-injection hook from here."""
+        gate, keys (SettingsError naming a missing one, ADR 017e) and
+        fault-injection hook from here."""
         gate = await self.message_gate(AGENT_RESPONSES_QUEUE)
         return await on_reply_message(
             message,
             actions,
             client,
             gate=gate,
-            keys=self.reply_keys(),
+            keys=self.settings.scheduler_keys(),
             crash_point=self.crash_point(),
         )
 
