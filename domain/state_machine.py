@@ -524,20 +524,9 @@ def request_compensation(record: OrderState, now: datetime, by: str = "operator"
         ProcessState.COMPENSATION_FAILED,
         action="request compensation of",
     )
-    entry = HistoryEntry(
-        At=now,
-        From=record.ProcessState,
-        To=record.ProcessState,
-        By=by,
-        Reason="compensation requested",
-    )
+    history = _with_history(record, record.ProcessState, by, now, "compensation requested")
     return record.model_copy(
-        update={
-            "CompensationRequested": True,
-            "History": [*record.History, entry][-HISTORY_LIMIT:],
-            "UpdatedAt": now,
-        },
-        deep=True,
+        update={"CompensationRequested": True, "History": history, "UpdatedAt": now}, deep=True
     )
 
 
