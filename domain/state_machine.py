@@ -149,9 +149,21 @@ def _after_history(record: OrderState, now: datetime) -> datetime:
     return max(now, record.History[-1].At + timedelta(microseconds=1))
 
 
-def _finish(record: OrderState, to: ProcessState, by: str, now: datetime, **changes) -> OrderState:
-    """Common tail of every transition: history, timestamps, TTL when terminal."""
-    reason = changes.pop("reason", None)
+def _finish(
+    record: OrderState,
+    to: ProcessState,
+    by: str,
+    now: datetime,
+    *,
+    reason: str | None = None,
+    error: str | None = None,
+    **changes,
+) -> OrderState:
+    """Common tail of every transition: history, timestamps, TTL when terminal.
+    `reason`: why, in the history entry; `error`: why, for a failure, which is
+    the record's LastError too."""
+    if error is not None:
+        reason, changes["LastError"] = error, short_text(error, ERROR_LIMIT)
     history = _with_history(record, to, by, now, reason)
     ttl = FINISHED_RECORD_TTL_SECONDS if to in TERMINAL_STATES else None
     return record.model_copy(
@@ -185,8 +197,7 @@ def _end_in_failure(
         to,
         by,
         now,
-        reason=reason,
-        LastError=reason,
+        error=reason,
         LockedBy=None,
         PendingStatus=pending_status(record, status, now, qualifier, reason, step),
         **changes,
@@ -247,8 +258,7 @@ def rejected_record(
         ProcessState.REJECTED,
         "submit",
         now,
-        reason=reason,
-        LastError=short_text(reason, ERROR_LIMIT),
+        error=reason,
     )
 
 
@@ -501,14 +511,12 @@ def begin_compensation(
     if step in steps and steps[step].Status is not StepStatus.COMPLETED:
         steps[step] = steps[step].model_copy(update={"Status": StepStatus.FAILED})
     log = undo_log(record, steps)
-    reason = short_text(reason, ERROR_LIMIT)
     return _finish(
         record,
         ProcessState.COMPENSATING,
         instance_id,
         now,
-        reason=reason,
-        LastError=reason,
+        error=reason,
         CompleteBy=None,
         Steps=steps,
         Compensation=log,
@@ -754,16 +762,12 @@ def defer_compensation(
             NotBefore=None,
         )
     wake = now + policy.long_delay
-    reason = short_text(
-        f"{what} unconfirmed{cause}; long retry after {wake.isoformat()}", ERROR_LIMIT
-    )
     return _finish(
         record,
         ProcessState.COMPENSATING,
         instance_id,
         now,
-        reason=reason,
-        LastError=reason,
+        error=f"{what} unconfirmed{cause}; long retry after {wake.isoformat()}",
         NotBefore=wake,
         CompensationLongRetries=record.CompensationLongRetries + 1,
     )
@@ -879,8 +883,7 @@ def recover_expired(
             ProcessState.PENDING,
             "supervisor",
             now,
-            reason=reason,
-            LastError=reason,
+            error=reason,
             FailureCount=failures,
             LockedBy=None,
             CompleteBy=None,
