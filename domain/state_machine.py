@@ -149,19 +149,11 @@ def _after_history(record: OrderState, now: datetime) -> datetime:
     return max(now, record.History[-1].At + timedelta(microseconds=1))
 
 
-def _finish(
-    record: OrderState,
-    to: ProcessState,
-    by: str,
-    now: datetime,
-    *,
-    reason: str | None = None,
-    error: str | None = None,
-    **changes,
-) -> OrderState:
+def _finish(record: OrderState, to: ProcessState, by: str, now: datetime, **changes) -> OrderState:
     """Common tail of every transition: history, timestamps, TTL when terminal.
     `reason`: why, in the history entry; `error`: why, for a failure, which is
     the record's LastError too."""
+    reason, error = changes.pop("reason", None), changes.pop("error", None)
     if error is not None:
         reason, changes["LastError"] = error, short_text(error, ERROR_LIMIT)
     history = _with_history(record, to, by, now, reason)
