@@ -260,17 +260,11 @@ def readmit(record: OrderState, now: datetime, steps: list[str]) -> OrderState:
     record (its key, history and digest) starts over as a new order would;
     only Submit, after its own admission check, makes this transition."""
     _require(record, ProcessState.REJECTED, action="readmit")
-    return _finish(
+    return _pending_afresh(
         record,
-        ProcessState.PENDING,
         "submit",
         now,
-        reason="sent again with room in the backlog",
-        LockedBy=None,
-        CompleteBy=None,
-        NotBefore=None,
-        FailureCount=0,
-        LongRetries=0,
+        "sent again with room in the backlog",
         LastError=None,
         ReceivedSent=False,
         PendingStatus=None,
@@ -935,15 +929,23 @@ def resubmit(record: OrderState, now: datetime, by: str = "operator") -> OrderSt
     """Error -> Pending with a fresh budget; completed steps stay completed, so
     the next attempt resumes after them."""
     _require(record, ProcessState.ERROR, action="resubmit")
+    return _pending_afresh(record, by, now, "resubmitted")
+
+
+def _pending_afresh(
+    record: OrderState, by: str, now: datetime, reason: str, **changes
+) -> OrderState:
+    """-> Pending, unlocked, with a fresh retry budget (readmit, resubmit)."""
     return _finish(
         record,
         ProcessState.PENDING,
         by,
         now,
-        reason="resubmitted",
+        reason=reason,
         LockedBy=None,
         CompleteBy=None,
         NotBefore=None,
         FailureCount=0,
         LongRetries=0,
+        **changes,
     )
