@@ -26,7 +26,8 @@ import re
 
 from domain.boundary import ORDER_ID_PATTERN, check_order_id
 
-_STEP = re.compile(r"^[a-z][a-z0-9-]{0,31}$")
+STEP_NAME_PATTERN = r"^[a-z][a-z0-9-]{0,31}$"
+_STEP = re.compile(STEP_NAME_PATTERN)
 
 # An application's part of an order key: its AppId when that is short, else
 # a prefix of it and a hash ('~' is not in the AppId alphabet, so the two
@@ -38,7 +39,8 @@ _APP_TAG = r"(?:[a-z0-9][a-z0-9-]{0,15}|[a-z0-9][a-z0-9-]{6}~[0-9a-f]{8})"
 ORDER_KEY_PATTERN = rf"^(?:{_APP_TAG}:)?{ORDER_ID_PATTERN.pattern}$"
 ORDER_KEY_MAX_LENGTH = MAX_APP_TAG + 1 + 64
 _ORDER_KEY = re.compile(ORDER_KEY_PATTERN)
-_APP_ID = re.compile(r"^[a-z0-9][a-z0-9-]{0,63}$")
+APP_ID_PATTERN = r"^[a-z0-9][a-z0-9-]{0,63}$"
+_APP_ID = re.compile(APP_ID_PATTERN)
 MAX_MESSAGE_ID = 128  # Service Bus's limit
 
 # The smoke application (deploy/smoke.py, docs/deploying.md): its orders travel

@@ -32,11 +32,10 @@ from pydantic import (
     model_validator,
 )
 
+from domain.models import StepName
+
 Action = Literal["do", "undo"]
 
-# What a step is called on the wire: AgentRequest.Step, the state record's keys
-# and the idempotency key's second half (domain.models.StepName).
-StepNameText = Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9-]{0,31}$")]
 # A service or an operation: one path segment of POST /{service}/{operation},
 # and (upper-cased) the suffix of the service's URL setting.
 Word = Annotated[str, StringConstraints(pattern=r"^[a-z]{1,32}$")]
@@ -84,7 +83,7 @@ class RemoteStep(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
 
-    name: StepNameText
+    name: StepName  # on the wire: AgentRequest.Step, the state record's keys
     service: Word
     do_operation: Word = Field(alias="do")
     undo_operation: Word = Field(alias="undo")
