@@ -26,7 +26,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import aiohttp
 
@@ -64,7 +64,6 @@ from agents.config import (
 )
 from agents.messaging import RequestProcessor, ServiceBusReplySender
 from agents.remote_client import HttpRemoteService
-from domain.signing import SchedulerKeys
 from domain.steps import StepCatalog
 from orchestrators.hooks import CrashPoint, no_crash_point
 from orchestrators.policy import StarterPolicy
@@ -176,6 +175,30 @@ def crash_point() -> CrashPoint:
     return crashpoints.from_environment() or no_crash_point
 
 
+_T = TypeVar("_T")
+
+
+async def _once_per_loop(
+    cache: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Future],
+    make: Callable[[], Awaitable[_T]],
+) -> _T:
+    """What `make` builds, once per running loop: concurrent first callers
+    wait for the one build; a failed build is forgotten, so the next call
+    tries again."""
+    loop = asyncio.get_running_loop()
+    future = cache.get(loop)
+    if future is None:
+        future = loop.create_future()
+        cache[loop] = future
+        try:
+            future.set_result(await make())
+        except BaseException as exc:
+            cache.pop(loop, None)
+            future.set_exception(exc)
+            raise
+    return await future
+
+
 def build(settings: Settings | None = None, *, overrides: Overrides | None = None) -> App:
     """The app's root. `settings`: the app's settings, or None to read them
     from the environment on first use (function_app builds its App at import,
@@ -213,18 +236,7 @@ class App:
     # --- the per-loop container ------------------------------------------------
 
     async def container(self) -> Container:
-        loop = asyncio.get_running_loop()
-        future = self._containers.get(loop)
-        if future is None:
-            future = loop.create_future()
-            self._containers[loop] = future
-            try:
-                future.set_result(await self._build())
-            except BaseException as exc:
-                self._containers.pop(loop, None)
-                future.set_exception(exc)
-                raise
-        return await future
+        return await _once_per_loop(self._containers, self._build)
 
     async def close(self) -> None:
         """Close this loop's clients (tests; the host process just exits)."""
@@ -381,14 +393,6 @@ class App:
             )
         return c.starter
 
-    async def alerts(self) -> Alerts:
-        return self.alerts_over((await self.container()).publisher)
-
-    def reply_keys(self) -> SchedulerKeys:
-        """The keys the reply bridge checks a reply with (domain.signing.SchedulerKeys);
-        SettingsError naming the missing setting (ADR 017e)."""
-        return self.settings.scheduler_keys()
-
     async def message_gate(self, queue: str) -> MessageGate:
         """The gate a queue trigger runs its handler through: reads any body kind,
         turns transient failures into delayed retries on the same queue, dead-letters
@@ -406,14 +410,15 @@ class App:
 
     async def on_reply(self, message: Any, actions: Any, client: Any) -> Settle:
         """The reply bridge's trigger body (orchestrators.reply_bridge) with its
-        gate, keys and fault-injection hook from here."""
+        gate, keys (SettingsError naming a missing one, ADR 017e) and
+        fault-injection hook from here."""
         gate = await self.message_gate(AGENT_RESPONSES_QUEUE)
         return await on_reply_message(
             message,
             actions,
             client,
             gate=gate,
-            keys=self.reply_keys(),
+            keys=self.settings.scheduler_keys(),
             crash_point=self.crash_point(),
         )
 
@@ -458,23 +463,16 @@ class App:
         first use inside the loop and reused by every invocation."""
         if self.overrides.request_processor is not None:
             return await self.overrides.request_processor()
-        loop = asyncio.get_running_loop()
-        future = self._processors.get(loop)
-        if future is None:
-            future = loop.create_future()
-            self._processors[loop] = future
-            try:
-                agent_cfg = load_agent_settings()
-                client = servicebus_client(require_servicebus(agent_cfg))
-                processor, _replies = request_processor(
-                    client, aiohttp.ClientSession(), agent_cfg, self.seams
-                )
-                future.set_result(processor)
-            except BaseException as exc:
-                self._processors.pop(loop, None)
-                future.set_exception(exc)
-                raise
-        return await future
+
+        async def build() -> RequestProcessor:
+            agent_cfg = load_agent_settings()
+            client = servicebus_client(require_servicebus(agent_cfg))
+            processor, _replies = request_processor(
+                client, aiohttp.ClientSession(), agent_cfg, self.seams
+            )
+            return processor
+
+        return await _once_per_loop(self._processors, build)
 
     async def console_deps(self, durable: Any | None = None) -> Deps:
         """What a console page reads from and acts on: adapters of its own per

@@ -1,5 +1,5 @@
-"""Cosmos DB plumbing shared by the Cosmos adapters: the client (`build_client`,
-`open_client`), local/dev container creation, `query_all`, request-charge
+"""Cosmos DB plumbing shared by the Cosmos adapters: the client (`build_client`),
+local/dev container creation, `query_all`, request-charge
 recording (`RequestCharges`) and `translate_error` to the domain's errors.
 Throttling inside our retry budget, charges, callers: docs/adr/016-cosmos-client.md."""
 
@@ -13,8 +13,7 @@ import sys
 import time
 import urllib.request
 from collections import Counter, deque
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
-from contextlib import asynccontextmanager
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -122,7 +121,7 @@ def build_client(
         account: endpoint and key; `key` None selects identity-based access.
         credential: an async token credential to use when the account has no
             key (share one per process). None: a `DefaultAzureCredential` is
-            created, which the caller then owns (prefer `open_client`).
+            created, which the caller then owns.
         throttle_retries: how often the SDK itself retries a 429 before we see
             TransientError (0: never).
         throttle_max_wait_seconds: the SDK's cap on time spent in those retries.
@@ -163,24 +162,6 @@ def _environment_proxies(endpoint: str) -> dict[str, str]:
     if not host or urllib.request.proxy_bypass(host):
         return {}
     return {k: v for k, v in urllib.request.getproxies().items() if k in ("http", "https")}
-
-
-@asynccontextmanager
-async def open_client(account: CosmosAccount, **kwargs: Any) -> AsyncIterator[CosmosClient]:
-    """`build_client` as a context manager that also closes a credential it made."""
-    credential = None
-    if not account.key and kwargs.get("credential") is None:
-        from azure.identity.aio import DefaultAzureCredential
-
-        credential = DefaultAzureCredential()
-        kwargs["credential"] = credential
-    client = build_client(account, **kwargs)
-    try:
-        yield client
-    finally:
-        await client.close()
-        if credential is not None:
-            await credential.close()
 
 
 async def ensure_container(
@@ -304,13 +285,6 @@ class RequestCharges:
             self.record(kind, headers)
 
         return _hook
-
-    def snapshot(self) -> dict[str, dict[str, float]]:
-        """For structured logs: {kind: {calls, request_units, failures}}."""
-        return {
-            kind: {"calls": s.calls, "request_units": s.request_units, "failures": s.failures}
-            for kind, s in self.by_kind.items()
-        }
 
     def reset(self) -> None:
         self.by_kind.clear()

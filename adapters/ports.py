@@ -58,20 +58,14 @@ class StateStore(Protocol):
         confirm_refusal: bool = False,
     ) -> tuple[OrderState, str]: ...
 
-    async def claim(
-        self, order_id: str, now: datetime, policy: RetryPolicy
-    ) -> OrderState | None: ...
-
     async def claim_known(
         self,
         record: OrderState,
         etag: str,
         now: datetime,
         policy: RetryPolicy,
-        marks: tuple[list[str], datetime] | None = None,
+        marks: tuple[list[str], datetime],
     ) -> tuple[OrderState, str] | None: ...
-
-    async def query_pending(self, max_items: int, now: datetime) -> list[OrderState]: ...
 
     async def query_claimable(
         self, max_items: int, now: datetime, created_before: datetime | None = None
@@ -134,15 +128,15 @@ class MessagePublisher(Protocol):
 
 class DeadlineIndex(Protocol):
     """Told about a deadline no later than the record's CompleteBy before the
-    record gets it (the recovery index, adapters.recovery_index): workflow
-    1.x adds one entry per deadline, 2.0 one per attempt (at its claim);
-    `NoIndex` when the Supervisor uses the state container's own query."""
+    record gets it (the recovery index, adapters.recovery_index): one entry
+    per attempt, at its claim; `NoIndex` when the Supervisor uses the state
+    container's own query."""
 
     async def add(self, order_id: str, complete_by: datetime, attempt: int) -> None: ...
 
     async def discard(self, order_id: str, complete_by: datetime) -> None:
         """Remove the entry `add(order_id, complete_by, ...)` made, if it is
-        still there (a 2.0 attempt retires its own entry when it ends)."""
+        still there (an attempt retires its own entry when it ends)."""
         ...
 
 

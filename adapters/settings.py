@@ -15,7 +15,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from functools import lru_cache
-from pathlib import Path
 from typing import Any, TypeVar
 
 from domain.ids import app_tag
@@ -26,10 +25,6 @@ from domain.state_machine import RetryPolicy
 SERVICEBUS_CONNECTION = "ServiceBusConnection"
 COSMOS_CONNECTION = "CosmosDbConnection"
 ORDERS_DB_CONNECTION = "OrdersDbConnection"
-
-LOCAL_COSMOS_KEY = (
-    "C2y6yDjf5/R+ob0N8A7Cgv30VRDJIWEHLM+4QDU5DE2nQ9nDuVTqobD4b8mGGyPMbIZnqyMsEcaGQy67XIw/Jw=="
-)
 
 
 # The internal queues' keys (domain.signing, ADR 017e): comma-separated
@@ -172,23 +167,9 @@ class Settings:
     # order): off once no such record is left (docs/adr/017f-order-keys.md).
     legacy_order_keys: bool = True
 
-    # The workflow version new orchestrations run: host.json's durableTask
-    # defaultVersion, or the app setting that overrides it on Azure Functions
-    # (AzureFunctionsJobHost__extensions__durableTask__defaultVersion).
-    workflow_version: str = ""
-
-
-def _recovery_index_shards(env: Mapping[str, str]) -> int:
-    shards = int_setting(env, "RECOVERY_INDEX_SHARDS", 16, 1)
-    if shards > 999:  # adapters.recovery_index.MAX_SHARDS: three-digit shard numbers
-        raise SettingsError(f"RECOVERY_INDEX_SHARDS must be 1 to 999, not {shards}")
-    return shards
-
 
 def _shard(env: Mapping[str, str]) -> tuple[int, int]:
-    count = int_setting(env, "SHARD_COUNT", 1, 1)
-    if count > MAX_SHARDS:
-        raise SettingsError(f"SHARD_COUNT must be 1 to {MAX_SHARDS}, not {count}")
+    count = int_setting(env, "SHARD_COUNT", 1, 1, MAX_SHARDS)
     index = int_setting(env, "SHARD_INDEX", 0, 0)
     if index >= count:
         raise SettingsError(
@@ -198,10 +179,16 @@ def _shard(env: Mapping[str, str]) -> tuple[int, int]:
     return count, index
 
 
-def int_setting(env: Mapping[str, str], name: str, default: int, minimum: int = 0) -> int:
+def int_setting(
+    env: Mapping[str, str], name: str, default: int, minimum: int = 0, maximum: int | None = None
+) -> int:
     """A whole-number setting, `default` when unset or empty; anything else
-    (not a whole number, below `minimum`) is refused naming the setting."""
-    return _number(env, name, default, minimum, int, "a whole number")
+    (not a whole number, below `minimum`, above `maximum`) is refused naming
+    the setting."""
+    value = _number(env, name, default, minimum, int, "a whole number")
+    if maximum is not None and value > maximum:
+        raise SettingsError(f"setting {name} must be {minimum} to {maximum}, got {value}")
+    return value
 
 
 def float_setting(env: Mapping[str, str], name: str, default: float, minimum: float = 0.0) -> float:
@@ -424,7 +411,8 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         state_database=env.get("STATE_DATABASE_NAME") or "orderprocessing",
         state_container=env.get("STATE_CONTAINER_NAME") or "orderState",
         recovery_index_container=env.get("RECOVERY_INDEX_CONTAINER_NAME") or "recoveryIndex",
-        recovery_index_shards=_recovery_index_shards(env),
+        # adapters.recovery_index.MAX_SHARDS: three-digit shard numbers
+        recovery_index_shards=int_setting(env, "RECOVERY_INDEX_SHARDS", 16, 1, 999),
         orders_database=env.get("ORDERS_DATABASE_NAME") or "orders",
         orders_container=env.get("ORDERS_CONTAINER_NAME") or "orders",
         reply_queues=_reply_queues(env),
@@ -458,29 +446,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         legacy_order_keys=_bool(env, "LEGACY_ORDER_KEYS", True),
         shard_count=shard_count,
         shard_index=shard_index,
-        workflow_version=workflow_version(env),
     )
-
-
-DEFAULT_VERSION_SETTING = "AzureFunctionsJobHost__extensions__durableTask__defaultVersion"
-HOST_JSON = Path(__file__).resolve().parents[1] / "host.json"
-
-
-def workflow_version(env: Mapping[str, str] | None = None, host_json: Path = HOST_JSON) -> str:
-    """The Durable defaultVersion the Functions host stamps on new
-    instances: the app setting overriding host.json (as the host reads
-    `AzureFunctionsJobHost__<path>`), else host.json next to function_app.py;
-    "" when neither names one."""
-    env = os.environ if env is None else env
-    given = env.get(DEFAULT_VERSION_SETTING)
-    if given:
-        return given.strip()
-    try:
-        host = json.loads(host_json.read_text(encoding="utf-8-sig"))
-    except (OSError, ValueError):
-        return ""
-    durable = (host.get("extensions") or {}).get("durableTask") or {}
-    return str(durable.get("defaultVersion") or "")
 
 
 # Set by App Service and Functions wherever a managed identity can be used.

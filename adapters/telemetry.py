@@ -285,15 +285,12 @@ def consume(name: str, message: Any, **attributes: Any) -> Iterator[trace.Span]:
 
 @contextmanager
 def continue_from(
-    name: str,
-    carrier: Mapping[str, str] | None,
-    kind: SpanKind = SpanKind.INTERNAL,
-    **attributes: Any,
+    name: str, carrier: Mapping[str, str] | None, **attributes: Any
 ) -> Iterator[trace.Span]:
     """A span continuing the context in `carrier` (an activity's `Trace`),
     or the current context when the carrier has none."""
     with tracer().start_as_current_span(
-        name, context=extract(carrier), kind=kind, attributes=_clean(attributes)
+        name, context=extract(carrier), attributes=_clean(attributes)
     ) as span:
         yield span
 

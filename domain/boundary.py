@@ -23,12 +23,6 @@ WIRE = {"wire": True}
 # and the line and paragraph separators.
 _FORBIDDEN_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
 
-TEXT_POLICY = (
-    "not empty; no leading or trailing whitespace; no control characters, "
-    "bidirectional overrides or isolates, zero-width or other format characters, "
-    "or line/paragraph separators"
-)
-
 ORDER_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 ORDER_ID_RULE = (
     "1-64 characters of letters, digits, '.', '_' or '-', starting with a letter or digit"
@@ -89,7 +83,8 @@ def produced_text(max_length: int):
 
 def check_order_id(order_id: str) -> str:
     """Order ids become Cosmos ids, parts of Durable instance ids, idempotency
-    keys and Service Bus message ids: a safe alphabet, matched in full."""
+    keys and Service Bus message ids: a safe alphabet (no ':' or '/', which
+    those use as separators), matched in full."""
     if not isinstance(order_id, str) or not ORDER_ID_PATTERN.fullmatch(order_id):
         raise ValueError(f"OrderID {order_id!r} must be {ORDER_ID_RULE}")
     return order_id

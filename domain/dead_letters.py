@@ -1,9 +1,8 @@
 """Every reason a message is dead-lettered with, and the one table that
 explains them, rendered into docs/operations.md (for operators) and
-docs/client-guide.md (for client teams) from this module, never edited there:
-
-    python -m domain.dead_letters           # rewrite the table in both documents
-    python -m domain.dead_letters --check   # exit 1 if either document is stale
+docs/client-guide.md (for client teams) from this module by
+`python -m domain.dead_letters`, never edited there (tests/contracts fails
+when either document is stale).
 
 The app's code names its reasons as plain strings (submit.handler,
 adapters.settlement); tests/contracts/test_dead_letter_reasons.py checks that
@@ -11,8 +10,6 @@ every one of them is here."""
 
 from __future__ import annotations
 
-import argparse
-import sys
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -179,21 +176,7 @@ def stale_documents(documents: tuple[Path, ...] = DOCUMENTS) -> list[str]:
     return [p.name for p in documents if rendered(p.read_text()) != p.read_text()]
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Render the dead-letter reason table.")
-    parser.add_argument("--check", action="store_true", help="exit 1 if a document is stale")
-    args = parser.parse_args(argv)
-    if args.check:
-        stale = stale_documents()
-        if stale:
-            print("stale dead-letter reason table in: " + ", ".join(stale))
-            return 1
-        return 0
+if __name__ == "__main__":
     for path in DOCUMENTS:
         path.write_text(rendered(path.read_text()), encoding="utf-8")
     print(f"wrote the dead-letter reason table to {len(DOCUMENTS)} documents")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

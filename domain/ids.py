@@ -24,8 +24,10 @@ from __future__ import annotations
 import hashlib
 import re
 
-_ORDER_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-_STEP = re.compile(r"^[a-z][a-z0-9-]{0,31}$")
+from domain.boundary import ORDER_ID_PATTERN, check_order_id
+
+STEP_NAME_PATTERN = r"^[a-z][a-z0-9-]{0,31}$"
+_STEP = re.compile(STEP_NAME_PATTERN)
 
 # An application's part of an order key: its AppId when that is short, else
 # a prefix of it and a hash ('~' is not in the AppId alphabet, so the two
@@ -34,10 +36,11 @@ _STEP = re.compile(r"^[a-z][a-z0-9-]{0,31}$")
 # message id (128) for the attempt and the step.
 MAX_APP_TAG = 16
 _APP_TAG = r"(?:[a-z0-9][a-z0-9-]{0,15}|[a-z0-9][a-z0-9-]{6}~[0-9a-f]{8})"
-ORDER_KEY_PATTERN = rf"^(?:{_APP_TAG}:)?[A-Za-z0-9][A-Za-z0-9._-]{{0,63}}$"
+ORDER_KEY_PATTERN = rf"^(?:{_APP_TAG}:)?{ORDER_ID_PATTERN.pattern}$"
 ORDER_KEY_MAX_LENGTH = MAX_APP_TAG + 1 + 64
 _ORDER_KEY = re.compile(ORDER_KEY_PATTERN)
-_APP_ID = re.compile(r"^[a-z0-9][a-z0-9-]{0,63}$")
+APP_ID_PATTERN = r"^[a-z0-9][a-z0-9-]{0,63}$"
+_APP_ID = re.compile(APP_ID_PATTERN)
 MAX_MESSAGE_ID = 128  # Service Bus's limit
 
 # The smoke application (deploy/smoke.py, docs/deploying.md): its orders travel
@@ -47,17 +50,6 @@ MAX_MESSAGE_ID = 128  # Service Bus's limit
 # smoke order reserves, charges and ships nothing. Only its ingress queue
 # gives an order this AppId (Submit takes the AppId from the queue).
 SMOKE_APP_ID = "smoke"
-
-
-def check_order_id(order_id: str) -> str:
-    """Order ids become parts of instance ids, keys and message ids: keep them
-    to a safe alphabet (no ':' or '/', which those use as separators)."""
-    if not _ORDER_ID.fullmatch(order_id):
-        raise ValueError(
-            f"OrderID {order_id!r} must be 1-64 characters of letters, digits, '.', '_' or '-', "
-            "starting with a letter or digit"
-        )
-    return order_id
 
 
 def app_tag(app_id: str) -> str:

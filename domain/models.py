@@ -27,7 +27,14 @@ from pydantic import (
 )
 
 from domain.boundary import check_order_id, check_text, clean_text, produced_text
-from domain.ids import ORDER_KEY_MAX_LENGTH, ORDER_KEY_PATTERN, check_order_key, client_order_id
+from domain.ids import (
+    APP_ID_PATTERN,
+    ORDER_KEY_MAX_LENGTH,
+    ORDER_KEY_PATTERN,
+    STEP_NAME_PATTERN,
+    check_order_key,
+    client_order_id,
+)
 
 SCHEMA_VERSION: Final = 1
 MAX_LINES = 100
@@ -41,8 +48,6 @@ OrderKey = Annotated[
     StringConstraints(pattern=ORDER_KEY_PATTERN, min_length=1, max_length=ORDER_KEY_MAX_LENGTH),
     AfterValidator(check_order_key),
 ]
-# Client text: refused unless it satisfies the text policy.
-Text = Annotated[str, AfterValidator(check_text)]
 ShortText = Annotated[
     str, StringConstraints(min_length=1, max_length=200), AfterValidator(check_text)
 ]
@@ -146,7 +151,7 @@ Text120: TypeAlias = Annotated[
 SignatureText: TypeAlias = Annotated[
     str, StringConstraints(pattern=r"^[A-Za-z0-9._-]{1,120}$", max_length=120)
 ]
-AppIdText: TypeAlias = Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9-]{0,63}$")]
+AppIdText: TypeAlias = Annotated[str, StringConstraints(pattern=APP_ID_PATTERN)]
 
 
 def _amount(integer_digits: int) -> Any:
@@ -193,7 +198,7 @@ else:
 QueueName = Annotated[
     str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9._-]{0,259}$", max_length=260)
 ]
-StepName = Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9-]{0,31}$")]
+StepName = Annotated[str, StringConstraints(pattern=STEP_NAME_PATTERN)]
 
 
 class Contract(BaseModel):
@@ -290,7 +295,7 @@ class OrderSubmitted(Contract):
     """What a client posts to its own ingress queue."""
 
     OrderID: OrderId
-    AppId: Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9-]{0,63}$")]
+    AppId: AppIdText
     ReplyTo: QueueName
     Customer: CustomerInfo
     Lines: Annotated[list[OrderLine], Field(min_length=1, max_length=MAX_LINES)]
@@ -502,8 +507,8 @@ class AgentRequest(_StepCall):
     Deadline: AwareDatetime
     ReplyEvent: Text100
     Payload: PayloadDict = Field(default_factory=dict)
-    # Set by a workflow that still takes this request's answer after Deadline
-    # (2.1's undo tries, ADR 005): a redelivered undo may still be called until
+    # Set when the workflow still takes this request's answer after Deadline
+    # (an undo try, ADR 005): a redelivered undo may still be called until
     # then. None: the answer counts only before Deadline.
     ListenUntil: AwareDatetime | None = None
 

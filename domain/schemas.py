@@ -1,21 +1,17 @@
 """JSON Schemas of the messages on the wire, generated from the pydantic models
-into docs/contracts/, never edited (docs/adr/013-message-contracts.md):
-
-    python -m domain.schemas           # write docs/contracts/
-    python -m domain.schemas --check   # exit 1 if any file is stale"""
+into docs/contracts/ by `python -m domain.schemas`, never edited
+(docs/adr/013-message-contracts.md); tests/contracts fails when a file is stale."""
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from domain import ids
+from domain.boundary import ORDER_ID_PATTERN
 from domain.models import AgentReply, AgentRequest, OperatorAlert, OrderSubmitted, StatusUpdate
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -77,8 +73,8 @@ def _tighten(node: Any) -> None:
         if isinstance(props, dict):
             for name, spec in props.items():
                 if name == "OrderID" and spec.get("type") == "string" and "pattern" not in spec:
-                    # The same expression domain.ids.check_order_id applies.
-                    spec["pattern"] = ids._ORDER_ID.pattern
+                    # The same expression domain.boundary.check_order_id applies.
+                    spec["pattern"] = f"^{ORDER_ID_PATTERN.pattern}$"
                     spec["minLength"], spec["maxLength"] = 1, 64
         for value in node.values():
             _tighten(value)
@@ -132,20 +128,6 @@ def write_all(directory: Path = CONTRACTS_DIR) -> None:
         (directory / name).write_text(text, encoding="utf-8")
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Write or check docs/contracts/*.schema.json.")
-    parser.add_argument("--check", action="store_true", help="exit 1 if any file is stale")
-    args = parser.parse_args(argv)
-    if args.check:
-        stale = stale_files()
-        if stale:
-            print("stale contract schemas: " + ", ".join(stale) + " (run python -m domain.schemas)")
-            return 1
-        return 0
+if __name__ == "__main__":
     write_all()
     print(f"wrote {len(CONTRACTS)} schemas to {CONTRACTS_DIR.relative_to(ROOT)}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

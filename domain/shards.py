@@ -18,7 +18,7 @@ import argparse
 import hashlib
 import sys
 
-from domain.ids import check_order_id
+from domain.boundary import check_order_id
 
 #: Shard counts a deployment may state (SHARD_COUNT); three digits are plenty.
 MAX_SHARDS = 999

@@ -211,7 +211,7 @@ def _content(message: AgentRequest | AgentReply) -> bytes:
 
 
 def sign_request(keys: KeyRing, request: AgentRequest) -> AgentRequest:
-    """`request` with its reply token (under `tokens`) already set, signed."""
+    """`request` with its reply token already set, signed."""
     return request.model_copy(update={"Signature": keys.prove(AGENT_REQUEST, _content(request))})
 
 

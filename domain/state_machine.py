@@ -108,8 +108,8 @@ class RetryPolicy:
     long_retries: int = 1
     long_delay: timedelta = timedelta(hours=1)
     claim_timeout: timedelta = timedelta(seconds=60)
-    # A compensation whose undo ended unconfirmed (workflow 2.2: every try
-    # transient, unanswered or lost) waits `long_delay` and is tried again, at
+    # A compensation whose undo ended unconfirmed (every try transient,
+    # unanswered or lost) waits `long_delay` and is tried again, at
     # most this many times (a day at the default delay), then CompensationFailed
     # (docs/adr/019a-unconfirmed-undo-long-retry.md).
     undo_long_retries: int = 24
@@ -134,9 +134,7 @@ def _after_undo_log(record: OrderState, now: datetime) -> datetime:
     clocks of the hosts that wrote them, and one running ahead would otherwise
     date an entry of the dead attempt after the restart that followed it; the
     Starter would then take it for the new attempt's own write and count a
-    restart for an attempt that never started (_never_started; the simulation
-    found an entry at 19.594 on its writer's clock, the restart after
-    it at 19.547 on the Starter's)."""
+    restart for an attempt that never started (orchestrators.starter._never_started)."""
     written = [e.At for e in record.Compensation if e.At is not None]
     return max([now, *written])
 
@@ -152,8 +150,12 @@ def _after_history(record: OrderState, now: datetime) -> datetime:
 
 
 def _finish(record: OrderState, to: ProcessState, by: str, now: datetime, **changes) -> OrderState:
-    """Common tail of every transition: history, timestamps, TTL when terminal."""
-    reason = changes.pop("reason", None)
+    """Common tail of every transition: history, timestamps, TTL when terminal.
+    `reason`: why, in the history entry; `error`: why, for a failure, which is
+    the record's LastError too."""
+    reason, error = changes.pop("reason", None), changes.pop("error", None)
+    if error is not None:
+        reason, changes["LastError"] = error, short_text(error, ERROR_LIMIT)
     history = _with_history(record, to, by, now, reason)
     ttl = FINISHED_RECORD_TTL_SECONDS if to in TERMINAL_STATES else None
     return record.model_copy(
@@ -187,8 +189,7 @@ def _end_in_failure(
         to,
         by,
         now,
-        reason=reason,
-        LastError=reason,
+        error=reason,
         LockedBy=None,
         PendingStatus=pending_status(record, status, now, qualifier, reason, step),
         **changes,
@@ -249,8 +250,7 @@ def rejected_record(
         ProcessState.REJECTED,
         "submit",
         now,
-        reason=reason,
-        LastError=short_text(reason, ERROR_LIMIT),
+        error=reason,
     )
 
 
@@ -260,17 +260,11 @@ def readmit(record: OrderState, now: datetime, steps: list[str]) -> OrderState:
     record (its key, history and digest) starts over as a new order would;
     only Submit, after its own admission check, makes this transition."""
     _require(record, ProcessState.REJECTED, action="readmit")
-    return _finish(
+    return _pending_afresh(
         record,
-        ProcessState.PENDING,
         "submit",
         now,
-        reason="sent again with room in the backlog",
-        LockedBy=None,
-        CompleteBy=None,
-        NotBefore=None,
-        FailureCount=0,
-        LongRetries=0,
+        "sent again with room in the backlog",
         LastError=None,
         ReceivedSent=False,
         PendingStatus=None,
@@ -324,15 +318,15 @@ def claim(record: OrderState, now: datetime, policy: RetryPolicy) -> OrderState:
 def claim_marking(
     record: OrderState, now: datetime, policy: RetryPolicy, steps: list[str], deadline: datetime
 ) -> OrderState:
-    """Workflow 2.4's claim (docs/adr/021a-claim-marks-the-attempt.md): the
+    """The Starter's claim (docs/adr/021a-claim-marks-the-attempt.md): the
     claim of `claim`, which also marks each of `steps` (the attempt's steps
     to do: every step not Completed) Running for this attempt until
     `deadline`, the attempt's one deadline, which is also the record's
     CompleteBy. The record then shows every step this attempt may send as
     possibly sent before any is, so compensation from the record alone undoes
     whatever may have happened (undoing too much is safe), and the attempt
-    needs no write until its end. Nothing is marked on a step already
-    Completed (a 2.3 attempt's, kept by resume)."""
+    needs no write until its end. A step already Completed is never
+    marked (it is not one of `steps`: resume skips it)."""
     claimed = claim(record, now, policy)
     marked = dict(claimed.Steps)
     for name in steps:
@@ -358,7 +352,7 @@ def _running(record: OrderState, step: str, now: datetime, deadline: datetime) -
 
 
 def unmark_unsent(record: OrderState, instance_id: str, steps: list[str]) -> OrderState:
-    """2.4: `steps`, which this attempt's claim marked Running though no
+    """`steps`, which this attempt's claim marked Running though no
     attempt had sent them before (NotStarted then) and this attempt never
     sent, are NotStarted again: the record shows possibly sent exactly what
     may have been, so compensation does not undo what never happened. A step
@@ -379,35 +373,15 @@ def unmark_unsent(record: OrderState, instance_id: str, steps: list[str]) -> Ord
 # --- Scheduler (orchestration) ---------------------------------------------------------
 
 
-def start_step(
-    record: OrderState, instance_id: str, step: str, now: datetime, deadline: datetime
-) -> OrderState:
-    """Processing -> Processing: the step is Running until `deadline`, which is
-    also the record's CompleteBy (the Supervisor's view of this attempt)."""
-    require_owner(record, instance_id)
-    _require(record, ProcessState.PROCESSING, action="start a step of")
-    steps = dict(record.Steps)
-    steps[step] = _running(record, step, now, deadline)
-    return record.model_copy(
-        update={"Steps": steps, "CompleteBy": deadline, "UpdatedAt": now}, deep=True
-    )
-
-
 def complete_step(
     record: OrderState,
     instance_id: str,
     step: str,
     now: datetime,
     reference: str | None = None,
-    deadline: datetime | None = None,
 ) -> OrderState:
     """Processing -> Processing: the step is Completed and enters the
-    compensation log (what to undo, should a later step fail for good).
-
-    `deadline` becomes the record's CompleteBy: the time the attempt has to
-    reach its next write (the next step's start, or Processed). Keeping the
-    finished step's deadline would let the Supervisor take a live attempt
-    that completed its step just before that deadline."""
+    compensation log (what to undo, should a later step fail for good)."""
     require_owner(record, instance_id)
     _require(record, ProcessState.PROCESSING, action="complete a step of")
     # model_copy does not validate: bound the provider's text here, or a long
@@ -427,10 +401,9 @@ def complete_step(
     )
     log = [e for e in record.Compensation if e.Step != step]
     log.append(CompensationEntry(Step=step, Reference=reference))
-    update = {"Steps": steps, "Compensation": log, "UpdatedAt": now}
-    if deadline is not None:
-        update["CompleteBy"] = deadline
-    return record.model_copy(update=update, deep=True)
+    return record.model_copy(
+        update={"Steps": steps, "Compensation": log, "UpdatedAt": now}, deep=True
+    )
 
 
 def record_transient(
@@ -513,28 +486,23 @@ def undo_log(
 
 
 def begin_compensation(
-    record: OrderState, instance_id: str, reason: str, now: datetime, step: str | None = None
+    record: OrderState, instance_id: str, reason: str, now: datetime, step: str
 ) -> OrderState:
     """Processing -> Compensating: step `step` failed for good after earlier
     steps completed; the attempt that owns the record undoes every step whose
-    request was sent, the failed one included.
-
-    Without `step` (workflow 1.0, which undoes only Completed steps) the log
-    is left as it is, so 1.0 instances finish as they were written."""
+    request was sent, the failed one included."""
     require_owner(record, instance_id)
     _require(record, ProcessState.PROCESSING, action="compensate")
     steps = dict(record.Steps)
-    if step is not None and step in steps and steps[step].Status is not StepStatus.COMPLETED:
+    if step in steps and steps[step].Status is not StepStatus.COMPLETED:
         steps[step] = steps[step].model_copy(update={"Status": StepStatus.FAILED})
-    log = undo_log(record, steps) if step is not None else list(record.Compensation)
-    reason = short_text(reason, ERROR_LIMIT)
+    log = undo_log(record, steps)
     return _finish(
         record,
         ProcessState.COMPENSATING,
         instance_id,
         now,
-        reason=reason,
-        LastError=reason,
+        error=reason,
         CompleteBy=None,
         Steps=steps,
         Compensation=log,
@@ -550,20 +518,9 @@ def request_compensation(record: OrderState, now: datetime, by: str = "operator"
         ProcessState.COMPENSATION_FAILED,
         action="request compensation of",
     )
-    entry = HistoryEntry(
-        At=now,
-        From=record.ProcessState,
-        To=record.ProcessState,
-        By=by,
-        Reason="compensation requested",
-    )
+    history = _with_history(record, record.ProcessState, by, now, "compensation requested")
     return record.model_copy(
-        update={
-            "CompensationRequested": True,
-            "History": [*record.History, entry][-HISTORY_LIMIT:],
-            "UpdatedAt": now,
-        },
-        deep=True,
+        update={"CompensationRequested": True, "History": history, "UpdatedAt": now}, deep=True
     )
 
 
@@ -631,10 +588,10 @@ def restart_compensation(
     spent: with `policy`, a long retry (NotBefore = now + long_delay, the
     restarts counted afresh after it, at most `policy.undo_long_retries` long
     retries in all), unless an undo was refused and none is left to try; else
-    CompensationFailed (the caller raises the alert). An instance that keeps dying says nothing about
-    whether the undos it did not reach happened: a Cosmos throttling storm or
-    a host outage can kill three restarts within a minute, and a verdict then
-    would name undos never sent (found by the simulation).
+    CompensationFailed (the caller raises the alert). An instance that keeps
+    dying says nothing about whether the undos it did not reach happened: a
+    Cosmos throttling storm or a host outage can kill three restarts within a
+    minute, and a verdict then would name undos never sent.
 
     A new attempt, not the same instance started again: its instance id, and
     so every undo request's message id and reply event, is new, so duplicate
@@ -666,9 +623,7 @@ def _restarts_spent(record: OrderState, now: datetime, policy: RetryPolicy | Non
     CompensationFailed."""
     # A refused undo settles the verdict, but not the undos after it: one
     # still Pending (never reached, or unconfirmed) is tried before the
-    # verdict (the simulation found it: a refused payment undo, then three
-    # executions killed by a Service Bus outage before the inventory undo
-    # was sent, ended CompensationFailed with the inventory still held).
+    # verdict, or what it holds (reserved inventory) stays held.
     refused = any(e.Outcome == "Failed" for e in record.Compensation)
     still_open = any(e.Outcome == "Pending" for e in record.Compensation)
     if (
@@ -757,7 +712,7 @@ def defer_compensation(
     record: OrderState, instance_id: str, now: datetime, policy: RetryPolicy
 ) -> OrderState:
     """Compensating -> Compensating, waiting until NotBefore (the long retry of
-    an unconfirmed undo, workflow 2.2), or CompensationFailed once
+    an unconfirmed undo), or CompensationFailed once
     `policy.undo_long_retries` long retries are spent (the caller alerts).
 
     The owner keeps the lock until the Starter restarts the compensation as a
@@ -793,16 +748,12 @@ def defer_compensation(
             NotBefore=None,
         )
     wake = now + policy.long_delay
-    reason = short_text(
-        f"{what} unconfirmed{cause}; long retry after {wake.isoformat()}", ERROR_LIMIT
-    )
     return _finish(
         record,
         ProcessState.COMPENSATING,
         instance_id,
         now,
-        reason=reason,
-        LastError=reason,
+        error=f"{what} unconfirmed{cause}; long retry after {wake.isoformat()}",
         NotBefore=wake,
         CompensationLongRetries=record.CompensationLongRetries + 1,
     )
@@ -841,7 +792,7 @@ def finish_compensation(record: OrderState, instance_id: str, now: datetime) -> 
     """Compensating -> Compensated, or CompensationFailed naming the failed step."""
     require_owner(record, instance_id)
     _require(record, ProcessState.COMPENSATING, action="finish compensating")
-    # A refused undo is named before one still open (unconfirmed, 2.2).
+    # A refused undo is named before one still open (unconfirmed).
     failed = sorted(
         (e for e in record.Compensation if e.Outcome != "Done"), key=lambda e: e.Outcome != "Failed"
     )
@@ -918,8 +869,7 @@ def recover_expired(
             ProcessState.PENDING,
             "supervisor",
             now,
-            reason=reason,
-            LastError=reason,
+            error=reason,
             FailureCount=failures,
             LockedBy=None,
             CompleteBy=None,
@@ -979,15 +929,23 @@ def resubmit(record: OrderState, now: datetime, by: str = "operator") -> OrderSt
     """Error -> Pending with a fresh budget; completed steps stay completed, so
     the next attempt resumes after them."""
     _require(record, ProcessState.ERROR, action="resubmit")
+    return _pending_afresh(record, by, now, "resubmitted")
+
+
+def _pending_afresh(
+    record: OrderState, by: str, now: datetime, reason: str, **changes
+) -> OrderState:
+    """-> Pending, unlocked, with a fresh retry budget (readmit, resubmit)."""
     return _finish(
         record,
         ProcessState.PENDING,
         by,
         now,
-        reason="resubmitted",
+        reason=reason,
         LockedBy=None,
         CompleteBy=None,
         NotBefore=None,
         FailureCount=0,
         LongRetries=0,
+        **changes,
     )

@@ -18,7 +18,7 @@ the tests pass theirs explicitly."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from functools import cached_property
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -32,11 +32,10 @@ from pydantic import (
     model_validator,
 )
 
+from domain.models import StepName
+
 Action = Literal["do", "undo"]
 
-# What a step is called on the wire: AgentRequest.Step, the state record's keys
-# and the idempotency key's second half (domain.models.StepName).
-StepNameText = Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9-]{0,31}$")]
 # A service or an operation: one path segment of POST /{service}/{operation},
 # and (upper-cased) the suffix of the service's URL setting.
 Word = Annotated[str, StringConstraints(pattern=r"^[a-z]{1,32}$")]
@@ -84,7 +83,7 @@ class RemoteStep(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
 
-    name: StepNameText
+    name: StepName  # on the wire: AgentRequest.Step, the state record's keys
     service: Word
     do_operation: Word = Field(alias="do")
     undo_operation: Word = Field(alias="undo")
@@ -200,20 +199,9 @@ class StepCatalog(BaseModel):
             )
         return [name for name in reversed(self.names) if name in done]
 
-    def with_steps(self, *extra: RemoteStep | Mapping[str, Any]) -> StepCatalog:
-        """This catalog with `extra` appended (validated like a file's entries)."""
-        return parse_catalog(
-            {"steps": [*(s.model_dump(by_alias=True) for s in self.steps), *extra]}, "added steps"
-        )
-
 
 def parse_catalog(data: Any, source: str = "step catalog") -> StepCatalog:
     """Validate `data` (a file's JSON) as a catalog; CatalogError names the entry."""
-    if isinstance(data, dict) and isinstance(data.get("steps"), list | tuple):
-        steps = [
-            s.model_dump(by_alias=True) if isinstance(s, RemoteStep) else s for s in data["steps"]
-        ]
-        data = {**data, "steps": steps}
     try:
         return StepCatalog.model_validate(data)
     except ValidationError as exc:

@@ -165,13 +165,6 @@ class StatusOutbox:
             alert, outbox_alert_message_id(record.id, pending.MessageId)
         )
 
-    async def deliver_order(self, order_id: str) -> bool:
-        try:
-            record, etag = await self._store.read(order_id)
-        except NotFoundError:
-            return True
-        return await self.deliver(record, etag)
-
     async def _clear(self, record: OrderState, message_id: str, etag: str | None) -> None:
         now = self._clock.now()
         if etag is not None:

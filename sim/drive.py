@@ -64,7 +64,7 @@ from .bus import (
 from .checks import EndChecks
 from .clients import Clients
 from .cosmos import SimContainer
-from .durable import SimDurable, default_version
+from .durable import SimDurable
 from .faults import WorldFaults
 from .hostile import PREFIX as FORGED
 from .hostile import Hostile
@@ -223,9 +223,6 @@ class Simulation(Clients, PathChecks, EndChecks, WorldFaults):
             # 017f) in the two-application world; the one-application world
             # is a deployment with no such records, the lookup off.
             legacy_order_keys=self.o.apps > 1,
-            # The version new attempts run, as the app reads it (its claim
-            # marks the steps, ADR 021a): host.json's defaultVersion.
-            workflow_version=default_version(),
             progress_apps=self.o.progress_apps,
         )
         # The product's own Service Bus adapters over a simulated client (issue 21).

@@ -134,8 +134,7 @@ class SubmitHandler:
             # made; one that escapes read a record this delivery knows exists
             # (its create conflicted, or an earlier read showed it) from a
             # replica that has not seen another host's create yet. A later
-            # try finds it; dead-lettering would lose a good order
-            # (the simulation found it: the readmission's update).
+            # try finds it; dead-lettering would lose a good order.
             log.warning("a record read did not find what exists, retrying later: %s", exc)
             return Settle.retry(f"{exc} (a lagging read); try again", readable_order_id(body))
 
@@ -314,7 +313,7 @@ class SubmitHandler:
         # written) and died before the state record existed: that document is
         # the order first accepted. A copy with other data is a conflict, not a
         # rejection that would take the first one's place and turn the first
-        # one's own redeliveries into conflicts (found by the simulation).
+        # one's own redeliveries into conflicts.
         stored: OrderSubmitted | None
         version: str | None
         try:
@@ -368,12 +367,9 @@ class SubmitHandler:
         `_reject`), unless it died first. Take it back here (`version`, the
         etag this delivery's create or read met, and only that one), and
         raise TransientError so this delivery is tried again, instead of
-        dead-lettering the order itself as a conflict (the simulation found it:
-        an original and its client's changed
-        resend delivered together after an outage; the changed
-        resend's two deliveries at once, its lock expired, and the one that
-        wrote last died before taking its document back, which then stood in
-        the way of every later resend of the Rejected order)."""
+        dead-lettering the order itself as a conflict (a copy's document left
+        behind would stand in the way of every later resend of the Rejected
+        order)."""
         try:
             record, _ = await self._store.read(key)
         except (NotFoundError, PermanentError):

@@ -46,31 +46,28 @@ class Candidate:
     position: str | None = None
 
 
-# No lower bound by default: a Processing record whose deadline passed long
-# ago (an outage longer than any window) is still the Supervisor's to recover.
-# The page stays bounded by `max_items` (TOP n on the composite index), so the
+# No lower bound: a Processing record whose deadline passed long ago (an
+# outage longer than any window) is still the Supervisor's to recover. The
+# page stays bounded by `max_items` (TOP n on the composite index), so the
 # open window costs nothing per run.
 EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 class QuerySource:
     """Pages the state container; the cursor is the store's keyset token plus
-    the pass's fixed bounds (a pass keeps its bounds until it ends).
+    the pass's fixed upper bound (a pass keeps it until it ends)."""
 
-    `window`: only look back this far (None, the default: no limit). A
-    window loses every record whose deadline is older than it."""
-
-    def __init__(self, store: StateStore, window: timedelta | None = None) -> None:
+    def __init__(self, store: StateStore) -> None:
         self._store = store
-        self._window = window
 
     async def page(self, upper: datetime, max_items: int, cursor: str | None):
         state: dict[str, Any] = (
             json.loads(cursor) if cursor else {"upper": upper.isoformat(), "token": None}
         )
         pass_upper = datetime.fromisoformat(state["upper"])
-        start = EARLIEST if self._window is None else pass_upper - self._window
-        page, token = await self._store.query_expired(pass_upper, start, max_items, state["token"])
+        page, token = await self._store.query_expired(
+            pass_upper, EARLIEST, max_items, state["token"]
+        )
         candidates = [Candidate(record, etag) for record, etag in page]
         next_cursor = (
             None if token is None else json.dumps({"upper": state["upper"], "token": token})
@@ -182,13 +179,10 @@ class IndexSource:
         the first bucket that may still get entries. (Up to there no entry can
         appear before it later: a claim indexes at least a claim or step
         timeout ahead of now, and a move takes a counted entry later.) The
-        earliest document can
-        be far ahead: a live attempt's entry at a long step's deadline, or one
-        set aside for UNREADABLE_RETRY (an unreadable record's entry, a
-        document that is not an entry). Starting there put the cursor past
-        every entry added from then on (a claim indexes its deadline a claim
-        timeout ahead of now), and a cursor never goes back: those attempts
-        were never recovered (found by the simulation). A checkpoint
+        earliest document can be far ahead: a live attempt's entry at a long
+        step's deadline, or one set aside for UNREADABLE_RETRY. Starting there
+        would put the cursor past every entry added from then on, and a cursor
+        never goes back: those attempts would never be recovered. A checkpoint
         saved that way has passed entries that are still due, hence the scan
         from here again."""
         earliest = await self._index.earliest_bucket()
@@ -252,11 +246,9 @@ class IndexSource:
             return None
         if record.CompleteBy < upper:
             return Candidate(record, etag, lambda: self._index.remove(entry))
-        # The attempt lives on past this entry: workflow 2.0 indexes an
-        # attempt once, at its earliest possible deadline, and the record's
-        # CompleteBy has moved on with its steps. Move the entry there (added
-        # before removed, so the attempt is never without one); only slow
-        # attempts pay for this.
+        # The attempt lives on past this entry (its record's CompleteBy is
+        # later). Move the entry there (added before removed, so the attempt
+        # is never without one); only slow attempts pay for this.
         await self._index.add(record.id, record.CompleteBy, record.Attempt)
         removals.append(entry)
         # Not before this run's upper bound, so in the cursor's bucket or a

@@ -120,8 +120,8 @@ class Supervisor:
         except Exception:
             # A document this run could not read is alerted on first sight,
             # even when the run then fails (a store outage): it may have been
-            # set aside, and no run meets it again before UNREADABLE_RETRY
-            # (found by the simulation). alert_unreadable never raises.
+            # set aside, and no run meets it again before UNREADABLE_RETRY.
+            # alert_unreadable never raises.
             await alert_unreadable(self._alerts, self._store.unreadable, self._clock.now())
             raise
         report.pass_finished = cursor is None

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from domain.steps import DEFAULT_CATALOG, StepCatalog
+from domain.steps import DEFAULT_CATALOG, StepCatalog, parse_catalog
 
 WAREHOUSE_STEP = {
     "name": "reserve-warehouse-slot",
@@ -20,7 +20,8 @@ WAREHOUSE_STEP = {
 
 
 def with_warehouse_step() -> StepCatalog:
-    return DEFAULT_CATALOG.with_steps(WAREHOUSE_STEP)
+    shipped = [s.model_dump(by_alias=True) for s in DEFAULT_CATALOG.steps]
+    return parse_catalog({"steps": [*shipped, WAREHOUSE_STEP]}, "added steps")
 
 
 def write_catalog(path: Path, catalog: StepCatalog | None = None) -> Path:

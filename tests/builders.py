@@ -8,8 +8,9 @@ from datetime import datetime
 from typing import Any
 
 from adapters.settings import AGENT_SIGNING_KEYS, REPLY_TOKEN_KEYS
+from domain import state_machine as sm
 from domain.ids import attempt_instance_id, fencing_token, idempotency_key, reply_event_name
-from domain.models import AgentReply, AgentRequest
+from domain.models import AgentReply, AgentRequest, OrderState
 from domain.signing import SchedulerKeys, new_key, parse_keys, reply_token, seal_request, sign_reply
 
 # The internal queues' keys for tests: new for every test run, never in the repo
@@ -103,3 +104,14 @@ class ReadClock:
 
     async def sleep(self, seconds: float) -> None:
         await asyncio.sleep(seconds)
+
+
+def start_step(record: OrderState, step: str, now: datetime, deadline: datetime) -> OrderState:
+    """`record` (claimed) with `step` Running for its attempt until `deadline`,
+    which is the record's CompleteBy too: what the claim's marking writes for
+    each step it marks (domain.state_machine.claim_marking)."""
+    state = sm._running(record, step, now, deadline)
+    return record.model_copy(
+        update={"Steps": {**record.Steps, step: state}, "CompleteBy": deadline, "UpdatedAt": now},
+        deep=True,
+    )

@@ -12,3 +12,19 @@ import neither this package nor the root (docs/adr/020a-entry-layer.md).
 - supervisor.py  the Supervisor's timer
 - console.py     the operator console's HTTP pages under /api/console
 """
+
+from typing import Any
+
+from adapters.settings import SERVICEBUS_CONNECTION
+
+
+def queue_trigger(bp: Any, queue: str) -> Any:
+    """A Service Bus trigger on `queue`, its message bound to the parameter
+    `message` and settled by hand (the function completes, abandons or
+    dead-letters it)."""
+    return bp.service_bus_queue_trigger(
+        arg_name="message",
+        queue_name=queue,
+        connection=SERVICEBUS_CONNECTION,
+        auto_complete_messages=False,
+    )

@@ -19,18 +19,17 @@ from domain.ids import parse_attempt_instance_id
 
 
 @contextmanager
-def _span(name: str, data: dict) -> Iterator[None]:
-    carrier = data.get("Trace") if isinstance(data, dict) else None
-    instance = data.get("InstanceId") if isinstance(data, dict) else None
-    order_id = data.get("OrderID") if isinstance(data, dict) else None
+def _span(name: str, data: Any) -> Iterator[None]:
+    fields = data if isinstance(data, dict) else {}
+    carrier = fields.get("Trace")
+    instance = fields.get("InstanceId")
+    order_id = fields.get("OrderID")
     if order_id is None and isinstance(instance, str):
         with suppress(ValueError):
             order_id, _ = parse_attempt_instance_id(instance)
-    attributes: dict[str, Any] = {telemetry.ORDER_ID: order_id, telemetry.INSTANCE_ID: instance}
+    attributes = {telemetry.ORDER_ID: order_id, telemetry.INSTANCE_ID: instance}
     with telemetry.continue_from(
-        f"activity {name}",
-        carrier if isinstance(carrier, dict) else None,
-        **attributes,
+        f"activity {name}", carrier if isinstance(carrier, dict) else None, **attributes
     ):
         yield
 
@@ -49,8 +48,7 @@ def _activity(bp: df.Blueprint, root: App, name: str) -> None:
 
 
 def blueprint(root: App) -> df.Blueprint:
-    """The Scheduler's activities over `root`: 1.x's activities, then
-    workflow 2.0's one-write-one-message pair."""
+    """The Scheduler's activities over `root` (activities.scheduler_activities.ACTIVITY_NAMES)."""
     bp = df.Blueprint()
     for name in ACTIVITY_NAMES:
         _activity(bp, root, name)

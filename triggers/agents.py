@@ -21,9 +21,9 @@ import azure.functions as func
 import azurefunctions.extensions.bindings.servicebus as servicebus
 
 from adapters.servicebus import AGENT_REQUESTS_QUEUE
-from adapters.settings import SERVICEBUS_CONNECTION
 from adapters.settlement import RunSync, defuse_trace_headers
 from bootstrap import App
+from triggers import queue_trigger
 
 
 class FunctionsSettlement:
@@ -58,12 +58,7 @@ def blueprint(root: App) -> func.Blueprint:
     bp = func.Blueprint()
 
     @bp.function_name("agent_requests")
-    @bp.service_bus_queue_trigger(
-        arg_name="message",
-        queue_name=AGENT_REQUESTS_QUEUE,
-        connection=SERVICEBUS_CONNECTION,
-        auto_complete_messages=False,
-    )
+    @queue_trigger(bp, AGENT_REQUESTS_QUEUE)
     async def agent_requests(
         message: servicebus.ServiceBusReceivedMessage,
         message_actions: servicebus.ServiceBusMessageActions,

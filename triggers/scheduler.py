@@ -3,18 +3,14 @@ timer and the reply bridge. Each function is thin: decode, call, settle."""
 
 from __future__ import annotations
 
-import logging
-
 import azure.durable_functions as df
 import azure.functions as func
 import azurefunctions.extensions.bindings.servicebus as servicebus
 
 from adapters.servicebus import AGENT_RESPONSES_QUEUE
-from adapters.settings import SERVICEBUS_CONNECTION
 from bootstrap import App
 from orchestrators.order_workflow import WORKFLOW_NAME, order_workflow
-
-log = logging.getLogger(__name__)
+from triggers import queue_trigger
 
 
 def blueprint(root: App) -> df.Blueprint:
@@ -37,12 +33,7 @@ def blueprint(root: App) -> df.Blueprint:
         await start.run(client)
 
     @bp.function_name("reply_bridge")
-    @bp.service_bus_queue_trigger(
-        arg_name="message",
-        queue_name=AGENT_RESPONSES_QUEUE,
-        connection=SERVICEBUS_CONNECTION,
-        auto_complete_messages=False,
-    )
+    @queue_trigger(bp, AGENT_RESPONSES_QUEUE)
     @bp.durable_client_input(client_name="client")
     async def reply_bridge(
         message: servicebus.ServiceBusReceivedMessage,

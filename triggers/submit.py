@@ -13,8 +13,9 @@ import azure.durable_functions as df
 import azurefunctions.extensions.bindings.servicebus as servicebus
 
 from adapters import telemetry
-from adapters.settings import SERVICEBUS_CONNECTION, SettingsError, ingress_queues
+from adapters.settings import SettingsError, ingress_queues
 from bootstrap import App
+from triggers import queue_trigger
 
 log = logging.getLogger(__name__)
 
@@ -67,12 +68,9 @@ def register(blueprint: df.Blueprint, queues: dict[str, str], root: App) -> dict
         if name in registered:
             raise SettingsError(f"ORDER_INGRESS_QUEUES: two applications map to function {name}")
         blueprint.function_name(name)(
-            blueprint.service_bus_queue_trigger(
-                arg_name="message",
-                queue_name=queue,
-                connection=SERVICEBUS_CONNECTION,
-                auto_complete_messages=False,
-            )(blueprint.durable_client_input(client_name="client")(function))
+            queue_trigger(blueprint, queue)(
+                blueprint.durable_client_input(client_name="client")(function)
+            )
         )
         registered[name] = queue
     return registered

@@ -19,7 +19,7 @@ from .errors import HostError
 # The app setting that overrides host.json's durableTask defaultVersion on
 # Azure Functions (any host.json value can be set as AzureFunctionsJobHost__<path>).
 # This host does not read it; it sets it for the app to the version it runs new
-# instances on, so the app (adapters.settings.workflow_version) and the host agree.
+# instances on.
 DEFAULT_VERSION_SETTING = "AzureFunctionsJobHost__extensions__durableTask__defaultVersion"
 
 

@@ -14,7 +14,7 @@ from domain import state_machine as sm
 from domain.ids import attempt_instance_id
 from domain.models import OrderState, OrderSubmitted
 from domain.steps import DEFAULT_CATALOG
-from tests.builders import order_payload
+from tests.builders import order_payload, start_step
 
 STEPS = list(DEFAULT_CATALOG.names)  # domain/steps.json
 POLICY = sm.RetryPolicy(
@@ -45,7 +45,7 @@ def processed(order_id: str, now: datetime, app: str = "webshop") -> OrderState:
     record = processing(order_id, now, app)
     owner = record.LockedBy
     for step in STEPS:
-        record = sm.start_step(record, owner, step, now, now + timedelta(seconds=30))
+        record = start_step(record, step, now, now + timedelta(seconds=30))
         record = sm.complete_step(record, owner, step, now)
     return sm.mark_processed(record, owner, now)
 

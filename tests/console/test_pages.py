@@ -15,6 +15,7 @@ from azure.durable_functions.models.DurableOrchestrationStatus import DurableOrc
 from console import views
 from domain import state_machine as sm
 from domain.models import ProcessState
+from tests.builders import start_step
 from tests.console.conftest import POLICY, STEPS, errored_by_supervisor, instance, order, pending
 from triggers.console import _render
 
@@ -61,7 +62,7 @@ def _two_attempts_then_failed(now):
     record = sm.recover_expired(record, record.LockedBy, t1, POLICY)
     record = sm.claim(record, t1, POLICY)
     owner = record.LockedBy
-    record = sm.start_step(record, owner, STEPS[0], t1, t1 + timedelta(seconds=30))
+    record = start_step(record, STEPS[0], t1, t1 + timedelta(seconds=30))
     return sm.mark_failed(
         record, owner, STEPS[0], f"provider refused: {HOSTILE}", t1 + timedelta(seconds=2)
     )
@@ -248,7 +249,7 @@ async def test_card_numbers_in_provider_text_are_masked_on_every_page_field(deps
     record = pending("PAN-1", now)
     record = sm.claim(record, now, POLICY)
     owner = record.LockedBy
-    record = sm.start_step(record, owner, STEPS[0], now, now + timedelta(seconds=30))
+    record = start_step(record, STEPS[0], now, now + timedelta(seconds=30))
     record = sm.mark_failed(record, owner, STEPS[0], said, now + timedelta(seconds=1))
     # The state machine masks provider text now; a record written before that
     # still holds the numbers, and the console must mask them itself.

@@ -28,7 +28,6 @@ def validator(name: str) -> jsonschema.Draft202012Validator:
 def test_contract_files_are_current():
     """Fails when a model changed and `python -m domain.schemas` was not run."""
     assert schemas.stale_files() == []
-    assert schemas.main(["--check"]) == 0
 
 
 def test_a_changed_model_is_caught(tmp_path):

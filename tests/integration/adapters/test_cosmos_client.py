@@ -17,7 +17,6 @@ from adapters.cosmos_client import (
     build_client,
     ensure_orders_container,
     ensure_state_container,
-    open_client,
     translate_error,
 )
 from adapters.settings import CosmosAccount
@@ -139,11 +138,6 @@ async def test_an_account_without_a_key_authenticates_with_its_credential(
 ) -> None:
     keyless = CosmosAccount(cosmos_account.endpoint, None, verify_tls=False)
     credential = StaticToken()
-    async with open_client(keyless, credential=credential) as client:
+    async with build_client(keyless, credential=credential) as client:
         assert isinstance([d async for d in client.list_databases()], list)
     assert credential.scopes  # the SDK asked it for a token
-
-
-async def test_open_client_with_a_key(cosmos_account: CosmosAccount) -> None:
-    async with open_client(cosmos_account) as client:
-        assert isinstance([d async for d in client.list_databases()], list)

@@ -12,7 +12,7 @@ from datetime import UTC, datetime, timedelta, timezone
 import pytest
 from azure.cosmos.aio import ContainerProxy
 
-from adapters.cosmos_client import RequestCharges, build_client
+from adapters.cosmos_client import KindCharges, RequestCharges, build_client
 from adapters.settings import CosmosAccount
 from adapters.state_store import (
     ANY,
@@ -21,9 +21,10 @@ from adapters.state_store import (
 )
 from devstack.cosmos import CosmosServer, FaultRule, get_faults, set_faults
 from domain import state_machine as sm
+from domain.boundary import check_order_id
 from domain.errors import NotFoundError, PermanentError, StaleError, TransientError
-from domain.ids import check_order_id
 from domain.models import OrderState, ProcessState
+from tests.builders import start_step
 from tests.integration.adapters.builders import NOW, POLICY, STEPS, make_record
 
 FIXED_WIDTH_UTC = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z$")
@@ -137,7 +138,7 @@ async def test_update_by_the_lock_owner_applies_the_transition(
     deadline = NOW + timedelta(minutes=5)
 
     updated, etag = await state_store.update(
-        "ORD-6", lambda r: sm.start_step(r, owner, STEPS[0], NOW, deadline), owner
+        "ORD-6", lambda r: start_step(r, STEPS[0], NOW, deadline), owner
     )
     assert updated.CompleteBy == deadline
     assert await state_store.read("ORD-6") == (updated, etag)
@@ -269,9 +270,7 @@ async def test_backlog_gauge_is_refreshed_by_count_and_read_by_point_read(
     state_store.charges.reset()
     pending, measured_at, processing = await state_store.read_backlog_gauge()
     assert (pending, measured_at, processing) == (2, NOW, None)
-    assert state_store.charges.snapshot() == {
-        "gauge_read": {"calls": 1, "request_units": 1.0, "failures": 0}
-    }
+    assert state_store.charges.by_kind == {"gauge_read": KindCharges(1, 1.0, 0)}
 
     await state_store.write_backlog_gauge(7, NOW + timedelta(seconds=5))
     assert await state_store.read_backlog_gauge() == (7, NOW + timedelta(seconds=5), None)
@@ -303,11 +302,7 @@ async def test_request_charges_are_recorded_per_call_by_kind(
     ]
     # The local server charges 1 RU per request; Azure's real charges flow the same way.
     assert all(c.request_units == 1.0 for c in request_charges.recent)
-    assert request_charges.snapshot()["replace"] == {
-        "calls": 2,
-        "request_units": 2.0,
-        "failures": 1,
-    }
+    assert request_charges.by_kind["replace"] == KindCharges(calls=2, request_units=2.0, failures=1)
     assert request_charges.total == 6.0
 
 

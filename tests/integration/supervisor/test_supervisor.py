@@ -18,7 +18,7 @@ from domain.models import ProcessState
 from reporting import Alerts, StatusReporter
 from supervisor.sources import IndexSource, QuerySource
 from supervisor.supervisor import Supervisor
-from tests.builders import ReadClock
+from tests.builders import ReadClock, start_step
 from tests.fakes import RecordingPublisher
 from tests.integration.adapters.builders import NOW, POLICY, make_record
 
@@ -198,7 +198,7 @@ async def test_index_entries_for_met_or_replaced_deadlines_are_discarded(rig):
     await rig.index.add("A", step_deadline, claimed.Attempt)
     await rig.store.update(
         "A",
-        lambda r: sm.start_step(r, claimed.LockedBy, "reserve-inventory", NOW, step_deadline),
+        lambda r: start_step(r, "reserve-inventory", NOW, step_deadline),
         claimed.LockedBy,
     )
     report = await rig.supervisor().run()  # now = NOW + 10 min: only the claim's entry is due
@@ -249,7 +249,7 @@ async def test_one_index_entry_per_attempt_follows_a_live_attempt_to_its_deadlin
     step_deadline = NOW + timedelta(minutes=30)
     await rig.store.update(
         "A",
-        lambda r: sm.start_step(r, claimed.LockedBy, "reserve-inventory", NOW, step_deadline),
+        lambda r: start_step(r, "reserve-inventory", NOW, step_deadline),
         claimed.LockedBy,
     )
     report = (
@@ -405,9 +405,7 @@ async def _ahead_of_the_scan(rig, kind: str) -> None:
         )
         await rig.store.update(
             "LONG",
-            lambda r: sm.start_step(
-                r, claimed.LockedBy, "reserve-inventory", rig.now, step_deadline
-            ),
+            lambda r: start_step(r, "reserve-inventory", rig.now, step_deadline),
             claimed.LockedBy,
         )
 

@@ -22,6 +22,7 @@ from domain.models import (
     StatusKind,
     StatusUpdate,
 )
+from tests.builders import start_step
 from tests.unit.domain.conftest import NOW, STEPS
 
 # Luhn-valid test numbers in the ways providers print them, and one that
@@ -55,9 +56,9 @@ def stored(record: OrderState) -> str:
 @pytest.fixture
 def compensating(processing):
     iid = processing.LockedBy
-    record = sm.start_step(processing, iid, STEPS[0], NOW, NOW + timedelta(seconds=60))
+    record = start_step(processing, STEPS[0], NOW, NOW + timedelta(seconds=60))
     record = sm.complete_step(record, iid, STEPS[0], NOW, "ref-1")
-    record = sm.start_step(record, iid, STEPS[1], NOW, NOW + timedelta(seconds=60))
+    record = start_step(record, STEPS[1], NOW, NOW + timedelta(seconds=60))
     return sm.begin_compensation(record, iid, "charge failed", NOW, STEPS[1])
 
 
@@ -83,7 +84,7 @@ def test_every_transition_taking_provider_text_masks_it(processing, compensating
         sm.record_undo(compensating, iid, STEPS[0], False, NOW, said), iid, NOW
     )
     # the Supervisor quotes the step's transient reason when it recovers
-    running = sm.start_step(processing, iid, STEPS[0], NOW, NOW + timedelta(seconds=1))
+    running = start_step(processing, STEPS[0], NOW, NOW + timedelta(seconds=1))
     expired = sm.recover_expired(
         sm.record_transient(running, iid, STEPS[0], said, NOW),
         iid,

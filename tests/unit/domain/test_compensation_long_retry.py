@@ -12,15 +12,16 @@ import pytest
 from domain import state_machine as sm
 from domain.errors import StaleError
 from domain.models import ProcessState
+from tests.builders import start_step
 from tests.unit.domain.conftest import NOW, STEPS
 
 
 @pytest.fixture
 def compensating(processing):
     iid = processing.LockedBy
-    record = sm.start_step(processing, iid, STEPS[0], NOW, NOW + timedelta(seconds=60))
+    record = start_step(processing, STEPS[0], NOW, NOW + timedelta(seconds=60))
     record = sm.complete_step(record, iid, STEPS[0], NOW, "ref-0")
-    record = sm.start_step(record, iid, STEPS[1], NOW, NOW + timedelta(seconds=60))
+    record = start_step(record, STEPS[1], NOW, NOW + timedelta(seconds=60))
     return sm.begin_compensation(record, iid, "declined", NOW, STEPS[1])
 
 

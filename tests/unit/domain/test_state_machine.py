@@ -9,6 +9,7 @@ import pytest
 from domain import state_machine as sm
 from domain.errors import StaleError
 from domain.models import MAX_REFERENCE, OrderState, ProcessState, StepStatus
+from tests.builders import start_step
 from tests.unit.domain.conftest import NOW, STEPS
 
 LATER = NOW + timedelta(minutes=5)
@@ -16,7 +17,7 @@ LATER = NOW + timedelta(minutes=5)
 
 def run_all_steps(record):
     for step in STEPS:
-        record = sm.start_step(record, record.LockedBy, step, NOW, NOW + timedelta(seconds=60))
+        record = start_step(record, step, NOW, NOW + timedelta(seconds=60))
         record = sm.complete_step(record, record.LockedBy, step, NOW, reference=f"ref-{step}")
     return record
 
@@ -92,11 +93,8 @@ def test_second_attempt_gets_a_new_instance_id(pending, policy):
 # --- Processing -> Processing (orchestration progress) -----------------------------------
 
 
-def test_start_and_complete_step_by_owner(processing):
-    deadline = NOW + timedelta(seconds=30)
-    record = sm.start_step(processing, "webshop:ORD-1:1", STEPS[0], NOW, deadline)
-    assert record.Steps[STEPS[0]].Status is StepStatus.RUNNING
-    assert record.CompleteBy == deadline
+def test_complete_step_by_owner(processing):
+    record = start_step(processing, STEPS[0], NOW, NOW + timedelta(seconds=30))
     record = sm.complete_step(record, "webshop:ORD-1:1", STEPS[0], NOW, reference="res-1")
     assert record.Steps[STEPS[0]].Status is StepStatus.COMPLETED
     assert [e.Step for e in record.Compensation] == [STEPS[0]]
@@ -107,22 +105,22 @@ def test_complete_step_twice_is_idempotent(processing):
     assert sm.complete_step(record, "webshop:ORD-1:1", STEPS[0], NOW) == record
 
 
-def test_completed_step_cannot_restart(processing):
-    record = sm.complete_step(processing, "webshop:ORD-1:1", STEPS[0], NOW)
-    with pytest.raises(sm.IllegalTransition):
-        sm.start_step(record, "webshop:ORD-1:1", STEPS[0], NOW, LATER)
+def test_a_claim_never_marks_a_completed_step(pending, policy):
+    done = pending.Steps[STEPS[0]].model_copy(update={"Status": StepStatus.COMPLETED})
+    record = pending.model_copy(update={"Steps": {**pending.Steps, STEPS[0]: done}})
+    with pytest.raises(sm.IllegalTransition, match="already Completed"):
+        sm.claim_marking(record, NOW, policy, [STEPS[0]], LATER)
 
 
 @pytest.mark.parametrize(
     "write",
     [
-        lambda r: sm.start_step(r, "webshop:ORD-1:0", STEPS[0], NOW, LATER),
         lambda r: sm.complete_step(r, "webshop:ORD-1:0", STEPS[0], NOW),
         lambda r: sm.mark_processed(r, "webshop:ORD-1:0", NOW),
         lambda r: sm.mark_failed(r, "webshop:ORD-1:0", STEPS[0], "boom", NOW),
-        lambda r: sm.begin_compensation(r, "webshop:ORD-1:0", "boom", NOW),
+        lambda r: sm.begin_compensation(r, "webshop:ORD-1:0", "boom", NOW, STEPS[0]),
     ],
-    ids=["start_step", "complete_step", "processed", "failed", "compensate"],
+    ids=["complete_step", "processed", "failed", "compensate"],
 )
 def test_stale_attempt_never_writes(processing, write):
     """Invariant 3: a write without the lock is refused as stale."""
@@ -161,8 +159,6 @@ def test_orchestration_writes_need_processing(processing, state):
     record = processing.model_copy(update={"ProcessState": state})
     with pytest.raises(sm.IllegalTransition):
         sm.mark_failed(record, "webshop:ORD-1:1", None, "x", NOW)
-    with pytest.raises(sm.IllegalTransition):
-        sm.start_step(record, "webshop:ORD-1:1", STEPS[0], NOW, LATER)
 
 
 # --- Supervisor ---------------------------------------------------------------------------
@@ -230,9 +226,9 @@ def test_compensation_in_reverse_order_to_compensated(processing):
     record = processing
     for step in STEPS[:2]:
         record = sm.complete_step(record, "webshop:ORD-1:1", step, NOW, reference=f"ref-{step}")
-    record = sm.begin_compensation(record, "webshop:ORD-1:1", "shipping refused", NOW)
+    record = sm.begin_compensation(record, "webshop:ORD-1:1", "shipping refused", NOW, STEPS[2])
     assert record.ProcessState is ProcessState.COMPENSATING
-    assert [e.Step for e in record.Compensation] == STEPS[:2]
+    assert [e.Step for e in record.Compensation] == STEPS  # the failed step's too
     for entry in reversed(record.Compensation):
         record = sm.record_undo(record, "webshop:ORD-1:1", entry.Step, True, NOW)
     record = sm.finish_compensation(record, "webshop:ORD-1:1", NOW)
@@ -242,7 +238,8 @@ def test_compensation_in_reverse_order_to_compensated(processing):
 
 def test_compensation_failure_names_the_step(processing):
     record = sm.complete_step(processing, "webshop:ORD-1:1", STEPS[0], NOW)
-    record = sm.begin_compensation(record, "webshop:ORD-1:1", "later step refused", NOW)
+    record = sm.begin_compensation(record, "webshop:ORD-1:1", "later step refused", NOW, STEPS[1])
+    record = sm.record_undo(record, "webshop:ORD-1:1", STEPS[1], True, NOW)
     record = sm.record_undo(record, "webshop:ORD-1:1", STEPS[0], False, NOW, error="refund refused")
     record = sm.finish_compensation(record, "webshop:ORD-1:1", NOW)
     assert record.ProcessState is ProcessState.COMPENSATION_FAILED
@@ -254,7 +251,8 @@ def test_compensation_failure_names_the_step(processing):
 
 def test_a_compensation_that_succeeds_clears_the_old_undo_failure(processing):
     record = sm.complete_step(processing, "webshop:ORD-1:1", STEPS[0], NOW)
-    record = sm.begin_compensation(record, "webshop:ORD-1:1", "later step refused", NOW)
+    record = sm.begin_compensation(record, "webshop:ORD-1:1", "later step refused", NOW, STEPS[1])
+    record = sm.record_undo(record, "webshop:ORD-1:1", STEPS[1], True, NOW)
     record = sm.record_undo(record, "webshop:ORD-1:1", STEPS[0], False, NOW, error="refund refused")
     assert record.LastError is not None
     record = sm.record_undo(record, "webshop:ORD-1:1", STEPS[0], True, NOW)  # the operator's retry
@@ -353,15 +351,14 @@ def test_any_provider_text_fits_every_record_field(processing, text):
     failed = sm.mark_failed(processing, iid, "reserve-inventory", f"step failed: {text}", t)
     OrderState.model_validate(failed.model_dump())
     started = sm.complete_step(
-        sm.start_step(processing, iid, "reserve-inventory", t, t),
+        start_step(processing, "reserve-inventory", t, t),
         iid,
         "reserve-inventory",
         t,
         "ref",
-        t,
     )
     comp = sm.begin_compensation(
-        sm.start_step(started, iid, "charge-payment", t, t), iid, text, t, "charge-payment"
+        start_step(started, "charge-payment", t, t), iid, text, t, "charge-payment"
     )
     undone = sm.record_undo(comp, iid, "charge-payment", False, t, text)
     transient = sm.record_transient(started, iid, "charge-payment", text, t)
@@ -380,8 +377,8 @@ def test_short_text_keeps_the_useful_start():
 def _reserved(record, t):
     """`record` with its first step (reserve-inventory) started and done at `t`."""
     iid = record.LockedBy
-    started = sm.start_step(record, iid, "reserve-inventory", t, t)
-    return sm.complete_step(started, iid, "reserve-inventory", t, "ref", t)
+    started = start_step(record, "reserve-inventory", t, t)
+    return sm.complete_step(started, iid, "reserve-inventory", t, "ref")
 
 
 def test_begin_compensation_logs_every_sent_step(processing):
@@ -390,7 +387,7 @@ def test_begin_compensation_logs_every_sent_step(processing):
     t = NOW
     record = _reserved(processing, t)
     record = sm.begin_compensation(
-        sm.start_step(record, iid, "charge-payment", t, t), iid, "declined", t, "charge-payment"
+        start_step(record, "charge-payment", t, t), iid, "declined", t, "charge-payment"
     )
     assert [e.Step for e in record.Compensation] == ["reserve-inventory", "charge-payment"]
     assert record.Steps["charge-payment"].Status.value == "Failed"
@@ -404,14 +401,14 @@ def test_the_failed_step_is_undone_even_when_unmarked(processing):
     wf24-unsent-includes-failed equivalent)."""
     iid = processing.LockedBy
     t = NOW
-    record = sm.start_step(_reserved(processing, t), iid, "charge-payment", t, t)
+    record = start_step(_reserved(processing, t), "charge-payment", t, t)
     unmarked = sm.unmark_unsent(record, iid, ["charge-payment"])
     assert unmarked.Steps["charge-payment"].Status.value == "NotStarted"
     begun = sm.begin_compensation(unmarked, iid, "declined", t, "charge-payment")
     assert [e.Step for e in begun.Compensation] == ["reserve-inventory", "charge-payment"]
     failed = sm.mark_failed(
         sm.unmark_unsent(
-            sm.start_step(processing, iid, "reserve-inventory", t, t), iid, ["reserve-inventory"]
+            start_step(processing, "reserve-inventory", t, t), iid, ["reserve-inventory"]
         ),
         iid,
         "reserve-inventory",
@@ -420,17 +417,6 @@ def test_the_failed_step_is_undone_even_when_unmarked(processing):
     )
     assert failed.Steps["reserve-inventory"].Status.value == "Failed"
     assert [e.Step for e in sm.undo_log(failed)] == ["reserve-inventory"]
-
-
-def test_complete_step_replaces_complete_by(processing):
-    """Defect 7: the finished step's deadline is not kept as CompleteBy."""
-    iid = processing.LockedBy
-    step_deadline, next_deadline = NOW + timedelta(seconds=60), NOW + timedelta(seconds=119)
-    record = sm.start_step(processing, iid, "reserve-inventory", NOW, step_deadline)
-    record = sm.complete_step(
-        record, iid, "reserve-inventory", NOW + timedelta(seconds=59), "r", next_deadline
-    )
-    assert record.CompleteBy == next_deadline
 
 
 # --- an undelivered terminal status survives an operator's compensation (review defect 2) --

@@ -14,7 +14,7 @@ import pytest
 from domain import state_machine as sm
 from domain.models import OperatorAlert, ProcessState, StepStatus
 from orchestrators.starter import Starter
-from tests.builders import ReadClock
+from tests.builders import ReadClock, start_step
 from tests.unit.orchestrators.driver import POLICY, SETTINGS, World
 from tests.unit.orchestrators.driver import Driver as _Driver
 
@@ -141,16 +141,14 @@ async def test_operator_compensation_undoes_running_steps_of_an_errored_order():
     t = world.now
     await world.store.update(
         "webshop:A1",
-        lambda r: sm.start_step(
+        lambda r: start_step(
             sm.complete_step(
-                sm.start_step(r, iid, "reserve-inventory", t, t + timedelta(minutes=1)),
+                start_step(r, "reserve-inventory", t, t + timedelta(minutes=1)),
                 iid,
                 "reserve-inventory",
                 t,
                 "ref-1",
-                t + timedelta(minutes=1),
             ),
-            iid,
             "charge-payment",
             t,
             t + timedelta(minutes=1),
