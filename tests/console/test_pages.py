@@ -92,9 +92,7 @@ async def test_order_timeline_shows_each_attempt_and_escapes_what_providers_sent
                         "EventType": "TaskCompleted",
                         "Timestamp": now.isoformat(),
                         "FunctionName": "send_step",
-                        "Input": json.dumps(
-                            {"Step": STEPS[0], "Deadline": "2026-01-01T00:00:00Z"}
-                        ),
+                        "Input": json.dumps({"Step": STEPS[0], "Deadline": "2026-01-01T00:00:00Z"}),
                     },
                     {
                         "EventType": "TimerCreated",
