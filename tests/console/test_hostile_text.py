@@ -63,7 +63,10 @@ def _record(text: str):
             Reason=text,
         ),
     ]
-    return record.model_copy(update={"LastError": text, "Steps": steps, "History": history})
+    assert record.PendingStatus is not None  # its Failed status, parked in the outbox
+    return record.model_copy(
+        update={"LastError": text, "Steps": steps, "History": history, "ReplyTo": text}
+    )
 
 
 def _status(record, text: str) -> dict[int, dict[str, Any]]:
@@ -170,6 +173,29 @@ def _pages(text: str) -> dict[str, tuple[str, dict[str, Any]]]:
         "confirm_deadletter.html": (
             "deadletters",
             {"queue": text, "m": message, "action": "discard", "title": text, "explanation": text},
+        ),
+        "statuses.html": (
+            "statuses",
+            {
+                "queues": {text: {"count": 1, "since": record.UpdatedAt, "tries": 2}},
+                "entries": [record],
+                "queue": text,
+                "cut": True,
+                "limit": views.PARKED_LIMIT,
+                "grace": 30,
+            },
+        ),
+        "confirm_statuses.html": (
+            "statuses",
+            {
+                "entries": [record],
+                "queue": text,
+                "order": text,
+                "action": "resend",
+                "title": text,
+                "explanation": text,
+                "resend_limit": views.PAGE_SIZE,
+            },
         ),
         "error.html": ("", {"message": text, "status_code": 500}),
     }
