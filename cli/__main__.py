@@ -309,26 +309,25 @@ def _operator(name: str | None) -> str:
         raise ToolError(f"{exc} (--operator NAME)") from None
 
 
-def _reason(given: str | None) -> str:
-    """The reason: --reason, else asked for (on the terminal or stdin)."""
+def _asked(given: str | None, question: str, yes: bool) -> str | None:
+    """The reason (--reason, else asked for on the terminal or stdin) once the
+    operator confirmed `question` (--yes, else no unless y or yes); None,
+    with "nothing done" printed, when not confirmed."""
     try:
         raw = given if given is not None else typer.prompt("Why (recorded with your name)")
     except typer.Abort:  # nothing to read the answer from
         raise ToolError("say why: --reason TEXT (it is recorded with your name)") from None
     try:
-        return actions.check_reason(raw)
+        why = actions.check_reason(raw)
     except actions.RefusedInput as exc:
         raise ToolError(str(exc)) from None
-
-
-def _confirmed(question: str, yes: bool) -> bool:
-    """True with --yes; else the operator's answer (no unless y or yes)."""
-    if yes:
-        return True
     try:
-        return typer.confirm(question, default=False)
+        if yes or typer.confirm(question, default=False):
+            return why
     except typer.Abort:  # nothing to read the answer from
         raise ToolError("not confirmed; nothing done (answer at a terminal, or --yes)") from None
+    console.print(Text("nothing done"))
+    return None
 
 
 def _order_action(action: str, order_id: str, reason: str | None, name: str | None, yes: bool):
@@ -342,9 +341,8 @@ def _order_action(action: str, order_id: str, reason: str | None, name: str | No
     actions.apply(record, action, who, "-", datetime.now(UTC))
     title, explanation = actions.ORDER_ACTIONS[action]
     render.print_action_target(console, record, title, explanation, who)
-    why = _reason(reason)
-    if not _confirmed(f"{title} {visible(checked)} as {visible(who)}?", yes):
-        console.print(Text("nothing done"))
+    why = _asked(reason, f"{title} {visible(checked)} as {visible(who)}?", yes)
+    if why is None:
         return None
     shown = record_version(record)
 
@@ -544,9 +542,8 @@ def _dead_letter_action(
     shown = _on_views(lambda deps: views.dead_letter(deps, queue, sequence))
     title, explanation = views.DEAD_LETTER_ACTIONS[action]
     render.print_dead_letter_target(console, queue, shown, title, explanation, who)
-    why = _reason(reason)
-    if not _confirmed(f"{title} dead letter {sequence} of {queue} as {visible(who)}?", yes):
-        console.print(Text("nothing done"))
+    why = _asked(reason, f"{title} dead letter {sequence} of {queue} as {visible(who)}?", yes)
+    if why is None:
         return
     _on_views(lambda deps: views.act_on_dead_letter(deps, queue, sequence, action, who, why))
     done = "resent" if action == "resend" else "discarded"
@@ -565,23 +562,20 @@ def statuses(
     """Terminal statuses their reply queue refused, parked in their order's
     outbox (per queue: how many, since when, tries); or resend them now
     (--resend, asks why and to confirm), as the console does."""
-    if resend and queue is None:
-        raise ToolError("name the reply queue whose statuses to resend")
+    if (resend or order) and queue is None:
+        raise ToolError("name the reply queue: statuses QUEUE --resend [--order ORDER_ID]")
     order_id = _order_id(order) if order is not None else None
     parked = _on_views(lambda deps: views.parked_statuses(deps, queue, order_id), store=True)
-    if not resend:
-        render.print_parked(console, parked)
+    render.print_parked(console, parked)
+    if not resend or not parked["entries"]:
         return
     assert queue is not None
     who = _operator(operator)
     title, explanation = views.STATUS_ACTIONS["resend"]
-    render.print_parked(console, parked)
     console.print(Text(explanation))
-    if not parked["entries"]:
-        return
-    why = _reason(reason)
-    if not _confirmed(f"{title} {len(parked['entries'][:50])} to {queue} as {visible(who)}?", yes):
-        console.print(Text("nothing done"))
+    count = len(parked["entries"][: views.PAGE_SIZE])
+    why = _asked(reason, f"{title} {count} to {queue} as {visible(who)}?", yes)
+    if why is None:
         return
     said = _on_views(
         lambda deps: views.resend_statuses(deps, queue, order_id, who, why), store=True

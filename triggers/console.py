@@ -156,13 +156,16 @@ async def _guarded(
 ) -> func.HttpResponse:
     """Every route's answer: `respond(operator)` once `_signed_in` lets the
     request through, its refusal otherwise (so no route can skip the check).
-    A refused parameter answers 400 with its reason; anything unforeseen is
-    logged and answered 500 with the same security headers as every page."""
+    Something the path names that is not there answers 404 (views.NotFound),
+    a refused parameter 400 with its reason (views.BadRequest); anything
+    unforeseen is logged and answered 500, with the same security headers."""
     who = _signed_in(req)
     if isinstance(who, func.HttpResponse):
         return who
     try:
         return await respond(who)
+    except views.NotFound as exc:
+        return _error(req, 404, str(exc))
     except views.BadRequest as exc:
         return _error(req, 400, str(exc))
     except Exception:
@@ -180,18 +183,11 @@ async def _view_page(
     page: str,
     view: Callable[[views.Deps], Awaitable[dict[str, Any]]],
 ) -> func.HttpResponse:
-    """A read-only page: `view`'s data rendered into `template`; a refused
-    parameter answers 400 (views.BadRequest), an unknown queue 404 (views.NotFound)."""
+    """A read-only page: `view`'s data rendered into `template`."""
 
     async def respond(_who: str) -> func.HttpResponse:
         deps = await deps_of()
-        try:
-            data = await view(deps)
-        except views.NotFound as exc:
-            return _error(req, 404, str(exc), deps)
-        except views.BadRequest as exc:
-            return _error(req, 400, str(exc), deps)
-        return _render(req, template, deps, page=page, **data)
+        return _render(req, template, deps, page=page, **await view(deps))
 
     return await _guarded(req, respond)
 
@@ -251,6 +247,25 @@ def _see_other(location: str) -> func.HttpResponse:
 Act = Callable[[str], Awaitable[Any]]  # an action, given the operator's reason
 
 
+def _confirmation(
+    req: func.HttpRequest,
+    who: str,
+    deps: views.Deps,
+    bound: tuple[str, str, str],
+    template: str,
+    titles: dict[str, tuple[str, str]],
+    **shown: Any,
+) -> func.HttpResponse:
+    """An action's confirmation page: `template` showing `shown`, what
+    `titles[action]` says of the action, and a form whose token is bound to
+    the operator and `bound` (target, action, version)."""
+    action = bound[1]
+    title, explanation = titles[action]
+    token = security.Unmasked(security.form_token(who, *bound))
+    context = {"action": action, "title": title, "explanation": explanation, "who": who}
+    return _render(req, template, deps, csrf=token, **context, **shown)
+
+
 async def _confirm_then_act(
     req: func.HttpRequest,
     who: str,
@@ -261,27 +276,13 @@ async def _confirm_then_act(
     template: str,
     **shown: Any,
 ) -> func.HttpResponse:
-    """Every single action's two requests. GET: `template`, showing `shown`
-    and a form whose token is bound to the operator and `bound` (target,
-    action, version: views' titles[action] says what it does). POST: the
-    token checked, `act(reason)` run, then a redirect to `done`
+    """Every single action's two requests. GET: its `_confirmation`. POST:
+    the token checked, `act(reason)` run, then a redirect to `done`
     (Post/Redirect/Get: reloading it does not act again). A refusal answers
     403 (the token), 409 (the target changed or is gone) or 503."""
-    target, action, version = bound
+    action = bound[1]
     if req.method == "GET":
-        title, explanation = shown.pop("titles")[action]
-        token = security.form_token(who, target, action, version)
-        return _render(
-            req,
-            template,
-            deps,
-            action=action,
-            title=title,
-            explanation=explanation,
-            csrf=security.Unmasked(token),
-            who=who,
-            **shown,
-        )
+        return _confirmation(req, who, deps, bound, template, **shown)
     form = _form(req)
     try:
         security.check_csrf(req.headers, form, who, *bound, request_url=req.url)
@@ -295,74 +296,35 @@ async def _confirm_then_act(
     return _see_other(f"{_base(req)}/{done}?{urlencode(query or {'done': action})}")
 
 
-async def _dead_letter_action(
-    req: func.HttpRequest, who: str, deps_of: DepsOf
-) -> func.HttpResponse:
-    """Resend or discard one dead letter (its token is bound to the queue and
-    sequence number: a settled dead letter is gone, so a token acts once)."""
-    queue = req.route_params.get("queue", "")
+async def _message_action(req: func.HttpRequest, who: str, deps_of: DepsOf) -> func.HttpResponse:
+    """Resend or discard a dead letter of `queue`, or (no queue in the route)
+    acknowledge or close an alert: one message by its sequence number, so a
+    token acts once (a message acted on is gone)."""
+    queue = req.route_params.get("queue")
     action = req.route_params.get("action", "")
     sequence = views.parse_sequence(req.route_params.get("sequence"))
-    if action not in views.DEAD_LETTER_ACTIONS or sequence is None:
-        return _error(req, 404, f"No action {action} for a dead letter")
+    titles = views.DEAD_LETTER_ACTIONS if queue else views.ALERT_ACTIONS
+    if action not in titles or sequence is None:
+        return _error(req, 404, f"No action {action} for message {sequence} of {queue or 'alerts'}")
     deps = await deps_of()
-    try:
-        message = await views.dead_letter(deps, queue, sequence)
-    except views.NotFound as exc:
-        return _error(req, 404, str(exc), deps)
-
-    async def act(reason: str) -> dict[str, Any]:
-        await views.act_on_dead_letter(deps, queue, sequence, action, who, reason)
-        return {"done": action, "seq": sequence}
-
-    bound = (f"{queue}/{sequence}", action, "dead-letter")
-    done = f"deadletters/{quote(queue, safe='')}"
-    titles, page = views.DEAD_LETTER_ACTIONS, "deadletters"
-    return await _confirm_then_act(
-        req,
-        who,
-        deps,
-        bound,
-        act,
-        done,
-        "confirm_deadletter.html",
-        titles=titles,
-        page=page,
-        queue=queue,
-        m=message,
-    )
-
-
-async def _alert_action(req: func.HttpRequest, who: str, deps_of: DepsOf) -> func.HttpResponse:
-    """Acknowledge or close one alert (its token is bound to its sequence
-    number: an alert acted on is gone, so a token acts once)."""
-    action = req.route_params.get("action", "")
-    sequence = views.parse_sequence(req.route_params.get("sequence"))
-    if action not in views.ALERT_ACTIONS or sequence is None:
-        return _error(req, 404, f"No action {action} for an alert")
-    deps = await deps_of()
-    try:
+    if queue:
+        message = await views.dead_letter(deps, queue, sequence)  # views.NotFound: 404
+        page, done, bound = "deadletters", f"deadletters/{quote(queue, safe='')}", queue
+    else:
         message = await views.alert(deps, sequence)
-    except views.NotFound as exc:
-        return _error(req, 404, str(exc), deps)
+        page, done, bound = "alerts", "alerts", "alerts"
 
     async def act(reason: str) -> dict[str, Any]:
-        await views.act_on_alert(deps, sequence, action, who, reason)
+        if queue:
+            await views.act_on_dead_letter(deps, queue, sequence, action, who, reason)
+        else:
+            await views.act_on_alert(deps, sequence, action, who, reason)
         return {"done": action, "seq": sequence}
 
-    bound = (f"alerts/{sequence}", action, "alert")
-    return await _confirm_then_act(
-        req,
-        who,
-        deps,
-        bound,
-        act,
-        "alerts",
-        "confirm_alert.html",
-        titles=views.ALERT_ACTIONS,
-        page="alerts",
-        m=message,
-    )
+    template = "confirm_deadletter.html" if queue else "confirm_alert.html"
+    shown = {"titles": titles, "page": page, "queue": queue, "m": message}
+    target = (f"{bound}/{sequence}", action, "dead-letter" if queue else "alert")
+    return await _confirm_then_act(req, who, deps, target, act, done, template, **shown)
 
 
 async def _status_action(req: func.HttpRequest, who: str, deps_of: DepsOf) -> func.HttpResponse:
@@ -381,18 +343,9 @@ async def _status_action(req: func.HttpRequest, who: str, deps_of: DepsOf) -> fu
         return {"queue": queue, "done": action, **said}
 
     bound = (f"statuses/{queue}/{order_id or ''}", action, "outbox")
+    shown = {"titles": views.STATUS_ACTIONS, "page": "statuses", "order": order_id, **parked}
     return await _confirm_then_act(
-        req,
-        who,
-        deps,
-        bound,
-        act,
-        "statuses",
-        "confirm_statuses.html",
-        titles=views.STATUS_ACTIONS,
-        page="statuses",
-        order=order_id,
-        **parked,
+        req, who, deps, bound, act, "statuses", "confirm_statuses.html", **shown
     )
 
 
@@ -428,17 +381,10 @@ async def _action(req: func.HttpRequest, who: str, deps_of: DepsOf) -> func.Http
     async def act(reason: str) -> None:
         await views.act(deps, order_id, action, who, reason, expected_version=version)
 
+    done = f"orders/{quote(order_id, safe='')}"
+    shown = {"titles": views.ACTIONS, "page": "orders", "record": record}
     return await _confirm_then_act(
-        req,
-        who,
-        deps,
-        (order_id, action, version),
-        act,
-        f"orders/{quote(order_id, safe='')}",
-        "confirm.html",
-        titles=views.ACTIONS,
-        page="orders",
-        record=record,
+        req, who, deps, (order_id, action, version), act, done, "confirm.html", **shown
     )
 
 
@@ -457,19 +403,9 @@ async def _bulk_action(req: func.HttpRequest, who: str, deps_of: DepsOf) -> func
         targets = await views.bulk_targets(deps, ids, action)
         ready = [t for t in targets if t["why"] is None]
         target, version = _bulk_token_parts([(t["id"], t["version"]) for t in ready])
-        title, explanation = views.ACTIONS[action]
-        return _render(
-            req,
-            "confirm_bulk.html",
-            deps,
-            page="orders",
-            action=action,
-            title=title,
-            explanation=explanation,
-            targets=targets,
-            ready=ready,
-            csrf=security.Unmasked(security.form_token(who, target, action, version)),
-            who=who,
+        shown = {"titles": views.ACTIONS, "page": "orders", "targets": targets, "ready": ready}
+        return _confirmation(
+            req, who, deps, (target, action, version), "confirm_bulk.html", **shown
         )
     pairs = parse_qsl(req.get_body().decode("utf-8", "replace"))
     chosen = list(zip(views.bulk_ids(pairs), [v for k, v in pairs if k == "version"], strict=False))
@@ -547,7 +483,7 @@ def _routes(deps_of: DepsOf) -> list[tuple[str, str, list[str], Respond]]:
             "console_deadletter_action",
             "console/deadletters/{queue}/{sequence:int}/{action:alpha}",
             both,
-            acting(_dead_letter_action),
+            acting(_message_action),
         ),
         ("console_action", "console/orders/{order_id}/{action:alpha}", both, acting(_action)),
         ("console_bulk_action", "console/bulk/{action:alpha}", both, acting(_bulk_action)),
@@ -555,7 +491,7 @@ def _routes(deps_of: DepsOf) -> list[tuple[str, str, list[str], Respond]]:
             "console_alert_action",
             "console/alerts/{sequence:int}/{action:alpha}",
             both,
-            acting(_alert_action),
+            acting(_message_action),
         ),
         (
             "console_status_action",
