@@ -754,10 +754,7 @@ async def act_on_dead_letter(
     bus = deps.servicebus
     if bus is None:
         raise BadRequest("Service Bus not configured")
-    try:
-        reason = actions.check_reason(reason)
-    except actions.RefusedInput as exc:
-        raise BadRequest(str(exc)) from None
+    reason = _reason(reason)
     shown = await dead_letter(deps, queue, sequence)
     if action == "resend" and not shown["can_resend"]:
         raise BadRequest(
@@ -829,6 +826,15 @@ def _copy(
 
 # --- actions ----------------------------------------------------------------------------
 
+
+def _reason(raw: str) -> str:
+    """The operator's reason, as console.actions records it; BadRequest when it cannot be."""
+    try:
+        return actions.check_reason(raw)
+    except actions.RefusedInput as exc:
+        raise BadRequest(str(exc)) from None
+
+
 ACTIONS = actions.ORDER_ACTIONS
 
 
@@ -849,10 +855,7 @@ async def act(
     once, even when two of its POSTs race."""
     if action not in ACTIONS:
         raise BadRequest(f"unknown action {action!r}")
-    try:
-        reason = actions.check_reason(reason)
-    except actions.RefusedInput as exc:
-        raise BadRequest(str(exc)) from None
+    reason = _reason(reason)
 
     def change(r: OrderState) -> OrderState:
         current = record_version(r)
@@ -885,22 +888,30 @@ STATUS_ACTIONS = {
 }
 
 
+async def _parked(
+    deps: Deps, queue: str | None, order_id: str | None
+) -> list[tuple[OrderState, str]]:
+    """(record, etag) of each terminal status still in its outbox after the
+    Starter's grace, oldest first: the Starter's own query (PARKED_LIMIT
+    records at most), or with `order_id` one read of that order (its entry
+    whatever its age, when it waits for `queue`)."""
+    if order_id is None:
+        return await deps.store.query_unsent_statuses(PARKED_LIMIT, deps.now - STATUS_GRACE)
+    try:
+        record, etag = await deps.store.read(order_id)
+    except NotFoundError:
+        raise NotFound(f"no order {order_id}") from None
+    return [(record, etag)] if record.PendingStatus and record.ReplyTo == queue else []
+
+
 async def parked_statuses(
     deps: Deps, queue: str | None = None, order_id: str | None = None
 ) -> dict[str, Any]:
-    """Terminal statuses still in their record's outbox after the Starter's
-    grace (their reply queue refused them, or their sender died), oldest
-    first: per reply queue how many, since when and the most tries of one,
-    and the entries of `queue` (every queue's when None). One query of
-    PARKED_LIMIT records at most; with `order_id`, one read of that order."""
-    if order_id is not None:
-        try:
-            record, _ = await deps.store.read(order_id)
-        except NotFoundError:
-            raise NotFound(f"no order {order_id}") from None
-        page = [(record, "")] if record.PendingStatus and record.ReplyTo == queue else []
-    else:
-        page = await deps.store.query_unsent_statuses(PARKED_LIMIT, deps.now - STATUS_GRACE)
+    """Terminal statuses their reply queue refused (or whose sender stopped),
+    still in their record's outbox (`_parked`): per reply queue how many,
+    since when and the most tries of one, and the entries of `queue` (every
+    queue's when None)."""
+    page = await _parked(deps, queue, order_id)
     queues: dict[str, dict[str, Any]] = {}
     for record, _ in page:
         pending = record.PendingStatus
@@ -908,10 +919,9 @@ async def parked_statuses(
         q = queues.setdefault(record.ReplyTo, {"count": 0, "since": pending.At, "tries": 0})
         q["count"] += 1
         q["tries"] = max(q["tries"], pending.Tries)
-    entries = [r for r, _ in page if queue is None or r.ReplyTo == queue]
     return {
         "queues": queues,
-        "entries": entries,
+        "entries": [r for r, _ in page if queue is None or r.ReplyTo == queue],
         "queue": queue,
         "cut": len(page) >= PARKED_LIMIT,
         "limit": PARKED_LIMIT,
@@ -924,28 +934,20 @@ async def resend_statuses(
     deps: Deps, queue: str, order_id: str | None, who: str, reason: str
 ) -> dict[str, int]:
     """Send `queue`'s parked statuses now, the PAGE_SIZE oldest (or
-    `order_id`'s alone), each as the Starter does (reporting.StatusOutbox: the entry's own
-    message id, cleared once sent), stopping at the first the queue refuses
-    (a try counted on its entry). Logged with who and why; returns how many
-    went (`sent`) and whether the queue refused (`refused`: 1)."""
+    `order_id`'s alone), each as the Starter does (reporting.StatusOutbox:
+    the entry's own message id, so a copy the queue took already is dropped;
+    cleared once sent), stopping at the first the queue refuses (a try
+    counted on its entry). Logged with who and why; returns how many went
+    (`sent`) and whether the queue refused one (`refused`: 1)."""
     if deps.publisher is None:
         raise BadRequest("Service Bus not configured")
-    try:
-        reason = actions.check_reason(reason)
-    except actions.RefusedInput as exc:
-        raise BadRequest(str(exc)) from None
-    entries = (await parked_statuses(deps, queue, order_id))["entries"]
-    if order_id is not None and not entries:
+    reason = _reason(reason)
+    page = [(r, etag) for r, etag in await _parked(deps, queue, order_id) if r.ReplyTo == queue]
+    if order_id is not None and not page:
         raise NotFound(f"order {order_id} has no status waiting for {queue} (sent already?)")
     outbox = StatusOutbox(deps.store, StatusReporter(deps.publisher))
     sent = refused = 0
-    for shown in entries[:PAGE_SIZE]:
-        try:
-            record, etag = await deps.store.read(shown.id)
-        except NotFoundError:
-            continue
-        if record.PendingStatus is None or record.ReplyTo != queue:
-            continue  # sent since it was listed
+    for record, etag in page[:PAGE_SIZE]:
         if not await outbox.deliver(record, etag):
             refused = 1
             break
@@ -1048,10 +1050,7 @@ async def act_on_alert(deps: Deps, sequence: int, action: str, who: str, reason:
         raise BadRequest("Service Bus not configured")
     if action not in ALERT_ACTIONS:
         raise NotFound(f"no action {action[:40]!r} for an alert")
-    try:
-        reason = actions.check_reason(reason)
-    except actions.RefusedInput as exc:
-        raise BadRequest(str(exc)) from None
+    reason = _reason(reason)
     shown = await alert(deps, sequence)
 
     async def act(message: Any) -> None:
