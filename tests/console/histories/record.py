@@ -3,8 +3,8 @@
     .venv/bin/python -m tests.console.histories.record
 
 The whole local stack (tests/e2e/conftest.py's settings: short deadlines)
-runs four orders with the remote service's fault rules, as
-tests/e2e/test_console_browser.py does:
+runs four orders with the remote service's fault rules, the browser test's
+(tests/e2e/test_console_browser.py `inject_faults`):
 
 - declined: the payment is declined after the reservation: compensated;
 - retried: the reservation hangs past the agent's call timeout until attempt
@@ -35,6 +35,7 @@ from devstack.stack import Stack
 from domain.ids import attempt_instance_id, order_key
 from domain.models import ProcessState
 from tests.e2e.conftest import E2E, E2E_SETTINGS
+from tests.e2e.test_console_browser import inject_faults
 
 HERE = Path(__file__).resolve().parent
 STATUS = "/runtime/webhooks/durabletask/instances/{}?showHistory=true&showHistoryOutput=true"
@@ -73,30 +74,7 @@ async def save(e2e: E2E, name: str, order_id: str) -> None:
 async def drive(stack: Stack) -> None:
     async with E2E(stack) as e2e:
         declined, retried, compfail, agentretry = e2e.orders(4)
-        await e2e.decline_charge(declined.OrderID)
-        await e2e.fault(
-            kind="latency",
-            service="inventory",
-            operation="reserve",
-            order_id=retried.OrderID,
-            seconds=12,
-            count=3,
-        )
-        await e2e.decline_charge(compfail.OrderID)
-        await e2e.fault(
-            kind="permanent",
-            service="inventory",
-            operation="release",
-            order_id=compfail.OrderID,
-            count=1,
-        )
-        await e2e.fault(
-            kind="transient",
-            service="payment",
-            operation="charge",
-            order_id=agentretry.OrderID,
-            count=2,
-        )
+        await inject_faults(e2e, retried, declined, compfail, agentretry)
         await e2e.post([declined, retried, compfail, agentretry])
         ids = {o.OrderID for o in (declined, retried, compfail, agentretry)}
         records = await e2e.wait_terminal(ids, timeout=300, revive=False)
