@@ -359,29 +359,6 @@ def print_state_counts(console: Console, counts: dict[str, int]) -> None:
     console.print(Text("list one state: python -m cli list --state STATE", style="dim"))
 
 
-def history_table(record: Any) -> Table:
-    table = Table(title="history")
-    for col in ("at", "from", "to", "by", "reason"):
-        table.add_column(col, overflow="fold")
-    for h in record.History:
-        table.add_row(
-            Text(_time(h.At)),
-            literal(h.From or ""),
-            literal(h.To),
-            literal(h.By, 100),
-            literal(h.Reason or ""),
-        )
-    return table
-
-
-def print_record(console: Console, record: Any) -> None:
-    """The record without its history, as indented JSON, escaped."""
-    data = json.loads(record.model_dump_json(exclude={"History"}))
-    lines = json.dumps(data, indent=2, ensure_ascii=False).splitlines()
-    console.print(Text("\n".join(visible(line) for line in lines)))
-    console.print(history_table(record))
-
-
 def print_record_json(console: Console, record: Any) -> None:
     """The whole record as JSON (`show --json`): every non-ASCII or control
     character escaped by JSON itself, so it is safe on a terminal and still
