@@ -8,11 +8,13 @@ id, cleared once the queue takes it; a refusal counted as a try)."""
 from __future__ import annotations
 
 import html
+import json
 import uuid
 from datetime import datetime, timedelta
 from urllib.parse import urlencode
 
 import pytest
+from azure.servicebus import ServiceBusMessage
 from azure.servicebus.aio import ServiceBusClient
 
 from adapters.servicebus import ServiceBusPublisher
@@ -70,6 +72,13 @@ async def test_parked_statuses_are_listed_and_resent_by_an_operator(local, bus, 
     assert f'data-queue="{gone}"' in body
     assert 'data-order="PS-NEW"' not in body
     assert f"/api/console/statuses/{gone}/resend?order=PS-GONE" in body
+
+    # the Starter's alert for the refusing queue links to its parked statuses
+    alert = {"Kind": "StatusUndeliverable", "Reason": "refused", "Timestamp": now.isoformat()}
+    async with client.get_queue_sender("alerts") as sender:
+        await sender.send_messages(ServiceBusMessage(json.dumps({**alert, "Queue": gone})))
+    alerts = await _call("console_alerts", _request("GET", "/alerts"))
+    assert f'href="/api/console/statuses?queue={gone}"' in alerts.get_body().decode()
 
     # the order's page says its status is parked, with the same link
     order = await _call(
