@@ -2,7 +2,8 @@
 service's own ledger (`/_admin/side-effects`: the effects it applied;
 `/_admin/requests`: the calls it received), in headless Chromium on the whole
 local stack. Orders are driven into each state with the remote service's
-fault rules: Processed; Compensated after a declined charge; CompensationFailed
+fault rules: Processed; Failed at its first step (Error, nothing to undo);
+Compensated after a declined charge; CompensationFailed
 with the refund refused (HTTP 422); Error after transient shipping failures;
 and one read while its charge is in flight. For every step of every order the
 page's state agrees with the ledger, its times are its own (the request and
@@ -127,18 +128,18 @@ async def _wait_called(e2e: E2E, order_id: str, operation: str, timeout: float =
 async def test_each_steps_effect_agrees_with_the_remote_ledger(stack, browser):
     base = f"http://127.0.0.1:{stack.ports.host}/api/console"
     async with E2E(stack) as e2e:
-        ok, declined, refund_refused, failing, flying = e2e.orders(5)
+        ok, declined, refund_refused, failing, flying, out_of_stock = e2e.orders(6)
         await e2e.decline_charge(declined.OrderID)
-        for operation, message in (
-            ("arrange", "address unknown"),
-            ("refund", "refund window closed"),
+        for service, operation, order, message in (
+            ("inventory", "reserve", out_of_stock, "out of stock"),
+            ("shipping", "arrange", refund_refused, "address unknown"),
+            ("payment", "refund", refund_refused, "refund window closed"),
         ):
-            service = "shipping" if operation == "arrange" else "payment"
             await e2e.fault(
                 kind="permanent",
                 service=service,
                 operation=operation,
-                order_id=refund_refused.OrderID,
+                order_id=order.OrderID,
                 message=message,
             )
         # the charge answers after 4 s (the step's deadline is 6 s): read while in flight
@@ -149,7 +150,7 @@ async def test_each_steps_effect_agrees_with_the_remote_ledger(stack, browser):
             order_id=flying.OrderID,
             seconds=4,
         )
-        await e2e.post([ok, declined, refund_refused, flying])
+        await e2e.post([ok, declined, refund_refused, flying, out_of_stock])
 
         # --- in flight: the reservation answered, the charge asked, shipping not yet ------
         await _wait_called(e2e, flying.OrderID, "payment/charge")
@@ -161,7 +162,7 @@ async def test_each_steps_effect_agrees_with_the_remote_ledger(stack, browser):
         assert rows["arrange-shipment"]["effect"] == "not called", rows
         assert _held(browser) == "Still held: reserve inventory; in flight: charge payment."
 
-        ids = {o.OrderID for o in (ok, declined, refund_refused, flying)}
+        ids = {o.OrderID for o in (ok, declined, refund_refused, flying, out_of_stock)}
         records = await e2e.wait_terminal(ids, timeout=180, revive=False)
         assert records[ok.OrderID].ProcessState is ProcessState.PROCESSED
         assert records[declined.OrderID].ProcessState is ProcessState.COMPENSATED
@@ -182,6 +183,14 @@ async def test_each_steps_effect_agrees_with_the_remote_ledger(stack, browser):
         assert "card declined" in rows["charge-payment"]["effect-detail"]
         assert rows["reserve-inventory"]["effect"] == "undone"
         assert rows["arrange-shipment"]["effect"] == "not called"
+        assert _held(browser) == "Nothing is held at the services."
+
+        # --- Failed at the first step: refused, nothing done, nothing to undo --------------
+        assert records[out_of_stock.OrderID].ProcessState is ProcessState.ERROR
+        rows = await _check_order(e2e, browser, base, out_of_stock.OrderID)
+        assert rows["reserve-inventory"]["effect"] == "refused"
+        assert "out of stock" in rows["reserve-inventory"]["effect-detail"]
+        assert {rows[s]["effect"] for s in ("charge-payment", "arrange-shipment")} == {"not called"}
         assert _held(browser) == "Nothing is held at the services."
 
         # --- CompensationFailed: the customer was charged and the refund refused ------------
