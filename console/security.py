@@ -253,20 +253,12 @@ def form_token(*bound: str, now: float | None = None, env: Mapping[str, str] | N
 
 
 def record_version(record: Any) -> str:
-    """What an action changes on the record: its last update and state."""
-    return "\x1e".join(
-        (
-            record.UpdatedAt.isoformat(),
-            str(getattr(record.ProcessState, "value", record.ProcessState)),
-            str(record.Attempt),
-            str(record.CompensationRequested),
-        )
-    )
-
-
-def version_digest(version: str) -> str:
-    """A record version (`record_version`) as a form may carry it: hex, no
-    control characters."""
+    """What an action changes on the record (its last update, state, attempt
+    and compensation flag), as a digest a form may carry: hex, no control
+    characters."""
+    state = getattr(record.ProcessState, "value", record.ProcessState)
+    fields = (record.UpdatedAt.isoformat(), state, record.Attempt, record.CompensationRequested)
+    version = "\x1e".join(str(f) for f in fields)
     return hashlib.sha256(version.encode("utf-8", "surrogatepass")).hexdigest()[:32]
 
 

@@ -24,7 +24,7 @@ from adapters.state_store import CosmosStateStore, decode_cursor
 from console import actions, effects
 from console import timeline as story
 from console.peek import QueuePeeker
-from console.security import Forbidden, in_azure, record_version, redact, version_digest
+from console.security import Forbidden, in_azure, record_version, redact
 from domain import state_machine as sm
 from domain.boundary import json_depth
 from domain.errors import DomainError, NotFoundError
@@ -845,7 +845,6 @@ async def act(
     who: str,
     reason: str,
     expected_version: str | None = None,
-    expected_digest: str | None = None,
 ) -> OrderState:
     """The operator commands of cli/ (the same transition, console.actions),
     recorded in the order's history as done by `who` for `reason`. With
@@ -858,10 +857,7 @@ async def act(
     reason = _reason(reason)
 
     def change(r: OrderState) -> OrderState:
-        current = record_version(r)
-        if (expected_version is not None and current != expected_version) or (
-            expected_digest is not None and version_digest(current) != expected_digest
-        ):
+        if expected_version is not None and record_version(r) != expected_version:
             raise Forbidden(
                 "this confirmation was already used or the order changed since it was opened; "
                 "open the confirmation page again"
@@ -999,7 +995,7 @@ async def bulk_targets(deps: Deps, ids: list[str], action: str) -> list[dict[str
             why = None
         except sm.IllegalTransition as exc:
             why = str(exc)
-        version = version_digest(record_version(record))
+        version = record_version(record)
         out.append({"id": order_id, "record": record, "version": version, "why": why})
     return out
 
@@ -1012,7 +1008,7 @@ async def bulk_act(
     done = []
     for order_id, version in targets:
         try:
-            await act(deps, order_id, action, who, reason, expected_digest=version)
+            await act(deps, order_id, action, who, reason, expected_version=version)
             done.append({"id": order_id, "ok": True, "said": "done"})
         except (Forbidden, sm.IllegalTransition, DomainError) as exc:
             done.append({"id": order_id, "ok": False, "said": str(exc)[:300]})
