@@ -810,6 +810,7 @@ def _copy(
     original = props.get(ORIGINAL_ID_PROPERTY)
     original = original.decode() if isinstance(original, bytes) else original
     first_id = str(original or message.message_id or fallback_id)
+    props.update({ORIGINAL_ID_PROPERTY: first_id, **marks})
     try:
         body = b"".join(bytes(x) for x in message.body)
     except TypeError:  # not a data body: nothing the app sent
@@ -820,7 +821,7 @@ def _copy(
         content_type=message.content_type,
         correlation_id=message.correlation_id,
         subject=message.subject,
-        application_properties={**props, ORIGINAL_ID_PROPERTY: first_id, **marks},
+        application_properties=props,
     )
 
 

@@ -262,8 +262,8 @@ def _confirmation(
     action = bound[1]
     title, explanation = titles[action]
     token = security.Unmasked(security.form_token(who, *bound))
-    context = {"action": action, "title": title, "explanation": explanation, "who": who}
-    return _render(req, template, deps, csrf=token, **context, **shown)
+    context: dict[str, Any] = {"action": action, "title": title, "explanation": explanation}
+    return _render(req, template, deps, csrf=token, who=who, **context, **shown)
 
 
 async def _confirm_then_act(
@@ -403,7 +403,12 @@ async def _bulk_action(req: func.HttpRequest, who: str, deps_of: DepsOf) -> func
         targets = await views.bulk_targets(deps, ids, action)
         ready = [t for t in targets if t["why"] is None]
         target, version = _bulk_token_parts([(t["id"], t["version"]) for t in ready])
-        shown = {"titles": views.ACTIONS, "page": "orders", "targets": targets, "ready": ready}
+        shown: dict[str, Any] = {
+            "titles": views.ACTIONS,
+            "page": "orders",
+            "targets": targets,
+            "ready": ready,
+        }
         return _confirmation(
             req, who, deps, (target, action, version), "confirm_bulk.html", **shown
         )
