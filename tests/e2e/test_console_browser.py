@@ -143,7 +143,9 @@ def _confirm(driver, wait, reason: str) -> None:
 
 async def _open_order(driver, base: str, order_id: str) -> None:
     await asyncio.to_thread(driver.get, f"{base}/orders/{order_id}")
-    assert driver.find_element(By.ID, "order-id").text == order_id
+    shown = driver.find_elements(By.ID, "order-id")
+    assert shown, driver.find_element(By.TAG_NAME, "body").text[:3000]  # the page it got
+    assert shown[0].text == order_id
 
 
 async def _dead_letter_while_host_is_down(e2e: E2E, order) -> str:
