@@ -494,6 +494,7 @@ class App:
             orders=c.orders,
             servicebus=c.peeker,
             durable=durable,
+            publisher=c.publisher,
         )
 
 

@@ -11,6 +11,8 @@
     python -m cli alerts                 (newest first; --oldest-first)
     python -m cli deadletters            (every queue; or name one: deadletters orders-webshop)
     python -m cli deadletters QUEUE --resend SEQ   (or --discard SEQ; asks why and to confirm)
+    python -m cli statuses               (terminal statuses a reply queue refused, parked)
+    python -m cli statuses QUEUE --resend          (now; --order ORDER_ID for one; asks why)
     python -m cli trace ORDER_ID         (the local spans file: OTEL_TRACES_FILE or --file)
 
 Text that clients wrote is printed literally, through cli.render.
@@ -23,6 +25,7 @@ import json
 import re
 import time
 from collections.abc import Awaitable, Callable
+from contextlib import AsyncExitStack
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar, cast
@@ -306,26 +309,25 @@ def _operator(name: str | None) -> str:
         raise ToolError(f"{exc} (--operator NAME)") from None
 
 
-def _reason(given: str | None) -> str:
-    """The reason: --reason, else asked for (on the terminal or stdin)."""
+def _asked(given: str | None, question: str, yes: bool) -> str | None:
+    """The reason (--reason, else asked for on the terminal or stdin) once the
+    operator confirmed `question` (--yes, else no unless y or yes); None,
+    with "nothing done" printed, when not confirmed."""
     try:
         raw = given if given is not None else typer.prompt("Why (recorded with your name)")
     except typer.Abort:  # nothing to read the answer from
         raise ToolError("say why: --reason TEXT (it is recorded with your name)") from None
     try:
-        return actions.check_reason(raw)
+        why = actions.check_reason(raw)
     except actions.RefusedInput as exc:
         raise ToolError(str(exc)) from None
-
-
-def _confirmed(question: str, yes: bool) -> bool:
-    """True with --yes; else the operator's answer (no unless y or yes)."""
-    if yes:
-        return True
     try:
-        return typer.confirm(question, default=False)
+        if yes or typer.confirm(question, default=False):
+            return why
     except typer.Abort:  # nothing to read the answer from
         raise ToolError("not confirmed; nothing done (answer at a terminal, or --yes)") from None
+    console.print(Text("nothing done"))
+    return None
 
 
 def _order_action(action: str, order_id: str, reason: str | None, name: str | None, yes: bool):
@@ -339,9 +341,8 @@ def _order_action(action: str, order_id: str, reason: str | None, name: str | No
     actions.apply(record, action, who, "-", datetime.now(UTC))
     title, explanation = actions.ORDER_ACTIONS[action]
     render.print_action_target(console, record, title, explanation, who)
-    why = _reason(reason)
-    if not _confirmed(f"{title} {visible(checked)} as {visible(who)}?", yes):
-        console.print(Text("nothing done"))
+    why = _asked(reason, f"{title} {visible(checked)} as {visible(who)}?", yes)
+    if why is None:
         return None
     shown = record_version(record)
 
@@ -354,47 +355,40 @@ def _order_action(action: str, order_id: str, reason: str | None, name: str | No
     return updated
 
 
-@app.command()
-def resubmit(
-    order_id: str,
-    reason: str | None = typer.Option(None, "--reason", "-r", help=REASON_HELP),
-    operator: str | None = typer.Option(None, "--operator", help=OPERATOR_HELP),
-    yes: bool = typer.Option(False, "--yes", "-y", help=YES_HELP),
-) -> None:
-    """Put an Error order back to Pending with a fresh retry budget."""
-    record = _order_action("resubmit", order_id, reason, operator, yes)
-    if record is not None:
-        console.print(
-            Text(f"{visible(record.id)}: {record.ProcessState.value}; the starter will pick it up")
-        )
+def _order_command(action: str, doc: str, done: str) -> None:
+    """`python -m cli ACTION ORDER_ID`: `_order_action`, then `done` printed
+    (`{state}`: the order's state after)."""
+
+    def command(
+        order_id: str,
+        reason: str | None = typer.Option(None, "--reason", "-r", help=REASON_HELP),
+        operator: str | None = typer.Option(None, "--operator", help=OPERATOR_HELP),
+        yes: bool = typer.Option(False, "--yes", "-y", help=YES_HELP),
+    ) -> None:
+        record = _order_action(action, order_id, reason, operator, yes)
+        if record is not None:
+            said = done.format(state=record.ProcessState.value)
+            console.print(Text(f"{visible(record.id)}: {said}"))
+
+    command.__doc__ = doc
+    app.command(name=action)(command)
 
 
-@app.command()
-def compensate(
-    order_id: str,
-    reason: str | None = typer.Option(None, "--reason", "-r", help=REASON_HELP),
-    operator: str | None = typer.Option(None, "--operator", help=OPERATOR_HELP),
-    yes: bool = typer.Option(False, "--yes", "-y", help=YES_HELP),
-) -> None:
-    """Undo an Error or CompensationFailed order's completed steps (again)."""
-    record = _order_action("compensate", order_id, reason, operator, yes)
-    if record is not None:
-        console.print(
-            Text(f"{visible(record.id)}: compensation requested; the starter will run it")
-        )
-
-
-@app.command(name="retry")
-def retry_now(
-    order_id: str,
-    reason: str | None = typer.Option(None, "--reason", "-r", help=REASON_HELP),
-    operator: str | None = typer.Option(None, "--operator", help=OPERATOR_HELP),
-    yes: bool = typer.Option(False, "--yes", "-y", help=YES_HELP),
-) -> None:
-    """Take a Pending order in its long retry now, not at its next try."""
-    record = _order_action("retry", order_id, reason, operator, yes)
-    if record is not None:
-        console.print(Text(f"{visible(record.id)}: due now; the starter will pick it up"))
+_order_command(
+    "resubmit",
+    "Put an Error order back to Pending with a fresh retry budget.",
+    "{state}; the starter will pick it up",
+)
+_order_command(
+    "compensate",
+    "Undo an Error or CompensationFailed order's completed steps (again).",
+    "compensation requested; the starter will run it",
+)
+_order_command(
+    "retry",
+    "Take a Pending order in its long retry now, not at its next try.",
+    "due now; the starter will pick it up",
+)
 
 
 _QUEUE_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,259}")
@@ -503,29 +497,35 @@ def _all_queues(cfg: Settings) -> list[str]:
     )
 
 
-def _on_dead_letters(use: Callable[[views.Deps], Awaitable[T]]) -> T:
-    """Run `use` on the console's dead-letter views (console.views.Deps) over
-    a Service Bus client of its own; a refusal of the views is a ToolError."""
+def _on_views(use: Callable[[views.Deps], Awaitable[T]], store: bool = False) -> T:
+    """Run `use` on the console's views (console.views.Deps) over a Service
+    Bus client of its own (and the state store, with `store`; without it
+    the views read Service Bus only: no order links); a refusal of the
+    views is a ToolError."""
+    from adapters.servicebus import ServiceBusPublisher
     from console.peek import QueuePeeker
 
     cfg = _settings()
 
     async def run() -> T:
-        async with servicebus_client(cfg.servicebus) as client:
-            peeker = QueuePeeker(client)
-            # the dead-letter views read Service Bus only: no store, no order links
+        import bootstrap  # the composition root, as for _with_store
+
+        async with AsyncExitStack() as stack:
+            client = await stack.enter_async_context(servicebus_client(cfg.servicebus))
+            peeker, publisher = QueuePeeker(client), ServiceBusPublisher(client)
+            stack.push_async_callback(peeker.close)
+            stack.push_async_callback(publisher.close)
+            found = await stack.enter_async_context(bootstrap.state_store(cfg)) if store else None
             deps = views.Deps(
                 settings=cfg,
-                store=cast(Any, None),
+                store=cast(Any, found),
                 reads=cast(Any, None),
                 orders=None,
                 servicebus=peeker,
+                publisher=publisher,
                 azure=False,
             )
-            try:
-                return await use(deps)
-            finally:
-                await peeker.close()
+            return await use(deps)
 
     try:
         return _run(run())
@@ -539,16 +539,49 @@ def _dead_letter_action(
     """Show the dead letter, ask why and for confirmation (not inside the
     event loop), then resend or discard it as the console does."""
     who = _operator(name)
-    shown = _on_dead_letters(lambda deps: views.dead_letter(deps, queue, sequence))
+    shown = _on_views(lambda deps: views.dead_letter(deps, queue, sequence))
     title, explanation = views.DEAD_LETTER_ACTIONS[action]
     render.print_dead_letter_target(console, queue, shown, title, explanation, who)
-    why = _reason(reason)
-    if not _confirmed(f"{title} dead letter {sequence} of {queue} as {visible(who)}?", yes):
-        console.print(Text("nothing done"))
+    why = _asked(reason, f"{title} dead letter {sequence} of {queue} as {visible(who)}?", yes)
+    if why is None:
         return
-    _on_dead_letters(lambda deps: views.act_on_dead_letter(deps, queue, sequence, action, who, why))
+    _on_views(lambda deps: views.act_on_dead_letter(deps, queue, sequence, action, who, why))
     done = "resent" if action == "resend" else "discarded"
     console.print(Text(f"dead letter {sequence} of {queue} {done} by {visible(who)}"))
+
+
+@app.command()
+def statuses(
+    queue: str | None = typer.Argument(None, help="one reply queue; without it, every one"),
+    resend: bool = typer.Option(False, help="resend QUEUE's parked statuses now (the oldest 50)"),
+    order: str | None = typer.Option(None, help="with --resend: only this order's status"),
+    reason: str | None = typer.Option(None, "--reason", "-r", help=REASON_HELP),
+    operator: str | None = typer.Option(None, "--operator", help=OPERATOR_HELP),
+    yes: bool = typer.Option(False, "--yes", "-y", help=YES_HELP),
+) -> None:
+    """Terminal statuses their reply queue refused, parked in their order's
+    outbox (per queue: how many, since when, tries); or resend them now
+    (--resend, asks why and to confirm), as the console does."""
+    if (resend or order) and queue is None:
+        raise ToolError("name the reply queue: statuses QUEUE --resend [--order ORDER_ID]")
+    order_id = _order_id(order) if order is not None else None
+    parked = _on_views(lambda deps: views.parked_statuses(deps, queue, order_id), store=True)
+    render.print_parked(console, parked)
+    if not resend or not parked["entries"]:
+        return
+    assert queue is not None
+    who = _operator(operator)
+    title, explanation = views.STATUS_ACTIONS["resend"]
+    console.print(Text(explanation))
+    count = len(parked["entries"][: views.PAGE_SIZE])
+    why = _asked(reason, f"{title} {count} to {queue} as {visible(who)}?", yes)
+    if why is None:
+        return
+    said = _on_views(
+        lambda deps: views.resend_statuses(deps, queue, order_id, who, why), store=True
+    )
+    refused = "; the queue refused the next, which stays parked" if said["refused"] else ""
+    console.print(Text(f"{said['sent']} resent to {queue} by {visible(who)}{refused}"))
 
 
 @app.command()

@@ -194,6 +194,25 @@ def print_queue_counts(console: Console, counts: dict[str, int]) -> None:
         console.print(Text(f"  {visible(name):<{width}}  {n}"))
 
 
+def print_parked(console: Console, parked: dict[str, Any]) -> None:
+    """Terminal statuses parked in their orders' outboxes (console.views.
+    parked_statuses): each in two lines, then per reply queue how many,
+    since when and the most tries of one, last so they stay on the screen."""
+    for r in parked["entries"]:
+        p = r.PendingStatus
+        console.print(Text.assemble(literal(r.id, style="bold"), f"  {p.Status.value}"))
+        console.print(Text.assemble("  to ", literal(r.ReplyTo), f" since {_time(p.At)}"))
+        console.print(Text(f"  refused {p.Tries} time{'' if p.Tries == 1 else 's'}"))
+    queues = parked["queues"]
+    total = f"{sum(q['count'] for q in queues.values())}{'+' if parked['cut'] else ''}"
+    console.print(Text(f"{total} statuses parked on {len(queues)} reply queues", style="bold"))
+    for name, q in queues.items():
+        console.print(
+            Text.assemble("  ", literal(name), f"  {q['count']}, most tries {q['tries']}")
+        )
+        console.print(Text(f"    oldest {_time(q['since'])}"))
+
+
 def status_table(queue: str, latest: dict[str, str]) -> Table:
     """The watch view: the last 30 orders by OrderID, with counts per status."""
     table = Table(title=Text(f"{visible(queue)}: {len(latest)} orders"))
@@ -338,29 +357,6 @@ def print_state_counts(console: Console, counts: dict[str, int]) -> None:
     for state, n in counts.items():
         console.print(Text(f"  {state:<{width}}  {n}"))
     console.print(Text("list one state: python -m cli list --state STATE", style="dim"))
-
-
-def history_table(record: Any) -> Table:
-    table = Table(title="history")
-    for col in ("at", "from", "to", "by", "reason"):
-        table.add_column(col, overflow="fold")
-    for h in record.History:
-        table.add_row(
-            Text(_time(h.At)),
-            literal(h.From or ""),
-            literal(h.To),
-            literal(h.By, 100),
-            literal(h.Reason or ""),
-        )
-    return table
-
-
-def print_record(console: Console, record: Any) -> None:
-    """The record without its history, as indented JSON, escaped."""
-    data = json.loads(record.model_dump_json(exclude={"History"}))
-    lines = json.dumps(data, indent=2, ensure_ascii=False).splitlines()
-    console.print(Text("\n".join(visible(line) for line in lines)))
-    console.print(history_table(record))
 
 
 def print_record_json(console: Console, record: Any) -> None:

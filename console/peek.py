@@ -93,16 +93,6 @@ class QueuePeeker:
             start = max(m.sequence_number or 0 for m in page) + 1
         return min(seen, cap), seen > cap
 
-    async def take_dead_letter(
-        self,
-        queue: str,
-        sequence: int,
-        act: Callable[[Any], Awaitable[None]],
-        scan_limit: int = 500,
-    ) -> bool:
-        """`take` on the dead-letter queue of `queue`."""
-        return await self.take(queue, sequence, act, scan_limit, dead_letter=True)
-
     async def take(
         self,
         queue: str,

@@ -242,61 +242,42 @@ def _secret(env: Mapping[str, str] | None = None) -> bytes:
     return configured.encode() if configured else _PROCESS_SECRET
 
 
-def form_token(
-    who: str,
-    order_id: str,
-    action: str,
-    version: str,
-    now: float | None = None,
-    env: Mapping[str, str] | None = None,
-) -> str:
-    """The confirmation form's token, bound to the operator, the order, the
-    action and the record's version (`record_version`): once the action is
+def form_token(*bound: str, now: float | None = None, env: Mapping[str, str] | None = None) -> str:
+    """The confirmation form's token, bound to `bound`: the operator, the
+    target (an order, a dead letter, an alert, a queue), the action and the
+    target's version (for an order `record_version`): once the action is
     done the record has changed, so the same token is refused (single use,
     on any instance, with no session store)."""
     expiry = int((now if now is not None else time.time()) + TOKEN_LIFETIME)
-    return f"{expiry}.{_sign(who, order_id, action, version, expiry, env)}"
+    return f"{expiry}.{_sign(bound, expiry, env)}"
 
 
 def record_version(record: Any) -> str:
-    """What an action changes on the record: its last update and state."""
-    return "\x1e".join(
-        (
-            record.UpdatedAt.isoformat(),
-            str(getattr(record.ProcessState, "value", record.ProcessState)),
-            str(record.Attempt),
-            str(record.CompensationRequested),
-        )
-    )
-
-
-def version_digest(version: str) -> str:
-    """A record version (`record_version`) as a form may carry it: hex, no
-    control characters."""
+    """What an action changes on the record (its last update, state, attempt
+    and compensation flag), as a digest a form may carry: hex, no control
+    characters."""
+    state = getattr(record.ProcessState, "value", record.ProcessState)
+    fields = (record.UpdatedAt.isoformat(), state, record.Attempt, record.CompensationRequested)
+    version = "\x1e".join(str(f) for f in fields)
     return hashlib.sha256(version.encode("utf-8", "surrogatepass")).hexdigest()[:32]
 
 
-def _sign(
-    who: str, order_id: str, action: str, version: str, expiry: int, env: Mapping[str, str] | None
-) -> str:
-    message = "\x1f".join((who, order_id, action, version, str(expiry))).encode()
+def _sign(bound: tuple[str, ...], expiry: int, env: Mapping[str, str] | None) -> str:
+    message = "\x1f".join((*bound, str(expiry))).encode()
     return hmac.new(_secret(env), message, hashlib.sha256).hexdigest()
 
 
 def check_csrf(
     headers: Mapping[str, str],
     form: Mapping[str, str],
-    who: str,
-    order_id: str,
-    action: str,
-    version: str,
+    *bound: str,
     now: float | None = None,
     env: Mapping[str, str] | None = None,
     request_url: str = "",
 ) -> None:
     """Raise Forbidden unless the POST came from our own, fresh confirmation
-    form for this operator, order, action and version of the record
-    (`request_url`: where the POST was sent, for a local origin's port)."""
+    form bound to `bound` (form_token's: operator, target, action, version;
+    `request_url`: where the POST was sent, for a local origin's port)."""
     site = (_header(headers, "sec-fetch-site") or "").lower()
     if site and site not in ("same-origin", "none"):
         raise Forbidden("cross-site request refused")
@@ -310,7 +291,7 @@ def check_csrf(
     if not (expiry_raw.isascii() and expiry_raw.isdigit()) or len(expiry_raw) > 12 or not signature:
         raise Forbidden("missing form token; open the confirmation page again")
     expiry = int(expiry_raw)
-    expected = _sign(who, order_id, action, version, expiry, env)
+    expected = _sign(bound, expiry, env)
     if not hmac.compare_digest(expected.encode(), signature.encode("utf-8", "replace")):
         raise Forbidden(
             "this confirmation was already used, the order changed since it was opened, "

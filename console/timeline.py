@@ -149,7 +149,7 @@ def outcome(status: dict[str, Any] | None) -> tuple[str, str]:
         return "compensated: every requested step undone", "warn"
     if kind == "compensation_failed":
         return "compensation failed", "bad"
-    if kind == "compensation_deferred":  # workflow 2.2 (ADR 019a)
+    if kind == "compensation_deferred":  # ADR 019a
         return "undo unconfirmed: the compensation waits for a long retry", "warn"
     if kind == "failed":
         return f"failed at {label(step)}", "bad"
@@ -229,17 +229,15 @@ def _deadline_words(call: Call) -> tuple[str, str]:
 # --- one attempt's orchestration history ---------------------------------------------
 
 
-_WRITES = {
-    "begin_compensation": ("compensating: every requested step is undone, newest first", "warn"),
-    "mark_failed": ("order failed (Error): nothing to undo", "bad"),
-    "mark_processed": ("order Processed", "good"),
-}
-
-# What 2.4's finish_attempt wrote, by the state it left the record in.
-_FINISHES = {
-    ProcessState.PROCESSED.value: "mark_processed",
-    ProcessState.COMPENSATING.value: "begin_compensation",
-    ProcessState.ERROR.value: "mark_failed",
+# What finish_attempt (the attempt's one finishing write) wrote, by the
+# state it left the record in.
+_FINISHED = {
+    ProcessState.PROCESSED.value: ("order Processed", "good"),
+    ProcessState.COMPENSATING.value: (
+        "compensating: every requested step is undone, newest first",
+        "warn",
+    ),
+    ProcessState.ERROR.value: ("order failed (Error): nothing to undo", "bad"),
 }
 
 
@@ -319,7 +317,7 @@ class _Walk:
             self.timer_fired(parse_time(raw.get("FireAt")), at)
         elif kind == "EventRaised":
             reply = _data(raw.get("Input"))
-            step, action = _answered_call(reply, raw.get("Name"), self.calls)
+            step, action = _answered_call(raw.get("Name"), self.calls)
             call = self.open_call(step, action)
             if call is None:
                 # an answer to a try whose deadline already passed (ADR 005) or unknown
@@ -342,24 +340,21 @@ class _Walk:
             self.events.append(
                 Event(at, "state", "superseded: another attempt owns the order", "muted")
             )
-        elif fn in ("begin_attempt", "advance_attempt"):
-            finish = inp.get("Finish") or inp.get("Kind") == "finish"  # 2.2 / 2.3
-            if finish and res.get("State") == ProcessState.PROCESSED.value:
-                self.events.append(Event(at, "state", "order Processed", "good"))
-            started = res.get("Started") or inp.get("Start")
-            if started:
-                self.request(started, "do", at)
-        elif fn == "write_state":
-            self.write_state(inp, res, at)
         elif fn == "send_agent_request":
             step, action = inp.get("Step"), str(inp.get("Action") or "do")
             self.request(step, action, at, inp.get("Try"), raw=inp)
-        elif fn == "send_step":  # 2.4: a request, no write (the claim marked the step)
-            self.request(inp.get("Step"), "do", at, raw=inp)
-        elif fn == "finish_attempt":  # 2.4's one write: Processed, or the failure's
-            end = _FINISHES.get(str(res.get("State") or ""))
+        elif fn == "send_step":  # a request, no write (the claim marked the step)
+            call = self.request(inp.get("Step"), "do", at, raw=inp)
+            if call is not None:  # the attempt's one deadline bounds each step
+                call.deadline = parse_time(inp.get("Deadline"))
+        elif fn == "finish_attempt":
+            end = _FINISHED.get(str(res.get("State") or ""))
             if end is not None:
-                self.events.append(Event(at, "state", *_WRITES[end]))
+                self.events.append(Event(at, "state", *end))
+        elif fn == "write_state" and inp.get("Kind") == "finish_compensation":
+            state = res.get("State")
+            tone = "good" if state == ProcessState.COMPENSATED.value else "bad"
+            self.events.append(Event(at, "state", f"order {state}", tone))
         elif fn == "run_inline_step":
             # the write that started the step already "requested" it
             action = str(inp.get("Action") or "do")
@@ -375,19 +370,7 @@ class _Walk:
         elif fn == "raise_alert":
             raised = f"operator alert raised ({_text(inp.get('Kind'), 40)})"
             self.events.append(Event(at, "note", raised, "warn"))
-
-    def write_state(self, inp: dict[str, Any], res: dict[str, Any], at: datetime | None) -> None:
-        write = str(inp.get("Kind") or "")
-        if write == "start_step":
-            self.request(inp.get("Step"), "do", at)
-        elif write == "finish_compensation":
-            state = res.get("State")
-            tone = "good" if state == ProcessState.COMPENSATED.value else "bad"
-            self.events.append(Event(at, "state", f"order {state}", tone))
-        elif write in _WRITES:
-            text, tone = _WRITES[write]
-            self.events.append(Event(at, "state", text, tone))
-        # complete_step, transient, undo_done, undo_failed: the reply said it
+        # the other writes (transient, undo_*, defer_compensation): the reply said it
 
 
 def _walk(history: list[Any]) -> tuple[list[Event], list[Call]]:
@@ -402,15 +385,12 @@ _ATTEMPT_SUFFIX = re.compile(r"-\d+$")
 _UNDO_TRY = re.compile(r"^(?P<step>.+)-undo-\d+$")
 
 
-def _answered_call(reply: dict[str, Any], name: Any, calls: list[Call]) -> tuple[Any, str]:
-    """(step, action) a raised reply answers. A full AgentReply names them;
-    the reply event the bridge raises since ADR 021h does not
-    (the event's name does: `domain.ids.reply_event_name`,
-    `reply-{step}[-undo-{try}]-{attempt}`). The name is matched against the
-    steps requested so far, newest first, so a step named like a suffix
+def _answered_call(name: Any, calls: list[Call]) -> tuple[Any, str]:
+    """(step, action) a raised reply answers, as its event's name says
+    (`domain.ids.reply_event_name`: `reply-{step}[-undo-{try}]-{attempt}`;
+    the reply itself names neither, ADR 021h). The name is matched against
+    the steps requested so far, newest first, so a step named like a suffix
     cannot be misread."""
-    if reply.get("Step"):
-        return reply.get("Step"), str(reply.get("Action") or "do")
     if not isinstance(name, str) or not name.startswith("reply-"):
         return None, "do"
     stem = _ATTEMPT_SUFFIX.sub("", name[len("reply-") :])
@@ -424,8 +404,6 @@ def _answered_call(reply: dict[str, Any], name: Any, calls: list[Call]) -> tuple
 
 
 _ACTIVITY_WORDS = {
-    "begin_attempt": "starting the attempt",
-    "advance_attempt": "recording the step",
     "write_state": "recording the order's state",
     "send_agent_request": "sending the request",
     "send_step": "sending the request",

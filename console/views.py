@@ -17,19 +17,20 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from adapters.console_reads import FINISHED_STATES, ConsoleReads, OrderRow, decode_page_token
-from adapters.ports import ANY_OWNER
+from adapters.ports import ANY_OWNER, MessagePublisher
 from adapters.servicebus import AGENT_REQUESTS_QUEUE, AGENT_RESPONSES_QUEUE, ALERTS_QUEUE
 from adapters.settings import Settings
 from adapters.state_store import CosmosStateStore, decode_cursor
 from console import actions, effects
 from console import timeline as story
 from console.peek import QueuePeeker
-from console.security import Forbidden, in_azure, record_version, redact, version_digest
+from console.security import Forbidden, in_azure, record_version, redact
 from domain import state_machine as sm
 from domain.boundary import json_depth
 from domain.errors import DomainError, NotFoundError
 from domain.ids import attempt_instance_id, check_order_key, order_key
 from domain.models import OrderState, ProcessState
+from reporting import StatusOutbox, StatusReporter
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +55,7 @@ class Deps:
     orders: Any  # adapters.ports.OrdersRepository
     servicebus: QueuePeeker | None
     durable: Any | None = None  # a DurableOrchestrationClient, for the order detail
+    publisher: MessagePublisher | None = None  # for resending a parked status
     now: datetime = field(default_factory=lambda: datetime.now(UTC))
     # In Azure the app's identity may not read reply queues (only the client
     # application may: docs/design.md §2, infra/app/rbac.bicep), so the console does
@@ -752,10 +754,7 @@ async def act_on_dead_letter(
     bus = deps.servicebus
     if bus is None:
         raise BadRequest("Service Bus not configured")
-    try:
-        reason = actions.check_reason(reason)
-    except actions.RefusedInput as exc:
-        raise BadRequest(str(exc)) from None
+    reason = _reason(reason)
     shown = await dead_letter(deps, queue, sequence)
     if action == "resend" and not shown["can_resend"]:
         raise BadRequest(
@@ -766,7 +765,7 @@ async def act_on_dead_letter(
         if action == "resend":
             await bus.send(queue, _resent_copy(message, queue, sequence, who, reason))
 
-    if not await bus.take_dead_letter(queue, sequence, act):
+    if not await bus.take(queue, sequence, act, dead_letter=True):
         raise NotFound(f"no dead letter {sequence} on {queue} (already resent or discarded?)")
     log.warning(
         "console: dead letter %s of %s (message %s, %s) %s by operator %s: %s",
@@ -782,26 +781,43 @@ async def act_on_dead_letter(
 
 
 def _resent_copy(message: Any, queue: str, sequence: int, who: str, reason: str) -> Any:
+    from adapters.settlement import RETRY_PROPERTY
+
+    marks = {
+        "ResentBy": actions.by(who),
+        "ResentReason": reason,
+        "ResentFrom": f"{queue}/$deadletterqueue/{sequence}",
+    }
+    return _copy(message, f"resent-{sequence}", marks, f"{queue}-{sequence}", RETRY_PROPERTY)
+
+
+def _copy(
+    message: Any, suffix: str, marks: dict[str, str], fallback_id: str, drop: str = ""
+) -> Any:
+    """A new message with `message`'s data body and headers, its properties
+    with `marks` (and without `drop`), and the id `{first id}/{suffix}`: the
+    first id (ORIGINAL_ID_PROPERTY, else its own id, else `fallback_id`)
+    carries over from copy to copy. BadRequest for a body that is not data."""
     from azure.servicebus import ServiceBusMessage
 
-    from adapters.settlement import MAX_MESSAGE_ID, ORIGINAL_ID_PROPERTY, RETRY_PROPERTY
+    from adapters.settlement import MAX_MESSAGE_ID, ORIGINAL_ID_PROPERTY
 
-    body = b"".join(bytes(x) for x in message.body)
     props: dict[str | bytes, Any] = {
         (k.decode() if isinstance(k, bytes) else str(k)): v
         for k, v in (message.application_properties or {}).items()
+        if k not in (drop, drop.encode())
     }
-    original = props.pop(ORIGINAL_ID_PROPERTY, None)
+    original = props.get(ORIGINAL_ID_PROPERTY)
     original = original.decode() if isinstance(original, bytes) else original
-    props.pop(RETRY_PROPERTY, None)
-    first_id = str(original or message.message_id or f"{queue}-{sequence}")
-    props[ORIGINAL_ID_PROPERTY] = first_id
-    props["ResentBy"] = actions.by(who)
-    props["ResentReason"] = reason
-    props["ResentFrom"] = f"{queue}/$deadletterqueue/{sequence}"
+    first_id = str(original or message.message_id or fallback_id)
+    props.update({ORIGINAL_ID_PROPERTY: first_id, **marks})
+    try:
+        body = b"".join(bytes(x) for x in message.body)
+    except TypeError:  # not a data body: nothing the app sent
+        raise BadRequest("only a message with a data body is copied; remove it instead") from None
     return ServiceBusMessage(
         body,
-        message_id=f"{first_id}/resent-{sequence}"[:MAX_MESSAGE_ID],
+        message_id=f"{first_id}/{suffix}"[:MAX_MESSAGE_ID],
         content_type=message.content_type,
         correlation_id=message.correlation_id,
         subject=message.subject,
@@ -810,6 +826,15 @@ def _resent_copy(message: Any, queue: str, sequence: int, who: str, reason: str)
 
 
 # --- actions ----------------------------------------------------------------------------
+
+
+def _reason(raw: str) -> str:
+    """The operator's reason, as console.actions records it; BadRequest when it cannot be."""
+    try:
+        return actions.check_reason(raw)
+    except actions.RefusedInput as exc:
+        raise BadRequest(str(exc)) from None
+
 
 ACTIONS = actions.ORDER_ACTIONS
 
@@ -821,7 +846,6 @@ async def act(
     who: str,
     reason: str,
     expected_version: str | None = None,
-    expected_digest: str | None = None,
 ) -> OrderState:
     """The operator commands of cli/ (the same transition, console.actions),
     recorded in the order's history as done by `who` for `reason`. With
@@ -831,16 +855,10 @@ async def act(
     once, even when two of its POSTs race."""
     if action not in ACTIONS:
         raise BadRequest(f"unknown action {action!r}")
-    try:
-        reason = actions.check_reason(reason)
-    except actions.RefusedInput as exc:
-        raise BadRequest(str(exc)) from None
+    reason = _reason(reason)
 
     def change(r: OrderState) -> OrderState:
-        current = record_version(r)
-        if (expected_version is not None and current != expected_version) or (
-            expected_digest is not None and version_digest(current) != expected_digest
-        ):
+        if expected_version is not None and record_version(r) != expected_version:
             raise Forbidden(
                 "this confirmation was already used or the order changed since it was opened; "
                 "open the confirmation page again"
@@ -850,6 +868,97 @@ async def act(
     record, _ = await deps.store.update(order_id, change, ANY_OWNER)
     log.info("console: %s %s by %s: %s", action, order_id, who, reason)
     return record
+
+
+# --- terminal statuses a reply queue refused ------------------------------------------
+
+STATUS_GRACE = timedelta(seconds=30)  # the Starter's default: a younger entry is being sent
+PARKED_LIMIT = 200  # outbox entries read at most, oldest first
+STATUS_ACTIONS = {
+    "resend": (
+        "Resend",
+        "Send the terminal status now (and the operator alert a Failed or CompensationFailed "
+        "one carries), with the message id it was written with, so the application gets it "
+        "once; it leaves the outbox when the queue takes it. The Starter also resends parked "
+        "statuses by itself once their queue takes sends again.",
+    ),
+}
+
+
+async def _parked(
+    deps: Deps, queue: str | None, order_id: str | None
+) -> list[tuple[OrderState, str]]:
+    """(record, etag) of each terminal status still in its outbox after the
+    Starter's grace, oldest first: the Starter's own query (PARKED_LIMIT
+    records at most), or with `order_id` one read of that order (its entry
+    whatever its age, when it waits for `queue`)."""
+    if order_id is None:
+        return await deps.store.query_unsent_statuses(PARKED_LIMIT, deps.now - STATUS_GRACE)
+    try:
+        record, etag = await deps.store.read(order_id)
+    except NotFoundError:
+        raise NotFound(f"no order {order_id}") from None
+    return [(record, etag)] if record.PendingStatus and record.ReplyTo == queue else []
+
+
+async def parked_statuses(
+    deps: Deps, queue: str | None = None, order_id: str | None = None
+) -> dict[str, Any]:
+    """Terminal statuses their reply queue refused (or whose sender stopped),
+    still in their record's outbox (`_parked`): per reply queue how many,
+    since when and the most tries of one, and the entries of `queue` (every
+    queue's when None)."""
+    page = await _parked(deps, queue, order_id)
+    queues: dict[str, dict[str, Any]] = {}
+    for record, _ in page:
+        pending = record.PendingStatus
+        assert pending is not None  # the query's filter
+        q = queues.setdefault(record.ReplyTo, {"count": 0, "since": pending.At, "tries": 0})
+        q["count"] += 1
+        q["tries"] = max(q["tries"], pending.Tries)
+    return {
+        "queues": queues,
+        "entries": [r for r, _ in page if queue is None or r.ReplyTo == queue],
+        "queue": queue,
+        "cut": len(page) >= PARKED_LIMIT,
+        "limit": PARKED_LIMIT,
+        "resend_limit": PAGE_SIZE,
+        "grace": int(STATUS_GRACE.total_seconds()),
+    }
+
+
+async def resend_statuses(
+    deps: Deps, queue: str, order_id: str | None, who: str, reason: str
+) -> dict[str, int]:
+    """Send `queue`'s parked statuses now, the PAGE_SIZE oldest (or
+    `order_id`'s alone), each as the Starter does (reporting.StatusOutbox:
+    the entry's own message id, so a copy the queue took already is dropped;
+    cleared once sent), stopping at the first the queue refuses (a try
+    counted on its entry). Logged with who and why; returns how many went
+    (`sent`) and whether the queue refused one (`refused`: 1)."""
+    if deps.publisher is None:
+        raise BadRequest("Service Bus not configured")
+    reason = _reason(reason)
+    page = [(r, etag) for r, etag in await _parked(deps, queue, order_id) if r.ReplyTo == queue]
+    if order_id is not None and not page:
+        raise NotFound(f"order {order_id} has no status waiting for {queue} (sent already?)")
+    outbox = StatusOutbox(deps.store, StatusReporter(deps.publisher))
+    sent = refused = 0
+    for record, etag in page[:PAGE_SIZE]:
+        if not await outbox.deliver(record, etag):
+            refused = 1
+            break
+        sent += 1
+    log.warning(
+        "console: %d parked statuses of %s resent by operator %s (%s): %s",
+        sent,
+        queue,
+        who,
+        "the queue refused" if refused else "all sent",
+        reason,
+        extra={"order_id": order_id},
+    )
+    return {"sent": sent, "refused": refused}
 
 
 # --- bulk actions -------------------------------------------------------------------------
@@ -887,7 +996,7 @@ async def bulk_targets(deps: Deps, ids: list[str], action: str) -> list[dict[str
             why = None
         except sm.IllegalTransition as exc:
             why = str(exc)
-        version = version_digest(record_version(record))
+        version = record_version(record)
         out.append({"id": order_id, "record": record, "version": version, "why": why})
     return out
 
@@ -900,7 +1009,7 @@ async def bulk_act(
     done = []
     for order_id, version in targets:
         try:
-            await act(deps, order_id, action, who, reason, expected_digest=version)
+            await act(deps, order_id, action, who, reason, expected_version=version)
             done.append({"id": order_id, "ok": True, "said": "done"})
         except (Forbidden, sm.IllegalTransition, DomainError) as exc:
             done.append({"id": order_id, "ok": False, "said": str(exc)[:300]})
@@ -938,10 +1047,7 @@ async def act_on_alert(deps: Deps, sequence: int, action: str, who: str, reason:
         raise BadRequest("Service Bus not configured")
     if action not in ALERT_ACTIONS:
         raise NotFound(f"no action {action[:40]!r} for an alert")
-    try:
-        reason = actions.check_reason(reason)
-    except actions.RefusedInput as exc:
-        raise BadRequest(str(exc)) from None
+    reason = _reason(reason)
     shown = await alert(deps, sequence)
 
     async def act(message: Any) -> None:
@@ -962,32 +1068,5 @@ async def act_on_alert(deps: Deps, sequence: int, action: str, who: str, reason:
 
 
 def _acknowledged_copy(message: Any, who: str, reason: str, now: datetime) -> Any:
-    from azure.servicebus import ServiceBusMessage
-
-    from adapters.settlement import MAX_MESSAGE_ID, ORIGINAL_ID_PROPERTY
-
-    props: dict[str | bytes, Any] = {
-        (k.decode() if isinstance(k, bytes) else str(k)): v
-        for k, v in (message.application_properties or {}).items()
-    }
-    first_id = str(props.get(ORIGINAL_ID_PROPERTY) or message.message_id or "alert")
-    props.update(
-        {
-            ORIGINAL_ID_PROPERTY: first_id,
-            ACK_BY: actions.by(who),
-            ACK_REASON: reason,
-            ACK_AT: now.isoformat(),
-        }
-    )
-    try:
-        body = b"".join(bytes(x) for x in message.body)
-    except TypeError:  # not a data body: nothing the app raised
-        raise BadRequest("only an alert with a data body is acknowledged; close it") from None
-    return ServiceBusMessage(
-        body,
-        message_id=f"{first_id}/ack-{message.sequence_number}"[:MAX_MESSAGE_ID],
-        content_type=message.content_type,
-        correlation_id=message.correlation_id,
-        subject=message.subject,
-        application_properties=props,
-    )
+    marks = {ACK_BY: actions.by(who), ACK_REASON: reason, ACK_AT: now.isoformat()}
+    return _copy(message, f"ack-{message.sequence_number}", marks, "alert")

@@ -52,6 +52,7 @@ _env.globals["qs"] = lambda **kw: security.Unmasked(
     urlencode({k: security.printable(str(v)) for k, v in kw.items() if v not in (None, "")})
 )
 _env.globals["refresh_choices"] = REFRESH_CHOICES
+_env.filters["unmasked"] = security.Unmasked  # a link built of parts urlencode made
 _env.filters["urlencode"] = lambda v: security.Unmasked(
     do_urlencode(security.printable(v) if isinstance(v, str) else v)
 )
@@ -103,7 +104,7 @@ def _render(
     )
 
 
-_ONCE = ("refresh", "done", "seq")  # what a reload must not repeat
+_ONCE = ("refresh", "done", "seq", "sent", "refused")  # what a reload must not repeat
 
 
 def _refreshing(req: func.HttpRequest) -> dict[str, Any]:
@@ -155,13 +156,16 @@ async def _guarded(
 ) -> func.HttpResponse:
     """Every route's answer: `respond(operator)` once `_signed_in` lets the
     request through, its refusal otherwise (so no route can skip the check).
-    A refused parameter answers 400 with its reason; anything unforeseen is
-    logged and answered 500 with the same security headers as every page."""
+    Something the path names that is not there answers 404 (views.NotFound),
+    a refused parameter 400 with its reason (views.BadRequest); anything
+    unforeseen is logged and answered 500, with the same security headers."""
     who = _signed_in(req)
     if isinstance(who, func.HttpResponse):
         return who
     try:
         return await respond(who)
+    except views.NotFound as exc:
+        return _error(req, 404, str(exc))
     except views.BadRequest as exc:
         return _error(req, 400, str(exc))
     except Exception:
@@ -179,29 +183,54 @@ async def _view_page(
     page: str,
     view: Callable[[views.Deps], Awaitable[dict[str, Any]]],
 ) -> func.HttpResponse:
-    """A read-only page: `view`'s data rendered into `template`; a refused
-    parameter answers 400 (views.BadRequest), an unknown queue 404 (views.NotFound)."""
+    """A read-only page: `view`'s data rendered into `template`."""
 
     async def respond(_who: str) -> func.HttpResponse:
         deps = await deps_of()
-        try:
-            data = await view(deps)
-        except views.NotFound as exc:
-            return _error(req, 404, str(exc), deps)
-        except views.BadRequest as exc:
-            return _error(req, 400, str(exc), deps)
-        return _render(req, template, deps, page=page, **data)
+        return _render(req, template, deps, page=page, **await view(deps))
 
     return await _guarded(req, respond)
 
 
-def _dead_letters_view(req: func.HttpRequest) -> Callable[[views.Deps], Awaitable[dict[str, Any]]]:
+def _overview_view(_req: func.HttpRequest) -> View:
+    return views.overview
+
+
+def _orders_view(req: func.HttpRequest) -> View:
+    return lambda deps: views.orders(deps, views.parse_filters(dict(req.params)))
+
+
+def _stuck_view(req: func.HttpRequest) -> View:
+    return lambda deps: views.stuck(deps, req.params.get("page") or None)
+
+
+def _alerts_view(req: func.HttpRequest) -> View:
+    done = req.params.get("done") if req.params.get("done") in views.ALERT_ACTIONS else None
+
+    async def view(deps: views.Deps) -> dict[str, Any]:
+        return {**await views.alerts(deps, _page(dict(req.params))), "done": done}
+
+    return view
+
+
+def _dead_letters_view(req: func.HttpRequest) -> View:
     queue = req.route_params.get("queue") or None
     done = req.params.get("done") if req.params.get("done") in views.DEAD_LETTER_ACTIONS else None
 
     async def view(deps: views.Deps) -> dict[str, Any]:
         data = await views.dead_letters(deps, queue, _page(dict(req.params)))
         return {**data, "done": done, "done_seq": views.parse_sequence(req.params.get("seq"))}
+
+    return view
+
+
+def _statuses_view(req: func.HttpRequest) -> View:
+    """The parked statuses; after a resend, what became of it (`done`)."""
+    said = {k: req.params.get(k) for k in ("sent", "refused")}
+    done = said if req.params.get("done") in views.STATUS_ACTIONS else None
+
+    async def view(deps: views.Deps) -> dict[str, Any]:
+        return {**await views.parked_statuses(deps, req.params.get("queue") or None), "done": done}
 
     return view
 
@@ -215,89 +244,109 @@ def _see_other(location: str) -> func.HttpResponse:
     return func.HttpResponse(status_code=303, headers={"Location": location, **_SECURITY_HEADERS})
 
 
-async def _dead_letter_action(
-    req: func.HttpRequest, who: str, deps_of: DepsOf
+Act = Callable[[str], Awaitable[Any]]  # an action, given the operator's reason
+
+
+def _confirmation(
+    req: func.HttpRequest,
+    who: str,
+    deps: views.Deps,
+    bound: tuple[str, str, str],
+    template: str,
+    titles: dict[str, tuple[str, str]],
+    **shown: Any,
 ) -> func.HttpResponse:
-    """Resend or discard one dead letter: GET shows it and the confirmation
-    form, POST checks the form's token (bound to this queue and sequence
-    number: a settled dead letter is gone, so a token acts once) and acts,
-    then redirects to the queue's page."""
+    """An action's confirmation page: `template` showing `shown`, what
+    `titles[action]` says of the action, and a form whose token is bound to
+    the operator and `bound` (target, action, version)."""
+    action = bound[1]
+    title, explanation = titles[action]
+    token = security.Unmasked(security.form_token(who, *bound))
+    context: dict[str, Any] = {"action": action, "title": title, "explanation": explanation}
+    return _render(req, template, deps, csrf=token, who=who, **context, **shown)
+
+
+async def _confirm_then_act(
+    req: func.HttpRequest,
+    who: str,
+    deps: views.Deps,
+    bound: tuple[str, str, str],
+    act: Act,
+    done: str,
+    template: str,
+    **shown: Any,
+) -> func.HttpResponse:
+    """Every single action's two requests. GET: its `_confirmation`. POST:
+    the token checked, `act(reason)` run, then a redirect to `done`
+    (Post/Redirect/Get: reloading it does not act again). A refusal answers
+    403 (the token), 409 (the target changed or is gone) or 503."""
+    action = bound[1]
+    if req.method == "GET":
+        return _confirmation(req, who, deps, bound, template, **shown)
+    form = _form(req)
+    try:
+        security.check_csrf(req.headers, form, who, *bound, request_url=req.url)
+        query = await act(form.get("reason", ""))
+    except security.Forbidden as exc:
+        return _error(req, 403, str(exc), deps)
+    except (views.NotFound, sm.IllegalTransition, StaleError) as exc:
+        return _error(req, 409, f"{action} refused: {exc}", deps)
+    except DomainError as exc:
+        return _error(req, 503, f"{action} failed: {exc}", deps)
+    return _see_other(f"{_base(req)}/{done}?{urlencode(query or {'done': action})}")
+
+
+async def _message_action(req: func.HttpRequest, who: str, deps_of: DepsOf) -> func.HttpResponse:
+    """Resend or discard a dead letter of `queue`, or (no queue in the route)
+    acknowledge or close an alert: one message by its sequence number, so a
+    token acts once (a message acted on is gone)."""
+    queue = req.route_params.get("queue")
+    action = req.route_params.get("action", "")
+    sequence = views.parse_sequence(req.route_params.get("sequence"))
+    titles = views.DEAD_LETTER_ACTIONS if queue else views.ALERT_ACTIONS
+    if action not in titles or sequence is None:
+        return _error(req, 404, f"No action {action} for message {sequence} of {queue or 'alerts'}")
+    deps = await deps_of()
+    if queue:
+        message = await views.dead_letter(deps, queue, sequence)  # views.NotFound: 404
+        page, done, bound = "deadletters", f"deadletters/{quote(queue, safe='')}", queue
+    else:
+        message = await views.alert(deps, sequence)
+        page, done, bound = "alerts", "alerts", "alerts"
+
+    async def act(reason: str) -> dict[str, Any]:
+        if queue:
+            await views.act_on_dead_letter(deps, queue, sequence, action, who, reason)
+        else:
+            await views.act_on_alert(deps, sequence, action, who, reason)
+        return {"done": action, "seq": sequence}
+
+    template = "confirm_deadletter.html" if queue else "confirm_alert.html"
+    shown = {"titles": titles, "page": page, "queue": queue, "m": message}
+    target = (f"{bound}/{sequence}", action, "dead-letter" if queue else "alert")
+    return await _confirm_then_act(req, who, deps, target, act, done, template, **shown)
+
+
+async def _status_action(req: func.HttpRequest, who: str, deps_of: DepsOf) -> func.HttpResponse:
+    """Resend a reply queue's parked terminal statuses now, or one order's
+    (`?order=`); then the statuses page says how many went."""
     queue = req.route_params.get("queue", "")
     action = req.route_params.get("action", "")
-    sequence = views.parse_sequence(req.route_params.get("sequence"))
-    if action not in views.DEAD_LETTER_ACTIONS or sequence is None:
-        return _error(req, 404, f"No action {action} for a dead letter")
+    order_id = req.params.get("order") or None
+    if action not in views.STATUS_ACTIONS or (order_id and not views.valid_order_id(order_id)):
+        return _error(req, 404, f"No action {action} for statuses of {queue}")
     deps = await deps_of()
-    try:
-        message = await views.dead_letter(deps, queue, sequence)
-    except views.NotFound as exc:
-        return _error(req, 404, str(exc), deps)
-    target, version = f"{queue}/{sequence}", "dead-letter"
-    if req.method == "GET":
-        title, explanation = views.DEAD_LETTER_ACTIONS[action]
-        return _render(
-            req,
-            "confirm_deadletter.html",
-            deps,
-            page="deadletters",
-            queue=queue,
-            m=message,
-            action=action,
-            title=title,
-            explanation=explanation,
-            csrf=security.Unmasked(security.form_token(who, target, action, version)),
-            who=who,
-        )
-    form = _form(req)
-    try:
-        security.check_csrf(req.headers, form, who, target, action, version, request_url=req.url)
-        await views.act_on_dead_letter(deps, queue, sequence, action, who, form.get("reason", ""))
-    except security.Forbidden as exc:
-        return _error(req, 403, str(exc), deps)
-    except views.NotFound as exc:
-        return _error(req, 409, f"{action} refused: {exc}", deps)
-    query = urlencode({"done": action, "seq": sequence})
-    return _see_other(f"{_base(req)}/deadletters/{quote(queue, safe='')}?{query}")
+    parked = await views.parked_statuses(deps, queue, order_id)
 
+    async def act(reason: str) -> dict[str, Any]:
+        said = await views.resend_statuses(deps, queue, order_id, who, reason)
+        return {"queue": queue, "done": action, **said}
 
-async def _alert_action(req: func.HttpRequest, who: str, deps_of: DepsOf) -> func.HttpResponse:
-    """Acknowledge or close one alert: GET shows it and the confirmation form,
-    POST checks the token (bound to its sequence number: an alert acted on is
-    gone, so a token acts once) and acts, then redirects to the alerts."""
-    action = req.route_params.get("action", "")
-    sequence = views.parse_sequence(req.route_params.get("sequence"))
-    if action not in views.ALERT_ACTIONS or sequence is None:
-        return _error(req, 404, f"No action {action} for an alert")
-    deps = await deps_of()
-    try:
-        message = await views.alert(deps, sequence)
-    except views.NotFound as exc:
-        return _error(req, 404, str(exc), deps)
-    target, version = f"alerts/{sequence}", "alert"
-    title, explanation = views.ALERT_ACTIONS[action]
-    if req.method == "GET":
-        token = security.form_token(who, target, action, version)
-        return _render(
-            req,
-            "confirm_alert.html",
-            deps,
-            page="alerts",
-            m=message,
-            action=action,
-            title=title,
-            explanation=explanation,
-            csrf=security.Unmasked(token),
-            who=who,
-        )
-    form = _form(req)
-    try:
-        security.check_csrf(req.headers, form, who, target, action, version, request_url=req.url)
-        await views.act_on_alert(deps, sequence, action, who, form.get("reason", ""))
-    except security.Forbidden as exc:
-        return _error(req, 403, str(exc), deps)
-    except views.NotFound as exc:
-        return _error(req, 409, f"{action} refused: {exc}", deps)
-    return _see_other(f"{_base(req)}/alerts?{urlencode({'done': action, 'seq': sequence})}")
+    bound = (f"statuses/{queue}/{order_id or ''}", action, "outbox")
+    shown = {"titles": views.STATUS_ACTIONS, "page": "statuses", "order": order_id, **parked}
+    return await _confirm_then_act(
+        req, who, deps, bound, act, "statuses", "confirm_statuses.html", **shown
+    )
 
 
 async def _order_page(
@@ -316,8 +365,8 @@ async def _order_page(
 
 
 async def _action(req: func.HttpRequest, who: str, deps_of: DepsOf) -> func.HttpResponse:
-    """Resubmit or compensate: GET shows the confirmation form, POST checks its
-    CSRF token and acts, then redirects to the order (Post/Redirect/Get)."""
+    """Resubmit, compensate or retry one order (its token is bound to the
+    record's version: once done the record changed, so a token acts once)."""
     order_id = req.route_params.get("order_id", "")
     action = req.route_params.get("action", "")
     if action not in views.ACTIONS or not views.valid_order_id(order_id):
@@ -328,33 +377,14 @@ async def _action(req: func.HttpRequest, who: str, deps_of: DepsOf) -> func.Http
     except NotFoundError:
         return _error(req, 404, f"No order {order_id}", deps)
     version = security.record_version(record)
-    if req.method == "GET":
-        title, explanation = views.ACTIONS[action]
-        return _render(
-            req,
-            "confirm.html",
-            deps,
-            page="orders",
-            record=record,
-            action=action,
-            title=title,
-            explanation=explanation,
-            csrf=security.Unmasked(security.form_token(who, order_id, action, version)),
-            who=who,
-        )
-    form = _form(req)
-    try:
-        security.check_csrf(req.headers, form, who, order_id, action, version, request_url=req.url)
-        reason = form.get("reason", "")
+
+    async def act(reason: str) -> None:
         await views.act(deps, order_id, action, who, reason, expected_version=version)
-    except security.Forbidden as exc:
-        return _error(req, 403, str(exc), deps)
-    except (sm.IllegalTransition, StaleError) as exc:
-        return _error(req, 409, f"{action} refused: {exc}", deps)
-    except DomainError as exc:
-        return _error(req, 503, f"{action} failed: {exc}", deps)
-    return _see_other(
-        f"{_base(req)}/orders/{quote(order_id, safe='')}?{urlencode({'done': action})}"
+
+    done = f"orders/{quote(order_id, safe='')}"
+    shown = {"titles": views.ACTIONS, "page": "orders", "record": record}
+    return await _confirm_then_act(
+        req, who, deps, (order_id, action, version), act, done, "confirm.html", **shown
     )
 
 
@@ -373,19 +403,14 @@ async def _bulk_action(req: func.HttpRequest, who: str, deps_of: DepsOf) -> func
         targets = await views.bulk_targets(deps, ids, action)
         ready = [t for t in targets if t["why"] is None]
         target, version = _bulk_token_parts([(t["id"], t["version"]) for t in ready])
-        title, explanation = views.ACTIONS[action]
-        return _render(
-            req,
-            "confirm_bulk.html",
-            deps,
-            page="orders",
-            action=action,
-            title=title,
-            explanation=explanation,
-            targets=targets,
-            ready=ready,
-            csrf=security.Unmasked(security.form_token(who, target, action, version)),
-            who=who,
+        shown: dict[str, Any] = {
+            "titles": views.ACTIONS,
+            "page": "orders",
+            "targets": targets,
+            "ready": ready,
+        }
+        return _confirmation(
+            req, who, deps, (target, action, version), "confirm_bulk.html", **shown
         )
     pairs = parse_qsl(req.get_body().decode("utf-8", "replace"))
     chosen = list(zip(views.bulk_ids(pairs), [v for k, v in pairs if k == "version"], strict=False))
@@ -427,60 +452,85 @@ async def _find(req: func.HttpRequest) -> func.HttpResponse:
     return _see_other(f"{_base(req)}/orders?{query}")
 
 
+Respond = Callable[[func.HttpRequest], Awaitable[func.HttpResponse]]
+View = Callable[[views.Deps], Awaitable[dict[str, Any]]]
+
+
+def _routes(deps_of: DepsOf) -> list[tuple[str, str, list[str], Respond]]:
+    """(function name, route, methods, answer) of every route but the order
+    page; each answer goes through `_guarded` (a page through `_view_page`)."""
+
+    def page(template: str, name: str, view_of: Callable[[func.HttpRequest], View]) -> Respond:
+        return lambda req: _view_page(req, deps_of, template, name, view_of(req))
+
+    def acting(handler: Callable[[func.HttpRequest, str, DepsOf], Awaitable[Any]]) -> Respond:
+        return lambda req: _guarded(req, lambda who: handler(req, who, deps_of))
+
+    get, both = ["GET"], ["GET", "POST"]
+    return [
+        ("console_overview", "console", get, page("overview.html", "overview", _overview_view)),
+        ("console_orders", "console/orders", get, page("orders.html", "orders", _orders_view)),
+        ("console_stuck", "console/stuck", get, page("stuck.html", "stuck", _stuck_view)),
+        ("console_alerts", "console/alerts", get, page("alerts.html", "alerts", _alerts_view)),
+        (
+            "console_deadletters",
+            "console/deadletters/{queue?}",
+            get,
+            page("deadletters.html", "deadletters", _dead_letters_view),
+        ),
+        (
+            "console_statuses",
+            "console/statuses",
+            get,
+            page("statuses.html", "statuses", _statuses_view),
+        ),
+        (
+            "console_deadletter_action",
+            "console/deadletters/{queue}/{sequence:int}/{action:alpha}",
+            both,
+            acting(_message_action),
+        ),
+        ("console_action", "console/orders/{order_id}/{action:alpha}", both, acting(_action)),
+        ("console_bulk_action", "console/bulk/{action:alpha}", both, acting(_bulk_action)),
+        (
+            "console_alert_action",
+            "console/alerts/{sequence:int}/{action:alpha}",
+            both,
+            acting(_message_action),
+        ),
+        (
+            "console_status_action",
+            "console/statuses/{queue}/{action:alpha}",
+            both,
+            acting(_status_action),
+        ),
+        (
+            "console_static",
+            "console/static/console.css",
+            get,
+            lambda req: _guarded(req, _stylesheet),
+        ),
+        ("console_find", "console/find", get, lambda req: _guarded(req, lambda _who: _find(req))),
+    ]
+
+
+def _register(
+    bp: df.Blueprint, name: str, route: str, methods: list[str], respond: Respond
+) -> None:
+    async def handler(req: func.HttpRequest) -> func.HttpResponse:
+        return await respond(req)
+
+    bp.function_name(name)(bp.route(route=route, methods=methods, auth_level=ANON)(handler))
+
+
 def blueprint(root: App) -> df.Blueprint:
     """The console's routes over `root` (what a page reads from and acts on:
-    App.console_deps, adapters of its own per request). Each route is the
-    handler above behind `_guarded`."""
+    App.console_deps, adapters of its own per request): `_routes`, and the
+    order page, which reads the orchestrations through the durable client."""
     bp = df.Blueprint()
     deps_of = root.console_deps
-
-    @bp.function_name("console_overview")
-    @bp.route(route="console", methods=["GET"], auth_level=ANON)
-    async def console_overview(req: func.HttpRequest) -> func.HttpResponse:
-        return await _view_page(req, deps_of, "overview.html", "overview", views.overview)
-
-    @bp.function_name("console_orders")
-    @bp.route(route="console/orders", methods=["GET"], auth_level=ANON)
-    async def console_orders(req: func.HttpRequest) -> func.HttpResponse:
-        return await _view_page(
-            req,
-            deps_of,
-            "orders.html",
-            "orders",
-            lambda deps: views.orders(deps, views.parse_filters(dict(req.params))),
-        )
-
-    @bp.function_name("console_stuck")
-    @bp.route(route="console/stuck", methods=["GET"], auth_level=ANON)
-    async def console_stuck(req: func.HttpRequest) -> func.HttpResponse:
-        page = req.params.get("page") or None
-        view = lambda deps: views.stuck(deps, page)  # noqa: E731
-        return await _view_page(req, deps_of, "stuck.html", "stuck", view)
-
-    @bp.function_name("console_alerts")
-    @bp.route(route="console/alerts", methods=["GET"], auth_level=ANON)
-    async def console_alerts(req: func.HttpRequest) -> func.HttpResponse:
-        done = req.params.get("done") if req.params.get("done") in views.ALERT_ACTIONS else None
-
-        async def view(deps: views.Deps) -> dict[str, Any]:
-            return {**await views.alerts(deps, _page(dict(req.params))), "done": done}
-
-        return await _view_page(req, deps_of, "alerts.html", "alerts", view)
-
-    @bp.function_name("console_deadletters")
-    @bp.route(route="console/deadletters/{queue?}", methods=["GET"], auth_level=ANON)
-    async def console_deadletters(req: func.HttpRequest) -> func.HttpResponse:
-        view = _dead_letters_view(req)
-        return await _view_page(req, deps_of, "deadletters.html", "deadletters", view)
-
-    @bp.function_name("console_deadletter_action")
-    @bp.route(
-        route="console/deadletters/{queue}/{sequence:int}/{action:alpha}",
-        methods=["GET", "POST"],
-        auth_level=ANON,
-    )
-    async def console_deadletter_action(req: func.HttpRequest) -> func.HttpResponse:
-        return await _guarded(req, lambda who: _dead_letter_action(req, who, deps_of))
+    for name, route, methods, respond in _routes(deps_of):
+        _register(bp, name, route, methods, respond)
 
     @bp.function_name("console_order")
     @bp.route(route="console/orders/{order_id}", methods=["GET"], auth_level=ANON)
@@ -489,36 +539,5 @@ def blueprint(root: App) -> df.Blueprint:
         req: func.HttpRequest, client: df.DurableOrchestrationClient
     ) -> func.HttpResponse:
         return await _order_page(req, deps_of, client)
-
-    @bp.function_name("console_action")
-    @bp.route(
-        route="console/orders/{order_id}/{action:alpha}", methods=["GET", "POST"], auth_level=ANON
-    )
-    async def console_action(req: func.HttpRequest) -> func.HttpResponse:
-        return await _guarded(req, lambda who: _action(req, who, deps_of))
-
-    @bp.function_name("console_bulk_action")
-    @bp.route(route="console/bulk/{action:alpha}", methods=["GET", "POST"], auth_level=ANON)
-    async def console_bulk_action(req: func.HttpRequest) -> func.HttpResponse:
-        return await _guarded(req, lambda who: _bulk_action(req, who, deps_of))
-
-    @bp.function_name("console_alert_action")
-    @bp.route(
-        route="console/alerts/{sequence:int}/{action:alpha}",
-        methods=["GET", "POST"],
-        auth_level=ANON,
-    )
-    async def console_alert_action(req: func.HttpRequest) -> func.HttpResponse:
-        return await _guarded(req, lambda who: _alert_action(req, who, deps_of))
-
-    @bp.function_name("console_static")
-    @bp.route(route="console/static/console.css", methods=["GET"], auth_level=ANON)
-    async def console_static(req: func.HttpRequest) -> func.HttpResponse:
-        return await _guarded(req, _stylesheet)
-
-    @bp.function_name("console_find")
-    @bp.route(route="console/find", methods=["GET"], auth_level=ANON)
-    async def console_find(req: func.HttpRequest) -> func.HttpResponse:
-        return await _guarded(req, lambda _who: _find(req))
 
     return bp

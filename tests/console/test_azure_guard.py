@@ -86,7 +86,7 @@ async def _call(fn, req: func.HttpRequest) -> func.HttpResponse:
 
 
 def test_every_console_route_is_covered():
-    assert len(ROUTES) == 12
+    assert len(ROUTES) == 14
     assert all(_route_from_json(fn).startswith("console") for fn in ROUTES)
 
 

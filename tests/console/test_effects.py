@@ -152,11 +152,7 @@ def test_a_step_answered_in_a_running_attempt_is_applied_and_the_next_in_flight(
     cut = next(
         i + 1
         for i, ev in enumerate(history)
-        if ev.get("EventType") == "TimerCreated"
-        and any(
-            e.get("EventType") == "EventRaised" and "reserve" in str(e.get("Name"))
-            for e in history[:i]
-        )
+        if ev.get("FunctionName") == "send_step" and "charge-payment" in str(ev.get("Input"))
     )
     record, _, found = _load(
         "agentretry",

@@ -21,7 +21,7 @@ from azure.servicebus.aio import ServiceBusClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from adapters.console_reads import OrderRow
+from adapters.console_reads import OrderRow, SupervisorDecision
 from console import effects, security, views
 from console import timeline as story
 from console.peek import QueuePeeker
@@ -63,7 +63,10 @@ def _record(text: str):
             Reason=text,
         ),
     ]
-    return record.model_copy(update={"LastError": text, "Steps": steps, "History": history})
+    assert record.PendingStatus is not None  # its Failed status, parked in the outbox
+    return record.model_copy(
+        update={"LastError": text, "Steps": steps, "History": history, "ReplyTo": text}
+    )
 
 
 def _status(record, text: str) -> dict[int, dict[str, Any]]:
@@ -171,7 +174,78 @@ def _pages(text: str) -> dict[str, tuple[str, dict[str, Any]]]:
             "deadletters",
             {"queue": text, "m": message, "action": "discard", "title": text, "explanation": text},
         ),
+        "statuses.html": (
+            "statuses",
+            {
+                "queues": {text: {"count": 1, "since": record.UpdatedAt, "tries": 2}},
+                "entries": [record],
+                "queue": text,
+                "cut": True,
+                "limit": views.PARKED_LIMIT,
+                "grace": 30,
+            },
+        ),
+        "confirm_statuses.html": (
+            "statuses",
+            {
+                "entries": [record],
+                "queue": text,
+                "order": text,
+                "action": "resend",
+                "title": text,
+                "explanation": text,
+                "resend_limit": views.PAGE_SIZE,
+            },
+        ),
+        "confirm_alert.html": (
+            "alerts",
+            {"m": message, "action": "close", "title": text, "explanation": text},
+        ),
+        "confirm_bulk.html": (
+            "orders",
+            {
+                "action": "resubmit",
+                "title": text,
+                "explanation": text,
+                "targets": (
+                    targets := [{"id": text, "record": record, "why": text, "version": text}]
+                ),
+                "ready": targets,
+            },
+        ),
+        "bulk_done.html": (
+            "orders",
+            {"action": "resubmit", "results": [{"id": text, "ok": False, "said": text}]},
+        ),
+        "overview.html": ("overview", _overview(text, record, [message, parsed])),
         "error.html": ("", {"message": text, "status_code": 500}),
+    }
+
+
+def _overview(text: str, record, alerts: list[dict[str, Any]]) -> dict[str, Any]:
+    """The overview's context from its own shaping functions, over `text`."""
+    now = record.UpdatedAt
+    since = now - timedelta(hours=1)
+    counts = {state: 3 for state in views.STATES}
+    decisions = [
+        SupervisorDecision(text, now, text, text),
+        SupervisorDecision(text, now, "Error", None),
+    ]
+    return {
+        "dead_letters": {text: {"count": 1, "more": True, "error": text}},
+        "dead_total": 1,
+        "counts": counts,
+        "count_bars": views._bars(counts),
+        "gauge": None,
+        "gauge_age": None,
+        "admission": views._admission(console_settings(), counts, None, now),
+        "throughput": views._throughput([(text, now), ("Processed", now)], since, now),
+        "throughput_cut": True,
+        "decisions": decisions,
+        "decision_totals": views._decision_totals(decisions),
+        "decision_buckets": views._decision_buckets(decisions, since),
+        "decisions_cut": True,
+        "alerts": alerts,
     }
 
 
@@ -248,8 +322,8 @@ async def test_order_pages_over_hostile_stored_text_in_cosmos_answer_200(
     """A record whose free text holds control characters and a deep body,
     really stored in the Cosmos server (written raw, as an older version or
     a hand edit could have: the domain's own writes clean such text): the
-    order, the list, the stuck page and the confirmation page all answer
-    200. (The record's model refuses a lone surrogate, so none is ever read
+    order, the list, the stuck page, the confirmation page and the parked
+    statuses all answer 200. (The record's model refuses a lone surrogate, so none is ever read
     back: the property test above covers the pages over one anyway.)"""
     text = "AB\x00C1 \x1b[2J " + "[" * 200 + "]" * 200
     oid = f"H-{uuid.uuid4().hex[:6]}"
@@ -259,6 +333,8 @@ async def test_order_pages_over_hostile_stored_text_in_cosmos_answer_200(
     doc["History"][-1]["Reason"] = text[:300]
     doc["History"][-1]["By"] = "operator:AB\x00\x1b"
     doc["Steps"][STEPS[0]]["Error"] = text[:300]
+    doc["PendingStatus"]["Detail"] = text[:300]  # its Failed status, parked an hour ago
+    doc["PendingStatus"]["At"] = (now - timedelta(hours=1)).isoformat()
     await state_container.upsert_item(doc)
     stored, _ = await local.store.read(oid)
     assert "\x00" in (stored.LastError or "")  # the server kept it as it was
@@ -268,11 +344,14 @@ async def test_order_pages_over_hostile_stored_text_in_cosmos_answer_200(
         ("console_orders", "/orders", {}, {"state": "Error"}),
         ("console_stuck", "/stuck", {}, {}),
         ("console_action", f"/orders/{oid}/resubmit", {"order_id": oid, "action": "resubmit"}, {}),
+        ("console_statuses", "/statuses", {}, {}),
     ]
     for name, path, route, params in calls:
         response = await _call(name, _request("GET", path, params, route))
         body = response.get_body().decode("utf-8")
         assert response.status_code == 200, (name, body[-500:])
-        if name != "console_stuck":
+        if name == "console_statuses":
+            assert f'data-order="{oid}"' in body  # listed, parked
+        elif name != "console_stuck":
             assert "\\x00" in body, name
             assert "\x00" not in body, name

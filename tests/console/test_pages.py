@@ -92,8 +92,8 @@ async def test_order_timeline_shows_each_attempt_and_escapes_what_providers_sent
                     {
                         "EventType": "TaskCompleted",
                         "Timestamp": now.isoformat(),
-                        "FunctionName": "write_state",
-                        "Input": json.dumps({"Kind": "start_step", "Step": STEPS[0]}),
+                        "FunctionName": "send_step",
+                        "Input": json.dumps({"Step": STEPS[0], "Deadline": "2026-01-01T00:00:00Z"}),
                     },
                     {
                         "EventType": "TimerCreated",

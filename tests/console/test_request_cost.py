@@ -47,6 +47,7 @@ async def test_every_view_costs_the_same_with_ten_times_the_records(deps, now):
         )[0],
         "stuck": (await _cost(deps, lambda: views.stuck(deps, None)))[0],
         "detail": (await _cost(deps, lambda: views.order_detail(deps, "A-E0000")))[0],
+        "statuses": (await _cost(deps, lambda: views.parked_statuses(deps)))[0],
     }
     await _seed(store, now, "B", errors=60, others=240)
     large = {
@@ -56,8 +57,19 @@ async def test_every_view_costs_the_same_with_ten_times_the_records(deps, now):
         )[0],
         "stuck": (await _cost(deps, lambda: views.stuck(deps, None)))[0],
         "detail": (await _cost(deps, lambda: views.order_detail(deps, "B-E0000")))[0],
+        "statuses": (await _cost(deps, lambda: views.parked_statuses(deps)))[0],
     }
-    assert small == large == {"overview": OVERVIEW_REQUESTS, "orders": 1, "stuck": 1, "detail": 1}
+    assert (
+        small
+        == large
+        == {
+            "overview": OVERVIEW_REQUESTS,
+            "orders": 1,
+            "stuck": 1,
+            "detail": 1,
+            "statuses": 1,
+        }
+    )
 
 
 async def test_overview_reads_what_it_shows(deps, state_container, now):

@@ -143,7 +143,9 @@ def _confirm(driver, wait, reason: str) -> None:
 
 async def _open_order(driver, base: str, order_id: str) -> None:
     await asyncio.to_thread(driver.get, f"{base}/orders/{order_id}")
-    assert driver.find_element(By.ID, "order-id").text == order_id
+    shown = driver.find_elements(By.ID, "order-id")
+    assert shown, driver.find_element(By.TAG_NAME, "body").text[:3000]  # the page it got
+    assert shown[0].text == order_id
 
 
 async def _dead_letter_while_host_is_down(e2e: E2E, order) -> str:
@@ -177,6 +179,24 @@ async def _dead_letter_ids(bus: ServiceBusClient, queue: str) -> list[str]:
         return [str(m.message_id) for m in await r.peek_messages(max_message_count=100)]
 
 
+async def inject_faults(e2e: E2E, retried, declined, undo_fails, agent_retries) -> None:
+    """The remote service's fault rules for four of the orders the console
+    is read on (here, and by tests/console/histories/record.py)."""
+    # `retried`: its reservations hang (12 s) past the agent's call timeout (10 s)
+    # on every call attempt 1 can make before its one deadline (a step
+    # timeout per step, 18 s: ADR 021a), so attempt 1 ends without an
+    # answer and the Supervisor hands the order to attempt 2, whose retry
+    # after one more hang succeeds.
+    for (service, operation), order, rule in (
+        (("inventory", "reserve"), retried, {"kind": "latency", "seconds": 12, "count": 3}),
+        (("inventory", "release"), undo_fails, {"kind": "permanent", "count": 1}),
+        (("payment", "charge"), agent_retries, {"kind": "transient", "count": 2}),
+    ):
+        await e2e.fault(service=service, operation=operation, order_id=order.OrderID, **rule)
+    await e2e.decline_charge(declined.OrderID)
+    await e2e.decline_charge(undo_fails.OrderID)
+
+
 async def test_operator_reads_and_acts_in_the_browser(stack, browser):
     base = f"http://127.0.0.1:{stack.ports.host}/api/console"
     wait = WebDriverWait(browser, 30)
@@ -184,35 +204,7 @@ async def test_operator_reads_and_acts_in_the_browser(stack, browser):
         orders = e2e.orders(8)
         ok, retried, failing, declined, undo_fails, agent_retries, resent, _ = orders
         ids = {o.OrderID for o in (ok, retried, declined, undo_fails, agent_retries)}
-        # `retried`: its reservations hang (12 s) past the agent's call timeout (10 s)
-        # on every call attempt 1 can make before its one deadline (a step
-        # timeout per step, 18 s: ADR 021a), so attempt 1 ends without an
-        # answer and the Supervisor hands the order to attempt 2, whose retry
-        # after one more hang succeeds.
-        await e2e.fault(
-            kind="latency",
-            service="inventory",
-            operation="reserve",
-            order_id=retried.OrderID,
-            seconds=12,
-            count=3,
-        )
-        await e2e.decline_charge(declined.OrderID)
-        await e2e.decline_charge(undo_fails.OrderID)
-        await e2e.fault(
-            kind="permanent",
-            service="inventory",
-            operation="release",
-            order_id=undo_fails.OrderID,
-            count=1,
-        )
-        await e2e.fault(
-            kind="transient",
-            service="payment",
-            operation="charge",
-            order_id=agent_retries.OrderID,
-            count=2,
-        )
+        await inject_faults(e2e, retried, declined, undo_fails, agent_retries)
         await e2e.post([ok, retried, declined, undo_fails, agent_retries])
         await _post_hostile(e2e.bus)
         records = await e2e.wait_terminal(ids, timeout=180, revive=False)

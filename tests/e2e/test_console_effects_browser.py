@@ -2,24 +2,26 @@
 service's own ledger (`/_admin/side-effects`: the effects it applied;
 `/_admin/requests`: the calls it received), in headless Chromium on the whole
 local stack. Orders are driven into each state with the remote service's
-fault rules: Processed; Compensated after a declined charge; CompensationFailed
+fault rules: Processed; Failed at its first step (Error, nothing to undo);
+Compensated after a declined charge; CompensationFailed
 with the refund refused (HTTP 422); Error after transient shipping failures;
 and one read while its charge is in flight. For every step of every order the
 page's state agrees with the ledger, its times are its own (the request and
 the reply the timeline shows for it), and an order that is not Processed
-says in one line what the services still hold.
-
-A long retry's next try is covered at 80 columns by
-tests/integration/cli/test_operator_session.py (the window in which an order
-waits for it is 4 s on this stack)."""
+says in one line what the services still hold. And an order in its long
+retry (the host restarted with a 10-minute long-retry delay, so that it
+waits long enough to be read): its next try shown, and "retry now" taken
+from the page, after which the next attempt finishes it."""
 
 from __future__ import annotations
 
 import asyncio
-from datetime import datetime
+from datetime import UTC, datetime
 
 import pytest
 from selenium.webdriver.common.by import By
+from selenium.webdriver.support import expected_conditions as ec
+from selenium.webdriver.support.ui import WebDriverWait
 
 from console.timeline import label
 from domain.ids import order_key
@@ -126,18 +128,18 @@ async def _wait_called(e2e: E2E, order_id: str, operation: str, timeout: float =
 async def test_each_steps_effect_agrees_with_the_remote_ledger(stack, browser):
     base = f"http://127.0.0.1:{stack.ports.host}/api/console"
     async with E2E(stack) as e2e:
-        ok, declined, refund_refused, failing, flying = e2e.orders(5)
+        ok, declined, refund_refused, failing, flying, out_of_stock = e2e.orders(6)
         await e2e.decline_charge(declined.OrderID)
-        for operation, message in (
-            ("arrange", "address unknown"),
-            ("refund", "refund window closed"),
+        for service, operation, order, message in (
+            ("inventory", "reserve", out_of_stock, "out of stock"),
+            ("shipping", "arrange", refund_refused, "address unknown"),
+            ("payment", "refund", refund_refused, "refund window closed"),
         ):
-            service = "shipping" if operation == "arrange" else "payment"
             await e2e.fault(
                 kind="permanent",
                 service=service,
                 operation=operation,
-                order_id=refund_refused.OrderID,
+                order_id=order.OrderID,
                 message=message,
             )
         # the charge answers after 4 s (the step's deadline is 6 s): read while in flight
@@ -148,7 +150,7 @@ async def test_each_steps_effect_agrees_with_the_remote_ledger(stack, browser):
             order_id=flying.OrderID,
             seconds=4,
         )
-        await e2e.post([ok, declined, refund_refused, flying])
+        await e2e.post([ok, declined, refund_refused, flying, out_of_stock])
 
         # --- in flight: the reservation answered, the charge asked, shipping not yet ------
         await _wait_called(e2e, flying.OrderID, "payment/charge")
@@ -160,7 +162,7 @@ async def test_each_steps_effect_agrees_with_the_remote_ledger(stack, browser):
         assert rows["arrange-shipment"]["effect"] == "not called", rows
         assert _held(browser) == "Still held: reserve inventory; in flight: charge payment."
 
-        ids = {o.OrderID for o in (ok, declined, refund_refused, flying)}
+        ids = {o.OrderID for o in (ok, declined, refund_refused, flying, out_of_stock)}
         records = await e2e.wait_terminal(ids, timeout=180, revive=False)
         assert records[ok.OrderID].ProcessState is ProcessState.PROCESSED
         assert records[declined.OrderID].ProcessState is ProcessState.COMPENSATED
@@ -181,6 +183,14 @@ async def test_each_steps_effect_agrees_with_the_remote_ledger(stack, browser):
         assert "card declined" in rows["charge-payment"]["effect-detail"]
         assert rows["reserve-inventory"]["effect"] == "undone"
         assert rows["arrange-shipment"]["effect"] == "not called"
+        assert _held(browser) == "Nothing is held at the services."
+
+        # --- Failed at the first step: refused, nothing done, nothing to undo --------------
+        assert records[out_of_stock.OrderID].ProcessState is ProcessState.ERROR
+        rows = await _check_order(e2e, browser, base, out_of_stock.OrderID)
+        assert rows["reserve-inventory"]["effect"] == "refused"
+        assert "out of stock" in rows["reserve-inventory"]["effect-detail"]
+        assert {rows[s]["effect"] for s in ("charge-payment", "arrange-shipment")} == {"not called"}
         assert _held(browser) == "Nothing is held at the services."
 
         # --- CompensationFailed: the customer was charged and the refund refused ------------
@@ -208,3 +218,57 @@ async def test_each_steps_effect_agrees_with_the_remote_ledger(stack, browser):
         assert browser.find_element(By.ID, "last-error").text != "—"
         # a time on the page is the timeline's, to the millisecond
         datetime.strptime(rows["charge-payment"]["started"], "%H:%M:%S.%f")
+
+
+async def test_a_long_retry_shows_its_next_try_and_is_taken_now(stack, browser):
+    """Shipping answers 503 until the order's short budget (3 failures) is
+    spent: Pending in its long retry, 10 minutes away. The page says when,
+    an operator takes it now, and once shipping works the next attempt
+    finishes the order."""
+    base = f"http://127.0.0.1:{stack.ports.host}/api/console"
+    wait = WebDriverWait(browser, 30)
+    await asyncio.to_thread(stack.replace_host, {"LONG_RETRY_DELAY_SECONDS": "600"})
+    try:
+        async with E2E(stack) as e2e:
+            (waiting,) = e2e.orders(1)
+            oid, key = waiting.OrderID, order_key("webshop", waiting.OrderID)
+            await e2e.fault(kind="transient", service="shipping", operation="arrange", order_id=oid)
+            await e2e.post([waiting])
+            records = await e2e.wait_for(
+                lambda rs: oid in rs and rs[oid].LongRetries == 1,
+                timeout=240,
+                what="the long retry",
+            )
+            record = records[oid]
+            assert record.ProcessState is ProcessState.PENDING
+            assert record.NotBefore is not None
+            assert record.NotBefore > datetime.now(UTC)
+            next_try = record.NotBefore.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+            rows = await _check_order(e2e, browser, base, oid)  # each step against the ledger
+            assert rows["arrange-shipment"]["effect"] == "unknown", rows
+            assert browser.find_element(By.ID, "order-state").text == "Pending"
+            shown = browser.find_element(By.CSS_SELECTOR, ".cards").text
+            assert f"Next try\n{next_try}" in shown
+            assert "(1 long retries)" in shown
+            retry = browser.find_element(By.ID, "retry")
+            assert f"next try {next_try}" in retry.find_element(By.XPATH, "..").text
+            assert _held(browser).startswith("Still held: reserve inventory, charge payment")
+
+            await console_browser._clear_faults(e2e)
+            retry.click()
+            wait.until(ec.presence_of_element_located((By.ID, "confirm")))
+            console_browser._confirm(browser, wait, "shipping is back")
+            assert "Retry recorded" in browser.find_element(By.ID, "notice").text
+            taken, _ = await e2e.store.read(key)
+            entry = next(h for h in reversed(taken.History) if h.By == "operator:local")
+            assert entry.Reason.startswith("retry now, not at ")
+            assert entry.Reason.endswith(": shipping is back")
+            records = await e2e.wait_terminal({oid}, timeout=120, revive=False)
+            assert records[oid].ProcessState is ProcessState.PROCESSED
+            assert records[oid].LongRetries == 1  # the budget was not reset
+            await console_browser._open_order(browser, base, key)
+            assert browser.find_elements(By.ID, "retry") == []
+            assert "operator local: retry now" in browser.find_element(By.TAG_NAME, "main").text
+    finally:
+        await asyncio.to_thread(stack.replace_host)

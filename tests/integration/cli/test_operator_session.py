@@ -267,3 +267,56 @@ def test_dead_letters_at_80_columns_then_resent_and_discarded(session):
     )
     assert code == 1, text
     assert text.startswith("error: no dead letter"), text
+
+
+def _parked(order_id: str, reply_to: str, tries: int) -> OrderState:
+    """Failed, its status parked in the outbox since 5 minutes ago."""
+    record = _failed(order_id)
+    assert record.PendingStatus is not None
+    pending = record.PendingStatus.model_copy(update={"Tries": tries})
+    return record.model_copy(update={"ReplyTo": reply_to, "PendingStatus": pending})
+
+
+def test_parked_statuses_at_80_columns_then_resent(store, session):
+    for oid, queue, tries in (("CLI-P1", "replies-webshop", 4), ("CLI-P2", "replies-gone", 9)):
+        record = _parked(oid, queue, tries)
+        store(lambda s, r=record: s.create_if_absent(r))
+
+    code, text = session("statuses")
+    assert code == 0, text
+    _narrow(text)
+    lines = text.splitlines()
+    assert "CLI-P2  Failed" in lines  # the oldest first
+    assert "  refused 9 times" in text
+    # the per-queue counts last, so they stay on the screen
+    tail = "\n".join(lines[-5:])
+    assert "2 statuses parked on 2 reply queues" in tail
+    assert "replies-gone  1, most tries 9" in tail
+
+    # answered no: nothing sent
+    code, text = session("statuses", "replies-webshop", "--resend", answers="queue is back\nn\n")
+    assert code == 0, text
+    assert text.rstrip().endswith("nothing done")
+    record, _ = store(lambda s: s.read("CLI-P1"))
+    assert record.PendingStatus is not None
+
+    code, text = session(
+        "statuses", "replies-webshop", "--resend", "--reason", "queue is back", "--yes"
+    )
+    assert code == 0, text
+    _narrow(text)
+    assert "1 resent to replies-webshop by ada" in text
+    record, _ = store(lambda s: s.read("CLI-P1"))
+    assert record.PendingStatus is None
+    (sent,) = asyncio.run(_queue(session.connection, "replies-webshop"))
+    assert sent.message_id == _parked("CLI-P1", "replies-webshop", 4).PendingStatus.MessageId
+
+    # a queue that refuses: said in one line, one more try counted
+    code, text = session(
+        "statuses", "replies-gone", "--resend", "--order", "CLI-P2", "-r", "again", "--yes"
+    )
+    assert code == 0, text
+    assert "0 resent to replies-gone by ada; the queue refused the next" in text
+    record, _ = store(lambda s: s.read("CLI-P2"))
+    assert record.PendingStatus is not None
+    assert record.PendingStatus.Tries == 10

@@ -211,7 +211,6 @@ def test_the_watch_table_and_record_tables_escape_client_text():
         ],
     )
     c.print(render.records_table("1 Error orders", [record]))
-    c.print(render.history_table(record))
     text = out.getvalue()
     assert "\u202e" not in text
     assert "\x1b[2J" not in text
