@@ -17,8 +17,8 @@ from domain.codec import decode, encode
 from domain.errors import TransientError
 from domain.models import AgentReply, OperatorAlert, ReplyOutcome
 from reporting.alerts import Alerts
-from tests.fakes import RecordingPublisher
 from tests.builders import KEYS
+from tests.fakes import RecordingPublisher
 from tests.unit.agents.conftest import POLICY, request
 from tests.unit.agents.fakes import FakeClock, FakeRemote, Outcome
 

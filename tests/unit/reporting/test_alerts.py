@@ -48,7 +48,7 @@ async def _forgery(alerts: Alerts, clock: FakeClock, n: int, kind: str = "Forged
 
 
 async def test_a_flood_gives_the_first_at_once_and_one_aggregate_per_window():
-    clock, publisher, wakes, alerts = _alerts()
+    clock, publisher, _wakes, alerts = _alerts()
     for n in range(1, 151):  # 150 forgeries, one every 0.5 s: 75 s
         await _forgery(alerts, clock, n)
         clock.advance(0.5)
@@ -67,8 +67,10 @@ async def test_a_flood_gives_the_first_at_once_and_one_aggregate_per_window():
         ("m-121", 1),
         ("m-122", 29),
     ]
-    assert alerts_sent[1].Last is not None and alerts_sent[1].Last.MessageId == "m-120"
-    assert alerts_sent[3].Last is not None and alerts_sent[3].Last.MessageId == "m-150"
+    assert alerts_sent[1].Last is not None
+    assert alerts_sent[1].Last.MessageId == "m-120"
+    assert alerts_sent[3].Last is not None
+    assert alerts_sent[3].Last.MessageId == "m-150"
     assert sum(a.Count for a in alerts_sent) == 150
     assert all(a.Kind == "ForgedReply" and a.Queue == "agent-responses" for a in alerts_sent)
 
