@@ -115,6 +115,11 @@ class RequestProcessor:
             clock,
         )
 
+    async def close(self) -> None:
+        """At shutdown: the alerts' open windows go as their aggregates."""
+        if self._alerts is not None:
+            await self._alerts.close()
+
     async def process_message(self, message: Any, settlement: Settlement) -> SettleKind:
         """A received message of any AMQP body kind, in a span that continues
         the trace of the activity that sent it (its `traceparent`)."""
