@@ -17,6 +17,7 @@ log event still stands, and the error is logged."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import logging
 import uuid
@@ -115,6 +116,7 @@ class Alerts:
         self._tried: OrderedDict[str, None] = OrderedDict()
         self._retry_at: datetime | None = None  # a refused aggregate is sent again then
         self._flushing = False
+        self._retry_armed = False
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def raise_alert(
@@ -191,7 +193,7 @@ class Alerts:
             return
         _remember(self._seen, alert_id)
         self._due[alert_id or f"alert/{self._new_id()}"] = alert
-        self._wake(self._window.total_seconds(), self.flush)
+        self._arm_retry()
 
     async def flush(self, now: datetime | None = None, *, everything: bool = False) -> None:
         """Close the windows that have ended (all of them with `everything`:
@@ -200,10 +202,7 @@ class Alerts:
         now = now or self._clock.now()
         for key, window in list(self._windows.items()):
             if everything or now >= window.end:
-                del self._windows[key]
-                if window.count:
-                    aggregate_id = self._aggregate_id(key, window)
-                    self._due[aggregate_id] = self._aggregate(key, window)
+                self._close(key, window)
         if self._flushing or not self._due:
             return  # a flush under way sends what is added meanwhile
         if not everything and self._retry_at is not None and now < self._retry_at:
@@ -235,7 +234,7 @@ class Alerts:
         finally:
             self._flushing = False
         if self._due and not everything:
-            self._wake(self._window.total_seconds(), self.flush)
+            self._arm_retry()
 
     async def close(self) -> None:
         """At shutdown: send every open window's aggregate (once)."""
@@ -248,8 +247,37 @@ class Alerts:
     def _open(self, kind: str, queue: str, now: datetime) -> _Window:
         window = _Window(now, now + self._window)
         self._windows[(kind, queue)] = window
-        self._wake(self._window.total_seconds(), self.flush)
+        self._wake(
+            self._window.total_seconds(), functools.partial(self._ends, (kind, queue), window)
+        )
         return window
+
+    async def _ends(self, key: tuple[str, str], window: _Window) -> None:
+        """The wake at `window`'s end closes it whatever the clock says: a
+        timer may fire a little early, and the raiser's clock is not the
+        flusher's (a window left open past its wake would wait for the
+        next alert of its kind, or the shutdown)."""
+        if self._windows.get(key) is window:
+            self._close(key, window)
+        await self.flush()
+
+    def _close(self, key: tuple[str, str], window: _Window) -> None:
+        del self._windows[key]
+        if window.count:
+            self._due[self._aggregate_id(key, window)] = self._aggregate(key, window)
+
+    def _arm_retry(self) -> None:
+        """One wake at a time to send again what the queue refused."""
+        if self._retry_armed:
+            return
+        self._retry_armed = True
+
+        async def retry() -> None:
+            self._retry_armed = False
+            self._retry_at = None
+            await self.flush()
+
+        self._wake(self._window.total_seconds(), retry)
 
     def _count(self, window: _Window, alert: OperatorAlert, alert_id: str | None) -> None:
         window.add(alert)
