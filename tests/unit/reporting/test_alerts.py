@@ -175,3 +175,32 @@ async def test_the_wake_at_a_windows_end_closes_it_even_if_it_fires_early():
     clock.advance(59.999)
     await at_window_end()
     assert [a.Count for a in _sent(publisher)] == [1, 2]
+
+
+async def test_alerts_raised_while_the_first_is_being_sent_are_all_counted():
+    import asyncio
+
+    class SlowPublisher(RecordingPublisher):
+        """The first send answers at once, the second late: meanwhile the
+        first's window opens and counts a third alert."""
+
+        delays = [0.0, 0.05]
+
+        async def send(self, *args, **kw):
+            await asyncio.sleep(self.delays.pop(0) if self.delays else 0.0)
+            await super().send(*args, **kw)
+
+    clock, publisher = FakeClock(), SlowPublisher()
+    alerts = Alerts(publisher, clock=clock, wake=Wakes())
+
+    async def third() -> None:
+        await asyncio.sleep(0.01)
+        await _forgery(alerts, clock, 3)
+
+    await asyncio.gather(_forgery(alerts, clock, 1), _forgery(alerts, clock, 2), third())
+    await alerts.close()
+    assert sorted((a.MessageId, a.Count) for a in _sent(publisher)) == [
+        ("m-1", 1),
+        ("m-2", 1),
+        ("m-3", 1),
+    ]
