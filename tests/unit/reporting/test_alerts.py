@@ -184,7 +184,9 @@ async def test_alerts_raised_while_the_first_is_being_sent_are_all_counted():
         """The first send answers at once, the second late: meanwhile the
         first's window opens and counts a third alert."""
 
-        delays = [0.0, 0.05]
+        def __init__(self) -> None:
+            super().__init__()
+            self.delays = [0.0, 0.05]
 
         async def send(self, *args, **kw):
             await asyncio.sleep(self.delays.pop(0) if self.delays else 0.0)
