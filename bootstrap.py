@@ -219,6 +219,7 @@ class App:
         self._processors: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Future] = (
             weakref.WeakKeyDictionary()
         )
+        self._alerts: weakref.WeakKeyDictionary[Any, Alerts] = weakref.WeakKeyDictionary()
 
     @property
     def settings(self) -> Settings:
@@ -231,7 +232,16 @@ class App:
         return o if o is not None else crash_point()
 
     def alerts_over(self, publisher: Any) -> Alerts:
-        return Alerts(publisher, new_id=self.seams.new_id)
+        """The process's one Alerts over `publisher`: its aggregation windows
+        are per process (reporting.alerts), so every use case shares them."""
+        alerts = self._alerts.get(publisher)
+        if alerts is None:
+            alerts = self._alerts[publisher] = Alerts(
+                publisher,
+                new_id=self.seams.new_id,
+                window=self.settings.alert_window.total_seconds(),
+            )
+        return alerts
 
     # --- the per-loop container ------------------------------------------------
 
@@ -245,6 +255,9 @@ class App:
         if future is None or not future.done() or future.exception() is not None:
             return
         c = future.result()
+        alerts = self._alerts.get(c.publisher)
+        if alerts is not None:
+            await alerts.close()  # the open windows' aggregates, before the sender closes
         await c.publisher.close()
         for closer in c.closers:
             await closer()
@@ -549,7 +562,7 @@ def request_processor(
     replies = ServiceBusReplySender(client, cfg.responses_queue)
     seams = seams or Seams()
     publisher = ServiceBusPublisher(client)
-    alerts = Alerts(publisher, new_id=seams.new_id)
+    alerts = Alerts(publisher, new_id=seams.new_id, window=cfg.alert_window)
     processor = RequestProcessor(
         build_agent(session, cfg, seams),
         replies,

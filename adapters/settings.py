@@ -126,6 +126,8 @@ class Settings:
     starter_max_batches: int = 10
     starter_run_budget: timedelta = timedelta(seconds=4)
     starter_count_interval: timedelta = timedelta(0)
+    # Alerts about queue messages aggregate per kind and queue within it (reporting.alerts).
+    alert_window: timedelta = timedelta(seconds=60)
     supervisor_page_size: int = 100
     # Pages one Supervisor run may read, and for how long it starts new ones:
     # a backlog is worked through within a run, not one page per tick.
@@ -431,6 +433,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         starter_count_interval=timedelta(
             seconds=int_setting(env, "STARTER_COUNT_INTERVAL_SECONDS", 0, 0)
         ),
+        alert_window=timedelta(seconds=int_setting(env, "ALERT_WINDOW_SECONDS", 60, 1)),
         supervisor_page_size=int_setting(env, "SUPERVISOR_PAGE_SIZE", 100, 1),
         supervisor_max_pages=int_setting(env, "SUPERVISOR_MAX_PAGES", 20, 1),
         supervisor_run_budget=timedelta(

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from adapters.clock import SYSTEM_CLOCK, Clock
 from domain.boundary import readable_order_id
-from domain.errors import TransientError
+from domain.errors import AlertNotQueued
 from domain.models import mask_card_numbers
 
 if TYPE_CHECKING:
@@ -313,24 +313,25 @@ class MessageGate:
         if outcome.kind is SettleKind.DEAD_LETTER:
             try:
                 await self.alert(message, outcome, body)
-            except TransientError as exc:
+            except AlertNotQueued as exc:
                 # A dead letter goes with its alert: while the alert cannot be
                 # queued, keep the message, and come back to it later, as for any
                 # transient failure: a delayed copy (the back-off schedule), so a
                 # short alerts-queue outage does not use up every delivery at
-                # once. The copy alerts when it is handled. The last delivery
-                # makes a copy too (the simulation found it: a
-                # conflict's copy crashed on three deliveries and met the
-                # alerts queue down on its fourth, which dead-lettered it with
-                # no alert), as the agents' RequestProcessor does.
-                # Once the schedule is spent, or on the last delivery when no
-                # copy can be scheduled, the dead letter goes with only its log
-                # event.
+                # once. The copy alerts when it is handled. When no copy can be
+                # made (its queue refuses too, or the schedule is spent), the
+                # message is dead-lettered now and its alert held by this
+                # process, which sends it until the alerts queue takes it:
+                # abandoning instead left the verdict to deliveries that can be
+                # lost at receive, ending in the broker's dead letter with no
+                # alert (simulation seeds 21346, 770469).
                 later = await self._retry(
                     message, body, Settle.retry(f"alert not queued: {exc}", outcome.order_id)
                 )
-                if later.kind is not SettleKind.DEAD_LETTER:
+                if later.kind is SettleKind.COMPLETE:
                     outcome = later
+                else:
+                    self._alerts.hold(exc.alert, exc.alert_id)
         log.info(
             "%s message %s (delivery %s): %s %s",
             self.queue,

@@ -56,6 +56,8 @@ class AgentSettings:
         sending the reply and settling (AGENT_LOCK_RENEWAL_SLACK_SECONDS).
     shutdown_grace: seconds a stopping worker lets in-flight requests finish
         before abandoning them (AGENT_SHUTDOWN_GRACE_SECONDS).
+    alert_window: seconds the alerts about refused requests aggregate in
+        (ALERT_WINDOW_SECONDS, as the app's; reporting.alerts).
     keys: the agent keys (AGENT_SIGNING_KEYS) that requests must be signed
         with and replies are signed with; the runners refuse to start
         without them (`require_keys`). Never the reply-token keys: those stay
@@ -72,6 +74,7 @@ class AgentSettings:
     max_concurrency: int = 8
     lock_renewal_slack: float = 60.0
     shutdown_grace: float = 30.0
+    alert_window: float = 60.0
     keys: KeyRing | None = field(default=None, repr=False)
 
     def url_for(self, service: str) -> str:
@@ -121,6 +124,7 @@ def load_agent_settings(env: Mapping[str, str] | None = None) -> AgentSettings:
         max_concurrency=int_setting(env, "AGENT_MAX_CONCURRENCY", 8, 1),
         lock_renewal_slack=float_setting(env, "AGENT_LOCK_RENEWAL_SLACK_SECONDS", 60.0, 1.0),
         shutdown_grace=float_setting(env, "AGENT_SHUTDOWN_GRACE_SECONDS", 30.0),
+        alert_window=float_setting(env, "ALERT_WINDOW_SECONDS", 60.0, 1.0),
         keys=key_ring(env, AGENT_SIGNING_KEYS),
     )
 

@@ -15,10 +15,10 @@ A refused request goes with its alert. While the alert cannot be queued the
 request is carried on as a delayed copy on the back-off schedule (the
 message gate's, adapters.settlement.MessageGate.later), so an alerts-queue
 outage longer than a few redeliveries does not end in the broker's
-MaxDeliveryCountExceeded with no alert; also on the last delivery (the ones
-before may have been lost at receive). Once the
-schedule is spent, or no copy can be sent on the last delivery, the dead
-letter goes with its log event only."""
+MaxDeliveryCountExceeded with no alert. When no copy can be made (the
+schedule is spent, or agent-requests refuses it too), the request is
+dead-lettered at once and its alert held by the process (reporting.alerts),
+which sends it once the alerts queue takes it."""
 
 from __future__ import annotations
 
@@ -50,7 +50,7 @@ from agents.agent import Agent, reply_event_id
 from agents.steps import UnknownStep
 from domain.boundary import readable_order_id
 from domain.codec import decode, encode
-from domain.errors import TransientError, ValidationFailed
+from domain.errors import AlertNotQueued, TransientError, ValidationFailed
 from domain.models import AgentReply, AgentRequest
 from domain.signing import KeyRing, check_request, sign_reply
 
@@ -114,6 +114,11 @@ class RequestProcessor:
             self._policy,
             clock,
         )
+
+    async def close(self) -> None:
+        """At shutdown: the alerts' open windows go as their aggregates."""
+        if self._alerts is not None:
+            await self._alerts.close()
 
     async def process_message(self, message: Any, settlement: Settlement) -> SettleKind:
         """A received message of any AMQP body kind, in a span that continues
@@ -253,20 +258,20 @@ class RequestProcessor:
     ) -> SettleKind:
         """Dead-letter with one alert. With `alert_required`, while the alert
         cannot be queued, come back to the message later instead: a delayed
-        copy (then complete), else the queue's redelivery (abandon); once
-        neither is left, the dead letter goes with its log event."""
+        copy (then complete); when no copy can be made, dead-letter it now
+        with its alert held by this process (Alerts.hold)."""
         description = dead_letter_text(description, MAX_DEAD_LETTER_DESCRIPTION)
         if self._alerts is not None:
             try:
                 await self._alert(
                     reason, description, message_id, order_id, alert_required, message, body
                 )
-            except TransientError as exc:
+            except AlertNotQueued as exc:
                 why = f"alert not queued: {exc}"
                 later = (
                     await self._later.later(message, body, why, order_id)
-                    if message is not None  # nothing to name a copy by: redelivery
-                    else Settle.abandon(why, order_id)
+                    if message is not None  # nothing to name a copy by
+                    else Settle.dead_letter(reason, description, order_id)
                 )
                 if later.kind is SettleKind.COMPLETE:
                     log.warning(
@@ -276,16 +281,13 @@ class RequestProcessor:
                     )
                     await settlement.complete()
                     return SettleKind.COMPLETE
-                if later.kind is SettleKind.ABANDON:
-                    log.warning(
-                        "alert for agent request %s not queued, abandoning: %s", message_id, exc
-                    )
-                    await settlement.abandon()
-                    return SettleKind.ABANDON
-                log.warning(
-                    "alert for agent request %s not queued and no retry left: %s", message_id, exc
-                )
-        log.error("agent request %s dead-lettered %s: %s", message_id, reason, description)
+                # No copy: dead-lettered now, its alert held by this process
+                # and sent once the alerts queue takes it (Alerts.hold), not
+                # abandoned to deliveries that may be lost at receive (seed
+                # 21346: the broker's dead letter, no alert).
+                self._alerts.hold(exc.alert, exc.alert_id)
+        # Logged at INFO: the alert (aggregated by kind) is the operators' line.
+        log.info("agent request %s dead-lettered %s: %s", message_id, reason, description)
         await settlement.dead_letter(reason, description)
         return SettleKind.DEAD_LETTER
 

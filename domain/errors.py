@@ -34,6 +34,17 @@ class TransientError(DomainError):
         self.no_answer_within = no_answer_within
 
 
+class AlertNotQueued(TransientError):
+    """A required operator alert the alerts queue refused (reporting.alerts):
+    the caller keeps its message, or, when it cannot, hands `alert` (the
+    domain.models.OperatorAlert) and `alert_id` to `Alerts.hold`."""
+
+    def __init__(self, message: str, alert: object, alert_id: str | None) -> None:
+        super().__init__(message)
+        self.alert = alert
+        self.alert_id = alert_id
+
+
 class PermanentError(DomainError):
     """Retrying cannot help: the request itself is wrong or refused for good."""
 

@@ -556,11 +556,25 @@ class StatusUpdate(Contract):
     Timestamp: AwareDatetime
 
 
+class AlertExample(Contract):
+    """One alert an aggregate counted (OperatorAlert.Last)."""
+
+    OrderID: ProducedText200 | None = None
+    Reason: ProviderText2000
+    Timestamp: AwareDatetime
+    MessageId: ProducedText200 | None = None
+
+
 class OperatorAlert(Contract):
     """For a dead letter, `Kind` is its dead-letter reason, `Reason` its
     description, and `MessageId` + `Queue` name the dead letter, so an alert
     and its dead letter can be joined. Every text field here may quote what a
-    client sent: tools print it literally."""
+    client sent: tools print it literally.
+
+    An aggregate (docs/operations.md, "Alerts"): `Count` alerts of one `Kind`
+    from one `Queue` within one window of one process; the top-level fields
+    are the first of them, `Last` the last. A single alert carries neither
+    field (Count is 1), so it reads as it always did."""
 
     Kind: Literal[
         "OrderConflict",
@@ -588,3 +602,5 @@ class OperatorAlert(Contract):
     Timestamp: AwareDatetime
     MessageId: ProducedText200 | None = None
     Queue: ProducedText260 | None = None
+    Count: Annotated[int, Field(ge=1, exclude_if=lambda n: n == 1)] = 1
+    Last: Annotated[AlertExample | None, Field(exclude_if=lambda v: v is None)] = None

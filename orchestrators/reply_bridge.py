@@ -77,7 +77,8 @@ async def bridge_reply(
         return Settle.dead_letter("InvalidMessage", exc.reason)
     forged = _forgery(keys, reply)
     if forged is not None:
-        log.warning(
+        # INFO: the ForgedReply alert (aggregated per window) is the operators' line.
+        log.info(
             "forged reply %s for %s refused: %s",
             reply.EventName,
             reply.InstanceId,

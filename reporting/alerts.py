@@ -1,34 +1,123 @@
 """Operator alerts: a structured log event (which Application Insights alert
 rules match on) and a message on the `alerts` queue that the operator tool tails.
 
+Alerts about queue messages (dead letters, forgeries: anyone who can send can
+raise them by the thousand) are aggregated per process, by kind and queue,
+within a window (`window`, 60 s): the first of a window is sent at once as a
+message of its own; the others in it are counted and, when the window ends,
+sent as one aggregate (`Count`, the first and last example) with one log
+line. An alert of another kind or queue is never folded into them. An alert
+about an order (OrderError, CompensationFailed, ...) is always its own.
+A refused aggregate is kept and sent again; `close` sends what is open.
+Why and what is promised: docs/operations.md, "Alerts".
+
 An alert must never make the caller fail: if the queue cannot be reached the
 log event still stands, and the error is logged."""
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import hashlib
 import logging
 import uuid
-from collections.abc import Callable, MutableSequence
-from datetime import datetime
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, MutableSequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 
+from adapters.clock import SYSTEM_CLOCK, Clock
 from adapters.ports import MessagePublisher
 from adapters.servicebus import ALERTS_QUEUE
 from domain.codec import encode
-from domain.errors import DomainError, TransientError
-from domain.models import OperatorAlert
+from domain.errors import AlertNotQueued, DomainError
+from domain.models import AlertExample, OperatorAlert
 
 log = logging.getLogger("orders.alerts")
 
+WINDOW_SECONDS = 60.0
+# Alert ids this process has counted, so that a redelivered message (its
+# settlement lost) is not counted twice: about a day of a steady flood.
+SEEN_MAX = 100_000
+
+# How the process runs `flush` `delay` seconds from now (an asyncio task by
+# default; the simulation schedules it on its own clock).
+Wake = Callable[[float, Callable[[], Awaitable[None]]], None]
+
+
+@dataclass
+class _Window:
+    """One kind's alerts from one queue after the first sent, until `end`."""
+
+    start: datetime
+    end: datetime
+    count: int = 0
+    first: OperatorAlert | None = None
+    last: OperatorAlert | None = None
+
+    def add(self, alert: OperatorAlert) -> None:
+        self.count += 1
+        self.first = self.first or alert
+        self.last = alert
+
+
+def _remember(ids: OrderedDict[str, None], alert_id: str | None) -> None:
+    if alert_id is None:
+        return
+    ids[alert_id] = None
+    if len(ids) > SEEN_MAX:
+        ids.popitem(last=False)
+
+
+def _short_id(text: str) -> str:
+    """A message id within Service Bus's 128 characters."""
+    if len(text) <= 128:
+        return text
+    return f"alert/{hashlib.sha256(text.encode('utf-8', 'surrogatepass')).hexdigest()}"
+
+
+def _subject(alert: OperatorAlert) -> str:
+    """What the log line names (infra/app/alerts.bicep parses it), with an
+    aggregate's count."""
+    who = f"order {alert.OrderID}" if alert.OrderID else f"message {alert.MessageId or '?'}"
+    return f"{who} ({alert.Count} alerts)" if alert.Count > 1 else who
+
 
 class Alerts:
+    """One per process (bootstrap.App keeps one per publisher): the windows
+    are this process's, so N hosts send at most N aggregates per kind, queue
+    and window."""
+
     def __init__(
-        self, publisher: MessagePublisher, new_id: Callable[[], uuid.UUID] = uuid.uuid4
+        self,
+        publisher: MessagePublisher,
+        new_id: Callable[[], uuid.UUID] = uuid.uuid4,
+        *,
+        window: float = WINDOW_SECONDS,
+        clock: Clock = SYSTEM_CLOCK,
+        wake: Wake | None = None,
+        on_counted: Callable[[str, OperatorAlert, str | None], None] | None = None,
     ) -> None:
-        """`new_id`: the message id of an alert that names none (a random one;
-        the simulation draws them from its seed)."""
+        """`new_id`: the message id of an alert that names none, and of this
+        process in its aggregates' ids (random; the simulation draws them from
+        its seed). `on_counted(aggregate id, alert, its own alert id)`: told
+        of each alert an aggregate counts (the simulation's ledger)."""
         self._publisher = publisher
         self._new_id = new_id
+        self._window = timedelta(seconds=window)
+        self._clock = clock
+        self._wake = wake or self._task_wake
+        self._on_counted = on_counted
+        self._process: str | None = None
+        self._windows: dict[tuple[str, str], _Window] = {}
+        self._due: dict[str, OperatorAlert] = {}  # aggregates and held alerts, by message id
+        # Alert ids counted (or held), and those whose send failed.
+        self._seen: OrderedDict[str, None] = OrderedDict()
+        self._tried: OrderedDict[str, None] = OrderedDict()
+        self._retry_at: datetime | None = None  # a refused aggregate is sent again then
+        self._flushing = False
+        self._retry_armed = False
+        self._tasks: set[asyncio.Task[None]] = set()
 
     async def raise_alert(
         self,
@@ -48,9 +137,11 @@ class Alerts:
 
         `alert_id` makes the queued alert's message id stable, so raising the
         same alert again (after a failed send) is dropped as a duplicate by the
-        alerts queue. With `required`, a failed send raises TransientError after
-        the log event instead of being swallowed: the caller (the message gate)
-        then keeps the message so that its next delivery alerts again."""
+        alerts queue, and counted once by this process. With `queue`, the
+        alert joins its kind's open window if there is one (counted, sent with
+        the window's aggregate). With `required`, a refused send raises
+        AlertNotQueued after the log event; without it, an alert with a
+        `queue` is held (`hold`) and one without is given up, logged."""
         alert = OperatorAlert(
             Kind=kind,
             OrderID=order_id,
@@ -59,27 +150,209 @@ class Alerts:
             MessageId=message_id,
             Queue=queue,
         )
+        if queue is None:
+            self._log(alert)
+            try:
+                await self._send(alert, alert_id or f"alert/{self._new_id()}")
+            except DomainError:
+                log.exception("alert %s for order %s could not be queued", kind, order_id)
+            return alert
+        await self.flush(now)
+        if alert_id is not None and alert_id in self._seen:
+            return alert  # counted already: a redelivery of a counted message
+        window = self._windows.get((kind, queue))
+        if window is not None and not (alert_id is not None and alert_id in self._tried):
+            self._count(window, alert, alert_id)
+            return alert
+        # The first of a window, or one whose send failed before (it may
+        # have landed: sent again under its own id, which the queue drops
+        # if so, never counted a second time in an aggregate).
+        self._log(alert)
+        try:
+            await self._send(alert, alert_id or f"alert/{self._new_id()}")
+        except DomainError as exc:
+            _remember(self._tried, alert_id)
+            if required:
+                raise AlertNotQueued(
+                    f"alert {kind} could not be queued: {exc}", alert, alert_id
+                ) from exc
+            log.warning("alert %s for %s not queued, held: %s", kind, _subject(alert), exc)
+            self.hold(alert, alert_id)
+            return alert
+        _remember(self._seen, alert_id)
+        # Looked up again: alerts raised while this one was being sent may
+        # have opened the window and counted into it (the e2e hostile run
+        # lost 62 counts to a window opened over another).
+        if (kind, queue) not in self._windows:
+            self._open(kind, queue, now)
+        return alert
+
+    def hold(self, alert: object, alert_id: str | None = None) -> None:
+        """Keep `alert` (one the queue refused, whose message is settled
+        anyway) and send it again, under its own id, with the next flush
+        until the queue takes it."""
+        assert isinstance(alert, OperatorAlert)
+        if alert_id is not None and alert_id in self._seen:
+            return
+        _remember(self._seen, alert_id)
+        self._due[alert_id or f"alert/{self._new_id()}"] = alert
+        self._arm_retry()
+
+    async def flush(self, now: datetime | None = None, *, everything: bool = False) -> None:
+        """Close the windows that have ended (all of them with `everything`:
+        at shutdown) and send every aggregate not yet sent; one the queue
+        refuses is kept and tried again a window later."""
+        now = now or self._clock.now()
+        for key, window in list(self._windows.items()):
+            if everything or now >= window.end:
+                self._close(key, window)
+        if self._flushing or not self._due:
+            return  # a flush under way sends what is added meanwhile
+        if not everything and self._retry_at is not None and now < self._retry_at:
+            return
+        self._retry_at = None
+        self._flushing = True
+        try:
+            tried: set[str] = set()
+            while self._retry_at is None:
+                todo = [(i, a) for i, a in self._due.items() if i not in tried]
+                if not todo:
+                    break
+                for aggregate_id, aggregate in todo:
+                    tried.add(aggregate_id)
+                    try:
+                        await self._send(aggregate, aggregate_id)
+                    except DomainError as exc:
+                        log.warning(
+                            "alert %s (%d alerts) not queued, kept: %s",
+                            aggregate_id,
+                            aggregate.Count,
+                            exc,
+                        )
+                        self._retry_at = now + self._window
+                        break
+                    self._due.pop(aggregate_id, None)
+                    if aggregate.Count > 1:  # a held alert was logged when raised
+                        self._log(aggregate)
+        finally:
+            self._flushing = False
+        if self._due and not everything:
+            self._arm_retry()
+
+    async def close(self) -> None:
+        """At shutdown: send every open window's aggregate (once)."""
+        for task in list(self._tasks):
+            task.cancel()
+        await self.flush(everything=True)
+
+    # --- the windows --------------------------------------------------------------
+
+    def _open(self, kind: str, queue: str, now: datetime) -> _Window:
+        window = _Window(now, now + self._window)
+        self._windows[(kind, queue)] = window
+        self._wake(
+            self._window.total_seconds(), functools.partial(self._ends, (kind, queue), window)
+        )
+        return window
+
+    async def _ends(self, key: tuple[str, str], window: _Window) -> None:
+        """The wake at `window`'s end closes it whatever the clock says: a
+        timer may fire a little early, and the raiser's clock is not the
+        flusher's (a window left open past its wake would wait for the
+        next alert of its kind, or the shutdown)."""
+        if self._windows.get(key) is window:
+            self._close(key, window)
+        await self.flush()
+
+    def _close(self, key: tuple[str, str], window: _Window) -> None:
+        del self._windows[key]
+        if window.count:
+            self._due[self._aggregate_id(key, window)] = self._aggregate(key, window)
+
+    def _arm_retry(self) -> None:
+        """One wake at a time to send again what the queue refused."""
+        if self._retry_armed:
+            return
+        self._retry_armed = True
+
+        async def retry() -> None:
+            self._retry_armed = False
+            self._retry_at = None
+            await self.flush()
+
+        self._wake(self._window.total_seconds(), retry)
+
+    def _count(self, window: _Window, alert: OperatorAlert, alert_id: str | None) -> None:
+        window.add(alert)
+        _remember(self._seen, alert_id)
+        log.debug("alert %s for %s counted", alert.Kind, _subject(alert))
+        if self._on_counted is not None:
+            key = (alert.Kind, alert.Queue or "")
+            self._on_counted(self._aggregate_id(key, window), alert, alert_id)
+
+    def _aggregate_id(self, key: tuple[str, str], window: _Window) -> str:
+        if self._process is None:
+            self._process = str(self._new_id())
+        kind, queue = key
+        return _short_id(
+            f"alert/aggregate/{queue}/{kind}/{self._process}/{window.start.isoformat()}"
+        )
+
+    @staticmethod
+    def _aggregate(key: tuple[str, str], window: _Window) -> OperatorAlert:
+        kind, queue = key
+        first, last = window.first, window.last
+        assert first is not None  # a window with a count has both
+        assert last is not None
+        return OperatorAlert(
+            Kind=first.Kind,
+            OrderID=first.OrderID,
+            Reason=(
+                f"{window.count} {kind} alerts on {queue} from "
+                f"{first.Timestamp.isoformat()} to {last.Timestamp.isoformat()} "
+                f"(first and last shown); the first: {first.Reason}"
+            ),
+            Timestamp=first.Timestamp,
+            MessageId=first.MessageId,
+            Queue=first.Queue,
+            Count=window.count,
+            Last=AlertExample(
+                OrderID=last.OrderID,
+                Reason=last.Reason,
+                Timestamp=last.Timestamp,
+                MessageId=last.MessageId,
+            ),
+        )
+
+    def _task_wake(self, delay: float, fn: Callable[[], Awaitable[None]]) -> None:
+        async def later() -> None:
+            await self._clock.sleep(delay)
+            try:
+                await fn()
+            except Exception:  # noqa: BLE001 - a background flush must not die unseen
+                log.exception("alert flush failed")
+
+        task = asyncio.get_running_loop().create_task(later())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _send(self, alert: OperatorAlert, message_id: str) -> None:
+        await self._publisher.send(ALERTS_QUEUE, encode(alert), message_id, {"Kind": alert.Kind})
+
+    @staticmethod
+    def _log(alert: OperatorAlert) -> None:
         log.error(
             "operator alert %s for %s: %s",
-            kind,
-            f"order {alert.OrderID}" if alert.OrderID else f"message {alert.MessageId or '?'}",
+            alert.Kind,
+            _subject(alert),
             alert.Reason,
             extra={
-                "alert_kind": kind,
+                "alert_kind": alert.Kind,
                 "order_id": alert.OrderID,
                 "message_id": alert.MessageId,
-                "custom_dimensions": {"AlertKind": kind},
+                "custom_dimensions": {"AlertKind": alert.Kind, "AlertCount": alert.Count},
             },
         )
-        try:
-            await self._publisher.send(
-                ALERTS_QUEUE, encode(alert), alert_id or f"alert/{self._new_id()}", {"Kind": kind}
-            )
-        except DomainError as exc:
-            log.exception("alert %s for order %s could not be queued", kind, order_id)
-            if required:
-                raise TransientError(f"alert {kind} could not be queued: {exc}") from exc
-        return alert
 
 
 async def alert_unreadable(

@@ -95,6 +95,7 @@ class EndChecks(MessageChecks):
         self.check_foreign_fields_kept()
         self.check_bad_documents_alerted()
         self.check_one_alert_per_incident()
+        self.check_alerts_count_what_they_aggregate()
         if self.o.impersonation:
             self.check_impersonation()
         self.check_changed_resends()
@@ -606,7 +607,7 @@ class EndChecks(MessageChecks):
     def _alerted(self) -> set[str | None]:
         """Orders an alert named; an alert about a forgery that named an order
         is not an alert about that order's fate (sim.hostile checks those)."""
-        bodies = (json.loads(m.body) for m in self.bus.queue("alerts").sent)
+        bodies = (json.loads(m.body) for m in self.alert_messages())
         return {b.get("OrderID") for b in bodies if b.get("Kind") not in FORGERY_ALERTS}
 
     def _junk_unalerted(self) -> list[str]:
@@ -614,7 +615,7 @@ class EndChecks(MessageChecks):
             return []
         said = " ".join(
             json.loads(m.body).get("Reason") or ""
-            for m in self.bus.queue("alerts").sent
+            for m in self.alert_messages()
             if b"UnreadableRecord" in m.body
         )
         return [junk for junk in self.junk if junk not in said]

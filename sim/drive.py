@@ -42,6 +42,7 @@ from agents.messaging import RequestProcessor
 from bootstrap import App, Overrides, Seams, build
 from devstack.host.app import SERVICE_BUS_TRIGGER, index_app
 from devstack.host.invoke import call_function
+from domain.codec import encode
 from domain.ids import order_key
 from domain.signing import KeyRing
 from domain.steps import StepCatalog
@@ -239,6 +240,24 @@ class Simulation(Clients, PathChecks, EndChecks, WorldFaults):
             run_sync=_inline,
             breaker_now=lambda: self.world.clock.now,
         )
+        # The process's one Alerts, as bootstrap keeps one per publisher (the
+        # schedule's hosts share it: a restart is taken as a clean shutdown,
+        # which flushes); its windows flushed on the world's clock, and what
+        # each aggregate counted kept for the checks (MessageChecks.alert_messages).
+        self.alert_ledger: dict[str, list[tuple[str | None, bytes]]] = {}
+        self._alerts = Alerts(
+            self.publisher,
+            new_id=self.seams.new_id,
+            clock=SimClock(w, "alerts"),
+            wake=lambda delay, flush: w.at(
+                w.clock.now + timedelta(seconds=delay),
+                "alerts flush",
+                lambda: w.spawn("alerts", flush, crashable=False),
+            ),
+            on_counted=lambda aggregate, alert, alert_id: self.alert_ledger.setdefault(
+                aggregate, []
+            ).append((alert_id, encode(alert))),
+        )
         self.request_sender: dict[str, tuple[str, int]] = {}
         self.lost_requests: list[str] = []
         self.lost_copies: list[str] = []
@@ -347,7 +366,7 @@ class Simulation(Clients, PathChecks, EndChecks, WorldFaults):
         self.hostile = Hostile(self, self.o.faults.hostile) if self.o.faults.hostile else None
 
     def alerts(self) -> Alerts:
-        return Alerts(self.publisher, new_id=self.seams.new_id)
+        return self._alerts
 
     def _new_agent(self, clock: SimClock, rng: random.Random) -> Agent:
         policy = AgentPolicy()
@@ -846,6 +865,7 @@ class Simulation(Clients, PathChecks, EndChecks, WorldFaults):
         await w.run(end, idle=lambda: self.idle() or self.fixed_point())
         # let actors still parked finish (no new ticks matter past the end)
         self.end = w.clock.now
+        await self._alerts.close()  # the process's shutdown: open windows sent
         self.check()
 
 

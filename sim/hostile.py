@@ -280,7 +280,7 @@ class Hostile:
 
         queue_of = {mid: queue for mid, (queue, _) in self.forged.items()}
         expired: set[str] = set()
-        for m in sim.bus.queue("alerts").sent:
+        for m in sim.alert_messages():
             raised_by = json.loads(m.body).get("MessageId") or ""
             mid = _origin(raised_by)
             if not mid.startswith(PREFIX):

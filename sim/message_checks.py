@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import json
 from collections import Counter
+from dataclasses import replace
 from datetime import datetime
 
 from adapters.durable_client import GONE_MARKERS
@@ -44,13 +45,58 @@ class MessageChecks(Observed):
     lineage_starts: dict[str, list[datetime]]
     unfinished: set[int]
 
+    alert_ledger: dict[str, list[tuple[str | None, bytes]]]
+
+    def alert_messages(self) -> list[Msg]:
+        """The alerts as operators count them: each message on the alerts
+        queue, an aggregate (reporting.alerts) read as the alerts it counted
+        (the drive's ledger of them), each under its own alert id, at the
+        time the aggregate was sent. Every check of alerts reads these."""
+        out: list[Msg] = []
+        for m in self.bus.queue(ALERTS_QUEUE).sent:
+            counted = self.alert_ledger.get(m.message_id)
+            if counted is None:
+                out.append(m)
+                continue
+            for n, (alert_id, body) in enumerate(counted):
+                out.append(replace(m, message_id=alert_id or f"{m.message_id}#{n}", body=body))
+        return out
+
+    def check_alerts_count_what_they_aggregate(self) -> None:
+        """Section 4, operational visibility (docs/operations.md, "Alerts"):
+        an aggregate's Count is the number of alerts it counted, its first
+        and last examples are the first and last of them, and every counted
+        alert reached the alerts queue in an aggregate (none dropped at a
+        window's end, at shutdown, or by a refused send)."""
+        sent = {m.message_id: json.loads(m.body) for m in self.bus.queue(ALERTS_QUEUE).sent}
+        for aggregate_id, counted in sorted(self.alert_ledger.items()):
+            body = sent.get(aggregate_id)
+            if body is None:
+                self.fail(
+                    "every counted alert sent",
+                    f"{aggregate_id}: {len(counted)} alerts counted, never sent",
+                )
+                return
+            first, last = json.loads(counted[0][1]), json.loads(counted[-1][1])
+            if (
+                body.get("Count", 1) != len(counted)
+                or body.get("MessageId") != first.get("MessageId")
+                or (body.get("Last") or {}).get("MessageId") != last.get("MessageId")
+            ):
+                self.fail(
+                    "every counted alert sent",
+                    f"{aggregate_id}: Count {body.get('Count', 1)} for {len(counted)} counted "
+                    f"(first {body.get('MessageId')}, last {(body.get('Last') or {}).get('MessageId')})",
+                )
+                return
+
     def check_one_alert_per_incident(self) -> None:
         """Section 4, operational visibility: an alert raised again under its own
         stable id (a retried outbox entry, a redelivered dead letter)
         reaches operators once; an incident that lasts days may page again
         once per ALERT_REPEAT."""
         sent_at: dict[str, list[datetime]] = {}
-        for m in self.bus.queue("alerts").sent:
+        for m in self.alert_messages():
             sent_at.setdefault(m.message_id, []).append(m.visible_at)
         for mid, times in sorted(sent_at.items()):
             gaps = [b - a for a, b in itertools.pairwise(sorted(times))]
@@ -106,7 +152,7 @@ class MessageChecks(Observed):
         """Invariant 4: every conflicting or malformed submission is dead-lettered by
         its handler with a reason and alerted (judged by its lineage: the
         original and its back-off copies)."""
-        kinds = Counter(json.loads(m.body).get("Kind") for m in self.bus.queue("alerts").sent)
+        kinds = Counter(json.loads(m.body).get("Kind") for m in self.alert_messages())
         for mid, kind in sorted(self.bad.items()):
             self._check_bad_submission(mid, kind, kinds, alerted)
 
@@ -337,7 +383,7 @@ class MessageChecks(Observed):
                         f"{queue} {m.message_id} ({key}) dead-lettered OrderConflict: "
                         f"{m.dead_letter_description}",
                     )
-        for m in self.bus.queue("alerts").sent:
+        for m in self.alert_messages():
             alert = json.loads(m.body)
             if alert.get("Kind") == "OrderConflict" and alert.get("OrderID") not in deliberate:
                 self.fail(
@@ -422,6 +468,6 @@ class MessageChecks(Observed):
                 and alert.get("Queue") == queue
             )
 
-        if alerted and any(names_m(json.loads(a.body)) for a in self.bus.queue(ALERTS_QUEUE).sent):
+        if alerted and any(names_m(json.loads(a.body)) for a in self.alert_messages()):
             return True
         return m.copy_faulted and any(names_m(a) for a in self.servicebus.refused_alerts)

@@ -234,11 +234,14 @@ class RecordingPublisher:
         self.sends: list[tuple[str, bytes, str, dict | None]] = []
         self.sent: list[tuple[str, bytes, str, dict | None]] = []
         self.fail_next: Exception | None = None
+        self.down: Exception | None = None  # every send fails with it while set
 
     async def send(self, queue, body, message_id, application_properties=None) -> None:
         if self.fail_next is not None:
             exc, self.fail_next = self.fail_next, None
             raise exc
+        if self.down is not None:
+            raise self.down
         self.sends.append((queue, body, message_id, application_properties))
         if any(q == queue and mid == message_id for q, _, mid, _ in self.sent):
             return

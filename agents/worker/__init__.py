@@ -218,4 +218,5 @@ async def serve(
         try:
             await AgentWorker(client, processor, settings).run(stop, on_ready)
         finally:
+            await processor.close()
             await replies.close()

@@ -39,6 +39,8 @@ E2E_SETTINGS = {
     # one step through the in-app activity path, the others through the queue
     "INLINE_STEPS": "arrange-shipment",
     "AGENT_REPLY_MARGIN_SECONDS": "1",
+    # Alert aggregates go out within seconds (reporting/alerts.py).
+    "ALERT_WINDOW_SECONDS": "3",
 }
 
 

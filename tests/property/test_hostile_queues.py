@@ -308,7 +308,12 @@ async def drain(bus: Bus, queue: str, wait: float = 0.1) -> list[dict]:
     return out
 
 
-async def alerts_by_message_id(bus: Bus) -> dict[str, list[dict]]:
+async def alerts_by_message_id(bus: Bus, alerts: Any) -> dict[str, list[dict]]:
+    """The alerts on the queue by the message each names, once `alerts` (the
+    process's Alerts, or the agent's processor) has sent its open windows:
+    each example then starts a window of its own, and its one dead letter
+    is that window's first alert, named by its message id (reporting.alerts)."""
+    await alerts.close()
     out: dict[str, list[dict]] = {}
     for alert in await drain(bus, "alerts", wait=1):
         out.setdefault(alert.get("MessageId"), []).append(alert)
@@ -408,7 +413,7 @@ async def test_every_order_message_is_accepted_valid_or_dead_lettered_with_a_rea
                         await c.store.read(key)
                     with pytest.raises(NotFoundError):
                         await c.orders.get(key)
-    check_dead_letters_alerted(dead, await alerts_by_message_id(bus))
+    check_dead_letters_alerted(dead, await alerts_by_message_id(bus, await ROOT.alerts()))
 
 
 @pytest.mark.parametrize("depth", [250, 999, 3000])
@@ -515,7 +520,7 @@ async def test_every_agent_request_is_answered_or_dead_lettered_with_a_reason(
             replies = await drain(bus, "agent-responses", wait=0.5)
             assert [r for r in replies if r.get("OrderID") == order_id] == []
             dead[message_id] = call[1]
-    check_dead_letters_alerted(dead, await alerts_by_message_id(bus))
+    check_dead_letters_alerted(dead, await alerts_by_message_id(bus, agent_processor))
 
 
 # --- agent responses -----------------------------------------------------------------
@@ -599,7 +604,7 @@ async def test_every_agent_reply_reaches_the_workflow_valid_or_is_dead_lettered(
             assert call[1] in DOCUMENTED_REASONS, call
             assert client.raised == [], "a refused reply never reaches the workflow"
             dead[message_id] = call[1]
-    check_dead_letters_alerted(dead, await alerts_by_message_id(bus))
+    check_dead_letters_alerted(dead, await alerts_by_message_id(bus, await ROOT.alerts()))
 
 
 # --- the boundary alone, fast: many more examples -------------------------------------

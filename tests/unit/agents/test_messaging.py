@@ -15,8 +15,10 @@ from agents.agent import Agent
 from agents.messaging import RequestProcessor, message_body
 from domain.codec import decode, encode
 from domain.errors import TransientError
-from domain.models import AgentReply, ReplyOutcome
+from domain.models import AgentReply, OperatorAlert, ReplyOutcome
+from reporting.alerts import Alerts
 from tests.builders import KEYS
+from tests.fakes import RecordingPublisher
 from tests.unit.agents.conftest import POLICY, request
 from tests.unit.agents.fakes import FakeClock, FakeRemote, Outcome
 
@@ -322,18 +324,27 @@ async def test_replies_echo_the_token_and_application_and_are_signed():
     assert check_reply_token(KEYS.tokens, reply) is None
 
 
-async def test_a_forgery_whose_alert_cannot_be_queued_is_kept_for_its_next_delivery():
-    alerts = FakeAlerts(fail_with=TransientError("alerts queue unreachable"))
-    processor, remote, _ = make(alerts=alerts)
-    first, last = FakeSettlement(), FakeSettlement()
+async def test_a_forgery_whose_alert_cannot_be_queued_and_no_copy_named_is_held():
+    # Without a received message there is nothing to name a copy by: the
+    # forgery is dead-lettered now and its alert held by the process, which
+    # sends it once the alerts queue takes it (not left to redeliveries that
+    # can be lost at receive: simulation seed 21346).
+    clock = FakeClock()
+    publisher = RecordingPublisher()
+    publisher.down = TransientError("alerts queue full")
+    alerts = Alerts(publisher, clock=clock, wake=lambda delay, flush: None)
+    processor, remote, _ = make(clock, alerts=alerts)
+    settlement = FakeSettlement()
 
-    assert await processor.process(_forged(Signature=None), first, message_id="e") is (
-        SettleKind.ABANDON
-    )
-    await processor.process(_forged(Signature=None), last, message_id="e", last_delivery=True)
+    await processor.process(_forged(Signature=None), settlement, message_id="e")
 
-    assert first.actions == [("abandon",)]
-    assert last.actions[0][:2] == ("dead_letter", "ForgedRequest")  # the log event stands
+    assert settlement.actions[0][:2] == ("dead_letter", "ForgedRequest")
+    assert publisher.sent == []
+    publisher.down = None
+    clock.advance(60)
+    await alerts.flush()
+    [alert] = [decode(OperatorAlert, b) for b in publisher.to("alerts")]
+    assert (alert.Kind, alert.MessageId, alert.Count) == ("ForgedRequest", "e", 1)
     assert remote.calls == []
 
 
@@ -356,11 +367,14 @@ class Received:
         self.delivery_count, self.application_properties = count, props or {}
 
 
-def _alerts_down():
-    """A processor whose alerts queue is down and whose scheduler works."""
+def _alerts_down(scheduler_fails: bool = False):
+    """A processor whose alerts queue refuses (the real Alerts over a
+    publisher that is down) and whose scheduler works, or not."""
     clock = FakeClock()
-    alerts = FakeAlerts(fail_with=TransientError("alerts queue unreachable"))
-    scheduler = FakeScheduler()
+    publisher = RecordingPublisher()
+    publisher.down = TransientError("alerts queue unreachable")
+    alerts = Alerts(publisher, clock=clock, wake=lambda delay, flush: None)
+    scheduler = FakeScheduler(fail=scheduler_fails)
     processor = RequestProcessor(
         Agent(FakeRemote(clock), clock, POLICY),
         FakeReplies(),
@@ -369,7 +383,7 @@ def _alerts_down():
         scheduler=scheduler,
         clock=clock,
     )
-    return clock, alerts, scheduler, processor
+    return clock, publisher, scheduler, processor, alerts
 
 
 async def test_a_forgery_whose_alert_cannot_be_queued_goes_on_as_a_delayed_copy():
@@ -377,7 +391,7 @@ async def test_a_forgery_whose_alert_cannot_be_queued_goes_on_as_a_delayed_copy(
     # spent in seconds and end as MaxDeliveryCountExceeded with no alert: the
     # request is copied on the back-off schedule instead, and the copy, named
     # by the original's sequence number, raises the original's alert.
-    clock, alerts, scheduler, processor = _alerts_down()
+    clock, publisher, scheduler, processor, _ = _alerts_down()
     body = _forged(Signature=None)
     first = FakeSettlement()
 
@@ -392,11 +406,11 @@ async def test_a_forgery_whose_alert_cannot_be_queued_goes_on_as_a_delayed_copy(
     assert props["x-retry-count"] == 1
     assert props["x-original-message-id"] == "evil"
 
-    alerts.fail_with = None
+    publisher.down = None
     copy = FakeSettlement()
     await processor.process_message(Received(body, copy_id, 97, 1, props), copy)
     assert copy.actions[0][:2] == ("dead_letter", "ForgedRequest")
-    [alert_id] = alerts.ids
+    [(_, _, alert_id, _)] = publisher.sent
     assert alert_id.startswith("alert/agent-requests/seq-41/")  # the original's name
 
 
@@ -405,7 +419,7 @@ async def test_a_forgery_on_its_last_delivery_whose_alert_cannot_be_queued_goes_
     handler saw only the last, met the alerts queue down, and dead-lettered
     the forgery with no alert. The last delivery makes a copy too, which
     raises the alert later."""
-    _, _, scheduler, processor = _alerts_down()
+    _, _, scheduler, processor, _ = _alerts_down()
     body = _forged(Signature=None)
     last = FakeSettlement()
     assert await processor.process_message(Received(body, "evil", 41, 4), last) is (
@@ -416,25 +430,25 @@ async def test_a_forgery_on_its_last_delivery_whose_alert_cannot_be_queued_goes_
     assert last.actions == [("complete",)]
 
 
-async def test_a_forgery_whose_alert_and_copy_both_fail_is_redelivered_then_dead_lettered():
-    clock = FakeClock()
-    alerts = FakeAlerts(fail_with=TransientError("alerts queue unreachable"))
-    processor = RequestProcessor(
-        Agent(FakeRemote(clock), clock, POLICY),
-        FakeReplies(),
-        alerts,
-        keys=KEYS.agents,
-        scheduler=FakeScheduler(fail=True),
-        clock=clock,
-    )
+async def test_a_forgery_whose_alert_and_copy_both_fail_is_dead_lettered_with_its_alert_held():
+    """Simulation seed 21346: the alerts queue and agent-requests both full.
+    Abandoning left the verdict to redeliveries, and the last one, lost at
+    receive, ended in the broker's MaxDeliveryCountExceeded with no alert.
+    Now the forgery is dead-lettered at once, its alert held and sent, once,
+    when the alerts queue takes it again; a redelivery (the dead letter's
+    settlement lost) is not counted again."""
+    clock, publisher, _, processor, alerts = _alerts_down(scheduler_fails=True)
     body = _forged(Signature=None)
-    early, last, spent = FakeSettlement(), FakeSettlement(), FakeSettlement()
+    early, again = FakeSettlement(), FakeSettlement()
 
     await processor.process_message(Received(body, "evil", 41, 1), early)
-    await processor.process_message(Received(body, "evil", 41, 4), last)  # 4 of 5: the last
-    spent_copy = Received(body, "retry/seq-41/6", 90, 1, {"x-retry-count": 6})
-    await processor.process_message(spent_copy, spent)
+    await processor.process_message(Received(body, "evil", 41, 2), again)
 
-    assert early.actions == [("abandon",)]
-    assert last.actions[0][:2] == ("dead_letter", "ForgedRequest")  # with its log event
-    assert spent.actions[0][:2] == ("dead_letter", "ForgedRequest")  # the schedule is spent
+    assert early.actions[0][:2] == ("dead_letter", "ForgedRequest")
+    assert again.actions[0][:2] == ("dead_letter", "ForgedRequest")
+    await alerts.flush()  # still refused: kept
+    publisher.down = None
+    clock.advance(60)
+    await alerts.flush()
+    [alert] = [decode(OperatorAlert, b) for b in publisher.to("alerts")]
+    assert (alert.Kind, alert.MessageId, alert.Count) == ("ForgedRequest", "evil", 1)
