@@ -129,6 +129,12 @@ def print_alerts(
                     literal(data.get("Queue") or "-", 60),
                 )
             )
+        count, last = data.get("Count"), data.get("Last")
+        if isinstance(count, int) and count > 1:
+            # An aggregate (docs/operations.md, "Alerts"): the fields above are its first alert.
+            head.append_text(Text.assemble(" ", (f"x{count}", "bold")))
+            if isinstance(last, dict):
+                head.append_text(Text.assemble(" last ", literal(last.get("Timestamp", ""), 40)))
         console.print(head)
         console.print(Text.assemble("  ", literal(data.get("Reason", ""), 2000)))
     return len(shown)

@@ -109,6 +109,14 @@ def _pages(text: str) -> dict[str, tuple[str, dict[str, Any]]]:
     message.update(alert=None, can_resend=True)
     parsed = views._message(_fake(SURROGATE_SKU.encode()), 400)
     parsed.update(alert=None, can_resend=False)
+    # An aggregate alert (Count, Last), and one whose Count and Last are not what the app writes.
+    # (Parsed only up to the peek's size: a short slice of the text.)
+    short = text[:200]
+    aggregate = {"Kind": short, "Reason": short, "Count": 999, "Last": {"Timestamp": short}}
+    odd = {"Kind": short, "Reason": short, "Count": short, "Last": short}
+    alerts = [message, parsed] + [
+        views._message(_fake(json.dumps(body).encode()), 400) for body in (aggregate, odd)
+    ]
     row = OrderRow(
         id=text, state=text, app_id=text, attempt=1, failures=0, long_retries=0,
         created_at=None, updated_at=None, complete_by=None, not_before=None,
@@ -140,7 +148,7 @@ def _pages(text: str) -> dict[str, tuple[str, dict[str, Any]]]:
             },
         ),
         "stuck.html": ("stuck", {"records": [{"record": record, "late": text}], "next_page": text}),
-        "alerts.html": ("alerts", {"messages": [message, parsed], "error": text, "next": 2}),
+        "alerts.html": ("alerts", {"messages": alerts, "error": text, "next": 2}),
         "deadletters.html": (
             "deadletters",
             {
@@ -217,7 +225,7 @@ def _pages(text: str) -> dict[str, tuple[str, dict[str, Any]]]:
             "orders",
             {"action": "resubmit", "results": [{"id": text, "ok": False, "said": text}]},
         ),
-        "overview.html": ("overview", _overview(text, record, [message, parsed])),
+        "overview.html": ("overview", _overview(text, record, alerts)),
         "error.html": ("", {"message": text, "status_code": 500}),
     }
 
@@ -269,6 +277,8 @@ def test_every_page_renders_hostile_stored_text(text):
         assert "<script" not in body.lower(), template
         if "\ud800" in text:
             assert "\\ud800" in body, template  # shown, as its escape
+        if template in ("alerts.html", "overview.html"):
+            assert body.count("&times;999") == 1, template  # the aggregate's count, once
 
 
 def test_printable_escapes_surrogates_and_controls_and_keeps_the_rest():

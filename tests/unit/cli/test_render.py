@@ -223,3 +223,15 @@ def test_status_reading_skips_what_is_not_a_status():
     assert render.read_status(Msg([b'{"OrderID": "A", "Status": "Received"}'])) == ("A", "Received")
     assert render.read_status(Msg([b'{"OrderID": 1}'])) is None
     assert render.read_status(Msg({b"x": 1}, AmqpMessageBodyType.VALUE)) is None
+
+
+def test_an_aggregate_alert_shows_its_count_and_its_last_alert():
+    out = io.StringIO()
+    c = Console(file=out, width=200, color_system=None)
+    last = {"Reason": "r", "Timestamp": "2026-01-01T00:00:59Z", "MessageId": "m-9"}
+    render.print_alerts(c, [alert(Kind="ForgedRequest", Count=999, Last=last), alert()])
+    lines = out.getvalue().splitlines()
+    forged = next(line for line in lines if line.startswith("ForgedRequest"))
+    assert "x999 last 2026-01-01T00:00:59Z" in forged
+    single = next(line for line in lines if line.startswith("InvalidMessage"))
+    assert " x" not in single.split(" order ")[0]
