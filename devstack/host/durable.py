@@ -114,9 +114,12 @@ class DurableEngine:
         self.clock = clock
         self.options = options
         self.client_binding = client_binding or {}
-        self._busy: set[str] = set()
         self._activity_tasks: set[asyncio.Task[None]] = set()
-        self._orch_tasks: set[asyncio.Task[None]] = set()
+        # Episodes' writes, committed together when a batch of episodes has run
+        # (`_run_episodes`), and activity results waiting for the next write (`_flush_results`).
+        self._episode_writes: list[dict[str, Any]] = []
+        self._activity_results: list[tuple[dict[str, Any], dict[str, Any]]] = []
+        self._flush_scheduled = False
         self._stopping = False
         self._rejected_until: dict[str, float] = {}
         self._histories: dict[str, _CachedHistory] = {}
@@ -223,23 +226,21 @@ class DurableEngine:
 
     async def drain(self, timeout: float) -> None:
         """Let running episodes and activities finish (a host stopping cleanly does)."""
-        pending = [*self._orch_tasks, *self._activity_tasks, *self.entities.tasks]
+        pending = [*self._activity_tasks, *self.entities.tasks]
         if pending:
             await asyncio.wait(pending, timeout=timeout)
+        self._flush_results()
 
     async def _orchestration_loop(self) -> None:
         while not self._stopping:
             now = self.clock.now()
-            free = self.options.max_concurrent_orchestrators - len(self._busy)
             real_now = time.monotonic()
-            skip = self._busy | {i for i, t in self._rejected_until.items() if t > real_now}
-            claimed = self.store.claim_instances(now.timestamp(), free, skip) if free > 0 else []
-            for iid in claimed:
-                self._busy.add(iid)
-                task = asyncio.create_task(self._run_instance(iid))
-                self._orch_tasks.add(task)
-                task.add_done_callback(self._orch_tasks.discard)
+            skip = {i for i, t in self._rejected_until.items() if t > real_now}
+            claimed = self.store.claim_instances(
+                now.timestamp(), self.options.max_concurrent_orchestrators, skip
+            )
             if claimed:
+                self._run_episodes(claimed)
                 await asyncio.sleep(0)
                 continue
             next_due = self.store.next_due()
@@ -249,18 +250,43 @@ class DurableEngine:
             # Poll as well: another host process may have written work into the shared hub.
             await self.clock.wait(deadline, max_wait=0.25)
 
-    async def _run_instance(self, instance_id: str) -> None:
-        try:
-            self._episode(instance_id)
-        except Exception:
-            log.exception(
-                "orchestration episode for %s failed inside the host; retrying in 5 s", instance_id
-            )
-            self._rejected_until[instance_id] = time.monotonic() + 5.0
-            self.store.unlock_instance(instance_id)
-        finally:
-            self._busy.discard(instance_id)
-            self.clock.poke()
+    def _run_episodes(self, instance_ids: list[str]) -> None:
+        """Run one episode of each claimed instance, then write them all in one transaction
+        (each episode's writes are atomic either way; a batch takes the hub's write lock and
+        commits once instead of once per episode, and holds the lock only for the writes).
+        An instance stays locked by this host until its episode is written. An episode that
+        raises, or a batch whose write fails, leaves its instances unlocked and retried in 5 s."""
+        for instance_id in instance_ids:
+            try:
+                self._episode(instance_id)
+            except Exception:
+                log.exception(
+                    "orchestration episode for %s failed inside the host; retrying in 5 s",
+                    instance_id,
+                )
+                self._retry_later(instance_id)
+        writes, self._episode_writes = self._episode_writes, []
+        if writes:
+            try:
+                written = self.store.commit_episodes(writes)
+            except Exception:
+                log.exception("writing %d episodes failed; retrying them in 5 s", len(writes))
+                for w in writes:
+                    self._retry_later(w["instance_id"])
+            else:
+                for w, ok in zip(writes, written, strict=True):
+                    if not ok:
+                        log.warning(
+                            "lost the lock on %s; its episode will run again", w["instance_id"]
+                        )
+                    if w["status"] in TERMINAL:
+                        self._histories.pop(w["instance_id"], None)  # read no more
+        self.clock.poke()
+
+    def _retry_later(self, instance_id: str) -> None:
+        self._rejected_until[instance_id] = time.monotonic() + 5.0
+        self._histories.pop(instance_id, None)
+        self.store.unlock_instance(instance_id)
 
     def _episode(self, instance_id: str) -> None:
         inst = self.store.get_instance(instance_id)
@@ -526,23 +552,23 @@ class DurableEngine:
                 Input=new_input,
                 OrchestrationInstance={"InstanceId": instance_id, "ExecutionId": new_execution},
             )
-            ok = self.store.commit_episode(
-                instance_id=instance_id,
-                execution_id=new_execution,
-                reset_history=True,
-                new_history=[],
-                consumed=consumed,
-                activities=[],
-                timers=[],
-                messages=[(instance_id, new_execution, restart)],
-                status="Running",
-                output=None,
-                custom_status=result.custom_status_json,
-                input_json=new_input,
-                now_iso=iso(now),
+            self._episode_writes.append(
+                dict(
+                    instance_id=instance_id,
+                    execution_id=new_execution,
+                    reset_history=True,
+                    new_history=[],
+                    consumed=consumed,
+                    activities=[],
+                    timers=[],
+                    messages=[(instance_id, new_execution, restart)],
+                    status="Running",
+                    output=None,
+                    custom_status=result.custom_status_json,
+                    input_json=new_input,
+                    now_iso=iso(now),
+                )
             )
-            if not ok:
-                log.warning("lost the lock on %s; its episode will run again", instance_id)
         else:
             episode.append(_event(ORCHESTRATOR_COMPLETED, now))
             self._commit(
@@ -613,27 +639,25 @@ class DurableEngine:
         children: list[dict[str, Any]] | None = None,
         entity_ops: list[dict[str, Any]] | None = None,
     ) -> None:
-        ok = self.store.commit_episode(
-            new_instances=children,
-            entity_ops=entity_ops,
-            instance_id=inst.instance_id,
-            execution_id=inst.execution_id,
-            reset_history=False,
-            new_history=episode,
-            consumed=consumed,
-            activities=activities,
-            timers=timers,
-            messages=messages,
-            status=status,
-            output=output,
-            custom_status=custom_status,
-            input_json=inst.input,
-            now_iso=iso(now),
+        self._episode_writes.append(
+            dict(
+                new_instances=children,
+                entity_ops=entity_ops,
+                instance_id=inst.instance_id,
+                execution_id=inst.execution_id,
+                reset_history=False,
+                new_history=episode,
+                consumed=consumed,
+                activities=activities,
+                timers=timers,
+                messages=messages,
+                status=status,
+                output=output,
+                custom_status=custom_status,
+                input_json=inst.input,
+                now_iso=iso(now),
+            )
         )
-        if not ok:
-            log.warning("lost the lock on %s; its episode will run again", inst.instance_id)
-        if status in TERMINAL:
-            self._histories.pop(inst.instance_id, None)  # no episode will read it again
 
     def _fail(
         self,
@@ -802,12 +826,26 @@ class DurableEngine:
                     Reason=str(exc) or type(exc).__name__,
                     Details="".join(traceback.format_exception(exc)),
                 )
-        if not self.store.complete_activity(
-            row["id"], row["instance_id"], row["execution_id"], event
-        ):
-            log.warning(
-                "activity %s for %s finished after its lock was lost; the other run's result wins",
-                name,
-                row["instance_id"],
-            )
+        # Written with the other results that arrive before the loop's next turn: one
+        # transaction for them all (each is still at-least-once, as before).
+        self._activity_results.append((row, event))
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush_results)
+
+    def _flush_results(self) -> None:
+        self._flush_scheduled = False
+        results, self._activity_results = self._activity_results, []
+        if not results:
+            return
+        written = self.store.complete_activities(
+            [(r["id"], r["instance_id"], r["execution_id"], event) for r, event in results]
+        )
+        for (row, _), ok in zip(results, written, strict=True):
+            if not ok:
+                log.warning(
+                    "activity %s for %s finished after its lock was lost; the other run's result wins",
+                    row["name"],
+                    row["instance_id"],
+                )
         self.clock.poke()

@@ -457,8 +457,16 @@ class Store:
         ).fetchall()
         return [(r["id"], r["execution_id"], json.loads(r["event"])) for r in rows]
 
-    def commit_episode(
+    def commit_episodes(self, episodes: list[dict[str, Any]]) -> list[bool]:
+        """Write several episodes (each the keyword arguments of `_commit_episode_in_tx`) in
+        one transaction: one write lock and one commit for a batch of episodes instead of one
+        each. Returns, per episode, False if its lock was lost (nothing of it written)."""
+        with self.tx() as db:
+            return [self._commit_episode_in_tx(db, **episode) for episode in episodes]
+
+    def _commit_episode_in_tx(
         self,
+        db: sqlite3.Connection,
         *,
         instance_id: str,
         execution_id: str,
@@ -476,59 +484,59 @@ class Store:
         new_instances: list[dict[str, Any]] | None = None,
         entity_ops: list[dict[str, Any]] | None = None,
     ) -> bool:
-        """Write everything one episode produced, atomically. False if the lock was lost.
+        """Write everything one episode produced, inside the caller's transaction. False if
+        the lock was lost (then nothing is written).
 
         `new_instances` are sub-orchestrations to create (keyword arguments of
         `create_or_restart_instance`); an existing running one is left alone."""
-        with self.tx() as db:
-            owner = db.execute(
-                "SELECT lock_owner, (SELECT MAX(seq) FROM history WHERE instance_id=?1) AS m "
-                "FROM instances WHERE instance_id=?1",
-                (instance_id,),
-            ).fetchone()
-            if owner is None or owner["lock_owner"] != self.host_id:
-                return False
-            if reset_history:
-                db.execute("DELETE FROM history WHERE instance_id=?", (instance_id,))
-                start = 0
-            else:
-                start = (owner["m"] + 1) if owner["m"] is not None else 0
-            # Empty lists are skipped: most episodes write only some of these.
-            if new_history:
-                db.executemany(
-                    "INSERT INTO history(instance_id, seq, execution_id, event) VALUES(?, ?, ?, ?)",
-                    [
-                        (instance_id, start + i, execution_id, json.dumps(e))
-                        for i, e in enumerate(new_history)
-                    ],
-                )
-            if consumed:
-                db.executemany("DELETE FROM inbox WHERE id=?", [(i,) for i in consumed])
-            if activities:
-                db.executemany(
-                    "INSERT INTO activities(instance_id, execution_id, task_id, name, input) "
-                    "VALUES(?, ?, ?, ?, ?)",
-                    [(instance_id, execution_id, tid, name, inp) for tid, name, inp in activities],
-                )
-            if timers:
-                db.executemany(
-                    "INSERT INTO inbox(instance_id, execution_id, event, visible_at) VALUES(?, ?, ?, ?)",
-                    [(instance_id, execution_id, json.dumps(ev), at) for ev, at in timers],
-                )
-            if messages:
-                db.executemany(
-                    "INSERT INTO inbox(instance_id, execution_id, event, visible_at) VALUES(?, ?, ?, 0)",
-                    [(iid, eid, json.dumps(ev)) for iid, eid, ev in messages],
-                )
-            for child in new_instances or []:
-                self._create_in_tx(db, **child)
-            for op in entity_ops or []:
-                self._enqueue_entity_op_in_tx(db, **op)
-            db.execute(
-                "UPDATE instances SET execution_id=?, status=?, output=?, custom_status=?, input=?, "
-                "last_updated_time=?, lock_owner=NULL WHERE instance_id=?",
-                (execution_id, status, output, custom_status, input_json, now_iso, instance_id),
+        owner = db.execute(
+            "SELECT lock_owner, (SELECT MAX(seq) FROM history WHERE instance_id=?1) AS m "
+            "FROM instances WHERE instance_id=?1",
+            (instance_id,),
+        ).fetchone()
+        if owner is None or owner["lock_owner"] != self.host_id:
+            return False
+        if reset_history:
+            db.execute("DELETE FROM history WHERE instance_id=?", (instance_id,))
+            start = 0
+        else:
+            start = (owner["m"] + 1) if owner["m"] is not None else 0
+        # Empty lists are skipped: most episodes write only some of these.
+        if new_history:
+            db.executemany(
+                "INSERT INTO history(instance_id, seq, execution_id, event) VALUES(?, ?, ?, ?)",
+                [
+                    (instance_id, start + i, execution_id, json.dumps(e))
+                    for i, e in enumerate(new_history)
+                ],
             )
+        if consumed:
+            db.executemany("DELETE FROM inbox WHERE id=?", [(i,) for i in consumed])
+        if activities:
+            db.executemany(
+                "INSERT INTO activities(instance_id, execution_id, task_id, name, input) "
+                "VALUES(?, ?, ?, ?, ?)",
+                [(instance_id, execution_id, tid, name, inp) for tid, name, inp in activities],
+            )
+        if timers:
+            db.executemany(
+                "INSERT INTO inbox(instance_id, execution_id, event, visible_at) VALUES(?, ?, ?, ?)",
+                [(instance_id, execution_id, json.dumps(ev), at) for ev, at in timers],
+            )
+        if messages:
+            db.executemany(
+                "INSERT INTO inbox(instance_id, execution_id, event, visible_at) VALUES(?, ?, ?, 0)",
+                [(iid, eid, json.dumps(ev)) for iid, eid, ev in messages],
+            )
+        for child in new_instances or []:
+            self._create_in_tx(db, **child)
+        for op in entity_ops or []:
+            self._enqueue_entity_op_in_tx(db, **op)
+        db.execute(
+            "UPDATE instances SET execution_id=?, status=?, output=?, custom_status=?, input=?, "
+            "last_updated_time=?, lock_owner=NULL WHERE instance_id=?",
+            (execution_id, status, output, custom_status, input_json, now_iso, instance_id),
+        )
         return True
 
     def drop_messages(self, instance_id: str, ids: list[int]) -> None:
@@ -573,21 +581,27 @@ class Store:
             )
         return rows
 
-    def complete_activity(
-        self, activity_id: int, instance_id: str, execution_id: str, event: dict[str, Any]
-    ) -> bool:
-        """Delete the work item and enqueue its result in one transaction (at-least-once)."""
+    def complete_activities(
+        self, results: list[tuple[int, str, str, dict[str, Any]]]
+    ) -> list[bool]:
+        """For each (work item id, instance id, execution id, result event): delete the work
+        item and enqueue its result, all in one transaction (at-least-once: a work item this
+        host no longer holds is left alone, False)."""
+        done: list[bool] = []
         with self.tx() as db:
-            cur = db.execute(
-                "DELETE FROM activities WHERE id=? AND lock_owner=?", (activity_id, self.host_id)
-            )
-            if cur.rowcount == 0:
-                return False
-            db.execute(
-                "INSERT INTO inbox(instance_id, execution_id, event, visible_at) VALUES(?, ?, ?, 0)",
-                (instance_id, execution_id, json.dumps(event)),
-            )
-        return True
+            for activity_id, instance_id, execution_id, event in results:
+                cur = db.execute(
+                    "DELETE FROM activities WHERE id=? AND lock_owner=?",
+                    (activity_id, self.host_id),
+                )
+                done.append(cur.rowcount > 0)
+                if cur.rowcount:
+                    db.execute(
+                        "INSERT INTO inbox(instance_id, execution_id, event, visible_at) "
+                        "VALUES(?, ?, ?, 0)",
+                        (instance_id, execution_id, json.dumps(event)),
+                    )
+        return done
 
     def rewind(self, instance_id: str, rewind_event: dict[str, Any], now_iso: str) -> str | None:
         """Undo a Failed instance's failures: the history loses each failed activity and
