@@ -324,7 +324,10 @@ class DurableEngine:
     def _retry_later(self, instance_id: str) -> None:
         self._rejected_until[instance_id] = time.monotonic() + 5.0
         self._histories.pop(instance_id, None)
-        self.store.unlock_instance(instance_id)
+        try:
+            self.store.unlock_instance(instance_id)
+        except Exception:  # the hub refuses writes: the dispatch loop must go on regardless
+            log.exception("could not unlock %s; it stays locked until this host stops", instance_id)
 
     def _episode(self, instance_id: str) -> None:
         inst = self.store.get_instance(instance_id)
