@@ -302,6 +302,10 @@ class DurableEngine:
         if any(w.get("entity_ops") for w in writes):
             self.clock.poke(ENTITIES)
 
+    def _write(self, **episode: Any) -> None:
+        """Queue one episode's writes (`Store._commit_episode_in_tx`) for its batch."""
+        self._episode_writes.append(episode)
+
     def _next_claim(self, only: list[str] | None = None) -> Claim:
         real_now = time.monotonic()
         skip = {i for i, t in self._rejected_until.items() if t > real_now}
@@ -593,22 +597,20 @@ class DurableEngine:
                 Input=new_input,
                 OrchestrationInstance={"InstanceId": instance_id, "ExecutionId": new_execution},
             )
-            self._episode_writes.append(
-                dict(
-                    instance_id=instance_id,
-                    execution_id=new_execution,
-                    reset_history=True,
-                    new_history=[],
-                    consumed=consumed,
-                    activities=[],
-                    timers=[],
-                    messages=[(instance_id, new_execution, restart)],
-                    status="Running",
-                    output=None,
-                    custom_status=result.custom_status_json,
-                    input_json=new_input,
-                    now_iso=iso(now),
-                )
+            self._write(
+                instance_id=instance_id,
+                execution_id=new_execution,
+                reset_history=True,
+                new_history=[],
+                consumed=consumed,
+                activities=[],
+                timers=[],
+                messages=[(instance_id, new_execution, restart)],
+                status="Running",
+                output=None,
+                custom_status=result.custom_status_json,
+                input_json=new_input,
+                now_iso=iso(now),
             )
         else:
             episode.append(_event(ORCHESTRATOR_COMPLETED, now))
@@ -680,24 +682,22 @@ class DurableEngine:
         children: list[dict[str, Any]] | None = None,
         entity_ops: list[dict[str, Any]] | None = None,
     ) -> None:
-        self._episode_writes.append(
-            dict(
-                new_instances=children,
-                entity_ops=entity_ops,
-                instance_id=inst.instance_id,
-                execution_id=inst.execution_id,
-                reset_history=False,
-                new_history=episode,
-                consumed=consumed,
-                activities=activities,
-                timers=timers,
-                messages=messages,
-                status=status,
-                output=output,
-                custom_status=custom_status,
-                input_json=inst.input,
-                now_iso=iso(now),
-            )
+        self._write(
+            new_instances=children,
+            entity_ops=entity_ops,
+            instance_id=inst.instance_id,
+            execution_id=inst.execution_id,
+            reset_history=False,
+            new_history=episode,
+            consumed=consumed,
+            activities=activities,
+            timers=timers,
+            messages=messages,
+            status=status,
+            output=output,
+            custom_status=custom_status,
+            input_json=inst.input,
+            now_iso=iso(now),
         )
 
     def _fail(
