@@ -176,8 +176,13 @@ class DurableEngine:
         return StartResult(True, iid)
 
     def raise_event(self, instance_id: str, name: str, data_json: str | None) -> None:
-        self.store.enqueue(
-            instance_id, None, _event(EVENT_RAISED, self.clock.now(), Name=name, Input=data_json)
+        # The instance is locked for this host with the event's write when it is free: its
+        # episode needs no claim of its own.
+        self._claimed += self.store.enqueue(
+            instance_id,
+            None,
+            _event(EVENT_RAISED, self.clock.now(), Name=name, Input=data_json),
+            claim=self._next_claim(only=[instance_id]),
         )
         self.clock.poke(ORCHESTRATIONS)
 

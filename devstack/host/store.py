@@ -382,12 +382,16 @@ class Store:
         execution_id: str | None,
         event: dict[str, Any],
         visible_at: float = 0.0,
-    ) -> None:
+        claim: Claim | None = None,
+    ) -> list[str]:
+        """Queue a message for an instance; with `claim`, lock for this host in the same
+        transaction the instances it names that can run now. Returns those locked."""
         with self.tx() as db:
             db.execute(
                 "INSERT INTO inbox(instance_id, execution_id, event, visible_at) VALUES(?, ?, ?, ?)",
                 (instance_id, execution_id, json.dumps(event), visible_at),
             )
+            return self._claim_in_tx(db, claim)
 
     def purge(self, instance_id: str) -> int:
         with self.tx() as db:
