@@ -11,6 +11,11 @@ from __future__ import annotations
 import asyncio
 from datetime import UTC, datetime, timedelta
 
+# What a dispatch loop waits for (`Clock.wait(topic=...)`, `Clock.poke(...)`).
+ORCHESTRATIONS = "orchestrations"  # inbox messages: starts, events, results, timers
+ACTIVITIES = "activities"  # activity work items
+ENTITIES = "entities"  # entity operations
+
 
 class Clock:
     """Real UTC time."""
@@ -18,33 +23,43 @@ class Clock:
     controllable = False
 
     def __init__(self) -> None:
-        self._waiters: set[asyncio.Future[None]] = set()
+        self._waiters: dict[str, set[asyncio.Future[None]]] = {}
 
     def now(self) -> datetime:
         return datetime.now(UTC)
 
-    async def wait(self, deadline: datetime | None, *, max_wait: float) -> None:
-        """Sleep until `deadline`, at most `max_wait` seconds, or until the clock moves."""
+    async def wait(self, deadline: datetime | None, *, max_wait: float, topic: str = "") -> None:
+        """Sleep until `deadline`, at most `max_wait` seconds, or until the clock moves or
+        work of `topic` arrives (`poke`)."""
         timeout = max_wait
         if deadline is not None:
             timeout = max(0.0, min(max_wait, (deadline - self.now()).total_seconds()))
-        await self._sleep(timeout)
+        await self._sleep(timeout, topic)
 
-    async def _sleep(self, timeout: float) -> None:
+    async def _sleep(self, timeout: float, topic: str) -> None:
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters.add(fut)
+        waiters = self._waiters.setdefault(topic, set())
+        waiters.add(fut)
         try:
             await asyncio.wait_for(fut, timeout)
         except TimeoutError:
             pass
         finally:
-            self._waiters.discard(fut)
+            waiters.discard(fut)
 
-    def poke(self) -> None:
-        """Wake every waiter (new work arrived, or time moved). Call from the host's loop."""
-        for fut in list(self._waiters):
-            if not fut.done():
-                fut.set_result(None)
+    def poke(self, *topics: str) -> None:
+        """Wake the waiters of `topics` (new work of that kind arrived), or every waiter
+        when none is named (time moved, the host stops). Call from the host's loop.
+
+        Named wake-ups keep a dispatch loop from re-reading the hub for work of another kind
+        each time some arrives (the activity loop looked for activities after each episode,
+        activity result and event: several idle queries per order)."""
+        for topic, waiters in self._waiters.items():
+            if topics and topic not in topics:
+                continue
+            for fut in list(waiters):
+                if not fut.done():
+                    fut.set_result(None)
 
 
 class ControllableClock(Clock):
@@ -59,12 +74,12 @@ class ControllableClock(Clock):
     def now(self) -> datetime:
         return self._now
 
-    async def wait(self, deadline: datetime | None, *, max_wait: float) -> None:
+    async def wait(self, deadline: datetime | None, *, max_wait: float, topic: str = "") -> None:
         # Never sleep toward a deadline in real time: only an advance (or new work) ends the wait.
         if deadline is not None and deadline <= self._now:
             await asyncio.sleep(0)
             return
-        await self._sleep(max_wait)
+        await self._sleep(max_wait, topic)
 
     def advance(self, seconds: float) -> datetime:
         self._now = self._now + timedelta(seconds=seconds)

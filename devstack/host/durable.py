@@ -27,14 +27,14 @@ from azure.functions import meta
 from azure.functions.durable_functions import ActivityTriggerConverter
 
 from .app import AppCatalog
-from .clock import Clock
+from .clock import ACTIVITIES, ENTITIES, ORCHESTRATIONS, Clock
 from .config import DurableOptions
 from .durable_http import run_http_activity
 from .entities import EntityEngine
 from .errors import NonDeterminismError
 from .invoke import call_function
 from .replay import HTTP_ACTIVITY, SCHEDULING_EVENTS, run_episode
-from .store import TERMINAL, Instance, Store
+from .store import TERMINAL, Claim, Instance, Store
 
 log = logging.getLogger("devstack.host.durable")
 
@@ -114,9 +114,15 @@ class DurableEngine:
         self.clock = clock
         self.options = options
         self.client_binding = client_binding or {}
-        self._busy: set[str] = set()
         self._activity_tasks: set[asyncio.Task[None]] = set()
-        self._orch_tasks: set[asyncio.Task[None]] = set()
+        # Episodes' writes, committed together when a batch of episodes has run
+        # (`_run_episodes`), and activity results waiting for the next write (`_flush_results`).
+        self._episode_writes: list[dict[str, Any]] = []
+        self._activity_results: list[tuple[dict[str, Any], dict[str, Any]]] = []
+        self._flush_scheduled = False
+        self._activities_full = False
+        # Instances a write of this host locked for it on the way (`Claim`), run next.
+        self._claimed: list[str] = []
         self._stopping = False
         self._rejected_until: dict[str, float] = {}
         self._histories: dict[str, _CachedHistory] = {}
@@ -166,14 +172,19 @@ class DurableEngine:
                 iid,
                 error=f"An Orchestration instance with the status {blocking} already exists.",
             )
-        self.clock.poke()
+        self.clock.poke(ORCHESTRATIONS)
         return StartResult(True, iid)
 
     def raise_event(self, instance_id: str, name: str, data_json: str | None) -> None:
-        self.store.enqueue(
-            instance_id, None, _event(EVENT_RAISED, self.clock.now(), Name=name, Input=data_json)
+        # The instance is locked for this host with the event's write when it is free: its
+        # episode needs no claim of its own.
+        self._claimed += self.store.enqueue(
+            instance_id,
+            None,
+            _event(EVENT_RAISED, self.clock.now(), Name=name, Input=data_json),
+            claim=self._next_claim(only=[instance_id]),
         )
-        self.clock.poke()
+        self.clock.poke(ORCHESTRATIONS)
 
     def restart(self, instance_id: str, new_instance_id: bool) -> StartResult | None:
         """Start the instance's orchestration again with its original input (RestartAsync)."""
@@ -188,20 +199,20 @@ class DurableEngine:
         blocking = self.store.rewind(
             instance_id, _event(GENERIC_EVENT, now, Data=f"Rewound: {reason or ''}"), iso(now)
         )
-        self.clock.poke()
+        self.clock.poke(ORCHESTRATIONS)
         return blocking
 
     def suspend(self, instance_id: str, reason: str | None) -> None:
         self.store.enqueue(
             instance_id, None, _event(EXECUTION_SUSPENDED, self.clock.now(), Reason=reason)
         )
-        self.clock.poke()
+        self.clock.poke(ORCHESTRATIONS)
 
     def resume(self, instance_id: str, reason: str | None) -> None:
         self.store.enqueue(
             instance_id, None, _event(EXECUTION_RESUMED, self.clock.now(), Reason=reason)
         )
-        self.clock.poke()
+        self.clock.poke(ORCHESTRATIONS)
 
     def terminate(self, instance_id: str, reason: str | None) -> None:
         self.store.enqueue(
@@ -209,7 +220,7 @@ class DurableEngine:
             None,
             _event(EXECUTION_TERMINATED, self.clock.now(), Input=json.dumps(reason)),
         )
-        self.clock.poke()
+        self.clock.poke(ORCHESTRATIONS)
 
     # ---- dispatch loops ----------------------------------------------------------------
 
@@ -223,23 +234,27 @@ class DurableEngine:
 
     async def drain(self, timeout: float) -> None:
         """Let running episodes and activities finish (a host stopping cleanly does)."""
-        pending = [*self._orch_tasks, *self._activity_tasks, *self.entities.tasks]
+        pending = [*self._activity_tasks, *self.entities.tasks]
         if pending:
             await asyncio.wait(pending, timeout=timeout)
+        self._flush_results()
+        # Claimed on the way but not run: let another host have them at once.
+        for instance_id in self._claimed:
+            self.store.unlock_instance(instance_id)
+        self._claimed = []
 
     async def _orchestration_loop(self) -> None:
         while not self._stopping:
             now = self.clock.now()
-            free = self.options.max_concurrent_orchestrators - len(self._busy)
             real_now = time.monotonic()
-            skip = self._busy | {i for i, t in self._rejected_until.items() if t > real_now}
-            claimed = self.store.claim_instances(now.timestamp(), free, skip) if free > 0 else []
-            for iid in claimed:
-                self._busy.add(iid)
-                task = asyncio.create_task(self._run_instance(iid))
-                self._orch_tasks.add(task)
-                task.add_done_callback(self._orch_tasks.discard)
+            most = self.options.max_concurrent_orchestrators
+            if self._claimed:
+                claimed, self._claimed = self._claimed[:most], self._claimed[most:]
+            else:
+                skip = {i for i, t in self._rejected_until.items() if t > real_now}
+                claimed = self.store.claim_instances(now.timestamp(), most, skip)
             if claimed:
+                self._run_episodes(claimed)
                 await asyncio.sleep(0)
                 continue
             next_due = self.store.next_due()
@@ -247,20 +262,81 @@ class DurableEngine:
             future_due = next_due is not None and next_due > now.timestamp()
             deadline = datetime.fromtimestamp(next_due, UTC) if future_due else None
             # Poll as well: another host process may have written work into the shared hub.
-            await self.clock.wait(deadline, max_wait=0.25)
+            await self.clock.wait(deadline, max_wait=0.25, topic=ORCHESTRATIONS)
 
-    async def _run_instance(self, instance_id: str) -> None:
+    def _run_episodes(self, instance_ids: list[str]) -> None:
+        """Run one episode of each claimed instance, then write them all in one transaction
+        (each episode's writes are atomic either way; a batch takes the hub's write lock and
+        commits once instead of once per episode, and holds the lock only for the writes).
+        An instance stays locked by this host until its episode is written. An episode that
+        raises, or a batch whose write fails, leaves its instances unlocked and retried in 5 s."""
+        for instance_id in instance_ids:
+            try:
+                self._episode(instance_id)
+            except Exception:
+                log.exception(
+                    "orchestration episode for %s failed inside the host; retrying in 5 s",
+                    instance_id,
+                )
+                self._retry_later(instance_id)
+        writes, self._episode_writes = self._episode_writes, []
+        if not writes:
+            return
         try:
-            self._episode(instance_id)
-        except Exception:
-            log.exception(
-                "orchestration episode for %s failed inside the host; retrying in 5 s", instance_id
+            # This host runs the new activities itself as far as it has free slots, and
+            # takes the instances that are ready by now (those whose activity results or
+            # events came meanwhile) for its next batch: no claim of their own for either.
+            out = self.store.commit_episodes(
+                writes, own_activities=self._free_activity_slots(), claim=self._next_claim()
             )
-            self._rejected_until[instance_id] = time.monotonic() + 5.0
+        except Exception:
+            log.exception("writing %d episodes failed; retrying them in 5 s", len(writes))
+            for w in writes:
+                self._retry_later(w["instance_id"])
+            return
+        for w, ok in zip(writes, out.written, strict=True):
+            if not ok:
+                log.warning("lost the lock on %s; its episode will run again", w["instance_id"])
+            if w["status"] in TERMINAL:
+                self._histories.pop(w["instance_id"], None)  # read no more
+        self._claimed.extend(out.claimed)
+        self._start_activities(out.activities)
+        # Activity work left for any host, or entity operations: wake those loops.
+        if sum(len(w["activities"]) for w in writes) > len(out.activities):
+            self.clock.poke(ACTIVITIES)
+        if any(w.get("entity_ops") for w in writes):
+            self.clock.poke(ENTITIES)
+
+    def _write(self, **episode: Any) -> None:
+        """Queue one episode's writes (`Store._commit_episode_in_tx`) for its batch."""
+        self._episode_writes.append(episode)
+
+    def _next_claim(self, only: list[str] | None = None) -> Claim:
+        real_now = time.monotonic()
+        skip = {i for i, t in self._rejected_until.items() if t > real_now}
+        return Claim(
+            self.clock.now().timestamp(),
+            self.options.max_concurrent_orchestrators - len(self._claimed),
+            skip | set(self._claimed),
+            only,
+        )
+
+    def _free_activity_slots(self) -> int:
+        return self.options.max_concurrent_activities - len(self._activity_tasks)
+
+    def _start_activities(self, rows: list[Any]) -> None:
+        for row in rows:
+            task = asyncio.create_task(self._run_activity(dict(row)))
+            self._activity_tasks.add(task)
+            task.add_done_callback(self._activity_done)
+
+    def _retry_later(self, instance_id: str) -> None:
+        self._rejected_until[instance_id] = time.monotonic() + 5.0
+        self._histories.pop(instance_id, None)
+        try:
             self.store.unlock_instance(instance_id)
-        finally:
-            self._busy.discard(instance_id)
-            self.clock.poke()
+        except Exception:  # the hub refuses writes: the dispatch loop must go on regardless
+            log.exception("could not unlock %s; it stays locked until this host stops", instance_id)
 
     def _episode(self, instance_id: str) -> None:
         inst = self.store.get_instance(instance_id)
@@ -526,7 +602,7 @@ class DurableEngine:
                 Input=new_input,
                 OrchestrationInstance={"InstanceId": instance_id, "ExecutionId": new_execution},
             )
-            ok = self.store.commit_episode(
+            self._write(
                 instance_id=instance_id,
                 execution_id=new_execution,
                 reset_history=True,
@@ -541,8 +617,6 @@ class DurableEngine:
                 input_json=new_input,
                 now_iso=iso(now),
             )
-            if not ok:
-                log.warning("lost the lock on %s; its episode will run again", instance_id)
         else:
             episode.append(_event(ORCHESTRATOR_COMPLETED, now))
             self._commit(
@@ -613,7 +687,7 @@ class DurableEngine:
         children: list[dict[str, Any]] | None = None,
         entity_ops: list[dict[str, Any]] | None = None,
     ) -> None:
-        ok = self.store.commit_episode(
+        self._write(
             new_instances=children,
             entity_ops=entity_ops,
             instance_id=inst.instance_id,
@@ -630,10 +704,6 @@ class DurableEngine:
             input_json=inst.input,
             now_iso=iso(now),
         )
-        if not ok:
-            log.warning("lost the lock on %s; its episode will run again", inst.instance_id)
-        if status in TERMINAL:
-            self._histories.pop(inst.instance_id, None)  # no episode will read it again
 
     def _fail(
         self,
@@ -742,16 +812,20 @@ class DurableEngine:
 
     async def _activity_loop(self) -> None:
         while not self._stopping:
-            free = self.options.max_concurrent_activities - len(self._activity_tasks)
+            free = self._free_activity_slots()
             rows = self.store.claim_activities(free)
-            for row in rows:
-                task = asyncio.create_task(self._run_activity(dict(row)))
-                self._activity_tasks.add(task)
-                task.add_done_callback(self._activity_tasks.discard)
+            self._start_activities(rows)
+            self._activities_full = len(rows) >= free
             if not rows:
-                await self.clock.wait(None, max_wait=0.25)
+                await self.clock.wait(None, max_wait=0.25, topic=ACTIVITIES)
             else:
                 await asyncio.sleep(0)
+
+    def _activity_done(self, task: asyncio.Task[None]) -> None:
+        self._activity_tasks.discard(task)
+        if self._activities_full:  # a slot is free again for work that is waiting
+            self._activities_full = False
+            self.clock.poke(ACTIVITIES)
 
     async def _run_activity(self, row: dict[str, Any]) -> None:
         name = row["name"]
@@ -802,12 +876,28 @@ class DurableEngine:
                     Reason=str(exc) or type(exc).__name__,
                     Details="".join(traceback.format_exception(exc)),
                 )
-        if not self.store.complete_activity(
-            row["id"], row["instance_id"], row["execution_id"], event
-        ):
-            log.warning(
-                "activity %s for %s finished after its lock was lost; the other run's result wins",
-                name,
-                row["instance_id"],
-            )
-        self.clock.poke()
+        # Written with the other results that arrive before the loop's next turn: one
+        # transaction for them all (each is still at-least-once, as before).
+        self._activity_results.append((row, event))
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush_results)
+
+    def _flush_results(self) -> None:
+        self._flush_scheduled = False
+        results, self._activity_results = self._activity_results, []
+        if not results:
+            return
+        out = self.store.complete_activities(
+            [(r["id"], r["instance_id"], r["execution_id"], event) for r, event in results],
+            claim=self._next_claim(only=[r["instance_id"] for r, _ in results]),
+        )
+        self._claimed.extend(out.claimed)
+        for (row, _), ok in zip(results, out.written, strict=True):
+            if not ok:
+                log.warning(
+                    "activity %s for %s finished after its lock was lost; the other run's result wins",
+                    row["name"],
+                    row["instance_id"],
+                )
+        self.clock.poke(ORCHESTRATIONS)

@@ -20,7 +20,7 @@ from datetime import UTC
 from typing import Any
 
 from .app import ENTITY_TRIGGER, AppCatalog, FunctionSpec
-from .clock import Clock
+from .clock import ENTITIES, ORCHESTRATIONS, Clock
 from .invoke import call_function
 from .store import Store
 
@@ -82,7 +82,7 @@ class EntityEngine:
             if claimed:
                 await asyncio.sleep(0)
             else:
-                await self.clock.wait(None, max_wait=0.1)
+                await self.clock.wait(None, max_wait=0.1, topic=ENTITIES)
 
     async def _run_batch(self, entity_id: str) -> None:
         try:
@@ -93,7 +93,7 @@ class EntityEngine:
             await asyncio.sleep(1)
         finally:
             self._busy.discard(entity_id)
-            self.clock.poke()
+            self.clock.poke(ENTITIES, ORCHESTRATIONS)  # more operations; callers' responses
 
     async def _batch(self, entity_id: str) -> None:
         exists, state, ops = self.store.entity_batch(entity_id, BATCH_SIZE)

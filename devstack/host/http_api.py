@@ -14,7 +14,7 @@ from typing import Any
 
 from aiohttp import web
 
-from .clock import Clock, ControllableClock
+from .clock import ENTITIES, Clock, ControllableClock
 from .durable import DurableEngine
 from .entities import scheduler_id
 from .store import TERMINAL, Instance
@@ -476,7 +476,7 @@ class DurableHttpApi:
             operation=operation,
             input_json=input_json,
         )
-        self.clock.poke()
+        self.clock.poke(ENTITIES)
         return web.Response(status=202)
 
     async def health(self, _request: web.Request) -> web.Response:

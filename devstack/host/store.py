@@ -24,7 +24,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 SCHEMA = """
@@ -112,6 +112,29 @@ class Instance:
     @property
     def is_terminal(self) -> bool:
         return self.status in TERMINAL
+
+
+@dataclass
+class Claim:
+    """What to lock for this host at the end of a write it makes anyway: up to `limit`
+    instances with messages visible at `now_epoch`, except those in `skip`."""
+
+    now_epoch: float
+    limit: int
+    skip: set[str]
+    # Only these instances (they were just sent messages): no search of the inbox.
+    only: list[str] | None = None
+
+
+@dataclass
+class Written:
+    """What a batched write did: per item, whether it was written (False: this host had
+    lost its lock), the activity work items it locked for this host, the instances it
+    claimed."""
+
+    written: list[bool] = field(default_factory=list)
+    activities: list[dict[str, Any]] = field(default_factory=list)
+    claimed: list[str] = field(default_factory=list)
 
 
 class Store:
@@ -359,12 +382,16 @@ class Store:
         execution_id: str | None,
         event: dict[str, Any],
         visible_at: float = 0.0,
-    ) -> None:
+        claim: Claim | None = None,
+    ) -> list[str]:
+        """Queue a message for an instance; with `claim`, lock for this host in the same
+        transaction the instances it names that can run now. Returns those locked."""
         with self.tx() as db:
             db.execute(
                 "INSERT INTO inbox(instance_id, execution_id, event, visible_at) VALUES(?, ?, ?, ?)",
                 (instance_id, execution_id, json.dumps(event), visible_at),
             )
+            return self._claim_in_tx(db, claim)
 
     def purge(self, instance_id: str) -> int:
         with self.tx() as db:
@@ -429,23 +456,49 @@ class Store:
         rows = self._ready_instances(now_epoch, limit, busy)
         if not rows:
             return []
+        with self.tx() as db:
+            return self._lock_instances_in_tx(db, rows)
+
+    def _claim_in_tx(self, db: sqlite3.Connection, claim: Claim | None) -> list[str]:
+        """Inside a write transaction this host holds anyway: lock the instances that are
+        ready now (`claim_instances` without a transaction of its own)."""
+        if claim is None or claim.limit <= 0:
+            return []
+        if claim.only is None:
+            rows = self._ready_instances(claim.now_epoch, claim.limit, claim.skip)
+        else:
+            wanted = [i for i in dict.fromkeys(claim.only) if i not in claim.skip]
+            # A suspended instance waits for its resume (as `_ready_instances` leaves it).
+            suspended = (
+                {
+                    r[0]
+                    for r in db.execute(
+                        f"SELECT instance_id FROM instances WHERE status='Suspended' "
+                        f"AND instance_id IN ({','.join('?' * len(wanted))})",
+                        wanted,
+                    )
+                }
+                if wanted
+                else set()
+            )
+            rows = [i for i in wanted if i not in suspended][: claim.limit]
+        return self._lock_instances_in_tx(db, rows) if rows else []
+
+    def _lock_instances_in_tx(self, db: sqlite3.Connection, rows: list[str]) -> list[str]:
         claimed: list[str] = []
         free_sql, free_args = self._free_owner_sql()
-        with self.tx() as db:
-            for iid in rows:
-                cur = db.execute(
-                    f"UPDATE instances SET lock_owner=? WHERE instance_id=? AND {free_sql}",
-                    (self.host_id, iid, *free_args),
-                )
-                if cur.rowcount:
-                    claimed.append(iid)
-                    continue
-                exists = db.execute(
-                    "SELECT 1 FROM instances WHERE instance_id=?", (iid,)
-                ).fetchone()
-                if exists is None:
-                    # Messages for an instance that no longer exists (purged): drop them.
-                    db.execute("DELETE FROM inbox WHERE instance_id=?", (iid,))
+        for iid in rows:
+            cur = db.execute(
+                f"UPDATE instances SET lock_owner=? WHERE instance_id=? AND {free_sql}",
+                (self.host_id, iid, *free_args),
+            )
+            if cur.rowcount:
+                claimed.append(iid)
+                continue
+            exists = db.execute("SELECT 1 FROM instances WHERE instance_id=?", (iid,)).fetchone()
+            if exists is None:
+                # Messages for an instance that no longer exists (purged): drop them.
+                db.execute("DELETE FROM inbox WHERE instance_id=?", (iid,))
         return claimed
 
     def visible_messages(
@@ -457,9 +510,29 @@ class Store:
         ).fetchall()
         return [(r["id"], r["execution_id"], json.loads(r["event"])) for r in rows]
 
-    def commit_episode(
+    def commit_episodes(
+        self, episodes: list[dict[str, Any]], *, own_activities: int = 0, claim: Claim | None = None
+    ) -> Written:
+        """Write several episodes (each the keyword arguments of `_commit_episode_in_tx`) in
+        one transaction: one write lock and one commit for a batch of episodes instead of one
+        each. Up to `own_activities` of the activities they schedule are written already
+        locked by this host (it runs them at once: no claim of its own), and, with `claim`,
+        the instances ready now are locked for this host in the same transaction."""
+        out = Written()
+        with self.tx() as db:
+            for episode in episodes:
+                ok, rows = self._commit_episode_in_tx(db, own=own_activities, **episode)
+                own_activities -= len(rows)
+                out.written.append(ok)
+                out.activities.extend(rows)
+            out.claimed = self._claim_in_tx(db, claim)
+        return out
+
+    def _commit_episode_in_tx(
         self,
+        db: sqlite3.Connection,
         *,
+        own: int,
         instance_id: str,
         execution_id: str,
         reset_history: bool,
@@ -475,61 +548,83 @@ class Store:
         now_iso: str,
         new_instances: list[dict[str, Any]] | None = None,
         entity_ops: list[dict[str, Any]] | None = None,
-    ) -> bool:
-        """Write everything one episode produced, atomically. False if the lock was lost.
+    ) -> tuple[bool, list[dict[str, Any]]]:
+        """Write everything one episode produced, inside the caller's transaction. False if
+        the lock was lost (then nothing is written). The first `own` activities are written
+        locked by this host; their rows are returned, as `claim_activities` returns them.
 
         `new_instances` are sub-orchestrations to create (keyword arguments of
         `create_or_restart_instance`); an existing running one is left alone."""
-        with self.tx() as db:
-            owner = db.execute(
-                "SELECT lock_owner, (SELECT MAX(seq) FROM history WHERE instance_id=?1) AS m "
-                "FROM instances WHERE instance_id=?1",
-                (instance_id,),
-            ).fetchone()
-            if owner is None or owner["lock_owner"] != self.host_id:
-                return False
-            if reset_history:
-                db.execute("DELETE FROM history WHERE instance_id=?", (instance_id,))
-                start = 0
-            else:
-                start = (owner["m"] + 1) if owner["m"] is not None else 0
-            # Empty lists are skipped: most episodes write only some of these.
-            if new_history:
-                db.executemany(
-                    "INSERT INTO history(instance_id, seq, execution_id, event) VALUES(?, ?, ?, ?)",
-                    [
-                        (instance_id, start + i, execution_id, json.dumps(e))
-                        for i, e in enumerate(new_history)
-                    ],
-                )
-            if consumed:
-                db.executemany("DELETE FROM inbox WHERE id=?", [(i,) for i in consumed])
-            if activities:
-                db.executemany(
-                    "INSERT INTO activities(instance_id, execution_id, task_id, name, input) "
-                    "VALUES(?, ?, ?, ?, ?)",
-                    [(instance_id, execution_id, tid, name, inp) for tid, name, inp in activities],
-                )
-            if timers:
-                db.executemany(
-                    "INSERT INTO inbox(instance_id, execution_id, event, visible_at) VALUES(?, ?, ?, ?)",
-                    [(instance_id, execution_id, json.dumps(ev), at) for ev, at in timers],
-                )
-            if messages:
-                db.executemany(
-                    "INSERT INTO inbox(instance_id, execution_id, event, visible_at) VALUES(?, ?, ?, 0)",
-                    [(iid, eid, json.dumps(ev)) for iid, eid, ev in messages],
-                )
-            for child in new_instances or []:
-                self._create_in_tx(db, **child)
-            for op in entity_ops or []:
-                self._enqueue_entity_op_in_tx(db, **op)
-            db.execute(
-                "UPDATE instances SET execution_id=?, status=?, output=?, custom_status=?, input=?, "
-                "last_updated_time=?, lock_owner=NULL WHERE instance_id=?",
-                (execution_id, status, output, custom_status, input_json, now_iso, instance_id),
+        owner = db.execute(
+            "SELECT lock_owner, (SELECT MAX(seq) FROM history WHERE instance_id=?1) AS m "
+            "FROM instances WHERE instance_id=?1",
+            (instance_id,),
+        ).fetchone()
+        if owner is None or owner["lock_owner"] != self.host_id:
+            return False, []
+        if reset_history:
+            db.execute("DELETE FROM history WHERE instance_id=?", (instance_id,))
+            start = 0
+        else:
+            start = (owner["m"] + 1) if owner["m"] is not None else 0
+        # Empty lists are skipped: most episodes write only some of these.
+        if new_history:
+            db.executemany(
+                "INSERT INTO history(instance_id, seq, execution_id, event) VALUES(?, ?, ?, ?)",
+                [
+                    (instance_id, start + i, execution_id, json.dumps(e))
+                    for i, e in enumerate(new_history)
+                ],
             )
-        return True
+        if consumed:
+            db.executemany("DELETE FROM inbox WHERE id=?", [(i,) for i in consumed])
+        taken: list[dict[str, Any]] = []
+        for tid, name, inp in activities[: max(0, own)]:
+            (aid,) = db.execute(
+                "INSERT INTO activities(instance_id, execution_id, task_id, name, input, "
+                "lock_owner, dequeue_count) VALUES(?, ?, ?, ?, ?, ?, 1) RETURNING id",
+                (instance_id, execution_id, tid, name, inp, self.host_id),
+            ).fetchone()
+            taken.append(
+                dict(
+                    id=aid,
+                    instance_id=instance_id,
+                    execution_id=execution_id,
+                    task_id=tid,
+                    name=name,
+                    input=inp,
+                    dequeue_count=1,
+                )
+            )
+        if len(activities) > len(taken):
+            db.executemany(
+                "INSERT INTO activities(instance_id, execution_id, task_id, name, input) "
+                "VALUES(?, ?, ?, ?, ?)",
+                [
+                    (instance_id, execution_id, tid, name, inp)
+                    for tid, name, inp in activities[len(taken) :]
+                ],
+            )
+        if timers:
+            db.executemany(
+                "INSERT INTO inbox(instance_id, execution_id, event, visible_at) VALUES(?, ?, ?, ?)",
+                [(instance_id, execution_id, json.dumps(ev), at) for ev, at in timers],
+            )
+        if messages:
+            db.executemany(
+                "INSERT INTO inbox(instance_id, execution_id, event, visible_at) VALUES(?, ?, ?, 0)",
+                [(iid, eid, json.dumps(ev)) for iid, eid, ev in messages],
+            )
+        for child in new_instances or []:
+            self._create_in_tx(db, **child)
+        for op in entity_ops or []:
+            self._enqueue_entity_op_in_tx(db, **op)
+        db.execute(
+            "UPDATE instances SET execution_id=?, status=?, output=?, custom_status=?, input=?, "
+            "last_updated_time=?, lock_owner=NULL WHERE instance_id=?",
+            (execution_id, status, output, custom_status, input_json, now_iso, instance_id),
+        )
+        return True, taken
 
     def drop_messages(self, instance_id: str, ids: list[int]) -> None:
         with self.tx() as db:
@@ -573,21 +668,30 @@ class Store:
             )
         return rows
 
-    def complete_activity(
-        self, activity_id: int, instance_id: str, execution_id: str, event: dict[str, Any]
-    ) -> bool:
-        """Delete the work item and enqueue its result in one transaction (at-least-once)."""
+    def complete_activities(
+        self, results: list[tuple[int, str, str, dict[str, Any]]], claim: Claim | None = None
+    ) -> Written:
+        """For each (work item id, instance id, execution id, result event): delete the work
+        item and enqueue its result, all in one transaction (at-least-once: a work item this
+        host no longer holds is left alone, False); with `claim`, lock the instances ready
+        now (those the results woke among them) in the same transaction."""
+        out = Written()
+        done = out.written
         with self.tx() as db:
-            cur = db.execute(
-                "DELETE FROM activities WHERE id=? AND lock_owner=?", (activity_id, self.host_id)
-            )
-            if cur.rowcount == 0:
-                return False
-            db.execute(
-                "INSERT INTO inbox(instance_id, execution_id, event, visible_at) VALUES(?, ?, ?, 0)",
-                (instance_id, execution_id, json.dumps(event)),
-            )
-        return True
+            for activity_id, instance_id, execution_id, event in results:
+                cur = db.execute(
+                    "DELETE FROM activities WHERE id=? AND lock_owner=?",
+                    (activity_id, self.host_id),
+                )
+                done.append(cur.rowcount > 0)
+                if cur.rowcount:
+                    db.execute(
+                        "INSERT INTO inbox(instance_id, execution_id, event, visible_at) "
+                        "VALUES(?, ?, ?, 0)",
+                        (instance_id, execution_id, json.dumps(event)),
+                    )
+            out.claimed = self._claim_in_tx(db, claim)
+        return out
 
     def rewind(self, instance_id: str, rewind_event: dict[str, Any], now_iso: str) -> str | None:
         """Undo a Failed instance's failures: the history loses each failed activity and

@@ -37,7 +37,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 def _queue_name(item: pytest.Item) -> str:
-    return item.name.removeprefix("test_").replace("_", "-")[:200]
+    """One queue per test function (a parametrized test's cases share it, as they share the
+    SDK preparer's queue): its name without `test_`, underscores as hyphens."""
+    name = getattr(item, "originalname", None) or item.name
+    return name.removeprefix("test_").replace("_", "-")[:200]
 
 
 @pytest.fixture(scope="session")

@@ -41,6 +41,7 @@ def _unchanged(*_args: Any, **_kwargs: Any) -> Decorator:
 
 # A resource group and a namespace: the emulator is the namespace.
 CachedResourceGroupPreparer = _unchanged
+CachedServiceBusResourceGroupPreparer = _unchanged
 CachedServiceBusNamespacePreparer = _unchanged
 
 
@@ -57,6 +58,42 @@ CachedServiceBusQueuePreparer = ServiceBusQueuePreparer
 
 class AzureMgmtTestCase:
     """The SDK's test base class; nothing of it is used by the copied tests."""
+
+
+class AzureMgmtRecordedTestCase:
+    """The base class of the SDK's later tests (test_queues_7_11.py); nothing of it is used."""
+
+
+def uamqp_transport() -> tuple[list[bool], list[str]]:
+    """The SDK's utilities.uamqp_transport parametrizes over uamqp (where installed) and
+    pyamqp. Here pyamqp only: it is the SDK's default transport since 7.9 and the one the app
+    and the local host use; uamqp is no dependency of the app (a machine may still have it)."""
+    return [False], ["pyamqp"]
+
+
+class ArgPasser:
+    """The SDK's utilities.ArgPasser passes the preparers' keyword arguments to a test
+    whose parameters after `uamqp_transport` are keyword-only with defaults, which pytest
+    does not fill from fixtures. Here it gives the test the same two keyword arguments from
+    this directory's fixtures (conftest.py), under a signature that names them."""
+
+    def __call__(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def _preparer(
+            self: Any,
+            uamqp_transport: bool,
+            servicebus_namespace_connection_string: str,
+            servicebus_queue: Any,
+        ) -> Any:
+            return fn(
+                self,
+                uamqp_transport=uamqp_transport,
+                servicebus_namespace_connection_string=servicebus_namespace_connection_string,
+                servicebus_queue=servicebus_queue,
+            )
+
+        _preparer.__name__ = fn.__name__
+        _preparer.__qualname__ = fn.__qualname__
+        return _preparer
 
 
 def get_logger(level: int) -> logging.Logger:
