@@ -8,7 +8,8 @@ triggers/activities.py only decode, call, encode.
 - send_step: a step's request, with no write (the claim marked the step
   Running until the attempt's deadline);
 - finish_attempt: the attempt's one write (every step done Completed, then
-  Processed with its status in the outbox, sent and cleared; or the failure's
+  Processed, its status sent just before (ADR 021j) or else left in the
+  outbox, sent and cleared; or the failure's
   compensation begun, or Error), fenced on LockedBy;
 - write_state: the workflow's other guarded writes (a transient failure
   noted, each undo's outcome, the compensation's end);
@@ -153,6 +154,13 @@ def _finishing(
         return record.ProcessState is target and last is not None and last.By == instance
 
     return mutate, landed
+
+
+def _status_sent(
+    mutate: Callable[[OrderState], OrderState], message_id: str, now: datetime
+) -> Callable[[OrderState], OrderState]:
+    """`mutate`, then its outbox entry `message_id` cleared: the status is out."""
+    return lambda record: sm.mark_status_sent(mutate(record), message_id, now)
 
 
 class SchedulerActivities:
@@ -338,13 +346,16 @@ class SchedulerActivities:
 
     async def finish_attempt(self, data: FinishAll) -> Wrote:
         """The attempt's one write, on the record as stored (read once):
-        every step done Completed, then Processed with its status in the
+        every step done Completed, then Processed with its status sent just
+        before the write (`_write_on`'s `send_first`) or else left in the
         outbox (sent and cleared here), or with `Failed` the compensation
         begun (its plan returned) or Error. Fenced like every write: it lands
         only on a version on which LockedBy = this instance was checked."""
         order_id, attempt = parse_attempt_instance_id(data.InstanceId)
         mutate, landed = _finishing(data, self._clock.now())
-        written = await self._write_on(order_id, data.InstanceId, mutate, landed)
+        written = await self._write_on(
+            order_id, data.InstanceId, mutate, landed, send_first=data.Failed is None
+        )
         if isinstance(written, str):
             return Wrote(Stale=True, Reason=written)
         record, etag = written
@@ -354,7 +365,7 @@ class SchedulerActivities:
                 # The plan of the compensation, from the version just written
                 # (a read after it could lag: the undo log would look empty).
                 plan = await self._plan(record, attempt, await self._payload(order_id))
-            return Wrote(State=record.ProcessState, Etag=etag, Plan=plan)
+            return Wrote(State=record.ProcessState, Plan=plan)
         if not await self._outbox.deliver(record, etag):
             # Durable retries this activity: the retry recognises its write
             # and sends again (same message id); the Starter, if every try fails.
@@ -367,7 +378,7 @@ class SchedulerActivities:
                 await self._index.discard(order_id, data.IndexedAt)
             except Exception:
                 log.warning("index entry of %s not discarded", data.InstanceId, exc_info=True)
-        return Wrote(State=record.ProcessState, Etag=etag)
+        return Wrote(State=record.ProcessState)
 
     async def _write_on(
         self,
@@ -375,17 +386,39 @@ class SchedulerActivities:
         instance: str,
         mutate: Callable[[OrderState], OrderState],
         landed: Callable[[OrderState], bool],
+        send_first: bool = False,
     ) -> tuple[OrderState, str] | str:
-        """`mutate` applied to the stored record, or the record as it is when
-        `landed` says this write is there already (a retried activity); the
-        record and its etag, or why the attempt is stale (store.update checks
-        LockedBy on every version it replaces)."""
+        """`mutate` applied to the stored record (read once), or the record as
+        it is when `landed` says this write is there already (a retried
+        activity); the record and its etag, or why the attempt is stale
+        (store.update checks LockedBy on every version it replaces).
+        `send_first` (the happy path): the status `mutate` puts in the outbox
+        is sent before the write, which then leaves the outbox empty, so no
+        replace clears it (docs/adr/021j-status-before-the-finishing-write.md);
+        only while the attempt's deadline is a step timeout away or more (no
+        Supervisor can take the record before the write lands); otherwise, or
+        when the send fails, the status stays in the outbox."""
         try:
             fresh, fresh_etag = await self._store.read(order_id)
         except NotFoundError:
             return f"order {order_id} has no state record"
         if landed(fresh):
             return fresh, fresh_etag
+        now = self._clock.now()
+        if (
+            send_first
+            and fresh.CompleteBy
+            and now + self._settings.step_timeout <= fresh.CompleteBy
+        ):
+            try:
+                pending = mutate(fresh).PendingStatus
+                if pending is not None:
+                    await self._status.send_pending(fresh.ReplyTo, fresh.id, pending)
+                    mutate = _status_sent(mutate, pending.MessageId, now)
+            except Exception as exc:  # not its record as read, or the send failed: the outbox
+                log.info(
+                    "%s sends from the outbox: %s", instance, exc, extra={"order_id": order_id}
+                )
         try:
             fresh = mutate(fresh)
             return fresh, await self._store.replace(fresh, fresh_etag)

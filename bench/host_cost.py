@@ -103,7 +103,8 @@ def ops_from_journal(entries: list[dict[str, Any]], containers: dict[str, str]) 
             else:  # a 404: which document it missed still says whose read it was
                 op.old = {"id": str(doc_id)}
         elif kind == "delete":
-            op.old = known.pop((container, str(doc_id)), None)
+            # One written before the journal started: priced as the smallest document.
+            op.old = known.pop((container, str(doc_id)), None) or {"id": str(doc_id)}
         elif kind == "query":
             docs = (response or {}).get("Documents") if isinstance(response, dict) else None
             op.returned = [d for d in docs or [] if isinstance(d, dict)]
@@ -148,14 +149,8 @@ class Priced:
     ru: dict[str, float] = field(default_factory=dict)
     periodic_requests: float = 0.0
     periodic_ru: float = 0.0
-
-    @property
-    def requests_per_order(self) -> float:
-        return sum(self.requests.values())
-
-    @property
-    def ru_per_order(self) -> float:
-        return sum(self.ru.values())
+    requests_per_order: float = 0.0  # the order's own, all kinds
+    ru_per_order: float = 0.0
 
 
 def price(ops: list[Op], model: RuModel, orders: int) -> Priced:
@@ -174,4 +169,5 @@ def price(ops: list[Op], model: RuModel, orders: int) -> Priced:
         ru[key] += charge
     out.requests = {k: v / n for k, v in sorted(requests.items())}
     out.ru = {k: v / n for k, v in sorted(ru.items())}
+    out.requests_per_order, out.ru_per_order = sum(requests.values()) / n, sum(ru.values()) / n
     return out

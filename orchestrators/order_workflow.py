@@ -112,7 +112,11 @@ class StaleAttempt(Exception):
 
 
 def finish(outcome: str, step: str | None = None, detail: str | None = None) -> dict:
-    return WorkflowResult(Outcome=outcome, Step=step, Detail=detail).dump()
+    """The orchestration's output, without the fields it leaves empty (the
+    history keeps it)."""
+    return WorkflowResult(Outcome=outcome, Step=step, Detail=detail).model_dump(
+        mode="json", exclude_none=True
+    )
 
 
 def ends_stale(body: Body) -> Body:
@@ -249,7 +253,6 @@ def _finish_planned(
             context,
             FinishAll(
                 InstanceId=context.instance_id,
-                Etag=given.Etag,
                 Done=done,
                 # The attempt's one index entry is at its deadline.
                 IndexedAt=given.IndexedAt or deadline,
@@ -304,7 +307,6 @@ def _permanent(context, given: AttemptStart, plan: Plan, step: str, error: str |
         context,
         FinishAll(
             InstanceId=iid,
-            Etag=given.Etag,
             Done=done,
             Failed=step,
             Reason=reason,
