@@ -32,7 +32,6 @@ Idempotency:
 from __future__ import annotations
 
 import logging
-from collections import OrderedDict
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any
@@ -194,8 +193,6 @@ class SchedulerActivities:
         self._index = index or NoIndex()
         self._clock = clock
         self._crash_point = crash_point
-        # Each order's step payload, from its first request (see _payload).
-        self._payloads: OrderedDict[str, dict] = OrderedDict()
 
     async def run(self, name: str, data: Any) -> Any:
         """Run the activity `name` on its JSON input and return its JSON
@@ -332,8 +329,6 @@ class SchedulerActivities:
         if self._step_modes.get(data.Step, "remote") == "inline":
             return
         order_id, _ = parse_attempt_instance_id(data.InstanceId)
-        if data.Payload:
-            self._keep_payload(order_id, data.Payload)
         await self.send_agent_request(
             SendRequest(
                 InstanceId=data.InstanceId,
@@ -430,23 +425,12 @@ class SchedulerActivities:
             log.info("stale write by %s: %s", instance, exc, extra={"order_id": order_id})
             return str(exc)
 
-    _PAYLOADS_MAX = 1024
-
-    def _keep_payload(self, order_id: str, payload: dict) -> None:
-        self._payloads[order_id] = payload
-        self._payloads.move_to_end(order_id)
-        while len(self._payloads) > self._PAYLOADS_MAX:
-            self._payloads.popitem(last=False)
-
     async def _payload(self, order_id: str) -> dict:
-        """The order's step payload: this process's copy from the attempt's
-        first request (an order never changes: Submit never overwrites one),
-        else read from the orders DB."""
-        payload = self._payloads.get(order_id)
-        if payload is None:
-            payload = step_payload(await self._orders.get(order_id))
-            self._keep_payload(order_id, payload)
-        return payload
+        """The order's step payload, read from the orders DB: for an input
+        without it (an attempt the timer Starter claimed, a compensation).
+        No copy is kept between activities: on Azure an order's activities
+        may run on different instances (issue 44)."""
+        return step_payload(await self._orders.get(order_id))
 
     # --- talking to agents ----------------------------------------------------------------
 

@@ -257,7 +257,7 @@ class SendStep(_Compact):
     """Send the request of `Step` until `Deadline` (the attempt's one
     deadline), with no write: the claim marked the step Running. `Payload`:
     the order's step payload when the orchestration has it (the fast path's),
-    else the activity keeps or reads it; `AppId`: the order's application."""
+    else the activity reads it; `AppId`: the order's application."""
 
     InstanceId: str
     Step: str

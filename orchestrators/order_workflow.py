@@ -189,7 +189,9 @@ def _run_planned(context, given: AttemptStart):
     if given.Payload:
         plan = plan.model_copy(update={"Payload": given.Payload})
     done: dict[str, str | None] = {}
-    payload = given.Payload  # given to the first request only (the activity keeps it)
+    # Given to every request: the activities of one order may run on different
+    # instances, so none can count on another's copy (issue 44).
+    payload = given.Payload
     last = None
     # One durable timer for the whole attempt: every step races its reply
     # against the same deadline, so one timer serves them all (the same task
@@ -202,7 +204,6 @@ def _run_planned(context, given: AttemptStart):
         last = step.Name
         if step.Mode != "inline":
             yield from _send_step(context, plan, step, deadline, payload)
-            payload = None
         if timer is None:
             timer = context.create_timer(deadline)
         reply = yield from _await_marked(context, plan, step, deadline, timer)

@@ -73,11 +73,12 @@ async def test_the_happy_path_writes_the_record_once_after_the_claim():
     assert [e.Step for e in record.Compensation] == STEPS
     assert record.PendingStatus is None
     assert statuses(world) == ["Processed"]
-    # The payload rode in the first request's input only; the others were kept.
+    # The payload rode in every request's input: no activity reads the orders DB.
     payloads = [d.get("Payload") for n, d in driver.calls if n == "send_step"]
     assert payloads[0]
-    assert not any(payloads[1:])
+    assert all(p == payloads[0] for p in payloads)
     assert all(r["Payload"] == payloads[0] for r in requests(world))
+    assert world.orders.requests.get("read", 0) == 0
 
 
 async def test_the_finish_retires_the_attempts_index_entry():
