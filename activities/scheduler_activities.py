@@ -8,7 +8,8 @@ triggers/activities.py only decode, call, encode.
 - send_step: a step's request, with no write (the claim marked the step
   Running until the attempt's deadline);
 - finish_attempt: the attempt's one write (every step done Completed, then
-  Processed with its status in the outbox, sent and cleared; or the failure's
+  Processed, its status sent just before (ADR 021j) or else left in the
+  outbox, sent and cleared; or the failure's
   compensation begun, or Error), fenced on LockedBy;
 - write_state: the workflow's other guarded writes (a transient failure
   noted, each undo's outcome, the compensation's end);
@@ -31,7 +32,6 @@ Idempotency:
 from __future__ import annotations
 
 import logging
-from collections import OrderedDict
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any
@@ -155,6 +155,13 @@ def _finishing(
     return mutate, landed
 
 
+def _status_sent(
+    mutate: Callable[[OrderState], OrderState], message_id: str, now: datetime
+) -> Callable[[OrderState], OrderState]:
+    """`mutate`, then its outbox entry `message_id` cleared: the status is out."""
+    return lambda record: sm.mark_status_sent(mutate(record), message_id, now)
+
+
 class SchedulerActivities:
     def __init__(
         self,
@@ -186,8 +193,6 @@ class SchedulerActivities:
         self._index = index or NoIndex()
         self._clock = clock
         self._crash_point = crash_point
-        # Each order's step payload, from its first request (see _payload).
-        self._payloads: OrderedDict[str, dict] = OrderedDict()
 
     async def run(self, name: str, data: Any) -> Any:
         """Run the activity `name` on its JSON input and return its JSON
@@ -324,8 +329,6 @@ class SchedulerActivities:
         if self._step_modes.get(data.Step, "remote") == "inline":
             return
         order_id, _ = parse_attempt_instance_id(data.InstanceId)
-        if data.Payload:
-            self._keep_payload(order_id, data.Payload)
         await self.send_agent_request(
             SendRequest(
                 InstanceId=data.InstanceId,
@@ -338,13 +341,16 @@ class SchedulerActivities:
 
     async def finish_attempt(self, data: FinishAll) -> Wrote:
         """The attempt's one write, on the record as stored (read once):
-        every step done Completed, then Processed with its status in the
+        every step done Completed, then Processed with its status sent just
+        before the write (`_write_on`'s `send_first`) or else left in the
         outbox (sent and cleared here), or with `Failed` the compensation
         begun (its plan returned) or Error. Fenced like every write: it lands
         only on a version on which LockedBy = this instance was checked."""
         order_id, attempt = parse_attempt_instance_id(data.InstanceId)
         mutate, landed = _finishing(data, self._clock.now())
-        written = await self._write_on(order_id, data.InstanceId, mutate, landed)
+        written = await self._write_on(
+            order_id, data.InstanceId, mutate, landed, send_first=data.Failed is None
+        )
         if isinstance(written, str):
             return Wrote(Stale=True, Reason=written)
         record, etag = written
@@ -354,7 +360,7 @@ class SchedulerActivities:
                 # The plan of the compensation, from the version just written
                 # (a read after it could lag: the undo log would look empty).
                 plan = await self._plan(record, attempt, await self._payload(order_id))
-            return Wrote(State=record.ProcessState, Etag=etag, Plan=plan)
+            return Wrote(State=record.ProcessState, Plan=plan)
         if not await self._outbox.deliver(record, etag):
             # Durable retries this activity: the retry recognises its write
             # and sends again (same message id); the Starter, if every try fails.
@@ -367,7 +373,7 @@ class SchedulerActivities:
                 await self._index.discard(order_id, data.IndexedAt)
             except Exception:
                 log.warning("index entry of %s not discarded", data.InstanceId, exc_info=True)
-        return Wrote(State=record.ProcessState, Etag=etag)
+        return Wrote(State=record.ProcessState)
 
     async def _write_on(
         self,
@@ -375,17 +381,39 @@ class SchedulerActivities:
         instance: str,
         mutate: Callable[[OrderState], OrderState],
         landed: Callable[[OrderState], bool],
+        send_first: bool = False,
     ) -> tuple[OrderState, str] | str:
-        """`mutate` applied to the stored record, or the record as it is when
-        `landed` says this write is there already (a retried activity); the
-        record and its etag, or why the attempt is stale (store.update checks
-        LockedBy on every version it replaces)."""
+        """`mutate` applied to the stored record (read once), or the record as
+        it is when `landed` says this write is there already (a retried
+        activity); the record and its etag, or why the attempt is stale
+        (store.update checks LockedBy on every version it replaces).
+        `send_first` (the happy path): the status `mutate` puts in the outbox
+        is sent before the write, which then leaves the outbox empty, so no
+        replace clears it (docs/adr/021j-status-before-the-finishing-write.md);
+        only while the attempt's deadline is a step timeout away or more (no
+        Supervisor can take the record before the write lands); otherwise, or
+        when the send fails, the status stays in the outbox."""
         try:
             fresh, fresh_etag = await self._store.read(order_id)
         except NotFoundError:
             return f"order {order_id} has no state record"
         if landed(fresh):
             return fresh, fresh_etag
+        now = self._clock.now()
+        if (
+            send_first
+            and fresh.CompleteBy
+            and now + self._settings.step_timeout <= fresh.CompleteBy
+        ):
+            try:
+                pending = mutate(fresh).PendingStatus
+                if pending is not None:
+                    await self._status.send_pending(fresh.ReplyTo, fresh.id, pending)
+                    mutate = _status_sent(mutate, pending.MessageId, now)
+            except Exception as exc:  # not its record as read, or the send failed: the outbox
+                log.info(
+                    "%s sends from the outbox: %s", instance, exc, extra={"order_id": order_id}
+                )
         try:
             fresh = mutate(fresh)
             return fresh, await self._store.replace(fresh, fresh_etag)
@@ -397,23 +425,12 @@ class SchedulerActivities:
             log.info("stale write by %s: %s", instance, exc, extra={"order_id": order_id})
             return str(exc)
 
-    _PAYLOADS_MAX = 1024
-
-    def _keep_payload(self, order_id: str, payload: dict) -> None:
-        self._payloads[order_id] = payload
-        self._payloads.move_to_end(order_id)
-        while len(self._payloads) > self._PAYLOADS_MAX:
-            self._payloads.popitem(last=False)
-
     async def _payload(self, order_id: str) -> dict:
-        """The order's step payload: this process's copy from the attempt's
-        first request (an order never changes: Submit never overwrites one),
-        else read from the orders DB."""
-        payload = self._payloads.get(order_id)
-        if payload is None:
-            payload = step_payload(await self._orders.get(order_id))
-            self._keep_payload(order_id, payload)
-        return payload
+        """The order's step payload, read from the orders DB: for an input
+        without it (an attempt the timer Starter claimed, a compensation).
+        No copy is kept between activities: on Azure an order's activities
+        may run on different instances (issue 44)."""
+        return step_payload(await self._orders.get(order_id))
 
     # --- talking to agents ----------------------------------------------------------------
 

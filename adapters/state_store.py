@@ -20,7 +20,6 @@ from pydantic import ValidationError
 
 from adapters.cosmos_client import (
     SDK_ERRORS,
-    STATE_QUERIED_PATHS,
     RequestCharges,
     translate_error,
 )
@@ -75,10 +74,14 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
-# Written even when they hold their default: every field a query names (a
-# missing field is not null to Cosmos DB: IS_NULL(c.LockedBy) would miss it),
-# the id and the record's contract version.
-_ALWAYS_WRITTEN: Final = ("id", "SchemaVersion", *STATE_QUERIED_PATHS)
+# Written even when they hold their default: the fields a query needs present
+# (a missing field is not null to Cosmos DB: IS_NULL(c.LockedBy) would miss it;
+# every query compares ProcessState), the id and the record's contract version.
+# The other queried fields are compared only with values their default never
+# equals (FailureCount > 0, CompensationRequested = true, a CompleteBy range)
+# or tested with IS_DEFINED (NotBefore, PendingStatus): left out at their
+# default, they cost neither bytes nor index terms (issue 44).
+_ALWAYS_WRITTEN: Final = ("id", "SchemaVersion", "ProcessState", "LockedBy")
 
 
 def to_document(record: OrderState) -> dict[str, Any]:

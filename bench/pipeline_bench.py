@@ -72,6 +72,7 @@ import aiohttp
 from azure.servicebus import ServiceBusMessage, ServiceBusReceiveMode
 from azure.servicebus.aio import ServiceBusClient
 
+from bench.host_cost import ops_from_journal, price, start_journal, take_journal
 from cli.orders import generate
 from devstack.process import exit_on_signals, free_port
 from devstack.stack import Stack
@@ -89,6 +90,8 @@ BENCH_SETTINGS = {
     "SUPERVISOR_SCHEDULE": "*/10 * * * * *",
     "SUPERVISOR_SCAN": "index",
     "PENDING_BACKLOG_LIMIT": "100000",
+    # As deployed (infra/app/api.bicep): no record predates keys naming the application.
+    "LEGACY_ORDER_KEYS": "false",
 }
 
 
@@ -118,6 +121,25 @@ def caller_counts(directory: Path) -> dict[str, int]:
         for key, n in counts.items():
             total[key] = total.get(key, 0) + n
     return total
+
+
+def cosmos_containers(stack: Stack) -> dict[str, str]:
+    """The stack's Cosmos container names -> the RU model's (bench/cosmos_ru.py)."""
+    from adapters.settings import load_settings
+
+    cfg = load_settings(stack.settings)
+    return {
+        cfg.state_container: "state",
+        cfg.orders_container: "orders",
+        cfg.recovery_index_container: "index",
+    }
+
+
+def ru_model() -> Any:
+    from bench.cosmos_ru import RuModel, bicep_policies
+    from bench.order_cost import load_limits
+
+    return RuModel(load_limits(), bicep_policies())
 
 
 def cpu_seconds(pid: int) -> float:
@@ -176,13 +198,17 @@ def servicebus_sent(run_dir: Path) -> dict[str, int]:
 
 
 def durable_counts(run_dir: Path) -> dict[str, int]:
-    """History events, their bytes, episodes (OrchestratorStarted) and activities
+    """History events, their bytes (compact JSON, as the simulation counts them:
+    bench.order_cost.history_size), episodes (OrchestratorStarted) and activities
     (TaskScheduled) in the hub."""
+    from bench.order_cost import history_size
+
     db_path = next((run_dir / "host").glob("*.sqlite"))
     with sqlite3.connect(db_path) as db:
-        events, size = db.execute(
-            "SELECT COUNT(*), COALESCE(SUM(LENGTH(CAST(event AS BLOB))), 0) FROM history"
-        ).fetchone()
+        events, size = 0, 0
+        for (event,) in db.execute("SELECT event FROM history"):
+            events += 1
+            size += history_size(json.loads(event))
         kinds = dict(
             db.execute(
                 "SELECT json_extract(event, '$.EventType'), COUNT(*) FROM history GROUP BY 1"
@@ -247,6 +273,7 @@ class Run:
     others_cpu: float = float("nan")
     cosmos_ru: float = float("nan")
     usd_per_million: float = float("nan")
+    host_cost: Any = None  # bench.host_cost.Priced: the orders' own Cosmos requests and RU
 
     def line(self) -> str:
         first = f"{self.first_attempt:.1f}%" if self.first_attempt is not None else "n/a"
@@ -385,7 +412,8 @@ async def run_once(
     result = Run(hosts=hosts, in_flight=in_flight, orders=orders)
     try:
         remote = stack.settings["REMOTE_SERVICE_URL"]
-        prefix = f"BENCH-{uuid.uuid4().hex[:4]}"
+        # Short, as the simulation's ids are (bench/order_cost.py measures the same orders).
+        prefix = f"B{uuid.uuid4().hex[:4]}"
         batch = list(generate("webshop", "replies-webshop", orders, prefix, seed=1))
         if transient:
             async with aiohttp.ClientSession() as http:
@@ -401,9 +429,13 @@ async def run_once(
         machine0 = machine_ticks()
         cosmos0 = cosmos_stats(stack.ports.cosmos)
         callers0 = caller_counts(calls_dir)
+        start_journal(stack.ports.cosmos)
         posted, done, start = await closed_loop(
             stack, batch, in_flight, timeout=max(600, orders * 3)
         )
+        # The last orders' outbox clears follow their Processed statuses.
+        await asyncio.sleep(2)
+        journal = take_journal(stack.ports.cosmos)
         cpu = [cpu_seconds(p) - c for p, c in zip(pids, cpu0, strict=True)]
         ours_cpu = process_tree_cpu(ours) - ours0
         machine1 = machine_ticks()
@@ -434,6 +466,10 @@ async def run_once(
         }
         result.servicebus = {k: v / n for k, v in sorted(sent.items())}
         result.durable = {k: v / n for k, v in counts.items()}
+        result.host_cost = price(
+            ops_from_journal(journal, cosmos_containers(stack)), ru_model(), len(done)
+        )
+        result.cosmos_ru = result.host_cost.ru_per_order
         share = await first_attempt_share(stack, prefix)
         if share is not None and share[1]:
             result.first_attempt = 100.0 * share[0] / orders
@@ -462,7 +498,7 @@ def print_table(results: list[Run]) -> None:
         ("history events / order", lambda r: f"{r.durable.get('events', 0):.1f}"),
         ("orchestrator episodes / order", lambda r: f"{r.durable.get('episodes', 0):.1f}"),
         ("history bytes / order", lambda r: f"{r.durable.get('history_bytes', 0):.0f}"),
-        ("cosmos RU / order (simulated)", lambda r: f"{r.cosmos_ru:.1f}"),
+        ("cosmos RU / order (its own)", lambda r: f"{r.cosmos_ru:.1f}"),
         ("$ per million orders (dev)", lambda r: f"{r.usd_per_million:.2f}"),
         (
             "first attempt",
@@ -485,6 +521,79 @@ def print_table(results: list[Run]) -> None:
         for key, value in sorted(r.callers.items(), key=lambda kv: -kv[1]):
             if value >= 0.005:
                 print(f"  {value:7.3f}  {key}")
+
+
+def host_counts(run: Run, scan: str) -> dict[str, Any] | None:
+    """The run's per-order counts as bench.order_cost.with_host_counts takes them
+    (and bench/host_order.json keeps them for the capacity model)."""
+    if run.host_cost is None:
+        return None
+    return {
+        "about": "Per happy-path order as the local host ran it: written by make bench "
+        "(bench/pipeline_bench.py, its first run); read by the capacity model "
+        "(bench.order_cost.with_host_counts).",
+        "scan": scan,
+        "orders": run.host_cost.orders,
+        "hosts": run.hosts,
+        "in_flight": run.in_flight,
+        "cosmos_requests": {k: round(v, 3) for k, v in run.host_cost.requests.items()},
+        "cosmos_ru": {k: round(v, 2) for k, v in run.host_cost.ru.items()},
+        "history_bytes": round(run.durable.get("history_bytes", 0)),
+    }
+
+
+def host_order_cost(cost: Any, run: Run, scan: str) -> Any:
+    """The simulation's measurement of an order with the host's own counts in place
+    of its Cosmos requests, RU and history bytes: what the capacity model prices."""
+    from bench.order_cost import with_host_counts
+
+    counts = host_counts(run, scan)
+    return with_host_counts(cost, counts) if counts else cost
+
+
+def side_by_side(run: Run, cost: Any) -> None:
+    """Per order, the host's counts beside the simulation's (bench/order_cost.py):
+    Cosmos requests and RU by container and kind, and the Durable history."""
+    host = run.host_cost
+    if host is None:
+        return
+    print(
+        f"per order, host ({run.hosts} host(s), {run.in_flight} in flight, {host.orders} orders; "
+        f"counted on the Cosmos server and the task hub) beside the simulation "
+        f"({cost.orders} orders):"
+    )
+    print(f"  {'':26}{'requests':>18}{'RU':>20}")
+    print(f"  {'':26}{'host':>9}{'sim':>9}{'host':>10}{'sim':>10}")
+    for key in sorted(set(host.requests) | set(cost.cosmos_requests)):
+        print(
+            f"  {key:26}{host.requests.get(key, 0):9.2f}{cost.cosmos_requests.get(key, 0):9.2f}"
+            f"{host.ru.get(key, 0):10.2f}{cost.cosmos_ru.get(key, 0):10.2f}"
+        )
+
+    def gap(a: float, b: float) -> str:
+        return f"{100 * (a - b) / b:+.1f}%" if b else "n/a"
+
+    rows = [
+        ("cosmos requests", host.requests_per_order, cost.cosmos_requests_per_order),
+        ("cosmos RU", host.ru_per_order, cost.cosmos_ru_per_order),
+        ("history bytes", run.durable.get("history_bytes", 0), cost.history_bytes),
+        ("history events", run.durable.get("events", 0), cost.history_events),
+        ("activities", run.durable.get("activities", 0), cost.activities),
+    ]
+    for name, a, b in rows:
+        print(f"  {name:26}host {a:9.2f}  sim {b:9.2f}  host vs sim {gap(a, b)}")
+    print(
+        f"  periodic (queries, gauge, checkpoints), host: {host.periodic_requests:.2f} "
+        f"requests, {host.periodic_ru:.2f} RU per order at this run's rate"
+    )
+    print(
+        f"bench-cost: hosts={run.hosts} cosmos_requests_per_order={host.requests_per_order:.2f} "
+        f"sim={cost.cosmos_requests_per_order:.2f} cosmos_ru_per_order={host.ru_per_order:.1f} "
+        f"sim={cost.cosmos_ru_per_order:.1f} "
+        f"history_bytes_per_order={run.durable.get('history_bytes', 0):.0f} "
+        f"sim={cost.history_bytes:.0f}",
+        flush=True,
+    )
 
 
 WAVES = 5
@@ -521,17 +630,28 @@ def main() -> int:
     from bench.capacity import Model
     from bench.order_cost import measure
 
-    cost = measure(args.scan)
+    # As many orders as each run, submitted at once: the index removals gather into
+    # batches per partition as they do on the host (bench/order_cost.py).
+    cost = measure(args.scan, orders=orders)
     for hosts, in_flight in configs:
         r = asyncio.run(
             run_once(orders, in_flight, hosts, args.transient, {"SUPERVISOR_SCAN": args.scan})
         )
-        r.cosmos_ru = cost.cosmos_ru_per_order
         if r.throughput > 0:
-            r.usd_per_million = Model(r.throughput, "dev", cost=cost).usd_per_million_orders()[0]
+            r.usd_per_million = Model(
+                r.throughput, "dev", cost=host_order_cost(cost, r, args.scan)
+            ).usd_per_million_orders()[0]
         print(f"bench-run: {r.line()}", flush=True)
         results.append(r)
     print_table(results)
+    for r in results:
+        side_by_side(r, cost)
+    counts = host_counts(results[0], args.scan)
+    if counts is not None and results[0].processed == results[0].orders:
+        from bench.order_cost import HOST_COUNTS
+
+        HOST_COUNTS.write_text(json.dumps(counts, indent=1) + "\n")
+        print(f"bench: the host's per-order counts saved in {HOST_COUNTS}")
     extra = " ".join(
         f"throughput_{r.hosts}host{'s' if r.hosts > 1 else ''}_{r.in_flight}={r.throughput:.2f}/s"
         for r in results

@@ -437,7 +437,10 @@ def mark_processed(record: OrderState, instance_id: str, now: datetime) -> Order
         now,
         CompleteBy=None,
         LockedBy=None,
-        PendingStatus=pending_status(record, StatusKind.PROCESSED, now, str(record.Attempt)),
+        # One id per order, not per attempt: an order is Processed once, and an
+        # attempt whose status went out before its write failed (ADR 021j)
+        # must not let the next attempt's Processed reach the client as another.
+        PendingStatus=pending_status(record, StatusKind.PROCESSED, now, ""),
     )
 
 

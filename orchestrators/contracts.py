@@ -238,9 +238,10 @@ class _Compact(Traced):
 
 
 class Wrote(ActivityContract):
-    """finish_attempt's result: the state and etag it left the record in, or
-    why the attempt is stale; `Plan`: the compensation it began (the undo log
-    as that write left the record)."""
+    """finish_attempt's result: the state it left the record in, or why the
+    attempt is stale; `Plan`: the compensation it began (the undo log as that
+    write left the record). `Etag`: no longer set (the workflow never read it);
+    read in histories an earlier build recorded."""
 
     Stale: bool = False
     Reason: str | None = None
@@ -256,7 +257,7 @@ class SendStep(_Compact):
     """Send the request of `Step` until `Deadline` (the attempt's one
     deadline), with no write: the claim marked the step Running. `Payload`:
     the order's step payload when the orchestration has it (the fast path's),
-    else the activity keeps or reads it; `AppId`: the order's application."""
+    else the activity reads it; `AppId`: the order's application."""
 
     InstanceId: str
     Step: str
@@ -267,10 +268,12 @@ class SendStep(_Compact):
 
 class FinishAll(_Compact):
     """The attempt's one write: complete every step this attempt did (`Done`, step ->
-    its reference, in the order done) and mark the order Processed with the
-    status outbox filled, on the claim's etag; then send Processed, clear the
-    outbox and retire the recovery-index entry at `IndexedAt`. Or, with
-    `Failed`, complete `Done` and begin the compensation."""
+    its reference, in the order done) and mark the order Processed, its status
+    sent just before the write or left in the outbox (ADR 021j), on the record
+    as the activity reads it; then retire the recovery-index entry at
+    `IndexedAt`. Or, with `Failed`, complete `Done` and begin the compensation.
+    `Etag`: no longer sent (the activity reads the record); read in histories
+    an earlier build recorded."""
 
     InstanceId: str
     Etag: str | None = None

@@ -112,7 +112,11 @@ class StaleAttempt(Exception):
 
 
 def finish(outcome: str, step: str | None = None, detail: str | None = None) -> dict:
-    return WorkflowResult(Outcome=outcome, Step=step, Detail=detail).dump()
+    """The orchestration's output, without the fields it leaves empty (the
+    history keeps it)."""
+    return WorkflowResult(Outcome=outcome, Step=step, Detail=detail).model_dump(
+        mode="json", exclude_none=True
+    )
 
 
 def ends_stale(body: Body) -> Body:
@@ -185,7 +189,9 @@ def _run_planned(context, given: AttemptStart):
     if given.Payload:
         plan = plan.model_copy(update={"Payload": given.Payload})
     done: dict[str, str | None] = {}
-    payload = given.Payload  # given to the first request only (the activity keeps it)
+    # Given to every request: the activities of one order may run on different
+    # instances, so none can count on another's copy (issue 44).
+    payload = given.Payload
     last = None
     # One durable timer for the whole attempt: every step races its reply
     # against the same deadline, so one timer serves them all (the same task
@@ -198,7 +204,6 @@ def _run_planned(context, given: AttemptStart):
         last = step.Name
         if step.Mode != "inline":
             yield from _send_step(context, plan, step, deadline, payload)
-            payload = None
         if timer is None:
             timer = context.create_timer(deadline)
         reply = yield from _await_marked(context, plan, step, deadline, timer)
@@ -249,7 +254,6 @@ def _finish_planned(
             context,
             FinishAll(
                 InstanceId=context.instance_id,
-                Etag=given.Etag,
                 Done=done,
                 # The attempt's one index entry is at its deadline.
                 IndexedAt=given.IndexedAt or deadline,
@@ -304,7 +308,6 @@ def _permanent(context, given: AttemptStart, plan: Plan, step: str, error: str |
         context,
         FinishAll(
             InstanceId=iid,
-            Etag=given.Etag,
             Done=done,
             Failed=step,
             Reason=reason,

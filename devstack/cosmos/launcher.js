@@ -460,6 +460,54 @@ function controlStats(req, res) {
   sendJson(res, 200, stats);
 }
 
+// A journal of document requests, for the cost bench (bench/host_cost.py), which
+// prices each one by Azure's RU rules from the documents it touched: off until
+// PUT /_devstack/journal; GET /_devstack/journal answers the entries so far and
+// empties it; DELETE turns it off. An entry: method, path, status, the request's
+// body (writes and batches) and the answer's (the stored document, a query's page).
+let journal = null;
+function parsed(buffer) {
+  if (!buffer || !buffer.length) return null;
+  try {
+    return JSON.parse(buffer.toString());
+  } catch (err) {
+    return null;
+  }
+}
+function journalRequest(req, res) {
+  const path = req.url.split("?")[0];
+  if (!/\/docs(\/|$)/.test(path)) return;
+  const sent = [];
+  const emit = req.emit;
+  req.emit = function (event, chunk, ...rest) {
+    if (event === "data") sent.push(chunk);
+    return emit.call(this, event, chunk, ...rest);
+  };
+  const end = res.end;
+  res.end = function (chunk, ...rest) {
+    if (journal !== null) {
+      journal.push({
+        method: req.method,
+        path,
+        query: String(req.headers["x-ms-documentdb-isquery"] || "").toLowerCase() === "true" ||
+          String(req.headers["content-type"] || "").startsWith("application/query+json"),
+        upsert: String(req.headers["x-ms-documentdb-is-upsert"] || "").toLowerCase() === "true",
+        status: res.statusCode,
+        request: parsed(Buffer.concat(sent)),
+        response: typeof chunk === "string" || Buffer.isBuffer(chunk) ? parsed(Buffer.from(chunk)) : null,
+      });
+    }
+    return end.call(this, chunk, ...rest);
+  };
+}
+function controlJournal(req, res) {
+  if (req.method === "PUT") journal = journal || [];
+  if (req.method === "DELETE") journal = null;
+  const entries = journal || [];
+  if (journal !== null) journal = [];
+  sendJson(res, 200, entries);
+}
+
 server.on("request", (req, res) => {
   const route = req.url.split("?")[0].replace(/^\/+/, "/");
   if (route === "/_devstack/faults") {
@@ -470,7 +518,12 @@ server.on("request", (req, res) => {
     controlStats(req, res);
     return;
   }
+  if (route === "/_devstack/journal") {
+    controlJournal(req, res);
+    return;
+  }
   countRequest(req);
+  if (journal !== null) journalRequest(req, res);
   if (args.dataFile && isMutation(req)) {
     // after the handler has run: the change is in memory once the response is written
     res.on("finish", () => {

@@ -59,8 +59,9 @@ async def test_the_happy_path_writes_the_record_once_after_the_claim():
     assert await driver.run() == "completed"
     assert driver.output["Outcome"] == "processed"
     assert [n for n, _ in driver.calls] == ["send_step"] * len(STEPS) + ["finish_attempt"]
-    # The one write (Processed, outbox filled) and the outbox clear after the send.
-    assert world.store.requests["replace"] - replaces_before == 2
+    # The one write: Processed, its status sent just before, so the outbox is
+    # written empty and never cleared (docs/adr/021j-status-before-the-finishing-write.md).
+    assert world.store.requests["replace"] - replaces_before == 1
     # Every request, the one timer and the record carry the attempt's one deadline.
     deadlines = {r["Deadline"] for r in requests(world)}
     assert deadlines == {given["Deadline"]}
@@ -70,12 +71,14 @@ async def test_the_happy_path_writes_the_record_once_after_the_claim():
     assert record.ProcessState is ProcessState.PROCESSED
     assert [record.Steps[n].Reference for n in STEPS] == [f"ref-{n}-do" for n in STEPS]
     assert [e.Step for e in record.Compensation] == STEPS
+    assert record.PendingStatus is None
     assert statuses(world) == ["Processed"]
-    # The payload rode in the first request's input only; the others were kept.
+    # The payload rode in every request's input: no activity reads the orders DB.
     payloads = [d.get("Payload") for n, d in driver.calls if n == "send_step"]
     assert payloads[0]
-    assert not any(payloads[1:])
+    assert all(p == payloads[0] for p in payloads)
     assert all(r["Payload"] == payloads[0] for r in requests(world))
+    assert world.orders.requests.get("read", 0) == 0
 
 
 async def test_the_finish_retires_the_attempts_index_entry():
@@ -246,6 +249,42 @@ def _refusing(world, refused):
     world.bus.send = send
 
 
+async def test_a_processed_status_the_reply_queue_refuses_waits_in_the_outbox():
+    """The status goes first only when it can: refused, the finishing write
+    keeps it in the outbox (for the Starter) and the order is Processed."""
+    world = World()
+    _refusing(world, lambda queue, mid: "/status/Processed" in mid)
+    driver = Driver(world, await world.claimed(), ok)
+    assert await driver.run() == "completed"
+    assert driver.output["Outcome"] == "unconfirmed"  # the status is not out yet
+    record = await world.record()
+    assert record.ProcessState is ProcessState.PROCESSED
+    assert record.PendingStatus is not None
+    assert record.PendingStatus.Status.value == "Processed"
+
+
+async def test_near_its_deadline_the_finish_writes_before_it_sends():
+    """Less than a step timeout before the attempt's deadline, the status is
+    not sent ahead of the write (a Supervisor could take the record before the
+    write lands): Processed with the outbox filled, then sent and cleared."""
+    world = World(store=CountingStateStore(), orders=CountingOrders())
+    instance_id = await world.claimed()
+    record, _ = await world.store.read("webshop:A1")
+    assert record.CompleteBy is not None
+
+    async def before(name, data):
+        if name == "finish_attempt":
+            world.now = record.CompleteBy - SETTINGS.step_timeout / 2
+
+    replaces_before = world.store.requests.get("replace", 0)
+    driver = Driver(world, instance_id, ok, before_activity=before)
+    assert await driver.run() == "completed"
+    assert driver.output["Outcome"] == "processed"
+    assert world.store.requests["replace"] - replaces_before == 2  # the write, the clear
+    assert (await world.record()).PendingStatus is None
+    assert statuses(world) == ["Processed"]
+
+
 async def test_progress_statuses_come_without_a_write_of_their_own():
     world = World(settings=replace(SETTINGS, progress_apps=frozenset({"webshop"})))
     driver = Driver(world, await world.claimed(), ok)
@@ -260,7 +299,9 @@ async def test_a_reply_queue_that_refuses_for_good_does_not_stop_a_progress_atte
     """Progress statuses are best effort: a permanent refusal of the
     application's reply queue leaves every step to run (issue 43, item 3)."""
     world = World(settings=replace(SETTINGS, progress_apps=frozenset({"webshop"})))
-    _refusing(world, lambda queue, mid: queue == "replies-webshop" and "/Processed/" not in mid)
+    _refusing(
+        world, lambda queue, mid: queue == "replies-webshop" and "/status/Processed" not in mid
+    )
     driver = Driver(world, await world.claimed(), ok)
     assert await driver.run() == "completed"
     assert driver.output["Outcome"] == "processed"

@@ -337,7 +337,7 @@ async def test_terminal_status_send_failure_is_delivered_later_by_the_starter():
     real_send = world.bus.send
 
     async def flaky(queue, body, message_id, props=None):
-        if queue == "replies-webshop" and "/Processed/" in message_id:
+        if queue == "replies-webshop" and "/status/Processed" in message_id:
             raise ConnectionError("reply queue unavailable")
         await real_send(queue, body, message_id, props)
 
