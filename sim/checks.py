@@ -167,9 +167,18 @@ class EndChecks(MessageChecks):
             want = TERMINAL_STATUS[state]
             got = [s for s in statuses.get(oid, []) if s["Status"] == want]
             ids = sorted({s["id"] for s in got})
-            if len(ids) > 1 and not any(o == oid for o, _ in self.operator_done):
+            operated = any(o == oid for o, _ in self.operator_done)
+            if len(ids) > 1 and not operated:
                 self.fail(
                     "terminal status sent once (one message id)", f"{oid}: {want} sent as {ids}"
+                )
+            # A status sent before its write lands (ADR 021j) must never be one the order
+            # then does not end in: only an operator's action changes a terminal order.
+            heard = {s["Status"] for s in statuses.get(oid, [])} & set(TERMINAL_STATUS.values())
+            if heard - {want} and not operated:
+                self.fail(
+                    "no terminal status the order did not end in",
+                    f"{oid} ended {state} but its client heard {sorted(heard)}",
                 )
             if not got and not (state == "Rejected" and self._ended_in_dead_letters(oid)):
                 self.fail(
