@@ -1,0 +1,86 @@
+"""MAX_PROCESSING and the admission limit under it hold on every host (issue 43):
+the timer Starter and every host's fast path take their slots from one
+document by conditional writes (domain.admission), so claims never exceed the
+limit, whichever host claims and however many."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import timedelta
+
+from domain import state_machine as sm
+from domain.admission import Admission, Lease
+from domain.models import OrderSubmitted, ProcessState
+from orchestrators.policy import StarterPolicy
+from orchestrators.starter import Starter
+from tests.builders import ReadClock, order_payload
+from tests.unit.orchestrators.driver import SETTINGS, STEPS, StartingClient, World
+
+
+def _host(world: World, max_processing: int) -> Starter:
+    """One host's Starter (each process builds its own), on the shared store."""
+    policy = StarterPolicy.from_settings(
+        replace(SETTINGS, max_processing=max_processing, starter_batch_size=4), STEPS
+    )
+    return Starter(policy, world.store, clock=ReadClock(lambda: world.now))
+
+
+async def _submit(world: World, order_id: str):
+    order = OrderSubmitted.model_validate(order_payload(OrderID=order_id))
+    record, etag, _ = await world.store.create_if_absent(sm.new_record(order, world.now, STEPS))
+    return record, etag, order
+
+
+async def _processing(world: World) -> int:
+    return await world.store.count_in_state(ProcessState.PROCESSING)
+
+
+async def test_fast_paths_on_hosts_whose_timer_never_ran_stay_under_the_cap():
+    # The timer runs on one host; a fast path elsewhere knew no count at all
+    # and claimed every order it was given (the gauge showed 558 over a cap of 500).
+    world = World()
+    world.store.admission = (
+        Admission(limit=100, counted=0, counted_at=world.now - timedelta(seconds=5)),
+        '"a"',
+    )
+    hosts = [_host(world, max_processing=10) for _ in range(3)]
+    await hosts[0].run(StartingClient())  # the timer's host counts: nothing yet
+    started = []
+    for i in range(30):
+        record, etag, order = await _submit(world, f"F{i:02d}")
+        started.append(await hosts[i % 3].start_submitted(StartingClient(), record, etag, order))
+
+    assert sum(1 for s in started if s is not None) == 10
+    assert await _processing(world) == 10
+    report = await hosts[0].run(StartingClient())  # the timer finds no room either
+    assert report.claimed == 0
+    assert await _processing(world) == 10
+
+
+async def test_the_timer_claims_no_more_than_the_limit_the_completions_allow():
+    # 60 in flight at the last count, 100 claimed since and 100 in flight now:
+    # 60 finished in 30 s, 2/s. An attempt (3 steps x 60 s) should take 90 s in
+    # flight, so 180 at most, though the cap allows 500.
+    world = World()
+    starter = _host(world, max_processing=500)
+    starter._settings = replace(starter._settings, starter_max_batches=100)
+    for i in range(400):
+        record, etag, _ = await _submit(world, f"P{i:03d}")
+        if i < 100:
+            await starter.claim_and_start(StartingClient(), record, etag, world.now)
+    world.store.admission = (
+        Admission(
+            limit=500,
+            counted=60,
+            counted_at=world.now - timedelta(seconds=30),
+            rate=2.0,
+            leases=(Lease(world.now - timedelta(seconds=20), 100),),
+        ),
+        '"a"',
+    )
+
+    report = await starter.run(StartingClient())
+
+    assert world.store.admission[0].limit == 180
+    assert report.claimed == 80
+    assert await _processing(world) == 180
