@@ -7,7 +7,8 @@ watches until every order is terminal (or the time runs out). It prints:
 
 - per minute from the first post: orders Processed, the calls that took
   (Processed x steps per order, as calls/s) and that as a share of the
-  service's rate (goodput);
+  service's rate (goodput); the minimum leaves out the first minute and the
+  drain (minutes that began with less work left than the rate serves in one);
 - attempts per order (the records' Attempt at the end: mean and max);
 - the peak of Processing: the highest COUNT of Processing records the bench
   saw (it counts every 2 s itself, on the state container) and the highest
@@ -174,8 +175,14 @@ def report(result: dict, orders: int, rate: float, cap: int) -> int:
         share = 100 * took / rate
         shares.append(share)
         print(f"{i + 1:>6} {n:>10} {took:>18.2f} {share:>11.0f}%")
-    # The last minute is cut short by the end of the work, not by the pipeline.
-    full = shares[1:-1] if len(shares) > 2 else shares[1:]
+    # Minutes that began with less work left than the service serves in a
+    # minute are the drain: they are cut short by the end of the work.
+    per_minute_capacity = rate * 60 / steps
+    full, left = [], orders
+    for i, n in enumerate(per_minute):
+        if i > 0 and left >= per_minute_capacity:
+            full.append(shares[i])
+        left -= n
     worst = min(full) if full else float("nan")
     records = result["records"]
     attempts = [r.Attempt for r in records.values()]

@@ -49,7 +49,6 @@ statuses stay in the outbox and go out by themselves once it takes them.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -148,7 +147,6 @@ class _Slots:
         self._known: tuple[Admission, str] | None = None
         self._no_room_until: datetime | None = None
         self._block: tuple[datetime, int] | None = None  # the fast path's (taken at, slots left)
-        self._lock: asyncio.Lock | None = None
 
     def known(self) -> Admission | None:
         return self._known[0] if self._known is not None else None
@@ -211,19 +209,19 @@ class _Slots:
 
     async def one(self, now: datetime) -> bool:
         """One slot for the fast path, from this process's block (a new block
-        of FAST_PATH_BLOCK when it is spent or too old to use)."""
-        if self._lock is None:
-            self._lock = asyncio.Lock()
-        async with self._lock:
-            block = self._block
-            if block is not None and block[1] > 0 and admission.usable(block[0], now):
-                self._block = (block[0], block[1] - 1)
-                return True
-            if self._no_room_until is not None and now < self._no_room_until:
-                return False
-            granted = await self.take(FAST_PATH_BLOCK, now)
-            self._block = (now, granted - 1) if granted else None
-            return granted > 0
+        of FAST_PATH_BLOCK when it is spent or too old to use). Two fast paths
+        of this process may each take a block at once: a few slots unused
+        until they age out, never a claim past the limit."""
+        block = self._block
+        if block is not None and block[1] > 0 and admission.usable(block[0], now):
+            self._block = (block[0], block[1] - 1)
+            return True
+        if self._no_room_until is not None and now < self._no_room_until:
+            return False
+        granted = await self.take(FAST_PATH_BLOCK, now)
+        if granted:
+            self._block = (now, granted - 1)
+        return granted > 0
 
 
 class Starter:
