@@ -13,7 +13,9 @@ watches until every order is terminal (or the time runs out). It prints:
 - the peak of Processing: the highest COUNT of Processing records the bench
   saw (it counts every 2 s itself, on the state container) and the highest
   figure the Starter's gauge showed; the cap is MAX_PROCESSING;
-- the remote service's calls per order (429s included).
+- the remote service's calls per order (429s included);
+- per minute, the peak of Processing and the admission limit (domain.admission)
+  at its end.
 
 The issue's figures (issue 43, "Done when"): after the first minute goodput
 every minute at least 70 % of the service's rate; at most 1.2 attempts per
@@ -21,8 +23,9 @@ order with no faults injected; Processing never above the cap. The last line:
 
     burst: orders=N rate=R/s cap=C processed=P minutes=M min_goodput_after_first=G%
            attempts_per_order=A max_attempts=X peak_processing=K peak_gauge=J calls_per_order=Q
+           hosts=H
 
-    python bench/burst_bench.py [--orders 2000] [--rate 8] [--cap 500]
+    python bench/burst_bench.py [--orders 2000] [--rate 8] [--cap 500] [--hosts 1]
 """
 
 from __future__ import annotations
@@ -70,16 +73,20 @@ async def _store(stack):
     return cosmos, CosmosStateStore(container)
 
 
-async def watch_processing(store, peaks: dict[str, int], stop: asyncio.Event) -> None:
-    """Count Processing (and read the Starter's gauge) every 2 s; keep the peaks."""
+async def watch_processing(
+    store, peaks: dict[str, int], samples: list[tuple[float, int, int | None]], stop: asyncio.Event
+) -> None:
+    """Count Processing (and read the Starter's gauge and the admission limit)
+    every 2 s; keep the peaks and the samples (time, Processing, limit)."""
     while not stop.is_set():
         try:
-            peaks["count"] = max(
-                peaks["count"], await store.count_in_state(ProcessState.PROCESSING)
-            )
+            processing = await store.count_in_state(ProcessState.PROCESSING)
+            peaks["count"] = max(peaks["count"], processing)
             gauge = await store.read_backlog_gauge()
             if gauge is not None and gauge.processing is not None:
                 peaks["gauge"] = max(peaks["gauge"], gauge.processing)
+            admitted = await store.read_admission()
+            samples.append((time.time(), processing, admitted[0].limit if admitted else None))
         except Exception as exc:  # a missed sample is said, never guessed
             print(f"burst: processing sample failed: {type(exc).__name__}", file=sys.stderr)
         with contextlib.suppress(TimeoutError):
@@ -87,6 +94,7 @@ async def watch_processing(store, peaks: dict[str, int], stop: asyncio.Event) ->
 
 
 async def burst(stack, orders: int, rate: float, timeout: float) -> dict:
+    """Post `orders` at once with the service held to `rate`; what happened."""
     remote = stack.settings["REMOTE_SERVICE_URL"]
     async with aiohttp.ClientSession() as http:
         response = await http.post(
@@ -98,10 +106,11 @@ async def burst(stack, orders: int, rate: float, timeout: float) -> dict:
     batch = list(generate("webshop", "replies-webshop", orders, prefix, seed=1))
     cosmos, store = await _store(stack)
     peaks = {"count": 0, "gauge": 0}
+    samples: list[tuple[float, int, int | None]] = []
     stop = asyncio.Event()
     ended: dict[str, tuple[str, float]] = {}
     async with cosmos:
-        watcher = asyncio.create_task(watch_processing(store, peaks, stop))
+        watcher = asyncio.create_task(watch_processing(store, peaks, samples, stop))
         async with ServiceBusClient.from_connection_string(
             stack.settings["ServiceBusConnection"]
         ) as bus:
@@ -149,6 +158,7 @@ async def burst(stack, orders: int, rate: float, timeout: float) -> dict:
         "ended": ended,
         "records": records,
         "peaks": peaks,
+        "samples": samples,
         "calls": calls,
     }
 
@@ -159,7 +169,7 @@ async def _records(store, prefix: str) -> dict:
     return await records_with_prefix(store, prefix)
 
 
-def report(result: dict, orders: int, rate: float, cap: int) -> int:
+def report(result: dict, orders: int, rate: float, cap: int, hosts: int) -> int:
     steps = len(DEFAULT_CATALOG.names)
     start = result["start"]
     processed = sorted(at for status, at in result["ended"].values() if status == "Processed")
@@ -168,13 +178,21 @@ def report(result: dict, orders: int, rate: float, cap: int) -> int:
     for at in processed:
         per_minute[min(minutes - 1, int((at - start) // 60))] += 1
     print(f"burst: {orders} orders posted in {result['posted_in']:.1f} s; service {rate:g} calls/s")
-    print(f"{'minute':>6} {'processed':>10} {'calls/s that took':>18} {'of the rate':>12}")
+    print(
+        f"{'minute':>6} {'processed':>10} {'calls/s that took':>18} {'of the rate':>12} "
+        f"{'peak Processing':>16} {'limit at end':>13}"
+    )
     shares = []
     for i, n in enumerate(per_minute):
         took = n * steps / 60
         share = 100 * took / rate
         shares.append(share)
-        print(f"{i + 1:>6} {n:>10} {took:>18.2f} {share:>11.0f}%")
+        inside = [
+            (p, lim) for at, p, lim in result["samples"] if i * 60 <= at - start < (i + 1) * 60
+        ]
+        peak = max((p for p, _ in inside), default=0)
+        limit = inside[-1][1] if inside else None
+        print(f"{i + 1:>6} {n:>10} {took:>18.2f} {share:>11.0f}% {peak:>16} {limit!s:>13}")
     # Minutes that began with less work left than the service serves in a
     # minute are the drain: they are cut short by the end of the work.
     per_minute_capacity = rate * 60 / steps
@@ -190,15 +208,16 @@ def report(result: dict, orders: int, rate: float, cap: int) -> int:
     for r in records.values():
         states[r.ProcessState.value] = states.get(r.ProcessState.value, 0) + 1
     mean_attempts = sum(attempts) / len(attempts) if attempts else float("nan")
+    failed_attempts = sum(r.FailureCount for r in records.values())
     calls = result["calls"]
     calls_per_order = calls / orders if isinstance(calls, int) else float("nan")
-    print(f"burst: records by state: {states}")
+    print(f"burst: records by state: {states}; attempts that failed or ran out: {failed_attempts}")
     print(
         f"burst: orders={orders} rate={rate:g}/s cap={cap} processed={len(processed)} "
         f"minutes={minutes} min_goodput_after_first={worst:.0f}% "
         f"attempts_per_order={mean_attempts:.2f} max_attempts={max(attempts, default=0)} "
         f"peak_processing={result['peaks']['count']} peak_gauge={result['peaks']['gauge']} "
-        f"calls_per_order={calls_per_order:.2f}"
+        f"calls_per_order={calls_per_order:.2f} hosts={hosts}"
     )
     return 0
 
@@ -210,6 +229,7 @@ def main() -> int:
         "--rate", type=float, default=8.0, help="calls/s the remote service serves, all services"
     )
     parser.add_argument("--cap", type=int, default=500, help="MAX_PROCESSING")
+    parser.add_argument("--hosts", type=int, default=1, help="host processes on one task hub")
     parser.add_argument("--timeout", type=float, help="seconds to wait (default: from the rate)")
     args = parser.parse_args()
     exit_on_signals()  # SIGTERM/SIGHUP run the `finally` that stops the stack
@@ -217,13 +237,13 @@ def main() -> int:
     timeout = args.timeout or 300 + 3 * args.orders * steps / args.rate
     run_dir = Path(tempfile.mkdtemp(prefix="burst-"))
     settings = {**BENCH_SETTINGS, "MAX_PROCESSING": str(args.cap)}
-    stack = start_stack(run_dir, 1, settings)
+    stack = start_stack(run_dir, args.hosts, settings)
     try:
         result = asyncio.run(burst(stack, args.orders, args.rate, timeout))
     finally:
         stop_stack(stack)
         remove_run_dir(run_dir)
-    return report(result, args.orders, args.rate, args.cap)
+    return report(result, args.orders, args.rate, args.cap, args.hosts)
 
 
 if __name__ == "__main__":
