@@ -41,7 +41,8 @@ log = logging.getLogger(__name__)
 
 SYSTEM_PROPERTIES: Final = frozenset({"_rid", "_self", "_etag", "_attachments", "_ts", "_lsn"})
 BACKLOG_GAUGE_ID: Final = "_backlog"
-ADMISSION_ID: Final = "_admission"  # domain.admission's document, beside the gauge
+ADMISSION_ID: Final = "_admission"
+IF_MATCH: Final = MatchConditions.IfNotModified  # domain.admission's document, beside the gauge
 DEFAULT_UPDATE_ATTEMPTS: Final = 5
 
 
@@ -607,18 +608,13 @@ class CosmosStateStore:
             "Rate": round(admission.rate, 4),
             "Leases": [[cosmos_time(x.at), x.slots, x.retries] for x in admission.leases],
         }
+        hook = self.charges.hook("admission_write")
         try:
-            if etag is None:
-                doc = await self._container.create_item(
-                    body=body, response_hook=self.charges.hook("admission_write")
-                )
+            if etag is None:  # a create: a second creator conflicts, never overwrites
+                doc = await self._container.create_item(body=body, response_hook=hook)
             else:
                 doc = await self._container.replace_item(
-                    item=ADMISSION_ID,
-                    body=body,
-                    etag=etag,
-                    match_condition=MatchConditions.IfNotModified,
-                    response_hook=self.charges.hook("admission_write"),
+                    ADMISSION_ID, body, etag=etag, match_condition=IF_MATCH, response_hook=hook
                 )
         except SDK_ERRORS as exc:
             raise translate_error(exc, "write admission", self.charges, "admission_write") from exc
