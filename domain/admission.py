@@ -31,6 +31,7 @@ through the state store; every decision is here.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
@@ -39,9 +40,10 @@ from datetime import datetime, timedelta
 LEASE_TTL = timedelta(seconds=5)
 GRACE = LEASE_TTL + timedelta(seconds=10)  # a claim's write lands within 10 s of its start
 TARGET_SHARE = 0.5  # of the attempt's budget: the time an attempt should take in flight
-SMOOTHING = 0.3  # weight of a new rate sample
-BACKOFF = 0.7  # the limit's factor when retried attempts show attempts ran out of time
+RATE_WINDOW = 60.0  # seconds: the rate is a moving average over about this long
+BACKOFF = 0.7  # the most one count lowers the limit by; its factor when retries show
 RETRY_SHARE = 0.1  # of the claims since the last count, above which it backs off
+MIN_RETRIES = 3  # and at least this many: one retry among five claims is no trend
 MAX_LEASES = 200  # a document that stops growing even if no count comes
 
 
@@ -109,8 +111,9 @@ def recount(
     Completions since the last count = the last count + the claims since (the
     leases taken after it began) - this count. A completion that is a timed
     out attempt returned to Pending is not goodput: when the claims since
-    were more than RETRY_SHARE retries, the limit backs off (x BACKOFF)
-    rather than follow the rate."""
+    were more than RETRY_SHARE (and MIN_RETRIES) retries, the limit backs off
+    (x BACKOFF) rather than follow the rate; otherwise one count lowers it by
+    that factor at most."""
     since = [lease for lease in state.leases if lease.at >= state.counted_at]
     claims = sum(lease.slots for lease in since)
     retries = sum(lease.retries for lease in since)
@@ -119,13 +122,19 @@ def recount(
     finished = state.counted + claims - counted
     if seconds > 0 and (finished > 0 or counted > 0):
         # No work and no completions say nothing about capacity: keep the rate.
+        # Completions come in lumps (an order ends after its last step): the
+        # average weighs a sample by the time it covers, so counts every 5 s
+        # or every 30 s see the same rate.
         sample = max(0, finished - retries) / seconds
-        rate = sample if state.rate == 0 else SMOOTHING * sample + (1 - SMOOTHING) * state.rate
+        weight = 1 - math.exp(-seconds / RATE_WINDOW)
+        rate = sample if state.rate == 0 else weight * sample + (1 - weight) * state.rate
     low = min(cap, max(floor, 1))
     limit = state.limit
     if rate > 0:
-        limit = round(rate * attempt_budget.total_seconds() * TARGET_SHARE)
-    if claims and retries > RETRY_SHARE * claims:
+        # Down by at most BACKOFF a count: a lull in completions is not a stall.
+        target = round(rate * attempt_budget.total_seconds() * TARGET_SHARE)
+        limit = max(target, int(state.limit * BACKOFF))
+    if retries >= MIN_RETRIES and retries > RETRY_SHARE * claims:
         limit = min(limit, int(state.limit * BACKOFF))
     kept = tuple(lease for lease in state.leases if lease.at > began - GRACE)
     return Admission(

@@ -70,7 +70,7 @@ async def test_the_timer_claims_no_more_than_the_limit_the_completions_allow():
             await starter.claim_and_start(StartingClient(), record, etag, world.now)
     world.store.admission = (
         Admission(
-            limit=500,
+            limit=250,
             counted=60,
             counted_at=world.now - timedelta(seconds=30),
             rate=2.0,
