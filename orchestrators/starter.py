@@ -147,6 +147,7 @@ class _Slots:
         self._known: tuple[Admission, str] | None = None
         self._no_room_until: datetime | None = None
         self._block: tuple[datetime, int] | None = None  # the fast path's (taken at, slots left)
+        self._taking = False  # a fast path is taking a block now
 
     def known(self) -> Admission | None:
         return self._known[0] if self._known is not None else None
@@ -209,16 +210,22 @@ class _Slots:
 
     async def one(self, now: datetime) -> bool:
         """One slot for the fast path, from this process's block (a new block
-        of FAST_PATH_BLOCK when it is spent or too old to use). Two fast paths
-        of this process may each take a block at once: a few slots unused
-        until they age out, never a claim past the limit."""
+        of FAST_PATH_BLOCK when it is spent or too old to use). While one fast
+        path takes a block, the others of this process get no slot (the timer
+        claims their orders) rather than each take a block: slots taken and
+        left unused count as claims until they age out, and the completion
+        rate the limit follows would count them as completions."""
         block = self._block
         if block is not None and block[1] > 0 and admission.usable(block[0], now):
             self._block = (block[0], block[1] - 1)
             return True
-        if self._no_room_until is not None and now < self._no_room_until:
+        if self._taking or (self._no_room_until is not None and now < self._no_room_until):
             return False
-        granted = await self.take(FAST_PATH_BLOCK, now)
+        self._taking = True
+        try:
+            granted = await self.take(FAST_PATH_BLOCK, now)
+        finally:
+            self._taking = False
         if granted:
             self._block = (now, granted - 1)
         return granted > 0

@@ -5,6 +5,7 @@ limit, whichever host claims and however many."""
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import replace
 from datetime import timedelta
 
@@ -84,3 +85,34 @@ async def test_the_timer_claims_no_more_than_the_limit_the_completions_allow():
     assert world.store.admission[0].limit == 180
     assert report.claimed == 80
     assert await _processing(world) == 180
+
+
+async def test_fast_paths_of_one_process_take_one_block_at_a_time():
+    # Each fast path taking a block of its own while another's write was out
+    # left most slots unused: counted as claims, and as completions by the rate.
+    world = World()
+    world.store.admission = (
+        Admission(limit=100, counted=0, counted_at=world.now - timedelta(seconds=5)),
+        '"a"',
+    )
+    host = _host(world, max_processing=100)
+    release = asyncio.Event()
+    write = world.store.write_admission
+
+    async def slow_write(state, etag):
+        await release.wait()
+        return await write(state, etag)
+
+    world.store.write_admission = slow_write
+    orders = [await _submit(world, f"S{i}") for i in range(5)]
+    first = asyncio.create_task(host.start_submitted(StartingClient(), *orders[0]))
+    await asyncio.sleep(0)
+    others = [await host.start_submitted(StartingClient(), *o) for o in orders[1:3]]
+    release.set()
+    await first
+    after = [await host.start_submitted(StartingClient(), *o) for o in orders[3:]]
+
+    assert first.result() is not None
+    assert others == [None, None]  # left to the timer, no block of their own
+    assert all(a is not None for a in after)  # from the one block
+    assert len(world.store.admission[0].leases) == 1
