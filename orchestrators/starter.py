@@ -625,7 +625,9 @@ class Starter:
             return
         # A record claimed before is a retry: an attempt that did not finish.
         retries = sum(1 for record, _ in page if record.Attempt > 0)
-        granted = await self._slots.take(len(page), now, retries)
+        # Taken at the time of taking, after this run's count began: the next
+        # count counts them as claims since it (and so their completions).
+        granted = await self._slots.take(len(page), self._clock.now(), retries)
         for record, etag in page[:granted]:
             report.examined += 1
             if await self.claim_and_start(client, record, etag, now, report) is None:

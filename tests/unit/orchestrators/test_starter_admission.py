@@ -9,6 +9,8 @@ import asyncio
 from dataclasses import replace
 from datetime import timedelta
 
+import pytest
+
 from domain import state_machine as sm
 from domain.admission import Admission, Lease
 from domain.models import OrderSubmitted, ProcessState
@@ -116,3 +118,29 @@ async def test_fast_paths_of_one_process_take_one_block_at_a_time():
     assert others == [None, None]  # left to the timer, no block of their own
     assert all(a is not None for a in after)  # from the one block
     assert len(world.store.admission[0].leases) == 1
+
+
+async def test_the_rate_counts_the_timers_claims_as_claims_since_its_count():
+    # The timer's slots were dated at its run's start, before the count of the
+    # same run began: the next count left them out, saw too few completions,
+    # and held the limit at the floor while the service was busy.
+    world = World()
+    ticks = iter(range(100_000))
+    clock = ReadClock(lambda: world.now + timedelta(milliseconds=100 * next(ticks)))
+    policy = StarterPolicy.from_settings(
+        replace(SETTINGS, max_processing=500, starter_batch_size=40, starter_max_batches=1), STEPS
+    )
+    starter = Starter(policy, world.store, clock=clock)
+    for i in range(40):
+        await _submit(world, f"R{i:02d}")
+    await starter.run(StartingClient())  # counts, then claims its 40
+    for i in range(20):  # 20 of them finish
+        record, etag = await world.store.read(f"webshop:R{i:02d}")
+        await world.store.replace(
+            record.model_copy(update={"ProcessState": ProcessState.PROCESSED}), etag
+        )
+    world.now += timedelta(seconds=10)
+
+    await starter.run(StartingClient())
+
+    assert world.store.admission[0].rate == pytest.approx(2.0, rel=0.05)  # 20 in 10 s
