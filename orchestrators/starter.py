@@ -92,9 +92,8 @@ STATUS_ALERT_AFTER = 10
 MAX_OUTBOX_PAGES = 3  # per run: the first page, and rescans after a queue refused
 FAST_PATH_WINDOW = timedelta(seconds=3)  # how long the timer leaves a new order to the fast path
 FAST_PATH_BLOCK = 10  # slots the fast path takes at once (one write of the admission document)
-NO_ROOM_PAUSE = timedelta(
-    seconds=1
-)  # after no room was seen, the fast path reads no slots for this
+# After a fast path found no room, this process's fast paths read no slots for this long.
+NO_ROOM_PAUSE = timedelta(seconds=1)
 SLOT_WRITE_TRIES = 3  # etag races lost in a row before a claimer gives up its slots for now
 
 
