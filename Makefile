@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 PIP_STAMP := $(VENV)/.installed
 NPM_STAMP := node_modules/.installed
 
-.PHONY: install demo test test-unit lint preflight smoke bench bench-1000 bench-latency bench-shards bench-servicebus bench-supervisor bench-periodic capacity up down status clean browser simulate mutate scale
+.PHONY: install demo test test-unit lint preflight smoke bench bench-1000 bench-latency bench-shards bench-servicebus bench-supervisor bench-periodic bench-burst capacity up down status clean browser simulate mutate scale
 
 install: $(PIP_STAMP) $(NPM_STAMP)
 
@@ -105,6 +105,14 @@ bench-servicebus: install
 ## bench-supervisor: scan cost of the two Supervisor sources at 1k, 10k and 100k records
 bench-supervisor: install
 	$(BIN)/python bench/supervisor_bench.py
+
+## bench-burst: ORDERS_BURST orders posted at once against a remote service held to RATE_BURST
+## calls/s (429 + Retry-After over it); prints goodput per minute, attempts per order and the
+## peak of Processing against MAX_PROCESSING (issue 43's figures)
+ORDERS_BURST ?= 2000
+RATE_BURST ?= 8
+bench-burst: install
+	$(BIN)/python bench/burst_bench.py --orders $(ORDERS_BURST) --rate $(RATE_BURST)
 
 ## bench-periodic: the Starter's and the Supervisor's ticks timed at N records on the local
 ## Cosmos server (SIZES=10000,100000; ARGS=--count-interval 30 gives the Starter its count_interval)

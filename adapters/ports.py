@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final, NamedTuple, Protocol
 
+from domain.admission import Admission
 from domain.models import OrderState, OrderSubmitted
 from domain.state_machine import RetryPolicy
 
@@ -94,6 +95,16 @@ class StateStore(Protocol):
     async def write_backlog_gauge(
         self, pending: int, measured_at: datetime, processing: int | None = None
     ) -> None: ...
+
+    async def read_admission(self) -> tuple[Admission, str] | None:
+        """The admission document (domain.admission) and its etag; None if
+        never written."""
+        ...
+
+    async def write_admission(self, admission: Admission, etag: str | None) -> str:
+        """Write it if it is still at `etag` (None: create it); the new etag.
+        StaleError (or ConflictError, for a create) when another writer won."""
+        ...
 
 
 class OrdersRepository(Protocol):

@@ -24,6 +24,7 @@ from adapters.cosmos_client import (
     translate_error,
 )
 from adapters.ports import AnyOwner, BacklogGauge
+from domain.admission import Admission, Lease
 from domain.errors import (
     ConflictError,
     NotFoundError,
@@ -39,6 +40,8 @@ log = logging.getLogger(__name__)
 
 SYSTEM_PROPERTIES: Final = frozenset({"_rid", "_self", "_etag", "_attachments", "_ts", "_lsn"})
 BACKLOG_GAUGE_ID: Final = "_backlog"
+ADMISSION_ID: Final = "_admission"
+IF_MATCH: Final = MatchConditions.IfNotModified  # domain.admission's document, beside the gauge
 DEFAULT_UPDATE_ATTEMPTS: Final = 5
 
 
@@ -570,6 +573,55 @@ class CosmosStateStore:
         except (KeyError, TypeError, ValueError) as exc:
             log.error("ignoring an invalid backlog gauge: %s", exc)
             return None
+
+    # --- admission ------------------------------------------------------------------
+    # The Processing limit every claimer on every host takes its slots from
+    # (domain.admission): one small document, beside the gauge and like it
+    # invisible to state queries; every write conditional on its etag.
+
+    async def read_admission(self) -> tuple[Admission, str] | None:
+        try:
+            doc = await self._read_doc(ADMISSION_ID, "read admission", kind="admission_read")
+        except NotFoundError:
+            return None
+        try:
+            admission = Admission(
+                limit=int(doc["Limit"]),
+                counted=int(doc["Counted"]),
+                counted_at=datetime.fromisoformat(doc["CountedAt"]),
+                rate=float(doc.get("Rate", 0.0)),
+                leases=tuple(
+                    Lease(datetime.fromisoformat(at), int(slots), int(retries))
+                    for at, slots, retries in doc.get("Leases", [])
+                ),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            # Unreadable: start it afresh rather than stop every claim (the
+            # next count's write replaces it on this etag).
+            log.error("an invalid admission document is replaced: %s", exc)
+            return Admission(limit=0, counted=0, counted_at=datetime.now(UTC)), _etag_of(doc)
+        return admission, _etag_of(doc)
+
+    async def write_admission(self, admission: Admission, etag: str | None) -> str:
+        body = {
+            "id": ADMISSION_ID,
+            "Limit": admission.limit,
+            "Counted": admission.counted,
+            "CountedAt": cosmos_time(admission.counted_at),
+            "Rate": round(admission.rate, 4),
+            "Leases": [[cosmos_time(x.at), x.slots, x.retries] for x in admission.leases],
+        }
+        hook = self.charges.hook("admission_write")
+        try:
+            if etag is None:  # a create: a second creator conflicts, never overwrites
+                doc = await self._container.create_item(body=body, response_hook=hook)
+            else:
+                doc = await self._container.replace_item(
+                    ADMISSION_ID, body, etag=etag, match_condition=IF_MATCH, response_hook=hook
+                )
+        except SDK_ERRORS as exc:
+            raise translate_error(exc, "write admission", self.charges, "admission_write") from exc
+        return _etag_of(doc)
 
     # --- plumbing -------------------------------------------------------------------
 

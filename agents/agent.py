@@ -15,7 +15,7 @@ from typing import Any
 
 import pybreaker
 from pydantic import ValidationError
-from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type
 from tenacity.stop import stop_base
 from tenacity.wait import wait_base
 
@@ -39,6 +39,7 @@ log = logging.getLogger(__name__)
 
 MAX_ERROR_TEXT = 500
 MAX_EVENT_ID = 100  # AgentReply.EventId
+PACING_SPREAD = 1.25  # a paced retry waits Retry-After x 1 to this
 
 
 def _is_permanent(exc: BaseException) -> bool:
@@ -67,7 +68,9 @@ class AgentPolicy:
         call_timeout: seconds one HTTP call may take (cut to the time left).
         initial_backoff: ceiling of the first wait; doubles per retry.
         max_backoff: largest ceiling of one wait.
-        max_attempts: calls per request at most, whatever the deadline allows.
+        max_attempts: failed calls per request at most, whatever the deadline
+            allows; a call the service paced (429) is not a failure: the
+            deadline bounds those.
         reply_margin: seconds before the Deadline after which no call starts,
             kept for the reply to reach the Scheduler before its timer fires.
         breaker_fail_max: consecutive transient failures that open a breaker.
@@ -190,12 +193,35 @@ class _BackoffWithJitter(wait_base):
         self._rng = rng
 
     def __call__(self, retry_state: RetryCallState) -> float:
+        exc = retry_state.outcome.exception() if retry_state.outcome else None
+        if isinstance(exc, TransientError) and exc.pacing and exc.retry_after:
+            # A 429's Retry-After is the service's pace, not a failure: wait
+            # what it says, spread a little so agents refused together do not
+            # all return together, rather than a back-off that grows with
+            # every refusal and leaves the service idle when its rate frees up.
+            return self._rng.uniform(exc.retry_after, exc.retry_after * PACING_SPREAD)
         ceiling = min(self._maximum, self._initial * 2 ** (retry_state.attempt_number - 1))
         wait = self._rng.uniform(ceiling / 2, ceiling)
-        exc = retry_state.outcome.exception() if retry_state.outcome else None
         if isinstance(exc, TransientError) and exc.retry_after:
             wait = max(wait, exc.retry_after)
         return wait
+
+
+class _StopAfterFailures(stop_base):
+    """Stop after `max_attempts` calls that failed. A call the service paced
+    (a 429) or our deadline cut short did not fail: those go on until the
+    deadline stops them, so a busy service's refusals do not spend the
+    request's tries and end it with time left."""
+
+    def __init__(self, max_attempts: int) -> None:
+        self._max = max_attempts
+        self._failed = 0
+
+    def __call__(self, retry_state: RetryCallState) -> bool:
+        exc = retry_state.outcome.exception() if retry_state.outcome else None
+        if exc is None or not _is_pacing(exc):
+            self._failed += 1
+        return self._failed >= self._max
 
 
 class _UntilBreakerReopens(wait_base):
@@ -379,7 +405,8 @@ class Agent:
         async for attempt in AsyncRetrying(
             retry=retry_if_exception_type((TransientError, pybreaker.CircuitBreakerError)),
             wait=_UntilBreakerReopens(self._wait, self._breakers, service),
-            stop=stop_after_attempt(self._policy.max_attempts)
+            # The failures' count first: every outcome must reach it.
+            stop=_StopAfterFailures(self._policy.max_attempts)
             | _StopBeforeDeadline(self._clock, last_start),
             sleep=self._clock.sleep,
             reraise=True,

@@ -3,10 +3,12 @@
 Each run (timer trigger, a singleton across hosts):
 1. measures the backlog once — a COUNT of Pending and of Processing records —
    and saves the Pending figure as the gauge Submit's admission control reads;
-2. claims claimable records batch after batch (each up to min(batch size,
-   room left under MAX_PROCESSING)) while the last batch was full, for at
-   most STARTER_MAX_BATCHES batches and STARTER_RUN_BUDGET_SECONDS, each
-   record with one conditional replace on the etag its query returned:
+2. claims claimable records batch after batch while the last batch was full,
+   for at most STARTER_MAX_BATCHES batches and STARTER_RUN_BUDGET_SECONDS,
+   each batch within the slots it takes from the admission document first
+   (domain.admission: a limit under MAX_PROCESSING that follows the completion
+   rate, held across hosts by conditional writes; the count of step 1 updates
+   it), each record with one conditional replace on the etag its query returned:
    Processing, LockedBy = the attempt's instance id, Attempt + 1, every step
    to do Running and CompleteBy = the attempt's one deadline, now + steps to
    do x step timeout (the attempt's recovery-index entry is added first);
@@ -17,7 +19,8 @@ Each run (timer trigger, a singleton across hosts):
    (a re-run after a crash) is not an error.
 
 Submit's fast path (`start_submitted`) does 2-3 for one order it has just
-written, at once; the claim's etag race keeps it safe with the timer.
+written, at once, with a slot from a small block this process takes from the
+admission document; the claim's etag race keeps it safe with the timer.
 
 Before claiming it also: starts compensations operators asked for; restarts a
 compensation whose instance died, as a new attempt (new instance id, so new
@@ -56,7 +59,9 @@ from adapters import telemetry
 from adapters.clock import SYSTEM_CLOCK, Clock
 from adapters.ports import ANY_OWNER, DeadlineIndex, MessagePublisher, NoIndex, StateStore
 from adapters.settings import Settings
-from domain.errors import NotFoundError, StaleError
+from domain import admission
+from domain.admission import Admission
+from domain.errors import ConflictError, NotFoundError, StaleError
 from domain.models import OrderState, OrderSubmitted, ProcessState, StepStatus
 from domain.state_machine import (
     MAX_COMPENSATION_RESTARTS,
@@ -86,6 +91,10 @@ STATUS_BACKOFF_MAX = timedelta(seconds=30)
 STATUS_ALERT_AFTER = 10
 MAX_OUTBOX_PAGES = 3  # per run: the first page, and rescans after a queue refused
 FAST_PATH_WINDOW = timedelta(seconds=3)  # how long the timer leaves a new order to the fast path
+FAST_PATH_BLOCK = 10  # slots the fast path takes at once (one write of the admission document)
+# After a fast path found no room, this process's fast paths read no slots for this long.
+NO_ROOM_PAUSE = timedelta(seconds=1)
+SLOT_WRITE_TRIES = 3  # etag races lost in a row before a claimer gives up its slots for now
 
 
 @dataclass
@@ -109,6 +118,7 @@ class StarterReport:
     statuses_unsent: int = 0
     statuses_deferred: int = 0  # entries of a reply queue in back-off, left for a later run
     counted: bool = True  # False: pending/processing are the last count's (count_interval)
+    limit: int | None = None  # the admission limit this run claimed under (None: not read)
 
 
 async def start_attempt(client, instance_id: str, attempt_input: dict | None = None) -> None:
@@ -122,6 +132,102 @@ async def start_attempt(client, instance_id: str, attempt_input: dict | None = N
         if status is None or getattr(status, "runtime_status", None) is None:
             raise
         log.info("instance %s already exists (%s)", instance_id, status.runtime_status)
+
+
+class _Slots:
+    """This process's door to the admission document (domain.admission):
+    slots are taken by conditional writes, a lost etag race read again and
+    retried a few times; without a slot nothing is claimed. The document this
+    process last wrote is kept, so a batch costs one write, not a read too."""
+
+    def __init__(self, store: StateStore, policy: StarterPolicy) -> None:
+        self._store = store
+        self._policy = policy
+        self._known: tuple[Admission, str] | None = None
+        self._no_room_until: datetime | None = None
+        self._block: tuple[datetime, int] | None = None  # the fast path's (taken at, slots left)
+        self._taking = False  # a fast path is taking a block now
+
+    def known(self) -> Admission | None:
+        return self._known[0] if self._known is not None else None
+
+    async def recount(self, counted: int, began: datetime) -> Admission | None:
+        """Write a new COUNT of Processing (its query begun at `began`)."""
+        p = self._policy
+        budget = max(len(p.steps), 1) * p.step_timeout
+        for _ in range(SLOT_WRITE_TRIES):
+            current = await self._store.read_admission()
+            if current is None:
+                new = admission.first(p.max_processing, p.starter_batch_size, counted, began)
+                etag = None
+            else:
+                new = admission.recount(
+                    current[0],
+                    counted,
+                    began,
+                    cap=p.max_processing,
+                    floor=p.starter_batch_size,
+                    attempt_budget=budget,
+                )
+                etag = current[1]
+            try:
+                self._known = (new, await self._store.write_admission(new, etag))
+            except (StaleError, ConflictError):
+                continue
+            self._no_room_until = None
+            return new
+        return None
+
+    async def take(self, want: int, now: datetime, retries: int = 0) -> int:
+        """Up to `want` slots, taken at `now`; how many."""
+        fresh = self._known is None
+        for _ in range(SLOT_WRITE_TRIES):
+            current = self._known if not fresh else await self._store.read_admission()
+            if current is None:
+                # Never written (a new deployment, before its first count):
+                # begun at the floor with nothing counted; the first count
+                # sets it right within a Starter period.
+                p = self._policy
+                state, etag = admission.first(p.max_processing, p.starter_batch_size, 0, now), None
+            else:
+                state, etag = current
+            new, granted = admission.take(state, want, now, retries)
+            if granted == 0:
+                if not fresh:
+                    fresh = True  # what this process knew may be old: look again
+                    continue
+                self._known = current
+                self._no_room_until = now + NO_ROOM_PAUSE
+                return 0
+            try:
+                self._known = (new, await self._store.write_admission(new, etag))
+            except (StaleError, ConflictError):
+                fresh = True
+                continue
+            return granted
+        return 0
+
+    async def one(self, now: datetime) -> bool:
+        """One slot for the fast path, from this process's block (a new block
+        of FAST_PATH_BLOCK when it is spent or too old to use). While one fast
+        path takes a block, the others of this process get no slot (the timer
+        claims their orders) rather than each take a block: slots taken and
+        left unused count as claims until they age out, and the completion
+        rate the limit follows would count them as completions."""
+        block = self._block
+        if block is not None and block[1] > 0 and admission.usable(block[0], now):
+            self._block = (block[0], block[1] - 1)
+            return True
+        if self._taking or (self._no_room_until is not None and now < self._no_room_until):
+            return False
+        self._taking = True
+        try:
+            granted = await self.take(FAST_PATH_BLOCK, now)
+        finally:
+            self._taking = False
+        if granted:
+            self._block = (now, granted - 1)
+        return granted > 0
 
 
 class Starter:
@@ -174,9 +280,10 @@ class Starter:
             StatusOutbox(store, StatusReporter(publisher), clock) if publisher is not None else None
         )
         self._max_restarts = max_compensation_restarts
-        # The Processing count this process last measured (run); the fast path
-        # respects the cap with it rather than counting per order.
+        # The Processing count this process last measured (run): the fast path
+        # takes no slot when the last run saw the cap reached.
         self._last_processing: int | None = None
+        self._slots = _Slots(store, self._settings)
         self._status_grace = status_grace
         self._status_scan_interval = (
             status_grace / 3 if status_scan_interval is None else status_scan_interval
@@ -460,9 +567,15 @@ class Starter:
         return False
 
     async def _count(self, report: StarterReport, now: datetime) -> None:
-        """Count the Pending and Processing records and save the gauge."""
+        """Count the Pending and Processing records, save the gauge, and give
+        the admission document the new count (and so its limit)."""
         report.pending = await self._store.count_in_state(ProcessState.PENDING)
+        began = self._clock.now()
         report.processing = await self._store.count_in_state(ProcessState.PROCESSING)
+        try:
+            await self._slots.recount(report.processing, began)
+        except Exception:  # the claims go on under the document as it is
+            log.exception("starter: the admission document was not updated")
         self._counted = (report.pending, report.processing)
         self._claimed_since_count = 0
         await self._write_gauge(report.pending, report.processing, now)
@@ -470,22 +583,28 @@ class Starter:
         telemetry.app_metrics().backlog.set(report.processing, {"state": "Processing"})
 
     async def _claim_batches(self, client, started: datetime, report: StarterReport) -> None:
-        """Claim batch after batch while the last one was full, within the
-        room MAX_PROCESSING leaves, the batch count and the run's time budget:
-        a backlog is worked through in one run, not one batch per tick."""
-        room = self._settings.max_processing - report.processing
-        if room <= 0:
+        """Claim batch after batch while the last one was full, each within
+        the slots it took from the admission document, up to the batch count
+        and the run's time budget: a backlog is worked through in one run, not
+        one batch per tick, and never past the limit on any host."""
+        if report.processing >= self._settings.max_processing:
             log.info("starter: %d processing, at the cap; nothing claimed", report.processing)
             return
+        if report.pending == 0 and report.counted:
+            return  # counted at the start of this run: nothing to query for
         now = started
-        while room > 0 and report.batches < self._settings.starter_max_batches:
+        while report.batches < self._settings.starter_max_batches:
+            known = self._slots.known()
+            report.limit = known.limit if known is not None else None
+            room = known.room() if known is not None else self._settings.starter_batch_size
+            if room <= 0:
+                return
             batch = min(self._settings.starter_batch_size, room)
-            examined, claimed = report.examined, report.claimed
+            examined = report.examined
             await self._claim_and_start(client, now, batch, report)
             report.batches += 1
-            room -= report.claimed - claimed
             if report.examined - examined < batch:
-                return  # a short batch: nothing more is claimable now
+                return  # a short batch (or too few slots): nothing more to claim now
             now = self._clock.now()
             if now - started >= self._settings.starter_run_budget:
                 return
@@ -493,8 +612,6 @@ class Starter:
     async def _claim_and_start(
         self, client, now: datetime, batch: int, report: StarterReport
     ) -> None:
-        if report.pending == 0 and report.counted:
-            return  # counted at the start of this run: nothing to query for
         young = None
         if self._fast_path_used is not None and now - self._fast_path_used < FAST_PATH_WINDOW * 10:
             # This process's fast path is claiming new orders as Submit writes
@@ -502,7 +619,15 @@ class Starter:
             # lost race costs a replace and an index entry). One it skipped or
             # failed is older than the window by the next run or the one after.
             young = now - FAST_PATH_WINDOW
-        for record, etag in await self._store.query_claimable(batch, now, young):
+        page = await self._store.query_claimable(batch, now, young)
+        if not page:
+            return
+        # A record claimed before is a retry: an attempt that did not finish.
+        retries = sum(1 for record, _ in page if record.Attempt > 0)
+        # Taken at the time of taking, after this run's count began: the next
+        # count counts them as claims since it (and so their completions).
+        granted = await self._slots.take(len(page), self._clock.now(), retries)
+        for record, etag in page[:granted]:
             report.examined += 1
             if await self.claim_and_start(client, record, etag, now, report) is None:
                 report.lost += 1  # another starter (or the fast path) won the etag
@@ -606,17 +731,20 @@ class Starter:
         written, without waiting for the next timer run. The claim is the same
         etag race as the timer's, so the two never both win. Skipped (None;
         the timer claims it later) when this process's last run saw the
-        Processing cap reached, or when the record is not claimable.
+        Processing cap reached, when the admission limit leaves no slot, or
+        when the record is not claimable.
         `received_sent_at`: Submit has sent Received and not yet marked it;
         the claim marks it too. None back means nothing is known to be
         marked: Submit marks it itself (on a 412, with `update`)."""
-        self._fast_path_used = self._clock.now()
+        now = self._fast_path_used = self._clock.now()
         if (
             self._last_processing is not None
             and self._last_processing >= self._settings.max_processing
         ):
             return None
         try:
+            if not await self._slots.one(now):
+                return None  # no room under the limit: the timer claims it when there is
             return await self.claim_and_start(
                 client, record, etag, order=order, received_sent_at=received_sent_at
             )

@@ -12,6 +12,7 @@ from typing import Any
 
 from adapters.ports import ANY_OWNER, BacklogGauge
 from domain import state_machine as sm
+from domain.admission import Admission
 from domain.errors import ConflictError, NotFoundError, StaleError
 from domain.ids import order_key
 from domain.models import OrderState, OrderSubmitted, ProcessState
@@ -22,6 +23,7 @@ class FakeStateStore:
         self.docs: dict[str, tuple[dict, str]] = {}
         self.unreadable: list[tuple[str, str]] = []
         self.gauge: BacklogGauge | None = None
+        self.admission: tuple[Admission, str] | None = None
         self.writes = 0
         self._etags = itertools.count(1)
 
@@ -175,6 +177,19 @@ class FakeStateStore:
         self, pending: int, measured_at: datetime, processing: int | None = None
     ) -> None:
         self.gauge = BacklogGauge(pending, measured_at, processing)
+
+    async def read_admission(self) -> tuple[Admission, str] | None:
+        return self.admission
+
+    async def write_admission(self, admission: Admission, etag: str | None) -> str:
+        current = self.admission
+        if etag is None and current is not None:
+            raise ConflictError("admission exists", [])
+        if etag is not None and (current is None or current[1] != etag):
+            raise StaleError("admission changed")
+        new = self._etag()
+        self.admission = (admission, new)
+        return new
 
 
 class FakeOrders:

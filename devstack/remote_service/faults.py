@@ -12,15 +12,22 @@ one order. Kinds:
 | permanent | answer 4xx (default 422), no effect                         | status, message            |
 | crash     | apply the effect, then fail to answer: `drop` the          | mode                       |
 |           | connection, answer 500 (`error`), or `exit` the process    |                            |
+| ratelimit | serve at most `per_second` matching calls a second (a      | per_second, burst          |
+|           | token bucket of `burst` tokens, default one second's       |                            |
+|           | worth); a call over it gets 429 with Retry-After, no effect|                            |
 
 `count` limits a rule to the next N calls it fires on (then it is removed);
 without it the rule fires on every matching call (`rate`: with that
 probability) until deleted or reset. Faults are kept in memory only: a
-restarted service starts healthy."""
+restarted service starts healthy. A ratelimit rule's bucket is shared by
+every call it matches (`service` "*": the whole service's rate); `count`
+does not apply to it. Retry-After is the whole seconds until a token is
+free (at least 1), as real services send it."""
 
 from __future__ import annotations
 
 import itertools
+import math
 import random
 import time
 from collections.abc import Callable
@@ -31,7 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, model_validat
 
 from devstack.remote_service.ledger import CATALOG, Operations
 
-Kind = Literal["latency", "transient", "outage", "permanent", "crash"]
+Kind = Literal["latency", "transient", "outage", "permanent", "crash", "ratelimit"]
 
 
 class FaultRule(BaseModel):
@@ -48,6 +55,8 @@ class FaultRule(BaseModel):
     retry_after: float | None = Field(default=None, ge=0)
     message: str | None = Field(default=None, max_length=300)
     mode: Literal["drop", "error", "exit"] = "drop"
+    per_second: float | None = Field(default=None, gt=0, le=100_000)
+    burst: int | None = Field(default=None, ge=1)
 
     @model_validator(mode="after")
     def _consistent(self, info: ValidationInfo) -> FaultRule:
@@ -61,6 +70,12 @@ class FaultRule(BaseModel):
                 raise ValueError(f"unknown operation {self.operation!r} for {self.service!r}")
         if self.kind in ("latency", "outage") and self.seconds is None:
             raise ValueError(f"a {self.kind} rule needs seconds")
+        if (self.kind == "ratelimit") != (self.per_second is not None):
+            raise ValueError("per_second is for ratelimit rules, and a ratelimit rule needs it")
+        if self.burst is not None and self.kind != "ratelimit":
+            raise ValueError("burst applies to ratelimit rules only")
+        if self.kind == "ratelimit" and self.count is not None:
+            raise ValueError("a ratelimit rule has no count")
         if self.rate is not None and self.kind != "transient":
             raise ValueError("rate applies to transient rules only")
         if (
@@ -92,6 +107,8 @@ class ActiveRule:
     rule: FaultRule
     remaining: int | None
     until: float | None = None  # outage end, monotonic seconds
+    tokens: float = 0.0  # a ratelimit rule's bucket
+    filled_at: float | None = None  # when its bucket was last topped up, monotonic seconds
 
     def describe(self) -> dict[str, Any]:
         data = self.rule.model_dump(exclude_none=True)
@@ -126,8 +143,11 @@ class FaultBook:
     _ids: itertools.count = field(default_factory=lambda: itertools.count(1))
 
     def add(self, rule: FaultRule) -> ActiveRule:
-        until = self.monotonic() + rule.seconds if rule.kind == "outage" and rule.seconds else None
+        now = self.monotonic()
+        until = now + rule.seconds if rule.kind == "outage" and rule.seconds else None
         active = ActiveRule(next(self._ids), rule, rule.count, until)
+        if rule.kind == "ratelimit":
+            active.tokens, active.filled_at = _capacity(rule), now
         self.rules.append(active)
         return active
 
@@ -158,6 +178,11 @@ class FaultBook:
             elif rule.kind == "crash":
                 if plan.crash_rule is None:
                     plan.crash_rule = active
+            elif rule.kind == "ratelimit":
+                # Every matching call takes a token, whatever else answers it.
+                refused = self._over_rate(active)
+                if plan.failure is None and refused is not None:
+                    plan.failure = refused
             elif plan.failure is None:
                 failure = self._failure(rule)
                 if failure is not None:
@@ -197,6 +222,24 @@ class FaultBook:
             )
         return None
 
+    def _over_rate(self, active: ActiveRule) -> Failure | None:
+        """Take a token from the rule's bucket; without one, a 429 saying when
+        the next is free."""
+        rate = active.rule.per_second or 1.0
+        now = self.monotonic()
+        elapsed = now - (active.filled_at if active.filled_at is not None else now)
+        active.tokens = min(_capacity(active.rule), active.tokens + elapsed * rate)
+        active.filled_at = now
+        if active.tokens >= 1:
+            active.tokens -= 1
+            return None
+        wait = max(1, math.ceil((1 - active.tokens) / rate))
+        return Failure(
+            429,
+            {"code": "TooManyRequests", "error": f"rate limit of {rate:g} calls/s exceeded"},
+            wait,
+        )
+
     def _consume(self, active: ActiveRule) -> None:
         if active.remaining is None:
             return
@@ -207,6 +250,10 @@ class FaultBook:
     def _expire(self) -> None:
         now = self.monotonic()
         self.rules = [r for r in self.rules if r.until is None or now < r.until]
+
+
+def _capacity(rule: FaultRule) -> float:
+    return float(rule.burst or max(1, math.ceil(rule.per_second or 1)))
 
 
 def _client_part(order_id: str | None) -> str | None:

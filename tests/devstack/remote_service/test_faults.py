@@ -70,3 +70,51 @@ def test_a_crash_rule_is_used_up_only_when_an_effect_was_applied():
     assert book.crashed(plan) == "error"
     assert book.crashed(plan_without_effect) is None
     assert book.describe() == []
+
+
+def test_a_ratelimit_serves_its_rate_and_refuses_the_rest_with_429_and_retry_after():
+    clock = Monotonic()
+    book = FaultBook(monotonic=clock)
+    book.add(FaultRule(kind="ratelimit", per_second=4))
+
+    first_second = [book.plan("payment", "charge", f"o{i}").failure for i in range(6)]
+    clock.now += 0.5  # two tokens back
+    half_later = [book.plan("shipping", "arrange", f"p{i}").failure for i in range(3)]
+
+    assert [f is None for f in first_second] == [True] * 4 + [False] * 2
+    refused = first_second[4]
+    assert refused is not None
+    assert (refused.status, refused.retry_after) == (429, 1)
+    assert [f is None for f in half_later] == [True, True, False]
+    assert len(book.describe()) == 1  # a ratelimit rule stays until deleted
+
+
+def test_a_ratelimit_bucket_holds_its_burst_and_names_the_wait_in_whole_seconds():
+    clock = Monotonic()
+    book = FaultBook(monotonic=clock)
+    book.add(FaultRule(kind="ratelimit", service="payment", per_second=0.25, burst=2))
+
+    calls = [book.plan("payment", "charge", "o1").failure for _ in range(3)]
+    other = book.plan("inventory", "reserve", "o1").failure
+    clock.now += 60  # a long quiet spell refills no more than the burst
+    after = [book.plan("payment", "charge", "o1").failure for _ in range(3)]
+
+    assert [f is None for f in calls] == [True, True, False]
+    assert calls[2] is not None
+    assert calls[2].retry_after == 4
+    assert other is None
+    assert [f is None for f in after] == [True, True, False]
+
+
+def test_a_ratelimit_rule_needs_its_rate_and_takes_no_count():
+    for bad in (
+        {"kind": "ratelimit"},
+        {"kind": "ratelimit", "per_second": 5, "count": 3},
+        {"kind": "transient", "per_second": 5},
+        {"kind": "latency", "seconds": 1, "burst": 2},
+    ):
+        try:
+            FaultRule.model_validate(bad)
+        except ValueError:
+            continue
+        raise AssertionError(f"accepted {bad}")

@@ -152,6 +152,19 @@ async def test_transient_fault_for_the_next_n_calls_then_healthy(client):
     assert (await (await client.get("/_admin/faults")).json())["rules"] == []
 
 
+async def test_a_ratelimit_answers_429_with_retry_after_and_applies_nothing_over_it(client):
+    await add_fault(client, kind="ratelimit", service="payment", per_second=0.5, burst=1)
+
+    served = await call(client, "/payment/charge", key="a/charge-payment")
+    over = await call(client, "/payment/charge", key="b/charge-payment")
+
+    assert (served.status, over.status) == (200, 429)
+    assert over.headers["Retry-After"] == "2"
+    assert (await over.json())["code"] == "TooManyRequests"
+    assert await effect_count(client, "b", "charge-payment", "payment/charge") == 0
+    assert (await call(client, "/inventory/reserve")).status == 200  # another service's rate
+
+
 async def test_transient_fault_with_rate_one_fails_every_call(client):
     await add_fault(client, kind="transient", service="inventory", rate=1.0, status=502)
 

@@ -20,9 +20,16 @@ from adapters.state_store import (
     CosmosStateStore,
 )
 from devstack.cosmos import CosmosServer, FaultRule, get_faults, set_faults
+from domain import admission
 from domain import state_machine as sm
 from domain.boundary import check_order_id
-from domain.errors import NotFoundError, PermanentError, StaleError, TransientError
+from domain.errors import (
+    ConflictError,
+    NotFoundError,
+    PermanentError,
+    StaleError,
+    TransientError,
+)
 from domain.models import OrderState, ProcessState
 from tests.builders import start_step
 from tests.integration.adapters.builders import NOW, POLICY, STEPS, make_record
@@ -250,6 +257,29 @@ async def test_query_pending_returns_only_claimable_records(
     for i in range(5):
         await state_store.create_if_absent(make_record(f"P-MORE-{i}"))
     assert len(await state_store.query_pending(3, NOW)) == 3
+
+
+async def test_the_admission_document_takes_only_conditional_writes(
+    state_store: CosmosStateStore,
+) -> None:
+    # Two hosts that read it at one etag: one write wins, the other is stale
+    # and must read again, so the two cannot both take the last slot.
+    assert await state_store.read_admission() is None
+    first = admission.first(500, 50, 3, NOW)
+    etag = await state_store.write_admission(first, None)
+    with pytest.raises(ConflictError):
+        await state_store.write_admission(first, None)
+    mine, _ = admission.take(first, 10, NOW + timedelta(seconds=1), retries=2)
+    theirs, _ = admission.take(first, 40, NOW + timedelta(seconds=1))
+
+    await state_store.write_admission(mine, etag)
+    with pytest.raises(StaleError):
+        await state_store.write_admission(theirs, etag)
+
+    stored, _ = await state_store.read_admission()
+    assert stored == mine
+    assert stored.estimate() == 13
+    assert await state_store.count_in_state(ProcessState.PROCESSING) == 0  # no record
 
 
 async def test_backlog_gauge_is_refreshed_by_count_and_read_by_point_read(

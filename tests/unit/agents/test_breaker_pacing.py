@@ -56,17 +56,49 @@ async def test_a_reset_after_the_deadline_still_answers_not_called_without_waiti
     assert (clock.now() - started).total_seconds() < 60
 
 
-async def test_429s_do_not_open_the_breaker(remote, clock):
-    agent = _agent(remote, clock, breaker_fail_max=2, max_attempts=3)
-    remote.default = Outcome(
-        error=TransientError("HTTP 429: slow down", retry_after=1.0, pacing=True)
+def _paced(retry_after: float = 1.0) -> Outcome:
+    return Outcome(
+        error=TransientError("HTTP 429: slow down", retry_after=retry_after, pacing=True)
     )
 
-    for n in range(3):
-        await agent.handle(request(order_id=f"o-{n}"))
+
+async def test_429s_do_not_open_the_breaker_nor_spend_the_tries(remote, clock):
+    # A busy service's 429s are its pace: a request goes on until its deadline
+    # (max_attempts counts failures), each wait what Retry-After said.
+    agent = _agent(remote, clock, breaker_fail_max=2, max_attempts=3)
+    remote.default = _paced()
+
+    reply = await agent.handle(request(deadline_in=30))
 
     assert agent.breakers.state("payment") == "closed"
+    assert reply.Outcome is ReplyOutcome.TRANSIENT
+    assert len(remote.calls) > 20  # called on through its deadline, not 3 times
+    assert all(1.0 <= s <= 1.25 for s in clock.sleeps)
+
+
+async def test_a_request_paced_by_429s_is_served_when_the_rate_frees_up(remote, clock):
+    # Eight 429s used to end a request (max_attempts) with most of its time
+    # left, and the back-off grew to 8 s while the service's rate was free again.
+    agent = _agent(remote, clock, max_attempts=3)
+    remote.script = [_paced(2.0)] * 8
+
+    reply = await agent.handle(request(deadline_in=60))
+
+    assert reply.Outcome is ReplyOutcome.OK
     assert len(remote.calls) == 9
+    assert len(clock.sleeps) == 8
+    assert all(2.0 <= s <= 2.5 for s in clock.sleeps)
+
+
+async def test_failures_still_end_a_request_after_max_attempts_between_429s(remote, clock):
+    agent = _agent(remote, clock, max_attempts=2)
+    remote.script = [_paced(), Outcome(error=TransientError("HTTP 503")), _paced()]
+    remote.default = Outcome(error=TransientError("HTTP 503"))
+
+    reply = await agent.handle(request(deadline_in=600))
+
+    assert reply.Outcome is ReplyOutcome.TRANSIENT
+    assert len(remote.calls) == 4  # two failures, and the 429s around them
 
 
 async def test_a_call_cut_short_by_the_deadline_is_not_a_failure_but_a_full_timeout_is(

@@ -10,6 +10,7 @@ from datetime import timedelta
 
 from adapters.ports import ANY_OWNER
 from domain import state_machine as sm
+from domain.admission import Admission
 from domain.errors import TransientError
 from domain.ids import order_key
 from domain.models import CompensationEntry, OrderSubmitted, ProcessState
@@ -544,6 +545,12 @@ async def test_a_resend_during_a_long_retry_adds_no_index_entry():
     assert list(index.entries.values()) == [1]
 
 
+def _admitted(world, limit: int) -> None:
+    """An admission document whose limit an earlier count set to `limit`."""
+    earlier = world.now - timedelta(seconds=5)
+    world.store.admission = (Admission(limit=limit, counted=0, counted_at=earlier), '"a"')
+
+
 async def test_one_run_claims_batch_after_batch_within_the_room_left():
     # One batch per tick capped the claims at batch/interval whatever the backlog.
     world = World()
@@ -551,6 +558,7 @@ async def test_one_run_claims_batch_after_batch_within_the_room_left():
         await _pending(world, f"B{i:02d}")
     client = Client()
     settings = replace(SETTINGS, starter_batch_size=5, starter_max_batches=10, max_processing=17)
+    _admitted(world, 1000)  # the cap is the tighter bound
     starter = Starter(settings, world.store, clock=ReadClock(lambda: world.now))
 
     report = await starter.run(client)
@@ -566,6 +574,7 @@ async def test_a_run_stops_claiming_at_its_batch_count_and_its_budget():
     for i in range(23):
         await _pending(world, f"C{i:02d}")
     settings = replace(SETTINGS, starter_batch_size=5, starter_max_batches=2)
+    _admitted(world, 1000)
     assert (
         await Starter(settings, world.store, clock=ReadClock(lambda: world.now)).run(Client())
     ).claimed == 10

@@ -1,0 +1,146 @@
+"""Admission: how many orders may be in flight (Processing) at once, on every host.
+
+MAX_PROCESSING is the ceiling. Under it the limit follows what the agents and
+the services behind them deliver (Little's law): in flight = completion rate x
+the time an attempt should take, half its budget (steps x step timeout). An
+attempt claimed beyond that would wait in `agent-requests` behind the others
+until its deadline, fail, and be sent again from its first step: work the
+service does twice while goodput falls (issue 43). Orders over the limit wait
+in Pending, where waiting costs nothing.
+
+The figures live in one document of the state container (`_admission`),
+written only by conditional writes, so two hosts can never both take the last
+slot:
+
+- `Counted` / `CountedAt`: the Starter's COUNT of Processing and when that
+  COUNT began;
+- `Leases`: the slots taken since (each claimer takes its slots first, a batch
+  or a fast path's block at a time); a lease counts until a COUNT that began
+  GRACE after it, by when every claim it allowed has landed and is counted;
+- `Limit`, `Rate`: the limit the last count set and the completion rate it
+  was set from.
+
+A claimer may use a lease's slots for LEASE_TTL after taking it; GRACE is
+longer, so a claim it allowed is in the count that drops the lease. The
+estimate (Counted + the leases) is never below the records in Processing:
+records leave Processing, none enters without a slot.
+
+Pure: the Starter (orchestrators.starter) reads and writes the document
+through the state store; every decision is here.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
+
+# Short: a lease still in GRACE is counted twice once its claims land (in the
+# count and as a lease), which holds the limit down by that many claims.
+LEASE_TTL = timedelta(seconds=5)
+GRACE = LEASE_TTL + timedelta(seconds=10)  # a claim's write lands within 10 s of its start
+TARGET_SHARE = 0.5  # of the attempt's budget: the time an attempt should take in flight
+RATE_WINDOW = 60.0  # seconds: the rate is a moving average over about this long
+BACKOFF = 0.7  # the most one count lowers the limit by; its factor when retries show
+RETRY_SHARE = 0.1  # of the claims since the last count, above which it backs off
+MIN_RETRIES = 3  # and at least this many: one retry among five claims is no trend
+MAX_LEASES = 200  # a document that stops growing even if no count comes
+
+
+@dataclass(frozen=True)
+class Lease:
+    """Slots one claimer took at `at`; `retries`: how many of the records it
+    took them for were retries of an attempt that did not finish."""
+
+    at: datetime
+    slots: int
+    retries: int = 0
+
+
+@dataclass(frozen=True)
+class Admission:
+    limit: int
+    counted: int
+    counted_at: datetime
+    rate: float = 0.0
+    leases: tuple[Lease, ...] = ()
+
+    def estimate(self) -> int:
+        """Records that may be Processing: the count, and every slot taken
+        since that the count may not include."""
+        return self.counted + sum(lease.slots for lease in self.leases)
+
+    def room(self) -> int:
+        return max(0, self.limit - self.estimate())
+
+
+def first(cap: int, floor: int, counted: int, now: datetime) -> Admission:
+    """The document's first version: the limit starts at the floor (a
+    batch), and the counts that follow raise it as completions show."""
+    return Admission(limit=min(cap, max(floor, 1)), counted=counted, counted_at=now)
+
+
+def take(state: Admission, want: int, now: datetime, retries: int = 0) -> tuple[Admission, int]:
+    """Take up to `want` slots at `now`: the state to write and the slots
+    granted (0: none; nothing to write)."""
+    granted = min(want, state.room())
+    if granted <= 0 or len(state.leases) >= MAX_LEASES:
+        return state, 0
+    lease = Lease(at=now, slots=granted, retries=min(retries, granted))
+    return replace(state, leases=(*state.leases, lease)), granted
+
+
+def usable(taken_at: datetime, now: datetime) -> bool:
+    """Whether slots taken at `taken_at` may still start a claim."""
+    return now < taken_at + LEASE_TTL
+
+
+def recount(
+    state: Admission,
+    counted: int,
+    began: datetime,
+    *,
+    cap: int,
+    floor: int,
+    attempt_budget: timedelta,
+) -> Admission:
+    """A new COUNT of Processing (`counted`, the query begun at `began`): the
+    leases it surely includes dropped, the completion rate and the limit
+    updated.
+
+    Completions since the last count = the last count + the claims since (the
+    leases taken after it began) - this count. A completion that is a timed
+    out attempt returned to Pending is not goodput: when the claims since
+    were more than RETRY_SHARE (and MIN_RETRIES) retries, the limit backs off
+    (x BACKOFF) rather than follow the rate; otherwise one count lowers it by
+    that factor at most."""
+    since = [lease for lease in state.leases if lease.at >= state.counted_at]
+    claims = sum(lease.slots for lease in since)
+    retries = sum(lease.retries for lease in since)
+    seconds = (began - state.counted_at).total_seconds()
+    rate = state.rate
+    finished = state.counted + claims - counted
+    if seconds > 0 and (finished > 0 or counted > 0):
+        # No work and no completions say nothing about capacity: keep the rate.
+        # Completions come in lumps (an order ends after its last step): the
+        # average weighs a sample by the time it covers, so counts every 5 s
+        # or every 30 s see the same rate.
+        sample = max(0, finished - retries) / seconds
+        weight = 1 - math.exp(-seconds / RATE_WINDOW)
+        rate = sample if state.rate == 0 else weight * sample + (1 - weight) * state.rate
+    low = min(cap, max(floor, 1))
+    limit = state.limit
+    if rate > 0:
+        # Down by at most BACKOFF a count: a lull in completions is not a stall.
+        target = round(rate * attempt_budget.total_seconds() * TARGET_SHARE)
+        limit = max(target, int(state.limit * BACKOFF))
+    if retries >= MIN_RETRIES and retries > RETRY_SHARE * claims:
+        limit = min(limit, int(state.limit * BACKOFF))
+    kept = tuple(lease for lease in state.leases if lease.at > began - GRACE)
+    return Admission(
+        limit=max(low, min(cap, limit)),
+        counted=counted,
+        counted_at=began,
+        rate=rate,
+        leases=kept,
+    )
