@@ -123,6 +123,7 @@ class EndChecks(MessageChecks):
         self._report_first(self.stopped_reading, "a Supervisor run that made progress reads on")
         self.check_goodput_under_overload(docs)
         self.check_status_never_stops_work()
+        self.check_breakers_open_on_failures()
 
     def _report_first(self, findings: list[str], check: str) -> None:
         """A path check's first finding, as `check`'s violation (one is enough
@@ -386,6 +387,30 @@ class EndChecks(MessageChecks):
                     "no compensation delayed by a status",
                     f"{iid} (record {state} when its status was refused) ended Failed on "
                     f"report_status: {reason[:160]}",
+                )
+                return
+
+    def check_breakers_open_on_failures(self) -> None:
+        """Slowness and pacing are not the failures a breaker is for (issue 43
+        item 1; §4 agents): an agent's reply that a call was not made because
+        its service's breaker is open comes only after that service failed a
+        call (a 5xx, no answer in time). A service that only answered 429s
+        (rate limits) is up; a breaker opened by them refuses every request
+        behind it unasked (mutant `remote-429-breaker-failure`)."""
+        marker = "circuit open for "
+        for m in self.bus.queue("agent-responses").sent:
+            try:
+                error = str(json.loads(m.body).get("Error") or "")
+            except (ValueError, AttributeError):
+                continue
+            if marker not in error:
+                continue
+            service = error.split(marker, 1)[1].split(":", 1)[0]
+            if not any(t <= m.sent_at for t in self.remote.failures.get(service, [])):
+                self.fail(
+                    "a breaker opens only on a failing service",
+                    f"{m.message_id} at {m.sent_at.isoformat()}: {error[:160]}; {service} had "
+                    "failed no call before (429s only pace)",
                 )
                 return
 

@@ -78,6 +78,8 @@ class SimSession:
             )
             total = float(getattr(timeout, "total", None) or 10.0)
             slow = world.faults.slow_answer(f"{service}/{operation} {call.idempotency_key}")
+            if slow is not None:
+                remote.failed(service)  # no answer in time: a failure a breaker may count
             if slow == "lost":
                 # The request never reached the service (a dropped connection, a
                 # stalled proxy): nothing applied; the client gives up at its timeout.
@@ -154,6 +156,9 @@ class SimRemote:
         self.undo_budget = 60.0  # seconds; the simulation sets its own (undo_budget)
         # Per service, when its next call may be served (FaultConfig.rate_limit).
         self.next_slot: dict[str, datetime] = {}
+        # Per service, when it failed a call (a 5xx, no answer in time): what
+        # a circuit breaker is for, unlike a 429 (sim.checks, breaker check).
+        self.failures: dict[str, list[datetime]] = {}
 
     async def call(self, call: RemoteCall, *, timeout: float) -> dict[str, Any]:
         status, text = await self.answer(call, timeout=timeout)
@@ -227,9 +232,14 @@ class SimRemote:
                     json.dumps({"code": "GatewayTimeout", "error": "no answer from upstream"}),
                 )
         outcome = "ok" if status < 300 else "transient" if status >= 500 else "permanent"
+        if status >= 500:
+            self.failed(call.service)
         self.calls.append((call.idempotency_key, op, call.fencing_token, outcome))
         self.world.log(f"remote {op} {call.idempotency_key} token {call.fencing_token} -> {status}")
         return status, text
+
+    def failed(self, service: str) -> None:
+        self.failures.setdefault(service, []).append(self.world.clock.now)
 
     def _rate_limited(self, call: RemoteCall) -> int | None:
         """The service's rate limit (FaultConfig.rate_limit), while faults

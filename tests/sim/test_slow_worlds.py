@@ -209,3 +209,14 @@ def test_an_orchestration_stopped_by_a_refused_status_is_caught():
     assert "no compensation delayed by a status" in _checks(sim)
     inst.history[0] = _event(TASK_SCHEDULED, START, EventId=0, Name="write_state")
     assert "no compensation delayed by a status" not in _checks(sim)
+
+
+def test_a_breaker_open_on_a_service_that_only_paced_is_caught():
+    """Mutant `remote-429-breaker-failure`: 429s counted as failures."""
+    sim = _run_seed(1, 1)
+    error = "circuit open for payment: /payment/charge not called"
+    body = json.dumps({"Outcome": "transient", "Error": error}).encode()
+    sim.bus.send("agent-responses", body, "o:1/reply-payment-1", {})
+    assert "a breaker opens only on a failing service" in _checks(sim)
+    sim.remote.failures["payment"] = [START]  # it had failed a call: the breaker's to count
+    assert "a breaker opens only on a failing service" not in _checks(sim)
