@@ -348,7 +348,15 @@ class EndChecks(MessageChecks):
         f = self.o.faults
         if not f.overload or not f.rate_limit or self.o.backlog_limit <= 0:
             return
-        alone = replace(f, overload=False, burst=False, rate_limit=0.0, episode_wait=0.0, hostile=0)
+        alone = replace(
+            f,
+            overload=False,
+            burst=False,
+            rate_limit=0.0,
+            episode_wait=0.0,
+            episode_stalls=0.0,
+            hostile=0,
+        )
         if alone != FaultConfig():
             return
         steps = len(self.o.steps.steps)

@@ -246,11 +246,16 @@ class SimDurable:
         """How long an episode's work item waits in its control queue: under
         overload, while faults last, 0 to FaultConfig.episode_wait seconds (the
         task hub's queues backed up: an attempt's reply taken seconds after it
-        came); otherwise the scheduler's own draw (None)."""
-        most = self.world.faults.config.episode_wait
-        if not most or not self.world.faults.active:
+        came), or 60-240 s when its worker stalls (FaultConfig.episode_stalls);
+        otherwise the scheduler's own draw (None)."""
+        config = self.world.faults.config
+        if not (config.episode_wait or config.episode_stalls) or not self.world.faults.active:
             return None
-        return round(self._wait_rng.uniform(0, most), 3)
+        if config.episode_stalls and self._wait_rng.random() < config.episode_stalls:
+            return round(self._wait_rng.uniform(60, 240), 3)
+        if not config.episode_wait:
+            return None
+        return round(self._wait_rng.uniform(0, config.episode_wait), 3)
 
     def _episode(self, inst: Instance) -> None:
         now = self.world.clock.now

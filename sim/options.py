@@ -270,7 +270,10 @@ def _slow_world(seed: int, o: Options, quiet: bool) -> None:
       (`episode_wait`), with no other fault, so that check (e), goodput
       under overload, can judge it;
     - rate limits among the other faults, in one other schedule in five, half
-      of them with the burst of orders too (overload);
+      of them with the burst of orders too (overload), with one
+      orchestration episode in twenty stalled 60-240 s (`episode_stalls`: a
+      worker that froze, so an attempt's finishing write may come after its
+      deadline, the Supervisor and another attempt's whole run);
     - a client's reply queue refusing every send (disabled, deleted, its
       Sender role removed, or full) for 1-3 hours from a moment in the
       fault window, in one other schedule in eight."""
@@ -287,6 +290,7 @@ def _slow_world(seed: int, o: Options, quiet: bool) -> None:
         if rng.random() < 0.5:
             f.overload = f.burst = True
             f.episode_wait = rng.uniform(10, 60)
+        f.episode_stalls = 0.05
     refusing = random.Random(f"refusing-reply/{seed}")
     if refusing.random() < 1 / 8:
         f.refusing_reply = refusing.choice(("disabled", "deleted", "forbidden", "full"))

@@ -173,6 +173,11 @@ class FaultConfig:
     # under overload, the task hub's control queues back up: each orchestration
     # episode waits up to so many seconds before it runs (sim.durable), while faults last
     episode_wait: float = 0.0
+    # per orchestration episode while faults last: its worker stalls (a frozen
+    # VM, a long pause) and the episode runs 60-240 s late, so an attempt
+    # that has its reply may reach its finishing write after its deadline,
+    # the Supervisor's recovery and another attempt's whole run
+    episode_stalls: float = 0.0
     # one client's reply queue refusing every send for hours, faults or not:
     # "disabled", "deleted", "forbidden" or "full", for so many seconds
     refusing_reply: str = ""

@@ -20,7 +20,7 @@ from sim.world import START
 from tests.sim.test_check_premises import _checks
 from tests.sim.test_check_premises import _run as _run_seed
 
-_SLOW = {"rate_limit": 0.0, "overload": False, "episode_wait": 0.0}
+_SLOW = {"rate_limit": 0.0, "overload": False, "episode_wait": 0.0, "episode_stalls": 0.0}
 
 
 def _as(sim: Simulation, actor: str, body) -> None:
@@ -220,3 +220,17 @@ def test_a_breaker_open_on_a_service_that_only_paced_is_caught():
     assert "a breaker opens only on a failing service" in _checks(sim)
     sim.remote.failures["payment"] = [START]  # it had failed a call: the breaker's to count
     assert "a breaker opens only on a failing service" not in _checks(sim)
+
+
+def test_a_stalled_episode_waits_minutes_and_only_while_faults_last():
+    """FaultConfig.episode_stalls: what lets an attempt reach its finishing
+    write after another attempt's whole run (mutant `act-landed-any-writer`)."""
+    sim = _run_seed(1, 1)
+    faults = sim.world.faults
+    faults.config.episode_stalls = 1.0
+    faults.active = True
+    assert all(60 <= (sim.durable._episode_wait() or 0) <= 240 for _ in range(20))
+    faults.config.episode_stalls, faults.config.episode_wait = 0.0, 30.0
+    assert all(0 <= (sim.durable._episode_wait() or 0) <= 30 for _ in range(20))
+    faults.active = False
+    assert sim.durable._episode_wait() is None
