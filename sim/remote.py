@@ -93,7 +93,7 @@ class SimSession:
             status, text = await remote.answer(call, timeout=total)
             response = _Response(status, text)
             if status == 429:
-                response.headers["Retry-After"] = str(json.loads(text)["retryAfter"])
+                response.headers["Retry-After"] = _retry_after_of(text)
             if slow == "applied":
                 # The service did it; its answer comes after the client stopped waiting.
                 await world.point(f"remote.{service}.{operation} slow", delay=total)
@@ -108,6 +108,12 @@ class SimSession:
 
     async def close(self) -> None:
         return None
+
+
+def _retry_after_of(text: str) -> str:
+    """The Retry-After header of a rate limit's 429 (SimRemote._rate_limited),
+    from its body (here, not in `post`, whose `json` parameter hides the module)."""
+    return str(json.loads(text)["retryAfter"])
 
 
 def http_remote(remote: Any):

@@ -77,6 +77,9 @@ def test_a_rate_limited_service_answers_429_with_retry_after_and_every_order_is_
     assert paced, "no call met the rate limit"
     assert sim.world.counters["rate_limited"] == len(paced)
     assert all(outcome != "paced" or op for _, op, _, outcome in sim.remote.calls)
+    # The agent took each 429 as pacing: no request died of it.
+    dead = sim.bus.queue("agent-requests").dead
+    assert not [m for m in dead if m.dead_letter_reason == "ProcessingFailed"]
     assert sim.violations == []
     docs = [sim.state_c.docs[(oid, oid)] for oid in sim.order_ids]
     assert {d["ProcessState"] for d in docs} == {"Processed"}
