@@ -128,6 +128,9 @@ def record(
     entry["link_drops"] = True
     # and those without "entity_full" before a queue could be full
     entry["entity_full"] = True
+    # and those without "slow_world" before issue 43's worlds (overload, rate
+    # limits, a reply queue refusing for hours)
+    entry["slow_world"] = True
     if target:
         entry["target"] = target
     entries.append(entry)

@@ -30,7 +30,10 @@ from typing import Any
 
 from azure.servicebus.exceptions import (
     MessageLockLostError,
+    MessagingEntityDisabledError,
+    MessagingEntityNotFoundError,
     OperationTimeoutError,
+    ServiceBusAuthorizationError,
     ServiceBusConnectionError,
     ServiceBusQuotaExceededError,
 )
@@ -517,6 +520,8 @@ class SimSender:
         return None
 
     def _refused(self, message) -> None:
+        if self.client.on_refused is not None:
+            self.client.on_refused(self.queue, message.message_id)
         if self.queue == "alerts":
             with contextlib.suppress(ValueError):
                 self.client.refused_alerts.append(json.loads(b"".join(message.body)))
@@ -532,6 +537,13 @@ class SimSender:
             if queue == c.responses_queue and not scheduled
             else f"bus.{label}.{queue}"
         )
+        refusal = faults.queue_refuses(queue)
+        if refusal is not None:
+            if scheduled:
+                c.bus.copy_send_faulted(queue, message_id)
+            self._refused(message)
+            world.log(f"bus {queue} {label} {message_id} refused: the queue is {refusal}")
+            raise _REFUSALS[refusal](message=f"sending to {queue}: the entity is {refusal}")
         if faults.queue_full(queue):
             if scheduled:
                 c.bus.copy_send_faulted(queue, message_id)
@@ -576,6 +588,16 @@ class SimSender:
             raise OperationTimeoutError(message=f"sending to {queue}: no answer in time")
 
 
+# How a refusing entity (FaultConfig.refusing_reply) answers a send, as the
+# SDK raises it: disabled, deleted, the app's Sender role removed, or full.
+_REFUSALS = {
+    "disabled": MessagingEntityDisabledError,
+    "deleted": MessagingEntityNotFoundError,
+    "forbidden": ServiceBusAuthorizationError,
+    "full": ServiceBusQuotaExceededError,
+}
+
+
 class SimServiceBusClient:
     """What `ServiceBusPublisher` needs of azure.servicebus.aio.ServiceBusClient."""
 
@@ -591,6 +613,7 @@ class SimServiceBusClient:
         self.reply_queues = reply_queues
         self.responses_queue = responses_queue
         self.on_sent = None  # (queue, message id, accepted): the simulation's bookkeeping
+        self.on_refused = None  # (queue, message id): a send refused, nothing sent
         # The bodies of alerts a fault refused (nothing reached the queue): a
         # dead letter whose alert and last back-off copy were both refused
         # goes with only its log event (adapters.settlement.MessageGate.run).

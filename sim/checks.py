@@ -38,7 +38,7 @@ from .options import (
     SUPERVISOR_PERIOD,
     TERMINAL_STATUS,
 )
-from .world import FaultConfig
+from .world import START, FaultConfig
 
 
 class EndChecks(MessageChecks):
@@ -111,6 +111,20 @@ class EndChecks(MessageChecks):
         if self.hostile is not None:
             self.hostile.check()
         self.check_applications_apart(docs, statuses)
+        # Issue 43's path properties (sim.path_checks), after every older check
+        # so that no recorded seed's verdict moves.
+        self._report_first(
+            self.reply_misrouted,
+            "every reply event an instance takes names that instance and attempt",
+        )
+        self._report_first(self.timer_off_deadline, "the timer fires at the record's deadline")
+        self._report_first(
+            self.landed_not_written, "a write counts as landed only if this attempt wrote it"
+        )
+        self._report_first(self.stopped_reading, "a Supervisor run that made progress reads on")
+        self.check_goodput_under_overload(docs)
+        self.check_status_never_stops_work()
+        self.check_breakers_open_on_failures()
 
     def _report_first(self, findings: list[str], check: str) -> None:
         """A path check's first finding, as `check`'s violation (one is enough
@@ -327,6 +341,98 @@ class EndChecks(MessageChecks):
                     state = doc.get("ProcessState") if doc else "no record"
                     self.fail("a fault-free schedule processes every order", f"{oid}: {state}")
                     return
+
+    def check_goodput_under_overload(self, docs: dict[str, dict | None]) -> None:
+        """Goodput under overload bounded below (issue 43: no congestion
+        collapse; §7 1 under load). In a schedule whose only adversity is
+        overload (FaultConfig.overload alone: every order within 3 s against
+        services that serve R = rate_limit calls a second and answer 429 with
+        a Retry-After above it; no fault), the services never fail, they only
+        pace. An order needs `steps` served calls per attempt and has at most
+        max_failures + 1 attempts, so a system that spends the services'
+        capacity on work it keeps ends every order Processed (unless admission
+        control may reject), the last within N x steps x (max_failures + 1) / R
+        seconds (the services' time for every call of every allowed attempt)
+        plus the liveness bound of the burst: goodput at least N over that. An
+        order ended otherwise, or later, means the capacity went to work
+        thrown away (attempts past their retry budget, a breaker opened by
+        429s, requests queued past their deadlines): a collapse."""
+        f = self.o.faults
+        if not f.overload or not f.rate_limit or self.o.backlog_limit <= 0:
+            return
+        alone = replace(
+            f,
+            overload=False,
+            burst=False,
+            rate_limit=0.0,
+            episode_wait=0.0,
+            episode_stalls=0.0,
+            hostile=0,
+        )
+        if alone != FaultConfig():
+            return
+        steps = len(self.o.steps.steps)
+        allowed = len(self.order_ids) * steps * (self.settings.retry.max_failures + 1)
+        bound = START + timedelta(seconds=3 + allowed / f.rate_limit) + self.bound
+        for oid, doc in sorted(docs.items()):
+            state = doc.get("ProcessState") if doc else "no record"
+            at = self.processed_at.get(oid)
+            if state != "Processed" or at is None or at > bound:
+                self.fail(
+                    "goodput under overload bounded below",
+                    f"{oid}: {state}"
+                    + (f" at {at.isoformat()}" if at else "")
+                    + f"; every order Processed by {bound.isoformat()} "
+                    f"({len(self.order_ids)} orders, {steps} steps, "
+                    f"{f.rate_limit:.3f} calls/s per service)",
+                )
+                return
+
+    def check_status_never_stops_work(self) -> None:
+        """No compensation delayed by a status (issue 43; §4 status delivery,
+        compensation): a status send a client's reply queue refuses (disabled,
+        deleted, forbidden, full, for hours) never stops the orchestration
+        that sent it. Progress and Compensating statuses are best effort and
+        a terminal one waits in the record's outbox, so an instance whose
+        status was refused never ends Failed on its `report_status`: a
+        compensation that did would send no undo, and its restarts would meet
+        the same refusal until CompensationFailed with the charge kept."""
+        for iid, state in sorted(self.status_refused.items()):
+            inst = self.durable.instances.get(iid)
+            if inst is None or inst.status != "Failed" or str(inst.output).startswith("injected:"):
+                continue
+            failed, reason = self.durable.last_failure(inst)
+            if failed == "report_status":
+                self.fail(
+                    "no compensation delayed by a status",
+                    f"{iid} (record {state} when its status was refused) ended Failed on "
+                    f"report_status: {reason[:160]}",
+                )
+                return
+
+    def check_breakers_open_on_failures(self) -> None:
+        """Slowness and pacing are not the failures a breaker is for (issue 43
+        item 1; §4 agents): an agent's reply that a call was not made because
+        its service's breaker is open comes only after that service failed a
+        call (a 5xx, no answer in time). A service that only answered 429s
+        (rate limits) is up; a breaker opened by them refuses every request
+        behind it unasked (mutant `remote-429-breaker-failure`)."""
+        marker = "circuit open for "
+        for m in self.bus.queue("agent-responses").sent:
+            try:
+                error = str(json.loads(m.body).get("Error") or "")
+            except (ValueError, AttributeError):
+                continue
+            if marker not in error:
+                continue
+            service = error.split(marker, 1)[1].split(":", 1)[0]
+            if not any(t <= m.sent_at for t in self.remote.failures.get(service, [])):
+                self.fail(
+                    "a breaker opens only on a failing service",
+                    f"{m.message_id} at {m.sent_at.isoformat()}: {error[:160]}; {service} had "
+                    "failed no call before (429s only pace)",
+                )
+                return
 
     def check_undo_order(self) -> None:
         """Section 4, compensation: completed steps are undone in reverse order. Every

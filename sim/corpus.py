@@ -53,6 +53,8 @@ def world_of(entry: dict[str, Any]) -> dict[str, Any]:
         "bus_outages": entry.get("bus_outages", False),  # before the Service Bus outages
         "link_drops": entry.get("link_drops", False),  # before the dropped links
         "entity_full": entry.get("entity_full", False),  # before the full queues
+        # before issue 43's worlds (overload, rate limits, a reply queue refusing for hours)
+        "slow_world": entry.get("slow_world", False),
     }
 
 

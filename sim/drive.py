@@ -188,6 +188,16 @@ class Simulation(Clients, PathChecks, EndChecks, WorldFaults):
         self.last_write: datetime | None = None
         self.live_entry_deleted: list[str] = []
         self.cursor_passed: list[str] = []
+        # The issue-43 path checks' findings and bookkeeping (sim.path_checks).
+        self.reply_misrouted: list[str] = []
+        self.timer_off_deadline: list[str] = []
+        self.landed_not_written: list[str] = []
+        self.stopped_reading: list[str] = []
+        self.replying: dict[Any, bytes] = {}
+        self.wrote_states: dict[str, set[str]] = {}
+        self.sup_pages: dict[Any, list[int]] = {}
+        self.status_refused: dict[str, str] = {}
+        self.processed_at: dict[str, datetime] = {}
         self.index_c.on_delete = self._on_index_delete
         # Writes per index partition key per simulated second (ADR 019b), and
         # the shard count, fixed per container, from a stream of its own.
@@ -229,6 +239,7 @@ class Simulation(Clients, PathChecks, EndChecks, WorldFaults):
         # The product's own Service Bus adapters over a simulated client (issue 21).
         self.servicebus = SimServiceBusClient(w, self.bus, set(REGISTRY.values()))
         self.servicebus.on_sent = self._on_sent
+        self.servicebus.on_refused = self._on_refused
         self.servicebus.on_copy_dropped = self._on_copy_dropped
         self.publisher = publisher(self.servicebus)
         # The root's seams: alerts' message ids drawn from the seed (a random
@@ -350,6 +361,9 @@ class Simulation(Clients, PathChecks, EndChecks, WorldFaults):
         self.durable = SimDurable(w, self.catalog)
         self.durable.owner_of = self._owner_of
         self.durable.on_gone_answer = self._on_gone_answer
+        self.durable.on_raise = self._on_raise
+        self.durable.on_timer = self._on_timer
+        self.durable.on_activity_result = self._on_activity_result
         self.durable.dies = self._compensation_dies
         self._lag_rng = random.Random(f"lagging/reads/{seed}")
         self.state_c.lagging = self.index_c.lagging = self._supervisor_lags
@@ -545,10 +559,14 @@ class Simulation(Clients, PathChecks, EndChecks, WorldFaults):
             first = self._sup_starts
             self._sup_starts += 1
             self._sup_active += 1
+            task = asyncio.current_task()
+            self.sup_pages[task] = [0]
             try:
                 report = await run()
             finally:
                 self._sup_active -= 1
+                pages = self.sup_pages.pop(task, [0])
+            self._check_read_on(report, pages[:-1], clock.now() - now)
             # No other Supervisor run began or ran meanwhile (two Supervisors
             # share one checkpoint: the cursor this run loaded is `resumed`).
             alone = self._sup_active == 0 and self._sup_starts == first + 1
@@ -646,7 +664,11 @@ class Simulation(Clients, PathChecks, EndChecks, WorldFaults):
                 # body, delivery count, sequence number and properties).
                 await self._agent_request(d, self.host.processor, _agent_settlement(d))
             elif d.queue == "agent-responses":
-                await self.app.on_reply(d, SimActions(d), self.durable)
+                self.replying[asyncio.current_task()] = d.body
+                try:
+                    await self.app.on_reply(d, SimActions(d), self.durable)
+                finally:
+                    self.replying.pop(asyncio.current_task(), None)
             elif d.queue in APP_OF_INGRESS:
                 # Submit's function body (triggers/submit.py): its durable client
                 # binding cannot be passed in-process, so the use case runs with
@@ -764,6 +786,9 @@ class Simulation(Clients, PathChecks, EndChecks, WorldFaults):
         settle = timedelta(seconds=3 * SUPERVISOR_PERIOD + STARTER_PERIOD) + SLACK
         if self.last_write is not None and now - self.last_write < settle:
             return False
+        refused_until = self._refusals_end()
+        if refused_until is not None and now < refused_until + settle + STATUS_GRACE:
+            return False  # the statuses a refusing reply queue owes are still to come
         if now - max(self.faults_stopped, self.lease_free_at) < settle:
             # Until faults stop, a Starter or Supervisor run may fail on every
             # try (a Cosmos outage, 503s): a deadline long past proves nothing.
@@ -792,6 +817,11 @@ class Simulation(Clients, PathChecks, EndChecks, WorldFaults):
             if doc and doc.get("ProcessState") == "Processing":
                 return False
         return True
+
+    def _refusals_end(self) -> datetime | None:
+        """When the last refusing entity (FaultConfig.refusing_reply) works again."""
+        ends = [until for _, until, _ in self.world.faults.refusing.values()]
+        return max(ends) if ends else None
 
     def _schedule_host_faults(self, end: datetime) -> datetime:
         """The host processes' faults: an outage of the whole app (which moves
@@ -845,6 +875,12 @@ class Simulation(Clients, PathChecks, EndChecks, WorldFaults):
         for i, oid in enumerate(self.order_ids):
             self._schedule_order(i, oid)
         self._install_faults(fault_end)
+        refused_until = self._refusals_end()
+        if refused_until is not None:
+            # A reply queue refusing for hours: the statuses it refused are
+            # owed once it works again, within the bound after that.
+            end = max(end, refused_until + self.bound)
+            self.until = end
         self._ticks("starter", STARTER_PERIOD, self._starter_run, end)
         self._ticks(
             "supervisor",
@@ -933,6 +969,7 @@ def run_schedule(
     bus_outages: bool = True,
     link_drops: bool = True,
     entity_full: bool = True,
+    slow_world: bool = True,
 ) -> Result:
     """`steps`: run this step catalog instead of domain/steps.json (the
     seed's other choices stay what they are)."""
@@ -950,6 +987,7 @@ def run_schedule(
         bus_outages=bus_outages,
         link_drops=link_drops,
         entity_full=entity_full,
+        slow_world=slow_world,
     )
     if steps is not None:
         options = replace(options, steps=steps)

@@ -10,6 +10,7 @@ devstack.host.durable."""
 from __future__ import annotations
 
 import json
+import random
 from dataclasses import dataclass, field
 from datetime import UTC
 from types import SimpleNamespace
@@ -86,12 +87,21 @@ class SimDurable:
         self.gone_answers: set[tuple[str, str]] = set()
         # (instance, event name): an event raised on an instance that had ended.
         self.on_gone_answer = None
+        # The simulation's path checks (None: none): an event raised (instance,
+        # event name), a durable timer created (instance, fire time, the episode's
+        # time), an
+        # activity's result (instance, activity, its result as returned).
+        self.on_raise: Any = None
+        self.on_timer: Any = None
+        self.on_activity_result: Any = None
         self.owner_of: Any = lambda instance_id: None
         # Whether an execution dies at this episode (the simulation's
         # compensation deaths): it ends Failed instead of running it, as an
         # instance whose orchestrator raised does.
         self.dies: Any = lambda instance_id: False
         self.invalid_own_data: list[str] = []  # activities that failed validating their own output
+        # Overload's backed-up control queues (FaultConfig.episode_wait), a stream of their own.
+        self._wait_rng = random.Random(f"episode-wait/{world.seed}")
 
     # --- the durable client (the methods the Starter and the bridge call)
     async def start_new(
@@ -145,6 +155,8 @@ class SimDurable:
         connection_name=None,
     ) -> None:
         await self.world.point("durable.raise_event")
+        if self.on_raise is not None:
+            self.on_raise(instance_id, event_name)
         self._fail_before("raise_event", instance_id)
         inst = self.instances.get(instance_id)
         if inst is None or inst.status in _TERMINAL:
@@ -217,7 +229,7 @@ class SimDurable:
         execution = inst.execution
 
         async def episode() -> None:
-            await self.world.point(f"episode {inst.instance_id}")
+            await self.world.point(f"episode {inst.instance_id}", delay=self._episode_wait())
             inst.busy = False
             if self.instances.get(inst.instance_id) is not inst or inst.execution != execution:
                 return
@@ -229,6 +241,21 @@ class SimDurable:
             self.world.at(self.world.clock.now, "episode retry", lambda: self._kick(inst))
 
         self.world.spawn(f"orch:{inst.instance_id}", episode, on_crash=lost)
+
+    def _episode_wait(self) -> float | None:
+        """How long an episode's work item waits in its control queue: under
+        overload, while faults last, 0 to FaultConfig.episode_wait seconds (the
+        task hub's queues backed up: an attempt's reply taken seconds after it
+        came), or 60-240 s when its worker stalls (FaultConfig.episode_stalls);
+        otherwise the scheduler's own draw (None)."""
+        config = self.world.faults.config
+        if not (config.episode_wait or config.episode_stalls) or not self.world.faults.active:
+            return None
+        if config.episode_stalls and self._wait_rng.random() < config.episode_stalls:
+            return round(self._wait_rng.uniform(60, 240), 3)
+        if not config.episode_wait:
+            return None
+        return round(self._wait_rng.uniform(0, config.episode_wait), 3)
 
     def _episode(self, inst: Instance) -> None:
         now = self.world.clock.now
@@ -283,6 +310,8 @@ class SimDurable:
                 self._activity(inst, inst.execution, task.task_id, task.name, task.input)
             elif task.kind == "timer":
                 fire_at = task.fire_at if task.fire_at.tzinfo else task.fire_at.replace(tzinfo=UTC)
+                if self.on_timer is not None:
+                    self.on_timer(inst.instance_id, fire_at, now)
                 scheduled.append(
                     _event(TIMER_CREATED, now, EventId=task.task_id, FireAt=iso(fire_at))
                 )
@@ -351,6 +380,8 @@ class SimDurable:
                 )
                 try:
                     value = await call_function(spec, {spec.trigger["name"]: arg})
+                    if self.on_activity_result is not None:
+                        self.on_activity_result(inst.instance_id, name, value)
                     result = ActivityTriggerConverter.encode(value, expected_type=None).value
                     event = _event(
                         TASK_COMPLETED, self.world.clock.now, TaskScheduledId=task_id, Result=result

@@ -161,6 +161,7 @@ class WorldFaults(Observed):
                     start, seconds
                 )
                 w.log(f"queue {queue} full for {seconds}s from {start.isoformat()}")
+        self._refusing_reply()
         if not f.host_start:
             return
 
@@ -207,6 +208,26 @@ class WorldFaults(Observed):
         if pair.random() < 0.3:
             second = first + timedelta(seconds=round(pair.uniform(0, 3), 3))
             w.at(second, "host start", lambda: w.spawn("host-2", start))
+
+    def _refusing_reply(self) -> None:
+        """A client's reply queue that refuses every send for hours
+        (FaultConfig.refusing_reply, issue 43): disabled, deleted, the app's
+        Sender role removed, or full, from a moment in the fault window; the
+        window outlasts the faults (sim.world.Faults.queue_refuses), and the
+        schedule runs until it has ended (Simulation.run, fixed_point)."""
+        w, f = self.world, self.o.faults
+        if not f.refusing_reply:
+            return
+        rng = random.Random(f"refusing-reply/window/{self.seed}")
+        queue = rng.choice([REGISTRY["webshop"]] if self.o.apps == 1 else sorted(REGISTRY.values()))
+        start = START + timedelta(seconds=round(rng.uniform(0, self.o.fault_window), 3))
+        until = start + timedelta(seconds=f.refusing_seconds)
+        if w.faults.draw(1.0, "refusing_reply", f"{queue} {f.refusing_reply}"):
+            w.faults.refusing[queue] = (start, until, f.refusing_reply)
+            w.log(
+                f"queue {queue} {f.refusing_reply}: every send refused from "
+                f"{start.isoformat()} until {until.isoformat()}"
+            )
 
     def _supervisor_lags(self, what: str) -> bool:
         """Does this read of a Supervisor come from its lagging replica

@@ -53,6 +53,12 @@ class Observed:
     lost_requests: list[str]
     lost_copies: list[str]
     overwritten: list[str]
+    reply_misrouted: list[str]
+    timer_off_deadline: list[str]
+    landed_not_written: list[str]
+    stopped_reading: list[str]
+    status_refused: dict[str, str]  # instance -> its record's state when its status was refused
+    processed_at: dict[str, datetime]  # order key -> when its record was written Processed
     servicebus: Any  # sim.bus.SimServiceBusClient
     hostile: Any  # sim.hostile.Hostile, or None: no forgeries in this schedule
     # The orders: order key -> (application, OrderID), and back.

@@ -143,6 +143,7 @@ def options_for(
     bus_outages: bool = True,
     link_drops: bool = True,
     entity_full: bool = True,
+    slow_world: bool = True,
 ) -> Options:
     """Everything about a schedule, drawn from its seed; `hostile` fixes the
     number of forgeries (sim.hostile) instead (0 replays a schedule found
@@ -160,7 +161,9 @@ def options_for(
     `bus_outages` False leaves out the Service Bus outages (seeds recorded
     before them); `link_drops` False the dropped links after a lost send
     answer (FaultConfig.link_drops; seeds recorded before them); `entity_full`
-    False the full queues (FaultConfig.entity_full; seeds recorded before them)."""
+    False the full queues (FaultConfig.entity_full; seeds recorded before them);
+    `slow_world` False issue 43's worlds (overload, rate limits, a reply
+    queue refusing for hours: `_slow_world`; seeds recorded before them)."""
     rng = random.Random(f"options/{seed}")
     newer = wider and hosts != 0 and fallible and mutation_world
     quiet = rng.random() < 0.15
@@ -251,7 +254,47 @@ def options_for(
             f.entity_full = _entity_full(seed) if entity_full else 0
     if wider and hosts != 0 and fallible and not quiet:
         options.workers, f.receive_fail = draw_workers(seed, options.fault_window)
+    if slow_world and newer:
+        _slow_world(seed, options, quiet)
     return options
+
+
+def _slow_world(seed: int, o: Options, quiet: bool) -> None:
+    """Issue 43's worlds, from streams of their own (no other draw of a seed
+    moves), drawn last:
+
+    - overload alone, in one quiet schedule in two: every order in the first
+      3 s against services that serve all the schedule's calls of one step in
+      20-90 s (`rate_limit` = orders / that) and an orchestration's episodes
+      waiting up to 10-60 s in the task hub's backed-up queues
+      (`episode_wait`), with no other fault, so that check (e), goodput
+      under overload, can judge it;
+    - rate limits among the other faults, in one other schedule in five, half
+      of them with the burst of orders too (overload), with one
+      orchestration episode in twenty stalled 60-240 s (`episode_stalls`: a
+      worker that froze, so an attempt's finishing write may come after its
+      deadline, the Supervisor and another attempt's whole run);
+    - a client's reply queue refusing every send (disabled, deleted, its
+      Sender role removed, or full) for 1-3 hours from a moment in the
+      fault window, in one other schedule in eight."""
+    f = o.faults
+    rng = random.Random(f"slow-world/{seed}")
+    if quiet:
+        if rng.random() < 0.5:
+            f.overload = f.burst = True
+            f.rate_limit = o.orders / rng.uniform(20, 90)
+            f.episode_wait = rng.uniform(10, 60)
+        return
+    if rng.random() < 0.2:
+        f.rate_limit = o.orders / rng.uniform(20, 90)
+        if rng.random() < 0.5:
+            f.overload = f.burst = True
+            f.episode_wait = rng.uniform(10, 60)
+        f.episode_stalls = 0.05
+    refusing = random.Random(f"refusing-reply/{seed}")
+    if refusing.random() < 1 / 8:
+        f.refusing_reply = refusing.choice(("disabled", "deleted", "forbidden", "full"))
+        f.refusing_seconds = round(refusing.uniform(3600, 3 * 3600), 3)
 
 
 def _progress_apps(seed: int, apps: int) -> frozenset[str]:

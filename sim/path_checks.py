@@ -27,7 +27,7 @@ from .bus import (
     Delivery,
 )
 from .observed import Observed, cosmos_text, store_unavailable
-from .options import SLACK
+from .options import REGISTRY, SLACK
 
 
 class PathChecks(Observed):
@@ -39,6 +39,12 @@ class PathChecks(Observed):
     request_sender: dict[str, tuple[str, int]]  # request id -> (instance, execution)
     _request_limit: dict[Any, datetime | None]  # task -> until when its calls may start
     last_write: datetime | None
+    # The path's own bookkeeping for the issue-43 checks (set by Simulation.__init__).
+    replying: dict[Any, bytes]  # task -> the body of the reply delivery it bridges
+    wrote_states: dict[str, set[str]]  # instance -> the ProcessStates its writes left
+    sup_pages: dict[Any, list[int]]  # a Supervisor run's task -> recoveries per page
+    status_refused: dict[str, str]  # instance -> the record's state when its status was refused
+    processed_at: dict[str, datetime]  # order key -> when its record was written Processed
     _told_rejected: Callable[[str, str], None]  # sim.clients.Clients
 
     def _index_reachable(self, now: datetime, resumed: str | None) -> dict:
@@ -180,6 +186,9 @@ class PathChecks(Observed):
         if "ProcessState" not in new:
             if self.o.scan == "index" and "Cursor" in new:
                 self._check_cursor(new)
+            pages = self.sup_pages.get(asyncio.current_task())
+            if pages is not None and "Cursor" in new:
+                pages.append(0)  # a page saved: the next one's recoveries count anew
             return
         self._check_step_deadline(old, new)
         if self.o.scan == "index":
@@ -195,6 +204,9 @@ class PathChecks(Observed):
         self._check_restarts_on_write(old, new, actor)
         if old and actor == "supervisor" and before == "Processing":
             self._check_recovery(old, new)
+            pages = self.sup_pages.get(asyncio.current_task())
+            if pages is not None:
+                pages[-1] += 1
         if (
             old
             and actor == "starter"
@@ -205,6 +217,11 @@ class PathChecks(Observed):
             self._check_compensation_taken(old, new)
         if old and actor == "orchestration":
             self._check_stale_write(old, new)
+        if new["ProcessState"] == "Processed" and before != "Processed":
+            self.processed_at[str(new.get("id"))] = self.world.clock.now
+        writer = self._instance()
+        if writer is not None:
+            self.wrote_states.setdefault(writer, set()).add(str(new["ProcessState"]))
 
     def _check_restarts_on_write(self, old: dict | None, new: dict, actor: str) -> None:
         """Invariant 5 for compensation (nothing retries forever), on the path,
@@ -503,6 +520,123 @@ class PathChecks(Observed):
             "with its record still its own, "
             f"step {running} Running until {complete_by}; {event_name} came at {self.world.stamp()}"
         )
+
+    def _on_raise(self, instance_id: str, event_name: str) -> None:
+        """Every reply event an instance takes names that instance and attempt
+        (§4 fencing, late replies; issue 43): the reply bridge raises a reply
+        only on the instance the reply names, under the reply's own event
+        name, whose attempt is that instance's. A reply of an attempt that is
+        gone completes; handed to the next attempt, it would answer a request
+        that attempt may never have sent (mutant `bridge-gone-to-next`)."""
+        body = self.replying.get(asyncio.current_task())
+        if body is None:
+            return  # not the bridge's raise
+        try:
+            reply = json.loads(body)
+            named, event = str(reply["InstanceId"]), str(reply["EventName"])
+        except (ValueError, TypeError, KeyError):
+            return
+        _, _, token = instance_id.rpartition(":")
+        _, _, event_attempt = event_name.rpartition("-")
+        if (instance_id, event_name) != (named, event) or event_attempt != token:
+            self.reply_misrouted.append(
+                f"the bridge raised {event_name} on {instance_id} at {self.world.stamp()} for "
+                f"a reply to {named} (event {event})"
+            )
+
+    def _on_timer(self, instance_id: str, fire_at: datetime, now: datetime) -> None:
+        """The timer's fire time equals the record's deadline (§4 deadline
+        race, ADR 002 one deadline; issue 43): a durable timer an attempt
+        creates while it holds the record Processing fires at the record's
+        CompleteBy, the deadline the agents and the Supervisor use; a timer
+        later than it leaves a reply to race a Supervisor that has already
+        taken the attempt, an earlier one gives up a step with time left
+        (mutant `wf-timer-off-deadline`). Not an activity's retry timer
+        (the SDK's `call_activity_with_retry`: the episode's time plus the
+        first retry interval)."""
+        from orchestrators.order_workflow import ACTIVITY_RETRY
+
+        retry = timedelta(milliseconds=ACTIVITY_RETRY.first_retry_interval_in_milliseconds)
+        if fire_at - now == retry:
+            return
+        oid = instance_id.rpartition(":")[0]
+        doc = self.state_c.docs.get((oid, oid)) or {}
+        due = doc.get("CompleteBy")
+        if (
+            doc.get("ProcessState") != "Processing"
+            or doc.get("LockedBy") != instance_id
+            or not isinstance(due, str)
+        ):
+            return
+        if datetime.fromisoformat(due) != fire_at:
+            self.timer_off_deadline.append(
+                f"{instance_id} created a timer for {fire_at.isoformat()} at "
+                f"{self.world.stamp()}; its record's CompleteBy is {due}"
+            )
+
+    def _on_activity_result(self, instance_id: str, name: str, value: Any) -> None:
+        """A write counts as landed only if this attempt wrote it (§7 3, the
+        LockedBy guard; issue 43): a finishing or state write that answers
+        its attempt with a state (not stale) left the record in that state by
+        one of the attempt's own writes. An activity retried after a lost
+        answer recognises its own write; one that took another attempt's
+        Processed for its own would report a success it did not make and
+        retire an index entry it does not own (mutant `act-landed-any-writer`)."""
+        if name not in ("finish_attempt", "write_state"):
+            return
+        try:
+            result = json.loads(value) if isinstance(value, str) else dict(value or {})
+        except (ValueError, TypeError):
+            return
+        state = result.get("State") if isinstance(result, dict) else None
+        if not state or result.get("Stale"):
+            return
+        state = getattr(state, "value", state)
+        if str(state) not in self.wrote_states.get(instance_id, set()):
+            self.landed_not_written.append(
+                f"{name} of {instance_id} answered {state} at {self.world.stamp()}; none of "
+                f"its writes left the record {state} (its writes left "
+                f"{sorted(self.wrote_states.get(instance_id, set())) or 'nothing'})"
+            )
+
+    def _check_read_on(self, report: Any, page_writes: list[int], elapsed: timedelta) -> None:
+        """A Supervisor run that made progress reads on until its budget or
+        the backlog ends (§4 scans, §7 8 under a backlog; issue 43): a run
+        whose last page recovered an attempt, skipped none and left a cursor
+        (more may be due) stopped only at its page limit or its time budget.
+        One page per run works a backlog off at one page a period, far
+        slower than the store allows (mutant `sup-one-page`). `page_writes`:
+        the recoveries of each page, as the path saw them."""
+        if (
+            not page_writes
+            or page_writes[-1] == 0
+            or report.skipped
+            or report.pass_finished
+            or report.pages >= self.settings.supervisor_max_pages
+            or (
+                self.settings.supervisor_run_budget is not None
+                and elapsed >= self.settings.supervisor_run_budget
+            )
+        ):
+            return
+        self.stopped_reading.append(
+            f"a Supervisor run stopped at {self.world.stamp()} after {report.pages} page(s) "
+            f"(at most {self.settings.supervisor_max_pages}) in {elapsed.total_seconds():.1f} s "
+            f"(budget {self.settings.supervisor_run_budget}); its last page recovered "
+            f"{page_writes[-1]} and its cursor is not at the backlog's end"
+        )
+
+    def _on_refused(self, queue: str, message_id: str) -> None:
+        """A send refused (nothing sent): a status an orchestration's activity
+        sent to a client's reply queue is noted with the state of the record
+        the instance holds, for `check_status_never_stops_work` at the end."""
+        iid = self._instance()
+        if iid is None or queue not in REGISTRY.values():
+            return
+        oid = iid.rpartition(":")[0]
+        doc = self.state_c.docs.get((oid, oid)) or {}
+        if doc.get("LockedBy") == iid:
+            self.status_refused.setdefault(iid, str(doc.get("ProcessState")))
 
     def _check_identity(self, d: Delivery) -> None:
         """A real request carries its attempt as the fencing token and the

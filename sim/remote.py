@@ -15,9 +15,10 @@ raises it for `ClientTimeout(total=...)`."""
 from __future__ import annotations
 
 import json
+import math
 import random
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -77,6 +78,8 @@ class SimSession:
             )
             total = float(getattr(timeout, "total", None) or 10.0)
             slow = world.faults.slow_answer(f"{service}/{operation} {call.idempotency_key}")
+            if slow is not None:
+                remote.failed(service)  # no answer in time: a failure a breaker may count
             if slow == "lost":
                 # The request never reached the service (a dropped connection, a
                 # stalled proxy): nothing applied; the client gives up at its timeout.
@@ -88,6 +91,9 @@ class SimSession:
                 )
                 raise TimeoutError()
             status, text = await remote.answer(call, timeout=total)
+            response = _Response(status, text)
+            if status == 429:
+                response.headers["Retry-After"] = _retry_after_of(text)
             if slow == "applied":
                 # The service did it; its answer comes after the client stopped waiting.
                 await world.point(f"remote.{service}.{operation} slow", delay=total)
@@ -96,12 +102,18 @@ class SimSession:
                     f"after the client's {total}s timeout"
                 )
                 raise TimeoutError()
-            return _Response(status, text)
+            return response
 
         return _Request(answer)
 
     async def close(self) -> None:
         return None
+
+
+def _retry_after_of(text: str) -> str:
+    """The Retry-After header of a rate limit's 429 (SimRemote._rate_limited),
+    from its body (here, not in `post`, whose `json` parameter hides the module)."""
+    return str(json.loads(text)["retryAfter"])
 
 
 def http_remote(remote: Any):
@@ -148,11 +160,17 @@ class SimRemote:
         self.calls: list[tuple[str, str, int, str]] = []  # (key, op, token, outcome)
         self.on_call: Callable[[RemoteCall], None] | None = None  # the simulation's check
         self.undo_budget = 60.0  # seconds; the simulation sets its own (undo_budget)
+        # Per service, when its next call may be served (FaultConfig.rate_limit).
+        self.next_slot: dict[str, datetime] = {}
+        # Per service, when it failed a call (a 5xx, no answer in time): what
+        # a circuit breaker is for, unlike a 429 (sim.checks, breaker check).
+        self.failures: dict[str, list[datetime]] = {}
 
     async def call(self, call: RemoteCall, *, timeout: float) -> dict[str, Any]:
         status, text = await self.answer(call, timeout=timeout)
         what = f"{call.service}/{call.operation} for {call.idempotency_key}"
-        return _interpret(what, status, text, None, call.fencing_token)
+        retry_after = float(json.loads(text)["retryAfter"]) if status == 429 else None
+        return _interpret(what, status, text, retry_after, call.fencing_token)
 
     async def answer(self, call: RemoteCall, *, timeout: float) -> tuple[int, str]:
         """The service's HTTP answer (status, body text) to one call; what the
@@ -164,6 +182,13 @@ class SimRemote:
             f"remote.{call.service}.{call.operation}", delay=self.world.rng.choice((0.05, 0.2, 1.0))
         )
         op = f"{call.service}/{call.operation}"
+        paced = self._rate_limited(call)
+        if paced is not None:
+            self.calls.append((call.idempotency_key, op, call.fencing_token, "paced"))
+            self.world.log(f"remote {op} {call.idempotency_key} -> 429 (retry after {paced} s)")
+            return 429, json.dumps(
+                {"code": "TooManyRequests", "error": "rate limit", "retryAfter": paced}
+            )
         outage = self.world.faults.outage
         order_id = call.idempotency_key.partition("/")[0]
         down = (
@@ -213,9 +238,31 @@ class SimRemote:
                     json.dumps({"code": "GatewayTimeout", "error": "no answer from upstream"}),
                 )
         outcome = "ok" if status < 300 else "transient" if status >= 500 else "permanent"
+        if status >= 500:
+            self.failed(call.service)
         self.calls.append((call.idempotency_key, op, call.fencing_token, outcome))
         self.world.log(f"remote {op} {call.idempotency_key} token {call.fencing_token} -> {status}")
         return status, text
+
+    def failed(self, service: str) -> None:
+        self.failures.setdefault(service, []).append(self.world.clock.now)
+
+    def _rate_limited(self, call: RemoteCall) -> int | None:
+        """The service's rate limit (FaultConfig.rate_limit), while faults
+        last: at most so many calls a second are served, one slot each; a call
+        before its service's next free slot applies nothing and is told, in
+        whole seconds (Retry-After), when that slot comes. None: served."""
+        rate = self.world.faults.config.rate_limit
+        if not rate or not self.world.faults.active:
+            return None
+        now = self.world.clock.now
+        free = self.next_slot.get(call.service, now)
+        if now < free:
+            self.world.faults.hit("rate_limited")
+            self.world.counters["rate_limited"] += 1
+            return max(1, math.ceil((free - now).total_seconds()))
+        self.next_slot[call.service] = now + timedelta(seconds=1 / rate)
+        return None
 
     def _undo_blackout(self, call: RemoteCall) -> None:
         """The schedule's first undo call starts its undo blackout

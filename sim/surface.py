@@ -129,6 +129,7 @@ APPLICABLE: dict[str, tuple[str, ...]] = {
     "http": (
         "outage",
         "outage_lost",
+        "rate_limited",
         "decline",
         "odd_answer",
         "crash",

@@ -161,6 +161,27 @@ class FaultConfig:
     # the host's start (container setup) and the operator's console reads run
     # as actors, under the same faults
     host_start: bool = False
+    # Issue 43's worlds, slow or refusing for long (sim.options._slow_world):
+    # every remote service serves at most this many calls a second while
+    # faults last; a call above it is answered 429 with a Retry-After (whole
+    # seconds until its next free slot), applying nothing (0: no limit)
+    rate_limit: float = 0.0
+    # overload: arrivals far above what the services serve (every order in
+    # the first seconds, `burst`, against the rate limit) for minutes; alone
+    # (no other fault) in the schedules check (e) judges: sim.checks
+    overload: bool = False
+    # under overload, the task hub's control queues back up: each orchestration
+    # episode waits up to so many seconds before it runs (sim.durable), while faults last
+    episode_wait: float = 0.0
+    # per orchestration episode while faults last: its worker stalls (a frozen
+    # VM, a long pause) and the episode runs 60-240 s late, so an attempt
+    # that has its reply may reach its finishing write after its deadline,
+    # the Supervisor's recovery and another attempt's whole run
+    episode_stalls: float = 0.0
+    # one client's reply queue refusing every send for hours, faults or not:
+    # "disabled", "deleted", "forbidden" or "full", for so many seconds
+    refusing_reply: str = ""
+    refusing_seconds: float = 0.0
 
 
 @dataclass
@@ -227,6 +248,9 @@ class Faults:
         self.cosmos = Outages("cosmos")
         self.bus = Outages("bus")  # sends, schedules, settlements
         self.full: dict[str, Outages] = {}  # per queue: sends refused (entity_full)
+        # per queue: (from, until, kind) a refusing entity (refusing_reply),
+        # which outlasts the fault window: refused whether faults are on or not
+        self.refusing: dict[str, tuple[datetime, datetime, str]] = {}
         self.bus_outage_lost = 0.3
         self.link_drops_left = config.link_drops
         # The share of calls during the outage that are applied and answered
@@ -386,6 +410,15 @@ class Faults:
             self.hit("send_fail")
             return True
         return False
+
+    def queue_refuses(self, queue: str) -> str | None:
+        """How `queue` refuses a send now (FaultConfig.refusing_reply), or None."""
+        window = self.refusing.get(queue)
+        if window is None or not window[0] <= self.world.clock.now < window[1]:
+            return None
+        self.world.counters["queue_refused"] += 1
+        self.hit("send_fail")
+        return window[2]
 
     def bus_down_until(self) -> datetime | None:
         """The end of the Service Bus outage under way, if one is (no call

@@ -96,12 +96,11 @@ def test_a_walk_that_stops_short_of_the_minutes_shards_is_caught(tmp_path):
 
 @pytest.mark.slow
 def test_an_undo_that_listens_only_to_its_latest_try_is_caught(tmp_path):
-    """`wf-undo-earlier-tries-ignored`: at seed 60 (found by running the
-    mutated tree over 150 seeds after issue 44's one write fewer per order
-    moved seed 93, as the one-protocol release had moved the earlier ones)
-    an earlier undo try's OK arrives while the next try waits; the mutant
-    leaves it unheard."""
-    seed = 60
+    """`wf-undo-earlier-tries-ignored`: at seed 326 (the first of 94-453 to
+    kill it, after issue 43's worlds moved seed 93's schedule: a reply
+    queue refusing for hours) an earlier undo try's OK arrives while the
+    next try waits; the mutant leaves it unheard."""
+    seed = 326
     clean = mutate.run_sim(ROOT, 1, 3, seed, 300, python=sys.executable)
     assert clean.kind == "clean", clean
     tree = _mutated_tree(tmp_path, "wf-undo-earlier-tries-ignored")
