@@ -72,7 +72,6 @@ from .hostile import Hostile
 from .options import (
     APP_OF_INGRESS,
     APPS,
-    HOST_OUTAGE,
     INGRESS_OF,
     REGISTRY,
     SLACK,
@@ -822,40 +821,6 @@ class Simulation(Clients, PathChecks, EndChecks, WorldFaults):
         """When the last refusing entity (FaultConfig.refusing_reply) works again."""
         ends = [until for _, until, _ in self.world.faults.refusing.values()]
         return max(ends) if ends else None
-
-    def _schedule_host_faults(self, end: datetime) -> datetime:
-        """The host processes' faults: an outage of the whole app (which moves
-        the schedule's end, returned), host restarts and lost leases of the
-        singleton lock."""
-        w, o = self.world, self.o
-        f = o.faults
-        if f.host_outage and w.faults.draw(1.0, "host_outage"):
-            # The whole app is down for 8 days (a region outage, a lost
-            # deployment): nothing runs, then everything resumes at once.
-            at = START + timedelta(seconds=w.data_rng.uniform(30, 120))
-            w.at(
-                at,
-                "host outage",
-                lambda: (
-                    setattr(w.clock, "now", w.clock.now + HOST_OUTAGE),
-                    w.log(f"host back after {HOST_OUTAGE}"),
-                ),
-            )
-            end += HOST_OUTAGE
-        # Host restarts, from a stream of their own (dropping one moves no other).
-        restarts = random.Random(f"hosts/restarts/{self.seed}")
-        for _ in range(f.host_restarts):
-            when = START + timedelta(seconds=restarts.uniform(0, o.fault_window))
-            k = restarts.randrange(len(self.hosts))
-            if w.faults.draw(1.0, "host_restart", f"host {k}"):
-                w.at(when, "host restart", lambda k=k: self._restart_host(k))
-        # Lost leases of the singleton lock, from a stream of their own.
-        pauses = random.Random(f"lease/pauses/{self.seed}")
-        for _ in range(o.lease_pauses):
-            when = START + timedelta(seconds=pauses.uniform(0, o.fault_window))
-            length = round(pauses.uniform(15, 45), 3)
-            w.at(when, "lease lost", lambda length=length: self._lease_lost(length))
-        return end
 
     async def run(self) -> None:
         """The schedule: what the previous version left, the faults, the

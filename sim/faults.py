@@ -2,8 +2,9 @@
 (the rest are drawn in `sim.options.options_for` and injected by
 `sim.world.Faults` at each call): documents no version of the product wrote
 (garbage and a newer version's field), the fallible world's Cosmos outage
-and blips, Service Bus outages, full queues and host starts, throttling
-storms and bursts, a remote service's outage; and the two faults the
+and blips, Service Bus outages, full queues and host starts, the hosts'
+outage, restarts and lost leases, throttling storms and bursts, a remote
+service's outage; and the two faults the
 schedule decides as it runs (a lagging Supervisor read, a compensation
 execution that dies)."""
 
@@ -19,7 +20,7 @@ from adapters.servicebus import AGENT_REQUESTS_QUEUE, AGENT_RESPONSES_QUEUE, ALE
 
 from .cosmos import SimCosmosClient
 from .observed import Observed, cosmos_text
-from .options import INGRESS_OF, REGISTRY
+from .options import HOST_OUTAGE, INGRESS_OF, REGISTRY
 from .world import START, Outages
 
 
@@ -256,3 +257,37 @@ class WorldFaults(Observed):
             return False
         self.compensation_died[oid] += 1
         return True
+
+    def _schedule_host_faults(self, end: datetime) -> datetime:
+        """The host processes' faults: an outage of the whole app (which moves
+        the schedule's end, returned), host restarts and lost leases of the
+        singleton lock."""
+        w, o = self.world, self.o
+        f = o.faults
+        if f.host_outage and w.faults.draw(1.0, "host_outage"):
+            # The whole app is down for 8 days (a region outage, a lost
+            # deployment): nothing runs, then everything resumes at once.
+            at = START + timedelta(seconds=w.data_rng.uniform(30, 120))
+            w.at(
+                at,
+                "host outage",
+                lambda: (
+                    setattr(w.clock, "now", w.clock.now + HOST_OUTAGE),
+                    w.log(f"host back after {HOST_OUTAGE}"),
+                ),
+            )
+            end += HOST_OUTAGE
+        # Host restarts, from a stream of their own (dropping one moves no other).
+        restarts = random.Random(f"hosts/restarts/{self.seed}")
+        for _ in range(f.host_restarts):
+            when = START + timedelta(seconds=restarts.uniform(0, o.fault_window))
+            k = restarts.randrange(len(self.hosts))
+            if w.faults.draw(1.0, "host_restart", f"host {k}"):
+                w.at(when, "host restart", lambda k=k: self._restart_host(k))
+        # Lost leases of the singleton lock, from a stream of their own.
+        pauses = random.Random(f"lease/pauses/{self.seed}")
+        for _ in range(o.lease_pauses):
+            when = START + timedelta(seconds=pauses.uniform(0, o.fault_window))
+            length = round(pauses.uniform(15, 45), 3)
+            w.at(when, "lease lost", lambda length=length: self._lease_lost(length))
+        return end
