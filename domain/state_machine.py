@@ -917,6 +917,16 @@ def mark_status_sent(record: OrderState, message_id: str, now: datetime) -> Orde
     return record.model_copy(update={"PendingStatus": None, "UpdatedAt": now}, deep=True)
 
 
+def park_rejected(record: OrderState, now: datetime) -> OrderState:
+    """Submit's Rejected status could not be sent: it waits in the outbox for
+    the Starter, under the message id of Submit's own sends. A record no
+    longer Rejected (readmitted), or already holding an entry, is unchanged."""
+    if record.ProcessState is not ProcessState.REJECTED or record.PendingStatus is not None:
+        return record
+    pending = pending_status(record, StatusKind.REJECTED, now, "", record.LastError)
+    return record.model_copy(update={"PendingStatus": pending, "UpdatedAt": now}, deep=True)
+
+
 def status_send_failed(record: OrderState, message_id: str) -> OrderState:
     """Count a failed delivery of outbox entry `message_id` (for operators)."""
     if record.PendingStatus is None or record.PendingStatus.MessageId != message_id:

@@ -351,10 +351,23 @@ class SubmitHandler:
     ) -> Settle:
         """(Re)send Rejected. Every delivery of a rejected order sends it: the
         first send may have failed, and its stable message id makes a repeat
-        within the duplicate window a duplicate the reply queue drops."""
-        await self._status.send(
-            order.ReplyTo, record.id, StatusKind.REJECTED, now, detail=record.LastError
-        )
+        within the duplicate window a duplicate the reply queue drops. A send
+        that fails parks the status in the record's outbox, which the Starter
+        delivers once the queue takes it (docs/design.md, "Status delivery
+        survives failures"), instead of failing the delivery: a reply queue
+        refusing for hours would otherwise dead-letter it unsent."""
+        try:
+            await self._status.send(
+                order.ReplyTo, record.id, StatusKind.REJECTED, now, detail=record.LastError
+            )
+        except Exception as exc:  # any send failure: parked, as the outbox does
+            log.warning(
+                "Rejected status of order %s not sent (%s); parked in the outbox",
+                record.id,
+                exc,
+                extra={"order_id": record.id},
+            )
+            await self._store.update(record.id, lambda r: sm.park_rejected(r, now), ANY_OWNER)
         return Settle.complete(record.id)
 
     async def _unless_in_the_way(

@@ -317,7 +317,7 @@ async def test_an_unexpected_exception_is_dead_lettered_processing_failed(rig, m
     assert alert["OrderID"] == rig.order_id
 
 
-async def test_a_rejected_order_whose_status_send_failed_hears_rejected_on_redelivery(
+async def test_a_rejected_order_whose_status_send_failed_hears_rejected_from_the_outbox(
     rig,
     app_env,  # noqa: F811
     monkeypatch,
@@ -328,6 +328,7 @@ async def test_a_rejected_order_whose_status_send_failed_hears_rejected_on_redel
 
     from adapters.servicebus import ServiceBusPublisher
     from domain.errors import TransientError
+    from reporting import StatusOutbox, StatusReporter
 
     await c.store.write_backlog_gauge(6, datetime.now(UTC))
     real = ServiceBusPublisher.send
@@ -338,13 +339,17 @@ async def test_a_rejected_order_whose_status_send_failed_hears_rejected_on_redel
         return await real(self, queue, *args, **kwargs)
 
     monkeypatch.setattr(ServiceBusPublisher, "send", fail_replies)
+    # the delivery completes: the status waits in the record's outbox
     assert await rig.submit(rig.body()) == ("complete",)
     monkeypatch.setattr(ServiceBusPublisher, "send", real)
-    assert await rig.bus.deliver(ORDERS, SUBMIT, wait=15) == ("complete",)
+    record = await rig.record()
+    assert record.ProcessState is ProcessState.REJECTED
+    assert record.PendingStatus is not None
+    assert await rig.replies() == []
+    # the Starter's outbox delivery sends it once the queue takes it
+    assert await StatusOutbox(c.store, StatusReporter(c.publisher)).deliver(record)
     assert await rig.replies() == ["Rejected"]
-    assert (await rig.record()).ProcessState is ProcessState.REJECTED
-    from domain.errors import NotFoundError
-
+    assert (await rig.record()).PendingStatus is None
     with pytest.raises(NotFoundError):
         await c.orders.get(rig.key)
 

@@ -12,9 +12,9 @@ import pytest
 
 from adapters.settings import load_settings
 from adapters.settlement import BackoffPolicy, MessageGate, SettleKind
-from domain.errors import NotFoundError, TransientError
+from domain.errors import NotFoundError, PermanentError, TransientError
 from domain.models import ProcessState
-from reporting import Alerts, StatusReporter
+from reporting import Alerts, StatusOutbox, StatusReporter
 from submit.handler import BacklogReader, SubmitHandler
 from submit.policy import SubmitPolicy
 from tests.builders import ReadClock
@@ -297,18 +297,36 @@ async def test_backlog_above_threshold_rejects_visibly(rig):
     assert len(rig.bus.resent()) == len(rig.bus.sends) - sends_before
 
 
-async def test_a_rejected_status_lost_on_send_is_sent_by_the_redelivery(rig):
+@pytest.mark.parametrize(
+    "refusal",
+    [TransientError("reply queue full"), PermanentError("reply queue disabled")],
+    ids=["transient", "permanent"],
+)
+async def test_a_rejected_status_whose_send_fails_is_parked_for_the_starter(rig, refusal):
+    # A reply queue refusing for hours (disabled, full: sim seed 8001135 at
+    # ed776dc) must not dead-letter the order with its Rejected status unsent,
+    # nor leave it to redeliveries that run out: it waits in the outbox.
     await rig.store.write_backlog_gauge(3, NOW)
-    rig.bus.fail_next = TransientError("reply queue busy")
+    rig.bus.down = refusal
     first = await rig.submit()
     assert first.kind is SettleKind.COMPLETE
-    assert len(rig.scheduler.scheduled) == 1
+    assert rig.scheduler.scheduled == []
     assert rig.statuses() == []
-    # the backlog is still above the limit: the retry sends the Rejected status
+    record, _ = await rig.store.read("webshop:ORD-1")
+    assert record.ProcessState is ProcessState.REJECTED
+    assert record.PendingStatus is not None
+    assert record.PendingStatus.Status.value == "Rejected"
+    assert "webshop:ORD-1" not in rig.orders.orders
+    # the queue works again: the Starter's outbox delivery sends it, under the
+    # message id of Submit's own sends, and clears the entry
+    rig.bus.down = None
+    assert await StatusOutbox(rig.store, StatusReporter(rig.bus)).deliver(record)
+    assert rig.statuses() == ["Rejected"]
+    assert (await rig.store.read("webshop:ORD-1"))[0].PendingStatus is None
+    # a redelivery of the order repeats that message id: duplicate detection drops it
     assert (await rig.submit()).kind is SettleKind.COMPLETE
     assert rig.statuses() == ["Rejected"]
-    assert (await rig.store.read("webshop:ORD-1"))[0].ProcessState is ProcessState.REJECTED
-    assert "webshop:ORD-1" not in rig.orders.orders
+    assert len(rig.bus.resent()) == 1
 
 
 async def test_backlog_does_not_reject_a_redelivery_of_an_accepted_order(rig):
