@@ -417,6 +417,7 @@ NOT_SET_IN_AZURE = {
     "COSMOS_CREATE_CONTAINERS": "local only: the templates create the containers",
     "CONSOLE_LOCAL_MODE": "local only: set by devstack/stack.py, ignored where an Azure hint is set",
     "CONSOLE_PUBLIC_URL": "optional: only behind a custom domain or proxy (docs/adr/012)",
+    "ALERT_WINDOW_SECONDS": "optional: the alerts' aggregation window, 60 s unset (docs/settings.md); the e2e stack shortens it",
 }
 # Set by the platform, not by us.
 PLATFORM = {"IDENTITY_ENDPOINT", "MSI_ENDPOINT", "WEBSITE_SITE_NAME", "WEBSITE_HOSTNAME"}

@@ -142,11 +142,15 @@ class Bus:
                 if not batch:
                     return out
                 for message in batch:
-                    body = b"".join(message.body)
-                    try:
+                    try:  # a data body; a hostile sender's value or sequence body is kept raw
+                        body = b"".join(message.body)
                         parsed = json.loads(body)
+                    except TypeError:
+                        parsed = {"raw": repr(message.body)}
                     except ValueError:
                         parsed = {"raw": body.decode("utf-8", "replace")}
+                    if not isinstance(parsed, dict):
+                        parsed = {"raw": parsed}
                     parsed["_dead_letter_reason"] = message.dead_letter_reason
                     parsed["_dead_letter_description"] = message.dead_letter_error_description
                     parsed["_message_id"] = message.message_id

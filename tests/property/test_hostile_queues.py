@@ -413,7 +413,9 @@ async def test_every_order_message_is_accepted_valid_or_dead_lettered_with_a_rea
                         await c.store.read(key)
                     with pytest.raises(NotFoundError):
                         await c.orders.get(key)
-    check_dead_letters_alerted(dead, await alerts_by_message_id(bus, await ROOT.alerts()))
+    check_dead_letters_alerted(
+        dead, await alerts_by_message_id(bus, ROOT.alerts_over((await ROOT.container()).publisher))
+    )
 
 
 @pytest.mark.parametrize("depth", [250, 999, 3000])
@@ -604,7 +606,9 @@ async def test_every_agent_reply_reaches_the_workflow_valid_or_is_dead_lettered(
             assert call[1] in DOCUMENTED_REASONS, call
             assert client.raised == [], "a refused reply never reaches the workflow"
             dead[message_id] = call[1]
-    check_dead_letters_alerted(dead, await alerts_by_message_id(bus, await ROOT.alerts()))
+    check_dead_letters_alerted(
+        dead, await alerts_by_message_id(bus, ROOT.alerts_over((await ROOT.container()).publisher))
+    )
 
 
 # --- the boundary alone, fast: many more examples -------------------------------------

@@ -81,9 +81,10 @@ def _mutated_tree(tmp_path: Path, name: str) -> Path:
 def test_a_walk_that_stops_short_of_the_minutes_shards_is_caught(tmp_path):
     """`idx-walk-stops-at-first-shard`: the walk of the current minute ends
     at its bare partition, so the due entries in its shards wait for the
-    minute to pass; seed 6 in index mode has a quiet run that should have
-    recovered one. The unmutated code is clean on the same seed."""
-    seed = 6
+    minute to pass; seed 1 in index mode (seed 6 until the merged tree of
+    issues 43-44 moved its draws) has a quiet run that should have recovered
+    one. The unmutated code is clean on the same seed."""
+    seed = 1
     clean = mutate.run_sim(ROOT, 1, 3, seed, 300, python=sys.executable, extra=["--scan", "index"])
     assert clean.kind == "clean", clean
     tree = _mutated_tree(tmp_path, "idx-walk-stops-at-first-shard")
