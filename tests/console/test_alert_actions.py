@@ -73,7 +73,7 @@ async def test_acknowledge_then_close_an_alert(servicebus_emulator, local):
             assert f"/alerts/{first}/acknowledge" in page
 
             refused = await _act(first, "acknowledge", None)  # no reason: nothing done
-            assert refused.status_code == 400
+            assert refused.status_code == 400, refused.get_body().decode()
             done = await _act(first, "acknowledge", "refund by hand today")
             assert done.status_code == 303
             assert done.headers["Location"] == f"/api/console/alerts?done=acknowledge&seq={first}"
