@@ -11,7 +11,7 @@ import asyncio
 import json
 import logging
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -30,6 +30,7 @@ from domain.boundary import json_depth
 from domain.errors import DomainError, NotFoundError
 from domain.ids import attempt_instance_id, check_order_key, order_key
 from domain.models import OrderState, ProcessState
+from orchestrators.starter import STATUS_GRACE
 from reporting import StatusOutbox, StatusReporter
 
 log = logging.getLogger(__name__)
@@ -41,6 +42,7 @@ DETAIL_ATTEMPTS = 5  # orchestration statuses read per order (the latest attempt
 BUCKET = timedelta(minutes=5)
 WORK_QUEUES = (AGENT_REQUESTS_QUEUE, AGENT_RESPONSES_QUEUE, ALERTS_QUEUE)
 STATES = [s.value for s in ProcessState]
+Copy = Callable[[Any], Any] | None  # a message to send in place of one taken
 ANY_STATE = "any"  # the orders list's filter for every state
 _EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
 
@@ -733,17 +735,45 @@ DEAD_LETTER_ACTIONS = {
 }
 
 
+async def _one_message(
+    deps: Deps, queue: str, sequence: int, dead_letter: bool, gone: str
+) -> dict[str, Any]:
+    """Message `sequence` of `queue` (or of its dead letters) as peeked, for
+    a confirmation page; NotFound saying `gone` when it is not there."""
+    page = await peek(deps, queue, limit=1, dead_letter=dead_letter, from_sequence=sequence)
+    found = [m for m in page["messages"] if m["sequence"] == sequence]
+    if not found:
+        raise NotFound(gone)
+    await link_stored(deps, found)
+    return found[0]
+
+
+async def _take(
+    deps: Deps, queue: str, shown: dict[str, Any], dead_letter: bool, copy: Copy, said: str
+) -> None:
+    """Complete the message `shown` (of `queue`, or of its dead letters),
+    first sending `copy(message)` to `queue` when there is one; `said` is
+    logged. NotFound when someone else took it first."""
+    bus = deps.servicebus
+    assert bus is not None  # `shown` was peeked through it
+
+    async def act(message: Any) -> None:
+        if copy is not None:
+            await bus.send(queue, copy(message))
+
+    if not await bus.take(queue, shown["sequence"], act, dead_letter=dead_letter):
+        raise NotFound(f"message {shown['sequence']} of {queue} is gone (acted on already?)")
+    log.warning("console: %s", said, extra={"order_id": shown.get("order_id")})
+
+
 async def dead_letter(deps: Deps, queue: str, sequence: int) -> dict[str, Any]:
     """One dead letter (for the confirmation page), or NotFound."""
     if queue not in deps.queues():
         raise NotFound(f"no queue {queue[:100]!r} here")
-    page = await peek(deps, queue, limit=1, dead_letter=True, from_sequence=sequence)
-    found = [m for m in page["messages"] if m["sequence"] == sequence]
-    if not found:
-        raise NotFound(f"no dead letter {sequence} on {queue} (already resent or discarded?)")
-    _links(queue, found, {}, set(deps.settings.reply_queues.values()))
-    await link_stored(deps, found)
-    return found[0]
+    gone = f"no dead letter {sequence} on {queue} (already resent or discarded?)"
+    shown = await _one_message(deps, queue, sequence, True, gone)
+    _links(queue, [shown], {}, set(deps.settings.reply_queues.values()))
+    return shown
 
 
 async def act_on_dead_letter(
@@ -751,33 +781,17 @@ async def act_on_dead_letter(
 ) -> None:
     """Resend or discard one dead letter, logged with who did it and why (and
     the resent copy says so in its properties). NotFound when it is gone."""
-    bus = deps.servicebus
-    if bus is None:
-        raise BadRequest("Service Bus not configured")
     reason = _reason(reason)
     shown = await dead_letter(deps, queue, sequence)
     if action == "resend" and not shown["can_resend"]:
         raise BadRequest(
             f"only {' and '.join(RESENDABLE)} dead letters with a data body are resent; discard it"
         )
-
-    async def act(message: Any) -> None:
-        if action == "resend":
-            await bus.send(queue, _resent_copy(message, queue, sequence, who, reason))
-
-    if not await bus.take(queue, sequence, act, dead_letter=True):
-        raise NotFound(f"no dead letter {sequence} on {queue} (already resent or discarded?)")
-    log.warning(
-        "console: dead letter %s of %s (message %s, %s) %s by operator %s: %s",
-        sequence,
-        queue,
-        shown["id"],
-        shown["reason"],
-        "resent" if action == "resend" else "discarded",
-        who,
-        reason,
-        extra={"order_id": shown.get("order_id")},
-    )
+    resend = action == "resend"
+    copy = (lambda m: _resent_copy(m, queue, sequence, who, reason)) if resend else None
+    done = "resent" if resend else "discarded"
+    said = f"dead letter {sequence} of {queue} ({shown['id']}) {done} by operator {who}: {reason}"
+    await _take(deps, queue, shown, True, copy, said)
 
 
 def _resent_copy(message: Any, queue: str, sequence: int, who: str, reason: str) -> Any:
@@ -872,7 +886,6 @@ async def act(
 
 # --- terminal statuses a reply queue refused ------------------------------------------
 
-STATUS_GRACE = timedelta(seconds=30)  # the Starter's default: a younger entry is being sent
 PARKED_LIMIT = 200  # outbox entries read at most, oldest first
 STATUS_ACTIONS = {
     "resend": (
@@ -1031,40 +1044,22 @@ ACK_BY, ACK_REASON, ACK_AT = "AcknowledgedBy", "AcknowledgedReason", "Acknowledg
 
 async def alert(deps: Deps, sequence: int) -> dict[str, Any]:
     """One alert (for the confirmation page), or NotFound."""
-    page = await peek(deps, ALERTS_QUEUE, limit=1, from_sequence=sequence)
-    found = [m for m in page["messages"] if m["sequence"] == sequence]
-    if not found:
-        raise NotFound(f"no alert {sequence} (already acknowledged or closed?)")
-    await link_stored(deps, found)
-    return found[0]
+    gone = f"no alert {sequence} (already acknowledged or closed?)"
+    return await _one_message(deps, ALERTS_QUEUE, sequence, False, gone)
 
 
 async def act_on_alert(deps: Deps, sequence: int, action: str, who: str, reason: str) -> None:
     """Acknowledge (a marked copy replaces it) or close (it is completed) one
     alert, logged with who and why. NotFound when it is gone."""
-    bus = deps.servicebus
-    if bus is None:
-        raise BadRequest("Service Bus not configured")
     if action not in ALERT_ACTIONS:
         raise NotFound(f"no action {action[:40]!r} for an alert")
     reason = _reason(reason)
     shown = await alert(deps, sequence)
-
-    async def act(message: Any) -> None:
-        if action == "acknowledge":
-            await bus.send(ALERTS_QUEUE, _acknowledged_copy(message, who, reason, deps.now))
-
-    if not await bus.take(ALERTS_QUEUE, sequence, act):
-        raise NotFound(f"no alert {sequence} (already acknowledged or closed?)")
-    log.warning(
-        "console: alert %s (message %s) %s by operator %s: %s",
-        sequence,
-        shown["id"],
-        "acknowledged" if action == "acknowledge" else "closed",
-        who,
-        reason,
-        extra={"order_id": shown.get("order_id")},
-    )
+    ack = action == "acknowledge"
+    copy = (lambda m: _acknowledged_copy(m, who, reason, deps.now)) if ack else None
+    done = "acknowledged" if ack else "closed"
+    said = f"alert {sequence} ({shown['id']}) {done} by operator {who}: {reason}"
+    await _take(deps, ALERTS_QUEUE, shown, False, copy, said)
 
 
 def _acknowledged_copy(message: Any, who: str, reason: str, now: datetime) -> Any:

@@ -89,6 +89,7 @@ STATUS_BACKOFF_MAX = timedelta(seconds=30)
 # Refusals in a row after which a reply queue's operators hear of it: one
 # StatusUndeliverable alert for the whole spell, however many orders wait.
 STATUS_ALERT_AFTER = 10
+STATUS_GRACE = timedelta(seconds=30)  # an outbox entry younger than this is being sent
 MAX_OUTBOX_PAGES = 3  # per run: the first page, and rescans after a queue refused
 FAST_PATH_WINDOW = timedelta(seconds=3)  # how long the timer leaves a new order to the fast path
 FAST_PATH_BLOCK = 10  # slots the fast path takes at once (one write of the admission document)
@@ -239,7 +240,7 @@ class Starter:
         clock: Clock = SYSTEM_CLOCK,
         publisher: MessagePublisher | None = None,
         max_compensation_restarts: int = MAX_COMPENSATION_RESTARTS,
-        status_grace: timedelta = timedelta(seconds=30),
+        status_grace: timedelta = STATUS_GRACE,
         status_scan_interval: timedelta | None = None,
         crash_point: CrashPoint = no_crash_point,
         alerts: Alerts | None = None,

@@ -147,10 +147,6 @@ def _signed_in(req: func.HttpRequest) -> str | func.HttpResponse:
         return _error(req, 403, str(exc))
 
 
-def _page(params: dict[str, str]) -> int | None:
-    return views.parse_sequence(params.get("from"))
-
-
 async def _guarded(
     req: func.HttpRequest, respond: Callable[[str], Awaitable[func.HttpResponse]]
 ) -> func.HttpResponse:
@@ -174,65 +170,82 @@ async def _guarded(
 
 
 DepsOf = Callable[..., Awaitable[views.Deps]]  # App.console_deps
+Handler = Callable[[func.HttpRequest, str, DepsOf], Awaitable[func.HttpResponse]]
+View = Callable[[func.HttpRequest, views.Deps], Awaitable[dict[str, Any]]]
+# (function name, route, methods, handler) of every route but the order page
+_ROUTES: list[tuple[str, str, list[str], Handler]] = []
+BOTH = ("GET", "POST")
 
 
-async def _view_page(
-    req: func.HttpRequest,
-    deps_of: DepsOf,
-    template: str,
-    page: str,
-    view: Callable[[views.Deps], Awaitable[dict[str, Any]]],
-) -> func.HttpResponse:
-    """A read-only page: `view`'s data rendered into `template`."""
+def _route(
+    name: str, route: str, methods: tuple[str, ...] = ("GET",)
+) -> Callable[[Handler], Handler]:
+    """A handler of `route`: `blueprint` registers it behind `_guarded`."""
 
-    async def respond(_who: str) -> func.HttpResponse:
-        deps = await deps_of()
-        return _render(req, template, deps, page=page, **await view(deps))
+    def add(handler: Handler) -> Handler:
+        _ROUTES.append((name, route, list(methods), handler))
+        return handler
 
-    return await _guarded(req, respond)
+    return add
 
 
-def _overview_view(_req: func.HttpRequest) -> View:
-    return views.overview
+def _page(name: str, route: str, template: str) -> Callable[[View], View]:
+    """A read-only page: the view's data rendered into `template` (`orders.html`
+    for the page `orders`: the header marks it)."""
+
+    def add(view: View) -> View:
+        async def respond(req: func.HttpRequest, _who: str, deps_of: DepsOf) -> func.HttpResponse:
+            deps = await deps_of()
+            return _render(req, template, deps, page=template[:-5], **await view(req, deps))
+
+        _route(name, route)(respond)
+        return view
+
+    return add
 
 
-def _orders_view(req: func.HttpRequest) -> View:
-    return lambda deps: views.orders(deps, views.parse_filters(dict(req.params)))
+def _from(req: func.HttpRequest) -> int | None:
+    return views.parse_sequence(req.params.get("from"))
 
 
-def _stuck_view(req: func.HttpRequest) -> View:
-    return lambda deps: views.stuck(deps, req.params.get("page") or None)
+def _done(req: func.HttpRequest, actions: dict[str, Any]) -> str | None:
+    """The action a redirect after it names (`?done=`), when it is one of `actions`."""
+    return req.params.get("done") if req.params.get("done") in actions else None
 
 
-def _alerts_view(req: func.HttpRequest) -> View:
-    done = req.params.get("done") if req.params.get("done") in views.ALERT_ACTIONS else None
-
-    async def view(deps: views.Deps) -> dict[str, Any]:
-        return {**await views.alerts(deps, _page(dict(req.params))), "done": done}
-
-    return view
+@_page("console_overview", "console", "overview.html")
+async def _overview(_req: func.HttpRequest, deps: views.Deps) -> dict[str, Any]:
+    return await views.overview(deps)
 
 
-def _dead_letters_view(req: func.HttpRequest) -> View:
-    queue = req.route_params.get("queue") or None
-    done = req.params.get("done") if req.params.get("done") in views.DEAD_LETTER_ACTIONS else None
-
-    async def view(deps: views.Deps) -> dict[str, Any]:
-        data = await views.dead_letters(deps, queue, _page(dict(req.params)))
-        return {**data, "done": done, "done_seq": views.parse_sequence(req.params.get("seq"))}
-
-    return view
+@_page("console_orders", "console/orders", "orders.html")
+async def _orders(req: func.HttpRequest, deps: views.Deps) -> dict[str, Any]:
+    return await views.orders(deps, views.parse_filters(dict(req.params)))
 
 
-def _statuses_view(req: func.HttpRequest) -> View:
+@_page("console_stuck", "console/stuck", "stuck.html")
+async def _stuck(req: func.HttpRequest, deps: views.Deps) -> dict[str, Any]:
+    return await views.stuck(deps, req.params.get("page") or None)
+
+
+@_page("console_alerts", "console/alerts", "alerts.html")
+async def _alerts(req: func.HttpRequest, deps: views.Deps) -> dict[str, Any]:
+    return {**await views.alerts(deps, _from(req)), "done": _done(req, views.ALERT_ACTIONS)}
+
+
+@_page("console_deadletters", "console/deadletters/{queue?}", "deadletters.html")
+async def _dead_letters(req: func.HttpRequest, deps: views.Deps) -> dict[str, Any]:
+    data = await views.dead_letters(deps, req.route_params.get("queue") or None, _from(req))
+    done = _done(req, views.DEAD_LETTER_ACTIONS)
+    return {**data, "done": done, "done_seq": views.parse_sequence(req.params.get("seq"))}
+
+
+@_page("console_statuses", "console/statuses", "statuses.html")
+async def _statuses(req: func.HttpRequest, deps: views.Deps) -> dict[str, Any]:
     """The parked statuses; after a resend, what became of it (`done`)."""
     said = {k: req.params.get(k) for k in ("sent", "refused")}
-    done = said if req.params.get("done") in views.STATUS_ACTIONS else None
-
-    async def view(deps: views.Deps) -> dict[str, Any]:
-        return {**await views.parked_statuses(deps, req.params.get("queue") or None), "done": done}
-
-    return view
+    done = said if _done(req, views.STATUS_ACTIONS) else None
+    return {**await views.parked_statuses(deps, req.params.get("queue") or None), "done": done}
 
 
 def _form(req: func.HttpRequest) -> dict[str, str]:
@@ -296,6 +309,10 @@ async def _confirm_then_act(
     return _see_other(f"{_base(req)}/{done}?{urlencode(query or {'done': action})}")
 
 
+@_route(
+    "console_deadletter_action", "console/deadletters/{queue}/{sequence:int}/{action:alpha}", BOTH
+)
+@_route("console_alert_action", "console/alerts/{sequence:int}/{action:alpha}", BOTH)
 async def _message_action(req: func.HttpRequest, who: str, deps_of: DepsOf) -> func.HttpResponse:
     """Resend or discard a dead letter of `queue`, or (no queue in the route)
     acknowledge or close an alert: one message by its sequence number, so a
@@ -327,6 +344,7 @@ async def _message_action(req: func.HttpRequest, who: str, deps_of: DepsOf) -> f
     return await _confirm_then_act(req, who, deps, target, act, done, template, **shown)
 
 
+@_route("console_status_action", "console/statuses/{queue}/{action:alpha}", BOTH)
 async def _status_action(req: func.HttpRequest, who: str, deps_of: DepsOf) -> func.HttpResponse:
     """Resend a reply queue's parked terminal statuses now, or one order's
     (`?order=`); then the statuses page says how many went."""
@@ -364,6 +382,7 @@ async def _order_page(
     return await _guarded(req, respond)
 
 
+@_route("console_action", "console/orders/{order_id}/{action:alpha}", BOTH)
 async def _action(req: func.HttpRequest, who: str, deps_of: DepsOf) -> func.HttpResponse:
     """Resubmit, compensate or retry one order (its token is bound to the
     record's version: once done the record changed, so a token acts once)."""
@@ -391,6 +410,7 @@ async def _action(req: func.HttpRequest, who: str, deps_of: DepsOf) -> func.Http
 _BULK = "bulk"  # the token's target prefix: a bulk form acts on its list only
 
 
+@_route("console_bulk_action", "console/bulk/{action:alpha}", BOTH)
 async def _bulk_action(req: func.HttpRequest, who: str, deps_of: DepsOf) -> func.HttpResponse:
     """Resubmit (or compensate) several orders: GET (the orders list's
     checkboxes) shows each chosen order and a confirmation form whose token
@@ -431,13 +451,15 @@ def _bulk_token_parts(chosen: list[tuple[str, str]]) -> tuple[str, str]:
     return _BULK + "\x1f".join(i for i, _ in chosen), "\x1e".join(v for _, v in chosen)
 
 
-async def _stylesheet(_who: str) -> func.HttpResponse:
+@_route("console_static", "console/static/console.css")
+async def _stylesheet(_req: func.HttpRequest, _who: str, _deps_of: DepsOf) -> func.HttpResponse:
     return func.HttpResponse(
         _CSS, mimetype="text/css", headers={**_SECURITY_HEADERS, "Cache-Control": "max-age=300"}
     )
 
 
-async def _find(req: func.HttpRequest) -> func.HttpResponse:
+@_route("console_find", "console/find")
+async def _find(req: func.HttpRequest, _who: str, _deps_of: DepsOf) -> func.HttpResponse:
     """The header's search box: an order key (`webshop:ORD-1`) opens that
     order; an OrderID or the start of one lists the orders, in any state and
     application, whose OrderID starts with it."""
@@ -452,85 +474,23 @@ async def _find(req: func.HttpRequest) -> func.HttpResponse:
     return _see_other(f"{_base(req)}/orders?{query}")
 
 
-Respond = Callable[[func.HttpRequest], Awaitable[func.HttpResponse]]
-View = Callable[[views.Deps], Awaitable[dict[str, Any]]]
-
-
-def _routes(deps_of: DepsOf) -> list[tuple[str, str, list[str], Respond]]:
-    """(function name, route, methods, answer) of every route but the order
-    page; each answer goes through `_guarded` (a page through `_view_page`)."""
-
-    def page(template: str, name: str, view_of: Callable[[func.HttpRequest], View]) -> Respond:
-        return lambda req: _view_page(req, deps_of, template, name, view_of(req))
-
-    def acting(handler: Callable[[func.HttpRequest, str, DepsOf], Awaitable[Any]]) -> Respond:
-        return lambda req: _guarded(req, lambda who: handler(req, who, deps_of))
-
-    get, both = ["GET"], ["GET", "POST"]
-    return [
-        ("console_overview", "console", get, page("overview.html", "overview", _overview_view)),
-        ("console_orders", "console/orders", get, page("orders.html", "orders", _orders_view)),
-        ("console_stuck", "console/stuck", get, page("stuck.html", "stuck", _stuck_view)),
-        ("console_alerts", "console/alerts", get, page("alerts.html", "alerts", _alerts_view)),
-        (
-            "console_deadletters",
-            "console/deadletters/{queue?}",
-            get,
-            page("deadletters.html", "deadletters", _dead_letters_view),
-        ),
-        (
-            "console_statuses",
-            "console/statuses",
-            get,
-            page("statuses.html", "statuses", _statuses_view),
-        ),
-        (
-            "console_deadletter_action",
-            "console/deadletters/{queue}/{sequence:int}/{action:alpha}",
-            both,
-            acting(_message_action),
-        ),
-        ("console_action", "console/orders/{order_id}/{action:alpha}", both, acting(_action)),
-        ("console_bulk_action", "console/bulk/{action:alpha}", both, acting(_bulk_action)),
-        (
-            "console_alert_action",
-            "console/alerts/{sequence:int}/{action:alpha}",
-            both,
-            acting(_message_action),
-        ),
-        (
-            "console_status_action",
-            "console/statuses/{queue}/{action:alpha}",
-            both,
-            acting(_status_action),
-        ),
-        (
-            "console_static",
-            "console/static/console.css",
-            get,
-            lambda req: _guarded(req, _stylesheet),
-        ),
-        ("console_find", "console/find", get, lambda req: _guarded(req, lambda _who: _find(req))),
-    ]
-
-
 def _register(
-    bp: df.Blueprint, name: str, route: str, methods: list[str], respond: Respond
+    bp: df.Blueprint, name: str, route: str, methods: list[str], handle: Handler, deps_of: DepsOf
 ) -> None:
-    async def handler(req: func.HttpRequest) -> func.HttpResponse:
-        return await respond(req)
+    async def answer(req: func.HttpRequest) -> func.HttpResponse:
+        return await _guarded(req, lambda who: handle(req, who, deps_of))
 
-    bp.function_name(name)(bp.route(route=route, methods=methods, auth_level=ANON)(handler))
+    bp.function_name(name)(bp.route(route=route, methods=methods, auth_level=ANON)(answer))
 
 
 def blueprint(root: App) -> df.Blueprint:
     """The console's routes over `root` (what a page reads from and acts on:
-    App.console_deps, adapters of its own per request): `_routes`, and the
+    App.console_deps, adapters of its own per request): `_ROUTES`, and the
     order page, which reads the orchestrations through the durable client."""
     bp = df.Blueprint()
     deps_of = root.console_deps
-    for name, route, methods, respond in _routes(deps_of):
-        _register(bp, name, route, methods, respond)
+    for name, route, methods, handler in _ROUTES:
+        _register(bp, name, route, methods, handler, deps_of)
 
     @bp.function_name("console_order")
     @bp.route(route="console/orders/{order_id}", methods=["GET"], auth_level=ANON)
