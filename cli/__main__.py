@@ -37,10 +37,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.text import Text
 
-from adapters.ports import ANY_OWNER
 from adapters.servicebus import (
-    AGENT_REQUESTS_QUEUE,
-    AGENT_RESPONSES_QUEUE,
     ALERTS_QUEUE,
     servicebus_client,
 )
@@ -51,11 +48,11 @@ from cli import render
 from cli.config import tool_settings
 from cli.render import visible
 from console import actions, views
-from console.security import record_version
+from console.security import Forbidden, record_version
 from domain import state_machine as sm
 from domain.codec import encode
 from domain.ids import check_order_key
-from domain.models import OrderState, ProcessState
+from domain.models import ProcessState
 
 app = typer.Typer(
     help="Post orders, watch their status, and operate the order pipeline.",
@@ -212,7 +209,7 @@ def watch(
                             else:
                                 await asyncio.sleep(1)
                         for message in batch:
-                            status = render.read_status(message)
+                            status = render.read_status(views.message_view(message, 0))
                             if status is not None:
                                 latest[status[0]] = status[1]
                         live.update(render.status_table(queue, latest))
@@ -272,13 +269,7 @@ def list_orders(
     if state is not None:
         _list(state, limit=limit)
         return
-
-    async def count(store: CosmosStateStore) -> dict[str, int]:
-        states = [s.value for s in ProcessState]
-        found = await asyncio.gather(*(store.count_in_state(s) for s in states))
-        return dict(zip(states, found, strict=True))
-
-    render.print_state_counts(console, _with_store(count))
+    render.print_state_counts(console, _with_store(views.state_counts))
 
 
 @app.command()
@@ -344,15 +335,11 @@ def _order_action(action: str, order_id: str, reason: str | None, name: str | No
     why = _asked(reason, f"{title} {visible(checked)} as {visible(who)}?", yes)
     if why is None:
         return None
-    shown = record_version(record)
-
-    def change(r: OrderState) -> OrderState:
-        if record_version(r) != shown:
-            raise ToolError("the order changed since it was shown; nothing done, run it again")
-        return actions.apply(r, action, who, why, datetime.now(UTC))
-
-    updated, _ = _with_store(lambda store: store.update(checked, change, ANY_OWNER))
-    return updated
+    version = record_version(record)
+    return _on_views(
+        lambda deps: views.act(deps, checked, action, who, why, expected_version=version),
+        store=True,
+    )
 
 
 def _order_command(action: str, doc: str, done: str) -> None:
@@ -396,38 +383,41 @@ PEEK_PAGE = 250
 PEEK_CAP = 10_000
 
 
-def _read_queue(queue: str, peek: bool, limit: int | None) -> list:
-    """Peek (up to PEEK_CAP, page by page) or receive-and-complete `limit`."""
+BODY_LIMIT = 4096  # characters of a message's body kept for printing
+
+
+async def _peek_all(deps: views.Deps, queue: str, dead_letter: bool = False) -> list[dict]:
+    """The messages of `queue` (or its dead letters) as console.views shows
+    them, PEEK_CAP at most, peeked page by page."""
+    out: list[dict] = []
+    start = None
+    while len(out) < PEEK_CAP:
+        page = await views.peek(deps, queue, PEEK_PAGE, dead_letter, start, BODY_LIMIT)
+        if page["error"]:
+            raise ToolError(page["error"])
+        out += page["messages"]
+        if page["next"] is None:
+            break
+        start = page["next"]
+    return out
+
+
+def _receive(queue: str, limit: int) -> list[dict]:
+    """Receive and complete up to `limit` messages of `queue`, each shown as
+    console.views shows a peeked one."""
     cfg = _settings()
 
-    async def read():
-        async with servicebus_client(cfg.servicebus) as client:
-            receiver = client.get_queue_receiver(queue)
-            async with receiver:
-                if peek:
-                    out: list = []
-                    next_sequence = 0
-                    while len(out) < PEEK_CAP:
-                        page = await receiver.peek_messages(
-                            max_message_count=PEEK_PAGE, sequence_number=next_sequence
-                        )
-                        if not page:
-                            break
-                        out.extend(page)
-                        next_sequence = max(m.sequence_number or 0 for m in page) + 1
-                    return out
-                out = []
-                for m in await receiver.receive_messages(
-                    max_message_count=limit or 50, max_wait_time=2
-                ):
-                    out.append(m)
-                    await receiver.complete_message(m)
-                return out
+    async def receive() -> list[dict]:
+        async with (
+            servicebus_client(cfg.servicebus) as client,
+            client.get_queue_receiver(queue) as receiver,
+        ):
+            got = await receiver.receive_messages(max_message_count=limit, max_wait_time=2)
+            for m in got:
+                await receiver.complete_message(m)
+            return [views.message_view(m, BODY_LIMIT) for m in got]
 
-    try:
-        return _run(read())
-    except MessagingEntityNotFoundError:
-        raise ToolError(f"no queue named {queue.split('/')[0]!r}") from None
+    return _run(receive())
 
 
 @app.command()
@@ -437,7 +427,10 @@ def alerts(
     oldest_first: bool = typer.Option(False, help="oldest first (default: newest first)"),
 ) -> None:
     """Operator alerts from the `alerts` queue, newest first."""
-    messages = _read_queue(ALERTS_QUEUE, peek, None if peek else limit)
+    if peek:
+        messages = _on_views(lambda deps: _peek_all(deps, ALERTS_QUEUE))
+    else:
+        messages = _receive(ALERTS_QUEUE, limit)
     render.print_alerts(console, messages, newest_first=not oldest_first, limit=limit)
 
 
@@ -467,15 +460,10 @@ def deadletters(
         _dead_letter_action(queue, sequence, action, reason, operator, yes)
         return
     if queue is not None:
-        messages = _read_queue(f"{queue}/$deadletterqueue", True, None)[:limit]
-        render.print_dead_letters(console, queue, messages)
+        messages = _on_views(lambda deps: _peek_all(deps, queue, dead_letter=True))
+        render.print_dead_letters(console, queue, messages[:limit])
         return
-    found: dict[str, list] = {}
-    for name in _all_queues(_settings()):
-        try:
-            found[name] = _read_queue(f"{name}/$deadletterqueue", True, None)
-        except ToolError as exc:
-            console.print(Text.assemble(("skipped: ", "yellow"), render.literal(str(exc))))
+    found = _on_views(_dead_letters_everywhere)
     for name, messages in found.items():
         if messages:
             render.print_dead_letters(console, name, messages[:limit])
@@ -483,18 +471,16 @@ def deadletters(
     render.print_queue_counts(console, {name: len(m) for name, m in found.items()})
 
 
-def _all_queues(cfg: Settings) -> list[str]:
-    return list(
-        dict.fromkeys(
-            [
-                *sorted(cfg.ingress_queues.values()),
-                AGENT_REQUESTS_QUEUE,
-                AGENT_RESPONSES_QUEUE,
-                ALERTS_QUEUE,
-                *sorted(cfg.reply_queues.values()),
-            ]
-        )
-    )
+async def _dead_letters_everywhere(deps: views.Deps) -> dict[str, list[dict]]:
+    """The dead letters of every queue the console shows; a queue that
+    cannot be read is said to be skipped."""
+    found: dict[str, list[dict]] = {}
+    for name in deps.queues():
+        try:
+            found[name] = await _peek_all(deps, name, dead_letter=True)
+        except ToolError as exc:
+            console.print(Text.assemble(("skipped: ", "yellow"), render.literal(str(exc))))
+    return found
 
 
 def _on_views(use: Callable[[views.Deps], Awaitable[T]], store: bool = False) -> T:
@@ -529,7 +515,7 @@ def _on_views(use: Callable[[views.Deps], Awaitable[T]], store: bool = False) ->
 
     try:
         return _run(run())
-    except views.BadRequest as exc:  # NotFound too
+    except (views.BadRequest, Forbidden) as exc:  # NotFound too; Forbidden: the order changed
         raise ToolError(str(exc)) from None
 
 

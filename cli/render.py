@@ -26,8 +26,6 @@ from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
-from adapters.settlement import BodyRefused, read_body
-
 _ESCAPED = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp", "Co", "Cn"})
 
 
@@ -59,59 +57,30 @@ def literal(value: Any, limit: int | None = None, style: str = "") -> Text:
     return Text(visible(value, limit), style=style)
 
 
-def body_text(message: Any) -> str:
-    """A received message's body as text, whatever its AMQP kind."""
-    try:
-        raw = read_body(message)
-    except BodyRefused as exc:
-        try:
-            body = message.body
-            if not isinstance(body, bytes | str | dict | int | float | type(None)):
-                body = list(body)
-            return f"<{exc.reason}: {body!r}>"
-        except Exception:  # noqa: BLE001 - a body that cannot even be shown
-            return f"<{exc.reason}>"
-    except Exception as exc:  # noqa: BLE001
-        return f"<body unreadable: {type(exc).__name__}>"
-    return raw.decode("utf-8", "replace")
-
-
-def body_json(message: Any) -> dict[str, Any] | None:
-    try:
-        data = json.loads(body_text(message))
-    except (ValueError, RecursionError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
-def _when(message: Any) -> datetime | None:
-    value = getattr(message, "enqueued_time_utc", None)
-    return value if isinstance(value, datetime) else None
-
-
 def print_alerts(
-    console: Console, messages: Iterable[Any], newest_first: bool = True, limit: int = 50
+    console: Console, messages: list[dict[str, Any]], newest_first: bool = True, limit: int = 50
 ) -> int:
-    """One block per alert: kind, time, OrderID, message id and queue of the
-    dead letter it is about, and the reason. Returns how many were shown."""
-    items = list(messages)
-    items.sort(key=lambda m: (_when(m) is not None, _when(m) or datetime.min), reverse=newest_first)
+    """One block per alert (as console.views.message_view shows one): kind,
+    time, OrderID, message id and queue of the dead letter it is about, and
+    the reason. Returns how many were shown."""
+    items = sorted(
+        messages,
+        key=lambda m: (m["enqueued"] is not None, m["enqueued"] or datetime.min),
+        reverse=newest_first,
+    )
     shown = items[:limit]
     if not shown:
         console.print(Text("0 alerts"))
         return 0
     order = "newest first" if newest_first else "oldest first"
     console.print(Text(f"{len(shown)} of {len(items)} alerts, {order}", style="bold"))
-    for message in shown:
-        data = body_json(message)
+    for m in shown:
+        data = m["parsed"]
         if data is None:
-            console.print(
-                Text.assemble(
-                    ("(unreadable alert) ", "red"),
-                    literal(getattr(message, "message_id", None) or "(no message id)", 140),
-                )
-            )
-            console.print(Text.assemble("  ", literal(body_text(message), 300)))
+            unread = literal(m["id"] or "(no message id)", 140)
+            console.print(Text.assemble(("(unreadable alert) ", "red"), unread))
+            said = " ".join(x for x in (m["note"], m["body"]) if x)
+            console.print(Text.assemble("  ", literal(said, 300)))
             continue
         head = Text.assemble(
             literal(data.get("Kind", "?"), 40, "bold red"),
@@ -143,52 +112,41 @@ def print_alerts(
 BODY_LINES = 24  # lines of a dead letter's body printed; the console shows it whole
 
 
-def body_lines(message: Any) -> list[str]:
-    """A dead letter's body as lines to print: JSON indented (so it wraps at
-    its own structure, not mid-token), anything else as it is; escaped."""
-    text = body_text(message)
-    try:
-        data = json.loads(text)
-    except (ValueError, RecursionError):
-        data = None
-    if isinstance(data, dict | list):
-        text = json.dumps(data, indent=2, ensure_ascii=False)
-    return [visible(line) for line in text.splitlines()] or [""]
-
-
 def _indented(console: Console, text: Text, indent: int) -> None:
     """`text` wrapped at word boundaries, every line (continuations too) indented."""
     console.print(Padding(text, (0, 0, 0, indent)))
 
 
-def print_dead_letters(console: Console, queue: str, messages: Iterable[Any]) -> int:
-    """Each dead letter: its sequence number (what `deadletters QUEUE --resend
-    SEQ` / `--discard SEQ` take), id and reason on one line; its description
-    and body under it, indented and wrapped at word boundaries."""
-    items = list(messages)
-    if not items:
+def _dead_letter(console: Console, m: dict[str, Any], prefix: Text) -> None:
+    """A dead letter (console.views.message_view) after `prefix`: its id and
+    reason on one line; its description and body under it, indented and
+    wrapped at word boundaries (the body's JSON comes indented, so it wraps
+    at its own structure, not mid-token), BODY_LINES of the body at most."""
+    reason = literal(m["reason"] or "(no reason)", 200, "red")
+    console.print(
+        Text.assemble(prefix, literal(m["id"] or "(no message id)", 140, "bold"), " ", reason)
+    )
+    if m["description"]:
+        _indented(console, literal(m["description"], 4096), 2)
+    text = "\n".join(x for x in (m["note"], m["body"]) if x)
+    lines = [visible(line) for line in text.splitlines()] or [""]
+    shown = lines[:BODY_LINES]
+    if len(lines) > BODY_LINES:
+        shown.append(f"… {len(lines) - BODY_LINES} more lines")
+    _indented(console, Text("\n".join(shown), style="dim"), 4)
+
+
+def print_dead_letters(console: Console, queue: str, messages: list[dict[str, Any]]) -> int:
+    """Each dead letter with its sequence number first (what `deadletters
+    QUEUE --resend SEQ` / `--discard SEQ` take)."""
+    if not messages:
         console.print(Text.assemble("no dead letters on ", literal(queue)))
         return 0
-    console.print(Text.assemble(f"{len(items)} dead letters on ", literal(queue), style="bold"))
-    for message in items:
-        seq = getattr(message, "sequence_number", None)
-        console.print(
-            Text.assemble(
-                (f"#{seq} " if isinstance(seq, int) else "", "cyan"),
-                literal(getattr(message, "message_id", None) or "(no message id)", 140, "bold"),
-                " ",
-                literal(getattr(message, "dead_letter_reason", None) or "(no reason)", 200, "red"),
-            )
-        )
-        description = getattr(message, "dead_letter_error_description", None)
-        if description:
-            _indented(console, literal(description, 4096), 2)
-        lines = body_lines(message)
-        shown = lines[:BODY_LINES]
-        if len(lines) > BODY_LINES:
-            shown.append(f"… {len(lines) - BODY_LINES} more lines")
-        _indented(console, Text("\n".join(shown), style="dim"), 4)
-    return len(items)
+    console.print(Text.assemble(f"{len(messages)} dead letters on ", literal(queue), style="bold"))
+    for m in messages:
+        seq = m["sequence"]
+        _dead_letter(console, m, Text(f"#{seq} " if seq is not None else "", "cyan"))
+    return len(messages)
 
 
 def print_queue_counts(console: Console, counts: dict[str, int]) -> None:
@@ -233,11 +191,10 @@ def status_table(queue: str, latest: dict[str, str]) -> Table:
     return table
 
 
-def read_status(message: Any) -> tuple[str, str] | None:
-    """(OrderID, Status) from a status message, or None when it has neither."""
-    data = body_json(message)
-    if data is None:
-        return None
+def read_status(m: dict[str, Any]) -> tuple[str, str] | None:
+    """(OrderID, Status) from a status message (console.views.message_view),
+    or None when it has neither."""
+    data = m["parsed"] or {}
     oid, status = data.get("OrderID"), data.get("Status")
     if not isinstance(oid, str) or not isinstance(status, str):
         return None
@@ -335,22 +292,11 @@ def print_dead_letter_target(
     console: Console, queue: str, m: dict[str, Any], title: str, explanation: str, who: str
 ) -> None:
     """A dead letter as console.views shows it, before an operator acts on it."""
-    console.print(
-        Text.assemble(
-            (f"{title} dead letter {m.get('sequence')} of ", "bold"),
-            literal(queue, style="bold"),
-            "  ",
-            literal(m.get("id") or "(no message id)", 140),
-            " ",
-            literal(m.get("reason") or "(no reason)", 200, "red"),
-        )
-    )
-    if m.get("description"):
-        _indented(console, literal(m["description"], 4096), 2)
+    head = Text.assemble((f"{title} dead letter {m['sequence']} of ", "bold"), literal(queue))
+    _dead_letter(console, m, Text.assemble(head, "  "))
     order = m.get("order_id") or m.get("unstored_order")
     if order:
         _indented(console, Text.assemble("order ", literal(order)), 2)
-    _indented(console, Text("\n".join(visible(x) for x in str(m.get("body", "")).splitlines())), 4)
     _indented(console, Text(explanation), 2)
     _indented(console, Text.assemble("recorded as done by ", literal(who, style="bold")), 2)
 

@@ -77,13 +77,7 @@ class Deps:
 
 
 async def overview(deps: Deps) -> dict[str, Any]:
-    counts = dict(
-        zip(
-            STATES,
-            await asyncio.gather(*(deps.store.count_in_state(s) for s in STATES)),
-            strict=True,
-        )
-    )
+    counts = await state_counts(deps.store)
     gauge = await deps.store.read_backlog_gauge()
     cfg = deps.settings
     since = _floor(deps.now - timedelta(hours=1), BUCKET)
@@ -108,6 +102,12 @@ async def overview(deps: Deps) -> dict[str, Any]:
         "decisions_cut": decisions_cut,
         "alerts": alerts["messages"],
     }
+
+
+async def state_counts(store: CosmosStateStore) -> dict[str, int]:
+    """How many orders are in each state: one count query per state."""
+    found = await asyncio.gather(*(store.count_in_state(s) for s in STATES))
+    return dict(zip(STATES, found, strict=True))
 
 
 def _floor(at: datetime, step: timedelta) -> datetime:
@@ -456,7 +456,7 @@ async def peek(
             "next": None,
         }
     apps = queue_apps(deps.settings)
-    out = [_message(m, body_limit, queue, apps) for m in messages]
+    out = [message_view(m, body_limit, queue, apps) for m in messages]
     last = max((m["sequence"] for m in out if m["sequence"] is not None), default=None)
     return {
         "messages": out,
@@ -508,7 +508,7 @@ def body_text(m: Any) -> tuple[str, str | None]:
         return "", f"body unreadable ({type(exc).__name__})"
 
 
-def _message(
+def message_view(
     m: Any, body_limit: int, queue: str | None = None, apps: Mapping[str, str] | None = None
 ) -> dict[str, Any]:
     """One peeked message for the templates, whatever it holds: any body
@@ -874,8 +874,8 @@ async def act(
     def change(r: OrderState) -> OrderState:
         if expected_version is not None and record_version(r) != expected_version:
             raise Forbidden(
-                "this confirmation was already used or the order changed since it was opened; "
-                "open the confirmation page again"
+                "the order changed since it was shown (or this confirmation was used already); "
+                "nothing done: look at it again"
             )
         return actions.apply(r, action, who, reason, datetime.now(UTC))
 

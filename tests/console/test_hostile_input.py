@@ -375,7 +375,7 @@ def test_any_dead_letter_renders(body, body_type, wrap, props, message_id):
         body = iter([body])
     if body_type == "sequence" and not isinstance(body, bytes | str):
         body = iter([body if isinstance(body, list) else [body]])
-    message = views._message(_fake(body, body_type, properties=props, message_id=message_id), 400)
+    message = views.message_view(_fake(body, body_type, properties=props, message_id=message_id), 400)
     assert isinstance(message["body"], str)
     assert len(message["body"]) <= 401
     page = _render_dead_letters([message])
@@ -397,7 +397,7 @@ def test_a_body_that_raises_when_read_renders_as_unreadable():
         delivery_count = 1
         application_properties = None
 
-    message = views._message(Broken(), 400)
+    message = views.message_view(Broken(), 400)
     assert message["note"] == "body unreadable (RuntimeError)"
     assert message["sequence"] == 7
     assert "body unreadable" in _render_dead_letters([message])

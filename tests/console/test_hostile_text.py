@@ -96,7 +96,7 @@ def _status(record, text: str) -> dict[int, dict[str, Any]]:
 def _pages(text: str) -> dict[str, tuple[str, dict[str, Any]]]:
     record = _record(text)
     attempts = story.timeline(record, _status(record, text))
-    message = views._message(
+    message = views.message_view(
         _fake(
             text.encode("utf-8", "surrogatepass"),
             properties={text: text, "OrderID": text},
@@ -107,7 +107,7 @@ def _pages(text: str) -> dict[str, tuple[str, dict[str, Any]]]:
         400,
     )
     message.update(alert=None, can_resend=True)
-    parsed = views._message(_fake(SURROGATE_SKU.encode()), 400)
+    parsed = views.message_view(_fake(SURROGATE_SKU.encode()), 400)
     parsed.update(alert=None, can_resend=False)
     # An aggregate alert (Count, Last), and one whose Count and Last are not what the app writes.
     # (Parsed only up to the peek's size: a short slice of the text.)
@@ -115,7 +115,7 @@ def _pages(text: str) -> dict[str, tuple[str, dict[str, Any]]]:
     aggregate = {"Kind": short, "Reason": short, "Count": 999, "Last": {"Timestamp": short}}
     odd = {"Kind": short, "Reason": short, "Count": short, "Last": short}
     alerts = [message, parsed] + [
-        views._message(_fake(json.dumps(body).encode()), 400) for body in (aggregate, odd)
+        views.message_view(_fake(json.dumps(body).encode()), 400) for body in (aggregate, odd)
     ]
     row = OrderRow(
         id=text, state=text, app_id=text, attempt=1, failures=0, long_retries=0,

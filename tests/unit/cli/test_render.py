@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from rich.console import Console
 
 from cli import render
+from console.views import message_view
 from domain.models import HistoryEntry, OrderState, ProcessState
 from tests.property.strategies import hostile_text
 
@@ -37,7 +38,7 @@ class Msg:
         self.message_id, self.dead_letter_reason = message_id, reason
         self.dead_letter_error_description = description
         self.enqueued_time_utc, self.sequence_number = enqueued, sequence_number
-        self.application_properties = None
+        self.application_properties, self.delivery_count = None, 1
 
     @property
     def body(self):
@@ -45,6 +46,11 @@ class Msg:
         if self.body_type is AmqpMessageBodyType.VALUE:
             return self._body
         return iter(self._body)
+
+
+def shown(*messages: Msg) -> list[dict]:
+    """The messages as the tools print them: as the console shows them."""
+    return [message_view(m, 4096) for m in messages]
 
 
 def console() -> tuple[Console, io.StringIO]:
@@ -58,7 +64,7 @@ def plain(out: io.StringIO) -> str:
     return text
 
 
-def alert(**fields) -> Msg:
+def alert(**fields) -> dict:
     data = {
         "Kind": "InvalidMessage",
         "OrderID": "ORD-1",
@@ -68,7 +74,7 @@ def alert(**fields) -> Msg:
         "Queue": "orders",
         **fields,
     }
-    return Msg([json.dumps(data).encode()])
+    return shown(Msg([json.dumps(data).encode()]))[0]
 
 
 MARKUP = "[link=http://evil.example]click[/link] [/] [bold red]x"
@@ -109,7 +115,7 @@ def test_control_and_bidi_characters_are_shown_as_escapes_not_sent_to_the_termin
 )
 def test_no_alert_body_crashes_the_alerts_command(message):
     c, out = console()
-    assert render.print_alerts(c, [message]) == 1
+    assert render.print_alerts(c, shown(message)) == 1
     assert out.getvalue()
 
 
@@ -123,7 +129,7 @@ def test_zero_alerts_and_no_dead_letters_are_said():
 
 def test_alerts_are_newest_first_unless_asked():
     old, new = alert(Reason="old"), alert(Reason="new")
-    old.enqueued_time_utc, new.enqueued_time_utc = T0, T0 + timedelta(minutes=1)
+    old["enqueued"], new["enqueued"] = T0, T0 + timedelta(minutes=1)
     c, out = console()
     render.print_alerts(c, [old, new], limit=1)
     assert "new" in out.getvalue()
@@ -144,7 +150,7 @@ def test_alerts_are_newest_first_unless_asked():
 )
 def test_dead_letters_print_every_field_literally(message):
     c, out = console()
-    assert render.print_dead_letters(c, "orders", [message]) == 1
+    assert render.print_dead_letters(c, "orders", shown(message)) == 1
     text = out.getvalue()
     assert "\x1b]8;" not in text
     assert "\u202e" not in text
@@ -165,21 +171,12 @@ def test_any_text_in_any_field_prints_without_error_or_raw_controls(
 ):
     c, out = console()
     render.print_alerts(c, [alert(**fields)])
-    render.print_dead_letters(
-        c,
-        "orders",
-        [
-            Msg(
-                [json.dumps(fields).encode()],
-                message_id=mid,
-                reason=reason,
-                description=description,
-            )
-        ],
+    message = Msg(
+        [json.dumps(fields).encode()], message_id=mid, reason=reason, description=description
     )
-    render.print_dead_letters(
-        c, "orders", [Msg([mid.encode("utf-8", "surrogatepass")], message_id=None)]
-    )
+    render.print_dead_letters(c, "orders", shown(message))
+    raw = Msg([mid.encode("utf-8", "surrogatepass")], message_id=None)
+    render.print_dead_letters(c, "orders", shown(raw))
     written = out.getvalue()
     for ch in "\x00\x1b\u202e\u200b\u2028":
         # rich writes ESC for its own colours only: strip those, nothing else may remain
@@ -220,9 +217,14 @@ def test_the_watch_table_and_record_tables_escape_client_text():
 
 
 def test_status_reading_skips_what_is_not_a_status():
-    assert render.read_status(Msg([b'{"OrderID": "A", "Status": "Received"}'])) == ("A", "Received")
-    assert render.read_status(Msg([b'{"OrderID": 1}'])) is None
-    assert render.read_status(Msg({b"x": 1}, AmqpMessageBodyType.VALUE)) is None
+    (status, no_id, value) = shown(
+        Msg([b'{"OrderID": "A", "Status": "Received"}']),
+        Msg([b'{"OrderID": 1}']),
+        Msg({b"x": 1}, AmqpMessageBodyType.VALUE),
+    )
+    assert render.read_status(status) == ("A", "Received")
+    assert render.read_status(no_id) is None
+    assert render.read_status(value) is None
 
 
 def test_an_aggregate_alert_shows_its_count_and_its_last_alert():

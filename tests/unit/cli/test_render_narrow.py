@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 from rich.console import Console
 
 from cli import render
-from tests.unit.cli.test_render import Msg
+from tests.unit.cli.test_render import Msg, shown
 
 LONG = (
     "the message could not be processed after 10 deliveries: Cosmos DB answered 503 "
@@ -30,7 +30,7 @@ def _squeezed(text: str) -> str:
 def test_a_dead_letter_description_is_whole_at_80_columns():
     console, out = _console()
     render.print_dead_letters(
-        console, "orders-webshop", [Msg([b"{}"], reason="ProcessingFailed", description=LONG)]
+        console, "orders-webshop", shown(Msg([b"{}"], reason="ProcessingFailed", description=LONG))
     )
     text = out.getvalue()
     assert all(len(line) <= 80 for line in text.splitlines())
@@ -44,7 +44,7 @@ def test_an_alert_reason_is_whole_at_80_columns():
         '{"Kind": "RetriesExhausted", "OrderID": "O-1", "Timestamp": '
         f'"2026-01-01T12:00:00.123456+00:00", "Reason": "{LONG}"}}'
     ).encode()
-    render.print_alerts(console, [Msg([body])])
+    render.print_alerts(console, shown(Msg([body])))
     text = out.getvalue()
     assert _squeezed(LONG) in _squeezed(text)
     assert "2026-01-01T12:00:00.123456+00:00" in text
