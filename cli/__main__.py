@@ -21,6 +21,7 @@ Text that clients wrote is printed literally, through cli.render.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import re
 import time
@@ -65,17 +66,9 @@ T = TypeVar("T")
 TERMINAL_STATUSES = {"Processed", "Failed", "Rejected", "Compensated", "CompensationFailed"}
 
 
-def _run(coro):
-    return asyncio.run(coro)
-
-
-def _settings() -> Settings:
-    return tool_settings()
-
-
 def _with_store(use: Callable[[CosmosStateStore], Awaitable[T]]) -> T:
     """Run `use` on the state store, with a Cosmos client opened for it and closed after."""
-    cfg = _settings()
+    cfg = tool_settings()
 
     async def run() -> T:
         # The composition root, imported when a command needs the store (the
@@ -85,7 +78,7 @@ def _with_store(use: Callable[[CosmosStateStore], Awaitable[T]]) -> T:
         async with bootstrap.state_store(cfg) as store:
             return await use(store)
 
-    return _run(run())
+    return asyncio.run(run())
 
 
 @app.command()
@@ -100,7 +93,7 @@ def post(
     seed: int | None = typer.Option(None, help="random seed for generated orders"),
 ) -> None:
     """Post orders to application APP's ingress queue (`orders-APP` by default)."""
-    cfg = _settings()
+    cfg = tool_settings()
     queue = reply_to or cfg.reply_queues.get(app_id)
     if queue is None:
         raise typer.BadParameter(
@@ -114,54 +107,43 @@ def post(
             f"application {app_id!r} has no ingress queue (ORDER_INGRESS_QUEUES)"
         )
     if file is not None:
-        bodies = [
+        orders = [
             (str(o.get("OrderID", "?")) if isinstance(o, dict) else "?", json.dumps(o).encode())
             for o in order_source.from_file(file)
         ]
     else:
-        bodies = [
-            (o.OrderID, encode(o))
-            for o in order_source.generate(app_id, queue, count, prefix, seed)
-        ]
-
-    async def send():
-        async with (
-            servicebus_client(cfg.servicebus) as client,
-            client.get_queue_sender(ingress) as sender,
-        ):
-            for start in range(0, len(bodies), 100):
-                chunk = bodies[start : start + 100]
-                await sender.send_messages(
-                    [
-                        ServiceBusMessage(
-                            body,
-                            message_id=_submit_message_id(oid),
-                            content_type="application/json",
-                        )
-                        for oid, body in chunk
-                    ]
-                )
-
-    _run(send())
-    for oid, _ in bodies[:5]:
+        generated = order_source.generate(app_id, queue, count, prefix, seed)
+        orders = [(o.OrderID, encode(o)) for o in generated]
+    asyncio.run(_send(cfg, ingress, [_submit_message(oid, body) for oid, body in orders]))
+    for oid, _ in orders[:5]:
         console.print(Text.assemble("posted ", render.literal(oid, 80)))
-    if len(bodies) > 5:
-        console.print(f"... and {len(bodies) - 5} more")
+    if len(orders) > 5:
+        console.print(f"... and {len(orders) - 5} more")
     console.print(
         Text(
-            f"{len(bodies)} orders posted to {render.visible(ingress)} as {render.visible(app_id)} "
+            f"{len(orders)} orders posted to {render.visible(ingress)} as {render.visible(app_id)} "
             f"(replies to {render.visible(queue)})"
         )
     )
 
 
-def _submit_message_id(order_id: str) -> str:
-    mid = f"submit/{order_id}"
-    if len(mid) <= 128:
-        return mid
-    import hashlib
+async def _send(cfg: Settings, queue: str, messages: list[ServiceBusMessage]) -> None:
+    """`messages` to `queue`, a hundred a batch."""
+    async with (
+        servicebus_client(cfg.servicebus) as client,
+        client.get_queue_sender(queue) as sender,
+    ):
+        for start in range(0, len(messages), 100):
+            await sender.send_messages(messages[start : start + 100])
 
-    return "submit/" + hashlib.sha256(order_id.encode("utf-8", "surrogatepass")).hexdigest()
+
+def _submit_message(order_id: str, body: bytes) -> ServiceBusMessage:
+    """An order as a client sends it, with the message id `submit/{OrderID}`
+    (a digest of the OrderID where that is longer than a message id may be)."""
+    mid = f"submit/{order_id}"
+    if len(mid) > 128:
+        mid = "submit/" + hashlib.sha256(order_id.encode("utf-8", "surrogatepass")).hexdigest()
+    return ServiceBusMessage(body, message_id=mid, content_type="application/json")
 
 
 @app.command()
@@ -175,49 +157,43 @@ def watch(
 ) -> None:
     """Watch the app's reply queue with a live view per order. Peeks by
     default, so the statuses stay for the application; --consume removes them."""
-    cfg = _settings()
+    cfg = tool_settings()
     queue = cfg.reply_queues.get(app_id)
     if queue is None:
         raise typer.BadParameter(f"application {app_id!r} has no registered reply queue")
+    asyncio.run(_watch(cfg, queue, expect, timeout, consume))
+
+
+async def _watch(cfg: Settings, queue: str, expect: int, timeout: float, consume: bool) -> None:
+    """A live table of the last status of each order on `queue`, until
+    `expect` orders reached a final status or `timeout` seconds passed."""
     latest: dict[str, str] = {}
-
-    async def receive():
-        deadline = time.monotonic() + timeout
-        next_sequence = 0
-        async with servicebus_client(cfg.servicebus) as client:
-            mode = (
-                ServiceBusReceiveMode.RECEIVE_AND_DELETE
-                if consume
-                else ServiceBusReceiveMode.PEEK_LOCK
-            )
-            receiver = client.get_queue_receiver(queue, receive_mode=mode)
-            async with receiver:
-                with Live(
-                    render.status_table(queue, latest), console=console, refresh_per_second=4
-                ) as live:
-                    while time.monotonic() < deadline:
-                        if consume:
-                            batch = await receiver.receive_messages(
-                                max_message_count=50, max_wait_time=1
-                            )
-                        else:
-                            batch = await receiver.peek_messages(
-                                max_message_count=50, sequence_number=next_sequence
-                            )
-                            if batch:
-                                next_sequence = max(m.sequence_number or 0 for m in batch) + 1
-                            else:
-                                await asyncio.sleep(1)
-                        for message in batch:
-                            status = render.read_status(views.message_view(message, 0))
-                            if status is not None:
-                                latest[status[0]] = status[1]
-                        live.update(render.status_table(queue, latest))
-                        final = sum(1 for s in latest.values() if s in TERMINAL_STATUSES)
-                        if expect and final >= expect:
-                            return
-
-    _run(receive())
+    deadline = time.monotonic() + timeout
+    mode = ServiceBusReceiveMode.RECEIVE_AND_DELETE if consume else ServiceBusReceiveMode.PEEK_LOCK
+    async with (
+        servicebus_client(cfg.servicebus) as client,
+        client.get_queue_receiver(queue, receive_mode=mode) as receiver,
+    ):
+        table = render.status_table(queue, latest)
+        with Live(table, console=console, refresh_per_second=4) as live:
+            next_sequence = 0
+            while time.monotonic() < deadline:
+                if consume:
+                    batch = await receiver.receive_messages(max_message_count=50, max_wait_time=1)
+                else:
+                    batch = await receiver.peek_messages(
+                        max_message_count=50, sequence_number=next_sequence
+                    )
+                    if batch:
+                        next_sequence = max(m.sequence_number or 0 for m in batch) + 1
+                    else:
+                        await asyncio.sleep(1)
+                for status in (render.read_status(views.message_view(m, 0)) for m in batch):
+                    if status is not None:
+                        latest[status[0]] = status[1]
+                live.update(render.status_table(queue, latest))
+                if expect and sum(s in TERMINAL_STATUSES for s in latest.values()) >= expect:
+                    return
 
 
 def _order_id(order_id: str) -> str:
@@ -405,7 +381,7 @@ async def _peek_all(deps: views.Deps, queue: str, dead_letter: bool = False) -> 
 def _receive(queue: str, limit: int) -> list[dict]:
     """Receive and complete up to `limit` messages of `queue`, each shown as
     console.views shows a peeked one."""
-    cfg = _settings()
+    cfg = tool_settings()
 
     async def receive() -> list[dict]:
         async with (
@@ -417,7 +393,7 @@ def _receive(queue: str, limit: int) -> list[dict]:
                 await receiver.complete_message(m)
             return [views.message_view(m, BODY_LIMIT) for m in got]
 
-    return _run(receive())
+    return asyncio.run(receive())
 
 
 @app.command()
@@ -491,7 +467,7 @@ def _on_views(use: Callable[[views.Deps], Awaitable[T]], store: bool = False) ->
     from adapters.servicebus import ServiceBusPublisher
     from console.peek import QueuePeeker
 
-    cfg = _settings()
+    cfg = tool_settings()
 
     async def run() -> T:
         import bootstrap  # the composition root, as for _with_store
@@ -514,7 +490,7 @@ def _on_views(use: Callable[[views.Deps], Awaitable[T]], store: bool = False) ->
             return await use(deps)
 
     try:
-        return _run(run())
+        return asyncio.run(run())
     except (views.BadRequest, Forbidden) as exc:  # NotFound too; Forbidden: the order changed
         raise ToolError(str(exc)) from None
 

@@ -354,24 +354,7 @@ def print_summary(console: Console, record: Any) -> None:
         console.print(Text.assemble("locked by ", literal(record.LockedBy)))
     if record.LastError:
         console.print(Text.assemble(("last error: ", "red"), literal(record.LastError)))
-    console.print(Text("steps", style="bold"))
-    for name, step in record.Steps.items():
-        status = getattr(step.Status, "value", step.Status)
-        head = Text.assemble("  ", literal(name), f"  {status}")
-        if step.Attempt:
-            head.append(f", attempt {step.Attempt}")
-        if step.StartedAt and step.CompletedAt:
-            took = (step.CompletedAt - step.StartedAt).total_seconds()
-            head.append(f", took {took * 1000:.0f} ms" if took < 1 else f", took {took:.1f} s")
-        console.print(head)
-        if step.StartedAt:
-            console.print(Text(f"    started {_time(step.StartedAt)}"))
-        if step.CompletedAt:
-            console.print(Text(f"    done    {_time(step.CompletedAt)}"))
-        if step.Reference:
-            console.print(Text.assemble("    reference ", literal(step.Reference)))
-        if step.Error:
-            console.print(Text.assemble("    error: ", literal(step.Error)))
+    _print_steps(console, record)
     ran = [e for e in record.Compensation if e.At is not None]
     if ran:
         console.print(Text("compensation", style="bold"))
@@ -387,3 +370,25 @@ def print_summary(console: Console, record: Any) -> None:
         if h.Reason:
             console.print(Text.assemble("    ", literal(h.Reason)))
     console.print(Text("the whole record: python -m cli show ORDER_ID --json", style="dim"))
+
+
+def _print_steps(console: Console, record: Any) -> None:
+    """`show`'s steps: each with its status, attempt and duration, its times,
+    reference and error under it."""
+    console.print(Text("steps", style="bold"))
+    for name, step in record.Steps.items():
+        status = getattr(step.Status, "value", step.Status)
+        head = Text.assemble("  ", literal(name), f"  {status}")
+        if step.Attempt:
+            head.append(f", attempt {step.Attempt}")
+        if step.StartedAt and step.CompletedAt:
+            took = (step.CompletedAt - step.StartedAt).total_seconds()
+            head.append(f", took {took * 1000:.0f} ms" if took < 1 else f", took {took:.1f} s")
+        console.print(head)
+        for label, value in (("started", step.StartedAt), ("done   ", step.CompletedAt)):
+            if value:
+                console.print(Text(f"    {label} {_time(value)}"))
+        if step.Reference:
+            console.print(Text.assemble("    reference ", literal(step.Reference)))
+        if step.Error:
+            console.print(Text.assemble("    error: ", literal(step.Error)))
