@@ -223,16 +223,6 @@ def show(
         render.print_summary(console, record)
 
 
-def _list(state: ProcessState, stuck_only: bool = False, limit: int = 100) -> None:
-    now = datetime.now(UTC)
-    records = _with_store(lambda store: store.query_in_state(state, limit))
-    if stuck_only:
-        records = [r for r in records if r.CompleteBy and r.CompleteBy < now]
-    render.print_records(
-        console, f"{len(records)} {'stuck ' if stuck_only else ''}{state.value} orders", records
-    )
-
-
 @app.command(name="list")
 def list_orders(
     state: ProcessState | None = typer.Option(
@@ -242,16 +232,20 @@ def list_orders(
 ) -> None:
     """Orders in one state (Error, CompensationFailed, Processing, ...), or
     without --state the number of orders in each state."""
-    if state is not None:
-        _list(state, limit=limit)
+    if state is None:
+        render.print_state_counts(console, _with_store(views.state_counts))
         return
-    render.print_state_counts(console, _with_store(views.state_counts))
+    records = _with_store(lambda store: store.query_in_state(state, limit))
+    render.print_records(console, f"{len(records)} {state.value} orders", records)
 
 
 @app.command()
 def stuck(limit: int = typer.Option(100)) -> None:
-    """Processing orders whose deadline has passed (the Supervisor's next work)."""
-    _list(ProcessState.PROCESSING, stuck_only=True, limit=limit)
+    """Processing orders whose deadline has passed (the Supervisor's next
+    work), by the Supervisor's own query, as the console's stuck page."""
+    now = datetime.now(UTC)
+    found, _ = _with_store(lambda store: store.query_expired(now, views.EPOCH, limit))
+    render.print_records(console, f"{len(found)} stuck Processing orders", [r for r, _ in found])
 
 
 REASON_HELP = "why (recorded with your name in the order's history; asked when not given)"
@@ -549,20 +543,17 @@ def statuses(
 @app.command()
 def trace(
     order_id: str,
-    file: Path | None = typer.Option(
+    path: Path | None = typer.Option(
         None,
+        "--file",
+        envvar="OTEL_TRACES_FILE",
         help="the OTLP/JSON-lines spans file (default: $OTEL_TRACES_FILE, as the app writes it)",
     ),
 ) -> None:
     """One order's spans as a tree per trace (one trace per attempt), with durations."""
-    import os
-
     from cli import trace as traces
 
     order_id = _order_id(order_id)
-    path = file or (
-        Path(os.environ["OTEL_TRACES_FILE"]) if os.environ.get("OTEL_TRACES_FILE") else None
-    )
     if path is None:
         raise ToolError(
             "no spans file: pass --file or set OTEL_TRACES_FILE (the app must run with it set)"

@@ -33,20 +33,12 @@ def visible(value: Any, limit: int | None = None) -> str:
     """`value` as a plain string with every invisible or terminal-active
     character escaped (and cut to `limit` characters, marked with …)."""
     text = value if isinstance(value, str) else ("" if value is None else str(value))
-    out = []
-    for ch in text:
-        if unicodedata.category(ch) in _ESCAPED:
-            code = ord(ch)
-            out.append(
-                f"\\x{code:02x}"
-                if code < 0x100
-                else f"\\u{code:04x}"
-                if code < 0x10000
-                else f"\\U{code:08x}"
-            )
-        else:
-            out.append(ch)
-    result = "".join(out)
+    result = "".join(
+        (f"\\x{ord(ch):02x}" if ord(ch) < 0x100 else ch.encode("unicode_escape").decode())
+        if unicodedata.category(ch) in _ESCAPED
+        else ch
+        for ch in text
+    )
     if limit is not None and len(result) > limit:
         result = result[: limit - 1] + "…"
     return result

@@ -507,17 +507,9 @@ def _fallback_events(record: OrderState, attempt: int) -> list[Event]:
         if step.StartedAt:
             out.append(Event(step.StartedAt, "request", f"{label(name)}: requested"))
         if step.CompletedAt:
-            met = ""
-            if step.CompleteBy:
-                spare = (step.CompleteBy - step.CompletedAt).total_seconds()
-                met = (
-                    f"deadline met ({duration(spare)} to spare)"
-                    if spare >= 0
-                    else "deadline missed"
-                )
-            out.append(
-                Event(step.CompletedAt, "reply", f"{label(name)}: done", "good", met or None)
-            )
+            call = Call(name, "do", step.StartedAt, step.CompleteBy, replied_at=step.CompletedAt)
+            met = _deadline_words(call)[0] or None
+            out.append(Event(step.CompletedAt, "reply", f"{label(name)}: done", "good", met))
         elif step.Error:
             out.append(
                 Event(step.StartedAt, "reply", f"{label(name)}: failed", "warn", _text(step.Error))

@@ -44,7 +44,7 @@ WORK_QUEUES = (AGENT_REQUESTS_QUEUE, AGENT_RESPONSES_QUEUE, ALERTS_QUEUE)
 STATES = [s.value for s in ProcessState]
 Copy = Callable[[Any], Any] | None  # a message to send in place of one taken
 ANY_STATE = "any"  # the orders list's filter for every state
-_EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
+EPOCH = datetime(2000, 1, 1, tzinfo=UTC)  # where a stuck list starts: before any deadline
 
 
 @dataclass
@@ -324,7 +324,7 @@ async def stuck(deps: Deps, page: str | None) -> dict[str, Any]:
     the Supervisor's own bounded query."""
     page = parse_page_token(page, decode_cursor)
     try:
-        found, token = await deps.store.query_expired(deps.now, _EPOCH, PAGE_SIZE, page)
+        found, token = await deps.store.query_expired(deps.now, EPOCH, PAGE_SIZE, page)
     except DomainError as exc:
         raise BadRequest(str(exc)) from exc
     return {
@@ -511,9 +511,10 @@ def body_text(m: Any) -> tuple[str, str | None]:
 def message_view(
     m: Any, body_limit: int, queue: str | None = None, apps: Mapping[str, str] | None = None
 ) -> dict[str, Any]:
-    """One peeked message for the templates, whatever it holds: any body
-    kind, any nesting, any property types. Never raises: a message the
-    console cannot read is shown as unreadable, with what could be read."""
+    """One peeked message as the console's templates and the CLI show it,
+    whatever it holds: any body kind, any nesting, any property types. Never
+    raises: a message that cannot be read is shown as unreadable, with what
+    could be read."""
     try:
         return _read_message(m, body_limit, queue, apps or {})
     except Exception as exc:  # noqa: BLE001 - one message must not break a page
