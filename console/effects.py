@@ -240,23 +240,17 @@ def still_held(record: OrderState, effects: list[dict[str, Any]]) -> dict[str, s
     and `tone` warn when anything is or may be."""
     if record.ProcessState is ProcessState.PROCESSED:
         return None
-    held, maybe, flying = [], [], []
-    for e in effects:
-        if e["state"] == APPLIED:
-            held.append(e["label"])
-        elif e["state"] == UNDO_REFUSED:
-            held.append(f"{e['label']} ({e['undo_label']} refused)")
-        elif e["state"] == UNKNOWN:
-            maybe.append(e["label"])
-        elif e["state"] == IN_FLIGHT:
-            flying.append(e["label"])
-    parts = []
-    if held:
-        parts.append("still held: " + ", ".join(held))
-    if maybe:
-        parts.append("perhaps held (no clear answer): " + ", ".join(maybe))
-    if flying:
-        parts.append("in flight: " + ", ".join(flying))
+    held = [
+        e["label"] if e["state"] == APPLIED else f"{e['label']} ({e['undo_label']} refused)"
+        for e in effects
+        if e["state"] in (APPLIED, UNDO_REFUSED)
+    ]
+    said = {
+        "still held": held,
+        "perhaps held (no clear answer)": [e["label"] for e in effects if e["state"] == UNKNOWN],
+        "in flight": [e["label"] for e in effects if e["state"] == IN_FLIGHT],
+    }
+    parts = [f"{what}: {', '.join(names)}" for what, names in said.items() if names]
     if not parts:
         return {"text": "Nothing is held at the services.", "tone": ""}
     line = "; ".join(parts)

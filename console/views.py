@@ -124,7 +124,8 @@ def _bars(counts: dict[str, int]) -> list[dict[str, Any]]:
 def _admission(cfg: Settings, counts: dict[str, int], gauge, now: datetime) -> dict[str, Any]:
     stale = gauge is None or now - gauge.measured_at > cfg.backlog_gauge_max_age
     pending = gauge.pending if gauge else None
-    rejecting = not stale and pending is not None and pending >= cfg.pending_backlog_limit
+    # as Submit decides: it turns orders away above the limit, not at it
+    rejecting = not stale and pending is not None and pending > cfg.pending_backlog_limit
     return {
         "pending_limit": cfg.pending_backlog_limit,
         "max_processing": cfg.max_processing,
@@ -170,11 +171,11 @@ def _throughput(
     }
 
 
+DECISION_KINDS = ("recovered", "long-retry", "failed")  # adapters.console_reads
+
+
 def _decision_totals(decisions) -> dict[str, int]:
-    totals = {"recovered": 0, "long-retry": 0, "failed": 0}
-    for d in decisions:
-        totals[d.kind] += 1
-    return totals
+    return {kind: sum(d.kind == kind for d in decisions) for kind in DECISION_KINDS}
 
 
 def _decision_buckets(decisions, since: datetime) -> list[dict[str, Any]]:
@@ -183,10 +184,8 @@ def _decision_buckets(decisions, since: datetime) -> list[dict[str, Any]]:
     out: dict[int, dict[str, Any]] = {}
     for d in decisions:
         i = int((d.at - since) / BUCKET)
-        b = out.setdefault(
-            i, {"start": since + i * BUCKET, "recovered": 0, "long-retry": 0, "failed": 0}
-        )
-        b[d.kind] += 1
+        bucket = {"start": since + i * BUCKET, **dict.fromkeys(DECISION_KINDS, 0)}
+        out.setdefault(i, bucket)[d.kind] += 1
     return [out[i] for i in sorted(out, reverse=True)]
 
 
