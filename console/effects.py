@@ -76,48 +76,41 @@ def _unanswered(call: Call, running: bool, what: str) -> Verdict:
     return Verdict(UNKNOWN, f"{what}: no answer came back before the deadline", call)
 
 
-def _do_verdict(calls: list[tuple[int, Call]], running_attempt: int | None) -> Verdict | None:
-    """The do calls' verdict: applied if any was answered ok (a repeat is
-    under the same idempotency key), else what the last one was told."""
-    dos = [(a, c) for a, c in calls if c.action == "do"]
-    if not dos:
+def _calls_verdict(
+    calls: list[tuple[int, Call]], action: str, running_attempt: int | None
+) -> Verdict | None:
+    """The verdict of a step's `action` calls (do, or undo) by their answers:
+    done if any was answered ok (a repeat is under the same idempotency key),
+    else what the last one was told."""
+    tried = [(a, c) for a, c in calls if c.action == action]
+    if not tried:
         return None
-    for _, c in dos:
+    do = action == "do"
+    for _, c in tried:
         if _reply(c).get("Outcome") == "ok":
+            if not do and _result(c).get("Status") == "nothing-to-undo":
+                return Verdict(UNDONE, "the service had no effect to reverse", c)
             ref = _result(c).get("Reference")
-            return Verdict(APPLIED, None, c, ref if isinstance(ref, str) else None)
-    attempt, last = dos[-1]
-    said = _reply(last).get("Outcome")
-    if said == "permanent":
-        return Verdict(REFUSED, _reason(last), last)
+            return Verdict(
+                APPLIED if do else UNDONE, None, c, ref if isinstance(ref, str) else None
+            )
+    attempt, last = tried[-1]
+    if _reply(last).get("Outcome") == "permanent":
+        return Verdict(REFUSED if do else UNDO_REFUSED, _reason(last), last)
     if last.reply is not None:
-        return Verdict(UNKNOWN, f"the agent gave up without a clear answer: {_reason(last)}", last)
-    return _unanswered(last, attempt == running_attempt, "asked")
+        said = "the agent gave up without a clear answer" if do else "its undo got no clear answer"
+        return Verdict(UNKNOWN, f"{said}: {_reason(last)}", last)
+    return _unanswered(last, attempt == running_attempt, "asked" if do else "its undo")
 
 
 def _undo_verdict(
     calls: list[tuple[int, Call]], running_attempt: int | None, do: Verdict
 ) -> Verdict | None:
     """The undo calls' verdict on a step that took (or may have taken) effect."""
-    undos = [(a, c) for a, c in calls if c.action == "undo"]
-    if not undos:
+    undo = _calls_verdict(calls, "undo", running_attempt)
+    if undo is None:
         return None
-    for _, c in undos:
-        if _reply(c).get("Outcome") == "ok":
-            if _result(c).get("Status") == "nothing-to-undo":
-                return Verdict(
-                    UNDONE, "the service had no effect to reverse", do.call, do.reference, c
-                )
-            return Verdict(UNDONE, None, do.call, do.reference, c)
-    attempt, last = undos[-1]
-    said = _reply(last).get("Outcome")
-    if said == "permanent":
-        return Verdict(UNDO_REFUSED, _reason(last), do.call, do.reference, last)
-    if last.reply is not None:
-        detail = f"its undo got no clear answer: {_reason(last)}"
-        return Verdict(UNKNOWN, detail, do.call, do.reference, last)
-    unanswered = _unanswered(last, attempt == running_attempt, "its undo")
-    return Verdict(unanswered.state, unanswered.detail, do.call, do.reference, last)
+    return Verdict(undo.state, undo.detail, do.call, do.reference, undo.call)
 
 
 def _from_record(record: OrderState, name: str, read: set[int]) -> Verdict:
@@ -160,7 +153,7 @@ def verdict(
     """`name`'s effect from its calls (`calls`, with their attempts), the
     record where they say nothing; `read`: the attempts whose history was read."""
     running = _running_attempt(record)
-    do = _do_verdict(calls, running)
+    do = _calls_verdict(calls, "do", running)
     if do is None:
         base = _from_record(record, name, set(read))
         if base.state not in (APPLIED, UNKNOWN) or not any(c.action == "undo" for _, c in calls):
