@@ -33,7 +33,7 @@ from typing import Any, TypeVar, cast
 
 import typer
 from azure.servicebus import ServiceBusMessage, ServiceBusReceiveMode
-from azure.servicebus.exceptions import MessagingEntityNotFoundError
+from azure.servicebus.exceptions import MessagingEntityNotFoundError, ServiceBusError
 from rich.console import Console
 from rich.live import Live
 from rich.text import Text
@@ -349,7 +349,6 @@ _order_command(
 
 
 _QUEUE_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,259}")
-PEEK_PAGE = 250
 PEEK_CAP = 10_000
 
 
@@ -358,18 +357,11 @@ BODY_LIMIT = 4096  # characters of a message's body kept for printing
 
 async def _peek_all(deps: views.Deps, queue: str, dead_letter: bool = False) -> list[dict]:
     """The messages of `queue` (or its dead letters) as console.views shows
-    them, PEEK_CAP at most, peeked page by page."""
-    out: list[dict] = []
-    start = None
-    while len(out) < PEEK_CAP:
-        page = await views.peek(deps, queue, PEEK_PAGE, dead_letter, start, BODY_LIMIT)
-        if page["error"]:
-            raise ToolError(page["error"])
-        out += page["messages"]
-        if page["next"] is None:
-            break
-        start = page["next"]
-    return out
+    them, PEEK_CAP at most."""
+    assert deps.servicebus is not None  # _on_views gives it
+    found = await deps.servicebus.peek_all(queue, PEEK_CAP, dead_letter)
+    apps = views.queue_apps(deps.settings)
+    return [views.message_view(m, BODY_LIMIT, queue, apps) for m in found[:PEEK_CAP]]
 
 
 def _receive(queue: str, limit: int) -> list[dict]:
@@ -448,8 +440,9 @@ async def _dead_letters_everywhere(deps: views.Deps) -> dict[str, list[dict]]:
     for name in deps.queues():
         try:
             found[name] = await _peek_all(deps, name, dead_letter=True)
-        except ToolError as exc:
-            console.print(Text.assemble(("skipped: ", "yellow"), render.literal(str(exc))))
+        except ServiceBusError as exc:
+            said = f"{name}: {type(exc).__name__}: {exc}".splitlines()[0]
+            console.print(Text.assemble(("skipped: ", "yellow"), render.literal(said)))
     return found
 
 
@@ -570,7 +563,6 @@ def main() -> int:
     """Known failures (bad settings, unreachable servers, domain refusals) end
     with one line, not a traceback."""
     from azure.core.exceptions import ServiceRequestError
-    from azure.servicebus.exceptions import ServiceBusError
 
     from adapters.settings import SettingsError
     from cli.config import connection_hint

@@ -81,17 +81,24 @@ class QueuePeeker:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(receiver.close(), self._timeout)
 
-    async def count(self, queue: str, cap: int, dead_letter: bool = True) -> tuple[int, bool]:
-        """How many messages (up to `cap`) the queue holds, by peeking page by
-        page; and whether there are more than `cap`."""
-        seen, start = 0, FIRST_SEQUENCE
-        while seen < cap:
-            page = await self.peek(queue, min(250, cap - seen + 1), dead_letter, start)
+    async def peek_all(self, queue: str, cap: int, dead_letter: bool = False) -> list[Any]:
+        """The messages of `queue` (or of its dead-letter queue), peeked page
+        by page: `cap` and one more at most, so a caller sees there are more."""
+        found: list[Any] = []
+        start = FIRST_SEQUENCE
+        while len(found) <= cap:
+            page = await self.peek(queue, min(250, cap - len(found) + 1), dead_letter, start)
             if not page:
                 break
-            seen += len(page)
+            found += page
             start = max(m.sequence_number or 0 for m in page) + 1
-        return min(seen, cap), seen > cap
+        return found
+
+    async def count(self, queue: str, cap: int, dead_letter: bool = True) -> tuple[int, bool]:
+        """How many messages (up to `cap`) the queue holds, and whether there
+        are more than `cap`."""
+        found = len(await self.peek_all(queue, cap, dead_letter))
+        return min(found, cap), found > cap
 
     async def take(
         self,
