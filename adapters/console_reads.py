@@ -208,12 +208,8 @@ class ConsoleReads:
         docs = await query_all(
             self._container, query, params, limit, self.charges, "console_throughput"
         )
-        out = []
-        for d in docs:
-            at = _time(d.get("UpdatedAt"))
-            if at is not None:
-                out.append((str(d.get("ProcessState")), at))
-        return out, len(docs) >= limit
+        found = [(str(d.get("ProcessState")), _time(d.get("UpdatedAt"))) for d in docs]
+        return [(state, at) for state, at in found if at is not None], len(docs) >= limit
 
     async def supervisor_decisions(
         self, since: datetime, limit: int = 200
