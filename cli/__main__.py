@@ -441,7 +441,8 @@ async def _dead_letters_everywhere(deps: views.Deps) -> dict[str, list[dict]]:
         try:
             found[name] = await _peek_all(deps, name, dead_letter=True)
         except ServiceBusError as exc:
-            said = f"{name}: {type(exc).__name__}: {exc}".splitlines()[0]
+            missing = isinstance(exc, MessagingEntityNotFoundError)
+            said = f"{name}: " + ("no such queue" if missing else str(exc).splitlines()[0])
             console.print(Text.assemble(("skipped: ", "yellow"), render.literal(said)))
     return found
 

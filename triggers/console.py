@@ -86,7 +86,6 @@ def _render(
     template: str,
     deps: views.Deps | None,
     status: int = 200,
-    headers: dict[str, str] | None = None,
     **context: Any,
 ) -> func.HttpResponse:
     charges = deps.store.charges if deps is not None else None
@@ -100,7 +99,7 @@ def _render(
         status_code=status,
         mimetype="text/html",
         charset="utf-8",
-        headers={**_SECURITY_HEADERS, **(headers or {})},
+        headers=_SECURITY_HEADERS,
     )
 
 
