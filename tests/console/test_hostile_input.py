@@ -375,7 +375,9 @@ def test_any_dead_letter_renders(body, body_type, wrap, props, message_id):
         body = iter([body])
     if body_type == "sequence" and not isinstance(body, bytes | str):
         body = iter([body if isinstance(body, list) else [body]])
-    message = views.message_view(_fake(body, body_type, properties=props, message_id=message_id), 400)
+    message = views.message_view(
+        _fake(body, body_type, properties=props, message_id=message_id), 400
+    )
     assert isinstance(message["body"], str)
     assert len(message["body"]) <= 401
     page = _render_dead_letters([message])
