@@ -36,8 +36,6 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from pydantic import BaseModel
-
 from activities.policy import ActivityPolicy
 from adapters.clock import SYSTEM_CLOCK, Clock
 from adapters.ports import DeadlineIndex, MessagePublisher, NoIndex, OrdersRepository, StateStore
@@ -69,10 +67,12 @@ from domain.models import (
 from domain.signing import seal_request
 from orchestrators import commands
 from orchestrators.contracts import (
+    ActivityContract,
     AlertNote,
     FinishAll,
     LoadPlanInput,
     Plan,
+    ReplyEvent,
     SendRequest,
     SendStep,
     StatusNote,
@@ -207,7 +207,10 @@ class SchedulerActivities:
             case "send_agent_request":
                 result = await self.send_agent_request(SendRequest.model_validate(data))
             case "run_inline_step":
-                result = await self.run_inline_step(SendRequest.model_validate(data))
+                # The workflow reads the reply as the bridge raises it: the
+                # outcome, error, reference and calls, not its identity.
+                reply = await self.run_inline_step(SendRequest.model_validate(data))
+                result = ReplyEvent.of(reply)
             case "report_status":
                 await self.report_status(StatusNote.model_validate(data))
                 result = None
@@ -221,9 +224,7 @@ class SchedulerActivities:
                 result = await self.finish_attempt(FinishAll.model_validate(data))
             case _:
                 raise ValueError(f"unknown activity {name!r}")
-        if isinstance(result, Wrote):
-            return result.dump()
-        return result.model_dump(mode="json") if isinstance(result, BaseModel) else result
+        return result.dump() if isinstance(result, ActivityContract) else result
 
     # --- reading ------------------------------------------------------------------------
 

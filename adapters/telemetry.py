@@ -54,11 +54,34 @@ def configure(env: Mapping[str, str] | None = None) -> str:
             return "configured"
         _configured = True
         env = os.environ if env is None else env
+        apply_log_level(env)
         try:
             return _configure(env)
         except Exception:  # telemetry must never stop the app from starting
             log.exception("telemetry could not be configured; running without it")
             return "none"
+
+
+# APP_LOG_LEVEL takes host.json's level names (the Bicep sets both from hostLogLevel).
+_LOG_LEVELS = {"information": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
+
+
+def apply_log_level(env: Mapping[str, str]) -> int | None:
+    """The process's root logger at APP_LOG_LEVEL (Information, Warning,
+    Error), when set: a record under it is never made, so neither the
+    worker's forwarding to the host nor the Azure Monitor distro's log
+    exporter (both handlers of the root logger) sends it. Production sets
+    Warning: the app's routine INFO lines (and the SDKs') are not ingested;
+    warnings, errors and the operator alerts are. Unset: unchanged."""
+    name = (env.get("APP_LOG_LEVEL") or "").strip().lower()
+    if not name:
+        return None
+    level = _LOG_LEVELS.get(name)
+    if level is None:
+        log.warning("APP_LOG_LEVEL=%r is not one of %s; ignored", name, ", ".join(_LOG_LEVELS))
+        return None
+    logging.getLogger().setLevel(level)
+    return level
 
 
 def _sdk_provider_set() -> bool:

@@ -735,8 +735,8 @@ class Model:
             Cost(
                 f"application insights app logs ({logs:g} records)",
                 None if usd is None else logs * usd,
-                "the app's INFO records an order writes (measured in the simulation), "
-                "if the worker exports them: not verified without Azure",
+                "the app's log records an order writes at the profile's APP_LOG_LEVEL "
+                "(measured on the local host: make bench --log-level)",
                 estimate=True,
             ),
         ]

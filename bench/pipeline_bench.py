@@ -24,6 +24,10 @@ reply queue) until N orders are done, and prints per run:
   usd_per_million_orders: the capacity model's list-price total for the dev
   profile at the run's throughput (bench/capacity.py, docs/capacity.md; lines
   with no published price are left out and named there);
+- app_log_records_per_order, app_log_bytes_per_order: the log records the
+  hosts wrote during the run (the local host's own left out) and their bytes,
+  at the hosts' APP_LOG_LEVEL (`--log-level`; Warning is the production
+  profile's): what Application Insights would ingest of the app's logs;
 - first_attempt: the share of orders whose record ended Processed in attempt 1;
 - steady_throughput: orders/s while exactly K were in flight (from the first
   Processed to the one that let the last order be posted), which leaves out
@@ -43,6 +47,7 @@ the throughput of every configuration appended:
            cosmos_ru_per_order=J usd_per_million_orders=K throughput_1host=.. throughput_2hosts=..
 
     python bench/pipeline_bench.py [--orders 300] [--configs 1x50,2x50,1x200] [--transient 0]
+        [--scan index|query] [--log-level Information|Warning|Error] [--set NAME=VALUE ...]
 
 Every configuration posts the same number of orders, at least 5 times the
 largest in-flight count (with 1x200, 1,000 orders each).
@@ -54,6 +59,7 @@ import argparse
 import asyncio
 import json
 import os
+import re
 import shutil
 import sqlite3
 import statistics
@@ -274,6 +280,9 @@ class Run:
     cosmos_ru: float = float("nan")
     usd_per_million: float = float("nan")
     host_cost: Any = None  # bench.host_cost.Priced: the orders' own Cosmos requests and RU
+    # The app's log records per order during the run, and their bytes: what
+    # Application Insights would ingest at the run's APP_LOG_LEVEL.
+    logs: dict[str, float] = field(default_factory=dict)
 
     def line(self) -> str:
         first = f"{self.first_attempt:.1f}%" if self.first_attempt is not None else "n/a"
@@ -289,7 +298,9 @@ class Run:
             f"others_cpu={100 * self.others_cpu:.0f}% "
             f"history_bytes_per_order={self.durable.get('history_bytes', 0):.0f} "
             f"cosmos_ru_per_order={self.cosmos_ru:.1f} "
-            f"usd_per_million_orders={self.usd_per_million:.2f}"
+            f"usd_per_million_orders={self.usd_per_million:.2f} "
+            f"app_log_records_per_order={self.logs.get('records', 0):.2f} "
+            f"app_log_bytes_per_order={self.logs.get('bytes', 0):.0f}"
         )
 
 
@@ -330,6 +341,39 @@ def stop_stack(stack: Stack) -> None:
         if name.startswith("host") and name != "host":
             server.stop()
     stack.stop()
+
+
+# A record as devstack.host writes it: "<date> <time> LEVEL logger: message";
+# the lines after it up to the next record (a traceback) are its own.
+_RECORD = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ ([A-Z]+) ([\w.]+): ")
+
+
+def host_log_offsets(run_dir: Path) -> dict[Path, int]:
+    return {p: p.stat().st_size for p in (run_dir / "logs").glob("host*.log")}
+
+
+def app_log_counts(run_dir: Path, offsets: dict[Path, int]) -> dict[str, float]:
+    """The log records the hosts wrote since `offsets` (their sizes when the
+    orders began), by level, and their bytes (message and traceback lines),
+    leaving out the local host's own (`devstack.*`: Azure runs its host)."""
+    counts: dict[str, float] = {"records": 0, "bytes": 0}
+    for path in (run_dir / "logs").glob("host*.log"):
+        with path.open("rb") as f:
+            f.seek(offsets.get(path, 0))
+            text = f.read().decode(errors="replace")
+        kept = False
+        for line in text.splitlines():
+            match = _RECORD.match(line)
+            if match:
+                level, name = match.groups()
+                kept = not name.startswith("devstack")
+                if kept:
+                    counts["records"] += 1
+                    counts[level] = counts.get(level, 0) + 1
+                    counts["bytes"] += len(line[match.end() :].encode()) + len(name)
+            elif kept:
+                counts["bytes"] += len(line.encode()) + 1
+    return counts
 
 
 def remove_run_dir(run_dir: Path) -> None:
@@ -430,6 +474,7 @@ async def run_once(
         cosmos0 = cosmos_stats(stack.ports.cosmos)
         callers0 = caller_counts(calls_dir)
         start_journal(stack.ports.cosmos)
+        logs0 = host_log_offsets(run_dir)
         posted, done, start = await closed_loop(
             stack, batch, in_flight, timeout=max(600, orders * 3)
         )
@@ -445,6 +490,7 @@ async def run_once(
         sent = servicebus_sent(run_dir)
         counts = durable_counts(run_dir)
         n = max(1, len(done))
+        result.logs = {k: v / n for k, v in app_log_counts(run_dir, logs0).items()}
         latencies = sorted(done[o] - posted[o] for o in done)
         result.processed = len(done)
         if done:
@@ -616,7 +662,22 @@ def main() -> int:
         default="index",
         help="the Supervisor's source (SUPERVISOR_SCAN)",
     )
+    parser.add_argument(
+        "--log-level",
+        choices=("Information", "Warning", "Error"),
+        default="Information",
+        help="APP_LOG_LEVEL of the hosts (the production profile's: Warning); "
+        "app_log_records_per_order counts what it lets through",
+    )
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="another app setting for the hosts (e.g. INLINE_STEPS=...); repeatable",
+    )
     args = parser.parse_args()
+    more = dict(kv.split("=", 1) for kv in args.set)
     exit_on_signals()  # SIGTERM/SIGHUP run the `finally` that stops the stack
     configs = [tuple(int(x) for x in c.split("x")) for c in args.configs.split(",")]
     results = []
@@ -635,7 +696,13 @@ def main() -> int:
     cost = measure(args.scan, orders=orders)
     for hosts, in_flight in configs:
         r = asyncio.run(
-            run_once(orders, in_flight, hosts, args.transient, {"SUPERVISOR_SCAN": args.scan})
+            run_once(
+                orders,
+                in_flight,
+                hosts,
+                args.transient,
+                {"SUPERVISOR_SCAN": args.scan, "APP_LOG_LEVEL": args.log_level, **more},
+            )
         )
         if r.throughput > 0:
             r.usd_per_million = Model(

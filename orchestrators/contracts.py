@@ -11,6 +11,7 @@ from typing import Annotated, Any, Literal, cast
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, model_validator
 
+from domain.ids import parse_attempt_instance_id
 from domain.models import (
     MAX_AGENT_CALLS,
     AgentCall,
@@ -116,6 +117,10 @@ class SendRequest(Traced):
     def label(self) -> str:
         return "do" if self.Action == "do" else f"undo-{self.Try}"
 
+    def dump(self) -> dict:
+        """Without the fields at their default: the history holds what was said."""
+        return self.model_dump(mode="json", exclude_defaults=True)
+
 
 class StatusNote(Traced):
     InstanceId: str
@@ -203,10 +208,10 @@ def read_reply(value: Any) -> AgentReply | ReplyEvent:
     """An awaited reply as a workflow gets it: the event's data (a dict, or
     its JSON text: the Durable SDK's client encodes the data before posting
     it as JSON, so Azure's history keeps it encoded twice and the SDK decodes
-    it once) or an inline step's activity result. The full AgentReply
-    (recorded histories, a bridge of an older build, the inline step's
-    result: it has an `InstanceId`) is validated as before and returned as it
-    is; anything else must be a `ReplyEvent`."""
+    it once) or an inline step's activity result (a `ReplyEvent` too). A
+    full AgentReply (a bridge of an older build: it has an `InstanceId`) is
+    validated as before and returned as it is; anything else must be a
+    `ReplyEvent`."""
     data = json.loads(value) if isinstance(value, str) else value
     if isinstance(data, dict) and "InstanceId" in data:
         if isinstance(value, str):
@@ -240,13 +245,11 @@ class _Compact(Traced):
 class Wrote(ActivityContract):
     """finish_attempt's result: the state it left the record in, or why the
     attempt is stale; `Plan`: the compensation it began (the undo log as that
-    write left the record). `Etag`: no longer set (the workflow never read it);
-    read in histories an earlier build recorded."""
+    write left the record)."""
 
     Stale: bool = False
     Reason: str | None = None
     State: ProcessState | None = None
-    Etag: str | None = None
     Plan: _Plan | None = None
 
     def dump(self) -> dict:
@@ -271,12 +274,9 @@ class FinishAll(_Compact):
     its reference, in the order done) and mark the order Processed, its status
     sent just before the write or left in the outbox (ADR 021j), on the record
     as the activity reads it; then retire the recovery-index entry at
-    `IndexedAt`. Or, with `Failed`, complete `Done` and begin the compensation.
-    `Etag`: no longer sent (the activity reads the record); read in histories
-    an earlier build recorded."""
+    `IndexedAt`. Or, with `Failed`, complete `Done` and begin the compensation."""
 
     InstanceId: str
-    Etag: str | None = None
     Done: dict[str, ReferenceText] = Field(default_factory=dict)
     IndexedAt: AwareDatetime | None = None
     # A step failed for good: the same write completes `Done`, makes the
@@ -324,15 +324,21 @@ def plan_for(
     )
 
 
+# What the input leaves out of its plan, because the instance says it: the
+# order and the attempt are in the instance id, a claimed record is
+# Processing, and the step timeout serves a compensation only, whose plan
+# comes from finish_attempt or load_plan.
+_IMPLIED_BY_THE_INSTANCE = {"OrderID", "Attempt", "State", "StepTimeoutSeconds"}
+
+
 class AttemptStart(ActivityContract):
     """The orchestration input: what the claimer knows and the attempt needs
-    to run without reading the record (the claim's etag names it): the plan
-    and the one deadline the claim marked the steps with
-    (domain.state_machine.claim_marking). A compensation's start has none."""
+    to run without reading the record: the plan and the one deadline the
+    claim marked the steps with (domain.state_machine.claim_marking). A
+    compensation's start has none. Kept small, since the history holds it
+    encoded twice: `dump` leaves out what the instance id implies and
+    `Fresh` when it is every step to do; `of_instance` puts them back."""
 
-    Etag: str | None = None
-    StepTimeoutSeconds: int | None = None
-    IndexedAt: AwareDatetime | None = None
     Payload: dict | None = None
     Deadline: AwareDatetime | None = None
     Plan: _Plan | None = None
@@ -343,6 +349,27 @@ class AttemptStart(ActivityContract):
 
     def dump(self) -> dict:
         data = self.model_dump(mode="json", exclude_none=True)
-        if self.Plan is not None:  # its defaults restored when it is read
-            data["Plan"] = self.Plan.model_dump(mode="json", exclude_defaults=True)
+        if self.Plan is not None:
+            data["Plan"] = self.Plan.model_dump(
+                mode="json", exclude_defaults=True, exclude=_IMPLIED_BY_THE_INSTANCE
+            )
+            if self.Fresh == _to_do(self.Plan):
+                del data["Fresh"]
         return data
+
+    @classmethod
+    def of_instance(cls, data: Any, instance_id: str) -> AttemptStart:
+        """The input `dump` wrote for the attempt `instance_id`, whole again."""
+        given = cls.model_validate(data)
+        if given.Plan is None:
+            return given
+        order_id, attempt = parse_attempt_instance_id(instance_id)
+        plan = given.Plan.model_copy(
+            update={"OrderID": order_id, "Attempt": attempt, "State": ProcessState.PROCESSING}
+        )
+        fresh = given.Fresh if given.Fresh is not None else _to_do(plan)
+        return given.model_copy(update={"Plan": plan, "Fresh": fresh})
+
+
+def _to_do(plan: Plan) -> list[str]:
+    return [s.Name for s in plan.Steps if not s.Completed]

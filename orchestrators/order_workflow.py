@@ -221,7 +221,7 @@ def _run_planned(context, given: AttemptStart):
         yield from _progress(context, plan, StatusKind.STEP_COMPLETED, step=step.Name)
     if timer is not None and not timer.is_completed:
         timer.cancel()
-    return (yield from _finish_planned(context, given, done, deadline, last))
+    return (yield from _finish_planned(context, done, deadline, last))
 
 
 def _send_step(context, plan: Plan, step: StepPlan, deadline: datetime, payload: dict | None):
@@ -244,9 +244,7 @@ def _send_step(context, plan: Plan, step: StepPlan, deadline: datetime, payload:
         )
 
 
-def _finish_planned(
-    context, given: AttemptStart, done: dict[str, str | None], deadline: datetime, last
-):
+def _finish_planned(context, done: dict[str, str | None], deadline: datetime, last):
     """The attempt's one write: every step done Completed, the order
     Processed and its status sent."""
     try:
@@ -256,7 +254,7 @@ def _finish_planned(
                 InstanceId=context.instance_id,
                 Done=done,
                 # The attempt's one index entry is at its deadline.
-                IndexedAt=given.IndexedAt or deadline,
+                IndexedAt=deadline,
             ),
         )
     except Exception:  # the SDK raises the activity's failure here after its retries
@@ -383,7 +381,7 @@ def _attempt_input(context) -> AttemptStart:
     if isinstance(raw, str) and raw:
         raw = json.loads(raw)
     if isinstance(raw, dict):
-        return AttemptStart.model_validate(raw)
+        return AttemptStart.of_instance(raw, context.instance_id)
     return AttemptStart()
 
 

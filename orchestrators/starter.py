@@ -685,16 +685,14 @@ class Starter:
         )
         if won is None:
             return None
-        claimed, claimed_etag = won
+        claimed, _ = won
         report.claimed += 1
         telemetry.app_metrics().attempts.add(1)
         self._crash_point("starter.after_claim")
-        # The attempt's input: the claim's etag names the record, and the
-        # plan and the one deadline let it run without reading it.
+        # The attempt's input: the plan and the one deadline let it run
+        # without reading the record.
         step_timeout = int(self._settings.step_timeout.total_seconds())
         attempt_input = AttemptStart(
-            Etag=claimed_etag,
-            StepTimeoutSeconds=step_timeout,
             Payload=step_payload(order) if order is not None else None,
             Deadline=deadline,
             Plan=plan_for(

@@ -157,6 +157,11 @@ var baseSettings = {
   // production profile. Only letters, digits and underscores: a setting
   // named after a category with dots may not reach the host on Linux.
   AzureFunctionsJobHost__logging__logLevel__default: hostLogLevel
+  // The same level for the app's own Python loggers (adapters/telemetry.py):
+  // the worker forwards and exports its records by Python's levels, not
+  // host.json's, so Warning here is what keeps routine INFO lines out of
+  // Application Insights.
+  APP_LOG_LEVEL: hostLogLevel
   // The app's own packages (.python_packages) before the worker's: the
   // Service Bus SDK-type binding needs protobuf >= 6.31 and grpcio >= 1.74,
   // newer than the 3.11 worker ships, and without isolation the worker's

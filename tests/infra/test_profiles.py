@@ -256,6 +256,8 @@ def test_orders_throughput_defaults_to_the_state_databases():
 def test_the_log_level_and_sampling_reach_the_app_settings():
     settings = variable(parse(API), "baseSettings")
     assert settings["AzureFunctionsJobHost__logging__logLevel__default"] == "hostLogLevel"
+    # The app's Python loggers at the same level (adapters.telemetry.apply_log_level).
+    assert settings["APP_LOG_LEVEL"] == "hostLogLevel"
     # Issue 46, item 6: no setting name with dots (quoted in Bicep, and it may
     # not reach the host on Linux): host.json's default covers Durable's categories.
     assert not [name for name in settings if "." in name]

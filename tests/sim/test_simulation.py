@@ -147,13 +147,15 @@ def test_new_attempts_run_host_json_default_version_with_the_starters_input():
     (instance,) = sim.durable.instances.values()
     assert instance.version == default_version() == "1.0"
     given = json.loads(instance.input)
-    # The claim's etag, not its record; the plan and the attempt's one
-    # deadline (docs/adr/021a-claim-marks-the-attempt.md).
+    # Not its record: the plan and the attempt's one deadline
+    # (docs/adr/021a-claim-marks-the-attempt.md), without what the instance
+    # id says (the order, the attempt).
     assert "Record" not in given
-    assert given["Etag"]
+    assert "Etag" not in given
     assert given["Plan"]["Steps"]
+    assert "OrderID" not in given["Plan"]
+    assert "Attempt" not in given["Plan"]
     assert given["Deadline"]
-    assert given.get("IndexedAt") is None  # a marked attempt's entry is at its deadline
     # The happy path: a send per step, then the one write.
     from devstack.host.durable import TASK_SCHEDULED
 

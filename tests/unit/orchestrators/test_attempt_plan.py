@@ -12,6 +12,7 @@ from datetime import datetime
 
 from domain import state_machine as sm
 from domain.models import ProcessState, StepStatus
+from orchestrators.contracts import AttemptStart
 from tests.fakes import CountingOrders, CountingStateStore, FakeIndex
 from tests.unit.orchestrators.driver import (
     POLICY,
@@ -93,7 +94,9 @@ async def test_the_finish_retires_the_attempts_index_entry():
 async def test_a_decline_after_a_done_step_compensates_exactly_what_may_have_happened():
     world = World()
     instance_id, given = await world.fast_started()
-    assert given["Fresh"] == STEPS
+    # Every step to do is fresh on a first claim: the input leaves that implied.
+    assert "Fresh" not in given
+    assert AttemptStart.of_instance(given, instance_id).Fresh == STEPS
     driver = Driver(world, instance_id, fail_step(STEPS[1]), input=given)
     assert await driver.run() == "completed"
     assert driver.output["Outcome"] == "compensated"

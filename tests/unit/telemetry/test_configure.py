@@ -5,6 +5,7 @@ the global providers can be set only once per process."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -152,3 +153,36 @@ def test_a_file_setting_without_the_local_exporter_is_said_and_ignored(tmp_path)
     )
     assert "OTEL_METRICS_FILE is set" in done.stderr
     assert not (tmp_path / "spans.jsonl").exists()
+
+
+def test_app_log_level_keeps_info_records_from_being_made_at_warning():
+    """Production's APP_LOG_LEVEL=Warning: an INFO record is never made, so no
+    handler (the worker's forwarder, the distro's exporter) sees it; warnings
+    and errors (the operator alerts) still are. Run in a child process: it
+    sets the root logger's level."""
+    script = textwrap.dedent("""
+        import logging
+        from adapters import telemetry
+        seen = []
+        class Keep(logging.Handler):
+            def emit(self, record):
+                seen.append(record.levelname)
+        logging.getLogger().addHandler(Keep())
+        logging.getLogger().setLevel(logging.INFO)
+        print(telemetry.apply_log_level({"APP_LOG_LEVEL": "Warning"}))
+        log = logging.getLogger("orchestrators.reply_bridge")
+        log.info("routine")
+        log.warning("odd")
+        log.error("operator alert OrderError for order A:1: declined")
+        print(",".join(seen))
+        print(telemetry.apply_log_level({}), telemetry.apply_log_level({"APP_LOG_LEVEL": "loud"}))
+    """)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    level, seen, ignored = done.stdout.split("\n")[:3]
+    assert level == str(logging.WARNING)
+    assert seen == "WARNING,ERROR"
+    assert ignored == "None None"  # unset, or a name it does not know: unchanged
