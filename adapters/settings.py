@@ -164,11 +164,6 @@ class Settings:
     shard_count: int = 1
     shard_index: int = 0
 
-    # Submit also looks an order up under its bare OrderID, the key records had
-    # before keys named the application (LEGACY_ORDER_KEYS; one point read per
-    # order): off once no such record is left (docs/adr/017f-order-keys.md).
-    legacy_order_keys: bool = True
-
 
 def _shard(env: Mapping[str, str]) -> tuple[int, int]:
     count = int_setting(env, "SHARD_COUNT", 1, 1, MAX_SHARDS)
@@ -446,7 +441,6 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         create_containers=_bool(env, "COSMOS_CREATE_CONTAINERS", False),
         agent_keys=key_ring(env, AGENT_SIGNING_KEYS),
         reply_token_keys=key_ring(env, REPLY_TOKEN_KEYS),
-        legacy_order_keys=_bool(env, "LEGACY_ORDER_KEYS", True),
         shard_count=shard_count,
         shard_index=shard_index,
     )

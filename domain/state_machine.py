@@ -219,10 +219,8 @@ def _require(record: OrderState, *states: ProcessState, action: str) -> None:
 def new_record(
     order: OrderSubmitted, now: datetime, steps: list[str], key: str | None = None
 ) -> OrderState:
-    """(none) -> Pending: the first write, by Submit. `key`: the order's key
-    (domain.ids.order_key of its application and OrderID unless given: Submit
-    gives the bare OrderID of an order accepted before keys named the
-    application, docs/adr/017f-order-keys.md)."""
+    """(none) -> Pending: the first write, by Submit. `key`: the order's key,
+    domain.ids.order_key of its application and OrderID unless given."""
     return OrderState(
         id=key if key is not None else order_key(order.AppId, order.OrderID),
         ProcessState=ProcessState.PENDING,

@@ -18,7 +18,6 @@ class SubmitPolicy:
     backlog_gauge_max_age: timedelta = timedelta(seconds=300)
     max_order_bytes: int = 64 * 1024
     max_processing: int = 500
-    legacy_order_keys: bool = True
     # Shards as whole deployments (ADR 020e): this deployment's index of SHARD_COUNT.
     shard_count: int = 1
     shard_index: int = 0
