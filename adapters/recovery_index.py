@@ -323,25 +323,27 @@ class CosmosRecoveryIndex:
             if not isinstance(error, NotFoundError):
                 raise error from exc
 
-    async def earliest_bucket(self) -> str | None:
-        """Where a first scan starts: the smallest partition key value
-        (`minute_of` gives its minute). Cross-partition, but over live
-        deadlines only (entries are removed as they are visited), and once per
-        supervisor lifetime, when it has no checkpoint yet."""
+    async def earliest_bucket(self, start: str = "") -> str | None:
+        """The first partition key value from `start` on that holds a document
+        (`minute_of` gives its minute): where a first scan starts (once per
+        supervisor lifetime, when it has no checkpoint yet), and where `page`
+        jumps over an empty stretch. Cross-partition, but over live deadlines
+        only (entries are removed as they are visited)."""
         try:
             values: list[Any] = [
                 v
                 async for v in self._container.query_items(
-                    "SELECT VALUE MIN(c.bucket) FROM c",
+                    "SELECT VALUE MIN(c.bucket) FROM c WHERE c.bucket >= @from",
+                    parameters=[{"name": "@from", "value": start}],
                     response_hook=self.charges.hook("index_query"),
                 )
             ]
         except SDK_ERRORS as exc:
             raise translate_error(
-                exc, "find the earliest index bucket", self.charges, "index_query"
+                exc, f"find the first index partition from {start!r}", self.charges, "index_query"
             ) from exc
-        buckets = [v for v in values if v]
-        return min(buckets) if buckets else None
+        found = [v for v in values if v]
+        return min(found) if found else None
 
     async def page(
         self,
@@ -392,7 +394,7 @@ class CosmosRecoveryIndex:
             ):
                 visited += 1
                 empty = 0
-                ahead = await self._next_holding(bucket)
+                ahead = await self.earliest_bucket(bucket)
                 # Everything between is empty now and stays so: no entry can
                 # appear before `settled` (ADR 007 cursor rule 2).
                 bucket = ahead if ahead is not None and minute_of(ahead) < settled else settled
@@ -418,21 +420,3 @@ class CosmosRecoveryIndex:
             raise translate_error(
                 exc, f"read index partition {bucket}", self.charges, "index_query"
             ) from exc
-
-    async def _next_holding(self, start: str) -> str | None:
-        """The first partition from `start` on that holds a document."""
-        try:
-            values: list[Any] = [
-                v
-                async for v in self._container.query_items(
-                    "SELECT VALUE MIN(c.bucket) FROM c WHERE c.bucket >= @from",
-                    parameters=[{"name": "@from", "value": start}],
-                    response_hook=self.charges.hook("index_query"),
-                )
-            ]
-        except SDK_ERRORS as exc:
-            raise translate_error(
-                exc, f"find the next index partition from {start}", self.charges, "index_query"
-            ) from exc
-        found = [v for v in values if v]
-        return min(found) if found else None

@@ -11,14 +11,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from adapters.ports import (
-    UNREADABLE_RETRY,
-    IndexEntry,
-    RecoveryIndex,
-    StateStore,
-    bucket_of,
-    minute_of,
-)
+from adapters.ports import UNREADABLE_RETRY, IndexEntry, StateStore, bucket_of, minute_of
+from adapters.recovery_index import CosmosRecoveryIndex
 from domain.errors import NotFoundError, PermanentError
 from domain.models import OrderState, ProcessState
 
@@ -95,7 +89,9 @@ class IndexSource:
     one) are discarded; an entry of a live attempt whose deadline moved on is
     moved to that deadline; entries not yet due stay."""
 
-    def __init__(self, index: RecoveryIndex, store: StateStore, settle: timedelta = SETTLE) -> None:
+    def __init__(
+        self, index: CosmosRecoveryIndex, store: StateStore, settle: timedelta = SETTLE
+    ) -> None:
         """`settle`: how far before `upper` a bucket may still get entries
         (moves by a Supervisor whose clock is behind this one's): at least
         twice the clock skew the Supervisor's slack allows for."""
@@ -117,10 +113,8 @@ class IndexSource:
         finally:
             # Entries the index could not read are the run's to alert, as
             # records are, also when the page then failed.
-            unreadable = getattr(self._index, "unreadable", None)
-            if unreadable:
-                self._store.unreadable.extend(unreadable)
-                del unreadable[:]
+            self._store.unreadable.extend(self._index.unreadable)
+            del self._index.unreadable[:]
         candidates: list[Candidate] = []
         resume: tuple[str, str] | None = None
         positions: list[tuple[Candidate, tuple[str, str]]] = []
