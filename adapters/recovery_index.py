@@ -202,8 +202,7 @@ class CosmosRecoveryIndex:
         A copy that could not be written for now (throttled, the account
         unreachable) fails the page with a TransientError: the cursor must not
         pass a document that has no copy ahead of it, or no run would ever
-        read it again (the simulation found it: the copy's write refused, the
-        run's checkpoint saved past it). A write refused for good, or a
+        read it again. A write refused for good, or a
         failed delete (the copy ahead exists), is logged and the page goes on,
         so one bad document never stops every run."""
         body = {k: v for k, v in doc.items() if not k.startswith("_")}

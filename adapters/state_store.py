@@ -250,8 +250,7 @@ class CosmosStateStore:
                 continue  # deleted (TTL) between the two calls, or a lagging read: again
         # It exists (each create conflicted) but no read found it: a replica
         # that has not seen another host's create yet, most likely. The next
-        # try knows more; a verdict here would dead-letter a good order
-        # (found by the simulation), as orders_db's create does.
+        # try knows more; a verdict here would dead-letter a good order.
         raise TransientError(
             f"state record {record.id}: the create conflicted but a read did not find it; try again"
         )
@@ -493,8 +492,7 @@ class CosmosStateStore:
     # physical partition). The Starter counts once per run and writes
     # {"id": "_backlog", "PendingCount", "ProcessingCount", "MeasuredAt"} here
     # (ProcessingCount: what every host's fast path checks MAX_PROCESSING
-    # against; absent from a gauge written before it); Submit point-reads
-    # it (1 RU) and may cache it. The id cannot be an OrderID (those start with
+    # against); Submit point-reads it (1 RU) and may cache it. The id cannot be an OrderID (those start with
     # a letter or digit), and it has no ProcessState, so no state query sees it.
 
     async def write_backlog_gauge(

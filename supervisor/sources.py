@@ -74,11 +74,8 @@ SETTLE = timedelta(seconds=10)
 
 
 def checkpoint_name(scan: str) -> str:
-    """The checkpoint document of a Supervisor. The index Supervisor's is
-    not the one of the version before the shards (`supervisor-index`): that
-    version reads only the bare-minute partitions, so a cursor it saved may
-    have passed sharded entries, and one this version saves names partitions
-    it cannot walk (ADR 019b). A first run without a checkpoint starts at the
+    """The checkpoint document of a Supervisor (its cursor names sharded
+    partitions, ADR 019b). A first run without a checkpoint starts at the
     earliest partition holding a document (cursor rule 4)."""
     return "supervisor-index-sharded" if scan == "index" else f"supervisor-{scan}"
 
