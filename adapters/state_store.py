@@ -19,7 +19,7 @@ from azure.cosmos.aio import ContainerProxy
 from pydantic import ValidationError
 
 from adapters.cosmos_client import SDK_ERRORS, RequestCharges, query_all, translate_error
-from adapters.ports import AnyOwner, BacklogGauge
+from adapters.ports import ANY_OWNER, AnyOwner, BacklogGauge
 from domain.admission import Admission, Lease
 from domain.errors import (
     ConflictError,
@@ -40,12 +40,7 @@ IF_MATCH: Final = MatchConditions.IfNotModified  # domain.admission's document, 
 DEFAULT_UPDATE_ATTEMPTS: Final = 5
 
 
-_Any = AnyOwner  # one sentinel for every StateStore (adapters.ports)
-ANY: Final = _Any.ANY
-"""`update(..., expected_locked_by=ANY)`: no LockedBy guard, etag only (the
-Starter's claim, an operator's resubmit)."""
-
-ExpectedLock = str | None | Literal[_Any.ANY]
+ExpectedLock = str | None | Literal[AnyOwner.ANY]  # ANY_OWNER: the etag guard alone
 
 
 # --- serialisation --------------------------------------------------------------------
@@ -309,7 +304,7 @@ class CosmosStateStore:
         for _ in range(self._update_attempts):
             record, etag = await self.read(order_id)
             try:
-                if expected_locked_by is not ANY and record.LockedBy != expected_locked_by:
+                if expected_locked_by is not ANY_OWNER and record.LockedBy != expected_locked_by:
                     raise StaleError(
                         f"order {order_id} is locked by {record.LockedBy!r}, "
                         f"not by {expected_locked_by!r}"

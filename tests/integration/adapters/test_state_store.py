@@ -13,12 +13,9 @@ import pytest
 from azure.cosmos.aio import ContainerProxy
 
 from adapters.cosmos_client import KindCharges, RequestCharges, build_client
+from adapters.ports import ANY_OWNER
 from adapters.settings import CosmosAccount
-from adapters.state_store import (
-    ANY,
-    BACKLOG_GAUGE_ID,
-    CosmosStateStore,
-)
+from adapters.state_store import BACKLOG_GAUGE_ID, CosmosStateStore
 from devstack.cosmos import CosmosServer, FaultRule, get_faults, set_faults
 from domain import admission
 from domain import state_machine as sm
@@ -232,7 +229,7 @@ async def test_update_that_loses_a_race_rechecks_the_guard_on_the_new_version(
 
 async def test_update_that_changes_nothing_writes_nothing(state_store: CosmosStateStore) -> None:
     _, etag, _ = await state_store.create_if_absent(make_record("ORD-9"))
-    _record, same_etag = await state_store.update("ORD-9", lambda r: r, ANY)
+    _record, same_etag = await state_store.update("ORD-9", lambda r: r, ANY_OWNER)
     assert same_etag == etag
     assert "replace" not in state_store.charges.by_kind
 
