@@ -502,8 +502,3 @@ async def settle(
         )
     else:
         await run_sync(actions.abandon, message)
-
-
-def message_body(message: Any) -> bytes:
-    """Kept for callers that only need the bytes; raises BodyRefused."""
-    return read_body(message)
