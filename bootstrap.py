@@ -136,17 +136,13 @@ class Container:
     publisher: ServiceBusPublisher
     agent: Agent
     closers: list[Callable[[], Awaitable[Any]]]
-    charges: RequestCharges
     state_container: ContainerProxy
     index: DeadlineIndex
     index_container: ContainerProxy | None
     submit: SubmitHandler | None = None
     starter: Starter | None = None
     activities: SchedulerActivities | None = None
-    # The queue-triggered agent's processor (its own Service Bus client and
-    # session, from the agents' settings) and the console's queue peeker.
-    processor: RequestProcessor | None = None
-    peeker: Any = None
+    peeker: Any = None  # the console's queue peeker
 
 
 def _step_modes(cfg: Settings, steps: StepCatalog) -> dict[str, str]:
@@ -312,7 +308,6 @@ class App:
             publisher=ServiceBusPublisher(servicebus_client(cfg.servicebus)),
             agent=agent,
             closers=closers,
-            charges=charges,
             state_container=state,
             index=index,
             index_container=index_container,

@@ -1,7 +1,6 @@
 """The orders DB: the order as submitted, one document per order key
 (domain.ids.order_key: the application and its OrderID, so two applications'
-orders with one OrderID are two documents; a document written before keys
-named the application is keyed by the bare OrderID: docs/adr/017f-order-keys.md).
+orders with one OrderID are two documents: docs/adr/017f-order-keys.md).
 
 Written once by Submit with create-if-absent; a redelivered message finds its
 order already there and checks that it is the same order (every field of an

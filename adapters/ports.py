@@ -185,33 +185,6 @@ class IndexEntry:
     attempt: int
 
 
-class RecoveryIndex(DeadlineIndex, Protocol):
-    """The recovery index as the Supervisor reads it (docs/adr/007-recovery-index.md)."""
-
-    async def earliest_bucket(self) -> str | None:
-        """The smallest partition key value holding a document (see `minute_of`)."""
-        ...
-
-    async def page(
-        self,
-        upper: datetime,
-        bucket: str,
-        after: str,
-        max_items: int,
-        settled: str | None = None,
-    ) -> tuple[list[IndexEntry], str, str, bool]:
-        """Entries from (partition `bucket`, id `after`) on, partition by
-        partition in (minute, shard) order, up to the last partition of the
-        bucket of `upper`; the (partition, after) to resume from, and whether
-        `upper`'s bucket was read to its end. `settled`: the first bucket
-        that may still get entries (empty partitions before it may be skipped)."""
-        ...
-
-    async def remove(self, entry: IndexEntry) -> None: ...
-
-    async def remove_many(self, entries: list[IndexEntry]) -> None: ...
-
-
 class NoIndex:
     """The null index: takes the port's arguments and keeps nothing."""
 

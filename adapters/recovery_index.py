@@ -202,8 +202,7 @@ class CosmosRecoveryIndex:
         A copy that could not be written for now (throttled, the account
         unreachable) fails the page with a TransientError: the cursor must not
         pass a document that has no copy ahead of it, or no run would ever
-        read it again (the simulation found it: the copy's write refused, the
-        run's checkpoint saved past it). A write refused for good, or a
+        read it again. A write refused for good, or a
         failed delete (the copy ahead exists), is logged and the page goes on,
         so one bad document never stops every run."""
         body = {k: v for k, v in doc.items() if not k.startswith("_")}
@@ -323,25 +322,27 @@ class CosmosRecoveryIndex:
             if not isinstance(error, NotFoundError):
                 raise error from exc
 
-    async def earliest_bucket(self) -> str | None:
-        """Where a first scan starts: the smallest partition key value
-        (`minute_of` gives its minute). Cross-partition, but over live
-        deadlines only (entries are removed as they are visited), and once per
-        supervisor lifetime, when it has no checkpoint yet."""
+    async def earliest_bucket(self, start: str = "") -> str | None:
+        """The first partition key value from `start` on that holds a document
+        (`minute_of` gives its minute): where a first scan starts (once per
+        supervisor lifetime, when it has no checkpoint yet), and where `page`
+        jumps over an empty stretch. Cross-partition, but over live deadlines
+        only (entries are removed as they are visited)."""
         try:
             values: list[Any] = [
                 v
                 async for v in self._container.query_items(
-                    "SELECT VALUE MIN(c.bucket) FROM c",
+                    "SELECT VALUE MIN(c.bucket) FROM c WHERE c.bucket >= @from",
+                    parameters=[{"name": "@from", "value": start}],
                     response_hook=self.charges.hook("index_query"),
                 )
             ]
         except SDK_ERRORS as exc:
             raise translate_error(
-                exc, "find the earliest index bucket", self.charges, "index_query"
+                exc, f"find the first index partition from {start!r}", self.charges, "index_query"
             ) from exc
-        buckets = [v for v in values if v]
-        return min(buckets) if buckets else None
+        found = [v for v in values if v]
+        return min(found) if found else None
 
     async def page(
         self,
@@ -392,7 +393,7 @@ class CosmosRecoveryIndex:
             ):
                 visited += 1
                 empty = 0
-                ahead = await self._next_holding(bucket)
+                ahead = await self.earliest_bucket(bucket)
                 # Everything between is empty now and stays so: no entry can
                 # appear before `settled` (ADR 007 cursor rule 2).
                 bucket = ahead if ahead is not None and minute_of(ahead) < settled else settled
@@ -418,21 +419,3 @@ class CosmosRecoveryIndex:
             raise translate_error(
                 exc, f"read index partition {bucket}", self.charges, "index_query"
             ) from exc
-
-    async def _next_holding(self, start: str) -> str | None:
-        """The first partition from `start` on that holds a document."""
-        try:
-            values: list[Any] = [
-                v
-                async for v in self._container.query_items(
-                    "SELECT VALUE MIN(c.bucket) FROM c WHERE c.bucket >= @from",
-                    parameters=[{"name": "@from", "value": start}],
-                    response_hook=self.charges.hook("index_query"),
-                )
-            ]
-        except SDK_ERRORS as exc:
-            raise translate_error(
-                exc, f"find the next index partition from {start}", self.charges, "index_query"
-            ) from exc
-        found = [v for v in values if v]
-        return min(found) if found else None

@@ -164,11 +164,6 @@ class Settings:
     shard_count: int = 1
     shard_index: int = 0
 
-    # Submit also looks an order up under its bare OrderID, the key records had
-    # before keys named the application (LEGACY_ORDER_KEYS; one point read per
-    # order): off once no such record is left (docs/adr/017f-order-keys.md).
-    legacy_order_keys: bool = True
-
 
 def _shard(env: Mapping[str, str]) -> tuple[int, int]:
     count = int_setting(env, "SHARD_COUNT", 1, 1, MAX_SHARDS)
@@ -264,7 +259,9 @@ def _cosmos_account(env: Mapping[str, str], name: str, verify_tls: bool) -> Cosm
     return None
 
 
-def _registry(env: Mapping[str, str]) -> dict[str, Any]:
+def _registry(env: Mapping[str, str]) -> dict[str, tuple[str, bool]]:
+    """REPLY_QUEUE_REGISTRY: each application's reply queue, and whether it
+    opted in to progress statuses."""
     raw = env.get("REPLY_QUEUE_REGISTRY", "")
     if not raw:
         return {}
@@ -278,28 +275,31 @@ def _registry(env: Mapping[str, str]) -> dict[str, Any]:
     )
     if not isinstance(registry, dict):
         raise SettingsError(shape)
+    apps: dict[str, tuple[str, bool]] = {}
     for app, entry in registry.items():
         if isinstance(entry, str):
-            continue
-        if (
+            apps[app] = (entry, False)
+        elif (
             not isinstance(entry, dict)
             or not isinstance(entry.get("queue"), str)
             or not isinstance(entry.get("progress", False), bool)
             or set(entry) - {"queue", "progress"}
         ):
             raise SettingsError(f"{shape} (entry {app!r})")
-    _check_apps_apart(registry)
-    return registry
+        else:
+            apps[app] = (entry["queue"], entry.get("progress", False))
+    _check_apps_apart(apps)
+    return apps
 
 
-def _check_apps_apart(registry: Mapping[str, Any]) -> None:
+def _check_apps_apart(registry: Mapping[str, tuple[str, bool]]) -> None:
     """Applications may use the same OrderIDs (docs/adr/017f-order-keys.md), so
     nothing of one may be another's: each needs a valid AppId with its own
     order-key tag, and its own reply queue (status message ids are named by
     the OrderID, and a reply queue is read by its application alone)."""
     tags: dict[str, str] = {}
     queues: dict[str, str] = {}
-    for app, entry in registry.items():
+    for app, (queue, _) in registry.items():
         try:
             tag = app_tag(app)
         except ValueError as exc:
@@ -310,28 +310,12 @@ def _check_apps_apart(registry: Mapping[str, Any]) -> None:
                 f"share the order-key tag {tag!r}; rename one"
             )
         tags[tag] = app
-        queue = entry if isinstance(entry, str) else entry["queue"]
         if queue in queues:
             raise SettingsError(
                 f"setting REPLY_QUEUE_REGISTRY: applications {queues[queue]!r} and {app!r} "
                 f"share the reply queue {queue!r}; each application needs its own"
             )
         queues[queue] = app
-
-
-def _reply_queues(env: Mapping[str, str]) -> dict[str, str]:
-    return {
-        app: entry if isinstance(entry, str) else entry["queue"]
-        for app, entry in _registry(env).items()
-    }
-
-
-def _progress_apps(env: Mapping[str, str]) -> frozenset[str]:
-    return frozenset(
-        app
-        for app, entry in _registry(env).items()
-        if isinstance(entry, dict) and entry.get("progress", False)
-    )
 
 
 def ingress_queues(env: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -406,6 +390,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     env = os.environ if env is None else env
     state, orders, servicebus = _connections(env)
     shard_count, shard_index = _shard(env)
+    registry = _registry(env)
     return Settings(
         state_account=state,
         orders_account=orders,
@@ -417,8 +402,8 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         recovery_index_shards=int_setting(env, "RECOVERY_INDEX_SHARDS", 16, 1, 999),
         orders_database=env.get("ORDERS_DATABASE_NAME") or "orders",
         orders_container=env.get("ORDERS_CONTAINER_NAME") or "orders",
-        reply_queues=_reply_queues(env),
-        progress_apps=_progress_apps(env),
+        reply_queues={app: queue for app, (queue, _) in registry.items()},
+        progress_apps=frozenset(app for app, (_, progress) in registry.items() if progress),
         ingress_queues=ingress_queues(env),
         pending_backlog_limit=int_setting(env, "PENDING_BACKLOG_LIMIT", 5000, 0),
         backlog_gauge_max_age=timedelta(
@@ -446,7 +431,6 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         create_containers=_bool(env, "COSMOS_CREATE_CONTAINERS", False),
         agent_keys=key_ring(env, AGENT_SIGNING_KEYS),
         reply_token_keys=key_ring(env, REPLY_TOKEN_KEYS),
-        legacy_order_keys=_bool(env, "LEGACY_ORDER_KEYS", True),
         shard_count=shard_count,
         shard_index=shard_index,
     )

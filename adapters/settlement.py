@@ -187,8 +187,8 @@ def _broker_name(message: Any, body: bytes | None) -> str:
     return f"sha-{digest.hexdigest()[:48]}"
 
 
-# retry/<root>/<retry>/<the delivery that made it>; the older
-# retry/<root>/<retry> (copies made before ADR 021i) is still read.
+# retry/<root>/<retry>/<the delivery that made it>; the shorter
+# retry/<root>/<retry> is read too.
 _COPY_ID = re.compile(r"^retry/(seq-\d+)/\d+(?:/[0-9A-Za-z.-]+)?$")
 
 
@@ -205,7 +205,7 @@ def _delivery_name(message: Any) -> str:
     consumer's (1-based from the Functions binding, 0-based from an SDK
     receiver), so on agent-requests, which the queue-triggered agent and the
     standalone worker both consume, the Functions agent's first delivery and
-    the worker's second both said 1 (found by the simulation)."""
+    the worker's second both say 1."""
     token = getattr(message, "lock_token", None)
     if token:
         return hashlib.sha256(str(token).encode()).hexdigest()[:16]
@@ -217,12 +217,10 @@ def _retry_message_id(message: Any, attempt: int, body: bytes | None = None) -> 
     message first copied (`root`), the retry it is, and the delivery making
     it (its broker name and `_delivery_name`). A schedule the SDK repeats
     within that delivery (its answer lost) is dropped by the queue's
-    duplicate detection; a redelivery makes a copy of its own. Naming the
-    copy by the message alone let a redelivery that failed again have its
-    copy dropped as a duplicate of one that had already run before it, so
-    nothing came after that delivery's failure (the simulation found it:
-    an orders-DB write whose answer was lost stayed behind a
-    Rejected record; ADR 021i)."""
+    duplicate detection; a redelivery makes a copy of its own (named by the
+    message alone, a redelivery that failed again would have its copy
+    dropped as a duplicate of one that already ran, and nothing would come
+    after that delivery's failure: ADR 021i)."""
     # A copy of a copy keeps the name of the message first copied, so every
     # copy of one message, and its alert (_alert_source), is named by it.
     own = _broker_name(message, body)
@@ -324,7 +322,7 @@ class MessageGate:
                 # process, which sends it until the alerts queue takes it:
                 # abandoning instead left the verdict to deliveries that can be
                 # lost at receive, ending in the broker's dead letter with no
-                # alert (simulation seeds 21346, 770469).
+                # alert.
                 later = await self._retry(
                     message, body, Settle.retry(f"alert not queued: {exc}", outcome.order_id)
                 )
@@ -504,8 +502,3 @@ async def settle(
         )
     else:
         await run_sync(actions.abandon, message)
-
-
-def message_body(message: Any) -> bytes:
-    """Kept for callers that only need the bytes; raises BodyRefused."""
-    return read_body(message)

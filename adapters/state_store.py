@@ -18,12 +18,8 @@ from azure.core import MatchConditions
 from azure.cosmos.aio import ContainerProxy
 from pydantic import ValidationError
 
-from adapters.cosmos_client import (
-    SDK_ERRORS,
-    RequestCharges,
-    translate_error,
-)
-from adapters.ports import AnyOwner, BacklogGauge
+from adapters.cosmos_client import SDK_ERRORS, RequestCharges, query_all, translate_error
+from adapters.ports import ANY_OWNER, AnyOwner, BacklogGauge
 from domain.admission import Admission, Lease
 from domain.errors import (
     ConflictError,
@@ -34,7 +30,6 @@ from domain.errors import (
 )
 from domain.models import OrderState, ProcessState
 from domain.state_machine import IllegalTransition, RetryPolicy, claim_marking, is_claimable
-from domain.state_machine import claim as claim_transition
 
 log = logging.getLogger(__name__)
 
@@ -45,12 +40,7 @@ IF_MATCH: Final = MatchConditions.IfNotModified  # domain.admission's document, 
 DEFAULT_UPDATE_ATTEMPTS: Final = 5
 
 
-_Any = AnyOwner  # one sentinel for every StateStore (adapters.ports)
-ANY: Final = _Any.ANY
-"""`update(..., expected_locked_by=ANY)`: no LockedBy guard, etag only (the
-Starter's claim, an operator's resubmit)."""
-
-ExpectedLock = str | None | Literal[_Any.ANY]
+ExpectedLock = str | None | Literal[AnyOwner.ANY]  # ANY_OWNER: the etag guard alone
 
 
 # --- serialisation --------------------------------------------------------------------
@@ -255,8 +245,7 @@ class CosmosStateStore:
                 continue  # deleted (TTL) between the two calls, or a lagging read: again
         # It exists (each create conflicted) but no read found it: a replica
         # that has not seen another host's create yet, most likely. The next
-        # try knows more; a verdict here would dead-letter a good order
-        # (found by the simulation), as orders_db's create does.
+        # try knows more; a verdict here would dead-letter a good order.
         raise TransientError(
             f"state record {record.id}: the create conflicted but a read did not find it; try again"
         )
@@ -315,7 +304,7 @@ class CosmosStateStore:
         for _ in range(self._update_attempts):
             record, etag = await self.read(order_id)
             try:
-                if expected_locked_by is not ANY and record.LockedBy != expected_locked_by:
+                if expected_locked_by is not ANY_OWNER and record.LockedBy != expected_locked_by:
                     raise StaleError(
                         f"order {order_id} is locked by {record.LockedBy!r}, "
                         f"not by {expected_locked_by!r}"
@@ -346,42 +335,23 @@ class CosmosStateStore:
             f"order {order_id} changed {self._update_attempts} times while updating; giving up"
         )
 
-    async def claim(self, order_id: str, now: datetime, policy: RetryPolicy) -> OrderState | None:
-        """The Starter's claim: Pending and unlocked -> Processing, locked by the
-        next attempt, CompleteBy set. None when the record is not claimable or
-        another claimer won the etag race (the loser moves on, never retries)."""
-        try:
-            record, etag = await self.read(order_id)
-        except NotFoundError:
-            return None
-        if not is_claimable(record, now):
-            return None
-        claimed = claim_transition(record, now, policy)
-        try:
-            await self.replace(claimed, etag)
-        except (StaleError, NotFoundError):
-            return None
-        return claimed
-
     async def claim_known(
         self,
         record: OrderState,
         etag: str,
         now: datetime,
         policy: RetryPolicy,
-        marks: tuple[list[str], datetime] | None = None,
+        marks: tuple[list[str], datetime],
     ) -> tuple[OrderState, str] | None:
-        """The claim of a record the caller already holds with its etag (the
-        Starter's query result, Submit's create): one replace, no read. None
-        when it is not claimable or changed since (another claimer won).
-        `marks`: workflow 2.4's claim, which also marks these steps Running
-        until this deadline (domain.state_machine.claim_marking)."""
+        """The Starter's claim of a record the caller already holds with its
+        etag (the Starter's query result, Submit's create): one replace, no
+        read. `marks`: the steps the claim marks Running and the attempt's
+        deadline (domain.state_machine.claim_marking). None when it is not
+        claimable or changed since (another claimer won: the loser moves on,
+        never retries)."""
         if not is_claimable(record, now):
             return None
-        if marks is None:
-            claimed = claim_transition(record, now, policy)
-        else:
-            claimed = claim_marking(record, now, policy, *marks)
+        claimed = claim_marking(record, now, policy, *marks)
         try:
             new_etag = await self.replace(claimed, etag)
         except (StaleError, NotFoundError):
@@ -393,8 +363,9 @@ class CosmosStateStore:
     async def query_claimable(
         self, max_items: int, now: datetime, created_before: datetime | None = None
     ) -> list[tuple[OrderState, str]]:
-        """`query_pending` with each record's etag, so each claim is one
-        conditional replace (claim_known) instead of a read and a replace.
+        """Up to `max_items` claimable records (Pending, unlocked, not waiting
+        for a long retry; cross-partition, order unspecified) with their
+        etags, so each claim is one conditional replace (claim_known).
         `created_before`: leave out records created since (Submit's fast path
         is about to claim them; racing it only costs a lost claim)."""
         params = _params(max=max_items, pending=ProcessState.PENDING.value, now=cosmos_time(now))
@@ -408,17 +379,6 @@ class CosmosStateStore:
             for record, etag in _valid(docs, self.unreadable)
             if is_claimable(record, now)
         ]
-
-    async def query_pending(self, max_items: int, now: datetime) -> list[OrderState]:
-        """Up to `max_items` claimable records: Pending, unlocked, not waiting
-        for a long retry. Cross-partition; order unspecified."""
-        docs = await self._query(
-            _PENDING_QUERY,
-            _params(max=max_items, pending=ProcessState.PENDING.value, now=cosmos_time(now)),
-            max_items,
-            "query_pending",
-        )
-        return [record for record, _ in _valid(docs, self.unreadable) if is_claimable(record, now)]
 
     async def query_expired(
         self,
@@ -527,8 +487,7 @@ class CosmosStateStore:
     # physical partition). The Starter counts once per run and writes
     # {"id": "_backlog", "PendingCount", "ProcessingCount", "MeasuredAt"} here
     # (ProcessingCount: what every host's fast path checks MAX_PROCESSING
-    # against; absent from a gauge written before it); Submit point-reads
-    # it (1 RU) and may cache it. The id cannot be an OrderID (those start with
+    # against); Submit point-reads it (1 RU) and may cache it. The id cannot be an OrderID (those start with
     # a letter or digit), and it has no ProcessState, so no state query sees it.
 
     async def write_backlog_gauge(
@@ -548,12 +507,6 @@ class CosmosStateStore:
             )
         except SDK_ERRORS as exc:
             raise translate_error(exc, "write backlog gauge", self.charges, "gauge_write") from exc
-
-    async def refresh_backlog_gauge(self, now: datetime) -> BacklogGauge:
-        """Measure with one COUNT and store the gauge: once per Starter run."""
-        pending = await self.count_in_state(ProcessState.PENDING)
-        await self.write_backlog_gauge(pending, now)
-        return BacklogGauge(pending, now)
 
     async def read_backlog_gauge(self) -> BacklogGauge | None:
         """(pending, measured_at) by a point read; None if never measured.
@@ -634,19 +587,6 @@ class CosmosStateStore:
             raise translate_error(exc, what, self.charges, kind) from exc
 
     async def _query(
-        self,
-        query: str,
-        parameters: Iterable[dict[str, Any]],
-        max_items: int | None,
-        kind: str,
+        self, query: str, parameters: list[dict[str, Any]], max_items: int | None, kind: str
     ) -> list[Any]:
-        try:
-            pages = self._container.query_items(
-                query=query,
-                parameters=list(parameters),
-                max_item_count=max_items,
-                response_hook=self.charges.hook(kind),
-            )
-            return [item async for item in pages]
-        except SDK_ERRORS as exc:
-            raise translate_error(exc, f"{kind} query", self.charges, kind) from exc
+        return await query_all(self._container, query, parameters, max_items, self.charges, kind)

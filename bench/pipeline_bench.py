@@ -96,8 +96,6 @@ BENCH_SETTINGS = {
     "SUPERVISOR_SCHEDULE": "*/10 * * * * *",
     "SUPERVISOR_SCAN": "index",
     "PENDING_BACKLOG_LIMIT": "100000",
-    # As deployed (infra/app/api.bicep): no record predates keys naming the application.
-    "LEGACY_ORDER_KEYS": "false",
 }
 
 

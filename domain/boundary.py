@@ -10,8 +10,6 @@ import re
 import unicodedata
 from typing import Any
 
-from pydantic import ValidationInfo
-
 MAX_DEPTH = 32
 
 # Contexts passed to pydantic: WIRE means "this came from outside: check, never clean".
@@ -67,18 +65,6 @@ def clean_text(value: str, max_length: int, empty: str = "(empty)") -> str:
     if len(out) > max_length:
         out = out[: max_length - 1].rstrip() + "…"
     return out or empty
-
-
-def produced_text(max_length: int):
-    """A pydantic before-validator for fields our code fills from outside text:
-    cleaned when built in code, checked as-is when read from the wire."""
-
-    def validate(value: Any, info: ValidationInfo) -> Any:
-        if isinstance(value, str) and not (info.context or {}).get("wire"):
-            return clean_text(value, max_length)
-        return value
-
-    return validate
 
 
 def check_order_id(order_id: str) -> str:

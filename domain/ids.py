@@ -3,8 +3,8 @@
 - order key            `{app}:{OrderID}`      the order inside the system: the id
   and partition key of its state record and of its orders-DB document. An
   OrderID is unique per application only (docs/adr/017f-order-keys.md), so the
-  key names the application (`app_tag`); records written before it are keyed
-  by the bare OrderID, and every builder below accepts either form.
+  key names the application (`app_tag`). A bare OrderID passes for a key too
+  (tests and tools name records so); Submit never writes one.
 - attempt instance id  `{order key}:{Attempt}` owns the record for one attempt
   (LockedBy) and names that attempt's orchestration instance.
 - idempotency key      `{order key}/{step}`   stable across attempts: the remote
@@ -81,13 +81,11 @@ def is_smoke_order(key: str, app_id: str | None = None) -> bool:
 
 
 def check_order_key(key: str) -> str:
-    """An order key in either form: `{app}:{OrderID}`, or a bare OrderID (a
-    record written before keys named the application)."""
+    """An order key: `{app}:{OrderID}` (or a bare OrderID, see the module docstring)."""
     if not isinstance(key, str) or not _ORDER_KEY.fullmatch(key):
         raise ValueError(
-            f"order key {key!r} must be '<app>:<OrderID>' or an OrderID written before "
-            "keys named the application (OrderID: 1-64 letters, digits, '.', '_' or '-', "
-            "starting with a letter or digit)"
+            f"order key {key!r} must be '<app>:<OrderID>' (OrderID: 1-64 letters, digits, "
+            "'.', '_' or '-', starting with a letter or digit)"
         )
     return key
 
@@ -95,11 +93,6 @@ def check_order_key(key: str) -> str:
 def client_order_id(key: str) -> str:
     """The client's own OrderID of an order key (what its status messages carry)."""
     return check_order_key(key).rpartition(":")[2]
-
-
-def is_legacy_key(key: str) -> bool:
-    """A key written before keys named the application: the bare OrderID."""
-    return ":" not in check_order_key(key)
 
 
 def _check_step(step: str) -> str:
@@ -163,8 +156,7 @@ def reply_event_name(step: str, attempt: int, action: str = "do") -> str:
 def status_message_id(key: str, status: str, qualifier: str = "") -> str:
     """Stable id per (order, status[, step/attempt]) so a status re-sent after a
     crash is dropped by the reply queue's duplicate detection. Named by the
-    client's OrderID (`key` may be either): the reply queue is the
-    application's own, and a record keyed either way sends the same ids."""
+    client's OrderID: the reply queue is the application's own."""
     tail = f"/{qualifier}" if qualifier else ""
     return f"{client_order_id(key)}/status/{status}{tail}"
 
@@ -173,10 +165,9 @@ def outbox_alert_message_id(key: str, status_id: str) -> str:
     """The alert that rides with a terminal status in the outbox: one id per
     (order, status id), on the alerts queue that every application's orders
     share, so named by the order key (a status id names only the client's
-    OrderID: two applications' failures of one OrderID must be two alerts).
-    For a bare-OrderID key it is the id such alerts always had."""
+    OrderID: two applications' failures of one OrderID must be two alerts)."""
     _, sep, rest = status_id.partition("/status/")
-    source = f"{key}/status/{rest}" if sep and not is_legacy_key(key) else status_id
+    source = f"{key}/status/{rest}" if sep else status_id
     message_id = f"alert/{source}"
     if len(message_id) > MAX_MESSAGE_ID:
         message_id = "alert/" + hashlib.sha256(source.encode()).hexdigest()[:64]

@@ -10,7 +10,7 @@ import json
 import re
 from decimal import Decimal
 from enum import StrEnum
-from typing import TYPE_CHECKING, Annotated, Any, Final, Literal, TypeAlias
+from typing import TYPE_CHECKING, Annotated, Any, Final, Literal, Self, TypeAlias
 
 from pydantic import (
     AfterValidator,
@@ -26,7 +26,7 @@ from pydantic import (
     model_validator,
 )
 
-from domain.boundary import check_order_id, check_text, clean_text, produced_text
+from domain.boundary import check_order_id, check_text, clean_text
 from domain.ids import (
     APP_ID_PATTERN,
     ORDER_KEY_MAX_LENGTH,
@@ -41,8 +41,7 @@ MAX_LINES = 100
 MAX_PAYLOAD_KEYS = 50
 
 OrderId = Annotated[str, AfterValidator(check_order_id)]
-# The order inside the system (domain.ids.order_key): `{app}:{OrderID}`, or a
-# bare OrderID on a record written before keys named the application.
+# The order inside the system (domain.ids.order_key): `{app}:{OrderID}`.
 OrderKey = Annotated[
     str,
     StringConstraints(pattern=ORDER_KEY_PATTERN, min_length=1, max_length=ORDER_KEY_MAX_LENGTH),
@@ -53,30 +52,22 @@ ShortText = Annotated[
 ]
 
 
-def ProducedText(max_length: int):  # noqa: N802 - a type factory, named like a type
-    """Text our code fills from outside text: cleaned when built, checked when received."""
-    return Annotated[
-        str,
-        BeforeValidator(produced_text(max_length)),
-        StringConstraints(max_length=max_length),
-        AfterValidator(check_text),
-    ]
+def _produced(max_length: int, *, mask: bool = False) -> Any:
+    """Text our code fills from outside text: cleaned to the text policy
+    (domain.boundary.clean_text) when built in code, checked as it is when
+    received (the WIRE context). With `mask` (text that may quote a provider
+    or an exception: an error, a reason), card-number-like digit runs are
+    masked first, before the text is cut to fit, so no message or alert we
+    send carries one."""
 
-
-def ProviderText(max_length: int):  # noqa: N802 - a type factory, named like a type
-    """ProducedText that may quote a provider or an exception (an error, a
-    reason): card-number-like digit runs are masked when built in code, before
-    the text is cut to fit, so no message or alert we send carries one."""
-    clean = produced_text(max_length)
-
-    def mask_then_clean(value: Any, info: ValidationInfo) -> Any:
-        if isinstance(value, str) and not (info.context or {}).get("wire"):
-            value = mask_card_numbers(value)
-        return clean(value, info)
+    def clean(value: Any, info: ValidationInfo) -> Any:
+        if not isinstance(value, str) or (info.context or {}).get("wire"):
+            return value
+        return clean_text(mask_card_numbers(value) if mask else value, max_length)
 
     return Annotated[
         str,
-        BeforeValidator(mask_then_clean),
+        BeforeValidator(clean),
         StringConstraints(max_length=max_length),
         AfterValidator(check_text),
     ]
@@ -90,10 +81,10 @@ if TYPE_CHECKING:
     ProviderText500: TypeAlias = str
     ProviderText2000: TypeAlias = str
 else:
-    ProducedText200 = ProducedText(200)
-    ProducedText260 = ProducedText(260)
-    ProviderText500 = ProviderText(500)
-    ProviderText2000 = ProviderText(2000)
+    ProducedText200 = _produced(200)
+    ProducedText260 = _produced(260)
+    ProviderText500 = _produced(500, mask=True)
+    ProviderText2000 = _produced(2000, mask=True)
 
 
 # A run of at least 13 digits, single spaces, dots or dashes allowed between
@@ -527,9 +518,11 @@ class AgentCall(Contract):
 MAX_AGENT_CALLS: Final = 16
 
 
-class AgentReply(_StepCall):
-    EventName: Text100
-    EventId: Text100
+class ReplyAnswer(BaseModel):
+    """What a step's reply says, on the wire (AgentReply) and as the
+    workflows read it: how the call ended, the agent's result, why when it
+    did not succeed, and the calls behind it."""
+
     Outcome: _ReplyOutcome
     Result: PayloadDict | None = None
     # A provider's words: cleaned and card numbers masked when the agent builds the reply.
@@ -539,10 +532,15 @@ class AgentReply(_StepCall):
     Calls: Annotated[list[AgentCall], Field(max_length=MAX_AGENT_CALLS)] | None = None
 
     @model_validator(mode="after")
-    def _error_when_not_ok(self) -> AgentReply:
+    def _error_when_not_ok(self) -> Self:
         if self.Outcome is not ReplyOutcome.OK and not self.Error:
             raise ValueError("a transient or permanent reply must say why in Error")
         return self
+
+
+class AgentReply(ReplyAnswer, _StepCall):
+    EventName: Text100
+    EventId: Text100
 
 
 # --- messages to people and programs outside ---------------------------------------

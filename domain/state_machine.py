@@ -78,6 +78,7 @@ def pending_status(
     status: StatusKind,
     now: datetime,
     qualifier: str,
+    *,
     detail: str | None = None,
     step: str | None = None,
 ) -> PendingStatus:
@@ -191,7 +192,7 @@ def _end_in_failure(
         now,
         error=reason,
         LockedBy=None,
-        PendingStatus=pending_status(record, status, now, qualifier, reason, step),
+        PendingStatus=pending_status(record, status, now, qualifier, detail=reason, step=step),
         **changes,
     )
 
@@ -219,10 +220,8 @@ def _require(record: OrderState, *states: ProcessState, action: str) -> None:
 def new_record(
     order: OrderSubmitted, now: datetime, steps: list[str], key: str | None = None
 ) -> OrderState:
-    """(none) -> Pending: the first write, by Submit. `key`: the order's key
-    (domain.ids.order_key of its application and OrderID unless given: Submit
-    gives the bare OrderID of an order accepted before keys named the
-    application, docs/adr/017f-order-keys.md)."""
+    """(none) -> Pending: the first write, by Submit. `key`: the order's key,
+    domain.ids.order_key of its application and OrderID unless given."""
     return OrderState(
         id=key if key is not None else order_key(order.AppId, order.OrderID),
         ProcessState=ProcessState.PENDING,
@@ -923,7 +922,7 @@ def park_rejected(record: OrderState, now: datetime) -> OrderState:
     longer Rejected (readmitted), or already holding an entry, is unchanged."""
     if record.ProcessState is not ProcessState.REJECTED or record.PendingStatus is not None:
         return record
-    pending = pending_status(record, StatusKind.REJECTED, now, "", record.LastError)
+    pending = pending_status(record, StatusKind.REJECTED, now, "", detail=record.LastError)
     return record.model_copy(update={"PendingStatus": pending, "UpdatedAt": now}, deep=True)
 
 

@@ -44,39 +44,32 @@ class StatusReporter:
         statuses of one kind (a step, an attempt) so that duplicate detection
         drops only true re-sends."""
         message_id = status_message_id(key, status.value, qualifier or (step or ""))
-        await self._send(reply_to, key, status, now, detail, step, message_id)
+        detail = sm.short_text(detail, sm.ERROR_LIMIT)
+        pending = PendingStatus(
+            Status=status, MessageId=message_id, Detail=detail, Step=step, At=now
+        )
+        await self.send_pending(reply_to, key, pending)
 
     async def send_pending(self, reply_to: str, key: str, pending: PendingStatus) -> None:
         """Send an outbox entry as it was written: same message id, same
         timestamp, so every retry is the same message."""
-        await self._send(
-            reply_to,
-            key,
-            pending.Status,
-            pending.At,
-            pending.Detail,
-            pending.Step,
-            pending.MessageId,
-        )
-
-    async def _send(self, reply_to, key, status, now, detail, step, message_id) -> None:
         # Callers name the order by its key; the client knows only its own OrderID.
-        order_id = client_order_id(key)
+        order_id, status = client_order_id(key), pending.Status.value
         update = StatusUpdate(
             OrderID=order_id,
-            Status=status,
-            Detail=sm.short_text(detail, sm.ERROR_LIMIT),
-            Step=step,
-            Timestamp=now,
+            Status=pending.Status,
+            Detail=pending.Detail,
+            Step=pending.Step,
+            Timestamp=pending.At,
         )
         await self._publisher.send(
-            reply_to, encode(update), message_id, {"OrderID": order_id, "Status": status.value}
+            reply_to, encode(update), pending.MessageId, {"OrderID": order_id, "Status": status}
         )
         log.info(
             "status sent",
-            extra={"order_id": key, "status": status.value, "queue": reply_to, "step": step},
+            extra={"order_id": key, "status": status, "queue": reply_to, "step": pending.Step},
         )
-        telemetry.count_terminal_status(status.value)
+        telemetry.count_terminal_status(status)
 
 
 # The operator alert a terminal status's outbox entry carries.

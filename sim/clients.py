@@ -1,9 +1,8 @@
 """The schedule's clients and operators: each order's client message and
 what the seed draws for it (a same-data or changed resend, a bad message, an
 order in another application's name), the client told Rejected who sends
-again, an operator's resubmit or compensate (reading the console first in
-the fallible world), and what the previous version's Submit left for a
-legacy order."""
+again, and an operator's resubmit or compensate (reading the console first in
+the fallible world)."""
 
 from __future__ import annotations
 
@@ -165,21 +164,6 @@ class Clients(Observed):
         entries = (self.state_c.docs.get((oid, oid)) or {}).get("History") or []
         reason = {"resubmit": "resubmitted", "compensate": "compensation requested"}[action]
         return sum(1 for e in entries if e.get("By") == "operator" and e.get("Reason") == reason)
-
-    def _previous_version_wrote(self) -> None:
-        """What the previous version's Submit left for a legacy order: its
-        order and a Pending record under the bare OrderID, Received sent."""
-        from adapters.orders_db import to_document as order_document
-        from adapters.state_store import to_document as state_document
-        from domain.models import OrderSubmitted
-
-        for key in self.legacy:
-            order = OrderSubmitted.model_validate_json(self._order_body(key))
-            record = sm.mark_received_sent(
-                sm.new_record(order, START, list(self.o.steps.names), key), START
-            )
-            self.orders_c.docs[(key, key)] = self.orders_c._stamp(order_document(order, key))
-            self.state_c.docs[(key, key)] = self.state_c._stamp(state_document(record))
 
     def _schedule_order(self, i: int, oid: str) -> None:
         """Order `oid` (the i-th): its client's message, and what the seed

@@ -229,10 +229,6 @@ class Simulation(Clients, PathChecks, EndChecks, WorldFaults):
             # draw moves), as devstack generates a stack's (ADR 017e).
             agent_keys=KeyRing([random.Random(f"keys/agents/{seed}").randbytes(32)]),
             reply_token_keys=KeyRing([random.Random(f"keys/tokens/{seed}").randbytes(32)]),
-            # Submit's look-up of a record keyed by the bare OrderID (ADR
-            # 017f) in the two-application world; the one-application world
-            # is a deployment with no such records, the lookup off.
-            legacy_order_keys=self.o.apps > 1,
             progress_apps=self.o.progress_apps,
         )
         # The product's own Service Bus adapters over a simulated client (issue 21).
@@ -293,18 +289,6 @@ class Simulation(Clients, PathChecks, EndChecks, WorldFaults):
         for i in range(self.o.orders):
             app, oid = apps[i % len(apps)], f"ORD-{seed}-{i // len(apps)}"
             self.orders[order_key(app, oid)] = (app, oid)
-        # Sometimes the webshop's first order was accepted by the version
-        # before keys named the application (ADR 017f): its records are keyed
-        # by the bare OrderID, the partner sends an order with the same
-        # OrderID, and the webshop's message comes again (a redelivery).
-        self.legacy: set[str] = set()
-        if self.o.apps > 1 and random.Random(f"legacy/{seed}").random() < 0.3:
-            key = order_key("webshop", f"ORD-{seed}-0")
-            if key in self.orders:
-                self.orders = {
-                    (f"ORD-{seed}-0" if k == key else k): v for k, v in self.orders.items()
-                }
-                self.legacy.add(f"ORD-{seed}-0")
         self.key_of = {v: k for k, v in self.orders.items()}  # (app, OrderID) -> key
         self.order_ids = list(self.orders)  # order keys
         declines = {}
@@ -823,12 +807,10 @@ class Simulation(Clients, PathChecks, EndChecks, WorldFaults):
         return max(ends) if ends else None
 
     async def run(self) -> None:
-        """The schedule: what the previous version left, the faults, the
-        clients and operators, the timers; run until faults stop, then until
+        """The schedule: the faults, the clients and operators, the timers; run until faults stop, then until
         the liveness bound or a fixed point; then the end's checks."""
         w, o = self.world, self.o
         f = o.faults
-        self._previous_version_wrote()
         fault_end = START + timedelta(seconds=o.fault_window)
         self.bound = liveness_bound(o)
         end = self._schedule_host_faults(fault_end + self.bound)

@@ -65,7 +65,6 @@ class Observed:
     orders: dict[str, tuple[str, str]]
     key_of: dict[tuple[str, str], str]
     order_ids: list[str]
-    legacy: set[str]  # orders the previous version accepted, under the bare OrderID
     junk: list[str]  # ids of the garbage documents (foreign_docs)
     newer_fields: set[str]  # records a newer version added a field to
     bad: dict[str, str]  # message id -> kind of a bad submission

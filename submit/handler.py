@@ -173,31 +173,13 @@ class SubmitHandler:
             )
             return Settle.dead_letter("WrongShard", reason, order.OrderID)
 
-        key = await self._key_of(order)
+        key = order_key(order.AppId, order.OrderID)
         telemetry.annotate(**{telemetry.ORDER_ID: key})
         if await self._over_backlog():
             rejected = await self._reject(order, key, now)
             if rejected is not None:
                 return rejected
         return await self._admit(order, key, now, client)
-
-    async def _key_of(self, order: OrderSubmitted) -> str:
-        """The key this order lives under: its application's (domain.ids.
-        order_key), unless a version before keys named the application
-        accepted it under its bare OrderID; then that record is this order's
-        and keeps its key (in flight across a deploy, or sent again later).
-        A record under the bare OrderID of another application is not this
-        order's, and nothing about it shows: the order goes on under its own
-        key exactly as if that record did not exist (docs/adr/017f-order-keys.md)."""
-        if self._settings.legacy_order_keys:
-            try:
-                legacy, _ = await self._store.read(order.OrderID)
-            except NotFoundError:
-                pass
-            else:
-                if legacy.AppId == order.AppId:
-                    return order.OrderID
-        return order_key(order.AppId, order.OrderID)
 
     async def _admit(
         self, order: OrderSubmitted, key: str, now: datetime, client: object | None

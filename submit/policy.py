@@ -5,7 +5,7 @@ root (bootstrap), so Submit depends on these figures, not on every setting."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import timedelta
 
 from adapters.settings import Settings, policy_from
@@ -13,15 +13,16 @@ from adapters.settings import Settings, policy_from
 
 @dataclass(frozen=True)
 class SubmitPolicy:
-    reply_queues: Mapping[str, str] = field(default_factory=dict)
-    pending_backlog_limit: int = 5000
-    backlog_gauge_max_age: timedelta = timedelta(seconds=300)
-    max_order_bytes: int = 64 * 1024
-    max_processing: int = 500
-    legacy_order_keys: bool = True
+    """Each field is the setting of the same name (its default is Settings')."""
+
+    reply_queues: Mapping[str, str]
+    pending_backlog_limit: int
+    backlog_gauge_max_age: timedelta
+    max_order_bytes: int
+    max_processing: int
     # Shards as whole deployments (ADR 020e): this deployment's index of SHARD_COUNT.
-    shard_count: int = 1
-    shard_index: int = 0
+    shard_count: int
+    shard_index: int
 
     @classmethod
     def from_settings(cls, settings: Settings) -> SubmitPolicy:

@@ -11,14 +11,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from adapters.ports import (
-    UNREADABLE_RETRY,
-    IndexEntry,
-    RecoveryIndex,
-    StateStore,
-    bucket_of,
-    minute_of,
-)
+from adapters.ports import UNREADABLE_RETRY, IndexEntry, StateStore, bucket_of, minute_of
+from adapters.recovery_index import CosmosRecoveryIndex
 from domain.errors import NotFoundError, PermanentError
 from domain.models import OrderState, ProcessState
 
@@ -80,11 +74,8 @@ SETTLE = timedelta(seconds=10)
 
 
 def checkpoint_name(scan: str) -> str:
-    """The checkpoint document of a Supervisor. The index Supervisor's is
-    not the one of the version before the shards (`supervisor-index`): that
-    version reads only the bare-minute partitions, so a cursor it saved may
-    have passed sharded entries, and one this version saves names partitions
-    it cannot walk (ADR 019b). A first run without a checkpoint starts at the
+    """The checkpoint document of a Supervisor (its cursor names sharded
+    partitions, ADR 019b). A first run without a checkpoint starts at the
     earliest partition holding a document (cursor rule 4)."""
     return "supervisor-index-sharded" if scan == "index" else f"supervisor-{scan}"
 
@@ -95,7 +86,9 @@ class IndexSource:
     one) are discarded; an entry of a live attempt whose deadline moved on is
     moved to that deadline; entries not yet due stay."""
 
-    def __init__(self, index: RecoveryIndex, store: StateStore, settle: timedelta = SETTLE) -> None:
+    def __init__(
+        self, index: CosmosRecoveryIndex, store: StateStore, settle: timedelta = SETTLE
+    ) -> None:
         """`settle`: how far before `upper` a bucket may still get entries
         (moves by a Supervisor whose clock is behind this one's): at least
         twice the clock skew the Supervisor's slack allows for."""
@@ -117,10 +110,8 @@ class IndexSource:
         finally:
             # Entries the index could not read are the run's to alert, as
             # records are, also when the page then failed.
-            unreadable = getattr(self._index, "unreadable", None)
-            if unreadable:
-                self._store.unreadable.extend(unreadable)
-                del unreadable[:]
+            self._store.unreadable.extend(self._index.unreadable)
+            del self._index.unreadable[:]
         candidates: list[Candidate] = []
         resume: tuple[str, str] | None = None
         positions: list[tuple[Candidate, tuple[str, str]]] = []

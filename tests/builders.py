@@ -9,6 +9,7 @@ from typing import Any
 
 from adapters.settings import AGENT_SIGNING_KEYS, REPLY_TOKEN_KEYS
 from domain import state_machine as sm
+from domain.errors import NotFoundError
 from domain.ids import attempt_instance_id, fencing_token, idempotency_key, reply_event_name
 from domain.models import AgentReply, AgentRequest, OrderState
 from domain.signing import SchedulerKeys, new_key, parse_keys, reply_token, seal_request, sign_reply
@@ -115,3 +116,15 @@ def start_step(record: OrderState, step: str, now: datetime, deadline: datetime)
         update={"Steps": {**record.Steps, step: state}, "CompleteBy": deadline, "UpdatedAt": now},
         deep=True,
     )
+
+
+async def claim(store: Any, order_id: str, now: datetime, policy: sm.RetryPolicy) -> Any:
+    """The Starter's claim of the stored record `order_id`, marking no step
+    (its CompleteBy the claim timeout ahead): the claimed record, or None when
+    it is absent, not claimable, or another claimer won (store.claim_known)."""
+    try:
+        record, etag = await store.read(order_id)
+    except NotFoundError:
+        return None
+    won = await store.claim_known(record, etag, now, policy, ([], now + policy.claim_timeout))
+    return won[0] if won is not None else None

@@ -68,33 +68,17 @@ class FakeStateStore:
         new = mutate(record)
         return new, await self.replace(new, etag)
 
-    async def claim(
-        self, order_id: str, now: datetime, policy: sm.RetryPolicy
-    ) -> OrderState | None:
-        record, etag = await self.read(order_id)
-        if not sm.is_claimable(record, now):
-            return None
-        claimed = sm.claim(record, now, policy)
-        try:
-            await self.replace(claimed, etag)
-        except StaleError:
-            return None
-        return claimed
-
     async def claim_known(
         self,
         record: OrderState,
         etag: str,
         now: datetime,
         policy: sm.RetryPolicy,
-        marks: tuple[list[str], datetime] | None = None,
+        marks: tuple[list[str], datetime],
     ):
         if not sm.is_claimable(record, now):
             return None
-        if marks is None:
-            claimed = sm.claim(record, now, policy)
-        else:
-            claimed = sm.claim_marking(record, now, policy, *marks)
+        claimed = sm.claim_marking(record, now, policy, *marks)
         try:
             return claimed, await self.replace(claimed, etag)
         except (StaleError, NotFoundError):
@@ -109,10 +93,6 @@ class FakeStateStore:
             for r, e in pairs
             if sm.is_claimable(r, now) and (created_before is None or r.CreatedAt < created_before)
         ][:max_items]
-
-    async def query_pending(self, max_items: int, now: datetime) -> list[OrderState]:
-        records = [OrderState.model_validate(d) for d, _ in self.docs.values()]
-        return [r for r in records if sm.is_claimable(r, now)][:max_items]
 
     async def query_expired(self, now, window_start, max_items, continuation):
         """Like Cosmos' ORDER BY continuation: resumes after the last sort key
@@ -312,10 +292,6 @@ class CountingStateStore(FakeStateStore):
     async def query_claimable(self, max_items, now, created_before=None):
         self._count("query")
         return await super().query_claimable(max_items, now, created_before)
-
-    async def query_pending(self, max_items, now):
-        self._count("query")
-        return await super().query_pending(max_items, now)
 
     async def query_unsent_statuses(self, max_items, before, skip_queues=()):
         self._count("query")

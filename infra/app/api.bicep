@@ -215,10 +215,6 @@ var baseSettings = {
   SUPERVISOR_MAX_PAGES: string(supervisorMaxPages)
   SUPERVISOR_RUN_BUDGET_SECONDS: string(supervisorRunBudgetSeconds)
   SUPERVISOR_SCAN: supervisorScan
-  // Submit also finds orders keyed by their bare OrderID (accepted before keys named the
-  // application, docs/adr/017f-order-keys.md): off, since no version before keys was ever
-  // deployed (docs/deploying.md), so no such record exists; each order would pay a read.
-  LEGACY_ORDER_KEYS: 'false'
   INLINE_STEPS: inlineSteps
   CONSOLE_CSRF_SECRET: consoleCsrfSecret
   CONSOLE_AUTH_CONFIRMED: consoleAuthConfirmed

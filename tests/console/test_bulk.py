@@ -133,7 +133,7 @@ async def test_retry_now_makes_a_long_retry_claimable_at_once(local, now):
     record = _long_retry("LR-1", now)
     assert record.NotBefore > datetime.now(UTC)
     await local.store.create_if_absent(record)
-    waiting = {r.id for r in await local.store.query_pending(50, datetime.now(UTC))}
+    waiting = {r.id for r, _ in await local.store.query_claimable(50, datetime.now(UTC))}
     assert "LR-1" not in waiting
     page = await _call("console_order", _request("GET", "/orders/LR-1", route={"order_id": "LR-1"}))
     assert 'id="retry"' in page.get_body().decode()
@@ -143,7 +143,7 @@ async def test_retry_now_makes_a_long_retry_claimable_at_once(local, now):
     assert (updated.LongRetries, updated.FailureCount) == (record.LongRetries, record.FailureCount)
     assert updated.History[-1].Reason.endswith(": the provider is back")
     assert updated.History[-1].Reason.startswith("retry now, not at ")
-    ready = {r.id for r in await local.store.query_pending(50, datetime.now(UTC))}
+    ready = {r.id for r, _ in await local.store.query_claimable(50, datetime.now(UTC))}
     assert "LR-1" in ready  # the Starter's own query takes it
     # nothing to retry any more: refused, nothing changed
     with pytest.raises(sm.IllegalTransition):

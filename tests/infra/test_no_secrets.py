@@ -53,7 +53,6 @@ NAMED_LIKE_SECRETS = {
     "APPLICATIONINSIGHTS_AUTHENTICATION_STRING",
     "DURABLE_TASK_SCHEDULER_CONNECTION_STRING",
     "AzureFunctionsJobHost__extensions__durableTask__storageProvider__connectionStringName",
-    "LEGACY_ORDER_KEYS",  # a switch for order keys (docs/adr/017f-order-keys.md), not a key
 }
 
 

@@ -13,7 +13,7 @@ import pytest
 from domain import state_machine as sm
 from domain.models import ProcessState
 from orchestrators.starter import Starter
-from tests.builders import ReadClock
+from tests.builders import ReadClock, claim
 from tests.fakes import RecordingPublisher
 from tests.integration.adapters.builders import NOW, POLICY, make_record
 from tests.unit.orchestrators.driver import SETTINGS
@@ -46,7 +46,7 @@ class DownPublisher:
 
 async def _errored_with_unsent_failed_status(store, order_id):
     await store.create_if_absent(make_record(order_id, NOW))
-    claimed = await store.claim(order_id, NOW, POLICY)
+    claimed = await claim(store, order_id, NOW, POLICY)
     record, _ = await store.update(
         order_id,
         lambda r: sm.request_compensation(

@@ -21,7 +21,7 @@ from domain.errors import StaleError, TransientError
 from domain.models import OrderSubmitted, ProcessState
 from sim.cosmos import SimContainer
 from sim.world import FaultConfig, World
-from tests.builders import order_payload
+from tests.builders import claim, order_payload
 
 T0 = datetime(2026, 11, 30, 8, 0, tzinfo=UTC)
 POLICY = sm.RetryPolicy(threshold=2, long_retries=0, claim_timeout=timedelta(seconds=30))
@@ -52,11 +52,11 @@ def test_claims_updates_and_stale_etags_as_the_real_store():
         assert created
         _, _, again = await store.create_if_absent(sm.new_record(_order("A"), T0, [], key="A"))
         assert not again
-        assert [r.id for r in await store.query_pending(10, T0)] == ["A"]
-        claimed = await store.claim("A", T0, POLICY)
+        assert [r.id for r, _ in await store.query_claimable(10, T0)] == ["A"]
+        claimed = await claim(store, "A", T0, POLICY)
         assert claimed.ProcessState is ProcessState.PROCESSING
         assert claimed.LockedBy == "A:1"
-        assert await store.claim("A", T0, POLICY) is None  # not claimable twice
+        assert await claim(store, "A", T0, POLICY) is None  # not claimable twice
         assert await store.count_in_state(ProcessState.PROCESSING) == 1
         with pytest.raises(StaleError):
             await store.update("A", lambda r: r, "A:2")  # guard: not the owner
@@ -77,7 +77,7 @@ def test_expired_scan_pages_by_keyset_in_deadline_order():
         for i in range(7):
             oid = f"O{i}"
             await store.create_if_absent(sm.new_record(_order(oid), T0, [], key=oid))
-            await store.claim(oid, T0 + timedelta(seconds=rng.randint(0, 20)), POLICY)
+            await claim(store, oid, T0 + timedelta(seconds=rng.randint(0, 20)), POLICY)
         await store.update("O3", lambda r: sm.mark_processed(r, "O3:1", T0), "O3:1")
         now = T0 + timedelta(minutes=5)
         seen, token = [], None
@@ -161,7 +161,7 @@ def test_an_owner_is_not_refused_on_a_read_that_lags_its_claim():
         container = LagOnce(world, "state", "/id")
         store = CosmosStateStore(container)
         await store.create_if_absent(sm.new_record(_order("A"), T0, [], key="A"))
-        await store.claim("A", T0, POLICY)  # the previous version is Pending, unlocked
+        await claim(store, "A", T0, POLICY)  # the previous version is Pending, unlocked
         container.lag = 1
         done, _ = await store.update(
             "A", lambda r: sm.mark_processed(r, "A:1", T0), "A:1", confirm_refusal=True

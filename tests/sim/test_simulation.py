@@ -294,22 +294,6 @@ def test_application_checks_can_fail():
     assert "conflict crossed applications" in [c for c, _ in sim.violations]
 
 
-def test_an_order_the_previous_version_accepted_keeps_its_key():
-    """Seed 7 draws a webshop order written by the version before keys named
-    the application (bare OrderID); the partner sends the same OrderID."""
-    sim = _run(7, 3, Options(orders=3, faults=FaultConfig()))
-    assert sim.legacy == {"ORD-7-0"}
-    assert sim.orders["ORD-7-0"] == ("webshop", "ORD-7-0")
-    assert sim.orders["partner-portal:ORD-7-0"] == ("partner-portal", "ORD-7-0")
-    assert sim.state_c.docs[("ORD-7-0", "ORD-7-0")]["ProcessState"] == "Processed"
-    assert ("webshop:ORD-7-0", "webshop:ORD-7-0") not in sim.state_c.docs
-    assert sim.violations == []
-    doc = dict(sim.state_c.docs[("ORD-7-0", "ORD-7-0")], id="webshop:ORD-7-0")
-    sim.state_c.docs[("webshop:ORD-7-0", "webshop:ORD-7-0")] = doc
-    sim.check()
-    assert "previous version's order duplicated" in [c for c, _ in sim.violations]
-
-
 def test_several_hosts_each_keep_their_own_state_and_lose_it_on_restart():
     """Issue 21: deliveries spread over the hosts, each host's Submit handler
     and Starter are its own objects, and a restart replaces them (the

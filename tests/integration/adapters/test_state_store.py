@@ -13,12 +13,9 @@ import pytest
 from azure.cosmos.aio import ContainerProxy
 
 from adapters.cosmos_client import KindCharges, RequestCharges, build_client
+from adapters.ports import ANY_OWNER
 from adapters.settings import CosmosAccount
-from adapters.state_store import (
-    ANY,
-    BACKLOG_GAUGE_ID,
-    CosmosStateStore,
-)
+from adapters.state_store import BACKLOG_GAUGE_ID, CosmosStateStore
 from devstack.cosmos import CosmosServer, FaultRule, get_faults, set_faults
 from domain import admission
 from domain import state_machine as sm
@@ -31,7 +28,7 @@ from domain.errors import (
     TransientError,
 )
 from domain.models import OrderState, ProcessState
-from tests.builders import start_step
+from tests.builders import claim, start_step
 from tests.integration.adapters.builders import NOW, POLICY, STEPS, make_record
 
 FIXED_WIDTH_UTC = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z$")
@@ -111,7 +108,7 @@ async def test_twenty_concurrent_claims_of_one_record_have_one_winner(
     state_store: CosmosStateStore,
 ) -> None:
     await state_store.create_if_absent(make_record("ORD-4"))
-    claims = await asyncio.gather(*(state_store.claim("ORD-4", NOW, POLICY) for _ in range(20)))
+    claims = await asyncio.gather(*(claim(state_store, "ORD-4", NOW, POLICY) for _ in range(20)))
 
     winners = [c for c in claims if c is not None]
     assert len(winners) == 1
@@ -127,11 +124,11 @@ async def test_twenty_concurrent_claims_of_one_record_have_one_winner(
 async def test_claim_of_a_record_that_is_not_claimable_returns_none(
     state_store: CosmosStateStore,
 ) -> None:
-    assert await state_store.claim("ABSENT-1", NOW, POLICY) is None
+    assert await claim(state_store, "ABSENT-1", NOW, POLICY) is None
     await state_store.create_if_absent(make_record("ORD-5"))
-    assert await state_store.claim("ORD-5", NOW, POLICY) is not None
+    assert await claim(state_store, "ORD-5", NOW, POLICY) is not None
     _, etag = await state_store.read("ORD-5")
-    assert await state_store.claim("ORD-5", NOW, POLICY) is None  # already Processing
+    assert await claim(state_store, "ORD-5", NOW, POLICY) is None  # already Processing
     assert (await state_store.read("ORD-5"))[1] == etag  # and nothing was written
 
 
@@ -139,7 +136,7 @@ async def test_update_by_the_lock_owner_applies_the_transition(
     state_store: CosmosStateStore,
 ) -> None:
     await state_store.create_if_absent(make_record("ORD-6"))
-    claimed = await state_store.claim("ORD-6", NOW, POLICY)
+    claimed = await claim(state_store, "ORD-6", NOW, POLICY)
     assert claimed is not None
     owner = claimed.LockedBy
     deadline = NOW + timedelta(minutes=5)
@@ -155,7 +152,7 @@ async def test_update_with_a_wrong_locked_by_is_stale_and_writes_nothing(
     state_store: CosmosStateStore,
 ) -> None:
     await state_store.create_if_absent(make_record("ORD-7"))
-    await state_store.claim("ORD-7", NOW, POLICY)  # LockedBy ORD-7:1
+    await claim(state_store, "ORD-7", NOW, POLICY)  # LockedBy ORD-7:1
     before = await state_store.read("ORD-7")
     called = []
 
@@ -178,7 +175,7 @@ async def test_update_that_loses_a_race_rechecks_the_guard_on_the_new_version(
     If it kept the lock, the update is redone on the new version; if it took
     the lock away, the update must not be written at all."""
     await state_store.create_if_absent(make_record("ORD-8"))
-    claimed = await state_store.claim("ORD-8", NOW, POLICY)
+    claimed = await claim(state_store, "ORD-8", NOW, POLICY)
     assert claimed is not None
     owner = claimed.LockedBy
     seen: list[OrderState] = []
@@ -232,12 +229,12 @@ async def test_update_that_loses_a_race_rechecks_the_guard_on_the_new_version(
 
 async def test_update_that_changes_nothing_writes_nothing(state_store: CosmosStateStore) -> None:
     _, etag, _ = await state_store.create_if_absent(make_record("ORD-9"))
-    _record, same_etag = await state_store.update("ORD-9", lambda r: r, ANY)
+    _record, same_etag = await state_store.update("ORD-9", lambda r: r, ANY_OWNER)
     assert same_etag == etag
     assert "replace" not in state_store.charges.by_kind
 
 
-async def test_query_pending_returns_only_claimable_records(
+async def test_query_claimable_returns_only_claimable_records(
     state_store: CosmosStateStore,
 ) -> None:
     later = NOW + timedelta(hours=1)
@@ -251,12 +248,12 @@ async def test_query_pending_returns_only_claimable_records(
     await state_store.create_if_absent(sm.claim(make_record("P-CLAIMED"), NOW, POLICY))
     await state_store.write_backlog_gauge(4, NOW)
 
-    found = await state_store.query_pending(10, NOW)
-    assert sorted(r.id for r in found) == ["P-READY", "P-WOKEN"]
+    found = await state_store.query_claimable(10, NOW)
+    assert sorted(r.id for r, _ in found) == ["P-READY", "P-WOKEN"]
 
     for i in range(5):
         await state_store.create_if_absent(make_record(f"P-MORE-{i}"))
-    assert len(await state_store.query_pending(3, NOW)) == 3
+    assert len(await state_store.query_claimable(3, NOW)) == 3
 
 
 async def test_the_admission_document_takes_only_conditional_writes(
@@ -282,7 +279,7 @@ async def test_the_admission_document_takes_only_conditional_writes(
     assert await state_store.count_in_state(ProcessState.PROCESSING) == 0  # no record
 
 
-async def test_backlog_gauge_is_refreshed_by_count_and_read_by_point_read(
+async def test_backlog_gauge_is_written_from_a_count_and_read_by_point_read(
     state_store: CosmosStateStore,
 ) -> None:
     with pytest.raises(ValueError, match="OrderID"):
@@ -291,11 +288,10 @@ async def test_backlog_gauge_is_refreshed_by_count_and_read_by_point_read(
 
     for i in range(3):
         await state_store.create_if_absent(make_record(f"G-{i}"))
-    await state_store.claim("G-0", NOW, POLICY)
-    gauge = await state_store.refresh_backlog_gauge(NOW)
-    assert gauge == (2, NOW, None)
+    await claim(state_store, "G-0", NOW, POLICY)
     assert await state_store.count_in_state(ProcessState.PROCESSING) == 1
     assert await state_store.count_in_state("Pending") == 2
+    await state_store.write_backlog_gauge(2, NOW)
 
     state_store.charges.reset()
     pending, measured_at, processing = await state_store.read_backlog_gauge()
@@ -319,7 +315,7 @@ async def test_request_charges_are_recorded_per_call_by_kind(
         await state_store.replace(record, etag)  # a failed call costs too
     with pytest.raises(NotFoundError):
         await state_store.read("RC-ABSENT")
-    await state_store.query_pending(10, NOW)
+    await state_store.query_claimable(10, NOW)
 
     assert state_store.charges is request_charges
     assert [(c.kind, c.status) for c in request_charges.recent] == [
@@ -363,7 +359,7 @@ async def test_a_throttled_store_raises_transient_error_with_retry_after(
         if status == 503:
             return  # the SDK retries a 503 once after 0.5 s: one call is enough here
         with pytest.raises(TransientError):
-            await store.claim("TH-1", NOW, POLICY)
+            await claim(store, "TH-1", NOW, POLICY)
         with pytest.raises(TransientError):
             await store.create_if_absent(make_record("TH-2"))
         with pytest.raises(TransientError):
@@ -436,7 +432,7 @@ async def test_queries_skip_a_document_that_is_not_a_valid_record(
     # One bad document must not stop every Starter run; reading it directly fails.
     await state_container.create_item({"id": "BAD-1", "ProcessState": "Pending", "LockedBy": None})
     await state_store.create_if_absent(make_record("GOOD-1"))
-    assert [r.id for r in await state_store.query_pending(10, NOW)] == ["GOOD-1"]
+    assert [r.id for r, _ in await state_store.query_claimable(10, NOW)] == ["GOOD-1"]
     with pytest.raises(PermanentError):
         await state_store.read("BAD-1")
 
@@ -448,7 +444,7 @@ async def test_unsent_statuses_are_found_after_their_grace_and_not_once_cleared(
     terminal records with a pending status older than `before`, nothing else."""
     for order_id in ("OUT-1", "OUT-2", "OUT-3"):
         await state_store.create_if_absent(make_record(order_id))
-        claimed = await state_store.claim(order_id, NOW, POLICY)
+        claimed = await claim(state_store, order_id, NOW, POLICY)
         assert claimed is not None
     await state_store.update(
         "OUT-1", lambda r: sm.mark_failed(r, "OUT-1:1", None, "declined", NOW), "OUT-1:1"
@@ -484,8 +480,9 @@ async def test_claims_on_a_known_etag_have_one_winner_and_cost_one_request_each(
     ]
     assert queried_etag == etag
     calls = state_store.charges.calls
+    marks = ([], NOW + POLICY.claim_timeout)  # the claim alone, marking no step
     results = await asyncio.gather(
-        *(state_store.claim_known(record, etag, NOW, POLICY) for _ in range(10))
+        *(state_store.claim_known(record, etag, NOW, POLICY, marks) for _ in range(10))
     )
     assert state_store.charges.calls - calls == 10  # one replace each (412s are recorded too)
     assert "read" not in {c.kind for c in list(state_store.charges.recent)[-10:]}
@@ -498,8 +495,8 @@ async def test_claims_on_a_known_etag_have_one_winner_and_cost_one_request_each(
     assert current.LockedBy == "ORD-K:1"
     assert current.CompleteBy == NOW + POLICY.claim_timeout
     # a stale etag, or a record no longer claimable, never writes
-    assert await state_store.claim_known(record, etag, NOW, POLICY) is None
-    assert await state_store.claim_known(current, current_etag, NOW, POLICY) is None
+    assert await state_store.claim_known(record, etag, NOW, POLICY, marks) is None
+    assert await state_store.claim_known(current, current_etag, NOW, POLICY, marks) is None
     assert (await state_store.read("ORD-K"))[1] == current_etag
 
 

@@ -13,7 +13,7 @@ from datetime import timedelta
 from adapters.state_store import CosmosStateStore
 from domain import state_machine as sm
 from orchestrators.starter import STATUS_BACKOFF_FIRST, Starter
-from tests.builders import ReadClock
+from tests.builders import ReadClock, claim
 from tests.fakes import RecordingPublisher
 from tests.integration.adapters.builders import NOW, POLICY, STEPS, make_order
 from tests.unit.orchestrators.driver import SETTINGS
@@ -50,7 +50,7 @@ async def _failed_with_pending_status(
     """A Failed record whose status (and alert) is still in its outbox, written at `at`."""
     order = make_order(order_id, ReplyTo=reply_to, AppId=reply_to.removeprefix("replies-"))
     await store.create_if_absent(sm.new_record(order, NOW, STEPS, key=order_id))
-    claimed = await store.claim(order_id, NOW, POLICY)
+    claimed = await claim(store, order_id, NOW, POLICY)
     assert claimed is not None
     await store.update(
         order_id,

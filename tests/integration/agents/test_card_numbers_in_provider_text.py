@@ -17,7 +17,7 @@ from agents.remote_client import HttpRemoteService
 from domain import state_machine as sm
 from domain.codec import encode
 from domain.models import ReplyOutcome
-from tests.builders import agent_request
+from tests.builders import agent_request, claim
 from tests.integration.adapters.builders import NOW, POLICY, make_record
 from tests.integration.agents.test_agent_against_remote_service import FAST
 
@@ -59,7 +59,7 @@ async def test_a_declined_card_quoted_by_the_provider_is_stored_nowhere(
     assert not holds_the_card(encode(reply).decode())
 
     await state_store.create_if_absent(make_record("PAN-1", NOW))
-    claimed = await state_store.claim("PAN-1", NOW, POLICY)
+    claimed = await claim(state_store, "PAN-1", NOW, POLICY)
     reason = f"step charge-payment failed: {reply.Error}"
     await state_store.update(
         "PAN-1",
@@ -75,7 +75,7 @@ async def test_a_provider_text_read_back_from_an_older_agent_is_masked_when_stor
     """A reply from an agent without the masking (read as sent from the
     wire) still leaves no card number on the record."""
     await state_store.create_if_absent(make_record("PAN-2", NOW))
-    claimed = await state_store.claim("PAN-2", NOW, POLICY)
+    claimed = await claim(state_store, "PAN-2", NOW, POLICY)
     reason = f"step charge-payment failed: card {PAN} declined"
     await state_store.update(
         "PAN-2",

@@ -403,9 +403,7 @@ def _calls(*charges) -> dict[str, int]:
 
 async def test_a_new_order_costs_two_creates_and_one_replace_on_the_real_server(rig):
     """Counted from the Cosmos server's responses (each adapter call records
-    its response's charge), not timed. With LEGACY_ORDER_KEYS on (the
-    default) one point read first looks for a record keyed by the bare
-    OrderID (ADR 017f)."""
+    its response's charge), not timed."""
     c = await ROOT.container()
     # The backlog gauge's point read is per process (cached 5 s), not per
     # order: counted apart.
@@ -415,7 +413,6 @@ async def test_a_new_order_costs_two_creates_and_one_replace_on_the_real_server(
     spent = {k: after[k] - before.get(k, 0) for k in after if after[k] != before.get(k, 0)}
     backlog = {k: v for k, v in spent.items() if "gauge" in k or "backlog" in k}
     assert {k: v for k, v in spent.items() if k not in backlog} == {
-        "read": 1,
         "order_create": 1,
         "create": 1,
         "replace": 1,

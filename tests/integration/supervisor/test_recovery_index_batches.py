@@ -20,6 +20,7 @@ from adapters.recovery_index import (
     partition_of,
 )
 from supervisor.sources import IndexSource
+from tests.builders import claim
 from tests.integration.adapters.builders import NOW
 
 pytestmark = pytest.mark.timeout(120)
@@ -116,7 +117,7 @@ async def test_the_supervisor_removes_the_entries_it_visits_in_one_batch(index, 
         record = make_record(oid, MINUTE)
         await state_store.create_if_absent(record)
         await idx.add(oid, MINUTE + POLICY.claim_timeout, 1)
-        claimed = await state_store.claim(oid, MINUTE, POLICY)
+        claimed = await claim(state_store, oid, MINUTE, POLICY)
         await state_store.update(
             oid,
             lambda r, by=claimed.LockedBy: sm.mark_failed(r, by, None, "x", MINUTE),

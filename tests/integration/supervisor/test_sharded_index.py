@@ -25,7 +25,7 @@ from domain.models import ProcessState
 from reporting import Alerts, StatusReporter
 from supervisor.sources import IndexSource, checkpoint_name
 from supervisor.supervisor import Supervisor
-from tests.builders import ReadClock
+from tests.builders import ReadClock, claim
 from tests.fakes import RecordingPublisher
 from tests.integration.adapters.builders import NOW, POLICY, make_record
 from tests.integration.app_env import app_env  # noqa: F401 - the fixture
@@ -56,7 +56,7 @@ def supervisor(store, state_container, index, charges, now, page_size=3):
 async def claimed(store, index, oid: str, at=NOW) -> None:
     await store.create_if_absent(make_record(oid, at))
     await index.add(oid, at + POLICY.claim_timeout, 1)
-    assert await store.claim(oid, at, POLICY) is not None
+    assert await claim(store, oid, at, POLICY) is not None
 
 
 async def test_the_first_process_records_the_count_and_a_different_one_is_refused(container):
@@ -117,7 +117,7 @@ async def test_entries_of_the_version_before_the_shards_are_recovered(
                 "Attempt": 1,
             }
         )
-        assert await state_store.claim(oid, NOW, POLICY) is not None
+        assert await claim(state_store, oid, NOW, POLICY) is not None
     for oid in ("NEW-1", "NEW-2", "NEW-3"):
         await claimed(state_store, index, oid)
     partitions = {d["bucket"] async for d in container.query_items("SELECT * FROM c")}

@@ -18,7 +18,7 @@ from domain.models import ProcessState
 from reporting import Alerts, StatusReporter
 from supervisor.sources import IndexSource, QuerySource
 from supervisor.supervisor import Supervisor
-from tests.builders import ReadClock, start_step
+from tests.builders import ReadClock, claim, start_step
 from tests.fakes import RecordingPublisher
 from tests.integration.adapters.builders import NOW, POLICY, make_record
 
@@ -73,7 +73,7 @@ class Rig:
         await self.store.create_if_absent(record)
         if self.index is not None:
             await self.index.add(order_id, claimed_at + POLICY.claim_timeout, record.Attempt + 1)
-        claimed = await self.store.claim(order_id, claimed_at, POLICY)
+        claimed = await claim(self.store, order_id, claimed_at, POLICY)
         assert claimed is not None
         return claimed
 
@@ -117,7 +117,7 @@ async def test_budget_then_long_retry_then_error_with_alert(rig):
             t = max(t, record.NotBefore or t) + timedelta(seconds=1)
             if rig.index is not None:
                 await rig.index.add("A", t + POLICY.claim_timeout, record.Attempt + 1)
-            assert await rig.store.claim("A", t, POLICY) is not None
+            assert await claim(rig.store, "A", t, POLICY) is not None
         t += timedelta(minutes=5)
         rig.now = t
         report = await rig.supervisor().run()

@@ -15,7 +15,7 @@ from domain.errors import TransientError
 from domain.ids import order_key
 from domain.models import CompensationEntry, OrderSubmitted, ProcessState
 from orchestrators.starter import Starter
-from tests.builders import ReadClock, order_payload
+from tests.builders import ReadClock, claim, order_payload
 from tests.unit.orchestrators.driver import POLICY, SETTINGS, STEPS, StartingClient, World
 
 
@@ -45,7 +45,7 @@ async def _failed(world, order_id):
     """A claimed order failed by its attempt: Error, its Failed status in the outbox."""
     await _pending(world, order_id)
     key = order_key("webshop", order_id)
-    claimed = await world.store.claim(key, world.now, POLICY)
+    claimed = await claim(world.store, key, world.now, POLICY)
     t = world.now
     await world.store.update(
         key, lambda r: sm.mark_failed(r, claimed.LockedBy, None, "declined", t), claimed.LockedBy
@@ -55,7 +55,7 @@ async def _failed(world, order_id):
 async def _errored_with_request(world, order_id):
     await _pending(world, order_id)
     order_id = order_key("webshop", order_id)
-    claimed = await world.store.claim(order_id, world.now, POLICY)
+    claimed = await claim(world.store, order_id, world.now, POLICY)
     t = world.now
     await world.store.update(
         order_id, lambda r: sm.mark_failed(r, claimed.LockedBy, None, "x", t), claimed.LockedBy
@@ -145,7 +145,7 @@ async def test_the_outbox_is_scanned_at_most_once_per_scan_interval():
     world.now += timedelta(seconds=31)
     assert (await starter.run(Client())).statuses_delivered == 1  # scanned again: past the grace
     await _pending(world, "B1")
-    claimed = await world.store.claim("webshop:B1", world.now, POLICY)
+    claimed = await claim(world.store, "webshop:B1", world.now, POLICY)
     t = world.now - timedelta(minutes=5)  # already past its grace
     await world.store.update(
         "webshop:B1",
@@ -238,7 +238,7 @@ async def test_a_failed_status_still_in_the_outbox_is_sent_before_its_compensati
     Failed, then the compensation's statuses: the claim no longer drops it."""
     world = World()
     await _pending(world, "A1")
-    claimed = await world.store.claim("webshop:A1", world.now, POLICY)
+    claimed = await claim(world.store, "webshop:A1", world.now, POLICY)
     t = world.now
     await world.store.update(
         "webshop:A1",
@@ -282,7 +282,7 @@ async def test_a_failed_status_that_cannot_be_sent_does_not_hold_up_the_compensa
     charge must not wait on a status), carrying the entry for a later run."""
     world = World()
     await _pending(world, "A1")
-    claimed = await world.store.claim("webshop:A1", world.now, POLICY)
+    claimed = await claim(world.store, "webshop:A1", world.now, POLICY)
     t = world.now
     await world.store.update(
         "webshop:A1",

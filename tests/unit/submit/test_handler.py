@@ -533,15 +533,12 @@ def counting_rig(**env) -> Rig:
     return rig
 
 
-@pytest.mark.parametrize("legacy", ["true", "false"])
-async def test_a_new_order_costs_two_creates_and_one_conditional_replace(legacy):
-    rig = counting_rig(LEGACY_ORDER_KEYS=legacy)
+async def test_a_new_order_costs_two_creates_and_one_conditional_replace():
+    rig = counting_rig()
     await rig.submit()
     assert rig.orders.requests == ["order_create"]
-    # No read+replace for ReceivedSent. The one read before the creates looks
-    # for a record under the bare OrderID (written before keys named the
-    # application), and only while LEGACY_ORDER_KEYS is on (ADR 017f).
-    assert rig.store.requests == (["read"] if legacy == "true" else []) + ["create", "replace"]
+    # No read before the creates, no read+replace for ReceivedSent.
+    assert rig.store.requests == ["create", "replace"]
 
 
 async def test_received_sent_after_a_concurrent_write_falls_back_to_a_guarded_update():
@@ -752,60 +749,6 @@ async def test_an_application_reusing_its_own_order_id_is_still_a_conflict(rig):
     assert "of webshop" in outcome.description
     [alert] = rig.alert_bodies()
     assert (alert["Kind"], alert["OrderID"]) == ("OrderConflict", "webshop:ORD-1")
-
-
-async def test_a_record_of_the_previous_version_is_still_its_orders(rig):
-    """A record keyed by the bare OrderID (written before keys named the
-    application) is found by its own application: a redelivery or a resend
-    goes on with it, and no second record is made."""
-    from domain import state_machine as sm
-    from domain.models import OrderSubmitted
-
-    order = OrderSubmitted.model_validate(order_payload())
-    await rig.orders.create_if_absent(order, "ORD-1")
-    await rig.store.create_if_absent(sm.new_record(order, NOW, STEPS, key="ORD-1"))
-    assert (await rig.submit()).kind is SettleKind.COMPLETE
-    assert set(rig.store.docs) == {"ORD-1"}
-    assert set(rig.orders.orders) == {"ORD-1"}
-    assert (await rig.store.read("ORD-1"))[0].ReceivedSent
-    assert rig.statuses() == ["Received"]
-    # ...and a different order under it is this application's conflict.
-    outcome = await rig.submit(
-        Total="30.50", Lines=[{"Sku": "X", "Quantity": 1, "UnitPrice": "30.50"}]
-    )
-    assert outcome.reason == "OrderConflict"
-
-
-async def test_a_record_of_the_previous_version_of_another_application_is_not_seen(rig):
-    from domain import state_machine as sm
-    from domain.models import OrderSubmitted
-
-    theirs = OrderSubmitted.model_validate(
-        order_payload(
-            **_partner(Total="7.00", Lines=[{"Sku": "P", "Quantity": 1, "UnitPrice": "7.00"}])
-        )
-    )
-    await rig.orders.create_if_absent(theirs, "ORD-1")
-    await rig.store.create_if_absent(sm.new_record(theirs, NOW, STEPS, key="ORD-1"))
-    before = rig.store.docs["ORD-1"]
-    assert (await rig.submit()).kind is SettleKind.COMPLETE
-    assert set(rig.store.docs) == {"ORD-1", "webshop:ORD-1"}
-    assert rig.store.docs["ORD-1"] == before  # the partner's order is untouched
-    assert (await rig.store.read("webshop:ORD-1"))[0].AppId == "webshop"
-    assert rig.statuses() == ["Received"]
-    assert rig.statuses("replies-partner") == []
-    assert rig.alert_bodies() == []
-
-
-async def test_with_legacy_keys_off_a_bare_key_record_is_not_looked_for():
-    from domain import state_machine as sm
-    from domain.models import OrderSubmitted
-
-    rig = Rig(LEGACY_ORDER_KEYS="false")
-    order = OrderSubmitted.model_validate(order_payload())
-    await rig.store.create_if_absent(sm.new_record(order, NOW, STEPS, key="ORD-1"))
-    assert (await rig.submit()).kind is SettleKind.COMPLETE
-    assert set(rig.store.docs) == {"ORD-1", "webshop:ORD-1"}
 
 
 async def test_the_fast_path_holds_to_max_processing_as_the_gauge_counts_it():

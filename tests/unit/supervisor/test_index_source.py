@@ -22,7 +22,7 @@ from domain.models import OrderState, OrderSubmitted, ProcessState
 from sim.cosmos import SimContainer
 from sim.world import FaultConfig, World
 from supervisor.sources import IndexSource
-from tests.builders import ReadClock, order_payload
+from tests.builders import ReadClock, claim, order_payload
 
 T0 = datetime(2026, 11, 30, 8, 0, tzinfo=UTC)
 POLICY = sm.RetryPolicy(threshold=2, long_retries=0, claim_timeout=timedelta(seconds=30))
@@ -71,7 +71,7 @@ async def _claimed_with_index(shards: int):
     lagging.old = await store.read("A")  # Pending, Attempt 0: the version before the claim
     # As the Starter does: index the attempt's deadline, then claim.
     await index.add("A", T0 + timedelta(seconds=20), 1)
-    claimed = await store.claim("A", T0, POLICY)
+    claimed = await claim(store, "A", T0, POLICY)
     assert claimed.ProcessState is ProcessState.PROCESSING
     assert claimed.Attempt == 1
     return index_c, index, store, lagging
@@ -182,7 +182,7 @@ def test_an_entry_moved_behind_the_cursor_in_its_bucket_is_still_reached(shards)
         for oid in ("A", "B", "C"):
             await store.create_if_absent(sm.new_record(_order(oid), T0, [], key=oid))
             await index.add(oid, T0 + timedelta(seconds=20), 1)
-            await store.claim(oid, T0, POLICY)
+            await claim(store, oid, T0, POLICY)
         # A's attempt lives on to a later deadline in the same minute; B and C ended.
         await store.update(
             "A", lambda r: r.model_copy(update={"CompleteBy": T0 + timedelta(seconds=50)}), "A:1"
@@ -228,7 +228,7 @@ def test_a_skipped_candidate_never_moves_the_cursor_past_an_entry_not_yet_due(sh
             await store.create_if_absent(sm.new_record(_order(oid), T0, [], key=oid))
             claimed_at = T0 + timedelta(seconds=second) - POLICY.claim_timeout
             await index.add(oid, claimed_at + POLICY.claim_timeout, 1)
-            await store.claim(oid, claimed_at, POLICY)
+            await claim(store, oid, claimed_at, POLICY)
         now = T0 + timedelta(seconds=40)  # upper T0 + 35 s: B due, A not
         checkpoints = MemoryCheckpoints()
         bus = RecordingPublisher()
@@ -272,7 +272,7 @@ def test_a_full_page_in_a_bucket_that_may_still_fill_keeps_the_cursor_at_its_sta
         async def claimed(oid: str, at: datetime) -> None:
             await store.create_if_absent(sm.new_record(_order(oid), at, [], key=oid))
             await index.add(oid, at + POLICY.claim_timeout, 1)
-            await store.claim(oid, at, POLICY)
+            await claim(store, oid, at, POLICY)
 
         for oid in ("B", "C"):
             await claimed(oid, T0 - timedelta(seconds=20))  # due at T0 + 10 s

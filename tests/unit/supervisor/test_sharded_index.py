@@ -31,7 +31,7 @@ from sim.cosmos import SimContainer
 from sim.world import FaultConfig, World
 from supervisor.sources import IndexSource, checkpoint_name
 from supervisor.supervisor import Supervisor
-from tests.builders import ReadClock, order_payload
+from tests.builders import ReadClock, claim, order_payload
 from tests.fakes import RecordingPublisher
 from tests.unit.supervisor.test_supervisor import MemoryCheckpoints
 
@@ -56,7 +56,7 @@ async def _claimed(store, index, oid: str, at: datetime) -> None:
     order = OrderSubmitted.model_validate(order_payload(oid))
     await store.create_if_absent(sm.new_record(order, at, [], key=oid))
     await index.add(oid, at + POLICY.claim_timeout, 1)
-    assert (await store.claim(oid, at, POLICY)).ProcessState is ProcessState.PROCESSING
+    assert (await claim(store, oid, at, POLICY)).ProcessState is ProcessState.PROCESSING
 
 
 def _supervisor(store, source, page_size: int, now):
@@ -125,7 +125,7 @@ def test_entries_written_before_the_shards_are_still_found_and_recovered():
                     "Attempt": 1,
                 }
             )
-            await store.claim(oid, T0, POLICY)
+            await claim(store, oid, T0, POLICY)
         for oid in ("NEW-1", "NEW-2", "NEW-3"):
             await _claimed(store, legacy, oid, T0)
         now = T0 + timedelta(minutes=2)

@@ -14,7 +14,7 @@ from domain.models import OrderSubmitted, ProcessState
 from reporting import Alerts, StatusReporter
 from supervisor.sources import QuerySource
 from supervisor.supervisor import Supervisor
-from tests.builders import ReadClock
+from tests.builders import ReadClock, claim
 from tests.fakes import FakeStateStore, RecordingPublisher
 from tests.unit.domain.conftest import STEPS, order_payload
 
@@ -96,7 +96,7 @@ async def test_budget_ends_in_error_with_alert_and_failed_status():
             break
         rig.now = max(rig.now, record.NotBefore or rig.now) + timedelta(seconds=1)
         if record.ProcessState is ProcessState.PENDING:
-            assert await rig.store.claim("A", rig.now, POLICY) is not None
+            assert await claim(rig.store, "A", rig.now, POLICY) is not None
         rig.now += timedelta(minutes=5)
         report = await rig.sup.run()
         outcomes.append((report.recovered, report.long_retry, report.failed))
