@@ -7,22 +7,18 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Annotated, Any, Literal, cast
+from typing import Any, Literal, cast
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
 from domain.ids import parse_attempt_instance_id
 from domain.models import (
-    MAX_AGENT_CALLS,
-    AgentCall,
     AgentReply,
     OrderState,
     OrderSubmitted,
-    PayloadDict,
     ProcessState,
-    ProviderText500,
     ReferenceText,
-    ReplyOutcome,
+    ReplyAnswer,
     StatusKind,
     StepStatus,
 )
@@ -155,7 +151,7 @@ class WorkflowResult(ActivityContract):
 # --- the reply, as the workflows read it ------------------------------------------------
 
 
-class ReplyEvent(ActivityContract):
+class ReplyEvent(ActivityContract, ReplyAnswer):
     """An agent's answer as the reply bridge raises it on the attempt's
     instance (`event_payload`): what an orchestration or an operator reads
     of it, and none of its identity. The bridge raises a reply only after its
@@ -174,17 +170,6 @@ class ReplyEvent(ActivityContract):
       Operation, FencingToken) and a do's Status are read by no one;
     - `Calls`: the agent's call record (ADR 017d), which the console shows
       on the reply."""
-
-    Outcome: ReplyOutcome
-    Result: PayloadDict | None = None
-    Error: ProviderText500 | None = None
-    Calls: Annotated[list[AgentCall], Field(max_length=MAX_AGENT_CALLS)] | None = None
-
-    @model_validator(mode="after")
-    def _error_when_not_ok(self) -> ReplyEvent:
-        if self.Outcome is not ReplyOutcome.OK and not self.Error:
-            raise ValueError("a transient or permanent reply must say why in Error")
-        return self
 
     @classmethod
     def of(cls, reply: AgentReply) -> ReplyEvent:
