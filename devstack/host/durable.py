@@ -704,14 +704,13 @@ class DurableEngine:
             if write["reset_history"]:
                 self._histories.pop(iid, None)
             return
-        last = -1 if cached is None or cached.max_seq is None else cached.max_seq
-        if cached is None and first != 0 or cached is not None and (
-            cached.execution_id != write["execution_id"] or first != last + 1
-        ):
+        if cached is None:
+            cached = _CachedHistory(write["execution_id"], None, [])
+        last = -1 if cached.max_seq is None else cached.max_seq
+        if cached.execution_id != write["execution_id"] or first != last + 1:
             self._histories.pop(iid, None)
             return
-        if cached is None:
-            cached = self._histories[iid] = _CachedHistory(write["execution_id"], None, [])
+        self._histories[iid] = cached
         # Copies: the episode's dicts are the caller's; the cache holds what the rows hold.
         cached.events.extend(dict(e) for e in new)
         cached.max_seq = first + len(new) - 1
