@@ -711,8 +711,9 @@ class DurableEngine:
             self._histories.pop(iid, None)
             return
         self._histories[iid] = cached
-        # Copies: the episode's dicts are the caller's; the cache holds what the rows hold.
-        cached.events.extend(dict(e) for e in new)
+        # The episode's own dicts: nothing changes them once written (a replay builds its
+        # events from copies, `_episode` copies what it marks played).
+        cached.events.extend(new)
         cached.max_seq = first + len(new) - 1
 
     def _version_refusal(self, version: str | None) -> str | None:
