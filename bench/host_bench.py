@@ -90,7 +90,7 @@ async def run(n: int, hosts: int) -> str:
         return (
             f"host-bench: hosts={hosts} orchestrations={done}/{n} throughput={rate:.1f}/s "
             f"activities_per_s={3 * rate:.1f} episodes_per_orchestration={episodes / max(1, done):.1f} "
-            f"host_cpu_s_per_orchestration={sum(cpu) / max(1, done):.4f} "
+            f"host_cpu_ms_per_orchestration={1000 * sum(cpu) / max(1, done):.2f} "
             f"cpu_share={'/'.join(f'{c / max(1e-9, sum(cpu)):.0%}' for c in cpu)}"
         )
     finally:

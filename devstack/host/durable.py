@@ -14,6 +14,7 @@ Two dispatchers run on the host's loop:
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import time
@@ -58,7 +59,10 @@ EXECUTION_SUSPENDED = 19
 EXECUTION_RESUMED = 20
 
 
+@functools.lru_cache(maxsize=4096)
 def iso(dt: datetime) -> str:
+    """The host's timestamp text. Remembered: an episode stamps all its events with one `now`
+    (and strftime was 5 % of the host's CPU in bench/host_bench.py)."""
     return dt.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
@@ -83,6 +87,9 @@ def _event(event_type: int, when: datetime, **fields: Any) -> dict[str, Any]:
 # Parsed histories kept per instance (the most recently used); a few thousand short
 # histories are a few MB.
 HISTORY_CACHE_SIZE = 2000
+
+# How often a write of this host may search the inbox for ready instances (`_next_claim`).
+SEARCH_EVERY = 0.05
 
 
 @dataclass
@@ -125,6 +132,7 @@ class DurableEngine:
         self._claimed: list[str] = []
         self._stopping = False
         self._rejected_until: dict[str, float] = {}
+        self._searched_at = 0.0
         self._histories: dict[str, _CachedHistory] = {}
         self.entities = EntityEngine(store, catalog, clock, options.max_concurrent_orchestrators)
 
@@ -156,7 +164,9 @@ class DurableEngine:
             Input=input_json,
             OrchestrationInstance={"InstanceId": iid, "ExecutionId": execution_id},
         )
-        blocking = self.store.create_or_restart_instance(
+        # Locked for this host with the start's write when there is room: the first episode
+        # needs no claim (and no search of the inbox) of its own.
+        blocking, claimed = self.store.create_or_restart_instance(
             instance_id=iid,
             name=name,
             version=version,
@@ -165,7 +175,9 @@ class DurableEngine:
             started_event=started,
             now_iso=iso(now),
             now_epoch=now.timestamp(),
+            claim=self._next_claim(only=[iid]),
         )
+        self._claimed += claimed
         if blocking is not None:
             return StartResult(
                 False,
@@ -248,11 +260,18 @@ class DurableEngine:
             now = self.clock.now()
             real_now = time.monotonic()
             most = self.options.max_concurrent_orchestrators
+            searched = real_now - self._searched_at
             if self._claimed:
                 claimed, self._claimed = self._claimed[:most], self._claimed[most:]
-            else:
+            elif searched >= SEARCH_EVERY:
+                self._searched_at = real_now
                 skip = {i for i, t in self._rejected_until.items() if t > real_now}
                 claimed = self.store.claim_instances(now.timestamp(), most, skip)
+            else:
+                # Woken for work a write of this host locked by name (or none) just after a
+                # search: the next search is due in a moment.
+                await self.clock.wait(None, max_wait=SEARCH_EVERY - searched, topic=ORCHESTRATIONS)
+                continue
             if claimed:
                 self._run_episodes(claimed)
                 await asyncio.sleep(0)
@@ -294,11 +313,14 @@ class DurableEngine:
             for w in writes:
                 self._retry_later(w["instance_id"])
             return
-        for w, ok in zip(writes, out.written, strict=True):
+        for w, ok, first in zip(writes, out.written, out.first_seq, strict=True):
             if not ok:
                 log.warning("lost the lock on %s; its episode will run again", w["instance_id"])
-            if w["status"] in TERMINAL:
+                self._histories.pop(w["instance_id"], None)
+            elif w["status"] in TERMINAL:
                 self._histories.pop(w["instance_id"], None)  # read no more
+            else:
+                self._remember_written(w, first)
         self._claimed.extend(out.claimed)
         self._start_activities(out.activities)
         # Activity work left for any host, or entity operations: wake those loops.
@@ -312,7 +334,17 @@ class DurableEngine:
         self._episode_writes.append(episode)
 
     def _next_claim(self, only: list[str] | None = None) -> Claim:
+        """What a write should lock for this host on the way: the instances in `only`, or
+        (None) any ready ones, found by a search of the inbox. The search runs at most every
+        `SEARCH_EVERY` s: the work this host makes (starts, events, activity results) it
+        locks by name, so a search finds only timers and other hosts' work, and a batch's
+        write that searched each time spent more on it than on the writes (host_bench)."""
         real_now = time.monotonic()
+        if only is None:
+            if real_now - self._searched_at < SEARCH_EVERY:
+                only = []
+            else:
+                self._searched_at = real_now
         skip = {i for i, t in self._rejected_until.items() if t > real_now}
         return Claim(
             self.clock.now().timestamp(),
@@ -545,7 +577,7 @@ class DurableEngine:
                 ),
             ]
             messages_out += self._parent_notice(
-                instance_id, True, result.output_json, None, new_events
+                instance_id, True, result.output_json, None, new_events, history
             )
             self._commit(
                 inst,
@@ -573,7 +605,9 @@ class DurableEngine:
                     Result=json.dumps(message),
                 ),
             ]
-            messages_out += self._parent_notice(instance_id, False, None, message, new_events)
+            messages_out += self._parent_notice(
+                instance_id, False, None, message, new_events, history
+            )
             self._commit(
                 inst,
                 episode,
@@ -658,6 +692,29 @@ class DurableEngine:
                 self._histories.pop(next(iter(self._histories)))
         # A new list of the cached events: callers read them and copy what they change.
         return list(events)
+
+    def _remember_written(self, write: dict[str, Any], first: int) -> None:
+        """Extend the instance's cached history with the rows its episode just wrote, so the
+        next episode reads (and decodes) none of them back, only the row count that shows
+        nothing else changed. Kept only if the rows follow the copy's last one exactly."""
+        iid = write["instance_id"]
+        cached = self._histories.get(iid)
+        new = write["new_history"]
+        if write["reset_history"] or not new:
+            if write["reset_history"]:
+                self._histories.pop(iid, None)
+            return
+        if cached is None:
+            cached = _CachedHistory(write["execution_id"], None, [])
+        last = -1 if cached.max_seq is None else cached.max_seq
+        if cached.execution_id != write["execution_id"] or first != last + 1:
+            self._histories.pop(iid, None)
+            return
+        self._histories[iid] = cached
+        # The episode's own dicts: nothing changes them once written (a replay builds its
+        # events from copies, `_episode` copies what it marks played).
+        cached.events.extend(new)
+        cached.max_seq = first + len(new) - 1
 
     def _version_refusal(self, version: str | None) -> str | None:
         """host.json versionMatchStrategy against defaultVersion, as the Durable extension applies it."""
@@ -777,12 +834,14 @@ class DurableEngine:
         output_json: str | None,
         error: str | None,
         new_events: list[dict[str, Any]],
+        history: list[dict[str, Any]] | None = None,
     ) -> list[tuple[str, str | None, dict[str, Any]]]:
         """The parent's SubOrchestrationInstanceCompleted/Failed, if this instance has a parent.
 
-        The ExecutionStarted that names the parent is in the stored history, or, when the
-        child finishes in its first episode, among this episode's new events."""
-        history = self.store.history(instance_id, limit=3)
+        The ExecutionStarted that names the parent is in the stored history (`history` when
+        the caller holds it, else read), or, when the child finishes in its first episode,
+        among this episode's new events."""
+        history = self.store.history(instance_id, limit=3) if history is None else history[:3]
         parent = None
         for e in [*history, *new_events]:
             if e["EventType"] == EXECUTION_STARTED:

@@ -133,6 +133,8 @@ class Written:
     claimed."""
 
     written: list[bool] = field(default_factory=list)
+    # Per episode written: the seq its first new history row got.
+    first_seq: list[int] = field(default_factory=list)
     activities: list[dict[str, Any]] = field(default_factory=list)
     claimed: list[str] = field(default_factory=list)
 
@@ -324,14 +326,18 @@ class Store:
         started_event: dict[str, Any],
         now_iso: str,
         now_epoch: float,
-    ) -> str | None:
-        """Create the instance (status Pending) and enqueue its ExecutionStarted.
+        claim: Claim | None = None,
+    ) -> tuple[str | None, list[str]]:
+        """Create the instance (status Pending) and enqueue its ExecutionStarted; with
+        `claim`, lock for this host in the same transaction the instances it names that can
+        run now (the new one: its first episode then needs no claim of its own).
 
-        Returns the status that blocks the start (Running/Pending), or None on success.
-        A finished instance is replaced: its history and queued messages are dropped.
+        Returns the status that blocks the start (Running/Pending), or None on success, and
+        the instances locked. A finished instance is replaced: its history and queued
+        messages are dropped.
         """
         with self.tx() as db:
-            return self._create_in_tx(
+            blocking = self._create_in_tx(
                 db,
                 instance_id=instance_id,
                 name=name,
@@ -342,6 +348,7 @@ class Store:
                 now_iso=now_iso,
                 now_epoch=now_epoch,
             )
+            return blocking, [] if blocking is not None else self._claim_in_tx(db, claim)
 
     @staticmethod
     def _create_in_tx(
@@ -521,9 +528,10 @@ class Store:
         out = Written()
         with self.tx() as db:
             for episode in episodes:
-                ok, rows = self._commit_episode_in_tx(db, own=own_activities, **episode)
+                ok, rows, first = self._commit_episode_in_tx(db, own=own_activities, **episode)
                 own_activities -= len(rows)
                 out.written.append(ok)
+                out.first_seq.append(first)
                 out.activities.extend(rows)
             out.claimed = self._claim_in_tx(db, claim)
         return out
@@ -548,10 +556,11 @@ class Store:
         now_iso: str,
         new_instances: list[dict[str, Any]] | None = None,
         entity_ops: list[dict[str, Any]] | None = None,
-    ) -> tuple[bool, list[dict[str, Any]]]:
+    ) -> tuple[bool, list[dict[str, Any]], int]:
         """Write everything one episode produced, inside the caller's transaction. False if
         the lock was lost (then nothing is written). The first `own` activities are written
-        locked by this host; their rows are returned, as `claim_activities` returns them.
+        locked by this host; their rows are returned, as `claim_activities` returns them,
+        with the seq of the first history row written.
 
         `new_instances` are sub-orchestrations to create (keyword arguments of
         `create_or_restart_instance`); an existing running one is left alone."""
@@ -561,7 +570,7 @@ class Store:
             (instance_id,),
         ).fetchone()
         if owner is None or owner["lock_owner"] != self.host_id:
-            return False, []
+            return False, [], -1
         if reset_history:
             db.execute("DELETE FROM history WHERE instance_id=?", (instance_id,))
             start = 0
@@ -624,7 +633,7 @@ class Store:
             "last_updated_time=?, lock_owner=NULL WHERE instance_id=?",
             (execution_id, status, output, custom_status, input_json, now_iso, instance_id),
         )
-        return True, taken
+        return True, taken, start
 
     def drop_messages(self, instance_id: str, ids: list[int]) -> None:
         with self.tx() as db:
