@@ -85,7 +85,7 @@ browser:
 
 ## bench: per-order costs, throughput and latency of the whole pipeline on the local stack (1 and 2 hosts)
 bench: install
-	$(BIN)/python bench/pipeline_bench.py
+	$(BIN)/python bench/pipeline_bench.py --save
 
 ## bench-latency: submit-to-Processed latency of lone orders and of 20 posted together
 bench-latency: install

@@ -574,7 +574,7 @@ def host_counts(run: Run, scan: str) -> dict[str, Any] | None:
         return None
     return {
         "about": "Per happy-path order as the local host ran it: written by make bench "
-        "(bench/pipeline_bench.py, its first run); read by the capacity model "
+        "(bench/pipeline_bench.py --save, its first run); read by the capacity model "
         "(bench.order_cost.with_host_counts).",
         "scan": scan,
         "orders": run.host_cost.orders,
@@ -674,6 +674,12 @@ def main() -> int:
         metavar="NAME=VALUE",
         help="another app setting for the hosts (e.g. INLINE_STEPS=...); repeatable",
     )
+    parser.add_argument(
+        "--save",
+        action="store_true",
+        help="keep the first run's per-order counts in bench/host_order.json for the "
+        "capacity model (make bench does; a run with other settings should not)",
+    )
     args = parser.parse_args()
     more = dict(kv.split("=", 1) for kv in args.set)
     exit_on_signals()  # SIGTERM/SIGHUP run the `finally` that stops the stack
@@ -712,7 +718,7 @@ def main() -> int:
     for r in results:
         side_by_side(r, cost)
     counts = host_counts(results[0], args.scan)
-    if counts is not None and results[0].processed == results[0].orders:
+    if args.save and counts is not None and results[0].processed == results[0].orders:
         from bench.order_cost import HOST_COUNTS
 
         HOST_COUNTS.write_text(json.dumps(counts, indent=1) + "\n")
