@@ -9,6 +9,8 @@ running."""
 from __future__ import annotations
 
 import os
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -48,6 +50,31 @@ def pytest_collection_modifyitems(config, items):
         return _LONGEST_FIRST.index(path) if path in _LONGEST_FIRST else len(_LONGEST_FIRST)
 
     items.sort(key=rank)  # stable: the order inside a file, and of the other files, stays
+
+
+@pytest.fixture(autouse=True)
+def _environment_restored() -> Iterator[None]:
+    """Each test ends with os.environ as it began: a test (or the code it runs
+    in-process, such as devstack.host.config.load_local_settings, or a library
+    import) that sets a variable and leaves it would change what the next test in
+    the same xdist worker reads (the console's local mode and CSRF secret, the
+    Azure hints, the app's settings). Session and module fixtures that set one
+    run before this snapshot, so theirs stays. What was put back is named in a
+    warning (the run's summary), so that a leak is found, not only undone."""
+    before = dict(os.environ)
+    yield
+    changed = sorted(
+        k
+        for k in set(before) | set(os.environ)
+        if before.get(k) != os.environ.get(k) and k != "PYTEST_CURRENT_TEST"  # pytest's own
+    )
+    for name in changed:
+        if name in before:
+            os.environ[name] = before[name]
+        else:
+            del os.environ[name]
+    if changed:
+        warnings.warn(f"os.environ put back after the test: {', '.join(changed)}", stacklevel=1)
 
 
 def pytest_sessionfinish(session, exitstatus):
