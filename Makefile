@@ -29,16 +29,19 @@ demo: install
 ## Among them (tests/deploy, tests/infra): the preflight against stub subscriptions, the smoke
 ## test against a local stack, the import of the app against the Python worker's own pins
 ## (a cached venv under the temp directory, WORKER_PINS_CACHE), and the parse of every Bicep file.
-# Two workers (pytest-xdist), a file each at a time: most tests wait on servers and
-# deadlines, so two fit on two cores; each worker starts its own servers. The log ends
-# with the twenty slowest tests (--durations), to keep CI within its budget.
-TEST_WORKERS ?= 2
+# Four workers (pytest-xdist), a file each at a time: most tests wait on servers, timers
+# and deadlines (an e2e file keeps a sixth of a core busy), so four fit on two cores; each
+# worker starts its own servers. Files are handed out in the order tests/conftest.py sorts
+# them, longest first (--no-loadscope-reorder: xdist would sort them by their number of
+# tests), so that no worker is left alone with a long file at the end. The log ends with
+# the twenty slowest tests (--durations), to keep CI within its budget.
+TEST_WORKERS ?= 4
 # The resource-type check against Azure's published definitions (tests/infra/test_resource_types.py)
 # needs them beside the repository or in BICEP_TYPES_AZ; without them it is deselected, and said so.
 AZURE_TYPES := $(or $(BICEP_TYPES_AZ),$(wildcard ../shared/bicep-types-az))
 test: install browser lint
 	@$(if $(AZURE_TYPES),,echo "test: Azure's resource type definitions are not here (BICEP_TYPES_AZ): their check is deselected")
-	REQUIRE_NO_SKIPS=1 $(BIN)/python -m pytest -q -rs -n $(TEST_WORKERS) --dist loadfile --durations=20 $(if $(AZURE_TYPES),,-m "not azure_types")
+	REQUIRE_NO_SKIPS=1 $(BIN)/python -m pytest -q -rs -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=20 $(if $(AZURE_TYPES),,-m "not azure_types")
 
 ## preflight: check the subscription and the azd environment before `azd provision`
 ## (azure.yaml's preprovision hook runs the same; standard library only, needs az)

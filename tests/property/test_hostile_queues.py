@@ -32,6 +32,7 @@ from hypothesis import strategies as st
 import bootstrap
 from agents.agent import Agent
 from agents.messaging import RequestProcessor, ServiceBusReplySender
+from console.peek import QueuePeeker
 from domain.codec import decode
 from domain.errors import NotFoundError, ValidationFailed
 from domain.ids import order_key
@@ -288,34 +289,74 @@ class Queue:
         return call
 
 
-async def drain(bus: Bus, queue: str, wait: float = 0.1) -> list[dict]:
-    """Receive and delete everything on `queue`; JSON bodies parsed, others
-    (value or sequence bodies of hostile messages) as {"raw": ...}."""
+def _parsed(message: Any) -> dict:
+    """A JSON body parsed, others (value or sequence bodies of hostile
+    messages) as {"raw": ...}."""
     from adapters.settlement import BodyRefused, read_body
 
+    try:
+        parsed = json.loads(read_body(message))
+    except (BodyRefused, ValueError, RecursionError):
+        parsed = {"raw": repr(message.body)}
+    return parsed if isinstance(parsed, dict) else {"raw": parsed}
+
+
+async def drain(bus: Bus, queue: str, wait: float = 0.1) -> list[dict]:
+    """Receive and delete everything on `queue`."""
     out = []
     receiver = bus.client.get_queue_receiver(
         queue, receive_mode=ServiceBusReceiveMode.RECEIVE_AND_DELETE
     )
     async with receiver:
         while batch := await receiver.receive_messages(max_message_count=100, max_wait_time=wait):
-            for message in batch:
-                try:
-                    parsed = json.loads(read_body(message))
-                except (BodyRefused, ValueError, RecursionError):
-                    parsed = {"raw": repr(message.body)}
-                out.append(parsed if isinstance(parsed, dict) else {"raw": parsed})
+            out += [_parsed(message) for message in batch]
     return out
 
 
-async def alerts_by_message_id(bus: Bus, alerts: Any) -> dict[str, list[dict]]:
-    """The alerts on the queue by the message each names, once `alerts` (the
-    process's Alerts, or the agent's processor) has sent its open windows:
-    each example then starts a window of its own, and its one dead letter
-    is that window's first alert, named by its message id (reporting.alerts)."""
+class OpenBus(Bus):
+    """The test's Service Bus client with its links kept open across the
+    Hypothesis examples: opening and closing a link costs about a second on
+    the local emulator (console/peek.py), more than an example's own work.
+
+    `arrived(queue)` is what was sent to `queue` since the last look, peeked
+    (nothing received or waited for): every send the checks look for (an
+    agent's reply, an alert window's flush) was awaited before they look, so
+    it is on the queue already."""
+
+    def __init__(self, connection_string: str) -> None:
+        super().__init__(connection_string)
+        self._queues: dict[str, Queue] = {}
+        self._peeker = QueuePeeker(self.client)
+        self._next: dict[str, int] = {}
+
+    async def queue(self, name: str) -> Queue:
+        if name not in self._queues:
+            self._queues[name] = await Queue(self, name).__aenter__()
+        return self._queues[name]
+
+    async def arrived(self, queue: str) -> list[dict]:
+        out: list[dict] = []
+        while page := await self._peeker.peek(queue, 100, from_sequence=self._next.get(queue)):
+            out += [_parsed(message) for message in page]
+            self._next[queue] = page[-1].sequence_number + 1
+        return out
+
+    async def close(self) -> None:
+        for queue in self._queues.values():
+            await queue.__aexit__(None, None, None)
+        await self._peeker.close()
+        await super().close()
+
+
+async def alerts_by_message_id(bus: OpenBus, alerts: Any) -> dict[str, list[dict]]:
+    """The alerts sent since the last look by the message each names, once
+    `alerts` (the process's Alerts, or the agent's processor) has sent its
+    open windows: each example then starts a window of its own, and its one
+    dead letter is that window's first alert, named by its message id
+    (reporting.alerts)."""
     await alerts.close()
     out: dict[str, list[dict]] = {}
-    for alert in await drain(bus, "alerts", wait=1):
+    for alert in await bus.arrived("alerts"):
         out.setdefault(alert.get("MessageId"), []).append(alert)
     return out
 
@@ -328,7 +369,7 @@ def check_dead_letters_alerted(dead: dict[str, str], alerts: dict[str, list[dict
 
 @pytest.fixture
 async def bus(app_env, servicebus_emulator):  # noqa: F811
-    bus = Bus(servicebus_emulator.connection_string)
+    bus = OpenBus(servicebus_emulator.connection_string)
     await asyncio.gather(
         *(
             drain(bus, queue)
@@ -386,33 +427,31 @@ def order_bodies(order_id: str):
 async def test_every_order_message_is_accepted_valid_or_dead_lettered_with_a_reason(bus, data):
     c = await ROOT.container()
     dead: dict[str, str] = {}
-    async with Queue(bus, ORDERS) as orders:
-        order_id = f"P-{uuid.uuid4().hex[:12]}"
-        body = data.draw(order_bodies(order_id), label="body")
-        kind = data.draw(st.sampled_from(BODY_KINDS), label="kind")
-        props = data.draw(application_properties, label="properties")
-        message_id = f"prop-{uuid.uuid4().hex}"
-        call = await orders.deliver(
-            amqp_message(body, kind, message_id, props), SUBMIT, client=None
-        )
-        if call[0] == "complete":
-            assert kind not in ("value-map", "sequence-ints")
-            order = decode(OrderSubmitted, body)  # accepted only as a valid contract
-            assert order.AppId == "webshop"  # the queue's application, whatever else the body says
-            assert oracle_accepts_text(body)
-            record, _ = await c.store.read(order_key(order.AppId, order.OrderID))
-            assert record.OrderDigest == order.digest()
-        else:
-            assert call[0] == "deadletter", call
-            assert call[1] in DOCUMENTED_REASONS, call
-            assert call[2], "a dead letter says why"
-            dead[message_id] = call[1]
-            for oid in {order_id, _readable(body)} - {None}:
-                for key in (oid, order_key("webshop", oid)):
-                    with pytest.raises(NotFoundError):
-                        await c.store.read(key)
-                    with pytest.raises(NotFoundError):
-                        await c.orders.get(key)
+    orders = await bus.queue(ORDERS)
+    order_id = f"P-{uuid.uuid4().hex[:12]}"
+    body = data.draw(order_bodies(order_id), label="body")
+    kind = data.draw(st.sampled_from(BODY_KINDS), label="kind")
+    props = data.draw(application_properties, label="properties")
+    message_id = f"prop-{uuid.uuid4().hex}"
+    call = await orders.deliver(amqp_message(body, kind, message_id, props), SUBMIT, client=None)
+    if call[0] == "complete":
+        assert kind not in ("value-map", "sequence-ints")
+        order = decode(OrderSubmitted, body)  # accepted only as a valid contract
+        assert order.AppId == "webshop"  # the queue's application, whatever else the body says
+        assert oracle_accepts_text(body)
+        record, _ = await c.store.read(order_key(order.AppId, order.OrderID))
+        assert record.OrderDigest == order.digest()
+    else:
+        assert call[0] == "deadletter", call
+        assert call[1] in DOCUMENTED_REASONS, call
+        assert call[2], "a dead letter says why"
+        dead[message_id] = call[1]
+        for oid in {order_id, _readable(body)} - {None}:
+            for key in (oid, order_key("webshop", oid)):
+                with pytest.raises(NotFoundError):
+                    await c.store.read(key)
+                with pytest.raises(NotFoundError):
+                    await c.orders.get(key)
     check_dead_letters_alerted(
         dead, await alerts_by_message_id(bus, ROOT.alerts_over((await ROOT.container()).publisher))
     )
@@ -429,8 +468,8 @@ async def test_a_value_map_too_deep_for_the_sdk_is_sent_as_deep_as_it_can_be(bus
     body = b'{"OrderID": "%s", "Deep": ' % order_id.encode() + b"[" * depth + b"]" * depth + b"}"
     message = amqp_message(body, "value-map", f"deep-{uuid.uuid4().hex}", None)
     assert _nesting(message.body) == SDK_MAX_NESTING
-    async with Queue(bus, ORDERS) as orders:
-        call = await orders.deliver(message, SUBMIT, client=None)
+    orders = await bus.queue(ORDERS)
+    call = await orders.deliver(message, SUBMIT, client=None)
     assert call[:2] == ("deadletter", "InvalidMessage"), call
 
 
@@ -495,33 +534,26 @@ async def test_every_agent_request_is_answered_or_dead_lettered_with_a_reason(
     bus, agent_processor, data
 ):
     dead: dict[str, str] = {}
-    async with Queue(bus, "agent-requests") as requests:
-        order_id = f"R-{uuid.uuid4().hex[:12]}"
-        body = data.draw(request_bodies(order_id), label="body")
-        kind = data.draw(st.sampled_from(BODY_KINDS), label="kind")
-        message_id = f"req-{uuid.uuid4().hex}"
-        call = await requests.deliver(
-            amqp_message(body, kind, message_id, data.draw(application_properties)), AGENT
-        )
-        if call[0] == "complete":
-            request = decode(AgentRequest, body)
-            assert oracle_accepts_text(body)
-            replies: list[dict] = []
-            for _ in range(20):  # a reply can trail its send by a receive cycle
-                replies += [
-                    r
-                    for r in await drain(bus, "agent-responses", 0.5)
-                    if r.get("OrderID") == order_id
-                ]
-                if replies:
-                    break
-            assert [r["OrderID"] for r in replies] == [request.OrderID]
-        else:
-            assert call[0] == "deadletter", call
-            assert call[1] in DOCUMENTED_REASONS, call
-            replies = await drain(bus, "agent-responses", wait=0.5)
-            assert [r for r in replies if r.get("OrderID") == order_id] == []
-            dead[message_id] = call[1]
+    requests = await bus.queue("agent-requests")
+    order_id = f"R-{uuid.uuid4().hex[:12]}"
+    body = data.draw(request_bodies(order_id), label="body")
+    kind = data.draw(st.sampled_from(BODY_KINDS), label="kind")
+    message_id = f"req-{uuid.uuid4().hex}"
+    call = await requests.deliver(
+        amqp_message(body, kind, message_id, data.draw(application_properties)), AGENT
+    )
+    if call[0] == "complete":
+        request = decode(AgentRequest, body)
+        assert oracle_accepts_text(body)
+        # the processor awaited the reply's send before it settled
+        replies = [r for r in await bus.arrived("agent-responses") if r.get("OrderID") == order_id]
+        assert [r["OrderID"] for r in replies] == [request.OrderID]
+    else:
+        assert call[0] == "deadletter", call
+        assert call[1] in DOCUMENTED_REASONS, call
+        replies = await bus.arrived("agent-responses")
+        assert [r for r in replies if r.get("OrderID") == order_id] == []
+        dead[message_id] = call[1]
     check_dead_letters_alerted(dead, await alerts_by_message_id(bus, agent_processor))
 
 
@@ -576,36 +608,36 @@ def reply_bodies(draw, order_id: str) -> bytes:
 async def test_every_agent_reply_reaches_the_workflow_valid_or_is_dead_lettered(bus, data):
     client = RecordingDurableClient()
     dead: dict[str, str] = {}
-    async with Queue(bus, "agent-responses") as responses:
-        order_id = f"B-{uuid.uuid4().hex[:12]}"
-        body = data.draw(reply_bodies(order_id), label="body")
-        kind = data.draw(st.sampled_from(BODY_KINDS), label="kind")
-        message_id = f"rep-{uuid.uuid4().hex}"
-        call = await responses.deliver(
-            amqp_message(body, kind, message_id, data.draw(application_properties)),
-            BRIDGE,
-            client=client,
-        )
-        if call[0] == "complete":
-            reply = decode(AgentReply, body)
-            assert oracle_accepts_text(body)
-            if not reply.InstanceId.endswith(":3"):
-                [(instance, event, payload)] = client.raised
-                assert (instance, event) == (reply.InstanceId, reply.EventName)
-                # The reply as the bridge raises it (orchestrators.contracts.event_payload,
-                # ADR 021h): its answer as sent, on the instance and under the event name
-                # its checked token binds, without that identity or its seal.
-                assert payload == event_payload(reply)
-                # A workflow reads of it what it read of the whole reply before.
-                whole = reply.model_dump(mode="json", exclude={"ReplyToken", "Signature"})
-                was, now = reply_from_event(whole), reply_from_event(payload)
-                assert (now.Outcome, now.Error, now.Calls) == (was.Outcome, was.Error, was.Calls)
-                assert (now.Result or {}).get("Reference") == (was.Result or {}).get("Reference")
-        else:
-            assert call[0] == "deadletter", call
-            assert call[1] in DOCUMENTED_REASONS, call
-            assert client.raised == [], "a refused reply never reaches the workflow"
-            dead[message_id] = call[1]
+    responses = await bus.queue("agent-responses")
+    order_id = f"B-{uuid.uuid4().hex[:12]}"
+    body = data.draw(reply_bodies(order_id), label="body")
+    kind = data.draw(st.sampled_from(BODY_KINDS), label="kind")
+    message_id = f"rep-{uuid.uuid4().hex}"
+    call = await responses.deliver(
+        amqp_message(body, kind, message_id, data.draw(application_properties)),
+        BRIDGE,
+        client=client,
+    )
+    if call[0] == "complete":
+        reply = decode(AgentReply, body)
+        assert oracle_accepts_text(body)
+        if not reply.InstanceId.endswith(":3"):
+            [(instance, event, payload)] = client.raised
+            assert (instance, event) == (reply.InstanceId, reply.EventName)
+            # The reply as the bridge raises it (orchestrators.contracts.event_payload,
+            # ADR 021h): its answer as sent, on the instance and under the event name
+            # its checked token binds, without that identity or its seal.
+            assert payload == event_payload(reply)
+            # A workflow reads of it what it read of the whole reply before.
+            whole = reply.model_dump(mode="json", exclude={"ReplyToken", "Signature"})
+            was, now = reply_from_event(whole), reply_from_event(payload)
+            assert (now.Outcome, now.Error, now.Calls) == (was.Outcome, was.Error, was.Calls)
+            assert (now.Result or {}).get("Reference") == (was.Result or {}).get("Reference")
+    else:
+        assert call[0] == "deadletter", call
+        assert call[1] in DOCUMENTED_REASONS, call
+        assert client.raised == [], "a refused reply never reaches the workflow"
+        dead[message_id] = call[1]
     check_dead_letters_alerted(
         dead, await alerts_by_message_id(bus, ROOT.alerts_over((await ROOT.container()).publisher))
     )

@@ -90,7 +90,8 @@ def test_local_settings_fill_the_environment_without_overriding_it(
             {"IsEncrypted": False, "Values": {"DEVSTACK_A": "from-file", "DEVSTACK_B": "file"}}
         )
     )
-    monkeypatch.delenv("DEVSTACK_A", raising=False)
+    monkeypatch.setenv("DEVSTACK_A", "")  # so that the end of the test puts it back absent
+    monkeypatch.delenv("DEVSTACK_A")
     monkeypatch.setenv("DEVSTACK_B", "from-env")
     load_local_settings(str(path))
     assert os.environ["DEVSTACK_A"] == "from-file"
