@@ -124,9 +124,10 @@ async def test_one_order_is_one_trace_across_submit_activities_agent_and_bridge(
         calls = [s for s in spans if s.parent_id == agent.span_id and s.name.startswith("POST ")]
         assert calls
         assert all(c.kind == "client" for c in calls)
+    # Each agent's reply is bridged; a redelivered reply (its lock lost on a
+    # starved machine) is bridged again under the same agent, at least once.
     bridges = [s for s in spans if s.name == "reply bridge"]
-    assert len(bridges) == 2
-    assert all(parent(parent(b)).name == "agent" for b in bridges)
+    assert {parent(parent(b)).span_id for b in bridges} == {a.span_id for a in agents}
     inline = [s for s in spans if s.name == "activity run_inline_step"]
     assert any(s.name.startswith("POST shipping/") and parent(s) in inline for s in spans)
     assert all(s.end >= s.start for s in spans)
