@@ -785,6 +785,14 @@ class Simulation(Clients, PathChecks, EndChecks, WorldFaults):
         settle = timedelta(seconds=3 * SUPERVISOR_PERIOD + STARTER_PERIOD) + SLACK
         if self.last_write is not None and now - self.last_write < settle:
             return False
+        ended = self.durable.last_ended
+        if ended is not None and now - ended < settle:
+            # The Starter acts on an instance's end only at its next run: a
+            # deferred compensation whose NotBefore passed while its instance
+            # still ran (a stalled episode) is restarted after it ends (seed
+            # 100036: the instance ended 66 s after its NotBefore, and the
+            # schedule was called done before the Starter ran).
+            return False
         refused_until = self._refusals_end()
         if refused_until is not None and now < refused_until + settle + STATUS_GRACE:
             return False  # the statuses a refusing reply queue owes are still to come
