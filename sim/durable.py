@@ -339,7 +339,11 @@ class SimDurable:
             inst.history.append(_event(ORCHESTRATOR_COMPLETED, now))
 
     def _ended(self, inst: Instance) -> None:
-        self.finished[inst.instance_id] = (inst.status, inst.output, self.owner_of(inst.instance_id))
+        self.finished[inst.instance_id] = (
+            inst.status,
+            inst.output,
+            self.owner_of(inst.instance_id),
+        )
         self.last_ended = self.world.clock.now
 
     def _deliver(self, inst: Instance, execution: int, event: dict[str, Any]) -> None:
