@@ -26,6 +26,7 @@ from devstack.host.durable import (
 from domain.errors import TransientError
 from domain.ids import order_key, reply_event_name
 from domain.state_machine import MAX_COMPENSATION_RESTARTS
+from orchestrators.starter import STATUS_BACKOFF_FIRST, STATUS_BACKOFF_MAX
 
 from .hostile import ALERT_KINDS as FORGERY_ALERTS
 from .hostile import PREFIX as FORGED
@@ -125,6 +126,7 @@ class EndChecks(MessageChecks):
         self.check_goodput_under_overload(docs)
         self.check_status_never_stops_work()
         self.check_breakers_open_on_failures()
+        self.check_refused_resends_bounded()
 
     def _report_first(self, findings: list[str], check: str) -> None:
         """A path check's first finding, as `check`'s violation (one is enough
@@ -407,6 +409,36 @@ class EndChecks(MessageChecks):
                     "no compensation delayed by a status",
                     f"{iid} (record {state} when its status was refused) ended Failed on "
                     f"report_status: {reason[:160]}",
+                )
+                return
+
+    def check_refused_resends_bounded(self) -> None:
+        """A refusing reply queue is not resent to every scan (§4 status
+        delivery): the Starter probes it with one send after
+        STATUS_BACKOFF_FIRST, doubling to STATUS_BACKOFF_MAX, so a Starter
+        (one per host process: a restart or a lock handover starts over)
+        sends it at most the doublings plus one a STATUS_BACKOFF_MAX of the
+        spell; plus, per order, one terminal send its restart loop makes
+        outside the scan (a compensation given up)."""
+        doublings = 1
+        while STATUS_BACKOFF_FIRST * 2**doublings < STATUS_BACKOFF_MAX:
+            doublings += 1
+        for queue, (start, until, _) in sorted(self.world.faults.refusing.items()):
+            refused = self.starter_refused.get(queue, [])
+            starters = sum(
+                1 for first, last in self.starter_spans.values() if first <= until and last >= start
+            )
+            bound = starters * (doublings + 2 + (until - start) / STATUS_BACKOFF_MAX) + len(
+                self.order_ids
+            )
+            self.world.counters["refusing spells"] += 1
+            self.world.counters["starter sends refused in refusing spells"] += len(refused)
+            if len(refused) > bound:
+                self.fail(
+                    "a refusing reply queue is probed, not resent to every scan",
+                    f"{queue} refused {len(refused)} of the Starter's sends in its spell "
+                    f"{start:%H:%M:%S}-{until:%H:%M:%S} ({starters} Starter processes): "
+                    f"more than {bound:.0f}",
                 )
                 return
 

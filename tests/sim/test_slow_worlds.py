@@ -104,6 +104,12 @@ def test_a_reply_queue_refusing_for_hours_refuses_as_the_sdk_does_and_gets_its_s
     assert [m for m in sim.bus.queue(queue).sent if m.sent_at >= until]
     assert sim.end >= until
     assert sim.violations == []
+    # The Starter probed the queue (26 refused sends in its 107 minutes: one
+    # every STATUS_BACKOFF_MAX after the doublings), not every 30 s scan (214).
+    assert 0 < len(sim.starter_refused[queue]) <= 30
+    assert "a refusing reply queue is probed, not resent to every scan" not in _checks(sim)
+    sim.starter_refused[queue] += [until] * 100  # a Starter resending every scan
+    assert "a refusing reply queue is probed, not resent to every scan" in _checks(sim)
 
 
 def test_without_the_slow_worlds_no_call_is_paced_and_no_queue_refuses():
