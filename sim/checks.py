@@ -15,6 +15,7 @@ from typing import Any
 
 from adapters.recovery_index import MAX_BUCKETS_PER_PAGE
 from adapters.settlement import ORIGINAL_ID_PROPERTY
+from agents.agent import AgentPolicy
 from devstack.host.durable import (
     EVENT_RAISED,
     ORCHESTRATOR_STARTED,
@@ -448,8 +449,13 @@ class EndChecks(MessageChecks):
         its service's breaker is open comes only after that service failed a
         call (a 5xx, no answer in time). A service that only answered 429s
         (rate limits) is up; a breaker opened by them refuses every request
-        behind it unasked (mutant `remote-429-breaker-failure`)."""
+        behind it unasked (mutant `remote-429-breaker-failure`). A breaker
+        stays open `breaker_reset_timeout` after the failure that opened it
+        (or reopened it, a trial call failing), and that failure's call began
+        at most a step timeout before: a failure longer ago than both excuses
+        no refusal (the services of a schedule with 5xx early and 429s later)."""
         marker = "circuit open for "
+        window = timedelta(seconds=AgentPolicy().breaker_reset_timeout) + self.settings.step_timeout
         for m in self.bus.queue("agent-responses").sent:
             try:
                 error = str(json.loads(m.body).get("Error") or "")
@@ -458,11 +464,13 @@ class EndChecks(MessageChecks):
             if marker not in error:
                 continue
             service = error.split(marker, 1)[1].split(":", 1)[0]
-            if not any(t <= m.sent_at for t in self.remote.failures.get(service, [])):
+            failures = self.remote.failures.get(service, [])
+            if not any(m.sent_at - window <= t <= m.sent_at for t in failures):
                 self.fail(
                     "a breaker opens only on a failing service",
                     f"{m.message_id} at {m.sent_at.isoformat()}: {error[:160]}; {service} had "
-                    "failed no call before (429s only pace)",
+                    f"failed no call in the {window.total_seconds():.0f} s before "
+                    "(429s only pace)",
                 )
                 return
 

@@ -228,8 +228,14 @@ def test_a_breaker_open_on_a_service_that_only_paced_is_caught():
     body = json.dumps({"Outcome": "transient", "Error": error}).encode()
     sim.bus.send("agent-responses", body, "o:1/reply-payment-1", {})
     assert "a breaker opens only on a failing service" in _checks(sim)
-    sim.remote.failures["payment"] = [START]  # it had failed a call: the breaker's to count
+    sent = sim.bus.queue("agent-responses").sent[-1].sent_at
+    # It had failed a call just before: the breaker's to count.
+    sim.remote.failures["payment"] = [sent - timedelta(seconds=20)]
     assert "a breaker opens only on a failing service" not in _checks(sim)
+    # A failure longer ago than the breaker's reset and a call's timeout
+    # opened no breaker that is still open (5xx early in a schedule, 429s later).
+    sim.remote.failures["payment"] = [sent - timedelta(seconds=30 + 60 + 1)]
+    assert "a breaker opens only on a failing service" in _checks(sim)
 
 
 def test_a_stalled_episode_waits_minutes_and_only_while_faults_last():
