@@ -236,6 +236,15 @@ def test_a_breaker_open_on_a_service_that_only_paced_is_caught():
     # opened no breaker that is still open (5xx early in a schedule, 429s later).
     sim.remote.failures["payment"] = [sent - timedelta(seconds=30 + 60 + 1)]
     assert "a breaker opens only on a failing service" in _checks(sim)
+    # Seed 12000363: the gate's back-off copy of such a reply, sent long after
+    # the refusal, is not judged by its own time (its original is).
+    from adapters.settlement import ORIGINAL_ID_PROPERTY
+
+    sim.remote.failures["payment"] = [sent - timedelta(seconds=20)]
+    copy_props = {ORIGINAL_ID_PROPERTY: "o:1/reply-payment-1"}
+    sim.world.clock.now += timedelta(minutes=10)
+    sim.bus.send("agent-responses", body, "retry/seq-1/1/seq-2", copy_props)
+    assert "a breaker opens only on a failing service" not in _checks(sim)
 
 
 def test_a_stalled_episode_waits_minutes_and_only_while_faults_last():
