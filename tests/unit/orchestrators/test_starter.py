@@ -686,3 +686,34 @@ async def test_a_reply_queue_refusing_for_an_hour_is_probed_with_a_few_sends_not
     assert record.PendingStatus is not None
     assert await StatusOutbox(world.store, StatusReporter(world.bus)).deliver(record)
     assert (await world.record("webshop:B1")).PendingStatus is None
+
+
+async def test_a_refused_status_whose_try_count_is_not_written_still_backs_off():
+    """Seed 12000745: a refused send whose try-count write then failed (a
+    Cosmos outage) was taken for a sent status, ending the queue's back-off:
+    the Starter sent to the refusing queue every 10 s scan."""
+    from domain.errors import TransientError as StoreDown
+
+    world = World()
+    await _failed(world, "A1")
+    refused: list = []
+
+    async def send(queue, body, message_id, props=None):
+        refused.append(world.now)
+        raise TransientError(f"{queue}: MessagingEntityDisabled")
+
+    world.bus.send = send
+    real_update = world.store.update
+
+    async def update(order_id, change, owner):
+        if refused and refused[-1] == world.now:  # the try count of a refused send
+            raise StoreDown("state: Cannot connect")
+        return await real_update(order_id, change, owner)
+
+    world.store.update = update
+    starter = world.starter()
+    end = world.now + timedelta(minutes=30)
+    while world.now < end:
+        world.now += timedelta(seconds=10)
+        await starter.run(StartingClient())
+    assert len(refused) <= 12, len(refused)  # 10, 20, 40, 80, 160 s, then every 5 minutes
