@@ -82,13 +82,19 @@ from reporting.alerts import alert_unreadable
 
 log = logging.getLogger(__name__)
 
-# Short: once a queue takes sends again its entries should go out within about
-# a Starter period or two (the simulation's settle time after faults stop).
+# A refusing reply queue is probed with one send after 10 s, 20 s, 40 s, ...,
+# then every 5 minutes: a queue refusing for hours costs about 12 refused sends
+# an hour, not one per scan; once it takes sends again its statuses go out
+# within 5 minutes, or at once when an operator resends them (console, CLI
+# `statuses --resend`: their own StatusOutbox, which knows no back-off). The
+# back-off lives in the process holding the Starter's singleton lock: a host
+# that takes the lock over starts again at 10 s, one probe more per handover.
 STATUS_BACKOFF_FIRST = timedelta(seconds=10)
-STATUS_BACKOFF_MAX = timedelta(seconds=30)
+STATUS_BACKOFF_MAX = timedelta(minutes=5)
 # Refusals in a row after which a reply queue's operators hear of it: one
-# StatusUndeliverable alert for the whole spell, however many orders wait.
-STATUS_ALERT_AFTER = 10
+# StatusUndeliverable alert for the whole spell, however many orders wait
+# (the fifth refusal comes about 150 s into the spell).
+STATUS_ALERT_AFTER = 5
 STATUS_GRACE = timedelta(seconds=30)  # an outbox entry younger than this is being sent
 MAX_OUTBOX_PAGES = 3  # per run: the first page, and rescans after a queue refused
 FAST_PATH_WINDOW = timedelta(seconds=3)  # how long the timer leaves a new order to the fast path

@@ -124,10 +124,17 @@ class StatusOutbox:
                 exc,
                 extra={"order_id": record.id},
             )
-            with contextlib.suppress(StaleError, NotFoundError):
+            # The try count is bookkeeping: failing to write it must not pass
+            # for a sent status (the Starter would end its back-off and start
+            # the queue's spell of refusals over: seed 12000745).
+            try:
                 await self._store.update(
                     record.id, lambda r: sm.status_send_failed(r, pending.MessageId), ANY_OWNER
                 )
+            except (StaleError, NotFoundError):
+                pass
+            except Exception:
+                log.warning("try count of order %s's status not written", record.id, exc_info=True)
             return False
         try:
             await self._clear(record, pending.MessageId, etag)

@@ -376,7 +376,8 @@ def _run(args: argparse.Namespace, recorder: surface.Recorder | None) -> int:
         "(from the settings: (max_failures+1) x attempt + long retries + compensation)"
     )
     faults: Counter[str] = Counter()
-    forged = 0
+    forged = spells = 0
+    spell_refusals: list[int] = []
     # Writes per recovery-index partition key per simulated second (ADR 019b):
     # the peak of each schedule with the index Supervisor.
     index_peaks: list[int] = []
@@ -403,6 +404,8 @@ def _run(args: argparse.Namespace, recorder: surface.Recorder | None) -> int:
                 )
         faults.update(f.kind for f in result.faults)
         forged += result.counters["forged"]
+        spells += result.counters["refusing spells"]
+        spell_refusals.append(result.counters["starter sends refused in refusing spells"])
         if result.options.scan == "index":
             index_peaks.append(result.counters["index partition-second peak"])
         rows.update(result.rows)
@@ -422,6 +425,11 @@ def _run(args: argparse.Namespace, recorder: surface.Recorder | None) -> int:
         "faults injected: " + (", ".join(f"{k}={v}" for k, v in sorted(faults.items())) or "none")
     )
     print(f"forged internal-queue messages (sim/hostile.py): {forged}")
+    if spells:
+        print(
+            f"refusing reply queues: {spells} spells; the Starter's sends they refused: "
+            f"max {max(spell_refusals)} per schedule, {sum(spell_refusals) / spells:.1f} per spell"
+        )
     if index_peaks:
         print(
             f"index Supervisor schedules: {len(index_peaks)}; recovery-index writes per "

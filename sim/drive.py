@@ -47,7 +47,7 @@ from domain.ids import order_key
 from domain.signing import KeyRing
 from domain.steps import StepCatalog
 from orchestrators.policy import StarterPolicy
-from orchestrators.starter import Starter, fast_start
+from orchestrators.starter import STATUS_BACKOFF_MAX, Starter, fast_start
 from reporting import Alerts, StatusReporter
 from submit.policy import SubmitPolicy
 
@@ -196,6 +196,8 @@ class Simulation(Clients, PathChecks, EndChecks, WorldFaults):
         self.wrote_states: dict[str, set[str]] = {}
         self.sup_pages: dict[Any, list[int]] = {}
         self.status_refused: dict[str, str] = {}
+        self.starter_refused: dict[str, list[datetime]] = {}
+        self.starter_spans: dict[int, list[datetime]] = {}
         self.processed_at: dict[str, datetime] = {}
         self.index_c.on_delete = self._on_index_delete
         # Writes per index partition key per simulated second (ADR 019b), and
@@ -700,7 +702,10 @@ class Simulation(Clients, PathChecks, EndChecks, WorldFaults):
         if self.world.clock.now < self.lease_free_at:
             return  # no host holds the singleton lock yet (_restart_host)
         _HOST.set(self.singleton)
-        await self.host.starter.run(self.durable)
+        starter = self.host.starter
+        now = self.world.clock.now
+        self.starter_spans.setdefault(id(starter), [now, now])[1] = now
+        await starter.run(self.durable)
 
     async def _supervisor_run(self) -> None:
         if self.world.clock.now < self.lease_free_at:
@@ -769,7 +774,18 @@ class Simulation(Clients, PathChecks, EndChecks, WorldFaults):
         settle = timedelta(seconds=3 * SUPERVISOR_PERIOD + STARTER_PERIOD) + SLACK
         if self.last_write is not None and now - self.last_write < settle:
             return False
+        ended = self.durable.last_ended
+        if ended is not None and now - ended < settle:
+            # The Starter acts on an instance's end only at its next run: a
+            # deferred compensation whose NotBefore passed while its instance
+            # still ran (a stalled episode) is restarted after it ends (seed
+            # 100036: the instance ended 66 s after its NotBefore, and the
+            # schedule was called done before the Starter ran).
+            return False
         refused_until = self._refusals_end()
+        # The last refusal of a status send (a fault, a refusing entity): the
+        # Starter probes a queue that refused again within STATUS_BACKOFF_MAX.
+        last_refusal = max(self.faults_stopped, refused_until or self.faults_stopped)
         if refused_until is not None and now < refused_until + settle + STATUS_GRACE:
             return False  # the statuses a refusing reply queue owes are still to come
         if now - max(self.faults_stopped, self.lease_free_at) < settle:
@@ -787,7 +803,10 @@ class Simulation(Clients, PathChecks, EndChecks, WorldFaults):
                 if doc.get(name) and datetime.fromisoformat(doc[name]) + settle > now:
                     return False
             pending = doc.get("PendingStatus")
-            if pending and datetime.fromisoformat(pending["At"]) + STATUS_GRACE + settle > now:
+            if pending and (
+                datetime.fromisoformat(pending["At"]) + STATUS_GRACE + settle > now
+                or last_refusal + STATUS_BACKOFF_MAX + settle > now
+            ):
                 return False
         # The index Supervisor works through its entries a page per run: while
         # one of a Processing record is left, it still has work (a small page

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import random
 from dataclasses import dataclass, field
-from datetime import UTC
+from datetime import UTC, datetime
 from types import SimpleNamespace
 from typing import Any
 
@@ -83,6 +83,9 @@ class SimDurable:
         # record's owner at that moment (set by the simulation's hook).
         self.heard: dict[tuple[str, str], list[str | None]] = {}
         self.finished: dict[str, tuple[str, Any, str | None]] = {}
+        # When an execution last ended: the Starter acts on an ended instance
+        # (a compensation's restart) only at its next run (Simulation.fixed_point).
+        self.last_ended: datetime | None = None
         # (instance, event) of every raise_event answered "no such instance" or "gone"
         self.gone_answers: set[tuple[str, str]] = set()
         # (instance, event name): an event raised on an instance that had ended.
@@ -272,11 +275,7 @@ class SimDurable:
         if self.dies(inst.instance_id):
             inst.status = "Failed"
             inst.output = "injected: the orchestration failed (an activity's retries spent)"
-            self.finished[inst.instance_id] = (
-                inst.status,
-                inst.output,
-                self.owner_of(inst.instance_id),
-            )
+            self._ended(inst)
             self.world.log(f"durable {inst.instance_id} FAILED (injected: the instance died)")
             self.world.counters["compensation_died"] += 1
             return
@@ -297,6 +296,7 @@ class SimDurable:
             )
         except NonDeterminismError as exc:
             inst.status, inst.output = "Failed", str(exc)
+            self._ended(inst)
             self.world.log(f"durable {inst.instance_id} NONDETERMINISTIC {exc}")
             return
         scheduled = []
@@ -328,23 +328,23 @@ class SimDurable:
                 ),
             ]
             inst.status, inst.output = "Completed", json.loads(result.output_json or "null")
-            self.finished[inst.instance_id] = (
-                inst.status,
-                inst.output,
-                self.owner_of(inst.instance_id),
-            )
+            self._ended(inst)
             self.world.log(f"durable {inst.instance_id} completed {result.output_json}")
         elif result.outcome == "failed":
             inst.status, inst.output = "Failed", result.error
-            self.finished[inst.instance_id] = (
-                inst.status,
-                inst.output,
-                self.owner_of(inst.instance_id),
-            )
+            self._ended(inst)
             self.world.log(f"durable {inst.instance_id} FAILED {str(result.error)[:200]}")
             self.world.counters["orchestration_failed"] += 1
         else:
             inst.history.append(_event(ORCHESTRATOR_COMPLETED, now))
+
+    def _ended(self, inst: Instance) -> None:
+        self.finished[inst.instance_id] = (
+            inst.status,
+            inst.output,
+            self.owner_of(inst.instance_id),
+        )
+        self.last_ended = self.world.clock.now
 
     def _deliver(self, inst: Instance, execution: int, event: dict[str, Any]) -> None:
         if self.instances.get(inst.instance_id) is not inst or inst.execution != execution:

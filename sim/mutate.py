@@ -79,6 +79,8 @@ class Mutant:
     # The direct tests that pin this slip (pytest node ids of tests that need
     # no server): the last stage, for a survivor of every simulated one.
     tests: tuple[str, ...] = ()
+    # What the runs showed of it (why the seeds rarely reach it, which stage kills it).
+    note: str = ""
 
 
 @dataclass

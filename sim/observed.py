@@ -58,6 +58,10 @@ class Observed:
     landed_not_written: list[str]
     stopped_reading: list[str]
     status_refused: dict[str, str]  # instance -> its record's state when its status was refused
+    # per refusing reply queue: the Starter's sends it refused in its spell (at what time)
+    starter_refused: dict[str, list[datetime]]
+    # per Starter object (one per host process): (first, last) run
+    starter_spans: dict[int, list[datetime]]
     processed_at: dict[str, datetime]  # order key -> when its record was written Processed
     servicebus: Any  # sim.bus.SimServiceBusClient
     hostile: Any  # sim.hostile.Hostile, or None: no forgeries in this schedule

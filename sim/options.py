@@ -14,6 +14,7 @@ from datetime import timedelta
 from adapters.settings import ingress_queues
 from domain import state_machine as sm
 from domain.steps import DEFAULT_CATALOG, StepCatalog
+from orchestrators.starter import STATUS_GRACE  # noqa: F401 - the sim reads the Starter's default
 
 from .worker import WorkerRun, draw_workers
 from .world import FaultConfig
@@ -31,9 +32,6 @@ ALERT_REPEAT = timedelta(hours=12)  # the least time between two pages for one i
 STARTER_PERIOD = 10.0
 SUPERVISOR_PERIOD = 10.0
 SLACK = timedelta(seconds=5)
-STATUS_GRACE = timedelta(
-    seconds=30
-)  # the Starter's default: outbox entries older than this are its to send
 HOST_OUTAGE = timedelta(days=8)
 # A client's changed resend of a Rejected order (the customer edited the
 # cart): a total neither the order (20.00) nor its conflicting copy (40.00) has.

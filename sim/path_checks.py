@@ -629,7 +629,15 @@ class PathChecks(Observed):
     def _on_refused(self, queue: str, message_id: str) -> None:
         """A send refused (nothing sent): a status an orchestration's activity
         sent to a client's reply queue is noted with the state of the record
-        the instance holds, for `check_status_never_stops_work` at the end."""
+        the instance holds, for `check_status_never_stops_work` at the end;
+        a Starter's resend a refusing reply queue refused, for
+        `check_refused_resends_bounded`."""
+        if (
+            queue in REGISTRY.values()
+            and self.world.faults.queue_refuses(queue) is not None
+            and self._actor() == "starter"  # an outbox resend
+        ):
+            self.starter_refused.setdefault(queue, []).append(self.world.clock.now)
         iid = self._instance()
         if iid is None or queue not in REGISTRY.values():
             return

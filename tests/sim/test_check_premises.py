@@ -287,6 +287,21 @@ def test_a_schedule_is_no_fixed_point_while_no_host_can_hold_the_singleton_lock(
     assert sim.fixed_point()
 
 
+def test_a_schedule_is_no_fixed_point_until_the_starter_ran_after_an_instance_ended():
+    """Seed 100036 (one order): a deferred compensation's NotBefore passed
+    while its instance still ran (a stalled episode); the instance ended 66 s
+    later, and the schedule was called done at that moment, before the
+    Starter's next run could restart the compensation. The settle time
+    counts from the last instance's end too."""
+    sim = _run(1, 1)
+    sim.world.clock.now += timedelta(days=1)  # every deadline and write long past
+    assert sim.fixed_point()
+    sim.durable.last_ended = sim.world.clock.now - timedelta(seconds=1)
+    assert not sim.fixed_point()
+    sim.durable.last_ended = sim.world.clock.now - timedelta(hours=1)
+    assert sim.fixed_point()
+
+
 def test_a_submission_the_broker_dead_lettered_after_every_faulted_delivery_owes_no_alert():
     """Seed 4004254 (two orders): a back-off copy's five deliveries each ended
     in a fault (crashes, abandons after its next copy's refused schedule), so

@@ -104,6 +104,12 @@ def test_a_reply_queue_refusing_for_hours_refuses_as_the_sdk_does_and_gets_its_s
     assert [m for m in sim.bus.queue(queue).sent if m.sent_at >= until]
     assert sim.end >= until
     assert sim.violations == []
+    # The Starter probed the queue (26 refused sends in its 107 minutes: one
+    # every STATUS_BACKOFF_MAX after the doublings), not every 30 s scan (214).
+    assert 0 < len(sim.starter_refused[queue]) <= 30
+    assert "a refusing reply queue is probed, not resent to every scan" not in _checks(sim)
+    sim.starter_refused[queue] += [until] * 100  # a Starter resending every scan
+    assert "a refusing reply queue is probed, not resent to every scan" in _checks(sim)
 
 
 def test_without_the_slow_worlds_no_call_is_paced_and_no_queue_refuses():
@@ -222,7 +228,22 @@ def test_a_breaker_open_on_a_service_that_only_paced_is_caught():
     body = json.dumps({"Outcome": "transient", "Error": error}).encode()
     sim.bus.send("agent-responses", body, "o:1/reply-payment-1", {})
     assert "a breaker opens only on a failing service" in _checks(sim)
-    sim.remote.failures["payment"] = [START]  # it had failed a call: the breaker's to count
+    sent = sim.bus.queue("agent-responses").sent[-1].sent_at
+    # It had failed a call just before: the breaker's to count.
+    sim.remote.failures["payment"] = [sent - timedelta(seconds=20)]
+    assert "a breaker opens only on a failing service" not in _checks(sim)
+    # A failure longer ago than the breaker's reset and a call's timeout
+    # opened no breaker that is still open (5xx early in a schedule, 429s later).
+    sim.remote.failures["payment"] = [sent - timedelta(seconds=30 + 60 + 1)]
+    assert "a breaker opens only on a failing service" in _checks(sim)
+    # Seed 12000363: the gate's back-off copy of such a reply, sent long after
+    # the refusal, is not judged by its own time (its original is).
+    from adapters.settlement import ORIGINAL_ID_PROPERTY
+
+    sim.remote.failures["payment"] = [sent - timedelta(seconds=20)]
+    copy_props = {ORIGINAL_ID_PROPERTY: "o:1/reply-payment-1"}
+    sim.world.clock.now += timedelta(minutes=10)
+    sim.bus.send("agent-responses", body, "retry/seq-1/1/seq-2", copy_props)
     assert "a breaker opens only on a failing service" not in _checks(sim)
 
 

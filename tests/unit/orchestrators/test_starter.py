@@ -4,9 +4,10 @@ does not end the run, outbox delivery."""
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 from dataclasses import replace
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from adapters.ports import ANY_OWNER
 from domain import state_machine as sm
@@ -597,7 +598,7 @@ async def test_a_reply_queue_that_keeps_refusing_raises_one_alert_and_its_status
     StatusUndeliverable alert names the queue (one for the spell, however
     many runs); the status stays in the outbox and goes out once the queue
     takes it, and a new spell alerts again."""
-    from orchestrators.starter import STATUS_ALERT_AFTER
+    from orchestrators.starter import STATUS_ALERT_AFTER, STATUS_BACKOFF_MAX
 
     world = World()
     await _failed(world, "A1")
@@ -623,7 +624,96 @@ async def test_a_reply_queue_that_keeps_refusing_raises_one_alert_and_its_status
     assert (await world.record()).PendingStatus is not None
 
     refusing["on"] = False
-    world.now += timedelta(minutes=1)
+    world.now += STATUS_BACKOFF_MAX
     assert (await starter.run(StartingClient())).statuses_delivered == 1
     assert (await world.record()).PendingStatus is None
     assert len(undeliverable()) == 1
+
+
+async def test_a_reply_queue_refusing_for_an_hour_is_probed_with_a_few_sends_not_every_scan():
+    """A parked status whose reply queue refuses for an hour, the Starter
+    running every 10 s: its queue is probed after 10 s, 20 s, 40 s, ...,
+    then every STATUS_BACKOFF_MAX (about 17 refused sends in the hour, not
+    one per 30 s scan: 120). Once the queue takes sends the status goes out
+    within STATUS_BACKOFF_MAX by itself; an operator's resend (the console's
+    and the CLI's StatusOutbox) goes at once, whatever the Starter's back-off."""
+    from orchestrators.starter import STATUS_BACKOFF_MAX
+    from reporting import StatusOutbox, StatusReporter
+
+    world = World()
+    await _failed(world, "A1")
+    real_send = world.bus.send
+    refusing = {"on": True}
+    refused: list[datetime] = []
+
+    async def send(queue, body, message_id, props=None):
+        if queue == "replies-webshop" and refusing["on"]:
+            refused.append(world.now)
+            raise TransientError("replies-webshop: MessagingEntityDisabled")
+        await real_send(queue, body, message_id, props)
+
+    world.bus.send = send
+    starter = world.starter()
+    tick = timedelta(seconds=10)
+
+    async def run_for(span: timedelta) -> None:
+        end = world.now + span
+        while world.now < end:
+            world.now += tick
+            await starter.run(StartingClient())
+
+    await run_for(timedelta(hours=1))
+    assert 10 <= len(refused) <= 20, len(refused)
+    gaps = [b - a for a, b in itertools.pairwise(refused)]
+    assert max(gaps) <= STATUS_BACKOFF_MAX + tick
+    assert gaps[-1] >= STATUS_BACKOFF_MAX  # backed off to the cap
+    assert (await world.record()).PendingStatus is not None
+
+    # The queue works again: the Starter sends it by itself within the cap.
+    refusing["on"] = False
+    back = world.now
+    while (await world.record()).PendingStatus is not None:
+        assert world.now - back <= STATUS_BACKOFF_MAX + tick
+        world.now += tick
+        await starter.run(StartingClient())
+
+    # A new spell: the operator's resend goes at once, past the Starter's back-off.
+    await _failed(world, "B1")
+    refusing["on"] = True
+    await run_for(timedelta(minutes=15))  # the Starter backs off B1's queue
+    refusing["on"] = False
+    record = await world.record("webshop:B1")
+    assert record.PendingStatus is not None
+    assert await StatusOutbox(world.store, StatusReporter(world.bus)).deliver(record)
+    assert (await world.record("webshop:B1")).PendingStatus is None
+
+
+async def test_a_refused_status_whose_try_count_is_not_written_still_backs_off():
+    """Seed 12000745: a refused send whose try-count write then failed (a
+    Cosmos outage) was taken for a sent status, ending the queue's back-off:
+    the Starter sent to the refusing queue every 10 s scan."""
+    from domain.errors import TransientError as StoreDown
+
+    world = World()
+    await _failed(world, "A1")
+    refused: list = []
+
+    async def send(queue, body, message_id, props=None):
+        refused.append(world.now)
+        raise TransientError(f"{queue}: MessagingEntityDisabled")
+
+    world.bus.send = send
+    real_update = world.store.update
+
+    async def update(order_id, change, owner):
+        if refused and refused[-1] == world.now:  # the try count of a refused send
+            raise StoreDown("state: Cannot connect")
+        return await real_update(order_id, change, owner)
+
+    world.store.update = update
+    starter = world.starter()
+    end = world.now + timedelta(minutes=30)
+    while world.now < end:
+        world.now += timedelta(seconds=10)
+        await starter.run(StartingClient())
+    assert len(refused) <= 12, len(refused)  # 10, 20, 40, 80, 160 s, then every 5 minutes
