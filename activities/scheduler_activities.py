@@ -8,8 +8,8 @@ triggers/activities.py only decode, call, encode.
 - send_step: a step's request, with no write (the claim marked the step
   Running until the attempt's deadline);
 - finish_attempt: the attempt's one write (every step done Completed, then
-  Processed, its status sent just before (ADR 021j) or else left in the
-  outbox, sent and cleared; or the failure's
+  Processed, its status in the outbox, sent and cleared once the write
+  landed; or the failure's
   compensation begun, or Error), fenced on LockedBy;
 - write_state: the workflow's other guarded writes (a transient failure
   noted, each undo's outcome, the compensation's end);
@@ -153,13 +153,6 @@ def _finishing(
         return record.ProcessState is target and last is not None and last.By == instance
 
     return mutate, landed
-
-
-def _status_sent(
-    mutate: Callable[[OrderState], OrderState], message_id: str, now: datetime
-) -> Callable[[OrderState], OrderState]:
-    """`mutate`, then its outbox entry `message_id` cleared: the status is out."""
-    return lambda record: sm.mark_status_sent(mutate(record), message_id, now)
 
 
 class SchedulerActivities:
@@ -342,16 +335,13 @@ class SchedulerActivities:
 
     async def finish_attempt(self, data: FinishAll) -> Wrote:
         """The attempt's one write, on the record as stored (read once):
-        every step done Completed, then Processed with its status sent just
-        before the write (`_write_on`'s `send_first`) or else left in the
-        outbox (sent and cleared here), or with `Failed` the compensation
+        every step done Completed, then Processed with its status in the
+        outbox (sent and cleared here once the write landed), or with `Failed` the compensation
         begun (its plan returned) or Error. Fenced like every write: it lands
         only on a version on which LockedBy = this instance was checked."""
         order_id, attempt = parse_attempt_instance_id(data.InstanceId)
         mutate, landed = _finishing(data, self._clock.now())
-        written = await self._write_on(
-            order_id, data.InstanceId, mutate, landed, send_first=data.Failed is None
-        )
+        written = await self._write_on(order_id, data.InstanceId, mutate, landed)
         if isinstance(written, str):
             return Wrote(Stale=True, Reason=written)
         record, etag = written
@@ -382,39 +372,21 @@ class SchedulerActivities:
         instance: str,
         mutate: Callable[[OrderState], OrderState],
         landed: Callable[[OrderState], bool],
-        send_first: bool = False,
     ) -> tuple[OrderState, str] | str:
         """`mutate` applied to the stored record (read once), or the record as
         it is when `landed` says this write is there already (a retried
         activity); the record and its etag, or why the attempt is stale
         (store.update checks LockedBy on every version it replaces).
-        `send_first` (the happy path): the status `mutate` puts in the outbox
-        is sent before the write, which then leaves the outbox empty, so no
-        replace clears it (docs/adr/021j-status-before-the-finishing-write.md);
-        only while the attempt's deadline is a step timeout away or more (no
-        Supervisor can take the record before the write lands); otherwise, or
-        when the send fails, the status stays in the outbox."""
+        A status `mutate` puts in the outbox is sent only after the write
+        landed (docs/adr/001-status-outbox.md; ADR 021j's send before the
+        write is withdrawn: a client could hear Processed of an order that
+        then ended otherwise)."""
         try:
             fresh, fresh_etag = await self._store.read(order_id)
         except NotFoundError:
             return f"order {order_id} has no state record"
         if landed(fresh):
             return fresh, fresh_etag
-        now = self._clock.now()
-        if (
-            send_first
-            and fresh.CompleteBy
-            and now + self._settings.step_timeout <= fresh.CompleteBy
-        ):
-            try:
-                pending = mutate(fresh).PendingStatus
-                if pending is not None:
-                    await self._status.send_pending(fresh.ReplyTo, fresh.id, pending)
-                    mutate = _status_sent(mutate, pending.MessageId, now)
-            except Exception as exc:  # not its record as read, or the send failed: the outbox
-                log.info(
-                    "%s sends from the outbox: %s", instance, exc, extra={"order_id": order_id}
-                )
         try:
             fresh = mutate(fresh)
             return fresh, await self._store.replace(fresh, fresh_etag)

@@ -60,9 +60,9 @@ async def test_the_happy_path_writes_the_record_once_after_the_claim():
     assert await driver.run() == "completed"
     assert driver.output["Outcome"] == "processed"
     assert [n for n, _ in driver.calls] == ["send_step"] * len(STEPS) + ["finish_attempt"]
-    # The one write: Processed, its status sent just before, so the outbox is
-    # written empty and never cleared (docs/adr/021j-status-before-the-finishing-write.md).
-    assert world.store.requests["replace"] - replaces_before == 1
+    # The one finishing write (Processed, its status in the outbox), then the
+    # status sent and the outbox cleared: never a status before its write lands.
+    assert world.store.requests["replace"] - replaces_before == 2
     # Every request, the one timer and the record carry the attempt's one deadline.
     deadlines = {r["Deadline"] for r in requests(world)}
     assert deadlines == {given["Deadline"]}
@@ -264,28 +264,6 @@ async def test_a_processed_status_the_reply_queue_refuses_waits_in_the_outbox():
     assert record.ProcessState is ProcessState.PROCESSED
     assert record.PendingStatus is not None
     assert record.PendingStatus.Status.value == "Processed"
-
-
-async def test_near_its_deadline_the_finish_writes_before_it_sends():
-    """Less than a step timeout before the attempt's deadline, the status is
-    not sent ahead of the write (a Supervisor could take the record before the
-    write lands): Processed with the outbox filled, then sent and cleared."""
-    world = World(store=CountingStateStore(), orders=CountingOrders())
-    instance_id = await world.claimed()
-    record, _ = await world.store.read("webshop:A1")
-    assert record.CompleteBy is not None
-
-    async def before(name, data):
-        if name == "finish_attempt":
-            world.now = record.CompleteBy - SETTINGS.step_timeout / 2
-
-    replaces_before = world.store.requests.get("replace", 0)
-    driver = Driver(world, instance_id, ok, before_activity=before)
-    assert await driver.run() == "completed"
-    assert driver.output["Outcome"] == "processed"
-    assert world.store.requests["replace"] - replaces_before == 2  # the write, the clear
-    assert (await world.record()).PendingStatus is None
-    assert statuses(world) == ["Processed"]
 
 
 async def test_progress_statuses_come_without_a_write_of_their_own():
