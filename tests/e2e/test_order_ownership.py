@@ -1,25 +1,19 @@
 """OrderIDs belong to their application, through the local host: two
 applications post one OrderID and both orders are processed, each hearing
-only of its own; and an order the previous version accepted (its records
-keyed by the bare OrderID) is still processed and found (ADR 017f)."""
+only of its own (ADR 017f)."""
 
 from __future__ import annotations
 
 import asyncio
 import time
 from collections import Counter
-from datetime import UTC, datetime
 
 import pytest
 from azure.servicebus import ServiceBusMessage
 
-from adapters.cosmos_client import build_client
-from adapters.orders_db import CosmosOrdersRepository
 from cli.orders import generate
 from devstack.invariants import observe, records_with_prefix, violations
-from domain import state_machine as sm
 from domain.codec import encode
-from domain.errors import NotFoundError
 from domain.ids import order_key
 from domain.models import ProcessState
 from domain.steps import DEFAULT_CATALOG
@@ -115,48 +109,3 @@ async def test_two_applications_post_one_order_id_and_both_are_processed(stack):
         assert applied == {
             order_key(a, oid): len(DEFAULT_CATALOG.names) for a in APPS for oid in ids
         }
-
-
-async def test_an_order_the_previous_version_accepted_is_processed_and_found(stack):
-    """What the previous version's Submit left, keyed by the bare OrderID: an
-    order in the orders DB and a Pending record whose Received went out. The
-    Starter claims it, it is processed under that key, and the client sending
-    it again gets no second order."""
-    async with E2E(stack) as e2e:
-        [order] = list(generate("webshop", APPS["webshop"], 1, e2e.prefix, seed=3))
-        oid = order.OrderID
-        cfg = e2e.settings
-        cosmos = build_client(cfg.orders_account)
-        try:
-            orders = CosmosOrdersRepository(
-                cosmos.get_database_client(cfg.orders_database).get_container_client(
-                    cfg.orders_container
-                )
-            )
-            await orders.create_if_absent(order, oid)
-            now = datetime.now(UTC)
-            record = sm.mark_received_sent(
-                sm.new_record(order, now, list(DEFAULT_CATALOG.names), oid), now
-            )
-            await e2e.store.create_if_absent(record)
-
-            records = await e2e.wait_terminal({oid}, timeout=150, revive=False)
-            assert records[oid].id == oid  # processed under the key it was accepted with
-            assert records[oid].ProcessState is ProcessState.PROCESSED
-            assert records[oid].History[-1].By == f"{oid}:1"
-
-            # The client sends it again (a resend is a harmless duplicate).
-            async with e2e.bus.get_queue_sender("orders-webshop") as sender:
-                await sender.send_messages(
-                    ServiceBusMessage(encode(order), message_id=f"{oid}/again")
-                )
-            await _taken(e2e, "orders-webshop", f"{oid}/again")
-            seen = await observe(e2e.store, e2e.bus, e2e.remote, e2e.prefix, stack.run_dir / "logs")
-            assert seen.dead_letter_reasons == Counter()
-            assert seen.replies[oid][-1] == "Processed"
-            # One order, one record: no second one under the application key.
-            with pytest.raises(NotFoundError):
-                await e2e.store.read(order_key("webshop", oid))
-            assert violations(seen, cfg, {oid}) == []
-        finally:
-            await cosmos.close()
