@@ -135,10 +135,15 @@ def _effects(driver) -> dict[str, str]:
 
 
 def _confirm(driver, wait, reason: str) -> None:
-    """On a confirmation page: give the reason, confirm, and wait for the notice."""
+    """On a confirmation page: give the reason, confirm, and wait for the
+    notice (a loaded machine may take long over the POST and its redirect:
+    up to three times the page wait); a refusal fails with its message."""
     wait.until(ec.presence_of_element_located((By.ID, "reason"))).send_keys(reason)
     driver.find_element(By.ID, "confirm").click()
-    wait.until(ec.presence_of_element_located((By.ID, "notice")))
+    answered = (By.CSS_SELECTOR, "#notice, #error-message")
+    WebDriverWait(driver, 3 * wait._timeout).until(ec.presence_of_element_located(answered))
+    refused = driver.find_elements(By.ID, "error-message")
+    assert not refused, f"the action was refused: {refused[0].text}"
 
 
 async def _open_order(driver, base: str, order_id: str) -> None:
