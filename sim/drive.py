@@ -47,7 +47,7 @@ from domain.ids import order_key
 from domain.signing import KeyRing
 from domain.steps import StepCatalog
 from orchestrators.policy import StarterPolicy
-from orchestrators.starter import STATUS_BACKOFF_MAX, Starter, fast_start
+from orchestrators.starter import STATUS_BACKOFF_MAX, STATUS_GRACE, Starter, fast_start
 from reporting import Alerts, StatusReporter
 from submit.policy import SubmitPolicy
 
@@ -76,7 +76,6 @@ from .options import (
     REGISTRY,
     SLACK,
     STARTER_PERIOD,
-    STATUS_GRACE,
     SUPERVISOR_PERIOD,
     TERMINAL_STATUS,
     Options,

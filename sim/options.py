@@ -14,7 +14,6 @@ from datetime import timedelta
 from adapters.settings import ingress_queues
 from domain import state_machine as sm
 from domain.steps import DEFAULT_CATALOG, StepCatalog
-from orchestrators.starter import STATUS_GRACE  # noqa: F401 - the sim reads the Starter's default
 
 from .worker import WorkerRun, draw_workers
 from .world import FaultConfig
