@@ -137,11 +137,11 @@ def _effects(driver) -> dict[str, str]:
 def _confirm(driver, wait, reason: str) -> None:
     """On a confirmation page: give the reason, confirm, and wait for the
     notice (a loaded machine may take long over the POST and its redirect:
-    up to three times the page wait); a refusal fails with its message."""
+    up to 90 s); a refusal fails with its message."""
     wait.until(ec.presence_of_element_located((By.ID, "reason"))).send_keys(reason)
     driver.find_element(By.ID, "confirm").click()
     answered = (By.CSS_SELECTOR, "#notice, #error-message")
-    WebDriverWait(driver, 3 * wait._timeout).until(ec.presence_of_element_located(answered))
+    WebDriverWait(driver, 90).until(ec.presence_of_element_located(answered))
     refused = driver.find_elements(By.ID, "error-message")
     assert not refused, f"the action was refused: {refused[0].text}"
 
