@@ -22,7 +22,6 @@ from tenacity.wait import wait_base
 from adapters.clock import Clock
 from agents.ports import RemoteCall, RemoteService
 from agents.smoke import NoOpRemoteService
-from agents.steps import DEFAULT_CATALOG, RemoteStep, StepCatalog, UnknownStep
 from domain.codec import describe
 from domain.errors import PermanentError, TransientError
 from domain.ids import agent_reply_message_id, is_smoke_order
@@ -34,11 +33,11 @@ from domain.models import (
     ReplyOutcome,
     mask_card_numbers,
 )
+from domain.steps import DEFAULT_CATALOG, RemoteStep, StepCatalog, UnknownStep
 
 log = logging.getLogger(__name__)
 
 MAX_ERROR_TEXT = 500
-MAX_EVENT_ID = 100  # AgentReply.EventId
 PACING_SPREAD = 1.25  # a paced retry waits Retry-After x 1 to this
 
 
@@ -48,10 +47,8 @@ def _is_permanent(exc: BaseException) -> bool:
 
 
 def _is_pacing(exc: BaseException) -> bool:
-    """A 429, or a call our own deadline cut short: the dependency is not
-    failing, we are asking too much of it or too late (TransientError.pacing).
-    Counting these would open the breaker under a burst, and every request
-    behind it would then be refused unasked."""
+    """A 429, or a call our own deadline cut short (TransientError.pacing):
+    counted, they would open the breaker under a mere burst."""
     return isinstance(exc, TransientError) and exc.pacing
 
 
@@ -154,12 +151,9 @@ class Breakers:
                 self._now,
                 fail_max=self._fail_max,
                 reset_timeout=self._reset_timeout,
-                # A 4xx means the dependency is up; a cancelled call (shutdown)
-                # says nothing about it.
                 exclude=(_is_permanent, _is_pacing, _is_cancelled),
                 name=service,
-                # Let the call that trips the breaker surface its own error;
-                # later calls get CircuitBreakerError without being made.
+                # The call that trips the breaker surfaces its own error.
                 throw_new_error_on_trip=False,
             )
             self._breakers[service] = breaker
@@ -182,10 +176,9 @@ class Breakers:
 
 
 class _BackoffWithJitter(wait_base):
-    """Exponential backoff with "equal jitter": a wait between half and all
-    of the current ceiling. Jitter spreads agents that failed together; the
-    floor keeps them from hammering a struggling service with near-zero waits.
-    A Retry-After the service sent is honoured when longer."""
+    """Exponential backoff with "equal jitter" (between half and all of the
+    ceiling), or a 429's Retry-After spread a little (the service's pace, not a
+    failure); a Retry-After on any other error is honoured when longer."""
 
     def __init__(self, initial: float, maximum: float, rng: random.Random) -> None:
         self._initial = initial
@@ -195,10 +188,6 @@ class _BackoffWithJitter(wait_base):
     def __call__(self, retry_state: RetryCallState) -> float:
         exc = retry_state.outcome.exception() if retry_state.outcome else None
         if isinstance(exc, TransientError) and exc.pacing and exc.retry_after:
-            # A 429's Retry-After is the service's pace, not a failure: wait
-            # what it says, spread a little so agents refused together do not
-            # all return together, rather than a back-off that grows with
-            # every refusal and leaves the service idle when its rate frees up.
             return self._rng.uniform(exc.retry_after, exc.retry_after * PACING_SPREAD)
         ceiling = min(self._maximum, self._initial * 2 ** (retry_state.attempt_number - 1))
         wait = self._rng.uniform(ceiling / 2, ceiling)
@@ -208,10 +197,8 @@ class _BackoffWithJitter(wait_base):
 
 
 class _StopAfterFailures(stop_base):
-    """Stop after `max_attempts` calls that failed. A call the service paced
-    (a 429) or our deadline cut short did not fail: those go on until the
-    deadline stops them, so a busy service's refusals do not spend the
-    request's tries and end it with time left."""
+    """Stop after `max_attempts` calls that failed; a paced call (_is_pacing)
+    did not fail, and only the deadline stops those."""
 
     def __init__(self, max_attempts: int) -> None:
         self._max = max_attempts
@@ -225,12 +212,10 @@ class _StopAfterFailures(stop_base):
 
 
 class _UntilBreakerReopens(wait_base):
-    """`backoff`, and after a call the open breaker refused unmade, the time
-    until it lets a trial call through: a request that meets an open breaker
-    waits for its reset inside its deadline (the stop ends it before that
-    when the reset comes too late), so an undo or an operator's action is
-    not answered "not called" three times in a row while the service is
-    about to be tried again."""
+    """`backoff`, or after a call the open breaker refused, the time until it
+    lets a trial call through: the request waits for the reset inside its
+    deadline rather than answering "not called" while the service is about to
+    be tried again."""
 
     def __init__(self, backoff: wait_base, breakers: Breakers, service: str) -> None:
         self._backoff = backoff
@@ -276,13 +261,9 @@ class _Tries:
 
 
 class Agent:
-    """Handles AgentRequests against the remote service.
-
-    Receives its dependencies: the remote service port, a clock, the policy,
-    (optionally) shared breakers and a random source for the jitter, and the
-    step catalog it serves (the shipped one unless told). The smoke
-    application's requests are answered by a built-in no-op (agents.smoke),
-    never by `remote`."""
+    """Handles AgentRequests against the remote service, with the step catalog
+    it serves; the smoke application's requests are answered by
+    agents.smoke's no-op, never by `remote`."""
 
     def __init__(
         self,
@@ -381,10 +362,8 @@ class Agent:
         stop_at = request.Deadline - timedelta(seconds=self._policy.reply_margin)
         last_start = stop_at - timedelta(seconds=self._policy.min_call_time)
         if self._clock.now() > last_start and _late_undo_wanted(request, redelivered):
-            # The undo's own budget (ADR 005): undo is always wanted and
-            # idempotent, and the workflow still takes this answer. Only for a
-            # redelivery: a copy of a request that already answered would
-            # answer under a reply id that was already used, and be dropped.
+            # The undo's own budget (ADR 005). Only for a redelivery: a copy of
+            # a request that already answered would reuse its reply id.
             assert request.ListenUntil is not None
             stop_at = request.ListenUntil - timedelta(seconds=self._policy.reply_margin)
             last_start = stop_at - timedelta(seconds=self._policy.min_call_time)

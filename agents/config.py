@@ -1,10 +1,8 @@
 """The Agents' settings, read from the environment with local defaults.
 
-Agents read their own few settings rather than adapters.settings.load_settings:
-the standalone worker runs in its own trust boundary and has no business
-needing (or holding) the state store's connection, which load_settings
-requires. The names follow the host's conventions and are the ones in
-local.settings.template.json and the Bicep app settings."""
+Not adapters.settings.load_settings: the standalone worker runs in its own
+trust boundary and must not need the state store's connection, which that
+requires. The names are the host's and Bicep's (docs/settings.md)."""
 
 from __future__ import annotations
 
@@ -76,10 +74,6 @@ class AgentSettings:
     shutdown_grace: float = 30.0
     alert_window: float = 60.0
     keys: KeyRing | None = field(default=None, repr=False)
-
-    def url_for(self, service: str) -> str:
-        """The base URL the calls of `service` go to."""
-        return self.service_urls.get(service, self.remote_service_url)
 
 
 def load_step_catalog(env: Mapping[str, str] | None = None) -> StepCatalog:
@@ -154,7 +148,7 @@ def _url(env: Mapping[str, str], name: str, url: str) -> str:
         raise SettingsError(f"setting {name} must be an http(s) URL, got {url!r}")
     if any(env.get(hint) for hint in _AZURE_HINTS) and _is_loopback(url):
         # In Azure the local default would send every step to nobody and fail
-        # each order only after the whole retry budget (issue 24, risk 4).
+        # each order only after the whole retry budget.
         raise SettingsError(
             f"setting {name} is {url!r}, a loopback address, in Azure: "
             f"set it to the remote service's public https URL (azd env set {name} ...)"

@@ -26,7 +26,7 @@ from azure.servicebus.exceptions import ServiceBusError
 
 from adapters.clock import SYSTEM_CLOCK, Clock
 from adapters.servicebus import servicebus_client
-from adapters.settlement import BodyRefused
+from adapters.settlement import BodyRefused, read_body
 from agents.config import (
     AgentSettings,
     require_servicebus,
@@ -35,7 +35,6 @@ from agents.messaging import (
     ReceiverSettlement,
     RequestProcessor,
     ServiceBusReplySender,
-    message_body,
 )
 from domain.codec import decode
 from domain.errors import ValidationFailed
@@ -50,8 +49,7 @@ RECEIVE_RETRY_SECONDS = 2.0
 
 class WorkerRuntime:
     """What the worker's loop runs on: asyncio's tasks and waits, and the
-    SDK's lock renewer. A seam: the simulation hands in its own (sim/worker.py),
-    whose waits and renewals run on the world's virtual time."""
+    SDK's lock renewer; the simulation's (sim/worker.py) runs on virtual time."""
 
     def spawn(self, handling: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         return asyncio.create_task(handling)
@@ -74,8 +72,7 @@ class WorkerRuntime:
 
 class AgentWorker:
     """Receives requests and hands each to the processor, `max_concurrency`
-    at a time. Receives its client, processor and settings; `clock` and
-    `runtime` are seams (the simulation's virtual time)."""
+    at a time."""
 
     def __init__(
         self,
@@ -186,7 +183,7 @@ class AgentWorker:
         the message is redelivered (then answered without a call)."""
         slack = self._settings.lock_renewal_slack
         try:
-            request = decode(AgentRequest, message_body(message))
+            request = decode(AgentRequest, read_body(message))
         except (ValidationFailed, BodyRefused):
             return slack  # dead-lettered at once by the processor
         left = (request.Deadline - self._clock.now()).total_seconds()
@@ -197,9 +194,8 @@ async def _lock_renew_failed(renewable: Any, error: Exception | None) -> None:
     log.warning("lock renewal failed for %s: %s", getattr(renewable, "message_id", "?"), error)
 
 
-# What handles one request, given the worker's Service Bus client and HTTP
-# session: the processor and its reply sender (closed before them). The entry
-# (agents/worker/__main__.py) hands in the composition root's.
+# The processor and its reply sender, given the worker's client and session
+# (closed before them): the composition root's, handed in by the entry.
 ProcessorFactory = Callable[
     [ServiceBusClient, aiohttp.ClientSession, AgentSettings],
     tuple[RequestProcessor, ServiceBusReplySender],
