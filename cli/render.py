@@ -1,17 +1,8 @@
-"""Printing what clients wrote, safely: the operator tools show alerts, dead
-letters, statuses and records whose text a client chose (an OrderID, a name,
-a whole body). Everything here
-
-- prints that text literally: never through console markup (a client's
-  "[/]" must not crash the tool, a "[link=...]" must not become a link), as
-  `rich.text.Text`, whose content is not parsed;
-- makes invisible or terminal-active characters visible: control characters
-  (ESC sequences included), bidirectional overrides, zero-width and other
-  format characters are shown as `\\u202e`-style escapes;
-- never fails on a message it cannot parse: a body of any AMQP kind, not
-  JSON, or JSON without the expected fields is shown as what it is.
-
-Kept apart from cli.__main__ so it is tested without servers."""
+"""Printing what clients wrote, safely. Text a client chose (an OrderID, a
+body) is printed as `rich.text.Text`, never parsed as markup (a "[/]" must
+not crash the tool, a "[link=...]" not become a link); control, bidirectional
+and zero-width characters print as `\\u202e`-style escapes; a message that
+does not parse is shown as what it is, never an error."""
 
 from __future__ import annotations
 
@@ -110,10 +101,8 @@ def _indented(console: Console, text: Text, indent: int) -> None:
 
 
 def _dead_letter(console: Console, m: dict[str, Any], prefix: Text) -> None:
-    """A dead letter (console.views.message_view) after `prefix`: its id and
-    reason on one line; its description and body under it, indented and
-    wrapped at word boundaries (the body's JSON comes indented, so it wraps
-    at its own structure, not mid-token), BODY_LINES of the body at most."""
+    """A dead letter after `prefix`: its id and reason, then its description
+    and BODY_LINES of its body, indented and wrapped at word boundaries."""
     reason = literal(m["reason"] or "(no reason)", 200, "red")
     console.print(
         Text.assemble(prefix, literal(m["id"] or "(no message id)", 140, "bold"), " ", reason)
@@ -129,8 +118,7 @@ def _dead_letter(console: Console, m: dict[str, Any], prefix: Text) -> None:
 
 
 def print_dead_letters(console: Console, queue: str, messages: list[dict[str, Any]]) -> int:
-    """Each dead letter with its sequence number first (what `deadletters
-    QUEUE --resend SEQ` / `--discard SEQ` take)."""
+    """Each dead letter, its sequence number (what --resend takes) first."""
     if not messages:
         console.print(Text.assemble("no dead letters on ", literal(queue)))
         return 0
@@ -312,10 +300,8 @@ def print_record_json(console: Console, record: Any) -> None:
 
 
 def print_summary(console: Console, record: Any) -> None:
-    """`show`: the record in a few lines: state, attempt, times, the last
-    error, each step (with its duration), the compensation log if one ran,
-    and the history, one entry per line with its reason under it. Nothing cut:
-    long values wrap."""
+    """`show`: the record in a few lines (state, times, last error, steps,
+    compensation, history); nothing cut, long values wrap."""
     state = getattr(record.ProcessState, "value", record.ProcessState)
     console.print(
         Text.assemble(
