@@ -59,23 +59,8 @@ def _is_cancelled(exc: BaseException) -> bool:
 
 @dataclass(frozen=True)
 class AgentPolicy:
-    """How an Agent spends its share of the retry budget.
-
-    Attributes:
-        call_timeout: seconds one HTTP call may take (cut to the time left).
-        initial_backoff: ceiling of the first wait; doubles per retry.
-        max_backoff: largest ceiling of one wait.
-        max_attempts: failed calls per request at most, whatever the deadline
-            allows; a call the service paced (429) is not a failure: the
-            deadline bounds those.
-        reply_margin: seconds before the Deadline after which no call starts,
-            kept for the reply to reach the Scheduler before its timer fires.
-        breaker_fail_max: consecutive transient failures that open a breaker.
-        breaker_reset_timeout: seconds an open breaker waits before letting a
-            trial call through.
-        min_call_time: no call starts with less time than this left before
-            the agent's stop point: it could only time out.
-    """
+    """How an Agent spends its share of the retry budget (ADR 011); each
+    field is an AGENT_* setting of docs/agents.md's table, in seconds."""
 
     call_timeout: float = 10.0
     initial_backoff: float = 0.5
@@ -112,9 +97,8 @@ class _ClockedOpenState(pybreaker.CircuitOpenState):
 
 
 class _ClockedBreaker(pybreaker.CircuitBreaker):
-    """A pybreaker CircuitBreaker that reads the time from `now` (pybreaker
-    reads `datetime.now(UTC)` itself): the same decisions, on a clock the
-    caller chooses (the wall clock in the app, the simulation's virtual one)."""
+    """A pybreaker CircuitBreaker whose open timeout runs on `now` rather than
+    the wall clock (the simulation's virtual time)."""
 
     def __init__(self, now: Callable[[], datetime], **kwargs: Any) -> None:
         self.now = now
@@ -158,9 +142,6 @@ class Breakers:
             )
             self._breakers[service] = breaker
         return breaker
-
-    def state(self, service: str) -> str:
-        return self.for_service(service).current_state
 
     def reopens_in(self, service: str) -> float:
         """Seconds until `service`'s open breaker lets a trial call through
@@ -231,8 +212,8 @@ class _UntilBreakerReopens(wait_base):
 
 
 class _StopBeforeDeadline(stop_base):
-    """Stop when the next wait would end too close to `stop_at` to make a call
-    (`last_start`): tenacity computes the upcoming wait before asking `stop`."""
+    """Stop when the next wait would end after `last_start` (tenacity computes
+    the upcoming wait before asking `stop`)."""
 
     def __init__(self, clock: Clock, last_start: datetime) -> None:
         self._clock = clock
@@ -244,16 +225,15 @@ class _StopBeforeDeadline(stop_base):
 
 
 def reply_event_id(request: AgentRequest) -> str:
-    """Stable id of the reply to one request (domain.ids.agent_reply_message_id):
-    its Service Bus MessageId, so a re-sent reply is dropped by duplicate
-    detection, and the EventId the Scheduler de-duplicates on."""
+    """The reply's stable MessageId (duplicate detection drops a re-sent one)
+    and the EventId the Scheduler de-duplicates on."""
     return agent_reply_message_id(request.InstanceId, request.ReplyEvent)
 
 
 @dataclass
 class _Tries:
-    """What one request's calls did: how many, the last transient error, and
-    each call for the reply's record (what operators see)."""
+    """One request's calls: how many, the last transient error, and each one
+    for the reply's record (ADR 017d)."""
 
     calls: int = 0
     last_error: TransientError | None = None
@@ -317,8 +297,7 @@ class Agent:
             fencing_token=request.FencingToken,
             body=_body(request, step),
         )
-        # A smoke order never reaches the configured remote service (the
-        # in-app path may not carry its AppId: its order key names it too).
+        # The in-app path may not carry the AppId: the order key names it too.
         smoke = is_smoke_order(request.OrderID, request.AppId)
         remote = self._smoke_remote if smoke else self._remote
         tries = _Tries()
@@ -346,8 +325,7 @@ class Agent:
         try:
             return self._reply(request, ReplyOutcome.OK, result=result, calls=tries.record)
         except ValidationError as exc:
-            # The effect happened but its answer does not fit the reply
-            # contract: an operator must look, retrying cannot fix it.
+            # The effect happened but its answer does not fit: retrying cannot fix it.
             return self._reply(
                 request,
                 ReplyOutcome.PERMANENT,

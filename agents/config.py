@@ -2,7 +2,7 @@
 
 Not adapters.settings.load_settings: the standalone worker runs in its own
 trust boundary and must not need the state store's connection, which that
-requires. The names are the host's and Bicep's (docs/settings.md)."""
+requires. The names are the host's and Bicep's (docs/agents.md)."""
 
 from __future__ import annotations
 
@@ -41,26 +41,8 @@ _AZURE_HINTS = ("WEBSITE_SITE_NAME", *MANAGED_IDENTITY_ENDPOINTS)
 
 @dataclass(frozen=True)
 class AgentSettings:
-    """Attributes:
-    remote_service_url: base URL of the downstream systems (REMOTE_SERVICE_URL).
-    service_urls: a service's own base URL where it has one
-        (REMOTE_SERVICE_URL__<SERVICE>); the others use remote_service_url.
-    steps: the step catalog (the shipped one, or STEP_CATALOG_FILE's).
-    servicebus: where the request/response queues are (ServiceBusConnection,
-        or ServiceBusConnection__fullyQualifiedNamespace for identity access).
-    policy: the Agent's retry budget and breaker (AGENT_* settings).
-    max_concurrency: requests one worker handles at once (AGENT_MAX_CONCURRENCY).
-    lock_renewal_slack: seconds of lock renewal past a request's deadline, for
-        sending the reply and settling (AGENT_LOCK_RENEWAL_SLACK_SECONDS).
-    shutdown_grace: seconds a stopping worker lets in-flight requests finish
-        before abandoning them (AGENT_SHUTDOWN_GRACE_SECONDS).
-    alert_window: seconds the alerts about refused requests aggregate in
-        (ALERT_WINDOW_SECONDS, as the app's; reporting.alerts).
-    keys: the agent keys (AGENT_SIGNING_KEYS) that requests must be signed
-        with and replies are signed with; the runners refuse to start
-        without them (`require_keys`). Never the reply-token keys: those stay
-        in the Functions app (ADR 017e).
-    """
+    """The settings of docs/agents.md's table. `keys` are the agent keys,
+    never the reply-token keys: those stay in the Functions app (ADR 017e)."""
 
     remote_service_url: str = DEFAULT_REMOTE_SERVICE_URL
     service_urls: Mapping[str, str] = field(default_factory=dict)

@@ -132,10 +132,8 @@ class RequestProcessor:
             message=message,
             message_id=label,
             last_delivery=self._policy.is_last_delivery(message),
-            # 1-based in the Functions runtime, 0-based on the wire (the
-            # standalone worker): > 1 is exact for the one and only late by one
-            # delivery for the other, never early (a first delivery may be a
-            # copy of a request that already answered, Agent.handle).
+            # 1-based in the Functions runtime, 0-based on the wire: > 1 may be
+            # late by one delivery, never early (Agent.handle relies on that).
             redelivered=(getattr(message, "delivery_count", None) or 0) > 1,
         )
 
@@ -149,9 +147,8 @@ class RequestProcessor:
         last_delivery: bool = False,
         redelivered: bool = False,
     ) -> SettleKind:
-        """`message`: the received message `body` is of (its sequence number
-        names its alert and delayed copies); `redelivered`: its delivery count
-        is above 1 (Agent.handle)."""
+        """`message`: the received message of `body`, whose sequence number
+        names its alert and delayed copies; `redelivered`: see Agent.handle."""
         body_bytes = body.encode("utf-8", "surrogatepass") if isinstance(body, str) else body
         try:
             request = decode(AgentRequest, body)
@@ -286,10 +283,8 @@ class RequestProcessor:
         message: Any = None,
         body: bytes | None = None,
     ) -> None:
-        # One alert per dead letter: a redelivery (a settlement that did not
-        # land) and every delayed copy of it raise the same id, which the
-        # alerts queue drops. Named by the broker's sequence number (never an
-        # id the sender chose) when there is a received message.
+        # One alert per dead letter: redeliveries and delayed copies raise the
+        # same id, named by the broker's sequence number, never the sender's.
         if message is not None:
             source: str | None = _alert_source(message, body)
         else:
@@ -320,8 +315,6 @@ class ServiceBusReplySender:
         send_timeout: float = 30.0,
         publisher: ServiceBusPublisher | None = None,
     ) -> None:
-        """`publisher`: the publisher to send through (default: one of its own
-        over `client`)."""
         self._publisher = publisher or ServiceBusPublisher(client, send_timeout)
         self._queue_name = queue_name
 

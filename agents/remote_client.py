@@ -76,7 +76,6 @@ class HttpRemoteService:
                 telemetry.ORDER_ID: order_id,
             },
         ):
-            # The service sees the caller's trace (W3C headers), like any HTTP client span.
             headers.update(telemetry.inject())
             try:
                 return await self._call(url, call, headers, what, timeout)

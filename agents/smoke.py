@@ -13,13 +13,9 @@ SMOKE_REFERENCE_PREFIX = "smoke-no-op"
 
 class NoOpRemoteService:
     """Answers every call at once, as the remote service answers a success,
-    with a Reference that says it came from here; counts the calls it took."""
-
-    def __init__(self) -> None:
-        self.calls = 0
+    with a Reference that says it came from here."""
 
     async def call(self, call: RemoteCall, *, timeout: float) -> dict[str, Any]:  # noqa: ARG002
-        self.calls += 1
         return {
             "Reference": f"{SMOKE_REFERENCE_PREFIX}-{call.service}-{call.operation}",
             "Status": "smoke-no-op",

@@ -1,15 +1,6 @@
-"""The standalone agent worker: the Agent in its own process, for the case
-where it runs in a separate runtime or trust boundary from the Functions app.
-
-    python -m agents.worker   (the entry: agents/worker/__main__.py)
-
-Receives from `agent-requests` in PEEK_LOCK, keeps each message's lock
-renewed while handling it (AutoLockRenewer, bounded by the request's deadline
-plus a slack for replying), sends the reply to `agent-responses`, then
-completes. At most AGENT_MAX_CONCURRENCY requests are handled at once. On
-SIGTERM/SIGINT it stops receiving, lets in-flight requests finish for
-AGENT_SHUTDOWN_GRACE_SECONDS, abandons the rest (so they are redelivered at
-once, not after their lock expires) and exits 0."""
+"""The standalone agent worker (`python -m agents.worker`): the Agent in its
+own process, for a separate runtime or trust boundary. How it receives,
+renews locks and shuts down: docs/agents.md, "Standalone worker"."""
 
 from __future__ import annotations
 
