@@ -344,35 +344,14 @@ async def _peek_all(deps: views.Deps, queue: str, dead_letter: bool = False) -> 
     return [views.message_view(m, BODY_LIMIT, queue, apps) for m in found[:PEEK_CAP]]
 
 
-def _receive(queue: str, limit: int) -> list[dict]:
-    """Receive and complete up to `limit` messages of `queue`, each shown as
-    console.views shows a peeked one."""
-    cfg = tool_settings()
-
-    async def receive() -> list[dict]:
-        async with (
-            servicebus_client(cfg.servicebus) as client,
-            client.get_queue_receiver(queue) as receiver,
-        ):
-            got = await receiver.receive_messages(max_message_count=limit, max_wait_time=2)
-            for m in got:
-                await receiver.complete_message(m)
-            return [views.message_view(m, BODY_LIMIT) for m in got]
-
-    return asyncio.run(receive())
-
-
 @app.command()
 def alerts(
-    peek: bool = typer.Option(True, help="peek (leave them) or receive and complete"),
     limit: int = typer.Option(50, help="how many to show"),
     oldest_first: bool = typer.Option(False, help="oldest first (default: newest first)"),
 ) -> None:
-    """Operator alerts from the `alerts` queue, newest first."""
-    if peek:
-        messages = _on_views(lambda deps: _peek_all(deps, ALERTS_QUEUE))
-    else:
-        messages = _receive(ALERTS_QUEUE, limit)
+    """Operator alerts from the `alerts` queue, peeked, newest first (the
+    console acknowledges or closes one, recording who and why)."""
+    messages = _on_views(lambda deps: _peek_all(deps, ALERTS_QUEUE))
     render.print_alerts(console, messages, newest_first=not oldest_first, limit=limit)
 
 

@@ -43,9 +43,8 @@ def literal(value: Any, limit: int | None = None, style: str = "") -> Text:
 def print_alerts(
     console: Console, messages: list[dict[str, Any]], newest_first: bool = True, limit: int = 50
 ) -> int:
-    """One block per alert (as console.views.message_view shows one): kind,
-    time, OrderID, message id and queue of the dead letter it is about, and
-    the reason. Returns how many were shown."""
+    """One block per alert: kind, time, OrderID, the dead letter it is about,
+    and the reason. Returns how many were shown."""
     items = sorted(
         messages,
         key=lambda m: (m["enqueued"] is not None, m["enqueued"] or datetime.min),
@@ -139,9 +138,8 @@ def print_queue_counts(console: Console, counts: dict[str, int]) -> None:
 
 
 def print_parked(console: Console, parked: dict[str, Any]) -> None:
-    """Terminal statuses parked in their orders' outboxes (console.views.
-    parked_statuses): each in two lines, then per reply queue how many,
-    since when and the most tries of one, last so they stay on the screen."""
+    """The parked statuses (console.views.parked_statuses), then the per-queue
+    summary, last so it stays on the screen."""
     for r in parked["entries"]:
         p = r.PendingStatus
         console.print(Text.assemble(literal(r.id, style="bold"), f"  {p.Status.value}"))
@@ -292,9 +290,8 @@ def print_state_counts(console: Console, counts: dict[str, int]) -> None:
 
 
 def print_record_json(console: Console, record: Any) -> None:
-    """The whole record as JSON (`show --json`): every non-ASCII or control
-    character escaped by JSON itself, so it is safe on a terminal and still
-    valid JSON; never wrapped."""
+    """The whole record as JSON (`show --json`), non-ASCII and control
+    characters escaped by JSON itself: safe on a terminal, still valid JSON."""
     text = json.dumps(json.loads(record.model_dump_json()), indent=2, ensure_ascii=True)
     console.print(Text(text), soft_wrap=True)
 
