@@ -214,8 +214,7 @@ def _deadline_words(call: Call) -> tuple[str, str]:
 # --- one attempt's orchestration history ---------------------------------------------
 
 
-# What finish_attempt (the attempt's one finishing write) wrote, by the
-# state it left the record in.
+# What finish_attempt wrote, by the state it left the record in.
 _FINISHED = {
     ProcessState.PROCESSED.value: ("order Processed", "good"),
     ProcessState.COMPENSATING.value: (
@@ -536,7 +535,6 @@ def timeline(record: OrderState, statuses: dict[int, dict[str, Any]]) -> list[di
                 "tone": tone,
                 "events": events,
                 "calls": calls,
-                "retried_calls": sum(1 for c in calls if len(_calls(c.reply)) > 1),
                 "has_history": bool(history),
             }
         )

@@ -61,9 +61,8 @@ class Deps:
     azure: bool = field(default_factory=in_azure)
 
     def queues(self) -> list[str]:
-        """The queues whose dead letters the console shows: the ones the app
-        may read (each application's ingress queue, where Submit dead-letters,
-        and the Scheduler's own), plus the reply queues when not in Azure."""
+        """The queues whose dead letters the console shows: the ingress queues,
+        the Scheduler's own, and the reply queues when not in Azure."""
         ingress = sorted(self.settings.ingress_queues.values())
         replies = [] if self.azure else sorted(self.settings.reply_queues.values())
         return list(dict.fromkeys([*ingress, *WORK_QUEUES, *replies]))
@@ -175,8 +174,7 @@ def _decision_totals(decisions) -> dict[str, int]:
 
 
 def _decision_buckets(decisions, since: datetime) -> list[dict[str, Any]]:
-    """Decisions per 5 minutes: the Supervisor runs on a timer, so this is its
-    recent work run by run at the chart's resolution."""
+    """The Supervisor's decisions per 5 minutes, newest first."""
     out: dict[int, dict[str, Any]] = {}
     for d in decisions:
         i = int((d.at - since) / BUCKET)
@@ -404,8 +402,6 @@ async def orchestration_statuses(deps: Deps, record: OrderState) -> dict[int, di
         out[attempt] = {
             "instance": instance,
             "runtime_status": getattr(status.runtime_status, "value", str(status.runtime_status)),
-            "created": status.created_time,
-            "updated": status.last_updated_time,
             "output": status.output,
             "history": history if isinstance(history, list) else [],
         }
@@ -413,9 +409,8 @@ async def orchestration_statuses(deps: Deps, record: OrderState) -> dict[int, di
 
 
 async def status_messages(deps: Deps, record: OrderState) -> dict[str, Any]:
-    """Status messages for this order still on its reply queue (peeked: the
-    application may already have received the earlier ones). Not in Azure,
-    where the reply queue is the client application's alone to read."""
+    """This order's status messages still on its reply queue (peeked); none
+    in Azure, where only the client application reads it (Deps.azure)."""
     if deps.azure:
         return {"queue": record.ReplyTo, "messages": [], "error": None, "local_only": False}
     peeked = await peek(deps, record.ReplyTo, limit=STATUS_PEEK_LIMIT, body_limit=600)
@@ -517,7 +512,6 @@ def message_view(
             "enqueued": None,
             "reason": _safe(lambda: _short(m.dead_letter_reason)),
             "description": None,
-            "delivery_count": None,
             "properties": {},
             "parsed": None,
             "note": f"message unreadable ({type(exc).__name__})",
@@ -597,7 +591,6 @@ def _read_message(
         "enqueued": enqueued if isinstance(enqueued, datetime) else None,
         "reason": _short(m.dead_letter_reason),
         "description": redact(_short(m.dead_letter_error_description, 1024) or "") or None,
-        "delivery_count": _int(m.delivery_count),
         "properties": redact(props),
         "parsed": redact(parsed) if isinstance(parsed, dict) else None,
         "note": note,
