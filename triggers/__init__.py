@@ -10,8 +10,7 @@ from adapters.settings import SERVICEBUS_CONNECTION
 
 def queue_trigger(bp: Any, queue: str) -> Any:
     """A Service Bus trigger on `queue`, its message bound to the parameter
-    `message` and settled by hand (the function completes, abandons or
-    dead-letters it)."""
+    `message` and settled by hand."""
     return bp.service_bus_queue_trigger(
         arg_name="message",
         queue_name=queue,

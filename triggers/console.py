@@ -5,7 +5,6 @@ Functions level on purpose: docs/adr/012-console-security.md."""
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
@@ -41,7 +40,6 @@ _env.filters["t"] = lambda v: v.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S") if
 _env.filters["hm"] = lambda v: v.astimezone(UTC).strftime("%H:%M:%S") if v else ""
 # to the millisecond: events of one second are told apart (and in causal order anyway)
 _env.filters["ms"] = lambda v: v.astimezone(UTC).strftime("%H:%M:%S.%f")[:-3] if v else ""
-_env.filters["js"] = lambda v: json.dumps(v, ensure_ascii=False, default=str)
 # A URL part is a link, not text: never masked as a card number; a lone
 # surrogate, which cannot be percent-encoded, is escaped first (printable).
 _env.globals["qs"] = lambda **kw: security.Unmasked(
@@ -257,9 +255,8 @@ def _confirmation(
     titles: dict[str, tuple[str, str]],
     **shown: Any,
 ) -> func.HttpResponse:
-    """An action's confirmation page: `template` showing `shown`, what
-    `titles[action]` says of the action, and a form whose token is bound to
-    the operator and `bound` (target, action, version)."""
+    """An action's confirmation page: `template` showing `shown` and
+    `titles[action]`, its form's token bound to the operator and `bound`."""
     action = bound[1]
     title, explanation = titles[action]
     token = security.Unmasked(security.form_token(who, *bound))
@@ -470,9 +467,8 @@ def _register(
 
 
 def blueprint(root: App) -> df.Blueprint:
-    """The console's routes over `root` (what a page reads from and acts on:
-    App.console_deps, adapters of its own per request): `_ROUTES`, and the
-    order page, which reads the orchestrations through the durable client."""
+    """The console's routes over `root`'s console_deps: `_ROUTES`, and the
+    order page, which also reads the orchestrations through the durable client."""
     bp = df.Blueprint()
     deps_of = root.console_deps
     for name, route, methods, handler in _ROUTES:
