@@ -245,10 +245,20 @@ class RequestProcessor:
         copy (then complete); when no copy can be made, dead-letter it now
         with its alert held by this process (Alerts.hold)."""
         description = dead_letter_text(description, MAX_DEAD_LETTER_DESCRIPTION)
+        # One alert per dead letter: redeliveries and delayed copies raise the
+        # same id, named by the broker's sequence number, never the sender's.
+        source = _alert_source(message, body) if message is not None else message_id
         if self._alerts is not None:
             try:
-                await self._alert(
-                    reason, description, message_id, order_id, alert_required, message, body
+                await self._alerts.raise_alert(
+                    reason,
+                    description,
+                    self._clock.now(),
+                    order_id,
+                    message_id=message_id,
+                    queue=AGENT_REQUESTS_QUEUE,
+                    alert_id=_alert_id(AGENT_REQUESTS_QUEUE, source, reason) if source else None,
+                    required=alert_required,
                 )
             except AlertNotQueued as exc:
                 why = f"alert not queued: {exc}"
@@ -272,34 +282,6 @@ class RequestProcessor:
         log.info("agent request %s dead-lettered %s: %s", message_id, reason, description)
         await settlement.dead_letter(reason, description)
         return SettleKind.DEAD_LETTER
-
-    async def _alert(
-        self,
-        reason: str,
-        description: str,
-        message_id: str | None,
-        order_id: str | None,
-        required: bool,
-        message: Any = None,
-        body: bytes | None = None,
-    ) -> None:
-        # One alert per dead letter: redeliveries and delayed copies raise the
-        # same id, named by the broker's sequence number, never the sender's.
-        if message is not None:
-            source: str | None = _alert_source(message, body)
-        else:
-            source = message_id
-        if self._alerts is not None:
-            await self._alerts.raise_alert(
-                reason,
-                description,
-                self._clock.now(),
-                order_id,
-                message_id=message_id,
-                queue=AGENT_REQUESTS_QUEUE,
-                alert_id=_alert_id(AGENT_REQUESTS_QUEUE, source, reason) if source else None,
-                required=required,
-            )
 
 
 class ServiceBusReplySender:
