@@ -22,7 +22,6 @@ from tenacity.wait import wait_base
 from adapters.clock import Clock
 from agents.ports import RemoteCall, RemoteService
 from agents.smoke import NoOpRemoteService
-from agents.steps import DEFAULT_CATALOG, RemoteStep, StepCatalog, UnknownStep
 from domain.codec import describe
 from domain.errors import PermanentError, TransientError
 from domain.ids import agent_reply_message_id, is_smoke_order
@@ -34,11 +33,11 @@ from domain.models import (
     ReplyOutcome,
     mask_card_numbers,
 )
+from domain.steps import DEFAULT_CATALOG, RemoteStep, StepCatalog, UnknownStep
 
 log = logging.getLogger(__name__)
 
 MAX_ERROR_TEXT = 500
-MAX_EVENT_ID = 100  # AgentReply.EventId
 PACING_SPREAD = 1.25  # a paced retry waits Retry-After x 1 to this
 
 
@@ -48,10 +47,8 @@ def _is_permanent(exc: BaseException) -> bool:
 
 
 def _is_pacing(exc: BaseException) -> bool:
-    """A 429, or a call our own deadline cut short: the dependency is not
-    failing, we are asking too much of it or too late (TransientError.pacing).
-    Counting these would open the breaker under a burst, and every request
-    behind it would then be refused unasked."""
+    """A 429, or a call our own deadline cut short (TransientError.pacing):
+    counted, they would open the breaker under a mere burst."""
     return isinstance(exc, TransientError) and exc.pacing
 
 
@@ -62,23 +59,8 @@ def _is_cancelled(exc: BaseException) -> bool:
 
 @dataclass(frozen=True)
 class AgentPolicy:
-    """How an Agent spends its share of the retry budget.
-
-    Attributes:
-        call_timeout: seconds one HTTP call may take (cut to the time left).
-        initial_backoff: ceiling of the first wait; doubles per retry.
-        max_backoff: largest ceiling of one wait.
-        max_attempts: failed calls per request at most, whatever the deadline
-            allows; a call the service paced (429) is not a failure: the
-            deadline bounds those.
-        reply_margin: seconds before the Deadline after which no call starts,
-            kept for the reply to reach the Scheduler before its timer fires.
-        breaker_fail_max: consecutive transient failures that open a breaker.
-        breaker_reset_timeout: seconds an open breaker waits before letting a
-            trial call through.
-        min_call_time: no call starts with less time than this left before
-            the agent's stop point: it could only time out.
-    """
+    """How an Agent spends its share of the retry budget (ADR 011); each
+    field is an AGENT_* setting of docs/agents.md's table, in seconds."""
 
     call_timeout: float = 10.0
     initial_backoff: float = 0.5
@@ -115,9 +97,8 @@ class _ClockedOpenState(pybreaker.CircuitOpenState):
 
 
 class _ClockedBreaker(pybreaker.CircuitBreaker):
-    """A pybreaker CircuitBreaker that reads the time from `now` (pybreaker
-    reads `datetime.now(UTC)` itself): the same decisions, on a clock the
-    caller chooses (the wall clock in the app, the simulation's virtual one)."""
+    """A pybreaker CircuitBreaker whose open timeout runs on `now` rather than
+    the wall clock (the simulation's virtual time)."""
 
     def __init__(self, now: Callable[[], datetime], **kwargs: Any) -> None:
         self.now = now
@@ -154,19 +135,13 @@ class Breakers:
                 self._now,
                 fail_max=self._fail_max,
                 reset_timeout=self._reset_timeout,
-                # A 4xx means the dependency is up; a cancelled call (shutdown)
-                # says nothing about it.
                 exclude=(_is_permanent, _is_pacing, _is_cancelled),
                 name=service,
-                # Let the call that trips the breaker surface its own error;
-                # later calls get CircuitBreakerError without being made.
+                # The call that trips the breaker surfaces its own error.
                 throw_new_error_on_trip=False,
             )
             self._breakers[service] = breaker
         return breaker
-
-    def state(self, service: str) -> str:
-        return self.for_service(service).current_state
 
     def reopens_in(self, service: str) -> float:
         """Seconds until `service`'s open breaker lets a trial call through
@@ -182,10 +157,9 @@ class Breakers:
 
 
 class _BackoffWithJitter(wait_base):
-    """Exponential backoff with "equal jitter": a wait between half and all
-    of the current ceiling. Jitter spreads agents that failed together; the
-    floor keeps them from hammering a struggling service with near-zero waits.
-    A Retry-After the service sent is honoured when longer."""
+    """Exponential backoff with "equal jitter" (between half and all of the
+    ceiling), or a 429's Retry-After spread a little (the service's pace, not a
+    failure); a Retry-After on any other error is honoured when longer."""
 
     def __init__(self, initial: float, maximum: float, rng: random.Random) -> None:
         self._initial = initial
@@ -195,10 +169,6 @@ class _BackoffWithJitter(wait_base):
     def __call__(self, retry_state: RetryCallState) -> float:
         exc = retry_state.outcome.exception() if retry_state.outcome else None
         if isinstance(exc, TransientError) and exc.pacing and exc.retry_after:
-            # A 429's Retry-After is the service's pace, not a failure: wait
-            # what it says, spread a little so agents refused together do not
-            # all return together, rather than a back-off that grows with
-            # every refusal and leaves the service idle when its rate frees up.
             return self._rng.uniform(exc.retry_after, exc.retry_after * PACING_SPREAD)
         ceiling = min(self._maximum, self._initial * 2 ** (retry_state.attempt_number - 1))
         wait = self._rng.uniform(ceiling / 2, ceiling)
@@ -208,10 +178,8 @@ class _BackoffWithJitter(wait_base):
 
 
 class _StopAfterFailures(stop_base):
-    """Stop after `max_attempts` calls that failed. A call the service paced
-    (a 429) or our deadline cut short did not fail: those go on until the
-    deadline stops them, so a busy service's refusals do not spend the
-    request's tries and end it with time left."""
+    """Stop after `max_attempts` calls that failed; a paced call (_is_pacing)
+    did not fail, and only the deadline stops those."""
 
     def __init__(self, max_attempts: int) -> None:
         self._max = max_attempts
@@ -225,12 +193,10 @@ class _StopAfterFailures(stop_base):
 
 
 class _UntilBreakerReopens(wait_base):
-    """`backoff`, and after a call the open breaker refused unmade, the time
-    until it lets a trial call through: a request that meets an open breaker
-    waits for its reset inside its deadline (the stop ends it before that
-    when the reset comes too late), so an undo or an operator's action is
-    not answered "not called" three times in a row while the service is
-    about to be tried again."""
+    """`backoff`, or after a call the open breaker refused, the time until it
+    lets a trial call through: the request waits for the reset inside its
+    deadline rather than answering "not called" while the service is about to
+    be tried again."""
 
     def __init__(self, backoff: wait_base, breakers: Breakers, service: str) -> None:
         self._backoff = backoff
@@ -246,8 +212,8 @@ class _UntilBreakerReopens(wait_base):
 
 
 class _StopBeforeDeadline(stop_base):
-    """Stop when the next wait would end too close to `stop_at` to make a call
-    (`last_start`): tenacity computes the upcoming wait before asking `stop`."""
+    """Stop when the next wait would end after `last_start` (tenacity computes
+    the upcoming wait before asking `stop`)."""
 
     def __init__(self, clock: Clock, last_start: datetime) -> None:
         self._clock = clock
@@ -259,16 +225,15 @@ class _StopBeforeDeadline(stop_base):
 
 
 def reply_event_id(request: AgentRequest) -> str:
-    """Stable id of the reply to one request (domain.ids.agent_reply_message_id):
-    its Service Bus MessageId, so a re-sent reply is dropped by duplicate
-    detection, and the EventId the Scheduler de-duplicates on."""
+    """The reply's stable MessageId (duplicate detection drops a re-sent one)
+    and the EventId the Scheduler de-duplicates on."""
     return agent_reply_message_id(request.InstanceId, request.ReplyEvent)
 
 
 @dataclass
 class _Tries:
-    """What one request's calls did: how many, the last transient error, and
-    each call for the reply's record (what operators see)."""
+    """One request's calls: how many, the last transient error, and each one
+    for the reply's record (ADR 017d)."""
 
     calls: int = 0
     last_error: TransientError | None = None
@@ -276,13 +241,9 @@ class _Tries:
 
 
 class Agent:
-    """Handles AgentRequests against the remote service.
-
-    Receives its dependencies: the remote service port, a clock, the policy,
-    (optionally) shared breakers and a random source for the jitter, and the
-    step catalog it serves (the shipped one unless told). The smoke
-    application's requests are answered by a built-in no-op (agents.smoke),
-    never by `remote`."""
+    """Handles AgentRequests against the remote service, with the step catalog
+    it serves; the smoke application's requests are answered by
+    agents.smoke's no-op, never by `remote`."""
 
     def __init__(
         self,
@@ -336,8 +297,7 @@ class Agent:
             fencing_token=request.FencingToken,
             body=_body(request, step),
         )
-        # A smoke order never reaches the configured remote service (the
-        # in-app path may not carry its AppId: its order key names it too).
+        # The in-app path may not carry the AppId: the order key names it too.
         smoke = is_smoke_order(request.OrderID, request.AppId)
         remote = self._smoke_remote if smoke else self._remote
         tries = _Tries()
@@ -365,8 +325,7 @@ class Agent:
         try:
             return self._reply(request, ReplyOutcome.OK, result=result, calls=tries.record)
         except ValidationError as exc:
-            # The effect happened but its answer does not fit the reply
-            # contract: an operator must look, retrying cannot fix it.
+            # The effect happened but its answer does not fit: retrying cannot fix it.
             return self._reply(
                 request,
                 ReplyOutcome.PERMANENT,
@@ -381,10 +340,8 @@ class Agent:
         stop_at = request.Deadline - timedelta(seconds=self._policy.reply_margin)
         last_start = stop_at - timedelta(seconds=self._policy.min_call_time)
         if self._clock.now() > last_start and _late_undo_wanted(request, redelivered):
-            # The undo's own budget (ADR 005): undo is always wanted and
-            # idempotent, and the workflow still takes this answer. Only for a
-            # redelivery: a copy of a request that already answered would
-            # answer under a reply id that was already used, and be dropped.
+            # The undo's own budget (ADR 005). Only for a redelivery: a copy of
+            # a request that already answered would reuse its reply id.
             assert request.ListenUntil is not None
             stop_at = request.ListenUntil - timedelta(seconds=self._policy.reply_margin)
             last_start = stop_at - timedelta(seconds=self._policy.min_call_time)

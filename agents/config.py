@@ -1,10 +1,8 @@
 """The Agents' settings, read from the environment with local defaults.
 
-Agents read their own few settings rather than adapters.settings.load_settings:
-the standalone worker runs in its own trust boundary and has no business
-needing (or holding) the state store's connection, which load_settings
-requires. The names follow the host's conventions and are the ones in
-local.settings.template.json and the Bicep app settings."""
+Not adapters.settings.load_settings: the standalone worker runs in its own
+trust boundary and must not need the state store's connection, which that
+requires. The names are the host's and Bicep's (docs/agents.md)."""
 
 from __future__ import annotations
 
@@ -43,26 +41,8 @@ _AZURE_HINTS = ("WEBSITE_SITE_NAME", *MANAGED_IDENTITY_ENDPOINTS)
 
 @dataclass(frozen=True)
 class AgentSettings:
-    """Attributes:
-    remote_service_url: base URL of the downstream systems (REMOTE_SERVICE_URL).
-    service_urls: a service's own base URL where it has one
-        (REMOTE_SERVICE_URL__<SERVICE>); the others use remote_service_url.
-    steps: the step catalog (the shipped one, or STEP_CATALOG_FILE's).
-    servicebus: where the request/response queues are (ServiceBusConnection,
-        or ServiceBusConnection__fullyQualifiedNamespace for identity access).
-    policy: the Agent's retry budget and breaker (AGENT_* settings).
-    max_concurrency: requests one worker handles at once (AGENT_MAX_CONCURRENCY).
-    lock_renewal_slack: seconds of lock renewal past a request's deadline, for
-        sending the reply and settling (AGENT_LOCK_RENEWAL_SLACK_SECONDS).
-    shutdown_grace: seconds a stopping worker lets in-flight requests finish
-        before abandoning them (AGENT_SHUTDOWN_GRACE_SECONDS).
-    alert_window: seconds the alerts about refused requests aggregate in
-        (ALERT_WINDOW_SECONDS, as the app's; reporting.alerts).
-    keys: the agent keys (AGENT_SIGNING_KEYS) that requests must be signed
-        with and replies are signed with; the runners refuse to start
-        without them (`require_keys`). Never the reply-token keys: those stay
-        in the Functions app (ADR 017e).
-    """
+    """The settings of docs/agents.md's table. `keys` are the agent keys,
+    never the reply-token keys: those stay in the Functions app (ADR 017e)."""
 
     remote_service_url: str = DEFAULT_REMOTE_SERVICE_URL
     service_urls: Mapping[str, str] = field(default_factory=dict)
@@ -76,10 +56,6 @@ class AgentSettings:
     shutdown_grace: float = 30.0
     alert_window: float = 60.0
     keys: KeyRing | None = field(default=None, repr=False)
-
-    def url_for(self, service: str) -> str:
-        """The base URL the calls of `service` go to."""
-        return self.service_urls.get(service, self.remote_service_url)
 
 
 def load_step_catalog(env: Mapping[str, str] | None = None) -> StepCatalog:
@@ -154,7 +130,7 @@ def _url(env: Mapping[str, str], name: str, url: str) -> str:
         raise SettingsError(f"setting {name} must be an http(s) URL, got {url!r}")
     if any(env.get(hint) for hint in _AZURE_HINTS) and _is_loopback(url):
         # In Azure the local default would send every step to nobody and fail
-        # each order only after the whole retry budget (issue 24, risk 4).
+        # each order only after the whole retry budget.
         raise SettingsError(
             f"setting {name} is {url!r}, a loopback address, in Azure: "
             f"set it to the remote service's public https URL (azd env set {name} ...)"

@@ -3,22 +3,12 @@
 trigger and the standalone worker), each settling in its own way. The
 settlement table: docs/adr/014-message-settlement.md.
 
-Nothing is called for a request that does not prove it comes from the
-Scheduler: its signature (domain.signing, under AGENT_SIGNING_KEYS) must
-verify before anything else, so a fencing token, an undo or a charge is only
-ever honoured from a signed request. An unsigned or mis-signed request is
-dead-lettered `ForgedRequest`, a signed one for a step this agent does not
-know `UnknownStep`, each with one alert and no reply (ADR 017e). Every reply
-is signed, so the reply bridge can tell it from a forgery.
-
-A refused request goes with its alert. While the alert cannot be queued the
-request is carried on as a delayed copy on the back-off schedule (the
-message gate's, adapters.settlement.MessageGate.later), so an alerts-queue
-outage longer than a few redeliveries does not end in the broker's
-MaxDeliveryCountExceeded with no alert. When no copy can be made (the
-schedule is spent, or agent-requests refuses it too), the request is
-dead-lettered at once and its alert held by the process (reporting.alerts),
-which sends it once the alerts queue takes it."""
+Nothing is called for a request whose signature (domain.signing, under
+AGENT_SIGNING_KEYS) does not verify first: a fencing token, an undo or a
+charge is only honoured from the Scheduler. A refused request is
+dead-lettered `ForgedRequest` or `UnknownStep` with one alert and no reply;
+every reply is signed (ADR 017e, which also tells how an alert that cannot be
+queued travels with a delayed copy)."""
 
 from __future__ import annotations
 
@@ -47,12 +37,12 @@ from adapters.settlement import (
     read_body,
 )
 from agents.agent import Agent, reply_event_id
-from agents.steps import UnknownStep
 from domain.boundary import readable_order_id
 from domain.codec import decode, encode
 from domain.errors import AlertNotQueued, TransientError, ValidationFailed
 from domain.models import AgentReply, AgentRequest
 from domain.signing import KeyRing, check_request, sign_reply
+from domain.steps import UnknownStep
 
 if TYPE_CHECKING:
     from reporting.alerts import Alerts
@@ -83,9 +73,8 @@ class ReplySender(Protocol):
 
 
 class RequestProcessor:
-    """Decode, verify, handle, reply, settle. Receives the Agent, the reply
-    sender and the agent keys (`keys`: what requests must be signed with and
-    replies are signed with)."""
+    """Decode, verify, handle, reply, settle. `keys`: what requests must be
+    signed with and replies are signed with."""
 
     def __init__(
         self,
@@ -143,10 +132,8 @@ class RequestProcessor:
             message=message,
             message_id=label,
             last_delivery=self._policy.is_last_delivery(message),
-            # 1-based in the Functions runtime, 0-based on the wire (the
-            # standalone worker): > 1 is exact for the one and only late by one
-            # delivery for the other, never early (a first delivery may be a
-            # copy of a request that already answered, Agent.handle).
+            # 1-based in the Functions runtime, 0-based on the wire: > 1 may be
+            # late by one delivery, never early (Agent.handle relies on that).
             redelivered=(getattr(message, "delivery_count", None) or 0) > 1,
         )
 
@@ -160,9 +147,8 @@ class RequestProcessor:
         last_delivery: bool = False,
         redelivered: bool = False,
     ) -> SettleKind:
-        """`message`: the received message `body` is of (its sequence number
-        names its alert and delayed copies); `redelivered`: its delivery count
-        is above 1 (Agent.handle)."""
+        """`message`: the received message of `body`, whose sequence number
+        names its alert and delayed copies; `redelivered`: see Agent.handle."""
         body_bytes = body.encode("utf-8", "surrogatepass") if isinstance(body, str) else body
         try:
             request = decode(AgentRequest, body)
@@ -174,10 +160,8 @@ class RequestProcessor:
         refused = self._refusal(request)
         if refused is not None:
             reason, description = refused
-            # A forgery goes with its alert: while the alert cannot be queued
-            # the message is kept, so its next delivery alerts (the same id);
-            # on the last delivery too, as a delayed copy (when there is a
-            # received message to name one by).
+            # A forgery goes with its alert; on the last delivery too, as a
+            # delayed copy (when there is a received message to name one by).
             return await self._dead_letter(
                 settlement,
                 reason,
@@ -261,10 +245,20 @@ class RequestProcessor:
         copy (then complete); when no copy can be made, dead-letter it now
         with its alert held by this process (Alerts.hold)."""
         description = dead_letter_text(description, MAX_DEAD_LETTER_DESCRIPTION)
+        # One alert per dead letter: redeliveries and delayed copies raise the
+        # same id, named by the broker's sequence number, never the sender's.
+        source = _alert_source(message, body) if message is not None else message_id
         if self._alerts is not None:
             try:
-                await self._alert(
-                    reason, description, message_id, order_id, alert_required, message, body
+                await self._alerts.raise_alert(
+                    reason,
+                    description,
+                    self._clock.now(),
+                    order_id,
+                    message_id=message_id,
+                    queue=AGENT_REQUESTS_QUEUE,
+                    alert_id=_alert_id(AGENT_REQUESTS_QUEUE, source, reason) if source else None,
+                    required=alert_required,
                 )
             except AlertNotQueued as exc:
                 why = f"alert not queued: {exc}"
@@ -282,53 +276,19 @@ class RequestProcessor:
                     await settlement.complete()
                     return SettleKind.COMPLETE
                 # No copy: dead-lettered now, its alert held by this process
-                # and sent once the alerts queue takes it (Alerts.hold), not
-                # abandoned to deliveries that may be lost at receive (seed
-                # 21346: the broker's dead letter, no alert).
+                # (Alerts.hold), not abandoned to deliveries that may be lost.
                 self._alerts.hold(exc.alert, exc.alert_id)
         # Logged at INFO: the alert (aggregated by kind) is the operators' line.
         log.info("agent request %s dead-lettered %s: %s", message_id, reason, description)
         await settlement.dead_letter(reason, description)
         return SettleKind.DEAD_LETTER
 
-    async def _alert(
-        self,
-        reason: str,
-        description: str,
-        message_id: str | None,
-        order_id: str | None,
-        required: bool,
-        message: Any = None,
-        body: bytes | None = None,
-    ) -> None:
-        # One alert per dead letter: a redelivery (a settlement that did not
-        # land) and every delayed copy of it raise the same id, which the
-        # alerts queue drops. Named by the broker's sequence number (never an
-        # id the sender chose) when there is a received message.
-        if message is not None:
-            source: str | None = _alert_source(message, body)
-        else:
-            source = message_id
-        if self._alerts is not None:
-            await self._alerts.raise_alert(
-                reason,
-                description,
-                self._clock.now(),
-                order_id,
-                message_id=message_id,
-                queue=AGENT_REQUESTS_QUEUE,
-                alert_id=_alert_id(AGENT_REQUESTS_QUEUE, source, reason) if source else None,
-                required=required,
-            )
-
 
 class ServiceBusReplySender:
     """Sends replies to the responses queue with a stable MessageId, so the
     queue's duplicate detection drops a reply re-sent after a crash between
-    sending and settling. Sends through the app's one Service Bus publisher
-    (adapters.servicebus): one link kept open, one send at a time per link and
-    a timeout, because the agent's invocations run concurrently and concurrent
-    sends on one aio sender hang inside the SDK."""
+    sending and settling; through adapters.servicebus's publisher, which
+    serialises the concurrent invocations' sends."""
 
     def __init__(
         self,
@@ -337,8 +297,6 @@ class ServiceBusReplySender:
         send_timeout: float = 30.0,
         publisher: ServiceBusPublisher | None = None,
     ) -> None:
-        """`publisher`: the publisher to send through (default: one of its own
-        over `client`)."""
         self._publisher = publisher or ServiceBusPublisher(client, send_timeout)
         self._queue_name = queue_name
 
@@ -373,10 +331,3 @@ class ReceiverSettlement:
         await self._receiver.dead_letter_message(
             self._message, reason=reason, error_description=description
         )
-
-
-def message_body(message: Any) -> bytes:
-    """The body of a received message as bytes (any AMQP body kind; see
-    adapters.settlement.read_body). Raises BodyRefused for a body that cannot
-    carry JSON text."""
-    return read_body(message)

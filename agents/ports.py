@@ -1,8 +1,5 @@
-"""The Agent's doors to the outside: the remote service and time.
-
-Both are small protocols so that unit tests pass fakes (a remote that fails on
-cue, a clock that moves only when the agent sleeps) and the runners pass the
-real ones (agents.remote_client.HttpRemoteService, SystemClock)."""
+"""The Agent's door to the remote service: a protocol the runners fill with
+agents.remote_client.HttpRemoteService and unit tests with fakes."""
 
 from __future__ import annotations
 

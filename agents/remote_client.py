@@ -39,14 +39,10 @@ class FencingRejected(PermanentError):
 
 
 class HttpRemoteService:
-    """The RemoteService port over aiohttp.
-
-    Receives its session (one per process: connection pooling, and the
-    runner owns its lifetime), the base URL of the remote services and, for
-    a service that lives elsewhere, its own (`service_urls`: service -> base
-    URL; AgentSettings.url_for). A call goes to
-    `{base URL}/{service}/{operation}`. It does not retry: the Agent owns
-    the one retry loop, inside the request's deadline."""
+    """The RemoteService port over aiohttp: a call goes to
+    `{base URL}/{service}/{operation}`, the base URL being the service's own
+    in `service_urls` where it has one. It does not retry: the Agent owns the
+    one retry loop (ADR 011). The session is the runner's, one per process."""
 
     def __init__(
         self,
@@ -80,7 +76,6 @@ class HttpRemoteService:
                 telemetry.ORDER_ID: order_id,
             },
         ):
-            # The service sees the caller's trace (W3C headers), like any HTTP client span.
             headers.update(telemetry.inject())
             try:
                 return await self._call(url, call, headers, what, timeout)

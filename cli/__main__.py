@@ -1,22 +1,6 @@
-"""The client and operator tool.
-
-    python -m cli post --app webshop --count 20
-    python -m cli watch --app webshop --expect 20     (peeks; --consume to remove)
-    python -m cli show ORDER_ID          (a summary; --json for the whole record)
-    python -m cli list                   (counts per state; --state Error lists them)
-    python -m cli stuck
-    python -m cli resubmit ORDER_ID      (asks why and to confirm; --reason, --operator, --yes)
-    python -m cli compensate ORDER_ID    (the same)
-    python -m cli retry ORDER_ID         (a Pending order in its long retry, now; the same)
-    python -m cli alerts                 (newest first; --oldest-first)
-    python -m cli deadletters            (every queue; or name one: deadletters orders-webshop)
-    python -m cli deadletters QUEUE --resend SEQ   (or --discard SEQ; asks why and to confirm)
-    python -m cli statuses               (terminal statuses a reply queue refused, parked)
-    python -m cli statuses QUEUE --resend          (now; --order ORDER_ID for one; asks why)
-    python -m cli trace ORDER_ID         (the local spans file: OTEL_TRACES_FILE or --file)
-
-Text that clients wrote is printed literally, through cli.render.
-"""
+"""The client and operator tool, `python -m cli --help` (the commands:
+docs/operations.md). It reads and acts through console.views, as the console
+does; text that clients wrote is printed through cli.render."""
 
 from __future__ import annotations
 
@@ -71,9 +55,7 @@ def _with_store(use: Callable[[CosmosStateStore], Awaitable[T]]) -> T:
     cfg = tool_settings()
 
     async def run() -> T:
-        # The composition root, imported when a command needs the store (the
-        # other commands start without the app's adapters).
-        import bootstrap
+        import bootstrap  # only for the commands that need the store
 
         async with bootstrap.state_store(cfg) as store:
             return await use(store)
@@ -99,8 +81,7 @@ def post(
         raise typer.BadParameter(
             f"application {app_id!r} has no registered reply queue; pass --reply-to"
         )
-    # Submit takes the AppId from the queue an order arrives on: post to the
-    # application's own ingress queue.
+    # Submit takes the AppId from the queue an order arrives on (ADR 010).
     ingress = cfg.ingress_queues.get(app_id)
     if ingress is None:
         raise typer.BadParameter(
@@ -155,8 +136,8 @@ def watch(
         False, help="receive and delete the statuses (the client's job); default: peek, leave them"
     ),
 ) -> None:
-    """Watch the app's reply queue with a live view per order. Peeks by
-    default, so the statuses stay for the application; --consume removes them."""
+    """Watch the app's reply queue, a live line per order (peeked: the
+    statuses stay for the application; --consume removes them)."""
     cfg = tool_settings()
     queue = cfg.reply_queues.get(app_id)
     if queue is None:
@@ -292,9 +273,8 @@ def _asked(given: str | None, question: str, yes: bool) -> str | None:
 
 
 def _order_action(action: str, order_id: str, reason: str | None, name: str | None, yes: bool):
-    """Resubmit or compensate one order, as the console does (console.actions):
-    show it, ask why and for confirmation, then apply the transition only if
-    the record is still the version shown (etag-guarded)."""
+    """An order action as the console's: show the order, ask why and to
+    confirm, then act only if the record is still the version shown."""
     checked = _order_id(order_id)
     who = _operator(name)
     record, _ = _with_store(lambda store: store.read(checked))
@@ -364,35 +344,14 @@ async def _peek_all(deps: views.Deps, queue: str, dead_letter: bool = False) -> 
     return [views.message_view(m, BODY_LIMIT, queue, apps) for m in found[:PEEK_CAP]]
 
 
-def _receive(queue: str, limit: int) -> list[dict]:
-    """Receive and complete up to `limit` messages of `queue`, each shown as
-    console.views shows a peeked one."""
-    cfg = tool_settings()
-
-    async def receive() -> list[dict]:
-        async with (
-            servicebus_client(cfg.servicebus) as client,
-            client.get_queue_receiver(queue) as receiver,
-        ):
-            got = await receiver.receive_messages(max_message_count=limit, max_wait_time=2)
-            for m in got:
-                await receiver.complete_message(m)
-            return [views.message_view(m, BODY_LIMIT) for m in got]
-
-    return asyncio.run(receive())
-
-
 @app.command()
 def alerts(
-    peek: bool = typer.Option(True, help="peek (leave them) or receive and complete"),
     limit: int = typer.Option(50, help="how many to show"),
     oldest_first: bool = typer.Option(False, help="oldest first (default: newest first)"),
 ) -> None:
-    """Operator alerts from the `alerts` queue, newest first."""
-    if peek:
-        messages = _on_views(lambda deps: _peek_all(deps, ALERTS_QUEUE))
-    else:
-        messages = _receive(ALERTS_QUEUE, limit)
+    """Operator alerts from the `alerts` queue, peeked, newest first (the
+    console acknowledges or closes one, recording who and why)."""
+    messages = _on_views(lambda deps: _peek_all(deps, ALERTS_QUEUE))
     render.print_alerts(console, messages, newest_first=not oldest_first, limit=limit)
 
 
@@ -408,10 +367,8 @@ def deadletters(
     operator: str | None = typer.Option(None, "--operator", help=OPERATOR_HELP),
     yes: bool = typer.Option(False, "--yes", "-y", help=YES_HELP),
 ) -> None:
-    """Peek the dead letters of QUEUE, or of every queue (each application's
-    ingress and reply queue, agent-requests, agent-responses, alerts), with
-    reasons and sequence numbers; or resend or discard one (--resend SEQ /
-    --discard SEQ), as the console does."""
+    """Peek the dead letters of QUEUE (or of every queue), with reasons and
+    sequence numbers; or resend or discard one, as the console does."""
     if queue is not None and not _QUEUE_NAME.fullmatch(queue):
         raise ToolError(f"{queue!r} is not a queue name (lowercase letters, digits, '.', '_', '-')")
     if resend is not None or discard is not None:
@@ -448,17 +405,15 @@ async def _dead_letters_everywhere(deps: views.Deps) -> dict[str, list[dict]]:
 
 
 def _on_views(use: Callable[[views.Deps], Awaitable[T]], store: bool = False) -> T:
-    """Run `use` on the console's views (console.views.Deps) over a Service
-    Bus client of its own (and the state store, with `store`; without it
-    the views read Service Bus only: no order links); a refusal of the
-    views is a ToolError."""
+    """Run `use` on console.views over a Service Bus client of its own (and
+    the state store, with `store`); a refusal of the views is a ToolError."""
     from adapters.servicebus import ServiceBusPublisher
     from console.peek import QueuePeeker
 
     cfg = tool_settings()
 
     async def run() -> T:
-        import bootstrap  # the composition root, as for _with_store
+        import bootstrap
 
         async with AsyncExitStack() as stack:
             client = await stack.enter_async_context(servicebus_client(cfg.servicebus))
@@ -510,8 +465,7 @@ def statuses(
     yes: bool = typer.Option(False, "--yes", "-y", help=YES_HELP),
 ) -> None:
     """Terminal statuses their reply queue refused, parked in their order's
-    outbox (per queue: how many, since when, tries); or resend them now
-    (--resend, asks why and to confirm), as the console does."""
+    outbox; or resend them now (--resend), as the console does."""
     if (resend or order) and queue is None:
         raise ToolError("name the reply queue: statuses QUEUE --resend [--order ORDER_ID]")
     order_id = _order_id(order) if order is not None else None

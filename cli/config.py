@@ -1,11 +1,7 @@
-"""Settings for the tool: the environment, filled in from a local.settings.json (the
-same file `func start` and the local host read) where a name is unset.
-
-Which file: $LOCAL_SETTINGS when set; else ./local.settings.json when it is your own
-(one `python -m devstack up` did not write); else the settings of the running stack
-under ./.devstack/ (the one started last), which `up` writes for the ports it chose;
-else a local.settings.json an earlier `up` left. `SOURCE` says which was used, so that
-a connection error can name the setting, the file and the stack it tried."""
+"""Settings for the tool: the environment, filled in where a name is unset from
+$LOCAL_SETTINGS, else your own ./local.settings.json, else the running stack's
+(the one started last under ./.devstack/), else one an earlier `up` wrote.
+`SOURCE` says which, so that a connection error can name what it tried."""
 
 from __future__ import annotations
 

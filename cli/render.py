@@ -1,17 +1,8 @@
-"""Printing what clients wrote, safely: the operator tools show alerts, dead
-letters, statuses and records whose text a client chose (an OrderID, a name,
-a whole body). Everything here
-
-- prints that text literally: never through console markup (a client's
-  "[/]" must not crash the tool, a "[link=...]" must not become a link), as
-  `rich.text.Text`, whose content is not parsed;
-- makes invisible or terminal-active characters visible: control characters
-  (ESC sequences included), bidirectional overrides, zero-width and other
-  format characters are shown as `\\u202e`-style escapes;
-- never fails on a message it cannot parse: a body of any AMQP kind, not
-  JSON, or JSON without the expected fields is shown as what it is.
-
-Kept apart from cli.__main__ so it is tested without servers."""
+"""Printing what clients wrote, safely. Text a client chose (an OrderID, a
+body) is printed as `rich.text.Text`, never parsed as markup (a "[/]" must
+not crash the tool, a "[link=...]" not become a link); control, bidirectional
+and zero-width characters print as `\\u202e`-style escapes; a message that
+does not parse is shown as what it is, never an error."""
 
 from __future__ import annotations
 
@@ -52,9 +43,8 @@ def literal(value: Any, limit: int | None = None, style: str = "") -> Text:
 def print_alerts(
     console: Console, messages: list[dict[str, Any]], newest_first: bool = True, limit: int = 50
 ) -> int:
-    """One block per alert (as console.views.message_view shows one): kind,
-    time, OrderID, message id and queue of the dead letter it is about, and
-    the reason. Returns how many were shown."""
+    """One block per alert: kind, time, OrderID, the dead letter it is about,
+    and the reason. Returns how many were shown."""
     items = sorted(
         messages,
         key=lambda m: (m["enqueued"] is not None, m["enqueued"] or datetime.min),
@@ -110,10 +100,8 @@ def _indented(console: Console, text: Text, indent: int) -> None:
 
 
 def _dead_letter(console: Console, m: dict[str, Any], prefix: Text) -> None:
-    """A dead letter (console.views.message_view) after `prefix`: its id and
-    reason on one line; its description and body under it, indented and
-    wrapped at word boundaries (the body's JSON comes indented, so it wraps
-    at its own structure, not mid-token), BODY_LINES of the body at most."""
+    """A dead letter after `prefix`: its id and reason, then its description
+    and BODY_LINES of its body, indented and wrapped at word boundaries."""
     reason = literal(m["reason"] or "(no reason)", 200, "red")
     console.print(
         Text.assemble(prefix, literal(m["id"] or "(no message id)", 140, "bold"), " ", reason)
@@ -129,8 +117,7 @@ def _dead_letter(console: Console, m: dict[str, Any], prefix: Text) -> None:
 
 
 def print_dead_letters(console: Console, queue: str, messages: list[dict[str, Any]]) -> int:
-    """Each dead letter with its sequence number first (what `deadletters
-    QUEUE --resend SEQ` / `--discard SEQ` take)."""
+    """Each dead letter, its sequence number (what --resend takes) first."""
     if not messages:
         console.print(Text.assemble("no dead letters on ", literal(queue)))
         return 0
@@ -151,9 +138,8 @@ def print_queue_counts(console: Console, counts: dict[str, int]) -> None:
 
 
 def print_parked(console: Console, parked: dict[str, Any]) -> None:
-    """Terminal statuses parked in their orders' outboxes (console.views.
-    parked_statuses): each in two lines, then per reply queue how many,
-    since when and the most tries of one, last so they stay on the screen."""
+    """The parked statuses (console.views.parked_statuses), then the per-queue
+    summary, last so it stays on the screen."""
     for r in parked["entries"]:
         p = r.PendingStatus
         console.print(Text.assemble(literal(r.id, style="bold"), f"  {p.Status.value}"))
@@ -304,18 +290,15 @@ def print_state_counts(console: Console, counts: dict[str, int]) -> None:
 
 
 def print_record_json(console: Console, record: Any) -> None:
-    """The whole record as JSON (`show --json`): every non-ASCII or control
-    character escaped by JSON itself, so it is safe on a terminal and still
-    valid JSON; never wrapped."""
+    """The whole record as JSON (`show --json`), non-ASCII and control
+    characters escaped by JSON itself: safe on a terminal, still valid JSON."""
     text = json.dumps(json.loads(record.model_dump_json()), indent=2, ensure_ascii=True)
     console.print(Text(text), soft_wrap=True)
 
 
 def print_summary(console: Console, record: Any) -> None:
-    """`show`: the record in a few lines: state, attempt, times, the last
-    error, each step (with its duration), the compensation log if one ran,
-    and the history, one entry per line with its reason under it. Nothing cut:
-    long values wrap."""
+    """`show`: the record in a few lines (state, times, last error, steps,
+    compensation, history); nothing cut, long values wrap."""
     state = getattr(record.ProcessState, "value", record.ProcessState)
     console.print(
         Text.assemble(

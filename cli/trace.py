@@ -1,9 +1,6 @@
-"""`python -m cli trace ORDER_ID`: one order's spans from the local spans
-file (OTLP/JSON lines written by adapters.telemetry when OTEL_TRACES_FILE is
-set), one tree per trace (one trace per attempt), with durations.
-
-Reads the file a line at a time and keeps only the traces that have a span
-naming the order (`order.id`), so a long-running stack's file is fine."""
+"""`python -m cli trace ORDER_ID`: one order's spans from the local spans file
+(OTEL_TRACES_FILE), one tree per trace (per attempt), with durations. The
+file is read a line at a time, keeping only the traces that name the order."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
-"""An operator's actions on an order, the same from the console and the CLI:
-resubmit and compensate, each by a named operator for a stated reason, both
-recorded in the order's History (`By = "operator:<name>"`, the reason
-after the transition's own). Pure: the callers read and write the record."""
+"""An operator's actions on an order, the same from the console and the CLI,
+each recorded in the order's History as `By = "operator:<name>"` with the
+stated reason. Pure: the callers read and write the record."""
 
 from __future__ import annotations
 

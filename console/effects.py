@@ -1,19 +1,7 @@
-"""What each step did at its service, from the agents' recorded answers call
-by call (the replies in the attempts' orchestration histories, console.timeline),
-and the record only where no history says more (purged, or older than the
-attempts the console reads). Pure: tested on recorded histories.
-
-A step's effect is one of (docs/console.md, "Reading an order"):
-
-- applied: a call was answered ok (its reference shown);
-- refused: the service refused it (a permanent answer), with its reason;
-- undone: it was applied, and its undo was answered ok;
-- undo refused: it was applied and the service refused the undo, with its
-  reason: the effect is still held;
-- not called: no attempt asked for it;
-- in flight: asked in the running attempt, the deadline not passed yet;
-- unknown: asked, and no clear answer came back (no reply by the deadline,
-  or the agent gave up on transient failures): only the service knows."""
+"""What each step did at its service (the effects table of docs/console.md,
+"Reading an order"), from the agents' answers in the attempts' histories
+(console.timeline), and from the record only where no history says more.
+Pure: tested on recorded histories."""
 
 from __future__ import annotations
 
@@ -173,10 +161,9 @@ def _calls_by_step(attempts: list[dict[str, Any]]) -> dict[str, list[tuple[int, 
 
 
 def _times(v: Verdict, calls: list[tuple[int, Call]], step: Any) -> dict[str, Any]:
-    """The step's own start, end and duration: from the first request of the
-    do call that decided it, in that call's attempt, to its answer; the
-    record's own times when no call in the histories decided it. The undo's
-    answer, when there was one, separately."""
+    """The step's start, end and duration, from the first request of the do
+    call that decided it to its answer (else the record's own times), and
+    the undo's answer separately."""
     if v.state == NOT_CALLED:
         return {"started": None, "completed": None, "took": None, "undo_answered": None}
     if v.call is not None:

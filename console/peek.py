@@ -1,17 +1,11 @@
-"""Peeking at queues for the console, with one receiver per queue kept open.
+"""Peeking at queues for the console, with one receiver per (queue,
+dead-letter) per event loop kept open: opening a link costs about a second,
+a peek on an open one milliseconds. Peeking never locks or settles.
 
-Opening and closing a receiver link costs about a second on the local
-emulator (half each way), which made every page with a peek slow; a peek on
-an open link takes milliseconds. So the console keeps one receiver per
-(queue, dead-letter) per event loop. Peeking never locks, receives or settles
-a message: the links exist only for the peek management operation.
-
-Two things the SDK does that matter here: a receiver's `peek_messages`
-without a sequence number continues after the last message that receiver
-peeked (so every call names where to start), and one receiver is not made
-for concurrent operations (so each has a lock, and every wait has a
-timeout). A receiver that fails is closed and replaced once; a second
-failure is the caller's error."""
+Two SDK behaviours matter: `peek_messages` without a sequence number goes on
+after the last message that receiver peeked (so every call names where to
+start), and a receiver is not made for concurrent operations (so each has a
+lock, and every wait a timeout). A failed receiver is replaced once."""
 
 from __future__ import annotations
 
@@ -110,9 +104,8 @@ class QueuePeeker:
     ) -> bool:
         """Receive (peek-lock) message `sequence` of `queue` (or of its
         dead-letter queue), run `act` on it, then complete it; False when it
-        is not there (already settled by someone else). The others received
-        on the way are abandoned, untouched. A receiver of its own, closed
-        after: actions are rare and must not share the peek links' locks."""
+        is gone. Others received on the way are abandoned; the receiver is its
+        own, so the peek links' locks are not shared."""
         receiver = self._client.get_queue_receiver(
             queue,
             sub_queue=ServiceBusSubQueue.DEAD_LETTER if dead_letter else None,

@@ -92,12 +92,10 @@ def console_enabled(env: Mapping[str, str] | None = None) -> bool:
 def operator(
     headers: Mapping[str, str], request_url: str = "", env: Mapping[str, str] | None = None
 ) -> str:
-    """The signed-in operator's name. In local mode `local`, for a request
-    addressed to a loopback host only (a page of another site that a DNS
-    name pointed at 127.0.0.1 gets nothing); otherwise the principal that
-    authentication set, and Unauthenticated without one, and only when the
-    app's own operator list admits it (`may_operate`): the app does not rest
-    on the proxy alone."""
+    """The signed-in operator's name: in local mode `local`, for a request
+    addressed to a loopback host only (DNS rebinding gets nothing); otherwise
+    the principal authentication set (Unauthenticated without one), and only
+    when `may_operate` admits it: the app does not rest on the proxy alone."""
     env = _env(env)
     if local_mode(env):
         host = (urlsplit(request_url).hostname or "") if request_url else ""
@@ -243,11 +241,10 @@ def _secret(env: Mapping[str, str] | None = None) -> bytes:
 
 
 def form_token(*bound: str, now: float | None = None, env: Mapping[str, str] | None = None) -> str:
-    """The confirmation form's token, bound to `bound`: the operator, the
-    target (an order, a dead letter, an alert, a queue), the action and the
-    target's version (for an order `record_version`): once the action is
-    done the record has changed, so the same token is refused (single use,
-    on any instance, with no session store)."""
+    """The confirmation form's token, bound to the operator, the target, the
+    action and the target's version (`record_version`): once the action is
+    done the version changed, so the token is refused (single use, with no
+    session store)."""
     expiry = int((now if now is not None else time.time()) + TOKEN_LIFETIME)
     return f"{expiry}.{_sign(bound, expiry, env)}"
 
@@ -302,7 +299,7 @@ def check_csrf(
 
 
 def redact(value: Any) -> Any:
-    """A copy of `value` with payment data removed (see the module docstring)."""
+    """A copy of `value` without payment-named keys, card numbers masked."""
     if isinstance(value, Mapping):
         return {k: redact(v) for k, v in value.items() if not _PAYMENT_KEY.search(str(k))}
     if isinstance(value, list):
@@ -312,9 +309,8 @@ def redact(value: Any) -> Any:
     return value
 
 
-# A lone surrogate (JSON's "\ud800" decodes to one) cannot be encoded as
-# UTF-8; control characters other than tab and newlines do not belong in HTML
-# text. Both are shown as their escapes, so the operator sees what was stored.
+# A lone surrogate cannot be encoded as UTF-8, control characters do not belong
+# in HTML text: both are shown as escapes, so the operator sees what was stored.
 _UNPRINTABLE = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\ud800-\udfff]")
 
 

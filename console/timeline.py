@@ -1,24 +1,9 @@
 """An order's story for the operator: per attempt, what happened in causal
-order and in the domain's words, and per step what really happened to its
-side effect. Pure functions of the state record and the orchestration
-statuses (with history) the durable client returned; no I/O, so every rule
-here is tested on recorded histories.
-
-Rules (issue 25, docs/console.md "Reading an order"):
-
-- order: the orchestration's history is causal (Durable appends each event
-  after what caused it), so its order is kept as it is; the record's own
-  History (claims, Supervisor decisions, operator actions) is merged into it
-  by time, never re-sorted by wall-clock seconds;
-- each error once: an agent's reply carries the reason; the record's writes
-  that copy it (the state write, the alert, the status, LastError) are not
-  repeated as events;
-- domain words: a step call is "charge payment" / "refund payment", a write
-  is what it changed ("order Processed"), never an activity's name;
-- deadlines are shown on the call they bound (met, with time to spare, or
-  missed), not as events;
-- an agent's calls (AgentReply.Calls, docs/adr/017d-agent-call-record.md)
-  are shown on its reply, with their outcomes and durations."""
+order and in the domain's words. Pure functions of the state record and the
+orchestration statuses (with history) the durable client returned, tested on
+recorded histories; the rules (causal order kept, each error once, domain
+words, deadlines on the call they bound) are docs/console.md's "Reading an
+order"."""
 
 from __future__ import annotations
 
@@ -229,8 +214,7 @@ def _deadline_words(call: Call) -> tuple[str, str]:
 # --- one attempt's orchestration history ---------------------------------------------
 
 
-# What finish_attempt (the attempt's one finishing write) wrote, by the
-# state it left the record in.
+# What finish_attempt wrote, by the state it left the record in.
 _FINISHED = {
     ProcessState.PROCESSED.value: ("order Processed", "good"),
     ProcessState.COMPENSATING.value: (
@@ -551,7 +535,6 @@ def timeline(record: OrderState, statuses: dict[int, dict[str, Any]]) -> list[di
                 "tone": tone,
                 "events": events,
                 "calls": calls,
-                "retried_calls": sum(1 for c in calls if len(_calls(c.reply)) > 1),
                 "has_history": bool(history),
             }
         )

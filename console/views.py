@@ -1,9 +1,6 @@
 """What each console page shows: reads from the stores, the durable client
-and Service Bus (peek only), shaped for the templates. No HTTP here, so the
-views are tested against the real servers without a host.
-
-Every view's store reads are bounded: the table in docs/console.md lists the
-requests each one makes, and tests/console/test_request_cost.py holds them to it."""
+and Service Bus (peek only), shaped for the templates; no HTTP here. Each
+view's reads are bounded as docs/console.md's cost table says."""
 
 from __future__ import annotations
 
@@ -59,15 +56,13 @@ class Deps:
     durable: Any | None = None  # a DurableOrchestrationClient, for the order detail
     publisher: MessagePublisher | None = None  # for resending a parked status
     now: datetime = field(default_factory=lambda: datetime.now(UTC))
-    # In Azure the app's identity may not read reply queues (only the client
-    # application may: docs/design.md §2, infra/app/rbac.bicep), so the console does
-    # not peek them there; locally it does, and says the list is local only.
+    # In Azure only the client application may read its reply queue
+    # (infra/app/rbac.bicep): the console peeks them locally only.
     azure: bool = field(default_factory=in_azure)
 
     def queues(self) -> list[str]:
-        """The queues whose dead letters the console shows: the ones the app
-        may read (each application's ingress queue, where Submit dead-letters,
-        and the Scheduler's own), plus the reply queues when not in Azure."""
+        """The queues whose dead letters the console shows: the ingress queues,
+        the Scheduler's own, and the reply queues when not in Azure."""
         ingress = sorted(self.settings.ingress_queues.values())
         replies = [] if self.azure else sorted(self.settings.reply_queues.values())
         return list(dict.fromkeys([*ingress, *WORK_QUEUES, *replies]))
@@ -179,8 +174,7 @@ def _decision_totals(decisions) -> dict[str, int]:
 
 
 def _decision_buckets(decisions, since: datetime) -> list[dict[str, Any]]:
-    """Decisions per 5 minutes: the Supervisor runs on a timer, so this is its
-    recent work run by run at the chart's resolution."""
+    """The Supervisor's decisions per 5 minutes, newest first."""
     out: dict[int, dict[str, Any]] = {}
     for d in decisions:
         i = int((d.at - since) / BUCKET)
@@ -369,8 +363,7 @@ async def order_detail(deps: Deps, order_id: str) -> dict[str, Any] | None:
         "attempts": attempts,
         "effects": step_effects,
         "held": effects.still_held(record, step_effects),
-        # the log lists planned undos from the first completed step on: shown
-        # only once a compensation ran
+        # planned undos are shown only once a compensation ran
         "compensation": record.Compensation
         if any(e.At is not None for e in record.Compensation)
         else [],
@@ -409,8 +402,6 @@ async def orchestration_statuses(deps: Deps, record: OrderState) -> dict[int, di
         out[attempt] = {
             "instance": instance,
             "runtime_status": getattr(status.runtime_status, "value", str(status.runtime_status)),
-            "created": status.created_time,
-            "updated": status.last_updated_time,
             "output": status.output,
             "history": history if isinstance(history, list) else [],
         }
@@ -418,9 +409,8 @@ async def orchestration_statuses(deps: Deps, record: OrderState) -> dict[int, di
 
 
 async def status_messages(deps: Deps, record: OrderState) -> dict[str, Any]:
-    """Status messages for this order still on its reply queue (peeked: the
-    application may already have received the earlier ones). Not in Azure,
-    where the reply queue is the client application's alone to read."""
+    """This order's status messages still on its reply queue (peeked); none
+    in Azure, where only the client application reads it (Deps.azure)."""
     if deps.azure:
         return {"queue": record.ReplyTo, "messages": [], "error": None, "local_only": False}
     peeked = await peek(deps, record.ReplyTo, limit=STATUS_PEEK_LIMIT, body_limit=600)
@@ -511,9 +501,7 @@ def message_view(
     m: Any, body_limit: int, queue: str | None = None, apps: Mapping[str, str] | None = None
 ) -> dict[str, Any]:
     """One peeked message as the console's templates and the CLI show it,
-    whatever it holds: any body kind, any nesting, any property types. Never
-    raises: a message that cannot be read is shown as unreadable, with what
-    could be read."""
+    whatever it holds. Never raises: what cannot be read is shown as such."""
     try:
         return _read_message(m, body_limit, queue, apps or {})
     except Exception as exc:  # noqa: BLE001 - one message must not break a page
@@ -524,7 +512,6 @@ def message_view(
             "enqueued": None,
             "reason": _safe(lambda: _short(m.dead_letter_reason)),
             "description": None,
-            "delivery_count": None,
             "properties": {},
             "parsed": None,
             "note": f"message unreadable ({type(exc).__name__})",
@@ -535,13 +522,10 @@ def message_view(
 def _order_of(
     parsed: Any, props: dict[str, Any], queue: str | None, apps: Mapping[str, str]
 ) -> str | None:
-    """The order a message names (its OrderID in the body, else in the
-    properties), as the key the console's order pages use, when it is a
-    valid one. A key that names its application is taken as it is. A bare
-    OrderID on an application's own queue (its ingress or reply queue, in
-    `apps`; for an alert, the queue its dead letter was on) is that
-    application's order; anywhere else it is a record written before keys
-    named the application (docs/adr/017f-order-keys.md)."""
+    """The order key a message names (its OrderID in the body, else in the
+    properties), when valid: a bare OrderID on an application's own queue
+    (`apps`; for an alert, its dead letter's queue) is that application's
+    order, elsewhere taken as it is (docs/adr/017f-order-keys.md)."""
     oid = parsed.get("OrderID") if isinstance(parsed, dict) else None
     oid = oid if isinstance(oid, str) else props.get("OrderID")
     if not isinstance(oid, str) or not valid_order_id(oid):
@@ -607,7 +591,6 @@ def _read_message(
         "enqueued": enqueued if isinstance(enqueued, datetime) else None,
         "reason": _short(m.dead_letter_reason),
         "description": redact(_short(m.dead_letter_error_description, 1024) or "") or None,
-        "delivery_count": _int(m.delivery_count),
         "properties": redact(props),
         "parsed": redact(parsed) if isinstance(parsed, dict) else None,
         "note": note,
@@ -808,10 +791,9 @@ def _resent_copy(message: Any, queue: str, sequence: int, who: str, reason: str)
 def _copy(
     message: Any, suffix: str, marks: dict[str, str], fallback_id: str, drop: str = ""
 ) -> Any:
-    """A new message with `message`'s data body and headers, its properties
-    with `marks` (and without `drop`), and the id `{first id}/{suffix}`: the
-    first id (ORIGINAL_ID_PROPERTY, else its own id, else `fallback_id`)
-    carries over from copy to copy. BadRequest for a body that is not data."""
+    """`message`'s data body and headers, its properties with `marks` (less
+    `drop`), under the id `{first id}/{suffix}`, the first id carried over
+    from copy to copy (ORIGINAL_ID_PROPERTY). BadRequest for a non-data body."""
     from azure.servicebus import ServiceBusMessage
 
     from adapters.settlement import MAX_MESSAGE_ID, ORIGINAL_ID_PROPERTY
@@ -861,12 +843,10 @@ async def act(
     reason: str,
     expected_version: str | None = None,
 ) -> OrderState:
-    """The operator commands of cli/ (the same transition, console.actions),
-    recorded in the order's history as done by `who` for `reason`. With
-    `expected_version` (the record's version the confirmation form was made
-    for) the transition is refused when the record is another version by the
-    time it is applied, inside the etag-guarded update: a confirmation acts
-    once, even when two of its POSTs race."""
+    """An order action (console.actions), recorded as done by `who` for
+    `reason`. With `expected_version` (the record's version the confirmation
+    showed) it is refused inside the etag-guarded update when the record is
+    another version: a confirmation acts once, even when two POSTs race."""
     if action not in ACTIONS:
         raise BadRequest(f"unknown action {action!r}")
     reason = _reason(reason)
@@ -902,9 +882,8 @@ async def _parked(
     deps: Deps, queue: str | None, order_id: str | None
 ) -> list[tuple[OrderState, str]]:
     """(record, etag) of each terminal status still in its outbox after the
-    Starter's grace, oldest first: the Starter's own query (PARKED_LIMIT
-    records at most), or with `order_id` one read of that order (its entry
-    whatever its age, when it waits for `queue`)."""
+    Starter's grace, oldest first, by the Starter's own query; with
+    `order_id`, that order's entry for `queue` whatever its age."""
     if order_id is None:
         return await deps.store.query_unsent_statuses(PARKED_LIMIT, deps.now - STATUS_GRACE)
     try:
@@ -917,10 +896,9 @@ async def _parked(
 async def parked_statuses(
     deps: Deps, queue: str | None = None, order_id: str | None = None
 ) -> dict[str, Any]:
-    """Terminal statuses their reply queue refused (or whose sender stopped),
-    still in their record's outbox (`_parked`): per reply queue how many,
-    since when and the most tries of one, and the entries of `queue` (every
-    queue's when None)."""
+    """The parked terminal statuses (`_parked`): per reply queue how many,
+    since when and the most tries of one, and the entries of `queue` (of
+    every queue when None)."""
     page = await _parked(deps, queue, order_id)
     queues: dict[str, dict[str, Any]] = {}
     for record, _ in page:
@@ -943,12 +921,9 @@ async def parked_statuses(
 async def resend_statuses(
     deps: Deps, queue: str, order_id: str | None, who: str, reason: str
 ) -> dict[str, int]:
-    """Send `queue`'s parked statuses now, the PAGE_SIZE oldest (or
-    `order_id`'s alone), each as the Starter does (reporting.StatusOutbox:
-    the entry's own message id, so a copy the queue took already is dropped;
-    cleared once sent), stopping at the first the queue refuses (a try
-    counted on its entry). Logged with who and why; returns how many went
-    (`sent`) and whether the queue refused one (`refused`: 1)."""
+    """Send `queue`'s PAGE_SIZE oldest parked statuses (or `order_id`'s) now
+    through reporting.StatusOutbox, as the Starter does, stopping at the
+    first the queue refuses. Returns `sent` and `refused` (0 or 1)."""
     if deps.publisher is None:
         raise BadRequest("Service Bus not configured")
     reason = _reason(reason)

@@ -164,7 +164,7 @@ param supervisorRunBudgetSeconds int = 8
 param supervisorScan string = 'query'
 @description('Comma-separated steps run as in-app activities instead of through the agent queues (empty: all through agents).')
 param inlineSteps string = ''
-@description('Most remote (agent) calls one attempt can wait on: the workflow\'s 3 steps (agents/steps.py) and, when it compensates, their 3 undo calls. Sizes the duplicate detection window.')
+@description('Most remote (agent) calls one attempt can wait on: the workflow\'s 3 steps (domain/steps.json) and, when it compensates, their 3 undo calls. Sizes the duplicate detection window.')
 @minValue(1)
 param maxRemoteStepsPerAttempt int = 6
 

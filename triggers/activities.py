@@ -1,8 +1,6 @@
-"""Durable activity triggers of the Scheduler. Each hands its input to
-SchedulerActivities.run (built by the composition root, bootstrap), which decodes
-the input contract, calls the use case and returns plain JSON, inside a span
-that continues the attempt's trace (the input's `Trace`, copied there by the
-orchestration: adapters.telemetry)."""
+"""Durable activity triggers of the Scheduler: each hands its input to the
+root's SchedulerActivities.run, which decodes it, calls the use case and
+returns plain JSON in a span continuing the attempt's trace."""
 
 from __future__ import annotations
 

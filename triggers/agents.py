@@ -1,19 +1,10 @@
-"""The Agent as a Service Bus triggered function in the Functions app.
+"""The Agent as a Service Bus triggered function: the standalone worker's
+RequestProcessor, settling by hand (docs/adr/014-message-settlement.md).
+The host renews the lock while it runs: host.json's
+`maxAutoLockRenewalDuration` must cover the step timeout."""
 
-Thin on purpose: take the message, hand it to the same RequestProcessor the
-standalone worker uses, settle it by hand (auto_complete_messages=False) so a
-malformed request (any AMQP body kind) is dead-lettered with reason
-InvalidMessage and alerted instead of being retried to exhaustion, an
-unexpected failure is dead-lettered ProcessingFailed, and a reply that could
-not be sent is abandoned (dead-lettered RetriesExhausted on the last delivery).
-
-The host renews the message lock while the function runs (host.json
-`extensions.serviceBus.maxAutoLockRenewalDuration` must cover the step
-timeout), and bounds concurrency (`maxConcurrentCalls`)."""
-
-# No `from __future__ import annotations` here: the Functions worker reads the
-# trigger's parameter annotations to decide what to bind (SDK types and the
-# message actions), and must see classes, not strings.
+# No `from __future__ import annotations`: the Functions worker reads the
+# trigger's parameter annotations to decide what to bind.
 import asyncio
 from typing import Any
 
@@ -27,9 +18,8 @@ from triggers import queue_trigger
 
 
 class FunctionsSettlement:
-    """Settlement through the host's ServiceBusMessageActions (sync gRPC
-    calls: run off the event loop so other invocations keep going; `run_sync`
-    is how, a worker thread unless told)."""
+    """Settlement through the host's ServiceBusMessageActions, whose sync gRPC
+    calls `run_sync` runs off the event loop (a worker thread unless told)."""
 
     def __init__(self, actions: Any, message: Any, run_sync: RunSync = asyncio.to_thread) -> None:
         self._actions = actions

@@ -1,13 +1,10 @@
-"""The console's HTTP functions: one blueprint over the composition root
-(`blueprint(root)`), registered by function_app.py; the pages' views,
-templates and security rules live in console/.
-Server-rendered pages (Jinja2, autoescaped) and confirm-then-POST actions, every
-route behind one sign-in guard (`_guarded`). Anonymous at the Functions level on
-purpose; who may use it and why: docs/adr/012-console-security.md."""
+"""The console's HTTP functions over the composition root: server-rendered
+pages and confirm-then-POST actions (views, templates and security rules in
+console/), every route behind one sign-in guard (`_guarded`). Anonymous at the
+Functions level on purpose: docs/adr/012-console-security.md."""
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
@@ -43,11 +40,8 @@ _env.filters["t"] = lambda v: v.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S") if
 _env.filters["hm"] = lambda v: v.astimezone(UTC).strftime("%H:%M:%S") if v else ""
 # to the millisecond: events of one second are told apart (and in causal order anyway)
 _env.filters["ms"] = lambda v: v.astimezone(UTC).strftime("%H:%M:%S.%f")[:-3] if v else ""
-_env.filters["js"] = lambda v: json.dumps(v, ensure_ascii=False, default=str)
-# URL parts the console builds are links, not text: an order id that happens
-# to look like a card number is masked where shown, never in its own link.
-# A lone surrogate in a stored value cannot be percent-encoded (as UTF-8):
-# it is escaped first (security.printable), as it is where shown.
+# A URL part is a link, not text: never masked as a card number; a lone
+# surrogate, which cannot be percent-encoded, is escaped first (printable).
 _env.globals["qs"] = lambda **kw: security.Unmasked(
     urlencode({k: security.printable(str(v)) for k, v in kw.items() if v not in (None, "")})
 )
@@ -93,8 +87,7 @@ def _render(
         base=_base(req), now=datetime.now(UTC), cost=charges, **_refreshing(req), **context
     )
     return func.HttpResponse(
-        # the finalize escaped every value; a surrogate in the template's own
-        # text (a filter's output) still must not turn a page into a 500
+        # a surrogate in a filter's output must not turn a page into a 500
         html.encode("utf-8", "backslashreplace"),
         status_code=status,
         mimetype="text/html",
@@ -107,10 +100,8 @@ _ONCE = ("refresh", "done", "seq", "sent", "refused")  # what a reload must not 
 
 
 def _refreshing(req: func.HttpRequest) -> dict[str, Any]:
-    """Auto-refresh without a script: `?refresh=N` (5 to 600 seconds) on a
-    page read with GET makes it reload itself every N seconds (a meta
-    refresh, which the Content-Security-Policy allows); `here` is the page's
-    own query without it, for the footer's links."""
+    """`?refresh=N` (5 to 600 s) on a GET: a meta refresh (no script, which
+    the Content-Security-Policy forbids); `here`: the query without it."""
     if req.method != "GET":
         return {"refresh": None, "here": None}
     raw = req.params.get("refresh") or ""
@@ -126,10 +117,8 @@ def _error(
 
 
 def _signed_in(req: func.HttpRequest) -> str | func.HttpResponse:
-    """The operator, or the answer that refuses the request: 403 while the
-    console is disabled (neither local mode nor confirmed authentication),
-    401 when nobody is signed in, 403 in local mode for a request not
-    addressed to a loopback host. Every route calls this before anything else."""
+    """The operator, or the refusal: 403 while the console is disabled, 401
+    when nobody is signed in, 403 when security.operator forbids it."""
     if not security.console_enabled():
         return func.HttpResponse(
             security.DISABLED_MESSAGE,
@@ -149,11 +138,9 @@ def _signed_in(req: func.HttpRequest) -> str | func.HttpResponse:
 async def _guarded(
     req: func.HttpRequest, respond: Callable[[str], Awaitable[func.HttpResponse]]
 ) -> func.HttpResponse:
-    """Every route's answer: `respond(operator)` once `_signed_in` lets the
-    request through, its refusal otherwise (so no route can skip the check).
-    Something the path names that is not there answers 404 (views.NotFound),
-    a refused parameter 400 with its reason (views.BadRequest); anything
-    unforeseen is logged and answered 500, with the same security headers."""
+    """Every route's answer, so none can skip the check: `respond(operator)`
+    once `_signed_in` lets the request through; views.NotFound answers 404,
+    views.BadRequest 400, anything unforeseen is logged and answered 500."""
     who = _signed_in(req)
     if isinstance(who, func.HttpResponse):
         return who
@@ -268,9 +255,8 @@ def _confirmation(
     titles: dict[str, tuple[str, str]],
     **shown: Any,
 ) -> func.HttpResponse:
-    """An action's confirmation page: `template` showing `shown`, what
-    `titles[action]` says of the action, and a form whose token is bound to
-    the operator and `bound` (target, action, version)."""
+    """An action's confirmation page: `template` showing `shown` and
+    `titles[action]`, its form's token bound to the operator and `bound`."""
     action = bound[1]
     title, explanation = titles[action]
     token = security.Unmasked(security.form_token(who, *bound))
@@ -288,10 +274,9 @@ async def _confirm_then_act(
     template: str,
     **shown: Any,
 ) -> func.HttpResponse:
-    """Every single action's two requests. GET: its `_confirmation`. POST:
-    the token checked, `act(reason)` run, then a redirect to `done`
-    (Post/Redirect/Get: reloading it does not act again). A refusal answers
-    403 (the token), 409 (the target changed or is gone) or 503."""
+    """An action's two requests. GET: its `_confirmation`. POST: the token
+    checked, `act(reason)` run, then a redirect to `done` (`_see_other`). A
+    refusal answers 403 (the token), 409 (the target changed or is gone) or 503."""
     action = bound[1]
     if req.method == "GET":
         return _confirmation(req, who, deps, bound, template, **shown)
@@ -411,10 +396,9 @@ _BULK = "bulk"  # the token's target prefix: a bulk form acts on its list only
 
 @_route("console_bulk_action", "console/bulk/{action:alpha}", BOTH)
 async def _bulk_action(req: func.HttpRequest, who: str, deps_of: DepsOf) -> func.HttpResponse:
-    """Resubmit (or compensate) several orders: GET (the orders list's
-    checkboxes) shows each chosen order and a confirmation form whose token
-    is bound to the list and each order's version; POST acts on each order
-    still at the version shown and lists what became of each."""
+    """Resubmit (or compensate) several orders: GET confirms, the token bound
+    to the list and each order's version; POST acts on each order still at
+    the version shown and lists what became of each."""
     action = req.route_params.get("action", "")
     deps = await deps_of()
     if req.method == "GET":
@@ -483,9 +467,8 @@ def _register(
 
 
 def blueprint(root: App) -> df.Blueprint:
-    """The console's routes over `root` (what a page reads from and acts on:
-    App.console_deps, adapters of its own per request): `_ROUTES`, and the
-    order page, which reads the orchestrations through the durable client."""
+    """The console's routes over `root`'s console_deps: `_ROUTES`, and the
+    order page, which also reads the orchestrations through the durable client."""
     bp = df.Blueprint()
     deps_of = root.console_deps
     for name, route, methods, handler in _ROUTES:

@@ -1,7 +1,6 @@
-"""The Submit triggers: one Service Bus queue trigger per client application, on
-that application's ingress queue, each running submit.handler (the root's
-SubmitHandler) through the message gate (adapters.settlement). Why the queue, not the body, names the
-application: docs/adr/010-ingress-queue-identity.md."""
+"""The Submit triggers: one per client application, on its ingress queue, each
+running the root's SubmitHandler through the message gate. Why the queue,
+not the body, names the application: docs/adr/010-ingress-queue-identity.md."""
 
 # No `from __future__ import annotations`: the Functions worker reads the
 # trigger's parameter annotations to decide what to bind.
@@ -24,10 +23,9 @@ _UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
 
 
 def function_name(app_id: str) -> str:
-    """The Submit function of `app_id`: stable across restarts and deploys
-    (it names the function's logs and metrics), unique per application. An
-    app id the host would not accept as part of a name is spelled safely
-    and suffixed with a hash of the real id, so two never collide."""
+    """The Submit function of `app_id`: stable across deploys (it names the
+    logs and metrics) and unique per application; an id the host would not
+    accept in a name is spelled safely and suffixed with its hash."""
     safe = _UNSAFE.sub("_", app_id)
     if safe != app_id or not app_id:
         safe = f"{safe}_{hashlib.sha256(app_id.encode()).hexdigest()[:8]}"

@@ -1,15 +1,6 @@
-"""The standalone agent worker: the Agent in its own process, for the case
-where it runs in a separate runtime or trust boundary from the Functions app.
-
-    python -m agents.worker   (the entry: agents/worker/__main__.py)
-
-Receives from `agent-requests` in PEEK_LOCK, keeps each message's lock
-renewed while handling it (AutoLockRenewer, bounded by the request's deadline
-plus a slack for replying), sends the reply to `agent-responses`, then
-completes. At most AGENT_MAX_CONCURRENCY requests are handled at once. On
-SIGTERM/SIGINT it stops receiving, lets in-flight requests finish for
-AGENT_SHUTDOWN_GRACE_SECONDS, abandons the rest (so they are redelivered at
-once, not after their lock expires) and exits 0."""
+"""The standalone agent worker (`python -m agents.worker`): the Agent in its
+own process, for a separate runtime or trust boundary. How it receives,
+renews locks and shuts down: docs/agents.md, "Standalone worker"."""
 
 from __future__ import annotations
 
@@ -26,7 +17,7 @@ from azure.servicebus.exceptions import ServiceBusError
 
 from adapters.clock import SYSTEM_CLOCK, Clock
 from adapters.servicebus import servicebus_client
-from adapters.settlement import BodyRefused
+from adapters.settlement import BodyRefused, read_body
 from agents.config import (
     AgentSettings,
     require_servicebus,
@@ -35,7 +26,6 @@ from agents.messaging import (
     ReceiverSettlement,
     RequestProcessor,
     ServiceBusReplySender,
-    message_body,
 )
 from domain.codec import decode
 from domain.errors import ValidationFailed
@@ -50,8 +40,7 @@ RECEIVE_RETRY_SECONDS = 2.0
 
 class WorkerRuntime:
     """What the worker's loop runs on: asyncio's tasks and waits, and the
-    SDK's lock renewer. A seam: the simulation hands in its own (sim/worker.py),
-    whose waits and renewals run on the world's virtual time."""
+    SDK's lock renewer; the simulation's (sim/worker.py) runs on virtual time."""
 
     def spawn(self, handling: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         return asyncio.create_task(handling)
@@ -74,8 +63,7 @@ class WorkerRuntime:
 
 class AgentWorker:
     """Receives requests and hands each to the processor, `max_concurrency`
-    at a time. Receives its client, processor and settings; `clock` and
-    `runtime` are seams (the simulation's virtual time)."""
+    at a time."""
 
     def __init__(
         self,
@@ -186,7 +174,7 @@ class AgentWorker:
         the message is redelivered (then answered without a call)."""
         slack = self._settings.lock_renewal_slack
         try:
-            request = decode(AgentRequest, message_body(message))
+            request = decode(AgentRequest, read_body(message))
         except (ValidationFailed, BodyRefused):
             return slack  # dead-lettered at once by the processor
         left = (request.Deadline - self._clock.now()).total_seconds()
@@ -197,9 +185,8 @@ async def _lock_renew_failed(renewable: Any, error: Exception | None) -> None:
     log.warning("lock renewal failed for %s: %s", getattr(renewable, "message_id", "?"), error)
 
 
-# What handles one request, given the worker's Service Bus client and HTTP
-# session: the processor and its reply sender (closed before them). The entry
-# (agents/worker/__main__.py) hands in the composition root's.
+# The processor and its reply sender, given the worker's client and session
+# (closed before them): the composition root's, handed in by the entry.
 ProcessorFactory = Callable[
     [ServiceBusClient, aiohttp.ClientSession, AgentSettings],
     tuple[RequestProcessor, ServiceBusReplySender],

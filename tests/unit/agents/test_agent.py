@@ -268,7 +268,7 @@ async def test_the_breaker_opens_after_n_failures_and_then_answers_without_calli
 
     assert first.Outcome is ReplyOutcome.TRANSIENT
     assert calls_after_first == 3
-    assert agent.breakers.state("payment") == "open"
+    assert agent.breakers.for_service("payment").current_state == "open"
     assert second.Outcome is ReplyOutcome.TRANSIENT
     assert "circuit open for payment" in second.Error
     assert len(remote.calls) == calls_after_first  # no call was made
@@ -292,7 +292,7 @@ async def test_breakers_are_per_dependency(make_agent, remote):
 
     reply = await agent.handle(request("reserve-inventory"))
 
-    assert agent.breakers.state("payment") == "open"
+    assert agent.breakers.for_service("payment").current_state == "open"
     assert reply.Outcome is ReplyOutcome.OK
     assert remote.calls[-1].call.service == "inventory"
 
@@ -304,7 +304,7 @@ async def test_permanent_errors_do_not_open_the_breaker(make_agent, remote):
     for n in range(4):
         await agent.handle(request(order_id=f"o-{n}"))
 
-    assert agent.breakers.state("payment") == "closed"
+    assert agent.breakers.for_service("payment").current_state == "closed"
     assert len(remote.calls) == 4
 
 
@@ -312,12 +312,12 @@ async def test_after_the_reset_timeout_one_trial_call_closes_the_breaker(make_ag
     agent = make_agent(breaker_fail_max=1, max_attempts=1, breaker_reset_timeout=0)
     remote.script = [transient()]
     await agent.handle(request(order_id="o-1"))
-    assert agent.breakers.state("payment") == "open"
+    assert agent.breakers.for_service("payment").current_state == "open"
 
     reply = await agent.handle(request(order_id="o-2"))
 
     assert reply.Outcome is ReplyOutcome.OK
-    assert agent.breakers.state("payment") == "closed"
+    assert agent.breakers.for_service("payment").current_state == "closed"
 
 
 # --- reply identity ---------------------------------------------------------------------

@@ -25,7 +25,7 @@ def _agent(remote, clock, **changes) -> Agent:
 def _trip(agent: Agent) -> None:
     breaker = agent.breakers.for_service("payment")
     breaker.open()
-    assert agent.breakers.state("payment") == "open"
+    assert agent.breakers.for_service("payment").current_state == "open"
 
 
 async def test_a_request_that_meets_an_open_breaker_waits_for_its_reset_and_is_tried(remote, clock):
@@ -38,7 +38,7 @@ async def test_a_request_that_meets_an_open_breaker_waits_for_its_reset_and_is_t
     assert reply.Outcome is ReplyOutcome.OK
     assert len(remote.calls) == 1
     assert (remote.calls[0].at - started).total_seconds() >= 20.0
-    assert agent.breakers.state("payment") == "closed"
+    assert agent.breakers.for_service("payment").current_state == "closed"
 
 
 async def test_a_reset_after_the_deadline_still_answers_not_called_without_waiting_past_it(
@@ -70,7 +70,7 @@ async def test_429s_do_not_open_the_breaker_nor_spend_the_tries(remote, clock):
 
     reply = await agent.handle(request(deadline_in=30))
 
-    assert agent.breakers.state("payment") == "closed"
+    assert agent.breakers.for_service("payment").current_state == "closed"
     assert reply.Outcome is ReplyOutcome.TRANSIENT
     assert len(remote.calls) > 20  # called on through its deadline, not 3 times
     assert all(1.0 <= s <= 1.25 for s in clock.sleeps)
@@ -108,9 +108,9 @@ async def test_a_call_cut_short_by_the_deadline_is_not_a_failure_but_a_full_time
     remote.default = Outcome(error=TransientError("no answer", no_answer_within=2.0))
     for n in range(3):
         await agent.handle(request(order_id=f"short-{n}"))
-    assert agent.breakers.state("payment") == "closed"
+    assert agent.breakers.for_service("payment").current_state == "closed"
 
     remote.default = Outcome(error=TransientError("no answer", no_answer_within=5.0))
     for n in range(2):
         await agent.handle(request(order_id=f"full-{n}"))
-    assert agent.breakers.state("payment") == "open"
+    assert agent.breakers.for_service("payment").current_state == "open"

@@ -121,10 +121,11 @@ def test_a_service_may_live_at_its_own_base_url(tmp_path):
     settings = load_agent_settings(env)
 
     assert settings.steps.names[-1] == "reserve-warehouse-slot"
-    assert settings.url_for("payment") == "https://payments.example.com/api"
-    assert settings.url_for("warehouse") == "http://warehouse:9100"
-    assert settings.url_for("inventory") == "http://remote:9000"
-    assert settings.url_for("shipping") == "http://remote:9000"
+    assert settings.remote_service_url == "http://remote:9000"
+    assert settings.service_urls == {
+        "payment": "https://payments.example.com/api",
+        "warehouse": "http://warehouse:9100",
+    }
 
 
 def test_a_service_url_for_no_service_of_the_catalog_is_refused():

@@ -10,9 +10,9 @@ import pytest
 from azure.servicebus import ServiceBusMessage
 from azure.servicebus.amqp import AmqpMessageBodyType
 
-from adapters.settlement import SettleKind
+from adapters.settlement import SettleKind, read_body
 from agents.agent import Agent
-from agents.messaging import RequestProcessor, message_body
+from agents.messaging import RequestProcessor
 from domain.codec import decode, encode
 from domain.errors import TransientError
 from domain.models import AgentReply, OperatorAlert, ReplyOutcome
@@ -238,8 +238,8 @@ async def test_the_last_delivery_is_known_from_the_delivery_count():
 
 
 def test_the_body_is_read_from_either_runners_message_type():
-    assert message_body(func.ServiceBusMessage(body=b'{"a": 1}')) == b'{"a": 1}'
-    assert message_body(ServiceBusMessage(b"abc")) == b"abc"  # body: an iterable of chunks
+    assert read_body(func.ServiceBusMessage(body=b'{"a": 1}')) == b'{"a": 1}'
+    assert read_body(ServiceBusMessage(b"abc")) == b"abc"  # body: an iterable of chunks
 
 
 # --- requests prove they come from the Scheduler (ADR 017e) --------------------------
