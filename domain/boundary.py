@@ -15,10 +15,8 @@ MAX_DEPTH = 32
 # Contexts passed to pydantic: WIRE means "this came from outside: check, never clean".
 WIRE = {"wire": True}
 
-# Unicode categories refused in any text field: controls (NUL, newline, ESC...),
-# format characters (bidirectional overrides and isolates, zero-width space and
-# joiners, the BOM, soft hyphen), lone surrogates (from a JSON "\ud800" escape),
-# and the line and paragraph separators.
+# Refused in any text field: controls, format characters (bidi overrides,
+# zero-width, BOM), lone surrogates, line and paragraph separators.
 _FORBIDDEN_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
 
 ORDER_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
@@ -164,8 +162,7 @@ def _no_lone_surrogates(value: Any, where: str) -> None:
 
 def json_depth(text: str, limit: int) -> int:
     """How deep JSON brackets nest in `text` (strings skipped), counting only
-    up to `limit` + 1: linear, no recursion, whatever the text (the Submit
-    boundary and the console's dead-letter rendering both ask before parsing)."""
+    up to `limit` + 1: linear and without recursion, so safe before parsing."""
     depth = top = 0
     in_string = escaped = False
     for ch in text:

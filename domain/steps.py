@@ -1,19 +1,11 @@
 """The step catalog: the order workflow's remote steps, in execution order, as
-data (domain/steps.json), validated here when it is loaded.
-
-Each step names the service that runs it, the operation that does it and the
-one that undoes it, the order fields its request carries and, optionally, what
-its provider says when it refuses an order. Submit writes a state record with
-the catalog's steps, the Scheduler runs them in this order (and compensates in
-reverse order of completion), the Agents look up the remote operation of a step
-(or its undo) here, and the local remote service, the simulation, the demo, the
-bench and the tests read it too. Adding a step is one entry in the file plus
-its service's endpoint (a setting, agents/config.py); how, and why it is data:
-docs/adr/019d-one-step-catalog.md.
-
-A process reads one catalog: the shipped file, or the file the setting
-STEP_CATALOG_FILE names (agents.config.load_step_catalog); the simulation and
-the tests pass theirs explicitly."""
+data (domain/steps.json), validated here when it is loaded. Each step names
+its service, the operations that do and undo it, the order fields its request
+carries and, optionally, what its provider says when it refuses an order.
+Submit, the Scheduler, the Agents, the local remote service, the simulation,
+the bench and the tests all read it; adding a step is one entry plus its
+service's endpoint setting (docs/adr/019d-one-step-catalog.md). A process
+reads the shipped file or the one STEP_CATALOG_FILE names."""
 
 from __future__ import annotations
 
@@ -83,7 +75,7 @@ class RemoteStep(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
 
-    name: StepName  # on the wire: AgentRequest.Step, the state record's keys
+    name: StepName
     service: Word
     do_operation: Word = Field(alias="do")
     undo_operation: Word = Field(alias="undo")
