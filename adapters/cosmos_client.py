@@ -41,20 +41,15 @@ log = logging.getLogger(__name__)
 REQUEST_CHARGE = "x-ms-request-charge"
 RETRY_AFTER_MS = "x-ms-retry-after-ms"
 
-# The SDK retries throttled requests itself (default: 9 times, up to 30 s).
-# That budget sits inside ours (docs/adr/011-agent-retry-budget.md): a few quick
-# retries absorb a burst; past them the caller gets TransientError and the
-# message/timer is retried by the Functions host or the next run.
+# The SDK's own 429 retries (default 9, up to 30 s), capped inside our budget (ADR 016).
 DEFAULT_THROTTLE_RETRIES = 3
 DEFAULT_THROTTLE_MAX_WAIT_SECONDS = 5
 
-# Partition key /id (= OrderID) for both containers: every point operation
-# targets one logical partition, and an order's record never moves.
+# Both containers: every point operation targets one logical partition.
 PARTITION_KEY_PATH = "/id"
 
-# The Supervisor's scan: ProcessState = 'Processing' AND CompleteBy in a window,
-# ordered by (CompleteBy, id) for keyset paging. Cosmos needs a composite index
-# matching the ORDER BY exactly; the filter's equality property goes first.
+# The Supervisor's keyset scan: Cosmos needs a composite index matching the
+# ORDER BY exactly, the filter's equality property first.
 STATE_COMPOSITE_INDEXES: list[list[dict[str, str]]] = [
     [
         {"path": "/ProcessState", "order": "ascending"},
@@ -66,13 +61,9 @@ STATE_COMPOSITE_INDEXES: list[list[dict[str, str]]] = [
         {"path": "/id", "order": "ascending"},
     ],
 ]
-# Only the paths a query filters or sorts on are indexed: every indexed
-# value of a write costs RU (docs/capacity.md), and a record's Steps,
-# History, Compensation and payload fields are only ever read whole, by id.
-# A query on a path missing here still runs (consistent indexing scans), but
-# ORDER BY needs its range or composite index: keep this list equal to the
-# fields the queries of adapters/state_store.py and adapters/console_reads.py
-# name (tests/infra/test_cosmos.py checks it). `id` is always indexed.
+# Only the paths a query filters or sorts on are indexed (docs/adr/018b):
+# every indexed value of a write costs RU. Keep it equal to the fields the
+# queries of state_store.py and console_reads.py name (tests/infra/test_cosmos.py).
 STATE_QUERIED_PATHS: tuple[str, ...] = (
     "ProcessState",
     "LockedBy",
@@ -142,11 +133,9 @@ def build_client(
     )
     kwargs: dict[str, Any] = {"connection_policy": policy, **client_kwargs}
     if "transport" not in kwargs:
-        # The SDK's default transport trusts the environment on every request: aiohttp then
-        # looks up ~/.netrc and the proxy variables in the thread pool, two thread round
-        # trips per Cosmos request (about a seventh of the local host's CPU per order). The
-        # proxy is resolved here once instead; netrc credentials never apply to Cosmos,
-        # which signs its own Authorization header.
+        # The default transport reads ~/.netrc and the proxy variables in the thread
+        # pool on every request (a seventh of the local host's CPU per order); the
+        # proxy is resolved once here, and netrc never applies to Cosmos.
         kwargs["transport"] = AioHttpTransport(use_env_settings=False)
         proxies = _environment_proxies(account.endpoint)
         if proxies and "proxies" not in kwargs:
@@ -243,13 +232,9 @@ class Charge:
 
 @dataclass
 class RequestCharges:
-    """Records the request charge of every call, by operation kind.
-
-    Each adapter call passes `hook(kind)` as the SDK's `response_hook` (called
-    once per response; a query calls it once per page), and failed calls are
-    recorded from the error's headers by `translate_error`: a 412 or a 429
-    costs request units too. The last `keep` charges are kept in order for
-    tests and debugging; totals are kept for ever."""
+    """Records the request charge of every call, by operation kind (ADR 016):
+    `hook(kind)` is each call's `response_hook`, and `translate_error` records
+    failed calls. The last `keep` charges are kept in order; totals for ever."""
 
     keep: int = 1000
     by_kind: dict[str, KindCharges] = field(default_factory=dict)
@@ -292,7 +277,7 @@ class RequestCharges:
 
 
 class _CallerCounts:
-    """Requests by (caller, kind) for benchmarks (see the module docstring)."""
+    """Requests by (caller, kind), for benchmarks (COSMOS_CALL_STATS_DIR, ADR 016)."""
 
     # Frames in these files are the plumbing, not the caller.
     _PLUMBING = (
@@ -372,12 +357,9 @@ def translate_error(
     charges: RequestCharges | None = None,
     kind: str | None = None,
 ) -> errors.DomainError:
-    """The domain error for an SDK exception (caller raises it `from exc`).
-
+    """The domain error for an SDK exception (caller raises it `from exc`):
     404 NotFound, 409 Conflict, 412 Stale, 408/429/449/5xx and timeouts
-    Transient (with the service's retry-after), any other status Permanent.
-    A 500 is transient here because the service documents it as retryable;
-    the local server's old 500-for-missing bug is patched in its launcher."""
+    Transient (with the retry-after), any other status Permanent (ADR 016)."""
     if isinstance(exc, CosmosHttpResponseError):
         status = exc.status_code
         if charges is not None and kind is not None:

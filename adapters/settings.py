@@ -27,9 +27,7 @@ COSMOS_CONNECTION = "CosmosDbConnection"
 ORDERS_DB_CONNECTION = "OrdersDbConnection"
 
 
-# The internal queues' keys (domain.signing, ADR 017e): comma-separated
-# base64 keys of at least 32 random bytes, the current one first. In Azure
-# each is a Key Vault reference; locally devstack generates them.
+# The internal queues' keys (domain.signing, ADR 017e).
 AGENT_SIGNING_KEYS = "AGENT_SIGNING_KEYS"  # the Scheduler and every agent
 REPLY_TOKEN_KEYS = "REPLY_TOKEN_KEYS"  # the Functions app only
 
@@ -73,19 +71,16 @@ class CosmosAccount:
 
 @dataclass(frozen=True)
 class ServiceBusAccess:
-    """A connection string (local emulator, or a key where a user insists) or
-    a fully qualified namespace for identity-based access."""
+    """A connection string, or a namespace for identity-based access as
+    `client_id` (AZURE_CLIENT_ID)."""
 
     connection_string: str | None = None
     fully_qualified_namespace: str | None = None
-    # The app's user-assigned identity (AZURE_CLIENT_ID), for identity-based access.
     client_id: str | None = None
 
 
 def servicebus_access(env: Mapping[str, str]) -> ServiceBusAccess | None:
-    """The host-style Service Bus connection setting (the one name the triggers
-    use too): a connection string, or a namespace for identity-based access as
-    the app's user-assigned identity (AZURE_CLIENT_ID); None when neither is set."""
+    """The host-style Service Bus connection setting (the triggers' too); None when unset."""
     if env.get(SERVICEBUS_CONNECTION):
         return ServiceBusAccess(connection_string=env[SERVICEBUS_CONNECTION])
     if env.get(f"{SERVICEBUS_CONNECTION}__fullyQualifiedNamespace"):
@@ -104,17 +99,13 @@ class Settings:
     state_database: str = "orderprocessing"
     state_container: str = "orderState"
     recovery_index_container: str = "recoveryIndex"
-    # The recovery index's partition key shards per minute (ADR 019b): fixed
-    # per container, a change is refused (adapters.recovery_index.ensure_shard_count).
     recovery_index_shards: int = 16
     orders_database: str = "orders"
     orders_container: str = "orders"
     reply_queues: Mapping[str, str] = field(default_factory=dict)
-    # Applications that opted in to progress statuses (Processing,
-    # StepCompleted) in the registry; the others get Received and terminal ones.
+    # Applications that opted in to progress statuses (Processing, StepCompleted).
     progress_apps: frozenset[str] = frozenset()
-    # appId -> the queue Submit reads that application's orders from; the
-    # AppId of an order is the one its queue belongs to, never the body's.
+    # appId -> its ingress queue; an order's AppId is its queue's, never the body's.
     ingress_queues: Mapping[str, str] = field(default_factory=dict)
     pending_backlog_limit: int = 5000
     backlog_gauge_max_age: timedelta = timedelta(seconds=300)
@@ -122,31 +113,21 @@ class Settings:
     max_processing: int = 500
     step_timeout: timedelta = timedelta(seconds=60)
     starter_batch_size: int = 50
-    # Batches one Starter run may claim, and for how long it starts new ones.
     starter_max_batches: int = 10
     starter_run_budget: timedelta = timedelta(seconds=4)
     starter_count_interval: timedelta = timedelta(0)
-    # Alerts about queue messages aggregate per kind and queue within it (reporting.alerts).
     alert_window: timedelta = timedelta(seconds=60)
     supervisor_page_size: int = 100
-    # Pages one Supervisor run may read, and for how long it starts new ones:
-    # a backlog is worked through within a run, not one page per tick.
     supervisor_max_pages: int = 20
     supervisor_run_budget: timedelta = timedelta(seconds=8)
     supervisor_scan: str = "query"
     retry: RetryPolicy = field(default_factory=RetryPolicy)
-    # Client id of the user-assigned identity the app runs as in Azure
-    # (AZURE_CLIENT_ID, set by infra/app/api.bicep); None elsewhere.
+    # The app's user-assigned identity in Azure (AZURE_CLIENT_ID, infra/app/api.bicep).
     managed_identity_client_id: str | None = None
-    # Steps run as in-app activities instead of through the agent-requests queue
-    # (INLINE_STEPS, comma-separated); the composition root checks the names.
     inline_steps: tuple[str, ...] = ()
-    # Create the Cosmos databases and containers at start (COSMOS_CREATE_CONTAINERS):
-    # the local stack only; in Azure the Bicep templates create them.
+    # The local stack only; in Azure the Bicep templates create the containers.
     create_containers: bool = False
-    # The internal queues' keys (AGENT_SIGNING_KEYS, REPLY_TOKEN_KEYS): None
-    # when unset; what signs or verifies refuses to run without them
-    # (`scheduler_keys`).
+    # None when unset: what signs or verifies refuses to run without them.
     agent_keys: KeyRing | None = field(default=None, repr=False)
     reply_token_keys: KeyRing | None = field(default=None, repr=False)
 
@@ -158,9 +139,7 @@ class Settings:
             agents=require_keys(self.agent_keys, AGENT_SIGNING_KEYS),
         )
 
-    # This deployment's shard (SHARD_INDEX) of SHARD_COUNT whole deployments
-    # (docs/adr/020e-task-hub-shards.md): Submit refuses an order whose
-    # domain.shards.shard_of is another shard's. 1 and 0: one deployment, as before.
+    # This deployment's shard of SHARD_COUNT (docs/adr/020e-task-hub-shards.md).
     shard_count: int = 1
     shard_index: int = 0
 
@@ -293,10 +272,8 @@ def _registry(env: Mapping[str, str]) -> dict[str, tuple[str, bool]]:
 
 
 def _check_apps_apart(registry: Mapping[str, tuple[str, bool]]) -> None:
-    """Applications may use the same OrderIDs (docs/adr/017f-order-keys.md), so
-    nothing of one may be another's: each needs a valid AppId with its own
-    order-key tag, and its own reply queue (status message ids are named by
-    the OrderID, and a reply queue is read by its application alone)."""
+    """Applications may use the same OrderIDs (docs/adr/017f-order-keys.md):
+    each needs its own order-key tag and its own reply queue."""
     tags: dict[str, str] = {}
     queues: dict[str, str] = {}
     for app, (queue, _) in registry.items():
@@ -319,13 +296,9 @@ def _check_apps_apart(registry: Mapping[str, tuple[str, bool]]) -> None:
 
 
 def ingress_queues(env: Mapping[str, str] | None = None) -> dict[str, str]:
-    """ORDER_INGRESS_QUEUES (`{"appId": "queue"}`): one ingress queue per
-    client application. Unset, it is `orders-<appId>` for every application
-    in REPLY_QUEUE_REGISTRY, the name the Bicep templates give those queues.
-
-    Read on its own (not only through `settings()`) because function_app.py
-    registers one Submit function per entry when it loads, before anything
-    else is configured."""
+    """ORDER_INGRESS_QUEUES (`{"appId": "queue"}`), else `orders-<appId>` for
+    every application in REPLY_QUEUE_REGISTRY (the Bicep templates' names).
+    Public: function_app.py registers a Submit function per entry at load."""
     env = os.environ if env is None else env
     raw = env.get("ORDER_INGRESS_QUEUES", "")
     if not raw:
@@ -398,7 +371,6 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         state_database=env.get("STATE_DATABASE_NAME") or "orderprocessing",
         state_container=env.get("STATE_CONTAINER_NAME") or "orderState",
         recovery_index_container=env.get("RECOVERY_INDEX_CONTAINER_NAME") or "recoveryIndex",
-        # adapters.recovery_index.MAX_SHARDS: three-digit shard numbers
         recovery_index_shards=int_setting(env, "RECOVERY_INDEX_SHARDS", 16, 1, 999),
         orders_database=env.get("ORDERS_DATABASE_NAME") or "orders",
         orders_container=env.get("ORDERS_CONTAINER_NAME") or "orders",
@@ -441,15 +413,10 @@ MANAGED_IDENTITY_ENDPOINTS = ("IDENTITY_ENDPOINT", "MSI_ENDPOINT")
 
 
 def azure_credential(client_id: str | None, env: Mapping[str, str] | None = None) -> Any:
-    """The async token credential for identity-based connections.
-
-    In Azure, with the app's user-assigned identity named: a
-    ManagedIdentityCredential for exactly that identity. No chain is probed, so
-    a wrong setting fails with that identity's error instead of quietly using
-    another one (and no time is spent trying the chain's other members).
-    Elsewhere (an operator running the CLI against Azure, a developer's
-    machine): DefaultAzureCredential, which finds `az login` and the like.
-    The caller closes it (`await credential.close()`)."""
+    """The async token credential for identity-based connections, which the
+    caller closes. In Azure, with the app's identity named: a
+    ManagedIdentityCredential for exactly it (no chain is probed, so a wrong
+    setting fails with that identity's error); elsewhere DefaultAzureCredential."""
     env = os.environ if env is None else env
     if client_id and any(env.get(name) for name in MANAGED_IDENTITY_ENDPOINTS):
         from azure.identity.aio import ManagedIdentityCredential

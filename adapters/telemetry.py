@@ -68,11 +68,8 @@ _LOG_LEVELS = {"information": logging.INFO, "warning": logging.WARNING, "error":
 
 def apply_log_level(env: Mapping[str, str]) -> int | None:
     """The process's root logger at APP_LOG_LEVEL (Information, Warning,
-    Error), when set: a record under it is never made, so neither the
-    worker's forwarding to the host nor the Azure Monitor distro's log
-    exporter (both handlers of the root logger) sends it. Production sets
-    Warning: the app's routine INFO lines (and the SDKs') are not ingested;
-    warnings, errors and the operator alerts are. Unset: unchanged."""
+    Error), when set: a record under it is never made, so neither the host's
+    forwarding nor the Azure Monitor exporter sends (and bills) it."""
     name = (env.get("APP_LOG_LEVEL") or "").strip().lower()
     if not name:
         return None
@@ -133,14 +130,10 @@ def _configure_traces(env: Mapping[str, str], resource: Any) -> str:
         span_exporter, chosen = ConsoleSpanExporter(), "console"
     provider = TracerProvider(resource=resource)
     if span_exporter is not None:
-        # Exported from the processor's own thread, never on the event loop;
-        # a short delay locally so `cli trace` and the tests see spans soon.
+        # Exported from the processor's own thread; a short delay locally.
         delay = int(env.get("OTEL_BSP_SCHEDULE_DELAY") or 1000)
         provider.add_span_processor(BatchSpanProcessor(span_exporter, schedule_delay_millis=delay))
-    # Set even without an exporter (its spans then go nowhere): the API's no-op
-    # tracer makes no trace ids, so a client whose traceparent was missing or
-    # malformed would get statuses with none. With a provider every message we
-    # send carries a valid context: the client's, or a fresh trace.
+    # Set even without an exporter: the API's no-op tracer makes no trace ids (ADR 015).
     trace.set_tracer_provider(provider)
     return chosen
 
@@ -171,9 +164,8 @@ def _configure_metrics(env: Mapping[str, str], resource: Any) -> bool:
 
 
 def _file_exporter_installed(setting: str) -> bool:
-    """The OTLP/JSON file exporter is a local-only package
-    (requirements-dev.txt), never deployed: a file setting without it is
-    said once and ignored rather than stopping the app."""
+    """The OTLP/JSON file exporter is a local-only package: a file setting
+    without it is said once and ignored."""
     import importlib.util
 
     try:
@@ -224,9 +216,8 @@ def use(tracer_provider: Any = None, meter_provider: Any = None) -> Iterator[Non
 
 
 def _text(value: Any, limit: int) -> str | None:
-    """A header value as text, or None if it is not short printable ASCII:
-    clients can put anything in application properties (adapters.settlement
-    drops what the SDK cannot decode; we must not trust it either)."""
+    """A header value as text, or None if it is not short printable ASCII
+    (clients can put anything in application properties)."""
     if isinstance(value, bytes | bytearray):
         try:
             value = bytes(value).decode("ascii")
@@ -278,9 +269,8 @@ def inject(ctx: otel_context.Context | None = None) -> dict[str, str]:
 
 def message_properties(properties: Mapping[Any, Any] | None) -> dict[Any, Any]:
     """`properties` plus the current trace context, for a message to send.
-    The keys are bytes, as azure-servicebus spells them: with Azure SDK
-    tracing on (the distro enables it) the SDK adds b"traceparent" only if
-    absent, so ours is kept and the AMQP map never holds the key twice."""
+    Bytes keys, as azure-servicebus spells them: with SDK tracing on it adds
+    b"traceparent" only if absent, so the AMQP map never holds the key twice."""
     out = dict(properties or {})
     for name, value in inject().items():
         out.pop(name, None)
@@ -340,13 +330,9 @@ def start_attempt(
 ) -> dict[str, str] | None:
     """Open (and close) the "start attempt" span of a claimed attempt and
     return its W3C carrier for the orchestration input, or None when nothing
-    records spans. `submitted` is the context Submit stored on the record.
-
-    - inside Submit's span for this order (the fast path): a child of it;
-    - the first attempt, claimed elsewhere (the timer Starter won the race):
-      a child of the stored Submit context, so it is still Submit's trace;
-    - a later attempt (a retry after the Supervisor): a new trace, linked to
-      Submit's and to whatever is current."""
+    records spans. `submitted`: the context Submit stored on the record. The
+    first attempt joins Submit's trace; a later one starts a trace linked to
+    it (docs/adr/015-trace-per-attempt.md)."""
     stored = extract(submitted) if isinstance(submitted, Mapping) else None
     links: list[Link] = []
     if otel_context.get_value(_ORDER_KEY) == order_id:
@@ -403,7 +389,6 @@ class Metrics:
     (before `configure` they bind to the provider once it is set)."""
 
     def __init__(self, meter: metrics.Meter) -> None:
-        # (name, unit, description) each
         counter, gauge, histogram = meter.create_counter, meter.create_gauge, meter.create_histogram
         self.received = counter("orders.received", "{order}", "orders Submit accepted or rejected")
         self.processed = counter("orders.processed", "{order}", "Processed statuses sent")
