@@ -37,12 +37,6 @@ def from_document(doc: dict[str, Any]) -> OrderSubmitted:
         ) from exc
 
 
-def differing_fields(stored: OrderSubmitted, submitted: OrderSubmitted) -> list[str]:
-    """Top-level field names whose canonical values differ, in model order."""
-    old, new = stored.immutable_fields(), submitted.immutable_fields()
-    return [name for name in OrderSubmitted.model_fields if old.get(name) != new.get(name)]
-
-
 class CosmosOrdersRepository:
     """Orders as submitted (container partitioned by /id = the order key)."""
 
@@ -84,7 +78,7 @@ class CosmosOrdersRepository:
                 f"order {key}: the create conflicted but a read did not find it; try again"
             ) from exc
         stored, etag = from_document(found), str(found.get("_etag", ""))
-        fields = differing_fields(stored, order)
+        fields = stored.differing_fields(order)
         if fields:
             raise ConflictError(
                 f"order {key} exists with different {', '.join(fields)}",

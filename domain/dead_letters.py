@@ -167,10 +167,6 @@ def rendered(text: str) -> str:
     return text[:start] + table() + text[end + len(END) :]
 
 
-def stale_documents(documents: tuple[Path, ...] = DOCUMENTS) -> list[str]:
-    return [p.name for p in documents if rendered(p.read_text()) != p.read_text()]
-
-
 if __name__ == "__main__":
     for path in DOCUMENTS:
         path.write_text(rendered(path.read_text()), encoding="utf-8")

@@ -306,6 +306,11 @@ class OrderSubmitted(Contract):
         data = self.model_dump(mode="python")
         return json.loads(json.dumps(data, default=_canonical, sort_keys=True))
 
+    def differing_fields(self, other: OrderSubmitted) -> list[str]:
+        """Top-level fields whose canonical values differ from `other`'s, in model order."""
+        mine, theirs = self.immutable_fields(), other.immutable_fields()
+        return [name for name in type(self).model_fields if mine.get(name) != theirs.get(name)]
+
     def digest(self) -> str:
         """Fingerprint of the immutable fields, kept on the state record so a
         redelivery can be compared without reading the orders DB."""
@@ -532,8 +537,9 @@ class AlertExample(Contract):
 class OperatorAlert(Contract):
     """For a dead letter, `Kind` is its reason, `Reason` its description, and
     `MessageId` + `Queue` name it, so the two can be joined. Text fields may
-    quote a client: tools print them literally. An aggregate (docs/operations.md, "Alerts") carries
-    `Count` alerts of one `Kind` and `Queue`: the first on top, `Last` the last."""
+    quote a client: tools print them literally. An aggregate (docs/operations.md,
+    "Alerts") carries `Count` alerts of one `Kind` and `Queue`: the first on
+    top, `Last` the last."""
 
     Kind: Literal[
         "OrderConflict",

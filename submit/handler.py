@@ -352,5 +352,4 @@ class SubmitHandler:
             stored = await self._orders.get(key)
         except (NotFoundError, PermanentError):
             return []
-        mine, theirs = order.immutable_fields(), stored.immutable_fields()
-        return sorted(k for k in mine.keys() | theirs.keys() if mine.get(k) != theirs.get(k))
+        return order.differing_fields(stored)
