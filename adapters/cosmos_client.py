@@ -12,7 +12,7 @@ import os
 import sys
 import time
 import urllib.request
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -223,25 +223,13 @@ class KindCharges:
     failures: int = 0
 
 
-@dataclass(frozen=True)
-class Charge:
-    kind: str
-    request_units: float
-    status: int | None = None
-
-
 @dataclass
 class RequestCharges:
     """Records the request charge of every call, by operation kind (ADR 016):
     `hook(kind)` is each call's `response_hook`, and `translate_error` records
-    failed calls. The last `keep` charges are kept in order; totals for ever."""
+    failed calls."""
 
-    keep: int = 1000
     by_kind: dict[str, KindCharges] = field(default_factory=dict)
-    recent: deque[Charge] = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.recent = deque(maxlen=self.keep)
 
     @property
     def total(self) -> float:
@@ -260,7 +248,6 @@ class RequestCharges:
         stats.request_units += charge
         if status is not None and status >= 400:
             stats.failures += 1
-        self.recent.append(Charge(kind, charge, status))
         if _CALLERS is not None:
             _CALLERS.count(kind)
         return charge
@@ -273,7 +260,6 @@ class RequestCharges:
 
     def reset(self) -> None:
         self.by_kind.clear()
-        self.recent.clear()
 
 
 class _CallerCounts:
