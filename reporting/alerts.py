@@ -66,8 +66,7 @@ def _short_id(text: str) -> str:
 
 
 def _subject(alert: OperatorAlert) -> str:
-    """What the log line names (infra/app/alerts.bicep parses it), with an
-    aggregate's count."""
+    """What the log line names, with an aggregate's count."""
     who = f"order {alert.OrderID}" if alert.OrderID else f"message {alert.MessageId or '?'}"
     return f"{who} ({alert.Count} alerts)" if alert.Count > 1 else who
 
@@ -133,7 +132,7 @@ class Alerts:
             Queue=queue,
         )
         if queue is None:
-            self._log(alert)
+            log_alert(alert)
             try:
                 await self._send(alert, alert_id or f"alert/{self._new_id()}")
             except DomainError:
@@ -148,7 +147,7 @@ class Alerts:
             return alert
         # The first of a window, or one whose earlier send failed (sent again
         # under its own id, never counted in an aggregate as well).
-        self._log(alert)
+        log_alert(alert)
         try:
             await self._send(alert, alert_id or f"alert/{self._new_id()}")
         except DomainError as exc:
@@ -210,7 +209,7 @@ class Alerts:
                         break
                     self._due.pop(aggregate_id, None)
                     if aggregate.Count > 1:  # a held alert was logged when raised
-                        self._log(aggregate)
+                        log_alert(aggregate)
         finally:
             self._flushing = False
         if self._due and not everything:
@@ -314,20 +313,21 @@ class Alerts:
     async def _send(self, alert: OperatorAlert, message_id: str) -> None:
         await self._publisher.send(ALERTS_QUEUE, encode(alert), message_id, {"Kind": alert.Kind})
 
-    @staticmethod
-    def _log(alert: OperatorAlert) -> None:
-        log.error(
-            "operator alert %s for %s: %s",
-            alert.Kind,
-            _subject(alert),
-            alert.Reason,
-            extra={
-                "alert_kind": alert.Kind,
-                "order_id": alert.OrderID,
-                "message_id": alert.MessageId,
-                "custom_dimensions": {"AlertKind": alert.Kind, "AlertCount": alert.Count},
-            },
-        )
+
+def log_alert(alert: OperatorAlert) -> None:
+    """The alert's log event, the line infra/app/alerts.bicep's rules parse."""
+    log.error(
+        "operator alert %s for %s: %s",
+        alert.Kind,
+        _subject(alert),
+        alert.Reason,
+        extra={
+            "alert_kind": alert.Kind,
+            "order_id": alert.OrderID,
+            "message_id": alert.MessageId,
+            "custom_dimensions": {"AlertKind": alert.Kind, "AlertCount": alert.Count},
+        },
+    )
 
 
 async def alert_unreadable(

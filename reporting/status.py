@@ -17,6 +17,7 @@ from domain.codec import encode
 from domain.errors import NotFoundError, StaleError
 from domain.ids import client_order_id, outbox_alert_message_id, status_message_id
 from domain.models import OperatorAlert, OrderState, PendingStatus, StatusKind, StatusUpdate
+from reporting.alerts import log_alert
 
 log = logging.getLogger(__name__)
 
@@ -133,17 +134,7 @@ class StatusOutbox:
             return
         reason = pending.Detail or kind
         alert = OperatorAlert(Kind=kind, OrderID=record.id, Reason=reason, Timestamp=pending.At)
-        log.error(
-            "operator alert %s for order %s: %s",
-            kind,
-            record.id,
-            reason,
-            extra={
-                "alert_kind": kind,
-                "order_id": record.id,
-                "custom_dimensions": {"AlertKind": kind},
-            },
-        )
+        log_alert(alert)
         await self._reporter.send_alert(
             alert, outbox_alert_message_id(record.id, pending.MessageId)
         )
