@@ -29,24 +29,15 @@ class BoundaryError(ValueError):
     """The input breaks the boundary's rules; the message says which and where."""
 
 
-def forbidden_character(value: str) -> tuple[int, str] | None:
-    """The first character the text policy refuses, with its position."""
-    for i, ch in enumerate(value):
-        if unicodedata.category(ch) in _FORBIDDEN_CATEGORIES:
-            return i, ch
-    return None
-
-
 def check_text(value: str) -> str:
     """Raises ValueError (which pydantic reports with the field's path) unless
     `value` satisfies the text policy."""
     if not value:
         raise ValueError("must not be empty")
-    bad = forbidden_character(value)
-    if bad is not None:
-        i, ch = bad
-        name = unicodedata.name(ch, "") or f"a {unicodedata.category(ch)} character"
-        raise ValueError(f"character U+{ord(ch):04X} ({name}) at position {i} is not allowed")
+    for i, ch in enumerate(value):
+        if unicodedata.category(ch) in _FORBIDDEN_CATEGORIES:
+            name = unicodedata.name(ch, "") or f"a {unicodedata.category(ch)} character"
+            raise ValueError(f"character U+{ord(ch):04X} ({name}) at position {i} is not allowed")
     if value != value.strip():
         raise ValueError("must not start or end with whitespace")
     return value
