@@ -1,7 +1,6 @@
-"""Cosmos DB plumbing shared by the Cosmos adapters: the client (`build_client`),
-local/dev container creation, `query_all`, request-charge
-recording (`RequestCharges`) and `translate_error` to the domain's errors.
-Throttling inside our retry budget, charges, callers: docs/adr/016-cosmos-client.md."""
+"""Cosmos DB plumbing shared by the Cosmos adapters: the client, local container
+creation, `query_all`, request charges and `translate_error` to the domain's
+errors (docs/adr/016-cosmos-client.md)."""
 
 from __future__ import annotations
 
@@ -106,17 +105,9 @@ def build_client(
     throttle_max_wait_seconds: int = DEFAULT_THROTTLE_MAX_WAIT_SECONDS,
     **client_kwargs: Any,
 ) -> CosmosClient:
-    """A CosmosClient for `account`. Keep one per process and close it at exit.
-
-    Args:
-        account: endpoint and key; `key` None selects identity-based access.
-        credential: an async token credential to use when the account has no
-            key (share one per process). None: a `DefaultAzureCredential` is
-            created, which the caller then owns.
-        throttle_retries: how often the SDK itself retries a 429 before we see
-            TransientError (0: never).
-        throttle_max_wait_seconds: the SDK's cap on time spent in those retries.
-    """
+    """A CosmosClient for `account`: one per process, closed at exit. Without
+    a key, `credential` authenticates (None: a DefaultAzureCredential the caller
+    then owns). `throttle_*`: the SDK's own 429 retries (ADR 016)."""
     if account.key:
         auth: Any = account.key
     elif credential is not None:

@@ -48,8 +48,7 @@ def shard_of(order_id: str, shards: int) -> int:
 
 
 def partition_of(complete_by: datetime, order_id: str, shards: int) -> str:
-    """The partition key value of an entry: `<minute>|<shard>`, the shard
-    zero-padded to three digits so that a minute's partitions sort by shard."""
+    """An entry's partition key, `<minute>|<shard>`, the shard in three digits."""
     return f"{bucket_of(complete_by)}|{shard_of(order_id, shards):03d}"
 
 
@@ -118,8 +117,7 @@ def entry_id(order_id: str, complete_by: datetime) -> str:
     return f"{order_id}|{complete_by.astimezone(UTC).isoformat()}"
 
 
-# The Supervisor's scan reads MIN(bucket) and one bucket's entries by id:
-# only `bucket` is indexed (`id` always is).
+# The scan reads MIN(bucket) and a bucket's entries by id: only `bucket` is indexed.
 INDEX_INDEXING_POLICY: dict[str, Any] = {
     "indexingMode": "consistent",
     "automatic": True,

@@ -1,10 +1,8 @@
-"""One settings object, read from the environment.
-
-Names are the ones the Functions host, `local.settings.json` and the Bicep
-templates use, with local defaults that point at the emulators. Connections
-follow the host's convention: `<Name>` holds a connection string (local), or
+"""One settings object, read from the environment under the names the Functions
+host and the Bicep templates use (docs/settings.md). Connections follow the
+host's convention: `<Name>` holds a connection string (local), or
 `<Name>__accountEndpoint` / `<Name>__fullyQualifiedNamespace` select
-identity-based access (Azure), with no key anywhere in settings."""
+identity-based access (Azure), with no key in settings."""
 
 from __future__ import annotations
 
@@ -37,8 +35,8 @@ class SettingsError(ValueError):
 
 
 def key_ring(env: Mapping[str, str], name: str) -> KeyRing | None:
-    """The key ring in setting `name`; None when unset or empty. A bad value
-    is refused naming the setting, never quoting it."""
+    """The key ring in setting `name`; None when unset. A bad value is refused
+    naming the setting, never quoting it."""
     raw = env.get(name, "")
     if not raw.strip():
         return None
@@ -60,9 +58,7 @@ def require_keys(ring: KeyRing | None, name: str) -> KeyRing:
 
 @dataclass(frozen=True)
 class CosmosAccount:
-    """Where a Cosmos DB account is and how to authenticate to it.
-
-    `key` None means identity-based access (DefaultAzureCredential)."""
+    """Where a Cosmos DB account is; `key` None means identity-based access."""
 
     endpoint: str
     key: str | None
@@ -159,8 +155,7 @@ def int_setting(
     env: Mapping[str, str], name: str, default: int, minimum: int = 0, maximum: int | None = None
 ) -> int:
     """A whole-number setting, `default` when unset or empty; anything else
-    (not a whole number, below `minimum`, above `maximum`) is refused naming
-    the setting."""
+    out of range is refused naming the setting."""
     value = _number(env, name, default, minimum, int, "a whole number")
     if maximum is not None and value > maximum:
         raise SettingsError(f"setting {name} must be {minimum} to {maximum}, got {value}")
@@ -351,8 +346,7 @@ P = TypeVar("P")
 
 
 def policy_from(cls: type[P], settings: Settings, **given: Any) -> P:
-    """The policy dataclass `cls` (what one use case reads of the settings),
-    each field from the setting of the same name unless `given`."""
+    """The policy dataclass `cls`, each field from the setting of the same name unless `given`."""
     names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
     taken = {name: getattr(settings, name) for name in names if hasattr(settings, name)}
     return cls(**{**taken, **given})
@@ -429,6 +423,5 @@ def azure_credential(client_id: str | None, env: Mapping[str, str] | None = None
 
 @lru_cache(maxsize=1)
 def settings() -> Settings:
-    """The process's settings, read once (functions call this, tests call
-    load_settings with their own mapping)."""
+    """The process's settings, read once."""
     return load_settings()

@@ -1,7 +1,6 @@
-"""OpenTelemetry for the app: set up once per process (`configure`), W3C trace
-context in and out of messages, the spans every part opens, and the app's
-metrics. One trace per order attempt, and where telemetry goes:
-docs/adr/015-trace-per-attempt.md."""
+"""OpenTelemetry for the app: set-up once per process (`configure`), W3C trace
+context in and out of messages, the spans and the metrics
+(docs/adr/015-trace-per-attempt.md)."""
 
 from __future__ import annotations
 
@@ -33,8 +32,7 @@ _TRACER_NAME = "orders"
 _propagator = TraceContextTextMapPropagator()
 _configured = False
 _configure_lock = threading.Lock()
-# The OrderID whose Submit span is current: an attempt claimed inside it
-# (Submit's fast path) belongs to that trace; any other claim starts its own.
+# The order whose Submit span is current: an attempt claimed inside it joins that trace.
 _ORDER_KEY = otel_context.create_key("orders.order_id")
 # Longest header values accepted from a message; W3C's are far shorter.
 _MAX_TRACEPARENT = 128
@@ -199,8 +197,8 @@ def tracer() -> trace.Tracer:
 
 @contextmanager
 def use(tracer_provider: Any = None, meter_provider: Any = None) -> Iterator[None]:
-    """Record through these providers instead of the global ones, for the
-    block (unit tests: the global providers can be set only once per process)."""
+    """Record through these providers for the block (unit tests: the global
+    providers can be set only once per process)."""
     global _tracer_provider, _metrics
     saved = _tracer_provider, _metrics
     _tracer_provider = tracer_provider
@@ -230,8 +228,7 @@ def _text(value: Any, limit: int) -> str | None:
 
 def carrier_from_properties(properties: Any) -> dict[str, str]:
     """`traceparent`/`tracestate` from a message's application properties
-    (keys str or bytes, as the SDK delivers them), checked as text only; the
-    propagator then refuses a traceparent that is not W3C."""
+    (str or bytes keys), checked as text; the propagator checks the rest."""
     carrier: dict[str, str] = {}
     if not isinstance(properties, Mapping):
         return carrier

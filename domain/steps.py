@@ -32,9 +32,8 @@ Action = Literal["do", "undo"]
 # and (upper-cased) the suffix of the service's URL setting.
 Word = Annotated[str, StringConstraints(pattern=r"^[a-z]{1,32}$")]
 
+# The order's data a step's request can carry; a step names the ones it needs.
 PAYLOAD_FIELDS: tuple[str, ...] = ("CustomerId", "Lines", "Total", "Currency", "PaymentReference")
-"""The order's data a step's request can carry (orchestrators.contracts.step_payload
-builds them from the order, once per attempt); a step names the ones it needs."""
 
 DEFAULT_CATALOG_FILE = Path(__file__).with_name("steps.json")
 
@@ -61,16 +60,12 @@ class RemoteStep(BaseModel):
 
     Attributes:
         name: the step's name on the wire (AgentRequest.Step, state record keys).
-        service: the remote service that runs it; its base URL is a setting
-            (REMOTE_SERVICE_URL__<SERVICE>, else REMOTE_SERVICE_URL), and the
-            Agent keeps one circuit breaker per service.
-        do: the operation that makes the change.
-        undo: the compensating operation; safe to call when `do` never
-            happened (the service answers "nothing to undo").
+        service: the remote service that runs it (its URL setting
+            REMOTE_SERVICE_URL__<SERVICE>; one circuit breaker each).
+        do, undo: the operations that make and undo the change; undo is safe
+            to call when `do` never happened.
         payload: the order fields (PAYLOAD_FIELDS) its requests carry.
-        refusal: what its provider says when it refuses an order for a
-            business reason ("card declined"), if it does: the simulation and
-            the demo make this step's provider refuse most often.
+        refusal: what its provider says when it refuses an order ("card declined").
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
