@@ -77,12 +77,8 @@ def to_document(record: OrderState) -> dict[str, Any]:
     reading restores, and _ALWAYS_WRITTEN always (every stored byte is paid
     twice by each replace: docs/adr/020b-workflow-2-3.md)."""
     doc = _jsonable(record.model_dump(mode="python", exclude_defaults=True))
-    full = None
     for name in _ALWAYS_WRITTEN:
-        if name not in doc:
-            full = full if full is not None else _jsonable(record.model_dump(mode="python"))
-            if name in full:
-                doc[name] = full[name]
+        doc.setdefault(name, _jsonable(getattr(record, name)))
     if doc.get("ttl") is None:
         doc.pop("ttl", None)  # absent = container default (never expire)
     return doc
