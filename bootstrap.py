@@ -262,22 +262,20 @@ class App:
                 cfg.orders_container
             )
         clients = [state_client] if orders_client is state_client else [state_client, orders_client]
+        # Closed in this order; the credential last, after the clients that use it.
+        closers: list[Callable[[], Awaitable[Any]]] = [client.close for client in clients]
+        if credential is not None:
+            closers.append(credential.close)
         try:
             index_container, index = await self._recovery_index(state_client, charges)
         except BaseException:
-            for client in clients:
-                await client.close()
-            if credential is not None:
-                await credential.close()
+            for closer in closers:
+                await closer()
             raise
         session = aiohttp.ClientSession()
+        closers.insert(0, session.close)
         # The in-app agent (INLINE_STEPS) reads the agents' own settings, as the others do.
         agent = build_agent(session, load_agent_settings(), self.seams)
-        # Closed in this order; the credential last, after the clients that use it.
-        closers: list[Callable[[], Awaitable[Any]]] = [session.close]
-        closers += [client.close for client in clients]
-        if credential is not None:
-            closers.append(credential.close)
         return Container(
             settings=cfg,
             store=CosmosStateStore(state, charges),
