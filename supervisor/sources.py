@@ -108,16 +108,14 @@ class IndexSource:
         previous: IndexEntry | None = None
         for entry in entries:
             same = previous is not None and previous.bucket == entry.bucket
-            position = json.dumps(
-                [entry.bucket, previous.id if previous is not None and same else ""]
-            )
+            position = (entry.bucket, previous.id if previous is not None and same else "")
             candidate = await self._check(entry, upper, removals)
             if isinstance(candidate, Candidate):
-                positions.append((candidate, tuple(json.loads(position))))
+                positions.append((candidate, position))
             if candidate is _NOT_DUE:
                 # Rule 1: resume just before the first entry that stays.
                 if resume is None:
-                    resume = tuple(json.loads(position))
+                    resume = position
             elif candidate is not None:
                 candidates.append(candidate)
             previous = entry
