@@ -1,19 +1,9 @@
-"""The composition root: builds the real adapters from settings, once per
-process and event loop, and hands them to the use cases the triggers call.
-
-`build(settings, overrides=...)` returns the `App`; only the entry layer uses
-it: function_app.py (which builds the process's one and hands it to the
-trigger modules in triggers/), the operator CLI (`state_store`) and the
-standalone agent worker's entry (`request_processor`). The use cases import
-no root: they receive their collaborators (Submit its fast start, the reply
-bridge its gate and keys) and small policy objects built here from Settings
-(submit.policy, orchestrators.policy). docs/adr/020a-entry-layer.md.
-
-Async SDK clients are bound to the event loop that created them, so an App
-caches what it builds per running loop (the Functions worker has one; tests
-have one per test). The simulation builds its App with `Overrides`: its own
-use cases over simulated adapters, and the seams (alert ids, the settlement
-runner, the breakers' clock) instead of module patches."""
+"""The composition root: builds the real adapters from settings and hands them
+to the use cases the triggers call. `build(settings, overrides=...)` returns
+the `App`; only the entry layer (function_app.py, the CLI, the agent worker)
+uses it, and the simulation builds its own with `Overrides`
+(docs/adr/020a-entry-layer.md). Async SDK clients are bound to the event
+loop that created them, so an App caches what it builds per running loop."""
 
 from __future__ import annotations
 
@@ -95,11 +85,9 @@ def _utc_now() -> datetime:
 
 @dataclass(frozen=True)
 class Seams:
-    """What the app takes from the machine, handed to what the root builds:
-    the message id of an alert that names none, how a synchronous settlement
-    call is run off the loop, and the clock the agents' circuit breakers time
-    their open state on. The simulation hands its own (seeded ids, inline
-    settlement, its virtual clock)."""
+    """What the app takes from the machine: the message id of an alert that
+    names none, how a synchronous settlement call runs off the loop, and the
+    clock the agents' circuit breakers time their open state on."""
 
     new_id: Callable[[], uuid.UUID] = uuid.uuid4
     run_sync: RunSync = asyncio.to_thread
@@ -112,8 +100,7 @@ _P = Callable[[], Awaitable[Any]]
 @dataclass(frozen=True)
 class Overrides:
     """What a test or the simulation hands `build` instead of what it would
-    build from settings: the seams, and providers of the use cases (each
-    awaited where the trigger would have the root build its own)."""
+    build from settings: the seams, and providers of the use cases."""
 
     seams: Seams = field(default_factory=Seams)
     submit_handler: _P | None = None
@@ -146,9 +133,7 @@ class Container:
 
 
 def _step_modes(cfg: Settings, steps: StepCatalog) -> dict[str, str]:
-    """INLINE_STEPS names the steps run as in-app activities instead of
-    through the agent-requests queue (both agent paths exist; the article
-    allows either)."""
+    """INLINE_STEPS: the steps run as in-app activities, not through agent-requests."""
     unknown = set(cfg.inline_steps) - set(steps.names)
     if unknown:
         raise SettingsError(f"INLINE_STEPS names unknown steps: {sorted(unknown)}")
@@ -156,8 +141,7 @@ def _step_modes(cfg: Settings, steps: StepCatalog) -> dict[str, str]:
 
 
 def _credential(cfg: Settings) -> AsyncTokenCredential | None:
-    """One token credential per process for identity-based access in Azure: the
-    app's user-assigned identity (adapters.settings.azure_credential); none when
+    """One token credential per process for identity-based access; none when
     both Cosmos accounts have keys (the local stack)."""
     if cfg.state_account.key and cfg.orders_account.key:
         return None
@@ -166,8 +150,7 @@ def _credential(cfg: Settings) -> AsyncTokenCredential | None:
 
 @functools.cache
 def crash_point() -> CrashPoint:
-    """The fault-injection hook of this process: the one fault tests ask for
-    through the environment (adapters.crashpoints), else the no-op."""
+    """The process's fault-injection hook (adapters.crashpoints), else the no-op."""
     return crashpoints.from_environment() or no_crash_point
 
 
@@ -179,8 +162,7 @@ async def _once_per_loop(
     make: Callable[[], Awaitable[_T]],
 ) -> _T:
     """What `make` builds, once per running loop: concurrent first callers
-    wait for the one build; a failed build is forgotten, so the next call
-    tries again."""
+    wait for the one build; a failed build is forgotten."""
     loop = asyncio.get_running_loop()
     future = cache.get(loop)
     if future is None:
@@ -196,9 +178,8 @@ async def _once_per_loop(
 
 
 def build(settings: Settings | None = None, *, overrides: Overrides | None = None) -> App:
-    """The app's root. `settings`: the app's settings, or None to read them
-    from the environment on first use (function_app builds its App at import,
-    before any setting is needed). `overrides`: see Overrides."""
+    """The app's root. `settings` None: read from the environment on first
+    use (function_app builds its App at import, before any setting is needed)."""
     return App(settings, overrides or Overrides())
 
 
@@ -219,8 +200,7 @@ class App:
 
     @property
     def settings(self) -> Settings:
-        """The settings given, else the environment's (adapters.settings.settings,
-        read again by each build, as a restarted process would)."""
+        """The settings given, else the environment's."""
         return self._settings if self._settings is not None else load_settings()
 
     def crash_point(self) -> CrashPoint:
@@ -228,8 +208,7 @@ class App:
         return o if o is not None else crash_point()
 
     def alerts_over(self, publisher: Any) -> Alerts:
-        """The process's one Alerts over `publisher`: its aggregation windows
-        are per process (reporting.alerts), so every use case shares them."""
+        """The process's one Alerts over `publisher`, whose windows every use case shares."""
         alerts = self._alerts.get(publisher)
         if alerts is None:
             alerts = self._alerts[publisher] = Alerts(
@@ -283,24 +262,20 @@ class App:
                 cfg.orders_container
             )
         clients = [state_client] if orders_client is state_client else [state_client, orders_client]
+        # Closed in this order; the credential last, after the clients that use it.
+        closers: list[Callable[[], Awaitable[Any]]] = [client.close for client in clients]
+        if credential is not None:
+            closers.append(credential.close)
         try:
             index_container, index = await self._recovery_index(state_client, charges)
         except BaseException:
-            for client in clients:
-                await client.close()
-            if credential is not None:
-                await credential.close()
+            for closer in closers:
+                await closer()
             raise
         session = aiohttp.ClientSession()
-        # The in-app agent (INLINE_STEPS) keeps the agents' own settings (AGENT_*,
-        # REMOTE_SERVICE_URL[__<SERVICE>], STEP_CATALOG_FILE), as the
-        # queue-triggered agent and the worker do; its step catalog is the app's.
+        closers.insert(0, session.close)
+        # The in-app agent (INLINE_STEPS) reads the agents' own settings, as the others do.
         agent = build_agent(session, load_agent_settings(), self.seams)
-        # Closed in this order; the credential last, after the clients that use it.
-        closers: list[Callable[[], Awaitable[Any]]] = [session.close]
-        closers += [client.close for client in clients]
-        if credential is not None:
-            closers.append(credential.close)
         return Container(
             settings=cfg,
             store=CosmosStateStore(state, charges),
@@ -316,8 +291,7 @@ class App:
     async def _recovery_index(
         self, state_client: Any, charges: RequestCharges
     ) -> tuple[ContainerProxy | None, DeadlineIndex]:
-        """The recovery index's container and adapter, with SUPERVISOR_SCAN=index
-        (no container and the no-op index otherwise)."""
+        """The recovery index's container and adapter with SUPERVISOR_SCAN=index, else NoIndex."""
         cfg = self.settings
         if cfg.supervisor_scan != "index":
             return None, NoIndex()
@@ -330,16 +304,14 @@ class App:
                 cfg.recovery_index_container
             )
         )
-        # Refused here, before any entry is written or read, when the container
-        # was set up with another shard count (ADR 019b).
         await ensure_shard_count(container, cfg.recovery_index_shards)
         return container, CosmosRecoveryIndex(container, charges, shards=cfg.recovery_index_shards)
 
     # --- the use cases the triggers call ------------------------------------------
 
     async def submit_handler(self) -> SubmitHandler:
-        """One handler per process and loop: its backlog reader caches the gauge
-        between messages (a handler per message would read it for every order)."""
+        """One per process and loop, as every use case here: its backlog reader
+        caches the gauge between messages."""
         if self.overrides.submit_handler is not None:
             return await self.overrides.submit_handler()
         c = await self.container()
@@ -356,9 +328,8 @@ class App:
         return c.submit
 
     async def scheduler_activities(self) -> SchedulerActivities:
-        """One per process and loop, as every use case here: what the host
-        runs is what the simulation and the benches measure (a copy of an
-        order's payload kept from its first request serves its later ones)."""
+        """One per process and loop: what the host runs is what the simulation
+        and the benches measure."""
         if self.overrides.scheduler_activities is not None:
             return await self.overrides.scheduler_activities()
         from activities.policy import ActivityPolicy
@@ -385,8 +356,7 @@ class App:
         if self.overrides.starter is not None:
             return await self.overrides.starter()
         c = await self.container()
-        # One per process and loop: the fast path uses what the last timer run
-        # measured (the Processing count) instead of counting per order.
+        # The fast path uses what the last timer run measured.
         if c.starter is None:
             c.starter = Starter(
                 StarterPolicy.from_settings(
@@ -402,9 +372,7 @@ class App:
         return c.starter
 
     async def message_gate(self, queue: str) -> MessageGate:
-        """The gate a queue trigger runs its handler through: reads any body kind,
-        turns transient failures into delayed retries on the same queue, dead-letters
-        the rest with a reason and one alert (adapters.settlement.MessageGate)."""
+        """The gate a queue trigger runs its handler through (adapters.settlement)."""
         if self.overrides.message_gate is not None:
             return await self.overrides.message_gate(queue)
         c = await self.container()
@@ -417,9 +385,8 @@ class App:
         )
 
     async def on_reply(self, message: Any, actions: Any, client: Any) -> Settle:
-        """The reply bridge's trigger body (orchestrators.reply_bridge) with its
-        gate, keys (SettingsError naming a missing one, ADR 017e) and
-        fault-injection hook from here."""
+        """The reply bridge's trigger body with its gate, keys (SettingsError
+        naming a missing one) and fault-injection hook."""
         gate = await self.message_gate(AGENT_RESPONSES_QUEUE)
         return await on_reply_message(
             message,
@@ -466,9 +433,8 @@ class App:
         )
 
     async def agent_processor(self) -> RequestProcessor:
-        """The queue-triggered agent's RequestProcessor: its own Service Bus
-        client and HTTP session from the agents' settings (AGENT_*), made on
-        first use inside the loop and reused by every invocation."""
+        """The queue-triggered agent's RequestProcessor, with its own clients
+        from the agents' settings, made once per loop."""
         if self.overrides.request_processor is not None:
             return await self.overrides.request_processor()
 
@@ -484,7 +450,7 @@ class App:
 
     async def console_deps(self, durable: Any | None = None) -> Deps:
         """What a console page reads from and acts on: adapters of its own per
-        request (the page footer shows what it cost), the app's clients."""
+        request (the page shows what it cost), over the app's clients."""
         if self.overrides.console_deps is not None:
             return await self.overrides.console_deps(durable=durable)
         from adapters.console_reads import ConsoleReads
@@ -511,8 +477,7 @@ class App:
 
 @asynccontextmanager
 async def state_store(cfg: Settings) -> AsyncIterator[CosmosStateStore]:
-    """The state store alone, with the app's client and credential rules, closed
-    on exit (the CLI opens one per command)."""
+    """The state store alone, closed on exit (the CLI opens one per command)."""
     credential = _credential(cfg)
     client = build_client(cfg.state_account, credential=credential)
     try:
@@ -530,8 +495,7 @@ async def state_store(cfg: Settings) -> AsyncIterator[CosmosStateStore]:
 def build_agent(
     session: aiohttp.ClientSession, cfg: AgentSettings, seams: Seams | None = None
 ) -> Agent:
-    """The Agent with the agents' own settings (AGENT_*, REMOTE_SERVICE_URL[__<SERVICE>],
-    STEP_CATALOG_FILE)."""
+    """The Agent with the agents' own settings."""
     seams = seams or Seams()
     return Agent(
         HttpRemoteService(session, cfg.remote_service_url, cfg.service_urls),
@@ -551,8 +515,8 @@ def request_processor(
     seams: Seams | None = None,
 ) -> tuple[RequestProcessor, ServiceBusReplySender]:
     """What handles one agent request, for the queue-triggered agent and the
-    worker alike; the caller owns `client` and `session`, and closes the reply
-    sender (returned with it) before them."""
+    worker alike; the caller owns `client` and `session`, and closes the
+    returned reply sender before them."""
     keys = require_agent_keys(cfg)  # before anything is opened: no keys, no agent
     replies = ServiceBusReplySender(client, cfg.responses_queue)
     seams = seams or Seams()

@@ -1,8 +1,6 @@
-"""Where the Supervisor keeps its scan position between runs: one small
-document in the state container (`_checkpoint-<name>`, an id no OrderID can
-take, with no ProcessState so no state query returns it). Last writer wins:
-the timer trigger is a singleton, and two supervisors that race here at worst
-re-scan a page, which the conditional recovery makes harmless."""
+"""Where the Supervisor keeps its scan position between runs: one document
+`_checkpoint-<name>` in the state container, invisible to state queries.
+Last writer wins: two supervisors racing here at worst re-scan a page."""
 
 from __future__ import annotations
 

@@ -135,10 +135,9 @@ class ConsoleReads:
         created_after: datetime | None = None,
         ids: list[str] | None = None,
     ) -> tuple[list[OrderRow], str | None]:
-        """One page of the records in `state` (every state when None; optionally of one application,
-        whose OrderID starts with `id_prefix`, created before or after a
-        time, among `ids`), by OrderID. Returns (rows, token of the next page or None when
-        this page came back short). One query."""
+        """One page of the records in `state` (every state when None), by
+        OrderID, optionally narrowed by application, OrderID prefix, creation
+        time and `ids`: (rows, the next page's token or None). One query."""
         if not 1 <= page_size <= MAX_PAGE:
             raise ValueError(f"page_size must be 1..{MAX_PAGE}")
         where = ["true"]
@@ -160,8 +159,7 @@ class ConsoleReads:
             where.append("c.id IN (" + ", ".join(f"@{k}" for k in names) + ")")
             params += _params(**names)
         if id_prefix:
-            # the key is `{app}:{OrderID}` (or a bare OrderID, from before keys
-            # named the application); an OrderID holds no ':'
+            # the key is `{app}:{OrderID}` or a bare OrderID; an OrderID holds no ':'
             where.append("(STARTSWITH(c.id, @prefix) OR CONTAINS(c.id, @keyed))")
             params += _params(prefix=id_prefix, keyed=f":{id_prefix}")
         if page_token:
@@ -178,9 +176,7 @@ class ConsoleReads:
         return rows, token
 
     async def stored(self, ids: list[str]) -> set[str]:
-        """Which of `ids` (at most MAX_PAGE) have a record: the console links
-        an id to its order only then (an order Submit refused is never
-        stored). One query, none for no ids."""
+        """Which of `ids` (at most MAX_PAGE) have a record. One query, none for no ids."""
         wanted = list(dict.fromkeys(ids))[:MAX_PAGE]
         if not wanted:
             return set()
@@ -194,9 +190,8 @@ class ConsoleReads:
     async def finished_since(
         self, since: datetime, limit: int = MAX_RECENT
     ) -> tuple[list[tuple[str, datetime]], bool]:
-        """(state, UpdatedAt) of records that reached a final state (Processed,
-        Compensated, Error, CompensationFailed) since `since` (for the
-        throughput chart), at most `limit`; and whether the limit cut the
+        """(state, UpdatedAt) of at most `limit` records that reached a
+        FINISHED_STATES state since `since`, and whether the limit cut the
         answer short. One query of two small fields per record."""
         states = {f"s{i}": s.value for i, s in enumerate(FINISHED_STATES)}
         query = (

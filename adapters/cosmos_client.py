@@ -1,7 +1,6 @@
-"""Cosmos DB plumbing shared by the Cosmos adapters: the client (`build_client`),
-local/dev container creation, `query_all`, request-charge
-recording (`RequestCharges`) and `translate_error` to the domain's errors.
-Throttling inside our retry budget, charges, callers: docs/adr/016-cosmos-client.md."""
+"""Cosmos DB plumbing shared by the Cosmos adapters: the client, local container
+creation, `query_all`, request charges and `translate_error` to the domain's
+errors (docs/adr/016-cosmos-client.md)."""
 
 from __future__ import annotations
 
@@ -12,7 +11,7 @@ import os
 import sys
 import time
 import urllib.request
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,20 +40,15 @@ log = logging.getLogger(__name__)
 REQUEST_CHARGE = "x-ms-request-charge"
 RETRY_AFTER_MS = "x-ms-retry-after-ms"
 
-# The SDK retries throttled requests itself (default: 9 times, up to 30 s).
-# That budget sits inside ours (docs/adr/011-agent-retry-budget.md): a few quick
-# retries absorb a burst; past them the caller gets TransientError and the
-# message/timer is retried by the Functions host or the next run.
+# The SDK's own 429 retries (default 9, up to 30 s), capped inside our budget (ADR 016).
 DEFAULT_THROTTLE_RETRIES = 3
 DEFAULT_THROTTLE_MAX_WAIT_SECONDS = 5
 
-# Partition key /id (= OrderID) for both containers: every point operation
-# targets one logical partition, and an order's record never moves.
+# Both containers: every point operation targets one logical partition.
 PARTITION_KEY_PATH = "/id"
 
-# The Supervisor's scan: ProcessState = 'Processing' AND CompleteBy in a window,
-# ordered by (CompleteBy, id) for keyset paging. Cosmos needs a composite index
-# matching the ORDER BY exactly; the filter's equality property goes first.
+# The Supervisor's keyset scan: Cosmos needs a composite index matching the
+# ORDER BY exactly, the filter's equality property first.
 STATE_COMPOSITE_INDEXES: list[list[dict[str, str]]] = [
     [
         {"path": "/ProcessState", "order": "ascending"},
@@ -66,13 +60,9 @@ STATE_COMPOSITE_INDEXES: list[list[dict[str, str]]] = [
         {"path": "/id", "order": "ascending"},
     ],
 ]
-# Only the paths a query filters or sorts on are indexed: every indexed
-# value of a write costs RU (docs/capacity.md), and a record's Steps,
-# History, Compensation and payload fields are only ever read whole, by id.
-# A query on a path missing here still runs (consistent indexing scans), but
-# ORDER BY needs its range or composite index: keep this list equal to the
-# fields the queries of adapters/state_store.py and adapters/console_reads.py
-# name (tests/infra/test_cosmos.py checks it). `id` is always indexed.
+# Only the paths a query filters or sorts on are indexed (docs/adr/018b):
+# every indexed value of a write costs RU. Keep it equal to the fields the
+# queries of state_store.py and console_reads.py name (tests/infra/test_cosmos.py).
 STATE_QUERIED_PATHS: tuple[str, ...] = (
     "ProcessState",
     "LockedBy",
@@ -115,17 +105,9 @@ def build_client(
     throttle_max_wait_seconds: int = DEFAULT_THROTTLE_MAX_WAIT_SECONDS,
     **client_kwargs: Any,
 ) -> CosmosClient:
-    """A CosmosClient for `account`. Keep one per process and close it at exit.
-
-    Args:
-        account: endpoint and key; `key` None selects identity-based access.
-        credential: an async token credential to use when the account has no
-            key (share one per process). None: a `DefaultAzureCredential` is
-            created, which the caller then owns.
-        throttle_retries: how often the SDK itself retries a 429 before we see
-            TransientError (0: never).
-        throttle_max_wait_seconds: the SDK's cap on time spent in those retries.
-    """
+    """A CosmosClient for `account`: one per process, closed at exit. Without
+    a key, `credential` authenticates (None: a DefaultAzureCredential the caller
+    then owns). `throttle_*`: the SDK's own 429 retries (ADR 016)."""
     if account.key:
         auth: Any = account.key
     elif credential is not None:
@@ -142,11 +124,9 @@ def build_client(
     )
     kwargs: dict[str, Any] = {"connection_policy": policy, **client_kwargs}
     if "transport" not in kwargs:
-        # The SDK's default transport trusts the environment on every request: aiohttp then
-        # looks up ~/.netrc and the proxy variables in the thread pool, two thread round
-        # trips per Cosmos request (about a seventh of the local host's CPU per order). The
-        # proxy is resolved here once instead; netrc credentials never apply to Cosmos,
-        # which signs its own Authorization header.
+        # The default transport reads ~/.netrc and the proxy variables in the thread
+        # pool on every request (a seventh of the local host's CPU per order); the
+        # proxy is resolved once here, and netrc never applies to Cosmos.
         kwargs["transport"] = AioHttpTransport(use_env_settings=False)
         proxies = _environment_proxies(account.endpoint)
         if proxies and "proxies" not in kwargs:
@@ -234,29 +214,13 @@ class KindCharges:
     failures: int = 0
 
 
-@dataclass(frozen=True)
-class Charge:
-    kind: str
-    request_units: float
-    status: int | None = None
-
-
 @dataclass
 class RequestCharges:
-    """Records the request charge of every call, by operation kind.
+    """Records the request charge of every call, by operation kind (ADR 016):
+    `hook(kind)` is each call's `response_hook`, and `translate_error` records
+    failed calls."""
 
-    Each adapter call passes `hook(kind)` as the SDK's `response_hook` (called
-    once per response; a query calls it once per page), and failed calls are
-    recorded from the error's headers by `translate_error`: a 412 or a 429
-    costs request units too. The last `keep` charges are kept in order for
-    tests and debugging; totals are kept for ever."""
-
-    keep: int = 1000
     by_kind: dict[str, KindCharges] = field(default_factory=dict)
-    recent: deque[Charge] = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.recent = deque(maxlen=self.keep)
 
     @property
     def total(self) -> float:
@@ -275,7 +239,6 @@ class RequestCharges:
         stats.request_units += charge
         if status is not None and status >= 400:
             stats.failures += 1
-        self.recent.append(Charge(kind, charge, status))
         if _CALLERS is not None:
             _CALLERS.count(kind)
         return charge
@@ -288,11 +251,10 @@ class RequestCharges:
 
     def reset(self) -> None:
         self.by_kind.clear()
-        self.recent.clear()
 
 
 class _CallerCounts:
-    """Requests by (caller, kind) for benchmarks (see the module docstring)."""
+    """Requests by (caller, kind), for benchmarks (COSMOS_CALL_STATS_DIR, ADR 016)."""
 
     # Frames in these files are the plumbing, not the caller.
     _PLUMBING = (
@@ -372,12 +334,9 @@ def translate_error(
     charges: RequestCharges | None = None,
     kind: str | None = None,
 ) -> errors.DomainError:
-    """The domain error for an SDK exception (caller raises it `from exc`).
-
+    """The domain error for an SDK exception (caller raises it `from exc`):
     404 NotFound, 409 Conflict, 412 Stale, 408/429/449/5xx and timeouts
-    Transient (with the service's retry-after), any other status Permanent.
-    A 500 is transient here because the service documents it as retryable;
-    the local server's old 500-for-missing bug is patched in its launcher."""
+    Transient (with the retry-after), any other status Permanent (ADR 016)."""
     if isinstance(exc, CosmosHttpResponseError):
         status = exc.status_code
         if charges is not None and kind is not None:

@@ -1,12 +1,7 @@
 """Crash points for fault-injection tests: a `CrashPoint` hook
-(orchestrators.hooks) that kills the process on the spot (as `kill -9`
-would: no cleanup, no settlement) at the points the environment names.
-
-The composition root (bootstrap) builds it with `from_environment`, which
-gives none unless CRASH_POINTS is set (it never is in Azure): the root then
-gives the use cases the no-op hook. Each
-point fires once per marker directory (CRASH_POINTS_DIR), so the restarted
-process runs on past it, as a process that crashed once would."""
+(orchestrators.hooks) that kills the process on the spot, as `kill -9` would,
+at the points CRASH_POINTS names (never set in Azure). Each fires once per
+marker directory, so the restarted process runs on past it."""
 
 from __future__ import annotations
 

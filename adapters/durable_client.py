@@ -1,8 +1,6 @@
-"""The Durable client at its edge. azure-functions-durable 1.x tells that an
+"""The Durable client at its edge: azure-functions-durable 1.x tells that an
 instance does not exist, or has finished, only by the text of a bare
-Exception (404: "No instance with ID ... found."; 410: "... is gone ...").
-That text is read here, in one place, and turned into a named error, so the
-use cases above never match message text."""
+Exception; that text is read here, once, and turned into InstanceGone."""
 
 from __future__ import annotations
 

@@ -1,17 +1,9 @@
 """The orders DB: the order as submitted, one document per order key
-(domain.ids.order_key: the application and its OrderID, so two applications'
-orders with one OrderID are two documents: docs/adr/017f-order-keys.md).
-
-Written once by Submit with create-if-absent; a redelivered message finds its
-order already there and checks that it is the same order (every field of an
-order is immutable). A different order under an existing key (the same
-application reusing an OrderID) is a ConflictError naming the fields that
-differ: Submit dead-letters and alerts, and nothing is overwritten
-(docs/design.md §4, invariant 4).
-
-It lives in its own database, and in its own account when `OrdersDbConnection`
-is configured (adapters.settings): the order data has its own owner and
-classification, and the state store must not depend on it."""
+(docs/adr/017f-order-keys.md), written once by Submit. A different order
+under an existing key is a ConflictError naming the fields that differ, and
+nothing is overwritten (docs/design.md §4, invariant 4). Its own database, in
+its own account when `OrdersDbConnection` is set: the order data has its own
+owner and classification."""
 
 from __future__ import annotations
 
@@ -43,12 +35,6 @@ def from_document(doc: dict[str, Any]) -> OrderSubmitted:
         raise PermanentError(
             f"stored order {doc.get('id')!r} does not match OrderSubmitted: {exc}"
         ) from exc
-
-
-def differing_fields(stored: OrderSubmitted, submitted: OrderSubmitted) -> list[str]:
-    """Top-level field names whose canonical values differ, in model order."""
-    old, new = stored.immutable_fields(), submitted.immutable_fields()
-    return [name for name in OrderSubmitted.model_fields if old.get(name) != new.get(name)]
 
 
 class CosmosOrdersRepository:
@@ -87,15 +73,12 @@ class CosmosOrdersRepository:
         try:
             found = await self._read(key)
         except NotFoundError as exc:
-            # It exists (the 409 says so) but this read did not find it: a
-            # replica that has not seen the create yet, or a discard racing
-            # this delivery. Either way the next try knows more (the
-            # simulation's `new_document_lag` found it).
+            # The 409 says it exists: a lagging replica, or a racing discard.
             raise TransientError(
                 f"order {key}: the create conflicted but a read did not find it; try again"
             ) from exc
         stored, etag = from_document(found), str(found.get("_etag", ""))
-        fields = differing_fields(stored, order)
+        fields = stored.differing_fields(order)
         if fields:
             raise ConflictError(
                 f"order {key} exists with different {', '.join(fields)}",
@@ -105,9 +88,7 @@ class CosmosOrdersRepository:
         return False, etag
 
     async def discard(self, key: str) -> None:
-        """Delete the order if it is there. Only for an order whose state
-        record is Rejected: Submit writes the orders DB before it learns that
-        (it does not read first), and a rejected order must not stay."""
+        """Delete the order if it is there (only for an order whose record is Rejected)."""
         try:
             await self._container.delete_item(
                 item=key,
@@ -120,11 +101,9 @@ class CosmosOrdersRepository:
                 raise error from exc
 
     async def discard_version(self, key: str, version: str) -> bool:
-        """Delete the document under `key` if it is still at etag `version`
-        (the one a caller wrote or read): True if this call deleted it. A
-        document written there since stays; a missing one is nothing to do.
-        No read first: a replica that has not seen a recent create would
-        answer 404 for a document that is there (found by the simulation)."""
+        """Delete the document under `key` if it is still at etag `version`:
+        True if this call deleted it. No read first: a lagging replica would
+        answer 404 for a document that is there."""
         try:
             await self._container.delete_item(
                 item=key,

@@ -28,10 +28,8 @@ guard alone applies."""
 
 
 class BacklogGauge(NamedTuple):
-    """The last measurement of the Pending backlog (and of the records in
-    flight), written by the Starter once per run and point-read by Submit's
-    admission control and fast path on every host. `processing` is None in a
-    gauge written before it was measured."""
+    """The Starter's last count of Pending (and Processing: None when not
+    measured) records, point-read by Submit on every host (docs/adr/008-backlog-gauge.md)."""
 
     pending: int
     measured_at: datetime
@@ -39,9 +37,8 @@ class BacklogGauge(NamedTuple):
 
 
 class StateStore(Protocol):
-    # (id, reason) of each document a read or scan could not take as a record,
-    # since the caller last emptied the list: scans leave such documents out
-    # (one bad document never stops a run); the caller alerts (reporting.alerts).
+    # (id, reason) of each document a read or scan could not take as a record
+    # since the caller last emptied it (and alerted): scans leave them out.
     unreadable: list[tuple[str, str]]
 
     async def create_if_absent(self, record: OrderState) -> tuple[OrderState, str, bool]: ...
@@ -138,10 +135,8 @@ class MessagePublisher(Protocol):
 
 
 class DeadlineIndex(Protocol):
-    """Told about a deadline no later than the record's CompleteBy before the
-    record gets it (the recovery index, adapters.recovery_index): one entry
-    per attempt, at its claim; `NoIndex` when the Supervisor uses the state
-    container's own query."""
+    """The recovery index (ADR 007): told of an attempt's deadline before the
+    record gets it; `NoIndex` when the Supervisor uses the state container's query."""
 
     async def add(self, order_id: str, complete_by: datetime, attempt: int) -> None: ...
 
@@ -167,12 +162,8 @@ def bucket_of(moment: datetime) -> str:
 
 
 def minute_of(partition: str) -> str:
-    """The bucket (minute) of a recovery-index partition key value:
-    `<minute>|<shard>` (sharded, docs/adr/019b-sharded-recovery-index.md) or a
-    bare `<minute>` (entries written before the key was sharded, and
-    documents set aside). A bare minute sorts before its shards, and every
-    shard of a minute before the next minute, so partitions sort as
-    (minute, shard)."""
+    """The bucket (minute) of a recovery-index partition key value,
+    `<minute>|<shard>` or a bare `<minute>` (docs/adr/019b-sharded-recovery-index.md)."""
     return partition.split("|", 1)[0]
 
 

@@ -1,9 +1,7 @@
-"""The recovery index: the container `recoveryIndex` (partition key /bucket:
-a deadline floored to the minute plus a hash shard of the OrderID,
+"""The recovery index: the container `recoveryIndex` (partition key /bucket,
 `<minute>|<shard>`) where the Supervisor finds expired attempts with
-single-partition queries instead of a cross-partition scan of the state
-container. Protocol and cursor rules: docs/adr/007-recovery-index.md; the
-shards: docs/adr/019b-sharded-recovery-index.md."""
+single-partition queries. Protocol and cursor rules:
+docs/adr/007-recovery-index.md; the shards: docs/adr/019b-sharded-recovery-index.md."""
 
 from __future__ import annotations
 
@@ -28,17 +26,13 @@ from domain.errors import NotFoundError, TransientError
 log = logging.getLogger(__name__)
 
 MAX_BUCKETS_PER_PAGE = 120
-# Discards of finished attempts wait for this many, then go as one batch per
-# bucket (ADR 007); fewer if their deadlines spread wider than DISCARD_SPREAD.
 DISCARD_BATCH = 25
 DISCARD_SPREAD = timedelta(seconds=15)
 MAX_BATCH_OPERATIONS = 100  # Cosmos' limit for one transactional batch
 PARTITION_KEY_PATH = "/bucket"
 DEFAULT_SHARDS = 16  # RECOVERY_INDEX_SHARDS
 MAX_SHARDS = 999  # three digits: shards sort as numbers
-# Where the container records the shard count it was set up with (ADR 019b).
-# "~" sorts after every minute: MIN(bucket) and the Supervisor's walk never
-# land on it before a real entry.
+# The shard count the container was set up with; "~" sorts after every minute.
 SHARDS_DOCUMENT = {"id": "shard-count", "bucket": "~config"}
 _ABSENT = object()
 
@@ -49,21 +43,18 @@ def _next_bucket(bucket: str) -> str:
 
 
 def shard_of(order_id: str, shards: int) -> int:
-    """A stable hash of the OrderID (the same in every process; Python's
-    `hash` is not) onto 0..shards-1."""
+    """A hash of the OrderID onto 0..shards-1, the same in every process."""
     return zlib.crc32(order_id.encode("utf-8")) % shards
 
 
 def partition_of(complete_by: datetime, order_id: str, shards: int) -> str:
-    """The partition key value of an entry: `<minute>|<shard>`, the shard
-    zero-padded to three digits so that a minute's partitions sort by shard."""
+    """An entry's partition key, `<minute>|<shard>`, the shard in three digits."""
     return f"{bucket_of(complete_by)}|{shard_of(order_id, shards):03d}"
 
 
 def next_partition(partition: str, shards: int) -> str:
     """The partition after `partition` in the Supervisor's walk: a minute's
-    bare partition (entries from before the shards, documents set aside),
-    then its shards 0..shards-1, then the next minute's bare partition."""
+    bare partition, its shards 0..shards-1, then the next minute's (ADR 019b)."""
     minute, _, shard = partition.partition("|")
     if not shard:
         return f"{minute}|000"
@@ -84,10 +75,8 @@ def check_shards(shards: int) -> int:
 
 async def ensure_shard_count(container: ContainerProxy, shards: int) -> None:
     """The shard count is fixed per container (ADR 019b): the first process
-    records its RECOVERY_INDEX_SHARDS in the container; one whose setting
-    differs is refused with a SettingsError before it writes or reads an
-    entry, since a Supervisor walking other shards than the writers use would
-    not see every entry. One point read per process (a create the first time)."""
+    records its RECOVERY_INDEX_SHARDS; one whose setting differs gets a
+    SettingsError before it writes or reads an entry. One point read per process."""
     check_shards(shards)
     key = SHARDS_DOCUMENT["bucket"]
 
@@ -109,9 +98,7 @@ async def ensure_shard_count(container: ContainerProxy, shards: int) -> None:
     except SDK_ERRORS as exc:
         raise translate_error(exc, "record the recovery index's shard count") from exc
     if count is _ABSENT:
-        # The create found the document, the read after it did not: a replica
-        # that has not seen another process's create yet. Not a refused
-        # setting: the start is retried and reads it then.
+        # The create conflicted, the read after it found nothing: a lagging replica.
         raise TransientError(
             "the recovery index's shard count was just recorded by another process "
             "and is not yet readable here; retry the start"
@@ -130,8 +117,7 @@ def entry_id(order_id: str, complete_by: datetime) -> str:
     return f"{order_id}|{complete_by.astimezone(UTC).isoformat()}"
 
 
-# The Supervisor's scan reads MIN(bucket) and one bucket's entries by id:
-# only `bucket` is indexed (`id` always is).
+# The scan reads MIN(bucket) and a bucket's entries by id: only `bucket` is indexed.
 INDEX_INDEXING_POLICY: dict[str, Any] = {
     "indexingMode": "consistent",
     "automatic": True,
@@ -156,10 +142,7 @@ async def ensure_index_container(
 class CosmosRecoveryIndex:
     """Entry: {"id": "<OrderID>|<CompleteBy>", "bucket", "OrderID",
     "CompleteBy", "Attempt"}; one per attempt, added before the record carries
-    a deadline no earlier than the entry's (ADR 007). `bucket`, the partition
-    key, is `<minute>|<shard>` with `shards` shards (ADR 019b); the walk also
-    reads each minute's bare `<minute>` partition, where entries written
-    before the key was sharded and documents set aside live."""
+    a deadline no earlier than the entry's (ADR 007)."""
 
     def __init__(
         self,
@@ -176,9 +159,8 @@ class CosmosRecoveryIndex:
         self.unreadable: list[tuple[str, str]] = []  # as StateStore.unreadable
 
     def _entry(self, doc: dict[str, Any]) -> IndexEntry | None:
-        """The entry a document holds; None (logged, named in `unreadable`) for a
-        document that is not one, so garbage in the container cannot stop every
-        Supervisor run. The page's cursor still moves past it."""
+        """The entry a document holds; None (logged, named in `unreadable`) for
+        a document that is not one, so garbage cannot stop every run."""
         try:
             complete_by = datetime.fromisoformat(doc["CompleteBy"])
             if complete_by.tzinfo is None or not isinstance(doc["Attempt"], int):
@@ -195,16 +177,10 @@ class CosmosRecoveryIndex:
 
     async def _set_aside(self, doc: dict[str, Any], upper: datetime) -> None:
         """Move a document that is not an entry UNREADABLE_RETRY past `upper`,
-        as it is, so the cursor goes on and a later page meets it (and alerts)
-        again until someone deletes it; its alert's repeats are dropped by the
-        alerts queue, a lost one is raised again.
-
-        A copy that could not be written for now (throttled, the account
-        unreachable) fails the page with a TransientError: the cursor must not
-        pass a document that has no copy ahead of it, or no run would ever
-        read it again. A write refused for good, or a
-        failed delete (the copy ahead exists), is logged and the page goes on,
-        so one bad document never stops every run."""
+        so the cursor goes on and a later page meets it (and alerts) again.
+        A copy not written for now fails the page (TransientError): the cursor
+        must not pass a document with no copy ahead of it. A copy refused for
+        good, or a failed delete, is logged and the page goes on."""
         body = {k: v for k, v in doc.items() if not k.startswith("_")}
         body["bucket"] = bucket_of(upper + UNREADABLE_RETRY)
         try:
@@ -247,16 +223,10 @@ class CosmosRecoveryIndex:
 
     async def discard(self, order_id: str, complete_by: datetime) -> None:
         """Retire the entry `add(order_id, complete_by, ...)` made, for an
-        attempt that has ended. Batched per partition: the entry waits in this
-        process until `discard_batch` discards of its partition have gathered
-        (then they go as one transactional delete), or until the discards
-        waiting spread over DISCARD_SPREAD in their deadlines (then all go, a
-        batch per partition). With the key sharded, a process's discards
-        spread over the shards: gathering per partition keeps the batches full
-        at the rates where it matters (ADR 019b). A discard that never goes
-        (the process ends, the batch fails) only leaves an entry the
-        Supervisor removes when it is due, as it does for any attempt that
-        ended without discarding. Gone already is fine."""
+        attempt that has ended: it waits in this process until `discard_batch`
+        discards of its partition have gathered, or the waiting ones spread
+        over DISCARD_SPREAD, then goes in a batch (ADR 007, 019b). A discard
+        that never goes leaves an entry the Supervisor removes when due."""
         at = complete_by.astimezone(UTC)
         entry = IndexEntry(
             entry_id(order_id, at), partition_of(at, order_id, self.shards), order_id, at, 0
@@ -278,8 +248,8 @@ class CosmosRecoveryIndex:
         await self.remove_many(entries)
 
     async def remove_many(self, entries: list[IndexEntry]) -> None:
-        """Remove entries with one transactional batch per partition. A batch is all or nothing: if one entry is gone already,
-        it is retried entry by entry."""
+        """Remove entries with one transactional batch per partition; a batch
+        that fails (all or nothing: an entry gone already) goes entry by entry."""
         by_bucket: dict[str, dict[str, IndexEntry]] = {}
         for entry in entries:
             # Once per id: a retried activity discards its entry twice.
@@ -323,11 +293,9 @@ class CosmosRecoveryIndex:
                 raise error from exc
 
     async def earliest_bucket(self, start: str = "") -> str | None:
-        """The first partition key value from `start` on that holds a document
-        (`minute_of` gives its minute): where a first scan starts (once per
-        supervisor lifetime, when it has no checkpoint yet), and where `page`
-        jumps over an empty stretch. Cross-partition, but over live deadlines
-        only (entries are removed as they are visited)."""
+        """The first partition key value from `start` on that holds a document:
+        where a first scan starts, and where `page` jumps over an empty stretch.
+        Cross-partition, over live deadlines only."""
         try:
             values: list[Any] = [
                 v
@@ -352,19 +320,13 @@ class CosmosRecoveryIndex:
         max_items: int,
         settled: str | None = None,
     ) -> tuple[list[IndexEntry], str, str, bool]:
-        """Entries from (partition `bucket`, id `after`) on, partition by
-        partition in (minute, shard) order (`next_partition`), up to the last
-        partition of the bucket of `upper`; at most `max_items` entries and
-        MAX_BUCKETS_PER_PAGE queries. Returns (entries, partition, after) to
-        resume from, and whether the bucket of `upper` was read to its end.
-
-        `settled`: a bucket before which no entry can appear any more (the
-        caller's cursor rule 2). After a minute's worth of empty partitions
-        in a row before it, one `MIN(bucket)` query finds the next partition
-        that holds a document and the walk jumps there (never past the start
-        of `settled`): with N shards a minute is N + 1 queries, and an empty
-        stretch (entries far apart, a backlog after an outage) would
-        otherwise cost N + 1 queries a minute."""
+        """Entries from (partition `bucket`, id `after`) on, in walk order, up
+        to the last partition of the bucket of `upper`; at most `max_items`
+        entries and MAX_BUCKETS_PER_PAGE queries. Returns (entries, partition,
+        after) to resume from, and whether the bucket of `upper` was read to
+        its end. `settled`: a bucket before which no entry can appear any more
+        (cursor rule 2); an empty stretch before it is jumped over with one
+        `MIN(bucket)` query, never past its start (ADR 019b)."""
         last = bucket_of(upper)
         out: list[IndexEntry] = []
         visited = empty = 0
@@ -394,8 +356,6 @@ class CosmosRecoveryIndex:
                 visited += 1
                 empty = 0
                 ahead = await self.earliest_bucket(bucket)
-                # Everything between is empty now and stays so: no entry can
-                # appear before `settled` (ADR 007 cursor rule 2).
                 bucket = ahead if ahead is not None and minute_of(ahead) < settled else settled
         return out, bucket, after, False
 

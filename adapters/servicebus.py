@@ -1,12 +1,7 @@
-"""Service Bus publishing through azure.servicebus.aio.
-
-One client per process, one sender per queue, created on first use. Errors are
-translated at this boundary: a missing queue or an oversize message is
-permanent; a busy, full or unreachable namespace is transient.
-
-Every message leaves with the W3C trace context of its "send" span in its
-application properties (adapters.telemetry), so the receiver continues the
-sender's trace."""
+"""Service Bus publishing through azure.servicebus.aio: one client per
+process, one sender per queue, opened on first use. A missing queue or an
+oversize message is permanent; a busy, full or unreachable namespace
+transient. Every message carries its "send" span's trace context (ADR 015)."""
 
 from __future__ import annotations
 
@@ -50,9 +45,8 @@ _PERMANENT = (
 
 
 def servicebus_client(access: ServiceBusAccess) -> ServiceBusClient:
-    """An aio client from the host-style connection setting: a connection string
-    locally; identity-based in Azure, as the app's user-assigned identity
-    (adapters.settings.azure_credential), with no key in settings."""
+    """An aio client from the host-style connection setting: a connection
+    string locally, the app's identity in Azure."""
     if access.connection_string:
         return ServiceBusClient.from_connection_string(access.connection_string)
     if not access.fully_qualified_namespace:
@@ -63,13 +57,9 @@ def servicebus_client(access: ServiceBusAccess) -> ServiceBusClient:
 
 
 class ServiceBusPublisher:
-    """Implements adapters.ports.MessagePublisher.
-
-    `locks` makes the locks that serialise link opens and the sends on one
-    link, `wait_for` bounds a send by its timeout: asyncio's unless told (the
-    simulation, whose simulated sender has no link to protect and whose
-    actors must not spawn tasks of their own, hands in a no-op lock and an
-    inline await)."""
+    """Implements adapters.ports.MessagePublisher. `locks` makes the locks
+    that serialise link opens and the sends on one link, `wait_for` bounds a
+    send by its timeout (the simulation hands in a no-op lock and an inline await)."""
 
     def __init__(
         self,
@@ -136,7 +126,7 @@ class ServiceBusPublisher:
         application_properties: dict[str, Any] | None,
         **extra: Any,
     ) -> None:
-        """One JSON message, in a producer span whose trace context rides in its properties."""
+        """One JSON message, in a producer span whose context rides in its properties."""
         with self._producer_span(queue, message_id, application_properties):
             message = ServiceBusMessage(
                 body,
@@ -149,9 +139,7 @@ class ServiceBusPublisher:
 
     @staticmethod
     def _producer_span(queue: str, message_id: str, properties: dict[str, Any] | None):
-        """The "send" span whose context the message carries (W3C
-        `traceparent`/`tracestate` in its application properties), so what
-        the receiver does joins this trace (adapters.telemetry)."""
+        """The "send" span whose context the message carries."""
         order_id = (properties or {}).get("OrderID")
         return telemetry.span(
             f"send {queue}",

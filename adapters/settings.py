@@ -1,10 +1,8 @@
-"""One settings object, read from the environment.
-
-Names are the ones the Functions host, `local.settings.json` and the Bicep
-templates use, with local defaults that point at the emulators. Connections
-follow the host's convention: `<Name>` holds a connection string (local), or
+"""One settings object, read from the environment under the names the Functions
+host and the Bicep templates use (docs/settings.md). Connections follow the
+host's convention: `<Name>` holds a connection string (local), or
 `<Name>__accountEndpoint` / `<Name>__fullyQualifiedNamespace` select
-identity-based access (Azure), with no key anywhere in settings."""
+identity-based access (Azure), with no key in settings."""
 
 from __future__ import annotations
 
@@ -27,9 +25,7 @@ COSMOS_CONNECTION = "CosmosDbConnection"
 ORDERS_DB_CONNECTION = "OrdersDbConnection"
 
 
-# The internal queues' keys (domain.signing, ADR 017e): comma-separated
-# base64 keys of at least 32 random bytes, the current one first. In Azure
-# each is a Key Vault reference; locally devstack generates them.
+# The internal queues' keys (domain.signing, ADR 017e).
 AGENT_SIGNING_KEYS = "AGENT_SIGNING_KEYS"  # the Scheduler and every agent
 REPLY_TOKEN_KEYS = "REPLY_TOKEN_KEYS"  # the Functions app only
 
@@ -39,8 +35,8 @@ class SettingsError(ValueError):
 
 
 def key_ring(env: Mapping[str, str], name: str) -> KeyRing | None:
-    """The key ring in setting `name`; None when unset or empty. A bad value
-    is refused naming the setting, never quoting it."""
+    """The key ring in setting `name`; None when unset. A bad value is refused
+    naming the setting, never quoting it."""
     raw = env.get(name, "")
     if not raw.strip():
         return None
@@ -62,9 +58,7 @@ def require_keys(ring: KeyRing | None, name: str) -> KeyRing:
 
 @dataclass(frozen=True)
 class CosmosAccount:
-    """Where a Cosmos DB account is and how to authenticate to it.
-
-    `key` None means identity-based access (DefaultAzureCredential)."""
+    """Where a Cosmos DB account is; `key` None means identity-based access."""
 
     endpoint: str
     key: str | None
@@ -73,19 +67,16 @@ class CosmosAccount:
 
 @dataclass(frozen=True)
 class ServiceBusAccess:
-    """A connection string (local emulator, or a key where a user insists) or
-    a fully qualified namespace for identity-based access."""
+    """A connection string, or a namespace for identity-based access as
+    `client_id` (AZURE_CLIENT_ID)."""
 
     connection_string: str | None = None
     fully_qualified_namespace: str | None = None
-    # The app's user-assigned identity (AZURE_CLIENT_ID), for identity-based access.
     client_id: str | None = None
 
 
 def servicebus_access(env: Mapping[str, str]) -> ServiceBusAccess | None:
-    """The host-style Service Bus connection setting (the one name the triggers
-    use too): a connection string, or a namespace for identity-based access as
-    the app's user-assigned identity (AZURE_CLIENT_ID); None when neither is set."""
+    """The host-style Service Bus connection setting (the triggers' too); None when unset."""
     if env.get(SERVICEBUS_CONNECTION):
         return ServiceBusAccess(connection_string=env[SERVICEBUS_CONNECTION])
     if env.get(f"{SERVICEBUS_CONNECTION}__fullyQualifiedNamespace"):
@@ -104,17 +95,13 @@ class Settings:
     state_database: str = "orderprocessing"
     state_container: str = "orderState"
     recovery_index_container: str = "recoveryIndex"
-    # The recovery index's partition key shards per minute (ADR 019b): fixed
-    # per container, a change is refused (adapters.recovery_index.ensure_shard_count).
     recovery_index_shards: int = 16
     orders_database: str = "orders"
     orders_container: str = "orders"
     reply_queues: Mapping[str, str] = field(default_factory=dict)
-    # Applications that opted in to progress statuses (Processing,
-    # StepCompleted) in the registry; the others get Received and terminal ones.
+    # Applications that opted in to progress statuses (Processing, StepCompleted).
     progress_apps: frozenset[str] = frozenset()
-    # appId -> the queue Submit reads that application's orders from; the
-    # AppId of an order is the one its queue belongs to, never the body's.
+    # appId -> its ingress queue; an order's AppId is its queue's, never the body's.
     ingress_queues: Mapping[str, str] = field(default_factory=dict)
     pending_backlog_limit: int = 5000
     backlog_gauge_max_age: timedelta = timedelta(seconds=300)
@@ -122,31 +109,21 @@ class Settings:
     max_processing: int = 500
     step_timeout: timedelta = timedelta(seconds=60)
     starter_batch_size: int = 50
-    # Batches one Starter run may claim, and for how long it starts new ones.
     starter_max_batches: int = 10
     starter_run_budget: timedelta = timedelta(seconds=4)
     starter_count_interval: timedelta = timedelta(0)
-    # Alerts about queue messages aggregate per kind and queue within it (reporting.alerts).
     alert_window: timedelta = timedelta(seconds=60)
     supervisor_page_size: int = 100
-    # Pages one Supervisor run may read, and for how long it starts new ones:
-    # a backlog is worked through within a run, not one page per tick.
     supervisor_max_pages: int = 20
     supervisor_run_budget: timedelta = timedelta(seconds=8)
     supervisor_scan: str = "query"
     retry: RetryPolicy = field(default_factory=RetryPolicy)
-    # Client id of the user-assigned identity the app runs as in Azure
-    # (AZURE_CLIENT_ID, set by infra/app/api.bicep); None elsewhere.
+    # The app's user-assigned identity in Azure (AZURE_CLIENT_ID, infra/app/api.bicep).
     managed_identity_client_id: str | None = None
-    # Steps run as in-app activities instead of through the agent-requests queue
-    # (INLINE_STEPS, comma-separated); the composition root checks the names.
     inline_steps: tuple[str, ...] = ()
-    # Create the Cosmos databases and containers at start (COSMOS_CREATE_CONTAINERS):
-    # the local stack only; in Azure the Bicep templates create them.
+    # The local stack only; in Azure the Bicep templates create the containers.
     create_containers: bool = False
-    # The internal queues' keys (AGENT_SIGNING_KEYS, REPLY_TOKEN_KEYS): None
-    # when unset; what signs or verifies refuses to run without them
-    # (`scheduler_keys`).
+    # None when unset: what signs or verifies refuses to run without them.
     agent_keys: KeyRing | None = field(default=None, repr=False)
     reply_token_keys: KeyRing | None = field(default=None, repr=False)
 
@@ -158,9 +135,7 @@ class Settings:
             agents=require_keys(self.agent_keys, AGENT_SIGNING_KEYS),
         )
 
-    # This deployment's shard (SHARD_INDEX) of SHARD_COUNT whole deployments
-    # (docs/adr/020e-task-hub-shards.md): Submit refuses an order whose
-    # domain.shards.shard_of is another shard's. 1 and 0: one deployment, as before.
+    # This deployment's shard of SHARD_COUNT (docs/adr/020e-task-hub-shards.md).
     shard_count: int = 1
     shard_index: int = 0
 
@@ -180,8 +155,7 @@ def int_setting(
     env: Mapping[str, str], name: str, default: int, minimum: int = 0, maximum: int | None = None
 ) -> int:
     """A whole-number setting, `default` when unset or empty; anything else
-    (not a whole number, below `minimum`, above `maximum`) is refused naming
-    the setting."""
+    out of range is refused naming the setting."""
     value = _number(env, name, default, minimum, int, "a whole number")
     if maximum is not None and value > maximum:
         raise SettingsError(f"setting {name} must be {minimum} to {maximum}, got {value}")
@@ -293,10 +267,8 @@ def _registry(env: Mapping[str, str]) -> dict[str, tuple[str, bool]]:
 
 
 def _check_apps_apart(registry: Mapping[str, tuple[str, bool]]) -> None:
-    """Applications may use the same OrderIDs (docs/adr/017f-order-keys.md), so
-    nothing of one may be another's: each needs a valid AppId with its own
-    order-key tag, and its own reply queue (status message ids are named by
-    the OrderID, and a reply queue is read by its application alone)."""
+    """Applications may use the same OrderIDs (docs/adr/017f-order-keys.md):
+    each needs its own order-key tag and its own reply queue."""
     tags: dict[str, str] = {}
     queues: dict[str, str] = {}
     for app, (queue, _) in registry.items():
@@ -319,13 +291,9 @@ def _check_apps_apart(registry: Mapping[str, tuple[str, bool]]) -> None:
 
 
 def ingress_queues(env: Mapping[str, str] | None = None) -> dict[str, str]:
-    """ORDER_INGRESS_QUEUES (`{"appId": "queue"}`): one ingress queue per
-    client application. Unset, it is `orders-<appId>` for every application
-    in REPLY_QUEUE_REGISTRY, the name the Bicep templates give those queues.
-
-    Read on its own (not only through `settings()`) because function_app.py
-    registers one Submit function per entry when it loads, before anything
-    else is configured."""
+    """ORDER_INGRESS_QUEUES (`{"appId": "queue"}`), else `orders-<appId>` for
+    every application in REPLY_QUEUE_REGISTRY (the Bicep templates' names).
+    Public: function_app.py registers a Submit function per entry at load."""
     env = os.environ if env is None else env
     raw = env.get("ORDER_INGRESS_QUEUES", "")
     if not raw:
@@ -378,8 +346,7 @@ P = TypeVar("P")
 
 
 def policy_from(cls: type[P], settings: Settings, **given: Any) -> P:
-    """The policy dataclass `cls` (what one use case reads of the settings),
-    each field from the setting of the same name unless `given`."""
+    """The policy dataclass `cls`, each field from the setting of the same name unless `given`."""
     names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
     taken = {name: getattr(settings, name) for name in names if hasattr(settings, name)}
     return cls(**{**taken, **given})
@@ -398,7 +365,6 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         state_database=env.get("STATE_DATABASE_NAME") or "orderprocessing",
         state_container=env.get("STATE_CONTAINER_NAME") or "orderState",
         recovery_index_container=env.get("RECOVERY_INDEX_CONTAINER_NAME") or "recoveryIndex",
-        # adapters.recovery_index.MAX_SHARDS: three-digit shard numbers
         recovery_index_shards=int_setting(env, "RECOVERY_INDEX_SHARDS", 16, 1, 999),
         orders_database=env.get("ORDERS_DATABASE_NAME") or "orders",
         orders_container=env.get("ORDERS_CONTAINER_NAME") or "orders",
@@ -441,15 +407,10 @@ MANAGED_IDENTITY_ENDPOINTS = ("IDENTITY_ENDPOINT", "MSI_ENDPOINT")
 
 
 def azure_credential(client_id: str | None, env: Mapping[str, str] | None = None) -> Any:
-    """The async token credential for identity-based connections.
-
-    In Azure, with the app's user-assigned identity named: a
-    ManagedIdentityCredential for exactly that identity. No chain is probed, so
-    a wrong setting fails with that identity's error instead of quietly using
-    another one (and no time is spent trying the chain's other members).
-    Elsewhere (an operator running the CLI against Azure, a developer's
-    machine): DefaultAzureCredential, which finds `az login` and the like.
-    The caller closes it (`await credential.close()`)."""
+    """The async token credential for identity-based connections, which the
+    caller closes. In Azure, with the app's identity named: a
+    ManagedIdentityCredential for exactly it (no chain is probed, so a wrong
+    setting fails with that identity's error); elsewhere DefaultAzureCredential."""
     env = os.environ if env is None else env
     if client_id and any(env.get(name) for name in MANAGED_IDENTITY_ENDPOINTS):
         from azure.identity.aio import ManagedIdentityCredential
@@ -462,6 +423,5 @@ def azure_credential(client_id: str | None, env: Mapping[str, str] | None = None
 
 @lru_cache(maxsize=1)
 def settings() -> Settings:
-    """The process's settings, read once (functions call this, tests call
-    load_settings with their own mapping)."""
+    """The process's settings, read once."""
     return load_settings()

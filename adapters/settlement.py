@@ -21,10 +21,7 @@ from domain.boundary import readable_order_id
 from domain.errors import AlertNotQueued
 from domain.models import mask_card_numbers
 
-if TYPE_CHECKING:
-    # Typed by the one class that does each job (raising an alert, scheduling
-    # a delayed copy): a test's fake needs only `raise_alert` or `schedule`.
-    # For typing only, so the gate loads neither the SDK nor reporting.
+if TYPE_CHECKING:  # the gate loads neither the SDK nor reporting
     from adapters.servicebus import ServiceBusPublisher
     from reporting.alerts import Alerts
 
@@ -34,11 +31,10 @@ INVALID_MESSAGE = "InvalidMessage"
 PROCESSING_FAILED = "ProcessingFailed"
 RETRIES_EXHAUSTED = "RetriesExhausted"
 
-# Application properties on a rescheduled copy: how many back-off retries came
-# before it, and the id of the message the chain began with (for operators to
-# follow it). A client can set either on its own messages, so neither names
-# anything: a client that sets the count only shortens its own budget. Copies
-# and alerts are named by the broker's sequence number (`_retry_message_id`).
+# Properties of a rescheduled copy: its retry number and the chain's first
+# message id. A client can set either, so neither names anything (copies and
+# alerts are named by the broker's sequence number): a client that sets the
+# count only shortens its own budget.
 RETRY_PROPERTY = "x-retry-count"
 ORIGINAL_ID_PROPERTY = "x-original-message-id"
 
@@ -78,11 +74,9 @@ class Settle:
 
 
 def dead_letter_text(text: str, limit: int = MAX_DESCRIPTION) -> str:
-    """A dead-letter description as ASCII (non-ASCII as \\u escapes): the SDK's
-    AMQP disposition refuses other text, and a description that cannot be
-    written would turn a dead letter into a silent redelivery. The alert
-    keeps the text as it was. Card-number-like digit runs are masked first
-    (the text may quote a provider's exception or a client's body)."""
+    """A dead-letter description as ASCII, card numbers masked (ADR 014): the
+    SDK's AMQP disposition refuses other text, which would turn a dead letter
+    into a silent redelivery."""
     return mask_card_numbers(text).encode("ascii", "backslashreplace").decode("ascii")[:limit]
 
 
@@ -114,15 +108,10 @@ def _text_chunk(chunk: Any, where: str) -> bytes:
 
 
 def read_body(message: Any, max_bytes: int = 1024 * 1024) -> bytes:
-    """The JSON text a received message carries, from any AMQP body kind:
-
-    - data: the sections' bytes, joined;
-    - value: a binary or string value;
-    - sequence: sections whose items are all binary or strings, joined.
-
-    Anything else (a map, a list of numbers, null) is refused with a reason
-    naming what was found. Works on the SDK's ServiceBusReceivedMessage and
-    on azure.functions.ServiceBusMessage (get_body())."""
+    """The JSON text a received message carries, from any AMQP body kind (data
+    sections, a binary or string value, sequences of binary or strings);
+    anything else is refused naming what was found. Works on the SDK's
+    ServiceBusReceivedMessage and on azure.functions.ServiceBusMessage."""
     if hasattr(message, "get_body") and not hasattr(message, "body_type"):
         return bytes(message.get_body())
     kind = _kind(message)
@@ -174,11 +163,9 @@ def message_label(message: Any) -> str:
 
 
 def _broker_name(message: Any, body: bytes | None) -> str:
-    """What names `message` for our own ids: its sequence number, which the
-    broker assigns (unique in its queue, the same on every redelivery), never
-    an id or property the sender chose: two messages a client gave the same
-    id or properties still get two names. Without one (a message no broker
-    delivered), a digest of its id and body."""
+    """What names `message` for our own ids: its sequence number (the
+    broker's, the same on every redelivery), never an id the sender chose;
+    without one (no broker delivered it), a digest of its id and body."""
     seq = getattr(message, "sequence_number", None)
     if type(seq) is int and seq >= 0:
         return f"seq-{seq}"
@@ -199,13 +186,10 @@ def _delivery_count(message: Any) -> int:
 
 def _delivery_name(message: Any) -> str:
     """What tells this delivery of a message from every other: a digest of
-    the lock token the broker gave it (a new one each delivery, the same
-    through lock renewals; digested, so a copy's id does not carry a live
-    lock), else its delivery count. Not the count alone: its base is the
-    consumer's (1-based from the Functions binding, 0-based from an SDK
-    receiver), so on agent-requests, which the queue-triggered agent and the
-    standalone worker both consume, the Functions agent's first delivery and
-    the worker's second both say 1."""
+    its lock token (new each delivery; digested, so a copy's id carries no
+    live lock), else its delivery count. Not the count alone: the Functions
+    binding counts from 1 and an SDK receiver from 0, and both consume
+    agent-requests."""
     token = getattr(message, "lock_token", None)
     if token:
         return hashlib.sha256(str(token).encode()).hexdigest()[:16]
@@ -214,15 +198,9 @@ def _delivery_name(message: Any) -> str:
 
 def _retry_message_id(message: Any, attempt: int, body: bytes | None = None) -> str:
     """The back-off copy one delivery of `message` makes: named by the
-    message first copied (`root`), the retry it is, and the delivery making
-    it (its broker name and `_delivery_name`). A schedule the SDK repeats
-    within that delivery (its answer lost) is dropped by the queue's
-    duplicate detection; a redelivery makes a copy of its own (named by the
-    message alone, a redelivery that failed again would have its copy
-    dropped as a duplicate of one that already ran, and nothing would come
-    after that delivery's failure: ADR 021i)."""
-    # A copy of a copy keeps the name of the message first copied, so every
-    # copy of one message, and its alert (_alert_source), is named by it.
+    message first copied, the retry it is, and the delivery making it, so a
+    schedule repeated within one delivery is a duplicate and a redelivery's
+    copy is not (docs/adr/021i-copy-per-delivery.md)."""
     own = _broker_name(message, body)
     copy = _COPY_ID.match(str(getattr(message, "message_id", None) or ""))
     root = copy.group(1) if copy is not None else own
@@ -312,17 +290,8 @@ class MessageGate:
             try:
                 await self.alert(message, outcome, body)
             except AlertNotQueued as exc:
-                # A dead letter goes with its alert: while the alert cannot be
-                # queued, keep the message, and come back to it later, as for any
-                # transient failure: a delayed copy (the back-off schedule), so a
-                # short alerts-queue outage does not use up every delivery at
-                # once. The copy alerts when it is handled. When no copy can be
-                # made (its queue refuses too, or the schedule is spent), the
-                # message is dead-lettered now and its alert held by this
-                # process, which sends it until the alerts queue takes it:
-                # abandoning instead left the verdict to deliveries that can be
-                # lost at receive, ending in the broker's dead letter with no
-                # alert.
+                # A dead letter goes with its alert: a delayed copy comes back to
+                # it; without one, the alert is held by this process (ADR 014).
                 later = await self._retry(
                     message, body, Settle.retry(f"alert not queued: {exc}", outcome.order_id)
                 )
@@ -343,7 +312,6 @@ class MessageGate:
         return outcome
 
     async def alert(self, message: Any, outcome: Settle, body: bytes | None = None) -> None:
-        # The description as dead-lettered (ASCII), so the two match exactly.
         reason = outcome.reason or PROCESSING_FAILED
         await self._alerts.raise_alert(
             reason,
@@ -413,14 +381,11 @@ class MessageGate:
 
 
 def _alert_source(message: Any, body: bytes | None = None) -> str:
-    """What an alert about `message` is named by: its sequence number (a
-    redelivery alerts under the same id, another message never does), or,
-    from a message no broker numbered, its id. A back-off copy the gate made
-    (`retry/seq-N/k`) is named by the message it copies, with the body's
-    digest: the copy of a dead letter whose alert could not be queued and a
-    redelivery of that original alert once between them. A sender who names
-    its own message like a copy merges only alerts of messages with its very
-    body, so it cannot silence the alert of another message."""
+    """What an alert about `message` is named by: its sequence number, or a
+    copy's original's (`retry/seq-N/k`), with the body's digest, so the
+    original and its copies alert once between them, and a sender who names
+    its message like a copy cannot silence another message's alert. From a
+    message no broker numbered: its id."""
     mid = str(getattr(message, "message_id", None) or "")
     copy = _COPY_ID.match(mid)
     seq = getattr(message, "sequence_number", None)
@@ -454,11 +419,9 @@ _TRACE_HEADERS = frozenset({"traceparent", "tracestate", "Diagnostic-Id"})
 
 def defuse_trace_headers(message: Any) -> None:
     """Drop client-set trace headers the SDK cannot read from our copy of the
-    message. With tracing enabled, azure-servicebus decodes `traceparent`,
-    `tracestate` and `Diagnostic-Id` as ASCII on every settlement, so a client
-    that sends "\u202e" there makes complete, abandon and dead-letter raise
-    (seen as messages that could never be settled). Only the local object is
-    changed; settlement sends no properties."""
+    message: with tracing on, azure-servicebus decodes `traceparent`,
+    `tracestate` and `Diagnostic-Id` as ASCII on every settlement, so a
+    non-ASCII one makes every settlement raise. Settlement sends no properties."""
     props = getattr(message, "application_properties", None)
     if not isinstance(props, dict):
         return

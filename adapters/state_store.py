@@ -1,7 +1,7 @@
-"""The state store: the Cosmos container `orderState` (DESIGN.md §3), one
-document per order (partition key /id = OrderID). Every write is conditional
-(etag, and the `LockedBy` guard); the transitions are domain.state_machine's.
-Supervisor scans page by keyset: docs/adr/006-keyset-paging.md."""
+"""The state store: the Cosmos container `orderState` (docs/design.md §3), one
+document per order (partition key /id, the order key). Every write is
+conditional (etag, and the `LockedBy` guard); the transitions are
+domain.state_machine's. Scans page by keyset: docs/adr/006-keyset-paging.md."""
 
 from __future__ import annotations
 
@@ -47,9 +47,8 @@ ExpectedLock = str | None | Literal[AnyOwner.ANY]  # ANY_OWNER: the etag guard a
 
 
 def cosmos_time(value: datetime) -> str:
-    """Fixed-width UTC (`2026-11-30T08:00:00.000000Z`): lexicographic order is
-    time order, which Cosmos' string comparisons and the keyset need (ADR 006);
-    pydantic's JSON form drops a zero fraction and keeps non-UTC offsets."""
+    """Fixed-width UTC (`2026-11-30T08:00:00.000000Z`), so that string order is
+    time order (ADR 006); pydantic's JSON form drops a zero fraction and keeps offsets."""
     if value.tzinfo is None:
         raise ValueError("naive datetimes are not stored; use timezone-aware UTC")
     return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
@@ -67,31 +66,19 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
-# Written even when they hold their default: the fields a query needs present
-# (a missing field is not null to Cosmos DB: IS_NULL(c.LockedBy) would miss it;
-# every query compares ProcessState), the id and the record's contract version.
-# The other queried fields are compared only with values their default never
-# equals (FailureCount > 0, CompensationRequested = true, a CompleteBy range)
-# or tested with IS_DEFINED (NotBefore, PendingStatus): left out at their
-# default, they cost neither bytes nor index terms (issue 44).
+# Written even at their default: a missing field is not null to Cosmos DB
+# (IS_NULL(c.LockedBy) would miss it). The other queried fields are compared
+# only with values their default never equals, or tested with IS_DEFINED.
 _ALWAYS_WRITTEN: Final = ("id", "SchemaVersion", "ProcessState", "LockedBy")
 
 
 def to_document(record: OrderState) -> dict[str, Any]:
-    """The record as stored: every field but those at their default (an
-    empty step, a null error, a zero counter), which reading restores
-    (from_document validates into OrderState, whose defaults they are);
-    the queried fields always. Every stored byte is paid for twice by each
-    replace (docs/adr/020b-workflow-2-3.md)."""
-    # model_dump(mode="python") then our own datetime form; everything else in
-    # OrderState is already plain JSON (str, int, bool, None, lists, dicts).
+    """The record as stored: every field but those at their default, which
+    reading restores, and _ALWAYS_WRITTEN always (every stored byte is paid
+    twice by each replace: docs/adr/020b-workflow-2-3.md)."""
     doc = _jsonable(record.model_dump(mode="python", exclude_defaults=True))
-    full = None
     for name in _ALWAYS_WRITTEN:
-        if name not in doc:
-            full = full if full is not None else _jsonable(record.model_dump(mode="python"))
-            if name in full:
-                doc[name] = full[name]
+        doc.setdefault(name, _jsonable(getattr(record, name)))
     if doc.get("ttl") is None:
         doc.pop("ttl", None)  # absent = container default (never expire)
     return doc
@@ -158,9 +145,7 @@ _UNSENT_STATUS_FILTER: Final = (
     "SELECT TOP @max * FROM c WHERE IS_DEFINED(c.PendingStatus) AND NOT IS_NULL(c.PendingStatus)"
     " AND c.PendingStatus.At < @before"
 )
-# Oldest entry first, so that every entry's turn comes; the caller leaves out
-# the reply queues that are refusing sends (`skip_queues`), so the entries of
-# one refusing queue, which are the oldest, cannot fill every page.
+# Oldest entry first, so that every entry's turn comes.
 _UNSENT_STATUS_ORDER: Final = " ORDER BY c.PendingStatus.At ASC"
 MAX_SKIPPED_QUEUES: Final = 20
 """At most this many reply queues are left out by the outbox query itself
@@ -174,10 +159,9 @@ _COMPENSATION_QUERY: Final = (
 def _valid(
     docs: list[dict[str, Any]], unreadable: list[tuple[str, str]] | None = None
 ) -> list[tuple[OrderState, str]]:
-    """Records and etags of a query's documents. A document that is not a
-    valid record is logged, named in `unreadable` (id, reason) and left out,
-    so one bad document cannot stop every Starter and Supervisor run (an
-    operator must look at it: the callers alert)."""
+    """Records and etags of a query's documents. One that is not a valid
+    record is logged, named in `unreadable` (the callers alert) and left out,
+    so one bad document cannot stop every run."""
     valid = []
     for doc in docs:
         try:
@@ -194,11 +178,7 @@ def _params(**values: Any) -> list[dict[str, Any]]:
 
 
 class CosmosStateStore:
-    """Conditional reads and writes of state records: `replace` carries the
-    etag the record was read with (412 -> StaleError); `update` re-checks the
-    `LockedBy` guard on the very version it replaces, so no write lands
-    without the guard holding; `claim` is the Starter's etag race (one
-    winner, the rest get None).
+    """Conditional reads and writes of state records (adapters.ports.StateStore).
 
     Args:
         container: the `orderState` container (a ContainerProxy of the aio client).
@@ -216,18 +196,13 @@ class CosmosStateStore:
         self._container = container
         self.charges = charges if charges is not None else RequestCharges()
         self._update_attempts = update_attempts
-        # (id, reason) of every document a read or scan could not take as a
-        # record since the caller last emptied it (adapters.ports.StateStore).
         self.unreadable: list[tuple[str, str]] = []
 
     # --- point operations ---------------------------------------------------------
 
     async def create_if_absent(self, record: OrderState) -> tuple[OrderState, str, bool]:
-        """Create the record unless one with its id exists.
-
-        Returns (stored record, its etag, created). When the record existed, the
-        stored one is returned unchanged: comparing it with the order (digest)
-        is the caller's decision."""
+        """Create the record unless one with its id exists: (stored record, its
+        etag, created); an existing one is returned unchanged, for the caller to compare."""
         for _ in range(3):
             try:
                 doc = await self._container.create_item(
@@ -243,9 +218,8 @@ class CosmosStateStore:
                 return stored, etag, False
             except NotFoundError:
                 continue  # deleted (TTL) between the two calls, or a lagging read: again
-        # It exists (each create conflicted) but no read found it: a replica
-        # that has not seen another host's create yet, most likely. The next
-        # try knows more; a verdict here would dead-letter a good order.
+        # Each create conflicted but no read found it: a lagging replica, most
+        # likely. A verdict here would dead-letter a good order.
         raise TransientError(
             f"state record {record.id}: the create conflicted but a read did not find it; try again"
         )
@@ -284,23 +258,18 @@ class CosmosStateStore:
         *,
         confirm_refusal: bool = False,
     ) -> tuple[OrderState, str]:
-        """Read, check `LockedBy == expected_locked_by`, apply `mutate`, and
-        replace on the etag read. Losing the etag race re-reads and re-checks
-        the guard (at most `update_attempts` times): a write never lands
-        unless the guard held on the version it replaced.
-
-        `mutate` is a domain transition; its errors (IllegalTransition,
-        StaleError) propagate unchanged. A transition that changes nothing is
-        not written. Raises StaleError when the guard fails or the record
-        keeps changing, NotFoundError when there is no record.
+        """Read, check `LockedBy == expected_locked_by`, apply `mutate` (a domain
+        transition, whose errors propagate) and replace on the etag read; a
+        lost etag race re-reads and re-checks, at most `update_attempts`
+        times, so a write never lands unless the guard held on the version it
+        replaced. A transition that changes nothing is not written. StaleError
+        when the guard fails or the record keeps changing, NotFoundError when
+        there is none.
 
         `confirm_refusal` (an attempt writing its own record): a read may lag
-        the latest write (Session consistency across clients), so a refusal
-        read from a replaced version would wrongly tell the owner it is stale.
-        Before refusing, the version read is confirmed current by replacing
-        it unchanged on its etag (content and UpdatedAt stay; only the etag
-        moves); a 412 means the read lagged, and it reads again. Without it a
-        refusal writes nothing."""
+        the latest write (Session consistency across clients), so before a
+        refusal the version read is confirmed current by replacing it
+        unchanged on its etag; a 412 means the read lagged, and it reads again."""
         for _ in range(self._update_attempts):
             record, etag = await self.read(order_id)
             try:
@@ -313,8 +282,6 @@ class CosmosStateStore:
             except (StaleError, IllegalTransition):
                 if not confirm_refusal:
                     raise
-                # A refusal is only as good as the version it was read from
-                # (see the docstring); only refusals pay this write.
                 try:
                     await self.replace(record, etag)
                 except StaleError:
@@ -343,12 +310,10 @@ class CosmosStateStore:
         policy: RetryPolicy,
         marks: tuple[list[str], datetime],
     ) -> tuple[OrderState, str] | None:
-        """The Starter's claim of a record the caller already holds with its
-        etag (the Starter's query result, Submit's create): one replace, no
-        read. `marks`: the steps the claim marks Running and the attempt's
-        deadline (domain.state_machine.claim_marking). None when it is not
-        claimable or changed since (another claimer won: the loser moves on,
-        never retries)."""
+        """The Starter's claim of a record the caller holds with its etag: one
+        replace, no read. `marks`: the steps and deadline of
+        state_machine.claim_marking. None when it is not claimable or changed
+        since (another claimer won: the loser moves on, never retries)."""
         if not is_claimable(record, now):
             return None
         claimed = claim_marking(record, now, policy, *marks)
@@ -363,11 +328,9 @@ class CosmosStateStore:
     async def query_claimable(
         self, max_items: int, now: datetime, created_before: datetime | None = None
     ) -> list[tuple[OrderState, str]]:
-        """Up to `max_items` claimable records (Pending, unlocked, not waiting
-        for a long retry; cross-partition, order unspecified) with their
-        etags, so each claim is one conditional replace (claim_known).
-        `created_before`: leave out records created since (Submit's fast path
-        is about to claim them; racing it only costs a lost claim)."""
+        """Up to `max_items` claimable records with their etags (cross-partition,
+        order unspecified). `created_before`: leave out records created since
+        (Submit's fast path is about to claim them)."""
         params = _params(max=max_items, pending=ProcessState.PENDING.value, now=cosmos_time(now))
         query = _PENDING_QUERY
         if created_before is not None:
@@ -388,12 +351,8 @@ class CosmosStateStore:
         continuation: str | None = None,
     ) -> tuple[list[tuple[OrderState, str]], str | None]:
         """One page of Processing records whose CompleteBy is in
-        [window_start, now), oldest deadline first, with their etags.
-
-        Returns (page, next continuation). The continuation is None when the
-        page came back short (nothing more to scan); otherwise pass it back,
-        from this process or another, to get the records after the last one
-        returned (the page after a full last page may be empty)."""
+        [window_start, now), oldest deadline first, with their etags, and the
+        continuation for the next (None after a short page; valid in any process)."""
         if max_items < 1:
             raise ValueError("max_items must be at least 1")
         params = _params(
@@ -427,9 +386,7 @@ class CosmosStateStore:
     ) -> tuple[list[OrderState], str | None]:
         """One page of records in `state` whose id sorts after `after` (None:
         from the first), in id order, and where the next page starts (None
-        after a short page): passing it back visits every such record however
-        many there are. Documents that are not valid records are left out
-        (logged), as in every scan, but still move the cursor."""
+        after a short page). Invalid documents are left out but move the cursor."""
         docs = await self._query(
             _IN_STATE_AFTER_QUERY,
             _params(max=max_items, state=str(state), after=after or ""),
@@ -442,12 +399,10 @@ class CosmosStateStore:
     async def query_unsent_statuses(
         self, max_items: int, before: datetime, skip_queues: Iterable[str] = ()
     ) -> list[tuple[OrderState, str]]:
-        """Up to `max_items` records whose terminal status is still in the
-        outbox since before `before`, with their etags, oldest entry first (the
-        Starter delivers them; cross-partition, few: most statuses go out at
-        once). Records whose reply queue is in `skip_queues` (the first
-        MAX_SKIPPED_QUEUES of them) are left out: a queue refusing sends must
-        not fill every page and starve the others."""
+        """Up to `max_items` records whose terminal status is in the outbox
+        since before `before`, with their etags, oldest entry first. Records of
+        the reply queues in `skip_queues` (the first MAX_SKIPPED_QUEUES) are
+        left out: a queue refusing sends must not fill every page."""
         skip = list(dict.fromkeys(skip_queues))[:MAX_SKIPPED_QUEUES]
         params = _params(max=max_items, before=cosmos_time(before))
         params += [{"name": f"@skip{i}", "value": queue} for i, queue in enumerate(skip)]
@@ -475,20 +430,14 @@ class CosmosStateStore:
         return [record for record, _ in _valid(docs, self.unreadable)]
 
     async def count_in_state(self, state: ProcessState | str) -> int:
-        """One cross-partition COUNT: for the Starter's once-per-run gauge, not
-        for per-message use (its cost grows with the container)."""
+        """One cross-partition COUNT (its cost grows with the container): not per message."""
         value = ProcessState(state).value
         result = await self._query(_COUNT_QUERY, _params(state=value), None, "count")
         return int(result[0]) if result else 0
 
-    # --- backlog gauge --------------------------------------------------------------
-    # Submit's admission control must know roughly how many orders are Pending
-    # without a cross-partition COUNT per message (it fans out to every
-    # physical partition). The Starter counts once per run and writes
-    # {"id": "_backlog", "PendingCount", "ProcessingCount", "MeasuredAt"} here
-    # (ProcessingCount: what every host's fast path checks MAX_PROCESSING
-    # against); Submit point-reads it (1 RU) and may cache it. The id cannot be an OrderID (those start with
-    # a letter or digit), and it has no ProcessState, so no state query sees it.
+    # --- backlog gauge (docs/adr/008-backlog-gauge.md) ----------------------------
+    # `_backlog` and `_admission` cannot be order keys and have no ProcessState,
+    # so no state query sees them.
 
     async def write_backlog_gauge(
         self, pending: int, measured_at: datetime, processing: int | None = None
@@ -509,8 +458,7 @@ class CosmosStateStore:
             raise translate_error(exc, "write backlog gauge", self.charges, "gauge_write") from exc
 
     async def read_backlog_gauge(self) -> BacklogGauge | None:
-        """(pending, measured_at) by a point read; None if never measured.
-        How old a gauge may be before it is ignored is the caller's policy."""
+        """The gauge by a point read; None if never measured or unreadable."""
         try:
             doc = await self._read_doc(BACKLOG_GAUGE_ID, "read backlog gauge", kind="gauge_read")
         except NotFoundError:
@@ -527,10 +475,7 @@ class CosmosStateStore:
             log.error("ignoring an invalid backlog gauge: %s", exc)
             return None
 
-    # --- admission ------------------------------------------------------------------
-    # The Processing limit every claimer on every host takes its slots from
-    # (domain.admission): one small document, beside the gauge and like it
-    # invisible to state queries; every write conditional on its etag.
+    # --- admission (domain.admission) ----------------------------------------------
 
     async def read_admission(self) -> tuple[Admission, str] | None:
         try:
@@ -549,8 +494,7 @@ class CosmosStateStore:
                 ),
             )
         except (KeyError, TypeError, ValueError) as exc:
-            # Unreadable: start it afresh rather than stop every claim (the
-            # next count's write replaces it on this etag).
+            # Started afresh rather than stop every claim (replaced on this etag).
             log.error("an invalid admission document is replaced: %s", exc)
             return Admission(limit=0, counted=0, counted_at=datetime.now(UTC)), _etag_of(doc)
         return admission, _etag_of(doc)

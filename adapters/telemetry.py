@@ -1,7 +1,6 @@
-"""OpenTelemetry for the app: set up once per process (`configure`), W3C trace
-context in and out of messages, the spans every part opens, and the app's
-metrics. One trace per order attempt, and where telemetry goes:
-docs/adr/015-trace-per-attempt.md."""
+"""OpenTelemetry for the app: set-up once per process (`configure`), W3C trace
+context in and out of messages, the spans and the metrics
+(docs/adr/015-trace-per-attempt.md)."""
 
 from __future__ import annotations
 
@@ -33,8 +32,7 @@ _TRACER_NAME = "orders"
 _propagator = TraceContextTextMapPropagator()
 _configured = False
 _configure_lock = threading.Lock()
-# The OrderID whose Submit span is current: an attempt claimed inside it
-# (Submit's fast path) belongs to that trace; any other claim starts its own.
+# The order whose Submit span is current: an attempt claimed inside it joins that trace.
 _ORDER_KEY = otel_context.create_key("orders.order_id")
 # Longest header values accepted from a message; W3C's are far shorter.
 _MAX_TRACEPARENT = 128
@@ -68,11 +66,8 @@ _LOG_LEVELS = {"information": logging.INFO, "warning": logging.WARNING, "error":
 
 def apply_log_level(env: Mapping[str, str]) -> int | None:
     """The process's root logger at APP_LOG_LEVEL (Information, Warning,
-    Error), when set: a record under it is never made, so neither the
-    worker's forwarding to the host nor the Azure Monitor distro's log
-    exporter (both handlers of the root logger) sends it. Production sets
-    Warning: the app's routine INFO lines (and the SDKs') are not ingested;
-    warnings, errors and the operator alerts are. Unset: unchanged."""
+    Error), when set: a record under it is never made, so neither the host's
+    forwarding nor the Azure Monitor exporter sends (and bills) it."""
     name = (env.get("APP_LOG_LEVEL") or "").strip().lower()
     if not name:
         return None
@@ -133,14 +128,10 @@ def _configure_traces(env: Mapping[str, str], resource: Any) -> str:
         span_exporter, chosen = ConsoleSpanExporter(), "console"
     provider = TracerProvider(resource=resource)
     if span_exporter is not None:
-        # Exported from the processor's own thread, never on the event loop;
-        # a short delay locally so `cli trace` and the tests see spans soon.
+        # Exported from the processor's own thread; a short delay locally.
         delay = int(env.get("OTEL_BSP_SCHEDULE_DELAY") or 1000)
         provider.add_span_processor(BatchSpanProcessor(span_exporter, schedule_delay_millis=delay))
-    # Set even without an exporter (its spans then go nowhere): the API's no-op
-    # tracer makes no trace ids, so a client whose traceparent was missing or
-    # malformed would get statuses with none. With a provider every message we
-    # send carries a valid context: the client's, or a fresh trace.
+    # Set even without an exporter: the API's no-op tracer makes no trace ids (ADR 015).
     trace.set_tracer_provider(provider)
     return chosen
 
@@ -171,9 +162,8 @@ def _configure_metrics(env: Mapping[str, str], resource: Any) -> bool:
 
 
 def _file_exporter_installed(setting: str) -> bool:
-    """The OTLP/JSON file exporter is a local-only package
-    (requirements-dev.txt), never deployed: a file setting without it is
-    said once and ignored rather than stopping the app."""
+    """The OTLP/JSON file exporter is a local-only package: a file setting
+    without it is said once and ignored."""
     import importlib.util
 
     try:
@@ -207,8 +197,8 @@ def tracer() -> trace.Tracer:
 
 @contextmanager
 def use(tracer_provider: Any = None, meter_provider: Any = None) -> Iterator[None]:
-    """Record through these providers instead of the global ones, for the
-    block (unit tests: the global providers can be set only once per process)."""
+    """Record through these providers for the block (unit tests: the global
+    providers can be set only once per process)."""
     global _tracer_provider, _metrics
     saved = _tracer_provider, _metrics
     _tracer_provider = tracer_provider
@@ -224,9 +214,8 @@ def use(tracer_provider: Any = None, meter_provider: Any = None) -> Iterator[Non
 
 
 def _text(value: Any, limit: int) -> str | None:
-    """A header value as text, or None if it is not short printable ASCII:
-    clients can put anything in application properties (adapters.settlement
-    drops what the SDK cannot decode; we must not trust it either)."""
+    """A header value as text, or None if it is not short printable ASCII
+    (clients can put anything in application properties)."""
     if isinstance(value, bytes | bytearray):
         try:
             value = bytes(value).decode("ascii")
@@ -239,8 +228,7 @@ def _text(value: Any, limit: int) -> str | None:
 
 def carrier_from_properties(properties: Any) -> dict[str, str]:
     """`traceparent`/`tracestate` from a message's application properties
-    (keys str or bytes, as the SDK delivers them), checked as text only; the
-    propagator then refuses a traceparent that is not W3C."""
+    (str or bytes keys), checked as text; the propagator checks the rest."""
     carrier: dict[str, str] = {}
     if not isinstance(properties, Mapping):
         return carrier
@@ -278,9 +266,8 @@ def inject(ctx: otel_context.Context | None = None) -> dict[str, str]:
 
 def message_properties(properties: Mapping[Any, Any] | None) -> dict[Any, Any]:
     """`properties` plus the current trace context, for a message to send.
-    The keys are bytes, as azure-servicebus spells them: with Azure SDK
-    tracing on (the distro enables it) the SDK adds b"traceparent" only if
-    absent, so ours is kept and the AMQP map never holds the key twice."""
+    Bytes keys, as azure-servicebus spells them: with SDK tracing on it adds
+    b"traceparent" only if absent, so the AMQP map never holds the key twice."""
     out = dict(properties or {})
     for name, value in inject().items():
         out.pop(name, None)
@@ -340,13 +327,9 @@ def start_attempt(
 ) -> dict[str, str] | None:
     """Open (and close) the "start attempt" span of a claimed attempt and
     return its W3C carrier for the orchestration input, or None when nothing
-    records spans. `submitted` is the context Submit stored on the record.
-
-    - inside Submit's span for this order (the fast path): a child of it;
-    - the first attempt, claimed elsewhere (the timer Starter won the race):
-      a child of the stored Submit context, so it is still Submit's trace;
-    - a later attempt (a retry after the Supervisor): a new trace, linked to
-      Submit's and to whatever is current."""
+    records spans. `submitted`: the context Submit stored on the record. The
+    first attempt joins Submit's trace; a later one starts a trace linked to
+    it (docs/adr/015-trace-per-attempt.md)."""
     stored = extract(submitted) if isinstance(submitted, Mapping) else None
     links: list[Link] = []
     if otel_context.get_value(_ORDER_KEY) == order_id:
@@ -403,7 +386,6 @@ class Metrics:
     (before `configure` they bind to the provider once it is set)."""
 
     def __init__(self, meter: metrics.Meter) -> None:
-        # (name, unit, description) each
         counter, gauge, histogram = meter.create_counter, meter.create_gauge, meter.create_histogram
         self.received = counter("orders.received", "{order}", "orders Submit accepted or rejected")
         self.processed = counter("orders.processed", "{order}", "Processed statuses sent")

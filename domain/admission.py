@@ -1,33 +1,17 @@
-"""Admission: how many orders may be in flight (Processing) at once, on every host.
+"""Admission: how many orders may be in flight (Processing) at once, on every
+host (docs/design.md, "Admission control"). Under the MAX_PROCESSING ceiling
+the limit follows the completion rate (Little's law: rate x half an attempt's
+budget); orders over it wait in Pending, not in `agent-requests`.
 
-MAX_PROCESSING is the ceiling. Under it the limit follows what the agents and
-the services behind them deliver (Little's law): in flight = completion rate x
-the time an attempt should take, half its budget (steps x step timeout). An
-attempt claimed beyond that would wait in `agent-requests` behind the others
-until its deadline, fail, and be sent again from its first step: work the
-service does twice while goodput falls (issue 43). Orders over the limit wait
-in Pending, where waiting costs nothing.
+The figures live in one `_admission` document of the state container, written
+only conditionally, so two hosts never both take the last slot: `Counted` /
+`CountedAt` (the Starter's COUNT of Processing and when it began), `Leases`
+(the slots taken since; a lease counts until a COUNT begun GRACE after it,
+by when every claim it allowed is counted), `Limit` and `Rate`. A lease's
+slots are usable for LEASE_TTL < GRACE, so the estimate (Counted + leases)
+is never below the records in Processing: none enters without a slot.
 
-The figures live in one document of the state container (`_admission`),
-written only by conditional writes, so two hosts can never both take the last
-slot:
-
-- `Counted` / `CountedAt`: the Starter's COUNT of Processing and when that
-  COUNT began;
-- `Leases`: the slots taken since (each claimer takes its slots first, a batch
-  or a fast path's block at a time); a lease counts until a COUNT that began
-  GRACE after it, by when every claim it allowed has landed and is counted;
-- `Limit`, `Rate`: the limit the last count set and the completion rate it
-  was set from.
-
-A claimer may use a lease's slots for LEASE_TTL after taking it; GRACE is
-longer, so a claim it allowed is in the count that drops the lease. The
-estimate (Counted + the leases) is never below the records in Processing:
-records leave Processing, none enters without a slot.
-
-Pure: the Starter (orchestrators.starter) reads and writes the document
-through the state store; every decision is here.
-"""
+Pure: the Starter reads and writes the document; every decision is here."""
 
 from __future__ import annotations
 
@@ -106,14 +90,10 @@ def recount(
 ) -> Admission:
     """A new COUNT of Processing (`counted`, the query begun at `began`): the
     leases it surely includes dropped, the completion rate and the limit
-    updated.
-
-    Completions since the last count = the last count + the claims since (the
-    leases taken after it began) - this count. A completion that is a timed
-    out attempt returned to Pending is not goodput: when the claims since
-    were more than RETRY_SHARE (and MIN_RETRIES) retries, the limit backs off
-    (x BACKOFF) rather than follow the rate; otherwise one count lowers it by
-    that factor at most."""
+    updated. Completions since the last count = the last count + the claims
+    since - this count; a timed-out attempt back in Pending is not goodput,
+    so when over RETRY_SHARE (and MIN_RETRIES) of the claims were retries the
+    limit backs off (x BACKOFF); otherwise one count lowers it by that at most."""
     since = [lease for lease in state.leases if lease.at >= state.counted_at]
     claims = sum(lease.slots for lease in since)
     retries = sum(lease.retries for lease in since)
@@ -121,10 +101,8 @@ def recount(
     rate = state.rate
     finished = state.counted + claims - counted
     if seconds > 0 and (finished > 0 or counted > 0):
-        # No work and no completions say nothing about capacity: keep the rate.
-        # Completions come in lumps (an order ends after its last step): the
-        # average weighs a sample by the time it covers, so counts every 5 s
-        # or every 30 s see the same rate.
+        # No work and no completions say nothing: the rate is kept. A sample
+        # weighs by the time it covers, so counts every 5 s or 30 s see one rate.
         sample = max(0, finished - retries) / seconds
         weight = 1 - math.exp(-seconds / RATE_WINDOW)
         rate = sample if state.rate == 0 else weight * sample + (1 - weight) * state.rate

@@ -15,10 +15,8 @@ MAX_DEPTH = 32
 # Contexts passed to pydantic: WIRE means "this came from outside: check, never clean".
 WIRE = {"wire": True}
 
-# Unicode categories refused in any text field: controls (NUL, newline, ESC...),
-# format characters (bidirectional overrides and isolates, zero-width space and
-# joiners, the BOM, soft hyphen), lone surrogates (from a JSON "\ud800" escape),
-# and the line and paragraph separators.
+# Refused in any text field: controls, format characters (bidi overrides,
+# zero-width, BOM), lone surrogates, line and paragraph separators.
 _FORBIDDEN_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
 
 ORDER_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
@@ -31,24 +29,15 @@ class BoundaryError(ValueError):
     """The input breaks the boundary's rules; the message says which and where."""
 
 
-def forbidden_character(value: str) -> tuple[int, str] | None:
-    """The first character the text policy refuses, with its position."""
-    for i, ch in enumerate(value):
-        if unicodedata.category(ch) in _FORBIDDEN_CATEGORIES:
-            return i, ch
-    return None
-
-
 def check_text(value: str) -> str:
     """Raises ValueError (which pydantic reports with the field's path) unless
     `value` satisfies the text policy."""
     if not value:
         raise ValueError("must not be empty")
-    bad = forbidden_character(value)
-    if bad is not None:
-        i, ch = bad
-        name = unicodedata.name(ch, "") or f"a {unicodedata.category(ch)} character"
-        raise ValueError(f"character U+{ord(ch):04X} ({name}) at position {i} is not allowed")
+    for i, ch in enumerate(value):
+        if unicodedata.category(ch) in _FORBIDDEN_CATEGORIES:
+            name = unicodedata.name(ch, "") or f"a {unicodedata.category(ch)} character"
+            raise ValueError(f"character U+{ord(ch):04X} ({name}) at position {i} is not allowed")
     if value != value.strip():
         raise ValueError("must not start or end with whitespace")
     return value
@@ -164,8 +153,7 @@ def _no_lone_surrogates(value: Any, where: str) -> None:
 
 def json_depth(text: str, limit: int) -> int:
     """How deep JSON brackets nest in `text` (strings skipped), counting only
-    up to `limit` + 1: linear, no recursion, whatever the text (the Submit
-    boundary and the console's dead-letter rendering both ask before parsing)."""
+    up to `limit` + 1: linear and without recursion, so safe before parsing."""
     depth = top = 0
     in_string = escaped = False
     for ch in text:

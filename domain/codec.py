@@ -1,9 +1,6 @@
 """The one codec for everything on the wire: JSON bytes <-> contract models.
-
-Decoding applies the client boundary (domain.boundary): size first (an
-oversize body is refused before parsing), exact JSON (no duplicate keys, no
-NaN or Infinity, bounded depth), then strict validation with the text policy,
-and turns pydantic's errors into one readable line."""
+Decoding applies the client boundary (domain.boundary: size before parsing,
+exact JSON), then strict validation, and says what failed in one line."""
 
 from __future__ import annotations
 

@@ -1,12 +1,7 @@
-"""Every reason a message is dead-lettered with, and the one table that
-explains them, rendered into docs/operations.md (for operators) and
-docs/client-guide.md (for client teams) from this module by
-`python -m domain.dead_letters`, never edited there (tests/contracts fails
-when either document is stale).
-
-The app's code names its reasons as plain strings (submit.handler,
-adapters.settlement); tests/contracts/test_dead_letter_reasons.py checks that
-every one of them is here."""
+"""Every reason a message is dead-lettered with, and the table that explains
+them, rendered into docs/operations.md and docs/client-guide.md by
+`python -m domain.dead_letters` (tests/contracts checks both, and that every
+reason the code names is here)."""
 
 from __future__ import annotations
 
@@ -170,10 +165,6 @@ def rendered(text: str) -> str:
     if start < 0 or end < start:
         raise ValueError("the document has no dead-letter-reasons markers")
     return text[:start] + table() + text[end + len(END) :]
-
-
-def stale_documents(documents: tuple[Path, ...] = DOCUMENTS) -> list[str]:
-    return [p.name for p in documents if rendered(p.read_text()) != p.read_text()]
 
 
 if __name__ == "__main__":

@@ -35,9 +35,8 @@ class TransientError(DomainError):
 
 
 class AlertNotQueued(TransientError):
-    """A required operator alert the alerts queue refused (reporting.alerts):
-    the caller keeps its message, or, when it cannot, hands `alert` (the
-    domain.models.OperatorAlert) and `alert_id` to `Alerts.hold`."""
+    """A required operator alert the alerts queue refused: the caller keeps
+    its message, or hands `alert` and `alert_id` to `Alerts.hold`."""
 
     def __init__(self, message: str, alert: object, alert_id: str | None) -> None:
         super().__init__(message)
@@ -83,23 +82,18 @@ class ValidationFailed(PermanentError):
 
 
 class StatusNotSent(TransientError):
-    """A terminal status (from the record's outbox) could not be sent yet.
-    An activity raises it so that Durable retries the activity (same message
-    id); if every try fails, the entry stays in the outbox for the Starter."""
+    """A terminal status could not be sent yet: Durable retries the activity
+    (same message id); the entry stays in the outbox for the Starter."""
 
 
 class InlineStepFailed(TransientError):
-    """An in-app step (run by an activity instead of an agent) raised. The
-    message is what the orchestration sees as Durable's failure reason: the
-    original exception's type and masked text, which the workflow turns into
-    a transient reply for the step."""
+    """An in-app step raised; the message (the exception's type and masked
+    text) is what the workflow turns into a transient reply for the step."""
 
 
 class NotConfigured(PermanentError):
-    """A collaborator the call needs was not given to this process (for
-    example an inline step with no inline agent): retrying cannot help."""
+    """A collaborator the call needs was not given to this process."""
 
 
 class InstanceGone(PermanentError):
-    """The orchestration instance an event was for does not exist or has
-    finished: the event is late, and nothing will wait for it."""
+    """The orchestration instance an event was for does not exist or has finished."""

@@ -1,10 +1,9 @@
 """Identity and fencing, each built by one named function.
 
-- order key            `{app}:{OrderID}`      the order inside the system: the id
-  and partition key of its state record and of its orders-DB document. An
-  OrderID is unique per application only (docs/adr/017f-order-keys.md), so the
-  key names the application (`app_tag`). A bare OrderID passes for a key too
-  (tests and tools name records so); Submit never writes one.
+- order key            `{app}:{OrderID}`      the id and partition key of the
+  order's state record and orders-DB document; it names the application
+  (`app_tag`): an OrderID is unique per application only (docs/adr/017f-order-keys.md).
+  A bare OrderID passes for a key too (tests and tools); Submit never writes one.
 - attempt instance id  `{order key}:{Attempt}` owns the record for one attempt
   (LockedBy) and names that attempt's orchestration instance.
 - idempotency key      `{order key}/{step}`   stable across attempts: the remote
@@ -29,11 +28,9 @@ from domain.boundary import ORDER_ID_PATTERN, check_order_id
 STEP_NAME_PATTERN = r"^[a-z][a-z0-9-]{0,31}$"
 _STEP = re.compile(STEP_NAME_PATTERN)
 
-# An application's part of an order key: its AppId when that is short, else
-# a prefix of it and a hash ('~' is not in the AppId alphabet, so the two
-# forms never meet). Bounded so that a key (at most 81 characters) leaves room
-# in a Durable instance id (100), an idempotency key (120) and a request
-# message id (128) for the attempt and the step.
+# Bounded so that a key (at most 81 characters) leaves room for the attempt and
+# the step in a Durable instance id (100), an idempotency key (120) and a
+# request message id (128).
 MAX_APP_TAG = 16
 _APP_TAG = r"(?:[a-z0-9][a-z0-9-]{0,15}|[a-z0-9][a-z0-9-]{6}~[0-9a-f]{8})"
 ORDER_KEY_PATTERN = rf"^(?:{_APP_TAG}:)?{ORDER_ID_PATTERN.pattern}$"
@@ -43,19 +40,17 @@ APP_ID_PATTERN = r"^[a-z0-9][a-z0-9-]{0,63}$"
 _APP_ID = re.compile(APP_ID_PATTERN)
 MAX_MESSAGE_ID = 128  # Service Bus's limit
 
-# The smoke application (deploy/smoke.py, docs/deploying.md): its orders travel
-# the whole path (Submit, the workflow, an agent per step, the reply bridge,
-# the status on its own reply queue) but the agents answer their steps from a
-# built-in no-op (agents.smoke) instead of calling REMOTE_SERVICE_URL, so a
-# smoke order reserves, charges and ships nothing. Only its ingress queue
-# gives an order this AppId (Submit takes the AppId from the queue).
+# The smoke application (deploy/smoke.py): its orders travel the whole path but
+# the agents answer from a built-in no-op (agents.smoke), so a smoke order
+# reserves, charges and ships nothing. Only its ingress queue gives this AppId.
 SMOKE_APP_ID = "smoke"
 
 
 def app_tag(app_id: str) -> str:
     """The application's part of its order keys: the AppId itself up to
-    MAX_APP_TAG characters, else its first 7 characters, '~' and 8 hex digits
-    of its SHA-256 (adapters.settings refuses a registry where two tags meet)."""
+    MAX_APP_TAG characters, else its first 7 characters, '~' ('~' is not in
+    the AppId alphabet) and 8 hex digits of its SHA-256 (adapters.settings
+    refuses a registry where two tags meet)."""
     if not _APP_ID.fullmatch(app_id):
         raise ValueError(f"AppId {app_id!r} must be 1-64 lowercase letters, digits or '-'")
     if len(app_id) <= MAX_APP_TAG:
@@ -64,16 +59,13 @@ def app_tag(app_id: str) -> str:
 
 
 def order_key(app_id: str, order_id: str) -> str:
-    """The key of `app_id`'s order `order_id`: what the state record, the
-    orders DB, instance ids, idempotency keys and the recovery index use.
-    Two applications' orders with one OrderID have two keys."""
+    """The key of `app_id`'s order `order_id` (see the module docstring)."""
     return f"{app_tag(app_id)}:{check_order_id(order_id)}"
 
 
 def is_smoke_order(key: str, app_id: str | None = None) -> bool:
-    """Whether an order (its key, and its AppId when the caller has it) is the
-    smoke application's. The key alone answers: its tag is the application's
-    own, and no other application may share a tag (adapters.settings)."""
+    """Whether an order (its key, and its AppId when known) is the smoke
+    application's; the key alone answers, since no two applications share a tag."""
     if app_id == SMOKE_APP_ID:
         return True
     tag, sep, _ = key.partition(":")
@@ -139,9 +131,8 @@ def agent_request_message_id(instance_id: str, step: str, action: str = "do") ->
 
 
 def agent_reply_message_id(instance_id: str, reply_event: str) -> str:
-    """The reply to one request: keyed by the reply event, which is unique per
-    step, attempt and undo try, so a second undo try's reply is not taken for
-    a re-send of the first. Hashed when long, to stay within the contract."""
+    """The reply to one request, keyed by the reply event (unique per step,
+    attempt and undo try). Hashed when long, to stay within the contract."""
     reply_id = f"{instance_id}/{reply_event}/reply"
     if len(reply_id) > 100:
         reply_id = "reply-" + hashlib.sha256(reply_id.encode()).hexdigest()[:48]
@@ -154,18 +145,16 @@ def reply_event_name(step: str, attempt: int, action: str = "do") -> str:
 
 
 def status_message_id(key: str, status: str, qualifier: str = "") -> str:
-    """Stable id per (order, status[, step/attempt]) so a status re-sent after a
-    crash is dropped by the reply queue's duplicate detection. Named by the
-    client's OrderID: the reply queue is the application's own."""
+    """Stable per (order, status[, qualifier]), named by the client's OrderID
+    (the reply queue is the application's own)."""
     tail = f"/{qualifier}" if qualifier else ""
     return f"{client_order_id(key)}/status/{status}{tail}"
 
 
 def outbox_alert_message_id(key: str, status_id: str) -> str:
-    """The alert that rides with a terminal status in the outbox: one id per
-    (order, status id), on the alerts queue that every application's orders
-    share, so named by the order key (a status id names only the client's
-    OrderID: two applications' failures of one OrderID must be two alerts)."""
+    """The alert that rides with a terminal status in the outbox, one per
+    (order, status id): named by the order key, since the alerts queue is
+    shared by every application and a status id names only the OrderID."""
     _, sep, rest = status_id.partition("/status/")
     source = f"{key}/status/{rest}" if sep else status_id
     message_id = f"alert/{source}"

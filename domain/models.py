@@ -53,12 +53,9 @@ ShortText = Annotated[
 
 
 def _produced(max_length: int, *, mask: bool = False) -> Any:
-    """Text our code fills from outside text: cleaned to the text policy
-    (domain.boundary.clean_text) when built in code, checked as it is when
-    received (the WIRE context). With `mask` (text that may quote a provider
-    or an exception: an error, a reason), card-number-like digit runs are
-    masked first, before the text is cut to fit, so no message or alert we
-    send carries one."""
+    """Text our code fills from outside text: cleaned to the text policy when
+    built in code, checked as it is when received (the WIRE context). With
+    `mask` (an error, a reason), card-number-like runs are masked before the cut."""
 
     def clean(value: Any, info: ValidationInfo) -> Any:
         if not isinstance(value, str) or (info.context or {}).get("wire"):
@@ -73,8 +70,7 @@ def _produced(max_length: int, *, mask: bool = False) -> Any:
     ]
 
 
-# The sizes in use, as names a type checker reads as `str` (it cannot evaluate a call in an
-# annotation); pydantic sees the validators.
+# A type checker cannot evaluate a call in an annotation: it reads these as `str`.
 if TYPE_CHECKING:
     ProducedText200: TypeAlias = str
     ProducedText260: TypeAlias = str
@@ -87,11 +83,9 @@ else:
     ProviderText2000 = _produced(2000, mask=True)
 
 
-# A run of at least 13 digits, single spaces, dots or dashes allowed between
-# them: every card number (13-19 digits) in the ways people and providers
-# write one. Deliberately wider than a card number (no Luhn check, no upper
-# bound: a card number glued to other digits is still one); a long numeric
-# id in an error text is a small loss next to a stored card number.
+# 13 or more digits, single spaces, dots or dashes between them: wider than a
+# card number on purpose (no Luhn check, no upper bound); a long numeric id in
+# an error text is a small loss next to a stored card number.
 _CARD_NUMBER_LIKE = re.compile(r"(?<!\d)\d(?:[ .\-\u2010-\u2015\u2212]?\d){12,}(?!\d)")
 CARD_NUMBER_MASK = "[card number removed]"
 
@@ -105,12 +99,10 @@ MAX_REFERENCE = 200
 
 
 def provider_reference(value: Any) -> str | None:
-    """A provider's reference as the record keeps it. A remote service answers
-    what it likes — long, empty, non-text, card-like — after its side effect
-    happened, so the reference must never be what makes the step's write fail:
-    it is kept as text (non-text as compact JSON), card-number-like runs masked,
-    cleaned and cut to MAX_REFERENCE (a cut one ends in "…"). Idempotent. The
-    reference is for people: undo goes by the idempotency key, not by it."""
+    """A provider's reference as the record keeps it: whatever the service
+    answered after its side effect, as text (non-text as compact JSON), card
+    numbers masked, cleaned and cut to MAX_REFERENCE, so it never makes the
+    step's write fail. Idempotent. For people only: undo goes by the idempotency key."""
     if value is None:
         return None
     if not isinstance(value, str):
@@ -146,15 +138,13 @@ AppIdText: TypeAlias = Annotated[str, StringConstraints(pattern=APP_ID_PATTERN)]
 
 
 def _amount(integer_digits: int) -> Any:
-    """A money amount: a JSON string matching the pattern below (what clients should
-    send: exact in every language), or a JSON number. A string like "ten", "1,50",
-    "1e2" or "+5" is refused here and by the published schema alike."""
+    """A money amount: a decimal JSON string (exact in every language) or a
+    JSON number; "ten", "1,50", "1e2" or "+5" are refused here and by the schema alike."""
     pattern = rf"^(0|[1-9][0-9]{{0,{integer_digits - 1}}})(\.[0-9]{{1,2}})?$"
     form = re.compile(pattern)
 
     def check_form(value: Any) -> Any:
-        # Converted here: after a before-validator pydantic checks the result in Python
-        # mode, where a strict Decimal is only a Decimal.
+        # Converted here: pydantic checks a before-validator's result in Python mode.
         if isinstance(value, str):
             if not form.match(value):
                 raise ValueError(
@@ -297,8 +287,7 @@ class OrderSubmitted(Contract):
     @field_validator("PaymentReference")
     @classmethod
     def _no_card_numbers(cls, value: str | None) -> str | None:
-        # The order (and so the compensation log) must carry a reference to a
-        # payment instrument, never the instrument itself.
+        # A reference to a payment instrument, never the instrument itself.
         if value is not None and _looks_like_card_number(value):
             raise ValueError("looks like a card number; send a payment reference instead")
         return value
@@ -316,6 +305,11 @@ class OrderSubmitted(Contract):
         "1.50" compare equal."""
         data = self.model_dump(mode="python")
         return json.loads(json.dumps(data, default=_canonical, sort_keys=True))
+
+    def differing_fields(self, other: OrderSubmitted) -> list[str]:
+        """Top-level fields whose canonical values differ from `other`'s, in model order."""
+        mine, theirs = self.immutable_fields(), other.immutable_fields()
+        return [name for name in type(self).model_fields if mine.get(name) != theirs.get(name)]
 
     def digest(self) -> str:
         """Fingerprint of the immutable fields, kept on the state record so a
@@ -347,12 +341,10 @@ def _canonical(value: Any) -> Any:
 
 class RecordPart(Contract):
     """The state record and its parts are read tolerantly: a field this version
-    does not know (written by a newer version during a rolling deploy or after
-    a rollback, or by hand in the portal) is kept as it is and written back
-    unchanged, instead of making the record unreadable to every run. A value
-    this version cannot take (a wrong type, a newer SchemaVersion) still makes
-    the document unreadable: scans skip it and alert (adapters.state_store).
-    Messages stay closed (Contract): what arrives on a queue is refused whole."""
+    does not know (a newer version's, a hand edit) is kept and written back
+    unchanged. A value it cannot take (a wrong type, a newer SchemaVersion)
+    makes the document unreadable: scans skip it and alert. Messages stay
+    closed (Contract): what arrives on a queue is refused whole."""
 
     model_config = ConfigDict(extra="allow", validate_assignment=True, frozen=False)
 
@@ -365,8 +357,7 @@ class StepState(RecordPart):
     CompleteBy: AwareDatetime | None = None
     CompletedAt: AwareDatetime | None = None
     Reference: ReferenceText = None
-    # The last transient reason an agent gave for this step (bounded, sanitised
-    # by domain.state_machine.short_text), so the Supervisor can name it.
+    # The last transient reason an agent gave (state_machine.short_text), for the Supervisor.
     Error: Annotated[str, StringConstraints(max_length=300)] | None = None
 
 
@@ -393,9 +384,7 @@ class HistoryEntry(RecordPart):
 
 class PendingStatus(RecordPart):
     """A terminal status not yet known to be on the reply queue (the outbox,
-    docs/adr/001-status-outbox.md). Written by the same guarded write that makes
-    the record terminal; cleared once sent. `MessageId` is fixed when the entry
-    is written, so every retry sends the same id (duplicate detection)."""
+    docs/adr/001-status-outbox.md): written with the terminal state, cleared once sent."""
 
     SchemaVersion: Literal[1] = Field(default=SCHEMA_VERSION, exclude=True)
     Status: StatusKind
@@ -410,12 +399,9 @@ _PendingStatus = PendingStatus
 
 
 class OrderState(RecordPart):
-    """The state record in Cosmos container `orderState` (partition key /id).
-
-    `id` is the order key (domain.ids.order_key: the application and its
-    OrderID), never the OrderID alone: two applications may use one OrderID.
-    `_etag` and the other system properties are not part of the model: the
-    store adapter strips them on read and hands the etag back separately."""
+    """The state record in Cosmos container `orderState` (partition key /id,
+    the order key: domain.ids.order_key). System properties (`_etag`...) are
+    not part of the model: the store adapter strips them on read."""
 
     id: OrderKey
     ProcessState: _ProcessState = _ProcessState.PENDING
@@ -431,8 +417,7 @@ class OrderState(RecordPart):
     ReceivedSent: bool = False
     CompensationRequested: bool = False
     CompensationRestarts: int = 0
-    # Long retries of a compensation whose undo ended unconfirmed (workflow
-    # 2.2, state_machine.defer_compensation); NotBefore is then its wake time.
+    # Long retries of a compensation (ADR 019a); NotBefore is then its wake time.
     CompensationLongRetries: int = 0
     PendingStatus: _PendingStatus | None = None
     Steps: dict[StepName, StepState] = Field(default_factory=dict)
@@ -442,9 +427,7 @@ class OrderState(RecordPart):
     CreatedAt: AwareDatetime
     UpdatedAt: AwareDatetime
     ttl: int | None = None
-    # The W3C trace context (traceparent, tracestate) of the Submit that
-    # created the record: its first attempt continues that trace whoever
-    # claims it, later attempts link to it (adapters.telemetry.start_attempt).
+    # The W3C trace context of the Submit that created the record (ADR 015).
     Trace: dict[str, str] | None = None
 
     @property
@@ -478,17 +461,11 @@ class _StepCall(Contract):
     Step: StepName
     Action: Literal["do", "undo"] = "do"
     Attempt: Annotated[int, Field(strict=True, ge=1)]
-    # The application the order belongs to (its record's AppId), so a reply
-    # names its application; covered by the reply token and both signatures.
+    # The order's application; covered by the reply token and both signatures.
     AppId: AppIdText | None = None
-    # Made by the Scheduler for this one request (domain.signing.reply_token)
-    # and echoed by the agent in its reply: the reply bridge raises a reply
-    # only when it verifies for exactly the request it answers (ADR 017e).
+    # The proofs of origin (domain.signing, ADR 017e). Optional in the schema
+    # so that an unsigned message is refused as forged, not as malformed.
     ReplyToken: SignatureText | None = None
-    # HMAC of the whole message under the agents' key (domain.signing): a
-    # request proves it comes from the Scheduler, a reply from an agent.
-    # Optional in the schema so that an unsigned message is refused as
-    # forged (ForgedRequest / ForgedReply), not as malformed.
     Signature: SignatureText | None = None
 
 
@@ -498,16 +475,14 @@ class AgentRequest(_StepCall):
     Deadline: AwareDatetime
     ReplyEvent: Text100
     Payload: PayloadDict = Field(default_factory=dict)
-    # Set when the workflow still takes this request's answer after Deadline
-    # (an undo try, ADR 005): a redelivered undo may still be called until
-    # then. None: the answer counts only before Deadline.
+    # Until when the workflow still takes the answer of an undo try (ADR 005);
+    # None: only before Deadline.
     ListenUntil: AwareDatetime | None = None
 
 
 class AgentCall(Contract):
     """One call an agent made to the remote service for a request: when it
-    started, how long it took, how it ended. What operators see of an
-    agent's retries (docs/adr/017d-agent-call-record.md)."""
+    started, how long it took, how it ended (docs/adr/017d-agent-call-record.md)."""
 
     SchemaVersion: Literal[1] = Field(default=SCHEMA_VERSION, exclude=True)
     At: AwareDatetime
@@ -519,16 +494,12 @@ MAX_AGENT_CALLS: Final = 16
 
 
 class ReplyAnswer(BaseModel):
-    """What a step's reply says, on the wire (AgentReply) and as the
-    workflows read it: how the call ended, the agent's result, why when it
-    did not succeed, and the calls behind it."""
+    """What a step's reply says, on the wire (AgentReply) and as the workflows read it."""
 
     Outcome: _ReplyOutcome
     Result: PayloadDict | None = None
-    # A provider's words: cleaned and card numbers masked when the agent builds the reply.
     Error: ProviderText500 | None = None
-    # The calls behind this answer, oldest first (none when no call was made);
-    # optional, so a reply from an agent without it still validates.
+    # The calls behind this answer, oldest first; None when no call was made.
     Calls: Annotated[list[AgentCall], Field(max_length=MAX_AGENT_CALLS)] | None = None
 
     @model_validator(mode="after")
@@ -564,15 +535,11 @@ class AlertExample(Contract):
 
 
 class OperatorAlert(Contract):
-    """For a dead letter, `Kind` is its dead-letter reason, `Reason` its
-    description, and `MessageId` + `Queue` name the dead letter, so an alert
-    and its dead letter can be joined. Every text field here may quote what a
-    client sent: tools print it literally.
-
-    An aggregate (docs/operations.md, "Alerts"): `Count` alerts of one `Kind`
-    from one `Queue` within one window of one process; the top-level fields
-    are the first of them, `Last` the last. A single alert carries neither
-    field (Count is 1), so it reads as it always did."""
+    """For a dead letter, `Kind` is its reason, `Reason` its description, and
+    `MessageId` + `Queue` name it, so the two can be joined. Text fields may
+    quote a client: tools print them literally. An aggregate (docs/operations.md,
+    "Alerts") carries `Count` alerts of one `Kind` and `Queue`: the first on
+    top, `Last` the last."""
 
     Kind: Literal[
         "OrderConflict",
@@ -586,11 +553,7 @@ class OperatorAlert(Contract):
         "CompensationFailed",
         "AgentFailure",
         "UnreadableRecord",
-        # A reply queue that keeps refusing terminal statuses (they wait in
-        # the outbox): one alert for the spell, naming the queue.
         "StatusUndeliverable",
-        # Internal-queue messages that did not prove where they come from
-        # (ADR 017e): dead-lettered, changing nothing.
         "ForgedReply",
         "ForgedRequest",
         "UnknownStep",

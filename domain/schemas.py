@@ -106,18 +106,6 @@ def render_all() -> dict[str, str]:
     }
 
 
-def stale_files(directory: Path = CONTRACTS_DIR) -> list[str]:
-    """Files missing, different, or no longer generated."""
-    wanted = render_all()
-    present = {p.name for p in directory.glob("*.schema.json")} if directory.exists() else set()
-    stale = [
-        n
-        for n, text in wanted.items()
-        if not (directory / n).exists() or (directory / n).read_text() != text
-    ]
-    return sorted(stale + sorted(present - set(wanted)))
-
-
 def write_all(directory: Path = CONTRACTS_DIR) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     wanted = render_all()

@@ -1,13 +1,6 @@
-"""Which shard an order belongs to (docs/adr/020e-task-hub-shards.md).
-
-A shard is one whole deployment (a function app and its task hub, its Cosmos
-account, its Service Bus namespace). Every client and every shard computes an
-order's shard with this one function, so it is stable across processes,
-languages and versions: SHA-256 of `{AppId}:{OrderID}` in UTF-8, its first 8
-bytes as a big-endian unsigned integer, modulo the shard count. Not Python's
-`hash` (salted per process); the AppId is in it because an OrderID is unique
-per application only (docs/adr/017f-order-keys.md), and ':' is in neither
-alphabet, so no two (AppId, OrderID) pairs hash the same text.
+"""Which shard (one whole deployment) an order belongs to, the same in every
+process, language and version: SHA-256 of `{AppId}:{OrderID}` in UTF-8, its
+first 8 bytes big-endian, modulo the shard count (docs/adr/020e-task-hub-shards.md).
 
     python -m domain.shards --count 4 webshop ORD-1   # prints 1, its shard
 """

@@ -1,32 +1,14 @@
-"""Proof of origin for the internal queues (ADR 017e): HMAC-SHA256 under keys
-from the app's settings, never a secret in code or in a message.
+"""Proof of origin for the internal queues: HMAC-SHA256 under keys from the
+app's settings, never a secret in code or in a message. Three proofs, each
+under its own purpose label so that one is never taken for another: the
+reply token (one request's identity, under the reply-token keys only the
+Functions app holds), the request signature and the reply signature (the
+whole canonical message, under the agent keys). What each binds and why:
+docs/adr/017e-internal-queue-keys.md.
 
-Three proofs, each with its own purpose label so that one can never be taken
-for another:
-
-- **reply token** (`reply_token`): made by the Scheduler's sending activity
-  for one request, from its identity (application, instance, order, step,
-  action, attempt, reply event; the event names the undo try), under the
-  *reply-token* keys, which only the Functions app holds. The agent echoes it;
-  the reply bridge recomputes it from the reply's own identity. A token for a
-  request the Scheduler has not made yet exists nowhere, and one copied from
-  another request does not verify for this one.
-- **request signature** (`sign_request`): the whole canonical request (fencing
-  token, idempotency key, deadline, payload, ListenUntil, the reply token...)
-  under the *agent* keys, which the Scheduler and the agents hold. An agent
-  calls nothing for a request whose signature does not verify.
-- **reply signature** (`sign_reply`): the whole canonical reply (outcome,
-  result, error and the echoed token) under the agent keys: whoever saw a
-  token on a queue still cannot change what the answer says.
-
-A `KeyRing` holds the keys valid now: the first signs, every one verifies, so
-a key is rotated by adding the new one in front, waiting until every process
-has it, then dropping the old one. A proof reads `v1.<key id>.<MAC>`: the key
-id (a fingerprint, not the key) says which key to check, and the MAC is
-compared in constant time.
-
-Pure code: no I/O. The settings layer turns the setting text into a KeyRing
-(`parse_keys`)."""
+A `KeyRing` holds the keys valid now: the first signs, every one verifies
+(rotation: add the new key in front, wait, drop the old). A proof reads
+`v1.<key id>.<MAC>`; MACs are compared in constant time. Pure: no I/O."""
 
 from __future__ import annotations
 

@@ -1,14 +1,9 @@
-"""The state record's transitions (docs/design.md §3) as pure functions.
-
-Each function takes the record as read, checks that the transition is allowed
-from its state and for its caller, and returns the record to write. It never
-writes: the store adapter does that with a conditional replace on the etag the
-record was read with, and (for orchestration writes) the `LockedBy` guard that
-`require_owner` checks here too. Refusals raise:
-
-- `IllegalTransition`: the record's state does not allow this move;
-- `StaleError` (domain.errors): the caller no longer owns the record.
-"""
+"""The state record's transitions (docs/design.md §3) as pure functions: each
+takes the record as read, checks the move is allowed from its state and for its
+caller, and returns the record to write (the store adapter writes it on the
+etag read, with the `LockedBy` guard `require_owner` checks). Refusals raise
+`IllegalTransition` (the state does not allow the move) or `StaleError` (the
+caller no longer owns the record)."""
 
 from __future__ import annotations
 
@@ -38,9 +33,7 @@ HISTORY_LIMIT = 20
 FINISHED_RECORD_TTL_SECONDS = 90 * 24 * 3600
 REASON_LIMIT = 300  # HistoryEntry.Reason, StepState.Error
 ERROR_LIMIT = 500  # LastError, CompensationEntry.Error, PendingStatus.Detail
-# Restarts of a compensation whose instance died (docs/adr/003); a long retry
-# of an unconfirmed undo is not one (RetryPolicy.undo_long_retries, ADR 019a).
-MAX_COMPENSATION_RESTARTS = 3
+MAX_COMPENSATION_RESTARTS = 3  # of a compensation whose instance died (docs/adr/003)
 # Steps whose request may have reached the remote service: compensation undoes
 # them all (undo of what never happened is a no-op by the agent contract).
 SENT_STEP_STATES = frozenset({StepStatus.RUNNING, StepStatus.FAILED, StepStatus.COMPLETED})
@@ -51,16 +44,10 @@ def short_text(text: str, limit: int) -> str: ...
 @overload
 def short_text(text: None, limit: int) -> None: ...
 def short_text(text: str | None, limit: int) -> str | None:
-    """Text from outside (a provider's error message) made safe for a bounded
-    record field: any length, any code points in, at most `limit` characters
-    out, keeping the start (where the useful part of an error usually is).
-
-    Control and format characters become spaces, runs of whitespace collapse,
-    and lone surrogates (which cannot be encoded as UTF-8, so no store could
-    write them) are replaced. Card-number-like digit runs are masked
-    (domain.models.mask_card_numbers): every reason, LastError, History entry,
-    step and undo error and outbox detail passes here, and a provider may quote
-    the card it declined. Masked after the clean-up (a control character
+    """Outside text (a provider's error) fit for a bounded record field: at
+    most `limit` characters, the start kept; control and format characters
+    become spaces, whitespace runs collapse, lone surrogates are replaced.
+    Card-number-like runs are masked after the clean-up (a control character
     between the digits must not hide a number) and before the cut (a number
     cut short must not slip through as a shorter run)."""
     if text is None:
@@ -82,8 +69,7 @@ def pending_status(
     detail: str | None = None,
     step: str | None = None,
 ) -> PendingStatus:
-    """The outbox entry for a terminal status (docs/adr/001-status-outbox.md).
-    The message id is fixed here, once, so every later send repeats it."""
+    """The outbox entry for a terminal status, its message id fixed once (ADR 001)."""
     return PendingStatus(
         Status=status,
         MessageId=status_message_id(record.id, status.value, qualifier),
@@ -109,10 +95,7 @@ class RetryPolicy:
     long_retries: int = 1
     long_delay: timedelta = timedelta(hours=1)
     claim_timeout: timedelta = timedelta(seconds=60)
-    # A compensation whose undo ended unconfirmed (every try transient,
-    # unanswered or lost) waits `long_delay` and is tried again, at
-    # most this many times (a day at the default delay), then CompensationFailed
-    # (docs/adr/019a-unconfirmed-undo-long-retry.md).
+    # Long retries of a compensation whose undo ended unconfirmed (ADR 019a).
     undo_long_retries: int = 24
 
     @property
@@ -130,21 +113,16 @@ def _with_history(
 
 
 def _after_undo_log(record: OrderState, now: datetime) -> datetime:
-    """When a new compensation attempt is written: `now`, or later than every
-    undo entry the record holds if one says so. The entries' At come from the
-    clocks of the hosts that wrote them, and one running ahead would otherwise
-    date an entry of the dead attempt after the restart that followed it; the
-    Starter would then take it for the new attempt's own write and count a
-    restart for an attempt that never started (orchestrators.starter._never_started)."""
+    """`now`, or the latest undo entry's At if later: entries are dated by
+    their writers' clocks, and one of a dead attempt dated after the restart
+    would pass for the new attempt's own write (orchestrators.starter._never_started)."""
     written = [e.At for e in record.Compensation if e.At is not None]
     return max([now, *written])
 
 
 def _after_history(record: OrderState, now: datetime) -> datetime:
-    """When an attempt's undo entry is written: `now`, or just after the
-    record's last transition if the writer's clock is behind the clock that
-    dated it, so an entry the new attempt writes is never dated before the
-    restart that made it (_never_started)."""
+    """`now`, or just after the last transition if the writer's clock is
+    behind: an undo entry is never dated before the restart that made it."""
     if not record.History:
         return now
     return max(now, record.History[-1].At + timedelta(microseconds=1))
@@ -152,8 +130,7 @@ def _after_history(record: OrderState, now: datetime) -> datetime:
 
 def _finish(record: OrderState, to: ProcessState, by: str, now: datetime, **changes) -> OrderState:
     """Common tail of every transition: history, timestamps, TTL when terminal.
-    `reason`: why, in the history entry; `error`: why, for a failure, which is
-    the record's LastError too."""
+    `reason` goes to the history entry; `error` to it and to LastError."""
     reason, error = changes.pop("reason", None), changes.pop("error", None)
     if error is not None:
         reason, changes["LastError"] = error, short_text(error, ERROR_LIMIT)
@@ -182,8 +159,7 @@ def _end_in_failure(
     **changes,
 ) -> OrderState:
     """Common tail of the transitions to Error or CompensationFailed: the owner
-    lets go, the reason becomes LastError, and the client's Failed or
-    CompensationFailed status waits in the outbox (docs/adr/001-status-outbox.md)."""
+    lets go, the reason becomes LastError, the client's status waits in the outbox."""
     status = _FAILURE_STATUS[to]
     return _finish(
         record,
@@ -220,8 +196,7 @@ def _require(record: OrderState, *states: ProcessState, action: str) -> None:
 def new_record(
     order: OrderSubmitted, now: datetime, steps: list[str], key: str | None = None
 ) -> OrderState:
-    """(none) -> Pending: the first write, by Submit. `key`: the order's key,
-    domain.ids.order_key of its application and OrderID unless given."""
+    """(none) -> Pending: the first write, by Submit (`key`: domain.ids.order_key unless given)."""
     return OrderState(
         id=key if key is not None else order_key(order.AppId, order.OrderID),
         ProcessState=ProcessState.PENDING,
@@ -254,10 +229,9 @@ def rejected_record(
 
 
 def readmit(record: OrderState, now: datetime, steps: list[str]) -> OrderState:
-    """Rejected -> Pending: the client sent the order again, as a Rejected
-    status tells it to ("try later"), and the backlog now has room. The same
-    record (its key, history and digest) starts over as a new order would;
-    only Submit, after its own admission check, makes this transition."""
+    """Rejected -> Pending: the client sent the order again and the backlog
+    has room; the same record starts over as a new order would. Only Submit,
+    after its own admission check, makes this transition."""
     _require(record, ProcessState.REJECTED, action="readmit")
     return _pending_afresh(
         record,
@@ -290,10 +264,8 @@ def is_claimable(record: OrderState, now: datetime) -> bool:
 
 def claim(record: OrderState, now: datetime, policy: RetryPolicy) -> OrderState:
     """Pending, LockedBy null -> Processing, LockedBy = next attempt's instance id.
-
-    CompleteBy is set here, not when the orchestration starts, so that a starter
-    that dies between the claim and the start leaves a record the Supervisor
-    will find (the gap the article leaves open)."""
+    CompleteBy is set here, not at the start, so a starter that dies between
+    claim and start leaves a record the Supervisor will find."""
     _require(record, ProcessState.PENDING, action="claim")
     if record.LockedBy is not None:
         raise IllegalTransition(f"order {record.id} is Pending but locked by {record.LockedBy}")
@@ -317,15 +289,10 @@ def claim(record: OrderState, now: datetime, policy: RetryPolicy) -> OrderState:
 def claim_marking(
     record: OrderState, now: datetime, policy: RetryPolicy, steps: list[str], deadline: datetime
 ) -> OrderState:
-    """The Starter's claim (docs/adr/021a-claim-marks-the-attempt.md): the
-    claim of `claim`, which also marks each of `steps` (the attempt's steps
-    to do: every step not Completed) Running for this attempt until
-    `deadline`, the attempt's one deadline, which is also the record's
-    CompleteBy. The record then shows every step this attempt may send as
-    possibly sent before any is, so compensation from the record alone undoes
-    whatever may have happened (undoing too much is safe), and the attempt
-    needs no write until its end. A step already Completed is never
-    marked (it is not one of `steps`: resume skips it)."""
+    """`claim`, also marking each of `steps` (every step not Completed)
+    Running for this attempt until `deadline`, the attempt's one deadline and
+    the record's CompleteBy: compensation from the record alone then undoes
+    whatever the attempt may have sent (docs/adr/021a-claim-marks-the-attempt.md)."""
     claimed = claim(record, now, policy)
     marked = dict(claimed.Steps)
     for name in steps:
@@ -334,8 +301,7 @@ def claim_marking(
 
 
 def _running(record: OrderState, step: str, now: datetime, deadline: datetime) -> StepState:
-    """`step` Running for the record's attempt until `deadline` (a step
-    already Completed is never sent again)."""
+    """`step` Running for the record's attempt until `deadline`; a Completed step is refused."""
     current = record.Steps.get(step, StepState())
     if current.Status is StepStatus.COMPLETED:
         raise IllegalTransition(f"step {step} of order {record.id} is already Completed")
@@ -351,11 +317,9 @@ def _running(record: OrderState, step: str, now: datetime, deadline: datetime) -
 
 
 def unmark_unsent(record: OrderState, instance_id: str, steps: list[str]) -> OrderState:
-    """`steps`, which this attempt's claim marked Running though no
-    attempt had sent them before (NotStarted then) and this attempt never
-    sent, are NotStarted again: the record shows possibly sent exactly what
-    may have been, so compensation does not undo what never happened. A step
-    not Running for this attempt is left as it is."""
+    """`steps` the claim marked Running that no attempt has sent (NotStarted
+    before the claim, never sent by this one) are NotStarted again, so
+    compensation does not undo what never happened. Other steps are left as they are."""
     require_owner(record, instance_id)
     marked = dict(record.Steps)
     for name in steps:
@@ -383,8 +347,8 @@ def complete_step(
     compensation log (what to undo, should a later step fail for good)."""
     require_owner(record, instance_id)
     _require(record, ProcessState.PROCESSING, action="complete a step of")
-    # model_copy does not validate: bound the provider's text here, or a long
-    # reference would make this write (after the side effect) fail on every try.
+    # model_copy does not validate: bound the reference here, or this write
+    # (after the side effect) would fail on every try.
     reference = provider_reference(reference)
     steps = dict(record.Steps)
     current = steps.get(step, StepState())
@@ -408,9 +372,8 @@ def complete_step(
 def record_transient(
     record: OrderState, instance_id: str, step: str, reason: str, now: datetime
 ) -> OrderState:
-    """Processing -> Processing: the agent gave up on `step` for now (a
-    transient reply). The reason is kept on the step and in LastError so the
-    Supervisor's retry or Error names it; the record stays for the Supervisor."""
+    """Processing -> Processing: a transient reply for `step`. The reason is
+    kept on the step and in LastError so the Supervisor's retry or Error names it."""
     require_owner(record, instance_id)
     _require(record, ProcessState.PROCESSING, action="note a transient failure of")
     steps = dict(record.Steps)
@@ -436,9 +399,8 @@ def mark_processed(record: OrderState, instance_id: str, now: datetime) -> Order
         now,
         CompleteBy=None,
         LockedBy=None,
-        # One id per order, not per attempt: an order is Processed once, and an
-        # attempt whose status went out before its write failed (ADR 021j)
-        # must not let the next attempt's Processed reach the client as another.
+        # One id per order, not per attempt: a status sent before its attempt's
+        # write failed (ADR 021j) must not reach the client twice.
         PendingStatus=pending_status(record, StatusKind.PROCESSED, now, ""),
     )
 
@@ -473,10 +435,9 @@ def undo_log(
     record: OrderState, steps: dict[str, StepState] | None = None
 ) -> list[CompensationEntry]:
     """The compensation log extended with every step whose request was sent
-    (Running, Failed, Completed) and that has no entry yet: undoing too much is
-    safe (undo of nothing is a no-op), undoing too little leaves a side effect
-    behind. Entries keep their order (completion order); new ones follow in
-    step order, so the undo (in reverse) starts with the latest step."""
+    (SENT_STEP_STATES) and has no entry yet (ADR 003). Entries keep their
+    completion order; new ones follow in step order, so the undo (in reverse)
+    starts with the latest step."""
     steps = record.Steps if steps is None else steps
     logged = {e.Step for e in record.Compensation}
     extra = [
@@ -528,14 +489,9 @@ def request_compensation(record: OrderState, now: datetime, by: str = "operator"
 
 def claim_compensation(record: OrderState, now: datetime) -> OrderState:
     """Error / CompensationFailed -> Compensating, on an operator's request: a
-    new attempt takes the lock (guarded by the etag, like a claim).
-
-    A terminal status still in the outbox (Failed or CompensationFailed whose
-    send failed so far) stays there: the client must learn of it (docs/design.md §4,
-    status delivery), and the Starter delivers it, before the claim when it
-    can (orchestrators/starter.py) and otherwise in its outbox pass. Only the
-    compensation's own terminal write replaces it, if it is still unsent by
-    then: the client then sees at least the final status."""
+    new attempt takes the lock (guarded by the etag, like a claim). A terminal
+    status still in the outbox stays there for the Starter to deliver; only
+    the compensation's own terminal write replaces it."""
     _require(
         record,
         ProcessState.ERROR,
@@ -586,24 +542,12 @@ def restart_compensation(
     policy: RetryPolicy | None = None,
 ) -> OrderState:
     """Compensating, its instance gone (failed, terminated, never started) ->
-    Compensating under a new attempt, or, once `max_restarts` restarts are
-    spent: with `policy`, a long retry (NotBefore = now + long_delay, the
-    restarts counted afresh after it, at most `policy.undo_long_retries` long
-    retries in all), unless an undo was refused and none is left to try; else
-    CompensationFailed (the caller raises the alert). An instance that keeps
-    dying says nothing about whether the undos it did not reach happened: a
-    Cosmos throttling storm or a host outage can kill three restarts within a
-    minute, and a verdict then would name undos never sent.
-
-    A new attempt, not the same instance started again: its instance id, and
-    so every undo request's message id and reply event, is new, so duplicate
-    detection cannot drop the restarted requests (it would, for the old ids,
-    and each undo try would then wait out its deadline). The attempt number
-    is also the fencing token the remote service expects to grow.
-
-    A record waiting for the long retry of an unconfirmed undo (NotBefore set
-    by defer_compensation) is woken instead, once NotBefore has passed: a new
-    attempt too, but no restart is counted (ADR 019a)."""
+    Compensating under a new attempt (new message ids and a higher fencing
+    token: docs/adr/003). Once `max_restarts` are spent: with `policy`, a long
+    retry (NotBefore = now + long_delay, at most `policy.undo_long_retries`)
+    unless an undo was refused and none is left to try (ADR 019e); else
+    CompensationFailed (the caller raises the alert). A record waiting for
+    its long retry is woken once NotBefore has passed, counting no restart (ADR 019a)."""
     if record.LockedBy != expected_locked_by:
         raise StaleError(f"order {record.id} changed owner since it was read")
     _require(record, ProcessState.COMPENSATING, action="restart compensating")
@@ -622,10 +566,8 @@ def restart_compensation(
 
 def _restarts_spent(record: OrderState, now: datetime, policy: RetryPolicy | None) -> OrderState:
     """restart_compensation once the restarts are spent: a long retry, or
-    CompensationFailed."""
-    # A refused undo settles the verdict, but not the undos after it: one
-    # still Pending (never reached, or unconfirmed) is tried before the
-    # verdict, or what it holds (reserved inventory) stays held.
+    CompensationFailed. A refused undo settles the verdict, but an undo still
+    Pending is tried first, or what it holds stays held."""
     refused = any(e.Outcome == "Failed" for e in record.Compensation)
     still_open = any(e.Outcome == "Pending" for e in record.Compensation)
     if (
@@ -662,8 +604,7 @@ def _restarts_spent(record: OrderState, now: datetime, policy: RetryPolicy | Non
 
 
 def compensation_waits(record: OrderState, now: datetime) -> bool:
-    """A Compensating record in its long retry (defer_compensation): nothing
-    restarts it before its NotBefore."""
+    """A Compensating record in its long retry: nothing restarts it before NotBefore."""
     return (
         record.ProcessState is ProcessState.COMPENSATING
         and record.NotBefore is not None
@@ -672,10 +613,8 @@ def compensation_waits(record: OrderState, now: datetime) -> bool:
 
 
 def _wake_compensation(record: OrderState, now: datetime) -> OrderState:
-    """Compensating, its long retry due -> Compensating under a new attempt
-    (restart_compensation, for a record defer_compensation left waiting). Not
-    a restart of a dead instance: CompensationRestarts is left as it is; the
-    long retry was counted (and bounded) when it was deferred."""
+    """Compensating, its long retry due -> Compensating under a new attempt.
+    CompensationRestarts is left as it is: the long retry was counted when deferred."""
     if compensation_waits(record, now):
         raise IllegalTransition(
             f"compensation of order {record.id} waits for its long retry until "
@@ -694,9 +633,7 @@ def record_undo_unconfirmed(
     record: OrderState, instance_id: str, step: str, now: datetime, error: str | None = None
 ) -> OrderState:
     """Compensating -> Compensating: every try of `step`'s undo ended without
-    an answer that says what happened (transient, unanswered, lost). The
-    entry stays Pending (still to undo: the next attempt tries it again, and
-    the idempotent, fenced call answers what the remote did), with why."""
+    an answer that says what happened. The entry stays Pending, with why."""
     require_owner(record, instance_id)
     _require(record, ProcessState.COMPENSATING, action="record an undo of")
     said = f"unconfirmed: {error}" if error else "unconfirmed"
@@ -713,14 +650,11 @@ def record_undo_unconfirmed(
 def defer_compensation(
     record: OrderState, instance_id: str, now: datetime, policy: RetryPolicy
 ) -> OrderState:
-    """Compensating -> Compensating, waiting until NotBefore (the long retry of
-    an unconfirmed undo), or CompensationFailed once
-    `policy.undo_long_retries` long retries are spent (the caller alerts).
-
-    The owner keeps the lock until the Starter restarts the compensation as a
-    new attempt after NotBefore (restart_compensation). Idempotent for its
-    owner: a record already waiting is left as it is (an activity retried
-    after its write landed counts no second long retry)."""
+    """Compensating -> Compensating until NotBefore (the long retry of an
+    unconfirmed undo, ADR 019a), or CompensationFailed once
+    `policy.undo_long_retries` are spent (the caller alerts). The owner keeps
+    the lock until the Starter wakes it. Idempotent: a record already waiting
+    is left as it is (a retried activity counts no second long retry)."""
     require_owner(record, instance_id)
     _require(record, ProcessState.COMPENSATING, action="defer compensating")
     if record.NotBefore is not None:
@@ -800,8 +734,6 @@ def finish_compensation(record: OrderState, instance_id: str, now: datetime) -> 
     )
     qualifier = str(record.Attempt)
     if failed:
-        # Name the step and the cause: the operator's alert and the client's
-        # status both carry this text.
         first = failed[0]
         cause = f": {first.Error}" if first.Error else ""
         reason = short_text(f"undo failed for step {first.Step}{cause}", ERROR_LIMIT)
@@ -833,8 +765,7 @@ def is_expired(record: OrderState, now: datetime, slack: timedelta = timedelta(0
 
 
 def _expiry_reason(record: OrderState) -> str:
-    """Why the attempt is being recovered: its missed deadline, and any
-    transient reason an agent gave during it."""
+    """The missed deadline, and any transient reason an agent gave during the attempt."""
     deadline = record.CompleteBy.isoformat() if record.CompleteBy else "(none)"
     reason = f"attempt {record.Attempt} missed its deadline {deadline}"
     said = [
@@ -855,10 +786,8 @@ def recover_expired(
     slack: timedelta = timedelta(0),
 ) -> OrderState:
     """Processing, CompleteBy passed -> Pending (retry), Pending after a long
-    wait (long retry), or Error (budget spent).
-
-    `expected_locked_by` is the LockedBy the Supervisor read: if the record has
-    moved on (a new attempt claimed it), this expiry was already handled."""
+    wait (long retry), or Error (budget spent). StaleError when LockedBy is no
+    longer `expected_locked_by`, the one the Supervisor read."""
     if record.LockedBy != expected_locked_by:
         raise StaleError(f"order {record.id} changed owner since it was read")
     if not is_expired(record, now, slack):
@@ -909,17 +838,16 @@ def recover_expired(
 
 
 def mark_status_sent(record: OrderState, message_id: str, now: datetime) -> OrderState:
-    """Clear the outbox entry `message_id` once its status is on the reply
-    queue. Another entry (a later terminal status) is left alone."""
+    """Clear the outbox entry `message_id` once sent; another entry is left alone."""
     if record.PendingStatus is None or record.PendingStatus.MessageId != message_id:
         return record
     return record.model_copy(update={"PendingStatus": None, "UpdatedAt": now}, deep=True)
 
 
 def park_rejected(record: OrderState, now: datetime) -> OrderState:
-    """Submit's Rejected status could not be sent: it waits in the outbox for
-    the Starter, under the message id of Submit's own sends. A record no
-    longer Rejected (readmitted), or already holding an entry, is unchanged."""
+    """Submit's Rejected status could not be sent: it waits in the outbox
+    under Submit's own message id. A record no longer Rejected, or already
+    holding an entry, is unchanged."""
     if record.ProcessState is not ProcessState.REJECTED or record.PendingStatus is not None:
         return record
     pending = pending_status(record, StatusKind.REJECTED, now, "", detail=record.LastError)
@@ -938,8 +866,7 @@ def status_send_failed(record: OrderState, message_id: str) -> OrderState:
 
 
 def resubmit(record: OrderState, now: datetime, by: str = "operator") -> OrderState:
-    """Error -> Pending with a fresh budget; completed steps stay completed, so
-    the next attempt resumes after them."""
+    """Error -> Pending with a fresh budget; the next attempt resumes after the completed steps."""
     _require(record, ProcessState.ERROR, action="resubmit")
     return _pending_afresh(record, by, now, "resubmitted")
 

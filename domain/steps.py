@@ -1,19 +1,11 @@
 """The step catalog: the order workflow's remote steps, in execution order, as
-data (domain/steps.json), validated here when it is loaded.
-
-Each step names the service that runs it, the operation that does it and the
-one that undoes it, the order fields its request carries and, optionally, what
-its provider says when it refuses an order. Submit writes a state record with
-the catalog's steps, the Scheduler runs them in this order (and compensates in
-reverse order of completion), the Agents look up the remote operation of a step
-(or its undo) here, and the local remote service, the simulation, the demo, the
-bench and the tests read it too. Adding a step is one entry in the file plus
-its service's endpoint (a setting, agents/config.py); how, and why it is data:
-docs/adr/019d-one-step-catalog.md.
-
-A process reads one catalog: the shipped file, or the file the setting
-STEP_CATALOG_FILE names (agents.config.load_step_catalog); the simulation and
-the tests pass theirs explicitly."""
+data (domain/steps.json), validated here when it is loaded. Each step names
+its service, the operations that do and undo it, the order fields its request
+carries and, optionally, what its provider says when it refuses an order.
+Submit, the Scheduler, the Agents, the local remote service, the simulation,
+the bench and the tests all read it; adding a step is one entry plus its
+service's endpoint setting (docs/adr/019d-one-step-catalog.md). A process
+reads the shipped file or the one STEP_CATALOG_FILE names."""
 
 from __future__ import annotations
 
@@ -40,9 +32,8 @@ Action = Literal["do", "undo"]
 # and (upper-cased) the suffix of the service's URL setting.
 Word = Annotated[str, StringConstraints(pattern=r"^[a-z]{1,32}$")]
 
+# The order's data a step's request can carry; a step names the ones it needs.
 PAYLOAD_FIELDS: tuple[str, ...] = ("CustomerId", "Lines", "Total", "Currency", "PaymentReference")
-"""The order's data a step's request can carry (orchestrators.contracts.step_payload
-builds them from the order, once per attempt); a step names the ones it needs."""
 
 DEFAULT_CATALOG_FILE = Path(__file__).with_name("steps.json")
 
@@ -69,21 +60,17 @@ class RemoteStep(BaseModel):
 
     Attributes:
         name: the step's name on the wire (AgentRequest.Step, state record keys).
-        service: the remote service that runs it; its base URL is a setting
-            (REMOTE_SERVICE_URL__<SERVICE>, else REMOTE_SERVICE_URL), and the
-            Agent keeps one circuit breaker per service.
-        do: the operation that makes the change.
-        undo: the compensating operation; safe to call when `do` never
-            happened (the service answers "nothing to undo").
+        service: the remote service that runs it (its URL setting
+            REMOTE_SERVICE_URL__<SERVICE>; one circuit breaker each).
+        do, undo: the operations that make and undo the change; undo is safe
+            to call when `do` never happened.
         payload: the order fields (PAYLOAD_FIELDS) its requests carry.
-        refusal: what its provider says when it refuses an order for a
-            business reason ("card declined"), if it does: the simulation and
-            the demo make this step's provider refuse most often.
+        refusal: what its provider says when it refuses an order ("card declined").
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
 
-    name: StepName  # on the wire: AgentRequest.Step, the state record's keys
+    name: StepName
     service: Word
     do_operation: Word = Field(alias="do")
     undo_operation: Word = Field(alias="undo")

@@ -1,5 +1,4 @@
-"""Status reporting and operator alerts (docs/design.md §2 item 8, §4 'Operational
-visibility'): what the submitting application and the operators are told."""
+"""What the submitting application (statuses) and the operators (alerts) are told."""
 
 from reporting.alerts import Alerts
 from reporting.status import StatusOutbox, StatusReporter

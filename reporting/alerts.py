@@ -1,18 +1,8 @@
-"""Operator alerts: a structured log event (which Application Insights alert
-rules match on) and a message on the `alerts` queue that the operator tool tails.
-
-Alerts about queue messages (dead letters, forgeries: anyone who can send can
-raise them by the thousand) are aggregated per process, by kind and queue,
-within a window (`window`, 60 s): the first of a window is sent at once as a
-message of its own; the others in it are counted and, when the window ends,
-sent as one aggregate (`Count`, the first and last example) with one log
-line. An alert of another kind or queue is never folded into them. An alert
-about an order (OrderError, CompensationFailed, ...) is always its own.
-A refused aggregate is kept and sent again; `close` sends what is open.
-Why and what is promised: docs/operations.md, "Alerts".
-
-An alert must never make the caller fail: if the queue cannot be reached the
-log event still stands, and the error is logged."""
+"""Operator alerts: a structured log event (which the alert rules match on)
+and a message on the `alerts` queue. Alerts about queue messages are
+aggregated per process, by kind and queue, within a window; alerts about an
+order are always their own. What is promised: docs/operations.md, "Alerts".
+An alert never makes the caller fail unless it asks (`required`)."""
 
 from __future__ import annotations
 
@@ -36,8 +26,7 @@ from domain.models import AlertExample, OperatorAlert
 log = logging.getLogger("orders.alerts")
 
 WINDOW_SECONDS = 60.0
-# Alert ids this process has counted, so that a redelivered message (its
-# settlement lost) is not counted twice: about a day of a steady flood.
+# Alert ids remembered, so a redelivery is not counted twice: a day of a flood.
 SEEN_MAX = 100_000
 
 # How the process runs `flush` `delay` seconds from now (an asyncio task by
@@ -77,16 +66,13 @@ def _short_id(text: str) -> str:
 
 
 def _subject(alert: OperatorAlert) -> str:
-    """What the log line names (infra/app/alerts.bicep parses it), with an
-    aggregate's count."""
+    """What the log line names, with an aggregate's count."""
     who = f"order {alert.OrderID}" if alert.OrderID else f"message {alert.MessageId or '?'}"
     return f"{who} ({alert.Count} alerts)" if alert.Count > 1 else who
 
 
 class Alerts:
-    """One per process (bootstrap.App keeps one per publisher): the windows
-    are this process's, so N hosts send at most N aggregates per kind, queue
-    and window."""
+    """One per process: N hosts send at most N aggregates per kind, queue and window."""
 
     def __init__(
         self,
@@ -98,10 +84,9 @@ class Alerts:
         wake: Wake | None = None,
         on_counted: Callable[[str, OperatorAlert, str | None], None] | None = None,
     ) -> None:
-        """`new_id`: the message id of an alert that names none, and of this
-        process in its aggregates' ids (random; the simulation draws them from
-        its seed). `on_counted(aggregate id, alert, its own alert id)`: told
-        of each alert an aggregate counts (the simulation's ledger)."""
+        """`new_id`: the message id of an alert that names none, and this
+        process's name in its aggregates' ids. `on_counted(aggregate id,
+        alert, its own alert id)`: told of each alert an aggregate counts."""
         self._publisher = publisher
         self._new_id = new_id
         self._window = timedelta(seconds=window)
@@ -131,15 +116,11 @@ class Alerts:
         alert_id: str | None = None,
         required: bool = False,
     ) -> OperatorAlert:
-        """`reason` is the description; for a dead letter `kind` is its reason
-        and `message_id`/`queue` name it. Text is cleaned to the contracts'
-        text policy (it may quote a client), never refused.
-
-        `alert_id` makes the queued alert's message id stable, so raising the
-        same alert again (after a failed send) is dropped as a duplicate by the
-        alerts queue, and counted once by this process. With `queue`, the
-        alert joins its kind's open window if there is one (counted, sent with
-        the window's aggregate). With `required`, a refused send raises
+        """`reason` is the description (cleaned to the text policy, never
+        refused); for a dead letter `kind` is its reason and
+        `message_id`/`queue` name it. A stable `alert_id` makes a repeat a
+        duplicate, counted once. With `queue`, the alert joins its kind's open
+        window if there is one. With `required`, a refused send raises
         AlertNotQueued after the log event; without it, an alert with a
         `queue` is held (`hold`) and one without is given up, logged."""
         alert = OperatorAlert(
@@ -151,7 +132,7 @@ class Alerts:
             Queue=queue,
         )
         if queue is None:
-            self._log(alert)
+            log_alert(alert)
             try:
                 await self._send(alert, alert_id or f"alert/{self._new_id()}")
             except DomainError:
@@ -164,10 +145,9 @@ class Alerts:
         if window is not None and not (alert_id is not None and alert_id in self._tried):
             self._count(window, alert, alert_id)
             return alert
-        # The first of a window, or one whose send failed before (it may
-        # have landed: sent again under its own id, which the queue drops
-        # if so, never counted a second time in an aggregate).
-        self._log(alert)
+        # The first of a window, or one whose earlier send failed (sent again
+        # under its own id, never counted in an aggregate as well).
+        log_alert(alert)
         try:
             await self._send(alert, alert_id or f"alert/{self._new_id()}")
         except DomainError as exc:
@@ -180,17 +160,14 @@ class Alerts:
             self.hold(alert, alert_id)
             return alert
         _remember(self._seen, alert_id)
-        # Looked up again: alerts raised while this one was being sent may
-        # have opened the window and counted into it (the e2e hostile run
-        # lost 62 counts to a window opened over another).
+        # Looked up again: alerts raised during the send may have opened it.
         if (kind, queue) not in self._windows:
             self._open(kind, queue, now)
         return alert
 
     def hold(self, alert: object, alert_id: str | None = None) -> None:
-        """Keep `alert` (one the queue refused, whose message is settled
-        anyway) and send it again, under its own id, with the next flush
-        until the queue takes it."""
+        """Keep `alert` (one the queue refused) and send it again, under its
+        own id, with each flush until the queue takes it."""
         assert isinstance(alert, OperatorAlert)
         if alert_id is not None and alert_id in self._seen:
             return
@@ -199,9 +176,8 @@ class Alerts:
         self._arm_retry()
 
     async def flush(self, now: datetime | None = None, *, everything: bool = False) -> None:
-        """Close the windows that have ended (all of them with `everything`:
-        at shutdown) and send every aggregate not yet sent; one the queue
-        refuses is kept and tried again a window later."""
+        """Close the windows that have ended (all with `everything`) and send
+        every aggregate not yet sent; a refused one is tried a window later."""
         now = now or self._clock.now()
         for key, window in list(self._windows.items()):
             if everything or now >= window.end:
@@ -233,7 +209,7 @@ class Alerts:
                         break
                     self._due.pop(aggregate_id, None)
                     if aggregate.Count > 1:  # a held alert was logged when raised
-                        self._log(aggregate)
+                        log_alert(aggregate)
         finally:
             self._flushing = False
         if self._due and not everything:
@@ -256,10 +232,8 @@ class Alerts:
         return window
 
     async def _ends(self, key: tuple[str, str], window: _Window) -> None:
-        """The wake at `window`'s end closes it whatever the clock says: a
-        timer may fire a little early, and the raiser's clock is not the
-        flusher's (a window left open past its wake would wait for the
-        next alert of its kind, or the shutdown)."""
+        """The wake at `window`'s end closes it whatever the clock says (a
+        timer may fire early; the raiser's clock is not the flusher's)."""
         if self._windows.get(key) is window:
             self._close(key, window)
         await self.flush()
@@ -339,30 +313,29 @@ class Alerts:
     async def _send(self, alert: OperatorAlert, message_id: str) -> None:
         await self._publisher.send(ALERTS_QUEUE, encode(alert), message_id, {"Kind": alert.Kind})
 
-    @staticmethod
-    def _log(alert: OperatorAlert) -> None:
-        log.error(
-            "operator alert %s for %s: %s",
-            alert.Kind,
-            _subject(alert),
-            alert.Reason,
-            extra={
-                "alert_kind": alert.Kind,
-                "order_id": alert.OrderID,
-                "message_id": alert.MessageId,
-                "custom_dimensions": {"AlertKind": alert.Kind, "AlertCount": alert.Count},
-            },
-        )
+
+def log_alert(alert: OperatorAlert) -> None:
+    """The alert's log event, the line infra/app/alerts.bicep's rules parse."""
+    log.error(
+        "operator alert %s for %s: %s",
+        alert.Kind,
+        _subject(alert),
+        alert.Reason,
+        extra={
+            "alert_kind": alert.Kind,
+            "order_id": alert.OrderID,
+            "message_id": alert.MessageId,
+            "custom_dimensions": {"AlertKind": alert.Kind, "AlertCount": alert.Count},
+        },
+    )
 
 
 async def alert_unreadable(
     alerts: Alerts | None, unreadable: MutableSequence[tuple[str, str]], now: datetime
 ) -> int:
-    """One UnreadableRecord alert per document a run could not read (a field or
-    value this version does not know, a hand edit, garbage), and empty the list.
-    The alert's id comes from the document and the reason, so the same document
-    found again by later runs is dropped by the alerts queue's duplicate
-    detection: one page per incident, not one per run. Returns how many."""
+    """One UnreadableRecord alert per document a run could not read, and empty
+    the list; how many. The alert id comes from the document and the reason,
+    so later runs finding it again page no one again."""
     found = list(dict.fromkeys(unreadable))
     del unreadable[:]
     for doc_id, reason in found:

@@ -17,6 +17,7 @@ from domain.codec import encode
 from domain.errors import NotFoundError, StaleError
 from domain.ids import client_order_id, outbox_alert_message_id, status_message_id
 from domain.models import OperatorAlert, OrderState, PendingStatus, StatusKind, StatusUpdate
+from reporting.alerts import log_alert
 
 log = logging.getLogger(__name__)
 
@@ -39,10 +40,8 @@ class StatusReporter:
         step: str | None = None,
         qualifier: str = "",
     ) -> None:
-        """A status of the order `key` (domain.ids.order_key; the message
-        carries the client's own OrderID). `qualifier` separates repeated
-        statuses of one kind (a step, an attempt) so that duplicate detection
-        drops only true re-sends."""
+        """A status of the order `key` (the message carries the client's own
+        OrderID); `qualifier` separates repeated statuses of one kind."""
         message_id = status_message_id(key, status.value, qualifier or (step or ""))
         detail = sm.short_text(detail, sm.ERROR_LIMIT)
         pending = PendingStatus(
@@ -51,9 +50,7 @@ class StatusReporter:
         await self.send_pending(reply_to, key, pending)
 
     async def send_pending(self, reply_to: str, key: str, pending: PendingStatus) -> None:
-        """Send an outbox entry as it was written: same message id, same
-        timestamp, so every retry is the same message."""
-        # Callers name the order by its key; the client knows only its own OrderID.
+        """Send an outbox entry as written, so every retry is the same message."""
         order_id, status = client_order_id(key), pending.Status.value
         update = StatusUpdate(
             OrderID=order_id,
@@ -80,14 +77,10 @@ ALERT_OF_STATUS = {
 
 
 class StatusOutbox:
-    """Delivers a record's pending terminal status and clears it once sent.
-
-    Called right after the write that made the record terminal (by the
-    orchestration's report_status activity, or the Supervisor), and again by
-    the Starter for entries still there after a grace period; all of them
-    send the entry's own message id, so a status sent twice is dropped by the
-    reply queue's duplicate detection. A failed send leaves the entry (with
-    one more try counted) for the next caller."""
+    """Delivers a record's pending terminal status, and its operator alert
+    first for Failed and CompensationFailed, then clears the entry; a failed
+    send leaves it (one more try counted) for the next caller, the Starter at
+    last (docs/adr/001-status-outbox.md)."""
 
     def __init__(
         self,
@@ -95,21 +88,14 @@ class StatusOutbox:
         reporter: StatusReporter,
         clock: Clock = SYSTEM_CLOCK,
     ) -> None:
-        """A Failed or CompensationFailed entry carries its operator alert:
-        the alert goes first and the entry is cleared only once both are
-        sent, so a failed alert send is retried like a failed status send
-        (never only logged). The alert's message id is derived from the
-        entry's, so a repeat (the alert went out, the status did not) is
-        dropped by duplicate detection."""
         self._store = store
         self._reporter = reporter
         self._clock = clock
 
     async def deliver(self, record: OrderState, etag: str | None = None) -> bool:
-        """Send `record`'s pending status (and its alert), then clear it. True
-        when there is nothing left to send; False when a send failed (the
-        entry stays). With the etag the record was read at, clearing costs
-        one replace."""
+        """Send `record`'s pending status (and its alert), then clear it: True
+        when nothing is left to send, False when a send failed. With the etag
+        read, clearing costs one replace."""
         pending = record.PendingStatus
         if pending is None:
             return True
@@ -124,9 +110,7 @@ class StatusOutbox:
                 exc,
                 extra={"order_id": record.id},
             )
-            # The try count is bookkeeping: failing to write it must not pass
-            # for a sent status (the Starter would end its back-off and start
-            # the queue's spell of refusals over: seed 12000745).
+            # Bookkeeping: failing to write it must not pass for a sent status.
             try:
                 await self._store.update(
                     record.id, lambda r: sm.status_send_failed(r, pending.MessageId), ANY_OWNER
@@ -143,24 +127,14 @@ class StatusOutbox:
         return True
 
     async def _send_alert(self, record: OrderState, pending: PendingStatus) -> None:
-        """The entry's operator alert; raises when the send fails (unlike
-        reporting.Alerts, which only logs), so the entry stays."""
+        """The entry's operator alert (its id derived from the entry's); raises
+        when the send fails, so the entry stays."""
         kind = ALERT_OF_STATUS.get(pending.Status)
         if kind is None:
             return
         reason = pending.Detail or kind
         alert = OperatorAlert(Kind=kind, OrderID=record.id, Reason=reason, Timestamp=pending.At)
-        log.error(
-            "operator alert %s for order %s: %s",
-            kind,
-            record.id,
-            reason,
-            extra={
-                "alert_kind": kind,
-                "order_id": record.id,
-                "custom_dimensions": {"AlertKind": kind},
-            },
-        )
+        log_alert(alert)
         await self._reporter.send_alert(
             alert, outbox_alert_message_id(record.id, pending.MessageId)
         )

@@ -1,3 +1,2 @@
-"""Submit: the front door. Takes `OrderSubmitted` messages off the `orders`
-queue and turns each into an order (orders DB) and a state record (state store),
-idempotently, or dead-letters it with a reason."""
+"""Submit: the front door. Turns each `OrderSubmitted` message into an order and
+a state record, idempotently, or dead-letters it with a reason."""

@@ -1,7 +1,6 @@
-"""The Submit use case, apart from its trigger: `SubmitHandler.handle` validates,
-admits (`BacklogReader`) and writes an order, and says what to do with the message.
-Why the writes come in this order: docs/adr/009-submit-order-of-effects.md; why
-admission reads a gauge: docs/adr/008-backlog-gauge.md."""
+"""The Submit use case: `SubmitHandler.handle` validates, admits and writes an
+order, and says what to do with the message. The order of the writes:
+docs/adr/009-submit-order-of-effects.md; admission: docs/adr/008-backlog-gauge.md."""
 
 from __future__ import annotations
 
@@ -39,12 +38,8 @@ log = logging.getLogger(__name__)
 
 class BacklogReader:
     """The Pending backlog and the records in flight, as last measured by the
-    Starter.
-
-    One point read per `cache_seconds` per process. A measurement older than
-    `max_age` means the Starter is not running: the figures are then unknown
-    and orders are admitted (and the staleness logged), because refusing all
-    orders while the Starter is down would turn one fault into two."""
+    Starter: one point read per `cache_seconds` per process; older than
+    `max_age`, unknown, and orders are admitted (ADR 008)."""
 
     def __init__(
         self,
@@ -60,8 +55,7 @@ class BacklogReader:
         self._cached: tuple[datetime, BacklogGauge | None] | None = None
 
     async def gauge(self) -> BacklogGauge | None:
-        """The Starter's last measurement, or None when there is none young
-        enough to go by."""
+        """The Starter's last measurement, or None when none is young enough."""
         now = self._clock.now()
         if self._cached:
             # A clock stepped back counts as expired, not as a longer cache.
@@ -100,17 +94,13 @@ class SubmitHandler:
         clock: Clock = SYSTEM_CLOCK,
         fast_start: FastStart | None = None,
     ) -> None:
-        """`settings`: Submit's policy (submit.policy, built from the app's
-        settings by the composition root). `fast_start`: the Starter's fast
-        path (orchestrators.starter.fast_start, injected by the root); without
-        one every order waits for the timer Starter."""
+        """`fast_start`: the Starter's fast path; without one every order
+        waits for the timer Starter."""
         self._settings = settings
         self._start = fast_start
         self._store = store
         self._orders = orders
         self._status = status
-        # Alerts are raised by the gate that runs this handler (with the
-        # message id); kept here so the gate can use the same sink.
         self.alerts = alerts
         self._steps = steps
         self._backlog = backlog or BacklogReader(
@@ -120,21 +110,15 @@ class SubmitHandler:
 
     async def handle(self, body: bytes, app_id: str, client: object | None = None) -> Settle:
         """Decide what becomes of one order that arrived on `app_id`'s ingress
-        queue. `client` is the Durable client of the trigger, for the fast
-        path; without one the timer Starter starts the order."""
+        queue. `client`: the trigger's Durable client, for the fast path."""
         try:
             return await self._handle(body, app_id, client)
         except TransientError as exc:
-            # The store or the bus is briefly unavailable: retry after a
-            # back-off delay (the gate schedules it), not at once.
             log.warning("transient failure, retrying later: %s", exc)
             return Settle.retry(str(exc), readable_order_id(body))
         except NotFoundError as exc:
-            # Every read that may rightly find nothing handles it where it is
-            # made; one that escapes read a record this delivery knows exists
-            # (its create conflicted, or an earlier read showed it) from a
-            # replica that has not seen another host's create yet. A later
-            # try finds it; dead-lettering would lose a good order.
+            # A read that may rightly find nothing handles it where it is made;
+            # one that escapes met a lagging replica: dead-lettering would lose a good order.
             log.warning("a record read did not find what exists, retrying later: %s", exc)
             return Settle.retry(f"{exc} (a lagging read); try again", readable_order_id(body))
 
@@ -147,8 +131,7 @@ class SubmitHandler:
         telemetry.annotate(**{telemetry.ORDER_ID: order.OrderID})
 
         if order.AppId != app_id:
-            # Only `app_id` can send to this queue: a body naming another
-            # application is an attempt to use that one's reply queue or ids.
+            # Only `app_id` can send to this queue (docs/adr/010-ingress-queue-identity.md).
             reason = (
                 f"order arrived on the ingress queue of {app_id!r} but names AppId {order.AppId!r}"
             )
@@ -164,8 +147,7 @@ class SubmitHandler:
         count, index = self._settings.shard_count, self._settings.shard_index
         owner = shard_of(order.AppId, order.OrderID, count)
         if owner != index:
-            # Another deployment owns this order (docs/adr/020e-task-hub-shards.md):
-            # accepted here it would have a second record and a second run.
+            # Accepted here, it would have a second record and run (ADR 020e).
             reason = (
                 f"order {order.OrderID!r} of {app_id!r} belongs to shard {owner} of {count} "
                 f"(domain.shards.shard_of); this is shard {index}: send it to shard {owner}'s "
@@ -190,8 +172,7 @@ class SubmitHandler:
             await self._unless_in_the_way(order, key, exc.version)
             return await self._conflict(order, key, exc.fields)
 
-        # The record keeps Submit's trace context, so the first attempt joins
-        # this trace even when the timer Starter claims it before the fast path.
+        # The record keeps Submit's trace context for its first attempt (ADR 015).
         record, etag, created = await self._store.create_if_absent(
             sm.new_record(order, now, self._steps, key).model_copy(
                 update={"Trace": telemetry.inject() or None}
@@ -199,10 +180,8 @@ class SubmitHandler:
         )
         if not created and record.OrderDigest != order.digest():
             if record.ProcessState is ProcessState.REJECTED:
-                # A rejected order never wrote the orders DB, so the document
-                # there is the one this delivery just wrote: take it back (that
-                # version only: the Rejected order may have cleared it and put
-                # its own there since, _unless_in_the_way).
+                # A rejected order has no orders-DB document: this one is this
+                # delivery's. Only that version: the Rejected order may have put its own since.
                 await self._orders.discard_version(key, mine)
             return await self._conflict(order, key)
         if created:
@@ -226,8 +205,7 @@ class SubmitHandler:
             try:
                 etag = await self._store.replace(record, etag)
             except StaleError:
-                # Someone wrote it since our create (the timer Starter claimed
-                # it, or a racing delivery marked it): mark on what is there.
+                # Written since our create (claimed, or marked by a racing delivery).
                 record, etag = await self._store.update(
                     key, lambda r: sm.mark_received_sent(r, now), ANY_OWNER
                 )
@@ -243,11 +221,8 @@ class SubmitHandler:
     async def _readmit(
         self, order: OrderSubmitted, key: str, now: datetime
     ) -> tuple[OrderState, str]:
-        """A Rejected order (rejected earlier, or by a delivery racing this
-        one) sent again now that the backlog has room (this delivery passed
-        the admission check): the client did what Rejected told it to ("try
-        later"), so the order starts over on the same record. The orders
-        write stays. A redelivery finds it Pending and carries on."""
+        """A Rejected order sent again now that the backlog has room starts
+        over on the same record; the orders write stays."""
         steps = self._steps
 
         def again(r: OrderState) -> OrderState:
@@ -266,14 +241,10 @@ class SubmitHandler:
         order: OrderSubmitted,
         received_sent_at: datetime | None = None,
     ) -> bool:
-        """Claim and start the order now (the Starter's fast path), before
-        settling: a redelivery then finds the record claimed, which is harmless.
-        Never raises; False leaves it to the timer Starter (and, with
-        `received_sent_at`, leaves marking Received sent to the caller)."""
-        # MAX_PROCESSING holds on every host: the gauge's figure is the timer
-        # Starter's count, whichever host ran it (the Starter's own check sees
-        # only its own host's last run). At the cap the timer claims the order
-        # once there is room.
+        """Claim and start the order now, before settling. Never raises; False
+        leaves it to the timer Starter (and, with `received_sent_at`, marking
+        Received sent to the caller). MAX_PROCESSING is checked against the
+        gauge, the count of whichever host ran the timer Starter last."""
         if self._start is None:
             return False
         processing = await self._backlog.processing()
@@ -291,11 +262,8 @@ class SubmitHandler:
         """Reject a new order; None if the order was admitted before (a
         redelivery, or a delivery racing this one): the caller carries on."""
         reason = f"backlog above {self._settings.pending_backlog_limit} pending orders; try later"
-        # An earlier delivery may have been admitted (its orders-DB document
-        # written) and died before the state record existed: that document is
-        # the order first accepted. A copy with other data is a conflict, not a
-        # rejection that would take the first one's place and turn the first
-        # one's own redeliveries into conflicts.
+        # An orders-DB document without a record is an order admitted first,
+        # by a delivery that died: a copy with other data conflicts with it.
         stored: OrderSubmitted | None
         version: str | None
         try:
@@ -311,10 +279,7 @@ class SubmitHandler:
         if record.OrderDigest != order.digest():
             if record.ProcessState is ProcessState.REJECTED:
                 # A rejected order has no orders-DB document: one there is this
-                # copy's own, from an earlier delivery admitted before the
-                # backlog rose that died before its state write. Take it back, as
-                # _admit does, also when the read above did not show it (a
-                # replica that had not seen the create yet).
+                # copy's own, from a delivery that died (even if the read missed it).
                 await self._orders.discard(key)
             return await self._conflict(order, key)
         if record.ProcessState is not ProcessState.REJECTED:
@@ -322,22 +287,17 @@ class SubmitHandler:
         if created:
             log.warning("order rejected: %s", reason, extra={"order_id": key})
             telemetry.app_metrics().received.add(1, {"outcome": "rejected", "app.id": order.AppId})
-        # An earlier delivery may have been admitted and written the orders DB,
-        # then died before the state record existed: the order is rejected
-        # now, so that document must go too.
+        # A document an earlier admitted delivery wrote goes with the rejection.
         await self._orders.discard(key)
         return await self._send_rejected(order, record, now)
 
     async def _send_rejected(
         self, order: OrderSubmitted, record: OrderState, now: datetime
     ) -> Settle:
-        """(Re)send Rejected. Every delivery of a rejected order sends it: the
-        first send may have failed, and its stable message id makes a repeat
-        within the duplicate window a duplicate the reply queue drops. A send
-        that fails parks the status in the record's outbox, which the Starter
-        delivers once the queue takes it (docs/design.md, "Status delivery
-        survives failures"), instead of failing the delivery: a reply queue
-        refusing for hours would otherwise dead-letter it unsent."""
+        """(Re)send Rejected, on every delivery (its stable message id makes a
+        repeat a duplicate). A failed send parks the status in the record's
+        outbox for the Starter instead of failing the delivery, which a reply
+        queue refusing for hours would dead-letter unsent."""
         try:
             await self._status.send(
                 order.ReplyTo, record.id, StatusKind.REJECTED, now, detail=record.LastError
@@ -355,16 +315,11 @@ class SubmitHandler:
     async def _unless_in_the_way(
         self, order: OrderSubmitted, key: str, version: str | None = None
     ) -> None:
-        """The orders DB holds other data under this key. If the state record
-        is this very order, Rejected, that document is not the order's (a
-        rejected order has none): it is a conflicting copy's, written by a
-        delivery that takes it back once it finds the record (`_admit`,
-        `_reject`), unless it died first. Take it back here (`version`, the
-        etag this delivery's create or read met, and only that one), and
-        raise TransientError so this delivery is tried again, instead of
-        dead-lettering the order itself as a conflict (a copy's document left
-        behind would stand in the way of every later resend of the Rejected
-        order)."""
+        """The orders DB holds other data under this key. If the record is this
+        very order, Rejected, that document is a conflicting copy's left by a
+        delivery that died: take it back (`version` only) and raise
+        TransientError to try again, instead of dead-lettering the order as a
+        conflict with every later resend."""
         try:
             record, _ = await self._store.read(key)
         except (NotFoundError, PermanentError):
@@ -383,8 +338,7 @@ class SubmitHandler:
     async def _conflict(
         self, order: OrderSubmitted, key: str, fields: list[str] | None = None
     ) -> Settle:
-        """The application sent another order under an OrderID it has used:
-        only its own orders are ever compared (the key names it)."""
+        """The application sent another order under an OrderID it has used."""
         if fields is None:
             fields = await self._differing_fields(order, key)
         description = (
@@ -398,5 +352,4 @@ class SubmitHandler:
             stored = await self._orders.get(key)
         except (NotFoundError, PermanentError):
             return []
-        mine, theirs = order.immutable_fields(), stored.immutable_fields()
-        return sorted(k for k in mine.keys() | theirs.keys() if mine.get(k) != theirs.get(k))
+        return order.differing_fields(stored)

@@ -1,6 +1,4 @@
-"""What Submit reads of the app's settings, and nothing else: its limits and
-the registry of client applications. Built from Settings by the composition
-root (bootstrap), so Submit depends on these figures, not on every setting."""
+"""What Submit reads of the app's settings, and nothing else."""
 
 from __future__ import annotations
 
@@ -20,7 +18,6 @@ class SubmitPolicy:
     backlog_gauge_max_age: timedelta
     max_order_bytes: int
     max_processing: int
-    # Shards as whole deployments (ADR 020e): this deployment's index of SHARD_COUNT.
     shard_count: int
     shard_index: int
 

@@ -1,22 +1,12 @@
 """One Supervisor run: bounded pages of expired Processing records.
 
 Bounded cost (invariant 6): each page reads at most `page_size` candidates
-from its source (supervisor.sources: the state container's query, or the
-recovery index) and saves the source's cursor as its checkpoint, so the next
-page — in this run, or the next run, possibly in another process — resumes
-where it stopped. A run goes on to the next page while the last one made
-progress (see `_page`), for at most `max_pages` pages and while its time
-`budget` lasts, so a backlog of expired attempts is worked through at the rate the
-store allows rather than one page per timer tick.
-
-Safe with several supervisors at once: each recovery is a conditional update
-that requires the LockedBy value read (and the etag), so one expiry is
-recovered once; the loser sees StaleError and moves on. Timer triggers are also
-singletons under the Functions host.
-
-Clock skew: `slack` is added to CompleteBy, so a supervisor whose clock runs
-ahead of the orchestration's by less than `slack` does not steal a live attempt.
-"""
+and saves the source's cursor as its checkpoint, so the next page, in any
+process, resumes where it stopped; a run goes on while pages make progress,
+for at most `max_pages` and its time `budget` (ADR 018c). Each recovery is
+conditional on the LockedBy read (and the etag), so with several supervisors
+an expiry is recovered once. `slack` is added to CompleteBy, so a supervisor
+whose clock runs ahead by less does not steal a live attempt."""
 
 from __future__ import annotations
 
@@ -84,10 +74,8 @@ class Supervisor:
         max_pages: int = 1,
         budget: timedelta | None = None,
     ) -> None:
-        """`charges`: the request-charge recorder of the adapters this run uses
-        (its own, so the figures are this run's), or None. `max_pages` and
-        `budget`: how many pages one run may read, and for how long it starts
-        new ones (None: no limit but `max_pages`)."""
+        """`charges`: the request-charge recorder of this run's own adapters,
+        or None. `budget`: how long a run starts new pages (None: no limit)."""
         if max_pages < 1:
             raise ValueError(f"max_pages must be at least 1, not {max_pages}")
         self._max_pages = max_pages
@@ -118,10 +106,8 @@ class Supervisor:
                 if self._budget is not None and now - started >= self._budget:
                     break
         except Exception:
-            # A document this run could not read is alerted on first sight,
-            # even when the run then fails (a store outage): it may have been
-            # set aside, and no run meets it again before UNREADABLE_RETRY.
-            # alert_unreadable never raises.
+            # Alerted even when the run fails: it may have been set aside, and
+            # no run meets it again before UNREADABLE_RETRY.
             await alert_unreadable(self._alerts, self._store.unreadable, self._clock.now())
             raise
         report.pass_finished = cursor is None
@@ -165,18 +151,13 @@ class Supervisor:
             if await self._recover(candidate.record.id, candidate.record.LockedBy, now, report):
                 await candidate.done()
             elif rewind is None and candidate.position is not None:
-                # Not recovered here: the source's read may have lagged a
-                # newer deadline of a live attempt, so passing the candidate
-                # could lose that attempt; the next run reads it again.
+                # The read may have lagged a live attempt's newer deadline (rule 3).
                 rewind = candidate.position
         if rewind is not None:
             cursor = rewind
         await self._checkpoints.save(cursor)
-        # Another page now only after one that made progress: it recovered
-        # something (the index's cursor may stay where it was, the entries
-        # before it being gone), or it was full and the cursor moved on. A
-        # page that did neither reached the end of what is due; a rewind
-        # waits for the next run.
+        # Another page only after progress: something recovered (the index's
+        # cursor may stay put), or a full page and the cursor moved on.
         if rewind is not None or cursor is None:
             return cursor, False
         progress = _handled(report) > handled or (cursor != start and read >= self._page_size)
@@ -191,17 +172,14 @@ class Supervisor:
         try:
             record, etag = await self._store.update(order_id, recover, locked_by)
         except (StaleError, sm.IllegalTransition, NotFoundError, PermanentError) as exc:
-            # Another supervisor got there first, or the attempt finished in time
-            # (or the record became unreadable: the store names it, the run alerts).
+            # Another supervisor got there first, the attempt finished, or unreadable.
             report.skipped += 1
             log.debug("supervisor skipped %s: %s", order_id, exc)
             return False
         if record.ProcessState is ProcessState.ERROR:
             report.failed += 1
             report.failed_orders.append(order_id)
-            # The Failed status and its OrderError alert are in the record's
-            # outbox (written with Error): a failed send here is retried by
-            # the Starter, never lost or only logged.
+            # In the outbox with Error: a failed send is the Starter's to retry.
             if not await self._outbox.deliver(record, etag):
                 report.status_unsent += 1
         elif record.NotBefore is not None:
@@ -216,8 +194,7 @@ def _handled(report: SupervisorReport) -> int:
 
 
 def _record_metrics(report: SupervisorReport) -> None:
-    """The run's figures as OpenTelemetry metrics (the log line above stays:
-    the alert rules read it)."""
+    """The run's figures as OpenTelemetry metrics (alert rules read the log line)."""
     m = telemetry.app_metrics()
     for outcome in ("recovered", "long_retry", "failed"):
         count = getattr(report, outcome)

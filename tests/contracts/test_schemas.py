@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import jsonschema
 import pytest
@@ -25,18 +26,30 @@ def validator(name: str) -> jsonschema.Draft202012Validator:
     )
 
 
+def stale_files(directory: Path = schemas.CONTRACTS_DIR) -> list[str]:
+    """Files missing, different, or no longer generated."""
+    wanted = schemas.render_all()
+    present = {p.name for p in directory.glob("*.schema.json")} if directory.exists() else set()
+    stale = [
+        n
+        for n, text in wanted.items()
+        if not (directory / n).exists() or (directory / n).read_text() != text
+    ]
+    return sorted(stale + sorted(present - set(wanted)))
+
+
 def test_contract_files_are_current():
     """Fails when a model changed and `python -m domain.schemas` was not run."""
-    assert schemas.stale_files() == []
+    assert stale_files() == []
 
 
 def test_a_changed_model_is_caught(tmp_path):
     schemas.write_all(tmp_path)
-    assert schemas.stale_files(tmp_path) == []
+    assert stale_files(tmp_path) == []
     target = tmp_path / "StatusUpdate.schema.json"
     target.write_text(target.read_text().replace('"Timestamp"', '"When"'))
     (tmp_path / "Retired.schema.json").write_text("{}")
-    assert schemas.stale_files(tmp_path) == ["Retired.schema.json", "StatusUpdate.schema.json"]
+    assert stale_files(tmp_path) == ["Retired.schema.json", "StatusUpdate.schema.json"]
 
 
 @pytest.mark.parametrize("name", sorted(schemas.CONTRACTS))
