@@ -168,10 +168,14 @@ class Alerts:
         # have landed: sent again under its own id, which the queue drops
         # if so, never counted a second time in an aggregate).
         self._log(alert)
+        # Seen from the moment its send begins: a redelivery raised meanwhile
+        # is this incident, not one for the window to count again.
+        _remember(self._seen, alert_id)
         try:
             await self._send(alert, alert_id or f"alert/{self._new_id()}")
         except DomainError as exc:
             _remember(self._tried, alert_id)
+            self._seen.pop(alert_id or "", None)  # not counted: held or raised below
             if required:
                 raise AlertNotQueued(
                     f"alert {kind} could not be queued: {exc}", alert, alert_id
@@ -179,7 +183,6 @@ class Alerts:
             log.warning("alert %s for %s not queued, held: %s", kind, _subject(alert), exc)
             self.hold(alert, alert_id)
             return alert
-        _remember(self._seen, alert_id)
         # Looked up again: alerts raised while this one was being sent may
         # have opened the window and counted into it (the e2e hostile run
         # lost 62 counts to a window opened over another).

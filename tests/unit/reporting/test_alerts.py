@@ -206,3 +206,33 @@ async def test_alerts_raised_while_the_first_is_being_sent_are_all_counted():
         ("m-2", 1),
         ("m-3", 1),
     ]
+
+
+async def test_a_redelivery_raised_while_its_first_alert_is_being_sent_is_not_counted_again():
+    """Simulation seed 12003324 (3 orders, 20 forgeries, at 890f02d): a
+    forgery's first delivery was sending its alert as the first of a window
+    when its lock expired and the redelivery raised the same alert id; the
+    window another alert had opened meanwhile counted it too, so it reached
+    operators twice (its own message and an aggregate). The id is the one
+    incident's from the moment its send begins."""
+    import asyncio
+
+    class SlowPublisher(RecordingPublisher):
+        def __init__(self) -> None:
+            super().__init__()
+            self.delays = [0.0, 0.05]
+
+        async def send(self, *args, **kw):
+            await asyncio.sleep(self.delays.pop(0) if self.delays else 0.0)
+            await super().send(*args, **kw)
+
+    clock, publisher = FakeClock(), SlowPublisher()
+    alerts = Alerts(publisher, clock=clock, wake=Wakes())
+
+    async def redelivered() -> None:
+        await asyncio.sleep(0.01)  # forgery 1's send has opened the window
+        await _forgery(alerts, clock, 2)
+
+    await asyncio.gather(_forgery(alerts, clock, 1), _forgery(alerts, clock, 2), redelivered())
+    await alerts.close()
+    assert sorted((a.MessageId, a.Count) for a in _sent(publisher)) == [("m-1", 1), ("m-2", 1)]
