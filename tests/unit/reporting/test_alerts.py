@@ -6,6 +6,7 @@ the alerts queue refuses."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 from domain.codec import decode
@@ -177,21 +178,20 @@ async def test_the_wake_at_a_windows_end_closes_it_even_if_it_fires_early():
     assert [a.Count for a in _sent(publisher)] == [1, 2]
 
 
+class SlowPublisher(RecordingPublisher):
+    """The first send answers at once, the second late: meanwhile the
+    first's window opens and counts what is raised then."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.delays = [0.0, 0.05]
+
+    async def send(self, *args, **kw):
+        await asyncio.sleep(self.delays.pop(0) if self.delays else 0.0)
+        await super().send(*args, **kw)
+
+
 async def test_alerts_raised_while_the_first_is_being_sent_are_all_counted():
-    import asyncio
-
-    class SlowPublisher(RecordingPublisher):
-        """The first send answers at once, the second late: meanwhile the
-        first's window opens and counts a third alert."""
-
-        def __init__(self) -> None:
-            super().__init__()
-            self.delays = [0.0, 0.05]
-
-        async def send(self, *args, **kw):
-            await asyncio.sleep(self.delays.pop(0) if self.delays else 0.0)
-            await super().send(*args, **kw)
-
     clock, publisher = FakeClock(), SlowPublisher()
     alerts = Alerts(publisher, clock=clock, wake=Wakes())
 
@@ -215,17 +215,6 @@ async def test_a_redelivery_raised_while_its_first_alert_is_being_sent_is_not_co
     window another alert had opened meanwhile counted it too, so it reached
     operators twice (its own message and an aggregate). The id is the one
     incident's from the moment its send begins."""
-    import asyncio
-
-    class SlowPublisher(RecordingPublisher):
-        def __init__(self) -> None:
-            super().__init__()
-            self.delays = [0.0, 0.05]
-
-        async def send(self, *args, **kw):
-            await asyncio.sleep(self.delays.pop(0) if self.delays else 0.0)
-            await super().send(*args, **kw)
-
     clock, publisher = FakeClock(), SlowPublisher()
     alerts = Alerts(publisher, clock=clock, wake=Wakes())
 
