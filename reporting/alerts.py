@@ -99,6 +99,7 @@ class Alerts:
         # Alert ids counted (or held), and those whose send failed.
         self._seen: OrderedDict[str, None] = OrderedDict()
         self._tried: OrderedDict[str, None] = OrderedDict()
+        self._sending: set[str] = set()  # alert ids whose send is under way
         self._retry_at: datetime | None = None  # a refused aggregate is sent again then
         self._flushing = False
         self._retry_armed = False
@@ -141,13 +142,22 @@ class Alerts:
         await self.flush(now)
         if alert_id is not None and alert_id in self._seen:
             return alert  # counted already: a redelivery of a counted message
+        if alert_id is not None and alert_id in self._sending:
+            # A redelivery while its first delivery sends it: held, so sent
+            # again under its own id (dropped by the queue if the first
+            # landed), never counted in a window as well.
+            self.hold(alert, alert_id)
+            return alert
         window = self._windows.get((kind, queue))
         if window is not None and not (alert_id is not None and alert_id in self._tried):
             self._count(window, alert, alert_id)
             return alert
-        # The first of a window, or one whose earlier send failed (sent again
-        # under its own id, never counted in an aggregate as well).
+        # The first of a window, or one whose send failed before (it may
+        # have landed: sent again under its own id, which the queue drops
+        # if so, never counted a second time in an aggregate).
         log_alert(alert)
+        if alert_id is not None:
+            self._sending.add(alert_id)
         try:
             await self._send(alert, alert_id or f"alert/{self._new_id()}")
         except DomainError as exc:
@@ -159,6 +169,8 @@ class Alerts:
             log.warning("alert %s for %s not queued, held: %s", kind, _subject(alert), exc)
             self.hold(alert, alert_id)
             return alert
+        finally:
+            self._sending.discard(alert_id or "")
         _remember(self._seen, alert_id)
         # Looked up again: alerts raised during the send may have opened it.
         if (kind, queue) not in self._windows:

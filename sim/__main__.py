@@ -131,6 +131,9 @@ def record(
     # and those without "slow_world" before issue 43's worlds (overload, rate
     # limits, a reply queue refusing for hours)
     entry["slow_world"] = True
+    # and those without "rare_faults" before a 404 could be lost or a paired
+    # host start read before the other's create replicated
+    entry["rare_faults"] = True
     if target:
         entry["target"] = target
     entries.append(entry)

@@ -55,6 +55,8 @@ def world_of(entry: dict[str, Any]) -> dict[str, Any]:
         "entity_full": entry.get("entity_full", False),  # before the full queues
         # before issue 43's worlds (overload, rate limits, a reply queue refusing for hours)
         "slow_world": entry.get("slow_world", False),
+        # before the faults of calls no seed failed (a lost 404, a paired start's lag)
+        "rare_faults": entry.get("rare_faults", False),
     }
 
 

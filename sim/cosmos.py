@@ -356,11 +356,13 @@ class SimContainer:
         if hook is not None:
             hook({"x-ms-request-charge": "1"}, {})
 
-    def _answer_lost(self, op: str) -> None:
-        """After a write's effect: its answer may be lost on the way back."""
-        failure = self.world.faults.cosmos_answer_lost(self.name, op)
+    def _answer_lost(self, op: str, missing: bool = False) -> None:
+        """After a write's effect (or its 404: `missing`): its answer may be
+        lost on the way back."""
+        failure = self.world.faults.cosmos_answer_lost(self.name, op, missing)
         if failure is not None:
-            self.world.log(f"cosmos {self.name} {op} applied, answer lost ({failure})")
+            done = "found nothing" if missing else "applied"
+            self.world.log(f"cosmos {self.name} {op} {done}, answer lost ({failure})")
             raise _failure(failure, f"{self.name}.{op}")
 
     async def create_item(self, body: dict, response_hook=None, **_: Any) -> dict:
@@ -467,6 +469,7 @@ class SimContainer:
         await self._op("delete", response_hook)
         key = (str(partition_key), str(item))
         if key not in self.docs:
+            self._answer_lost("delete", missing=True)  # a 404 can be lost on its way too
             raise _error(
                 CosmosResourceNotFoundError, 404, "Entity with the specified id does not exist"
             )

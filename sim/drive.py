@@ -935,6 +935,7 @@ def run_schedule(
     link_drops: bool = True,
     entity_full: bool = True,
     slow_world: bool = True,
+    rare_faults: bool = True,
 ) -> Result:
     """`steps`: run this step catalog instead of domain/steps.json (the
     seed's other choices stay what they are)."""
@@ -953,6 +954,7 @@ def run_schedule(
         link_drops=link_drops,
         entity_full=entity_full,
         slow_world=slow_world,
+        rare_faults=rare_faults,
     )
     if steps is not None:
         options = replace(options, steps=steps)

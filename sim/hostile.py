@@ -339,7 +339,13 @@ class Hostile:
             # rule reports (seed 100014: three deliveries lost at receive, the
             # fourth met a failed alert send and a refused copy).
             silent = bool(refused) and all(m.copy_faulted for m in refused)
-            if alerts.get(mid, 0) != 1 and not (silent and alerts.get(mid, 0) == 0):
+            # Nor is one owed when no handler ever judged it: every delivery
+            # faulted and the broker dead-lettered it (seed 11001128: four
+            # receives lost with the message locked, one lock lost), which
+            # the same rule reports; a handler that alerted and whose
+            # dead-lettering then faulted still sent the one.
+            unjudged = not refused and reason == "every delivery faulted"
+            if alerts.get(mid, 0) != 1 and not ((silent or unjudged) and alerts.get(mid, 0) == 0):
                 sim.fail(
                     "forged message alerted once",
                     f"{mid} ({kind}): {alerts.get(mid, 0)} alerts",

@@ -141,6 +141,7 @@ def options_for(
     link_drops: bool = True,
     entity_full: bool = True,
     slow_world: bool = True,
+    rare_faults: bool = True,
 ) -> Options:
     """Everything about a schedule, drawn from its seed; `hostile` fixes the
     number of forgeries (sim.hostile) instead (0 replays a schedule found
@@ -160,7 +161,9 @@ def options_for(
     answer (FaultConfig.link_drops; seeds recorded before them); `entity_full`
     False the full queues (FaultConfig.entity_full; seeds recorded before them);
     `slow_world` False issue 43's worlds (overload, rate limits, a reply
-    queue refusing for hours: `_slow_world`; seeds recorded before them)."""
+    queue refusing for hours: `_slow_world`; seeds recorded before them);
+    `rare_faults` False the faults of calls no seed failed (FaultConfig.lost_404,
+    start_lag; seeds recorded before them)."""
     rng = random.Random(f"options/{seed}")
     newer = wider and hosts != 0 and fallible and mutation_world
     quiet = rng.random() < 0.15
@@ -253,6 +256,11 @@ def options_for(
         options.workers, f.receive_fail = draw_workers(seed, options.fault_window)
     if slow_world and newer:
         _slow_world(seed, options, quiet)
+    if rare_faults and newer and not quiet:
+        # The fault surface's last gaps (issue 42), from a stream of their own.
+        rare = random.Random(f"rare-faults/options/{seed}")
+        f.lost_404 = rare.choice((0.0, 0.03, 0.1, 0.3))
+        f.start_lag = rare.choice((0.0, 0.5, 1.0))
     return options
 
 

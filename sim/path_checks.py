@@ -288,13 +288,14 @@ class PathChecks(Observed):
             )
 
     def _check_recovery(self, old: dict, new: dict) -> None:
-        """A Supervisor's recovery (rows 6 and 7) at its allowed time and by
-        the budget's rule, checked as it is written (the path, not only the
-        end; issue 21): the attempt's CompleteBy had passed in the world's own
-        time (the Supervisor's slack is larger than any actor's skew),
-        FailureCount moved by exactly one, and that count says where the
-        record goes: a quick retry below the threshold, a long retry
-        (NotBefore set) below threshold + long retries, Error at the end."""
+        """Invariant 5 (§7 5: each expired attempt counts once, FailureCount
+        never past threshold + long retries) and the long retry (§4), as each
+        Supervisor recovery (rows 6 and 7) is written: the attempt's
+        CompleteBy had passed in the world's own time (the Supervisor's slack
+        is larger than any actor's skew), FailureCount moved by exactly one,
+        and that count says where the record goes: a quick retry below the
+        threshold, a long retry (NotBefore set) below threshold + long
+        retries, Error at the end."""
         policy = self.settings.retry
         oid = new.get("id")
         complete_by = old.get("CompleteBy")
@@ -321,15 +322,19 @@ class PathChecks(Observed):
                     f"skew up to {self.o.faults.skew} s)",
                 )
             )
-        counted = old.get("FailureCount")
+        # The store leaves out a field at its default (exclude_defaults): an
+        # absent count is 0, and a recovery that leaves it absent counted
+        # nothing (mutant `sm-failurecount-not-counted`). Only a count that
+        # is there and no number is a foreign document's: its alert names it.
+        counted = old.get("FailureCount", 0)
         if not isinstance(counted, int):
-            return  # a foreign document's count: its own alert names it
+            return
         failures = counted + 1
-        if new.get("FailureCount") != failures:
+        if new.get("FailureCount", 0) != failures:
             self.violations.append(
                 (
                     "FailureCount moves by one per recovery",
-                    f"{oid}: {counted} -> {new.get('FailureCount')}",
+                    f"{oid}: {counted} -> {new.get('FailureCount', 0)}",
                 )
             )
             return

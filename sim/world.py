@@ -182,6 +182,14 @@ class FaultConfig:
     # "disabled", "deleted", "forbidden" or "full", for so many seconds
     refusing_reply: str = ""
     refusing_seconds: float = 0.0
+    # Calls the fault surface found no seed to fail (issue 42), each from a
+    # stream of its own (Faults.rare_rng): per delete of a document that is
+    # not there, its 404 lost on the way back (reset, timeout, 408), as any
+    # answer may be; per read by a host's start of a document created moments
+    # ago by the other start of a pair (two instances setting up the
+    # containers at once), a replica that has not seen the create (a 404)
+    lost_404: float = 0.0
+    start_lag: float = 0.0
 
 
 @dataclass
@@ -258,21 +266,27 @@ class Faults:
         self.outage_lost = 0.3
         self._throttle_runs: dict[asyncio.Task | None, int] = {}  # the fault surface's
         self._forced_variant: str | None = None  # the targeted pass's, for _variant
+        # The draws of the faults added last (FaultConfig.lost_404, start_lag):
+        # a stream of their own, so that no other draw of a seed moves.
+        self.rare_rng = random.Random(f"rare-faults/{world.seed}")
 
-    def draw(self, probability: float, kind: str, detail: str = "") -> bool:
+    def draw(
+        self, probability: float, kind: str, detail: str = "", rng: random.Random | None = None
+    ) -> bool:
+        rng = rng or self.rng
         forced = None
         if SURFACE is not None and SURFACE.target is not None and self.active:
             # the fault surface's targeted pass: this call is the target's
             forced = SURFACE.force(kind, sys._getframe(1))
         if forced is not None:
             if probability > 0:
-                self.rng.random()  # the draw it replaces
+                rng.random()  # the draw it replaces
             self._forced_variant = SURFACE.variant(kind, forced)
             detail = f"{detail} (targeted {forced})".lstrip()
         else:
             if probability <= 0:
                 return False
-            hit = self.rng.random() < probability
+            hit = rng.random() < probability
             if not hit or not self.active:
                 return False
         index = self.count
@@ -361,10 +375,20 @@ class Faults:
             return kind
         return None
 
-    def cosmos_answer_lost(self, container: str, op: str) -> str | None:
-        """After a Cosmos write's effect: None, or how its answer was lost
+    def cosmos_answer_lost(self, container: str, op: str, missing: bool = False) -> str | None:
+        """After a Cosmos write's effect, or its 404 (`missing`: a delete of
+        a document that is not there): None, or how its answer was lost
         ("reset", "client_timeout", "408")."""
-        if self.draw(self.config.cosmos_lost, "cosmos_answer_lost", f"{container} {op}"):
+        if missing:
+            lost = self.draw(
+                self.config.lost_404,
+                "cosmos_answer_lost",
+                f"{container} {op} (404)",
+                rng=self.rare_rng,
+            )
+        else:
+            lost = self.draw(self.config.cosmos_lost, "cosmos_answer_lost", f"{container} {op}")
+        if lost:
             self.hit("cosmos_timeout_after")
             return self._variant(("reset", "client_timeout", "408"))
         return None
@@ -379,6 +403,16 @@ class Faults:
         """A point read of a document created moments ago, on a replica that
         has not seen the create yet (a 404)."""
         if self.draw(self.config.query_lag, "new_document_lag", container):
+            self.hit("session_lag")
+            return True
+        task = asyncio.current_task()
+        if task is None or self.world._names.get(task, "") not in ("host", "host-2"):
+            return False
+        # A host's start, the other of a pair having just created it
+        # (FaultConfig.start_lag): its own stream, drawn only there.
+        if self.draw(
+            self.config.start_lag, "new_document_lag", f"{container} (start)", rng=self.rare_rng
+        ):
             self.hit("session_lag")
             return True
         return False

@@ -387,3 +387,41 @@ def test_a_rejected_order_whose_every_message_the_broker_ended_owes_no_status():
     resend = Msg(f"{own}/resend", first.body, {}, 900, sim.world.clock.now)
     ingress.sent.append(resend)  # completed: its handler owed the status
     assert owed <= set(_checks(sim))
+
+
+def test_a_document_whose_lineage_then_ended_in_dead_letters_no_handler_finished_is_an_orphan():
+    """The fault surface's seed 77 (3 orders, `--target
+    adapters/orders_db.py:129:cosmos_outage`): a changed resend of a Rejected
+    order wrote its copy to the orders DB, and its next deliveries, 0.1 s
+    apart on a full ingress queue (no back-off copy), met Cosmos out while
+    taking it back, until the gate dead-lettered it RetriesExhausted with its
+    alert. No handler finished with it; the order's next send takes the
+    copy back (Submit's _unless_in_the_way): not a kept order. While the
+    message is not so ended (completed, or dead-lettered by a handler's own
+    verdict), the document still counts."""
+    from sim.system import INGRESS_OF
+
+    sim = _run(1, 1)
+    key = sim.order_ids[0]
+    app, own = sim.orders[key]
+    sim.state_c.docs[(key, key)]["ProcessState"] = "Rejected"
+    sim.orders_c.docs[(key, key)] = {"id": key, "Total": "60.00"}
+    queue = INGRESS_OF[app]
+    now = sim.world.clock.now
+    body = next(m for m in sim.bus.queue(queue).sent if m.message_id == own).body
+    msg = Msg(f"{own}/resend-changed", body, {}, 900, now, lock_token=77, delivery_count=5)
+    sim.bus.queue(queue).sent.append(msg)
+    lineage = f"{queue} {msg.message_id}"
+    sim.delivery_of[77] = (lineage, now)
+    sim.unfinished.add(77)
+    sim.orders_writer[key] = (77, now + timedelta(seconds=0.01))
+    sim.lineage_starts[lineage] = [now, now + timedelta(seconds=0.1)]  # delivered again after
+    assert "rejected order not kept" in _checks(sim)  # completed: a handler finished with it
+    msg.dead_letter_reason = "MaxDeliveryCountExceeded"
+    sim.bus.queue(queue).dead.append(msg)
+    sim.bus.faulted[msg.message_id] = {1, 2, 3, 4}
+    assert "rejected order not kept" in _checks(sim)  # one delivery ended unfaulted
+    sim.bus.faulted[msg.message_id].add(5)
+    assert "rejected order not kept" not in _checks(sim)
+    msg.dead_letter_reason = "OrderConflict"  # the handler's own verdict, the copy left
+    assert "rejected order not kept" in _checks(sim)

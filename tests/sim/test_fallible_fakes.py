@@ -201,3 +201,58 @@ def test_an_order_whose_create_conflicts_but_cannot_be_read_yet_is_retried_not_r
 
     _run(go())
     assert [f.kind for f in world.faults.injected] == ["new_document_lag"]
+
+
+def test_a_delete_that_finds_nothing_can_lose_its_404_and_the_orders_db_calls_it_transient():
+    """The fault surface's gap at CosmosOrdersRepository.discard (issue 42):
+    a delete of a document that is not there answers 404, which the adapter
+    takes as done; that answer can be lost on its way back like any other
+    (FaultConfig.lost_404), and then the caller cannot know: a TransientError.
+    Its own stream: the seed's other draws stay where they were."""
+    world = _world(lost_404=1.0)
+    orders = CosmosOrdersRepository(SimContainer(world, "orders", "/id"))
+
+    async def go():
+        for _ in range(3):  # a reset, the client's timeout, a 408
+            with pytest.raises(TransientError):
+                await orders.discard("gone")
+
+    _run(go())
+    assert [f.kind for f in world.faults.injected] == ["cosmos_answer_lost"] * 3
+    assert world.faults.rng.getstate() == _world().faults.rng.getstate()
+    quiet = _world(lost_404=0.0)
+    _run(CosmosOrdersRepository(SimContainer(quiet, "orders", "/id")).discard("gone"))
+    assert quiet.faults.injected == []
+
+
+def test_a_host_start_can_read_the_shard_count_another_start_just_created_before_it_replicated():
+    """The fault surface's gap at ensure_shard_count's read (issue 42): the
+    second of two hosts starting together finds the `~config` document there
+    (its create conflicts) and then cannot read it on its replica (a 404,
+    FaultConfig.start_lag): the start is refused as transient and retried,
+    never taken for another shard count. Only a host's start lags so."""
+    from adapters.recovery_index import ensure_shard_count
+
+    world = _world(start_lag=1.0)
+    index = SimContainer(world, "recoveryIndex", "/bucket")
+    started: dict[str, str] = {}
+
+    def start(name: str, after: float) -> None:
+        async def run() -> None:
+            try:
+                await ensure_shard_count(index, 4)  # type: ignore[arg-type]
+                started[name] = "started"
+            except TransientError as exc:
+                started[name] = str(exc)
+
+        world.at(world.clock.now + timedelta(seconds=after), name, lambda: world.spawn(name, run))
+
+    start("host", 0.0)  # the first records it
+    start("host-2", 0.5)  # its create conflicts, its read lags
+    start("supervisor0", 1.0)  # no host's start: reads it as it is
+    start("host-3", 5.0)  # a later start: replicated by then
+    _run(world.run(world.clock.now + timedelta(seconds=10)))
+    assert started["host"] == started["supervisor0"] == started["host-3"] == "started"
+    assert "not yet readable" in started["host-2"]
+    # (its first read too: then its create conflicts, and the read after it lags again)
+    assert [f.kind for f in world.faults.injected] == ["new_document_lag"] * 2

@@ -73,3 +73,40 @@ def test_the_hostile_checks_can_fail(monkeypatch):
     alerts.sent = [m for m in alerts.sent if "forged/" not in json.loads(m.body)["MessageId"]]
     sim.check()
     assert "forged message alerted once" in {c for c, _ in sim.violations}
+
+
+def test_a_forgery_no_handler_ever_judged_owes_no_alert_of_its_own():
+    """Seed 11001128 (one order, 20 forgeries): forged/10's five deliveries
+    to the standalone workers all ended in faults (four receives whose
+    answer was lost with the message locked, one lock lost 0.7 s after the
+    receive), so Service Bus dead-lettered it MaxDeliveryCountExceeded and
+    no handler ever judged it: the platform's dead-letter rule reports it,
+    as for any message the broker ends. No alert is owed then, and one (a
+    handler that alerted and whose dead-lettering then faulted) is still
+    the one; a delivery that ended unfaulted owes the handler's alert."""
+    sim = _hostile(3, 5)
+    assert sim.violations == []
+    assert sim.hostile is not None
+    alerts = sim.bus.queue("alerts")
+    counted = {
+        json.loads(body).get("MessageId") for c in sim.alert_ledger.values() for _, body in c
+    }
+    mid, (queue, _) = next(
+        (mid, where)
+        for mid, where in sorted(sim.hostile.forged.items())
+        if mid not in counted  # alerted in a message of its own, not in an aggregate
+    )
+    alerts.sent = [m for m in alerts.sent if json.loads(m.body).get("MessageId") != mid]
+    (dead,) = [m for m in sim.bus.queue(queue).dead if m.message_id == mid]
+    dead.dead_letter_reason = "MaxDeliveryCountExceeded"
+    dead.delivery_count = 5
+    sim.bus.faulted[mid] = {1, 2, 3, 4}
+
+    def checks() -> set[str]:
+        sim.violations.clear()
+        sim.check()
+        return {c for c, _ in sim.violations}
+
+    assert "forged message alerted once" in checks()  # one delivery ended unfaulted
+    sim.bus.faulted[mid].add(5)
+    assert "forged message alerted once" not in checks()

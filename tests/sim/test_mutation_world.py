@@ -109,3 +109,17 @@ def test_an_undo_that_listens_only_to_its_latest_try_is_caught(tmp_path):
     outcome = mutate.run_sim(tree, 1, 3, seed, 300, python=sys.executable)
     assert outcome.kind == "killed", outcome
     assert "an undo hears every try's answer until its deadline" in outcome.detail
+
+
+@pytest.mark.slow
+def test_a_supervisor_that_forgets_to_count_an_expired_attempt_is_caught(tmp_path):
+    """`sm-failurecount-not-counted`: every recovery leaves FailureCount at
+    0, which the store leaves out of the document; seed 1 of one order (the
+    mutation run's first) recovers its attempt three times. The unmutated
+    code is clean on the same seed."""
+    clean = mutate.run_sim(ROOT, 1, 1, 1, 300, python=sys.executable)
+    assert clean.kind == "clean", clean
+    tree = _mutated_tree(tmp_path, "sm-failurecount-not-counted")
+    outcome = mutate.run_sim(tree, 1, 1, 1, 300, python=sys.executable)
+    assert outcome.kind == "killed", outcome
+    assert "FailureCount moves by one per recovery" in outcome.detail

@@ -1,4 +1,4 @@
-"""Three checks on the path (issue 21) for slips that once only their own
+"""Checks on the path (issue 21) for slips that once only their own
 unit tests caught: a restart spent on an attempt that never ran, a failed
 delivery's back-off copy dropped as another delivery's, an attempt that
 quit before its step's deadline with the reply still to come. Each fires on
@@ -152,3 +152,29 @@ def test_an_attempt_that_quit_before_its_deadline_with_a_reply_to_come_is_caught
     # An answer it had heard before it ended (a redelivered request's second).
     sim.durable.heard[("o:1", reply_event_name("pay", 1))] = ["{}"]
     assert _reply(sim) == []
+
+
+def test_a_recovery_that_leaves_failurecount_at_its_default_is_caught():
+    """Mutant `sm-failurecount-not-counted` (the Supervisor forgets to count
+    the expired attempt) survived 1,000 one-order seeds: the store leaves a
+    count at its default 0 out of the document, and the check took the
+    absent count for a foreign document's. Absent is 0; only a count that is
+    there and no number is skipped."""
+    sim = _run()
+    expired = (sim.world.clock.now - timedelta(minutes=5)).isoformat()
+    old = {"id": "o", "ProcessState": "Processing", "LockedBy": "o:1", "CompleteBy": expired}
+    pending = {"id": "o", "ProcessState": "Pending"}
+
+    def recovered(before: dict, after: dict) -> list[str]:
+        sim.violations.clear()
+        _as(sim, "supervisor", lambda: sim._on_state_write(before, after))
+        return [c for c, _ in sim.violations]
+
+    assert recovered(old, pending) == ["FailureCount moves by one per recovery"]
+    assert recovered(old, {**pending, "FailureCount": 1}) == []
+    assert recovered({**old, "FailureCount": 1}, {**pending, "FailureCount": 1}) == [
+        "FailureCount moves by one per recovery"
+    ]
+    assert recovered({**old, "FailureCount": 1}, {**pending, "FailureCount": 2}) == []
+    # A foreign document's count (no number) is its own alert's to name.
+    assert recovered({**old, "FailureCount": None}, pending) == []

@@ -6,6 +6,7 @@ the alerts queue refuses."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 from domain.codec import decode
@@ -177,21 +178,20 @@ async def test_the_wake_at_a_windows_end_closes_it_even_if_it_fires_early():
     assert [a.Count for a in _sent(publisher)] == [1, 2]
 
 
+class SlowPublisher(RecordingPublisher):
+    """The first send answers at once, the second late: meanwhile the
+    first's window opens and counts what is raised then."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.delays = [0.0, 0.05]
+
+    async def send(self, *args, **kw):
+        await asyncio.sleep(self.delays.pop(0) if self.delays else 0.0)
+        await super().send(*args, **kw)
+
+
 async def test_alerts_raised_while_the_first_is_being_sent_are_all_counted():
-    import asyncio
-
-    class SlowPublisher(RecordingPublisher):
-        """The first send answers at once, the second late: meanwhile the
-        first's window opens and counts a third alert."""
-
-        def __init__(self) -> None:
-            super().__init__()
-            self.delays = [0.0, 0.05]
-
-        async def send(self, *args, **kw):
-            await asyncio.sleep(self.delays.pop(0) if self.delays else 0.0)
-            await super().send(*args, **kw)
-
     clock, publisher = FakeClock(), SlowPublisher()
     alerts = Alerts(publisher, clock=clock, wake=Wakes())
 
@@ -206,3 +206,51 @@ async def test_alerts_raised_while_the_first_is_being_sent_are_all_counted():
         ("m-2", 1),
         ("m-3", 1),
     ]
+
+
+async def test_a_redelivery_raised_while_its_first_alert_is_being_sent_is_not_counted_again():
+    """Simulation seed 12003324 (3 orders, 20 forgeries, at 890f02d): a
+    forgery's first delivery was sending its alert as the first of a window
+    when its lock expired and the redelivery raised the same alert id; the
+    window another alert had opened meanwhile counted it too, so it reached
+    operators twice (its own message and an aggregate). The redelivery's is
+    held instead, sent again under its own id: the alerts queue drops it
+    when the first landed."""
+    clock, publisher = FakeClock(), SlowPublisher()
+    alerts = Alerts(publisher, clock=clock, wake=Wakes())
+
+    async def redelivered() -> None:
+        await asyncio.sleep(0.01)  # forgery 1's send has opened the window
+        await _forgery(alerts, clock, 2)
+
+    await asyncio.gather(_forgery(alerts, clock, 1), _forgery(alerts, clock, 2), redelivered())
+    await alerts.close()
+    assert sorted((a.MessageId, a.Count) for a in _sent(publisher)) == [("m-1", 1), ("m-2", 1)]
+    assert publisher.resent() == [("alerts", "alert/agent-responses/seq-2/ForgedReply")]
+
+
+async def test_an_alert_whose_send_dies_in_flight_is_sent_by_the_redelivery_held_meanwhile():
+    """The first delivery's send never answers and its invocation is
+    cancelled (a timeout, a host stopping): the redelivery raised meanwhile
+    was held, not taken as counted, so the incident still reaches operators."""
+
+    class Hanging(RecordingPublisher):
+        def __init__(self) -> None:
+            super().__init__()
+            self.first = True
+
+        async def send(self, *args, **kw):
+            if self.first:
+                self.first = False
+                await asyncio.Event().wait()
+            await super().send(*args, **kw)
+
+    clock, publisher = FakeClock(), Hanging()
+    alerts = Alerts(publisher, clock=clock, wake=Wakes())
+    first = asyncio.create_task(_forgery(alerts, clock, 2))
+    await asyncio.sleep(0)  # its send is under way
+    await _forgery(alerts, clock, 2)  # the redelivery
+    first.cancel()
+    await asyncio.gather(first, return_exceptions=True)
+    await alerts.close()
+    assert [(a.MessageId, a.Count) for a in _sent(publisher)] == [("m-2", 1)]
