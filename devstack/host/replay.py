@@ -111,6 +111,20 @@ def install_cached_namedtuple() -> None:
 
 install_cached_namedtuple()
 
+
+def install_settled_strict_mode() -> None:
+    """Read the worker library's strict-typing setting (`AZURE_FUNCTIONS_DURABLE_STRICT_TYPING`)
+    once, now, instead of on every encode and decode: its `df_dumps`/`df_loads` (every
+    action's input, every activity's input and result) look the variable up in `os.environ`
+    each time, 3 % of the host's CPU in bench/host_bench.py. Call after the app's settings
+    are in the environment; the setting then stays as it was at start, as an app setting
+    does on Azure (a change restarts the worker)."""
+    from azure.functions import _durable_functions as codec
+
+    strict = codec._is_strict_mode()
+    codec._is_strict_mode = lambda: strict
+
+
 HTTP_ACTIVITY = "BuiltIn::HttpActivity"  # the extension runs call_http as this built-in activity
 UPPER_SCHEMA_VERSION = 2  # ReplaySchema.V3: task_any/task_all as compound actions
 
