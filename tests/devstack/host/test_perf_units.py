@@ -205,12 +205,21 @@ def test_the_engines_history_copy_always_reads_as_the_stored_history(tmp_path: P
         assert inst.execution_id == execution
         got = engine._history(inst)
         assert got == store.history("i")
+        # The episode's single read gives the same instance, history and visible messages.
+        read, messages, shape = store.episode_read("i", 100.0, -1)
+        assert read == inst
+        assert shape == tail("i", -1)
+        assert [(m[2]["n"], m[1]) for m in messages] == [(1, "i-e"), (2, None)]
         return got
 
     try:
         _instance(store, "i")
         with store.tx() as db:
             db.execute("UPDATE instances SET status='Running' WHERE instance_id='i'")
+            db.execute("DELETE FROM inbox WHERE instance_id='i'")
+        store.enqueue("i", "i-e", {"EventType": 15, "n": 1}, 99.0)
+        store.enqueue("i", None, {"EventType": 15, "n": 2}, 0.0)
+        store.enqueue("i", None, {"EventType": 11, "n": 3}, 101.0)  # not visible at 100
         assert check("i-e") == []
         append("i-e", {"EventType": 12, "EventId": -1}, {"EventType": 0, "EventId": -1})
         check("i-e")
