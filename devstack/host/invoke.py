@@ -52,7 +52,7 @@ class _SyncCalls:
     their results handed back to the loop in batches: one `call_soon_threadsafe` (a write to
     the loop's wake-up pipe) for all the calls that finished before the loop took the last
     batch, where `run_in_executor` wakes the loop once per call and chains a second future
-    to each. Sync activities in bench/host_bench.py cost a third of the CPU this way."""
+    to each (20,000 trivial calls, 50 at a time: 36 -> 26 us of CPU per call)."""
 
     def __init__(self) -> None:
         self._pool = ThreadPoolExecutor(thread_name_prefix="devstack-function")

@@ -119,7 +119,7 @@ def install_settled_strict_mode() -> None:
     """Read the worker library's strict-typing setting (`AZURE_FUNCTIONS_DURABLE_STRICT_TYPING`)
     once, now, instead of on every encode and decode: its `df_dumps`/`df_loads` (every
     action's input, every activity's input and result) look the variable up in `os.environ`
-    each time, 3 % of the host's CPU in bench/host_bench.py. Call after the app's settings
+    each time, about 3 % of a py-spy profile of bench/host_bench.py. Call after the app's settings
     are in the environment; the setting then stays as it was at start, as an app setting
     does on Azure (a change restarts the worker)."""
     from azure.functions import _durable_functions as codec
@@ -283,7 +283,7 @@ def _parse_failure(exc: Exception) -> tuple[str, dict[str, Any] | None]:
 def _state(executor: TaskOrchestrationExecutor) -> dict[str, Any] | str:
     """The state the SDK returns from an episode, as the dict its JSON decodes to, without
     encoding it to text and decoding it again (the host reads a few fields of it; the two
-    were 5 % of the host's CPU in bench/host_bench.py). The actions' own `to_json` already
+    were about 4 % of a py-spy profile of bench/host_bench.py). The actions' own `to_json` already
     encodes their inputs; a custom status still goes through the library's codec, as in the
     text. An episode with an output or an error (once per execution) takes the SDK's own
     path, text and all, so that its checks and its failure message stay the SDK's."""

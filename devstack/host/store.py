@@ -517,8 +517,7 @@ class Store:
     ]:
         """What an episode reads, in one statement and one snapshot: the instance, its inbox
         messages visible at `now_epoch` (id, execution id, event) in order, and what
-        `history_tail(instance_id, after_seq)` returns. Three statements per episode were a
-        tenth of the hub's CPU in bench/host_bench.py."""
+        `history_tail(instance_id, after_seq)` returns; one statement per episode, not three."""
         rows = self.db.execute(
             "SELECT 0, 0, instance_id, name, version, execution_id, status, input, output, "
             "custom_status, created_time, last_updated_time FROM instances WHERE instance_id=?1 "
