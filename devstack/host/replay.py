@@ -369,7 +369,7 @@ def run_episode(
 
     orchestrator = Orchestrator(user_fn)
     executor = orchestrator.task_orchestration_executor
-    executor.get_orchestrator_state_str = functools.partial(_state, executor)  # type: ignore[method-assign]
+    executor.get_orchestrator_state_str = functools.partial(_state, executor)
     try:
         returned = orchestrator.handle(ctx)
         state = json.loads(returned) if isinstance(returned, str) else returned
