@@ -41,7 +41,10 @@ from azure.durable_functions.models.actions.CallSubOrchestratorWithRetryAction i
 from azure.durable_functions.models.actions.CreateTimerAction import CreateTimerAction
 from azure.durable_functions.models.actions.NoOpAction import NoOpAction
 from azure.durable_functions.models.actions.SignalEntityAction import SignalEntityAction
+from azure.durable_functions.models.OrchestratorState import OrchestratorState
 from azure.durable_functions.models.Task import AtomicTask, RetryAbleTask
+from azure.durable_functions.models.TaskOrchestrationExecutor import TaskOrchestrationExecutor
+from azure.durable_functions.models.utils.df_serialization import df_dumps
 from dateutil.parser import parse as _dateutil_parse
 from dateutil.tz import tzutc
 
@@ -110,6 +113,20 @@ def install_cached_namedtuple() -> None:
 
 
 install_cached_namedtuple()
+
+
+def install_settled_strict_mode() -> None:
+    """Read the worker library's strict-typing setting (`AZURE_FUNCTIONS_DURABLE_STRICT_TYPING`)
+    once, now, instead of on every encode and decode: its `df_dumps`/`df_loads` (every
+    action's input, every activity's input and result) look the variable up in `os.environ`
+    each time, about 3 % of a py-spy profile of bench/host_bench.py. Call after the app's settings
+    are in the environment; the setting then stays as it was at start, as an app setting
+    does on Azure (a change restarts the worker)."""
+    from azure.functions import _durable_functions as codec
+
+    strict = codec._is_strict_mode()
+    codec._is_strict_mode = lambda: strict
+
 
 HTTP_ACTIVITY = "BuiltIn::HttpActivity"  # the extension runs call_http as this built-in activity
 UPPER_SCHEMA_VERSION = 2  # ReplaySchema.V3: task_any/task_all as compound actions
@@ -263,6 +280,29 @@ def _parse_failure(exc: Exception) -> tuple[str, dict[str, Any] | None]:
     return text, None
 
 
+def _state(executor: TaskOrchestrationExecutor) -> dict[str, Any] | str:
+    """The state the SDK returns from an episode, as the dict its JSON decodes to, without
+    encoding it to text and decoding it again (the host reads a few fields of it; the two
+    were about 4 % of a py-spy profile of bench/host_bench.py). The actions' own `to_json` already
+    encodes their inputs; a custom status still goes through the library's codec, as in the
+    text. An episode with an output or an error (once per execution) takes the SDK's own
+    path, text and all, so that its checks and its failure message stay the SDK's."""
+    if executor.output is not None or executor.exception is not None:
+        return TaskOrchestrationExecutor.get_orchestrator_state_str(executor)
+    ctx = executor.context
+    state = OrchestratorState(
+        is_done=executor.orchestration_invocation_succeeded,
+        actions=ctx._actions,
+        output=None,
+        replay_schema=ctx._replay_schema,
+        error=None,
+        custom_status=ctx.custom_status,
+    ).to_json()
+    if "customStatus" in state:
+        state["customStatus"] = json.loads(df_dumps(state["customStatus"]))
+    return state
+
+
 def run_episode(
     handle: Callable[..., Any],
     *,
@@ -327,8 +367,12 @@ def run_episode(
     ctx._record_fire_and_forget_action = recording_fire  # type: ignore[method-assign]
     user_fn = getattr(handle, "orchestrator_function", handle)
 
+    orchestrator = Orchestrator(user_fn)
+    executor = orchestrator.task_orchestration_executor
+    executor.get_orchestrator_state_str = functools.partial(_state, executor)
     try:
-        state = json.loads(Orchestrator(user_fn).handle(ctx))
+        returned = orchestrator.handle(ctx)
+        state = json.loads(returned) if isinstance(returned, str) else returned
         failure = None
     except Exception as exc:  # the orchestrator raised: the SDK wraps its state in the message
         message, state = _parse_failure(exc)

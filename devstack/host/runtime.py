@@ -37,6 +37,7 @@ from .http_triggers import HttpTriggers, route_prefix
 from .invoke import set_output_sender
 from .outputs import QUEUE_OUTPUT, QueueOutputSender
 from .queues import QueueTriggers
+from .replay import install_settled_strict_mode
 from .servicebus import ServiceBusTriggers
 from .store import Store
 from .timers import TimerTriggers
@@ -96,6 +97,7 @@ class Host:
         # The app reads the version new instances get from the same place the
         # host does: a host.json given with --host-json is not next to the app.
         os.environ[DEFAULT_VERSION_SETTING] = config.durable.default_version
+        install_settled_strict_mode()
         app = load_app(o.app, str(app_dir))
         catalog = index_app(app)
         for f in catalog.functions:

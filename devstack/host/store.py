@@ -508,14 +508,42 @@ class Store:
                 db.execute("DELETE FROM inbox WHERE instance_id=?", (iid,))
         return claimed
 
-    def visible_messages(
-        self, instance_id: str, now_epoch: float
-    ) -> list[tuple[int, str | None, dict[str, Any]]]:
+    def episode_read(
+        self, instance_id: str, now_epoch: float, after_seq: int
+    ) -> tuple[
+        Instance | None,
+        list[tuple[int, str | None, dict[str, Any]]],
+        tuple[int, int | None, list[tuple[int, dict[str, Any]]]],
+    ]:
+        """What an episode reads, in one statement and one snapshot: the instance, its inbox
+        messages visible at `now_epoch` (id, execution id, event) in order, and what
+        `history_tail(instance_id, after_seq)` returns; one statement per episode, not three."""
         rows = self.db.execute(
-            "SELECT id, execution_id, event FROM inbox WHERE instance_id=? AND visible_at <= ? ORDER BY id",
-            (instance_id, now_epoch),
+            "SELECT 0, 0, instance_id, name, version, execution_id, status, input, output, "
+            "custom_status, created_time, last_updated_time FROM instances WHERE instance_id=?1 "
+            "UNION ALL SELECT 1, id, execution_id, event, 0, 0, 0, 0, 0, 0, 0, 0 FROM inbox "
+            "WHERE instance_id=?1 AND visible_at <= ?2 "
+            "UNION ALL SELECT 2, 0, COUNT(*), MAX(seq), 0, 0, 0, 0, 0, 0, 0, 0 FROM history "
+            "WHERE instance_id=?1 "
+            "UNION ALL SELECT 3, seq, event, 0, 0, 0, 0, 0, 0, 0, 0, 0 FROM history "
+            "WHERE instance_id=?1 AND seq > ?3 ORDER BY 1, 2",
+            (instance_id, now_epoch, after_seq),
         ).fetchall()
-        return [(r["id"], r["execution_id"], json.loads(r["event"])) for r in rows]
+        inst: Instance | None = None
+        messages: list[tuple[int, str | None, dict[str, Any]]] = []
+        tail: list[tuple[int, dict[str, Any]]] = []
+        count, top = 0, None
+        for r in rows:
+            kind = r[0]
+            if kind == 0:
+                inst = Instance(*r[2:])
+            elif kind == 1:
+                messages.append((r[1], r[2], json.loads(r[3])))
+            elif kind == 2:
+                count, top = r[2], r[3]
+            else:
+                tail.append((r[1], json.loads(r[2])))
+        return inst, messages, (count, top, tail)
 
     def commit_episodes(
         self, episodes: list[dict[str, Any]], *, own_activities: int = 0, claim: Claim | None = None

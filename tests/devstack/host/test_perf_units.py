@@ -3,11 +3,13 @@ class, the receive socket timeout, heartbeats."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sqlite3
 import sys
+import threading
 import time
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +18,7 @@ from azure.durable_functions.models.history.HistoryEvent import HistoryEvent
 from dateutil.parser import parse as dateutil_parse
 from dateutil.tz import tzutc
 
-from devstack.host import replay, servicebus
+from devstack.host import durable, invoke, replay, servicebus
 from devstack.host.app import AppCatalog
 from devstack.host.clock import Clock
 from devstack.host.config import DurableOptions
@@ -203,12 +205,21 @@ def test_the_engines_history_copy_always_reads_as_the_stored_history(tmp_path: P
         assert inst.execution_id == execution
         got = engine._history(inst)
         assert got == store.history("i")
+        # The episode's single read gives the same instance, history and visible messages.
+        read, messages, shape = store.episode_read("i", 100.0, -1)
+        assert read == inst
+        assert shape == tail("i", -1)
+        assert [(m[2]["n"], m[1]) for m in messages] == [(1, "i-e"), (2, None)]
         return got
 
     try:
         _instance(store, "i")
         with store.tx() as db:
             db.execute("UPDATE instances SET status='Running' WHERE instance_id='i'")
+            db.execute("DELETE FROM inbox WHERE instance_id='i'")
+        store.enqueue("i", "i-e", {"EventType": 15, "n": 1}, 99.0)
+        store.enqueue("i", None, {"EventType": 15, "n": 2}, 0.0)
+        store.enqueue("i", None, {"EventType": 11, "n": 3}, 101.0)  # not visible at 100
         assert check("i-e") == []
         append("i-e", {"EventType": 12, "EventId": -1}, {"EventType": 0, "EventId": -1})
         check("i-e")
@@ -237,3 +248,44 @@ def test_the_engines_history_copy_always_reads_as_the_stored_history(tmp_path: P
         check("i-2")
     finally:
         store.close()
+
+
+@pytest.mark.parametrize(
+    "when",
+    [
+        datetime(2026, 12, 6, 13, 4, 5, 6, tzinfo=UTC),
+        datetime(2026, 12, 6, 13, 4, 5, tzinfo=timezone(timedelta(hours=2))),
+        datetime(2026, 12, 6, 13, 4, 5, 120000, tzinfo=tzutc()),
+    ],
+)
+def test_the_hosts_timestamp_text_is_the_strftime_it_replaced(when: datetime) -> None:
+    assert durable.iso(when) == when.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def test_sync_calls_return_results_and_raise_errors_to_their_own_callers() -> None:
+    """Plain functions on the pool: each caller gets its own result or exception, the calls
+    run off the loop's thread, and two loops calling at once each get their own answers."""
+
+    def work(n: int) -> tuple[int, str]:
+        if n == 3:
+            raise ValueError("three")
+        time.sleep(0.001 * (n % 4))
+        return n * n, threading.current_thread().name
+
+    async def calls() -> list[Any]:
+        return await asyncio.gather(
+            *(invoke._sync_calls.call(work, {"n": n}) for n in range(12)), return_exceptions=True
+        )
+
+    other: list[Any] = []
+    beside = threading.Thread(target=lambda: other.append(asyncio.run(calls())))
+    beside.start()  # a second loop calling at the same time, as the Service Bus loop does
+    mine = asyncio.run(calls())
+    beside.join(10)
+    for results in (mine, *other):
+        assert isinstance(results[3], ValueError)
+        assert str(results[3]) == "three"
+        assert [r[0] for i, r in enumerate(results) if i != 3] == [
+            n * n for n in range(12) if n != 3
+        ]
+        assert {r[1] for i, r in enumerate(results) if i != 3} != {threading.main_thread().name}

@@ -151,3 +151,24 @@ def test_an_event_that_arrives_before_the_wait_is_buffered(
         ("timer", None),
         ("activity", "record_effect"),
     ]
+
+
+def test_the_state_read_without_its_text_is_the_sdks_json(
+    catalog: Any, golden: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """run_episode takes the SDK's state as a dict rather than encoding it to text and decoding
+    it: every episode's result equals the one read from the SDK's own text."""
+    from azure.durable_functions.models.TaskOrchestrationExecutor import (
+        TaskOrchestrationExecutor,
+    )
+
+    from devstack.host import replay
+
+    eps = range(len(episodes(golden["history"])))
+    fast = [replay_episode(catalog, golden, k)[0] for k in eps]
+    monkeypatch.setattr(replay, "_state", TaskOrchestrationExecutor.get_orchestrator_state_str)
+    text = [replay_episode(catalog, golden, k)[0] for k in eps]
+    assert [r.outcome for r in fast] == ["running", "running", "running", "completed"]
+    for k, (f, t) in enumerate(zip(fast, text, strict=True)):
+        assert f == t, f"episode {k}"
+        assert json.dumps(f.state) == json.dumps(t.state), f"episode {k}"
