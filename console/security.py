@@ -20,6 +20,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from adapters.settings import MANAGED_IDENTITY_ENDPOINTS
+from domain.models import passes_luhn
 
 PRINCIPAL_HEADER = "x-ms-client-principal-name"
 PRINCIPAL_ID_HEADER = "x-ms-client-principal-id"
@@ -344,17 +345,9 @@ def mask_for_display(value: Any) -> Any:
 def mask_card_numbers(text: str) -> str:
     def mask(m: re.Match[str]) -> str:
         digits = re.sub(r"\D", "", m.group(0))
-        return "[redacted]" if _luhn(digits) else m.group(0)
+        return "[redacted]" if passes_luhn(digits) else m.group(0)
 
     return _DIGIT_RUN.sub(mask, text)
-
-
-def _luhn(digits: str) -> bool:
-    total = 0
-    for i, ch in enumerate(reversed(digits)):
-        d = int(ch) * (2 if i % 2 else 1)
-        total += d - 9 if d > 9 else d
-    return total % 10 == 0
 
 
 def _header(headers: Mapping[str, str], name: str) -> str | None:
