@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import unicodedata
+from collections import Counter
 from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
@@ -128,11 +129,12 @@ def print_dead_letters(console: Console, queue: str, messages: list[dict[str, An
     return len(messages)
 
 
-def print_queue_counts(console: Console, counts: dict[str, int]) -> None:
-    """The per-queue counts, printed last so they stay on the screen."""
+def print_counts(console: Console, title: str, counts: dict[str, int]) -> None:
+    """`title` (`{total}` and `{names}` filled in), then a line per name, its
+    count aligned: printed last, so that it stays on the screen."""
     total = sum(counts.values())
-    console.print(Text(f"{total} dead letters on {len(counts)} queues", style="bold"))
-    width = max((len(visible(q)) for q in counts), default=0)
+    console.print(Text(title.format(total=total, names=len(counts)), style="bold"))
+    width = max((len(visible(k)) for k in counts), default=0)
     for name, n in counts.items():
         console.print(Text(f"  {visible(name):<{width}}  {n}"))
 
@@ -162,9 +164,7 @@ def status_table(queue: str, latest: dict[str, str]) -> Table:
     table.add_column("status")
     for oid, status in sorted(latest.items())[-30:]:
         table.add_row(literal(oid, 80), literal(status, 40))
-    counts: dict[str, int] = {}
-    for status in latest.values():
-        counts[status] = counts.get(status, 0) + 1
+    counts = Counter(latest.values())
     table.caption = Text("  ".join(f"{visible(k, 40)}: {v}" for k, v in sorted(counts.items())))
     return table
 
@@ -262,6 +262,11 @@ def print_action_target(
     )
     if record.LastError:
         _indented(console, Text.assemble(("last error: ", "red"), literal(record.LastError)), 2)
+    _explained(console, explanation, who)
+
+
+def _explained(console: Console, explanation: str, who: str) -> None:
+    """Under the target of an action: what it does and who acts."""
     _indented(console, Text(explanation), 2)
     _indented(console, Text.assemble("recorded as done by ", literal(who, style="bold")), 2)
 
@@ -275,18 +280,7 @@ def print_dead_letter_target(
     order = m.get("order_id") or m.get("unstored_order")
     if order:
         _indented(console, Text.assemble("order ", literal(order)), 2)
-    _indented(console, Text(explanation), 2)
-    _indented(console, Text.assemble("recorded as done by ", literal(who, style="bold")), 2)
-
-
-def print_state_counts(console: Console, counts: dict[str, int]) -> None:
-    """`list` without a state: how many orders are in each, and how to list one."""
-    total = sum(counts.values())
-    console.print(Text(f"{total} orders by state", style="bold"))
-    width = max((len(k) for k in counts), default=0)
-    for state, n in counts.items():
-        console.print(Text(f"  {state:<{width}}  {n}"))
-    console.print(Text("list one state: python -m cli list --state STATE", style="dim"))
+    _explained(console, explanation, who)
 
 
 def print_record_json(console: Console, record: Any) -> None:
