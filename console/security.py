@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
-from adapters.settings import MANAGED_IDENTITY_ENDPOINTS
+from adapters.settings import in_azure
 from domain.models import passes_luhn
 
 PRINCIPAL_HEADER = "x-ms-client-principal-name"
@@ -35,7 +35,6 @@ _PROCESS_SECRET = secrets.token_bytes(32)
 
 _PAYMENT_KEY = re.compile(r"payment|card|pan$|cvv|cvc|iban|account.?number|expiry", re.IGNORECASE)
 _DIGIT_RUN = re.compile(r"(?<!\d)(?:\d[ -]?){11,18}\d(?!\d)")
-AZURE_HINTS = ("WEBSITE_SITE_NAME", *MANAGED_IDENTITY_ENDPOINTS)
 AUTH_CONFIRMED_SETTING = "CONSOLE_AUTH_CONFIRMED"
 LOCAL_MODE_SETTING = "CONSOLE_LOCAL_MODE"
 PUBLIC_URL_SETTING = "CONSOLE_PUBLIC_URL"
@@ -67,11 +66,6 @@ def _env(env: Mapping[str, str] | None) -> Mapping[str, str]:
 
 def _true(value: str | None) -> bool:
     return (value or "").strip().lower() == "true"
-
-
-def in_azure(env: Mapping[str, str] | None = None) -> bool:
-    env = _env(env)
-    return any(env.get(name) for name in AZURE_HINTS)
 
 
 def local_mode(env: Mapping[str, str] | None = None) -> bool:

@@ -16,12 +16,12 @@ from typing import Any
 from adapters.console_reads import FINISHED_STATES, ConsoleReads, OrderRow, decode_page_token
 from adapters.ports import ANY_OWNER, MessagePublisher
 from adapters.servicebus import AGENT_REQUESTS_QUEUE, AGENT_RESPONSES_QUEUE, ALERTS_QUEUE
-from adapters.settings import Settings
+from adapters.settings import Settings, in_azure
 from adapters.state_store import CosmosStateStore, decode_cursor
 from console import actions, effects
 from console import timeline as story
 from console.peek import QueuePeeker
-from console.security import Forbidden, in_azure, record_version, redact
+from console.security import Forbidden, record_version, redact
 from domain import state_machine as sm
 from domain.boundary import json_depth
 from domain.errors import DomainError, NotFoundError
