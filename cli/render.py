@@ -43,9 +43,9 @@ def literal(value: Any, limit: int | None = None, style: str = "") -> Text:
 
 def print_alerts(
     console: Console, messages: list[dict[str, Any]], newest_first: bool = True, limit: int = 50
-) -> int:
+) -> None:
     """One block per alert: kind, time, OrderID, the dead letter it is about,
-    and the reason. Returns how many were shown."""
+    and the reason."""
     items = sorted(
         messages,
         key=lambda m: (m["enqueued"] is not None, m["enqueued"] or datetime.min),
@@ -54,7 +54,7 @@ def print_alerts(
     shown = items[:limit]
     if not shown:
         console.print(Text("0 alerts"))
-        return 0
+        return
     order = "newest first" if newest_first else "oldest first"
     console.print(Text(f"{len(shown)} of {len(items)} alerts, {order}", style="bold"))
     for m in shown:
@@ -89,7 +89,6 @@ def print_alerts(
                 head.append_text(Text.assemble(" last ", literal(last.get("Timestamp", ""), 40)))
         console.print(head)
         console.print(Text.assemble("  ", literal(data.get("Reason", ""), 2000)))
-    return len(shown)
 
 
 BODY_LINES = 24  # lines of a dead letter's body printed; the console shows it whole
@@ -117,16 +116,15 @@ def _dead_letter(console: Console, m: dict[str, Any], prefix: Text) -> None:
     _indented(console, Text("\n".join(shown), style="dim"), 4)
 
 
-def print_dead_letters(console: Console, queue: str, messages: list[dict[str, Any]]) -> int:
+def print_dead_letters(console: Console, queue: str, messages: list[dict[str, Any]]) -> None:
     """Each dead letter, its sequence number (what --resend takes) first."""
     if not messages:
         console.print(Text.assemble("no dead letters on ", literal(queue)))
-        return 0
+        return
     console.print(Text.assemble(f"{len(messages)} dead letters on ", literal(queue), style="bold"))
     for m in messages:
         seq = m["sequence"]
         _dead_letter(console, m, Text(f"#{seq} " if seq is not None else "", "cyan"))
-    return len(messages)
 
 
 def print_counts(console: Console, title: str, counts: dict[str, int]) -> None:
