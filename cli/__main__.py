@@ -340,7 +340,6 @@ BODY_LIMIT = 4096  # characters of a message's body kept for printing
 async def _peek_all(deps: views.Deps, queue: str, dead_letter: bool = False) -> list[dict]:
     """The messages of `queue` (or its dead letters) as console.views shows
     them, PEEK_CAP at most."""
-    assert deps.servicebus is not None  # _on_views gives it
     found = await deps.servicebus.peek_all(queue, PEEK_CAP, dead_letter)
     apps = views.queue_apps(deps.settings)
     return [views.message_view(m, BODY_LIMIT, queue, apps) for m in found[:PEEK_CAP]]

@@ -52,7 +52,7 @@ class Deps:
     store: CosmosStateStore
     reads: ConsoleReads
     orders: Any  # adapters.ports.OrdersRepository
-    servicebus: QueuePeeker | None
+    servicebus: QueuePeeker
     durable: Any | None = None  # a DurableOrchestrationClient, for the order detail
     publisher: MessagePublisher | None = None  # for resending a parked status
     now: datetime = field(default_factory=lambda: datetime.now(UTC))
@@ -430,8 +430,6 @@ async def peek(
 ) -> dict[str, Any]:
     """Up to `limit` messages of `queue` (or its dead-letter queue) without
     receiving them: nothing is locked, consumed or counted as a delivery."""
-    if deps.servicebus is None:
-        return {"messages": [], "error": "Service Bus not configured", "next": None}
     try:
         messages = await deps.servicebus.peek(
             queue, limit, dead_letter=dead_letter, from_sequence=from_sequence
@@ -630,8 +628,6 @@ async def dead_letter_counts(deps: Deps) -> dict[str, dict[str, Any]]:
     queues = deps.queues()
 
     async def one(queue: str) -> dict[str, Any]:
-        if deps.servicebus is None:
-            return {"count": 0, "more": False, "error": "Service Bus not configured"}
         try:
             n, more = await deps.servicebus.count(queue, COUNT_CAP)
         except Exception as exc:  # noqa: BLE001 - one queue must not break the page
@@ -726,7 +722,6 @@ async def _take(
     first sending `copy(message)` to `queue` when there is one; `said` is
     logged. NotFound when someone else took it first."""
     bus = deps.servicebus
-    assert bus is not None  # `shown` was peeked through it
 
     async def act(message: Any) -> None:
         if copy is not None:
