@@ -404,6 +404,12 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
 
 # Set by App Service and Functions wherever a managed identity can be used.
 MANAGED_IDENTITY_ENDPOINTS = ("IDENTITY_ENDPOINT", "MSI_ENDPOINT")
+# Set by App Service / Functions in Azure, never by the local stack.
+AZURE_HINTS = ("WEBSITE_SITE_NAME", *MANAGED_IDENTITY_ENDPOINTS)
+
+
+def in_azure(env: Mapping[str, str] | None = None) -> bool:
+    return any((os.environ if env is None else env).get(name) for name in AZURE_HINTS)
 
 
 def azure_credential(client_id: str | None, env: Mapping[str, str] | None = None) -> Any:

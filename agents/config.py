@@ -15,11 +15,11 @@ from urllib.parse import urlsplit
 from adapters.servicebus import AGENT_REQUESTS_QUEUE, AGENT_RESPONSES_QUEUE
 from adapters.settings import (
     AGENT_SIGNING_KEYS,
-    MANAGED_IDENTITY_ENDPOINTS,
     SERVICEBUS_CONNECTION,
     ServiceBusAccess,
     SettingsError,
     float_setting,
+    in_azure,
     int_setting,
     key_ring,
     require_keys,
@@ -35,8 +35,6 @@ REMOTE_SERVICE_URL = "REMOTE_SERVICE_URL"
 # the "__" of the host's own settings that name a part of one.
 SERVICE_URL_PREFIX = f"{REMOTE_SERVICE_URL}__"
 STEP_CATALOG_FILE = "STEP_CATALOG_FILE"
-# Set by App Service / Functions in Azure, never by the local stack.
-_AZURE_HINTS = ("WEBSITE_SITE_NAME", *MANAGED_IDENTITY_ENDPOINTS)
 
 
 @dataclass(frozen=True)
@@ -128,7 +126,7 @@ def _service_urls(env: Mapping[str, str], steps: StepCatalog) -> dict[str, str]:
 def _url(env: Mapping[str, str], name: str, url: str) -> str:
     if not url.startswith(("http://", "https://")):
         raise SettingsError(f"setting {name} must be an http(s) URL, got {url!r}")
-    if any(env.get(hint) for hint in _AZURE_HINTS) and _is_loopback(url):
+    if in_azure(env) and _is_loopback(url):
         # In Azure the local default would send every step to nobody and fail
         # each order only after the whole retry budget.
         raise SettingsError(

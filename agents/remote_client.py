@@ -25,17 +25,8 @@ _MAX_ERROR_TEXT = 300
 
 class FencingRejected(PermanentError):
     """The remote service has seen a higher fencing token for this order: a
-    newer attempt owns the work, so this one must stop.
-
-    Attributes:
-        token: the token we sent.
-        highest: the highest token the service has seen, when it said.
-    """
-
-    def __init__(self, message: str, token: int, highest: int | None = None) -> None:
-        super().__init__(message)
-        self.token = token
-        self.highest = highest
+    newer attempt owns the work, so this one must stop (the service's reason
+    names the highest token it has seen)."""
 
 
 class HttpRemoteService:
@@ -124,12 +115,7 @@ def _interpret(
             f"{what}: HTTP {status}: {reason}", retry_after=retry_after, pacing=status == 429
         )
     if status == 409 and isinstance(body, dict) and body.get("code") == FENCING_REJECTED_CODE:
-        highest = body.get("highest")
-        raise FencingRejected(
-            f"{what}: fencing token {token} rejected: {reason}",
-            token=token,
-            highest=highest if isinstance(highest, int) else None,
-        )
+        raise FencingRejected(f"{what}: fencing token {token} rejected: {reason}")
     raise PermanentError(f"{what}: HTTP {status}: {reason}")
 
 

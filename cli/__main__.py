@@ -214,7 +214,9 @@ def list_orders(
     """Orders in one state (Error, CompensationFailed, Processing, ...), or
     without --state the number of orders in each state."""
     if state is None:
-        render.print_state_counts(console, _with_store(views.state_counts))
+        counts = _with_store(views.state_counts)
+        render.print_counts(console, "{total} orders by state", counts)
+        console.print(Text("list one state: python -m cli list --state STATE", style="dim"))
         return
     records = _with_store(lambda store: store.query_in_state(state, limit))
     render.print_records(console, f"{len(records)} {state.value} orders", records)
@@ -338,7 +340,6 @@ BODY_LIMIT = 4096  # characters of a message's body kept for printing
 async def _peek_all(deps: views.Deps, queue: str, dead_letter: bool = False) -> list[dict]:
     """The messages of `queue` (or its dead letters) as console.views shows
     them, PEEK_CAP at most."""
-    assert deps.servicebus is not None  # _on_views gives it
     found = await deps.servicebus.peek_all(queue, PEEK_CAP, dead_letter)
     apps = views.queue_apps(deps.settings)
     return [views.message_view(m, BODY_LIMIT, queue, apps) for m in found[:PEEK_CAP]]
@@ -387,7 +388,8 @@ def deadletters(
         if messages:
             render.print_dead_letters(console, name, messages[:limit])
     # last, so that the counts stay on the screen after a long list
-    render.print_queue_counts(console, {name: len(m) for name, m in found.items()})
+    counts = {name: len(m) for name, m in found.items()}
+    render.print_counts(console, "{total} dead letters on {names} queues", counts)
 
 
 async def _dead_letters_everywhere(deps: views.Deps) -> dict[str, list[dict]]:

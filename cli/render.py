@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import unicodedata
+from collections import Counter
 from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
@@ -42,9 +43,9 @@ def literal(value: Any, limit: int | None = None, style: str = "") -> Text:
 
 def print_alerts(
     console: Console, messages: list[dict[str, Any]], newest_first: bool = True, limit: int = 50
-) -> int:
+) -> None:
     """One block per alert: kind, time, OrderID, the dead letter it is about,
-    and the reason. Returns how many were shown."""
+    and the reason."""
     items = sorted(
         messages,
         key=lambda m: (m["enqueued"] is not None, m["enqueued"] or datetime.min),
@@ -53,7 +54,7 @@ def print_alerts(
     shown = items[:limit]
     if not shown:
         console.print(Text("0 alerts"))
-        return 0
+        return
     order = "newest first" if newest_first else "oldest first"
     console.print(Text(f"{len(shown)} of {len(items)} alerts, {order}", style="bold"))
     for m in shown:
@@ -88,7 +89,6 @@ def print_alerts(
                 head.append_text(Text.assemble(" last ", literal(last.get("Timestamp", ""), 40)))
         console.print(head)
         console.print(Text.assemble("  ", literal(data.get("Reason", ""), 2000)))
-    return len(shown)
 
 
 BODY_LINES = 24  # lines of a dead letter's body printed; the console shows it whole
@@ -116,23 +116,23 @@ def _dead_letter(console: Console, m: dict[str, Any], prefix: Text) -> None:
     _indented(console, Text("\n".join(shown), style="dim"), 4)
 
 
-def print_dead_letters(console: Console, queue: str, messages: list[dict[str, Any]]) -> int:
+def print_dead_letters(console: Console, queue: str, messages: list[dict[str, Any]]) -> None:
     """Each dead letter, its sequence number (what --resend takes) first."""
     if not messages:
         console.print(Text.assemble("no dead letters on ", literal(queue)))
-        return 0
+        return
     console.print(Text.assemble(f"{len(messages)} dead letters on ", literal(queue), style="bold"))
     for m in messages:
         seq = m["sequence"]
         _dead_letter(console, m, Text(f"#{seq} " if seq is not None else "", "cyan"))
-    return len(messages)
 
 
-def print_queue_counts(console: Console, counts: dict[str, int]) -> None:
-    """The per-queue counts, printed last so they stay on the screen."""
+def print_counts(console: Console, title: str, counts: dict[str, int]) -> None:
+    """`title` (`{total}` and `{names}` filled in), then a line per name, its
+    count aligned: printed last, so that it stays on the screen."""
     total = sum(counts.values())
-    console.print(Text(f"{total} dead letters on {len(counts)} queues", style="bold"))
-    width = max((len(visible(q)) for q in counts), default=0)
+    console.print(Text(title.format(total=total, names=len(counts)), style="bold"))
+    width = max((len(visible(k)) for k in counts), default=0)
     for name, n in counts.items():
         console.print(Text(f"  {visible(name):<{width}}  {n}"))
 
@@ -162,9 +162,7 @@ def status_table(queue: str, latest: dict[str, str]) -> Table:
     table.add_column("status")
     for oid, status in sorted(latest.items())[-30:]:
         table.add_row(literal(oid, 80), literal(status, 40))
-    counts: dict[str, int] = {}
-    for status in latest.values():
-        counts[status] = counts.get(status, 0) + 1
+    counts = Counter(latest.values())
     table.caption = Text("  ".join(f"{visible(k, 40)}: {v}" for k, v in sorted(counts.items())))
     return table
 
@@ -262,6 +260,11 @@ def print_action_target(
     )
     if record.LastError:
         _indented(console, Text.assemble(("last error: ", "red"), literal(record.LastError)), 2)
+    _explained(console, explanation, who)
+
+
+def _explained(console: Console, explanation: str, who: str) -> None:
+    """Under the target of an action: what it does and who acts."""
     _indented(console, Text(explanation), 2)
     _indented(console, Text.assemble("recorded as done by ", literal(who, style="bold")), 2)
 
@@ -275,18 +278,7 @@ def print_dead_letter_target(
     order = m.get("order_id") or m.get("unstored_order")
     if order:
         _indented(console, Text.assemble("order ", literal(order)), 2)
-    _indented(console, Text(explanation), 2)
-    _indented(console, Text.assemble("recorded as done by ", literal(who, style="bold")), 2)
-
-
-def print_state_counts(console: Console, counts: dict[str, int]) -> None:
-    """`list` without a state: how many orders are in each, and how to list one."""
-    total = sum(counts.values())
-    console.print(Text(f"{total} orders by state", style="bold"))
-    width = max((len(k) for k in counts), default=0)
-    for state, n in counts.items():
-        console.print(Text(f"  {state:<{width}}  {n}"))
-    console.print(Text("list one state: python -m cli list --state STATE", style="dim"))
+    _explained(console, explanation, who)
 
 
 def print_record_json(console: Console, record: Any) -> None:

@@ -145,9 +145,8 @@ def _add(node: Tree, span: Span, origin: int) -> None:
         _add(child, c, origin)
 
 
-def print_traces(console: Console, order_id: str, traces: dict[str, list[Span]]) -> int:
-    """One tree per trace; returns the number of spans printed."""
-    printed = 0
+def print_traces(console: Console, order_id: str, traces: dict[str, list[Span]]) -> None:
+    """One tree per trace."""
     for trace_id, spans in traces.items():
         origin = min(s.start for s in spans)
         total = (max(s.end for s in spans) - origin) / 1e6
@@ -164,5 +163,3 @@ def print_traces(console: Console, order_id: str, traces: dict[str, list[Span]])
         for root in roots(spans):
             _add(tree, root, origin)
         console.print(tree)
-        printed += len(spans)
-    return printed

@@ -19,7 +19,8 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
-from adapters.settings import MANAGED_IDENTITY_ENDPOINTS
+from adapters.settings import in_azure
+from domain.models import passes_luhn
 
 PRINCIPAL_HEADER = "x-ms-client-principal-name"
 PRINCIPAL_ID_HEADER = "x-ms-client-principal-id"
@@ -34,7 +35,6 @@ _PROCESS_SECRET = secrets.token_bytes(32)
 
 _PAYMENT_KEY = re.compile(r"payment|card|pan$|cvv|cvc|iban|account.?number|expiry", re.IGNORECASE)
 _DIGIT_RUN = re.compile(r"(?<!\d)(?:\d[ -]?){11,18}\d(?!\d)")
-AZURE_HINTS = ("WEBSITE_SITE_NAME", *MANAGED_IDENTITY_ENDPOINTS)
 AUTH_CONFIRMED_SETTING = "CONSOLE_AUTH_CONFIRMED"
 LOCAL_MODE_SETTING = "CONSOLE_LOCAL_MODE"
 PUBLIC_URL_SETTING = "CONSOLE_PUBLIC_URL"
@@ -66,11 +66,6 @@ def _env(env: Mapping[str, str] | None) -> Mapping[str, str]:
 
 def _true(value: str | None) -> bool:
     return (value or "").strip().lower() == "true"
-
-
-def in_azure(env: Mapping[str, str] | None = None) -> bool:
-    env = _env(env)
-    return any(env.get(name) for name in AZURE_HINTS)
 
 
 def local_mode(env: Mapping[str, str] | None = None) -> bool:
@@ -344,17 +339,9 @@ def mask_for_display(value: Any) -> Any:
 def mask_card_numbers(text: str) -> str:
     def mask(m: re.Match[str]) -> str:
         digits = re.sub(r"\D", "", m.group(0))
-        return "[redacted]" if _luhn(digits) else m.group(0)
+        return "[redacted]" if passes_luhn(digits) else m.group(0)
 
     return _DIGIT_RUN.sub(mask, text)
-
-
-def _luhn(digits: str) -> bool:
-    total = 0
-    for i, ch in enumerate(reversed(digits)):
-        d = int(ch) * (2 if i % 2 else 1)
-        total += d - 9 if d > 9 else d
-    return total % 10 == 0
 
 
 def _header(headers: Mapping[str, str], name: str) -> str | None:

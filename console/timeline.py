@@ -11,11 +11,14 @@ import json
 import re
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import cache
 from typing import Any
 
+from agents.config import load_step_catalog
 from console.security import redact
 from domain.ids import parse_attempt_instance_id
 from domain.models import OrderState, ProcessState
+from domain.steps import UnknownStep
 
 _MAX_TEXT = 400
 
@@ -90,21 +93,21 @@ def _text(value: Any, limit: int = _MAX_TEXT) -> str:
 
 # --- domain words ---------------------------------------------------------------------
 
-_OPERATIONS = {
-    "reserve-inventory": ("reserve inventory", "release inventory"),
-    "charge-payment": ("charge payment", "refund payment"),
-    "arrange-shipment": ("arrange shipment", "cancel shipment"),
-}
+
+_catalog = cache(load_step_catalog)  # the catalog this process runs (STEP_CATALOG_FILE)
 
 
 def label(step: str | None, action: str = "do") -> str:
-    """A step call in the domain's words: `charge payment`, `refund payment`."""
+    """A step call in the domain's words, the operation then the service of
+    its catalog entry: `charge payment`, `refund payment`. A step the
+    catalog does not know shows as its name (`undo <name>` for its undo)."""
     if not step:
         return "a step"
-    names = _OPERATIONS.get(step)
-    if names is None:
+    try:
+        entry = _catalog().step_named(step)
+    except UnknownStep:
         return step if action == "do" else f"undo {step}"
-    return names[0] if action == "do" else names[1]
+    return f"{entry.do_operation if action == 'do' else entry.undo_operation} {entry.service}"
 
 
 def duration(seconds: float) -> str:

@@ -16,12 +16,12 @@ from typing import Any
 from adapters.console_reads import FINISHED_STATES, ConsoleReads, OrderRow, decode_page_token
 from adapters.ports import ANY_OWNER, MessagePublisher
 from adapters.servicebus import AGENT_REQUESTS_QUEUE, AGENT_RESPONSES_QUEUE, ALERTS_QUEUE
-from adapters.settings import Settings
+from adapters.settings import Settings, in_azure
 from adapters.state_store import CosmosStateStore, decode_cursor
 from console import actions, effects
 from console import timeline as story
 from console.peek import QueuePeeker
-from console.security import Forbidden, in_azure, record_version, redact
+from console.security import Forbidden, record_version, redact
 from domain import state_machine as sm
 from domain.boundary import json_depth
 from domain.errors import DomainError, NotFoundError
@@ -52,7 +52,7 @@ class Deps:
     store: CosmosStateStore
     reads: ConsoleReads
     orders: Any  # adapters.ports.OrdersRepository
-    servicebus: QueuePeeker | None
+    servicebus: QueuePeeker
     durable: Any | None = None  # a DurableOrchestrationClient, for the order detail
     publisher: MessagePublisher | None = None  # for resending a parked status
     now: datetime = field(default_factory=lambda: datetime.now(UTC))
@@ -202,24 +202,23 @@ _APP_ID = re.compile(r"[a-z0-9][a-z0-9-]{0,63}")
 _ORDER_ID_PREFIX = re.compile(r"[A-Za-z0-9._-]{1,64}")
 
 
+def _whole(raw: str | None, low: int, high: int, refused: str) -> int | None:
+    """A number parameter from `low` to `high`, or None when absent; ASCII
+    digits only (`²` and other Unicode digits are refused, not read)."""
+    if raw is None or raw == "":
+        return None
+    if not _ASCII_DIGITS.fullmatch(raw) or not low <= int(raw) <= high:
+        raise BadRequest(f"{refused} from {low} to {high}")
+    return int(raw)
+
+
 def parse_sequence(raw: str | None) -> int | None:
-    """`from=`: a Service Bus sequence number to start a page at, or None.
-    ASCII digits only (`²` and other Unicode digits are refused, not read)."""
-    if raw is None or raw == "":
-        return None
-    if not _ASCII_DIGITS.fullmatch(raw) or int(raw) > MAX_SEQUENCE:
-        raise BadRequest(f"'from' must be a sequence number from 0 to {MAX_SEQUENCE}")
-    return int(raw)
+    """`from=`: a Service Bus sequence number to start a page at, or None."""
+    return _whole(raw, 0, MAX_SEQUENCE, "'from' must be a sequence number")
 
 
-def parse_minutes(raw: str | None, name: str = "older") -> int | None:
-    if raw is None or raw == "":
-        return None
-    if not _ASCII_DIGITS.fullmatch(raw) or not 1 <= int(raw) <= MAX_OLDER_MINUTES:
-        raise BadRequest(
-            f"'{name}' must be a whole number of minutes from 1 to {MAX_OLDER_MINUTES}"
-        )
-    return int(raw)
+def parse_minutes(raw: str | None, name: str) -> int | None:
+    return _whole(raw, 1, MAX_OLDER_MINUTES, f"'{name}' must be a whole number of minutes")
 
 
 def parse_page_token(raw: str | None, decode: Any) -> str | None:
@@ -259,7 +258,7 @@ def parse_filters(params: dict[str, str]) -> dict[str, Any]:
         "state": state,
         "app": app,
         "customer": customer,
-        "older": parse_minutes(params.get("older")),
+        "older": parse_minutes(params.get("older"), "older"),
         "newer": parse_minutes(params.get("newer"), "newer"),
         "prefix": prefix,
         "page": parse_page_token(params.get("page"), decode_page_token),
@@ -431,19 +430,14 @@ async def peek(
 ) -> dict[str, Any]:
     """Up to `limit` messages of `queue` (or its dead-letter queue) without
     receiving them: nothing is locked, consumed or counted as a delivery."""
-    if deps.servicebus is None:
-        return {"messages": [], "error": "Service Bus not configured", "next": None}
     try:
         messages = await deps.servicebus.peek(
             queue, limit, dead_letter=dead_letter, from_sequence=from_sequence
         )
     except Exception as exc:  # noqa: BLE001 - one unreachable queue must not break the page
         log.warning("console: peek %s failed: %s", queue, exc)
-        return {
-            "messages": [],
-            "error": f"could not peek {queue}: {type(exc).__name__}",
-            "next": None,
-        }
+        said = f"could not peek {queue}: {type(exc).__name__}"
+        return {"messages": [], "error": said, "next": None}
     apps = queue_apps(deps.settings)
     out = [message_view(m, body_limit, queue, apps) for m in messages]
     last = max((m["sequence"] for m in out if m["sequence"] is not None), default=None)
@@ -634,8 +628,6 @@ async def dead_letter_counts(deps: Deps) -> dict[str, dict[str, Any]]:
     queues = deps.queues()
 
     async def one(queue: str) -> dict[str, Any]:
-        if deps.servicebus is None:
-            return {"count": 0, "more": False, "error": "Service Bus not configured"}
         try:
             n, more = await deps.servicebus.count(queue, COUNT_CAP)
         except Exception as exc:  # noqa: BLE001 - one queue must not break the page
@@ -675,10 +667,11 @@ async def dead_letters(deps: Deps, queue: str | None, from_sequence: int | None)
     queues = deps.queues()
     if queue is not None and queue not in queues:
         raise NotFound(f"no queue {queue[:100]!r} here")
-    replies_left_out = deps.azure and bool(deps.settings.reply_queues)
+    left_out = deps.azure and bool(deps.settings.reply_queues)
     counts = await dead_letter_counts(deps)
     alerts = await _alert_index(deps)
     replies = set(deps.settings.reply_queues.values())
+    shown = {"queues": queues, "counts": counts, "queue": queue, "replies_left_out": left_out}
     if queue is None:
         # the summary: a few of each non-empty queue's dead letters; empty ones collapsed
         busy = [q for q in queues if counts[q]["count"] or counts[q]["error"]]
@@ -687,24 +680,15 @@ async def dead_letters(deps: Deps, queue: str | None, from_sequence: int | None)
             _links(q, p["messages"], alerts, replies)
         await link_stored(deps, [m for p in peeked for m in p["messages"]])
         return {
-            "queues": queues,
-            "counts": counts,
+            **shown,
             "total": sum(c["count"] for c in counts.values()),
             "per_queue": dict(zip(busy, peeked, strict=True)),
             "empty": [q for q in queues if q not in busy],
-            "queue": None,
-            "replies_left_out": replies_left_out,
         }
     page = await peek(deps, queue, dead_letter=True, from_sequence=from_sequence)
     _links(queue, page["messages"], alerts, replies)
     await link_stored(deps, page["messages"])
-    return {
-        "queues": queues,
-        "counts": counts,
-        "queue": queue,
-        "replies_left_out": replies_left_out,
-        "peeked": page,
-    }
+    return {**shown, "peeked": page}
 
 
 DEAD_LETTER_ACTIONS = {
@@ -738,7 +722,6 @@ async def _take(
     first sending `copy(message)` to `queue` when there is one; `said` is
     logged. NotFound when someone else took it first."""
     bus = deps.servicebus
-    assert bus is not None  # `shown` was peeked through it
 
     async def act(message: Any) -> None:
         if copy is not None:

@@ -321,8 +321,11 @@ class OrderSubmitted(Contract):
 def _looks_like_card_number(value: str) -> bool:
     """13-19 digits (spaces and dashes allowed) that pass the Luhn check."""
     digits = value.replace(" ", "").replace("-", "")
-    if not digits.isdigit() or not 13 <= len(digits) <= 19:
-        return False
+    return digits.isdigit() and 13 <= len(digits) <= 19 and passes_luhn(digits)
+
+
+def passes_luhn(digits: str) -> bool:
+    """The check digit test every card number passes (ASCII digits only)."""
     total = 0
     for i, ch in enumerate(reversed(digits)):
         d = int(ch) * (2 if i % 2 else 1)

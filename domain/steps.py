@@ -10,7 +10,6 @@ reads the shipped file or the one STEP_CATALOG_FILE names."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
 from functools import cached_property
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -174,17 +173,6 @@ class StepCatalog(BaseModel):
         if step is not None:
             return step
         raise UnknownStep(f"unknown step {name!r}; known steps: {', '.join(self.names)}")
-
-    def compensation_order(self, completed: Iterable[str]) -> list[str]:
-        """The steps to undo, given those completed, in the order to undo them
-        (reverse of the workflow order, whatever order `completed` is in)."""
-        done = set(completed)
-        unknown = done - set(self.names)
-        if unknown:
-            raise UnknownStep(
-                f"unknown steps {sorted(unknown)}; known steps: {', '.join(self.names)}"
-            )
-        return [name for name in reversed(self.names) if name in done]
 
 
 def parse_catalog(data: Any, source: str = "step catalog") -> StepCatalog:

@@ -135,7 +135,7 @@ class Alerts:
         if queue is None:
             log_alert(alert)
             try:
-                await self._send(alert, alert_id or f"alert/{self._new_id()}")
+                await send_alert(self._publisher, alert, alert_id or f"alert/{self._new_id()}")
             except DomainError:
                 log.exception("alert %s for order %s could not be queued", kind, order_id)
             return alert
@@ -159,7 +159,7 @@ class Alerts:
         if alert_id is not None:
             self._sending.add(alert_id)
         try:
-            await self._send(alert, alert_id or f"alert/{self._new_id()}")
+            await send_alert(self._publisher, alert, alert_id or f"alert/{self._new_id()}")
         except DomainError as exc:
             _remember(self._tried, alert_id)
             if required:
@@ -209,7 +209,7 @@ class Alerts:
                 for aggregate_id, aggregate in todo:
                     tried.add(aggregate_id)
                     try:
-                        await self._send(aggregate, aggregate_id)
+                        await send_alert(self._publisher, aggregate, aggregate_id)
                     except DomainError as exc:
                         log.warning(
                             "alert %s (%d alerts) not queued, kept: %s",
@@ -322,8 +322,10 @@ class Alerts:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _send(self, alert: OperatorAlert, message_id: str) -> None:
-        await self._publisher.send(ALERTS_QUEUE, encode(alert), message_id, {"Kind": alert.Kind})
+
+async def send_alert(publisher: MessagePublisher, alert: OperatorAlert, message_id: str) -> None:
+    """`alert` onto the alerts queue, its Kind a property; raises if not sent."""
+    await publisher.send(ALERTS_QUEUE, encode(alert), message_id, {"Kind": alert.Kind})
 
 
 def log_alert(alert: OperatorAlert) -> None:

@@ -11,24 +11,19 @@ from datetime import datetime
 from adapters import telemetry
 from adapters.clock import SYSTEM_CLOCK, Clock
 from adapters.ports import ANY_OWNER, MessagePublisher, StateStore
-from adapters.servicebus import ALERTS_QUEUE
 from domain import state_machine as sm
 from domain.codec import encode
 from domain.errors import NotFoundError, StaleError
 from domain.ids import client_order_id, outbox_alert_message_id, status_message_id
 from domain.models import OperatorAlert, OrderState, PendingStatus, StatusKind, StatusUpdate
-from reporting.alerts import log_alert
+from reporting.alerts import log_alert, send_alert
 
 log = logging.getLogger(__name__)
 
 
 class StatusReporter:
     def __init__(self, publisher: MessagePublisher) -> None:
-        self._publisher = publisher
-
-    async def send_alert(self, alert: OperatorAlert, message_id: str) -> None:
-        """An operator alert from a status outbox entry; raises if not sent."""
-        await self._publisher.send(ALERTS_QUEUE, encode(alert), message_id, {"Kind": alert.Kind})
+        self.publisher = publisher
 
     async def send(
         self,
@@ -59,7 +54,7 @@ class StatusReporter:
             Step=pending.Step,
             Timestamp=pending.At,
         )
-        await self._publisher.send(
+        await self.publisher.send(
             reply_to, encode(update), pending.MessageId, {"OrderID": order_id, "Status": status}
         )
         log.info(
@@ -135,9 +130,8 @@ class StatusOutbox:
         reason = pending.Detail or kind
         alert = OperatorAlert(Kind=kind, OrderID=record.id, Reason=reason, Timestamp=pending.At)
         log_alert(alert)
-        await self._reporter.send_alert(
-            alert, outbox_alert_message_id(record.id, pending.MessageId)
-        )
+        message_id = outbox_alert_message_id(record.id, pending.MessageId)
+        await send_alert(self._reporter.publisher, alert, message_id)
 
     async def _clear(self, record: OrderState, message_id: str, etag: str | None) -> None:
         now = self._clock.now()

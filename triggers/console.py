@@ -243,25 +243,9 @@ def _see_other(location: str) -> func.HttpResponse:
     return func.HttpResponse(status_code=303, headers={"Location": location, **_SECURITY_HEADERS})
 
 
-Act = Callable[[str], Awaitable[Any]]  # an action, given the operator's reason
-
-
-def _confirmation(
-    req: func.HttpRequest,
-    who: str,
-    deps: views.Deps,
-    bound: tuple[str, str, str],
-    template: str,
-    titles: dict[str, tuple[str, str]],
-    **shown: Any,
-) -> func.HttpResponse:
-    """An action's confirmation page: `template` showing `shown` and
-    `titles[action]`, its form's token bound to the operator and `bound`."""
-    action = bound[1]
-    title, explanation = titles[action]
-    token = security.Unmasked(security.form_token(who, *bound))
-    context: dict[str, Any] = {"action": action, "title": title, "explanation": explanation}
-    return _render(req, template, deps, csrf=token, who=who, **context, **shown)
+# An action, given the operator's reason: the query of the page to redirect
+# to (None: `?done={action}`), or the page that says what it did.
+Act = Callable[[str], Awaitable[dict[str, Any] | func.HttpResponse | None]]
 
 
 async def _confirm_then_act(
@@ -272,14 +256,20 @@ async def _confirm_then_act(
     act: Act,
     done: str,
     template: str,
+    titles: dict[str, tuple[str, str]],
     **shown: Any,
 ) -> func.HttpResponse:
-    """An action's two requests. GET: its `_confirmation`. POST: the token
-    checked, `act(reason)` run, then a redirect to `done` (`_see_other`). A
-    refusal answers 403 (the token), 409 (the target changed or is gone) or 503."""
+    """An action's two requests. GET: its confirmation page, `template`
+    showing `shown` and `titles[action]`, its form's token bound to the
+    operator and `bound`. POST: the token checked, `act(reason)` run, then a
+    redirect to `done` (`_see_other`), or the page `act` answered. A refusal
+    answers 403 (the token), 409 (the target changed or is gone) or 503."""
     action = bound[1]
     if req.method == "GET":
-        return _confirmation(req, who, deps, bound, template, **shown)
+        title, explanation = titles[action]
+        token = security.Unmasked(security.form_token(who, *bound))
+        context: dict[str, Any] = {"action": action, "title": title, "explanation": explanation}
+        return _render(req, template, deps, csrf=token, who=who, **context, **shown)
     form = _form(req)
     try:
         security.check_csrf(req.headers, form, who, *bound, request_url=req.url)
@@ -290,6 +280,8 @@ async def _confirm_then_act(
         return _error(req, 409, f"{action} refused: {exc}", deps)
     except DomainError as exc:
         return _error(req, 503, f"{action} failed: {exc}", deps)
+    if isinstance(query, func.HttpResponse):
+        return query
     return _see_other(f"{_base(req)}/{done}?{urlencode(query or {'done': action})}")
 
 
@@ -385,7 +377,7 @@ async def _action(req: func.HttpRequest, who: str, deps_of: DepsOf) -> func.Http
         await views.act(deps, order_id, action, who, reason, expected_version=version)
 
     done = f"orders/{quote(order_id, safe='')}"
-    shown = {"titles": views.ACTIONS, "page": "orders", "record": record}
+    shown: dict[str, Any] = {"titles": views.ACTIONS, "page": "orders", "record": record}
     return await _confirm_then_act(
         req, who, deps, (order_id, action, version), act, done, "confirm.html", **shown
     )
@@ -401,32 +393,24 @@ async def _bulk_action(req: func.HttpRequest, who: str, deps_of: DepsOf) -> func
     the version shown and lists what became of each."""
     action = req.route_params.get("action", "")
     deps = await deps_of()
+    shown: dict[str, Any] = {"titles": views.ACTIONS, "page": "orders"}
     if req.method == "GET":
         ids = views.bulk_ids(parse_qsl(urlsplit(req.url).query))
-        targets = await views.bulk_targets(deps, ids, action)
-        ready = [t for t in targets if t["why"] is None]
-        target, version = _bulk_token_parts([(t["id"], t["version"]) for t in ready])
-        shown: dict[str, Any] = {
-            "titles": views.ACTIONS,
-            "page": "orders",
-            "targets": targets,
-            "ready": ready,
-        }
-        return _confirmation(
-            req, who, deps, (target, action, version), "confirm_bulk.html", **shown
-        )
-    pairs = parse_qsl(req.get_body().decode("utf-8", "replace"))
-    chosen = list(zip(views.bulk_ids(pairs), [v for k, v in pairs if k == "version"], strict=False))
+        shown["targets"] = await views.bulk_targets(deps, ids, action)
+        shown["ready"] = [t for t in shown["targets"] if t["why"] is None]
+        chosen = [(t["id"], t["version"]) for t in shown["ready"]]
+    else:
+        pairs = parse_qsl(req.get_body().decode("utf-8", "replace"))
+        versions = [v for k, v in pairs if k == "version"]
+        chosen = list(zip(views.bulk_ids(pairs), versions, strict=False))
     target, version = _bulk_token_parts(chosen)
-    try:
-        security.check_csrf(
-            req.headers, dict(pairs), who, target, action, version, request_url=req.url
-        )
-    except security.Forbidden as exc:
-        return _error(req, 403, str(exc), deps)
-    reason = dict(pairs).get("reason", "")
-    results = await views.bulk_act(deps, chosen, action, who, reason)
-    return _render(req, "bulk_done.html", deps, page="orders", action=action, results=results)
+
+    async def act(reason: str) -> func.HttpResponse:
+        results = await views.bulk_act(deps, chosen, action, who, reason)
+        return _render(req, "bulk_done.html", deps, page="orders", action=action, results=results)
+
+    bound = (target, action, version)
+    return await _confirm_then_act(req, who, deps, bound, act, "", "confirm_bulk.html", **shown)
 
 
 def _bulk_token_parts(chosen: list[tuple[str, str]]) -> tuple[str, str]:

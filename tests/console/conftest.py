@@ -4,6 +4,7 @@ in the real Cosmos server (tests/fixtures/cosmos.py)."""
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from typing import Any, cast
 
 import pytest
 
@@ -78,6 +79,16 @@ def now() -> datetime:
     return datetime.now(UTC).replace(microsecond=0)
 
 
+class NoMessages:
+    """A QueuePeeker over queues that are all empty: for the pages' store reads."""
+
+    async def peek(self, *_args: Any, **_kw: Any) -> list[Any]:
+        return []
+
+    async def count(self, *_args: Any, **_kw: Any) -> tuple[int, bool]:
+        return 0, False
+
+
 @pytest.fixture
 def deps(state_store, state_container, request_charges, orders_repository, now) -> Deps:
     return Deps(
@@ -85,7 +96,7 @@ def deps(state_store, state_container, request_charges, orders_repository, now) 
         store=state_store,
         reads=ConsoleReads(state_container, request_charges),
         orders=orders_repository,
-        servicebus=None,
+        servicebus=cast(Any, NoMessages()),
         now=now,
     )
 

@@ -18,10 +18,10 @@ import pytest
 
 import bootstrap
 import triggers.console as console_functions
+from adapters.settings import AZURE_HINTS
 from console import views
 from console.security import (
     AUTH_CONFIRMED_SETTING,
-    AZURE_HINTS,
     CLAIMS_HEADER,
     LOCAL_MODE_SETTING,
     OPERATOR_ROLE_SETTING,

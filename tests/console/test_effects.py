@@ -90,7 +90,7 @@ def test_each_step_has_its_own_times_those_of_its_request_and_reply():
     for step, label in (
         ("reserve-inventory", "reserve inventory"),
         ("charge-payment", "charge payment"),
-        ("arrange-shipment", "arrange shipment"),
+        ("arrange-shipment", "arrange shipping"),
     ):
         requested, answered = _reply_times(attempt, label)
         e = found[step]

@@ -28,9 +28,10 @@ from hypothesis import strategies as st
 
 import bootstrap
 import triggers.console as console_functions
+from adapters.settings import AZURE_HINTS
 from console import views
 from console.peek import QueuePeeker
-from console.security import AUTH_CONFIRMED_SETTING, AZURE_HINTS, LOCAL_MODE_SETTING
+from console.security import AUTH_CONFIRMED_SETTING, LOCAL_MODE_SETTING
 from domain import state_machine as sm
 from tests.console.conftest import errored_by_supervisor
 from tests.console.conftest import settings as console_settings

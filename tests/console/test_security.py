@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from adapters.settings import AZURE_HINTS
 from console import security
 
 URL = "https://orders.example.net/api/console/orders/O-1/resubmit"
@@ -190,7 +191,7 @@ def test_redact_drops_payment_fields_and_masks_card_numbers():
 
 
 def test_azure_is_any_of_its_hints_and_a_blank_principal_is_none():
-    for hint in security.AZURE_HINTS:
+    for hint in AZURE_HINTS:
         assert security.in_azure({hint: "x"})
         with pytest.raises(security.Unauthenticated):
             security.operator({"x-ms-client-principal-name": " "}, env={hint: "x", **LOCAL})

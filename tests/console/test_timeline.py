@@ -139,7 +139,7 @@ def test_an_agent_that_retried_shows_each_call():
     assert charge.calls[2]["after"] is not None
     # the in-app step is requested once, answered once
     texts = _texts(attempt)
-    assert texts.count("arrange shipment: requested") == 1
+    assert texts.count("arrange shipping: requested") == 1
 
 
 def test_without_history_the_record_still_tells_the_steps():
@@ -161,7 +161,7 @@ def test_without_history_the_record_still_tells_the_steps():
         ),
         (
             {"Outcome": "failed", "Step": "arrange-shipment", "Detail": "x"},
-            "failed at arrange shipment",
+            "failed at arrange shipping",
         ),
         ({"Outcome": "stale", "Step": "charge-payment"}, "superseded by a later attempt"),
         ({"Outcome": "compensation_failed"}, "compensation failed"),
@@ -210,3 +210,17 @@ def test_each_request_and_reply_carries_its_raw_input_or_output_redacted():
     assert "pay-1" not in hostile
     assert "4111" not in hostile
     assert len(story.raw_text({"x": "y" * 10_000})) == story.RAW_LIMIT
+
+
+def test_a_step_added_by_data_is_told_in_its_catalog_words(tmp_path, monkeypatch):
+    from tests.added_step import write_catalog
+
+    monkeypatch.setenv("STEP_CATALOG_FILE", str(write_catalog(tmp_path / "steps.json")))
+    story._catalog.cache_clear()
+    try:
+        assert story.label("reserve-warehouse-slot") == "reserve warehouse"
+        assert story.label("reserve-warehouse-slot", "undo") == "release warehouse"
+        assert story.label("charge-payment", "undo") == "refund payment"
+        assert story.label("no-such-step", "undo") == "undo no-such-step"
+    finally:
+        story._catalog.cache_clear()

@@ -161,10 +161,11 @@ def test_the_console_is_off_in_azure_until_authentication_is_confirmed():
         "consoleAuthConfirmed"
     ]["decorators"]
     # The app reads the same name, and only an exact "true" turns the console on.
+    from adapters.settings import AZURE_HINTS
     from console import security
 
     assert security.AUTH_CONFIRMED_SETTING == "CONSOLE_AUTH_CONFIRMED"
-    azure = {security.AZURE_HINTS[0]: "site"}
+    azure = {AZURE_HINTS[0]: "site"}
     assert not security.console_enabled(azure)
     assert not security.console_enabled({**azure, "CONSOLE_AUTH_CONFIRMED": "false"})
     assert security.console_enabled({**azure, "CONSOLE_AUTH_CONFIRMED": "true"})

@@ -102,7 +102,7 @@ async def test_client_turns_a_fencing_409_into_fencing_rejected(remote):
     with pytest.raises(FencingRejected) as raised:
         await remote.call(a_call(token=3), timeout=5)
 
-    assert raised.value.highest == 4
+    assert "fencing token 3 rejected: fencing token 3 is lower than 4" in str(raised.value)
 
 
 async def test_client_turns_a_timeout_into_transient(remote, remote_admin):

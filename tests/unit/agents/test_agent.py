@@ -227,7 +227,7 @@ async def test_a_permanent_error_is_not_retried_and_replies_permanent(agent, rem
 
 
 async def test_a_fencing_rejection_replies_permanent_without_retrying(agent, remote):
-    remote.script = [Outcome(error=FencingRejected("fencing token 2 rejected", token=2, highest=3))]
+    remote.script = [Outcome(error=FencingRejected("fencing token 2 rejected"))]
 
     reply = await agent.handle(request())
 

@@ -83,8 +83,9 @@ MARKUP = "[link=http://evil.example]click[/link] [/] [bold red]x"
 @pytest.mark.parametrize("field", ["Kind", "OrderID", "Reason", "Timestamp", "MessageId", "Queue"])
 def test_markup_in_any_alert_field_is_printed_literally(field):
     c, out = console()
-    assert render.print_alerts(c, [alert(**{field: MARKUP})]) == 1
+    render.print_alerts(c, [alert(**{field: MARKUP})])
     text = out.getvalue()
+    assert "1 of 1 alerts" in text
     assert "[link=http://evil.example]click[/link]" in text
     assert "\x1b]8;" not in text  # no terminal hyperlink was made
 
@@ -115,8 +116,8 @@ def test_control_and_bidi_characters_are_shown_as_escapes_not_sent_to_the_termin
 )
 def test_no_alert_body_crashes_the_alerts_command(message):
     c, out = console()
-    assert render.print_alerts(c, shown(message)) == 1
-    assert out.getvalue()
+    render.print_alerts(c, shown(message))
+    assert "1 of 1 alerts" in out.getvalue()
 
 
 def test_zero_alerts_and_no_dead_letters_are_said():
@@ -150,8 +151,9 @@ def test_alerts_are_newest_first_unless_asked():
 )
 def test_dead_letters_print_every_field_literally(message):
     c, out = console()
-    assert render.print_dead_letters(c, "orders", shown(message)) == 1
+    render.print_dead_letters(c, "orders", shown(message))
     text = out.getvalue()
+    assert "1 dead letters on orders" in text
     assert "\x1b]8;" not in text
     assert "\u202e" not in text
 

@@ -52,10 +52,6 @@ def test_a_step_added_by_data_comes_last_on_its_own_service():
         "/warehouse/release",
         ("Lines",),
     )
-    assert catalog.compensation_order(["reserve-inventory", "reserve-warehouse-slot"]) == [
-        "reserve-warehouse-slot",
-        "reserve-inventory",
-    ]
 
 
 def test_a_catalog_file_round_trips(tmp_path):
