@@ -357,8 +357,7 @@ class App:
 
     async def scheduler_activities(self) -> SchedulerActivities:
         """One per process and loop, as every use case here: what the host
-        runs is what the simulation and the benches measure (a copy of an
-        order's payload kept from its first request serves its later ones)."""
+        runs is what the simulation and the benches measure."""
         if self.overrides.scheduler_activities is not None:
             return await self.overrides.scheduler_activities()
         from activities.policy import ActivityPolicy
@@ -398,6 +397,7 @@ class App:
                 crash_point=self.crash_point(),
                 alerts=self.alerts_over(c.publisher),
                 count_interval=c.settings.starter_count_interval or None,
+                orders=c.orders,
             )
         return c.starter
 

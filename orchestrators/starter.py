@@ -12,8 +12,10 @@ Each run (timer trigger, a singleton across hosts):
    Processing, LockedBy = the attempt's instance id, Attempt + 1, every step
    to do Running and CompleteBy = the attempt's one deadline, now + steps to
    do x step timeout (the attempt's recovery-index entry is added first);
-3. starts that attempt's orchestration, with the claim's etag, the plan and
-   the deadline as input (the attempt reads nothing to run). The claim comes first
+3. starts that attempt's orchestration, with the plan, the deadline and the
+   order's step payload as input (the attempt reads nothing to run: the
+   payload is Submit's order on the fast path, else read from the orders DB
+   once, after the claim is won). The claim comes first
    and sets CompleteBy, so a starter that dies between claim and start leaves a
    record the Supervisor recovers; starting an instance id that already exists
    (a re-run after a crash) is not an error.
@@ -57,7 +59,14 @@ from typing import Any
 
 from adapters import telemetry
 from adapters.clock import SYSTEM_CLOCK, Clock
-from adapters.ports import ANY_OWNER, DeadlineIndex, MessagePublisher, NoIndex, StateStore
+from adapters.ports import (
+    ANY_OWNER,
+    DeadlineIndex,
+    MessagePublisher,
+    NoIndex,
+    OrdersRepository,
+    StateStore,
+)
 from adapters.settings import Settings
 from domain import admission
 from domain.admission import Admission
@@ -130,8 +139,8 @@ class StarterReport:
 
 async def start_attempt(client, instance_id: str, attempt_input: dict | None = None) -> None:
     """Start the attempt's orchestration; an existing instance is fine.
-    `attempt_input`: orchestrators.contracts.AttemptStart, or None for a
-    compensation, which reads the record's undo log."""
+    `attempt_input`: orchestrators.contracts.AttemptStart (a compensation's
+    has only the payload: it reads the record's undo log), or None."""
     try:
         await client.start_new(WORKFLOW_NAME, instance_id, attempt_input)
     except Exception:
@@ -251,9 +260,13 @@ class Starter:
         crash_point: CrashPoint = no_crash_point,
         alerts: Alerts | None = None,
         count_interval: timedelta | None = None,
+        orders: OrdersRepository | None = None,
     ) -> None:
         """`publisher`: for alerts and outbox deliveries (without one, the
         Starter neither delivers statuses nor restarts compensations).
+        `orders`: the orders DB, from which an attempt's step payload is read
+        once per claim won (without it, as without a read that failed, the
+        attempt starts without its payload and its requests read it).
         `status_grace`: how old an outbox entry must be before the Starter
         sends it (the writer normally sends it itself at once).
         `status_scan_interval`: the least time between two outbox scans of
@@ -277,6 +290,7 @@ class Starter:
             else StarterPolicy.from_settings(settings, DEFAULT_CATALOG.names)
         )
         self._store = store
+        self._orders = orders
         self._index = index or NoIndex()
         self._clock = clock
         self._crash_point = crash_point
@@ -325,6 +339,30 @@ class Starter:
         report.started.append(instance_id)
         return True
 
+    async def _payload(self, order_id: str) -> dict | None:
+        """The order's step payload for the attempt's input, read from the
+        orders DB by a claimer that won (one read per attempt, none per lost
+        race). A read that fails does not hold the claim up: the attempt
+        starts without it, and its requests read it then
+        (activities.scheduler_activities, `_with_payload`), under Durable's
+        activity retries. Not starting would leave the marked attempt to the
+        Supervisor after its whole budget, a FailureCount it did not earn;
+        retrying here would hold up the run's other claims."""
+        if self._orders is None:
+            return None
+        try:
+            return step_payload(await self._orders.get(order_id))
+        except Exception:
+            log.warning("starter: order %s not read; its attempt reads it", order_id, exc_info=True)
+            return None
+
+    async def _start_compensation(self, client, record: OrderState, report: StarterReport) -> bool:
+        """Start the compensation `record` is claimed for, its payload (for
+        the undo requests) in the input, as every attempt's."""
+        payload = await self._payload(record.id)
+        given = AttemptStart(Payload=payload).dump() if payload else None
+        return await self._start(client, _owner(record), report, given)
+
     async def _write_gauge(self, pending: int, processing: int, now: datetime) -> None:
         """Save the Pending and Processing figures for Submit's admission
         control and every host's fast path; figures this process saved
@@ -359,7 +397,7 @@ class Starter:
                 report.lost += 1
                 continue
             report.compensations += 1
-            await self._start(client, _owner(claimed), report)
+            await self._start_compensation(client, claimed, report)
 
     async def _resume_compensations(self, client, now: datetime, report: StarterReport) -> None:
         """A Compensating record whose instance is gone (never started: the
@@ -406,7 +444,7 @@ class Starter:
                 # lost (the simulation found it: three restarts
                 # applied with their answers lost, no instance started, then
                 # CompensationFailed with an undo never sent).
-                if await self._start(client, record.LockedBy, report):
+                if await self._start_compensation(client, record, report):
                     report.compensations_started += 1
                 continue
             # A missing instance that wrote the record ran and is gone: the
@@ -442,7 +480,7 @@ class Starter:
                     )
                     continue
                 report.compensation_restarts += 1
-                await self._start(client, _owner(restarted), report)
+                await self._start_compensation(client, restarted, report)
                 continue
             report.compensations_given_up += 1
             if self._outbox is None:
@@ -695,16 +733,16 @@ class Starter:
         report.claimed += 1
         telemetry.app_metrics().attempts.add(1)
         self._crash_point("starter.after_claim")
-        # The attempt's input: the plan and the one deadline let it run
-        # without reading the record.
+        # The attempt's input: the plan, the one deadline and the payload let
+        # it run without reading the record or the order.
+        payload = step_payload(order) if order is not None else await self._payload(claimed.id)
         step_timeout = int(self._settings.step_timeout.total_seconds())
         attempt_input = AttemptStart(
-            Payload=step_payload(order) if order is not None else None,
+            Payload=payload,
             Deadline=deadline,
             Plan=plan_for(
                 claimed,
                 claimed.Attempt,
-                None,
                 self._settings.steps,
                 self._settings.step_modes,
                 step_timeout,
@@ -771,7 +809,7 @@ FastStart = Callable[
 
 def fast_start(starter: Callable[[], Awaitable[Starter]]) -> FastStart:
     """Submit's fast start over the Starter `starter()` gives (the process's
-    one). `order` (the validated OrderSubmitted) spares the attempt its
+    one). `order` (the validated OrderSubmitted) spares the Starter its
     orders-DB read; `received_sent_at` lets the claim mark Received sent (see
     Starter.start_submitted). Never raises; None means the timer Starter will
     claim the order."""
