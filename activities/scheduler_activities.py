@@ -326,8 +326,8 @@ class SchedulerActivities:
                 Step=data.Step,
                 Deadline=data.Deadline,
                 Payload=data.Payload or {},
-            ),
-            app_id=data.AppId,
+                AppId=data.AppId,
+            )
         )
 
     async def finish_attempt(self, data: FinishAll) -> Wrote:
@@ -409,7 +409,7 @@ class SchedulerActivities:
 
     # --- talking to agents ----------------------------------------------------------------
 
-    def _request(self, send: SendRequest, app_id: str | None) -> AgentRequest:
+    def _request(self, send: SendRequest) -> AgentRequest:
         """The request `send` describes, sealed: its reply token and signature
         (domain.signing) under the app's keys; SettingsError when they are not set."""
         order_id, attempt = parse_attempt_instance_id(send.InstanceId)
@@ -419,7 +419,7 @@ class SchedulerActivities:
             Step=send.Step,
             Action=send.Action,
             Attempt=attempt,
-            AppId=app_id,
+            AppId=send.AppId,
             IdempotencyKey=idempotency_key(order_id, send.Step),
             FencingToken=fencing_token(attempt),
             Deadline=send.Deadline,
@@ -429,10 +429,8 @@ class SchedulerActivities:
         )
         return seal_request(self._settings.scheduler_keys(), request)
 
-    async def send_agent_request(self, send: SendRequest, app_id: str | None = None) -> str:
-        """`app_id`: the order's application, from the record when the caller
-        has it (workflow 2.x's begin and advance), else the plan's (SendRequest.AppId)."""
-        request = self._request(await self._with_payload(send), app_id or send.AppId)
+    async def send_agent_request(self, send: SendRequest) -> str:
+        request = self._request(await self._with_payload(send))
         message_id = agent_request_message_id(send.InstanceId, send.Step, send.label)
         await self._publisher.send(
             AGENT_REQUESTS_QUEUE,
@@ -449,7 +447,7 @@ class SchedulerActivities:
             raise NotConfigured("no inline agent configured")
         send = await self._with_payload(send)
         try:
-            return await self._inline_agent.handle(self._request(send, send.AppId))
+            return await self._inline_agent.handle(self._request(send))
         except Exception as exc:
             # The orchestration sees only this text (Durable's failure
             # reason): give it the type, which str(exc) alone leaves out.
