@@ -108,6 +108,12 @@ STATUS_GRACE = timedelta(seconds=30)  # an outbox entry younger than this is bei
 MAX_OUTBOX_PAGES = 3  # per run: the first page, and rescans after a queue refused
 FAST_PATH_WINDOW = timedelta(seconds=3)  # how long the timer leaves a new order to the fast path
 FAST_PATH_BLOCK = 10  # slots the fast path takes at once (one write of the admission document)
+# How long a fast path waits for another of its process to take a block, in
+# polls of the clock (the simulation parks each), before leaving its order to
+# the timer (an order the timer claims costs a read of it and Submit a write
+# of its own: issue 44).
+FAST_PATH_WAIT = 1.0
+FAST_PATH_POLL = 0.02
 # After a fast path found no room, this process's fast paths read no slots for this long.
 NO_ROOM_PAUSE = timedelta(seconds=1)
 SLOT_WRITE_TRIES = 3  # etag races lost in a row before a claimer gives up its slots for now
@@ -156,9 +162,10 @@ class _Slots:
     retried a few times; without a slot nothing is claimed. The document this
     process last wrote is kept, so a batch costs one write, not a read too."""
 
-    def __init__(self, store: StateStore, policy: StarterPolicy) -> None:
+    def __init__(self, store: StateStore, policy: StarterPolicy, clock: Clock) -> None:
         self._store = store
         self._policy = policy
+        self._clock = clock
         self._known: tuple[Admission, str] | None = None
         self._no_room_until: datetime | None = None
         self._block: tuple[datetime, int] | None = None  # the fast path's (taken at, slots left)
@@ -223,19 +230,29 @@ class _Slots:
             return granted
         return 0
 
-    async def one(self, now: datetime) -> bool:
+    async def one(self) -> bool:
         """One slot for the fast path, from this process's block (a new block
         of FAST_PATH_BLOCK when it is spent or too old to use). While one fast
-        path takes a block, the others of this process get no slot (the timer
-        claims their orders) rather than each take a block: slots taken and
-        left unused count as claims until they age out, and the completion
-        rate the limit follows would count them as completions."""
-        block = self._block
-        if block is not None and block[1] > 0 and admission.usable(block[0], now):
-            self._block = (block[0], block[1] - 1)
-            return True
-        if self._taking or (self._no_room_until is not None and now < self._no_room_until):
-            return False
+        path takes a block, the others of this process wait for it (up to
+        FAST_PATH_WAIT) and take from that block rather than each take a
+        block: slots taken and left unused count as claims until they age
+        out, and the completion rate the limit follows would count them as
+        completions."""
+        waited = 0.0
+        while True:
+            now = self._clock.now()
+            block = self._block
+            if block is not None and block[1] > 0 and admission.usable(block[0], now):
+                self._block = (block[0], block[1] - 1)
+                return True
+            if self._no_room_until is not None and now < self._no_room_until:
+                return False
+            if not self._taking:
+                break
+            if waited >= FAST_PATH_WAIT:
+                return False  # the timer claims it
+            await self._clock.sleep(FAST_PATH_POLL)
+            waited += FAST_PATH_POLL
         self._taking = True
         try:
             granted = await self.take(FAST_PATH_BLOCK, now)
@@ -304,7 +321,7 @@ class Starter:
         # The Processing count this process last measured (run): the fast path
         # takes no slot when the last run saw the cap reached.
         self._last_processing: int | None = None
-        self._slots = _Slots(store, self._settings)
+        self._slots = _Slots(store, self._settings, clock)
         self._status_grace = status_grace
         self._status_scan_interval = (
             status_grace / 3 if status_scan_interval is None else status_scan_interval
@@ -779,14 +796,14 @@ class Starter:
         `received_sent_at`: Submit has sent Received and not yet marked it;
         the claim marks it too. None back means nothing is known to be
         marked: Submit marks it itself (on a 412, with `update`)."""
-        now = self._fast_path_used = self._clock.now()
+        self._fast_path_used = self._clock.now()
         if (
             self._last_processing is not None
             and self._last_processing >= self._settings.max_processing
         ):
             return None
         try:
-            if not await self._slots.one(now):
+            if not await self._slots.one():
                 return None  # no room under the limit: the timer claims it when there is
             return await self.claim_and_start(
                 client, record, etag, order=order, received_sent_at=received_sent_at
