@@ -396,12 +396,9 @@ class SchedulerActivities:
             return str(exc)
 
     async def _with_payload(self, send: SendRequest) -> SendRequest:
-        """`send` with the order's step payload. The attempt's input carries
-        it (the claimer read it once); only when the claimer's read failed
-        (the Starter starts the attempt anyway: orchestrators.starter,
-        `Starter._payload`) is it read here, per request. No copy is kept
-        between activities: on Azure an order's activities may run on
-        different instances (issue 44)."""
+        """`send` with the order's step payload: the attempt's input carries it,
+        read here only when the claimer's read failed (Starter._payload). No
+        copy is kept: an order's activities may run on different instances."""
         if send.Payload:
             return send
         order_id, _ = parse_attempt_instance_id(send.InstanceId)

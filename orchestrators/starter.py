@@ -108,10 +108,7 @@ STATUS_GRACE = timedelta(seconds=30)  # an outbox entry younger than this is bei
 MAX_OUTBOX_PAGES = 3  # per run: the first page, and rescans after a queue refused
 FAST_PATH_WINDOW = timedelta(seconds=3)  # how long the timer leaves a new order to the fast path
 FAST_PATH_BLOCK = 10  # slots the fast path takes at once (one write of the admission document)
-# How long a fast path waits for another of its process to take a block, in
-# polls of the clock (the simulation parks each), before leaving its order to
-# the timer (an order the timer claims costs a read of it and Submit a write
-# of its own: issue 44).
+# How long a fast path waits, in polls of the clock, for another of its process to take a block.
 FAST_PATH_WAIT = 1.0
 FAST_PATH_POLL = 0.02
 # After a fast path found no room, this process's fast paths read no slots for this long.
@@ -281,9 +278,7 @@ class Starter:
     ) -> None:
         """`publisher`: for alerts and outbox deliveries (without one, the
         Starter neither delivers statuses nor restarts compensations).
-        `orders`: the orders DB, from which an attempt's step payload is read
-        once per claim won (without it, as without a read that failed, the
-        attempt starts without its payload and its requests read it).
+        `orders`: where a timer claim's step payload is read (`_payload`).
         `status_grace`: how old an outbox entry must be before the Starter
         sends it (the writer normally sends it itself at once).
         `status_scan_interval`: the least time between two outbox scans of
@@ -357,14 +352,10 @@ class Starter:
         return True
 
     async def _payload(self, order_id: str) -> dict | None:
-        """The order's step payload for the attempt's input, read from the
-        orders DB by a claimer that won (one read per attempt, none per lost
-        race). A read that fails does not hold the claim up: the attempt
-        starts without it, and its requests read it then
-        (activities.scheduler_activities, `_with_payload`), under Durable's
-        activity retries. Not starting would leave the marked attempt to the
-        Supervisor after its whole budget, a FailureCount it did not earn;
-        retrying here would hold up the run's other claims."""
+        """The order's step payload for the input of a claim won. A failed read
+        does not hold the claim up: the attempt starts without it and its
+        requests read it (not starting would leave the marked attempt to the
+        Supervisor after its whole budget, a FailureCount it did not earn)."""
         if self._orders is None:
             return None
         try:
