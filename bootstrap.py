@@ -368,6 +368,7 @@ class App:
                 crash_point=self.crash_point(),
                 alerts=self.alerts_over(c.publisher),
                 count_interval=c.settings.starter_count_interval or None,
+                orders=c.orders,
             )
         return c.starter
 

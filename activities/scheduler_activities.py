@@ -226,7 +226,7 @@ class SchedulerActivities:
         owned = await self._owned(data.InstanceId)
         if isinstance(owned, str):
             return Plan(Stale=True, Reason=owned)
-        return await self._plan(owned[0], attempt)
+        return self._plan(owned[0], attempt)
 
     async def _owned(
         self, instance: str, known: tuple[OrderState, str] | None = None
@@ -243,13 +243,11 @@ class SchedulerActivities:
             return f"order {order_id} is locked by {known[0].LockedBy!r}"
         return known
 
-    async def _plan(self, record: OrderState, attempt: int, payload: dict | None = None) -> Plan:
-        if not payload:
-            payload = step_payload(await self._orders.get(record.id))
+    def _plan(self, record: OrderState, attempt: int) -> Plan:
+        """Without the payload: the attempt's input carries it."""
         return plan_for(
             record,
             attempt,
-            payload,
             self._step_names,
             self._step_modes,
             int(self._settings.step_timeout.total_seconds()),
@@ -322,15 +320,14 @@ class SchedulerActivities:
         runs in its own activity)."""
         if self._step_modes.get(data.Step, "remote") == "inline":
             return
-        order_id, _ = parse_attempt_instance_id(data.InstanceId)
         await self.send_agent_request(
             SendRequest(
                 InstanceId=data.InstanceId,
                 Step=data.Step,
                 Deadline=data.Deadline,
-                Payload=data.Payload or await self._payload(order_id),
-            ),
-            app_id=data.AppId,
+                Payload=data.Payload or {},
+                AppId=data.AppId,
+            )
         )
 
     async def finish_attempt(self, data: FinishAll) -> Wrote:
@@ -350,7 +347,7 @@ class SchedulerActivities:
             if data.Compensate:
                 # The plan of the compensation, from the version just written
                 # (a read after it could lag: the undo log would look empty).
-                plan = await self._plan(record, attempt, await self._payload(order_id))
+                plan = self._plan(record, attempt)
             return Wrote(State=record.ProcessState, Plan=plan)
         if not await self._outbox.deliver(record, etag):
             # Durable retries this activity: the retry recognises its write
@@ -398,16 +395,18 @@ class SchedulerActivities:
             log.info("stale write by %s: %s", instance, exc, extra={"order_id": order_id})
             return str(exc)
 
-    async def _payload(self, order_id: str) -> dict:
-        """The order's step payload, read from the orders DB: for an input
-        without it (an attempt the timer Starter claimed, a compensation).
-        No copy is kept between activities: on Azure an order's activities
-        may run on different instances (issue 44)."""
-        return step_payload(await self._orders.get(order_id))
+    async def _with_payload(self, send: SendRequest) -> SendRequest:
+        """`send` with the order's step payload: the attempt's input carries it,
+        read here only when the claimer's read failed (Starter._payload). No
+        copy is kept: an order's activities may run on different instances."""
+        if send.Payload:
+            return send
+        order_id, _ = parse_attempt_instance_id(send.InstanceId)
+        return send.model_copy(update={"Payload": step_payload(await self._orders.get(order_id))})
 
     # --- talking to agents ----------------------------------------------------------------
 
-    def _request(self, send: SendRequest, app_id: str | None) -> AgentRequest:
+    def _request(self, send: SendRequest) -> AgentRequest:
         """The request `send` describes, sealed: its reply token and signature
         (domain.signing) under the app's keys; SettingsError when they are not set."""
         order_id, attempt = parse_attempt_instance_id(send.InstanceId)
@@ -417,7 +416,7 @@ class SchedulerActivities:
             Step=send.Step,
             Action=send.Action,
             Attempt=attempt,
-            AppId=app_id,
+            AppId=send.AppId,
             IdempotencyKey=idempotency_key(order_id, send.Step),
             FencingToken=fencing_token(attempt),
             Deadline=send.Deadline,
@@ -427,10 +426,8 @@ class SchedulerActivities:
         )
         return seal_request(self._settings.scheduler_keys(), request)
 
-    async def send_agent_request(self, send: SendRequest, app_id: str | None = None) -> str:
-        """`app_id`: the order's application, from the record when the caller
-        has it (workflow 2.x's begin and advance), else the plan's (SendRequest.AppId)."""
-        request = self._request(send, app_id or send.AppId)
+    async def send_agent_request(self, send: SendRequest) -> str:
+        request = self._request(await self._with_payload(send))
         message_id = agent_request_message_id(send.InstanceId, send.Step, send.label)
         await self._publisher.send(
             AGENT_REQUESTS_QUEUE,
@@ -445,12 +442,9 @@ class SchedulerActivities:
         """The in-app agent path: the same Agent library, run in an activity."""
         if self._inline_agent is None:
             raise NotConfigured("no inline agent configured")
-        if not send.Payload and send.Action == "do":
-            # The plan carries no payload unless the fast path gave it.
-            order_id, _ = parse_attempt_instance_id(send.InstanceId)
-            send = send.model_copy(update={"Payload": await self._payload(order_id)})
+        send = await self._with_payload(send)
         try:
-            return await self._inline_agent.handle(self._request(send, send.AppId))
+            return await self._inline_agent.handle(self._request(send))
         except Exception as exc:
             # The orchestration sees only this text (Durable's failure
             # reason): give it the type, which str(exc) alone leaves out.

@@ -244,8 +244,9 @@ class Wrote(ActivityContract):
 class SendStep(_Compact):
     """Send the request of `Step` until `Deadline` (the attempt's one
     deadline), with no write: the claim marked the step Running. `Payload`:
-    the order's step payload when the orchestration has it (the fast path's),
-    else the activity reads it; `AppId`: the order's application."""
+    the order's step payload, from the attempt's input (None only when the
+    claimer could not read it: the activity reads it then); `AppId`: the
+    order's application."""
 
     InstanceId: str
     Step: str
@@ -278,14 +279,14 @@ class FinishAll(_Compact):
 def plan_for(
     record: OrderState,
     attempt: int,
-    payload: dict | None,
     steps: list[str] | tuple[str, ...],
     modes: Mapping[str, str],
     step_timeout_seconds: int,
     progress: bool,
 ) -> Plan:
     """The Plan of `attempt` on `record`: what the claimer puts in the
-    attempt's input, and what load_plan answers a compensation."""
+    attempt's input, and what load_plan answers a compensation. Without the
+    payload: the attempt's input carries it (AttemptStart.Payload)."""
     undo = [e.Step for e in reversed(record.Compensation) if e.Outcome != "Done"]
     return Plan(
         OrderID=record.id,
@@ -302,7 +303,6 @@ def plan_for(
             for name in steps
         ],
         StepTimeoutSeconds=step_timeout_seconds,
-        Payload=payload or {},
         Undo=undo if record.ProcessState is ProcessState.COMPENSATING else [],
         Progress=progress,
         AppId=record.AppId,
@@ -318,9 +318,10 @@ _IMPLIED_BY_THE_INSTANCE = {"OrderID", "Attempt", "State", "StepTimeoutSeconds"}
 
 class AttemptStart(ActivityContract):
     """The orchestration input: what the claimer knows and the attempt needs
-    to run without reading the record: the plan and the one deadline the
-    claim marked the steps with (domain.state_machine.claim_marking). A
-    compensation's start has none. Kept small, since the history holds it
+    to run without reading the record or the order: the plan and the one
+    deadline the claim marked the steps with
+    (domain.state_machine.claim_marking), and the order's step payload. A
+    compensation's start has only the payload. Kept small, since the history holds it
     encoded twice: `dump` leaves out what the instance id implies and
     `Fresh` when it is every step to do; `of_instance` puts them back."""
 

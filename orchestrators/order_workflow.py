@@ -172,6 +172,7 @@ def run(context):
     if plan.State is ProcessState.COMPENSATING:
         # An operator asked for compensation, or a compensation is restarted:
         # the record's log says what is still to undo.
+        plan = _with_payload(plan, given.Payload)
         return (yield from _compensate(context, plan, plan.Undo))
     # Started by hand, with no claim behind it: nothing is marked for it to
     # send, so it sends nothing. The record keeps its deadline, at which the
@@ -186,8 +187,7 @@ def _run_planned(context, given: AttemptStart):
     deadline = given.Deadline
     if plan is None or deadline is None:
         raise ValueError(f"attempt {context.instance_id} has no plan or deadline in its input")
-    if given.Payload:
-        plan = plan.model_copy(update={"Payload": given.Payload})
+    plan = _with_payload(plan, given.Payload)
     done: dict[str, str | None] = {}
     # Given to every request: the activities of one order may run on different
     # instances, so none can count on another's copy (issue 44).
@@ -319,6 +319,7 @@ def _permanent(context, given: AttemptStart, plan: Plan, step: str, error: str |
         logged = ended.Plan
         if logged is None:
             raise ValueError(f"finish_attempt of {iid} began a compensation without its plan")
+        logged = _with_payload(logged, given.Payload)
         return (yield from _compensate(context, logged, logged.Undo))
     yield from _alert(context, plan, "OrderError", reason)
     yield from _terminal_status(context, plan, StatusKind.FAILED, step, reason)
@@ -383,6 +384,13 @@ def _attempt_input(context) -> AttemptStart:
     if isinstance(raw, dict):
         return AttemptStart.of_instance(raw, context.instance_id)
     return AttemptStart()
+
+
+def _with_payload(plan: Plan, payload: dict | None) -> Plan:
+    """`plan` with the input's step payload, which every request of the
+    attempt carries (a plan an activity returns has none: no activity reads
+    the order). Without one (the claimer could not read it), the plan's own."""
+    return plan.model_copy(update={"Payload": payload}) if payload else plan
 
 
 def _load_plan(context):

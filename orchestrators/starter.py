@@ -12,8 +12,10 @@ Each run (timer trigger, a singleton across hosts):
    Processing, LockedBy = the attempt's instance id, Attempt + 1, every step
    to do Running and CompleteBy = the attempt's one deadline, now + steps to
    do x step timeout (the attempt's recovery-index entry is added first);
-3. starts that attempt's orchestration, with the claim's etag, the plan and
-   the deadline as input (the attempt reads nothing to run). The claim comes first
+3. starts that attempt's orchestration, with the plan, the deadline and the
+   order's step payload as input (the attempt reads nothing to run: the
+   payload is Submit's order on the fast path, else read from the orders DB
+   once, after the claim is won). The claim comes first
    and sets CompleteBy, so a starter that dies between claim and start leaves a
    record the Supervisor recovers; starting an instance id that already exists
    (a re-run after a crash) is not an error.
@@ -57,7 +59,14 @@ from typing import Any
 
 from adapters import telemetry
 from adapters.clock import SYSTEM_CLOCK, Clock
-from adapters.ports import ANY_OWNER, DeadlineIndex, MessagePublisher, NoIndex, StateStore
+from adapters.ports import (
+    ANY_OWNER,
+    DeadlineIndex,
+    MessagePublisher,
+    NoIndex,
+    OrdersRepository,
+    StateStore,
+)
 from adapters.settings import Settings
 from domain import admission
 from domain.admission import Admission
@@ -99,6 +108,9 @@ STATUS_GRACE = timedelta(seconds=30)  # an outbox entry younger than this is bei
 MAX_OUTBOX_PAGES = 3  # per run: the first page, and rescans after a queue refused
 FAST_PATH_WINDOW = timedelta(seconds=3)  # how long the timer leaves a new order to the fast path
 FAST_PATH_BLOCK = 10  # slots the fast path takes at once (one write of the admission document)
+# How long a fast path waits, in polls of the clock, for another of its process to take a block.
+FAST_PATH_WAIT = 1.0
+FAST_PATH_POLL = 0.02
 # After a fast path found no room, this process's fast paths read no slots for this long.
 NO_ROOM_PAUSE = timedelta(seconds=1)
 SLOT_WRITE_TRIES = 3  # etag races lost in a row before a claimer gives up its slots for now
@@ -130,8 +142,8 @@ class StarterReport:
 
 async def start_attempt(client, instance_id: str, attempt_input: dict | None = None) -> None:
     """Start the attempt's orchestration; an existing instance is fine.
-    `attempt_input`: orchestrators.contracts.AttemptStart, or None for a
-    compensation, which reads the record's undo log."""
+    `attempt_input`: orchestrators.contracts.AttemptStart (a compensation's
+    has only the payload: it reads the record's undo log), or None."""
     try:
         await client.start_new(WORKFLOW_NAME, instance_id, attempt_input)
     except Exception:
@@ -147,9 +159,10 @@ class _Slots:
     retried a few times; without a slot nothing is claimed. The document this
     process last wrote is kept, so a batch costs one write, not a read too."""
 
-    def __init__(self, store: StateStore, policy: StarterPolicy) -> None:
+    def __init__(self, store: StateStore, policy: StarterPolicy, clock: Clock) -> None:
         self._store = store
         self._policy = policy
+        self._clock = clock
         self._known: tuple[Admission, str] | None = None
         self._no_room_until: datetime | None = None
         self._block: tuple[datetime, int] | None = None  # the fast path's (taken at, slots left)
@@ -214,19 +227,29 @@ class _Slots:
             return granted
         return 0
 
-    async def one(self, now: datetime) -> bool:
+    async def one(self) -> bool:
         """One slot for the fast path, from this process's block (a new block
         of FAST_PATH_BLOCK when it is spent or too old to use). While one fast
-        path takes a block, the others of this process get no slot (the timer
-        claims their orders) rather than each take a block: slots taken and
-        left unused count as claims until they age out, and the completion
-        rate the limit follows would count them as completions."""
-        block = self._block
-        if block is not None and block[1] > 0 and admission.usable(block[0], now):
-            self._block = (block[0], block[1] - 1)
-            return True
-        if self._taking or (self._no_room_until is not None and now < self._no_room_until):
-            return False
+        path takes a block, the others of this process wait for it (up to
+        FAST_PATH_WAIT) and take from that block rather than each take a
+        block: slots taken and left unused count as claims until they age
+        out, and the completion rate the limit follows would count them as
+        completions."""
+        waited = 0.0
+        while True:
+            now = self._clock.now()
+            block = self._block
+            if block is not None and block[1] > 0 and admission.usable(block[0], now):
+                self._block = (block[0], block[1] - 1)
+                return True
+            if self._no_room_until is not None and now < self._no_room_until:
+                return False
+            if not self._taking:
+                break
+            if waited >= FAST_PATH_WAIT:
+                return False  # the timer claims it
+            await self._clock.sleep(FAST_PATH_POLL)
+            waited += FAST_PATH_POLL
         self._taking = True
         try:
             granted = await self.take(FAST_PATH_BLOCK, now)
@@ -251,9 +274,11 @@ class Starter:
         crash_point: CrashPoint = no_crash_point,
         alerts: Alerts | None = None,
         count_interval: timedelta | None = None,
+        orders: OrdersRepository | None = None,
     ) -> None:
         """`publisher`: for alerts and outbox deliveries (without one, the
         Starter neither delivers statuses nor restarts compensations).
+        `orders`: where a timer claim's step payload is read (`_payload`).
         `status_grace`: how old an outbox entry must be before the Starter
         sends it (the writer normally sends it itself at once).
         `status_scan_interval`: the least time between two outbox scans of
@@ -277,6 +302,7 @@ class Starter:
             else StarterPolicy.from_settings(settings, DEFAULT_CATALOG.names)
         )
         self._store = store
+        self._orders = orders
         self._index = index or NoIndex()
         self._clock = clock
         self._crash_point = crash_point
@@ -290,7 +316,7 @@ class Starter:
         # The Processing count this process last measured (run): the fast path
         # takes no slot when the last run saw the cap reached.
         self._last_processing: int | None = None
-        self._slots = _Slots(store, self._settings)
+        self._slots = _Slots(store, self._settings, clock)
         self._status_grace = status_grace
         self._status_scan_interval = (
             status_grace / 3 if status_scan_interval is None else status_scan_interval
@@ -324,6 +350,26 @@ class Starter:
             return False
         report.started.append(instance_id)
         return True
+
+    async def _payload(self, order_id: str) -> dict | None:
+        """The order's step payload for the input of a claim won. A failed read
+        does not hold the claim up: the attempt starts without it and its
+        requests read it (not starting would leave the marked attempt to the
+        Supervisor after its whole budget, a FailureCount it did not earn)."""
+        if self._orders is None:
+            return None
+        try:
+            return step_payload(await self._orders.get(order_id))
+        except Exception:
+            log.warning("starter: order %s not read; its attempt reads it", order_id, exc_info=True)
+            return None
+
+    async def _start_compensation(self, client, record: OrderState, report: StarterReport) -> bool:
+        """Start the compensation `record` is claimed for, its payload (for
+        the undo requests) in the input, as every attempt's."""
+        payload = await self._payload(record.id)
+        given = AttemptStart(Payload=payload).dump() if payload else None
+        return await self._start(client, _owner(record), report, given)
 
     async def _write_gauge(self, pending: int, processing: int, now: datetime) -> None:
         """Save the Pending and Processing figures for Submit's admission
@@ -359,7 +405,7 @@ class Starter:
                 report.lost += 1
                 continue
             report.compensations += 1
-            await self._start(client, _owner(claimed), report)
+            await self._start_compensation(client, claimed, report)
 
     async def _resume_compensations(self, client, now: datetime, report: StarterReport) -> None:
         """A Compensating record whose instance is gone (never started: the
@@ -406,7 +452,7 @@ class Starter:
                 # lost (the simulation found it: three restarts
                 # applied with their answers lost, no instance started, then
                 # CompensationFailed with an undo never sent).
-                if await self._start(client, record.LockedBy, report):
+                if await self._start_compensation(client, record, report):
                     report.compensations_started += 1
                 continue
             # A missing instance that wrote the record ran and is gone: the
@@ -442,7 +488,7 @@ class Starter:
                     )
                     continue
                 report.compensation_restarts += 1
-                await self._start(client, _owner(restarted), report)
+                await self._start_compensation(client, restarted, report)
                 continue
             report.compensations_given_up += 1
             if self._outbox is None:
@@ -695,16 +741,16 @@ class Starter:
         report.claimed += 1
         telemetry.app_metrics().attempts.add(1)
         self._crash_point("starter.after_claim")
-        # The attempt's input: the plan and the one deadline let it run
-        # without reading the record.
+        # The attempt's input: the plan, the one deadline and the payload let
+        # it run without reading the record or the order.
+        payload = step_payload(order) if order is not None else await self._payload(claimed.id)
         step_timeout = int(self._settings.step_timeout.total_seconds())
         attempt_input = AttemptStart(
-            Payload=step_payload(order) if order is not None else None,
+            Payload=payload,
             Deadline=deadline,
             Plan=plan_for(
                 claimed,
                 claimed.Attempt,
-                None,
                 self._settings.steps,
                 self._settings.step_modes,
                 step_timeout,
@@ -741,14 +787,14 @@ class Starter:
         `received_sent_at`: Submit has sent Received and not yet marked it;
         the claim marks it too. None back means nothing is known to be
         marked: Submit marks it itself (on a 412, with `update`)."""
-        now = self._fast_path_used = self._clock.now()
+        self._fast_path_used = self._clock.now()
         if (
             self._last_processing is not None
             and self._last_processing >= self._settings.max_processing
         ):
             return None
         try:
-            if not await self._slots.one(now):
+            if not await self._slots.one():
                 return None  # no room under the limit: the timer claims it when there is
             return await self.claim_and_start(
                 client, record, etag, order=order, received_sent_at=received_sent_at
@@ -771,7 +817,7 @@ FastStart = Callable[
 
 def fast_start(starter: Callable[[], Awaitable[Starter]]) -> FastStart:
     """Submit's fast start over the Starter `starter()` gives (the process's
-    one). `order` (the validated OrderSubmitted) spares the attempt its
+    one). `order` (the validated OrderSubmitted) spares the Starter its
     orders-DB read; `received_sent_at` lets the claim mark Received sent (see
     Starter.start_submitted). Never raises; None means the timer Starter will
     claim the order."""

@@ -458,6 +458,7 @@ class Simulation(Clients, PathChecks, EndChecks, WorldFaults):
             clock=SimClock(w, "starter" + name),
             publisher=self.publisher,
             alerts=self.alerts(),
+            orders=self.orders_repo,
         )
         return SimHost(k, generation, submit, starter, processor)
 

@@ -126,6 +126,7 @@ class World:
             self.index,
             clock=ReadClock(lambda: self.now),
             publisher=self.bus,
+            orders=self.orders,
         )
 
     async def submitted(self, order_id: str = "A1", **fields) -> tuple[Any, str]:

@@ -11,9 +11,10 @@ from dataclasses import replace
 from datetime import datetime
 
 from domain import state_machine as sm
+from domain.errors import TransientError
 from domain.models import ProcessState, StepStatus
-from orchestrators.contracts import AttemptStart
-from tests.fakes import CountingOrders, CountingStateStore, FakeIndex
+from orchestrators.contracts import AttemptStart, step_payload
+from tests.fakes import CountingOrders, CountingStateStore, FakeIndex, FakeOrders
 from tests.unit.orchestrators.driver import (
     POLICY,
     SETTINGS,
@@ -80,6 +81,53 @@ async def test_the_happy_path_writes_the_record_once_after_the_claim():
     assert all(p == payloads[0] for p in payloads)
     assert all(r["Payload"] == payloads[0] for r in requests(world))
     assert world.orders.requests.get("read", 0) == 0
+
+
+async def test_a_timer_claim_reads_the_order_once_and_no_activity_reads_it():
+    """The Starter reads the payload once per claim it won (not per record
+    it looked at) and puts it in the input; the steps, and the undos of a
+    compensation begun on a decline, carry it from there."""
+    world = World(orders=CountingOrders())
+    instance_id = await world.claimed()
+    assert world.orders.requests == {"create": 1, "read": 1}
+    order = world.orders.orders["webshop:A1"]
+    assert world.inputs[instance_id]["Payload"] == step_payload(order)
+    record, etag = await world.store.read("webshop:A1")  # now claimed: not claimable
+    assert await world.starter().claim_and_start(StartingClient(), record, etag) is None
+    driver = Driver(world, instance_id, fail_step(STEPS[1]))
+    assert await driver.run() == "completed"
+    assert driver.output["Outcome"] == "compensated"
+    assert world.orders.requests == {"create": 1, "read": 1}
+    sent = requests(world)
+    assert [r["Action"] for r in sent] == ["do", "do", "undo", "undo"]
+    assert all(r["Payload"] == step_payload(order) for r in sent)
+
+
+async def test_a_claim_whose_order_read_fails_starts_and_its_requests_read_it():
+    """A failed read neither loses nor holds up the claim: the attempt
+    starts without the payload, and each of its requests reads it."""
+    world = World(orders=_FailingFirstRead())
+    instance_id = await world.claimed()
+    assert "Payload" not in world.inputs[instance_id]
+    assert (await world.record()).LockedBy == instance_id
+    driver = Driver(world, instance_id, ok)
+    assert await driver.run() == "completed"
+    assert driver.output["Outcome"] == "processed"
+    order = world.orders.orders["webshop:A1"]
+    assert [r["Payload"] for r in requests(world)] == [step_payload(order)] * len(STEPS)
+    assert world.orders.reads == 1 + len(STEPS)
+
+
+class _FailingFirstRead(FakeOrders):
+    """The orders DB, its first read failing as an outage would."""
+
+    reads = 0
+
+    async def get(self, order_id):
+        self.reads += 1
+        if self.reads == 1:
+            raise TransientError("orders DB unavailable")
+        return await super().get(order_id)
 
 
 async def test_the_finish_retires_the_attempts_index_entry():

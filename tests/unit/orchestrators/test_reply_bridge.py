@@ -134,6 +134,7 @@ async def test_the_send_activity_seals_what_the_plan_says():
                 Step="charge-payment",
                 Deadline=T0 + timedelta(minutes=1),
                 AppId=app_id,
+                Payload={"Total": "1.00"},  # as the attempt's input gives it
                 Try=0 if app_id else 1,
                 Action="do" if app_id else "undo",
             )

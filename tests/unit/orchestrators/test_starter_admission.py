@@ -89,35 +89,57 @@ async def test_the_timer_claims_no_more_than_the_limit_the_completions_allow():
     assert await _processing(world) == 180
 
 
-async def test_fast_paths_of_one_process_take_one_block_at_a_time():
-    # Each fast path taking a block of its own while another's write was out
-    # left most slots unused: counted as claims, and as completions by the rate.
-    world = World()
+def _held_admission_writes(world):
+    """A host under a limit of 100 whose admission writes wait for the event
+    it returns: a block being taken, held open."""
     world.store.admission = (
         Admission(limit=100, counted=0, counted_at=world.now - timedelta(seconds=5)),
         '"a"',
     )
-    host = _host(world, max_processing=100)
     release = asyncio.Event()
     write = world.store.write_admission
 
-    async def slow_write(state, etag):
+    async def held_write(state, etag):
         await release.wait()
         return await write(state, etag)
 
-    world.store.write_admission = slow_write
+    world.store.write_admission = held_write
+    return _host(world, max_processing=100), release
+
+
+async def test_fast_paths_of_one_process_take_one_block_at_a_time():
+    # Each fast path taking a block of its own while another's write was out
+    # left most slots unused: counted as claims, and as completions by the rate.
+    world = World()
+    host, release = _held_admission_writes(world)
     orders = [await _submit(world, f"S{i}") for i in range(5)]
     first = asyncio.create_task(host.start_submitted(StartingClient(), *orders[0]))
     await asyncio.sleep(0)
-    others = [await host.start_submitted(StartingClient(), *o) for o in orders[1:3]]
+    # Others arriving while the first one's write is out wait for its block
+    # (an order left to the timer costs a read of it and a write of Submit's).
+    others = [asyncio.create_task(host.start_submitted(StartingClient(), *o)) for o in orders[1:3]]
+    await asyncio.sleep(0.1)
+    assert not any(t.done() for t in others)
     release.set()
-    await first
+    await asyncio.gather(first, *others)
     after = [await host.start_submitted(StartingClient(), *o) for o in orders[3:]]
 
     assert first.result() is not None
-    assert others == [None, None]  # left to the timer, no block of their own
+    assert all(t.result() is not None for t in others)  # from that block, none of their own
     assert all(a is not None for a in after)  # from the one block
     assert len(world.store.admission[0].leases) == 1
+
+
+async def test_a_fast_path_waits_for_another_block_taking_a_bounded_time():
+    world = World()
+    host, release = _held_admission_writes(world)
+    first_order, second_order = [await _submit(world, f"W{i}") for i in range(2)]
+    first = asyncio.create_task(host.start_submitted(StartingClient(), *first_order))
+    await asyncio.sleep(0)
+    # The first one's write hangs: the second leaves its order to the timer.
+    assert await host.start_submitted(StartingClient(), *second_order) is None
+    release.set()
+    assert await first is not None
 
 
 async def test_the_rate_counts_the_timers_claims_as_claims_since_its_count():

@@ -14,6 +14,7 @@ from dataclasses import replace
 from datetime import timedelta
 
 from domain.models import ProcessState
+from orchestrators.contracts import step_payload
 from orchestrators.order_workflow import CURRENT_VERSION
 from tests.unit.orchestrators.driver import POLICY, SETTINGS, STEPS, Driver, World
 
@@ -125,10 +126,13 @@ async def test_the_starter_restarts_it_after_its_long_retry_and_the_undo_gets_it
     assert record.Attempt == 2
     assert record.LockedBy in client.started
 
+    # The restart's input carries the payload its undo requests send.
+    given = client.started[record.LockedBy]
+    assert given == {"Payload": step_payload(world.orders.orders["webshop:A1"])}
     # The remote applied the refund during the outage; the fenced retry
     # (same key, a higher token) gets its original answer.
     retried = Driver(
-        world, record.LockedBy, agent(lambda t: ("ok", {"Reference": "refund-1"})), input=None
+        world, record.LockedBy, agent(lambda t: ("ok", {"Reference": "refund-1"})), input=given
     )
     assert await retried.run() == "completed", retried.error
     assert retried.output["Outcome"] == "compensated"
@@ -138,6 +142,7 @@ async def test_the_starter_restarts_it_after_its_long_retry_and_the_undo_gets_it
     assert record.LastError is None
     # Only the unconfirmed step is tried again: 3 tries before, 1 after.
     tries = undo_tries(world, STEPS[1])
+    assert tries[-1]["Payload"] == given["Payload"]
     assert [t["Attempt"] for t in tries] == [1, 1, 1, 2]
     assert len(undo_tries(world, STEPS[0])) == 1
     assert [s["Status"] for s in world.statuses()][-1] == "Compensated"
