@@ -16,6 +16,19 @@ class Clock(Protocol):
 
     async def sleep(self, seconds: float) -> None: ...
 
+    async def wait(self, event: asyncio.Event, seconds: float) -> bool:
+        """Whether `event` is set within `seconds`: a wait for another task of
+        this process, which returns as soon as that task sets it."""
+        ...
+
+
+async def wait_event(event: asyncio.Event, seconds: float) -> bool:
+    try:
+        await asyncio.wait_for(event.wait(), seconds)
+    except TimeoutError:
+        return False
+    return True
+
 
 class SystemClock:
     def now(self) -> datetime:
@@ -23,6 +36,9 @@ class SystemClock:
 
     async def sleep(self, seconds: float) -> None:
         await asyncio.sleep(seconds)
+
+    async def wait(self, event: asyncio.Event, seconds: float) -> bool:
+        return await wait_event(event, seconds)
 
 
 SYSTEM_CLOCK = SystemClock()

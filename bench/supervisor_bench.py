@@ -53,6 +53,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from adapters.checkpoints import CosmosCheckpointStore
+from adapters.clock import wait_event
 from adapters.cosmos_client import RequestCharges, build_client, ensure_state_container
 from adapters.recovery_index import CosmosRecoveryIndex, ensure_index_container
 from adapters.settings import CosmosAccount
@@ -79,6 +80,9 @@ class FixedClock:
 
     async def sleep(self, seconds: float) -> None:
         await asyncio.sleep(seconds)
+
+    async def wait(self, event: asyncio.Event, seconds: float) -> bool:
+        return await wait_event(event, seconds)
 
 
 class MovingClock(FixedClock):

@@ -51,6 +51,7 @@ statuses stay in the outbox and go out by themselves once it takes them.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -108,9 +109,9 @@ STATUS_GRACE = timedelta(seconds=30)  # an outbox entry younger than this is bei
 MAX_OUTBOX_PAGES = 3  # per run: the first page, and rescans after a queue refused
 FAST_PATH_WINDOW = timedelta(seconds=3)  # how long the timer leaves a new order to the fast path
 FAST_PATH_BLOCK = 10  # slots the fast path takes at once (one write of the admission document)
-# How long a fast path waits, in polls of the clock, for another of its process to take a block.
+# How long a fast path waits for another of its process to take a block (bounded:
+# it holds its message's lock), before leaving its order to the timer.
 FAST_PATH_WAIT = 1.0
-FAST_PATH_POLL = 0.02
 # After a fast path found no room, this process's fast paths read no slots for this long.
 NO_ROOM_PAUSE = timedelta(seconds=1)
 SLOT_WRITE_TRIES = 3  # etag races lost in a row before a claimer gives up its slots for now
@@ -166,7 +167,7 @@ class _Slots:
         self._known: tuple[Admission, str] | None = None
         self._no_room_until: datetime | None = None
         self._block: tuple[datetime, int] | None = None  # the fast path's (taken at, slots left)
-        self._taking = False  # a fast path is taking a block now
+        self._taken: asyncio.Event | None = None  # set when the block being taken is in
 
     def known(self) -> Admission | None:
         return self._known[0] if self._known is not None else None
@@ -230,12 +231,12 @@ class _Slots:
     async def one(self) -> bool:
         """One slot for the fast path, from this process's block (a new block
         of FAST_PATH_BLOCK when it is spent or too old to use). While one fast
-        path takes a block, the others of this process wait for it (up to
-        FAST_PATH_WAIT) and take from that block rather than each take a
+        path takes a block, the others of this process wait for it (an event,
+        up to FAST_PATH_WAIT, once) and take from that block rather than each take a
         block: slots taken and left unused count as claims until they age
         out, and the completion rate the limit follows would count them as
         completions."""
-        waited = 0.0
+        waited = False
         while True:
             now = self._clock.now()
             block = self._block
@@ -244,19 +245,20 @@ class _Slots:
                 return True
             if self._no_room_until is not None and now < self._no_room_until:
                 return False
-            if not self._taking:
+            taken = self._taken
+            if taken is None:
                 break
-            if waited >= FAST_PATH_WAIT:
+            if waited or not await self._clock.wait(taken, FAST_PATH_WAIT):
                 return False  # the timer claims it
-            await self._clock.sleep(FAST_PATH_POLL)
-            waited += FAST_PATH_POLL
-        self._taking = True
+            waited = True
+        self._taken = taken = asyncio.Event()
         try:
             granted = await self.take(FAST_PATH_BLOCK, now)
+            if granted:
+                self._block = (now, granted - 1)
         finally:
-            self._taking = False
-        if granted:
-            self._block = (now, granted - 1)
+            self._taken = None
+            taken.set()
         return granted > 0
 
 

@@ -713,5 +713,16 @@ class SimClock:
     async def sleep(self, seconds: float) -> None:
         await self.world.point(f"{self.actor}.sleep", delay=seconds)
 
+    async def wait(self, event: asyncio.Event, seconds: float) -> bool:
+        """The event looked at every 20 ms of world time: an actor must park at
+        a world point, never on a future another actor resolves."""
+        waited = 0.0
+        while not event.is_set():
+            if waited >= seconds:
+                return False
+            await self.sleep(0.02)
+            waited += 0.02
+        return True
+
 
 __all__ = ["START", "Clock", "Crash", "Fault", "FaultConfig", "Faults", "SimClock", "World", "utc"]

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
+from adapters.clock import wait_event
 from adapters.settings import AGENT_SIGNING_KEYS, REPLY_TOKEN_KEYS
 from domain import state_machine as sm
 from domain.errors import NotFoundError
@@ -105,6 +106,9 @@ class ReadClock:
 
     async def sleep(self, seconds: float) -> None:
         await asyncio.sleep(seconds)
+
+    async def wait(self, event: asyncio.Event, seconds: float) -> bool:
+        return await wait_event(event, seconds)
 
 
 def start_step(record: OrderState, step: str, now: datetime, deadline: datetime) -> OrderState:
