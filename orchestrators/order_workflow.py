@@ -80,8 +80,7 @@ class StaleAttempt(Exception):
 
 
 def finish(outcome: str, step: str | None = None, detail: str | None = None) -> dict:
-    """The orchestration's output, without the fields it leaves empty (the
-    history keeps it)."""
+    """The orchestration's output without its empty fields (the history keeps it)."""
     return WorkflowResult(Outcome=outcome, Step=step, Detail=detail).model_dump(
         mode="json", exclude_none=True
     )
@@ -107,10 +106,9 @@ def ends_stale(body: Body) -> Body:
 
 def orchestrator(frozen: Mapping[str, Body] | None = None) -> Body:
     """The orchestrator function: each instance runs the code of the version
-    it started on (`context.version`), this file's `run` for VERSION (and for
-    an instance without a version: none predates versioning), `frozen[v]`
-    for a deployed earlier version v still in flight. An unknown version is
-    refused by name rather than run on code it was not written for."""
+    it started on, `run` for VERSION (or none), `frozen[v]` for a deployed
+    version v still in flight; an unknown version is refused by name rather
+    than run on code it was not written for."""
     known: dict[str, Body] = {**(frozen or {}), VERSION: run}
 
     def order_workflow(context):
@@ -138,8 +136,7 @@ def run(context):
         return (yield from _run_planned(context, given))
     plan = yield from _load_plan(context)
     if plan.State is ProcessState.COMPENSATING:
-        # An operator asked for compensation, or a compensation is restarted:
-        # the record's log says what is still to undo.
+        # An operator's or a restarted compensation: the record's log says what.
         plan = _with_payload(plan, given.Payload)
         return (yield from _compensate(context, plan, plan.Undo))
     # Started with no claim behind it: nothing is marked for it to send. The
@@ -223,9 +220,8 @@ def _finish_planned(context, done: dict[str, str | None], deadline: datetime, la
             ),
         )
     except Exception:  # the SDK raises the activity's failure here after its retries
-        # Either the write did not land (the record keeps the attempt's
-        # deadline: the Supervisor retries the attempt) or the status is still
-        # in the outbox (the Starter sends it).
+        # Either the write did not land (the Supervisor retries the attempt at
+        # its deadline) or the status is still in the outbox (the Starter's).
         return finish("unconfirmed", last, "finishing write or its status failed")
     # Outside the try: a stale finish ends as "stale", not "unconfirmed".
     unless_stale(finished, last)
@@ -448,9 +444,8 @@ def _status(
 def _progress(
     context, plan: Plan, kind: StatusKind, step: str | None = None, detail: str | None = None
 ):
-    """A progress status, for an application that asked for them: best
-    effort. It has no outbox (the terminal status supersedes it), and a reply
-    queue that refuses must not stop the attempt whose requests are out."""
+    """A progress status, if the application asked for them: best effort, no
+    outbox; a refusing reply queue must not stop an attempt whose requests are out."""
     if not plan.Progress:
         return
     with contextlib.suppress(Exception):  # the SDK raises the activity's failure after its retries
@@ -460,9 +455,8 @@ def _progress(
 def _terminal_status(
     context, plan: Plan, status: StatusKind, step: str | None = None, detail: str | None = None
 ):
-    """Send the terminal status from the record's outbox. If every try fails,
-    the entry stays in the outbox and the Starter delivers it: the
-    orchestration still finishes with its outcome."""
+    """Send the terminal status from the record's outbox; if every try fails,
+    the Starter delivers it and the orchestration still finishes."""
     try:
         yield from _status(context, plan, status, step, detail)
     except Exception:  # the SDK raises the activity's failure here after its retries
@@ -483,8 +477,7 @@ def _compensate(context, plan: Plan, undo: list[str]):
     """Undo `undo` in that order and record each outcome; then Compensated,
     CompensationFailed when one was refused, or else (some undo unconfirmed)
     a long retry of the compensation (ADR 019a)."""
-    # Best effort: a reply queue that refuses must not keep any undo from
-    # being sent (the terminal status has the outbox).
+    # Best effort: a refusing reply queue must not keep any undo from being sent.
     with contextlib.suppress(Exception):  # the SDK raises the activity's failure after its retries
         yield from _status(context, plan, StatusKind.COMPENSATING)
     steps = {s.Name: s for s in plan.Steps}
