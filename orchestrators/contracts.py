@@ -205,8 +205,7 @@ class _Compact(Traced):
 
 class Wrote(ActivityContract):
     """finish_attempt's result: the state it left the record in, or why the
-    attempt is stale; `Plan`: the compensation it began (the undo log as that
-    write left the record)."""
+    attempt is stale; `Plan`: the compensation it began, as that write left it."""
 
     Stale: bool = False
     Reason: str | None = None
