@@ -104,9 +104,8 @@ class StarterReport:
 
 
 async def start_attempt(client, instance_id: str, attempt_input: dict | None = None) -> None:
-    """Start the attempt's orchestration; an existing instance is fine.
-    `attempt_input`: orchestrators.contracts.AttemptStart (a compensation's
-    has only the payload: it reads the record's undo log), or None."""
+    """Start the attempt's orchestration (an existing instance is fine) with
+    `attempt_input`, an AttemptStart's dump, or None."""
     try:
         await client.start_new(WORKFLOW_NAME, instance_id, attempt_input)
     except Exception:
