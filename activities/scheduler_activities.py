@@ -367,9 +367,8 @@ class SchedulerActivities:
             return str(exc)
 
     async def _with_payload(self, send: SendRequest) -> SendRequest:
-        """`send` with the order's step payload: the attempt's input carries it,
-        read here only when the claimer's read failed (Starter._payload). No
-        copy is kept: an order's activities may run on different instances."""
+        """`send` with the order's step payload, read here only when the
+        claimer's read failed; no copy is kept (activities move between hosts)."""
         if send.Payload:
             return send
         order_id, _ = parse_attempt_instance_id(send.InstanceId)
@@ -427,10 +426,8 @@ class SchedulerActivities:
     # --- telling people -------------------------------------------------------------------
 
     async def report_status(self, note: StatusNote) -> None:
-        """Progress statuses are sent as they come. A terminal one is sent
-        from the record's outbox (same message id as any later retry) and
-        cleared; a failed send raises, so Durable retries it, and the entry
-        stays for the Starter if every try fails."""
+        """Progress statuses are sent as they come; a terminal one from the
+        record's outbox, a failed send raising for Durable to retry (ADR 001)."""
         order_id, attempt = parse_attempt_instance_id(note.InstanceId)
         if note.Status in _TERMINAL_STATUSES:
             try:
@@ -460,9 +457,8 @@ class SchedulerActivities:
         )
 
     async def raise_alert(self, note: AlertNote) -> None:
-        """An alert whose record is Error or CompensationFailed goes out with
-        that terminal status from the record's outbox (reporting.StatusOutbox),
-        which retries it until sent; only other alerts are sent here."""
+        """An alert that rides with its record's terminal status in the outbox
+        is sent from there (reporting.StatusOutbox); any other is sent here."""
         order_id = note.OrderID
         try:
             record, _ = await self._store.read(order_id) if order_id else (None, None)
