@@ -1,7 +1,5 @@
 """What the Scheduler's activities read of the app's settings, and nothing
-else: the step timeout, the retry policy, which applications asked for
-progress statuses, and the keys requests are sealed with. Built from Settings
-by the composition root (bootstrap)."""
+else, built from Settings by the composition root."""
 
 from __future__ import annotations
 
@@ -23,8 +21,8 @@ class ActivityPolicy:
     step_timeout: timedelta = timedelta(seconds=60)
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     progress_apps: frozenset[str] = frozenset()
-    # Read when a request is sealed, not when the policy is built: a missing
-    # key is then a SettingsError naming the setting, as before.
+    # Read when a request is sealed, so a missing key is a SettingsError
+    # naming the setting there, not when the policy is built.
     scheduler_keys: Callable[[], SchedulerKeys] = _no_keys
 
     @classmethod

@@ -1,33 +1,18 @@
 """The Scheduler's activities: the order workflow's side effects, each one
 idempotent under Durable's at-least-once execution. `SchedulerActivities`
-receives its clients (state store, orders DB, publisher, agent), built once
-per process by the composition root (bootstrap), so tests can build it with
-fakes or real adapters alike; the activity triggers in
-triggers/activities.py only decode, call, encode.
+receives its clients, built once per process by the composition root; the
+activity triggers (triggers/activities.py) only decode, call, encode.
+`send_step` sends a step's request with no write (the claim marked it,
+ADR 021a); `finish_attempt` is the attempt's one write, fenced on LockedBy;
+`write_state` the workflow's other guarded writes.
 
-- send_step: a step's request, with no write (the claim marked the step
-  Running until the attempt's deadline);
-- finish_attempt: the attempt's one write (every step done Completed, then
-  Processed, its status in the outbox, sent and cleared once the write
-  landed; or the failure's
-  compensation begun, or Error), fenced on LockedBy;
-- write_state: the workflow's other guarded writes (a transient failure
-  noted, each undo's outcome, the compensation's end);
-- load_plan, send_agent_request (an undo's try), run_inline_step,
-  report_status, raise_alert.
-
-Idempotency:
-- state writes: each is re-checked against the record as read; a re-run
-  after the write landed is recognised (the record already shows this
-  instance's transition) and answered as success rather than stale;
-- agent requests: stable MessageId per (instance, step, action/try), so the
-  request queue's duplicate detection drops a re-send; each is sealed here
-  (a reply token and a signature, domain.signing: the keys are read where
-  secrets are allowed, never by the replayed orchestrator), and the seal is a
-  function of the request, so a re-send carries the same one (ADR 017e);
-- status updates: stable MessageId per (order, status, qualifier); a terminal
-  status is sent from the record's outbox with the id fixed there, and the
-  outbox entry is cleared after the send (docs/adr/001-status-outbox.md)."""
+Idempotency: a state write re-run after it landed is recognised (the record
+shows this instance's transition) and answered as success, not stale; an
+agent request has a stable MessageId per (instance, step, action/try) that
+duplicate detection drops, and its seal is a function of the request, made
+here because the keys are read where secrets are allowed, never by the
+replayed orchestrator (ADR 017e); a terminal status goes out from the
+record's outbox under the id fixed there (ADR 001)."""
 
 from __future__ import annotations
 
@@ -108,9 +93,9 @@ _TARGET_STATES: dict[type, tuple[ProcessState, ...]] = {
     commands.DeferCompensation: (ProcessState.COMPENSATION_FAILED,),
 }
 
-# Statuses that end an order: sent from the record's outbox, never lost.
 # Records whose alert rides with their terminal status in the outbox.
 _ALERTING_STATES = frozenset({ProcessState.ERROR, ProcessState.COMPENSATION_FAILED})
+# Statuses that end an order: sent from the record's outbox, never lost.
 _TERMINAL_STATUSES = frozenset(
     {
         StatusKind.PROCESSED,
@@ -170,9 +155,7 @@ class SchedulerActivities:
         crash_point: CrashPoint = no_crash_point,
         alerts: Alerts | None = None,
     ) -> None:
-        """`crash_point`: the fault-injection hook the composition root
-        chooses (orchestrators.hooks); a no-op unless a fault test asks.
-        `alerts`: where its alerts go (default: an Alerts over `publisher`)."""
+        """`crash_point`: the fault-injection hook (orchestrators.hooks)."""
         self._settings = policy
         self._store = store
         self._orders = orders
@@ -188,9 +171,7 @@ class SchedulerActivities:
         self._crash_point = crash_point
 
     async def run(self, name: str, data: Any) -> Any:
-        """Run the activity `name` on its JSON input and return its JSON
-        result: what every activity trigger (triggers.activities) does
-        between decoding and encoding, in one place."""
+        """Run the activity `name` on its JSON input; its JSON result."""
         result: Any
         match name:
             case "load_plan":
@@ -314,10 +295,8 @@ class SchedulerActivities:
     # --- the attempt: its requests and its one write ----------------------------------------
 
     async def send_step(self, data: SendStep) -> None:
-        """The request of one step, no write (the claim marked it Running
-        until the attempt's deadline). A retry re-sends with the same message
-        id, which duplicate detection drops. An inline step sends nothing (it
-        runs in its own activity)."""
+        """The request of one step, no write; a retry re-sends under the same
+        message id. An inline step sends nothing (its activity runs it)."""
         if self._step_modes.get(data.Step, "remote") == "inline":
             return
         await self.send_agent_request(
@@ -331,11 +310,9 @@ class SchedulerActivities:
         )
 
     async def finish_attempt(self, data: FinishAll) -> Wrote:
-        """The attempt's one write, on the record as stored (read once):
-        every step done Completed, then Processed with its status in the
-        outbox (sent and cleared here once the write landed), or with `Failed` the compensation
-        begun (its plan returned) or Error. Fenced like every write: it lands
-        only on a version on which LockedBy = this instance was checked."""
+        """The attempt's one write (FinishAll), then the Processed status sent
+        from the outbox; with `Failed`, the compensation's plan returned. It
+        lands only on a version on which LockedBy = this instance was checked."""
         order_id, attempt = parse_attempt_instance_id(data.InstanceId)
         mutate, landed = _finishing(data, self._clock.now())
         written = await self._write_on(order_id, data.InstanceId, mutate, landed)
@@ -354,9 +331,7 @@ class SchedulerActivities:
             # and sends again (same message id); the Starter, if every try fails.
             raise StatusNotSent(f"status Processed of order {order_id} not sent")
         if data.IndexedAt is not None:
-            # The attempt is over: its recovery-index entry is retired so the
-            # Supervisor never visits it. Best effort: one left behind is
-            # discarded by the Supervisor when it gets there.
+            # Best effort: an entry left behind is discarded by the Supervisor.
             try:
                 await self._index.discard(order_id, data.IndexedAt)
             except Exception:
@@ -371,13 +346,9 @@ class SchedulerActivities:
         landed: Callable[[OrderState], bool],
     ) -> tuple[OrderState, str] | str:
         """`mutate` applied to the stored record (read once), or the record as
-        it is when `landed` says this write is there already (a retried
-        activity); the record and its etag, or why the attempt is stale
-        (store.update checks LockedBy on every version it replaces).
-        A status `mutate` puts in the outbox is sent only after the write
-        landed (docs/adr/001-status-outbox.md; ADR 021j's send before the
-        write is withdrawn: a client could hear Processed of an order that
-        then ended otherwise)."""
+        it is when `landed` says a retried activity's write is there; the
+        record and its etag, or why the attempt is stale. A status `mutate`
+        puts in the outbox is sent only after the write landed (ADR 001)."""
         try:
             fresh, fresh_etag = await self._store.read(order_id)
         except NotFoundError:
@@ -396,9 +367,8 @@ class SchedulerActivities:
             return str(exc)
 
     async def _with_payload(self, send: SendRequest) -> SendRequest:
-        """`send` with the order's step payload: the attempt's input carries it,
-        read here only when the claimer's read failed (Starter._payload). No
-        copy is kept: an order's activities may run on different instances."""
+        """`send` with the order's step payload, read here only when the
+        claimer's read failed; no copy is kept (activities move between hosts)."""
         if send.Payload:
             return send
         order_id, _ = parse_attempt_instance_id(send.InstanceId)
@@ -446,10 +416,9 @@ class SchedulerActivities:
         try:
             return await self._inline_agent.handle(self._request(send))
         except Exception as exc:
-            # The orchestration sees only this text (Durable's failure
-            # reason): give it the type, which str(exc) alone leaves out.
-            # Masked, and not chained: the history keeps the reason and the
-            # details (a traceback quoting the original message).
+            # The orchestration sees only this text (Durable's failure reason),
+            # so it names the type; masked and not chained, since the history
+            # keeps the details (a traceback quoting the original message).
             said = mask_card_numbers(f"{type(exc).__name__}: {exc}")
             log.warning("inline step %s of %s failed: %s", send.Step, send.InstanceId, said)
             raise InlineStepFailed(said) from None
@@ -457,10 +426,8 @@ class SchedulerActivities:
     # --- telling people -------------------------------------------------------------------
 
     async def report_status(self, note: StatusNote) -> None:
-        """Progress statuses are sent as they come. A terminal one is sent
-        from the record's outbox (same message id as any later retry) and
-        cleared; a failed send raises, so Durable retries it, and the entry
-        stays for the Starter if every try fails."""
+        """Progress statuses are sent as they come; a terminal one from the
+        record's outbox, a failed send raising for Durable to retry (ADR 001)."""
         order_id, attempt = parse_attempt_instance_id(note.InstanceId)
         if note.Status in _TERMINAL_STATUSES:
             try:
@@ -475,10 +442,8 @@ class SchedulerActivities:
                 return
             if record is not None and record.ProcessState.is_terminal:
                 return  # already delivered from the outbox (by a retry or the Starter)
-        # A terminal status sent here (the record read showed no outbox entry
-        # yet: a read lagging the terminal write) takes the id
-        # its outbox entry has (domain.state_machine: the attempt), so the two
-        # can never both reach the reply queue.
+        # A terminal status sent here (a read lagging the terminal write) takes
+        # the id its outbox entry has, so the two never both reach the queue.
         terminal = note.Status in _TERMINAL_STATUSES
         qualifier = f"{attempt}/{note.Step}" if note.Step and not terminal else str(attempt)
         await self._status.send(
@@ -492,9 +457,8 @@ class SchedulerActivities:
         )
 
     async def raise_alert(self, note: AlertNote) -> None:
-        """An alert whose record is Error or CompensationFailed goes out with
-        that terminal status from the record's outbox (reporting.StatusOutbox),
-        which retries it until sent; only other alerts are sent here."""
+        """An alert that rides with its record's terminal status in the outbox
+        is sent from there (reporting.StatusOutbox); any other is sent here."""
         order_id = note.OrderID
         try:
             record, _ = await self._store.read(order_id) if order_id else (None, None)

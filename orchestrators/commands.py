@@ -1,9 +1,6 @@
 """The state commands: the workflow's guarded writes to the order's record
-outside its finishing write (a transient failure noted, each undo's outcome,
-the compensation's end), one pydantic model per kind of write, joined as the
-discriminated union `StateWrite` (the `Kind` tag picks the model). The
-workflow builds them; the `write_state` activity runs the state machine's
-transition for each."""
+outside its finishing write, one model per kind, joined as the union
+`StateWrite` on `Kind`; `write_state` runs the transition of each."""
 
 from __future__ import annotations
 
@@ -53,8 +50,7 @@ class FinishCompensation(StateCommand):
 
 
 class DeferCompensation(StateCommand):
-    """An undo is unconfirmed and none was refused: the compensation waits
-    for a long retry (or ends CompensationFailed once they are spent, ADR 019a)."""
+    """The compensation waits for a long retry, or ends (ADR 019a)."""
 
     Kind: Literal["defer_compensation"] = "defer_compensation"
 

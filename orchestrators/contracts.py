@@ -32,17 +32,14 @@ class ActivityContract(BaseModel):
 
 
 class Traced(ActivityContract):
-    """An activity input that may carry the attempt's W3C trace context
-    (`traceparent`, `tracestate`), copied by the orchestration from its input
-    so the activity's span joins the attempt's trace (adapters.telemetry).
-    Optional: an activity called without one starts its own trace."""
+    """An activity input that may carry the attempt's W3C trace context, so
+    the activity's span joins the attempt's trace (ADR 015); else its own."""
 
     Trace: dict[str, str] | None = None
 
 
 def step_payload(order: OrderSubmitted) -> dict:
-    """What every agent request of an order carries (the order's data the
-    remote services need), built in one place for the Scheduler and the fast path."""
+    """The order's data every agent request of it carries."""
     return {
         "CustomerId": order.Customer.CustomerId,
         "Lines": [line.model_dump(mode="json") for line in order.Lines],
@@ -76,11 +73,9 @@ class Plan(ActivityContract):
     StepTimeoutSeconds: int = 60
     UndoTries: int = 3
     Payload: dict = Field(default_factory=dict)
-    # Compensating only: the steps to undo, in the order to undo them (every
-    # step whose request was sent and is not undone yet; the record's log).
+    # Compensating only: the record's log of steps still to undo, in order.
     Undo: list[str] = Field(default_factory=list)
-    # The application opted in to progress statuses (Processing,
-    # StepCompleted) in the reply-queue registry; otherwise only terminal ones.
+    # The application opted in to progress statuses in the reply-queue registry.
     Progress: bool = False
     # The order's application, named in its agent requests (and so in their
     # replies and tokens, ADR 017e). None in a plan an older build recorded.
@@ -94,9 +89,9 @@ class WriteResult(ActivityContract):
 
 
 class SendRequest(Traced):
-    """A request for a step (or its undo) within one attempt. `Try` numbers
-    the undo retries inside one attempt: each try gets its own message id and
-    reply event, so duplicate detection drops only true re-sends."""
+    """A request for a step (or its undo) within one attempt. Each undo `Try`
+    has its own message id and reply event: duplicate detection drops only
+    true re-sends."""
 
     InstanceId: str
     Step: str
@@ -153,23 +148,10 @@ class WorkflowResult(ActivityContract):
 
 class ReplyEvent(ActivityContract, ReplyAnswer):
     """An agent's answer as the reply bridge raises it on the attempt's
-    instance (`event_payload`): what an orchestration or an operator reads
-    of it, and none of its identity. The bridge raises a reply only after its
-    token and signature proved that it answers exactly the request of that
-    instance, step, action, attempt and application that the event's name
-    stands for (ADR 017e), so the instance it is raised on and the event's
-    name already say everything the identity fields said
-    (docs/adr/021h-slim-reply-event.md).
-
-    - `Outcome`, `Error`: what every workflow decides on (and the record, the
-      Supervisor and the alerts quote);
-    - `Result`: of the agent's result, what is read: `Reference` (every
-      workflow records it on the step; the console shows it) and, on an
-      undo's reply, `Status` (the console tells by it an undo that had
-      nothing to undo). The remote's echo of the request (OrderID, Step,
-      Operation, FencingToken) and a do's Status are read by no one;
-    - `Calls`: the agent's call record (ADR 017d), which the console shows
-      on the reply."""
+    instance: what an orchestration or an operator reads of it, none of its
+    identity, which the instance and the event's name already prove (ADR
+    021h, 017e). `Result` keeps only `Reference` and, on an undo's reply,
+    `Status`; `Calls` is the agent's call record (ADR 017d)."""
 
     @classmethod
     def of(cls, reply: AgentReply) -> ReplyEvent:
@@ -182,21 +164,17 @@ class ReplyEvent(ActivityContract, ReplyAnswer):
 
 
 def event_payload(reply: AgentReply) -> dict:
-    """What the reply bridge raises on the instance: the reply's `ReplyEvent`
-    (its outcome, error, the result's reference, its call record), without
-    its identity (the event's name and the instance say it), its seal (the
-    bridge checked it before raising) or its schema version."""
+    """What the reply bridge raises on the instance: the reply's `ReplyEvent`,
+    without its identity, its seal (checked before) or its schema version."""
     return ReplyEvent.of(reply).dump()
 
 
 def read_reply(value: Any) -> AgentReply | ReplyEvent:
     """An awaited reply as a workflow gets it: the event's data (a dict, or
     its JSON text: the Durable SDK's client encodes the data before posting
-    it as JSON, so Azure's history keeps it encoded twice and the SDK decodes
-    it once) or an inline step's activity result (a `ReplyEvent` too). A
-    full AgentReply (a bridge of an older build: it has an `InstanceId`) is
-    validated as before and returned as it is; anything else must be a
-    `ReplyEvent`."""
+    it as JSON, so the history keeps it encoded twice and the SDK decodes it
+    once) or an inline step's result. A full AgentReply (with an `InstanceId`,
+    from a bridge of an older build) is returned as it is; else a ReplyEvent."""
     data = json.loads(value) if isinstance(value, str) else value
     if isinstance(data, dict) and "InstanceId" in data:
         if isinstance(value, str):
@@ -206,11 +184,9 @@ def read_reply(value: Any) -> AgentReply | ReplyEvent:
 
 
 def reply_from_event(value: Any) -> AgentReply:
-    """`read_reply` typed as the AgentReply the workflow handles. It reads
-    only `Outcome`, `Error` and `Result` of it, which a ReplyEvent has too
-    (tests/unit/orchestrators/test_reply_event.py checks the workflow for
-    it); a ReplyEvent has no identity field to read, so code that reached
-    for one would fail loudly, not read a wrong value."""
+    """`read_reply` typed as the AgentReply the workflow handles: it reads only
+    `Outcome`, `Error` and `Result`, which a ReplyEvent has too (test_reply_event);
+    reaching for an identity field fails loudly, never reads a wrong value."""
     return cast(AgentReply, read_reply(value))
 
 
@@ -229,8 +205,7 @@ class _Compact(Traced):
 
 class Wrote(ActivityContract):
     """finish_attempt's result: the state it left the record in, or why the
-    attempt is stale; `Plan`: the compensation it began (the undo log as that
-    write left the record)."""
+    attempt is stale; `Plan`: the compensation it began, as that write left it."""
 
     Stale: bool = False
     Reason: str | None = None
@@ -242,11 +217,9 @@ class Wrote(ActivityContract):
 
 
 class SendStep(_Compact):
-    """Send the request of `Step` until `Deadline` (the attempt's one
-    deadline), with no write: the claim marked the step Running. `Payload`:
-    the order's step payload, from the attempt's input (None only when the
-    claimer could not read it: the activity reads it then); `AppId`: the
-    order's application."""
+    """Send the request of `Step` until the attempt's one `Deadline`, with no
+    write: the claim marked the step Running (ADR 021a). `Payload` None: the
+    claimer could not read it, and the activity reads it."""
 
     InstanceId: str
     Step: str
@@ -256,20 +229,17 @@ class SendStep(_Compact):
 
 
 class FinishAll(_Compact):
-    """The attempt's one write: complete every step this attempt did (`Done`, step ->
-    its reference, in the order done) and mark the order Processed, its status
-    sent just before the write or left in the outbox (ADR 021j), on the record
-    as the activity reads it; then retire the recovery-index entry at
-    `IndexedAt`. Or, with `Failed`, complete `Done` and begin the compensation."""
+    """The attempt's one write: complete every step this attempt did (`Done`,
+    step -> its reference, in the order done) and mark the order Processed
+    with its status in the outbox (ADR 001, 021a); then retire the
+    recovery-index entry at `IndexedAt`."""
 
     InstanceId: str
     Done: dict[str, ReferenceText] = Field(default_factory=dict)
     IndexedAt: AwareDatetime | None = None
-    # A step failed for good: the same write completes `Done`, makes the
-    # steps in `Unsent` NotStarted again (marked by this claim, never sent by
-    # any attempt) and begins the compensation (Compensating, the undo log
-    # from the record), or with `Compensate` false (nothing was done) fails
-    # the order (Error), with `Reason`; no status, no index change.
+    # A step failed for good: the same write completes `Done`, makes `Unsent`
+    # NotStarted again (never sent by any attempt) and begins the compensation,
+    # or with `Compensate` false fails the order; no status, no index change.
     Failed: str | None = None
     Reason: str | None = None
     Unsent: list[str] = Field(default_factory=list)
@@ -284,9 +254,8 @@ def plan_for(
     step_timeout_seconds: int,
     progress: bool,
 ) -> Plan:
-    """The Plan of `attempt` on `record`: what the claimer puts in the
-    attempt's input, and what load_plan answers a compensation. Without the
-    payload: the attempt's input carries it (AttemptStart.Payload)."""
+    """The Plan of `attempt` on `record`, for the claimer's input and
+    load_plan's answer; without the payload (AttemptStart.Payload has it)."""
     undo = [e.Step for e in reversed(record.Compensation) if e.Outcome != "Done"]
     return Plan(
         OrderID=record.id,
@@ -309,20 +278,17 @@ def plan_for(
     )
 
 
-# What the input leaves out of its plan, because the instance says it: the
-# order and the attempt are in the instance id, a claimed record is
-# Processing, and the step timeout serves a compensation only, whose plan
-# comes from finish_attempt or load_plan.
+# What the input leaves out of its plan because the instance says it (the id
+# names order and attempt; a claimed record is Processing), and the step
+# timeout, which only a compensation's plan (not from the input) uses.
 _IMPLIED_BY_THE_INSTANCE = {"OrderID", "Attempt", "State", "StepTimeoutSeconds"}
 
 
 class AttemptStart(ActivityContract):
-    """The orchestration input: what the claimer knows and the attempt needs
-    to run without reading the record or the order: the plan and the one
-    deadline the claim marked the steps with
-    (domain.state_machine.claim_marking), and the order's step payload. A
-    compensation's start has only the payload. Kept small, since the history holds it
-    encoded twice: `dump` leaves out what the instance id implies and
+    """The orchestration input: the plan, the deadline the claim marked the
+    steps with and the step payload, so the attempt reads neither record nor
+    order (ADR 021a); a compensation's has only the payload. The history holds
+    it encoded twice, so `dump` leaves out what the instance id implies and
     `Fresh` when it is every step to do; `of_instance` puts them back."""
 
     Payload: dict | None = None

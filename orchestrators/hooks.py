@@ -1,10 +1,8 @@
 """Hooks the composition root may give the Scheduler's use cases.
 
-`CrashPoint`: called with a point's name at each step boundary a fault test
-may kill the process at ("starter.after_claim", "workflow.after_send",
-"bridge.after_raise"). Product code only calls it; the root chooses what it
-does (bootstrap: adapters.crashpoints when the environment names points, the
-no-op otherwise, always in Azure)."""
+`CrashPoint`: called with a point's name ("starter.after_claim", ...) at each
+step boundary a fault test may kill the process at; the root chooses what it
+does (adapters.crashpoints when the environment names points, else a no-op)."""
 
 from __future__ import annotations
 

@@ -1,57 +1,27 @@
 """The order workflow: the Scheduler's Durable orchestration, one instance
-per attempt (instance id `{OrderID}:{Attempt}`). This file reads top to
-bottom: the version dispatch, the attempt, then the helpers it reaches, in
-the order it reaches them. It imports only the activity contracts, the state
-commands and the domain.
+per attempt (instance id `{OrderID}:{Attempt}`). It reads top to bottom: the
+version dispatch, the attempt, then the helpers in the order it reaches them,
+and imports only the activity contracts, the state commands and the domain.
 
 Deterministic by construction: it only yields Durable context calls, reads
 time from `context.current_utc_datetime`, and gets everything else (the
 order's plan, each write's etag) from its input or from activities, whose
 results the history replays.
 
-One protocol for every attempt (docs/adr/021a-claim-marks-the-attempt.md):
-the claim that started the attempt (the Starter's, or Submit's fast path)
-marked every step to do Running until the attempt's one deadline
-(domain.state_machine.claim_marking) and put the plan and that deadline in
-the input (`AttemptStart.Plan`, `.Deadline`). The record then already shows
-every step this attempt may send as possibly sent, with the deadline the
-Supervisor recovers it at, so the happy path writes the record once, at its
-end: send step 1, wait for its reply, send step 2, ..., then one write that
-completes every step and marks the order Processed (the status outbox
-filled), after which the Processed status is sent and the outbox cleared.
-Happy path of n steps: n send activities and one write. An application that
-asked for progress statuses gets Processing and StepCompleted on the way,
-best effort, with no write of their own.
+One protocol for every attempt (ADR 021a): the claim marked every step to do
+Running until the attempt's one deadline (ADR 002) and put the plan in the
+input, so the attempt sends each step, races its reply against that deadline,
+and writes the record once at its end. Timer first, or a transient failure:
+stop and leave the record to the Supervisor. A permanent failure: the same one
+write begins the compensation of every step possibly sent, or fails the order
+if no step was done. Every write is fenced by LockedBy = this instance: a
+stale write ends the attempt quietly. An attempt without a plan compensates
+from the record's undo log. Status sends never hold up the work; a terminal
+one that fails stays in the record's outbox for the Starter (ADR 001).
 
-One deadline per attempt, carried to the record (CompleteBy and each
-step's), to the one durable timer every step races and to every agent
-request (docs/adr/002-one-deadline.md). Timer first: stop and leave the
-record to the Supervisor. An agent that gave up transiently: note its reason
-on the record, then stop the same way. Permanent failure: the same one write
-completes the steps this attempt did and begins the compensation of every
-step the record shows as possibly sent (the failed one, the done ones, and
-those the claim marked but this attempt never reached: undo of what never
-happened is a no-op), or the order fails outright if no step was done.
-Every write is guarded by LockedBy = this instance: a stale write ends the
-attempt quietly.
-
-A new attempt of an order whose earlier attempt timed out sends every step
-again (the record shows none Completed): each request carries the
-idempotency key `{OrderID}/{step}`, stable across attempts, so the remote
-service answers a step it has done with that answer and does nothing twice.
-
-An attempt started without a plan is a compensation (an operator's request,
-or the Starter's restart of one that died): it reads the record's undo log
-and compensates. Status sends never hold up the work: a progress or
-Compensating status that cannot be sent is skipped, and a terminal one stays
-in the record's outbox for the Starter.
-
-Versions (docs/adr/018d-versioning.md): `context.version` (host.json
-`defaultVersion` when the instance started) picks the code. Until a version
-is deployed there is only this one. After that, a change the replay would
-notice is a branch on `context.version` in this file; a frozen copy of a
-whole version is passed to `orchestrator(frozen=...)` only while a deployed
-version has instances in flight."""
+Versions: `context.version` picks the code; a change the replay would notice
+is a branch on it in this file, a frozen copy only for a deployed version with
+instances in flight (ADR 018d)."""
 
 from __future__ import annotations
 
@@ -88,9 +58,8 @@ WORKFLOW_NAME = "order_workflow"
 VERSION = "1.0"
 CURRENT_VERSION = VERSION
 
-# Activities are idempotent, so a brief store or bus hiccup is retried here
-# rather than failing the attempt (which the Supervisor would then retry as a
-# whole). Three tries inside a few seconds stay well inside a step deadline.
+# Activities are idempotent: a brief store or bus hiccup is retried here, well
+# inside a step deadline, rather than failing the whole attempt.
 ACTIVITY_RETRY = RetryOptions(first_retry_interval_in_milliseconds=500, max_number_of_attempts=3)
 
 Body = Callable[[Any], Generator[Any, Any, Any]]
@@ -101,9 +70,8 @@ class UnknownWorkflowVersion(Exception):
 
 
 class StaleAttempt(Exception):
-    """Another attempt owns the order now (a write or the plan came back
-    stale): this attempt ends quietly. Raised by `unless_stale` only, and
-    caught by `ends_stale`."""
+    """Another attempt owns the order now: this attempt ends quietly. Raised
+    by `unless_stale` only, caught by `ends_stale`."""
 
     def __init__(self, reason: str | None, step: str | None = None) -> None:
         super().__init__(reason)
@@ -112,8 +80,7 @@ class StaleAttempt(Exception):
 
 
 def finish(outcome: str, step: str | None = None, detail: str | None = None) -> dict:
-    """The orchestration's output, without the fields it leaves empty (the
-    history keeps it)."""
+    """The orchestration's output without its empty fields (the history keeps it)."""
     return WorkflowResult(Outcome=outcome, Step=step, Detail=detail).model_dump(
         mode="json", exclude_none=True
     )
@@ -139,10 +106,9 @@ def ends_stale(body: Body) -> Body:
 
 def orchestrator(frozen: Mapping[str, Body] | None = None) -> Body:
     """The orchestrator function: each instance runs the code of the version
-    it started on (`context.version`), this file's `run` for VERSION (and for
-    an instance without a version: none predates versioning), `frozen[v]`
-    for a deployed earlier version v still in flight. An unknown version is
-    refused by name rather than run on code it was not written for."""
+    it started on, `run` for VERSION (or none), `frozen[v]` for a deployed
+    version v still in flight; an unknown version is refused by name rather
+    than run on code it was not written for."""
     known: dict[str, Body] = {**(frozen or {}), VERSION: run}
 
     def order_workflow(context):
@@ -170,13 +136,11 @@ def run(context):
         return (yield from _run_planned(context, given))
     plan = yield from _load_plan(context)
     if plan.State is ProcessState.COMPENSATING:
-        # An operator asked for compensation, or a compensation is restarted:
-        # the record's log says what is still to undo.
+        # An operator's or a restarted compensation: the record's log says what.
         plan = _with_payload(plan, given.Payload)
         return (yield from _compensate(context, plan, plan.Undo))
-    # Started by hand, with no claim behind it: nothing is marked for it to
-    # send, so it sends nothing. The record keeps its deadline, at which the
-    # Supervisor returns it to the Starter, whose claim plans the attempt.
+    # Started with no claim behind it: nothing is marked for it to send. The
+    # Supervisor returns the record to the Starter at its deadline.
     return finish("unplanned", detail=f"no plan in the input; record {plan.State.value}")
 
 
@@ -190,12 +154,11 @@ def _run_planned(context, given: AttemptStart):
     plan = _with_payload(plan, given.Payload)
     done: dict[str, str | None] = {}
     # Given to every request: the activities of one order may run on different
-    # instances, so none can count on another's copy (issue 44).
+    # instances, so none can count on another's copy.
     payload = given.Payload
     last = None
-    # One durable timer for the whole attempt: every step races its reply
-    # against the same deadline, so one timer serves them all (the same task
-    # waited on again, as the undo's earlier tries are).
+    # One durable timer for the whole attempt, the same task waited on again
+    # by every step (as the undo's earlier tries are).
     timer = None
     yield from _progress(context, plan, StatusKind.PROCESSING, detail=f"attempt {plan.Attempt}")
     for step in plan.Steps:
@@ -208,8 +171,7 @@ def _run_planned(context, given: AttemptStart):
             timer = context.create_timer(deadline)
         reply = yield from _await_marked(context, plan, step, deadline, timer)
         if reply is None:
-            # The record keeps CompleteBy = the attempt's deadline, which has
-            # passed: the Supervisor retries or gives up.
+            # The record keeps CompleteBy, now past: the Supervisor's to recover.
             return finish("timed_out", step.Name, "deadline passed")
         if reply.Outcome is not ReplyOutcome.OK and not timer.is_completed:
             timer.cancel()
@@ -258,9 +220,8 @@ def _finish_planned(context, done: dict[str, str | None], deadline: datetime, la
             ),
         )
     except Exception:  # the SDK raises the activity's failure here after its retries
-        # Either the write did not land (the record keeps the attempt's
-        # deadline: the Supervisor retries the attempt) or the status is still
-        # in the outbox (the Starter sends it).
+        # Either the write did not land (the Supervisor retries the attempt at
+        # its deadline) or the status is still in the outbox (the Starter's).
         return finish("unconfirmed", last, "finishing write or its status failed")
     # Outside the try: a stale finish ends as "stale", not "unconfirmed".
     unless_stale(finished, last)
@@ -290,11 +251,9 @@ def _finish_all(context, data: FinishAll):
 
 
 def _permanent(context, given: AttemptStart, plan: Plan, step: str, error: str | None, done: dict):
-    """A non-transient failure: when a step was done (by
-    this attempt, or Completed by an earlier one), one write completes what
-    this attempt did and begins the compensation, whose log the record
-    makes of every step it shows as possibly sent; the plan is then read
-    again for that log. Otherwise the order fails outright."""
+    """A non-transient failure: when a step was done (by this attempt or an
+    earlier one), one write completes what this did and begins the
+    compensation of every step possibly sent; otherwise the order fails."""
     iid = context.instance_id
     reason = f"step {step} failed: {error}"
     names = [s.Name for s in plan.Steps]
@@ -341,10 +300,9 @@ def _traced(context, data: dict) -> dict:
     return {**data, "Trace": trace} if trace else data
 
 
-# The trace context read from each episode's input once, not on every
-# activity call: get_input() decodes the whole input (the record, the payload)
-# again each time. Keyed weakly by the episode's context object, so the value
-# lives exactly as long as the episode, and a replay reads the same input.
+# The trace context read once per episode (get_input() decodes the whole input
+# on each call), keyed weakly by the episode's context object so that it lives
+# exactly as long as the episode; a replay reads the same input.
 _episode_traces: weakref.WeakKeyDictionary[Any, dict | None] = weakref.WeakKeyDictionary()
 
 
@@ -387,9 +345,8 @@ def _attempt_input(context) -> AttemptStart:
 
 
 def _with_payload(plan: Plan, payload: dict | None) -> Plan:
-    """`plan` with the input's step payload, which every request of the
-    attempt carries (a plan an activity returns has none: no activity reads
-    the order). Without one (the claimer could not read it), the plan's own."""
+    """`plan` with the input's step payload (a plan an activity returns has
+    none); without one (the claimer could not read it), the plan's own."""
     return plan.model_copy(update={"Payload": payload}) if payload else plan
 
 
@@ -431,14 +388,11 @@ def _reply(context, plan: Plan, step: str, action: str, result) -> AgentReply | 
 
 
 def _inline_failure(context, plan: Plan, step: str, action: str, failure: Exception) -> AgentReply:
-    """A failed inline step as the transient reply an agent would have sent:
-    the attempt then stops like any transient failure, with this reason on
-    the record (LastError, the step's error), which the Supervisor's retry,
-    Error and alert quote. The failure's text is Durable's
-    "{Reason} \\n {Details}"; the reason is the useful part (the activity
-    puts the exception's type in it), the details a stack trace. Card
-    numbers are masked and the text is cut by the reply's Error type, and
-    again by the state machine when it is stored."""
+    """A failed inline step as the transient reply an agent would have sent,
+    its reason on the record for the Supervisor's retry, Error and alert. The
+    failure's text is Durable's "{Reason} \\n {Details}": the reason (with the
+    exception's type) is kept, the stack trace dropped; the reply's Error type
+    masks card numbers and cuts the text."""
     said = str(failure).split(" \n ", 1)[0].strip() or type(failure).__name__
     return AgentReply(
         InstanceId=context.instance_id,
@@ -490,9 +444,8 @@ def _status(
 def _progress(
     context, plan: Plan, kind: StatusKind, step: str | None = None, detail: str | None = None
 ):
-    """A progress status, for an application that asked for them: best
-    effort. It has no outbox (the terminal status supersedes it), and a reply
-    queue that refuses must not stop the attempt whose requests are out."""
+    """A progress status, if the application asked for them: best effort, no
+    outbox; a refusing reply queue must not stop an attempt whose requests are out."""
     if not plan.Progress:
         return
     with contextlib.suppress(Exception):  # the SDK raises the activity's failure after its retries
@@ -502,9 +455,8 @@ def _progress(
 def _terminal_status(
     context, plan: Plan, status: StatusKind, step: str | None = None, detail: str | None = None
 ):
-    """Send the terminal status from the record's outbox. If every try fails,
-    the entry stays in the outbox and the Starter delivers it: the
-    orchestration still finishes with its outcome."""
+    """Send the terminal status from the record's outbox; if every try fails,
+    the Starter delivers it and the orchestration still finishes."""
     try:
         yield from _status(context, plan, status, step, detail)
     except Exception:  # the SDK raises the activity's failure here after its retries
@@ -522,13 +474,10 @@ def _alert(context, plan: Plan, kind: str, reason: str):
 
 
 def _compensate(context, plan: Plan, undo: list[str]):
-    """Undo `undo` (step names, in that order), each step's undo taken from
-    whichever of its tries answers first (`_undo_step`), record each outcome
-    (done, refused, or unconfirmed), then finish: Compensated when every undo
-    is done, CompensationFailed when one was refused, and otherwise (some undo
-    unconfirmed) a long retry of the compensation."""
-    # Best effort: a reply queue that refuses must not keep any undo from
-    # being sent (the terminal status has the outbox).
+    """Undo `undo` in that order and record each outcome; then Compensated,
+    CompensationFailed when one was refused, or else (some undo unconfirmed)
+    a long retry of the compensation (ADR 019a)."""
+    # Best effort: a refusing reply queue must not keep any undo from being sent.
     with contextlib.suppress(Exception):  # the SDK raises the activity's failure after its retries
         yield from _status(context, plan, StatusKind.COMPENSATING)
     steps = {s.Name: s for s in plan.Steps}
@@ -553,15 +502,10 @@ def _compensate(context, plan: Plan, undo: list[str]):
 
 
 def _undo_step(context, plan: Plan, step: StepPlan):
-    """Undo `step` within plan.UndoTries tries, each with its own request
-    (message id, reply event) and deadline, all under the undo's one
-    deadline `undo_by` (first try's start + UndoTries x step timeout), which
-    every request carries as ListenUntil (ADR 005). While a try waits, the
-    earlier tries' replies still count: a late success ends the undo as done
-    (same idempotency key), a permanent answer from any try as refused; the
-    last try waits for the others until `undo_by`. Each pending task is
-    waited on again as the same task object, never a second wait for the
-    same event name (azure-functions-durable-python#507).
+    """Undo `step` within plan.UndoTries tries under the undo's one deadline
+    `undo_by`, the earlier tries' answers still counting (ADR 005). Each
+    pending task is waited on again as the same task object, never a second
+    wait for the same event name (azure-functions-durable-python#507).
 
     Returns (outcome, error): OK, PERMANENT, or TRANSIENT when no answer says
     what happened (unconfirmed: the long retry tries again, ADR 019a)."""
@@ -643,10 +587,8 @@ def _finish_compensation(context, plan: Plan):
 
 
 def _defer_compensation(context, plan: Plan):
-    """An undo is unconfirmed and none was refused: the compensation waits for
-    its long retry (the record keeps Compensating with NotBefore; the Starter
-    restarts it as a new attempt then), unless the long retries are spent:
-    then the same write ends it CompensationFailed, with its alert and status."""
+    """Defer the compensation to its long retry (ADR 019a), or, its long
+    retries spent, end it CompensationFailed with its alert and status."""
     written = yield from _write(context, commands.DeferCompensation(InstanceId=context.instance_id))
     if written.State is ProcessState.COMPENSATING:
         return finish("compensation_deferred", detail="undo unconfirmed; long retry")

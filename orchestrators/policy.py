@@ -1,8 +1,6 @@
-"""What the Starter reads of the app's settings, and nothing else: its batch
-and time limits, the attempt's step timeout and the retry policy, and for the
-claim that marks the attempt's steps (ADR 021a) the steps, how each runs and
-which applications get progress statuses. Built from Settings
-and the step catalog by the composition root (bootstrap)."""
+"""What the Starter reads of the app's settings, and nothing else, with what
+its claim puts in the attempt's plan (ADR 021a). Built by the composition root
+from Settings and the step catalog."""
 
 from __future__ import annotations
 
@@ -23,8 +21,7 @@ class StarterPolicy:
     starter_max_batches: int = 10
     starter_run_budget: timedelta = timedelta(seconds=4)
     retry: RetryPolicy = field(default_factory=RetryPolicy)
-    # The claim marks every step to do Running until the attempt's one
-    # deadline and gives the attempt its plan (ADR 021a).
+    # What the claim marks and plans (ADR 021a).
     steps: tuple[str, ...] = ()
     step_modes: Mapping[str, str] = field(default_factory=dict)
     progress_apps: frozenset[str] = frozenset()

@@ -2,24 +2,15 @@
 event on the orchestration instance it names.
 
 Duplicate and late replies change nothing: a duplicate raises an event name the
-instance has already consumed (each step and attempt has its own name), and a
-reply to an instance that has finished, or to an old attempt, finds no waiter
-(the host answers 404/410 and we complete the message). Stale attempts cannot
-write to the record anyway (LockedBy).
+instance has already consumed, and a reply to a finished instance or an old
+attempt finds no waiter (the host answers 404/410; the message is completed).
 
-A hostile or malformed reply never reaches the workflow: it is refused at the
-boundary (domain.codec) and dead-lettered `InvalidMessage`; a reply whose
-InstanceId is not an attempt of its OrderID is refused the same way. A
-well-formed reply must then prove it answers a request the Scheduler made
-(domain.signing, ADR 017e): its reply token must have been made for exactly
-its own identity (application, instance, order, step, action, attempt and
-event, which names the undo try), and its signature must be an agent's over
-everything it says. Anything else is dead-lettered `ForgedReply` before any
-event is raised: no guess, no buffering, so a reply for a step not yet
-requested (whose token cannot exist yet) is never kept to be taken later. A
-failure to raise the event is retried after a back-off delay; anything
-unexpected is dead-lettered `ProcessingFailed` (adapters.settlement.MessageGate
-does all three, and alerts once per dead letter)."""
+A malformed reply is dead-lettered `InvalidMessage`; a well-formed one must
+prove it answers a request the Scheduler made, its token made for exactly its
+identity and its signature an agent's (ADR 017e), or it is dead-lettered
+`ForgedReply` before any event is raised: nothing is buffered for a step not
+yet requested. A failed raise is retried after a back-off; anything unexpected
+is dead-lettered `ProcessingFailed` (adapters.settlement.MessageGate, ADR 014)."""
 
 from __future__ import annotations
 
@@ -69,8 +60,7 @@ async def bridge_reply(
     body: bytes, client, keys: SchedulerKeys, crash_point: CrashPoint = no_crash_point
 ) -> Settle:
     """What to do with one reply (the gate around it settles and alerts);
-    `keys` check it answers a real request; `crash_point` is the
-    fault-injection hook (orchestrators.hooks)."""
+    `keys` check it answers a real request."""
     try:
         reply = _check_reply(body)
     except ValidationFailed as exc:
@@ -136,9 +126,7 @@ async def on_reply_message(
     crash_point: CrashPoint = no_crash_point,
 ) -> Settle:
     """The trigger's whole body: gate, bridge, settle, in a span that
-    continues the agent's trace (the reply's `traceparent`). The gate of the
-    agent-responses queue, the keys replies are checked with and the
-    fault-injection hook come from the composition root."""
+    continues the agent's trace; its collaborators come from the root."""
     with telemetry.consume(
         "reply bridge", message, **{"messaging.destination.name": AGENT_RESPONSES_QUEUE}
     ):

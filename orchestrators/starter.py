@@ -1,52 +1,21 @@
-"""The Starter: the Scheduler's front door for Pending orders.
+"""The Starter: the Scheduler's front door for Pending orders (docs/design.md
+section 4, "Claim" and "Admission control"; ADR 021a).
 
-Each run (timer trigger, a singleton across hosts):
-1. measures the backlog once — a COUNT of Pending and of Processing records —
-   and saves the Pending figure as the gauge Submit's admission control reads;
-2. claims claimable records batch after batch while the last batch was full,
-   for at most STARTER_MAX_BATCHES batches and STARTER_RUN_BUDGET_SECONDS,
-   each batch within the slots it takes from the admission document first
-   (domain.admission: a limit under MAX_PROCESSING that follows the completion
-   rate, held across hosts by conditional writes; the count of step 1 updates
-   it), each record with one conditional replace on the etag its query returned:
-   Processing, LockedBy = the attempt's instance id, Attempt + 1, every step
-   to do Running and CompleteBy = the attempt's one deadline, now + steps to
-   do x step timeout (the attempt's recovery-index entry is added first);
-3. starts that attempt's orchestration, with the plan, the deadline and the
-   order's step payload as input (the attempt reads nothing to run: the
-   payload is Submit's order on the fast path, else read from the orders DB
-   once, after the claim is won). The claim comes first
-   and sets CompleteBy, so a starter that dies between claim and start leaves a
-   record the Supervisor recovers; starting an instance id that already exists
-   (a re-run after a crash) is not an error.
+Each timer run (a singleton across hosts) counts the backlog and saves the
+gauge Submit's admission control reads (ADR 008), then claims batch after
+batch within the slots it takes from the admission document, each record with
+one conditional replace that marks the attempt, and starts the attempt's
+orchestration with its plan, deadline and step payload. The claim comes first
+and sets CompleteBy, so a Starter that dies before the start leaves a record
+the Supervisor recovers; starting an instance id that exists is not an error.
+`start_submitted` does the same for one order Submit has just written; the
+claim's etag race keeps it safe with the timer.
 
-Submit's fast path (`start_submitted`) does 2-3 for one order it has just
-written, at once, with a slot from a small block this process takes from the
-admission document; the claim's etag race keeps it safe with the timer.
-
-Before claiming it also: starts compensations operators asked for; restarts a
-compensation whose instance died, as a new attempt (new instance id, so new
-message ids that duplicate detection cannot drop), at most
-`max_compensation_restarts` times, then CompensationFailed with an alert;
-starts a compensation whose attempt was written but whose instance does not
-exist and which nothing has written since (never started: no restart counted);
-restarts a compensation whose long retry is due (the workflow left it
-Compensating with NotBefore after an unconfirmed undo, ADR 019a) the same
-way, not counted as a restart (its long retries are bounded when deferred); and
-delivers terminal statuses still in a record's outbox after `status_grace`
-(docs/adr/001-status-outbox.md). One failing start or send is logged and
-counted; it never ends the run. Every run ends with its `starter:` metric line.
-
-The outbox is scanned at most once per `status_scan_interval` (a third of the
-grace by default: an entry is sent between grace and grace + interval), not
-on every tick, oldest entry first. A reply queue that refuses a send is left
-out of the scans for a while (STATUS_BACKOFF_FIRST, doubling up to
-STATUS_BACKOFF_MAX, then probed with one send again), and the same run scans
-again without it: a queue that refuses everything cannot hold the page and
-starve every other application's statuses. A queue that keeps refusing
-(STATUS_ALERT_AFTER sends in a row: disabled, deleted, full, or the app's
-Sender role gone) raises one StatusUndeliverable alert for the spell; its
-statuses stay in the outbox and go out by themselves once it takes them.
+Before claiming, a run also starts and restarts compensations (ADR 003, 019a,
+019e) and delivers terminal statuses left in an outbox past `status_grace`
+(ADR 001), leaving out reply queues in back-off so that one refusing queue
+cannot starve every other application's statuses. A failing start or send is
+logged and counted; it never ends the run.
 """
 
 from __future__ import annotations
@@ -93,17 +62,11 @@ from reporting.alerts import alert_unreadable
 log = logging.getLogger(__name__)
 
 # A refusing reply queue is probed with one send after 10 s, 20 s, 40 s, ...,
-# then every 5 minutes: a queue refusing for hours costs about 12 refused sends
-# an hour, not one per scan; once it takes sends again its statuses go out
-# within 5 minutes, or at once when an operator resends them (console, CLI
-# `statuses --resend`: their own StatusOutbox, which knows no back-off). The
-# back-off lives in the process holding the Starter's singleton lock: a host
-# that takes the lock over starts again at 10 s, one probe more per handover.
+# then every 5 minutes (about 12 refused sends an hour, not one per scan). The
+# back-off is the singleton holder's: a host taking the lock over starts at 10 s.
 STATUS_BACKOFF_FIRST = timedelta(seconds=10)
 STATUS_BACKOFF_MAX = timedelta(minutes=5)
-# Refusals in a row after which a reply queue's operators hear of it: one
-# StatusUndeliverable alert for the whole spell, however many orders wait
-# (the fifth refusal comes about 150 s into the spell).
+# Refusals in a row that raise the spell's one StatusUndeliverable alert.
 STATUS_ALERT_AFTER = 5
 STATUS_GRACE = timedelta(seconds=30)  # an outbox entry younger than this is being sent
 MAX_OUTBOX_PAGES = 3  # per run: the first page, and rescans after a queue refused
@@ -142,9 +105,8 @@ class StarterReport:
 
 
 async def start_attempt(client, instance_id: str, attempt_input: dict | None = None) -> None:
-    """Start the attempt's orchestration; an existing instance is fine.
-    `attempt_input`: orchestrators.contracts.AttemptStart (a compensation's
-    has only the payload: it reads the record's undo log), or None."""
+    """Start the attempt's orchestration (an existing instance is fine) with
+    `attempt_input`, an AttemptStart's dump, or None."""
     try:
         await client.start_new(WORKFLOW_NAME, instance_id, attempt_input)
     except Exception:
@@ -155,10 +117,9 @@ async def start_attempt(client, instance_id: str, attempt_input: dict | None = N
 
 
 class _Slots:
-    """This process's door to the admission document (domain.admission):
-    slots are taken by conditional writes, a lost etag race read again and
-    retried a few times; without a slot nothing is claimed. The document this
-    process last wrote is kept, so a batch costs one write, not a read too."""
+    """This process's door to the admission document (domain.admission): slots
+    taken by conditional writes; without a slot nothing is claimed. The last
+    document written is kept, so a batch costs one write, not a read too."""
 
     def __init__(self, store: StateStore, policy: StarterPolicy, clock: Clock) -> None:
         self._store = store
@@ -205,9 +166,7 @@ class _Slots:
         for _ in range(SLOT_WRITE_TRIES):
             current = self._known if not fresh else await self._store.read_admission()
             if current is None:
-                # Never written (a new deployment, before its first count):
-                # begun at the floor with nothing counted; the first count
-                # sets it right within a Starter period.
+                # Never written (before a deployment's first count): the floor.
                 p = self._policy
                 state, etag = admission.first(p.max_processing, p.starter_batch_size, 0, now), None
             else:
@@ -229,13 +188,10 @@ class _Slots:
         return 0
 
     async def one(self) -> bool:
-        """One slot for the fast path, from this process's block (a new block
-        of FAST_PATH_BLOCK when it is spent or too old to use). While one fast
-        path takes a block, the others of this process wait for it (an event,
-        up to FAST_PATH_WAIT, once) and take from that block rather than each take a
-        block: slots taken and left unused count as claims until they age
-        out, and the completion rate the limit follows would count them as
-        completions."""
+        """One slot for the fast path from this process's block of
+        FAST_PATH_BLOCK. While one fast path takes a block the others wait for
+        it (an event, once, up to FAST_PATH_WAIT): unused slots count as claims
+        until they age out, and as completions in the rate the limit follows."""
         waited = False
         while True:
             now = self._clock.now()
@@ -278,26 +234,17 @@ class Starter:
         count_interval: timedelta | None = None,
         orders: OrdersRepository | None = None,
     ) -> None:
-        """`publisher`: for alerts and outbox deliveries (without one, the
-        Starter neither delivers statuses nor restarts compensations).
-        `orders`: where a timer claim's step payload is read (`_payload`).
-        `status_grace`: how old an outbox entry must be before the Starter
-        sends it (the writer normally sends it itself at once).
-        `status_scan_interval`: the least time between two outbox scans of
-        this process (default: a third of the grace).
-        `crash_point`: the fault-injection hook (orchestrators.hooks).
-        `settings`: the Starter's policy (orchestrators.policy, built from the
-        app's settings by the composition root). `alerts`: where its alerts
-        go (default: an Alerts over `publisher`). The app's Settings given
-        instead (tools, tests) are read as a policy without a step catalog,
-        whose claims mark no steps.
-        `count_interval`: the least time between two runs of this process's
-        scans that do not page (the Pending and Processing COUNTs, whose cost
-        grows with the entries they match, and the gauge they write) and of
-        its compensation scans; the runs between them claim with the last
-        counts, the Processing one raised by what this process claimed since
-        (never lowered: the cap errs on the safe side). None (the default):
-        every run."""
+        """`settings`: the Starter's policy (orchestrators.policy); the app's
+        Settings (tools, tests) read as one with the default catalog.
+        `publisher`: for alerts and outbox deliveries (without one, no statuses
+        are delivered and no compensation restarted). `orders`: where a timer
+        claim's step payload is read. `status_grace`: how old an outbox entry
+        must be before the Starter sends it (its writer sends it at once).
+        `status_scan_interval`: the least time between two outbox scans
+        (default: a third of the grace). `count_interval`: the least time
+        between two runs that COUNT and scan compensations (None: every run);
+        the runs between claim with the last counts plus what this process
+        claimed since (never lowered: the cap errs on the safe side)."""
         self._settings = (
             settings
             if isinstance(settings, StarterPolicy)
@@ -354,10 +301,9 @@ class Starter:
         return True
 
     async def _payload(self, order_id: str) -> dict | None:
-        """The order's step payload for the input of a claim won. A failed read
-        does not hold the claim up: the attempt starts without it and its
-        requests read it (not starting would leave the marked attempt to the
-        Supervisor after its whole budget, a FailureCount it did not earn)."""
+        """The order's step payload for a won claim's input. A failed read does
+        not hold the start up (the attempt's requests read it): not starting
+        would cost the marked attempt its whole budget and a FailureCount."""
         if self._orders is None:
             return None
         try:
@@ -367,17 +313,14 @@ class Starter:
             return None
 
     async def _start_compensation(self, client, record: OrderState, report: StarterReport) -> bool:
-        """Start the compensation `record` is claimed for, its payload (for
-        the undo requests) in the input, as every attempt's."""
+        """Start the compensation `record` is claimed for, with its payload."""
         payload = await self._payload(record.id)
         given = AttemptStart(Payload=payload).dump() if payload else None
         return await self._start(client, _owner(record), report, given)
 
     async def _write_gauge(self, pending: int, processing: int, now: datetime) -> None:
-        """Save the Pending and Processing figures for Submit's admission
-        control and every host's fast path; figures this process saved
-        recently are not written again unchanged (Submit only needs them
-        younger than `backlog_gauge_max_age`)."""
+        """Save the backlog gauge (ADR 008), unless this process saved the same
+        figures within a quarter of `backlog_gauge_max_age`."""
         last = self._gauge_written
         if (
             last is not None
@@ -389,9 +332,7 @@ class Starter:
         self._gauge_written = ((pending, processing), now)
 
     async def _compensation_requests(self, client, now: datetime, report: StarterReport) -> None:
-        """Operators ask for compensation by flagging an Error or
-        CompensationFailed record; a new attempt claims it (etag: one winner)
-        and its orchestration undoes the completed steps."""
+        """Claim and start the compensations operators flagged (etag: one winner)."""
         for record in await self._store.query_compensation_requests(
             self._settings.starter_batch_size
         ):
@@ -410,12 +351,9 @@ class Starter:
             await self._start_compensation(client, claimed, report)
 
     async def _resume_compensations(self, client, now: datetime, report: StarterReport) -> None:
-        """A Compensating record whose instance is gone (never started: the
-        starter died after the claim; or failed, terminated, finished without
-        its last write) is restarted as a new attempt (undos are idempotent),
-        within a budget: past it, CompensationFailed and an alert. Running
-        instances are left alone, and so is a compensation waiting for the
-        long retry of an unconfirmed undo until its NotBefore (ADR 019a); then it is restarted the same way, not counted as a restart."""
+        """Restart a Compensating record whose instance is gone as a new
+        attempt, within the restart budget (ADR 003, 019e); one waiting for
+        its long retry is left until its NotBefore (ADR 019a)."""
         batch = self._settings.starter_batch_size
         # Page by id across runs: with more live compensations than one page,
         # each run looks at the next page, so a dead one behind them is reached.
@@ -426,16 +364,13 @@ class Starter:
             if record.LockedBy is None:
                 continue
             if compensation_waits(record, now):
-                # An unconfirmed undo's long retry (ADR 019a):
-                # restarted once its NotBefore has passed, as below.
                 report.compensations_waiting += 1
                 continue
             try:
                 status = await client.get_status(record.LockedBy)
             except Exception:  # noqa: BLE001 - the SDK raises bare Exception for a 5xx, aiohttp's for a lost connection
-                # Not knowing is not "gone": an unknown instance is a 404, which the
-                # SDK answers with a status whose runtime_status is None. Restarting a
-                # live compensation on a status blip would spend its restart budget.
+                # Not knowing is not "gone": the SDK answers an unknown instance
+                # with a status whose runtime_status is None, not an exception.
                 report.status_unknown += 1
                 log.warning(
                     "starter: status of %s unknown; its compensation is checked again next run",
@@ -445,23 +380,14 @@ class Starter:
                 continue
             missing = status is None or getattr(status, "runtime_status", None) is None
             if missing and _never_started(record):
-                # No such instance, and nothing the attempt writes written
-                # since the Starter wrote it (a restart, or a claim into
-                # Compensating): the writer died before start_new, or the
-                # write's answer was lost so it never called it. Nothing ran
-                # under this id, so it is started now and no restart is
-                # counted; counting it would spend the budget on write answers
-                # lost (the simulation found it: three restarts
-                # applied with their answers lost, no instance started, then
-                # CompensationFailed with an undo never sent).
+                # Its writer died (or lost the write's answer) before start_new:
+                # nothing ran under this id, so starting it counts no restart.
                 if await self._start_compensation(client, record, report):
                     report.compensations_started += 1
                 continue
-            # A missing instance that wrote the record ran and is gone: the
-            # task hub's retention policy purged its history once it ended
-            # (infra: durableRetentionDays*, 0 for Completed in production).
-            # It is restarted under a new attempt, as a dead one is: its
-            # requests' ids are spent in the duplicate window.
+            # A missing instance that wrote the record ran and was purged by the
+            # task hub's retention (infra: durableRetentionDays*): restarted as
+            # a dead one is, since its requests' ids are spent.
             runtime = (
                 "Completed"
                 if missing
@@ -480,7 +406,7 @@ class Starter:
                 continue  # it moved on since the query: nothing to restart
             if restarted.ProcessState is ProcessState.COMPENSATING:
                 if compensation_waits(restarted, now):
-                    # Its restarts spent: a long retry, not a verdict (restart_compensation).
+                    # Its restarts spent: a long retry, not a verdict (ADR 019e).
                     report.compensations_waiting += 1
                     log.warning(
                         "starter: compensation of %s keeps dying; long retry at %s",
@@ -497,7 +423,6 @@ class Starter:
                 await self._raise_alert(
                     "CompensationFailed", restarted.LastError or "", now, record.id
                 )
-            # Its CompensationFailed status and alert are in the outbox.
             await self._deliver(restarted, etag, report)
 
     async def _raise_alert(self, kind: str, reason: str, now: datetime, order_id: str) -> None:
@@ -552,8 +477,8 @@ class Starter:
                 log.exception("starter: alert StatusUndeliverable for %s not sent", queue)
 
     async def _deliver_statuses(self, now: datetime, report: StarterReport) -> None:
-        """Terminal statuses whose first send failed (or whose sender died),
-        oldest first, leaving out reply queues in back-off (module docstring)."""
+        """Outbox entries past the grace, oldest first, leaving out reply
+        queues in back-off (ADR 001)."""
         if self._outbox is None:
             return
         if self._next_status_scan is not None and now < self._next_status_scan:
@@ -613,8 +538,8 @@ class Starter:
         return report
 
     def _counts_due(self, now: datetime) -> bool:
-        """Whether this run counts the backlog (see `count_interval`). A tenth
-        early still counts, as for the outbox scan."""
+        """Whether this run counts the backlog (`count_interval`, a tenth early
+        counting)."""
         if self._count_interval is None or self._next_count is None or now >= self._next_count:
             if self._count_interval is not None:
                 self._next_count = now + self._count_interval * 0.9
@@ -622,8 +547,7 @@ class Starter:
         return False
 
     async def _count(self, report: StarterReport, now: datetime) -> None:
-        """Count the Pending and Processing records, save the gauge, and give
-        the admission document the new count (and so its limit)."""
+        """Count Pending and Processing, save the gauge, recount admission."""
         report.pending = await self._store.count_in_state(ProcessState.PENDING)
         began = self._clock.now()
         report.processing = await self._store.count_in_state(ProcessState.PROCESSING)
@@ -638,10 +562,8 @@ class Starter:
         telemetry.app_metrics().backlog.set(report.processing, {"state": "Processing"})
 
     async def _claim_batches(self, client, started: datetime, report: StarterReport) -> None:
-        """Claim batch after batch while the last one was full, each within
-        the slots it took from the admission document, up to the batch count
-        and the run's time budget: a backlog is worked through in one run, not
-        one batch per tick, and never past the limit on any host."""
+        """Claim batch after batch while the last one was full, each within its
+        slots, up to the batch count and the run's time budget."""
         if report.processing >= self._settings.max_processing:
             log.info("starter: %d processing, at the cap; nothing claimed", report.processing)
             return
@@ -669,18 +591,16 @@ class Starter:
     ) -> None:
         young = None
         if self._fast_path_used is not None and now - self._fast_path_used < FAST_PATH_WINDOW * 10:
-            # This process's fast path is claiming new orders as Submit writes
-            # them: leave it the young ones rather than race it for them (a
-            # lost race costs a replace and an index entry). One it skipped or
-            # failed is older than the window by the next run or the one after.
+            # Leave the fast path its young orders rather than race it (a lost
+            # race costs a replace and an index entry); one it skipped ages out.
             young = now - FAST_PATH_WINDOW
         page = await self._store.query_claimable(batch, now, young)
         if not page:
             return
         # A record claimed before is a retry: an attempt that did not finish.
         retries = sum(1 for record, _ in page if record.Attempt > 0)
-        # Taken at the time of taking, after this run's count began: the next
-        # count counts them as claims since it (and so their completions).
+        # Taken at the time of taking, after this run's count began, so the
+        # next count counts them as claims since it.
         granted = await self._slots.take(len(page), self._clock.now(), retries)
         for record, etag in page[:granted]:
             report.examined += 1
@@ -688,10 +608,8 @@ class Starter:
                 report.lost += 1  # another starter (or the fast path) won the etag
 
     def _marks(self, record: OrderState, now: datetime) -> tuple[list[str], datetime]:
-        """What a claim marks (domain.state_machine.claim_marking): every step
-        not Completed, Running until the attempt's one deadline, a step
-        timeout per step to do from now (one at least: an attempt with
-        nothing left to do still has its finishing write to make)."""
+        """The steps a claim marks and the attempt's one deadline (ADR 021a):
+        a step timeout per step to do, one at least for the finishing write."""
         p = self._settings
         if not p.steps:
             raise ValueError("the Starter claims with a step catalog: its policy has no steps")
@@ -713,21 +631,17 @@ class Starter:
         received_sent_at: datetime | None = None,
     ) -> str | None:
         """Claim `record` (as read at `etag`) with one conditional replace and
-        start its attempt; the attempt's instance id, or None if it was not
-        claimable or another claimer won. The orchestration gets the claimed
-        record and its etag, so its first write needs no read.
-        `received_sent_at`: the claim also marks the Received status sent
-        (Submit's fast path, which has just sent it: one write instead of two)."""
+        start its attempt: its instance id, or None if not claimable or lost.
+        `received_sent_at`: the claim also marks Received sent (the fast path's
+        one write instead of two)."""
         now = now or self._clock.now()
         report = report or StarterReport()
         if received_sent_at is not None:
             record = mark_received_sent(record, received_sent_at)
         if not is_claimable(record, now):
-            # A resend of an order that waits for its long retry, runs, or has
-            # ended: no claim, so no index entry. An entry for an attempt that is
-            # never claimed would hold the index Supervisor's cursor (it keeps
-            # an entry newer than its record) until the next claim, up to the
-            # long-retry delay, and other orders' recoveries with it.
+            # No index entry either: one for an attempt never claimed would hold
+            # the index Supervisor's cursor, and others' recoveries, until the
+            # next claim.
             return None
         todo, deadline = self._marks(record, now)
         # The deadline is indexed before the record carries it (see
@@ -743,8 +657,6 @@ class Starter:
         report.claimed += 1
         telemetry.app_metrics().attempts.add(1)
         self._crash_point("starter.after_claim")
-        # The attempt's input: the plan, the one deadline and the payload let
-        # it run without reading the record or the order.
         payload = step_payload(order) if order is not None else await self._payload(claimed.id)
         step_timeout = int(self._settings.step_timeout.total_seconds())
         attempt_input = AttemptStart(
@@ -780,15 +692,10 @@ class Starter:
         order: OrderSubmitted | None = None,
         received_sent_at: datetime | None = None,
     ) -> str | None:
-        """Submit's fast path: claim and start an order Submit has just
-        written, without waiting for the next timer run. The claim is the same
-        etag race as the timer's, so the two never both win. Skipped (None;
-        the timer claims it later) when this process's last run saw the
-        Processing cap reached, when the admission limit leaves no slot, or
-        when the record is not claimable.
-        `received_sent_at`: Submit has sent Received and not yet marked it;
-        the claim marks it too. None back means nothing is known to be
-        marked: Submit marks it itself (on a 412, with `update`)."""
+        """Submit's fast path: claim and start an order Submit has just written,
+        in the timer's etag race. None (the timer claims it later) when the
+        last run saw the cap reached, no slot is left, or it is not claimable;
+        then nothing is known marked and Submit marks Received sent itself."""
         self._fast_path_used = self._clock.now()
         if (
             self._last_processing is not None
@@ -808,21 +715,16 @@ class Starter:
             return None
 
 
-# What Submit calls after it has created the Pending record (with the etag of
-# its last write of it), given a Durable client binding: (client, record, etag,
-# order, received_sent_at) -> the instance started, or None. Built by
-# `fast_start` over the process's Starter; injected into Submit by the root.
+# What Submit calls after creating the Pending record: (client, record, etag,
+# order, received_sent_at) -> the instance started, or None (`fast_start`).
 FastStart = Callable[
     [Any, OrderState, str, "OrderSubmitted | None", "datetime | None"], Awaitable[str | None]
 ]
 
 
 def fast_start(starter: Callable[[], Awaitable[Starter]]) -> FastStart:
-    """Submit's fast start over the Starter `starter()` gives (the process's
-    one). `order` (the validated OrderSubmitted) spares the Starter its
-    orders-DB read; `received_sent_at` lets the claim mark Received sent (see
-    Starter.start_submitted). Never raises; None means the timer Starter will
-    claim the order."""
+    """Submit's fast start over the process's Starter (Starter.start_submitted).
+    Never raises; None means the timer Starter will claim the order."""
 
     async def start_submitted(
         client: Any,
@@ -842,14 +744,10 @@ def fast_start(starter: Callable[[], Awaitable[Starter]]) -> FastStart:
 
 
 def _never_started(record: OrderState) -> bool:
-    """The attempt wrote nothing since the Starter (or an operator's claim)
-    moved the record to it: a running compensation records each undo's
-    outcome (its entry's At) and ends with a transition (History). Not
-    UpdatedAt: others' bookkeeping moves it too (Submit marking Received
-    sent for a redelivered order, a status leaving the outbox), and a
-    restart counted for that spends the budget on an attempt that never ran
-    (the simulation found it: Submit's Received mark after a restart whose
-    answer was lost)."""
+    """The attempt wrote nothing since the Starter (or an operator) moved the
+    record to it: no undo outcome (At) and no transition since. Not UpdatedAt:
+    others' bookkeeping (Received marks, outbox clears) moves it too, and a
+    restart counted for that spends the budget on an attempt that never ran."""
     if not record.History:
         return False
     last = record.History[-1]
