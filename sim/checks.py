@@ -189,9 +189,10 @@ class EndChecks(MessageChecks):
                 self.fail(
                     "terminal status sent once (one message id)", f"{oid}: {want} sent as {ids}"
                 )
-            # A status sent before its write lands (ADR 021j) must never be one the order
-            # then does not end in: only an operator's action changes a terminal order.
-            # (Rejected answers a conflicting copy of the order, not the order's own end.)
+            # A terminal status heard must be the one the order ends in (design §4:
+            # the status follows the write that ends it); only an operator's action
+            # changes a terminal order. (Rejected answers a conflicting copy of the
+            # order, not the order's own end.)
             ends = set(TERMINAL_STATUS.values()) - {"Rejected"}
             heard = {s["Status"] for s in statuses.get(oid, [])} & ends
             if heard - {want} and not operated:
