@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from devstack.remote_service.ledger import operations
 from domain.steps import (
     DEFAULT_CATALOG,
     DEFAULT_CATALOG_FILE,
@@ -34,7 +35,7 @@ def test_the_shipped_catalog_is_the_three_steps_in_workflow_order():
 
 
 def test_operations_are_what_a_remote_service_serves():
-    assert DEFAULT_CATALOG.operations() == {
+    assert operations(DEFAULT_CATALOG) == {
         "inventory": {"reserve": None, "release": "reserve"},
         "payment": {"charge": None, "refund": "charge"},
         "shipping": {"arrange": None, "cancel": "arrange"},
