@@ -142,11 +142,6 @@ class StepCatalog(BaseModel):
         return tuple(dict.fromkeys(s.service for s in self.steps))
 
     @cached_property
-    def refused(self) -> tuple[RemoteStep, ...]:
-        """The steps whose providers refuse orders for business reasons."""
-        return tuple(s for s in self.steps if s.refusal is not None)
-
-    @cached_property
     def _by_name(self) -> dict[str, RemoteStep]:
         return {step.name: step for step in self.steps}
 

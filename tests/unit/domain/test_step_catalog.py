@@ -30,7 +30,7 @@ def test_the_shipped_catalog_is_the_three_steps_in_workflow_order():
     ]
     # Every step carries the whole order payload, as before the catalog.
     assert all(s.payload == PAYLOAD_FIELDS for s in DEFAULT_CATALOG.steps)
-    assert [s.name for s in DEFAULT_CATALOG.refused] == ["charge-payment"]
+    assert [s.name for s in DEFAULT_CATALOG.steps if s.refusal is not None] == ["charge-payment"]
     assert load_catalog(DEFAULT_CATALOG_FILE) == DEFAULT_CATALOG
 
 
