@@ -519,7 +519,7 @@ def request_processor(
     worker alike; the caller owns `client` and `session`, and closes the
     returned reply sender before them."""
     keys = require_agent_keys(cfg)  # before anything is opened: no keys, no agent
-    replies = ServiceBusReplySender(client, cfg.responses_queue)
+    replies = ServiceBusReplySender(client, AGENT_RESPONSES_QUEUE)
     seams = seams or Seams()
     publisher = ServiceBusPublisher(client)
     alerts = Alerts(publisher, new_id=seams.new_id, window=cfg.alert_window)

@@ -32,7 +32,7 @@ MAX_RECENT: Final = 1000
 
 _LIST_FIELDS: Final = (
     "c.id, c.ProcessState, c.AppId, c.Attempt, c.FailureCount, c.LongRetries, c.CreatedAt,"
-    " c.UpdatedAt, c.CompleteBy, c.NotBefore, c.LastError, c.CompensationRequested"
+    " c.CompleteBy, c.NotBefore, c.LastError, c.CompensationRequested"
 )
 
 
@@ -47,7 +47,6 @@ class OrderRow:
     failures: int
     long_retries: int
     created_at: datetime | None
-    updated_at: datetime | None
     complete_by: datetime | None
     not_before: datetime | None
     last_error: str | None
@@ -89,7 +88,6 @@ def _row(doc: dict[str, Any]) -> OrderRow:
         failures=int(doc.get("FailureCount") or 0),
         long_retries=int(doc.get("LongRetries") or 0),
         created_at=_time(doc.get("CreatedAt")),
-        updated_at=_time(doc.get("UpdatedAt")),
         complete_by=_time(doc.get("CompleteBy")),
         not_before=_time(doc.get("NotBefore")),
         last_error=doc.get("LastError"),

@@ -249,9 +249,6 @@ class RequestCharges:
 
         return _hook
 
-    def reset(self) -> None:
-        self.by_kind.clear()
-
 
 class _CallerCounts:
     """Requests by (caller, kind), for benchmarks (COSMOS_CALL_STATS_DIR, ADR 016)."""

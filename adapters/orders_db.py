@@ -44,28 +44,18 @@ class CosmosOrdersRepository:
         self._container = container
         self.charges = charges if charges is not None else RequestCharges()
 
-    async def create_if_absent(self, order: OrderSubmitted, key: str | None = None) -> bool:
-        """True if this call stored the order under `key` (its own
-        application's key unless given), False if the same order was already
-        there; ConflictError(fields=[...]) if a different one was."""
-        created, _ = await self._store(order, key)
-        return created
-
     async def store(self, order: OrderSubmitted, key: str | None = None) -> str:
-        """As create_if_absent, answering the etag of the document that is
-        this order (created now, or found), for a later `discard_version`;
-        the ConflictError of a different order carries that one's etag."""
-        _, etag = await self._store(order, key)
-        return etag
-
-    async def _store(self, order: OrderSubmitted, key: str | None) -> tuple[bool, str]:
+        """Store the order under `key` (its own application's key unless given)
+        unless the same order is already there, answering the etag of the
+        document that is this order, for a later `discard_version`; a
+        different order there is a ConflictError(fields=[...]) carrying its etag."""
         doc = to_document(order, key)
         key = doc["id"]
         try:
             created = await self._container.create_item(
                 body=doc, response_hook=self.charges.hook("order_create")
             )
-            return True, str(created.get("_etag", ""))
+            return str(created.get("_etag", ""))
         except SDK_ERRORS as exc:
             error = translate_error(exc, f"create order {key}", self.charges, "order_create")
             if not isinstance(error, ConflictError):
@@ -85,7 +75,7 @@ class CosmosOrdersRepository:
                 fields=fields,
                 version=etag,
             )
-        return False, etag
+        return etag
 
     async def discard(self, key: str) -> None:
         """Delete the order if it is there (only for an order whose record is Rejected)."""

@@ -187,27 +187,12 @@ def flush(timeout_millis: int = 5000) -> None:
             force(timeout_millis)
 
 
-# Set only by tests (`use`): providers that are not the process's global ones.
+# Set only by tests: a provider that is not the process's global one.
 _tracer_provider: Any = None
 
 
 def tracer() -> trace.Tracer:
     return trace.get_tracer(_TRACER_NAME, tracer_provider=_tracer_provider)
-
-
-@contextmanager
-def use(tracer_provider: Any = None, meter_provider: Any = None) -> Iterator[None]:
-    """Record through these providers for the block (unit tests: the global
-    providers can be set only once per process)."""
-    global _tracer_provider, _metrics
-    saved = _tracer_provider, _metrics
-    _tracer_provider = tracer_provider
-    if meter_provider is not None:
-        _metrics = Metrics(meter_provider.get_meter(_TRACER_NAME))
-    try:
-        yield
-    finally:
-        _tracer_provider, _metrics = saved
 
 
 # --- W3C trace context in application properties -----------------------------------------

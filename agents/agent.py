@@ -256,29 +256,21 @@ class Agent:
     ) -> None:
         self._remote = remote
         self._smoke_remote = NoOpRemoteService()
-        self._steps = steps
+        self.steps = steps
         self._clock = clock
         self._policy = policy or AgentPolicy()
-        self._breakers = breakers or Breakers(
+        self.breakers = breakers or Breakers(
             self._policy.breaker_fail_max, self._policy.breaker_reset_timeout
         )
         self._wait = _BackoffWithJitter(
             self._policy.initial_backoff, self._policy.max_backoff, rng or random.Random()
         )
 
-    @property
-    def breakers(self) -> Breakers:
-        return self._breakers
-
-    @property
-    def steps(self) -> StepCatalog:
-        return self._steps
-
     async def handle(self, request: AgentRequest, *, redelivered: bool = False) -> AgentReply:
         """`redelivered`: an earlier delivery of this very message did not
         finish (a crash, a lost lock), so it may never have answered."""
         try:
-            step = self._steps.step_named(request.Step)
+            step = self.steps.step_named(request.Step)
         except UnknownStep as exc:
             return self._reply(request, ReplyOutcome.PERMANENT, error=str(exc))
         operation = step.operation(request.Action)
@@ -361,7 +353,7 @@ class Agent:
         result: dict[str, Any] = {}
         async for attempt in AsyncRetrying(
             retry=retry_if_exception_type((TransientError, pybreaker.CircuitBreakerError)),
-            wait=_UntilBreakerReopens(self._wait, self._breakers, service),
+            wait=_UntilBreakerReopens(self._wait, self.breakers, service),
             # The failures' count first: every outcome must reach it.
             stop=_StopAfterFailures(self._policy.max_attempts)
             | _StopBeforeDeadline(self._clock, last_start),
@@ -373,7 +365,7 @@ class Agent:
                 if self._clock.now() > last_start:
                     raise DeadlineReached()
                 remaining = (stop_at - self._clock.now()).total_seconds()
-                with self._breakers.for_service(service).calling():
+                with self.breakers.for_service(service).calling():
                     tries.calls += 1
                     started = self._clock.now()
                     try:

@@ -12,7 +12,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-from adapters.servicebus import AGENT_REQUESTS_QUEUE, AGENT_RESPONSES_QUEUE
 from adapters.settings import (
     AGENT_SIGNING_KEYS,
     SERVICEBUS_CONNECTION,
@@ -47,8 +46,6 @@ class AgentSettings:
     steps: StepCatalog = DEFAULT_CATALOG
     servicebus: ServiceBusAccess | None = None
     policy: AgentPolicy = field(default_factory=AgentPolicy)
-    requests_queue: str = AGENT_REQUESTS_QUEUE
-    responses_queue: str = AGENT_RESPONSES_QUEUE
     max_concurrency: int = 8
     lock_renewal_slack: float = 60.0
     shutdown_grace: float = 30.0

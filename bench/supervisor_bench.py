@@ -170,7 +170,7 @@ async def run_design(
     )
     runs, most_docs, most_requests, elapsed = 0, 0, 0, 0.0
     while True:
-        charges.reset()
+        charges.by_kind.clear()
         start = time.perf_counter()
         report = await sup.run()
         elapsed += time.perf_counter() - start

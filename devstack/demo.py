@@ -89,7 +89,7 @@ class Demo:
         effect, an outage of the last step's service, and the refusing step
         (the payment: "card declined") refused for a few orders."""
         first, last = self.steps.steps[0], self.steps.steps[-1]
-        refused = (self.steps.refused or (first,))[0]
+        refused = next((s for s in self.steps.steps if s.refusal is not None), first)
         refusal = refused.refusal or "refused"
         rules = [
             {"kind": "transient", "service": "*", "rate": 0.1},

@@ -83,10 +83,6 @@ class KeyRing:
         self._keys = keys
 
     @property
-    def current_id(self) -> str:
-        return self._keys[0].kid
-
-    @property
     def key_ids(self) -> tuple[str, ...]:
         return tuple(k.kid for k in self._keys)
 

@@ -400,7 +400,7 @@ def mark_processed(record: OrderState, instance_id: str, now: datetime) -> Order
         CompleteBy=None,
         LockedBy=None,
         # One id per order, not per attempt: a status sent before its attempt's
-        # write failed (ADR 021j) must not reach the client twice.
+        # write failed must not reach the client twice.
         PendingStatus=pending_status(record, StatusKind.PROCESSED, now, ""),
     )
 

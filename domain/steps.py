@@ -142,29 +142,6 @@ class StepCatalog(BaseModel):
         return tuple(dict.fromkeys(s.service for s in self.steps))
 
     @cached_property
-    def do_paths(self) -> frozenset[str]:
-        return frozenset(s.do.path.lstrip("/") for s in self.steps)
-
-    @cached_property
-    def undo_paths(self) -> frozenset[str]:
-        return frozenset(s.undo.path.lstrip("/") for s in self.steps)
-
-    @cached_property
-    def refused(self) -> tuple[RemoteStep, ...]:
-        """The steps whose providers refuse orders for business reasons."""
-        return tuple(s for s in self.steps if s.refusal is not None)
-
-    def operations(self) -> dict[str, dict[str, str | None]]:
-        """service -> operation -> the operation it undoes (None for a forward
-        operation): what a remote service serves."""
-        served: dict[str, dict[str, str | None]] = {}
-        for step in self.steps:
-            ops = served.setdefault(step.service, {})
-            ops[step.do_operation] = None
-            ops[step.undo_operation] = step.do_operation
-        return served
-
-    @cached_property
     def _by_name(self) -> dict[str, RemoteStep]:
         return {step.name: step for step in self.steps}
 

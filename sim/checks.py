@@ -274,7 +274,7 @@ class EndChecks(MessageChecks):
         net: Counter[tuple[str, str]] = Counter()
         for key, count in self.remote.ledger.effects.items():
             order, step, op = key.split("|")
-            forward = op in self.o.steps.do_paths
+            forward = op in self.remote.do_paths
             net[(order, step)] += count if forward else -count
         return net
 
@@ -329,7 +329,7 @@ class EndChecks(MessageChecks):
                 permanent[(key, op)] = 10**9
             if (
                 outcome == "permanent"
-                and op not in self.o.steps.undo_paths
+                and op not in self.remote.undo_paths
                 and self._acted_on(key.partition("/")[0], key.partition("/")[2], token)
             ):
                 permanent.setdefault((key, op), token)
@@ -616,12 +616,12 @@ class EndChecks(MessageChecks):
             answered = {
                 k.split("/", 1)[1]
                 for k, op, _, out in self.remote.calls
-                if k.startswith(oid + "/") and out == "ok" and op in self.o.steps.undo_paths
+                if k.startswith(oid + "/") and out == "ok" and op in self.remote.undo_paths
             }
             applied = {
                 key.split("|")[0].split("/", 1)[1]
                 for key in self.remote.ledger.results
-                if key.startswith(oid + "/") and key.split("|")[1] in self.o.steps.undo_paths
+                if key.startswith(oid + "/") and key.split("|")[1] in self.remote.undo_paths
             }
             if open_steps and all(s in answered | applied for s in open_steps):
                 self.fail(

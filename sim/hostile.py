@@ -65,7 +65,7 @@ class Hostile:
         self.steps = steps.names
         # The step a ghost charge and a forged refund aim at: the one whose
         # provider refuses orders (the payment, in domain/steps.json).
-        self.money = (steps.refused or steps.steps)[0].name
+        self.money = ([s for s in steps.steps if s.refusal is not None] or steps.steps)[0].name
 
     @property
     def pending(self) -> int:

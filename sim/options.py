@@ -398,7 +398,7 @@ def refusals(steps: StepCatalog) -> tuple[tuple[str, ...], ...]:
     step, sometimes the last step and then the undo of the first refusing
     step (CompensationFailed). For domain/steps.json: the charge twice, the
     reservation, the shipment, and the shipment with the refund."""
-    refusing = steps.refused
+    refusing = [s for s in steps.steps if s.refusal is not None]
     table = [(f"{s.service}/{s.do_operation}",) for s in refusing for _ in range(2)]
     table += [(f"{s.service}/{s.do_operation}",) for s in steps.steps if s.refusal is None]
     if refusing:

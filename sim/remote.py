@@ -24,7 +24,7 @@ from urllib.parse import urlsplit
 
 from agents.ports import RemoteCall
 from agents.remote_client import FENCING_TOKEN_HEADER, IDEMPOTENCY_KEY_HEADER, _interpret
-from devstack.remote_service.ledger import Ledger
+from devstack.remote_service.ledger import Ledger, operations
 from domain.steps import DEFAULT_CATALOG, StepCatalog
 
 from .options import BLACKOUT_UNDO_BUDGETS
@@ -153,10 +153,12 @@ class SimRemote:
         steps: StepCatalog = DEFAULT_CATALOG,
     ) -> None:
         self.world = world
-        self.ledger = Ledger(operations=steps.operations())
+        self.ledger = Ledger(operations=operations(steps))
         self.declines = declines
         self.applied_declines = False  # Options.applied_declines
-        self.do_paths = steps.do_paths  # "service/operation" of every step's do
+        # "service/operation" of every step's do and undo
+        self.do_paths = frozenset(s.do.path.lstrip("/") for s in steps.steps)
+        self.undo_paths = frozenset(s.undo.path.lstrip("/") for s in steps.steps)
         self.calls: list[tuple[str, str, int, str]] = []  # (key, op, token, outcome)
         self.on_call: Callable[[RemoteCall], None] | None = None  # the simulation's check
         self.undo_budget = 60.0  # seconds; the simulation sets its own (undo_budget)

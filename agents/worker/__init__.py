@@ -16,7 +16,7 @@ from azure.servicebus.aio import AutoLockRenewer, ServiceBusClient, ServiceBusRe
 from azure.servicebus.exceptions import ServiceBusError
 
 from adapters.clock import SYSTEM_CLOCK, Clock
-from adapters.servicebus import servicebus_client
+from adapters.servicebus import AGENT_REQUESTS_QUEUE, servicebus_client
 from adapters.settlement import BodyRefused, read_body
 from agents.config import (
     AgentSettings,
@@ -83,7 +83,7 @@ class AgentWorker:
 
     async def run(self, stop: asyncio.Event, on_ready: Callable[[], Any] | None = None) -> None:
         receiver = self._client.get_queue_receiver(
-            self._settings.requests_queue,
+            AGENT_REQUESTS_QUEUE,
             receive_mode=ServiceBusReceiveMode.PEEK_LOCK,
             # No prefetch: a prefetched message's lock runs while it waits in
             # our buffer, unrenewed.
@@ -119,7 +119,7 @@ class AgentWorker:
             except ServiceBusError as exc:
                 # The SDK reopens its link on the next receive; pause so a
                 # namespace that is down is not polled in a tight loop.
-                log.warning("receiving from %s failed: %s", self._settings.requests_queue, exc)
+                log.warning("receiving from %s failed: %s", AGENT_REQUESTS_QUEUE, exc)
                 await self._until_stopped(stop, set(), RECEIVE_RETRY_SECONDS)
                 continue
             for message in messages:

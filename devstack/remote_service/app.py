@@ -33,7 +33,7 @@ from aiohttp import web
 from pydantic import ValidationError
 
 from devstack.remote_service.faults import FaultBook, FaultRule
-from devstack.remote_service.ledger import Ledger
+from devstack.remote_service.ledger import Ledger, operations
 from domain.steps import DEFAULT_CATALOG, StepCatalog
 
 log = logging.getLogger("remote_service")
@@ -68,8 +68,8 @@ def create_app(
     `exit` calls (the real process exit, unless a test passes its own).
     `steps`: the catalog whose operations it serves."""
     app = web.Application()
-    operations = steps.operations()
-    ledger = Ledger.load(state_file, operations) if state_file else Ledger(operations=operations)
+    served = operations(steps)
+    ledger = Ledger.load(state_file, served) if state_file else Ledger(operations=served)
     app[STATE] = ServiceState(ledger, FaultBook(rng=random.Random(seed)), state_file, exit)
     app.router.add_get("/_admin/health", _health)
     app.router.add_post("/_admin/faults", _add_faults)

@@ -13,13 +13,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from domain.steps import DEFAULT_CATALOG
+from domain.steps import DEFAULT_CATALOG, StepCatalog
 
 Operations = dict[str, dict[str, str | None]]
 """service -> operation -> the operation it undoes (None for a forward one):
-what the service serves, from the step catalog (StepCatalog.operations)."""
+what the service serves, from the step catalog."""
 
-CATALOG: Operations = DEFAULT_CATALOG.operations()
+
+def operations(catalog: StepCatalog) -> Operations:
+    """What a remote service serving `catalog`'s steps serves."""
+    served: Operations = {}
+    for step in catalog.steps:
+        ops = served.setdefault(step.service, {})
+        ops[step.do_operation] = None
+        ops[step.undo_operation] = step.do_operation
+    return served
+
+
+CATALOG: Operations = operations(DEFAULT_CATALOG)
 """The shipped step catalog's operations; a service started with another
 catalog (--catalog, STEP_CATALOG_FILE) serves that one's."""
 

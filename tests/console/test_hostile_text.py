@@ -119,7 +119,7 @@ def _pages(text: str) -> dict[str, tuple[str, dict[str, Any]]]:
     ]
     row = OrderRow(
         id=text, state=text, app_id=text, attempt=1, failures=0, long_retries=0,
-        created_at=None, updated_at=None, complete_by=None, not_before=None,
+        created_at=None, complete_by=None, not_before=None,
         last_error=text, compensation_requested=False,
     )  # fmt: skip
     return {

@@ -71,7 +71,7 @@ def _two_attempts_then_failed(now):
 async def test_order_timeline_shows_each_attempt_and_escapes_what_providers_sent(deps, now):
     record = _two_attempts_then_failed(now)
     await deps.store.create_if_absent(record)
-    await deps.orders.create_if_absent(order("T-1"), "T-1")  # keyed as the record is
+    await deps.orders.store(order("T-1"), "T-1")  # keyed as the record is
     reply = json.dumps(
         json.dumps(
             {

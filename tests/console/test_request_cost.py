@@ -162,7 +162,7 @@ async def test_order_detail_reads_one_record_and_one_order(deps, now):
     from tests.console.conftest import order
 
     await deps.store.create_if_absent(processed("H-1", now))
-    await deps.orders.create_if_absent(order("H-1"), "H-1")  # keyed as the record is
+    await deps.orders.store(order("H-1"), "H-1")  # keyed as the record is
     state_before, orders_before = deps.store.charges.calls, deps.orders.charges.calls
     data = await views.order_detail(deps, "H-1")
     assert data["order"]["Customer"]["CustomerId"] == "C-7"

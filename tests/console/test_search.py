@@ -132,7 +132,7 @@ async def test_by_customer(deps, now):
         submitted = OrderSubmitted.model_validate(
             order_payload(oid, Customer={"CustomerId": customer, "Name": "Ada"})
         )
-        await deps.orders.create_if_absent(submitted, f"webshop:{oid}")
+        await deps.orders.store(submitted, f"webshop:{oid}")
         await deps.store.create_if_absent(_keyed(oid, now))
     before = deps.store.charges.calls
     assert await _ids(deps, state="any", customer="C-42") == ["webshop:CU-1", "webshop:CU-2"]

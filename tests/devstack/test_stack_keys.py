@@ -29,8 +29,8 @@ def test_the_stack_settings_carry_them_and_overrides_win(tmp_path):
     assert settings[REPLY_TOKEN_KEYS] == "override"
     cfg = load_settings({**Stack(tmp_path).settings})
     assert (
-        cfg.scheduler_keys().agents.current_id
-        == parse_keys(settings[AGENT_SIGNING_KEYS]).current_id
+        cfg.scheduler_keys().agents.key_ids[0]
+        == parse_keys(settings[AGENT_SIGNING_KEYS]).key_ids[0]
     )
 
 

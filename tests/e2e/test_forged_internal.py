@@ -83,7 +83,7 @@ class Forger:
         self.e2e = e2e
         self.sent: dict[str, tuple[str, str]] = {}  # message id -> (queue, reason expected)
         keys = e2e.settings.scheduler_keys()
-        self.kid = keys.tokens.current_id  # public: it is in every token
+        self.kid = keys.tokens.key_ids[0]  # public: it is in every token
 
     async def send(self, queue: str, body: dict, reason: str, what: str) -> str:
         mid = f"{self.e2e.prefix}-forged-{what}-{uuid.uuid4().hex[:6]}"

@@ -34,7 +34,7 @@ async def test_a_timer_claim_starts_its_attempt_with_the_payload_read_once(
 ):
     order = make_order("PAYLOAD-1")
     key = order_key(order.AppId, order.OrderID)
-    await orders_repository.create_if_absent(order)
+    await orders_repository.store(order)
     record, etag, _ = await state_store.create_if_absent(sm.new_record(order, NOW, STEPS, key))
     orders = _CountedReads(orders_repository)
     starter = Starter(SETTINGS, state_store, clock=ReadClock(lambda: NOW), orders=orders)

@@ -76,7 +76,7 @@ def test_a_cosmos_503_or_refused_connection_is_transient_and_changes_nothing():
     async def go():
         for _ in range(3):  # 429 past the SDK's retries, 503, refused connection
             with pytest.raises(TransientError):
-                await orders.create_if_absent(_order("B"), "B")
+                await orders.store(_order("B"), "B")
         assert container.docs == {}
 
     _run(go())
@@ -193,11 +193,11 @@ def test_an_order_whose_create_conflicts_but_cannot_be_read_yet_is_retried_not_r
     orders = CosmosOrdersRepository(container)
 
     async def go():
-        assert await orders.create_if_absent(_order("C"), "C") is True
+        etag = await orders.store(_order("C"), "C")
         with pytest.raises(TransientError, match="did not find it"):
-            await orders.create_if_absent(_order("C"), "C")
+            await orders.store(_order("C"), "C")
         world.clock.now += timedelta(seconds=5)  # replicated by now
-        assert await orders.create_if_absent(_order("C"), "C") is False
+        assert await orders.store(_order("C"), "C") == etag
 
     _run(go())
     assert [f.kind for f in world.faults.injected] == ["new_document_lag"]

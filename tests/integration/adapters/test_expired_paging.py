@@ -70,7 +70,7 @@ async def test_a_thousand_expired_records_page_across_processes_exactly_once(
     page_size = 137
 
     # This process: three pages, then it "dies" holding only the token.
-    state_store.charges.reset()
+    state_store.charges.by_kind.clear()
     seen: list[list[str]] = []
     token = None
     for _ in range(3):

@@ -19,8 +19,8 @@ async def test_an_order_is_stored_once_and_read_back(
     orders_repository: CosmosOrdersRepository,
 ) -> None:
     order = make_order("ORD-1")
-    assert await orders_repository.create_if_absent(order) is True
-    assert await orders_repository.create_if_absent(order) is False
+    etag = await orders_repository.store(order)
+    assert await orders_repository.store(order) == etag  # found, not written again
     assert await orders_repository.get(order_key("webshop", "ORD-1")) == order
 
 
@@ -29,8 +29,8 @@ async def test_another_applications_order_with_the_same_order_id_is_another_docu
 ) -> None:
     mine = make_order("ORD-S")
     theirs = make_order("ORD-S", AppId="partner-portal", ReplyTo="replies-partner-portal")
-    assert await orders_repository.create_if_absent(mine) is True
-    assert await orders_repository.create_if_absent(theirs) is True  # no conflict
+    await orders_repository.store(mine)
+    await orders_repository.store(theirs)  # no conflict
     assert await orders_repository.get(order_key("webshop", "ORD-S")) == mine
     assert await orders_repository.get(order_key("partner-portal", "ORD-S")) == theirs
     with pytest.raises(NotFoundError):
@@ -40,7 +40,7 @@ async def test_another_applications_order_with_the_same_order_id_is_another_docu
 async def test_a_redelivery_in_another_canonical_form_is_the_same_order(
     orders_repository: CosmosOrdersRepository,
 ) -> None:
-    await orders_repository.create_if_absent(make_order("ORD-2"))
+    etag = await orders_repository.store(make_order("ORD-2"))
     same = make_order(
         "ORD-2",
         Total="25.5",
@@ -49,7 +49,7 @@ async def test_a_redelivery_in_another_canonical_form_is_the_same_order(
             {"Sku": "SKU-2", "Quantity": 1, "UnitPrice": "5.5"},
         ],
     )
-    assert await orders_repository.create_if_absent(same) is False
+    assert await orders_repository.store(same) == etag
 
 
 async def test_get_of_a_missing_order_is_not_found(
@@ -105,12 +105,12 @@ async def test_a_different_order_under_an_existing_id_is_a_conflict_naming_the_f
     # an AppId change there is another order: the test above).
     key = order_key("webshop", "ORD-C")
     original = make_order("ORD-C")
-    await orders_repository.create_if_absent(original, key)
+    await orders_repository.store(original, key)
     change, differing = CHANGES[field]
     different = OrderSubmitted.model_validate(order_payload("ORD-C", **change()))
 
     with pytest.raises(ConflictError) as caught:
-        await orders_repository.create_if_absent(different, key)
+        await orders_repository.store(different, key)
     assert caught.value.fields == differing
     assert await orders_repository.get(key) == original  # never overwritten
 

@@ -293,7 +293,7 @@ async def test_backlog_gauge_is_written_from_a_count_and_read_by_point_read(
     assert await state_store.count_in_state("Pending") == 2
     await state_store.write_backlog_gauge(2, NOW)
 
-    state_store.charges.reset()
+    state_store.charges.by_kind.clear()
     pending, measured_at, processing = await state_store.read_backlog_gauge()
     assert (pending, measured_at, processing) == (2, NOW, None)
     assert state_store.charges.by_kind == {"gauge_read": KindCharges(1, 1.0, 0)}

@@ -78,7 +78,7 @@ def test_the_agent_keys_are_read_and_required_by_name():
     current, previous = new_key(), new_key()
     settings = load_agent_settings({"AGENT_SIGNING_KEYS": f"{current}, {previous}"})
     keys = require_agent_keys(settings)
-    assert keys.key_ids == (parse_keys(current).current_id, parse_keys(previous).current_id)
+    assert keys.key_ids == (parse_keys(current).key_ids[0], parse_keys(previous).key_ids[0])
     assert current not in repr(settings)  # never printed
     with pytest.raises(SettingsError, match="set AGENT_SIGNING_KEYS"):
         require_agent_keys(load_agent_settings({}))
@@ -106,7 +106,7 @@ def test_the_app_reads_both_key_settings_and_says_which_is_missing():
     keys = load_settings(
         {**base, "REPLY_TOKEN_KEYS": new_key(), "AGENT_SIGNING_KEYS": new_key()}
     ).scheduler_keys()
-    assert keys.tokens.current_id != keys.agents.current_id
+    assert keys.tokens.key_ids[0] != keys.agents.key_ids[0]
 
 
 def test_a_service_may_live_at_its_own_base_url(tmp_path):

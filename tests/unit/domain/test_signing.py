@@ -89,7 +89,7 @@ def test_an_unsigned_request_and_one_signed_with_another_key_are_refused():
     other = SchedulerKeys(tokens=parse_keys(new_key()), agents=parse_keys(new_key()))
     forged = seal_request(other, req.model_copy(update={"Signature": None}))
     assert "unknown key" in (check_request(KEYS.agents, forged) or "")
-    garbage = req.model_copy(update={"Signature": f"v1.{KEYS.agents.current_id}.AAAA"})
+    garbage = req.model_copy(update={"Signature": f"v1.{KEYS.agents.key_ids[0]}.AAAA"})
     assert "does not verify" in (check_request(KEYS.agents, garbage) or "")
 
 
@@ -143,7 +143,7 @@ def test_rotation_signs_with_the_first_key_and_verifies_with_either():
     assert check_request(before, signed_during) is not None  # signed with the new key
     assert check_request(after, signed_during) is None
     assert check_request(after, signed_before) is not None  # the old key is gone
-    assert during.current_id == key_id(parse_keys(new)._keys[0].secret)
+    assert during.key_ids[0] == key_id(parse_keys(new)._keys[0].secret)
 
 
 @pytest.mark.parametrize(
@@ -171,7 +171,7 @@ def test_the_same_key_twice_and_too_many_keys_are_refused():
 
 def test_no_key_material_in_reprs():
     ring = parse_keys(new_key())
-    assert repr(ring) == f"KeyRing({ring.current_id})"
+    assert repr(ring) == f"KeyRing({ring.key_ids[0]})"
     assert "secret" not in repr(ring._keys[0])
 
 

@@ -136,7 +136,7 @@ class World:
 
     async def _submit(self, order_id: str, **fields):
         order = OrderSubmitted.model_validate(order_payload(OrderID=order_id, **fields))
-        await self.orders.create_if_absent(order)
+        await self.orders.store(order)
         record, etag, _ = await self.store.create_if_absent(sm.new_record(order, self.now, STEPS))
         return record, etag, order
 

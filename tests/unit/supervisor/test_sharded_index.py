@@ -279,7 +279,7 @@ def test_an_empty_stretch_is_crossed_with_one_query_and_never_past_the_settled_b
         await _claimed(store, index, "AHEAD", T0 + timedelta(minutes=100))  # not due
         source = IndexSource(index, store)
         upper = T0 + timedelta(minutes=50)
-        index.charges.reset()
+        index.charges.by_kind.clear()
         candidates, cursor, _ = await source.page(upper, 10, json.dumps([MINUTE, ""]))
         assert [c.record.id for c in candidates] == ["FIRST", "FAR"]
         # one page: the run-up in minute 0 and after FAR, 3 jumps, the last two minutes

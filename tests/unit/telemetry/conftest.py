@@ -1,5 +1,5 @@
 """SDK tracer and meter providers that keep what they record in memory,
-used through adapters.telemetry.use for one test at a time: OpenTelemetry
+put in place of adapters.telemetry's for one test at a time: OpenTelemetry
 allows one global provider per process, and the rest of the suite must not
 record spans because these tests need to."""
 
@@ -16,19 +16,19 @@ from adapters import telemetry
 
 
 @pytest.fixture
-def spans():
+def spans(monkeypatch):
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
-    with telemetry.use(tracer_provider=provider):
-        yield exporter
+    monkeypatch.setattr(telemetry, "_tracer_provider", provider)
+    yield exporter
     provider.shutdown()
 
 
 @pytest.fixture
-def metric_reader():
+def metric_reader(monkeypatch):
     reader = InMemoryMetricReader()
     provider = MeterProvider(metric_readers=[reader])
-    with telemetry.use(meter_provider=provider):
-        yield reader
+    monkeypatch.setattr(telemetry, "_metrics", telemetry.Metrics(provider.get_meter("orders")))
+    yield reader
     provider.shutdown()
