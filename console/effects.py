@@ -91,16 +91,6 @@ def _calls_verdict(
     return _unanswered(last, attempt == running_attempt, "asked" if do else "its undo")
 
 
-def _undo_verdict(
-    calls: list[tuple[int, Call]], running_attempt: int | None, do: Verdict
-) -> Verdict | None:
-    """The undo calls' verdict on a step that took (or may have taken) effect."""
-    undo = _calls_verdict(calls, "undo", running_attempt)
-    if undo is None:
-        return None
-    return Verdict(undo.state, undo.detail, do.call, do.reference, undo.call)
-
-
 def _from_record(record: OrderState, name: str, read: set[int]) -> Verdict:
     """Without a call in the histories read: what the record says. A step the
     record marks Running in an attempt whose history was read, and which that
@@ -147,9 +137,11 @@ def verdict(
         if base.state not in (APPLIED, UNKNOWN) or not any(c.action == "undo" for _, c in calls):
             return base
         do = base
-    if do.state in (REFUSED, NOT_CALLED):
+    undo = _calls_verdict(calls, "undo", running)
+    if do.state in (REFUSED, NOT_CALLED) or undo is None:
         return do
-    return _undo_verdict(calls, running, do) or do
+    # it took (or may have taken) effect: its undo calls' verdict
+    return Verdict(undo.state, undo.detail, do.call, do.reference, undo.call)
 
 
 def _calls_by_step(attempts: list[dict[str, Any]]) -> dict[str, list[tuple[int, Call]]]:
