@@ -56,14 +56,6 @@ def _result(call: Call) -> dict[str, Any]:
     return result if isinstance(result, dict) else {}
 
 
-def _unanswered(call: Call, running: bool, what: str) -> Verdict:
-    """A call without a reply: in flight while its attempt runs and its
-    deadline has not passed, unknown after."""
-    if running and not call.missed:
-        return Verdict(IN_FLIGHT, f"{what} requested, no answer yet", call)
-    return Verdict(UNKNOWN, f"{what}: no answer came back before the deadline", call)
-
-
 def _calls_verdict(
     calls: list[tuple[int, Call]], action: str, running_attempt: int | None
 ) -> Verdict | None:
@@ -88,7 +80,11 @@ def _calls_verdict(
     if last.reply is not None:
         said = "the agent gave up without a clear answer" if do else "its undo got no clear answer"
         return Verdict(UNKNOWN, f"{said}: {_reason(last)}", last)
-    return _unanswered(last, attempt == running_attempt, "asked" if do else "its undo")
+    # No reply: in flight while its attempt runs and its deadline has not passed.
+    what = "asked" if do else "its undo"
+    if attempt == running_attempt and not last.missed:
+        return Verdict(IN_FLIGHT, f"{what} requested, no answer yet", last)
+    return Verdict(UNKNOWN, f"{what}: no answer came back before the deadline", last)
 
 
 def _from_record(record: OrderState, name: str, read: set[int]) -> Verdict:
