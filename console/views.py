@@ -1011,12 +1011,8 @@ async def act_on_alert(deps: Deps, sequence: int, action: str, who: str, reason:
     reason = _reason(reason)
     shown = await alert(deps, sequence)
     ack = action == "acknowledge"
-    copy = (lambda m: _acknowledged_copy(m, who, reason, deps.now)) if ack else None
+    marks = {ACK_BY: actions.by(who), ACK_REASON: reason, ACK_AT: deps.now.isoformat()}
+    copy = (lambda m: _copy(m, f"ack-{m.sequence_number}", marks, "alert")) if ack else None
     done = "acknowledged" if ack else "closed"
     said = f"alert {sequence} ({shown['id']}) {done} by operator {who}: {reason}"
     await _take(deps, ALERTS_QUEUE, shown, False, copy, said)
-
-
-def _acknowledged_copy(message: Any, who: str, reason: str, now: datetime) -> Any:
-    marks = {ACK_BY: actions.by(who), ACK_REASON: reason, ACK_AT: now.isoformat()}
-    return _copy(message, f"ack-{message.sequence_number}", marks, "alert")
