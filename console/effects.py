@@ -140,14 +140,6 @@ def verdict(
     return Verdict(undo.state, undo.detail, do.call, do.reference, undo.call)
 
 
-def _calls_by_step(attempts: list[dict[str, Any]]) -> dict[str, list[tuple[int, Call]]]:
-    out: dict[str, list[tuple[int, Call]]] = {}
-    for a in attempts:
-        for c in a.get("calls") or []:
-            out.setdefault(c.step, []).append((a["attempt"], c))
-    return out
-
-
 def _times(v: Verdict, calls: list[tuple[int, Call]], step: Any) -> dict[str, Any]:
     """The step's start, end and duration, from the first request of the do
     call that decided it to its answer (else the record's own times), and
@@ -179,7 +171,10 @@ def _times(v: Verdict, calls: list[tuple[int, Call]], step: Any) -> dict[str, An
 
 def side_effects(record: OrderState, attempts: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per step of the record: its effect at the service, why, and its own times."""
-    by_step = _calls_by_step(attempts)
+    by_step: dict[str, list[tuple[int, Call]]] = {}
+    for a in attempts:
+        for c in a.get("calls") or []:
+            by_step.setdefault(c.step, []).append((a["attempt"], c))
     read = {a["attempt"] for a in attempts if a.get("has_history")}
     out = []
     for name, step in record.Steps.items():
