@@ -56,14 +56,6 @@ def _result(call: Call) -> dict[str, Any]:
     return result if isinstance(result, dict) else {}
 
 
-def _unanswered(call: Call, running: bool, what: str) -> Verdict:
-    """A call without a reply: in flight while its attempt runs and its
-    deadline has not passed, unknown after."""
-    if running and not call.missed:
-        return Verdict(IN_FLIGHT, f"{what} requested, no answer yet", call)
-    return Verdict(UNKNOWN, f"{what}: no answer came back before the deadline", call)
-
-
 def _calls_verdict(
     calls: list[tuple[int, Call]], action: str, running_attempt: int | None
 ) -> Verdict | None:
@@ -88,17 +80,11 @@ def _calls_verdict(
     if last.reply is not None:
         said = "the agent gave up without a clear answer" if do else "its undo got no clear answer"
         return Verdict(UNKNOWN, f"{said}: {_reason(last)}", last)
-    return _unanswered(last, attempt == running_attempt, "asked" if do else "its undo")
-
-
-def _undo_verdict(
-    calls: list[tuple[int, Call]], running_attempt: int | None, do: Verdict
-) -> Verdict | None:
-    """The undo calls' verdict on a step that took (or may have taken) effect."""
-    undo = _calls_verdict(calls, "undo", running_attempt)
-    if undo is None:
-        return None
-    return Verdict(undo.state, undo.detail, do.call, do.reference, undo.call)
+    # No reply: in flight while its attempt runs and its deadline has not passed.
+    what = "asked" if do else "its undo"
+    if attempt == running_attempt and not last.missed:
+        return Verdict(IN_FLIGHT, f"{what} requested, no answer yet", last)
+    return Verdict(UNKNOWN, f"{what}: no answer came back before the deadline", last)
 
 
 def _from_record(record: OrderState, name: str, read: set[int]) -> Verdict:
@@ -147,17 +133,11 @@ def verdict(
         if base.state not in (APPLIED, UNKNOWN) or not any(c.action == "undo" for _, c in calls):
             return base
         do = base
-    if do.state in (REFUSED, NOT_CALLED):
+    undo = _calls_verdict(calls, "undo", running)
+    if do.state in (REFUSED, NOT_CALLED) or undo is None:
         return do
-    return _undo_verdict(calls, running, do) or do
-
-
-def _calls_by_step(attempts: list[dict[str, Any]]) -> dict[str, list[tuple[int, Call]]]:
-    out: dict[str, list[tuple[int, Call]]] = {}
-    for a in attempts:
-        for c in a.get("calls") or []:
-            out.setdefault(c.step, []).append((a["attempt"], c))
-    return out
+    # it took (or may have taken) effect: its undo calls' verdict
+    return Verdict(undo.state, undo.detail, do.call, do.reference, undo.call)
 
 
 def _times(v: Verdict, calls: list[tuple[int, Call]], step: Any) -> dict[str, Any]:
@@ -191,7 +171,10 @@ def _times(v: Verdict, calls: list[tuple[int, Call]], step: Any) -> dict[str, An
 
 def side_effects(record: OrderState, attempts: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per step of the record: its effect at the service, why, and its own times."""
-    by_step = _calls_by_step(attempts)
+    by_step: dict[str, list[tuple[int, Call]]] = {}
+    for a in attempts:
+        for c in a.get("calls") or []:
+            by_step.setdefault(c.step, []).append((a["attempt"], c))
     read = {a["attempt"] for a in attempts if a.get("has_history")}
     out = []
     for name, step in record.Steps.items():

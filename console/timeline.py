@@ -360,14 +360,6 @@ class _Walk:
         # the other writes (transient, undo_*, defer_compensation): the reply said it
 
 
-def _walk(history: list[Any]) -> tuple[list[Event], list[Call]]:
-    """The attempt's events in history order, and its step calls."""
-    walk = _Walk()
-    for raw in history:
-        walk.event(raw)
-    return walk.events, walk.calls
-
-
 _ATTEMPT_SUFFIX = re.compile(r"-\d+$")
 _UNDO_TRY = re.compile(r"^(?P<step>.+)-undo-\d+$")
 
@@ -517,10 +509,13 @@ def timeline(record: OrderState, statuses: dict[int, dict[str, Any]]) -> list[di
         instance = status.get("instance") if status else None
         own = [(e, by) for e, by in by_attempt.get(a, [])]
         if history:
-            walked, calls = _walk(history)
+            walk = _Walk()
+            for raw in history:
+                walk.event(raw)
+            calls = walk.calls
             # the attempt's own writes are in its history already, in its words
             others = [e for e, by in own if by != instance]
-            events = _merge(others, walked)
+            events = _merge(others, walk.events)
         else:
             calls = []
             events = sorted(

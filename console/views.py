@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from adapters.console_reads import FINISHED_STATES, ConsoleReads, OrderRow, decode_page_token
+from adapters.console_reads import FINISHED_STATES, ConsoleReads, decode_page_token
 from adapters.ports import ANY_OWNER, MessagePublisher
 from adapters.servicebus import AGENT_REQUESTS_QUEUE, AGENT_RESPONSES_QUEUE, ALERTS_QUEUE
 from adapters.settings import Settings, in_azure
@@ -287,17 +287,14 @@ async def orders(deps: Deps, filters: dict[str, Any]) -> dict[str, Any]:
     except DomainError as exc:
         raise BadRequest(str(exc)) from exc
     return {
-        "rows": [_with_age(r, deps.now) for r in rows],
+        "rows": [
+            {"row": r, "age": _human(deps.now - r.created_at) if r.created_at else ""} for r in rows
+        ],
         "next_page": token,
         "filters": filters,
         "states": [*STATES, ANY_STATE],
         "apps": sorted(deps.settings.reply_queues),
     }
-
-
-def _with_age(row: OrderRow, now: datetime) -> dict[str, Any]:
-    age = now - row.created_at if row.created_at else None
-    return {"row": row, "age": _human(age) if age is not None else ""}
 
 
 def _human(delta: timedelta) -> str:
@@ -1014,12 +1011,8 @@ async def act_on_alert(deps: Deps, sequence: int, action: str, who: str, reason:
     reason = _reason(reason)
     shown = await alert(deps, sequence)
     ack = action == "acknowledge"
-    copy = (lambda m: _acknowledged_copy(m, who, reason, deps.now)) if ack else None
+    marks = {ACK_BY: actions.by(who), ACK_REASON: reason, ACK_AT: deps.now.isoformat()}
+    copy = (lambda m: _copy(m, f"ack-{m.sequence_number}", marks, "alert")) if ack else None
     done = "acknowledged" if ack else "closed"
     said = f"alert {sequence} ({shown['id']}) {done} by operator {who}: {reason}"
     await _take(deps, ALERTS_QUEUE, shown, False, copy, said)
-
-
-def _acknowledged_copy(message: Any, who: str, reason: str, now: datetime) -> Any:
-    marks = {ACK_BY: actions.by(who), ACK_REASON: reason, ACK_AT: now.isoformat()}
-    return _copy(message, f"ack-{message.sequence_number}", marks, "alert")

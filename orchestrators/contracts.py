@@ -88,7 +88,14 @@ class WriteResult(ActivityContract):
     State: ProcessState | None = None
 
 
-class SendRequest(Traced):
+class _Compact(Traced):
+    """Dumped without defaults: a history holds what was said."""
+
+    def dump(self) -> dict:
+        return self.model_dump(mode="json", exclude_defaults=True)
+
+
+class SendRequest(_Compact):
     """A request for a step (or its undo) within one attempt. Each undo `Try`
     has its own message id and reply event: duplicate detection drops only
     true re-sends."""
@@ -107,10 +114,6 @@ class SendRequest(Traced):
     @property
     def label(self) -> str:
         return "do" if self.Action == "do" else f"undo-{self.Try}"
-
-    def dump(self) -> dict:
-        """Without the fields at their default: the history holds what was said."""
-        return self.model_dump(mode="json", exclude_defaults=True)
 
 
 class StatusNote(Traced):
@@ -194,13 +197,6 @@ def reply_from_event(value: Any) -> AgentReply:
 
 
 _Plan = Plan  # fields below are named Plan too
-
-
-class _Compact(Traced):
-    """Dumped without defaults: a history holds what was said."""
-
-    def dump(self) -> dict:
-        return self.model_dump(mode="json", exclude_defaults=True)
 
 
 class Wrote(ActivityContract):

@@ -56,7 +56,6 @@ from orchestrators.contracts import (
 
 WORKFLOW_NAME = "order_workflow"
 VERSION = "1.0"
-CURRENT_VERSION = VERSION
 
 # Activities are idempotent: a brief store or bus hiccup is retried here, well
 # inside a step deadline, rather than failing the whole attempt.

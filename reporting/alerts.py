@@ -58,13 +58,6 @@ def _remember(ids: OrderedDict[str, None], alert_id: str | None) -> None:
         ids.popitem(last=False)
 
 
-def _short_id(text: str) -> str:
-    """A message id within Service Bus's 128 characters."""
-    if len(text) <= 128:
-        return text
-    return f"alert/{hashlib.sha256(text.encode('utf-8', 'surrogatepass')).hexdigest()}"
-
-
 def _subject(alert: OperatorAlert) -> str:
     """What the log line names, with an aggregate's count."""
     who = f"order {alert.OrderID}" if alert.OrderID else f"message {alert.MessageId or '?'}"
@@ -280,9 +273,10 @@ class Alerts:
         if self._process is None:
             self._process = str(self._new_id())
         kind, queue = key
-        return _short_id(
-            f"alert/aggregate/{queue}/{kind}/{self._process}/{window.start.isoformat()}"
-        )
+        text = f"alert/aggregate/{queue}/{kind}/{self._process}/{window.start.isoformat()}"
+        if len(text) <= 128:  # Service Bus's longest message id
+            return text
+        return f"alert/{hashlib.sha256(text.encode('utf-8', 'surrogatepass')).hexdigest()}"
 
     @staticmethod
     def _aggregate(key: tuple[str, str], window: _Window) -> OperatorAlert:

@@ -157,7 +157,8 @@ class SubmitHandler:
 
         key = order_key(order.AppId, order.OrderID)
         telemetry.annotate(**{telemetry.ORDER_ID: key})
-        if await self._over_backlog():
+        pending = await self._backlog.pending()
+        if pending is not None and pending > self._settings.pending_backlog_limit:
             rejected = await self._reject(order, key, now)
             if rejected is not None:
                 return rejected
@@ -253,10 +254,6 @@ class SubmitHandler:
         # The attempt claimed here continues this order's trace.
         with telemetry.order_scope(record.id):
             return await self._start(client, record, etag, order, received_sent_at) is not None
-
-    async def _over_backlog(self) -> bool:
-        pending = await self._backlog.pending()
-        return pending is not None and pending > self._settings.pending_backlog_limit
 
     async def _reject(self, order: OrderSubmitted, key: str, now: datetime) -> Settle | None:
         """Reject a new order; None if the order was admitted before (a

@@ -234,10 +234,6 @@ async def _statuses(req: func.HttpRequest, deps: views.Deps) -> dict[str, Any]:
     return {**await views.parked_statuses(deps, req.params.get("queue") or None), "done": done}
 
 
-def _form(req: func.HttpRequest) -> dict[str, str]:
-    return dict(parse_qsl(req.get_body().decode("utf-8", "replace")))
-
-
 def _see_other(location: str) -> func.HttpResponse:
     """Post/Redirect/Get: reloading the page redirected to does not act again."""
     return func.HttpResponse(status_code=303, headers={"Location": location, **_SECURITY_HEADERS})
@@ -270,7 +266,7 @@ async def _confirm_then_act(
         token = security.Unmasked(security.form_token(who, *bound))
         context: dict[str, Any] = {"action": action, "title": title, "explanation": explanation}
         return _render(req, template, deps, csrf=token, who=who, **context, **shown)
-    form = _form(req)
+    form = dict(parse_qsl(req.get_body().decode("utf-8", "replace")))
     try:
         security.check_csrf(req.headers, form, who, *bound, request_url=req.url)
         query = await act(form.get("reason", ""))
@@ -403,7 +399,9 @@ async def _bulk_action(req: func.HttpRequest, who: str, deps_of: DepsOf) -> func
         pairs = parse_qsl(req.get_body().decode("utf-8", "replace"))
         versions = [v for k, v in pairs if k == "version"]
         chosen = list(zip(views.bulk_ids(pairs), versions, strict=False))
-    target, version = _bulk_token_parts(chosen)
+    # The token is bound to the list and each version.
+    target = _BULK + "\x1f".join(i for i, _ in chosen)
+    version = "\x1e".join(v for _, v in chosen)
 
     async def act(reason: str) -> func.HttpResponse:
         results = await views.bulk_act(deps, chosen, action, who, reason)
@@ -411,11 +409,6 @@ async def _bulk_action(req: func.HttpRequest, who: str, deps_of: DepsOf) -> func
 
     bound = (target, action, version)
     return await _confirm_then_act(req, who, deps, bound, act, "", "confirm_bulk.html", **shown)
-
-
-def _bulk_token_parts(chosen: list[tuple[str, str]]) -> tuple[str, str]:
-    """(target, version) a bulk form's token is bound to: the list and each version."""
-    return _BULK + "\x1f".join(i for i, _ in chosen), "\x1e".join(v for _, v in chosen)
 
 
 @_route("console_static", "console/static/console.css")

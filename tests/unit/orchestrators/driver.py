@@ -21,7 +21,7 @@ from domain.ids import order_key, parse_attempt_instance_id
 from domain.models import AgentReply, AgentRequest, OrderSubmitted
 from domain.steps import DEFAULT_CATALOG
 from orchestrators.contracts import SendRequest, event_payload
-from orchestrators.order_workflow import CURRENT_VERSION, order_workflow
+from orchestrators.order_workflow import VERSION, order_workflow
 from orchestrators.policy import StarterPolicy
 from orchestrators.starter import Starter
 from tests.builders import KEYS, ReadClock, order_payload
@@ -185,7 +185,7 @@ class Driver:
         world: World,
         instance_id: str,
         agent: Callable[[SendRequest], Answer],
-        version: str = CURRENT_VERSION,
+        version: str = VERSION,
         fail: Callable[[str, int], bool] = lambda name, call: False,
         before_activity: Callable[[str, dict], Any] | None = None,
         reply_delay: timedelta = timedelta(seconds=1),

@@ -14,7 +14,7 @@ import pytest
 
 from domain import state_machine as sm
 from domain.models import ProcessState, StepStatus
-from orchestrators.order_workflow import CURRENT_VERSION
+from orchestrators.order_workflow import VERSION
 from tests.unit.orchestrators.driver import POLICY, STEPS, Driver, World
 
 INLINE = STEPS[1]
@@ -38,7 +38,7 @@ async def _attempt(world, version):
     return Driver(world, instance_id, ok, version=version)
 
 
-@pytest.mark.parametrize("version", [CURRENT_VERSION])
+@pytest.mark.parametrize("version", [VERSION])
 async def test_an_inline_step_that_raises_names_step_type_and_message(version):
     world = World(step_modes={INLINE: "inline"}, inline_agent=BrokenAgent())
     driver = await _attempt(world, version)
@@ -72,7 +72,7 @@ async def test_an_inline_step_that_raises_names_step_type_and_message(version):
     assert f"inline step {INLINE} failed: KeyError" in given_up.PendingStatus.Detail
 
 
-@pytest.mark.parametrize("version", [CURRENT_VERSION])
+@pytest.mark.parametrize("version", [VERSION])
 async def test_an_inline_activity_that_fails_outside_the_agent_still_gives_a_reason(version):
     """The activity itself failed (the host reports only its text): the
     step and that text still reach the record."""

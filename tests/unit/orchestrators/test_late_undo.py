@@ -54,7 +54,7 @@ def late_success_then_outage(attempt_try):
 
 
 async def test_a_late_success_of_an_earlier_undo_try_counts():
-    world, driver = await _run(wf.CURRENT_VERSION, late_success_then_outage)
+    world, driver = await _run(wf.VERSION, late_success_then_outage)
     assert driver.output["Outcome"] == "compensated"
     record = await world.record()
     assert record.ProcessState is ProcessState.COMPENSATED
@@ -70,7 +70,7 @@ async def test_a_late_failure_of_an_earlier_try_does_not_end_the_current_one():
             return ("transient", "refund service busy", LATE)
         return ("ok", {"Reference": "refund-1"}, timedelta(seconds=20))
 
-    world, driver = await _run(wf.CURRENT_VERSION, answers)
+    world, driver = await _run(wf.VERSION, answers)
     assert driver.output["Outcome"] == "compensated"
     assert len(undo_requests(world, STEPS[1])) == 2
 
@@ -79,7 +79,7 @@ async def test_a_permanent_refusal_from_any_try_ends_the_undo_as_failed():
     def answers(attempt_try):
         return ("permanent", "refund refused: charge disputed", LATE) if attempt_try == 0 else None
 
-    world, driver = await _run(wf.CURRENT_VERSION, answers)
+    world, driver = await _run(wf.VERSION, answers)
     assert driver.output["Outcome"] == "compensation_failed"
     record = await world.record()
     assert record.ProcessState is ProcessState.COMPENSATION_FAILED
@@ -99,7 +99,7 @@ async def test_the_last_try_giving_up_still_waits_for_an_earlier_tries_answer():
             return ("transient", "circuit open for inventory", timedelta(seconds=1))
         return None
 
-    world, driver = await _run(wf.CURRENT_VERSION, answers)
+    world, driver = await _run(wf.VERSION, answers)
     assert driver.output["Outcome"] == "compensated"
     assert len(undo_requests(world, STEPS[1])) == 3
 
@@ -118,7 +118,7 @@ async def test_every_undo_try_of_2_1_says_until_when_its_answer_counts():
     """Each try keeps its own deadline (no call starts after it on a first
     delivery) and carries the undo's one deadline as ListenUntil (first try
     + 3 x 60 s): a try redelivered after its own deadline may still call."""
-    world, _ = await _run(wf.CURRENT_VERSION, lambda attempt_try: None)
+    world, _ = await _run(wf.VERSION, lambda attempt_try: None)
     sent = undo_deadlines(world, STEPS[1])
     assert len(sent) == 3
     deadlines = [datetime.fromisoformat(d) for d, _ in sent]
@@ -139,6 +139,6 @@ async def test_the_last_try_waits_for_an_earlier_try_until_the_undo_deadline():
             return ("ok", {"Reference": "refund-1"}, timedelta(seconds=150))
         return ("transient", "circuit open for payment", timedelta(seconds=1))
 
-    world, driver = await _run(wf.CURRENT_VERSION, answers)
+    world, driver = await _run(wf.VERSION, answers)
     assert driver.output["Outcome"] == "compensated"
     assert len(undo_requests(world, STEPS[1])) == 3

@@ -15,7 +15,7 @@ from datetime import timedelta
 
 from domain.models import ProcessState
 from orchestrators.contracts import step_payload
-from orchestrators.order_workflow import CURRENT_VERSION
+from orchestrators.order_workflow import VERSION
 from tests.unit.orchestrators.driver import POLICY, SETTINGS, STEPS, Driver, World
 
 UNDO_BUDGET = timedelta(seconds=3 * 60)  # UndoTries x step timeout
@@ -72,7 +72,7 @@ def alerts(world):
     return [json.loads(body)["Kind"] for body, _ in world.sent("alerts")]
 
 
-async def _first_attempt(world, undo_of_step_1, version=CURRENT_VERSION):
+async def _first_attempt(world, undo_of_step_1, version=VERSION):
     instance_id, attempt_input = await world.fast_started()
     driver = Driver(world, instance_id, agent(undo_of_step_1), version=version, input=attempt_input)
     assert await driver.run() == "completed", driver.error
