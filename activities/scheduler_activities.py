@@ -155,7 +155,8 @@ class SchedulerActivities:
         crash_point: CrashPoint = no_crash_point,
         alerts: Alerts | None = None,
     ) -> None:
-        """`crash_point`: the fault-injection hook (orchestrators.hooks)."""
+        """`crash_point`: the fault-injection hook (orchestrators.hooks), a no-op
+        unless a fault test asks; `alerts`: by default an Alerts over `publisher`."""
         self._settings = policy
         self._store = store
         self._orders = orders
