@@ -463,14 +463,15 @@ class EndChecks(MessageChecks):
                 # failed on (seed 12000363): sent later; its original is judged.
                 continue
             try:
-                error = str(json.loads(m.body).get("Error") or "")
+                body = json.loads(m.body)
+                error = str(body.get("Error") or "")
             except (ValueError, AttributeError):
                 continue
             if marker not in error:
                 continue
             service = error.split(marker, 1)[1].split(":", 1)[0]
             failures = self.remote.failures.get(service, [])
-            if not any(m.sent_at - window <= t <= m.sent_at for t in failures):
+            if not any(_refused_at(body, m.sent_at) - window <= t <= m.sent_at for t in failures):
                 self.fail(
                     "a breaker opens only on a failing service",
                     f"{m.message_id} at {m.sent_at.isoformat()}: {error[:160]}; {service} had "
@@ -791,3 +792,18 @@ def _outcome_of(event_input: str | None) -> str | None:
         return value.get("Outcome") if isinstance(value, dict) else None
     except ValueError:
         return None
+
+
+def _refused_at(reply: dict, sent_at: datetime) -> datetime:
+    """When the agent met the open breaker: after its last call, which its
+    reply records (Calls[].At and Ms). A reply's send can come much later (its
+    process paused across a long outage), and the window is the breaker's, not
+    the send's."""
+    ends = []
+    for call in reply.get("Calls") or []:
+        try:
+            at = datetime.fromisoformat(str(call["At"]))
+            ends.append(at + timedelta(milliseconds=float(call.get("Ms") or 0)))
+        except (KeyError, TypeError, ValueError):
+            continue
+    return min(max(ends), sent_at) if ends else sent_at

@@ -425,3 +425,26 @@ def test_a_document_whose_lineage_then_ended_in_dead_letters_no_handler_finished
     assert "rejected order not kept" not in _checks(sim)
     msg.dead_letter_reason = "OrderConflict"  # the handler's own verdict, the copy left
     assert "rejected order not kept" in _checks(sim)
+
+
+def test_a_breaker_refusal_is_judged_when_the_agent_met_the_breaker_not_when_its_reply_was_sent():
+    """Seed 879 (3 orders): an undo's agent made five calls to shipping, the
+    last ones failing, met the breaker those failures opened, and its reply
+    went out eight simulated days later (its process paused across a long
+    outage). The failures are inside the breaker's window of the refusal,
+    which the reply's last recorded call dates, not of the send."""
+    import json
+
+    sim = _run(1, 1)
+    failed = sim.world.clock.now
+    sim.remote.failures["shipping"] = [failed]
+    error = "circuit open for shipping: /shipping/cancel not called again after 5 calls"
+    call = {"At": (failed + timedelta(seconds=1)).isoformat(), "Ms": 200, "Outcome": "transient"}
+    later = failed + timedelta(days=8)
+    reply = Msg("r/reply", json.dumps({"Error": error, "Calls": [call]}).encode(), {}, 901, later)
+    reply.sent_at = later
+    sim.bus.queue("agent-responses").sent.append(reply)
+    assert "a breaker opens only on a failing service" not in _checks(sim)
+
+    reply.body = json.dumps({"Error": error}).encode()  # no call dates it: the send does
+    assert "a breaker opens only on a failing service" in _checks(sim)
