@@ -75,7 +75,7 @@ async def test_acknowledge_then_close_an_alert(servicebus_emulator, local):
             refused = await _act(first, "acknowledge", None)  # no reason: nothing done
             assert refused.status_code == 400, refused.get_body().decode()
             done = await _act(first, "acknowledge", "refund by hand today")
-            assert done.status_code == 303
+            assert done.status_code == 303, done.get_body().decode()
             assert done.headers["Location"] == f"/api/console/alerts?done=acknowledge&seq={first}"
             shown = (await views.alerts(local, None))["messages"]
             assert first not in [m["sequence"] for m in shown]  # the copy replaced it
@@ -87,7 +87,8 @@ async def test_acknowledge_then_close_an_alert(servicebus_emulator, local):
             assert 'acknowledged">acknowledged</span> by local: refund by hand today' in page
             assert f"/alerts/{copy['sequence']}/acknowledge" not in page  # already
 
-            assert (await _act(second, "close", "resolved with the provider")).status_code == 303
+            closed = await _act(second, "close", "resolved with the provider")
+            assert closed.status_code == 303, closed.get_body().decode()
             left = [m["parsed"]["OrderID"] for m in (await views.alerts(local, None))["messages"]]
             assert left == ["A-0"]
             # acting again on a settled alert: it is gone
