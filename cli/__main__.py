@@ -5,7 +5,6 @@ does; text that clients wrote is printed through cli.render."""
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import re
 import time
@@ -36,7 +35,7 @@ from console import actions, views
 from console.security import Forbidden, record_version
 from domain import state_machine as sm
 from domain.codec import encode
-from domain.ids import check_order_key
+from domain.ids import bounded_id, check_order_key
 from domain.models import ProcessState
 
 app = typer.Typer(
@@ -121,9 +120,7 @@ async def _send(cfg: Settings, queue: str, messages: list[ServiceBusMessage]) ->
 def _submit_message(order_id: str, body: bytes) -> ServiceBusMessage:
     """An order as a client sends it, with the message id `submit/{OrderID}`
     (a digest of the OrderID where that is longer than a message id may be)."""
-    mid = f"submit/{order_id}"
-    if len(mid) > 128:
-        mid = "submit/" + hashlib.sha256(order_id.encode("utf-8", "surrogatepass")).hexdigest()
+    mid = bounded_id(f"submit/{order_id}", "submit/", order_id)
     return ServiceBusMessage(body, message_id=mid, content_type="application/json")
 
 

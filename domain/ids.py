@@ -40,6 +40,18 @@ APP_ID_PATTERN = r"^[a-z0-9][a-z0-9-]{0,63}$"
 _APP_ID = re.compile(APP_ID_PATTERN)
 MAX_MESSAGE_ID = 128  # Service Bus's limit
 
+
+def bounded_id(
+    full: str, prefix: str, source: str | None = None, limit: int = MAX_MESSAGE_ID, digits: int = 64
+) -> str:
+    """`full`, or when it is longer than `limit` one stable id in its place:
+    `prefix` and `digits` hex digits of the SHA-256 of `source` (`full` unless given)."""
+    if len(full) <= limit:
+        return full
+    text = full if source is None else source
+    return prefix + hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:digits]
+
+
 # The smoke application (deploy/smoke.py): its orders travel the whole path but
 # the agents answer from a built-in no-op (agents.smoke), so a smoke order
 # reserves, charges and ships nothing. Only its ingress queue gives this AppId.
@@ -122,21 +134,15 @@ def agent_request_message_id(instance_id: str, step: str, action: str = "do") ->
     """`action` separates a step's request from its compensation's request."""
     parse_attempt_instance_id(instance_id)
     suffix = "" if action == "do" else f"/{action}"
-    message_id = f"{instance_id}/{_check_step(step)}{suffix}"
-    if len(message_id) > MAX_MESSAGE_ID:
-        # Only a long application tag, a long OrderID and a long step together
-        # get here; hashed, it stays one stable id per request.
-        message_id = "request-" + hashlib.sha256(message_id.encode()).hexdigest()[:48]
-    return message_id
+    # Only a long application tag, a long OrderID and a long step together
+    # are hashed; hashed, it stays one stable id per request.
+    return bounded_id(f"{instance_id}/{_check_step(step)}{suffix}", "request-", digits=48)
 
 
 def agent_reply_message_id(instance_id: str, reply_event: str) -> str:
     """The reply to one request, keyed by the reply event (unique per step,
     attempt and undo try). Hashed when long, to stay within the contract."""
-    reply_id = f"{instance_id}/{reply_event}/reply"
-    if len(reply_id) > 100:
-        reply_id = "reply-" + hashlib.sha256(reply_id.encode()).hexdigest()[:48]
-    return reply_id
+    return bounded_id(f"{instance_id}/{reply_event}/reply", "reply-", limit=100, digits=48)
 
 
 def reply_event_name(step: str, attempt: int, action: str = "do") -> str:
@@ -157,7 +163,4 @@ def outbox_alert_message_id(key: str, status_id: str) -> str:
     shared by every application and a status id names only the OrderID."""
     _, sep, rest = status_id.partition("/status/")
     source = f"{key}/status/{rest}" if sep else status_id
-    message_id = f"alert/{source}"
-    if len(message_id) > MAX_MESSAGE_ID:
-        message_id = "alert/" + hashlib.sha256(source.encode()).hexdigest()[:64]
-    return message_id
+    return bounded_id(f"alert/{source}", "alert/", source)

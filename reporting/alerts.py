@@ -21,6 +21,7 @@ from adapters.ports import MessagePublisher
 from adapters.servicebus import ALERTS_QUEUE
 from domain.codec import encode
 from domain.errors import AlertNotQueued, DomainError
+from domain.ids import bounded_id
 from domain.models import AlertExample, OperatorAlert
 
 log = logging.getLogger("orders.alerts")
@@ -273,10 +274,9 @@ class Alerts:
         if self._process is None:
             self._process = str(self._new_id())
         kind, queue = key
-        text = f"alert/aggregate/{queue}/{kind}/{self._process}/{window.start.isoformat()}"
-        if len(text) <= 128:  # Service Bus's longest message id
-            return text
-        return f"alert/{hashlib.sha256(text.encode('utf-8', 'surrogatepass')).hexdigest()}"
+        return bounded_id(
+            f"alert/aggregate/{queue}/{kind}/{self._process}/{window.start.isoformat()}", "alert/"
+        )
 
     @staticmethod
     def _aggregate(key: tuple[str, str], window: _Window) -> OperatorAlert:
