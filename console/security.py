@@ -19,6 +19,8 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
+from markupsafe import Markup
+
 from adapters.settings import in_azure
 from domain.models import passes_luhn
 
@@ -322,10 +324,10 @@ def printable(text: str) -> str:
 
 def mask_for_display(value: Any) -> Any:
     """The templates' finalize: every rendered string with card numbers masked
-    and unprintable characters escaped (`printable`). Markup (already
-    escaped) stays Markup: both only swap characters for text without markup
-    characters."""
-    if not isinstance(value, str):
+    and unprintable characters escaped (`printable`). Markup is a macro's
+    output, each value in it finalized already: masked again, a form token
+    holding a Luhn-valid digit run (about 1 in 100) was broken."""
+    if not isinstance(value, str) or isinstance(value, Markup):
         return value
     if isinstance(value, Unmasked):
         cleaned = printable(value)
