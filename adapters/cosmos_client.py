@@ -5,17 +5,10 @@ errors (docs/adr/016-cosmos-client.md)."""
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-import os
-import sys
-import time
 import urllib.request
-from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
-from types import FrameType
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -239,8 +232,6 @@ class RequestCharges:
         stats.request_units += charge
         if status is not None and status >= 400:
             stats.failures += 1
-        if _CALLERS is not None:
-            _CALLERS.count(kind)
         return charge
 
     def hook(self, kind: str) -> Callable[[Mapping[str, Any], Any], None]:
@@ -248,54 +239,6 @@ class RequestCharges:
             self.record(kind, headers)
 
         return _hook
-
-
-class _CallerCounts:
-    """Requests by (caller, kind), for benchmarks (COSMOS_CALL_STATS_DIR, ADR 016)."""
-
-    # Frames in these files are the plumbing, not the caller.
-    _PLUMBING = (
-        "adapters/cosmos_client.py",
-        "adapters/state_store.py",
-        "adapters/recovery_index.py",
-        "adapters/orders_db.py",
-        "adapters/console_reads.py",
-        "/site-packages/",
-        "/asyncio/",
-        "/lib/python3",
-    )
-
-    def __init__(self, directory: str) -> None:
-        self._path = Path(directory) / f"{os.getpid()}.json"
-        self._path.parent.mkdir(parents=True, exist_ok=True)
-        self._counts: Counter[str] = Counter()
-        self._written = 0.0
-
-    def count(self, kind: str) -> None:
-        callers: list[str] = []
-        frame: FrameType | None = sys._getframe(2)
-        while frame is not None and len(callers) < 2:
-            name = frame.f_code.co_filename
-            if not any(p in name for p in self._PLUMBING):
-                callers.append(f"{frame.f_globals.get('__name__', '?')}.{frame.f_code.co_name}")
-            frame = frame.f_back
-        self._counts[f"{' < '.join(callers) or '?'} [{kind}]"] += 1
-        now = time.monotonic()
-        if now - self._written >= 1.0:
-            self._written = now
-            self.flush()
-
-    def flush(self) -> None:
-        tmp = self._path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(dict(self._counts)))
-        tmp.replace(self._path)
-
-
-_CALLERS = (
-    _CallerCounts(os.environ["COSMOS_CALL_STATS_DIR"])
-    if os.environ.get("COSMOS_CALL_STATS_DIR")
-    else None
-)
 
 
 def _charge_from(headers: Mapping[str, Any] | None) -> float:

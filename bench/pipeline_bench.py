@@ -84,6 +84,7 @@ from devstack.process import exit_on_signals, free_port
 from devstack.stack import Stack
 from domain.codec import encode
 
+ROOT = Path(__file__).resolve().parent.parent
 BENCH_SETTINGS = {
     "STEP_TIMEOUT_SECONDS": "60",
     "CLAIM_TIMEOUT_SECONDS": "60",
@@ -112,10 +113,17 @@ def cosmos_stats(port: int) -> dict[str, int]:
     return json.loads(connection.getresponse().read())
 
 
+def caller_probe(directory: Path) -> dict[str, str]:
+    """The hosts' settings that load bench/probe/sitecustomize.py, which counts
+    their Cosmos requests by caller and kind into `directory`."""
+    path = os.pathsep.join((str(ROOT / "bench" / "probe"), str(ROOT)))
+    return {"COSMOS_CALL_STATS_DIR": str(directory), "PYTHONPATH": path}
+
+
 def caller_counts(directory: Path) -> dict[str, int]:
     """Cosmos requests by caller and kind, summed over every process that wrote
-    counts (adapters.cosmos_client, COSMOS_CALL_STATS_DIR); each process writes
-    at most once a second, so this lags by up to a second."""
+    counts (bench/probe/sitecustomize.py); each process writes at most once a
+    second, so this lags by up to a second."""
     total: dict[str, int] = {}
     for path in directory.glob("*.json"):
         try:
@@ -449,7 +457,7 @@ async def run_once(
         start_stack,
         run_dir,
         hosts,
-        {**BENCH_SETTINGS, "COSMOS_CALL_STATS_DIR": str(calls_dir), **settings},
+        {**BENCH_SETTINGS, **caller_probe(calls_dir), **settings},
     )
     result = Run(hosts=hosts, in_flight=in_flight, orders=orders)
     try:
