@@ -12,7 +12,8 @@ agent request has a stable MessageId per (instance, step, action/try) that
 duplicate detection drops, and its seal is a function of the request, made
 here because the keys are read where secrets are allowed, never by the
 replayed orchestrator (ADR 017e); a terminal status goes out from the
-record's outbox under the id fixed there (ADR 001)."""
+record's outbox under the id fixed there (ADR 001), or, with the recovery
+index, Processed straight from the record, its index entry the mark (ADR 021k)."""
 
 from __future__ import annotations
 
@@ -23,7 +24,14 @@ from typing import Any
 
 from activities.policy import ActivityPolicy
 from adapters.clock import SYSTEM_CLOCK, Clock
-from adapters.ports import DeadlineIndex, MessagePublisher, NoIndex, OrdersRepository, StateStore
+from adapters.ports import (
+    ANY_OWNER,
+    DeadlineIndex,
+    MessagePublisher,
+    NoIndex,
+    OrdersRepository,
+    StateStore,
+)
 from adapters.servicebus import AGENT_REQUESTS_QUEUE
 from domain import state_machine as sm
 from domain.codec import encode
@@ -45,6 +53,7 @@ from domain.models import (
     AgentReply,
     AgentRequest,
     OrderState,
+    PendingStatus,
     ProcessState,
     StatusKind,
     mask_card_numbers,
@@ -107,7 +116,7 @@ _TERMINAL_STATUSES = frozenset(
 
 
 def _finishing(
-    data: FinishAll, now: datetime
+    data: FinishAll, now: datetime, outbox: bool
 ) -> tuple[Callable[[OrderState], OrderState], Callable[[OrderState], bool]]:
     """The finishing write's transition, and how to tell it landed already
     (the record in its target state, last written by this instance)."""
@@ -118,7 +127,7 @@ def _finishing(
         for step, reference in data.Done.items():
             record = sm.complete_step(record, instance, step, now, reference)
         if data.Failed is None:
-            return sm.mark_processed(record, instance, now)
+            return sm.mark_processed(record, instance, now, outbox=outbox)
         record = sm.unmark_unsent(record, instance, data.Unsent)
         reason = data.Reason or "failed"
         if data.Compensate:
@@ -311,11 +320,13 @@ class SchedulerActivities:
         )
 
     async def finish_attempt(self, data: FinishAll) -> Wrote:
-        """The attempt's one write (FinishAll), then the Processed status sent
-        from the outbox; with `Failed`, the compensation's plan returned. It
-        lands only on a version on which LockedBy = this instance was checked."""
+        """The attempt's one write (FinishAll), then the Processed status sent;
+        with `Failed`, the compensation's plan returned. It lands only on a
+        version on which LockedBy = this instance was checked."""
         order_id, attempt = parse_attempt_instance_id(data.InstanceId)
-        mutate, landed = _finishing(data, self._clock.now())
+        # With an index entry to mark it unsent, the status skips the outbox (ADR 021k).
+        marked = data.IndexedAt is not None and not isinstance(self._index, NoIndex)
+        mutate, landed = _finishing(data, self._clock.now(), outbox=not marked)
         written = await self._write_on(order_id, data.InstanceId, mutate, landed)
         if isinstance(written, str):
             return Wrote(Stale=True, Reason=written)
@@ -327,7 +338,12 @@ class SchedulerActivities:
                 # (a read after it could lag: the undo log would look empty).
                 plan = self._plan(record, attempt)
             return Wrote(State=record.ProcessState, Plan=plan)
-        if not await self._outbox.deliver(record, etag):
+        pending = sm.unsent_processed(record, data.InstanceId) if marked else None
+        if pending is None:
+            sent = await self._outbox.deliver(record, etag)
+        else:
+            sent = await self._send_or_park(record, data.InstanceId, pending)
+        if not sent:
             # Durable retries this activity: the retry recognises its write
             # and sends again (same message id); the Starter, if every try fails.
             raise StatusNotSent(f"status Processed of order {order_id} not sent")
@@ -338,6 +354,24 @@ class SchedulerActivities:
             except Exception:
                 log.warning("index entry of %s not discarded", data.InstanceId, exc_info=True)
         return Wrote(State=record.ProcessState)
+
+    async def _send_or_park(
+        self, record: OrderState, instance: str, pending: PendingStatus
+    ) -> bool:
+        """Send the Processed status the finishing write left out of the
+        outbox; a failed send parks it there for the outbox's machinery.
+        False when parking failed too."""
+        try:
+            await self._status.send_pending(record.ReplyTo, record.id, pending)
+            return True
+        except Exception as exc:  # any send failure: the outbox takes over
+            log.warning("status Processed of %s not sent (%s); parked", record.id, exc)
+        try:
+            await self._store.update(record.id, lambda r: sm.park_processed(r, instance), ANY_OWNER)
+            return True
+        except Exception:
+            log.warning("status Processed of %s not parked", record.id, exc_info=True)
+            return False
 
     async def _write_on(
         self,

@@ -5,6 +5,7 @@ docs/adr/007-recovery-index.md; the shards: docs/adr/019b-sharded-recovery-index
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import zlib
 from datetime import UTC, datetime, timedelta
@@ -18,6 +19,7 @@ from azure.cosmos.exceptions import (
     CosmosResourceNotFoundError,
 )
 
+from adapters.clock import SYSTEM_CLOCK, Wake, task_wake
 from adapters.cosmos_client import SDK_ERRORS, RequestCharges, translate_error
 from adapters.ports import BUCKET_SECONDS, UNREADABLE_RETRY, IndexEntry, bucket_of, minute_of
 from adapters.settings import SettingsError
@@ -150,12 +152,16 @@ class CosmosRecoveryIndex:
         charges: RequestCharges | None = None,
         discard_batch: int = DISCARD_BATCH,
         shards: int = DEFAULT_SHARDS,
+        wake: Wake | None = None,
     ) -> None:
+        """`wake`: how waiting discards are sent DISCARD_SPREAD after the first (ADR 021k)."""
         self._container = container
         self.shards = check_shards(shards)
         self.charges = charges if charges is not None else RequestCharges()
         self._discard_batch = discard_batch
         self._discards: list[IndexEntry] = []
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._wake = wake or task_wake(SYSTEM_CLOCK, self._tasks, "index discards' flush")
         self.unreadable: list[tuple[str, str]] = []  # as StateStore.unreadable
 
     def _entry(self, doc: dict[str, Any]) -> IndexEntry | None:
@@ -225,12 +231,15 @@ class CosmosRecoveryIndex:
         """Retire the entry `add(order_id, complete_by, ...)` made, for an
         attempt that has ended: it waits in this process until `discard_batch`
         discards of its partition have gathered, or the waiting ones spread
-        over DISCARD_SPREAD, then goes in a batch (ADR 007, 019b). A discard
-        that never goes leaves an entry the Supervisor removes when due."""
+        over DISCARD_SPREAD, then goes in a batch (ADR 007, 019b); at the
+        latest DISCARD_SPREAD after the first waiting one. A discard that
+        never goes leaves an entry the Supervisor removes when due."""
         at = complete_by.astimezone(UTC)
         entry = IndexEntry(
             entry_id(order_id, at), partition_of(at, order_id, self.shards), order_id, at, 0
         )
+        if not self._discards:
+            self._wake(DISCARD_SPREAD.total_seconds(), self.flush)
         self._discards.append(entry)
         group = [e for e in self._discards if e.bucket == entry.bucket]
         oldest = min(e.complete_by for e in self._discards)

@@ -11,9 +11,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from adapters.ports import UNREADABLE_RETRY, IndexEntry, StateStore, bucket_of, minute_of
+from adapters.ports import ANY_OWNER, UNREADABLE_RETRY, IndexEntry, StateStore, bucket_of, minute_of
 from adapters.recovery_index import CosmosRecoveryIndex
+from domain import state_machine as sm
 from domain.errors import NotFoundError, PermanentError
+from domain.ids import attempt_instance_id
 from domain.models import OrderState, ProcessState
 
 
@@ -176,6 +178,12 @@ class IndexSource:
         )
         if not live or record.CompleteBy is None:  # (live implies a deadline)
             # Ended or replaced: certain, since a lagging read only shows older versions.
+            instance = attempt_instance_id(record.id, entry.attempt)
+            if sm.unsent_processed(record, instance) is not None:
+                # Its status maybe never sent (ADR 021k): the outbox sends it.
+                await self._store.update(
+                    record.id, lambda r: sm.park_processed(r, instance), ANY_OWNER
+                )
             removals.append(entry)
             return None
         if record.CompleteBy < upper:
