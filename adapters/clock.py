@@ -12,8 +12,7 @@ from typing import Protocol
 
 log = logging.getLogger(__name__)
 
-# How a process runs `fn` `delay` seconds from now (an asyncio task by
-# default, `task_wake`; the simulation schedules it on its own clock).
+# How a process runs `fn` `delay` seconds on (`task_wake`; the simulation's clock).
 Wake = Callable[[float, Callable[[], Awaitable[None]]], None]
 
 
@@ -53,8 +52,7 @@ SYSTEM_CLOCK = SystemClock()
 
 
 def task_wake(clock: Clock, tasks: set[asyncio.Task[None]], what: str) -> Wake:
-    """A Wake running `fn` as a task of the running loop, kept in `tasks`
-    (to cancel at shutdown); a failure is logged as `what`, never lost unseen."""
+    """`fn` run as a task of the running loop kept in `tasks`; a failure logged as `what`."""
 
     def wake(delay: float, fn: Callable[[], Awaitable[None]]) -> None:
         async def later() -> None:

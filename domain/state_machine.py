@@ -385,11 +385,9 @@ def record_transient(
     )
 
 
-def mark_processed(
-    record: OrderState, instance_id: str, now: datetime, *, outbox: bool = True
-) -> OrderState:
-    """Processing -> Processed: every step Completed; without `outbox`, its
-    status left out of the outbox, the attempt's index entry marking it unsent (ADR 021k)."""
+def mark_processed(record: OrderState, instance_id: str, now: datetime, outbox=True) -> OrderState:
+    """Processing -> Processed: every step Completed; its status in the outbox,
+    unless its index entry marks it unsent (ADR 021k)."""
     require_owner(record, instance_id)
     _require(record, ProcessState.PROCESSING, action="finish")
     unfinished = [n for n, s in record.Steps.items() if s.Status is not StepStatus.COMPLETED]
@@ -870,9 +868,7 @@ def unsent_processed(record: OrderState, instance_id: str) -> PendingStatus | No
 def park_processed(record: OrderState, instance_id: str) -> OrderState:
     """The status `unsent_processed` names parked in the outbox; else unchanged."""
     pending = unsent_processed(record, instance_id)
-    if pending is None:
-        return record
-    return record.model_copy(update={"PendingStatus": pending}, deep=True)
+    return record if pending is None else record.model_copy(update={"PendingStatus": pending})
 
 
 def status_send_failed(record: OrderState, message_id: str) -> OrderState:
