@@ -347,9 +347,9 @@ class SchedulerActivities:
             return True
         except Exception as exc:  # any send failure: the outbox takes over
             log.warning("status Processed of %s not sent (%s); parked", record.id, exc)
-        try:  # a Processed record is unlocked
-            await self._store.update(record.id, lambda r: sm.park_processed(r, iid), None)
-            return True
+        try:  # a Processed record is unlocked; on a lagging read nothing is parked
+            got, _ = await self._store.update(record.id, lambda r: sm.park_processed(r, iid), None)
+            return got.PendingStatus is not None
         except Exception:
             log.warning("status Processed of %s not parked", record.id, exc_info=True)
             return False

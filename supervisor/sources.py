@@ -14,7 +14,7 @@ from typing import Any
 from adapters.ports import UNREADABLE_RETRY, IndexEntry, StateStore, bucket_of, minute_of
 from adapters.recovery_index import CosmosRecoveryIndex
 from domain import state_machine as sm
-from domain.errors import NotFoundError, PermanentError
+from domain.errors import NotFoundError, PermanentError, StaleError
 from domain.ids import attempt_instance_id
 from domain.models import OrderState, ProcessState
 
@@ -177,7 +177,10 @@ class IndexSource:
             # Ended or replaced: certain, since a lagging read only shows older versions.
             instance = attempt_instance_id(record.id, entry.attempt)
             if sm.unsent_processed(record, instance) is not None:  # maybe unsent (ADR 021k)
-                await self._store.update(record.id, lambda r: sm.park_processed(r, instance), None)
+                try:  # on the version read: a later one is read again
+                    await self._store.replace(sm.park_processed(record, instance), etag)
+                except StaleError:
+                    return _NOT_DUE
             removals.append(entry)
             return None
         if record.CompleteBy < upper:

@@ -14,6 +14,7 @@ import pytest
 from adapters.checkpoints import CosmosCheckpointStore
 from adapters.cosmos_client import RequestCharges
 from adapters.recovery_index import CosmosRecoveryIndex, ensure_index_container
+from domain.errors import StatusNotSent
 from orchestrators.contracts import FinishAll
 from reporting import Alerts, StatusOutbox, StatusReporter
 from supervisor.sources import IndexSource
@@ -124,3 +125,33 @@ async def test_the_supervisor_parks_the_status_of_an_attempt_killed_before_its_s
     assert record.PendingStatus.At == record.History[-1].At
     assert await StatusOutbox(world.store, StatusReporter(world.bus)).deliver(record, etag)
     assert [mid for _, mid in world.sent("replies-webshop")] == [PROCESSED_ID]
+
+
+async def test_a_park_read_from_a_lagging_version_is_not_taken_for_parked(world):
+    """Simulation seed 388: the reply queue refused Processed and the park's
+    read returned a version from before the claim (unlocked, not Processed),
+    on which parking changes nothing and writes nothing. That is no park: the
+    activity raises for Durable to run it again, and the entry stays."""
+    await world.submitted()
+    before = await world.store.read(KEY)
+    acts = world.activities()
+    finish = await _finish(world)
+    real_read, lagging = world.store.read, {"left": 0}
+
+    async def read(order_id):
+        if lagging["left"]:
+            lagging["left"] -= 1
+            return before
+        return await real_read(order_id)
+
+    world.store.read = read
+
+    async def refused(*args, **kwargs):
+        lagging["left"] = 1  # the park's read comes next
+        raise ConnectionError("reply queue refused")
+
+    world.bus.send = refused
+    with pytest.raises(StatusNotSent):
+        await acts.finish_attempt(finish)
+    assert (await world.store.read(KEY))[0].PendingStatus is None
+    assert len(await _entries(world)) == 1

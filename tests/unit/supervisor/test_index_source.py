@@ -171,6 +171,26 @@ def test_an_entry_of_a_processed_record_with_no_status_parks_it_in_the_outbox(sh
     asyncio.new_event_loop().run_until_complete(go())
 
 
+def test_an_unsent_processed_read_from_a_lagging_version_keeps_its_entry(shards):
+    """The Supervisor parks on the version it read: a read that lags the
+    activity's own park (a newer version) fails the replace, and the entry
+    stays for a later run, which finds the status parked and removes it."""
+
+    async def go():
+        index_c, index, store, lagging = await _claimed_with_index(shards)
+        await store.update("A", lambda r: sm.mark_processed(r, "A:1", T0, outbox=False), "A:1")
+        lagging.old = await store.read("A")
+        await store.update("A", lambda r: sm.park_processed(r, "A:1"), None)
+        source = IndexSource(index, lagging)
+        await source.page(T0 + timedelta(seconds=30), 10, None)
+        assert len(index_c.docs) == 1
+        lagging.old = None
+        await source.page(T0 + timedelta(seconds=30), 10, None)
+        assert index_c.docs == {}
+
+    asyncio.new_event_loop().run_until_complete(go())
+
+
 def test_a_skipped_candidate_read_from_a_lagging_version_keeps_its_entry(shards):
     """Seed 200 --orders 3: the source's read showed the claim's deadline (due),
     the Supervisor's guarded update then read the live attempt's later step
