@@ -1,18 +1,14 @@
 """The Scheduler's activities: the order workflow's side effects, each one
-idempotent under Durable's at-least-once execution. `SchedulerActivities`
-receives its clients, built once per process by the composition root; the
-activity triggers (triggers/activities.py) only decode, call, encode.
+idempotent under Durable's at-least-once execution, with the clients the
+composition root built (triggers/activities.py only decodes, calls, encodes).
 `send_step` sends a step's request with no write (the claim marked it,
-ADR 021a); `finish_attempt` is the attempt's one write, fenced on LockedBy;
-`write_state` the workflow's other guarded writes.
+ADR 021a); `finish_attempt` is the attempt's one write, fenced on LockedBy.
 
-Idempotency: a state write re-run after it landed is recognised (the record
-shows this instance's transition) and answered as success, not stale; an
-agent request has a stable MessageId per (instance, step, action/try) that
-duplicate detection drops, and its seal is a function of the request, made
-here because the keys are read where secrets are allowed, never by the
-replayed orchestrator (ADR 017e); a terminal status goes out from the
-record's outbox under the id fixed there (ADR 001)."""
+A state write re-run after it landed is answered as success, not stale; an
+agent request has a stable MessageId per (instance, step, action/try), sealed
+here, where the keys may be read (ADR 017e); a terminal status goes out under
+the id fixed in the record's outbox (ADR 001), or with the recovery index,
+Processed from the record, its index entry marking it unsent (ADR 021k)."""
 
 from __future__ import annotations
 
@@ -107,7 +103,7 @@ _TERMINAL_STATUSES = frozenset(
 
 
 def _finishing(
-    data: FinishAll, now: datetime
+    data: FinishAll, now: datetime, outbox: bool
 ) -> tuple[Callable[[OrderState], OrderState], Callable[[OrderState], bool]]:
     """The finishing write's transition, and how to tell it landed already
     (the record in its target state, last written by this instance)."""
@@ -118,7 +114,7 @@ def _finishing(
         for step, reference in data.Done.items():
             record = sm.complete_step(record, instance, step, now, reference)
         if data.Failed is None:
-            return sm.mark_processed(record, instance, now)
+            return sm.mark_processed(record, instance, now, outbox=outbox)
         record = sm.unmark_unsent(record, instance, data.Unsent)
         reason = data.Reason or "failed"
         if data.Compensate:
@@ -311,11 +307,12 @@ class SchedulerActivities:
         )
 
     async def finish_attempt(self, data: FinishAll) -> Wrote:
-        """The attempt's one write (FinishAll), then the Processed status sent
-        from the outbox; with `Failed`, the compensation's plan returned. It
-        lands only on a version on which LockedBy = this instance was checked."""
+        """The attempt's one write (FinishAll), then the Processed status sent;
+        with `Failed`, the compensation's plan returned. It lands only on a
+        version on which LockedBy = this instance was checked."""
         order_id, attempt = parse_attempt_instance_id(data.InstanceId)
-        mutate, landed = _finishing(data, self._clock.now())
+        marked = data.IndexedAt is not None and not isinstance(self._index, NoIndex)
+        mutate, landed = _finishing(data, self._clock.now(), outbox=not marked)
         written = await self._write_on(order_id, data.InstanceId, mutate, landed)
         if isinstance(written, str):
             return Wrote(Stale=True, Reason=written)
@@ -327,7 +324,7 @@ class SchedulerActivities:
                 # (a read after it could lag: the undo log would look empty).
                 plan = self._plan(record, attempt)
             return Wrote(State=record.ProcessState, Plan=plan)
-        if not await self._outbox.deliver(record, etag):
+        if not await self._send_processed(record, etag, data.InstanceId, marked):
             # Durable retries this activity: the retry recognises its write
             # and sends again (same message id); the Starter, if every try fails.
             raise StatusNotSent(f"status Processed of order {order_id} not sent")
@@ -338,6 +335,24 @@ class SchedulerActivities:
             except Exception:
                 log.warning("index entry of %s not discarded", data.InstanceId, exc_info=True)
         return Wrote(State=record.ProcessState)
+
+    async def _send_processed(self, record: OrderState, etag: str, iid: str, marked: bool) -> bool:
+        """Processed from the outbox or, `marked` by the index entry (ADR 021k),
+        from the record, parked in the outbox if refused: False if not even that."""
+        pending = sm.unsent_processed(record, iid) if marked else None
+        if pending is None:
+            return await self._outbox.deliver(record, etag)
+        try:
+            await self._status.send_pending(record.ReplyTo, record.id, pending)
+            return True
+        except Exception as exc:  # any send failure: the outbox takes over
+            log.warning("status Processed of %s not sent (%s); parked", record.id, exc)
+        try:  # a Processed record is unlocked; on a lagging read nothing is parked
+            got, _ = await self._store.update(record.id, lambda r: sm.park_processed(r, iid), None)
+            return got.PendingStatus is not None
+        except Exception:
+            log.warning("status Processed of %s not parked", record.id, exc_info=True)
+            return False
 
     async def _write_on(
         self,

@@ -5,8 +5,15 @@ protocol, so tests and the simulation give every component their own time."""
 from __future__ import annotations
 
 import asyncio
+import logging
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Protocol
+
+log = logging.getLogger(__name__)
+
+# How a process runs `fn` `delay` seconds on (`task_wake`; the simulation's clock).
+Wake = Callable[[float, Callable[[], Awaitable[None]]], None]
 
 
 class Clock(Protocol):
@@ -42,3 +49,21 @@ class SystemClock:
 
 
 SYSTEM_CLOCK = SystemClock()
+
+
+def task_wake(clock: Clock, tasks: set[asyncio.Task[None]], what: str) -> Wake:
+    """`fn` run as a task of the running loop kept in `tasks`; a failure logged as `what`."""
+
+    def wake(delay: float, fn: Callable[[], Awaitable[None]]) -> None:
+        async def later() -> None:
+            await clock.sleep(delay)
+            try:
+                await fn()
+            except Exception:  # noqa: BLE001 - a background task must not die unseen
+                log.exception("%s failed", what)
+
+        task = asyncio.get_running_loop().create_task(later())
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+
+    return wake

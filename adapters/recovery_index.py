@@ -5,6 +5,7 @@ docs/adr/007-recovery-index.md; the shards: docs/adr/019b-sharded-recovery-index
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import zlib
 from datetime import UTC, datetime, timedelta
@@ -18,6 +19,7 @@ from azure.cosmos.exceptions import (
     CosmosResourceNotFoundError,
 )
 
+from adapters.clock import SYSTEM_CLOCK, Wake, task_wake
 from adapters.cosmos_client import SDK_ERRORS, RequestCharges, translate_error
 from adapters.ports import BUCKET_SECONDS, UNREADABLE_RETRY, IndexEntry, bucket_of, minute_of
 from adapters.settings import SettingsError
@@ -150,12 +152,15 @@ class CosmosRecoveryIndex:
         charges: RequestCharges | None = None,
         discard_batch: int = DISCARD_BATCH,
         shards: int = DEFAULT_SHARDS,
+        wake: Wake | None = None,
     ) -> None:
         self._container = container
         self.shards = check_shards(shards)
         self.charges = charges if charges is not None else RequestCharges()
         self._discard_batch = discard_batch
         self._discards: list[IndexEntry] = []
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._wake = wake or task_wake(SYSTEM_CLOCK, self._tasks, "index discards' flush")
         self.unreadable: list[tuple[str, str]] = []  # as StateStore.unreadable
 
     def _entry(self, doc: dict[str, Any]) -> IndexEntry | None:
@@ -176,11 +181,9 @@ class CosmosRecoveryIndex:
             return None
 
     async def _set_aside(self, doc: dict[str, Any], upper: datetime) -> None:
-        """Move a document that is not an entry UNREADABLE_RETRY past `upper`,
-        so the cursor goes on and a later page meets it (and alerts) again.
-        A copy not written for now fails the page (TransientError): the cursor
-        must not pass a document with no copy ahead of it. A copy refused for
-        good, or a failed delete, is logged and the page goes on."""
+        """Move a document that is not an entry UNREADABLE_RETRY past `upper`
+        (a later page alerts it again); a copy not written for now fails the
+        page, one refused for good or a failed delete is logged (ADR 007)."""
         body = {k: v for k, v in doc.items() if not k.startswith("_")}
         body["bucket"] = bucket_of(upper + UNREADABLE_RETRY)
         try:
@@ -222,15 +225,16 @@ class CosmosRecoveryIndex:
             ) from exc
 
     async def discard(self, order_id: str, complete_by: datetime) -> None:
-        """Retire the entry `add(order_id, complete_by, ...)` made, for an
-        attempt that has ended: it waits in this process until `discard_batch`
-        discards of its partition have gathered, or the waiting ones spread
-        over DISCARD_SPREAD, then goes in a batch (ADR 007, 019b). A discard
-        that never goes leaves an entry the Supervisor removes when due."""
+        """Retire the entry of an attempt that has ended: it waits in this
+        process until `discard_batch` of its partition gather, their deadlines
+        spread over DISCARD_SPREAD, or DISCARD_SPREAD passed since the first
+        waited, then goes in a batch (ADR 007, 019b, 021k)."""
         at = complete_by.astimezone(UTC)
         entry = IndexEntry(
             entry_id(order_id, at), partition_of(at, order_id, self.shards), order_id, at, 0
         )
+        if not self._discards:
+            self._wake(DISCARD_SPREAD.total_seconds(), self.flush)
         self._discards.append(entry)
         group = [e for e in self._discards if e.bucket == entry.bucket]
         oldest = min(e.complete_by for e in self._discards)
@@ -313,20 +317,13 @@ class CosmosRecoveryIndex:
         return min(found) if found else None
 
     async def page(
-        self,
-        upper: datetime,
-        bucket: str,
-        after: str,
-        max_items: int,
-        settled: str | None = None,
+        self, upper: datetime, bucket: str, after: str, max_items: int, settled: str | None = None
     ) -> tuple[list[IndexEntry], str, str, bool]:
-        """Entries from (partition `bucket`, id `after`) on, in walk order, up
-        to the last partition of the bucket of `upper`; at most `max_items`
-        entries and MAX_BUCKETS_PER_PAGE queries. Returns (entries, partition,
-        after) to resume from, and whether the bucket of `upper` was read to
-        its end. `settled`: a bucket before which no entry can appear any more
-        (cursor rule 2); an empty stretch before it is jumped over with one
-        `MIN(bucket)` query, never past its start (ADR 019b)."""
+        """Up to `max_items` entries (MAX_BUCKETS_PER_PAGE queries) from
+        (partition `bucket`, id `after`) on, in walk order, to the bucket of
+        `upper`; the (partition, id) to resume from, and whether that bucket
+        was read to its end. An empty stretch before `settled` (cursor rule 2)
+        is jumped over with one `MIN(bucket)` query (ADR 019b)."""
         last = bucket_of(upper)
         out: list[IndexEntry] = []
         visited = empty = 0

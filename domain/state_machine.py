@@ -385,8 +385,9 @@ def record_transient(
     )
 
 
-def mark_processed(record: OrderState, instance_id: str, now: datetime) -> OrderState:
-    """Processing -> Processed: every step Completed."""
+def mark_processed(record: OrderState, instance_id: str, now: datetime, outbox=True) -> OrderState:
+    """Processing -> Processed: every step Completed; its status in the outbox,
+    unless its index entry marks it unsent (ADR 021k)."""
     require_owner(record, instance_id)
     _require(record, ProcessState.PROCESSING, action="finish")
     unfinished = [n for n, s in record.Steps.items() if s.Status is not StepStatus.COMPLETED]
@@ -399,9 +400,7 @@ def mark_processed(record: OrderState, instance_id: str, now: datetime) -> Order
         now,
         CompleteBy=None,
         LockedBy=None,
-        # One id per order, not per attempt: a status sent before its attempt's
-        # write failed must not reach the client twice.
-        PendingStatus=pending_status(record, StatusKind.PROCESSED, now, ""),
+        PendingStatus=pending_status(record, StatusKind.PROCESSED, now, "") if outbox else None,
     )
 
 
@@ -852,6 +851,24 @@ def park_rejected(record: OrderState, now: datetime) -> OrderState:
         return record
     pending = pending_status(record, StatusKind.REJECTED, now, "", detail=record.LastError)
     return record.model_copy(update={"PendingStatus": pending, "UpdatedAt": now}, deep=True)
+
+
+def unsent_processed(record: OrderState, instance_id: str) -> PendingStatus | None:
+    """The Processed status a finishing write by `instance_id` left out of the
+    outbox, as mark_processed would have put it (its time the write's); None
+    for a record holding an entry or not made Processed by that attempt."""
+    last = record.History[-1] if record.History else None
+    if record.ProcessState is not ProcessState.PROCESSED or record.PendingStatus is not None:
+        return None
+    if last is None or last.By != instance_id:
+        return None
+    return pending_status(record, StatusKind.PROCESSED, last.At, "")
+
+
+def park_processed(record: OrderState, instance_id: str) -> OrderState:
+    """The status `unsent_processed` names parked in the outbox; else unchanged."""
+    pending = unsent_processed(record, instance_id)
+    return record if pending is None else record.model_copy(update={"PendingStatus": pending})
 
 
 def status_send_failed(record: OrderState, message_id: str) -> OrderState:

@@ -12,11 +12,11 @@ import hashlib
 import logging
 import uuid
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, MutableSequence
+from collections.abc import Callable, MutableSequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from adapters.clock import SYSTEM_CLOCK, Clock
+from adapters.clock import SYSTEM_CLOCK, Clock, Wake, task_wake
 from adapters.ports import MessagePublisher
 from adapters.servicebus import ALERTS_QUEUE
 from domain.codec import encode
@@ -29,10 +29,6 @@ log = logging.getLogger("orders.alerts")
 WINDOW_SECONDS = 60.0
 # Alert ids remembered, so a redelivery is not counted twice: a day of a flood.
 SEEN_MAX = 100_000
-
-# How the process runs `flush` `delay` seconds from now (an asyncio task by
-# default; the simulation schedules it on its own clock).
-Wake = Callable[[float, Callable[[], Awaitable[None]]], None]
 
 
 @dataclass
@@ -85,7 +81,6 @@ class Alerts:
         self._new_id = new_id
         self._window = timedelta(seconds=window)
         self._clock = clock
-        self._wake = wake or self._task_wake
         self._on_counted = on_counted
         self._process: str | None = None
         self._windows: dict[tuple[str, str], _Window] = {}
@@ -98,6 +93,7 @@ class Alerts:
         self._flushing = False
         self._retry_armed = False
         self._tasks: set[asyncio.Task[None]] = set()
+        self._wake = wake or task_wake(clock, self._tasks, "alert flush")
 
     async def raise_alert(
         self,
@@ -303,18 +299,6 @@ class Alerts:
                 MessageId=last.MessageId,
             ),
         )
-
-    def _task_wake(self, delay: float, fn: Callable[[], Awaitable[None]]) -> None:
-        async def later() -> None:
-            await self._clock.sleep(delay)
-            try:
-                await fn()
-            except Exception:  # noqa: BLE001 - a background flush must not die unseen
-                log.exception("alert flush failed")
-
-        task = asyncio.get_running_loop().create_task(later())
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
 
 
 async def send_alert(publisher: MessagePublisher, alert: OperatorAlert, message_id: str) -> None:

@@ -43,7 +43,7 @@ from bootstrap import App, Overrides, Seams, build
 from devstack.host.app import SERVICE_BUS_TRIGGER, index_app
 from devstack.host.invoke import call_function
 from domain.codec import encode
-from domain.ids import order_key
+from domain.ids import order_key, status_message_id
 from domain.signing import KeyRing
 from domain.steps import StepCatalog
 from orchestrators.policy import StarterPolicy
@@ -276,8 +276,18 @@ class Simulation(Clients, PathChecks, EndChecks, WorldFaults):
         self.undo_sent: dict[str, list[str]] = {}
         self.store = CosmosStateStore(self.state_c)
         self.orders_repo = CosmosOrdersRepository(self.orders_c)
+        # The activities' index (one for the schedule's hosts, like Alerts): its
+        # waiting discards flushed on the world's clock, a crash losing them.
         self.index = (
-            CosmosRecoveryIndex(self.index_c, shards=self.index_shards)
+            CosmosRecoveryIndex(
+                self.index_c,
+                shards=self.index_shards,
+                wake=lambda delay, flush: w.at(
+                    w.clock.now + timedelta(seconds=delay),
+                    "index flush",
+                    lambda: w.spawn("index flush", flush),
+                ),
+            )
             if self.o.scan == "index"
             else NoIndex()
         )
@@ -754,7 +764,18 @@ class Simulation(Clients, PathChecks, EndChecks, WorldFaults):
                 return False
             if doc.get("PendingStatus"):
                 return False  # a terminal status still in the outbox: the Starter delivers it
-        return self._quiet()
+        return self._quiet() and not self._processed_unheard()
+
+    def _processed_unheard(self) -> bool:
+        """A Processed record whose status, out of its outbox (ADR 021k), its
+        client has not heard: the activity's retry or the index Supervisor owes it."""
+        for oid in self.order_ids:
+            doc = self.state_c.docs.get((oid, oid)) or {}
+            if doc.get("ProcessState") == "Processed" and not doc.get("PendingStatus"):
+                key = status_message_id(oid, "Processed")
+                if not any(m.message_id == key for m in self.bus.queue(doc["ReplyTo"]).sent):
+                    return True
+        return False
 
     def _quiet(self) -> bool:
         for q in (*APP_OF_INGRESS, "agent-requests", "agent-responses"):
@@ -769,6 +790,8 @@ class Simulation(Clients, PathChecks, EndChecks, WorldFaults):
         the Starter and the Supervisor to have acted on it. Then waiting out the
         rest of the liveness bound would only repeat the same empty runs."""
         if len(self.submitted) < len(self.order_ids) or self.operator_pending or not self._quiet():
+            return False
+        if self._processed_unheard():
             return False
         now = self.world.clock.now
         settle = timedelta(seconds=3 * SUPERVISOR_PERIOD + STARTER_PERIOD) + SLACK

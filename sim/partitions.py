@@ -100,7 +100,13 @@ def drive_index(
     world.clock.now = START
     container = SimContainer(world, "index", "/bucket")
     writes = PartitionWrites(container)
-    index = CosmosRecoveryIndex(container, shards=shards, discard_batch=discard_batch)
+    wakes: list[tuple[datetime, Any]] = []  # the index's timed flushes, on the world's clock
+    index = CosmosRecoveryIndex(
+        container,
+        shards=shards,
+        discard_batch=discard_batch,
+        wake=lambda delay, flush: wakes.append((world.clock.now + timedelta(seconds=delay), flush)),
+    )
 
     async def main() -> None:
         pending: list[tuple[datetime, str, datetime]] = []  # (ends at, order, deadline)
@@ -119,6 +125,9 @@ def drive_index(
             pending = [p for p in pending if p[0] > now]
             for _, oid, deadline in due:
                 await index.discard(oid, deadline)
+            for wake in [w for w in wakes if w[0] <= now]:
+                wakes.remove(wake)
+                await wake[1]()
         await index.flush()
 
     loop = asyncio.new_event_loop()

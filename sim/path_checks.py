@@ -19,7 +19,7 @@ from typing import Any
 
 from adapters.ports import bucket_of
 from agents.ports import RemoteCall
-from domain.ids import reply_event_name
+from domain.ids import reply_event_name, status_message_id
 from domain.state_machine import MAX_COMPENSATION_RESTARTS
 
 from .bus import (
@@ -760,11 +760,14 @@ _BOOKKEEPING = frozenset(
 def _outbox_only(old: dict, new: dict) -> bool:
     """A write that only clears (or counts a failed send of) the status
     outbox: anyone who sent the status may make it (ADR 001), owner or not,
-    and it changes nothing an attempt owns."""
+    and it changes nothing an attempt owns; or that parks a Processed
+    record's status, which its finishing write left out (ADR 021k)."""
     keys = (set(old) | set(new)) - _BOOKKEEPING
     if any(old.get(k) != new.get(k) for k in keys):
         return False
     was, now = old.get("PendingStatus"), new.get("PendingStatus")
+    if was is None and now is not None and new.get("ProcessState") == "Processed":
+        return now.get("MessageId") == status_message_id(new["id"], "Processed")
     return now is None or (was is not None and now.get("MessageId") == was.get("MessageId"))
 
 

@@ -13,7 +13,9 @@ from typing import Any
 
 from adapters.ports import UNREADABLE_RETRY, IndexEntry, StateStore, bucket_of, minute_of
 from adapters.recovery_index import CosmosRecoveryIndex
-from domain.errors import NotFoundError, PermanentError
+from domain import state_machine as sm
+from domain.errors import NotFoundError, PermanentError, StaleError
+from domain.ids import attempt_instance_id
 from domain.models import OrderState, ProcessState
 
 
@@ -132,12 +134,9 @@ class IndexSource:
         return candidates, json.dumps(list(at)), len(entries)
 
     async def _start(self, upper: datetime) -> str:
-        """Where a scan starts without a usable checkpoint (none, or one
-        further ahead than bucket_of(upper + SETTLE)): the earliest bucket
-        holding a document, unless that lies further ahead than
-        bucket_of(upper + SETTLE), then bucket_of(upper - SETTLE) (ADR 007
-        cursor rule 4: a cursor started far ahead would pass every entry
-        added from then on)."""
+        """Where a scan starts without a usable checkpoint: the earliest bucket
+        holding a document, or bucket_of(upper - SETTLE) if that lies past
+        bucket_of(upper + SETTLE) (ADR 007 cursor rule 4)."""
         earliest = await self._index.earliest_bucket()
         if earliest is None:
             return bucket_of(upper)
@@ -176,6 +175,12 @@ class IndexSource:
         )
         if not live or record.CompleteBy is None:  # (live implies a deadline)
             # Ended or replaced: certain, since a lagging read only shows older versions.
+            instance = attempt_instance_id(record.id, entry.attempt)
+            if sm.unsent_processed(record, instance) is not None:  # maybe unsent (ADR 021k)
+                try:  # on the version read: a later one is read again
+                    await self._store.replace(sm.park_processed(record, instance), etag)
+                except StaleError:
+                    return _NOT_DUE
             removals.append(entry)
             return None
         if record.CompleteBy < upper:

@@ -1,12 +1,9 @@
-"""One Supervisor run: bounded pages of expired Processing records.
-
-Bounded cost (invariant 6): each page reads at most `page_size` candidates
-and saves the source's cursor as its checkpoint, so the next page, in any
-process, resumes where it stopped; a run goes on while pages make progress,
-for at most `max_pages` and its time `budget` (ADR 018c). Each recovery is
-conditional on the LockedBy read (and the etag), so with several supervisors
-an expiry is recovered once. `slack` is added to CompleteBy, so a supervisor
-whose clock runs ahead by less does not steal a live attempt."""
+"""One Supervisor run: bounded pages of expired Processing records (invariant
+6): each page reads at most `page_size` candidates and saves its cursor, and a
+run goes on while pages make progress, for `max_pages` and `budget` (ADR 018c).
+A recovery is conditional on the LockedBy read (and the etag): with several
+supervisors an expiry is recovered once. `slack`, added to CompleteBy, covers
+a supervisor's clock running ahead."""
 
 from __future__ import annotations
 

@@ -3,11 +3,12 @@ delivery: each activity run twice has the effect of running once."""
 
 from __future__ import annotations
 
-from datetime import timedelta
+import json
+from datetime import datetime, timedelta
 
 import pytest
 
-from domain.errors import StatusNotSent
+from domain.errors import StatusNotSent, TransientError
 from domain.models import ProcessState, StatusKind
 from orchestrators.commands import parse_state_write
 from orchestrators.contracts import FinishAll, SendRequest, StatusNote
@@ -182,3 +183,80 @@ async def test_a_terminal_status_sent_without_its_outbox_entry_uses_the_entrys_i
     await acts.report_status(note)  # from the outbox: the same id, dropped as a duplicate
     assert len(world.sent("replies-webshop")) == 1
     assert (await world.record()).PendingStatus is None
+
+
+class _Killed(BaseException):
+    """The activity's process killed (no handler runs), as kill -9 would."""
+
+
+async def _indexed_finish(world):
+    """An attempt claimed with the recovery index (ADR 021k), and its finishing input."""
+    from tests.fakes import FakeIndex
+
+    world.index = FakeIndex()
+    iid = await world.claimed()
+    ((_, deadline),) = world.index.entries
+    return FinishAll(InstanceId=iid, Done={s: f"r-{s}" for s in STEPS}, IndexedAt=deadline)
+
+
+async def test_with_the_index_a_rerun_after_a_crash_before_the_send_sends_the_same_id():
+    """ADR 021k: the finishing write puts no status in the outbox (no clear
+    to pay); a process killed between the write and the send leaves the
+    record Processed with an empty outbox and the index entry in place, and
+    Durable's re-run finds the write landed and sends Processed under the
+    one id (and the body, its time the write's) the outbox would have."""
+    world = World()
+    finish = await _indexed_finish(world)
+    acts = world.activities()
+    world.bus.fail_next = _Killed()
+    with pytest.raises(_Killed):
+        await acts.finish_attempt(finish)
+    record = await world.record()
+    assert record.ProcessState is ProcessState.PROCESSED
+    assert record.PendingStatus is None
+    assert len(world.index.entries) == 1  # the mark that the status may be unsent
+    world.now += timedelta(seconds=7)  # the re-run's clock is later: the body is not
+    again = await acts.finish_attempt(finish)
+    assert again.State is ProcessState.PROCESSED
+    ((body, message_id),) = world.sent("replies-webshop")
+    assert message_id == "A1/status/Processed"
+    status = json.loads(body)
+    assert status["Status"] == "Processed"
+    assert datetime.fromisoformat(status["Timestamp"]) == record.History[-1].At
+    assert (await world.record()).PendingStatus is None
+    assert world.index.entries == {}
+
+
+async def test_with_the_index_a_failed_send_parks_the_status_in_the_outbox():
+    """ADR 021k: a Processed status the reply queue refuses is parked in the
+    outbox (the Starter's sweep, try counts and alert take over) and the
+    activity succeeds; only when parking fails too does it raise for
+    Durable to run it again."""
+    from reporting import StatusOutbox, StatusReporter
+
+    world = World()
+    finish = await _indexed_finish(world)
+    acts = world.activities()
+    world.bus.fail_next = ConnectionError("reply queue down")
+    assert (await acts.finish_attempt(finish)).State is ProcessState.PROCESSED
+    assert world.sent("replies-webshop") == []
+    record, etag = await world.store.read("webshop:A1")
+    assert record.PendingStatus is not None
+    assert record.PendingStatus.MessageId == "A1/status/Processed"
+    assert record.PendingStatus.At == record.History[-1].At
+    assert await StatusOutbox(world.store, StatusReporter(world.bus)).deliver(record, etag)
+    assert [mid for _, mid in world.sent("replies-webshop")] == ["A1/status/Processed"]
+
+    world = World()
+    finish = await _indexed_finish(world)
+    acts = world.activities()
+    world.bus.fail_next = ConnectionError("reply queue down")
+
+    async def refused(*args, **kwargs):
+        raise TransientError("store down")
+
+    world.store.update = refused
+    with pytest.raises(StatusNotSent):
+        await acts.finish_attempt(finish)
+    assert (await world.record()).PendingStatus is None
+    assert len(world.index.entries) == 1  # left for the re-run, or the Supervisor

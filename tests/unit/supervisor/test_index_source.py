@@ -15,6 +15,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from adapters.ports import ANY_OWNER
 from adapters.recovery_index import CosmosRecoveryIndex
 from adapters.state_store import CosmosStateStore
 from domain import state_machine as sm
@@ -125,6 +126,65 @@ def test_entries_of_ended_or_replaced_attempts_are_still_removed(shards):
         assert index_c.docs == {}
         # A lost claim's extra entry on a record that can never be claimed again.
         await index.add("A", T0 + timedelta(seconds=20), 2)
+        await source.page(T0 + timedelta(seconds=30), 10, None)
+        assert index_c.docs == {}
+
+    asyncio.new_event_loop().run_until_complete(go())
+
+
+def test_an_entry_of_a_processed_record_with_no_status_parks_it_in_the_outbox(shards):
+    """ADR 021k: with the index, the finishing write leaves Processed out of
+    the outbox and its entry marks the status maybe unsent (the activity
+    died before sending, or before its discard): the Supervisor meeting the
+    due entry parks the status there for the Starter, then removes the entry.
+    A record finished by another attempt, or already holding an entry, is
+    left as it is."""
+
+    async def go():
+        index_c, index, store, _ = await _claimed_with_index(shards)
+        source = IndexSource(index, store)
+        await store.update("A", lambda r: sm.mark_processed(r, "A:1", T0, outbox=False), "A:1")
+        await source.page(T0 + timedelta(seconds=30), 10, None)
+        assert index_c.docs == {}
+        record, _ = await store.read("A")
+        assert record.PendingStatus is not None
+        assert record.PendingStatus.MessageId == "A/status/Processed"
+        assert record.PendingStatus.At == T0
+        # An entry left again: the status already waits in the outbox.
+        await index.add("A", T0 + timedelta(seconds=20), 1)
+        await source.page(T0 + timedelta(seconds=30), 10, None)
+        assert index_c.docs == {}
+        assert (await store.read("A"))[0].PendingStatus == record.PendingStatus
+
+        # An older attempt's entry: attempt 2 finished the record, not attempt 1.
+        def by_attempt_2(r):
+            last = r.History[-1].model_copy(update={"By": "A:2"})
+            history = [*r.History[:-1], last]
+            return r.model_copy(update={"PendingStatus": None, "Attempt": 2, "History": history})
+
+        await store.update("A", by_attempt_2, ANY_OWNER)
+        await index.add("A", T0 + timedelta(seconds=20), 1)
+        await source.page(T0 + timedelta(seconds=30), 10, None)
+        assert index_c.docs == {}
+        assert (await store.read("A"))[0].PendingStatus is None
+
+    asyncio.new_event_loop().run_until_complete(go())
+
+
+def test_an_unsent_processed_read_from_a_lagging_version_keeps_its_entry(shards):
+    """The Supervisor parks on the version it read: a read that lags the
+    activity's own park (a newer version) fails the replace, and the entry
+    stays for a later run, which finds the status parked and removes it."""
+
+    async def go():
+        index_c, index, store, lagging = await _claimed_with_index(shards)
+        await store.update("A", lambda r: sm.mark_processed(r, "A:1", T0, outbox=False), "A:1")
+        lagging.old = await store.read("A")
+        await store.update("A", lambda r: sm.park_processed(r, "A:1"), None)
+        source = IndexSource(index, lagging)
+        await source.page(T0 + timedelta(seconds=30), 10, None)
+        assert len(index_c.docs) == 1
+        lagging.old = None
         await source.page(T0 + timedelta(seconds=30), 10, None)
         assert index_c.docs == {}
 

@@ -15,6 +15,7 @@ import pytest
 
 from adapters.ports import bucket_of, minute_of
 from adapters.recovery_index import (
+    DISCARD_SPREAD,
     SHARDS_DOCUMENT,
     CosmosRecoveryIndex,
     entry_id,
@@ -222,6 +223,31 @@ def test_discards_gather_per_partition():
         assert index.charges.by_kind["index_remove_batch"].calls == 1
         await index.flush()
         assert len(index_c.docs) == 35
+
+    _run(go())
+
+
+def test_discards_waiting_in_an_idle_process_go_one_spread_after_the_first():
+    """ADR 021k: with no more discards to fill a batch or spread it, those
+    waiting still go DISCARD_SPREAD after the first, long before their
+    entries are due: the Supervisor would take a due entry of a Processed
+    record for a status maybe unsent, and send it again."""
+
+    async def go():
+        index_c, _, _ = _rig(4)
+        wakes = []
+        index = CosmosRecoveryIndex(
+            index_c, shards=4, wake=lambda delay, fn: wakes.append((delay, fn))
+        )
+        at = T0 + timedelta(seconds=30)
+        for oid in ("W-1", "W-2"):
+            await index.add(oid, at, 1)
+            await index.discard(oid, at)
+        assert len(index_c.docs) == 2
+        ((delay, flush),) = wakes  # one wake for every discard waiting
+        assert delay == DISCARD_SPREAD.total_seconds()
+        await flush()
+        assert index_c.docs == {}
 
     _run(go())
 
