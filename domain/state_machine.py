@@ -385,7 +385,9 @@ def record_transient(
     )
 
 
-def mark_processed(record: OrderState, instance_id: str, now: datetime, outbox=True) -> OrderState:
+def mark_processed(
+    record: OrderState, instance_id: str, now: datetime, outbox: bool = True
+) -> OrderState:
     """Processing -> Processed: every step Completed; its status in the outbox,
     unless its index entry marks it unsent (ADR 021k)."""
     require_owner(record, instance_id)
