@@ -325,8 +325,9 @@ def printable(text: str) -> str:
 def mask_for_display(value: Any) -> Any:
     """The templates' finalize: every rendered string with card numbers masked
     and unprintable characters escaped (`printable`). Markup is a macro's
-    output, each value in it finalized already: masked again, a form token
-    holding a Luhn-valid digit run (about 1 in 100) was broken."""
+    output, each value in it finalized where it was interpolated: passed as
+    is, so a form token in it (1 in about 100 holds a Luhn-valid digit run)
+    reaches the form whole."""
     if not isinstance(value, str) or isinstance(value, Markup):
         return value
     if isinstance(value, Unmasked):
