@@ -175,10 +175,10 @@ class IndexSource:
         )
         if not live or record.CompleteBy is None:  # (live implies a deadline)
             # Ended or replaced: certain, since a lagging read only shows older versions.
-            instance = attempt_instance_id(record.id, entry.attempt)
-            if sm.unsent_processed(record, instance) is not None:  # maybe unsent (ADR 021k)
+            parked = sm.park_processed(record, attempt_instance_id(record.id, entry.attempt))
+            if parked is not record:  # a Processed maybe unsent (ADR 021k)
                 try:  # on the version read: a later one is read again
-                    await self._store.replace(sm.park_processed(record, instance), etag)
+                    await self._store.replace(parked, etag)
                 except StaleError:
                     return _NOT_DUE
             removals.append(entry)
