@@ -52,9 +52,10 @@ def _is_pacing(exc: BaseException) -> bool:
     return isinstance(exc, TransientError) and exc.pacing
 
 
-def _is_cancelled(exc: BaseException) -> bool:
-    """A cancelled call (shutdown) says nothing about the dependency."""
-    return isinstance(exc, asyncio.CancelledError)
+def _is_ending(exc: BaseException) -> bool:
+    """The call's task or process ending (a cancellation at shutdown, a
+    SystemExit, the simulation's crash) says nothing about the dependency."""
+    return not isinstance(exc, Exception)
 
 
 @dataclass(frozen=True)
@@ -135,7 +136,7 @@ class Breakers:
                 self._now,
                 fail_max=self._fail_max,
                 reset_timeout=self._reset_timeout,
-                exclude=(_is_permanent, _is_pacing, _is_cancelled),
+                exclude=(_is_permanent, _is_pacing, _is_ending),
                 name=service,
                 # The call that trips the breaker surfaces its own error.
                 throw_new_error_on_trip=False,

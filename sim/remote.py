@@ -78,8 +78,6 @@ class SimSession:
             )
             total = float(getattr(timeout, "total", None) or 10.0)
             slow = world.faults.slow_answer(f"{service}/{operation} {call.idempotency_key}")
-            if slow is not None:
-                remote.failed(service)  # no answer in time: a failure a breaker may count
             if slow == "lost":
                 # The request never reached the service (a dropped connection, a
                 # stalled proxy): nothing applied; the client gives up at its timeout.
@@ -89,6 +87,10 @@ class SimSession:
                 world.log(
                     f"remote {service}/{operation} {call.idempotency_key}: no answer in {total}s"
                 )
+                # No answer in time: a failure a breaker may count, when the
+                # client sees it (a process paused across a host outage sees it
+                # 8 days after the call began: seed 24000072).
+                remote.failed(service)
                 raise TimeoutError()
             status, text = await remote.answer(call, timeout=total)
             response = _Response(status, text)
@@ -101,6 +103,7 @@ class SimSession:
                     f"remote {service}/{operation} {call.idempotency_key}: answered {status} "
                     f"after the client's {total}s timeout"
                 )
+                remote.failed(service)  # as above, when the client gives up
                 raise TimeoutError()
             return response
 

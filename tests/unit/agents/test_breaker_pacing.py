@@ -114,3 +114,31 @@ async def test_a_call_cut_short_by_the_deadline_is_not_a_failure_but_a_full_time
     for n in range(2):
         await agent.handle(request(order_id=f"full-{n}"))
     assert agent.breakers.for_service("payment").current_state == "open"
+
+
+def test_a_call_ended_by_its_process_or_task_ending_is_not_a_failure():
+    # A shutdown's cancellation or a process exiting inside a call says
+    # nothing about the dependency: counted, a host's restarts would open the
+    # breaker for the next host's requests.
+    breakers = Breakers(fail_max=2, reset_timeout=30.0)
+    breaker = breakers.for_service("payment")
+
+    def ends(exc: BaseException):
+        def call():
+            raise exc
+
+        return call
+
+    for exc in (SystemExit(1), KeyboardInterrupt(), GeneratorExit(), SystemExit(0)):
+        try:
+            breaker.call(ends(exc))
+        except BaseException as raised:
+            assert raised is exc
+    assert breaker.current_state == "closed"
+
+    for _ in range(2):
+        try:
+            breaker.call(ends(TransientError("HTTP 503")))
+        except TransientError:
+            pass
+    assert breaker.current_state == "open"
