@@ -5,7 +5,6 @@ How it spends its share of the one retry budget: docs/adr/011-agent-retry-budget
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import random
 from collections.abc import Callable
