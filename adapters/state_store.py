@@ -20,7 +20,7 @@ from pydantic import ValidationError
 
 from adapters.cosmos_client import SDK_ERRORS, RequestCharges, query_all, translate_error
 from adapters.ports import ANY_OWNER, AnyOwner, BacklogGauge
-from domain.admission import Admission, Lease
+from domain.admission import RATE_WINDOW, Admission, Lease
 from domain.errors import (
     ConflictError,
     NotFoundError,
@@ -492,6 +492,7 @@ class CosmosStateStore:
                     Lease(datetime.fromisoformat(at), int(slots), int(retries))
                     for at, slots, retries in doc.get("Leases", [])
                 ),
+                covered=float(doc.get("Covered", RATE_WINDOW)),
             )
         except (KeyError, TypeError, ValueError) as exc:
             # Started afresh rather than stop every claim (replaced on this etag).
@@ -506,6 +507,7 @@ class CosmosStateStore:
             "Counted": admission.counted,
             "CountedAt": cosmos_time(admission.counted_at),
             "Rate": round(admission.rate, 4),
+            "Covered": round(admission.covered, 3),
             "Leases": [[cosmos_time(x.at), x.slots, x.retries] for x in admission.leases],
         }
         hook = self.charges.hook("admission_write")

@@ -48,6 +48,10 @@ class Admission:
     counted_at: datetime
     rate: float = 0.0
     leases: tuple[Lease, ...] = ()
+    # Seconds of counts the rate has seen, up to RATE_WINDOW: below it, the
+    # rate is the mean of its samples so far (warming up), not an average
+    # that starts from the first count's few completions.
+    covered: float = RATE_WINDOW
 
     def estimate(self) -> int:
         """Records that may be Processing: the count, and every slot taken
@@ -61,7 +65,7 @@ class Admission:
 def first(cap: int, floor: int, counted: int, now: datetime) -> Admission:
     """The document's first version: the limit starts at the floor (a
     batch), and the counts that follow raise it as completions show."""
-    return Admission(limit=min(cap, max(floor, 1)), counted=counted, counted_at=now)
+    return Admission(limit=min(cap, max(floor, 1)), counted=counted, counted_at=now, covered=0.0)
 
 
 def take(state: Admission, want: int, now: datetime, retries: int = 0) -> tuple[Admission, int]:
@@ -98,14 +102,23 @@ def recount(
     claims = sum(lease.slots for lease in since)
     retries = sum(lease.retries for lease in since)
     seconds = (began - state.counted_at).total_seconds()
-    rate = state.rate
+    rate, covered = state.rate, state.covered
     finished = state.counted + claims - counted
     if seconds > 0 and (finished > 0 or counted > 0):
         # No work and no completions say nothing: the rate is kept. A sample
         # weighs by the time it covers, so counts every 5 s or 30 s see one rate.
         sample = max(0, finished - retries) / seconds
-        weight = 1 - math.exp(-seconds / RATE_WINDOW)
-        rate = sample if state.rate == 0 else weight * sample + (1 - weight) * state.rate
+        if state.rate == 0 or covered < RATE_WINDOW:
+            # Warming up: the mean of the samples so far, by the time each
+            # covers. An average from the first count's few completions held a
+            # fresh deployment's limit near the floor for a minute while the
+            # agents kept up (issue 44: the limit at 100-400 through a 50 s
+            # bench run of 200 orders in flight).
+            weight = 1.0 if state.rate == 0 else seconds / (covered + seconds)
+        else:
+            weight = 1 - math.exp(-seconds / RATE_WINDOW)
+        rate = weight * sample + (1 - weight) * state.rate
+        covered = min(RATE_WINDOW, covered + seconds)
     low = min(cap, max(floor, 1))
     limit = state.limit
     if rate > 0:
@@ -121,4 +134,5 @@ def recount(
         counted_at=began,
         rate=rate,
         leases=kept,
+        covered=covered,
     )

@@ -99,3 +99,27 @@ def test_a_lease_counts_until_a_count_begun_grace_after_it():
 def test_a_first_document_starts_at_the_floor_under_the_cap():
     assert admission.first(500, 50, 0, T0).limit == 50
     assert admission.first(20, 50, 0, T0).limit == 20
+
+
+def test_a_fresh_document_takes_the_rate_of_its_first_counts_not_a_minute_to_warm_up():
+    # The first count came half a second in, when 2 of 100 claims had
+    # finished (4/s); the agents then finished 20/s. An average starting
+    # from 4/s stayed under 10/s for about a minute, and the limit with it.
+    state = admission.first(5000, 100, 0, T0)
+    state, _ = admission.take(state, 100, T0)
+    state = _recount(state, 98, 0.5, cap=5000)
+    assert state.rate == 4.0
+    for _ in range(2):
+        state, _ = admission.take(state, 100, state.counted_at)
+        state = _recount(state, state.counted, 5, cap=5000)  # 100 finished in 5 s
+    assert 18 < state.rate <= 20
+    assert state.limit >= 1600  # 18/s x 90 s
+    assert state.covered == 10.5
+
+
+def test_once_warm_the_rate_is_an_average_over_about_a_minute():
+    state = Admission(limit=900, counted=100, counted_at=T0, rate=10.0, covered=60.0)
+    state, _ = admission.take(state, 100, T0)
+    after = _recount(state, 100, 5)  # 20/s for 5 s
+    assert 10 < after.rate < 11  # one sample of 5 s moves a minute's average a little
+    assert after.covered == 60.0
