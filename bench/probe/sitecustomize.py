@@ -2,8 +2,8 @@
 (its PYTHONPATH names this folder, then the repository): with
 COSMOS_CALL_STATS_DIR set, every Cosmos request the product records
 (adapters.cosmos_client.RequestCharges.record) is counted by its caller and
-kind, and the counts written to <dir>/<pid>.json at most once a second. The
-product carries none of this."""
+kind, and the counts written to <dir>/<pid>.json at most once a second; with
+HOST_TIMINGS=1, `Timings` too. The product carries none of this."""
 
 from __future__ import annotations
 
@@ -67,5 +67,99 @@ def _install(directory: str) -> None:
     RequestCharges.record = counted  # type: ignore[method-assign]
 
 
+class Timings:
+    """With HOST_TIMINGS=1 (`pipeline_bench.py --set HOST_TIMINGS=1`): where an
+    order's time goes inside a host, written to <dir>/<pid>.timing (JSON) at most
+    once a second and summed by `python bench/host_timings.py RUN_DIR`: each
+    Scheduler activity and each Service Bus send (count, seconds, and how
+    often a send found its link busy), Submit's handler, and the admission
+    document's takes (slots wanted and granted) and counts (limit, rate)."""
+
+    def __init__(self, directory: str) -> None:
+        self._path = Path(directory) / f"{os.getpid()}.timing"
+        self._path.parent.mkdir(parents=True, exist_ok=True)
+        self.sums: Counter[str] = Counter()
+        self.counts: list[dict[str, Any]] = []
+        self._written = 0.0
+
+    def add(self, name: str, seconds: float, n: int = 1) -> None:
+        self.sums[f"{name} n"] += n
+        self.sums[f"{name} s"] += seconds
+        self.flush()
+
+    def flush(self) -> None:
+        now = time.monotonic()
+        if now - self._written >= 1.0:
+            self._written = now
+            tmp = self._path.with_suffix(".timing-tmp")
+            tmp.write_text(json.dumps({"sums": dict(self.sums), "counts": self.counts}))
+            tmp.replace(self._path)
+
+
+def _install_timings(directory: str) -> None:
+    from activities import scheduler_activities as sa
+    from adapters import servicebus as sb
+    from domain import admission
+    from submit import handler as submit
+
+    t = Timings(directory)
+
+    def timed(owner: Any, method: str, label: Any) -> None:
+        original = getattr(owner, method)
+
+        async def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+            began = time.perf_counter()
+            try:
+                return await original(self, *args, **kwargs)
+            finally:
+                t.add(label(*args), time.perf_counter() - began)
+
+        setattr(owner, method, wrapper)
+
+    timed(sa.SchedulerActivities, "run", lambda name, *_: f"activity {name}")
+    timed(submit.SubmitHandler, "handle", lambda *_: "submit handle")
+
+    send = sb.ServiceBusPublisher._send
+
+    async def timed_send(self: Any, queue: str, message: Any) -> None:
+        busy = all(self._busy.get((queue, k), 0) for k in range(self._links))
+        began = time.perf_counter()
+        try:
+            await send(self, queue, message)
+        finally:
+            t.add(f"send {queue}", time.perf_counter() - began)
+            t.sums[f"send {queue} found every link busy"] += busy
+
+    sb.ServiceBusPublisher._send = timed_send  # type: ignore[method-assign]
+    take, recount = admission.take, admission.recount
+
+    def counted_take(state: Any, want: int, now: Any, retries: int = 0) -> Any:
+        new, granted = take(state, want, now, retries)
+        t.sums["admission take n"] += 1
+        t.sums["admission slots wanted"] += want
+        t.sums["admission slots granted"] += granted
+        t.sums["admission take refused"] += granted == 0
+        t.flush()
+        return new, granted
+
+    def counted_recount(state: Any, counted: int, began: Any, **kwargs: Any) -> Any:
+        new = recount(state, counted, began, **kwargs)
+        t.counts.append(
+            {
+                "at": time.time(),
+                "counted": counted,
+                "limit": new.limit,
+                "rate": round(new.rate, 2),
+                "leased": sum(lease.slots for lease in new.leases),
+            }
+        )
+        t.flush()
+        return new
+
+    admission.take, admission.recount = counted_take, counted_recount
+
+
 if os.environ.get("COSMOS_CALL_STATS_DIR"):
     _install(os.environ["COSMOS_CALL_STATS_DIR"])
+    if os.environ.get("HOST_TIMINGS") == "1":
+        _install_timings(os.environ["COSMOS_CALL_STATS_DIR"])
