@@ -241,7 +241,8 @@ def main() -> int:
         "--max-processing",
         type=int,
         default=1900,
-        help="MAX_PROCESSING of the bench's Starter (default: production's 1,900)",
+        help="MAX_PROCESSING of the bench's Starter (default 1,900, production's until "
+        "issue 44 priced the admission slots' hold; production's is 16,900 now)",
     )
     parser.add_argument(
         "--count-interval",
