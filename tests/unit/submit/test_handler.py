@@ -329,6 +329,23 @@ async def test_a_rejected_status_whose_send_fails_is_parked_for_the_starter(rig,
     assert len(rig.bus.resent()) == 1
 
 
+async def test_a_rejection_whose_clean_up_keeps_failing_has_told_the_client_first(rig):
+    # The orders DB answering 429 to the clean-up on every delivery until the
+    # lineage dead-lettered left a Rejected record whose client never heard
+    # (simulation seed 26000797, 50 orders): the status goes out first.
+    await rig.store.write_backlog_gauge(3, NOW)
+
+    async def throttled(order_id):
+        raise TransientError("delete order: Cosmos DB answered 429")
+
+    rig.orders.discard = throttled
+    await rig.submit()
+    assert rig.scheduler.scheduled  # a back-off copy tries the clean-up again
+    assert rig.statuses() == ["Rejected"]
+    record, _ = await rig.store.read("webshop:ORD-1")
+    assert record.ProcessState is ProcessState.REJECTED
+
+
 async def test_backlog_does_not_reject_a_redelivery_of_an_accepted_order(rig):
     await rig.submit()
     await rig.store.write_backlog_gauge(100, NOW)
