@@ -304,8 +304,17 @@ async def test_every_forged_reply_and_request_is_refused_and_changes_nothing(sta
             c["operation"] in ("refund", "release") for c in await _calls(e2e, steady.OrderID)
         )
 
-        # A refund for a Processed order: refused, the record unchanged.
-        before, etag = await e2e.store.read(order_key("webshop", steady.OrderID))
+        # A refund for a Processed order: refused, the record unchanged but for
+        # its outbox. The Supervisor may park the Processed status again while
+        # the attempt's index entry is due and its discard not yet flushed
+        # (ADR 021k: a resend under the same message id). With 6 s step
+        # timeouts the steady order ends about 4 s before its deadline: in CI
+        # at 219006e the record gained, during this check, a Processed entry
+        # with the finishing write's time and no tries, which is that park.
+        def unchanged(record):
+            return record.model_copy(update={"PendingStatus": None})
+
+        before, _ = await e2e.store.read(order_key("webshop", steady.OrderID))
         await forger.send(
             REQUESTS,
             _request(steady.OrderID, "charge-payment", "undo"),
@@ -313,8 +322,8 @@ async def test_every_forged_reply_and_request_is_refused_and_changes_nothing(sta
             "refund-processed",
         )
         dead, counts, named = await forger.settled()
-        after, etag_after = await e2e.store.read(order_key("webshop", steady.OrderID))
-        assert (after, etag_after) == (before, etag)
+        after, _ = await e2e.store.read(order_key("webshop", steady.OrderID))
+        assert unchanged(after) == unchanged(before)
         assert not any(c["operation"] == "refund" for c in await _calls(e2e, steady.OrderID))
 
         expected = {mid: reason for mid, (_, reason) in forger.sent.items()}
