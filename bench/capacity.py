@@ -472,7 +472,8 @@ class Model:
                 p["app"]["max_processing"] * n,
                 "slots",
                 f"an order holds its slot {self.slot_seconds():.1f} s: in flight, then its "
-                "lease until a count begun 15 s after it (domain/admission.py)",
+                f"lease until a count begun {GRACE.total_seconds():.0f} s after it "
+                "(domain/admission.py)",
             )
         )
         return out
