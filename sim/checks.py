@@ -638,9 +638,14 @@ class EndChecks(MessageChecks):
         one the orchestration takes; earlier than the undo's ListenUntil less
         the clocks' skew and a second) whose outcome it has not yet written,
         while no activity of it is outstanding and no timer fired with it,
-        schedules that undo's UndoDone write in the same episode. (An undo
-        that listens only to its latest try leaves an earlier try's late OK
-        unheard, and waits on, or ends the undo unconfirmed.)"""
+        schedules that undo's UndoDone write in the same episode, or, when
+        that episode also started activities, in the episode that sees the
+        last of them settled: the SDK hands an episode's new events to the
+        orchestration one at a time, so an earlier try's OK queued behind the
+        current try's transient answer reaches it after it has started the
+        next try (seed 28000319). (An undo that listens only to its latest try
+        leaves an earlier try's late OK unheard, and waits on, or ends the undo
+        unconfirmed.)"""
         tries: dict[str, tuple[str, str, datetime]] = {}  # event -> (instance, step, until)
         for m in self.bus.queue("agent-requests").sent:
             if m.message_id.startswith(FORGED):
@@ -666,6 +671,12 @@ class EndChecks(MessageChecks):
             written: set[str] = set()  # steps whose undo outcome was scheduled
             heard: set[str] = set()
             retrying = False
+            # OKs heard in an episode that also scheduled activities: the SDK
+            # hands an episode's events over one at a time, so an OK behind a
+            # try's transient answer reaches the orchestration after it has
+            # started that try's successor; it must be recorded once those
+            # activities are settled.
+            behind: list[tuple[str, str, set[Any]]] = []
             episodes: list[list[dict]] = []
             for e in inst.history:
                 if e.get("EventType") == ORCHESTRATOR_STARTED or not episodes:
@@ -713,13 +724,24 @@ class EndChecks(MessageChecks):
                             continue
                         if isinstance(cmd, dict) and str(cmd.get("Kind", "")).startswith("undo_"):
                             outcomes.add(cmd.get("Step"))
-                pending = outstanding - {e.get("EventId") for e in scheduled}
-                for step, name in due:
-                    if step not in outcomes and not pending and not fired and not waiting_retry:
-                        self.undo_unheard.append(
-                            f"{iid} heard {name} answer OK before the undo's deadline, with "
-                            f"nothing else outstanding, and did not record the undo of {step} done"
-                        )
+                ids = {e.get("EventId") for e in scheduled}
+                pending = outstanding - ids
+                started = {e.get("EventId") for e in scheduled if e.get("Name") != "write_state"}
+                late = [(step, name) for step, name, wait in behind if not wait & pending]
+                behind = [b for b in behind if b[2] & pending]
+                for step, name, was_behind in [
+                    *((step, name, False) for step, name in due),
+                    *((step, name, True) for step, name in late),
+                ]:
+                    if step in outcomes | written or pending or fired or waiting_retry:
+                        continue
+                    if started and not was_behind:
+                        behind.append((step, name, started))
+                        continue
+                    self.undo_unheard.append(
+                        f"{iid} heard {name} answer OK before the undo's deadline, with "
+                        f"nothing else outstanding, and did not record the undo of {step} done"
+                    )
                 written |= {str(s) for s in outcomes}
 
     def _acted_on(self, order_id: str, step: str, token: int) -> bool:
