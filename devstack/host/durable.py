@@ -128,6 +128,8 @@ class DurableEngine:
         # Episodes' writes, committed together when a batch of episodes has run
         # (`_run_episodes`), and activity results waiting for the next write (`_flush_results`).
         self._episode_writes: list[dict[str, Any]] = []
+        # HTTP starts waiting for the loop's next turn, written together (`_write_starts`).
+        self._starts: list[tuple[dict[str, Any], asyncio.Future[StartResult]]] = []
         self._activity_results: list[tuple[dict[str, Any], dict[str, Any]]] = []
         self._flush_scheduled = False
         self._activities_full = False
@@ -144,6 +146,71 @@ class DurableEngine:
     def start_new(
         self, name: str, instance_id: str | None, input_json: str | None, version: str | None
     ) -> StartResult:
+        start = self._prepare_start(name, instance_id, input_json, version)
+        if isinstance(start, StartResult):
+            return start
+        # Locked for this host with the start's write when there is room: the first episode
+        # needs no claim (and no search of the inbox) of its own.
+        blocking, claimed = self.store.create_or_restart_instance(
+            **start, claim=self._next_claim(only=[start["instance_id"]])
+        )
+        self._claimed += claimed
+        return self._started(start["instance_id"], blocking)
+
+    async def start_new_batched(
+        self, name: str, instance_id: str | None, input_json: str | None, version: str | None
+    ) -> StartResult:
+        """`start_new`, written in one transaction with the other starts that reach the loop
+        in the same turn (`_write_starts`), where each start was a transaction and a COMMIT
+        of its own (about a tenth of the loop's time in bench/host_bench.py, 2,000 starts at
+        once). The start is answered, as before, only once it is committed."""
+        start = self._prepare_start(name, instance_id, input_json, version)
+        if isinstance(start, StartResult):
+            return start
+        done: asyncio.Future[StartResult] = asyncio.get_running_loop().create_future()
+        self._starts.append((start, done))
+        if len(self._starts) == 1:
+            asyncio.get_running_loop().call_soon(self._write_starts)
+        return await done
+
+    def _write_starts(self) -> None:
+        starts, self._starts = self._starts, []
+        try:
+            blocking, claimed = self.store.create_or_restart_instances(
+                [s for s, _ in starts],
+                claim=self._next_claim(only=[s["instance_id"] for s, _ in starts]),
+            )
+        except Exception:  # written one by one instead: a start's failure stays its own
+            for start, done in starts:
+                try:
+                    result = self.start_new(**self._start_args(start))
+                except Exception as exc:
+                    if not done.done():
+                        done.set_exception(exc)
+                    continue
+                if not done.done():
+                    done.set_result(result)
+            return
+        self._claimed += claimed
+        for (start, done), blocked in zip(starts, blocking, strict=True):
+            result = self._started(start["instance_id"], blocked)
+            if not done.done():
+                done.set_result(result)
+
+    @staticmethod
+    def _start_args(start: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "name": start["name"],
+            "instance_id": start["instance_id"],
+            "input_json": start["input_json"],
+            "version": start["version"],
+        }
+
+    def _prepare_start(
+        self, name: str, instance_id: str | None, input_json: str | None, version: str | None
+    ) -> StartResult | dict[str, Any]:
+        """A start's row and ExecutionStarted (`create_or_restart_instance`'s arguments), or
+        the refusal of an orchestrator the app does not have."""
         if self.catalog.orchestrator(name) is None:
             return StartResult(
                 False,
@@ -167,9 +234,7 @@ class DurableEngine:
             Input=input_json,
             OrchestrationInstance={"InstanceId": iid, "ExecutionId": execution_id},
         )
-        # Locked for this host with the start's write when there is room: the first episode
-        # needs no claim (and no search of the inbox) of its own.
-        blocking, claimed = self.store.create_or_restart_instance(
+        return dict(
             instance_id=iid,
             name=name,
             version=version,
@@ -178,17 +243,17 @@ class DurableEngine:
             started_event=started,
             now_iso=iso(now),
             now_epoch=now.timestamp(),
-            claim=self._next_claim(only=[iid]),
         )
-        self._claimed += claimed
+
+    def _started(self, instance_id: str, blocking: str | None) -> StartResult:
         if blocking is not None:
             return StartResult(
                 False,
-                iid,
+                instance_id,
                 error=f"An Orchestration instance with the status {blocking} already exists.",
             )
         self.clock.poke(ORCHESTRATIONS)
-        return StartResult(True, iid)
+        return StartResult(True, instance_id)
 
     def raise_event(self, instance_id: str, name: str, data_json: str | None) -> None:
         # The instance is locked for this host with the event's write when it is free: its

@@ -271,7 +271,9 @@ class DurableHttpApi:
                 return _error(
                     400, "Invalid JSON content", str(exc), "Newtonsoft.Json.JsonReaderException"
                 )
-        result = self.engine.start_new(name, instance_id, input_json, request.query.get("version"))
+        result = await self.engine.start_new_batched(
+            name, instance_id, input_json, request.query.get("version")
+        )
         if result.not_found:
             return _error(
                 400,

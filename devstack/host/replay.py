@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from azure.durable_functions import DurableOrchestrationContext, Orchestrator
+from azure.durable_functions import DurableOrchestrationContext
 from azure.durable_functions.models.actions.CallActivityAction import CallActivityAction
 from azure.durable_functions.models.actions.CallActivityWithRetryAction import (
     CallActivityWithRetryAction,
@@ -170,7 +170,10 @@ class EpisodeResult:
         custom_status_json: the custom status as JSON, or None.
         new_tasks: work scheduled beyond the history.
         continue_input: the new input (continued_as_new).
-        state: the raw state JSON the SDK returned (what a real host receives).
+        state: the raw state JSON the SDK returned (what a real host receives), as the
+            dict it decodes to. The host itself reads none of it; for a running episode
+            it is built only when asked for (`state_of`), since encoding the actions was
+            a tenth of the replay's CPU in bench/host_bench.py.
     """
 
     outcome: str
@@ -179,7 +182,13 @@ class EpisodeResult:
     custom_status_json: str | None = None
     new_tasks: list[NewTask] = field(default_factory=list)
     continue_input: str | None = None
-    state: dict[str, Any] | None = None
+    state_of: Callable[[], dict[str, Any] | None] | None = field(
+        default=None, repr=False, compare=False
+    )
+
+    @functools.cached_property
+    def state(self) -> dict[str, Any] | None:
+        return self.state_of() if self.state_of is not None else None
 
 
 def build_context(
@@ -303,6 +312,51 @@ def _state(executor: TaskOrchestrationExecutor) -> dict[str, Any] | str:
     return state
 
 
+def _returned(executor: TaskOrchestrationExecutor) -> dict[str, Any] | str | None:
+    """What the host has the SDK return from an episode (`get_orchestrator_state_str`): the
+    SDK's state (`_state`) when the orchestrator returned or raised, else nothing: the host
+    reads only `isDone` and the custom status of a running episode, which it takes from
+    the executor, and `EpisodeResult.state` builds the rest when asked for."""
+    if executor.output is not None or executor.exception is not None:
+        return _state(executor)
+    return None
+
+
+def _state_dict(executor: TaskOrchestrationExecutor) -> dict[str, Any] | None:
+    state = _state(executor)
+    return json.loads(state) if isinstance(state, str) else state
+
+
+def _custom_status_json(custom: Any) -> str | None:
+    """The custom status as `_state` gives it (the library's codec, and only if truthy, as
+    `OrchestratorState.to_json` includes it), as JSON text."""
+    if not custom:
+        return None
+    value = json.loads(df_dumps(custom))
+    return json.dumps(value) if value is not None else None
+
+
+def _shared_executor_fields() -> dict[str, Any]:
+    """What `TaskOrchestrationExecutor.__init__` sets besides `initialize()`: its tables of
+    event types (built anew for every episode, and only read)."""
+    built = TaskOrchestrationExecutor()
+    bare = TaskOrchestrationExecutor.__new__(TaskOrchestrationExecutor)
+    bare.initialize()
+    return {k: v for k, v in vars(built).items() if k not in vars(bare)}
+
+
+_EXECUTOR_FIELDS = _shared_executor_fields()
+
+
+def _new_executor() -> TaskOrchestrationExecutor:
+    """A `TaskOrchestrationExecutor()` whose constant tables are shared rather than built
+    again (with `Orchestrator(fn)`, about 6 % of the replay's CPU in bench/host_bench.py)."""
+    executor = TaskOrchestrationExecutor.__new__(TaskOrchestrationExecutor)
+    executor.__dict__.update(_EXECUTOR_FIELDS)
+    executor.initialize()
+    return executor
+
+
 def run_episode(
     handle: Callable[..., Any],
     *,
@@ -367,16 +421,29 @@ def run_episode(
     ctx._record_fire_and_forget_action = recording_fire  # type: ignore[method-assign]
     user_fn = getattr(handle, "orchestrator_function", handle)
 
-    orchestrator = Orchestrator(user_fn)
-    executor = orchestrator.task_orchestration_executor
-    executor.get_orchestrator_state_str = functools.partial(_state, executor)
+    executor = _new_executor()
+    executor.get_orchestrator_state_str = functools.partial(_returned, executor)
+    state: dict[str, Any] | None = None
+    state_of: Callable[[], dict[str, Any] | None] | None = None
     try:
-        returned = orchestrator.handle(ctx)
-        state = json.loads(returned) if isinstance(returned, str) else returned
+        # What `Orchestrator(fn).handle(ctx)` does, without building the Orchestrator.
+        returned = executor.execute(ctx, ctx.histories, user_fn)
+        if returned is None:  # neither output nor error: the state waits until it is asked for
+            state_of = functools.partial(_state_dict, executor)
+            is_done = executor.orchestration_invocation_succeeded
+            custom_json = _custom_status_json(ctx.custom_status)
+        else:
+            state = json.loads(returned) if isinstance(returned, str) else returned
         failure = None
     except Exception as exc:  # the orchestrator raised: the SDK wraps its state in the message
         message, state = _parse_failure(exc)
         failure = message
+    if state_of is None or ctx.will_continue_as_new:
+        state = state if state_of is None else state_of()
+        state_of = functools.partial(lambda s: s, state)
+        is_done = bool(state and state.get("isDone"))
+        custom = (state or {}).get("customStatus")
+        custom_json = json.dumps(custom) if custom is not None else None
 
     now = ctx.current_utc_datetime
     # Match the replay against what the history says was scheduled (DTFx's determinism check).
@@ -389,7 +456,7 @@ def run_episode(
         if task is None and event_id in signals:
             got = signals[event_id]
         elif task is None:
-            if failure is not None or (state and state.get("isDone")):
+            if failure is not None or is_done:
                 continue
             raise NonDeterminismError(
                 f"Non-Deterministic workflow detected: the history has {expected_kind} "
@@ -411,29 +478,32 @@ def run_episode(
         signals[i] for i in sorted(signals) if i not in scheduled_before and i not in recorded
     ]
     new_tasks.sort(key=lambda t: t.task_id)
-    custom = (state or {}).get("customStatus")
-    custom_json = json.dumps(custom) if custom is not None else None
 
     if failure is not None:
-        return EpisodeResult("failed", error=failure, custom_status_json=custom_json, state=state)
-    assert state is not None
+        return EpisodeResult(
+            "failed", error=failure, custom_status_json=custom_json, state_of=state_of
+        )
     if ctx.will_continue_as_new:
+        assert state is not None
         cont = None
         for action in (state.get("actions") or [[]])[-1]:
             if action.get("actionType") == 4:
                 cont = action.get("input")
         return EpisodeResult(
-            "continued_as_new", continue_input=cont, custom_status_json=custom_json, state=state
+            "continued_as_new",
+            continue_input=cont,
+            custom_status_json=custom_json,
+            state_of=state_of,
         )
-    if state.get("isDone"):
-        output = state.get("output")
+    if is_done:
+        output = state.get("output") if state is not None else None
         return EpisodeResult(
             "completed",
             output_json=json.dumps(output) if output is not None else None,
             custom_status_json=custom_json,
             new_tasks=new_tasks,
-            state=state,
+            state_of=state_of,
         )
     return EpisodeResult(
-        "running", custom_status_json=custom_json, new_tasks=new_tasks, state=state
+        "running", custom_status_json=custom_json, new_tasks=new_tasks, state_of=state_of
     )

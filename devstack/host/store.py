@@ -24,7 +24,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 SCHEMA = """
@@ -349,6 +349,20 @@ class Store:
                 now_epoch=now_epoch,
             )
             return blocking, [] if blocking is not None else self._claim_in_tx(db, claim)
+
+    def create_or_restart_instances(
+        self, starts: list[dict[str, Any]], claim: Claim | None = None
+    ) -> tuple[list[str | None], list[str]]:
+        """`create_or_restart_instance` for several starts (its keyword arguments, without
+        `claim`) in one transaction, in order: what blocks each (or None), and the instances
+        locked, of those `claim` names that were created. A start that raises rolls them
+        all back, as one start alone would roll back."""
+        with self.tx() as db:
+            blocking = [self._create_in_tx(db, **start) for start in starts]
+            created = {s["instance_id"] for s, b in zip(starts, blocking, strict=True) if b is None}
+            if claim is not None and claim.only is not None:
+                claim = replace(claim, only=[i for i in claim.only if i in created])
+            return blocking, self._claim_in_tx(db, claim) if created else []
 
     @staticmethod
     def _create_in_tx(

@@ -289,3 +289,65 @@ def test_sync_calls_return_results_and_raise_errors_to_their_own_callers() -> No
             n * n for n in range(12) if n != 3
         ]
         assert {r[1] for i, r in enumerate(results) if i != 3} != {threading.main_thread().name}
+
+
+class _OneOrchestrator(AppCatalog):
+    """The app's catalog with one orchestrator, "orch" (the engine only asks whether it exists)."""
+
+    def orchestrator(self, name: str) -> Any:
+        return object() if name == "orch" else None
+
+
+def _start_together(engine: DurableEngine, *starts: tuple[str, str]) -> list[Any]:
+    async def main() -> list[Any]:
+        return await asyncio.gather(
+            *(engine.start_new_batched(name, iid, None, None) for name, iid in starts)
+        )
+
+    return asyncio.run(main())
+
+
+def test_starts_that_reach_the_loop_together_share_one_transaction(tmp_path: Path) -> None:
+    store = Store(str(tmp_path / "hub.sqlite"), "host-a", lease_seconds=5)
+    engine = DurableEngine(store, _OneOrchestrator([]), Clock(), DurableOptions())
+    statements: list[str] = []
+    store.db.set_trace_callback(statements.append)
+    try:
+        results = _start_together(
+            engine, ("orch", "a"), ("orch", "b"), ("orch", "a"), ("orch", "c"), ("nope", "d")
+        )
+        assert [(r.ok, r.instance_id) for r in results] == [
+            (True, "a"),
+            (True, "b"),
+            (False, "a"),  # the second start of a pending id is refused, as one alone is
+            (True, "c"),
+            (False, "d"),
+        ]
+        assert "status Pending already exists" in (results[2].error or "")
+        assert results[4].not_found
+        assert statements.count("BEGIN IMMEDIATE") == 1
+        assert statements.count("COMMIT") == 1
+        for iid in "abc":
+            inst = store.get_instance(iid)
+            assert inst is not None
+            assert inst.status == "Pending"
+        assert store.get_instance("d") is None
+        assert sorted(engine._claimed) == ["a", "b", "c"]  # locked for this host on the way
+    finally:
+        store.close()
+
+
+def test_a_batch_of_starts_that_fails_is_written_start_by_start(tmp_path: Path) -> None:
+    store = Store(str(tmp_path / "hub.sqlite"), "host-a", lease_seconds=5)
+    engine = DurableEngine(store, _OneOrchestrator([]), Clock(), DurableOptions())
+
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise sqlite3.OperationalError("database is locked")
+
+    store.create_or_restart_instances = refuse  # type: ignore[method-assign]
+    try:
+        results = _start_together(engine, ("orch", "a"), ("orch", "b"))
+        assert [(r.ok, r.instance_id) for r in results] == [(True, "a"), (True, "b")]
+        assert [store.get_instance(i) is not None for i in "ab"] == [True, True]
+    finally:
+        store.close()
