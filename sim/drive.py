@@ -222,6 +222,7 @@ class Simulation(Clients, PathChecks, EndChecks, WorldFaults):
             reply_queues=dict(REGISTRY),
             ingress_queues=dict(INGRESS_OF),
             pending_backlog_limit=self.o.backlog_limit,
+            max_processing=self.o.max_processing,
             step_timeout=self.o.step_timeout,
             supervisor_page_size=self.o.page_size,
             supervisor_scan=self.o.scan,
@@ -960,6 +961,7 @@ def run_schedule(
     entity_full: bool = True,
     slow_world: bool = True,
     rare_faults: bool = True,
+    admission_world: bool = True,
 ) -> Result:
     """`steps`: run this step catalog instead of domain/steps.json (the
     seed's other choices stay what they are)."""
@@ -979,6 +981,7 @@ def run_schedule(
         entity_full=entity_full,
         slow_world=slow_world,
         rare_faults=rare_faults,
+        admission_world=admission_world,
     )
     if steps is not None:
         options = replace(options, steps=steps)
