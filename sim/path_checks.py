@@ -230,10 +230,13 @@ class PathChecks(Observed):
         Processing than MAX_PROCESSING, on any host: every claimer first takes a
         slot from the one admission document (domain/admission.py), and a slot
         counts until a count surely includes its claim. Checked as each record
-        enters Processing, over the whole container."""
+        enters Processing, over the whole container's records: a foreign
+        document (foreign_docs) was never admitted, and takes no slot."""
         cap = self.settings.max_processing
         processing = sum(
-            1 for doc in self.state_c.docs.values() if doc.get("ProcessState") == "Processing"
+            1
+            for key, doc in self.state_c.docs.items()
+            if doc.get("ProcessState") == "Processing" and key[0] not in self.junk
         )
         if processing > cap:
             self.fail(
