@@ -9,7 +9,10 @@ only conditionally, so two hosts never both take the last slot: `Counted` /
 (the slots taken since; a lease counts until a COUNT begun GRACE after it,
 by when every claim it allowed is counted), `Limit` and `Rate`. A lease's
 slots are usable for LEASE_TTL < GRACE, so the estimate (Counted + leases)
-is never below the records in Processing: none enters without a slot.
+is never below the records in Processing (none enters without a slot)
+while every COUNT sees every claim that has landed. A COUNT served by a
+lagging replica can miss a claim however old, and then the estimate is low
+by it: Cosmos bounds no other session's lag (docs/design.md, open).
 
 Pure: the Starter reads and writes the document; every decision is here."""
 
