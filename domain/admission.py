@@ -10,9 +10,10 @@ only conditionally, so two hosts never both take the last slot: `Counted` /
 by when every claim it allowed is counted), `Limit` and `Rate`. A lease's
 slots are usable for LEASE_TTL < GRACE, so the estimate (Counted + leases)
 is never below the records in Processing (none enters without a slot)
-while every COUNT sees every claim that has landed. A COUNT served by a
-lagging replica can miss a claim however old, and then the estimate is low
-by it: Cosmos bounds no other session's lag (docs/design.md, open).
+while every COUNT sees every claim that has landed. Session consistency
+makes a COUNT see its own process's claims and nothing older than its
+session saw before; another host's claim it has not seen yet, a lagging
+replica can miss however old (docs/design.md: what the cap assumes).
 
 Pure: the Starter reads and writes the document; every decision is here."""
 
