@@ -136,7 +136,16 @@ _EXPIRED_AFTER: Final = (
     " AND (c.CompleteBy > @after_cb OR (c.CompleteBy = @after_cb AND c.id > @after_id))"
     f"{_EXPIRED_ORDER}"
 )
-_COUNT_QUERY: Final = "SELECT VALUE COUNT(1) FROM c WHERE c.ProcessState = @state"
+# A COUNT reads no document, so it cannot skip the invalid ones as `_valid`
+# does: it counts only documents with every field a record cannot lack (from
+# the model). A foreign document left Processing (a portal edit, garbage) is
+# never recovered, and counted it would hold an admission slot for good.
+_RECORD_FIELDS: Final = tuple(
+    name for name, field in OrderState.model_fields.items() if field.is_required()
+)
+_COUNT_QUERY: Final = "SELECT VALUE COUNT(1) FROM c WHERE c.ProcessState = @state" + "".join(
+    f" AND IS_DEFINED(c.{name})" for name in _RECORD_FIELDS if name != "id"
+)
 _IN_STATE_QUERY: Final = "SELECT TOP @max * FROM c WHERE c.ProcessState = @state"
 _IN_STATE_AFTER_QUERY: Final = (
     "SELECT TOP @max * FROM c WHERE c.ProcessState = @state AND c.id > @after ORDER BY c.id ASC"
@@ -430,7 +439,9 @@ class CosmosStateStore:
         return [record for record, _ in _valid(docs, self.unreadable)]
 
     async def count_in_state(self, state: ProcessState | str) -> int:
-        """One cross-partition COUNT (its cost grows with the container): not per message."""
+        """One cross-partition COUNT (its cost grows with the container): not
+        per message. Of records only: a document without a field every record
+        has is not counted (`_RECORD_FIELDS`)."""
         value = ProcessState(state).value
         result = await self._query(_COUNT_QUERY, _params(state=value), None, "count")
         return int(result[0]) if result else 0

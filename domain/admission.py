@@ -9,7 +9,11 @@ only conditionally, so two hosts never both take the last slot: `Counted` /
 (the slots taken since; a lease counts until a COUNT begun GRACE after it,
 by when every claim it allowed is counted), `Limit` and `Rate`. A lease's
 slots are usable for LEASE_TTL < GRACE, so the estimate (Counted + leases)
-is never below the records in Processing: none enters without a slot.
+is never below the records in Processing (none enters without a slot)
+while every COUNT sees every claim that has landed. Session consistency
+makes a COUNT see its own process's claims and nothing older than its
+session saw before; another host's claim it has not seen yet, a lagging
+replica can miss however old (docs/design.md: what the cap assumes).
 
 Pure: the Starter reads and writes the document; every decision is here."""
 

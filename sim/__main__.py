@@ -134,6 +134,8 @@ def record(
     # and those without "rare_faults" before a 404 could be lost or a paired
     # host start read before the other's create replicated
     entry["rare_faults"] = True
+    # and those without "admission_world" before MAX_PROCESSING could bind
+    entry["admission_world"] = True
     if target:
         entry["target"] = target
     entries.append(entry)

@@ -57,6 +57,8 @@ def world_of(entry: dict[str, Any]) -> dict[str, Any]:
         "slow_world": entry.get("slow_world", False),
         # before the faults of calls no seed failed (a lost 404, a paired start's lag)
         "rare_faults": entry.get("rare_faults", False),
+        # before MAX_PROCESSING was lowered until it binds (the admission world)
+        "admission_world": entry.get("admission_world", False),
     }
 
 

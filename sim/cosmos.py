@@ -9,6 +9,11 @@ not matched by their text, so a changed filter keeps working.
 
 Faults (drawn by the world's seed): 429 with retry-after, and a read that returns
 the previous version of a document (session-consistency lag across clients).
+A query on a lagging replica keeps Session consistency's guarantees within a
+session (one host process's client, `SimContainer.session`): it shows a
+document no older than the version that session wrote or read last
+(read-your-writes, monotonic reads); another session's writes it may miss,
+however old (Cosmos bounds no other session's lag).
 In the fallible world (issue 21, `FaultConfig.cosmos_fail` ...): a 429 past the
 SDK's own retries, a 503 or a refused connection before the effect, a lasting
 outage of the account (every call fails for a window), a write applied whose
@@ -311,6 +316,12 @@ class SimContainer:
         # Documents deleted in the last DELETED_LAG seconds (their last
         # version, and when): what such a lagging replica still shows.
         self.deleted: dict[tuple[str, str], tuple[dict, Any]] = {}
+        # The session of the running call (a host process's client), or None
+        # (a client of its own: an operator's command, a foreign program).
+        self.session: Any = lambda: None
+        # Per session, the newest version of each document it wrote or read
+        # (the number in its etag): what its session token makes a replica show.
+        self._seen: dict[Any, dict[tuple[str, str], int]] = {}
 
     def _key_of(self, body: dict) -> tuple[str, str]:
         return (str(body[self._pk]), str(body["id"]))
@@ -321,6 +332,17 @@ class SimContainer:
         doc["_etag"] = f'"{self.name}-{self._etag}"'
         doc["_ts"] = int(self.world.clock.now.timestamp())
         return doc
+
+    @staticmethod
+    def _version(doc: dict) -> int:
+        return int(str(doc["_etag"]).strip('"').rpartition("-")[2])
+
+    def _saw(self, key: tuple[str, str], doc: dict) -> None:
+        """The running call's session has seen `doc` (written or read it)."""
+        session = self.session()
+        if session is not None:
+            seen = self._seen.setdefault(session, {})
+            seen[key] = max(seen.get(key, 0), self._version(doc))
 
     async def _op(self, op: str, hook) -> None:
         await self.world.point(f"cosmos.{self.name}.{op}")
@@ -374,6 +396,7 @@ class SimContainer:
             )
         self.docs[key] = self._stamp(body)
         self.created[key] = self.world.clock.now
+        self._saw(key, self.docs[key])
         self._wrote(None, self.docs[key])
         self._answer_lost("create")
         return _copy(self.docs[key])
@@ -389,6 +412,7 @@ class SimContainer:
         if old is not None:
             self.previous[key] = old
         self.docs[key] = self._stamp(body)
+        self._saw(key, self.docs[key])
         self._wrote(old, self.docs[key])
         self._answer_lost("upsert")
         return _copy(self.docs[key])
@@ -404,6 +428,7 @@ class SimContainer:
             self.world.faults.session_lag(f"{self.name} {item}") or self.lagging(item)
         ):
             self.world.log(f"cosmos {self.name} stale read of {item}")
+            self._saw(key, self.previous[key])
             return _copy(self.previous[key])
         created = self.created.get(key)
         if (
@@ -417,6 +442,7 @@ class SimContainer:
             raise _error(
                 CosmosResourceNotFoundError, 404, "Entity with the specified id does not exist"
             )
+        self._saw(key, self.docs[key])
         return _copy(self.docs[key])
 
     @staticmethod
@@ -453,6 +479,7 @@ class SimContainer:
         self._match(current, etag, match_condition)
         self.previous[key] = current
         self.docs[key] = self._stamp(body)
+        self._saw(key, self.docs[key])
         self._wrote(current, self.docs[key])
         self._answer_lost("replace")
         return _copy(self.docs[key])
@@ -517,7 +544,15 @@ class SimContainer:
         document written since holds its previous version."""
         if self.previous and self.world.faults.query_lag(self.name):
             self.world.log(f"cosmos {self.name} query on a lagging replica")
-            return {**self.docs, **{k: v for k, v in self.previous.items() if k in self.docs}}
+            seen = self._seen.get(self.session(), {})
+            return {
+                **self.docs,
+                **{
+                    k: v
+                    for k, v in self.previous.items()
+                    if k in self.docs and seen.get(k, 0) < self._version(self.docs[k])
+                },
+            }
         now = self.world.clock.now
         for key in [
             k for k, (_, at) in self.deleted.items() if (now - at).total_seconds() > DELETED_LAG
@@ -555,11 +590,16 @@ class SimContainer:
                 if parsed is None:
                     parsed = _PARSED[query] = _Query(query)
                 params = {p["name"]: p["value"] for p in (parameters or [])}
-                docs = [
-                    d
-                    for (pk, _), d in sorted(container._view().items())
-                    if partition_key is None or pk == str(partition_key)
+                view = [
+                    (key, d)
+                    for key, d in sorted(container._view().items())
+                    if partition_key is None or key[0] == str(partition_key)
                 ]
+                for key, d in view:
+                    # The replica's session token: the session has seen its view.
+                    if key in container.docs:
+                        container._saw(key, d)
+                docs = [d for _, d in view]
                 items = parsed.run(docs, params)
                 if container.name == "index" and items:
                     container.world.log(

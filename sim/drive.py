@@ -222,6 +222,7 @@ class Simulation(Clients, PathChecks, EndChecks, WorldFaults):
             reply_queues=dict(REGISTRY),
             ingress_queues=dict(INGRESS_OF),
             pending_backlog_limit=self.o.backlog_limit,
+            max_processing=self.o.max_processing,
             step_timeout=self.o.step_timeout,
             supervisor_page_size=self.o.page_size,
             supervisor_scan=self.o.scan,
@@ -361,6 +362,7 @@ class Simulation(Clients, PathChecks, EndChecks, WorldFaults):
         self.durable.dies = self._compensation_dies
         self._lag_rng = random.Random(f"lagging/reads/{seed}")
         self.state_c.lagging = self.index_c.lagging = self._supervisor_lags
+        self.state_c.session = self.index_c.session = self.orders_c.session = self._session
         self.compensation_died: Counter[str] = Counter()
         self.functions = {
             spec.trigger.get("queueName"): spec
@@ -476,6 +478,16 @@ class Simulation(Clients, PathChecks, EndChecks, WorldFaults):
     def host(self) -> SimHost:
         """The host the running task is on (a delivery's or a timer's)."""
         return self.hosts[_HOST.get()]
+
+    def _session(self) -> tuple[int, int] | None:
+        """The Cosmos session of the running task (sim.cosmos): its host
+        process's client, one per process generation; an operator's command
+        opens a client of its own (None)."""
+        task = asyncio.current_task()
+        if task is None or self.world._names.get(task, "").startswith("operator"):
+            return None
+        k = _HOST.get()
+        return (k, self.hosts[k].generation) if k < len(self.hosts) else None
 
     def _pick_host(self) -> None:
         """Put the running task (one delivery) on a host: the one host, or
@@ -960,6 +972,7 @@ def run_schedule(
     entity_full: bool = True,
     slow_world: bool = True,
     rare_faults: bool = True,
+    admission_world: bool = True,
 ) -> Result:
     """`steps`: run this step catalog instead of domain/steps.json (the
     seed's other choices stay what they are)."""
@@ -979,6 +992,7 @@ def run_schedule(
         entity_full=entity_full,
         slow_world=slow_world,
         rare_faults=rare_faults,
+        admission_world=admission_world,
     )
     if steps is not None:
         options = replace(options, steps=steps)

@@ -66,6 +66,7 @@ class Options:
     scan: str = "query"  # or "index"
     page_size: int = 100
     backlog_limit: int = 5000
+    max_processing: int = 500  # MAX_PROCESSING; the admission world lowers it until it binds
     retry: sm.RetryPolicy = field(
         default_factory=lambda: sm.RetryPolicy(
             threshold=3,
@@ -142,6 +143,7 @@ def options_for(
     entity_full: bool = True,
     slow_world: bool = True,
     rare_faults: bool = True,
+    admission_world: bool = True,
 ) -> Options:
     """Everything about a schedule, drawn from its seed; `hostile` fixes the
     number of forgeries (sim.hostile) instead (0 replays a schedule found
@@ -261,7 +263,19 @@ def options_for(
         rare = random.Random(f"rare-faults/options/{seed}")
         f.lost_404 = rare.choice((0.0, 0.03, 0.1, 0.3))
         f.start_lag = rare.choice((0.0, 0.5, 1.0))
+    if admission_world and newer:
+        options.max_processing = _admission_cap(seed, orders)
     return options
+
+
+def _admission_cap(seed: int, orders: int) -> int:
+    """MAX_PROCESSING low enough to bind in one schedule in three (the
+    admission world), from a stream of its own: 1 or 2 for a few orders, a
+    tenth of the orders for more; 500 (as deployed, never reached) otherwise."""
+    rng = random.Random(f"admission/{seed}")
+    if rng.random() >= 1 / 3:
+        return 500
+    return rng.choice((1, 2)) if orders <= 5 else max(2, orders // 10)
 
 
 def _slow_world(seed: int, o: Options, quiet: bool) -> None:

@@ -217,11 +217,33 @@ class PathChecks(Observed):
             self._check_compensation_taken(old, new)
         if old and actor == "orchestration":
             self._check_stale_write(old, new)
+        if new["ProcessState"] == "Processing" and before != "Processing":
+            self._check_admission_cap(new)
         if new["ProcessState"] == "Processed" and before != "Processed":
             self.processed_at[str(new.get("id"))] = self.world.clock.now
         writer = self._instance()
         if writer is not None:
             self.wrote_states.setdefault(writer, set()).add(str(new["ProcessState"]))
+
+    def _check_admission_cap(self, new: dict) -> None:
+        """Admission control (design, section 4): no claim puts more records in
+        Processing than MAX_PROCESSING, on any host: every claimer first takes a
+        slot from the one admission document (domain/admission.py), and a slot
+        counts until a count surely includes its claim. Checked as each record
+        enters Processing, over the whole container's records: a foreign
+        document (foreign_docs) was never admitted, and takes no slot."""
+        cap = self.settings.max_processing
+        processing = sum(
+            1
+            for key, doc in self.state_c.docs.items()
+            if doc.get("ProcessState") == "Processing" and key[0] not in self.junk
+        )
+        if processing > cap:
+            self.fail(
+                "Processing never above MAX_PROCESSING",
+                f"{new.get('id')} claimed by {self._actor()} made {processing} records "
+                f"Processing against MAX_PROCESSING {cap}",
+            )
 
     def _check_restarts_on_write(self, old: dict | None, new: dict, actor: str) -> None:
         """Invariant 5 for compensation (nothing retries forever), on the path,

@@ -123,7 +123,8 @@ class FaultConfig:
     # short ones (0.5-3 s: a failover, a gateway restart), each from a random call on
     cosmos_outage: bool = False
     cosmos_blips: int = 0
-    # per query: read on a lagging replica (every document's previous version)
+    # per query: read on a lagging replica (every document's previous version,
+    # but none older than the querying session wrote or read: sim.cosmos)
     query_lag: float = 0.0
     # per settlement: the link drops before it, the lock is found lost, or it is
     # applied and its answer lost

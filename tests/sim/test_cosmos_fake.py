@@ -198,3 +198,33 @@ def test_a_batch_of_deletes_is_all_or_nothing_like_a_transactional_batch():
         assert sorted(doc["id"] for doc in container.docs.values()) == ids[2:]
 
     _run(go())
+
+
+def test_a_lagging_query_keeps_session_guarantees_and_misses_other_sessions_writes():
+    """Session consistency (sim.cosmos): a replica behind serves another
+    session's query the previous version, however old, but never one older
+    than what the querying session wrote or read (read-your-writes,
+    monotonic reads); a call of no session (an operator's own client) may lag."""
+    world = World(1, FaultConfig(query_lag=1.0))
+    container = SimContainer(world, "state", "/id")
+    running: dict[str, str | None] = {"session": "A"}
+    container.session = lambda: running["session"]
+    count = "SELECT VALUE COUNT(1) FROM c WHERE c.ProcessState = 'Processing'"
+
+    async def processing(session: str | None) -> int:
+        running["session"] = session
+        (counted,) = [n async for n in container.query_items(count)]
+        return counted
+
+    async def go():
+        await container.create_item({"id": "X", "ProcessState": "Pending"})
+        await container.replace_item("X", {"id": "X", "ProcessState": "Processing"})
+        assert await processing("A") == 1  # its own write
+        assert await processing("B") == 0  # another session's: the previous version
+        assert await processing(None) == 0
+        running["session"] = "B"
+        await container.read_item("X", partition_key="X")  # B reads the claim once...
+        assert await processing("B") == 1  # ...and no later query of B goes back on it
+        assert await processing(None) == 0
+
+    _run(go())

@@ -178,3 +178,23 @@ def test_a_recovery_that_leaves_failurecount_at_its_default_is_caught():
     assert recovered({**old, "FailureCount": 1}, {**pending, "FailureCount": 2}) == []
     # A foreign document's count (no number) is its own alert's to name.
     assert recovered({**old, "FailureCount": None}, pending) == []
+
+
+def test_the_cap_check_counts_records_in_processing_and_not_a_foreign_document():
+    """Admission (sim/path_checks.py `_check_admission_cap`): a claim that
+    puts more records in Processing than MAX_PROCESSING fires; a foreign
+    document left Processing (foreign_docs) was never admitted and counts
+    for nothing."""
+    import dataclasses
+
+    sim = _run()
+    sim.settings = dataclasses.replace(sim.settings, max_processing=1)
+    sim.junk = ["JUNK-p"]
+    for key in ("a", "JUNK-p"):
+        sim.state_c.docs[(key, key)] = {"id": key, "ProcessState": "Processing"}
+    claimed = sim.state_c.docs[("a", "a")]
+    _as(sim, "starter", lambda: sim._check_admission_cap(claimed))
+    assert sim.violations == []
+    sim.state_c.docs[("b", "b")] = {"id": "b", "ProcessState": "Processing"}
+    _as(sim, "starter", lambda: sim._check_admission_cap(sim.state_c.docs[("b", "b")]))
+    assert [c for c, _ in sim.violations] == ["Processing never above MAX_PROCESSING"]

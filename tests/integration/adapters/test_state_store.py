@@ -433,6 +433,22 @@ async def test_queries_skip_a_document_that_is_not_a_valid_record(
         await state_store.read("BAD-1")
 
 
+async def test_counts_leave_out_a_document_that_is_no_record(
+    state_store: CosmosStateStore, state_container: ContainerProxy
+) -> None:
+    # Garbage left Processing (a portal edit, another program) is never
+    # recovered: counted, it would hold an admission slot for good.
+    await state_container.create_item(
+        {"id": "JUNK-P", "ProcessState": "Processing", "LockedBy": "JUNK-P:1", "Attempt": 1}
+    )
+    await state_container.create_item({"id": "JUNK-Q", "ProcessState": "Pending"})
+    for i in range(2):
+        await state_store.create_if_absent(make_record(f"C-{i}"))
+    await claim(state_store, "C-0", NOW, POLICY)
+    assert await state_store.count_in_state(ProcessState.PROCESSING) == 1
+    assert await state_store.count_in_state(ProcessState.PENDING) == 1
+
+
 async def test_unsent_statuses_are_found_after_their_grace_and_not_once_cleared(
     state_store: CosmosStateStore,
 ) -> None:
