@@ -137,14 +137,16 @@ _EXPIRED_AFTER: Final = (
     f"{_EXPIRED_ORDER}"
 )
 # A COUNT reads no document, so it cannot skip the invalid ones as `_valid`
-# does: it counts only documents with every field a record cannot lack (from
-# the model). A foreign document left Processing (a portal edit, garbage) is
-# never recovered, and counted it would hold an admission slot for good.
-_RECORD_FIELDS: Final = tuple(
-    name for name, field in OrderState.model_fields.items() if field.is_required()
-)
-_COUNT_QUERY: Final = "SELECT VALUE COUNT(1) FROM c WHERE c.ProcessState = @state" + "".join(
-    f" AND IS_DEFINED(c.{name})" for name in _RECORD_FIELDS if name != "id"
+# does: it counts only documents with two fields every record has, both in
+# the indexing policy (STATE_QUERIED_PATHS) with a value per app, not per
+# record, so the filter is an index scan of a few values. A field outside the
+# policy, or one with a value per record, would cost a load of each document
+# or a scan that grows with the backlog. A foreign document left Processing
+# (a portal edit, garbage) is never recovered, and counted it would hold an
+# admission slot for good.
+_COUNT_QUERY: Final = (
+    "SELECT VALUE COUNT(1) FROM c WHERE c.ProcessState = @state"
+    " AND IS_DEFINED(c.AppId) AND IS_DEFINED(c.ReplyTo)"
 )
 _IN_STATE_QUERY: Final = "SELECT TOP @max * FROM c WHERE c.ProcessState = @state"
 _IN_STATE_AFTER_QUERY: Final = (
@@ -441,7 +443,7 @@ class CosmosStateStore:
     async def count_in_state(self, state: ProcessState | str) -> int:
         """One cross-partition COUNT (its cost grows with the container): not
         per message. Of records only: a document without a field every record
-        has is not counted (`_RECORD_FIELDS`)."""
+        has is not counted (`_COUNT_QUERY`)."""
         value = ProcessState(state).value
         result = await self._query(_COUNT_QUERY, _params(state=value), None, "count")
         return int(result[0]) if result else 0
