@@ -25,6 +25,14 @@ async def _nothing() -> None:
 
 _NOT_DUE = object()  # IndexSource._check: the entry stays (cursor rule 1)
 
+# An entry whose record still shows an older attempt this long after the
+# entry's deadline stops holding the cursor: the claim that added it did not
+# land (a fast path's claim whose message lock was lost), or every read that
+# long was of a lagging replica. Held for good, it kept the entries after it
+# from recovery, and with the admission cap full of their attempts the
+# Pending record it names could never be claimed (sim seed 34001820).
+LOST_CLAIM_AFTER = timedelta(minutes=2)
+
 # States a record never leaves: no later attempt can be claimed from them.
 _FINAL = frozenset({ProcessState.PROCESSED, ProcessState.COMPENSATED, ProcessState.REJECTED})
 
@@ -165,6 +173,13 @@ class IndexSource:
             # The read may lag the claim: keep the entry and hold the cursor,
             # unless the record is final (a lost claim's extra entry).
             if record.ProcessState in _FINAL:
+                removals.append(entry)
+                return None
+            if entry.complete_by < upper - LOST_CLAIM_AFTER:
+                # Long past: the claim did not land, or no read in that long
+                # saw it. Held, the cursor would keep every later entry from
+                # recovery; the entry moves ahead instead (added before removed).
+                await self._index.add(entry.order_id, upper + UNREADABLE_RETRY, entry.attempt)
                 removals.append(entry)
                 return None
             return _NOT_DUE

@@ -22,7 +22,7 @@ from domain import state_machine as sm
 from domain.models import OrderState, OrderSubmitted, ProcessState
 from sim.cosmos import SimContainer
 from sim.world import FaultConfig, World
-from supervisor.sources import IndexSource
+from supervisor.sources import LOST_CLAIM_AFTER, IndexSource
 from tests.builders import ReadClock, claim, order_payload
 
 T0 = datetime(2026, 11, 30, 8, 0, tzinfo=UTC)
@@ -103,6 +103,45 @@ def test_once_the_read_catches_up_the_expired_attempt_is_recovered(shards):
         lagging.old = None
         candidates, _, _ = await source.page(upper, 10, cursor)
         assert [(c.record.id, c.record.Attempt) for c in candidates] == [("A", 1)]
+
+    asyncio.new_event_loop().run_until_complete(go())
+
+
+def test_a_lost_claims_entry_stops_holding_the_cursor_once_long_past(shards):
+    """A claim that never landed (a fast path whose message lock was lost)
+    leaves its entry on a record still Pending at the older attempt. Held for
+    good, the cursor kept the entries after it from recovery, and with the
+    admission cap full of their attempts the record could never be claimed
+    (sim seed 34001820). Long past its deadline, the entry moves ahead."""
+
+    async def go():
+        world = World(1, FaultConfig())
+        index_c = SimContainer(world, "index", "/bucket")
+        store = CosmosStateStore(SimContainer(world, "state", "/id"))
+        index = CosmosRecoveryIndex(index_c, shards=shards)
+        await store.create_if_absent(sm.new_record(_order("A"), T0, [], key="A"))
+        await index.add("A", T0 + timedelta(seconds=20), 1)  # the claim is then lost
+        # B's attempt is live, due in the next minute's bucket.
+        await store.create_if_absent(sm.new_record(_order("B"), T0, [], key="B"))
+        await index.add("B", T0 + timedelta(seconds=70), 1)
+        await claim(store, "B", T0 + timedelta(seconds=40), POLICY)
+        source = IndexSource(index, store)
+        # Within LOST_CLAIM_AFTER the lost claim's entry may be a lagging read:
+        # held, and a run whose page holds only it makes no progress (pages of
+        # one, as the simulation's; a page of held entries in production).
+        upper = T0 + timedelta(seconds=90)
+        candidates, cursor, read = await source.page(upper, 1, None)
+        assert (candidates, read) == ([], 1)
+        candidates, cursor, read = await source.page(upper, 1, cursor)
+        assert (candidates, read) == ([], 1)
+        # Long past: A's entry moves ahead and B's expired attempt is reached.
+        upper = T0 + timedelta(seconds=20) + LOST_CLAIM_AFTER + timedelta(seconds=1)
+        candidates, cursor, _ = await source.page(upper, 1, cursor)
+        assert candidates == []
+        candidates, _, _ = await source.page(upper, 1, cursor)
+        assert [(c.record.id, c.record.Attempt) for c in candidates] == [("B", 1)]
+        moved = [d for d in index_c.docs.values() if d["OrderID"] == "A"]
+        assert [(d["Attempt"], d["CompleteBy"] > upper.isoformat()) for d in moved] == [(1, True)]
 
     asyncio.new_event_loop().run_until_complete(go())
 
