@@ -322,6 +322,8 @@ class SimContainer:
         # Per session, the newest version of each document it wrote or read
         # (the number in its etag): what its session token makes a replica show.
         self._seen: dict[Any, dict[tuple[str, str], int]] = {}
+        # When a COUNT of Processing last missed another session's claim.
+        self.missed_claim_at: Any = None
 
     def _key_of(self, body: dict) -> tuple[str, str]:
         return (str(body[self._pk]), str(body["id"]))
@@ -332,6 +334,22 @@ class SimContainer:
         doc["_etag"] = f'"{self.name}-{self._etag}"'
         doc["_ts"] = int(self.world.clock.now.timestamp())
         return doc
+
+    def _note_missed_claims(self, view: list[tuple[tuple[str, str], dict]]) -> None:
+        """A COUNT of Processing on a lagging replica that shows a record as it
+        was before another session's claim: when (`missed_claim_at`), for the
+        admission check, whose promise assumes every COUNT sees every landed
+        claim (docs/design.md, admission)."""
+        for key, shown in view:
+            current = self.docs.get(key)
+            if (
+                current is not None
+                and current.get("ProcessState") == "Processing"
+                and shown.get("ProcessState") != "Processing"
+            ):
+                self.missed_claim_at = self.world.clock.now
+                self.world.log(f"cosmos {self.name} COUNT missed the claim of {key[1]}")
+                return
 
     @staticmethod
     def _version(doc: dict) -> int:
@@ -600,6 +618,8 @@ class SimContainer:
                     if key in container.docs:
                         container._saw(key, d)
                 docs = [d for _, d in view]
+                if "COUNT(1)" in query and params.get("@state") == "Processing":
+                    container._note_missed_claims(view)
                 items = parsed.run(docs, params)
                 if container.name == "index" and items:
                     container.world.log(

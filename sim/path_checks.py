@@ -29,6 +29,11 @@ from .bus import (
 from .observed import Observed, cosmos_text, store_unavailable
 from .options import REGISTRY, SLACK
 
+# How long after a COUNT that missed another session's claim the admission
+# check does not ask: until the next COUNT (the Starter's interval, or its
+# count interval of up to 30 s) and the claims of a lease taken on it (GRACE).
+MISSED_CLAIM_WINDOW = timedelta(seconds=45)
+
 
 class PathChecks(Observed):
     """The hooks and the per-run checks of the Supervisor (see the module)."""
@@ -231,7 +236,15 @@ class PathChecks(Observed):
         slot from the one admission document (domain/admission.py), and a slot
         counts until a count surely includes its claim. Checked as each record
         enters Processing, over the whole container's records: a foreign
-        document (foreign_docs) was never admitted, and takes no slot."""
+        document (foreign_docs) was never admitted, and takes no slot. What is
+        promised assumes every COUNT sees every claim that has landed: within
+        MISSED_CLAIM_WINDOW of a COUNT whose lagging replica hid another
+        session's claim (sim.cosmos `missed_claim_at`), the cap may be passed
+        by the claims it missed, and this check does not ask (a Starter's
+        estimate is low from that COUNT until the next; docs/design.md)."""
+        missed = self.state_c.missed_claim_at
+        if missed is not None and self.world.clock.now - missed <= MISSED_CLAIM_WINDOW:
+            return
         cap = self.settings.max_processing
         processing = sum(
             1

@@ -198,3 +198,25 @@ def test_the_cap_check_counts_records_in_processing_and_not_a_foreign_document()
     sim.state_c.docs[("b", "b")] = {"id": "b", "ProcessState": "Processing"}
     _as(sim, "starter", lambda: sim._check_admission_cap(sim.state_c.docs[("b", "b")]))
     assert [c for c, _ in sim.violations] == ["Processing never above MAX_PROCESSING"]
+
+
+def test_the_cap_check_does_not_ask_just_after_a_count_missed_another_sessions_claim():
+    """What the cap promises assumes every COUNT sees every landed claim
+    (docs/design.md, admission): within MISSED_CLAIM_WINDOW of a COUNT whose
+    lagging replica hid another session's claim (seed 33001029) the check does
+    not ask; after it, it does again."""
+    import dataclasses
+
+    from sim.path_checks import MISSED_CLAIM_WINDOW
+
+    sim = _run()
+    sim.settings = dataclasses.replace(sim.settings, max_processing=1)
+    for key in ("a", "b"):
+        sim.state_c.docs[(key, key)] = {"id": key, "ProcessState": "Processing"}
+    claimed = sim.state_c.docs[("b", "b")]
+    sim.state_c.missed_claim_at = sim.world.clock.now - MISSED_CLAIM_WINDOW / 2
+    _as(sim, "starter", lambda: sim._check_admission_cap(claimed))
+    assert sim.violations == []
+    sim.state_c.missed_claim_at = sim.world.clock.now - MISSED_CLAIM_WINDOW * 2
+    _as(sim, "starter", lambda: sim._check_admission_cap(claimed))
+    assert [c for c, _ in sim.violations] == ["Processing never above MAX_PROCESSING"]
