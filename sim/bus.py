@@ -674,6 +674,15 @@ def reply_sender(client: SimServiceBusClient, queue: str = "agent-responses"):
 _COPY = re.compile(r"^retry/(seq-\d+)/(\d+)(?:/(seq-\d+\.[0-9a-f]+))?$")
 
 
+def copy_root(message_id: str, seq: int) -> str:
+    """The first message of the back-off lineage a message (its id and
+    sequence number) belongs to, as `seq-N`: a copy's names it, a first
+    message is its own. Two messages with one id (a client's message sent
+    twice) are two lineages here, one name in ORIGINAL_ID_PROPERTY."""
+    mine = _COPY.match(message_id)
+    return mine.group(1) if mine else f"seq-{seq}"
+
+
 def later_copy(message: Msg, other: Msg) -> bool:
     """`other` is a later back-off copy of `message` (the gate names a copy
     `retry/<the first message's sequence number>/<retry>/<its maker>`)."""

@@ -58,6 +58,7 @@ from .bus import (
     SimActions,
     SimReceiver,
     SimServiceBusClient,
+    copy_root,
     publisher,
     reply_sender,
     rules_for,
@@ -212,6 +213,7 @@ class Simulation(Clients, PathChecks, EndChecks, WorldFaults):
         # to tell an orphan a dead delivery left from one the product kept.
         self.orders_writer: dict[str, tuple[int | None, datetime]] = {}
         self.delivery_of: dict[int, tuple[str, datetime]] = {}
+        self.delivery_root: dict[int, str] = {}
         self.lineage_starts: dict[str, list[datetime]] = {}
         self.unfinished: set[int] = set()
         account = CosmosAccount("https://sim.invalid", None)
@@ -664,6 +666,7 @@ class Simulation(Clients, PathChecks, EndChecks, WorldFaults):
             origin = (d.application_properties or {}).get(ORIGINAL_ID_PROPERTY) or d.message_id
             lineage = f"{d.queue} {origin}"
             self.delivery_of[d.token] = (lineage, self.world.clock.now)
+            self.delivery_root[d.token] = copy_root(d.message_id, d.sequence_number)
             self.lineage_starts.setdefault(lineage, []).append(self.world.clock.now)
         try:
             if d.queue == "agent-requests":

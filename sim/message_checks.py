@@ -19,6 +19,7 @@ from domain.ids import order_key
 
 from .bus import (
     Msg,
+    copy_root,
     later_copy,
 )
 from .hostile import PREFIX as FORGED
@@ -42,6 +43,7 @@ class MessageChecks(Observed):
     # start, and the deliveries that ended before they finished (the drive's).
     orders_writer: dict[str, tuple[int | None, datetime]]
     delivery_of: dict[int, tuple[str, datetime]]
+    delivery_root: dict[int, str]  # each delivery's back-off lineage (bus.copy_root)
     lineage_starts: dict[str, list[datetime]]
     unfinished: set[int]
 
@@ -417,8 +419,14 @@ class MessageChecks(Observed):
         # fault surface's seed 77 of 3 orders: a changed resend's four
         # deliveries in 0.5 s, its ingress queue full, Cosmos out through
         # all of them; the gate's RetriesExhausted with its alert).
+        # The writer's own back-off lineage, not every message under its name: a
+        # client's message sent twice is two lineages, and the other may have
+        # finished the order before this one wrote (scale seed 38008855, 2 orders:
+        # one copy rejected the order and took its document; the other, in
+        # back-off till then, wrote it again, met failing stores on every
+        # delivery and dead-lettered RetriesExhausted, its queue full).
         queue, _, origin = lineage.partition(" ")
-        if not self._dead_lineages(queue, {origin}):
+        if not self._dead_lineages(queue, {origin}, root=self.delivery_root.get(token)):
             return False
         # ...and no message of the order's own (which would take it back)
         # came after the write, unless it ended so too.
@@ -453,18 +461,21 @@ class MessageChecks(Observed):
         app, own = self.orders[key]
         return self._dead_lineages(INGRESS_OF[app], {own, f"{own}/resend"})
 
-    def _dead_lineages(self, queue: str, names: set[str]) -> bool:
+    def _dead_lineages(self, queue: str, names: set[str], root: str | None = None) -> bool:
         """Every message of the lineages `names` on `queue` (their first
-        messages' ids) that the handler did not carry to a settlement ended in
-        a dead letter no handler finished (`_unfinished_dead_letter`, with its
-        alert), and none completed."""
+        messages' ids; with `root`, only the back-off lineage of that first
+        message, bus.copy_root) that the handler did not carry to a settlement
+        ended in a dead letter no handler finished (`_unfinished_dead_letter`,
+        with its alert), and none completed."""
         ingress = self.bus.queue(queue)
 
-        def lineage(m: Msg) -> str:
-            return str(m.props.get(ORIGINAL_ID_PROPERTY) or m.message_id)
+        def lineage(m: Msg) -> bool:
+            return str(m.props.get(ORIGINAL_ID_PROPERTY) or m.message_id) in names and (
+                root is None or copy_root(m.message_id, m.seq) == root
+            )
 
-        members = [m for m in ingress.sent if lineage(m) in names]
-        dead = [m for m in ingress.dead if lineage(m) in names]
+        members = [m for m in ingress.sent if lineage(m)]
+        dead = [m for m in ingress.dead if lineage(m)]
         if not dead or not all(
             self._unfinished_dead_letter(ingress.name, m, alerted=True) for m in dead
         ):
