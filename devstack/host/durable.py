@@ -130,6 +130,7 @@ class DurableEngine:
         self._episode_writes: list[dict[str, Any]] = []
         # HTTP starts waiting for the loop's next turn, written together (`_write_starts`).
         self._starts: list[tuple[dict[str, Any], asyncio.Future[StartResult]]] = []
+        self._raises: list[tuple[str, dict[str, Any], asyncio.Future[None]]] = []
         self._activity_results: list[tuple[dict[str, Any], dict[str, Any]]] = []
         self._flush_scheduled = False
         self._activities_full = False
@@ -264,6 +265,44 @@ class DurableEngine:
             _event(EVENT_RAISED, self.clock.now(), Name=name, Input=data_json),
             claim=self._next_claim(only=[instance_id]),
         )
+        self.clock.poke(ORCHESTRATIONS)
+
+    async def raise_event_batched(self, instance_id: str, name: str, data_json: str | None) -> None:
+        """`raise_event`, written in one transaction with the other events raised through
+        this host that reach the loop in the same turn, in order (each reply an app hands
+        to the durable client was a transaction and a COMMIT of its own). Returns once the
+        event is committed; a batch whose write fails is written event by event, so one
+        event's failure stays its own."""
+        event = _event(EVENT_RAISED, self.clock.now(), Name=name, Input=data_json)
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._raises.append((instance_id, event, done))
+        if len(self._raises) == 1:
+            asyncio.get_running_loop().call_soon(self._write_raises)
+        await done
+
+    def _write_raises(self) -> None:
+        raises, self._raises = self._raises, []
+        try:
+            self._claimed += self.store.enqueue_many(
+                [(iid, event) for iid, event, _ in raises],
+                claim=self._next_claim(only=list(dict.fromkeys(iid for iid, _, _ in raises))),
+            )
+        except Exception:
+            for iid, event, done in raises:
+                try:
+                    self._claimed += self.store.enqueue(
+                        iid, None, event, claim=self._next_claim(only=[iid])
+                    )
+                except Exception as exc:
+                    if not done.done():
+                        done.set_exception(exc)
+                    continue
+                if not done.done():
+                    done.set_result(None)
+        else:
+            for _, _, done in raises:
+                if not done.done():
+                    done.set_result(None)
         self.clock.poke(ORCHESTRATIONS)
 
     def restart(self, instance_id: str, new_instance_id: bool) -> StartResult | None:

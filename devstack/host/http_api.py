@@ -437,7 +437,7 @@ class DurableHttpApi:
             json.loads(raw)
         except json.JSONDecodeError:
             return _error(400, "Invalid JSON content", "", "")
-        self.engine.raise_event(instance_id, request.match_info["event"], raw)
+        await self.engine.raise_event_batched(instance_id, request.match_info["event"], raw)
         return web.Response(status=202)
 
     async def read_entity(self, request: web.Request) -> web.Response:

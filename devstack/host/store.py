@@ -17,7 +17,6 @@ processes may share one file (SQLite WAL).
 from __future__ import annotations
 
 import heapq
-import json
 import logging
 import sqlite3
 import threading
@@ -26,6 +25,15 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
+
+import orjson
+
+
+def _dumps(event: Any) -> str:
+    """An event as the JSON text the hub stores: orjson's compact text (the task hub's rows
+    are read back only by this module and by SQLite's JSON functions)."""
+    return orjson.dumps(event).decode()
+
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS instances(
@@ -297,7 +305,7 @@ class Store:
             "SELECT event FROM history WHERE instance_id=? ORDER BY seq LIMIT ?",
             (instance_id, limit),
         ).fetchall()
-        return [json.loads(r["event"]) for r in rows]
+        return [orjson.loads(r["event"]) for r in rows]
 
     def history_tail(
         self, instance_id: str, after_seq: int
@@ -313,7 +321,7 @@ class Store:
             (instance_id, after_seq),
         ).fetchall()
         n, m = rows[0][0], rows[0][1]
-        return n, m, [(r[2], json.loads(r[3])) for r in rows if r[2] is not None]
+        return n, m, [(r[2], orjson.loads(r[3])) for r in rows if r[2] is not None]
 
     def create_or_restart_instance(
         self,
@@ -393,7 +401,7 @@ class Store:
         )
         db.execute(
             "INSERT INTO inbox(instance_id, execution_id, event, visible_at) VALUES(?, ?, ?, ?)",
-            (instance_id, execution_id, json.dumps(started_event), 0.0),
+            (instance_id, execution_id, _dumps(started_event), 0.0),
         )
         return None
 
@@ -410,7 +418,21 @@ class Store:
         with self.tx() as db:
             db.execute(
                 "INSERT INTO inbox(instance_id, execution_id, event, visible_at) VALUES(?, ?, ?, ?)",
-                (instance_id, execution_id, json.dumps(event), visible_at),
+                (instance_id, execution_id, _dumps(event), visible_at),
+            )
+            return self._claim_in_tx(db, claim)
+
+    def enqueue_many(
+        self, messages: list[tuple[str, dict[str, Any]]], claim: Claim | None = None
+    ) -> list[str]:
+        """`enqueue` of several immediate messages (instance id, event), in one transaction
+        and in order; with `claim`, the instances it names that can run now locked for this
+        host in it. A message that raises rolls them all back."""
+        with self.tx() as db:
+            db.executemany(
+                "INSERT INTO inbox(instance_id, execution_id, event, visible_at) "
+                "VALUES(?, NULL, ?, 0)",
+                [(iid, _dumps(event)) for iid, event in messages],
             )
             return self._claim_in_tx(db, claim)
 
@@ -552,11 +574,11 @@ class Store:
             if kind == 0:
                 inst = Instance(*r[2:])
             elif kind == 1:
-                messages.append((r[1], r[2], json.loads(r[3])))
+                messages.append((r[1], r[2], orjson.loads(r[3])))
             elif kind == 2:
                 count, top = r[2], r[3]
             else:
-                tail.append((r[1], json.loads(r[2])))
+                tail.append((r[1], orjson.loads(r[2])))
         return inst, messages, (count, top, tail)
 
     def commit_episodes(
@@ -623,7 +645,7 @@ class Store:
             db.executemany(
                 "INSERT INTO history(instance_id, seq, execution_id, event) VALUES(?, ?, ?, ?)",
                 [
-                    (instance_id, start + i, execution_id, json.dumps(e))
+                    (instance_id, start + i, execution_id, _dumps(e))
                     for i, e in enumerate(new_history)
                 ],
             )
@@ -659,12 +681,12 @@ class Store:
         if timers:
             db.executemany(
                 "INSERT INTO inbox(instance_id, execution_id, event, visible_at) VALUES(?, ?, ?, ?)",
-                [(instance_id, execution_id, json.dumps(ev), at) for ev, at in timers],
+                [(instance_id, execution_id, _dumps(ev), at) for ev, at in timers],
             )
         if messages:
             db.executemany(
                 "INSERT INTO inbox(instance_id, execution_id, event, visible_at) VALUES(?, ?, ?, 0)",
-                [(iid, eid, json.dumps(ev)) for iid, eid, ev in messages],
+                [(iid, eid, _dumps(ev)) for iid, eid, ev in messages],
             )
         for child in new_instances or []:
             self._create_in_tx(db, **child)
@@ -739,7 +761,7 @@ class Store:
                     db.execute(
                         "INSERT INTO inbox(instance_id, execution_id, event, visible_at) "
                         "VALUES(?, ?, ?, 0)",
-                        (instance_id, execution_id, json.dumps(event)),
+                        (instance_id, execution_id, _dumps(event)),
                     )
             out.claimed = self._claim_in_tx(db, claim)
         return out
@@ -758,7 +780,7 @@ class Store:
             rows = db.execute(
                 "SELECT seq, event FROM history WHERE instance_id=? ORDER BY seq", (instance_id,)
             ).fetchall()
-            events = [(r["seq"], json.loads(r["event"])) for r in rows]
+            events = [(r["seq"], orjson.loads(r["event"])) for r in rows]
             failed = {
                 (4 if e["EventType"] == 6 else 7, e.get("TaskScheduledId"))
                 for _, e in events
@@ -776,7 +798,7 @@ class Store:
             )
             db.execute(
                 "INSERT INTO inbox(instance_id, execution_id, event, visible_at) VALUES(?, ?, ?, 0)",
-                (instance_id, row["execution_id"], json.dumps(rewind_event)),
+                (instance_id, row["execution_id"], _dumps(rewind_event)),
             )
             db.execute(
                 "UPDATE instances SET status='Running', output=NULL, last_updated_time=? WHERE instance_id=?",
@@ -875,7 +897,7 @@ class Store:
             db.executemany("DELETE FROM entity_ops WHERE id=?", [(i,) for i in consumed])
             db.executemany(
                 "INSERT INTO inbox(instance_id, execution_id, event, visible_at) VALUES(?, ?, ?, 0)",
-                [(iid, eid, json.dumps(ev)) for iid, eid, ev in responses],
+                [(iid, eid, _dumps(ev)) for iid, eid, ev in responses],
             )
             db.execute(
                 "UPDATE entities SET state=?, exists_=?, last_updated_time=?, lock_owner=NULL "

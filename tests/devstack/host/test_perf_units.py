@@ -351,3 +351,71 @@ def test_a_batch_of_starts_that_fails_is_written_start_by_start(tmp_path: Path) 
         assert [store.get_instance(i) is not None for i in "ab"] == [True, True]
     finally:
         store.close()
+
+
+def _raise_together(engine: DurableEngine, *events: tuple[str, str]) -> list[Any]:
+    async def main() -> list[Any]:
+        return await asyncio.gather(
+            *(engine.raise_event_batched(iid, name, json.dumps(name)) for iid, name in events),
+            return_exceptions=True,
+        )
+
+    return asyncio.run(main())
+
+
+def _inbox(store: Store) -> list[tuple[str, str, str]]:
+    return [
+        (r["instance_id"], json.loads(r["event"])["Name"], json.loads(r["event"])["Input"])
+        for r in store.db.execute("SELECT instance_id, event FROM inbox ORDER BY id")
+    ]
+
+
+def test_events_raised_together_share_one_transaction_in_order(tmp_path: Path) -> None:
+    store = Store(str(tmp_path / "hub.sqlite"), "host-a", lease_seconds=5)
+    engine = DurableEngine(store, _OneOrchestrator([]), Clock(), DurableOptions())
+    _start_together(engine, ("orch", "a"), ("orch", "b"))
+    store.db.execute("DELETE FROM inbox")  # the starts' own messages
+    engine._claimed.clear()
+    store.db.execute("UPDATE instances SET lock_owner=NULL")
+    statements: list[str] = []
+    store.db.set_trace_callback(statements.append)
+    try:
+        results = _raise_together(engine, ("a", "one"), ("b", "two"), ("a", "three"))
+        assert results == [None, None, None]
+        assert statements.count("BEGIN IMMEDIATE") == 1
+        assert statements.count("COMMIT") == 1
+        assert _inbox(store) == [
+            ("a", "one", '"one"'),
+            ("b", "two", '"two"'),
+            ("a", "three", '"three"'),
+        ]
+        assert sorted(engine._claimed) == ["a", "b"]  # locked for this host on the way
+    finally:
+        store.close()
+
+
+def test_a_batch_of_raised_events_that_fails_is_written_event_by_event(tmp_path: Path) -> None:
+    store = Store(str(tmp_path / "hub.sqlite"), "host-a", lease_seconds=5)
+    engine = DurableEngine(store, _OneOrchestrator([]), Clock(), DurableOptions())
+    _start_together(engine, ("orch", "a"), ("orch", "b"))
+    store.db.execute("DELETE FROM inbox")
+    original = store.enqueue
+
+    def refuse_many(*args: Any, **kwargs: Any) -> Any:
+        raise sqlite3.OperationalError("database is locked")
+
+    def refuse_b(instance_id: str, *args: Any, **kwargs: Any) -> list[str]:
+        if instance_id == "b":
+            raise sqlite3.OperationalError("disk I/O error")
+        return original(instance_id, *args, **kwargs)
+
+    store.enqueue_many = refuse_many  # type: ignore[method-assign]
+    store.enqueue = refuse_b  # type: ignore[method-assign]
+    try:
+        results = _raise_together(engine, ("a", "one"), ("b", "two"), ("a", "three"))
+        assert results[0] is None
+        assert results[2] is None
+        assert isinstance(results[1], sqlite3.OperationalError)  # its own failure only
+        assert _inbox(store) == [("a", "one", '"one"'), ("a", "three", '"three"')]
+    finally:
+        store.close()
