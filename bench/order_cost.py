@@ -409,8 +409,9 @@ def as_kept(event: dict[str, Any]) -> dict[str, Any]:
 
 def history_size(event: dict[str, Any]) -> int:
     """Bytes of one Durable history event as counted on both sides: its
-    compact JSON (the local host's hub stores it with spaces; the sizes the
-    services bill are of the data, not of its formatting)."""
+    compact JSON (the sizes the services bill are of the data, not of its
+    formatting; the local host's hub stores orjson's compact text, the
+    simulation's durable world keeps dicts)."""
     return len(json.dumps(event, separators=(",", ":")).encode())
 
 
