@@ -17,6 +17,7 @@ processes may share one file (SQLite WAL).
 from __future__ import annotations
 
 import heapq
+import json
 import logging
 import sqlite3
 import threading
@@ -31,8 +32,13 @@ import orjson
 
 def _dumps(event: Any) -> str:
     """An event as the JSON text the hub stores: orjson's compact text (the task hub's rows
-    are read back only by this module and by SQLite's JSON functions)."""
-    return orjson.dumps(event).decode()
+    are read back only by this module and by SQLite's JSON functions). What orjson will not
+    encode and the standard library will (a key that is not a string, an integer past 64
+    bits) is encoded as before, by `json`."""
+    try:
+        return orjson.dumps(event).decode()
+    except TypeError:  # orjson.JSONEncodeError
+        return json.dumps(event)
 
 
 SCHEMA = """

@@ -419,3 +419,19 @@ def test_a_batch_of_raised_events_that_fails_is_written_event_by_event(tmp_path:
         assert _inbox(store) == [("a", "one", '"one"'), ("a", "three", '"three"')]
     finally:
         store.close()
+
+
+def test_the_hubs_json_is_the_standard_librarys_data() -> None:
+    """orjson's text decodes to what `json` would have written, and what orjson refuses
+    (a key that is not a string, an integer past 64 bits) is written by `json` instead."""
+    from devstack.host import store
+
+    event = {
+        "EventType": 4,
+        "Name": "send_step",
+        "Input": '{"a": [1, 2.5, "é"]}',
+        "IsPlayed": False,
+    }
+    assert json.loads(store._dumps(event)) == event
+    odd = {"Input": {1: "one"}, "Big": 2**70}
+    assert store._dumps(odd) == json.dumps(odd)
