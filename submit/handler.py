@@ -191,6 +191,10 @@ class SubmitHandler:
 
         if record.ProcessState is ProcessState.REJECTED:
             record, etag = await self._readmit(order, key, now)
+            # A rejection of the same order racing this delivery may have taken
+            # the document this one wrote (simulation seed 40000990, 50 orders:
+            # two deliveries at once, one rejecting): the readmitted order needs it.
+            await self._orders.store(order, key)
         fast_path = (
             client is not None
             and record.ProcessState is ProcessState.PENDING
@@ -290,6 +294,14 @@ class SubmitHandler:
         settle = await self._send_rejected(order, record, now)
         # A document an earlier admitted delivery wrote goes with the rejection.
         await self._orders.discard(key)
+        # Unless a delivery admitting the same order readmitted the record
+        # meanwhile (seed 40000990): it keeps the order's document.
+        try:
+            current, _ = await self._store.read(key)
+        except (NotFoundError, PermanentError):
+            return settle
+        if current.ProcessState is not ProcessState.REJECTED:
+            await self._orders.store(order, key)
         return settle
 
     async def _send_rejected(
