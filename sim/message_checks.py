@@ -469,13 +469,13 @@ class MessageChecks(Observed):
         with its alert), and none completed."""
         ingress = self.bus.queue(queue)
 
-        def lineage(m: Msg) -> bool:
+        def member(m: Msg) -> bool:
             return str(m.props.get(ORIGINAL_ID_PROPERTY) or m.message_id) in names and (
                 root is None or copy_root(m.message_id, m.seq) == root
             )
 
-        members = [m for m in ingress.sent if lineage(m)]
-        dead = [m for m in ingress.dead if lineage(m)]
+        members = [m for m in ingress.sent if member(m)]
+        dead = [m for m in ingress.dead if member(m)]
         if not dead or not all(
             self._unfinished_dead_letter(ingress.name, m, alerted=True) for m in dead
         ):
