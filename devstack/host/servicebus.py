@@ -51,6 +51,14 @@ SETTLE_TIMEOUT = 30.0
 # DEVSTACK_HOST_SB_SOCKET_TIMEOUT overrides it (seconds).
 RECEIVE_SOCKET_TIMEOUT = 0.05
 
+# How long an idle read lasts once the split holds (`split_transport_locks`): nothing waits
+# for it to end any more (a settlement's or a lock renewal's answer ends it as it arrives),
+# so it can be long; each read that ends empty costs the SDK a frame read and the loop a
+# wake-up, 20 a second for each idle receiver at 0.05 s (with it, the host's CPU per order
+# in bench/pipeline_bench.py under a profiler fell 13 %, docs/local-host.md). A receive
+# still ends after its max_wait_time plus at most this.
+SPLIT_READ_WAIT = 1.0
+
 
 def split_transport_locks(receiver: Any) -> bool:
     """Let the receiver's settlements go out while its receive loop waits to read.
@@ -67,7 +75,9 @@ def split_transport_locks(receiver: Any) -> bool:
       waits for that read *and its dispatch* to end and reports no frame, instead of reading
       for a whole socket timeout itself: the outcome the settlement waits for is dispatched
       by the read in progress, and every caller re-checks its condition after an empty read,
-      as after a timeout.
+      as after a timeout;
+    * so a timed read lasts at least `SPLIT_READ_WAIT`: an idle receiver wakes once a
+      second, not twenty times.
 
     Returns whether the connection is (now) split; a transport of another kind, or an SDK
     whose internals moved, is left alone and settles within the short read timeout below.
@@ -104,6 +114,8 @@ def split_transport_locks(receiver: Any) -> bool:
         if reading:
             await asyncio.shield(reading[0])
             return False
+        if wait is not True and wait is not False and wait < SPLIT_READ_WAIT:
+            wait = SPLIT_READ_WAIT  # a timed read: see SPLIT_READ_WAIT
         done = asyncio.get_running_loop().create_future()
         reading.append(done)
         try:
