@@ -69,8 +69,10 @@ def iso(dt: datetime) -> str:
     return dt.replace(tzinfo=None).isoformat(timespec="microseconds") + "Z"
 
 
+@functools.lru_cache(maxsize=256)
 def _version_key(version: str) -> tuple[Any, ...]:
-    """Compare versions numerically when they look like 1.2.3, else as text."""
+    """Compare versions numerically when they look like 1.2.3, else as text. Remembered:
+    every episode compares its instance's version with the host's, and an app has few."""
     parts = version.split(".")
     if all(p.isdigit() for p in parts if p) and version:
         return (0, *[int(p) for p in parts])

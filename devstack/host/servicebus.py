@@ -382,6 +382,17 @@ class QueueListener:
         self._session_receivers: dict[str, ServiceBusReceiver] = {}
         self._released: set[str] = set()
         self.inflight = 0  # invocations (single, batch or session) not yet settled
+        # What each invocation binds, read once from the function's signature: the trigger
+        # parameter, whether it takes the SDK's message type (one or a list), and the
+        # parameters that take the message actions.
+        trigger_param = trig["name"]
+        annotation = spec.params.get(trigger_param)
+        self._params = (
+            trigger_param,
+            _is_sdk_message_param(annotation),
+            _is_sdk_message_list_param(annotation),
+            [p for p, ann in spec.params.items() if _is_actions_param(ann)],
+        )
 
     @property
     def queue(self) -> str:
@@ -715,18 +726,13 @@ class QueueListener:
         self, msg: ServiceBusReceivedMessage | list[ServiceBusReceivedMessage]
     ) -> None:
         kwargs: dict[str, Any] = {}
-        trigger_param = self.spec.trigger["name"]
-        annotation = self.spec.params.get(trigger_param)
+        trigger_param, sdk_message, sdk_list, actions_params = self._params
         if isinstance(msg, list):
-            sdk = _is_sdk_message_list_param(annotation)
-            kwargs[trigger_param] = [m if sdk else to_functions_message(m) for m in msg]
+            kwargs[trigger_param] = [m if sdk_list else to_functions_message(m) for m in msg]
         else:
-            kwargs[trigger_param] = (
-                msg if _is_sdk_message_param(annotation) else to_functions_message(msg)
-            )
-        for pname, ann in self.spec.params.items():
-            if _is_actions_param(ann):
-                kwargs[pname] = MessageActions(self)
+            kwargs[trigger_param] = msg if sdk_message else to_functions_message(msg)
+        for pname in actions_params:
+            kwargs[pname] = MessageActions(self)
         if self.spec.durable_client_param:
             kwargs[self.spec.durable_client_param] = self.client_binding()
         await call_function(self.spec, kwargs)
