@@ -20,6 +20,7 @@ import logging
 import time
 import traceback
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -112,6 +113,33 @@ class StartResult:
     not_found: bool = False
 
 
+def _answer_batch(
+    batch: list[tuple[Any, asyncio.Future[Any]]],
+    write_all: Callable[[list[Any]], list[Any]],
+    write_one: Callable[[Any], Any],
+) -> None:
+    """Answer each waiting caller of a batch of writes ((item, future) pairs) exactly once:
+    with `write_all`'s result for its item when the whole batch is written in one
+    transaction, or, when that write fails, with its own item's write (`write_one`), so one
+    item's failure stays its own."""
+    try:
+        results = write_all([item for item, _ in batch])
+    except Exception:
+        for item, done in batch:
+            try:
+                result = write_one(item)
+            except Exception as exc:
+                if not done.done():
+                    done.set_exception(exc)
+                continue
+            if not done.done():
+                done.set_result(result)
+        return
+    for (_, done), result in zip(batch, results, strict=True):
+        if not done.done():
+            done.set_result(result)
+
+
 class DurableEngine:
     def __init__(
         self,
@@ -132,7 +160,7 @@ class DurableEngine:
         self._episode_writes: list[dict[str, Any]] = []
         # HTTP starts waiting for the loop's next turn, written together (`_write_starts`).
         self._starts: list[tuple[dict[str, Any], asyncio.Future[StartResult]]] = []
-        self._raises: list[tuple[str, dict[str, Any], asyncio.Future[None]]] = []
+        self._raises: list[tuple[tuple[str, dict[str, Any]], asyncio.Future[None]]] = []
         self._activity_results: list[tuple[dict[str, Any], dict[str, Any]]] = []
         self._flush_scheduled = False
         self._activities_full = False
@@ -178,27 +206,18 @@ class DurableEngine:
 
     def _write_starts(self) -> None:
         starts, self._starts = self._starts, []
-        try:
+
+        def write_all(items: list[dict[str, Any]]) -> list[StartResult]:
             blocking, claimed = self.store.create_or_restart_instances(
-                [s for s, _ in starts],
-                claim=self._next_claim(only=[s["instance_id"] for s, _ in starts]),
+                items, claim=self._next_claim(only=[s["instance_id"] for s in items])
             )
-        except Exception:  # written one by one instead: a start's failure stays its own
-            for start, done in starts:
-                try:
-                    result = self.start_new(**self._start_args(start))
-                except Exception as exc:
-                    if not done.done():
-                        done.set_exception(exc)
-                    continue
-                if not done.done():
-                    done.set_result(result)
-            return
-        self._claimed += claimed
-        for (start, done), blocked in zip(starts, blocking, strict=True):
-            result = self._started(start["instance_id"], blocked)
-            if not done.done():
-                done.set_result(result)
+            self._claimed += claimed
+            return [
+                self._started(s["instance_id"], b) for s, b in zip(items, blocking, strict=True)
+            ]
+
+        # Written one by one if the batch fails: a start's failure stays its own.
+        _answer_batch(starts, write_all, lambda s: self.start_new(**self._start_args(s)))
 
     @staticmethod
     def _start_args(start: dict[str, Any]) -> dict[str, Any]:
@@ -277,34 +296,27 @@ class DurableEngine:
         event's failure stays its own."""
         event = _event(EVENT_RAISED, self.clock.now(), Name=name, Input=data_json)
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._raises.append((instance_id, event, done))
+        self._raises.append(((instance_id, event), done))
         if len(self._raises) == 1:
             asyncio.get_running_loop().call_soon(self._write_raises)
         await done
 
     def _write_raises(self) -> None:
         raises, self._raises = self._raises, []
-        try:
+
+        def write_all(items: list[tuple[str, dict[str, Any]]]) -> list[None]:
             self._claimed += self.store.enqueue_many(
-                [(iid, event) for iid, event, _ in raises],
-                claim=self._next_claim(only=list(dict.fromkeys(iid for iid, _, _ in raises))),
+                items, claim=self._next_claim(only=list(dict.fromkeys(i for i, _ in items)))
             )
-        except Exception:
-            for iid, event, done in raises:
-                try:
-                    self._claimed += self.store.enqueue(
-                        iid, None, event, claim=self._next_claim(only=[iid])
-                    )
-                except Exception as exc:
-                    if not done.done():
-                        done.set_exception(exc)
-                    continue
-                if not done.done():
-                    done.set_result(None)
-        else:
-            for _, _, done in raises:
-                if not done.done():
-                    done.set_result(None)
+            return [None] * len(items)
+
+        def write_one(item: tuple[str, dict[str, Any]]) -> None:
+            iid, event = item
+            self._claimed += self.store.enqueue(
+                iid, None, event, claim=self._next_claim(only=[iid])
+            )
+
+        _answer_batch(raises, write_all, write_one)
         self.clock.poke(ORCHESTRATIONS)
 
     def restart(self, instance_id: str, new_instance_id: bool) -> StartResult | None:
