@@ -3,7 +3,8 @@
 COSMOS_CALL_STATS_DIR set, every Cosmos request the product records
 (adapters.cosmos_client.RequestCharges.record) is counted by its caller and
 kind, and the counts written to <dir>/<pid>.json at most once a second; with
-HOST_TIMINGS=1, `Timings` too. The product carries none of this."""
+HOST_TIMINGS=1, `Timings` too; with HOST_YAPPI=DIR, a CPU-clock profile of each host
+into DIR (`_install_yappi`). The product carries none of this."""
 
 from __future__ import annotations
 
@@ -159,7 +160,53 @@ def _install_timings(directory: str) -> None:
     admission.take, admission.recount = counted_take, counted_recount
 
 
+def _install_yappi(directory: str) -> None:
+    """With HOST_YAPPI=DIR (`pipeline_bench.py --set HOST_YAPPI=DIR`, yappi installed apart:
+    `pip install yappi`): the host process runs under yappi's CPU clock, builtins and every
+    thread included, and writes DIR/<pid>.yappi (pstats format) when the stack stops it
+    (its SIGTERM, before the drain) or on SIGUSR1. `python bench/host_yappi.py FILE ORDERS`
+    sums it by owner per order. Under the profiler the host runs about five times slower,
+    so work done per unit of time (polls, heartbeats) weighs more per order."""
+    import asyncio.unix_events
+    import signal
+
+    try:
+        import yappi
+    except ImportError:
+        raise SystemExit("HOST_YAPPI=1 needs yappi in the venv: pip install yappi") from None
+    yappi.set_clock_type("cpu")
+    yappi.start(builtins=True, profile_threads=True)
+    written: list[bool] = []
+
+    def dump(*_: Any) -> None:
+        if written:
+            return
+        written.append(True)
+        yappi.stop()
+        Path(directory).mkdir(parents=True, exist_ok=True)
+        yappi.get_func_stats().save(str(Path(directory) / f"{os.getpid()}.yappi"), type="pstat")
+
+    signal.signal(signal.SIGUSR1, dump)
+    loop_class = asyncio.unix_events._UnixSelectorEventLoop
+    add = loop_class.add_signal_handler
+
+    def add_signal_handler(self: Any, sig: int, callback: Any, *args: Any) -> None:
+        if sig != signal.SIGTERM:
+            return add(self, sig, callback, *args)
+
+        def first_dump(*a: Any) -> None:
+            dump()
+            callback(*a)
+
+        return add(self, sig, first_dump, *args)
+
+    loop_class.add_signal_handler = add_signal_handler  # type: ignore[method-assign]
+
+
 if os.environ.get("COSMOS_CALL_STATS_DIR"):
     _install(os.environ["COSMOS_CALL_STATS_DIR"])
     if os.environ.get("HOST_TIMINGS") == "1":
         _install_timings(os.environ["COSMOS_CALL_STATS_DIR"])
+    # sys.argv does not name the module yet at this point; the interpreter's own argv does.
+    if os.environ.get("HOST_YAPPI") and "devstack.host" in sys.orig_argv:
+        _install_yappi(os.environ["HOST_YAPPI"])
