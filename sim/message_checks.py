@@ -429,13 +429,20 @@ class MessageChecks(Observed):
         if not self._dead_lineages(queue, {origin}, root=self.delivery_root.get(token)):
             return False
         # ...and no message of the order's own (which would take it back)
-        # came after the write, unless it ended so too.
+        # came after the write, unless it ended so too. The writer's own back-off
+        # copies are its lineage, dead as just checked, not a message after it
+        # (scale seed 48010480, 3 orders: a resend's first delivery wrote the
+        # document and went to back-off, and its copy's every delivery was refused
+        # its own copy on the full ingress queue, until RetriesExhausted; the
+        # copy, sent after the write, was taken for a new message of the order).
         app, own = self.orders[key]
         names = {own, f"{own}/resend"}
+        writer_root = self.delivery_root.get(token)
         later = any(
             str(m.props.get(ORIGINAL_ID_PROPERTY) or m.message_id) in names
             and m.enqueued_at is not None
             and m.enqueued_at > at
+            and copy_root(m.message_id, m.seq) != writer_root
             for m in self.bus.queue(INGRESS_OF[app]).sent
         )
         return not later or self._dead_lineages(queue, names)
