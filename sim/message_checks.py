@@ -426,7 +426,8 @@ class MessageChecks(Observed):
         # back-off till then, wrote it again, met failing stores on every
         # delivery and dead-lettered RetriesExhausted, its queue full).
         queue, _, origin = lineage.partition(" ")
-        if not self._dead_lineages(queue, {origin}, root=self.delivery_root.get(token)):
+        writer_root = self.delivery_root.get(token)
+        if not self._dead_lineages(queue, {origin}, root=writer_root):
             return False
         # ...and no message of the order's own (which would take it back)
         # came after the write, unless it ended so too. The writer's own back-off
@@ -437,7 +438,6 @@ class MessageChecks(Observed):
         # copy, sent after the write, was taken for a new message of the order).
         app, own = self.orders[key]
         names = {own, f"{own}/resend"}
-        writer_root = self.delivery_root.get(token)
         later = any(
             str(m.props.get(ORIGINAL_ID_PROPERTY) or m.message_id) in names
             and m.enqueued_at is not None

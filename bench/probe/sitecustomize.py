@@ -173,7 +173,7 @@ def _install_yappi(directory: str) -> None:
     try:
         import yappi
     except ImportError:
-        raise SystemExit("HOST_YAPPI=1 needs yappi in the venv: pip install yappi") from None
+        raise SystemExit("HOST_YAPPI=DIR needs yappi in the venv: pip install yappi") from None
     yappi.set_clock_type("cpu")
     yappi.start(builtins=True, profile_threads=True)
     written: list[bool] = []
