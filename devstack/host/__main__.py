@@ -1,4 +1,4 @@
-"""`python -m devstack.host --app function_app:app [--settings local.settings.json] [--clock controllable]`"""
+"""`python -m devstack.host [--app function_app[:app]] [--settings local.settings.json] [--clock controllable]`"""
 
 from __future__ import annotations
 
@@ -20,7 +20,10 @@ def parse_args(argv: list[str] | None = None) -> HostOptions:
         description="Run a Python Functions app without the Functions host.",
     )
     p.add_argument(
-        "--app", default="function_app:app", help="module:attribute of the FunctionApp/DFApp"
+        "--app",
+        default="function_app",
+        help="the app's module, searched for its one FunctionApp/DFApp as the worker does "
+        "(default: function_app), or module:attribute",
     )
     p.add_argument(
         "--app-dir", default=None, help="directory of the app (default: current directory)"

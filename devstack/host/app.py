@@ -148,9 +148,11 @@ def _parameters(fn: Callable[..., Any]) -> dict[str, Any]:
 
 
 def load_app(spec: str, app_dir: str | None = None) -> Any:
-    """Import ``module:attribute`` (default attribute ``app``) and return the app object."""
+    """Import ``module`` or ``module:attribute`` and return the app object. Without an
+    attribute the module is searched as the Python worker searches function_app.py
+    (azure_functions_worker/loader.py, `index_function_app`): its one top-level
+    FunctionApp/DFApp/Blueprint-registering object, whatever its name (`app`, `myApp`)."""
     module_name, _, attr = spec.partition(":")
-    attr = attr or "app"
     if app_dir:
         sys.path.insert(0, str(Path(app_dir).resolve()))
     try:
@@ -159,6 +161,8 @@ def load_app(spec: str, app_dir: str | None = None) -> Any:
         raise HostError(
             f"cannot import app module {module_name!r}: {type(exc).__name__}: {exc}"
         ) from exc
+    if not attr:
+        return _the_app_of(module)
     try:
         app = getattr(module, attr)
     except AttributeError:
@@ -168,6 +172,28 @@ def load_app(spec: str, app_dir: str | None = None) -> Any:
             f"{spec} is a {type(app).__name__}, not an azure.functions FunctionApp/DFApp"
         )
     return app
+
+
+def _the_app_of(module: Any) -> Any:
+    """The module's one top-level function app, as the worker finds it: an error when it
+    has none or more than one (the worker's own wording)."""
+    found = [
+        (name, value)
+        for name in dir(module)
+        if isinstance(value := getattr(module, name, None), func.FunctionRegister)
+    ]
+    if not found:
+        raise HostError(
+            f"Could not find top level function app instances in {module.__name__}.py "
+            "(no FunctionApp/DFApp object at its top level)"
+        )
+    if len({id(value) for _, value in found}) > 1:
+        names = ", ".join(name for name, _ in found)
+        raise HostError(
+            f"More than one {type(found[0][1]).__name__} or other top level function app "
+            f"instances are defined in {module.__name__}.py: {names}"
+        )
+    return found[0][1]
 
 
 # One catalog per app object: `get_functions()` is not idempotent (a second

@@ -648,7 +648,9 @@ class DurableEngine:
                     )
                 )
             elif task.kind == "suborchestration":
-                child_id = task.instance_id or f"{instance_id}:{task.task_id:04d}"
+                # DurableTask.Core names an unnamed child "{ExecutionId}:{id}", its id
+                # the parent's task counter (CreateSubOrchestrationInstanceCore).
+                child_id = task.instance_id or f"{inst.execution_id}:{task.task_id}"
                 scheduled_events.append(
                     _event(
                         SUB_ORCHESTRATION_CREATED,

@@ -311,7 +311,10 @@ class DurableHttpApi:
             )
         body = status_payload(inst, show_input=show_input, history=history)
         if inst.status in ("Running", "Pending", "ContinuedAsNew", "Suspended"):
-            return web.json_response(body, status=202, headers={"Retry-After": "5"})
+            # As the extension's HandleGetStatusRequestAsync: the request's own URL to poll.
+            return web.json_response(
+                body, status=202, headers={"Location": str(request.url), "Retry-After": "5"}
+            )
         if inst.status == "Failed" and _bool(
             request.query.get("returnInternalServerErrorOnFailure"), False
         ):
@@ -330,7 +333,8 @@ class DurableHttpApi:
         rows = self.engine.store.query_instances(
             prefix=request.query.get("instanceIdPrefix"), **self._filters(request)
         )
-        show_input = _bool(request.query.get("showInput"), False)
+        # OrchestrationStatusQueryCondition.ShowInput is true unless the query says otherwise.
+        show_input = _bool(request.query.get("showInput"), True)
         return web.json_response(
             [status_payload(r, show_input=show_input) for r in rows],
             headers={"x-ms-continuation-token": ""},

@@ -45,6 +45,7 @@ def test_functions_and_bindings_come_from_the_app_object(sample_catalog: Any) ->
         "fails_twice": "activityTrigger",
         "unstable": "orchestrationTrigger",
         "parent": "orchestrationTrigger",
+        "unnamed_parent": "orchestrationTrigger",
         "child": "orchestrationTrigger",
         "counter": "orchestrationTrigger",
         "tick": "timerTrigger",
@@ -79,6 +80,25 @@ def test_a_bad_app_reference_is_one_clear_error(tmp_path: Path) -> None:
         load_app("not_an_app:app", str(tmp_path))
     sys.path.remove(str(tmp_path.resolve()))
     sys.path.remove(str(tmp_path.resolve()))
+
+
+def test_the_app_is_found_by_type_as_the_worker_finds_it(tmp_path: Path) -> None:
+    """`--app function_app` (the default): the module's one top-level FunctionApp, whatever
+    its name (most official samples call it `myApp`), as the worker's index_function_app."""
+    make = "import azure.functions as func\nimport azure.durable_functions as df\n"
+    (tmp_path / "named_my_app.py").write_text(make + "myApp = df.DFApp()\nalias = myApp\n")
+    (tmp_path / "two_apps.py").write_text(make + "one = func.FunctionApp()\ntwo = df.DFApp()\n")
+    (tmp_path / "no_app.py").write_text(make + "bp = df.Blueprint()\n")
+    try:
+        app = load_app("named_my_app", str(tmp_path))
+        assert app is sys.modules["named_my_app"].myApp
+        with pytest.raises(HostError, match=r"More than one .* instances are defined.*one, two"):
+            load_app("two_apps", str(tmp_path))
+        with pytest.raises(HostError, match="Could not find top level function app instances"):
+            load_app("no_app", str(tmp_path))
+    finally:
+        while str(tmp_path.resolve()) in sys.path:
+            sys.path.remove(str(tmp_path.resolve()))
 
 
 def test_local_settings_fill_the_environment_without_overriding_it(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from datetime import datetime
 from typing import Any
 
@@ -181,6 +182,18 @@ async def test_sub_orchestrations_and_queries(host: HostProcess) -> None:
     )
     assert purged.instances_deleted >= 3
     assert not await client.get_status("fam-child-0")
+
+
+async def test_an_unnamed_child_is_named_as_durable_task_core_names_it(host: HostProcess) -> None:
+    """Named "{the parent's ExecutionId}:{the child's task id}" (TaskOrchestrationContext.
+    CreateSubOrchestrationInstanceCore): the activity before it took task id 0."""
+    client = host.client
+    await client.start_new("unnamed_parent", "unnamed")
+    status = await wait_status(client, "unnamed", "Completed", "Failed")
+    assert status.output == 4
+    children = [s for s in await client.get_status_all() if s.name == "child"]
+    assert [c.output for c in children] == [4]
+    assert re.fullmatch(r"[0-9a-f]{32}:1", children[0].instance_id), children[0].instance_id
 
 
 async def test_continue_as_new_starts_a_fresh_history(host: HostProcess) -> None:

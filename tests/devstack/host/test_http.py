@@ -41,6 +41,9 @@ async def poll_until_done(
                 assert r.status == 200
                 return body
             assert r.status == 202
+            # HttpApiHandler.HandleGetStatusRequestAsync: a 202 names itself to poll again.
+            assert r.headers["Location"] == url
+            assert r.headers["Retry-After"] == "5"
         await asyncio.sleep(0.1)
     raise AssertionError(f"{url} still {body.get('runtimeStatus')} after {timeout}s")
 
@@ -161,8 +164,22 @@ async def test_management_urls_answer_as_the_extension_does(host: HostProcess) -
             assert r.status == 202
         async with session.get(links["statusQueryGetUri"]) as r:
             assert r.status == 202
+            assert r.headers["Location"] == links["statusQueryGetUri"]  # Suspended polls on
         async with session.post(links["resumePostUri"].replace("{text}", "go")) as r:
             assert r.status == 202
+        # The instance list shows inputs unless asked not to (the extension's
+        # OrchestrationStatusQueryCondition.ShowInput defaults to true): the SDK's
+        # get_status_all and get_status_by send no showInput.
+        instances = f"{host.base}/runtime/webhooks/durabletask/instances"
+        async with session.get(instances) as r:
+            listed = {i["instanceId"]: i for i in await r.json()}
+        async with session.get(links["statusQueryGetUri"]) as r:
+            own = await r.json()
+        # The Python SDK's client posts its input encoded (so it is the JSON text here).
+        assert listed[links["id"]]["input"] == own["input"] == '{"hours": 1}'
+        async with session.get(instances + "?showInput=false") as r:
+            listed = {i["instanceId"]: i for i in await r.json()}
+        assert listed[links["id"]]["input"] is None
 
 
 async def test_routes_parameters_methods_and_results(host: HostProcess) -> None:

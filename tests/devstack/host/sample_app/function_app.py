@@ -141,6 +141,14 @@ def parent(context: df.DurableOrchestrationContext):
 
 
 @durable_bp.orchestration_trigger(context_name="context")
+def unnamed_parent(context: df.DurableOrchestrationContext):
+    """A child started without an instance id: DurableTask.Core names it."""
+    doubled = yield context.call_activity("double", {"x": 1, "instance": context.instance_id})
+    result = yield context.call_sub_orchestrator("child", doubled)
+    return result
+
+
+@durable_bp.orchestration_trigger(context_name="context")
 def child(context: df.DurableOrchestrationContext):
     n = context.get_input()
     doubled = yield context.call_activity("double", {"x": n, "instance": context.instance_id})
