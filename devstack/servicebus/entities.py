@@ -164,7 +164,9 @@ class Journal(Protocol):
 
     def put_duplicate(self, queue: str, message_id: str, seen_ms: int) -> None: ...
 
-    def put_session_state(self, queue: str, session_id: str, state: bytes | None) -> None: ...
+    def put_session_state(
+        self, queue: str, session_id: str, state: bytes | None, updated_ms: int = 0
+    ) -> None: ...
 
     def flush(self) -> None: ...
 
@@ -184,7 +186,9 @@ class NullJournal:
     def put_duplicate(self, queue: str, message_id: str, seen_ms: int) -> None:
         pass
 
-    def put_session_state(self, queue: str, session_id: str, state: bytes | None) -> None:
+    def put_session_state(
+        self, queue: str, session_id: str, state: bytes | None, updated_ms: int = 0
+    ) -> None:
         pass
 
     def flush(self) -> None:
@@ -240,6 +244,7 @@ class MessageSession:
         session_id: The SessionId its messages carry.
         available: Sequence numbers of its available messages (a heap: delivered in order).
         state: The session state a receiver stored, or None.
+        state_updated_ms: When a receiver last set the state (get-message-sessions filters on it).
         holder: The receiver that holds the session lock, or None.
         locked_until_ms: When the session lock ends unless renewed.
         locks: Message locks taken under this session lock (they end with it).
@@ -248,6 +253,7 @@ class MessageSession:
     session_id: str
     available: list[int] = field(default_factory=list)
     state: bytes | None = None
+    state_updated_ms: int = 0
     holder: Consumer | None = None
     locked_until_ms: int = 0
     locks: set[uuid.UUID] = field(default_factory=set)
@@ -647,7 +653,29 @@ class Queue:
     def set_session_state(self, session_id: str | None, state: bytes | None) -> None:
         session = self.held_session(session_id)
         session.state = state
-        self.broker.journal.put_session_state(self.journal_name, session.session_id, state)
+        session.state_updated_ms = self.broker.clock()
+        self.broker.journal.put_session_state(
+            self.journal_name, session.session_id, state, session.state_updated_ms
+        )
+
+    def session_ids(self, state_updated_after_ms: int | None) -> list[str]:
+        """The sessions get-message-sessions lists, in the order they were first seen: with
+        `state_updated_after_ms` None, those with an active message (available or locked)
+        or a stored state; else those whose state was set after that time."""
+        if state_updated_after_ms is not None:
+            return [
+                sid
+                for sid, session in self.sessions.items()
+                if session.state_updated_ms > state_updated_after_ms
+            ]
+        active = {
+            m.session_id or "" for m in self.messages.values() if m.state in (AVAILABLE, LOCKED)
+        }
+        return [
+            sid
+            for sid, session in self.sessions.items()
+            if sid in active or session.state is not None
+        ]
 
     def _pick_consumer(self) -> Consumer | None:
         """Round-robin over consumers with credit, so competing receivers share the load."""

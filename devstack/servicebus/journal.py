@@ -49,6 +49,7 @@ CREATE TABLE IF NOT EXISTS duplicates (
 );
 CREATE TABLE IF NOT EXISTS session_states (
     queue TEXT NOT NULL, session_id TEXT NOT NULL, state BLOB,
+    updated_ms INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (queue, session_id)
 );
 """
@@ -64,10 +65,15 @@ class SqliteJournal:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(_SCHEMA)
+        columns = {row[1] for row in self._db.execute("PRAGMA table_info(session_states)")}
+        if "updated_ms" not in columns:  # a journal written before the column
+            self._db.execute(
+                "ALTER TABLE session_states ADD COLUMN updated_ms INTEGER NOT NULL DEFAULT 0"
+            )
         self._messages: dict[tuple[str, int], StoredMessage | None] = {}
         self._sequences: dict[str, int] = {}
         self._duplicates: dict[tuple[str, str], int] = {}
-        self._session_states: dict[tuple[str, str], bytes | None] = {}
+        self._session_states: dict[tuple[str, str], tuple[bytes | None, int]] = {}
         self._closed = False
 
     # -- the entities.Journal protocol ---------------------------------------
@@ -84,8 +90,10 @@ class SqliteJournal:
     def put_duplicate(self, queue: str, message_id: str, seen_ms: int) -> None:
         self._duplicates[(queue, message_id)] = seen_ms
 
-    def put_session_state(self, queue: str, session_id: str, state: bytes | None) -> None:
-        self._session_states[(queue, session_id)] = state
+    def put_session_state(
+        self, queue: str, session_id: str, state: bytes | None, updated_ms: int = 0
+    ) -> None:
+        self._session_states[(queue, session_id)] = (state, updated_ms)
 
     def flush(self) -> None:
         if self._closed or not (
@@ -117,7 +125,7 @@ class SqliteJournal:
                     "INSERT OR REPLACE INTO duplicates VALUES (?, ?, ?)",
                     [(q, m, s) for (q, m), s in self._duplicates.items()],
                 )
-            for (queue, session_id), state in self._session_states.items():
+            for (queue, session_id), (state, updated_ms) in self._session_states.items():
                 if state is None:
                     db.execute(
                         "DELETE FROM session_states WHERE queue = ? AND session_id = ?",
@@ -125,8 +133,8 @@ class SqliteJournal:
                     )
                 else:
                     db.execute(
-                        "INSERT OR REPLACE INTO session_states VALUES (?, ?, ?)",
-                        (queue, session_id, state),
+                        "INSERT OR REPLACE INTO session_states VALUES (?, ?, ?, ?)",
+                        (queue, session_id, state, updated_ms),
                     )
             db.execute("COMMIT")
         except BaseException:
@@ -154,12 +162,14 @@ class SqliteJournal:
                 queue.settings.duplicate_window * 1000
             ):
                 queue.duplicates[message_id] = seen_ms
-        for queue_name, session_id, state in self._db.execute(
-            "SELECT queue, session_id, state FROM session_states"
+        for queue_name, session_id, state, updated_ms in self._db.execute(
+            "SELECT queue, session_id, state, updated_ms FROM session_states"
         ):
             queue = broker.queues.get(queue_name)
             if queue is not None:
-                queue.session(session_id).state = bytes(state)
+                session = queue.session(session_id)
+                session.state = bytes(state)
+                session.state_updated_ms = updated_ms
         restored = 0
         for row in self._db.execute("SELECT * FROM messages ORDER BY queue, seq"):
             queue = broker.queues.get(row[0])

@@ -160,6 +160,54 @@ def set_session_state(_conn: Connection, queue: Queue, body: dict) -> Response:
     return _ok()
 
 
+#: The SDK's `last-updated-time` for "no filter" (.NET's DateTime.MaxValue, in ms).
+_NO_STATE_FILTER_MS = 253402300800000
+
+
+def get_message_sessions(_conn: Connection, queue: Queue, body: dict) -> Response:
+    """ServiceBusClient.list_queue_sessions / list_subscription_sessions (azure-servicebus
+    7.15): a page of `top` session ids after `skip`, and the skip of the next page;
+    204 (com.microsoft:session-not-found) when the page is empty, as the service answers."""
+    if not queue.sessionful:
+        return _fail(
+            400,
+            b"amqp:not-allowed",
+            f"entity {queue.path!r} is not session-enabled: it has no sessions to list",
+        )
+    after = body.get(b"last-updated-time")
+    after_ms = _timestamp_ms(after)
+    skip = max(int(body.get(b"skip") or 0), 0)
+    top = int(body.get(b"top") or 0) or 100
+    ids = queue.session_ids(
+        None if after_ms is None or after_ms >= _NO_STATE_FILTER_MS else after_ms
+    )
+    page = ids[skip : skip + top]
+    if not page:
+        return Response(
+            {
+                "statusCode": 204,
+                "statusDescription": "No sessions",
+                "errorCondition": typed(AMQPTypes.symbol, b"com.microsoft:session-not-found"),
+            }
+        )
+    return _ok(
+        {
+            "skip": typed(AMQPTypes.int, skip + len(page)),
+            "sessions-ids": typed(AMQPTypes.array, [typed(AMQPTypes.string, sid) for sid in page]),
+        }
+    )
+
+
+def _timestamp_ms(value: Any) -> int | None:
+    """An AMQP timestamp as the codec decodes it (milliseconds, or a datetime), or None."""
+    if value is None:
+        return None
+    if isinstance(value, int):
+        return value
+    timestamp = getattr(value, "timestamp", None)
+    return int(timestamp() * 1000) if callable(timestamp) else int(value)
+
+
 _OPERATIONS: dict[bytes, Callable[[Connection, Queue, dict], Response]] = {
     b"com.microsoft:renew-lock": renew_lock,
     b"com.microsoft:peek-message": peek_message,
@@ -170,6 +218,7 @@ _OPERATIONS: dict[bytes, Callable[[Connection, Queue, dict], Response]] = {
     b"com.microsoft:renew-session-lock": renew_session_lock,
     b"com.microsoft:get-session-state": get_session_state,
     b"com.microsoft:set-session-state": set_session_state,
+    b"com.microsoft:get-message-sessions": get_message_sessions,
 }
 
 

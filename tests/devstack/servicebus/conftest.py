@@ -82,6 +82,7 @@ TEST_QUEUES: dict[str, dict[str, Any]] = {
             "session-defer",
             "session-async",
             "session-delete",
+            "session-list",
         )
     },
     "session-expiry": {"LockDuration": "PT2S", "MaxDeliveryCount": 10, "RequiresSession": True},

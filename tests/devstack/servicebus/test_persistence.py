@@ -100,3 +100,25 @@ def test_without_a_data_dir_nothing_survives(servicebus_emulator: ServiceBusEmul
     ):
         assert held_messages(receiver) == []
     emulator.stop()
+
+
+def test_a_journal_from_before_the_state_time_column_is_read(tmp_path: Path) -> None:
+    """A data dir written before session states kept their time: the column is added
+    (time 0: not after any filter time) and the state is read as before."""
+    import sqlite3
+
+    from devstack.servicebus.journal import SqliteJournal
+
+    with sqlite3.connect(tmp_path / "servicebus.sqlite3") as db:
+        db.execute(
+            "CREATE TABLE session_states (queue TEXT NOT NULL, session_id TEXT NOT NULL, "
+            "state BLOB, PRIMARY KEY (queue, session_id))"
+        )
+        db.execute("INSERT INTO session_states VALUES ('q', 's', x'6b')")
+    journal = SqliteJournal(tmp_path)
+    rows = journal._db.execute("SELECT queue, session_id, state, updated_ms FROM session_states")
+    assert rows.fetchall() == [("q", "s", b"k", 0)]
+    journal.put_session_state("q", "s", b"v", 1234)
+    journal.flush()
+    rows = journal._db.execute("SELECT state, updated_ms FROM session_states")
+    assert rows.fetchall() == [(b"v", 1234)]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import threading
 import time
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -178,6 +179,36 @@ def test_session_state_is_kept_per_session(client: ServiceBusClient) -> None:
         assert receiver.session.get_state() == b"\x00\x01"
 
 
+def test_list_queue_sessions_names_sessions_with_messages_or_state(
+    client: ServiceBusClient,
+) -> None:
+    """azure-servicebus 7.15's ServiceBusClient.list_queue_sessions (get-message-sessions):
+    by default the sessions with an active message or a stored state, in pages of 100;
+    with `state_updated_after`, those whose state was set after it; none: an empty list."""
+    assert list(client.list_queue_sessions("session-list")) == []
+    _send(client, "session-list", *[(f"s{i:03}", "m") for i in range(150)])
+    assert sorted(client.list_queue_sessions("session-list")) == [f"s{i:03}" for i in range(150)]
+    with client.get_queue_receiver("session-list", session_id="s000") as receiver:
+        [message] = receive_all(receiver, 1)
+        receiver.complete_message(message)
+        receiver.session.set_state("kept")  # no message left, but a state: still listed
+    with client.get_queue_receiver("session-list", session_id="s001") as receiver:
+        [message] = receive_all(receiver, 1)
+        receiver.complete_message(message)  # neither: no longer listed
+    listed = set(client.list_queue_sessions("session-list"))
+    assert listed == {f"s{i:03}" for i in range(150)} - {"s001"}
+    before = datetime.now(UTC) - timedelta(seconds=1)
+    with client.get_queue_receiver("session-list", session_id="s002") as receiver:
+        receiver.session.set_state("later")
+    assert list(client.list_queue_sessions("session-list", state_updated_after=before)) == ["s002"]
+    assert (
+        list(client.list_queue_sessions("session-list", state_updated_after=datetime.now(UTC)))
+        == []
+    )
+    with pytest.raises(ServiceBusError, match="not session-enabled"):
+        list(client.list_queue_sessions("basic"))
+
+
 def test_renewing_the_session_lock_moves_its_expiry(client: ServiceBusClient) -> None:
     _send(client, "session-renew", ("r", "r0"))
     with client.get_queue_receiver("session-renew", session_id="r") as receiver:
@@ -304,12 +335,18 @@ def test_session_state_survives_a_restart(
         {"durable-sessions": {"LockDuration": "PT30S", "RequiresSession": True}},
         data_dir=tmp_path / "data",
     )
+    before = datetime.now(UTC) - timedelta(seconds=1)
     with ServiceBusClient.from_connection_string(emulator.connection_string) as client:
         _send(client, "durable-sessions", ("p", "p0"))
         with client.get_queue_receiver("durable-sessions", session_id="p") as receiver:
             receiver.session.set_state("kept")
     emulator.kill()
     emulator.restart()
+    with ServiceBusClient.from_connection_string(emulator.connection_string) as client:
+        # The state's time is kept too: the filtered listing still finds it.
+        assert list(client.list_queue_sessions("durable-sessions", state_updated_after=before)) == [
+            "p"
+        ]
     with (
         ServiceBusClient.from_connection_string(emulator.connection_string) as client,
         client.get_queue_receiver("durable-sessions", session_id="p") as receiver,
