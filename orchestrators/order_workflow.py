@@ -164,11 +164,15 @@ def _run_planned(context, given: AttemptStart):
         if step.Completed:
             continue
         last = step.Name
+        answer = None
         if step.Mode != "inline":
-            yield from _send_step(context, plan, step, deadline, payload)
+            answer = context.wait_for_external_event(
+                reply_event_name(step.Name, plan.Attempt, "do")
+            )
+            yield from _send_step(context, plan, step, deadline, payload, answer)
         if timer is None:
             timer = context.create_timer(deadline)
-        reply = yield from _await_marked(context, plan, step, deadline, timer)
+        reply = yield from _await_marked(context, plan, step, deadline, timer, answer)
         if reply is None:
             # The record keeps CompleteBy, now past: the Supervisor's to recover.
             return finish("timed_out", step.Name, "deadline passed")
@@ -185,24 +189,37 @@ def _run_planned(context, given: AttemptStart):
     return (yield from _finish_planned(context, done, deadline, last))
 
 
-def _send_step(context, plan: Plan, step: StepPlan, deadline: datetime, payload: dict | None):
+def _send_step(
+    context, plan: Plan, step: StepPlan, deadline: datetime, payload: dict | None, answer
+):
     """Send `step`'s request. A send whose answer was lost may have left:
     its reply still counts until the deadline, when the Supervisor would take
     the attempt anyway. Waiting costs nothing; failing here would leave a
     reply (a refusal, say) to a later attempt to ask for again."""
-    # The SDK raises the activity's failure here after its retries.
-    with contextlib.suppress(Exception):
-        yield _call(
-            context,
-            "send_step",
-            SendStep(
-                InstanceId=context.instance_id,
-                Step=step.Name,
-                Deadline=deadline,
-                Payload=payload,
-                AppId=plan.AppId,
-            ).dump(),
-        )
+    send = _call(
+        context,
+        "send_step",
+        SendStep(
+            InstanceId=context.instance_id,
+            Step=step.Name,
+            Deadline=deadline,
+            Payload=payload,
+            AppId=plan.AppId,
+        ).dump(),
+    )
+    yield from _sending(context, send, answer)
+
+
+def _sending(context, send, answer):
+    """Wait for `send` (an activity that sends a request) with `answer`, the wait for the
+    request's reply event, open meanwhile: the first reply raised while the send runs is
+    the one `answer` takes. The Durable Python SDK keeps only the last of the same-named
+    events that arrive while nothing waits for them (a duplicate delivery's later answer
+    would replace an earlier refusal: scale seed 54000465); an open wait takes the first.
+    Done when either is: a reply (the send's own answer may come later, unread), or the
+    send, succeeded or failed after its retries (task_any hands a failure over as its
+    winner, not as an exception)."""
+    yield context.task_any([send, answer])
 
 
 def _finish_planned(context, done: dict[str, str | None], deadline: datetime, last):
@@ -227,9 +244,9 @@ def _finish_planned(context, done: dict[str, str | None], deadline: datetime, la
     return finish("processed")
 
 
-def _await_marked(context, plan: Plan, step: StepPlan, deadline: datetime, timer):
-    """Wait for `step`'s reply (or run the inline step) until the attempt's
-    timer fires; the reply, or None when the deadline came first."""
+def _await_marked(context, plan: Plan, step: StepPlan, deadline: datetime, timer, answer):
+    """Wait for `step`'s reply (`answer`, the wait `_sending` opened; or run the inline
+    step) until the attempt's timer fires; the reply, or None when the deadline came first."""
     if step.Mode == "inline":
         request = SendRequest(
             InstanceId=context.instance_id,
@@ -240,7 +257,7 @@ def _await_marked(context, plan: Plan, step: StepPlan, deadline: datetime, timer
         )
         task = context.call_activity("run_inline_step", _traced(context, request.dump()))
     else:
-        task = context.wait_for_external_event(reply_event_name(step.Name, plan.Attempt, "do"))
+        task = answer
     winner = yield context.task_any([task, timer])
     return None if winner is timer else _reply(context, plan, step.Name, "do", task.result)
 
@@ -567,8 +584,14 @@ def _request_undo(context, plan: Plan, step: StepPlan, deadline, attempt_try: in
     )
     if step.Mode == "inline":
         return context.call_activity("run_inline_step", _traced(context, request.dump()))
-    yield _call(context, "send_agent_request", request.dump())
-    return context.wait_for_external_event(reply_event_name(step.Name, plan.Attempt, request.label))
+    answer = context.wait_for_external_event(
+        reply_event_name(step.Name, plan.Attempt, request.label)
+    )
+    send = _call(context, "send_agent_request", request.dump())
+    yield from _sending(context, send, answer)
+    if send.is_completed:
+        yield send  # a send that failed after its retries raises here, as it always has
+    return answer
 
 
 def _finish_compensation(context, plan: Plan):

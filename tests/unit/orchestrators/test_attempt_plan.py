@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from domain import state_machine as sm
 from domain.errors import TransientError
@@ -285,6 +285,46 @@ async def test_a_refusal_to_a_step_whose_send_failed_after_leaving_still_ends_th
     assert [r["Step"] for r in requests(world) if r["Action"] == "do"] == STEPS[:2]
     record = await world.record()
     assert record.ProcessState is ProcessState.COMPENSATED
+
+
+class _AnsweredTwiceWhileSending(_Driver):
+    """The first step's request leaves but its send_step fails on every try (the send's
+    answer lost), and meanwhile the agent answers the request twice, as for a duplicate
+    delivery of it: a refusal, then a transient answer (the duplicate's calls were paced
+    until the deadline). Both replies arrive while the send is still being retried."""
+
+    async def _activity(self, name, data):
+        result = await super()._activity(name, data)
+        if name == "send_step" and data.get("Step") == STEPS[0]:
+            raise ActivityFailure("sending to agent-requests: no answer in time")
+        return result
+
+    def _answer(self, send):
+        if send.Step != STEPS[0]:
+            return super()._answer(send)
+        answers = [
+            ("permanent", "HTTP 402: declined", timedelta(milliseconds=100)),
+            ("transient", "deadline reached; last error: HTTP 429", timedelta(milliseconds=200)),
+        ]
+        for answer in answers:
+            self.agent = lambda _send, answer=answer: answer
+            super()._answer(send)
+        return None
+
+
+async def test_the_first_of_two_replies_raised_during_the_send_is_the_one_taken():
+    """Scale seed 54000465: the Durable Python SDK keeps only the last same-named event
+    raised while no task waits for it, so an attempt that opened its reply's wait only
+    after the send took the later transient answer, timed out, and a second attempt asked
+    the service again for an answer already refused. The wait is open during the send:
+    the refusal, the first reply, ends the order now."""
+    world = World()
+    instance_id, given = await world.fast_started()
+    driver = _AnsweredTwiceWhileSending(world, instance_id, ok, input=given)
+    assert await driver.run() == "completed"
+    assert driver.output["Outcome"] == "failed"
+    assert "HTTP 402" in driver.output["Detail"]
+    assert (await world.record()).ProcessState is ProcessState.ERROR
 
 
 def _refusing(world, refused):
