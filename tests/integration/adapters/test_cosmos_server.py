@@ -51,6 +51,27 @@ async def test_patch_filter_predicate_keeps_its_case(state_container: ContainerP
     assert (await state_container.read_item("p1", partition_key="p1"))["N"] == 1
 
 
+async def test_a_query_with_a_partition_key_runs_within_that_partition(
+    state_container: ContainerProxy,
+) -> None:
+    # Bug 5: the package answered 400 "missing partition keys" unless the query text
+    # named the partition-key path, and otherwise ignored the partition key header.
+    for name in ("a", "b"):
+        await state_container.create_item({"id": name})
+
+    async def results(query: str, **scope: object) -> list[object]:
+        return [item async for item in state_container.query_items(query, **scope)]
+
+    assert await results("SELECT VALUE c.id FROM c", partition_key="a") == ["a"]
+    assert await results(
+        "SELECT VALUE c.id FROM c WHERE c.id IN ('a', 'b')", partition_key="b"
+    ) == ["b"]
+    assert await results("SELECT VALUE COUNT(1) FROM c", partition_key="a") == [1]
+    # A feed range: here the one partition key range, so the whole container.
+    (feed_range,) = [r async for r in state_container.read_feed_ranges()]
+    assert sorted(await results("SELECT VALUE c.id FROM c", feed_range=feed_range)) == ["a", "b"]
+
+
 async def test_fault_rules_throttle_only_their_database(
     cosmos_server: CosmosServer,
     cosmos_account: CosmosAccount,
