@@ -252,6 +252,21 @@ const applied = [];
   applied.push("query-in-partition");
 }
 
+// Resource ids are plain base64, so from about the 63rd item of a container a `_rid`
+// (and the `_self` link built from it) holds a '/', and the SDK's operations that
+// take an item dict (delete_item(item), replace_item(item, ...) use `_self`) fail
+// with "Failed Parsing ResourceID from link". Cosmos writes '-' for '/' in resource
+// ids (the Python SDK's _base.py turns it back before decoding). Write '-' and read
+// both (the package replaced only the first '-' when reading). Snapshots written
+// before this keep their '/' rids: restore() renames them.
+const ridWithoutSlash = rid => rid.replace(/\//g, "-");
+{
+  const ResourceId = lib("account/resource-id").default;
+  ResourceId.toBase64String = buffer => ridWithoutSlash(buffer.toString("base64"));
+  ResourceId.fromBase64String = s => Buffer.from(s.replace(/-/g, "/"), "base64");
+  applied.push("rid-without-slash");
+}
+
 // Bug 11: every query is quadratic in the container's documents. The query
 // compiler (@zeit/cosmosdb-query) turns `FROM c` into
 // `$c.reduce(($, c) => ... [...$, { c: c }] ..., [])`, which copies the
@@ -326,23 +341,30 @@ function snapshot() {
   };
 }
 
+// A snapshot from before rid-without-slash may hold rids with '/': rename them (and the
+// _self links built from them), so its items work with the SDK like new ones.
+function withRid(items, data) {
+  const _rid = ridWithoutSlash(data._rid);
+  return { ...data, _rid, _self: items._self(_rid) };
+}
+
 function restore(snap) {
   if (!snap || snap.version !== SNAPSHOT_VERSION) {
     throw new Error(`unknown snapshot version ${snap && snap.version}`);
   }
   let items = 0;
   for (const db of snap.databases) {
-    account.databases._set(db.data);
+    account.databases._set(withRid(account.databases, db.data));
     const database = account.database(db.data.id);
     for (const coll of db.collections) {
-      database.collections._set(coll.data);
+      database.collections._set(withRid(database.collections, coll.data));
       const collection = database.collection(coll.data.id);
       for (const doc of coll.documents) {
-        collection.documents._set(doc);
+        collection.documents._set(withRid(collection.documents, doc));
         items += 1;
       }
       for (const udf of coll.udfs) {
-        collection.userDefinedFunctions._set(udf);
+        collection.userDefinedFunctions._set(withRid(collection.userDefinedFunctions, udf));
         collection.userDefinedFunctions.functions[udf.id] = new Function(
           `"use strict";return (${udf.body})`
         )();

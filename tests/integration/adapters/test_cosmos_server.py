@@ -4,10 +4,11 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from azure.cosmos import PartitionKey
-from azure.cosmos.aio import ContainerProxy
+from azure.cosmos.aio import ContainerProxy, CosmosClient
 from azure.cosmos.exceptions import CosmosHttpResponseError, CosmosResourceNotFoundError
 
 from adapters.cosmos_client import build_client
@@ -70,6 +71,59 @@ async def test_a_query_with_a_partition_key_runs_within_that_partition(
     # A feed range: here the one partition key range, so the whole container.
     (feed_range,) = [r async for r in state_container.read_feed_ranges()]
     assert sorted(await results("SELECT VALUE c.id FROM c", feed_range=feed_range)) == ["a", "b"]
+
+
+async def test_item_links_hold_no_slash_so_the_sdk_can_use_them(
+    state_container: ContainerProxy,
+) -> None:
+    # The package wrote plain base64 rids: from about the 63rd item a '/' in `_rid` and
+    # `_self`, and the SDK's calls that take an item dict (they use `_self`) failed.
+    items = [await state_container.create_item({"id": f"i{n}"}) for n in range(70)]
+    assert not [item["_rid"] for item in items if "/" in item["_rid"]]
+    later = items[62:]
+    assert any("-" in item["_rid"] for item in later)  # Cosmos writes '-' for '/'
+    for item in later[:4]:
+        await state_container.delete_item(item, partition_key=item["id"])
+    kept = later[4]
+    replaced = await state_container.replace_item(kept, {"id": kept["id"], "n": 1})
+    assert (replaced["n"], replaced["_rid"]) == (1, kept["_rid"])
+    assert (await state_container.read_item(kept["id"], partition_key=kept["id"]))["n"] == 1
+    remaining = [r async for r in state_container.query_items("SELECT VALUE COUNT(1) FROM c")]
+    assert remaining == [66]
+
+
+async def test_a_data_file_with_slashed_rids_still_loads(tmp_path: Path) -> None:
+    # A snapshot written before the fix holds rids with '/': they load, renamed.
+    data = tmp_path / "cosmos.json"
+    with start_server(data_file=data) as server:
+        async with _client(server) as client:
+            db = await client.create_database_if_not_exists("keep")
+            box = await db.create_container_if_not_exists("box", PartitionKey(path="/id"))
+            items = [await box.create_item({"id": f"i{n}"}) for n in range(64)]
+    slashed = [item for item in items if "-" in item["_rid"]]
+    assert slashed
+    snapshot = json.loads(data.read_text())
+    for doc in snapshot["databases"][0]["collections"][0]["documents"]:
+        doc["_rid"] = doc["_rid"].replace("-", "/")
+        doc["_self"] = doc["_self"].replace("-", "/")
+    data.write_text(json.dumps(snapshot))
+
+    with start_server(data_file=data) as server:
+        async with _client(server) as client:
+            box = client.get_database_client("keep").get_container_client("box")
+            item = await box.read_item(slashed[0]["id"], partition_key=slashed[0]["id"])
+            assert (item["_rid"], item["_self"], item["_etag"]) == (
+                slashed[0]["_rid"],
+                slashed[0]["_self"],
+                slashed[0]["_etag"],
+            )
+            await box.delete_item(item, partition_key=item["id"])
+            new = await box.create_item({"id": "new"})
+            assert new["_rid"] not in {i["_rid"] for i in items}
+
+
+def _client(server: CosmosServer) -> CosmosClient:
+    return CosmosClient(server.endpoint, server.key, connection_verify=False)
 
 
 async def test_fault_rules_throttle_only_their_database(
