@@ -94,21 +94,20 @@ const applied = [];
 
 // Bug 3: a patch's filter predicate is lowercased before it is evaluated, so a
 // predicate naming a property or value with capitals never matches (412).
-// Evaluate the predicate here, case intact, then run the patch without it.
+// Evaluate the predicate here, case intact, then run the patch without it. Cosmos's
+// predicate is "FROM <alias> WHERE <condition>" with any alias, evaluated on the
+// document being patched only: run it as a query over that one document (not over
+// the container by id, which let a same-id item of another partition satisfy it).
 {
   const patchOps = lib("handler/_patch-operations");
   const pk = lib("utils/get-partition-from-header");
   const original = patchOps.patchOperation;
   const conditionQuery = condition => {
     const text = condition.trim();
-    if (/^select\s/i.test(text)) {
-      return text;
-    }
-    const where = text.match(/^(?:from\s+\w+\s+)?where\s+([\s\S]*)$/i);
-    if (where) {
-      return `SELECT * FROM c WHERE c.id = @id AND (${where[1]})`;
-    }
-    return `SELECT * ${text} AND c.id = @id`;
+    if (/^select\s/i.test(text)) return text;
+    if (/^from\s/i.test(text)) return `SELECT * ${text}`;
+    if (/^where\s/i.test(text)) return `SELECT * FROM c ${text}`;
+    return `SELECT * FROM c WHERE ${text}`;
   };
   patchOps.patchOperation = (collection, input) => {
     if (!input.condition) {
@@ -127,10 +126,9 @@ const applied = [];
     }
     let matched;
     try {
-      matched = collection.documents.query(
-        { query: conditionQuery(input.condition), parameters: [{ name: "@id", value: input.id }] },
-        {}
-      ).result.length > 0;
+      const documents = collection.documents;
+      matched = documents._getQuery(conditionQuery(input.condition))
+        .exec([data], { udf: documents._userDefinedFunctions() }).result.length > 0;
     } catch (err) {
       return {
         statusCode: 400,

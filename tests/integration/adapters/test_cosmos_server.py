@@ -52,6 +52,36 @@ async def test_patch_filter_predicate_keeps_its_case(state_container: ContainerP
     assert (await state_container.read_item("p1", partition_key="p1"))["N"] == 1
 
 
+async def test_patch_filter_predicate_is_evaluated_on_the_patched_item_only(
+    cosmos_client: CosmosClient, cosmos_database: str
+) -> None:
+    # The launcher's own first fix assumed the alias `c` and evaluated the predicate
+    # over the container by id: an item with the same id in another partition that
+    # satisfied it let the patch through.
+    db = await cosmos_client.create_database_if_not_exists(cosmos_database)
+    box = await db.create_container("box", PartitionKey(path="/pk"))
+    await box.create_item({"id": "1", "pk": "A", "State": "Done"})
+    await box.create_item({"id": "1", "pk": "B", "State": "Pending"})
+    ops = [{"op": "set", "path": "/touched", "value": True}]
+    with pytest.raises(CosmosHttpResponseError) as caught:
+        await box.patch_item(
+            "1",
+            partition_key="A",
+            patch_operations=ops,
+            filter_predicate="from c where c.State = 'Pending'",
+        )
+    assert caught.value.status_code == 412
+    assert "touched" not in await box.read_item("1", partition_key="A")
+    patched = await box.patch_item(
+        "1",
+        partition_key="A",
+        patch_operations=ops,
+        filter_predicate="FROM root WHERE root.State = 'Done'",
+    )
+    assert patched["touched"] is True
+    assert "touched" not in await box.read_item("1", partition_key="B")
+
+
 async def test_a_query_with_a_partition_key_runs_within_that_partition(
     state_container: ContainerProxy,
 ) -> None:
