@@ -265,6 +265,30 @@ const ridWithoutSlash = rid => rid.replace(/\//g, "-");
   applied.push("rid-without-slash");
 }
 
+// A container's indexing policy comes back as {indexingMode: "consistent"} only when
+// none was given (or without the paths when one was). Cosmos fills its default policy
+// (https://learn.microsoft.com/azure/cosmos-db/index-policy): automatic, every path
+// included, the _etag path excluded; with indexingMode "none", nothing. Fill each
+// field that is missing, as a container is stored (created, replaced, loaded).
+{
+  const Collections = lib("account/collections").default;
+  const set = Collections.prototype._set;
+  Collections.prototype._set = function (data) {
+    const policy = { ...(data.indexingPolicy || {}) };
+    const mode = String(policy.indexingMode || "consistent").toLowerCase();
+    const indexed = mode !== "none";
+    const filled = {
+      indexingMode: mode,
+      automatic: indexed,
+      includedPaths: indexed ? [{ path: "/*" }] : [],
+      excludedPaths: indexed ? [{ path: '/"_etag"/?' }] : [],
+      ...policy
+    };
+    return set.call(this, { ...data, indexingPolicy: filled });
+  };
+  applied.push("default-indexing-policy");
+}
+
 // Bug 11: every query is quadratic in the container's documents. The query
 // compiler (@zeit/cosmosdb-query) turns `FROM c` into
 // `$c.reduce(($, c) => ... [...$, { c: c }] ..., [])`, which copies the

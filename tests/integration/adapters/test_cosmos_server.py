@@ -156,6 +156,28 @@ def _client(server: CosmosServer) -> CosmosClient:
     return CosmosClient(server.endpoint, server.key, connection_verify=False)
 
 
+async def test_a_container_reads_back_the_default_indexing_policy(
+    cosmos_client: CosmosClient, cosmos_database: str
+) -> None:
+    # The package answered {"indexingMode": "consistent"} only.
+    db = await cosmos_client.create_database_if_not_exists(cosmos_database)
+    plain = await db.create_container("plain", PartitionKey(path="/id"))
+    assert (await plain.read())["indexingPolicy"] == {
+        "indexingMode": "consistent",
+        "automatic": True,
+        "includedPaths": [{"path": "/*"}],
+        "excludedPaths": [{"path": '/"_etag"/?'}],
+    }
+    given = {"indexingMode": "consistent", "excludedPaths": [{"path": "/big/*"}]}
+    own = await db.create_container("own", PartitionKey(path="/id"), indexing_policy=given)
+    policy = (await own.read())["indexingPolicy"]
+    assert (policy["automatic"], policy["includedPaths"], policy["excludedPaths"]) == (
+        True,
+        [{"path": "/*"}],
+        [{"path": "/big/*"}],
+    )
+
+
 async def test_fault_rules_throttle_only_their_database(
     cosmos_server: CosmosServer,
     cosmos_account: CosmosAccount,
