@@ -319,6 +319,29 @@ const ridWithoutSlash = rid => rid.replace(/\//g, "-");
   applied.push("linear-from");
 }
 
+// A multi-property ORDER BY must match a composite index path by path and direction
+// by direction (@zeit/cosmosdb-query's helpers.sort), so the exact reverse of an
+// index (every direction flipped) answers 400. Cosmos serves it from the same index
+// (https://learn.microsoft.com/azure/cosmos-db/index-policy#composite-indexes:
+// (name ASC, age ASC) also serves ORDER BY name DESC, age DESC). Offer each index's
+// reverse too.
+{
+  const queryHelpers = require(require.resolve("@zeit/cosmosdb-query/lib/helpers", {
+    paths: [require.resolve(`${PKG}/package.json`)]
+  }));
+  const sort = queryHelpers.sort;
+  const flip = order => (order === "descending" ? "ascending" : "descending");
+  queryHelpers.sort = (collection, getRid, compositeIndexes, ...orders) => {
+    const served = compositeIndexes && orders.length > 1
+      ? compositeIndexes.concat(
+          compositeIndexes.map(paths => paths.map(index => ({ ...index, order: flip(index.order) })))
+        )
+      : compositeIndexes;
+    return sort(collection, getRid, served, ...orders);
+  };
+  applied.push("composite-index-reverse");
+}
+
 // --- persistence (--data-file) -------------------------------------------------------
 //
 // The package keeps everything in memory. With --data-file, the account's databases,

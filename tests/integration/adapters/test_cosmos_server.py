@@ -178,6 +178,30 @@ async def test_a_container_reads_back_the_default_indexing_policy(
     )
 
 
+async def test_a_composite_index_serves_its_exact_reverse_order(
+    cosmos_client: CosmosClient, cosmos_database: str
+) -> None:
+    # The package required each direction to match: (a DESC, b DESC) got 400.
+    db = await cosmos_client.create_database_if_not_exists(cosmos_database)
+    index = [{"path": "/a", "order": "ascending"}, {"path": "/b", "order": "ascending"}]
+    box = await db.create_container(
+        "box", PartitionKey(path="/id"), indexing_policy={"compositeIndexes": [index]}
+    )
+    for n, (a, b) in enumerate([(1, 1), (1, 2), (2, 1)]):
+        await box.create_item({"id": str(n), "a": a, "b": b})
+
+    async def ids(order: str) -> list[str]:
+        query = f"SELECT VALUE c.id FROM c ORDER BY {order}"
+        return [i async for i in box.query_items(query)]
+
+    assert await ids("c.a ASC, c.b ASC") == ["0", "1", "2"]
+    assert await ids("c.a DESC, c.b DESC") == ["2", "1", "0"]
+    # A mixed order is another index, in Cosmos too: still refused.
+    with pytest.raises(CosmosHttpResponseError) as caught:
+        await ids("c.a DESC, c.b ASC")
+    assert caught.value.status_code == 400
+
+
 async def test_fault_rules_throttle_only_their_database(
     cosmos_server: CosmosServer,
     cosmos_account: CosmosAccount,
