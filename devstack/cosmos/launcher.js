@@ -152,9 +152,7 @@ const applied = [];
 // Bug 2 (in part): a transactional batch (the Python SDK's execute_item_batch) carries
 // its partition key in the request header, not in each operation; the batch
 // handler reads only the operation's own and answers 500. Give every
-// operation without one the header's. (The handler is also not atomic: the
-// operations before a failed one stay applied. Our only caller, the recovery
-// index's batched removals, retries entry by entry on any failure.)
+// operation without one the header's. (Atomicity: batch-atomic, below.)
 {
   const json = lib("json");
   const pk = lib("utils/get-partition-from-header");
@@ -172,6 +170,114 @@ const applied = [];
     return body;
   };
   applied.push("batch-partition-key-header");
+}
+
+// Bug 2 (the rest): a transactional batch is not atomic: when an operation fails, the
+// ones before it stay applied and answer 2xx. Cosmos runs the batch as one
+// transaction: on a failure nothing is applied, the failed operation answers its own
+// status and every other one 424 Failed Dependency
+// (https://learn.microsoft.com/azure/cosmos-db/nosql/transactional-batch). Patch,
+// which the package refuses in a batch (400), runs as a single patch does (with a
+// filter predicate: patch-condition-case). Before the first operation, the batch
+// keeps what each item it names held; on a failure it puts those back (body read,
+// operations and undo all run in one synchronous stretch: no other request between).
+{
+  const batch = lib("handler/batch-documents");
+  const json = lib("json");
+  const trueHeader = lib("true-header").default;
+  const ops = lib("handler/_document-operations");
+  const patchOps = lib("handler/_patch-operations");
+  const pk = lib("utils/get-partition-from-header");
+  const original = batch.default;
+  const run = {
+    Create: ops.createOperation,
+    Upsert: ops.upsertOperation,
+    Read: ops.readOperation,
+    Delete: ops.deleteOperation,
+    Replace: ops.replaceOperation,
+    Patch: (collection, input) =>
+      patchOps.patchOperation(collection, {
+        id: input.id,
+        partitionKey: input.partitionKey,
+        ifMatch: input.ifMatch,
+        operations: (input.resourceBody || {}).operations,
+        condition: (input.resourceBody || {}).condition
+      })
+  };
+  batch.default = async (account, req, res, params) => {
+    if (!trueHeader(req, "x-ms-cosmos-batch-atomic")) {
+      return original(account, req, res, params);
+    }
+    const body = await json.default(req);
+    const collection = account.database(params.dbId).collection(params.collId);
+    if (!collection.read()) {
+      res.statusCode = 404;
+      return {};
+    }
+    if (!Array.isArray(body)) {
+      res.statusCode = 400;
+      return { message: "Invalid request body" };
+    }
+    const unknown = body.find(input => !input || !run[input.operationType]);
+    if (unknown !== undefined) {
+      res.statusCode = 400;
+      return {
+        message: `Operation type '${unknown ? unknown.operationType : null}' is not supported in Batch.`
+      };
+    }
+    const documents = collection.documents;
+    const before = new Map(); // index key -> [id, partition, the item before the batch]
+    const keep = (id, partition) => {
+      if (id === undefined) return;
+      const key = documents._getId("/id", id, partition);
+      if (!before.has(key)) {
+        before.set(key, [id, partition, documents._item("/id", id, partition).read()]);
+      }
+    };
+    for (const input of body) {
+      const id = input.id !== undefined ? input.id : (input.resourceBody || {}).id;
+      try {
+        keep(id, pk.parsePartitionKey(input.partitionKey, id));
+      } catch (err) {
+        // no usable partition key: the operation itself fails (and the batch with it)
+      }
+      if (input.resourceBody && input.resourceBody.id !== undefined) {
+        keep(input.resourceBody.id, documents._getPartition(input.resourceBody));
+      }
+    }
+    const results = [];
+    let failed = -1;
+    for (let i = 0; i < body.length && failed < 0; i += 1) {
+      let result;
+      try {
+        result = run[body[i].operationType](collection, body[i]);
+      } catch (err) {
+        result = { statusCode: 400, body: { code: "BadRequest", message: err.message } };
+      }
+      results.push(result);
+      if (result.statusCode >= 400) failed = i;
+    }
+    if (failed < 0) {
+      return results.map(result => ({
+        statusCode: result.statusCode,
+        requestCharge: 1,
+        eTag: result.body ? result.body._etag : undefined,
+        resourceBody: result.body
+      }));
+    }
+    for (const [id, partition] of before.values()) {
+      if (documents._item("/id", id, partition).read()) documents.delete(id, partition);
+    }
+    for (const [, , data] of before.values()) {
+      if (data) documents._set(data);
+    }
+    return body.map((_, i) =>
+      i === failed
+        ? { statusCode: results[i].statusCode, requestCharge: 0 }
+        : { statusCode: 424, requestCharge: 0 }
+    );
+  };
+  applied.push("batch-atomic");
 }
 
 // Bug 5: a query scoped to one partition (the SDK's query_items(..., partition_key=...),

@@ -9,7 +9,11 @@ from pathlib import Path
 import pytest
 from azure.cosmos import PartitionKey
 from azure.cosmos.aio import ContainerProxy, CosmosClient
-from azure.cosmos.exceptions import CosmosHttpResponseError, CosmosResourceNotFoundError
+from azure.cosmos.exceptions import (
+    CosmosBatchOperationError,
+    CosmosHttpResponseError,
+    CosmosResourceNotFoundError,
+)
 
 from adapters.cosmos_client import build_client
 from adapters.settings import CosmosAccount
@@ -200,6 +204,43 @@ async def test_a_composite_index_serves_its_exact_reverse_order(
     with pytest.raises(CosmosHttpResponseError) as caught:
         await ids("c.a DESC, c.b ASC")
     assert caught.value.status_code == 400
+
+
+async def test_a_transactional_batch_is_all_or_nothing(state_container: ContainerProxy) -> None:
+    # Bug 2: the package kept the operations before a failed one (and answered 201).
+    await state_container.create_item({"id": "x", "n": 0})
+    with pytest.raises(CosmosBatchOperationError) as caught:
+        await state_container.execute_item_batch(
+            [
+                ("replace", ("x", {"id": "x", "n": 1})),
+                ("upsert", ({"id": "x", "n": 2},)),
+                ("create", ({"id": "x"},)),  # 409: the item exists
+                ("delete", ("x",)),
+            ],
+            partition_key="x",
+        )
+    statuses = [r["statusCode"] for r in caught.value.operation_responses]
+    assert statuses == [424, 424, 409, 424]
+    assert caught.value.error_index == 2
+    item = await state_container.read_item("x", partition_key="x")
+    assert item["n"] == 0
+    # An item the batch created is gone again.
+    with pytest.raises(CosmosBatchOperationError):
+        await state_container.execute_item_batch(
+            [("create", ({"id": "y"},)), ("read", ("absent",))], partition_key="y"
+        )
+    with pytest.raises(CosmosResourceNotFoundError):
+        await state_container.read_item("y", partition_key="y")
+    # A batch that succeeds applies every operation, Patch included.
+    done = await state_container.execute_item_batch(
+        [
+            ("patch", ("x", [{"op": "set", "path": "/n", "value": 5}])),
+            ("read", ("x",)),
+        ],
+        partition_key="x",
+    )
+    assert [r["statusCode"] for r in done] == [200, 200]
+    assert done[1]["resourceBody"]["n"] == 5
 
 
 async def test_fault_rules_throttle_only_their_database(
