@@ -20,9 +20,7 @@ from typing import Any
 from activities.policy import ActivityPolicy
 from adapters.clock import SYSTEM_CLOCK, Clock
 from adapters.ports import DeadlineIndex, MessagePublisher, NoIndex, OrdersRepository, StateStore
-from adapters.servicebus import AGENT_REQUESTS_QUEUE
 from domain import state_machine as sm
-from domain.codec import encode
 from domain.errors import (
     InlineStepFailed,
     NotConfigured,
@@ -31,21 +29,15 @@ from domain.errors import (
     StatusNotSent,
 )
 from domain.ids import (
-    agent_request_message_id,
-    fencing_token,
-    idempotency_key,
     parse_attempt_instance_id,
-    reply_event_name,
 )
 from domain.models import (
     AgentReply,
-    AgentRequest,
     OrderState,
     ProcessState,
     StatusKind,
     mask_card_numbers,
 )
-from domain.signing import seal_request
 from orchestrators import commands
 from orchestrators.contracts import (
     ActivityContract,
@@ -60,9 +52,9 @@ from orchestrators.contracts import (
     WriteResult,
     Wrote,
     plan_for,
-    step_payload,
 )
 from orchestrators.hooks import CrashPoint, no_crash_point
+from orchestrators.requests import AgentRequests
 from reporting import Alerts, StatusOutbox, StatusReporter
 from reporting.status import ALERT_OF_STATUS
 
@@ -166,6 +158,7 @@ class SchedulerActivities:
         self._index = index or NoIndex()
         self._clock = clock
         self._crash_point = crash_point
+        self._requests = AgentRequests(policy.scheduler_keys, publisher, orders)
 
     async def run(self, name: str, data: Any) -> Any:
         """Run the activity `name` on its JSON input; its JSON result."""
@@ -382,45 +375,10 @@ class SchedulerActivities:
             log.info("stale write by %s: %s", instance, exc, extra={"order_id": order_id})
             return str(exc)
 
-    async def _with_payload(self, send: SendRequest) -> SendRequest:
-        """`send` with the order's step payload, read here only when the
-        claimer's read failed; no copy is kept (activities move between hosts)."""
-        if send.Payload:
-            return send
-        order_id, _ = parse_attempt_instance_id(send.InstanceId)
-        return send.model_copy(update={"Payload": step_payload(await self._orders.get(order_id))})
-
     # --- talking to agents ----------------------------------------------------------------
 
-    def _request(self, send: SendRequest) -> AgentRequest:
-        """The request `send` describes, sealed: its reply token and signature
-        (domain.signing) under the app's keys; SettingsError when they are not set."""
-        order_id, attempt = parse_attempt_instance_id(send.InstanceId)
-        request = AgentRequest(
-            InstanceId=send.InstanceId,
-            OrderID=order_id,
-            Step=send.Step,
-            Action=send.Action,
-            Attempt=attempt,
-            AppId=send.AppId,
-            IdempotencyKey=idempotency_key(order_id, send.Step),
-            FencingToken=fencing_token(attempt),
-            Deadline=send.Deadline,
-            ReplyEvent=reply_event_name(send.Step, attempt, send.label),
-            Payload=send.Payload,
-            ListenUntil=send.ListenUntil,
-        )
-        return seal_request(self._settings.scheduler_keys(), request)
-
     async def send_agent_request(self, send: SendRequest) -> str:
-        request = self._request(await self._with_payload(send))
-        message_id = agent_request_message_id(send.InstanceId, send.Step, send.label)
-        await self._publisher.send(
-            AGENT_REQUESTS_QUEUE,
-            encode(request),
-            message_id,
-            {"OrderID": request.OrderID, "Step": request.Step, "Action": request.Action},
-        )
+        message_id = await self._requests.send(send)
         self._crash_point("workflow.after_send")
         return message_id
 
@@ -428,9 +386,9 @@ class SchedulerActivities:
         """The in-app agent path: the same Agent library, run in an activity."""
         if self._inline_agent is None:
             raise NotConfigured("no inline agent configured")
-        send = await self._with_payload(send)
+        send = await self._requests.with_payload(send)
         try:
-            return await self._inline_agent.handle(self._request(send))
+            return await self._inline_agent.handle(self._requests.sealed(send))
         except Exception as exc:
             # The orchestration sees only this text (Durable's failure reason),
             # so it names the type; masked and not chained, since the history
