@@ -58,6 +58,7 @@ from domain.steps import StepCatalog
 from orchestrators.hooks import CrashPoint, no_crash_point
 from orchestrators.policy import StarterPolicy
 from orchestrators.reply_bridge import on_reply_message
+from orchestrators.requests import AgentRequests
 from orchestrators.starter import Starter, fast_start
 from reporting import Alerts, StatusReporter
 from submit.handler import SubmitHandler
@@ -369,6 +370,7 @@ class App:
                 alerts=self.alerts_over(c.publisher),
                 count_interval=c.settings.starter_count_interval or None,
                 orders=c.orders,
+                requests=AgentRequests(c.settings.scheduler_keys, c.publisher, c.orders),
             )
         return c.starter
 

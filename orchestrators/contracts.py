@@ -294,6 +294,11 @@ class AttemptStart(ActivityContract):
     # had sent them): what a failure may make NotStarted again.
     Fresh: list[str] | None = None
     Trace: dict[str, str] | None = None
+    # The step whose request the Starter sends itself once the attempt has
+    # started (ADR 021l): the attempt sends no request for it, it waits for
+    # the reply. A Starter that dies before its send leaves the attempt to
+    # its deadline, as a send whose answer was lost does.
+    Sent: str | None = None
 
     def dump(self) -> dict:
         data = self.model_dump(mode="json", exclude_none=True)

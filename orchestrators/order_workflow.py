@@ -159,13 +159,25 @@ def _run_planned(context, given: AttemptStart):
     # One durable timer for the whole attempt, the same task waited on again
     # by every step (as the undo's earlier tries are).
     timer = None
-    yield from _progress(context, plan, StatusKind.PROCESSING, detail=f"attempt {plan.Attempt}")
+    # The first step's request is the Starter's to send (ADR 021l): its reply's
+    # wait is open from the first episode, before anything else is awaited.
+    sent = _sent_by_starter(plan, given.Sent)
+    first = (
+        context.wait_for_external_event(reply_event_name(sent, plan.Attempt, "do"))
+        if sent
+        else None
+    )
+    yield from _progress(
+        context, plan, StatusKind.PROCESSING, detail=f"attempt {plan.Attempt}", waiting=first
+    )
     for step in plan.Steps:
         if step.Completed:
             continue
         last = step.Name
         answer = None
-        if step.Mode != "inline":
+        if step.Name == sent:
+            answer = first
+        elif step.Mode != "inline":
             answer = context.wait_for_external_event(
                 reply_event_name(step.Name, plan.Attempt, "do")
             )
@@ -187,6 +199,16 @@ def _run_planned(context, given: AttemptStart):
     if timer is not None and not timer.is_completed:
         timer.cancel()
     return (yield from _finish_planned(context, done, deadline, last))
+
+
+def _sent_by_starter(plan: Plan, sent: str | None) -> str | None:
+    """The step whose request the Starter sent, when it is what the Starter
+    sends: the attempt's first step to do, a remote one; otherwise None (the
+    attempt sends it, and duplicate detection drops a second copy)."""
+    todo = next((s for s in plan.Steps if not s.Completed), None)
+    if sent is None or todo is None or todo.Name != sent or todo.Mode == "inline":
+        return None
+    return sent
 
 
 def _send_step(
@@ -444,7 +466,13 @@ def _write(context, command: commands.StateWrite, step: str | None = None):
 def _status(
     context, plan: Plan, kind: StatusKind, step: str | None = None, detail: str | None = None
 ):
-    yield _call(
+    yield _status_task(context, plan, kind, step, detail)
+
+
+def _status_task(
+    context, plan: Plan, kind: StatusKind, step: str | None = None, detail: str | None = None
+):
+    return _call(
         context,
         "report_status",
         StatusNote(
@@ -458,11 +486,21 @@ def _status(
 
 
 def _progress(
-    context, plan: Plan, kind: StatusKind, step: str | None = None, detail: str | None = None
+    context,
+    plan: Plan,
+    kind: StatusKind,
+    step: str | None = None,
+    detail: str | None = None,
+    waiting=None,
 ):
     """A progress status, if the application asked for them: best effort, no
-    outbox; a refusing reply queue must not stop an attempt whose requests are out."""
+    outbox; a refusing reply queue must not stop an attempt whose requests are out.
+    `waiting`: a reply's wait kept open while the status is sent (`_sending`
+    says why); done when either is."""
     if not plan.Progress:
+        return
+    if waiting is not None:
+        yield context.task_any([_status_task(context, plan, kind, step, detail), waiting])
         return
     with contextlib.suppress(Exception):  # the SDK raises the activity's failure after its retries
         yield from _status(context, plan, kind, step, detail)

@@ -4,10 +4,12 @@ section 4, "Claim" and "Admission control"; ADR 021a).
 Each timer run (a singleton across hosts) counts the backlog and saves the
 gauge Submit's admission control reads (ADR 008), then claims batch after
 batch within the slots it takes from the admission document, each record with
-one conditional replace that marks the attempt, and starts the attempt's
-orchestration with its plan, deadline and step payload. The claim comes first
-and sets CompleteBy, so a Starter that dies before the start leaves a record
-the Supervisor recovers; starting an instance id that exists is not an error.
+one conditional replace that marks the attempt, starts the attempt's
+orchestration with its plan, deadline and step payload, and sends the request
+of its first step itself (ADR 021l: one activity and one episode less per
+attempt). The claim comes first and sets CompleteBy, so a Starter that dies
+before the start, or before that send, leaves an attempt the Supervisor
+recovers at its deadline; starting an instance id that exists is not an error.
 `start_submitted` does the same for one order Submit has just written; the
 claim's etag race keeps it safe with the timer.
 
@@ -52,10 +54,11 @@ from domain.state_machine import (
     restart_compensation,
 )
 from domain.steps import DEFAULT_CATALOG
-from orchestrators.contracts import AttemptStart, plan_for, step_payload
+from orchestrators.contracts import AttemptStart, SendRequest, plan_for, step_payload
 from orchestrators.hooks import CrashPoint, no_crash_point
 from orchestrators.order_workflow import WORKFLOW_NAME
 from orchestrators.policy import StarterPolicy
+from orchestrators.requests import AgentRequests
 from reporting import Alerts, StatusOutbox, StatusReporter
 from reporting.alerts import alert_unreadable
 
@@ -95,6 +98,7 @@ class StarterReport:
     compensations_given_up: int = 0
     compensations_waiting: int = 0  # in a long retry of an unconfirmed undo, not yet due
     start_failures: int = 0
+    first_sends_failed: int = 0  # attempts started whose first request the Starter could not send
     status_unknown: int = 0  # compensations whose instance status could not be read
     unreadable: int = 0  # documents skipped (and alerted) because this version cannot read them
     statuses_delivered: int = 0
@@ -233,6 +237,7 @@ class Starter:
         alerts: Alerts | None = None,
         count_interval: timedelta | None = None,
         orders: OrdersRepository | None = None,
+        requests: AgentRequests | None = None,
     ) -> None:
         """`settings`: the Starter's policy (orchestrators.policy); the app's
         Settings (tools, tests) read as one with the default catalog.
@@ -244,7 +249,9 @@ class Starter:
         (default: a third of the grace). `count_interval`: the least time
         between two runs that COUNT and scan compensations (None: every run);
         the runs between claim with the last counts plus what this process
-        claimed since (never lowered: the cap errs on the safe side)."""
+        claimed since (never lowered: the cap errs on the safe side).
+        `requests`: how the Starter sends an attempt's first request itself
+        (ADR 021l); without it, the attempt sends every request."""
         self._settings = (
             settings
             if isinstance(settings, StarterPolicy)
@@ -252,6 +259,7 @@ class Starter:
         )
         self._store = store
         self._orders = orders
+        self._requests = requests
         self._index = index or NoIndex()
         self._clock = clock
         self._crash_point = crash_point
@@ -659,6 +667,14 @@ class Starter:
         self._crash_point("starter.after_claim")
         payload = step_payload(order) if order is not None else await self._payload(claimed.id)
         step_timeout = int(self._settings.step_timeout.total_seconds())
+        # The first step's request is the Starter's when it is a remote one.
+        sent = (
+            todo[0]
+            if self._requests is not None
+            and todo
+            and self._settings.step_modes.get(todo[0], "remote") != "inline"
+            else None
+        )
         attempt_input = AttemptStart(
             Payload=payload,
             Deadline=deadline,
@@ -680,9 +696,52 @@ class Starter:
             Trace=telemetry.start_attempt(
                 claimed.id, _owner(claimed), claimed.Attempt, claimed.Trace
             ),
+            Sent=sent,
         ).dump()
-        await self._start(client, _owner(claimed), report, attempt_input)
+        if await self._start(client, _owner(claimed), report, attempt_input) and sent:
+            self._crash_point("starter.after_start")
+            await self._send_first(claimed, sent, deadline, payload, report, attempt_input)
         return _owner(claimed)
+
+    async def _send_first(
+        self,
+        record: OrderState,
+        step: str,
+        deadline: datetime,
+        payload: dict | None,
+        report: StarterReport,
+        attempt_input: dict,
+    ) -> None:
+        """Send the request of the attempt's first step, once the attempt has
+        started: its reply can then never find the instance missing. A failure
+        is counted and logged, never raised: the attempt waits for its reply
+        until its deadline, as after a send whose answer was lost, and the
+        Supervisor retries it then."""
+        if self._requests is None:
+            return
+        instance = _owner(record)
+        # In the attempt's trace, as the attempt's own sends are (its activities'
+        # spans continue the input's `Trace`): the agent's span joins it.
+        carrier = attempt_input.get("Trace")
+        try:
+            with telemetry.continue_from(
+                "send first request",
+                carrier if isinstance(carrier, dict) else None,
+                **{telemetry.ORDER_ID: record.id, telemetry.INSTANCE_ID: instance},
+            ):
+                # Bounded by the publisher's send timeout, as an activity's send is.
+                await self._requests.send(
+                    SendRequest(
+                        InstanceId=instance,
+                        Step=step,
+                        Deadline=deadline,
+                        Payload=payload or {},
+                        AppId=record.AppId,
+                    )
+                )
+        except Exception:
+            report.first_sends_failed += 1
+            log.warning("starter: first request of %s not sent", instance, exc_info=True)
 
     async def start_submitted(
         self,

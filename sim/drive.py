@@ -47,6 +47,7 @@ from domain.ids import order_key, status_message_id
 from domain.signing import KeyRing
 from domain.steps import StepCatalog
 from orchestrators.policy import StarterPolicy
+from orchestrators.requests import AgentRequests
 from orchestrators.starter import STATUS_BACKOFF_MAX, STATUS_GRACE, Starter, fast_start
 from reporting import Alerts, StatusReporter
 from submit.policy import SubmitPolicy
@@ -473,6 +474,8 @@ class Simulation(Clients, PathChecks, EndChecks, WorldFaults):
             publisher=self.publisher,
             alerts=self.alerts(),
             orders=self.orders_repo,
+            # As bootstrap builds it: the Starter sends each attempt's first request.
+            requests=AgentRequests(self.settings.scheduler_keys, self.publisher, self.orders_repo),
         )
         return SimHost(k, generation, submit, starter, processor)
 

@@ -47,6 +47,22 @@ async def test_starter_killed_between_claim_and_start(stack):
         assert await e2e.check(ids) == []
 
 
+async def test_starter_killed_between_the_start_and_the_first_request(stack):
+    """ADR 021l: the attempt started, but the request of its first step, the
+    Starter's to send, never left. The attempt waits out its deadline and the
+    Supervisor retries it."""
+    async with E2E(stack) as e2e:
+        e2e.host_with_crash_points("starter.after_start")
+        orders = e2e.orders(2)
+        await e2e.post(orders)
+        ids = {o.OrderID for o in orders}
+        records = await e2e.wait_terminal(ids, timeout=150)
+        assert e2e.crashed("starter.after_start")
+        assert max(r.Attempt for r in records.values()) >= 2
+        assert {r.ProcessState for r in records.values()} == {ProcessState.PROCESSED}
+        assert await e2e.check(ids) == []
+
+
 async def test_host_killed_after_sending_an_agent_request(stack):
     async with E2E(stack) as e2e:
         e2e.host_with_crash_points("workflow.after_send")

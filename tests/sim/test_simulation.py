@@ -156,11 +156,13 @@ def test_new_attempts_run_host_json_default_version_with_the_starters_input():
     assert "OrderID" not in given["Plan"]
     assert "Attempt" not in given["Plan"]
     assert given["Deadline"]
-    # The happy path: a send per step, then the one write.
+    # The happy path: the Starter sent the first step's request (ADR 021l),
+    # the attempt a send per later step, then the one write.
     from devstack.host.durable import TASK_SCHEDULED
 
+    assert given["Sent"] == given["Plan"]["Steps"][0]["Name"]
     scheduled = [e["Name"] for e in instance.history if e["EventType"] == TASK_SCHEDULED]
-    assert scheduled == ["send_step", "send_step", "send_step", "finish_attempt"]
+    assert scheduled == ["send_step", "send_step", "finish_attempt"]
 
 
 def test_checks_can_fail():

@@ -23,6 +23,7 @@ from domain.steps import DEFAULT_CATALOG
 from orchestrators.contracts import SendRequest, event_payload
 from orchestrators.order_workflow import VERSION, order_workflow
 from orchestrators.policy import StarterPolicy
+from orchestrators.requests import AgentRequests
 from orchestrators.starter import Starter
 from tests.builders import KEYS, ReadClock, order_payload
 from tests.fakes import FakeOrders, FakeStateStore, RecordingPublisher
@@ -127,6 +128,8 @@ class World:
             clock=ReadClock(lambda: self.now),
             publisher=self.bus,
             orders=self.orders,
+            # It sends each attempt's first request itself (ADR 021l).
+            requests=AgentRequests(self.settings.scheduler_keys, self.bus, self.orders),
         )
 
     async def submitted(self, order_id: str = "A1", **fields) -> tuple[Any, str]:
@@ -222,6 +225,13 @@ class Driver:
         self.outcome: str | None = None
         self.output: dict | None = None
         self.error: str | None = None
+        # The request the Starter sent as it started the attempt (ADR 021l) is
+        # on the queue already: the agent answers it as it answers any.
+        for queue, body, _, _ in world.bus.sent:
+            if queue == "agent-requests":
+                request = AgentRequest.model_validate_json(body)
+                if request.InstanceId == instance_id:
+                    self._answer(_as_send(request))
 
     async def _activity(self, name: str, data: dict) -> Any:
         call = self._counts.get(name, 0)
@@ -244,16 +254,7 @@ class Driver:
             # duplicate detection gets no second answer).
             for queue, body, _, _ in self.world.bus.sent[before:]:
                 if queue == "agent-requests":
-                    request = AgentRequest.model_validate_json(body)
-                    self._answer(
-                        SendRequest(
-                            InstanceId=request.InstanceId,
-                            Step=request.Step,
-                            Action=request.Action,
-                            Deadline=request.Deadline,
-                            Payload=request.Payload,
-                        )
-                    )
+                    self._answer(_as_send(AgentRequest.model_validate_json(body)))
         return result
 
     def _answer(self, send: SendRequest) -> None:
@@ -384,6 +385,16 @@ class Driver:
 
 # --- helpers the workflow tests share (test_workflow_v2.py, test_workflow_v2_4.py)
 STATUS_QUEUE = "replies-webshop"
+
+
+def _as_send(request: AgentRequest) -> SendRequest:
+    return SendRequest(
+        InstanceId=request.InstanceId,
+        Step=request.Step,
+        Action=request.Action,
+        Deadline=request.Deadline,
+        Payload=request.Payload,
+    )
 
 
 def ok(send: SendRequest) -> tuple[str, dict[str, str]]:

@@ -10,6 +10,8 @@ import json
 from dataclasses import replace
 from datetime import datetime, timedelta
 
+import pytest
+
 from domain import state_machine as sm
 from domain.errors import TransientError
 from domain.models import ProcessState, StepStatus
@@ -60,7 +62,10 @@ async def test_the_happy_path_writes_the_record_once_after_the_claim():
     driver = Driver(world, instance_id, ok, input=given)
     assert await driver.run() == "completed"
     assert driver.output["Outcome"] == "processed"
-    assert [n for n, _ in driver.calls] == ["send_step"] * len(STEPS) + ["finish_attempt"]
+    # The Starter sent the first step's request as it started the attempt (ADR 021l).
+    assert given["Sent"] == STEPS[0]
+    assert [n for n, _ in driver.calls] == ["send_step"] * (len(STEPS) - 1) + ["finish_attempt"]
+    assert [(r["Step"], r["Action"]) for r in requests(world)] == [(n, "do") for n in STEPS]
     # The one finishing write (Processed, its status in the outbox), then the
     # status sent and the outbox cleared: never a status before its write lands.
     assert world.store.requests["replace"] - replaces_before == 2
@@ -287,20 +292,26 @@ async def test_a_refusal_to_a_step_whose_send_failed_after_leaving_still_ends_th
     assert record.ProcessState is ProcessState.COMPENSATED
 
 
-class _AnsweredTwiceWhileSending(_Driver):
-    """The first step's request leaves but its send_step fails on every try (the send's
-    answer lost), and meanwhile the agent answers the request twice, as for a duplicate
-    delivery of it: a refusal, then a transient answer (the duplicate's calls were paced
-    until the deadline). Both replies arrive while the send is still being retried."""
+class _AnsweredTwice(_Driver):
+    """The request of `step` is answered twice, as for a duplicate delivery of it: a
+    refusal, then a transient answer (the duplicate's calls were paced until the
+    deadline). When the attempt sends it (send_step), the request leaves but the send
+    fails on every try (its answer lost), so both replies arrive while the send is still
+    being retried; when the Starter sent it (the first step, ADR 021l), both may arrive
+    before the attempt's first episode."""
+
+    def __init__(self, *args, step: str, **kwargs) -> None:
+        self.step = step  # before the driver answers the Starter's request
+        super().__init__(*args, **kwargs)
 
     async def _activity(self, name, data):
         result = await super()._activity(name, data)
-        if name == "send_step" and data.get("Step") == STEPS[0]:
+        if name == "send_step" and data.get("Step") == self.step:
             raise ActivityFailure("sending to agent-requests: no answer in time")
         return result
 
     def _answer(self, send):
-        if send.Step != STEPS[0]:
+        if send.Step != self.step or send.Action != "do":
             return super()._answer(send)
         answers = [
             ("permanent", "HTTP 402: declined", timedelta(milliseconds=100)),
@@ -309,22 +320,33 @@ class _AnsweredTwiceWhileSending(_Driver):
         for answer in answers:
             self.agent = lambda _send, answer=answer: answer
             super()._answer(send)
+        self.agent = ok
         return None
 
 
-async def test_the_first_of_two_replies_raised_during_the_send_is_the_one_taken():
+@pytest.mark.parametrize(
+    ("step", "outcome", "state"),
+    [
+        (STEPS[0], "failed", ProcessState.ERROR),
+        (STEPS[1], "compensated", ProcessState.COMPENSATED),
+    ],
+    ids=["sent-by-the-starter", "sent-by-the-attempt"],
+)
+async def test_the_first_of_two_replies_is_the_one_taken(step, outcome, state):
     """Scale seed 54000465: the Durable Python SDK keeps only the last same-named event
     raised while no task waits for it, so an attempt that opened its reply's wait only
     after the send took the later transient answer, timed out, and a second attempt asked
-    the service again for an answer already refused. The wait is open during the send:
-    the refusal, the first reply, ends the order now."""
+    the service again for an answer already refused. The wait is open during the send,
+    and for the Starter's request from the attempt's first episode: the refusal, the
+    first reply, ends the order now."""
     world = World()
     instance_id, given = await world.fast_started()
-    driver = _AnsweredTwiceWhileSending(world, instance_id, ok, input=given)
+    driver = _AnsweredTwice(world, instance_id, ok, input=given, step=step)
     assert await driver.run() == "completed"
-    assert driver.output["Outcome"] == "failed"
-    assert "HTTP 402" in driver.output["Detail"]
-    assert (await world.record()).ProcessState is ProcessState.ERROR
+    assert driver.output["Outcome"] == outcome
+    assert (await world.record()).ProcessState is state
+    # No later attempt: nobody asks the service again for an answer already refused.
+    assert {r["InstanceId"] for r in requests(world)} == {instance_id}
 
 
 def _refusing(world, refused):

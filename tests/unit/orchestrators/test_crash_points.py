@@ -17,6 +17,7 @@ from domain.codec import encode
 from domain.models import AgentReply, ReplyOutcome
 from orchestrators.contracts import SendRequest
 from orchestrators.reply_bridge import bridge_reply
+from orchestrators.requests import AgentRequests
 from orchestrators.starter import Starter
 from tests.builders import KEYS, ReadClock, signed_reply
 from tests.unit.orchestrators.driver import SETTINGS, STEPS, StartingClient, World
@@ -45,6 +46,25 @@ async def test_the_starter_calls_its_hook_after_the_claim_and_before_the_start()
     assert instance_id == "webshop:A1:1"
     assert hook.calls == [("starter.after_claim", ("webshop:A1:1", {}))]
     assert list(client.started) == ["webshop:A1:1"]
+
+
+async def test_the_starter_calls_its_hook_after_the_start_and_before_the_first_request():
+    world = World()
+    record, etag = await world.submitted()
+    client = StartingClient()
+    hook = Recorder(lambda: (list(client.started), len(world.sent("agent-requests"))))
+    starter = Starter(
+        SETTINGS,
+        world.store,
+        world.index,
+        clock=ReadClock(lambda: world.now),
+        crash_point=hook,
+        publisher=world.bus,
+        requests=AgentRequests(world.settings.scheduler_keys, world.bus, world.orders),
+    )
+    assert await starter.claim_and_start(client, record, etag) == "webshop:A1:1"
+    assert hook.calls[-1] == ("starter.after_start", (["webshop:A1:1"], 0))
+    assert len(world.sent("agent-requests")) == 1
 
 
 async def test_the_agent_request_send_calls_its_hook_after_the_send():

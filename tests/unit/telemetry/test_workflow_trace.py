@@ -27,9 +27,13 @@ async def test_every_activity_of_a_fast_started_attempt_carries_submits_trace(sp
 
     driver = Driver(world, instance_id, ok, input=attempt_input)
     assert await driver.run() == "completed"
-    assert [name for name, _ in driver.calls] == ["send_step"] * 3 + ["finish_attempt"]
+    # The first request is the Starter's (ADR 021l), the rest the attempt's.
+    assert [name for name, _ in driver.calls] == ["send_step"] * 2 + ["finish_attempt"]
     # every replay gave every activity the same carrier
     assert all(data["Trace"] == carrier for _, data in driver.calls)
+    # and the Starter sent its request in the attempt's trace too
+    starters = [s for s in spans.get_finished_spans() if s.name == "send first request"]
+    assert [f"{s.context.trace_id:032x}" for s in starters] == [trace_id]
 
 
 async def test_the_timer_starters_attempt_has_a_trace_of_its_own(spans):
