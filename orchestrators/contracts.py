@@ -19,6 +19,7 @@ from domain.models import (
     ProcessState,
     ReferenceText,
     ReplyAnswer,
+    ReplyOutcome,
     StatusKind,
     StepStatus,
 )
@@ -154,13 +155,19 @@ class ReplyEvent(ActivityContract, ReplyAnswer):
     instance: what an orchestration or an operator reads of it, none of its
     identity, which the instance and the event's name already prove (ADR
     021h, 017e). `Result` keeps only `Reference` and, on an undo's reply,
-    `Status`; `Calls` is the agent's call record (ADR 017d)."""
+    `Status`; `Calls` is the agent's call record (ADR 017d), left out when
+    it is one call that answered ok: the reply is that call, and the history
+    shows when it was asked and answered."""
 
     @classmethod
     def of(cls, reply: AgentReply) -> ReplyEvent:
         keys = ("Reference", "Status") if reply.Action == "undo" else ("Reference",)
         kept = {k: v for k, v in (reply.Result or {}).items() if k in keys}
-        return cls(Outcome=reply.Outcome, Result=kept or None, Error=reply.Error, Calls=reply.Calls)
+        calls = reply.Calls
+        lone_ok = calls is not None and len(calls) == 1 and calls[0].Outcome == "ok"
+        if reply.Outcome is ReplyOutcome.OK and lone_ok:
+            calls = None
+        return cls(Outcome=reply.Outcome, Result=kept or None, Error=reply.Error, Calls=calls)
 
     def dump(self) -> dict:
         return self.model_dump(mode="json", exclude_none=True)

@@ -61,12 +61,17 @@ def _reply(**over: Any) -> AgentReply:
 
 def test_the_event_is_the_answer_without_identity_seal_or_echo():
     payload = event_payload(_reply())
-    assert payload == {
-        "Outcome": "ok",
-        "Result": {"Reference": "payment-charge-000004"},
-        "Calls": [{"At": "2026-12-01T21:07:51.692258Z", "Ms": 58, "Outcome": "ok"}],
-    }
+    # One call that answered ok is the reply itself: no call record (ADR 017d).
+    assert payload == {"Outcome": "ok", "Result": {"Reference": "payment-charge-000004"}}
     assert json.loads(json.dumps(payload)) == payload  # what the SDK posts
+
+
+def test_an_ok_reply_after_retries_keeps_its_call_record():
+    calls = [
+        {"At": "2026-12-01T21:07:50.100000Z", "Ms": 250, "Outcome": "transient"},
+        {"At": "2026-12-01T21:07:51.692258Z", "Ms": 58, "Outcome": "ok"},
+    ]
+    assert event_payload(_reply(Calls=calls))["Calls"] == calls
 
 
 def test_an_undos_event_keeps_the_status_the_console_reads():
