@@ -290,6 +290,7 @@ class _Walk:
         at = parse_time(raw.get("Timestamp"))
         if kind == "ExecutionStarted":
             self.events.append(Event(at, "state", "attempt began"))
+            self.sent_by_starter(_data(raw.get("Input")), at)
         elif kind == "TaskCompleted":
             self.task_completed(raw, at)
         elif kind == "TaskFailed":
@@ -311,6 +312,18 @@ class _Walk:
                 call = Call(step=str(step or "?"), action=action, requested_at=None)
                 self.calls.append(call)
             self.answered(call, reply, at)
+
+    def sent_by_starter(self, given: dict[str, Any], at: datetime | None) -> None:
+        """The first step's request, which the Starter sends as it starts the
+        attempt (ADR 021l): the attempt's input names it (`Sent`)."""
+        sent = given.get("Sent")
+        if not isinstance(sent, str) or not sent:
+            return
+        deadline = given.get("Deadline")
+        shown = {"Step": sent, "Deadline": deadline, "SentBy": "starter"}
+        call = self.request(sent, "do", at, raw=shown)
+        if call is not None:
+            call.deadline = parse_time(deadline)
 
     def timer_fired(self, fire: datetime | None, at: datetime | None) -> None:
         for c in self.calls:

@@ -384,7 +384,11 @@ async def orchestration_statuses(deps: Deps, record: OrderState) -> dict[int, di
         instance = attempt_instance_id(record.id, attempt)
         try:
             status = await deps.durable.get_status(
-                instance, show_history=True, show_history_output=True
+                # The input names the request the Starter sent (ADR 021l).
+                instance,
+                show_history=True,
+                show_history_output=True,
+                show_input=True,
             )
         except Exception as exc:  # noqa: BLE001 - the page still shows the record
             log.warning("console: status of %s unavailable: %s", instance, exc)
