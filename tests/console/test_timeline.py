@@ -224,3 +224,39 @@ def test_a_step_added_by_data_is_told_in_its_catalog_words(tmp_path, monkeypatch
         assert story.label("no-such-step", "undo") == "undo no-such-step"
     finally:
         story._catalog.cache_clear()
+
+
+def test_the_starters_request_is_the_first_steps_request():
+    """ADR 021l: the attempt's input names the step whose request the Starter
+    sent (`Sent`); the story shows it requested when the attempt began, with
+    the attempt's deadline, and its reply answers it."""
+    given = {"Sent": "reserve-inventory", "Deadline": "2026-12-07T10:01:00Z", "Payload": {}}
+    walk = story._Walk()
+    walk.event(
+        {
+            "EventType": "ExecutionStarted",
+            "Timestamp": "2026-12-07T10:00:00Z",
+            "FunctionName": "order_workflow",
+            "Input": json.dumps(json.dumps(given)),  # as the Python client posts it
+        }
+    )
+    walk.event(
+        {
+            "EventType": "EventRaised",
+            "Timestamp": "2026-12-07T10:00:01Z",
+            "Name": "reply-reserve-inventory-1",
+            "Input": json.dumps(
+                json.dumps({"Outcome": "ok", "Result": {"Reference": "inventory-reserve-1"}})
+            ),
+        }
+    )
+    (call,) = walk.calls
+    assert (call.step, call.action) == ("reserve-inventory", "do")
+    assert call.requested_at is not None
+    assert call.requested_at.isoformat().startswith("2026-12-07T10:00:00")
+    assert call.deadline is not None
+    assert call.deadline.isoformat().startswith("2026-12-07T10:01")
+    texts = [e.text for e in walk.events]
+    assert texts[:2] == ["attempt began", "reserve inventory: requested"]
+    assert texts[2].startswith("reserve inventory: done (inventory-reserve-1) after 1")
+    assert "Payload" not in (walk.events[1].raw or "")  # the order's data is not shown
