@@ -44,10 +44,11 @@ Rules that turn counts into loads (approximations, stated as such):
   activity, 1 per timer that fires, 1 per external event.
 - Functions: instances busy = rate x host CPU s per order (an instance taken
   as one busy core); executions = deliveries + activities + episodes.
-- Step Functions Standard with callbacks: one transition per activity (a
-  Task that waits for its reply's token is one transition) plus the end;
-  Express: one execution per message the saga handles. Temporal: 1 per
-  workflow start, activity, timer and signal, plus the Business plan's fee.
+- Step Functions Standard with callbacks: one transition per task of the
+  saga (each step's request and reply: a Task that waits for its reply's
+  token is one transition; the finishing write) plus the end; Express: one
+  execution per message the saga handles. Temporal: 1 per workflow start,
+  task, timer and signal, plus the Business plan's fee.
 - Prices (issue 44): every service of the bill, autoscale and every fixed
   charge per hour at the hour's peak (the rate given; the profile's
   hourly_peak_to_average), Flex by instance memory for the time executions
@@ -218,6 +219,10 @@ def derived(cost: OrderCost) -> dict[str, float]:
     """Per-order counts derived from the measured ones by the rules above."""
     messages = sum(cost.sb_sent.values())
     to_orchestrator = 1 + cost.activities + cost.events_raised + cost.timers
+    # The saga as a peer runs it: one task per step (its request, then its
+    # reply: one per reply raised here) and the finishing write. Not this
+    # app's activities: its Starter sends the first request (ADR 021l).
+    saga_tasks = cost.events_raised + 1
     return {
         "sb_messages": messages,
         "sb_credits": 2 * messages,
@@ -228,12 +233,12 @@ def derived(cost: OrderCost) -> dict[str, float]:
         # Standard with callbacks: each activity a Task state that waits for
         # its reply's token (.waitForTaskToken: one transition, the reply adds
         # none), plus the end state.
-        "sfn_transitions": cost.activities + 1,
+        "sfn_transitions": saga_tasks + 1,
         # Express where it applies: it has no task-token wait, so each
         # message the saga handles (the start and every reply) is one short
         # execution that records the state elsewhere.
         "sfn_express_requests": 1 + cost.events_raised,
-        "temporal_actions": 1 + cost.activities + cost.timers + cost.events_raised,
+        "temporal_actions": 1 + saga_tasks + cost.timers + cost.events_raised,
     }
 
 

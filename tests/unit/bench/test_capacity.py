@@ -273,12 +273,17 @@ def test_fixed_charges_follow_the_hourly_peak(limits, index_cost):
 
 
 def test_the_peers_are_priced_for_the_same_saga(limits, index_cost):
-    """Step Functions Standard with callbacks: a transition per activity (the
-    reply's token adds none) and the end; Temporal: its actions plus the
-    Business plan's 10 % (issue 44 item 3)."""
+    """Step Functions Standard with callbacks: a transition per task of the
+    saga (a step's request and reply: the reply's token adds none; the
+    finishing write) and the end; Temporal: its actions plus the Business
+    plan's 10 % (issue 44 item 3). The saga's tasks, not this app's
+    activities: its Starter sends the first request (ADR 021l)."""
     model = production(1_000, limits, index_cost)
     d = model.d
-    assert d["sfn_transitions"] == index_cost.activities + 1
+    steps = index_cost.events_raised
+    assert index_cost.activities == steps  # a send per step after the first, the finish
+    assert d["sfn_transitions"] == steps + 1 + 1
+    assert d["temporal_actions"] == 1 + steps + 1 + index_cost.timers + index_cost.events_raised
     cmp = model.comparison()
     assert cmp["step_functions_standard"] == pytest.approx(d["sfn_transitions"] * 25)
     assert cmp["temporal_cloud"] > d["temporal_actions"] * 25  # the tiers, then the fee
