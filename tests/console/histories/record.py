@@ -15,8 +15,8 @@ runs four orders with the remote service's fault rules, the browser test's
 
 For each, the state record and every attempt's status with its history, as
 the host's durable HTTP API answers `get_status(show_history=True,
-show_history_output=True)` to the console (the attempt's own input left out),
-are written to `<name>.json`. tests/console/test_timeline.py and
+show_history_output=True, show_input=True)` to the console (the input names
+the request the Starter sent, ADR 021l), are written to `<name>.json`. tests/console/test_timeline.py and
 test_effects.py read them.
 """
 
@@ -38,7 +38,7 @@ from tests.e2e.conftest import E2E, E2E_SETTINGS
 from tests.e2e.test_console_browser import inject_faults
 
 HERE = Path(__file__).resolve().parent
-STATUS = "/runtime/webhooks/durabletask/instances/{}?showHistory=true&showHistoryOutput=true"
+STATUS = "/runtime/webhooks/durabletask/instances/{}?showHistory=true&showHistoryOutput=true&showInput=true"
 
 
 async def statuses(e2e: E2E, key: str, attempts: int) -> dict[str, Any]:
