@@ -89,6 +89,25 @@ def test_every_mutant_in_the_list_applies_to_the_tree_and_changes_one_place():
         compile(changed, m.file, "exec")  # a slip, not a syntax error
 
 
+def test_every_direct_test_a_mutant_names_exists():
+    """A mutant's `tests` are pytest node ids: a renamed test would make the
+    mutation run refuse its unmutated copy ("no tests ran"), so each must
+    still collect."""
+    import subprocess
+
+    ids = sorted({t for m in mutate.load_mutants() for t in m.tests})
+    assert ids
+    found = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *ids],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert found.returncode == 0, found.stdout[-2000:] + found.stderr[-2000:]
+
+
 def _fake_sim(tree: Path, body: str) -> Path:
     """A tree whose `python -m sim` is `body` (the runner's verdicts come
     only from what the simulation prints and its exit status)."""
