@@ -128,6 +128,10 @@ class EndChecks(MessageChecks):
         self.check_status_never_stops_work()
         self.check_breakers_open_on_failures()
         self.check_refused_resends_bounded()
+        # The agents' calls and answers (sim.path_checks), after every older check.
+        self._report_first(self.long_calls, "no call outlasts its request's deadline")
+        self._report_first(self.retried_refusals, "a refused call is not made again")
+        self._report_first(self.unanswered, "a completed agent request was answered")
 
     def _report_first(self, findings: list[str], check: str) -> None:
         """A path check's first finding, as `check`'s violation (one is enough

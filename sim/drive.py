@@ -274,6 +274,16 @@ class Simulation(Clients, PathChecks, EndChecks, WorldFaults):
         # The agent's delivery being handled, per task: until when its calls may start.
         self._request_limit: dict[Any, datetime | None] = {}
         self.late_calls: list[str] = []
+        # Per task, the calls a service answered with a refusal (a 4xx but 408
+        # and 429) while the task handled a request; the replies on
+        # agent-responses (instance, reply event) and how many of its sends
+        # are indexed; calls whose timeout ran past their request's limit.
+        self._refused_here: dict[Any, set[tuple[str, str]]] = {}
+        self.retried_refusals: list[str] = []
+        self._replies_seen: set[tuple[str, str]] = set()
+        self._replies_indexed = 0
+        self.unanswered: list[str] = []
+        self.long_calls: list[str] = []
         self.bad_identity: list[str] = []
         # Per instance, the steps its undo requests name, in the order it first sent them.
         self.undo_sent: dict[str, list[str]] = {}
@@ -313,6 +323,7 @@ class Simulation(Clients, PathChecks, EndChecks, WorldFaults):
         self.remote = SimRemote(w, declines, self.o.steps)
         self.remote.undo_budget = undo_budget(self.o)
         self.remote.on_call = self._on_remote_call
+        self.remote.on_answer = self._on_remote_answer
         self.remote.applied_declines = self.o.applied_declines
         # The product's HTTP adapter over the simulated services (sim/remote.py).
         self.agent = self._new_agent(SimClock(w, "agent"), random.Random(f"agent/{seed}"))
@@ -714,14 +725,19 @@ class Simulation(Clients, PathChecks, EndChecks, WorldFaults):
         # A forgery's deadline is its own (so is a delayed copy of one).
         origin = (d.application_properties or {}).get(ORIGINAL_ID_PROPERTY)
         task = asyncio.current_task()
-        if not str(origin or d.message_id).startswith(FORGED):
+        genuine = not str(origin or d.message_id).startswith(FORGED)
+        if genuine:
             self._check_deadline(d)
             self._check_identity(d)
             self._request_limit[task] = _call_limit(d.body)
         try:
-            return await processor.process_message(d, settlement)
+            settled = await processor.process_message(d, settlement)
+            if genuine and settled == "complete":
+                self._check_answered(d)
+            return settled
         finally:
             self._request_limit.pop(task, None)
+            self._refused_here.pop(task, None)
 
     async def _starter_run(self) -> None:
         if self.world.clock.now < self.lease_free_at:

@@ -43,6 +43,9 @@ class PathChecks(Observed):
     orders_writer: dict[str, tuple[int | None, datetime]]  # order key -> (lock token, when)
     request_sender: dict[str, tuple[str, int]]  # request id -> (instance, execution)
     _request_limit: dict[Any, datetime | None]  # task -> until when its calls may start
+    _refused_here: dict[Any, set[tuple[str, str]]]  # task -> (operation, key) refused to it
+    _replies_seen: set[tuple[str, str]]  # (instance, reply event) of the replies sent
+    _replies_indexed: int  # how many of agent-responses' sends _replies_seen has read
     last_write: datetime | None
     # The path's own bookkeeping for the issue-43 checks (set by Simulation.__init__).
     replying: dict[Any, bytes]  # task -> the body of the reply delivery it bridges
@@ -391,17 +394,79 @@ class PathChecks(Observed):
                 )
             )
 
-    def _on_remote_call(self, call: RemoteCall) -> None:
+    def _on_remote_call(self, call: RemoteCall, timeout: float | None = None) -> None:
         """No call starts after its request's deadline (DESIGN.md section 4,
         agents: never start a new side effect after it), nor after the undo's
         ListenUntil when it listens longer (ADR 005), in the world's own time:
-        the agent's margin before it is larger than any actor's skew."""
-        limit = self._request_limit.get(asyncio.current_task())
-        if limit is not None and self.world.clock.now >= limit:
+        the agent's margin before it is larger than any actor's skew. Nor
+        does a call's timeout run past that limit (section 4, agents: retries
+        only inside their deadline; the reply must reach the Scheduler before
+        its timer): the agent caps it at its stop time, the deadline less a
+        reply margin no smaller than any actor's skew. Nor is a call made
+        again that its service refused for this very request (section 4,
+        agents: a non-transient failure is answered with an error reply)."""
+        task = asyncio.current_task()
+        limit = self._request_limit.get(task)
+        now = self.world.clock.now
+        what = f"{call.service}/{call.operation} for {call.idempotency_key} (token {call.fencing_token})"
+        if limit is not None and now >= limit:
             self.late_calls.append(
-                f"{call.service}/{call.operation} for {call.idempotency_key} (token "
-                f"{call.fencing_token}) started at {self.world.stamp()}, after its "
+                f"{what} started at {self.world.stamp()}, after its "
                 f"request's deadline {limit.isoformat()}"
+            )
+        elif (
+            limit is not None
+            and timeout is not None
+            and now + timedelta(seconds=timeout) > limit + timedelta(milliseconds=1)
+        ):
+            self.long_calls.append(
+                f"{what} started at {self.world.stamp()} with a {timeout:g} s timeout, "
+                f"past its request's deadline {limit.isoformat()}"
+            )
+        if (f"{call.service}/{call.operation}", call.idempotency_key) in self._refused_here.get(
+            task, ()
+        ):
+            self.retried_refusals.append(
+                f"{what} called again at {self.world.stamp()} by the delivery its service "
+                "had refused (a 4xx, not 408 or 429)"
+            )
+
+    def _on_remote_answer(self, call: RemoteCall, status: int) -> None:
+        """An answer the agent read: a refusal (a 4xx but 408 and 429, which
+        agents.remote_client maps to PermanentError) noted for the delivery
+        being handled (`_on_remote_call`)."""
+        if 400 <= status < 500 and status not in (408, 429):
+            task = asyncio.current_task()
+            if task in self._request_limit:
+                self._refused_here.setdefault(task, set()).add(
+                    (f"{call.service}/{call.operation}", call.idempotency_key)
+                )
+
+    def _check_answered(self, d: Delivery) -> None:
+        """A genuine agent request the agent completed was answered (section 4,
+        deadline race; ADR 014's settlement table): a reply naming its
+        instance and reply event is on agent-responses, sent by this delivery
+        or an earlier one. A request completed without one (its reply's send
+        failed), or whose reply duplicate detection dropped as another
+        request's (a reply id that does not name its request), leaves its
+        attempt to wait out its deadline for nothing."""
+        try:
+            req = json.loads(d.body)
+            wanted = (str(req["InstanceId"]), str(req["ReplyEvent"]))
+        except (ValueError, TypeError, KeyError):
+            return
+        sent = self.bus.queue("agent-responses").sent
+        for m in sent[self._replies_indexed :]:
+            try:
+                body = json.loads(m.body)
+                self._replies_seen.add((str(body["InstanceId"]), str(body["EventName"])))
+            except (ValueError, TypeError, KeyError):
+                pass
+        self._replies_indexed = len(sent)
+        if wanted not in self._replies_seen:
+            self.unanswered.append(
+                f"{d.message_id} ({wanted[0]} {wanted[1]}) completed at {self.world.stamp()} "
+                "with no reply naming it on agent-responses"
             )
 
     def _on_index_delete(self, entry: dict) -> None:

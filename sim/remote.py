@@ -82,7 +82,7 @@ class SimSession:
                 # The request never reached the service (a dropped connection, a
                 # stalled proxy): nothing applied; the client gives up at its timeout.
                 if remote.on_call is not None:
-                    remote.on_call(call)
+                    remote.on_call(call, total)
                 await world.point(f"remote.{service}.{operation} no answer", delay=total)
                 world.log(
                     f"remote {service}/{operation} {call.idempotency_key}: no answer in {total}s"
@@ -105,6 +105,8 @@ class SimSession:
                 )
                 remote.failed(service)  # as above, when the client gives up
                 raise TimeoutError()
+            if remote.on_answer is not None:
+                remote.on_answer(call, status)  # the answer the client reads
             return response
 
         return _Request(answer)
@@ -163,7 +165,10 @@ class SimRemote:
         self.do_paths = frozenset(s.do.path.lstrip("/") for s in steps.steps)
         self.undo_paths = frozenset(s.undo.path.lstrip("/") for s in steps.steps)
         self.calls: list[tuple[str, str, int, str]] = []  # (key, op, token, outcome)
-        self.on_call: Callable[[RemoteCall], None] | None = None  # the simulation's check
+        # The simulation's checks: a call as it starts (with its timeout), and
+        # the HTTP status of an answer the client reads (not one after its timeout).
+        self.on_call: Callable[[RemoteCall, float | None], None] | None = None
+        self.on_answer: Callable[[RemoteCall, int], None] | None = None
         self.undo_budget = 60.0  # seconds; the simulation sets its own (undo_budget)
         # Per service, when its next call may be served (FaultConfig.rate_limit).
         self.next_slot: dict[str, datetime] = {}
@@ -181,7 +186,7 @@ class SimRemote:
         """The service's HTTP answer (status, body text) to one call; what the
         product's HttpRemoteService reads through sim.remote.SimSession."""
         if self.on_call is not None:
-            self.on_call(call)
+            self.on_call(call, timeout)
         self._undo_blackout(call)
         await self.world.point(
             f"remote.{call.service}.{call.operation}", delay=self.world.rng.choice((0.05, 0.2, 1.0))
