@@ -78,16 +78,20 @@ class Hostile:
         """Watch what a forged message's handler does (it must do nothing),
         and schedule the forgeries."""
         sim = self.sim
-        call, raise_event = sim.remote.call, sim.durable.raise_event
+        on_call, raise_event = sim.remote.on_call, sim.durable.raise_event
         on_write = sim.state_c.on_write
 
-        async def watched_call(c, *, timeout: float):
+        # Every call reaches the services through `SimRemote.answer` (the
+        # product's HTTP adapter over sim.remote.SimSession), which tells
+        # `on_call` as the call starts; `SimRemote.call` is not on that path.
+        def watched_call(c, timeout: float | None = None) -> None:
             if c.fencing_token == FORGED_FENCE or self._forged_actor():
                 self.effects.append(
                     f"{self._actor()} made {c.service}/{c.operation} for {c.idempotency_key} "
                     f"with fencing token {c.fencing_token}"
                 )
-            return await call(c, timeout=timeout)
+            if on_call is not None:
+                on_call(c, timeout)
 
         async def watched_raise(instance_id: str, event_name: str, *args: Any, **kwargs: Any):
             if self._forged_actor():
@@ -100,7 +104,7 @@ class Hostile:
             if on_write is not None:
                 on_write(old, new)
 
-        sim.remote.call = watched_call  # type: ignore[method-assign]
+        sim.remote.on_call = watched_call
         sim.durable.raise_event = watched_raise  # type: ignore[method-assign]
         sim.state_c.on_write = watched_write
         window = sim.o.fault_window
