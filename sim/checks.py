@@ -27,7 +27,7 @@ from devstack.host.durable import (
 from domain.errors import TransientError
 from domain.ids import order_key, reply_event_name
 from domain.state_machine import MAX_COMPENSATION_RESTARTS
-from orchestrators.starter import STATUS_BACKOFF_FIRST, STATUS_BACKOFF_MAX
+from orchestrators.starter import STATUS_ALERT_AFTER, STATUS_BACKOFF_FIRST, STATUS_BACKOFF_MAX
 
 from .hostile import ALERT_KINDS as FORGERY_ALERTS
 from .hostile import PREFIX as FORGED
@@ -128,6 +128,7 @@ class EndChecks(MessageChecks):
         self.check_status_never_stops_work()
         self.check_breakers_open_on_failures()
         self.check_refused_resends_bounded()
+        self.check_refusing_queue_alerted()
         # The agents' calls and answers (sim.path_checks), after every older check.
         self._report_first(self.long_calls, "no call outlasts its request's deadline")
         self._report_first(self.retried_refusals, "a refused call is not made again")
@@ -445,6 +446,35 @@ class EndChecks(MessageChecks):
                     f"{queue} refused {len(refused)} of the Starter's sends in its spell "
                     f"{start:%H:%M:%S}-{until:%H:%M:%S} ({starters} Starter processes): "
                     f"more than {bound:.0f}",
+                )
+                return
+
+    def check_refusing_queue_alerted(self) -> None:
+        """A refusing reply queue is alerted (section 4, status delivery: "its
+        operators get one StatusUndeliverable alert per spell of refusals,
+        naming the queue"): a Starter process alerts at its
+        STATUS_ALERT_AFTER-th refusal in a row, so once the Starter's sends a
+        queue refused in its spell outnumber what every Starter process that
+        ran in it could have had below that, plus one terminal send per order
+        outside the scan (check_refused_resends_bounded), one of them reached
+        it and a StatusUndeliverable alert names the queue."""
+        alerted = {
+            json.loads(m.body).get("Queue")
+            for m in self.alert_messages()
+            if json.loads(m.body).get("Kind") == "StatusUndeliverable"
+        }
+        for queue, (start, until, _) in sorted(self.world.faults.refusing.items()):
+            refused = self.starter_refused.get(queue, [])
+            starters = sum(
+                1 for first, last in self.starter_spans.values() if first <= until and last >= start
+            )
+            below = starters * (STATUS_ALERT_AFTER - 1) + len(self.order_ids)
+            if len(refused) > below and queue not in alerted:
+                self.fail(
+                    "a refusing reply queue is alerted",
+                    f"{queue} refused {len(refused)} of the Starter's sends in its spell "
+                    f"{start:%H:%M:%S}-{until:%H:%M:%S} ({starters} Starter processes; at most "
+                    f"{below} without an alert): no StatusUndeliverable alert names it",
                 )
                 return
 

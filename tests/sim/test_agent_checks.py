@@ -1,7 +1,8 @@
 """The checks added for survivors of sim/mutants_new_a.json: an agent's call
 outlasting its request's deadline, a call made again after its service
-refused it, an agent request completed with no reply naming it. Each fires
-on what it is there for and stays quiet on its legitimate neighbour."""
+refused it, an agent request completed with no reply naming it, a refusing
+reply queue never alerted. Each fires on what it is there for and stays
+quiet on its legitimate neighbour."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from datetime import datetime, timedelta
 from types import SimpleNamespace
 
 from agents.ports import RemoteCall
+from orchestrators.starter import STATUS_ALERT_AFTER
 from sim.system import Simulation
 from tests.sim.test_check_premises import _run as _run_seed
 
@@ -98,3 +100,27 @@ def test_a_request_completed_with_no_reply_naming_it_is_caught():
     sim.bus.send("agent-responses", json.dumps(undo_reply).encode(), "its-own-id")
     sim._check_answered(delivery)
     assert sim.unanswered == []
+
+
+def test_a_refusing_reply_queue_with_no_status_undeliverable_alert_is_caught():
+    """Mutant `starter-undeliverable-never-counted`: a Starter that refused
+    sends for hours and never alerted."""
+    sim = _run()
+    queue = "replies-webshop"
+    start = sim.world.clock.now
+    until = start + timedelta(hours=1)
+    sim.world.faults.refusing = {queue: (start, until, "disabled")}
+    sim.starter_spans = {1: [start, until]}
+    below = STATUS_ALERT_AFTER - 1 + len(sim.order_ids)
+    sim.starter_refused = {queue: [start] * below}
+    sim.violations.clear()
+    sim.check_refusing_queue_alerted()
+    assert sim.violations == []  # too few refusals to owe an alert
+    sim.starter_refused = {queue: [start] * (below + 1)}
+    sim.check_refusing_queue_alerted()
+    assert [c for c, _ in sim.violations] == ["a refusing reply queue is alerted"]
+    sim.violations.clear()
+    alert = {"Kind": "StatusUndeliverable", "Queue": queue, "OrderID": None}
+    sim.bus.send("alerts", json.dumps(alert).encode(), "status-undeliverable/x")
+    sim.check_refusing_queue_alerted()
+    assert sim.violations == []
