@@ -496,14 +496,16 @@ class MessageChecks(Observed):
         """`m` (on `queue`) is a dead letter no handler finished its work
         with, and something reports it. The broker's MaxDeliveryCountExceeded
         after every delivery faulted, which the platform's dead-letter rule
-        reports (infra/app/alerts.bicep: any dead letter on any queue); or
-        the gate's last resort, RetriesExhausted by a delivery whose back-off
-        copy could not be scheduled (Msg.copy_faulted) and whose alert was
-        refused too: with nothing left to carry the alert, it goes with only
-        its log event (adapters.settlement.MessageGate.run), and the same
-        rule reports it (seed 2 with its ingress queue full, in the fault
-        surface's targeted pass: four deliveries in 0.3 s, every copy
-        refused, and the last one's alert refused by a failing alerts send).
+        reports (infra/app/alerts.bicep: any dead letter on any queue).
+        Not the gate's last resort, RetriesExhausted by a delivery whose
+        back-off copy could not be scheduled (Msg.copy_faulted) and whose
+        alert was refused too (seed 2 with its ingress queue full, in the
+        fault surface's targeted pass: four deliveries in 0.3 s, every copy
+        refused, and the last one's alert refused by a failing alerts send):
+        since 44f5a86 the gate holds that alert (Alerts.hold) and sends it
+        once the alerts queue takes it, at the latest at the process's
+        shutdown, so the dead letter is judged with its alert like any
+        other (mutant `gate-held-alert-dropped`, sim/mutants_new_a.json).
         With `alerted`, also the gate's RetriesExhausted whose alert went out
         (seed 894): a caller that asks no more of it than its alert. A
         message and its back-off copies alert once between them (one alert
@@ -537,9 +539,7 @@ class MessageChecks(Observed):
                 and lineage(alert.get("MessageId")) == own
             )
 
-        if alerted and any(
+        return alerted and any(
             names_m(body) or names_m_lineage(body)
             for body in (json.loads(a.body) for a in self.alert_messages())
-        ):
-            return True
-        return m.copy_faulted and any(names_m(a) for a in self.servicebus.refused_alerts)
+        )
