@@ -103,7 +103,14 @@ class Clients(Observed):
             self.changed_resends.append((key, mid))
             self.bus.send(INGRESS_OF[app], self._order_body(key, CHANGED_TOTAL), mid)
             return
-        self.bus.send(INGRESS_OF[app], self._order_body(key), f"{own}/resend")
+        # The same order, its amounts written as another client library writes
+        # them ("20.0" for "20.00": the same decimal, which Submit compares
+        # canonically, OrderSubmitted.immutable_fields); no draw.
+        same = json.loads(self._order_body(key))
+        same["Total"] = same["Total"].removesuffix("0")
+        for line in same["Lines"]:
+            line["UnitPrice"] = line["UnitPrice"].removesuffix("0")
+        self.bus.send(INGRESS_OF[app], json.dumps(same).encode(), f"{own}/resend")
 
     def _impersonate(self) -> None:
         """The second application's client sends an order in the first's

@@ -1,8 +1,9 @@
-"""The checks added for survivors of sim/mutants_new_a.json: an agent's call
-outlasting its request's deadline, a call made again after its service
+"""The checks added for the survivors of sim/mutants_new_a.json: an agent's
+call outlasting its request's deadline, a call made again after its service
 refused it, an agent request completed with no reply naming it, a refusing
-reply queue never alerted. Each fires on what it is there for and stays
-quiet on its legitimate neighbour."""
+reply queue never alerted, and a same-data resend whose amounts are written
+another way. Each fires on what it is there for and stays quiet on its
+legitimate neighbour."""
 
 from __future__ import annotations
 
@@ -13,8 +14,10 @@ from datetime import datetime, timedelta
 from types import SimpleNamespace
 
 from agents.ports import RemoteCall
+from domain.codec import decode
+from domain.models import OrderSubmitted
 from orchestrators.starter import STATUS_ALERT_AFTER
-from sim.system import Simulation
+from sim.system import INGRESS_OF, Simulation
 from tests.sim.test_check_premises import _run as _run_seed
 
 CALL = RemoteCall("payment", "charge", "webshop:ORD-1-0/charge-payment", 1, {})
@@ -124,3 +127,18 @@ def test_a_refusing_reply_queue_with_no_status_undeliverable_alert_is_caught():
     sim.bus.send("alerts", json.dumps(alert).encode(), "status-undeliverable/x")
     sim.check_refusing_queue_alerted()
     assert sim.violations == []
+
+
+def test_a_same_data_resend_writes_its_amounts_another_way():
+    """Mutant `amount-canonical-unformatted`: Submit must take "20.0" for
+    "20.00"; the client's same-data resend writes them so."""
+    sim = _run()
+    key = sim.order_ids[0]
+    app, own = sim.orders[key]
+    sim._resend(key, changed=False)
+    sent = [m for m in sim.bus.queue(INGRESS_OF[app]).sent if m.message_id == f"{own}/resend"]
+    body = sent[-1].body
+    assert body != sim._order_body(key)
+    assert json.loads(body)["Total"] == "20.0"
+    original = decode(OrderSubmitted, sim._order_body(key))
+    assert decode(OrderSubmitted, body).digest() == original.digest()
