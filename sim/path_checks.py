@@ -14,10 +14,12 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
 from adapters.ports import bucket_of
+from agents.agent import PACING_SPREAD, AgentPolicy
 from agents.ports import RemoteCall
 from domain.ids import reply_event_name, status_message_id
 from domain.state_machine import MAX_COMPENSATION_RESTARTS
@@ -25,6 +27,7 @@ from domain.state_machine import MAX_COMPENSATION_RESTARTS
 from .bus import (
     HANDLING,
     Delivery,
+    rules_for,
 )
 from .observed import Observed, cosmos_text, store_unavailable
 from .options import REGISTRY, SLACK
@@ -33,6 +36,17 @@ from .options import REGISTRY, SLACK
 # check does not ask: until the next COUNT (the Starter's interval, or its
 # count interval of up to 30 s) and the claims of a lease taken on it (GRACE).
 MISSED_CLAIM_WINDOW = timedelta(seconds=45)
+
+
+@dataclass
+class _Outcome:
+    """A remote call's end as its client saw it (PathChecks._on_remote_outcome)."""
+
+    status: int | None  # None: no answer within its timeout
+    timeout: float
+    retry_after: int  # a 429's Retry-After, whole seconds
+    at: datetime
+    judged: bool = False  # its breaker's verdict seen (PathChecks._on_breaker)
 
 
 class PathChecks(Observed):
@@ -46,6 +60,7 @@ class PathChecks(Observed):
     _refused_here: dict[Any, set[tuple[str, str]]]  # task -> (operation, key) refused to it
     _replies_seen: set[tuple[str, str]]  # (instance, reply event) of the replies sent
     _replies_indexed: int  # how many of agent-responses' sends _replies_seen has read
+    _last_outcome: dict[Any, _Outcome]  # task -> the last remote call it made, as it ended
     last_write: datetime | None
     # The path's own bookkeeping for the issue-43 checks (set by Simulation.__init__).
     replying: dict[Any, bytes]  # task -> the body of the reply delivery it bridges
@@ -441,6 +456,89 @@ class PathChecks(Observed):
                 self._refused_here.setdefault(task, set()).add(
                     (f"{call.service}/{call.operation}", call.idempotency_key)
                 )
+
+    def _on_remote_outcome(
+        self, call: RemoteCall, status: int | None, timeout: float, retry_after: int
+    ) -> None:
+        """What the client saw of a call as it ended (sim.remote.SimRemote.told),
+        for the task that made it: the next breaker verdict of that task
+        judges it (`_on_breaker`), and the delivery's reply reads its last."""
+        self._last_outcome[asyncio.current_task()] = _Outcome(
+            status, timeout, retry_after, self.world.clock.now
+        )
+
+    def _on_breaker(self, service: str, counted: bool) -> None:
+        """A breaker's verdict on the call that just ended in this task
+        (counted: a failure; else taken for a success). A call the service
+        failed, a 5xx or no answer within the agent's whole call timeout,
+        counts on its breaker (section 4, agents: "open a circuit breaker on
+        a failing dependency"; only a 429 and a call our own deadline cut
+        short, a timeout below the call timeout, are pacing)."""
+        outcome = self._last_outcome.get(asyncio.current_task())
+        if outcome is None or outcome.judged:
+            return  # no call of this task ended since (its task ending, a crash)
+        outcome.judged = True
+        failed = (outcome.status is not None and outcome.status >= 500) or (
+            outcome.status is None and outcome.timeout >= AgentPolicy().call_timeout
+        )
+        if failed and not counted:
+            what = (
+                f"no answer within its {outcome.timeout:g} s timeout"
+                if outcome.status is None
+                else f"HTTP {outcome.status}"
+            )
+            self.uncounted_failures.append(
+                f"a call to {service} ended at {outcome.at.isoformat()} with {what}; "
+                "its breaker took it for a success"
+            )
+
+    def _check_pacing_not_given_up(self, d: Delivery, reply: bytes | None) -> None:
+        """A 429 never ends a request's retries before its deadline (section
+        4, pacing is not failure: it counts neither on a breaker nor toward
+        max_attempts): an agent that gives up ("gave up after ... calls")
+        right after a 429 does so only because its next wait, Retry-After x
+        up to PACING_SPREAD, would pass its last start (the Deadline less the
+        reply margin and the least call time, on a clock up to the skew
+        bound off). Its failure count did not move at the 429, so it had not
+        reached max_attempts either."""
+        outcome = self._last_outcome.get(asyncio.current_task())
+        if reply is None or outcome is None or outcome.status != 429 or not outcome.retry_after:
+            return
+        try:
+            body = json.loads(reply)
+            error = str(body.get("Error") or "")
+            deadline = datetime.fromisoformat(json.loads(d.body)["Deadline"])
+        except (ValueError, TypeError, KeyError, AttributeError):
+            return
+        if not error.startswith("gave up after"):
+            return
+        policy = AgentPolicy()
+        last_start = deadline - timedelta(seconds=policy.reply_margin + policy.min_call_time)
+        wake = outcome.at + timedelta(
+            seconds=self.o.faults.skew + PACING_SPREAD * outcome.retry_after + 0.01
+        )
+        if wake < last_start:
+            self.paced_given_up.append(
+                f"{d.message_id} gave up at {outcome.at.isoformat()} after a 429 (Retry-After "
+                f"{outcome.retry_after} s), {(last_start - wake).total_seconds():.1f} s before "
+                f"the last wait could pass its last start {last_start.isoformat()}: {error[:120]}"
+            )
+
+    def _check_count_kept(self, d: Delivery, count: int, settled: str) -> None:
+        """The app never lets a message's delivery count run out (ADR 014: a
+        transient failure on the last delivery the queue allows, a reply or
+        a back-off copy that cannot be sent, is dead-lettered
+        RetriesExhausted with its alert; "never lets the count run out
+        silently"): no handler abandons the delivery whose count (the
+        broker's, `count`) is the queue's MaxDeliveryCount, which the broker
+        would dead-letter MaxDeliveryCountExceeded with no reason of the
+        app's. (A worker's handler cancelled at its shutdown abandons by
+        raising, which is not its decision.)"""
+        if settled == "abandon" and count >= rules_for(d.queue).max_delivery:
+            self.count_run_out.append(
+                f"{d.queue} {d.message_id} abandoned on delivery {count}, the last the queue "
+                f"allows, at {self.world.stamp()}"
+            )
 
     def _check_answered(self, d: Delivery) -> None:
         """A genuine agent request the agent completed was answered (section 4,
