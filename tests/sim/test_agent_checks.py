@@ -1,4 +1,4 @@
-"""The checks added for the survivors of sim/mutants_new_a.json: an agent's
+"""The checks added for mutants of sim/mutants.json that first survived: an agent's
 call outlasting its request's deadline, a call made again after its service
 refused it, an agent request completed with no reply naming it, a refusing
 reply queue never alerted, and a same-data resend whose amounts are written

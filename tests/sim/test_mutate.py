@@ -72,7 +72,7 @@ def test_every_mutant_in_the_list_applies_to_the_tree_and_changes_one_place():
     has not moved away from it) and the mutant changes one contiguous place
     of at most a few lines; names are distinct and each says why."""
     mutants = mutate.load_mutants()
-    assert 20 <= len(mutants) <= 60  # each costs one simulation run per mutation run
+    assert 20 <= len(mutants) <= 90  # each costs one simulation run per mutation run
     for m in mutants:
         text = (ROOT / m.file).read_text(encoding="utf-8")
         changed = mutate.mutated(text, m)

@@ -456,7 +456,7 @@ def test_clearing_a_sent_status_leaves_the_entry_that_replaced_it(processing, po
     """The sender of the Failed status clears it by its message id: when the
     compensation's final status replaced it meanwhile (its send still in
     flight), the clear leaves the Compensated entry to be sent (ADR 001;
-    mutant `outbox-clear-any-entry`, sim/mutants_new_a.json, which the
+    mutant `outbox-clear-any-entry`, sim/mutants.json, which the
     simulation's interleavings did not reach)."""
     record = sm.complete_step(processing, "webshop:ORD-1:1", STEPS[0], NOW)
     record = sm.mark_failed(record, "webshop:ORD-1:1", STEPS[1], "declined", NOW)
