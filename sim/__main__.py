@@ -136,6 +136,12 @@ def record(
     entry["rare_faults"] = True
     # and those without "admission_world" before MAX_PROCESSING could bind
     entry["admission_world"] = True
+    # and those without "foreign_senders" before the senders the app must
+    # refuse (a stolen reply queue, lax JSON types, an agent key's replies),
+    # without "long_refusals" before the long refusals (the alerts queue for
+    # minutes, a provider throttling the tenant, the agents' reply queue full)
+    entry["foreign_senders"] = True
+    entry["long_refusals"] = True
     if target:
         entry["target"] = target
     entries.append(entry)

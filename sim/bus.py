@@ -375,6 +375,9 @@ class Delivery:
         self.lock_token = msg.lock_token  # as the SDK's and the binding's messages carry it
         self.message_id = msg.message_id
         self.delivery_count = msg.delivery_count
+        # The broker's count of this delivery (1-based), whatever the consumer's
+        # SDK shows (the standalone worker's receiver counts from 0).
+        self.broker_count = msg.delivery_count
         self.sequence_number = msg.seq  # assigned by the broker, unique in the bus
         self.body = msg.body
         self.application_properties = msg.props
@@ -581,6 +584,8 @@ class SimSender:
         accepted = c.bus.send(queue, body, message_id, props, enqueue_at=scheduled, made_by=maker)
         if not scheduled and queue != c.responses_queue and c.on_sent is not None:
             c.on_sent(queue, message_id, accepted)
+        if not scheduled and queue == c.responses_queue and c.on_reply is not None:
+            c.on_reply(body)  # an agent's reply, sent by the delivery this task handles
         if scheduled and not accepted and c.on_copy_dropped is not None:
             c.on_copy_dropped(queue, message_id, maker)
         if fault == "after":
@@ -614,6 +619,7 @@ class SimServiceBusClient:
         self.responses_queue = responses_queue
         self.on_sent = None  # (queue, message id, accepted): the simulation's bookkeeping
         self.on_refused = None  # (queue, message id): a send refused, nothing sent
+        self.on_reply = None  # (body): a reply the queue took, in the sending task
         # The bodies of alerts a fault refused (nothing reached the queue): a
         # dead letter whose alert and last back-off copy were both refused
         # goes with only its log event (adapters.settlement.MessageGate.run).

@@ -27,7 +27,7 @@ from devstack.host.durable import (
 from domain.errors import TransientError
 from domain.ids import order_key, reply_event_name
 from domain.state_machine import MAX_COMPENSATION_RESTARTS
-from orchestrators.starter import STATUS_BACKOFF_FIRST, STATUS_BACKOFF_MAX
+from orchestrators.starter import STATUS_ALERT_AFTER, STATUS_BACKOFF_FIRST, STATUS_BACKOFF_MAX
 
 from .hostile import ALERT_KINDS as FORGERY_ALERTS
 from .hostile import PREFIX as FORGED
@@ -128,6 +128,14 @@ class EndChecks(MessageChecks):
         self.check_status_never_stops_work()
         self.check_breakers_open_on_failures()
         self.check_refused_resends_bounded()
+        self.check_refusing_queue_alerted()
+        # The agents' calls and answers (sim.path_checks), after every older check.
+        self._report_first(self.long_calls, "no call outlasts its request's deadline")
+        self._report_first(self.retried_refusals, "a refused call is not made again")
+        self._report_first(self.unanswered, "a completed agent request was answered")
+        self._report_first(self.uncounted_failures, "a failed call counts on its breaker")
+        self._report_first(self.paced_given_up, "a 429 never ends a request before its deadline")
+        self._report_first(self.count_run_out, "the app never lets a delivery count run out")
 
     def _report_first(self, findings: list[str], check: str) -> None:
         """A path check's first finding, as `check`'s violation (one is enough
@@ -414,6 +422,12 @@ class EndChecks(MessageChecks):
                 )
                 return
 
+    def _refusing_reply_queues(self) -> list[tuple[str, tuple[datetime, datetime, str]]]:
+        """The client reply queues that refused for long (FaultConfig.refusing_reply),
+        not the alerts queue (FaultConfig.refusing_alerts)."""
+        refusing = self.world.faults.refusing
+        return sorted((q, spell) for q, spell in refusing.items() if q in REGISTRY.values())
+
     def check_refused_resends_bounded(self) -> None:
         """A refusing reply queue is not resent to every scan (§4 status
         delivery): the Starter probes it with one send after
@@ -425,7 +439,7 @@ class EndChecks(MessageChecks):
         doublings = 1
         while STATUS_BACKOFF_FIRST * 2**doublings < STATUS_BACKOFF_MAX:
             doublings += 1
-        for queue, (start, until, _) in sorted(self.world.faults.refusing.items()):
+        for queue, (start, until, _) in self._refusing_reply_queues():
             refused = self.starter_refused.get(queue, [])
             starters = sum(
                 1 for first, last in self.starter_spans.values() if first <= until and last >= start
@@ -441,6 +455,35 @@ class EndChecks(MessageChecks):
                     f"{queue} refused {len(refused)} of the Starter's sends in its spell "
                     f"{start:%H:%M:%S}-{until:%H:%M:%S} ({starters} Starter processes): "
                     f"more than {bound:.0f}",
+                )
+                return
+
+    def check_refusing_queue_alerted(self) -> None:
+        """A refusing reply queue is alerted (section 4, status delivery: "its
+        operators get one StatusUndeliverable alert per spell of refusals,
+        naming the queue"): a Starter process alerts at its
+        STATUS_ALERT_AFTER-th refusal in a row, so once the Starter's sends a
+        queue refused in its spell outnumber what every Starter process that
+        ran in it could have had below that, plus one terminal send per order
+        outside the scan (check_refused_resends_bounded), one of them reached
+        it and a StatusUndeliverable alert names the queue."""
+        alerted = {
+            json.loads(m.body).get("Queue")
+            for m in self.alert_messages()
+            if json.loads(m.body).get("Kind") == "StatusUndeliverable"
+        }
+        for queue, (start, until, _) in self._refusing_reply_queues():
+            refused = self.starter_refused.get(queue, [])
+            starters = sum(
+                1 for first, last in self.starter_spans.values() if first <= until and last >= start
+            )
+            below = starters * (STATUS_ALERT_AFTER - 1) + len(self.order_ids)
+            if len(refused) > below and queue not in alerted:
+                self.fail(
+                    "a refusing reply queue is alerted",
+                    f"{queue} refused {len(refused)} of the Starter's sends in its spell "
+                    f"{start:%H:%M:%S}-{until:%H:%M:%S} ({starters} Starter processes; at most "
+                    f"{below} without an alert): no StatusUndeliverable alert names it",
                 )
                 return
 
@@ -793,7 +836,19 @@ class EndChecks(MessageChecks):
         """Orders an alert named; an alert about a forgery that named an order
         is not an alert about that order's fate (sim.hostile checks those)."""
         bodies = (json.loads(m.body) for m in self.alert_messages())
-        return {b.get("OrderID") for b in bodies if b.get("Kind") not in FORGERY_ALERTS}
+        # Nor one about a forged message refused for another reason (an
+        # insider's lax-typed reply is InvalidMessage), or about a copy of one.
+        forged = {
+            m.message_id
+            for q in ("agent-requests", "agent-responses")
+            for m in self.bus.queue(q).sent
+            if str(m.props.get(ORIGINAL_ID_PROPERTY) or m.message_id).startswith(FORGED)
+        }
+        return {
+            b.get("OrderID")
+            for b in bodies
+            if b.get("Kind") not in FORGERY_ALERTS and b.get("MessageId") not in forged
+        }
 
     def _junk_unalerted(self) -> list[str]:
         if not self.junk:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import random
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from adapters.ports import ANY_OWNER
@@ -69,6 +69,56 @@ class Clients(Observed):
         else:
             self.bus.send(queue, json.loads(self._order_body(key, oid=f"{oid}-V")), f"{key}/{kind}")
 
+    def _foreign_senders(self) -> None:
+        """The foreign-senders world's clients (Options.reply_thief,
+        lax_client), at moments of the first minute from a stream of their
+        own, each about an order of its own (`{OrderID}-RQ`, `{OrderID}-LAX`)
+        and judged as a bad message of an order's client (check 4, with the
+        alert of its kind; a status it got anywhere is one of an order no
+        application sent, `check_applications_apart`):
+
+        - a registered application's client names the other application's
+          reply queue in its own order, on its own ingress queue: it must
+          be refused (ReplyQueueNotAllowed), never sent to (section 4);
+        - a client whose JSON library writes lax types, a Quantity as the
+          string "2": the contract does not coerce (ADR 013), so the order
+          is refused (InvalidMessage) and creates nothing (the Quantity is
+          strict by its own field; the codec's strict validation is what
+          refuses a timestamp written as a number, which only the insider
+          of sim.hostile sends)."""
+        rng = random.Random(f"foreign-senders/clients/{self.seed}")
+        if self.o.reply_thief:
+            key = self.order_ids[0]
+            app, own = self.orders[key]
+            other = next(a for a in APPS if a != app)
+            payload = json.loads(self._order_body(key, oid=f"{own}-RQ"))
+            payload["ReplyTo"] = REGISTRY[other]
+            at = START + timedelta(seconds=round(rng.uniform(0, 60), 3))
+            mid = f"{key}/reply-queue"
+            self.bad[mid] = "reply-queue"
+            self._send_later(at, INGRESS_OF[app], json.dumps(payload).encode(), mid)
+        if self.o.lax_client:
+            key = rng.choice(self.order_ids)
+            app, own = self.orders[key]
+            lax = json.loads(self._order_body(key, oid=f"{own}-LAX"))
+            for line in lax["Lines"]:
+                line["Quantity"] = str(line["Quantity"])
+            at = START + timedelta(seconds=round(rng.uniform(0, 60), 3))
+            lax_mid = f"{key}/lax-typed"
+            self.bad[lax_mid] = "lax-typed"
+            self._send_later(at, INGRESS_OF[app], json.dumps(lax).encode(), lax_mid)
+
+    def _send_later(self, at: datetime, queue: str, body: bytes, message_id: str) -> None:
+        """A client's message sent at `at`; the schedule waits for it, as for
+        an operator (it may come after every order ended)."""
+        self.operator_pending += 1
+
+        def send() -> None:
+            self.operator_pending -= 1
+            self.bus.send(queue, body, message_id)
+
+        self.world.at(at, "client", send)
+
     def _told_rejected(self, queue: str, message_id: str) -> None:
         """A client told Rejected ("try later", docs/client-guide.md) sends
         the order again a while later, sometimes changed (the customer edited
@@ -103,7 +153,14 @@ class Clients(Observed):
             self.changed_resends.append((key, mid))
             self.bus.send(INGRESS_OF[app], self._order_body(key, CHANGED_TOTAL), mid)
             return
-        self.bus.send(INGRESS_OF[app], self._order_body(key), f"{own}/resend")
+        # The same order, its amounts written as another client library writes
+        # them ("20.0" for "20.00": the same decimal, which Submit compares
+        # canonically, OrderSubmitted.immutable_fields); no draw.
+        same = json.loads(self._order_body(key))
+        same["Total"] = same["Total"].removesuffix("0")
+        for line in same["Lines"]:
+            line["UnitPrice"] = line["UnitPrice"].removesuffix("0")
+        self.bus.send(INGRESS_OF[app], json.dumps(same).encode(), f"{own}/resend")
 
     def _impersonate(self) -> None:
         """The second application's client sends an order in the first's
@@ -202,6 +259,8 @@ class Clients(Observed):
                 self._resend(oid)
 
             w.at(START + timedelta(seconds=later), "client resend", resend)
+        if i == 0:
+            self._foreign_senders()
         if i == 0 and o.impersonation:
             w.at(
                 START

@@ -59,6 +59,12 @@ def world_of(entry: dict[str, Any]) -> dict[str, Any]:
         "rare_faults": entry.get("rare_faults", False),
         # before MAX_PROCESSING was lowered until it binds (the admission world)
         "admission_world": entry.get("admission_world", False),
+        # before the senders the app must refuse (a stolen reply queue, lax
+        # JSON types, an agent key's tokenless replies)
+        "foreign_senders": entry.get("foreign_senders", False),
+        # before the long refusals (the alerts queue for minutes, a provider
+        # throttling the tenant, the agents' reply queue full while a worker runs)
+        "long_refusals": entry.get("long_refusals", False),
     }
 
 

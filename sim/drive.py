@@ -29,11 +29,14 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
+import pybreaker
+
 from adapters.checkpoints import CosmosCheckpointStore
 from adapters.cosmos_client import RequestCharges
 from adapters.orders_db import CosmosOrdersRepository
 from adapters.ports import NoIndex
 from adapters.recovery_index import CosmosRecoveryIndex
+from adapters.servicebus import ALERTS_QUEUE
 from adapters.settings import CosmosAccount, ServiceBusAccess, Settings
 from adapters.settlement import ORIGINAL_ID_PROPERTY, BackoffPolicy, MessageGate
 from adapters.state_store import CosmosStateStore
@@ -240,6 +243,9 @@ class Simulation(Clients, PathChecks, EndChecks, WorldFaults):
         self.servicebus = SimServiceBusClient(w, self.bus, set(REGISTRY.values()))
         self.servicebus.on_sent = self._on_sent
         self.servicebus.on_refused = self._on_refused
+        self.servicebus.on_reply = lambda body: self._reply_of.__setitem__(
+            asyncio.current_task(), body
+        )
         self.servicebus.on_copy_dropped = self._on_copy_dropped
         self.publisher = publisher(self.servicebus)
         # The root's seams: alerts' message ids drawn from the seed (a random
@@ -275,6 +281,23 @@ class Simulation(Clients, PathChecks, EndChecks, WorldFaults):
         # The agent's delivery being handled, per task: until when its calls may start.
         self._request_limit: dict[Any, datetime | None] = {}
         self.late_calls: list[str] = []
+        # Per task, the calls a service answered with a refusal (a 4xx but 408
+        # and 429) while the task handled a request; the replies on
+        # agent-responses (instance, reply event) and how many of its sends
+        # are indexed; calls whose timeout ran past their request's limit.
+        self._refused_here: dict[Any, set[tuple[str, str]]] = {}
+        self.retried_refusals: list[str] = []
+        self._replies_seen: set[tuple[str, str]] = set()
+        self._replies_indexed = 0
+        self.unanswered: list[str] = []
+        self.long_calls: list[str] = []
+        # Per task, its last remote call as it ended (and whether its breaker
+        # judged it); the reply each task sent; what the checks on them found.
+        self._last_outcome: dict[Any, Any] = {}
+        self._reply_of: dict[Any, bytes] = {}
+        self.uncounted_failures: list[str] = []
+        self.paced_given_up: list[str] = []
+        self.count_run_out: list[str] = []
         self.bad_identity: list[str] = []
         # Per instance, the steps its undo requests name, in the order it first sent them.
         self.undo_sent: dict[str, list[str]] = {}
@@ -314,6 +337,8 @@ class Simulation(Clients, PathChecks, EndChecks, WorldFaults):
         self.remote = SimRemote(w, declines, self.o.steps)
         self.remote.undo_budget = undo_budget(self.o)
         self.remote.on_call = self._on_remote_call
+        self.remote.on_answer = self._on_remote_answer
+        self.remote.on_outcome = self._on_remote_outcome
         self.remote.applied_declines = self.o.applied_declines
         # The product's HTTP adapter over the simulated services (sim/remote.py).
         self.agent = self._new_agent(SimClock(w, "agent"), random.Random(f"agent/{seed}"))
@@ -376,7 +401,11 @@ class Simulation(Clients, PathChecks, EndChecks, WorldFaults):
         self.bad: dict[str, str] = {}
         self.operator_done: set[tuple[str, str]] = set()
         self.operator_pending = 0
-        self.hostile = Hostile(self, self.o.faults.hostile) if self.o.faults.hostile else None
+        self.hostile = (
+            Hostile(self, self.o.faults.hostile, self.o.insider_replies)
+            if self.o.faults.hostile or self.o.insider_replies
+            else None
+        )
 
     def alerts(self) -> Alerts:
         return self._alerts
@@ -387,8 +416,11 @@ class Simulation(Clients, PathChecks, EndChecks, WorldFaults):
             http_remote(self.remote),
             clock,
             policy,
-            breakers=Breakers(
-                policy.breaker_fail_max, policy.breaker_reset_timeout, now=self.seams.breaker_now
+            breakers=_WatchedBreakers(
+                self._on_breaker,
+                policy.breaker_fail_max,
+                policy.breaker_reset_timeout,
+                now=self.seams.breaker_now,
             ),
             rng=rng,
             steps=self.o.steps,
@@ -671,6 +703,7 @@ class Simulation(Clients, PathChecks, EndChecks, WorldFaults):
             self.delivery_of[d.token] = (lineage, self.world.clock.now)
             self.delivery_root[d.token] = copy_root(d.message_id, d.sequence_number)
             self.lineage_starts.setdefault(lineage, []).append(self.world.clock.now)
+        count = d.broker_count  # the broker's, 1-based (this delivery's)
         try:
             if d.queue == "agent-requests":
                 # As the trigger hands it over: the received message (its
@@ -679,7 +712,8 @@ class Simulation(Clients, PathChecks, EndChecks, WorldFaults):
             elif d.queue == "agent-responses":
                 self.replying[asyncio.current_task()] = d.body
                 try:
-                    await self.app.on_reply(d, SimActions(d), self.durable)
+                    settled = await self.app.on_reply(d, SimActions(d), self.durable)
+                    self._check_count_kept(d, count, settled.kind)
                 finally:
                     self.replying.pop(asyncio.current_task(), None)
             elif d.queue in APP_OF_INGRESS:
@@ -690,9 +724,10 @@ class Simulation(Clients, PathChecks, EndChecks, WorldFaults):
                 handler = await self.app.submit_handler()
                 gate = await self.app.message_gate(d.queue)
                 app = APP_OF_INGRESS[d.queue]
-                await gate.run(
+                settled = await gate.run(
                     d, SimActions(d), lambda body: handler.handle(body, app, self.durable)
                 )
+                self._check_count_kept(d, count, settled.kind)
             else:
                 spec = self.functions[d.queue]
                 kwargs = {spec.trigger["name"]: d}
@@ -717,14 +752,25 @@ class Simulation(Clients, PathChecks, EndChecks, WorldFaults):
         # A forgery's deadline is its own (so is a delayed copy of one).
         origin = (d.application_properties or {}).get(ORIGINAL_ID_PROPERTY)
         task = asyncio.current_task()
-        if not str(origin or d.message_id).startswith(FORGED):
+        genuine = not str(origin or d.message_id).startswith(FORGED)
+        count = d.broker_count  # the broker's, 1-based (this delivery's)
+        if genuine:
             self._check_deadline(d)
             self._check_identity(d)
             self._request_limit[task] = _call_limit(d.body)
         try:
-            return await processor.process_message(d, settlement)
+            settled = await processor.process_message(d, settlement)
+            self._check_count_kept(d, count, settled)
+            if genuine and settled == "complete":
+                self._check_answered(d)
+            if genuine:
+                self._check_pacing_not_given_up(d, self._reply_of.get(task))
+            return settled
         finally:
             self._request_limit.pop(task, None)
+            self._refused_here.pop(task, None)
+            self._last_outcome.pop(task, None)
+            self._reply_of.pop(task, None)
 
     async def _starter_run(self) -> None:
         if self.world.clock.now < self.lease_free_at:
@@ -765,6 +811,11 @@ class Simulation(Clients, PathChecks, EndChecks, WorldFaults):
             return False  # a bad document is not done with until an operator hears of it
         if self.hostile is not None and self.hostile.pending:
             return False  # a forgery still to come: it may arrive after every order ended
+        spell = self.world.faults.refusing.get(ALERTS_QUEUE)
+        if spell is not None and self.world.clock.now < spell[1]:
+            # The alerts queue refusing for long (FaultConfig.refusing_alerts):
+            # the alerts held meanwhile are owed once it takes them again.
+            return False
         for oid in self.order_ids:
             doc = self.state_c.docs.get((oid, oid))
             if doc is None:
@@ -925,6 +976,34 @@ def _agent_settlement(d: Delivery):
     return ReceiverSettlement(SimReceiver(d), d)  # type: ignore[arg-type]
 
 
+class _WatchedBreakers(Breakers):
+    """The product's Breakers, each breaker telling the simulation its verdict
+    on every call (pybreaker's listener: a failure counted, or a success,
+    which is also what an excluded error counts as): `on_verdict(service,
+    counted)`, in the task that made the call (PathChecks._on_breaker)."""
+
+    def __init__(self, on_verdict: Callable[[str, bool], None], *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._on_verdict = on_verdict
+
+    def for_service(self, service: str) -> pybreaker.CircuitBreaker:
+        breaker = super().for_service(service)
+        if not breaker.listeners:
+            breaker.add_listener(_Verdicts(self._on_verdict))
+        return breaker
+
+
+class _Verdicts(pybreaker.CircuitBreakerListener):
+    def __init__(self, on_verdict: Callable[[str, bool], None]) -> None:
+        self._on_verdict = on_verdict
+
+    def failure(self, cb: pybreaker.CircuitBreaker, exc: BaseException) -> None:
+        self._on_verdict(str(cb.name), True)
+
+    def success(self, cb: pybreaker.CircuitBreaker) -> None:
+        self._on_verdict(str(cb.name), False)
+
+
 def _call_limit(body: bytes) -> datetime | None:
     """Until when a request's calls may start: its Deadline, or its
     ListenUntil when that is later (an undo, ADR 005); None when unreadable."""
@@ -979,6 +1058,8 @@ def run_schedule(
     slow_world: bool = True,
     rare_faults: bool = True,
     admission_world: bool = True,
+    foreign_senders: bool = True,
+    long_refusals: bool = True,
 ) -> Result:
     """`steps`: run this step catalog instead of domain/steps.json (the
     seed's other choices stay what they are)."""
@@ -999,6 +1080,8 @@ def run_schedule(
         slow_world=slow_world,
         rare_faults=rare_faults,
         admission_world=admission_world,
+        foreign_senders=foreign_senders,
+        long_refusals=long_refusals,
     )
     if steps is not None:
         options = replace(options, steps=steps)

@@ -163,6 +163,9 @@ class WorldFaults(Observed):
                 )
                 w.log(f"queue {queue} full for {seconds}s from {start.isoformat()}")
         self._refusing_reply()
+        self._refusing_alerts()
+        self._tenant_throttle()
+        self._replies_full_in_worker()
         if not f.host_start:
             return
 
@@ -229,6 +232,61 @@ class WorldFaults(Observed):
                 f"queue {queue} {f.refusing_reply}: every send refused from "
                 f"{start.isoformat()} until {until.isoformat()}"
             )
+
+    def _refusing_alerts(self) -> None:
+        """The `alerts` queue refusing every send for 15-45 minutes
+        (FaultConfig.refusing_alerts) from a moment in the first minute, as
+        a refusing reply queue does (sim.world.Faults.queue_refuses): the
+        schedule runs until it has ended and what it held has been sent."""
+        w, f = self.world, self.o.faults
+        if not f.refusing_alerts:
+            return
+        rng = random.Random(f"refusing-alerts/window/{self.seed}")
+        start = START + timedelta(seconds=round(rng.uniform(0, 60), 3))
+        until = start + timedelta(seconds=f.refusing_alerts_seconds)
+        if w.faults.draw(1.0, "refusing_alerts", f"{ALERTS_QUEUE} {f.refusing_alerts}", rng=rng):
+            w.faults.refusing[ALERTS_QUEUE] = (start, until, f.refusing_alerts)
+            w.log(
+                f"queue {ALERTS_QUEUE} {f.refusing_alerts}: every send refused from "
+                f"{start.isoformat()} until {until.isoformat()}"
+            )
+
+    def _tenant_throttle(self) -> None:
+        """A provider throttling the whole tenant (FaultConfig.tenant_throttle)
+        for a while within the fault window: every call to its service is
+        answered 429 (sim.remote.SimRemote._rate_limited)."""
+        w, f = self.world, self.o.faults
+        if not f.tenant_throttle:
+            return
+        rng = random.Random(f"tenant-throttle/window/{self.seed}")
+        service = rng.choice(sorted({s.service for s in self.o.steps.steps}))
+        start = START + timedelta(seconds=round(rng.uniform(0, self.o.fault_window - 20), 3))
+        until = start + timedelta(seconds=f.tenant_throttle)
+        if w.faults.draw(1.0, "tenant_throttle", f"{service} for {f.tenant_throttle}s", rng=rng):
+            w.faults.throttled = (start, until, service)
+            w.log(
+                f"{service} throttles the tenant from {start.isoformat()} until {until.isoformat()}"
+            )
+
+    def _replies_full_in_worker(self) -> None:
+        """The agents' reply queue full (FaultConfig.replies_full_in_worker)
+        from a moment of the first standalone worker run, as `entity_full`
+        makes a queue full: every reply refused, so each request the worker
+        (or the Functions agent) handles meanwhile is delivered again at once."""
+        w, f = self.world, self.o.faults
+        if not f.replies_full_in_worker or not self.o.workers:
+            return
+        run = self.o.workers[0]
+        rng = random.Random(f"replies-full/window/{self.seed}")
+        start = START + timedelta(
+            seconds=round(rng.uniform(run.start, max(run.start, run.stop - 20)), 3)
+        )
+        seconds = f.replies_full_in_worker
+        if w.faults.draw(1.0, "entity_full", f"{AGENT_RESPONSES_QUEUE} for {seconds}s", rng=rng):
+            w.faults.full.setdefault(
+                AGENT_RESPONSES_QUEUE, Outages(f"queue {AGENT_RESPONSES_QUEUE} full")
+            ).begin(start, seconds)
+            w.log(f"queue {AGENT_RESPONSES_QUEUE} full for {seconds}s from {start.isoformat()}")
 
     def _supervisor_lags(self, what: str) -> bool:
         """Does this read of a Supervisor come from its lagging replica

@@ -9,7 +9,11 @@ its own is ever seen by the remote service), is dead-lettered with a reason
 that says it proved nothing, and raises exactly one alert.
 
 It draws from its own random stream (`hostile/{seed}`), so a schedule without
-it is the schedule it always was. Its messages are sent fault-free (no delay
+it is the schedule it always was. In the foreign-senders world it is also an
+insider holding the agents' signing key (a compromised agent host, ADR 017e:
+"not even an agent can" answer a request never made): Options.insider_replies
+`ok` replies to a request it peeked, signed with that key but with no reply
+token, from a stream of its own (`hostile/insider/{seed}`). Its messages are sent fault-free (no delay
 or duplicate drawn for them): the faults of the schedule still hit their
 deliveries (crashes, lock expiries)."""
 
@@ -22,7 +26,10 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from adapters.settlement import ORIGINAL_ID_PROPERTY
+from domain.codec import decode, encode
 from domain.ids import reply_event_name
+from domain.models import AgentReply
+from domain.signing import sign_reply
 
 from .bus import later_copy
 from .world import START
@@ -44,6 +51,9 @@ REPLY_KINDS = (
     "next-step-real-token",  # a step not yet requested, the in-flight step's token
     "other-application",  # the real token, another AppId
 )
+# The insider's (Options.insider_replies): what each must be refused as.
+INSIDER_KINDS = ("agent-key-no-token", "agent-key-lax-time")
+EXPECTED = {"agent-key-lax-time": frozenset({"InvalidMessage"})}
 REQUEST_KINDS = (
     "fence-999",  # FencingToken 999 for an order (perhaps before it exists)
     "undo-live",  # an undo for a live order with a copied signature
@@ -55,10 +65,12 @@ REQUEST_KINDS = (
 
 
 class Hostile:
-    def __init__(self, sim: Simulation, count: int) -> None:
+    def __init__(self, sim: Simulation, count: int, insiders: int = 0) -> None:
         self.sim = sim
         self.count = count
+        self.insiders = insiders
         self.rng = random.Random(f"hostile/{sim.seed}")
+        self.insider_rng = random.Random(f"hostile/insider/{sim.seed}")
         self.forged: dict[str, tuple[str, str]] = {}  # message id -> (queue, kind)
         self.effects: list[str] = []
         steps = sim.o.steps
@@ -70,7 +82,7 @@ class Hostile:
     @property
     def pending(self) -> int:
         """Forgeries not sent yet."""
-        return self.count - len(self.forged)
+        return self.count + self.insiders - len(self.forged)
 
     # --- wiring -----------------------------------------------------------------------
 
@@ -78,16 +90,20 @@ class Hostile:
         """Watch what a forged message's handler does (it must do nothing),
         and schedule the forgeries."""
         sim = self.sim
-        call, raise_event = sim.remote.call, sim.durable.raise_event
+        on_call, raise_event = sim.remote.on_call, sim.durable.raise_event
         on_write = sim.state_c.on_write
 
-        async def watched_call(c, *, timeout: float):
+        # Every call reaches the services through `SimRemote.answer` (the
+        # product's HTTP adapter over sim.remote.SimSession), which tells
+        # `on_call` as the call starts; `SimRemote.call` is not on that path.
+        def watched_call(c, timeout: float | None = None) -> None:
             if c.fencing_token == FORGED_FENCE or self._forged_actor():
                 self.effects.append(
                     f"{self._actor()} made {c.service}/{c.operation} for {c.idempotency_key} "
                     f"with fencing token {c.fencing_token}"
                 )
-            return await call(c, timeout=timeout)
+            if on_call is not None:
+                on_call(c, timeout)
 
         async def watched_raise(instance_id: str, event_name: str, *args: Any, **kwargs: Any):
             if self._forged_actor():
@@ -100,13 +116,16 @@ class Hostile:
             if on_write is not None:
                 on_write(old, new)
 
-        sim.remote.call = watched_call  # type: ignore[method-assign]
+        sim.remote.on_call = watched_call
         sim.durable.raise_event = watched_raise  # type: ignore[method-assign]
         sim.state_c.on_write = watched_write
         window = sim.o.fault_window
         for n in range(self.count):
             at = START + timedelta(seconds=round(self.rng.uniform(0, window), 3))
             sim.world.at(at, "hostile", lambda n=n: self._forge(n))
+        for n in range(self.insiders):
+            at = START + timedelta(seconds=round(self.insider_rng.uniform(0, window), 3))
+            sim.world.at(at, "hostile", lambda n=n: self._forge_insider(n))
 
     def _actor(self) -> str:
         return self.sim.world._names.get(asyncio.current_task(), "")
@@ -145,14 +164,53 @@ class Hostile:
         self.sim.world.log(f"hostile {kind} -> {queue} {message_id}")
         self.sim.bus.send(queue, json.dumps(body).encode(), message_id, fault_free=True)
 
-    def _target(self, seen: list[dict]) -> dict:
+    def _forge_insider(self, n: int) -> None:
+        """A reply from a holder of the agents' signing key, to a request it
+        peeked (or made up), `ok`, signed:
+
+        - `agent-key-no-token`: with no reply token, which only the
+          Scheduler can make (ADR 017e: not even an agent can answer a
+          request never made), so the bridge refuses it `ForgedReply`;
+        - `agent-key-lax-time`: with the request's own token, as an agent of
+          another build would answer, its call record's time written as Unix
+          seconds, as some JSON libraries write a timestamp: the contract
+          coerces no type (ADR 013), so the bridge refuses it
+          `InvalidMessage` before it reads anything (its signature is over
+          the canonical form, which reads that time as the same instant)."""
+        rng = self.insider_rng
+        kind = rng.choice(INSIDER_KINDS)
+        seen = self._real_requests()
+        body = self._reply("ok-no-proof", seen, rng)
+        at = self.sim.world.clock.now.replace(microsecond=0)
+        body["Calls"] = [{"At": at.isoformat(), "Ms": 200, "Outcome": "ok"}]
+        if kind == "agent-key-lax-time":
+            body["ReplyToken"] = next(
+                (
+                    r.get("ReplyToken")
+                    for r in reversed(seen)
+                    if (r["InstanceId"], r["ReplyEvent"]) == (body["InstanceId"], body["EventName"])
+                ),
+                None,
+            )
+        keys = self.sim.settings.scheduler_keys().agents
+        wire = json.loads(encode(sign_reply(keys, decode(AgentReply, json.dumps(body)))))
+        if kind == "agent-key-lax-time":
+            wire["Calls"][0]["At"] = int(at.timestamp())
+        message_id = f"{PREFIX}insider-{n}"
+        self.forged[message_id] = (REPLIES, kind)
+        self.sim.world.counters["forged"] += 1
+        self.sim.world.log(f"hostile {kind} -> {REPLIES} {message_id}")
+        self.sim.bus.send(REPLIES, json.dumps(wire).encode(), message_id, fault_free=True)
+
+    def _target(self, seen: list[dict], rng: random.Random | None = None) -> dict:
         """A request to aim at: the latest genuine one (likely in flight), or
         one made up from an order id and a step when none was sent yet."""
-        if seen and self.rng.random() < 0.8:
-            return dict(seen[-1] if self.rng.random() < 0.6 else self.rng.choice(seen))
-        oid = self.rng.choice(self.sim.order_ids)
-        step = self.rng.choice(self.steps)
-        attempt = self.rng.randint(1, 3)
+        rng = rng or self.rng
+        if seen and rng.random() < 0.8:
+            return dict(seen[-1] if rng.random() < 0.6 else rng.choice(seen))
+        oid = rng.choice(self.sim.order_ids)
+        step = rng.choice(self.steps)
+        attempt = rng.randint(1, 3)
         return {
             "SchemaVersion": 1,
             "InstanceId": f"{oid}:{attempt}",
@@ -171,8 +229,8 @@ class Hostile:
             "ListenUntil": None,
         }
 
-    def _reply(self, kind: str, seen: list[dict]) -> dict:
-        req = self._target(seen)
+    def _reply(self, kind: str, seen: list[dict], rng: random.Random | None = None) -> dict:
+        req = self._target(seen, rng)
         reply: dict[str, Any] = {
             "SchemaVersion": 1,
             "InstanceId": req["InstanceId"],
@@ -319,10 +377,11 @@ class Hostile:
             # gate carried the message on in a copy the queue accepted (the
             # copy's schedule applied with its answer lost, so the gate also
             # abandoned the delivery) and the lineage was refused (seed 54).
-            refused = [m for m in dead if m.dead_letter_reason in REFUSED]
+            expected = EXPECTED.get(kind, REFUSED)
+            refused = [m for m in dead if m.dead_letter_reason in expected]
             reason = refused[0].dead_letter_reason if refused else "every delivery faulted"
             for m in dead:
-                if m.dead_letter_reason in REFUSED:
+                if m.dead_letter_reason in expected:
                     continue
                 broker = m.dead_letter_reason == "MaxDeliveryCountExceeded"
                 if broker and sim.bus.every_delivery_faulted(m):
@@ -331,21 +390,21 @@ class Hostile:
                     continue
                 reason = m.dead_letter_reason or "no reason"
                 break
-            if reason not in (*REFUSED, "every delivery faulted"):
+            if reason not in (*expected, "every delivery faulted"):
                 sim.fail("forged message refused", f"{mid} ({kind}) dead-lettered {reason}")
-            # A refusal on a last delivery whose alert and next copy could
-            # both not be sent goes with its log event only (agents.messaging):
-            # the dead letter stands, which the platform's dead-letter alert
-            # rule reports (seed 100014: three deliveries lost at receive, the
-            # fourth met a failed alert send and a refused copy).
-            silent = bool(refused) and all(m.copy_faulted for m in refused)
-            # Nor is one owed when no handler ever judged it: every delivery
+            # A refusal whose alert and next copy could both not be sent
+            # (seed 100014: three deliveries lost at receive, the fourth met a
+            # failed alert send and a refused copy) once went with its log
+            # event only; the agent and the gate now hold that alert
+            # (Alerts.hold) and send it once the alerts queue takes it, so it
+            # is owed like any other (as for the gate's, _unfinished_dead_letter).
+            # None is owed when no handler ever judged it: every delivery
             # faulted and the broker dead-lettered it (seed 11001128: four
             # receives lost with the message locked, one lock lost), which
             # the same rule reports; a handler that alerted and whose
             # dead-lettering then faulted still sent the one.
             unjudged = not refused and reason == "every delivery faulted"
-            if alerts.get(mid, 0) != 1 and not ((silent or unjudged) and alerts.get(mid, 0) == 0):
+            if alerts.get(mid, 0) != 1 and not (unjudged and alerts.get(mid, 0) == 0):
                 sim.fail(
                     "forged message alerted once",
                     f"{mid} ({kind}): {alerts.get(mid, 0)} alerts",

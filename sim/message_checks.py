@@ -35,6 +35,15 @@ from .options import (
 )
 from .world import START
 
+# The alert kind each bad submission's dead letter raises (a conflict's is
+# judged by the order it names): sim.clients' bad messages and foreign senders.
+BAD_ALERT = {
+    "malformed": "InvalidMessage",
+    "amqp-value": "InvalidMessage",
+    "lax-typed": "InvalidMessage",
+    "reply-queue": "ReplyQueueNotAllowed",
+}
+
 
 class MessageChecks(Observed):
     """The queue checks (see the module); EndChecks runs them."""
@@ -151,9 +160,11 @@ class MessageChecks(Observed):
                     self.fail("4 dead-lettered with a reason", f"{q.name} {m.message_id}")
 
     def check_bad_submissions(self, alerted: set[str | None]) -> None:
-        """Invariant 4: every conflicting or malformed submission is dead-lettered by
-        its handler with a reason and alerted (judged by its lineage: the
-        original and its back-off copies)."""
+        """Invariant 4: every conflicting or malformed submission (and the
+        foreign senders' stolen reply queue and lax types, Clients._foreign_senders)
+        is dead-lettered by its handler with a reason and alerted with its
+        kind (BAD_ALERT; judged by its lineage: the original and its back-off
+        copies)."""
         kinds = Counter(json.loads(m.body).get("Kind") for m in self.alert_messages())
         for mid, kind in sorted(self.bad.items()):
             self._check_bad_submission(mid, kind, kinds, alerted)
@@ -225,7 +236,7 @@ class MessageChecks(Observed):
                 f"{mid} ({kind}) dead-lettered only by the delivery count, not by its handler",
             )
         elif (kind == "conflict" and not ({oid, self.orders[oid][1]} & alerted)) or (
-            kind != "conflict" and not kinds["InvalidMessage"]
+            kind != "conflict" and not kinds[BAD_ALERT[kind]]
         ):
             self.fail(
                 "4 bad submission alerted",
@@ -496,14 +507,16 @@ class MessageChecks(Observed):
         """`m` (on `queue`) is a dead letter no handler finished its work
         with, and something reports it. The broker's MaxDeliveryCountExceeded
         after every delivery faulted, which the platform's dead-letter rule
-        reports (infra/app/alerts.bicep: any dead letter on any queue); or
-        the gate's last resort, RetriesExhausted by a delivery whose back-off
-        copy could not be scheduled (Msg.copy_faulted) and whose alert was
-        refused too: with nothing left to carry the alert, it goes with only
-        its log event (adapters.settlement.MessageGate.run), and the same
-        rule reports it (seed 2 with its ingress queue full, in the fault
-        surface's targeted pass: four deliveries in 0.3 s, every copy
-        refused, and the last one's alert refused by a failing alerts send).
+        reports (infra/app/alerts.bicep: any dead letter on any queue).
+        Not the gate's last resort, RetriesExhausted by a delivery whose
+        back-off copy could not be scheduled (Msg.copy_faulted) and whose
+        alert was refused too (seed 2 with its ingress queue full, in the
+        fault surface's targeted pass: four deliveries in 0.3 s, every copy
+        refused, and the last one's alert refused by a failing alerts send):
+        since 44f5a86 the gate holds that alert (Alerts.hold) and sends it
+        once the alerts queue takes it, at the latest at the process's
+        shutdown, so the dead letter is judged with its alert like any
+        other (mutant `gate-held-alert-dropped`, sim/mutants.json).
         With `alerted`, also the gate's RetriesExhausted whose alert went out
         (seed 894): a caller that asks no more of it than its alert. A
         message and its back-off copies alert once between them (one alert
@@ -537,9 +550,7 @@ class MessageChecks(Observed):
                 and lineage(alert.get("MessageId")) == own
             )
 
-        if alerted and any(
+        return alerted and any(
             names_m(body) or names_m_lineage(body)
             for body in (json.loads(a.body) for a in self.alert_messages())
-        ):
-            return True
-        return m.copy_faulted and any(names_m(a) for a in self.servicebus.refused_alerts)
+        )

@@ -127,6 +127,17 @@ class Options:
     # Runs of the standalone agent worker (agents/worker's own loop, beside
     # the queue-triggered agent; sim/worker.py), from a stream of their own.
     workers: tuple[WorkerRun, ...] = ()
+    # Senders the app must refuse though they hold what a sender needs (the
+    # foreign-senders world, sim.options._foreign_senders): a registered
+    # application's client naming the other application's reply queue in
+    # its own order (section 4, reply queues are access-controlled); a
+    # client whose JSON library writes lax types ("2" for a Quantity, ADR
+    # 013: types are not coerced); so many forged replies from a holder of
+    # the agents' signing key, signed but with no reply token (ADR 017e:
+    # not even an agent can answer a request never made).
+    reply_thief: bool = False
+    lax_client: bool = False
+    insider_replies: int = 0
 
 
 def options_for(
@@ -144,6 +155,8 @@ def options_for(
     slow_world: bool = True,
     rare_faults: bool = True,
     admission_world: bool = True,
+    foreign_senders: bool = True,
+    long_refusals: bool = True,
 ) -> Options:
     """Everything about a schedule, drawn from its seed; `hostile` fixes the
     number of forgeries (sim.hostile) instead (0 replays a schedule found
@@ -165,7 +178,10 @@ def options_for(
     `slow_world` False issue 43's worlds (overload, rate limits, a reply
     queue refusing for hours: `_slow_world`; seeds recorded before them);
     `rare_faults` False the faults of calls no seed failed (FaultConfig.lost_404,
-    start_lag; seeds recorded before them)."""
+    start_lag; seeds recorded before them); `admission_world` False the
+    MAX_PROCESSING that binds; `foreign_senders` False the senders the app
+    must refuse (`_foreign_senders`), `long_refusals` False the long
+    refusals (`_long_refusals`; seeds recorded before them)."""
     rng = random.Random(f"options/{seed}")
     newer = wider and hosts != 0 and fallible and mutation_world
     quiet = rng.random() < 0.15
@@ -265,7 +281,53 @@ def options_for(
         f.start_lag = rare.choice((0.0, 0.5, 1.0))
     if admission_world and newer:
         options.max_processing = _admission_cap(seed, orders)
+    if foreign_senders and newer and apps > 1:
+        _foreign_senders(seed, options)
+    if long_refusals and newer:
+        _long_refusals(seed, options, quiet)
     return options
+
+
+def _foreign_senders(seed: int, o: Options) -> None:
+    """The foreign-senders world (Options.reply_thief, lax_client,
+    insider_replies), from a stream of its own so that no other draw of
+    the seed moves: each sender in about one schedule in three."""
+    rng = random.Random(f"foreign-senders/{seed}")
+    o.reply_thief = rng.random() < 1 / 3
+    o.lax_client = rng.random() < 1 / 3
+    o.insider_replies = rng.choice((0, 0, 0, 1, 3, 6))
+
+
+def _long_refusals(seed: int, o: Options, quiet: bool) -> None:
+    """Refusals that last, each from a stream of its own so that no other
+    draw of the seed moves:
+
+    - in one schedule in five, the `alerts` queue refuses every send for
+      15-45 minutes from a moment in the first minute (nobody drains it and
+      it is full, an operator disabled it, or the app's Sender role on it
+      was removed), faults or not: longer than the message gate's whole
+      back-off schedule, so a dead letter's alert is carried on in its
+      copies until they are spent and then held by the process (ADR 014,
+      design section 4 "Alerts stay readable");
+    - in one schedule in four with faults, a provider throttles the whole
+      tenant for 20-60 s (another client's load, or a quota of the
+      subscription): every call to one service is answered 429 with a
+      Retry-After of 1-2 s, however few we make (pacing, section 4);
+    - in one schedule in two of those with a standalone worker, the agents'
+      reply queue is full for 20-60 s while the worker runs: every reply it
+      sends is refused, so a request is delivered again and again to its
+      last delivery (ADR 014: then dead-lettered, never left to the count)."""
+    f = o.faults
+    alerts = random.Random(f"refusing-alerts/{seed}")
+    if alerts.random() < 1 / 5:
+        f.refusing_alerts = alerts.choice(("disabled", "forbidden", "full"))
+        f.refusing_alerts_seconds = round(alerts.uniform(900, 2700), 3)
+    throttle = random.Random(f"tenant-throttle/{seed}")
+    if not quiet and throttle.random() < 1 / 4:
+        f.tenant_throttle = round(throttle.uniform(20, 60), 3)
+    replies = random.Random(f"replies-full/{seed}")
+    if o.workers and replies.random() < 1 / 2:
+        f.replies_full_in_worker = round(replies.uniform(20, 60), 3)
 
 
 def _admission_cap(seed: int, orders: int) -> int:

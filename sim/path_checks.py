@@ -14,10 +14,12 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
 from adapters.ports import bucket_of
+from agents.agent import PACING_SPREAD, AgentPolicy
 from agents.ports import RemoteCall
 from domain.ids import reply_event_name, status_message_id
 from domain.state_machine import MAX_COMPENSATION_RESTARTS
@@ -25,6 +27,7 @@ from domain.state_machine import MAX_COMPENSATION_RESTARTS
 from .bus import (
     HANDLING,
     Delivery,
+    rules_for,
 )
 from .observed import Observed, cosmos_text, store_unavailable
 from .options import REGISTRY, SLACK
@@ -35,6 +38,17 @@ from .options import REGISTRY, SLACK
 MISSED_CLAIM_WINDOW = timedelta(seconds=45)
 
 
+@dataclass
+class _Outcome:
+    """A remote call's end as its client saw it (PathChecks._on_remote_outcome)."""
+
+    status: int | None  # None: no answer within its timeout
+    timeout: float
+    retry_after: int  # a 429's Retry-After, whole seconds
+    at: datetime
+    judged: bool = False  # its breaker's verdict seen (PathChecks._on_breaker)
+
+
 class PathChecks(Observed):
     """The hooks and the per-run checks of the Supervisor (see the module)."""
 
@@ -43,6 +57,10 @@ class PathChecks(Observed):
     orders_writer: dict[str, tuple[int | None, datetime]]  # order key -> (lock token, when)
     request_sender: dict[str, tuple[str, int]]  # request id -> (instance, execution)
     _request_limit: dict[Any, datetime | None]  # task -> until when its calls may start
+    _refused_here: dict[Any, set[tuple[str, str]]]  # task -> (operation, key) refused to it
+    _replies_seen: set[tuple[str, str]]  # (instance, reply event) of the replies sent
+    _replies_indexed: int  # how many of agent-responses' sends _replies_seen has read
+    _last_outcome: dict[Any, _Outcome]  # task -> the last remote call it made, as it ended
     last_write: datetime | None
     # The path's own bookkeeping for the issue-43 checks (set by Simulation.__init__).
     replying: dict[Any, bytes]  # task -> the body of the reply delivery it bridges
@@ -391,17 +409,162 @@ class PathChecks(Observed):
                 )
             )
 
-    def _on_remote_call(self, call: RemoteCall) -> None:
+    def _on_remote_call(self, call: RemoteCall, timeout: float | None = None) -> None:
         """No call starts after its request's deadline (DESIGN.md section 4,
         agents: never start a new side effect after it), nor after the undo's
         ListenUntil when it listens longer (ADR 005), in the world's own time:
-        the agent's margin before it is larger than any actor's skew."""
-        limit = self._request_limit.get(asyncio.current_task())
-        if limit is not None and self.world.clock.now >= limit:
+        the agent's margin before it is larger than any actor's skew. Nor
+        does a call's timeout run past that limit (section 4, agents: retries
+        only inside their deadline; the reply must reach the Scheduler before
+        its timer): the agent caps it at its stop time, the deadline less a
+        reply margin no smaller than any actor's skew. Nor is a call made
+        again that its service refused for this very request (section 4,
+        agents: a non-transient failure is answered with an error reply)."""
+        task = asyncio.current_task()
+        limit = self._request_limit.get(task)
+        now = self.world.clock.now
+        what = f"{call.service}/{call.operation} for {call.idempotency_key} (token {call.fencing_token})"
+        if limit is not None and now >= limit:
             self.late_calls.append(
-                f"{call.service}/{call.operation} for {call.idempotency_key} (token "
-                f"{call.fencing_token}) started at {self.world.stamp()}, after its "
+                f"{what} started at {self.world.stamp()}, after its "
                 f"request's deadline {limit.isoformat()}"
+            )
+        elif (
+            limit is not None
+            and timeout is not None
+            and now + timedelta(seconds=timeout) > limit + timedelta(milliseconds=1)
+        ):
+            self.long_calls.append(
+                f"{what} started at {self.world.stamp()} with a {timeout:g} s timeout, "
+                f"past its request's deadline {limit.isoformat()}"
+            )
+        if (f"{call.service}/{call.operation}", call.idempotency_key) in self._refused_here.get(
+            task, ()
+        ):
+            self.retried_refusals.append(
+                f"{what} called again at {self.world.stamp()} by the delivery its service "
+                "had refused (a 4xx, not 408 or 429)"
+            )
+
+    def _on_remote_answer(self, call: RemoteCall, status: int) -> None:
+        """An answer the agent read: a refusal (a 4xx but 408 and 429, which
+        agents.remote_client maps to PermanentError) noted for the delivery
+        being handled (`_on_remote_call`)."""
+        if 400 <= status < 500 and status not in (408, 429):
+            task = asyncio.current_task()
+            if task in self._request_limit:
+                self._refused_here.setdefault(task, set()).add(
+                    (f"{call.service}/{call.operation}", call.idempotency_key)
+                )
+
+    def _on_remote_outcome(
+        self, call: RemoteCall, status: int | None, timeout: float, retry_after: int
+    ) -> None:
+        """What the client saw of a call as it ended (sim.remote.SimRemote.told),
+        for the task that made it: the next breaker verdict of that task
+        judges it (`_on_breaker`), and the delivery's reply reads its last."""
+        self._last_outcome[asyncio.current_task()] = _Outcome(
+            status, timeout, retry_after, self.world.clock.now
+        )
+
+    def _on_breaker(self, service: str, counted: bool) -> None:
+        """A breaker's verdict on the call that just ended in this task
+        (counted: a failure; else taken for a success). A call the service
+        failed, a 5xx or no answer within the agent's whole call timeout,
+        counts on its breaker (section 4, agents: "open a circuit breaker on
+        a failing dependency"; only a 429 and a call our own deadline cut
+        short, a timeout below the call timeout, are pacing)."""
+        outcome = self._last_outcome.get(asyncio.current_task())
+        if outcome is None or outcome.judged:
+            return  # no call of this task ended since (its task ending, a crash)
+        outcome.judged = True
+        failed = (outcome.status is not None and outcome.status >= 500) or (
+            outcome.status is None and outcome.timeout >= AgentPolicy().call_timeout
+        )
+        if failed and not counted:
+            what = (
+                f"no answer within its {outcome.timeout:g} s timeout"
+                if outcome.status is None
+                else f"HTTP {outcome.status}"
+            )
+            self.uncounted_failures.append(
+                f"a call to {service} ended at {outcome.at.isoformat()} with {what}; "
+                "its breaker took it for a success"
+            )
+
+    def _check_pacing_not_given_up(self, d: Delivery, reply: bytes | None) -> None:
+        """A 429 never ends a request's retries before its deadline (section
+        4, pacing is not failure: it counts neither on a breaker nor toward
+        max_attempts): an agent that gives up ("gave up after ... calls")
+        right after a 429 does so only because its next wait, Retry-After x
+        up to PACING_SPREAD, would pass its last start (the Deadline less the
+        reply margin and the least call time, on a clock up to the skew
+        bound off). Its failure count did not move at the 429, so it had not
+        reached max_attempts either."""
+        outcome = self._last_outcome.get(asyncio.current_task())
+        if reply is None or outcome is None or outcome.status != 429 or not outcome.retry_after:
+            return
+        try:
+            body = json.loads(reply)
+            error = str(body.get("Error") or "")
+            deadline = datetime.fromisoformat(json.loads(d.body)["Deadline"])
+        except (ValueError, TypeError, KeyError, AttributeError):
+            return
+        if not error.startswith("gave up after"):
+            return
+        policy = AgentPolicy()
+        last_start = deadline - timedelta(seconds=policy.reply_margin + policy.min_call_time)
+        wake = outcome.at + timedelta(
+            seconds=self.o.faults.skew + PACING_SPREAD * outcome.retry_after + 0.01
+        )
+        if wake < last_start:
+            self.paced_given_up.append(
+                f"{d.message_id} gave up at {outcome.at.isoformat()} after a 429 (Retry-After "
+                f"{outcome.retry_after} s), {(last_start - wake).total_seconds():.1f} s before "
+                f"the last wait could pass its last start {last_start.isoformat()}: {error[:120]}"
+            )
+
+    def _check_count_kept(self, d: Delivery, count: int, settled: str) -> None:
+        """The app never lets a message's delivery count run out (ADR 014: a
+        transient failure on the last delivery the queue allows, a reply or
+        a back-off copy that cannot be sent, is dead-lettered
+        RetriesExhausted with its alert; "never lets the count run out
+        silently"): no handler abandons the delivery whose count (the
+        broker's, `count`) is the queue's MaxDeliveryCount, which the broker
+        would dead-letter MaxDeliveryCountExceeded with no reason of the
+        app's. (A worker's handler cancelled at its shutdown abandons by
+        raising, which is not its decision.)"""
+        if settled == "abandon" and count >= rules_for(d.queue).max_delivery:
+            self.count_run_out.append(
+                f"{d.queue} {d.message_id} abandoned on delivery {count}, the last the queue "
+                f"allows, at {self.world.stamp()}"
+            )
+
+    def _check_answered(self, d: Delivery) -> None:
+        """A genuine agent request the agent completed was answered (section 4,
+        deadline race; ADR 014's settlement table): a reply naming its
+        instance and reply event is on agent-responses, sent by this delivery
+        or an earlier one. A request completed without one (its reply's send
+        failed), or whose reply duplicate detection dropped as another
+        request's (a reply id that does not name its request), leaves its
+        attempt to wait out its deadline for nothing."""
+        try:
+            req = json.loads(d.body)
+            wanted = (str(req["InstanceId"]), str(req["ReplyEvent"]))
+        except (ValueError, TypeError, KeyError):
+            return
+        sent = self.bus.queue("agent-responses").sent
+        for m in sent[self._replies_indexed :]:
+            try:
+                body = json.loads(m.body)
+                self._replies_seen.add((str(body["InstanceId"]), str(body["EventName"])))
+            except (ValueError, TypeError, KeyError):
+                pass
+        self._replies_indexed = len(sent)
+        if wanted not in self._replies_seen:
+            self.unanswered.append(
+                f"{d.message_id} ({wanted[0]} {wanted[1]}) completed at {self.world.stamp()} "
+                "with no reply naming it on agent-responses"
             )
 
     def _on_index_delete(self, entry: dict) -> None:

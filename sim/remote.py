@@ -82,7 +82,7 @@ class SimSession:
                 # The request never reached the service (a dropped connection, a
                 # stalled proxy): nothing applied; the client gives up at its timeout.
                 if remote.on_call is not None:
-                    remote.on_call(call)
+                    remote.on_call(call, total)
                 await world.point(f"remote.{service}.{operation} no answer", delay=total)
                 world.log(
                     f"remote {service}/{operation} {call.idempotency_key}: no answer in {total}s"
@@ -91,6 +91,7 @@ class SimSession:
                 # client sees it (a process paused across a host outage sees it
                 # 8 days after the call began: seed 24000072).
                 remote.failed(service)
+                remote.told(call, None, total)
                 raise TimeoutError()
             status, text = await remote.answer(call, timeout=total)
             response = _Response(status, text)
@@ -104,7 +105,11 @@ class SimSession:
                     f"after the client's {total}s timeout"
                 )
                 remote.failed(service)  # as above, when the client gives up
+                remote.told(call, None, total)
                 raise TimeoutError()
+            if remote.on_answer is not None:
+                remote.on_answer(call, status)  # the answer the client reads
+            remote.told(call, status, total, int(response.headers.get("Retry-After") or 0))
             return response
 
         return _Request(answer)
@@ -163,7 +168,13 @@ class SimRemote:
         self.do_paths = frozenset(s.do.path.lstrip("/") for s in steps.steps)
         self.undo_paths = frozenset(s.undo.path.lstrip("/") for s in steps.steps)
         self.calls: list[tuple[str, str, int, str]] = []  # (key, op, token, outcome)
-        self.on_call: Callable[[RemoteCall], None] | None = None  # the simulation's check
+        # The simulation's checks: a call as it starts (with its timeout), and
+        # the HTTP status of an answer the client reads (not one after its timeout).
+        self.on_call: Callable[[RemoteCall, float | None], None] | None = None
+        self.on_answer: Callable[[RemoteCall, int], None] | None = None
+        # What the client saw of each call as it ends: the HTTP status (None:
+        # no answer within its timeout), its timeout, a 429's Retry-After.
+        self.on_outcome: Callable[[RemoteCall, int | None, float, int], None] | None = None
         self.undo_budget = 60.0  # seconds; the simulation sets its own (undo_budget)
         # Per service, when its next call may be served (FaultConfig.rate_limit).
         self.next_slot: dict[str, datetime] = {}
@@ -181,7 +192,7 @@ class SimRemote:
         """The service's HTTP answer (status, body text) to one call; what the
         product's HttpRemoteService reads through sim.remote.SimSession."""
         if self.on_call is not None:
-            self.on_call(call)
+            self.on_call(call, timeout)
         self._undo_blackout(call)
         await self.world.point(
             f"remote.{call.service}.{call.operation}", delay=self.world.rng.choice((0.05, 0.2, 1.0))
@@ -249,6 +260,12 @@ class SimRemote:
         self.world.log(f"remote {op} {call.idempotency_key} token {call.fencing_token} -> {status}")
         return status, text
 
+    def told(
+        self, call: RemoteCall, status: int | None, timeout: float, retry_after: int = 0
+    ) -> None:
+        if self.on_outcome is not None:
+            self.on_outcome(call, status, timeout, retry_after)
+
     def failed(self, service: str) -> None:
         self.failures.setdefault(service, []).append(self.world.clock.now)
 
@@ -257,10 +274,21 @@ class SimRemote:
         last: at most so many calls a second are served, one slot each; a call
         before its service's next free slot applies nothing and is told, in
         whole seconds (Retry-After), when that slot comes. None: served."""
+        throttled = self.world.faults.throttled
+        now = self.world.clock.now
+        if (
+            throttled is not None
+            and self.world.faults.active
+            and throttled[2] == call.service
+            and throttled[0] <= now < throttled[1]
+        ):
+            # The provider throttles the whole tenant (FaultConfig.tenant_throttle).
+            self.world.faults.hit("rate_limited")
+            self.world.counters["tenant throttled"] += 1
+            return self.world.rng.choice((1, 2))
         rate = self.world.faults.config.rate_limit
         if not rate or not self.world.faults.active:
             return None
-        now = self.world.clock.now
         free = self.next_slot.get(call.service, now)
         if now < free:
             self.world.faults.hit("rate_limited")

@@ -183,6 +183,16 @@ class FaultConfig:
     # "disabled", "deleted", "forbidden" or "full", for so many seconds
     refusing_reply: str = ""
     refusing_seconds: float = 0.0
+    # the `alerts` queue refusing every send for so long, faults or not:
+    # "disabled", "forbidden" or "full" (sim.options._refusing_alerts)
+    refusing_alerts: str = ""
+    refusing_alerts_seconds: float = 0.0
+    # a provider throttling the whole tenant for so many seconds (0: never):
+    # every call to one service answered 429 with a Retry-After of 1-2 s
+    tenant_throttle: float = 0.0
+    # the agents' reply queue full for so many seconds while the first
+    # standalone worker run receives (0: never)
+    replies_full_in_worker: float = 0.0
     # Calls the fault surface found no seed to fail (issue 42), each from a
     # stream of its own (Faults.rare_rng): per delete of a document that is
     # not there, its 404 lost on the way back (reset, timeout, 408), as any
@@ -260,6 +270,8 @@ class Faults:
         # per queue: (from, until, kind) a refusing entity (refusing_reply),
         # which outlasts the fault window: refused whether faults are on or not
         self.refusing: dict[str, tuple[datetime, datetime, str]] = {}
+        # (from, until, service) a provider throttling the tenant (tenant_throttle)
+        self.throttled: tuple[datetime, datetime, str] | None = None
         self.bus_outage_lost = 0.3
         self.link_drops_left = config.link_drops
         # The share of calls during the outage that are applied and answered

@@ -88,6 +88,44 @@ def test_naive_timestamps_refused():
         )
 
 
+@pytest.mark.parametrize("instant", [1780000000, 1780000000.5])
+def test_a_timestamp_written_as_a_number_is_not_coerced(instant):
+    """ADR 013: types are not coerced. Every other wire field is strict on its
+    own (a Quantity, the SchemaVersion, an amount); a timestamp is strict
+    only by the codec's strict validation (mutant `codec-lax-types`, which
+    took Unix seconds for a Deadline or a call's time)."""
+    request = {
+        "InstanceId": "webshop:ORD-1:1",
+        "OrderID": "webshop:ORD-1",
+        "Step": "charge-payment",
+        "Action": "do",
+        "Attempt": 1,
+        "IdempotencyKey": "webshop:ORD-1/charge-payment",
+        "FencingToken": 1,
+        "Deadline": "2026-06-01T00:00:00Z",
+        "ReplyEvent": "reply-charge-payment-1",
+        "Payload": {},
+    }
+    decode(AgentRequest, json.dumps(request))
+    with pytest.raises(ValidationFailed, match="Deadline"):
+        decode(AgentRequest, json.dumps({**request, "Deadline": instant}))
+    reply = {
+        "InstanceId": "webshop:ORD-1:1",
+        "OrderID": "webshop:ORD-1",
+        "Step": "charge-payment",
+        "Action": "do",
+        "Attempt": 1,
+        "Outcome": "ok",
+        "Result": {"Reference": "r-1"},
+        "EventName": "reply-charge-payment-1",
+        "EventId": "webshop:ORD-1:1/reply-charge-payment-1/reply",
+        "Calls": [{"At": "2026-06-01T00:00:00Z", "Ms": 200, "Outcome": "ok"}],
+    }
+    decode(AgentReply, json.dumps(reply))
+    with pytest.raises(ValidationFailed, match="At"):
+        decode(AgentReply, json.dumps({**reply, "Calls": [{**reply["Calls"][0], "At": instant}]}))
+
+
 def test_agent_reply_needs_an_error_when_not_ok():
     base = {
         "InstanceId": "A:1",

@@ -452,6 +452,24 @@ def test_the_final_status_replaces_one_still_undelivered_when_compensation_ends(
     assert [h.To.value for h in done.History][-3:] == ["Error", "Compensating", "Compensated"]
 
 
+def test_clearing_a_sent_status_leaves_the_entry_that_replaced_it(processing, policy):
+    """The sender of the Failed status clears it by its message id: when the
+    compensation's final status replaced it meanwhile (its send still in
+    flight), the clear leaves the Compensated entry to be sent (ADR 001;
+    mutant `outbox-clear-any-entry`, sim/mutants.json, which the
+    simulation's interleavings did not reach)."""
+    record = sm.complete_step(processing, "webshop:ORD-1:1", STEPS[0], NOW)
+    record = sm.mark_failed(record, "webshop:ORD-1:1", STEPS[1], "declined", NOW)
+    failed_id = record.PendingStatus.MessageId
+    claimed = sm.claim_compensation(sm.request_compensation(record, LATER), LATER)
+    for step in (STEPS[1], STEPS[0]):
+        claimed = sm.record_undo(claimed, claimed.LockedBy, step, True, LATER)
+    done = sm.finish_compensation(claimed, claimed.LockedBy, LATER)
+    assert done.PendingStatus.MessageId != failed_id
+    assert sm.mark_status_sent(done, failed_id, LATER).PendingStatus == done.PendingStatus
+    assert sm.mark_status_sent(done, done.PendingStatus.MessageId, LATER).PendingStatus is None
+
+
 @pytest.mark.parametrize(
     "reference",
     [
