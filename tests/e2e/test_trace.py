@@ -79,6 +79,7 @@ async def test_one_order_is_one_trace_across_submit_activities_agent_and_bridge(
         needed = {
             "submit",
             "start attempt",
+            "send first request",
             "activity send_step",
             "activity finish_attempt",
             "activity run_inline_step",
@@ -114,16 +115,23 @@ async def test_one_order_is_one_trace_across_submit_activities_agent_and_bridge(
     assert activities
     assert all(parent(a) is start for a in activities)
 
-    # Each agent continues the request an activity sent; each bridge the reply an agent sent.
+    # Each agent continues the request an activity sent, or the first step's, which
+    # the Starter sent in the attempt's trace (ADR 021l); each bridge the reply an
+    # agent sent.
     agents = [s for s in spans if s.name == "agent"]
     assert len(agents) == 2  # two remote steps; arrange-shipment runs inline
+    senders = []
     for agent in agents:
         sent = parent(agent)
         assert sent.name == "send agent-requests"
-        assert parent(sent).name.startswith("activity ")
+        sender = parent(sent)
+        assert sender.name.startswith("activity ") or sender.name == "send first request"
+        assert parent(sender) is start
+        senders.append(sender.name)
         calls = [s for s in spans if s.parent_id == agent.span_id and s.name.startswith("POST ")]
         assert calls
         assert all(c.kind == "client" for c in calls)
+    assert sorted(senders) == ["activity send_step", "send first request"]
     # Each agent's reply is bridged; a redelivered reply (its lock lost on a
     # starved machine) is bridged again under the same agent, at least once.
     bridges = [s for s in spans if s.name == "reply bridge"]
