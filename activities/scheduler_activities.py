@@ -334,7 +334,7 @@ class SchedulerActivities:
         from the record, parked in the outbox if refused: False if not even that."""
         pending = sm.unsent_processed(record, iid) if marked else None
         if pending is None:
-            return await self._outbox.deliver(record, etag)
+            return (await self._outbox.deliver(record, etag)).status_sent
         try:
             await self._status.send_pending(record.ReplyTo, record.id, pending)
             return True
@@ -409,8 +409,9 @@ class SchedulerActivities:
             except NotFoundError:
                 record = None
             if record is not None and record.PendingStatus is not None:
-                if record.PendingStatus.Status is note.Status and not await self._outbox.deliver(
-                    record, etag
+                if (
+                    record.PendingStatus.Status is note.Status
+                    and not (await self._outbox.deliver(record, etag)).status_sent
                 ):
                     raise StatusNotSent(f"status {note.Status.value} of order {order_id} not sent")
                 return

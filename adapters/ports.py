@@ -84,7 +84,11 @@ class StateStore(Protocol):
     ) -> tuple[list[OrderState], str | None]: ...
 
     async def query_unsent_statuses(
-        self, max_items: int, before: datetime, skip_queues: Iterable[str] = ()
+        self,
+        max_items: int,
+        before: datetime,
+        skip_queues: Iterable[str] = (),
+        alerts: bool = True,
     ) -> list[tuple[OrderState, str]]: ...
 
     async def read_backlog_gauge(self) -> BacklogGauge | None: ...

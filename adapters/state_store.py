@@ -156,6 +156,10 @@ _UNSENT_STATUS_FILTER: Final = (
     "SELECT TOP @max * FROM c WHERE IS_DEFINED(c.PendingStatus) AND NOT IS_NULL(c.PendingStatus)"
     " AND c.PendingStatus.At < @before"
 )
+# An entry whose status is sent, its alert alone left, has PendingStatus.Sent true.
+_STATUS_NOT_SENT: Final = (
+    " AND (NOT IS_DEFINED(c.PendingStatus.Sent) OR c.PendingStatus.Sent = false)"
+)
 # Oldest entry first, so that every entry's turn comes.
 _UNSENT_STATUS_ORDER: Final = " ORDER BY c.PendingStatus.At ASC"
 MAX_SKIPPED_QUEUES: Final = 20
@@ -408,18 +412,25 @@ class CosmosStateStore:
         return [record for record, _ in _valid(docs, self.unreadable)], after
 
     async def query_unsent_statuses(
-        self, max_items: int, before: datetime, skip_queues: Iterable[str] = ()
+        self,
+        max_items: int,
+        before: datetime,
+        skip_queues: Iterable[str] = (),
+        alerts: bool = True,
     ) -> list[tuple[OrderState, str]]:
         """Up to `max_items` records whose terminal status is in the outbox
         since before `before`, with their etags, oldest entry first. Records of
         the reply queues in `skip_queues` (the first MAX_SKIPPED_QUEUES) are
-        left out: a queue refusing sends must not fill every page."""
+        left out: a queue refusing sends must not fill every page; with
+        `alerts` False, so are entries left for their alert alone (the alerts
+        queue refusing)."""
         skip = list(dict.fromkeys(skip_queues))[:MAX_SKIPPED_QUEUES]
         params = _params(max=max_items, before=cosmos_time(before))
         params += [{"name": f"@skip{i}", "value": queue} for i, queue in enumerate(skip)]
         query = (
             _UNSENT_STATUS_FILTER
             + "".join(f" AND c.ReplyTo != @skip{i}" for i in range(len(skip)))
+            + ("" if alerts else _STATUS_NOT_SENT)
             + _UNSENT_STATUS_ORDER
         )
         docs = await self._query(query, params, max_items, "query_unsent_statuses")

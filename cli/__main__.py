@@ -456,7 +456,10 @@ def _dead_letter_action(
 
 @app.command()
 def statuses(
-    queue: str | None = typer.Argument(None, help="one reply queue; without it, every one"),
+    queue: str | None = typer.Argument(
+        None,
+        help="one reply queue (or alerts: alerts left after their status went); without it, all",
+    ),
     resend: bool = typer.Option(False, help="resend QUEUE's parked statuses now (the oldest 50)"),
     order: str | None = typer.Option(None, help="with --resend: only this order's status"),
     reason: str | None = typer.Option(None, "--reason", "-r", help=REASON_HELP),

@@ -874,7 +874,14 @@ async def _parked(
         record, etag = await deps.store.read(order_id)
     except NotFoundError:
         raise NotFound(f"no order {order_id}") from None
-    return [(record, etag)] if record.PendingStatus and record.ReplyTo == queue else []
+    return [(record, etag)] if record.PendingStatus and waits_for(record) == queue else []
+
+
+def waits_for(record: OrderState) -> str:
+    """The queue a parked outbox entry waits for: its reply queue, or the
+    alerts queue once its status is sent and only its alert is left."""
+    pending = record.PendingStatus
+    return ALERTS_QUEUE if pending is not None and pending.Sent else record.ReplyTo
 
 
 async def parked_statuses(
@@ -888,12 +895,12 @@ async def parked_statuses(
     for record, _ in page:
         pending = record.PendingStatus
         assert pending is not None  # the query's filter
-        q = queues.setdefault(record.ReplyTo, {"count": 0, "since": pending.At, "tries": 0})
+        q = queues.setdefault(waits_for(record), {"count": 0, "since": pending.At, "tries": 0})
         q["count"] += 1
         q["tries"] = max(q["tries"], pending.Tries)
     return {
         "queues": queues,
-        "entries": [r for r, _ in page if queue is None or r.ReplyTo == queue],
+        "entries": [r for r, _ in page if queue is None or waits_for(r) == queue],
         "queue": queue,
         "cut": len(page) >= PARKED_LIMIT,
         "limit": PARKED_LIMIT,
@@ -907,17 +914,19 @@ async def resend_statuses(
 ) -> dict[str, int]:
     """Send `queue`'s PAGE_SIZE oldest parked statuses (or `order_id`'s) now
     through reporting.StatusOutbox, as the Starter does, stopping at the
-    first the queue refuses. Returns `sent` and `refused` (0 or 1)."""
+    first the queue refuses. For the alerts queue, the alerts left in
+    entries whose status went. Returns `sent` and `refused` (0 or 1)."""
     if deps.publisher is None:
         raise BadRequest("Service Bus not configured")
     reason = _reason(reason)
-    page = [(r, etag) for r, etag in await _parked(deps, queue, order_id) if r.ReplyTo == queue]
+    page = [(r, etag) for r, etag in await _parked(deps, queue, order_id) if waits_for(r) == queue]
     if order_id is not None and not page:
         raise NotFound(f"order {order_id} has no status waiting for {queue} (sent already?)")
     outbox = StatusOutbox(deps.store, StatusReporter(deps.publisher))
     sent = refused = 0
     for record, etag in page[:PAGE_SIZE]:
-        if not await outbox.deliver(record, etag):
+        delivery = await outbox.deliver(record, etag)
+        if not (delivery.done if queue == ALERTS_QUEUE else delivery.status_sent):
             refused = 1
             break
         sent += 1

@@ -396,6 +396,10 @@ class PendingStatus(RecordPart):
     Step: StepName | None = None
     At: AwareDatetime
     Tries: int = 0
+    # The status is on the reply queue; only its operator alert is left (the
+    # alerts queue refused it): the client's status never waits for the
+    # operators' queue (docs/adr/001-status-outbox.md).
+    Sent: bool = False
 
 
 _PendingStatus = PendingStatus

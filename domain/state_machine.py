@@ -873,6 +873,18 @@ def park_processed(record: OrderState, instance_id: str) -> OrderState:
     return record if pending is None else record.model_copy(update={"PendingStatus": pending})
 
 
+def mark_alert_left(record: OrderState, message_id: str) -> OrderState:
+    """Outbox entry `message_id`'s status is sent, its operator alert not (the
+    alerts queue refused it): the entry stays for the alert alone, one more
+    try counted. Another entry is left alone."""
+    if record.PendingStatus is None or record.PendingStatus.MessageId != message_id:
+        return record
+    pending = record.PendingStatus.model_copy(
+        update={"Sent": True, "Tries": record.PendingStatus.Tries + 1}
+    )
+    return record.model_copy(update={"PendingStatus": pending}, deep=True)
+
+
 def status_send_failed(record: OrderState, message_id: str) -> OrderState:
     """Count a failed delivery of outbox entry `message_id` (for operators)."""
     if record.PendingStatus is None or record.PendingStatus.MessageId != message_id:

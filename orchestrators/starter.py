@@ -39,6 +39,7 @@ from adapters.ports import (
     OrdersRepository,
     StateStore,
 )
+from adapters.servicebus import ALERTS_QUEUE
 from adapters.settings import Settings
 from domain import admission
 from domain.admission import Admission
@@ -59,7 +60,7 @@ from orchestrators.hooks import CrashPoint, no_crash_point
 from orchestrators.order_workflow import WORKFLOW_NAME
 from orchestrators.policy import StarterPolicy
 from orchestrators.requests import AgentRequests
-from reporting import Alerts, StatusOutbox, StatusReporter
+from reporting import Alerts, Delivery, StatusOutbox, StatusReporter
 from reporting.alerts import alert_unreadable
 
 log = logging.getLogger(__name__)
@@ -103,7 +104,8 @@ class StarterReport:
     unreadable: int = 0  # documents skipped (and alerted) because this version cannot read them
     statuses_delivered: int = 0
     statuses_unsent: int = 0
-    statuses_deferred: int = 0  # entries of a reply queue in back-off, left for a later run
+    statuses_deferred: int = 0  # entries of a queue in back-off, left for a later run
+    alerts_unsent: int = 0  # outbox alerts the alerts queue refused (their statuses sent)
     counted: bool = True  # False: pending/processing are the last count's (count_interval)
     limit: int | None = None  # the admission limit this run claimed under (None: not read)
 
@@ -442,51 +444,85 @@ class Starter:
         except Exception:
             log.exception("starter: alert %s for order %s not sent", kind, order_id)
 
-    async def _deliver(self, record, etag: str | None, report: StarterReport) -> bool:
-        """Deliver `record`'s outbox entry; False when its send was refused."""
-        if self._outbox is None:
-            return True
+    async def _deliver(
+        self, record: OrderState, etag: str | None, report: StarterReport, alert: bool = True
+    ) -> Delivery | None:
+        """Deliver `record`'s outbox entry (its alert too when `alert`): the
+        Delivery, or None when there is no outbox or delivering raised."""
+        if self._outbox is None or record.PendingStatus is None:
+            return None
         try:
-            sent = await self._outbox.deliver(record, etag)
+            delivery = await self._outbox.deliver(record, etag, alert=alert)
         except Exception:  # the send went out; clearing failed: re-sent (same id) next run
             log.exception("starter: clearing the outbox of order %s failed", record.id)
             report.statuses_unsent += 1
-            return True
-        if sent:
-            report.statuses_delivered += 1
-        else:
+            return None
+        if not delivery.status_sent:
             report.statuses_unsent += 1
-        return sent
+        elif not record.PendingStatus.Sent:
+            report.statuses_delivered += 1
+        if delivery.alert == "refused":
+            report.alerts_unsent += 1
+        return delivery
 
-    async def _back_off(self, queue: str, now: datetime, order_id: str) -> None:
+    def _backing_off(self, queue: str, now: datetime) -> bool:
+        return self._refusing.get(queue, (now, None))[0] > now
+
+    def _back_off(self, queue: str, now: datetime) -> int:
+        """Skip `queue` for the next back-off after a refused send; returns
+        the refusals in a row."""
         previous = self._refusing.get(queue)
         delay = (
             STATUS_BACKOFF_FIRST if previous is None else min(previous[1] * 2, STATUS_BACKOFF_MAX)
         )
         self._refusing[queue] = (now + delay, delay)
-        log.warning("starter: reply queue %s refused a status; skipping it for %s", queue, delay)
+        log.warning("starter: queue %s refused a send; skipping it for %s", queue, delay)
         since, count = self._refusals.get(queue, (now, 0))
         self._refusals[queue] = (since, count + 1)
-        if count + 1 == STATUS_ALERT_AFTER and self._alerts is not None:
-            reason = (
-                f"reply queue {queue} has refused {count + 1} terminal statuses in a row since "
-                f"{since.isoformat()}; they stay in the outbox and are sent once it takes them"
+        return count + 1
+
+    def _took(self, queue: str) -> None:
+        self._refusing.pop(queue, None)
+        self._refusals.pop(queue, None)
+
+    async def _reply_queue_refused(self, queue: str, now: datetime, order_id: str) -> None:
+        count = self._back_off(queue, now)
+        if count != STATUS_ALERT_AFTER or self._alerts is None:
+            return
+        since = self._refusals[queue][0]
+        reason = (
+            f"reply queue {queue} has refused {count} terminal statuses in a row since "
+            f"{since.isoformat()}; they stay in the outbox and are sent once it takes them"
+        )
+        try:
+            await self._alerts.raise_alert(
+                "StatusUndeliverable",
+                reason,
+                now,
+                order_id,
+                queue=queue,
+                alert_id=f"status-undeliverable/{queue}/{since.isoformat()}",
             )
-            try:
-                await self._alerts.raise_alert(
-                    "StatusUndeliverable",
-                    reason,
-                    now,
-                    order_id,
-                    queue=queue,
-                    alert_id=f"status-undeliverable/{queue}/{since.isoformat()}",
-                )
-            except Exception:
-                log.exception("starter: alert StatusUndeliverable for %s not sent", queue)
+        except Exception:
+            log.exception("starter: alert StatusUndeliverable for %s not sent", queue)
+
+    def _alerts_queue_refused(self, now: datetime) -> None:
+        """The alerts queue refused an outbox entry's alert: probed as a reply
+        queue is, with no alert (it would go to the queue that refuses); the
+        statuses go on without their alerts meanwhile."""
+        count = self._back_off(ALERTS_QUEUE, now)
+        if count == STATUS_ALERT_AFTER:
+            log.error(
+                "starter: the alerts queue has refused %d operator alerts in a row since %s; "
+                "they stay in the outbox, their statuses are sent",
+                count,
+                self._refusals[ALERTS_QUEUE][0].isoformat(),
+            )
 
     async def _deliver_statuses(self, now: datetime, report: StarterReport) -> None:
         """Outbox entries past the grace, oldest first, leaving out reply
-        queues in back-off (ADR 001)."""
+        queues in back-off (ADR 001). While the alerts queue is in back-off,
+        statuses go without their alerts and entries left for an alert wait."""
         if self._outbox is None:
             return
         if self._next_status_scan is not None and now < self._next_status_scan:
@@ -496,20 +532,34 @@ class Starter:
         self._next_status_scan = now + self._status_scan_interval * 0.9
         batch = self._settings.starter_batch_size
         for _ in range(MAX_OUTBOX_PAGES):
-            skip = sorted(q for q, (until, _) in self._refusing.items() if until > now)
-            page = await self._store.query_unsent_statuses(batch, now - self._status_grace, skip)
+            skip = sorted(
+                q for q, (until, _) in self._refusing.items() if until > now and q != ALERTS_QUEUE
+            )
+            page = await self._store.query_unsent_statuses(
+                batch, now - self._status_grace, skip, not self._backing_off(ALERTS_QUEUE, now)
+            )
             refused = False
             for record, etag in page:
-                until = self._refusing.get(record.ReplyTo, (now, None))[0]
-                if until > now:
+                alert = not self._backing_off(ALERTS_QUEUE, now)
+                status_sent = record.PendingStatus is not None and record.PendingStatus.Sent
+                if (not status_sent and self._backing_off(record.ReplyTo, now)) or (
+                    status_sent and not alert
+                ):
                     report.statuses_deferred += 1  # its queue refused earlier in this run
                     continue
-                if await self._deliver(record, etag, report):
-                    self._refusing.pop(record.ReplyTo, None)
-                    self._refusals.pop(record.ReplyTo, None)
-                else:
-                    await self._back_off(record.ReplyTo, now, record.id)
-                    refused = True
+                delivery = await self._deliver(record, etag, report, alert)
+                if delivery is None or record.PendingStatus is None:
+                    continue
+                if not status_sent:  # only a status send tells of its reply queue
+                    if delivery.status_sent:
+                        self._took(record.ReplyTo)
+                    else:
+                        await self._reply_queue_refused(record.ReplyTo, now, record.id)
+                        refused = True
+                if delivery.alert == "refused":
+                    self._alerts_queue_refused(now)
+                elif delivery.alert == "sent":
+                    self._took(ALERTS_QUEUE)
             if not refused or len(page) < batch:
                 return
 

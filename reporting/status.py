@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from dataclasses import dataclass
 from datetime import datetime
 
 from adapters import telemetry
@@ -71,11 +72,28 @@ ALERT_OF_STATUS = {
 }
 
 
+@dataclass(frozen=True)
+class Delivery:
+    """What delivering an outbox entry did."""
+
+    status_sent: bool  # the client has its status (now or earlier)
+    # Its operator alert: "sent", "refused" (the alerts queue refused it; the
+    # entry keeps it), "skipped" (not tried: the caller knows the alerts queue
+    # refuses) or "none" (no alert owed, or sent before).
+    alert: str = "none"
+
+    @property
+    def done(self) -> bool:
+        """Nothing is left: the entry is cleared (or being cleared)."""
+        return self.status_sent and self.alert in ("sent", "none")
+
+
 class StatusOutbox:
     """Delivers a record's pending terminal status, and its operator alert
     first for Failed and CompensationFailed, then clears the entry; a failed
     send leaves it (one more try counted) for the next caller, the Starter at
-    last (docs/adr/001-status-outbox.md)."""
+    last (docs/adr/001-status-outbox.md). A refused alert never holds the
+    status back: the status goes, and the entry stays for the alert alone."""
 
     def __init__(
         self,
@@ -87,39 +105,63 @@ class StatusOutbox:
         self._reporter = reporter
         self._clock = clock
 
-    async def deliver(self, record: OrderState, etag: str | None = None) -> bool:
-        """Send `record`'s pending status (and its alert), then clear it: True
-        when nothing is left to send, False when a send failed. With the etag
-        read, clearing costs one replace."""
+    async def deliver(
+        self, record: OrderState, etag: str | None = None, alert: bool = True
+    ) -> Delivery:
+        """Send `record`'s pending status (its alert first, unless `alert` is
+        False: the alerts queue is known to refuse), then clear the entry.
+        With the etag read, clearing costs one replace."""
         pending = record.PendingStatus
         if pending is None:
-            return True
-        try:
-            await self._send_alert(record, pending)
-            await self._reporter.send_pending(record.ReplyTo, record.id, pending)
-        except Exception as exc:  # any send failure: the entry stays for the next try
-            log.warning(
-                "status %s of order %s not sent (%s); it stays in the outbox",
-                pending.Status.value,
-                record.id,
-                exc,
-                extra={"order_id": record.id},
-            )
-            # Bookkeeping: failing to write it must not pass for a sent status.
+            return Delivery(status_sent=True)
+        owed = pending.Status in ALERT_OF_STATUS
+        outcome = "none" if not owed else "sent" if alert else "skipped"
+        if outcome == "sent":
             try:
-                await self._store.update(
-                    record.id, lambda r: sm.status_send_failed(r, pending.MessageId), ANY_OWNER
+                await self._send_alert(record, pending)
+            except Exception as exc:  # the operators' queue: the client's status goes on
+                outcome = "refused"
+                log.warning(
+                    "alert of order %s's status %s not sent (%s); it stays in the outbox",
+                    record.id,
+                    pending.Status.value,
+                    exc,
+                    extra={"order_id": record.id},
                 )
-            except (StaleError, NotFoundError):
-                pass
-            except Exception:
-                log.warning("try count of order %s's status not written", record.id, exc_info=True)
-            return False
+        if not pending.Sent:
+            try:
+                await self._reporter.send_pending(record.ReplyTo, record.id, pending)
+            except Exception as exc:  # any send failure: the entry stays for the next try
+                log.warning(
+                    "status %s of order %s not sent (%s); it stays in the outbox",
+                    pending.Status.value,
+                    record.id,
+                    exc,
+                    extra={"order_id": record.id},
+                )
+                # Bookkeeping: failing to write it must not pass for a sent status.
+                await self._note(record, lambda r: sm.status_send_failed(r, pending.MessageId))
+                return Delivery(status_sent=False, alert=outcome)
+        delivery = Delivery(status_sent=True, alert=outcome)
+        if not delivery.done:
+            if not pending.Sent:
+                await self._note(record, lambda r: sm.mark_alert_left(r, pending.MessageId))
+            return delivery
         try:
             await self._clear(record, pending.MessageId, etag)
         except Exception:  # sent; a later delivery re-sends the same id, which is dropped
             log.exception("status of order %s sent but not cleared from the outbox", record.id)
-        return True
+        return delivery
+
+    async def _note(self, record: OrderState, change) -> None:
+        """Write down what a delivery left (a try, a status sent without its
+        alert); failing to write it leaves the entry as it was, to be sent again."""
+        try:
+            await self._store.update(record.id, change, ANY_OWNER)
+        except (StaleError, NotFoundError):
+            pass
+        except Exception:
+            log.warning("outbox entry of order %s not updated", record.id, exc_info=True)
 
     async def _send_alert(self, record: OrderState, pending: PendingStatus) -> None:
         """The entry's operator alert (its id derived from the entry's); raises

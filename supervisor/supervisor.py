@@ -177,7 +177,7 @@ class Supervisor:
             report.failed += 1
             report.failed_orders.append(order_id)
             # In the outbox with Error: a failed send is the Starter's to retry.
-            if not await self._outbox.deliver(record, etag):
+            if not (await self._outbox.deliver(record, etag)).status_sent:
                 report.status_unsent += 1
         elif record.NotBefore is not None:
             report.long_retry += 1

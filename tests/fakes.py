@@ -127,7 +127,9 @@ class FakeStateStore:
         page = [r for r in records if r.ProcessState == state and r.id > (after or "")][:max_items]
         return page, (page[-1].id if len(page) >= max_items else None)
 
-    async def query_unsent_statuses(self, max_items: int, before: datetime, skip_queues=()):
+    async def query_unsent_statuses(
+        self, max_items: int, before: datetime, skip_queues=(), alerts: bool = True
+    ):
         out = []
         for doc, etag in self.docs.values():
             record = OrderState.model_validate(doc)
@@ -135,6 +137,7 @@ class FakeStateStore:
                 record.PendingStatus is not None
                 and record.PendingStatus.At < before
                 and record.ReplyTo not in set(skip_queues)
+                and (alerts or not record.PendingStatus.Sent)
             ):
                 out.append((record, etag))
         out.sort(key=lambda pair: pair[0].PendingStatus.At)
@@ -230,6 +233,7 @@ class RecordingPublisher:
         self.sent: list[tuple[str, bytes, str, dict | None]] = []
         self.fail_next: Exception | None = None
         self.down: Exception | None = None  # every send fails with it while set
+        self.refusing: dict[str, Exception] = {}  # queue -> what every send to it raises
 
     async def send(self, queue, body, message_id, application_properties=None) -> None:
         if self.fail_next is not None:
@@ -237,6 +241,8 @@ class RecordingPublisher:
             raise exc
         if self.down is not None:
             raise self.down
+        if queue in self.refusing:
+            raise self.refusing[queue]
         self.sends.append((queue, body, message_id, application_properties))
         if any(q == queue and mid == message_id for q, _, mid, _ in self.sent):
             return
@@ -293,9 +299,9 @@ class CountingStateStore(FakeStateStore):
         self._count("query")
         return await super().query_claimable(max_items, now, created_before)
 
-    async def query_unsent_statuses(self, max_items, before, skip_queues=()):
+    async def query_unsent_statuses(self, max_items, before, skip_queues=(), alerts=True):
         self._count("query")
-        return await super().query_unsent_statuses(max_items, before, skip_queues)
+        return await super().query_unsent_statuses(max_items, before, skip_queues, alerts)
 
 
 class CountingOrders(FakeOrders):

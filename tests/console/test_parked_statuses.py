@@ -143,3 +143,44 @@ async def _resend(queue: str, order_id: str | None, reason: str):
             body=urlencode({"csrf": token, "reason": reason}).encode(),
         ),
     )
+
+
+async def test_an_alert_left_in_the_outbox_is_listed_under_the_alerts_queue_and_resent(
+    local,  # noqa: F811 - the fixture imported above
+    bus,
+    now,
+):
+    """A Failed status whose operator alert the alerts queue refused went to
+    its reply queue without it; the entry stays for the alert alone. The
+    console lists it under `alerts`, not as a status parked for the client's
+    queue, and its resend sends the alert (the entry's own id) and not the
+    status again."""
+    client, ok, _ = bus
+    record = _parked(errored_by_supervisor("PS-ALERT", now), ok, now - timedelta(minutes=4))
+    assert record.PendingStatus is not None
+    pending = record.PendingStatus.model_copy(update={"Sent": True, "Tries": 2})
+    await local.store.create_if_absent(record.model_copy(update={"PendingStatus": pending}))
+
+    parked = await views.parked_statuses(local)
+    assert list(parked["queues"]) == ["alerts"]
+    assert parked["queues"]["alerts"]["count"] == 1
+    page = await _call("console_statuses", _request("GET", "/statuses"))
+    body = html.unescape(page.get_body().decode())
+    assert "/api/console/statuses/alerts/resend?order=PS-ALERT" in body
+    order = await _call(
+        "console_order", _request("GET", "/orders/PS-ALERT", route={"order_id": "PS-ALERT"})
+    )
+    text = html.unescape(order.get_body().decode())
+    assert f"The Failed status is on {ok}; its operator alert waits" in text
+
+    with pytest.raises(views.NotFound, match="no status waiting"):
+        await views.resend_statuses(local, ok, "PS-ALERT", "ada", "the status again")
+    said = await _resend("alerts", "PS-ALERT", "the alerts queue is back")
+    assert said.headers["Location"].endswith("done=resend&sent=1&refused=0")
+    after, _ = await local.store.read("PS-ALERT")
+    assert after.PendingStatus is None
+    async with client.get_queue_receiver("alerts") as receiver:
+        alerts = await receiver.peek_messages(max_message_count=10)
+    assert [json.loads(str(m))["Kind"] for m in alerts] == ["OrderError"]
+    async with client.get_queue_receiver(ok) as receiver:
+        assert await receiver.peek_messages(max_message_count=10) == []

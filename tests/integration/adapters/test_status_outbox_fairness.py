@@ -10,6 +10,7 @@ import asyncio
 from dataclasses import replace
 from datetime import timedelta
 
+from adapters.ports import ANY_OWNER
 from adapters.state_store import CosmosStateStore
 from domain import state_machine as sm
 from orchestrators.starter import STATUS_BACKOFF_FIRST, Starter
@@ -79,6 +80,28 @@ async def test_outbox_query_returns_oldest_first_and_leaves_out_skipped_queues(
     assert [
         r.id for r, _ in await state_store.query_unsent_statuses(10, before, [REFUSING, HEALTHY])
     ] == []
+
+
+async def test_outbox_query_leaves_out_entries_kept_for_their_alert_on_request(
+    state_store: CosmosStateStore,
+) -> None:
+    """While the alerts queue refuses, the Starter asks for entries whose
+    status is still to send: one kept for its alert alone (PendingStatus.Sent,
+    written only when true) is left out by the query on the Cosmos server
+    itself, and found again when alerts are asked for."""
+    await asyncio.gather(
+        _failed_with_pending_status(state_store, "OB-1", HEALTHY, NOW + timedelta(seconds=1)),
+        _failed_with_pending_status(state_store, "OB-2", HEALTHY, NOW + timedelta(seconds=2)),
+    )
+    record, _ = await state_store.read("OB-1")
+    assert record.PendingStatus is not None
+    message_id = record.PendingStatus.MessageId
+    await state_store.update("OB-1", lambda r: sm.mark_alert_left(r, message_id), ANY_OWNER)
+    before = NOW + timedelta(minutes=1)
+    found = await state_store.query_unsent_statuses(10, before)
+    assert [(r.id, r.PendingStatus.Sent) for r, _ in found] == [("OB-1", True), ("OB-2", False)]
+    without = await state_store.query_unsent_statuses(10, before, alerts=False)
+    assert [r.id for r, _ in without] == ["OB-2"]
 
 
 async def test_a_refusing_reply_queue_does_not_starve_the_others(

@@ -347,7 +347,7 @@ async def test_a_rejected_order_whose_status_send_failed_hears_rejected_from_the
     assert record.PendingStatus is not None
     assert await rig.replies() == []
     # the Starter's outbox delivery sends it once the queue takes it
-    assert await StatusOutbox(c.store, StatusReporter(c.publisher)).deliver(record)
+    assert (await StatusOutbox(c.store, StatusReporter(c.publisher)).deliver(record)).done
     assert await rig.replies() == ["Rejected"]
     assert (await rig.record()).PendingStatus is None
     with pytest.raises(NotFoundError):

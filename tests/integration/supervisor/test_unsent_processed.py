@@ -103,7 +103,7 @@ async def test_a_refused_send_parks_the_status_for_the_starters_sweep(world):
     record, etag = await world.store.read(KEY)
     assert record.PendingStatus is not None
     assert record.PendingStatus.MessageId == PROCESSED_ID
-    assert await StatusOutbox(world.store, StatusReporter(world.bus)).deliver(record, etag)
+    assert (await StatusOutbox(world.store, StatusReporter(world.bus)).deliver(record, etag)).done
     assert [mid for _, mid in world.sent("replies-webshop")] == [PROCESSED_ID]
     assert (await world.store.read(KEY))[0].PendingStatus is None
 
@@ -123,7 +123,7 @@ async def test_the_supervisor_parks_the_status_of_an_attempt_killed_before_its_s
     assert record.PendingStatus is not None
     assert record.PendingStatus.MessageId == PROCESSED_ID
     assert record.PendingStatus.At == record.History[-1].At
-    assert await StatusOutbox(world.store, StatusReporter(world.bus)).deliver(record, etag)
+    assert (await StatusOutbox(world.store, StatusReporter(world.bus)).deliver(record, etag)).done
     assert [mid for _, mid in world.sent("replies-webshop")] == [PROCESSED_ID]
 
 

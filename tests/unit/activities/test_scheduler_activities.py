@@ -113,7 +113,7 @@ async def test_terminal_status_that_cannot_be_sent_raises_and_stays_in_the_outbo
     iid = await world.claimed()
     acts = world.activities()
     await _fail(acts, iid)
-    world.bus.fail_next = ConnectionError("down")
+    world.bus.refusing["replies-webshop"] = ConnectionError("down")
     with pytest.raises(StatusNotSent):
         await acts.report_status(
             StatusNote(InstanceId=iid, ReplyTo="replies-webshop", Status=StatusKind.FAILED)
@@ -121,13 +121,16 @@ async def test_terminal_status_that_cannot_be_sent_raises_and_stays_in_the_outbo
     pending = (await world.record()).PendingStatus
     assert pending is not None
     assert pending.Tries == 1
+    assert not pending.Sent
 
 
 async def test_an_error_records_alert_goes_with_its_status_and_survives_a_failed_send():
     """Defect 6 (alerts): the OrderError alert of a Failed order is sent from
     the record's outbox with the Failed status (the raise_alert activity
     leaves it to the outbox), so a failed alert send is retried, once, with a
-    stable id; it is not only logged."""
+    stable id; it is not only logged. A refused alert never holds the status
+    back (the alerts queue refusing for long, seed 104 of h11-mutants): the
+    status goes, the entry stays for the alert alone."""
     from orchestrators.contracts import AlertNote
 
     world = World()
@@ -139,15 +142,20 @@ async def test_an_error_records_alert_goes_with_its_status_and_survives_a_failed
     note = StatusNote(
         InstanceId=iid, ReplyTo="replies-webshop", Status=StatusKind.FAILED, Detail="declined"
     )
-    world.bus.fail_next = ConnectionError("alerts queue down")
-    with pytest.raises(StatusNotSent):
-        await acts.report_status(note)
+    world.bus.refusing["alerts"] = ConnectionError("alerts queue down")
+    await acts.report_status(note)  # the client's status is sent: nothing for Durable to retry
     assert world.sent("alerts") == []
-    assert world.sent("replies-webshop") == []
+    assert len(world.sent("replies-webshop")) == 1
+    pending = (await world.record()).PendingStatus
+    assert pending is not None
+    assert pending.Sent
+    assert pending.Tries == 1
+    del world.bus.refusing["alerts"]
     await acts.report_status(note)
     await acts.report_status(note)
     assert len(world.sent("alerts")) == 1
-    assert len(world.sent("replies-webshop")) == 1
+    # the status was not sent again with its alert
+    assert [q for q, *_ in world.bus.sends if q == "replies-webshop"] == ["replies-webshop"]
     assert (await world.record()).PendingStatus is None
 
 
@@ -244,7 +252,7 @@ async def test_with_the_index_a_failed_send_parks_the_status_in_the_outbox():
     assert record.PendingStatus is not None
     assert record.PendingStatus.MessageId == "A1/status/Processed"
     assert record.PendingStatus.At == record.History[-1].At
-    assert await StatusOutbox(world.store, StatusReporter(world.bus)).deliver(record, etag)
+    assert (await StatusOutbox(world.store, StatusReporter(world.bus)).deliver(record, etag)).done
     assert [mid for _, mid in world.sent("replies-webshop")] == ["A1/status/Processed"]
 
     world = World()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import json
 import logging
 from dataclasses import replace
 from datetime import datetime, timedelta
@@ -630,6 +631,68 @@ async def test_a_reply_queue_that_keeps_refusing_raises_one_alert_and_its_status
     assert len(undeliverable()) == 1
 
 
+async def test_an_alerts_queue_refusing_for_long_holds_back_no_status_and_blames_no_reply_queue():
+    """Seed 104 of h11-mutants' long alerts refusal: the alerts queue refusing
+    a Failed status's outbox alert was counted as the client's reply queue
+    refusing (a StatusUndeliverable alert naming replies-webshop) and the
+    status waited behind its alert for the spell (36 minutes). Now the
+    statuses go at once without their alerts, the alerts queue is probed as a
+    refusing reply queue is (10 s, 20 s, ..., then every STATUS_BACKOFF_MAX),
+    entries left for their alert fill no page meanwhile, and once the queue
+    takes sends every alert goes, once, and the entries are cleared."""
+    from orchestrators.starter import STATUS_BACKOFF_MAX
+
+    world = World()
+    batch = world.starter()._settings.starter_batch_size
+    names = [f"A{i}" for i in range(batch + 2)]
+    for name in names:
+        await _failed(world, name)
+    real_send = world.bus.send
+    refusing = {"on": True}
+    refused: list[datetime] = []
+
+    async def send(queue, body, message_id, props=None):
+        if queue == "alerts" and refusing["on"]:
+            refused.append(world.now)
+            raise TransientError("alerts: MessagingEntityDisabled")
+        await real_send(queue, body, message_id, props)
+
+    world.bus.send = send
+    starter = world.starter()
+    tick = timedelta(seconds=10)
+    for _ in range(6):  # past the grace: every status goes
+        world.now += tick
+        await starter.run(StartingClient())
+    replies = [json.loads(b)["OrderID"] for b in world.bus.to("replies-webshop")]
+    assert sorted(replies) == sorted(names)
+    late = "B1"  # a status written while the page is full of entries left for their alerts
+    await _failed(world, late)
+    end = world.now + timedelta(minutes=30)
+    while world.now < end:
+        world.now += tick
+        await starter.run(StartingClient())
+    assert late in [json.loads(b)["OrderID"] for b in world.bus.to("replies-webshop")]
+    assert world.bus.to("alerts") == []
+    assert 6 <= len(refused) <= 14, len(refused)  # probed, not one per entry and scan
+    for name in [*names, late]:
+        pending = (await world.record(f"webshop:{name}")).PendingStatus
+        assert pending is not None
+        assert pending.Sent
+
+    refusing["on"] = False
+    back = world.now
+    while any([(await world.record(f"webshop:{n}")).PendingStatus for n in [*names, late]]):
+        assert world.now - back <= 2 * STATUS_BACKOFF_MAX, "alerts left after the queue is back"
+        world.now += tick
+        await starter.run(StartingClient())
+    alerts = [json.loads(b) for b in world.bus.to("alerts")]
+    assert sorted(a["OrderID"] for a in alerts if a["Kind"] == "OrderError") == sorted(
+        f"webshop:{n}" for n in [*names, late]
+    )
+    assert [a for a in alerts if a["Kind"] == "StatusUndeliverable"] == []
+    assert len(world.bus.to("replies-webshop")) == len(names) + 1  # no status sent twice
+
+
 async def test_a_reply_queue_refusing_for_an_hour_is_probed_with_a_few_sends_not_every_scan():
     """A parked status whose reply queue refuses for an hour, the Starter
     running every 10 s: its queue is probed after 10 s, 20 s, 40 s, ...,
@@ -684,7 +747,7 @@ async def test_a_reply_queue_refusing_for_an_hour_is_probed_with_a_few_sends_not
     refusing["on"] = False
     record = await world.record("webshop:B1")
     assert record.PendingStatus is not None
-    assert await StatusOutbox(world.store, StatusReporter(world.bus)).deliver(record)
+    assert (await StatusOutbox(world.store, StatusReporter(world.bus)).deliver(record)).done
     assert (await world.record("webshop:B1")).PendingStatus is None
 
 
@@ -696,17 +759,17 @@ async def test_a_refused_status_whose_try_count_is_not_written_still_backs_off()
 
     world = World()
     await _failed(world, "A1")
-    refused: list = []
+    refused: dict[str, list] = {"replies-webshop": [], "alerts": []}
 
     async def send(queue, body, message_id, props=None):
-        refused.append(world.now)
+        refused[queue].append(world.now)
         raise TransientError(f"{queue}: MessagingEntityDisabled")
 
     world.bus.send = send
     real_update = world.store.update
 
     async def update(order_id, change, owner):
-        if refused and refused[-1] == world.now:  # the try count of a refused send
+        if refused["replies-webshop"][-1:] == [world.now]:  # the try count of a refused send
             raise StoreDown("state: Cannot connect")
         return await real_update(order_id, change, owner)
 
@@ -716,4 +779,6 @@ async def test_a_refused_status_whose_try_count_is_not_written_still_backs_off()
     while world.now < end:
         world.now += timedelta(seconds=10)
         await starter.run(StartingClient())
-    assert len(refused) <= 12, len(refused)  # 10, 20, 40, 80, 160 s, then every 5 minutes
+    # 10, 20, 40, 80, 160 s, then every 5 minutes: each queue probed on its own
+    for queue, times in refused.items():
+        assert 6 <= len(times) <= 12, (queue, len(times))

@@ -320,7 +320,7 @@ async def test_a_rejected_status_whose_send_fails_is_parked_for_the_starter(rig,
     # the queue works again: the Starter's outbox delivery sends it, under the
     # message id of Submit's own sends, and clears the entry
     rig.bus.down = None
-    assert await StatusOutbox(rig.store, StatusReporter(rig.bus)).deliver(record)
+    assert (await StatusOutbox(rig.store, StatusReporter(rig.bus)).deliver(record)).done
     assert rig.statuses() == ["Rejected"]
     assert (await rig.store.read("webshop:ORD-1"))[0].PendingStatus is None
     # a redelivery of the order repeats that message id: duplicate detection drops it
