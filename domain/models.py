@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from datetime import datetime
 from decimal import Decimal
 from enum import StrEnum
 from typing import TYPE_CHECKING, Annotated, Any, Final, Literal, Self, TypeAlias
@@ -135,6 +136,29 @@ SignatureText: TypeAlias = Annotated[
     str, StringConstraints(pattern=r"^[A-Za-z0-9._-]{1,120}$", max_length=120)
 ]
 AppIdText: TypeAlias = Annotated[str, StringConstraints(pattern=APP_ID_PATTERN)]
+
+# RFC 3339's date-time (JSON Schema's "date-time"): full date, "T", time, an
+# offset or "Z". Pydantic alone also takes a number of seconds written as a
+# string ("1780000000") and a space for the "T".
+_RFC3339 = re.compile(
+    r"\d{4}-\d{2}-\d{2}[Tt]\d{2}:\d{2}:\d{2}(?:\.\d{1,9})?(?:[Zz]|[+-]\d{2}:\d{2})"
+)
+
+
+def _rfc3339(value: Any) -> Any:
+    """A string is parsed here (after the pattern), so that strict validation
+    downstream sees a datetime; anything else is left to it."""
+    if not isinstance(value, str):
+        return value
+    if not _RFC3339.fullmatch(value):
+        raise ValueError(
+            "must be an RFC 3339 date-time with an offset, such as 2026-01-31T12:00:00Z"
+        )
+    return datetime.fromisoformat(value.upper())
+
+
+# A time on the wire: written as RFC 3339 text (a datetime built in code passes).
+WireTime: TypeAlias = Annotated[AwareDatetime, BeforeValidator(_rfc3339)]
 
 
 def _amount(integer_digits: int) -> Any:
@@ -479,12 +503,12 @@ class _StepCall(Contract):
 class AgentRequest(_StepCall):
     IdempotencyKey: Text120
     FencingToken: Annotated[int, Field(strict=True, ge=1)]
-    Deadline: AwareDatetime
+    Deadline: WireTime
     ReplyEvent: Text100
     Payload: PayloadDict = Field(default_factory=dict)
     # Until when the workflow still takes the answer of an undo try (ADR 005);
     # None: only before Deadline.
-    ListenUntil: AwareDatetime | None = None
+    ListenUntil: WireTime | None = None
 
 
 class AgentCall(Contract):
@@ -492,7 +516,7 @@ class AgentCall(Contract):
     started, how long it took, how it ended (docs/adr/017d-agent-call-record.md)."""
 
     SchemaVersion: Literal[1] = Field(default=SCHEMA_VERSION, exclude=True)
-    At: AwareDatetime
+    At: WireTime
     Ms: Annotated[int, Field(strict=True, ge=0, le=86_400_000)]
     Outcome: Literal["ok", "transient", "permanent", "error"]
 
@@ -529,7 +553,7 @@ class StatusUpdate(Contract):
     Status: StatusKind
     Detail: ProviderText500 | None = None
     Step: StepName | None = None
-    Timestamp: AwareDatetime
+    Timestamp: WireTime
 
 
 class AlertExample(Contract):
@@ -537,7 +561,7 @@ class AlertExample(Contract):
 
     OrderID: ProducedText200 | None = None
     Reason: ProviderText2000
-    Timestamp: AwareDatetime
+    Timestamp: WireTime
     MessageId: ProducedText200 | None = None
 
 
@@ -567,7 +591,7 @@ class OperatorAlert(Contract):
     ]
     OrderID: ProducedText200 | None = None
     Reason: ProviderText2000
-    Timestamp: AwareDatetime
+    Timestamp: WireTime
     MessageId: ProducedText200 | None = None
     Queue: ProducedText260 | None = None
     Count: Annotated[int, Field(ge=1, exclude_if=lambda n: n == 1)] = 1

@@ -88,12 +88,17 @@ def test_naive_timestamps_refused():
         )
 
 
-@pytest.mark.parametrize("instant", [1780000000, 1780000000.5])
+@pytest.mark.parametrize(
+    "instant",
+    [1780000000, 1780000000.5, "1780000000", "1780000000.5", "2026-06-01 00:00:00Z", "2026-06-01"],
+)
 def test_a_timestamp_written_as_a_number_is_not_coerced(instant):
     """ADR 013: types are not coerced. Every other wire field is strict on its
     own (a Quantity, the SchemaVersion, an amount); a timestamp is strict
-    only by the codec's strict validation (mutant `codec-lax-types`, which
-    took Unix seconds for a Deadline or a call's time)."""
+    by the codec's strict validation (mutant `codec-lax-types`, which took
+    Unix seconds for a Deadline or a call's time) and, written as a string,
+    by RFC 3339's date-time (domain.models.WireTime): pydantic alone takes
+    Unix seconds in a string and a space for the "T"."""
     request = {
         "InstanceId": "webshop:ORD-1:1",
         "OrderID": "webshop:ORD-1",
