@@ -54,6 +54,23 @@ async def _failed(world, order_id):
     )
 
 
+def _refuse(world, queue: str, error: str = "MessagingEntityDisabled"):
+    """Make `queue` refuse every send while the returned switch's "on" is
+    true; the list the times of the sends it refused."""
+    real_send = world.bus.send
+    refusing = {"on": True}
+    refused: list[datetime] = []
+
+    async def send(q, body, message_id, props=None):
+        if q == queue and refusing["on"]:
+            refused.append(world.now)
+            raise TransientError(f"{q}: {error}")
+        await real_send(q, body, message_id, props)
+
+    world.bus.send = send
+    return refusing, refused
+
+
 async def _errored_with_request(world, order_id):
     await _pending(world, order_id)
     order_id = order_key("webshop", order_id)
@@ -603,15 +620,7 @@ async def test_a_reply_queue_that_keeps_refusing_raises_one_alert_and_its_status
 
     world = World()
     await _failed(world, "A1")
-    real_send = world.bus.send
-    refusing = {"on": True}
-
-    async def send(queue, body, message_id, props=None):
-        if queue == "replies-webshop" and refusing["on"]:
-            raise TransientError("replies-webshop: QuotaExceeded")
-        await real_send(queue, body, message_id, props)
-
-    world.bus.send = send
+    refusing, _ = _refuse(world, "replies-webshop", "QuotaExceeded")
     starter = world.starter()
 
     def undeliverable():
@@ -647,17 +656,7 @@ async def test_an_alerts_queue_refusing_for_long_holds_back_no_status_and_blames
     names = [f"A{i}" for i in range(batch + 2)]
     for name in names:
         await _failed(world, name)
-    real_send = world.bus.send
-    refusing = {"on": True}
-    refused: list[datetime] = []
-
-    async def send(queue, body, message_id, props=None):
-        if queue == "alerts" and refusing["on"]:
-            refused.append(world.now)
-            raise TransientError("alerts: MessagingEntityDisabled")
-        await real_send(queue, body, message_id, props)
-
-    world.bus.send = send
+    refusing, refused = _refuse(world, "alerts")
     starter = world.starter()
     tick = timedelta(seconds=10)
     for _ in range(6):  # past the grace: every status goes
@@ -705,17 +704,7 @@ async def test_a_reply_queue_refusing_for_an_hour_is_probed_with_a_few_sends_not
 
     world = World()
     await _failed(world, "A1")
-    real_send = world.bus.send
-    refusing = {"on": True}
-    refused: list[datetime] = []
-
-    async def send(queue, body, message_id, props=None):
-        if queue == "replies-webshop" and refusing["on"]:
-            refused.append(world.now)
-            raise TransientError("replies-webshop: MessagingEntityDisabled")
-        await real_send(queue, body, message_id, props)
-
-    world.bus.send = send
+    refusing, refused = _refuse(world, "replies-webshop")
     starter = world.starter()
     tick = timedelta(seconds=10)
 
