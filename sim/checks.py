@@ -14,6 +14,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from adapters.recovery_index import MAX_BUCKETS_PER_PAGE
+from adapters.servicebus import ALERTS_QUEUE
 from adapters.settlement import ORIGINAL_ID_PROPERTY
 from agents.agent import AgentPolicy
 from devstack.host.durable import (
@@ -27,7 +28,12 @@ from devstack.host.durable import (
 from domain.errors import TransientError
 from domain.ids import order_key, reply_event_name
 from domain.state_machine import MAX_COMPENSATION_RESTARTS
-from orchestrators.starter import STATUS_ALERT_AFTER, STATUS_BACKOFF_FIRST, STATUS_BACKOFF_MAX
+from orchestrators.starter import (
+    STATUS_ALERT_AFTER,
+    STATUS_BACKOFF_FIRST,
+    STATUS_BACKOFF_MAX,
+    STATUS_GRACE,
+)
 
 from .hostile import ALERT_KINDS as FORGERY_ALERTS
 from .hostile import PREFIX as FORGED
@@ -136,6 +142,9 @@ class EndChecks(MessageChecks):
         self._report_first(self.uncounted_failures, "a failed call counts on its breaker")
         self._report_first(self.paced_given_up, "a 429 never ends a request before its deadline")
         self._report_first(self.count_run_out, "the app never lets a delivery count run out")
+        # The alerts queue refusing for long (after every older check).
+        self.check_undeliverable_names_a_refusing_queue()
+        self.check_statuses_never_wait_for_alerts()
 
     def _report_first(self, findings: list[str], check: str) -> None:
         """A path check's first finding, as `check`'s violation (one is enough
@@ -486,6 +495,65 @@ class EndChecks(MessageChecks):
                     f"{below} without an alert): no StatusUndeliverable alert names it",
                 )
                 return
+
+    def check_undeliverable_names_a_refusing_queue(self) -> None:
+        """A StatusUndeliverable alert names a reply queue that refused (§4
+        status delivery): the Starter raises it at the STATUS_ALERT_AFTER-th
+        refusal in a row of that queue, so the queue it names refused at least
+        that many sends. An alert of a Failed status the alerts queue refused
+        is not the client's queue refusing (seed 104 of h11-mutants)."""
+        for m in self.alert_messages():
+            body = json.loads(m.body)
+            if body.get("Kind") != "StatusUndeliverable":
+                continue
+            queue = str(body.get("Queue"))
+            if self.refused_sends.get(queue, 0) < STATUS_ALERT_AFTER:
+                self.fail(
+                    "a StatusUndeliverable alert names a queue that refused",
+                    f"{m.message_id} names {queue}, which refused "
+                    f"{self.refused_sends.get(queue, 0)} sends (fewer than "
+                    f"{STATUS_ALERT_AFTER}); the alerts queue refused "
+                    f"{self.refused_sends.get(ALERTS_QUEUE, 0)}",
+                )
+                return
+
+    def check_statuses_never_wait_for_alerts(self) -> None:
+        """A client's terminal status never waits for the operators' queue
+        (§4 status delivery, ADR 001): while the alerts queue refuses for
+        long, a Failed or CompensationFailed status whose own reply queue
+        takes sends is on it within the Starter's grace and a few of its
+        back-offs (probes of a queue that keeps refusing) of its outbox entry,
+        its alert kept in the entry. Checked for the entries written early
+        enough in the alerts queue's spell that they would still be held at
+        its end; not across the whole app's 8-day outage (nothing runs)."""
+        spell = self.world.faults.refusing.get(ALERTS_QUEUE)
+        if spell is None or self.o.faults.host_outage:
+            return
+        start, until, _ = spell
+        margin = STATUS_GRACE + 3 * STATUS_BACKOFF_MAX + timedelta(minutes=1)
+        refusing = dict(self._refusing_reply_queues())
+        for key, entries in sorted(self.alerting_entries.items()):
+            app, _ = self.orders.get(key, (None, None))
+            queue = REGISTRY.get(str(app))
+            if queue is None:
+                continue
+            sent = {m.message_id: m.sent_at or m.enqueued_at for m in self.bus.queue(queue).sent}
+            for message_id, at in entries:
+                if not start <= at or at + margin >= until:
+                    continue
+                other = refusing.get(queue)
+                if other is not None and other[0] < at + margin and other[1] > start:
+                    continue  # its own queue refused too
+                when = sent.get(message_id)
+                if when is None or when > at + margin:
+                    self.fail(
+                        "a client's terminal status never waits for the alerts queue",
+                        f"{key}: its outbox entry {message_id} written at {at:%H:%M:%S}, the "
+                        f"alerts queue refusing {start:%H:%M:%S}-{until:%H:%M:%S}; its status "
+                        + (f"sent at {when:%H:%M:%S}" if when else "never sent")
+                        + f", later than {at + margin:%H:%M:%S}",
+                    )
+                    return
 
     def check_breakers_open_on_failures(self) -> None:
         """Slowness and pacing are not the failures a breaker is for (issue 43

@@ -203,6 +203,8 @@ class Simulation(Clients, PathChecks, EndChecks, WorldFaults):
         self.starter_refused: dict[str, list[datetime]] = {}
         self.starter_spans: dict[int, list[datetime]] = {}
         self.processed_at: dict[str, datetime] = {}
+        self.alerting_entries: dict[str, list[tuple[str, datetime]]] = {}
+        self.refused_sends: dict[str, int] = {}
         self.index_c.on_delete = self._on_index_delete
         # Writes per index partition key per simulated second (ADR 019b), and
         # the shard count, fixed per container, from a stream of its own.

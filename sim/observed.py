@@ -69,6 +69,9 @@ class Observed:
     # per Starter object (one per host process): (first, last) run
     starter_spans: dict[int, list[datetime]]
     processed_at: dict[str, datetime]  # order key -> when its record was written Processed
+    # order key -> (message id, when written) of each outbox entry that carries an alert
+    alerting_entries: dict[str, list[tuple[str, datetime]]]
+    refused_sends: dict[str, int]  # queue -> sends it refused (any sender, any cause)
     servicebus: Any  # sim.bus.SimServiceBusClient
     hostile: Any  # sim.hostile.Hostile, or None: no forgeries in this schedule
     # The orders: order key -> (application, OrderID), and back.

@@ -68,6 +68,9 @@ class PathChecks(Observed):
     sup_pages: dict[Any, list[int]]  # a Supervisor run's task -> recoveries per page
     status_refused: dict[str, str]  # instance -> the record's state when its status was refused
     processed_at: dict[str, datetime]  # order key -> when its record was written Processed
+    # order key -> (message id, when written) of each outbox entry that carries an alert
+    alerting_entries: dict[str, list[tuple[str, datetime]]]
+    refused_sends: dict[str, int]  # queue -> sends it refused (any sender, any cause)
     _told_rejected: Callable[[str, str], None]  # sim.clients.Clients
 
     def _index_reachable(self, now: datetime, resumed: str | None) -> dict:
@@ -244,6 +247,13 @@ class PathChecks(Observed):
             self._check_admission_cap(new)
         if new["ProcessState"] == "Processed" and before != "Processed":
             self.processed_at[str(new.get("id"))] = self.world.clock.now
+        pending = new.get("PendingStatus") or {}
+        if pending.get("Status") in ("Failed", "CompensationFailed") and pending.get(
+            "MessageId"
+        ) != ((old or {}).get("PendingStatus") or {}).get("MessageId"):
+            self.alerting_entries.setdefault(str(new.get("id")), []).append(
+                (str(pending.get("MessageId")), self.world.clock.now)
+            )
         writer = self._instance()
         if writer is not None:
             self.wrote_states.setdefault(writer, set()).add(str(new["ProcessState"]))
@@ -835,6 +845,7 @@ class PathChecks(Observed):
         the instance holds, for `check_status_never_stops_work` at the end;
         a Starter's resend a refusing reply queue refused, for
         `check_refused_resends_bounded`."""
+        self.refused_sends[queue] = self.refused_sends.get(queue, 0) + 1
         if (
             queue in REGISTRY.values()
             and self.world.faults.queue_refuses(queue) is not None
