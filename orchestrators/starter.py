@@ -291,9 +291,10 @@ class Starter:
         self._gauge_written: tuple[tuple[int, int], datetime] | None = (
             None  # this process's last gauge write
         )
-        # Reply queues that refused a send: queue -> (skipped until, last back-off).
+        # Queues that refused a send (reply queues, and the alerts queue an
+        # outbox alert went to): queue -> (skipped until, last back-off).
         self._refusing: dict[str, tuple[datetime, timedelta]] = {}
-        # Per refusing reply queue: (first refusal of the spell, refusals in a row).
+        # Per refusing queue: (first refusal of the spell, refusals in a row).
         self._refusals: dict[str, tuple[datetime, int]] = {}
 
     async def _start(

@@ -8,6 +8,7 @@ import contextlib
 import logging
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Literal
 
 from adapters import telemetry
 from adapters.clock import SYSTEM_CLOCK, Clock
@@ -80,7 +81,7 @@ class Delivery:
     # Its operator alert: "sent", "refused" (the alerts queue refused it; the
     # entry keeps it), "skipped" (not tried: the caller knows the alerts queue
     # refuses) or "none" (no alert owed, or sent before).
-    alert: str = "none"
+    alert: Literal["sent", "refused", "skipped", "none"] = "none"
 
     @property
     def done(self) -> bool:
@@ -115,7 +116,9 @@ class StatusOutbox:
         if pending is None:
             return Delivery(status_sent=True)
         owed = pending.Status in ALERT_OF_STATUS
-        outcome = "none" if not owed else "sent" if alert else "skipped"
+        outcome: Literal["sent", "refused", "skipped", "none"] = (
+            "none" if not owed else "sent" if alert else "skipped"
+        )
         if outcome == "sent":
             try:
                 await self._send_alert(record, pending)
