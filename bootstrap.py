@@ -49,6 +49,7 @@ from agents.agent import Agent, Breakers
 from agents.config import (
     AgentSettings,
     load_agent_settings,
+    load_step_catalog,
     require_agent_keys,
     require_servicebus,
 )
@@ -112,6 +113,7 @@ class Overrides:
     request_processor: _P | None = None
     crash_point: CrashPoint | None = None
     console_deps: Callable[..., Awaitable[Deps]] | None = None
+    steps: StepCatalog | None = None  # the step catalog (else STEP_CATALOG_FILE's, or the shipped)
 
 
 @dataclass
@@ -203,6 +205,14 @@ class App:
     def settings(self) -> Settings:
         """The settings given, else the environment's."""
         return self._settings if self._settings is not None else load_settings()
+
+    @functools.cached_property
+    def steps(self) -> StepCatalog:
+        """The step catalog this app runs, the agents' own (STEP_CATALOG_FILE,
+        else the shipped domain/steps.json): the workflow sends each step the
+        order fields its entry names."""
+        o = self.overrides.steps
+        return o if o is not None else load_step_catalog()
 
     def crash_point(self) -> CrashPoint:
         o = self.overrides.crash_point
@@ -350,6 +360,7 @@ class App:
             c.index,
             crash_point=self.crash_point(),
             alerts=self.alerts_over(c.publisher),
+            steps=c.agent.steps,
         )
         return c.activities
 
@@ -370,7 +381,9 @@ class App:
                 alerts=self.alerts_over(c.publisher),
                 count_interval=c.settings.starter_count_interval or None,
                 orders=c.orders,
-                requests=AgentRequests(c.settings.scheduler_keys, c.publisher, c.orders),
+                requests=AgentRequests(
+                    c.settings.scheduler_keys, c.publisher, c.orders, c.agent.steps
+                ),
             )
         return c.starter
 

@@ -38,6 +38,7 @@ from domain.models import (
     StatusKind,
     mask_card_numbers,
 )
+from domain.steps import DEFAULT_CATALOG, StepCatalog
 from orchestrators import commands
 from orchestrators.contracts import (
     ActivityContract,
@@ -142,9 +143,11 @@ class SchedulerActivities:
         clock: Clock = SYSTEM_CLOCK,
         crash_point: CrashPoint = no_crash_point,
         alerts: Alerts | None = None,
+        steps: StepCatalog = DEFAULT_CATALOG,
     ) -> None:
         """`crash_point`: the fault-injection hook (orchestrators.hooks), a no-op
-        unless a fault test asks; `alerts`: by default an Alerts over `publisher`."""
+        unless a fault test asks; `alerts`: by default an Alerts over `publisher`;
+        `steps`: the app's catalog (the order fields each step's requests carry)."""
         self._settings = policy
         self._store = store
         self._orders = orders
@@ -158,7 +161,7 @@ class SchedulerActivities:
         self._index = index or NoIndex()
         self._clock = clock
         self._crash_point = crash_point
-        self._requests = AgentRequests(policy.scheduler_keys, publisher, orders)
+        self._requests = AgentRequests(policy.scheduler_keys, publisher, orders, steps)
 
     async def run(self, name: str, data: Any) -> Any:
         """Run the activity `name` on its JSON input; its JSON result."""

@@ -151,6 +151,14 @@ class StepCatalog(BaseModel):
             return step
         raise UnknownStep(f"unknown step {name!r}; known steps: {', '.join(self.names)}")
 
+    def part(self, name: str, payload: dict[str, Any]) -> dict[str, Any]:
+        """What of the order's `payload` step `name`'s requests carry: the
+        fields its entry names (a step this catalog does not know, all)."""
+        step = self._by_name.get(name)
+        if step is None:
+            return payload
+        return {k: v for k, v in payload.items() if k in step.payload}
+
 
 def parse_catalog(data: Any, source: str = "step catalog") -> StepCatalog:
     """Validate `data` (a file's JSON) as a catalog; CatalogError names the entry."""

@@ -34,9 +34,11 @@ class ActivityContract(BaseModel):
 
 class Traced(ActivityContract):
     """An activity input that may carry the attempt's W3C trace context, so
-    the activity's span joins the attempt's trace (ADR 015); else its own."""
+    the activity's span joins the attempt's trace (ADR 015); else its own.
+    A context of a traceparent alone is that string (17 bytes fewer in each
+    activity's history event)."""
 
-    Trace: dict[str, str] | None = None
+    Trace: dict[str, str] | str | None = None
 
 
 def step_payload(order: OrderSubmitted) -> dict:
@@ -81,6 +83,14 @@ class Plan(ActivityContract):
     # The order's application, named in its agent requests (and so in their
     # replies and tokens, ADR 017e). None in a plan an older build recorded.
     AppId: str | None = None
+    # Each step's part of Payload: the order fields its catalog entry names
+    # (domain/steps.json), set by the workflow from the app's catalog; never
+    # in an input, a result or a history.
+    Parts: dict[str, dict] = Field(default_factory=dict, exclude=True)
+
+    def payload_for(self, step: str) -> dict:
+        """What `step`'s requests carry: its part, else the whole payload."""
+        return self.Parts.get(step, self.Payload)
 
 
 class WriteResult(ActivityContract):

@@ -37,6 +37,7 @@ from azure.durable_functions import RetryOptions
 
 from domain.ids import reply_event_name
 from domain.models import AgentReply, ProcessState, ReplyOutcome, StatusKind
+from domain.steps import DEFAULT_CATALOG, StepCatalog
 from orchestrators import commands
 from orchestrators.contracts import (
     AlertNote,
@@ -61,7 +62,7 @@ VERSION = "1.0"
 # inside a step deadline, rather than failing the whole attempt.
 ACTIVITY_RETRY = RetryOptions(first_retry_interval_in_milliseconds=500, max_number_of_attempts=3)
 
-Body = Callable[[Any], Generator[Any, Any, Any]]
+Body = Callable[..., Generator[Any, Any, Any]]
 
 
 class UnknownWorkflowVersion(Exception):
@@ -91,9 +92,9 @@ def ends_stale(body: Body) -> Body:
     naming the step it was at and the reason."""
 
     @functools.wraps(body)
-    def run(context):
+    def run(context, **options):
         try:
-            return (yield from body(context))
+            return (yield from body(context, **options))
         except StaleAttempt as stale:
             return finish("stale", stale.step, stale.reason)
 
@@ -103,12 +104,15 @@ def ends_stale(body: Body) -> Body:
 # --- which code runs an instance --------------------------------------------------------
 
 
-def orchestrator(frozen: Mapping[str, Body] | None = None) -> Body:
+def orchestrator(
+    frozen: Mapping[str, Body] | None = None, steps: StepCatalog = DEFAULT_CATALOG
+) -> Body:
     """The orchestrator function: each instance runs the code of the version
     it started on, `run` for VERSION (or none), `frozen[v]` for a deployed
     version v still in flight; an unknown version is refused by name rather
-    than run on code it was not written for."""
-    known: dict[str, Body] = {**(frozen or {}), VERSION: run}
+    than run on code it was not written for. `steps`: the app's catalog, whose
+    entries say which order fields each step's requests carry."""
+    known: dict[str, Body] = {**(frozen or {}), VERSION: functools.partial(run, steps=steps)}
 
     def order_workflow(context):
         version = context.version or VERSION
@@ -127,34 +131,33 @@ def orchestrator(frozen: Mapping[str, Body] | None = None) -> Body:
 
 
 @ends_stale
-def run(context):
+def run(context, steps: StepCatalog = DEFAULT_CATALOG):
     """One attempt, from the plan its claim put in its input; without one,
     the compensation the record's log asks for."""
     given = _attempt_input(context)
     if given.Plan is not None and given.Deadline is not None:
-        return (yield from _run_planned(context, given))
+        return (yield from _run_planned(context, given, steps))
     plan = yield from _load_plan(context)
     if plan.State is ProcessState.COMPENSATING:
         # An operator's or a restarted compensation: the record's log says what.
-        plan = _with_payload(plan, given.Payload)
+        plan = _with_payload(plan, given.Payload, steps)
         return (yield from _compensate(context, plan, plan.Undo))
     # Started with no claim behind it: nothing is marked for it to send. The
     # Supervisor returns the record to the Starter at its deadline.
     return finish("unplanned", detail=f"no plan in the input; record {plan.State.value}")
 
 
-def _run_planned(context, given: AttemptStart):
+def _run_planned(context, given: AttemptStart, steps: StepCatalog):
     """The attempt its claim planned: each step's request and reply under the
     attempt's one deadline, then one write."""
     plan = given.Plan
     deadline = given.Deadline
     if plan is None or deadline is None:
         raise ValueError(f"attempt {context.instance_id} has no plan or deadline in its input")
-    plan = _with_payload(plan, given.Payload)
+    # Each request carries its step's part of the payload: the activities of
+    # one order may run on different instances, so none can count on another's copy.
+    plan = _with_payload(plan, given.Payload, steps)
     done: dict[str, str | None] = {}
-    # Given to every request: the activities of one order may run on different
-    # instances, so none can count on another's copy.
-    payload = given.Payload
     last = None
     # One durable timer for the whole attempt, the same task waited on again
     # by every step (as the undo's earlier tries are).
@@ -181,7 +184,7 @@ def _run_planned(context, given: AttemptStart):
             answer = context.wait_for_external_event(
                 reply_event_name(step.Name, plan.Attempt, "do")
             )
-            yield from _send_step(context, plan, step, deadline, payload, answer)
+            yield from _send_step(context, plan, step, deadline, answer)
         if timer is None:
             timer = context.create_timer(deadline)
         reply = yield from _await_marked(context, plan, step, deadline, timer, answer)
@@ -211,9 +214,7 @@ def _sent_by_starter(plan: Plan, sent: str | None) -> str | None:
     return sent
 
 
-def _send_step(
-    context, plan: Plan, step: StepPlan, deadline: datetime, payload: dict | None, answer
-):
+def _send_step(context, plan: Plan, step: StepPlan, deadline: datetime, answer):
     """Send `step`'s request. A send whose answer was lost may have left:
     its reply still counts until the deadline, when the Supervisor would take
     the attempt anyway. Waiting costs nothing; failing here would leave a
@@ -225,7 +226,7 @@ def _send_step(
             InstanceId=context.instance_id,
             Step=step.Name,
             Deadline=deadline,
-            Payload=payload,
+            Payload=plan.payload_for(step.Name),
             AppId=plan.AppId,
         ).dump(),
     )
@@ -274,7 +275,7 @@ def _await_marked(context, plan: Plan, step: StepPlan, deadline: datetime, timer
             InstanceId=context.instance_id,
             Step=step.Name,
             Deadline=deadline,
-            Payload=plan.Payload,
+            Payload=plan.payload_for(step.Name),
             AppId=plan.AppId,
         )
         task = context.call_activity("run_inline_step", _traced(context, request.dump()))
@@ -316,7 +317,7 @@ def _permanent(context, given: AttemptStart, plan: Plan, step: str, error: str |
         logged = ended.Plan
         if logged is None:
             raise ValueError(f"finish_attempt of {iid} began a compensation without its plan")
-        logged = _with_payload(logged, given.Payload)
+        logged = logged.model_copy(update={"Payload": plan.Payload, "Parts": plan.Parts})
         return (yield from _compensate(context, logged, logged.Undo))
     yield from _alert(context, plan, "OrderError", reason)
     yield from _terminal_status(context, plan, StatusKind.FAILED, step, reason)
@@ -333,9 +334,12 @@ def _call(context, name: str, data: dict):
 def _traced(context, data: dict) -> dict:
     """`data` with the attempt's trace context (AttemptStart.Trace), so the
     activity's span joins the attempt's trace. The orchestrator opens no span
-    itself: it copies a value from its own input, which replays identically."""
+    itself: it copies a value from its own input, which replays identically.
+    A context that is a traceparent alone goes as that string (Traced.Trace)."""
     trace = _input_trace(context)
-    return {**data, "Trace": trace} if trace else data
+    if not trace:
+        return data
+    return {**data, "Trace": trace["traceparent"] if list(trace) == ["traceparent"] else trace}
 
 
 # The trace context read once per episode (get_input() decodes the whole input
@@ -382,10 +386,15 @@ def _attempt_input(context) -> AttemptStart:
     return AttemptStart()
 
 
-def _with_payload(plan: Plan, payload: dict | None) -> Plan:
+def _with_payload(plan: Plan, payload: dict | None, steps: StepCatalog) -> Plan:
     """`plan` with the input's step payload (a plan an activity returns has
-    none); without one (the claimer could not read it), the plan's own."""
-    return plan.model_copy(update={"Payload": payload}) if payload else plan
+    none; without one, the claimer could not read it: the plan's own) and
+    each step's part of it, the fields its entry in `steps` names (a step the
+    catalog does not know takes them all)."""
+    payload = payload or plan.Payload
+    names = dict.fromkeys([*(s.Name for s in plan.Steps), *plan.Undo])
+    parts = {name: steps.part(name, payload) for name in names} if payload else {}
+    return plan.model_copy(update={"Payload": payload, "Parts": parts})
 
 
 def _load_plan(context):
@@ -616,7 +625,7 @@ def _request_undo(context, plan: Plan, step: StepPlan, deadline, attempt_try: in
         Action="undo",
         Try=attempt_try,
         Deadline=deadline,
-        Payload=plan.Payload,
+        Payload=plan.payload_for(step.Name),
         ListenUntil=listen_until,
         AppId=plan.AppId,
     )

@@ -19,23 +19,27 @@ from domain.ids import (
 )
 from domain.models import AgentRequest
 from domain.signing import SchedulerKeys, seal_request
+from domain.steps import DEFAULT_CATALOG, StepCatalog
 from orchestrators.contracts import SendRequest, step_payload
 
 
 class AgentRequests:
     """`keys`: the scheduler's keys, read when a request is sealed (a missing
     key is a SettingsError naming the setting there); `orders`: where a
-    request's payload is read when its sender has none."""
+    request's payload is read when its sender has none; `steps`: the app's
+    catalog, whose entry for a step names the order fields its requests carry."""
 
     def __init__(
         self,
         keys: Callable[[], SchedulerKeys],
         publisher: MessagePublisher,
         orders: OrdersRepository | None = None,
+        steps: StepCatalog = DEFAULT_CATALOG,
     ) -> None:
         self._keys = keys
         self._publisher = publisher
         self._orders = orders
+        self._steps = steps
 
     async def with_payload(self, send: SendRequest) -> SendRequest:
         """`send` with the order's step payload, read here only when its sender
@@ -61,7 +65,7 @@ class AgentRequests:
             FencingToken=fencing_token(attempt),
             Deadline=send.Deadline,
             ReplyEvent=reply_event_name(send.Step, attempt, send.label),
-            Payload=send.Payload,
+            Payload=self._steps.part(send.Step, send.Payload),
             ListenUntil=send.ListenUntil,
         )
         return seal_request(self._keys(), request)

@@ -358,6 +358,7 @@ class Simulation(Clients, PathChecks, EndChecks, WorldFaults):
             self.index,
             clock=SimClock(w, "activities"),
             alerts=self.alerts(),
+            steps=self.o.steps,
         )
         # The host processes (Options.hosts), each with what bootstrap builds
         # once per process; the timers run on the one holding the singleton lock.
@@ -380,6 +381,7 @@ class Simulation(Clients, PathChecks, EndChecks, WorldFaults):
                 scheduler_activities=self._activities,
                 supervisor=self._supervisor,
                 message_gate=self._message_gate,
+                steps=self.o.steps,
             ),
         )
         self.catalog = catalog(self.app)
@@ -509,7 +511,9 @@ class Simulation(Clients, PathChecks, EndChecks, WorldFaults):
             alerts=self.alerts(),
             orders=self.orders_repo,
             # As bootstrap builds it: the Starter sends each attempt's first request.
-            requests=AgentRequests(self.settings.scheduler_keys, self.publisher, self.orders_repo),
+            requests=AgentRequests(
+                self.settings.scheduler_keys, self.publisher, self.orders_repo, self.o.steps
+            ),
         )
         return SimHost(k, generation, submit, starter, processor)
 

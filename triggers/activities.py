@@ -20,6 +20,8 @@ from domain.ids import parse_attempt_instance_id
 def _span(name: str, data: Any) -> Iterator[None]:
     fields = data if isinstance(data, dict) else {}
     carrier = fields.get("Trace")
+    if isinstance(carrier, str):  # a traceparent alone (contracts.Traced)
+        carrier = {"traceparent": carrier}
     instance = fields.get("InstanceId")
     order_id = fields.get("OrderID")
     if order_id is None and isinstance(instance, str):

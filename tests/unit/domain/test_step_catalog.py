@@ -28,8 +28,14 @@ def test_the_shipped_catalog_is_the_three_steps_in_workflow_order():
         ("/payment/charge", "/payment/refund"),
         ("/shipping/arrange", "/shipping/cancel"),
     ]
-    # Every step carries the whole order payload, as before the catalog.
-    assert all(s.payload == PAYLOAD_FIELDS for s in DEFAULT_CATALOG.steps)
+    # Each step carries the order fields its service needs: no card reference
+    # to the warehouse, no order lines to the payment provider.
+    assert {s.name: s.payload for s in DEFAULT_CATALOG.steps} == {
+        "reserve-inventory": ("CustomerId", "Lines"),
+        "charge-payment": ("CustomerId", "Total", "Currency", "PaymentReference"),
+        "arrange-shipment": ("CustomerId", "Lines"),
+    }
+    assert set().union(*(s.payload for s in DEFAULT_CATALOG.steps)) == set(PAYLOAD_FIELDS)
     assert [s.name for s in DEFAULT_CATALOG.steps if s.refusal is not None] == ["charge-payment"]
     assert load_catalog(DEFAULT_CATALOG_FILE) == DEFAULT_CATALOG
 
@@ -114,3 +120,28 @@ def test_the_catalog_file_ships_with_the_app():
     from deploy.package import shipped_files
 
     assert Path("domain/steps.json") in set(shipped_files())
+
+
+def test_a_steps_part_of_the_payload_is_the_fields_its_entry_names():
+    """StepCatalog.part: what the Scheduler puts in a step's request (and so
+    in the attempt's history): the step's fields, in the payload's order; a
+    step the catalog does not know (a newer build's) gets them all."""
+    payload = {
+        "CustomerId": "C-1",
+        "Lines": [{"Sku": "S", "Quantity": 1, "UnitPrice": "1.00"}],
+        "Total": "1.00",
+        "Currency": "EUR",
+        "PaymentReference": "pay-1",
+    }
+    assert DEFAULT_CATALOG.part("charge-payment", payload) == {
+        "CustomerId": "C-1",
+        "Total": "1.00",
+        "Currency": "EUR",
+        "PaymentReference": "pay-1",
+    }
+    assert DEFAULT_CATALOG.part("reserve-inventory", payload) == {
+        "CustomerId": "C-1",
+        "Lines": payload["Lines"],
+    }
+    assert DEFAULT_CATALOG.part("reserve-warehouse-slot", payload) == payload
+    assert DEFAULT_CATALOG.part("charge-payment", {}) == {}

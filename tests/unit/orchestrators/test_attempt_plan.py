@@ -15,6 +15,7 @@ import pytest
 from domain import state_machine as sm
 from domain.errors import TransientError
 from domain.models import ProcessState, StepStatus
+from domain.steps import DEFAULT_CATALOG
 from orchestrators.contracts import AttemptStart, step_payload
 from tests.fakes import CountingOrders, CountingStateStore, FakeIndex, FakeOrders
 from tests.unit.orchestrators.driver import (
@@ -80,11 +81,17 @@ async def test_the_happy_path_writes_the_record_once_after_the_claim():
     assert [e.Step for e in record.Compensation] == STEPS
     assert record.PendingStatus is None
     assert statuses(world) == ["Processed"]
-    # The payload rode in every request's input: no activity reads the orders DB.
-    payloads = [d.get("Payload") for n, d in driver.calls if n == "send_step"]
-    assert payloads[0]
-    assert all(p == payloads[0] for p in payloads)
-    assert all(r["Payload"] == payloads[0] for r in requests(world))
+    # The payload rode in every request's input: no activity reads the orders DB;
+    # each carries its step's part (the fields its catalog entry names).
+    payload = given["Payload"]
+    sends = [d for n, d in driver.calls if n == "send_step"]
+    assert [d["Payload"] for d in sends] == [
+        DEFAULT_CATALOG.part(d["Step"], payload) for d in sends
+    ]
+    assert [r["Payload"] for r in requests(world)] == [
+        DEFAULT_CATALOG.part(r["Step"], payload) for r in requests(world)
+    ]
+    assert "PaymentReference" not in requests(world)[0]["Payload"]
     assert world.orders.requests.get("read", 0) == 0
 
 
@@ -105,7 +112,7 @@ async def test_a_timer_claim_reads_the_order_once_and_no_activity_reads_it():
     assert world.orders.requests == {"create": 1, "read": 1}
     sent = requests(world)
     assert [r["Action"] for r in sent] == ["do", "do", "undo", "undo"]
-    assert all(r["Payload"] == step_payload(order) for r in sent)
+    assert all(r["Payload"] == DEFAULT_CATALOG.part(r["Step"], step_payload(order)) for r in sent)
 
 
 async def test_a_claim_whose_order_read_fails_starts_and_its_requests_read_it():
@@ -119,7 +126,9 @@ async def test_a_claim_whose_order_read_fails_starts_and_its_requests_read_it():
     assert await driver.run() == "completed"
     assert driver.output["Outcome"] == "processed"
     order = world.orders.orders["webshop:A1"]
-    assert [r["Payload"] for r in requests(world)] == [step_payload(order)] * len(STEPS)
+    assert [r["Payload"] for r in requests(world)] == [
+        DEFAULT_CATALOG.part(step, step_payload(order)) for step in STEPS
+    ]
     assert world.orders.reads == 1 + len(STEPS)
 
 
