@@ -75,6 +75,14 @@ def order_key(app_id: str, order_id: str) -> str:
     return f"{app_tag(app_id)}:{check_order_id(order_id)}"
 
 
+def app_of_key(key: str) -> str | None:
+    """The AppId an order key names in full: its tag when the tag is the AppId
+    itself (app_tag: up to MAX_APP_TAG characters); None for a shortened tag
+    or a bare OrderID."""
+    tag, sep, _ = key.partition(":")
+    return tag if sep and "~" not in tag else None
+
+
 def is_smoke_order(key: str, app_id: str | None = None) -> bool:
     """Whether an order (its key, and its AppId when known) is the smoke
     application's; the key alone answers, since no two applications share a tag."""

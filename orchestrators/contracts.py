@@ -11,7 +11,7 @@ from typing import Any, Literal, cast
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
-from domain.ids import parse_attempt_instance_id
+from domain.ids import app_of_key, parse_attempt_instance_id
 from domain.models import (
     AgentReply,
     OrderState,
@@ -92,6 +92,12 @@ class Plan(ActivityContract):
         """What `step`'s requests carry: its part, else the whole payload."""
         return self.Parts.get(step, self.Payload)
 
+    @property
+    def named_app(self) -> str | None:
+        """The AppId a request input names: none when the order key names it
+        (the request builder reads it there, domain.ids.app_of_key)."""
+        return None if self.AppId == app_of_key(self.OrderID) else self.AppId
+
 
 class WriteResult(ActivityContract):
     Stale: bool = False
@@ -118,8 +124,9 @@ class SendRequest(_Compact):
     Deadline: AwareDatetime
     Payload: dict = Field(default_factory=dict)
     ListenUntil: AwareDatetime | None = None  # AgentRequest.ListenUntil
-    # The order's application (Plan.AppId), for AgentRequest.AppId; None from
-    # a plan an older build recorded (the request then names none).
+    # The order's application (Plan.AppId), for AgentRequest.AppId; None when
+    # the order key names it (Plan.named_app: the builder reads it there) or
+    # from a plan an older build recorded.
     AppId: str | None = None
 
     @property
@@ -320,9 +327,15 @@ class AttemptStart(ActivityContract):
     def dump(self) -> dict:
         data = self.model_dump(mode="json", exclude_none=True)
         if self.Plan is not None:
-            data["Plan"] = self.Plan.model_dump(
+            plan = self.Plan.model_dump(
                 mode="json", exclude_defaults=True, exclude=_IMPLIED_BY_THE_INSTANCE
             )
+            # The AppId the order key names, and the reply queue named after it.
+            if self.Plan.AppId is not None and self.Plan.AppId == app_of_key(self.Plan.OrderID):
+                del plan["AppId"]
+                if self.Plan.ReplyTo == _usual_reply_queue(self.Plan.AppId):
+                    plan.pop("ReplyTo", None)
+            data["Plan"] = plan
             if self.Fresh == _to_do(self.Plan):
                 del data["Fresh"]
         return data
@@ -334,11 +347,27 @@ class AttemptStart(ActivityContract):
         if given.Plan is None:
             return given
         order_id, attempt = parse_attempt_instance_id(instance_id)
+        implied: dict[str, Any] = {}
+        if given.Plan.AppId is None and (app := app_of_key(order_id)) is not None:
+            implied["AppId"] = app
+            if not given.Plan.ReplyTo:
+                implied["ReplyTo"] = _usual_reply_queue(app)
         plan = given.Plan.model_copy(
-            update={"OrderID": order_id, "Attempt": attempt, "State": ProcessState.PROCESSING}
+            update={
+                "OrderID": order_id,
+                "Attempt": attempt,
+                "State": ProcessState.PROCESSING,
+                **implied,
+            }
         )
         fresh = given.Fresh if given.Fresh is not None else _to_do(plan)
         return given.model_copy(update={"Plan": plan, "Fresh": fresh})
+
+
+def _usual_reply_queue(app_id: str) -> str:
+    """The reply queue an application's is usually named (infra/main.bicep's
+    registry): an input leaves it out when it is that one."""
+    return f"replies-{app_id}"
 
 
 def _to_do(plan: Plan) -> list[str]:

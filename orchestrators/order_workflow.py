@@ -227,7 +227,7 @@ def _send_step(context, plan: Plan, step: StepPlan, deadline: datetime, answer):
             Step=step.Name,
             Deadline=deadline,
             Payload=plan.payload_for(step.Name),
-            AppId=plan.AppId,
+            AppId=plan.named_app,
         ).dump(),
     )
     yield from _sending(context, send, answer)
@@ -276,7 +276,7 @@ def _await_marked(context, plan: Plan, step: StepPlan, deadline: datetime, timer
             Step=step.Name,
             Deadline=deadline,
             Payload=plan.payload_for(step.Name),
-            AppId=plan.AppId,
+            AppId=plan.named_app,
         )
         task = context.call_activity("run_inline_step", _traced(context, request.dump()))
     else:
@@ -627,7 +627,7 @@ def _request_undo(context, plan: Plan, step: StepPlan, deadline, attempt_try: in
         Deadline=deadline,
         Payload=plan.payload_for(step.Name),
         ListenUntil=listen_until,
-        AppId=plan.AppId,
+        AppId=plan.named_app,
     )
     if step.Mode == "inline":
         return context.call_activity("run_inline_step", _traced(context, request.dump()))

@@ -12,6 +12,7 @@ from adapters.servicebus import AGENT_REQUESTS_QUEUE
 from domain.codec import encode
 from domain.ids import (
     agent_request_message_id,
+    app_of_key,
     fencing_token,
     idempotency_key,
     parse_attempt_instance_id,
@@ -60,7 +61,7 @@ class AgentRequests:
             Step=send.Step,
             Action=send.Action,
             Attempt=attempt,
-            AppId=send.AppId,
+            AppId=send.AppId or app_of_key(order_id),
             IdempotencyKey=idempotency_key(order_id, send.Step),
             FencingToken=fencing_token(attempt),
             Deadline=send.Deadline,

@@ -677,7 +677,10 @@ class Starter:
             for name in p.steps
             if name not in record.Steps or record.Steps[name].Status is not StepStatus.COMPLETED
         ]
-        return todo, now + max(len(todo), 1) * p.step_timeout
+        # Whole seconds, rounded up: the deadline is written into the input,
+        # every request and the finishing write (7 bytes of history each).
+        deadline = now + max(len(todo), 1) * p.step_timeout
+        return todo, deadline + (-deadline.microsecond % 1_000_000) * timedelta(microseconds=1)
 
     async def claim_and_start(
         self,

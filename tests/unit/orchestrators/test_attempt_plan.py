@@ -14,6 +14,7 @@ import pytest
 
 from domain import state_machine as sm
 from domain.errors import TransientError
+from domain.ids import app_tag
 from domain.models import ProcessState, StepStatus
 from domain.steps import DEFAULT_CATALOG
 from orchestrators.contracts import AttemptStart, step_payload
@@ -464,3 +465,35 @@ async def test_the_fast_path_respects_the_processing_cap_the_last_run_saw():
     record, etag = await world.submitted("A2")
     assert await starter.start_submitted(StartingClient(), record, etag) is None
     assert (await world.record("A2")).ProcessState is ProcessState.PENDING
+
+
+async def test_the_input_leaves_out_the_app_and_reply_queue_its_order_key_names():
+    """The history holds the input encoded twice: an AppId the order key
+    names in full (domain.ids.app_of_key) and the reply queue named after it
+    are left out and put back from the instance id; a queue of another name,
+    or an AppId the key shortens, stays. Requests name the app all the same."""
+    world = World()
+    instance_id, given = await world.fast_started()
+    assert "AppId" not in given["Plan"]
+    assert "ReplyTo" not in given["Plan"]
+    whole = AttemptStart.of_instance(given, instance_id).Plan
+    assert whole is not None
+    assert (whole.AppId, whole.ReplyTo) == ("webshop", "replies-webshop")
+    assert await Driver(world, instance_id, ok, input=given).run() == "completed"
+    assert {r["AppId"] for r in requests(world)} == {"webshop"}
+
+    other = whole.model_copy(update={"ReplyTo": "replies-webshop-eu"})
+    kept = AttemptStart(Plan=other).dump()["Plan"]
+    assert kept["ReplyTo"] == "replies-webshop-eu"
+    assert "AppId" not in kept
+    assert AttemptStart.of_instance({"Plan": kept}, instance_id).Plan.ReplyTo == (
+        "replies-webshop-eu"
+    )
+    long_app = "a-long-application-name"
+    key = f"{app_tag(long_app)}:A1"
+    shortened = whole.model_copy(
+        update={"AppId": long_app, "OrderID": key, "ReplyTo": f"replies-{long_app}"}
+    )
+    dumped = AttemptStart(Plan=shortened).dump()["Plan"]
+    assert dumped["AppId"] == long_app
+    assert dumped["ReplyTo"] == f"replies-{long_app}"
