@@ -145,6 +145,7 @@ class EndChecks(MessageChecks):
         # The alerts queue refusing for long (after every older check).
         self.check_undeliverable_names_a_refusing_queue()
         self.check_statuses_never_wait_for_alerts()
+        self._report_first(self.wrong_payloads, "a remote call carries its step's fields")
 
     def _report_first(self, findings: list[str], check: str) -> None:
         """A path check's first finding, as `check`'s violation (one is enough

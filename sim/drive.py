@@ -289,6 +289,7 @@ class Simulation(Clients, PathChecks, EndChecks, WorldFaults):
         # are indexed; calls whose timeout ran past their request's limit.
         self._refused_here: dict[Any, set[tuple[str, str]]] = {}
         self.retried_refusals: list[str] = []
+        self.wrong_payloads: list[str] = []
         self._replies_seen: set[tuple[str, str]] = set()
         self._replies_indexed = 0
         self.unanswered: list[str] = []

@@ -51,6 +51,7 @@ class Observed:
     late_calls: list[str]
     long_calls: list[str]
     retried_refusals: list[str]
+    wrong_payloads: list[str]  # remote calls whose payload is not their step's fields
     unanswered: list[str]
     uncounted_failures: list[str]
     paced_given_up: list[str]

@@ -448,12 +448,37 @@ class PathChecks(Observed):
                 f"{what} started at {self.world.stamp()} with a {timeout:g} s timeout, "
                 f"past its request's deadline {limit.isoformat()}"
             )
+        self._check_payload(call, what)
         if (f"{call.service}/{call.operation}", call.idempotency_key) in self._refused_here.get(
             task, ()
         ):
             self.retried_refusals.append(
                 f"{what} called again at {self.world.stamp()} by the delivery its service "
                 "had refused (a 4xx, not 408 or 429)"
+            )
+
+    def _check_payload(self, call: RemoteCall, what: str) -> None:
+        """A call carries the order fields its step's catalog entry names, no
+        more (the payment provider no order lines, the warehouse no card
+        reference) and no fewer (domain/steps.json; the Scheduler cuts each
+        request to them, the agent again before its call): the order's step
+        payload always has every field."""
+        step = next(
+            (
+                s
+                for s in self.o.steps.steps
+                if s.service == call.service
+                and call.operation in (s.do_operation, s.undo_operation)
+            ),
+            None,
+        )
+        payload = call.body.get("Payload")
+        if step is None or not isinstance(payload, dict):
+            return
+        if set(payload) != set(step.payload):
+            self.wrong_payloads.append(
+                f"{what} at {self.world.stamp()} carried {sorted(payload)}; its step "
+                f"{step.name} takes {sorted(step.payload)}"
             )
 
     def _on_remote_answer(self, call: RemoteCall, status: int) -> None:
