@@ -328,21 +328,26 @@ class SubmitHandler:
     async def _unless_in_the_way(
         self, order: OrderSubmitted, key: str, version: str | None = None
     ) -> None:
-        """The orders DB holds other data under this key. If the record is this
-        very order, Rejected, that document is a conflicting copy's left by a
-        delivery that died: take it back (`version` only) and raise
+        """The orders DB holds other data under this key. A Rejected order has
+        no orders-DB document, so one there was left by a delivery that died:
+        take it back (`version` only). If the record is this very order, raise
         TransientError to try again, instead of dead-lettering the order as a
-        conflict with every later resend."""
+        conflict with every later resend; if it is another (the copy that came
+        first and was rejected, whose rejecting delivery died before its
+        clean-up: scale seed 63023640, 2 orders), this message conflicts with
+        it all the same, and the caller dead-letters it."""
         try:
             record, _ = await self._store.read(key)
         except (NotFoundError, PermanentError):
             return
-        if record.ProcessState is ProcessState.REJECTED and record.OrderDigest == order.digest():
-            if version is None:  # a conflict that did not say which version was in the way
-                with contextlib.suppress(NotFoundError, PermanentError):
-                    _, version = await self._orders.get_version(key)
-            if version is not None:
-                await self._orders.discard_version(key, version)
+        if record.ProcessState is not ProcessState.REJECTED:
+            return
+        if version is None:  # a conflict that did not say which version was in the way
+            with contextlib.suppress(NotFoundError, PermanentError):
+                _, version = await self._orders.get_version(key)
+        if version is not None:
+            await self._orders.discard_version(key, version)
+        if record.OrderDigest == order.digest():
             raise TransientError(
                 f"order {order.OrderID} of {order.AppId}: a conflicting copy's document was in "
                 "the orders DB; taken back, trying again"

@@ -935,3 +935,25 @@ async def test_another_order_in_the_way_of_a_record_that_is_not_this_order_is_a_
     outcome = await rig.submit(Currency="USD")
     assert outcome.reason == "OrderConflict"
     assert not rig.scheduler.scheduled
+
+
+@pytest.mark.parametrize("backlog", [0, 3])
+async def test_a_rejected_orders_own_document_left_by_its_dying_rejection_goes_with_a_conflict(
+    rig, backlog
+):
+    # Scale seed 63023640 (2 orders): a copy with other data came first and
+    # was rejected; its rejecting delivery died (Cosmos out, its queue full,
+    # RetriesExhausted) before it took back the document an earlier delivery
+    # of it had written. The order's own message, arriving later, conflicts
+    # with the record; the document of a Rejected order goes all the same.
+    from domain.models import OrderSubmitted
+
+    await rig.store.write_backlog_gauge(3, NOW)
+    assert (await rig.submit(Currency="USD")).kind is SettleKind.COMPLETE
+    assert rig.statuses() == ["Rejected"]
+    first = OrderSubmitted.model_validate(order_payload(Currency="USD"))
+    await rig.orders.create_if_absent(first, "webshop:ORD-1")  # its clean-up never ran
+    await rig.store.write_backlog_gauge(backlog, NOW)
+    assert (await rig.submit()).reason == "OrderConflict"
+    assert "webshop:ORD-1" not in rig.orders.orders
+    assert (await rig.store.read("webshop:ORD-1"))[0].ProcessState is ProcessState.REJECTED
