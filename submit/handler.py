@@ -328,30 +328,52 @@ class SubmitHandler:
     async def _unless_in_the_way(
         self, order: OrderSubmitted, key: str, version: str | None = None
     ) -> None:
-        """The orders DB holds other data under this key. A Rejected order has
-        no orders-DB document, so one there was left by a delivery that died:
-        take it back (`version` only). If the record is this very order, raise
+        """The orders DB holds other data under this key. If the record is this
+        very order, Rejected, that document is a conflicting copy's left by a
+        delivery that died: take it back (`version` only) and raise
         TransientError to try again, instead of dead-lettering the order as a
-        conflict with every later resend; if it is another (the copy that came
-        first and was rejected, whose rejecting delivery died before its
-        clean-up: scale seed 63023640, 2 orders), this message conflicts with
-        it all the same, and the caller dead-letters it."""
+        conflict with every later resend. If the record is another order,
+        Rejected, and the document is that order's own, its rejecting delivery
+        died before taking it back (a Rejected order has no document: scale
+        seed 63023640, 2 orders): it goes, and this message conflicts all the
+        same (the caller dead-letters it)."""
         try:
             record, _ = await self._store.read(key)
         except (NotFoundError, PermanentError):
             return
         if record.ProcessState is not ProcessState.REJECTED:
             return
+        if record.OrderDigest != order.digest():
+            await self._take_back_rejected(record, key)
+            return
         if version is None:  # a conflict that did not say which version was in the way
             with contextlib.suppress(NotFoundError, PermanentError):
                 _, version = await self._orders.get_version(key)
         if version is not None:
             await self._orders.discard_version(key, version)
-        if record.OrderDigest == order.digest():
-            raise TransientError(
-                f"order {order.OrderID} of {order.AppId}: a conflicting copy's document was in "
-                "the orders DB; taken back, trying again"
-            )
+        raise TransientError(
+            f"order {order.OrderID} of {order.AppId}: a conflicting copy's document was in "
+            "the orders DB; taken back, trying again"
+        )
+
+    async def _take_back_rejected(self, record: OrderState, key: str) -> None:
+        """The Rejected `record`'s own document, left by its rejecting delivery,
+        goes (that version only); a delivery of that order readmitting it
+        meanwhile needs it, so it is put back if the record is no longer
+        Rejected (that delivery also stores it after readmitting)."""
+        try:
+            stored, version = await self._orders.get_version(key)
+        except (NotFoundError, PermanentError):
+            return
+        if stored.digest() != record.OrderDigest:
+            return  # a third copy's: its own deliveries take it back
+        await self._orders.discard_version(key, version)
+        try:
+            current, _ = await self._store.read(key)
+        except (NotFoundError, PermanentError):
+            return
+        if current.ProcessState is not ProcessState.REJECTED:
+            await self._orders.store(stored, key)
 
     async def _conflict(
         self, order: OrderSubmitted, key: str, fields: list[str] | None = None

@@ -957,3 +957,30 @@ async def test_a_rejected_orders_own_document_left_by_its_dying_rejection_goes_w
     assert (await rig.submit()).reason == "OrderConflict"
     assert "webshop:ORD-1" not in rig.orders.orders
     assert (await rig.store.read("webshop:ORD-1"))[0].ProcessState is ProcessState.REJECTED
+
+
+async def test_a_rejected_orders_document_taken_back_is_put_back_if_it_was_readmitted_meanwhile(
+    rig,
+):
+    # The take-back above races a delivery of the Rejected order itself, sent
+    # again with room: that delivery readmits the record between the
+    # conflict's read of it and its discard. The readmitted order keeps its
+    # document (the conflict puts back what it took).
+    from domain import state_machine as sm
+    from domain.models import OrderSubmitted
+
+    await rig.store.write_backlog_gauge(3, NOW)
+    assert (await rig.submit(Currency="USD")).kind is SettleKind.COMPLETE
+    first = OrderSubmitted.model_validate(order_payload(Currency="USD"))
+    await rig.orders.create_if_absent(first, "webshop:ORD-1")
+    discard = rig.orders.discard_version
+
+    async def readmitted_first(key, version):
+        await rig.store.update(key, lambda r: sm.readmit(r, NOW, STEPS), None)
+        await discard(key, version)
+
+    rig.orders.discard_version = readmitted_first
+    await rig.store.write_backlog_gauge(0, NOW)
+    assert (await rig.submit()).reason == "OrderConflict"
+    assert (await rig.store.read("webshop:ORD-1"))[0].ProcessState is ProcessState.PENDING
+    assert rig.orders.orders["webshop:ORD-1"].immutable_fields() == first.immutable_fields()
