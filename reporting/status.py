@@ -73,6 +73,10 @@ ALERT_OF_STATUS = {
 }
 
 
+# What became of an outbox entry's operator alert (Delivery.alert).
+AlertOutcome = Literal["sent", "refused", "skipped", "none"]
+
+
 @dataclass(frozen=True)
 class Delivery:
     """What delivering an outbox entry did."""
@@ -81,7 +85,7 @@ class Delivery:
     # Its operator alert: "sent", "refused" (the alerts queue refused it; the
     # entry keeps it), "skipped" (not tried: the caller knows the alerts queue
     # refuses) or "none" (no alert owed, or sent before).
-    alert: Literal["sent", "refused", "skipped", "none"] = "none"
+    alert: AlertOutcome = "none"
 
     @property
     def done(self) -> bool:
@@ -116,9 +120,7 @@ class StatusOutbox:
         if pending is None:
             return Delivery(status_sent=True)
         owed = pending.Status in ALERT_OF_STATUS
-        outcome: Literal["sent", "refused", "skipped", "none"] = (
-            "none" if not owed else "sent" if alert else "skipped"
-        )
+        outcome: AlertOutcome = "none" if not owed else "sent" if alert else "skipped"
         if outcome == "sent":
             try:
                 await self._send_alert(record, pending)

@@ -3,9 +3,6 @@ timer and the reply bridge. Each function is thin: decode, call, settle."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
-
 import azure.durable_functions as df
 import azure.functions as func
 import azurefunctions.extensions.bindings.servicebus as servicebus
@@ -19,16 +16,13 @@ from triggers import queue_trigger
 def blueprint(root: App) -> df.Blueprint:
     """The Scheduler's blueprint over `root` (its Starter, the reply bridge's gate)."""
     bp = df.Blueprint()
-    # Built at the first episode, over the app's step catalog (read once; a
-    # bad STEP_CATALOG_FILE fails the episode, naming the setting).
-    workflow: list[Callable[..., Any]] = []
 
     @bp.function_name(WORKFLOW_NAME)
     @bp.orchestration_trigger(context_name="context")
     def order_workflow_orchestrator(context: df.DurableOrchestrationContext):
-        if not workflow:
-            workflow.append(orchestrator(steps=root.steps))
-        return (yield from workflow[0](context))
+        # Over the app's step catalog (App.steps reads it once; a bad
+        # STEP_CATALOG_FILE fails the episode, naming the setting).
+        return (yield from orchestrator(steps=root.steps)(context))
 
     @bp.function_name("starter")
     @bp.timer_trigger(arg_name="timer", schedule="%STARTER_SCHEDULE%", run_on_startup=False)
