@@ -82,7 +82,11 @@ class EntityEngine:
             if claimed:
                 await asyncio.sleep(0)
             else:
-                await self.clock.wait(None, max_wait=0.1, topic=ENTITIES)
+                # An app without entity functions gets operations only from its own
+                # orchestrations' calls (answered "doesn't exist"), whose writes poke this loop:
+                # its poll of the hub is a fallback, not the way work arrives.
+                idle = 0.1 if self.functions else 1.0
+                await self.clock.wait(None, max_wait=idle, topic=ENTITIES)
 
     async def _run_batch(self, entity_id: str) -> None:
         try:

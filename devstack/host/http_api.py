@@ -429,10 +429,10 @@ class DurableHttpApi:
 
     async def raise_event(self, request: web.Request) -> web.Response:
         instance_id = request.match_info["instance_id"]
-        inst = self.engine.store.get_instance(instance_id)
-        if inst is None:
+        status = self.engine.store.instance_status(instance_id)
+        if status is None:
             return web.Response(status=404)
-        if inst.status in TERMINAL:
+        if status in TERMINAL:
             return web.Response(status=410)
         if request.content_type.lower() != "application/json":
             return _error(400, "Only application/json request content is supported", "", "")

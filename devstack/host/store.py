@@ -22,8 +22,7 @@ import logging
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -153,6 +152,24 @@ class Written:
     claimed: list[str] = field(default_factory=list)
 
 
+class _Transaction:
+    """`Store.tx`: a class, not a `contextmanager` generator, since the hub enters one for
+    every write (about eight an order) and the generator's machinery cost more than the
+    BEGIN it wraps (yappi, bench/host_yappi.py)."""
+
+    __slots__ = ("db",)
+
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self.db = db
+
+    def __enter__(self) -> sqlite3.Connection:
+        self.db.execute("BEGIN IMMEDIATE")
+        return self.db
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        self.db.execute("ROLLBACK" if exc_type is not None else "COMMIT")
+
+
 class Store:
     """Thin, synchronous access to the hub file. Calls are short; the loop may make them."""
 
@@ -170,16 +187,10 @@ class Store:
     def close(self) -> None:
         self.db.close()
 
-    @contextmanager
-    def tx(self) -> Iterator[sqlite3.Connection]:
-        self.db.execute("BEGIN IMMEDIATE")
-        try:
-            yield self.db
-        except BaseException:
-            self.db.execute("ROLLBACK")
-            raise
-        else:
-            self.db.execute("COMMIT")
+    def tx(self) -> _Transaction:
+        """`with store.tx() as db:` one write transaction (BEGIN IMMEDIATE ... COMMIT, or
+        ROLLBACK when the block raises)."""
+        return _Transaction(self.db)
 
     # ---- host leases -------------------------------------------------------------------
 
@@ -268,6 +279,14 @@ class Store:
         )
 
     # ---- instances ---------------------------------------------------------------------
+
+    def instance_status(self, instance_id: str) -> str | None:
+        """The instance's runtime status, or None if there is none (what a raised event's
+        check needs, without reading its input and output)."""
+        row = self.db.execute(
+            "SELECT status FROM instances WHERE instance_id=?", (instance_id,)
+        ).fetchone()
+        return row[0] if row else None
 
     def get_instance(self, instance_id: str) -> Instance | None:
         row = self.db.execute(
@@ -515,30 +534,25 @@ class Store:
             return []
         if claim.only is None:
             rows = self._ready_instances(claim.now_epoch, claim.limit, claim.skip)
-        else:
-            wanted = [i for i in dict.fromkeys(claim.only) if i not in claim.skip]
-            # A suspended instance waits for its resume (as `_ready_instances` leaves it).
-            suspended = (
-                {
-                    r[0]
-                    for r in db.execute(
-                        f"SELECT instance_id FROM instances WHERE status='Suspended' "
-                        f"AND instance_id IN ({','.join('?' * len(wanted))})",
-                        wanted,
-                    )
-                }
-                if wanted
-                else set()
-            )
-            rows = [i for i in wanted if i not in suspended][: claim.limit]
-        return self._lock_instances_in_tx(db, rows) if rows else []
+            return self._lock_instances_in_tx(db, rows) if rows else []
+        wanted = [i for i in dict.fromkeys(claim.only) if i not in claim.skip]
+        # A suspended instance waits for its resume (as `_ready_instances` leaves it).
+        return self._lock_instances_in_tx(db, wanted, claim.limit, running=True)
 
-    def _lock_instances_in_tx(self, db: sqlite3.Connection, rows: list[str]) -> list[str]:
+    def _lock_instances_in_tx(
+        self, db: sqlite3.Connection, rows: list[str], limit: int = -1, *, running: bool = False
+    ) -> list[str]:
+        """Lock for this host those of `rows` that are free, up to `limit` (-1: all); with
+        `running`, not a suspended one."""
         claimed: list[str] = []
         free_sql, free_args = self._free_owner_sql()
+        not_suspended = "status != 'Suspended' AND " if running else ""
         for iid in rows:
+            if len(claimed) == limit:
+                break
             cur = db.execute(
-                f"UPDATE instances SET lock_owner=? WHERE instance_id=? AND {free_sql}",
+                f"UPDATE instances SET lock_owner=? WHERE {not_suspended}instance_id=? "
+                f"AND {free_sql}",
                 (self.host_id, iid, *free_args),
             )
             if cur.rowcount:
