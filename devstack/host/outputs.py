@@ -63,6 +63,15 @@ class QueueOutputSender:
     def __init__(self, message_encoding: str) -> None:
         self.message_encoding = message_encoding
         self._created: set[tuple[str, str]] = set()
+        # By the spec's id, the spec kept with its answer so that the id stays its own.
+        self._outputs: dict[int, tuple[FunctionSpec, list[dict[str, Any]]]] = {}
+
+    def outputs_of(self, spec: FunctionSpec) -> list[dict[str, Any]]:
+        """`queue_outputs(spec)`, found once per function (each invocation asks)."""
+        found = self._outputs.get(id(spec))
+        if found is None:
+            found = self._outputs[id(spec)] = (spec, queue_outputs(spec))
+        return found[1]
 
     def check(self, spec: FunctionSpec) -> None:
         """Resolve names and settings at start, so a missing one stops the host in one line."""
@@ -80,10 +89,10 @@ class QueueOutputSender:
         return connection, queue
 
     def prepare(self, spec: FunctionSpec) -> dict[str, OutParam]:
-        return {b["name"]: OutParam() for b in queue_outputs(spec) if b["name"] != "$return"}
+        return {b["name"]: OutParam() for b in self.outputs_of(spec) if b["name"] != "$return"}
 
     async def send(self, spec: FunctionSpec, outs: dict[str, OutParam], returned: Any) -> None:
-        for b in queue_outputs(spec):
+        for b in self.outputs_of(spec):
             value = returned if b["name"] == "$return" else outs[b["name"]].get()
             if value is None:
                 continue

@@ -23,7 +23,7 @@ import contextlib
 import logging
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from concurrent.futures import Future
 from datetime import UTC, datetime
 from typing import Any
@@ -635,10 +635,10 @@ class QueueListener:
             self._holders[token] = receiver
         self.inflight += 1
         try:
-            fut = asyncio.run_coroutine_threadsafe(
-                self._invoke(messages[0] if single else messages), self.main_loop
-            )
             try:
+                fut = asyncio.run_coroutine_threadsafe(
+                    self._invocation(messages[0] if single else messages), self.main_loop
+                )
                 await asyncio.wrap_future(fut)
                 failed: BaseException | None = None
             except Exception as exc:
@@ -722,9 +722,12 @@ class QueueListener:
         )
         return fut.result(SETTLE_TIMEOUT)
 
-    async def _invoke(
+    def _invocation(
         self, msg: ServiceBusReceivedMessage | list[ServiceBusReceivedMessage]
-    ) -> None:
+    ) -> Coroutine[Any, Any, Any]:
+        """The function's coroutine for a delivery, to run on the host's loop. Built here, on
+        the receivers' loop, so that the host's loop runs the function's own coroutine with no
+        frame of the host's around it (`call_function`). The parameters are plain objects."""
         kwargs: dict[str, Any] = {}
         trigger_param, sdk_message, sdk_list, actions_params = self._params
         if isinstance(msg, list):
@@ -735,7 +738,7 @@ class QueueListener:
             kwargs[pname] = MessageActions(self)
         if self.spec.durable_client_param:
             kwargs[self.spec.durable_client_param] = self.client_binding()
-        await call_function(self.spec, kwargs)
+        return call_function(self.spec, kwargs)
 
     def stop(self) -> None:
         self._stopping = True
