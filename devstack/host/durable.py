@@ -21,7 +21,7 @@ import time
 import traceback
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -36,7 +36,7 @@ from .entities import EntityEngine
 from .errors import NonDeterminismError
 from .invoke import call_function
 from .replay import HTTP_ACTIVITY, SCHEDULING_EVENTS, run_episode
-from .store import TERMINAL, Claim, Instance, Store
+from .store import TERMINAL, Claim, Instance, Store, TurnWrites, TurnWritten
 
 log = logging.getLogger("devstack.host.durable")
 
@@ -113,31 +113,39 @@ class StartResult:
     not_found: bool = False
 
 
-def _answer_batch(
-    batch: list[tuple[Any, asyncio.Future[Any]]],
-    write_all: Callable[[list[Any]], list[Any]],
-    write_one: Callable[[Any], Any],
-) -> None:
-    """Answer each waiting caller of a batch of writes ((item, future) pairs) exactly once:
-    with `write_all`'s result for its item when the whole batch is written in one
-    transaction, or, when that write fails, with its own item's write (`write_one`), so one
-    item's failure stays its own."""
-    try:
-        results = write_all([item for item, _ in batch])
-    except Exception:
-        for item, done in batch:
-            try:
-                result = write_one(item)
-            except Exception as exc:
-                if not done.done():
-                    done.set_exception(exc)
-                continue
-            if not done.done():
-                done.set_result(result)
-        return
-    for (_, done), result in zip(batch, results, strict=True):
-        if not done.done():
-            done.set_result(result)
+@dataclass
+class _Turn:
+    """What reached the loop in one turn to be written besides episodes: HTTP starts and
+    raised events, each with the future its caller awaits, and finished activities'
+    results (work item row, result event)."""
+
+    starts: list[tuple[dict[str, Any], asyncio.Future[StartResult]]] = field(default_factory=list)
+    raises: list[tuple[tuple[str, dict[str, Any]], asyncio.Future[None]]] = field(
+        default_factory=list
+    )
+    results: list[tuple[dict[str, Any], dict[str, Any]]] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.starts or self.raises or self.results)
+
+    def __str__(self) -> str:
+        return f"{len(self.starts)} starts, {len(self.raises)} events and {len(self.results)} activity results"
+
+    def writes(self) -> TurnWrites:
+        return TurnWrites(
+            starts=[start for start, _ in self.starts],
+            raises=[raised for raised, _ in self.raises],
+            results=[
+                (row["id"], row["instance_id"], row["execution_id"], event)
+                for row, event in self.results
+            ],
+        )
+
+    def put_back(self, into: _Turn) -> None:
+        """Ahead of what reached `into` since (a batch of episodes took them, then failed)."""
+        into.starts[:0] = self.starts
+        into.raises[:0] = self.raises
+        into.results[:0] = self.results
 
 
 class DurableEngine:
@@ -156,12 +164,10 @@ class DurableEngine:
         self.client_binding = client_binding or {}
         self._activity_tasks: set[asyncio.Task[None]] = set()
         # Episodes' writes, committed together when a batch of episodes has run
-        # (`_run_episodes`), and activity results waiting for the next write (`_flush_results`).
+        # (`_run_episodes`), and the turn's other writes, written at its end (`_flush_writes`)
+        # or with a batch of episodes written before it.
         self._episode_writes: list[dict[str, Any]] = []
-        # HTTP starts waiting for the loop's next turn, written together (`_write_starts`).
-        self._starts: list[tuple[dict[str, Any], asyncio.Future[StartResult]]] = []
-        self._raises: list[tuple[tuple[str, dict[str, Any]], asyncio.Future[None]]] = []
-        self._activity_results: list[tuple[dict[str, Any], dict[str, Any]]] = []
+        self._turn = _Turn()
         self._flush_scheduled = False
         self._activities_full = False
         # Instances a write of this host locked for it on the way (`Claim`), run next.
@@ -191,33 +197,17 @@ class DurableEngine:
     async def start_new_batched(
         self, name: str, instance_id: str | None, input_json: str | None, version: str | None
     ) -> StartResult:
-        """`start_new`, written in one transaction with the other starts that reach the loop
-        in the same turn (`_write_starts`), where each start was a transaction and a COMMIT
-        of its own (about a tenth of the loop's time in bench/host_bench.py, 2,000 starts at
-        once). The start is answered, as before, only once it is committed."""
+        """`start_new`, written with the loop turn's other writes (`_flush_writes`), where
+        each start was a transaction and a COMMIT of its own (about a tenth of the loop's
+        time in bench/host_bench.py, 2,000 starts at once). The start is answered, as
+        before, only once it is committed."""
         start = self._prepare_start(name, instance_id, input_json, version)
         if isinstance(start, StartResult):
             return start
         done: asyncio.Future[StartResult] = asyncio.get_running_loop().create_future()
-        self._starts.append((start, done))
-        if len(self._starts) == 1:
-            asyncio.get_running_loop().call_soon(self._write_starts)
+        self._turn.starts.append((start, done))
+        self._schedule_flush()
         return await done
-
-    def _write_starts(self) -> None:
-        starts, self._starts = self._starts, []
-
-        def write_all(items: list[dict[str, Any]]) -> list[StartResult]:
-            blocking, claimed = self.store.create_or_restart_instances(
-                items, claim=self._next_claim(only=[s["instance_id"] for s in items])
-            )
-            self._claimed += claimed
-            return [
-                self._started(s["instance_id"], b) for s, b in zip(items, blocking, strict=True)
-            ]
-
-        # Written one by one if the batch fails: a start's failure stays its own.
-        _answer_batch(starts, write_all, lambda s: self.start_new(**self._start_args(s)))
 
     @staticmethod
     def _start_args(start: dict[str, Any]) -> dict[str, Any]:
@@ -289,35 +279,101 @@ class DurableEngine:
         self.clock.poke(ORCHESTRATIONS)
 
     async def raise_event_batched(self, instance_id: str, name: str, data_json: str | None) -> None:
-        """`raise_event`, written in one transaction with the other events raised through
-        this host that reach the loop in the same turn, in order (each reply an app hands
-        to the durable client was a transaction and a COMMIT of its own). Returns once the
-        event is committed; a batch whose write fails is written event by event, so one
-        event's failure stays its own."""
+        """`raise_event`, written with the loop turn's other writes (`_flush_writes`), in
+        order (each reply an app hands to the durable client was a transaction and a COMMIT
+        of its own). Returns once the event is committed."""
         event = _event(EVENT_RAISED, self.clock.now(), Name=name, Input=data_json)
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._raises.append(((instance_id, event), done))
-        if len(self._raises) == 1:
-            asyncio.get_running_loop().call_soon(self._write_raises)
+        self._turn.raises.append(((instance_id, event), done))
+        self._schedule_flush()
         await done
 
-    def _write_raises(self) -> None:
-        raises, self._raises = self._raises, []
+    # ---- the loop turn's writes --------------------------------------------------------
 
-        def write_all(items: list[tuple[str, dict[str, Any]]]) -> list[None]:
-            self._claimed += self.store.enqueue_many(
-                items, claim=self._next_claim(only=list(dict.fromkeys(i for i, _ in items)))
-            )
-            return [None] * len(items)
+    def _schedule_flush(self) -> None:
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush_writes)
 
-        def write_one(item: tuple[str, dict[str, Any]]) -> None:
-            iid, event = item
-            self._claimed += self.store.enqueue(
-                iid, None, event, claim=self._next_claim(only=[iid])
-            )
+    def _take_turn(self) -> _Turn | None:
+        turn, self._turn = self._turn, _Turn()
+        return turn if turn else None
 
-        _answer_batch(raises, write_all, write_one)
+    def _flush_writes(self) -> None:
+        """Write the starts, raised events and activity results that reached the loop in
+        this turn, in one transaction that also locks the instances they wake for this host
+        (unless a batch of episodes took them into its own first, `_run_episodes`). If it
+        fails they are written one by one, so one item's failure stays its own."""
+        self._flush_scheduled = False
+        turn = self._take_turn()
+        if turn is None:
+            return
+        try:
+            out = self.store.write_turn(turn.writes(), claim=self._next_claim(only=[]))
+        except Exception:
+            log.warning("writing a turn's %s failed; writing them one by one", turn, exc_info=True)
+            self._write_one_by_one(turn)
+            return
+        self._claimed.extend(out.claimed)
+        self._answer(turn, out)
+
+    def _answer(self, turn: _Turn, out: TurnWritten) -> None:
+        for (start, done), blocking in zip(turn.starts, out.blocking, strict=True):
+            if not done.done():
+                done.set_result(self._started(start["instance_id"], blocking))
+        for _, done in turn.raises:
+            if not done.done():
+                done.set_result(None)
+        for (row, _), ok in zip(turn.results, out.results, strict=True):
+            if not ok:
+                log.warning(
+                    "activity %s for %s finished after its lock was lost; the other run's result wins",
+                    row["name"],
+                    row["instance_id"],
+                )
         self.clock.poke(ORCHESTRATIONS)
+
+    def _write_one_by_one(self, turn: _Turn) -> None:
+        for start, started in turn.starts:
+            self._settle(started, lambda s=start: self.start_new(**self._start_args(s)))
+        for (iid, event), raised in turn.raises:
+            self._settle(raised, lambda i=iid, e=event: self._enqueue_raised(i, e))
+        for row, event in turn.results:
+            try:
+                out = self.store.write_turn(
+                    TurnWrites(
+                        results=[(row["id"], row["instance_id"], row["execution_id"], event)]
+                    ),
+                    claim=self._next_claim(only=[]),
+                )
+            except Exception:
+                log.exception(
+                    "the result of activity %s for %s was not written; it runs again once "
+                    "its work item is free",
+                    row["name"],
+                    row["instance_id"],
+                )
+                continue
+            self._claimed.extend(out.claimed)
+            self._answer(_Turn(results=[(row, event)]), out)
+        self.clock.poke(ORCHESTRATIONS)
+
+    def _enqueue_raised(self, instance_id: str, event: dict[str, Any]) -> None:
+        self._claimed += self.store.enqueue(
+            instance_id, None, event, claim=self._next_claim(only=[instance_id])
+        )
+
+    @staticmethod
+    def _settle(done: asyncio.Future[Any], write: Callable[[], Any]) -> None:
+        """Answer `done` with what `write` returns, or the exception it raises."""
+        try:
+            result = write()
+        except Exception as exc:
+            if not done.done():
+                done.set_exception(exc)
+            return
+        if not done.done():
+            done.set_result(result)
 
     def restart(self, instance_id: str, new_instance_id: bool) -> StartResult | None:
         """Start the instance's orchestration again with its original input (RestartAsync)."""
@@ -370,7 +426,7 @@ class DurableEngine:
         pending = [*self._activity_tasks, *self.entities.tasks]
         if pending:
             await asyncio.wait(pending, timeout=timeout)
-        self._flush_results()
+        self._flush_writes()
         # Claimed on the way but not run: let another host have them at once.
         for instance_id in self._claimed:
             self.store.unlock_instance(instance_id)
@@ -422,17 +478,25 @@ class DurableEngine:
         writes, self._episode_writes = self._episode_writes, []
         if not writes:
             return
+        # The turn's other writes waiting for `_flush_writes` go in the same transaction.
+        turn = self._take_turn()
         try:
             # This host runs the new activities itself as far as it has free slots, and
             # takes the instances that are ready by now (those whose activity results or
             # events came meanwhile) for its next batch: no claim of their own for either.
             out = self.store.commit_episodes(
-                writes, own_activities=self._free_activity_slots(), claim=self._next_claim()
+                writes,
+                own_activities=self._free_activity_slots(),
+                claim=self._next_claim(),
+                turn=turn.writes() if turn is not None else None,
             )
         except Exception:
             log.exception("writing %d episodes failed; retrying them in 5 s", len(writes))
             for w in writes:
                 self._retry_later(w["instance_id"])
+            if turn is not None:  # written on their own, as if no episode had come first
+                turn.put_back(self._turn)
+                self._schedule_flush()
             return
         for w, ok, first in zip(writes, out.written, out.first_seq, strict=True):
             if not ok:
@@ -443,6 +507,8 @@ class DurableEngine:
             else:
                 self._remember_written(w, first)
         self._claimed.extend(out.claimed)
+        if turn is not None and out.turn is not None:
+            self._answer(turn, out.turn)
         self._start_activities(out.activities)
         # Activity work left for any host, or entity operations: wake those loops.
         if sum(len(w["activities"]) for w in writes) > len(out.activities):
@@ -1063,28 +1129,7 @@ class DurableEngine:
                     Reason=str(exc) or type(exc).__name__,
                     Details="".join(traceback.format_exception(exc)),
                 )
-        # Written with the other results that arrive before the loop's next turn: one
-        # transaction for them all (each is still at-least-once, as before).
-        self._activity_results.append((row, event))
-        if not self._flush_scheduled:
-            self._flush_scheduled = True
-            asyncio.get_running_loop().call_soon(self._flush_results)
-
-    def _flush_results(self) -> None:
-        self._flush_scheduled = False
-        results, self._activity_results = self._activity_results, []
-        if not results:
-            return
-        out = self.store.complete_activities(
-            [(r["id"], r["instance_id"], r["execution_id"], event) for r, event in results],
-            claim=self._next_claim(only=[r["instance_id"] for r, _ in results]),
-        )
-        self._claimed.extend(out.claimed)
-        for (row, _), ok in zip(results, out.written, strict=True):
-            if not ok:
-                log.warning(
-                    "activity %s for %s finished after its lock was lost; the other run's result wins",
-                    row["name"],
-                    row["instance_id"],
-                )
-        self.clock.poke(ORCHESTRATIONS)
+        # Written with the loop turn's other writes: one transaction for them all (each is
+        # still at-least-once, as before).
+        self._turn.results.append((row, event))
+        self._schedule_flush()

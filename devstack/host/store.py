@@ -150,6 +150,38 @@ class Written:
     first_seq: list[int] = field(default_factory=list)
     activities: list[dict[str, Any]] = field(default_factory=list)
     claimed: list[str] = field(default_factory=list)
+    # The turn's other writes, made in the same transaction (`commit_episodes(turn=...)`).
+    turn: TurnWritten | None = None
+
+
+@dataclass
+class TurnWrites:
+    """A loop turn's writes besides its episodes (`Store.write_turn`): starts (the keyword
+    arguments of `create_or_restart_instance` without `claim`), raised events (instance
+    id, event) and activity results (work item id, instance id, execution id, result)."""
+
+    starts: list[dict[str, Any]] = field(default_factory=list)
+    raises: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    results: list[tuple[int, str, str, dict[str, Any]]] = field(default_factory=list)
+
+
+@dataclass
+class TurnWritten:
+    """What `Store.write_turn` did: per start, the status that refused it (None: created);
+    per result, whether it was written (False: this host no longer held its work item);
+    the instances its messages went to; the instances it locked for this host."""
+
+    blocking: list[str | None] = field(default_factory=list)
+    results: list[bool] = field(default_factory=list)
+    woken: list[str] = field(default_factory=list)
+    claimed: list[str] = field(default_factory=list)
+
+
+def _naming(claim: Claim | None, names: list[str]) -> Claim | None:
+    """`claim`, also naming `names` unless it searches the inbox (which finds them too)."""
+    if claim is None or claim.only is None:
+        return claim
+    return replace(claim, only=[*claim.only, *names])
 
 
 class _Transaction:
@@ -383,20 +415,6 @@ class Store:
             )
             return blocking, [] if blocking is not None else self._claim_in_tx(db, claim)
 
-    def create_or_restart_instances(
-        self, starts: list[dict[str, Any]], claim: Claim | None = None
-    ) -> tuple[list[str | None], list[str]]:
-        """`create_or_restart_instance` for several starts (its keyword arguments, without
-        `claim`) in one transaction, in order: what blocks each (or None), and the instances
-        locked, of those `claim` names that were created. A start that raises rolls them
-        all back, as one start alone would roll back."""
-        with self.tx() as db:
-            blocking = [self._create_in_tx(db, **start) for start in starts]
-            created = {s["instance_id"] for s, b in zip(starts, blocking, strict=True) if b is None}
-            if claim is not None and claim.only is not None:
-                claim = replace(claim, only=[i for i in claim.only if i in created])
-            return blocking, self._claim_in_tx(db, claim) if created else []
-
     @staticmethod
     def _create_in_tx(
         db: sqlite3.Connection,
@@ -447,19 +465,45 @@ class Store:
             )
             return self._claim_in_tx(db, claim)
 
-    def enqueue_many(
-        self, messages: list[tuple[str, dict[str, Any]]], claim: Claim | None = None
-    ) -> list[str]:
-        """`enqueue` of several immediate messages (instance id, event), in one transaction
-        and in order; with `claim`, the instances it names that can run now locked for this
-        host in it. A message that raises rolls them all back."""
+    def write_turn(self, turn: TurnWrites, claim: Claim | None = None) -> TurnWritten:
+        """A loop turn's starts, raised events and activity results, in one transaction and
+        in that order (each kind in the order given); with `claim`, the instances they gave
+        a message to (and, if it searches, any other ready one) locked for this host in it.
+        Anything that raises rolls them all back."""
         with self.tx() as db:
+            written = self._write_turn_in_tx(db, turn)
+            written.claimed = self._claim_in_tx(db, _naming(claim, written.woken))
+        return written
+
+    def _write_turn_in_tx(self, db: sqlite3.Connection, turn: TurnWrites) -> TurnWritten:
+        out = TurnWritten()
+        for start in turn.starts:
+            blocking = self._create_in_tx(db, **start)
+            out.blocking.append(blocking)
+            if blocking is None:
+                out.woken.append(start["instance_id"])
+        if turn.raises:
             db.executemany(
                 "INSERT INTO inbox(instance_id, execution_id, event, visible_at) "
                 "VALUES(?, NULL, ?, 0)",
-                [(iid, _dumps(event)) for iid, event in messages],
+                [(iid, _dumps(event)) for iid, event in turn.raises],
             )
-            return self._claim_in_tx(db, claim)
+            out.woken += dict.fromkeys(iid for iid, _ in turn.raises)
+        for activity_id, instance_id, execution_id, event in turn.results:
+            # At least once: a work item this host no longer holds is left to its new holder.
+            cur = db.execute(
+                "DELETE FROM activities WHERE id=? AND lock_owner=?", (activity_id, self.host_id)
+            )
+            out.results.append(cur.rowcount > 0)
+            if cur.rowcount:
+                db.execute(
+                    "INSERT INTO inbox(instance_id, execution_id, event, visible_at) "
+                    "VALUES(?, ?, ?, 0)",
+                    (instance_id, execution_id, _dumps(event)),
+                )
+                out.woken.append(instance_id)
+        out.woken = list(dict.fromkeys(out.woken))
+        return out
 
     def purge(self, instance_id: str) -> int:
         with self.tx() as db:
@@ -602,13 +646,19 @@ class Store:
         return inst, messages, (count, top, tail)
 
     def commit_episodes(
-        self, episodes: list[dict[str, Any]], *, own_activities: int = 0, claim: Claim | None = None
+        self,
+        episodes: list[dict[str, Any]],
+        *,
+        own_activities: int = 0,
+        claim: Claim | None = None,
+        turn: TurnWrites | None = None,
     ) -> Written:
         """Write several episodes (each the keyword arguments of `_commit_episode_in_tx`) in
         one transaction: one write lock and one commit for a batch of episodes instead of one
         each. Up to `own_activities` of the activities they schedule are written already
-        locked by this host (it runs them at once: no claim of its own), and, with `claim`,
-        the instances ready now are locked for this host in the same transaction."""
+        locked by this host (it runs them at once: no claim of its own); the loop turn's
+        other writes (`write_turn`) go in the same transaction, after the episodes; and,
+        with `claim`, the instances ready now are locked for this host in it."""
         out = Written()
         with self.tx() as db:
             for episode in episodes:
@@ -617,6 +667,9 @@ class Store:
                 out.written.append(ok)
                 out.first_seq.append(first)
                 out.activities.extend(rows)
+            if turn is not None:
+                out.turn = self._write_turn_in_tx(db, turn)
+                claim = _naming(claim, out.turn.woken)
             out.claimed = self._claim_in_tx(db, claim)
         return out
 
@@ -760,31 +813,6 @@ class Store:
                 [(self.host_id, r["id"]) for r in rows],
             )
         return rows
-
-    def complete_activities(
-        self, results: list[tuple[int, str, str, dict[str, Any]]], claim: Claim | None = None
-    ) -> Written:
-        """For each (work item id, instance id, execution id, result event): delete the work
-        item and enqueue its result, all in one transaction (at-least-once: a work item this
-        host no longer holds is left alone, False); with `claim`, lock the instances ready
-        now (those the results woke among them) in the same transaction."""
-        out = Written()
-        done = out.written
-        with self.tx() as db:
-            for activity_id, instance_id, execution_id, event in results:
-                cur = db.execute(
-                    "DELETE FROM activities WHERE id=? AND lock_owner=?",
-                    (activity_id, self.host_id),
-                )
-                done.append(cur.rowcount > 0)
-                if cur.rowcount:
-                    db.execute(
-                        "INSERT INTO inbox(instance_id, execution_id, event, visible_at) "
-                        "VALUES(?, ?, ?, 0)",
-                        (instance_id, execution_id, _dumps(event)),
-                    )
-            out.claimed = self._claim_in_tx(db, claim)
-        return out
 
     def rewind(self, instance_id: str, rewind_event: dict[str, Any], now_iso: str) -> str | None:
         """Undo a Failed instance's failures: the history loses each failed activity and

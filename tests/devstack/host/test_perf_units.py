@@ -344,7 +344,7 @@ def test_a_batch_of_starts_that_fails_is_written_start_by_start(tmp_path: Path) 
     def refuse(*args: Any, **kwargs: Any) -> Any:
         raise sqlite3.OperationalError("database is locked")
 
-    store.create_or_restart_instances = refuse  # type: ignore[method-assign]
+    store.write_turn = refuse  # type: ignore[method-assign]
     try:
         results = _start_together(engine, ("orch", "a"), ("orch", "b"))
         assert [(r.ok, r.instance_id) for r in results] == [(True, "a"), (True, "b")]
@@ -409,7 +409,7 @@ def test_a_batch_of_raised_events_that_fails_is_written_event_by_event(tmp_path:
             raise sqlite3.OperationalError("disk I/O error")
         return original(instance_id, *args, **kwargs)
 
-    store.enqueue_many = refuse_many  # type: ignore[method-assign]
+    store.write_turn = refuse_many  # type: ignore[method-assign]
     store.enqueue = refuse_b  # type: ignore[method-assign]
     try:
         results = _raise_together(engine, ("a", "one"), ("b", "two"), ("a", "three"))
@@ -417,6 +417,124 @@ def test_a_batch_of_raised_events_that_fails_is_written_event_by_event(tmp_path:
         assert results[2] is None
         assert isinstance(results[1], sqlite3.OperationalError)  # its own failure only
         assert _inbox(store) == [("a", "one", '"one"'), ("a", "three", '"three"')]
+    finally:
+        store.close()
+
+
+def test_a_turns_starts_events_and_activity_results_share_one_transaction(
+    tmp_path: Path,
+) -> None:
+    """What reaches the loop in one turn (a start, two raised events, an activity's result)
+    is one BEGIN IMMEDIATE ... COMMIT, each caller answered once it is committed, and the
+    instances it woke locked for this host on the way."""
+    store = Store(str(tmp_path / "hub.sqlite"), "host-a", lease_seconds=5)
+    engine = DurableEngine(store, _OneOrchestrator([]), Clock(), DurableOptions())
+    _start_together(engine, ("orch", "a"), ("orch", "b"))
+    store.db.execute("DELETE FROM inbox")
+    engine._claimed.clear()
+    store.db.execute("UPDATE instances SET lock_owner=NULL")
+    store.db.execute(
+        "INSERT INTO activities(instance_id, execution_id, task_id, name, input, lock_owner, "
+        "dequeue_count) VALUES('b', 'x', 1, 'act', 'null', 'host-a', 1)"
+    )
+    (work_item,) = store.db.execute("SELECT * FROM activities").fetchall()
+    result = durable._event(durable.TASK_COMPLETED, Clock().now(), TaskScheduledId=1, Result="1")
+    statements: list[str] = []
+    store.db.set_trace_callback(statements.append)
+
+    async def main() -> list[Any]:
+        engine._turn.results.append((dict(work_item), result))  # as `_run_activity` leaves it
+        return await asyncio.gather(
+            engine.start_new_batched("orch", "c", None, None),
+            engine.raise_event_batched("a", "one", '"one"'),
+            engine.raise_event_batched("b", "two", '"two"'),
+        )
+
+    try:
+        started, *raised = asyncio.run(main())
+        assert (started.ok, started.instance_id) == (True, "c")
+        assert raised == [None, None]
+        assert statements.count("BEGIN IMMEDIATE") == 1
+        assert statements.count("COMMIT") == 1
+        assert [
+            (i, json.loads(e)["EventType"])
+            for i, e in store.db.execute("SELECT instance_id, event FROM inbox ORDER BY id")
+        ] == [
+            ("c", durable.EXECUTION_STARTED),
+            ("a", durable.EVENT_RAISED),
+            ("b", durable.EVENT_RAISED),
+            ("b", durable.TASK_COMPLETED),
+        ]
+        assert store.db.execute("SELECT COUNT(*) FROM activities").fetchone()[0] == 0
+        assert sorted(engine._claimed) == ["a", "b", "c"]
+    finally:
+        store.close()
+
+
+def test_a_turns_writes_go_with_a_batch_of_episodes_and_back_to_their_own_if_it_fails(
+    tmp_path: Path,
+) -> None:
+    """Writes waiting for the turn's end go in the transaction of a batch of episodes
+    written before it; if that write fails, the episodes are retried later and the writes
+    are made on their own, their callers answered either way."""
+    store = Store(str(tmp_path / "hub.sqlite"), "host-a", lease_seconds=5)
+    engine = DurableEngine(store, _OneOrchestrator([]), Clock(), DurableOptions())
+    _start_together(engine, ("orch", "a"))
+    engine._claimed.clear()
+    episode = dict(
+        instance_id="a",
+        execution_id="x",
+        reset_history=False,
+        new_history=[],
+        consumed=[],
+        activities=[],
+        timers=[],
+        messages=[],
+        status="Running",
+        output=None,
+        custom_status=None,
+        input_json=None,
+        now_iso="2026-12-07T00:00:00.000000Z",
+    )
+    original = store.commit_episodes
+    calls: list[Any] = []
+
+    def commit(writes: Any, **kwargs: Any) -> Any:
+        calls.append(kwargs.get("turn"))
+        if len(calls) == 2:
+            raise sqlite3.OperationalError("database is locked")
+        return original(writes, **kwargs)
+
+    store.commit_episodes = commit  # type: ignore[method-assign]
+
+    async def main() -> list[Any]:
+        started = asyncio.ensure_future(engine.start_new_batched("orch", "b", None, None))
+        raised = asyncio.ensure_future(engine.raise_event_batched("a", "one", '"one"'))
+        await asyncio.sleep(0)  # both wait for the turn's end
+        engine._episode_writes.append(dict(episode))
+        engine._run_episodes([])  # a batch of episodes is written first: they go with it
+        first = await asyncio.gather(started, raised)
+        store.db.execute("UPDATE instances SET lock_owner='host-a' WHERE instance_id='a'")
+        again = asyncio.ensure_future(engine.raise_event_batched("a", "two", '"two"'))
+        await asyncio.sleep(0)
+        engine._episode_writes.append(dict(episode))
+        engine._run_episodes([])  # this write fails: the event is written on its own
+        return [*first, await again]
+
+    try:
+        started, raised, raised_again = asyncio.run(main())
+        assert (started.ok, raised, raised_again) == (True, None, None)
+        assert [turn is not None for turn in calls] == [True, True]
+        raised_names = [
+            json.loads(e)["Name"]
+            for (e,) in store.db.execute(
+                "SELECT event FROM inbox WHERE instance_id='a' "
+                "AND json_extract(event, '$.EventType')=? ORDER BY id",
+                (durable.EVENT_RAISED,),
+            )
+        ]
+        assert raised_names == ["one", "two"]
+        assert store.get_instance("b") is not None
     finally:
         store.close()
 
