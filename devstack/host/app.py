@@ -7,6 +7,7 @@ bindings exactly as the worker would send them to the host.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 import sys
@@ -71,8 +72,10 @@ class FunctionSpec:
                 return b
         return None
 
-    @property
+    @functools.cached_property
     def durable_client_param(self) -> str | None:
+        """The durable client parameter's name (asked at every invocation; the bindings
+        are fixed once the app is indexed)."""
         b = self.binding_of(DURABLE_CLIENT)
         return b["name"] if b else None
 

@@ -83,17 +83,17 @@ def split_transport_locks(receiver: Any) -> bool:
     whose internals moved, is left alone and settles within the short read timeout below.
     Checked before each receive: a reconnect makes a new connection.
     """
+    connection = getattr(getattr(receiver, "_handler", None), "_connection", None)
+    if getattr(connection, "_devstack_split", False):
+        return True  # the usual case: asked before every receive
     try:
         from azure.servicebus._pyamqp._transport import _UNAVAIL, get_errno
         from azure.servicebus._pyamqp.aio._transport_async import AsyncTransport
 
-        connection = receiver._handler._connection
-        transport = connection._transport
-        sdk_read_frame = connection._read_frame
+        transport = connection._transport  # type: ignore[union-attr]
+        sdk_read_frame = connection._read_frame  # type: ignore[union-attr]
     except (ImportError, AttributeError):
         return False
-    if getattr(connection, "_devstack_split", False):
-        return True
     if not isinstance(transport, AsyncTransport) or not hasattr(transport, "_write"):
         return False
     write_lock = asyncio.Lock()
@@ -580,14 +580,19 @@ class QueueListener:
                 )
                 return
 
-    async def _renew_lock(
+    def _keep_locked(
         self, receiver: ServiceBusReceiver, msg: ServiceBusReceivedMessage
-    ) -> None:
+    ) -> Callable[[], None]:
         """Keep the message locked while the function runs, as the .NET processor does: renew
-        when min(half the remaining lock, 10 s) is left, up to maxAutoLockRenewalDuration."""
+        when min(half the remaining lock, 10 s) is left, up to maxAutoLockRenewalDuration.
+        A timer until a renewal is due, a task only for the renewal itself (most functions
+        end long before: a task per message that slept and was cancelled cost more than the
+        timer). Returns what stops it."""
         loop = asyncio.get_running_loop()
         give_up = loop.time() + self.options.max_auto_lock_renewal_seconds
-        while True:
+        pending: list[asyncio.TimerHandle | asyncio.Task[None]] = []
+
+        def schedule() -> None:
             locked_until = msg.locked_until_utc
             if locked_until is None:
                 return
@@ -595,7 +600,12 @@ class QueueListener:
             delay = max(0.0, remaining - min(remaining / 2, 10.0))
             if loop.time() + delay > give_up:
                 return
-            await asyncio.sleep(delay)
+            pending[:] = [loop.call_later(delay, renew)]
+
+        def renew() -> None:
+            pending[:] = [loop.create_task(renew_once())]
+
+        async def renew_once() -> None:
             try:
                 await receiver.renew_message_lock(msg)
             except Exception as exc:
@@ -606,18 +616,27 @@ class QueueListener:
                     exc,
                 )
                 return
+            schedule()
+
+        schedule()
+
+        def stop() -> None:
+            for item in pending:
+                item.cancel()
+
+        return stop
 
     async def _handle(
         self, receiver: ServiceBusReceiver, msg: ServiceBusReceivedMessage, permit: bool = True
     ) -> None:
         """One message; `permit`: it holds one of maxConcurrentCalls, released at the end."""
         # Session messages have no lock of their own: the session's lock covers them.
-        renewal = None if self.sessions else asyncio.create_task(self._renew_lock(receiver, msg))
+        stop_renewing = None if self.sessions else self._keep_locked(receiver, msg)
         try:
             await self._handle_batch(receiver, [msg], single=True)
         finally:
-            if renewal is not None:
-                renewal.cancel()
+            if stop_renewing is not None:
+                stop_renewing()
             if permit:
                 self.sem.release()
 
