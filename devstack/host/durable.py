@@ -36,7 +36,7 @@ from .entities import EntityEngine
 from .errors import NonDeterminismError
 from .invoke import call_function
 from .replay import HTTP_ACTIVITY, SCHEDULING_EVENTS, run_episode
-from .store import TERMINAL, Claim, Instance, Store, TurnWrites, TurnWritten
+from .store import TERMINAL, Claim, EpisodeRead, Instance, Store, TurnWrites, TurnWritten
 
 log = logging.getLogger("devstack.host.durable")
 
@@ -465,10 +465,22 @@ class DurableEngine:
         (each episode's writes are atomic either way; a batch takes the hub's write lock and
         commits once instead of once per episode, and holds the lock only for the writes).
         An instance stays locked by this host until its episode is written. An episode that
-        raises, or a batch whose write fails, leaves its instances unlocked and retried in 5 s."""
-        for instance_id in instance_ids:
+        raises, or a batch whose write fails, leaves its instances unlocked and retried in 5 s.
+        What the episodes read is read for them all at once (`Store.episode_reads`)."""
+        wanted = [(i, self._cached_top(i)) for i in dict.fromkeys(instance_ids)]
+        reads: dict[str, EpisodeRead] = {}
+        if wanted:
             try:
-                self._episode(instance_id)
+                reads = self.store.episode_reads(wanted, self.clock.now().timestamp())
+            except Exception:
+                log.exception("reading %d episodes failed; retrying them in 5 s", len(wanted))
+                for instance_id, _ in wanted:
+                    self._retry_later(instance_id)
+        for instance_id, after in wanted:
+            if instance_id not in reads:
+                continue
+            try:
+                self._episode(instance_id, after, reads[instance_id])
             except Exception:
                 log.exception(
                     "orchestration episode for %s failed inside the host; retrying in 5 s",
@@ -557,11 +569,16 @@ class DurableEngine:
         except Exception:  # the hub refuses writes: the dispatch loop must go on regardless
             log.exception("could not unlock %s; it stays locked until this host stops", instance_id)
 
-    def _episode(self, instance_id: str) -> None:
-        now = self.clock.now()
+    def _cached_top(self, instance_id: str) -> int:
+        """The seq of the last history row this host holds a copy of (-1: none)."""
         cached = self._histories.get(instance_id)
-        after = cached.max_seq if cached is not None and cached.max_seq is not None else -1
-        inst, messages, tail = self.store.episode_read(instance_id, now.timestamp(), after)
+        return cached.max_seq if cached is not None and cached.max_seq is not None else -1
+
+    def _episode(self, instance_id: str, after: int, read: EpisodeRead) -> None:
+        """One episode of a claimed instance, from what was read for it (`episode_read`
+        with `after`, the top of its cached history then)."""
+        now = self.clock.now()
+        inst, messages, tail = read
         if inst is None:
             return
         history = self._history(inst, (after, tail))

@@ -154,6 +154,16 @@ class Written:
     turn: TurnWritten | None = None
 
 
+# What an episode reads (`Store.episode_read`): the instance, its visible inbox messages
+# (id, execution id, event) and its history's shape with the rows after a seq
+# (`Store.history_tail`).
+EpisodeRead = tuple[
+    Instance | None,
+    list[tuple[int, str | None, dict[str, Any]]],
+    tuple[int, int | None, list[tuple[int, dict[str, Any]]]],
+]
+
+
 @dataclass
 class TurnWrites:
     """A loop turn's writes besides its episodes (`Store.write_turn`): starts (the keyword
@@ -608,42 +618,51 @@ class Store:
                 db.execute("DELETE FROM inbox WHERE instance_id=?", (iid,))
         return claimed
 
-    def episode_read(
-        self, instance_id: str, now_epoch: float, after_seq: int
-    ) -> tuple[
-        Instance | None,
-        list[tuple[int, str | None, dict[str, Any]]],
-        tuple[int, int | None, list[tuple[int, dict[str, Any]]]],
-    ]:
+    def episode_read(self, instance_id: str, now_epoch: float, after_seq: int) -> EpisodeRead:
         """What an episode reads, in one statement and one snapshot: the instance, its inbox
         messages visible at `now_epoch` (id, execution id, event) in order, and what
         `history_tail(instance_id, after_seq)` returns; one statement per episode, not three."""
+        return self.episode_reads([(instance_id, after_seq)], now_epoch)[instance_id]
+
+    def episode_reads(
+        self, wanted: list[tuple[str, int]], now_epoch: float
+    ) -> dict[str, EpisodeRead]:
+        """`episode_read` of each (instance id, after seq) in `wanted`, for a batch of
+        episodes: one statement and one snapshot for them all, not one each."""
+        values = ",".join("(?, ?)" for _ in wanted)
         rows = self.db.execute(
-            "SELECT 0, 0, instance_id, name, version, execution_id, status, input, output, "
-            "custom_status, created_time, last_updated_time FROM instances WHERE instance_id=?1 "
-            "UNION ALL SELECT 1, id, execution_id, event, 0, 0, 0, 0, 0, 0, 0, 0 FROM inbox "
-            "WHERE instance_id=?1 AND visible_at <= ?2 "
-            "UNION ALL SELECT 2, 0, COUNT(*), MAX(seq), 0, 0, 0, 0, 0, 0, 0, 0 FROM history "
-            "WHERE instance_id=?1 "
-            "UNION ALL SELECT 3, seq, event, 0, 0, 0, 0, 0, 0, 0, 0, 0 FROM history "
-            "WHERE instance_id=?1 AND seq > ?3 ORDER BY 1, 2",
-            (instance_id, now_epoch, after_seq),
+            f"WITH want(iid, after) AS (VALUES {values}) "
+            "SELECT w.iid, 0, 0, i.instance_id, i.name, i.version, i.execution_id, i.status, "
+            "i.input, i.output, i.custom_status, i.created_time, i.last_updated_time "
+            "FROM want AS w JOIN instances AS i ON i.instance_id = w.iid "
+            "UNION ALL SELECT w.iid, 1, m.id, m.execution_id, m.event, 0, 0, 0, 0, 0, 0, 0, 0 "
+            "FROM want AS w JOIN inbox AS m ON m.instance_id = w.iid AND m.visible_at <= ? "
+            "UNION ALL SELECT w.iid, 2, 0, (SELECT COUNT(*) FROM history WHERE instance_id = "
+            "w.iid), (SELECT MAX(seq) FROM history WHERE instance_id = w.iid), 0, 0, 0, 0, 0, "
+            "0, 0, 0 FROM want AS w "
+            "UNION ALL SELECT w.iid, 3, h.seq, h.event, 0, 0, 0, 0, 0, 0, 0, 0, 0 "
+            "FROM want AS w JOIN history AS h ON h.instance_id = w.iid AND h.seq > w.after "
+            "ORDER BY 1, 2, 3",
+            (*(v for pair in wanted for v in pair), now_epoch),
         ).fetchall()
+        # Per instance, in order: its row, its messages, its history's shape, its new rows.
+        reads: dict[str, EpisodeRead] = {}
         inst: Instance | None = None
         messages: list[tuple[int, str | None, dict[str, Any]]] = []
         tail: list[tuple[int, dict[str, Any]]] = []
-        count, top = 0, None
         for r in rows:
-            kind = r[0]
+            kind = r[1]
             if kind == 0:
-                inst = Instance(*r[2:])
+                inst = Instance(*r[3:])
             elif kind == 1:
-                messages.append((r[1], r[2], orjson.loads(r[3])))
+                messages.append((r[2], r[3], orjson.loads(r[4])))
             elif kind == 2:
-                count, top = r[2], r[3]
+                tail = []
+                reads[r[0]] = (inst, messages, (r[3], r[4], tail))
+                inst, messages = None, []
             else:
-                tail.append((r[1], orjson.loads(r[2])))
-        return inst, messages, (count, top, tail)
+                tail.append((r[2], orjson.loads(r[3])))
+        return reads
 
     def commit_episodes(
         self,

@@ -291,6 +291,42 @@ def test_sync_calls_return_results_and_raise_errors_to_their_own_callers() -> No
         assert {r[1] for i, r in enumerate(results) if i != 3} != {threading.main_thread().name}
 
 
+def test_a_batchs_episode_reads_are_each_instances_own_read(tmp_path: Path) -> None:
+    """One statement for a batch of episodes reads, per instance, what its own read does:
+    its row, its visible messages in order, its history's shape and the rows after its
+    own seq; an instance without a row (purged) reads as none, with its messages."""
+    store = Store(str(tmp_path / "hub.sqlite"), "host-a", lease_seconds=5)
+    try:
+        for iid in ("a", "b", "c"):
+            _instance(store, iid)
+        with store.tx() as db:
+            db.executemany(
+                "INSERT INTO history(instance_id, seq, execution_id, event) VALUES(?, ?, ?, ?)",
+                [
+                    (iid, seq, f"{iid}-e", json.dumps({"EventType": 12, "n": seq}))
+                    for iid, rows in (("a", 3), ("b", 1))
+                    for seq in range(rows)
+                ],
+            )
+            db.execute("DELETE FROM instances WHERE instance_id='c'")
+        store.enqueue("a", None, {"EventType": 15, "n": "late"}, 101.0)  # not visible at 100
+        store.enqueue("b", None, {"EventType": 15, "n": "b1"}, 0.0)
+        store.enqueue("a", None, {"EventType": 15, "n": "a1"}, 0.0)
+        wanted = [("b", -1), ("a", 1), ("c", -1)]
+        batch = store.episode_reads(wanted, 100.0)
+        assert batch == {iid: store.episode_read(iid, 100.0, after) for iid, after in wanted}
+        inst, messages, (count, top, tail) = batch["a"]
+        assert inst is not None
+        assert inst.instance_id == "a"
+        assert [m[2].get("n") for m in messages] == [None, "a1"]  # its start, then a1
+        assert (count, top, [seq for seq, _ in tail]) == (3, 2, [2])
+        assert batch["b"][2][0:2] == (1, 0)
+        assert batch["c"][0] is None
+        assert [m[2]["EventType"] for m in batch["c"][1]] == [0]
+    finally:
+        store.close()
+
+
 class _OneOrchestrator(AppCatalog):
     """The app's catalog with one orchestrator, "orch" (the engine only asks whether it exists)."""
 
