@@ -191,6 +191,23 @@ class EpisodeResult:
         return self.state_of() if self.state_of is not None else None
 
 
+@functools.lru_cache(maxsize=4096)
+def _decoded_text(input_json: str) -> Any:
+    return json.loads(input_json)
+
+
+def _decoded_input(input_json: str | None) -> Any:
+    """The start payload as the real host gives it, decoded. A JSON string (what the SDK
+    client's double encoding makes of every input) is immutable, so it is decoded once per
+    instance rather than on every episode; anything else is decoded each time, since the
+    orchestrator may change what it gets."""
+    if input_json is None:
+        return None
+    if input_json.startswith('"'):
+        return _decoded_text(input_json)
+    return json.loads(input_json)
+
+
 def build_context(
     *, instance_id: str, history: list[dict[str, Any]], input_json: str | None, is_replaying: bool
 ) -> dict[str, Any]:
@@ -201,7 +218,7 @@ def build_context(
         "parentInstanceId": None,
         # As the real host: the deserialized start payload. The SDK client posts its input
         # JSON-encoded a second time, so this is usually the JSON text get_input() decodes.
-        "input": json.loads(input_json) if input_json is not None else None,
+        "input": _decoded_input(input_json),
         "upperSchemaVersion": UPPER_SCHEMA_VERSION,
     }
 
