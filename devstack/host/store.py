@@ -196,8 +196,8 @@ def _naming(claim: Claim | None, names: list[str]) -> Claim | None:
 
 class _Transaction:
     """`Store.tx`: a class, not a `contextmanager` generator, since the hub enters one for
-    every write (about eight an order) and the generator's machinery cost more than the
-    BEGIN it wraps (yappi, bench/host_yappi.py)."""
+    every write (five an order on the product's) and the generator's machinery cost more
+    than the BEGIN it wraps (yappi, bench/host_yappi.py)."""
 
     __slots__ = ("db",)
 
