@@ -110,7 +110,8 @@ def call_function(spec: FunctionSpec, kwargs: dict[str, Any]) -> Coroutine[Any, 
     An async function without queue outputs is called directly and its own coroutine
     returned: no coroutine of the host's wraps it, since every resume of an awaiting chain
     re-enters each frame in it (a wrapper here cost 0.3 yappi-ms an order,
-    bench/host_yappi.py). A function that raises does so when awaited, as before."""
+    bench/host_yappi.py). Its body raises when awaited; arguments that do not bind raise
+    here, and every caller calls and awaits in one statement (or one `try`)."""
     if "context" in spec.params and "context" not in kwargs:
         kwargs["context"] = InvocationContext(spec.name)
     if spec.is_async and (_output_sender is None or not _output_sender.outputs_of(spec)):
