@@ -575,7 +575,7 @@ class DurableEngine:
         return cached.max_seq if cached is not None and cached.max_seq is not None else -1
 
     def _episode(self, instance_id: str, after: int, read: EpisodeRead) -> None:
-        """One episode of a claimed instance, from what was read for it (`episode_read`
+        """One episode of a claimed instance, from what was read for it (`episode_reads`
         with `after`, the top of its cached history then)."""
         now = self.clock.now()
         inst, messages, tail = read

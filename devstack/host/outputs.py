@@ -63,15 +63,15 @@ class QueueOutputSender:
     def __init__(self, message_encoding: str) -> None:
         self.message_encoding = message_encoding
         self._created: set[tuple[str, str]] = set()
-        # By the spec's id, the spec kept with its answer so that the id stays its own.
-        self._outputs: dict[int, tuple[FunctionSpec, list[dict[str, Any]]]] = {}
+        # By function name: a sender serves one host's app, whose names are unique.
+        self._outputs: dict[str, list[dict[str, Any]]] = {}
 
     def outputs_of(self, spec: FunctionSpec) -> list[dict[str, Any]]:
         """`queue_outputs(spec)`, found once per function (each invocation asks)."""
-        found = self._outputs.get(id(spec))
+        found = self._outputs.get(spec.name)
         if found is None:
-            found = self._outputs[id(spec)] = (spec, queue_outputs(spec))
-        return found[1]
+            found = self._outputs[spec.name] = queue_outputs(spec)
+        return found
 
     def check(self, spec: FunctionSpec) -> None:
         """Resolve names and settings at start, so a missing one stops the host in one line."""

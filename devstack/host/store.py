@@ -154,7 +154,7 @@ class Written:
     turn: TurnWritten | None = None
 
 
-# What an episode reads (`Store.episode_read`): the instance, its visible inbox messages
+# What an episode reads (`Store.episode_reads`): the instance, its visible inbox messages
 # (id, execution id, event) and its history's shape with the rows after a seq
 # (`Store.history_tail`).
 EpisodeRead = tuple[
@@ -618,17 +618,14 @@ class Store:
                 db.execute("DELETE FROM inbox WHERE instance_id=?", (iid,))
         return claimed
 
-    def episode_read(self, instance_id: str, now_epoch: float, after_seq: int) -> EpisodeRead:
-        """What an episode reads, in one statement and one snapshot: the instance, its inbox
-        messages visible at `now_epoch` (id, execution id, event) in order, and what
-        `history_tail(instance_id, after_seq)` returns; one statement per episode, not three."""
-        return self.episode_reads([(instance_id, after_seq)], now_epoch)[instance_id]
-
     def episode_reads(
         self, wanted: list[tuple[str, int]], now_epoch: float
     ) -> dict[str, EpisodeRead]:
-        """`episode_read` of each (instance id, after seq) in `wanted`, for a batch of
-        episodes: one statement and one snapshot for them all, not one each."""
+        """What each episode of a batch reads, for each (instance id, after seq) in
+        `wanted`, in one statement and one snapshot for them all: the instance, its inbox
+        messages visible at `now_epoch` (id, execution id, event) in order, and what
+        `history_tail(instance_id, after_seq)` returns. Not three statements per episode,
+        nor one."""
         values = ",".join("(?, ?)" for _ in wanted)
         rows = self.db.execute(
             f"WITH want(iid, after) AS (VALUES {values}) "

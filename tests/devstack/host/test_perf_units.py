@@ -206,7 +206,7 @@ def test_the_engines_history_copy_always_reads_as_the_stored_history(tmp_path: P
         got = engine._history(inst)
         assert got == store.history("i")
         # The episode's single read gives the same instance, history and visible messages.
-        read, messages, shape = store.episode_read("i", 100.0, -1)
+        read, messages, shape = store.episode_reads([("i", -1)], 100.0)["i"]
         assert read == inst
         assert shape == tail("i", -1)
         assert [(m[2]["n"], m[1]) for m in messages] == [(1, "i-e"), (2, None)]
@@ -314,7 +314,9 @@ def test_a_batchs_episode_reads_are_each_instances_own_read(tmp_path: Path) -> N
         store.enqueue("a", None, {"EventType": 15, "n": "a1"}, 0.0)
         wanted = [("b", -1), ("a", 1), ("c", -1)]
         batch = store.episode_reads(wanted, 100.0)
-        assert batch == {iid: store.episode_read(iid, 100.0, after) for iid, after in wanted}
+        assert batch == {
+            iid: store.episode_reads([(iid, after)], 100.0)[iid] for iid, after in wanted
+        }
         inst, messages, (count, top, tail) = batch["a"]
         assert inst is not None
         assert inst.instance_id == "a"
@@ -549,13 +551,13 @@ def test_a_turns_writes_go_with_a_batch_of_episodes_and_back_to_their_own_if_it_
         await asyncio.sleep(0)  # both wait for the turn's end
         engine._episode_writes.append(dict(episode))
         engine._run_episodes([])  # a batch of episodes is written first: they go with it
-        first = await asyncio.gather(started, raised)
+        first = await asyncio.wait_for(asyncio.gather(started, raised), 10)
         store.db.execute("UPDATE instances SET lock_owner='host-a' WHERE instance_id='a'")
         again = asyncio.ensure_future(engine.raise_event_batched("a", "two", '"two"'))
         await asyncio.sleep(0)
         engine._episode_writes.append(dict(episode))
         engine._run_episodes([])  # this write fails: the event is written on its own
-        return [*first, await again]
+        return [*first, await asyncio.wait_for(again, 10)]  # lost if not put back
 
     try:
         started, raised, raised_again = asyncio.run(main())
