@@ -24,6 +24,7 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Coroutine
+from concurrent.futures import CancelledError as FutureCancelledError
 from concurrent.futures import Future
 from datetime import UTC, datetime
 from typing import Any
@@ -97,7 +98,9 @@ def split_transport_locks(receiver: Any) -> bool:
     if not isinstance(transport, AsyncTransport) or not hasattr(transport, "_write"):
         return False
     write_lock = asyncio.Lock()
-    reading: list[asyncio.Future[None]] = []
+    # The read in progress, if any; and the future that its end sets, made only when a
+    # second caller comes to wait for it (most reads have no one waiting).
+    reading: list[asyncio.Future[None] | None] = []
 
     async def write(data: bytes) -> None:  # AsyncTransportMixin.write, with its own lock
         async with write_lock:
@@ -112,22 +115,50 @@ def split_transport_locks(receiver: Any) -> bool:
 
     async def read_frame(wait: Any = True, **kwargs: Any) -> bool:
         if reading:
-            await asyncio.shield(reading[0])
+            done = reading[0]
+            if done is None:
+                done = reading[0] = asyncio.get_running_loop().create_future()
+            await asyncio.shield(done)
             return False
         if wait is not True and wait is not False and wait < SPLIT_READ_WAIT:
             wait = SPLIT_READ_WAIT  # a timed read: see SPLIT_READ_WAIT
-        done = asyncio.get_running_loop().create_future()
-        reading.append(done)
+        reading.append(None)
         try:
             return bool(await sdk_read_frame(wait=wait, **kwargs))
         finally:
-            reading.remove(done)
-            done.set_result(None)
+            done = reading.pop()
+            if done is not None:
+                done.set_result(None)
 
     transport.write = write
     connection._read_frame = read_frame
     connection._devstack_split = True
     return True
+
+
+def _wait_on(
+    loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, Any], timeout: float
+) -> Any:
+    """Run `coro` on `loop` (another thread's) and block this thread until it ends: what
+    `asyncio.run_coroutine_threadsafe(coro, loop).result(timeout)` does, waiting on a bare
+    lock instead of a concurrent future's condition (every settlement a function makes
+    waits here; the condition's Python-level locking was most of the wait's CPU)."""
+    done = threading.Lock()
+    done.acquire()
+    started: list[asyncio.Task[Any]] = []
+
+    def start() -> None:
+        task = loop.create_task(coro)
+        started.append(task)
+        task.add_done_callback(lambda _: done.release())
+
+    loop.call_soon_threadsafe(start)
+    if not done.acquire(timeout=timeout):
+        raise TimeoutError(f"no answer from the Service Bus loop in {timeout:g} s")
+    task = started[0]
+    if task.cancelled():
+        raise FutureCancelledError()
+    return task.result()
 
 
 def receive_socket_timeout() -> float:
@@ -381,6 +412,8 @@ class QueueListener:
         self._holders: dict[str, ServiceBusReceiver] = {}
         self._session_receivers: dict[str, ServiceBusReceiver] = {}
         self._released: set[str] = set()
+        # lock token -> the pending lock renewal (a timer, or the renewal's task)
+        self._renewals: dict[str, asyncio.TimerHandle | asyncio.Task[None]] = {}
         self.inflight = 0  # invocations (single, batch or session) not yet settled
         # What each invocation binds, read once from the function's signature: the trigger
         # parameter, whether it takes the SDK's message type (one or a list), and the
@@ -471,8 +504,9 @@ class QueueListener:
             if not batch:
                 self.sem.release()
                 continue
-            msg = batch[0]
-            task = asyncio.create_task(self._handle(receiver, msg))
+            task = asyncio.create_task(
+                self._handle_batch(receiver, batch, single=True, permit=True)
+            )
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
@@ -551,7 +585,7 @@ class QueueListener:
                 await self._handle_batch(receiver, got)
             else:
                 for msg in got:
-                    await self._handle(receiver, msg, permit=False)
+                    await self._handle_batch(receiver, [msg], single=True)
 
     async def _renew_session_lock(self, receiver: ServiceBusReceiver) -> None:
         """Keep the session locked while it is open, as the session processor does: renew
@@ -580,65 +614,60 @@ class QueueListener:
                 )
                 return
 
-    def _keep_locked(
-        self, receiver: ServiceBusReceiver, msg: ServiceBusReceivedMessage
-    ) -> Callable[[], None]:
-        """Keep the message locked while the function runs, as the .NET processor does: renew
-        when min(half the remaining lock, 10 s) is left, up to maxAutoLockRenewalDuration.
-        A timer until a renewal is due, a task only for the renewal itself (most functions
-        end long before: a task per message that slept and was cancelled cost more than the
-        timer). Returns what stops it."""
-        loop = asyncio.get_running_loop()
-        give_up = loop.time() + self.options.max_auto_lock_renewal_seconds
-        pending: list[asyncio.TimerHandle | asyncio.Task[None]] = []
-
-        def schedule() -> None:
-            locked_until = msg.locked_until_utc
-            if locked_until is None:
-                return
-            remaining = (locked_until - datetime.now(UTC)).total_seconds()
-            delay = max(0.0, remaining - min(remaining / 2, 10.0))
-            if loop.time() + delay > give_up:
-                return
-            pending[:] = [loop.call_later(delay, renew)]
-
-        def renew() -> None:
-            pending[:] = [loop.create_task(renew_once())]
-
-        async def renew_once() -> None:
-            try:
-                await receiver.renew_message_lock(msg)
-            except Exception as exc:
-                log.warning(
-                    "function %s: lock renewal of message %s failed: %s",
-                    self.spec.name,
-                    msg.message_id,
-                    exc,
-                )
-                return
-            schedule()
-
-        schedule()
-
-        def stop() -> None:
-            for item in pending:
-                item.cancel()
-
-        return stop
-
-    async def _handle(
-        self, receiver: ServiceBusReceiver, msg: ServiceBusReceivedMessage, permit: bool = True
+    def _renew_later(
+        self,
+        receiver: ServiceBusReceiver,
+        msg: ServiceBusReceivedMessage,
+        token: str,
+        give_up: float,
     ) -> None:
-        """One message; `permit`: it holds one of maxConcurrentCalls, released at the end."""
-        # Session messages have no lock of their own: the session's lock covers them.
-        stop_renewing = None if self.sessions else self._keep_locked(receiver, msg)
+        """Keep the message locked while the function runs, as the .NET processor does: renew
+        when min(half the remaining lock, 10 s) is left, up to maxAutoLockRenewalDuration
+        (`give_up`, in loop time). A timer until a renewal is due, a task only for the renewal
+        itself (most functions end long before); `_renewals[token]` holds whichever is
+        pending, for the end of the invocation to cancel."""
+        locked_until = msg.locked_until_utc
+        if locked_until is None:
+            return
+        remaining = (locked_until - datetime.now(UTC)).total_seconds()
+        delay = max(0.0, remaining - min(remaining / 2, 10.0))
+        if self.sb_loop.time() + delay > give_up:
+            return
+        self._renewals[token] = self.sb_loop.call_later(
+            delay, self._renew, receiver, msg, token, give_up
+        )
+
+    def _renew(
+        self,
+        receiver: ServiceBusReceiver,
+        msg: ServiceBusReceivedMessage,
+        token: str,
+        give_up: float,
+    ) -> None:
+        self._renewals[token] = self.sb_loop.create_task(
+            self._renew_once(receiver, msg, token, give_up)
+        )
+
+    async def _renew_once(
+        self,
+        receiver: ServiceBusReceiver,
+        msg: ServiceBusReceivedMessage,
+        token: str,
+        give_up: float,
+    ) -> None:
+        # Cancelled (by the invocation's end) only while it waits: the next timer is set in
+        # the same step as the answer arrives, so it never outlives the invocation.
         try:
-            await self._handle_batch(receiver, [msg], single=True)
-        finally:
-            if stop_renewing is not None:
-                stop_renewing()
-            if permit:
-                self.sem.release()
+            await receiver.renew_message_lock(msg)
+        except Exception as exc:
+            log.warning(
+                "function %s: lock renewal of message %s failed: %s",
+                self.spec.name,
+                msg.message_id,
+                exc,
+            )
+            return
+        self._renew_later(receiver, msg, token, give_up)
 
     async def _handle_batch(
         self,
@@ -646,12 +675,20 @@ class QueueListener:
         messages: list[ServiceBusReceivedMessage],
         *,
         single: bool = False,
+        permit: bool = False,
     ) -> None:
+        """One invocation: a batch, or with `single` one message (whose lock is renewed while
+        the function runs, unless a session's lock covers it). `permit`: the invocation holds
+        one of maxConcurrentCalls, released at the end."""
         for m in messages:
             count_from_one(m)
         tokens = [str(m.lock_token) for m in messages]
         for token in tokens:
             self._holders[token] = receiver
+        renewing = single and not self.sessions
+        if renewing:
+            give_up = self.sb_loop.time() + self.options.max_auto_lock_renewal_seconds
+            self._renew_later(receiver, messages[0], tokens[0], give_up)
         self.inflight += 1
         try:
             try:
@@ -688,12 +725,17 @@ class QueueListener:
                     )
         finally:
             self.inflight -= 1
+            if renewing and (pending := self._renewals.pop(tokens[0], None)) is not None:
+                pending.cancel()
             for token in tokens:
                 self._settled.discard(token)
                 self._holders.pop(token, None)
+            if permit:
+                self.sem.release()
 
     async def _settle(self, method: str, msg: Any, *args: Any) -> Any:
-        receiver = self._holders.get(str(msg.lock_token)) or self.receiver
+        token = str(msg.lock_token)
+        receiver = self._holders.get(token) or self.receiver
         if receiver is None:
             raise RuntimeError("the receiver is closed")
         if method == "complete":
@@ -707,7 +749,7 @@ class QueueListener:
         elif method == "renew_message_lock":
             return await receiver.renew_message_lock(msg)
         if method != "renew_message_lock":
-            self._settled.add(str(msg.lock_token))
+            self._settled.add(token)
         return None
 
     async def _session_call(self, method: str, session_id: str, *args: Any) -> Any:
@@ -730,16 +772,10 @@ class QueueListener:
     def settle_from_function(self, method: str, message: Any, *args: Any) -> Any:
         if not getattr(message, "lock_token", None):
             raise ValueError("lockToken is required in ServiceBusReceivedMessage.")
-        fut: Future[Any] = asyncio.run_coroutine_threadsafe(
-            self._settle(method, message, *args), self.sb_loop
-        )
-        return fut.result(SETTLE_TIMEOUT)
+        return _wait_on(self.sb_loop, self._settle(method, message, *args), SETTLE_TIMEOUT)
 
     def session_from_function(self, method: str, session_id: str, *args: Any) -> Any:
-        fut: Future[Any] = asyncio.run_coroutine_threadsafe(
-            self._session_call(method, session_id, *args), self.sb_loop
-        )
-        return fut.result(SETTLE_TIMEOUT)
+        return _wait_on(self.sb_loop, self._session_call(method, session_id, *args), SETTLE_TIMEOUT)
 
     def _invocation(
         self, msg: ServiceBusReceivedMessage | list[ServiceBusReceivedMessage]
