@@ -124,8 +124,10 @@ def install_settled_strict_mode() -> None:
     does on Azure (a change restarts the worker)."""
     from azure.functions import _durable_functions as codec
 
-    strict = codec._is_strict_mode()
-    codec._is_strict_mode = lambda: strict
+    strict = bool(codec._is_strict_mode())
+    # The bool's own __bool__, not a lambda: called some fifty times an order, and a lambda
+    # is a Python frame each time.
+    codec._is_strict_mode = strict.__bool__
 
 
 HTTP_ACTIVITY = "BuiltIn::HttpActivity"  # the extension runs call_http as this built-in activity
@@ -228,6 +230,21 @@ def _action_of(task: AtomicTask) -> Any:
     if isinstance(action, list):
         action = action[0] if action else None
     return action
+
+
+def _kind_and_name(task: AtomicTask, now: datetime) -> tuple[str, str | None]:
+    """What the determinism check compares of `_describe(task, now)`, without building the
+    whole description for the common kinds (every past task of every replay is checked)."""
+    action = _action_of(task)
+    if isinstance(action, (CallActivityAction, CallActivityWithRetryAction)):
+        return "activity", action.function_name
+    if isinstance(action, CreateTimerAction):
+        return "timer", None
+    try:
+        got = _describe(task, now)
+    except NotImplementedError:
+        return "unsupported", None
+    return got.kind, got.name
 
 
 def _describe(task: AtomicTask, now: datetime) -> NewTask:
@@ -471,7 +488,7 @@ def run_episode(
             event.get("InstanceId") if event["EventType"] == EVENT_SENT else event.get("Name")
         )
         if task is None and event_id in signals:
-            got = signals[event_id]
+            kind, name = signals[event_id].kind, signals[event_id].name
         elif task is None:
             if failure is not None or is_done:
                 continue
@@ -480,14 +497,11 @@ def run_episode(
                 f"{expected_name or ''} with id {event_id}, which the orchestrator no longer schedules"
             )
         else:
-            try:
-                got = _describe(task, now)
-            except NotImplementedError:
-                got = NewTask(event_id, "unsupported")
-        if got.kind != expected_kind or (expected_name is not None and got.name != expected_name):
+            kind, name = _kind_and_name(task, now)
+        if kind != expected_kind or (expected_name is not None and name != expected_name):
             raise NonDeterminismError(
                 f"Non-Deterministic workflow detected: the history has {expected_kind} "
-                f"{expected_name or ''} with id {event_id}, the replay scheduled {got.kind} {got.name or ''}"
+                f"{expected_name or ''} with id {event_id}, the replay scheduled {kind} {name or ''}"
             )
 
     new_tasks = [_describe(recorded[i], now) for i in sorted(recorded) if i not in scheduled_before]

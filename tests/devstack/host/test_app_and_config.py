@@ -44,6 +44,7 @@ def test_functions_and_bindings_come_from_the_app_object(sample_catalog: Any) ->
         "retrying": "orchestrationTrigger",
         "fails_twice": "activityTrigger",
         "unstable": "orchestrationTrigger",
+        "replay_flags": "orchestrationTrigger",
         "parent": "orchestrationTrigger",
         "unnamed_parent": "orchestrationTrigger",
         "child": "orchestrationTrigger",

@@ -158,6 +158,17 @@ async def test_activity_retries_wait_on_durable_timers(host: HostProcess) -> Non
     assert len(host.events("fails_twice", instance=iid)) == 3
 
 
+async def test_a_replay_reads_its_past_as_played_and_its_new_events_as_new(
+    host: HostProcess,
+) -> None:
+    # Three episodes; the last replays the two before it (from the host's copy of the
+    # history) before it meets the new result.
+    status = await wait_status(
+        host.client, await host.client.start_new("replay_flags", "flags-1"), "Completed", "Failed"
+    )
+    assert status.output == [True, True, False]
+
+
 async def test_a_non_deterministic_orchestrator_fails_with_a_report(host: HostProcess) -> None:
     client = host.client
     iid = await client.start_new("unstable", "unstable-1")

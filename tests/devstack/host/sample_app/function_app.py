@@ -115,6 +115,18 @@ def fails_twice(instance: str) -> str:
     return "third time lucky"
 
 
+@durable_bp.orchestration_trigger(context_name="context")
+def replay_flags(context: df.DurableOrchestrationContext):
+    """What `is_replaying` reads after each step, as the last episode saw it."""
+    seen = [context.is_replaying]
+    for value in (1, 2):
+        yield context.call_activity(
+            "record_effect", {"instance": context.instance_id, "value": value}
+        )
+        seen.append(context.is_replaying)
+    return seen
+
+
 _episodes = {"n": 0}
 
 
