@@ -36,7 +36,7 @@ from .entities import EntityEngine
 from .errors import NonDeterminismError
 from .invoke import call_function
 from .replay import HTTP_ACTIVITY, SCHEDULING_EVENTS, run_episode
-from .store import TERMINAL, Claim, EpisodeRead, Instance, Store, TurnWrites, TurnWritten
+from .store import MISSING, TERMINAL, Claim, EpisodeRead, Instance, Store, TurnWrites, TurnWritten
 
 log = logging.getLogger("devstack.host.durable")
 
@@ -80,10 +80,10 @@ def _version_key(version: str) -> tuple[Any, ...]:
     return (1, version)
 
 
-def _event(event_type: int, when: datetime, **fields: Any) -> dict[str, Any]:
+def _event(event_type: int, when: datetime, EventId: int = -1, **fields: Any) -> dict[str, Any]:
     return {
         "EventType": event_type,
-        "EventId": fields.pop("EventId", -1),
+        "EventId": EventId,
         "IsPlayed": False,
         "Timestamp": iso(when),
         **fields,
@@ -96,6 +96,14 @@ HISTORY_CACHE_SIZE = 2000
 
 # How often a write of this host may search the inbox for ready instances (`_next_claim`).
 SEARCH_EVERY = 0.05
+
+
+def _played(rows: list[tuple[int, dict[str, Any]]]) -> list[dict[str, Any]]:
+    """The events of history rows just decoded (dicts of their own), marked played."""
+    events = [e for _, e in rows]
+    for e in events:
+        e["IsPlayed"] = True
+    return events
 
 
 @dataclass
@@ -120,7 +128,7 @@ class _Turn:
     results (work item row, result event)."""
 
     starts: list[tuple[dict[str, Any], asyncio.Future[StartResult]]] = field(default_factory=list)
-    raises: list[tuple[tuple[str, dict[str, Any]], asyncio.Future[None]]] = field(
+    raises: list[tuple[tuple[str, dict[str, Any]], asyncio.Future[str | None]]] = field(
         default_factory=list
     )
     results: list[tuple[dict[str, Any], dict[str, Any]]] = field(default_factory=list)
@@ -267,26 +275,19 @@ class DurableEngine:
         self.clock.poke(ORCHESTRATIONS)
         return StartResult(True, instance_id)
 
-    def raise_event(self, instance_id: str, name: str, data_json: str | None) -> None:
-        # The instance is locked for this host with the event's write when it is free: its
-        # episode needs no claim of its own.
-        self._claimed += self.store.enqueue(
-            instance_id,
-            None,
-            _event(EVENT_RAISED, self.clock.now(), Name=name, Input=data_json),
-            claim=self._next_claim(only=[instance_id]),
-        )
-        self.clock.poke(ORCHESTRATIONS)
-
-    async def raise_event_batched(self, instance_id: str, name: str, data_json: str | None) -> None:
-        """`raise_event`, written with the loop turn's other writes (`_flush_writes`), in
+    async def raise_event_batched(
+        self, instance_id: str, name: str, data_json: str | None
+    ) -> str | None:
+        """Raise an event, written with the loop turn's other writes (`_flush_writes`), in
         order (each reply an app hands to the durable client was a transaction and a COMMIT
-        of its own). Returns once the event is committed."""
+        of its own); the instance is locked for this host in the same write when it is free.
+        Returns once the event is committed (None), or what refused it: `MISSING` (no such
+        instance) or the instance's terminal status."""
         event = _event(EVENT_RAISED, self.clock.now(), Name=name, Input=data_json)
-        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        done: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
         self._turn.raises.append(((instance_id, event), done))
         self._schedule_flush()
-        await done
+        return await done
 
     # ---- the loop turn's writes --------------------------------------------------------
 
@@ -321,9 +322,9 @@ class DurableEngine:
         for (start, done), blocking in zip(turn.starts, out.blocking, strict=True):
             if not done.done():
                 done.set_result(self._started(start["instance_id"], blocking))
-        for _, done in turn.raises:
+        for (_, done), refusal in zip(turn.raises, out.refused, strict=True):
             if not done.done():
-                done.set_result(None)
+                done.set_result(refusal)
         for (row, _), ok in zip(turn.results, out.results, strict=True):
             if not ok:
                 log.warning(
@@ -358,10 +359,17 @@ class DurableEngine:
             self._answer(_Turn(results=[(row, event)]), out)
         self.clock.poke(ORCHESTRATIONS)
 
-    def _enqueue_raised(self, instance_id: str, event: dict[str, Any]) -> None:
+    def _enqueue_raised(self, instance_id: str, event: dict[str, Any]) -> str | None:
+        """One raised event on its own: refused as `Store.write_turn` refuses it."""
+        status = self.store.instance_status(instance_id)
+        if status is None:
+            return MISSING
+        if status in TERMINAL:
+            return status
         self._claimed += self.store.enqueue(
             instance_id, None, event, claim=self._next_claim(only=[instance_id])
         )
+        return None
 
     @staticmethod
     def _settle(done: asyncio.Future[Any], write: Callable[[], Any]) -> None:
@@ -587,26 +595,24 @@ class DurableEngine:
         terminate: dict[str, Any] | None = None
         has_start = bool(history)
         suspended = inst.status == "Suspended"
+        terminal = inst.is_terminal
         control: list[dict[str, Any]] = []  # ExecutionSuspended/Resumed that changed the state
         control_mids: list[int] = []
         for mid, execution_id, event in messages:
             et = event["EventType"]
             if et == EXECUTION_STARTED:
-                if history or execution_id != inst.execution_id or inst.is_terminal:
+                if history or execution_id != inst.execution_id or terminal:
                     consumed.append(mid)  # a duplicate or stale start
                     continue
                 has_start = True
             elif et == EXECUTION_TERMINATED:
                 consumed.append(mid)
-                if not inst.is_terminal and terminate is None:
+                if not terminal and terminate is None:
                     terminate = event
                 continue
-            elif inst.is_terminal or (
-                execution_id is not None and execution_id != inst.execution_id
-            ):
-                consumed.append(
-                    mid
-                )  # late news for a finished or replaced execution: dropped, as DTFx does
+            elif terminal or (execution_id is not None and execution_id != inst.execution_id):
+                # Late news for a finished or replaced execution: dropped, as DTFx does.
+                consumed.append(mid)
                 continue
             elif et in (EXECUTION_SUSPENDED, EXECUTION_RESUMED):
                 consumed.append(mid)
@@ -620,8 +626,8 @@ class DurableEngine:
             consumed.append(mid)
             new_events.append(event)
 
-        if inst.is_terminal or (not has_start and terminate is None):
-            if inst.is_terminal:
+        if terminal or (not has_start and terminate is None):
+            if terminal:
                 self.store.drop_messages(instance_id, consumed)
             else:
                 self.store.unlock_instance(instance_id)  # events before the start stay queued
@@ -673,8 +679,7 @@ class DurableEngine:
             return
 
         spec = self.catalog.orchestrator(inst.name)
-        past = [dict(e, IsPlayed=True) for e in history]
-        replay_history = [*past, started_marker, *new_events]
+        replay_history = [*history, started_marker, *new_events]  # `history` is played
         scheduled_before = {e["EventId"]: e for e in history if e["EventType"] in SCHEDULING_EVENTS}
         if spec is None:
             self._fail(
@@ -876,9 +881,10 @@ class DurableEngine:
             )
 
     def _history(self, inst: Instance, read: tuple[int, Any] | None = None) -> list[dict[str, Any]]:
-        """The instance's stored history, parsing only the rows added since this host last
-        read it (an episode otherwise decodes the whole history again each time). `read` is
-        (after_seq, what `Store.history_tail` returned for it) if the caller read it already.
+        """The instance's stored history as a replay takes it (every event IsPlayed), parsing
+        only the rows added since this host last read it (an episode otherwise decodes the
+        whole history again each time). `read` is (after_seq, what `Store.history_tail`
+        returned for it) if the caller read it already.
 
         The copy is used only if the rows it holds are still there unchanged: same
         execution, and the row count is what it held plus the rows read after it (a rewind
@@ -894,9 +900,9 @@ class DurableEngine:
         if cached is None or count != len(cached.events) + len(rows):
             if after != -1:
                 count, max_seq, rows = self.store.history_tail(inst.instance_id, -1)
-            events = [e for _, e in rows]
+            events = _played(rows)
         else:
-            events = cached.events + [e for _, e in rows]
+            events = cached.events + _played(rows)
         if not inst.is_terminal and len(events) == count:
             self._histories[inst.instance_id] = _CachedHistory(inst.execution_id, max_seq, events)
             while len(self._histories) > HISTORY_CACHE_SIZE:
@@ -922,8 +928,10 @@ class DurableEngine:
             self._histories.pop(iid, None)
             return
         self._histories[iid] = cached
-        # The episode's own dicts: nothing changes them once written (a replay builds its
-        # events from copies, `_episode` copies what it marks played).
+        # The episode's own dicts, written now and read by nothing else: marked played here,
+        # once, rather than copied as played by every later replay.
+        for e in new:
+            e["IsPlayed"] = True
         cached.events.extend(new)
         cached.max_seq = first + len(new) - 1
 
@@ -1100,7 +1108,6 @@ class DurableEngine:
     async def _run_activity(self, row: dict[str, Any]) -> None:
         name = row["name"]
         spec = self.catalog.activity(name)
-        now = self.clock.now()
         if name == HTTP_ACTIVITY:
             try:
                 result = await run_http_activity(row["input"])
@@ -1119,7 +1126,7 @@ class DurableEngine:
         elif spec is None:
             event = _event(
                 TASK_FAILED,
-                now,
+                self.clock.now(),
                 TaskScheduledId=row["task_id"],
                 Reason=f"The function '{name}' doesn't exist, is disabled, or is not an activity function.",
                 Details=None,

@@ -40,6 +40,14 @@ def _dumps(event: Any) -> str:
         return json.dumps(event)
 
 
+def _dumps_each(events: list[Any]) -> list[str]:
+    """`_dumps` of each event, without a Python call per event unless one needs `json`."""
+    try:
+        return [orjson.dumps(e).decode() for e in events]
+    except TypeError:
+        return [_dumps(e) for e in events]
+
+
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS instances(
     instance_id TEXT PRIMARY KEY,
@@ -105,6 +113,7 @@ CREATE TABLE IF NOT EXISTS hosts(
 """
 
 TERMINAL = ("Completed", "Failed", "Terminated", "Canceled")
+MISSING = "missing"  # a raised event's refusal: no such instance (`TurnWritten.refused`)
 
 log = logging.getLogger("devstack.host.store")
 
@@ -178,10 +187,12 @@ class TurnWrites:
 @dataclass
 class TurnWritten:
     """What `Store.write_turn` did: per start, the status that refused it (None: created);
-    per result, whether it was written (False: this host no longer held its work item);
-    the instances its messages went to; the instances it locked for this host."""
+    per raised event, what refused it (None: written; `MISSING`, or the instance's terminal
+    status); per result, whether it was written (False: this host no longer held its work
+    item); the instances its messages went to; the instances it locked for this host."""
 
     blocking: list[str | None] = field(default_factory=list)
+    refused: list[str | None] = field(default_factory=list)
     results: list[bool] = field(default_factory=list)
     woken: list[str] = field(default_factory=list)
     claimed: list[str] = field(default_factory=list)
@@ -493,12 +504,25 @@ class Store:
             if blocking is None:
                 out.woken.append(start["instance_id"])
         if turn.raises:
-            db.executemany(
-                "INSERT INTO inbox(instance_id, execution_id, event, visible_at) "
-                "VALUES(?, NULL, ?, 0)",
-                [(iid, _dumps(event)) for iid, event in turn.raises],
-            )
-            out.woken += dict.fromkeys(iid for iid, _ in turn.raises)
+            # As the extension answers a raised event: 404 without an instance, 410 once it
+            # has ended. Read here, in the transaction that writes the event, rather than
+            # by the request on its own (a read outside a transaction costs three within).
+            accepted: list[tuple[str, str]] = []
+            for iid, event in turn.raises:
+                row = db.execute(
+                    "SELECT status FROM instances WHERE instance_id=?", (iid,)
+                ).fetchone()
+                refusal = MISSING if row is None else (row[0] if row[0] in TERMINAL else None)
+                out.refused.append(refusal)
+                if refusal is None:
+                    accepted.append((iid, _dumps(event)))
+            if accepted:
+                db.executemany(
+                    "INSERT INTO inbox(instance_id, execution_id, event, visible_at) "
+                    "VALUES(?, NULL, ?, 0)",
+                    accepted,
+                )
+                out.woken += dict.fromkeys(iid for iid, _ in accepted)
         for activity_id, instance_id, execution_id, event in turn.results:
             # At least once: a work item this host no longer holds is left to its new holder.
             cur = db.execute(
@@ -734,8 +758,8 @@ class Store:
             db.executemany(
                 "INSERT INTO history(instance_id, seq, execution_id, event) VALUES(?, ?, ?, ?)",
                 [
-                    (instance_id, start + i, execution_id, _dumps(e))
-                    for i, e in enumerate(new_history)
+                    (instance_id, start + i, execution_id, text)
+                    for i, text in enumerate(_dumps_each(new_history))
                 ],
             )
         if consumed:

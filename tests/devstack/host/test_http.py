@@ -135,6 +135,9 @@ async def check_history_shape(session: aiohttp.ClientSession, status_url: str) -
     assert not any("Result" in e or "Input" in e for e in events)
 
 
+JSON_TYPE = {"Content-Type": "application/json"}
+
+
 async def test_send_event_and_terminate_urls_reach_the_instance(host: HostProcess) -> None:
     async with aiohttp.ClientSession() as session:
         approved = await start(session, host, "approval_orchestrator", {"hours": 1})
@@ -143,6 +146,23 @@ async def test_send_event_and_terminate_urls_reach_the_instance(host: HostProces
             assert r.status == 202
         status = await poll_until_done(session, approved["statusQueryGetUri"])
         assert status["output"] == {"approved": {"by": "alice"}}
+        # Refusals in the extension's order: the instance first (410 once it has ended,
+        # 404 without one), then the body.
+        async with session.post(url, json={"by": "bob"}) as r:
+            assert r.status == 410
+        async with session.post(url, data="not json", headers=JSON_TYPE) as r:
+            assert r.status == 410
+        missing = url.replace(approved["id"], "no-such-instance")
+        for body in ({"json": 1}, {"data": "not json", "headers": JSON_TYPE}, {"data": "x"}):
+            async with session.post(missing, **body) as r:  # type: ignore[arg-type]
+                assert r.status == 404, body
+        waiting = await start(session, host, "approval_orchestrator", {"hours": 1})
+        url = waiting["sendEventPostUri"].replace("{eventName}", "Approval")
+        async with session.post(url, data="not json", headers=JSON_TYPE) as r:
+            assert (r.status, (await r.json())["Message"]) == (400, "Invalid JSON content")
+        async with session.post(url, data="plain") as r:
+            assert r.status == 400
+            assert "Only application/json" in (await r.json())["Message"]
 
         doomed = await start(session, host, "approval_orchestrator", {"hours": 1})
         async with session.post(

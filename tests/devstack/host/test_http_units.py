@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
 
-from devstack.host import HostError
+from devstack.host import HostError, http_api
 from devstack.host.app import FunctionSpec
 from devstack.host.http_api import public_history
 from devstack.host.http_triggers import compile_route, routing_path
@@ -161,3 +162,25 @@ def test_history_is_shown_as_the_extension_shows_it() -> None:
     hidden = public_history(raw, show_output=False, show_input=False)
     assert not any("Result" in e or "Input" in e for e in hidden)
     assert raw[2]["EventType"] == 4  # the stored events are not changed
+
+
+@pytest.mark.parametrize(
+    ("text", "valid"),
+    [
+        ('{"ok": true}', True),
+        ('"plain text"', True),
+        ("NaN", True),  # json reads it, orjson does not
+        (str(2**70), True),  # past 64 bits: json only
+        ("{", False),
+        ("", False),
+        ("{'single': 'quotes'}", False),
+    ],
+)
+def test_a_raised_events_body_is_checked_as_json_reads_it(text: str, valid: bool) -> None:
+    assert http_api._is_json(text) is valid
+    try:
+        json.loads(text)
+    except json.JSONDecodeError:
+        assert not valid
+    else:
+        assert valid

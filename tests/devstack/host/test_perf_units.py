@@ -204,7 +204,8 @@ def test_the_engines_history_copy_always_reads_as_the_stored_history(tmp_path: P
         assert inst is not None
         assert inst.execution_id == execution
         got = engine._history(inst)
-        assert got == store.history("i")
+        # As a replay takes it: the stored events, each marked played.
+        assert got == [dict(e, IsPlayed=True) for e in store.history("i")]
         # The episode's single read gives the same instance, history and visible messages.
         read, messages, shape = store.episode_reads([("i", -1)], 100.0)["i"]
         assert read == inst
@@ -246,6 +247,29 @@ def test_the_engines_history_copy_always_reads_as_the_stored_history(tmp_path: P
         assert [e.get("n") for e in got] == [0, 1, 2, 3]
         got.clear()  # the caller's list is its own (the events are shared, read-only)
         check("i-2")
+
+        # An episode this host writes joins the copy as a replay reads it (played), and the
+        # next read parses nothing.
+        written = [{"EventType": 12, "EventId": -1, "IsPlayed": False, "n": 4}]
+        append("i-2", *written)
+        engine._remember_written(
+            {
+                "instance_id": "i",
+                "execution_id": "i-2",
+                "reset_history": False,
+                "new_history": written,
+            },
+            4,
+        )
+        reads.clear()
+        assert [(e.get("n"), e["IsPlayed"]) for e in check("i-2")] == [
+            (0, True),
+            (1, True),
+            (2, True),
+            (3, True),
+            (4, True),
+        ]
+        assert reads == [0]
     finally:
         store.close()
 
@@ -260,6 +284,47 @@ def test_the_engines_history_copy_always_reads_as_the_stored_history(tmp_path: P
 )
 def test_the_hosts_timestamp_text_is_the_strftime_it_replaced(when: datetime) -> None:
     assert durable.iso(when) == when.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def test_a_settlements_wait_on_the_service_bus_loop_answers_as_a_future_would() -> None:
+    """`servicebus._wait_on`: the coroutine runs on the other loop's thread; its result, its
+    exception, a timeout and a cancellation reach the waiting thread as
+    `run_coroutine_threadsafe(...).result(timeout)` would hand them over."""
+    import concurrent.futures
+
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    threads: list[int] = []
+
+    async def answer() -> int:
+        threads.append(threading.get_ident())
+        await asyncio.sleep(0.01)
+        return 7
+
+    async def refuse() -> None:
+        raise LookupError("the lock is gone")
+
+    async def dawdle() -> None:
+        await asyncio.sleep(0.3)
+
+    async def cancelled() -> None:
+        raise asyncio.CancelledError
+
+    try:
+        assert servicebus._wait_on(loop, answer(), 5) == 7
+        assert threads == [thread.ident]
+        with pytest.raises(LookupError, match="the lock is gone"):
+            servicebus._wait_on(loop, refuse(), 5)
+        with pytest.raises(TimeoutError):
+            servicebus._wait_on(loop, dawdle(), 0.05)
+        with pytest.raises(concurrent.futures.CancelledError):
+            servicebus._wait_on(loop, cancelled(), 5)
+        time.sleep(0.4)  # the timed-out one ends on its own
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(5)
+        loop.close()
 
 
 def test_sync_calls_return_results_and_raise_errors_to_their_own_callers() -> None:
@@ -459,6 +524,31 @@ def test_a_batch_of_raised_events_that_fails_is_written_event_by_event(tmp_path:
         store.close()
 
 
+@pytest.mark.parametrize("one_by_one", [False, True])
+def test_a_raised_event_for_no_instance_or_an_ended_one_is_refused_by_its_write(
+    tmp_path: Path, one_by_one: bool
+) -> None:
+    """As the extension answers 404 and 410: refused by the turn's write (or, when that
+    fails, by the event's own), nothing written for it, the others written."""
+    store = Store(str(tmp_path / "hub.sqlite"), "host-a", lease_seconds=5)
+    engine = DurableEngine(store, _OneOrchestrator([]), Clock(), DurableOptions())
+    _start_together(engine, ("orch", "a"), ("orch", "done"))
+    store.db.execute("DELETE FROM inbox")
+    store.db.execute("UPDATE instances SET status='Completed' WHERE instance_id='done'")
+    if one_by_one:
+
+        def refuse(*args: Any, **kwargs: Any) -> Any:
+            raise sqlite3.OperationalError("database is locked")
+
+        store.write_turn = refuse  # type: ignore[method-assign]
+    try:
+        results = _raise_together(engine, ("a", "one"), ("nobody", "two"), ("done", "three"))
+        assert results == [None, durable.MISSING, "Completed"]
+        assert _inbox(store) == [("a", "one", '"one"')]
+    finally:
+        store.close()
+
+
 def test_a_turns_starts_events_and_activity_results_share_one_transaction(
     tmp_path: Path,
 ) -> None:
@@ -591,3 +681,6 @@ def test_the_hubs_json_is_the_standard_librarys_data() -> None:
     assert json.loads(store._dumps(event)) == event
     odd = {"Input": {1: "one"}, "Big": 2**70}
     assert store._dumps(odd) == json.dumps(odd)
+    # A list in one go: orjson's text for each, or `json` for every one if one needs it.
+    assert store._dumps_each([event, event]) == [store._dumps(event)] * 2
+    assert store._dumps_each([event, odd]) == [store._dumps(event), json.dumps(odd)]
