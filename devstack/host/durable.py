@@ -67,7 +67,7 @@ def iso(dt: datetime) -> str:
     3-5 % of the host's CPU in bench/host_bench.py, half of it again as `isoformat`)."""
     if dt.tzinfo is not UTC:
         dt = dt.astimezone(UTC)
-    return dt.replace(tzinfo=None).isoformat(timespec="microseconds") + "Z"
+    return dt.isoformat(timespec="microseconds")[:-6] + "Z"  # "+00:00" becomes "Z"
 
 
 @functools.lru_cache(maxsize=256)
@@ -313,7 +313,10 @@ class DurableEngine:
         if self._turn and self._claimed and not self._stopping:
             most = self.options.max_concurrent_orchestrators
             claimed, self._claimed = self._claimed[:most], self._claimed[most:]
-            self._run_episodes(claimed)
+            try:
+                self._run_episodes(claimed)
+            except Exception:  # the turn's callers must be answered whatever happened there
+                log.exception("a batch of episodes run before a turn's writes failed")
         turn = self._take_turn()
         if turn is None:
             return

@@ -680,17 +680,18 @@ class QueueListener:
         """One invocation: a batch, or with `single` one message (whose lock is renewed while
         the function runs, unless a session's lock covers it). `permit`: the invocation holds
         one of maxConcurrentCalls, released at the end."""
-        for m in messages:
-            count_from_one(m)
-        tokens = [str(m.lock_token) for m in messages]
-        for token in tokens:
-            self._holders[token] = receiver
         renewing = single and not self.sessions
-        if renewing:
-            give_up = self.sb_loop.time() + self.options.max_auto_lock_renewal_seconds
-            self._renew_later(receiver, messages[0], tokens[0], give_up)
+        tokens: list[str] = []
         self.inflight += 1
         try:
+            for m in messages:
+                count_from_one(m)
+            tokens = [str(m.lock_token) for m in messages]
+            for token in tokens:
+                self._holders[token] = receiver
+            if renewing:
+                give_up = self.sb_loop.time() + self.options.max_auto_lock_renewal_seconds
+                self._renew_later(receiver, messages[0], tokens[0], give_up)
             try:
                 fut = asyncio.run_coroutine_threadsafe(
                     self._invocation(messages[0] if single else messages), self.main_loop
@@ -725,7 +726,7 @@ class QueueListener:
                     )
         finally:
             self.inflight -= 1
-            if renewing and (pending := self._renewals.pop(tokens[0], None)) is not None:
+            if renewing and tokens and (pending := self._renewals.pop(tokens[0], None)):
                 pending.cancel()
             for token in tokens:
                 self._settled.discard(token)

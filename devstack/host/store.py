@@ -23,7 +23,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -202,7 +202,7 @@ def _naming(claim: Claim | None, names: list[str]) -> Claim | None:
     """`claim`, also naming `names` unless it searches the inbox (which finds them too)."""
     if claim is None or claim.only is None:
         return claim
-    return replace(claim, only=[*claim.only, *names])
+    return Claim(claim.now_epoch, claim.limit, claim.skip, [*claim.only, *names])
 
 
 class _Transaction:
