@@ -304,19 +304,8 @@ class DurableEngine:
         """Write the starts, raised events and activity results that reached the loop in
         this turn, in one transaction that also locks the instances they wake for this host
         (unless a batch of episodes took them into its own first, `_run_episodes`). If it
-        fails they are written one by one, so one item's failure stays its own.
-
-        Instances this host has already locked and not yet run go first: their batch of
-        episodes takes the turn's writes into its own transaction (one commit instead of
-        two; under load a turn's writes usually find such a batch waiting)."""
+        fails they are written one by one, so one item's failure stays its own."""
         self._flush_scheduled = False
-        if self._turn and self._claimed and not self._stopping:
-            most = self.options.max_concurrent_orchestrators
-            claimed, self._claimed = self._claimed[:most], self._claimed[most:]
-            try:
-                self._run_episodes(claimed)
-            except Exception:  # the turn's callers must be answered whatever happened there
-                log.exception("a batch of episodes run before a turn's writes failed")
         turn = self._take_turn()
         if turn is None:
             return

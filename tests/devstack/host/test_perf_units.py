@@ -667,49 +667,6 @@ def test_a_turns_writes_go_with_a_batch_of_episodes_and_back_to_their_own_if_it_
         store.close()
 
 
-def test_a_turns_writes_ride_with_the_episodes_of_instances_already_claimed(
-    tmp_path: Path,
-) -> None:
-    """A turn's writes that find instances locked for this host and not yet run run their
-    episodes first and go in that batch's transaction: one BEGIN ... COMMIT for both."""
-    store = Store(str(tmp_path / "hub.sqlite"), "host-a", lease_seconds=5)
-    engine = DurableEngine(store, _OneOrchestrator([]), Clock(), DurableOptions())
-    _start_together(engine, ("orch", "a"), ("orch", "b"))
-    assert sorted(engine._claimed) == ["a", "b"]  # waiting for their first episodes
-    ran: list[str] = []
-
-    def episode(instance_id: str, after: int, read: Any) -> None:
-        ran.append(instance_id)
-        engine._write(
-            instance_id=instance_id,
-            execution_id=read[0].execution_id,
-            reset_history=False,
-            new_history=[{"EventType": 12, "EventId": -1, "IsPlayed": False}],
-            consumed=[m[0] for m in read[1]],
-            activities=[],
-            timers=[],
-            messages=[],
-            status="Running",
-            output=None,
-            custom_status=None,
-            input_json=None,
-            now_iso="2026-12-07T00:00:00.000000Z",
-        )
-
-    engine._episode = episode  # type: ignore[method-assign]
-    statements: list[str] = []
-    store.db.set_trace_callback(statements.append)
-    try:
-        assert _raise_together(engine, ("b", "one")) == [None]
-        assert sorted(ran) == ["a", "b"]
-        assert (statements.count("BEGIN IMMEDIATE"), statements.count("COMMIT")) == (1, 1)
-        assert [len(store.history(i)) for i in "ab"] == [1, 1]
-        assert _inbox(store) == [("b", "one", '"one"')]  # the starts consumed, the event queued
-        assert engine._claimed == ["b"]  # woken by the event, locked on the way
-    finally:
-        store.close()
-
-
 def test_the_hubs_json_is_the_standard_librarys_data() -> None:
     """orjson's text decodes to what `json` would have written, and what orjson refuses
     (a key that is not a string, an integer past 64 bits) is written by `json` instead."""
