@@ -36,7 +36,7 @@ from .entities import EntityEngine
 from .errors import NonDeterminismError
 from .invoke import call_function
 from .replay import HTTP_ACTIVITY, SCHEDULING_EVENTS, run_episode
-from .store import MISSING, TERMINAL, Claim, EpisodeRead, Instance, Store, TurnWrites, TurnWritten
+from .store import TERMINAL, Claim, EpisodeRead, Instance, Store, TurnWrites, TurnWritten
 
 log = logging.getLogger("devstack.host.durable")
 
@@ -361,11 +361,9 @@ class DurableEngine:
 
     def _enqueue_raised(self, instance_id: str, event: dict[str, Any]) -> str | None:
         """One raised event on its own: refused as `Store.write_turn` refuses it."""
-        status = self.store.instance_status(instance_id)
-        if status is None:
-            return MISSING
-        if status in TERMINAL:
-            return status
+        refusal = self.store.event_refusal(instance_id)
+        if refusal is not None:
+            return refusal
         self._claimed += self.store.enqueue(
             instance_id, None, event, claim=self._next_claim(only=[instance_id])
         )

@@ -24,6 +24,9 @@ RPC_PREFIX = "/durabletask/"
 WEBHOOK_PREFIX = "/runtime/webhooks/durabletask/"
 
 
+_JSON_ONLY = "Only application/json request content is supported"
+
+
 def _is_json(text: str) -> bool:
     """Whether `json.loads` would read `text`: orjson first (the usual event, valid JSON,
     for a fraction of the cost), `json` for what orjson alone refuses (NaN, integers past
@@ -450,17 +453,14 @@ class DurableHttpApi:
         json_type = request.content_type.lower() == "application/json"
         raw = await request.text() if json_type else ""
         if not json_type or not _is_json(raw):
-            status = self.engine.store.instance_status(instance_id)
-            if status is None:
-                return web.Response(status=404)
-            if status in TERMINAL:
-                return web.Response(status=410)
-            if not json_type:
-                return _error(400, "Only application/json request content is supported", "", "")
-            return _error(400, "Invalid JSON content", "", "")
-        refused = await self.engine.raise_event_batched(
-            instance_id, request.match_info["event"], raw
-        )
+            refused = self.engine.store.event_refusal(instance_id)
+            if refused is None:
+                message = "Invalid JSON content" if json_type else _JSON_ONLY
+                return _error(400, message, "", "")
+        else:
+            refused = await self.engine.raise_event_batched(
+                instance_id, request.match_info["event"], raw
+            )
         if refused is None:
             return web.Response(status=202)
         return web.Response(status=404 if refused == MISSING else 410)

@@ -232,21 +232,6 @@ def _action_of(task: AtomicTask) -> Any:
     return action
 
 
-def _kind_and_name(task: AtomicTask, now: datetime) -> tuple[str, str | None]:
-    """What the determinism check compares of `_describe(task, now)`, without building the
-    whole description for the common kinds (every past task of every replay is checked)."""
-    action = _action_of(task)
-    if isinstance(action, (CallActivityAction, CallActivityWithRetryAction)):
-        return "activity", action.function_name
-    if isinstance(action, CreateTimerAction):
-        return "timer", None
-    try:
-        got = _describe(task, now)
-    except NotImplementedError:
-        return "unsupported", None
-    return got.kind, got.name
-
-
 def _describe(task: AtomicTask, now: datetime) -> NewTask:
     action = _action_of(task)
     tid = task.id
@@ -488,7 +473,7 @@ def run_episode(
             event.get("InstanceId") if event["EventType"] == EVENT_SENT else event.get("Name")
         )
         if task is None and event_id in signals:
-            kind, name = signals[event_id].kind, signals[event_id].name
+            got = signals[event_id]
         elif task is None:
             if failure is not None or is_done:
                 continue
@@ -497,11 +482,14 @@ def run_episode(
                 f"{expected_name or ''} with id {event_id}, which the orchestrator no longer schedules"
             )
         else:
-            kind, name = _kind_and_name(task, now)
-        if kind != expected_kind or (expected_name is not None and name != expected_name):
+            try:
+                got = _describe(task, now)
+            except NotImplementedError:
+                got = NewTask(event_id, "unsupported")
+        if got.kind != expected_kind or (expected_name is not None and got.name != expected_name):
             raise NonDeterminismError(
                 f"Non-Deterministic workflow detected: the history has {expected_kind} "
-                f"{expected_name or ''} with id {event_id}, the replay scheduled {kind} {name or ''}"
+                f"{expected_name or ''} with id {event_id}, the replay scheduled {got.kind} {got.name or ''}"
             )
 
     new_tasks = [_describe(recorded[i], now) for i in sorted(recorded) if i not in scheduled_before]

@@ -198,6 +198,15 @@ class TurnWritten:
     claimed: list[str] = field(default_factory=list)
 
 
+def _event_refusal(db: sqlite3.Connection, instance_id: str) -> str | None:
+    """What refuses an event raised for the instance, as the extension answers one (404 or
+    410): `MISSING` without the instance, its status once it has ended; None: accepted."""
+    row = db.execute("SELECT status FROM instances WHERE instance_id=?", (instance_id,)).fetchone()
+    if row is None:
+        return MISSING
+    return row[0] if row[0] in TERMINAL else None
+
+
 def _naming(claim: Claim | None, names: list[str]) -> Claim | None:
     """`claim`, also naming `names` unless it searches the inbox (which finds them too)."""
     if claim is None or claim.only is None:
@@ -333,13 +342,10 @@ class Store:
 
     # ---- instances ---------------------------------------------------------------------
 
-    def instance_status(self, instance_id: str) -> str | None:
-        """The instance's runtime status, or None if there is none (what a raised event's
-        check needs, without reading its input and output)."""
-        row = self.db.execute(
-            "SELECT status FROM instances WHERE instance_id=?", (instance_id,)
-        ).fetchone()
-        return row[0] if row else None
+    def event_refusal(self, instance_id: str) -> str | None:
+        """What refuses an event raised for the instance now (`_event_refusal`), read on its
+        own: for the one-by-one fallback and for a request refused before its write."""
+        return _event_refusal(self.db, instance_id)
 
     def get_instance(self, instance_id: str) -> Instance | None:
         row = self.db.execute(
@@ -504,15 +510,11 @@ class Store:
             if blocking is None:
                 out.woken.append(start["instance_id"])
         if turn.raises:
-            # As the extension answers a raised event: 404 without an instance, 410 once it
-            # has ended. Read here, in the transaction that writes the event, rather than
-            # by the request on its own (a read outside a transaction costs three within).
+            # Read here, in the transaction that writes the event, rather than by the
+            # request on its own (a read outside a transaction costs three within).
             accepted: list[tuple[str, str]] = []
             for iid, event in turn.raises:
-                row = db.execute(
-                    "SELECT status FROM instances WHERE instance_id=?", (iid,)
-                ).fetchone()
-                refusal = MISSING if row is None else (row[0] if row[0] in TERMINAL else None)
+                refusal = _event_refusal(db, iid)
                 out.refused.append(refusal)
                 if refusal is None:
                     accepted.append((iid, _dumps(event)))

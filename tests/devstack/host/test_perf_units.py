@@ -23,7 +23,7 @@ from devstack.host.app import AppCatalog
 from devstack.host.clock import Clock
 from devstack.host.config import DurableOptions
 from devstack.host.durable import DurableEngine
-from devstack.host.store import Store
+from devstack.host.store import MISSING, Store
 
 
 @pytest.mark.parametrize(
@@ -543,7 +543,7 @@ def test_a_raised_event_for_no_instance_or_an_ended_one_is_refused_by_its_write(
         store.write_turn = refuse  # type: ignore[method-assign]
     try:
         results = _raise_together(engine, ("a", "one"), ("nobody", "two"), ("done", "three"))
-        assert results == [None, durable.MISSING, "Completed"]
+        assert results == [None, MISSING, "Completed"]
         assert _inbox(store) == [("a", "one", '"one"')]
     finally:
         store.close()
